@@ -1,0 +1,70 @@
+//! AdamW on a slice of the flat parameter buffer (torch.optim.AdamW's update,
+//! decoupled weight decay).
+
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+/// Optimizer hyper-parameters of one step; `step` counts from 1.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct AdamWStep {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub step: u32,
+}
+
+/// Updates param, m, v in place from grad; `weight_decay` is 0 for tensors
+/// that are not decayed (biases, layernorms).
+pub fn adamw(
+    param: &mut [f32],
+    grad: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    h: AdamWStep,
+    weight_decay: f32,
+) {
+    const CHUNK: usize = 1 << 14;
+    let bc1 = 1.0 - h.beta1.powi(h.step as i32);
+    let bc2_sqrt = (1.0 - h.beta2.powi(h.step as i32)).sqrt();
+    let step_size = h.lr / bc1;
+    let decay = 1.0 - h.lr * weight_decay;
+    param
+        .par_chunks_mut(CHUNK)
+        .zip(grad.par_chunks(CHUNK))
+        .zip(m.par_chunks_mut(CHUNK).zip(v.par_chunks_mut(CHUNK)))
+        .for_each(|((p, g), (m, v))| {
+            for i in 0..p.len() {
+                let gi = g[i];
+                m[i] = h.beta1 * m[i] + (1.0 - h.beta1) * gi;
+                v[i] = h.beta2 * v[i] + (1.0 - h.beta2) * gi * gi;
+                let denom = v[i].sqrt() / bc2_sqrt + h.eps;
+                p[i] = p[i] * decay - step_size * m[i] / denom;
+            }
+        });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adamw_matches_closed_form_first_step() {
+        // On step 1, m_hat = g and v_hat = g^2, so the update is lr * g / (|g| + eps).
+        let h = AdamWStep {
+            lr: 0.1,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            step: 1,
+        };
+        let mut p = vec![1.0f32, -2.0, 0.5];
+        let g = vec![0.3f32, -0.1, 0.0];
+        let (mut m, mut v) = (vec![0.0; 3], vec![0.0; 3]);
+        adamw(&mut p, &g, &mut m, &mut v, h, 0.1);
+        let want = [1.0 * 0.99 - 0.1, -2.0 * 0.99 + 0.1, 0.5 * 0.99];
+        for (a, b) in p.iter().zip(want) {
+            assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+        }
+    }
+}

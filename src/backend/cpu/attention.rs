@@ -1,0 +1,298 @@
+//! Multi-head causal self-attention, flash-style: each (batch, head) task
+//! works through blocks of query rows with a (BLOCK x T) scratch, keeping only
+//! the row log-sum-exp for the backward, which recomputes the probabilities.
+//! No (B, NH, T, T) tensor ever exists.
+
+use super::math::{dot, exp, gemm, Mat, SendPtr};
+use rayon::prelude::*;
+
+/// Query rows per block: the scratch per task is BLOCK x T floats (twice in backward).
+const BLOCK: usize = 64;
+
+#[derive(Clone, Copy, Debug)]
+pub struct AttnShape {
+    pub b: usize,
+    pub t: usize,
+    pub c: usize,
+    pub nh: usize,
+}
+
+impl AttnShape {
+    fn head_dim(&self) -> usize {
+        self.c / self.nh
+    }
+}
+
+/// qkv is (B, T, 3C) = [q | k | v] per token; out is (B, T, C); lse is (B, NH, T).
+pub fn attention_forward(out: &mut [f32], lse: &mut [f32], qkv: &[f32], s: AttnShape) {
+    let AttnShape { b, t, c, nh } = s;
+    let hd = s.head_dim();
+    assert!(qkv.len() >= b * t * 3 * c && out.len() >= b * t * c && lse.len() >= b * nh * t);
+    let scale = 1.0 / (hd as f32).sqrt();
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    lse[..b * nh * t]
+        .par_chunks_mut(t)
+        .enumerate()
+        .for_each_init(
+            || vec![0.0f32; BLOCK * t],
+            |scratch, (bh, lse_row)| {
+                let (bi, h) = (bh / nh, bh % nh);
+                let q = qkv[bi * t * 3 * c + h * hd..].as_ptr();
+                // SAFETY: q, k, v address rows of this batch inside qkv; the output
+                // region (batch bi, head h) belongs to this task alone.
+                unsafe {
+                    let (k, v) = (q.add(c), q.add(2 * c));
+                    let o = out_ptr.get().add(bi * t * c + h * hd);
+                    for r0 in (0..t).step_by(BLOCK) {
+                        let r1 = (r0 + BLOCK).min(t);
+                        let (rows, cols) = (r1 - r0, r1);
+                        let p = scratch.as_mut_ptr();
+                        gemm(
+                            rows,
+                            cols,
+                            hd,
+                            Mat::new(p, cols, 1),
+                            Mat::new(q.add(r0 * 3 * c), 3 * c, 1),
+                            Mat::new(k, 3 * c, 1).t(),
+                            false,
+                            scale,
+                            1,
+                        );
+                        for i in 0..rows {
+                            let row = &mut scratch[i * cols..(i + 1) * cols];
+                            let valid = r0 + i + 1;
+                            let max = row[..valid]
+                                .iter()
+                                .fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+                            let mut acc = [0.0f32; 8];
+                            for (j, x) in row[..valid].iter_mut().enumerate() {
+                                *x = exp(*x - max);
+                                acc[j % 8] += *x;
+                            }
+                            let total: f32 = acc.iter().sum();
+                            let inv = 1.0 / total;
+                            row[..valid].iter_mut().for_each(|x| *x *= inv);
+                            row[valid..].fill(0.0);
+                            lse_row[r0 + i] = max + total.ln();
+                        }
+                        gemm(
+                            rows,
+                            hd,
+                            cols,
+                            Mat::new(o.add(r0 * c), c, 1),
+                            Mat::new(p as *const f32, cols, 1),
+                            Mat::new(v, 3 * c, 1),
+                            false,
+                            1.0,
+                            1,
+                        );
+                    }
+                }
+            },
+        );
+}
+
+/// dqkv (B, T, 3C) is overwritten with the gradient given dout (B, T, C).
+pub fn attention_backward(
+    dqkv: &mut [f32],
+    dout: &[f32],
+    qkv: &[f32],
+    out: &[f32],
+    lse: &[f32],
+    s: AttnShape,
+) {
+    let AttnShape { b, t, c, nh } = s;
+    let hd = s.head_dim();
+    assert!(dqkv.len() >= b * t * 3 * c && dout.len() >= b * t * c && out.len() >= b * t * c);
+    let scale = 1.0 / (hd as f32).sqrt();
+    let dqkv_ptr = SendPtr(dqkv.as_mut_ptr());
+    (0..b * nh).into_par_iter().for_each_init(
+        || {
+            (
+                vec![0.0f32; BLOCK * t],
+                vec![0.0f32; BLOCK * t],
+                vec![0.0f32; t],
+            )
+        },
+        |(pbuf, dpbuf, dsum), bh| {
+            let (bi, h) = (bh / nh, bh % nh);
+            let lse_row = &lse[bh * t..(bh + 1) * t];
+            for (tt, d) in dsum.iter_mut().enumerate() {
+                let at = (bi * t + tt) * c + h * hd;
+                *d = dot(&dout[at..at + hd], &out[at..at + hd]);
+            }
+            // SAFETY: all pointers address batch bi inside their buffers; the
+            // gradient region (batch bi, head h) belongs to this task alone.
+            unsafe {
+                let q = qkv.as_ptr().add(bi * t * 3 * c + h * hd);
+                let (k, v) = (q.add(c), q.add(2 * c));
+                let dq = dqkv_ptr.get().add(bi * t * 3 * c + h * hd);
+                let (dk, dv) = (dq.add(c), dq.add(2 * c));
+                for tt in 0..t {
+                    std::ptr::write_bytes(dk.add(tt * 3 * c), 0, hd);
+                    std::ptr::write_bytes(dv.add(tt * 3 * c), 0, hd);
+                }
+                let d_o = dout.as_ptr().add(bi * t * c + h * hd);
+                for r0 in (0..t).step_by(BLOCK) {
+                    let r1 = (r0 + BLOCK).min(t);
+                    let (rows, cols) = (r1 - r0, r1);
+                    let (p, dp) = (pbuf.as_mut_ptr(), dpbuf.as_mut_ptr());
+                    gemm(
+                        rows,
+                        cols,
+                        hd,
+                        Mat::new(p, cols, 1),
+                        Mat::new(q.add(r0 * 3 * c), 3 * c, 1),
+                        Mat::new(k, 3 * c, 1).t(),
+                        false,
+                        scale,
+                        1,
+                    );
+                    for i in 0..rows {
+                        let row = &mut pbuf[i * cols..(i + 1) * cols];
+                        let valid = r0 + i + 1;
+                        let l = lse_row[r0 + i];
+                        row[..valid].iter_mut().for_each(|x| *x = exp(*x - l));
+                        row[valid..].fill(0.0);
+                    }
+                    let p = p as *const f32;
+                    let d_o_blk = d_o.add(r0 * c);
+                    // dV[0..cols] += P^T dO[r0..r1]
+                    gemm(
+                        cols,
+                        hd,
+                        rows,
+                        Mat::new(dv, 3 * c, 1),
+                        Mat::new(p, cols, 1).t(),
+                        Mat::new(d_o_blk, c, 1),
+                        true,
+                        1.0,
+                        1,
+                    );
+                    // dP = dO[r0..r1] V[0..cols]^T
+                    gemm(
+                        rows,
+                        cols,
+                        hd,
+                        Mat::new(dp, cols, 1),
+                        Mat::new(d_o_blk, c, 1),
+                        Mat::new(v, 3 * c, 1).t(),
+                        false,
+                        1.0,
+                        1,
+                    );
+                    for i in 0..rows {
+                        let d = dsum[r0 + i];
+                        let prow = &pbuf[i * cols..(i + 1) * cols];
+                        let drow = &mut dpbuf[i * cols..(i + 1) * cols];
+                        for (ds, &pp) in drow.iter_mut().zip(prow) {
+                            *ds = pp * (*ds - d) * scale;
+                        }
+                    }
+                    let ds = dp as *const f32;
+                    // dQ[r0..r1] = dS K[0..cols]
+                    gemm(
+                        rows,
+                        hd,
+                        cols,
+                        Mat::new(dq.add(r0 * 3 * c), 3 * c, 1),
+                        Mat::new(ds, cols, 1),
+                        Mat::new(k, 3 * c, 1),
+                        false,
+                        1.0,
+                        1,
+                    );
+                    // dK[0..cols] += dS^T Q[r0..r1]
+                    gemm(
+                        cols,
+                        hd,
+                        rows,
+                        Mat::new(dk, 3 * c, 1),
+                        Mat::new(ds, cols, 1).t(),
+                        Mat::new(q.add(r0 * 3 * c), 3 * c, 1),
+                        true,
+                        1.0,
+                        1,
+                    );
+                }
+            }
+        },
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::check::*;
+    use super::*;
+    use crate::rng::Rng;
+
+    fn reference(qkv: &[f64], s: AttnShape) -> Vec<f64> {
+        let AttnShape { b, t, c, nh } = s;
+        let hd = c / nh;
+        let mut out = vec![0.0; b * t * c];
+        for bi in 0..b {
+            for h in 0..nh {
+                let at = |tt: usize, part: usize, d: usize| {
+                    qkv[(bi * t + tt) * 3 * c + part * c + h * hd + d]
+                };
+                for tq in 0..t {
+                    let scores: Vec<f64> = (0..=tq)
+                        .map(|tk| {
+                            (0..hd).map(|d| at(tq, 0, d) * at(tk, 1, d)).sum::<f64>()
+                                / (hd as f64).sqrt()
+                        })
+                        .collect();
+                    let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let e: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
+                    let z: f64 = e.iter().sum();
+                    for d in 0..hd {
+                        out[(bi * t + tq) * c + h * hd + d] =
+                            (0..=tq).map(|tk| e[tk] / z * at(tk, 2, d)).sum();
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn check(s: AttnShape, seed: u64) {
+        let AttnShape { b, t, c, nh } = s;
+        let mut rng = Rng::new(seed);
+        let qkv = randn(&mut rng, b * t * 3 * c, 1.0);
+        let probe = randn(&mut rng, b * t * c, 1.0);
+        let mut out = vec![0.0; b * t * c];
+        let mut lse = vec![0.0; b * nh * t];
+        attention_forward(&mut out, &mut lse, &qkv, s);
+        assert_close("out", &out, &reference(&to64(&qkv), s), 1e-5);
+        let mut dqkv = vec![f32::NAN; b * t * 3 * c];
+        attention_backward(&mut dqkv, &probe, &qkv, &out, &lse, s);
+        let fd = finite_diff(&qkv, |x| probe_dot(&reference(x, s), &probe));
+        assert_close("dqkv", &dqkv, &fd, 1e-4);
+    }
+
+    #[test]
+    fn attention_backward_matches_finite_differences() {
+        check(
+            AttnShape {
+                b: 2,
+                t: 5,
+                c: 8,
+                nh: 2,
+            },
+            4,
+        );
+    }
+
+    #[test]
+    fn attention_spanning_several_row_blocks_matches_reference() {
+        check(
+            AttnShape {
+                b: 1,
+                t: BLOCK + 9,
+                c: 4,
+                nh: 2,
+            },
+            5,
+        );
+    }
+}

@@ -1,0 +1,99 @@
+//! Fused softmax + cross-entropy over a padded vocabulary: columns v..vp are
+//! padding, excluded from the softmax, the loss and the gradient.
+
+use super::math::exp;
+use rayon::prelude::*;
+
+/// (max, sum of exp(x - max)) over a row.
+fn row_max_sum(row: &[f32]) -> (f32, f32) {
+    let max = row.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+    let mut acc = [0.0f32; 8];
+    for (i, &x) in row.iter().enumerate() {
+        acc[i % 8] += exp(x - max);
+    }
+    (max, acc.iter().sum())
+}
+
+/// losses (rows) = -log softmax(logits row)[target]; logits are (rows, vp).
+pub fn crossentropy_forward(
+    losses: &mut [f32],
+    logits: &[f32],
+    targets: &[u32],
+    v: usize,
+    vp: usize,
+) {
+    losses[..targets.len()]
+        .par_iter_mut()
+        .zip(logits.par_chunks(vp).zip(targets.par_iter()))
+        .for_each(|(loss, (row, &tgt))| {
+            let (max, sum) = row_max_sum(&row[..v]);
+            *loss = max + sum.ln() - row[tgt as usize];
+        });
+}
+
+/// logits (rows, vp) become d loss / d logits in place, where the loss is
+/// `dloss * sum of row losses`: (softmax - onehot) * dloss, padding zeroed.
+pub fn crossentropy_backward_inplace(
+    logits: &mut [f32],
+    targets: &[u32],
+    v: usize,
+    vp: usize,
+    dloss: f32,
+) {
+    logits[..targets.len() * vp]
+        .par_chunks_mut(vp)
+        .zip(targets.par_iter())
+        .for_each(|(row, &tgt)| {
+            let (max, sum) = row_max_sum(&row[..v]);
+            let inv = dloss / sum;
+            row[..v].iter_mut().for_each(|x| *x = exp(*x - max) * inv);
+            row[tgt as usize] -= dloss;
+            row[v..].fill(0.0);
+        });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::check::*;
+    use super::*;
+    use crate::rng::Rng;
+
+    fn reference(logits: &[f64], targets: &[u32], v: usize, vp: usize) -> Vec<f64> {
+        logits
+            .chunks(vp)
+            .zip(targets)
+            .map(|(row, &t)| {
+                let max = row[..v].iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = row[..v].iter().map(|x| (x - max).exp()).sum();
+                max + z.ln() - row[t as usize]
+            })
+            .collect()
+    }
+
+    #[test]
+    fn crossentropy_backward_matches_finite_differences_and_ignores_padding() {
+        let (v, vp) = (11, 16);
+        let targets = [0u32, 10, 3, 7];
+        let mut rng = Rng::new(8);
+        let logits = randn(&mut rng, targets.len() * vp, 2.0);
+        let mut losses = vec![0.0; targets.len()];
+        crossentropy_forward(&mut losses, &logits, &targets, v, vp);
+        assert_close(
+            "loss",
+            &losses,
+            &reference(&to64(&logits), &targets, v, vp),
+            1e-5,
+        );
+
+        let dloss = 0.25f32;
+        let mut d = logits.clone();
+        crossentropy_backward_inplace(&mut d, &targets, v, vp, dloss);
+        let fd = finite_diff(&logits, |x| {
+            reference(x, &targets, v, vp).iter().sum::<f64>() * dloss as f64
+        });
+        assert_close("dlogits", &d, &fd, 1e-5);
+        for row in d.chunks(vp) {
+            assert!(row[v..].iter().all(|&x| x == 0.0));
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! LayerNorm over the last dimension (eps 1e-5, as GPT-2), forward and backward.
+
+use super::math::sum;
+use rayon::prelude::*;
+
+pub const EPS: f32 = 1e-5;
+
+/// inp, out are (rows, c); mean, rstd are (rows) and kept for the backward.
+pub fn layernorm_forward(
+    out: &mut [f32],
+    mean: &mut [f32],
+    rstd: &mut [f32],
+    inp: &[f32],
+    w: &[f32],
+    b: &[f32],
+    c: usize,
+) {
+    let rows = mean.len();
+    out[..rows * c]
+        .par_chunks_mut(c)
+        .zip(inp[..rows * c].par_chunks(c))
+        .zip(mean.par_iter_mut().zip(rstd.par_iter_mut()))
+        .for_each(|((o, x), (m, rs))| {
+            let mu = sum(x) / c as f32;
+            let mut acc = [0.0f32; 8];
+            for (i, &v) in x.iter().enumerate() {
+                let d = v - mu;
+                acc[i % 8] += d * d;
+            }
+            let var = acc.iter().sum::<f32>() / c as f32;
+            let r = 1.0 / (var + EPS).sqrt();
+            for i in 0..c {
+                o[i] = (x[i] - mu) * r * w[i] + b[i];
+            }
+            *m = mu;
+            *rs = r;
+        });
+}
+
+/// dinp += d/dinp; dw += sum over rows of dout * norm; db += sum of dout.
+#[allow(clippy::too_many_arguments)]
+pub fn layernorm_backward(
+    dinp: &mut [f32],
+    dw: &mut [f32],
+    db: &mut [f32],
+    dout: &[f32],
+    inp: &[f32],
+    w: &[f32],
+    mean: &[f32],
+    rstd: &[f32],
+    c: usize,
+) {
+    let rows = mean.len();
+    // Rows are split in a fixed number of chunks, each with its own partial
+    // dw/db, so the result does not depend on how rayon schedules them.
+    const ROWS_PER_CHUNK: usize = 64;
+    let partials: Vec<Vec<f32>> = dinp[..rows * c]
+        .par_chunks_mut(ROWS_PER_CHUNK * c)
+        .enumerate()
+        .map(|(chunk, dinp_rows)| {
+            let mut part = vec![0.0f32; 2 * c];
+            let (pw, pb) = part.split_at_mut(c);
+            let mut dnorm = vec![0.0f32; c];
+            for (j, di) in dinp_rows.chunks_exact_mut(c).enumerate() {
+                let r = chunk * ROWS_PER_CHUNK + j;
+                let x = &inp[r * c..(r + 1) * c];
+                let d = &dout[r * c..(r + 1) * c];
+                let (mu, rs) = (mean[r], rstd[r]);
+                for i in 0..c {
+                    let norm = (x[i] - mu) * rs;
+                    dnorm[i] = d[i] * w[i];
+                    pw[i] += d[i] * norm;
+                    pb[i] += d[i];
+                }
+                let dnorm_mean = sum(&dnorm) / c as f32;
+                let mut acc = [0.0f32; 8];
+                for i in 0..c {
+                    acc[i % 8] += dnorm[i] * (x[i] - mu);
+                }
+                let dnorm_norm_mean = acc.iter().sum::<f32>() * rs / c as f32;
+                for i in 0..c {
+                    let norm = (x[i] - mu) * rs;
+                    di[i] += (dnorm[i] - dnorm_mean - norm * dnorm_norm_mean) * rs;
+                }
+            }
+            part
+        })
+        .collect();
+    for part in &partials {
+        for i in 0..c {
+            dw[i] += part[i];
+            db[i] += part[c + i];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::check::*;
+    use super::*;
+    use crate::rng::Rng;
+
+    fn reference(x: &[f64], w: &[f64], b: &[f64], c: usize) -> Vec<f64> {
+        x.chunks(c)
+            .flat_map(|row| {
+                let mu = row.iter().sum::<f64>() / c as f64;
+                let var = row.iter().map(|v| (v - mu).powi(2)).sum::<f64>() / c as f64;
+                let r = 1.0 / (var + EPS as f64).sqrt();
+                (0..c)
+                    .map(move |i| (row[i] - mu) * r * w[i] + b[i])
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn layernorm_backward_matches_finite_differences() {
+        let (rows, c) = (70, 12);
+        let mut rng = Rng::new(3);
+        let x = randn(&mut rng, rows * c, 2.0);
+        let w = randn(&mut rng, c, 1.0);
+        let b = randn(&mut rng, c, 1.0);
+        let probe = randn(&mut rng, rows * c, 1.0);
+
+        let (mut out, mut mean, mut rstd) = (vec![0.0; rows * c], vec![0.0; rows], vec![0.0; rows]);
+        layernorm_forward(&mut out, &mut mean, &mut rstd, &x, &w, &b, c);
+        assert_close(
+            "out",
+            &out,
+            &reference(&to64(&x), &to64(&w), &to64(&b), c),
+            1e-5,
+        );
+
+        let (mut dx, mut dw, mut db) = (vec![0.0; rows * c], vec![0.0; c], vec![0.0; c]);
+        layernorm_backward(&mut dx, &mut dw, &mut db, &probe, &x, &w, &mean, &rstd, c);
+        let (x64, w64, b64) = (to64(&x), to64(&w), to64(&b));
+        let fx = |v: &[f64]| probe_dot(&reference(v, &w64, &b64, c), &probe);
+        assert_close("dx", &dx, &finite_diff(&x, fx), 1e-4);
+        let fw = |v: &[f64]| probe_dot(&reference(&x64, v, &b64, c), &probe);
+        assert_close("dw", &dw, &finite_diff(&w, fw), 1e-4);
+        let fb = |v: &[f64]| probe_dot(&reference(&x64, &w64, v, c), &probe);
+        assert_close("db", &db, &finite_diff(&b, fb), 1e-4);
+    }
+}

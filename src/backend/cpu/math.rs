@@ -1,0 +1,198 @@
+//! Scalar helpers the CPU kernels share: a vectorisable `exp`, the tanh-GELU
+//! pieces, and a thin safe-ish wrapper over the `gemm` crate.
+
+use gemm::Parallelism;
+
+/// exp(x) to about 2 ulp, branch-free so loops over it auto-vectorise
+/// (Cephes-style range reduction + degree-6 polynomial).
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    let x = x.clamp(-87.3, 88.3);
+    let n = (x * LOG2E + 0.5).floor();
+    let r = x - n * LN2_HI - n * LN2_LO;
+    let z = r * r;
+    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
+        + 1.666_666_5e-1)
+        * r
+        + 5.000_000_1e-1;
+    let y = p * z + r + 1.0;
+    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    y * scale
+}
+
+const GELU_SCALE: f32 = 0.797_884_6; // sqrt(2 / pi)
+const GELU_CUBE: f32 = 0.044_715;
+
+#[inline(always)]
+fn tanh(u: f32) -> f32 {
+    1.0 - 2.0 / (exp(2.0 * u) + 1.0)
+}
+
+/// GELU with the tanh approximation (GPT-2's `gelu_new`).
+#[inline(always)]
+pub fn gelu(x: f32) -> f32 {
+    let u = GELU_SCALE * (x + GELU_CUBE * x * x * x);
+    0.5 * x * (1.0 + tanh(u))
+}
+
+/// d gelu(x) / dx.
+#[inline(always)]
+pub fn gelu_grad(x: f32) -> f32 {
+    let u = GELU_SCALE * (x + GELU_CUBE * x * x * x);
+    let t = tanh(u);
+    let du = GELU_SCALE * (1.0 + 3.0 * GELU_CUBE * x * x);
+    0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du
+}
+
+/// Sum with eight independent lanes, so it vectorises.
+#[inline]
+pub fn sum(xs: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let chunks = xs.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for i in 0..8 {
+            acc[i] += c[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail.iter().sum::<f32>()
+}
+
+/// Dot product with eight independent lanes.
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let mut acc = [0.0f32; 8];
+    let ca = a.chunks_exact(8);
+    let cb = b.chunks_exact(8);
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// A row-major-or-strided matrix operand: element (i, j) is at
+/// `ptr + i * row_stride + j * col_stride`.
+#[derive(Clone, Copy)]
+pub struct Mat<T> {
+    pub ptr: T,
+    pub row_stride: isize,
+    pub col_stride: isize,
+}
+
+impl<T> Mat<T> {
+    pub fn new(ptr: T, row_stride: usize, col_stride: usize) -> Self {
+        Mat {
+            ptr,
+            row_stride: row_stride as isize,
+            col_stride: col_stride as isize,
+        }
+    }
+
+    /// The transpose view of the same memory.
+    pub fn t(self) -> Self {
+        Mat {
+            ptr: self.ptr,
+            row_stride: self.col_stride,
+            col_stride: self.row_stride,
+        }
+    }
+}
+
+/// `dst (m x n) = [dst +] scale * lhs (m x k) @ rhs (k x n)`.
+///
+/// # Safety
+/// Every element addressed through the three operands for the given sizes
+/// must lie inside live allocations, and `dst` must not alias `lhs` or `rhs`.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: Mat<*mut f32>,
+    lhs: Mat<*const f32>,
+    rhs: Mat<*const f32>,
+    accumulate: bool,
+    scale: f32,
+    threads: usize,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let par = if threads > 1 {
+        Parallelism::Rayon(threads)
+    } else {
+        Parallelism::None
+    };
+    gemm::gemm(
+        m,
+        n,
+        k,
+        dst.ptr,
+        dst.col_stride,
+        dst.row_stride,
+        accumulate,
+        lhs.ptr,
+        lhs.col_stride,
+        lhs.row_stride,
+        rhs.ptr,
+        rhs.col_stride,
+        rhs.row_stride,
+        1.0,
+        scale,
+        false,
+        false,
+        false,
+        par,
+    );
+}
+
+/// A raw pointer that may cross threads: kernels hand disjoint regions of
+/// one buffer to rayon tasks.
+#[derive(Clone, Copy)]
+pub struct SendPtr(pub *mut f32);
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+
+impl SendPtr {
+    /// The pointer; a method, so closures capture the whole `Send` wrapper.
+    pub fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_exp_matches_std_to_few_ulp() {
+        let mut x = -80.0f32;
+        while x < 80.0 {
+            let rel = ((exp(x) - x.exp()) / x.exp()).abs();
+            assert!(rel < 5e-7, "x={x} rel={rel}");
+            x += 0.0137;
+        }
+    }
+
+    #[test]
+    fn gelu_grad_matches_finite_difference() {
+        for i in -60..60 {
+            let x = i as f64 * 0.1;
+            let h = 1e-3f32;
+            let fd = (gelu(x as f32 + h) - gelu(x as f32 - h)) / (2.0 * h);
+            assert!((fd - gelu_grad(x as f32)).abs() < 2e-3, "x={x}");
+        }
+    }
+}

@@ -1,0 +1,232 @@
+//! Matmul with fused bias, forward and backward, on the `gemm` crate.
+//!
+//! Weights are either `InOut` (k x n, Hugging Face Conv1D: `out = inp @ w`)
+//! or `OutIn` (n x k, nn.Linear / the tied embedding: `out = inp @ w^T`).
+
+use super::math::{gemm, Mat};
+use rayon::prelude::*;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightLayout {
+    InOut,
+    OutIn,
+}
+
+fn weight_mat<T>(w: T, layout: WeightLayout, k: usize, n: usize) -> Mat<T> {
+    match layout {
+        WeightLayout::InOut => Mat::new(w, n, 1),
+        WeightLayout::OutIn => Mat::new(w, 1, k),
+    }
+}
+
+/// out (rows, n) = [out +] inp (rows, k) @ W + bias.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_forward(
+    out: &mut [f32],
+    inp: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    layout: WeightLayout,
+    rows: usize,
+    k: usize,
+    n: usize,
+    accumulate: bool,
+) {
+    assert!(out.len() >= rows * n && inp.len() >= rows * k && w.len() >= k * n);
+    let out = &mut out[..rows * n];
+    if let Some(b) = bias {
+        out.par_chunks_mut(n).for_each(|row| {
+            if accumulate {
+                row.iter_mut().zip(b).for_each(|(o, &bb)| *o += bb);
+            } else {
+                row.copy_from_slice(&b[..n]);
+            }
+        });
+    }
+    let read_dst = accumulate || bias.is_some();
+    // SAFETY: sizes were checked above; out does not alias inp or w.
+    unsafe {
+        gemm(
+            rows,
+            n,
+            k,
+            Mat::new(out.as_mut_ptr(), n, 1),
+            Mat::new(inp.as_ptr(), k, 1),
+            weight_mat(w.as_ptr(), layout, k, n),
+            read_dst,
+            1.0,
+            rayon::current_num_threads(),
+        );
+    }
+}
+
+/// dinp = dout @ W^T (overwritten); dw += inp^T @ dout; dbias += colsum(dout).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_backward(
+    dinp: &mut [f32],
+    dw: &mut [f32],
+    dbias: Option<&mut [f32]>,
+    dout: &[f32],
+    inp: &[f32],
+    w: &[f32],
+    layout: WeightLayout,
+    rows: usize,
+    k: usize,
+    n: usize,
+) {
+    assert!(dinp.len() >= rows * k && dout.len() >= rows * n && inp.len() >= rows * k);
+    assert!(w.len() >= k * n && dw.len() >= k * n);
+    let threads = rayon::current_num_threads();
+    // SAFETY: sizes were checked above; destinations are distinct buffers.
+    unsafe {
+        gemm(
+            rows,
+            k,
+            n,
+            Mat::new(dinp.as_mut_ptr(), k, 1),
+            Mat::new(dout.as_ptr(), n, 1),
+            weight_mat(w.as_ptr(), layout, k, n).t(),
+            false,
+            1.0,
+            threads,
+        );
+        gemm(
+            k,
+            n,
+            rows,
+            weight_mat(dw.as_mut_ptr(), layout, k, n),
+            Mat::new(inp.as_ptr(), k, 1).t(),
+            Mat::new(dout.as_ptr(), n, 1),
+            true,
+            1.0,
+            threads,
+        );
+    }
+    if let Some(db) = dbias {
+        bias_backward(db, &dout[..rows * n], n);
+    }
+}
+
+/// db (n) += sum over rows of dout (rows, n), split by column blocks.
+fn bias_backward(db: &mut [f32], dout: &[f32], n: usize) {
+    const COLS: usize = 64;
+    db[..n]
+        .par_chunks_mut(COLS)
+        .enumerate()
+        .for_each(|(blk, acc)| {
+            let (c0, width) = (blk * COLS, acc.len());
+            for row in dout.chunks_exact(n) {
+                acc.iter_mut()
+                    .zip(&row[c0..c0 + width])
+                    .for_each(|(a, &d)| *a += d);
+            }
+        });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::check::*;
+    use super::*;
+    use crate::rng::Rng;
+
+    fn reference(
+        inp: &[f64],
+        w: &[f64],
+        b: &[f64],
+        layout: WeightLayout,
+        rows: usize,
+        k: usize,
+        n: usize,
+    ) -> Vec<f64> {
+        let mut out = vec![0.0; rows * n];
+        for r in 0..rows {
+            for j in 0..n {
+                let mut s = b[j];
+                for i in 0..k {
+                    let wij = match layout {
+                        WeightLayout::InOut => w[i * n + j],
+                        WeightLayout::OutIn => w[j * k + i],
+                    };
+                    s += inp[r * k + i] * wij;
+                }
+                out[r * n + j] = s;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn matmul_backward_matches_finite_differences() {
+        for layout in [WeightLayout::InOut, WeightLayout::OutIn] {
+            let (rows, k, n) = (5, 7, 9);
+            let mut rng = Rng::new(1);
+            let inp = randn(&mut rng, rows * k, 1.0);
+            let w = randn(&mut rng, k * n, 1.0);
+            let b = randn(&mut rng, n, 1.0);
+            let probe = randn(&mut rng, rows * n, 1.0);
+
+            let mut out = vec![0.0; rows * n];
+            matmul_forward(&mut out, &inp, &w, Some(&b), layout, rows, k, n, false);
+            let want = reference(&to64(&inp), &to64(&w), &to64(&b), layout, rows, k, n);
+            assert_close("out", &out, &want, 1e-5);
+
+            let mut dinp = vec![0.0; rows * k];
+            let mut dw = vec![0.0; k * n];
+            let mut db = vec![0.0; n];
+            matmul_backward(
+                &mut dinp,
+                &mut dw,
+                Some(&mut db),
+                &probe,
+                &inp,
+                &w,
+                layout,
+                rows,
+                k,
+                n,
+            );
+
+            let (w64, b64, i64_) = (to64(&w), to64(&b), to64(&inp));
+            let f_inp =
+                |x: &[f64]| probe_dot(&reference(x, &w64, &b64, layout, rows, k, n), &probe);
+            assert_close("dinp", &dinp, &finite_diff(&inp, f_inp), 1e-5);
+            let f_w = |x: &[f64]| probe_dot(&reference(&i64_, x, &b64, layout, rows, k, n), &probe);
+            assert_close("dw", &dw, &finite_diff(&w, f_w), 1e-5);
+            let f_b = |x: &[f64]| probe_dot(&reference(&i64_, &w64, x, layout, rows, k, n), &probe);
+            assert_close("db", &db, &finite_diff(&b, f_b), 1e-5);
+        }
+    }
+
+    #[test]
+    fn accumulate_adds_to_existing_output() {
+        let (rows, k, n) = (3, 4, 70);
+        let mut rng = Rng::new(2);
+        let inp = randn(&mut rng, rows * k, 1.0);
+        let w = randn(&mut rng, k * n, 1.0);
+        let b = randn(&mut rng, n, 1.0);
+        let base = randn(&mut rng, rows * n, 1.0);
+        let mut out = base.clone();
+        matmul_forward(
+            &mut out,
+            &inp,
+            &w,
+            Some(&b),
+            WeightLayout::InOut,
+            rows,
+            k,
+            n,
+            true,
+        );
+        let want = reference(
+            &to64(&inp),
+            &to64(&w),
+            &to64(&b),
+            WeightLayout::InOut,
+            rows,
+            k,
+            n,
+        );
+        let want: Vec<f64> = want.iter().zip(&base).map(|(a, &b)| a + b as f64).collect();
+        assert_close("out", &out, &want, 1e-5);
+    }
+}

@@ -1,0 +1,165 @@
+//! Byte accounting by category: distgpt's `max_memory_allocated`.
+//!
+//! Every buffer a backend hands out is tagged with a [`Category`]; the stats
+//! track current and peak bytes per category and the peak of the total.
+
+use serde::Serialize;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// What a buffer holds, for the per-category memory report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Category {
+    Params,
+    Grads,
+    Optimizer,
+    Activations,
+    Other,
+}
+
+impl Category {
+    pub const ALL: [Category; 5] = [
+        Category::Params,
+        Category::Grads,
+        Category::Optimizer,
+        Category::Activations,
+        Category::Other,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Category::Params => "params",
+            Category::Grads => "grads",
+            Category::Optimizer => "optimizer",
+            Category::Activations => "activations",
+            Category::Other => "other",
+        }
+    }
+}
+
+/// Live counters shared by a backend and every buffer it allocated.
+#[derive(Default, Debug)]
+pub struct MemoryStats {
+    current_bytes: [AtomicU64; 5],
+    peak_bytes: [AtomicU64; 5],
+    total_bytes: AtomicU64,
+    peak_total_bytes: AtomicU64,
+}
+
+/// A snapshot of [`MemoryStats`], in bytes.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct MemoryReport {
+    pub current_bytes: CategoryBytes,
+    pub peak_bytes: CategoryBytes,
+    pub peak_total_bytes: u64,
+}
+
+/// Bytes per category.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct CategoryBytes {
+    pub params: u64,
+    pub grads: u64,
+    pub optimizer: u64,
+    pub activations: u64,
+    pub other: u64,
+}
+
+impl CategoryBytes {
+    fn from_counters(c: &[AtomicU64; 5]) -> Self {
+        let g = |i: usize| c[i].load(Ordering::Relaxed);
+        CategoryBytes {
+            params: g(0),
+            grads: g(1),
+            optimizer: g(2),
+            activations: g(3),
+            other: g(4),
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.params + self.grads + self.optimizer + self.activations + self.other
+    }
+}
+
+impl MemoryStats {
+    fn add(&self, cat: Category, bytes: u64) {
+        let i = cat as usize;
+        let now = self.current_bytes[i].fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak_bytes[i].fetch_max(now, Ordering::Relaxed);
+        let total = self.total_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak_total_bytes.fetch_max(total, Ordering::Relaxed);
+    }
+
+    fn sub(&self, cat: Category, bytes: u64) {
+        self.current_bytes[cat as usize].fetch_sub(bytes, Ordering::Relaxed);
+        self.total_bytes.fetch_sub(bytes, Ordering::Relaxed);
+    }
+
+    pub fn report(&self) -> MemoryReport {
+        MemoryReport {
+            current_bytes: CategoryBytes::from_counters(&self.current_bytes),
+            peak_bytes: CategoryBytes::from_counters(&self.peak_bytes),
+            peak_total_bytes: self.peak_total_bytes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// An f32 host buffer whose bytes are counted in a [`MemoryStats`] while it lives.
+pub struct Buf {
+    data: Vec<f32>,
+    category: Category,
+    stats: Arc<MemoryStats>,
+}
+
+impl Buf {
+    pub fn zeros(len: usize, category: Category, stats: Arc<MemoryStats>) -> Self {
+        stats.add(category, (len * 4) as u64);
+        Buf {
+            data: vec![0.0; len],
+            category,
+            stats,
+        }
+    }
+}
+
+impl Deref for Buf {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        &self.data
+    }
+}
+
+impl DerefMut for Buf {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        &mut self.data
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        self.stats.sub(self.category, (self.data.len() * 4) as u64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peak_survives_free_and_categories_are_separate() {
+        let stats = Arc::new(MemoryStats::default());
+        let a = Buf::zeros(100, Category::Params, stats.clone());
+        {
+            let _b = Buf::zeros(50, Category::Activations, stats.clone());
+            assert_eq!(stats.report().current_bytes.total(), 600);
+        }
+        let r = stats.report();
+        assert_eq!(r.current_bytes.params, 400);
+        assert_eq!(r.current_bytes.activations, 0);
+        assert_eq!(r.peak_bytes.activations, 200);
+        assert_eq!(r.peak_total_bytes, 600);
+        drop(a);
+        assert_eq!(stats.report().current_bytes.total(), 0);
+    }
+}

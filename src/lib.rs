@@ -1,0 +1,4 @@
+//! distgpt: GPT-2-family training on one device or many, llm.c style.
+
+pub mod backend;
+pub mod rng;
