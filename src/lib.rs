@@ -1,4 +1,8 @@
 //! distgpt: GPT-2-family training on one device or many, llm.c style.
 
 pub mod backend;
+pub mod checkpoint;
+pub mod data;
+pub mod error;
+pub mod model;
 pub mod rng;

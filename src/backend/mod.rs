@@ -112,8 +112,9 @@ pub trait Backend: Send + Sync {
     fn gelu_forward(&self, out: &mut [f32], inp: &[f32]);
     /// d *= gelu'(inp), in place.
     fn gelu_backward_inplace(&self, d: &mut [f32], inp: &[f32]);
-    /// out = a + b.
-    fn residual_forward(&self, out: &mut [f32], a: &[f32], b: &[f32]);
+    /// dst = src (the residual adds are fused into the projection matmuls,
+    /// which accumulate onto a copy of the stream).
+    fn copy(&self, dst: &mut [f32], src: &[f32]);
     /// losses (rows) from logits (rows, vp) whose first v columns are real.
     fn crossentropy_forward(
         &self,

@@ -1,4 +1,4 @@
-//! Pointwise kernels: GELU, residual add, scaling, squared norms.
+//! Pointwise kernels: GELU, copy, scaling, squared norms.
 
 use super::math::{gelu, gelu_grad};
 use rayon::prelude::*;
@@ -21,16 +21,12 @@ pub fn gelu_backward_inplace(d: &mut [f32], inp: &[f32]) {
         .for_each(|(d, x)| d.iter_mut().zip(x).for_each(|(d, &x)| *d *= gelu_grad(x)));
 }
 
-/// out = a + b.
-pub fn residual_forward(out: &mut [f32], a: &[f32], b: &[f32]) {
-    out[..a.len()]
+/// dst = src.
+pub fn copy(dst: &mut [f32], src: &[f32]) {
+    dst[..src.len()]
         .par_chunks_mut(CHUNK)
-        .zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK)))
-        .for_each(|(o, (a, b))| {
-            o.iter_mut()
-                .zip(a.iter().zip(b))
-                .for_each(|(o, (&a, &b))| *o = a + b)
-        });
+        .zip(src.par_chunks(CHUNK))
+        .for_each(|(d, s)| d.copy_from_slice(s));
 }
 
 /// x *= s.

@@ -135,8 +135,8 @@ impl Backend for Cpu {
     fn gelu_backward_inplace(&self, d: &mut [f32], inp: &[f32]) {
         elementwise::gelu_backward_inplace(d, inp)
     }
-    fn residual_forward(&self, out: &mut [f32], a: &[f32], b: &[f32]) {
-        elementwise::residual_forward(out, a, b)
+    fn copy(&self, dst: &mut [f32], src: &[f32]) {
+        elementwise::copy(dst, src)
     }
     fn crossentropy_forward(
         &self,

@@ -1,0 +1,160 @@
+//! Data: tokenizers, llm.c token shards, the embedded Shakespeare corpus and
+//! the deterministic loader.
+
+pub mod loader;
+pub mod shard;
+pub mod tokenizer;
+
+pub use loader::{Batch, DataLoader, LoaderPosition, Part, Split};
+pub use tokenizer::{Tokenizer, TokenizerSpec};
+
+use crate::error::{Error, Result};
+use std::path::{Path, PathBuf};
+
+/// The Shakespeare corpus compiled into the binary (see data/README.md).
+pub const SHAKESPEARE: &str = include_str!("../../data/shakespeare.txt");
+
+/// Fraction of a text corpus held out for validation (its tail).
+pub const VAL_FRACTION: f64 = 0.1;
+
+/// Which tokenizer to build for a text corpus.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TokenizerKind {
+    Char,
+    Gpt2,
+}
+
+pub struct Dataset {
+    pub name: String,
+    pub tokenizer: Tokenizer,
+    pub train: Split,
+    pub val: Split,
+}
+
+impl Dataset {
+    /// `source` is `None` for the embedded corpus, a text file, or a
+    /// directory of `*train*.bin` / `*val*.bin` shards (with `tokenizer.json`
+    /// from `distgpt data prepare`; without it, GPT-2 tokens as llm.c writes).
+    pub fn load(source: Option<&Path>, kind: TokenizerKind) -> Result<Self> {
+        match source {
+            None => Self::from_text("shakespeare", SHAKESPEARE, kind),
+            Some(p) if p.is_dir() => Self::from_shards(p),
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|e| Error::io(p, e))?;
+                let name = p
+                    .file_stem()
+                    .map_or("text".into(), |s| s.to_string_lossy().into_owned());
+                Self::from_text(&name, &text, kind)
+            }
+        }
+    }
+
+    fn from_text(name: &str, text: &str, kind: TokenizerKind) -> Result<Self> {
+        let tokenizer = match kind {
+            TokenizerKind::Char => Tokenizer::char_from_corpus(text),
+            TokenizerKind::Gpt2 => Tokenizer::from_spec(&TokenizerSpec::Gpt2)?,
+        };
+        let ids = tokenizer.encode(text)?;
+        let tokens: Vec<u16> = ids.iter().map(|&t| t as u16).collect();
+        let n_val = (tokens.len() as f64 * VAL_FRACTION) as usize;
+        let (train, val) = tokens.split_at(tokens.len() - n_val);
+        Ok(Dataset {
+            name: name.into(),
+            tokenizer,
+            train: Split {
+                parts: vec![Part::Memory(train.to_vec())],
+            },
+            val: Split {
+                parts: vec![Part::Memory(val.to_vec())],
+            },
+        })
+    }
+
+    fn from_shards(dir: &Path) -> Result<Self> {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| Error::io(dir, e))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "bin"))
+            .collect();
+        files.sort();
+        let named = |key: &str| -> Result<Split> {
+            let parts = files
+                .iter()
+                .filter(|p| {
+                    p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().contains(key))
+                })
+                .map(|p| shard::Shard::open(p).map(Part::Mapped))
+                .collect::<Result<Vec<_>>>()?;
+            if parts.is_empty() {
+                return Err(Error::Input(format!(
+                    "{}: no *{key}*.bin shard in this directory",
+                    dir.display()
+                )));
+            }
+            Ok(Split { parts })
+        };
+        let spec_path = dir.join("tokenizer.json");
+        let spec = if spec_path.exists() {
+            let text = std::fs::read_to_string(&spec_path).map_err(|e| Error::io(&spec_path, e))?;
+            serde_json::from_str(&text)
+                .map_err(|e| Error::Input(format!("{}: {e}", spec_path.display())))?
+        } else {
+            TokenizerSpec::Gpt2
+        };
+        let tokenizer = Tokenizer::from_spec(&spec)?;
+        let (train, val) = (named("train")?, named("val")?);
+        let vocab = tokenizer.vocab_size() as u32;
+        for split in [&train, &val] {
+            for part in &split.parts {
+                if let Part::Mapped(s) = part {
+                    if let Some(i) = (0..s.len()).step_by(4099).find(|&i| s.get(i) >= vocab) {
+                        return Err(Error::Shard {
+                            path: s.path.clone(),
+                            reason: format!(
+                                "token {} at {i} is outside the tokenizer's vocabulary of {vocab}",
+                                s.get(i)
+                            ),
+                        });
+                    }
+                }
+            }
+        }
+        let name = dir
+            .file_name()
+            .map_or("shards".into(), |s| s.to_string_lossy().into_owned());
+        Ok(Dataset {
+            name,
+            tokenizer,
+            train,
+            val,
+        })
+    }
+}
+
+/// Writes `<name>_train_000000.bin`, `<name>_val_000000.bin` and
+/// `tokenizer.json` into `out`; returns (train tokens, val tokens).
+pub fn prepare(source: Option<&Path>, kind: TokenizerKind, out: &Path) -> Result<(usize, usize)> {
+    let ds = Dataset::load(source, kind)?;
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    let mut counts = [0usize; 2];
+    for (i, (split, tag)) in [(&ds.train, "train"), (&ds.val, "val")]
+        .into_iter()
+        .enumerate()
+    {
+        let tokens: Vec<u32> = split
+            .parts
+            .iter()
+            .flat_map(|p| match p {
+                Part::Memory(v) => v.iter().map(|&t| t as u32).collect::<Vec<_>>(),
+                Part::Mapped(s) => (0..s.len()).map(|i| s.get(i)).collect(),
+            })
+            .collect();
+        counts[i] = tokens.len();
+        shard::write_shard(&out.join(format!("{}_{tag}_000000.bin", ds.name)), &tokens)?;
+    }
+    let spec_path = out.join("tokenizer.json");
+    let spec = serde_json::to_string_pretty(&ds.tokenizer.spec()).expect("spec serialises");
+    std::fs::write(&spec_path, spec).map_err(|e| Error::io(&spec_path, e))?;
+    Ok((counts[0], counts[1]))
+}

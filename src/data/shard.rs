@@ -1,0 +1,149 @@
+//! llm.c's token-shard format: a header of 256 little-endian i32 (magic
+//! 20240520, version 1, token count), then the tokens as u16.
+
+use crate::error::{Error, Result};
+use memmap2::Mmap;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+pub const MAGIC: i32 = 20240520;
+pub const VERSION: i32 = 1;
+const HEADER_BYTES: usize = 256 * 4;
+
+/// Writes tokens as one shard, atomically (temporary file, fsync, rename).
+pub fn write_shard(path: &Path, tokens: &[u32]) -> Result<()> {
+    if let Some(&bad) = tokens.iter().find(|&&t| t > u16::MAX as u32) {
+        return Err(Error::Input(format!(
+            "token id {bad} does not fit the shard format's u16"
+        )));
+    }
+    let mut header = [0i32; 256];
+    header[0] = MAGIC;
+    header[1] = VERSION;
+    header[2] = i32::try_from(tokens.len()).map_err(|_| {
+        Error::Input(format!(
+            "{} tokens exceed one shard's i32 count",
+            tokens.len()
+        ))
+    })?;
+    let mut bytes = Vec::with_capacity(HEADER_BYTES + 2 * tokens.len());
+    header
+        .iter()
+        .for_each(|h| bytes.extend_from_slice(&h.to_le_bytes()));
+    tokens
+        .iter()
+        .for_each(|&t| bytes.extend_from_slice(&(t as u16).to_le_bytes()));
+    let tmp = path.with_extension("bin.tmp");
+    let write = || -> std::io::Result<()> {
+        let mut f = File::create(&tmp)?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().map_err(|e| Error::io(path, e))
+}
+
+/// A memory-mapped, validated shard.
+pub struct Shard {
+    pub path: PathBuf,
+    map: Mmap,
+    len: usize,
+}
+
+impl Shard {
+    pub fn open(path: &Path) -> Result<Self> {
+        let bad = |reason: String| Error::Shard {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        // SAFETY: the map is read-only; a shard changed underneath a run is the
+        // user's to avoid, as with any memory-mapped input.
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        if map.len() < HEADER_BYTES {
+            return Err(bad(format!(
+                "{} bytes is shorter than the 1024-byte header",
+                map.len()
+            )));
+        }
+        let word =
+            |i: usize| i32::from_le_bytes(map[4 * i..4 * i + 4].try_into().expect("4 bytes"));
+        if word(0) != MAGIC {
+            return Err(bad(format!("magic number {} (expected {MAGIC})", word(0))));
+        }
+        if word(1) != VERSION {
+            return Err(bad(format!("version {} (expected {VERSION})", word(1))));
+        }
+        let len = usize::try_from(word(2))
+            .map_err(|_| bad(format!("negative token count {}", word(2))))?;
+        let expected = HEADER_BYTES + 2 * len;
+        if map.len() != expected {
+            return Err(bad(format!(
+                "header says {len} tokens ({expected} bytes) but the file has {} bytes",
+                map.len()
+            )));
+        }
+        Ok(Shard {
+            path: path.to_path_buf(),
+            map,
+            len,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Token i.
+    pub fn get(&self, i: usize) -> u32 {
+        let at = HEADER_BYTES + 2 * i;
+        u16::from_le_bytes([self.map[at], self.map[at + 1]]) as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmpdir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("distgpt-shard-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn shard_round_trips_and_bad_headers_are_named() {
+        let d = tmpdir("rt");
+        let p = d.join("a.bin");
+        write_shard(&p, &[1, 2, 65535, 7]).unwrap();
+        let s = Shard::open(&p).unwrap();
+        assert_eq!(
+            (0..s.len()).map(|i| s.get(i)).collect::<Vec<_>>(),
+            vec![1, 2, 65535, 7]
+        );
+
+        let mut bytes = std::fs::read(&p).unwrap();
+        bytes[0] ^= 1;
+        std::fs::write(&p, &bytes).unwrap();
+        let err = Shard::open(&p).err().unwrap().to_string();
+        assert!(err.contains("magic") && err.contains("a.bin"), "{err}");
+
+        bytes[0] ^= 1;
+        bytes.pop();
+        std::fs::write(&p, &bytes).unwrap();
+        let err = Shard::open(&p).err().unwrap().to_string();
+        assert!(err.contains("header says 4 tokens"), "{err}");
+
+        let err = Shard::open(&d.join("missing.bin"))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("missing.bin"), "{err}");
+        assert!(write_shard(&p, &[70000]).is_err());
+    }
+}

@@ -1,0 +1,32 @@
+//! The library's error type: each variant names the file, tensor or value at fault.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("bad input: {0}")]
+    Input(String),
+    #[error("{path}: not a valid token shard: {reason}")]
+    Shard { path: PathBuf, reason: String },
+    #[error("{path}: {reason}")]
+    Checkpoint { path: PathBuf, reason: String },
+}
+
+impl Error {
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,147 @@
+//! GPT-2 configurations as plain data: the named presets and their checks.
+
+use crate::error::Error;
+use serde::{Deserialize, Serialize};
+
+/// Shape of a GPT-2-family model. `vocab_size` is the real vocabulary; the
+/// embedding is padded to [`GptConfig::padded_vocab`] rows.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GptConfig {
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_embd: usize,
+    pub block_size: usize,
+    pub vocab_size: usize,
+}
+
+/// The GPT-2 BPE vocabulary (`r50k_base`).
+pub const GPT2_VOCAB: usize = 50257;
+
+/// (name, layers, heads, width, block size, description).
+pub const PRESETS: [(&str, usize, usize, usize, usize, &str); 7] = [
+    ("gpt2", 12, 12, 768, 1024, "GPT-2 small, 124M parameters"),
+    ("gpt2-medium", 24, 16, 1024, 1024, "GPT-2 medium, 350M"),
+    ("gpt2-large", 36, 20, 1280, 1024, "GPT-2 large, 774M"),
+    ("gpt2-xl", 48, 25, 1600, 1024, "GPT-2 XL, 1.5B"),
+    (
+        "shakespeare-char",
+        6,
+        6,
+        384,
+        256,
+        "nanoGPT's shakespeare_char, 10.7M",
+    ),
+    (
+        "shakespeare-char-small",
+        4,
+        4,
+        128,
+        128,
+        "a char model that learns in minutes on 2 cores",
+    ),
+    ("tiny", 2, 2, 32, 64, "for tests"),
+];
+
+impl GptConfig {
+    /// A named preset with GPT-2's vocabulary; char-level runs replace
+    /// `vocab_size` with their tokenizer's.
+    pub fn preset(name: &str) -> Result<Self, Error> {
+        let (_, n_layer, n_head, n_embd, block_size, _) =
+            PRESETS.iter().find(|p| p.0 == name).ok_or_else(|| {
+                let names: Vec<&str> = PRESETS.iter().map(|p| p.0).collect();
+                Error::Config(format!(
+                    "unknown model preset '{name}' (known: {})",
+                    names.join(", ")
+                ))
+            })?;
+        Ok(GptConfig {
+            n_layer: *n_layer,
+            n_head: *n_head,
+            n_embd: *n_embd,
+            block_size: *block_size,
+            vocab_size: GPT2_VOCAB,
+        })
+    }
+
+    /// Vocabulary rounded up to a multiple of 64 (the embedding's row count).
+    pub fn padded_vocab(&self) -> usize {
+        self.vocab_size.div_ceil(64) * 64
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.n_embd / self.n_head
+    }
+
+    /// Refuses shapes the kernels cannot run.
+    pub fn validate(&self) -> Result<(), Error> {
+        let c = self;
+        if c.n_layer == 0
+            || c.n_head == 0
+            || c.n_embd == 0
+            || c.block_size == 0
+            || c.vocab_size == 0
+        {
+            return Err(Error::Config(format!(
+                "every model dimension must be positive, got {c:?}"
+            )));
+        }
+        if c.n_embd % c.n_head != 0 {
+            return Err(Error::Config(format!(
+                "n_embd ({}) must be divisible by n_head ({}): choose n_head among the divisors of n_embd",
+                c.n_embd, c.n_head
+            )));
+        }
+        if c.vocab_size > u32::MAX as usize {
+            return Err(Error::Config(format!(
+                "vocab_size {} is too large",
+                c.vocab_size
+            )));
+        }
+        Ok(())
+    }
+
+    /// Parameters stored (padded embedding included).
+    pub fn num_params(&self) -> usize {
+        let c = self.n_embd;
+        let block =
+            2 * c + 3 * c * c + 3 * c + c * c + c + 2 * c + 4 * c * c + 4 * c + 4 * c * c + c;
+        self.padded_vocab() * c + self.block_size * c + self.n_layer * block + 2 * c
+    }
+
+    /// Training FLOPs per token: 6 per matmul weight (blocks and LM head;
+    /// position embeddings excluded) plus attention's 6 * 2 * L * T * C
+    /// (QK^T and AV, forward and backward, without causal savings), as in
+    /// the PaLM appendix and nanoGPT's `estimate_mfu`.
+    pub fn flops_per_token(&self, t: usize) -> f64 {
+        let matmul_params = self.num_params() - self.block_size * self.n_embd;
+        6.0 * matmul_params as f64 + 12.0 * (self.n_layer * t * self.n_embd) as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpt2_small_has_124m_parameters() {
+        let c = GptConfig::preset("gpt2").unwrap();
+        // 124,439,808 with the unpadded 50257 vocabulary; padding adds 47 rows.
+        assert_eq!(c.num_params(), 124_439_808 + 47 * 768);
+        assert_eq!(c.padded_vocab(), 50304);
+    }
+
+    #[test]
+    fn bad_shapes_are_refused_with_the_numbers() {
+        let mut c = GptConfig::preset("tiny").unwrap();
+        c.n_head = 3;
+        let msg = c.validate().unwrap_err().to_string();
+        assert!(
+            msg.contains("n_embd (32)") && msg.contains("n_head (3)"),
+            "{msg}"
+        );
+        assert!(GptConfig::preset("gpt5")
+            .unwrap_err()
+            .to_string()
+            .contains("gpt5"));
+    }
+}

@@ -1,0 +1,12 @@
+//! GPT-2 family models: configuration presets, the flat parameter layout,
+//! the forward/backward driver and the AdamW state that mirrors the layout.
+
+pub mod adamw;
+pub mod config;
+pub mod gpt2;
+pub mod layout;
+
+pub use adamw::{AdamW, AdamWConfig};
+pub use config::GptConfig;
+pub use gpt2::Gpt2;
+pub use layout::ParamLayout;
