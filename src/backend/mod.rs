@@ -145,6 +145,9 @@ pub trait Backend: Send + Sync {
     );
     /// x *= s.
     fn scale(&self, x: &mut [f32], s: f32);
+    /// Peak FLOP/s of the device, measured on a GPT-2-shaped matmul; the
+    /// denominator of MFU.
+    fn measure_peak_flops(&self) -> f64;
     /// Sum of squares in f64.
     fn sum_squares(&self, x: &[f32]) -> f64;
 }

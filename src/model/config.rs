@@ -17,49 +17,106 @@ pub struct GptConfig {
 /// The GPT-2 BPE vocabulary (`r50k_base`).
 pub const GPT2_VOCAB: usize = 50257;
 
-/// (name, layers, heads, width, block size, description).
-pub const PRESETS: [(&str, usize, usize, usize, usize, &str); 7] = [
-    ("gpt2", 12, 12, 768, 1024, "GPT-2 small, 124M parameters"),
-    ("gpt2-medium", 24, 16, 1024, 1024, "GPT-2 medium, 350M"),
-    ("gpt2-large", 36, 20, 1280, 1024, "GPT-2 large, 774M"),
-    ("gpt2-xl", 48, 25, 1600, 1024, "GPT-2 XL, 1.5B"),
-    (
+/// Vocabulary of nanoGPT's character-level Tiny Shakespeare (bench default).
+pub const CHAR_VOCAB: usize = 65;
+
+/// A named model shape.
+pub struct Preset {
+    pub name: &'static str,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_embd: usize,
+    pub block_size: usize,
+    pub vocab_size: usize,
+    pub about: &'static str,
+}
+
+const fn preset(
+    name: &'static str,
+    n_layer: usize,
+    n_head: usize,
+    n_embd: usize,
+    block_size: usize,
+    vocab_size: usize,
+    about: &'static str,
+) -> Preset {
+    Preset {
+        name,
+        n_layer,
+        n_head,
+        n_embd,
+        block_size,
+        vocab_size,
+        about,
+    }
+}
+
+pub const PRESETS: [Preset; 7] = [
+    preset(
+        "gpt2",
+        12,
+        12,
+        768,
+        1024,
+        GPT2_VOCAB,
+        "GPT-2 small, 124M parameters",
+    ),
+    preset(
+        "gpt2-medium",
+        24,
+        16,
+        1024,
+        1024,
+        GPT2_VOCAB,
+        "GPT-2 medium, 350M",
+    ),
+    preset(
+        "gpt2-large",
+        36,
+        20,
+        1280,
+        1024,
+        GPT2_VOCAB,
+        "GPT-2 large, 774M",
+    ),
+    preset("gpt2-xl", 48, 25, 1600, 1024, GPT2_VOCAB, "GPT-2 XL, 1.5B"),
+    preset(
         "shakespeare-char",
         6,
         6,
         384,
         256,
+        CHAR_VOCAB,
         "nanoGPT's shakespeare_char, 10.7M",
     ),
-    (
+    preset(
         "shakespeare-char-small",
         4,
         4,
         128,
         128,
-        "a char model that learns in minutes on 2 cores",
+        CHAR_VOCAB,
+        "learns Shakespeare in minutes on 2 cores",
     ),
-    ("tiny", 2, 2, 32, 64, "for tests"),
+    preset("tiny", 2, 2, 32, 64, CHAR_VOCAB, "for tests"),
 ];
 
 impl GptConfig {
-    /// A named preset with GPT-2's vocabulary; char-level runs replace
-    /// `vocab_size` with their tokenizer's.
+    /// A named preset; training replaces `vocab_size` with its tokenizer's.
     pub fn preset(name: &str) -> Result<Self, Error> {
-        let (_, n_layer, n_head, n_embd, block_size, _) =
-            PRESETS.iter().find(|p| p.0 == name).ok_or_else(|| {
-                let names: Vec<&str> = PRESETS.iter().map(|p| p.0).collect();
-                Error::Config(format!(
-                    "unknown model preset '{name}' (known: {})",
-                    names.join(", ")
-                ))
-            })?;
+        let Some(p) = PRESETS.iter().find(|p| p.name == name) else {
+            let names: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();
+            return Err(Error::Config(format!(
+                "unknown model preset '{name}' (known: {})",
+                names.join(", ")
+            )));
+        };
         Ok(GptConfig {
-            n_layer: *n_layer,
-            n_head: *n_head,
-            n_embd: *n_embd,
-            block_size: *block_size,
-            vocab_size: GPT2_VOCAB,
+            n_layer: p.n_layer,
+            n_head: p.n_head,
+            n_embd: p.n_embd,
+            block_size: p.block_size,
+            vocab_size: p.vocab_size,
         })
     }
 
@@ -125,6 +182,7 @@ mod tests {
     #[test]
     fn gpt2_small_has_124m_parameters() {
         let c = GptConfig::preset("gpt2").unwrap();
+        assert_eq!(c.vocab_size, GPT2_VOCAB);
         // 124,439,808 with the unpadded 50257 vocabulary; padding adds 47 rows.
         assert_eq!(c.num_params(), 124_439_808 + 47 * 768);
         assert_eq!(c.padded_vocab(), 50304);

@@ -83,7 +83,7 @@ pub struct Gpt2<B: Backend> {
     pub layout: ParamLayout,
     pub params: Buf,
     pub grads: Buf,
-    backend: B,
+    pub backend: B,
     acts: Option<Activations>,
     batch: Option<Batch>,
 }

@@ -172,6 +172,9 @@ impl Backend for Cpu {
     fn scale(&self, x: &mut [f32], s: f32) {
         elementwise::scale(x, s)
     }
+    fn measure_peak_flops(&self) -> f64 {
+        math::measure_matmul_flops()
+    }
     fn sum_squares(&self, x: &[f32]) -> f64 {
         elementwise::sum_squares(x)
     }

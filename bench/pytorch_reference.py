@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""The same GPT-2 training step in PyTorch eager, side by side with `distgpt bench`.
+
+Builds the model of a distgpt preset as a plain nn.Module (tied embedding, pre-LN
+blocks, tanh GELU, fused-scaled-softmax attention via F.scaled_dot_product_attention,
+AdamW with the same decay groups), trains on random tokens with the given batch
+and thread count, and prints tokens/s and MFU. With --distgpt PATH it runs
+`PATH bench` with the same arguments first and prints both and their ratio.
+
+    python bench/pytorch_reference.py --model shakespeare-char --batch-size 16 \
+        --threads 2 --distgpt target/release/distgpt
+"""
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+PRESETS = {  # layers, heads, width, block, vocab (as distgpt's presets)
+    "gpt2": (12, 12, 768, 1024, 50257),
+    "gpt2-medium": (24, 16, 1024, 1024, 50257),
+    "shakespeare-char": (6, 6, 384, 256, 65),
+    "shakespeare-char-small": (4, 4, 128, 128, 65),
+    "tiny": (2, 2, 32, 64, 65),
+}
+
+
+class Block(nn.Module):
+    def __init__(self, c, nh):
+        super().__init__()
+        self.nh = nh
+        self.ln_1 = nn.LayerNorm(c)
+        self.c_attn = nn.Linear(c, 3 * c)
+        self.c_proj = nn.Linear(c, c)
+        self.ln_2 = nn.LayerNorm(c)
+        self.c_fc = nn.Linear(c, 4 * c)
+        self.mlp_proj = nn.Linear(4 * c, c)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.nh, c // self.nh).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self, n_layer, n_head, n_embd, block, vocab):
+        super().__init__()
+        self.vocab = vocab
+        vp = (vocab + 63) // 64 * 64
+        self.wte = nn.Embedding(vp, n_embd)
+        self.wpe = nn.Embedding(block, n_embd)
+        self.h = nn.ModuleList(Block(n_embd, n_head) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(n_embd)
+
+    def forward(self, idx, targets):
+        t = idx.shape[1]
+        x = self.wte(idx) + self.wpe(torch.arange(t))
+        for blk in self.h:
+            x = blk(x)
+        logits = self.ln_f(x) @ self.wte.weight.T
+        logits = logits[..., : self.vocab]
+        return F.cross_entropy(logits.reshape(-1, self.vocab), targets.reshape(-1))
+
+
+def flops_per_token(model, cfg, t):
+    n_layer, _, c, block, _ = cfg
+    n = sum(p.numel() for p in model.parameters()) - block * c
+    return 6 * n + 12 * n_layer * t * c
+
+
+def run_torch(args):
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    cfg = PRESETS[args.model]
+    model = GPT(*cfg)
+    t = args.seq_len or cfg[3]
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=1e-4, betas=(0.9, 0.95), eps=1e-8)
+    times = []
+    for i in range(args.warmup + args.steps):
+        x = torch.randint(0, cfg[4], (args.batch_size, t))
+        y = torch.randint(0, cfg[4], (args.batch_size, t))
+        t0 = time.perf_counter()
+        loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    mean = sum(times) / len(times)
+    tps = args.batch_size * t / mean
+    return {"impl": f"pytorch {torch.__version__} eager", "ms_per_step": mean * 1e3,
+            "tokens_per_s": tps, "flops_per_token": flops_per_token(model, cfg, t)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="shakespeare-char", choices=sorted(PRESETS))
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--seq-len", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--distgpt", help="path of the distgpt binary to run side by side")
+    args = ap.parse_args()
+    rows = []
+    peak = None
+    if args.distgpt:
+        cmd = [args.distgpt, "--threads", str(args.threads), "bench", "--model", args.model,
+               "--batch-size", str(args.batch_size), "--steps", str(args.steps),
+               "--warmup", str(args.warmup), "--json"]
+        if args.seq_len:
+            cmd += ["--seq-len", str(args.seq_len)]
+        d = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+        peak = d["peak_gflops"] * 1e9
+        rows.append(d)
+    rows.append(run_torch(args))
+    for r in rows:
+        mfu = f", MFU {100 * r['flops_per_token'] * r['tokens_per_s'] / peak:.1f}%" if peak else ""
+        mem = r.get("memory", {}).get("peak_total_bytes")
+        mem = f", peak {mem / 2**20:.0f} MiB (accounted)" if mem else ""
+        print(f"{r['impl']:<28} {args.model} {args.batch_size}x{args.seq_len or PRESETS[args.model][3]}"
+              f" {args.threads} threads: {r['ms_per_step']:.1f} ms/step, {r['tokens_per_s']:.0f} tokens/s{mfu}{mem}")
+    if len(rows) == 2:
+        print(f"ratio distgpt / pytorch: {rows[0]['tokens_per_s'] / rows[1]['tokens_per_s']:.2f}x"
+              f" (peak {peak / 1e9:.0f} GFLOP/s measured by distgpt on a 1024x768x3072 matmul)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,311 @@
+//! Command-line interface: clap commands turned into library configs.
+
+mod bench;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use distgpt::backend::cpu::Cpu;
+use distgpt::checkpoint;
+use distgpt::data::{self, Dataset, TokenizerKind};
+use distgpt::infer::generate::{generate, SampleConfig};
+use distgpt::metrics;
+use distgpt::model::{AdamWConfig, GptConfig};
+use distgpt::train::{self, Duration, TrainConfig};
+use std::io::Write;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "distgpt", version, about = "Train GPT-2-family models and compare parallel strategies", long_about = None)]
+pub struct Cli {
+    /// Worker threads (default: every core).
+    #[arg(long, global = true)]
+    threads: Option<usize>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train a model (with no arguments: a Shakespeare character model on the embedded corpus).
+    Train(TrainArgs),
+    /// Sample text from a trained run directory.
+    Generate(GenerateArgs),
+    /// Prepare data.
+    #[command(subcommand)]
+    Data(DataCommand),
+    /// Measure training throughput, MFU and peak memory on synthetic tokens.
+    Bench(bench::BenchArgs),
+}
+
+#[derive(Subcommand)]
+enum DataCommand {
+    /// Tokenize a text file (default: the embedded Shakespeare) into llm.c token shards with a train/val split.
+    Prepare(PrepareArgs),
+}
+
+/// Model shape: a preset, with any field overridden.
+#[derive(Args, Clone)]
+pub struct ModelArgs {
+    /// Model preset: gpt2, gpt2-medium, gpt2-large, gpt2-xl, shakespeare-char, shakespeare-char-small, tiny.
+    #[arg(long, default_value = "shakespeare-char-small")]
+    model: String,
+    #[arg(long)]
+    n_layer: Option<usize>,
+    #[arg(long)]
+    n_head: Option<usize>,
+    #[arg(long)]
+    n_embd: Option<usize>,
+    /// Maximum sequence length (positions).
+    #[arg(long)]
+    block_size: Option<usize>,
+}
+
+impl ModelArgs {
+    pub fn model_name(&self) -> &str {
+        &self.model
+    }
+
+    /// The preset with overrides and the given vocabulary, validated.
+    pub fn resolve(&self, vocab_size: Option<usize>) -> Result<GptConfig> {
+        let mut c = GptConfig::preset(&self.model)?;
+        c.n_layer = self.n_layer.unwrap_or(c.n_layer);
+        c.n_head = self.n_head.unwrap_or(c.n_head);
+        c.n_embd = self.n_embd.unwrap_or(c.n_embd);
+        c.block_size = self.block_size.unwrap_or(c.block_size);
+        c.vocab_size = vocab_size.unwrap_or(c.vocab_size);
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+#[derive(Args)]
+struct TrainArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Training data: a text file or a directory of token shards (default: embedded Shakespeare).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Tokenizer for text data.
+    #[arg(long, value_enum, default_value = "char")]
+    tokenizer: TokenizerKind,
+    /// Sequences per micro-batch.
+    #[arg(long, default_value_t = 32)]
+    batch_size: usize,
+    /// Tokens per sequence (default: the model's block size).
+    #[arg(long)]
+    seq_len: Option<usize>,
+    /// Micro-batches per optimizer step.
+    #[arg(long, default_value_t = 1)]
+    grad_accum: usize,
+    /// Optimizer steps.
+    #[arg(long, default_value_t = 600, conflicts_with = "epochs")]
+    steps: usize,
+    /// Train for this many passes over the training split instead of --steps.
+    #[arg(long)]
+    epochs: Option<f64>,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 2e-3)]
+    lr: f32,
+    /// Final learning rate of the cosine decay (default: lr / 10).
+    #[arg(long)]
+    min_lr: Option<f32>,
+    /// Linear warmup steps.
+    #[arg(long, default_value_t = 30)]
+    warmup: usize,
+    #[arg(long, default_value_t = 0.1)]
+    weight_decay: f32,
+    #[arg(long, default_value_t = 0.9)]
+    beta1: f32,
+    #[arg(long, default_value_t = 0.99)]
+    beta2: f32,
+    /// Clip the global gradient norm to this (0: off).
+    #[arg(long, default_value_t = 1.0)]
+    grad_clip: f32,
+    /// Validation every N steps (0: only at the end).
+    #[arg(long, default_value_t = 100)]
+    eval_every: usize,
+    /// Validation batches per evaluation.
+    #[arg(long, default_value_t = 20)]
+    eval_batches: usize,
+    /// Print a sample every N steps (0: only at the end).
+    #[arg(long, default_value_t = 0)]
+    sample_every: usize,
+    /// Tokens in the final sample.
+    #[arg(long, default_value_t = 500)]
+    sample_tokens: usize,
+    #[arg(long, default_value_t = 1337)]
+    seed: u64,
+    /// Run directory for metrics.jsonl, run.json and the weights (default: runs/<model>-<time>).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Declared peak GFLOP/s for MFU (default: measured at start).
+    #[arg(long)]
+    peak_gflops: Option<f64>,
+    /// No progress bar or messages; the summary only.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(Args)]
+struct GenerateArgs {
+    /// A run directory written by `distgpt train` (model.safetensors + model.json).
+    #[arg(long)]
+    run: PathBuf,
+    /// Text to continue (default: a newline, or <|endoftext|> for GPT-2 tokens).
+    #[arg(long)]
+    prompt: Option<String>,
+    /// Tokens to generate.
+    #[arg(long, default_value_t = 500)]
+    tokens: usize,
+    /// Sampling temperature (0: greedy).
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f32,
+    /// Sample among the k most likely tokens (0: all).
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+}
+
+#[derive(Args)]
+struct PrepareArgs {
+    /// A text file (default: the embedded Shakespeare corpus).
+    #[arg(long)]
+    input: Option<PathBuf>,
+    #[arg(long, value_enum, default_value = "char")]
+    tokenizer: TokenizerKind,
+    /// Output directory for the shards and tokenizer.json.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+/// Parses the command line and runs the command.
+pub fn run() -> Result<()> {
+    let cli = Cli::parse();
+    if let Some(n) = cli.threads {
+        if n == 0 {
+            bail!("--threads must be at least 1");
+        }
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .context("configuring the thread pool")?;
+    }
+    match cli.command {
+        Command::Train(a) => run_train(a),
+        Command::Generate(a) => run_generate(a),
+        Command::Data(DataCommand::Prepare(a)) => {
+            let (n_train, n_val) = data::prepare(a.input.as_deref(), a.tokenizer, &a.out)?;
+            println!(
+                "wrote {} ({n_train} train tokens, {n_val} val tokens)",
+                a.out.display()
+            );
+            Ok(())
+        }
+        Command::Bench(a) => bench::run(a),
+    }
+}
+
+fn run_train(a: TrainArgs) -> Result<()> {
+    if a.data.is_some() && a.data.as_ref().is_some_and(|p| !p.exists()) {
+        bail!(
+            "data path {} does not exist",
+            a.data
+                .as_ref()
+                .map_or(String::new(), |p| p.display().to_string())
+        );
+    }
+    let ds = Dataset::load(a.data.as_deref(), a.tokenizer)?;
+    let model_cfg = a.model.resolve(Some(ds.tokenizer.vocab_size()))?;
+    let out_dir = a.out.clone().unwrap_or_else(|| {
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        PathBuf::from(format!("runs/{}-{secs}", a.model.model))
+    });
+    let cfg = TrainConfig {
+        batch_size: a.batch_size,
+        seq_len: a.seq_len.unwrap_or(model_cfg.block_size),
+        grad_accum: a.grad_accum,
+        duration: a.epochs.map_or(Duration::Steps(a.steps), Duration::Epochs),
+        lr: a.lr,
+        min_lr: a.min_lr.unwrap_or(a.lr / 10.0),
+        warmup_steps: a.warmup,
+        adamw: AdamWConfig {
+            beta1: a.beta1,
+            beta2: a.beta2,
+            eps: 1e-8,
+            weight_decay: a.weight_decay,
+        },
+        grad_clip: a.grad_clip,
+        eval_every: a.eval_every,
+        eval_batches: a.eval_batches,
+        sample_every: a.sample_every,
+        sample_tokens: a.sample_tokens,
+        seed: a.seed,
+        out_dir,
+        peak_flops: a.peak_gflops.map(|g| g * 1e9),
+        verbose: !a.quiet,
+    };
+    eprintln!(
+        "training {} ({} layers, {} heads, width {}, block {}) on {} ({} train / {} val tokens)",
+        a.model.model,
+        model_cfg.n_layer,
+        model_cfg.n_head,
+        model_cfg.n_embd,
+        model_cfg.block_size,
+        ds.name,
+        ds.train.len(),
+        ds.val.len()
+    );
+    let s = train::train(Cpu::new(), model_cfg, &ds, &cfg)?;
+    println!("--- sample ---\n{}\n--------------", s.sample);
+    println!(
+        "{} steps in {:.1} s | loss {:.4} -> {:.4} | val loss {:.4} | {:.0} tokens/s | MFU {:.1}%",
+        s.steps,
+        s.seconds,
+        s.first_loss,
+        s.final_loss,
+        s.val_loss,
+        s.tokens_per_s,
+        100.0 * s.mfu
+    );
+    println!("peak memory: {}", metrics::memory_line(&s.memory));
+    println!(
+        "run directory: {} (metrics.jsonl, model.safetensors, model.json)",
+        s.out_dir.display()
+    );
+    Ok(())
+}
+
+fn run_generate(a: GenerateArgs) -> Result<()> {
+    let (mut model, meta) = checkpoint::load_model(Cpu::new(), &a.run)?;
+    let tk = data::Tokenizer::from_spec(&meta.tokenizer)?;
+    let prompt_text = a.prompt.clone().unwrap_or_else(|| "\n".into());
+    let prompt = match (&a.prompt, tk.eot()) {
+        (None, Some(eot)) => vec![eot],
+        _ => tk.encode(&prompt_text)?,
+    };
+    let cfg = SampleConfig {
+        max_new_tokens: a.tokens,
+        temperature: a.temperature,
+        top_k: a.top_k,
+        seed: a.seed,
+    };
+    if a.prompt.is_some() {
+        print!("{prompt_text}");
+    }
+    let started = std::time::Instant::now();
+    let mut stdout = std::io::stdout();
+    let out = generate(&mut model, &prompt, &cfg, tk.eot(), |tok| {
+        let _ = write!(stdout, "{}", tk.decode(&[tok]));
+        let _ = stdout.flush();
+    })?;
+    let n = out.len() - prompt.len();
+    eprintln!(
+        "\n[{n} tokens in {:.2} s: {:.1} tokens/s]",
+        started.elapsed().as_secs_f64(),
+        n as f64 / started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

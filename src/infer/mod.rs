@@ -1,0 +1,3 @@
+//! Inference: sampling text from a model.
+
+pub mod generate;

@@ -1,0 +1,103 @@
+//! Bad input gets an error that names the problem: never a panic.
+
+use distgpt::backend::cpu::Cpu;
+use distgpt::checkpoint::{load_weights, save_weights};
+use distgpt::data::{shard, Dataset, TokenizerKind};
+use distgpt::model::{Gpt2, GptConfig};
+use std::path::PathBuf;
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("distgpt-bad-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn tiny() -> Gpt2<Cpu> {
+    let mut m = Gpt2::new(Cpu::new(), GptConfig::preset("tiny").unwrap()).unwrap();
+    m.init_weights(0);
+    m
+}
+
+#[test]
+fn missing_data_file_is_named() {
+    let err = Dataset::load(
+        Some(&PathBuf::from("/no/such/corpus.txt")),
+        TokenizerKind::Char,
+    )
+    .err()
+    .unwrap();
+    assert!(err.to_string().contains("/no/such/corpus.txt"), "{err}");
+}
+
+#[test]
+fn shard_directory_with_bad_magic_is_refused() {
+    let d = tmp("magic");
+    shard::write_shard(&d.join("x_train_000000.bin"), &[1, 2, 3]).unwrap();
+    shard::write_shard(&d.join("x_val_000000.bin"), &[1, 2, 3]).unwrap();
+    let p = d.join("x_val_000000.bin");
+    let mut bytes = std::fs::read(&p).unwrap();
+    bytes[..4].copy_from_slice(&7i32.to_le_bytes());
+    std::fs::write(&p, bytes).unwrap();
+    let err = Dataset::load(Some(&d), TokenizerKind::Gpt2)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("x_val_000000.bin") && err.contains("magic number 7"),
+        "{err}"
+    );
+}
+
+#[test]
+fn safetensors_with_missing_or_misshaped_tensor_is_refused_by_name() {
+    let d = tmp("st");
+    let m = tiny();
+    let path = d.join("w.safetensors");
+    save_weights(&m, &path).unwrap();
+
+    let mut other = GptConfig::preset("tiny").unwrap();
+    other.n_layer = 3;
+    let mut deeper = Gpt2::new(Cpu::new(), other).unwrap();
+    let err = load_weights(&mut deeper, &path).unwrap_err().to_string();
+    assert!(
+        err.contains("missing tensor 'transformer.h.2.ln_1.weight'")
+            && err.contains("w.safetensors"),
+        "{err}"
+    );
+
+    let mut other = GptConfig::preset("tiny").unwrap();
+    other.n_embd = 64;
+    let mut wider = Gpt2::new(Cpu::new(), other).unwrap();
+    let err = load_weights(&mut wider, &path).unwrap_err().to_string();
+    assert!(
+        err.contains("transformer.wte.weight") && err.contains("shape [65, 32], expected [65, 64]"),
+        "{err}"
+    );
+
+    std::fs::write(&path, b"not a safetensors file").unwrap();
+    let err = load_weights(&mut tiny(), &path).unwrap_err().to_string();
+    assert!(err.contains("not a valid safetensors file"), "{err}");
+}
+
+#[test]
+fn impossible_shapes_and_inputs_are_refused() {
+    let mut cfg = GptConfig::preset("tiny").unwrap();
+    cfg.n_head = 5;
+    let err = Gpt2::new(Cpu::new(), cfg).err().unwrap().to_string();
+    assert!(
+        err.contains("n_embd (32) must be divisible by n_head (5)"),
+        "{err}"
+    );
+
+    let mut m = tiny();
+    let t = m.config.block_size + 1;
+    let err = m.forward(&vec![0; t], None, 1, t).unwrap_err().to_string();
+    assert!(
+        err.contains("sequence length 65") && err.contains("block size 64"),
+        "{err}"
+    );
+    let err = m.forward(&[0, 1, 99], None, 1, 3).unwrap_err().to_string();
+    assert!(err.contains("token id 99 at position 2"), "{err}");
+    let err = m.forward(&[0, 1, 2], None, 2, 3).unwrap_err().to_string();
+    assert!(err.contains("3 tokens for a batch of 2 x 3"), "{err}");
+}
