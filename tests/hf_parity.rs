@@ -156,7 +156,14 @@ fn adamw_steps_match_torch_adamw() {
     let be = model.backend().clone();
     let mut opt = AdamW::new(&be, model.layout.total(), config);
     for _ in 0..3 {
-        opt.update(&be, &mut model.params, &model.grads, &model.layout, 1e-2);
+        opt.update(
+            &be,
+            &mut model.params,
+            &model.grads,
+            &model.layout,
+            1e-2,
+            1.0,
+        );
     }
     for spec in &model.layout.tensors {
         let (_, want) = reference.tensor(&format!("adamw.{}", spec.name));

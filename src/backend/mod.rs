@@ -143,8 +143,6 @@ pub trait Backend: Send + Sync {
         step: AdamWStep,
         weight_decay: f32,
     );
-    /// x *= s.
-    fn scale(&self, x: &mut [f32], s: f32);
     /// Peak FLOP/s of the device, measured on a GPT-2-shaped matmul; the
     /// denominator of MFU.
     fn measure_peak_flops(&self) -> f64;

@@ -98,19 +98,19 @@ struct TrainArgs {
     #[arg(long, default_value_t = 1)]
     grad_accum: usize,
     /// Optimizer steps.
-    #[arg(long, default_value_t = 600, conflicts_with = "epochs")]
+    #[arg(long, default_value_t = 800, conflicts_with = "epochs")]
     steps: usize,
     /// Train for this many passes over the training split instead of --steps.
     #[arg(long)]
     epochs: Option<f64>,
     /// Peak learning rate.
-    #[arg(long, default_value_t = 2e-3)]
+    #[arg(long, default_value_t = 3e-3)]
     lr: f32,
     /// Final learning rate of the cosine decay (default: lr / 10).
     #[arg(long)]
     min_lr: Option<f32>,
     /// Linear warmup steps.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 50)]
     warmup: usize,
     #[arg(long, default_value_t = 0.1)]
     weight_decay: f32,

@@ -42,7 +42,9 @@ impl AdamW {
         }
     }
 
-    /// One update of every tensor in the layout at learning rate `lr`.
+    /// One update of every tensor in the layout at learning rate `lr`, with
+    /// the gradients multiplied by `grad_scale` (clipping) on the way in.
+    #[allow(clippy::too_many_arguments)]
     pub fn update<B: Backend>(
         &mut self,
         backend: &B,
@@ -50,6 +52,7 @@ impl AdamW {
         grads: &[f32],
         layout: &ParamLayout,
         lr: f32,
+        grad_scale: f32,
     ) {
         self.step += 1;
         let c = self.config;
@@ -59,6 +62,7 @@ impl AdamW {
             beta2: c.beta2,
             eps: c.eps,
             step: self.step,
+            grad_scale,
         };
         for t in &layout.tensors {
             let r = t.range();

@@ -142,7 +142,7 @@ impl GptConfig {
                 "every model dimension must be positive, got {c:?}"
             )));
         }
-        if c.n_embd % c.n_head != 0 {
+        if !c.n_embd.is_multiple_of(c.n_head) {
             return Err(Error::Config(format!(
                 "n_embd ({}) must be divisible by n_head ({}): choose n_head among the divisors of n_embd",
                 c.n_embd, c.n_head

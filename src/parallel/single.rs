@@ -46,11 +46,13 @@ impl<B: Backend> Strategy for Single<B> {
             ..
         } = m;
         let grad_norm = backend.sum_squares(grads).sqrt() as f32;
-        if cfg.grad_clip > 0.0 && grad_norm > cfg.grad_clip {
-            backend.scale(grads, cfg.grad_clip / grad_norm);
-        }
+        let clip_scale = if cfg.grad_clip > 0.0 && grad_norm > cfg.grad_clip {
+            cfg.grad_clip / grad_norm
+        } else {
+            1.0
+        };
         self.optimizer
-            .update(backend, params, grads, layout, cfg.lr);
+            .update(backend, params, grads, layout, cfg.lr, clip_scale);
         Ok(StepStats {
             loss: (loss_sum / micro_batches.len() as f64) as f32,
             grad_norm,

@@ -12,6 +12,9 @@ pub struct AdamWStep {
     pub beta2: f32,
     pub eps: f32,
     pub step: u32,
+    /// Multiplies every gradient first: gradient clipping fused into the
+    /// update, saving a pass over the gradients.
+    pub grad_scale: f32,
 }
 
 /// Updates param, m, v in place from grad; `weight_decay` is 0 for tensors
@@ -35,7 +38,7 @@ pub fn adamw(
         .zip(m.par_chunks_mut(CHUNK).zip(v.par_chunks_mut(CHUNK)))
         .for_each(|((p, g), (m, v))| {
             for i in 0..p.len() {
-                let gi = g[i];
+                let gi = g[i] * h.grad_scale;
                 m[i] = h.beta1 * m[i] + (1.0 - h.beta1) * gi;
                 v[i] = h.beta2 * v[i] + (1.0 - h.beta2) * gi * gi;
                 let denom = v[i].sqrt() / bc2_sqrt + h.eps;
@@ -57,6 +60,7 @@ mod tests {
             beta2: 0.95,
             eps: 1e-8,
             step: 1,
+            grad_scale: 0.5,
         };
         let mut p = vec![1.0f32, -2.0, 0.5];
         let g = vec![0.3f32, -0.1, 0.0];

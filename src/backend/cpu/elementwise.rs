@@ -1,4 +1,4 @@
-//! Pointwise kernels: GELU, copy, scaling, squared norms.
+//! Pointwise kernels: GELU, copy, squared norms.
 
 use super::math::{gelu, gelu_grad};
 use rayon::prelude::*;
@@ -27,12 +27,6 @@ pub fn copy(dst: &mut [f32], src: &[f32]) {
         .par_chunks_mut(CHUNK)
         .zip(src.par_chunks(CHUNK))
         .for_each(|(d, s)| d.copy_from_slice(s));
-}
-
-/// x *= s.
-pub fn scale(x: &mut [f32], s: f32) {
-    x.par_chunks_mut(CHUNK)
-        .for_each(|c| c.iter_mut().for_each(|v| *v *= s));
 }
 
 /// Sum of squares in f64, for gradient norms.

@@ -169,9 +169,6 @@ impl Backend for Cpu {
     ) {
         adamw::adamw(param, grad, m, v, step, weight_decay)
     }
-    fn scale(&self, x: &mut [f32], s: f32) {
-        elementwise::scale(x, s)
-    }
     fn measure_peak_flops(&self) -> f64 {
         math::measure_matmul_flops()
     }
