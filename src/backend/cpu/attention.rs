@@ -9,6 +9,35 @@ use rayon::prelude::*;
 /// Query rows per block: the scratch per task is BLOCK x T floats (twice in backward).
 const BLOCK: usize = 64;
 
+/// p (rows x cols) = scale * Q (rows x hd) K (cols x hd)^T, Q and K rows `stride` apart.
+///
+/// # Safety
+/// q and k must address `rows` and `cols` rows of `hd` floats at `stride`;
+/// p must hold rows * cols floats.
+#[allow(clippy::too_many_arguments)]
+unsafe fn scores(
+    p: *mut f32,
+    q: *const f32,
+    k: *const f32,
+    rows: usize,
+    cols: usize,
+    hd: usize,
+    stride: usize,
+    scale: f32,
+) {
+    gemm(
+        rows,
+        cols,
+        hd,
+        Mat::new(p, cols, 1),
+        Mat::new(q, stride, 1),
+        Mat::new(k, stride, 1).t(),
+        false,
+        scale,
+        1,
+    );
+}
+
 #[derive(Clone, Copy, Debug)]
 pub struct AttnShape {
     pub b: usize,
@@ -47,17 +76,7 @@ pub fn attention_forward(out: &mut [f32], lse: &mut [f32], qkv: &[f32], s: AttnS
                         let r1 = (r0 + BLOCK).min(t);
                         let (rows, cols) = (r1 - r0, r1);
                         let p = scratch.as_mut_ptr();
-                        gemm(
-                            rows,
-                            cols,
-                            hd,
-                            Mat::new(p, cols, 1),
-                            Mat::new(q.add(r0 * 3 * c), 3 * c, 1),
-                            Mat::new(k, 3 * c, 1).t(),
-                            false,
-                            scale,
-                            1,
-                        );
+                        scores(p, q.add(r0 * 3 * c), k, rows, cols, hd, 3 * c, scale);
                         for i in 0..rows {
                             let row = &mut scratch[i * cols..(i + 1) * cols];
                             let valid = r0 + i + 1;
@@ -137,17 +156,7 @@ pub fn attention_backward(
                     let r1 = (r0 + BLOCK).min(t);
                     let (rows, cols) = (r1 - r0, r1);
                     let (p, dp) = (pbuf.as_mut_ptr(), dpbuf.as_mut_ptr());
-                    gemm(
-                        rows,
-                        cols,
-                        hd,
-                        Mat::new(p, cols, 1),
-                        Mat::new(q.add(r0 * 3 * c), 3 * c, 1),
-                        Mat::new(k, 3 * c, 1).t(),
-                        false,
-                        scale,
-                        1,
-                    );
+                    scores(p, q.add(r0 * 3 * c), k, rows, cols, hd, 3 * c, scale);
                     for i in 0..rows {
                         let row = &mut pbuf[i * cols..(i + 1) * cols];
                         let valid = r0 + i + 1;
