@@ -261,7 +261,7 @@ fn run_train(a: TrainArgs) -> Result<()> {
     let s = train::train(Cpu::new(), model_cfg, &ds, &cfg)?;
     println!("--- sample ---\n{}\n--------------", s.sample);
     println!(
-        "{} steps in {:.1} s | loss {:.4} -> {:.4} | val loss {:.4} | {:.0} tokens/s | MFU {:.1}%",
+        "{} steps in {:.1} s | loss {:.4} -> {:.4} | val loss {:.4} | {:.0} tokens/s, MFU {:.1}% (wall clock, evaluation included)",
         s.steps,
         s.seconds,
         s.first_loss,

@@ -103,6 +103,13 @@ pub const PRESETS: [Preset; 7] = [
 
 impl GptConfig {
     /// A named preset; training replaces `vocab_size` with its tokenizer's.
+    ///
+    /// ```
+    /// use distgpt::model::GptConfig;
+    /// let c = GptConfig::preset("shakespeare-char").unwrap();
+    /// assert_eq!((c.n_layer, c.n_head, c.n_embd, c.block_size), (6, 6, 384, 256));
+    /// assert_eq!(c.padded_vocab(), 128);
+    /// ```
     pub fn preset(name: &str) -> Result<Self, Error> {
         let Some(p) = PRESETS.iter().find(|p| p.name == name) else {
             let names: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();
