@@ -18,6 +18,8 @@ pub enum Error {
     Shard { path: PathBuf, reason: String },
     #[error("{path}: {reason}")]
     Checkpoint { path: PathBuf, reason: String },
+    #[error("communication: {0}")]
+    Comm(String),
 }
 
 impl Error {

@@ -2,6 +2,7 @@
 
 pub mod backend;
 pub mod checkpoint;
+pub mod comm;
 pub mod data;
 pub mod error;
 pub mod infer;

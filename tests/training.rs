@@ -5,7 +5,9 @@ use distgpt::backend::cpu::Cpu;
 use distgpt::checkpoint;
 use distgpt::data::{Dataset, TokenizerKind};
 use distgpt::model::{AdamWConfig, GptConfig};
+use distgpt::parallel::{ParallelConfig, StrategyKind};
 use distgpt::train::{train, Duration, TrainConfig};
+use std::time::Duration as Wait;
 
 fn tiny_config(out: &std::path::Path, steps: usize) -> TrainConfig {
     TrainConfig {
@@ -29,6 +31,16 @@ fn tiny_config(out: &std::path::Path, steps: usize) -> TrainConfig {
         out_dir: out.to_path_buf(),
         peak_flops: Some(1e11),
         verbose: false,
+        fault: None,
+    }
+}
+
+fn single() -> ParallelConfig {
+    ParallelConfig {
+        strategy: StrategyKind::Single,
+        world_size: 1,
+        tp: 1,
+        recompute: false,
     }
 }
 
@@ -42,7 +54,16 @@ fn tiny_model_learns_shakespeare() {
     let mut cfg = GptConfig::preset("tiny").unwrap();
     cfg.vocab_size = ds.tokenizer.vocab_size();
     let out = tmp("learn");
-    let s = train(Cpu::new(), cfg, &ds, &tiny_config(&out, 300)).unwrap();
+    let s = train(
+        Cpu::new,
+        cfg,
+        &ds,
+        &tiny_config(&out, 300),
+        single(),
+        2,
+        Wait::from_secs(60),
+    )
+    .unwrap();
     // ln(84) = 4.43 at the start; character statistics alone take it far below.
     assert!(s.first_loss > 4.0, "first loss {}", s.first_loss);
     assert!(s.final_loss < 2.8, "final train loss {}", s.final_loss);
@@ -76,7 +97,16 @@ fn saved_weights_reload_to_identical_logits() {
     let mut cfg = GptConfig::preset("tiny").unwrap();
     cfg.vocab_size = ds.tokenizer.vocab_size();
     let out = tmp("reload");
-    train(Cpu::new(), cfg, &ds, &tiny_config(&out, 3)).unwrap();
+    train(
+        Cpu::new,
+        cfg,
+        &ds,
+        &tiny_config(&out, 3),
+        single(),
+        2,
+        Wait::from_secs(60),
+    )
+    .unwrap();
     let (mut a, meta) = checkpoint::load_model(Cpu::new(), &out).unwrap();
     let (mut b, _) = checkpoint::load_model(Cpu::new(), &out).unwrap();
     assert_eq!(meta.tokenizer, ds.tokenizer.spec());

@@ -18,6 +18,11 @@ use std::sync::Arc;
 pub trait Backend: Send + Sync {
     /// A human-readable device name for reports.
     fn name(&self) -> String;
+    /// Another handle on the same device with counters of its own (for work
+    /// that must not count against a rank, such as sampling on rank 0).
+    fn clone_fresh(&self) -> Self
+    where
+        Self: Sized;
     /// The counters every buffer of this backend reports to.
     fn memory(&self) -> &Arc<memory::MemoryStats>;
     /// A zero-filled buffer of `len` floats.

@@ -78,9 +78,10 @@ pub fn load_weights<B: Backend>(model: &mut Gpt2<B>, path: &Path) -> Result<()> 
     };
     let st = SafeTensors::deserialize(&bytes)
         .map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
-    let v = model.config.vocab_size;
-    let wte = model.layout.wte();
-    for t in &model.layout.tensors {
+    let Gpt2 { engine, params, .. } = model;
+    let v = engine.config.vocab_size;
+    let wte = engine.layout.wte();
+    for t in &engine.layout.tensors {
         let mut shape = t.shape.clone();
         let mut r = t.range();
         if r == wte {
@@ -105,12 +106,11 @@ pub fn load_weights<B: Backend>(model: &mut Gpt2<B>, path: &Path) -> Result<()> 
                 shape
             )));
         }
-        let dst = &mut model.params[r];
-        for (d, chunk) in dst.iter_mut().zip(view.data().chunks_exact(4)) {
+        for (d, chunk) in params[r].iter_mut().zip(view.data().chunks_exact(4)) {
             *d = f32::from_le_bytes(chunk.try_into().expect("4 bytes"));
         }
     }
-    model.params[wte.start + v * model.config.n_embd..wte.end].fill(0.0);
+    params[wte.start + v * engine.config.n_embd..wte.end].fill(0.0);
     Ok(())
 }
 

@@ -1,15 +1,18 @@
-//! `distgpt bench`: training throughput, MFU and peak memory per category on
-//! synthetic tokens, in the shape `bench/pytorch_reference.py` mirrors.
+//! `distgpt bench`: training throughput, MFU, peak memory per rank by
+//! category and communication volume and time, on synthetic tokens, for any
+//! strategy and world size, in the shape `bench/pytorch_reference.py` mirrors.
 
-use super::ModelArgs;
+use super::{ModelArgs, ParallelArgs};
 use anyhow::Result;
 use clap::Args;
 use distgpt::backend::cpu::Cpu;
 use distgpt::backend::Backend;
+use distgpt::comm::Comm;
 use distgpt::data::Batch;
 use distgpt::metrics;
-use distgpt::model::{AdamWConfig, Gpt2};
-use distgpt::parallel::{Single, StepConfig, Strategy};
+use distgpt::model::gpt2::init_full;
+use distgpt::model::AdamWConfig;
+use distgpt::parallel::{self, StepConfig};
 use distgpt::rng::Rng;
 use std::time::Instant;
 
@@ -17,9 +20,12 @@ use std::time::Instant;
 pub struct BenchArgs {
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    parallel: ParallelArgs,
     /// Vocabulary size (default: the preset's; 65 for the char presets).
     #[arg(long)]
     vocab_size: Option<usize>,
+    /// Global batch (sequences per step, split across data-parallel ranks).
     #[arg(long, default_value_t = 16)]
     batch_size: usize,
     /// Tokens per sequence (default: the model's block size).
@@ -31,7 +37,7 @@ pub struct BenchArgs {
     /// Untimed steps first.
     #[arg(long, default_value_t = 2)]
     warmup: usize,
-    /// Declared peak GFLOP/s for MFU (default: measured).
+    /// Declared peak GFLOP/s of the whole machine for MFU (default: measured).
     #[arg(long)]
     peak_gflops: Option<f64>,
     /// Print one JSON object instead of text.
@@ -39,71 +45,156 @@ pub struct BenchArgs {
     json: bool,
 }
 
+/// What each rank measured: mean step seconds, peak bytes by category, comm bytes and seconds.
+struct RankResult {
+    step_s: f64,
+    peak: [u64; 6],
+    comm_bytes: u64,
+    comm_s: f64,
+}
+
 pub fn run(a: BenchArgs) -> Result<()> {
     let cfg = a.model.resolve(a.vocab_size)?;
     let (b, t) = (a.batch_size, a.seq_len.unwrap_or(cfg.block_size));
-    let backend = Cpu::new();
+    let par = a.parallel.config();
+    par.resolved().validate(&cfg, b)?;
+    let threads = rayon::current_num_threads();
     let peak = a
         .peak_gflops
-        .map_or_else(|| backend.measure_peak_flops(), |g| g * 1e9);
-    let mut model = Gpt2::new(backend.clone(), cfg.clone())?;
-    model.init_weights(1);
-    let mut strategy = Single::new(model, AdamWConfig::default(), b, t);
-    let mut rng = Rng::new(7);
-    let mut batch = || {
-        let mut ids = || {
-            (0..b * t)
-                .map(|_| rng.below(cfg.vocab_size) as u32)
-                .collect::<Vec<_>>()
+        .map_or_else(|| Cpu::new().measure_peak_flops(), |g| g * 1e9);
+    let init = init_full(&cfg, 1);
+    let show = !a.json;
+    let rank_main = |world: &dyn Comm| -> distgpt::error::Result<Vec<RankResult>> {
+        let mut strategy = parallel::build(
+            Cpu::new(),
+            cfg.clone(),
+            par,
+            world,
+            AdamWConfig::default(),
+            b,
+            t,
+        )?;
+        strategy.load_full(&init);
+        let mut rng = Rng::new(7);
+        let mut batch = || {
+            let mut ids = || {
+                (0..b * t)
+                    .map(|_| rng.below(cfg.vocab_size) as u32)
+                    .collect::<Vec<_>>()
+            };
+            Batch {
+                inputs: ids(),
+                targets: ids(),
+            }
         };
-        Batch {
-            inputs: ids(),
-            targets: ids(),
+        let lead = world.rank() == 0;
+        let pb = if show && lead {
+            metrics::progress_bar((a.warmup + a.steps) as u64, "bench")
+        } else {
+            indicatif::ProgressBar::hidden()
+        };
+        let mut total = 0.0;
+        for i in 0..a.warmup + a.steps {
+            let mb = [batch()];
+            world.barrier()?;
+            let t0 = Instant::now();
+            strategy.step(
+                &mb,
+                StepConfig {
+                    lr: 1e-4,
+                    grad_clip: 1.0,
+                },
+            )?;
+            if i >= a.warmup {
+                total += t0.elapsed().as_secs_f64();
+            }
+            pb.inc(1);
         }
+        pb.finish_and_clear();
+        let m = strategy.memory();
+        let c = strategy.comm_stats();
+        let p = &m.peak_bytes;
+        let mine = [
+            p.params,
+            p.grads,
+            p.optimizer,
+            p.activations,
+            p.other,
+            m.peak_total_bytes,
+        ]
+        .map(|x| x as f32);
+        let n = world.size();
+        let mut all = vec![0.0f32; 9 * n];
+        let row = [
+            mine.as_slice(),
+            &[
+                c.total_bytes() as f32,
+                c.seconds as f32,
+                (total / a.steps.max(1) as f64) as f32,
+            ],
+        ]
+        .concat();
+        world.all_gather(&row, &mut all)?;
+        Ok(all
+            .chunks(9)
+            .map(|r| RankResult {
+                step_s: r[8] as f64,
+                peak: std::array::from_fn(|i| r[i] as u64),
+                comm_bytes: r[6] as u64,
+                comm_s: r[7] as f64,
+            })
+            .collect())
     };
-    let step_cfg = StepConfig {
-        lr: 1e-4,
-        grad_clip: 1.0,
+    let Some(ranks) = a.parallel.launch(threads, rank_main)? else {
+        return Ok(());
     };
-    let pb = if a.json {
-        indicatif::ProgressBar::hidden()
-    } else {
-        metrics::progress_bar((a.warmup + a.steps) as u64, "bench")
-    };
-    let mut times = Vec::new();
-    for i in 0..a.warmup + a.steps {
-        let mb = [batch()];
-        let t0 = Instant::now();
-        strategy.step(&mb, step_cfg)?;
-        if i >= a.warmup {
-            times.push(t0.elapsed().as_secs_f64());
-        }
-        pb.inc(1);
-    }
-    pb.finish_and_clear();
-    let mean_s = times.iter().sum::<f64>() / times.len().max(1) as f64;
-    let tokens_per_s = (b * t) as f64 / mean_s;
+    let step_s = ranks.iter().map(|r| r.step_s).fold(0.0, f64::max);
+    let tokens_per_s = (b * t) as f64 / step_s;
     let mfu = metrics::mfu(cfg.flops_per_token(t), tokens_per_s, peak);
-    let mem = strategy.memory();
+    let steps = a.steps.max(1) as f64;
+    let resolved = par.resolved();
     if a.json {
         let j = serde_json::json!({
             "impl": "distgpt", "model": a.model.model_name(), "params": cfg.num_params(), "batch": b, "seq": t,
-            "threads": rayon::current_num_threads(), "ms_per_step": mean_s * 1e3, "tokens_per_s": tokens_per_s,
-            "mfu": mfu, "peak_gflops": peak / 1e9, "flops_per_token": cfg.flops_per_token(t), "memory": mem,
+            "strategy": par.strategy, "world_size": par.world_size, "tp": resolved.tp, "recompute": par.recompute,
+            "threads": threads, "ms_per_step": step_s * 1e3, "tokens_per_s": tokens_per_s,
+            "tokens_per_s_per_rank": tokens_per_s / par.world_size as f64, "mfu": mfu, "peak_gflops": peak / 1e9,
+            "flops_per_token": cfg.flops_per_token(t),
+            "ranks": ranks.iter().map(|r| serde_json::json!({
+                "peak_bytes": {"params": r.peak[0], "grads": r.peak[1], "optimizer": r.peak[2], "activations": r.peak[3], "other": r.peak[4], "total": r.peak[5]},
+                "comm_bytes_per_step": r.comm_bytes as f64 / (steps + a.warmup as f64), "comm_seconds_per_step": r.comm_s / (steps + a.warmup as f64),
+            })).collect::<Vec<_>>(),
         });
         println!("{j}");
-    } else {
+        return Ok(());
+    }
+    println!(
+        "distgpt {} ({} params) {:?} x {} (tp {}{}) batch {b} x {t}, {threads} threads: {:.1} ms/step, {:.0} tokens/s ({:.0} per rank), MFU {:.1}% of {:.0} GFLOP/s",
+        a.model.model_name(),
+        cfg.num_params(),
+        par.strategy,
+        par.world_size,
+        resolved.tp,
+        if par.recompute { ", recompute" } else { "" },
+        step_s * 1e3,
+        tokens_per_s,
+        tokens_per_s / par.world_size as f64,
+        100.0 * mfu,
+        peak / 1e9
+    );
+    let h = metrics::human_bytes;
+    for (r, x) in ranks.iter().enumerate() {
         println!(
-            "distgpt {} ({} params) batch {b} x {t}, {} threads: {:.1} ms/step, {:.0} tokens/s, MFU {:.1}% of {:.0} GFLOP/s",
-            a.model.model_name(),
-            cfg.num_params(),
-            rayon::current_num_threads(),
-            mean_s * 1e3,
-            tokens_per_s,
-            100.0 * mfu,
-            peak / 1e9
+            "rank {r}: peak {} = params {} + grads {} + optimizer {} + activations {} + other {} | comm {} / step, {:.1} ms / step",
+            h(x.peak[5]),
+            h(x.peak[0]),
+            h(x.peak[1]),
+            h(x.peak[2]),
+            h(x.peak[3]),
+            h(x.peak[4]),
+            h((x.comm_bytes as f64 / (steps + a.warmup as f64)) as u64),
+            1e3 * x.comm_s / (steps + a.warmup as f64)
         );
-        println!("peak memory: {}", metrics::memory_line(&mem));
     }
     Ok(())
 }

@@ -6,11 +6,13 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use distgpt::backend::cpu::Cpu;
 use distgpt::checkpoint;
+use distgpt::comm::Comm;
 use distgpt::data::{self, Dataset, TokenizerKind};
 use distgpt::infer::generate::{generate, SampleConfig};
 use distgpt::metrics;
 use distgpt::model::{AdamWConfig, GptConfig};
-use distgpt::train::{self, Duration, TrainConfig};
+use distgpt::parallel::{launch, ParallelConfig, StrategyKind};
+use distgpt::train::{self, Duration, Fault, TrainConfig};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -78,10 +80,97 @@ impl ModelArgs {
     }
 }
 
+/// How ranks are arranged and started.
+#[derive(Args, Clone)]
+pub struct ParallelArgs {
+    /// Parallel strategy.
+    #[arg(long, value_enum, default_value = "single")]
+    strategy: StrategyKind,
+    /// Number of ranks (threads with --comm local; must equal mpirun's -np with --comm mpi).
+    #[arg(long, default_value_t = 1)]
+    world_size: usize,
+    /// Tensor-parallel group size (strategy tp: default the whole world; ddp with --tp: a dp x tp mesh).
+    #[arg(long, default_value_t = 1)]
+    tp: usize,
+    /// Recompute each block's activations in the backward instead of keeping them.
+    #[arg(long)]
+    recompute: bool,
+    /// local: ranks are threads of this process; mpi: ranks are processes started by mpirun.
+    #[arg(long, value_enum, default_value = "local")]
+    comm: CommKind,
+    /// Seconds a collective may wait for the other ranks before failing.
+    #[arg(long, default_value_t = 120.0)]
+    comm_timeout: f64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum CommKind {
+    Local,
+    Mpi,
+}
+
+impl ParallelArgs {
+    fn config(&self) -> ParallelConfig {
+        ParallelConfig {
+            strategy: self.strategy,
+            world_size: self.world_size,
+            tp: self.tp,
+            recompute: self.recompute,
+        }
+    }
+
+    fn timeout(&self) -> Result<std::time::Duration> {
+        if !(self.comm_timeout > 0.0 && self.comm_timeout.is_finite()) {
+            bail!("--comm-timeout must be a positive number of seconds");
+        }
+        Ok(std::time::Duration::from_secs_f64(self.comm_timeout))
+    }
+
+    /// Runs `f` on every rank: threads here, or this process's rank under mpirun.
+    /// Returns rank 0's result (None on the other MPI ranks).
+    fn launch<R: Send>(
+        &self,
+        threads: usize,
+        f: impl Fn(&dyn Comm) -> distgpt::error::Result<R> + Sync,
+    ) -> Result<Option<R>> {
+        let timeout = self.timeout()?;
+        match self.comm {
+            CommKind::Local => {
+                let mut out =
+                    launch::run_local(self.world_size, threads, timeout, |c| f(c.as_ref()))?;
+                Ok(Some(out.swap_remove(0)))
+            }
+            CommKind::Mpi => mpi_launch(timeout, f),
+        }
+    }
+}
+
+#[cfg(feature = "mpi")]
+fn mpi_launch<R>(
+    timeout: std::time::Duration,
+    f: impl Fn(&dyn Comm) -> distgpt::error::Result<R>,
+) -> Result<Option<R>> {
+    let comm = distgpt::comm::mpi::MpiComm::init(timeout)?;
+    match f(&comm) {
+        Ok(r) => Ok((comm.rank() == 0).then_some(r)),
+        Err(e) => comm.abort(&e.to_string()),
+    }
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi_launch<R>(
+    _: std::time::Duration,
+    _: impl Fn(&dyn Comm) -> distgpt::error::Result<R>,
+) -> Result<Option<R>> {
+    bail!("this distgpt was built without MPI: rebuild with `cargo build --release --features mpi` (needs libopenmpi-dev and libclang-dev)")
+}
+
 #[derive(Args)]
 struct TrainArgs {
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    parallel: ParallelArgs,
     /// Training data: a text file or a directory of token shards (default: embedded Shakespeare).
     #[arg(long)]
     data: Option<PathBuf>,
@@ -144,6 +233,12 @@ struct TrainArgs {
     /// No progress bar or messages; the summary only.
     #[arg(long)]
     quiet: bool,
+    /// Testing aid: make this rank fail (with --fail-step).
+    #[arg(long, requires = "fail_step")]
+    fail_rank: Option<usize>,
+    /// Testing aid: the step (0-based) at which --fail-rank fails.
+    #[arg(long, requires = "fail_rank")]
+    fail_step: Option<usize>,
 }
 
 #[derive(Args)]
@@ -246,7 +341,13 @@ fn run_train(a: TrainArgs) -> Result<()> {
         out_dir,
         peak_flops: a.peak_gflops.map(|g| g * 1e9),
         verbose: !a.quiet,
+        fault: a
+            .fail_rank
+            .zip(a.fail_step)
+            .map(|(rank, step)| Fault { rank, step }),
     };
+    let par = a.parallel.config();
+    par.resolved().validate(&model_cfg, cfg.batch_size)?;
     eprintln!(
         "training {} ({} layers, {} heads, width {}, block {}) on {} ({} train / {} val tokens)",
         a.model.model,
@@ -258,7 +359,16 @@ fn run_train(a: TrainArgs) -> Result<()> {
         ds.train.len(),
         ds.val.len()
     );
-    let s = train::train(Cpu::new(), model_cfg, &ds, &cfg)?;
+    let threads = rayon::current_num_threads();
+    let Some(s) = a
+        .parallel
+        .launch(threads, |world| {
+            train::train_rank(Cpu::new(), model_cfg.clone(), &ds, &cfg, par, world)
+        })?
+        .flatten()
+    else {
+        return Ok(());
+    };
     println!("--- sample ---\n{}\n--------------", s.sample);
     println!(
         "{} steps in {:.1} s | loss {:.4} -> {:.4} | val loss {:.4} | {:.0} tokens/s, MFU {:.1}% (wall clock, evaluation included)",
@@ -270,7 +380,22 @@ fn run_train(a: TrainArgs) -> Result<()> {
         s.tokens_per_s,
         100.0 * s.mfu
     );
-    println!("peak memory: {}", metrics::memory_line(&s.memory));
+    println!("peak memory (rank 0): {}", metrics::memory_line(&s.memory));
+    if s.rank_peak_bytes.len() > 1 {
+        let h = metrics::human_bytes;
+        for (r, p) in s.rank_peak_bytes.iter().enumerate() {
+            println!(
+                "rank {r}: peak {} (params {}, grads {}, optimizer {}, activations {}) | sent {} in {:.2} s of collectives",
+                h(p[5]),
+                h(p[0]),
+                h(p[1]),
+                h(p[2]),
+                h(p[3]),
+                h(s.rank_comm_bytes[r]),
+                s.rank_comm_seconds[r]
+            );
+        }
+    }
     println!(
         "run directory: {} (metrics.jsonl, model.safetensors, model.json)",
         s.out_dir.display()

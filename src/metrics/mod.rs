@@ -2,6 +2,7 @@
 //! progress bar.
 
 use crate::backend::MemoryReport;
+use crate::comm::CommStats;
 use crate::error::{Error, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -22,7 +23,12 @@ pub struct StepRecord {
     pub ms: f64,
     pub tokens_per_s: f64,
     pub mfu: f64,
+    /// Rank 0's memory counters.
     pub memory: MemoryReport,
+    /// Peak bytes per rank: [params, grads, optimizer, activations, other, total].
+    pub rank_peak_bytes: Vec<Vec<u64>>,
+    /// Rank 0's communication so far.
+    pub comm: CommStats,
 }
 
 /// Appends records as JSON Lines.

@@ -42,8 +42,10 @@ impl AdamW {
         }
     }
 
-    /// One update of every tensor in the layout at learning rate `lr`, with
-    /// the gradients multiplied by `grad_scale` (clipping) on the way in.
+    /// One update at learning rate `lr`, gradients multiplied by
+    /// `grad_scale` (clipping) on the way in. `params`, `grads` and the
+    /// moments are local buffers; each segment maps a run of them to layout
+    /// offsets, so a shard knows which elements are decayed 2-D weights.
     #[allow(clippy::too_many_arguments)]
     pub fn update<B: Backend>(
         &mut self,
@@ -51,6 +53,7 @@ impl AdamW {
         params: &mut [f32],
         grads: &[f32],
         layout: &ParamLayout,
+        segments: &[Segment],
         lr: f32,
         grad_scale: f32,
     ) {
@@ -64,17 +67,43 @@ impl AdamW {
             step: self.step,
             grad_scale,
         };
-        for t in &layout.tensors {
-            let r = t.range();
-            let wd = if t.decay { c.weight_decay } else { 0.0 };
-            backend.adamw(
-                &mut params[r.clone()],
-                &grads[r.clone()],
-                &mut self.m[r.clone()],
-                &mut self.v[r],
-                hyper,
-                wd,
-            );
+        for seg in segments {
+            for t in &layout.tensors {
+                let r = t.range();
+                let (start, end) = (r.start.max(seg.global), r.end.min(seg.global + seg.len));
+                if start >= end {
+                    continue;
+                }
+                let local = seg.local + start - seg.global..seg.local + end - seg.global;
+                let wd = if t.decay { c.weight_decay } else { 0.0 };
+                backend.adamw(
+                    &mut params[local.clone()],
+                    &grads[local.clone()],
+                    &mut self.m[local.clone()],
+                    &mut self.v[local],
+                    hyper,
+                    wd,
+                );
+            }
         }
+    }
+}
+
+/// `len` elements at `local` in a rank's buffers that are layout offsets `global..`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segment {
+    pub global: usize,
+    pub local: usize,
+    pub len: usize,
+}
+
+impl Segment {
+    /// A whole, unsharded buffer.
+    pub fn whole(len: usize) -> [Segment; 1] {
+        [Segment {
+            global: 0,
+            local: 0,
+            len,
+        }]
     }
 }

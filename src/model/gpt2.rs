@@ -1,14 +1,19 @@
-//! GPT-2: forward and backward as explicit kernel calls, block by block,
-//! over one flat parameter buffer (see `layout`).
+//! GPT-2: forward and backward as explicit kernel calls, one unit at a time
+//! ([wte | wpe], each block, [ln_f]), on parameter slices the caller hands in.
+//! `Engine` holds the activations; `Gpt2` adds the full parameter and
+//! gradient buffers for the strategies that keep them whole.
 
 use super::config::GptConfig;
 use super::layout::{split2, BlockParam, ParamLayout};
 use crate::backend::{AttnShape, Backend, Buf, Category, WeightLayout};
+use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::rng::Rng;
+use std::ops::{Deref, DerefMut};
 
-/// Activations of the last forward, kept for the backward, plus the
-/// backward's scratch. Sized for `rows` = B*T tokens.
+/// Activations kept for the backward, plus its scratch, for `rows` = B*T
+/// tokens. Per-block buffers hold one slot per layer, or a single slot when
+/// blocks are recomputed in the backward.
 struct Activations {
     rows: usize,
     /// Residual stream: block l reads resid[l] and writes resid[l + 1]; resid[0] is the embedding.
@@ -19,7 +24,7 @@ struct Activations {
     qkv: Buf,
     atty: Buf,
     lse: Buf,
-    /// Residual after attention, inside block l.
+    /// Residual after attention, inside the block.
     res2: Buf,
     ln2: Buf,
     ln2_mean: Buf,
@@ -39,25 +44,34 @@ struct Activations {
     dfch: Buf,
 }
 
+/// Per-rank widths: attention width and MLP width are split by tensor parallelism.
+#[derive(Clone, Copy)]
+struct Dims {
+    c: usize,
+    cl: usize,
+    nhl: usize,
+    fl: usize,
+}
+
 impl Activations {
-    fn new<B: Backend>(be: &B, cfg: &GptConfig, rows: usize) -> Self {
+    fn new<B: Backend>(be: &B, cfg: &GptConfig, d: Dims, slots: usize, rows: usize) -> Self {
         let (l, c) = (cfg.n_layer, cfg.n_embd);
         let a = |n: usize| be.alloc(n, Category::Activations);
         Activations {
             rows,
             resid: a((l + 1) * rows * c),
-            ln1: a(l * rows * c),
-            ln1_mean: a(l * rows),
-            ln1_rstd: a(l * rows),
-            qkv: a(l * rows * 3 * c),
-            atty: a(l * rows * c),
-            lse: a(l * rows * cfg.n_head),
-            res2: a(l * rows * c),
-            ln2: a(l * rows * c),
-            ln2_mean: a(l * rows),
-            ln2_rstd: a(l * rows),
-            fch: a(l * rows * 4 * c),
-            fch_gelu: a(l * rows * 4 * c),
+            ln1: a(slots * rows * c),
+            ln1_mean: a(slots * rows),
+            ln1_rstd: a(slots * rows),
+            qkv: a(slots * rows * 3 * d.cl),
+            atty: a(slots * rows * d.cl),
+            lse: a(slots * rows * d.nhl),
+            res2: a(slots * rows * c),
+            ln2: a(slots * rows * c),
+            ln2_mean: a(slots * rows),
+            ln2_rstd: a(slots * rows),
+            fch: a(slots * rows * d.fl),
+            fch_gelu: a(slots * rows * d.fl),
             lnf: a(rows * c),
             lnf_mean: a(rows),
             lnf_rstd: a(rows),
@@ -65,27 +79,25 @@ impl Activations {
             losses: a(rows),
             dres: a(rows * c),
             dtmp: a(rows * c),
-            dqkv: a(rows * 3 * c),
-            dfch: a(rows * 4 * c),
+            dqkv: a(rows * 3 * d.cl),
+            dfch: a(rows * d.fl),
         }
     }
 }
 
-/// The (b, t) and tokens of the last forward.
+/// The (b, t), tokens and targets of the current forward.
 struct Batch {
     b: usize,
     t: usize,
     tokens: Vec<u32>,
+    targets: Option<Vec<u32>>,
 }
 
-pub struct Gpt2<B: Backend> {
-    pub config: GptConfig,
-    pub layout: ParamLayout,
-    pub params: Buf,
-    pub grads: Buf,
-    pub backend: B,
-    acts: Option<Activations>,
-    batch: Option<Batch>,
+/// Tensor-parallel placement of this rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TpPlace {
+    pub rank: usize,
+    pub size: usize,
 }
 
 /// Slice i of a buffer cut in pieces of n.
@@ -97,58 +109,48 @@ fn part_mut(buf: &mut [f32], i: usize, n: usize) -> &mut [f32] {
     &mut buf[i * n..(i + 1) * n]
 }
 
-impl<B: Backend> Gpt2<B> {
-    /// A model with zero parameters (to be loaded or initialised).
-    pub fn new(backend: B, config: GptConfig) -> Result<Self> {
+/// The model without its parameters: config, this rank's layout, the
+/// activations, and the unit-by-unit forward and backward.
+pub struct Engine<B: Backend> {
+    pub config: GptConfig,
+    pub layout: ParamLayout,
+    pub backend: B,
+    pub tp: TpPlace,
+    /// Keep only block inputs in the forward; recompute each block in the backward.
+    pub recompute: bool,
+    acts: Option<Activations>,
+    batch: Option<Batch>,
+}
+
+impl<B: Backend> Engine<B> {
+    pub fn new(backend: B, config: GptConfig, tp: TpPlace, recompute: bool) -> Result<Self> {
         config.validate()?;
-        let layout = ParamLayout::new(&config);
-        let n = layout.total();
-        Ok(Gpt2 {
-            params: backend.alloc(n, Category::Params),
-            grads: backend.alloc(n, Category::Grads),
+        if tp.size == 0 || !config.n_head.is_multiple_of(tp.size) {
+            return Err(Error::Config(format!(
+                "n_head ({}) must be divisible by the tensor-parallel size ({}): choose --tp among the divisors of n_head",
+                config.n_head, tp.size
+            )));
+        }
+        Ok(Engine {
+            layout: ParamLayout::new_tp(&config, tp.size),
             config,
-            layout,
             backend,
+            tp,
+            recompute,
             acts: None,
             batch: None,
         })
     }
 
-    /// GPT-2 initialisation: N(0, 0.02) weights, residual projections scaled
-    /// by 1/sqrt(2L), zero biases, unit layernorms, zero padded vocab rows.
-    pub fn init_weights(&mut self, seed: u64) {
-        let mut rng = Rng::new(seed);
-        let proj_std = 0.02 / (2.0 * self.config.n_layer as f64).sqrt();
-        for t in &self.layout.tensors {
-            let r = t.range();
-            let p = &mut self.params[r];
-            if t.name.ends_with("ln_1.weight")
-                || t.name.ends_with("ln_2.weight")
-                || t.name.ends_with("ln_f.weight")
-            {
-                p.fill(1.0);
-            } else if t.shape.len() == 1 {
-                p.fill(0.0);
-            } else {
-                let std = if t.name.ends_with("c_proj.weight") {
-                    proj_std
-                } else {
-                    0.02
-                };
-                p.iter_mut().for_each(|x| *x = (rng.normal() * std) as f32);
-            }
+    fn dims(&self) -> Dims {
+        let c = self.config.n_embd;
+        let cl = c / self.tp.size;
+        Dims {
+            c,
+            cl,
+            nhl: self.config.n_head / self.tp.size,
+            fl: 4 * cl,
         }
-        let real = self.config.vocab_size * self.config.n_embd;
-        let wte = self.layout.wte();
-        self.params[wte.start + real..wte.end].fill(0.0);
-    }
-
-    pub fn backend(&self) -> &B {
-        &self.backend
-    }
-
-    pub fn zero_grads(&mut self) {
-        self.grads.fill(0.0);
     }
 
     fn check_tokens(&self, what: &str, ids: &[u32]) -> Result<()> {
@@ -162,19 +164,18 @@ impl<B: Backend> Gpt2<B> {
         }
     }
 
-    /// Runs the model on tokens (B*T); returns the mean loss when targets are given.
-    pub fn forward(
+    /// Checks a batch and readies the activations for it.
+    pub fn begin(
         &mut self,
         tokens: &[u32],
         targets: Option<&[u32]>,
         b: usize,
         t: usize,
-    ) -> Result<Option<f32>> {
-        let cfg = &self.config;
-        if t == 0 || t > cfg.block_size {
+    ) -> Result<()> {
+        let bs = self.config.block_size;
+        if t == 0 || t > bs {
             return Err(Error::Input(format!(
-                "sequence length {t} must be between 1 and the model's block size {}",
-                cfg.block_size
+                "sequence length {t} must be between 1 and the model's block size {bs}"
             )));
         }
         if tokens.len() != b * t {
@@ -197,126 +198,195 @@ impl<B: Backend> Gpt2<B> {
         let rows = b * t;
         if self.acts.as_ref().is_none_or(|a| a.rows < rows) {
             self.acts = None; // free before allocating the larger set
-            self.acts = Some(Activations::new(&self.backend, cfg, rows));
+            let slots = if self.recompute {
+                1
+            } else {
+                self.config.n_layer
+            };
+            self.acts = Some(Activations::new(
+                &self.backend,
+                &self.config,
+                self.dims(),
+                slots,
+                rows,
+            ));
         }
-        let (c, nh, n_layer, v, vp) = (
-            cfg.n_embd,
-            cfg.n_head,
-            cfg.n_layer,
-            cfg.vocab_size,
-            cfg.padded_vocab(),
-        );
-        let (be, p, lay) = (&self.backend, &self.params[..], &self.layout);
-        let a = self.acts.as_mut().expect("allocated above");
-        let btc = rows * c;
-        let w = |l: usize, bp: BlockParam| &p[lay.block_param(l, bp)];
+        self.batch = Some(Batch {
+            b,
+            t,
+            tokens: tokens.to_vec(),
+            targets: targets.map(<[u32]>::to_vec),
+        });
+        Ok(())
+    }
 
-        be.encoder_forward(
+    fn shape(&self) -> (usize, usize) {
+        let b = self.batch.as_ref().expect("begin() before the units");
+        (b.b, b.t)
+    }
+
+    fn slot(&self, l: usize) -> usize {
+        if self.recompute {
+            0
+        } else {
+            l
+        }
+    }
+
+    /// resid[0] = wte[tokens] + wpe; `emb` is the [wte | wpe] unit.
+    pub fn embed_forward(&mut self, emb: &[f32]) {
+        let (b, t) = self.shape();
+        let c = self.config.n_embd;
+        let (wte_len, btc) = (self.config.padded_vocab() * c, b * t * c);
+        let batch = self.batch.as_ref().expect("begun");
+        let a = self.acts.as_mut().expect("begun");
+        self.backend.encoder_forward(
             &mut a.resid[..btc],
-            tokens,
-            &p[lay.wte()],
-            &p[lay.wpe()],
+            &batch.tokens,
+            &emb[..wte_len],
+            &emb[wte_len..],
             t,
             c,
         );
-        for l in 0..n_layer {
-            let (lo, hi) = a.resid.split_at_mut((l + 1) * btc);
-            let x = &lo[l * btc..];
-            let out = &mut hi[..btc];
-            let ln1 = part_mut(&mut a.ln1, l, btc);
-            be.layernorm_forward(
-                ln1,
-                part_mut(&mut a.ln1_mean, l, rows),
-                part_mut(&mut a.ln1_rstd, l, rows),
-                x,
-                w(l, BlockParam::Ln1W),
-                w(l, BlockParam::Ln1B),
-                c,
-            );
-            let qkv = part_mut(&mut a.qkv, l, 3 * btc);
-            be.matmul_forward(
-                qkv,
-                ln1,
-                w(l, BlockParam::QkvW),
-                Some(w(l, BlockParam::QkvB)),
-                WeightLayout::InOut,
-                rows,
-                c,
-                3 * c,
-                false,
-            );
-            let atty = part_mut(&mut a.atty, l, btc);
-            be.attention_forward(
-                atty,
-                part_mut(&mut a.lse, l, rows * nh),
-                qkv,
-                AttnShape { b, t, c, nh },
-            );
-            // res2 = x + atty @ W + bias: the residual add is fused into the projection.
-            let res2 = part_mut(&mut a.res2, l, btc);
+    }
+
+    /// Block l: resid[l] -> resid[l + 1]; `p` is this rank's slice of the block.
+    pub fn block_forward(&mut self, l: usize, p: &[f32], tp: Option<&dyn Comm>) -> Result<()> {
+        let (b, t) = self.shape();
+        let Dims { c, cl, nhl, fl } = self.dims();
+        let rows = b * t;
+        let btc = rows * c;
+        let s = self.slot(l);
+        let (be, lay) = (&self.backend, &self.layout);
+        let a = self.acts.as_mut().expect("begun");
+        let w = |bp: BlockParam| &p[lay.in_block(bp)];
+        // Under tensor parallelism only tp rank 0 adds the residual and the
+        // (replicated) bias to its partial projection; the all-reduce sums the rest in.
+        let lead = self.tp.rank == 0;
+
+        let (lo, hi) = a.resid.split_at_mut((l + 1) * btc);
+        let x = &lo[l * btc..];
+        let out = &mut hi[..btc];
+        let ln1 = part_mut(&mut a.ln1, s, btc);
+        be.layernorm_forward(
+            ln1,
+            part_mut(&mut a.ln1_mean, s, rows),
+            part_mut(&mut a.ln1_rstd, s, rows),
+            x,
+            w(BlockParam::Ln1W),
+            w(BlockParam::Ln1B),
+            c,
+        );
+        let qkv = part_mut(&mut a.qkv, s, 3 * rows * cl);
+        be.matmul_forward(
+            qkv,
+            ln1,
+            w(BlockParam::QkvW),
+            Some(w(BlockParam::QkvB)),
+            WeightLayout::InOut,
+            rows,
+            c,
+            3 * cl,
+            false,
+        );
+        let atty = part_mut(&mut a.atty, s, rows * cl);
+        be.attention_forward(
+            atty,
+            part_mut(&mut a.lse, s, rows * nhl),
+            qkv,
+            AttnShape {
+                b,
+                t,
+                c: cl,
+                nh: nhl,
+            },
+        );
+        let res2 = part_mut(&mut a.res2, s, btc);
+        if lead {
             be.copy(res2, x);
-            be.matmul_forward(
-                res2,
-                atty,
-                w(l, BlockParam::AttnProjW),
-                Some(w(l, BlockParam::AttnProjB)),
-                WeightLayout::InOut,
-                rows,
-                c,
-                c,
-                true,
-            );
-            let ln2 = part_mut(&mut a.ln2, l, btc);
-            be.layernorm_forward(
-                ln2,
-                part_mut(&mut a.ln2_mean, l, rows),
-                part_mut(&mut a.ln2_rstd, l, rows),
-                res2,
-                w(l, BlockParam::Ln2W),
-                w(l, BlockParam::Ln2B),
-                c,
-            );
-            let fch = part_mut(&mut a.fch, l, 4 * btc);
-            be.matmul_forward(
-                fch,
-                ln2,
-                w(l, BlockParam::FcW),
-                Some(w(l, BlockParam::FcB)),
-                WeightLayout::InOut,
-                rows,
-                c,
-                4 * c,
-                false,
-            );
-            let fch_gelu = part_mut(&mut a.fch_gelu, l, 4 * btc);
-            be.gelu_forward(fch_gelu, fch);
-            be.copy(out, res2);
-            be.matmul_forward(
-                out,
-                fch_gelu,
-                w(l, BlockParam::FcProjW),
-                Some(w(l, BlockParam::FcProjB)),
-                WeightLayout::InOut,
-                rows,
-                4 * c,
-                c,
-                true,
-            );
         }
+        let bias = lead.then(|| w(BlockParam::AttnProjB));
+        be.matmul_forward(
+            res2,
+            atty,
+            w(BlockParam::AttnProjW),
+            bias,
+            WeightLayout::InOut,
+            rows,
+            cl,
+            c,
+            lead,
+        );
+        if let Some(g) = tp {
+            g.all_reduce(res2)?;
+        }
+        let ln2 = part_mut(&mut a.ln2, s, btc);
+        be.layernorm_forward(
+            ln2,
+            part_mut(&mut a.ln2_mean, s, rows),
+            part_mut(&mut a.ln2_rstd, s, rows),
+            res2,
+            w(BlockParam::Ln2W),
+            w(BlockParam::Ln2B),
+            c,
+        );
+        let fch = part_mut(&mut a.fch, s, rows * fl);
+        be.matmul_forward(
+            fch,
+            ln2,
+            w(BlockParam::FcW),
+            Some(w(BlockParam::FcB)),
+            WeightLayout::InOut,
+            rows,
+            c,
+            fl,
+            false,
+        );
+        let fch_gelu = part_mut(&mut a.fch_gelu, s, rows * fl);
+        be.gelu_forward(fch_gelu, fch);
+        if lead {
+            be.copy(out, res2);
+        }
+        let bias = lead.then(|| w(BlockParam::FcProjB));
+        be.matmul_forward(
+            out,
+            fch_gelu,
+            w(BlockParam::FcProjW),
+            bias,
+            WeightLayout::InOut,
+            rows,
+            fl,
+            c,
+            lead,
+        );
+        if let Some(g) = tp {
+            g.all_reduce(out)?;
+        }
+        Ok(())
+    }
+
+    /// ln_f and the tied LM head; the mean loss when the batch has targets.
+    pub fn head_forward(&mut self, wte: &[f32], lnf: &[f32]) -> Option<f32> {
+        let (b, t) = self.shape();
+        let cfg = &self.config;
+        let (c, n_layer, v, vp) = (cfg.n_embd, cfg.n_layer, cfg.vocab_size, cfg.padded_vocab());
+        let (rows, be) = (b * t, &self.backend);
+        let btc = rows * c;
+        let a = self.acts.as_mut().expect("begun");
         let last = part(&a.resid, n_layer, btc);
         be.layernorm_forward(
             &mut a.lnf[..btc],
             &mut a.lnf_mean[..rows],
             &mut a.lnf_rstd[..rows],
             last,
-            &p[lay.lnf_w()],
-            &p[lay.lnf_b()],
+            &lnf[..c],
+            &lnf[c..],
             c,
         );
         be.matmul_forward(
             &mut a.logits,
             &a.lnf[..btc],
-            &p[lay.wte()],
+            wte,
             None,
             WeightLayout::OutIn,
             rows,
@@ -324,15 +394,9 @@ impl<B: Backend> Gpt2<B> {
             vp,
             false,
         );
-        self.batch = Some(Batch {
-            b,
-            t,
-            tokens: tokens.to_vec(),
-        });
-        Ok(targets.map(|tg| {
-            be.crossentropy_forward(&mut a.losses, &a.logits, tg, v, vp);
-            a.losses[..rows].iter().map(|&x| x as f64).sum::<f64>() as f32 / rows as f32
-        }))
+        let targets = self.batch.as_ref().and_then(|x| x.targets.as_ref())?;
+        be.crossentropy_forward(&mut a.losses, &a.logits, targets, v, vp);
+        Some(a.losses[..rows].iter().map(|&x| x as f64).sum::<f64>() as f32 / rows as f32)
     }
 
     /// Logits (vocab_size, padding dropped) at (batch row bi, position ti) of the last forward.
@@ -344,47 +408,36 @@ impl<B: Backend> Gpt2<B> {
         &a.logits[row * vp..row * vp + self.config.vocab_size]
     }
 
-    /// Accumulates into `grads` the gradient of `loss_scale * mean loss` of
-    /// the last forward (targets must be the ones given to it). Consumes the logits.
-    pub fn backward(&mut self, targets: &[u32], loss_scale: f32) -> Result<()> {
-        let Batch { b, t, ref tokens } = *self
-            .batch
-            .as_ref()
-            .ok_or_else(|| Error::Input("backward called before forward".into()))?;
+    /// Backward of the head for `loss_scale * mean loss`: dwte (Vp x C) and
+    /// dlnf ([w | b]) accumulate; starts the residual gradient. Consumes the logits.
+    pub fn head_backward(
+        &mut self,
+        wte: &[f32],
+        lnf: &[f32],
+        dwte: &mut [f32],
+        dlnf: &mut [f32],
+        loss_scale: f32,
+    ) -> Result<()> {
+        let (b, t) = self.shape();
         let cfg = &self.config;
-        let (c, nh, n_layer, v, vp) = (
-            cfg.n_embd,
-            cfg.n_head,
-            cfg.n_layer,
-            cfg.vocab_size,
-            cfg.padded_vocab(),
-        );
-        let rows = b * t;
+        let (c, n_layer, v, vp) = (cfg.n_embd, cfg.n_layer, cfg.vocab_size, cfg.padded_vocab());
+        let (rows, be) = (b * t, &self.backend);
         let btc = rows * c;
-        if targets.len() != rows {
-            return Err(Error::Input(format!(
-                "{} targets for {rows} tokens",
-                targets.len()
-            )));
-        }
-        let (be, p, g, lay) = (
-            &self.backend,
-            &self.params[..],
-            &mut self.grads[..],
-            &self.layout,
-        );
-        let a = self.acts.as_mut().expect("forward allocated activations");
-        let w = |l: usize, bp: BlockParam| &p[lay.block_param(l, bp)];
-
+        let batch = self.batch.as_ref().expect("begun");
+        let targets = batch
+            .targets
+            .as_ref()
+            .ok_or_else(|| Error::Input("backward needs a forward with targets".into()))?;
+        let a = self.acts.as_mut().expect("begun");
         be.crossentropy_backward_inplace(&mut a.logits, targets, v, vp, loss_scale / rows as f32);
         let dtmp = &mut a.dtmp[..btc];
         be.matmul_backward(
             dtmp,
-            &mut g[lay.wte()],
+            dwte,
             None,
             &a.logits,
             &a.lnf,
-            &p[lay.wte()],
+            wte,
             WeightLayout::OutIn,
             rows,
             c,
@@ -392,136 +445,375 @@ impl<B: Backend> Gpt2<B> {
         );
         let dres = &mut a.dres[..btc];
         dres.fill(0.0);
-        {
-            let (dw, db) = split2(g, lay.lnf_w(), lay.lnf_b());
-            be.layernorm_backward(
-                dres,
-                dw,
-                db,
-                dtmp,
-                part(&a.resid, n_layer, btc),
-                &p[lay.lnf_w()],
-                &a.lnf_mean[..rows],
-                &a.lnf_rstd[..rows],
-                c,
-            );
-        }
-        for l in (0..n_layer).rev() {
-            let x = part(&a.resid, l, btc);
-            let dfch = &mut a.dfch[..4 * btc];
-            let (dw, db) = split2(
-                g,
-                lay.block_param(l, BlockParam::FcProjW),
-                lay.block_param(l, BlockParam::FcProjB),
-            );
-            be.matmul_backward(
-                dfch,
-                dw,
-                Some(db),
-                dres,
-                part(&a.fch_gelu, l, 4 * btc),
-                w(l, BlockParam::FcProjW),
-                WeightLayout::InOut,
-                rows,
-                4 * c,
-                c,
-            );
-            be.gelu_backward_inplace(dfch, part(&a.fch, l, 4 * btc));
-            let (dw, db) = split2(
-                g,
-                lay.block_param(l, BlockParam::FcW),
-                lay.block_param(l, BlockParam::FcB),
-            );
-            be.matmul_backward(
-                dtmp,
-                dw,
-                Some(db),
-                dfch,
-                part(&a.ln2, l, btc),
-                w(l, BlockParam::FcW),
-                WeightLayout::InOut,
-                rows,
-                c,
-                4 * c,
-            );
-            let (dw, db) = split2(
-                g,
-                lay.block_param(l, BlockParam::Ln2W),
-                lay.block_param(l, BlockParam::Ln2B),
-            );
-            be.layernorm_backward(
-                dres,
-                dw,
-                db,
-                dtmp,
-                part(&a.res2, l, btc),
-                w(l, BlockParam::Ln2W),
-                part(&a.ln2_mean, l, rows),
-                part(&a.ln2_rstd, l, rows),
-                c,
-            );
-            let (dw, db) = split2(
-                g,
-                lay.block_param(l, BlockParam::AttnProjW),
-                lay.block_param(l, BlockParam::AttnProjB),
-            );
-            be.matmul_backward(
-                dtmp,
-                dw,
-                Some(db),
-                dres,
-                part(&a.atty, l, btc),
-                w(l, BlockParam::AttnProjW),
-                WeightLayout::InOut,
-                rows,
-                c,
-                c,
-            );
-            let dqkv = &mut a.dqkv[..3 * btc];
-            be.attention_backward(
-                dqkv,
-                dtmp,
-                part(&a.qkv, l, 3 * btc),
-                part(&a.atty, l, btc),
-                part(&a.lse, l, rows * nh),
-                AttnShape { b, t, c, nh },
-            );
-            let (dw, db) = split2(
-                g,
-                lay.block_param(l, BlockParam::QkvW),
-                lay.block_param(l, BlockParam::QkvB),
-            );
-            be.matmul_backward(
-                dtmp,
-                dw,
-                Some(db),
-                dqkv,
-                part(&a.ln1, l, btc),
-                w(l, BlockParam::QkvW),
-                WeightLayout::InOut,
-                rows,
-                c,
-                3 * c,
-            );
-            let (dw, db) = split2(
-                g,
-                lay.block_param(l, BlockParam::Ln1W),
-                lay.block_param(l, BlockParam::Ln1B),
-            );
-            be.layernorm_backward(
-                dres,
-                dw,
-                db,
-                dtmp,
-                x,
-                w(l, BlockParam::Ln1W),
-                part(&a.ln1_mean, l, rows),
-                part(&a.ln1_rstd, l, rows),
-                c,
-            );
-        }
-        let (dwte, dwpe) = split2(g, lay.wte(), lay.wpe());
-        be.encoder_backward(dwte, dwpe, dres, tokens, t, c);
+        let (dw, db) = dlnf.split_at_mut(c);
+        be.layernorm_backward(
+            dres,
+            dw,
+            db,
+            dtmp,
+            part(&a.resid, n_layer, btc),
+            &lnf[..c],
+            &a.lnf_mean[..rows],
+            &a.lnf_rstd[..rows],
+            c,
+        );
         Ok(())
+    }
+
+    /// Backward of block l: grads of its slice `p` accumulate into `g`; the
+    /// residual gradient moves from resid[l + 1] to resid[l]. With
+    /// recomputation the block's forward runs again first.
+    pub fn block_backward(
+        &mut self,
+        l: usize,
+        p: &[f32],
+        g: &mut [f32],
+        tp: Option<&dyn Comm>,
+    ) -> Result<()> {
+        if self.recompute {
+            self.block_forward(l, p, tp)?;
+        }
+        let (b, t) = self.shape();
+        let Dims { c, cl, nhl, fl } = self.dims();
+        let rows = b * t;
+        let btc = rows * c;
+        let s = self.slot(l);
+        let (be, lay) = (&self.backend, &self.layout);
+        let a = self.acts.as_mut().expect("begun");
+        let w = |bp: BlockParam| &p[lay.in_block(bp)];
+        let x = part(&a.resid, l, btc);
+        let dres = &mut a.dres[..btc];
+        let dtmp = &mut a.dtmp[..btc];
+        let dfch = &mut a.dfch[..rows * fl];
+        let (dw, db) = split2(
+            g,
+            lay.in_block(BlockParam::FcProjW),
+            lay.in_block(BlockParam::FcProjB),
+        );
+        be.matmul_backward(
+            dfch,
+            dw,
+            Some(db),
+            dres,
+            part(&a.fch_gelu, s, rows * fl),
+            w(BlockParam::FcProjW),
+            WeightLayout::InOut,
+            rows,
+            fl,
+            c,
+        );
+        be.gelu_backward_inplace(dfch, part(&a.fch, s, rows * fl));
+        let (dw, db) = split2(
+            g,
+            lay.in_block(BlockParam::FcW),
+            lay.in_block(BlockParam::FcB),
+        );
+        be.matmul_backward(
+            dtmp,
+            dw,
+            Some(db),
+            dfch,
+            part(&a.ln2, s, btc),
+            w(BlockParam::FcW),
+            WeightLayout::InOut,
+            rows,
+            c,
+            fl,
+        );
+        if let Some(g) = tp {
+            g.all_reduce(dtmp)?;
+        }
+        let (dw, db) = split2(
+            g,
+            lay.in_block(BlockParam::Ln2W),
+            lay.in_block(BlockParam::Ln2B),
+        );
+        be.layernorm_backward(
+            dres,
+            dw,
+            db,
+            dtmp,
+            part(&a.res2, s, btc),
+            w(BlockParam::Ln2W),
+            part(&a.ln2_mean, s, rows),
+            part(&a.ln2_rstd, s, rows),
+            c,
+        );
+        let datty = &mut dtmp[..rows * cl];
+        let (dw, db) = split2(
+            g,
+            lay.in_block(BlockParam::AttnProjW),
+            lay.in_block(BlockParam::AttnProjB),
+        );
+        be.matmul_backward(
+            datty,
+            dw,
+            Some(db),
+            dres,
+            part(&a.atty, s, rows * cl),
+            w(BlockParam::AttnProjW),
+            WeightLayout::InOut,
+            rows,
+            cl,
+            c,
+        );
+        let dqkv = &mut a.dqkv[..3 * rows * cl];
+        be.attention_backward(
+            dqkv,
+            datty,
+            part(&a.qkv, s, 3 * rows * cl),
+            part(&a.atty, s, rows * cl),
+            part(&a.lse, s, rows * nhl),
+            AttnShape {
+                b,
+                t,
+                c: cl,
+                nh: nhl,
+            },
+        );
+        let (dw, db) = split2(
+            g,
+            lay.in_block(BlockParam::QkvW),
+            lay.in_block(BlockParam::QkvB),
+        );
+        be.matmul_backward(
+            dtmp,
+            dw,
+            Some(db),
+            dqkv,
+            part(&a.ln1, s, btc),
+            w(BlockParam::QkvW),
+            WeightLayout::InOut,
+            rows,
+            c,
+            3 * cl,
+        );
+        if let Some(g) = tp {
+            g.all_reduce(dtmp)?;
+        }
+        let (dw, db) = split2(
+            g,
+            lay.in_block(BlockParam::Ln1W),
+            lay.in_block(BlockParam::Ln1B),
+        );
+        be.layernorm_backward(
+            dres,
+            dw,
+            db,
+            dtmp,
+            x,
+            w(BlockParam::Ln1W),
+            part(&a.ln1_mean, s, rows),
+            part(&a.ln1_rstd, s, rows),
+            c,
+        );
+        Ok(())
+    }
+
+    /// Gradient of the [wte | wpe] unit from the residual gradient (accumulates into `demb`).
+    pub fn embed_backward(&mut self, demb: &mut [f32]) {
+        let (_, t) = self.shape();
+        let c = self.config.n_embd;
+        let wte_len = self.config.padded_vocab() * c;
+        let batch = self.batch.as_ref().expect("begun");
+        let a = self.acts.as_ref().expect("begun");
+        let (dwte, dwpe) = demb.split_at_mut(wte_len);
+        self.backend.encoder_backward(
+            dwte,
+            dwpe,
+            &a.dres[..batch.tokens.len() * c],
+            &batch.tokens,
+            t,
+            c,
+        );
+    }
+}
+
+/// The engine plus whole parameter and gradient buffers (this rank's tensor-parallel part).
+pub struct Gpt2<B: Backend> {
+    pub engine: Engine<B>,
+    pub params: Buf,
+    pub grads: Buf,
+}
+
+impl<B: Backend> Deref for Gpt2<B> {
+    type Target = Engine<B>;
+    fn deref(&self) -> &Engine<B> {
+        &self.engine
+    }
+}
+
+impl<B: Backend> DerefMut for Gpt2<B> {
+    fn deref_mut(&mut self) -> &mut Engine<B> {
+        &mut self.engine
+    }
+}
+
+impl<B: Backend> Gpt2<B> {
+    /// A whole model with zero parameters (to be loaded or initialised).
+    pub fn new(backend: B, config: GptConfig) -> Result<Self> {
+        Self::with_engine(Engine::new(
+            backend,
+            config,
+            TpPlace { rank: 0, size: 1 },
+            false,
+        )?)
+    }
+
+    pub fn with_engine(engine: Engine<B>) -> Result<Self> {
+        let n = engine.layout.total();
+        Ok(Gpt2 {
+            params: engine.backend.alloc(n, Category::Params),
+            grads: engine.backend.alloc(n, Category::Grads),
+            engine,
+        })
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.engine.backend
+    }
+
+    pub fn zero_grads(&mut self) {
+        self.grads.fill(0.0);
+    }
+
+    /// GPT-2 initialisation of this rank's parameters.
+    pub fn init_weights(&mut self, seed: u64) {
+        let full = init_full(&self.engine.config, seed);
+        let whole = ParamLayout::new(&self.engine.config);
+        shard_tp(
+            &full,
+            &whole,
+            &self.engine.layout,
+            self.engine.tp,
+            &mut self.params,
+        );
+    }
+
+    /// Runs the model on tokens (B*T); returns the mean loss when targets are given.
+    pub fn forward(
+        &mut self,
+        tokens: &[u32],
+        targets: Option<&[u32]>,
+        b: usize,
+        t: usize,
+    ) -> Result<Option<f32>> {
+        self.forward_tp(tokens, targets, b, t, None)
+    }
+
+    pub fn forward_tp(
+        &mut self,
+        tokens: &[u32],
+        targets: Option<&[u32]>,
+        b: usize,
+        t: usize,
+        tp: Option<&dyn Comm>,
+    ) -> Result<Option<f32>> {
+        let Gpt2 { engine, params, .. } = self;
+        engine.begin(tokens, targets, b, t)?;
+        engine.embed_forward(&params[engine.layout.embeddings()]);
+        for l in 0..engine.config.n_layer {
+            let r = engine.layout.block(l);
+            engine.block_forward(l, &params[r], tp)?;
+        }
+        Ok(engine.head_forward(
+            &params[engine.layout.wte()],
+            &params[engine.layout.final_norm()],
+        ))
+    }
+
+    /// Accumulates into `grads` the gradient of `loss_scale * mean loss` of
+    /// the last forward (which must have had targets). Consumes the logits.
+    pub fn backward(&mut self, loss_scale: f32) -> Result<()> {
+        self.backward_tp(loss_scale, None)
+    }
+
+    pub fn backward_tp(&mut self, loss_scale: f32, tp: Option<&dyn Comm>) -> Result<()> {
+        let Gpt2 {
+            engine,
+            params,
+            grads,
+        } = self;
+        let lay = engine.layout.clone();
+        {
+            let (dwte, dlnf) = split2(grads, lay.wte(), lay.final_norm());
+            engine.head_backward(
+                &params[lay.wte()],
+                &params[lay.final_norm()],
+                dwte,
+                dlnf,
+                loss_scale,
+            )?;
+        }
+        for l in (0..engine.config.n_layer).rev() {
+            let r = lay.block(l);
+            engine.block_backward(l, &params[r.clone()], &mut grads[r], tp)?;
+        }
+        engine.embed_backward(&mut grads[lay.embeddings()]);
+        Ok(())
+    }
+}
+
+/// GPT-2 initialisation of the whole model: N(0, 0.02) weights, residual
+/// projections scaled by 1/sqrt(2L), zero biases, unit layernorms, zero
+/// padded vocabulary rows. Every strategy shards this same tensor.
+pub fn init_full(cfg: &GptConfig, seed: u64) -> Vec<f32> {
+    let layout = ParamLayout::new(cfg);
+    let mut p = vec![0.0f32; layout.total()];
+    let mut rng = Rng::new(seed);
+    let proj_std = 0.02 / (2.0 * cfg.n_layer as f64).sqrt();
+    for t in &layout.tensors {
+        let p = &mut p[t.range()];
+        if t.name.ends_with("ln_1.weight")
+            || t.name.ends_with("ln_2.weight")
+            || t.name.ends_with("ln_f.weight")
+        {
+            p.fill(1.0);
+        } else if t.shape.len() == 2 {
+            let std = if t.name.ends_with("c_proj.weight") {
+                proj_std
+            } else {
+                0.02
+            };
+            p.iter_mut().for_each(|x| *x = (rng.normal() * std) as f32);
+        }
+    }
+    let wte = layout.wte();
+    p[wte.start + cfg.vocab_size * cfg.n_embd..wte.end].fill(0.0);
+    p
+}
+
+/// Copies tensor-parallel rank `tp`'s part of a whole-model buffer into `out` (laid out as `local`).
+pub fn shard_tp(
+    full: &[f32],
+    whole: &ParamLayout,
+    local: &ParamLayout,
+    tp: TpPlace,
+    out: &mut [f32],
+) {
+    for (w, l) in whole.tensors.iter().zip(&local.tensors) {
+        let part = w
+            .split
+            .shard(&full[w.range()], &w.full_shape, tp.size, tp.rank);
+        out[l.range()].copy_from_slice(&part);
+    }
+}
+
+/// Writes rank `tp`'s part (laid out as `local`) back into a whole-model buffer.
+pub fn unshard_tp(
+    local_buf: &[f32],
+    whole: &ParamLayout,
+    local: &ParamLayout,
+    tp: TpPlace,
+    full: &mut [f32],
+) {
+    for (w, l) in whole.tensors.iter().zip(&local.tensors) {
+        w.split.unshard(
+            &mut full[w.range()],
+            &local_buf[l.range()],
+            &w.full_shape,
+            tp.size,
+            tp.rank,
+        );
     }
 }

@@ -6,7 +6,7 @@ pub mod config;
 pub mod gpt2;
 pub mod layout;
 
-pub use adamw::{AdamW, AdamWConfig};
+pub use adamw::{AdamW, AdamWConfig, Segment};
 pub use config::GptConfig;
-pub use gpt2::Gpt2;
+pub use gpt2::{Engine, Gpt2, TpPlace};
 pub use layout::ParamLayout;

@@ -1,18 +1,100 @@
-//! Parallel strategies: how a training step is split over ranks. Every
-//! strategy follows `single`'s loss curve for the same seed and global batch.
+//! Parallel strategies: how a training step is split over ranks. For a fixed
+//! seed and global batch every strategy follows `single`'s loss curve.
+//!
+//! - `replicated`: single, ddp, zero1, tp and the dp x tp mesh (full or
+//!   tensor-parallel replicas per data-parallel rank).
+//! - `sharded`: zero2 and fsdp (ZeRO-3), which shard each unit
+//!   ([wte | wpe], every block, [ln_f]) across the data-parallel ranks.
 
-mod single;
+pub mod launch;
+mod replicated;
+mod sharded;
+mod units;
 
-pub use single::Single;
+pub use replicated::Replicated;
+pub use sharded::Sharded;
+pub use units::Units;
 
-use crate::backend::MemoryReport;
+use crate::backend::{Backend, MemoryReport};
+use crate::comm::{Comm, CommStats};
 use crate::data::Batch;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::model::{AdamWConfig, Engine, GptConfig, TpPlace};
+use serde::Serialize;
 
-/// What one optimizer step reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum StrategyKind {
+    Single,
+    Ddp,
+    Zero1,
+    Zero2,
+    Fsdp,
+    Tp,
+}
+
+/// How the ranks are arranged.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct ParallelConfig {
+    pub strategy: StrategyKind,
+    pub world_size: usize,
+    /// Tensor-parallel group size; the data-parallel size is world / tp.
+    pub tp: usize,
+    /// Recompute each block's activations in the backward.
+    pub recompute: bool,
+}
+
+impl ParallelConfig {
+    /// Refuses impossible combinations before any work, saying what to change.
+    pub fn validate(&self, model: &GptConfig, global_batch: usize) -> Result<()> {
+        let (w, tp) = (self.world_size, self.tp);
+        let bad = |m: String| Err(Error::Config(m));
+        if w == 0 || tp == 0 {
+            return bad("--world-size and --tp must be at least 1".into());
+        }
+        if self.strategy == StrategyKind::Single && w != 1 {
+            return bad(format!(
+                "strategy single runs on one rank, not {w}: pick ddp, zero1, zero2, fsdp or tp"
+            ));
+        }
+        if !w.is_multiple_of(tp) {
+            return bad(format!("world size {w} is not divisible by the tensor-parallel size {tp}: make --world-size a multiple of --tp"));
+        }
+        if tp > 1 && !matches!(self.strategy, StrategyKind::Ddp | StrategyKind::Tp) {
+            return bad(format!(
+                "--tp {tp} combines with ddp (a dp x tp mesh) or tp, not {:?}",
+                self.strategy
+            ));
+        }
+        if !model.n_head.is_multiple_of(tp) {
+            return bad(format!(
+                "n_head ({}) is not divisible by the tensor-parallel size {tp}: choose --tp among the divisors of n_head",
+                model.n_head
+            ));
+        }
+        let dp = w / tp;
+        if !global_batch.is_multiple_of(dp) {
+            return bad(format!(
+                "the global batch of {global_batch} sequences is not divisible by the data-parallel size {dp}: \
+                 make --batch-size a multiple of {dp}"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Tensor-parallel size: `tp` for a mesh; the whole world for strategy tp without --tp.
+    pub fn resolved(mut self) -> Self {
+        if self.strategy == StrategyKind::Tp && self.tp == 1 {
+            self.tp = self.world_size;
+        }
+        self
+    }
+}
+
+/// What one optimizer step reports (the same on every rank).
 #[derive(Clone, Copy, Debug)]
 pub struct StepStats {
-    /// Mean loss over the step's micro-batches.
+    /// Mean loss over the global batch of every micro-step.
     pub loss: f32,
     /// Global gradient norm before clipping.
     pub grad_norm: f32,
@@ -26,13 +108,74 @@ pub struct StepConfig {
     pub grad_clip: f32,
 }
 
-/// One training strategy over its ranks.
+/// One rank's part of a training strategy. Every method is collective.
 pub trait Strategy {
-    /// Forward and backward over every micro-batch (gradients accumulate),
-    /// then one optimizer update.
+    /// Forward and backward over every global micro-batch (this rank takes
+    /// its rows), then one optimizer update.
     fn step(&mut self, micro_batches: &[Batch], cfg: StepConfig) -> Result<StepStats>;
-    /// Mean loss on a batch, without touching gradients.
+    /// Mean loss on a global batch, gradients untouched.
     fn eval_loss(&mut self, batch: &Batch) -> Result<f32>;
-    /// Memory counters of the ranks, by category.
+    /// The whole model's parameters in the standard layout, on every rank.
+    fn full_params(&mut self) -> Result<Vec<f32>>;
+    /// Loads whole-model parameters (each rank keeps its part).
+    fn load_full(&mut self, full: &[f32]);
+    /// This rank's memory counters by category.
     fn memory(&self) -> MemoryReport;
+    /// This rank's communication so far, every group together.
+    fn comm_stats(&self) -> CommStats;
+}
+
+/// Rows of the global batch that data-parallel rank `r` of `n` trains on.
+fn local_rows(batch: &Batch, b: usize, t: usize, r: usize, n: usize) -> Batch {
+    let per = b / n * t;
+    Batch {
+        inputs: batch.inputs[r * per..(r + 1) * per].to_vec(),
+        targets: batch.targets[r * per..(r + 1) * per].to_vec(),
+    }
+}
+
+/// Builds this rank's strategy over `world` (collective: it splits the world
+/// into the strategy's own groups).
+#[allow(clippy::too_many_arguments)]
+pub fn build<B: Backend + 'static>(
+    backend: B,
+    model: GptConfig,
+    par: ParallelConfig,
+    world: &dyn Comm,
+    adamw: AdamWConfig,
+    b: usize,
+    t: usize,
+) -> Result<Box<dyn Strategy>> {
+    let par = par.resolved();
+    par.validate(&model, b)?;
+    if world.size() != par.world_size {
+        return Err(Error::Config(format!(
+            "the launch has {} ranks but --world-size is {}",
+            world.size(),
+            par.world_size
+        )));
+    }
+    let (rank, tp) = (world.rank(), par.tp);
+    // Consecutive ranks form a tensor-parallel group; equal positions across groups a data-parallel one.
+    let dp_comm = world.split(rank % tp, rank / tp)?;
+    let tp_comm = if tp > 1 {
+        Some(world.split(rank / tp, rank % tp)?)
+    } else {
+        None
+    };
+    let place = TpPlace {
+        rank: rank % tp,
+        size: tp,
+    };
+    let engine = Engine::new(backend, model, place, par.recompute)?;
+    Ok(match par.strategy {
+        StrategyKind::Single | StrategyKind::Ddp | StrategyKind::Tp => Box::new(Replicated::new(
+            engine, dp_comm, tp_comm, false, adamw, b, t,
+        )?),
+        StrategyKind::Zero1 => Box::new(Replicated::new(
+            engine, dp_comm, tp_comm, true, adamw, b, t,
+        )?),
+        StrategyKind::Zero2 => Box::new(Sharded::new(engine, dp_comm, false, adamw, b, t)),
+        StrategyKind::Fsdp => Box::new(Sharded::new(engine, dp_comm, true, adamw, b, t)),
+    })
 }

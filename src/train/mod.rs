@@ -5,12 +5,14 @@ pub mod schedule;
 
 use crate::backend::{Backend, MemoryReport};
 use crate::checkpoint;
+use crate::comm::{Comm, CommStats};
 use crate::data::{DataLoader, Dataset, LoaderPosition};
 use crate::error::{Error, Result};
 use crate::infer::generate::{generate, SampleConfig};
 use crate::metrics::{self, JsonlWriter, StepRecord};
+use crate::model::gpt2::init_full;
 use crate::model::{AdamWConfig, Gpt2, GptConfig};
-use crate::parallel::{Single, StepConfig, Strategy};
+use crate::parallel::{self, launch, ParallelConfig, StepConfig, Strategy};
 use schedule::LrSchedule;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -44,8 +46,17 @@ pub struct TrainConfig {
     pub out_dir: PathBuf,
     /// Declared peak FLOP/s for MFU; measured when absent.
     pub peak_flops: Option<f64>,
-    /// Progress bar and messages on stderr.
+    /// Progress bar and messages on stderr (rank 0 only).
     pub verbose: bool,
+    /// Testing aid: this rank fails at the start of this step (0-based).
+    pub fault: Option<Fault>,
+}
+
+/// An injected failure, to show that the other ranks stop and name it.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Fault {
+    pub rank: usize,
+    pub step: usize,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -57,13 +68,25 @@ pub struct TrainSummary {
     pub tokens_per_s: f64,
     pub mfu: f64,
     pub seconds: f64,
+    /// Rank 0's memory counters.
     pub memory: MemoryReport,
+    /// Peak bytes of every rank: [params, grads, optimizer, activations, other, total].
+    pub rank_peak_bytes: Vec<[u64; 6]>,
+    /// Rank 0's communication, by kind.
+    pub comm: CommStats,
+    /// Bytes sent and seconds spent in collectives, per rank.
+    pub rank_comm_bytes: Vec<u64>,
+    pub rank_comm_seconds: Vec<f64>,
+    /// Loss of every step (for equivalence checks).
+    pub losses: Vec<f32>,
+    /// The trained parameters, whole-model layout.
+    pub params: Vec<f32>,
     pub sample: String,
     pub out_dir: PathBuf,
 }
 
 /// Mean validation loss over the first `n` batches of the val split.
-fn evaluate<S: Strategy>(strategy: &mut S, val: &mut DataLoader, n: usize) -> Result<f32> {
+fn evaluate(strategy: &mut dyn Strategy, val: &mut DataLoader, n: usize) -> Result<f32> {
     val.seek(LoaderPosition::default());
     let n = n.clamp(1, val.batches_per_epoch());
     let mut sum = 0.0f64;
@@ -73,34 +96,77 @@ fn evaluate<S: Strategy>(strategy: &mut S, val: &mut DataLoader, n: usize) -> Re
     Ok((sum / n as f64) as f32)
 }
 
+/// A sample from whole-model parameters.
 fn sample_text<B: Backend>(
-    model: &mut Gpt2<B>,
+    backend: B,
+    cfg: &GptConfig,
+    params: &[f32],
     ds: &Dataset,
     tokens: usize,
     seed: u64,
 ) -> Result<String> {
+    let mut model = Gpt2::new(backend, cfg.clone())?;
+    model.params.copy_from_slice(params);
     let tk = &ds.tokenizer;
     let prompt = match tk.eot() {
         Some(eot) => vec![eot],
         None => tk.encode("\n").unwrap_or_else(|_| vec![0]),
     };
-    let cfg = SampleConfig {
+    let sc = SampleConfig {
         max_new_tokens: tokens,
         temperature: 0.8,
         top_k: 40,
         seed,
     };
-    let out = generate(model, &prompt, &cfg, tk.eot(), |_| {})?;
+    let out = generate(&mut model, &prompt, &sc, tk.eot(), |_| {})?;
     Ok(tk.decode(&out[prompt.len()..]))
 }
 
-/// Trains a freshly initialised model of `model_cfg` on `ds` with one rank.
-pub fn train<B: Backend>(
+fn peaks(m: &MemoryReport) -> [f32; 6] {
+    let p = &m.peak_bytes;
+    [
+        p.params,
+        p.grads,
+        p.optimizer,
+        p.activations,
+        p.other,
+        m.peak_total_bytes,
+    ]
+    .map(|x| x as f32)
+}
+
+/// Trains on `par.world_size` thread ranks; returns rank 0's summary.
+pub fn train<B: Backend + 'static>(
+    make_backend: impl Fn() -> B + Sync,
+    model_cfg: GptConfig,
+    ds: &Dataset,
+    cfg: &TrainConfig,
+    par: ParallelConfig,
+    threads: usize,
+    timeout: std::time::Duration,
+) -> Result<TrainSummary> {
+    let mut out = launch::run_local(par.world_size, threads, timeout, |comm| {
+        train_rank(
+            make_backend(),
+            model_cfg.clone(),
+            ds,
+            cfg,
+            par,
+            comm.as_ref(),
+        )
+    })?;
+    Ok(out.swap_remove(0).expect("rank 0 returns the summary"))
+}
+
+/// One rank's training loop over `world`; rank 0 logs, saves and returns the summary.
+pub fn train_rank<B: Backend + 'static>(
     backend: B,
     model_cfg: GptConfig,
     ds: &Dataset,
     cfg: &TrainConfig,
-) -> Result<TrainSummary> {
+    par: ParallelConfig,
+    world: &dyn Comm,
+) -> Result<Option<TrainSummary>> {
     let (b, t) = (cfg.batch_size, cfg.seq_len);
     if b == 0 || cfg.grad_accum == 0 {
         return Err(Error::Config(
@@ -113,6 +179,8 @@ pub fn train<B: Backend>(
             model_cfg.block_size
         )));
     }
+    let lead = world.rank() == 0;
+    let verbose = cfg.verbose && lead;
     let mut train_loader = DataLoader::new(&ds.train, "train", b, t, cfg.seed, true)?;
     let mut val_loader = DataLoader::new(&ds.val, "val", b, t, cfg.seed, false)?;
     let steps = match cfg.duration {
@@ -128,50 +196,75 @@ pub fn train<B: Backend>(
         warmup_steps: cfg.warmup_steps,
         total_steps: steps,
     };
-    let peak_flops = cfg
-        .peak_flops
-        .unwrap_or_else(|| backend.measure_peak_flops());
     let device = backend.name();
+    let sample_backend = backend.clone_fresh();
+    let mut strategy = parallel::build(backend, model_cfg.clone(), par, world, cfg.adamw, b, t)?;
+    // Every strategy starts from the same whole-model initialisation.
+    let peak_flops = match cfg.peak_flops {
+        Some(p) => p,
+        None => {
+            let mut p = [if lead {
+                sample_backend.measure_peak_flops() as f32
+            } else {
+                0.0
+            }];
+            world.broadcast(&mut p, 0)?;
+            p[0] as f64
+        }
+    };
+    strategy.load_full(&init_full(&model_cfg, cfg.seed));
 
-    let mut model = Gpt2::new(backend, model_cfg.clone())?;
-    model.init_weights(cfg.seed);
-    let mut strategy = Single::new(model, cfg.adamw, b, t);
-
-    std::fs::create_dir_all(&cfg.out_dir).map_err(|e| Error::io(&cfg.out_dir, e))?;
-    let run_json = serde_json::json!({ "model": model_cfg, "train": cfg, "dataset": ds.name, "device": device, "peak_flops": peak_flops });
-    checkpoint::write_atomic(
-        &cfg.out_dir.join("run.json"),
-        serde_json::to_string_pretty(&run_json)
-            .expect("json")
-            .as_bytes(),
-    )?;
-    let mut log = JsonlWriter::create(&cfg.out_dir.join("metrics.jsonl"))?;
-
-    let pb = if cfg.verbose {
+    let mut log = None;
+    if lead {
+        std::fs::create_dir_all(&cfg.out_dir).map_err(|e| Error::io(&cfg.out_dir, e))?;
+        let run_json = serde_json::json!({ "model": model_cfg, "train": cfg, "parallel": par, "dataset": ds.name, "device": device, "peak_flops": peak_flops });
+        checkpoint::write_atomic(
+            &cfg.out_dir.join("run.json"),
+            serde_json::to_string_pretty(&run_json)
+                .expect("json")
+                .as_bytes(),
+        )?;
+        log = Some(JsonlWriter::create(&cfg.out_dir.join("metrics.jsonl"))?);
+    }
+    let pb = if verbose {
         metrics::progress_bar(steps as u64, "train")
     } else {
         indicatif::ProgressBar::hidden()
     };
     let note = |msg: &str| {
-        if cfg.verbose {
+        if verbose {
             metrics::say(&pb, msg)
         }
     };
     note(&format!(
-        "{} params | {} x {} tokens x {} accum per step | {steps} steps ({:.2} epochs) | {device}, peak {:.0} GFLOP/s",
+        "{} params | {} x {} tokens x {} accum per step | {steps} steps ({:.2} epochs) | {:?} on {} rank(s), tp {} | {device}, peak {:.0} GFLOP/s per rank",
         model_cfg.num_params(),
         b,
         t,
         cfg.grad_accum,
         (steps * cfg.grad_accum) as f64 / train_loader.batches_per_epoch() as f64,
+        par.strategy,
+        par.world_size,
+        par.resolved().tp,
         peak_flops / 1e9
     ));
     let flops_per_token = model_cfg.flops_per_token(t);
     let tokens_per_step = b * t * cfg.grad_accum;
+    let total_peak = peak_flops * par.world_size as f64;
     let started = Instant::now();
-    let mut first_loss = f32::NAN;
-    let mut last = (f32::NAN, f32::NAN);
+    let mut losses = Vec::with_capacity(steps);
+    let mut val_last = f32::NAN;
+    let mut rank_peaks = vec![0.0f32; 6 * world.size()];
     for step in 0..steps {
+        if cfg
+            .fault
+            .is_some_and(|f| f.rank == world.rank() && f.step == step)
+        {
+            return Err(Error::Input(format!(
+                "rank {}: injected fault at step {step}",
+                world.rank()
+            )));
+        }
         let micro: Vec<_> = (0..cfg.grad_accum)
             .map(|_| train_loader.next_batch())
             .collect();
@@ -191,46 +284,57 @@ pub fn train<B: Backend>(
                 stats.loss
             )));
         }
-        if step == 0 {
-            first_loss = stats.loss;
-        }
+        losses.push(stats.loss);
         let is_last = step + 1 == steps;
         let val_loss = if is_last || (cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0) {
-            let v = evaluate(&mut strategy, &mut val_loader, cfg.eval_batches)?;
+            let v = evaluate(strategy.as_mut(), &mut val_loader, cfg.eval_batches)?;
             note(&format!(
                 "step {:>5}: train loss {:.4}, val loss {v:.4}",
                 step + 1,
                 stats.loss
             ));
+            val_last = v;
             Some(v)
         } else {
             None
         };
         if !is_last && cfg.sample_every > 0 && (step + 1) % cfg.sample_every == 0 {
-            let s = sample_text(
-                &mut strategy.model,
-                ds,
-                cfg.sample_tokens.min(200),
-                cfg.seed + step as u64,
-            )?;
-            note(&format!("--- sample at step {} ---\n{s}\n---", step + 1));
+            let full = strategy.full_params()?;
+            if lead {
+                let s = sample_text(
+                    sample_backend.clone_fresh(),
+                    &model_cfg,
+                    &full,
+                    ds,
+                    cfg.sample_tokens.min(200),
+                    cfg.seed + step as u64,
+                )?;
+                note(&format!("--- sample at step {} ---\n{s}\n---", step + 1));
+            }
         }
+        world.all_gather(&peaks(&strategy.memory()), &mut rank_peaks)?;
         let tokens_per_s = tokens_per_step as f64 / secs;
-        let record = StepRecord {
-            step: step + 1,
-            epoch: train_loader.position.epoch as f64
-                + train_loader.position.batch as f64 / train_loader.batches_per_epoch() as f64,
-            loss: stats.loss,
-            val_loss,
-            grad_norm: stats.grad_norm,
-            lr,
-            ms: secs * 1e3,
-            tokens_per_s,
-            mfu: metrics::mfu(flops_per_token, tokens_per_s, peak_flops),
-            memory: strategy.memory(),
-        };
-        log.write(&record)?;
-        last = (stats.loss, val_loss.unwrap_or(last.1));
+        if let Some(log) = log.as_mut() {
+            let record = StepRecord {
+                step: step + 1,
+                epoch: train_loader.position.epoch as f64
+                    + train_loader.position.batch as f64 / train_loader.batches_per_epoch() as f64,
+                loss: stats.loss,
+                val_loss,
+                grad_norm: stats.grad_norm,
+                lr,
+                ms: secs * 1e3,
+                tokens_per_s,
+                mfu: metrics::mfu(flops_per_token, tokens_per_s, total_peak),
+                memory: strategy.memory(),
+                rank_peak_bytes: rank_peaks
+                    .chunks(6)
+                    .map(|c| c.iter().map(|&x| x as u64).collect())
+                    .collect(),
+                comm: strategy.comm_stats(),
+            };
+            log.write(&record)?;
+        }
         pb.set_message(format!(
             "loss {:.4} | {:.0} tok/s",
             stats.loss, tokens_per_s
@@ -239,19 +343,50 @@ pub fn train<B: Backend>(
     }
     pb.finish_and_clear();
     let seconds = started.elapsed().as_secs_f64();
-    checkpoint::save_model(&strategy.model, ds.tokenizer.spec(), &cfg.out_dir)?;
-    let sample = sample_text(&mut strategy.model, ds, cfg.sample_tokens, cfg.seed)?;
+    let memory = strategy.memory();
+    let comm = strategy.comm_stats();
+    let mut comm_all = vec![0.0f32; 2 * world.size()];
+    world.all_gather(
+        &[comm.total_bytes() as f32, comm.seconds as f32],
+        &mut comm_all,
+    )?;
+    let params = strategy.full_params()?;
+    drop(strategy);
+    if !lead {
+        return Ok(None);
+    }
+    let mut model = Gpt2::new(sample_backend.clone_fresh(), model_cfg.clone())?;
+    model.params.copy_from_slice(&params);
+    checkpoint::save_model(&model, ds.tokenizer.spec(), &cfg.out_dir)?;
+    drop(model);
+    let sample = sample_text(
+        sample_backend,
+        &model_cfg,
+        &params,
+        ds,
+        cfg.sample_tokens,
+        cfg.seed,
+    )?;
     let tokens_per_s = (steps * tokens_per_step) as f64 / seconds;
-    Ok(TrainSummary {
+    Ok(Some(TrainSummary {
         steps,
-        first_loss,
-        final_loss: last.0,
-        val_loss: last.1,
+        first_loss: losses[0],
+        final_loss: *losses.last().expect("at least one step"),
+        val_loss: val_last,
         tokens_per_s,
-        mfu: metrics::mfu(flops_per_token, tokens_per_s, peak_flops),
+        mfu: metrics::mfu(flops_per_token, tokens_per_s, total_peak),
         seconds,
-        memory: strategy.memory(),
+        memory,
+        rank_peak_bytes: rank_peaks
+            .chunks(6)
+            .map(|c| std::array::from_fn(|i| c[i] as u64))
+            .collect(),
+        comm,
+        rank_comm_bytes: comm_all.chunks(2).map(|c| c[0] as u64).collect(),
+        rank_comm_seconds: comm_all.chunks(2).map(|c| c[1] as f64).collect(),
+        losses,
+        params,
         sample,
         out_dir: cfg.out_dir.clone(),
-    })
+    }))
 }

@@ -35,6 +35,9 @@ impl Backend for Cpu {
     fn name(&self) -> String {
         format!("cpu ({} threads)", rayon::current_num_threads())
     }
+    fn clone_fresh(&self) -> Self {
+        Cpu::new()
+    }
     fn memory(&self) -> &Arc<MemoryStats> {
         &self.memory
     }

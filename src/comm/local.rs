@@ -1,0 +1,447 @@
+//! N ranks as threads of one process, exchanging through shared memory.
+//!
+//! A collective is two rendezvous: every rank deposits its input, all read
+//! what they need, and the second rendezvous keeps the slots alive until
+//! everyone has read. A rank that fails marks the world; every waiting rank
+//! sees the mark (or its timeout) and returns an error naming the rank.
+
+use super::{record, Comm, CommStats, Kind};
+use crate::error::{Error, Result};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// State shared by every group of one launch.
+pub struct World {
+    failed: Mutex<Option<(usize, String)>>,
+    timeout: Duration,
+}
+
+impl World {
+    pub fn new(timeout: Duration) -> Arc<Self> {
+        Arc::new(World {
+            failed: Mutex::new(None),
+            timeout,
+        })
+    }
+
+    /// Marks world rank `rank` as failed; the first failure is kept.
+    pub fn fail(&self, rank: usize, why: String) {
+        let mut f = self.failed.lock().unwrap_or_else(|e| e.into_inner());
+        if f.is_none() {
+            *f = Some((rank, why));
+        }
+    }
+
+    fn failure(&self) -> Option<(usize, String)> {
+        self.failed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+struct State {
+    generation: u64,
+    arrived: Vec<bool>,
+    slots: Vec<Vec<f32>>,
+    mail: HashMap<(usize, usize), VecDeque<Vec<f32>>>,
+    subgroups: HashMap<(u64, usize), Arc<Group>>,
+    splits: u64,
+}
+
+struct Group {
+    /// World rank of each member.
+    members: Vec<usize>,
+    state: Mutex<State>,
+    cv: Condvar,
+    world: Arc<World>,
+}
+
+impl Group {
+    fn new(members: Vec<usize>, world: Arc<World>) -> Arc<Self> {
+        let n = members.len();
+        Arc::new(Group {
+            members,
+            state: Mutex::new(State {
+                generation: 0,
+                arrived: vec![false; n],
+                slots: vec![Vec::new(); n],
+                mail: HashMap::new(),
+                subgroups: HashMap::new(),
+                splits: 0,
+            }),
+            cv: Condvar::new(),
+            world,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn check_failed(&self, what: &str) -> Result<()> {
+        match self.world.failure() {
+            Some((r, why)) => Err(Error::Comm(format!(
+                "{what} aborted: rank {r} failed: {why}"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits on the condition variable until `done`, the world fails, or the timeout passes.
+    fn wait<'a>(
+        &self,
+        mut st: MutexGuard<'a, State>,
+        what: &str,
+        done: impl Fn(&State) -> bool,
+    ) -> Result<MutexGuard<'a, State>> {
+        let start = Instant::now();
+        while !done(&st) {
+            self.check_failed(what)?;
+            if start.elapsed() > self.world.timeout {
+                let missing: Vec<String> = st
+                    .arrived
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &a)| !a)
+                    .map(|(i, _)| self.members[i].to_string())
+                    .collect();
+                return Err(Error::Comm(format!(
+                    "{what} timed out after {:.0} s waiting for rank(s) {}",
+                    self.world.timeout.as_secs_f64(),
+                    missing.join(", ")
+                )));
+            }
+            st = self
+                .cv
+                .wait_timeout(st, Duration::from_millis(20))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        Ok(st)
+    }
+
+    /// Rendezvous of every member.
+    fn sync(&self, me: usize, what: &str) -> Result<()> {
+        let mut st = self.lock();
+        self.check_failed(what)?;
+        let generation = st.generation;
+        st.arrived[me] = true;
+        if st.arrived.iter().all(|&a| a) {
+            st.arrived.fill(false);
+            st.generation += 1;
+            self.cv.notify_all();
+            return Ok(());
+        }
+        self.wait(st, what, |s| s.generation != generation)
+            .map(|_| ())
+    }
+
+    /// Deposits `input`, and once everyone has, runs `read` over all slots.
+    fn exchange<R>(
+        &self,
+        me: usize,
+        what: &str,
+        input: &[f32],
+        read: impl FnOnce(&[Vec<f32>]) -> R,
+    ) -> Result<R> {
+        {
+            let mut st = self.lock();
+            st.slots[me].clear();
+            st.slots[me].extend_from_slice(input);
+        }
+        self.sync(me, what)?;
+        let out = {
+            let st = self.lock();
+            read(&st.slots)
+        };
+        self.sync(me, what)?;
+        Ok(out)
+    }
+}
+
+pub struct LocalComm {
+    rank: usize,
+    group: Arc<Group>,
+    stats: Mutex<CommStats>,
+}
+
+/// One communicator per rank of a new world of `n` threads.
+pub fn world(n: usize, timeout: Duration) -> (Arc<World>, Vec<LocalComm>) {
+    let w = World::new(timeout);
+    let g = Group::new((0..n).collect(), w.clone());
+    let comms = (0..n)
+        .map(|rank| LocalComm {
+            rank,
+            group: g.clone(),
+            stats: Mutex::default(),
+        })
+        .collect();
+    (w, comms)
+}
+
+fn sum_slots(slots: &[Vec<f32>], range: std::ops::Range<usize>, out: &mut [f32]) {
+    out.copy_from_slice(&slots[0][range.clone()]);
+    for s in &slots[1..] {
+        out.iter_mut()
+            .zip(&s[range.clone()])
+            .for_each(|(o, &x)| *o += x);
+    }
+}
+
+impl Comm for LocalComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.group.members.len()
+    }
+
+    fn all_reduce(&self, buf: &mut [f32]) -> Result<()> {
+        let t0 = Instant::now();
+        let n = buf.len();
+        let input = buf.to_vec();
+        self.group
+            .exchange(self.rank, "all_reduce", &input, |slots| {
+                sum_slots(slots, 0..n, buf)
+            })?;
+        record(&self.stats, Kind::AllReduce, self.size(), n, t0);
+        Ok(())
+    }
+
+    fn reduce_scatter(&self, input: &[f32], out: &mut [f32]) -> Result<()> {
+        let t0 = Instant::now();
+        let n = out.len();
+        assert_eq!(input.len(), n * self.size(), "reduce_scatter sizes");
+        let r = self.rank;
+        self.group.exchange(r, "reduce_scatter", input, |slots| {
+            sum_slots(slots, r * n..(r + 1) * n, out)
+        })?;
+        record(
+            &self.stats,
+            Kind::ReduceScatter,
+            self.size(),
+            input.len(),
+            t0,
+        );
+        Ok(())
+    }
+
+    fn all_gather(&self, input: &[f32], out: &mut [f32]) -> Result<()> {
+        let t0 = Instant::now();
+        let n = input.len();
+        assert_eq!(out.len(), n * self.size(), "all_gather sizes");
+        self.group
+            .exchange(self.rank, "all_gather", input, |slots| {
+                for (i, s) in slots.iter().enumerate() {
+                    out[i * n..(i + 1) * n].copy_from_slice(s);
+                }
+            })?;
+        record(&self.stats, Kind::AllGather, self.size(), out.len(), t0);
+        Ok(())
+    }
+
+    fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<()> {
+        let t0 = Instant::now();
+        let input = if self.rank == root {
+            buf.to_vec()
+        } else {
+            Vec::new()
+        };
+        self.group
+            .exchange(self.rank, "broadcast", &input, |slots| {
+                buf.copy_from_slice(&slots[root])
+            })?;
+        record(&self.stats, Kind::Broadcast, self.size(), buf.len(), t0);
+        Ok(())
+    }
+
+    fn send(&self, buf: &[f32], to: usize) -> Result<()> {
+        let t0 = Instant::now();
+        let mut st = self.group.lock();
+        st.mail
+            .entry((self.rank, to))
+            .or_default()
+            .push_back(buf.to_vec());
+        self.group.cv.notify_all();
+        drop(st);
+        record(&self.stats, Kind::P2p, self.size(), buf.len(), t0);
+        Ok(())
+    }
+
+    fn recv(&self, buf: &mut [f32], from: usize) -> Result<()> {
+        let key = (from, self.rank);
+        let st = self.group.lock();
+        let what = format!("recv from rank {}", self.group.members[from]);
+        let mut st = self.group.wait(st, &what, |s| {
+            s.mail.get(&key).is_some_and(|q| !q.is_empty())
+        })?;
+        let msg = st
+            .mail
+            .get_mut(&key)
+            .and_then(VecDeque::pop_front)
+            .expect("waited for it");
+        if msg.len() != buf.len() {
+            return Err(Error::Comm(format!(
+                "recv from rank {from}: got {} floats, expected {}",
+                msg.len(),
+                buf.len()
+            )));
+        }
+        buf.copy_from_slice(&msg);
+        Ok(())
+    }
+
+    fn barrier(&self) -> Result<()> {
+        self.group.sync(self.rank, "barrier")
+    }
+
+    fn split(&self, color: usize, key: usize) -> Result<Box<dyn Comm>> {
+        let me = [color as f32, key as f32];
+        let all: Vec<(usize, usize, usize)> =
+            self.group.exchange(self.rank, "split", &me, |slots| {
+                slots
+                    .iter()
+                    .enumerate()
+                    .map(|(r, s)| (s[0] as usize, s[1] as usize, r))
+                    .collect()
+            })?;
+        let mut mine: Vec<(usize, usize)> = all
+            .iter()
+            .filter(|x| x.0 == color)
+            .map(|x| (x.1, x.2))
+            .collect();
+        mine.sort();
+        let seq = {
+            let mut st = self.group.lock();
+            if mine[0].1 == self.rank {
+                let members = mine.iter().map(|&(_, r)| self.group.members[r]).collect();
+                let seq = st.splits;
+                st.subgroups
+                    .insert((seq, color), Group::new(members, self.group.world.clone()));
+            }
+            st.splits
+        };
+        self.group.sync(self.rank, "split")?;
+        let sub = self.group.lock().subgroups[&(seq, color)].clone();
+        self.group.sync(self.rank, "split")?;
+        if mine[0].1 == self.rank {
+            let mut st = self.group.lock();
+            st.splits += 1;
+        }
+        let rank = mine
+            .iter()
+            .position(|&(_, r)| r == self.rank)
+            .expect("member of own color");
+        Ok(Box::new(LocalComm {
+            rank,
+            group: sub,
+            stats: Mutex::default(),
+        }))
+    }
+
+    fn stats(&self) -> CommStats {
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run<R: Send>(n: usize, f: impl Fn(&LocalComm) -> R + Sync) -> Vec<R> {
+        let (_, comms) = world(n, Duration::from_secs(10));
+        std::thread::scope(|s| {
+            let hs: Vec<_> = comms.iter().map(|c| s.spawn(|| f(c))).collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    #[test]
+    fn collectives_agree_with_their_definitions() {
+        let out = run(3, |c| {
+            let r = c.rank() as f32;
+            let mut a = vec![r, 2.0 * r];
+            c.all_reduce(&mut a).unwrap();
+            let input: Vec<f32> = (0..6).map(|i| i as f32 + r).collect();
+            let mut rs = vec![0.0; 2];
+            c.reduce_scatter(&input, &mut rs).unwrap();
+            let mut ag = vec![0.0; 3];
+            c.all_gather(&[r], &mut ag).unwrap();
+            let mut b = vec![r; 2];
+            c.broadcast(&mut b, 2).unwrap();
+            (a, rs, ag, b)
+        });
+        for (r, (a, rs, ag, b)) in out.into_iter().enumerate() {
+            assert_eq!(a, vec![3.0, 6.0]);
+            let want: Vec<f32> = (2 * r..2 * r + 2).map(|i| 3.0 * i as f32 + 3.0).collect();
+            assert_eq!(rs, want);
+            assert_eq!(ag, vec![0.0, 1.0, 2.0]);
+            assert_eq!(b, vec![2.0, 2.0]);
+        }
+    }
+
+    #[test]
+    fn split_makes_independent_subgroups_and_p2p_works() {
+        let out = run(4, |c| {
+            let sub = c.split(c.rank() % 2, c.rank()).unwrap();
+            let mut x = vec![c.rank() as f32];
+            sub.all_reduce(&mut x).unwrap();
+            if c.rank() == 0 {
+                c.send(&[7.0, 8.0], 3).unwrap();
+            }
+            let mut got = vec![0.0; 2];
+            if c.rank() == 3 {
+                c.recv(&mut got, 0).unwrap();
+            }
+            (sub.rank(), sub.size(), x[0], got)
+        });
+        assert_eq!(out[0].0..=out[0].1, 0..=2);
+        assert_eq!(out[0].2, 2.0); // ranks 0 + 2
+        assert_eq!(out[1].2, 4.0); // ranks 1 + 3
+        assert_eq!(out[3].3, vec![7.0, 8.0]);
+    }
+
+    #[test]
+    fn a_failed_rank_is_named_by_the_others() {
+        let (w, comms) = world(3, Duration::from_secs(30));
+        let t0 = Instant::now();
+        let errs: Vec<String> = std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .iter()
+                .map(|c| {
+                    let w = w.clone();
+                    s.spawn(move || {
+                        if c.rank() == 1 {
+                            w.fail(1, "injected fault".into());
+                            return String::new();
+                        }
+                        let mut x = vec![1.0];
+                        c.all_reduce(&mut x).unwrap_err().to_string()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(
+            errs[0].contains("rank 1 failed: injected fault"),
+            "{}",
+            errs[0]
+        );
+        assert!(errs[2].contains("rank 1"), "{}", errs[2]);
+        assert!(t0.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_silent_rank_times_out_with_its_number() {
+        let (_, comms) = world(2, Duration::from_millis(200));
+        let mut x = vec![1.0];
+        let err = comms[0].all_reduce(&mut x).unwrap_err().to_string();
+        assert!(
+            err.contains("timed out") && err.contains("rank(s) 1"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,101 @@
+//! Process groups: the collectives every strategy is written against.
+//!
+//! `local` runs N ranks as threads of one process; `mpi` (feature `mpi`) runs
+//! them as processes under `mpirun`. Every collective either completes or
+//! returns an error within the group's timeout: a dead rank never hangs the rest.
+
+pub mod local;
+#[cfg(feature = "mpi")]
+pub mod mpi;
+
+use crate::error::Result;
+use serde::Serialize;
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// Bytes each rank sends per collective kind (ring-algorithm volumes:
+/// all-reduce 2(N-1)/N, reduce-scatter and all-gather (N-1)/N of the full
+/// buffer), the calls made and the seconds spent inside collectives.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct CommStats {
+    pub all_reduce_bytes: u64,
+    pub reduce_scatter_bytes: u64,
+    pub all_gather_bytes: u64,
+    pub broadcast_bytes: u64,
+    pub p2p_bytes: u64,
+    pub calls: u64,
+    pub seconds: f64,
+}
+
+impl CommStats {
+    pub fn total_bytes(&self) -> u64 {
+        self.all_reduce_bytes
+            + self.reduce_scatter_bytes
+            + self.all_gather_bytes
+            + self.broadcast_bytes
+            + self.p2p_bytes
+    }
+
+    pub fn add(&mut self, o: &CommStats) {
+        self.all_reduce_bytes += o.all_reduce_bytes;
+        self.reduce_scatter_bytes += o.reduce_scatter_bytes;
+        self.all_gather_bytes += o.all_gather_bytes;
+        self.broadcast_bytes += o.broadcast_bytes;
+        self.p2p_bytes += o.p2p_bytes;
+        self.calls += o.calls;
+        self.seconds += o.seconds;
+    }
+}
+
+#[derive(Clone, Copy)]
+pub enum Kind {
+    AllReduce,
+    ReduceScatter,
+    AllGather,
+    Broadcast,
+    P2p,
+}
+
+/// Counts a collective of `full_len` floats (the unsharded buffer) in `stats`.
+pub fn record(stats: &Mutex<CommStats>, kind: Kind, n: usize, full_len: usize, started: Instant) {
+    let bytes = 4 * full_len as u64;
+    let ring = |num: u64| {
+        if n > 1 {
+            bytes * num * (n as u64 - 1) / n as u64
+        } else {
+            0
+        }
+    };
+    let mut s = stats.lock().unwrap_or_else(|e| e.into_inner());
+    match kind {
+        Kind::AllReduce => s.all_reduce_bytes += ring(2),
+        Kind::ReduceScatter => s.reduce_scatter_bytes += ring(1),
+        Kind::AllGather => s.all_gather_bytes += ring(1),
+        Kind::Broadcast => s.broadcast_bytes += if n > 1 { bytes } else { 0 },
+        Kind::P2p => s.p2p_bytes += bytes,
+    }
+    s.calls += 1;
+    s.seconds += started.elapsed().as_secs_f64();
+}
+
+/// One process group. Buffers are f32; sums are taken in rank order, so
+/// every rank gets bitwise the same result.
+pub trait Comm: Send + Sync {
+    fn rank(&self) -> usize;
+    fn size(&self) -> usize;
+    /// buf = sum over ranks of buf.
+    fn all_reduce(&self, buf: &mut [f32]) -> Result<()>;
+    /// out (len n) = rank r's slice r of the sum of every rank's input (len n * size).
+    fn reduce_scatter(&self, input: &[f32], out: &mut [f32]) -> Result<()>;
+    /// out (len n * size) = every rank's input (len n), in rank order.
+    fn all_gather(&self, input: &[f32], out: &mut [f32]) -> Result<()>;
+    /// buf = root's buf.
+    fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<()>;
+    fn send(&self, buf: &[f32], to: usize) -> Result<()>;
+    fn recv(&self, buf: &mut [f32], from: usize) -> Result<()>;
+    fn barrier(&self) -> Result<()>;
+    /// Sub-groups: ranks with the same color form one, ordered by key.
+    fn split(&self, color: usize, key: usize) -> Result<Box<dyn Comm>>;
+    /// What this rank has sent and waited so far, through this group.
+    fn stats(&self) -> CommStats;
+}

@@ -1,0 +1,238 @@
+//! single, ddp, zero1, tp and the dp x tp mesh: every data-parallel rank
+//! keeps whole parameters and gradients (its tensor-parallel part of them).
+//! Gradients are all-reduced per unit as soon as that unit's backward is
+//! done, on the last micro-step only. zero1 keeps AdamW moments for its
+//! shard alone, updates that shard and all-gathers the parameters.
+
+use super::{local_rows, StepConfig, StepStats, Strategy, Units};
+use crate::backend::{Backend, Category, MemoryReport};
+use crate::comm::{Comm, CommStats};
+use crate::data::Batch;
+use crate::error::Result;
+use crate::model::gpt2::{shard_tp, unshard_tp};
+use crate::model::layout::{split2, TpSplit};
+use crate::model::{AdamW, AdamWConfig, Engine, Gpt2, ParamLayout, Segment};
+
+pub struct Replicated<B: Backend> {
+    model: Gpt2<B>,
+    opt: AdamW,
+    dp: Box<dyn Comm>,
+    tp: Option<Box<dyn Comm>>,
+    /// Present for zero1: the units whose shards this rank updates.
+    zero1: Option<Units>,
+    b: usize,
+    t: usize,
+}
+
+impl<B: Backend> Replicated<B> {
+    pub fn new(
+        engine: Engine<B>,
+        dp: Box<dyn Comm>,
+        tp: Option<Box<dyn Comm>>,
+        zero1: bool,
+        adamw: AdamWConfig,
+        b: usize,
+        t: usize,
+    ) -> Result<Self> {
+        let model = Gpt2::with_engine(engine)?;
+        let zero1 = zero1.then(|| Units::new(&model.layout, model.config.n_layer, dp.size()));
+        let opt_len = zero1
+            .as_ref()
+            .map_or(model.layout.total(), Units::shard_total);
+        let opt = AdamW::new(model.backend(), opt_len, adamw);
+        Ok(Replicated {
+            model,
+            opt,
+            dp,
+            tp,
+            zero1,
+            b,
+            t,
+        })
+    }
+
+    fn tp_ref(&self) -> Option<&dyn Comm> {
+        self.tp.as_deref()
+    }
+
+    /// Forward + backward of one local micro-batch; all-reduces each unit's
+    /// gradient over the data-parallel group when `sync`.
+    fn forward_backward(&mut self, mb: &Batch, loss_scale: f32, sync: bool) -> Result<f32> {
+        let (n, tp) = (self.dp.size(), self.tp.as_deref());
+        let b_local = self.b / n;
+        let loss = self
+            .model
+            .forward_tp(&mb.inputs, Some(&mb.targets), b_local, self.t, tp)?
+            .expect("targets given");
+        let Gpt2 {
+            engine,
+            params,
+            grads,
+        } = &mut self.model;
+        let lay = engine.layout.clone();
+        let reduce = |g: &mut [f32]| {
+            if sync && n > 1 {
+                self.dp.all_reduce(g)
+            } else {
+                Ok(())
+            }
+        };
+        {
+            let (dwte, dlnf) = split2(grads, lay.wte(), lay.final_norm());
+            engine.head_backward(
+                &params[lay.wte()],
+                &params[lay.final_norm()],
+                dwte,
+                dlnf,
+                loss_scale,
+            )?;
+            reduce(dlnf)?;
+        }
+        for l in (0..engine.config.n_layer).rev() {
+            let r = lay.block(l);
+            engine.block_backward(l, &params[r.clone()], &mut grads[r.clone()], tp)?;
+            reduce(&mut grads[r])?;
+        }
+        engine.embed_backward(&mut grads[lay.embeddings()]);
+        reduce(&mut grads[lay.embeddings()])?;
+        Ok(loss)
+    }
+
+    /// Global gradient norm: tensor-parallel parts summed over the tp group,
+    /// replicated tensors counted once.
+    fn grad_norm(&self) -> Result<f32> {
+        let be = self.model.backend();
+        let (mut split, mut rep) = (0.0f64, 0.0f64);
+        for t in &self.model.layout.tensors {
+            let sq = be.sum_squares(&self.model.grads[t.range()]);
+            if t.split == TpSplit::Replicated {
+                rep += sq;
+            } else {
+                split += sq;
+            }
+        }
+        if let Some(tp) = self.tp_ref() {
+            let mut x = [split as f32];
+            tp.all_reduce(&mut x)?;
+            split = x[0] as f64;
+        }
+        Ok((split + rep).sqrt() as f32)
+    }
+
+    fn update(&mut self, lr: f32, scale: f32) -> Result<()> {
+        let Gpt2 {
+            engine,
+            params,
+            grads,
+        } = &mut self.model;
+        let (be, lay) = (&engine.backend, &engine.layout);
+        let Some(units) = &self.zero1 else {
+            self.opt.update(
+                be,
+                params,
+                grads,
+                lay,
+                &Segment::whole(lay.total()),
+                lr,
+                scale,
+            );
+            return Ok(());
+        };
+        let r = self.dp.rank();
+        let segs = units.segments(r);
+        let mut p_shard = be.alloc(units.shard_total(), Category::Other);
+        let mut g_shard = be.alloc(units.shard_total(), Category::Other);
+        units.shard_from(params, r, &mut p_shard);
+        units.shard_from(grads, r, &mut g_shard);
+        self.opt
+            .update(be, &mut p_shard, &g_shard, lay, &segs, lr, scale);
+        let mut gathered = be.alloc(units.max_padded(), Category::Other);
+        for u in 0..units.ranges.len() {
+            let range = units.ranges[u].clone();
+            let g = &mut gathered[..units.shard_len[u] * units.n];
+            self.dp.all_gather(&p_shard[units.shard_of(u)], g)?;
+            params[range.clone()].copy_from_slice(&g[..range.len()]);
+        }
+        Ok(())
+    }
+}
+
+impl<B: Backend> Strategy for Replicated<B> {
+    fn step(&mut self, micro_batches: &[Batch], cfg: StepConfig) -> Result<StepStats> {
+        let (r, n) = (self.dp.rank(), self.dp.size());
+        self.model.zero_grads();
+        let scale = 1.0 / (micro_batches.len() * n) as f32;
+        let mut loss = [0.0f32];
+        for (i, mb) in micro_batches.iter().enumerate() {
+            let local = local_rows(mb, self.b, self.t, r, n);
+            loss[0] += self.forward_backward(&local, scale, i + 1 == micro_batches.len())?;
+        }
+        self.dp.all_reduce(&mut loss)?;
+        let grad_norm = self.grad_norm()?;
+        let clip = if cfg.grad_clip > 0.0 && grad_norm > cfg.grad_clip {
+            cfg.grad_clip / grad_norm
+        } else {
+            1.0
+        };
+        self.update(cfg.lr, clip)?;
+        Ok(StepStats {
+            loss: loss[0] / (n * micro_batches.len()) as f32,
+            grad_norm,
+        })
+    }
+
+    fn eval_loss(&mut self, batch: &Batch) -> Result<f32> {
+        let (r, n) = (self.dp.rank(), self.dp.size());
+        let local = local_rows(batch, self.b, self.t, r, n);
+        let tp = self.tp.as_deref();
+        let mut loss = [self
+            .model
+            .forward_tp(&local.inputs, Some(&local.targets), self.b / n, self.t, tp)?
+            .expect("targets")];
+        self.dp.all_reduce(&mut loss)?;
+        Ok(loss[0] / n as f32)
+    }
+
+    fn full_params(&mut self) -> Result<Vec<f32>> {
+        let whole = ParamLayout::new(&self.model.config);
+        let Some(tp) = self.tp_ref() else {
+            return Ok(self.model.params.to_vec());
+        };
+        let local_len = self.model.params.len();
+        let mut all = vec![0.0; local_len * tp.size()];
+        tp.all_gather(&self.model.params, &mut all)?;
+        let mut full = vec![0.0; whole.total()];
+        for r in 0..tp.size() {
+            let place = crate::model::TpPlace {
+                rank: r,
+                size: tp.size(),
+            };
+            unshard_tp(
+                &all[r * local_len..(r + 1) * local_len],
+                &whole,
+                &self.model.layout,
+                place,
+                &mut full,
+            );
+        }
+        Ok(full)
+    }
+
+    fn load_full(&mut self, full: &[f32]) {
+        let whole = ParamLayout::new(&self.model.config);
+        let Gpt2 { engine, params, .. } = &mut self.model;
+        shard_tp(full, &whole, &engine.layout, engine.tp, params);
+    }
+
+    fn memory(&self) -> MemoryReport {
+        self.model.backend().memory().report()
+    }
+
+    fn comm_stats(&self) -> CommStats {
+        let mut s = self.dp.stats();
+        if let Some(tp) = &self.tp {
+            s.add(&tp.stats());
+        }
+        s
+    }
+}

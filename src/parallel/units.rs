@@ -1,0 +1,115 @@
+//! Units of sharding: [wte | wpe], each block, [ln_f] — contiguous slices of
+//! the layout. Each unit is padded to a multiple of the data-parallel size
+//! and rank r owns slice r of every unit; padding is zeros, never dropped.
+
+use crate::model::{ParamLayout, Segment};
+use std::ops::Range;
+
+#[derive(Clone, Debug)]
+pub struct Units {
+    /// Layout range of each unit: 0 = embeddings, 1..=L = blocks, L+1 = ln_f.
+    pub ranges: Vec<Range<usize>>,
+    /// Shard length of each unit (unit length / n, rounded up).
+    pub shard_len: Vec<usize>,
+    /// Offset of each unit's shard inside a rank's shard buffer.
+    pub shard_at: Vec<usize>,
+    pub n: usize,
+}
+
+impl Units {
+    pub fn new(layout: &ParamLayout, n_layer: usize, n: usize) -> Self {
+        let mut ranges = vec![layout.embeddings()];
+        ranges.extend((0..n_layer).map(|l| layout.block(l)));
+        ranges.push(layout.final_norm());
+        let shard_len: Vec<usize> = ranges.iter().map(|r| r.len().div_ceil(n)).collect();
+        let shard_at = shard_len
+            .iter()
+            .scan(0, |at, &s| {
+                let here = *at;
+                *at += s;
+                Some(here)
+            })
+            .collect();
+        Units {
+            ranges,
+            shard_len,
+            shard_at,
+            n,
+        }
+    }
+
+    pub fn embeddings(&self) -> usize {
+        0
+    }
+
+    pub fn block(&self, l: usize) -> usize {
+        1 + l
+    }
+
+    pub fn final_norm(&self) -> usize {
+        self.ranges.len() - 1
+    }
+
+    /// Floats in one rank's shard buffer.
+    pub fn shard_total(&self) -> usize {
+        self.shard_len.iter().sum()
+    }
+
+    /// Largest padded unit (a gathered buffer's size).
+    pub fn max_padded(&self) -> usize {
+        self.shard_len.iter().map(|s| s * self.n).max().unwrap_or(0)
+    }
+
+    /// Unit u's slice of rank r's shard buffer.
+    pub fn shard_of(&self, u: usize) -> Range<usize> {
+        self.shard_at[u]..self.shard_at[u] + self.shard_len[u]
+    }
+
+    /// Where rank r's shard elements sit in the layout (padding excluded).
+    pub fn segments(&self, r: usize) -> Vec<Segment> {
+        (0..self.ranges.len())
+            .filter_map(|u| {
+                let s = self.shard_len[u];
+                let global = self.ranges[u].start + r * s;
+                let len = s.min(self.ranges[u].end.saturating_sub(global));
+                (len > 0).then_some(Segment {
+                    global,
+                    local: self.shard_at[u],
+                    len,
+                })
+            })
+            .collect()
+    }
+
+    /// Copies rank r's shard of every unit out of a whole-layout buffer.
+    pub fn shard_from(&self, full: &[f32], r: usize, out: &mut [f32]) {
+        out.fill(0.0);
+        for seg in self.segments(r) {
+            out[seg.local..seg.local + seg.len]
+                .copy_from_slice(&full[seg.global..seg.global + seg.len]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::GptConfig;
+
+    #[test]
+    fn shards_of_all_ranks_tile_every_unit_with_padding() {
+        let cfg = GptConfig::preset("tiny").unwrap();
+        let layout = ParamLayout::new(&cfg);
+        let u = Units::new(&layout, cfg.n_layer, 3);
+        let mut covered = vec![0u8; layout.total()];
+        for r in 0..3 {
+            for s in u.segments(r) {
+                covered[s.global..s.global + s.len]
+                    .iter_mut()
+                    .for_each(|c| *c += 1);
+            }
+        }
+        assert!(covered.iter().all(|&c| c == 1));
+        assert!(u.shard_total() * 3 >= layout.total());
+    }
+}

@@ -1,0 +1,161 @@
+//! Every strategy follows `single`: same seed, same global batch, five
+//! optimizer steps; per-step losses within 1e-5 and final parameters
+//! (consolidated from shards) within 1e-4 of the largest parameter.
+
+use distgpt::backend::cpu::Cpu;
+use distgpt::data::{Dataset, TokenizerKind};
+use distgpt::model::{AdamWConfig, GptConfig};
+use distgpt::parallel::{ParallelConfig, StrategyKind};
+use distgpt::train::{train, Duration, TrainConfig, TrainSummary};
+use std::sync::OnceLock;
+use std::time::Duration as Wait;
+
+fn dataset() -> &'static Dataset {
+    static DS: OnceLock<Dataset> = OnceLock::new();
+    DS.get_or_init(|| Dataset::load(None, TokenizerKind::Char).unwrap())
+}
+
+fn run(
+    strategy: StrategyKind,
+    world_size: usize,
+    tp: usize,
+    grad_accum: usize,
+    recompute: bool,
+) -> TrainSummary {
+    let ds = dataset();
+    let mut model = GptConfig::preset("tiny").unwrap();
+    model.vocab_size = ds.tokenizer.vocab_size();
+    let tag = format!("{strategy:?}-{world_size}-{tp}-{grad_accum}-{recompute}");
+    let cfg = TrainConfig {
+        batch_size: 12,
+        seq_len: 32,
+        grad_accum,
+        duration: Duration::Steps(5),
+        lr: 1e-3,
+        min_lr: 1e-4,
+        warmup_steps: 2,
+        adamw: AdamWConfig::default(),
+        grad_clip: 1.0,
+        eval_every: 0,
+        eval_batches: 1,
+        sample_every: 0,
+        sample_tokens: 1,
+        seed: 11,
+        out_dir: std::env::temp_dir().join(format!("distgpt-eq-{tag}-{}", std::process::id())),
+        peak_flops: Some(1e11),
+        verbose: false,
+        fault: None,
+    };
+    let par = ParallelConfig {
+        strategy,
+        world_size,
+        tp,
+        recompute,
+    };
+    train(Cpu::new, model, ds, &cfg, par, 2, Wait::from_secs(60))
+        .unwrap_or_else(|e| panic!("{tag}: {e}"))
+}
+
+fn assert_follows(reference: &TrainSummary, got: &TrainSummary, what: &str) {
+    assert_eq!(got.losses.len(), reference.losses.len());
+    for (step, (a, b)) in got.losses.iter().zip(&reference.losses).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-5,
+            "{what}: step {step} loss {a} vs single {b}"
+        );
+    }
+    let scale = reference.params.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    let err = got
+        .params
+        .iter()
+        .zip(&reference.params)
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(
+        err <= 1e-4 * scale,
+        "{what}: final parameters differ by {err} (largest parameter {scale})"
+    );
+}
+
+fn single(grad_accum: usize, recompute: bool) -> &'static TrainSummary {
+    static PLAIN: OnceLock<TrainSummary> = OnceLock::new();
+    static ACCUM: OnceLock<TrainSummary> = OnceLock::new();
+    match (grad_accum, recompute) {
+        (1, false) => PLAIN.get_or_init(|| run(StrategyKind::Single, 1, 1, 1, false)),
+        (2, false) => ACCUM.get_or_init(|| run(StrategyKind::Single, 1, 1, 2, false)),
+        _ => unreachable!("recomputation is compared against the plain single run"),
+    }
+}
+
+fn check(strategy: StrategyKind, worlds: &[usize]) {
+    for &w in worlds {
+        let what = format!("{strategy:?} on {w} ranks");
+        assert_follows(single(1, false), &run(strategy, w, 1, 1, false), &what);
+    }
+    assert_follows(
+        single(2, false),
+        &run(strategy, 2, 1, 2, false),
+        &format!("{strategy:?} with accumulation"),
+    );
+    assert_follows(
+        single(1, false),
+        &run(strategy, 2, 1, 1, true),
+        &format!("{strategy:?} with recomputation"),
+    );
+}
+
+#[test]
+fn ddp_matches_single_over_five_steps() {
+    check(StrategyKind::Ddp, &[2, 3, 4]);
+}
+
+#[test]
+fn zero1_matches_single_over_five_steps() {
+    check(StrategyKind::Zero1, &[2, 3, 4]);
+}
+
+#[test]
+fn zero2_matches_single_over_five_steps() {
+    check(StrategyKind::Zero2, &[2, 3, 4]);
+}
+
+#[test]
+fn fsdp_matches_single_over_five_steps() {
+    check(StrategyKind::Fsdp, &[2, 3, 4]);
+}
+
+#[test]
+fn recomputation_alone_matches_single() {
+    assert_follows(
+        single(1, false),
+        &run(StrategyKind::Single, 1, 1, 1, true),
+        "single with recomputation",
+    );
+}
+
+#[test]
+fn tensor_parallel_matches_single_over_five_steps() {
+    assert_follows(
+        single(1, false),
+        &run(StrategyKind::Tp, 2, 1, 1, false),
+        "tp on 2 ranks",
+    );
+    assert_follows(
+        single(2, false),
+        &run(StrategyKind::Tp, 2, 1, 2, false),
+        "tp with accumulation",
+    );
+    assert_follows(
+        single(1, false),
+        &run(StrategyKind::Tp, 2, 1, 1, true),
+        "tp with recomputation",
+    );
+}
+
+#[test]
+fn dp_by_tp_mesh_matches_single_over_five_steps() {
+    assert_follows(
+        single(1, false),
+        &run(StrategyKind::Ddp, 4, 2, 1, false),
+        "ddp x tp 2 x 2",
+    );
+}
