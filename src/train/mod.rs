@@ -260,10 +260,10 @@ pub fn train_rank<B: Backend + 'static>(
             .fault
             .is_some_and(|f| f.rank == world.rank() && f.step == step)
         {
-            return Err(Error::Input(format!(
-                "rank {}: injected fault at step {step}",
-                world.rank()
-            )));
+            return Err(Error::Fault {
+                rank: world.rank(),
+                step,
+            });
         }
         let micro: Vec<_> = (0..cfg.grad_accum)
             .map(|_| train_loader.next_batch())

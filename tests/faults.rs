@@ -1,0 +1,177 @@
+//! A failing rank stops every other rank with an error naming it, well inside
+//! the timeout; impossible layouts are refused before any work.
+
+use distgpt::backend::cpu::Cpu;
+use distgpt::data::{Dataset, TokenizerKind};
+use distgpt::model::{AdamWConfig, GptConfig};
+use distgpt::parallel::{ParallelConfig, StrategyKind};
+use distgpt::train::{train, Duration, Fault, TrainConfig};
+use std::process::Command;
+use std::time::{Duration as Wait, Instant};
+
+fn tiny_run(fault: Option<Fault>) -> TrainConfig {
+    TrainConfig {
+        batch_size: 8,
+        seq_len: 32,
+        grad_accum: 1,
+        duration: Duration::Steps(6),
+        lr: 1e-3,
+        min_lr: 1e-4,
+        warmup_steps: 1,
+        adamw: AdamWConfig::default(),
+        grad_clip: 1.0,
+        eval_every: 0,
+        eval_batches: 1,
+        sample_every: 0,
+        sample_tokens: 1,
+        seed: 1,
+        out_dir: std::env::temp_dir().join(format!("distgpt-fault-{}", std::process::id())),
+        peak_flops: Some(1e11),
+        verbose: false,
+        fault,
+    }
+}
+
+#[test]
+fn a_failing_thread_rank_is_named_and_nobody_hangs() {
+    let ds = Dataset::load(None, TokenizerKind::Char).unwrap();
+    let mut model = GptConfig::preset("tiny").unwrap();
+    model.vocab_size = ds.tokenizer.vocab_size();
+    let par = ParallelConfig {
+        strategy: StrategyKind::Fsdp,
+        world_size: 4,
+        tp: 1,
+        recompute: false,
+    };
+    let t0 = Instant::now();
+    let err = train(
+        Cpu::new,
+        model,
+        &ds,
+        &tiny_run(Some(Fault { rank: 2, step: 3 })),
+        par,
+        2,
+        Wait::from_secs(30),
+    )
+    .expect_err("the run must fail")
+    .to_string();
+    assert!(err.contains("injected fault on rank 2 at step 3"), "{err}");
+    assert!(
+        t0.elapsed() < Wait::from_secs(15),
+        "took {:?}",
+        t0.elapsed()
+    );
+}
+
+fn distgpt(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_distgpt"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn impossible_layouts_are_refused_with_what_to_change() {
+    let base = [
+        "train",
+        "--model",
+        "tiny",
+        "--steps",
+        "1",
+        "--quiet",
+        "--batch-size",
+        "6",
+    ];
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["--strategy", "tp", "--world-size", "3"],
+            "n_head (2) is not divisible by the tensor-parallel size 3",
+        ),
+        (
+            &["--strategy", "ddp", "--world-size", "3", "--tp", "2"],
+            "world size 3 is not divisible by the tensor-parallel size 2",
+        ),
+        (
+            &["--strategy", "ddp", "--world-size", "4"],
+            "global batch of 6 sequences is not divisible by the data-parallel size 4",
+        ),
+        (
+            &["--strategy", "single", "--world-size", "2"],
+            "strategy single runs on one rank",
+        ),
+    ];
+    for (extra, want) in cases {
+        let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+        let (ok, err) = distgpt(&args);
+        assert!(!ok && err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+#[cfg(feature = "mpi")]
+#[test]
+fn a_failing_mpi_rank_stops_the_job_and_is_named() {
+    let t0 = Instant::now();
+    let out = Command::new("mpirun")
+        .args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            "2",
+            env!("CARGO_BIN_EXE_distgpt"),
+        ])
+        .args([
+            "train",
+            "--comm",
+            "mpi",
+            "--strategy",
+            "ddp",
+            "--world-size",
+            "2",
+            "--model",
+            "tiny",
+        ])
+        .args([
+            "--batch-size",
+            "4",
+            "--seq-len",
+            "32",
+            "--steps",
+            "10",
+            "--quiet",
+            "--fail-rank",
+            "1",
+            "--fail-step",
+            "2",
+        ])
+        .args([
+            "--comm-timeout",
+            "20",
+            "--out",
+            &std::env::temp_dir()
+                .join("distgpt-mpi-fault")
+                .to_string_lossy(),
+        ])
+        .output()
+        .expect("mpirun runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("injected fault on rank 1 at step 2"),
+        "{text}"
+    );
+    assert!(text.contains("MPI_ABORT was invoked on rank 1"), "{text}");
+    assert!(
+        t0.elapsed() < Wait::from_secs(20),
+        "took {:?}",
+        t0.elapsed()
+    );
+}

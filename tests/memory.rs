@@ -1,0 +1,86 @@
+//! Per-rank model-state memory follows the ZeRO paper (fp32, AdamW, K = 8):
+//! ddp 16Ψ, zero1 8Ψ + 8Ψ/N, zero2 4Ψ + 12Ψ/N, fsdp 16Ψ/N + the gathered
+//! unit(s), measured as peak params + grads + optimizer bytes after a step.
+
+use distgpt::backend::cpu::Cpu;
+use distgpt::data::Batch;
+use distgpt::model::gpt2::init_full;
+use distgpt::model::{AdamWConfig, GptConfig, ParamLayout};
+use distgpt::parallel::{self, launch, ParallelConfig, StepConfig, StrategyKind, Units};
+use std::time::Duration;
+
+fn model() -> GptConfig {
+    GptConfig {
+        n_layer: 6,
+        n_head: 2,
+        n_embd: 64,
+        block_size: 32,
+        vocab_size: 65,
+    }
+}
+
+/// Peak params + grads + optimizer bytes of every rank after one step.
+fn measured(strategy: StrategyKind, n: usize) -> Vec<u64> {
+    let cfg = model();
+    let (b, t) = (4, 16);
+    let init = init_full(&cfg, 1);
+    let par = ParallelConfig {
+        strategy,
+        world_size: n,
+        tp: 1,
+        recompute: false,
+    };
+    launch::run_local(n, 2, Duration::from_secs(60), |world| {
+        let mut s = parallel::build(
+            Cpu::new(),
+            cfg.clone(),
+            par,
+            world.as_ref(),
+            AdamWConfig::default(),
+            b,
+            t,
+        )?;
+        s.load_full(&init);
+        let ids: Vec<u32> = (0..b * t).map(|i| (i % 60) as u32).collect();
+        s.step(
+            &[Batch {
+                inputs: ids.clone(),
+                targets: ids,
+            }],
+            StepConfig {
+                lr: 1e-3,
+                grad_clip: 1.0,
+            },
+        )?;
+        let p = s.memory().peak_bytes;
+        Ok(p.params + p.grads + p.optimizer)
+    })
+    .unwrap()
+}
+
+#[test]
+fn model_state_memory_matches_zero_formulas() {
+    let cfg = model();
+    let psi = ParamLayout::new(&cfg).total() as f64;
+    for n in [2usize, 4] {
+        let nf = n as f64;
+        let units = Units::new(&ParamLayout::new(&cfg), cfg.n_layer, n);
+        let gathered = 4.0 * (units.max_padded() + units.shard_len[units.final_norm()] * n) as f64;
+        let cases = [
+            (StrategyKind::Ddp, 16.0 * psi),
+            (StrategyKind::Zero1, 8.0 * psi + 8.0 * psi / nf),
+            (StrategyKind::Zero2, 4.0 * psi + 12.0 * psi / nf),
+            (StrategyKind::Fsdp, 16.0 * psi / nf + gathered),
+        ];
+        for (strategy, want) in cases {
+            for (rank, got) in measured(strategy, n).into_iter().enumerate() {
+                let rel = (got as f64 - want).abs() / want;
+                assert!(
+                    rel <= 0.05,
+                    "{strategy:?} N={n} rank {rank}: {got} bytes vs formula {want:.0} ({:.1}% off)",
+                    100.0 * rel
+                );
+            }
+        }
+    }
+}
