@@ -4,11 +4,16 @@
 Builds the model of a distgpt preset as a plain nn.Module (tied embedding, pre-LN
 blocks, tanh GELU, fused-scaled-softmax attention via F.scaled_dot_product_attention,
 AdamW with the same decay groups), trains on random tokens with the given batch
-and thread count, and prints tokens/s and MFU. With --distgpt PATH it runs
-`PATH bench` with the same arguments first and prints both and their ratio.
+and thread count, and prints tokens/s and MFU. With --strategy ddp or fsdp and
+--world-size N it runs N processes over gloo (DistributedDataParallel, or FSDP2's
+fully_shard per block), splitting the global batch and the threads among them.
+With --distgpt PATH it runs `PATH bench` with the same arguments first and prints
+both and their ratio.
 
     python bench/pytorch_reference.py --model shakespeare-char --batch-size 16 \
         --threads 2 --distgpt target/release/distgpt
+    python bench/pytorch_reference.py --model shakespeare-char --batch-size 16 \
+        --threads 2 --strategy fsdp --world-size 2 --distgpt target/release/distgpt
 """
 import argparse
 import json
@@ -76,12 +81,20 @@ def flops_per_token(model, cfg, t):
     return 6 * n + 12 * n_layer * t * c
 
 
-def run_torch(args):
-    torch.set_num_threads(args.threads)
+def run_torch(args, rank=0, world=1):
+    torch.set_num_threads(max(1, args.threads // world))
     torch.manual_seed(0)
     cfg = PRESETS[args.model]
     model = GPT(*cfg)
     t = args.seq_len or cfg[3]
+    if args.strategy == "ddp":
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    elif args.strategy == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+        for blk in model.h:
+            fully_shard(blk)
+        fully_shard(model)
+    local_b = args.batch_size // world
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
@@ -89,8 +102,10 @@ def run_torch(args):
                             lr=1e-4, betas=(0.9, 0.95), eps=1e-8)
     times = []
     for i in range(args.warmup + args.steps):
-        x = torch.randint(0, cfg[4], (args.batch_size, t))
-        y = torch.randint(0, cfg[4], (args.batch_size, t))
+        x = torch.randint(0, cfg[4], (local_b, t))
+        y = torch.randint(0, cfg[4], (local_b, t))
+        if world > 1:
+            torch.distributed.barrier()
         t0 = time.perf_counter()
         loss = model(x, y)
         opt.zero_grad(set_to_none=True)
@@ -100,9 +115,37 @@ def run_torch(args):
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
     mean = sum(times) / len(times)
+    if world > 1:
+        m = torch.tensor([mean])
+        torch.distributed.all_reduce(m, op=torch.distributed.ReduceOp.MAX)
+        mean = m.item()
     tps = args.batch_size * t / mean
-    return {"impl": f"pytorch {torch.__version__} eager", "ms_per_step": mean * 1e3,
-            "tokens_per_s": tps, "flops_per_token": flops_per_token(model, cfg, t)}
+    name = f"pytorch {torch.__version__} eager" + (f" {args.strategy} x{world}" if world > 1 else "")
+    return {"impl": name, "ms_per_step": mean * 1e3,
+            "tokens_per_s": tps, "flops_per_token": flops_per_token(GPT(*cfg), cfg, t)}
+
+
+def _rank_main(rank, args, port, out):
+    import os
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=args.world_size)
+    r = run_torch(args, rank, args.world_size)
+    if rank == 0:
+        out.put(r)
+    torch.distributed.destroy_process_group()
+
+
+def run_torch_distributed(args):
+    import socket
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    mp.start_processes(_rank_main, args=(args, port, out), nprocs=args.world_size, start_method="spawn")
+    return out.get()
 
 
 def main():
@@ -113,6 +156,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--strategy", default="single", choices=["single", "ddp", "fsdp"])
+    ap.add_argument("--world-size", type=int, default=1)
     ap.add_argument("--distgpt", help="path of the distgpt binary to run side by side")
     args = ap.parse_args()
     rows = []
@@ -120,13 +165,14 @@ def main():
     if args.distgpt:
         cmd = [args.distgpt, "--threads", str(args.threads), "bench", "--model", args.model,
                "--batch-size", str(args.batch_size), "--steps", str(args.steps),
-               "--warmup", str(args.warmup), "--json"]
+               "--warmup", str(args.warmup), "--json",
+               "--strategy", args.strategy, "--world-size", str(args.world_size)]
         if args.seq_len:
             cmd += ["--seq-len", str(args.seq_len)]
         d = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
         peak = d["peak_gflops"] * 1e9
         rows.append(d)
-    rows.append(run_torch(args))
+    rows.append(run_torch_distributed(args) if args.world_size > 1 else run_torch(args))
     for r in rows:
         mfu = f", MFU {100 * r['flops_per_token'] * r['tokens_per_s'] / peak:.1f}%" if peak else ""
         mem = r.get("memory", {}).get("peak_total_bytes")
