@@ -138,26 +138,43 @@ impl Group {
             .map(|_| ())
     }
 
+    /// Copies `input` into this rank's slot.
+    fn deposit(&self, me: usize, input: &[f32]) {
+        let mut st = self.lock();
+        st.slots[me].clear();
+        st.slots[me].extend_from_slice(input);
+    }
+
+    /// Once every rank has deposited, runs `read` over all slots (without
+    /// the lock, so ranks read in parallel), then waits until all have read.
+    fn read_all<R>(&self, me: usize, what: &str, read: impl FnOnce(&[&[f32]]) -> R) -> Result<R> {
+        self.sync(me, what)?;
+        let views: Vec<&[f32]> = {
+            let st = self.lock();
+            // SAFETY: the slots belong to the group, which outlives this call,
+            // and nobody writes a slot between the two rendezvous: deposits
+            // happen only before a collective's first one, and no rank can
+            // start the next collective before every rank has passed the second.
+            st.slots
+                .iter()
+                .map(|v| unsafe { std::slice::from_raw_parts(v.as_ptr(), v.len()) })
+                .collect()
+        };
+        let out = read(&views);
+        self.sync(me, what)?;
+        Ok(out)
+    }
+
     /// Deposits `input`, and once everyone has, runs `read` over all slots.
     fn exchange<R>(
         &self,
         me: usize,
         what: &str,
         input: &[f32],
-        read: impl FnOnce(&[Vec<f32>]) -> R,
+        read: impl FnOnce(&[&[f32]]) -> R,
     ) -> Result<R> {
-        {
-            let mut st = self.lock();
-            st.slots[me].clear();
-            st.slots[me].extend_from_slice(input);
-        }
-        self.sync(me, what)?;
-        let out = {
-            let st = self.lock();
-            read(&st.slots)
-        };
-        self.sync(me, what)?;
-        Ok(out)
+        self.deposit(me, input);
+        self.read_all(me, what, read)
     }
 }
 
@@ -181,7 +198,7 @@ pub fn world(n: usize, timeout: Duration) -> (Arc<World>, Vec<LocalComm>) {
     (w, comms)
 }
 
-fn sum_slots(slots: &[Vec<f32>], range: std::ops::Range<usize>, out: &mut [f32]) {
+fn sum_slots(slots: &[&[f32]], range: std::ops::Range<usize>, out: &mut [f32]) {
     out.copy_from_slice(&slots[0][range.clone()]);
     for s in &slots[1..] {
         out.iter_mut()
@@ -202,11 +219,9 @@ impl Comm for LocalComm {
     fn all_reduce(&self, buf: &mut [f32]) -> Result<()> {
         let t0 = Instant::now();
         let n = buf.len();
-        let input = buf.to_vec();
+        self.group.deposit(self.rank, buf);
         self.group
-            .exchange(self.rank, "all_reduce", &input, |slots| {
-                sum_slots(slots, 0..n, buf)
-            })?;
+            .read_all(self.rank, "all_reduce", |slots| sum_slots(slots, 0..n, buf))?;
         record(&self.stats, Kind::AllReduce, self.size(), n, t0);
         Ok(())
     }
@@ -245,15 +260,13 @@ impl Comm for LocalComm {
 
     fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<()> {
         let t0 = Instant::now();
-        let input = if self.rank == root {
-            buf.to_vec()
-        } else {
-            Vec::new()
-        };
-        self.group
-            .exchange(self.rank, "broadcast", &input, |slots| {
-                buf.copy_from_slice(&slots[root])
-            })?;
+        let me = self.rank;
+        self.group.deposit(me, if me == root { buf } else { &[] });
+        self.group.read_all(me, "broadcast", |slots| {
+            if me != root {
+                buf.copy_from_slice(slots[root])
+            }
+        })?;
         record(&self.stats, Kind::Broadcast, self.size(), buf.len(), t0);
         Ok(())
     }
