@@ -2,7 +2,7 @@
 //! category and communication volume and time, on synthetic tokens, for any
 //! strategy and world size, in the shape `bench/pytorch_reference.py` mirrors.
 
-use super::{ModelArgs, ParallelArgs};
+use super::{CommKind, ModelArgs, ParallelArgs};
 use anyhow::Result;
 use clap::Args;
 use distgpt::backend::cpu::Cpu;
@@ -59,9 +59,18 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let par = a.parallel.config();
     par.resolved().validate(&cfg, b)?;
     let threads = rayon::current_num_threads();
-    let peak = a
-        .peak_gflops
-        .map_or_else(|| Cpu::new().measure_peak_flops(), |g| g * 1e9);
+    // Measured here with every thread of this process: the whole machine for
+    // thread ranks, one rank's share under mpirun (hence the scaling).
+    let peak = a.peak_gflops.map_or_else(
+        || {
+            let here = Cpu::new().measure_peak_flops();
+            match a.parallel.comm {
+                CommKind::Mpi => here * par.world_size as f64,
+                CommKind::Local => here,
+            }
+        },
+        |g| g * 1e9,
+    );
     let init = init_full(&cfg, 1);
     let show = !a.json;
     let rank_main = |world: &dyn Comm| -> distgpt::error::Result<Vec<RankResult>> {
