@@ -29,6 +29,7 @@ fn tiny_run(fault: Option<Fault>) -> TrainConfig {
         peak_flops: Some(1e11),
         verbose: false,
         fault,
+        ..TrainConfig::default()
     }
 }
 

@@ -33,6 +33,7 @@ fn config(tag: &str, grad_accum: usize) -> TrainConfig {
         peak_flops: Some(1e11),
         verbose: false,
         fault: None,
+        ..TrainConfig::default()
     }
 }
 

@@ -45,6 +45,7 @@ fn run(
         peak_flops: Some(1e11),
         verbose: false,
         fault: None,
+        ..TrainConfig::default()
     };
     let par = ParallelConfig {
         strategy,

@@ -32,6 +32,7 @@ fn tiny_config(out: &std::path::Path, steps: usize) -> TrainConfig {
         peak_flops: Some(1e11),
         verbose: false,
         fault: None,
+        ..TrainConfig::default()
     }
 }
 

@@ -1,6 +1,8 @@
 //! Model weights on disk: safetensors under the Hugging Face GPT-2 names and
 //! layouts, with `model.json` (config + tokenizer) beside them.
 
+pub mod state;
+
 use crate::backend::Backend;
 use crate::data::TokenizerSpec;
 use crate::error::{Error, Result};

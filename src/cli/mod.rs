@@ -29,7 +29,7 @@ pub struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Train a model (with no arguments: a Shakespeare character model on the embedded corpus).
-    Train(TrainArgs),
+    Train(Box<TrainArgs>),
     /// Sample text from a trained run directory.
     Generate(GenerateArgs),
     /// Prepare data.
@@ -233,6 +233,19 @@ struct TrainArgs {
     /// No progress bar or messages; the summary only.
     #[arg(long)]
     quiet: bool,
+    /// Write a training-state checkpoint every N steps (0: at the end and on Ctrl-C only).
+    #[arg(long, default_value_t = 0)]
+    checkpoint_every: usize,
+    /// Checkpoints to keep (the newest).
+    #[arg(long, default_value_t = 3)]
+    keep_checkpoints: usize,
+    /// Continue a run from its newest checkpoint, with its recorded model,
+    /// data and schedule; strategy and world size may differ.
+    #[arg(long, value_name = "RUN_DIR")]
+    resume: Option<PathBuf>,
+    /// Stop (with a checkpoint) after this many steps of this invocation.
+    #[arg(long)]
+    stop_after: Option<usize>,
     /// Testing aid: make this rank fail (with --fail-step).
     #[arg(long, requires = "fail_step")]
     fail_rank: Option<usize>,
@@ -287,7 +300,7 @@ pub fn run() -> Result<()> {
             .context("configuring the thread pool")?;
     }
     match cli.command {
-        Command::Train(a) => run_train(a),
+        Command::Train(a) => run_train(*a),
         Command::Generate(a) => run_generate(a),
         Command::Data(DataCommand::Prepare(a)) => {
             let (n_train, n_val) = data::prepare(a.input.as_deref(), a.tokenizer, &a.out)?;
@@ -301,16 +314,8 @@ pub fn run() -> Result<()> {
     }
 }
 
-fn run_train(a: TrainArgs) -> Result<()> {
-    if a.data.is_some() && a.data.as_ref().is_some_and(|p| !p.exists()) {
-        bail!(
-            "data path {} does not exist",
-            a.data
-                .as_ref()
-                .map_or(String::new(), |p| p.display().to_string())
-        );
-    }
-    let ds = Dataset::load(a.data.as_deref(), a.tokenizer)?;
+/// The model and training configuration of a new run, from the flags.
+fn new_run(a: &TrainArgs, ds: &Dataset) -> Result<(GptConfig, TrainConfig)> {
     let model_cfg = a.model.resolve(Some(ds.tokenizer.vocab_size()))?;
     let out_dir = a.out.clone().unwrap_or_else(|| {
         let secs = std::time::SystemTime::now()
@@ -341,11 +346,71 @@ fn run_train(a: TrainArgs) -> Result<()> {
         out_dir,
         peak_flops: a.peak_gflops.map(|g| g * 1e9),
         verbose: !a.quiet,
-        fault: a
-            .fail_rank
-            .zip(a.fail_step)
-            .map(|(rank, step)| Fault { rank, step }),
+        fault: None,
+        checkpoint_every: a.checkpoint_every,
+        keep_checkpoints: a.keep_checkpoints,
+        resume: None,
+        stop_after: None,
+        data: a.data.clone(),
+        tokenizer: a.tokenizer,
     };
+    Ok((model_cfg, cfg))
+}
+
+/// The configuration recorded in a run directory, set to continue from its newest checkpoint.
+fn resumed_run(run_dir: &std::path::Path) -> Result<(GptConfig, TrainConfig)> {
+    let path = run_dir.join("run.json");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let j: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let model_cfg: GptConfig = serde_json::from_value(j["model"].clone())
+        .with_context(|| format!("{}: model", path.display()))?;
+    let mut cfg: TrainConfig = serde_json::from_value(j["train"].clone())
+        .with_context(|| format!("{}: train", path.display()))?;
+    cfg.resume = Some(checkpoint::state::latest(run_dir)?);
+    cfg.out_dir = run_dir.to_path_buf();
+    Ok((model_cfg, cfg))
+}
+
+fn run_train(a: TrainArgs) -> Result<()> {
+    if let Some(p) = a.data.as_ref().filter(|p| !p.exists()) {
+        bail!("data path {} does not exist", p.display());
+    }
+    let (ds, model_cfg, mut cfg) = match &a.resume {
+        Some(run_dir) => {
+            let (model_cfg, cfg) = resumed_run(run_dir)?;
+            let ds = Dataset::load(cfg.data.as_deref(), cfg.tokenizer)?;
+            eprintln!(
+                "resuming {} from {}",
+                run_dir.display(),
+                cfg.resume
+                    .as_ref()
+                    .map_or(String::new(), |p| p.display().to_string())
+            );
+            (ds, model_cfg, cfg)
+        }
+        None => {
+            let ds = Dataset::load(a.data.as_deref(), a.tokenizer)?;
+            let (model_cfg, cfg) = new_run(&a, &ds)?;
+            (ds, model_cfg, cfg)
+        }
+    };
+    cfg.verbose = !a.quiet;
+    cfg.stop_after = a.stop_after;
+    cfg.fault = a
+        .fail_rank
+        .zip(a.fail_step)
+        .map(|(rank, step)| Fault { rank, step });
+    // Ctrl-C: finish the step, checkpoint, stop (a second Ctrl-C kills as usual).
+    let _ = ctrlc::set_handler(|| {
+        if train::INTERRUPTED.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            std::process::exit(130);
+        }
+        eprintln!(
+            "\ninterrupted: finishing the step and writing a checkpoint (Ctrl-C again to abort)"
+        );
+    });
     let par = a.parallel.config();
     par.resolved().validate(&model_cfg, cfg.batch_size)?;
     eprintln!(

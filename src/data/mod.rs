@@ -18,7 +18,10 @@ pub const SHAKESPEARE: &str = include_str!("../../data/shakespeare.txt");
 pub const VAL_FRACTION: f64 = 0.1;
 
 /// Which tokenizer to build for a text corpus.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum TokenizerKind {
     Char,
     Gpt2,

@@ -46,6 +46,19 @@ impl JsonlWriter {
         })
     }
 
+    /// Appends to an existing file (a resumed run).
+    pub fn append(path: &Path) -> Result<Self> {
+        let f = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(path)
+            .map_err(|e| Error::io(path, e))?;
+        Ok(JsonlWriter {
+            out: BufWriter::new(f),
+            path: path.into(),
+        })
+    }
+
     pub fn write<T: Serialize>(&mut self, record: &T) -> Result<()> {
         let line = serde_json::to_string(record).expect("records serialise");
         writeln!(self.out, "{line}")

@@ -125,6 +125,13 @@ impl TpSplit {
         });
     }
 
+    /// (offset in the full tensor, length) of each contiguous run of rank r's part, in local order.
+    pub fn runs(self, full_shape: &[usize], tp: usize, r: usize) -> Vec<(usize, usize)> {
+        let mut out = Vec::new();
+        self.for_each_run(full_shape, tp, r, |at, len| out.push((at, len)));
+        out
+    }
+
     /// Calls f(offset in full, length) for each contiguous run of rank r's part, in local order.
     fn for_each_run(self, shape: &[usize], tp: usize, r: usize, mut f: impl FnMut(usize, usize)) {
         let total: usize = shape.iter().product();

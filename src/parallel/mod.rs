@@ -119,10 +119,47 @@ pub trait Strategy {
     fn full_params(&mut self) -> Result<Vec<f32>>;
     /// Loads whole-model parameters (each rank keeps its part).
     fn load_full(&mut self, full: &[f32]);
+    /// The parameters and AdamW moments this rank writes to a checkpoint,
+    /// with where they sit in the whole-model layout (empty on ranks that
+    /// hold only copies of another rank's state).
+    fn owned_state(&self) -> OwnedState;
+    /// Loads whole-model parameters and moments and the optimizer step count.
+    fn load_state(&mut self, params: &[f32], m: &[f32], v: &[f32], adam_step: u32);
     /// This rank's memory counters by category.
     fn memory(&self) -> MemoryReport;
     /// This rank's communication so far, every group together.
     fn comm_stats(&self) -> CommStats;
+}
+
+/// A rank's part of the training state, in whole-layout coordinates:
+/// `params`, `m` and `v` are the concatenation of the `segments` runs.
+#[derive(Clone, Debug, Default)]
+pub struct OwnedState {
+    /// (offset in the whole layout, length), in buffer order.
+    pub segments: Vec<(usize, usize)>,
+    pub params: Vec<f32>,
+    pub m: Vec<f32>,
+    pub v: Vec<f32>,
+}
+
+impl OwnedState {
+    /// Appends `len` elements taken at `at` from each buffer as the run at `global`.
+    fn push(
+        &mut self,
+        global: usize,
+        len: usize,
+        (p, pa): (&[f32], usize),
+        (m, ma): (&[f32], usize),
+        v: &[f32],
+    ) {
+        match self.segments.last_mut() {
+            Some(last) if last.0 + last.1 == global => last.1 += len,
+            _ => self.segments.push((global, len)),
+        }
+        self.params.extend_from_slice(&p[pa..pa + len]);
+        self.m.extend_from_slice(&m[ma..ma + len]);
+        self.v.extend_from_slice(&v[ma..ma + len]);
+    }
 }
 
 /// Rows of the global batch that data-parallel rank `r` of `n` trains on.

@@ -4,7 +4,7 @@
 //! done, on the last micro-step only. zero1 keeps AdamW moments for its
 //! shard alone, updates that shard and all-gathers the parameters.
 
-use super::{local_rows, StepConfig, StepStats, Strategy, Units};
+use super::{local_rows, OwnedState, StepConfig, StepStats, Strategy, Units};
 use crate::backend::{Backend, Category, MemoryReport};
 use crate::comm::{Comm, CommStats};
 use crate::data::Batch;
@@ -222,6 +222,43 @@ impl<B: Backend> Strategy for Replicated<B> {
         let whole = ParamLayout::new(&self.model.config);
         let Gpt2 { engine, params, .. } = &mut self.model;
         shard_tp(full, &whole, &engine.layout, engine.tp, params);
+    }
+
+    fn owned_state(&self) -> OwnedState {
+        let mut st = OwnedState::default();
+        let (p, m, v) = (&self.model.params[..], &self.opt.m[..], &self.opt.v[..]);
+        if let Some(units) = &self.zero1 {
+            for s in units.segments(self.dp.rank()) {
+                st.push(s.global, s.len, (p, s.global), (m, s.local), v);
+            }
+            return st;
+        }
+        if self.dp.rank() != 0 {
+            return st;
+        }
+        let whole = ParamLayout::new(&self.model.config);
+        let tp = self.model.tp;
+        for (w, l) in whole.tensors.iter().zip(&self.model.layout.tensors) {
+            let mut at = l.offset;
+            for (full_at, len) in w.split.runs(&w.full_shape, tp.size, tp.rank) {
+                st.push(w.offset + full_at, len, (p, at), (m, at), v);
+                at += len;
+            }
+        }
+        st
+    }
+
+    fn load_state(&mut self, params: &[f32], m: &[f32], v: &[f32], adam_step: u32) {
+        self.load_full(params);
+        let whole = ParamLayout::new(&self.model.config);
+        let r = self.dp.rank();
+        for (full, mine) in [(m, &mut self.opt.m), (v, &mut self.opt.v)] {
+            match &self.zero1 {
+                Some(units) => units.shard_from(full, r, mine),
+                None => shard_tp(full, &whole, &self.model.layout, self.model.tp, mine),
+            }
+        }
+        self.opt.step = adam_step;
     }
 
     fn memory(&self) -> MemoryReport {

@@ -6,7 +6,7 @@
 //! parameters count as params (one unit, plus [ln_f] beside [wte | wpe] in
 //! the head); the one-unit gradient scratch counts as `other`.
 
-use super::{local_rows, StepConfig, StepStats, Strategy, Units};
+use super::{local_rows, OwnedState, StepConfig, StepStats, Strategy, Units};
 use crate::backend::{Backend, Buf, Category, MemoryReport};
 use crate::comm::{Comm, CommStats};
 use crate::data::Batch;
@@ -272,6 +272,28 @@ impl<B: Backend> Strategy for Sharded<B> {
             (None, Some(s)) => self.units.shard_from(full, self.dp.rank(), s),
             (None, None) => unreachable!("zero2 keeps whole parameters, fsdp a shard"),
         }
+    }
+
+    fn owned_state(&self) -> OwnedState {
+        let mut st = OwnedState::default();
+        let (m, v) = (&self.opt.m[..], &self.opt.v[..]);
+        for s in self.units.segments(self.dp.rank()) {
+            let p = match (&self.full, &self.p_shard) {
+                (_, Some(shard)) => (&shard[..], s.local),
+                (Some(full), None) => (&full[..], s.global),
+                (None, None) => unreachable!("zero2 keeps whole parameters, fsdp a shard"),
+            };
+            st.push(s.global, s.len, p, (m, s.local), v);
+        }
+        st
+    }
+
+    fn load_state(&mut self, params: &[f32], m: &[f32], v: &[f32], adam_step: u32) {
+        self.load_full(params);
+        let r = self.dp.rank();
+        self.units.shard_from(m, r, &mut self.opt.m);
+        self.units.shard_from(v, r, &mut self.opt.v);
+        self.opt.step = adam_step;
     }
 
     fn memory(&self) -> MemoryReport {

@@ -5,27 +5,29 @@ pub mod schedule;
 
 use crate::backend::{Backend, MemoryReport};
 use crate::checkpoint;
+use crate::checkpoint::state;
 use crate::comm::{Comm, CommStats};
-use crate::data::{DataLoader, Dataset, LoaderPosition};
+use crate::data::{DataLoader, Dataset, LoaderPosition, TokenizerKind};
 use crate::error::{Error, Result};
 use crate::infer::generate::{generate, SampleConfig};
 use crate::metrics::{self, JsonlWriter, StepRecord};
 use crate::model::gpt2::init_full;
-use crate::model::{AdamWConfig, Gpt2, GptConfig};
+use crate::model::{AdamWConfig, Gpt2, GptConfig, ParamLayout};
 use crate::parallel::{self, launch, ParallelConfig, StepConfig, Strategy};
 use schedule::LrSchedule;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 /// How long to train.
-#[derive(Clone, Copy, Debug, Serialize)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 pub enum Duration {
     Steps(usize),
     Epochs(f64),
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct TrainConfig {
     pub batch_size: usize,
     pub seq_len: usize,
@@ -50,10 +52,56 @@ pub struct TrainConfig {
     pub verbose: bool,
     /// Testing aid: this rank fails at the start of this step (0-based).
     pub fault: Option<Fault>,
+    /// Write a training-state checkpoint every N steps (0: only at the end
+    /// and when stopped); the newest `keep_checkpoints` are kept.
+    pub checkpoint_every: usize,
+    pub keep_checkpoints: usize,
+    /// A checkpoint directory to continue from (any strategy or world size).
+    pub resume: Option<PathBuf>,
+    /// Stop after this many steps of this run (checkpointing first), as Ctrl-C does.
+    pub stop_after: Option<usize>,
+    /// Where the data came from, recorded so `--resume` can reload it.
+    pub data: Option<PathBuf>,
+    pub tokenizer: TokenizerKind,
 }
 
+impl Default for TrainConfig {
+    /// A short single-run configuration; every field is meant to be set.
+    fn default() -> Self {
+        TrainConfig {
+            batch_size: 8,
+            seq_len: 64,
+            grad_accum: 1,
+            duration: Duration::Steps(10),
+            lr: 1e-3,
+            min_lr: 1e-4,
+            warmup_steps: 0,
+            adamw: AdamWConfig::default(),
+            grad_clip: 1.0,
+            eval_every: 0,
+            eval_batches: 1,
+            sample_every: 0,
+            sample_tokens: 1,
+            seed: 0,
+            out_dir: PathBuf::from("runs/default"),
+            peak_flops: None,
+            verbose: false,
+            fault: None,
+            checkpoint_every: 0,
+            keep_checkpoints: 3,
+            resume: None,
+            stop_after: None,
+            data: None,
+            tokenizer: TokenizerKind::Char,
+        }
+    }
+}
+
+/// Set by a Ctrl-C handler: finish the step, checkpoint, stop.
+pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
 /// An injected failure, to show that the other ranks stop and name it.
-#[derive(Clone, Copy, Debug, Serialize)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 pub struct Fault {
     pub rank: usize,
     pub step: usize,
@@ -212,19 +260,54 @@ pub fn train_rank<B: Backend + 'static>(
             p[0] as f64
         }
     };
-    strategy.load_full(&init_full(&model_cfg, cfg.seed));
+    let start = match &cfg.resume {
+        Some(dir) => {
+            let ckpt = state::load(dir)?;
+            if ckpt.index.params_total != ParamLayout::new(&model_cfg).total() {
+                return Err(Error::Checkpoint {
+                    path: dir.clone(),
+                    reason: format!(
+                        "holds {} parameters, the model has {}",
+                        ckpt.index.params_total,
+                        ParamLayout::new(&model_cfg).total()
+                    ),
+                });
+            }
+            strategy.load_state(&ckpt.params, &ckpt.m, &ckpt.v, ckpt.index.adam_step);
+            train_loader.seek(ckpt.index.loader);
+            ckpt.index.step
+        }
+        None => {
+            strategy.load_full(&init_full(&model_cfg, cfg.seed));
+            0
+        }
+    };
+    if start >= steps {
+        return Err(Error::Input(format!(
+            "the checkpoint is at step {start}; this run has {steps} steps: nothing left to train"
+        )));
+    }
 
     let mut log = None;
     if lead {
         std::fs::create_dir_all(&cfg.out_dir).map_err(|e| Error::io(&cfg.out_dir, e))?;
-        let run_json = serde_json::json!({ "model": model_cfg, "train": cfg, "parallel": par, "dataset": ds.name, "device": device, "peak_flops": peak_flops });
-        checkpoint::write_atomic(
-            &cfg.out_dir.join("run.json"),
-            serde_json::to_string_pretty(&run_json)
-                .expect("json")
-                .as_bytes(),
-        )?;
-        log = Some(JsonlWriter::create(&cfg.out_dir.join("metrics.jsonl"))?);
+        let run_path = cfg.out_dir.join("run.json");
+        // A resumed run keeps the record of the run it continues.
+        if start == 0 || !run_path.exists() {
+            let run_json = serde_json::json!({ "model": model_cfg, "train": cfg, "parallel": par, "dataset": ds.name, "device": device, "peak_flops": peak_flops });
+            checkpoint::write_atomic(
+                &run_path,
+                serde_json::to_string_pretty(&run_json)
+                    .expect("json")
+                    .as_bytes(),
+            )?;
+        }
+        let metrics_path = cfg.out_dir.join("metrics.jsonl");
+        log = Some(if start > 0 {
+            JsonlWriter::append(&metrics_path)?
+        } else {
+            JsonlWriter::create(&metrics_path)?
+        });
     }
     let pb = if verbose {
         metrics::progress_bar(steps as u64, "train")
@@ -255,7 +338,7 @@ pub fn train_rank<B: Backend + 'static>(
     let mut losses = Vec::with_capacity(steps);
     let mut val_last = f32::NAN;
     let mut rank_peaks = vec![0.0f32; 6 * world.size()];
-    for step in 0..steps {
+    for step in start..steps {
         if cfg
             .fault
             .is_some_and(|f| f.rank == world.rank() && f.step == step)
@@ -285,7 +368,16 @@ pub fn train_rank<B: Backend + 'static>(
             )));
         }
         losses.push(stats.loss);
-        let is_last = step + 1 == steps;
+        let mut stop = [0.0f32];
+        if lead
+            && (INTERRUPTED.load(Ordering::SeqCst)
+                || cfg.stop_after.is_some_and(|n| step + 1 - start >= n))
+        {
+            stop[0] = 1.0;
+        }
+        world.broadcast(&mut stop, 0)?;
+        let stopping = stop[0] != 0.0 && step + 1 < steps;
+        let is_last = step + 1 == steps || stopping;
         let val_loss = if is_last || (cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0) {
             let v = evaluate(strategy.as_mut(), &mut val_loader, cfg.eval_batches)?;
             note(&format!(
@@ -340,6 +432,28 @@ pub fn train_rank<B: Backend + 'static>(
             stats.loss, tokens_per_s
         ));
         pb.inc(1);
+        if is_last || (cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0) {
+            let info = state::SaveInfo {
+                step: step + 1,
+                adam_step: (step + 1) as u32,
+                loader: train_loader.position,
+                strategy: &format!("{:?}", par.strategy).to_lowercase(),
+                tp: par.resolved().tp,
+                params_total: ParamLayout::new(&model_cfg).total(),
+                keep: cfg.keep_checkpoints,
+            };
+            state::save(&cfg.out_dir, &info, &strategy.owned_state(), world)?;
+            if stopping {
+                note(&format!(
+                    "stopped after step {}; resume with --resume {}",
+                    step + 1,
+                    cfg.out_dir.display()
+                ));
+            }
+        }
+        if stopping {
+            break;
+        }
     }
     pb.finish_and_clear();
     let seconds = started.elapsed().as_secs_f64();
@@ -367,9 +481,9 @@ pub fn train_rank<B: Backend + 'static>(
         cfg.sample_tokens,
         cfg.seed,
     )?;
-    let tokens_per_s = (steps * tokens_per_step) as f64 / seconds;
+    let tokens_per_s = (losses.len() * tokens_per_step) as f64 / seconds;
     Ok(Some(TrainSummary {
-        steps,
+        steps: start + losses.len(),
         first_loss: losses[0],
         final_loss: *losses.last().expect("at least one step"),
         val_loss: val_last,

@@ -1,0 +1,298 @@
+//! Training-state checkpoints, sharded: every rank writes the parameters
+//! and AdamW moments it owns (`rank_R.safetensors`, with its whole-layout
+//! segments and checksum in `rank_R.json`), rank 0 writes `index.json`
+//! (step, loader position, world size, strategy, files). A checkpoint is
+//! written into `step_N.tmp/` and renamed to `step_N/` only when complete,
+//! so a crash mid-write never touches the last good one. Loading gathers
+//! every file into whole-layout buffers, so any strategy and world size can
+//! resume from any other.
+
+use super::write_atomic;
+use crate::comm::Comm;
+use crate::data::LoaderPosition;
+use crate::error::{Error, Result};
+use crate::parallel::OwnedState;
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// Directory of checkpoints inside a run directory.
+pub const DIR: &str = "checkpoints";
+const INDEX: &str = "index.json";
+const TENSORS: [&str; 3] = ["params", "m", "v"];
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Index {
+    pub format: u32,
+    /// Optimizer steps completed.
+    pub step: usize,
+    pub adam_step: u32,
+    pub loader: LoaderPosition,
+    pub world_size: usize,
+    pub strategy: String,
+    pub tp: usize,
+    /// Floats in the whole-model layout.
+    pub params_total: usize,
+    pub files: Vec<RankFile>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RankFile {
+    pub file: String,
+    /// (offset in the whole layout, length) of each run, in file order.
+    pub segments: Vec<(usize, usize)>,
+    pub floats: usize,
+    /// FNV-1a 64 of the file's bytes, hex.
+    pub checksum: String,
+}
+
+/// FNV-1a, 64 bit: enough to catch truncation and flipped bytes.
+fn checksum(bytes: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+fn f32_bytes(x: &[f32]) -> Vec<u8> {
+    x.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+fn io<T>(path: &Path, r: std::io::Result<T>) -> Result<T> {
+    r.map_err(|e| Error::io(path, e))
+}
+
+/// What a save records besides the tensors.
+pub struct SaveInfo<'a> {
+    pub step: usize,
+    pub adam_step: u32,
+    pub loader: LoaderPosition,
+    pub strategy: &'a str,
+    pub tp: usize,
+    pub params_total: usize,
+    /// Complete checkpoints to keep; older ones are removed.
+    pub keep: usize,
+}
+
+/// Collective: writes this rank's part and, on rank 0, the index; returns
+/// the published checkpoint directory.
+pub fn save(
+    run_dir: &Path,
+    info: &SaveInfo,
+    owned: &OwnedState,
+    world: &dyn Comm,
+) -> Result<PathBuf> {
+    let root = run_dir.join(DIR);
+    let name = format!("step_{:08}", info.step);
+    let (tmp, done) = (root.join(format!("{name}.tmp")), root.join(&name));
+    let rank = world.rank();
+    if rank == 0 {
+        if tmp.exists() {
+            io(&tmp, std::fs::remove_dir_all(&tmp))?;
+        }
+        io(&tmp, std::fs::create_dir_all(&tmp))?;
+    }
+    world.barrier()?;
+    if !owned.segments.is_empty() {
+        let bytes: Vec<Vec<u8>> = [&owned.params, &owned.m, &owned.v]
+            .iter()
+            .map(|x| f32_bytes(x))
+            .collect();
+        let n = owned.params.len();
+        let views = TENSORS
+            .iter()
+            .zip(&bytes)
+            .map(|(t, b)| TensorView::new(Dtype::F32, vec![n], b).map(|v| (t.to_string(), v)))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| Error::Checkpoint {
+                path: tmp.clone(),
+                reason: e.to_string(),
+            })?;
+        let data = safetensors::serialize(views, &None).map_err(|e| Error::Checkpoint {
+            path: tmp.clone(),
+            reason: e.to_string(),
+        })?;
+        let file = format!("rank_{rank}.safetensors");
+        write_atomic(&tmp.join(&file), &data)?;
+        let meta = RankFile {
+            file,
+            segments: owned.segments.clone(),
+            floats: n,
+            checksum: checksum(&data),
+        };
+        write_atomic(
+            &tmp.join(format!("rank_{rank}.json")),
+            serde_json::to_string(&meta).expect("json").as_bytes(),
+        )?;
+    }
+    world.barrier()?;
+    if rank == 0 {
+        let mut files = Vec::new();
+        for r in 0..world.size() {
+            let p = tmp.join(format!("rank_{r}.json"));
+            if p.exists() {
+                let text = io(&p, std::fs::read_to_string(&p))?;
+                files.push(serde_json::from_str(&text).map_err(|e| Error::Checkpoint {
+                    path: p.clone(),
+                    reason: e.to_string(),
+                })?);
+            }
+        }
+        let index = Index {
+            format: 1,
+            step: info.step,
+            adam_step: info.adam_step,
+            loader: info.loader,
+            world_size: world.size(),
+            strategy: info.strategy.to_string(),
+            tp: info.tp,
+            params_total: info.params_total,
+            files,
+        };
+        write_atomic(
+            &tmp.join(INDEX),
+            serde_json::to_string_pretty(&index)
+                .expect("json")
+                .as_bytes(),
+        )?;
+        if done.exists() {
+            io(&done, std::fs::remove_dir_all(&done))?;
+        }
+        io(&done, std::fs::rename(&tmp, &done))?;
+        io(&root, std::fs::File::open(&root).and_then(|d| d.sync_all()))?;
+        prune(&root, info.keep)?;
+    }
+    world.barrier()?;
+    Ok(done)
+}
+
+/// Complete checkpoints (`step_N/` with an index), oldest first.
+pub fn list(run_dir: &Path) -> Result<Vec<PathBuf>> {
+    let root = run_dir.join(DIR);
+    if !root.exists() {
+        return Ok(Vec::new());
+    }
+    let mut dirs: Vec<PathBuf> = io(&root, std::fs::read_dir(&root))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("step_"))
+                && p.join(INDEX).exists()
+        })
+        .filter(|p| p.extension().is_none())
+        .collect();
+    dirs.sort();
+    Ok(dirs)
+}
+
+fn prune(root: &Path, keep: usize) -> Result<()> {
+    let all = list(root.parent().expect("checkpoints live in a run directory"))?;
+    for old in all.iter().take(all.len().saturating_sub(keep.max(1))) {
+        io(old, std::fs::remove_dir_all(old))?;
+    }
+    Ok(())
+}
+
+/// The newest complete checkpoint of a run, or a checkpoint directory itself.
+pub fn latest(path: &Path) -> Result<PathBuf> {
+    if path.join(INDEX).exists() {
+        return Ok(path.to_path_buf());
+    }
+    list(path)?.pop().ok_or_else(|| {
+        Error::Input(format!(
+            "{}: no complete checkpoint to resume from",
+            path.display()
+        ))
+    })
+}
+
+/// A checkpoint gathered into whole-layout buffers.
+pub struct Loaded {
+    pub index: Index,
+    pub params: Vec<f32>,
+    pub m: Vec<f32>,
+    pub v: Vec<f32>,
+}
+
+/// Reads and verifies every file of a checkpoint directory.
+pub fn load(dir: &Path) -> Result<Loaded> {
+    let index_path = dir.join(INDEX);
+    let text = io(&index_path, std::fs::read_to_string(&index_path))?;
+    let index: Index = serde_json::from_str(&text).map_err(|e| Error::Checkpoint {
+        path: index_path.clone(),
+        reason: format!("invalid index: {e}"),
+    })?;
+    let total = index.params_total;
+    let mut bufs = [
+        vec![0.0f32; total],
+        vec![0.0f32; total],
+        vec![0.0f32; total],
+    ];
+    let mut covered = 0usize;
+    for f in &index.files {
+        let path = dir.join(&f.file);
+        let bad = |reason: String| Error::Checkpoint {
+            path: path.clone(),
+            reason,
+        };
+        let bytes = io(&path, std::fs::read(&path))?;
+        let sum = checksum(&bytes);
+        if sum != f.checksum {
+            return Err(bad(format!(
+                "checksum {sum} does not match the index's {}: the file is truncated or corrupted",
+                f.checksum
+            )));
+        }
+        let st = SafeTensors::deserialize(&bytes)
+            .map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
+        for (name, buf) in TENSORS.iter().zip(bufs.iter_mut()) {
+            let view = st
+                .tensor(name)
+                .map_err(|_| bad(format!("missing tensor '{name}'")))?;
+            if view.dtype() != Dtype::F32 {
+                return Err(bad(format!(
+                    "tensor '{name}' has dtype {:?}, expected F32",
+                    view.dtype()
+                )));
+            }
+            if view.shape() != [f.floats] {
+                return Err(bad(format!(
+                    "tensor '{name}' has shape {:?}, expected [{}]",
+                    view.shape(),
+                    f.floats
+                )));
+            }
+            let mut vals = view
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")));
+            for &(at, len) in &f.segments {
+                if at + len > total {
+                    return Err(bad(format!(
+                        "segment {at}+{len} lies outside the model's {total} parameters"
+                    )));
+                }
+                buf[at..at + len]
+                    .iter_mut()
+                    .zip(vals.by_ref())
+                    .for_each(|(d, x)| *d = x);
+            }
+        }
+        covered += f.segments.iter().map(|s| s.1).sum::<usize>();
+    }
+    if covered < total {
+        return Err(Error::Checkpoint {
+            path: index_path,
+            reason: format!("its files cover {covered} of {total} parameters"),
+        });
+    }
+    let [params, m, v] = bufs;
+    Ok(Loaded {
+        index,
+        params,
+        m,
+        v,
+    })
+}

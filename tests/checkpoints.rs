@@ -1,0 +1,243 @@
+//! Training-state checkpoints: bit-exact resume, resharding into another
+//! strategy and world size, and corruption that is detected, never loaded.
+
+use distgpt::backend::cpu::Cpu;
+use distgpt::checkpoint::state;
+use distgpt::data::{Dataset, TokenizerKind};
+use distgpt::model::GptConfig;
+use distgpt::parallel::{ParallelConfig, StrategyKind};
+use distgpt::train::{train, Duration, TrainConfig, TrainSummary};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration as Wait;
+
+fn dataset() -> &'static Dataset {
+    static DS: OnceLock<Dataset> = OnceLock::new();
+    DS.get_or_init(|| Dataset::load(None, TokenizerKind::Char).unwrap())
+}
+
+fn out(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("distgpt-ckpt-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn config(dir: &Path) -> TrainConfig {
+    TrainConfig {
+        batch_size: 8,
+        seq_len: 32,
+        duration: Duration::Steps(6),
+        lr: 1e-3,
+        warmup_steps: 2,
+        seed: 5,
+        out_dir: dir.to_path_buf(),
+        peak_flops: Some(1e11),
+        ..TrainConfig::default()
+    }
+}
+
+fn run(cfg: &TrainConfig, strategy: StrategyKind, world_size: usize) -> TrainSummary {
+    let ds = dataset();
+    let mut model = GptConfig::preset("tiny").unwrap();
+    model.vocab_size = ds.tokenizer.vocab_size();
+    let par = ParallelConfig {
+        strategy,
+        world_size,
+        tp: 1,
+        recompute: false,
+    };
+    train(Cpu::new, model, ds, cfg, par, 2, Wait::from_secs(60)).unwrap()
+}
+
+fn resume(dir: &Path, strategy: StrategyKind, world_size: usize) -> TrainSummary {
+    let cfg = TrainConfig {
+        resume: Some(state::latest(dir).unwrap()),
+        ..config(dir)
+    };
+    run(&cfg, strategy, world_size)
+}
+
+#[test]
+fn stop_and_resume_is_bit_exact_for_single_ddp_and_fsdp() {
+    for (strategy, n) in [
+        (StrategyKind::Single, 1),
+        (StrategyKind::Ddp, 2),
+        (StrategyKind::Fsdp, 2),
+    ] {
+        let whole = run(&config(&out(&format!("whole-{strategy:?}"))), strategy, n);
+        let dir = out(&format!("split-{strategy:?}"));
+        let first = run(
+            &TrainConfig {
+                stop_after: Some(3),
+                ..config(&dir)
+            },
+            strategy,
+            n,
+        );
+        assert_eq!(first.losses.len(), 3);
+        let second = resume(&dir, strategy, n);
+        let losses: Vec<f32> = first.losses.iter().chain(&second.losses).copied().collect();
+        assert_eq!(losses, whole.losses, "{strategy:?}: per-step losses");
+        assert!(
+            second.params == whole.params,
+            "{strategy:?}: final weights differ"
+        );
+    }
+}
+
+#[test]
+fn fsdp_on_four_ranks_resumes_as_ddp_on_two_and_as_single() {
+    let whole = run(&config(&out("fsdp4-whole")), StrategyKind::Fsdp, 4);
+    let dir = out("fsdp4");
+    run(
+        &TrainConfig {
+            stop_after: Some(3),
+            ..config(&dir)
+        },
+        StrategyKind::Fsdp,
+        4,
+    );
+    let snapshot = state::latest(&dir).unwrap();
+    for (strategy, n) in [(StrategyKind::Ddp, 2), (StrategyKind::Single, 1)] {
+        let cfg = TrainConfig {
+            resume: Some(snapshot.clone()),
+            stop_after: Some(1),
+            ..config(&out(&format!("re-{strategy:?}")))
+        };
+        let next = run(&cfg, strategy, n);
+        let (got, want) = (next.losses[0], whole.losses[3]);
+        assert!(
+            (got - want).abs() <= 1e-5,
+            "{strategy:?} x{n}: step 4 loss {got} vs {want}"
+        );
+    }
+}
+
+#[test]
+fn a_crash_mid_write_leaves_the_previous_checkpoint_loadable() {
+    let dir = out("crash");
+    run(
+        &TrainConfig {
+            checkpoint_every: 2,
+            stop_after: Some(4),
+            ..config(&dir)
+        },
+        StrategyKind::Fsdp,
+        2,
+    );
+    let good = state::latest(&dir).unwrap();
+    assert!(good.ends_with("step_00000004"), "{}", good.display());
+    // A crash while writing step 6: a temporary directory with a truncated shard.
+    let tmp = dir.join("checkpoints/step_00000006.tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let shard = std::fs::read(good.join("rank_0.safetensors")).unwrap();
+    std::fs::write(tmp.join("rank_0.safetensors"), &shard[..shard.len() / 2]).unwrap();
+    assert_eq!(state::latest(&dir).unwrap(), good);
+    let rest = resume(&dir, StrategyKind::Fsdp, 2);
+    assert_eq!(rest.losses.len(), 2);
+    assert_eq!(
+        state::list(&dir).unwrap().len(),
+        3,
+        "steps 2, 4 and 6 are kept"
+    );
+}
+
+#[test]
+fn a_flipped_byte_or_a_missing_tensor_is_named() {
+    let dir = out("flip");
+    run(
+        &TrainConfig {
+            stop_after: Some(2),
+            ..config(&dir)
+        },
+        StrategyKind::Zero2,
+        2,
+    );
+    let ckpt = state::latest(&dir).unwrap();
+    let file = ckpt.join("rank_1.safetensors");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let at = bytes.len() - 10;
+    bytes[at] ^= 0x20;
+    std::fs::write(&file, &bytes).unwrap();
+    let err = state::load(&ckpt).err().unwrap().to_string();
+    assert!(
+        err.contains("rank_1.safetensors") && err.contains("corrupted"),
+        "{err}"
+    );
+
+    // A shard without its "m" tensor whose checksum was updated: refused by name.
+    bytes[at] ^= 0x20;
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let keep: Vec<(String, safetensors::tensor::TensorView)> = ["params", "v"]
+        .iter()
+        .map(|n| (n.to_string(), st.tensor(n).unwrap()))
+        .collect();
+    let partial = safetensors::serialize(keep, &None).unwrap();
+    std::fs::write(&file, &partial).unwrap();
+    let index_path = ckpt.join("index.json");
+    let mut index: state::Index =
+        serde_json::from_str(&std::fs::read_to_string(&index_path).unwrap()).unwrap();
+    let entry = index
+        .files
+        .iter_mut()
+        .find(|f| f.file == "rank_1.safetensors")
+        .unwrap();
+    entry.checksum = fnv(&partial);
+    std::fs::write(&index_path, serde_json::to_string(&index).unwrap()).unwrap();
+    let err = state::load(&ckpt).err().unwrap().to_string();
+    assert!(
+        err.contains("rank_1.safetensors") && err.contains("missing tensor 'm'"),
+        "{err}"
+    );
+}
+
+fn fnv(bytes: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+#[cfg(unix)]
+#[test]
+fn ctrl_c_finishes_the_step_writes_a_checkpoint_and_exits() {
+    let dir = out("sigint");
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_distgpt"))
+        .args([
+            "train",
+            "--model",
+            "tiny",
+            "--steps",
+            "100000",
+            "--batch-size",
+            "4",
+            "--seq-len",
+            "32",
+            "--quiet",
+        ])
+        .args(["--peak-gflops", "100", "--out", dir.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let metrics = dir.join("metrics.jsonl");
+    let t0 = std::time::Instant::now();
+    while std::fs::read_to_string(&metrics).map_or(0, |s| s.lines().count()) < 3 {
+        assert!(t0.elapsed() < Wait::from_secs(60), "training did not start");
+        std::thread::sleep(Wait::from_millis(50));
+    }
+    let kill = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("interrupted"), "{err}");
+    let ckpt = state::latest(&dir).unwrap();
+    let steps_logged = std::fs::read_to_string(&metrics).unwrap().lines().count();
+    assert_eq!(state::load(&ckpt).unwrap().index.step, steps_logged);
+}
