@@ -1,6 +1,7 @@
 //! Model weights on disk: safetensors under the Hugging Face GPT-2 names and
 //! layouts, with `model.json` (config + tokenizer) beside them.
 
+pub mod hf;
 pub mod state;
 
 use crate::backend::Backend;
@@ -138,9 +139,19 @@ pub fn read_meta(dir: &Path) -> Result<ModelMeta> {
     })
 }
 
-/// Builds a model from a directory written by [`save_model`].
+/// Config and tokenizer of a distgpt model directory or a Hugging Face folder.
+pub fn read_any_meta(dir: &Path) -> Result<ModelMeta> {
+    if dir.join(META_FILE).exists() || !dir.join(hf::CONFIG_FILE).exists() {
+        read_meta(dir)
+    } else {
+        hf::read_config(dir)
+    }
+}
+
+/// Builds a model from a directory written by [`save_model`] or from a
+/// Hugging Face GPT-2 folder (`config.json` + `model.safetensors`).
 pub fn load_model<B: Backend>(backend: B, dir: &Path) -> Result<(Gpt2<B>, ModelMeta)> {
-    let meta = read_meta(dir)?;
+    let meta = read_any_meta(dir)?;
     let mut model = Gpt2::new(backend, meta.config.clone())?;
     load_weights(&mut model, &dir.join(WEIGHTS_FILE))?;
     Ok((model, meta))

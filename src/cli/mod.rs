@@ -37,6 +37,10 @@ enum Command {
     Data(DataCommand),
     /// Measure training throughput, MFU and peak memory on synthetic tokens.
     Bench(bench::BenchArgs),
+    /// Write a run's model as a Hugging Face folder (config.json + model.safetensors).
+    Export(ExportArgs),
+    /// Validation loss and perplexity of a model (a run directory or a Hugging Face folder).
+    Eval(EvalArgs),
 }
 
 #[derive(Subcommand)]
@@ -243,6 +247,10 @@ struct TrainArgs {
     /// data and schedule; strategy and world size may differ.
     #[arg(long, value_name = "RUN_DIR")]
     resume: Option<PathBuf>,
+    /// Start from these weights (a run directory or a Hugging Face GPT-2 folder):
+    /// its model shape and tokenizer replace --model and --tokenizer.
+    #[arg(long, value_name = "DIR", conflicts_with = "resume")]
+    init_from: Option<PathBuf>,
     /// Stop (with a checkpoint) after this many steps of this invocation.
     #[arg(long)]
     stop_after: Option<usize>,
@@ -273,6 +281,34 @@ struct GenerateArgs {
     top_k: usize,
     #[arg(long, default_value_t = 42)]
     seed: u64,
+}
+
+#[derive(Args)]
+struct ExportArgs {
+    /// A run directory (or any folder `generate` accepts).
+    #[arg(long)]
+    run: PathBuf,
+    /// Output folder for `GPT2LMHeadModel.from_pretrained`.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+#[derive(Args)]
+struct EvalArgs {
+    /// A run directory or a Hugging Face GPT-2 folder.
+    model: PathBuf,
+    /// Data: a text file or a shard directory (default: the embedded corpus); its validation split is used.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Sequences per batch.
+    #[arg(long, default_value_t = 8)]
+    batch_size: usize,
+    /// Tokens per sequence (default: the model's block size).
+    #[arg(long)]
+    seq_len: Option<usize>,
+    /// Batches to evaluate (0: the whole split).
+    #[arg(long, default_value_t = 50)]
+    batches: usize,
 }
 
 #[derive(Args)]
@@ -311,6 +347,13 @@ pub fn run() -> Result<()> {
             Ok(())
         }
         Command::Bench(a) => bench::run(a),
+        Command::Export(a) => {
+            let (model, meta) = checkpoint::load_model(Cpu::new(), &a.run)?;
+            checkpoint::hf::export(&model, &meta.tokenizer, &a.out)?;
+            println!("wrote {} (config.json, model.safetensors)", a.out.display());
+            Ok(())
+        }
+        Command::Eval(a) => run_eval(a),
     }
 }
 
@@ -351,6 +394,7 @@ fn new_run(a: &TrainArgs, ds: &Dataset) -> Result<(GptConfig, TrainConfig)> {
         keep_checkpoints: a.keep_checkpoints,
         resume: None,
         stop_after: None,
+        init_from: None,
         data: a.data.clone(),
         tokenizer: a.tokenizer,
     };
@@ -390,11 +434,21 @@ fn run_train(a: TrainArgs) -> Result<()> {
             );
             (ds, model_cfg, cfg)
         }
-        None => {
-            let ds = Dataset::load(a.data.as_deref(), a.tokenizer)?;
-            let (model_cfg, cfg) = new_run(&a, &ds)?;
-            (ds, model_cfg, cfg)
-        }
+        None => match &a.init_from {
+            Some(dir) => {
+                let meta = checkpoint::read_any_meta(dir)?;
+                let ds = Dataset::load_for_model(a.data.as_deref(), &meta.tokenizer)?;
+                let (_, mut cfg) = new_run(&a, &ds)?;
+                cfg.seq_len = a.seq_len.unwrap_or(meta.config.block_size);
+                cfg.init_from = Some(dir.clone());
+                (ds, meta.config, cfg)
+            }
+            None => {
+                let ds = Dataset::load(a.data.as_deref(), a.tokenizer)?;
+                let (model_cfg, cfg) = new_run(&a, &ds)?;
+                (ds, model_cfg, cfg)
+            }
+        },
     };
     cfg.verbose = !a.quiet;
     cfg.stop_after = a.stop_after;
@@ -464,6 +518,37 @@ fn run_train(a: TrainArgs) -> Result<()> {
     println!(
         "run directory: {} (metrics.jsonl, model.safetensors, model.json)",
         s.out_dir.display()
+    );
+    Ok(())
+}
+
+fn run_eval(a: EvalArgs) -> Result<()> {
+    let (mut model, meta) = checkpoint::load_model(Cpu::new(), &a.model)?;
+    let ds = Dataset::load_for_model(a.data.as_deref(), &meta.tokenizer)?;
+    let t = a.seq_len.unwrap_or(model.config.block_size);
+    let mut val = distgpt::data::DataLoader::new(&ds.val, "val", a.batch_size, t, 0, false)?;
+    let n = if a.batches == 0 {
+        val.batches_per_epoch()
+    } else {
+        a.batches.min(val.batches_per_epoch())
+    };
+    let pb = metrics::progress_bar(n as u64, "eval");
+    let mut sum = 0.0f64;
+    for _ in 0..n {
+        let batch = val.next_batch();
+        sum += model
+            .forward(&batch.inputs, Some(&batch.targets), a.batch_size, t)?
+            .expect("targets given") as f64;
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    let loss = sum / n as f64;
+    println!(
+        "{}: val loss {loss:.4}, perplexity {:.2} ({n} batches of {} x {t} tokens from {})",
+        a.model.display(),
+        loss.exp(),
+        a.batch_size,
+        ds.name
     );
     Ok(())
 }

@@ -39,24 +39,27 @@ impl Dataset {
     /// directory of `*train*.bin` / `*val*.bin` shards (with `tokenizer.json`
     /// from `distgpt data prepare`; without it, GPT-2 tokens as llm.c writes).
     pub fn load(source: Option<&Path>, kind: TokenizerKind) -> Result<Self> {
-        match source {
-            None => Self::from_text("shakespeare", SHAKESPEARE, kind),
-            Some(p) if p.is_dir() => Self::from_shards(p),
-            Some(p) => {
-                let text = std::fs::read_to_string(p).map_err(|e| Error::io(p, e))?;
-                let name = p
-                    .file_stem()
-                    .map_or("text".into(), |s| s.to_string_lossy().into_owned());
-                Self::from_text(&name, &text, kind)
-            }
+        if let Some(dir) = source.filter(|p| p.is_dir()) {
+            return Self::from_shards(dir);
         }
-    }
-
-    fn from_text(name: &str, text: &str, kind: TokenizerKind) -> Result<Self> {
+        let (name, text) = read_text(source)?;
         let tokenizer = match kind {
-            TokenizerKind::Char => Tokenizer::char_from_corpus(text),
+            TokenizerKind::Char => Tokenizer::char_from_corpus(&text),
             TokenizerKind::Gpt2 => Tokenizer::from_spec(&TokenizerSpec::Gpt2)?,
         };
+        Self::encode(&name, &text, tokenizer)
+    }
+
+    /// Like [`Dataset::load`], but text is encoded with a model's own tokenizer.
+    pub fn load_for_model(source: Option<&Path>, tokenizer: &TokenizerSpec) -> Result<Self> {
+        if let Some(dir) = source.filter(|p| p.is_dir()) {
+            return Self::from_shards(dir);
+        }
+        let (name, text) = read_text(source)?;
+        Self::encode(&name, &text, Tokenizer::from_spec(tokenizer)?)
+    }
+
+    fn encode(name: &str, text: &str, tokenizer: Tokenizer) -> Result<Self> {
         let ids = tokenizer.encode(text)?;
         let tokens: Vec<u16> = ids.iter().map(|&t| t as u16).collect();
         let n_val = (tokens.len() as f64 * VAL_FRACTION) as usize;
@@ -132,6 +135,20 @@ impl Dataset {
             train,
             val,
         })
+    }
+}
+
+/// (name, text) of the embedded corpus or a text file.
+fn read_text(source: Option<&Path>) -> Result<(String, std::borrow::Cow<'static, str>)> {
+    match source {
+        None => Ok(("shakespeare".into(), SHAKESPEARE.into())),
+        Some(p) => {
+            let text = std::fs::read_to_string(p).map_err(|e| Error::io(p, e))?;
+            let name = p
+                .file_stem()
+                .map_or("text".into(), |s| s.to_string_lossy().into_owned());
+            Ok((name, text.into()))
+        }
     }
 }
 

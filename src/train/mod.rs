@@ -60,6 +60,8 @@ pub struct TrainConfig {
     pub resume: Option<PathBuf>,
     /// Stop after this many steps of this run (checkpointing first), as Ctrl-C does.
     pub stop_after: Option<usize>,
+    /// Start from these weights (a distgpt model directory or a Hugging Face folder) instead of a fresh init.
+    pub init_from: Option<PathBuf>,
     /// Where the data came from, recorded so `--resume` can reload it.
     pub data: Option<PathBuf>,
     pub tokenizer: TokenizerKind,
@@ -91,6 +93,7 @@ impl Default for TrainConfig {
             keep_checkpoints: 3,
             resume: None,
             stop_after: None,
+            init_from: None,
             data: None,
             tokenizer: TokenizerKind::Char,
         }
@@ -278,7 +281,21 @@ pub fn train_rank<B: Backend + 'static>(
             ckpt.index.step
         }
         None => {
-            strategy.load_full(&init_full(&model_cfg, cfg.seed));
+            match &cfg.init_from {
+                Some(dir) => {
+                    let (m, _) = checkpoint::load_model(sample_backend.clone_fresh(), dir)?;
+                    if m.config != model_cfg {
+                        return Err(Error::Config(format!(
+                            "{} holds a {:?}, not the {:?} being trained",
+                            dir.display(),
+                            m.config,
+                            model_cfg
+                        )));
+                    }
+                    strategy.load_full(&m.params);
+                }
+                None => strategy.load_full(&init_full(&model_cfg, cfg.seed)),
+            }
             0
         }
     };

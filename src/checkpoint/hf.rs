@@ -1,0 +1,104 @@
+//! Hugging Face interop: a folder with `config.json` (GPT2Config fields) and
+//! `model.safetensors` that `GPT2LMHeadModel.from_pretrained` loads, and the
+//! reverse, so GPT-2 checkpoints made elsewhere can be fine-tuned here.
+
+use super::{save_weights, write_atomic, ModelMeta, WEIGHTS_FILE};
+use crate::backend::Backend;
+use crate::data::TokenizerSpec;
+use crate::error::{Error, Result};
+use crate::model::{Gpt2, GptConfig};
+use serde_json::{json, Value};
+use std::path::Path;
+
+pub const CONFIG_FILE: &str = "config.json";
+
+/// Writes `config.json` and `model.safetensors` into `dir`. The tokenizer is
+/// recorded under `distgpt_tokenizer`, a key `transformers` keeps and ignores.
+pub fn export<B: Backend>(model: &Gpt2<B>, tokenizer: &TokenizerSpec, dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let c = &model.config;
+    let eos = match tokenizer {
+        TokenizerSpec::Gpt2 => crate::data::tokenizer::GPT2_EOT as usize,
+        TokenizerSpec::Char { .. } => 0,
+    };
+    let config = json!({
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": c.vocab_size,
+        "n_positions": c.block_size,
+        "n_ctx": c.block_size,
+        "n_embd": c.n_embd,
+        "n_layer": c.n_layer,
+        "n_head": c.n_head,
+        "n_inner": null,
+        "activation_function": "gelu_new",
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "layer_norm_epsilon": 1e-5,
+        "initializer_range": 0.02,
+        "bos_token_id": eos,
+        "eos_token_id": eos,
+        "tie_word_embeddings": true,
+        "torch_dtype": "float32",
+        "distgpt_tokenizer": tokenizer,
+    });
+    save_weights(model, &dir.join(WEIGHTS_FILE))?;
+    write_atomic(
+        &dir.join(CONFIG_FILE),
+        serde_json::to_string_pretty(&config)
+            .expect("json")
+            .as_bytes(),
+    )
+}
+
+/// Model config and tokenizer from a Hugging Face GPT-2 `config.json`.
+pub fn read_config(dir: &Path) -> Result<ModelMeta> {
+    let path = dir.join(CONFIG_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let bad = |reason: String| Error::Checkpoint {
+        path: path.clone(),
+        reason,
+    };
+    let j: Value = serde_json::from_str(&text).map_err(|e| bad(format!("invalid JSON: {e}")))?;
+    if j["model_type"].as_str().is_some_and(|t| t != "gpt2") {
+        return Err(bad(format!(
+            "model_type is {}, only gpt2 is supported",
+            j["model_type"]
+        )));
+    }
+    if j["activation_function"]
+        .as_str()
+        .is_some_and(|a| a != "gelu_new")
+    {
+        return Err(bad(format!(
+            "activation_function {} is not supported (gelu_new only)",
+            j["activation_function"]
+        )));
+    }
+    let field = |k: &str| {
+        j[k].as_u64()
+            .map(|v| v as usize)
+            .ok_or_else(|| bad(format!("missing or non-integer field '{k}'")))
+    };
+    let config = GptConfig {
+        n_layer: field("n_layer")?,
+        n_head: field("n_head")?,
+        n_embd: field("n_embd")?,
+        block_size: field("n_positions")?,
+        vocab_size: field("vocab_size")?,
+    };
+    config.validate()?;
+    let tokenizer = match j.get("distgpt_tokenizer") {
+        Some(t) => serde_json::from_value(t.clone())
+            .map_err(|e| bad(format!("invalid distgpt_tokenizer: {e}")))?,
+        None if config.vocab_size == crate::model::config::GPT2_VOCAB => TokenizerSpec::Gpt2,
+        None => {
+            return Err(bad(format!(
+                "vocabulary of {} tokens is not GPT-2's and no tokenizer is recorded",
+                config.vocab_size
+            )))
+        }
+    };
+    Ok(ModelMeta { config, tokenizer })
+}
