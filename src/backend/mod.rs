@@ -6,7 +6,7 @@
 pub mod cpu;
 pub mod memory;
 
-pub use cpu::{AdamWStep, AttnShape, WeightLayout};
+pub use cpu::{AdamWStep, AttnShape, DecodeShape, WeightLayout};
 pub use memory::{Buf, Category, MemoryReport};
 
 use std::sync::Arc;
@@ -112,6 +112,15 @@ pub trait Backend: Send + Sync {
         out: &[f32],
         lse: &[f32],
         shape: AttnShape,
+    );
+    /// Decoding: qkv (b, 3c) queries against kcache, vcache (b, max_t, c) -> out (b, c).
+    fn attention_decode(
+        &self,
+        out: &mut [f32],
+        qkv: &[f32],
+        kcache: &[f32],
+        vcache: &[f32],
+        shape: DecodeShape,
     );
     /// out = gelu(inp), any shape.
     fn gelu_forward(&self, out: &mut [f32], inp: &[f32]);

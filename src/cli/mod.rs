@@ -267,9 +267,9 @@ struct GenerateArgs {
     /// A run directory written by `distgpt train` (model.safetensors + model.json).
     #[arg(long)]
     run: PathBuf,
-    /// Text to continue (default: a newline, or <|endoftext|> for GPT-2 tokens).
+    /// Text to continue; repeat for a batch of prompts (default: a newline, or <|endoftext|> for GPT-2 tokens).
     #[arg(long)]
-    prompt: Option<String>,
+    prompt: Vec<String>,
     /// Tokens to generate.
     #[arg(long, default_value_t = 500)]
     tokens: usize,
@@ -279,8 +279,14 @@ struct GenerateArgs {
     /// Sample among the k most likely tokens (0: all).
     #[arg(long, default_value_t = 40)]
     top_k: usize,
+    /// Sample among the most likely tokens whose probabilities sum to p (1: all).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// Tensor-parallel thread ranks to split the model over (heads and MLP columns).
+    #[arg(long, default_value_t = 1)]
+    tp: usize,
 }
 
 #[derive(Args)]
@@ -554,33 +560,103 @@ fn run_eval(a: EvalArgs) -> Result<()> {
 }
 
 fn run_generate(a: GenerateArgs) -> Result<()> {
-    let (mut model, meta) = checkpoint::load_model(Cpu::new(), &a.run)?;
+    let meta = checkpoint::read_any_meta(&a.run)?;
     let tk = data::Tokenizer::from_spec(&meta.tokenizer)?;
-    let prompt_text = a.prompt.clone().unwrap_or_else(|| "\n".into());
-    let prompt = match (&a.prompt, tk.eot()) {
-        (None, Some(eot)) => vec![eot],
-        _ => tk.encode(&prompt_text)?,
+    let prompts: Vec<Vec<u32>> = if a.prompt.is_empty() {
+        vec![match tk.eot() {
+            Some(eot) => vec![eot],
+            None => tk.encode("\n")?,
+        }]
+    } else {
+        a.prompt
+            .iter()
+            .map(|p| tk.encode(p))
+            .collect::<distgpt::error::Result<_>>()?
     };
     let cfg = SampleConfig {
         max_new_tokens: a.tokens,
         temperature: a.temperature,
         top_k: a.top_k,
+        top_p: a.top_p,
         seed: a.seed,
     };
-    if a.prompt.is_some() {
-        print!("{prompt_text}");
+    let stream = prompts.len() == 1;
+    if stream {
+        print!("{}", a.prompt.first().map_or("", String::as_str));
     }
-    let started = std::time::Instant::now();
     let mut stdout = std::io::stdout();
-    let out = generate(&mut model, &prompt, &cfg, tk.eot(), |tok| {
-        let _ = write!(stdout, "{}", tk.decode(&[tok]));
-        let _ = stdout.flush();
-    })?;
-    let n = out.len() - prompt.len();
+    let mut show = |_: usize, tok: u32| {
+        if stream {
+            let _ = write!(stdout, "{}", tk.decode(&[tok]));
+            let _ = stdout.flush();
+        }
+    };
+    let started = std::time::Instant::now();
+    let out = if a.tp <= 1 {
+        let (model, _) = checkpoint::load_model(Cpu::new(), &a.run)?;
+        generate(&model, &prompts, &cfg, tk.eot(), &mut show)?
+    } else {
+        let show = std::sync::Mutex::new(&mut show);
+        let mut outs = launch::run_local(
+            a.tp,
+            rayon::current_num_threads(),
+            std::time::Duration::from_secs(120),
+            |comm| {
+                let (model, _) = checkpoint::load_model(Cpu::new(), &a.run)?;
+                let place = distgpt::model::TpPlace {
+                    rank: comm.rank(),
+                    size: comm.size(),
+                };
+                let engine =
+                    distgpt::model::Engine::new(Cpu::new(), meta.config.clone(), place, false)?;
+                let mut local = vec![0.0; engine.layout.total()];
+                distgpt::model::gpt2::shard_tp(
+                    &model.params,
+                    &model.layout,
+                    &engine.layout,
+                    place,
+                    &mut local,
+                );
+                let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+                let max_t = (longest + cfg.max_new_tokens).min(meta.config.block_size);
+                let mut dec = distgpt::infer::kv::Decoder::new(
+                    Cpu::new(),
+                    meta.config.clone(),
+                    place,
+                    prompts.len(),
+                    max_t,
+                )?;
+                let lead = comm.rank() == 0;
+                distgpt::infer::generate::decode(
+                    &mut dec,
+                    &local,
+                    &prompts,
+                    max_t,
+                    &cfg,
+                    tk.eot(),
+                    Some(comm.as_ref()),
+                    |r, t| {
+                        if lead {
+                            (show.lock().expect("printer"))(r, t)
+                        }
+                    },
+                )
+            },
+        )?;
+        outs.swap_remove(0)
+    };
+    let secs = started.elapsed().as_secs_f64();
+    if !stream {
+        for (p, o) in a.prompt.iter().zip(&out) {
+            println!("--- {p:?} ---\n{p}{}", tk.decode(o));
+        }
+    }
+    let n: usize = out.iter().map(Vec::len).sum();
     eprintln!(
-        "\n[{n} tokens in {:.2} s: {:.1} tokens/s]",
-        started.elapsed().as_secs_f64(),
-        n as f64 / started.elapsed().as_secs_f64()
+        "\n[{n} tokens in {secs:.2} s: {:.1} tokens/s, {} prompt(s), tp {}]",
+        n as f64 / secs,
+        prompts.len(),
+        a.tp.max(1)
     );
     Ok(())
 }

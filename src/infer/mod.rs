@@ -1,3 +1,4 @@
-//! Inference: sampling text from a model.
+//! Inference: sampling text from a model with a KV cache.
 
 pub mod generate;
+pub mod kv;

@@ -167,10 +167,11 @@ fn sample_text<B: Backend>(
         max_new_tokens: tokens,
         temperature: 0.8,
         top_k: 40,
+        top_p: 1.0,
         seed,
     };
-    let out = generate(&mut model, &prompt, &sc, tk.eot(), |_| {})?;
-    Ok(tk.decode(&out[prompt.len()..]))
+    let out = generate(&model, &[prompt], &sc, tk.eot(), |_, _| {})?;
+    Ok(tk.decode(&out[0]))
 }
 
 fn peaks(m: &MemoryReport) -> [f32; 6] {

@@ -229,6 +229,62 @@ pub fn attention_backward(
     );
 }
 
+/// Shape of one decoding step: `b` rows, each attending over `len` cached
+/// positions of a (b, max_t, c) key/value cache.
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeShape {
+    pub b: usize,
+    pub len: usize,
+    pub c: usize,
+    pub nh: usize,
+    pub max_t: usize,
+}
+
+/// One query per row against the KV cache: qkv (b, 3c) supplies the
+/// queries; kcache, vcache are (b, max_t, c); out is (b, c).
+pub fn attention_decode(
+    out: &mut [f32],
+    qkv: &[f32],
+    kcache: &[f32],
+    vcache: &[f32],
+    s: DecodeShape,
+) {
+    let DecodeShape {
+        b,
+        len,
+        c,
+        nh,
+        max_t,
+    } = s;
+    let hd = c / nh;
+    let scale = 1.0 / (hd as f32).sqrt();
+    assert!(len <= max_t && kcache.len() >= b * max_t * c && out.len() >= b * c);
+    out[..b * c].par_chunks_mut(hd).enumerate().for_each_init(
+        || vec![0.0f32; len],
+        |scores, (rh, o)| {
+            let (r, h) = (rh / nh, rh % nh);
+            let q = &qkv[r * 3 * c + h * hd..r * 3 * c + (h + 1) * hd];
+            let at = |t: usize| (r * max_t + t) * c + h * hd;
+            for (t, sc) in scores.iter_mut().enumerate() {
+                *sc = dot(q, &kcache[at(t)..at(t) + hd]) * scale;
+            }
+            let max = scores.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+            let mut total = 0.0;
+            for sc in scores.iter_mut() {
+                *sc = exp(*sc - max);
+                total += *sc;
+            }
+            o.fill(0.0);
+            for (t, &p) in scores.iter().enumerate() {
+                let w = p / total;
+                o.iter_mut()
+                    .zip(&vcache[at(t)..at(t) + hd])
+                    .for_each(|(o, &v)| *o += w * v);
+            }
+        },
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::check::*;
@@ -277,6 +333,35 @@ mod tests {
         attention_backward(&mut dqkv, &probe, &qkv, &out, &lse, s);
         let fd = finite_diff(&qkv, |x| probe_dot(&reference(x, s), &probe));
         assert_close("dqkv", &dqkv, &fd, 1e-4);
+    }
+
+    #[test]
+    fn decoding_against_a_cache_matches_full_causal_attention() {
+        let (t, c, nh) = (7, 8, 2);
+        let mut rng = Rng::new(9);
+        let qkv = randn(&mut rng, t * 3 * c, 1.0);
+        let want = reference(&to64(&qkv), AttnShape { b: 1, t, c, nh });
+        let (mut kc, mut vc) = (vec![0.0; t * c], vec![0.0; t * c]);
+        for pos in 0..t {
+            let row = &qkv[pos * 3 * c..(pos + 1) * 3 * c];
+            kc[pos * c..(pos + 1) * c].copy_from_slice(&row[c..2 * c]);
+            vc[pos * c..(pos + 1) * c].copy_from_slice(&row[2 * c..]);
+            let mut out = vec![0.0; c];
+            attention_decode(
+                &mut out,
+                row,
+                &kc,
+                &vc,
+                DecodeShape {
+                    b: 1,
+                    len: pos + 1,
+                    c,
+                    nh,
+                    max_t: t,
+                },
+            );
+            assert_close("decode", &out, &want[pos * c..(pos + 1) * c], 1e-5);
+        }
     }
 
     #[test]

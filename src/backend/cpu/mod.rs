@@ -12,7 +12,7 @@ pub mod math;
 mod matmul;
 
 pub use adamw::AdamWStep;
-pub use attention::AttnShape;
+pub use attention::{AttnShape, DecodeShape};
 pub use matmul::WeightLayout;
 
 use super::memory::MemoryStats;
@@ -131,6 +131,16 @@ impl Backend for Cpu {
         shape: AttnShape,
     ) {
         attention::attention_backward(dqkv, dout, qkv, out, lse, shape)
+    }
+    fn attention_decode(
+        &self,
+        out: &mut [f32],
+        qkv: &[f32],
+        kcache: &[f32],
+        vcache: &[f32],
+        shape: DecodeShape,
+    ) {
+        attention::attention_decode(out, qkv, kcache, vcache, shape)
     }
     fn gelu_forward(&self, out: &mut [f32], inp: &[f32]) {
         elementwise::gelu_forward(out, inp)

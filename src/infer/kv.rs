@@ -1,0 +1,235 @@
+//! Incremental decoding with a KV cache: one token per row per step, each
+//! block's keys and values kept per position, so a step costs O(T) rather
+//! than a full forward. Works on a tensor-parallel part of the model too
+//! (each rank caches its own heads; the projections are all-reduced).
+
+use crate::backend::{Backend, Buf, Category, DecodeShape, WeightLayout};
+use crate::comm::Comm;
+use crate::error::{Error, Result};
+use crate::model::layout::BlockParam;
+use crate::model::{GptConfig, ParamLayout, TpPlace};
+
+pub struct Decoder<B: Backend> {
+    config: GptConfig,
+    layout: ParamLayout,
+    backend: B,
+    tp: TpPlace,
+    b: usize,
+    max_t: usize,
+    kcache: Buf,
+    vcache: Buf,
+    x: Buf,
+    ln: Buf,
+    mean: Buf,
+    rstd: Buf,
+    qkv: Buf,
+    atty: Buf,
+    res2: Buf,
+    fch: Buf,
+    fch_gelu: Buf,
+    logits: Buf,
+}
+
+impl<B: Backend> Decoder<B> {
+    /// Buffers for `b` rows of up to `max_t` positions (at most the block size).
+    pub fn new(backend: B, config: GptConfig, tp: TpPlace, b: usize, max_t: usize) -> Result<Self> {
+        if max_t == 0 || max_t > config.block_size {
+            return Err(Error::Input(format!(
+                "{max_t} positions do not fit the block size {}",
+                config.block_size
+            )));
+        }
+        let (c, l) = (config.n_embd, config.n_layer);
+        let cl = c / tp.size;
+        let a = |n: usize| backend.alloc(n, Category::Activations);
+        Ok(Decoder {
+            layout: ParamLayout::new_tp(&config, tp.size),
+            kcache: a(l * b * max_t * cl),
+            vcache: a(l * b * max_t * cl),
+            x: a(b * c),
+            ln: a(b * c),
+            mean: a(b),
+            rstd: a(b),
+            qkv: a(b * 3 * cl),
+            atty: a(b * cl),
+            res2: a(b * c),
+            fch: a(b * 4 * cl),
+            fch_gelu: a(b * 4 * cl),
+            logits: a(b * config.padded_vocab()),
+            config,
+            backend,
+            tp,
+            b,
+            max_t,
+        })
+    }
+
+    /// Feeds `tokens` (one per row) at position `pos`; `params` is this rank's
+    /// (tensor-parallel part of the) flat buffer. Afterwards `logits` holds the next-token scores.
+    pub fn step(
+        &mut self,
+        params: &[f32],
+        tokens: &[u32],
+        pos: usize,
+        tp: Option<&dyn Comm>,
+    ) -> Result<()> {
+        let cfg = &self.config;
+        let (b, c, v, vp) = (self.b, cfg.n_embd, cfg.vocab_size, cfg.padded_vocab());
+        if pos >= self.max_t || tokens.len() != b {
+            return Err(Error::Input(format!(
+                "decode step at position {pos} with {} tokens (cache: {} positions, {b} rows)",
+                tokens.len(),
+                self.max_t
+            )));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= v) {
+            return Err(Error::Input(format!(
+                "token id {bad} is outside the vocabulary of {v}"
+            )));
+        }
+        let (cl, nhl, max_t) = (c / self.tp.size, cfg.n_head / self.tp.size, self.max_t);
+        let (be, lay) = (&self.backend, &self.layout);
+        let lead = self.tp.rank == 0;
+        let (wte, wpe) = (&params[lay.wte()], &params[lay.wpe()]);
+        for (r, &tok) in tokens.iter().enumerate() {
+            let (e, p) = (&wte[tok as usize * c..][..c], &wpe[pos * c..][..c]);
+            self.x[r * c..(r + 1) * c]
+                .iter_mut()
+                .zip(e.iter().zip(p))
+                .for_each(|(x, (&e, &p))| *x = e + p);
+        }
+        for l in 0..cfg.n_layer {
+            let p = &params[lay.block(l)];
+            let w = |bp: BlockParam| &p[lay.in_block(bp)];
+            be.layernorm_forward(
+                &mut self.ln,
+                &mut self.mean,
+                &mut self.rstd,
+                &self.x,
+                w(BlockParam::Ln1W),
+                w(BlockParam::Ln1B),
+                c,
+            );
+            be.matmul_forward(
+                &mut self.qkv,
+                &self.ln,
+                w(BlockParam::QkvW),
+                Some(w(BlockParam::QkvB)),
+                WeightLayout::InOut,
+                b,
+                c,
+                3 * cl,
+                false,
+            );
+            let cache = l * b * max_t * cl;
+            for r in 0..b {
+                let at = cache + (r * max_t + pos) * cl;
+                let row = &self.qkv[r * 3 * cl..(r + 1) * 3 * cl];
+                self.kcache[at..at + cl].copy_from_slice(&row[cl..2 * cl]);
+                self.vcache[at..at + cl].copy_from_slice(&row[2 * cl..]);
+            }
+            let (kc, vc) = (
+                &self.kcache[cache..cache + b * max_t * cl],
+                &self.vcache[cache..cache + b * max_t * cl],
+            );
+            be.attention_decode(
+                &mut self.atty,
+                &self.qkv,
+                kc,
+                vc,
+                DecodeShape {
+                    b,
+                    len: pos + 1,
+                    c: cl,
+                    nh: nhl,
+                    max_t,
+                },
+            );
+            if lead {
+                be.copy(&mut self.res2, &self.x);
+            }
+            let bias = lead.then(|| w(BlockParam::AttnProjB));
+            be.matmul_forward(
+                &mut self.res2,
+                &self.atty,
+                w(BlockParam::AttnProjW),
+                bias,
+                WeightLayout::InOut,
+                b,
+                cl,
+                c,
+                lead,
+            );
+            if let Some(g) = tp {
+                g.all_reduce(&mut self.res2)?;
+            }
+            be.layernorm_forward(
+                &mut self.ln,
+                &mut self.mean,
+                &mut self.rstd,
+                &self.res2,
+                w(BlockParam::Ln2W),
+                w(BlockParam::Ln2B),
+                c,
+            );
+            be.matmul_forward(
+                &mut self.fch,
+                &self.ln,
+                w(BlockParam::FcW),
+                Some(w(BlockParam::FcB)),
+                WeightLayout::InOut,
+                b,
+                c,
+                4 * cl,
+                false,
+            );
+            be.gelu_forward(&mut self.fch_gelu, &self.fch);
+            if lead {
+                be.copy(&mut self.x, &self.res2);
+            }
+            let bias = lead.then(|| w(BlockParam::FcProjB));
+            be.matmul_forward(
+                &mut self.x,
+                &self.fch_gelu,
+                w(BlockParam::FcProjW),
+                bias,
+                WeightLayout::InOut,
+                b,
+                4 * cl,
+                c,
+                lead,
+            );
+            if let Some(g) = tp {
+                g.all_reduce(&mut self.x)?;
+            }
+        }
+        let lnf = &params[lay.final_norm()];
+        be.layernorm_forward(
+            &mut self.ln,
+            &mut self.mean,
+            &mut self.rstd,
+            &self.x,
+            &lnf[..c],
+            &lnf[c..],
+            c,
+        );
+        be.matmul_forward(
+            &mut self.logits,
+            &self.ln,
+            wte,
+            None,
+            WeightLayout::OutIn,
+            b,
+            c,
+            vp,
+            false,
+        );
+        Ok(())
+    }
+
+    /// Next-token logits of row r (padding dropped).
+    pub fn logits(&self, r: usize) -> &[f32] {
+        let vp = self.config.padded_vocab();
+        &self.logits[r * vp..r * vp + self.config.vocab_size]
+    }
+}
