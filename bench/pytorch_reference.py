@@ -125,6 +125,31 @@ def run_torch(args, rank=0, world=1):
             "tokens_per_s": tps, "flops_per_token": flops_per_token(GPT(*cfg), cfg, t)}
 
 
+def run_torch_generate(args):
+    """Greedy generation with transformers' GPT2LMHeadModel and its KV cache (eager)."""
+    import os
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    n_layer, n_head, n_embd, block, vocab = PRESETS[args.model]
+    cfg = GPT2Config(vocab_size=vocab, n_positions=block, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
+                     activation_function="gelu_new", attn_implementation="eager",
+                     bos_token_id=0, eos_token_id=None, pad_token_id=0)
+    model = GPT2LMHeadModel(cfg).eval()
+    prompts = torch.tensor([[r % vocab] for r in range(args.batch_size)])
+    best = float("inf")
+    with torch.no_grad():
+        for _ in range(args.warmup + max(args.steps, 1)):
+            t0 = time.perf_counter()
+            out = model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=args.generate,
+                                 min_new_tokens=args.generate, do_sample=False, use_cache=True)
+            best = min(best, time.perf_counter() - t0)
+    assert out.shape[1] == 1 + args.generate
+    return {"impl": f"pytorch {torch.__version__} eager (transformers generate, KV cache)",
+            "seconds": best, "tokens_per_s": args.batch_size * args.generate / best}
+
+
 def _rank_main(rank, args, port, out):
     import os
     os.environ["MASTER_ADDR"] = "127.0.0.1"
@@ -159,7 +184,23 @@ def main():
     ap.add_argument("--strategy", default="single", choices=["single", "ddp", "fsdp"])
     ap.add_argument("--world-size", type=int, default=1)
     ap.add_argument("--distgpt", help="path of the distgpt binary to run side by side")
+    ap.add_argument("--generate", type=int, default=0,
+                    help="measure greedy KV-cache generation of this many tokens per row instead of training")
     args = ap.parse_args()
+    if args.generate:
+        rows = []
+        if args.distgpt:
+            cmd = [args.distgpt, "--threads", str(args.threads), "bench", "--model", args.model,
+                   "--batch-size", str(args.batch_size), "--generate", str(args.generate),
+                   "--steps", str(args.steps), "--warmup", str(args.warmup), "--json"]
+            rows.append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout))
+        rows.append(run_torch_generate(args))
+        for r in rows:
+            print(f"{r['impl']:<58} {args.model} batch {args.batch_size} x {args.generate} new tokens,"
+                  f" {args.threads} threads: {r['tokens_per_s']:.1f} tokens/s")
+        if len(rows) == 2:
+            print(f"ratio distgpt / pytorch: {rows[0]['tokens_per_s'] / rows[1]['tokens_per_s']:.2f}x")
+        return 0
     rows = []
     peak = None
     if args.distgpt:

@@ -43,6 +43,51 @@ pub struct BenchArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Measure KV-cache generation of this many tokens per row instead of
+    /// training (rows = --batch-size, one-token prompts, greedy; one rank).
+    #[arg(long)]
+    generate: Option<usize>,
+}
+
+/// Tokens/s of greedy KV-cache generation from a randomly initialised model.
+fn run_generate(a: &BenchArgs, cfg: &distgpt::model::GptConfig, tokens: usize) -> Result<()> {
+    use distgpt::infer::generate::{generate, SampleConfig};
+    let mut model = distgpt::model::Gpt2::new(Cpu::new(), cfg.clone())?;
+    model.init_weights(1);
+    let prompts: Vec<Vec<u32>> = (0..a.batch_size)
+        .map(|r| vec![(r % cfg.vocab_size) as u32])
+        .collect();
+    let sc = SampleConfig {
+        max_new_tokens: tokens,
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        seed: 0,
+    };
+    let mut best = f64::INFINITY;
+    for _ in 0..a.warmup + a.steps.max(1) {
+        let t0 = Instant::now();
+        let out = generate(&model, &prompts, &sc, None, |_, _| {})?;
+        assert!(
+            out.iter().all(|o| o.len() == tokens),
+            "every row generates all its tokens"
+        );
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    let tokens_per_s = (a.batch_size * tokens) as f64 / best;
+    if a.json {
+        let j = serde_json::json!({"impl": "distgpt", "model": a.model.model_name(), "batch": a.batch_size, "new_tokens": tokens,
+            "threads": rayon::current_num_threads(), "seconds": best, "tokens_per_s": tokens_per_s});
+        println!("{j}");
+    } else {
+        println!(
+            "distgpt {} generate: batch {} x {tokens} new tokens (KV cache, greedy), {} threads: {best:.3} s, {tokens_per_s:.1} tokens/s",
+            a.model.model_name(),
+            a.batch_size,
+            rayon::current_num_threads()
+        );
+    }
+    Ok(())
 }
 
 /// What each rank measured: mean step seconds, peak bytes by category, comm bytes and seconds.
@@ -56,6 +101,9 @@ struct RankResult {
 pub fn run(a: BenchArgs) -> Result<()> {
     let cfg = a.model.resolve(a.vocab_size)?;
     let (b, t) = (a.batch_size, a.seq_len.unwrap_or(cfg.block_size));
+    if let Some(tokens) = a.generate {
+        return run_generate(&a, &cfg, tokens);
+    }
     let par = a.parallel.config();
     par.resolved().validate(&cfg, b)?;
     let threads = rayon::current_num_threads();
