@@ -241,3 +241,56 @@ fn ctrl_c_finishes_the_step_writes_a_checkpoint_and_exits() {
     let steps_logged = std::fs::read_to_string(&metrics).unwrap().lines().count();
     assert_eq!(state::load(&ckpt).unwrap().index.step, steps_logged);
 }
+
+#[test]
+fn consolidating_a_sharded_checkpoint_gives_the_saved_model() {
+    let dir = out("consolidate");
+    let bin = env!("CARGO_BIN_EXE_distgpt");
+    let run = std::process::Command::new(bin)
+        .args([
+            "train",
+            "--model",
+            "tiny",
+            "--steps",
+            "3",
+            "--batch-size",
+            "8",
+            "--seq-len",
+            "32",
+            "--quiet",
+        ])
+        .args([
+            "--strategy",
+            "zero2",
+            "--world-size",
+            "2",
+            "--peak-gflops",
+            "100",
+            "--out",
+            dir.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let file = dir.join("consolidated.safetensors");
+    let cons = std::process::Command::new(bin)
+        .args([
+            "checkpoint",
+            "consolidate",
+            dir.to_str().unwrap(),
+            "--out",
+            file.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        cons.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cons.stderr)
+    );
+    assert!(std::fs::read(&file).unwrap() == std::fs::read(dir.join("model.safetensors")).unwrap());
+}

@@ -11,6 +11,7 @@ use super::write_atomic;
 use crate::comm::Comm;
 use crate::data::LoaderPosition;
 use crate::error::{Error, Result};
+use crate::model::GptConfig;
 use crate::parallel::OwnedState;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde::{Deserialize, Serialize};
@@ -33,6 +34,7 @@ pub struct Index {
     pub tp: usize,
     /// Floats in the whole-model layout.
     pub params_total: usize,
+    pub model: GptConfig,
     pub files: Vec<RankFile>,
 }
 
@@ -72,6 +74,7 @@ pub struct SaveInfo<'a> {
     pub strategy: &'a str,
     pub tp: usize,
     pub params_total: usize,
+    pub model: &'a GptConfig,
     /// Complete checkpoints to keep; older ones are removed.
     pub keep: usize,
 }
@@ -149,6 +152,7 @@ pub fn save(
             strategy: info.strategy.to_string(),
             tp: info.tp,
             params_total: info.params_total,
+            model: info.model.clone(),
             files,
         };
         write_atomic(

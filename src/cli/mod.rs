@@ -41,6 +41,9 @@ enum Command {
     Export(ExportArgs),
     /// Validation loss and perplexity of a model (a run directory or a Hugging Face folder).
     Eval(EvalArgs),
+    /// Training-state checkpoints.
+    #[command(subcommand)]
+    Checkpoint(CheckpointCommand),
 }
 
 #[derive(Subcommand)]
@@ -289,6 +292,21 @@ struct GenerateArgs {
     tp: usize,
 }
 
+#[derive(Subcommand)]
+enum CheckpointCommand {
+    /// Gather a (sharded) checkpoint into one plain safetensors file with Hugging Face GPT-2 names.
+    Consolidate(ConsolidateArgs),
+}
+
+#[derive(Args)]
+struct ConsolidateArgs {
+    /// A run directory (its newest checkpoint) or one checkpoint directory.
+    checkpoint: PathBuf,
+    /// Output file.
+    #[arg(long)]
+    out: PathBuf,
+}
+
 #[derive(Args)]
 struct ExportArgs {
     /// A run directory (or any folder `generate` accepts).
@@ -360,6 +378,22 @@ pub fn run() -> Result<()> {
             Ok(())
         }
         Command::Eval(a) => run_eval(a),
+        Command::Checkpoint(CheckpointCommand::Consolidate(a)) => {
+            let dir = checkpoint::state::latest(&a.checkpoint)?;
+            let state = checkpoint::state::load(&dir)?;
+            let mut model = distgpt::model::Gpt2::new(Cpu::new(), state.index.model.clone())?;
+            model.params.copy_from_slice(&state.params);
+            checkpoint::save_weights(&model, &a.out)?;
+            println!(
+                "wrote {} from {} (step {}, saved by {} on {} rank(s))",
+                a.out.display(),
+                dir.display(),
+                state.index.step,
+                state.index.strategy,
+                state.index.world_size
+            );
+            Ok(())
+        }
     }
 }
 

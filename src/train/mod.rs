@@ -458,6 +458,7 @@ pub fn train_rank<B: Backend + 'static>(
                 strategy: &format!("{:?}", par.strategy).to_lowercase(),
                 tp: par.resolved().tp,
                 params_total: ParamLayout::new(&model_cfg).total(),
+                model: &model_cfg,
                 keep: cfg.keep_checkpoints,
             };
             state::save(&cfg.out_dir, &info, &strategy.owned_state(), world)?;
