@@ -65,6 +65,21 @@ pub struct CategoryBytes {
     pub other: u64,
 }
 
+impl MemoryReport {
+    /// Peak bytes as [params, grads, optimizer, activations, other, total].
+    pub fn peak_row(&self) -> [u64; 6] {
+        let p = &self.peak_bytes;
+        [
+            p.params,
+            p.grads,
+            p.optimizer,
+            p.activations,
+            p.other,
+            self.peak_total_bytes,
+        ]
+    }
+}
+
 impl CategoryBytes {
     fn from_counters(c: &[AtomicU64; 5]) -> Self {
         let g = |i: usize| c[i].load(Ordering::Relaxed);

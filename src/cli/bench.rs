@@ -170,16 +170,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         pb.finish_and_clear();
         let m = strategy.memory();
         let c = strategy.comm_stats();
-        let p = &m.peak_bytes;
-        let mine = [
-            p.params,
-            p.grads,
-            p.optimizer,
-            p.activations,
-            p.other,
-            m.peak_total_bytes,
-        ]
-        .map(|x| x as f32);
+        let mine = m.peak_row().map(|x| x as f32);
         let n = world.size();
         let mut all = vec![0.0f32; 9 * n];
         let row = [

@@ -725,10 +725,18 @@ impl<B: Backend> Gpt2<B> {
     /// Accumulates into `grads` the gradient of `loss_scale * mean loss` of
     /// the last forward (which must have had targets). Consumes the logits.
     pub fn backward(&mut self, loss_scale: f32) -> Result<()> {
-        self.backward_tp(loss_scale, None)
+        self.backward_tp(loss_scale, None, |_| Ok(()))
     }
 
-    pub fn backward_tp(&mut self, loss_scale: f32, tp: Option<&dyn Comm>) -> Result<()> {
+    /// The backward, calling `unit_done` with each unit's gradient slice as
+    /// soon as it is final: ln_f, then blocks L-1 .. 0, then [wte | wpe]
+    /// (the hook where data parallelism all-reduces it).
+    pub fn backward_tp(
+        &mut self,
+        loss_scale: f32,
+        tp: Option<&dyn Comm>,
+        mut unit_done: impl FnMut(&mut [f32]) -> Result<()>,
+    ) -> Result<()> {
         let Gpt2 {
             engine,
             params,
@@ -744,13 +752,15 @@ impl<B: Backend> Gpt2<B> {
                 dlnf,
                 loss_scale,
             )?;
+            unit_done(dlnf)?;
         }
         for l in (0..engine.config.n_layer).rev() {
             let r = lay.block(l);
-            engine.block_backward(l, &params[r.clone()], &mut grads[r], tp)?;
+            engine.block_backward(l, &params[r.clone()], &mut grads[r.clone()], tp)?;
+            unit_done(&mut grads[r])?;
         }
         engine.embed_backward(&mut grads[lay.embeddings()]);
-        Ok(())
+        unit_done(&mut grads[lay.embeddings()])
     }
 }
 

@@ -10,7 +10,7 @@ use crate::comm::{Comm, CommStats};
 use crate::data::Batch;
 use crate::error::Result;
 use crate::model::gpt2::{shard_tp, unshard_tp};
-use crate::model::layout::{split2, TpSplit};
+use crate::model::layout::TpSplit;
 use crate::model::{AdamW, AdamWConfig, Engine, Gpt2, ParamLayout, Segment};
 
 pub struct Replicated<B: Backend> {
@@ -64,37 +64,14 @@ impl<B: Backend> Replicated<B> {
             .model
             .forward_tp(&mb.inputs, Some(&mb.targets), b_local, self.t, tp)?
             .expect("targets given");
-        let Gpt2 {
-            engine,
-            params,
-            grads,
-        } = &mut self.model;
-        let lay = engine.layout.clone();
-        let reduce = |g: &mut [f32]| {
+        let dp = &self.dp;
+        self.model.backward_tp(loss_scale, tp, |g| {
             if sync && n > 1 {
-                self.dp.all_reduce(g)
+                dp.all_reduce(g)
             } else {
                 Ok(())
             }
-        };
-        {
-            let (dwte, dlnf) = split2(grads, lay.wte(), lay.final_norm());
-            engine.head_backward(
-                &params[lay.wte()],
-                &params[lay.final_norm()],
-                dwte,
-                dlnf,
-                loss_scale,
-            )?;
-            reduce(dlnf)?;
-        }
-        for l in (0..engine.config.n_layer).rev() {
-            let r = lay.block(l);
-            engine.block_backward(l, &params[r.clone()], &mut grads[r.clone()], tp)?;
-            reduce(&mut grads[r])?;
-        }
-        engine.embed_backward(&mut grads[lay.embeddings()]);
-        reduce(&mut grads[lay.embeddings()])?;
+        })?;
         Ok(loss)
     }
 

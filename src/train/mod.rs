@@ -174,19 +174,6 @@ fn sample_text<B: Backend>(
     Ok(tk.decode(&out[0]))
 }
 
-fn peaks(m: &MemoryReport) -> [f32; 6] {
-    let p = &m.peak_bytes;
-    [
-        p.params,
-        p.grads,
-        p.optimizer,
-        p.activations,
-        p.other,
-        m.peak_total_bytes,
-    ]
-    .map(|x| x as f32)
-}
-
 /// Trains on `par.world_size` thread ranks; returns rank 0's summary.
 pub fn train<B: Backend + 'static>(
     make_backend: impl Fn() -> B + Sync,
@@ -422,7 +409,10 @@ pub fn train_rank<B: Backend + 'static>(
                 note(&format!("--- sample at step {} ---\n{s}\n---", step + 1));
             }
         }
-        world.all_gather(&peaks(&strategy.memory()), &mut rank_peaks)?;
+        world.all_gather(
+            &strategy.memory().peak_row().map(|x| x as f32),
+            &mut rank_peaks,
+        )?;
         let tokens_per_s = tokens_per_step as f64 / secs;
         if let Some(log) = log.as_mut() {
             let record = StepRecord {
