@@ -174,6 +174,25 @@ fn sample_text<B: Backend>(
     Ok(tk.decode(&out[0]))
 }
 
+/// Rank 0's `path`, on every rank.
+fn agree_on_path(world: &dyn Comm, path: &std::path::Path) -> Result<PathBuf> {
+    if world.size() == 1 {
+        return Ok(path.to_path_buf());
+    }
+    let text = path.to_string_lossy();
+    let mut len = [text.len() as f32];
+    world.broadcast(&mut len, 0)?;
+    let mut bytes: Vec<f32> = if world.rank() == 0 {
+        text.bytes().map(f32::from).collect()
+    } else {
+        vec![0.0; len[0] as usize]
+    };
+    world.broadcast(&mut bytes, 0)?;
+    Ok(PathBuf::from(
+        String::from_utf8_lossy(&bytes.iter().map(|&b| b as u8).collect::<Vec<u8>>()).into_owned(),
+    ))
+}
+
 /// Trains on `par.world_size` thread ranks; returns rank 0's summary.
 pub fn train<B: Backend + 'static>(
     make_backend: impl Fn() -> B + Sync,
@@ -219,6 +238,12 @@ pub fn train_rank<B: Backend + 'static>(
         )));
     }
     let lead = world.rank() == 0;
+    // Ranks may have chosen different run directories (a default named by
+    // the clock, a temporary directory per process): rank 0's wins.
+    let cfg = &TrainConfig {
+        out_dir: agree_on_path(world, &cfg.out_dir)?,
+        ..cfg.clone()
+    };
     let verbose = cfg.verbose && lead;
     let mut train_loader = DataLoader::new(&ds.train, "train", b, t, cfg.seed, true)?;
     let mut val_loader = DataLoader::new(&ds.val, "val", b, t, cfg.seed, false)?;
