@@ -1,4 +1,5 @@
-//! The training loop: data -> strategy step -> metrics, evaluation, samples,
+//! The training loop on every rank: data -> strategy step -> metrics,
+//! evaluation, samples, training-state checkpoints (and resume from them),
 //! and the weights written to the run directory at the end.
 
 pub mod schedule;
