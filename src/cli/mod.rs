@@ -507,17 +507,6 @@ fn run_train(a: TrainArgs) -> Result<()> {
     });
     let par = a.parallel.config();
     par.resolved().validate(&model_cfg, cfg.batch_size)?;
-    eprintln!(
-        "training {} ({} layers, {} heads, width {}, block {}) on {} ({} train / {} val tokens)",
-        a.model.model,
-        model_cfg.n_layer,
-        model_cfg.n_head,
-        model_cfg.n_embd,
-        model_cfg.block_size,
-        ds.name,
-        ds.train.len(),
-        ds.val.len()
-    );
     let threads = rayon::current_num_threads();
     let Some(s) = a
         .parallel

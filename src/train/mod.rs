@@ -351,6 +351,16 @@ pub fn train_rank<B: Backend + 'static>(
         }
     };
     note(&format!(
+        "training {} layers x {} heads x {} wide (block {}) on {} ({} train / {} val tokens)",
+        model_cfg.n_layer,
+        model_cfg.n_head,
+        model_cfg.n_embd,
+        model_cfg.block_size,
+        ds.name,
+        ds.train.len(),
+        ds.val.len()
+    ));
+    note(&format!(
         "{} params | {} x {} tokens x {} accum per step | {steps} steps ({:.2} epochs) | {:?} on {} rank(s), tp {} | {device}, peak {:.0} GFLOP/s per rank",
         model_cfg.num_params(),
         b,
