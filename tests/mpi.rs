@@ -3,39 +3,16 @@
 //! mpirun's -np, and rank 0 compares against a single-rank run of its own.
 #![cfg(feature = "mpi")]
 
+mod common;
+
 use distgpt::backend::cpu::Cpu;
 use distgpt::comm::local;
 use distgpt::comm::mpi::MpiComm;
 use distgpt::comm::Comm;
 use distgpt::data::{Dataset, TokenizerKind};
-use distgpt::model::{AdamWConfig, GptConfig};
 use distgpt::parallel::{ParallelConfig, StrategyKind};
-use distgpt::train::{train_rank, Duration, TrainConfig, TrainSummary};
+use distgpt::train::{train_rank, TrainSummary};
 use std::time::Duration as Wait;
-
-fn config(tag: &str, grad_accum: usize) -> TrainConfig {
-    TrainConfig {
-        batch_size: 12,
-        seq_len: 32,
-        grad_accum,
-        duration: Duration::Steps(5),
-        lr: 1e-3,
-        min_lr: 1e-4,
-        warmup_steps: 2,
-        adamw: AdamWConfig::default(),
-        grad_clip: 1.0,
-        eval_every: 0,
-        eval_batches: 1,
-        sample_every: 0,
-        sample_tokens: 1,
-        seed: 11,
-        out_dir: std::env::temp_dir().join(format!("distgpt-mpi-{tag}-{}", std::process::id())),
-        peak_flops: Some(1e11),
-        verbose: false,
-        fault: None,
-        ..TrainConfig::default()
-    }
-}
 
 fn run(
     ds: &Dataset,
@@ -43,14 +20,19 @@ fn run(
     par: ParallelConfig,
     grad_accum: usize,
 ) -> Option<TrainSummary> {
-    let mut model = GptConfig::preset("tiny").unwrap();
-    model.vocab_size = ds.tokenizer.vocab_size();
     let tag = format!(
         "{:?}-{}-{}-{grad_accum}-{}",
         par.strategy, par.world_size, par.tp, par.recompute
     );
-    train_rank(Cpu::new(), model, ds, &config(&tag, grad_accum), par, comm)
-        .unwrap_or_else(|e| panic!("{tag}: {e}"))
+    train_rank(
+        Cpu::new(),
+        common::tiny_model(ds),
+        ds,
+        &common::five_steps(&format!("mpi-{tag}"), grad_accum),
+        par,
+        comm,
+    )
+    .unwrap_or_else(|e| panic!("{tag}: {e}"))
 }
 
 #[test]
@@ -112,19 +94,7 @@ fn strategies_over_mpi_match_single() {
             continue;
         };
         let want = if grad_accum == 1 { &plain } else { &accum };
-        for (step, (a, b)) in got.losses.iter().zip(&want.losses).enumerate() {
-            assert!(
-                (a - b).abs() <= 1e-5,
-                "{par:?}: step {step} loss {a} vs single {b}"
-            );
-        }
-        let scale = want.params.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-        let err = got
-            .params
-            .iter()
-            .zip(&want.params)
-            .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
-        assert!(err <= 1e-4 * scale, "{par:?}: parameters differ by {err}");
-        println!("mpi {par:?} accum {grad_accum}: matches single (max param diff {err:.2e})");
+        common::assert_follows(want, &got, &format!("{par:?} accum {grad_accum}"));
+        println!("mpi {par:?} accum {grad_accum}: matches single");
     }
 }

@@ -2,11 +2,12 @@
 //! optimizer steps; per-step losses within 1e-5 and final parameters
 //! (consolidated from shards) within 1e-4 of the largest parameter.
 
+mod common;
+
 use distgpt::backend::cpu::Cpu;
 use distgpt::data::{Dataset, TokenizerKind};
-use distgpt::model::{AdamWConfig, GptConfig};
 use distgpt::parallel::{ParallelConfig, StrategyKind};
-use distgpt::train::{train, Duration, TrainConfig, TrainSummary};
+use distgpt::train::{train, TrainSummary};
 use std::sync::OnceLock;
 use std::time::Duration as Wait;
 
@@ -23,58 +24,24 @@ fn run(
     recompute: bool,
 ) -> TrainSummary {
     let ds = dataset();
-    let mut model = GptConfig::preset("tiny").unwrap();
-    model.vocab_size = ds.tokenizer.vocab_size();
     let tag = format!("{strategy:?}-{world_size}-{tp}-{grad_accum}-{recompute}");
-    let cfg = TrainConfig {
-        batch_size: 12,
-        seq_len: 32,
-        grad_accum,
-        duration: Duration::Steps(5),
-        lr: 1e-3,
-        min_lr: 1e-4,
-        warmup_steps: 2,
-        adamw: AdamWConfig::default(),
-        grad_clip: 1.0,
-        eval_every: 0,
-        eval_batches: 1,
-        sample_every: 0,
-        sample_tokens: 1,
-        seed: 11,
-        out_dir: std::env::temp_dir().join(format!("distgpt-eq-{tag}-{}", std::process::id())),
-        peak_flops: Some(1e11),
-        verbose: false,
-        fault: None,
-        ..TrainConfig::default()
-    };
+    let cfg = common::five_steps(&tag, grad_accum);
     let par = ParallelConfig {
         strategy,
         world_size,
         tp,
         recompute,
     };
-    train(Cpu::new, model, ds, &cfg, par, 2, Wait::from_secs(60))
-        .unwrap_or_else(|e| panic!("{tag}: {e}"))
-}
-
-fn assert_follows(reference: &TrainSummary, got: &TrainSummary, what: &str) {
-    assert_eq!(got.losses.len(), reference.losses.len());
-    for (step, (a, b)) in got.losses.iter().zip(&reference.losses).enumerate() {
-        assert!(
-            (a - b).abs() <= 1e-5,
-            "{what}: step {step} loss {a} vs single {b}"
-        );
-    }
-    let scale = reference.params.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-    let err = got
-        .params
-        .iter()
-        .zip(&reference.params)
-        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
-    assert!(
-        err <= 1e-4 * scale,
-        "{what}: final parameters differ by {err} (largest parameter {scale})"
-    );
+    train(
+        Cpu::new,
+        common::tiny_model(ds),
+        ds,
+        &cfg,
+        par,
+        2,
+        Wait::from_secs(60),
+    )
+    .unwrap_or_else(|e| panic!("{tag}: {e}"))
 }
 
 fn single(grad_accum: usize, recompute: bool) -> &'static TrainSummary {
@@ -90,14 +57,14 @@ fn single(grad_accum: usize, recompute: bool) -> &'static TrainSummary {
 fn check(strategy: StrategyKind, worlds: &[usize]) {
     for &w in worlds {
         let what = format!("{strategy:?} on {w} ranks");
-        assert_follows(single(1, false), &run(strategy, w, 1, 1, false), &what);
+        common::assert_follows(single(1, false), &run(strategy, w, 1, 1, false), &what);
     }
-    assert_follows(
+    common::assert_follows(
         single(2, false),
         &run(strategy, 2, 1, 2, false),
         &format!("{strategy:?} with accumulation"),
     );
-    assert_follows(
+    common::assert_follows(
         single(1, false),
         &run(strategy, 2, 1, 1, true),
         &format!("{strategy:?} with recomputation"),
@@ -126,7 +93,7 @@ fn fsdp_matches_single_over_five_steps() {
 
 #[test]
 fn recomputation_alone_matches_single() {
-    assert_follows(
+    common::assert_follows(
         single(1, false),
         &run(StrategyKind::Single, 1, 1, 1, true),
         "single with recomputation",
@@ -135,17 +102,17 @@ fn recomputation_alone_matches_single() {
 
 #[test]
 fn tensor_parallel_matches_single_over_five_steps() {
-    assert_follows(
+    common::assert_follows(
         single(1, false),
         &run(StrategyKind::Tp, 2, 1, 1, false),
         "tp on 2 ranks",
     );
-    assert_follows(
+    common::assert_follows(
         single(2, false),
         &run(StrategyKind::Tp, 2, 1, 2, false),
         "tp with accumulation",
     );
-    assert_follows(
+    common::assert_follows(
         single(1, false),
         &run(StrategyKind::Tp, 2, 1, 1, true),
         "tp with recomputation",
@@ -154,7 +121,7 @@ fn tensor_parallel_matches_single_over_five_steps() {
 
 #[test]
 fn dp_by_tp_mesh_matches_single_over_five_steps() {
-    assert_follows(
+    common::assert_follows(
         single(1, false),
         &run(StrategyKind::Ddp, 4, 2, 1, false),
         "ddp x tp 2 x 2",

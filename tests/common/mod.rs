@@ -1,0 +1,51 @@
+//! What the equivalence tests (threads and MPI) share: the tiny model, the
+//! five-step run every strategy must follow, and the comparison with `single`.
+
+use distgpt::data::Dataset;
+use distgpt::model::GptConfig;
+use distgpt::train::{Duration, TrainConfig, TrainSummary};
+
+/// The tiny preset with the dataset's vocabulary.
+pub fn tiny_model(ds: &Dataset) -> GptConfig {
+    let mut model = GptConfig::preset("tiny").unwrap();
+    model.vocab_size = ds.tokenizer.vocab_size();
+    model
+}
+
+/// Five optimizer steps at global batch 12 x 32.
+pub fn five_steps(tag: &str, grad_accum: usize) -> TrainConfig {
+    TrainConfig {
+        batch_size: 12,
+        seq_len: 32,
+        grad_accum,
+        duration: Duration::Steps(5),
+        lr: 1e-3,
+        min_lr: 1e-4,
+        warmup_steps: 2,
+        seed: 11,
+        out_dir: std::env::temp_dir().join(format!("distgpt-eq-{tag}-{}", std::process::id())),
+        peak_flops: Some(1e11),
+        ..TrainConfig::default()
+    }
+}
+
+/// Per-step losses within 1e-5; final parameters within 1e-4 of the largest parameter.
+pub fn assert_follows(reference: &TrainSummary, got: &TrainSummary, what: &str) {
+    assert_eq!(got.losses.len(), reference.losses.len());
+    for (step, (a, b)) in got.losses.iter().zip(&reference.losses).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-5,
+            "{what}: step {step} loss {a} vs single {b}"
+        );
+    }
+    let scale = reference.params.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    let err = got
+        .params
+        .iter()
+        .zip(&reference.params)
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(
+        err <= 1e-4 * scale,
+        "{what}: final parameters differ by {err} (largest parameter {scale})"
+    );
+}
