@@ -3,7 +3,7 @@
 
 use distgpt::backend::cpu::Cpu;
 use distgpt::data::{Dataset, TokenizerKind};
-use distgpt::model::{AdamWConfig, GptConfig};
+use distgpt::model::GptConfig;
 use distgpt::parallel::{ParallelConfig, StrategyKind};
 use distgpt::train::{train, Duration, Fault, TrainConfig};
 use std::process::Command;
@@ -11,23 +11,11 @@ use std::time::{Duration as Wait, Instant};
 
 fn tiny_run(fault: Option<Fault>) -> TrainConfig {
     TrainConfig {
-        batch_size: 8,
         seq_len: 32,
-        grad_accum: 1,
         duration: Duration::Steps(6),
-        lr: 1e-3,
-        min_lr: 1e-4,
-        warmup_steps: 1,
-        adamw: AdamWConfig::default(),
-        grad_clip: 1.0,
-        eval_every: 0,
-        eval_batches: 1,
-        sample_every: 0,
-        sample_tokens: 1,
         seed: 1,
         out_dir: std::env::temp_dir().join(format!("distgpt-fault-{}", std::process::id())),
         peak_flops: Some(1e11),
-        verbose: false,
         fault,
         ..TrainConfig::default()
     }

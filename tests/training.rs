@@ -12,8 +12,6 @@ use std::time::Duration as Wait;
 fn tiny_config(out: &std::path::Path, steps: usize) -> TrainConfig {
     TrainConfig {
         batch_size: 16,
-        seq_len: 64,
-        grad_accum: 1,
         duration: Duration::Steps(steps),
         lr: 1e-2,
         min_lr: 1e-3,
@@ -22,16 +20,11 @@ fn tiny_config(out: &std::path::Path, steps: usize) -> TrainConfig {
             beta2: 0.99,
             ..AdamWConfig::default()
         },
-        grad_clip: 1.0,
-        eval_every: 0,
         eval_batches: 4,
-        sample_every: 0,
         sample_tokens: 40,
         seed: 3,
         out_dir: out.to_path_buf(),
         peak_flops: Some(1e11),
-        verbose: false,
-        fault: None,
         ..TrainConfig::default()
     }
 }
