@@ -157,7 +157,8 @@ fn a_failing_mpi_rank_stops_the_job_and_is_named() {
         text.contains("injected fault on rank 1 at step 2"),
         "{text}"
     );
-    assert!(text.contains("MPI_ABORT was invoked on rank 1"), "{text}");
+    // Open MPI's own "MPI_ABORT was invoked on rank 1" banner is not
+    // asserted: its help-text machinery sometimes fails to print it.
     assert!(
         t0.elapsed() < Wait::from_secs(20),
         "took {:?}",
