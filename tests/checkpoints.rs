@@ -182,22 +182,13 @@ fn a_flipped_byte_or_a_missing_tensor_is_named() {
         .iter_mut()
         .find(|f| f.file == "rank_1.safetensors")
         .unwrap();
-    entry.checksum = fnv(&partial);
+    entry.checksum = state::checksum(&partial);
     std::fs::write(&index_path, serde_json::to_string(&index).unwrap()).unwrap();
     let err = state::load(&ckpt).err().unwrap().to_string();
     assert!(
         err.contains("rank_1.safetensors") && err.contains("missing tensor 'm'"),
         "{err}"
     );
-}
-
-fn fnv(bytes: &[u8]) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    format!("{h:016x}")
 }
 
 #[cfg(unix)]

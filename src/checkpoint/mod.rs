@@ -35,14 +35,30 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     write().map_err(|e| Error::io(path, e))
 }
 
-fn f32_bytes(x: &[f32]) -> Vec<u8> {
-    x.iter().flat_map(|v| v.to_le_bytes()).collect()
+/// Serialises named f32 tensors (name, shape, values) to safetensors bytes;
+/// `path` only names the file in errors.
+fn f32_safetensors(tensors: &[(String, Vec<usize>, &[f32])], path: &Path) -> Result<Vec<u8>> {
+    let bad = |e: safetensors::SafeTensorError| Error::Checkpoint {
+        path: path.into(),
+        reason: e.to_string(),
+    };
+    let bytes: Vec<Vec<u8>> = tensors
+        .iter()
+        .map(|(_, _, x)| x.iter().flat_map(|v| v.to_le_bytes()).collect())
+        .collect();
+    let views = tensors
+        .iter()
+        .zip(&bytes)
+        .map(|((n, s, _), b)| TensorView::new(Dtype::F32, s.clone(), b).map(|v| (n.clone(), v)))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(bad)?;
+    safetensors::serialize(views, &None).map_err(bad)
 }
 
 /// Saves the weights as Hugging Face GPT-2 safetensors (the padded vocabulary rows are dropped).
 pub fn save_weights<B: Backend>(model: &Gpt2<B>, path: &Path) -> Result<()> {
     let v = model.config.vocab_size;
-    let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = model
+    let tensors: Vec<(String, Vec<usize>, &[f32])> = model
         .layout
         .tensors
         .iter()
@@ -53,21 +69,10 @@ pub fn save_weights<B: Backend>(model: &Gpt2<B>, path: &Path) -> Result<()> {
                 shape[0] = v;
                 r.end = r.start + v * shape[1];
             }
-            (t.name.clone(), shape, f32_bytes(&model.params[r]))
+            (t.name.clone(), shape, &model.params[r])
         })
         .collect();
-    let views = tensors
-        .iter()
-        .map(|(n, s, b)| TensorView::new(Dtype::F32, s.clone(), b).map(|v| (n.clone(), v)))
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| Error::Checkpoint {
-            path: path.into(),
-            reason: e.to_string(),
-        })?;
-    let bytes = safetensors::serialize(views, &None).map_err(|e| Error::Checkpoint {
-        path: path.into(),
-        reason: e.to_string(),
-    })?;
+    let bytes = f32_safetensors(&tensors, path)?;
     write_atomic(path, &bytes)
 }
 

@@ -7,13 +7,13 @@
 //! every file into whole-layout buffers, so any strategy and world size can
 //! resume from any other.
 
-use super::write_atomic;
+use super::{f32_safetensors, write_atomic};
 use crate::comm::Comm;
 use crate::data::LoaderPosition;
 use crate::error::{Error, Result};
 use crate::model::GptConfig;
 use crate::parallel::OwnedState;
-use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use safetensors::tensor::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -49,17 +49,13 @@ pub struct RankFile {
 }
 
 /// FNV-1a, 64 bit: enough to catch truncation and flipped bytes.
-fn checksum(bytes: &[u8]) -> String {
+pub fn checksum(bytes: &[u8]) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for &b in bytes {
         h ^= b as u64;
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
     format!("{h:016x}")
-}
-
-fn f32_bytes(x: &[f32]) -> Vec<u8> {
-    x.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
 fn io<T>(path: &Path, r: std::io::Result<T>) -> Result<T> {
@@ -99,24 +95,13 @@ pub fn save(
     }
     world.barrier()?;
     if !owned.segments.is_empty() {
-        let bytes: Vec<Vec<u8>> = [&owned.params, &owned.m, &owned.v]
-            .iter()
-            .map(|x| f32_bytes(x))
-            .collect();
         let n = owned.params.len();
-        let views = TENSORS
+        let tensors: Vec<(String, Vec<usize>, &[f32])> = TENSORS
             .iter()
-            .zip(&bytes)
-            .map(|(t, b)| TensorView::new(Dtype::F32, vec![n], b).map(|v| (t.to_string(), v)))
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| Error::Checkpoint {
-                path: tmp.clone(),
-                reason: e.to_string(),
-            })?;
-        let data = safetensors::serialize(views, &None).map_err(|e| Error::Checkpoint {
-            path: tmp.clone(),
-            reason: e.to_string(),
-        })?;
+            .zip([&owned.params, &owned.m, &owned.v])
+            .map(|(t, x)| (t.to_string(), vec![n], x.as_slice()))
+            .collect();
+        let data = f32_safetensors(&tensors, &tmp)?;
         let file = format!("rank_{rank}.safetensors");
         write_atomic(&tmp.join(&file), &data)?;
         let meta = RankFile {
