@@ -2,6 +2,7 @@
 
 pub mod backend;
 pub mod checkpoint;
+pub mod compare;
 pub mod comm;
 pub mod data;
 pub mod error;
@@ -9,5 +10,6 @@ pub mod infer;
 pub mod metrics;
 pub mod model;
 pub mod parallel;
+pub mod plan;
 pub mod rng;
 pub mod train;

@@ -7,13 +7,8 @@ use anyhow::Result;
 use clap::Args;
 use distgpt::backend::cpu::Cpu;
 use distgpt::backend::Backend;
-use distgpt::comm::Comm;
-use distgpt::data::Batch;
 use distgpt::metrics;
-use distgpt::model::gpt2::init_full;
-use distgpt::model::AdamWConfig;
-use distgpt::parallel::{self, StepConfig};
-use distgpt::rng::Rng;
+use distgpt::train::bench::{bench_rank, BenchSpec};
 use std::time::Instant;
 
 #[derive(Args)]
@@ -90,14 +85,6 @@ fn run_generate(a: &BenchArgs, cfg: &distgpt::model::GptConfig, tokens: usize) -
     Ok(())
 }
 
-/// What each rank measured: mean step seconds, peak bytes by category, comm bytes and seconds.
-struct RankResult {
-    step_s: f64,
-    peak: [u64; 6],
-    comm_bytes: u64,
-    comm_s: f64,
-}
-
 pub fn run(a: BenchArgs) -> Result<()> {
     let cfg = a.model.resolve(a.vocab_size)?;
     let (b, t) = (a.batch_size, a.seq_len.unwrap_or(cfg.block_size));
@@ -119,87 +106,22 @@ pub fn run(a: BenchArgs) -> Result<()> {
         },
         |g| g * 1e9,
     );
-    let init = init_full(&cfg, 1);
-    let show = !a.json;
-    let rank_main = |world: &dyn Comm| -> distgpt::error::Result<Vec<RankResult>> {
-        let mut strategy = parallel::build(
-            Cpu::new(),
-            cfg.clone(),
-            par,
-            world,
-            AdamWConfig::default(),
-            b,
-            t,
-        )?;
-        strategy.load_full(&init);
-        let mut rng = Rng::new(7);
-        let mut batch = || {
-            let mut ids = || {
-                (0..b * t)
-                    .map(|_| rng.below(cfg.vocab_size) as u32)
-                    .collect::<Vec<_>>()
-            };
-            Batch {
-                inputs: ids(),
-                targets: ids(),
-            }
-        };
-        let lead = world.rank() == 0;
-        let pb = if show && lead {
-            metrics::progress_bar((a.warmup + a.steps) as u64, "bench")
-        } else {
-            indicatif::ProgressBar::hidden()
-        };
-        let mut total = 0.0;
-        for i in 0..a.warmup + a.steps {
-            let mb = [batch()];
-            world.barrier()?;
-            let t0 = Instant::now();
-            strategy.step(
-                &mb,
-                StepConfig {
-                    lr: 1e-4,
-                    grad_clip: 1.0,
-                },
-            )?;
-            if i >= a.warmup {
-                total += t0.elapsed().as_secs_f64();
-            }
-            pb.inc(1);
-        }
-        pb.finish_and_clear();
-        let m = strategy.memory();
-        let c = strategy.comm_stats();
-        let mine = m.peak_row().map(|x| x as f32);
-        let n = world.size();
-        let mut all = vec![0.0f32; 9 * n];
-        let row = [
-            mine.as_slice(),
-            &[
-                c.total_bytes() as f32,
-                c.seconds as f32,
-                (total / a.steps.max(1) as f64) as f32,
-            ],
-        ]
-        .concat();
-        world.all_gather(&row, &mut all)?;
-        Ok(all
-            .chunks(9)
-            .map(|r| RankResult {
-                step_s: r[8] as f64,
-                peak: std::array::from_fn(|i| r[i] as u64),
-                comm_bytes: r[6] as u64,
-                comm_s: r[7] as f64,
-            })
-            .collect())
+    let spec = BenchSpec {
+        batch: b,
+        seq_len: t,
+        warmup: a.warmup,
+        steps: a.steps,
+        show: !a.json,
     };
-    let Some(ranks) = a.parallel.launch(threads, rank_main)? else {
+    let Some(ranks) = a
+        .parallel
+        .launch(threads, |world| bench_rank(Cpu::new(), &cfg, par, spec, world))?
+    else {
         return Ok(());
     };
     let step_s = ranks.iter().map(|r| r.step_s).fold(0.0, f64::max);
     let tokens_per_s = (b * t) as f64 / step_s;
     let mfu = metrics::mfu(cfg.flops_per_token(t), tokens_per_s, peak);
-    let steps = a.steps.max(1) as f64;
     let resolved = par.resolved();
     if a.json {
         let j = serde_json::json!({
@@ -210,7 +132,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "flops_per_token": cfg.flops_per_token(t),
             "ranks": ranks.iter().map(|r| serde_json::json!({
                 "peak_bytes": {"params": r.peak[0], "grads": r.peak[1], "optimizer": r.peak[2], "activations": r.peak[3], "other": r.peak[4], "total": r.peak[5]},
-                "comm_bytes_per_step": r.comm_bytes as f64 / (steps + a.warmup as f64), "comm_seconds_per_step": r.comm_s / (steps + a.warmup as f64),
+                "comm_bytes_per_step": r.comm_bytes_per_step, "comm_seconds_per_step": r.comm_s_per_step,
             })).collect::<Vec<_>>(),
         });
         println!("{j}");
@@ -240,8 +162,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
             h(x.peak[2]),
             h(x.peak[3]),
             h(x.peak[4]),
-            h((x.comm_bytes as f64 / (steps + a.warmup as f64)) as u64),
-            1e3 * x.comm_s / (steps + a.warmup as f64)
+            h(x.comm_bytes_per_step as u64),
+            1e3 * x.comm_s_per_step
         );
     }
     Ok(())

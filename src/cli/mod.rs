@@ -1,6 +1,8 @@
 //! Command-line interface: clap commands turned into library configs.
 
 mod bench;
+mod compare;
+mod plan;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -37,6 +39,12 @@ enum Command {
     Data(DataCommand),
     /// Measure training throughput, MFU and peak memory on synthetic tokens.
     Bench(bench::BenchArgs),
+    /// Train a matrix of strategies x world sizes x batch sizes and write a
+    /// report: results.json/.csv, report.md and PNG/SVG figures.
+    Compare(Box<compare::CompareArgs>),
+    /// Predict per-rank memory and step time of every strategy for a model,
+    /// world size, device and network, and recommend the fastest that fits.
+    Plan(Box<plan::PlanArgs>),
     /// Write a run's model as a Hugging Face folder (config.json + model.safetensors).
     Export(ExportArgs),
     /// Validation loss and perplexity of a model (a run directory or a Hugging Face folder).
@@ -371,6 +379,8 @@ pub fn run() -> Result<()> {
             Ok(())
         }
         Command::Bench(a) => bench::run(a),
+        Command::Compare(a) => compare::run(*a, rayon::current_num_threads()),
+        Command::Plan(a) => plan::run(*a, rayon::current_num_threads()),
         Command::Export(a) => {
             let (model, meta) = checkpoint::load_model(Cpu::new(), &a.run)?;
             checkpoint::hf::export(&model, &meta.tokenizer, &a.out)?;
@@ -437,6 +447,7 @@ fn new_run(a: &TrainArgs, ds: &Dataset) -> Result<(GptConfig, TrainConfig)> {
         init_from: None,
         data: a.data.clone(),
         tokenizer: a.tokenizer,
+        progress: None,
     };
     Ok((model_cfg, cfg))
 }

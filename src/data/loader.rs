@@ -44,6 +44,19 @@ impl Split {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// The first `n` tokens (all of them when there are fewer), in memory.
+    pub fn head(&self, n: usize) -> Split {
+        let tokens = self
+            .parts
+            .iter()
+            .flat_map(|p| (0..p.len()).map(move |i| p.get(i) as u16))
+            .take(n)
+            .collect();
+        Split {
+            parts: vec![Part::Memory(tokens)],
+        }
+    }
 }
 
 /// Where a loader is: enough to resume it exactly.

@@ -2,6 +2,7 @@
 //! evaluation, samples, training-state checkpoints (and resume from them),
 //! and the weights written to the run directory at the end.
 
+pub mod bench;
 pub mod schedule;
 
 use crate::backend::{Backend, MemoryReport};
@@ -66,6 +67,10 @@ pub struct TrainConfig {
     /// Where the data came from, recorded so `--resume` can reload it.
     pub data: Option<PathBuf>,
     pub tokenizer: TokenizerKind,
+    /// A bar to drive instead of drawing one (`compare`'s per-run bar); its
+    /// length is set to the run's steps. Messages are printed only when verbose.
+    #[serde(skip)]
+    pub progress: Option<indicatif::ProgressBar>,
 }
 
 impl Default for TrainConfig {
@@ -97,6 +102,7 @@ impl Default for TrainConfig {
             init_from: None,
             data: None,
             tokenizer: TokenizerKind::Char,
+            progress: None,
         }
     }
 }
@@ -131,6 +137,8 @@ pub struct TrainSummary {
     pub rank_comm_seconds: Vec<f64>,
     /// Loss of every step (for equivalence checks).
     pub losses: Vec<f32>,
+    /// Rank 0's record of every step of this run, as written to metrics.jsonl.
+    pub history: Vec<StepRecord>,
     /// The trained parameters, whole-model layout.
     pub params: Vec<f32>,
     pub sample: String,
@@ -340,10 +348,14 @@ pub fn train_rank<B: Backend + 'static>(
             JsonlWriter::create(&metrics_path)?
         });
     }
-    let pb = if verbose {
-        metrics::progress_bar(steps as u64, "train")
-    } else {
-        indicatif::ProgressBar::hidden()
+    let pb = match (&cfg.progress, lead) {
+        (Some(bar), true) => {
+            bar.set_length(steps as u64);
+            bar.set_position(start as u64);
+            bar.clone()
+        }
+        _ if verbose => metrics::progress_bar(steps as u64, "train"),
+        _ => indicatif::ProgressBar::hidden(),
     };
     let note = |msg: &str| {
         if verbose {
@@ -377,6 +389,7 @@ pub fn train_rank<B: Backend + 'static>(
     let total_peak = peak_flops * par.world_size as f64;
     let started = Instant::now();
     let mut losses = Vec::with_capacity(steps);
+    let mut history = Vec::new();
     let mut val_last = f32::NAN;
     let mut rank_peaks = vec![0.0f32; 6 * world.size()];
     for step in start..steps {
@@ -470,6 +483,7 @@ pub fn train_rank<B: Backend + 'static>(
                 comm: strategy.comm_stats(),
             };
             log.write(&record)?;
+            history.push(record);
         }
         pb.set_message(format!(
             "loss {:.4} | {:.0} tok/s",
@@ -544,6 +558,7 @@ pub fn train_rank<B: Backend + 'static>(
         rank_comm_bytes: comm_all.chunks(2).map(|c| c[0] as u64).collect(),
         rank_comm_seconds: comm_all.chunks(2).map(|c| c[1] as f64).collect(),
         losses,
+        history,
         params,
         sample,
         out_dir: cfg.out_dir.clone(),

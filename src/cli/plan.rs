@@ -1,0 +1,288 @@
+//! `distgpt plan`: per-rank memory and step time of every strategy and mesh
+//! for a model, world size, device and network, from the analytic cost model
+//! in `distgpt::plan`, with the fastest layout that fits.
+
+use super::ModelArgs;
+use anyhow::{bail, Result};
+use clap::Args;
+use distgpt::plan::calibrate::calibrate_cpu;
+use distgpt::plan::{self, Device, Network, Precision, Prediction, Workload};
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum DeviceKind {
+    /// This machine, measured by a calibration run (thread ranks share it).
+    Cpu,
+    /// NVIDIA A100 SXM 80 GB (datasheet), NVLink 300 GB/s, 8 per node, 25 GB/s InfiniBand.
+    A100,
+    /// NVIDIA H100 SXM 80 GB (datasheet), NVLink 450 GB/s, 8 per node, 50 GB/s InfiniBand.
+    H100,
+    /// Your own: --peak-tflops, --memory-gb, --memory-bandwidth-gbs and the network flags.
+    Custom,
+}
+
+#[derive(Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Vocabulary size (default: the preset's; 65 for the char presets).
+    #[arg(long)]
+    vocab_size: Option<usize>,
+    /// World sizes to plan, comma-separated (1 to 4096).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    world_size: Vec<usize>,
+    /// Global batch in sequences per micro-step.
+    #[arg(long, default_value_t = 16)]
+    batch_size: usize,
+    /// Tokens per sequence (default: the model's block size).
+    #[arg(long)]
+    seq_len: Option<usize>,
+    #[arg(long, default_value_t = 1)]
+    grad_accum: usize,
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: DeviceKind,
+    /// fp32: what distgpt trains in (16 bytes/param of model state);
+    /// mixed: 16-bit params/grads/activations + fp32 master and moments (ZeRO's K = 12).
+    #[arg(long, value_enum, default_value = "fp32")]
+    precision: Precision,
+    /// Fraction of the peak a step reaches (default: measured for cpu, 0.4 for GPUs).
+    #[arg(long)]
+    efficiency: Option<f64>,
+    /// Custom device: peak TFLOP/s per device at the chosen precision.
+    #[arg(long)]
+    peak_tflops: Option<f64>,
+    /// Custom device: memory per device in GB (default cpu: 24).
+    #[arg(long)]
+    memory_gb: Option<f64>,
+    /// Custom device: memory bandwidth in GB/s.
+    #[arg(long)]
+    memory_bandwidth_gbs: Option<f64>,
+    /// Ranks per node (custom network).
+    #[arg(long)]
+    ranks_per_node: Option<usize>,
+    /// Per-rank bandwidth within a node, GB/s.
+    #[arg(long)]
+    intra_gbs: Option<f64>,
+    /// Per-rank bandwidth across nodes, GB/s.
+    #[arg(long)]
+    inter_gbs: Option<f64>,
+    #[arg(long)]
+    intra_latency_us: Option<f64>,
+    #[arg(long)]
+    inter_latency_us: Option<f64>,
+    /// Also plan every layout with activation recomputation.
+    #[arg(long)]
+    recompute: bool,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+fn need(v: Option<f64>, flag: &str) -> Result<f64> {
+    match v {
+        Some(x) if x > 0.0 && x.is_finite() => Ok(x),
+        Some(x) => bail!("{flag} must be a positive number, got {x}"),
+        None => bail!("--device custom needs {flag}"),
+    }
+}
+
+/// The device and network the flags describe (calibrating this CPU if asked).
+fn machine(a: &PlanArgs, w: &Workload, threads: usize) -> Result<(Device, Network)> {
+    let eff = a.efficiency;
+    if let Some(e) = eff {
+        if !(e > 0.0 && e <= 1.0) {
+            bail!("--efficiency must be in (0, 1], got {e}");
+        }
+    }
+    let (mut device, mut net) = match a.device {
+        DeviceKind::Cpu => {
+            eprintln!("calibrating this CPU (matmul peak, a training step, AdamW bandwidth, thread-rank all-reduce)...");
+            let per_rank_batch = w.batch;
+            let cal = calibrate_cpu(&w.model, per_rank_batch, w.seq_len, threads)?;
+            eprintln!(
+                "  peak {:.0} GFLOP/s, step efficiency {:.0}% (on {} params, batch {} x {}), AdamW {:.1} GB/s, all-reduce {:.1} GB/s + {:.1} us",
+                cal.peak_flops / 1e9,
+                100.0 * cal.efficiency,
+                cal.model.num_params(),
+                cal.batch,
+                cal.seq_len,
+                cal.memory_bandwidth / 1e9,
+                cal.comm_bandwidth / 1e9,
+                cal.comm_latency_s * 1e6
+            );
+            (
+                cal.device(a.memory_gb.unwrap_or(24.0) * 1e9),
+                cal.network(),
+            )
+        }
+        DeviceKind::A100 | DeviceKind::H100 => {
+            let name = if a.device == DeviceKind::A100 {
+                "a100"
+            } else {
+                "h100"
+            };
+            (
+                Device::datasheet(name, a.precision, eff.unwrap_or(0.4))
+                    .expect("known datasheet"),
+                Network::datasheet(name).expect("known datasheet"),
+            )
+        }
+        DeviceKind::Custom => (
+            Device {
+                name: "custom".into(),
+                peak_flops: need(a.peak_tflops, "--peak-tflops")? * 1e12,
+                efficiency: eff.unwrap_or(0.4),
+                memory_bytes: need(a.memory_gb, "--memory-gb")? * 1e9,
+                memory_bandwidth: need(a.memory_bandwidth_gbs, "--memory-bandwidth-gbs")? * 1e9,
+                shared_by_ranks: false,
+            },
+            Network {
+                ranks_per_node: a.ranks_per_node.unwrap_or(8),
+                intra_bandwidth: need(a.intra_gbs, "--intra-gbs")? * 1e9,
+                intra_latency_s: a.intra_latency_us.unwrap_or(5.0) * 1e-6,
+                inter_bandwidth: need(a.inter_gbs, "--inter-gbs")? * 1e9,
+                inter_latency_s: a.inter_latency_us.unwrap_or(10.0) * 1e-6,
+            },
+        ),
+    };
+    // Explicit flags override a preset's figures.
+    if let Some(e) = eff {
+        device.efficiency = e;
+    }
+    if a.device != DeviceKind::Custom {
+        if let Some(x) = a.memory_gb {
+            device.memory_bytes = x * 1e9;
+        }
+        if let Some(x) = a.ranks_per_node {
+            net.ranks_per_node = x;
+        }
+        if let Some(x) = a.intra_gbs {
+            net.intra_bandwidth = x * 1e9;
+        }
+        if let Some(x) = a.inter_gbs {
+            net.inter_bandwidth = x * 1e9;
+        }
+    }
+    Ok((device, net))
+}
+
+pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
+    let model = a.model.resolve(a.vocab_size)?;
+    let seq_len = a.seq_len.unwrap_or(model.block_size);
+    if seq_len == 0 || seq_len > model.block_size {
+        bail!(
+            "--seq-len {seq_len} must be between 1 and the model's block size {}",
+            model.block_size
+        );
+    }
+    if a.batch_size == 0 || a.grad_accum == 0 {
+        bail!("--batch-size and --grad-accum must be at least 1");
+    }
+    if let Some(&w) = a.world_size.iter().find(|&&w| w == 0 || w > 4096) {
+        bail!("world size {w} is outside 1..=4096");
+    }
+    let w = Workload {
+        model,
+        batch: a.batch_size,
+        seq_len,
+        grad_accum: a.grad_accum,
+    };
+    let (device, net) = machine(&a, &w, threads)?;
+    let mut all = Vec::new();
+    for &world in &a.world_size {
+        let mut preds: Vec<Prediction> = Vec::new();
+        for rc in if a.recompute {
+            vec![false, true]
+        } else {
+            vec![false]
+        } {
+            for par in plan::layouts(&w.model, world, w.batch, rc) {
+                preds.push(plan::predict(&w, par, &device, &net, a.precision));
+            }
+        }
+        if preds.is_empty() {
+            eprintln!(
+                "world size {world}: no layout fits the batch of {} (it must divide by the data-parallel size)",
+                w.batch
+            );
+        }
+        all.push((world, preds));
+    }
+    if a.json {
+        let j = serde_json::json!({
+            "workload": w, "device": device, "network": net, "precision": a.precision,
+            "plans": all.iter().map(|(world, p)| serde_json::json!({
+                "world_size": world, "predictions": p,
+                "recommended": plan::recommend(p).map(|r| plan::layout_name(&r.parallel)),
+            })).collect::<Vec<_>>(),
+        });
+        println!("{j}");
+        return Ok(());
+    }
+    println!(
+        "{} ({:.3}B params, {} layers x {} wide), global batch {} x {} tokens x {} accum, {:?} on {} ({:.0} TFLOP/s peak at {:.0}% efficiency, {:.0} GB)",
+        a.model.model_name(),
+        w.model.num_params() as f64 / 1e9,
+        w.model.n_layer,
+        w.model.n_embd,
+        w.batch,
+        w.seq_len,
+        w.grad_accum,
+        a.precision,
+        device.name,
+        device.peak_flops / 1e12,
+        100.0 * device.efficiency,
+        device.memory_bytes / 1e9
+    );
+    println!("memory in GB (1e9 bytes) per rank; states = params + grads + optimizer kept between steps (fsdp's gathered units are in params and total)");
+    for (world, preds) in &all {
+        println!();
+        println!(
+            "{:<26} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10} {:>12}  fits",
+            format!("world {world}"),
+            "params",
+            "grads",
+            "optim",
+            "states",
+            "activ",
+            "total",
+            "compute ms",
+            "comm ms",
+            "optim ms",
+            "step ms",
+            "tokens/s"
+        );
+        for p in preds {
+            let (m, t) = (&p.memory, &p.time);
+            println!(
+                "{:<26} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>12.0}  {}",
+                plan::layout_name(&p.parallel),
+                m.params / 1e9,
+                m.grads / 1e9,
+                m.optimizer / 1e9,
+                m.persistent_states() / 1e9,
+                m.activations / 1e9,
+                m.total() / 1e9,
+                t.compute_s * 1e3,
+                t.comm_s * 1e3,
+                t.optimizer_s * 1e3,
+                t.step_s() * 1e3,
+                p.tokens_per_s,
+                if p.fits { "yes" } else { "NO" }
+            );
+        }
+        match plan::recommend(preds) {
+            Some(r) => println!(
+                "recommended on {world}: {} ({:.1} ms/step, {:.3} GB per rank)",
+                plan::layout_name(&r.parallel),
+                r.time.step_s() * 1e3,
+                r.memory.total() / 1e9
+            ),
+            None if !preds.is_empty() => println!(
+                "on {world}: nothing fits in {:.0} GB; try more ranks, --recompute or a smaller batch",
+                device.memory_bytes / 1e9
+            ),
+            None => {}
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,376 @@
+//! `compare`: trains a matrix of strategies x world sizes x batch sizes (x
+//! models) on the same data and seed, one run at a time on thread ranks, and
+//! turns the runs into one row each, with `plan`'s prediction beside what
+//! was measured. `report` writes the tables, `figures` the plots.
+
+pub mod figures;
+pub mod report;
+
+use crate::backend::cpu::Cpu;
+use crate::data::Dataset;
+use crate::error::{Error, Result};
+use crate::model::GptConfig;
+use crate::parallel::{ParallelConfig, StrategyKind};
+use crate::plan::calibrate::{calibrate_cpu, Calibration};
+use crate::plan::{self, Precision, Workload};
+use crate::train::{self, Duration, TrainConfig, TrainSummary};
+use indicatif::MultiProgress;
+use serde::Serialize;
+use std::path::PathBuf;
+
+/// A strategy as the matrix names it; `mesh` is ddp over tensor-parallel pairs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Layout {
+    Single,
+    Ddp,
+    Zero1,
+    Zero2,
+    Fsdp,
+    Tp,
+    Mesh,
+}
+
+impl Layout {
+    pub const ALL: [Layout; 7] = [
+        Layout::Single,
+        Layout::Ddp,
+        Layout::Zero1,
+        Layout::Zero2,
+        Layout::Fsdp,
+        Layout::Tp,
+        Layout::Mesh,
+    ];
+
+    /// The parallel configuration on `world` ranks (single ignores the world size).
+    fn parallel(self, world: usize) -> ParallelConfig {
+        let (strategy, world, tp) = match self {
+            Layout::Single => (StrategyKind::Single, 1, 1),
+            Layout::Ddp => (StrategyKind::Ddp, world, 1),
+            Layout::Zero1 => (StrategyKind::Zero1, world, 1),
+            Layout::Zero2 => (StrategyKind::Zero2, world, 1),
+            Layout::Fsdp => (StrategyKind::Fsdp, world, 1),
+            Layout::Tp => (StrategyKind::Tp, world, world),
+            Layout::Mesh => (StrategyKind::Ddp, world, 2),
+        };
+        ParallelConfig {
+            strategy,
+            world_size: world,
+            tp,
+            recompute: false,
+        }
+    }
+}
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct CompareSpec {
+    /// (preset name, model) pairs.
+    pub models: Vec<(String, GptConfig)>,
+    pub layouts: Vec<Layout>,
+    pub world_sizes: Vec<usize>,
+    pub batch_sizes: Vec<usize>,
+    pub seq_len: usize,
+    pub duration: Duration,
+    pub lr: f32,
+    pub seed: u64,
+    pub eval_batches: usize,
+    pub out_dir: PathBuf,
+    pub threads: usize,
+    /// Predict each run with `plan` calibrated on this machine.
+    pub predict: bool,
+}
+
+/// One cell of the matrix.
+#[derive(Clone, Debug)]
+pub struct Cell {
+    pub model_name: String,
+    pub model: GptConfig,
+    pub parallel: ParallelConfig,
+    pub batch: usize,
+}
+
+impl Cell {
+    /// "fsdp x2", "single", "ddp x4 (tp 2)".
+    pub fn label(&self) -> String {
+        plan::layout_name(&self.parallel)
+    }
+}
+
+/// The valid cells of the matrix, and a line for each skipped combination.
+pub fn cells(spec: &CompareSpec) -> (Vec<Cell>, Vec<String>) {
+    let (mut out, mut skipped) = (Vec::new(), Vec::new());
+    for (name, model) in &spec.models {
+        for &layout in &spec.layouts {
+            let worlds: &[usize] = if layout == Layout::Single {
+                &[1]
+            } else {
+                &spec.world_sizes
+            };
+            // one rank of a parallel strategy is `single` again
+            for &world in worlds.iter().filter(|&&w| w > 1 || layout == Layout::Single) {
+                if layout == Layout::Mesh && world < 4 {
+                    skipped.push(format!(
+                        "{name} mesh x{world}: a dp x tp 2 mesh needs a world of at least 4"
+                    ));
+                    continue;
+                }
+                for &batch in &spec.batch_sizes {
+                    let par = layout.parallel(world);
+                    match par.validate(model, batch) {
+                        Err(e) => skipped.push(format!("{name} {layout:?} x{world} batch {batch}: {e}")),
+                        Ok(()) => out.push(Cell {
+                            model_name: name.clone(),
+                            model: model.clone(),
+                            parallel: par,
+                            batch,
+                        }),
+                    }
+                }
+            }
+        }
+    }
+    (out, skipped)
+}
+
+/// One epoch of a run.
+#[derive(Clone, Debug, Serialize)]
+pub struct EpochPoint {
+    pub epoch: usize,
+    /// Seconds of optimizer steps in this epoch (evaluation excluded).
+    pub seconds: f64,
+    /// Largest peak bytes of any rank by the end of the epoch.
+    pub peak_bytes: u64,
+    pub mean_grad_norm: f64,
+    pub mean_loss: f64,
+}
+
+/// `plan`'s prediction for a run.
+#[derive(Clone, Debug, Serialize)]
+pub struct Predicted {
+    pub peak_bytes: f64,
+    pub step_ms: f64,
+}
+
+/// One row of the report.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunResult {
+    pub model: String,
+    pub params: usize,
+    pub label: String,
+    pub strategy: StrategyKind,
+    pub world_size: usize,
+    pub tp: usize,
+    pub batch: usize,
+    pub seq_len: usize,
+    pub steps: usize,
+    pub epochs: f64,
+    /// Mean over the steps after the first (which allocates).
+    pub step_ms: f64,
+    pub tokens_per_s: f64,
+    pub tokens_per_s_per_rank: f64,
+    /// Mean step time x optimizer steps per epoch.
+    pub time_per_epoch_s: f64,
+    /// Peak bytes of every rank: [params, grads, optimizer, activations, other, total].
+    pub rank_peak_bytes: Vec<[u64; 6]>,
+    pub final_loss: f32,
+    pub val_loss: f32,
+    pub final_grad_norm: f32,
+    /// Rank 0's collective traffic and time per step.
+    pub comm_bytes_per_step: f64,
+    pub comm_ms_per_step: f64,
+    /// Largest |loss - single's loss| over the steps, same model and batch.
+    pub max_loss_deviation_from_single: Option<f64>,
+    pub predicted: Option<Predicted>,
+    pub per_epoch: Vec<EpochPoint>,
+    pub losses: Vec<f32>,
+}
+
+impl RunResult {
+    /// The rank with the largest peak total.
+    pub fn max_peak(&self) -> [u64; 6] {
+        self.rank_peak_bytes
+            .iter()
+            .copied()
+            .max_by_key(|p| p[5])
+            .unwrap_or_default()
+    }
+
+    fn from_summary(cell: &Cell, seq_len: usize, s: &TrainSummary) -> Self {
+        let h = &s.history;
+        let timed = if h.len() > 1 { &h[1..] } else { &h[..] };
+        let step_s = timed.iter().map(|r| r.ms).sum::<f64>() / 1e3 / timed.len().max(1) as f64;
+        let tokens = (cell.batch * seq_len) as f64;
+        let steps_per_epoch = h.first().map_or(0.0, |r| 1.0 / r.epoch);
+        let mut per_epoch: Vec<EpochPoint> = Vec::new();
+        let mut counts: Vec<usize> = Vec::new();
+        for r in h {
+            let e = (r.epoch.ceil() as usize).max(1) - 1;
+            if per_epoch.len() <= e {
+                per_epoch.resize_with(e + 1, || EpochPoint {
+                    epoch: 0,
+                    seconds: 0.0,
+                    peak_bytes: 0,
+                    mean_grad_norm: 0.0,
+                    mean_loss: 0.0,
+                });
+                counts.resize(e + 1, 0);
+            }
+            let p = &mut per_epoch[e];
+            p.epoch = e + 1;
+            p.seconds += r.ms / 1e3;
+            p.peak_bytes = p
+                .peak_bytes
+                .max(r.rank_peak_bytes.iter().map(|x| x[5]).max().unwrap_or(0));
+            p.mean_grad_norm += r.grad_norm as f64;
+            p.mean_loss += r.loss as f64;
+            counts[e] += 1;
+        }
+        for (p, &n) in per_epoch.iter_mut().zip(&counts) {
+            p.mean_grad_norm /= n.max(1) as f64;
+            p.mean_loss /= n.max(1) as f64;
+        }
+        per_epoch.retain(|p| p.epoch > 0);
+        let world = cell.parallel.world_size;
+        RunResult {
+            model: cell.model_name.clone(),
+            params: cell.model.num_params(),
+            label: cell.label(),
+            strategy: cell.parallel.strategy,
+            world_size: world,
+            tp: cell.parallel.tp,
+            batch: cell.batch,
+            seq_len,
+            steps: s.steps,
+            epochs: h.last().map_or(0.0, |r| r.epoch),
+            step_ms: step_s * 1e3,
+            tokens_per_s: tokens / step_s,
+            tokens_per_s_per_rank: tokens / step_s / world as f64,
+            time_per_epoch_s: step_s * steps_per_epoch,
+            rank_peak_bytes: s.rank_peak_bytes.clone(),
+            final_loss: s.final_loss,
+            val_loss: s.val_loss,
+            final_grad_norm: h.last().map_or(f32::NAN, |r| r.grad_norm),
+            comm_bytes_per_step: s.comm.total_bytes() as f64 / s.steps.max(1) as f64,
+            comm_ms_per_step: s.comm.seconds * 1e3 / s.steps.max(1) as f64,
+            max_loss_deviation_from_single: None,
+            predicted: None,
+            per_epoch,
+            losses: s.losses.clone(),
+        }
+    }
+}
+
+/// Fills each run's largest loss deviation from `single` on the same model and batch.
+fn deviations(results: &mut [RunResult]) {
+    let singles: Vec<(String, usize, Vec<f32>)> = results
+        .iter()
+        .filter(|r| r.strategy == StrategyKind::Single)
+        .map(|r| (r.model.clone(), r.batch, r.losses.clone()))
+        .collect();
+    for r in results.iter_mut() {
+        r.max_loss_deviation_from_single = singles
+            .iter()
+            .find(|(m, b, _)| *m == r.model && *b == r.batch)
+            .map(|(_, _, base)| {
+                base.iter()
+                    .zip(&r.losses)
+                    .map(|(a, b)| (a - b).abs() as f64)
+                    .fold(0.0, f64::max)
+            });
+    }
+}
+
+/// Runs every cell (bars on `multi`), returning one row per run and the
+/// calibrations used for the predictions.
+pub fn run(
+    spec: &CompareSpec,
+    ds: &Dataset,
+    multi: &MultiProgress,
+) -> Result<(Vec<RunResult>, Vec<Calibration>)> {
+    let (cells, skipped) = cells(spec);
+    for s in &skipped {
+        multi
+            .println(format!("skipped {s}"))
+            .map_err(|e| Error::io(&spec.out_dir, e))?;
+    }
+    if cells.is_empty() {
+        return Err(Error::Config(
+            "no valid run in the matrix: check --strategies, --world-sizes and --batch-sizes"
+                .into(),
+        ));
+    }
+    let outer = multi.add(crate::metrics::progress_bar(cells.len() as u64, "matrix"));
+    let mut calibrations: Vec<Calibration> = Vec::new();
+    let mut results = Vec::with_capacity(cells.len());
+    for cell in &cells {
+        outer.set_message(format!("{} {} batch {}", cell.model_name, cell.label(), cell.batch));
+        let bar = multi.add(crate::metrics::progress_bar(1, "  run   "));
+        let cfg = TrainConfig {
+            batch_size: cell.batch,
+            seq_len: spec.seq_len,
+            duration: spec.duration,
+            lr: spec.lr,
+            min_lr: spec.lr / 10.0,
+            warmup_steps: 10,
+            eval_batches: spec.eval_batches,
+            sample_tokens: 0,
+            seed: spec.seed,
+            out_dir: spec.out_dir.join("runs").join(format!(
+                "{}-{}-x{}-tp{}-b{}",
+                cell.model_name,
+                format!("{:?}", cell.parallel.strategy).to_lowercase(),
+                cell.parallel.world_size,
+                cell.parallel.tp,
+                cell.batch
+            )),
+            progress: Some(bar.clone()),
+            ..TrainConfig::default()
+        };
+        let summary = train::train(
+            Cpu::new,
+            cell.model.clone(),
+            ds,
+            &cfg,
+            cell.parallel,
+            spec.threads,
+            std::time::Duration::from_secs(600),
+        )?;
+        multi.remove(&bar);
+        let mut row = RunResult::from_summary(cell, spec.seq_len, &summary);
+        if spec.predict {
+            let key = |c: &Calibration| c.model == cell.model && c.batch == cell.batch;
+            if !calibrations.iter().any(key) {
+                calibrations.push(calibrate_cpu(
+                    &cell.model,
+                    cell.batch,
+                    spec.seq_len,
+                    spec.threads,
+                )?);
+            }
+            let cal = calibrations.iter().find(|c| key(c)).expect("just added");
+            let w = Workload {
+                model: cell.model.clone(),
+                batch: cell.batch,
+                seq_len: spec.seq_len,
+                grad_accum: 1,
+            };
+            let p = plan::predict(
+                &w,
+                cell.parallel,
+                &cal.device(f64::INFINITY),
+                &cal.network(),
+                Precision::Fp32,
+            );
+            row.predicted = Some(Predicted {
+                peak_bytes: p.memory.total(),
+                step_ms: p.time.step_s() * 1e3,
+            });
+        }
+        results.push(row);
+        outer.inc(1);
+    }
+    outer.finish_and_clear();
+    deviations(&mut results);
+    Ok((results, calibrations))
+}

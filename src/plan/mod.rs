@@ -1,0 +1,553 @@
+//! An analytic cost model of a training step: per-rank memory by category
+//! and step time (compute at a calibrated efficiency + alpha-beta collective
+//! costs + the memory-bound optimizer update) for every strategy and
+//! dp x tp mesh, on this CPU or on a datasheet device.
+//!
+//! Memory follows what distgpt allocates (the same buffers `parallel`
+//! builds), priced at the chosen precision, so a prediction for this machine
+//! can be checked against `bench` and one for a GPU against the ZeRO paper.
+
+pub mod calibrate;
+
+use crate::model::{GptConfig, ParamLayout};
+use crate::parallel::{ParallelConfig, StrategyKind};
+use serde::Serialize;
+
+/// Bytes per element of each kind of state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// What distgpt trains in: fp32 params, grads, AdamW m and v (K = 8).
+    Fp32,
+    /// The ZeRO paper's mixed precision: 16-bit params and grads, fp32
+    /// master copy + m + v (K = 12), 16-bit activations.
+    Mixed,
+}
+
+impl Precision {
+    fn params_bytes(self) -> f64 {
+        match self {
+            Precision::Fp32 => 4.0,
+            Precision::Mixed => 2.0,
+        }
+    }
+
+    fn grads_bytes(self) -> f64 {
+        self.params_bytes()
+    }
+
+    /// Optimizer state per parameter (K in the ZeRO paper).
+    fn optimizer_bytes(self) -> f64 {
+        match self {
+            Precision::Fp32 => 8.0,
+            Precision::Mixed => 12.0,
+        }
+    }
+
+    fn activation_bytes(self) -> f64 {
+        self.params_bytes()
+    }
+
+    /// Bytes the AdamW update reads and writes per parameter it owns.
+    fn update_traffic_bytes(self) -> f64 {
+        // read p, g, m, v (+ master) and write p, m, v (+ master)
+        2.0 * self.params_bytes() + self.grads_bytes() + 2.0 * self.optimizer_bytes()
+    }
+}
+
+/// What one rank computes on.
+#[derive(Clone, Debug, Serialize)]
+pub struct Device {
+    pub name: String,
+    /// Peak matmul FLOP/s at the plan's precision, per device.
+    pub peak_flops: f64,
+    /// Fraction of the peak a training step achieves (model FLOPs).
+    pub efficiency: f64,
+    pub memory_bytes: f64,
+    pub memory_bandwidth: f64,
+    /// Thread ranks on one CPU share its peak, bandwidth and memory; a GPU
+    /// rank has its device to itself.
+    pub shared_by_ranks: bool,
+}
+
+impl Device {
+    /// Datasheet figures (SXM, 80 GB, dense): `fp32` uses the TF32 tensor
+    /// cores, `mixed` BF16. The efficiency is the caller's to state.
+    pub fn datasheet(name: &str, precision: Precision, efficiency: f64) -> Option<Device> {
+        let (fp32, bf16, bw) = match name {
+            "a100" => (156e12, 312e12, 2.039e12),
+            "h100" => (494.7e12, 989.4e12, 3.35e12),
+            _ => return None,
+        };
+        Some(Device {
+            name: name.to_uppercase(),
+            peak_flops: match precision {
+                Precision::Fp32 => fp32,
+                Precision::Mixed => bf16,
+            },
+            efficiency,
+            memory_bytes: 80e9,
+            memory_bandwidth: bw,
+            shared_by_ranks: false,
+        })
+    }
+}
+
+/// Links between ranks: alpha (latency, s) and beta (1 / bandwidth, bytes/s per rank).
+#[derive(Clone, Debug, Serialize)]
+pub struct Network {
+    pub ranks_per_node: usize,
+    pub intra_bandwidth: f64,
+    pub intra_latency_s: f64,
+    pub inter_bandwidth: f64,
+    pub inter_latency_s: f64,
+}
+
+impl Network {
+    /// NVLink within a node of 8 and one InfiniBand NIC per GPU across nodes.
+    pub fn datasheet(device: &str) -> Option<Network> {
+        let (nvlink, ib) = match device {
+            "a100" => (300e9, 25e9),
+            "h100" => (450e9, 50e9),
+            _ => return None,
+        };
+        Some(Network {
+            ranks_per_node: 8,
+            intra_bandwidth: nvlink,
+            intra_latency_s: 5e-6,
+            inter_bandwidth: ib,
+            inter_latency_s: 10e-6,
+        })
+    }
+
+    /// (bandwidth, latency) of a ring over `n` ranks placed `stride` apart.
+    fn link(&self, n: usize, stride: usize) -> (f64, f64) {
+        if n * stride <= self.ranks_per_node {
+            (self.intra_bandwidth, self.intra_latency_s)
+        } else {
+            (self.inter_bandwidth, self.inter_latency_s)
+        }
+    }
+}
+
+/// Seconds of one ring collective over `n` ranks moving `bytes` (the whole
+/// buffer), issued as `calls` equal pieces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Collective {
+    /// 2(N-1)/N of the buffer per rank, 2(N-1) latency hops.
+    AllReduce,
+    /// (N-1)/N of the buffer per rank, N-1 hops (all-gather and reduce-scatter).
+    Gather,
+}
+
+pub fn collective_s(kind: Collective, n: usize, bytes: f64, calls: usize, link: (f64, f64)) -> f64 {
+    if n <= 1 || bytes == 0.0 {
+        return 0.0;
+    }
+    let (bw, alpha) = link;
+    let hops = match kind {
+        Collective::AllReduce => 2.0,
+        Collective::Gather => 1.0,
+    } * (n - 1) as f64;
+    hops / n as f64 * bytes / bw + hops * alpha * calls as f64
+}
+
+/// The training step being planned.
+#[derive(Clone, Debug, Serialize)]
+pub struct Workload {
+    pub model: GptConfig,
+    /// Global batch in sequences per micro-step.
+    pub batch: usize,
+    pub seq_len: usize,
+    pub grad_accum: usize,
+}
+
+/// Per-rank bytes by category, as `bench` reports them.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct MemoryPlan {
+    pub params: f64,
+    pub grads: f64,
+    pub optimizer: f64,
+    pub activations: f64,
+    pub other: f64,
+    /// fsdp's gathered whole units, counted in `params` as `bench` counts them.
+    pub gathered: f64,
+}
+
+impl MemoryPlan {
+    pub fn model_states(&self) -> f64 {
+        self.params + self.grads + self.optimizer
+    }
+
+    /// Model states that persist between steps: what the ZeRO paper counts.
+    pub fn persistent_states(&self) -> f64 {
+        self.model_states() - self.gathered
+    }
+
+    pub fn total(&self) -> f64 {
+        self.model_states() + self.activations + self.other
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct TimePlan {
+    pub compute_s: f64,
+    pub comm_s: f64,
+    pub optimizer_s: f64,
+    /// Bytes each rank sends and receives per step.
+    pub comm_bytes: f64,
+}
+
+impl TimePlan {
+    pub fn step_s(&self) -> f64 {
+        self.compute_s + self.comm_s + self.optimizer_s
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Prediction {
+    pub parallel: ParallelConfig,
+    pub memory: MemoryPlan,
+    pub time: TimePlan,
+    pub tokens_per_s: f64,
+    /// Fits in the device memory (the machine's, shared, for thread ranks).
+    pub fits: bool,
+}
+
+/// Sizes of the units distgpt shards and gathers ([wte | wpe], blocks, [ln_f]).
+struct UnitSizes {
+    /// Elements of the largest unit, padded to a multiple of the dp size.
+    max_padded: f64,
+    /// Elements of the final-norm unit, padded.
+    lnf_padded: f64,
+    /// Elements of this rank's shard of every unit.
+    shard: f64,
+    /// The largest single shard.
+    max_shard: f64,
+    units: usize,
+}
+
+impl UnitSizes {
+    fn new(layout: &ParamLayout, n_layer: usize, n: usize) -> Self {
+        let mut lens = vec![layout.embeddings().len()];
+        lens.extend((0..n_layer).map(|l| layout.block(l).len()));
+        lens.push(layout.final_norm().len());
+        let shards: Vec<usize> = lens.iter().map(|l| l.div_ceil(n)).collect();
+        UnitSizes {
+            max_padded: (shards.iter().max().copied().unwrap_or(0) * n) as f64,
+            lnf_padded: (shards[shards.len() - 1] * n) as f64,
+            shard: shards.iter().sum::<usize>() as f64,
+            max_shard: shards.iter().max().copied().unwrap_or(0) as f64,
+            units: lens.len(),
+        }
+    }
+}
+
+/// Elements of the activations one rank keeps for `rows` = B_local x T
+/// tokens: the residual stream of every layer, each layer's saved inputs
+/// and outputs (one layer's with recomputation), the head and the backward
+/// scratch, as `model::gpt2` allocates them (attention keeps only the row
+/// log-sum-exp, never the T x T matrix).
+fn activation_elems(m: &GptConfig, tp: usize, rows: f64, recompute: bool) -> f64 {
+    let (l, c) = (m.n_layer as f64, m.n_embd as f64);
+    let cl = c / tp as f64;
+    let nhl = (m.n_head / tp) as f64;
+    let slots = if recompute { 1.0 } else { l };
+    let per_layer = 3.0 * c + 12.0 * cl + nhl + 4.0;
+    let head_and_scratch = 3.0 * c + 7.0 * cl + m.padded_vocab() as f64 + 3.0;
+    rows * ((l + 1.0) * c + slots * per_layer + head_and_scratch)
+}
+
+/// Predicts one rank's memory and step time for `par` (assumed valid).
+pub fn predict(
+    w: &Workload,
+    par: ParallelConfig,
+    device: &Device,
+    net: &Network,
+    precision: Precision,
+) -> Prediction {
+    let par = par.resolved();
+    let m = &w.model;
+    let (world, tp) = (par.world_size, par.tp);
+    let dp = world / tp;
+    let layout = ParamLayout::new_tp(m, tp);
+    let psi = layout.total() as f64;
+    let units = UnitSizes::new(&layout, m.n_layer, dp);
+    let (pb, gb, ob) = (
+        precision.params_bytes(),
+        precision.grads_bytes(),
+        precision.optimizer_bytes(),
+    );
+    let rows = (w.batch / dp * w.seq_len) as f64;
+    let mut mem = MemoryPlan {
+        activations: activation_elems(m, tp, rows, par.recompute) * precision.activation_bytes(),
+        ..MemoryPlan::default()
+    };
+    match par.strategy {
+        StrategyKind::Single | StrategyKind::Ddp | StrategyKind::Tp => {
+            mem.params = pb * psi;
+            mem.grads = gb * psi;
+            mem.optimizer = ob * psi;
+        }
+        StrategyKind::Zero1 => {
+            mem.params = pb * psi;
+            mem.grads = gb * psi;
+            mem.optimizer = ob * units.shard;
+            // the update's shard copies of params and grads, and one gathered unit
+            mem.other = (pb + gb) * units.shard + pb * units.max_padded;
+        }
+        StrategyKind::Zero2 => {
+            mem.params = pb * psi;
+            mem.grads = gb * units.shard;
+            mem.optimizer = ob * units.shard;
+            // a unit's gradient before its reduce-scatter, the scatter output,
+            // and the update's shard copy and gather buffer
+            mem.other = gb * (units.max_padded + units.lnf_padded + units.max_shard)
+                + pb * (units.shard + units.max_padded);
+        }
+        StrategyKind::Fsdp => {
+            // the shard plus two gathered units (a block and the final norm)
+            mem.gathered = pb * (units.max_padded + units.lnf_padded);
+            mem.params = pb * units.shard + mem.gathered;
+            mem.grads = gb * units.shard;
+            mem.optimizer = ob * units.shard;
+            mem.other = gb * (units.max_padded + units.lnf_padded + units.max_shard);
+        }
+    }
+
+    // Compute: the blocks are split over tp, the LM head is not.
+    let vc = (m.padded_vocab() * m.n_embd) as f64;
+    let head = 6.0 * vc;
+    let blocks = m.flops_per_token(w.seq_len) - head;
+    let recompute = if par.recompute { blocks / 3.0 } else { 0.0 };
+    let tokens_rank = rows * w.grad_accum as f64;
+    let flops_rank = tokens_rank * ((blocks + recompute) / tp as f64 + head);
+    let share = if device.shared_by_ranks {
+        world as f64
+    } else {
+        1.0
+    };
+    let compute_s = flops_rank / (device.peak_flops / share * device.efficiency);
+
+    // Communication: bucketed per unit, as the strategies issue it.
+    let dp_link = net.link(dp, tp);
+    let tp_link = net.link(tp, 1);
+    let (acc, calls) = (w.grad_accum as f64, units.units);
+    let g_bytes = gb * psi;
+    let p_bytes = pb * psi;
+    let ar = |bytes: f64, calls: usize| collective_s(Collective::AllReduce, dp, bytes, calls, dp_link);
+    let ga = |bytes: f64, calls: usize| collective_s(Collective::Gather, dp, bytes, calls, dp_link);
+    let dpf = (dp as f64 - 1.0) / dp as f64;
+    let (mut comm_s, mut comm_bytes) = match par.strategy {
+        StrategyKind::Single | StrategyKind::Ddp | StrategyKind::Tp => {
+            (ar(g_bytes, calls), 2.0 * dpf * g_bytes)
+        }
+        StrategyKind::Zero1 => (
+            ar(g_bytes, calls) + ga(p_bytes, calls),
+            dpf * (2.0 * g_bytes + p_bytes),
+        ),
+        StrategyKind::Zero2 => (
+            acc * ga(g_bytes, calls) + ga(p_bytes, calls),
+            dpf * (acc * g_bytes + p_bytes),
+        ),
+        StrategyKind::Fsdp => (
+            acc * (2.0 * ga(p_bytes, calls) + ga(g_bytes, calls)),
+            acc * dpf * (2.0 * p_bytes + g_bytes),
+        ),
+    };
+    if tp > 1 {
+        // Megatron's f/g: two all-reduces of the (rows, C) stream per layer
+        // forward, two backward, two more when the forward is recomputed.
+        let per_layer = if par.recompute { 6 } else { 4 };
+        let n = per_layer * m.n_layer;
+        let bytes = n as f64 * rows * m.n_embd as f64 * precision.activation_bytes();
+        comm_s += acc * collective_s(Collective::AllReduce, tp, bytes, n, tp_link);
+        comm_bytes += acc * 2.0 * (tp as f64 - 1.0) / tp as f64 * bytes;
+    }
+    let owned = match par.strategy {
+        StrategyKind::Zero1 | StrategyKind::Zero2 | StrategyKind::Fsdp => units.shard,
+        _ => psi,
+    };
+    let optimizer_s = owned * precision.update_traffic_bytes() / (device.memory_bandwidth / share);
+    let time = TimePlan {
+        compute_s,
+        comm_s,
+        optimizer_s,
+        comm_bytes,
+    };
+    let tokens_per_s = (w.batch * w.seq_len * w.grad_accum) as f64 / time.step_s();
+    Prediction {
+        parallel: par,
+        fits: mem.total() * share <= device.memory_bytes,
+        memory: mem,
+        time,
+        tokens_per_s,
+    }
+}
+
+/// Every valid layout on `world` ranks: single (world 1), ddp, zero1, zero2,
+/// fsdp, tp over the whole world (when n_head allows), and each dp x tp mesh.
+pub fn layouts(m: &GptConfig, world: usize, batch: usize, recompute: bool) -> Vec<ParallelConfig> {
+    let mk = |strategy, tp| ParallelConfig {
+        strategy,
+        world_size: world,
+        tp,
+        recompute,
+    };
+    let mut out = Vec::new();
+    if world == 1 {
+        out.push(mk(StrategyKind::Single, 1));
+    } else {
+        for s in [
+            StrategyKind::Ddp,
+            StrategyKind::Zero1,
+            StrategyKind::Zero2,
+            StrategyKind::Fsdp,
+        ] {
+            out.push(mk(s, 1));
+        }
+        out.push(mk(StrategyKind::Tp, world));
+        let mut tp = 2;
+        while tp < world {
+            if world.is_multiple_of(tp) {
+                out.push(mk(StrategyKind::Ddp, tp));
+            }
+            tp *= 2;
+        }
+    }
+    out.retain(|p| p.validate(m, batch).is_ok());
+    out
+}
+
+/// The fastest prediction that fits, if any.
+pub fn recommend(predictions: &[Prediction]) -> Option<&Prediction> {
+    predictions
+        .iter()
+        .filter(|p| p.fits)
+        .min_by(|a, b| a.time.step_s().total_cmp(&b.time.step_s()))
+}
+
+/// Short name of a layout: "fsdp x4", "ddp x8 (tp 2)".
+pub fn layout_name(p: &ParallelConfig) -> String {
+    let s = format!("{:?}", p.strategy).to_lowercase();
+    let base = if p.strategy == StrategyKind::Single {
+        s
+    } else {
+        format!("{s} x{}", p.world_size)
+    };
+    let mesh = if p.tp > 1 && p.strategy != StrategyKind::Tp {
+        format!(" (tp {})", p.tp)
+    } else {
+        String::new()
+    };
+    let rc = if p.recompute { " +recompute" } else { "" };
+    format!("{base}{mesh}{rc}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn zero_paper_model() -> GptConfig {
+        // 36 x 4096 with GPT-2's vocabulary: 7.46B parameters.
+        GptConfig {
+            n_layer: 36,
+            n_head: 32,
+            n_embd: 4096,
+            block_size: 1024,
+            vocab_size: 50257,
+        }
+    }
+
+    fn h100() -> (Device, Network) {
+        (
+            Device::datasheet("h100", Precision::Mixed, 0.4).unwrap(),
+            Network::datasheet("h100").unwrap(),
+        )
+    }
+
+    #[test]
+    fn zero_paper_model_states_at_64_ranks() {
+        let w = Workload {
+            model: zero_paper_model(),
+            batch: 64,
+            seq_len: 1024,
+            grad_accum: 1,
+        };
+        let (d, n) = h100();
+        let gb = |s| {
+            let par = ParallelConfig {
+                strategy: s,
+                world_size: 64,
+                tp: 1,
+                recompute: false,
+            };
+            predict(&w, par, &d, &n, Precision::Mixed)
+                .memory
+                .persistent_states()
+                / 1e9
+        };
+        // ZeRO (Rajbhandari et al. 2020), Figure 1: 120, 31.4, 16.6, 1.9 GB.
+        for (s, want) in [
+            (StrategyKind::Ddp, 120.0),
+            (StrategyKind::Zero1, 31.4),
+            (StrategyKind::Zero2, 16.6),
+            (StrategyKind::Fsdp, 1.9),
+        ] {
+            let got = gb(s);
+            assert!(
+                (got - want).abs() / want < 0.05,
+                "{s:?}: {got:.2} GB vs the paper's {want} GB"
+            );
+        }
+    }
+
+    #[test]
+    fn ring_costs_follow_the_alpha_beta_formulas() {
+        let link = (1e9, 1e-5);
+        let ar = collective_s(Collective::AllReduce, 4, 4e9, 1, link);
+        assert!((ar - (1.5 * 4.0 + 6.0 * 1e-5)).abs() < 1e-9, "{ar}");
+        let ag = collective_s(Collective::Gather, 4, 4e9, 2, link);
+        assert!((ag - (0.75 * 4.0 + 2.0 * 3.0 * 1e-5)).abs() < 1e-9, "{ag}");
+        assert_eq!(collective_s(Collective::AllReduce, 1, 4e9, 1, link), 0.0);
+    }
+
+    #[test]
+    fn sharding_shrinks_memory_and_recompute_shrinks_activations() {
+        let w = Workload {
+            model: GptConfig::preset("gpt2-xl").unwrap(),
+            batch: 32,
+            seq_len: 1024,
+            grad_accum: 1,
+        };
+        let (d, n) = h100();
+        let p = |strategy, recompute| {
+            let par = ParallelConfig {
+                strategy,
+                world_size: 32,
+                tp: 1,
+                recompute,
+            };
+            predict(&w, par, &d, &n, Precision::Mixed).memory
+        };
+        let order = [
+            StrategyKind::Ddp,
+            StrategyKind::Zero1,
+            StrategyKind::Zero2,
+            StrategyKind::Fsdp,
+        ]
+        .map(|s| p(s, false).model_states());
+        assert!(order.windows(2).all(|x| x[0] > x[1]), "{order:?}");
+        assert!(p(StrategyKind::Ddp, true).activations < p(StrategyKind::Ddp, false).activations / 5.0);
+    }
+
+    #[test]
+    fn layouts_respect_heads_and_batch() {
+        let m = GptConfig::preset("gpt2").unwrap(); // 12 heads
+        let names: Vec<String> = layouts(&m, 8, 16, false).iter().map(layout_name).collect();
+        assert!(names.contains(&"ddp x8 (tp 2)".to_string()), "{names:?}");
+        assert!(names.contains(&"ddp x8 (tp 4)".to_string()), "{names:?}");
+        assert!(!names.iter().any(|n| n.starts_with("tp")), "12 heads do not split 8 ways: {names:?}");
+        assert_eq!(layouts(&m, 1, 16, false).len(), 1);
+    }
+}

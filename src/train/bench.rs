@@ -1,0 +1,116 @@
+//! Timed optimizer steps on synthetic tokens: what `distgpt bench` reports
+//! and what `plan`'s calibration measures, per rank.
+
+use crate::backend::Backend;
+use crate::comm::Comm;
+use crate::data::Batch;
+use crate::error::Result;
+use crate::metrics;
+use crate::model::gpt2::init_full;
+use crate::model::{AdamWConfig, GptConfig};
+use crate::parallel::{self, ParallelConfig, StepConfig};
+use crate::rng::Rng;
+use std::time::Instant;
+
+/// The steps to time.
+#[derive(Clone, Copy, Debug)]
+pub struct BenchSpec {
+    /// Global batch in sequences.
+    pub batch: usize,
+    pub seq_len: usize,
+    /// Untimed steps first.
+    pub warmup: usize,
+    pub steps: usize,
+    /// Progress bar on rank 0.
+    pub show: bool,
+}
+
+/// What one rank measured.
+#[derive(Clone, Copy, Debug)]
+pub struct RankBench {
+    /// Mean seconds of a timed step.
+    pub step_s: f64,
+    /// Peak bytes: [params, grads, optimizer, activations, other, total].
+    pub peak: [u64; 6],
+    pub comm_bytes_per_step: f64,
+    pub comm_s_per_step: f64,
+}
+
+/// Runs the steps on this rank; returns every rank's measurements (collective).
+pub fn bench_rank<B: Backend + 'static>(
+    backend: B,
+    cfg: &GptConfig,
+    par: ParallelConfig,
+    spec: BenchSpec,
+    world: &dyn Comm,
+) -> Result<Vec<RankBench>> {
+    let (b, t) = (spec.batch, spec.seq_len);
+    let mut strategy = parallel::build(
+        backend,
+        cfg.clone(),
+        par,
+        world,
+        AdamWConfig::default(),
+        b,
+        t,
+    )?;
+    strategy.load_full(&init_full(cfg, 1));
+    let mut rng = Rng::new(7);
+    let mut batch = || {
+        let mut ids = || {
+            (0..b * t)
+                .map(|_| rng.below(cfg.vocab_size) as u32)
+                .collect::<Vec<_>>()
+        };
+        Batch {
+            inputs: ids(),
+            targets: ids(),
+        }
+    };
+    let pb = if spec.show && world.rank() == 0 {
+        metrics::progress_bar((spec.warmup + spec.steps) as u64, "bench")
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let mut total = 0.0;
+    for i in 0..spec.warmup + spec.steps {
+        let mb = [batch()];
+        world.barrier()?;
+        let t0 = Instant::now();
+        strategy.step(
+            &mb,
+            StepConfig {
+                lr: 1e-4,
+                grad_clip: 1.0,
+            },
+        )?;
+        if i >= spec.warmup {
+            total += t0.elapsed().as_secs_f64();
+        }
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    let c = strategy.comm_stats();
+    let all_steps = (spec.warmup + spec.steps).max(1) as f64;
+    let row = [
+        strategy.memory().peak_row().map(|x| x as f64).as_slice(),
+        &[
+            c.total_bytes() as f64 / all_steps,
+            c.seconds / all_steps,
+            total / spec.steps.max(1) as f64,
+        ],
+    ]
+    .concat();
+    let row: Vec<f32> = row.iter().map(|&x| x as f32).collect();
+    let mut all = vec![0.0f32; row.len() * world.size()];
+    world.all_gather(&row, &mut all)?;
+    Ok(all
+        .chunks(row.len())
+        .map(|r| RankBench {
+            peak: std::array::from_fn(|i| r[i] as u64),
+            comm_bytes_per_step: r[6] as f64,
+            comm_s_per_step: r[7] as f64,
+            step_s: r[8] as f64,
+        })
+        .collect())
+}
