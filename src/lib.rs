@@ -2,8 +2,8 @@
 
 pub mod backend;
 pub mod checkpoint;
-pub mod compare;
 pub mod comm;
+pub mod compare;
 pub mod data;
 pub mod error;
 pub mod infer;

@@ -113,9 +113,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
         steps: a.steps,
         show: !a.json,
     };
-    let Some(ranks) = a
-        .parallel
-        .launch(threads, |world| bench_rank(Cpu::new(), &cfg, par, spec, world))?
+    let Some(ranks) = a.parallel.launch(threads, |world| {
+        bench_rank(Cpu::new(), &cfg, par, spec, world)
+    })?
     else {
         return Ok(());
     };

@@ -12,14 +12,19 @@ use std::path::PathBuf;
 #[derive(Args)]
 pub struct CompareArgs {
     /// A small matrix that finishes in a few minutes on 2 cores: every
-    /// strategy on 2 and 4 ranks, batches 8 and 16, 2 epochs over 16k tokens.
+    /// strategy on 2 and 4 ranks, batches 8 and 16, 4 epochs over 8k tokens.
     #[arg(long)]
     quick: bool,
     /// Model presets, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "shakespeare-char-small")]
     models: Vec<String>,
     /// Strategies, comma-separated (mesh: ddp over tensor-parallel pairs).
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "single,ddp,zero1,zero2,fsdp,tp,mesh")]
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "single,ddp,zero1,zero2,fsdp,tp,mesh"
+    )]
     strategies: Vec<Layout>,
     /// World sizes of the parallel strategies, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "2,4")]
@@ -64,8 +69,8 @@ pub fn run(mut a: CompareArgs, threads: usize) -> Result<()> {
         a.world_sizes = vec![2, 4];
         a.batch_sizes = vec![8, 16];
         a.steps = None;
-        a.epochs = 2.0;
-        a.train_tokens = Some(a.train_tokens.unwrap_or(16_384));
+        a.epochs = 4.0;
+        a.train_tokens = Some(a.train_tokens.unwrap_or(8_192));
     }
     if a.batch_sizes.contains(&0) || a.world_sizes.contains(&0) {
         bail!("--batch-sizes and --world-sizes must be at least 1");
@@ -125,7 +130,13 @@ pub fn run(mut a: CompareArgs, threads: usize) -> Result<()> {
     let files = compare::report::write(&spec, &results, &calibrations, &command)?;
     println!(
         "{:<22} {:>6} {:>11} {:>14} {:>14} {:>10} {:>14}",
-        "strategy", "batch", "tokens/s", "peak MiB/rank", "epoch time s", "val loss", "dev vs single"
+        "strategy",
+        "batch",
+        "tokens/s",
+        "peak MiB/rank",
+        "epoch time s",
+        "val loss",
+        "dev vs single"
     );
     for r in &results {
         println!(

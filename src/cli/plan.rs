@@ -109,10 +109,7 @@ fn machine(a: &PlanArgs, w: &Workload, threads: usize) -> Result<(Device, Networ
                 cal.comm_bandwidth / 1e9,
                 cal.comm_latency_s * 1e6
             );
-            (
-                cal.device(a.memory_gb.unwrap_or(24.0) * 1e9),
-                cal.network(),
-            )
+            (cal.device(a.memory_gb.unwrap_or(24.0) * 1e9), cal.network())
         }
         DeviceKind::A100 | DeviceKind::H100 => {
             let name = if a.device == DeviceKind::A100 {
@@ -121,8 +118,7 @@ fn machine(a: &PlanArgs, w: &Workload, threads: usize) -> Result<(Device, Networ
                 "h100"
             };
             (
-                Device::datasheet(name, a.precision, eff.unwrap_or(0.4))
-                    .expect("known datasheet"),
+                Device::datasheet(name, a.precision, eff.unwrap_or(0.4)).expect("known datasheet"),
                 Network::datasheet(name).expect("known datasheet"),
             )
         }

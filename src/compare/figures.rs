@@ -48,7 +48,10 @@ pub struct Figure {
 fn padded_range(lo: f64, hi: f64, from_zero: bool) -> (f64, f64) {
     let lo = if from_zero { 0.0 } else { lo };
     let span = (hi - lo).abs().max(hi.abs() * 1e-3).max(1e-9);
-    (if from_zero { 0.0 } else { lo - 0.05 * span }, hi + 0.08 * span)
+    (
+        if from_zero { 0.0 } else { lo - 0.05 * span },
+        hi + 0.08 * span,
+    )
 }
 
 /// Distinct on white, none pale: Tableau's ten, then black and navy.
@@ -95,7 +98,8 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, fig: &Figure) -> Resul
 where
     DB::ErrorType: 'static,
 {
-    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| Error::Input(format!("drawing {}: {e}", fig.stem));
+    let err =
+        |e: DrawingAreaErrorKind<DB::ErrorType>| Error::Input(format!("drawing {}: {e}", fig.stem));
     root.fill(&WHITE).map_err(err)?;
     let (plot, legend) = root.split_horizontally(WIDTH - LEGEND_WIDTH);
     let pts = fig.series.iter().flat_map(|s| s.points.iter());
@@ -143,11 +147,7 @@ where
             .map_err(err)?;
         if fig.markers {
             chart
-                .draw_series(
-                    s.points
-                        .iter()
-                        .map(|&p| Circle::new(p, 4, color.filled())),
-                )
+                .draw_series(s.points.iter().map(|&p| Circle::new(p, 4, color.filled())))
                 .map_err(err)?;
         }
         let y = 70 + 26 * i as i32;
@@ -167,8 +167,14 @@ pub fn write(dir: &Path, fig: &Figure) -> Result<Vec<PathBuf>> {
     register_font();
     let png = dir.join(format!("{}.png", fig.stem));
     let svg = dir.join(format!("{}.svg", fig.stem));
-    draw(BitMapBackend::new(&png, (WIDTH, HEIGHT)).into_drawing_area(), fig)?;
-    draw(SVGBackend::new(&svg, (WIDTH, HEIGHT)).into_drawing_area(), fig)?;
+    draw(
+        BitMapBackend::new(&png, (WIDTH, HEIGHT)).into_drawing_area(),
+        fig,
+    )?;
+    draw(
+        SVGBackend::new(&svg, (WIDTH, HEIGHT)).into_drawing_area(),
+        fig,
+    )?;
     Ok(vec![png, svg])
 }
 
@@ -278,7 +284,9 @@ pub fn figures(runs: &[&RunResult], suffix: &str, reference_batch: usize) -> Vec
         ),
         fig(
             "loss_curves",
-            format!("{model}: training loss, batch {reference_batch} (max |dev| from single {dev:.1e})"),
+            format!(
+                "{model}: training loss, batch {reference_batch} (max |dev| from single {dev:.1e})"
+            ),
             "optimizer step",
             "training loss (nats/token)",
             at_ref

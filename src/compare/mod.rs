@@ -108,7 +108,10 @@ pub fn cells(spec: &CompareSpec) -> (Vec<Cell>, Vec<String>) {
                 &spec.world_sizes
             };
             // one rank of a parallel strategy is `single` again
-            for &world in worlds.iter().filter(|&&w| w > 1 || layout == Layout::Single) {
+            for &world in worlds
+                .iter()
+                .filter(|&&w| w > 1 || layout == Layout::Single)
+            {
                 if layout == Layout::Mesh && world < 4 {
                     skipped.push(format!(
                         "{name} mesh x{world}: a dp x tp 2 mesh needs a world of at least 4"
@@ -118,7 +121,9 @@ pub fn cells(spec: &CompareSpec) -> (Vec<Cell>, Vec<String>) {
                 for &batch in &spec.batch_sizes {
                     let par = layout.parallel(world);
                     match par.validate(model, batch) {
-                        Err(e) => skipped.push(format!("{name} {layout:?} x{world} batch {batch}: {e}")),
+                        Err(e) => {
+                            skipped.push(format!("{name} {layout:?} x{world} batch {batch}: {e}"))
+                        }
                         Ok(()) => out.push(Cell {
                             model_name: name.clone(),
                             model: model.clone(),
@@ -304,7 +309,12 @@ pub fn run(
     let mut calibrations: Vec<Calibration> = Vec::new();
     let mut results = Vec::with_capacity(cells.len());
     for cell in &cells {
-        outer.set_message(format!("{} {} batch {}", cell.model_name, cell.label(), cell.batch));
+        outer.set_message(format!(
+            "{} {} batch {}",
+            cell.model_name,
+            cell.label(),
+            cell.batch
+        ));
         let bar = multi.add(crate::metrics::progress_bar(1, "  run   "));
         let cfg = TrainConfig {
             batch_size: cell.batch,

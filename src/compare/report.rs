@@ -90,7 +90,10 @@ fn markdown(
     );
     let _ = writeln!(md, "## Results\n");
     let _ = writeln!(md, "| model | strategy | batch | tokens/s | tokens/s per rank | peak GiB per rank | time per epoch (s) | final loss | val loss | grad norm | comm MiB/step | comm ms/step | max dev from single |");
-    let _ = writeln!(md, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        md,
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
     for r in results {
         let _ = writeln!(
             md,

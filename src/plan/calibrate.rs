@@ -127,11 +127,13 @@ pub fn calibrate_cpu(
         tp: 1,
         recompute: false,
     };
+    // Small models are timed over more steps: their steps are short and noisy.
+    let small = model.num_params() <= 20_000_000;
     let spec = BenchSpec {
         batch,
         seq_len,
-        warmup: 1,
-        steps: 2,
+        warmup: if small { 2 } else { 1 },
+        steps: if small { 5 } else { 2 },
         show: false,
     };
     let ranks = launch::run_local(1, threads, Duration::from_secs(600), |c| {

@@ -335,7 +335,8 @@ pub fn predict(
     let (acc, calls) = (w.grad_accum as f64, units.units);
     let g_bytes = gb * psi;
     let p_bytes = pb * psi;
-    let ar = |bytes: f64, calls: usize| collective_s(Collective::AllReduce, dp, bytes, calls, dp_link);
+    let ar =
+        |bytes: f64, calls: usize| collective_s(Collective::AllReduce, dp, bytes, calls, dp_link);
     let ga = |bytes: f64, calls: usize| collective_s(Collective::Gather, dp, bytes, calls, dp_link);
     let dpf = (dp as f64 - 1.0) / dp as f64;
     let (mut comm_s, mut comm_bytes) = match par.strategy {
@@ -538,7 +539,9 @@ mod tests {
         ]
         .map(|s| p(s, false).model_states());
         assert!(order.windows(2).all(|x| x[0] > x[1]), "{order:?}");
-        assert!(p(StrategyKind::Ddp, true).activations < p(StrategyKind::Ddp, false).activations / 5.0);
+        assert!(
+            p(StrategyKind::Ddp, true).activations < p(StrategyKind::Ddp, false).activations / 5.0
+        );
     }
 
     #[test]
@@ -547,7 +550,10 @@ mod tests {
         let names: Vec<String> = layouts(&m, 8, 16, false).iter().map(layout_name).collect();
         assert!(names.contains(&"ddp x8 (tp 2)".to_string()), "{names:?}");
         assert!(names.contains(&"ddp x8 (tp 4)".to_string()), "{names:?}");
-        assert!(!names.iter().any(|n| n.starts_with("tp")), "12 heads do not split 8 ways: {names:?}");
+        assert!(
+            !names.iter().any(|n| n.starts_with("tp")),
+            "12 heads do not split 8 ways: {names:?}"
+        );
         assert_eq!(layouts(&m, 1, 16, false).len(), 1);
     }
 }

@@ -1,0 +1,94 @@
+//! `plan`'s memory model against what the strategies allocate: every
+//! strategy and mesh on 1, 2 and 4 thread ranks, predicted per-rank peak
+//! within 10% of the measured one. (Step times are compared by
+//! `distgpt compare`, not asserted in tests.)
+
+use distgpt::backend::cpu::Cpu;
+use distgpt::model::GptConfig;
+use distgpt::parallel::launch;
+use distgpt::plan::{self, Device, Network, Precision, Workload};
+use distgpt::train::bench::{bench_rank, BenchSpec};
+use std::time::Duration;
+
+fn model() -> GptConfig {
+    GptConfig {
+        n_layer: 4,
+        n_head: 4,
+        n_embd: 64,
+        block_size: 32,
+        vocab_size: 65,
+    }
+}
+
+#[test]
+fn predicted_peak_memory_is_within_10_percent_of_measured() {
+    let cfg = model();
+    let (batch, seq_len) = (8, 32);
+    let w = Workload {
+        model: cfg.clone(),
+        batch,
+        seq_len,
+        grad_accum: 1,
+    };
+    // Memory does not depend on speeds; any device will do.
+    let device = Device::datasheet("h100", Precision::Fp32, 0.5).unwrap();
+    let net = Network::datasheet("h100").unwrap();
+    let spec = BenchSpec {
+        batch,
+        seq_len,
+        warmup: 0,
+        steps: 1,
+        show: false,
+    };
+    let mut checked = 0;
+    for world in [1, 2, 4] {
+        for recompute in [false, true] {
+            for par in plan::layouts(&cfg, world, batch, recompute) {
+                let predicted = plan::predict(&w, par, &device, &net, Precision::Fp32);
+                let ranks = launch::run_local(world, 2, Duration::from_secs(60), |c| {
+                    bench_rank(Cpu::new(), &cfg, par, spec, c.as_ref())
+                })
+                .unwrap();
+                for (r, got) in ranks[0].iter().enumerate() {
+                    let measured = got.peak[5] as f64;
+                    let want = predicted.memory.total();
+                    let off = (want - measured).abs() / measured;
+                    assert!(
+                        off <= 0.10,
+                        "{} rank {r}: predicted {want:.0} bytes, measured {measured:.0} ({:.1}% off)",
+                        plan::layout_name(&par),
+                        100.0 * off
+                    );
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, 2 * (1 + 5 + 6), "every layout was checked");
+}
+
+#[test]
+fn gpt2_on_8_h100_is_within_2x_of_llm_c() {
+    // llm.c: GPT-2 124M, 8 x H100, 524,288 tokens per step in ~140 ms (bf16).
+    let w = Workload {
+        model: GptConfig::preset("gpt2").unwrap(),
+        batch: 512,
+        seq_len: 1024,
+        grad_accum: 1,
+    };
+    let device = Device::datasheet("h100", Precision::Mixed, 0.4).unwrap();
+    let net = Network::datasheet("h100").unwrap();
+    let par = distgpt::parallel::ParallelConfig {
+        strategy: distgpt::parallel::StrategyKind::Zero1,
+        world_size: 8,
+        tp: 1,
+        recompute: false,
+    };
+    let p = plan::predict(&w, par, &device, &net, Precision::Mixed);
+    let ms = p.time.step_s() * 1e3;
+    assert!(p.fits, "fits in 80 GB: {:.1} GB", p.memory.total() / 1e9);
+    assert!(
+        (70.0..=280.0).contains(&ms),
+        "{ms:.1} ms vs llm.c's ~140 ms"
+    );
+}
