@@ -5,7 +5,7 @@
 use super::ModelArgs;
 use anyhow::{bail, Result};
 use clap::Args;
-use distgpt::plan::calibrate::calibrate_cpu;
+use distgpt::plan::calibrate::{calibrate_cpu, Machine};
 use distgpt::plan::{self, Device, Network, Precision, Prediction, Workload};
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -85,31 +85,42 @@ fn need(v: Option<f64>, flag: &str) -> Result<f64> {
     }
 }
 
-/// The device and network the flags describe (calibrating this CPU if asked).
-fn machine(a: &PlanArgs, w: &Workload, threads: usize) -> Result<(Device, Network)> {
+/// The device and network the flags describe. For this CPU, also the
+/// measured machine: its step efficiency is calibrated per world size.
+fn target(a: &PlanArgs, threads: usize) -> Result<(Device, Network, Option<Machine>)> {
     let eff = a.efficiency;
     if let Some(e) = eff {
         if !(e > 0.0 && e <= 1.0) {
             bail!("--efficiency must be in (0, 1], got {e}");
         }
     }
+    let mut machine = None;
     let (mut device, mut net) = match a.device {
         DeviceKind::Cpu => {
-            eprintln!("calibrating this CPU (matmul peak, a training step, AdamW bandwidth, thread-rank all-reduce)...");
-            let per_rank_batch = w.batch;
-            let cal = calibrate_cpu(&w.model, per_rank_batch, w.seq_len, threads)?;
             eprintln!(
-                "  peak {:.0} GFLOP/s, step efficiency {:.0}% (on {} params, batch {} x {}), AdamW {:.1} GB/s, all-reduce {:.1} GB/s + {:.1} us",
-                cal.peak_flops / 1e9,
-                100.0 * cal.efficiency,
-                cal.model.num_params(),
-                cal.batch,
-                cal.seq_len,
-                cal.memory_bandwidth / 1e9,
-                cal.comm_bandwidth / 1e9,
-                cal.comm_latency_s * 1e6
+                "measuring this CPU (matmul peak, AdamW bandwidth, thread-rank all-reduce)..."
             );
-            (cal.device(a.memory_gb.unwrap_or(24.0) * 1e9), cal.network())
+            let m = Machine::measure(threads)?;
+            eprintln!(
+                "  peak {:.0} GFLOP/s, AdamW {:.1} GB/s, all-reduce {:.1} GB/s + {:.1} us",
+                m.peak_flops / 1e9,
+                m.memory_bandwidth / 1e9,
+                m.comm_bandwidth / 1e9,
+                m.comm_latency_s * 1e6
+            );
+            let parts = (
+                Device {
+                    name: "this CPU".into(),
+                    peak_flops: m.peak_flops,
+                    efficiency: eff.unwrap_or(1.0),
+                    memory_bytes: a.memory_gb.unwrap_or(24.0) * 1e9,
+                    memory_bandwidth: m.memory_bandwidth,
+                    shared_by_ranks: true,
+                },
+                m.network(),
+            );
+            machine = Some(m);
+            parts
         }
         DeviceKind::A100 | DeviceKind::H100 => {
             let name = if a.device == DeviceKind::A100 {
@@ -158,7 +169,7 @@ fn machine(a: &PlanArgs, w: &Workload, threads: usize) -> Result<(Device, Networ
             net.inter_bandwidth = x * 1e9;
         }
     }
-    Ok((device, net))
+    Ok((device, net, machine))
 }
 
 pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
@@ -182,9 +193,21 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
         seq_len,
         grad_accum: a.grad_accum,
     };
-    let (device, net) = machine(&a, &w, threads)?;
+    let (mut device, net, machine) = target(&a, threads)?;
     let mut all = Vec::new();
     for &world in &a.world_size {
+        if let (Some(m), None) = (&machine, a.efficiency) {
+            let cal = calibrate_cpu(m, &w.model, w.batch, w.seq_len, world)?;
+            eprintln!(
+                "  {world} rank(s): step efficiency {:.0}% (one rank of {world}, {} params, batch {} of {} x {})",
+                100.0 * cal.efficiency,
+                cal.model.num_params(),
+                (cal.batch / world).max(1),
+                cal.batch,
+                cal.seq_len
+            );
+            device.efficiency = cal.efficiency;
+        }
         let mut preds: Vec<Prediction> = Vec::new();
         for rc in if a.recompute {
             vec![false, true]
@@ -201,13 +224,13 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
                 w.batch
             );
         }
-        all.push((world, preds));
+        all.push((world, device.efficiency, preds));
     }
     if a.json {
         let j = serde_json::json!({
             "workload": w, "device": device, "network": net, "precision": a.precision,
-            "plans": all.iter().map(|(world, p)| serde_json::json!({
-                "world_size": world, "predictions": p,
+            "plans": all.iter().map(|(world, eff, p)| serde_json::json!({
+                "world_size": world, "efficiency": eff, "predictions": p,
                 "recommended": plan::recommend(p).map(|r| plan::layout_name(&r.parallel)),
             })).collect::<Vec<_>>(),
         });
@@ -215,7 +238,7 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{} ({:.3}B params, {} layers x {} wide), global batch {} x {} tokens x {} accum, {:?} on {} ({:.0} TFLOP/s peak at {:.0}% efficiency, {:.0} GB)",
+        "{} ({:.3}B params, {} layers x {} wide), global batch {} x {} tokens x {} accum, {:?} on {} ({:.0} GFLOP/s peak, {:.0} GB)",
         a.model.model_name(),
         w.model.num_params() as f64 / 1e9,
         w.model.n_layer,
@@ -225,16 +248,24 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
         w.grad_accum,
         a.precision,
         device.name,
-        device.peak_flops / 1e12,
-        100.0 * device.efficiency,
+        device.peak_flops / 1e9,
         device.memory_bytes / 1e9
     );
-    println!("memory in GB (1e9 bytes) per rank; states = params + grads + optimizer kept between steps (fsdp's gathered units are in params and total)");
-    for (world, preds) in &all {
+    let largest = all
+        .iter()
+        .flat_map(|(_, _, p)| p.iter().map(|x| x.memory.total()))
+        .fold(0.0, f64::max);
+    let (unit, scale) = if largest >= 1e9 {
+        ("GB", 1e9)
+    } else {
+        ("MB", 1e6)
+    };
+    println!("memory in {unit} (decimal) per rank; states = params + grads + optimizer kept between steps (fsdp's gathered units are in params and total)");
+    for (world, eff, preds) in &all {
         println!();
         println!(
             "{:<26} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10} {:>12}  fits",
-            format!("world {world}"),
+            format!("world {world} (eff {:.0}%)", 100.0 * eff),
             "params",
             "grads",
             "optim",
@@ -252,12 +283,12 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
             println!(
                 "{:<26} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>12.0}  {}",
                 plan::layout_name(&p.parallel),
-                m.params / 1e9,
-                m.grads / 1e9,
-                m.optimizer / 1e9,
-                m.persistent_states() / 1e9,
-                m.activations / 1e9,
-                m.total() / 1e9,
+                m.params / scale,
+                m.grads / scale,
+                m.optimizer / scale,
+                m.persistent_states() / scale,
+                m.activations / scale,
+                m.total() / scale,
                 t.compute_s * 1e3,
                 t.comm_s * 1e3,
                 t.optimizer_s * 1e3,
@@ -268,10 +299,10 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
         }
         match plan::recommend(preds) {
             Some(r) => println!(
-                "recommended on {world}: {} ({:.1} ms/step, {:.3} GB per rank)",
+                "recommended on {world}: {} ({:.1} ms/step, {:.3} {unit} per rank)",
                 plan::layout_name(&r.parallel),
                 r.time.step_s() * 1e3,
-                r.memory.total() / 1e9
+                r.memory.total() / scale
             ),
             None if !preds.is_empty() => println!(
                 "on {world}: nothing fits in {:.0} GB; try more ranks, --recompute or a smaller batch",

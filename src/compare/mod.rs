@@ -11,7 +11,7 @@ use crate::data::Dataset;
 use crate::error::{Error, Result};
 use crate::model::GptConfig;
 use crate::parallel::{ParallelConfig, StrategyKind};
-use crate::plan::calibrate::{calibrate_cpu, Calibration};
+use crate::plan::calibrate::{calibrate_cpu, Calibration, Machine};
 use crate::plan::{self, Precision, Workload};
 use crate::train::{self, Duration, TrainConfig, TrainSummary};
 use indicatif::MultiProgress;
@@ -305,6 +305,12 @@ pub fn run(
                 .into(),
         ));
     }
+    // measured before the runs, on a quiet machine
+    let machine = if spec.predict {
+        Some(Machine::measure(spec.threads)?)
+    } else {
+        None
+    };
     let outer = multi.add(crate::metrics::progress_bar(cells.len() as u64, "matrix"));
     let mut calibrations: Vec<Calibration> = Vec::new();
     let mut results = Vec::with_capacity(cells.len());
@@ -348,14 +354,18 @@ pub fn run(
         )?;
         multi.remove(&bar);
         let mut row = RunResult::from_summary(cell, spec.seq_len, &summary);
-        if spec.predict {
-            let key = |c: &Calibration| c.model == cell.model && c.batch == cell.batch;
+        if let Some(machine) = &machine {
+            let world = cell.parallel.world_size;
+            let key = |c: &Calibration| {
+                c.model == cell.model && c.batch == cell.batch && c.ranks == world
+            };
             if !calibrations.iter().any(key) {
                 calibrations.push(calibrate_cpu(
+                    machine,
                     &cell.model,
                     cell.batch,
                     spec.seq_len,
-                    spec.threads,
+                    world,
                 )?);
             }
             let cal = calibrations.iter().find(|c| key(c)).expect("just added");
@@ -369,7 +379,7 @@ pub fn run(
                 &w,
                 cell.parallel,
                 &cal.device(f64::INFINITY),
-                &cal.network(),
+                &machine.network(),
                 Precision::Fp32,
             );
             row.predicted = Some(Predicted {

@@ -116,18 +116,26 @@ fn markdown(
     }
     if results.iter().any(|r| r.predicted.is_some()) {
         let _ = writeln!(md, "\n## `plan`'s predictions against these runs\n");
+        if let Some(m) = calibrations.first().map(|c| &c.machine) {
+            let _ = writeln!(
+                md,
+                "This machine, measured before the runs: matmul peak {:.0} GFLOP/s, AdamW {:.1} GB/s, thread-rank all-reduce {:.1} GB/s + {:.0} us. \
+                 Step efficiency, measured on one rank with its share of threads and batch:\n",
+                m.peak_flops / 1e9,
+                m.memory_bandwidth / 1e9,
+                m.comm_bandwidth / 1e9,
+                m.comm_latency_s * 1e6
+            );
+        }
         for c in calibrations {
             let _ = writeln!(
                 md,
-                "Calibration for {} params at batch {} x {}: matmul peak {:.0} GFLOP/s, step efficiency {:.0}%, AdamW {:.1} GB/s, thread-rank all-reduce {:.1} GB/s + {:.0} us.",
+                "- {} params, global batch {} x {} on {} rank(s): {:.0}%",
                 c.model.num_params(),
                 c.batch,
                 c.seq_len,
-                c.peak_flops / 1e9,
-                100.0 * c.efficiency,
-                c.memory_bandwidth / 1e9,
-                c.comm_bandwidth / 1e9,
-                c.comm_latency_s * 1e6
+                c.ranks,
+                100.0 * c.efficiency
             );
         }
         let _ = writeln!(md, "\n| model | strategy | batch | peak MiB measured | predicted | off | step ms measured | predicted | off |");

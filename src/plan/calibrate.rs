@@ -12,34 +12,30 @@ use crate::train::bench::{bench_rank, BenchSpec};
 use serde::Serialize;
 use std::time::{Duration, Instant};
 
-/// What the calibration measured.
+/// This machine's speeds, measured once.
 #[derive(Clone, Debug, Serialize)]
-pub struct Calibration {
+pub struct Machine {
+    pub threads: usize,
     pub peak_flops: f64,
-    /// Model FLOPs of a step over the peak, optimizer time taken out.
-    pub efficiency: f64,
     /// Bytes/s the AdamW update streams.
     pub memory_bandwidth: f64,
     /// Bytes/s of a 2-rank all-reduce, counted as a ring's 2(N-1)/N.
     pub comm_bandwidth: f64,
     pub comm_latency_s: f64,
-    /// The model the efficiency was measured on, and its batch.
-    pub model: GptConfig,
-    pub batch: usize,
-    pub seq_len: usize,
 }
 
-impl Calibration {
-    /// This machine as a shared device for thread ranks.
-    pub fn device(&self, memory_bytes: f64) -> Device {
-        Device {
-            name: "this CPU".into(),
-            peak_flops: self.peak_flops,
-            efficiency: self.efficiency,
-            memory_bytes,
-            memory_bandwidth: self.memory_bandwidth,
-            shared_by_ranks: true,
-        }
+impl Machine {
+    /// Matmul peak, AdamW bandwidth and thread-rank all-reduce with `threads` threads.
+    pub fn measure(threads: usize) -> Result<Machine> {
+        let be = Cpu::new();
+        let (comm_bandwidth, comm_latency_s) = local_comm(threads)?;
+        Ok(Machine {
+            threads,
+            peak_flops: be.measure_peak_flops(),
+            memory_bandwidth: adamw_bandwidth(&be, 16 << 20),
+            comm_bandwidth,
+            comm_latency_s,
+        })
     }
 
     /// Thread ranks exchange through shared memory: one node.
@@ -50,6 +46,33 @@ impl Calibration {
             intra_latency_s: self.comm_latency_s,
             inter_bandwidth: self.comm_bandwidth,
             inter_latency_s: self.comm_latency_s,
+        }
+    }
+}
+
+/// The step efficiency of one rank of `ranks` sharing this machine.
+#[derive(Clone, Debug, Serialize)]
+pub struct Calibration {
+    pub machine: Machine,
+    /// Model FLOPs of a rank's step over its share of the peak, optimizer time taken out.
+    pub efficiency: f64,
+    pub ranks: usize,
+    /// The model the efficiency was measured on, and the global batch.
+    pub model: GptConfig,
+    pub batch: usize,
+    pub seq_len: usize,
+}
+
+impl Calibration {
+    /// This machine as a device shared by its thread ranks.
+    pub fn device(&self, memory_bytes: f64) -> Device {
+        Device {
+            name: "this CPU".into(),
+            peak_flops: self.machine.peak_flops,
+            efficiency: self.efficiency,
+            memory_bytes,
+            memory_bandwidth: self.machine.memory_bandwidth,
+            shared_by_ranks: true,
         }
     }
 }
@@ -103,24 +126,26 @@ fn local_comm(threads: usize) -> Result<(f64, f64)> {
     Ok(((big * 4) as f64 / big_s, small_s / 2.0))
 }
 
-/// Calibrates on `model` (a GPT-2-small-sized stand-in when it is larger)
-/// at `batch` x `seq_len` on one rank with `threads` threads.
+/// Measures the step efficiency of one of `ranks` thread ranks training
+/// `model` (a GPT-2-small-sized stand-in when it is larger) at a global
+/// `batch` x `seq_len`: one rank alone with its share of the threads and of
+/// the batch, its time stretched when ranks outnumber threads.
 pub fn calibrate_cpu(
+    machine: &Machine,
     model: &GptConfig,
     batch: usize,
     seq_len: usize,
-    threads: usize,
+    ranks: usize,
 ) -> Result<Calibration> {
-    let be = Cpu::new();
-    let peak_flops = be.measure_peak_flops();
-    let memory_bandwidth = adamw_bandwidth(&be, 16 << 20);
-    let (comm_bandwidth, comm_latency_s) = local_comm(threads)?;
     let gpt2 = GptConfig::preset("gpt2")?;
     let (model, batch, seq_len) = if model.num_params() > gpt2.num_params() {
-        (gpt2, 4, 128)
+        (gpt2, 4 * ranks, 128)
     } else {
         (model.clone(), batch, seq_len)
     };
+    let rank_batch = (batch / ranks).max(1);
+    let rank_threads = (machine.threads / ranks).max(1);
+    let oversubscribed = (ranks as f64 / machine.threads as f64).max(1.0);
     let par = ParallelConfig {
         strategy: StrategyKind::Single,
         world_size: 1,
@@ -130,26 +155,26 @@ pub fn calibrate_cpu(
     // Small models are timed over more steps: their steps are short and noisy.
     let small = model.num_params() <= 20_000_000;
     let spec = BenchSpec {
-        batch,
+        batch: rank_batch,
         seq_len,
         warmup: if small { 2 } else { 1 },
         steps: if small { 5 } else { 2 },
         show: false,
     };
-    let ranks = launch::run_local(1, threads, Duration::from_secs(600), |c| {
+    let out = launch::run_local(1, rank_threads, Duration::from_secs(600), |c| {
         bench_rank(Cpu::new(), &model, par, spec, c.as_ref())
     })?;
-    let step_s = ranks[0][0].step_s;
-    let optimizer_s =
-        model.num_params() as f64 * Precision::Fp32.update_traffic_bytes() / memory_bandwidth;
-    let flops = model.flops_per_token(seq_len) * (batch * seq_len) as f64;
-    let efficiency = flops / (peak_flops * (step_s - optimizer_s).max(step_s * 0.1));
+    let step_s = out[0][0].step_s * oversubscribed;
+    // the update streams at this rank's share of the bandwidth
+    let optimizer_s = model.num_params() as f64 * Precision::Fp32.update_traffic_bytes()
+        / (machine.memory_bandwidth / ranks as f64);
+    let flops = model.flops_per_token(seq_len) * (rank_batch * seq_len) as f64;
+    let share = machine.peak_flops / ranks as f64;
+    let efficiency = flops / (share * (step_s - optimizer_s).max(step_s * 0.1));
     Ok(Calibration {
-        peak_flops,
+        machine: machine.clone(),
         efficiency,
-        memory_bandwidth,
-        comm_bandwidth,
-        comm_latency_s,
+        ranks,
         model,
         batch,
         seq_len,
