@@ -238,7 +238,7 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{} ({:.3}B params, {} layers x {} wide), global batch {} x {} tokens x {} accum, {:?} on {} ({:.0} GFLOP/s peak, {:.0} GB)",
+        "{} ({:.3}B params, {} layers x {} wide), global batch {} x {} tokens x {} accum, {:?} on {} ({} peak, {:.0} GB)",
         a.model.model_name(),
         w.model.num_params() as f64 / 1e9,
         w.model.n_layer,
@@ -248,7 +248,11 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
         w.grad_accum,
         a.precision,
         device.name,
-        device.peak_flops / 1e9,
+        if device.peak_flops >= 1e12 {
+            format!("{:.0} TFLOP/s", device.peak_flops / 1e12)
+        } else {
+            format!("{:.0} GFLOP/s", device.peak_flops / 1e9)
+        },
         device.memory_bytes / 1e9
     );
     let largest = all

@@ -128,8 +128,9 @@ fn local_comm(threads: usize) -> Result<(f64, f64)> {
 
 /// Measures the step efficiency of one of `ranks` thread ranks training
 /// `model` (a GPT-2-small-sized stand-in when it is larger) at a global
-/// `batch` x `seq_len`: one rank alone with its share of the threads and of
-/// the batch, its time stretched when ranks outnumber threads.
+/// `batch` x `seq_len`: independent single-rank steps, each with its share
+/// of the threads and of the batch, run side by side; the time is stretched
+/// when ranks outnumber threads.
 pub fn calibrate_cpu(
     machine: &Machine,
     model: &GptConfig,
@@ -161,10 +162,31 @@ pub fn calibrate_cpu(
         steps: if small { 5 } else { 2 },
         show: false,
     };
-    let out = launch::run_local(1, rank_threads, Duration::from_secs(600), |c| {
-        bench_rank(Cpu::new(), &model, par, spec, c.as_ref())
-    })?;
-    let step_s = out[0][0].step_s * oversubscribed;
+    // Every rank runs at once, each on its own, so they contend for memory
+    // and caches as the real ranks do; no collective is involved. When ranks
+    // outnumber threads, as many run at once as there are threads.
+    let concurrent = ranks.min(machine.threads);
+    let times: Vec<Result<f64>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..concurrent)
+            .map(|_| {
+                s.spawn(|| {
+                    launch::run_local(1, rank_threads, Duration::from_secs(600), |c| {
+                        bench_rank(Cpu::new(), &model, par, spec, c.as_ref())
+                    })
+                    .map(|out| out[0][0].step_s)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("calibration thread"))
+            .collect()
+    });
+    let mut mean_s = 0.0;
+    for t in times {
+        mean_s += t? / concurrent as f64;
+    }
+    let step_s = mean_s * oversubscribed;
     // the update streams at this rank's share of the bandwidth
     let optimizer_s = model.num_params() as f64 * Precision::Fp32.update_traffic_bytes()
         / (machine.memory_bandwidth / ranks as f64);
