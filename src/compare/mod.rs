@@ -294,10 +294,9 @@ pub fn run(
     multi: &MultiProgress,
 ) -> Result<(Vec<RunResult>, Vec<Calibration>)> {
     let (cells, skipped) = cells(spec);
+    // before any bar is drawn, so plain stderr is fine (and seen when piped)
     for s in &skipped {
-        multi
-            .println(format!("skipped {s}"))
-            .map_err(|e| Error::io(&spec.out_dir, e))?;
+        eprintln!("skipped {s}");
     }
     if cells.is_empty() {
         return Err(Error::Config(
