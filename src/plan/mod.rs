@@ -130,8 +130,7 @@ impl Network {
     }
 }
 
-/// Seconds of one ring collective over `n` ranks moving `bytes` (the whole
-/// buffer), issued as `calls` equal pieces.
+/// A ring collective's shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Collective {
     /// 2(N-1)/N of the buffer per rank, 2(N-1) latency hops.
@@ -140,6 +139,8 @@ pub enum Collective {
     Gather,
 }
 
+/// Seconds of one ring collective over `n` ranks moving `bytes` (the whole
+/// buffer), issued as `calls` equal pieces.
 pub fn collective_s(kind: Collective, n: usize, bytes: f64, calls: usize, link: (f64, f64)) -> f64 {
     if n <= 1 || bytes == 0.0 {
         return 0.0;
