@@ -3,7 +3,7 @@
 
 use distgpt::backend::cpu::Cpu;
 use distgpt::infer::generate::{decode, generate, SampleConfig};
-use distgpt::infer::kv::Decoder;
+use distgpt::infer::kv::{DecodeWeights, Decoder};
 use distgpt::model::gpt2::shard_tp;
 use distgpt::model::{Engine, Gpt2, GptConfig, TpPlace};
 use distgpt::parallel::launch;
@@ -38,10 +38,11 @@ fn tensor_parallel_greedy_generation_matches_one_rank() {
             place,
             &mut local,
         );
+        let weights = DecodeWeights::new(&Cpu::new(), &cfg, place, &local)?;
         let mut dec = Decoder::new(Cpu::new(), cfg.clone(), place, prompts.len(), 25)?;
         decode(
             &mut dec,
-            &local,
+            &weights,
             &prompts,
             25,
             &sc,

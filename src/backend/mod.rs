@@ -101,6 +101,21 @@ pub trait Backend: Send + Sync {
         k: usize,
         n: usize,
     );
+    /// W (k x n, in `layout`) laid out for [`Backend::matmul_decode`].
+    fn pack_decode_weight(&self, w: &[f32], layout: WeightLayout, k: usize, n: usize) -> Buf;
+    /// out (rows, n) = [out +] inp (rows, k) @ W + bias for few rows (one per
+    /// sequence being decoded), W from [`Backend::pack_decode_weight`].
+    fn matmul_decode(
+        &self,
+        out: &mut [f32],
+        inp: &[f32],
+        packed: &[f32],
+        bias: Option<&[f32]>,
+        rows: usize,
+        k: usize,
+        n: usize,
+        accumulate: bool,
+    );
     /// qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T).
     fn attention_forward(&self, out: &mut [f32], lse: &mut [f32], qkv: &[f32], shape: AttnShape);
     /// dqkv (B, T, 3C) overwritten.

@@ -653,6 +653,12 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
                 );
                 let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
                 let max_t = (longest + cfg.max_new_tokens).min(meta.config.block_size);
+                let weights = distgpt::infer::kv::DecodeWeights::new(
+                    &Cpu::new(),
+                    &meta.config,
+                    place,
+                    &local,
+                )?;
                 let mut dec = distgpt::infer::kv::Decoder::new(
                     Cpu::new(),
                     meta.config.clone(),
@@ -663,7 +669,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
                 let lead = comm.rank() == 0;
                 distgpt::infer::generate::decode(
                     &mut dec,
-                    &local,
+                    &weights,
                     &prompts,
                     max_t,
                     &cfg,

@@ -2,7 +2,7 @@
 //! batch of prompts with the KV cache, on one rank or tensor-parallel ranks
 //! (tp rank 0 samples and broadcasts, so every rank feeds the same tokens).
 
-use super::kv::Decoder;
+use super::kv::{DecodeWeights, Decoder};
 use crate::backend::Backend;
 use crate::comm::Comm;
 use crate::error::{Error, Result};
@@ -88,7 +88,7 @@ pub fn sample_token(logits: &[f32], cfg: &SampleConfig, rng: &mut Rng) -> u32 {
 #[allow(clippy::too_many_arguments)]
 pub fn decode<B: Backend>(
     decoder: &mut Decoder<B>,
-    params: &[f32],
+    weights: &DecodeWeights,
     prompts: &[Vec<u32>],
     max_t: usize,
     cfg: &SampleConfig,
@@ -116,7 +116,7 @@ pub fn decode<B: Backend>(
             .iter()
             .map(|s| s.get(pos).copied().unwrap_or(0))
             .collect();
-        decoder.step(params, &tokens, pos, tp)?;
+        decoder.step(weights, &tokens, pos, tp)?;
         // -1 marks rows that take no token at this position.
         let mut next: Vec<f32> = (0..n)
             .map(|r| {
@@ -157,10 +157,26 @@ pub fn generate<B: Backend>(
     prompts: &[Vec<u32>],
     cfg: &SampleConfig,
     stop: Option<u32>,
+    on_token: impl FnMut(usize, u32),
+) -> Result<Vec<Vec<u32>>> {
+    let weights = DecodeWeights::new(model.backend(), &model.config, WHOLE, &model.params)?;
+    generate_packed(model, &weights, prompts, cfg, stop, on_token)
+}
+
+/// A whole model on one rank.
+const WHOLE: TpPlace = TpPlace { rank: 0, size: 1 };
+
+/// [`generate`] with the model's weights already packed (to pack once for
+/// many generations).
+pub fn generate_packed<B: Backend>(
+    model: &Gpt2<B>,
+    weights: &DecodeWeights,
+    prompts: &[Vec<u32>],
+    cfg: &SampleConfig,
+    stop: Option<u32>,
     mut on_token: impl FnMut(usize, u32),
 ) -> Result<Vec<Vec<u32>>> {
     let block = model.config.block_size;
-    let place = TpPlace { rank: 0, size: 1 };
     let mut out = vec![Vec::new(); prompts.len()];
     let mut context = prompts.to_vec();
     let mut seed = cfg.seed;
@@ -171,7 +187,7 @@ pub fn generate<B: Backend>(
         let mut dec = Decoder::new(
             model.backend().clone_fresh(),
             model.config.clone(),
-            place,
+            WHOLE,
             context.len(),
             max_t,
         )?;
@@ -182,7 +198,7 @@ pub fn generate<B: Backend>(
         };
         let new = decode(
             &mut dec,
-            &model.params,
+            weights,
             &context,
             max_t,
             &window,

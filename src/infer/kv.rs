@@ -9,6 +9,63 @@ use crate::error::{Error, Result};
 use crate::model::layout::BlockParam;
 use crate::model::{GptConfig, ParamLayout, TpPlace};
 
+/// A (tensor-parallel part of a) model ready to decode: its flat parameters
+/// and its matrices packed once by the backend for few-row products. Only
+/// tp rank 0 computes logits, so only it packs the LM head.
+pub struct DecodeWeights<'a> {
+    params: &'a [f32],
+    /// Per block: qkv, attention projection, fc, fc projection.
+    blocks: Vec<[Buf; 4]>,
+    lm_head: Option<Buf>,
+}
+
+impl<'a> DecodeWeights<'a> {
+    pub fn new<B: Backend>(
+        backend: &B,
+        config: &GptConfig,
+        tp: TpPlace,
+        params: &'a [f32],
+    ) -> Result<Self> {
+        let lay = ParamLayout::new_tp(config, tp.size);
+        if params.len() != lay.total() {
+            return Err(Error::Input(format!(
+                "decoding needs {} parameters for tp rank {} of {}, got {}",
+                lay.total(),
+                tp.rank,
+                tp.size,
+                params.len()
+            )));
+        }
+        let (c, cl) = (config.n_embd, config.n_embd / tp.size);
+        let pack = |w: &[f32], layout, k, n| backend.pack_decode_weight(w, layout, k, n);
+        let blocks = (0..config.n_layer)
+            .map(|l| {
+                let p = &params[lay.block(l)];
+                let w = |bp: BlockParam| &p[lay.in_block(bp)];
+                [
+                    pack(w(BlockParam::QkvW), WeightLayout::InOut, c, 3 * cl),
+                    pack(w(BlockParam::AttnProjW), WeightLayout::InOut, cl, c),
+                    pack(w(BlockParam::FcW), WeightLayout::InOut, c, 4 * cl),
+                    pack(w(BlockParam::FcProjW), WeightLayout::InOut, 4 * cl, c),
+                ]
+            })
+            .collect();
+        let lm_head = (tp.rank == 0).then(|| {
+            pack(
+                &params[lay.wte()],
+                WeightLayout::OutIn,
+                c,
+                config.padded_vocab(),
+            )
+        });
+        Ok(DecodeWeights {
+            params,
+            blocks,
+            lm_head,
+        })
+    }
+}
+
 pub struct Decoder<B: Backend> {
     config: GptConfig,
     layout: ParamLayout,
@@ -64,11 +121,11 @@ impl<B: Backend> Decoder<B> {
         })
     }
 
-    /// Feeds `tokens` (one per row) at position `pos`; `params` is this rank's
-    /// (tensor-parallel part of the) flat buffer. Afterwards `logits` holds the next-token scores.
+    /// Feeds `tokens` (one per row) at position `pos` through this rank's
+    /// weights. Afterwards tp rank 0's `logits` holds the next-token scores.
     pub fn step(
         &mut self,
-        params: &[f32],
+        weights: &DecodeWeights,
         tokens: &[u32],
         pos: usize,
         tp: Option<&dyn Comm>,
@@ -89,7 +146,7 @@ impl<B: Backend> Decoder<B> {
         }
         let (cl, nhl, max_t) = (c / self.tp.size, cfg.n_head / self.tp.size, self.max_t);
         let (be, lay) = (&self.backend, &self.layout);
-        let lead = self.tp.rank == 0;
+        let (lead, params) = (self.tp.rank == 0, weights.params);
         let (wte, wpe) = (&params[lay.wte()], &params[lay.wpe()]);
         for (r, &tok) in tokens.iter().enumerate() {
             let (e, p) = (&wte[tok as usize * c..][..c], &wpe[pos * c..][..c]);
@@ -101,6 +158,7 @@ impl<B: Backend> Decoder<B> {
         for l in 0..cfg.n_layer {
             let p = &params[lay.block(l)];
             let w = |bp: BlockParam| &p[lay.in_block(bp)];
+            let [qkv_w, proj_w, fc_w, fcproj_w] = &weights.blocks[l];
             be.layernorm_forward(
                 &mut self.ln,
                 &mut self.mean,
@@ -110,12 +168,11 @@ impl<B: Backend> Decoder<B> {
                 w(BlockParam::Ln1B),
                 c,
             );
-            be.matmul_forward(
+            be.matmul_decode(
                 &mut self.qkv,
                 &self.ln,
-                w(BlockParam::QkvW),
+                qkv_w,
                 Some(w(BlockParam::QkvB)),
-                WeightLayout::InOut,
                 b,
                 c,
                 3 * cl,
@@ -149,17 +206,7 @@ impl<B: Backend> Decoder<B> {
                 be.copy(&mut self.res2, &self.x);
             }
             let bias = lead.then(|| w(BlockParam::AttnProjB));
-            be.matmul_forward(
-                &mut self.res2,
-                &self.atty,
-                w(BlockParam::AttnProjW),
-                bias,
-                WeightLayout::InOut,
-                b,
-                cl,
-                c,
-                lead,
-            );
+            be.matmul_decode(&mut self.res2, &self.atty, proj_w, bias, b, cl, c, lead);
             if let Some(g) = tp {
                 g.all_reduce(&mut self.res2)?;
             }
@@ -172,12 +219,11 @@ impl<B: Backend> Decoder<B> {
                 w(BlockParam::Ln2B),
                 c,
             );
-            be.matmul_forward(
+            be.matmul_decode(
                 &mut self.fch,
                 &self.ln,
-                w(BlockParam::FcW),
+                fc_w,
                 Some(w(BlockParam::FcB)),
-                WeightLayout::InOut,
                 b,
                 c,
                 4 * cl,
@@ -188,12 +234,11 @@ impl<B: Backend> Decoder<B> {
                 be.copy(&mut self.x, &self.res2);
             }
             let bias = lead.then(|| w(BlockParam::FcProjB));
-            be.matmul_forward(
+            be.matmul_decode(
                 &mut self.x,
                 &self.fch_gelu,
-                w(BlockParam::FcProjW),
+                fcproj_w,
                 bias,
-                WeightLayout::InOut,
                 b,
                 4 * cl,
                 c,
@@ -213,17 +258,9 @@ impl<B: Backend> Decoder<B> {
             &lnf[c..],
             c,
         );
-        be.matmul_forward(
-            &mut self.logits,
-            &self.ln,
-            wte,
-            None,
-            WeightLayout::OutIn,
-            b,
-            c,
-            vp,
-            false,
-        );
+        if let Some(head) = &weights.lm_head {
+            be.matmul_decode(&mut self.logits, &self.ln, head, None, b, c, vp, false);
+        }
         Ok(())
     }
 

@@ -5,6 +5,7 @@ mod attention;
 #[cfg(test)]
 mod check;
 mod crossentropy;
+mod decode;
 mod elementwise;
 mod encoder;
 mod layernorm;
@@ -16,7 +17,7 @@ pub use attention::{AttnShape, DecodeShape};
 pub use matmul::WeightLayout;
 
 use super::memory::MemoryStats;
-use super::Backend;
+use super::{Backend, Buf, Category};
 use std::sync::Arc;
 
 /// The CPU device; rayon's global pool decides the thread count.
@@ -117,6 +118,24 @@ impl Backend for Cpu {
         n: usize,
     ) {
         matmul::matmul_backward(dinp, dw, dbias, dout, inp, w, layout, rows, k, n)
+    }
+    fn pack_decode_weight(&self, w: &[f32], layout: WeightLayout, k: usize, n: usize) -> Buf {
+        let mut packed = self.alloc(decode::packed_len(k, n), Category::Params);
+        decode::pack(&mut packed, w, layout, k, n);
+        packed
+    }
+    fn matmul_decode(
+        &self,
+        out: &mut [f32],
+        inp: &[f32],
+        packed: &[f32],
+        bias: Option<&[f32]>,
+        rows: usize,
+        k: usize,
+        n: usize,
+        accumulate: bool,
+    ) {
+        decode::matmul_decode(out, inp, packed, bias, rows, k, n, accumulate)
     }
     fn attention_forward(&self, out: &mut [f32], lse: &mut [f32], qkv: &[f32], shape: AttnShape) {
         attention::attention_forward(out, lse, qkv, shape)

@@ -1,0 +1,334 @@
+//! Matmuls with few rows (one per sequence being decoded), which are bound by
+//! reading the weights. The weights are packed once into panels of
+//! [`PANEL`] output columns, each panel `k` rows deep and contiguous, so a
+//! product streams every weight exactly once and sequentially; a register
+//! tile of up to [`ROWS`] input rows x [`PANEL`] columns consumes it in one
+//! pass, which spreads the memory traffic evenly over the arithmetic.
+
+use super::matmul::WeightLayout;
+use rayon::prelude::*;
+
+/// Output columns per packed panel (two AVX vectors).
+pub const PANEL: usize = 16;
+/// Input rows per register tile (12 accumulators of the 16 AVX registers).
+const ROWS: usize = 6;
+/// Depth of a panel block kept in L1 while every row group passes over it.
+const DEPTH: usize = 512;
+
+/// Floats that W (k x n) takes once packed.
+pub fn packed_len(k: usize, n: usize) -> usize {
+    k * n.div_ceil(PANEL) * PANEL
+}
+
+/// Packs W into panels: panel p holds W[i, 16p + c] at p*16k + 16i + c,
+/// zero past column n.
+pub fn pack(dst: &mut [f32], w: &[f32], layout: WeightLayout, k: usize, n: usize) {
+    assert!(dst.len() >= packed_len(k, n) && w.len() >= k * n);
+    dst[..packed_len(k, n)]
+        .par_chunks_mut(k * PANEL)
+        .enumerate()
+        .for_each(|(p, panel)| {
+            for c in 0..PANEL {
+                let j = p * PANEL + c;
+                for i in 0..k {
+                    panel[i * PANEL + c] = match (j < n, layout) {
+                        (false, _) => 0.0,
+                        (true, WeightLayout::InOut) => w[i * n + j],
+                        (true, WeightLayout::OutIn) => w[j * k + i],
+                    };
+                }
+            }
+        });
+}
+
+/// A raw output pointer the panel tasks share; each writes its own columns.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint column ranges of the output.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// # Safety
+    /// `[offset, offset + len)` must lie inside the output and be written by
+    /// the caller's task alone.
+    unsafe fn slice<'a>(&self, offset: usize, len: usize) -> &'a mut [f32] {
+        std::slice::from_raw_parts_mut(self.0.add(offset), len)
+    }
+}
+
+/// out (rows, n) = [out +] inp (rows, k) @ W + bias, W packed by [`pack`].
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_decode(
+    out: &mut [f32],
+    inp: &[f32],
+    packed: &[f32],
+    bias: Option<&[f32]>,
+    rows: usize,
+    k: usize,
+    n: usize,
+    accumulate: bool,
+) {
+    assert!(out.len() >= rows * n && inp.len() >= rows * k);
+    assert!(packed.len() >= packed_len(k, n) && bias.is_none_or(|b| b.len() >= n));
+    let panels = n.div_ceil(PANEL);
+    let tasks = (rayon::current_num_threads() * 4).min(panels).max(1);
+    let dst = &OutPtr(out.as_mut_ptr());
+    let groups = rows.div_ceil(ROWS);
+    (0..tasks).into_par_iter().for_each(|t| {
+        // One PANEL-wide accumulator tile per row, ROWS rows per register tile.
+        let mut tiles = vec![0.0f32; groups * ROWS * PANEL];
+        for p in panels * t / tasks..panels * (t + 1) / tasks {
+            let (j0, width) = (p * PANEL, PANEL.min(n - p * PANEL));
+            // SAFETY: rows r, columns j0..j0 + width are inside out and
+            // belong to this task's panel alone.
+            let out_row = |r: usize| unsafe { dst.slice(r * n + j0, width) };
+            for (r, acc) in tiles.chunks_exact_mut(PANEL).take(rows).enumerate() {
+                acc.fill(0.0);
+                if accumulate {
+                    acc[..width].copy_from_slice(out_row(r));
+                }
+                if let Some(b) = bias {
+                    acc[..width]
+                        .iter_mut()
+                        .zip(&b[j0..j0 + width])
+                        .for_each(|(a, &b)| *a += b);
+                }
+            }
+            let panel = &packed[p * k * PANEL..(p + 1) * k * PANEL];
+            // Every row group passes over a block while it is in L1; each
+            // prefetches its share of the stream DEPTH rows ahead.
+            for i0 in (0..k).step_by(DEPTH) {
+                let depth = DEPTH.min(k - i0);
+                let w = &panel[i0 * PANEL..(i0 + depth) * PANEL];
+                for (g, tile) in tiles.chunks_exact_mut(ROWS * PANEL).enumerate() {
+                    let (r0, nr) = (g * ROWS, ROWS.min(rows - g * ROWS));
+                    let tile: &mut [f32; ROWS * PANEL] = tile.try_into().expect("tile size");
+                    let x = &inp[r0 * k..(r0 + nr) * k];
+                    let ahead = Ahead {
+                        at: w
+                            .as_ptr()
+                            .wrapping_add((DEPTH + g * depth / groups) * PANEL),
+                        step: PANEL / groups,
+                    };
+                    match nr {
+                        1 => tile_product::<1>(tile, x, k, i0, w, ahead),
+                        2 => tile_product::<2>(tile, x, k, i0, w, ahead),
+                        3 => tile_product::<3>(tile, x, k, i0, w, ahead),
+                        4 => tile_product::<4>(tile, x, k, i0, w, ahead),
+                        5 => tile_product::<5>(tile, x, k, i0, w, ahead),
+                        _ => tile_product::<6>(tile, x, k, i0, w, ahead),
+                    }
+                }
+            }
+            for (r, acc) in tiles.chunks_exact(PANEL).take(rows).enumerate() {
+                out_row(r).copy_from_slice(&acc[..width]);
+            }
+        }
+    });
+}
+
+/// Where a tile prefetches: `at + i * step` at its step i.
+#[derive(Clone, Copy)]
+struct Ahead {
+    at: *const f32,
+    step: usize,
+}
+
+/// tile (R x PANEL) += x[:, i0..i0 + depth] @ w (depth x PANEL); x has R
+/// rows of stride k.
+#[inline(always)]
+fn tile_product<const R: usize>(
+    tile: &mut [f32; ROWS * PANEL],
+    x: &[f32],
+    k: usize,
+    i0: usize,
+    w: &[f32],
+    ahead: Ahead,
+) {
+    let depth = w.len() / PANEL;
+    assert!(R <= ROWS && x.len() >= (R - 1) * k + i0 + depth);
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))]
+    // SAFETY: bounds checked above; AVX2 + FMA are enabled for this build.
+    unsafe {
+        avx2::tile_product::<R>(tile, x.as_ptr().add(i0), k, w.as_ptr(), depth, ahead)
+    }
+    #[cfg(not(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    )))]
+    {
+        let _ = ahead;
+        portable_tile_product::<R>(tile, x, k, i0, w);
+    }
+}
+
+/// The same product in plain Rust (other targets, and the reference the
+/// vector path is tested against).
+#[cfg(any(
+    test,
+    not(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))
+))]
+fn portable_tile_product<const R: usize>(
+    tile: &mut [f32; ROWS * PANEL],
+    x: &[f32],
+    k: usize,
+    i0: usize,
+    w: &[f32],
+) {
+    for (i, wrow) in w.chunks_exact(PANEL).enumerate() {
+        for r in 0..R {
+            let xv = x[r * k + i0 + i];
+            tile[r * PANEL..(r + 1) * PANEL]
+                .iter_mut()
+                .zip(wrow)
+                .for_each(|(a, &w)| *a += xv * w);
+        }
+    }
+}
+
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma"
+))]
+mod avx2 {
+    use super::{Ahead, PANEL, ROWS};
+    use std::arch::x86_64::*;
+
+    /// Two accumulators per row (one per half panel), a broadcast of x per
+    /// row and step, two weight loads per step. Up to 3 rows, two steps run
+    /// on separate accumulators so the FMA latency does not serialise them.
+    ///
+    /// # Safety
+    /// `x` must have R rows of stride `k` with `depth` readable floats each;
+    /// `w` must hold `depth * PANEL` floats.
+    #[inline(always)]
+    pub unsafe fn tile_product<const R: usize>(
+        tile: &mut [f32; ROWS * PANEL],
+        x: *const f32,
+        k: usize,
+        w: *const f32,
+        depth: usize,
+        ahead: Ahead,
+    ) {
+        let t = tile.as_mut_ptr();
+        let zero = _mm256_setzero_ps();
+        let (mut lo, mut hi) = ([zero; R], [zero; R]);
+        let (mut lo2, mut hi2) = ([zero; R], [zero; R]);
+        for r in 0..R {
+            lo[r] = _mm256_loadu_ps(t.add(r * PANEL));
+            hi[r] = _mm256_loadu_ps(t.add(r * PANEL + 8));
+        }
+        let mut i = 0;
+        if R <= 3 {
+            while i + 2 <= depth {
+                let (w0, w1) = (w.add(i * PANEL), w.add((i + 1) * PANEL));
+                _mm_prefetch::<_MM_HINT_T0>(ahead.at.wrapping_add(i * ahead.step) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(
+                    ahead.at.wrapping_add((i + 1) * ahead.step) as *const i8
+                );
+                let (a0, a1) = (_mm256_loadu_ps(w0), _mm256_loadu_ps(w0.add(8)));
+                let (b0, b1) = (_mm256_loadu_ps(w1), _mm256_loadu_ps(w1.add(8)));
+                for r in 0..R {
+                    let x0 = _mm256_broadcast_ss(&*x.add(r * k + i));
+                    let x1 = _mm256_broadcast_ss(&*x.add(r * k + i + 1));
+                    lo[r] = _mm256_fmadd_ps(x0, a0, lo[r]);
+                    hi[r] = _mm256_fmadd_ps(x0, a1, hi[r]);
+                    lo2[r] = _mm256_fmadd_ps(x1, b0, lo2[r]);
+                    hi2[r] = _mm256_fmadd_ps(x1, b1, hi2[r]);
+                }
+                i += 2;
+            }
+        }
+        while i < depth {
+            let w0 = w.add(i * PANEL);
+            _mm_prefetch::<_MM_HINT_T0>(ahead.at.wrapping_add(i * ahead.step) as *const i8);
+            let (a0, a1) = (_mm256_loadu_ps(w0), _mm256_loadu_ps(w0.add(8)));
+            for r in 0..R {
+                let x0 = _mm256_broadcast_ss(&*x.add(r * k + i));
+                lo[r] = _mm256_fmadd_ps(x0, a0, lo[r]);
+                hi[r] = _mm256_fmadd_ps(x0, a1, hi[r]);
+            }
+            i += 1;
+        }
+        for r in 0..R {
+            _mm256_storeu_ps(t.add(r * PANEL), _mm256_add_ps(lo[r], lo2[r]));
+            _mm256_storeu_ps(t.add(r * PANEL + 8), _mm256_add_ps(hi[r], hi2[r]));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::check::*;
+    use super::*;
+    use crate::rng::Rng;
+
+    #[test]
+    fn packed_product_matches_an_f64_reference_for_every_row_count_and_layout() {
+        let mut rng = Rng::new(5);
+        // n not a multiple of the panel, k over one depth block.
+        let (k, n) = (DEPTH + 37, 3 * PANEL + 5);
+        for layout in [WeightLayout::InOut, WeightLayout::OutIn] {
+            let w = randn(&mut rng, k * n, 1.0 / (k as f64).sqrt());
+            let bias = randn(&mut rng, n, 1.0);
+            let mut packed = vec![f32::NAN; packed_len(k, n)];
+            pack(&mut packed, &w, layout, k, n);
+            let wij = |i: usize, j: usize| match layout {
+                WeightLayout::InOut => w[i * n + j] as f64,
+                WeightLayout::OutIn => w[j * k + i] as f64,
+            };
+            for rows in [1, 2, 5, 6, 7, 12, 13] {
+                let inp = randn(&mut rng, rows * k, 1.0);
+                let base = randn(&mut rng, rows * n, 1.0);
+                for (bias, accumulate) in [(None, false), (Some(&bias[..]), true)] {
+                    let want: Vec<f64> = (0..rows * n)
+                        .map(|o| {
+                            let (r, j) = (o / n, o % n);
+                            let start = if accumulate { base[o] as f64 } else { 0.0 };
+                            let b = bias.map_or(0.0, |b| b[j] as f64);
+                            let dot: f64 = (0..k).map(|i| inp[r * k + i] as f64 * wij(i, j)).sum();
+                            start + b + dot
+                        })
+                        .collect();
+                    let mut got = base.clone();
+                    matmul_decode(&mut got, &inp, &packed, bias, rows, k, n, accumulate);
+                    assert_close("decode", &got, &want, 1e-5);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn vector_tile_matches_the_portable_one() {
+        let mut rng = Rng::new(6);
+        let (k, depth) = (40, 33);
+        let x = randn(&mut rng, ROWS * k, 1.0);
+        let w = randn(&mut rng, depth * PANEL, 1.0);
+        let start = randn(&mut rng, ROWS * PANEL, 1.0);
+        // Paired steps (2 rows) and single steps (5 rows).
+        let mut a: [f32; ROWS * PANEL] = start.clone().try_into().unwrap();
+        let mut b = a;
+        let ahead = Ahead {
+            at: w.as_ptr(),
+            step: PANEL,
+        };
+        tile_product::<2>(&mut a, &x, k, 7, &w, ahead);
+        portable_tile_product::<2>(&mut b, &x, k, 7, &w);
+        assert_close("tile 2", &a, &to64(&b), 1e-5);
+        assert_eq!(a[2 * PANEL..], start[2 * PANEL..]);
+        tile_product::<5>(&mut a, &x, k, 7, &w, ahead);
+        portable_tile_product::<5>(&mut b, &x, k, 7, &w);
+        assert_close("tile 5", &a, &to64(&b), 1e-5);
+    }
+}
