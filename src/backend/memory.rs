@@ -120,40 +120,42 @@ impl MemoryStats {
     }
 }
 
-/// An f32 host buffer whose bytes are counted in a [`MemoryStats`] while it lives.
-pub struct Buf {
-    data: Vec<f32>,
+/// A host buffer (f32 unless said otherwise) whose bytes are counted in a
+/// [`MemoryStats`] while it lives.
+pub struct Buf<T = f32> {
+    data: Vec<T>,
     category: Category,
     stats: Arc<MemoryStats>,
 }
 
-impl Buf {
+impl<T: Copy + Default> Buf<T> {
     pub fn zeros(len: usize, category: Category, stats: Arc<MemoryStats>) -> Self {
-        stats.add(category, (len * 4) as u64);
+        stats.add(category, (len * std::mem::size_of::<T>()) as u64);
         Buf {
-            data: vec![0.0; len],
+            data: vec![T::default(); len],
             category,
             stats,
         }
     }
 }
 
-impl Deref for Buf {
-    type Target = [f32];
-    fn deref(&self) -> &[f32] {
+impl<T> Deref for Buf<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
         &self.data
     }
 }
 
-impl DerefMut for Buf {
-    fn deref_mut(&mut self) -> &mut [f32] {
+impl<T> DerefMut for Buf<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
         &mut self.data
     }
 }
 
-impl Drop for Buf {
+impl<T> Drop for Buf<T> {
     fn drop(&mut self) {
-        self.stats.sub(self.category, (self.data.len() * 4) as u64);
+        self.stats
+            .sub(self.category, std::mem::size_of_val(&*self.data) as u64);
     }
 }
 
@@ -164,9 +166,9 @@ mod tests {
     #[test]
     fn peak_survives_free_and_categories_are_separate() {
         let stats = Arc::new(MemoryStats::default());
-        let a = Buf::zeros(100, Category::Params, stats.clone());
+        let a = Buf::<f32>::zeros(100, Category::Params, stats.clone());
         {
-            let _b = Buf::zeros(50, Category::Activations, stats.clone());
+            let _b = Buf::<f32>::zeros(50, Category::Activations, stats.clone());
             assert_eq!(stats.report().current_bytes.total(), 600);
         }
         let r = stats.report();
@@ -175,6 +177,10 @@ mod tests {
         assert_eq!(r.peak_bytes.activations, 200);
         assert_eq!(r.peak_total_bytes, 600);
         drop(a);
+        assert_eq!(stats.report().current_bytes.total(), 0);
+        let half = Buf::<u16>::zeros(10, Category::Params, stats.clone());
+        assert_eq!(stats.report().current_bytes.params, 20);
+        drop(half);
         assert_eq!(stats.report().current_bytes.total(), 0);
     }
 }

@@ -6,7 +6,7 @@
 pub mod cpu;
 pub mod memory;
 
-pub use cpu::{AdamWStep, AttnShape, DecodeShape, WeightLayout};
+pub use cpu::{AdamWStep, AttnShape, DecodeShape, PackedWeight, WeightFormat, WeightLayout};
 pub use memory::{Buf, Category, MemoryReport};
 
 use std::sync::Arc;
@@ -101,15 +101,23 @@ pub trait Backend: Send + Sync {
         k: usize,
         n: usize,
     );
-    /// W (k x n, in `layout`) laid out for [`Backend::matmul_decode`].
-    fn pack_decode_weight(&self, w: &[f32], layout: WeightLayout, k: usize, n: usize) -> Buf;
+    /// W (k x n, in `layout`) laid out for [`Backend::matmul_decode`],
+    /// stored in `format`.
+    fn pack_decode_weight(
+        &self,
+        w: &[f32],
+        layout: WeightLayout,
+        k: usize,
+        n: usize,
+        format: WeightFormat,
+    ) -> PackedWeight;
     /// out (rows, n) = [out +] inp (rows, k) @ W + bias for few rows (one per
     /// sequence being decoded), W from [`Backend::pack_decode_weight`].
     fn matmul_decode(
         &self,
         out: &mut [f32],
         inp: &[f32],
-        packed: &[f32],
+        packed: &PackedWeight,
         bias: Option<&[f32]>,
         rows: usize,
         k: usize,

@@ -2,7 +2,7 @@
 //! category and communication volume and time, on synthetic tokens, for any
 //! strategy and world size, in the shape `bench/pytorch_reference.py` mirrors.
 
-use super::{CommKind, ModelArgs, ParallelArgs};
+use super::{CommKind, DecodeWeightsArg, ModelArgs, ParallelArgs};
 use anyhow::Result;
 use clap::Args;
 use distgpt::backend::cpu::Cpu;
@@ -42,6 +42,9 @@ pub struct BenchArgs {
     /// training (rows = --batch-size, one-token prompts, greedy; one rank).
     #[arg(long)]
     generate: Option<usize>,
+    /// Weight storage for --generate.
+    #[arg(long, value_enum, default_value = "f32")]
+    weights: DecodeWeightsArg,
 }
 
 /// Tokens/s of greedy KV-cache generation from a randomly initialised model;
@@ -53,7 +56,8 @@ fn run_generate(a: &BenchArgs, cfg: &distgpt::model::GptConfig, tokens: usize) -
     model.init_weights(1);
     let t0 = Instant::now();
     let place = distgpt::model::TpPlace { rank: 0, size: 1 };
-    let weights = DecodeWeights::new(model.backend(), cfg, place, &model.params)?;
+    let format = a.weights.format();
+    let weights = DecodeWeights::new(model.backend(), cfg, place, &model.params, format)?;
     let pack_s = t0.elapsed().as_secs_f64();
     let prompts: Vec<Vec<u32>> = (0..a.batch_size)
         .map(|r| vec![(r % cfg.vocab_size) as u32])
@@ -78,13 +82,14 @@ fn run_generate(a: &BenchArgs, cfg: &distgpt::model::GptConfig, tokens: usize) -
     let tokens_per_s = (a.batch_size * tokens) as f64 / best;
     if a.json {
         let j = serde_json::json!({"impl": "distgpt", "model": a.model.model_name(), "batch": a.batch_size, "new_tokens": tokens,
-            "threads": rayon::current_num_threads(), "seconds": best, "tokens_per_s": tokens_per_s, "pack_seconds": pack_s});
+            "threads": rayon::current_num_threads(), "weights": format.name(), "seconds": best, "tokens_per_s": tokens_per_s, "pack_seconds": pack_s});
         println!("{j}");
     } else {
         println!(
-            "distgpt {} generate: batch {} x {tokens} new tokens (KV cache, greedy), {} threads: {best:.3} s, {tokens_per_s:.1} tokens/s (weights packed once in {pack_s:.3} s)",
+            "distgpt {} generate: batch {} x {tokens} new tokens (KV cache, greedy, {} weights), {} threads: {best:.3} s, {tokens_per_s:.1} tokens/s (weights packed once in {pack_s:.3} s)",
             a.model.model_name(),
             a.batch_size,
+            format.name(),
             rayon::current_num_threads()
         );
     }

@@ -10,7 +10,7 @@ use distgpt::backend::cpu::Cpu;
 use distgpt::checkpoint;
 use distgpt::comm::Comm;
 use distgpt::data::{self, Dataset, TokenizerKind};
-use distgpt::infer::generate::{generate, SampleConfig};
+use distgpt::infer::generate::{generate_packed, SampleConfig};
 use distgpt::metrics;
 use distgpt::model::{AdamWConfig, GptConfig};
 use distgpt::parallel::{launch, ParallelConfig, StrategyKind};
@@ -122,6 +122,25 @@ pub struct ParallelArgs {
 enum CommKind {
     Local,
     Mpi,
+}
+
+/// How `generate` (and `bench --generate`) store the weights they stream.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum DecodeWeightsArg {
+    /// The model's fp32 weights: the same logits as the training forward.
+    F32,
+    /// Rounded to bfloat16 once: half the bytes per token, logits within
+    /// bf16 rounding of fp32 (arithmetic stays fp32).
+    Bf16,
+}
+
+impl DecodeWeightsArg {
+    fn format(self) -> distgpt::backend::WeightFormat {
+        match self {
+            DecodeWeightsArg::F32 => distgpt::backend::WeightFormat::F32,
+            DecodeWeightsArg::Bf16 => distgpt::backend::WeightFormat::Bf16,
+        }
+    }
 }
 
 impl ParallelArgs {
@@ -298,6 +317,9 @@ struct GenerateArgs {
     /// Tensor-parallel thread ranks to split the model over (heads and MLP columns).
     #[arg(long, default_value_t = 1)]
     tp: usize,
+    /// Weight storage while decoding.
+    #[arg(long, value_enum, default_value = "f32")]
+    weights: DecodeWeightsArg,
 }
 
 #[derive(Subcommand)]
@@ -628,7 +650,15 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
     let started = std::time::Instant::now();
     let out = if a.tp <= 1 {
         let (model, _) = checkpoint::load_model(Cpu::new(), &a.run)?;
-        generate(&model, &prompts, &cfg, tk.eot(), &mut show)?
+        let place = distgpt::model::TpPlace { rank: 0, size: 1 };
+        let weights = distgpt::infer::kv::DecodeWeights::new(
+            model.backend(),
+            &model.config,
+            place,
+            &model.params,
+            a.weights.format(),
+        )?;
+        generate_packed(&model, &weights, &prompts, &cfg, tk.eot(), &mut show)?
     } else {
         let show = std::sync::Mutex::new(&mut show);
         let mut outs = launch::run_local(
@@ -658,6 +688,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
                     &meta.config,
                     place,
                     &local,
+                    a.weights.format(),
                 )?;
                 let mut dec = distgpt::infer::kv::Decoder::new(
                     Cpu::new(),
@@ -693,10 +724,11 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
     }
     let n: usize = out.iter().map(Vec::len).sum();
     eprintln!(
-        "\n[{n} tokens in {secs:.2} s: {:.1} tokens/s, {} prompt(s), tp {}]",
+        "\n[{n} tokens in {secs:.2} s: {:.1} tokens/s, {} prompt(s), tp {}, {} weights]",
         n as f64 / secs,
         prompts.len(),
-        a.tp.max(1)
+        a.tp.max(1),
+        a.weights.format().name()
     );
     Ok(())
 }

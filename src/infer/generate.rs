@@ -3,7 +3,7 @@
 //! (tp rank 0 samples and broadcasts, so every rank feeds the same tokens).
 
 use super::kv::{DecodeWeights, Decoder};
-use crate::backend::Backend;
+use crate::backend::{Backend, WeightFormat};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::model::{Gpt2, TpPlace};
@@ -149,7 +149,7 @@ pub fn decode<B: Backend>(
     Ok(new)
 }
 
-/// Generation from a whole model on one rank. A single prompt may run past
+/// Generation from a whole model on one rank, fp32 weights. A single prompt may run past
 /// the block size: when the cache is full, decoding restarts from the last
 /// half block of text. A batch stops at the block size.
 pub fn generate<B: Backend>(
@@ -159,7 +159,13 @@ pub fn generate<B: Backend>(
     stop: Option<u32>,
     on_token: impl FnMut(usize, u32),
 ) -> Result<Vec<Vec<u32>>> {
-    let weights = DecodeWeights::new(model.backend(), &model.config, WHOLE, &model.params)?;
+    let weights = DecodeWeights::new(
+        model.backend(),
+        &model.config,
+        WHOLE,
+        &model.params,
+        WeightFormat::F32,
+    )?;
     generate_packed(model, &weights, prompts, cfg, stop, on_token)
 }
 

@@ -3,20 +3,24 @@
 //! than a full forward. Works on a tensor-parallel part of the model too
 //! (each rank caches its own heads; the projections are all-reduced).
 
-use crate::backend::{Backend, Buf, Category, DecodeShape, WeightLayout};
+use crate::backend::{
+    Backend, Buf, Category, DecodeShape, PackedWeight, WeightFormat, WeightLayout,
+};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::model::layout::BlockParam;
 use crate::model::{GptConfig, ParamLayout, TpPlace};
 
 /// A (tensor-parallel part of a) model ready to decode: its flat parameters
-/// and its matrices packed once by the backend for few-row products. Only
-/// tp rank 0 computes logits, so only it packs the LM head.
+/// and its matrices packed once by the backend for few-row products, in fp32
+/// or bf16 (the vectors, biases and layer norms stay fp32). Only tp rank 0
+/// computes logits, so only it packs the LM head.
 pub struct DecodeWeights<'a> {
     params: &'a [f32],
     /// Per block: qkv, attention projection, fc, fc projection.
-    blocks: Vec<[Buf; 4]>,
-    lm_head: Option<Buf>,
+    blocks: Vec<[PackedWeight; 4]>,
+    lm_head: Option<PackedWeight>,
+    format: WeightFormat,
 }
 
 impl<'a> DecodeWeights<'a> {
@@ -25,6 +29,7 @@ impl<'a> DecodeWeights<'a> {
         config: &GptConfig,
         tp: TpPlace,
         params: &'a [f32],
+        format: WeightFormat,
     ) -> Result<Self> {
         let lay = ParamLayout::new_tp(config, tp.size);
         if params.len() != lay.total() {
@@ -37,7 +42,7 @@ impl<'a> DecodeWeights<'a> {
             )));
         }
         let (c, cl) = (config.n_embd, config.n_embd / tp.size);
-        let pack = |w: &[f32], layout, k, n| backend.pack_decode_weight(w, layout, k, n);
+        let pack = |w: &[f32], layout, k, n| backend.pack_decode_weight(w, layout, k, n, format);
         let blocks = (0..config.n_layer)
             .map(|l| {
                 let p = &params[lay.block(l)];
@@ -62,7 +67,12 @@ impl<'a> DecodeWeights<'a> {
             params,
             blocks,
             lm_head,
+            format,
         })
+    }
+
+    pub fn format(&self) -> WeightFormat {
+        self.format
     }
 }
 

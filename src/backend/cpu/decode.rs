@@ -6,7 +6,154 @@
 //! pass, which spreads the memory traffic evenly over the arithmetic.
 
 use super::matmul::WeightLayout;
+use crate::backend::memory::{Buf, Category, MemoryStats};
 use rayon::prelude::*;
+use std::sync::Arc;
+
+/// How packed decoding weights are stored.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WeightFormat {
+    /// The model's own fp32 weights, results as the training forward's.
+    #[default]
+    F32,
+    /// bfloat16 (fp32 rounded to 8 mantissa bits): half the bytes to
+    /// stream per token; the arithmetic stays fp32.
+    Bf16,
+}
+
+impl WeightFormat {
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightFormat::F32 => "f32",
+            WeightFormat::Bf16 => "bf16",
+        }
+    }
+}
+
+/// A bfloat16 value: the upper half of an f32's bits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(transparent)]
+pub struct Bf16(u16);
+
+/// What a packed panel may store.
+pub trait Element: Copy + Default + Send + Sync {
+    fn from_f32(x: f32) -> Self;
+    /// (Used by the portable product.)
+    #[cfg(any(
+        test,
+        not(all(
+            target_arch = "x86_64",
+            target_feature = "avx2",
+            target_feature = "fma"
+        ))
+    ))]
+    fn to_f32(self) -> f32;
+    /// Eight stored values from `p` as f32 lanes.
+    ///
+    /// # Safety
+    /// `p` must point to eight readable values.
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+}
+
+impl Element for f32 {
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+    #[cfg(any(
+        test,
+        not(all(
+            target_arch = "x86_64",
+            target_feature = "avx2",
+            target_feature = "fma"
+        ))
+    ))]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))]
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
+        std::arch::x86_64::_mm256_loadu_ps(p)
+    }
+}
+
+impl Element for Bf16 {
+    /// Rounds to nearest, ties to even; NaN stays NaN.
+    fn from_f32(x: f32) -> Self {
+        if x.is_nan() {
+            return Bf16(0x7fc0);
+        }
+        let bits = x.to_bits();
+        let round = 0x7fff + ((bits >> 16) & 1);
+        Bf16((bits.wrapping_add(round) >> 16) as u16)
+    }
+    #[cfg(any(
+        test,
+        not(all(
+            target_arch = "x86_64",
+            target_feature = "avx2",
+            target_feature = "fma"
+        ))
+    ))]
+    fn to_f32(self) -> f32 {
+        f32::from_bits((self.0 as u32) << 16)
+    }
+    /// Widens eight u16 to u32 and shifts them into the high half.
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))]
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        let wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(wide))
+    }
+}
+
+/// A weight matrix packed for [`matmul_decode`].
+pub enum PackedWeight {
+    F32(Buf<f32>),
+    Bf16(Buf<Bf16>),
+}
+
+impl PackedWeight {
+    /// Packs W (k x n, in `layout`) in `format`, counted as parameters.
+    pub fn new(
+        w: &[f32],
+        layout: WeightLayout,
+        k: usize,
+        n: usize,
+        format: WeightFormat,
+        stats: &Arc<MemoryStats>,
+    ) -> Self {
+        fn packed<T: Element>(
+            w: &[f32],
+            layout: WeightLayout,
+            k: usize,
+            n: usize,
+            stats: &Arc<MemoryStats>,
+        ) -> Buf<T> {
+            let mut buf = Buf::zeros(packed_len(k, n), Category::Params, stats.clone());
+            pack(&mut buf, w, layout, k, n);
+            buf
+        }
+        match format {
+            WeightFormat::F32 => PackedWeight::F32(packed(w, layout, k, n, stats)),
+            WeightFormat::Bf16 => PackedWeight::Bf16(packed(w, layout, k, n, stats)),
+        }
+    }
+}
 
 /// Output columns per packed panel (two AVX vectors).
 pub const PANEL: usize = 16;
@@ -15,14 +162,14 @@ const ROWS: usize = 6;
 /// Depth of a panel block kept in L1 while every row group passes over it.
 const DEPTH: usize = 512;
 
-/// Floats that W (k x n) takes once packed.
-pub fn packed_len(k: usize, n: usize) -> usize {
+/// Elements that W (k x n) takes once packed.
+fn packed_len(k: usize, n: usize) -> usize {
     k * n.div_ceil(PANEL) * PANEL
 }
 
 /// Packs W into panels: panel p holds W[i, 16p + c] at p*16k + 16i + c,
 /// zero past column n.
-pub fn pack(dst: &mut [f32], w: &[f32], layout: WeightLayout, k: usize, n: usize) {
+fn pack<T: Element>(dst: &mut [T], w: &[f32], layout: WeightLayout, k: usize, n: usize) {
     assert!(dst.len() >= packed_len(k, n) && w.len() >= k * n);
     dst[..packed_len(k, n)]
         .par_chunks_mut(k * PANEL)
@@ -31,11 +178,11 @@ pub fn pack(dst: &mut [f32], w: &[f32], layout: WeightLayout, k: usize, n: usize
             for c in 0..PANEL {
                 let j = p * PANEL + c;
                 for i in 0..k {
-                    panel[i * PANEL + c] = match (j < n, layout) {
+                    panel[i * PANEL + c] = T::from_f32(match (j < n, layout) {
                         (false, _) => 0.0,
                         (true, WeightLayout::InOut) => w[i * n + j],
                         (true, WeightLayout::OutIn) => w[j * k + i],
-                    };
+                    });
                 }
             }
         });
@@ -57,12 +204,29 @@ impl OutPtr {
     }
 }
 
-/// out (rows, n) = [out +] inp (rows, k) @ W + bias, W packed by [`pack`].
+/// out (rows, n) = [out +] inp (rows, k) @ W + bias.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_decode(
     out: &mut [f32],
     inp: &[f32],
-    packed: &[f32],
+    w: &PackedWeight,
+    bias: Option<&[f32]>,
+    rows: usize,
+    k: usize,
+    n: usize,
+    accumulate: bool,
+) {
+    match w {
+        PackedWeight::F32(p) => packed_product(out, inp, p, bias, rows, k, n, accumulate),
+        PackedWeight::Bf16(p) => packed_product(out, inp, p, bias, rows, k, n, accumulate),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn packed_product<T: Element>(
+    out: &mut [f32],
+    inp: &[f32],
+    packed: &[T],
     bias: Option<&[f32]>,
     rows: usize,
     k: usize,
@@ -112,12 +276,12 @@ pub fn matmul_decode(
                         step: PANEL / groups,
                     };
                     match nr {
-                        1 => tile_product::<1>(tile, x, k, i0, w, ahead),
-                        2 => tile_product::<2>(tile, x, k, i0, w, ahead),
-                        3 => tile_product::<3>(tile, x, k, i0, w, ahead),
-                        4 => tile_product::<4>(tile, x, k, i0, w, ahead),
-                        5 => tile_product::<5>(tile, x, k, i0, w, ahead),
-                        _ => tile_product::<6>(tile, x, k, i0, w, ahead),
+                        1 => tile_product::<T, 1>(tile, x, k, i0, w, ahead),
+                        2 => tile_product::<T, 2>(tile, x, k, i0, w, ahead),
+                        3 => tile_product::<T, 3>(tile, x, k, i0, w, ahead),
+                        4 => tile_product::<T, 4>(tile, x, k, i0, w, ahead),
+                        5 => tile_product::<T, 5>(tile, x, k, i0, w, ahead),
+                        _ => tile_product::<T, 6>(tile, x, k, i0, w, ahead),
                     }
                 }
             }
@@ -130,21 +294,21 @@ pub fn matmul_decode(
 
 /// Where a tile prefetches: `at + i * step` at its step i.
 #[derive(Clone, Copy)]
-struct Ahead {
-    at: *const f32,
+struct Ahead<T> {
+    at: *const T,
     step: usize,
 }
 
 /// tile (R x PANEL) += x[:, i0..i0 + depth] @ w (depth x PANEL); x has R
 /// rows of stride k.
 #[inline(always)]
-fn tile_product<const R: usize>(
+fn tile_product<T: Element, const R: usize>(
     tile: &mut [f32; ROWS * PANEL],
     x: &[f32],
     k: usize,
     i0: usize,
-    w: &[f32],
-    ahead: Ahead,
+    w: &[T],
+    ahead: Ahead<T>,
 ) {
     let depth = w.len() / PANEL;
     assert!(R <= ROWS && x.len() >= (R - 1) * k + i0 + depth);
@@ -155,7 +319,7 @@ fn tile_product<const R: usize>(
     ))]
     // SAFETY: bounds checked above; AVX2 + FMA are enabled for this build.
     unsafe {
-        avx2::tile_product::<R>(tile, x.as_ptr().add(i0), k, w.as_ptr(), depth, ahead)
+        avx2::tile_product::<T, R>(tile, x.as_ptr().add(i0), k, w.as_ptr(), depth, ahead)
     }
     #[cfg(not(all(
         target_arch = "x86_64",
@@ -164,7 +328,7 @@ fn tile_product<const R: usize>(
     )))]
     {
         let _ = ahead;
-        portable_tile_product::<R>(tile, x, k, i0, w);
+        portable_tile_product::<T, R>(tile, x, k, i0, w);
     }
 }
 
@@ -178,12 +342,12 @@ fn tile_product<const R: usize>(
         target_feature = "fma"
     ))
 ))]
-fn portable_tile_product<const R: usize>(
+fn portable_tile_product<T: Element, const R: usize>(
     tile: &mut [f32; ROWS * PANEL],
     x: &[f32],
     k: usize,
     i0: usize,
-    w: &[f32],
+    w: &[T],
 ) {
     for (i, wrow) in w.chunks_exact(PANEL).enumerate() {
         for r in 0..R {
@@ -191,7 +355,7 @@ fn portable_tile_product<const R: usize>(
             tile[r * PANEL..(r + 1) * PANEL]
                 .iter_mut()
                 .zip(wrow)
-                .for_each(|(a, &w)| *a += xv * w);
+                .for_each(|(a, &w)| *a += xv * w.to_f32());
         }
     }
 }
@@ -202,7 +366,7 @@ fn portable_tile_product<const R: usize>(
     target_feature = "fma"
 ))]
 mod avx2 {
-    use super::{Ahead, PANEL, ROWS};
+    use super::{Ahead, Element, PANEL, ROWS};
     use std::arch::x86_64::*;
 
     /// Two accumulators per row (one per half panel), a broadcast of x per
@@ -211,15 +375,15 @@ mod avx2 {
     ///
     /// # Safety
     /// `x` must have R rows of stride `k` with `depth` readable floats each;
-    /// `w` must hold `depth * PANEL` floats.
+    /// `w` must hold `depth * PANEL` values.
     #[inline(always)]
-    pub unsafe fn tile_product<const R: usize>(
+    pub unsafe fn tile_product<T: Element, const R: usize>(
         tile: &mut [f32; ROWS * PANEL],
         x: *const f32,
         k: usize,
-        w: *const f32,
+        w: *const T,
         depth: usize,
-        ahead: Ahead,
+        ahead: Ahead<T>,
     ) {
         let t = tile.as_mut_ptr();
         let zero = _mm256_setzero_ps();
@@ -237,8 +401,8 @@ mod avx2 {
                 _mm_prefetch::<_MM_HINT_T0>(
                     ahead.at.wrapping_add((i + 1) * ahead.step) as *const i8
                 );
-                let (a0, a1) = (_mm256_loadu_ps(w0), _mm256_loadu_ps(w0.add(8)));
-                let (b0, b1) = (_mm256_loadu_ps(w1), _mm256_loadu_ps(w1.add(8)));
+                let (a0, a1) = (T::load8(w0), T::load8(w0.add(8)));
+                let (b0, b1) = (T::load8(w1), T::load8(w1.add(8)));
                 for r in 0..R {
                     let x0 = _mm256_broadcast_ss(&*x.add(r * k + i));
                     let x1 = _mm256_broadcast_ss(&*x.add(r * k + i + 1));
@@ -253,7 +417,7 @@ mod avx2 {
         while i < depth {
             let w0 = w.add(i * PANEL);
             _mm_prefetch::<_MM_HINT_T0>(ahead.at.wrapping_add(i * ahead.step) as *const i8);
-            let (a0, a1) = (_mm256_loadu_ps(w0), _mm256_loadu_ps(w0.add(8)));
+            let (a0, a1) = (T::load8(w0), T::load8(w0.add(8)));
             for r in 0..R {
                 let x0 = _mm256_broadcast_ss(&*x.add(r * k + i));
                 lo[r] = _mm256_fmadd_ps(x0, a0, lo[r]);
@@ -275,38 +439,71 @@ mod tests {
     use crate::rng::Rng;
 
     #[test]
-    fn packed_product_matches_an_f64_reference_for_every_row_count_and_layout() {
+    fn bf16_rounds_to_nearest_even() {
+        let bf = |x: f32| Bf16::from_f32(x).to_f32();
+        assert_eq!(bf(1.0), 1.0);
+        assert_eq!(bf(-3.5), -3.5);
+        // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties go to the even 1.
+        assert_eq!(bf(1.0 + 1.0 / 256.0), 1.0);
+        // 1 + 3 * 2^-8 is halfway between 1 + 2^-7 and 1 + 2^-6: to the even 1 + 2^-6.
+        assert_eq!(bf(1.0 + 3.0 / 256.0), 1.0 + 1.0 / 64.0);
+        assert_eq!(bf(1.0 + 1.0 / 256.0 + 1e-6), 1.0 + 1.0 / 128.0);
+        assert!(bf(f32::NAN).is_nan());
+        assert_eq!(bf(f32::INFINITY), f32::INFINITY);
+        let x = 0.123_456_79f32;
+        assert!((bf(x) - x).abs() <= x * 2f32.powi(-9));
+    }
+
+    #[test]
+    fn packed_product_matches_an_f64_reference_for_every_format_row_count_and_layout() {
         let mut rng = Rng::new(5);
         // n not a multiple of the panel, k over one depth block.
         let (k, n) = (DEPTH + 37, 3 * PANEL + 5);
-        for layout in [WeightLayout::InOut, WeightLayout::OutIn] {
-            let w = randn(&mut rng, k * n, 1.0 / (k as f64).sqrt());
-            let bias = randn(&mut rng, n, 1.0);
-            let mut packed = vec![f32::NAN; packed_len(k, n)];
-            pack(&mut packed, &w, layout, k, n);
-            let wij = |i: usize, j: usize| match layout {
-                WeightLayout::InOut => w[i * n + j] as f64,
-                WeightLayout::OutIn => w[j * k + i] as f64,
-            };
-            for rows in [1, 2, 5, 6, 7, 12, 13] {
-                let inp = randn(&mut rng, rows * k, 1.0);
-                let base = randn(&mut rng, rows * n, 1.0);
-                for (bias, accumulate) in [(None, false), (Some(&bias[..]), true)] {
-                    let want: Vec<f64> = (0..rows * n)
-                        .map(|o| {
-                            let (r, j) = (o / n, o % n);
-                            let start = if accumulate { base[o] as f64 } else { 0.0 };
-                            let b = bias.map_or(0.0, |b| b[j] as f64);
-                            let dot: f64 = (0..k).map(|i| inp[r * k + i] as f64 * wij(i, j)).sum();
-                            start + b + dot
-                        })
-                        .collect();
-                    let mut got = base.clone();
-                    matmul_decode(&mut got, &inp, &packed, bias, rows, k, n, accumulate);
-                    assert_close("decode", &got, &want, 1e-5);
+        let stats = Arc::new(MemoryStats::default());
+        let formats = [
+            (WeightFormat::F32, (|x| x) as fn(f32) -> f32),
+            (WeightFormat::Bf16, |x| Bf16::from_f32(x).to_f32()),
+        ];
+        for (format, stored) in formats {
+            for layout in [WeightLayout::InOut, WeightLayout::OutIn] {
+                let w = randn(&mut rng, k * n, 1.0 / (k as f64).sqrt());
+                let bias = randn(&mut rng, n, 1.0);
+                let packed = PackedWeight::new(&w, layout, k, n, format, &stats);
+                let wij = |i: usize, j: usize| {
+                    stored(match layout {
+                        WeightLayout::InOut => w[i * n + j],
+                        WeightLayout::OutIn => w[j * k + i],
+                    }) as f64
+                };
+                for rows in [1, 2, 5, 6, 7, 12, 13] {
+                    let inp = randn(&mut rng, rows * k, 1.0);
+                    let base = randn(&mut rng, rows * n, 1.0);
+                    for (bias, accumulate) in [(None, false), (Some(&bias[..]), true)] {
+                        let want: Vec<f64> = (0..rows * n)
+                            .map(|o| {
+                                let (r, j) = (o / n, o % n);
+                                let start = if accumulate { base[o] as f64 } else { 0.0 };
+                                let b = bias.map_or(0.0, |b| b[j] as f64);
+                                let dot: f64 =
+                                    (0..k).map(|i| inp[r * k + i] as f64 * wij(i, j)).sum();
+                                start + b + dot
+                            })
+                            .collect();
+                        let mut got = base.clone();
+                        matmul_decode(&mut got, &inp, &packed, bias, rows, k, n, accumulate);
+                        assert_close(format.name(), &got, &want, 1e-5);
+                    }
                 }
             }
         }
+        let bytes = |format| {
+            let before = stats.report().current_bytes.params;
+            let _p = PackedWeight::new(&[0.0; 32 * 8], WeightLayout::InOut, 32, 8, format, &stats);
+            stats.report().current_bytes.params - before
+        };
+        // 8 columns pad to one 16-column panel of 32 rows.
+        assert_eq!(bytes(WeightFormat::F32), 32 * 16 * 4);
+        assert_eq!(bytes(WeightFormat::Bf16), 32 * 16 * 2);
     }
 
     #[test]
@@ -315,20 +512,31 @@ mod tests {
         let (k, depth) = (40, 33);
         let x = randn(&mut rng, ROWS * k, 1.0);
         let w = randn(&mut rng, depth * PANEL, 1.0);
+        let half: Vec<Bf16> = w.iter().map(|&v| Bf16::from_f32(v)).collect();
         let start = randn(&mut rng, ROWS * PANEL, 1.0);
-        // Paired steps (2 rows) and single steps (5 rows).
+        // Paired steps (2 rows) and single steps (5 rows), both formats.
         let mut a: [f32; ROWS * PANEL] = start.clone().try_into().unwrap();
         let mut b = a;
         let ahead = Ahead {
             at: w.as_ptr(),
             step: PANEL,
         };
-        tile_product::<2>(&mut a, &x, k, 7, &w, ahead);
-        portable_tile_product::<2>(&mut b, &x, k, 7, &w);
+        tile_product::<f32, 2>(&mut a, &x, k, 7, &w, ahead);
+        portable_tile_product::<f32, 2>(&mut b, &x, k, 7, &w);
         assert_close("tile 2", &a, &to64(&b), 1e-5);
         assert_eq!(a[2 * PANEL..], start[2 * PANEL..]);
-        tile_product::<5>(&mut a, &x, k, 7, &w, ahead);
-        portable_tile_product::<5>(&mut b, &x, k, 7, &w);
+        tile_product::<f32, 5>(&mut a, &x, k, 7, &w, ahead);
+        portable_tile_product::<f32, 5>(&mut b, &x, k, 7, &w);
         assert_close("tile 5", &a, &to64(&b), 1e-5);
+        let ahead = Ahead {
+            at: half.as_ptr(),
+            step: PANEL,
+        };
+        tile_product::<Bf16, 3>(&mut a, &x, k, 7, &half, ahead);
+        portable_tile_product::<Bf16, 3>(&mut b, &x, k, 7, &half);
+        assert_close("bf16 tile 3", &a, &to64(&b), 1e-5);
+        tile_product::<Bf16, 6>(&mut a, &x, k, 7, &half, ahead);
+        portable_tile_product::<Bf16, 6>(&mut b, &x, k, 7, &half);
+        assert_close("bf16 tile 6", &a, &to64(&b), 1e-5);
     }
 }

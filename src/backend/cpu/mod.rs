@@ -14,10 +14,11 @@ mod matmul;
 
 pub use adamw::AdamWStep;
 pub use attention::{AttnShape, DecodeShape};
+pub use decode::{PackedWeight, WeightFormat};
 pub use matmul::WeightLayout;
 
 use super::memory::MemoryStats;
-use super::{Backend, Buf, Category};
+use super::Backend;
 use std::sync::Arc;
 
 /// The CPU device; rayon's global pool decides the thread count.
@@ -119,16 +120,21 @@ impl Backend for Cpu {
     ) {
         matmul::matmul_backward(dinp, dw, dbias, dout, inp, w, layout, rows, k, n)
     }
-    fn pack_decode_weight(&self, w: &[f32], layout: WeightLayout, k: usize, n: usize) -> Buf {
-        let mut packed = self.alloc(decode::packed_len(k, n), Category::Params);
-        decode::pack(&mut packed, w, layout, k, n);
-        packed
+    fn pack_decode_weight(
+        &self,
+        w: &[f32],
+        layout: WeightLayout,
+        k: usize,
+        n: usize,
+        format: WeightFormat,
+    ) -> PackedWeight {
+        PackedWeight::new(w, layout, k, n, format, &self.memory)
     }
     fn matmul_decode(
         &self,
         out: &mut [f32],
         inp: &[f32],
-        packed: &[f32],
+        packed: &PackedWeight,
         bias: Option<&[f32]>,
         rows: usize,
         k: usize,
