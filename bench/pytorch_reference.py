@@ -125,7 +125,7 @@ def run_torch(args, rank=0, world=1):
             "tokens_per_s": tps, "flops_per_token": flops_per_token(GPT(*cfg), cfg, t)}
 
 
-def run_torch_generate(args):
+def run_torch_generate(args, dtype=torch.float32):
     """Greedy generation with transformers' GPT2LMHeadModel and its KV cache (eager)."""
     import os
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -136,7 +136,7 @@ def run_torch_generate(args):
     cfg = GPT2Config(vocab_size=vocab, n_positions=block, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
                      activation_function="gelu_new", attn_implementation="eager",
                      bos_token_id=0, eos_token_id=None, pad_token_id=0)
-    model = GPT2LMHeadModel(cfg).eval()
+    model = GPT2LMHeadModel(cfg).eval().to(dtype)
     prompts = torch.tensor([[r % vocab] for r in range(args.batch_size)])
     best = float("inf")
     with torch.no_grad():
@@ -146,7 +146,8 @@ def run_torch_generate(args):
                                  min_new_tokens=args.generate, do_sample=False, use_cache=True)
             best = min(best, time.perf_counter() - t0)
     assert out.shape[1] == 1 + args.generate
-    return {"impl": f"pytorch {torch.__version__} eager (transformers generate, KV cache)",
+    name = str(dtype).removeprefix("torch.")
+    return {"impl": f"pytorch {torch.__version__} eager {name} (transformers generate, KV cache)",
             "seconds": best, "tokens_per_s": args.batch_size * args.generate / best}
 
 
@@ -186,20 +187,28 @@ def main():
     ap.add_argument("--distgpt", help="path of the distgpt binary to run side by side")
     ap.add_argument("--generate", type=int, default=0,
                     help="measure greedy KV-cache generation of this many tokens per row instead of training")
+    ap.add_argument("--weights", default="f32", choices=["f32", "bf16"],
+                    help="distgpt's decoding weights; with bf16 PyTorch runs in float32 and in bfloat16")
     args = ap.parse_args()
     if args.generate:
         rows = []
         if args.distgpt:
             cmd = [args.distgpt, "--threads", str(args.threads), "bench", "--model", args.model,
                    "--batch-size", str(args.batch_size), "--generate", str(args.generate),
-                   "--steps", str(args.steps), "--warmup", str(args.warmup), "--json"]
-            rows.append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout))
+                   "--steps", str(args.steps), "--warmup", str(args.warmup), "--weights", args.weights, "--json"]
+            row = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+            row["impl"] = f"distgpt {row['weights']} weights"
+            rows.append(row)
         rows.append(run_torch_generate(args))
+        if args.weights == "bf16":
+            rows.append(run_torch_generate(args, torch.bfloat16))
         for r in rows:
-            print(f"{r['impl']:<58} {args.model} batch {args.batch_size} x {args.generate} new tokens,"
+            print(f"{r['impl']:<68} {args.model} batch {args.batch_size} x {args.generate} new tokens,"
                   f" {args.threads} threads: {r['tokens_per_s']:.1f} tokens/s")
-        if len(rows) == 2:
-            print(f"ratio distgpt / pytorch: {rows[0]['tokens_per_s'] / rows[1]['tokens_per_s']:.2f}x")
+        if args.distgpt:
+            for r in rows[1:]:
+                print(f"ratio distgpt {args.weights} / {r['impl'].split(' (')[0]}:"
+                      f" {rows[0]['tokens_per_s'] / r['tokens_per_s']:.2f}x")
         return 0
     rows = []
     peak = None

@@ -2,6 +2,7 @@
 //! single-rank model token for token (greedy).
 
 use distgpt::backend::cpu::Cpu;
+use distgpt::backend::WeightFormat;
 use distgpt::infer::generate::{decode, generate, SampleConfig};
 use distgpt::infer::kv::{DecodeWeights, Decoder};
 use distgpt::model::gpt2::shard_tp;
@@ -38,7 +39,7 @@ fn tensor_parallel_greedy_generation_matches_one_rank() {
             place,
             &mut local,
         );
-        let weights = DecodeWeights::new(&Cpu::new(), &cfg, place, &local)?;
+        let weights = DecodeWeights::new(&Cpu::new(), &cfg, place, &local, WeightFormat::F32)?;
         let mut dec = Decoder::new(Cpu::new(), cfg.clone(), place, prompts.len(), 25)?;
         decode(
             &mut dec,
@@ -54,4 +55,116 @@ fn tensor_parallel_greedy_generation_matches_one_rank() {
     .unwrap();
     assert_eq!(got[0], want);
     assert_eq!(got[1], want);
+}
+
+/// Logits of every position of `seq` fed one token at a time.
+fn decoded_logits(model: &Gpt2<Cpu>, seq: &[u32], format: WeightFormat) -> Vec<Vec<f32>> {
+    let place = TpPlace { rank: 0, size: 1 };
+    let weights =
+        DecodeWeights::new(model.backend(), &model.config, place, &model.params, format).unwrap();
+    let mut dec = Decoder::new(Cpu::new(), model.config.clone(), place, 1, seq.len()).unwrap();
+    seq.iter()
+        .enumerate()
+        .map(|(pos, &t)| {
+            dec.step(&weights, &[t], pos, None).unwrap();
+            dec.logits(0).to_vec()
+        })
+        .collect()
+}
+
+#[test]
+fn bf16_decoding_stays_within_bf16_rounding_of_fp32() {
+    let mut cfg = GptConfig::preset("tiny").unwrap();
+    cfg.vocab_size = 60;
+    let mut model = Gpt2::new(Cpu::new(), cfg.clone()).unwrap();
+    model.init_weights(7);
+    let seq: Vec<u32> = (0..24).map(|i| (i * 7 % 60) as u32).collect();
+    let full = decoded_logits(&model, &seq, WeightFormat::F32);
+    let half = decoded_logits(&model, &seq, WeightFormat::Bf16);
+    // The fp32 decoder is the training forward's arithmetic.
+    model.forward(&seq, None, 1, seq.len()).unwrap();
+    let mut worst_fp32 = 0.0f32;
+    let mut worst_bf16 = 0.0f32;
+    let mut spread = 0.0f32;
+    for (pos, (f, h)) in full.iter().zip(&half).enumerate() {
+        let reference = &model.logits(0, pos)[..cfg.vocab_size];
+        for ((&r, &f), &h) in reference.iter().zip(f).zip(h) {
+            worst_fp32 = worst_fp32.max((f - r).abs());
+            worst_bf16 = worst_bf16.max((h - f).abs());
+            spread = spread.max(r.abs());
+        }
+    }
+    assert!(
+        worst_fp32 < 1e-4,
+        "fp32 decoding drifts from the forward: {worst_fp32}"
+    );
+    assert!(
+        worst_bf16 > 0.0,
+        "bf16 weights changed nothing: the path is not in use"
+    );
+    assert!(
+        worst_bf16 < 0.01 * spread,
+        "bf16 decoding is off by {worst_bf16} (logits up to {spread})"
+    );
+}
+
+/// Tensor-parallel generation across Open MPI processes prints what one
+/// process prints (same seed; rank 0 samples and broadcasts).
+#[cfg(feature = "mpi")]
+#[test]
+fn tensor_parallel_generation_over_mpi_matches_one_process() {
+    use std::process::Command;
+    let run = std::env::temp_dir().join(format!("distgpt-mpi-generate-{}", std::process::id()));
+    let bin = env!("CARGO_BIN_EXE_distgpt");
+    let trained = Command::new(bin)
+        .args([
+            "train",
+            "--model",
+            "tiny",
+            "--steps",
+            "30",
+            "--batch-size",
+            "4",
+        ])
+        .args(["--seq-len", "32", "--eval-every", "0", "--out"])
+        .arg(&run)
+        .output()
+        .unwrap();
+    assert!(trained.status.success(), "{trained:?}");
+    let sample = [
+        "--prompt",
+        "ROMEO:",
+        "--tokens",
+        "40",
+        "--temperature",
+        "1",
+        "--seed",
+        "7",
+    ];
+    let one = Command::new(bin)
+        .args(["generate", "--run"])
+        .arg(&run)
+        .args(sample)
+        .output()
+        .unwrap();
+    let two = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "2", bin])
+        .args(["generate", "--comm", "mpi", "--tp", "2", "--run"])
+        .arg(&run)
+        .args(sample)
+        .output()
+        .unwrap();
+    assert!(
+        one.status.success() && two.status.success(),
+        "{one:?}\n{two:?}"
+    );
+    let text = |o: &std::process::Output| String::from_utf8_lossy(&o.stdout).into_owned();
+    let new: std::collections::BTreeSet<char> = text(&one)["ROMEO:".len()..].chars().collect();
+    assert!(new.len() >= 3, "a degenerate sample proves little: {one:?}");
+    assert_eq!(text(&one), text(&two));
+    assert!(
+        String::from_utf8_lossy(&two.stderr).contains("tp 2"),
+        "{two:?}"
+    );
+    std::fs::remove_dir_all(&run).ok();
 }

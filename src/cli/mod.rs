@@ -314,9 +314,13 @@ struct GenerateArgs {
     top_p: f32,
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// Tensor-parallel thread ranks to split the model over (heads and MLP columns).
+    /// Tensor-parallel ranks to split the model over (heads and MLP columns):
+    /// threads here, or with --comm mpi every process mpirun starts.
     #[arg(long, default_value_t = 1)]
     tp: usize,
+    /// local: tp ranks are threads of this process; mpi: processes started by mpirun.
+    #[arg(long, value_enum, default_value = "local")]
+    comm: CommKind,
     /// Weight storage while decoding.
     #[arg(long, value_enum, default_value = "f32")]
     weights: DecodeWeightsArg,
@@ -636,19 +640,23 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         top_p: a.top_p,
         seed: a.seed,
     };
+    // One prompt streams: the prompt, then each token as it comes (printed by
+    // the rank that samples, so once under mpirun too).
     let stream = prompts.len() == 1;
-    if stream {
-        print!("{}", a.prompt.first().map_or("", String::as_str));
-    }
     let mut stdout = std::io::stdout();
+    let mut shown_prompt = false;
     let mut show = |_: usize, tok: u32| {
         if stream {
+            if !shown_prompt {
+                let _ = write!(stdout, "{}", a.prompt.first().map_or("", String::as_str));
+                shown_prompt = true;
+            }
             let _ = write!(stdout, "{}", tk.decode(&[tok]));
             let _ = stdout.flush();
         }
     };
     let started = std::time::Instant::now();
-    let out = if a.tp <= 1 {
+    let (out, tp) = if a.tp <= 1 && a.comm == CommKind::Local {
         let (model, _) = checkpoint::load_model(Cpu::new(), &a.run)?;
         let place = distgpt::model::TpPlace { rank: 0, size: 1 };
         let weights = distgpt::infer::kv::DecodeWeights::new(
@@ -658,65 +666,85 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
             &model.params,
             a.weights.format(),
         )?;
-        generate_packed(&model, &weights, &prompts, &cfg, tk.eot(), &mut show)?
+        let out = generate_packed(&model, &weights, &prompts, &cfg, tk.eot(), &mut show)?;
+        (out, 1)
     } else {
         let show = std::sync::Mutex::new(&mut show);
-        let mut outs = launch::run_local(
-            a.tp,
-            rayon::current_num_threads(),
-            std::time::Duration::from_secs(120),
-            |comm| {
-                let (model, _) = checkpoint::load_model(Cpu::new(), &a.run)?;
-                let place = distgpt::model::TpPlace {
-                    rank: comm.rank(),
-                    size: comm.size(),
-                };
-                let engine =
-                    distgpt::model::Engine::new(Cpu::new(), meta.config.clone(), place, false)?;
-                let mut local = vec![0.0; engine.layout.total()];
-                distgpt::model::gpt2::shard_tp(
-                    &model.params,
-                    &model.layout,
-                    &engine.layout,
-                    place,
-                    &mut local,
-                );
-                let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-                let max_t = (longest + cfg.max_new_tokens).min(meta.config.block_size);
-                let weights = distgpt::infer::kv::DecodeWeights::new(
-                    &Cpu::new(),
-                    &meta.config,
-                    place,
-                    &local,
-                    a.weights.format(),
-                )?;
-                let mut dec = distgpt::infer::kv::Decoder::new(
-                    Cpu::new(),
-                    meta.config.clone(),
-                    place,
-                    prompts.len(),
-                    max_t,
-                )?;
-                let lead = comm.rank() == 0;
-                distgpt::infer::generate::decode(
-                    &mut dec,
-                    &weights,
-                    &prompts,
-                    max_t,
-                    &cfg,
-                    tk.eot(),
-                    Some(comm.as_ref()),
-                    |r, t| {
-                        if lead {
-                            (show.lock().expect("printer"))(r, t)
-                        }
-                    },
-                )
+        let decode_rank = |comm: &dyn Comm| {
+            if a.tp > 1 && a.tp != comm.size() {
+                return Err(distgpt::error::Error::Input(format!(
+                    "--tp {} but mpirun started {} ranks: generate splits the model over all of them",
+                    a.tp,
+                    comm.size()
+                )));
+            }
+            let (model, _) = checkpoint::load_model(Cpu::new(), &a.run)?;
+            let place = distgpt::model::TpPlace {
+                rank: comm.rank(),
+                size: comm.size(),
+            };
+            let engine =
+                distgpt::model::Engine::new(Cpu::new(), meta.config.clone(), place, false)?;
+            let mut local = vec![0.0; engine.layout.total()];
+            distgpt::model::gpt2::shard_tp(
+                &model.params,
+                &model.layout,
+                &engine.layout,
+                place,
+                &mut local,
+            );
+            let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+            let max_t = (longest + cfg.max_new_tokens).min(meta.config.block_size);
+            let weights = distgpt::infer::kv::DecodeWeights::new(
+                &Cpu::new(),
+                &meta.config,
+                place,
+                &local,
+                a.weights.format(),
+            )?;
+            let mut dec = distgpt::infer::kv::Decoder::new(
+                Cpu::new(),
+                meta.config.clone(),
+                place,
+                prompts.len(),
+                max_t,
+            )?;
+            let lead = comm.rank() == 0;
+            let out = distgpt::infer::generate::decode(
+                &mut dec,
+                &weights,
+                &prompts,
+                max_t,
+                &cfg,
+                tk.eot(),
+                Some(comm),
+                |r, t| {
+                    if lead {
+                        (show.lock().expect("printer"))(r, t)
+                    }
+                },
+            )?;
+            Ok((out, comm.size()))
+        };
+        let timeout = std::time::Duration::from_secs(120);
+        match a.comm {
+            CommKind::Local => {
+                let threads = rayon::current_num_threads();
+                let mut outs =
+                    launch::run_local(a.tp, threads, timeout, |c| decode_rank(c.as_ref()))?;
+                outs.swap_remove(0)
+            }
+            // Only rank 0 reports.
+            CommKind::Mpi => match mpi_launch(timeout, decode_rank)? {
+                Some(out) => out,
+                None => return Ok(()),
             },
-        )?;
-        outs.swap_remove(0)
+        }
     };
     let secs = started.elapsed().as_secs_f64();
+    if stream && out[0].is_empty() {
+        print!("{}", a.prompt.first().map_or("", String::as_str));
+    }
     if !stream {
         for (p, o) in a.prompt.iter().zip(&out) {
             println!("--- {p:?} ---\n{p}{}", tk.decode(o));
@@ -727,7 +755,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         "\n[{n} tokens in {secs:.2} s: {:.1} tokens/s, {} prompt(s), tp {}, {} weights]",
         n as f64 / secs,
         prompts.len(),
-        a.tp.max(1),
+        tp,
         a.weights.format().name()
     );
     Ok(())
