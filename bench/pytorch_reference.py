@@ -187,8 +187,9 @@ def main():
     ap.add_argument("--distgpt", help="path of the distgpt binary to run side by side")
     ap.add_argument("--generate", type=int, default=0,
                     help="measure greedy KV-cache generation of this many tokens per row instead of training")
-    ap.add_argument("--weights", default="f32", choices=["f32", "bf16"],
-                    help="distgpt's decoding weights; with bf16 PyTorch runs in float32 and in bfloat16")
+    ap.add_argument("--weights", default="f32", choices=["f32", "bf16"], help="distgpt's decoding weights")
+    ap.add_argument("--torch-bf16", action="store_true",
+                    help="also run PyTorch's generation in bfloat16 (slow on CPUs without bf16 instructions)")
     args = ap.parse_args()
     if args.generate:
         rows = []
@@ -200,7 +201,7 @@ def main():
             row["impl"] = f"distgpt {row['weights']} weights"
             rows.append(row)
         rows.append(run_torch_generate(args))
-        if args.weights == "bf16":
+        if args.torch_bf16:
             rows.append(run_torch_generate(args, torch.bfloat16))
         for r in rows:
             print(f"{r['impl']:<68} {args.model} batch {args.batch_size} x {args.generate} new tokens,"

@@ -20,7 +20,6 @@ pub struct DecodeWeights<'a> {
     /// Per block: qkv, attention projection, fc, fc projection.
     blocks: Vec<[PackedWeight; 4]>,
     lm_head: Option<PackedWeight>,
-    format: WeightFormat,
 }
 
 impl<'a> DecodeWeights<'a> {
@@ -67,12 +66,7 @@ impl<'a> DecodeWeights<'a> {
             params,
             blocks,
             lm_head,
-            format,
         })
-    }
-
-    pub fn format(&self) -> WeightFormat {
-        self.format
     }
 }
 
@@ -154,9 +148,19 @@ impl<B: Backend> Decoder<B> {
                 "token id {bad} is outside the vocabulary of {v}"
             )));
         }
-        let (cl, nhl, max_t) = (c / self.tp.size, cfg.n_head / self.tp.size, self.max_t);
         let (be, lay) = (&self.backend, &self.layout);
-        let (lead, params) = (self.tp.rank == 0, weights.params);
+        let lead = self.tp.rank == 0;
+        if weights.params.len() != lay.total()
+            || weights.blocks.len() != cfg.n_layer
+            || weights.lm_head.is_some() != lead
+        {
+            return Err(Error::Input(format!(
+                "decode weights were packed for another model or tp rank than this decoder's (tp rank {} of {})",
+                self.tp.rank, self.tp.size
+            )));
+        }
+        let (cl, nhl, max_t) = (c / self.tp.size, cfg.n_head / self.tp.size, self.max_t);
+        let params = weights.params;
         let (wte, wpe) = (&params[lay.wte()], &params[lay.wpe()]);
         for (r, &tok) in tokens.iter().enumerate() {
             let (e, p) = (&wte[tok as usize * c..][..c], &wpe[pos * c..][..c]);
