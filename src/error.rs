@@ -20,6 +20,8 @@ pub enum Error {
     Checkpoint { path: PathBuf, reason: String },
     #[error("communication: {0}")]
     Comm(String),
+    #[error("training diverged: {0}")]
+    Diverged(String),
     #[error("injected fault on rank {rank} at step {step}")]
     Fault { rank: usize, step: usize },
 }

@@ -6,9 +6,10 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     match cli::run() {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(cli::Outcome::Done) => ExitCode::SUCCESS,
+        Ok(cli::Outcome::Stopped) => ExitCode::from(cli::STOPPED_EXIT_CODE),
         Err(e) => {
-            eprintln!("error: {e:#}");
+            distgpt::errln!("error: {e:#}");
             ExitCode::FAILURE
         }
     }

@@ -58,7 +58,9 @@ fn safetensors_with_missing_or_misshaped_tensor_is_refused_by_name() {
     let mut other = GptConfig::preset("tiny").unwrap();
     other.n_layer = 3;
     let mut deeper = Gpt2::new(Cpu::new(), other).unwrap();
-    let err = load_weights(&mut deeper, &path).unwrap_err().to_string();
+    let err = load_weights(&mut deeper, &path, None)
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("missing tensor 'transformer.h.2.ln_1.weight'")
             && err.contains("w.safetensors"),
@@ -68,14 +70,18 @@ fn safetensors_with_missing_or_misshaped_tensor_is_refused_by_name() {
     let mut other = GptConfig::preset("tiny").unwrap();
     other.n_embd = 64;
     let mut wider = Gpt2::new(Cpu::new(), other).unwrap();
-    let err = load_weights(&mut wider, &path).unwrap_err().to_string();
+    let err = load_weights(&mut wider, &path, None)
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("transformer.wte.weight") && err.contains("shape [65, 32], expected [65, 64]"),
         "{err}"
     );
 
     std::fs::write(&path, b"not a safetensors file").unwrap();
-    let err = load_weights(&mut tiny(), &path).unwrap_err().to_string();
+    let err = load_weights(&mut tiny(), &path, None)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("not a valid safetensors file"), "{err}");
 }
 

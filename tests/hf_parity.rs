@@ -68,7 +68,7 @@ impl Reference {
 
 fn loaded_model() -> Gpt2<Cpu> {
     let mut model = Gpt2::new(Cpu::new(), hf_config()).unwrap();
-    load_weights(&mut model, &fixture_dir().join("model.safetensors")).unwrap();
+    load_weights(&mut model, &fixture_dir().join("model.safetensors"), None).unwrap();
     model
 }
 

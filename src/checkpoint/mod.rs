@@ -1,5 +1,7 @@
 //! Model weights on disk: safetensors under the Hugging Face GPT-2 names and
-//! layouts, with `model.json` (config + tokenizer) beside them.
+//! layouts, with `model.json` (config + tokenizer) beside them. `model.json`
+//! records the checksum of the weights file and of itself, so a flipped bit
+//! or an edited shape is refused on load, as are non-finite weights.
 
 pub mod hf;
 pub mod state;
@@ -16,11 +18,36 @@ use std::path::Path;
 pub const WEIGHTS_FILE: &str = "model.safetensors";
 pub const META_FILE: &str = "model.json";
 
-/// What `model.json` holds.
+/// A model's shape and tokenizer.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ModelMeta {
     pub config: GptConfig,
     pub tokenizer: TokenizerSpec,
+}
+
+/// What `model.json` holds.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct MetaFile {
+    #[serde(flatten)]
+    meta: ModelMeta,
+    /// [`state::checksum`] of `model.safetensors`.
+    weights_checksum: String,
+    /// [`state::checksum`] of this file pretty-printed with this field empty.
+    checksum: String,
+}
+
+impl MetaFile {
+    fn compute_checksum(&self) -> String {
+        let blank = MetaFile {
+            checksum: String::new(),
+            ..self.clone()
+        };
+        state::checksum(
+            serde_json::to_string_pretty(&blank)
+                .expect("json")
+                .as_bytes(),
+        )
+    }
 }
 
 /// Writes `bytes` to `path` atomically: temporary file, fsync, rename.
@@ -55,8 +82,9 @@ fn f32_safetensors(tensors: &[(String, Vec<usize>, &[f32])], path: &Path) -> Res
     safetensors::serialize(views, &None).map_err(bad)
 }
 
-/// Saves the weights as Hugging Face GPT-2 safetensors (the padded vocabulary rows are dropped).
-pub fn save_weights<B: Backend>(model: &Gpt2<B>, path: &Path) -> Result<()> {
+/// Saves the weights as Hugging Face GPT-2 safetensors (the padded vocabulary
+/// rows are dropped); returns the file's checksum.
+pub fn save_weights<B: Backend>(model: &Gpt2<B>, path: &Path) -> Result<String> {
     let v = model.config.vocab_size;
     let tensors: Vec<(String, Vec<usize>, &[f32])> = model
         .layout
@@ -73,17 +101,32 @@ pub fn save_weights<B: Backend>(model: &Gpt2<B>, path: &Path) -> Result<()> {
         })
         .collect();
     let bytes = f32_safetensors(&tensors, path)?;
-    write_atomic(path, &bytes)
+    write_atomic(path, &bytes)?;
+    Ok(state::checksum(&bytes))
 }
 
 /// Loads every tensor of the model's layout from a safetensors file with
-/// Hugging Face GPT-2 names; extra tensors (e.g. `lm_head.weight`) are ignored.
-pub fn load_weights<B: Backend>(model: &mut Gpt2<B>, path: &Path) -> Result<()> {
+/// Hugging Face GPT-2 names; extra tensors (e.g. `lm_head.weight`) are
+/// ignored. With `expected_checksum` the file must match it; every weight
+/// must be finite.
+pub fn load_weights<B: Backend>(
+    model: &mut Gpt2<B>,
+    path: &Path,
+    expected_checksum: Option<&str>,
+) -> Result<()> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     let bad = |reason: String| Error::Checkpoint {
         path: path.into(),
         reason,
     };
+    if let Some(want) = expected_checksum {
+        let sum = state::checksum(&bytes);
+        if sum != want {
+            return Err(bad(format!(
+                "checksum {sum} does not match {want} recorded in {META_FILE}: the weights are corrupted or were replaced"
+            )));
+        }
+    }
     let st = SafeTensors::deserialize(&bytes)
         .map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
     let Gpt2 { engine, params, .. } = model;
@@ -114,50 +157,111 @@ pub fn load_weights<B: Backend>(model: &mut Gpt2<B>, path: &Path) -> Result<()> 
                 shape
             )));
         }
-        for (d, chunk) in params[r].iter_mut().zip(view.data().chunks_exact(4)) {
+        for (d, chunk) in params[r.clone()]
+            .iter_mut()
+            .zip(view.data().chunks_exact(4))
+        {
             *d = f32::from_le_bytes(chunk.try_into().expect("4 bytes"));
+        }
+        if let Some(i) = params[r].iter().position(|x| !x.is_finite()) {
+            return Err(bad(format!(
+                "tensor '{}' holds a non-finite weight at element {i}",
+                t.name
+            )));
         }
     }
     params[wte.start + v * engine.config.n_embd..wte.end].fill(0.0);
     Ok(())
 }
 
-/// Saves weights and `model.json` into a directory.
+/// Saves weights and then `model.json` (which vouches for them) into a
+/// directory, each atomically: an interrupted save leaves a `model.json`
+/// that refuses the new weights, never one that accepts wrong ones.
 pub fn save_model<B: Backend>(model: &Gpt2<B>, tokenizer: TokenizerSpec, dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    save_weights(model, &dir.join(WEIGHTS_FILE))?;
-    let meta = ModelMeta {
-        config: model.config.clone(),
-        tokenizer,
+    let weights_checksum = save_weights(model, &dir.join(WEIGHTS_FILE))?;
+    let mut file = MetaFile {
+        meta: ModelMeta {
+            config: model.config.clone(),
+            tokenizer,
+        },
+        weights_checksum,
+        checksum: String::new(),
     };
-    let json = serde_json::to_string_pretty(&meta).expect("meta serialises");
+    file.checksum = file.compute_checksum();
+    let json = serde_json::to_string_pretty(&file).expect("meta serialises");
     write_atomic(&dir.join(META_FILE), json.as_bytes())
+}
+
+/// Reads and verifies `model.json`; returns it with the weights' checksum.
+fn read_meta_file(dir: &Path) -> Result<(ModelMeta, String)> {
+    let path = dir.join(META_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let bad = |reason: String| Error::Checkpoint {
+        path: path.clone(),
+        reason,
+    };
+    let file: MetaFile =
+        serde_json::from_str(&text).map_err(|e| bad(format!("invalid model metadata: {e}")))?;
+    let sum = file.compute_checksum();
+    if sum != file.checksum {
+        return Err(bad(format!(
+            "checksum {sum} does not match the recorded {}: the file was edited or corrupted",
+            file.checksum
+        )));
+    }
+    file.meta
+        .config
+        .validate()
+        .map_err(|e| bad(e.to_string()))?;
+    Ok((file.meta, file.weights_checksum))
 }
 
 /// Reads `model.json` from a directory.
 pub fn read_meta(dir: &Path) -> Result<ModelMeta> {
-    let path = dir.join(META_FILE);
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-    serde_json::from_str(&text).map_err(|e| Error::Checkpoint {
-        path,
-        reason: format!("invalid model metadata: {e}"),
-    })
+    read_meta_file(dir).map(|(meta, _)| meta)
+}
+
+/// Whether `dir` is a Hugging Face folder rather than a distgpt model directory.
+fn is_hf_folder(dir: &Path) -> bool {
+    !dir.join(META_FILE).exists() && dir.join(hf::CONFIG_FILE).exists()
 }
 
 /// Config and tokenizer of a distgpt model directory or a Hugging Face folder.
 pub fn read_any_meta(dir: &Path) -> Result<ModelMeta> {
-    if dir.join(META_FILE).exists() || !dir.join(hf::CONFIG_FILE).exists() {
-        read_meta(dir)
-    } else {
+    if is_hf_folder(dir) {
         hf::read_config(dir)
+    } else {
+        read_meta(dir)
     }
 }
 
 /// Builds a model from a directory written by [`save_model`] or from a
 /// Hugging Face GPT-2 folder (`config.json` + `model.safetensors`).
 pub fn load_model<B: Backend>(backend: B, dir: &Path) -> Result<(Gpt2<B>, ModelMeta)> {
-    let meta = read_any_meta(dir)?;
+    let (meta, checksum) = if is_hf_folder(dir) {
+        (hf::read_config(dir)?, None)
+    } else {
+        let (meta, sum) = read_meta_file(dir)?;
+        (meta, Some(sum))
+    };
+    let weights = dir.join(WEIGHTS_FILE);
+    // A config asking for more than the file holds is refused before allocating it.
+    let c = &meta.config;
+    let need = 4 * (c.num_params() - (c.padded_vocab() - c.vocab_size) * c.n_embd) as u64;
+    let have = std::fs::metadata(&weights)
+        .map_err(|e| Error::io(&weights, e))?
+        .len();
+    if have < need {
+        return Err(Error::Checkpoint {
+            path: weights,
+            reason: format!(
+                "{have} bytes cannot hold the {need} bytes of weights of a {} x {} model: the file is truncated or the config is wrong",
+                c.n_layer, c.n_embd
+            ),
+        });
+    }
     let mut model = Gpt2::new(backend, meta.config.clone())?;
-    load_weights(&mut model, &dir.join(WEIGHTS_FILE))?;
+    load_weights(&mut model, &weights, checksum.as_deref())?;
     Ok((model, meta))
 }

@@ -5,13 +5,16 @@
 //! written into `step_N.tmp/` and renamed to `step_N/` only when complete,
 //! so a crash mid-write never touches the last good one. Loading gathers
 //! every file into whole-layout buffers, so any strategy and world size can
-//! resume from any other.
+//! resume from any other. The index carries its own checksum and every
+//! segment is checked against the layout, so an edited or crafted index is
+//! refused instead of resuming a step never trained; a checkpoint holding a
+//! non-finite value is never published.
 
 use super::{f32_safetensors, write_atomic};
 use crate::comm::Comm;
-use crate::data::LoaderPosition;
+use crate::data::{LoaderPosition, TokenizerSpec};
 use crate::error::{Error, Result};
-use crate::model::GptConfig;
+use crate::model::{GptConfig, ParamLayout};
 use crate::parallel::OwnedState;
 use safetensors::tensor::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
@@ -21,10 +24,14 @@ use std::path::{Path, PathBuf};
 pub const DIR: &str = "checkpoints";
 const INDEX: &str = "index.json";
 const TENSORS: [&str; 3] = ["params", "m", "v"];
+/// Version 2 added the index checksum, the tokenizer and the data fingerprint.
+const FORMAT: u32 = 2;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Index {
     pub format: u32,
+    /// FNV-1a 64 of the pretty-printed index with this field empty.
+    pub checksum: String,
     /// Optimizer steps completed.
     pub step: usize,
     pub adam_step: u32,
@@ -35,7 +42,99 @@ pub struct Index {
     /// Floats in the whole-model layout.
     pub params_total: usize,
     pub model: GptConfig,
+    pub tokenizer: TokenizerSpec,
+    /// [`crate::data::Dataset::fingerprint`] of the data trained on.
+    pub data: String,
     pub files: Vec<RankFile>,
+}
+
+impl Index {
+    /// The checksum this index should carry.
+    pub fn compute_checksum(&self) -> String {
+        let blank = Index {
+            checksum: String::new(),
+            ..self.clone()
+        };
+        checksum(
+            serde_json::to_string_pretty(&blank)
+                .expect("json")
+                .as_bytes(),
+        )
+    }
+
+    /// Refuses an index whose numbers could not have been written by
+    /// [`save`]: the segments must tile the model's layout exactly once.
+    fn validate(&self) -> std::result::Result<(), String> {
+        if self.format != FORMAT {
+            return Err(format!(
+                "checkpoint format {} (this distgpt reads format {FORMAT})",
+                self.format
+            ));
+        }
+        let sum = self.compute_checksum();
+        if sum != self.checksum {
+            return Err(format!(
+                "index checksum {sum} does not match the recorded {}: the index was edited or corrupted",
+                self.checksum
+            ));
+        }
+        self.model.validate().map_err(|e| e.to_string())?;
+        let total = ParamLayout::new(&self.model).total();
+        if self.params_total != total {
+            return Err(format!(
+                "params_total {} but its model has {total} parameters",
+                self.params_total
+            ));
+        }
+        if self.adam_step as usize != self.step {
+            return Err(format!(
+                "optimizer step {} differs from step {}",
+                self.adam_step, self.step
+            ));
+        }
+        let mut all = Vec::new();
+        for f in &self.files {
+            let plain = f.file.starts_with("rank_")
+                && f.file.ends_with(".safetensors")
+                && !f.file.contains(['/', '\\']);
+            if !plain {
+                return Err(format!("file name '{}' is not a rank file", f.file));
+            }
+            let mut floats = 0usize;
+            for &(at, len) in &f.segments {
+                if at.checked_add(len).is_none_or(|end| end > total) || len == 0 {
+                    return Err(format!(
+                        "{}: segment {at}+{len} lies outside the model's {total} parameters",
+                        f.file
+                    ));
+                }
+                floats += len;
+                all.push((at, len, &f.file));
+            }
+            if floats != f.floats {
+                return Err(format!(
+                    "{}: segments hold {floats} floats, the file {}",
+                    f.file, f.floats
+                ));
+            }
+        }
+        all.sort();
+        let mut next = 0;
+        for &(at, len, file) in &all {
+            if at != next {
+                return Err(if at < next {
+                    format!("{file}: segment {at}+{len} overlaps another segment")
+                } else {
+                    format!("parameters {next}..{at} are in no file")
+                });
+            }
+            next = at + len;
+        }
+        if next != total {
+            return Err(format!("parameters {next}..{total} are in no file"));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -71,6 +170,8 @@ pub struct SaveInfo<'a> {
     pub tp: usize,
     pub params_total: usize,
     pub model: &'a GptConfig,
+    pub tokenizer: &'a TokenizerSpec,
+    pub data: &'a str,
     /// Complete checkpoints to keep; older ones are removed.
     pub keep: usize,
 }
@@ -87,13 +188,26 @@ pub fn save(
     let name = format!("step_{:08}", info.step);
     let (tmp, done) = (root.join(format!("{name}.tmp")), root.join(&name));
     let rank = world.rank();
+    let finite = |x: &[f32]| x.iter().all(|v| v.is_finite());
+    let mut bad = [f32::from(
+        !(finite(&owned.params) && finite(&owned.m) && finite(&owned.v)),
+    )];
+    world.all_reduce(&mut bad)?;
+    if bad[0] != 0.0 {
+        return Err(Error::Diverged(format!(
+            "the state after step {} holds non-finite values; no checkpoint was written",
+            info.step
+        )));
+    }
     if rank == 0 {
         if tmp.exists() {
             io(&tmp, std::fs::remove_dir_all(&tmp))?;
         }
         io(&tmp, std::fs::create_dir_all(&tmp))?;
     }
-    world.barrier()?;
+    // Writes can take longer than --comm-timeout (a large model, a slow
+    // disk): waiting for them is not a sign of a dead rank.
+    world.barrier_after_io()?;
     if !owned.segments.is_empty() {
         let n = owned.params.len();
         let tensors: Vec<(String, Vec<usize>, &[f32])> = TENSORS
@@ -115,7 +229,7 @@ pub fn save(
             serde_json::to_string(&meta).expect("json").as_bytes(),
         )?;
     }
-    world.barrier()?;
+    world.barrier_after_io()?;
     if rank == 0 {
         let mut files = Vec::new();
         for r in 0..world.size() {
@@ -128,8 +242,9 @@ pub fn save(
                 })?);
             }
         }
-        let index = Index {
-            format: 1,
+        let mut index = Index {
+            format: FORMAT,
+            checksum: String::new(),
             step: info.step,
             adam_step: info.adam_step,
             loader: info.loader,
@@ -138,8 +253,11 @@ pub fn save(
             tp: info.tp,
             params_total: info.params_total,
             model: info.model.clone(),
+            tokenizer: info.tokenizer.clone(),
+            data: info.data.to_string(),
             files,
         };
+        index.checksum = index.compute_checksum();
         write_atomic(
             &tmp.join(INDEX),
             serde_json::to_string_pretty(&index)
@@ -153,7 +271,7 @@ pub fn save(
         io(&root, std::fs::File::open(&root).and_then(|d| d.sync_all()))?;
         prune(&root, info.keep)?;
     }
-    world.barrier()?;
+    world.barrier_after_io()?;
     Ok(done)
 }
 
@@ -184,6 +302,64 @@ fn prune(root: &Path, keep: usize) -> Result<()> {
     Ok(())
 }
 
+/// The step a checkpoint directory (`step_N`) holds.
+pub fn step_of(dir: &Path) -> Option<usize> {
+    dir.file_name()?
+        .to_str()?
+        .strip_prefix("step_")?
+        .parse()
+        .ok()
+}
+
+/// The run's complete checkpoint of step `step`.
+pub fn at_step(run_dir: &Path, step: usize) -> Result<PathBuf> {
+    let all = list(run_dir)?;
+    all.iter()
+        .find(|d| step_of(d) == Some(step))
+        .cloned()
+        .ok_or_else(|| {
+            let have: Vec<String> = all
+                .iter()
+                .filter_map(|d| step_of(d).map(|s| s.to_string()))
+                .collect();
+            Error::Input(format!(
+                "{}: no complete checkpoint of step {step} (there are: {})",
+                run_dir.display(),
+                if have.is_empty() {
+                    "none".to_string()
+                } else {
+                    have.join(", ")
+                }
+            ))
+        })
+}
+
+/// Moves the run's checkpoints of steps after `step` to
+/// `checkpoints/superseded/`, so that a run resumed from an older
+/// checkpoint keeps its own as the newest; returns where they went.
+pub fn supersede_after(run_dir: &Path, step: usize) -> Result<Vec<PathBuf>> {
+    let aside = run_dir.join(DIR).join("superseded");
+    let mut moved = Vec::new();
+    for dir in list(run_dir)?
+        .into_iter()
+        .filter(|d| step_of(d).is_some_and(|s| s > step))
+    {
+        io(&aside, std::fs::create_dir_all(&aside))?;
+        let mut to = aside.join(dir.file_name().expect("step_N"));
+        let mut n = 1;
+        while to.exists() {
+            n += 1;
+            to = aside.join(format!(
+                "{}-{n}",
+                dir.file_name().expect("step_N").to_string_lossy()
+            ));
+        }
+        io(&dir, std::fs::rename(&dir, &to))?;
+        moved.push(to);
+    }
+    Ok(moved)
+}
+
 /// The newest complete checkpoint of a run, or a checkpoint directory itself.
 pub fn latest(path: &Path) -> Result<PathBuf> {
     if path.join(INDEX).exists() {
@@ -205,21 +381,44 @@ pub struct Loaded {
     pub v: Vec<f32>,
 }
 
-/// Reads and verifies every file of a checkpoint directory.
-pub fn load(dir: &Path) -> Result<Loaded> {
+/// Reads and verifies a checkpoint's index (not its tensor files).
+pub fn read_index(dir: &Path) -> Result<Index> {
     let index_path = dir.join(INDEX);
     let text = io(&index_path, std::fs::read_to_string(&index_path))?;
     let index: Index = serde_json::from_str(&text).map_err(|e| Error::Checkpoint {
         path: index_path.clone(),
         reason: format!("invalid index: {e}"),
     })?;
+    index.validate().map_err(|reason| Error::Checkpoint {
+        path: index_path,
+        reason,
+    })?;
+    Ok(index)
+}
+
+/// Reads and verifies every file of a checkpoint directory.
+pub fn load(dir: &Path) -> Result<Loaded> {
+    let index = read_index(dir)?;
     let total = index.params_total;
+    // The files must hold what the index promises before anything that size is allocated.
+    for f in &index.files {
+        let path = dir.join(&f.file);
+        let bytes = io(&path, std::fs::metadata(&path))?.len();
+        if bytes < 12 * f.floats as u64 {
+            return Err(Error::Checkpoint {
+                path,
+                reason: format!(
+                    "{bytes} bytes cannot hold the {} floats the index lists: the file is truncated",
+                    f.floats
+                ),
+            });
+        }
+    }
     let mut bufs = [
         vec![0.0f32; total],
         vec![0.0f32; total],
         vec![0.0f32; total],
     ];
-    let mut covered = 0usize;
     for f in &index.files {
         let path = dir.join(&f.file);
         let bad = |reason: String| Error::Checkpoint {
@@ -258,26 +457,22 @@ pub fn load(dir: &Path) -> Result<Loaded> {
                 .chunks_exact(4)
                 .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")));
             for &(at, len) in &f.segments {
-                if at + len > total {
-                    return Err(bad(format!(
-                        "segment {at}+{len} lies outside the model's {total} parameters"
-                    )));
-                }
                 buf[at..at + len]
                     .iter_mut()
                     .zip(vals.by_ref())
                     .for_each(|(d, x)| *d = x);
             }
         }
-        covered += f.segments.iter().map(|s| s.1).sum::<usize>();
-    }
-    if covered < total {
-        return Err(Error::Checkpoint {
-            path: index_path,
-            reason: format!("its files cover {covered} of {total} parameters"),
-        });
     }
     let [params, m, v] = bufs;
+    for (name, buf) in TENSORS.iter().zip([&params, &m, &v]) {
+        if let Some(i) = buf.iter().position(|x| !x.is_finite()) {
+            return Err(Error::Checkpoint {
+                path: dir.to_path_buf(),
+                reason: format!("'{name}' holds {} at parameter {i}", buf[i]),
+            });
+        }
+    }
     Ok(Loaded {
         index,
         params,

@@ -52,6 +52,13 @@ pub struct BenchArgs {
 fn run_generate(a: &BenchArgs, cfg: &distgpt::model::GptConfig, tokens: usize) -> Result<()> {
     use distgpt::infer::generate::{generate_packed, SampleConfig};
     use distgpt::infer::kv::DecodeWeights;
+    if tokens == 0 || tokens >= cfg.block_size {
+        anyhow::bail!(
+            "--generate {tokens}: a one-token prompt leaves room for 1 to {} new tokens in a block of {}",
+            cfg.block_size - 1,
+            cfg.block_size
+        );
+    }
     let mut model = distgpt::model::Gpt2::new(Cpu::new(), cfg.clone())?;
     model.init_weights(1);
     let t0 = Instant::now();
@@ -83,9 +90,9 @@ fn run_generate(a: &BenchArgs, cfg: &distgpt::model::GptConfig, tokens: usize) -
     if a.json {
         let j = serde_json::json!({"impl": "distgpt", "model": a.model.model_name(), "batch": a.batch_size, "new_tokens": tokens,
             "threads": rayon::current_num_threads(), "weights": format.name(), "seconds": best, "tokens_per_s": tokens_per_s, "pack_seconds": pack_s});
-        println!("{j}");
+        distgpt::outln!("{j}");
     } else {
-        println!(
+        distgpt::outln!(
             "distgpt {} generate: batch {} x {tokens} new tokens (KV cache, greedy, {} weights), {} threads: {best:.3} s, {tokens_per_s:.1} tokens/s (weights packed once in {pack_s:.3} s)",
             a.model.model_name(),
             a.batch_size,
@@ -146,10 +153,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 "comm_bytes_per_step": r.comm_bytes_per_step, "comm_seconds_per_step": r.comm_s_per_step,
             })).collect::<Vec<_>>(),
         });
-        println!("{j}");
+        distgpt::outln!("{j}");
         return Ok(());
     }
-    println!(
+    distgpt::outln!(
         "distgpt {} ({} params) {:?} x {} (tp {}{}) batch {b} x {t}, {threads} threads: {:.1} ms/step, {:.0} tokens/s ({:.0} per rank), MFU {:.1}% of {:.0} GFLOP/s",
         a.model.model_name(),
         cfg.num_params(),
@@ -165,7 +172,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     );
     let h = metrics::human_bytes;
     for (r, x) in ranks.iter().enumerate() {
-        println!(
+        distgpt::outln!(
             "rank {r}: peak {} = params {} + grads {} + optimizer {} + activations {} + other {} | comm {} / step, {:.1} ms / step",
             h(x.peak[5]),
             h(x.peak[0]),

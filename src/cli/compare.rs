@@ -128,7 +128,7 @@ pub fn run(mut a: CompareArgs, threads: usize) -> Result<()> {
     let (results, calibrations) = compare::run(&spec, &ds, &multi)?;
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let files = compare::report::write(&spec, &results, &calibrations, &command)?;
-    println!(
+    distgpt::outln!(
         "{:<22} {:>6} {:>11} {:>14} {:>14} {:>10} {:>14}",
         "strategy",
         "batch",
@@ -139,7 +139,7 @@ pub fn run(mut a: CompareArgs, threads: usize) -> Result<()> {
         "dev vs single"
     );
     for r in &results {
-        println!(
+        distgpt::outln!(
             "{:<22} {:>6} {:>11.0} {:>14.2} {:>14.1} {:>10.4} {:>14}",
             format!("{} {}", r.model, r.label),
             r.batch,
@@ -151,7 +151,7 @@ pub fn run(mut a: CompareArgs, threads: usize) -> Result<()> {
                 .map_or("-".into(), |d| format!("{d:.1e}"))
         );
     }
-    println!(
+    distgpt::outln!(
         "report: {} ({} files)",
         spec.out_dir.join("report.md").display(),
         files.len()

@@ -5,7 +5,8 @@ mod compare;
 mod plan;
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use distgpt::backend::cpu::Cpu;
 use distgpt::checkpoint;
 use distgpt::comm::Comm;
@@ -16,7 +17,17 @@ use distgpt::model::{AdamWConfig, GptConfig};
 use distgpt::parallel::{launch, ParallelConfig, StrategyKind};
 use distgpt::train::{self, Duration, Fault, TrainConfig};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+/// How a command ended, for the exit status.
+pub enum Outcome {
+    Done,
+    /// A run stopped before its end (a signal or --stop-after), with a checkpoint.
+    Stopped,
+}
+
+/// Exit status of a stopped run: EX_TEMPFAIL, "try again later" (resume it).
+pub const STOPPED_EXIT_CODE: u8 = 75;
 
 #[derive(Parser)]
 #[command(name = "distgpt", version, about = "Train GPT-2-family models and compare parallel strategies", long_about = None)]
@@ -258,7 +269,8 @@ struct TrainArgs {
     sample_tokens: usize,
     #[arg(long, default_value_t = 1337)]
     seed: u64,
-    /// Run directory for metrics.jsonl, run.json and the weights (default: runs/<model>-<time>).
+    /// Run directory for metrics.jsonl, run.json, checkpoints and the weights
+    /// (default: runs/<model>-<YYYYMMDD-HHMMSS>, with runs/latest pointing at it).
     #[arg(long)]
     out: Option<PathBuf>,
     /// Declared peak GFLOP/s for MFU (default: measured at start).
@@ -267,16 +279,27 @@ struct TrainArgs {
     /// No progress bar or messages; the summary only.
     #[arg(long)]
     quiet: bool,
-    /// Write a training-state checkpoint every N steps (0: at the end and on Ctrl-C only).
+    /// Write a training-state checkpoint every N steps (0: at the end and when stopped only).
     #[arg(long, default_value_t = 0)]
     checkpoint_every: usize,
     /// Checkpoints to keep (the newest).
     #[arg(long, default_value_t = 3)]
     keep_checkpoints: usize,
-    /// Continue a run from its newest checkpoint, with its recorded model,
-    /// data and schedule; strategy and world size may differ.
-    #[arg(long, value_name = "RUN_DIR")]
+    /// Continue a run (its newest checkpoint, or a checkpoint directory
+    /// RUN/checkpoints/step_N) with its recorded model, data and schedule.
+    /// Strategy, world size, --steps/--epochs (to extend a finished run),
+    /// --lr, --min-lr, --grad-clip, evaluation, sampling and checkpoint
+    /// cadence may change; the model, data, batch shape, seed, warmup and
+    /// AdamW betas and decay may not.
+    #[arg(long, value_name = "RUN_OR_CHECKPOINT")]
     resume: Option<PathBuf>,
+    /// With --resume: continue from the checkpoint of this step instead of
+    /// the newest (newer ones are moved to checkpoints/superseded/).
+    #[arg(long, requires = "resume")]
+    from_step: Option<usize>,
+    /// Empty --out first if it holds another run (without it, a non-empty --out is refused).
+    #[arg(long, conflicts_with = "resume")]
+    overwrite: bool,
     /// Start from these weights (a run directory or a Hugging Face GPT-2 folder):
     /// its model shape and tokenizer replace --model and --tokenizer.
     #[arg(long, value_name = "DIR", conflicts_with = "resume")]
@@ -328,7 +351,8 @@ struct GenerateArgs {
 
 #[derive(Subcommand)]
 enum CheckpointCommand {
-    /// Gather a (sharded) checkpoint into one plain safetensors file with Hugging Face GPT-2 names.
+    /// Gather a (sharded) checkpoint into a model directory (model.safetensors
+    /// with Hugging Face GPT-2 names, and model.json) that eval, generate and export read.
     Consolidate(ConsolidateArgs),
 }
 
@@ -336,7 +360,7 @@ enum CheckpointCommand {
 struct ConsolidateArgs {
     /// A run directory (its newest checkpoint) or one checkpoint directory.
     checkpoint: PathBuf,
-    /// Output file.
+    /// Output directory (created; its model files are replaced).
     #[arg(long)]
     out: PathBuf,
 }
@@ -382,8 +406,9 @@ struct PrepareArgs {
 }
 
 /// Parses the command line and runs the command.
-pub fn run() -> Result<()> {
-    let cli = Cli::parse();
+pub fn run() -> Result<Outcome> {
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches)?;
     if let Some(n) = cli.threads {
         if n == 0 {
             bail!("--threads must be at least 1");
@@ -393,55 +418,80 @@ pub fn run() -> Result<()> {
             .build_global()
             .context("configuring the thread pool")?;
     }
+    let done = |r: Result<()>| r.map(|()| Outcome::Done);
     match cli.command {
-        Command::Train(a) => run_train(*a),
-        Command::Generate(a) => run_generate(a),
+        Command::Train(a) => {
+            let given = matches
+                .subcommand_matches("train")
+                .map(given_flags)
+                .unwrap_or_default();
+            run_train(*a, &given)
+        }
+        Command::Generate(a) => done(run_generate(a)),
         Command::Data(DataCommand::Prepare(a)) => {
             let (n_train, n_val) = data::prepare(a.input.as_deref(), a.tokenizer, &a.out)?;
-            println!(
+            distgpt::outln!(
                 "wrote {} ({n_train} train tokens, {n_val} val tokens)",
                 a.out.display()
             );
-            Ok(())
+            Ok(Outcome::Done)
         }
-        Command::Bench(a) => bench::run(a),
-        Command::Compare(a) => compare::run(*a, rayon::current_num_threads()),
-        Command::Plan(a) => plan::run(*a, rayon::current_num_threads()),
+        Command::Bench(a) => done(bench::run(a)),
+        Command::Compare(a) => done(compare::run(*a, rayon::current_num_threads())),
+        Command::Plan(a) => done(plan::run(*a, rayon::current_num_threads())),
         Command::Export(a) => {
             let (model, meta) = checkpoint::load_model(Cpu::new(), &a.run)?;
             checkpoint::hf::export(&model, &meta.tokenizer, &a.out)?;
-            println!("wrote {} (config.json, model.safetensors)", a.out.display());
-            Ok(())
+            distgpt::outln!("wrote {} (config.json, model.safetensors)", a.out.display());
+            Ok(Outcome::Done)
         }
-        Command::Eval(a) => run_eval(a),
+        Command::Eval(a) => done(run_eval(a)),
         Command::Checkpoint(CheckpointCommand::Consolidate(a)) => {
             let dir = checkpoint::state::latest(&a.checkpoint)?;
-            let state = checkpoint::state::load(&dir)?;
-            let mut model = distgpt::model::Gpt2::new(Cpu::new(), state.index.model.clone())?;
-            model.params.copy_from_slice(&state.params);
-            checkpoint::save_weights(&model, &a.out)?;
-            println!(
-                "wrote {} from {} (step {}, saved by {} on {} rank(s))",
+            let index = consolidate(&dir, &a.out)?;
+            distgpt::outln!(
+                "wrote {} (model.safetensors, model.json) from {} (step {}, saved by {} on {} rank(s))",
                 a.out.display(),
                 dir.display(),
-                state.index.step,
-                state.index.strategy,
-                state.index.world_size
+                index.step,
+                index.strategy,
+                index.world_size
             );
-            Ok(())
+            Ok(Outcome::Done)
         }
     }
+}
+
+/// The ids of the flags given on the command line (not defaults).
+fn given_flags(m: &ArgMatches) -> Vec<String> {
+    m.ids()
+        .filter(|id| m.value_source(id.as_str()) == Some(ValueSource::CommandLine))
+        .map(|id| id.as_str().to_string())
+        .collect()
+}
+
+/// Writes a checkpoint's model as a model directory (weights, then model.json).
+fn consolidate(checkpoint_dir: &Path, out: &Path) -> Result<checkpoint::state::Index> {
+    if out.extension().is_some_and(|e| e == "safetensors") {
+        bail!(
+            "--out {} names a file: give a directory (model.safetensors and model.json are written into it)",
+            out.display()
+        );
+    }
+    let state = checkpoint::state::load(checkpoint_dir)?;
+    let mut model = distgpt::model::Gpt2::new(Cpu::new(), state.index.model.clone())?;
+    model.params.copy_from_slice(&state.params);
+    checkpoint::save_model(&model, state.index.tokenizer.clone(), out)?;
+    Ok(state.index)
 }
 
 /// The model and training configuration of a new run, from the flags.
 fn new_run(a: &TrainArgs, ds: &Dataset) -> Result<(GptConfig, TrainConfig)> {
     let model_cfg = a.model.resolve(Some(ds.tokenizer.vocab_size()))?;
-    let out_dir = a.out.clone().unwrap_or_else(|| {
-        let secs = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        PathBuf::from(format!("runs/{}-{secs}", a.model.model))
-    });
+    let out_dir = a
+        .out
+        .clone()
+        .unwrap_or_else(|| train::default_run_dir(&a.model.model));
     let cfg = TrainConfig {
         batch_size: a.batch_size,
         seq_len: a.seq_len.unwrap_or(model_cfg.block_size),
@@ -462,6 +512,7 @@ fn new_run(a: &TrainArgs, ds: &Dataset) -> Result<(GptConfig, TrainConfig)> {
         sample_every: a.sample_every,
         sample_tokens: a.sample_tokens,
         seed: a.seed,
+        link_latest: a.out.is_none(),
         out_dir,
         peak_flops: a.peak_gflops.map(|g| g * 1e9),
         verbose: !a.quiet,
@@ -472,43 +523,229 @@ fn new_run(a: &TrainArgs, ds: &Dataset) -> Result<(GptConfig, TrainConfig)> {
         stop_after: None,
         init_from: None,
         data: a.data.clone(),
+        overwrite: a.overwrite,
+        schedule_steps: None,
         tokenizer: a.tokenizer,
         progress: None,
     };
     Ok((model_cfg, cfg))
 }
 
-/// The configuration recorded in a run directory, set to continue from its newest checkpoint.
-fn resumed_run(run_dir: &std::path::Path) -> Result<(GptConfig, TrainConfig)> {
-    let path = run_dir.join("run.json");
-    let text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let j: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-    let model_cfg: GptConfig = serde_json::from_value(j["model"].clone())
-        .with_context(|| format!("{}: model", path.display()))?;
-    let mut cfg: TrainConfig = serde_json::from_value(j["train"].clone())
-        .with_context(|| format!("{}: train", path.display()))?;
-    cfg.resume = Some(checkpoint::state::latest(run_dir)?);
-    cfg.out_dir = run_dir.to_path_buf();
-    Ok((model_cfg, cfg))
+/// Flags a resumed run refuses, each with why.
+const FIXED_ON_RESUME: [(&[&str], &str); 6] = [
+    (
+        &["model", "n_layer", "n_head", "n_embd", "block_size", "data", "tokenizer"],
+        "the checkpoint holds this run's model trained on its data; to train those weights on something else start a new run with --init-from RUN",
+    ),
+    (
+        &["batch_size", "seq_len", "grad_accum"],
+        "the checkpoint's data position counts batches of the run's shape",
+    ),
+    (&["seed"], "the run's data order comes from its seed"),
+    (
+        &["warmup", "beta1", "beta2", "weight_decay"],
+        "the optimizer state was built with the run's settings",
+    ),
+    (&["out"], "a resumed run continues in its own directory"),
+    (&["init_from", "overwrite"], "a resumed run starts from its checkpoint"),
+];
+
+/// The configuration recorded in a run directory, set to continue from one
+/// of its checkpoints, with the flags a resume may change applied.
+fn resumed_run(
+    a: &TrainArgs,
+    given: &[String],
+) -> Result<(PathBuf, GptConfig, TrainConfig, Dataset)> {
+    let path = a.resume.as_ref().expect("resuming");
+    for (flags, why) in FIXED_ON_RESUME {
+        if let Some(f) = flags.iter().find(|f| given.iter().any(|g| g == *f)) {
+            bail!(
+                "--{} cannot change when resuming: {why}",
+                f.replace('_', "-")
+            );
+        }
+    }
+    // A checkpoint directory (RUN/checkpoints/step_N) or a run directory.
+    let (run_dir, ckpt) = if path.join("index.json").exists() {
+        if a.from_step.is_some() {
+            bail!(
+                "--from-step picks a checkpoint of a run directory; {} is already one checkpoint",
+                path.display()
+            );
+        }
+        let run_dir = path
+            .parent()
+            .and_then(Path::parent)
+            .context("a checkpoint directory lives in RUN/checkpoints/")?
+            .to_path_buf();
+        (run_dir, path.clone())
+    } else {
+        let ckpt = match a.from_step {
+            Some(n) => checkpoint::state::at_step(path, n)?,
+            None => checkpoint::state::latest(path)?,
+        };
+        (path.clone(), ckpt)
+    };
+    let record = train::run_dir::read_record(&run_dir)?;
+    let mut cfg = record.train;
+    let ds = Dataset::load_for_model(
+        cfg.data.as_deref(),
+        &checkpoint::state::read_index(&ckpt)?.tokenizer,
+    )?;
+    if given.iter().any(|g| g == "steps") {
+        cfg.duration = Duration::Steps(a.steps);
+    }
+    if let Some(e) = a.epochs {
+        cfg.duration = Duration::Epochs(e);
+    }
+    if given.iter().any(|g| g == "lr") {
+        cfg.lr = a.lr;
+        cfg.min_lr = a.min_lr.unwrap_or(a.lr / 10.0);
+    }
+    if let Some(m) = a.min_lr {
+        cfg.min_lr = m;
+    }
+    let set = |flag: &str| given.iter().any(|g| g == flag);
+    if set("grad_clip") {
+        cfg.grad_clip = a.grad_clip;
+    }
+    if set("eval_every") {
+        cfg.eval_every = a.eval_every;
+    }
+    if set("eval_batches") {
+        cfg.eval_batches = a.eval_batches;
+    }
+    if set("sample_every") {
+        cfg.sample_every = a.sample_every;
+    }
+    if set("sample_tokens") {
+        cfg.sample_tokens = a.sample_tokens;
+    }
+    if set("checkpoint_every") {
+        cfg.checkpoint_every = a.checkpoint_every;
+    }
+    if set("keep_checkpoints") {
+        cfg.keep_checkpoints = a.keep_checkpoints;
+    }
+    if set("peak_gflops") {
+        cfg.peak_flops = a.peak_gflops.map(|g| g * 1e9);
+    }
+    cfg.resume = Some(ckpt);
+    cfg.out_dir = run_dir.clone();
+    Ok((run_dir, record.model, cfg, ds))
 }
 
-fn run_train(a: TrainArgs) -> Result<()> {
+/// Optimizer steps `cfg` trains in all.
+fn total_steps(cfg: &TrainConfig, ds: &Dataset) -> Result<usize> {
+    let loader = distgpt::data::DataLoader::new(
+        &ds.train,
+        "train",
+        cfg.batch_size,
+        cfg.seq_len,
+        cfg.seed,
+        true,
+    )?;
+    Ok(cfg
+        .duration
+        .steps(loader.batches_per_epoch(), cfg.grad_accum))
+}
+
+/// Resuming a run whose final checkpoint exists: there is nothing to train,
+/// but its model files may be missing or stale (killed between the two);
+/// they are rewritten from that checkpoint.
+fn finish_completed(run_dir: &Path, ckpt: &Path, step: usize) -> Result<Outcome> {
+    match checkpoint::load_model(Cpu::new(), run_dir) {
+        Ok(_) => bail!(
+            "{} finished at step {step}: nothing left to train (extend it with --steps N, N > {step})",
+            run_dir.display()
+        ),
+        Err(why) => {
+            consolidate(ckpt, run_dir)?;
+            distgpt::outln!(
+                "{} finished at step {step}, but its model files were unreadable ({why}); rewrote them from {}",
+                run_dir.display(),
+                ckpt.display()
+            );
+            Ok(Outcome::Done)
+        }
+    }
+}
+
+/// Refuses thread ranks whose planned memory exceeds what this machine has free.
+fn check_memory(model: &GptConfig, cfg: &TrainConfig, par: ParallelConfig) -> Result<()> {
+    let Some(free) = available_memory_bytes() else {
+        return Ok(());
+    };
+    let w = distgpt::plan::Workload {
+        model: model.clone(),
+        batch: cfg.batch_size,
+        seq_len: cfg.seq_len,
+        grad_accum: cfg.grad_accum,
+    };
+    let per_rank = distgpt::plan::memory_plan(&w, par, distgpt::plan::Precision::Fp32).total();
+    // Each thread rank also holds a worker pool, communication slots and
+    // scratch the plan does not itemise.
+    let need = par.world_size as f64 * (1.25 * per_rank + 16.0 * 1024.0 * 1024.0);
+    if need > free as f64 {
+        let h = |b: f64| metrics::human_bytes(b as u64);
+        bail!(
+            "{} thread ranks need about {} ({} each by `distgpt plan`), but {} is available: use fewer ranks, a smaller batch or model, or --recompute",
+            par.world_size,
+            h(need),
+            h(per_rank),
+            h(free as f64)
+        );
+    }
+    Ok(())
+}
+
+/// MemAvailable from /proc/meminfo.
+fn available_memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// SIGINT, SIGTERM and SIGUSR1 (which mpirun forwards to every rank
+/// without killing them) all mean: finish the step, checkpoint, stop. Later
+/// signals are reported and ignored, so a save is never cut short by one.
+fn handle_stop_signals() -> Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGUSR1])
+        .context("installing the signal handlers")?;
+    std::thread::spawn(move || {
+        for sig in signals.forever() {
+            let name = match sig {
+                SIGINT => "SIGINT",
+                SIGTERM => "SIGTERM",
+                _ => "SIGUSR1",
+            };
+            if train::INTERRUPTED.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                distgpt::errln!("\n{name}: already stopping; the checkpoint is being written (SIGKILL would lose only the current step)");
+            } else {
+                distgpt::errln!(
+                    "\n{name}: interrupted: finishing the step and writing a checkpoint"
+                );
+            }
+        }
+    });
+    Ok(())
+}
+
+fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
     if let Some(p) = a.data.as_ref().filter(|p| !p.exists()) {
         bail!("data path {} does not exist", p.display());
     }
     let (ds, model_cfg, mut cfg) = match &a.resume {
-        Some(run_dir) => {
-            let (model_cfg, cfg) = resumed_run(run_dir)?;
-            let ds = Dataset::load(cfg.data.as_deref(), cfg.tokenizer)?;
-            eprintln!(
-                "resuming {} from {}",
-                run_dir.display(),
-                cfg.resume
-                    .as_ref()
-                    .map_or(String::new(), |p| p.display().to_string())
-            );
+        Some(_) => {
+            let (run_dir, model_cfg, cfg, ds) = resumed_run(&a, given)?;
+            let ckpt = cfg.resume.clone().expect("resuming");
+            let step = checkpoint::state::read_index(&ckpt)?.step;
+            if step >= total_steps(&cfg, &ds)? {
+                return finish_completed(&run_dir, &ckpt, step);
+            }
+            distgpt::errln!("resuming {} from {}", run_dir.display(), ckpt.display());
             (ds, model_cfg, cfg)
         }
         None => match &a.init_from {
@@ -533,17 +770,13 @@ fn run_train(a: TrainArgs) -> Result<()> {
         .fail_rank
         .zip(a.fail_step)
         .map(|(rank, step)| Fault { rank, step });
-    // Ctrl-C: finish the step, checkpoint, stop (a second Ctrl-C kills as usual).
-    let _ = ctrlc::set_handler(|| {
-        if train::INTERRUPTED.swap(true, std::sync::atomic::Ordering::SeqCst) {
-            std::process::exit(130);
-        }
-        eprintln!(
-            "\ninterrupted: finishing the step and writing a checkpoint (Ctrl-C again to abort)"
-        );
-    });
+    cfg.validate()?;
     let par = a.parallel.config();
     par.resolved().validate(&model_cfg, cfg.batch_size)?;
+    if a.parallel.comm == CommKind::Local {
+        check_memory(&model_cfg, &cfg, par.resolved())?;
+    }
+    handle_stop_signals()?;
     let threads = rayon::current_num_threads();
     let Some(s) = a
         .parallel
@@ -552,10 +785,15 @@ fn run_train(a: TrainArgs) -> Result<()> {
         })?
         .flatten()
     else {
-        return Ok(());
+        let stopped = train::INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst);
+        return Ok(if stopped {
+            Outcome::Stopped
+        } else {
+            Outcome::Done
+        });
     };
-    println!("--- sample ---\n{}\n--------------", s.sample);
-    println!(
+    distgpt::outln!("--- sample ---\n{}\n--------------", s.sample);
+    distgpt::outln!(
         "{} steps in {:.1} s | loss {:.4} -> {:.4} | val loss {:.4} | {:.0} tokens/s, MFU {:.1}% (wall clock, evaluation included)",
         s.steps,
         s.seconds,
@@ -565,11 +803,11 @@ fn run_train(a: TrainArgs) -> Result<()> {
         s.tokens_per_s,
         100.0 * s.mfu
     );
-    println!("peak memory (rank 0): {}", metrics::memory_line(&s.memory));
+    distgpt::outln!("peak memory (rank 0): {}", metrics::memory_line(&s.memory));
     if s.rank_peak_bytes.len() > 1 {
         let h = metrics::human_bytes;
         for (r, p) in s.rank_peak_bytes.iter().enumerate() {
-            println!(
+            distgpt::outln!(
                 "rank {r}: peak {} (params {}, grads {}, optimizer {}, activations {}) | sent {} in {:.2} s of collectives",
                 h(p[5]),
                 h(p[0]),
@@ -581,11 +819,19 @@ fn run_train(a: TrainArgs) -> Result<()> {
             );
         }
     }
-    println!(
-        "run directory: {} (metrics.jsonl, model.safetensors, model.json)",
+    distgpt::outln!(
+        "run directory: {} (metrics.jsonl, model.safetensors, model.json, checkpoints/)",
         s.out_dir.display()
     );
-    Ok(())
+    if s.stopped {
+        distgpt::outln!(
+            "stopped at step {}: continue with `distgpt train --resume {}`",
+            s.steps,
+            s.out_dir.display()
+        );
+        return Ok(Outcome::Stopped);
+    }
+    Ok(Outcome::Done)
 }
 
 fn run_eval(a: EvalArgs) -> Result<()> {
@@ -609,7 +855,7 @@ fn run_eval(a: EvalArgs) -> Result<()> {
     }
     pb.finish_and_clear();
     let loss = sum / n as f64;
-    println!(
+    distgpt::outln!(
         "{}: val loss {loss:.4}, perplexity {:.2} ({n} batches of {} x {t} tokens from {})",
         a.model.display(),
         loss.exp(),
@@ -743,15 +989,15 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
     };
     let secs = started.elapsed().as_secs_f64();
     if stream && out[0].is_empty() {
-        print!("{}", a.prompt.first().map_or("", String::as_str));
+        distgpt::out!("{}", a.prompt.first().map_or("", String::as_str));
     }
     if !stream {
         for (p, o) in a.prompt.iter().zip(&out) {
-            println!("--- {p:?} ---\n{p}{}", tk.decode(o));
+            distgpt::outln!("--- {p:?} ---\n{p}{}", tk.decode(o));
         }
     }
     let n: usize = out.iter().map(Vec::len).sum();
-    eprintln!(
+    distgpt::errln!(
         "\n[{n} tokens in {secs:.2} s: {:.1} tokens/s, {} prompt(s), tp {}, {} weights]",
         n as f64 / secs,
         prompts.len(),

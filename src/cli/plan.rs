@@ -97,11 +97,11 @@ fn target(a: &PlanArgs, threads: usize) -> Result<(Device, Network, Option<Machi
     let mut machine = None;
     let (mut device, mut net) = match a.device {
         DeviceKind::Cpu => {
-            eprintln!(
+            distgpt::errln!(
                 "measuring this CPU (matmul peak, AdamW bandwidth, thread-rank all-reduce)..."
             );
             let m = Machine::measure(threads)?;
-            eprintln!(
+            distgpt::errln!(
                 "  peak {:.0} GFLOP/s, AdamW {:.1} GB/s, all-reduce {:.1} GB/s + {:.1} us",
                 m.peak_flops / 1e9,
                 m.memory_bandwidth / 1e9,
@@ -198,7 +198,7 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
     for &world in &a.world_size {
         if let (Some(m), None) = (&machine, a.efficiency) {
             let cal = calibrate_cpu(m, &w.model, w.batch, w.seq_len, world)?;
-            eprintln!(
+            distgpt::errln!(
                 "  {world} rank(s): step efficiency {:.0}% (one rank of {world}, {} params, batch {} of {} x {})",
                 100.0 * cal.efficiency,
                 cal.model.num_params(),
@@ -219,7 +219,7 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
             }
         }
         if preds.is_empty() {
-            eprintln!(
+            distgpt::errln!(
                 "world size {world}: no layout fits the batch of {} (it must divide by the data-parallel size)",
                 w.batch
             );
@@ -234,10 +234,10 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
                 "recommended": plan::recommend(p).map(|r| plan::layout_name(&r.parallel)),
             })).collect::<Vec<_>>(),
         });
-        println!("{j}");
+        distgpt::outln!("{j}");
         return Ok(());
     }
-    println!(
+    distgpt::outln!(
         "{} ({:.3}B params, {} layers x {} wide), global batch {} x {} tokens x {} accum, {:?} on {} ({} peak, {:.0} GB)",
         a.model.model_name(),
         w.model.num_params() as f64 / 1e9,
@@ -264,10 +264,10 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
     } else {
         ("MB", 1e6)
     };
-    println!("memory in {unit} (decimal) per rank; states = params + grads + optimizer kept between steps (fsdp's gathered units are in params and total)");
+    distgpt::outln!("memory in {unit} (decimal) per rank; states = params + grads + optimizer kept between steps (fsdp's gathered units are in params and total)");
     for (world, eff, preds) in &all {
-        println!();
-        println!(
+        distgpt::outln!();
+        distgpt::outln!(
             "{:<26} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10} {:>12}  fits",
             format!("world {world} (eff {:.0}%)", 100.0 * eff),
             "params",
@@ -284,7 +284,7 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
         );
         for p in preds {
             let (m, t) = (&p.memory, &p.time);
-            println!(
+            distgpt::outln!(
                 "{:<26} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>12.0}  {}",
                 plan::layout_name(&p.parallel),
                 m.params / scale,
@@ -302,13 +302,13 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
             );
         }
         match plan::recommend(preds) {
-            Some(r) => println!(
+            Some(r) => distgpt::outln!(
                 "recommended on {world}: {} ({:.1} ms/step, {:.3} {unit} per rank)",
                 plan::layout_name(&r.parallel),
                 r.time.step_s() * 1e3,
                 r.memory.total() / scale
             ),
-            None if !preds.is_empty() => println!(
+            None if !preds.is_empty() => distgpt::outln!(
                 "on {world}: nothing fits in {:.0} GB; try more ranks, --recompute or a smaller batch",
                 device.memory_bytes / 1e9
             ),

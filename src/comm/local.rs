@@ -92,14 +92,25 @@ impl Group {
     /// Waits on the condition variable until `done`, the world fails, or the timeout passes.
     fn wait<'a>(
         &self,
+        st: MutexGuard<'a, State>,
+        what: &str,
+        done: impl Fn(&State) -> bool,
+    ) -> Result<MutexGuard<'a, State>> {
+        self.wait_within(st, what, Some(self.world.timeout), done)
+    }
+
+    /// [`Group::wait`] with its own limit; `None` waits until `done` or a failure.
+    fn wait_within<'a>(
+        &self,
         mut st: MutexGuard<'a, State>,
         what: &str,
+        limit: Option<Duration>,
         done: impl Fn(&State) -> bool,
     ) -> Result<MutexGuard<'a, State>> {
         let start = Instant::now();
         while !done(&st) {
             self.check_failed(what)?;
-            if start.elapsed() > self.world.timeout {
+            if limit.is_some_and(|l| start.elapsed() > l) {
                 let missing: Vec<String> = st
                     .arrived
                     .iter()
@@ -124,6 +135,11 @@ impl Group {
 
     /// Rendezvous of every member.
     fn sync(&self, me: usize, what: &str) -> Result<()> {
+        self.sync_within(me, what, Some(self.world.timeout))
+    }
+
+    /// Rendezvous of every member, waiting at most `limit` (`None`: until a failure).
+    fn sync_within(&self, me: usize, what: &str, limit: Option<Duration>) -> Result<()> {
         let mut st = self.lock();
         self.check_failed(what)?;
         let generation = st.generation;
@@ -134,7 +150,7 @@ impl Group {
             self.cv.notify_all();
             return Ok(());
         }
-        self.wait(st, what, |s| s.generation != generation)
+        self.wait_within(st, what, limit, |s| s.generation != generation)
             .map(|_| ())
     }
 
@@ -309,6 +325,11 @@ impl Comm for LocalComm {
 
     fn barrier(&self) -> Result<()> {
         self.group.sync(self.rank, "barrier")
+    }
+
+    fn barrier_after_io(&self) -> Result<()> {
+        self.group
+            .sync_within(self.rank, "barrier after writing files", None)
     }
 
     fn split(&self, color: usize, key: usize) -> Result<Box<dyn Comm>> {

@@ -94,6 +94,10 @@ pub trait Comm: Send + Sync {
     fn send(&self, buf: &[f32], to: usize) -> Result<()>;
     fn recv(&self, buf: &mut [f32], from: usize) -> Result<()>;
     fn barrier(&self) -> Result<()>;
+    /// A barrier that waits as long as the slowest rank's file writes take
+    /// (a checkpoint of a large model): no timeout, but a rank that fails
+    /// still stops the others.
+    fn barrier_after_io(&self) -> Result<()>;
     /// Sub-groups: ranks with the same color form one, ordered by key.
     fn split(&self, color: usize, key: usize) -> Result<Box<dyn Comm>>;
     /// What this rank has sent and waited so far, through this group.

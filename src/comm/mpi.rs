@@ -35,7 +35,7 @@ impl Watchdog {
             let stuck = *watcher.in_flight.lock().unwrap_or_else(|e| e.into_inner());
             if let Some((since, what)) = stuck {
                 if since.elapsed() > watcher.timeout {
-                    eprintln!(
+                    crate::errln!(
                         "error: rank {}: {what} did not complete within {:.0} s: another rank is dead or stuck",
                         watcher.rank,
                         watcher.timeout.as_secs_f64()
@@ -85,7 +85,7 @@ impl MpiComm {
 
     /// Reports `why` and stops every rank of the job (MPI_Abort).
     pub fn abort(&self, why: &str) -> ! {
-        eprintln!("error: rank {}: {why}", self.rank());
+        crate::errln!("error: rank {}: {why}", self.rank());
         self.comm.abort(1)
     }
 
@@ -169,6 +169,12 @@ impl Comm for MpiComm {
 
     fn barrier(&self) -> Result<()> {
         self.watchdog.guard("barrier", || self.comm.barrier());
+        Ok(())
+    }
+
+    fn barrier_after_io(&self) -> Result<()> {
+        // Not watched: a rank that dies ends the job through mpirun instead.
+        self.comm.barrier();
         Ok(())
     }
 

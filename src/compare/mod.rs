@@ -296,7 +296,7 @@ pub fn run(
     let (cells, skipped) = cells(spec);
     // before any bar is drawn, so plain stderr is fine (and seen when piped)
     for s in &skipped {
-        eprintln!("skipped {s}");
+        crate::errln!("skipped {s}");
     }
     if cells.is_empty() {
         return Err(Error::Config(

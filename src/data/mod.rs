@@ -34,6 +34,53 @@ pub struct Dataset {
     pub val: Split,
 }
 
+/// A hash of a token sequence, the same for a text and for its shards.
+struct TokenHash(u64);
+
+impl TokenHash {
+    fn new() -> Self {
+        TokenHash(0xcbf2_9ce4_8422_2325)
+    }
+
+    /// Mixes in little-endian u16 tokens, four at a time.
+    fn bytes(&mut self, bytes: &[u8]) {
+        let mut words = bytes.chunks_exact(8);
+        for w in words.by_ref() {
+            let x = u64::from_le_bytes(w.try_into().expect("8 bytes"));
+            self.0 = (self.0 ^ x)
+                .wrapping_mul(0x0000_0100_0000_01b3)
+                .rotate_left(29);
+        }
+        for &b in words.remainder() {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+
+    fn split(&mut self, split: &Split) {
+        for part in &split.parts {
+            match part {
+                Part::Memory(v) => {
+                    let bytes: Vec<u8> = v.iter().flat_map(|t| t.to_le_bytes()).collect();
+                    self.bytes(&bytes);
+                }
+                Part::Mapped(s) => self.bytes(s.token_bytes()),
+            }
+        }
+        // Where one split ends is part of the data.
+        self.bytes(&(split.len() as u64).to_le_bytes());
+    }
+}
+
+/// How a tokenizer is named in messages.
+fn describe(spec: &TokenizerSpec) -> String {
+    match spec {
+        TokenizerSpec::Char { chars } => {
+            format!("a character vocabulary of {}", chars.chars().count())
+        }
+        TokenizerSpec::Gpt2 => "GPT-2 BPE".into(),
+    }
+}
+
 impl Dataset {
     /// `source` is `None` for the embedded corpus, a text file, or a
     /// directory of `*train*.bin` / `*val*.bin` shards (with `tokenizer.json`
@@ -50,10 +97,21 @@ impl Dataset {
         Self::encode(&name, &text, tokenizer)
     }
 
-    /// Like [`Dataset::load`], but text is encoded with a model's own tokenizer.
+    /// Like [`Dataset::load`], but text is encoded with a model's own
+    /// tokenizer, and shards must have been made with it.
     pub fn load_for_model(source: Option<&Path>, tokenizer: &TokenizerSpec) -> Result<Self> {
         if let Some(dir) = source.filter(|p| p.is_dir()) {
-            return Self::from_shards(dir);
+            let ds = Self::from_shards(dir)?;
+            let theirs = ds.tokenizer.spec();
+            if &theirs != tokenizer {
+                return Err(Error::Input(format!(
+                    "{}: the shards were tokenized with {}, the model uses {}: prepare the data with the model's tokenizer",
+                    dir.display(),
+                    describe(&theirs),
+                    describe(tokenizer)
+                )));
+            }
+            return Ok(ds);
         }
         let (name, text) = read_text(source)?;
         Self::encode(&name, &text, Tokenizer::from_spec(tokenizer)?)
@@ -114,12 +172,12 @@ impl Dataset {
         for split in [&train, &val] {
             for part in &split.parts {
                 if let Part::Mapped(s) = part {
-                    if let Some(i) = (0..s.len()).step_by(4099).find(|&i| s.get(i) >= vocab) {
+                    if let Some((i, t)) = s.first_outside(vocab) {
                         return Err(Error::Shard {
                             path: s.path.clone(),
                             reason: format!(
-                                "token {} at {i} is outside the tokenizer's vocabulary of {vocab}",
-                                s.get(i)
+                                "token {t} at position {i} is outside the tokenizer's vocabulary of {vocab} ({})",
+                                describe(&tokenizer.spec())
                             ),
                         });
                     }
@@ -135,6 +193,22 @@ impl Dataset {
             train,
             val,
         })
+    }
+}
+
+impl Dataset {
+    /// A fingerprint of the tokens and the tokenizer, recorded in
+    /// checkpoints so a resumed run can tell that its data changed.
+    pub fn fingerprint(&self) -> String {
+        let mut h = TokenHash::new();
+        h.bytes(
+            serde_json::to_string(&self.tokenizer.spec())
+                .expect("json")
+                .as_bytes(),
+        );
+        h.split(&self.train);
+        h.split(&self.val);
+        format!("{:016x}", h.0)
     }
 }
 

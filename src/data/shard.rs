@@ -99,6 +99,26 @@ impl Shard {
         self.len == 0
     }
 
+    /// The tokens' bytes (little-endian u16).
+    pub fn token_bytes(&self) -> &[u8] {
+        &self.map[HEADER_BYTES..]
+    }
+
+    /// The first token at or above `vocab`, as (position, token): one pass
+    /// over every token of the shard.
+    pub fn first_outside(&self, vocab: u32) -> Option<(usize, u32)> {
+        let max = self
+            .token_bytes()
+            .chunks_exact(2)
+            .fold(0u16, |m, c| m.max(u16::from_le_bytes([c[0], c[1]])));
+        if (max as u32) < vocab {
+            return None;
+        }
+        (0..self.len)
+            .map(|i| (i, self.get(i)))
+            .find(|&(_, t)| t >= vocab)
+    }
+
     /// Token i.
     pub fn get(&self, i: usize) -> u32 {
         let at = HEADER_BYTES + 2 * i;

@@ -21,6 +21,25 @@ pub struct SampleConfig {
     pub seed: u64,
 }
 
+impl SampleConfig {
+    /// Refuses settings that cannot sample, naming the flag.
+    pub fn validate(&self) -> Result<()> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(Error::Config(format!(
+                "--temperature {} must be a number >= 0 (0: greedy)",
+                self.temperature
+            )));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(Error::Config(format!(
+                "--top-p {} must be in (0, 1] (1 keeps every token)",
+                self.top_p
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// Draws a token from logits (vocabulary only, no padding).
 pub fn sample_token(logits: &[f32], cfg: &SampleConfig, rng: &mut Rng) -> u32 {
     let argmax = || {
@@ -96,6 +115,7 @@ pub fn decode<B: Backend>(
     tp: Option<&dyn Comm>,
     mut on_token: impl FnMut(usize, u32),
 ) -> Result<Vec<Vec<u32>>> {
+    cfg.validate()?;
     if let Some(r) = prompts.iter().position(|p| p.is_empty() || p.len() > max_t) {
         return Err(Error::Input(format!(
             "prompt {r} has {} tokens; it needs 1 to {max_t}",

@@ -116,10 +116,39 @@ pub fn progress_bar(len: u64, what: &str) -> ProgressBar {
 /// Prints above the bar, or to stderr when the bar is hidden (not a terminal).
 pub fn say(pb: &ProgressBar, msg: &str) {
     if pb.is_hidden() {
-        eprintln!("{msg}");
+        crate::errln!("{msg}");
     } else {
         pb.println(msg);
     }
+}
+
+/// `println!` that shrugs off a closed stdout (`distgpt train | head`):
+/// output is a courtesy, the run is what matters.
+#[macro_export]
+macro_rules! outln {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
+
+/// `print!` (flushed) that shrugs off a closed stdout.
+#[macro_export]
+macro_rules! out {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let mut o = std::io::stdout();
+        let _ = write!(o, $($t)*).and_then(|_| o.flush());
+    }};
+}
+
+/// `eprintln!` that shrugs off a closed stderr.
+#[macro_export]
+macro_rules! errln {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
 }
 
 #[cfg(test)]

@@ -14,6 +14,10 @@ pub struct GptConfig {
     pub vocab_size: usize,
 }
 
+/// The largest model accepted (2^36 parameters, far past GPT-2 XL's 1.6B):
+/// a bound on what a crafted `model.json` or checkpoint index can ask to allocate.
+pub const MAX_PARAMS: usize = 1 << 36;
+
 /// The GPT-2 BPE vocabulary (`r50k_base`).
 pub const GPT2_VOCAB: usize = 50257;
 
@@ -161,7 +165,26 @@ impl GptConfig {
                 c.vocab_size
             )));
         }
-        Ok(())
+        match c.checked_num_params() {
+            Some(n) if n <= MAX_PARAMS => Ok(()),
+            _ => Err(Error::Config(format!(
+                "{} layers x {} wide with a vocabulary of {} and {} positions is more than {MAX_PARAMS} parameters",
+                c.n_layer, c.n_embd, c.vocab_size, c.block_size
+            ))),
+        }
+    }
+
+    /// [`GptConfig::num_params`] without overflow: `None` past `usize`.
+    fn checked_num_params(&self) -> Option<usize> {
+        let c = self.n_embd;
+        let cc = c.checked_mul(c)?;
+        let block = cc.checked_mul(12)?.checked_add(c.checked_mul(13)?)?;
+        self.vocab_size
+            .checked_add(63)?
+            .checked_mul(c)?
+            .checked_add(self.block_size.checked_mul(c)?)?
+            .checked_add(self.n_layer.checked_mul(block)?)?
+            .checked_add(2 * c)
     }
 
     /// Parameters stored (padded embedding included).

@@ -20,9 +20,9 @@ use crate::comm::{Comm, CommStats};
 use crate::data::Batch;
 use crate::error::{Error, Result};
 use crate::model::{AdamWConfig, Engine, GptConfig, TpPlace};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum StrategyKind {
     Single,
@@ -34,7 +34,7 @@ pub enum StrategyKind {
 }
 
 /// How the ranks are arranged.
-#[derive(Clone, Copy, Debug, Serialize)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 pub struct ParallelConfig {
     pub strategy: StrategyKind,
     pub world_size: usize,
@@ -159,6 +159,19 @@ impl OwnedState {
         self.params.extend_from_slice(&p[pa..pa + len]);
         self.m.extend_from_slice(&m[ma..ma + len]);
         self.v.extend_from_slice(&v[ma..ma + len]);
+    }
+}
+
+/// Refuses to update from a non-finite loss or gradient norm, so the weights
+/// stay those of the last good step. Both are global sums, so every rank
+/// refuses together.
+fn check_finite(loss: f32, grad_norm: f32) -> Result<()> {
+    if loss.is_finite() && grad_norm.is_finite() {
+        Ok(())
+    } else {
+        Err(Error::Diverged(format!(
+            "loss {loss}, gradient norm {grad_norm}: the update was not applied"
+        )))
     }
 }
 

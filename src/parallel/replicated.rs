@@ -4,7 +4,7 @@
 //! done, on the last micro-step only. zero1 keeps AdamW moments for its
 //! shard alone, updates that shard and all-gathers the parameters.
 
-use super::{local_rows, OwnedState, StepConfig, StepStats, Strategy, Units};
+use super::{check_finite, local_rows, OwnedState, StepConfig, StepStats, Strategy, Units};
 use crate::backend::{Backend, Category, MemoryReport};
 use crate::comm::{Comm, CommStats};
 use crate::data::Batch;
@@ -146,6 +146,7 @@ impl<B: Backend> Strategy for Replicated<B> {
         }
         self.dp.all_reduce(&mut loss)?;
         let grad_norm = self.grad_norm()?;
+        check_finite(loss[0], grad_norm)?;
         let clip = if cfg.grad_clip > 0.0 && grad_norm > cfg.grad_clip {
             cfg.grad_clip / grad_norm
         } else {

@@ -6,7 +6,7 @@
 //! parameters count as params (one unit, plus [ln_f] beside [wte | wpe] in
 //! the head); the one-unit gradient scratch counts as `other`.
 
-use super::{local_rows, OwnedState, StepConfig, StepStats, Strategy, Units};
+use super::{check_finite, local_rows, OwnedState, StepConfig, StepStats, Strategy, Units};
 use crate::backend::{Backend, Buf, Category, MemoryReport};
 use crate::comm::{Comm, CommStats};
 use crate::data::Batch;
@@ -213,6 +213,7 @@ impl<B: Backend> Strategy for Sharded<B> {
         let mut sq = [be.sum_squares(&self.g_shard) as f32];
         self.dp.all_reduce(&mut sq)?;
         let grad_norm = sq[0].sqrt();
+        check_finite(loss[0], grad_norm)?;
         let clip = if cfg.grad_clip > 0.0 && grad_norm > cfg.grad_clip {
             cfg.grad_clip / grad_norm
         } else {

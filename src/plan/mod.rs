@@ -259,14 +259,8 @@ fn activation_elems(m: &GptConfig, tp: usize, rows: f64, recompute: bool) -> f64
     rows * ((l + 1.0) * c + slots * per_layer + head_and_scratch)
 }
 
-/// Predicts one rank's memory and step time for `par` (assumed valid).
-pub fn predict(
-    w: &Workload,
-    par: ParallelConfig,
-    device: &Device,
-    net: &Network,
-    precision: Precision,
-) -> Prediction {
+/// One rank's bytes by category for `par` (assumed valid), as `parallel` allocates them.
+pub fn memory_plan(w: &Workload, par: ParallelConfig, precision: Precision) -> MemoryPlan {
     let par = par.resolved();
     let m = &w.model;
     let (world, tp) = (par.world_size, par.tp);
@@ -315,6 +309,27 @@ pub fn predict(
             mem.other = gb * (units.max_padded + units.lnf_padded + units.max_shard);
         }
     }
+    mem
+}
+
+/// Predicts one rank's memory and step time for `par` (assumed valid).
+pub fn predict(
+    w: &Workload,
+    par: ParallelConfig,
+    device: &Device,
+    net: &Network,
+    precision: Precision,
+) -> Prediction {
+    let par = par.resolved();
+    let mem = memory_plan(w, par, precision);
+    let m = &w.model;
+    let (world, tp) = (par.world_size, par.tp);
+    let dp = world / tp;
+    let layout = ParamLayout::new_tp(m, tp);
+    let psi = layout.total() as f64;
+    let units = UnitSizes::new(&layout, m.n_layer, dp);
+    let (pb, gb) = (precision.params_bytes(), precision.grads_bytes());
+    let rows = (w.batch / dp * w.seq_len) as f64;
 
     // Compute: the blocks are split over tp, the LM head is not.
     let vc = (m.padded_vocab() * m.n_embd) as f64;

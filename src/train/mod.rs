@@ -1,8 +1,15 @@
 //! The training loop on every rank: data -> strategy step -> metrics,
 //! evaluation, samples, training-state checkpoints (and resume from them),
 //! and the weights written to the run directory at the end.
+//!
+//! What a run guarantees: a new run never writes into another run's
+//! directory; a stop (signal or `stop_after`) finishes the step and writes a
+//! checkpoint on every rank; a non-finite loss or gradient stops before the
+//! update, so no checkpoint ever holds one; the model files of a finished
+//! run are written before its final checkpoint.
 
 pub mod bench;
+pub mod run_dir;
 pub mod schedule;
 
 use crate::backend::{Backend, MemoryReport};
@@ -16,6 +23,7 @@ use crate::metrics::{self, JsonlWriter, StepRecord};
 use crate::model::gpt2::init_full;
 use crate::model::{AdamWConfig, Gpt2, GptConfig, ParamLayout};
 use crate::parallel::{self, launch, ParallelConfig, StepConfig, Strategy};
+pub use run_dir::{default_run_dir, RunRecord};
 use schedule::LrSchedule;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -27,6 +35,21 @@ use std::time::Instant;
 pub enum Duration {
     Steps(usize),
     Epochs(f64),
+}
+
+/// The most optimizer steps a run may ask for.
+pub const MAX_STEPS: usize = 1_000_000_000;
+
+impl Duration {
+    /// Optimizer steps for a split of `batches_per_epoch` micro-batches.
+    pub fn steps(self, batches_per_epoch: usize, grad_accum: usize) -> usize {
+        match self {
+            Duration::Steps(n) => n,
+            Duration::Epochs(e) => {
+                ((e * batches_per_epoch as f64) / grad_accum as f64).ceil() as usize
+            }
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -66,6 +89,16 @@ pub struct TrainConfig {
     pub init_from: Option<PathBuf>,
     /// Where the data came from, recorded so `--resume` can reload it.
     pub data: Option<PathBuf>,
+    /// Empty a directory that holds another run before starting a new one there.
+    #[serde(default)]
+    pub overwrite: bool,
+    /// Steps the learning-rate schedule spans (default: the run's steps);
+    /// a run extended past it continues at `min_lr`.
+    #[serde(default)]
+    pub schedule_steps: Option<usize>,
+    /// Point `latest` beside the run directory at it (default-named runs).
+    #[serde(skip)]
+    pub link_latest: bool,
     pub tokenizer: TokenizerKind,
     /// A bar to drive instead of drawing one (`compare`'s per-run bar); its
     /// length is set to the run's steps. Messages are printed only when verbose.
@@ -101,13 +134,80 @@ impl Default for TrainConfig {
             stop_after: None,
             init_from: None,
             data: None,
+            overwrite: false,
+            schedule_steps: None,
+            link_latest: false,
             tokenizer: TokenizerKind::Char,
             progress: None,
         }
     }
 }
 
-/// Set by a Ctrl-C handler: finish the step, checkpoint, stop.
+impl TrainConfig {
+    /// Refuses numbers that would train wrongly or not at all, naming the flag.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::Config(m));
+        if self.batch_size == 0 || self.grad_accum == 0 {
+            return bad("--batch-size and --grad-accum must be at least 1".into());
+        }
+        match self.duration {
+            Duration::Steps(n) if n == 0 || n > MAX_STEPS => {
+                return bad(format!("--steps {n} must be between 1 and {MAX_STEPS}"))
+            }
+            Duration::Epochs(e) if !(e > 0.0 && e <= 1e6) => {
+                return bad(format!(
+                    "--epochs {e} must be a positive number of passes (at most 1e6)"
+                ))
+            }
+            _ => {}
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return bad(format!(
+                "--lr {} must be a positive number (a negative rate climbs the loss)",
+                self.lr
+            ));
+        }
+        if !(self.min_lr.is_finite() && self.min_lr >= 0.0 && self.min_lr <= self.lr) {
+            return bad(format!(
+                "--min-lr {} must be between 0 and --lr {}",
+                self.min_lr, self.lr
+            ));
+        }
+        if self.warmup_steps > MAX_STEPS {
+            return bad(format!(
+                "--warmup {} is more than {MAX_STEPS} steps",
+                self.warmup_steps
+            ));
+        }
+        if !(self.grad_clip.is_finite() && self.grad_clip >= 0.0) {
+            return bad(format!(
+                "--grad-clip {} must be a number >= 0 (0 turns clipping off)",
+                self.grad_clip
+            ));
+        }
+        let a = &self.adamw;
+        for (name, beta) in [("--beta1", a.beta1), ("--beta2", a.beta2)] {
+            if !(0.0..1.0).contains(&beta) {
+                return bad(format!("{name} {beta} must be in [0, 1)"));
+            }
+        }
+        if !(a.eps.is_finite() && a.eps > 0.0) {
+            return bad(format!("AdamW epsilon {} must be positive", a.eps));
+        }
+        if !(a.weight_decay.is_finite() && a.weight_decay >= 0.0) {
+            return bad(format!(
+                "--weight-decay {} must be a number >= 0",
+                a.weight_decay
+            ));
+        }
+        if self.keep_checkpoints == 0 {
+            return bad("--keep-checkpoints must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// Set by a signal handler (Ctrl-C, SIGTERM): finish the step, checkpoint, stop.
 pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 /// An injected failure, to show that the other ranks stop and name it.
@@ -143,6 +243,8 @@ pub struct TrainSummary {
     pub params: Vec<f32>,
     pub sample: String,
     pub out_dir: PathBuf,
+    /// Stopped before its last step (a signal or `stop_after`), with a checkpoint.
+    pub stopped: bool,
 }
 
 /// Mean validation loss over the first `n` batches of the val split.
@@ -225,6 +327,25 @@ pub fn train<B: Backend + 'static>(
     Ok(out.swap_remove(0).expect("rank 0 returns the summary"))
 }
 
+/// The error for a step whose loss or gradient was not finite: the update
+/// was skipped, so the newest checkpoint is the last good state.
+fn diverged(step: usize, why: &str, cfg: &TrainConfig) -> Error {
+    let newest = state::list(&cfg.out_dir)
+        .ok()
+        .and_then(|l| l.last().and_then(|d| state::step_of(d)));
+    Error::Diverged(format!(
+        "step {}: {why}. {}",
+        step + 1,
+        match newest {
+            Some(n) => format!(
+                "The newest checkpoint (step {n}) holds finite weights: resume with `--resume {} --from-step {n} --lr <lower>`",
+                cfg.out_dir.display()
+            ),
+            None => "No checkpoint was written yet: start again with a lower --lr (and --checkpoint-every N)".into(),
+        }
+    ))
+}
+
 /// One rank's training loop over `world`; rank 0 logs, saves and returns the summary.
 pub fn train_rank<B: Backend + 'static>(
     backend: B,
@@ -234,12 +355,8 @@ pub fn train_rank<B: Backend + 'static>(
     par: ParallelConfig,
     world: &dyn Comm,
 ) -> Result<Option<TrainSummary>> {
+    cfg.validate()?;
     let (b, t) = (cfg.batch_size, cfg.seq_len);
-    if b == 0 || cfg.grad_accum == 0 {
-        return Err(Error::Config(
-            "batch size and gradient accumulation must be at least 1".into(),
-        ));
-    }
     if t == 0 || t > model_cfg.block_size {
         return Err(Error::Config(format!(
             "sequence length {t} must be between 1 and the model's block size {}",
@@ -256,18 +373,16 @@ pub fn train_rank<B: Backend + 'static>(
     let verbose = cfg.verbose && lead;
     let mut train_loader = DataLoader::new(&ds.train, "train", b, t, cfg.seed, true)?;
     let mut val_loader = DataLoader::new(&ds.val, "val", b, t, cfg.seed, false)?;
-    let steps = match cfg.duration {
-        Duration::Steps(n) => n,
-        Duration::Epochs(e) => {
-            ((e * train_loader.batches_per_epoch() as f64) / cfg.grad_accum as f64).ceil() as usize
-        }
-    }
-    .max(1);
+    let steps = cfg
+        .duration
+        .steps(train_loader.batches_per_epoch(), cfg.grad_accum)
+        .clamp(1, MAX_STEPS);
+    let horizon = cfg.schedule_steps.unwrap_or(steps);
     let sched = LrSchedule {
         max_lr: cfg.lr,
         min_lr: cfg.min_lr,
         warmup_steps: cfg.warmup_steps,
-        total_steps: steps,
+        total_steps: horizon,
     };
     let device = backend.name();
     let sample_backend = backend.clone_fresh();
@@ -285,18 +400,25 @@ pub fn train_rank<B: Backend + 'static>(
             p[0] as f64
         }
     };
+    let data_fingerprint = ds.fingerprint();
     let start = match &cfg.resume {
         Some(dir) => {
             let ckpt = state::load(dir)?;
-            if ckpt.index.params_total != ParamLayout::new(&model_cfg).total() {
-                return Err(Error::Checkpoint {
-                    path: dir.clone(),
-                    reason: format!(
-                        "holds {} parameters, the model has {}",
-                        ckpt.index.params_total,
-                        ParamLayout::new(&model_cfg).total()
-                    ),
-                });
+            let bad = |reason: String| Error::Checkpoint {
+                path: dir.clone(),
+                reason,
+            };
+            if ckpt.index.model != model_cfg {
+                return Err(bad(format!(
+                    "holds a {:?}, not the {:?} being trained",
+                    ckpt.index.model, model_cfg
+                )));
+            }
+            if ckpt.index.tokenizer != ds.tokenizer.spec() || ckpt.index.data != data_fingerprint {
+                return Err(bad(format!(
+                    "was trained on other data than {} (fingerprint {} vs {data_fingerprint}): resume with the run's own data, or start a new run with --init-from",
+                    ds.name, ckpt.index.data
+                )));
             }
             strategy.load_state(&ckpt.params, &ckpt.m, &ckpt.v, ckpt.index.adam_step);
             train_loader.seek(ckpt.index.loader);
@@ -323,25 +445,49 @@ pub fn train_rank<B: Backend + 'static>(
     };
     if start >= steps {
         return Err(Error::Input(format!(
-            "the checkpoint is at step {start}; this run has {steps} steps: nothing left to train"
+            "the checkpoint is at step {start}; this run has {steps} steps: nothing left to train (extend it with --steps)"
         )));
     }
 
     let mut log = None;
     if lead {
-        std::fs::create_dir_all(&cfg.out_dir).map_err(|e| Error::io(&cfg.out_dir, e))?;
-        let run_path = cfg.out_dir.join("run.json");
-        // A resumed run keeps the record of the run it continues.
-        if start == 0 || !run_path.exists() {
-            let run_json = serde_json::json!({ "model": model_cfg, "train": cfg, "parallel": par, "dataset": ds.name, "device": device, "peak_flops": peak_flops });
-            checkpoint::write_atomic(
-                &run_path,
-                serde_json::to_string_pretty(&run_json)
-                    .expect("json")
-                    .as_bytes(),
-            )?;
+        if start == 0 {
+            run_dir::prepare_new(&cfg.out_dir, cfg.overwrite)?;
+        } else {
+            std::fs::create_dir_all(&cfg.out_dir).map_err(|e| Error::io(&cfg.out_dir, e))?;
+            // Checkpoints of a branch abandoned by resuming from an older one
+            // must not count as newer than this branch's own.
+            let moved = state::supersede_after(&cfg.out_dir, start)?;
+            if verbose && !moved.is_empty() {
+                crate::errln!(
+                    "moved {} newer checkpoint(s) to {}",
+                    moved.len(),
+                    cfg.out_dir.join(state::DIR).join("superseded").display()
+                );
+            }
+            run_dir::truncate_metrics(&cfg.out_dir, start)?;
         }
-        let metrics_path = cfg.out_dir.join("metrics.jsonl");
+        if cfg.link_latest {
+            run_dir::link_latest(&cfg.out_dir)?;
+        }
+        let record = RunRecord {
+            model: model_cfg.clone(),
+            train: TrainConfig {
+                resume: None,
+                stop_after: None,
+                fault: None,
+                overwrite: false,
+                schedule_steps: Some(horizon),
+                ..cfg.clone()
+            },
+            parallel: par,
+            dataset: ds.name.clone(),
+            device: device.to_string(),
+            peak_flops,
+            segments: Vec::new(),
+        };
+        run_dir::write_record(&cfg.out_dir, record, start, steps)?;
+        let metrics_path = cfg.out_dir.join(run_dir::METRICS_FILE);
         log = Some(if start > 0 {
             JsonlWriter::append(&metrics_path)?
         } else {
@@ -357,6 +503,7 @@ pub fn train_rank<B: Backend + 'static>(
         _ if verbose => metrics::progress_bar(steps as u64, "train"),
         _ => indicatif::ProgressBar::hidden(),
     };
+    pb.set_position(start as u64);
     let note = |msg: &str| {
         if verbose {
             metrics::say(&pb, msg)
@@ -384,14 +531,22 @@ pub fn train_rank<B: Backend + 'static>(
         par.resolved().tp,
         peak_flops / 1e9
     ));
+    if horizon < steps && start < steps {
+        note(&format!(
+            "the learning-rate schedule ends at step {horizon}; later steps run at --min-lr {}",
+            cfg.min_lr
+        ));
+    }
     let flops_per_token = model_cfg.flops_per_token(t);
     let tokens_per_step = b * t * cfg.grad_accum;
     let total_peak = peak_flops * par.world_size as f64;
     let started = Instant::now();
-    let mut losses = Vec::with_capacity(steps);
+    let mut losses = Vec::new();
     let mut history = Vec::new();
     let mut val_last = f32::NAN;
     let mut rank_peaks = vec![0.0f32; 6 * world.size()];
+    let mut stopped = false;
+    let mut final_params = None;
     for step in start..steps {
         if cfg
             .fault
@@ -407,29 +562,25 @@ pub fn train_rank<B: Backend + 'static>(
             .collect();
         let lr = sched.at(step);
         let t0 = Instant::now();
-        let stats = strategy.step(
+        let stats = match strategy.step(
             &micro,
             StepConfig {
                 lr,
                 grad_clip: cfg.grad_clip,
             },
-        )?;
+        ) {
+            Err(Error::Diverged(why)) => return Err(diverged(step, &why, cfg)),
+            other => other?,
+        };
         let secs = t0.elapsed().as_secs_f64();
-        if !stats.loss.is_finite() {
-            return Err(Error::Input(format!(
-                "loss became {} at step {step}: lower the learning rate",
-                stats.loss
-            )));
-        }
         losses.push(stats.loss);
-        let mut stop = [0.0f32];
-        if lead
-            && (INTERRUPTED.load(Ordering::SeqCst)
-                || cfg.stop_after.is_some_and(|n| step + 1 - start >= n))
-        {
-            stop[0] = 1.0;
-        }
-        world.broadcast(&mut stop, 0)?;
+        // A signal may reach only some ranks (mpirun forwards it to each
+        // process): any rank's stop stops all, at the same step.
+        let mut stop = [f32::from(
+            INTERRUPTED.load(Ordering::SeqCst)
+                || cfg.stop_after.is_some_and(|n| step + 1 - start >= n),
+        )];
+        world.all_reduce(&mut stop)?;
         let stopping = stop[0] != 0.0 && step + 1 < steps;
         let is_last = step + 1 == steps || stopping;
         let val_loss = if is_last || (cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0) {
@@ -490,6 +641,17 @@ pub fn train_rank<B: Backend + 'static>(
             stats.loss, tokens_per_s
         ));
         pb.inc(1);
+        if is_last {
+            // The model files come before the final checkpoint: a run whose
+            // final checkpoint exists is always readable.
+            let full = strategy.full_params()?;
+            if lead {
+                let mut model = Gpt2::new(sample_backend.clone_fresh(), model_cfg.clone())?;
+                model.params.copy_from_slice(&full);
+                checkpoint::save_model(&model, ds.tokenizer.spec(), &cfg.out_dir)?;
+            }
+            final_params = Some(full);
+        }
         if is_last || (cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0) {
             let info = state::SaveInfo {
                 step: step + 1,
@@ -499,6 +661,8 @@ pub fn train_rank<B: Backend + 'static>(
                 tp: par.resolved().tp,
                 params_total: ParamLayout::new(&model_cfg).total(),
                 model: &model_cfg,
+                tokenizer: &ds.tokenizer.spec(),
+                data: &data_fingerprint,
                 keep: cfg.keep_checkpoints,
             };
             state::save(&cfg.out_dir, &info, &strategy.owned_state(), world)?;
@@ -511,6 +675,7 @@ pub fn train_rank<B: Backend + 'static>(
             }
         }
         if stopping {
+            stopped = true;
             break;
         }
     }
@@ -523,15 +688,11 @@ pub fn train_rank<B: Backend + 'static>(
         &[comm.total_bytes() as f32, comm.seconds as f32],
         &mut comm_all,
     )?;
-    let params = strategy.full_params()?;
     drop(strategy);
+    let params = final_params.expect("the last step saves the model");
     if !lead {
         return Ok(None);
     }
-    let mut model = Gpt2::new(sample_backend.clone_fresh(), model_cfg.clone())?;
-    model.params.copy_from_slice(&params);
-    checkpoint::save_model(&model, ds.tokenizer.spec(), &cfg.out_dir)?;
-    drop(model);
     let sample = sample_text(
         sample_backend,
         &model_cfg,
@@ -562,5 +723,6 @@ pub fn train_rank<B: Backend + 'static>(
         params,
         sample,
         out_dir: cfg.out_dir.clone(),
+        stopped,
     }))
 }

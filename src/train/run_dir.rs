@@ -1,0 +1,213 @@
+//! A run directory's life: a readable default name and a `latest` link, the
+//! refusal to start a new run where another one lives, `run.json` (what the
+//! run is and which invocations trained it) and `metrics.jsonl` cut back to
+//! the checkpoint a run resumes from, so no step is ever logged twice.
+
+use super::TrainConfig;
+use crate::checkpoint::write_atomic;
+use crate::error::{Error, Result};
+use crate::model::GptConfig;
+use crate::parallel::ParallelConfig;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// `run.json`: the run's model and the configuration a resume continues
+/// with, and every invocation that trained it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RunRecord {
+    pub model: GptConfig,
+    pub train: TrainConfig,
+    /// The layout of the newest invocation.
+    pub parallel: ParallelConfig,
+    pub dataset: String,
+    pub device: String,
+    pub peak_flops: f64,
+    #[serde(default)]
+    pub segments: Vec<Segment>,
+}
+
+/// One invocation of `train` on a run.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Segment {
+    /// The step it started from (0 for the first).
+    pub from_step: usize,
+    /// The step it was to end at.
+    pub to_step: usize,
+    pub parallel: ParallelConfig,
+    pub device: String,
+    /// Seconds since the Unix epoch when it started.
+    pub started_unix: u64,
+}
+
+pub const RUN_FILE: &str = "run.json";
+pub const METRICS_FILE: &str = "metrics.jsonl";
+/// The link beside default-named runs to the newest one.
+pub const LATEST: &str = "latest";
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// `YYYYMMDD-HHMMSS` (UTC) of Unix seconds.
+fn timestamp(secs: u64) -> String {
+    // Days to a civil date (Howard Hinnant's algorithm).
+    let days = (secs / 86_400) as i64 + 719_468;
+    let era = days.div_euclid(146_097);
+    let doe = days - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let s = secs % 86_400;
+    format!(
+        "{year:04}{month:02}{day:02}-{:02}{:02}{:02}",
+        s / 3_600,
+        s / 60 % 60,
+        s % 60
+    )
+}
+
+/// `runs/<model>-<YYYYMMDD-HHMMSS>`, with a suffix if that exists already.
+pub fn default_run_dir(model: &str) -> PathBuf {
+    let base = format!("{model}-{}", timestamp(unix_now()));
+    let mut dir = Path::new("runs").join(&base);
+    let mut n = 1;
+    while dir.exists() {
+        n += 1;
+        dir = Path::new("runs").join(format!("{base}-{n}"));
+    }
+    dir
+}
+
+/// Points `<parent>/latest` at `dir` (replacing the link atomically).
+pub fn link_latest(dir: &Path) -> Result<()> {
+    let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) else {
+        return Ok(());
+    };
+    let link = parent.join(LATEST);
+    let tmp = parent.join(format!(".{LATEST}.tmp"));
+    let _ = std::fs::remove_file(&tmp);
+    #[cfg(unix)]
+    std::os::unix::fs::symlink(name, &tmp).map_err(|e| Error::io(&tmp, e))?;
+    #[cfg(not(unix))]
+    std::fs::write(&tmp, name.to_string_lossy().as_bytes()).map_err(|e| Error::io(&tmp, e))?;
+    std::fs::rename(&tmp, &link).map_err(|e| Error::io(&link, e))
+}
+
+/// Whether `dir` holds a distgpt run (what `--overwrite` may empty).
+fn holds_a_run(dir: &Path) -> bool {
+    [RUN_FILE, METRICS_FILE, crate::checkpoint::state::DIR]
+        .iter()
+        .any(|f| dir.join(f).exists())
+}
+
+/// Makes `dir` ready for a new run: it must be absent or empty, unless
+/// `overwrite` and it holds a run, which is then emptied.
+pub fn prepare_new(dir: &Path, overwrite: bool) -> Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e.filter_map(|e| e.ok().map(|e| e.path())).collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(Error::io(dir, e)),
+    };
+    if !entries.is_empty() {
+        if !overwrite {
+            return Err(Error::Input(format!(
+                "{} is not empty{}: continue that run with `--resume {0}`, choose a new --out, or pass --overwrite to empty it first",
+                dir.display(),
+                if holds_a_run(dir) { " (it holds a run)" } else { "" }
+            )));
+        }
+        if !holds_a_run(dir) {
+            return Err(Error::Input(format!(
+                "{} is not empty and holds no run: --overwrite only empties run directories; choose a new --out",
+                dir.display()
+            )));
+        }
+        for p in entries {
+            let removed = if p.is_dir() && !p.is_symlink() {
+                std::fs::remove_dir_all(&p)
+            } else {
+                std::fs::remove_file(&p)
+            };
+            removed.map_err(|e| Error::io(&p, e))?;
+        }
+    }
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))
+}
+
+/// Reads `run.json`.
+pub fn read_record(dir: &Path) -> Result<RunRecord> {
+    let path = dir.join(RUN_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    serde_json::from_str(&text).map_err(|e| Error::Checkpoint {
+        path,
+        reason: format!("invalid run record: {e}"),
+    })
+}
+
+/// Writes `run.json` for an invocation starting at `from_step`: a new
+/// record, or the existing one with this invocation appended.
+pub fn write_record(
+    dir: &Path,
+    mut fresh: RunRecord,
+    from_step: usize,
+    to_step: usize,
+) -> Result<()> {
+    let mut segments = if from_step > 0 {
+        read_record(dir).map(|r| r.segments).unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    segments.retain(|s| s.from_step < from_step);
+    segments.push(Segment {
+        from_step,
+        to_step,
+        parallel: fresh.parallel,
+        device: fresh.device.clone(),
+        started_unix: unix_now(),
+    });
+    fresh.segments = segments;
+    let json = serde_json::to_string_pretty(&fresh).expect("run record serialises");
+    write_atomic(&dir.join(RUN_FILE), json.as_bytes())
+}
+
+/// Keeps the records of steps up to `step` (a resume point), dropping later
+/// ones and any line a crash cut short.
+pub fn truncate_metrics(dir: &Path, step: usize) -> Result<()> {
+    let path = dir.join(METRICS_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io(&path, e)),
+    };
+    let kept: String = text
+        .lines()
+        .filter(|line| {
+            serde_json::from_str::<serde_json::Value>(line)
+                .ok()
+                .and_then(|v| v["step"].as_u64())
+                .is_some_and(|s| s as usize <= step)
+        })
+        .flat_map(|line| [line, "\n"])
+        .collect();
+    if kept != text {
+        write_atomic(&path, kept.as_bytes())?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_are_civil_utc() {
+        assert_eq!(timestamp(0), "19700101-000000");
+        assert_eq!(timestamp(951_782_400 + 3_723), "20000229-010203");
+        assert_eq!(timestamp(1_795_320_454), "20261122-040734");
+    }
+}
