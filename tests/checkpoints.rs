@@ -183,6 +183,7 @@ fn a_flipped_byte_or_a_missing_tensor_is_named() {
         .find(|f| f.file == "rank_1.safetensors")
         .unwrap();
     entry.checksum = state::checksum(&partial);
+    index.checksum = index.compute_checksum();
     std::fs::write(&index_path, serde_json::to_string(&index).unwrap()).unwrap();
     let err = state::load(&ckpt).err().unwrap().to_string();
     assert!(
@@ -226,7 +227,11 @@ fn ctrl_c_finishes_the_step_writes_a_checkpoint_and_exits() {
     assert!(kill.success());
     let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "a stop is not a finished run: {err}"
+    );
     assert!(err.contains("interrupted"), "{err}");
     let ckpt = state::latest(&dir).unwrap();
     let steps_logged = std::fs::read_to_string(&metrics).unwrap().lines().count();
@@ -267,7 +272,7 @@ fn consolidating_a_sharded_checkpoint_gives_the_saved_model() {
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );
-    let file = dir.join("consolidated.safetensors");
+    let file = dir.join("consolidated");
     let cons = std::process::Command::new(bin)
         .args([
             "checkpoint",
@@ -283,5 +288,11 @@ fn consolidating_a_sharded_checkpoint_gives_the_saved_model() {
         "{}",
         String::from_utf8_lossy(&cons.stderr)
     );
-    assert!(std::fs::read(&file).unwrap() == std::fs::read(dir.join("model.safetensors")).unwrap());
+    assert!(
+        std::fs::read(file.join("model.safetensors")).unwrap()
+            == std::fs::read(dir.join("model.safetensors")).unwrap()
+    );
+    // With its model.json, the folder is a model that eval and generate read.
+    let (model, _) = distgpt::checkpoint::load_model(Cpu::new(), &file).unwrap();
+    assert_eq!(model.config.n_layer, 2);
 }

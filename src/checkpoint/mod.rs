@@ -42,8 +42,11 @@ impl MetaFile {
             checksum: String::new(),
             ..self.clone()
         };
+        // Through a JSON value, whose keys are sorted: the sum does not
+        // depend on the order fields are written in.
+        let value = serde_json::to_value(&blank).expect("json");
         state::checksum(
-            serde_json::to_string_pretty(&blank)
+            serde_json::to_string_pretty(&value)
                 .expect("json")
                 .as_bytes(),
         )

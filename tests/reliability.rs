@@ -1,0 +1,788 @@
+//! A run is never lost and never silently wrong: each test here guards one
+//! way a run was lost or misread (reusing --out, signals, divergence, a
+//! closed pipe, a kill between the last files, a slow checkpoint write, an
+//! edited index or model file, mismatched data, ignored resume flags, bad
+//! numbers).
+
+use distgpt::backend::cpu::Cpu;
+use distgpt::checkpoint::{self, state};
+use distgpt::comm::Comm;
+use distgpt::data::{Dataset, TokenizerKind};
+use distgpt::model::{Gpt2, GptConfig};
+use distgpt::parallel::{self, launch, OwnedState, ParallelConfig, StepConfig, StrategyKind};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_distgpt"))
+}
+
+fn tmp(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("distgpt-rel-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// `distgpt train` on the tiny model into `out`, with extra flags.
+fn train(out: &Path, extra: &[&str]) -> Output {
+    bin()
+        .args([
+            "train",
+            "--model",
+            "tiny",
+            "--batch-size",
+            "4",
+            "--seq-len",
+            "32",
+        ])
+        .args(["--quiet", "--peak-gflops", "100", "--eval-batches", "2"])
+        .args(["--out", out.to_str().unwrap()])
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn metrics_steps(dir: &Path) -> Vec<u64> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn a_new_run_into_a_run_directory_is_refused_unless_overwritten() {
+    let dir = tmp("reuse");
+    assert!(train(&dir, &["--steps", "3"]).status.success());
+    let again = train(&dir, &["--steps", "2", "--lr", "1e-2"]);
+    assert!(!again.status.success());
+    let err = stderr(&again);
+    assert!(err.contains("--resume") && err.contains("--out"), "{err}");
+    assert_eq!(metrics_steps(&dir), [1, 2, 3], "the old run is untouched");
+
+    let over = train(&dir, &["--steps", "2", "--overwrite"]);
+    assert!(over.status.success(), "{}", stderr(&over));
+    assert_eq!(metrics_steps(&dir), [1, 2]);
+    let kept: Vec<_> = state::list(&dir).unwrap();
+    assert_eq!(kept.len(), 1);
+    assert!(kept[0].ends_with("step_00000002"));
+
+    // --overwrite never empties a directory that is not a run.
+    let other = tmp("not-a-run");
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::write(other.join("notes.txt"), "mine").unwrap();
+    let refused = train(&other, &["--steps", "1", "--overwrite"]);
+    assert!(!refused.status.success());
+    assert!(other.join("notes.txt").exists());
+}
+
+#[test]
+fn default_run_directories_are_named_by_date_with_a_latest_link() {
+    let cwd = tmp("default-name");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let run = bin()
+        .current_dir(&cwd)
+        .args([
+            "train",
+            "--model",
+            "tiny",
+            "--steps",
+            "1",
+            "--batch-size",
+            "4",
+        ])
+        .args(["--seq-len", "16", "--quiet", "--peak-gflops", "100"])
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", stderr(&run));
+    let names: Vec<String> = std::fs::read_dir(cwd.join("runs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let run_name = names.iter().find(|n| n.starts_with("tiny-")).unwrap();
+    // tiny-YYYYMMDD-HHMMSS
+    let stamp = &run_name["tiny-".len()..];
+    assert!(
+        stamp.len() == 15 && stamp.as_bytes()[8] == b'-',
+        "{run_name}"
+    );
+    let link = std::fs::read_link(cwd.join("runs/latest")).unwrap();
+    assert_eq!(link, Path::new(run_name));
+    assert!(cwd.join("runs/latest/model.json").exists());
+}
+
+/// Starts a long run and waits until it has logged `steps` steps.
+fn start_long_run(dir: &Path, extra: &[&str], steps: usize) -> std::process::Child {
+    let child = bin()
+        .args([
+            "train",
+            "--model",
+            "tiny",
+            "--steps",
+            "100000",
+            "--batch-size",
+            "4",
+        ])
+        .args(["--seq-len", "32", "--quiet", "--peak-gflops", "100"])
+        .args(["--out", dir.to_str().unwrap()])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let metrics = dir.join("metrics.jsonl");
+    while std::fs::read_to_string(&metrics).map_or(0, |s| s.lines().count()) < steps {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "training did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+fn signal(pid: u32, sig: &str) {
+    assert!(Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+}
+
+#[cfg(unix)]
+#[test]
+fn sigterm_and_a_double_sigint_stop_with_a_checkpoint_and_status_75() {
+    for (tag, signals) in [("term", &["TERM"][..]), ("int-int", &["INT", "INT"][..])] {
+        let dir = tmp(tag);
+        let child = start_long_run(&dir, &[], 3);
+        for s in signals {
+            signal(child.id(), s);
+        }
+        let out = child.wait_with_output().unwrap();
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(75), "{tag}: {err}");
+        let ckpt = state::latest(&dir).unwrap();
+        let logged = metrics_steps(&dir);
+        assert_eq!(
+            state::load(&ckpt).unwrap().index.step as u64,
+            *logged.last().unwrap(),
+            "{tag}"
+        );
+        checkpoint::load_model(Cpu::new(), &dir).unwrap();
+    }
+}
+
+#[test]
+fn a_diverging_step_is_not_applied_and_never_checkpointed() {
+    // The strategy refuses the update itself: the weights stay finite.
+    let mut cfg = GptConfig::preset("tiny").unwrap();
+    cfg.vocab_size = 65;
+    let par = ParallelConfig {
+        strategy: StrategyKind::Single,
+        world_size: 1,
+        tp: 1,
+        recompute: false,
+    };
+    let (_, mut comms) = distgpt::comm::local::world(1, Duration::from_secs(10));
+    let comm = comms.pop().unwrap();
+    let mut s = parallel::build(
+        Cpu::new(),
+        cfg.clone(),
+        par,
+        &comm,
+        Default::default(),
+        2,
+        8,
+    )
+    .unwrap();
+    let mut init = distgpt::model::gpt2::init_full(&cfg, 1);
+    let ln_f = init.len() - 1;
+    init[ln_f] = f32::INFINITY; // ln_f bias: the logits, the loss and the gradients go non-finite
+    s.load_full(&init);
+    let batch = distgpt::data::Batch {
+        inputs: vec![1; 16],
+        targets: vec![2; 16],
+    };
+    let before = s.full_params().unwrap();
+    let err = s
+        .step(
+            &[batch],
+            StepConfig {
+                lr: 1e-3,
+                grad_clip: 1.0,
+            },
+        )
+        .unwrap_err();
+    assert!(matches!(err, distgpt::error::Error::Diverged(_)), "{err}");
+    let after = s.full_params().unwrap();
+    assert!(
+        before
+            .iter()
+            .zip(&after)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "the update was applied"
+    );
+
+    // A non-finite state is never published as a checkpoint.
+    let dir = tmp("nan-save");
+    let owned = OwnedState {
+        segments: vec![(0, 3)],
+        params: vec![1.0, f32::NAN, 2.0],
+        m: vec![0.0; 3],
+        v: vec![0.0; 3],
+    };
+    let info = state::SaveInfo {
+        step: 1,
+        adam_step: 1,
+        loader: Default::default(),
+        strategy: "single",
+        tp: 1,
+        params_total: 3,
+        model: &cfg,
+        tokenizer: &distgpt::data::TokenizerSpec::Gpt2,
+        data: "x",
+        keep: 3,
+    };
+    let err = state::save(&dir, &info, &owned, &comm)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("non-finite"), "{err}");
+    assert!(state::list(&dir).unwrap().is_empty());
+
+    // End to end: the run stops, names the last good checkpoint, and it loads.
+    let dir = tmp("diverge");
+    let out = train(&dir, &["--steps", "10", "--lr", "1e30", "--warmup", "0"]);
+    let err = stderr(&out);
+    assert!(!out.status.success() && err.contains("diverged"), "{err}");
+    let dir2 = tmp("diverge-ckpt");
+    let out = train(
+        &dir2,
+        &[
+            "--steps",
+            "10",
+            "--lr",
+            "1e30",
+            "--warmup",
+            "0",
+            "--checkpoint-every",
+            "1",
+            "--keep-checkpoints",
+            "1",
+        ],
+    );
+    let err = stderr(&out);
+    assert!(err.contains("--from-step 1"), "{err}");
+    state::load(&state::latest(&dir2).unwrap()).unwrap();
+}
+
+#[test]
+fn resume_from_an_older_checkpoint_supersedes_the_newer_ones() {
+    let whole = tmp("from-whole");
+    assert!(train(&whole, &["--steps", "4"]).status.success());
+    let dir = tmp("from-step");
+    assert!(train(
+        &dir,
+        &[
+            "--steps",
+            "4",
+            "--checkpoint-every",
+            "1",
+            "--keep-checkpoints",
+            "9"
+        ]
+    )
+    .status
+    .success());
+    let again = bin()
+        .args([
+            "train",
+            "--resume",
+            dir.to_str().unwrap(),
+            "--from-step",
+            "2",
+            "--quiet",
+        ])
+        .output()
+        .unwrap();
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert_eq!(metrics_steps(&dir), [1, 2, 3, 4], "no step is logged twice");
+    assert!(dir.join("checkpoints/superseded/step_00000004").exists());
+    assert!(
+        std::fs::read(dir.join("model.safetensors")).unwrap()
+            == std::fs::read(whole.join("model.safetensors")).unwrap()
+    );
+    let record = distgpt::train::run_dir::read_record(&dir).unwrap();
+    let starts: Vec<usize> = record.segments.iter().map(|s| s.from_step).collect();
+    assert_eq!(starts, [0, 2]);
+}
+
+#[test]
+fn a_closed_stdout_does_not_lose_the_run() {
+    let dir = tmp("pipe");
+    let mut child = bin()
+        .args([
+            "train",
+            "--model",
+            "tiny",
+            "--steps",
+            "5",
+            "--batch-size",
+            "4",
+        ])
+        .args(["--seq-len", "32", "--quiet", "--peak-gflops", "100"])
+        .args(["--out", dir.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // like `| head` exiting at once
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    checkpoint::load_model(Cpu::new(), &dir).unwrap();
+}
+
+#[test]
+fn a_run_killed_before_its_model_files_is_repaired_by_resume() {
+    let dir = tmp("repair");
+    assert!(train(&dir, &["--steps", "3"]).status.success());
+    let weights = std::fs::read(dir.join("model.safetensors")).unwrap();
+    std::fs::remove_file(dir.join("model.json")).unwrap();
+    assert!(checkpoint::load_model(Cpu::new(), &dir).is_err());
+    let resumed = bin()
+        .args(["train", "--resume", dir.to_str().unwrap(), "--quiet"])
+        .output()
+        .unwrap();
+    assert!(resumed.status.success(), "{}", stderr(&resumed));
+    checkpoint::load_model(Cpu::new(), &dir).unwrap();
+    assert!(std::fs::read(dir.join("model.safetensors")).unwrap() == weights);
+    // A finished run with readable files says so and how to extend it.
+    let again = bin()
+        .args(["train", "--resume", dir.to_str().unwrap(), "--quiet"])
+        .output()
+        .unwrap();
+    assert!(!again.status.success());
+    assert!(stderr(&again).contains("--steps"), "{}", stderr(&again));
+}
+
+#[test]
+fn waiting_for_a_slow_checkpoint_write_is_not_a_dead_rank() {
+    let cfg = GptConfig::preset("tiny").unwrap();
+    let dir = tmp("slow-write");
+    // Rank 0 owns 8M floats (96 MB to checksum and write); rank 1 owns
+    // nothing and waits far longer than the 50 ms collective timeout.
+    let n = 8 << 20;
+    launch::run_local(2, 2, Duration::from_millis(50), |comm: Box<dyn Comm>| {
+        let owned = if comm.rank() == 0 {
+            OwnedState {
+                segments: vec![(0, n)],
+                params: vec![0.5; n],
+                m: vec![0.0; n],
+                v: vec![0.0; n],
+            }
+        } else {
+            OwnedState::default()
+        };
+        let info = state::SaveInfo {
+            step: 1,
+            adam_step: 1,
+            loader: Default::default(),
+            strategy: "zero1",
+            tp: 1,
+            params_total: n,
+            model: &cfg,
+            tokenizer: &distgpt::data::TokenizerSpec::Gpt2,
+            data: "x",
+            keep: 1,
+        };
+        state::save(&dir, &info, &owned, comm.as_ref()).map(|_| ())
+    })
+    .unwrap();
+    assert_eq!(state::list(&dir).unwrap().len(), 1);
+}
+
+/// A finished zero2 run on two ranks, for the index and model-file tests.
+fn finished_run(tag: &str) -> PathBuf {
+    let dir = tmp(tag);
+    let out = train(
+        &dir,
+        &["--steps", "2", "--strategy", "zero2", "--world-size", "2"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    dir
+}
+
+fn edit_index(ckpt: &Path, edit: impl FnOnce(&mut state::Index), reseal: bool) {
+    let path = ckpt.join("index.json");
+    let mut index: state::Index =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut index);
+    if reseal {
+        index.checksum = index.compute_checksum();
+    }
+    std::fs::write(&path, serde_json::to_string_pretty(&index).unwrap()).unwrap();
+}
+
+#[test]
+fn an_edited_or_crafted_checkpoint_index_is_refused_without_panicking() {
+    let dir = finished_run("index");
+    let ckpt = state::latest(&dir).unwrap();
+    let original = std::fs::read(ckpt.join("index.json")).unwrap();
+    let cases: Vec<(&str, Box<dyn Fn(&mut state::Index)>, bool, &str)> = vec![
+        ("step", Box::new(|i| i.step += 1), false, "checksum"),
+        (
+            "overlap",
+            Box::new(|i| i.files[1].segments[0].0 -= 1),
+            true,
+            "overlaps",
+        ),
+        (
+            "offset",
+            Box::new(|i| i.files[1].segments[0].0 = usize::MAX - 3),
+            true,
+            "outside",
+        ),
+        (
+            "huge model",
+            Box::new(|i| {
+                i.model.n_layer = 1 << 40;
+            }),
+            true,
+            "parameters",
+        ),
+        (
+            "path",
+            Box::new(|i| i.files[0].file = "../../model.safetensors".into()),
+            true,
+            "not a rank file",
+        ),
+    ];
+    for (what, edit, reseal, expect) in cases {
+        std::fs::write(ckpt.join("index.json"), &original).unwrap();
+        edit_index(&ckpt, edit, reseal);
+        let err = std::panic::catch_unwind(|| state::load(&ckpt).err())
+            .unwrap_or_else(|_| panic!("{what}: load panicked"))
+            .unwrap_or_else(|| panic!("{what}: an edited index was accepted"))
+            .to_string();
+        assert!(
+            err.contains(expect) && err.contains("index.json"),
+            "{what}: {err}"
+        );
+    }
+}
+
+#[test]
+fn edited_model_files_and_non_finite_weights_are_refused() {
+    let dir = finished_run("model-files");
+    checkpoint::load_model(Cpu::new(), &dir).unwrap();
+    let weights = dir.join("model.safetensors");
+    let meta = dir.join("model.json");
+    let (w0, m0) = (
+        std::fs::read(&weights).unwrap(),
+        std::fs::read(&meta).unwrap(),
+    );
+    let restore = || {
+        std::fs::write(&weights, &w0).unwrap();
+        std::fs::write(&meta, &m0).unwrap();
+    };
+
+    let mut flipped = w0.clone();
+    let at = flipped.len() - 5;
+    flipped[at] ^= 0x01;
+    std::fs::write(&weights, &flipped).unwrap();
+    let err = checkpoint::load_model(Cpu::new(), &dir)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("model.safetensors") && err.contains("checksum"),
+        "{err}"
+    );
+    restore();
+
+    let json = String::from_utf8(m0.clone()).unwrap();
+    std::fs::write(&meta, json.replace("\"n_head\": 2", "\"n_head\": 1")).unwrap();
+    let err = checkpoint::load_model(Cpu::new(), &dir)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("model.json") && err.contains("edited"),
+        "{err}"
+    );
+    restore();
+
+    // A crafted model.json (checksum recomputed by hand) asking for a
+    // billion layers is refused before anything that size is allocated.
+    let mut v: serde_json::Value = serde_json::from_slice(&m0).unwrap();
+    v["config"]["n_layer"] = 1_000_000_000u64.into();
+    v["checksum"] = "".into();
+    let sum = state::checksum(serde_json::to_string_pretty(&v).unwrap().as_bytes());
+    v["checksum"] = sum.into();
+    std::fs::write(&meta, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+    let err = checkpoint::load_model(Cpu::new(), &dir)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("parameters") || err.contains("cannot hold"),
+        "{err}"
+    );
+    restore();
+
+    // Weights saved with a NaN (model.json vouching for them) are still refused.
+    let (mut model, meta_v) = checkpoint::load_model(Cpu::new(), &dir).unwrap();
+    model.params[7] = f32::NAN;
+    let nan_dir = tmp("nan-model");
+    checkpoint::save_model(&model, meta_v.tokenizer, &nan_dir).unwrap();
+    let err = checkpoint::load_model(Cpu::new(), &nan_dir)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("non-finite"), "{err}");
+}
+
+#[test]
+fn every_shard_token_is_checked_and_data_must_match_the_model() {
+    // A bad token at the very end of a shard (never a sampled position).
+    let shards = tmp("bad-token");
+    distgpt::data::prepare(None, TokenizerKind::Char, &shards).unwrap();
+    let val = std::fs::read_dir(&shards)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().contains("_val_"))
+        .unwrap();
+    let mut bytes = std::fs::read(&val).unwrap();
+    let n = bytes.len();
+    bytes[n - 2..].copy_from_slice(&200u16.to_le_bytes());
+    std::fs::write(&val, &bytes).unwrap();
+    let err = Dataset::load(Some(&shards), TokenizerKind::Char)
+        .err()
+        .unwrap()
+        .to_string();
+    let last = (n - 1024) / 2 - 1;
+    assert!(
+        err.contains("_val_") && err.contains(&format!("position {last}")),
+        "{err}"
+    );
+
+    // A character model evaluated on GPT-2 shards.
+    let model_dir = finished_run("tokenizer");
+    let gpt2 = tmp("gpt2-shards");
+    distgpt::data::prepare(None, TokenizerKind::Gpt2, &gpt2).unwrap();
+    let eval = bin()
+        .args([
+            "eval",
+            model_dir.to_str().unwrap(),
+            "--data",
+            gpt2.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(!eval.status.success());
+    assert!(
+        stderr(&eval).contains("tokenized with GPT-2"),
+        "{}",
+        stderr(&eval)
+    );
+    let tune = train(
+        &tmp("tune"),
+        &[
+            "--init-from",
+            model_dir.to_str().unwrap(),
+            "--data",
+            gpt2.to_str().unwrap(),
+            "--steps",
+            "1",
+        ],
+    );
+    assert!(!tune.status.success());
+    assert!(
+        stderr(&tune).contains("tokenized with GPT-2"),
+        "{}",
+        stderr(&tune)
+    );
+
+    // Resuming on changed data.
+    let text = tmp("text");
+    std::fs::create_dir_all(&text).unwrap();
+    let file = text.join("corpus.txt");
+    std::fs::write(&file, &distgpt::data::SHAKESPEARE[..200_000]).unwrap();
+    let dir = tmp("changed-data");
+    let run = train(
+        &dir,
+        &[
+            "--data",
+            file.to_str().unwrap(),
+            "--steps",
+            "4",
+            "--stop-after",
+            "2",
+        ],
+    );
+    assert_eq!(run.status.code(), Some(75), "{}", stderr(&run));
+    std::fs::write(&file, &distgpt::data::SHAKESPEARE[1_000..201_000]).unwrap();
+    let resumed = bin()
+        .args(["train", "--resume", dir.to_str().unwrap(), "--quiet"])
+        .output()
+        .unwrap();
+    assert!(!resumed.status.success());
+    assert!(
+        stderr(&resumed).contains("other data"),
+        "{}",
+        stderr(&resumed)
+    );
+}
+
+#[test]
+fn resume_flags_are_honoured_or_refused_and_a_finished_run_extends() {
+    let dir = tmp("extend");
+    assert!(
+        train(&dir, &["--steps", "4", "--warmup", "1", "--lr", "1e-2"])
+            .status
+            .success()
+    );
+    for (flag, value) in [
+        ("--batch-size", "8"),
+        ("--model", "gpt2"),
+        ("--seed", "3"),
+        ("--warmup", "2"),
+    ] {
+        let out = bin()
+            .args([
+                "train",
+                "--resume",
+                dir.to_str().unwrap(),
+                flag,
+                value,
+                "--quiet",
+            ])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{flag} was accepted");
+        let err = stderr(&out);
+        assert!(err.contains(flag) && err.contains("cannot change"), "{err}");
+    }
+    let more = bin()
+        .args(["train", "--resume", dir.to_str().unwrap(), "--steps", "7"])
+        .args([
+            "--eval-every",
+            "1",
+            "--strategy",
+            "ddp",
+            "--world-size",
+            "2",
+            "--quiet",
+        ])
+        .output()
+        .unwrap();
+    assert!(more.status.success(), "{}", stderr(&more));
+    assert_eq!(metrics_steps(&dir), [1, 2, 3, 4, 5, 6, 7]);
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    // The schedule ended at step 4: later steps run at min_lr (lr / 10); every one is evaluated.
+    for l in &lines[4..] {
+        assert!((l["lr"].as_f64().unwrap() - 1e-3).abs() < 1e-9, "{l}");
+        assert!(l["val_loss"].is_number(), "{l}");
+    }
+    let record = distgpt::train::run_dir::read_record(&dir).unwrap();
+    assert_eq!(record.segments.len(), 2);
+    assert_eq!(record.segments[1].parallel.strategy, StrategyKind::Ddp);
+    assert_eq!(record.segments[1].parallel.world_size, 2);
+    assert_eq!(
+        (record.segments[1].from_step, record.segments[1].to_step),
+        (4, 7)
+    );
+}
+
+#[test]
+fn bad_numbers_are_refused_with_the_flag_named() {
+    let dir = tmp("bad-numbers");
+    let cases: [(&[&str], &str); 9] = [
+        (&["--lr=-1e-3"], "--lr"),
+        (&["--grad-clip", "NaN"], "--grad-clip"),
+        (&["--beta1", "NaN"], "--beta1"),
+        (&["--weight-decay", "inf"], "--weight-decay"),
+        (&["--steps", "0"], "--steps"),
+        (&["--epochs", "0"], "--epochs"),
+        (&["--epochs", "NaN"], "--epochs"),
+        (&["--steps", "1000000000000"], "--steps"),
+        (&["--keep-checkpoints", "0"], "--keep-checkpoints"),
+    ];
+    for (args, flag) in cases {
+        let out = train(&dir, args);
+        let err = stderr(&out);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(
+            err.contains(flag) && !err.contains("panicked"),
+            "{args:?}: {err}"
+        );
+    }
+    let huge = bin()
+        .args([
+            "train",
+            "--model",
+            "gpt2",
+            "--strategy",
+            "ddp",
+            "--world-size",
+            "1000",
+        ])
+        .args(["--batch-size", "1000", "--seq-len", "64", "--quiet"])
+        .args(["--out", dir.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = stderr(&huge);
+    assert!(err.contains("1000 thread ranks need"), "{err}");
+
+    let model = finished_run("sampling");
+    for (flag, value) in [
+        ("--top-p", "1.5"),
+        ("--temperature", "-1"),
+        ("--top-p", "0"),
+    ] {
+        let out = bin()
+            .args([
+                "generate",
+                "--run",
+                model.to_str().unwrap(),
+                "--tokens",
+                "3",
+            ])
+            .arg(format!("{flag}={value}"))
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{flag} {value} was accepted");
+        assert!(stderr(&out).contains(flag), "{}", stderr(&out));
+    }
+    let bench = bin()
+        .args([
+            "bench",
+            "--model",
+            "tiny",
+            "--generate",
+            "64",
+            "--batch-size",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert!(!bench.status.success());
+    let err = stderr(&bench);
+    assert!(
+        err.contains("--generate 64") && !err.contains("panicked"),
+        "{err}"
+    );
+}
