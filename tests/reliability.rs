@@ -8,7 +8,7 @@ use distgpt::backend::cpu::Cpu;
 use distgpt::checkpoint::{self, state};
 use distgpt::comm::Comm;
 use distgpt::data::{Dataset, TokenizerKind};
-use distgpt::model::{Gpt2, GptConfig};
+use distgpt::model::GptConfig;
 use distgpt::parallel::{self, launch, OwnedState, ParallelConfig, StepConfig, StrategyKind};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -437,7 +437,8 @@ fn an_edited_or_crafted_checkpoint_index_is_refused_without_panicking() {
     let dir = finished_run("index");
     let ckpt = state::latest(&dir).unwrap();
     let original = std::fs::read(ckpt.join("index.json")).unwrap();
-    let cases: Vec<(&str, Box<dyn Fn(&mut state::Index)>, bool, &str)> = vec![
+    type Edit = Box<dyn Fn(&mut state::Index)>;
+    let cases: Vec<(&str, Edit, bool, &str)> = vec![
         ("step", Box::new(|i| i.step += 1), false, "checksum"),
         (
             "overlap",
