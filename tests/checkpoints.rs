@@ -37,13 +37,17 @@ fn config(dir: &Path) -> TrainConfig {
 }
 
 fn run(cfg: &TrainConfig, strategy: StrategyKind, world_size: usize) -> TrainSummary {
+    run_tp(cfg, strategy, world_size, 1)
+}
+
+fn run_tp(cfg: &TrainConfig, strategy: StrategyKind, world_size: usize, tp: usize) -> TrainSummary {
     let ds = dataset();
     let mut model = GptConfig::preset("tiny").unwrap();
     model.vocab_size = ds.tokenizer.vocab_size();
     let par = ParallelConfig {
         strategy,
         world_size,
-        tp: 1,
+        tp,
         recompute: false,
     };
     train(Cpu::new, model, ds, cfg, par, 2, Wait::from_secs(60)).unwrap()
@@ -82,6 +86,82 @@ fn stop_and_resume_is_bit_exact_for_single_ddp_and_fsdp() {
             second.params == whole.params,
             "{strategy:?}: final weights differ"
         );
+    }
+}
+
+/// (strategy, world size, tp) of every layout that owns its state differently.
+const LAYOUTS: [(StrategyKind, usize, usize); 4] = [
+    (StrategyKind::Tp, 2, 2),
+    (StrategyKind::Zero1, 2, 1),
+    (StrategyKind::Zero2, 2, 1),
+    (StrategyKind::Ddp, 4, 2),
+];
+
+#[test]
+fn stop_and_resume_is_bit_exact_for_tp_zero1_zero2_and_the_mesh() {
+    for (strategy, n, tp) in LAYOUTS {
+        let what = format!("{strategy:?} x{n} tp {tp}");
+        let whole = run_tp(&config(&out(&format!("whole-{what}"))), strategy, n, tp);
+        let dir = out(&format!("split-{what}"));
+        let first = run_tp(
+            &TrainConfig {
+                stop_after: Some(3),
+                ..config(&dir)
+            },
+            strategy,
+            n,
+            tp,
+        );
+        let second = run_tp(
+            &TrainConfig {
+                resume: Some(state::latest(&dir).unwrap()),
+                ..config(&dir)
+            },
+            strategy,
+            n,
+            tp,
+        );
+        let losses: Vec<f32> = first.losses.iter().chain(&second.losses).copied().collect();
+        assert_eq!(losses, whole.losses, "{what}: per-step losses");
+        assert!(
+            second.params == whole.params,
+            "{what}: final weights differ"
+        );
+    }
+}
+
+#[test]
+fn every_layout_resumes_into_every_other_and_into_single() {
+    let whole = run(&config(&out("cross-whole")), StrategyKind::Single, 1);
+    for (from, n, tp) in LAYOUTS {
+        let dir = out(&format!("cross-{from:?}-{n}-{tp}"));
+        run_tp(
+            &TrainConfig {
+                stop_after: Some(3),
+                ..config(&dir)
+            },
+            from,
+            n,
+            tp,
+        );
+        let snapshot = state::latest(&dir).unwrap();
+        for (to, m, to_tp) in LAYOUTS
+            .into_iter()
+            .chain([(StrategyKind::Single, 1, 1)])
+            .filter(|&l| l != (from, n, tp))
+        {
+            let cfg = TrainConfig {
+                resume: Some(snapshot.clone()),
+                stop_after: Some(1),
+                ..config(&out(&format!("cross-{from:?}-to-{to:?}-{m}-{to_tp}")))
+            };
+            let next = run_tp(&cfg, to, m, to_tp);
+            let (got, want) = (next.losses[0], whole.losses[3]);
+            assert!(
+                (got - want).abs() <= 1e-5,
+                "{from:?} x{n} tp {tp} -> {to:?} x{m} tp {to_tp}: step 4 loss {got} vs {want}"
+            );
+        }
     }
 }
 

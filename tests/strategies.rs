@@ -23,8 +23,29 @@ fn run(
     grad_accum: usize,
     recompute: bool,
 ) -> TrainSummary {
+    run_model(
+        common::tiny_model(dataset()),
+        strategy,
+        world_size,
+        tp,
+        grad_accum,
+        recompute,
+    )
+}
+
+fn run_model(
+    model: distgpt::model::GptConfig,
+    strategy: StrategyKind,
+    world_size: usize,
+    tp: usize,
+    grad_accum: usize,
+    recompute: bool,
+) -> TrainSummary {
     let ds = dataset();
-    let tag = format!("{strategy:?}-{world_size}-{tp}-{grad_accum}-{recompute}");
+    let tag = format!(
+        "{strategy:?}-{world_size}-{tp}-{grad_accum}-{recompute}-h{}",
+        model.n_head
+    );
     let cfg = common::five_steps(&tag, grad_accum);
     let par = ParallelConfig {
         strategy,
@@ -32,16 +53,8 @@ fn run(
         tp,
         recompute,
     };
-    train(
-        Cpu::new,
-        common::tiny_model(ds),
-        ds,
-        &cfg,
-        par,
-        2,
-        Wait::from_secs(60),
-    )
-    .unwrap_or_else(|e| panic!("{tag}: {e}"))
+    train(Cpu::new, model, ds, &cfg, par, 2, Wait::from_secs(60))
+        .unwrap_or_else(|e| panic!("{tag}: {e}"))
 }
 
 fn single(grad_accum: usize, recompute: bool) -> &'static TrainSummary {
@@ -125,5 +138,23 @@ fn dp_by_tp_mesh_matches_single_over_five_steps() {
         single(1, false),
         &run(StrategyKind::Ddp, 4, 2, 1, false),
         "ddp x tp 2 x 2",
+    );
+}
+
+#[test]
+fn tensor_parallel_on_four_ranks_matches_single() {
+    // The tiny preset with 4 heads of 8, so that tp can split it 4 ways.
+    let mut model = common::tiny_model(dataset());
+    model.n_head = 4;
+    let reference = run_model(model.clone(), StrategyKind::Single, 1, 1, 1, false);
+    common::assert_follows(
+        &reference,
+        &run_model(model.clone(), StrategyKind::Tp, 4, 1, 1, false),
+        "tp on 4 ranks",
+    );
+    common::assert_follows(
+        &reference,
+        &run_model(model, StrategyKind::Ddp, 4, 4, 1, false),
+        "ddp x tp 1 x 4",
     );
 }

@@ -217,6 +217,11 @@ impl<B: Backend> Strategy for Replicated<B> {
         let whole = ParamLayout::new(&self.model.config);
         let tp = self.model.tp;
         for (w, l) in whole.tensors.iter().zip(&self.model.layout.tensors) {
+            // A replicated tensor is written once, by tp rank 0: every value
+            // of a checkpoint has exactly one owner.
+            if w.split == TpSplit::Replicated && tp.rank != 0 {
+                continue;
+            }
             let mut at = l.offset;
             for (full_at, len) in w.split.runs(&w.full_shape, tp.size, tp.rank) {
                 st.push(w.offset + full_at, len, (p, at), (m, at), v);

@@ -29,9 +29,16 @@ pub fn five_steps(tag: &str, grad_accum: usize) -> TrainConfig {
     }
 }
 
-/// Per-step losses within 1e-5; final parameters within 1e-4 of the largest parameter.
+/// Per-step losses and the final validation loss (the strategy's own
+/// `eval_loss`) within 1e-5; final parameters within 1e-4 of the largest parameter.
 pub fn assert_follows(reference: &TrainSummary, got: &TrainSummary, what: &str) {
     assert_eq!(got.losses.len(), reference.losses.len());
+    assert!(
+        (got.val_loss - reference.val_loss).abs() <= 1e-5,
+        "{what}: validation loss {} vs single {}",
+        got.val_loss,
+        reference.val_loss
+    );
     for (step, (a, b)) in got.losses.iter().zip(&reference.losses).enumerate() {
         assert!(
             (a - b).abs() <= 1e-5,
