@@ -286,8 +286,8 @@ struct TrainArgs {
     #[arg(long, default_value_t = 3)]
     keep_checkpoints: usize,
     /// Continue a run (its newest checkpoint, or a checkpoint directory
-    /// RUN/checkpoints/step_N) with its recorded model, data and schedule.
-    /// Strategy, world size, --steps/--epochs (to extend a finished run),
+    /// RUN/checkpoints/step_N) with its recorded model, data, schedule and
+    /// layout (bit-exact). Strategy, world size (within float tolerance), --steps/--epochs (to extend a finished run),
     /// --lr, --min-lr, --grad-clip, evaluation, sampling and checkpoint
     /// cadence may change; the model, data, batch shape, seed, warmup and
     /// AdamW betas and decay may not.
@@ -555,7 +555,7 @@ const FIXED_ON_RESUME: [(&[&str], &str); 6] = [
 fn resumed_run(
     a: &TrainArgs,
     given: &[String],
-) -> Result<(PathBuf, GptConfig, TrainConfig, Dataset)> {
+) -> Result<(PathBuf, GptConfig, TrainConfig, Dataset, ParallelConfig)> {
     let path = a.resume.as_ref().expect("resuming");
     for (flags, why) in FIXED_ON_RESUME {
         if let Some(f) = flags.iter().find(|f| given.iter().any(|g| g == *f)) {
@@ -632,7 +632,23 @@ fn resumed_run(
     }
     cfg.resume = Some(ckpt);
     cfg.out_dir = run_dir.clone();
-    Ok((run_dir, record.model, cfg, ds))
+    // The run's own layout unless one is asked for: resuming into the same
+    // layout is bit-exact, into another only within float tolerance.
+    let mut par = record.parallel;
+    let mine = a.parallel.config();
+    if set("strategy") {
+        par.strategy = mine.strategy;
+    }
+    if set("world_size") {
+        par.world_size = mine.world_size;
+    }
+    if set("tp") || set("strategy") {
+        par.tp = mine.tp;
+    }
+    if set("recompute") {
+        par.recompute = mine.recompute;
+    }
+    Ok((run_dir, record.model, cfg, ds, par))
 }
 
 /// Optimizer steps `cfg` trains in all.
@@ -737,16 +753,22 @@ fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
     if let Some(p) = a.data.as_ref().filter(|p| !p.exists()) {
         bail!("data path {} does not exist", p.display());
     }
-    let (ds, model_cfg, mut cfg) = match &a.resume {
+    let (ds, model_cfg, mut cfg, par) = match &a.resume {
         Some(_) => {
-            let (run_dir, model_cfg, cfg, ds) = resumed_run(&a, given)?;
+            let (run_dir, model_cfg, cfg, ds, par) = resumed_run(&a, given)?;
             let ckpt = cfg.resume.clone().expect("resuming");
             let step = checkpoint::state::read_index(&ckpt)?.step;
             if step >= total_steps(&cfg, &ds)? {
                 return finish_completed(&run_dir, &ckpt, step);
             }
-            distgpt::errln!("resuming {} from {}", run_dir.display(), ckpt.display());
-            (ds, model_cfg, cfg)
+            distgpt::errln!(
+                "resuming {} from {} as {} on {} rank(s)",
+                run_dir.display(),
+                ckpt.display(),
+                format!("{:?}", par.strategy).to_lowercase(),
+                par.world_size
+            );
+            (ds, model_cfg, cfg, par)
         }
         None => match &a.init_from {
             Some(dir) => {
@@ -755,12 +777,12 @@ fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
                 let (_, mut cfg) = new_run(&a, &ds)?;
                 cfg.seq_len = a.seq_len.unwrap_or(meta.config.block_size);
                 cfg.init_from = Some(dir.clone());
-                (ds, meta.config, cfg)
+                (ds, meta.config, cfg, a.parallel.config())
             }
             None => {
                 let ds = Dataset::load(a.data.as_deref(), a.tokenizer)?;
                 let (model_cfg, cfg) = new_run(&a, &ds)?;
-                (ds, model_cfg, cfg)
+                (ds, model_cfg, cfg, a.parallel.config())
             }
         },
     };
@@ -771,15 +793,17 @@ fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
         .zip(a.fail_step)
         .map(|(rank, step)| Fault { rank, step });
     cfg.validate()?;
-    let par = a.parallel.config();
     par.resolved().validate(&model_cfg, cfg.batch_size)?;
     if a.parallel.comm == CommKind::Local {
         check_memory(&model_cfg, &cfg, par.resolved())?;
     }
     handle_stop_signals()?;
     let threads = rayon::current_num_threads();
-    let Some(s) = a
-        .parallel
+    let launcher = ParallelArgs {
+        world_size: par.world_size,
+        ..a.parallel.clone()
+    };
+    let Some(s) = launcher
         .launch(threads, |world| {
             train::train_rank(Cpu::new(), model_cfg.clone(), &ds, &cfg, par, world)
         })?
