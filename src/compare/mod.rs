@@ -340,6 +340,9 @@ pub fn run(
                 cell.batch
             )),
             progress: Some(bar.clone()),
+            // The report directory's runs are compare's own: a rerun into
+            // the same --out replaces them.
+            overwrite: true,
             ..TrainConfig::default()
         };
         let summary = train::train(
