@@ -787,3 +787,59 @@ fn bad_numbers_are_refused_with_the_flag_named() {
         "{err}"
     );
 }
+
+/// Under mpirun, a signal to mpirun alone stops every rank at the same step
+/// with a checkpoint: SIGINT (which Open MPI turns into SIGTERM to the ranks)
+/// and SIGUSR1 (which it forwards).
+#[cfg(feature = "mpi")]
+#[test]
+fn a_signal_to_mpirun_stops_every_rank_with_a_checkpoint() {
+    for sig in ["INT", "USR1"] {
+        let dir = tmp(&format!("mpirun-{sig}"));
+        let child = Command::new("mpirun")
+            .args(["--allow-run-as-root", "--oversubscribe", "-np", "2"])
+            .arg(env!("CARGO_BIN_EXE_distgpt"))
+            .args([
+                "train",
+                "--comm",
+                "mpi",
+                "--strategy",
+                "ddp",
+                "--world-size",
+                "2",
+            ])
+            .args(["--model", "tiny", "--steps", "100000", "--batch-size", "4"])
+            .args(["--seq-len", "32", "--quiet", "--peak-gflops", "100"])
+            .args(["--out", dir.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t0 = Instant::now();
+        while std::fs::read_to_string(dir.join("metrics.jsonl")).map_or(0, |s| s.lines().count())
+            < 3
+        {
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "training did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        signal(child.id(), sig);
+        let out = child.wait_with_output().unwrap();
+        let err = stderr(&out);
+        assert_eq!(
+            err.matches("interrupted: finishing the step").count(),
+            2,
+            "SIG{sig}: both ranks must hear of it: {err}"
+        );
+        let ckpt = state::latest(&dir).unwrap();
+        let logged = metrics_steps(&dir);
+        assert_eq!(
+            state::load(&ckpt).unwrap().index.step as u64,
+            *logged.last().unwrap(),
+            "SIG{sig}: {err}"
+        );
+        checkpoint::load_model(Cpu::new(), &dir).unwrap();
+    }
+}

@@ -188,27 +188,18 @@ pub fn save(
     let name = format!("step_{:08}", info.step);
     let (tmp, done) = (root.join(format!("{name}.tmp")), root.join(&name));
     let rank = world.rank();
-    let finite = |x: &[f32]| x.iter().all(|v| v.is_finite());
-    let mut bad = [f32::from(
-        !(finite(&owned.params) && finite(&owned.m) && finite(&owned.v)),
-    )];
-    world.all_reduce(&mut bad)?;
-    if bad[0] != 0.0 {
-        return Err(Error::Diverged(format!(
-            "the state after step {} holds non-finite values; no checkpoint was written",
-            info.step
-        )));
-    }
     if rank == 0 {
         if tmp.exists() {
             io(&tmp, std::fs::remove_dir_all(&tmp))?;
         }
         io(&tmp, std::fs::create_dir_all(&tmp))?;
     }
-    // Writes can take longer than --comm-timeout (a large model, a slow
-    // disk): waiting for them is not a sign of a dead rank.
+    // Checks and writes can take longer than --comm-timeout (a large model,
+    // a slow disk): waiting for them is not a sign of a dead rank.
     world.barrier_after_io()?;
-    if !owned.segments.is_empty() {
+    let finite = |x: &[f32]| x.iter().all(|v| v.is_finite());
+    let ok = finite(&owned.params) && finite(&owned.m) && finite(&owned.v);
+    if ok && !owned.segments.is_empty() {
         let n = owned.params.len();
         let tensors: Vec<(String, Vec<usize>, &[f32])> = TENSORS
             .iter()
@@ -230,6 +221,19 @@ pub fn save(
         )?;
     }
     world.barrier_after_io()?;
+    // Every rank is here now, so this is quick: a non-finite value anywhere
+    // and nothing is published.
+    let mut bad = [f32::from(!ok)];
+    world.all_reduce(&mut bad)?;
+    if bad[0] != 0.0 {
+        if rank == 0 {
+            io(&tmp, std::fs::remove_dir_all(&tmp))?;
+        }
+        return Err(Error::Diverged(format!(
+            "the state after step {} holds non-finite values; no checkpoint was written",
+            info.step
+        )));
+    }
     if rank == 0 {
         let mut files = Vec::new();
         for r in 0..world.size() {
