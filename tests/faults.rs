@@ -10,11 +10,13 @@ use std::process::Command;
 use std::time::{Duration as Wait, Instant};
 
 fn tiny_run(fault: Option<Fault>) -> TrainConfig {
+    let out_dir = std::env::temp_dir().join(format!("distgpt-fault-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out_dir);
     TrainConfig {
         seq_len: 32,
         duration: Duration::Steps(6),
         seed: 1,
-        out_dir: std::env::temp_dir().join(format!("distgpt-fault-{}", std::process::id())),
+        out_dir,
         peak_flops: Some(1e11),
         fault,
         ..TrainConfig::default()
@@ -104,6 +106,8 @@ fn impossible_layouts_are_refused_with_what_to_change() {
 #[cfg(feature = "mpi")]
 #[test]
 fn a_failing_mpi_rank_stops_the_job_and_is_named() {
+    let out_dir = std::env::temp_dir().join(format!("distgpt-mpi-fault-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out_dir);
     let t0 = Instant::now();
     let out = Command::new("mpirun")
         .args([
@@ -137,14 +141,7 @@ fn a_failing_mpi_rank_stops_the_job_and_is_named() {
             "--fail-step",
             "2",
         ])
-        .args([
-            "--comm-timeout",
-            "20",
-            "--out",
-            &std::env::temp_dir()
-                .join("distgpt-mpi-fault")
-                .to_string_lossy(),
-        ])
+        .args(["--comm-timeout", "20", "--out", &out_dir.to_string_lossy()])
         .output()
         .expect("mpirun runs");
     let text = format!(

@@ -115,6 +115,7 @@ fn bf16_decoding_stays_within_bf16_rounding_of_fp32() {
 fn tensor_parallel_generation_over_mpi_matches_one_process() {
     use std::process::Command;
     let run = std::env::temp_dir().join(format!("distgpt-mpi-generate-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&run);
     let bin = env!("CARGO_BIN_EXE_distgpt");
     let trained = Command::new(bin)
         .args([

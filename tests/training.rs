@@ -39,7 +39,9 @@ fn single() -> ParallelConfig {
 }
 
 fn tmp(name: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("distgpt-test-{name}-{}", std::process::id()))
+    let d = std::env::temp_dir().join(format!("distgpt-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
 }
 
 #[test]

@@ -157,7 +157,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         return Ok(());
     }
     distgpt::outln!(
-        "distgpt {} ({} params) {:?} x {} (tp {}{}) batch {b} x {t}, {threads} threads: {:.1} ms/step, {:.0} tokens/s ({:.0} per rank), MFU {:.1}% of {:.0} GFLOP/s",
+        "distgpt {} ({} params) {} x {} (tp {}{}) batch {b} x {t}, {threads} thread(s): {:.1} ms/step, {:.0} tokens/s ({:.0} per rank), MFU {:.1}% of {:.0} GFLOP/s",
         a.model.model_name(),
         cfg.num_params(),
         par.strategy,

@@ -47,10 +47,13 @@ pub struct CompareArgs {
     /// Training data: a text file or a directory of token shards (default: embedded Shakespeare).
     #[arg(long)]
     data: Option<PathBuf>,
+    /// Tokenizer for text data: char or gpt2 (BPE).
     #[arg(long, value_enum, default_value = "char")]
     tokenizer: TokenizerKind,
+    /// Peak learning rate of every run (warmup 10 steps, cosine to lr / 10).
     #[arg(long, default_value_t = 3e-3)]
     lr: f32,
+    /// Seed of the initial weights and the data order, the same for every run.
     #[arg(long, default_value_t = 1337)]
     seed: u64,
     /// Validation batches at the end of each run.

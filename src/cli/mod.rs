@@ -73,14 +73,18 @@ enum DataCommand {
 
 /// Model shape: a preset, with any field overridden.
 #[derive(Args, Clone)]
+#[command(next_help_heading = "Model")]
 pub struct ModelArgs {
     /// Model preset: gpt2, gpt2-medium, gpt2-large, gpt2-xl, shakespeare-char, shakespeare-char-small, tiny.
     #[arg(long, default_value = "shakespeare-char-small")]
     model: String,
+    /// Transformer blocks (overrides the preset's).
     #[arg(long)]
     n_layer: Option<usize>,
+    /// Attention heads per block (must divide --n-embd).
     #[arg(long)]
     n_head: Option<usize>,
+    /// Width of the residual stream (embedding size).
     #[arg(long)]
     n_embd: Option<usize>,
     /// Maximum sequence length (positions).
@@ -108,6 +112,7 @@ impl ModelArgs {
 
 /// How ranks are arranged and started.
 #[derive(Args, Clone)]
+#[command(next_help_heading = "Parallelism")]
 pub struct ParallelArgs {
     /// Parallel strategy.
     #[arg(long, value_enum, default_value = "single")]
@@ -217,73 +222,82 @@ struct TrainArgs {
     #[command(flatten)]
     parallel: ParallelArgs,
     /// Training data: a text file or a directory of token shards (default: embedded Shakespeare).
-    #[arg(long)]
+    #[arg(long, help_heading = "Data")]
     data: Option<PathBuf>,
     /// Tokenizer for text data.
-    #[arg(long, value_enum, default_value = "char")]
+    #[arg(long, value_enum, default_value = "char", help_heading = "Data")]
     tokenizer: TokenizerKind,
     /// Sequences per micro-batch.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, help_heading = "Data")]
     batch_size: usize,
     /// Tokens per sequence (default: the model's block size).
-    #[arg(long)]
+    #[arg(long, help_heading = "Data")]
     seq_len: Option<usize>,
     /// Micro-batches per optimizer step.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, help_heading = "Optimisation")]
     grad_accum: usize,
     /// Optimizer steps.
-    #[arg(long, default_value_t = 800, conflicts_with = "epochs")]
+    #[arg(
+        long,
+        default_value_t = 800,
+        conflicts_with = "epochs",
+        help_heading = "Optimisation"
+    )]
     steps: usize,
     /// Train for this many passes over the training split instead of --steps.
-    #[arg(long)]
+    #[arg(long, help_heading = "Optimisation")]
     epochs: Option<f64>,
     /// Peak learning rate.
-    #[arg(long, default_value_t = 3e-3)]
+    #[arg(long, default_value_t = 3e-3, help_heading = "Optimisation")]
     lr: f32,
     /// Final learning rate of the cosine decay (default: lr / 10).
-    #[arg(long)]
+    #[arg(long, help_heading = "Optimisation")]
     min_lr: Option<f32>,
     /// Linear warmup steps.
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = 50, help_heading = "Optimisation")]
     warmup: usize,
-    #[arg(long, default_value_t = 0.1)]
+    /// AdamW's decoupled weight decay (matrices only, not biases or norms).
+    #[arg(long, default_value_t = 0.1, help_heading = "Optimisation")]
     weight_decay: f32,
-    #[arg(long, default_value_t = 0.9)]
+    /// AdamW's first-moment decay.
+    #[arg(long, default_value_t = 0.9, help_heading = "Optimisation")]
     beta1: f32,
-    #[arg(long, default_value_t = 0.99)]
+    /// AdamW's second-moment decay.
+    #[arg(long, default_value_t = 0.99, help_heading = "Optimisation")]
     beta2: f32,
     /// Clip the global gradient norm to this (0: off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, help_heading = "Optimisation")]
     grad_clip: f32,
     /// Validation every N steps (0: only at the end).
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, help_heading = "Output")]
     eval_every: usize,
     /// Validation batches per evaluation.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 20, help_heading = "Output")]
     eval_batches: usize,
     /// Print a sample every N steps (0: only at the end).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, help_heading = "Output")]
     sample_every: usize,
     /// Tokens in the final sample.
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, default_value_t = 500, help_heading = "Output")]
     sample_tokens: usize,
-    #[arg(long, default_value_t = 1337)]
+    /// Seed of the initial weights, the data order and the samples.
+    #[arg(long, default_value_t = 1337, help_heading = "Optimisation")]
     seed: u64,
     /// Run directory for metrics.jsonl, run.json, checkpoints and the weights
     /// (default: runs/<model>-<YYYYMMDD-HHMMSS>, with runs/latest pointing at it).
-    #[arg(long)]
+    #[arg(long, help_heading = "Output")]
     out: Option<PathBuf>,
     /// Declared peak GFLOP/s for MFU (default: measured at start).
-    #[arg(long)]
+    #[arg(long, help_heading = "Output")]
     peak_gflops: Option<f64>,
     /// No progress bar or messages; the summary only.
-    #[arg(long)]
+    #[arg(long, help_heading = "Output")]
     quiet: bool,
     /// Write a training-state checkpoint every N steps (0: at the end and when stopped only).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, help_heading = "Checkpoints")]
     checkpoint_every: usize,
     /// Checkpoints to keep (the newest).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, help_heading = "Checkpoints")]
     keep_checkpoints: usize,
     /// Continue a run (its newest checkpoint, or a checkpoint directory
     /// RUN/checkpoints/step_N) with its recorded model, data, schedule and
@@ -291,27 +305,32 @@ struct TrainArgs {
     /// --lr, --min-lr, --grad-clip, evaluation, sampling and checkpoint
     /// cadence may change; the model, data, batch shape, seed, warmup and
     /// AdamW betas and decay may not.
-    #[arg(long, value_name = "RUN_OR_CHECKPOINT")]
+    #[arg(long, value_name = "RUN_OR_CHECKPOINT", help_heading = "Checkpoints")]
     resume: Option<PathBuf>,
     /// With --resume: continue from the checkpoint of this step instead of
     /// the newest (newer ones are moved to checkpoints/superseded/).
-    #[arg(long, requires = "resume")]
+    #[arg(long, requires = "resume", help_heading = "Checkpoints")]
     from_step: Option<usize>,
     /// Empty --out first if it holds another run (without it, a non-empty --out is refused).
-    #[arg(long, conflicts_with = "resume")]
+    #[arg(long, conflicts_with = "resume", help_heading = "Output")]
     overwrite: bool,
     /// Start from these weights (a run directory or a Hugging Face GPT-2 folder):
     /// its model shape and tokenizer replace --model and --tokenizer.
-    #[arg(long, value_name = "DIR", conflicts_with = "resume")]
+    #[arg(
+        long,
+        value_name = "DIR",
+        conflicts_with = "resume",
+        help_heading = "Checkpoints"
+    )]
     init_from: Option<PathBuf>,
     /// Stop (with a checkpoint) after this many steps of this invocation.
-    #[arg(long)]
+    #[arg(long, help_heading = "Checkpoints")]
     stop_after: Option<usize>,
     /// Testing aid: make this rank fail (with --fail-step).
-    #[arg(long, requires = "fail_step")]
+    #[arg(long, requires = "fail_step", hide = true)]
     fail_rank: Option<usize>,
     /// Testing aid: the step (0-based) at which --fail-rank fails.
-    #[arg(long, requires = "fail_rank")]
+    #[arg(long, requires = "fail_rank", hide = true)]
     fail_step: Option<usize>,
 }
 
@@ -335,6 +354,7 @@ struct GenerateArgs {
     /// Sample among the most likely tokens whose probabilities sum to p (1: all).
     #[arg(long, default_value_t = 1.0)]
     top_p: f32,
+    /// Seed of the sampling.
     #[arg(long, default_value_t = 42)]
     seed: u64,
     /// Tensor-parallel ranks to split the model over (heads and MLP columns):
@@ -398,6 +418,7 @@ struct PrepareArgs {
     /// A text file (default: the embedded Shakespeare corpus).
     #[arg(long)]
     input: Option<PathBuf>,
+    /// Tokenizer: char (a vocabulary of the text's characters) or gpt2 (BPE).
     #[arg(long, value_enum, default_value = "char")]
     tokenizer: TokenizerKind,
     /// Output directory for the shards and tokenizer.json.
@@ -765,7 +786,7 @@ fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
                 "resuming {} from {} as {} on {} rank(s)",
                 run_dir.display(),
                 ckpt.display(),
-                format!("{:?}", par.strategy).to_lowercase(),
+                par.strategy,
                 par.world_size
             );
             (ds, model_cfg, cfg, par)
@@ -816,7 +837,9 @@ fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
             Outcome::Done
         });
     };
-    distgpt::outln!("--- sample ---\n{}\n--------------", s.sample);
+    if !s.sample.is_empty() {
+        distgpt::outln!("--- sample ---\n{}\n--------------", s.sample);
+    }
     distgpt::outln!(
         "{} steps in {:.1} s | loss {:.4} -> {:.4} | val loss {:.4} | {:.0} tokens/s, MFU {:.1}% (wall clock, evaluation included)",
         s.steps,
@@ -1012,8 +1035,12 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         }
     };
     let secs = started.elapsed().as_secs_f64();
-    if stream && out[0].is_empty() {
-        distgpt::out!("{}", a.prompt.first().map_or("", String::as_str));
+    if stream {
+        if out[0].is_empty() {
+            distgpt::out!("{}", a.prompt.first().map_or("", String::as_str));
+        }
+        // The streamed text ends with a newline, like any command's output.
+        distgpt::outln!();
     }
     if !stream {
         for (p, o) in a.prompt.iter().zip(&out) {
@@ -1022,11 +1049,66 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
     }
     let n: usize = out.iter().map(Vec::len).sum();
     distgpt::errln!(
-        "\n[{n} tokens in {secs:.2} s: {:.1} tokens/s, {} prompt(s), tp {}, {} weights]",
+        "[{n} tokens in {secs:.2} s: {:.1} tokens/s, {} prompt(s), tp {}, {} weights]",
         n as f64 / secs,
         prompts.len(),
         tp,
         a.weights.format().name()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every visible flag and command without a help line, as "command --flag".
+    fn undocumented(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+        for a in cmd.get_arguments() {
+            let builtin = ["help", "version"].contains(&a.get_id().as_str());
+            if !a.is_hide_set() && !builtin && a.get_help().is_none() {
+                out.push(format!("{path} --{}", a.get_id()));
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            let name = format!("{path} {}", sub.get_name());
+            if sub.get_about().is_none() && sub.get_name() != "help" {
+                out.push(name.clone());
+            }
+            undocumented(sub, &name, out);
+        }
+    }
+
+    #[test]
+    fn every_flag_and_command_has_a_help_line() {
+        let mut missing = Vec::new();
+        undocumented(&Cli::command(), "distgpt", &mut missing);
+        assert!(missing.is_empty(), "no help line: {missing:?}");
+    }
+
+    #[test]
+    fn test_only_flags_are_hidden_and_zero3_is_fsdp() {
+        let help = Cli::command()
+            .find_subcommand_mut("train")
+            .expect("train")
+            .render_long_help()
+            .to_string();
+        assert!(!help.contains("--fail-rank") && !help.contains("--fail-step"));
+        for heading in [
+            "Model",
+            "Data",
+            "Optimisation",
+            "Parallelism",
+            "Checkpoints",
+            "Output",
+        ] {
+            assert!(help.contains(&format!("{heading}:")), "no {heading} group");
+        }
+        let cli = Cli::try_parse_from(["distgpt", "train", "--strategy", "zero3"]).expect("zero3");
+        let Command::Train(a) = cli.command else {
+            panic!("not train")
+        };
+        assert_eq!(a.parallel.strategy, StrategyKind::Fsdp);
+        assert_eq!(StrategyKind::Fsdp.to_string(), "fsdp");
+    }
 }

@@ -36,8 +36,10 @@ pub struct PlanArgs {
     /// Tokens per sequence (default: the model's block size).
     #[arg(long)]
     seq_len: Option<usize>,
+    /// Micro-batches per optimizer step.
     #[arg(long, default_value_t = 1)]
     grad_accum: usize,
+    /// What each rank computes on.
     #[arg(long, value_enum, default_value = "cpu")]
     device: DeviceKind,
     /// fp32: what distgpt trains in (16 bytes/param of model state);
@@ -65,8 +67,10 @@ pub struct PlanArgs {
     /// Per-rank bandwidth across nodes, GB/s.
     #[arg(long)]
     inter_gbs: Option<f64>,
+    /// Per-message latency within a node, microseconds (the alpha of alpha + beta).
     #[arg(long)]
     intra_latency_us: Option<f64>,
+    /// Per-message latency across nodes, microseconds.
     #[arg(long)]
     inter_latency_us: Option<f64>,
     /// Also plan every layout with activation recomputation.
@@ -238,7 +242,7 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
         return Ok(());
     }
     distgpt::outln!(
-        "{} ({:.3}B params, {} layers x {} wide), global batch {} x {} tokens x {} accum, {:?} on {} ({} peak, {:.0} GB)",
+        "{} ({:.3}B params, {} layers x {} wide), global batch {} x {} tokens x {} accum, {} on {} ({} peak, {:.0} GB)",
         a.model.model_name(),
         w.model.num_params() as f64 / 1e9,
         w.model.n_layer,

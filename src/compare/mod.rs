@@ -31,6 +31,14 @@ pub enum Layout {
     Mesh,
 }
 
+impl std::fmt::Display for Layout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use clap::ValueEnum;
+        let name = self.to_possible_value().expect("every layout has a name");
+        f.write_str(name.get_name())
+    }
+}
+
 impl Layout {
     pub const ALL: [Layout; 7] = [
         Layout::Single,
@@ -122,7 +130,7 @@ pub fn cells(spec: &CompareSpec) -> (Vec<Cell>, Vec<String>) {
                     let par = layout.parallel(world);
                     match par.validate(model, batch) {
                         Err(e) => {
-                            skipped.push(format!("{name} {layout:?} x{world} batch {batch}: {e}"))
+                            skipped.push(format!("{name} {layout} x{world} batch {batch}: {e}"))
                         }
                         Ok(()) => out.push(Cell {
                             model_name: name.clone(),
@@ -334,7 +342,7 @@ pub fn run(
             out_dir: spec.out_dir.join("runs").join(format!(
                 "{}-{}-x{}-tp{}-b{}",
                 cell.model_name,
-                format!("{:?}", cell.parallel.strategy).to_lowercase(),
+                cell.parallel.strategy,
                 cell.parallel.world_size,
                 cell.parallel.tp,
                 cell.batch

@@ -25,7 +25,7 @@ fn csv(results: &[RunResult]) -> String {
             "{},{},{},{},{},{},{},{},{:.4},{:.3},{:.1},{:.1},{:.3},{},{},{},{},{},{},{:.6},{:.6},{:.6},{:.0},{:.3},{},{},{}",
             r.model,
             r.params,
-            format!("{:?}", r.strategy).to_lowercase(),
+            r.strategy,
             r.world_size,
             r.tp,
             r.batch,

@@ -14,6 +14,17 @@ pub struct GptConfig {
     pub vocab_size: usize,
 }
 
+impl std::fmt::Display for GptConfig {
+    /// "6 layers x 6 heads x 384 wide, block 256, vocabulary 65".
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} layers x {} heads x {} wide, block {}, vocabulary {}",
+            self.n_layer, self.n_head, self.n_embd, self.block_size, self.vocab_size
+        )
+    }
+}
+
 /// The largest model accepted (2^36 parameters, far past GPT-2 XL's 1.6B):
 /// a bound on what a crafted `model.json` or checkpoint index can ask to allocate.
 pub const MAX_PARAMS: usize = 1 << 36;
@@ -150,7 +161,7 @@ impl GptConfig {
             || c.vocab_size == 0
         {
             return Err(Error::Config(format!(
-                "every model dimension must be positive, got {c:?}"
+                "every model dimension must be positive, got {c}"
             )));
         }
         if !c.n_embd.is_multiple_of(c.n_head) {

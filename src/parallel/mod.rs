@@ -25,12 +25,29 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum StrategyKind {
+    /// One rank.
     Single,
+    /// Full replicas, gradients all-reduced per block.
     Ddp,
+    /// + optimizer state sharded.
     Zero1,
+    /// + gradients sharded.
     Zero2,
+    /// + parameters sharded (ZeRO-3, FULL_SHARD).
+    #[value(alias = "zero3")]
+    #[serde(alias = "zero3")]
     Fsdp,
+    /// Megatron tensor parallelism.
     Tp,
+}
+
+impl std::fmt::Display for StrategyKind {
+    /// The name the command line takes (`fsdp`, `zero1`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use clap::ValueEnum;
+        let name = self.to_possible_value().expect("every strategy has a name");
+        f.write_str(name.get_name())
+    }
 }
 
 /// How the ranks are arranged.
@@ -62,7 +79,7 @@ impl ParallelConfig {
         }
         if tp > 1 && !matches!(self.strategy, StrategyKind::Ddp | StrategyKind::Tp) {
             return bad(format!(
-                "--tp {tp} combines with ddp (a dp x tp mesh) or tp, not {:?}",
+                "--tp {tp} combines with ddp (a dp x tp mesh) or tp, not {}",
                 self.strategy
             ));
         }

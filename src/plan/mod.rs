@@ -24,6 +24,16 @@ pub enum Precision {
     Mixed,
 }
 
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use clap::ValueEnum;
+        let name = self
+            .to_possible_value()
+            .expect("every precision has a name");
+        f.write_str(name.get_name())
+    }
+}
+
 impl Precision {
     fn params_bytes(self) -> f64 {
         match self {
@@ -446,7 +456,7 @@ pub fn recommend(predictions: &[Prediction]) -> Option<&Prediction> {
 
 /// Short name of a layout: "fsdp x4", "ddp x8 (tp 2)".
 pub fn layout_name(p: &ParallelConfig) -> String {
-    let s = format!("{:?}", p.strategy).to_lowercase();
+    let s = p.strategy.to_string();
     let base = if p.strategy == StrategyKind::Single {
         s
     } else {

@@ -410,7 +410,7 @@ pub fn train_rank<B: Backend + 'static>(
             };
             if ckpt.index.model != model_cfg {
                 return Err(bad(format!(
-                    "holds a {:?}, not the {:?} being trained",
+                    "holds a model of {}, not the {} being trained",
                     ckpt.index.model, model_cfg
                 )));
             }
@@ -430,7 +430,7 @@ pub fn train_rank<B: Backend + 'static>(
                     let (m, _) = checkpoint::load_model(sample_backend.clone_fresh(), dir)?;
                     if m.config != model_cfg {
                         return Err(Error::Config(format!(
-                            "{} holds a {:?}, not the {:?} being trained",
+                            "{} holds a model of {}, not the {} being trained",
                             dir.display(),
                             m.config,
                             model_cfg
@@ -520,7 +520,7 @@ pub fn train_rank<B: Backend + 'static>(
         ds.val.len()
     ));
     note(&format!(
-        "{} params | {} x {} tokens x {} accum per step | {steps} steps ({:.2} epochs) | {:?} on {} rank(s), tp {} | {device}, peak {:.0} GFLOP/s per rank",
+        "{} params | {} x {} tokens x {} accum per step | {steps} steps ({:.2} epochs) | {} on {} rank(s), tp {} | {device}, peak {:.0} GFLOP/s per rank",
         model_cfg.num_params(),
         b,
         t,
@@ -657,7 +657,7 @@ pub fn train_rank<B: Backend + 'static>(
                 step: step + 1,
                 adam_step: (step + 1) as u32,
                 loader: train_loader.position,
-                strategy: &format!("{:?}", par.strategy).to_lowercase(),
+                strategy: &par.strategy.to_string(),
                 tp: par.resolved().tp,
                 params_total: ParamLayout::new(&model_cfg).total(),
                 model: &model_cfg,

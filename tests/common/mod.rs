@@ -12,6 +12,14 @@ pub fn tiny_model(ds: &Dataset) -> GptConfig {
     model
 }
 
+/// An absent directory under the system's temporary one (a new run refuses a
+/// non-empty `--out`, and a pid can come back from an earlier test run).
+fn fresh_dir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(name);
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
 /// Five optimizer steps at global batch 12 x 32.
 pub fn five_steps(tag: &str, grad_accum: usize) -> TrainConfig {
     TrainConfig {
@@ -23,7 +31,7 @@ pub fn five_steps(tag: &str, grad_accum: usize) -> TrainConfig {
         min_lr: 1e-4,
         warmup_steps: 2,
         seed: 11,
-        out_dir: std::env::temp_dir().join(format!("distgpt-eq-{tag}-{}", std::process::id())),
+        out_dir: fresh_dir(&format!("distgpt-eq-{tag}-{}", std::process::id())),
         peak_flops: Some(1e11),
         ..TrainConfig::default()
     }
