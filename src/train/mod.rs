@@ -468,7 +468,11 @@ pub fn train_rank<B: Backend + 'static>(
             run_dir::truncate_metrics(&cfg.out_dir, start)?;
         }
         if cfg.link_latest {
-            run_dir::link_latest(&cfg.out_dir)?;
+            // A convenience: failing to point it (say `latest` is a real
+            // directory) must not stop the run.
+            if let Err(e) = run_dir::link_latest(&cfg.out_dir) {
+                crate::errln!("warning: could not point the latest link at the run: {e}");
+            }
         }
         let record = RunRecord {
             model: model_cfg.clone(),
