@@ -32,7 +32,7 @@ struct MetaFile {
     meta: ModelMeta,
     /// [`state::checksum`] of `model.safetensors`.
     weights_checksum: String,
-    /// [`state::checksum`] of this file pretty-printed with this field empty.
+    /// [`state::checksum`] of this file as a JSON value (keys sorted) with this field empty.
     checksum: String,
 }
 
