@@ -49,3 +49,68 @@ fn generate_ends_its_output_with_a_newline_and_no_sample_means_no_frame() {
     let text = String::from_utf8_lossy(&gen.stdout);
     assert!(text.starts_with('A') && text.ends_with('\n'), "{text:?}");
 }
+
+#[test]
+fn generate_and_eval_read_a_checkpoint_directory() {
+    let dir = std::env::temp_dir().join(format!("distgpt-cli-ckpt-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = dir.to_str().unwrap();
+    let train = distgpt(&[
+        "train",
+        "--model",
+        "tiny",
+        "--steps",
+        "3",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "16",
+        "--quiet",
+        "--peak-gflops",
+        "100",
+        "--checkpoint-every",
+        "1",
+        "--out",
+        out,
+    ]);
+    assert!(
+        train.status.success(),
+        "{}",
+        String::from_utf8_lossy(&train.stderr)
+    );
+    let step2 = dir.join("checkpoints/step_00000002");
+    let step2 = step2.to_str().unwrap();
+    let gen = distgpt(&["generate", "--run", step2, "--tokens", "4", "--prompt", "A"]);
+    assert!(
+        gen.status.success(),
+        "{}",
+        String::from_utf8_lossy(&gen.stderr)
+    );
+    let eval = distgpt(&["eval", step2, "--batches", "2", "--seq-len", "16"]);
+    assert!(
+        eval.status.success(),
+        "{}",
+        String::from_utf8_lossy(&eval.stderr)
+    );
+    // A run without model files (still training, or stopped by SIGKILL): its newest checkpoint.
+    std::fs::remove_file(dir.join("model.json")).unwrap();
+    let eval = distgpt(&["eval", out, "--batches", "2", "--seq-len", "16"]);
+    assert!(
+        eval.status.success(),
+        "{}",
+        String::from_utf8_lossy(&eval.stderr)
+    );
+}
+
+#[test]
+fn errors_say_it_once_and_in_words() {
+    let missing = distgpt(&["eval", "/nonexistent-distgpt-run"]);
+    let err = String::from_utf8_lossy(&missing.stderr);
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
+
+    let empty = std::env::temp_dir().join(format!("distgpt-empty-{}.txt", std::process::id()));
+    std::fs::write(&empty, "\n").unwrap();
+    let run = distgpt(&["train", "--data", empty.to_str().unwrap(), "--steps", "1"]);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success() && err.contains("is empty"), "{err}");
+}

@@ -230,8 +230,26 @@ fn is_hf_folder(dir: &Path) -> bool {
     !dir.join(META_FILE).exists() && dir.join(hf::CONFIG_FILE).exists()
 }
 
-/// Config and tokenizer of a distgpt model directory or a Hugging Face folder.
+/// The training-state checkpoint to read a model from when `dir` has no
+/// model files: `dir` itself (`RUN/checkpoints/step_N`), or the newest of a
+/// run that is still training or was stopped before writing them.
+fn checkpoint_instead(dir: &Path) -> Option<std::path::PathBuf> {
+    if dir.join(META_FILE).exists() || dir.join(hf::CONFIG_FILE).exists() {
+        return None;
+    }
+    state::latest(dir).ok()
+}
+
+/// Config and tokenizer of a distgpt model directory, a Hugging Face folder,
+/// or a checkpoint (directory, or a run's newest).
 pub fn read_any_meta(dir: &Path) -> Result<ModelMeta> {
+    if let Some(ckpt) = checkpoint_instead(dir) {
+        let index = state::read_index(&ckpt)?;
+        return Ok(ModelMeta {
+            config: index.model,
+            tokenizer: index.tokenizer,
+        });
+    }
     if is_hf_folder(dir) {
         hf::read_config(dir)
     } else {
@@ -239,9 +257,27 @@ pub fn read_any_meta(dir: &Path) -> Result<ModelMeta> {
     }
 }
 
-/// Builds a model from a directory written by [`save_model`] or from a
-/// Hugging Face GPT-2 folder (`config.json` + `model.safetensors`).
+/// Builds a model from a directory written by [`save_model`], a Hugging Face
+/// GPT-2 folder (`config.json` + `model.safetensors`), or a training-state
+/// checkpoint (a `step_N` directory, or a run's newest when it has no model
+/// files yet).
 pub fn load_model<B: Backend>(backend: B, dir: &Path) -> Result<(Gpt2<B>, ModelMeta)> {
+    if let Some(ckpt) = checkpoint_instead(dir) {
+        let loaded = state::load(&ckpt)?;
+        let mut model = Gpt2::new(backend, loaded.index.model.clone())?;
+        model.params.copy_from_slice(&loaded.params);
+        let meta = ModelMeta {
+            config: loaded.index.model,
+            tokenizer: loaded.index.tokenizer,
+        };
+        return Ok((model, meta));
+    }
+    load_model_files(backend, dir)
+}
+
+/// [`load_model`] from model files only (`model.json` + `model.safetensors`,
+/// or a Hugging Face folder), never from a checkpoint.
+pub fn load_model_files<B: Backend>(backend: B, dir: &Path) -> Result<(Gpt2<B>, ModelMeta)> {
     let (meta, checksum) = if is_hf_folder(dir) {
         (hf::read_config(dir)?, None)
     } else {

@@ -691,7 +691,7 @@ fn total_steps(cfg: &TrainConfig, ds: &Dataset) -> Result<usize> {
 /// but its model files may be missing or stale (killed between the two);
 /// they are rewritten from that checkpoint.
 fn finish_completed(run_dir: &Path, ckpt: &Path, step: usize) -> Result<Outcome> {
-    match checkpoint::load_model(Cpu::new(), run_dir) {
+    match checkpoint::load_model_files(Cpu::new(), run_dir) {
         Ok(_) => bail!(
             "{} finished at step {step}: nothing left to train (extend it with --steps N, N > {step})",
             run_dir.display()

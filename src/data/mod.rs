@@ -218,6 +218,12 @@ fn read_text(source: Option<&Path>) -> Result<(String, std::borrow::Cow<'static,
         None => Ok(("shakespeare".into(), SHAKESPEARE.into())),
         Some(p) => {
             let text = std::fs::read_to_string(p).map_err(|e| Error::io(p, e))?;
+            if text.trim().is_empty() {
+                return Err(Error::Input(format!(
+                    "{}: the file is empty (or only whitespace): there is nothing to tokenize",
+                    p.display()
+                )));
+            }
             let name = p
                 .file_stem()
                 .map_or("text".into(), |s| s.to_string_lossy().into_owned());
