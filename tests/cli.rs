@@ -114,3 +114,47 @@ fn errors_say_it_once_and_in_words() {
     let err = String::from_utf8_lossy(&run.stderr);
     assert!(!run.status.success() && err.contains("is empty"), "{err}");
 }
+
+#[test]
+fn without_a_terminal_a_log_line_every_n_steps_and_a_csv() {
+    let dir = std::env::temp_dir().join(format!("distgpt-cli-log-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = dir.to_str().unwrap();
+    let train = distgpt(&[
+        "train",
+        "--model",
+        "tiny",
+        "--steps",
+        "12",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "16",
+        "--peak-gflops",
+        "100",
+        "--log-every",
+        "5",
+        "--eval-every",
+        "0",
+        "--out",
+        out,
+    ]);
+    assert!(
+        train.status.success(),
+        "{}",
+        String::from_utf8_lossy(&train.stderr)
+    );
+    let err = String::from_utf8_lossy(&train.stderr);
+    let lines: Vec<&str> = err.lines().filter(|l| l.contains("ETA")).collect();
+    assert_eq!(lines.len(), 2, "{err}");
+    assert!(
+        lines[0].starts_with("step     5/12: loss ") && lines[0].contains("tokens/s"),
+        "{err}"
+    );
+    let csv = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 13, "{csv}");
+    assert!(
+        csv.starts_with("step,epoch,loss,val_loss,grad_norm,lr"),
+        "{csv}"
+    );
+}

@@ -316,6 +316,13 @@ fn resume_from_an_older_checkpoint_supersedes_the_newer_ones() {
         .unwrap();
     assert!(again.status.success(), "{}", stderr(&again));
     assert_eq!(metrics_steps(&dir), [1, 2, 3, 4], "no step is logged twice");
+    let csv = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
+    let csv_steps: Vec<&str> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').next().unwrap())
+        .collect();
+    assert_eq!(csv_steps, ["1", "2", "3", "4"], "{csv}");
     assert!(dir.join("checkpoints/superseded/step_00000004").exists());
     assert!(
         std::fs::read(dir.join("model.safetensors")).unwrap()

@@ -277,6 +277,10 @@ struct TrainArgs {
     /// Print a sample every N steps (0: only at the end).
     #[arg(long, default_value_t = 0, help_heading = "Output")]
     sample_every: usize,
+    /// When the output is not a terminal (no progress bar), print a line
+    /// every N steps: loss, learning rate, gradient norm, tokens/s, ETA (0: none).
+    #[arg(long, default_value_t = 10, help_heading = "Output")]
+    log_every: usize,
     /// Tokens in the final sample.
     #[arg(long, default_value_t = 500, help_heading = "Output")]
     sample_tokens: usize,
@@ -531,6 +535,7 @@ fn new_run(a: &TrainArgs, ds: &Dataset) -> Result<(GptConfig, TrainConfig)> {
         eval_every: a.eval_every,
         eval_batches: a.eval_batches,
         sample_every: a.sample_every,
+        log_every: a.log_every,
         sample_tokens: a.sample_tokens,
         seed: a.seed,
         link_latest: a.out.is_none(),
@@ -638,6 +643,9 @@ fn resumed_run(
     }
     if set("sample_every") {
         cfg.sample_every = a.sample_every;
+    }
+    if set("log_every") {
+        cfg.log_every = a.log_every;
     }
     if set("sample_tokens") {
         cfg.sample_tokens = a.sample_tokens;

@@ -67,6 +67,72 @@ impl JsonlWriter {
     }
 }
 
+/// The scalars of each step as CSV (`metrics.csv` beside `metrics.jsonl`),
+/// for spreadsheets and plotting tools.
+pub struct CsvWriter {
+    out: BufWriter<File>,
+    path: std::path::PathBuf,
+}
+
+impl CsvWriter {
+    pub const HEADER: &'static str =
+        "step,epoch,loss,val_loss,grad_norm,lr,ms,tokens_per_s,mfu,peak_bytes,comm_bytes";
+
+    /// A new file with the header, or (`append`) the end of an existing one.
+    pub fn open(path: &Path, append: bool) -> Result<Self> {
+        let fresh = !append || !path.exists();
+        let f = std::fs::OpenOptions::new()
+            .append(!fresh)
+            .write(true)
+            .truncate(fresh)
+            .create(true)
+            .open(path)
+            .map_err(|e| Error::io(path, e))?;
+        let mut w = CsvWriter {
+            out: BufWriter::new(f),
+            path: path.into(),
+        };
+        if fresh {
+            w.line(Self::HEADER)?;
+        }
+        Ok(w)
+    }
+
+    fn line(&mut self, line: &str) -> Result<()> {
+        writeln!(self.out, "{line}")
+            .and_then(|_| self.out.flush())
+            .map_err(|e| Error::io(&self.path, e))
+    }
+
+    pub fn write(&mut self, r: &StepRecord) -> Result<()> {
+        let line = format!(
+            "{},{:.6},{},{},{},{:e},{:.3},{:.1},{:.4},{},{}",
+            r.step,
+            r.epoch,
+            r.loss,
+            r.val_loss.map_or(String::new(), |v| v.to_string()),
+            r.grad_norm,
+            r.lr,
+            r.ms,
+            r.tokens_per_s,
+            r.mfu,
+            r.memory.peak_row()[5],
+            r.comm.total_bytes()
+        );
+        self.line(&line)
+    }
+}
+
+/// 75 -> "1m15s"; 4000 -> "1h06m".
+pub fn human_duration(seconds: f64) -> String {
+    let s = seconds.max(0.0).round() as u64;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, s / 60 % 60),
+    }
+}
+
 /// Model FLOPs utilisation: achieved over peak.
 pub fn mfu(flops_per_token: f64, tokens_per_s: f64, peak_flops: f64) -> f64 {
     flops_per_token * tokens_per_s / peak_flops

@@ -19,7 +19,7 @@ use crate::comm::{Comm, CommStats};
 use crate::data::{DataLoader, Dataset, LoaderPosition, TokenizerKind};
 use crate::error::{Error, Result};
 use crate::infer::generate::{generate, SampleConfig};
-use crate::metrics::{self, JsonlWriter, StepRecord};
+use crate::metrics::{self, CsvWriter, JsonlWriter, StepRecord};
 use crate::model::gpt2::init_full;
 use crate::model::{AdamWConfig, Gpt2, GptConfig, ParamLayout};
 use crate::parallel::{self, launch, ParallelConfig, StepConfig, Strategy};
@@ -68,6 +68,10 @@ pub struct TrainConfig {
     pub eval_batches: usize,
     /// Print a sample every N steps; 0: only at the end.
     pub sample_every: usize,
+    /// A log line every N steps when no progress bar is drawn (output not a
+    /// terminal); 0: none.
+    #[serde(default)]
+    pub log_every: usize,
     pub sample_tokens: usize,
     pub seed: u64,
     pub out_dir: PathBuf,
@@ -122,6 +126,7 @@ impl Default for TrainConfig {
             eval_every: 0,
             eval_batches: 1,
             sample_every: 0,
+            log_every: 0,
             sample_tokens: 1,
             seed: 0,
             out_dir: PathBuf::from("runs/default"),
@@ -492,11 +497,13 @@ pub fn train_rank<B: Backend + 'static>(
         };
         run_dir::write_record(&cfg.out_dir, record, start, steps)?;
         let metrics_path = cfg.out_dir.join(run_dir::METRICS_FILE);
-        log = Some(if start > 0 {
+        let jsonl = if start > 0 {
             JsonlWriter::append(&metrics_path)?
         } else {
             JsonlWriter::create(&metrics_path)?
-        });
+        };
+        let csv = CsvWriter::open(&cfg.out_dir.join(run_dir::METRICS_CSV), start > 0)?;
+        log = Some((jsonl, csv));
     }
     let pb = match (&cfg.progress, lead) {
         (Some(bar), true) => {
@@ -618,7 +625,7 @@ pub fn train_rank<B: Backend + 'static>(
             &mut rank_peaks,
         )?;
         let tokens_per_s = tokens_per_step as f64 / secs;
-        if let Some(log) = log.as_mut() {
+        if let Some((jsonl, csv)) = log.as_mut() {
             let record = StepRecord {
                 step: step + 1,
                 epoch: train_loader.position.epoch as f64
@@ -637,13 +644,27 @@ pub fn train_rank<B: Backend + 'static>(
                     .collect(),
                 comm: strategy.comm_stats(),
             };
-            log.write(&record)?;
+            jsonl.write(&record)?;
+            csv.write(&record)?;
             history.push(record);
         }
         pb.set_message(format!(
             "loss {:.4} | {:.0} tok/s",
             stats.loss, tokens_per_s
         ));
+        // Without a terminal the bar is not drawn: a line every log_every steps instead.
+        if pb.is_hidden() && cfg.log_every > 0 && (step + 1) % cfg.log_every == 0 {
+            let done = step + 1 - start;
+            let eta_s = started.elapsed().as_secs_f64() / done as f64 * (steps - step - 1) as f64;
+            note(&format!(
+                "step {:>5}/{steps}: loss {:.4} | lr {lr:.2e} | grad norm {:.3} | {:.0} tokens/s | ETA {}",
+                step + 1,
+                stats.loss,
+                stats.grad_norm,
+                tokens_per_s,
+                metrics::human_duration(eta_s)
+            ));
+        }
         pb.inc(1);
         if is_last {
             // The model files come before the final checkpoint: a run whose

@@ -41,6 +41,7 @@ pub struct Segment {
 
 pub const RUN_FILE: &str = "run.json";
 pub const METRICS_FILE: &str = "metrics.jsonl";
+pub const METRICS_CSV: &str = "metrics.csv";
 /// The link beside default-named runs to the newest one.
 pub const LATEST: &str = "latest";
 
@@ -175,27 +176,50 @@ pub fn write_record(
     write_atomic(&dir.join(RUN_FILE), json.as_bytes())
 }
 
-/// Keeps the records of steps up to `step` (a resume point), dropping later
-/// ones and any line a crash cut short.
+/// Keeps the records of steps up to `step` (a resume point) in
+/// `metrics.jsonl` and `metrics.csv`, dropping later ones and any line a
+/// crash cut short.
 pub fn truncate_metrics(dir: &Path, step: usize) -> Result<()> {
-    let path = dir.join(METRICS_FILE);
-    let text = match std::fs::read_to_string(&path) {
+    let jsonl_step = |line: &str| {
+        serde_json::from_str::<serde_json::Value>(line)
+            .ok()
+            .and_then(|v| v["step"].as_u64())
+    };
+    keep_lines(&dir.join(METRICS_FILE), step, false, jsonl_step)?;
+    // A CSV row is complete when it has every column of the header.
+    let columns = crate::metrics::CsvWriter::HEADER.split(',').count();
+    let csv_step = |line: &str| {
+        let fields: Vec<&str> = line.split(',').collect();
+        (fields.len() == columns)
+            .then(|| fields[0].parse().ok())
+            .flatten()
+    };
+    keep_lines(&dir.join(METRICS_CSV), step, true, csv_step)
+}
+
+/// Rewrites `path` with the lines whose step is at most `step` (and the
+/// header line when `header`).
+fn keep_lines(
+    path: &Path,
+    step: usize,
+    header: bool,
+    step_of: impl Fn(&str) -> Option<u64>,
+) -> Result<()> {
+    let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(Error::io(&path, e)),
+        Err(e) => return Err(Error::io(path, e)),
     };
     let kept: String = text
         .lines()
-        .filter(|line| {
-            serde_json::from_str::<serde_json::Value>(line)
-                .ok()
-                .and_then(|v| v["step"].as_u64())
-                .is_some_and(|s| s as usize <= step)
+        .enumerate()
+        .filter(|&(i, line)| {
+            (header && i == 0) || step_of(line).is_some_and(|s| s as usize <= step)
         })
-        .flat_map(|line| [line, "\n"])
+        .flat_map(|(_, line)| [line, "\n"])
         .collect();
     if kept != text {
-        write_atomic(&path, kept.as_bytes())?;
+        write_atomic(path, kept.as_bytes())?;
     }
     Ok(())
 }
