@@ -20,7 +20,7 @@ pub struct BenchArgs {
     /// Vocabulary size (default: the preset's; 65 for the char presets).
     #[arg(long)]
     vocab_size: Option<usize>,
-    /// Global batch (sequences per step, split across data-parallel ranks).
+    /// Global batch: sequences per micro-step, split across the data-parallel ranks.
     #[arg(long, default_value_t = 16)]
     batch_size: usize,
     /// Tokens per sequence (default: the model's block size).

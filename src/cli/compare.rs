@@ -29,7 +29,7 @@ pub struct CompareArgs {
     /// World sizes of the parallel strategies, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "2,4")]
     world_sizes: Vec<usize>,
-    /// Global batch sizes in sequences, comma-separated.
+    /// Global batches (sequences per micro-step, split across the data-parallel ranks), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "8,16,32")]
     batch_sizes: Vec<usize>,
     /// Tokens per sequence.

@@ -227,7 +227,7 @@ struct TrainArgs {
     /// Tokenizer for text data.
     #[arg(long, value_enum, default_value = "char", help_heading = "Data")]
     tokenizer: TokenizerKind,
-    /// Sequences per micro-batch.
+    /// Global batch: sequences per micro-step, split across the data-parallel ranks.
     #[arg(long, default_value_t = 32, help_heading = "Data")]
     batch_size: usize,
     /// Tokens per sequence (default: the model's block size).

@@ -30,7 +30,7 @@ pub struct PlanArgs {
     /// World sizes to plan, comma-separated (1 to 4096).
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
     world_size: Vec<usize>,
-    /// Global batch in sequences per micro-step.
+    /// Global batch: sequences per micro-step, split across the data-parallel ranks.
     #[arg(long, default_value_t = 16)]
     batch_size: usize,
     /// Tokens per sequence (default: the model's block size).
