@@ -19,7 +19,7 @@ use crate::comm::{Comm, CommStats};
 use crate::data::{DataLoader, Dataset, LoaderPosition, TokenizerKind};
 use crate::error::{Error, Result};
 use crate::infer::generate::{generate, SampleConfig};
-use crate::metrics::{self, CsvWriter, JsonlWriter, StepRecord};
+use crate::metrics::{self, StepRecord};
 use crate::model::gpt2::init_full;
 use crate::model::{AdamWConfig, Gpt2, GptConfig, ParamLayout};
 use crate::parallel::{self, launch, ParallelConfig, StepConfig, Strategy};
@@ -351,6 +351,62 @@ fn diverged(step: usize, why: &str, cfg: &TrainConfig) -> Error {
     ))
 }
 
+/// Puts the state to start from into `strategy` and `loader` (local, no
+/// collectives): a checkpoint (its model and data must be this run's), the
+/// weights of `init_from`, or a fresh initialisation. Returns the first step.
+fn restore<B: Backend>(
+    strategy: &mut dyn Strategy,
+    loader: &mut DataLoader,
+    model_cfg: &GptConfig,
+    ds: &Dataset,
+    cfg: &TrainConfig,
+    fingerprint: &str,
+    backend: &B,
+) -> Result<usize> {
+    Ok(match &cfg.resume {
+        Some(dir) => {
+            let ckpt = state::load(dir)?;
+            let bad = |reason: String| Error::Checkpoint {
+                path: dir.clone(),
+                reason,
+            };
+            if &ckpt.index.model != model_cfg {
+                return Err(bad(format!(
+                    "holds a model of {}, not the {} being trained",
+                    ckpt.index.model, model_cfg
+                )));
+            }
+            if ckpt.index.tokenizer != ds.tokenizer.spec() || ckpt.index.data != fingerprint {
+                return Err(bad(format!(
+                    "was trained on other data than {} (fingerprint {} vs {fingerprint}): resume with the run's own data, or start a new run with --init-from",
+                    ds.name, ckpt.index.data
+                )));
+            }
+            strategy.load_state(&ckpt.params, &ckpt.m, &ckpt.v, ckpt.index.adam_step);
+            loader.seek(ckpt.index.loader);
+            ckpt.index.step
+        }
+        None => {
+            match &cfg.init_from {
+                Some(dir) => {
+                    let (m, _) = checkpoint::load_model(backend.clone_fresh(), dir)?;
+                    if &m.config != model_cfg {
+                        return Err(Error::Config(format!(
+                            "{} holds a model of {}, not the {} being trained",
+                            dir.display(),
+                            m.config,
+                            model_cfg
+                        )));
+                    }
+                    strategy.load_full(&m.params);
+                }
+                None => strategy.load_full(&init_full(model_cfg, cfg.seed)),
+            }
+            0
+        }
+    })
+}
+
 /// One rank's training loop over `world`; rank 0 logs, saves and returns the summary.
 pub fn train_rank<B: Backend + 'static>(
     backend: B,
@@ -406,79 +462,24 @@ pub fn train_rank<B: Backend + 'static>(
         }
     };
     let data_fingerprint = ds.fingerprint();
-    let start = match &cfg.resume {
-        Some(dir) => {
-            let ckpt = state::load(dir)?;
-            let bad = |reason: String| Error::Checkpoint {
-                path: dir.clone(),
-                reason,
-            };
-            if ckpt.index.model != model_cfg {
-                return Err(bad(format!(
-                    "holds a model of {}, not the {} being trained",
-                    ckpt.index.model, model_cfg
-                )));
-            }
-            if ckpt.index.tokenizer != ds.tokenizer.spec() || ckpt.index.data != data_fingerprint {
-                return Err(bad(format!(
-                    "was trained on other data than {} (fingerprint {} vs {data_fingerprint}): resume with the run's own data, or start a new run with --init-from",
-                    ds.name, ckpt.index.data
-                )));
-            }
-            strategy.load_state(&ckpt.params, &ckpt.m, &ckpt.v, ckpt.index.adam_step);
-            train_loader.seek(ckpt.index.loader);
-            ckpt.index.step
-        }
-        None => {
-            match &cfg.init_from {
-                Some(dir) => {
-                    let (m, _) = checkpoint::load_model(sample_backend.clone_fresh(), dir)?;
-                    if m.config != model_cfg {
-                        return Err(Error::Config(format!(
-                            "{} holds a model of {}, not the {} being trained",
-                            dir.display(),
-                            m.config,
-                            model_cfg
-                        )));
-                    }
-                    strategy.load_full(&m.params);
-                }
-                None => strategy.load_full(&init_full(&model_cfg, cfg.seed)),
-            }
-            0
-        }
-    };
+    let start = restore(
+        strategy.as_mut(),
+        &mut train_loader,
+        &model_cfg,
+        ds,
+        cfg,
+        &data_fingerprint,
+        &sample_backend,
+    )?;
     if start >= steps {
         return Err(Error::Input(format!(
             "the checkpoint is at step {start}; this run has {steps} steps: nothing left to train (extend it with --steps)"
         )));
     }
 
+    // Rank 0 alone: the run directory, run.json and the step logs.
     let mut log = None;
     if lead {
-        if start == 0 {
-            run_dir::prepare_new(&cfg.out_dir, cfg.overwrite)?;
-        } else {
-            std::fs::create_dir_all(&cfg.out_dir).map_err(|e| Error::io(&cfg.out_dir, e))?;
-            // Checkpoints of a branch abandoned by resuming from an older one
-            // must not count as newer than this branch's own.
-            let moved = state::supersede_after(&cfg.out_dir, start)?;
-            if verbose && !moved.is_empty() {
-                crate::errln!(
-                    "moved {} newer checkpoint(s) to {}",
-                    moved.len(),
-                    cfg.out_dir.join(state::DIR).join("superseded").display()
-                );
-            }
-            run_dir::truncate_metrics(&cfg.out_dir, start)?;
-        }
-        if cfg.link_latest {
-            // A convenience: failing to point it (say `latest` is a real
-            // directory) must not stop the run.
-            if let Err(e) = run_dir::link_latest(&cfg.out_dir) {
-                crate::errln!("warning: could not point the latest link at the run: {e}");
-            }
-        }
         let record = RunRecord {
             model: model_cfg.clone(),
             train: TrainConfig {
@@ -495,15 +496,14 @@ pub fn train_rank<B: Backend + 'static>(
             peak_flops,
             segments: Vec::new(),
         };
-        run_dir::write_record(&cfg.out_dir, record, start, steps)?;
-        let metrics_path = cfg.out_dir.join(run_dir::METRICS_FILE);
-        let jsonl = if start > 0 {
-            JsonlWriter::append(&metrics_path)?
-        } else {
-            JsonlWriter::create(&metrics_path)?
-        };
-        let csv = CsvWriter::open(&cfg.out_dir.join(run_dir::METRICS_CSV), start > 0)?;
-        log = Some((jsonl, csv));
+        log = Some(run_dir::open(
+            &cfg.out_dir,
+            record,
+            start,
+            steps,
+            cfg,
+            verbose,
+        )?);
     }
     let pb = match (&cfg.progress, lead) {
         (Some(bar), true) => {
@@ -625,7 +625,7 @@ pub fn train_rank<B: Backend + 'static>(
             &mut rank_peaks,
         )?;
         let tokens_per_s = tokens_per_step as f64 / secs;
-        if let Some((jsonl, csv)) = log.as_mut() {
+        if let Some(log) = log.as_mut() {
             let record = StepRecord {
                 step: step + 1,
                 epoch: train_loader.position.epoch as f64
@@ -644,8 +644,7 @@ pub fn train_rank<B: Backend + 'static>(
                     .collect(),
                 comm: strategy.comm_stats(),
             };
-            jsonl.write(&record)?;
-            csv.write(&record)?;
+            log.write(&record)?;
             history.push(record);
         }
         pb.set_message(format!(

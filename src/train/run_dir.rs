@@ -4,8 +4,9 @@
 //! the checkpoint a run resumes from, so no step is ever logged twice.
 
 use super::TrainConfig;
-use crate::checkpoint::write_atomic;
+use crate::checkpoint::{state, write_atomic};
 use crate::error::{Error, Result};
+use crate::metrics::{CsvWriter, JsonlWriter, StepRecord};
 use crate::model::GptConfig;
 use crate::parallel::ParallelConfig;
 use serde::{Deserialize, Serialize};
@@ -101,7 +102,7 @@ pub fn link_latest(dir: &Path) -> Result<()> {
 
 /// Whether `dir` holds a distgpt run (what `--overwrite` may empty).
 fn holds_a_run(dir: &Path) -> bool {
-    [RUN_FILE, METRICS_FILE, crate::checkpoint::state::DIR]
+    [RUN_FILE, METRICS_FILE, state::DIR]
         .iter()
         .any(|f| dir.join(f).exists())
 }
@@ -138,6 +139,65 @@ pub fn prepare_new(dir: &Path, overwrite: bool) -> Result<()> {
         }
     }
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))
+}
+
+/// The per-step logs of a run: `metrics.jsonl` and `metrics.csv`.
+pub struct StepLogs {
+    jsonl: JsonlWriter,
+    csv: CsvWriter,
+}
+
+impl StepLogs {
+    pub fn write(&mut self, record: &StepRecord) -> Result<()> {
+        self.jsonl.write(record)?;
+        self.csv.write(record)
+    }
+}
+
+/// Rank 0 only: readies `dir` for an invocation training steps
+/// `start..to_step` (a new run's empty directory, or a resumed run's with
+/// newer checkpoints set aside and the logs cut back to `start`), points
+/// `latest` at it when asked, writes `run.json` and opens the step logs.
+pub fn open(
+    dir: &Path,
+    record: RunRecord,
+    start: usize,
+    to_step: usize,
+    cfg: &TrainConfig,
+    verbose: bool,
+) -> Result<StepLogs> {
+    if start == 0 {
+        prepare_new(dir, cfg.overwrite)?;
+    } else {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        // Checkpoints of a branch abandoned by resuming from an older one
+        // must not count as newer than this branch's own.
+        let moved = state::supersede_after(dir, start)?;
+        if verbose && !moved.is_empty() {
+            crate::errln!(
+                "moved {} newer checkpoint(s) to {}",
+                moved.len(),
+                dir.join(state::DIR).join("superseded").display()
+            );
+        }
+        truncate_metrics(dir, start)?;
+    }
+    if cfg.link_latest {
+        // A convenience: failing to point it (say `latest` is a real
+        // directory) must not stop the run.
+        if let Err(e) = link_latest(dir) {
+            crate::errln!("warning: could not point the latest link at the run: {e}");
+        }
+    }
+    write_record(dir, record, start, to_step)?;
+    let jsonl_path = dir.join(METRICS_FILE);
+    let jsonl = if start > 0 {
+        JsonlWriter::append(&jsonl_path)?
+    } else {
+        JsonlWriter::create(&jsonl_path)?
+    };
+    let csv = CsvWriter::open(&dir.join(METRICS_CSV), start > 0)?;
+    Ok(StepLogs { jsonl, csv })
 }
 
 /// Reads `run.json`.
