@@ -86,7 +86,7 @@ pub fn default_run_dir(model: &str) -> PathBuf {
 }
 
 /// Points `<parent>/latest` at `dir` (replacing the link atomically).
-pub fn link_latest(dir: &Path) -> Result<()> {
+fn link_latest(dir: &Path) -> Result<()> {
     let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) else {
         return Ok(());
     };
@@ -109,7 +109,7 @@ fn holds_a_run(dir: &Path) -> bool {
 
 /// Makes `dir` ready for a new run: it must be absent or empty, unless
 /// `overwrite` and it holds a run, which is then emptied.
-pub fn prepare_new(dir: &Path, overwrite: bool) -> Result<()> {
+fn prepare_new(dir: &Path, overwrite: bool) -> Result<()> {
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e.filter_map(|e| e.ok().map(|e| e.path())).collect(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
@@ -212,12 +212,7 @@ pub fn read_record(dir: &Path) -> Result<RunRecord> {
 
 /// Writes `run.json` for an invocation starting at `from_step`: a new
 /// record, or the existing one with this invocation appended.
-pub fn write_record(
-    dir: &Path,
-    mut fresh: RunRecord,
-    from_step: usize,
-    to_step: usize,
-) -> Result<()> {
+fn write_record(dir: &Path, mut fresh: RunRecord, from_step: usize, to_step: usize) -> Result<()> {
     let mut segments = if from_step > 0 {
         read_record(dir).map(|r| r.segments).unwrap_or_default()
     } else {
@@ -239,7 +234,7 @@ pub fn write_record(
 /// Keeps the records of steps up to `step` (a resume point) in
 /// `metrics.jsonl` and `metrics.csv`, dropping later ones and any line a
 /// crash cut short.
-pub fn truncate_metrics(dir: &Path, step: usize) -> Result<()> {
+fn truncate_metrics(dir: &Path, step: usize) -> Result<()> {
     let jsonl_step = |line: &str| {
         serde_json::from_str::<serde_json::Value>(line)
             .ok()
