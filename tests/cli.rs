@@ -1,105 +1,89 @@
-//! Command-line manners: output that ends with a newline, no empty frames.
+//! Command-line manners: output that ends with a newline, no empty frames,
+//! checkpoints read like models, errors said once and in words, log lines
+//! and a CSV when there is no terminal.
 
-use std::process::Command;
+use std::path::PathBuf;
+use std::process::{Command, Output};
 
-fn distgpt(args: &[&str]) -> std::process::Output {
+fn distgpt(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_distgpt"))
         .args(args)
         .output()
         .unwrap()
 }
 
-#[test]
-fn generate_ends_its_output_with_a_newline_and_no_sample_means_no_frame() {
-    let dir = std::env::temp_dir().join(format!("distgpt-cli-{}", std::process::id()));
+/// The output, having asserted that the command succeeded.
+fn succeeded(out: Output) -> Output {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// An absent run directory for this test.
+fn run_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("distgpt-cli-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let out = dir.to_str().unwrap();
-    let train = distgpt(&[
+    dir
+}
+
+/// `distgpt train` of the tiny model on 4 x 16 tokens into `out`, with extra flags.
+fn train_tiny(out: &str, extra: &[&str]) -> Output {
+    let mut args = vec![
         "train",
         "--model",
         "tiny",
-        "--steps",
-        "2",
         "--batch-size",
         "4",
         "--seq-len",
         "16",
-        "--quiet",
         "--peak-gflops",
         "100",
-        "--sample-tokens",
-        "0",
         "--out",
         out,
-    ]);
-    assert!(
-        train.status.success(),
-        "{}",
-        String::from_utf8_lossy(&train.stderr)
-    );
+    ];
+    args.extend_from_slice(extra);
+    succeeded(distgpt(&args))
+}
+
+#[test]
+fn generate_ends_its_output_with_a_newline_and_no_sample_means_no_frame() {
+    let dir = run_dir("newline");
+    let out = dir.to_str().unwrap();
+    let train = train_tiny(out, &["--steps", "2", "--quiet", "--sample-tokens", "0"]);
     let text = String::from_utf8_lossy(&train.stdout);
     assert!(!text.contains("--- sample ---"), "{text}");
 
-    let gen = distgpt(&["generate", "--run", out, "--tokens", "5", "--prompt", "A"]);
-    assert!(
-        gen.status.success(),
-        "{}",
-        String::from_utf8_lossy(&gen.stderr)
-    );
+    let gen = succeeded(distgpt(&[
+        "generate", "--run", out, "--tokens", "5", "--prompt", "A",
+    ]));
     let text = String::from_utf8_lossy(&gen.stdout);
     assert!(text.starts_with('A') && text.ends_with('\n'), "{text:?}");
 }
 
 #[test]
 fn generate_and_eval_read_a_checkpoint_directory() {
-    let dir = std::env::temp_dir().join(format!("distgpt-cli-ckpt-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = run_dir("ckpt");
     let out = dir.to_str().unwrap();
-    let train = distgpt(&[
-        "train",
-        "--model",
-        "tiny",
-        "--steps",
-        "3",
-        "--batch-size",
-        "4",
-        "--seq-len",
-        "16",
-        "--quiet",
-        "--peak-gflops",
-        "100",
-        "--checkpoint-every",
-        "1",
-        "--out",
-        out,
-    ]);
-    assert!(
-        train.status.success(),
-        "{}",
-        String::from_utf8_lossy(&train.stderr)
-    );
+    train_tiny(out, &["--steps", "3", "--quiet", "--checkpoint-every", "1"]);
     let step2 = dir.join("checkpoints/step_00000002");
     let step2 = step2.to_str().unwrap();
-    let gen = distgpt(&["generate", "--run", step2, "--tokens", "4", "--prompt", "A"]);
-    assert!(
-        gen.status.success(),
-        "{}",
-        String::from_utf8_lossy(&gen.stderr)
-    );
-    let eval = distgpt(&["eval", step2, "--batches", "2", "--seq-len", "16"]);
-    assert!(
-        eval.status.success(),
-        "{}",
-        String::from_utf8_lossy(&eval.stderr)
-    );
+    succeeded(distgpt(&[
+        "generate", "--run", step2, "--tokens", "4", "--prompt", "A",
+    ]));
+    succeeded(distgpt(&[
+        "eval",
+        step2,
+        "--batches",
+        "2",
+        "--seq-len",
+        "16",
+    ]));
     // A run without model files (still training, or stopped by SIGKILL): its newest checkpoint.
     std::fs::remove_file(dir.join("model.json")).unwrap();
-    let eval = distgpt(&["eval", out, "--batches", "2", "--seq-len", "16"]);
-    assert!(
-        eval.status.success(),
-        "{}",
-        String::from_utf8_lossy(&eval.stderr)
-    );
+    succeeded(distgpt(&["eval", out, "--batches", "2", "--seq-len", "16"]));
 }
 
 #[test]
@@ -117,32 +101,10 @@ fn errors_say_it_once_and_in_words() {
 
 #[test]
 fn without_a_terminal_a_log_line_every_n_steps_and_a_csv() {
-    let dir = std::env::temp_dir().join(format!("distgpt-cli-log-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let out = dir.to_str().unwrap();
-    let train = distgpt(&[
-        "train",
-        "--model",
-        "tiny",
-        "--steps",
-        "12",
-        "--batch-size",
-        "4",
-        "--seq-len",
-        "16",
-        "--peak-gflops",
-        "100",
-        "--log-every",
-        "5",
-        "--eval-every",
-        "0",
-        "--out",
-        out,
-    ]);
-    assert!(
-        train.status.success(),
-        "{}",
-        String::from_utf8_lossy(&train.stderr)
+    let dir = run_dir("log");
+    let train = train_tiny(
+        dir.to_str().unwrap(),
+        &["--steps", "12", "--log-every", "5", "--eval-every", "0"],
     );
     let err = String::from_utf8_lossy(&train.stderr);
     let lines: Vec<&str> = err.lines().filter(|l| l.contains("ETA")).collect();

@@ -32,24 +32,16 @@ struct MetaFile {
     meta: ModelMeta,
     /// [`state::checksum`] of `model.safetensors`.
     weights_checksum: String,
-    /// [`state::checksum`] of this file as a JSON value (keys sorted) with this field empty.
+    /// [`state::json_checksum`] of this file with this field empty.
     checksum: String,
 }
 
 impl MetaFile {
     fn compute_checksum(&self) -> String {
-        let blank = MetaFile {
+        state::json_checksum(&MetaFile {
             checksum: String::new(),
             ..self.clone()
-        };
-        // Through a JSON value, whose keys are sorted: the sum does not
-        // depend on the order fields are written in.
-        let value = serde_json::to_value(&blank).expect("json");
-        state::checksum(
-            serde_json::to_string_pretty(&value)
-                .expect("json")
-                .as_bytes(),
-        )
+        })
     }
 }
 

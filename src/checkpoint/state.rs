@@ -30,7 +30,7 @@ const FORMAT: u32 = 2;
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Index {
     pub format: u32,
-    /// FNV-1a 64 of the pretty-printed index with this field empty.
+    /// [`json_checksum`] of the index with this field empty.
     pub checksum: String,
     /// Optimizer steps completed.
     pub step: usize,
@@ -51,15 +51,10 @@ pub struct Index {
 impl Index {
     /// The checksum this index should carry.
     pub fn compute_checksum(&self) -> String {
-        let blank = Index {
+        json_checksum(&Index {
             checksum: String::new(),
             ..self.clone()
-        };
-        checksum(
-            serde_json::to_string_pretty(&blank)
-                .expect("json")
-                .as_bytes(),
-        )
+        })
     }
 
     /// Refuses an index whose numbers could not have been written by
@@ -155,6 +150,17 @@ pub fn checksum(bytes: &[u8]) -> String {
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
     format!("{h:016x}")
+}
+
+/// [`checksum`] of a record's JSON value, whose keys are sorted: the sum
+/// does not depend on the order the fields are written in.
+pub fn json_checksum<T: Serialize>(record: &T) -> String {
+    let value = serde_json::to_value(record).expect("records serialise");
+    checksum(
+        serde_json::to_string_pretty(&value)
+            .expect("json")
+            .as_bytes(),
+    )
 }
 
 fn io<T>(path: &Path, r: std::io::Result<T>) -> Result<T> {

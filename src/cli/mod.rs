@@ -578,10 +578,7 @@ const FIXED_ON_RESUME: [(&[&str], &str); 6] = [
 
 /// The configuration recorded in a run directory, set to continue from one
 /// of its checkpoints, with the flags a resume may change applied.
-fn resumed_run(
-    a: &TrainArgs,
-    given: &[String],
-) -> Result<(PathBuf, GptConfig, TrainConfig, Dataset, ParallelConfig)> {
+fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<Resumed> {
     let path = a.resume.as_ref().expect("resuming");
     for (flags, why) in FIXED_ON_RESUME {
         if let Some(f) = flags.iter().find(|f| given.iter().any(|g| g == *f)) {
@@ -613,49 +610,41 @@ fn resumed_run(
         (path.clone(), ckpt)
     };
     let record = train::run_dir::read_record(&run_dir)?;
+    let index = checkpoint::state::read_index(&ckpt)?;
     let mut cfg = record.train;
-    let ds = Dataset::load_for_model(
-        cfg.data.as_deref(),
-        &checkpoint::state::read_index(&ckpt)?.tokenizer,
-    )?;
-    if given.iter().any(|g| g == "steps") {
+    let ds = Dataset::load_for_model(cfg.data.as_deref(), &index.tokenizer)?;
+    let set = |flag: &str| given.iter().any(|g| g == flag);
+    if set("steps") {
         cfg.duration = Duration::Steps(a.steps);
     }
     if let Some(e) = a.epochs {
         cfg.duration = Duration::Epochs(e);
     }
-    if given.iter().any(|g| g == "lr") {
+    if set("lr") {
         cfg.lr = a.lr;
-        cfg.min_lr = a.min_lr.unwrap_or(a.lr / 10.0);
+        cfg.min_lr = a.lr / 10.0;
     }
     if let Some(m) = a.min_lr {
         cfg.min_lr = m;
     }
-    let set = |flag: &str| given.iter().any(|g| g == flag);
-    if set("grad_clip") {
-        cfg.grad_clip = a.grad_clip;
+    // The flags a resume may change, each taken when given.
+    macro_rules! take_given {
+        ($($field:ident),*) => {$(
+            if set(stringify!($field)) {
+                cfg.$field = a.$field;
+            }
+        )*};
     }
-    if set("eval_every") {
-        cfg.eval_every = a.eval_every;
-    }
-    if set("eval_batches") {
-        cfg.eval_batches = a.eval_batches;
-    }
-    if set("sample_every") {
-        cfg.sample_every = a.sample_every;
-    }
-    if set("log_every") {
-        cfg.log_every = a.log_every;
-    }
-    if set("sample_tokens") {
-        cfg.sample_tokens = a.sample_tokens;
-    }
-    if set("checkpoint_every") {
-        cfg.checkpoint_every = a.checkpoint_every;
-    }
-    if set("keep_checkpoints") {
-        cfg.keep_checkpoints = a.keep_checkpoints;
-    }
+    take_given!(
+        grad_clip,
+        eval_every,
+        eval_batches,
+        sample_every,
+        log_every,
+        sample_tokens,
+        checkpoint_every,
+        keep_checkpoints
+    );
     if set("peak_gflops") {
         cfg.peak_flops = a.peak_gflops.map(|g| g * 1e9);
     }
@@ -667,17 +656,36 @@ fn resumed_run(
     let mine = a.parallel.config();
     if set("strategy") {
         par.strategy = mine.strategy;
+        par.tp = mine.tp;
     }
     if set("world_size") {
         par.world_size = mine.world_size;
     }
-    if set("tp") || set("strategy") {
+    if set("tp") {
         par.tp = mine.tp;
     }
     if set("recompute") {
         par.recompute = mine.recompute;
     }
-    Ok((run_dir, record.model, cfg, ds, par))
+    Ok(Resumed {
+        run_dir,
+        model: record.model,
+        cfg,
+        ds,
+        par,
+        step: index.step,
+    })
+}
+
+/// A run set to continue from one of its checkpoints.
+struct Resumed {
+    run_dir: PathBuf,
+    model: GptConfig,
+    cfg: TrainConfig,
+    ds: Dataset,
+    par: ParallelConfig,
+    /// The step of the checkpoint it continues from.
+    step: usize,
 }
 
 /// Optimizer steps `cfg` trains in all.
@@ -784,9 +792,15 @@ fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
     }
     let (ds, model_cfg, mut cfg, par) = match &a.resume {
         Some(_) => {
-            let (run_dir, model_cfg, cfg, ds, par) = resumed_run(&a, given)?;
+            let Resumed {
+                run_dir,
+                model: model_cfg,
+                cfg,
+                ds,
+                par,
+                step,
+            } = resumed_run(&a, given)?;
             let ckpt = cfg.resume.clone().expect("resuming");
-            let step = checkpoint::state::read_index(&ckpt)?.step;
             if step >= total_steps(&cfg, &ds)? {
                 return finish_completed(&run_dir, &ckpt, step);
             }

@@ -32,6 +32,8 @@ pub struct Dataset {
     pub tokenizer: Tokenizer,
     pub train: Split,
     pub val: Split,
+    /// [`Dataset::fingerprint`], computed once however many ranks ask.
+    fingerprint: std::sync::OnceLock<String>,
 }
 
 /// A hash of a token sequence, the same for a text and for its shards.
@@ -42,27 +44,41 @@ impl TokenHash {
         TokenHash(0xcbf2_9ce4_8422_2325)
     }
 
-    /// Mixes in little-endian u16 tokens, four at a time.
+    fn word(&mut self, x: u64) {
+        self.0 = (self.0 ^ x)
+            .wrapping_mul(0x0000_0100_0000_01b3)
+            .rotate_left(29);
+    }
+
+    fn byte(&mut self, b: u8) {
+        self.0 = (self.0 ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+
+    /// Mixes in bytes (little-endian u16 tokens), eight at a time.
     fn bytes(&mut self, bytes: &[u8]) {
         let mut words = bytes.chunks_exact(8);
         for w in words.by_ref() {
-            let x = u64::from_le_bytes(w.try_into().expect("8 bytes"));
-            self.0 = (self.0 ^ x)
-                .wrapping_mul(0x0000_0100_0000_01b3)
-                .rotate_left(29);
+            self.word(u64::from_le_bytes(w.try_into().expect("8 bytes")));
         }
-        for &b in words.remainder() {
-            self.0 = (self.0 ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+        words.remainder().iter().for_each(|&b| self.byte(b));
+    }
+
+    /// The same as [`TokenHash::bytes`] of the tokens' little-endian bytes,
+    /// without making them.
+    fn tokens(&mut self, tokens: &[u16]) {
+        let mut quads = tokens.chunks_exact(4);
+        for q in quads.by_ref() {
+            self.word(q.iter().rev().fold(0u64, |w, &t| w << 16 | t as u64));
+        }
+        for &t in quads.remainder() {
+            t.to_le_bytes().into_iter().for_each(|b| self.byte(b));
         }
     }
 
     fn split(&mut self, split: &Split) {
         for part in &split.parts {
             match part {
-                Part::Memory(v) => {
-                    let bytes: Vec<u8> = v.iter().flat_map(|t| t.to_le_bytes()).collect();
-                    self.bytes(&bytes);
-                }
+                Part::Memory(v) => self.tokens(v),
                 Part::Mapped(s) => self.bytes(s.token_bytes()),
             }
         }
@@ -131,6 +147,7 @@ impl Dataset {
             val: Split {
                 parts: vec![Part::Memory(val.to_vec())],
             },
+            fingerprint: Default::default(),
         })
     }
 
@@ -192,6 +209,7 @@ impl Dataset {
             tokenizer,
             train,
             val,
+            fingerprint: Default::default(),
         })
     }
 }
@@ -199,16 +217,18 @@ impl Dataset {
 impl Dataset {
     /// A fingerprint of the tokens and the tokenizer, recorded in
     /// checkpoints so a resumed run can tell that its data changed.
-    pub fn fingerprint(&self) -> String {
-        let mut h = TokenHash::new();
-        h.bytes(
-            serde_json::to_string(&self.tokenizer.spec())
-                .expect("json")
-                .as_bytes(),
-        );
-        h.split(&self.train);
-        h.split(&self.val);
-        format!("{:016x}", h.0)
+    pub fn fingerprint(&self) -> &str {
+        self.fingerprint.get_or_init(|| {
+            let mut h = TokenHash::new();
+            h.bytes(
+                serde_json::to_string(&self.tokenizer.spec())
+                    .expect("json")
+                    .as_bytes(),
+            );
+            h.split(&self.train);
+            h.split(&self.val);
+            format!("{:016x}", h.0)
+        })
     }
 }
 
@@ -257,4 +277,22 @@ pub fn prepare(source: Option<&Path>, kind: TokenizerKind, out: &Path) -> Result
     let spec = serde_json::to_string_pretty(&ds.tokenizer.spec()).expect("spec serialises");
     std::fs::write(&spec_path, spec).map_err(|e| Error::io(&spec_path, e))?;
     Ok((counts[0], counts[1]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_hash_of_tokens_equals_hash_of_their_bytes() {
+        let tokens: Vec<u16> = (0..11u16).map(|t| t.wrapping_mul(40_503)).collect();
+        let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+        let (mut a, mut b) = (TokenHash::new(), TokenHash::new());
+        a.tokens(&tokens);
+        b.bytes(&bytes);
+        assert_eq!(a.0, b.0);
+        let mut c = TokenHash::new();
+        c.tokens(&tokens[1..]);
+        assert_ne!(a.0, c.0);
+    }
 }

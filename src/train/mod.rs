@@ -468,7 +468,7 @@ pub fn train_rank<B: Backend + 'static>(
         &model_cfg,
         ds,
         cfg,
-        &data_fingerprint,
+        data_fingerprint,
         &sample_backend,
     )?;
     if start >= steps {
@@ -686,7 +686,7 @@ pub fn train_rank<B: Backend + 'static>(
                 params_total: ParamLayout::new(&model_cfg).total(),
                 model: &model_cfg,
                 tokenizer: &ds.tokenizer.spec(),
-                data: &data_fingerprint,
+                data: data_fingerprint,
                 keep: cfg.keep_checkpoints,
             };
             state::save(&cfg.out_dir, &info, &strategy.owned_state(), world)?;
