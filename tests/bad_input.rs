@@ -14,7 +14,7 @@ fn tmp(name: &str) -> PathBuf {
 
 fn tiny() -> Gpt2<Cpu> {
     let mut m = Gpt2::new(Cpu::new(), GptConfig::preset("tiny").unwrap()).unwrap();
-    m.init_weights(0);
+    m.init_weights(0).unwrap();
     m
 }
 

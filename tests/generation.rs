@@ -5,7 +5,6 @@ use distgpt::backend::cpu::Cpu;
 use distgpt::backend::WeightFormat;
 use distgpt::infer::generate::{decode, generate, SampleConfig};
 use distgpt::infer::kv::{DecodeWeights, Decoder};
-use distgpt::model::gpt2::shard_tp;
 use distgpt::model::{Engine, Gpt2, GptConfig, TpPlace};
 use distgpt::parallel::launch;
 use std::time::Duration;
@@ -15,7 +14,7 @@ fn tensor_parallel_greedy_generation_matches_one_rank() {
     let mut cfg = GptConfig::preset("tiny").unwrap();
     cfg.vocab_size = 60;
     let mut model = Gpt2::new(Cpu::new(), cfg.clone()).unwrap();
-    model.init_weights(4);
+    model.init_weights(4).unwrap();
     let prompts = vec![vec![3, 1, 4, 1, 5], vec![9, 2]];
     let sc = SampleConfig {
         max_new_tokens: 20,
@@ -30,16 +29,15 @@ fn tensor_parallel_greedy_generation_matches_one_rank() {
             rank: comm.rank(),
             size: comm.size(),
         };
-        let engine = Engine::new(Cpu::new(), cfg.clone(), place, false)?;
-        let mut local = vec![0.0; engine.layout.total()];
-        shard_tp(
-            &model.params,
-            &model.layout,
-            &engine.layout,
+        let mut part = Gpt2::with_engine(Engine::new(Cpu::new(), cfg.clone(), place, false)?)?;
+        part.load_full(&model.params_host()?)?;
+        let weights = DecodeWeights::new(
+            part.backend(),
+            &cfg,
             place,
-            &mut local,
-        );
-        let weights = DecodeWeights::new(&Cpu::new(), &cfg, place, &local, WeightFormat::F32)?;
+            part.params.s(),
+            WeightFormat::F32,
+        )?;
         let mut dec = Decoder::new(Cpu::new(), cfg.clone(), place, prompts.len(), 25)?;
         decode(
             &mut dec,
@@ -60,14 +58,20 @@ fn tensor_parallel_greedy_generation_matches_one_rank() {
 /// Logits of every position of `seq` fed one token at a time.
 fn decoded_logits(model: &Gpt2<Cpu>, seq: &[u32], format: WeightFormat) -> Vec<Vec<f32>> {
     let place = TpPlace { rank: 0, size: 1 };
-    let weights =
-        DecodeWeights::new(model.backend(), &model.config, place, &model.params, format).unwrap();
+    let weights = DecodeWeights::new(
+        model.backend(),
+        &model.config,
+        place,
+        model.params.s(),
+        format,
+    )
+    .unwrap();
     let mut dec = Decoder::new(Cpu::new(), model.config.clone(), place, 1, seq.len()).unwrap();
     seq.iter()
         .enumerate()
         .map(|(pos, &t)| {
             dec.step(&weights, &[t], pos, None).unwrap();
-            dec.logits(0).to_vec()
+            dec.logits(0).unwrap()
         })
         .collect()
 }
@@ -77,7 +81,7 @@ fn bf16_decoding_stays_within_bf16_rounding_of_fp32() {
     let mut cfg = GptConfig::preset("tiny").unwrap();
     cfg.vocab_size = 60;
     let mut model = Gpt2::new(Cpu::new(), cfg.clone()).unwrap();
-    model.init_weights(7);
+    model.init_weights(7).unwrap();
     let seq: Vec<u32> = (0..24).map(|i| (i * 7 % 60) as u32).collect();
     let full = decoded_logits(&model, &seq, WeightFormat::F32);
     let half = decoded_logits(&model, &seq, WeightFormat::Bf16);
@@ -87,7 +91,7 @@ fn bf16_decoding_stays_within_bf16_rounding_of_fp32() {
     let mut worst_bf16 = 0.0f32;
     let mut spread = 0.0f32;
     for (pos, (f, h)) in full.iter().zip(&half).enumerate() {
-        let reference = &model.logits(0, pos)[..cfg.vocab_size];
+        let reference = &model.logits(0, pos).unwrap()[..cfg.vocab_size];
         for ((&r, &f), &h) in reference.iter().zip(f).zip(h) {
             worst_fp32 = worst_fp32.max((f - r).abs());
             worst_bf16 = worst_bf16.max((h - f).abs());

@@ -24,12 +24,13 @@ fn model() -> (Gpt2<Cpu>, TokenizerSpec) {
         vocab_size: 40,
     };
     let mut m = Gpt2::new(Cpu::new(), cfg).unwrap();
-    for (i, p) in m.params.iter_mut().enumerate() {
-        *p = (((i as u64 * 2_654_435_761) % 1000) as f32 / 1000.0 - 0.5) * 0.2;
-    }
+    let mut p: Vec<f32> = (0..m.layout.total())
+        .map(|i| (((i as u64 * 2_654_435_761) % 1000) as f32 / 1000.0 - 0.5) * 0.2)
+        .collect();
     let wte = m.layout.wte();
     let real = wte.start + 40 * 32;
-    m.params[real..wte.end].fill(0.0);
+    p[real..wte.end].fill(0.0);
+    m.set_params(&p).unwrap();
     let chars: String = (0..40u8).map(|i| (b'0' + i) as char).collect();
     (m, TokenizerSpec::Char { chars })
 }
@@ -72,7 +73,7 @@ fn exported_folder_matches_transformers_logits() {
     for model in [&mut m, &mut imported] {
         model.forward(&toks, None, 1, toks.len()).unwrap();
         let got: Vec<f32> = (0..toks.len())
-            .flat_map(|t| model.logits(0, t).to_vec())
+            .flat_map(|t| model.logits(0, t).unwrap())
             .collect();
         let err = got
             .iter()

@@ -3,6 +3,7 @@
 //! parameter gradient, and AdamW steps against torch.optim.AdamW.
 
 use distgpt::backend::cpu::Cpu;
+use distgpt::backend::Backend;
 use distgpt::checkpoint::load_weights;
 use distgpt::model::{AdamW, AdamWConfig, Gpt2, GptConfig, Segment};
 use safetensors::tensor::{Dtype, SafeTensors};
@@ -104,7 +105,7 @@ fn logits_loss_and_gradients_match_transformers() {
     for bi in 0..b {
         for ti in 0..t {
             let row = &want_logits[(bi * t + ti) * v..(bi * t + ti + 1) * v];
-            for (g, w) in model.logits(bi, ti).iter().zip(row) {
+            for (g, w) in model.logits(bi, ti).unwrap().iter().zip(row) {
                 max_err = max_err.max((g - w).abs());
             }
         }
@@ -118,9 +119,10 @@ fn logits_loss_and_gradients_match_transformers() {
 
     model.zero_grads();
     model.backward(1.0).unwrap();
+    let grads = model.backend().to_host(model.grads.s()).unwrap();
     for spec in model.layout.tensors.clone() {
         let (_, want) = reference.tensor(&format!("grad.{}", spec.name));
-        let got = real_rows(&model, &model.grads, &spec.name);
+        let got = real_rows(&model, &grads, &spec.name);
         let scale = want.iter().fold(0.0f32, |m, x| m.max(x.abs()));
         let err = got
             .iter()
@@ -133,7 +135,7 @@ fn logits_loss_and_gradients_match_transformers() {
         );
     }
     let wte = model.layout.wte();
-    assert!(model.grads[wte.start + v * model.config.n_embd..wte.end]
+    assert!(grads[wte.start + v * model.config.n_embd..wte.end]
         .iter()
         .all(|&g| g == 0.0));
 }
@@ -142,33 +144,36 @@ fn logits_loss_and_gradients_match_transformers() {
 fn adamw_steps_match_torch_adamw() {
     let reference = Reference::load();
     let mut model = loaded_model();
+    let mut grads = vec![0.0; model.layout.total()];
     for spec in model.layout.tensors.clone() {
         let (_, g) = reference.tensor(&format!("grad.{}", spec.name));
         let r = spec.range();
-        model.grads[r.start..r.start + g.len()].copy_from_slice(&g);
+        grads[r.start..r.start + g.len()].copy_from_slice(&g);
     }
+    let be = model.backend().clone();
+    be.upload(model.grads.d(), &grads).unwrap();
     let config = AdamWConfig {
         beta1: 0.9,
         beta2: 0.95,
         eps: 1e-8,
         weight_decay: 0.1,
     };
-    let be = model.backend().clone();
-    let mut opt = AdamW::new(&be, model.layout.total(), config);
+    let mut opt = AdamW::new(&be, model.layout.total(), config).unwrap();
     for _ in 0..3 {
         opt.update(
             &be,
-            &mut model.params,
-            &model.grads,
+            model.params.d(),
+            model.grads.s(),
             &model.engine.layout,
             &Segment::whole(model.engine.layout.total()),
             1e-2,
             1.0,
         );
     }
+    let params = model.params_host().unwrap();
     for spec in &model.layout.tensors {
         let (_, want) = reference.tensor(&format!("adamw.{}", spec.name));
-        let got = real_rows(&model, &model.params, &spec.name);
+        let got = real_rows(&model, &params, &spec.name);
         let err = got
             .iter()
             .zip(&want)

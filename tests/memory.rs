@@ -40,7 +40,7 @@ fn measured(strategy: StrategyKind, n: usize) -> Vec<u64> {
             b,
             t,
         )?;
-        s.load_full(&init);
+        s.load_full(&init).unwrap();
         let ids: Vec<u32> = (0..b * t).map(|i| (i % 60) as u32).collect();
         s.step(
             &[Batch {

@@ -2,9 +2,12 @@
 //!
 //! Every buffer a backend hands out is tagged with a [`Category`]; the stats
 //! track current and peak bytes per category and the peak of the total.
+//! Buffers live on the backend's device; kernels see them through views.
 
+use super::{Backend, Elem};
 use serde::Serialize;
-use std::ops::{Deref, DerefMut};
+use std::marker::PhantomData;
+use std::ops::{Deref, DerefMut, Range};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -120,18 +123,270 @@ impl MemoryStats {
     }
 }
 
-/// A host buffer (f32 unless said otherwise) whose bytes are counted in a
-/// [`MemoryStats`] while it lives.
-pub struct Buf<T = f32> {
+/// A buffer of `len` elements on a backend's device, counted in a
+/// [`MemoryStats`] while it lives. The kernels read it through [`Src`] views
+/// and write it through [`Dst`] views; the host reads and writes it only
+/// through the backend's explicit transfers.
+pub struct Buf<B: Backend, T: Elem = f32> {
+    mem: B::Mem<T>,
+    len: usize,
+    category: Category,
+    stats: Arc<MemoryStats>,
+}
+
+impl<B: Backend, T: Elem> Buf<B, T> {
+    /// Wraps storage a backend allocated (zero-filled) and counts its bytes.
+    pub fn new(mem: B::Mem<T>, len: usize, category: Category, stats: Arc<MemoryStats>) -> Self {
+        stats.add(category, (len * std::mem::size_of::<T>()) as u64);
+        Buf {
+            mem,
+            len,
+            category,
+            stats,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The storage, for the backend's own use.
+    pub fn mem(&self) -> &B::Mem<T> {
+        &self.mem
+    }
+
+    /// All of the buffer, read-only.
+    pub fn s(&self) -> Src<'_, B, T> {
+        self.slice(0..self.len)
+    }
+
+    /// Elements `r`, read-only.
+    pub fn slice(&self, r: Range<usize>) -> Src<'_, B, T> {
+        check_range(&r, self.len);
+        Src {
+            raw: RawView {
+                handle: B::handle(&self.mem),
+                off: r.start,
+                len: r.len(),
+            },
+            _borrow: PhantomData,
+        }
+    }
+
+    /// All of the buffer, writable.
+    pub fn d(&mut self) -> Dst<'_, B, T> {
+        self.slice_mut(0..self.len)
+    }
+
+    /// Elements `r`, writable.
+    pub fn slice_mut(&mut self, r: Range<usize>) -> Dst<'_, B, T> {
+        check_range(&r, self.len);
+        Dst {
+            raw: RawView {
+                handle: B::handle_mut(&mut self.mem),
+                off: r.start,
+                len: r.len(),
+            },
+            _borrow: PhantomData,
+        }
+    }
+}
+
+impl<B: Backend, T: Elem> Drop for Buf<B, T> {
+    fn drop(&mut self) {
+        self.stats
+            .sub(self.category, (self.len * std::mem::size_of::<T>()) as u64);
+    }
+}
+
+fn check_range(r: &Range<usize>, len: usize) {
+    assert!(
+        r.start <= r.end && r.end <= len,
+        "view {}..{} outside a buffer of {len}",
+        r.start,
+        r.end
+    );
+}
+
+/// Where a view points: the backend's handle of the whole buffer (a host
+/// pointer, a `cl_mem`, a device pointer) and an element range in it.
+#[derive(Clone, Copy, Debug)]
+pub struct RawView {
+    pub handle: usize,
+    pub off: usize,
+    pub len: usize,
+}
+
+/// What a [`Src`] holds on to: a shared borrow of `T`s of backend `B`.
+type Shared<'a, B, T> = (&'a [T], fn() -> B);
+/// What a [`Dst`] holds on to: an exclusive borrow.
+type Exclusive<'a, B, T> = (&'a mut [T], fn() -> B);
+
+/// A read-only view of part of a [`Buf`], borrowed from it for `'a`.
+pub struct Src<'a, B, T = f32> {
+    raw: RawView,
+    _borrow: PhantomData<Shared<'a, B, T>>,
+}
+
+impl<B, T> Clone for Src<'_, B, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B, T> Copy for Src<'_, B, T> {}
+
+impl<'a, B, T> Src<'a, B, T> {
+    pub fn len(&self) -> usize {
+        self.raw.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.raw.len == 0
+    }
+
+    pub fn raw(&self) -> RawView {
+        self.raw
+    }
+
+    /// Elements `r` of this view.
+    pub fn slice(self, r: Range<usize>) -> Src<'a, B, T> {
+        check_range(&r, self.raw.len);
+        Src {
+            raw: RawView {
+                handle: self.raw.handle,
+                off: self.raw.off + r.start,
+                len: r.len(),
+            },
+            _borrow: PhantomData,
+        }
+    }
+
+    /// The first `n` elements.
+    pub fn first(self, n: usize) -> Src<'a, B, T> {
+        self.slice(0..n)
+    }
+
+    /// Elements from `at` on.
+    pub fn from(self, at: usize) -> Src<'a, B, T> {
+        self.slice(at..self.raw.len)
+    }
+
+    /// Piece `i` of this view cut in pieces of `n`.
+    pub fn part(self, i: usize, n: usize) -> Src<'a, B, T> {
+        self.slice(i * n..(i + 1) * n)
+    }
+}
+
+/// A writable view of part of a [`Buf`], borrowed from it for `'a`; split
+/// it to write disjoint parts at once.
+pub struct Dst<'a, B, T = f32> {
+    raw: RawView,
+    _borrow: PhantomData<Exclusive<'a, B, T>>,
+}
+
+impl<'a, B, T> Dst<'a, B, T> {
+    pub fn len(&self) -> usize {
+        self.raw.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.raw.len == 0
+    }
+
+    pub fn raw(&self) -> RawView {
+        self.raw
+    }
+
+    /// Elements `r` of this view.
+    pub fn slice(self, r: Range<usize>) -> Dst<'a, B, T> {
+        check_range(&r, self.raw.len);
+        Dst {
+            raw: RawView {
+                handle: self.raw.handle,
+                off: self.raw.off + r.start,
+                len: r.len(),
+            },
+            _borrow: PhantomData,
+        }
+    }
+
+    /// The first `n` elements.
+    pub fn first(self, n: usize) -> Dst<'a, B, T> {
+        self.slice(0..n)
+    }
+
+    /// Piece `i` of this view cut in pieces of `n`.
+    pub fn part(self, i: usize, n: usize) -> Dst<'a, B, T> {
+        self.slice(i * n..(i + 1) * n)
+    }
+
+    /// Two disjoint views: `..mid` and `mid..`.
+    pub fn split_at(self, mid: usize) -> (Dst<'a, B, T>, Dst<'a, B, T>) {
+        let len = self.raw.len;
+        let raw = self.raw;
+        (
+            Dst {
+                raw,
+                _borrow: PhantomData,
+            }
+            .slice(0..mid),
+            Dst {
+                raw,
+                _borrow: PhantomData,
+            }
+            .slice(mid..len),
+        )
+    }
+
+    /// Two disjoint views at ranges `a` and `b` (`a` before `b`).
+    pub fn split2(self, a: Range<usize>, b: Range<usize>) -> (Dst<'a, B, T>, Dst<'a, B, T>) {
+        assert!(a.end <= b.start, "split2 needs disjoint, ordered ranges");
+        let (lo, hi) = self.split_at(b.start);
+        (lo.slice(a), hi.slice(0..b.len()))
+    }
+
+    /// A shorter-lived view of the same elements, leaving this one usable after.
+    pub fn rb(&mut self) -> Dst<'_, B, T> {
+        Dst {
+            raw: self.raw,
+            _borrow: PhantomData,
+        }
+    }
+
+    /// The same elements, read-only, for as long as this view is borrowed.
+    pub fn src(&self) -> Src<'_, B, T> {
+        Src {
+            raw: self.raw,
+            _borrow: PhantomData,
+        }
+    }
+
+    /// This view turned read-only for the rest of its lifetime.
+    pub fn into_src(self) -> Src<'a, B, T> {
+        Src {
+            raw: self.raw,
+            _borrow: PhantomData,
+        }
+    }
+}
+
+/// A host vector counted in a [`MemoryStats`] while it lives: a backend's
+/// own host-side storage (the CPU's buffers, its packed decode weights).
+pub struct HostBuf<T> {
     data: Vec<T>,
     category: Category,
     stats: Arc<MemoryStats>,
 }
 
-impl<T: Copy + Default> Buf<T> {
+impl<T: Copy + Default> HostBuf<T> {
     pub fn zeros(len: usize, category: Category, stats: Arc<MemoryStats>) -> Self {
         stats.add(category, (len * std::mem::size_of::<T>()) as u64);
-        Buf {
+        HostBuf {
             data: vec![T::default(); len],
             category,
             stats,
@@ -139,20 +394,20 @@ impl<T: Copy + Default> Buf<T> {
     }
 }
 
-impl<T> Deref for Buf<T> {
+impl<T> Deref for HostBuf<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
         &self.data
     }
 }
 
-impl<T> DerefMut for Buf<T> {
+impl<T> DerefMut for HostBuf<T> {
     fn deref_mut(&mut self) -> &mut [T] {
         &mut self.data
     }
 }
 
-impl<T> Drop for Buf<T> {
+impl<T> Drop for HostBuf<T> {
     fn drop(&mut self) {
         self.stats
             .sub(self.category, std::mem::size_of_val(&*self.data) as u64);
@@ -166,9 +421,9 @@ mod tests {
     #[test]
     fn peak_survives_free_and_categories_are_separate() {
         let stats = Arc::new(MemoryStats::default());
-        let a = Buf::<f32>::zeros(100, Category::Params, stats.clone());
+        let a = HostBuf::<f32>::zeros(100, Category::Params, stats.clone());
         {
-            let _b = Buf::<f32>::zeros(50, Category::Activations, stats.clone());
+            let _b = HostBuf::<f32>::zeros(50, Category::Activations, stats.clone());
             assert_eq!(stats.report().current_bytes.total(), 600);
         }
         let r = stats.report();
@@ -178,7 +433,7 @@ mod tests {
         assert_eq!(r.peak_total_bytes, 600);
         drop(a);
         assert_eq!(stats.report().current_bytes.total(), 0);
-        let half = Buf::<u16>::zeros(10, Category::Params, stats.clone());
+        let half = HostBuf::<u16>::zeros(10, Category::Params, stats.clone());
         assert_eq!(stats.report().current_bytes.params, 20);
         drop(half);
         assert_eq!(stats.report().current_bytes.total(), 0);

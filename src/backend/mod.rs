@@ -1,86 +1,136 @@
 //! The device layer: buffers accounted by category, and the kernels the model
 //! runs layer by layer (llm.c style: every layer is a forward/backward pair).
 //!
-//! The model is generic over [`Backend`]; `cpu` is the one implementation today.
+//! The model is generic over [`Backend`]. A backend owns its memory: buffers
+//! ([`Buf`]) live on its device, kernels read and write them through views
+//! ([`Src`], [`Dst`]) that may point into the middle of a buffer, and the
+//! host sees them only through explicit transfers. `cpu` is the one
+//! implementation today.
 
 pub mod cpu;
 pub mod memory;
 
-pub use cpu::{AdamWStep, AttnShape, DecodeShape, PackedWeight, WeightFormat, WeightLayout};
-pub use memory::{Buf, Category, MemoryReport};
+pub use cpu::{AdamWStep, AttnShape, DecodeShape, WeightFormat, WeightLayout};
+pub use memory::{Buf, Category, Dst, MemoryReport, RawView, Src};
 
+use crate::error::Result;
+use std::borrow::Cow;
 use std::sync::Arc;
+
+/// An element type buffers hold: f32 for tensors, u32 for token ids.
+pub trait Elem: Copy + Default + Send + Sync + 'static {}
+impl Elem for f32 {}
+impl Elem for u32 {}
 
 /// Buffers and kernels of one device. Shapes are in each method's comment;
 /// `rows` is B*T. Backward kernels accumulate (`+=`) into parameter
 /// gradients and into `dinp` unless the comment says "overwritten".
 #[allow(clippy::too_many_arguments)]
-pub trait Backend: Send + Sync {
+pub trait Backend: Send + Sync + Sized + 'static {
+    /// Storage of `T` elements on the device.
+    type Mem<T: Elem>: Send + Sync;
+    /// A weight matrix laid out for [`Backend::matmul_decode`].
+    type Packed: Send + Sync;
+
+    /// The handle views carry: what the kernels find the buffer by.
+    fn handle<T: Elem>(mem: &Self::Mem<T>) -> usize;
+    /// The handle of storage about to be written through.
+    fn handle_mut<T: Elem>(mem: &mut Self::Mem<T>) -> usize;
+
     /// A human-readable device name for reports.
     fn name(&self) -> String;
     /// Another handle on the same device with counters of its own (for work
     /// that must not count against a rank, such as sampling on rank 0).
-    fn clone_fresh(&self) -> Self
-    where
-        Self: Sized;
+    fn clone_fresh(&self) -> Self;
     /// The counters every buffer of this backend reports to.
     fn memory(&self) -> &Arc<memory::MemoryStats>;
+    /// A zero-filled buffer of `len` elements.
+    fn alloc_typed<T: Elem>(&self, len: usize, category: Category) -> Result<Buf<Self, T>>;
     /// A zero-filled buffer of `len` floats.
-    fn alloc(&self, len: usize, category: Category) -> Buf {
-        Buf::zeros(len, category, self.memory().clone())
+    fn alloc(&self, len: usize, category: Category) -> Result<Buf<Self>> {
+        self.alloc_typed(len, category)
     }
+    /// dst = src, host to device.
+    fn upload<T: Elem>(&self, dst: Dst<'_, Self, T>, src: &[T]) -> Result<()>;
+    /// dst = src, device to host (waits for the work queued before it).
+    fn download<T: Elem>(&self, src: Src<'_, Self, T>, dst: &mut [T]) -> Result<()>;
+    /// A host copy of a view.
+    fn to_host<T: Elem>(&self, src: Src<'_, Self, T>) -> Result<Vec<T>> {
+        let mut out = vec![T::default(); src.len()];
+        self.download(src, &mut out)?;
+        Ok(out)
+    }
+    /// A view's elements on the host: borrowed where the device's memory is
+    /// the host's, copied otherwise.
+    fn read<'a, T: Elem>(&self, src: Src<'a, Self, T>) -> Result<Cow<'a, [T]>> {
+        match self.host(src) {
+            Some(h) => Ok(Cow::Borrowed(h)),
+            None => self.to_host(src).map(Cow::Owned),
+        }
+    }
+    /// The host memory behind a view when the device's memory is the
+    /// host's (the CPU), so collectives and host code need no staging copy.
+    fn host<'a, T: Elem>(&self, src: Src<'a, Self, T>) -> Option<&'a [T]>;
+    /// Writable host memory behind a view, as [`Backend::host`].
+    fn host_mut<'a, T: Elem>(&self, dst: Dst<'a, Self, T>) -> Option<&'a mut [T]>;
+    /// Waits for the queued work and reports the first device error since
+    /// the last call (kernels are queued without a result, as on a GPU).
+    fn synchronize(&self) -> Result<()>;
 
     /// out (rows, C) = wte[tokens] + wpe[row % t].
     fn encoder_forward(
         &self,
-        out: &mut [f32],
-        tokens: &[u32],
-        wte: &[f32],
-        wpe: &[f32],
+        out: Dst<'_, Self>,
+        tokens: Src<'_, Self, u32>,
+        wte: Src<'_, Self>,
+        wpe: Src<'_, Self>,
         t: usize,
         c: usize,
     );
-    /// dwte[tokens] += dout; dwpe[row % t] += dout.
+    /// dwte[tokens] += dout; dwpe[row % t] += dout. `host_tokens` is the
+    /// host's copy of `tokens`, from which a device plans a deterministic
+    /// scatter.
     fn encoder_backward(
         &self,
-        dwte: &mut [f32],
-        dwpe: &mut [f32],
-        dout: &[f32],
-        tokens: &[u32],
+        dwte: Dst<'_, Self>,
+        dwpe: Dst<'_, Self>,
+        dout: Src<'_, Self>,
+        tokens: Src<'_, Self, u32>,
+        host_tokens: &[u32],
         t: usize,
         c: usize,
     );
     /// out, inp (rows, C); mean, rstd (rows).
     fn layernorm_forward(
         &self,
-        out: &mut [f32],
-        mean: &mut [f32],
-        rstd: &mut [f32],
-        inp: &[f32],
-        w: &[f32],
-        b: &[f32],
+        out: Dst<'_, Self>,
+        mean: Dst<'_, Self>,
+        rstd: Dst<'_, Self>,
+        inp: Src<'_, Self>,
+        w: Src<'_, Self>,
+        b: Src<'_, Self>,
         c: usize,
     );
     /// dinp (rows, C) +=; dw, db (C) +=.
     fn layernorm_backward(
         &self,
-        dinp: &mut [f32],
-        dw: &mut [f32],
-        db: &mut [f32],
-        dout: &[f32],
-        inp: &[f32],
-        w: &[f32],
-        mean: &[f32],
-        rstd: &[f32],
+        dinp: Dst<'_, Self>,
+        dw: Dst<'_, Self>,
+        db: Dst<'_, Self>,
+        dout: Src<'_, Self>,
+        inp: Src<'_, Self>,
+        w: Src<'_, Self>,
+        mean: Src<'_, Self>,
+        rstd: Src<'_, Self>,
         c: usize,
     );
     /// out (rows, n) = [out +] inp (rows, k) @ W + bias.
     fn matmul_forward(
         &self,
-        out: &mut [f32],
-        inp: &[f32],
-        w: &[f32],
-        bias: Option<&[f32]>,
+        out: Dst<'_, Self>,
+        inp: Src<'_, Self>,
+        w: Src<'_, Self>,
+        bias: Option<Src<'_, Self>>,
         layout: WeightLayout,
         rows: usize,
         k: usize,
@@ -90,12 +140,12 @@ pub trait Backend: Send + Sync {
     /// dinp (rows, k) overwritten; dw (k x n) +=; dbias (n) +=.
     fn matmul_backward(
         &self,
-        dinp: &mut [f32],
-        dw: &mut [f32],
-        dbias: Option<&mut [f32]>,
-        dout: &[f32],
-        inp: &[f32],
-        w: &[f32],
+        dinp: Dst<'_, Self>,
+        dw: Dst<'_, Self>,
+        dbias: Option<Dst<'_, Self>>,
+        dout: Src<'_, Self>,
+        inp: Src<'_, Self>,
+        w: Src<'_, Self>,
         layout: WeightLayout,
         rows: usize,
         k: usize,
@@ -105,67 +155,77 @@ pub trait Backend: Send + Sync {
     /// stored in `format`.
     fn pack_decode_weight(
         &self,
-        w: &[f32],
+        w: Src<'_, Self>,
         layout: WeightLayout,
         k: usize,
         n: usize,
         format: WeightFormat,
-    ) -> PackedWeight;
+    ) -> Result<Self::Packed>;
     /// out (rows, n) = [out +] inp (rows, k) @ W + bias for few rows (one per
     /// sequence being decoded), W from [`Backend::pack_decode_weight`].
     fn matmul_decode(
         &self,
-        out: &mut [f32],
-        inp: &[f32],
-        packed: &PackedWeight,
-        bias: Option<&[f32]>,
+        out: Dst<'_, Self>,
+        inp: Src<'_, Self>,
+        packed: &Self::Packed,
+        bias: Option<Src<'_, Self>>,
         rows: usize,
         k: usize,
         n: usize,
         accumulate: bool,
     );
     /// qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T).
-    fn attention_forward(&self, out: &mut [f32], lse: &mut [f32], qkv: &[f32], shape: AttnShape);
+    fn attention_forward(
+        &self,
+        out: Dst<'_, Self>,
+        lse: Dst<'_, Self>,
+        qkv: Src<'_, Self>,
+        shape: AttnShape,
+    );
     /// dqkv (B, T, 3C) overwritten.
     fn attention_backward(
         &self,
-        dqkv: &mut [f32],
-        dout: &[f32],
-        qkv: &[f32],
-        out: &[f32],
-        lse: &[f32],
+        dqkv: Dst<'_, Self>,
+        dout: Src<'_, Self>,
+        qkv: Src<'_, Self>,
+        out: Src<'_, Self>,
+        lse: Src<'_, Self>,
         shape: AttnShape,
     );
     /// Decoding: qkv (b, 3c) queries against kcache, vcache (b, max_t, c) -> out (b, c).
     fn attention_decode(
         &self,
-        out: &mut [f32],
-        qkv: &[f32],
-        kcache: &[f32],
-        vcache: &[f32],
+        out: Dst<'_, Self>,
+        qkv: Src<'_, Self>,
+        kcache: Src<'_, Self>,
+        vcache: Src<'_, Self>,
         shape: DecodeShape,
     );
     /// out = gelu(inp), any shape.
-    fn gelu_forward(&self, out: &mut [f32], inp: &[f32]);
+    fn gelu_forward(&self, out: Dst<'_, Self>, inp: Src<'_, Self>);
     /// d *= gelu'(inp), in place.
-    fn gelu_backward_inplace(&self, d: &mut [f32], inp: &[f32]);
+    fn gelu_backward_inplace(&self, d: Dst<'_, Self>, inp: Src<'_, Self>);
+    /// dst = value.
+    fn fill(&self, dst: Dst<'_, Self>, value: f32);
+    /// dst += src.
+    fn add_inplace(&self, dst: Dst<'_, Self>, src: Src<'_, Self>);
     /// dst = src (the residual adds are fused into the projection matmuls,
     /// which accumulate onto a copy of the stream).
-    fn copy(&self, dst: &mut [f32], src: &[f32]);
+    fn copy(&self, dst: Dst<'_, Self>, src: Src<'_, Self>);
     /// losses (rows) from logits (rows, vp) whose first v columns are real.
     fn crossentropy_forward(
         &self,
-        losses: &mut [f32],
-        logits: &[f32],
-        targets: &[u32],
+        losses: Dst<'_, Self>,
+        logits: Src<'_, Self>,
+        targets: Src<'_, Self, u32>,
         v: usize,
         vp: usize,
     );
     /// logits (rows, vp) -> dloss * d(sum of losses)/d logits, in place.
     fn crossentropy_backward_inplace(
         &self,
-        logits: &mut [f32],
-        targets: &[u32],
+        logits: Dst<'_, Self>,
+        targets: Src<'_, Self, u32>,
         v: usize,
         vp: usize,
         dloss: f32,
@@ -173,16 +233,18 @@ pub trait Backend: Send + Sync {
     /// One AdamW update of a parameter slice and its moments.
     fn adamw(
         &self,
-        param: &mut [f32],
-        grad: &[f32],
-        m: &mut [f32],
-        v: &mut [f32],
+        param: Dst<'_, Self>,
+        grad: Src<'_, Self>,
+        m: Dst<'_, Self>,
+        v: Dst<'_, Self>,
         step: AdamWStep,
         weight_decay: f32,
     );
     /// Peak FLOP/s of the device, measured on a GPT-2-shaped matmul; the
     /// denominator of MFU.
     fn measure_peak_flops(&self) -> f64;
+    /// Sum in f64 (the loss over a batch's rows).
+    fn sum(&self, x: Src<'_, Self>) -> Result<f64>;
     /// Sum of squares in f64.
-    fn sum_squares(&self, x: &[f32]) -> f64;
+    fn sum_squares(&self, x: Src<'_, Self>) -> Result<f64>;
 }

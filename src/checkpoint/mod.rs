@@ -81,6 +81,7 @@ fn f32_safetensors(tensors: &[(String, Vec<usize>, &[f32])], path: &Path) -> Res
 /// rows are dropped); returns the file's checksum.
 pub fn save_weights<B: Backend>(model: &Gpt2<B>, path: &Path) -> Result<String> {
     let v = model.config.vocab_size;
+    let params = model.backend().read(model.params.s())?;
     let tensors: Vec<(String, Vec<usize>, &[f32])> = model
         .layout
         .tensors
@@ -92,7 +93,7 @@ pub fn save_weights<B: Backend>(model: &Gpt2<B>, path: &Path) -> Result<String> 
                 shape[0] = v;
                 r.end = r.start + v * shape[1];
             }
-            (t.name.clone(), shape, &model.params[r])
+            (t.name.clone(), shape, &params[r])
         })
         .collect();
     let bytes = f32_safetensors(&tensors, path)?;
@@ -124,7 +125,8 @@ pub fn load_weights<B: Backend>(
     }
     let st = SafeTensors::deserialize(&bytes)
         .map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
-    let Gpt2 { engine, params, .. } = model;
+    let engine = &model.engine;
+    let mut params = vec![0.0f32; engine.layout.total()];
     let v = engine.config.vocab_size;
     let wte = engine.layout.wte();
     for t in &engine.layout.tensors {
@@ -165,8 +167,7 @@ pub fn load_weights<B: Backend>(
             )));
         }
     }
-    params[wte.start + v * engine.config.n_embd..wte.end].fill(0.0);
-    Ok(())
+    model.set_params(&params)
 }
 
 /// Saves weights and then `model.json` (which vouches for them) into a
@@ -257,7 +258,7 @@ pub fn load_model<B: Backend>(backend: B, dir: &Path) -> Result<(Gpt2<B>, ModelM
     if let Some(ckpt) = checkpoint_instead(dir) {
         let loaded = state::load(&ckpt)?;
         let mut model = Gpt2::new(backend, loaded.index.model.clone())?;
-        model.params.copy_from_slice(&loaded.params);
+        model.set_params(&loaded.params)?;
         let meta = ModelMeta {
             config: loaded.index.model,
             tokenizer: loaded.index.tokenizer,

@@ -60,11 +60,11 @@ fn run_generate(a: &BenchArgs, cfg: &distgpt::model::GptConfig, tokens: usize) -
         );
     }
     let mut model = distgpt::model::Gpt2::new(Cpu::new(), cfg.clone())?;
-    model.init_weights(1);
+    model.init_weights(1)?;
     let t0 = Instant::now();
     let place = distgpt::model::TpPlace { rank: 0, size: 1 };
     let format = a.weights.format();
-    let weights = DecodeWeights::new(model.backend(), cfg, place, &model.params, format)?;
+    let weights = DecodeWeights::new(model.backend(), cfg, place, model.params.s(), format)?;
     let pack_s = t0.elapsed().as_secs_f64();
     let prompts: Vec<Vec<u32>> = (0..a.batch_size)
         .map(|r| vec![(r % cfg.vocab_size) as u32])

@@ -505,7 +505,7 @@ fn consolidate(checkpoint_dir: &Path, out: &Path) -> Result<checkpoint::state::I
     }
     let state = checkpoint::state::load(checkpoint_dir)?;
     let mut model = distgpt::model::Gpt2::new(Cpu::new(), state.index.model.clone())?;
-    model.params.copy_from_slice(&state.params);
+    model.set_params(&state.params)?;
     checkpoint::save_model(&model, state.index.tokenizer.clone(), out)?;
     Ok(state.index)
 }
@@ -978,7 +978,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
             model.backend(),
             &model.config,
             place,
-            &model.params,
+            model.params.s(),
             a.weights.format(),
         )?;
         let out = generate_packed(&model, &weights, &prompts, &cfg, tk.eot(), &mut show)?;
@@ -1000,21 +1000,15 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
             };
             let engine =
                 distgpt::model::Engine::new(Cpu::new(), meta.config.clone(), place, false)?;
-            let mut local = vec![0.0; engine.layout.total()];
-            distgpt::model::gpt2::shard_tp(
-                &model.params,
-                &model.layout,
-                &engine.layout,
-                place,
-                &mut local,
-            );
+            let mut part = distgpt::model::Gpt2::with_engine(engine)?;
+            part.load_full(&model.params_host()?)?;
             let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
             let max_t = (longest + cfg.max_new_tokens).min(meta.config.block_size);
             let weights = distgpt::infer::kv::DecodeWeights::new(
-                &Cpu::new(),
+                part.backend(),
                 &meta.config,
                 place,
-                &local,
+                part.params.s(),
                 a.weights.format(),
             )?;
             let mut dec = distgpt::infer::kv::Decoder::new(

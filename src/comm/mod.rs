@@ -4,6 +4,7 @@
 //! them as processes under `mpirun`. Every collective either completes or
 //! returns an error within the group's timeout: a dead rank never hangs the rest.
 
+pub mod device;
 pub mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;

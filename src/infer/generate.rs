@@ -107,7 +107,7 @@ pub fn sample_token(logits: &[f32], cfg: &SampleConfig, rng: &mut Rng) -> u32 {
 #[allow(clippy::too_many_arguments)]
 pub fn decode<B: Backend>(
     decoder: &mut Decoder<B>,
-    weights: &DecodeWeights,
+    weights: &DecodeWeights<'_, B>,
     prompts: &[Vec<u32>],
     max_t: usize,
     cfg: &SampleConfig,
@@ -141,13 +141,13 @@ pub fn decode<B: Backend>(
         let mut next: Vec<f32> = (0..n)
             .map(|r| {
                 let sample = lead && !done[r] && pos + 1 == seqs[r].len();
-                if sample {
-                    sample_token(decoder.logits(r), cfg, &mut rng) as f32
+                Ok(if sample {
+                    sample_token(&decoder.logits(r)?, cfg, &mut rng) as f32
                 } else {
                     -1.0
-                }
+                })
             })
-            .collect();
+            .collect::<Result<_>>()?;
         if let Some(g) = tp {
             g.broadcast(&mut next, 0)?;
         }
@@ -183,7 +183,7 @@ pub fn generate<B: Backend>(
         model.backend(),
         &model.config,
         WHOLE,
-        &model.params,
+        model.params.s(),
         WeightFormat::F32,
     )?;
     generate_packed(model, &weights, prompts, cfg, stop, on_token)
@@ -196,7 +196,7 @@ const WHOLE: TpPlace = TpPlace { rank: 0, size: 1 };
 /// many generations).
 pub fn generate_packed<B: Backend>(
     model: &Gpt2<B>,
-    weights: &DecodeWeights,
+    weights: &DecodeWeights<'_, B>,
     prompts: &[Vec<u32>],
     cfg: &SampleConfig,
     stop: Option<u32>,
@@ -296,7 +296,7 @@ mod tests {
         let mut cfg = GptConfig::preset("tiny").unwrap();
         cfg.vocab_size = 50;
         let mut model = Gpt2::new(Cpu::new(), cfg).unwrap();
-        model.init_weights(3);
+        model.init_weights(3).unwrap();
         let prompts = vec![vec![1, 2, 3], vec![7]];
         let got = generate(&model, &prompts, &greedy(12), None, |_, _| {}).unwrap();
         for (p, g) in prompts.iter().zip(&got) {
@@ -304,7 +304,7 @@ mod tests {
             let mut seq = p.clone();
             for _ in 0..12 {
                 model.forward(&seq, None, 1, seq.len()).unwrap();
-                let logits = model.logits(0, seq.len() - 1).to_vec();
+                let logits = model.logits(0, seq.len() - 1).unwrap();
                 let mut rng = Rng::new(0);
                 seq.push(sample_token(&logits, &greedy(1), &mut rng));
             }

@@ -3,10 +3,8 @@
 //! than a full forward. Works on a tensor-parallel part of the model too
 //! (each rank caches its own heads; the projections are all-reduced).
 
-use crate::backend::{
-    Backend, Buf, Category, DecodeShape, PackedWeight, WeightFormat, WeightLayout,
-};
-use crate::comm::Comm;
+use crate::backend::{Backend, Buf, Category, DecodeShape, Src, WeightFormat, WeightLayout};
+use crate::comm::{device, Comm};
 use crate::error::{Error, Result};
 use crate::model::layout::BlockParam;
 use crate::model::{GptConfig, ParamLayout, TpPlace};
@@ -15,19 +13,19 @@ use crate::model::{GptConfig, ParamLayout, TpPlace};
 /// and its matrices packed once by the backend for few-row products, in fp32
 /// or bf16 (the vectors, biases and layer norms stay fp32). Only tp rank 0
 /// computes logits, so only it packs the LM head.
-pub struct DecodeWeights<'a> {
-    params: &'a [f32],
+pub struct DecodeWeights<'a, B: Backend> {
+    params: Src<'a, B>,
     /// Per block: qkv, attention projection, fc, fc projection.
-    blocks: Vec<[PackedWeight; 4]>,
-    lm_head: Option<PackedWeight>,
+    blocks: Vec<[B::Packed; 4]>,
+    lm_head: Option<B::Packed>,
 }
 
-impl<'a> DecodeWeights<'a> {
-    pub fn new<B: Backend>(
+impl<'a, B: Backend> DecodeWeights<'a, B> {
+    pub fn new(
         backend: &B,
         config: &GptConfig,
         tp: TpPlace,
-        params: &'a [f32],
+        params: Src<'a, B>,
         format: WeightFormat,
     ) -> Result<Self> {
         let lay = ParamLayout::new_tp(config, tp.size);
@@ -41,27 +39,30 @@ impl<'a> DecodeWeights<'a> {
             )));
         }
         let (c, cl) = (config.n_embd, config.n_embd / tp.size);
-        let pack = |w: &[f32], layout, k, n| backend.pack_decode_weight(w, layout, k, n, format);
+        let pack =
+            |w: Src<'_, B>, layout, k, n| backend.pack_decode_weight(w, layout, k, n, format);
         let blocks = (0..config.n_layer)
             .map(|l| {
-                let p = &params[lay.block(l)];
-                let w = |bp: BlockParam| &p[lay.in_block(bp)];
-                [
-                    pack(w(BlockParam::QkvW), WeightLayout::InOut, c, 3 * cl),
-                    pack(w(BlockParam::AttnProjW), WeightLayout::InOut, cl, c),
-                    pack(w(BlockParam::FcW), WeightLayout::InOut, c, 4 * cl),
-                    pack(w(BlockParam::FcProjW), WeightLayout::InOut, 4 * cl, c),
-                ]
+                let p = params.slice(lay.block(l));
+                let w = |bp: BlockParam| p.slice(lay.in_block(bp));
+                Ok([
+                    pack(w(BlockParam::QkvW), WeightLayout::InOut, c, 3 * cl)?,
+                    pack(w(BlockParam::AttnProjW), WeightLayout::InOut, cl, c)?,
+                    pack(w(BlockParam::FcW), WeightLayout::InOut, c, 4 * cl)?,
+                    pack(w(BlockParam::FcProjW), WeightLayout::InOut, 4 * cl, c)?,
+                ])
             })
-            .collect();
-        let lm_head = (tp.rank == 0).then(|| {
-            pack(
-                &params[lay.wte()],
-                WeightLayout::OutIn,
-                c,
-                config.padded_vocab(),
-            )
-        });
+            .collect::<Result<_>>()?;
+        let lm_head = (tp.rank == 0)
+            .then(|| {
+                pack(
+                    params.slice(lay.wte()),
+                    WeightLayout::OutIn,
+                    c,
+                    config.padded_vocab(),
+                )
+            })
+            .transpose()?;
         Ok(DecodeWeights {
             params,
             blocks,
@@ -77,18 +78,19 @@ pub struct Decoder<B: Backend> {
     tp: TpPlace,
     b: usize,
     max_t: usize,
-    kcache: Buf,
-    vcache: Buf,
-    x: Buf,
-    ln: Buf,
-    mean: Buf,
-    rstd: Buf,
-    qkv: Buf,
-    atty: Buf,
-    res2: Buf,
-    fch: Buf,
-    fch_gelu: Buf,
-    logits: Buf,
+    tokens: Buf<B, u32>,
+    kcache: Buf<B>,
+    vcache: Buf<B>,
+    x: Buf<B>,
+    ln: Buf<B>,
+    mean: Buf<B>,
+    rstd: Buf<B>,
+    qkv: Buf<B>,
+    atty: Buf<B>,
+    res2: Buf<B>,
+    fch: Buf<B>,
+    fch_gelu: Buf<B>,
+    logits: Buf<B>,
 }
 
 impl<B: Backend> Decoder<B> {
@@ -105,18 +107,19 @@ impl<B: Backend> Decoder<B> {
         let a = |n: usize| backend.alloc(n, Category::Activations);
         Ok(Decoder {
             layout: ParamLayout::new_tp(&config, tp.size),
-            kcache: a(l * b * max_t * cl),
-            vcache: a(l * b * max_t * cl),
-            x: a(b * c),
-            ln: a(b * c),
-            mean: a(b),
-            rstd: a(b),
-            qkv: a(b * 3 * cl),
-            atty: a(b * cl),
-            res2: a(b * c),
-            fch: a(b * 4 * cl),
-            fch_gelu: a(b * 4 * cl),
-            logits: a(b * config.padded_vocab()),
+            tokens: backend.alloc_typed(b, Category::Activations)?,
+            kcache: a(l * b * max_t * cl)?,
+            vcache: a(l * b * max_t * cl)?,
+            x: a(b * c)?,
+            ln: a(b * c)?,
+            mean: a(b)?,
+            rstd: a(b)?,
+            qkv: a(b * 3 * cl)?,
+            atty: a(b * cl)?,
+            res2: a(b * c)?,
+            fch: a(b * 4 * cl)?,
+            fch_gelu: a(b * 4 * cl)?,
+            logits: a(b * config.padded_vocab())?,
             config,
             backend,
             tp,
@@ -129,7 +132,7 @@ impl<B: Backend> Decoder<B> {
     /// weights. Afterwards tp rank 0's `logits` holds the next-token scores.
     pub fn step(
         &mut self,
-        weights: &DecodeWeights,
+        weights: &DecodeWeights<'_, B>,
         tokens: &[u32],
         pos: usize,
         tp: Option<&dyn Comm>,
@@ -161,30 +164,32 @@ impl<B: Backend> Decoder<B> {
         }
         let (cl, nhl, max_t) = (c / self.tp.size, cfg.n_head / self.tp.size, self.max_t);
         let params = weights.params;
-        let (wte, wpe) = (&params[lay.wte()], &params[lay.wpe()]);
-        for (r, &tok) in tokens.iter().enumerate() {
-            let (e, p) = (&wte[tok as usize * c..][..c], &wpe[pos * c..][..c]);
-            self.x[r * c..(r + 1) * c]
-                .iter_mut()
-                .zip(e.iter().zip(p))
-                .for_each(|(x, (&e, &p))| *x = e + p);
-        }
+        be.upload(self.tokens.d(), tokens)?;
+        // Every row is at position `pos`: a one-position slice of wpe.
+        be.encoder_forward(
+            self.x.d(),
+            self.tokens.s(),
+            params.slice(lay.wte()),
+            params.slice(lay.wpe()).part(pos, c),
+            1,
+            c,
+        );
         for l in 0..cfg.n_layer {
-            let p = &params[lay.block(l)];
-            let w = |bp: BlockParam| &p[lay.in_block(bp)];
+            let p = params.slice(lay.block(l));
+            let w = |bp: BlockParam| p.slice(lay.in_block(bp));
             let [qkv_w, proj_w, fc_w, fcproj_w] = &weights.blocks[l];
             be.layernorm_forward(
-                &mut self.ln,
-                &mut self.mean,
-                &mut self.rstd,
-                &self.x,
+                self.ln.d(),
+                self.mean.d(),
+                self.rstd.d(),
+                self.x.s(),
                 w(BlockParam::Ln1W),
                 w(BlockParam::Ln1B),
                 c,
             );
             be.matmul_decode(
-                &mut self.qkv,
-                &self.ln,
+                self.qkv.d(),
+                self.ln.s(),
                 qkv_w,
                 Some(w(BlockParam::QkvB)),
                 b,
@@ -195,19 +200,18 @@ impl<B: Backend> Decoder<B> {
             let cache = l * b * max_t * cl;
             for r in 0..b {
                 let at = cache + (r * max_t + pos) * cl;
-                let row = &self.qkv[r * 3 * cl..(r + 1) * 3 * cl];
-                self.kcache[at..at + cl].copy_from_slice(&row[cl..2 * cl]);
-                self.vcache[at..at + cl].copy_from_slice(&row[2 * cl..]);
+                let row = self.qkv.slice(r * 3 * cl..(r + 1) * 3 * cl);
+                be.copy(self.kcache.slice_mut(at..at + cl), row.slice(cl..2 * cl));
+                be.copy(
+                    self.vcache.slice_mut(at..at + cl),
+                    row.slice(2 * cl..3 * cl),
+                );
             }
-            let (kc, vc) = (
-                &self.kcache[cache..cache + b * max_t * cl],
-                &self.vcache[cache..cache + b * max_t * cl],
-            );
             be.attention_decode(
-                &mut self.atty,
-                &self.qkv,
-                kc,
-                vc,
+                self.atty.d(),
+                self.qkv.s(),
+                self.kcache.slice(cache..cache + b * max_t * cl),
+                self.vcache.slice(cache..cache + b * max_t * cl),
                 DecodeShape {
                     b,
                     len: pos + 1,
@@ -217,25 +221,25 @@ impl<B: Backend> Decoder<B> {
                 },
             );
             if lead {
-                be.copy(&mut self.res2, &self.x);
+                be.copy(self.res2.d(), self.x.s());
             }
             let bias = lead.then(|| w(BlockParam::AttnProjB));
-            be.matmul_decode(&mut self.res2, &self.atty, proj_w, bias, b, cl, c, lead);
+            be.matmul_decode(self.res2.d(), self.atty.s(), proj_w, bias, b, cl, c, lead);
             if let Some(g) = tp {
-                g.all_reduce(&mut self.res2)?;
+                device::all_reduce(g, be, self.res2.d())?;
             }
             be.layernorm_forward(
-                &mut self.ln,
-                &mut self.mean,
-                &mut self.rstd,
-                &self.res2,
+                self.ln.d(),
+                self.mean.d(),
+                self.rstd.d(),
+                self.res2.s(),
                 w(BlockParam::Ln2W),
                 w(BlockParam::Ln2B),
                 c,
             );
             be.matmul_decode(
-                &mut self.fch,
-                &self.ln,
+                self.fch.d(),
+                self.ln.s(),
                 fc_w,
                 Some(w(BlockParam::FcB)),
                 b,
@@ -243,14 +247,14 @@ impl<B: Backend> Decoder<B> {
                 4 * cl,
                 false,
             );
-            be.gelu_forward(&mut self.fch_gelu, &self.fch);
+            be.gelu_forward(self.fch_gelu.d(), self.fch.s());
             if lead {
-                be.copy(&mut self.x, &self.res2);
+                be.copy(self.x.d(), self.res2.s());
             }
             let bias = lead.then(|| w(BlockParam::FcProjB));
             be.matmul_decode(
-                &mut self.x,
-                &self.fch_gelu,
+                self.x.d(),
+                self.fch_gelu.s(),
                 fcproj_w,
                 bias,
                 b,
@@ -259,28 +263,29 @@ impl<B: Backend> Decoder<B> {
                 lead,
             );
             if let Some(g) = tp {
-                g.all_reduce(&mut self.x)?;
+                device::all_reduce(g, be, self.x.d())?;
             }
         }
-        let lnf = &params[lay.final_norm()];
+        let lnf = params.slice(lay.final_norm());
         be.layernorm_forward(
-            &mut self.ln,
-            &mut self.mean,
-            &mut self.rstd,
-            &self.x,
-            &lnf[..c],
-            &lnf[c..],
+            self.ln.d(),
+            self.mean.d(),
+            self.rstd.d(),
+            self.x.s(),
+            lnf.first(c),
+            lnf.from(c),
             c,
         );
         if let Some(head) = &weights.lm_head {
-            be.matmul_decode(&mut self.logits, &self.ln, head, None, b, c, vp, false);
+            be.matmul_decode(self.logits.d(), self.ln.s(), head, None, b, c, vp, false);
         }
         Ok(())
     }
 
-    /// Next-token logits of row r (padding dropped).
-    pub fn logits(&self, r: usize) -> &[f32] {
+    /// Next-token logits of row r (padding dropped), copied to the host.
+    pub fn logits(&self, r: usize) -> Result<Vec<f32>> {
         let vp = self.config.padded_vocab();
-        &self.logits[r * vp..r * vp + self.config.vocab_size]
+        self.backend
+            .to_host(self.logits.slice(r * vp..r * vp + self.config.vocab_size))
     }
 }

@@ -2,7 +2,8 @@
 //! that walks the layout, decaying 2-D tensors only (nanoGPT, llm.c).
 
 use super::layout::ParamLayout;
-use crate::backend::{AdamWStep, Backend, Buf, Category};
+use crate::backend::{AdamWStep, Backend, Buf, Category, Dst, Src};
+use crate::error::Result;
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]
@@ -24,22 +25,22 @@ impl Default for AdamWConfig {
     }
 }
 
-pub struct AdamW {
+pub struct AdamW<B: Backend> {
     pub config: AdamWConfig,
-    pub m: Buf,
-    pub v: Buf,
+    pub m: Buf<B>,
+    pub v: Buf<B>,
     /// Updates taken so far.
     pub step: u32,
 }
 
-impl AdamW {
-    pub fn new<B: Backend>(backend: &B, n_params: usize, config: AdamWConfig) -> Self {
-        AdamW {
+impl<B: Backend> AdamW<B> {
+    pub fn new(backend: &B, n_params: usize, config: AdamWConfig) -> Result<Self> {
+        Ok(AdamW {
             config,
-            m: backend.alloc(n_params, Category::Optimizer),
-            v: backend.alloc(n_params, Category::Optimizer),
+            m: backend.alloc(n_params, Category::Optimizer)?,
+            v: backend.alloc(n_params, Category::Optimizer)?,
             step: 0,
-        }
+        })
     }
 
     /// One update at learning rate `lr`, gradients multiplied by
@@ -47,11 +48,11 @@ impl AdamW {
     /// moments are local buffers; each segment maps a run of them to layout
     /// offsets, so a shard knows which elements are decayed 2-D weights.
     #[allow(clippy::too_many_arguments)]
-    pub fn update<B: Backend>(
+    pub fn update(
         &mut self,
         backend: &B,
-        params: &mut [f32],
-        grads: &[f32],
+        mut params: Dst<'_, B>,
+        grads: Src<'_, B>,
         layout: &ParamLayout,
         segments: &[Segment],
         lr: f32,
@@ -77,10 +78,10 @@ impl AdamW {
                 let local = seg.local + start - seg.global..seg.local + end - seg.global;
                 let wd = if t.decay { c.weight_decay } else { 0.0 };
                 backend.adamw(
-                    &mut params[local.clone()],
-                    &grads[local.clone()],
-                    &mut self.m[local.clone()],
-                    &mut self.v[local],
+                    params.rb().slice(local.clone()),
+                    grads.slice(local.clone()),
+                    self.m.slice_mut(local.clone()),
+                    self.v.slice_mut(local),
                     hyper,
                     wd,
                 );

@@ -4,9 +4,9 @@
 //! gradient buffers for the strategies that keep them whole.
 
 use super::config::GptConfig;
-use super::layout::{split2, BlockParam, ParamLayout};
-use crate::backend::{AttnShape, Backend, Buf, Category, WeightLayout};
-use crate::comm::Comm;
+use super::layout::{BlockParam, ParamLayout};
+use crate::backend::{AttnShape, Backend, Buf, Category, Dst, Src, WeightLayout};
+use crate::comm::{device, Comm};
 use crate::error::{Error, Result};
 use crate::rng::Rng;
 use std::ops::{Deref, DerefMut};
@@ -14,34 +14,36 @@ use std::ops::{Deref, DerefMut};
 /// Activations kept for the backward, plus its scratch, for `rows` = B*T
 /// tokens. Per-block buffers hold one slot per layer, or a single slot when
 /// blocks are recomputed in the backward.
-struct Activations {
+struct Activations<B: Backend> {
     rows: usize,
+    tokens: Buf<B, u32>,
+    targets: Buf<B, u32>,
     /// Residual stream: block l reads resid[l] and writes resid[l + 1]; resid[0] is the embedding.
-    resid: Buf,
-    ln1: Buf,
-    ln1_mean: Buf,
-    ln1_rstd: Buf,
-    qkv: Buf,
-    atty: Buf,
-    lse: Buf,
+    resid: Buf<B>,
+    ln1: Buf<B>,
+    ln1_mean: Buf<B>,
+    ln1_rstd: Buf<B>,
+    qkv: Buf<B>,
+    atty: Buf<B>,
+    lse: Buf<B>,
     /// Residual after attention, inside the block.
-    res2: Buf,
-    ln2: Buf,
-    ln2_mean: Buf,
-    ln2_rstd: Buf,
-    fch: Buf,
-    fch_gelu: Buf,
-    lnf: Buf,
-    lnf_mean: Buf,
-    lnf_rstd: Buf,
-    logits: Buf,
-    losses: Buf,
+    res2: Buf<B>,
+    ln2: Buf<B>,
+    ln2_mean: Buf<B>,
+    ln2_rstd: Buf<B>,
+    fch: Buf<B>,
+    fch_gelu: Buf<B>,
+    lnf: Buf<B>,
+    lnf_mean: Buf<B>,
+    lnf_rstd: Buf<B>,
+    logits: Buf<B>,
+    losses: Buf<B>,
     /// Gradient of the residual stream (backward).
-    dres: Buf,
+    dres: Buf<B>,
     /// (rows, C) backward scratch.
-    dtmp: Buf,
-    dqkv: Buf,
-    dfch: Buf,
+    dtmp: Buf<B>,
+    dqkv: Buf<B>,
+    dfch: Buf<B>,
 }
 
 /// Per-rank widths: attention width and MLP width are split by tensor parallelism.
@@ -53,44 +55,47 @@ struct Dims {
     fl: usize,
 }
 
-impl Activations {
-    fn new<B: Backend>(be: &B, cfg: &GptConfig, d: Dims, slots: usize, rows: usize) -> Self {
+impl<B: Backend> Activations<B> {
+    fn new(be: &B, cfg: &GptConfig, d: Dims, slots: usize, rows: usize) -> Result<Self> {
         let (l, c) = (cfg.n_layer, cfg.n_embd);
         let a = |n: usize| be.alloc(n, Category::Activations);
-        Activations {
+        Ok(Activations {
             rows,
-            resid: a((l + 1) * rows * c),
-            ln1: a(slots * rows * c),
-            ln1_mean: a(slots * rows),
-            ln1_rstd: a(slots * rows),
-            qkv: a(slots * rows * 3 * d.cl),
-            atty: a(slots * rows * d.cl),
-            lse: a(slots * rows * d.nhl),
-            res2: a(slots * rows * c),
-            ln2: a(slots * rows * c),
-            ln2_mean: a(slots * rows),
-            ln2_rstd: a(slots * rows),
-            fch: a(slots * rows * d.fl),
-            fch_gelu: a(slots * rows * d.fl),
-            lnf: a(rows * c),
-            lnf_mean: a(rows),
-            lnf_rstd: a(rows),
-            logits: a(rows * cfg.padded_vocab()),
-            losses: a(rows),
-            dres: a(rows * c),
-            dtmp: a(rows * c),
-            dqkv: a(rows * 3 * d.cl),
-            dfch: a(rows * d.fl),
-        }
+            tokens: be.alloc_typed(rows, Category::Activations)?,
+            targets: be.alloc_typed(rows, Category::Activations)?,
+            resid: a((l + 1) * rows * c)?,
+            ln1: a(slots * rows * c)?,
+            ln1_mean: a(slots * rows)?,
+            ln1_rstd: a(slots * rows)?,
+            qkv: a(slots * rows * 3 * d.cl)?,
+            atty: a(slots * rows * d.cl)?,
+            lse: a(slots * rows * d.nhl)?,
+            res2: a(slots * rows * c)?,
+            ln2: a(slots * rows * c)?,
+            ln2_mean: a(slots * rows)?,
+            ln2_rstd: a(slots * rows)?,
+            fch: a(slots * rows * d.fl)?,
+            fch_gelu: a(slots * rows * d.fl)?,
+            lnf: a(rows * c)?,
+            lnf_mean: a(rows)?,
+            lnf_rstd: a(rows)?,
+            logits: a(rows * cfg.padded_vocab())?,
+            losses: a(rows)?,
+            dres: a(rows * c)?,
+            dtmp: a(rows * c)?,
+            dqkv: a(rows * 3 * d.cl)?,
+            dfch: a(rows * d.fl)?,
+        })
     }
 }
 
-/// The (b, t), tokens and targets of the current forward.
+/// The (b, t) and host tokens of the current forward; tokens and targets
+/// are on the device in the activations.
 struct Batch {
     b: usize,
     t: usize,
     tokens: Vec<u32>,
-    targets: Option<Vec<u32>>,
+    has_targets: bool,
 }
 
 /// Tensor-parallel placement of this rank.
@@ -100,13 +105,14 @@ pub struct TpPlace {
     pub size: usize,
 }
 
-/// Slice i of a buffer cut in pieces of n.
-fn part(buf: &[f32], i: usize, n: usize) -> &[f32] {
-    &buf[i * n..(i + 1) * n]
-}
-
-fn part_mut(buf: &mut [f32], i: usize, n: usize) -> &mut [f32] {
-    &mut buf[i * n..(i + 1) * n]
+/// The gradient views of a block's weight and bias (`g` is the block's gradient).
+fn weight_and_bias<'g, B>(
+    g: &'g mut Dst<'_, B>,
+    lay: &ParamLayout,
+    w: BlockParam,
+    b: BlockParam,
+) -> (Dst<'g, B>, Dst<'g, B>) {
+    g.rb().split2(lay.in_block(w), lay.in_block(b))
 }
 
 /// The model without its parameters: config, this rank's layout, the
@@ -118,7 +124,7 @@ pub struct Engine<B: Backend> {
     pub tp: TpPlace,
     /// Keep only block inputs in the forward; recompute each block in the backward.
     pub recompute: bool,
-    acts: Option<Activations>,
+    acts: Option<Activations<B>>,
     batch: Option<Batch>,
 }
 
@@ -164,7 +170,8 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    /// Checks a batch and readies the activations for it.
+    /// Checks a batch, readies the activations for it and copies its tokens
+    /// (and targets) to the device.
     pub fn begin(
         &mut self,
         tokens: &[u32],
@@ -209,13 +216,18 @@ impl<B: Backend> Engine<B> {
                 self.dims(),
                 slots,
                 rows,
-            ));
+            )?);
+        }
+        let a = self.acts.as_mut().expect("allocated above");
+        self.backend.upload(a.tokens.slice_mut(0..rows), tokens)?;
+        if let Some(tg) = targets {
+            self.backend.upload(a.targets.slice_mut(0..rows), tg)?;
         }
         self.batch = Some(Batch {
             b,
             t,
             tokens: tokens.to_vec(),
-            targets: targets.map(<[u32]>::to_vec),
+            has_targets: targets.is_some(),
         });
         Ok(())
     }
@@ -234,24 +246,23 @@ impl<B: Backend> Engine<B> {
     }
 
     /// resid[0] = wte[tokens] + wpe; `emb` is the [wte | wpe] unit.
-    pub fn embed_forward(&mut self, emb: &[f32]) {
+    pub fn embed_forward(&mut self, emb: Src<'_, B>) {
         let (b, t) = self.shape();
         let c = self.config.n_embd;
-        let (wte_len, btc) = (self.config.padded_vocab() * c, b * t * c);
-        let batch = self.batch.as_ref().expect("begun");
+        let (wte_len, rows) = (self.config.padded_vocab() * c, b * t);
         let a = self.acts.as_mut().expect("begun");
         self.backend.encoder_forward(
-            &mut a.resid[..btc],
-            &batch.tokens,
-            &emb[..wte_len],
-            &emb[wte_len..],
+            a.resid.slice_mut(0..rows * c),
+            a.tokens.slice(0..rows),
+            emb.first(wte_len),
+            emb.from(wte_len),
             t,
             c,
         );
     }
 
     /// Block l: resid[l] -> resid[l + 1]; `p` is this rank's slice of the block.
-    pub fn block_forward(&mut self, l: usize, p: &[f32], tp: Option<&dyn Comm>) -> Result<()> {
+    pub fn block_forward(&mut self, l: usize, p: Src<'_, B>, tp: Option<&dyn Comm>) -> Result<()> {
         let (b, t) = self.shape();
         let Dims { c, cl, nhl, fl } = self.dims();
         let rows = b * t;
@@ -259,28 +270,28 @@ impl<B: Backend> Engine<B> {
         let s = self.slot(l);
         let (be, lay) = (&self.backend, &self.layout);
         let a = self.acts.as_mut().expect("begun");
-        let w = |bp: BlockParam| &p[lay.in_block(bp)];
+        let w = |bp: BlockParam| p.slice(lay.in_block(bp));
         // Under tensor parallelism only tp rank 0 adds the residual and the
         // (replicated) bias to its partial projection; the all-reduce sums the rest in.
         let lead = self.tp.rank == 0;
 
-        let (lo, hi) = a.resid.split_at_mut((l + 1) * btc);
-        let x = &lo[l * btc..];
-        let out = &mut hi[..btc];
-        let ln1 = part_mut(&mut a.ln1, s, btc);
+        let (lo, hi) = a.resid.d().split_at((l + 1) * btc);
+        let x = lo.into_src().from(l * btc);
+        let mut out = hi.first(btc);
+        let mut ln1 = a.ln1.d().part(s, btc);
         be.layernorm_forward(
-            ln1,
-            part_mut(&mut a.ln1_mean, s, rows),
-            part_mut(&mut a.ln1_rstd, s, rows),
+            ln1.rb(),
+            a.ln1_mean.d().part(s, rows),
+            a.ln1_rstd.d().part(s, rows),
             x,
             w(BlockParam::Ln1W),
             w(BlockParam::Ln1B),
             c,
         );
-        let qkv = part_mut(&mut a.qkv, s, 3 * rows * cl);
+        let mut qkv = a.qkv.d().part(s, 3 * rows * cl);
         be.matmul_forward(
-            qkv,
-            ln1,
+            qkv.rb(),
+            ln1.src(),
             w(BlockParam::QkvW),
             Some(w(BlockParam::QkvB)),
             WeightLayout::InOut,
@@ -289,11 +300,11 @@ impl<B: Backend> Engine<B> {
             3 * cl,
             false,
         );
-        let atty = part_mut(&mut a.atty, s, rows * cl);
+        let mut atty = a.atty.d().part(s, rows * cl);
         be.attention_forward(
-            atty,
-            part_mut(&mut a.lse, s, rows * nhl),
-            qkv,
+            atty.rb(),
+            a.lse.d().part(s, rows * nhl),
+            qkv.src(),
             AttnShape {
                 b,
                 t,
@@ -301,14 +312,14 @@ impl<B: Backend> Engine<B> {
                 nh: nhl,
             },
         );
-        let res2 = part_mut(&mut a.res2, s, btc);
+        let mut res2 = a.res2.d().part(s, btc);
         if lead {
-            be.copy(res2, x);
+            be.copy(res2.rb(), x);
         }
         let bias = lead.then(|| w(BlockParam::AttnProjB));
         be.matmul_forward(
-            res2,
-            atty,
+            res2.rb(),
+            atty.src(),
             w(BlockParam::AttnProjW),
             bias,
             WeightLayout::InOut,
@@ -318,22 +329,22 @@ impl<B: Backend> Engine<B> {
             lead,
         );
         if let Some(g) = tp {
-            g.all_reduce(res2)?;
+            device::all_reduce(g, be, res2.rb())?;
         }
-        let ln2 = part_mut(&mut a.ln2, s, btc);
+        let mut ln2 = a.ln2.d().part(s, btc);
         be.layernorm_forward(
-            ln2,
-            part_mut(&mut a.ln2_mean, s, rows),
-            part_mut(&mut a.ln2_rstd, s, rows),
-            res2,
+            ln2.rb(),
+            a.ln2_mean.d().part(s, rows),
+            a.ln2_rstd.d().part(s, rows),
+            res2.src(),
             w(BlockParam::Ln2W),
             w(BlockParam::Ln2B),
             c,
         );
-        let fch = part_mut(&mut a.fch, s, rows * fl);
+        let mut fch = a.fch.d().part(s, rows * fl);
         be.matmul_forward(
-            fch,
-            ln2,
+            fch.rb(),
+            ln2.src(),
             w(BlockParam::FcW),
             Some(w(BlockParam::FcB)),
             WeightLayout::InOut,
@@ -342,15 +353,15 @@ impl<B: Backend> Engine<B> {
             fl,
             false,
         );
-        let fch_gelu = part_mut(&mut a.fch_gelu, s, rows * fl);
-        be.gelu_forward(fch_gelu, fch);
+        let mut fch_gelu = a.fch_gelu.d().part(s, rows * fl);
+        be.gelu_forward(fch_gelu.rb(), fch.src());
         if lead {
-            be.copy(out, res2);
+            be.copy(out.rb(), res2.src());
         }
         let bias = lead.then(|| w(BlockParam::FcProjB));
         be.matmul_forward(
-            out,
-            fch_gelu,
+            out.rb(),
+            fch_gelu.src(),
             w(BlockParam::FcProjW),
             bias,
             WeightLayout::InOut,
@@ -360,32 +371,34 @@ impl<B: Backend> Engine<B> {
             lead,
         );
         if let Some(g) = tp {
-            g.all_reduce(out)?;
+            device::all_reduce(g, be, out)?;
         }
         Ok(())
     }
 
     /// ln_f and the tied LM head; the mean loss when the batch has targets.
-    pub fn head_forward(&mut self, wte: &[f32], lnf: &[f32]) -> Option<f32> {
+    pub fn head_forward(&mut self, wte: Src<'_, B>, lnf: Src<'_, B>) -> Result<Option<f32>> {
         let (b, t) = self.shape();
         let cfg = &self.config;
         let (c, n_layer, v, vp) = (cfg.n_embd, cfg.n_layer, cfg.vocab_size, cfg.padded_vocab());
         let (rows, be) = (b * t, &self.backend);
         let btc = rows * c;
         let a = self.acts.as_mut().expect("begun");
-        let last = part(&a.resid, n_layer, btc);
+        let last = a.resid.s().part(n_layer, btc);
+        let mut lnf_out = a.lnf.slice_mut(0..btc);
         be.layernorm_forward(
-            &mut a.lnf[..btc],
-            &mut a.lnf_mean[..rows],
-            &mut a.lnf_rstd[..rows],
+            lnf_out.rb(),
+            a.lnf_mean.slice_mut(0..rows),
+            a.lnf_rstd.slice_mut(0..rows),
             last,
-            &lnf[..c],
-            &lnf[c..],
+            lnf.first(c),
+            lnf.from(c),
             c,
         );
+        let mut logits = a.logits.slice_mut(0..rows * vp);
         be.matmul_forward(
-            &mut a.logits,
-            &a.lnf[..btc],
+            logits.rb(),
+            lnf_out.src(),
             wte,
             None,
             WeightLayout::OutIn,
@@ -394,28 +407,32 @@ impl<B: Backend> Engine<B> {
             vp,
             false,
         );
-        let targets = self.batch.as_ref().and_then(|x| x.targets.as_ref())?;
-        be.crossentropy_forward(&mut a.losses, &a.logits, targets, v, vp);
-        Some(a.losses[..rows].iter().map(|&x| x as f64).sum::<f64>() as f32 / rows as f32)
+        if !self.batch.as_ref().is_some_and(|x| x.has_targets) {
+            return Ok(None);
+        }
+        let mut losses = a.losses.slice_mut(0..rows);
+        be.crossentropy_forward(losses.rb(), logits.src(), a.targets.slice(0..rows), v, vp);
+        Ok(Some((be.sum(losses.src())? / rows as f64) as f32))
     }
 
     /// Logits (vocab_size, padding dropped) at (batch row bi, position ti) of the last forward.
-    pub fn logits(&self, bi: usize, ti: usize) -> &[f32] {
+    pub fn logits(&self, bi: usize, ti: usize) -> Result<Vec<f32>> {
         let batch = self.batch.as_ref().expect("forward before logits");
         let a = self.acts.as_ref().expect("forward before logits");
         let vp = self.config.padded_vocab();
         let row = bi * batch.t + ti;
-        &a.logits[row * vp..row * vp + self.config.vocab_size]
+        self.backend
+            .to_host(a.logits.slice(row * vp..row * vp + self.config.vocab_size))
     }
 
     /// Backward of the head for `loss_scale * mean loss`: dwte (Vp x C) and
     /// dlnf ([w | b]) accumulate; starts the residual gradient. Consumes the logits.
     pub fn head_backward(
         &mut self,
-        wte: &[f32],
-        lnf: &[f32],
-        dwte: &mut [f32],
-        dlnf: &mut [f32],
+        wte: Src<'_, B>,
+        lnf: Src<'_, B>,
+        dwte: Dst<'_, B>,
+        dlnf: Dst<'_, B>,
         loss_scale: f32,
     ) -> Result<()> {
         let (b, t) = self.shape();
@@ -423,38 +440,43 @@ impl<B: Backend> Engine<B> {
         let (c, n_layer, v, vp) = (cfg.n_embd, cfg.n_layer, cfg.vocab_size, cfg.padded_vocab());
         let (rows, be) = (b * t, &self.backend);
         let btc = rows * c;
-        let batch = self.batch.as_ref().expect("begun");
-        let targets = batch
-            .targets
-            .as_ref()
-            .ok_or_else(|| Error::Input("backward needs a forward with targets".into()))?;
+        if !self.batch.as_ref().is_some_and(|x| x.has_targets) {
+            return Err(Error::Input("backward needs a forward with targets".into()));
+        }
         let a = self.acts.as_mut().expect("begun");
-        be.crossentropy_backward_inplace(&mut a.logits, targets, v, vp, loss_scale / rows as f32);
-        let dtmp = &mut a.dtmp[..btc];
+        let mut logits = a.logits.slice_mut(0..rows * vp);
+        be.crossentropy_backward_inplace(
+            logits.rb(),
+            a.targets.slice(0..rows),
+            v,
+            vp,
+            loss_scale / rows as f32,
+        );
+        let mut dtmp = a.dtmp.slice_mut(0..btc);
         be.matmul_backward(
-            dtmp,
+            dtmp.rb(),
             dwte,
             None,
-            &a.logits,
-            &a.lnf,
+            logits.src(),
+            a.lnf.slice(0..btc),
             wte,
             WeightLayout::OutIn,
             rows,
             c,
             vp,
         );
-        let dres = &mut a.dres[..btc];
-        dres.fill(0.0);
-        let (dw, db) = dlnf.split_at_mut(c);
+        let mut dres = a.dres.slice_mut(0..btc);
+        be.fill(dres.rb(), 0.0);
+        let (dw, db) = dlnf.split_at(c);
         be.layernorm_backward(
             dres,
             dw,
             db,
-            dtmp,
-            part(&a.resid, n_layer, btc),
-            &lnf[..c],
-            &a.lnf_mean[..rows],
-            &a.lnf_rstd[..rows],
+            dtmp.src(),
+            a.resid.s().part(n_layer, btc),
+            lnf.first(c),
+            a.lnf_mean.slice(0..rows),
+            a.lnf_rstd.slice(0..rows),
             c,
         );
         Ok(())
@@ -466,8 +488,8 @@ impl<B: Backend> Engine<B> {
     pub fn block_backward(
         &mut self,
         l: usize,
-        p: &[f32],
-        g: &mut [f32],
+        p: Src<'_, B>,
+        mut g: Dst<'_, B>,
         tp: Option<&dyn Comm>,
     ) -> Result<()> {
         if self.recompute {
@@ -480,40 +502,32 @@ impl<B: Backend> Engine<B> {
         let s = self.slot(l);
         let (be, lay) = (&self.backend, &self.layout);
         let a = self.acts.as_mut().expect("begun");
-        let w = |bp: BlockParam| &p[lay.in_block(bp)];
-        let x = part(&a.resid, l, btc);
-        let dres = &mut a.dres[..btc];
-        let dtmp = &mut a.dtmp[..btc];
-        let dfch = &mut a.dfch[..rows * fl];
-        let (dw, db) = split2(
-            g,
-            lay.in_block(BlockParam::FcProjW),
-            lay.in_block(BlockParam::FcProjB),
-        );
+        let w = |bp: BlockParam| p.slice(lay.in_block(bp));
+        let x = a.resid.s().part(l, btc);
+        let mut dres = a.dres.slice_mut(0..btc);
+        let mut dtmp = a.dtmp.slice_mut(0..btc);
+        let mut dfch = a.dfch.slice_mut(0..rows * fl);
+        let (dw, db) = weight_and_bias(&mut g, lay, BlockParam::FcProjW, BlockParam::FcProjB);
         be.matmul_backward(
-            dfch,
+            dfch.rb(),
             dw,
             Some(db),
-            dres,
-            part(&a.fch_gelu, s, rows * fl),
+            dres.src(),
+            a.fch_gelu.s().part(s, rows * fl),
             w(BlockParam::FcProjW),
             WeightLayout::InOut,
             rows,
             fl,
             c,
         );
-        be.gelu_backward_inplace(dfch, part(&a.fch, s, rows * fl));
-        let (dw, db) = split2(
-            g,
-            lay.in_block(BlockParam::FcW),
-            lay.in_block(BlockParam::FcB),
-        );
+        be.gelu_backward_inplace(dfch.rb(), a.fch.s().part(s, rows * fl));
+        let (dw, db) = weight_and_bias(&mut g, lay, BlockParam::FcW, BlockParam::FcB);
         be.matmul_backward(
-            dtmp,
+            dtmp.rb(),
             dw,
             Some(db),
-            dfch,
-            part(&a.ln2, s, btc),
+            dfch.src(),
+            a.ln2.s().part(s, btc),
             w(BlockParam::FcW),
             WeightLayout::InOut,
             rows,
@@ -521,49 +535,41 @@ impl<B: Backend> Engine<B> {
             fl,
         );
         if let Some(g) = tp {
-            g.all_reduce(dtmp)?;
+            device::all_reduce(g, be, dtmp.rb())?;
         }
-        let (dw, db) = split2(
-            g,
-            lay.in_block(BlockParam::Ln2W),
-            lay.in_block(BlockParam::Ln2B),
-        );
+        let (dw, db) = weight_and_bias(&mut g, lay, BlockParam::Ln2W, BlockParam::Ln2B);
         be.layernorm_backward(
-            dres,
+            dres.rb(),
             dw,
             db,
-            dtmp,
-            part(&a.res2, s, btc),
+            dtmp.src(),
+            a.res2.s().part(s, btc),
             w(BlockParam::Ln2W),
-            part(&a.ln2_mean, s, rows),
-            part(&a.ln2_rstd, s, rows),
+            a.ln2_mean.s().part(s, rows),
+            a.ln2_rstd.s().part(s, rows),
             c,
         );
-        let datty = &mut dtmp[..rows * cl];
-        let (dw, db) = split2(
-            g,
-            lay.in_block(BlockParam::AttnProjW),
-            lay.in_block(BlockParam::AttnProjB),
-        );
+        let mut datty = dtmp.rb().first(rows * cl);
+        let (dw, db) = weight_and_bias(&mut g, lay, BlockParam::AttnProjW, BlockParam::AttnProjB);
         be.matmul_backward(
-            datty,
+            datty.rb(),
             dw,
             Some(db),
-            dres,
-            part(&a.atty, s, rows * cl),
+            dres.src(),
+            a.atty.s().part(s, rows * cl),
             w(BlockParam::AttnProjW),
             WeightLayout::InOut,
             rows,
             cl,
             c,
         );
-        let dqkv = &mut a.dqkv[..3 * rows * cl];
+        let mut dqkv = a.dqkv.slice_mut(0..3 * rows * cl);
         be.attention_backward(
-            dqkv,
-            datty,
-            part(&a.qkv, s, 3 * rows * cl),
-            part(&a.atty, s, rows * cl),
-            part(&a.lse, s, rows * nhl),
+            dqkv.rb(),
+            datty.src(),
+            a.qkv.s().part(s, 3 * rows * cl),
+            a.atty.s().part(s, rows * cl),
+            a.lse.s().part(s, rows * nhl),
             AttnShape {
                 b,
                 t,
@@ -571,17 +577,13 @@ impl<B: Backend> Engine<B> {
                 nh: nhl,
             },
         );
-        let (dw, db) = split2(
-            g,
-            lay.in_block(BlockParam::QkvW),
-            lay.in_block(BlockParam::QkvB),
-        );
+        let (dw, db) = weight_and_bias(&mut g, lay, BlockParam::QkvW, BlockParam::QkvB);
         be.matmul_backward(
-            dtmp,
+            dtmp.rb(),
             dw,
             Some(db),
-            dqkv,
-            part(&a.ln1, s, btc),
+            dqkv.src(),
+            a.ln1.s().part(s, btc),
             w(BlockParam::QkvW),
             WeightLayout::InOut,
             rows,
@@ -589,39 +591,37 @@ impl<B: Backend> Engine<B> {
             3 * cl,
         );
         if let Some(g) = tp {
-            g.all_reduce(dtmp)?;
+            device::all_reduce(g, be, dtmp.rb())?;
         }
-        let (dw, db) = split2(
-            g,
-            lay.in_block(BlockParam::Ln1W),
-            lay.in_block(BlockParam::Ln1B),
-        );
+        let (dw, db) = weight_and_bias(&mut g, lay, BlockParam::Ln1W, BlockParam::Ln1B);
         be.layernorm_backward(
             dres,
             dw,
             db,
-            dtmp,
+            dtmp.src(),
             x,
             w(BlockParam::Ln1W),
-            part(&a.ln1_mean, s, rows),
-            part(&a.ln1_rstd, s, rows),
+            a.ln1_mean.s().part(s, rows),
+            a.ln1_rstd.s().part(s, rows),
             c,
         );
         Ok(())
     }
 
     /// Gradient of the [wte | wpe] unit from the residual gradient (accumulates into `demb`).
-    pub fn embed_backward(&mut self, demb: &mut [f32]) {
+    pub fn embed_backward(&mut self, demb: Dst<'_, B>) {
         let (_, t) = self.shape();
         let c = self.config.n_embd;
         let wte_len = self.config.padded_vocab() * c;
         let batch = self.batch.as_ref().expect("begun");
         let a = self.acts.as_ref().expect("begun");
-        let (dwte, dwpe) = demb.split_at_mut(wte_len);
+        let rows = batch.tokens.len();
+        let (dwte, dwpe) = demb.split_at(wte_len);
         self.backend.encoder_backward(
             dwte,
             dwpe,
-            &a.dres[..batch.tokens.len() * c],
+            a.dres.slice(0..rows * c),
+            a.tokens.slice(0..rows),
             &batch.tokens,
             t,
             c,
@@ -632,8 +632,8 @@ impl<B: Backend> Engine<B> {
 /// The engine plus whole parameter and gradient buffers (this rank's tensor-parallel part).
 pub struct Gpt2<B: Backend> {
     pub engine: Engine<B>,
-    pub params: Buf,
-    pub grads: Buf,
+    pub params: Buf<B>,
+    pub grads: Buf<B>,
 }
 
 impl<B: Backend> Deref for Gpt2<B> {
@@ -663,8 +663,8 @@ impl<B: Backend> Gpt2<B> {
     pub fn with_engine(engine: Engine<B>) -> Result<Self> {
         let n = engine.layout.total();
         Ok(Gpt2 {
-            params: engine.backend.alloc(n, Category::Params),
-            grads: engine.backend.alloc(n, Category::Grads),
+            params: engine.backend.alloc(n, Category::Params)?,
+            grads: engine.backend.alloc(n, Category::Grads)?,
             engine,
         })
     }
@@ -674,20 +674,37 @@ impl<B: Backend> Gpt2<B> {
     }
 
     pub fn zero_grads(&mut self) {
-        self.grads.fill(0.0);
+        self.engine.backend.fill(self.grads.d(), 0.0);
+    }
+
+    /// This rank's parameters, copied to the host.
+    pub fn params_host(&self) -> Result<Vec<f32>> {
+        self.engine.backend.to_host(self.params.s())
+    }
+
+    /// Sets this rank's parameters from a host copy laid out as its layout.
+    pub fn set_params(&mut self, local: &[f32]) -> Result<()> {
+        self.engine.backend.upload(self.params.d(), local)
     }
 
     /// GPT-2 initialisation of this rank's parameters.
-    pub fn init_weights(&mut self, seed: u64) {
+    pub fn init_weights(&mut self, seed: u64) -> Result<()> {
         let full = init_full(&self.engine.config, seed);
+        self.load_full(&full)
+    }
+
+    /// Sets this rank's part of a whole-model parameter buffer.
+    pub fn load_full(&mut self, full: &[f32]) -> Result<()> {
         let whole = ParamLayout::new(&self.engine.config);
+        let mut local = vec![0.0; self.engine.layout.total()];
         shard_tp(
-            &full,
+            full,
             &whole,
             &self.engine.layout,
             self.engine.tp,
-            &mut self.params,
+            &mut local,
         );
+        self.set_params(&local)
     }
 
     /// Runs the model on tokens (B*T); returns the mean loss when targets are given.
@@ -711,31 +728,31 @@ impl<B: Backend> Gpt2<B> {
     ) -> Result<Option<f32>> {
         let Gpt2 { engine, params, .. } = self;
         engine.begin(tokens, targets, b, t)?;
-        engine.embed_forward(&params[engine.layout.embeddings()]);
+        engine.embed_forward(params.slice(engine.layout.embeddings()));
         for l in 0..engine.config.n_layer {
             let r = engine.layout.block(l);
-            engine.block_forward(l, &params[r], tp)?;
+            engine.block_forward(l, params.slice(r), tp)?;
         }
-        Ok(engine.head_forward(
-            &params[engine.layout.wte()],
-            &params[engine.layout.final_norm()],
-        ))
+        engine.head_forward(
+            params.slice(engine.layout.wte()),
+            params.slice(engine.layout.final_norm()),
+        )
     }
 
     /// Accumulates into `grads` the gradient of `loss_scale * mean loss` of
     /// the last forward (which must have had targets). Consumes the logits.
     pub fn backward(&mut self, loss_scale: f32) -> Result<()> {
-        self.backward_tp(loss_scale, None, |_| Ok(()))
+        self.backward_tp(loss_scale, None, |_, _| Ok(()))
     }
 
-    /// The backward, calling `unit_done` with each unit's gradient slice as
-    /// soon as it is final: ln_f, then blocks L-1 .. 0, then [wte | wpe]
-    /// (the hook where data parallelism all-reduces it).
+    /// The backward, calling `unit_done` with the backend and each unit's gradient as soon
+    /// as it is final: ln_f, then blocks L-1 .. 0, then [wte | wpe] (the hook
+    /// where data parallelism all-reduces it).
     pub fn backward_tp(
         &mut self,
         loss_scale: f32,
         tp: Option<&dyn Comm>,
-        mut unit_done: impl FnMut(&mut [f32]) -> Result<()>,
+        mut unit_done: impl FnMut(&B, Dst<'_, B>) -> Result<()>,
     ) -> Result<()> {
         let Gpt2 {
             engine,
@@ -744,23 +761,23 @@ impl<B: Backend> Gpt2<B> {
         } = self;
         let lay = engine.layout.clone();
         {
-            let (dwte, dlnf) = split2(grads, lay.wte(), lay.final_norm());
+            let (dwte, mut dlnf) = grads.d().split2(lay.wte(), lay.final_norm());
             engine.head_backward(
-                &params[lay.wte()],
-                &params[lay.final_norm()],
+                params.slice(lay.wte()),
+                params.slice(lay.final_norm()),
                 dwte,
-                dlnf,
+                dlnf.rb(),
                 loss_scale,
             )?;
-            unit_done(dlnf)?;
+            unit_done(&engine.backend, dlnf)?;
         }
         for l in (0..engine.config.n_layer).rev() {
             let r = lay.block(l);
-            engine.block_backward(l, &params[r.clone()], &mut grads[r.clone()], tp)?;
-            unit_done(&mut grads[r])?;
+            engine.block_backward(l, params.slice(r.clone()), grads.slice_mut(r.clone()), tp)?;
+            unit_done(&engine.backend, grads.slice_mut(r))?;
         }
-        engine.embed_backward(&mut grads[lay.embeddings()]);
-        unit_done(&mut grads[lay.embeddings()])
+        engine.embed_backward(grads.slice_mut(lay.embeddings()));
+        unit_done(&engine.backend, grads.slice_mut(lay.embeddings()))
     }
 }
 

@@ -135,13 +135,13 @@ pub trait Strategy {
     /// The whole model's parameters in the standard layout, on every rank.
     fn full_params(&mut self) -> Result<Vec<f32>>;
     /// Loads whole-model parameters (each rank keeps its part).
-    fn load_full(&mut self, full: &[f32]);
+    fn load_full(&mut self, full: &[f32]) -> Result<()>;
     /// The parameters and AdamW moments this rank writes to a checkpoint,
     /// with where they sit in the whole-model layout (empty on ranks that
     /// hold only copies of another rank's state).
-    fn owned_state(&self) -> OwnedState;
+    fn owned_state(&self) -> Result<OwnedState>;
     /// Loads whole-model parameters and moments and the optimizer step count.
-    fn load_state(&mut self, params: &[f32], m: &[f32], v: &[f32], adam_step: u32);
+    fn load_state(&mut self, params: &[f32], m: &[f32], v: &[f32], adam_step: u32) -> Result<()>;
     /// This rank's memory counters by category.
     fn memory(&self) -> MemoryReport;
     /// This rank's communication so far, every group together.
@@ -242,7 +242,7 @@ pub fn build<B: Backend + 'static>(
         StrategyKind::Zero1 => Box::new(Replicated::new(
             engine, dp_comm, tp_comm, true, adamw, b, t,
         )?),
-        StrategyKind::Zero2 => Box::new(Sharded::new(engine, dp_comm, false, adamw, b, t)),
-        StrategyKind::Fsdp => Box::new(Sharded::new(engine, dp_comm, true, adamw, b, t)),
+        StrategyKind::Zero2 => Box::new(Sharded::new(engine, dp_comm, false, adamw, b, t)?),
+        StrategyKind::Fsdp => Box::new(Sharded::new(engine, dp_comm, true, adamw, b, t)?),
     })
 }

@@ -6,7 +6,7 @@
 
 use super::{check_finite, local_rows, OwnedState, StepConfig, StepStats, Strategy, Units};
 use crate::backend::{Backend, Category, MemoryReport};
-use crate::comm::{Comm, CommStats};
+use crate::comm::{device, Comm, CommStats};
 use crate::data::Batch;
 use crate::error::Result;
 use crate::model::gpt2::{shard_tp, unshard_tp};
@@ -15,7 +15,7 @@ use crate::model::{AdamW, AdamWConfig, Engine, Gpt2, ParamLayout, Segment};
 
 pub struct Replicated<B: Backend> {
     model: Gpt2<B>,
-    opt: AdamW,
+    opt: AdamW<B>,
     dp: Box<dyn Comm>,
     tp: Option<Box<dyn Comm>>,
     /// Present for zero1: the units whose shards this rank updates.
@@ -39,7 +39,7 @@ impl<B: Backend> Replicated<B> {
         let opt_len = zero1
             .as_ref()
             .map_or(model.layout.total(), Units::shard_total);
-        let opt = AdamW::new(model.backend(), opt_len, adamw);
+        let opt = AdamW::new(model.backend(), opt_len, adamw)?;
         Ok(Replicated {
             model,
             opt,
@@ -65,9 +65,9 @@ impl<B: Backend> Replicated<B> {
             .forward_tp(&mb.inputs, Some(&mb.targets), b_local, self.t, tp)?
             .expect("targets given");
         let dp = &self.dp;
-        self.model.backward_tp(loss_scale, tp, |g| {
+        self.model.backward_tp(loss_scale, tp, |be, g| {
             if sync && n > 1 {
-                dp.all_reduce(g)
+                device::all_reduce(dp.as_ref(), be, g)
             } else {
                 Ok(())
             }
@@ -81,7 +81,7 @@ impl<B: Backend> Replicated<B> {
         let be = self.model.backend();
         let (mut split, mut rep) = (0.0f64, 0.0f64);
         for t in &self.model.layout.tensors {
-            let sq = be.sum_squares(&self.model.grads[t.range()]);
+            let sq = be.sum_squares(self.model.grads.slice(t.range()))?;
             if t.split == TpSplit::Replicated {
                 rep += sq;
             } else {
@@ -106,8 +106,8 @@ impl<B: Backend> Replicated<B> {
         let Some(units) = &self.zero1 else {
             self.opt.update(
                 be,
-                params,
-                grads,
+                params.d(),
+                grads.s(),
                 lay,
                 &Segment::whole(lay.total()),
                 lr,
@@ -117,18 +117,26 @@ impl<B: Backend> Replicated<B> {
         };
         let r = self.dp.rank();
         let segs = units.segments(r);
-        let mut p_shard = be.alloc(units.shard_total(), Category::Other);
-        let mut g_shard = be.alloc(units.shard_total(), Category::Other);
-        units.shard_from(params, r, &mut p_shard);
-        units.shard_from(grads, r, &mut g_shard);
+        let mut p_shard = be.alloc(units.shard_total(), Category::Other)?;
+        let mut g_shard = be.alloc(units.shard_total(), Category::Other)?;
+        units.shard_from(be, params.s(), r, p_shard.d());
+        units.shard_from(be, grads.s(), r, g_shard.d());
         self.opt
-            .update(be, &mut p_shard, &g_shard, lay, &segs, lr, scale);
-        let mut gathered = be.alloc(units.max_padded(), Category::Other);
+            .update(be, p_shard.d(), g_shard.s(), lay, &segs, lr, scale);
+        let mut gathered = be.alloc(units.max_padded(), Category::Other)?;
         for u in 0..units.ranges.len() {
             let range = units.ranges[u].clone();
-            let g = &mut gathered[..units.shard_len[u] * units.n];
-            self.dp.all_gather(&p_shard[units.shard_of(u)], g)?;
-            params[range.clone()].copy_from_slice(&g[..range.len()]);
+            let n = units.shard_len[u] * units.n;
+            device::all_gather(
+                self.dp.as_ref(),
+                be,
+                p_shard.slice(units.shard_of(u)),
+                gathered.slice_mut(0..n),
+            )?;
+            be.copy(
+                params.slice_mut(range.clone()),
+                gathered.slice(0..range.len()),
+            );
         }
         Ok(())
     }
@@ -173,12 +181,13 @@ impl<B: Backend> Strategy for Replicated<B> {
 
     fn full_params(&mut self) -> Result<Vec<f32>> {
         let whole = ParamLayout::new(&self.model.config);
+        let local = self.model.params_host()?;
         let Some(tp) = self.tp_ref() else {
-            return Ok(self.model.params.to_vec());
+            return Ok(local);
         };
-        let local_len = self.model.params.len();
+        let local_len = local.len();
         let mut all = vec![0.0; local_len * tp.size()];
-        tp.all_gather(&self.model.params, &mut all)?;
+        tp.all_gather(&local, &mut all)?;
         let mut full = vec![0.0; whole.total()];
         for r in 0..tp.size() {
             let place = crate::model::TpPlace {
@@ -196,23 +205,32 @@ impl<B: Backend> Strategy for Replicated<B> {
         Ok(full)
     }
 
-    fn load_full(&mut self, full: &[f32]) {
-        let whole = ParamLayout::new(&self.model.config);
-        let Gpt2 { engine, params, .. } = &mut self.model;
-        shard_tp(full, &whole, &engine.layout, engine.tp, params);
+    fn load_full(&mut self, full: &[f32]) -> Result<()> {
+        self.model.load_full(full)
     }
 
-    fn owned_state(&self) -> OwnedState {
+    fn owned_state(&self) -> Result<OwnedState> {
         let mut st = OwnedState::default();
-        let (p, m, v) = (&self.model.params[..], &self.opt.m[..], &self.opt.v[..]);
+        let be = self.model.backend();
+        let (p, m, v) = (
+            be.read(self.model.params.s())?,
+            be.read(self.opt.m.s())?,
+            be.read(self.opt.v.s())?,
+        );
         if let Some(units) = &self.zero1 {
             for s in units.segments(self.dp.rank()) {
-                st.push(s.global, s.len, (p, s.global), (m, s.local), v);
+                st.push(
+                    s.global,
+                    s.len,
+                    (&p[..], s.global),
+                    (&m[..], s.local),
+                    &v[..],
+                );
             }
-            return st;
+            return Ok(st);
         }
         if self.dp.rank() != 0 {
-            return st;
+            return Ok(st);
         }
         let whole = ParamLayout::new(&self.model.config);
         let tp = self.model.tp;
@@ -224,24 +242,31 @@ impl<B: Backend> Strategy for Replicated<B> {
             }
             let mut at = l.offset;
             for (full_at, len) in w.split.runs(&w.full_shape, tp.size, tp.rank) {
-                st.push(w.offset + full_at, len, (p, at), (m, at), v);
+                st.push(w.offset + full_at, len, (&p[..], at), (&m[..], at), &v[..]);
                 at += len;
             }
         }
-        st
+        Ok(st)
     }
 
-    fn load_state(&mut self, params: &[f32], m: &[f32], v: &[f32], adam_step: u32) {
-        self.load_full(params);
+    fn load_state(&mut self, params: &[f32], m: &[f32], v: &[f32], adam_step: u32) -> Result<()> {
+        self.load_full(params)?;
         let whole = ParamLayout::new(&self.model.config);
         let r = self.dp.rank();
+        let be = self.model.backend();
         for (full, mine) in [(m, &mut self.opt.m), (v, &mut self.opt.v)] {
-            match &self.zero1 {
-                Some(units) => units.shard_from(full, r, mine),
-                None => shard_tp(full, &whole, &self.model.layout, self.model.tp, mine),
-            }
+            let local = match &self.zero1 {
+                Some(units) => units.shard_of_host(full, r),
+                None => {
+                    let mut local = vec![0.0; self.model.layout.total()];
+                    shard_tp(full, &whole, &self.model.layout, self.model.tp, &mut local);
+                    local
+                }
+            };
+            be.upload(mine.d(), &local)?;
         }
         self.opt.step = adam_step;
+        Ok(())
     }
 
     fn memory(&self) -> MemoryReport {

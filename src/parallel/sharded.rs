@@ -7,8 +7,8 @@
 //! the head); the one-unit gradient scratch counts as `other`.
 
 use super::{check_finite, local_rows, OwnedState, StepConfig, StepStats, Strategy, Units};
-use crate::backend::{Backend, Buf, Category, MemoryReport};
-use crate::comm::{Comm, CommStats};
+use crate::backend::{Backend, Buf, Category, MemoryReport, Src};
+use crate::comm::{device, Comm, CommStats};
 use crate::data::Batch;
 use crate::error::Result;
 use crate::model::{AdamW, AdamWConfig, Engine};
@@ -16,33 +16,36 @@ use crate::model::{AdamW, AdamWConfig, Engine};
 pub struct Sharded<B: Backend> {
     engine: Engine<B>,
     units: Units,
-    /// zero2: the whole parameters; fsdp: none (only `p_shard`).
-    full: Option<Buf>,
-    /// fsdp: this rank's parameter shard.
-    p_shard: Option<Buf>,
-    g_shard: Buf,
-    opt: AdamW,
-    /// fsdp gather buffers: [0] any unit, [1] ln_f while [0] holds the embeddings.
-    gathered: [Buf; 2],
+    params: Params<B>,
+    g_shard: Buf<B>,
+    opt: AdamW<B>,
     /// One unit's full gradient before it is reduce-scattered, and ln_f's.
-    grad_unit: [Buf; 2],
-    rs_out: Buf,
+    grad_unit: [Buf<B>; 2],
+    rs_out: Buf<B>,
     dp: Box<dyn Comm>,
     b: usize,
     t: usize,
 }
 
-/// Unit u's parameters: from the whole buffer (zero2) or gather slot `slot` (fsdp).
-fn view<'a>(
-    full: &'a Option<Buf>,
-    gathered: &'a [Buf; 2],
-    units: &Units,
-    u: usize,
-    slot: usize,
-) -> &'a [f32] {
-    match full {
-        Some(p) => &p[units.ranges[u].clone()],
-        None => &gathered[slot][..units.ranges[u].len()],
+/// Where the parameters live.
+enum Params<B: Backend> {
+    /// zero2: whole on every rank.
+    Whole(Buf<B>),
+    /// fsdp: this rank's shard, and two gather buffers: [0] any unit, [1]
+    /// ln_f while [0] holds the embeddings.
+    Sharded {
+        shard: Buf<B>,
+        gathered: [Buf<B>; 2],
+    },
+}
+
+impl<B: Backend> Params<B> {
+    /// Unit u's parameters: from the whole buffer (zero2) or gather slot `slot` (fsdp).
+    fn unit(&self, units: &Units, u: usize, slot: usize) -> Src<'_, B> {
+        match self {
+            Params::Whole(p) => p.slice(units.ranges[u].clone()),
+            Params::Sharded { gathered, .. } => gathered[slot].slice(0..units.ranges[u].len()),
+        }
     }
 }
 
@@ -54,56 +57,50 @@ impl<B: Backend> Sharded<B> {
         adamw: AdamWConfig,
         b: usize,
         t: usize,
-    ) -> Self {
+    ) -> Result<Self> {
         let units = Units::new(&engine.layout, engine.config.n_layer, dp.size());
         let be = &engine.backend;
         let lnf_padded = units.shard_len[units.final_norm()] * units.n;
-        let (full, p_shard, gathered) = if fsdp {
-            let g = [
-                be.alloc(units.max_padded(), Category::Params),
-                be.alloc(lnf_padded, Category::Params),
-            ];
-            (
-                None,
-                Some(be.alloc(units.shard_total(), Category::Params)),
-                g,
-            )
+        let params = if fsdp {
+            Params::Sharded {
+                shard: be.alloc(units.shard_total(), Category::Params)?,
+                gathered: [
+                    be.alloc(units.max_padded(), Category::Params)?,
+                    be.alloc(lnf_padded, Category::Params)?,
+                ],
+            }
         } else {
-            (
-                Some(be.alloc(engine.layout.total(), Category::Params)),
-                None,
-                [be.alloc(0, Category::Params), be.alloc(0, Category::Params)],
-            )
+            Params::Whole(be.alloc(engine.layout.total(), Category::Params)?)
         };
-        Sharded {
-            g_shard: be.alloc(units.shard_total(), Category::Grads),
-            opt: AdamW::new(be, units.shard_total(), adamw),
+        Ok(Sharded {
+            g_shard: be.alloc(units.shard_total(), Category::Grads)?,
+            opt: AdamW::new(be, units.shard_total(), adamw)?,
             grad_unit: [
-                be.alloc(units.max_padded(), Category::Other),
-                be.alloc(lnf_padded, Category::Other),
+                be.alloc(units.max_padded(), Category::Other)?,
+                be.alloc(lnf_padded, Category::Other)?,
             ],
             rs_out: be.alloc(
                 units.shard_len.iter().copied().max().unwrap_or(0),
                 Category::Other,
-            ),
-            full,
-            p_shard,
-            gathered,
+            )?,
+            params,
             units,
             engine,
             dp,
             b,
             t,
-        }
+        })
     }
 
     /// fsdp: all-gathers unit u into gather slot `slot`.
     fn fetch(&mut self, u: usize, slot: usize) -> Result<()> {
-        if let Some(shard) = &self.p_shard {
+        if let Params::Sharded { shard, gathered } = &mut self.params {
             let n = self.units.shard_len[u] * self.units.n;
-            self.dp.all_gather(
-                &shard[self.units.shard_of(u)],
-                &mut self.gathered[slot][..n],
+            device::all_gather(
+                self.dp.as_ref(),
+                &self.engine.backend,
+                shard.slice(self.units.shard_of(u)),
+                gathered[slot].slice_mut(0..n),
             )?;
         }
         Ok(())
@@ -112,20 +109,25 @@ impl<B: Backend> Sharded<B> {
     /// Reduce-scatters unit u's gradient from scratch `slot` and adds this rank's part to its shard.
     fn reduce(&mut self, u: usize, slot: usize) -> Result<()> {
         let s = self.units.shard_len[u];
-        self.dp.reduce_scatter(
-            &self.grad_unit[slot][..s * self.units.n],
-            &mut self.rs_out[..s],
+        let be = &self.engine.backend;
+        device::reduce_scatter(
+            self.dp.as_ref(),
+            be,
+            self.grad_unit[slot].slice(0..s * self.units.n),
+            self.rs_out.slice_mut(0..s),
         )?;
-        let dst = &mut self.g_shard[self.units.shard_of(u)];
-        dst.iter_mut()
-            .zip(&self.rs_out[..s])
-            .for_each(|(g, &x)| *g += x);
+        be.add_inplace(
+            self.g_shard.slice_mut(self.units.shard_of(u)),
+            self.rs_out.slice(0..s),
+        );
         Ok(())
     }
 
     fn clear_grad(&mut self, u: usize, slot: usize) {
         let n = self.units.shard_len[u] * self.units.n;
-        self.grad_unit[slot][..n].fill(0.0);
+        self.engine
+            .backend
+            .fill(self.grad_unit[slot].slice_mut(0..n), 0.0);
     }
 
     fn forward(&mut self, mb: &Batch) -> Result<f32> {
@@ -138,23 +140,20 @@ impl<B: Backend> Sharded<B> {
         )?;
         self.fetch(emb, 0)?;
         self.engine
-            .embed_forward(view(&self.full, &self.gathered, &self.units, emb, 0));
+            .embed_forward(self.params.unit(&self.units, emb, 0));
         for l in 0..self.engine.config.n_layer {
             let u = self.units.block(l);
             self.fetch(u, 0)?;
-            self.engine.block_forward(
-                l,
-                view(&self.full, &self.gathered, &self.units, u, 0),
-                None,
-            )?;
+            self.engine
+                .block_forward(l, self.params.unit(&self.units, u, 0), None)?;
         }
         self.fetch(emb, 0)?;
         self.fetch(lnf, 1)?;
         let wte_len = self.engine.layout.wte().len();
-        let wte = &view(&self.full, &self.gathered, &self.units, emb, 0)[..wte_len];
+        let wte = self.params.unit(&self.units, emb, 0).first(wte_len);
         let loss = self
             .engine
-            .head_forward(wte, view(&self.full, &self.gathered, &self.units, lnf, 1));
+            .head_forward(wte, self.params.unit(&self.units, lnf, 1))?;
         Ok(loss.expect("targets given"))
     }
 
@@ -165,15 +164,15 @@ impl<B: Backend> Sharded<B> {
         self.clear_grad(emb, 0);
         self.clear_grad(lnf, 1);
         {
-            let wte = &view(&self.full, &self.gathered, &self.units, emb, 0)[..wte_len];
-            let lnf_p = view(&self.full, &self.gathered, &self.units, lnf, 1);
+            let wte = self.params.unit(&self.units, emb, 0).first(wte_len);
+            let lnf_p = self.params.unit(&self.units, lnf, 1);
             let [g0, g1] = &mut self.grad_unit;
             let lnf_len = self.units.ranges[lnf].len();
             self.engine.head_backward(
                 wte,
                 lnf_p,
-                &mut g0[..wte_len],
-                &mut g1[..lnf_len],
+                g0.slice_mut(0..wte_len),
+                g1.slice_mut(0..lnf_len),
                 loss_scale,
             )?;
         }
@@ -184,15 +183,15 @@ impl<B: Backend> Sharded<B> {
             self.fetch(u, 0)?;
             self.clear_grad(u, 0);
             let len = self.units.ranges[u].len();
-            let p = view(&self.full, &self.gathered, &self.units, u, 0);
+            let p = self.params.unit(&self.units, u, 0);
             self.engine
-                .block_backward(l, p, &mut self.grad_unit[0][..len], None)?;
+                .block_backward(l, p, self.grad_unit[0].slice_mut(0..len), None)?;
             self.reduce(u, 0)?;
         }
         self.clear_grad(emb, 0);
         let emb_len = self.units.ranges[emb].len();
         self.engine
-            .embed_backward(&mut self.grad_unit[0][..emb_len]);
+            .embed_backward(self.grad_unit[0].slice_mut(0..emb_len));
         self.reduce(emb, 0)
     }
 }
@@ -200,7 +199,7 @@ impl<B: Backend> Sharded<B> {
 impl<B: Backend> Strategy for Sharded<B> {
     fn step(&mut self, micro_batches: &[Batch], cfg: StepConfig) -> Result<StepStats> {
         let (r, n) = (self.dp.rank(), self.dp.size());
-        self.g_shard.fill(0.0);
+        self.engine.backend.fill(self.g_shard.d(), 0.0);
         let scale = 1.0 / (micro_batches.len() * n) as f32;
         let mut loss = [0.0f32];
         for mb in micro_batches {
@@ -210,7 +209,7 @@ impl<B: Backend> Strategy for Sharded<B> {
         }
         self.dp.all_reduce(&mut loss)?;
         let be = &self.engine.backend;
-        let mut sq = [be.sum_squares(&self.g_shard) as f32];
+        let mut sq = [be.sum_squares(self.g_shard.s())? as f32];
         self.dp.all_reduce(&mut sq)?;
         let grad_norm = sq[0].sqrt();
         check_finite(loss[0], grad_norm)?;
@@ -221,24 +220,28 @@ impl<B: Backend> Strategy for Sharded<B> {
         };
         let segs = self.units.segments(r);
         let lay = &self.engine.layout;
-        match (&mut self.full, &mut self.p_shard) {
-            (_, Some(p)) => self
-                .opt
-                .update(be, p, &self.g_shard, lay, &segs, cfg.lr, clip),
-            (Some(full), None) => {
-                let mut p = be.alloc(self.units.shard_total(), Category::Other);
-                self.units.shard_from(full, r, &mut p);
+        match &mut self.params {
+            Params::Sharded { shard, .. } => {
                 self.opt
-                    .update(be, &mut p, &self.g_shard, lay, &segs, cfg.lr, clip);
-                let mut g = be.alloc(self.units.max_padded(), Category::Other);
+                    .update(be, shard.d(), self.g_shard.s(), lay, &segs, cfg.lr, clip)
+            }
+            Params::Whole(full) => {
+                let mut p = be.alloc(self.units.shard_total(), Category::Other)?;
+                self.units.shard_from(be, full.s(), r, p.d());
+                self.opt
+                    .update(be, p.d(), self.g_shard.s(), lay, &segs, cfg.lr, clip);
+                let mut g = be.alloc(self.units.max_padded(), Category::Other)?;
                 for u in 0..self.units.ranges.len() {
                     let range = self.units.ranges[u].clone();
-                    let gathered = &mut g[..self.units.shard_len[u] * n];
-                    self.dp.all_gather(&p[self.units.shard_of(u)], gathered)?;
-                    full[range.clone()].copy_from_slice(&gathered[..range.len()]);
+                    device::all_gather(
+                        self.dp.as_ref(),
+                        be,
+                        p.slice(self.units.shard_of(u)),
+                        g.slice_mut(0..self.units.shard_len[u] * n),
+                    )?;
+                    be.copy(full.slice_mut(range.clone()), g.slice(0..range.len()));
                 }
             }
-            (None, None) => unreachable!("zero2 keeps whole parameters, fsdp a shard"),
         }
         Ok(StepStats {
             loss: loss[0] / (n * micro_batches.len()) as f32,
@@ -255,46 +258,53 @@ impl<B: Backend> Strategy for Sharded<B> {
     }
 
     fn full_params(&mut self) -> Result<Vec<f32>> {
-        if let Some(full) = &self.full {
-            return Ok(full.to_vec());
+        if let Params::Whole(full) = &self.params {
+            return self.engine.backend.to_host(full.s());
         }
         let mut out = vec![0.0; self.engine.layout.total()];
         for u in 0..self.units.ranges.len() {
             self.fetch(u, 0)?;
             let range = self.units.ranges[u].clone();
-            out[range.clone()].copy_from_slice(&self.gathered[0][..range.len()]);
+            self.engine
+                .backend
+                .download(self.params.unit(&self.units, u, 0), &mut out[range])?;
         }
         Ok(out)
     }
 
-    fn load_full(&mut self, full: &[f32]) {
-        match (&mut self.full, &mut self.p_shard) {
-            (Some(p), _) => p.copy_from_slice(full),
-            (None, Some(s)) => self.units.shard_from(full, self.dp.rank(), s),
-            (None, None) => unreachable!("zero2 keeps whole parameters, fsdp a shard"),
+    fn load_full(&mut self, full: &[f32]) -> Result<()> {
+        let be = &self.engine.backend;
+        match &mut self.params {
+            Params::Whole(p) => be.upload(p.d(), full),
+            Params::Sharded { shard, .. } => {
+                be.upload(shard.d(), &self.units.shard_of_host(full, self.dp.rank()))
+            }
         }
     }
 
-    fn owned_state(&self) -> OwnedState {
+    fn owned_state(&self) -> Result<OwnedState> {
+        let be = &self.engine.backend;
         let mut st = OwnedState::default();
-        let (m, v) = (&self.opt.m[..], &self.opt.v[..]);
+        let (m, v) = (be.read(self.opt.m.s())?, be.read(self.opt.v.s())?);
+        let (p, whole) = match &self.params {
+            Params::Sharded { shard, .. } => (be.read(shard.s())?, false),
+            Params::Whole(full) => (be.read(full.s())?, true),
+        };
         for s in self.units.segments(self.dp.rank()) {
-            let p = match (&self.full, &self.p_shard) {
-                (_, Some(shard)) => (&shard[..], s.local),
-                (Some(full), None) => (&full[..], s.global),
-                (None, None) => unreachable!("zero2 keeps whole parameters, fsdp a shard"),
-            };
-            st.push(s.global, s.len, p, (m, s.local), v);
+            let at = if whole { s.global } else { s.local };
+            st.push(s.global, s.len, (&p[..], at), (&m[..], s.local), &v[..]);
         }
-        st
+        Ok(st)
     }
 
-    fn load_state(&mut self, params: &[f32], m: &[f32], v: &[f32], adam_step: u32) {
-        self.load_full(params);
+    fn load_state(&mut self, params: &[f32], m: &[f32], v: &[f32], adam_step: u32) -> Result<()> {
+        self.load_full(params)?;
         let r = self.dp.rank();
-        self.units.shard_from(m, r, &mut self.opt.m);
-        self.units.shard_from(v, r, &mut self.opt.v);
+        let be = &self.engine.backend;
+        be.upload(self.opt.m.d(), &self.units.shard_of_host(m, r))?;
+        be.upload(self.opt.v.d(), &self.units.shard_of_host(v, r))?;
         self.opt.step = adam_step;
+        Ok(())
     }
 
     fn memory(&self) -> MemoryReport {

@@ -2,6 +2,7 @@
 //! the layout. Each unit is padded to a multiple of the data-parallel size
 //! and rank r owns slice r of every unit; padding is zeros, never dropped.
 
+use crate::backend::{Backend, Dst, Src};
 use crate::model::{ParamLayout, Segment};
 use std::ops::Range;
 
@@ -81,13 +82,25 @@ impl Units {
             .collect()
     }
 
-    /// Copies rank r's shard of every unit out of a whole-layout buffer.
-    pub fn shard_from(&self, full: &[f32], r: usize, out: &mut [f32]) {
-        out.fill(0.0);
+    /// Copies rank r's shard of every unit out of a whole-layout buffer (on the device).
+    pub fn shard_from<B: Backend>(&self, be: &B, full: Src<'_, B>, r: usize, mut out: Dst<'_, B>) {
+        be.fill(out.rb(), 0.0);
+        for seg in self.segments(r) {
+            be.copy(
+                out.rb().slice(seg.local..seg.local + seg.len),
+                full.slice(seg.global..seg.global + seg.len),
+            );
+        }
+    }
+
+    /// Rank r's shard of every unit of a whole-layout host buffer.
+    pub fn shard_of_host(&self, full: &[f32], r: usize) -> Vec<f32> {
+        let mut out = vec![0.0; self.shard_total()];
         for seg in self.segments(r) {
             out[seg.local..seg.local + seg.len]
                 .copy_from_slice(&full[seg.global..seg.global + seg.len]);
         }
+        out
     }
 }
 

@@ -4,7 +4,7 @@
 
 use super::{Device, Network, Precision};
 use crate::backend::cpu::{AdamWStep, Cpu};
-use crate::backend::Backend;
+use crate::backend::{Backend, Buf, Category};
 use crate::error::Result;
 use crate::model::GptConfig;
 use crate::parallel::{launch, ParallelConfig, StrategyKind};
@@ -32,7 +32,7 @@ impl Machine {
         Ok(Machine {
             threads,
             peak_flops: be.measure_peak_flops(),
-            memory_bandwidth: adamw_bandwidth(&be, 16 << 20),
+            memory_bandwidth: adamw_bandwidth(&be, 16 << 20)?,
             comm_bandwidth,
             comm_latency_s,
         })
@@ -78,10 +78,13 @@ impl Calibration {
 }
 
 /// Streams an AdamW update over `n` parameters a few times; bytes/s.
-fn adamw_bandwidth(be: &Cpu, n: usize) -> f64 {
-    let mut p = vec![0.1f32; n];
-    let g = vec![0.01f32; n];
-    let (mut m, mut v) = (vec![0.0f32; n], vec![0.0f32; n]);
+fn adamw_bandwidth(be: &Cpu, n: usize) -> Result<f64> {
+    let alloc = |x: f32| -> Result<Buf<Cpu>> {
+        let mut b = be.alloc(n, Category::Other)?;
+        be.fill(b.d(), x);
+        Ok(b)
+    };
+    let (mut p, g, mut m, mut v) = (alloc(0.1)?, alloc(0.01)?, alloc(0.0)?, alloc(0.0)?);
     let mut best = f64::INFINITY;
     for step in 1..=4 {
         let t0 = Instant::now();
@@ -93,11 +96,11 @@ fn adamw_bandwidth(be: &Cpu, n: usize) -> f64 {
             step,
             grad_scale: 1.0,
         };
-        be.adamw(&mut p, &g, &mut m, &mut v, s, 0.1);
+        be.adamw(p.d(), g.s(), m.d(), v.d(), s, 0.1);
         best = best.min(t0.elapsed().as_secs_f64());
     }
     std::hint::black_box(&p);
-    n as f64 * Precision::Fp32.update_traffic_bytes() / best
+    Ok(n as f64 * Precision::Fp32.update_traffic_bytes() / best)
 }
 
 /// (bytes/s, latency s) of all-reduces between two thread ranks.

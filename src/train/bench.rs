@@ -54,7 +54,7 @@ pub fn bench_rank<B: Backend + 'static>(
         b,
         t,
     )?;
-    strategy.load_full(&init_full(cfg, 1));
+    strategy.load_full(&init_full(cfg, 1))?;
     let mut rng = Rng::new(7);
     let mut batch = || {
         let mut ids = || {

@@ -273,7 +273,7 @@ fn sample_text<B: Backend>(
     seed: u64,
 ) -> Result<String> {
     let mut model = Gpt2::new(backend, cfg.clone())?;
-    model.params.copy_from_slice(params);
+    model.set_params(params)?;
     let tk = &ds.tokenizer;
     let prompt = match tk.eot() {
         Some(eot) => vec![eot],
@@ -382,7 +382,7 @@ fn restore<B: Backend>(
                     ds.name, ckpt.index.data
                 )));
             }
-            strategy.load_state(&ckpt.params, &ckpt.m, &ckpt.v, ckpt.index.adam_step);
+            strategy.load_state(&ckpt.params, &ckpt.m, &ckpt.v, ckpt.index.adam_step)?;
             loader.seek(ckpt.index.loader);
             ckpt.index.step
         }
@@ -398,9 +398,9 @@ fn restore<B: Backend>(
                             model_cfg
                         )));
                     }
-                    strategy.load_full(&m.params);
+                    strategy.load_full(&m.params_host()?)?;
                 }
-                None => strategy.load_full(&init_full(model_cfg, cfg.seed)),
+                None => strategy.load_full(&init_full(model_cfg, cfg.seed))?,
             }
             0
         }
@@ -671,7 +671,7 @@ pub fn train_rank<B: Backend + 'static>(
             let full = strategy.full_params()?;
             if lead {
                 let mut model = Gpt2::new(sample_backend.clone_fresh(), model_cfg.clone())?;
-                model.params.copy_from_slice(&full);
+                model.set_params(&full)?;
                 checkpoint::save_model(&model, ds.tokenizer.spec(), &cfg.out_dir)?;
             }
             final_params = Some(full);
@@ -689,7 +689,7 @@ pub fn train_rank<B: Backend + 'static>(
                 data: data_fingerprint,
                 keep: cfg.keep_checkpoints,
             };
-            state::save(&cfg.out_dir, &info, &strategy.owned_state(), world)?;
+            state::save(&cfg.out_dir, &info, &strategy.owned_state()?, world)?;
             if stopping {
                 note(&format!(
                     "stopped after step {}; resume with --resume {}",

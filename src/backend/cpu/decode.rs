@@ -6,7 +6,7 @@
 //! pass, which spreads the memory traffic evenly over the arithmetic.
 
 use super::matmul::WeightLayout;
-use crate::backend::memory::{Buf, Category, MemoryStats};
+use crate::backend::memory::{Category, HostBuf, MemoryStats};
 use rayon::prelude::*;
 use std::sync::Arc;
 
@@ -123,8 +123,8 @@ impl Element for Bf16 {
 
 /// A weight matrix packed for [`matmul_decode`].
 pub enum PackedWeight {
-    F32(Buf<f32>),
-    Bf16(Buf<Bf16>),
+    F32(HostBuf<f32>),
+    Bf16(HostBuf<Bf16>),
 }
 
 impl PackedWeight {
@@ -143,8 +143,8 @@ impl PackedWeight {
             k: usize,
             n: usize,
             stats: &Arc<MemoryStats>,
-        ) -> Buf<T> {
-            let mut buf = Buf::zeros(packed_len(k, n), Category::Params, stats.clone());
+        ) -> HostBuf<T> {
+            let mut buf = HostBuf::zeros(packed_len(k, n), Category::Params, stats.clone());
             pack(&mut buf, w, layout, k, n);
             buf
         }

@@ -1,4 +1,4 @@
-//! Pointwise kernels: GELU, copy, squared norms.
+//! Pointwise kernels: GELU, copy, add, squared norms.
 
 use super::math::{gelu, gelu_grad};
 use rayon::prelude::*;
@@ -27,6 +27,14 @@ pub fn copy(dst: &mut [f32], src: &[f32]) {
         .par_chunks_mut(CHUNK)
         .zip(src.par_chunks(CHUNK))
         .for_each(|(d, s)| d.copy_from_slice(s));
+}
+
+/// dst += src.
+pub fn add_inplace(dst: &mut [f32], src: &[f32]) {
+    dst[..src.len()]
+        .par_chunks_mut(CHUNK)
+        .zip(src.par_chunks(CHUNK))
+        .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, &s)| *d += s));
 }
 
 /// Sum of squares in f64, for gradient norms.

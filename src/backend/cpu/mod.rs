@@ -17,11 +17,13 @@ pub use attention::{AttnShape, DecodeShape};
 pub use decode::{PackedWeight, WeightFormat};
 pub use matmul::WeightLayout;
 
-use super::memory::MemoryStats;
-use super::Backend;
+use super::memory::{Buf, Category, Dst, MemoryStats, Src};
+use super::{Backend, Elem};
+use crate::error::Result;
 use std::sync::Arc;
 
-/// The CPU device; rayon's global pool decides the thread count.
+/// The CPU device; rayon's global pool decides the thread count. Its
+/// buffers are host vectors, so views are plain slices.
 #[derive(Clone, Default)]
 pub struct Cpu {
     memory: Arc<MemoryStats>,
@@ -33,7 +35,32 @@ impl Cpu {
     }
 }
 
+/// The host slice behind a CPU view.
+fn r<T>(s: Src<'_, Cpu, T>) -> &[T] {
+    let v = s.raw();
+    // SAFETY: a `Src<Cpu>` is only made by a `Buf<Cpu>` (a Vec whose pointer
+    // is the handle) borrowed for the view's lifetime, with the range checked.
+    unsafe { std::slice::from_raw_parts((v.handle as *const T).add(v.off), v.len) }
+}
+
+/// The writable host slice behind a CPU view.
+fn w<T>(d: Dst<'_, Cpu, T>) -> &mut [T] {
+    let v = d.raw();
+    // SAFETY: as `r`; a `Dst` is made from an exclusive borrow of the buffer
+    // and splits only into disjoint views.
+    unsafe { std::slice::from_raw_parts_mut((v.handle as *mut T).add(v.off), v.len) }
+}
+
 impl Backend for Cpu {
+    type Mem<T: Elem> = Vec<T>;
+    type Packed = PackedWeight;
+
+    fn handle<T: Elem>(mem: &Vec<T>) -> usize {
+        mem.as_ptr() as usize
+    }
+    fn handle_mut<T: Elem>(mem: &mut Vec<T>) -> usize {
+        mem.as_mut_ptr() as usize
+    }
     fn name(&self) -> String {
         format!("cpu ({} threads)", rayon::current_num_threads())
     }
@@ -43,174 +70,246 @@ impl Backend for Cpu {
     fn memory(&self) -> &Arc<MemoryStats> {
         &self.memory
     }
+    fn alloc_typed<T: Elem>(&self, len: usize, category: Category) -> Result<Buf<Self, T>> {
+        Ok(Buf::new(
+            vec![T::default(); len],
+            len,
+            category,
+            self.memory.clone(),
+        ))
+    }
+    fn upload<T: Elem>(&self, dst: Dst<'_, Self, T>, src: &[T]) -> Result<()> {
+        w(dst).copy_from_slice(src);
+        Ok(())
+    }
+    fn download<T: Elem>(&self, src: Src<'_, Self, T>, dst: &mut [T]) -> Result<()> {
+        dst.copy_from_slice(r(src));
+        Ok(())
+    }
+    fn host<'a, T: Elem>(&self, src: Src<'a, Self, T>) -> Option<&'a [T]> {
+        Some(r(src))
+    }
+    fn host_mut<'a, T: Elem>(&self, dst: Dst<'a, Self, T>) -> Option<&'a mut [T]> {
+        Some(w(dst))
+    }
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
     fn encoder_forward(
         &self,
-        out: &mut [f32],
-        tokens: &[u32],
-        wte: &[f32],
-        wpe: &[f32],
+        out: Dst<'_, Self>,
+        tokens: Src<'_, Self, u32>,
+        wte: Src<'_, Self>,
+        wpe: Src<'_, Self>,
         t: usize,
         c: usize,
     ) {
-        encoder::encoder_forward(out, tokens, wte, wpe, t, c)
+        encoder::encoder_forward(w(out), r(tokens), r(wte), r(wpe), t, c)
     }
     fn encoder_backward(
         &self,
-        dwte: &mut [f32],
-        dwpe: &mut [f32],
-        dout: &[f32],
-        tokens: &[u32],
+        dwte: Dst<'_, Self>,
+        dwpe: Dst<'_, Self>,
+        dout: Src<'_, Self>,
+        tokens: Src<'_, Self, u32>,
+        _host_tokens: &[u32],
         t: usize,
         c: usize,
     ) {
-        encoder::encoder_backward(dwte, dwpe, dout, tokens, t, c)
+        encoder::encoder_backward(w(dwte), w(dwpe), r(dout), r(tokens), t, c)
     }
     fn layernorm_forward(
         &self,
-        out: &mut [f32],
-        mean: &mut [f32],
-        rstd: &mut [f32],
-        inp: &[f32],
-        w: &[f32],
-        b: &[f32],
+        out: Dst<'_, Self>,
+        mean: Dst<'_, Self>,
+        rstd: Dst<'_, Self>,
+        inp: Src<'_, Self>,
+        wt: Src<'_, Self>,
+        b: Src<'_, Self>,
         c: usize,
     ) {
-        layernorm::layernorm_forward(out, mean, rstd, inp, w, b, c)
+        layernorm::layernorm_forward(w(out), w(mean), w(rstd), r(inp), r(wt), r(b), c)
     }
     fn layernorm_backward(
         &self,
-        dinp: &mut [f32],
-        dw: &mut [f32],
-        db: &mut [f32],
-        dout: &[f32],
-        inp: &[f32],
-        w: &[f32],
-        mean: &[f32],
-        rstd: &[f32],
+        dinp: Dst<'_, Self>,
+        dw: Dst<'_, Self>,
+        db: Dst<'_, Self>,
+        dout: Src<'_, Self>,
+        inp: Src<'_, Self>,
+        wt: Src<'_, Self>,
+        mean: Src<'_, Self>,
+        rstd: Src<'_, Self>,
         c: usize,
     ) {
-        layernorm::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, c)
+        layernorm::layernorm_backward(
+            w(dinp),
+            w(dw),
+            w(db),
+            r(dout),
+            r(inp),
+            r(wt),
+            r(mean),
+            r(rstd),
+            c,
+        )
     }
     fn matmul_forward(
         &self,
-        out: &mut [f32],
-        inp: &[f32],
-        w: &[f32],
-        bias: Option<&[f32]>,
+        out: Dst<'_, Self>,
+        inp: Src<'_, Self>,
+        wt: Src<'_, Self>,
+        bias: Option<Src<'_, Self>>,
         layout: WeightLayout,
         rows: usize,
         k: usize,
         n: usize,
         accumulate: bool,
     ) {
-        matmul::matmul_forward(out, inp, w, bias, layout, rows, k, n, accumulate)
+        matmul::matmul_forward(
+            w(out),
+            r(inp),
+            r(wt),
+            bias.map(r),
+            layout,
+            rows,
+            k,
+            n,
+            accumulate,
+        )
     }
     fn matmul_backward(
         &self,
-        dinp: &mut [f32],
-        dw: &mut [f32],
-        dbias: Option<&mut [f32]>,
-        dout: &[f32],
-        inp: &[f32],
-        w: &[f32],
+        dinp: Dst<'_, Self>,
+        dw: Dst<'_, Self>,
+        dbias: Option<Dst<'_, Self>>,
+        dout: Src<'_, Self>,
+        inp: Src<'_, Self>,
+        wt: Src<'_, Self>,
         layout: WeightLayout,
         rows: usize,
         k: usize,
         n: usize,
     ) {
-        matmul::matmul_backward(dinp, dw, dbias, dout, inp, w, layout, rows, k, n)
+        matmul::matmul_backward(
+            w(dinp),
+            w(dw),
+            dbias.map(w),
+            r(dout),
+            r(inp),
+            r(wt),
+            layout,
+            rows,
+            k,
+            n,
+        )
     }
     fn pack_decode_weight(
         &self,
-        w: &[f32],
+        wt: Src<'_, Self>,
         layout: WeightLayout,
         k: usize,
         n: usize,
         format: WeightFormat,
-    ) -> PackedWeight {
-        PackedWeight::new(w, layout, k, n, format, &self.memory)
+    ) -> Result<PackedWeight> {
+        Ok(PackedWeight::new(r(wt), layout, k, n, format, &self.memory))
     }
     fn matmul_decode(
         &self,
-        out: &mut [f32],
-        inp: &[f32],
+        out: Dst<'_, Self>,
+        inp: Src<'_, Self>,
         packed: &PackedWeight,
-        bias: Option<&[f32]>,
+        bias: Option<Src<'_, Self>>,
         rows: usize,
         k: usize,
         n: usize,
         accumulate: bool,
     ) {
-        decode::matmul_decode(out, inp, packed, bias, rows, k, n, accumulate)
+        decode::matmul_decode(w(out), r(inp), packed, bias.map(r), rows, k, n, accumulate)
     }
-    fn attention_forward(&self, out: &mut [f32], lse: &mut [f32], qkv: &[f32], shape: AttnShape) {
-        attention::attention_forward(out, lse, qkv, shape)
+    fn attention_forward(
+        &self,
+        out: Dst<'_, Self>,
+        lse: Dst<'_, Self>,
+        qkv: Src<'_, Self>,
+        shape: AttnShape,
+    ) {
+        attention::attention_forward(w(out), w(lse), r(qkv), shape)
     }
     fn attention_backward(
         &self,
-        dqkv: &mut [f32],
-        dout: &[f32],
-        qkv: &[f32],
-        out: &[f32],
-        lse: &[f32],
+        dqkv: Dst<'_, Self>,
+        dout: Src<'_, Self>,
+        qkv: Src<'_, Self>,
+        out: Src<'_, Self>,
+        lse: Src<'_, Self>,
         shape: AttnShape,
     ) {
-        attention::attention_backward(dqkv, dout, qkv, out, lse, shape)
+        attention::attention_backward(w(dqkv), r(dout), r(qkv), r(out), r(lse), shape)
     }
     fn attention_decode(
         &self,
-        out: &mut [f32],
-        qkv: &[f32],
-        kcache: &[f32],
-        vcache: &[f32],
+        out: Dst<'_, Self>,
+        qkv: Src<'_, Self>,
+        kcache: Src<'_, Self>,
+        vcache: Src<'_, Self>,
         shape: DecodeShape,
     ) {
-        attention::attention_decode(out, qkv, kcache, vcache, shape)
+        attention::attention_decode(w(out), r(qkv), r(kcache), r(vcache), shape)
     }
-    fn gelu_forward(&self, out: &mut [f32], inp: &[f32]) {
-        elementwise::gelu_forward(out, inp)
+    fn gelu_forward(&self, out: Dst<'_, Self>, inp: Src<'_, Self>) {
+        elementwise::gelu_forward(w(out), r(inp))
     }
-    fn gelu_backward_inplace(&self, d: &mut [f32], inp: &[f32]) {
-        elementwise::gelu_backward_inplace(d, inp)
+    fn gelu_backward_inplace(&self, d: Dst<'_, Self>, inp: Src<'_, Self>) {
+        elementwise::gelu_backward_inplace(w(d), r(inp))
     }
-    fn copy(&self, dst: &mut [f32], src: &[f32]) {
-        elementwise::copy(dst, src)
+    fn fill(&self, dst: Dst<'_, Self>, value: f32) {
+        w(dst).fill(value)
+    }
+    fn add_inplace(&self, dst: Dst<'_, Self>, src: Src<'_, Self>) {
+        elementwise::add_inplace(w(dst), r(src))
+    }
+    fn copy(&self, dst: Dst<'_, Self>, src: Src<'_, Self>) {
+        elementwise::copy(w(dst), r(src))
     }
     fn crossentropy_forward(
         &self,
-        losses: &mut [f32],
-        logits: &[f32],
-        targets: &[u32],
+        losses: Dst<'_, Self>,
+        logits: Src<'_, Self>,
+        targets: Src<'_, Self, u32>,
         v: usize,
         vp: usize,
     ) {
-        crossentropy::crossentropy_forward(losses, logits, targets, v, vp)
+        crossentropy::crossentropy_forward(w(losses), r(logits), r(targets), v, vp)
     }
     fn crossentropy_backward_inplace(
         &self,
-        logits: &mut [f32],
-        targets: &[u32],
+        logits: Dst<'_, Self>,
+        targets: Src<'_, Self, u32>,
         v: usize,
         vp: usize,
         dloss: f32,
     ) {
-        crossentropy::crossentropy_backward_inplace(logits, targets, v, vp, dloss)
+        crossentropy::crossentropy_backward_inplace(w(logits), r(targets), v, vp, dloss)
     }
     fn adamw(
         &self,
-        param: &mut [f32],
-        grad: &[f32],
-        m: &mut [f32],
-        v: &mut [f32],
+        param: Dst<'_, Self>,
+        grad: Src<'_, Self>,
+        m: Dst<'_, Self>,
+        v: Dst<'_, Self>,
         step: AdamWStep,
         weight_decay: f32,
     ) {
-        adamw::adamw(param, grad, m, v, step, weight_decay)
+        adamw::adamw(w(param), r(grad), w(m), w(v), step, weight_decay)
     }
     fn measure_peak_flops(&self) -> f64 {
         math::measure_matmul_flops()
     }
-    fn sum_squares(&self, x: &[f32]) -> f64 {
-        elementwise::sum_squares(x)
+    fn sum(&self, x: Src<'_, Self>) -> Result<f64> {
+        Ok(r(x).iter().map(|&v| v as f64).sum())
+    }
+    fn sum_squares(&self, x: Src<'_, Self>) -> Result<f64> {
+        Ok(elementwise::sum_squares(r(x)))
     }
 }
