@@ -5,6 +5,7 @@
 
 pub mod cpu;
 pub mod memory;
+pub mod opencl;
 
 pub use cpu::{AdamWStep, AttnShape, DecodeShape, PackedWeight, WeightFormat, WeightLayout};
 pub use memory::{Buf, Category, MemoryReport};
