@@ -4,6 +4,7 @@
 //! CLBlast are opened at run time: without them `Device::open` errors and
 //! the CPU backend still works.
 
+mod attention;
 mod clblast;
 mod kernels;
 mod runtime;
