@@ -18,10 +18,14 @@
 #define ATT_PAD (ATT_HD_MAX + 1)            // local row stride: no bank conflicts
 #define ATT_NEG (-1e30f)                    // masked score; exp(ATT_NEG - x) == 0
 
+#if BLOCK % ATT_ROWS != 0 || ATT_HD_MAX % ATT_TPR != 0 || BLOCK % ATT_HD_MAX != 0
+#error "attention.cu: BLOCK must split evenly into rows, and head dims into lanes"
+#endif
+
 // dst (rows, hd) in local memory <- rows [t0, t0 + rows) of src (stride floats
 // apart, head columns at src), zeros past row t_end.
-DEVICE void att_load(SHARED_PTR float* dst, const GLOBAL float* src, unsigned stride, unsigned t0,
-                     unsigned rows, unsigned t_end, unsigned hd) {
+DEVICE void att_load(SHARED_PTR float* dst, const GLOBAL float* src, unsigned stride,
+                     unsigned t0, unsigned rows, unsigned t_end, unsigned hd) {
     for (unsigned e = LOCAL_ID(0); e < rows * hd; e += BLOCK) {
         unsigned r = e / hd, d = e - r * hd;
         dst[r * ATT_PAD + d] = t0 + r < t_end ? src[(idx_t)(t0 + r) * stride + d] : 0.0f;
@@ -38,8 +42,9 @@ DEVICE float att_dot(const SHARED_PTR float* a, const SHARED_PTR float* b, unsig
 
 // Grid: ceil(T / ATT_ROWS) * B * NH workgroups of BLOCK.
 // out (B, T, C), lse (B, NH, T) <- qkv (B, T, 3C).
-KERNEL void attention_forward(GLOBAL float* RESTRICT out, unsigned out_off, GLOBAL float* RESTRICT lse,
-                              unsigned lse_off, const GLOBAL float* qkv, unsigned qkv_off,
+KERNEL void attention_forward(GLOBAL float* RESTRICT out, unsigned out_off,
+                              GLOBAL float* RESTRICT lse, unsigned lse_off,
+                              const GLOBAL float* RESTRICT qkv, unsigned qkv_off,
                               unsigned T, unsigned C, unsigned NH) {
     SHARED float qs[ATT_ROWS * ATT_PAD];
     SHARED float ks[ATT_TILE * ATT_PAD];
@@ -128,12 +133,12 @@ DEVICE void att_row_stats(SHARED_PTR float* ls, SHARED_PTR float* ds, const GLOB
 // ATT_ROWS key rows and visiting every query row at or after them.
 // dk, dv parts of dqkv (B, T, 3C) overwritten, from dout, out (B, T, C),
 // qkv (B, T, 3C), lse (B, NH, T).
-KERNEL void attention_backward_dkdv(GLOBAL float* dqkv, unsigned dqkv_off,
-                                    const GLOBAL float* dout, unsigned dout_off,
-                                    const GLOBAL float* qkv, unsigned qkv_off,
-                                    const GLOBAL float* out, unsigned out_off,
-                                    const GLOBAL float* lse, unsigned lse_off, unsigned T,
-                                    unsigned C, unsigned NH) {
+KERNEL void attention_backward_dkdv(GLOBAL float* RESTRICT dqkv, unsigned dqkv_off,
+                                    const GLOBAL float* RESTRICT dout, unsigned dout_off,
+                                    const GLOBAL float* RESTRICT qkv, unsigned qkv_off,
+                                    const GLOBAL float* RESTRICT out, unsigned out_off,
+                                    const GLOBAL float* RESTRICT lse, unsigned lse_off,
+                                    unsigned T, unsigned C, unsigned NH) {
     SHARED float ks[ATT_ROWS * ATT_PAD];
     SHARED float vs[ATT_ROWS * ATT_PAD];
     SHARED float qs[ATT_TILE * ATT_PAD];
@@ -202,11 +207,12 @@ KERNEL void attention_backward_dkdv(GLOBAL float* dqkv, unsigned dqkv_off,
 // Grid: ceil(T / ATT_ROWS) * B * NH workgroups of BLOCK, each owning
 // ATT_ROWS query rows and visiting every key row up to them.
 // dq part of dqkv (B, T, 3C) overwritten; arguments as attention_backward_dkdv.
-KERNEL void attention_backward_dq(GLOBAL float* dqkv, unsigned dqkv_off, const GLOBAL float* dout,
-                                  unsigned dout_off, const GLOBAL float* qkv, unsigned qkv_off,
-                                  const GLOBAL float* out, unsigned out_off,
-                                  const GLOBAL float* lse, unsigned lse_off, unsigned T, unsigned C,
-                                  unsigned NH) {
+KERNEL void attention_backward_dq(GLOBAL float* RESTRICT dqkv, unsigned dqkv_off,
+                                  const GLOBAL float* RESTRICT dout, unsigned dout_off,
+                                  const GLOBAL float* RESTRICT qkv, unsigned qkv_off,
+                                  const GLOBAL float* RESTRICT out, unsigned out_off,
+                                  const GLOBAL float* RESTRICT lse, unsigned lse_off,
+                                  unsigned T, unsigned C, unsigned NH) {
     SHARED float qs[ATT_ROWS * ATT_PAD];
     SHARED float dos[ATT_ROWS * ATT_PAD];
     SHARED float ks[ATT_TILE * ATT_PAD];
