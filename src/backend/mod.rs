@@ -9,6 +9,7 @@
 
 pub mod cpu;
 pub mod memory;
+pub mod opencl;
 
 pub use cpu::{AdamWStep, AttnShape, DecodeShape, WeightFormat, WeightLayout};
 pub use memory::{Buf, Category, Dst, MemoryReport, RawView, Src};

@@ -1,16 +1,16 @@
 //! fp32 CPU backend: `gemm` crate matmuls and rayon-parallel kernels.
 
-mod adamw;
-mod attention;
+pub(crate) mod adamw;
+pub(crate) mod attention;
 #[cfg(test)]
-mod check;
-mod crossentropy;
+pub(crate) mod check;
+pub(crate) mod crossentropy;
 mod decode;
-mod elementwise;
-mod encoder;
-mod layernorm;
+pub(crate) mod elementwise;
+pub(crate) mod encoder;
+pub(crate) mod layernorm;
 pub mod math;
-mod matmul;
+pub(crate) mod matmul;
 
 pub use adamw::AdamWStep;
 pub use attention::{AttnShape, DecodeShape};

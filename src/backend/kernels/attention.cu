@@ -1,0 +1,344 @@
+// Causal multi-head self-attention, flash-style, with the semantics of
+// cpu/attention.rs: qkv (B, T, 3C) = [q | k | v] per token, out (B, T, C),
+// lse (B, NH, T) the log-sum-exp of each row of scaled, masked scores.
+// A workgroup owns ATT_ROWS rows of one (batch, head) and streams tiles of
+// ATT_TILE rows through local memory, so no (T x T) buffer ever exists.
+// ATT_TPR threads share a row; lane l of a row takes the tile columns and the
+// head dims congruent to l mod ATT_TPR. Row statistics (max, sum) are read
+// back from local memory by every lane of the row, so lanes agree exactly
+// without a reduction. Nothing is accumulated across workgroups: results are
+// deterministic.
+
+#define ATT_HD_MAX 64                       // largest head dim supported
+#define ATT_ROWS 32                         // rows a workgroup owns
+#define ATT_TILE 16                         // rows of each streamed tile
+#define ATT_TPR (BLOCK / ATT_ROWS)          // threads per row
+#define ATT_PER_LANE (ATT_HD_MAX / ATT_TPR) // head dims a thread accumulates
+#define ATT_DECODE_PARTS (BLOCK / ATT_HD_MAX) // key partitions in decode
+#define ATT_PAD (ATT_HD_MAX + 1)            // local row stride: no bank conflicts
+#define ATT_NEG (-1e30f)                    // masked score; exp(ATT_NEG - x) == 0
+
+#if BLOCK % ATT_ROWS != 0 || ATT_HD_MAX % ATT_TPR != 0 || BLOCK % ATT_HD_MAX != 0
+#error "attention.cu: BLOCK must split evenly into rows, and head dims into lanes"
+#endif
+
+// dst (rows, hd) in local memory <- rows [t0, t0 + rows) of src (stride floats
+// apart, head columns at src), zeros past row t_end.
+DEVICE void att_load(SHARED_PTR float* dst, const GLOBAL float* src, unsigned stride,
+                     unsigned t0, unsigned rows, unsigned t_end, unsigned hd) {
+    for (unsigned e = LOCAL_ID(0); e < rows * hd; e += BLOCK) {
+        unsigned r = e / hd, d = e - r * hd;
+        dst[r * ATT_PAD + d] = t0 + r < t_end ? src[(idx_t)(t0 + r) * stride + d] : 0.0f;
+    }
+}
+
+DEVICE float att_dot(const SHARED_PTR float* a, const SHARED_PTR float* b, unsigned hd) {
+    float s = 0.0f;
+    for (unsigned d = 0; d < hd; d++) {
+        s += a[d] * b[d];
+    }
+    return s;
+}
+
+// Grid: ceil(T / ATT_ROWS) * B * NH workgroups of BLOCK.
+// out (B, T, C), lse (B, NH, T) <- qkv (B, T, 3C).
+KERNEL void attention_forward(GLOBAL float* RESTRICT out, unsigned out_off,
+                              GLOBAL float* RESTRICT lse, unsigned lse_off,
+                              const GLOBAL float* RESTRICT qkv, unsigned qkv_off,
+                              unsigned T, unsigned C, unsigned NH) {
+    SHARED float qs[ATT_ROWS * ATT_PAD];
+    SHARED float ks[ATT_TILE * ATT_PAD];
+    SHARED float vs[ATT_TILE * ATT_PAD];
+    SHARED float ss[ATT_ROWS * (ATT_TILE + 1)];
+    unsigned hd = C / NH, blocks = (T + ATT_ROWS - 1) / ATT_ROWS;
+    unsigned bh = GROUP_ID(0) / blocks, q0 = (GROUP_ID(0) % blocks) * ATT_ROWS;
+    unsigned b = bh / NH, h = bh % NH;
+    unsigned row = LOCAL_ID(0) / ATT_TPR, lane = LOCAL_ID(0) % ATT_TPR, qi = q0 + row;
+    float scale = 1.0f / sqrtf((float)hd);
+    const GLOBAL float* q = qkv + qkv_off + (idx_t)b * T * 3 * C + h * hd;
+    att_load(qs, q, 3 * C, q0, ATT_ROWS, T, hd);
+
+    float m = ATT_NEG, l = 0.0f, acc[ATT_PER_LANE];
+    for (unsigned k = 0; k < ATT_PER_LANE; k++) {
+        acc[k] = 0.0f;
+    }
+    unsigned k_end = min(T, q0 + ATT_ROWS);
+    for (unsigned k0 = 0; k0 < k_end; k0 += ATT_TILE) {
+        BARRIER(); // qs written; the previous tile's ks, vs, ss all read
+        att_load(ks, q + C, 3 * C, k0, ATT_TILE, k_end, hd);
+        att_load(vs, q + 2 * C, 3 * C, k0, ATT_TILE, k_end, hd);
+        BARRIER();
+        for (unsigned j = lane; j < ATT_TILE; j += ATT_TPR) {
+            unsigned kj = k0 + j;
+            ss[row * (ATT_TILE + 1) + j] =
+                kj <= qi && kj < T ? att_dot(qs + row * ATT_PAD, ks + j * ATT_PAD, hd) * scale
+                                   : ATT_NEG;
+        }
+        BARRIER();
+        const SHARED_PTR float* s = ss + row * (ATT_TILE + 1);
+        float m_new = m;
+        for (unsigned j = 0; j < ATT_TILE; j++) {
+            m_new = fmaxf(m_new, s[j]);
+        }
+        float alpha = expf(m - m_new);
+        l *= alpha;
+        for (unsigned k = 0; k < ATT_PER_LANE; k++) {
+            acc[k] *= alpha;
+        }
+        for (unsigned j = 0; j < ATT_TILE; j++) {
+            float p = expf(s[j] - m_new);
+            l += p;
+            for (unsigned k = 0; k < ATT_PER_LANE; k++) {
+                unsigned d = lane + k * ATT_TPR;
+                if (d < hd) {
+                    acc[k] += p * vs[j * ATT_PAD + d];
+                }
+            }
+        }
+        m = m_new;
+    }
+    if (qi < T) {
+        GLOBAL float* o = out + out_off + ((idx_t)b * T + qi) * C + h * hd;
+        for (unsigned k = 0; k < ATT_PER_LANE; k++) {
+            unsigned d = lane + k * ATT_TPR;
+            if (d < hd) {
+                o[d] = acc[k] / l;
+            }
+        }
+        if (lane == 0) {
+            lse[lse_off + (idx_t)bh * T + qi] = m + logf(l);
+        }
+    }
+}
+
+// Loads lse and D = dot(dout, out) of rows [t0, t0 + rows) of head (b, h)
+// into ls, ds (zeros past T).
+DEVICE void att_row_stats(SHARED_PTR float* ls, SHARED_PTR float* ds, const GLOBAL float* lse,
+                          const GLOBAL float* dout, const GLOBAL float* out, unsigned t0,
+                          unsigned rows, unsigned T, unsigned C, unsigned hd) {
+    for (unsigned r = LOCAL_ID(0); r < rows; r += BLOCK) {
+        float l = 0.0f, d = 0.0f;
+        if (t0 + r < T) {
+            l = lse[t0 + r];
+            for (unsigned e = 0; e < hd; e++) {
+                d += dout[(idx_t)(t0 + r) * C + e] * out[(idx_t)(t0 + r) * C + e];
+            }
+        }
+        ls[r] = l;
+        ds[r] = d;
+    }
+}
+
+// Grid: ceil(T / ATT_ROWS) * B * NH workgroups of BLOCK, each owning
+// ATT_ROWS key rows and visiting every query row at or after them.
+// dk, dv parts of dqkv (B, T, 3C) overwritten, from dout, out (B, T, C),
+// qkv (B, T, 3C), lse (B, NH, T).
+KERNEL void attention_backward_dkdv(GLOBAL float* RESTRICT dqkv, unsigned dqkv_off,
+                                    const GLOBAL float* RESTRICT dout, unsigned dout_off,
+                                    const GLOBAL float* RESTRICT qkv, unsigned qkv_off,
+                                    const GLOBAL float* RESTRICT out, unsigned out_off,
+                                    const GLOBAL float* RESTRICT lse, unsigned lse_off,
+                                    unsigned T, unsigned C, unsigned NH) {
+    SHARED float ks[ATT_ROWS * ATT_PAD];
+    SHARED float vs[ATT_ROWS * ATT_PAD];
+    SHARED float qs[ATT_TILE * ATT_PAD];
+    SHARED float dos[ATT_TILE * ATT_PAD];
+    SHARED float ps[ATT_ROWS * (ATT_TILE + 1)];
+    SHARED float dss[ATT_ROWS * (ATT_TILE + 1)];
+    SHARED float ls[ATT_TILE];
+    SHARED float ds[ATT_TILE];
+    unsigned hd = C / NH, blocks = (T + ATT_ROWS - 1) / ATT_ROWS;
+    unsigned bh = GROUP_ID(0) / blocks, k0 = (GROUP_ID(0) % blocks) * ATT_ROWS;
+    unsigned b = bh / NH, h = bh % NH;
+    unsigned row = LOCAL_ID(0) / ATT_TPR, lane = LOCAL_ID(0) % ATT_TPR, kj = k0 + row;
+    float scale = 1.0f / sqrtf((float)hd);
+    const GLOBAL float* q = qkv + qkv_off + (idx_t)b * T * 3 * C + h * hd;
+    const GLOBAL float* d_o = dout + dout_off + (idx_t)b * T * C + h * hd;
+    const GLOBAL float* o = out + out_off + (idx_t)b * T * C + h * hd;
+    att_load(ks, q + C, 3 * C, k0, ATT_ROWS, T, hd);
+    att_load(vs, q + 2 * C, 3 * C, k0, ATT_ROWS, T, hd);
+
+    float dk[ATT_PER_LANE], dv[ATT_PER_LANE];
+    for (unsigned k = 0; k < ATT_PER_LANE; k++) {
+        dk[k] = 0.0f;
+        dv[k] = 0.0f;
+    }
+    for (unsigned q0 = k0; q0 < T; q0 += ATT_TILE) {
+        BARRIER(); // ks, vs written; the previous tile's qs, dos, ps, dss all read
+        att_load(qs, q, 3 * C, q0, ATT_TILE, T, hd);
+        att_load(dos, d_o, C, q0, ATT_TILE, T, hd);
+        att_row_stats(ls, ds, lse + lse_off + (idx_t)bh * T, d_o, o, q0, ATT_TILE, T, C, hd);
+        BARRIER();
+        for (unsigned i = lane; i < ATT_TILE; i += ATT_TPR) {
+            unsigned qi = q0 + i;
+            float p = 0.0f, dsc = 0.0f;
+            if (kj <= qi && qi < T) {
+                p = expf(att_dot(qs + i * ATT_PAD, ks + row * ATT_PAD, hd) * scale - ls[i]);
+                float dp = att_dot(dos + i * ATT_PAD, vs + row * ATT_PAD, hd);
+                dsc = p * (dp - ds[i]) * scale;
+            }
+            ps[row * (ATT_TILE + 1) + i] = p;
+            dss[row * (ATT_TILE + 1) + i] = dsc;
+        }
+        BARRIER();
+        for (unsigned i = 0; i < ATT_TILE; i++) {
+            float p = ps[row * (ATT_TILE + 1) + i], dsc = dss[row * (ATT_TILE + 1) + i];
+            for (unsigned k = 0; k < ATT_PER_LANE; k++) {
+                unsigned d = lane + k * ATT_TPR;
+                if (d < hd) {
+                    dv[k] += p * dos[i * ATT_PAD + d];
+                    dk[k] += dsc * qs[i * ATT_PAD + d];
+                }
+            }
+        }
+    }
+    if (kj < T) {
+        GLOBAL float* g = dqkv + dqkv_off + ((idx_t)b * T + kj) * 3 * C + h * hd;
+        for (unsigned k = 0; k < ATT_PER_LANE; k++) {
+            unsigned d = lane + k * ATT_TPR;
+            if (d < hd) {
+                g[C + d] = dk[k];
+                g[2 * C + d] = dv[k];
+            }
+        }
+    }
+}
+
+// Grid: ceil(T / ATT_ROWS) * B * NH workgroups of BLOCK, each owning
+// ATT_ROWS query rows and visiting every key row up to them.
+// dq part of dqkv (B, T, 3C) overwritten; arguments as attention_backward_dkdv.
+KERNEL void attention_backward_dq(GLOBAL float* RESTRICT dqkv, unsigned dqkv_off,
+                                  const GLOBAL float* RESTRICT dout, unsigned dout_off,
+                                  const GLOBAL float* RESTRICT qkv, unsigned qkv_off,
+                                  const GLOBAL float* RESTRICT out, unsigned out_off,
+                                  const GLOBAL float* RESTRICT lse, unsigned lse_off,
+                                  unsigned T, unsigned C, unsigned NH) {
+    SHARED float qs[ATT_ROWS * ATT_PAD];
+    SHARED float dos[ATT_ROWS * ATT_PAD];
+    SHARED float ks[ATT_TILE * ATT_PAD];
+    SHARED float vs[ATT_TILE * ATT_PAD];
+    SHARED float dss[ATT_ROWS * (ATT_TILE + 1)];
+    SHARED float ls[ATT_ROWS];
+    SHARED float ds[ATT_ROWS];
+    unsigned hd = C / NH, blocks = (T + ATT_ROWS - 1) / ATT_ROWS;
+    unsigned bh = GROUP_ID(0) / blocks, q0 = (GROUP_ID(0) % blocks) * ATT_ROWS;
+    unsigned b = bh / NH, h = bh % NH;
+    unsigned row = LOCAL_ID(0) / ATT_TPR, lane = LOCAL_ID(0) % ATT_TPR, qi = q0 + row;
+    float scale = 1.0f / sqrtf((float)hd);
+    const GLOBAL float* q = qkv + qkv_off + (idx_t)b * T * 3 * C + h * hd;
+    const GLOBAL float* d_o = dout + dout_off + (idx_t)b * T * C + h * hd;
+    const GLOBAL float* o = out + out_off + (idx_t)b * T * C + h * hd;
+    att_load(qs, q, 3 * C, q0, ATT_ROWS, T, hd);
+    att_load(dos, d_o, C, q0, ATT_ROWS, T, hd);
+    att_row_stats(ls, ds, lse + lse_off + (idx_t)bh * T, d_o, o, q0, ATT_ROWS, T, C, hd);
+
+    float dq[ATT_PER_LANE];
+    for (unsigned k = 0; k < ATT_PER_LANE; k++) {
+        dq[k] = 0.0f;
+    }
+    unsigned k_end = min(T, q0 + ATT_ROWS);
+    for (unsigned k0 = 0; k0 < k_end; k0 += ATT_TILE) {
+        BARRIER(); // qs, dos, ls, ds written; the previous tile's ks, dss all read
+        att_load(ks, q + C, 3 * C, k0, ATT_TILE, k_end, hd);
+        att_load(vs, q + 2 * C, 3 * C, k0, ATT_TILE, k_end, hd);
+        BARRIER();
+        for (unsigned j = lane; j < ATT_TILE; j += ATT_TPR) {
+            unsigned kj = k0 + j;
+            float dsc = 0.0f;
+            if (kj <= qi && qi < T) {
+                float p = expf(att_dot(qs + row * ATT_PAD, ks + j * ATT_PAD, hd) * scale - ls[row]);
+                float dp = att_dot(dos + row * ATT_PAD, vs + j * ATT_PAD, hd);
+                dsc = p * (dp - ds[row]) * scale;
+            }
+            dss[row * (ATT_TILE + 1) + j] = dsc;
+        }
+        BARRIER();
+        for (unsigned j = 0; j < ATT_TILE; j++) {
+            float dsc = dss[row * (ATT_TILE + 1) + j];
+            for (unsigned k = 0; k < ATT_PER_LANE; k++) {
+                unsigned d = lane + k * ATT_TPR;
+                if (d < hd) {
+                    dq[k] += dsc * ks[j * ATT_PAD + d];
+                }
+            }
+        }
+    }
+    if (qi < T) {
+        GLOBAL float* g = dqkv + dqkv_off + ((idx_t)b * T + qi) * 3 * C + h * hd;
+        for (unsigned k = 0; k < ATT_PER_LANE; k++) {
+            unsigned d = lane + k * ATT_TPR;
+            if (d < hd) {
+                g[d] = dq[k];
+            }
+        }
+    }
+}
+
+// Grid: b * NH workgroups of BLOCK, one per (row, head). Thread j scores key
+// j of each tile of BLOCK keys and turns it into a probability; then part
+// p = tid / ATT_HD_MAX sums the tile's keys congruent to p mod
+// ATT_DECODE_PARTS into head dim tid % ATT_HD_MAX; the parts are added in a
+// fixed order at the end.
+// out (b, C) <- qkv (b, 3C) queries against kcache, vcache (b, max_t, C) at
+// positions [0, len).
+KERNEL void attention_decode(GLOBAL float* RESTRICT out, unsigned out_off,
+                             const GLOBAL float* RESTRICT qkv, unsigned qkv_off,
+                             const GLOBAL float* RESTRICT kcache, unsigned kcache_off,
+                             const GLOBAL float* RESTRICT vcache, unsigned vcache_off,
+                             unsigned len, unsigned C, unsigned NH, unsigned max_t) {
+    SHARED float qs[ATT_HD_MAX];
+    SHARED float ss[BLOCK];
+    unsigned hd = C / NH, r = GROUP_ID(0) / NH, h = GROUP_ID(0) % NH, tid = LOCAL_ID(0);
+    unsigned d = tid % ATT_HD_MAX, part = tid / ATT_HD_MAX;
+    float scale = 1.0f / sqrtf((float)hd);
+    const GLOBAL float* kc = kcache + kcache_off + (idx_t)r * max_t * C + h * hd;
+    const GLOBAL float* vc = vcache + vcache_off + (idx_t)r * max_t * C + h * hd;
+    if (tid < hd) {
+        qs[tid] = qkv[qkv_off + (idx_t)r * 3 * C + h * hd + tid];
+    }
+    float m = ATT_NEG, l = 0.0f, acc = 0.0f;
+    for (unsigned k0 = 0; k0 < len; k0 += BLOCK) {
+        BARRIER(); // qs written; the previous tile's ss all read
+        float s = ATT_NEG;
+        if (k0 + tid < len) {
+            s = 0.0f;
+            for (unsigned e = 0; e < hd; e++) {
+                s += qs[e] * kc[(idx_t)(k0 + tid) * C + e];
+            }
+            s *= scale;
+        }
+        ss[tid] = s;
+        BARRIER();
+        unsigned n = min(len - k0, (unsigned)BLOCK);
+        float m_new = m;
+        for (unsigned j = 0; j < n; j++) {
+            m_new = fmaxf(m_new, ss[j]);
+        }
+        BARRIER(); // every thread has its m_new before ss becomes probabilities
+        ss[tid] = expf(s - m_new);
+        BARRIER();
+        float alpha = expf(m - m_new);
+        l *= alpha;
+        acc *= alpha;
+        for (unsigned j = 0; j < n; j++) {
+            l += ss[j];
+        }
+        if (d < hd) {
+            for (unsigned j = part; j < n; j += ATT_DECODE_PARTS) {
+                acc += ss[j] * vc[(idx_t)(k0 + j) * C + d];
+            }
+        }
+        m = m_new;
+    }
+    BARRIER(); // the last tile's ss all read
+    ss[tid] = acc;
+    BARRIER();
+    if (tid < hd) {
+        float o = 0.0f;
+        for (unsigned p = 0; p < ATT_DECODE_PARTS; p++) {
+            o += ss[p * ATT_HD_MAX + tid];
+        }
+        // An empty cache attends to nothing: zeros, as on the CPU.
+        out[out_off + (idx_t)r * C + h * hd + tid] = len > 0 ? o / l : 0.0f;
+    }
+}

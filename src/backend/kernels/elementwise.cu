@@ -1,0 +1,55 @@
+// Pointwise kernels over n elements, one thread per element.
+
+#define GELU_SCALE 0.7978845608f  // sqrt(2 / pi)
+#define GELU_CUBE 0.044715f
+
+// tanh through exp, as the CPU backend computes it: near |u| large, 1 - t^2
+// below then keeps the relative precision of 1 - t, as on the CPU.
+DEVICE float gelu_tanh(float u) {
+    return 1.0f - 2.0f / (expf(2.0f * u) + 1.0f);
+}
+
+// out = gelu(inp), tanh approximation (GPT-2's gelu_new).
+KERNEL void gelu_forward(GLOBAL float* RESTRICT out, unsigned out_off,
+                         const GLOBAL float* RESTRICT inp, unsigned inp_off, unsigned n) {
+    idx_t i = GLOBAL_ID(0);
+    if (i >= n) return;
+    float x = inp[inp_off + i];
+    float u = GELU_SCALE * (x + GELU_CUBE * x * x * x);
+    out[out_off + i] = 0.5f * x * (1.0f + gelu_tanh(u));
+}
+
+// d *= gelu'(inp), in place.
+KERNEL void gelu_backward_inplace(GLOBAL float* RESTRICT d, unsigned d_off,
+                                  const GLOBAL float* RESTRICT inp, unsigned inp_off, unsigned n) {
+    idx_t i = GLOBAL_ID(0);
+    if (i >= n) return;
+    float x = inp[inp_off + i];
+    float u = GELU_SCALE * (x + GELU_CUBE * x * x * x);
+    float th = gelu_tanh(u);
+    float du = GELU_SCALE * (1.0f + 3.0f * GELU_CUBE * x * x);
+    d[d_off + i] *= 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
+}
+
+// dst = src.
+KERNEL void copy(GLOBAL float* RESTRICT dst, unsigned dst_off,
+                 const GLOBAL float* RESTRICT src, unsigned src_off, unsigned n) {
+    idx_t i = GLOBAL_ID(0);
+    if (i >= n) return;
+    dst[dst_off + i] = src[src_off + i];
+}
+
+// dst = value.
+KERNEL void fill(GLOBAL float* RESTRICT dst, unsigned dst_off, unsigned n, float value) {
+    idx_t i = GLOBAL_ID(0);
+    if (i >= n) return;
+    dst[dst_off + i] = value;
+}
+
+// dst += src.
+KERNEL void add_inplace(GLOBAL float* RESTRICT dst, unsigned dst_off,
+                        const GLOBAL float* RESTRICT src, unsigned src_off, unsigned n) {
+    idx_t i = GLOBAL_ID(0);
+    if (i >= n) return;
+    dst[dst_off + i] += src[src_off + i];
+}

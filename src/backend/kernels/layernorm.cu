@@ -1,0 +1,97 @@
+// LayerNorm over the last dimension (eps 1e-5, as GPT-2).
+
+// One workgroup per row. inp, out (rows, c); w, b (c); mean, rstd (rows).
+KERNEL void layernorm_forward(GLOBAL float* RESTRICT out, unsigned out_off,
+                              GLOBAL float* RESTRICT mean, unsigned mean_off,
+                              GLOBAL float* RESTRICT rstd, unsigned rstd_off,
+                              const GLOBAL float* RESTRICT inp, unsigned inp_off,
+                              const GLOBAL float* RESTRICT w, unsigned w_off,
+                              const GLOBAL float* RESTRICT b, unsigned b_off,
+                              unsigned c) {
+    SHARED float buf[BLOCK];
+    unsigned row = GROUP_ID(0);
+    int tid = LOCAL_ID(0);
+    const GLOBAL float* x = inp + inp_off + (idx_t)row * c;
+    GLOBAL float* o = out + out_off + (idx_t)row * c;
+    w += w_off;
+    b += b_off;
+    float s = 0.0f;
+    for (unsigned j = tid; j < c; j += BLOCK) s += x[j];
+    float mu = block_sum(buf, s) / (float)c;
+    float ss = 0.0f;
+    for (unsigned j = tid; j < c; j += BLOCK) {
+        float d = x[j] - mu;
+        ss += d * d;
+    }
+    float var = block_sum(buf, ss) / (float)c;
+    float r = 1.0f / sqrtf(var + 1e-5f);
+    for (unsigned j = tid; j < c; j += BLOCK) o[j] = (x[j] - mu) * r * w[j] + b[j];
+    if (tid == 0) {
+        mean[mean_off + row] = mu;
+        rstd[rstd_off + row] = r;
+    }
+}
+
+// dinp += d/dinp for rows g, g + G, ... (g the group, G the number of
+// groups); this group's partial sums of dw and db over those rows go to its
+// own row of partials (G, 2c): [dw part | db part], reduced by
+// layernorm_backward_params in group order, so no atomics and a fixed order.
+KERNEL void layernorm_backward(GLOBAL float* RESTRICT dinp, unsigned dinp_off,
+                               GLOBAL float* RESTRICT partials, unsigned partials_off,
+                               const GLOBAL float* RESTRICT dout, unsigned dout_off,
+                               const GLOBAL float* RESTRICT inp, unsigned inp_off,
+                               const GLOBAL float* RESTRICT w, unsigned w_off,
+                               const GLOBAL float* RESTRICT mean, unsigned mean_off,
+                               const GLOBAL float* RESTRICT rstd, unsigned rstd_off,
+                               unsigned rows, unsigned c) {
+    SHARED float buf[BLOCK];
+    unsigned g = GROUP_ID(0), groups = NUM_GROUPS(0);
+    int tid = LOCAL_ID(0);
+    GLOBAL float* pw = partials + partials_off + (idx_t)g * 2 * c;
+    GLOBAL float* pb = pw + c;
+    w += w_off;
+    for (unsigned j = tid; j < c; j += BLOCK) {
+        pw[j] = 0.0f;
+        pb[j] = 0.0f;
+    }
+    for (unsigned row = g; row < rows; row += groups) {
+        const GLOBAL float* x = inp + inp_off + (idx_t)row * c;
+        const GLOBAL float* d = dout + dout_off + (idx_t)row * c;
+        GLOBAL float* di = dinp + dinp_off + (idx_t)row * c;
+        float mu = mean[mean_off + row], rs = rstd[rstd_off + row];
+        float a = 0.0f, an = 0.0f;
+        for (unsigned j = tid; j < c; j += BLOCK) {
+            float dn = d[j] * w[j];
+            a += dn;
+            an += dn * (x[j] - mu);
+        }
+        float dnorm_mean = block_sum(buf, a) / (float)c;
+        float dnorm_norm_mean = block_sum(buf, an) * rs / (float)c;
+        for (unsigned j = tid; j < c; j += BLOCK) {
+            float norm = (x[j] - mu) * rs;
+            // dn as its own statement: not fused into the subtraction below,
+            // whose rounding rs (up to 1/sqrt(eps)) would amplify.
+            float dn = d[j] * w[j];
+            pw[j] += d[j] * norm;
+            pb[j] += d[j];
+            di[j] += (dn - dnorm_mean - norm * dnorm_norm_mean) * rs;
+        }
+    }
+}
+
+// dw, db (c) += the sum over groups of partials (groups, 2c); one thread per channel.
+KERNEL void layernorm_backward_params(GLOBAL float* RESTRICT dw, unsigned dw_off,
+                                      GLOBAL float* RESTRICT db, unsigned db_off,
+                                      const GLOBAL float* RESTRICT partials, unsigned partials_off,
+                                      unsigned groups, unsigned c) {
+    idx_t j = GLOBAL_ID(0);
+    if (j >= c) return;
+    const GLOBAL float* p = partials + partials_off;
+    float aw = dw[dw_off + j], ab = db[db_off + j];
+    for (unsigned g = 0; g < groups; g++) {
+        aw += p[(idx_t)g * 2 * c + j];
+        ab += p[(idx_t)g * 2 * c + c + j];
+    }
+    dw[dw_off + j] = aw;
+    db[db_off + j] = ab;
+}

@@ -1,0 +1,74 @@
+// The prelude of every kernel source: the few constructs that differ between
+// OpenCL C (PoCL, any OpenCL GPU) and CUDA C++ (NVRTC), as macros, so each
+// .cu file below it is written once in a restricted dialect of both.
+// Every kernel runs 1-D workgroups of BLOCK threads (the host's BLOCK too).
+
+#define BLOCK 256
+
+#ifdef __OPENCL_VERSION__
+#define KERNEL __kernel
+#define DEVICE
+#define GLOBAL __global
+#define SHARED __local
+#define SHARED_PTR __local
+#define RESTRICT restrict
+#define BARRIER() barrier(CLK_LOCAL_MEM_FENCE)
+typedef ulong idx_t;
+#define LOCAL_ID(d) ((int)get_local_id(d))
+#define GROUP_ID(d) ((unsigned)get_group_id(d))
+#define LOCAL_SIZE(d) ((int)get_local_size(d))
+#define NUM_GROUPS(d) ((unsigned)get_num_groups(d))
+#define GLOBAL_ID(d) ((idx_t)get_global_id(d))
+#define expf(x) exp(x)
+#define logf(x) log(x)
+#define sqrtf(x) sqrt(x)
+#define tanhf(x) tanh(x)
+#define fmaxf(a, b) fmax(a, b)
+#define NEG_INF (-INFINITY)
+#else
+#define KERNEL extern "C" __global__
+#define DEVICE __device__
+#define GLOBAL
+#define SHARED __shared__
+#define SHARED_PTR
+#define RESTRICT __restrict__
+#define BARRIER() __syncthreads()
+typedef unsigned long long idx_t;
+#define DIM3(v, d) ((d) == 0 ? (v).x : (d) == 1 ? (v).y : (v).z)
+#define LOCAL_ID(d) ((int)DIM3(threadIdx, d))
+#define GROUP_ID(d) ((unsigned)DIM3(blockIdx, d))
+#define LOCAL_SIZE(d) ((int)DIM3(blockDim, d))
+#define NUM_GROUPS(d) ((unsigned)DIM3(gridDim, d))
+#define GLOBAL_ID(d) ((idx_t)DIM3(blockIdx, d) * DIM3(blockDim, d) + DIM3(threadIdx, d))
+#define NEG_INF (-__int_as_float(0x7f800000))
+#endif
+
+// Sum of v over the workgroup, returned to every thread; buf holds BLOCK
+// floats. A fixed tree, so the result does not depend on scheduling. Every
+// thread of the group must call it (it has barriers).
+DEVICE float block_sum(SHARED_PTR float* buf, float v) {
+    int tid = LOCAL_ID(0);
+    buf[tid] = v;
+    BARRIER();
+    for (int s = BLOCK / 2; s > 0; s >>= 1) {
+        if (tid < s) buf[tid] += buf[tid + s];
+        BARRIER();
+    }
+    float r = buf[0];
+    BARRIER();  // buf may be reused right after
+    return r;
+}
+
+// Max of v over the workgroup; as block_sum.
+DEVICE float block_max(SHARED_PTR float* buf, float v) {
+    int tid = LOCAL_ID(0);
+    buf[tid] = v;
+    BARRIER();
+    for (int s = BLOCK / 2; s > 0; s >>= 1) {
+        if (tid < s) buf[tid] = fmaxf(buf[tid], buf[tid + s]);
+        BARRIER();
+    }
+    float r = buf[0];
+    BARRIER();
+    return r;
+}

@@ -1,0 +1,299 @@
+//! Causal self-attention on an OpenCL device: the flash-style kernels of
+//! `kernels/attention.cu`, with the semantics of `cpu::attention` (the row
+//! log-sum-exp kept for the backward, no (T x T) buffer, no atomics).
+
+use super::kernels::{need, u32s};
+use super::runtime::{Arg, Device, View};
+use super::ClError;
+use crate::backend::{AttnShape, DecodeShape};
+
+/// Largest head dim the kernels support: `ATT_HD_MAX` in attention.cu.
+const HD_MAX: usize = 64;
+/// Rows of one (batch, head) a workgroup owns: `ATT_ROWS` in attention.cu.
+const ROWS: usize = 32;
+
+/// The head dim of `nh` heads over `c` channels, if the kernels support it.
+fn head_dim(c: usize, nh: usize) -> Result<usize, ClError> {
+    if nh == 0 || !c.is_multiple_of(nh) || c / nh == 0 || c / nh > HD_MAX {
+        return Err(ClError(format!(
+            "attention: c = {c} over nh = {nh} heads must give a whole head dim \
+             of 1 to {HD_MAX} for the OpenCL kernels"
+        )));
+    }
+    Ok(c / nh)
+}
+
+impl Device {
+    /// out (B, T, C) and lse (B, NH, T) from qkv (B, T, 3C) = [q | k | v] per token.
+    pub fn attention_forward(
+        &self,
+        out: View,
+        lse: View,
+        qkv: View,
+        shape: AttnShape,
+    ) -> Result<(), ClError> {
+        let AttnShape { b, t, c, nh } = shape;
+        head_dim(c, nh)?;
+        need("attention_forward out", out, b * t * c)?;
+        need("attention_forward lse", lse, b * nh * t)?;
+        need("attention_forward qkv", qkv, b * t * 3 * c)?;
+        let args = [
+            Arg::View(out),
+            Arg::View(lse),
+            Arg::View(qkv),
+            u32s("t", t)?,
+            u32s("c", c)?,
+            u32s("nh", nh)?,
+        ];
+        self.launch("attention_forward", t.div_ceil(ROWS) * b * nh, &args)
+    }
+
+    /// dqkv (B, T, 3C) overwritten with the gradient given dout (B, T, C),
+    /// from the forward's qkv, out and lse.
+    pub fn attention_backward(
+        &self,
+        dqkv: View,
+        dout: View,
+        qkv: View,
+        out: View,
+        lse: View,
+        shape: AttnShape,
+    ) -> Result<(), ClError> {
+        let AttnShape { b, t, c, nh } = shape;
+        head_dim(c, nh)?;
+        need("attention_backward dqkv", dqkv, b * t * 3 * c)?;
+        need("attention_backward dout", dout, b * t * c)?;
+        need("attention_backward qkv", qkv, b * t * 3 * c)?;
+        need("attention_backward out", out, b * t * c)?;
+        need("attention_backward lse", lse, b * nh * t)?;
+        let args = [
+            Arg::View(dqkv),
+            Arg::View(dout),
+            Arg::View(qkv),
+            Arg::View(out),
+            Arg::View(lse),
+            u32s("t", t)?,
+            u32s("c", c)?,
+            u32s("nh", nh)?,
+        ];
+        // Two passes writing disjoint parts of dqkv: workgroups owning keys
+        // (dk, dv), then workgroups owning queries (dq).
+        let groups = t.div_ceil(ROWS) * b * nh;
+        self.launch("attention_backward_dkdv", groups, &args)?;
+        self.launch("attention_backward_dq", groups, &args)
+    }
+
+    /// out (b, c) from one query per row of qkv (b, 3c) against positions
+    /// [0, len) of kcache, vcache (b, max_t, c).
+    pub fn attention_decode(
+        &self,
+        out: View,
+        qkv: View,
+        kcache: View,
+        vcache: View,
+        shape: DecodeShape,
+    ) -> Result<(), ClError> {
+        let DecodeShape {
+            b,
+            len,
+            c,
+            nh,
+            max_t,
+        } = shape;
+        head_dim(c, nh)?;
+        if len > max_t {
+            return Err(ClError(format!(
+                "attention_decode: len = {len} exceeds the cache's max_t = {max_t}"
+            )));
+        }
+        need("attention_decode out", out, b * c)?;
+        need("attention_decode qkv", qkv, b * 3 * c)?;
+        need("attention_decode kcache", kcache, b * max_t * c)?;
+        need("attention_decode vcache", vcache, b * max_t * c)?;
+        let args = [
+            Arg::View(out),
+            Arg::View(qkv),
+            Arg::View(kcache),
+            Arg::View(vcache),
+            u32s("len", len)?,
+            u32s("c", c)?,
+            u32s("nh", nh)?,
+            u32s("max_t", max_t)?,
+        ];
+        self.launch("attention_decode", b * nh, &args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::program_source;
+    use super::super::tests::{assert_close, device, get, putf, tiny};
+    use super::*;
+    use crate::backend::cpu::attention;
+    use crate::backend::cpu::check::randn;
+    use crate::rng::Rng;
+
+    #[test]
+    fn host_constants_match_the_kernels() {
+        let src = program_source();
+        assert!(src.contains(&format!("#define ATT_HD_MAX {HD_MAX} ")));
+        assert!(src.contains(&format!("#define ATT_ROWS {ROWS} ")));
+    }
+
+    /// (b, t, c, nh): head dims 1 to 64, some not powers of two; t below, at
+    /// and past multiples of the 32-row tiles.
+    fn shapes() -> Vec<AttnShape> {
+        let list: &[(usize, usize, usize, usize)] = if tiny() {
+            &[(1, 5, 6, 2), (2, 33, 5, 1)]
+        } else {
+            &[
+                (2, 37, 6, 2),
+                (1, 70, 10, 2),
+                (3, 33, 48, 2),
+                (1, 65, 128, 2),
+                (2, 64, 64, 1),
+                (1, 1, 64, 1),
+                (4, 3, 1, 1),
+            ]
+        };
+        list.iter()
+            .map(|&(b, t, c, nh)| AttnShape { b, t, c, nh })
+            .collect()
+    }
+
+    fn name(s: AttnShape) -> String {
+        format!("b={} t={} c={} nh={}", s.b, s.t, s.c, s.nh)
+    }
+
+    #[test]
+    fn attention_forward_matches_cpu() {
+        let Some(dev) = device() else { return };
+        let mut rng = Rng::new(11);
+        for s in shapes() {
+            let AttnShape { b, t, c, nh } = s;
+            let qkv = randn(&mut rng, b * t * 3 * c, 1.0);
+            let (mut out, mut lse) = (vec![0.0; b * t * c], vec![0.0; b * nh * t]);
+            attention::attention_forward(&mut out, &mut lse, &qkv, s);
+            let (o, l) = (
+                putf(dev, &vec![7.0; out.len()]),
+                putf(dev, &vec![7.0; lse.len()]),
+            );
+            let q = putf(dev, &qkv);
+            dev.attention_forward(o.view(), l.view(), q.view(), s)
+                .unwrap();
+            assert_close(
+                &format!("attention_forward {} out", name(s)),
+                &get(dev, &o),
+                &out,
+            );
+            assert_close(
+                &format!("attention_forward {} lse", name(s)),
+                &get(dev, &l),
+                &lse,
+            );
+        }
+    }
+
+    #[test]
+    fn attention_backward_matches_cpu_and_is_deterministic() {
+        let Some(dev) = device() else { return };
+        let mut rng = Rng::new(12);
+        for s in shapes() {
+            let AttnShape { b, t, c, nh } = s;
+            // Large scores make sharp rows, where a wrong lse or mask shows.
+            let qkv = randn(&mut rng, b * t * 3 * c, 2.0);
+            let dout = randn(&mut rng, b * t * c, 1.0);
+            let (mut out, mut lse) = (vec![0.0; b * t * c], vec![0.0; b * nh * t]);
+            attention::attention_forward(&mut out, &mut lse, &qkv, s);
+            let mut want = vec![0.0; qkv.len()];
+            attention::attention_backward(&mut want, &dout, &qkv, &out, &lse, s);
+            let (q, d, o, l) = (
+                putf(dev, &qkv),
+                putf(dev, &dout),
+                putf(dev, &out),
+                putf(dev, &lse),
+            );
+            let mut runs = Vec::new();
+            for _ in 0..2 {
+                let g = putf(dev, &randn(&mut rng, qkv.len(), 1.0));
+                dev.attention_backward(g.view(), d.view(), q.view(), o.view(), l.view(), s)
+                    .unwrap();
+                runs.push(get(dev, &g));
+            }
+            assert_close(&format!("attention_backward {}", name(s)), &runs[0], &want);
+            assert!(
+                runs[0] == runs[1],
+                "attention_backward {}: runs differ",
+                name(s)
+            );
+        }
+    }
+
+    /// (b, len, c, nh, max_t): an empty cache, one position, and more
+    /// positions than a workgroup has threads.
+    fn decode_shapes() -> Vec<DecodeShape> {
+        let list: &[(usize, usize, usize, usize, usize)] = if tiny() {
+            &[(2, 3, 6, 2, 4), (1, 0, 3, 1, 2)]
+        } else {
+            &[
+                (3, 37, 10, 2, 40),
+                (2, 300, 64, 1, 301),
+                (1, 0, 6, 2, 4),
+                (2, 1, 24, 8, 5),
+                (5, 9, 128, 2, 9),
+            ]
+        };
+        list.iter()
+            .map(|&(b, len, c, nh, max_t)| DecodeShape {
+                b,
+                len,
+                c,
+                nh,
+                max_t,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn attention_decode_matches_cpu() {
+        let Some(dev) = device() else { return };
+        let mut rng = Rng::new(13);
+        for s in decode_shapes() {
+            let DecodeShape { b, c, max_t, .. } = s;
+            let qkv = randn(&mut rng, b * 3 * c, 2.0);
+            let kc = randn(&mut rng, b * max_t * c, 1.0);
+            let vc = randn(&mut rng, b * max_t * c, 1.0);
+            let mut want = vec![0.0; b * c];
+            attention::attention_decode(&mut want, &qkv, &kc, &vc, s);
+            let o = putf(dev, &vec![7.0; want.len()]);
+            let (q, k, v) = (putf(dev, &qkv), putf(dev, &kc), putf(dev, &vc));
+            dev.attention_decode(o.view(), q.view(), k.view(), v.view(), s)
+                .unwrap();
+            let what = format!(
+                "attention_decode b={b} len={} c={c} nh={} max_t={max_t}",
+                s.len, s.nh
+            );
+            assert_close(&what, &get(dev, &o), &want);
+        }
+    }
+
+    #[test]
+    fn unsupported_head_dims_are_errors() {
+        let Some(dev) = device() else { return };
+        let m = dev.alloc::<f32>(3 * 130).unwrap();
+        let s = AttnShape {
+            b: 1,
+            t: 1,
+            c: 130,
+            nh: 2,
+        };
+        let err = dev
+            .attention_forward(m.view(), m.view(), m.view(), s)
+            .unwrap_err();
+        assert!(err.to_string().contains("1 to 64"), "{err}");
+        let s = AttnShape { c: 7, nh: 2, ..s };
+        assert!(dev
+            .attention_forward(m.view(), m.view(), m.view(), s)
+            .is_err());
+    }
+}

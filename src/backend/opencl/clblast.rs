@@ -1,0 +1,129 @@
+//! CLBlast's SGEMM, opened at run time (libclblast.so.1), called in the
+//! column-major convention so the same call maps onto cuBLAS.
+
+use super::runtime::View;
+use super::ClError;
+use libloading::Library;
+use opencl3::types::{cl_command_queue, cl_event, cl_mem};
+use std::ffi::c_int;
+
+const LAYOUT_COL_MAJOR: c_int = 102;
+const TRANSPOSE_NO: c_int = 111;
+const TRANSPOSE_YES: c_int = 112;
+
+type SgemmFn = unsafe extern "C" fn(
+    layout: c_int,
+    a_transpose: c_int,
+    b_transpose: c_int,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: cl_mem,
+    a_offset: usize,
+    a_ld: usize,
+    b: cl_mem,
+    b_offset: usize,
+    b_ld: usize,
+    beta: f32,
+    c: cl_mem,
+    c_offset: usize,
+    c_ld: usize,
+    queue: *mut cl_command_queue,
+    event: *mut cl_event,
+) -> c_int;
+
+/// The loaded library and its SGEMM entry point.
+pub struct Clblast {
+    sgemm: SgemmFn,
+    // Keeps `sgemm` valid; dropped last.
+    _lib: Library,
+}
+
+/// One matrix operand, column-major: `transpose` says whether the op uses
+/// the stored matrix transposed; `ld` is its leading dimension.
+#[derive(Clone, Copy)]
+pub struct Operand {
+    pub view: View,
+    pub transpose: bool,
+    pub ld: usize,
+}
+
+/// c (m x n) = alpha * op(a) (m x k) @ op(b) (k x n) + beta * c, column-major.
+#[derive(Clone, Copy)]
+pub struct Gemm {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a: Operand,
+    pub b: Operand,
+    pub beta: f32,
+    pub c: View,
+    pub ldc: usize,
+}
+
+impl Clblast {
+    pub fn load() -> Result<Clblast, ClError> {
+        let mut last = String::new();
+        for name in ["libclblast.so.1", "libclblast.so"] {
+            // SAFETY: CLBlast's initialisers only set up its caches.
+            match unsafe { Library::new(name) } {
+                Ok(lib) => {
+                    // SAFETY: the symbol has the C signature `SgemmFn` (clblast_c.h).
+                    let sgemm = unsafe { lib.get::<SgemmFn>(b"CLBlastSgemm\0") }
+                        .map(|s| *s)
+                        .map_err(|e| ClError(format!("{name} has no CLBlastSgemm: {e}")))?;
+                    return Ok(Clblast { sgemm, _lib: lib });
+                }
+                Err(e) => last = e.to_string(),
+            }
+        }
+        Err(ClError(format!(
+            "CLBlast not found ({last}): install libclblast1"
+        )))
+    }
+
+    /// Enqueues `g` on `queue`; operands must be valid for the sizes given.
+    pub fn sgemm(&self, queue: cl_command_queue, g: Gemm) -> Result<(), ClError> {
+        let t = |op: Operand| {
+            if op.transpose {
+                TRANSPOSE_YES
+            } else {
+                TRANSPOSE_NO
+            }
+        };
+        let mut queue = queue;
+        // SAFETY: the buffers are live cl_mem handles of the queue's context;
+        // the caller checked that every view holds the matrix it stands for.
+        let status = unsafe {
+            (self.sgemm)(
+                LAYOUT_COL_MAJOR,
+                t(g.a),
+                t(g.b),
+                g.m,
+                g.n,
+                g.k,
+                1.0,
+                g.a.view.mem,
+                g.a.view.off,
+                g.a.ld,
+                g.b.view.mem,
+                g.b.view.off,
+                g.b.ld,
+                g.beta,
+                g.c.mem,
+                g.c.off,
+                g.ldc,
+                &mut queue,
+                std::ptr::null_mut(),
+            )
+        };
+        if status != 0 {
+            return Err(ClError(format!(
+                "CLBlastSgemm (m={}, n={}, k={}) failed with status {status}",
+                g.m, g.n, g.k
+            )));
+        }
+        Ok(())
+    }
+}

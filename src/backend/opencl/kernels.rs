@@ -1,0 +1,567 @@
+//! The model's kernels on an OpenCL device, each with the semantics of its
+//! CPU twin in `backend::cpu` (which outputs are overwritten, which
+//! accumulate). Sources live in `src/backend/kernels/`, one dialect for
+//! OpenCL C and CUDA; GEMMs go to CLBlast.
+
+use super::clblast::{Gemm, Operand};
+use super::runtime::{u32_arg, Arg, Device, View, BLOCK};
+use super::ClError;
+use crate::backend::{AdamWStep, WeightLayout};
+
+const PRELUDE: &str = include_str!("../kernels/prelude.h");
+const SOURCES: [&str; 8] = [
+    include_str!("../kernels/encoder.cu"),
+    include_str!("../kernels/layernorm.cu"),
+    include_str!("../kernels/bias.cu"),
+    include_str!("../kernels/elementwise.cu"),
+    include_str!("../kernels/crossentropy.cu"),
+    include_str!("../kernels/adamw.cu"),
+    include_str!("../kernels/reduce.cu"),
+    include_str!("../kernels/attention.cu"),
+];
+
+/// Workgroups of `layernorm_backward`, each with its own dw/db partials.
+const LAYERNORM_BACKWARD_GROUPS: usize = 64;
+/// Most workgroups of a whole-buffer reduction (partials read back).
+const REDUCE_GROUPS: usize = 256;
+
+/// The prelude and every kernel file: one OpenCL program.
+pub fn program_source() -> String {
+    let mut src = String::from(PRELUDE);
+    for s in SOURCES {
+        src.push('\n');
+        src.push_str(s);
+    }
+    src
+}
+
+/// Workgroups for one thread per element of `n`.
+fn groups(n: usize) -> usize {
+    n.div_ceil(BLOCK)
+}
+
+/// Errors unless `view` holds at least `n` elements.
+pub(super) fn need(what: &str, view: View, n: usize) -> Result<(), ClError> {
+    if view.len < n {
+        return Err(ClError(format!(
+            "{what}: view of {} elements, need {n}",
+            view.len
+        )));
+    }
+    Ok(())
+}
+
+pub(super) fn u32s(what: &str, n: usize) -> Result<Arg, ClError> {
+    Ok(Arg::U32(u32_arg(what, n)?))
+}
+
+impl Device {
+    /// out (rows, c) = wte[tokens] + wpe[row % t]; rows = tokens.len.
+    pub fn encoder_forward(
+        &self,
+        out: View,
+        tokens: View,
+        wte: View,
+        wpe: View,
+        t: usize,
+        c: usize,
+    ) -> Result<(), ClError> {
+        let rows = tokens.len;
+        need("encoder_forward out", out, rows * c)?;
+        need("encoder_forward wpe", wpe, t.min(rows) * c)?;
+        check_t(t)?;
+        if rows == 0 || c == 0 {
+            return Ok(());
+        }
+        let args = [
+            Arg::View(out),
+            Arg::View(tokens),
+            Arg::View(wte),
+            Arg::View(wpe),
+            u32s("rows", rows)?,
+            u32s("t", t)?,
+            u32s("c", c)?,
+        ];
+        self.launch("encoder_forward", groups(rows * c), &args)
+    }
+
+    /// dwte[tokens] += dout; dwpe[row % t] += dout (rows = tokens.len), in a
+    /// fixed order: rows are grouped by token here on the host.
+    pub fn encoder_backward(
+        &self,
+        dwte: View,
+        dwpe: View,
+        dout: View,
+        tokens: &[u32],
+        t: usize,
+        c: usize,
+    ) -> Result<(), ClError> {
+        let rows = tokens.len();
+        need("encoder_backward dout", dout, rows * c)?;
+        need("encoder_backward dwpe", dwpe, t.min(rows) * c)?;
+        check_t(t)?;
+        if rows == 0 || c == 0 {
+            return Ok(());
+        }
+        if let Some(&tok) = tokens.iter().max() {
+            need("encoder_backward dwte", dwte, (tok as usize + 1) * c)?;
+        }
+        // CSR of rows by token: order (rows), starts (n_tok + 1), toks (n_tok).
+        let mut order: Vec<u32> = (0..u32_arg("rows", rows)?).collect();
+        order.sort_by_key(|&r| tokens[r as usize]); // stable: rows ascend within a token
+        let (mut starts, mut toks) = (Vec::new(), Vec::new());
+        for (s, &r) in order.iter().enumerate() {
+            let tok = tokens[r as usize];
+            if toks.last() != Some(&tok) {
+                toks.push(tok);
+                starts.push(s as u32);
+            }
+        }
+        starts.push(rows as u32);
+        let n_tok = toks.len();
+        let mut csr = order;
+        csr.extend_from_slice(&starts);
+        csr.extend_from_slice(&toks);
+        let mem = self.alloc::<u32>(csr.len())?;
+        self.write(mem.view(), &csr)?;
+        let args = [
+            Arg::View(dwte),
+            Arg::View(dout),
+            Arg::View(mem.view_range(0..rows)),
+            Arg::View(mem.view_range(rows..rows + n_tok + 1)),
+            Arg::View(mem.view_range(rows + n_tok + 1..csr.len())),
+            u32s("distinct tokens", n_tok)?,
+            u32s("c", c)?,
+        ];
+        self.launch("encoder_backward_wte", groups(n_tok * c), &args)?;
+        // With rows < t, positions past the last row get nothing: only
+        // min(t, rows) positions are touched, each by its one row.
+        let positions = t.min(rows);
+        let args = [
+            Arg::View(dwpe),
+            Arg::View(dout),
+            u32s("rows", rows)?,
+            u32s("t", positions)?,
+            u32s("c", c)?,
+        ];
+        // `mem` may be dropped with the kernels still queued: OpenCL frees it
+        // only after they finish.
+        self.launch("encoder_backward_wpe", groups(positions * c), &args)
+    }
+
+    /// out, inp (rows, c); mean, rstd (rows) overwritten; w, b (c).
+    #[allow(clippy::too_many_arguments)]
+    pub fn layernorm_forward(
+        &self,
+        out: View,
+        mean: View,
+        rstd: View,
+        inp: View,
+        w: View,
+        b: View,
+        rows: usize,
+        c: usize,
+    ) -> Result<(), ClError> {
+        need("layernorm_forward out", out, rows * c)?;
+        need("layernorm_forward inp", inp, rows * c)?;
+        need("layernorm_forward mean", mean, rows)?;
+        need("layernorm_forward rstd", rstd, rows)?;
+        need("layernorm_forward w", w, c)?;
+        need("layernorm_forward b", b, c)?;
+        let args = [
+            Arg::View(out),
+            Arg::View(mean),
+            Arg::View(rstd),
+            Arg::View(inp),
+            Arg::View(w),
+            Arg::View(b),
+            u32s("c", c)?,
+        ];
+        self.launch("layernorm_forward", rows, &args)
+    }
+
+    /// dinp (rows, c) +=; dw, db (c) += (per-group partials, then a fixed-order sum).
+    #[allow(clippy::too_many_arguments)]
+    pub fn layernorm_backward(
+        &self,
+        dinp: View,
+        dw: View,
+        db: View,
+        dout: View,
+        inp: View,
+        w: View,
+        mean: View,
+        rstd: View,
+        rows: usize,
+        c: usize,
+    ) -> Result<(), ClError> {
+        for (what, v, n) in [
+            ("dinp", dinp, rows * c),
+            ("dout", dout, rows * c),
+            ("inp", inp, rows * c),
+            ("dw", dw, c),
+            ("db", db, c),
+            ("w", w, c),
+            ("mean", mean, rows),
+            ("rstd", rstd, rows),
+        ] {
+            need(&format!("layernorm_backward {what}"), v, n)?;
+        }
+        if rows == 0 || c == 0 {
+            return Ok(());
+        }
+        let g = rows.min(LAYERNORM_BACKWARD_GROUPS);
+        let partials = self.alloc::<f32>(g * 2 * c)?;
+        let args = [
+            Arg::View(dinp),
+            Arg::View(partials.view()),
+            Arg::View(dout),
+            Arg::View(inp),
+            Arg::View(w),
+            Arg::View(mean),
+            Arg::View(rstd),
+            u32s("rows", rows)?,
+            u32s("c", c)?,
+        ];
+        self.launch("layernorm_backward", g, &args)?;
+        let args = [
+            Arg::View(dw),
+            Arg::View(db),
+            Arg::View(partials.view()),
+            u32s("groups", g)?,
+            u32s("c", c)?,
+        ];
+        self.launch("layernorm_backward_params", groups(c), &args)
+    }
+
+    /// out (rows, n) = [out +] inp (rows, k) @ W + bias; W is (k, n) for
+    /// `InOut`, (n, k) for `OutIn`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_forward(
+        &self,
+        out: View,
+        inp: View,
+        w: View,
+        bias: Option<View>,
+        layout: WeightLayout,
+        rows: usize,
+        k: usize,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<(), ClError> {
+        need("matmul_forward out", out, rows * n)?;
+        need("matmul_forward inp", inp, rows * k)?;
+        need("matmul_forward w", w, k * n)?;
+        if let Some(b) = bias {
+            need("matmul_forward bias", b, n)?;
+            let args = [
+                Arg::View(out),
+                Arg::View(b),
+                u32s("rows", rows)?,
+                u32s("n", n)?,
+                Arg::U32(accumulate as u32),
+            ];
+            self.launch("bias_forward", groups(rows * n), &args)?;
+        }
+        // Row-major out (rows, n) is column-major out^T (n x rows) = W^T @ inp^T.
+        let beta = if accumulate || bias.is_some() {
+            1.0
+        } else {
+            0.0
+        };
+        self.gemm(Gemm {
+            m: n,
+            n: rows,
+            k,
+            a: weight(w, layout, k, n, false),
+            b: Operand {
+                view: inp,
+                transpose: false,
+                ld: k,
+            },
+            beta,
+            c: out,
+            ldc: n,
+        })
+    }
+
+    /// dinp (rows, k) overwritten; dw (as W) +=; dbias (n) += colsum(dout).
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_backward(
+        &self,
+        dinp: View,
+        dw: View,
+        dbias: Option<View>,
+        dout: View,
+        inp: View,
+        w: View,
+        layout: WeightLayout,
+        rows: usize,
+        k: usize,
+        n: usize,
+    ) -> Result<(), ClError> {
+        need("matmul_backward dinp", dinp, rows * k)?;
+        need("matmul_backward dout", dout, rows * n)?;
+        need("matmul_backward inp", inp, rows * k)?;
+        need("matmul_backward w", w, k * n)?;
+        need("matmul_backward dw", dw, k * n)?;
+        // dinp^T (k x rows) = W @ dout^T.
+        self.gemm(Gemm {
+            m: k,
+            n: rows,
+            k: n,
+            a: weight(w, layout, k, n, true),
+            b: Operand {
+                view: dout,
+                transpose: false,
+                ld: n,
+            },
+            beta: 0.0,
+            c: dinp,
+            ldc: k,
+        })?;
+        let (dout_cm, inp_cm) = (
+            |transpose| Operand {
+                view: dout,
+                transpose,
+                ld: n,
+            },
+            |transpose| Operand {
+                view: inp,
+                transpose,
+                ld: k,
+            },
+        );
+        self.gemm(match layout {
+            // dw (k, n) += inp^T @ dout: column-major dw^T (n x k) += dout^T @ inp.
+            WeightLayout::InOut => Gemm {
+                m: n,
+                n: k,
+                k: rows,
+                a: dout_cm(false),
+                b: inp_cm(true),
+                beta: 1.0,
+                c: dw,
+                ldc: n,
+            },
+            // dw (n, k) += dout^T @ inp: column-major dw^T (k x n) += inp^T @ dout.
+            WeightLayout::OutIn => Gemm {
+                m: k,
+                n,
+                k: rows,
+                a: inp_cm(false),
+                b: dout_cm(true),
+                beta: 1.0,
+                c: dw,
+                ldc: k,
+            },
+        })?;
+        if let Some(db) = dbias {
+            need("matmul_backward dbias", db, n)?;
+            let args = [
+                Arg::View(db),
+                Arg::View(dout),
+                u32s("rows", rows)?,
+                u32s("n", n)?,
+            ];
+            self.launch("bias_backward", groups(n), &args)?;
+        }
+        Ok(())
+    }
+
+    /// c (m x n, column-major, ldc = m) per `g`, with empty sizes handled
+    /// here (CLBlast rejects them).
+    fn gemm(&self, g: Gemm) -> Result<(), ClError> {
+        if g.m == 0 || g.n == 0 {
+            return Ok(());
+        }
+        if g.k == 0 {
+            // No products: c = beta * c, with beta 0 or 1.
+            if g.beta == 0.0 {
+                return self.fill(
+                    View {
+                        len: g.m * g.n,
+                        ..g.c
+                    },
+                    0.0,
+                );
+            }
+            return Ok(());
+        }
+        self.blas().sgemm(self.queue().get(), g)
+    }
+
+    /// out = gelu(inp) (tanh approximation), n = inp.len.
+    pub fn gelu_forward(&self, out: View, inp: View) -> Result<(), ClError> {
+        self.pointwise("gelu_forward", out, inp)
+    }
+
+    /// d *= gelu'(inp), in place; n = inp.len.
+    pub fn gelu_backward_inplace(&self, d: View, inp: View) -> Result<(), ClError> {
+        self.pointwise("gelu_backward_inplace", d, inp)
+    }
+
+    /// dst = src; n = src.len.
+    pub fn copy(&self, dst: View, src: View) -> Result<(), ClError> {
+        self.pointwise("copy", dst, src)
+    }
+
+    /// dst += src; n = src.len.
+    pub fn add_inplace(&self, dst: View, src: View) -> Result<(), ClError> {
+        self.pointwise("add_inplace", dst, src)
+    }
+
+    /// The kernels of the form `name(dst, src, n)` over n = src.len.
+    fn pointwise(&self, name: &str, dst: View, src: View) -> Result<(), ClError> {
+        need(name, dst, src.len)?;
+        let args = [Arg::View(dst), Arg::View(src), u32s("n", src.len)?];
+        self.launch(name, groups(src.len), &args)
+    }
+
+    /// dst = value.
+    pub fn fill(&self, dst: View, value: f32) -> Result<(), ClError> {
+        let args = [Arg::View(dst), u32s("n", dst.len)?, Arg::F32(value)];
+        self.launch("fill", groups(dst.len), &args)
+    }
+
+    /// losses (rows) = cross-entropy of logits (rows, vp) whose first v
+    /// columns are real; rows = targets.len.
+    pub fn crossentropy_forward(
+        &self,
+        losses: View,
+        logits: View,
+        targets: View,
+        v: usize,
+        vp: usize,
+    ) -> Result<(), ClError> {
+        let rows = targets.len;
+        check_vocab(v, vp)?;
+        need("crossentropy_forward losses", losses, rows)?;
+        need("crossentropy_forward logits", logits, rows * vp)?;
+        let args = [
+            Arg::View(losses),
+            Arg::View(logits),
+            Arg::View(targets),
+            u32s("v", v)?,
+            u32s("vp", vp)?,
+        ];
+        self.launch("crossentropy_forward", rows, &args)
+    }
+
+    /// logits (rows, vp) become dloss * d(sum of losses)/d logits in place,
+    /// padding columns 0; rows = targets.len.
+    pub fn crossentropy_backward_inplace(
+        &self,
+        logits: View,
+        targets: View,
+        v: usize,
+        vp: usize,
+        dloss: f32,
+    ) -> Result<(), ClError> {
+        let rows = targets.len;
+        check_vocab(v, vp)?;
+        need("crossentropy_backward logits", logits, rows * vp)?;
+        let args = [
+            Arg::View(logits),
+            Arg::View(targets),
+            u32s("v", v)?,
+            u32s("vp", vp)?,
+            Arg::F32(dloss),
+        ];
+        self.launch("crossentropy_backward_inplace", rows, &args)
+    }
+
+    /// One AdamW update of param and its moments m, v from grad (all param.len).
+    pub fn adamw(
+        &self,
+        param: View,
+        grad: View,
+        m: View,
+        v: View,
+        step: AdamWStep,
+        weight_decay: f32,
+    ) -> Result<(), ClError> {
+        let n = param.len;
+        need("adamw grad", grad, n)?;
+        need("adamw m", m, n)?;
+        need("adamw v", v, n)?;
+        // The same constants, in f32, as cpu::adamw.
+        let bc1 = 1.0 - step.beta1.powi(step.step as i32);
+        let bc2_sqrt = (1.0 - step.beta2.powi(step.step as i32)).sqrt();
+        let args = [
+            Arg::View(param),
+            Arg::View(grad),
+            Arg::View(m),
+            Arg::View(v),
+            u32s("n", n)?,
+            Arg::F32(step.beta1),
+            Arg::F32(step.beta2),
+            Arg::F32(step.eps),
+            Arg::F32(step.lr / bc1),
+            Arg::F32(1.0 - step.lr * weight_decay),
+            Arg::F32(bc2_sqrt),
+            Arg::F32(step.grad_scale),
+        ];
+        self.launch("adamw", groups(n), &args)
+    }
+
+    /// Sum of squares of x, in f64 (reproducible).
+    pub fn sum_squares(&self, x: View) -> Result<f64, ClError> {
+        self.reduce(x, true)
+    }
+
+    /// Sum of x, in f64 (reproducible).
+    pub fn sum(&self, x: View) -> Result<f64, ClError> {
+        self.reduce(x, false)
+    }
+
+    fn reduce(&self, x: View, square: bool) -> Result<f64, ClError> {
+        let g = groups(x.len).clamp(1, REDUCE_GROUPS);
+        let partials = self.alloc::<f32>(g)?;
+        let args = [
+            Arg::View(partials.view()),
+            Arg::View(x),
+            u32s("n", x.len)?,
+            Arg::U32(square as u32),
+        ];
+        self.launch("reduce_partial", g, &args)?;
+        let mut host = vec![0.0f32; g];
+        self.read(partials.view(), &mut host)?;
+        Ok(host.iter().map(|&p| p as f64).sum())
+    }
+}
+
+/// W as a column-major GEMM operand standing for W_eff (k x n, what the
+/// math calls W: `out = inp @ W_eff`), or for W_eff^T when `for_dinp`.
+fn weight(w: View, layout: WeightLayout, k: usize, n: usize, for_dinp: bool) -> Operand {
+    // InOut stores W_eff row-major: column-major it is W_eff^T (n x k), ld n.
+    // OutIn stores W_eff^T row-major: column-major it is W_eff (k x n), ld k.
+    let (stored_is_transposed, ld) = match layout {
+        WeightLayout::InOut => (true, n),
+        WeightLayout::OutIn => (false, k),
+    };
+    // The forward wants W_eff^T (n x k); the backward to dinp wants W_eff (k x n).
+    Operand {
+        view: w,
+        transpose: stored_is_transposed == for_dinp,
+        ld,
+    }
+}
+
+fn check_vocab(v: usize, vp: usize) -> Result<(), ClError> {
+    if v == 0 || v > vp {
+        return Err(ClError(format!(
+            "cross-entropy: need 0 < v <= vp, got v = {v}, vp = {vp}"
+        )));
+    }
+    Ok(())
+}
+
+fn check_t(t: usize) -> Result<(), ClError> {
+    if t == 0 {
+        return Err(ClError(
+            "encoder: sequence length t must be positive".into(),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,565 @@
+//! Every OpenCL kernel against its CPU twin on random inputs, awkward shapes
+//! and non-zero view offsets. Error metric: max over elements of
+//! |got - want| / max(1, |want|), at most 1e-5.
+//!
+//! Without an OpenCL device the tests print a notice and pass, unless
+//! DISTGPT_REQUIRE_OPENCL=1. DISTGPT_OPENCL_DEVICE picks the device index;
+//! DISTGPT_OCL_TINY=1 shrinks the shapes for Oclgrind
+//! (scripts/oclgrind-check.sh).
+
+use super::{program_source, Device, Element, Mem, View, BLOCK};
+use crate::backend::cpu::check::randn;
+use crate::backend::cpu::{adamw, crossentropy, elementwise, encoder, layernorm, matmul};
+use crate::backend::{AdamWStep, WeightLayout};
+use crate::rng::Rng;
+use std::sync::OnceLock;
+
+const TOL: f64 = 1e-5;
+/// Written around every test buffer; a kernel writing outside its view breaks it.
+const GUARD: f32 = 1234.5;
+
+fn env_is(name: &str, value: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| v == value)
+}
+
+/// The shared test device, or None (with a notice) when there is none.
+pub(super) fn device() -> Option<&'static Device> {
+    static DEVICE: OnceLock<Option<Device>> = OnceLock::new();
+    DEVICE
+        .get_or_init(|| {
+            let index = std::env::var("DISTGPT_OPENCL_DEVICE")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
+            match Device::open(index) {
+                Ok(d) => {
+                    eprintln!("OpenCL tests on {}", d.name());
+                    Some(d)
+                }
+                Err(e) if env_is("DISTGPT_REQUIRE_OPENCL", "1") => {
+                    panic!("DISTGPT_REQUIRE_OPENCL=1 but no OpenCL device: {e}")
+                }
+                Err(e) => {
+                    eprintln!("skipping OpenCL kernel tests: {e}");
+                    None
+                }
+            }
+        })
+        .as_ref()
+}
+
+/// Tiny shapes for Oclgrind, or the full set.
+pub(super) fn tiny() -> bool {
+    env_is("DISTGPT_OCL_TINY", "1")
+}
+
+/// A device buffer holding `data` at a non-zero offset, guards on both sides.
+pub(super) struct Tensor<T: Element> {
+    mem: Mem<T>,
+    off: usize,
+    len: usize,
+}
+
+impl<T: Element> Tensor<T> {
+    pub(super) fn view(&self) -> View {
+        self.mem.view_range(self.off..self.off + self.len)
+    }
+}
+
+fn put<T: Element>(dev: &Device, data: &[T], guard: T) -> Tensor<T> {
+    let off = 3 + data.len() % 5;
+    let mut host = vec![guard; off + data.len() + 4];
+    host[off..off + data.len()].copy_from_slice(data);
+    let mem = dev.alloc::<T>(host.len()).unwrap();
+    dev.write(mem.view(), &host).unwrap();
+    Tensor {
+        mem,
+        off,
+        len: data.len(),
+    }
+}
+
+pub(super) fn putf(dev: &Device, data: &[f32]) -> Tensor<f32> {
+    put(dev, data, GUARD)
+}
+
+fn putu(dev: &Device, data: &[u32]) -> Tensor<u32> {
+    put(dev, data, u32::MAX)
+}
+
+/// The tensor's contents; panics if anything outside its view changed.
+pub(super) fn get(dev: &Device, t: &Tensor<f32>) -> Vec<f32> {
+    let mut host = vec![0.0f32; t.mem.len()];
+    dev.read(t.mem.view(), &mut host).unwrap();
+    let (before, rest) = host.split_at(t.off);
+    let (data, after) = rest.split_at(t.len);
+    assert!(
+        before.iter().chain(after).all(|&g| g == GUARD),
+        "a kernel wrote outside its view"
+    );
+    data.to_vec()
+}
+
+fn max_rel_err(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    got.iter()
+        .zip(want)
+        .map(|(&g, &w)| {
+            let e = (g as f64 - w as f64).abs() / (w as f64).abs().max(1.0);
+            if e.is_nan() {
+                f64::INFINITY
+            } else {
+                e
+            }
+        })
+        .fold(0.0, f64::max)
+}
+
+pub(super) fn assert_close(what: &str, got: &[f32], want: &[f32]) {
+    let e = max_rel_err(got, want);
+    eprintln!("{what}: max rel err {e:.2e}");
+    assert!(e <= TOL, "{what}: max rel err {e:.3e} > {TOL:e}");
+}
+
+fn tokens(rng: &mut Rng, n: usize, vocab: usize) -> Vec<u32> {
+    (0..n).map(|_| rng.below(vocab) as u32).collect()
+}
+
+#[test]
+fn prelude_block_matches_host_block() {
+    assert!(program_source().contains(&format!("#define BLOCK {BLOCK}\n")));
+}
+
+#[test]
+fn open_out_of_range_lists_devices() {
+    let Some(dev) = device() else { return };
+    let err = Device::open(usize::MAX).err().unwrap().to_string();
+    assert!(
+        err.contains("out of range") && err.contains(&dev.name()),
+        "{err}"
+    );
+}
+
+#[test]
+fn views_too_short_are_errors() {
+    let Some(dev) = device() else { return };
+    let a = dev.alloc::<f32>(10).unwrap();
+    let err = dev
+        .copy(a.view_range(0..4), a.view_range(4..10))
+        .unwrap_err();
+    assert!(err.to_string().contains("need 6"), "{err}");
+    let mut host = [0.0f32; 3];
+    assert!(dev.read(a.view(), &mut host).is_err());
+}
+
+/// (rows per sequence t, sequences b, channels c, vocab)
+fn encoder_shapes() -> Vec<(usize, usize, usize, usize)> {
+    if tiny() {
+        vec![(3, 2, 3, 5), (5, 1, 1, 2)]
+    } else {
+        vec![
+            (37, 3, 67, 11),
+            (5, 2, 1, 3),
+            (64, 4, 2, 50),
+            (9, 1, 300, 7),
+        ]
+    }
+}
+
+#[test]
+fn encoder_forward_matches_cpu() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng::new(1);
+    for (t, b, c, vocab) in encoder_shapes() {
+        let toks = tokens(&mut rng, b * t, vocab);
+        let wte = randn(&mut rng, vocab * c, 1.0);
+        let wpe = randn(&mut rng, t * c, 1.0);
+        let mut want = vec![0.0; b * t * c];
+        encoder::encoder_forward(&mut want, &toks, &wte, &wpe, t, c);
+        let out = putf(dev, &vec![7.0; b * t * c]);
+        let (tk, e, p) = (putu(dev, &toks), putf(dev, &wte), putf(dev, &wpe));
+        dev.encoder_forward(out.view(), tk.view(), e.view(), p.view(), t, c)
+            .unwrap();
+        assert_close(
+            &format!("encoder_forward t={t} b={b} c={c}"),
+            &get(dev, &out),
+            &want,
+        );
+    }
+}
+
+#[test]
+fn encoder_backward_matches_cpu_and_is_deterministic() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng::new(2);
+    for (t, b, c, vocab) in encoder_shapes() {
+        let toks = tokens(&mut rng, b * t, vocab);
+        let dout = randn(&mut rng, b * t * c, 1.0);
+        let dwte0 = randn(&mut rng, vocab * c, 1.0);
+        let dwpe0 = randn(&mut rng, t * c, 1.0);
+        let (mut dwte, mut dwpe) = (dwte0.clone(), dwpe0.clone());
+        encoder::encoder_backward(&mut dwte, &mut dwpe, &dout, &toks, t, c);
+        let mut runs = Vec::new();
+        for _ in 0..2 {
+            let (e, p, d) = (putf(dev, &dwte0), putf(dev, &dwpe0), putf(dev, &dout));
+            dev.encoder_backward(e.view(), p.view(), d.view(), &toks, t, c)
+                .unwrap();
+            runs.push((get(dev, &e), get(dev, &p)));
+        }
+        let what = format!("encoder_backward t={t} b={b} c={c}");
+        assert_close(&format!("{what} dwte"), &runs[0].0, &dwte);
+        assert_close(&format!("{what} dwpe"), &runs[0].1, &dwpe);
+        assert_eq!(runs[0], runs[1], "{what}: two runs differ");
+    }
+}
+
+/// (rows, c)
+fn layernorm_shapes() -> Vec<(usize, usize)> {
+    if tiny() {
+        vec![(3, 5), (2, 1), (70, 3)]
+    } else {
+        vec![(1, 1), (5, 2), (3, 3), (300, 37), (67, 768), (130, 1)]
+    }
+}
+
+#[test]
+fn layernorm_forward_matches_cpu() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng::new(3);
+    for (rows, c) in layernorm_shapes() {
+        let x = randn(&mut rng, rows * c, 2.0);
+        let w = randn(&mut rng, c, 1.0);
+        let b = randn(&mut rng, c, 1.0);
+        let (mut out, mut mean, mut rstd) = (vec![0.0; rows * c], vec![0.0; rows], vec![0.0; rows]);
+        layernorm::layernorm_forward(&mut out, &mut mean, &mut rstd, &x, &w, &b, c);
+        let (o, m, r) = (
+            putf(dev, &vec![0.0; rows * c]),
+            putf(dev, &vec![0.0; rows]),
+            putf(dev, &vec![0.0; rows]),
+        );
+        let (xd, wd, bd) = (putf(dev, &x), putf(dev, &w), putf(dev, &b));
+        dev.layernorm_forward(
+            o.view(),
+            m.view(),
+            r.view(),
+            xd.view(),
+            wd.view(),
+            bd.view(),
+            rows,
+            c,
+        )
+        .unwrap();
+        let what = format!("layernorm_forward rows={rows} c={c}");
+        assert_close(&format!("{what} out"), &get(dev, &o), &out);
+        assert_close(&format!("{what} mean"), &get(dev, &m), &mean);
+        // rstd is ~1/sigma; relative to itself, as the others are to max(1, |x|).
+        let (got, want) = (get(dev, &r), rstd);
+        let rel: Vec<f32> = got.iter().zip(&want).map(|(g, w)| g / w).collect();
+        assert_close(&format!("{what} rstd/rstd_cpu"), &rel, &vec![1.0; rows]);
+    }
+}
+
+#[test]
+fn layernorm_backward_matches_cpu_and_is_deterministic() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng::new(4);
+    for (rows, c) in layernorm_shapes() {
+        let x = randn(&mut rng, rows * c, 2.0);
+        let w = randn(&mut rng, c, 1.0);
+        let b = randn(&mut rng, c, 1.0);
+        let dout = randn(&mut rng, rows * c, 1.0);
+        let (dinp0, dw0, db0) = (
+            randn(&mut rng, rows * c, 1.0),
+            randn(&mut rng, c, 1.0),
+            randn(&mut rng, c, 1.0),
+        );
+        let (mut out, mut mean, mut rstd) = (vec![0.0; rows * c], vec![0.0; rows], vec![0.0; rows]);
+        layernorm::layernorm_forward(&mut out, &mut mean, &mut rstd, &x, &w, &b, c);
+        let (mut dinp, mut dw, mut db) = (dinp0.clone(), dw0.clone(), db0.clone());
+        layernorm::layernorm_backward(&mut dinp, &mut dw, &mut db, &dout, &x, &w, &mean, &rstd, c);
+        let mut runs = Vec::new();
+        for _ in 0..2 {
+            let (di, dwd, dbd) = (putf(dev, &dinp0), putf(dev, &dw0), putf(dev, &db0));
+            let (dd, xd, wd) = (putf(dev, &dout), putf(dev, &x), putf(dev, &w));
+            let (md, rd) = (putf(dev, &mean), putf(dev, &rstd));
+            dev.layernorm_backward(
+                di.view(),
+                dwd.view(),
+                dbd.view(),
+                dd.view(),
+                xd.view(),
+                wd.view(),
+                md.view(),
+                rd.view(),
+                rows,
+                c,
+            )
+            .unwrap();
+            runs.push((get(dev, &di), get(dev, &dwd), get(dev, &dbd)));
+        }
+        let what = format!("layernorm_backward rows={rows} c={c}");
+        assert_close(&format!("{what} dinp"), &runs[0].0, &dinp);
+        assert_close(&format!("{what} dw"), &runs[0].1, &dw);
+        assert_close(&format!("{what} db"), &runs[0].2, &db);
+        assert_eq!(runs[0], runs[1], "{what}: two runs differ");
+    }
+}
+
+/// (rows, k, n)
+fn matmul_shapes() -> Vec<(usize, usize, usize)> {
+    if tiny() {
+        vec![(3, 5, 7), (1, 1, 2)]
+    } else {
+        vec![
+            (1, 1, 1),
+            (5, 7, 9),
+            (67, 33, 129),
+            (300, 64, 3),
+            (2, 257, 31),
+        ]
+    }
+}
+
+const LAYOUTS: [WeightLayout; 2] = [WeightLayout::InOut, WeightLayout::OutIn];
+
+#[test]
+fn matmul_forward_matches_cpu() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng::new(5);
+    for (rows, k, n) in matmul_shapes() {
+        for layout in LAYOUTS {
+            for (with_bias, accumulate) in
+                [(true, false), (false, false), (true, true), (false, true)]
+            {
+                let inp = randn(&mut rng, rows * k, 1.0);
+                let w = randn(&mut rng, k * n, 1.0);
+                let bias = randn(&mut rng, n, 1.0);
+                let out0 = randn(&mut rng, rows * n, 1.0);
+                let mut want = out0.clone();
+                let b = with_bias.then_some(&bias[..]);
+                matmul::matmul_forward(&mut want, &inp, &w, b, layout, rows, k, n, accumulate);
+                let (o, i, wd, bd) = (
+                    putf(dev, &out0),
+                    putf(dev, &inp),
+                    putf(dev, &w),
+                    putf(dev, &bias),
+                );
+                let bv = with_bias.then(|| bd.view());
+                dev.matmul_forward(
+                    o.view(),
+                    i.view(),
+                    wd.view(),
+                    bv,
+                    layout,
+                    rows,
+                    k,
+                    n,
+                    accumulate,
+                )
+                .unwrap();
+                let what = format!(
+                    "matmul_forward {layout:?} rows={rows} k={k} n={n} bias={with_bias} acc={accumulate}"
+                );
+                assert_close(&what, &get(dev, &o), &want);
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_backward_matches_cpu() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng::new(6);
+    for (rows, k, n) in matmul_shapes() {
+        for layout in LAYOUTS {
+            for with_bias in [true, false] {
+                let inp = randn(&mut rng, rows * k, 1.0);
+                let w = randn(&mut rng, k * n, 1.0);
+                let dout = randn(&mut rng, rows * n, 1.0);
+                let dw0 = randn(&mut rng, k * n, 1.0);
+                let db0 = randn(&mut rng, n, 1.0);
+                // dinp is overwritten: start from something else.
+                let (mut dinp, mut dw, mut db) = (vec![0.0; rows * k], dw0.clone(), db0.clone());
+                let dbias = with_bias.then_some(&mut db[..]);
+                matmul::matmul_backward(
+                    &mut dinp, &mut dw, dbias, &dout, &inp, &w, layout, rows, k, n,
+                );
+                let di = putf(dev, &vec![9.0; rows * k]);
+                let (dwd, dbd, dd) = (putf(dev, &dw0), putf(dev, &db0), putf(dev, &dout));
+                let (i, wd) = (putf(dev, &inp), putf(dev, &w));
+                let bv = with_bias.then(|| dbd.view());
+                dev.matmul_backward(
+                    di.view(),
+                    dwd.view(),
+                    bv,
+                    dd.view(),
+                    i.view(),
+                    wd.view(),
+                    layout,
+                    rows,
+                    k,
+                    n,
+                )
+                .unwrap();
+                let what =
+                    format!("matmul_backward {layout:?} rows={rows} k={k} n={n} bias={with_bias}");
+                assert_close(&format!("{what} dinp"), &get(dev, &di), &dinp);
+                assert_close(&format!("{what} dw"), &get(dev, &dwd), &dw);
+                assert_close(&format!("{what} dbias"), &get(dev, &dbd), &db);
+            }
+        }
+    }
+}
+
+fn pointwise_sizes() -> Vec<usize> {
+    if tiny() {
+        vec![1, 300]
+    } else {
+        vec![1, 2, 3, 1000, 4099]
+    }
+}
+
+#[test]
+fn pointwise_kernels_match_cpu() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng::new(7);
+    for n in pointwise_sizes() {
+        let x = randn(&mut rng, n, 3.0);
+        let d0 = randn(&mut rng, n, 1.0);
+        let mut want = vec![0.0; n];
+        elementwise::gelu_forward(&mut want, &x);
+        let (o, xd) = (putf(dev, &vec![0.0; n]), putf(dev, &x));
+        dev.gelu_forward(o.view(), xd.view()).unwrap();
+        assert_close(&format!("gelu_forward n={n}"), &get(dev, &o), &want);
+
+        let mut want = d0.clone();
+        elementwise::gelu_backward_inplace(&mut want, &x);
+        let d = putf(dev, &d0);
+        dev.gelu_backward_inplace(d.view(), xd.view()).unwrap();
+        assert_close(
+            &format!("gelu_backward_inplace n={n}"),
+            &get(dev, &d),
+            &want,
+        );
+
+        let c = putf(dev, &vec![0.0; n]);
+        dev.copy(c.view(), xd.view()).unwrap();
+        assert_eq!(get(dev, &c), x, "copy n={n}");
+
+        dev.fill(c.view(), -2.5).unwrap();
+        assert_eq!(get(dev, &c), vec![-2.5; n], "fill n={n}");
+
+        let a = putf(dev, &d0);
+        dev.add_inplace(a.view(), xd.view()).unwrap();
+        let want: Vec<f32> = d0.iter().zip(&x).map(|(a, b)| a + b).collect();
+        assert_eq!(get(dev, &a), want, "add_inplace n={n}");
+    }
+}
+
+/// (rows, v, vp)
+fn crossentropy_shapes() -> Vec<(usize, usize, usize)> {
+    if tiny() {
+        vec![(3, 11, 16), (2, 300, 320)]
+    } else {
+        vec![
+            (5, 50257, 50304),
+            (3, 11, 16),
+            (2, 1, 1),
+            (7, 1000, 1000),
+            (4, 257, 300),
+        ]
+    }
+}
+
+#[test]
+fn crossentropy_matches_cpu() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng::new(8);
+    for (rows, v, vp) in crossentropy_shapes() {
+        let logits = randn(&mut rng, rows * vp, 3.0);
+        let mut targets = tokens(&mut rng, rows, v);
+        targets[0] = (v - 1) as u32; // the last real column
+        let mut losses = vec![0.0; rows];
+        crossentropy::crossentropy_forward(&mut losses, &logits, &targets, v, vp);
+        let (l, lg, tg) = (
+            putf(dev, &vec![0.0; rows]),
+            putf(dev, &logits),
+            putu(dev, &targets),
+        );
+        dev.crossentropy_forward(l.view(), lg.view(), tg.view(), v, vp)
+            .unwrap();
+        let what = format!("crossentropy rows={rows} v={v} vp={vp}");
+        assert_close(&format!("{what} losses"), &get(dev, &l), &losses);
+
+        let dloss = 1.0 / rows as f32;
+        let mut want = logits.clone();
+        crossentropy::crossentropy_backward_inplace(&mut want, &targets, v, vp, dloss);
+        dev.crossentropy_backward_inplace(lg.view(), tg.view(), v, vp, dloss)
+            .unwrap();
+        let got = get(dev, &lg);
+        assert_close(&format!("{what} dlogits"), &got, &want);
+        assert!(got.chunks(vp).all(|r| r[v..].iter().all(|&x| x == 0.0)));
+    }
+}
+
+#[test]
+fn adamw_matches_cpu() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng::new(9);
+    let n = if tiny() { 300 } else { 4099 };
+    let step = AdamWStep {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        step: 3,
+        grad_scale: 0.7,
+    };
+    let p0 = randn(&mut rng, n, 1.0);
+    let g = randn(&mut rng, n, 1.0);
+    let m0 = randn(&mut rng, n, 0.1);
+    let v0: Vec<f32> = randn(&mut rng, n, 0.1).iter().map(|x| x * x).collect();
+    let (mut p, mut m, mut v) = (p0.clone(), m0.clone(), v0.clone());
+    adamw::adamw(&mut p, &g, &mut m, &mut v, step, 0.1);
+    let (pd, gd, md, vd) = (
+        putf(dev, &p0),
+        putf(dev, &g),
+        putf(dev, &m0),
+        putf(dev, &v0),
+    );
+    dev.adamw(pd.view(), gd.view(), md.view(), vd.view(), step, 0.1)
+        .unwrap();
+    assert_close("adamw param", &get(dev, &pd), &p);
+    assert_close("adamw m", &get(dev, &md), &m);
+    assert_close("adamw v", &get(dev, &vd), &v);
+}
+
+#[test]
+fn sums_match_f64_and_are_deterministic() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng::new(10);
+    let sizes = if tiny() {
+        vec![1, 600]
+    } else {
+        vec![1, 3, 1000, 300_001]
+    };
+    for n in sizes {
+        let x = randn(&mut rng, n, 1.0);
+        let xd = putf(dev, &x);
+        let sq = dev.sum_squares(xd.view()).unwrap();
+        let want_sq = elementwise::sum_squares(&x);
+        // Relative to the sum of magnitudes, the scale of rounding in any order.
+        let abs: f64 = x.iter().map(|&v| v.abs() as f64).sum();
+        let err_sq = (sq - want_sq).abs() / want_sq.max(1.0);
+        let s = dev.sum(xd.view()).unwrap();
+        let want_s: f64 = x.iter().map(|&v| v as f64).sum();
+        let err_s = (s - want_s).abs() / abs.max(1.0);
+        eprintln!("sums n={n}: sum_squares rel err {err_sq:.2e}, sum rel err {err_s:.2e}");
+        assert!(
+            err_sq <= TOL && err_s <= TOL,
+            "n={n}: {sq} vs {want_sq}, {s} vs {want_s}"
+        );
+        assert_eq!(dev.sum_squares(xd.view()).unwrap(), sq);
+        assert_eq!(dev.sum(xd.view()).unwrap(), s);
+    }
+}
