@@ -19,6 +19,8 @@ pub enum Error {
     Shard { path: PathBuf, reason: String },
     #[error("{path}: {reason}")]
     Checkpoint { path: PathBuf, reason: String },
+    #[error("device: {0}")]
+    Device(String),
     #[error("communication: {0}")]
     Comm(String),
     #[error("training diverged: {0}")]

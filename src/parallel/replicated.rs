@@ -161,6 +161,7 @@ impl<B: Backend> Strategy for Replicated<B> {
             1.0
         };
         self.update(cfg.lr, clip)?;
+        self.model.backend().synchronize()?;
         Ok(StepStats {
             loss: loss[0] / (n * micro_batches.len()) as f32,
             grad_norm,

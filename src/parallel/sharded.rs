@@ -243,6 +243,7 @@ impl<B: Backend> Strategy for Sharded<B> {
                 }
             }
         }
+        self.engine.backend.synchronize()?;
         Ok(StepStats {
             loss: loss[0] / (n * micro_batches.len()) as f32,
             grad_norm,

@@ -121,6 +121,11 @@ impl Element for Bf16 {
     }
 }
 
+/// `x` as bf16 would store it, widened back: what a bf16 panel holds.
+pub fn round_to_bf16(x: f32) -> f32 {
+    f32::from_bits((Bf16::from_f32(x).0 as u32) << 16)
+}
+
 /// A weight matrix packed for [`matmul_decode`].
 pub enum PackedWeight {
     F32(HostBuf<f32>),

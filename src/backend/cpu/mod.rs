@@ -14,7 +14,7 @@ pub(crate) mod matmul;
 
 pub use adamw::AdamWStep;
 pub use attention::{AttnShape, DecodeShape};
-pub use decode::{PackedWeight, WeightFormat};
+pub use decode::{round_to_bf16, PackedWeight, WeightFormat};
 pub use matmul::WeightLayout;
 
 use super::memory::{Buf, Category, Dst, MemoryStats, Src};

@@ -5,6 +5,7 @@
 //! the CPU backend still works.
 
 mod attention;
+mod backend;
 mod clblast;
 mod kernels;
 mod runtime;
@@ -12,6 +13,7 @@ mod runtime;
 mod tests;
 
 pub use kernels::program_source;
+pub use backend::{OpenCl, PackedCl};
 pub use runtime::{Device, Element, Mem, View, BLOCK};
 
 /// What went wrong, in words: the missing library or device, the failed

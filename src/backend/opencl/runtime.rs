@@ -30,10 +30,8 @@ pub(super) fn failed(what: &'static str) -> impl Fn(RawError) -> ClError {
     move |e| ClError(format!("OpenCL {what} failed: {e}"))
 }
 
-/// The element types a buffer may hold.
-pub trait Element: Copy + Default + Send + Sync + 'static {}
-impl Element for f32 {}
-impl Element for u32 {}
+/// The element types a buffer may hold: the backend's.
+pub use crate::backend::Elem as Element;
 
 /// `len` elements of device memory, released on drop.
 pub struct Mem<T: Element> {
