@@ -20,8 +20,8 @@ const SOURCES: [&str; 8] = [
     include_str!("../kernels/attention.cu"),
 ];
 
-/// Workgroups of `layernorm_backward`, each with its own dw/db partials.
-const LAYERNORM_BACKWARD_GROUPS: usize = 64;
+/// Rows per partial sum of layernorm's dw/db (as the CPU backend's chunks).
+const LAYERNORM_CHUNK_ROWS: usize = 64;
 /// Most workgroups of a whole-buffer reduction (partials read back).
 const REDUCE_GROUPS: usize = 256;
 
@@ -180,7 +180,7 @@ impl Device {
         self.launch("layernorm_forward", rows, &args)
     }
 
-    /// dinp (rows, c) +=; dw, db (c) += (per-group partials, then a fixed-order sum).
+    /// dinp (rows, c) +=; dw, db (c) += (per-chunk partials, then a fixed-order sum).
     #[allow(clippy::too_many_arguments)]
     pub fn layernorm_backward(
         &self,
@@ -210,25 +210,35 @@ impl Device {
         if rows == 0 || c == 0 {
             return Ok(());
         }
-        let g = rows.min(LAYERNORM_BACKWARD_GROUPS);
-        let partials = self.alloc::<f32>(g * 2 * c)?;
         let args = [
             Arg::View(dinp),
-            Arg::View(partials.view()),
             Arg::View(dout),
             Arg::View(inp),
             Arg::View(w),
             Arg::View(mean),
             Arg::View(rstd),
-            u32s("rows", rows)?,
             u32s("c", c)?,
         ];
-        self.launch("layernorm_backward", g, &args)?;
+        self.launch("layernorm_backward", rows, &args)?;
+        let chunks = rows.div_ceil(LAYERNORM_CHUNK_ROWS);
+        let partials = self.alloc::<f32>(chunks * 2 * c)?;
+        let args = [
+            Arg::View(partials.view()),
+            Arg::View(dout),
+            Arg::View(inp),
+            Arg::View(mean),
+            Arg::View(rstd),
+            u32s("rows", rows)?,
+            u32s("c", c)?,
+            u32s("chunks", chunks)?,
+            u32s("chunk rows", LAYERNORM_CHUNK_ROWS)?,
+        ];
+        self.launch("layernorm_backward_partials", groups(chunks * c), &args)?;
         let args = [
             Arg::View(dw),
             Arg::View(db),
             Arg::View(partials.view()),
-            u32s("groups", g)?,
+            u32s("chunks", chunks)?,
             u32s("c", c)?,
         ];
         self.launch("layernorm_backward_params", groups(c), &args)

@@ -8,7 +8,9 @@ use super::ClError;
 use opencl3::command_queue::{enqueue_read_buffer, enqueue_write_buffer, CommandQueue};
 use opencl3::context::Context;
 use opencl3::device::{Device as ClDevice, CL_DEVICE_TYPE_ALL};
-use opencl3::error_codes::{ClError as RawError, CL_DEVICE_NOT_FOUND, DLOPEN_RUNTIME_LOAD_FAILED};
+use opencl3::error_codes::{
+    ClError as RawError, CL_DEVICE_NOT_FOUND, CL_PLATFORM_NOT_FOUND_KHR, DLOPEN_RUNTIME_LOAD_FAILED,
+};
 use opencl3::kernel::Kernel;
 use opencl3::memory::{Buffer, ClMem, CL_MEM_READ_WRITE};
 use opencl3::platform::get_platforms;
@@ -104,10 +106,12 @@ pub struct Device {
 
 /// Every device of every platform, in order, with its "platform: device" name.
 fn all_devices() -> Result<Vec<(cl_device_id, String)>, ClError> {
-    let platforms = get_platforms().map_err(|e| match e.0 {
-        DLOPEN_RUNTIME_LOAD_FAILED => ClError(NO_RUNTIME.into()),
-        _ => failed("clGetPlatformIDs")(e),
-    })?;
+    let platforms = match get_platforms() {
+        // The ICD loader's answer when no driver is installed: no devices.
+        Err(e) if e.0 == CL_PLATFORM_NOT_FOUND_KHR => Vec::new(),
+        Err(e) if e.0 == DLOPEN_RUNTIME_LOAD_FAILED => return Err(ClError(NO_RUNTIME.into())),
+        r => r.map_err(failed("clGetPlatformIDs"))?,
+    };
     let mut found = Vec::new();
     for p in platforms {
         let pname = p.name().map_err(failed("clGetPlatformInfo"))?;

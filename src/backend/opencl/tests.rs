@@ -12,11 +12,10 @@ use crate::backend::cpu::check::randn;
 use crate::backend::cpu::{adamw, crossentropy, elementwise, encoder, layernorm, matmul};
 use crate::backend::{AdamWStep, WeightLayout};
 use crate::rng::Rng;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 
 const TOL: f64 = 1e-5;
-/// Written around every test buffer; a kernel writing outside its view breaks it.
-const GUARD: f32 = 1234.5;
 
 fn env_is(name: &str, value: &str) -> bool {
     std::env::var(name).is_ok_and(|v| v == value)
@@ -53,11 +52,16 @@ pub(super) fn tiny() -> bool {
     env_is("DISTGPT_OCL_TINY", "1")
 }
 
-/// A device buffer holding `data` at a non-zero offset, guards on both sides.
+/// A device buffer holding `data` at a non-zero offset after guard elements;
+/// guards follow too when the length is even. A kernel writing outside its
+/// view changes a guard (each tensor has its own guard value, so a stray copy
+/// from another tensor shows); one reading or writing past the buffer's end
+/// is what Oclgrind reports.
 pub(super) struct Tensor<T: Element> {
     mem: Mem<T>,
     off: usize,
     len: usize,
+    guard: T,
 }
 
 impl<T: Element> Tensor<T> {
@@ -66,9 +70,16 @@ impl<T: Element> Tensor<T> {
     }
 }
 
+/// A fresh guard value per tensor.
+fn next_guard() -> u32 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
 fn put<T: Element>(dev: &Device, data: &[T], guard: T) -> Tensor<T> {
     let off = 3 + data.len() % 5;
-    let mut host = vec![guard; off + data.len() + 4];
+    let tail = if data.len().is_multiple_of(2) { 4 } else { 0 };
+    let mut host = vec![guard; off + data.len() + tail];
     host[off..off + data.len()].copy_from_slice(data);
     let mem = dev.alloc::<T>(host.len()).unwrap();
     dev.write(mem.view(), &host).unwrap();
@@ -76,15 +87,16 @@ fn put<T: Element>(dev: &Device, data: &[T], guard: T) -> Tensor<T> {
         mem,
         off,
         len: data.len(),
+        guard,
     }
 }
 
 pub(super) fn putf(dev: &Device, data: &[f32]) -> Tensor<f32> {
-    put(dev, data, GUARD)
+    put(dev, data, -1000.0 - next_guard() as f32 * 0.25)
 }
 
-fn putu(dev: &Device, data: &[u32]) -> Tensor<u32> {
-    put(dev, data, u32::MAX)
+pub(super) fn putu(dev: &Device, data: &[u32]) -> Tensor<u32> {
+    put(dev, data, u32::MAX - next_guard())
 }
 
 /// The tensor's contents; panics if anything outside its view changed.
@@ -94,13 +106,13 @@ pub(super) fn get(dev: &Device, t: &Tensor<f32>) -> Vec<f32> {
     let (before, rest) = host.split_at(t.off);
     let (data, after) = rest.split_at(t.len);
     assert!(
-        before.iter().chain(after).all(|&g| g == GUARD),
+        before.iter().chain(after).all(|&g| g == t.guard),
         "a kernel wrote outside its view"
     );
     data.to_vec()
 }
 
-fn max_rel_err(got: &[f32], want: &[f32]) -> f64 {
+pub(super) fn max_rel_err(got: &[f32], want: &[f32]) -> f64 {
     assert_eq!(got.len(), want.len());
     got.iter()
         .zip(want)
@@ -121,7 +133,7 @@ pub(super) fn assert_close(what: &str, got: &[f32], want: &[f32]) {
     assert!(e <= TOL, "{what}: max rel err {e:.3e} > {TOL:e}");
 }
 
-fn tokens(rng: &mut Rng, n: usize, vocab: usize) -> Vec<u32> {
+pub(super) fn tokens(rng: &mut Rng, n: usize, vocab: usize) -> Vec<u32> {
     (0..n).map(|_| rng.below(vocab) as u32).collect()
 }
 
