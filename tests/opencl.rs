@@ -110,8 +110,16 @@ fn run<B: Backend>(
         recompute: false,
     };
     let model = common::tiny_model(dataset());
-    train(make, model, dataset(), &cfg, par, 2, Duration::from_secs(300))
-        .unwrap_or_else(|e| panic!("{tag}: {e}"))
+    train(
+        make,
+        model,
+        dataset(),
+        &cfg,
+        par,
+        2,
+        Duration::from_secs(300),
+    )
+    .unwrap_or_else(|e| panic!("{tag}: {e}"))
 }
 
 #[test]
@@ -156,4 +164,55 @@ fn greedy_generation_on_opencl_gives_the_cpus_tokens() {
     let want = generate(&on_cpu, &prompts, &sc, None, |_, _| {}).unwrap();
     let got = generate(&on_cl, &prompts, &sc, None, |_, _| {}).unwrap();
     assert_eq!(got, want);
+}
+
+/// Per-step losses from a run's metrics.jsonl.
+fn losses(run: &std::path::Path) -> Vec<f64> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v.get("loss").and_then(serde_json::Value::as_f64))
+        .collect()
+}
+
+#[test]
+fn train_with_device_opencl_follows_the_cpus_losses() {
+    if opencl().is_none() {
+        return;
+    }
+    let run = |device: &str| {
+        let out =
+            std::env::temp_dir().join(format!("distgpt-ocl-cli-{device}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&out);
+        let status = std::process::Command::new(env!("CARGO_BIN_EXE_distgpt"))
+            .stdout(std::process::Stdio::null())
+            .args([
+                "train",
+                "--model",
+                "tiny",
+                "--steps",
+                "8",
+                "--batch-size",
+                "4",
+            ])
+            .args(["--eval-every", "0", "--sample-tokens", "0", "--quiet"])
+            .args(["--peak-gflops", "100", "--device", device, "--out"])
+            .arg(&out)
+            .status()
+            .unwrap();
+        assert!(status.success(), "train --device {device} failed");
+        let l = losses(&out);
+        let _ = std::fs::remove_dir_all(&out);
+        l
+    };
+    let (cpu, cl) = (run("cpu"), run("opencl"));
+    assert_eq!(cpu.len(), 8);
+    assert_eq!(cl.len(), cpu.len());
+    for (step, (a, b)) in cl.iter().zip(&cpu).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-5,
+            "step {step}: opencl loss {a} vs cpu {b}"
+        );
+    }
 }

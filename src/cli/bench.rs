@@ -2,10 +2,11 @@
 //! category and communication volume and time, on synthetic tokens, for any
 //! strategy and world size, in the shape `bench/pytorch_reference.py` mirrors.
 
-use super::{CommKind, DecodeWeightsArg, ModelArgs, ParallelArgs};
+use super::{
+    on_device, CommKind, DecodeWeightsArg, DeviceArgs, DeviceChoice, ModelArgs, ParallelArgs,
+};
 use anyhow::Result;
 use clap::Args;
-use distgpt::backend::cpu::Cpu;
 use distgpt::backend::Backend;
 use distgpt::metrics;
 use distgpt::train::bench::{bench_rank, BenchSpec};
@@ -17,6 +18,8 @@ pub struct BenchArgs {
     model: ModelArgs,
     #[command(flatten)]
     parallel: ParallelArgs,
+    #[command(flatten)]
+    device: DeviceArgs,
     /// Vocabulary size (default: the preset's; 65 for the char presets).
     #[arg(long)]
     vocab_size: Option<usize>,
@@ -49,7 +52,12 @@ pub struct BenchArgs {
 
 /// Tokens/s of greedy KV-cache generation from a randomly initialised model;
 /// the weights are packed for decoding once, timed apart (like loading).
-fn run_generate(a: &BenchArgs, cfg: &distgpt::model::GptConfig, tokens: usize) -> Result<()> {
+fn run_generate<B: Backend>(
+    be: B,
+    a: &BenchArgs,
+    cfg: &distgpt::model::GptConfig,
+    tokens: usize,
+) -> Result<()> {
     use distgpt::infer::generate::{generate_packed, SampleConfig};
     use distgpt::infer::kv::DecodeWeights;
     if tokens == 0 || tokens >= cfg.block_size {
@@ -59,7 +67,7 @@ fn run_generate(a: &BenchArgs, cfg: &distgpt::model::GptConfig, tokens: usize) -
             cfg.block_size
         );
     }
-    let mut model = distgpt::model::Gpt2::new(Cpu::new(), cfg.clone())?;
+    let mut model = distgpt::model::Gpt2::new(be, cfg.clone())?;
     model.init_weights(1)?;
     let t0 = Instant::now();
     let place = distgpt::model::TpPlace { rank: 0, size: 1 };
@@ -107,8 +115,18 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let cfg = a.model.resolve(a.vocab_size)?;
     let (b, t) = (a.batch_size, a.seq_len.unwrap_or(cfg.block_size));
     if let Some(tokens) = a.generate {
-        return run_generate(&a, &cfg, tokens);
+        return on_device!(a.device, |be| run_generate(be, &a, &cfg, tokens));
     }
+    on_device!(a.device, |be| bench_on(be, &a, &cfg, b, t))
+}
+
+fn bench_on<B: Backend>(
+    be: B,
+    a: &BenchArgs,
+    cfg: &distgpt::model::GptConfig,
+    b: usize,
+    t: usize,
+) -> Result<()> {
     let par = a.parallel.config();
     par.resolved().validate(&cfg, b)?;
     let threads = rayon::current_num_threads();
@@ -116,7 +134,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     // thread ranks, one rank's share under mpirun (hence the scaling).
     let peak = a.peak_gflops.map_or_else(
         || {
-            let here = Cpu::new().measure_peak_flops();
+            let here = be.measure_peak_flops();
             match a.parallel.comm {
                 CommKind::Mpi => here * par.world_size as f64,
                 CommKind::Local => here,
@@ -132,7 +150,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         show: !a.json,
     };
     let Some(ranks) = a.parallel.launch(threads, |world| {
-        bench_rank(Cpu::new(), &cfg, par, spec, world)
+        bench_rank(be.clone_fresh(), cfg, par, spec, world)
     })?
     else {
         return Ok(());

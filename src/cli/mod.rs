@@ -8,6 +8,7 @@ use anyhow::{bail, Context, Result};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use distgpt::backend::cpu::Cpu;
+use distgpt::backend::Backend;
 use distgpt::checkpoint;
 use distgpt::comm::Comm;
 use distgpt::data::{self, Dataset, TokenizerKind};
@@ -63,6 +64,8 @@ enum Command {
     /// Training-state checkpoints.
     #[command(subcommand)]
     Checkpoint(CheckpointCommand),
+    /// List the OpenCL devices `--device opencl --opencl-device N` can use.
+    Devices,
 }
 
 #[derive(Subcommand)]
@@ -133,6 +136,44 @@ pub struct ParallelArgs {
     #[arg(long, default_value_t = 120.0)]
     comm_timeout: f64,
 }
+
+/// Where the kernels run.
+#[derive(Args, Clone)]
+#[command(next_help_heading = "Device")]
+pub struct DeviceArgs {
+    /// cpu: this machine's cores; opencl: an OpenCL device (a GPU, or PoCL
+    /// on the CPU, where it is slow but exercises every device kernel).
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: DeviceChoice,
+    /// With --device opencl: which device, counted across platforms as
+    /// `distgpt devices` lists them.
+    #[arg(long, default_value_t = 0)]
+    opencl_device: usize,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum DeviceChoice {
+    Cpu,
+    Opencl,
+}
+
+/// Evaluates `$body` with `$be` bound to the backend `$dev` chooses (each
+/// arm instantiates the body for its own backend type).
+macro_rules! on_device {
+    ($dev:expr, |$be:ident| $body:expr) => {
+        match $dev.device {
+            DeviceChoice::Cpu => {
+                let $be = distgpt::backend::cpu::Cpu::new();
+                $body
+            }
+            DeviceChoice::Opencl => {
+                let $be = distgpt::backend::opencl::OpenCl::open($dev.opencl_device)?;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use on_device;
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum CommKind {
@@ -221,6 +262,8 @@ struct TrainArgs {
     model: ModelArgs,
     #[command(flatten)]
     parallel: ParallelArgs,
+    #[command(flatten)]
+    device: DeviceArgs,
     /// Training data: a text file or a directory of token shards (default: embedded Shakespeare).
     #[arg(long, help_heading = "Data")]
     data: Option<PathBuf>,
@@ -371,6 +414,8 @@ struct GenerateArgs {
     /// Weight storage while decoding.
     #[arg(long, value_enum, default_value = "f32")]
     weights: DecodeWeightsArg,
+    #[command(flatten)]
+    device: DeviceArgs,
 }
 
 #[derive(Subcommand)]
@@ -415,6 +460,8 @@ struct EvalArgs {
     /// Batches to evaluate (0: the whole split).
     #[arg(long, default_value_t = 50)]
     batches: usize,
+    #[command(flatten)]
+    device: DeviceArgs,
 }
 
 #[derive(Args)]
@@ -471,6 +518,7 @@ pub fn run() -> Result<Outcome> {
             Ok(Outcome::Done)
         }
         Command::Eval(a) => done(run_eval(a)),
+        Command::Devices => done(list_devices()),
         Command::Checkpoint(CheckpointCommand::Consolidate(a)) => {
             let dir = checkpoint::state::latest(&a.checkpoint)?;
             let index = consolidate(&dir, &a.out)?;
@@ -846,12 +894,10 @@ fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
         world_size: par.world_size,
         ..a.parallel.clone()
     };
-    let Some(s) = launcher
-        .launch(threads, |world| {
-            train::train_rank(Cpu::new(), model_cfg.clone(), &ds, &cfg, par, world)
-        })?
-        .flatten()
-    else {
+    let Some(s) = on_device!(a.device, |be| launcher.launch(threads, |world| {
+        train::train_rank(be.clone_fresh(), model_cfg.clone(), &ds, &cfg, par, world)
+    }))?
+    .flatten() else {
         let stopped = train::INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst);
         return Ok(if stopped {
             Outcome::Stopped
@@ -903,8 +949,25 @@ fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
     Ok(Outcome::Done)
 }
 
+fn list_devices() -> Result<()> {
+    distgpt::outln!("cpu: {}", distgpt::backend::cpu::Cpu::new().name());
+    match distgpt::backend::opencl::Device::list() {
+        Ok(names) => {
+            for (i, n) in names.iter().enumerate() {
+                distgpt::outln!("opencl {i}: {n}");
+            }
+        }
+        Err(e) => distgpt::outln!("opencl: {e}"),
+    }
+    Ok(())
+}
+
 fn run_eval(a: EvalArgs) -> Result<()> {
-    let (mut model, meta) = checkpoint::load_model(Cpu::new(), &a.model)?;
+    on_device!(a.device, |be| eval_on(be, &a))
+}
+
+fn eval_on<B: Backend>(be: B, a: &EvalArgs) -> Result<()> {
+    let (mut model, meta) = checkpoint::load_model(be, &a.model)?;
     let ds = Dataset::load_for_model(a.data.as_deref(), &meta.tokenizer)?;
     let t = a.seq_len.unwrap_or(model.config.block_size);
     let mut val = distgpt::data::DataLoader::new(&ds.val, "val", a.batch_size, t, 0, false)?;
@@ -932,6 +995,98 @@ fn run_eval(a: EvalArgs) -> Result<()> {
         ds.name
     );
     Ok(())
+}
+
+/// Decodes on backend `be`: whole on this rank, or split over tp ranks
+/// (threads or mpirun processes). None on mpi ranks other than 0.
+fn decode_on<B: Backend>(
+    be: B,
+    a: &GenerateArgs,
+    meta: &checkpoint::ModelMeta,
+    tk: &data::Tokenizer,
+    prompts: &[Vec<u32>],
+    cfg: &SampleConfig,
+    show: &mut (impl FnMut(usize, u32) + Send),
+) -> Result<Option<(Vec<Vec<u32>>, usize)>> {
+    Ok(Some(if a.tp <= 1 && a.comm == CommKind::Local {
+        let (model, _) = checkpoint::load_model(be.clone_fresh(), &a.run)?;
+        let place = distgpt::model::TpPlace { rank: 0, size: 1 };
+        let weights = distgpt::infer::kv::DecodeWeights::new(
+            model.backend(),
+            &model.config,
+            place,
+            model.params.s(),
+            a.weights.format(),
+        )?;
+        let out = generate_packed(&model, &weights, prompts, cfg, tk.eot(), &mut *show)?;
+        (out, 1)
+    } else {
+        let show = std::sync::Mutex::new(show);
+        let decode_rank = |comm: &dyn Comm| {
+            if a.tp > 1 && a.tp != comm.size() {
+                return Err(distgpt::error::Error::Input(format!(
+                    "--tp {} but mpirun started {} ranks: generate splits the model over all of them",
+                    a.tp,
+                    comm.size()
+                )));
+            }
+            let (model, _) = checkpoint::load_model(be.clone_fresh(), &a.run)?;
+            let place = distgpt::model::TpPlace {
+                rank: comm.rank(),
+                size: comm.size(),
+            };
+            let engine =
+                distgpt::model::Engine::new(be.clone_fresh(), meta.config.clone(), place, false)?;
+            let mut part = distgpt::model::Gpt2::with_engine(engine)?;
+            part.load_full(&model.params_host()?)?;
+            let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+            let max_t = (longest + cfg.max_new_tokens).min(meta.config.block_size);
+            let weights = distgpt::infer::kv::DecodeWeights::new(
+                part.backend(),
+                &meta.config,
+                place,
+                part.params.s(),
+                a.weights.format(),
+            )?;
+            let mut dec = distgpt::infer::kv::Decoder::new(
+                be.clone_fresh(),
+                meta.config.clone(),
+                place,
+                prompts.len(),
+                max_t,
+            )?;
+            let lead = comm.rank() == 0;
+            let out = distgpt::infer::generate::decode(
+                &mut dec,
+                &weights,
+                prompts,
+                max_t,
+                cfg,
+                tk.eot(),
+                Some(comm),
+                |r, t| {
+                    if lead {
+                        (show.lock().expect("printer"))(r, t)
+                    }
+                },
+            )?;
+            Ok((out, comm.size()))
+        };
+        let timeout = std::time::Duration::from_secs(120);
+        match a.comm {
+            CommKind::Local => {
+                let threads = rayon::current_num_threads();
+                let mut outs =
+                    launch::run_local(a.tp, threads, timeout, |c| decode_rank(c.as_ref()))?;
+                outs.swap_remove(0)
+            }
+            // Only rank 0 reports.
+            CommKind::Mpi => match mpi_launch(timeout, decode_rank)? {
+                Some(out) => out,
+                None => return Ok(None),
+            },
+        }
+    }))
 }
 
 fn run_generate(a: GenerateArgs) -> Result<()> {
@@ -971,84 +1126,11 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         }
     };
     let started = std::time::Instant::now();
-    let (out, tp) = if a.tp <= 1 && a.comm == CommKind::Local {
-        let (model, _) = checkpoint::load_model(Cpu::new(), &a.run)?;
-        let place = distgpt::model::TpPlace { rank: 0, size: 1 };
-        let weights = distgpt::infer::kv::DecodeWeights::new(
-            model.backend(),
-            &model.config,
-            place,
-            model.params.s(),
-            a.weights.format(),
-        )?;
-        let out = generate_packed(&model, &weights, &prompts, &cfg, tk.eot(), &mut show)?;
-        (out, 1)
-    } else {
-        let show = std::sync::Mutex::new(&mut show);
-        let decode_rank = |comm: &dyn Comm| {
-            if a.tp > 1 && a.tp != comm.size() {
-                return Err(distgpt::error::Error::Input(format!(
-                    "--tp {} but mpirun started {} ranks: generate splits the model over all of them",
-                    a.tp,
-                    comm.size()
-                )));
-            }
-            let (model, _) = checkpoint::load_model(Cpu::new(), &a.run)?;
-            let place = distgpt::model::TpPlace {
-                rank: comm.rank(),
-                size: comm.size(),
-            };
-            let engine =
-                distgpt::model::Engine::new(Cpu::new(), meta.config.clone(), place, false)?;
-            let mut part = distgpt::model::Gpt2::with_engine(engine)?;
-            part.load_full(&model.params_host()?)?;
-            let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-            let max_t = (longest + cfg.max_new_tokens).min(meta.config.block_size);
-            let weights = distgpt::infer::kv::DecodeWeights::new(
-                part.backend(),
-                &meta.config,
-                place,
-                part.params.s(),
-                a.weights.format(),
-            )?;
-            let mut dec = distgpt::infer::kv::Decoder::new(
-                Cpu::new(),
-                meta.config.clone(),
-                place,
-                prompts.len(),
-                max_t,
-            )?;
-            let lead = comm.rank() == 0;
-            let out = distgpt::infer::generate::decode(
-                &mut dec,
-                &weights,
-                &prompts,
-                max_t,
-                &cfg,
-                tk.eot(),
-                Some(comm),
-                |r, t| {
-                    if lead {
-                        (show.lock().expect("printer"))(r, t)
-                    }
-                },
-            )?;
-            Ok((out, comm.size()))
-        };
-        let timeout = std::time::Duration::from_secs(120);
-        match a.comm {
-            CommKind::Local => {
-                let threads = rayon::current_num_threads();
-                let mut outs =
-                    launch::run_local(a.tp, threads, timeout, |c| decode_rank(c.as_ref()))?;
-                outs.swap_remove(0)
-            }
-            // Only rank 0 reports.
-            CommKind::Mpi => match mpi_launch(timeout, decode_rank)? {
-                Some(out) => out,
-                None => return Ok(()),
-            },
-        }
+    let Some((out, tp)) = on_device!(a.device, |be| decode_on(
+        be, &a, &meta, &tk, &prompts, &cfg, &mut show
+    ))?
+    else {
+        return Ok(()); // an mpi rank other than 0
     };
     let secs = started.elapsed().as_secs_f64();
     if stream {

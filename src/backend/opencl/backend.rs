@@ -6,7 +6,9 @@
 use super::{ClError, Device, Mem, View};
 use crate::backend::cpu::round_to_bf16;
 use crate::backend::memory::{Buf, Category, Dst, MemoryStats, RawView, Src};
-use crate::backend::{AdamWStep, AttnShape, Backend, DecodeShape, Elem, WeightFormat, WeightLayout};
+use crate::backend::{
+    AdamWStep, AttnShape, Backend, DecodeShape, Elem, WeightFormat, WeightLayout,
+};
 use crate::error::{Error, Result};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -322,7 +324,9 @@ impl Backend for OpenCl {
         qkv: Src<'_, Self>,
         shape: AttnShape,
     ) {
-        self.queue(|d| d.attention_forward(view(out.raw()), view(lse.raw()), view(qkv.raw()), shape))
+        self.queue(|d| {
+            d.attention_forward(view(out.raw()), view(lse.raw()), view(qkv.raw()), shape)
+        })
     }
     fn attention_backward(
         &self,

@@ -12,8 +12,8 @@ mod runtime;
 #[cfg(test)]
 mod tests;
 
-pub use kernels::program_source;
 pub use backend::{OpenCl, PackedCl};
+pub use kernels::program_source;
 pub use runtime::{Device, Element, Mem, View, BLOCK};
 
 /// What went wrong, in words: the missing library or device, the failed
