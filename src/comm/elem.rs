@@ -89,7 +89,7 @@ pub(crate) use {typed, typed_pair};
 
 impl Buf<'_> {
     pub fn dtype(&self) -> DType {
-        typed!(Buf, self, s => elem_dtype(*s))
+        typed!(Buf, self, s => elem_dtype(s))
     }
 
     pub fn size_bytes(&self) -> usize {
@@ -99,7 +99,7 @@ impl Buf<'_> {
 
 impl BufMut<'_> {
     pub fn dtype(&self) -> DType {
-        typed!(BufMut, self, s => elem_dtype(&**s))
+        typed!(BufMut, self, s => elem_dtype(s))
     }
 
     pub fn size_bytes(&self) -> usize {

@@ -44,13 +44,16 @@ impl World {
     }
 }
 
+/// A point-to-point message: a `Vec<T>` of the element type it names.
+type Message = (DType, Box<dyn Any + Send>);
+
 struct State {
     generation: u64,
     arrived: Vec<bool>,
     /// Each rank's deposit: a `Vec<T>` of the collective's element type.
     slots: Vec<Box<dyn Any + Send>>,
-    /// Messages from rank to rank, each a `Vec<T>` tagged with its type.
-    mail: HashMap<(usize, usize), VecDeque<(DType, Box<dyn Any + Send>)>>,
+    /// Messages from rank to rank.
+    mail: HashMap<(usize, usize), VecDeque<Message>>,
     subgroups: HashMap<(u64, usize), Arc<Group>>,
     splits: u64,
 }
