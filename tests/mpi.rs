@@ -35,10 +35,54 @@ fn run(
     .unwrap_or_else(|e| panic!("{tag}: {e}"))
 }
 
+/// Each element type under its MPI datatype: integers beyond f32's
+/// precision and UTF-8 bytes arrive exactly. (Part of the one test below:
+/// MPI is initialised once per process.)
+fn typed_collectives_are_exact(c: &dyn Comm) {
+    const BIG: u64 = 123_456_789_012;
+    let (r, n) = (c.rank(), c.size());
+    let triangle = (n * (n - 1) / 2) as u64;
+    let mut sum = [BIG + r as u64];
+    c.all_reduce(&mut sum).unwrap();
+    assert_eq!(sum[0], BIG * n as u64 + triangle, "u64 all_reduce");
+    let mut all = vec![0u64; n];
+    c.all_gather(&[BIG + r as u64], &mut all).unwrap();
+    let want: Vec<u64> = (0..n as u64).map(|q| BIG + q).collect();
+    assert_eq!(all, want, "u64 all_gather");
+    let text = "/tmp/läufe/модель 模型 🚀";
+    let mut bytes = if r == 0 {
+        text.as_bytes().to_vec()
+    } else {
+        vec![0u8; text.len()]
+    };
+    c.broadcast(&mut bytes, 0).unwrap();
+    assert_eq!(bytes, text.as_bytes(), "u8 broadcast");
+    let input: Vec<i64> = (0..n as i64).map(|i| -i - r as i64).collect();
+    let mut mine = [0i64];
+    c.reduce_scatter(&input, &mut mine).unwrap();
+    assert_eq!(
+        mine[0],
+        -((n * r) as i64) - triangle as i64,
+        "i64 reduce_scatter"
+    );
+    let mut half = [0.5 * r as f64];
+    c.all_reduce(&mut half).unwrap();
+    assert_eq!(half[0], 0.5 * triangle as f64, "f64 all_reduce");
+    let mut ones = [1u8];
+    c.all_reduce(&mut ones).unwrap();
+    assert_eq!(ones[0], n as u8, "u8 all_reduce");
+    c.send(&[u32::MAX - r as u32], (r + 1) % n).unwrap();
+    let mut got = [0u32];
+    c.recv(&mut got, (r + n - 1) % n).unwrap();
+    assert_eq!(got[0], u32::MAX - ((r + n - 1) % n) as u32, "u32 send/recv");
+}
+
 #[test]
 #[ignore = "needs mpirun: mpirun -np N <this test binary> --ignored"]
 fn strategies_over_mpi_match_single() {
     let world = MpiComm::init(Wait::from_secs(120)).unwrap();
+    typed_collectives_are_exact(&world);
+    println!("mpi typed collectives: exact");
     let n = world.size();
     let ds = Dataset::load(None, TokenizerKind::Char).unwrap();
     let (_, solo) = local::world(1, Wait::from_secs(60));

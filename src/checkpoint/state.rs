@@ -229,9 +229,9 @@ pub fn save(
     world.barrier_after_io()?;
     // Every rank is here now, so this is quick: a non-finite value anywhere
     // and nothing is published.
-    let mut bad = [f32::from(!ok)];
+    let mut bad = [u32::from(!ok)];
     world.all_reduce(&mut bad)?;
-    if bad[0] != 0.0 {
+    if bad[0] != 0 {
         if rank == 0 {
             io(&tmp, std::fs::remove_dir_all(&tmp))?;
         }

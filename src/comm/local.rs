@@ -4,9 +4,12 @@
 //! what they need, and the second rendezvous keeps the slots alive until
 //! everyone has read. A rank that fails marks the world; every waiting rank
 //! sees the mark (or its timeout) and returns an error naming the rank.
+//! Slots and messages hold a `Vec<T>` of the collective's element type.
 
-use super::{record, Comm, CommStats, Kind};
+use super::elem::{typed, typed_pair};
+use super::{record, Buf, BufMut, Comm, CommElem, CommStats, DType, Kind};
 use crate::error::{Error, Result};
+use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -41,11 +44,16 @@ impl World {
     }
 }
 
+/// A point-to-point message: a `Vec<T>` of the element type it names.
+type Message = (DType, Box<dyn Any + Send>);
+
 struct State {
     generation: u64,
     arrived: Vec<bool>,
-    slots: Vec<Vec<f32>>,
-    mail: HashMap<(usize, usize), VecDeque<Vec<f32>>>,
+    /// Each rank's deposit: a `Vec<T>` of the collective's element type.
+    slots: Vec<Box<dyn Any + Send>>,
+    /// Messages from rank to rank.
+    mail: HashMap<(usize, usize), VecDeque<Message>>,
     subgroups: HashMap<(u64, usize), Arc<Group>>,
     splits: u64,
 }
@@ -66,7 +74,9 @@ impl Group {
             state: Mutex::new(State {
                 generation: 0,
                 arrived: vec![false; n],
-                slots: vec![Vec::new(); n],
+                slots: (0..n)
+                    .map(|_| Box::new(()) as Box<dyn Any + Send>)
+                    .collect(),
                 mail: HashMap::new(),
                 subgroups: HashMap::new(),
                 splits: 0,
@@ -154,18 +164,31 @@ impl Group {
             .map(|_| ())
     }
 
-    /// Copies `input` into this rank's slot.
-    fn deposit(&self, me: usize, input: &[f32]) {
+    /// Copies `input` into this rank's slot, reusing its allocation when the
+    /// last deposit had the same type.
+    fn deposit<T: CommElem>(&self, me: usize, input: &[T]) {
         let mut st = self.lock();
-        st.slots[me].clear();
-        st.slots[me].extend_from_slice(input);
+        match st.slots[me].downcast_mut::<Vec<T>>() {
+            Some(v) => {
+                v.clear();
+                v.extend_from_slice(input);
+            }
+            None => st.slots[me] = Box::new(input.to_vec()),
+        }
     }
 
     /// Once every rank has deposited, runs `read` over all slots (without
     /// the lock, so ranks read in parallel), then waits until all have read.
-    fn read_all<R>(&self, me: usize, what: &str, read: impl FnOnce(&[&[f32]]) -> R) -> Result<R> {
+    /// Every rank sees the same slots, so a rank that deposited another
+    /// element type makes all of them fail alike.
+    fn read_all<T: CommElem, R>(
+        &self,
+        me: usize,
+        what: &str,
+        read: impl FnOnce(&[&[T]]) -> R,
+    ) -> Result<R> {
         self.sync(me, what)?;
-        let views: Vec<&[f32]> = {
+        let views: Option<Vec<&[T]>> = {
             let st = self.lock();
             // SAFETY: the slots belong to the group, which outlives this call,
             // and nobody writes a slot between the two rendezvous: deposits
@@ -173,21 +196,30 @@ impl Group {
             // start the next collective before every rank has passed the second.
             st.slots
                 .iter()
-                .map(|v| unsafe { std::slice::from_raw_parts(v.as_ptr(), v.len()) })
+                .map(|slot| {
+                    let v = slot.downcast_ref::<Vec<T>>()?;
+                    Some(unsafe { std::slice::from_raw_parts(v.as_ptr(), v.len()) })
+                })
                 .collect()
         };
-        let out = read(&views);
+        let out = views.map(|v| read(&v));
         self.sync(me, what)?;
-        Ok(out)
+        out.ok_or_else(|| {
+            Error::Comm(format!(
+                "{what}: ranks passed different element types (rank {} passed {})",
+                self.members[me],
+                T::DTYPE
+            ))
+        })
     }
 
     /// Deposits `input`, and once everyone has, runs `read` over all slots.
-    fn exchange<R>(
+    fn exchange<T: CommElem, R>(
         &self,
         me: usize,
         what: &str,
-        input: &[f32],
-        read: impl FnOnce(&[&[f32]]) -> R,
+        input: &[T],
+        read: impl FnOnce(&[&[T]]) -> R,
     ) -> Result<R> {
         self.deposit(me, input);
         self.read_all(me, what, read)
@@ -214,12 +246,131 @@ pub fn world(n: usize, timeout: Duration) -> (Arc<World>, Vec<LocalComm>) {
     (w, comms)
 }
 
-fn sum_slots(slots: &[&[f32]], range: std::ops::Range<usize>, out: &mut [f32]) {
+/// out = the sum of `range` of every slot, added in rank order.
+fn sum_slots<T: CommElem>(slots: &[&[T]], range: std::ops::Range<usize>, out: &mut [T]) {
     out.copy_from_slice(&slots[0][range.clone()]);
     for s in &slots[1..] {
         out.iter_mut()
             .zip(&s[range.clone()])
-            .for_each(|(o, &x)| *o += x);
+            .for_each(|(o, &x)| *o = o.add(x));
+    }
+}
+
+/// The collectives over one element type; the `Comm` impl dispatches on the tag.
+impl LocalComm {
+    fn all_reduce_typed<T: CommElem>(&self, buf: &mut [T]) -> Result<()> {
+        let t0 = Instant::now();
+        let n = buf.len();
+        self.group.deposit(self.rank, buf);
+        self.group
+            .read_all(self.rank, "all_reduce", |slots| sum_slots(slots, 0..n, buf))?;
+        record(
+            &self.stats,
+            Kind::AllReduce,
+            self.size(),
+            size_of_val(buf),
+            t0,
+        );
+        Ok(())
+    }
+
+    fn reduce_scatter_typed<T: CommElem>(&self, input: &[T], out: &mut [T]) -> Result<()> {
+        let t0 = Instant::now();
+        let n = out.len();
+        assert_eq!(input.len(), n * self.size(), "reduce_scatter sizes");
+        let r = self.rank;
+        self.group.exchange(r, "reduce_scatter", input, |slots| {
+            sum_slots(slots, r * n..(r + 1) * n, out)
+        })?;
+        record(
+            &self.stats,
+            Kind::ReduceScatter,
+            self.size(),
+            size_of_val(input),
+            t0,
+        );
+        Ok(())
+    }
+
+    fn all_gather_typed<T: CommElem>(&self, input: &[T], out: &mut [T]) -> Result<()> {
+        let t0 = Instant::now();
+        let n = input.len();
+        assert_eq!(out.len(), n * self.size(), "all_gather sizes");
+        self.group
+            .exchange(self.rank, "all_gather", input, |slots| {
+                for (i, s) in slots.iter().enumerate() {
+                    out[i * n..(i + 1) * n].copy_from_slice(s);
+                }
+            })?;
+        record(
+            &self.stats,
+            Kind::AllGather,
+            self.size(),
+            size_of_val(out),
+            t0,
+        );
+        Ok(())
+    }
+
+    fn broadcast_typed<T: CommElem>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        let t0 = Instant::now();
+        let me = self.rank;
+        self.group.deposit(me, if me == root { &*buf } else { &[] });
+        self.group.read_all(me, "broadcast", |slots| {
+            if me != root {
+                buf.copy_from_slice(slots[root])
+            }
+        })?;
+        record(
+            &self.stats,
+            Kind::Broadcast,
+            self.size(),
+            size_of_val(buf),
+            t0,
+        );
+        Ok(())
+    }
+
+    fn send_typed<T: CommElem>(&self, buf: &[T], to: usize) -> Result<()> {
+        let t0 = Instant::now();
+        let mut st = self.group.lock();
+        st.mail
+            .entry((self.rank, to))
+            .or_default()
+            .push_back((T::DTYPE, Box::new(buf.to_vec())));
+        self.group.cv.notify_all();
+        drop(st);
+        record(&self.stats, Kind::P2p, self.size(), size_of_val(buf), t0);
+        Ok(())
+    }
+
+    fn recv_typed<T: CommElem>(&self, buf: &mut [T], from: usize) -> Result<()> {
+        let key = (from, self.rank);
+        let st = self.group.lock();
+        let what = format!("recv from rank {}", self.group.members[from]);
+        let mut st = self.group.wait(st, &what, |s| {
+            s.mail.get(&key).is_some_and(|q| !q.is_empty())
+        })?;
+        let (dtype, msg) = st
+            .mail
+            .get_mut(&key)
+            .and_then(VecDeque::pop_front)
+            .expect("waited for it");
+        let msg = msg.downcast::<Vec<T>>().map_err(|_| {
+            Error::Comm(format!(
+                "recv from rank {from}: got {dtype} elements, expected {}",
+                T::DTYPE
+            ))
+        })?;
+        if msg.len() != buf.len() {
+            return Err(Error::Comm(format!(
+                "recv from rank {from}: got {} {dtype} elements, expected {}",
+                msg.len(),
+                buf.len()
+            )));
+        }
+        buf.copy_from_slice(&msg);
+        Ok(())
     }
 }
 
@@ -232,95 +383,28 @@ impl Comm for LocalComm {
         self.group.members.len()
     }
 
-    fn all_reduce(&self, buf: &mut [f32]) -> Result<()> {
-        let t0 = Instant::now();
-        let n = buf.len();
-        self.group.deposit(self.rank, buf);
-        self.group
-            .read_all(self.rank, "all_reduce", |slots| sum_slots(slots, 0..n, buf))?;
-        record(&self.stats, Kind::AllReduce, self.size(), n, t0);
-        Ok(())
+    fn all_reduce_buf(&self, buf: BufMut<'_>) -> Result<()> {
+        typed!(BufMut, buf, b => self.all_reduce_typed(b))
     }
 
-    fn reduce_scatter(&self, input: &[f32], out: &mut [f32]) -> Result<()> {
-        let t0 = Instant::now();
-        let n = out.len();
-        assert_eq!(input.len(), n * self.size(), "reduce_scatter sizes");
-        let r = self.rank;
-        self.group.exchange(r, "reduce_scatter", input, |slots| {
-            sum_slots(slots, r * n..(r + 1) * n, out)
-        })?;
-        record(
-            &self.stats,
-            Kind::ReduceScatter,
-            self.size(),
-            input.len(),
-            t0,
-        );
-        Ok(())
+    fn reduce_scatter_buf(&self, input: Buf<'_>, out: BufMut<'_>) -> Result<()> {
+        typed_pair!("reduce_scatter", input, out, i, o => self.reduce_scatter_typed(i, o))
     }
 
-    fn all_gather(&self, input: &[f32], out: &mut [f32]) -> Result<()> {
-        let t0 = Instant::now();
-        let n = input.len();
-        assert_eq!(out.len(), n * self.size(), "all_gather sizes");
-        self.group
-            .exchange(self.rank, "all_gather", input, |slots| {
-                for (i, s) in slots.iter().enumerate() {
-                    out[i * n..(i + 1) * n].copy_from_slice(s);
-                }
-            })?;
-        record(&self.stats, Kind::AllGather, self.size(), out.len(), t0);
-        Ok(())
+    fn all_gather_buf(&self, input: Buf<'_>, out: BufMut<'_>) -> Result<()> {
+        typed_pair!("all_gather", input, out, i, o => self.all_gather_typed(i, o))
     }
 
-    fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<()> {
-        let t0 = Instant::now();
-        let me = self.rank;
-        self.group.deposit(me, if me == root { buf } else { &[] });
-        self.group.read_all(me, "broadcast", |slots| {
-            if me != root {
-                buf.copy_from_slice(slots[root])
-            }
-        })?;
-        record(&self.stats, Kind::Broadcast, self.size(), buf.len(), t0);
-        Ok(())
+    fn broadcast_buf(&self, buf: BufMut<'_>, root: usize) -> Result<()> {
+        typed!(BufMut, buf, b => self.broadcast_typed(b, root))
     }
 
-    fn send(&self, buf: &[f32], to: usize) -> Result<()> {
-        let t0 = Instant::now();
-        let mut st = self.group.lock();
-        st.mail
-            .entry((self.rank, to))
-            .or_default()
-            .push_back(buf.to_vec());
-        self.group.cv.notify_all();
-        drop(st);
-        record(&self.stats, Kind::P2p, self.size(), buf.len(), t0);
-        Ok(())
+    fn send_buf(&self, buf: Buf<'_>, to: usize) -> Result<()> {
+        typed!(Buf, buf, b => self.send_typed(b, to))
     }
 
-    fn recv(&self, buf: &mut [f32], from: usize) -> Result<()> {
-        let key = (from, self.rank);
-        let st = self.group.lock();
-        let what = format!("recv from rank {}", self.group.members[from]);
-        let mut st = self.group.wait(st, &what, |s| {
-            s.mail.get(&key).is_some_and(|q| !q.is_empty())
-        })?;
-        let msg = st
-            .mail
-            .get_mut(&key)
-            .and_then(VecDeque::pop_front)
-            .expect("waited for it");
-        if msg.len() != buf.len() {
-            return Err(Error::Comm(format!(
-                "recv from rank {from}: got {} floats, expected {}",
-                msg.len(),
-                buf.len()
-            )));
-        }
-        buf.copy_from_slice(&msg);
-        Ok(())
+    fn recv_buf(&self, buf: BufMut<'_>, from: usize) -> Result<()> {
+        typed!(BufMut, buf, b => self.recv_typed(b, from))
     }
 
     fn barrier(&self) -> Result<()> {
@@ -333,7 +417,7 @@ impl Comm for LocalComm {
     }
 
     fn split(&self, color: usize, key: usize) -> Result<Box<dyn Comm>> {
-        let me = [color as f32, key as f32];
+        let me = [color as u64, key as u64];
         let all: Vec<(usize, usize, usize)> =
             self.group.exchange(self.rank, "split", &me, |slots| {
                 slots
@@ -385,7 +469,7 @@ impl Comm for LocalComm {
 mod tests {
     use super::*;
 
-    fn run<R: Send>(n: usize, f: impl Fn(&LocalComm) -> R + Sync) -> Vec<R> {
+    fn run<R: Send>(n: usize, f: impl Fn(&dyn Comm) -> R + Sync) -> Vec<R> {
         let (_, comms) = world(n, Duration::from_secs(10));
         std::thread::scope(|s| {
             let hs: Vec<_> = comms.iter().map(|c| s.spawn(|| f(c))).collect();
@@ -393,28 +477,111 @@ mod tests {
         })
     }
 
-    #[test]
-    fn collectives_agree_with_their_definitions() {
+    /// Every collective over `T` on 3 ranks, against its definition.
+    fn collectives_over<T: CommElem + From<u8>>() {
+        let v = |x: usize| T::from(x as u8);
         let out = run(3, |c| {
-            let r = c.rank() as f32;
-            let mut a = vec![r, 2.0 * r];
+            let r = c.rank();
+            let mut a = vec![v(r), v(2 * r)];
             c.all_reduce(&mut a).unwrap();
-            let input: Vec<f32> = (0..6).map(|i| i as f32 + r).collect();
-            let mut rs = vec![0.0; 2];
+            let input: Vec<T> = (0..6).map(|i| v(i + r)).collect();
+            let mut rs = vec![T::default(); 2];
             c.reduce_scatter(&input, &mut rs).unwrap();
-            let mut ag = vec![0.0; 3];
-            c.all_gather(&[r], &mut ag).unwrap();
-            let mut b = vec![r; 2];
+            let mut ag = vec![T::default(); 3];
+            c.all_gather(&[v(r)], &mut ag).unwrap();
+            let mut b = vec![v(r); 2];
             c.broadcast(&mut b, 2).unwrap();
-            (a, rs, ag, b)
+            // A ring: each rank sends to the next and hears from the previous.
+            c.send(&[v(r), v(10 + r)], (r + 1) % 3).unwrap();
+            let mut got = vec![T::default(); 2];
+            c.recv(&mut got, (r + 2) % 3).unwrap();
+            (a, rs, ag, b, got)
         });
-        for (r, (a, rs, ag, b)) in out.into_iter().enumerate() {
-            assert_eq!(a, vec![3.0, 6.0]);
-            let want: Vec<f32> = (2 * r..2 * r + 2).map(|i| 3.0 * i as f32 + 3.0).collect();
-            assert_eq!(rs, want);
-            assert_eq!(ag, vec![0.0, 1.0, 2.0]);
-            assert_eq!(b, vec![2.0, 2.0]);
+        for (r, (a, rs, ag, b, got)) in out.into_iter().enumerate() {
+            let name = T::DTYPE;
+            assert_eq!(a, [v(3), v(6)], "{name} all_reduce");
+            let want: Vec<T> = (2 * r..2 * r + 2).map(|i| v(3 * i + 3)).collect();
+            assert_eq!(rs, want, "{name} reduce_scatter");
+            assert_eq!(ag, [v(0), v(1), v(2)], "{name} all_gather");
+            assert_eq!(b, [v(2), v(2)], "{name} broadcast");
+            let prev = (r + 2) % 3;
+            assert_eq!(got, [v(prev), v(10 + prev)], "{name} send/recv");
         }
+    }
+
+    #[test]
+    fn collectives_agree_with_their_definitions_for_every_dtype() {
+        collectives_over::<f32>();
+        collectives_over::<f64>();
+        collectives_over::<u32>();
+        collectives_over::<u64>();
+        collectives_over::<i64>();
+        collectives_over::<u8>();
+    }
+
+    #[test]
+    fn a_u64_beyond_f32_precision_survives_every_collective() {
+        const BIG: u64 = 123_456_789_012;
+        // What the f32 collectives did to it: 123_456_790_528.
+        assert_ne!(BIG as f32 as u64, BIG);
+        let out = run(2, |c| {
+            let r = c.rank() as u64;
+            let mut sum = [BIG + r];
+            c.all_reduce(&mut sum).unwrap();
+            let mut all = [0u64; 2];
+            c.all_gather(&[BIG + r], &mut all).unwrap();
+            let mut b = [if r == 1 { BIG } else { 0 }];
+            c.broadcast(&mut b, 1).unwrap();
+            (sum[0], all, b[0])
+        });
+        for o in out {
+            assert_eq!(o, (2 * BIG + 1, [BIG, BIG + 1], BIG));
+        }
+    }
+
+    #[test]
+    fn stats_count_bytes_of_the_element_type() {
+        let (_, comms) = world(2, Duration::from_secs(10));
+        let stats = std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .iter()
+                .map(|c| {
+                    s.spawn(move || {
+                        let d: &dyn Comm = c;
+                        d.all_reduce(&mut [1u64; 3]).unwrap();
+                        d.broadcast(&mut [7u8; 5], 0).unwrap();
+                        c.stats()
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap())
+                .collect::<Vec<_>>()
+        });
+        // ring all-reduce over 2 ranks sends one buffer (24 bytes); a broadcast sends it whole
+        assert_eq!(stats[0].all_reduce_bytes, 24);
+        assert_eq!(stats[0].broadcast_bytes, 5);
+    }
+
+    #[test]
+    fn a_message_or_buffer_of_another_type_is_an_error() {
+        let out = run(2, |c| {
+            if c.rank() == 0 {
+                c.send(&[1u32], 1).unwrap();
+            } else {
+                let err = c.recv(&mut [0f32], 0).unwrap_err().to_string();
+                assert!(err.contains("got u32 elements, expected f32"), "{err}");
+            }
+            let mut out = [0u32; 2];
+            c.all_gather_buf(Buf::F32(&[1.0]), BufMut::U32(&mut out))
+                .unwrap_err()
+                .to_string()
+        });
+        assert!(
+            out[0].contains("input holds f32 but output holds u32"),
+            "{}",
+            out[0]
+        );
     }
 
     #[test]
@@ -424,9 +591,9 @@ mod tests {
             let mut x = vec![c.rank() as f32];
             sub.all_reduce(&mut x).unwrap();
             if c.rank() == 0 {
-                c.send(&[7.0, 8.0], 3).unwrap();
+                c.send(&[7.0f32, 8.0], 3).unwrap();
             }
-            let mut got = vec![0.0; 2];
+            let mut got = vec![0.0f32; 2];
             if c.rank() == 3 {
                 c.recv(&mut got, 0).unwrap();
             }
@@ -452,8 +619,8 @@ mod tests {
                             w.fail(1, "injected fault".into());
                             return String::new();
                         }
-                        let mut x = vec![1.0];
-                        c.all_reduce(&mut x).unwrap_err().to_string()
+                        let c: &dyn Comm = c;
+                        c.all_reduce(&mut [1.0f32]).unwrap_err().to_string()
                     })
                 })
                 .collect();
@@ -471,8 +638,9 @@ mod tests {
     #[test]
     fn a_silent_rank_times_out_with_its_number() {
         let (_, comms) = world(2, Duration::from_millis(200));
-        let mut x = vec![1.0];
-        let err = comms[0].all_reduce(&mut x).unwrap_err().to_string();
+        let mut x = vec![1.0f32];
+        let c: &dyn Comm = &comms[0];
+        let err = c.all_reduce(&mut x).unwrap_err().to_string();
         assert!(
             err.contains("timed out") && err.contains("rank(s) 1"),
             "{err}"

@@ -3,11 +3,16 @@
 //! `local` runs N ranks as threads of one process; `mpi` (feature `mpi`) runs
 //! them as processes under `mpirun`. Every collective either completes or
 //! returns an error within the group's timeout: a dead rank never hangs the rest.
+//! Collectives are typed ([`CommElem`]): counts, flags and paths travel as
+//! integers and bytes, not through f32.
 
 pub mod device;
+mod elem;
 pub mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+
+pub use elem::{Buf, BufMut, CommElem, DType};
 
 use crate::error::Result;
 use serde::Serialize;
@@ -57,9 +62,9 @@ pub enum Kind {
     P2p,
 }
 
-/// Counts a collective of `full_len` floats (the unsharded buffer) in `stats`.
-pub fn record(stats: &Mutex<CommStats>, kind: Kind, n: usize, full_len: usize, started: Instant) {
-    let bytes = 4 * full_len as u64;
+/// Counts a collective over `full_bytes` (the unsharded buffer) in `stats`.
+pub fn record(stats: &Mutex<CommStats>, kind: Kind, n: usize, full_bytes: usize, started: Instant) {
+    let bytes = full_bytes as u64;
     let ring = |num: u64| {
         if n > 1 {
             bytes * num * (n as u64 - 1) / n as u64
@@ -79,21 +84,24 @@ pub fn record(stats: &Mutex<CommStats>, kind: Kind, n: usize, full_len: usize, s
     s.seconds += started.elapsed().as_secs_f64();
 }
 
-/// One process group. Buffers are f32; sums are taken in rank order, so
-/// every rank gets bitwise the same result.
+/// One process group. Buffers arrive tagged with their element type
+/// ([`Buf`], [`BufMut`]); callers use the typed methods on `dyn Comm`
+/// (`all_reduce(&mut [T])`, ...). Float sums are taken in rank order, so
+/// every rank gets bitwise the same result; integer sums are exact (wrapping).
 pub trait Comm: Send + Sync {
     fn rank(&self) -> usize;
     fn size(&self) -> usize;
     /// buf = sum over ranks of buf.
-    fn all_reduce(&self, buf: &mut [f32]) -> Result<()>;
+    fn all_reduce_buf(&self, buf: BufMut<'_>) -> Result<()>;
     /// out (len n) = rank r's slice r of the sum of every rank's input (len n * size).
-    fn reduce_scatter(&self, input: &[f32], out: &mut [f32]) -> Result<()>;
+    fn reduce_scatter_buf(&self, input: Buf<'_>, out: BufMut<'_>) -> Result<()>;
     /// out (len n * size) = every rank's input (len n), in rank order.
-    fn all_gather(&self, input: &[f32], out: &mut [f32]) -> Result<()>;
+    fn all_gather_buf(&self, input: Buf<'_>, out: BufMut<'_>) -> Result<()>;
     /// buf = root's buf.
-    fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<()>;
-    fn send(&self, buf: &[f32], to: usize) -> Result<()>;
-    fn recv(&self, buf: &mut [f32], from: usize) -> Result<()>;
+    fn broadcast_buf(&self, buf: BufMut<'_>, root: usize) -> Result<()>;
+    fn send_buf(&self, buf: Buf<'_>, to: usize) -> Result<()>;
+    /// buf = the next message from `from`, which must have buf's type and length.
+    fn recv_buf(&self, buf: BufMut<'_>, from: usize) -> Result<()>;
     fn barrier(&self) -> Result<()>;
     /// A barrier that waits as long as the slowest rank's file writes take
     /// (a checkpoint of a large model): no timeout, but a rank that fails
@@ -103,4 +111,37 @@ pub trait Comm: Send + Sync {
     fn split(&self, color: usize, key: usize) -> Result<Box<dyn Comm>>;
     /// What this rank has sent and waited so far, through this group.
     fn stats(&self) -> CommStats;
+}
+
+/// The typed collectives every caller uses; each tags its slice and calls
+/// the matching `*_buf` method.
+impl dyn Comm + '_ {
+    /// buf = sum over ranks of buf.
+    pub fn all_reduce<T: CommElem>(&self, buf: &mut [T]) -> Result<()> {
+        self.all_reduce_buf(T::buf_mut(buf))
+    }
+
+    /// out (len n) = rank r's slice r of the sum of every rank's input (len n * size).
+    pub fn reduce_scatter<T: CommElem>(&self, input: &[T], out: &mut [T]) -> Result<()> {
+        self.reduce_scatter_buf(T::buf(input), T::buf_mut(out))
+    }
+
+    /// out (len n * size) = every rank's input (len n), in rank order.
+    pub fn all_gather<T: CommElem>(&self, input: &[T], out: &mut [T]) -> Result<()> {
+        self.all_gather_buf(T::buf(input), T::buf_mut(out))
+    }
+
+    /// buf = root's buf.
+    pub fn broadcast<T: CommElem>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        self.broadcast_buf(T::buf_mut(buf), root)
+    }
+
+    pub fn send<T: CommElem>(&self, buf: &[T], to: usize) -> Result<()> {
+        self.send_buf(T::buf(buf), to)
+    }
+
+    /// buf = the next message from `from`, which must have buf's type and length.
+    pub fn recv<T: CommElem>(&self, buf: &mut [T], from: usize) -> Result<()> {
+        self.recv_buf(T::buf_mut(buf), from)
+    }
 }

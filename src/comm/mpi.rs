@@ -3,9 +3,11 @@
 //! MPI cannot time out a blocked collective itself, so a watchdog thread
 //! watches each call: past the timeout it reports the stuck collective and
 //! exits, which makes mpirun stop every rank. A rank whose training fails
-//! calls MPI_Abort, and mpirun names it.
+//! calls MPI_Abort, and mpirun names it. Each element type travels as its
+//! MPI datatype (MPI_FLOAT, MPI_DOUBLE, MPI_UINT32_T, ...).
 
-use super::{record, Comm, CommStats, Kind};
+use super::elem::{typed, typed_pair};
+use super::{record, Buf, BufMut, Comm, CommElem, CommStats, Kind};
 use crate::error::{Error, Result};
 use mpi::collective::SystemOperation;
 use mpi::environment::Universe;
@@ -93,13 +95,82 @@ impl MpiComm {
         &self,
         kind: Kind,
         what: &'static str,
-        full_len: usize,
+        full_bytes: usize,
         f: impl FnOnce() -> R,
     ) -> R {
         let t0 = Instant::now();
         let out = self.watchdog.guard(what, f);
-        record(&self.stats, kind, self.size(), full_len, t0);
+        record(&self.stats, kind, self.size(), full_bytes, t0);
         out
+    }
+}
+
+/// The collectives over one element type; the `Comm` impl dispatches on the tag.
+impl MpiComm {
+    fn all_reduce_typed<T: CommElem + Equivalence>(&self, buf: &mut [T]) -> Result<()> {
+        let send = buf.to_vec();
+        self.timed(Kind::AllReduce, "all_reduce", size_of_val(buf), || {
+            self.comm
+                .all_reduce_into(&send[..], buf, SystemOperation::sum())
+        });
+        Ok(())
+    }
+
+    fn reduce_scatter_typed<T: CommElem + Equivalence>(
+        &self,
+        input: &[T],
+        out: &mut [T],
+    ) -> Result<()> {
+        assert_eq!(input.len(), out.len() * self.size(), "reduce_scatter sizes");
+        let bytes = size_of_val(input);
+        self.timed(Kind::ReduceScatter, "reduce_scatter", bytes, || {
+            self.comm
+                .reduce_scatter_block_into(input, out, SystemOperation::sum())
+        });
+        Ok(())
+    }
+
+    fn all_gather_typed<T: CommElem + Equivalence>(
+        &self,
+        input: &[T],
+        out: &mut [T],
+    ) -> Result<()> {
+        assert_eq!(out.len(), input.len() * self.size(), "all_gather sizes");
+        let bytes = size_of_val(out);
+        self.timed(Kind::AllGather, "all_gather", bytes, || {
+            self.comm.all_gather_into(input, out)
+        });
+        Ok(())
+    }
+
+    fn broadcast_typed<T: CommElem + Equivalence>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        let bytes = size_of_val(buf);
+        self.timed(Kind::Broadcast, "broadcast", bytes, || {
+            self.comm.process_at_rank(root as i32).broadcast_into(buf)
+        });
+        Ok(())
+    }
+
+    fn send_typed<T: CommElem + Equivalence>(&self, buf: &[T], to: usize) -> Result<()> {
+        self.timed(Kind::P2p, "send", size_of_val(buf), || {
+            self.comm.process_at_rank(to as i32).send(buf)
+        });
+        Ok(())
+    }
+
+    fn recv_typed<T: CommElem + Equivalence>(&self, buf: &mut [T], from: usize) -> Result<()> {
+        let n = buf.len();
+        let status = self.timed(Kind::P2p, "recv", size_of_val(buf), || {
+            self.comm.process_at_rank(from as i32).receive_into(buf)
+        });
+        let got = status.count(T::equivalent_datatype()) as usize;
+        if got != n {
+            return Err(Error::Comm(format!(
+                "recv from rank {from}: got {got} {} elements, expected {n}",
+                T::DTYPE
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -112,59 +183,28 @@ impl Comm for MpiComm {
         self.comm.size() as usize
     }
 
-    fn all_reduce(&self, buf: &mut [f32]) -> Result<()> {
-        let send = buf.to_vec();
-        self.timed(Kind::AllReduce, "all_reduce", buf.len(), || {
-            self.comm
-                .all_reduce_into(&send[..], buf, SystemOperation::sum())
-        });
-        Ok(())
+    fn all_reduce_buf(&self, buf: BufMut<'_>) -> Result<()> {
+        typed!(BufMut, buf, b => self.all_reduce_typed(b))
     }
 
-    fn reduce_scatter(&self, input: &[f32], out: &mut [f32]) -> Result<()> {
-        assert_eq!(input.len(), out.len() * self.size(), "reduce_scatter sizes");
-        self.timed(Kind::ReduceScatter, "reduce_scatter", input.len(), || {
-            self.comm
-                .reduce_scatter_block_into(input, out, SystemOperation::sum())
-        });
-        Ok(())
+    fn reduce_scatter_buf(&self, input: Buf<'_>, out: BufMut<'_>) -> Result<()> {
+        typed_pair!("reduce_scatter", input, out, i, o => self.reduce_scatter_typed(i, o))
     }
 
-    fn all_gather(&self, input: &[f32], out: &mut [f32]) -> Result<()> {
-        assert_eq!(out.len(), input.len() * self.size(), "all_gather sizes");
-        self.timed(Kind::AllGather, "all_gather", out.len(), || {
-            self.comm.all_gather_into(input, out)
-        });
-        Ok(())
+    fn all_gather_buf(&self, input: Buf<'_>, out: BufMut<'_>) -> Result<()> {
+        typed_pair!("all_gather", input, out, i, o => self.all_gather_typed(i, o))
     }
 
-    fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<()> {
-        let n = buf.len();
-        self.timed(Kind::Broadcast, "broadcast", n, || {
-            self.comm.process_at_rank(root as i32).broadcast_into(buf)
-        });
-        Ok(())
+    fn broadcast_buf(&self, buf: BufMut<'_>, root: usize) -> Result<()> {
+        typed!(BufMut, buf, b => self.broadcast_typed(b, root))
     }
 
-    fn send(&self, buf: &[f32], to: usize) -> Result<()> {
-        self.timed(Kind::P2p, "send", buf.len(), || {
-            self.comm.process_at_rank(to as i32).send(buf)
-        });
-        Ok(())
+    fn send_buf(&self, buf: Buf<'_>, to: usize) -> Result<()> {
+        typed!(Buf, buf, b => self.send_typed(b, to))
     }
 
-    fn recv(&self, buf: &mut [f32], from: usize) -> Result<()> {
-        let n = buf.len();
-        let status = self.timed(Kind::P2p, "recv", n, || {
-            self.comm.process_at_rank(from as i32).receive_into(buf)
-        });
-        let got = status.count(f32::equivalent_datatype()) as usize;
-        if got != n {
-            return Err(Error::Comm(format!(
-                "recv from rank {from}: got {got} floats, expected {n}"
-            )));
-        }
-        Ok(())
+    fn recv_buf(&self, buf: BufMut<'_>, from: usize) -> Result<()> {
+        typed!(BufMut, buf, b => self.recv_typed(b, from))
     }
 
     fn barrier(&self) -> Result<()> {

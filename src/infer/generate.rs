@@ -101,6 +101,11 @@ pub fn sample_token(logits: &[f32], cfg: &SampleConfig, rng: &mut Rng) -> u32 {
     weighted.last().expect("vocabulary is not empty").0
 }
 
+/// What the lead rank broadcasts for a row that takes no token at this
+/// position (a prompt still being read, or a finished row): no vocabulary
+/// reaches u32::MAX.
+const NO_TOKEN: u32 = u32::MAX;
+
 /// Continues every prompt by up to `max_new_tokens`, stopping a row at
 /// `stop` (not emitted) or when the cache is full; `on_token(row, token)`
 /// sees each new token as it is made. Returns the new tokens of each row.
@@ -137,14 +142,13 @@ pub fn decode<B: Backend>(
             .map(|s| s.get(pos).copied().unwrap_or(0))
             .collect();
         decoder.step(weights, &tokens, pos, tp)?;
-        // -1 marks rows that take no token at this position.
-        let mut next: Vec<f32> = (0..n)
+        let mut next: Vec<u32> = (0..n)
             .map(|r| {
                 let sample = lead && !done[r] && pos + 1 == seqs[r].len();
                 Ok(if sample {
-                    sample_token(&decoder.logits(r)?, cfg, &mut rng) as f32
+                    sample_token(&decoder.logits(r)?, cfg, &mut rng)
                 } else {
-                    -1.0
+                    NO_TOKEN
                 })
             })
             .collect::<Result<_>>()?;
@@ -152,10 +156,9 @@ pub fn decode<B: Backend>(
             g.broadcast(&mut next, 0)?;
         }
         for (r, &t) in next.iter().enumerate() {
-            if t < 0.0 {
+            if t == NO_TOKEN {
                 continue;
             }
-            let t = t as u32;
             if Some(t) == stop {
                 done[r] = true;
                 continue;

@@ -92,25 +92,24 @@ pub fn bench_rank<B: Backend + 'static>(
     pb.finish_and_clear();
     let c = strategy.comm_stats();
     let all_steps = (spec.warmup + spec.steps).max(1) as f64;
-    let row = [
-        strategy.memory().peak_row().map(|x| x as f64).as_slice(),
-        &[
-            c.total_bytes() as f64 / all_steps,
-            c.seconds / all_steps,
-            total / spec.steps.max(1) as f64,
-        ],
-    ]
-    .concat();
-    let row: Vec<f32> = row.iter().map(|&x| x as f32).collect();
-    let mut all = vec![0.0f32; row.len() * world.size()];
-    world.all_gather(&row, &mut all)?;
-    Ok(all
-        .chunks(row.len())
-        .map(|r| RankBench {
-            peak: std::array::from_fn(|i| r[i] as u64),
-            comm_bytes_per_step: r[6] as f64,
-            comm_s_per_step: r[7] as f64,
-            step_s: r[8] as f64,
+    let peak = strategy.memory().peak_row();
+    let times = [
+        c.total_bytes() as f64 / all_steps,
+        c.seconds / all_steps,
+        total / spec.steps.max(1) as f64,
+    ];
+    let mut all_peaks = vec![0u64; peak.len() * world.size()];
+    world.all_gather(&peak, &mut all_peaks)?;
+    let mut all_times = vec![0f64; times.len() * world.size()];
+    world.all_gather(&times, &mut all_times)?;
+    Ok(all_peaks
+        .chunks(peak.len())
+        .zip(all_times.chunks(times.len()))
+        .map(|(p, t)| RankBench {
+            peak: std::array::from_fn(|i| p[i]),
+            comm_bytes_per_step: t[0],
+            comm_s_per_step: t[1],
+            step_s: t[2],
         })
         .collect())
 }

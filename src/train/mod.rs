@@ -296,17 +296,17 @@ fn agree_on_path(world: &dyn Comm, path: &std::path::Path) -> Result<PathBuf> {
         return Ok(path.to_path_buf());
     }
     let text = path.to_string_lossy();
-    let mut len = [text.len() as f32];
+    let mut len = [text.len() as u64];
     world.broadcast(&mut len, 0)?;
-    let mut bytes: Vec<f32> = if world.rank() == 0 {
-        text.bytes().map(f32::from).collect()
+    let mut bytes = if world.rank() == 0 {
+        text.as_bytes().to_vec()
     } else {
-        vec![0.0; len[0] as usize]
+        vec![0u8; len[0] as usize]
     };
     world.broadcast(&mut bytes, 0)?;
-    Ok(PathBuf::from(
-        String::from_utf8_lossy(&bytes.iter().map(|&b| b as u8).collect::<Vec<u8>>()).into_owned(),
-    ))
+    let text = String::from_utf8(bytes)
+        .map_err(|e| Error::Comm(format!("rank 0's path arrived as invalid UTF-8: {e}")))?;
+    Ok(PathBuf::from(text))
 }
 
 /// Trains on `par.world_size` thread ranks; returns rank 0's summary.
@@ -453,12 +453,12 @@ pub fn train_rank<B: Backend + 'static>(
         Some(p) => p,
         None => {
             let mut p = [if lead {
-                sample_backend.measure_peak_flops() as f32
+                sample_backend.measure_peak_flops()
             } else {
                 0.0
             }];
             world.broadcast(&mut p, 0)?;
-            p[0] as f64
+            p[0]
         }
     };
     let data_fingerprint = ds.fingerprint();
@@ -555,7 +555,7 @@ pub fn train_rank<B: Backend + 'static>(
     let mut losses = Vec::new();
     let mut history = Vec::new();
     let mut val_last = f32::NAN;
-    let mut rank_peaks = vec![0.0f32; 6 * world.size()];
+    let mut rank_peaks = vec![0u64; 6 * world.size()];
     let mut stopped = false;
     let mut final_params = None;
     for step in start..steps {
@@ -587,12 +587,12 @@ pub fn train_rank<B: Backend + 'static>(
         losses.push(stats.loss);
         // A signal may reach only some ranks (mpirun forwards it to each
         // process): any rank's stop stops all, at the same step.
-        let mut stop = [f32::from(
+        let mut stop = [u32::from(
             INTERRUPTED.load(Ordering::SeqCst)
                 || cfg.stop_after.is_some_and(|n| step + 1 - start >= n),
         )];
         world.all_reduce(&mut stop)?;
-        let stopping = stop[0] != 0.0 && step + 1 < steps;
+        let stopping = stop[0] != 0 && step + 1 < steps;
         let is_last = step + 1 == steps || stopping;
         let val_loss = if is_last || (cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0) {
             let v = evaluate(strategy.as_mut(), &mut val_loader, cfg.eval_batches)?;
@@ -620,10 +620,7 @@ pub fn train_rank<B: Backend + 'static>(
                 note(&format!("--- sample at step {} ---\n{s}\n---", step + 1));
             }
         }
-        world.all_gather(
-            &strategy.memory().peak_row().map(|x| x as f32),
-            &mut rank_peaks,
-        )?;
+        world.all_gather(&strategy.memory().peak_row(), &mut rank_peaks)?;
         let tokens_per_s = tokens_per_step as f64 / secs;
         if let Some(log) = log.as_mut() {
             let record = StepRecord {
@@ -638,10 +635,7 @@ pub fn train_rank<B: Backend + 'static>(
                 tokens_per_s,
                 mfu: metrics::mfu(flops_per_token, tokens_per_s, total_peak),
                 memory: strategy.memory(),
-                rank_peak_bytes: rank_peaks
-                    .chunks(6)
-                    .map(|c| c.iter().map(|&x| x as u64).collect())
-                    .collect(),
+                rank_peak_bytes: rank_peaks.chunks(6).map(<[u64]>::to_vec).collect(),
                 comm: strategy.comm_stats(),
             };
             log.write(&record)?;
@@ -707,11 +701,10 @@ pub fn train_rank<B: Backend + 'static>(
     let seconds = started.elapsed().as_secs_f64();
     let memory = strategy.memory();
     let comm = strategy.comm_stats();
-    let mut comm_all = vec![0.0f32; 2 * world.size()];
-    world.all_gather(
-        &[comm.total_bytes() as f32, comm.seconds as f32],
-        &mut comm_all,
-    )?;
+    let mut rank_comm_bytes = vec![0u64; world.size()];
+    world.all_gather(&[comm.total_bytes()], &mut rank_comm_bytes)?;
+    let mut rank_comm_seconds = vec![0f64; world.size()];
+    world.all_gather(&[comm.seconds], &mut rank_comm_seconds)?;
     drop(strategy);
     let params = final_params.expect("the last step saves the model");
     if !lead {
@@ -737,11 +730,11 @@ pub fn train_rank<B: Backend + 'static>(
         memory,
         rank_peak_bytes: rank_peaks
             .chunks(6)
-            .map(|c| std::array::from_fn(|i| c[i] as u64))
+            .map(|c| std::array::from_fn(|i| c[i]))
             .collect(),
         comm,
-        rank_comm_bytes: comm_all.chunks(2).map(|c| c[0] as u64).collect(),
-        rank_comm_seconds: comm_all.chunks(2).map(|c| c[1] as f64).collect(),
+        rank_comm_bytes,
+        rank_comm_seconds,
         losses,
         history,
         params,
@@ -749,4 +742,25 @@ pub fn train_rank<B: Backend + 'static>(
         out_dir: cfg.out_dir.clone(),
         stopped,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn agree_on_path_carries_a_non_ascii_path_intact() {
+        let path = PathBuf::from("/tmp/läufe/модель 模型 🚀/ckpt");
+        let out = launch::run_local(3, 3, Duration::from_secs(10), |c| {
+            let mine = if c.rank() == 0 {
+                path.clone()
+            } else {
+                PathBuf::from("elsewhere")
+            };
+            agree_on_path(c.as_ref(), &mine)
+        })
+        .unwrap();
+        assert_eq!(out, vec![path.clone(); 3]);
+    }
 }
