@@ -1,5 +1,5 @@
 //! Kill-and-resume soak: a run is interrupted at random moments by SIGKILL,
-//! SIGTERM or SIGINT (under `mpirun`: SIGINT, SIGTERM or SIGUSR1 to mpirun,
+//! SIGTERM or SIGINT (under `mpirun`: SIGINT, SIGTERM or SIGUSR2 to mpirun,
 //! or SIGKILL to one rank), resumed each time, and must end with the
 //! uninterrupted run's final weights, bit for bit. The seed is printed so a
 //! failing sequence can be replayed (DISTGPT_SOAK_SEED).
@@ -222,7 +222,7 @@ fn mpi_interrupt(child: &Child, dice: &mut Dice) -> String {
             }
         }
         k => {
-            let sig = ["INT", "TERM", "USR1"][k as usize - 1];
+            let sig = ["INT", "TERM", "USR2"][k as usize - 1];
             signal(child.id(), sig);
             format!("SIG{sig} to mpirun")
         }

@@ -136,7 +136,13 @@ pub struct Buf<B: Backend, T: Elem = f32> {
 
 impl<B: Backend, T: Elem> Buf<B, T> {
     /// Wraps storage a backend allocated (zero-filled) and counts its bytes.
-    pub fn new(mem: B::Mem<T>, len: usize, category: Category, stats: Arc<MemoryStats>) -> Self {
+    /// Crate-only: views trust `len` to be the storage's length.
+    pub(crate) fn new(
+        mem: B::Mem<T>,
+        len: usize,
+        category: Category,
+        stats: Arc<MemoryStats>,
+    ) -> Self {
         stats.add(category, (len * std::mem::size_of::<T>()) as u64);
         Buf {
             mem,

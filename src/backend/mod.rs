@@ -4,8 +4,8 @@
 //! The model is generic over [`Backend`]. A backend owns its memory: buffers
 //! ([`Buf`]) live on its device, kernels read and write them through views
 //! ([`Src`], [`Dst`]) that may point into the middle of a buffer, and the
-//! host sees them only through explicit transfers. `cpu` is the one
-//! implementation today.
+//! host sees them only through explicit transfers. Implementations: `cpu`
+//! and `opencl`.
 
 pub mod cpu;
 pub mod memory;
@@ -18,8 +18,15 @@ use crate::error::Result;
 use std::borrow::Cow;
 use std::sync::Arc;
 
-/// An element type buffers hold: f32 for tensors, u32 for token ids.
-pub trait Elem: Copy + Default + Send + Sync + 'static {}
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for u32 {}
+}
+
+/// An element type buffers hold: f32 for tensors, u32 for token ids
+/// (sealed: device transfers copy raw bytes into it).
+pub trait Elem: sealed::Sealed + Copy + Default + Send + Sync + 'static {}
 impl Elem for f32 {}
 impl Elem for u32 {}
 
@@ -244,6 +251,11 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Peak FLOP/s of the device, measured on a GPT-2-shaped matmul; the
     /// denominator of MFU.
     fn measure_peak_flops(&self) -> f64;
+    /// Whether every rank runs on this one device (so the job's peak is the
+    /// device's), rather than each rank on a peak of its own (CPU cores).
+    fn ranks_share_device(&self) -> bool {
+        false
+    }
     /// Sum in f64 (the loss over a batch's rows).
     fn sum(&self, x: Src<'_, Self>) -> Result<f64>;
     /// Sum of squares in f64.

@@ -808,19 +808,20 @@ fn available_memory_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
-/// SIGINT, SIGTERM and SIGUSR1 (which mpirun forwards to every rank
-/// without killing them) all mean: finish the step, checkpoint, stop. Later
+/// SIGINT, SIGTERM, SIGUSR1 and SIGUSR2 (which mpirun forwards to every
+/// rank without killing them) all mean: finish the step, checkpoint, stop. Later
 /// signals are reported and ignored, so a save is never cut short by one.
 fn handle_stop_signals() -> Result<()> {
-    use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1};
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGUSR1])
+    use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGUSR1, SIGUSR2])
         .context("installing the signal handlers")?;
     std::thread::spawn(move || {
         for sig in signals.forever() {
             let name = match sig {
                 SIGINT => "SIGINT",
                 SIGTERM => "SIGTERM",
-                _ => "SIGUSR1",
+                SIGUSR1 => "SIGUSR1",
+                _ => "SIGUSR2",
             };
             if train::INTERRUPTED.swap(true, std::sync::atomic::Ordering::SeqCst) {
                 distgpt::errln!("\n{name}: already stopping; the checkpoint is being written (SIGKILL would lose only the current step)");
@@ -951,7 +952,7 @@ fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
 
 fn list_devices() -> Result<()> {
     distgpt::outln!("cpu: {}", distgpt::backend::cpu::Cpu::new().name());
-    match distgpt::backend::opencl::Device::list() {
+    match distgpt::backend::opencl::OpenCl::devices() {
         Ok(names) => {
             for (i, n) in names.iter().enumerate() {
                 distgpt::outln!("opencl {i}: {n}");
@@ -1030,7 +1031,8 @@ fn decode_on<B: Backend>(
                     comm.size()
                 )));
             }
-            let (model, _) = checkpoint::load_model(be.clone_fresh(), &a.run)?;
+            // The whole model stays on the host; only this rank's part goes to the device.
+            let (model, _) = checkpoint::load_model(Cpu::new(), &a.run)?;
             let place = distgpt::model::TpPlace {
                 rank: comm.rank(),
                 size: comm.size(),

@@ -550,7 +550,11 @@ pub fn train_rank<B: Backend + 'static>(
     }
     let flops_per_token = model_cfg.flops_per_token(t);
     let tokens_per_step = b * t * cfg.grad_accum;
-    let total_peak = peak_flops * par.world_size as f64;
+    let total_peak = if sample_backend.ranks_share_device() {
+        peak_flops
+    } else {
+        peak_flops * par.world_size as f64
+    };
     let started = Instant::now();
     let mut losses = Vec::new();
     let mut history = Vec::new();

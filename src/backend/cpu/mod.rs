@@ -19,7 +19,7 @@ pub use matmul::WeightLayout;
 
 use super::memory::{Buf, Category, Dst, MemoryStats, Src};
 use super::{Backend, Elem};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use std::sync::Arc;
 
 /// The CPU device; rayon's global pool decides the thread count. Its
@@ -51,6 +51,17 @@ fn w<T>(d: Dst<'_, Cpu, T>) -> &mut [T] {
     unsafe { std::slice::from_raw_parts_mut((v.handle as *mut T).add(v.off), v.len) }
 }
 
+/// A transfer between a view and a host slice of another length is refused.
+fn same_len(view: usize, host: usize) -> Result<()> {
+    if view == host {
+        Ok(())
+    } else {
+        Err(Error::Input(format!(
+            "a transfer between a view of {view} elements and a host buffer of {host}"
+        )))
+    }
+}
+
 impl Backend for Cpu {
     type Mem<T: Elem> = Vec<T>;
     type Packed = PackedWeight;
@@ -79,10 +90,12 @@ impl Backend for Cpu {
         ))
     }
     fn upload<T: Elem>(&self, dst: Dst<'_, Self, T>, src: &[T]) -> Result<()> {
+        same_len(dst.len(), src.len())?;
         w(dst).copy_from_slice(src);
         Ok(())
     }
     fn download<T: Elem>(&self, src: Src<'_, Self, T>, dst: &mut [T]) -> Result<()> {
+        same_len(src.len(), dst.len())?;
         dst.copy_from_slice(r(src));
         Ok(())
     }

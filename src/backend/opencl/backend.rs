@@ -41,6 +41,11 @@ fn device_error(e: ClError) -> Error {
 }
 
 impl OpenCl {
+    /// Names of the OpenCL devices, in the order `open` counts them.
+    pub fn devices() -> Result<Vec<String>> {
+        Device::list().map_err(device_error)
+    }
+
     /// Opens OpenCL device `index` (counted across platforms, as `distgpt
     /// devices` lists them).
     pub fn open(index: usize) -> Result<OpenCl> {
@@ -462,6 +467,10 @@ impl Backend for OpenCl {
             best = best.min(t0.elapsed().as_secs_f64());
         }
         2.0 * (rows * k * n) as f64 / best
+    }
+    fn ranks_share_device(&self) -> bool {
+        // Every rank opens the --opencl-device it was given.
+        true
     }
     fn sum(&self, x: Src<'_, Self>) -> Result<f64> {
         self.check()?;

@@ -14,7 +14,10 @@ mod tests;
 
 pub use backend::{OpenCl, PackedCl};
 pub use kernels::program_source;
-pub use runtime::{Device, Element, Mem, View, BLOCK};
+pub use runtime::Mem;
+pub(crate) use runtime::{Device, View};
+#[cfg(test)]
+use runtime::{Element, BLOCK};
 
 /// What went wrong, in words: the missing library or device, the failed
 /// call, or the kernel build log.
