@@ -120,3 +120,29 @@ fn without_a_terminal_a_log_line_every_n_steps_and_a_csv() {
         "{csv}"
     );
 }
+
+#[test]
+fn plan_says_why_tp_rows_are_missing_and_what_network_it_assumes() {
+    let out = succeeded(distgpt(&[
+        "plan",
+        "--device",
+        "h100",
+        "--model",
+        "tiny",
+        "--n-head",
+        "5",
+        "--n-embd",
+        "80",
+        "--world-size",
+        "1,2",
+    ]));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("note: tp x2 omitted: 5 heads are not divisible by 2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("network: 8 ranks per node; within a node 450.0 GB/s per rank + 5.0 us"),
+        "{text}"
+    );
+}

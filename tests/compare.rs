@@ -1,7 +1,8 @@
 //! `compare` end to end on a small matrix: every strategy follows `single`,
-//! and the report directory holds the tables and all twelve figure files.
+//! each cell keeps its repeats, and the report directory holds the tables
+//! (summary first) and every figure file; a stopped matrix writes a partial report.
 
-use distgpt::compare::{self, CompareSpec, Layout};
+use distgpt::compare::{self, CompareSpec, Comparison, Layout};
 use distgpt::data::{Dataset, TokenizerKind};
 use distgpt::model::GptConfig;
 use distgpt::parallel::StrategyKind;
@@ -34,12 +35,20 @@ fn compare_writes_the_report_and_strategies_match_single() {
         out_dir: dir.clone(),
         threads: 2,
         predict: false,
+        repeats: 2,
+        announce_estimate: false,
     };
     let multi = MultiProgress::with_draw_target(ProgressDrawTarget::hidden());
-    let (results, _) = compare::run(&spec, &ds, &multi).unwrap();
+    let done = compare::run(&spec, &ds, &multi).unwrap();
+    assert!(!done.stopped);
+    let results = &done.results;
     // single, ddp, fsdp, tp at batches 4 and 8; mesh needs 4 ranks and is skipped
     assert_eq!(results.len(), 8);
-    for r in &results {
+    for r in results {
+        assert_eq!(r.repeats.len(), 2, "{}: every repeat is kept", r.label);
+        let t = r.tokens_per_s_spread();
+        assert!(t.min <= t.median && t.median <= t.max);
+        assert_eq!(r.step_ms, r.step_ms_spread().median);
         let dev = r
             .max_loss_deviation_from_single
             .expect("a single run at the same batch");
@@ -62,13 +71,29 @@ fn compare_writes_the_report_and_strategies_match_single() {
             );
         }
     }
-    compare::report::write(&spec, &results, &[], "distgpt compare (test)").unwrap();
+    compare::report::write(&spec, &done, "distgpt compare (test)").unwrap();
     let csv = std::fs::read_to_string(dir.join("results.csv")).unwrap();
     assert_eq!(csv.lines().count(), 1 + results.len());
     let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(
+        md.starts_with("# distgpt compare\n\n## Summary\n\n- **Fastest:** tiny "),
+        "the summary comes first: {md}"
+    );
+    for line in [
+        "- **Smallest peak memory per rank:** tiny ",
+        "- **Equivalence:** ",
+        "- **Noise:** the repeats of a cell spread by ",
+    ] {
+        assert!(md.contains(line), "summary has {line:?}: {md}");
+    }
+    assert!(
+        !md.contains("GiB") && !md.contains("Partial"),
+        "MiB only, complete: {md}"
+    );
     assert!(md.contains("| tiny | fsdp x2 | 8 |"), "{md}");
     for stem in [
         "throughput_vs_batch",
+        "step_time_vs_batch",
         "memory_vs_batch",
         "time_per_epoch",
         "memory_per_epoch",
@@ -87,6 +112,22 @@ fn compare_writes_the_report_and_strategies_match_single() {
             "report embeds {stem}.png"
         );
     }
+    // a matrix stopped after its first cell reports that cell and says so
+    let partial = Comparison {
+        results: results[..1].to_vec(),
+        calibrations: Vec::new(),
+        planned_cells: done.planned_cells,
+        stopped: true,
+    };
+    compare::report::write(&spec, &partial, "distgpt compare (test)").unwrap();
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(
+        md.starts_with(&format!(
+            "# distgpt compare\n\n## Summary\n\n- **Partial report:** stopped by a signal after 1 of {} cells",
+            done.planned_cells
+        )),
+        "{md}"
+    );
     std::fs::remove_dir_all(dir).ok();
 }
 

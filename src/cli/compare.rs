@@ -59,6 +59,10 @@ pub struct CompareArgs {
     /// Validation batches at the end of each run.
     #[arg(long, default_value_t = 8)]
     eval_batches: usize,
+    /// Runs of each cell: tables show the median step time, figures its
+    /// min-max range (default: 3 with --quick, else 1).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100))]
+    repeats: Option<u32>,
     /// Skip `plan`'s predictions (and the calibration they need).
     #[arg(long)]
     no_predict: bool,
@@ -113,6 +117,9 @@ pub fn run(mut a: CompareArgs, threads: usize) -> Result<()> {
     });
     std::fs::create_dir_all(&out_dir)
         .with_context(|| format!("creating the report directory {}", out_dir.display()))?;
+    let repeats = a
+        .repeats
+        .map_or(if a.quick { 3 } else { 1 }, |n| n as usize);
     let spec = CompareSpec {
         models,
         layouts: a.strategies.clone(),
@@ -126,11 +133,15 @@ pub fn run(mut a: CompareArgs, threads: usize) -> Result<()> {
         out_dir,
         threads,
         predict: !a.no_predict,
+        repeats,
+        announce_estimate: !a.quick,
     };
+    super::handle_stop_signals()?;
     let multi = MultiProgress::new();
-    let (results, calibrations) = compare::run(&spec, &ds, &multi)?;
+    let done = compare::run(&spec, &ds, &multi)?;
     let command = std::env::args().collect::<Vec<_>>().join(" ");
-    let files = compare::report::write(&spec, &results, &calibrations, &command)?;
+    let files = compare::report::write(&spec, &done, &command)?;
+    let results = &done.results;
     distgpt::outln!(
         "{:<22} {:>6} {:>11} {:>14} {:>14} {:>10} {:>14}",
         "strategy",
@@ -141,7 +152,7 @@ pub fn run(mut a: CompareArgs, threads: usize) -> Result<()> {
         "val loss",
         "dev vs single"
     );
-    for r in &results {
+    for r in results {
         distgpt::outln!(
             "{:<22} {:>6} {:>11.0} {:>14.2} {:>14.1} {:>10.4} {:>14}",
             format!("{} {}", r.model, r.label),
@@ -154,10 +165,15 @@ pub fn run(mut a: CompareArgs, threads: usize) -> Result<()> {
                 .map_or("-".into(), |d| format!("{d:.1e}"))
         );
     }
-    distgpt::outln!(
-        "report: {} ({} files)",
-        spec.out_dir.join("report.md").display(),
-        files.len()
-    );
+    let report = spec.out_dir.join("report.md");
+    if done.stopped {
+        bail!(
+            "stopped after {} of {} cells: partial report in {}",
+            results.len(),
+            done.planned_cells,
+            report.display()
+        );
+    }
+    distgpt::outln!("report: {} ({} files)", report.display(), files.len());
     Ok(())
 }

@@ -228,13 +228,18 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
                 w.batch
             );
         }
-        all.push((world, device.efficiency, preds));
+        all.push((
+            world,
+            device.efficiency,
+            preds,
+            plan::omitted(&w.model, world, w.batch),
+        ));
     }
     if a.json {
         let j = serde_json::json!({
             "workload": w, "device": device, "network": net, "precision": a.precision,
-            "plans": all.iter().map(|(world, eff, p)| serde_json::json!({
-                "world_size": world, "efficiency": eff, "predictions": p,
+            "plans": all.iter().map(|(world, eff, p, omitted)| serde_json::json!({
+                "world_size": world, "efficiency": eff, "predictions": p, "omitted": omitted,
                 "recommended": plan::recommend(p).map(|r| plan::layout_name(&r.parallel)),
             })).collect::<Vec<_>>(),
         });
@@ -261,15 +266,16 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
     );
     let largest = all
         .iter()
-        .flat_map(|(_, _, p)| p.iter().map(|x| x.memory.total()))
+        .flat_map(|(_, _, p, _)| p.iter().map(|x| x.memory.total()))
         .fold(0.0, f64::max);
     let (unit, scale) = if largest >= 1e9 {
         ("GB", 1e9)
     } else {
         ("MB", 1e6)
     };
+    distgpt::outln!("{}", network_line(&net));
     distgpt::outln!("memory in {unit} (decimal) per rank; states = params + grads + optimizer kept between steps (fsdp's gathered units are in params and total)");
-    for (world, eff, preds) in &all {
+    for (world, eff, preds, omitted) in &all {
         distgpt::outln!();
         distgpt::outln!(
             "{:<26} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10} {:>12}  fits",
@@ -318,6 +324,26 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
             ),
             None => {}
         }
+        for note in omitted {
+            distgpt::outln!("note: {note}");
+        }
     }
     Ok(())
+}
+
+/// The network assumptions behind the comm times, in one line.
+fn network_line(net: &Network) -> String {
+    let link = |bw: f64, lat: f64| {
+        format!(
+            "{:.1} GB/s per rank + {:.1} us per message",
+            bw / 1e9,
+            lat * 1e6
+        )
+    };
+    format!(
+        "network: {} ranks per node; within a node {}; across nodes {}",
+        net.ranks_per_node,
+        link(net.intra_bandwidth, net.intra_latency_s),
+        link(net.inter_bandwidth, net.inter_latency_s)
+    )
 }

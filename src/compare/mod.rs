@@ -1,7 +1,9 @@
 //! `compare`: trains a matrix of strategies x world sizes x batch sizes (x
 //! models) on the same data and seed, one run at a time on thread ranks, and
 //! turns the runs into one row each, with `plan`'s prediction beside what
-//! was measured. `report` writes the tables, `figures` the plots.
+//! was measured. Each cell runs `repeats` times: the tables and figures show
+//! the median step time, the figures its min-max range. `report` writes the
+//! tables, `figures` the plots.
 
 pub mod figures;
 pub mod report;
@@ -17,6 +19,7 @@ use crate::train::{self, Duration, TrainConfig, TrainSummary};
 use indicatif::MultiProgress;
 use serde::Serialize;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 
 /// A strategy as the matrix names it; `mesh` is ddp over tensor-parallel pairs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -87,6 +90,10 @@ pub struct CompareSpec {
     pub threads: usize,
     /// Predict each run with `plan` calibrated on this machine.
     pub predict: bool,
+    /// Runs of each cell; step times are summarised by their median.
+    pub repeats: usize,
+    /// Print the estimated duration (from `plan`'s predictions) before starting.
+    pub announce_estimate: bool,
 }
 
 /// One cell of the matrix.
@@ -165,6 +172,53 @@ pub struct Predicted {
     pub step_ms: f64,
 }
 
+/// The timings of one repeat of a cell.
+#[derive(Clone, Debug, Serialize)]
+pub struct RepeatTiming {
+    /// Mean over the steps after the first (which allocates).
+    pub step_ms: f64,
+    pub tokens_per_s: f64,
+}
+
+/// Median and range of a value over a cell's repeats.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Spread {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Spread {
+    /// The median (mean of the middle two for an even count), min and max; NaN when empty.
+    pub fn of(values: impl IntoIterator<Item = f64>) -> Spread {
+        let mut v: Vec<f64> = values.into_iter().collect();
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        if n == 0 {
+            return Spread {
+                median: f64::NAN,
+                min: f64::NAN,
+                max: f64::NAN,
+            };
+        }
+        let median = if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        };
+        Spread {
+            median,
+            min: v[0],
+            max: v[n - 1],
+        }
+    }
+
+    /// (max - min) / median, in percent.
+    pub fn range_percent(&self) -> f64 {
+        100.0 * (self.max - self.min) / self.median
+    }
+}
+
 /// One row of the report.
 #[derive(Clone, Debug, Serialize)]
 pub struct RunResult {
@@ -178,12 +232,15 @@ pub struct RunResult {
     pub seq_len: usize,
     pub steps: usize,
     pub epochs: f64,
-    /// Mean over the steps after the first (which allocates).
+    /// Median over the repeats of the mean step time after the first step.
     pub step_ms: f64,
+    /// Median over the repeats.
     pub tokens_per_s: f64,
     pub tokens_per_s_per_rank: f64,
-    /// Mean step time x optimizer steps per epoch.
+    /// Median step time x optimizer steps per epoch.
     pub time_per_epoch_s: f64,
+    /// Every repeat's timings, in the order they ran.
+    pub repeats: Vec<RepeatTiming>,
     /// Peak bytes of every rank: [params, grads, optimizer, activations, other, total].
     pub rank_peak_bytes: Vec<[u64; 6]>,
     pub final_loss: f32,
@@ -195,6 +252,7 @@ pub struct RunResult {
     /// Largest |loss - single's loss| over the steps, same model and batch.
     pub max_loss_deviation_from_single: Option<f64>,
     pub predicted: Option<Predicted>,
+    /// The first repeat's epochs (memory, loss and gradient norm do not vary between repeats).
     pub per_epoch: Vec<EpochPoint>,
     pub losses: Vec<f32>,
 }
@@ -209,11 +267,34 @@ impl RunResult {
             .unwrap_or_default()
     }
 
-    fn from_summary(cell: &Cell, seq_len: usize, s: &TrainSummary) -> Self {
-        let h = &s.history;
-        let timed = if h.len() > 1 { &h[1..] } else { &h[..] };
-        let step_s = timed.iter().map(|r| r.ms).sum::<f64>() / 1e3 / timed.len().max(1) as f64;
+    /// Tokens per second over the repeats.
+    pub fn tokens_per_s_spread(&self) -> Spread {
+        Spread::of(self.repeats.iter().map(|r| r.tokens_per_s))
+    }
+
+    /// Step time over the repeats.
+    pub fn step_ms_spread(&self) -> Spread {
+        Spread::of(self.repeats.iter().map(|r| r.step_ms))
+    }
+
+    /// One row from a cell's repeats (at least one).
+    fn from_summaries(cell: &Cell, seq_len: usize, summaries: &[TrainSummary]) -> Self {
         let tokens = (cell.batch * seq_len) as f64;
+        let repeats: Vec<RepeatTiming> = summaries
+            .iter()
+            .map(|s| {
+                let h = &s.history;
+                let timed = if h.len() > 1 { &h[1..] } else { &h[..] };
+                let step_ms = timed.iter().map(|r| r.ms).sum::<f64>() / timed.len().max(1) as f64;
+                RepeatTiming {
+                    step_ms,
+                    tokens_per_s: tokens / (step_ms / 1e3),
+                }
+            })
+            .collect();
+        let step_s = Spread::of(repeats.iter().map(|r| r.step_ms)).median / 1e3;
+        let s = &summaries[0];
+        let h = &s.history;
         let steps_per_epoch = h.first().map_or(0.0, |r| 1.0 / r.epoch);
         let mut per_epoch: Vec<EpochPoint> = Vec::new();
         let mut counts: Vec<usize> = Vec::new();
@@ -260,6 +341,7 @@ impl RunResult {
             tokens_per_s: tokens / step_s,
             tokens_per_s_per_rank: tokens / step_s / world as f64,
             time_per_epoch_s: step_s * steps_per_epoch,
+            repeats,
             rank_peak_bytes: s.rank_peak_bytes.clone(),
             final_loss: s.final_loss,
             val_loss: s.val_loss,
@@ -294,13 +376,72 @@ fn deviations(results: &mut [RunResult]) {
     }
 }
 
-/// Runs every cell (bars on `multi`), returning one row per run and the
-/// calibrations used for the predictions.
-pub fn run(
-    spec: &CompareSpec,
-    ds: &Dataset,
-    multi: &MultiProgress,
-) -> Result<(Vec<RunResult>, Vec<Calibration>)> {
+/// What `run` produced: every finished cell, and whether a signal cut it short.
+pub struct Comparison {
+    pub results: Vec<RunResult>,
+    pub calibrations: Vec<Calibration>,
+    /// Cells in the matrix; `results` holds fewer when stopped.
+    pub planned_cells: usize,
+    /// A signal (`train::INTERRUPTED`) stopped the matrix before its end.
+    pub stopped: bool,
+}
+
+/// `plan`'s prediction for a cell, calibrating this machine for its
+/// (model, batch, world) once.
+fn predict_cell(
+    machine: &Machine,
+    calibrations: &mut Vec<Calibration>,
+    cell: &Cell,
+    seq_len: usize,
+) -> Result<Predicted> {
+    let world = cell.parallel.world_size;
+    let key = |c: &Calibration| c.model == cell.model && c.batch == cell.batch && c.ranks == world;
+    if !calibrations.iter().any(key) {
+        calibrations.push(calibrate_cpu(
+            machine,
+            &cell.model,
+            cell.batch,
+            seq_len,
+            world,
+        )?);
+    }
+    let cal = calibrations.iter().find(|c| key(c)).expect("just added");
+    let w = Workload {
+        model: cell.model.clone(),
+        batch: cell.batch,
+        seq_len,
+        grad_accum: 1,
+    };
+    let p = plan::predict(
+        &w,
+        cell.parallel,
+        &cal.device(f64::INFINITY),
+        &machine.network(),
+        Precision::Fp32,
+    );
+    Ok(Predicted {
+        peak_bytes: p.memory.total(),
+        step_ms: p.time.step_s() * 1e3,
+    })
+}
+
+/// Seconds the matrix should take: predicted step time x steps x repeats.
+fn estimate_s(spec: &CompareSpec, ds: &Dataset, cells: &[Cell], predicted: &[Predicted]) -> f64 {
+    cells
+        .iter()
+        .zip(predicted)
+        .map(|(c, p)| {
+            let windows = ds.train.len().saturating_sub(1) / spec.seq_len.max(1);
+            let steps = spec.duration.steps(windows / c.batch.max(1), 1).max(1);
+            p.step_ms / 1e3 * steps as f64 * spec.repeats as f64
+        })
+        .sum()
+}
+
+/// Runs every cell `spec.repeats` times (bars on `multi`), returning one row
+/// per cell and the calibrations used for the predictions. A signal stops
+/// after the current step; the cell it cut short is left out.
+pub fn run(spec: &CompareSpec, ds: &Dataset, multi: &MultiProgress) -> Result<Comparison> {
     let (cells, skipped) = cells(spec);
     // before any bar is drawn, so plain stderr is fine (and seen when piped)
     for s in &skipped {
@@ -312,95 +453,128 @@ pub fn run(
                 .into(),
         ));
     }
-    // measured before the runs, on a quiet machine
-    let machine = if spec.predict {
-        Some(Machine::measure(spec.threads)?)
-    } else {
-        None
-    };
-    let outer = multi.add(crate::metrics::progress_bar(cells.len() as u64, "matrix"));
+    // measured and predicted before the runs, on a quiet machine
     let mut calibrations: Vec<Calibration> = Vec::new();
+    let mut predicted: Vec<Predicted> = Vec::new();
+    if spec.predict {
+        let machine = Machine::measure(spec.threads)?;
+        for cell in &cells {
+            predicted.push(predict_cell(
+                &machine,
+                &mut calibrations,
+                cell,
+                spec.seq_len,
+            )?);
+        }
+    }
+    if spec.announce_estimate {
+        if predicted.is_empty() {
+            crate::errln!(
+                "{} runs ({} cells x {} repeats); no time estimate without plan's predictions (--no-predict)",
+                cells.len() * spec.repeats,
+                cells.len(),
+                spec.repeats
+            );
+        } else {
+            let secs = estimate_s(spec, ds, &cells, &predicted);
+            crate::errln!(
+                "{} runs ({} cells x {} repeats), estimated {:.0} min {:02.0} s of training (plan's step times; Ctrl-C stops and writes a partial report)",
+                cells.len() * spec.repeats,
+                cells.len(),
+                spec.repeats,
+                (secs / 60.0).floor(),
+                secs % 60.0
+            );
+        }
+    }
+    let outer = multi.add(crate::metrics::progress_bar(
+        (cells.len() * spec.repeats) as u64,
+        "matrix",
+    ));
     let mut results = Vec::with_capacity(cells.len());
-    for cell in &cells {
-        outer.set_message(format!(
-            "{} {} batch {}",
-            cell.model_name,
-            cell.label(),
-            cell.batch
-        ));
-        let bar = multi.add(crate::metrics::progress_bar(1, "  run   "));
-        let cfg = TrainConfig {
-            batch_size: cell.batch,
-            seq_len: spec.seq_len,
-            duration: spec.duration,
-            lr: spec.lr,
-            min_lr: spec.lr / 10.0,
-            warmup_steps: 10,
-            eval_batches: spec.eval_batches,
-            sample_tokens: 0,
-            seed: spec.seed,
-            out_dir: spec.out_dir.join("runs").join(format!(
+    let mut stopped = false;
+    'cells: for (i, cell) in cells.iter().enumerate() {
+        let mut summaries = Vec::with_capacity(spec.repeats);
+        for repeat in 0..spec.repeats {
+            outer.set_message(format!(
+                "{} {} batch {} (repeat {}/{})",
+                cell.model_name,
+                cell.label(),
+                cell.batch,
+                repeat + 1,
+                spec.repeats
+            ));
+            let bar = multi.add(crate::metrics::progress_bar(1, "  run   "));
+            let mut name = format!(
                 "{}-{}-x{}-tp{}-b{}",
                 cell.model_name,
                 cell.parallel.strategy,
                 cell.parallel.world_size,
                 cell.parallel.tp,
                 cell.batch
-            )),
-            progress: Some(bar.clone()),
-            // The report directory's runs are compare's own: a rerun into
-            // the same --out replaces them.
-            overwrite: true,
-            ..TrainConfig::default()
-        };
-        let summary = train::train(
-            Cpu::new,
-            cell.model.clone(),
-            ds,
-            &cfg,
-            cell.parallel,
-            spec.threads,
-            std::time::Duration::from_secs(600),
-        )?;
-        multi.remove(&bar);
-        let mut row = RunResult::from_summary(cell, spec.seq_len, &summary);
-        if let Some(machine) = &machine {
-            let world = cell.parallel.world_size;
-            let key = |c: &Calibration| {
-                c.model == cell.model && c.batch == cell.batch && c.ranks == world
-            };
-            if !calibrations.iter().any(key) {
-                calibrations.push(calibrate_cpu(
-                    machine,
-                    &cell.model,
-                    cell.batch,
-                    spec.seq_len,
-                    world,
-                )?);
-            }
-            let cal = calibrations.iter().find(|c| key(c)).expect("just added");
-            let w = Workload {
-                model: cell.model.clone(),
-                batch: cell.batch,
-                seq_len: spec.seq_len,
-                grad_accum: 1,
-            };
-            let p = plan::predict(
-                &w,
-                cell.parallel,
-                &cal.device(f64::INFINITY),
-                &machine.network(),
-                Precision::Fp32,
             );
-            row.predicted = Some(Predicted {
-                peak_bytes: p.memory.total(),
-                step_ms: p.time.step_s() * 1e3,
-            });
+            if spec.repeats > 1 {
+                name.push_str(&format!("-r{}", repeat + 1));
+            }
+            let cfg = TrainConfig {
+                batch_size: cell.batch,
+                seq_len: spec.seq_len,
+                duration: spec.duration,
+                lr: spec.lr,
+                min_lr: spec.lr / 10.0,
+                warmup_steps: 10,
+                eval_batches: spec.eval_batches,
+                sample_tokens: 0,
+                seed: spec.seed,
+                out_dir: spec.out_dir.join("runs").join(name),
+                progress: Some(bar.clone()),
+                // The report directory's runs are compare's own: a rerun into
+                // the same --out replaces them.
+                overwrite: true,
+                ..TrainConfig::default()
+            };
+            let summary = train::train(
+                Cpu::new,
+                cell.model.clone(),
+                ds,
+                &cfg,
+                cell.parallel,
+                spec.threads,
+                std::time::Duration::from_secs(600),
+            )?;
+            multi.remove(&bar);
+            if train::INTERRUPTED.load(Ordering::SeqCst) {
+                stopped = true;
+                break 'cells;
+            }
+            summaries.push(summary);
+            outer.inc(1);
         }
+        let mut row = RunResult::from_summaries(cell, spec.seq_len, &summaries);
+        row.predicted = predicted.get(i).cloned();
         results.push(row);
-        outer.inc(1);
     }
     outer.finish_and_clear();
     deviations(&mut results);
-    Ok((results, calibrations))
+    Ok(Comparison {
+        results,
+        calibrations,
+        planned_cells: cells.len(),
+        stopped,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_is_the_median_and_range_of_the_repeats() {
+        let s = Spread::of([30.0, 10.0, 20.0]);
+        assert_eq!((s.median, s.min, s.max), (20.0, 10.0, 30.0));
+        assert_eq!(Spread::of([4.0, 1.0, 2.0, 3.0]).median, 2.5);
+        assert_eq!(Spread::of([5.0]).range_percent(), 0.0);
+        assert!((s.range_percent() - 100.0).abs() < 1e-12);
+        assert!(Spread::of([]).median.is_nan());
+    }
 }

@@ -1,17 +1,17 @@
 //! The report directory: results.json, results.csv, report.md and the figures.
 
 use super::figures::{self, Figure};
-use super::{CompareSpec, RunResult};
+use super::{CompareSpec, Comparison, RunResult, Spread};
 use crate::checkpoint::write_atomic;
 use crate::error::Result;
-use crate::plan::calibrate::Calibration;
+use crate::parallel::StrategyKind;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+const MIB: f64 = 1024.0 * 1024.0;
 
 const CSV_HEADER: &str = "model,params,strategy,world_size,tp,batch,seq_len,steps,epochs,step_ms,tokens_per_s,tokens_per_s_per_rank,time_per_epoch_s,\
-peak_params_bytes,peak_grads_bytes,peak_optimizer_bytes,peak_activations_bytes,peak_other_bytes,peak_total_bytes,\
+repeats,tokens_per_s_min,tokens_per_s_max,peak_params_bytes,peak_grads_bytes,peak_optimizer_bytes,peak_activations_bytes,peak_other_bytes,peak_total_bytes,\
 final_loss,val_loss,final_grad_norm,comm_bytes_per_step,comm_ms_per_step,max_loss_deviation_from_single,predicted_peak_bytes,predicted_step_ms";
 
 fn csv(results: &[RunResult]) -> String {
@@ -22,7 +22,7 @@ fn csv(results: &[RunResult]) -> String {
         let p = r.max_peak();
         let _ = writeln!(
             s,
-            "{},{},{},{},{},{},{},{},{:.4},{:.3},{:.1},{:.1},{:.3},{},{},{},{},{},{},{:.6},{:.6},{:.6},{:.0},{:.3},{},{},{}",
+            "{},{},{},{},{},{},{},{},{:.4},{:.3},{:.1},{:.1},{:.3},{},{:.1},{:.1},{},{},{},{},{},{},{:.6},{:.6},{:.6},{:.0},{:.3},{},{},{}",
             r.model,
             r.params,
             r.strategy,
@@ -36,6 +36,9 @@ fn csv(results: &[RunResult]) -> String {
             r.tokens_per_s,
             r.tokens_per_s_per_rank,
             r.time_per_epoch_s,
+            r.repeats.len(),
+            r.tokens_per_s_spread().min,
+            r.tokens_per_s_spread().max,
             p[0],
             p[1],
             p[2],
@@ -60,55 +63,135 @@ fn off(pred: f64, measured: f64) -> String {
     format!("{:+.0}%", 100.0 * (pred - measured) / measured)
 }
 
+/// True when `plan`'s predicted peak is within 0.5% of the measured one on every predicted run.
+fn memory_prediction_exact(results: &[RunResult]) -> bool {
+    results.iter().all(|r| {
+        r.predicted.as_ref().is_none_or(|p| {
+            let m = r.max_peak()[5] as f64;
+            (p.peak_bytes - m).abs() <= 0.005 * m
+        })
+    })
+}
+
+/// The opening bullets: fastest layout, smallest memory, equivalence and
+/// how much of a difference is noise.
+fn summary(done: &Comparison) -> String {
+    let results = &done.results;
+    let mut md = String::from("## Summary\n\n");
+    if done.stopped {
+        let _ = writeln!(
+            md,
+            "- **Partial report:** stopped by a signal after {} of {} cells; the rest did not run.",
+            results.len(),
+            done.planned_cells
+        );
+    }
+    let reps = results.iter().map(|r| r.repeats.len()).max().unwrap_or(0);
+    let median_of = if reps > 1 {
+        format!("median of {reps} repeats")
+    } else {
+        "one run".into()
+    };
+    if let Some(r) = results
+        .iter()
+        .max_by(|a, b| a.tokens_per_s.total_cmp(&b.tokens_per_s))
+    {
+        let _ = writeln!(
+            md,
+            "- **Fastest:** {} {} at batch {}: {:.0} tokens/s ({median_of}).",
+            r.model, r.label, r.batch, r.tokens_per_s
+        );
+    }
+    if let Some(r) = results.iter().min_by_key(|r| r.max_peak()[5]) {
+        let _ = writeln!(
+            md,
+            "- **Smallest peak memory per rank:** {} {} at batch {}: {:.2} MiB.",
+            r.model,
+            r.label,
+            r.batch,
+            r.max_peak()[5] as f64 / MIB
+        );
+    }
+    let devs: Vec<f64> = results
+        .iter()
+        .filter(|r| r.strategy != StrategyKind::Single)
+        .filter_map(|r| r.max_loss_deviation_from_single)
+        .collect();
+    if devs.is_empty() {
+        let _ = writeln!(md, "- **Equivalence:** not measured (no `single` run beside a parallel one at the same model and batch).");
+    } else {
+        let _ = writeln!(
+            md,
+            "- **Equivalence:** the largest difference of any run's per-step training loss from `single` at the same model and batch is **{:.2e}** (float summation order; the strategies compute the same step).",
+            devs.iter().copied().fold(0.0, f64::max)
+        );
+    }
+    let spreads: Vec<(f64, &RunResult)> = results
+        .iter()
+        .filter(|r| r.repeats.len() > 1)
+        .map(|r| (r.tokens_per_s_spread().range_percent(), r))
+        .collect();
+    match spreads.iter().max_by(|a, b| a.0.total_cmp(&b.0)) {
+        Some((worst, r)) => {
+            let typical = Spread::of(spreads.iter().map(|s| s.0)).median;
+            let _ = writeln!(
+                md,
+                "- **Noise:** the repeats of a cell spread by {typical:.1}% in tokens/s (max - min over median; median over cells), up to {worst:.1}% ({} batch {}): smaller differences between layouts are noise.",
+                r.label, r.batch
+            );
+        }
+        None => {
+            let _ = writeln!(md, "- **Noise:** each cell ran once, so the spread of step times is unknown; rerun with `--repeats 3` before trusting differences of a few percent.");
+        }
+    }
+    md
+}
+
 fn markdown(
     spec: &CompareSpec,
-    results: &[RunResult],
-    calibrations: &[Calibration],
+    done: &Comparison,
     figure_files: &[(String, String)],
     command: &str,
 ) -> String {
+    let (results, calibrations) = (&done.results, &done.calibrations);
     let mut md = String::new();
     let _ = writeln!(md, "# distgpt compare\n");
-    let _ = writeln!(md, "`{command}`\n");
+    md.push_str(&summary(done));
+    let _ = writeln!(md, "\n`{command}`\n");
     let _ = writeln!(
         md,
-        "{} runs on this machine ({} threads, thread ranks), sequence length {}, learning rate {}, seed {}; every run starts from the same weights and reads the same batches.\n",
+        "{} cells on this machine ({} threads, thread ranks), each run {} time(s), sequence length {}, learning rate {}, seed {}; every run starts from the same weights and reads the same batches. Memory is in MiB (2^20 bytes) throughout.\n",
         results.len(),
         spec.threads,
+        spec.repeats,
         spec.seq_len,
         spec.lr,
         spec.seed
     );
-    let dev = results
-        .iter()
-        .filter(|r| r.strategy != crate::parallel::StrategyKind::Single)
-        .filter_map(|r| r.max_loss_deviation_from_single)
-        .fold(0.0, f64::max);
-    let _ = writeln!(
-        md,
-        "**Equivalence:** the largest deviation of any run's per-step training loss from `single` at the same model and batch is **{dev:.2e}** (float summation order; the strategies compute the same step).\n"
-    );
     let _ = writeln!(md, "## Results\n");
-    let _ = writeln!(md, "| model | strategy | batch | tokens/s | tokens/s per rank | peak GiB per rank | time per epoch (s) | final loss | val loss | grad norm | comm MiB/step | comm ms/step | max dev from single |");
+    let _ = writeln!(md, "| model | strategy | batch | tokens/s (median) | min - max | tokens/s per rank | peak MiB per rank | time per epoch (s) | final loss | val loss | grad norm | comm MiB/step | comm ms/step | max dev from single |");
     let _ = writeln!(
         md,
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for r in results {
+        let t = r.tokens_per_s_spread();
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {:.0} | {:.0} | {:.4} | {:.1} | {:.4} | {:.4} | {:.3} | {:.2} | {:.1} | {} |",
+            "| {} | {} | {} | {:.0} | {:.0} - {:.0} | {:.0} | {:.2} | {:.1} | {:.4} | {:.4} | {:.3} | {:.2} | {:.1} | {} |",
             r.model,
             r.label,
             r.batch,
             r.tokens_per_s,
+            t.min,
+            t.max,
             r.tokens_per_s_per_rank,
-            r.max_peak()[5] as f64 / GIB,
+            r.max_peak()[5] as f64 / MIB,
             r.time_per_epoch_s,
             r.final_loss,
             r.val_loss,
             r.final_grad_norm,
-            r.comm_bytes_per_step / (1024.0 * 1024.0),
+            r.comm_bytes_per_step / MIB,
             r.comm_ms_per_step,
             r.max_loss_deviation_from_single
                 .map_or("-".into(), |d| format!("{d:.1e}"))
@@ -138,20 +221,37 @@ fn markdown(
                 100.0 * c.efficiency
             );
         }
-        let _ = writeln!(md, "\n| model | strategy | batch | peak MiB measured | predicted | off | step ms measured | predicted | off |");
-        let _ = writeln!(md, "|---|---|---:|---:|---:|---:|---:|---:|---:|");
+        let exact = memory_prediction_exact(results);
+        if exact {
+            let _ = writeln!(md, "\nPeak memory: the prediction is within 0.5% of the measured peak on every run, so only step times are compared.");
+            let _ = writeln!(
+                md,
+                "\n| model | strategy | batch | step ms measured (median) | predicted | error |"
+            );
+            let _ = writeln!(md, "|---|---|---:|---:|---:|---:|");
+        } else {
+            let _ = writeln!(md, "\n| model | strategy | batch | peak MiB measured | predicted | error | step ms measured (median) | predicted | error |");
+            let _ = writeln!(md, "|---|---|---:|---:|---:|---:|---:|---:|---:|");
+        }
         for r in results {
             if let Some(p) = &r.predicted {
                 let peak = r.max_peak()[5] as f64;
+                let memory = if exact {
+                    String::new()
+                } else {
+                    format!(
+                        " {:.2} | {:.2} | {} |",
+                        peak / MIB,
+                        p.peak_bytes / MIB,
+                        off(p.peak_bytes, peak)
+                    )
+                };
                 let _ = writeln!(
                     md,
-                    "| {} | {} | {} | {:.2} | {:.2} | {} | {:.1} | {:.1} | {} |",
+                    "| {} | {} | {} |{memory} {:.1} | {:.1} | {} |",
                     r.model,
                     r.label,
                     r.batch,
-                    peak / 1048576.0,
-                    p.peak_bytes / 1048576.0,
-                    off(p.peak_bytes, peak),
                     r.step_ms,
                     p.step_ms,
                     off(p.step_ms, r.step_ms)
@@ -171,12 +271,8 @@ fn markdown(
 }
 
 /// Writes everything into `spec.out_dir`; returns the files written.
-pub fn write(
-    spec: &CompareSpec,
-    results: &[RunResult],
-    calibrations: &[Calibration],
-    command: &str,
-) -> Result<Vec<PathBuf>> {
+pub fn write(spec: &CompareSpec, done: &Comparison, command: &str) -> Result<Vec<PathBuf>> {
+    let results = &done.results;
     let dir: &Path = &spec.out_dir;
     let mut written = Vec::new();
     let json = serde_json::to_string_pretty(results).expect("results serialise");
@@ -200,7 +296,7 @@ pub fn write(
             figure_files.push((f.title.clone(), format!("{}.png", f.stem)));
         }
     }
-    let md = markdown(spec, results, calibrations, &figure_files, command);
+    let md = markdown(spec, done, &figure_files, command);
     write_atomic(&dir.join("report.md"), md.as_bytes())?;
     written.push(dir.join("report.md"));
     Ok(written)

@@ -412,9 +412,9 @@ pub fn predict(
     }
 }
 
-/// Every valid layout on `world` ranks: single (world 1), ddp, zero1, zero2,
-/// fsdp, tp over the whole world (when n_head allows), and each dp x tp mesh.
-pub fn layouts(m: &GptConfig, world: usize, batch: usize, recompute: bool) -> Vec<ParallelConfig> {
+/// Every layout distgpt knows on `world` ranks, valid or not: single
+/// (world 1), ddp, zero1, zero2, fsdp, tp over the whole world, and each dp x tp mesh.
+fn candidates(world: usize, recompute: bool) -> Vec<ParallelConfig> {
     let mk = |strategy, tp| ParallelConfig {
         strategy,
         world_size: world,
@@ -442,8 +442,42 @@ pub fn layouts(m: &GptConfig, world: usize, batch: usize, recompute: bool) -> Ve
             tp *= 2;
         }
     }
+    out
+}
+
+/// Every valid layout on `world` ranks (see [`omitted`] for the others).
+pub fn layouts(m: &GptConfig, world: usize, batch: usize, recompute: bool) -> Vec<ParallelConfig> {
+    let mut out = candidates(world, recompute);
     out.retain(|p| p.validate(m, batch).is_ok());
     out
+}
+
+/// One line per reason that layouts on `world` ranks were left out of
+/// [`layouts`]: "tp x2, ddp x4 (tp 2) omitted: 25 heads are not divisible by 2".
+pub fn omitted(m: &GptConfig, world: usize, batch: usize) -> Vec<String> {
+    let mut by_reason: Vec<(String, Vec<String>)> = Vec::new();
+    for p in candidates(world, false) {
+        if p.validate(m, batch).is_ok() {
+            continue;
+        }
+        let reason = if !m.n_head.is_multiple_of(p.tp) {
+            format!("{} heads are not divisible by {}", m.n_head, p.tp)
+        } else {
+            format!(
+                "the batch of {batch} is not divisible by the data-parallel size {}",
+                p.world_size / p.tp
+            )
+        };
+        let name = layout_name(&p);
+        match by_reason.iter_mut().find(|(r, _)| *r == reason) {
+            Some((_, names)) => names.push(name),
+            None => by_reason.push((reason, vec![name])),
+        }
+    }
+    by_reason
+        .into_iter()
+        .map(|(reason, names)| format!("{} omitted: {reason}", names.join(", ")))
+        .collect()
 }
 
 /// The fastest prediction that fits, if any.
@@ -581,5 +615,26 @@ mod tests {
             "12 heads do not split 8 ways: {names:?}"
         );
         assert_eq!(layouts(&m, 1, 16, false).len(), 1);
+    }
+
+    #[test]
+    fn omitted_names_the_layouts_and_the_reason() {
+        let mut m = GptConfig::preset("gpt2").unwrap();
+        m.n_head = 25;
+        assert_eq!(
+            omitted(&m, 2, 16),
+            ["tp x2 omitted: 25 heads are not divisible by 2"]
+        );
+        let four = omitted(&m, 4, 6);
+        assert!(
+            four.contains(&"tp x4 omitted: 25 heads are not divisible by 4".to_string()),
+            "{four:?}"
+        );
+        assert!(
+            four.iter()
+                .any(|l| l.starts_with("ddp x4, zero1 x4") && l.contains("data-parallel size 4")),
+            "{four:?}"
+        );
+        assert!(omitted(&GptConfig::preset("gpt2").unwrap(), 4, 16).is_empty());
     }
 }
