@@ -292,7 +292,8 @@ impl RunResult {
                 }
             })
             .collect();
-        let step_s = Spread::of(repeats.iter().map(|r| r.step_ms)).median / 1e3;
+        let step_ms = Spread::of(repeats.iter().map(|r| r.step_ms)).median;
+        let step_s = step_ms / 1e3;
         let s = &summaries[0];
         let h = &s.history;
         let steps_per_epoch = h.first().map_or(0.0, |r| 1.0 / r.epoch);
@@ -337,7 +338,7 @@ impl RunResult {
             seq_len,
             steps: s.steps,
             epochs: h.last().map_or(0.0, |r| r.epoch),
-            step_ms: step_s * 1e3,
+            step_ms,
             tokens_per_s: tokens / step_s,
             tokens_per_s_per_rank: tokens / step_s / world as f64,
             time_per_epoch_s: step_s * steps_per_epoch,
