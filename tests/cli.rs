@@ -146,3 +146,44 @@ fn plan_says_why_tp_rows_are_missing_and_what_network_it_assumes() {
         "{text}"
     );
 }
+
+#[test]
+fn plot_draws_the_curves_of_one_or_several_runs() {
+    let a = run_dir("plot-a");
+    let b = run_dir("plot-b");
+    for dir in [&a, &b] {
+        train_tiny(
+            dir.to_str().unwrap(),
+            &["--steps", "4", "--quiet", "--eval-every", "2"],
+        );
+    }
+    succeeded(distgpt(&["plot", a.to_str().unwrap()]));
+    let both = run_dir("plot-both");
+    succeeded(distgpt(&[
+        "plot",
+        a.to_str().unwrap(),
+        b.to_str().unwrap(),
+        "--out",
+        both.to_str().unwrap(),
+    ]));
+    for out in [a.join("plots"), both.clone()] {
+        for stem in ["loss", "val_loss", "grad_norm", "throughput"] {
+            for ext in ["png", "svg"] {
+                let f = out.join(format!("{stem}.{ext}"));
+                let len = std::fs::metadata(&f).map_or(0, |m| m.len());
+                assert!(len > 1000, "{} missing or empty", f.display());
+            }
+        }
+    }
+    let svg = std::fs::read_to_string(both.join("loss.svg")).unwrap();
+    for name in [&a, &b] {
+        let name = name.file_name().unwrap().to_str().unwrap();
+        assert!(svg.contains(name), "the legend names {name}");
+    }
+    let none = distgpt(&["plot", both.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&none.stderr);
+    assert!(
+        !none.status.success() && err.contains("has no metrics.jsonl"),
+        "{err}"
+    );
+}

@@ -64,6 +64,9 @@ enum Command {
     /// Training-state checkpoints.
     #[command(subcommand)]
     Checkpoint(CheckpointCommand),
+    /// Draw the loss, validation loss, gradient norm and throughput curves
+    /// of one or several runs (PNG and SVG).
+    Plot(PlotArgs),
     /// List the OpenCL devices `--device opencl --opencl-device N` can use.
     Devices,
 }
@@ -465,6 +468,16 @@ struct EvalArgs {
 }
 
 #[derive(Args)]
+struct PlotArgs {
+    /// Run directories written by `distgpt train` (their metrics.jsonl).
+    #[arg(value_name = "RUN", required = true)]
+    runs: Vec<PathBuf>,
+    /// Output directory (default: RUN/plots for one run, ./plots for several).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+#[derive(Args)]
 struct PrepareArgs {
     /// A text file (default: the embedded Shakespeare corpus).
     #[arg(long)]
@@ -519,6 +532,15 @@ pub fn run() -> Result<Outcome> {
         }
         Command::Eval(a) => done(run_eval(a)),
         Command::Devices => done(list_devices()),
+        Command::Plot(a) => {
+            let out = a.out.unwrap_or_else(|| match a.runs.as_slice() {
+                [one] => one.join("plots"),
+                _ => PathBuf::from("plots"),
+            });
+            let written = distgpt::plot::plot(&a.runs, &out)?;
+            distgpt::outln!("wrote {} figures into {}", written.len(), out.display());
+            Ok(Outcome::Done)
+        }
         Command::Checkpoint(CheckpointCommand::Consolidate(a)) => {
             let dir = checkpoint::state::latest(&a.checkpoint)?;
             let index = consolidate(&dir, &a.out)?;

@@ -1,0 +1,520 @@
+//! Line charts as PNG and SVG (plotters), for `compare`'s report and
+//! `distgpt plot`; text in the bundled DejaVu Sans so they look the same on
+//! every machine. The legend sits in its own panel right of the plot, so it
+//! never covers a curve; below it, a note names the series that coincide
+//! (and so hide one another). Series differ in colour, marker shape and dash
+//! pattern, so a dozen stay apart.
+
+use crate::error::{Error, Result};
+use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint, Ranged};
+use plotters::coord::types::RangedCoordf64;
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use std::path::{Path, PathBuf};
+use std::sync::Once;
+
+const FONT: &str = "sans-serif";
+const WIDTH: u32 = 1100;
+const HEIGHT: u32 = 620;
+const LEGEND_WIDTH: u32 = 250;
+
+/// Plotters looks fonts up by family; ours is compiled in.
+fn register_font() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let bytes = include_bytes!("../assets/fonts/DejaVuSans.ttf");
+        if plotters::style::register_font(FONT, FontStyle::Normal, bytes).is_err() {
+            unreachable!("the bundled DejaVu Sans parses");
+        }
+    });
+}
+
+/// One line of a figure.
+pub struct Series {
+    pub label: String,
+    pub points: Vec<(f64, f64)>,
+    /// The (min, max) over repeats of each point, drawn as a bar; empty
+    /// when the points have no spread.
+    pub ranges: Vec<(f64, f64)>,
+}
+
+/// A line chart over whole-number x values (batch sizes, epochs, steps),
+/// ticked only where a point was measured (or, for dense x like steps, at
+/// round numbers).
+pub struct Figure {
+    /// File name without extension.
+    pub stem: String,
+    pub title: String,
+    pub x_label: String,
+    pub y_label: String,
+    pub series: Vec<Series>,
+    /// Draw a marker on every point (sparse data), not only the line.
+    pub markers: bool,
+    /// Start the y axis at zero.
+    pub y_from_zero: bool,
+}
+
+fn padded_range(lo: f64, hi: f64, from_zero: bool) -> (f64, f64) {
+    let lo = if from_zero { 0.0 } else { lo };
+    let span = (hi - lo).abs().max(hi.abs() * 1e-3).max(1e-9);
+    (
+        if from_zero { 0.0 } else { lo - 0.05 * span },
+        hi + 0.08 * span,
+    )
+}
+
+/// Distinct on white, none pale: Tableau's ten, then black and navy.
+const COLORS: [RGBColor; 12] = [
+    RGBColor(214, 39, 40),
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
+    RGBColor(0, 0, 0),
+    RGBColor(0, 0, 128),
+];
+
+/// A number for an axis label, short enough not to collide: 12k, 1.5M,
+/// 0.25, 3.5; empty for the fractional ticks of a whole-number axis.
+fn tick(v: f64, whole: bool) -> String {
+    let trim = |s: String| {
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            s
+        }
+    };
+    let a = v.abs();
+    if whole && (v - v.round()).abs() > 1e-9 {
+        String::new()
+    } else if a >= 1e6 {
+        format!("{}M", trim(format!("{:.2}", v / 1e6)))
+    } else if a >= 1e3 {
+        format!("{}k", trim(format!("{:.1}", v / 1e3)))
+    } else if a >= 1.0 || a == 0.0 {
+        trim(format!("{v:.2}"))
+    } else {
+        trim(format!("{v:.3}"))
+    }
+}
+
+/// An f64 axis with ticks and grid lines only at the given values (plotters'
+/// own axes pick round numbers, which put ticks between measured batches).
+struct TickedAxis {
+    range: RangedCoordf64,
+    ticks: Vec<f64>,
+}
+
+impl Ranged for TickedAxis {
+    type FormatOption = DefaultFormatting;
+    type ValueType = f64;
+
+    fn map(&self, value: &f64, limit: (i32, i32)) -> i32 {
+        self.range.map(value, limit)
+    }
+
+    fn key_points<Hint: KeyPointHint>(&self, hint: Hint) -> Vec<f64> {
+        if hint.max_num_points() == 0 {
+            Vec::new()
+        } else {
+            self.ticks.clone()
+        }
+    }
+
+    fn range(&self) -> std::ops::Range<f64> {
+        self.range.range()
+    }
+}
+
+/// Up to this many distinct x values, every one gets a tick and no other does.
+const MAX_MEASURED_TICKS: usize = 16;
+
+/// The x ticks: the measured x values when there are few, else round
+/// whole numbers (1, 2 or 5 x 10^k apart) over their range.
+pub fn x_ticks(fig: &Figure) -> Vec<f64> {
+    let mut xs: Vec<f64> = fig
+        .series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.0))
+        .collect();
+    xs.sort_by(f64::total_cmp);
+    xs.dedup();
+    if xs.len() <= MAX_MEASURED_TICKS {
+        return xs;
+    }
+    let (lo, hi) = (xs[0], xs[xs.len() - 1]);
+    let rough = (hi - lo) / 8.0;
+    let mag = 10f64.powf(rough.log10().floor());
+    let step = [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|&s| s >= rough)
+        .unwrap_or(10.0 * mag)
+        .max(1.0);
+    let mut ticks = Vec::new();
+    let mut t = (lo / step).ceil() * step;
+    while t <= hi {
+        ticks.push(t);
+        t += step;
+    }
+    ticks
+}
+
+/// Groups (of two or more) of series indices whose points coincide: the
+/// same x values and y within `tol` everywhere.
+pub fn coincident(series: &[Series], tol: f64) -> Vec<Vec<usize>> {
+    let same = |a: &Series, b: &Series| {
+        a.points.len() == b.points.len()
+            && a.points
+                .iter()
+                .zip(&b.points)
+                .all(|(p, q)| p.0 == q.0 && (p.1 - q.1).abs() <= tol)
+    };
+    let mut taken = vec![false; series.len()];
+    let mut groups = Vec::new();
+    for i in 0..series.len() {
+        if taken[i] {
+            continue;
+        }
+        let group: Vec<usize> = (i..series.len())
+            .filter(|&j| !taken[j] && same(&series[i], &series[j]))
+            .collect();
+        if group.len() > 1 {
+            for &j in &group {
+                taken[j] = true;
+            }
+            groups.push(group);
+        }
+    }
+    groups
+}
+
+/// The notes under the legend: which series coincide (within a pixel, 0.2%
+/// of the y span), since only the one drawn last shows.
+pub fn notes(fig: &Figure, y_span: f64) -> Vec<String> {
+    coincident(&fig.series, 0.002 * y_span)
+        .iter()
+        .map(|g| {
+            let first = &fig.series[g[0]].label;
+            if g.len() == fig.series.len() {
+                format!("{} series coincide: all follow {first}", g.len())
+            } else {
+                let others: Vec<&str> = g[1..]
+                    .iter()
+                    .map(|&j| fig.series[j].label.as_str())
+                    .collect();
+                let verb = if others.len() == 1 {
+                    "follows"
+                } else {
+                    "follow"
+                };
+                format!(
+                    "{} series coincide: {} {verb} {first}",
+                    g.len(),
+                    others.join(", ")
+                )
+            }
+        })
+        .collect()
+}
+
+/// Splits `text` into lines of at most `width` characters at spaces.
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines: Vec<String> = vec![String::new()];
+    for word in text.split(' ') {
+        let line = lines.last_mut().expect("one line at least");
+        if !line.is_empty() && line.len() + 1 + word.len() > width {
+            lines.push(word.to_string());
+        } else {
+            if !line.is_empty() {
+                line.push(' ');
+            }
+            line.push_str(word);
+        }
+    }
+    lines
+}
+
+#[derive(Clone, Copy)]
+enum Marker {
+    Dot,
+    Triangle,
+    Square,
+    Cross,
+    Ring,
+}
+
+const MARKERS: [Marker; 5] = [
+    Marker::Dot,
+    Marker::Triangle,
+    Marker::Square,
+    Marker::Cross,
+    Marker::Ring,
+];
+
+#[derive(Clone, Copy)]
+enum Dash {
+    Solid,
+    Dashed,
+    Dotted,
+}
+
+const DASHES: [Dash; 3] = [Dash::Solid, Dash::Dashed, Dash::Dotted];
+
+/// The style of series `i`: 12 colours x 5 markers x 3 dash patterns repeat
+/// together only after 60 series.
+fn style(i: usize) -> (RGBColor, Marker, Dash) {
+    (
+        COLORS[i % COLORS.len()],
+        MARKERS[i % MARKERS.len()],
+        DASHES[i % DASHES.len()],
+    )
+}
+
+/// Runs `$body` with `$m` bound to a function from a point to the marker
+/// `$shape` centred there, sized in pixels (one concrete element type per shape).
+macro_rules! with_marker {
+    ($shape:expr, $color:expr, |$m:ident| $body:expr) => {{
+        let c: RGBColor = $color;
+        match $shape {
+            Marker::Dot => {
+                let $m = |at| EmptyElement::at(at) + Circle::new((0, 0), 4, c.filled());
+                $body
+            }
+            Marker::Triangle => {
+                let $m = |at| EmptyElement::at(at) + TriangleMarker::new((0, 0), 6, c.filled());
+                $body
+            }
+            Marker::Square => {
+                let $m = |at| EmptyElement::at(at) + Rectangle::new([(-4, -4), (4, 4)], c.filled());
+                $body
+            }
+            Marker::Cross => {
+                let $m = |at| EmptyElement::at(at) + Cross::new((0, 0), 5, c.stroke_width(2));
+                $body
+            }
+            Marker::Ring => {
+                let $m = |at| EmptyElement::at(at) + Circle::new((0, 0), 5, c.stroke_width(2));
+                $body
+            }
+        }
+    }};
+}
+
+fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, fig: &Figure) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let err =
+        |e: DrawingAreaErrorKind<DB::ErrorType>| Error::Input(format!("drawing {}: {e}", fig.stem));
+    root.fill(&WHITE).map_err(err)?;
+    let (plot, legend) = root.split_horizontally(WIDTH - LEGEND_WIDTH);
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+    for s in &fig.series {
+        for &(x, y) in &s.points {
+            x0 = x0.min(x);
+            x1 = x1.max(x);
+            y0 = y0.min(y);
+            y1 = y1.max(y);
+        }
+        for &(lo, hi) in &s.ranges {
+            y0 = y0.min(lo);
+            y1 = y1.max(hi);
+        }
+    }
+    let notes = notes(fig, y1 - y0);
+    if x0 > x1 {
+        (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
+    }
+    let (y0, y1) = padded_range(y0, y1, fig.y_from_zero);
+    let xs = (x1 - x0).max(1.0);
+    let mut chart = ChartBuilder::on(&plot)
+        .caption(&fig.title, (FONT, 22))
+        .margin(18)
+        .x_label_area_size(56)
+        .y_label_area_size(84)
+        .build_cartesian_2d(
+            TickedAxis {
+                range: (x0 - 0.04 * xs..x1 + 0.04 * xs).into(),
+                ticks: x_ticks(fig),
+            },
+            y0..y1,
+        )
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc(&fig.x_label)
+        .y_desc(&fig.y_label)
+        .label_style((FONT, 15))
+        .axis_desc_style((FONT, 17))
+        .x_label_formatter(&|v| tick(*v, true))
+        .y_label_formatter(&|v| tick(*v, false))
+        .y_labels(8)
+        .light_line_style(RGBColor(235, 235, 235))
+        .draw()
+        .map_err(err)?;
+    legend.fill(&WHITE).map_err(err)?;
+    for (i, s) in fig.series.iter().enumerate() {
+        let (color, shape, dash) = style(i);
+        // the first series (single, the reference) is drawn widest, so curves
+        // that coincide with it stay visible on top
+        let line = color.stroke_width(if i == 0 { 6 } else { 2 });
+        let pts = s.points.iter().copied();
+        match dash {
+            Dash::Solid => chart.draw_series(LineSeries::new(pts, line)),
+            Dash::Dashed => chart.draw_series(DashedLineSeries::new(pts, 10, 6, line)),
+            Dash::Dotted => chart.draw_series(DashedLineSeries::new(pts, 2, 6, line)),
+        }
+        .map_err(err)?;
+        let bar = color.stroke_width(2);
+        // min-max over the repeats: a vertical bar with caps
+        for (&(x, _), &(lo, hi)) in s.points.iter().zip(&s.ranges) {
+            chart
+                .draw_series([PathElement::new(vec![(x, lo), (x, hi)], bar)])
+                .map_err(err)?;
+            chart
+                .draw_series([lo, hi].map(|y| {
+                    EmptyElement::at((x, y)) + PathElement::new(vec![(-6, 0), (6, 0)], bar)
+                }))
+                .map_err(err)?;
+        }
+        if fig.markers {
+            with_marker!(shape, color, |m| chart
+                .draw_series(s.points.iter().map(|&p| m(p)))
+                .map_err(err))?;
+        }
+        let y = 70 + 26 * i as i32;
+        let sample = vec![(8, y), (40, y)];
+        match dash {
+            Dash::Solid => legend.draw(&PathElement::new(sample, line)),
+            Dash::Dashed => legend
+                .draw(&PathElement::new(vec![(8, y), (18, y)], line))
+                .and(legend.draw(&PathElement::new(vec![(26, y), (40, y)], line))),
+            Dash::Dotted => legend
+                .draw(&PathElement::new(vec![(8, y), (10, y)], line))
+                .and(legend.draw(&PathElement::new(vec![(18, y), (20, y)], line)))
+                .and(legend.draw(&PathElement::new(vec![(28, y), (30, y)], line)))
+                .and(legend.draw(&PathElement::new(vec![(38, y), (40, y)], line))),
+        }
+        .map_err(err)?;
+        if fig.markers {
+            with_marker!(shape, color, |m| legend.draw(&m((24, y))).map_err(err))?;
+        }
+        legend
+            .draw(&Text::new(s.label.clone(), (48, y - 9), (FONT, 15)))
+            .map_err(err)?;
+    }
+    let mut y = 70 + 26 * fig.series.len() as i32 + 10;
+    for line in notes.iter().flat_map(|n| wrap(n, 30)) {
+        legend
+            .draw(&Text::new(
+                line,
+                (8, y),
+                (FONT, 15).into_font().color(&BLACK),
+            ))
+            .map_err(err)?;
+        y += 19;
+    }
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// Writes `dir/stem.png` and `dir/stem.svg`; returns both paths.
+pub fn write(dir: &Path, fig: &Figure) -> Result<Vec<PathBuf>> {
+    register_font();
+    let png = dir.join(format!("{}.png", fig.stem));
+    let svg = dir.join(format!("{}.svg", fig.stem));
+    draw(
+        BitMapBackend::new(&png, (WIDTH, HEIGHT)).into_drawing_area(),
+        fig,
+    )?;
+    draw(
+        SVGBackend::new(&svg, (WIDTH, HEIGHT)).into_drawing_area(),
+        fig,
+    )?;
+    Ok(vec![png, svg])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn series(label: &str, points: &[(f64, f64)]) -> Series {
+        Series {
+            label: label.into(),
+            points: points.to_vec(),
+            ranges: Vec::new(),
+        }
+    }
+
+    fn figure(series: Vec<Series>) -> Figure {
+        Figure {
+            stem: "t".into(),
+            title: "t".into(),
+            x_label: "x".into(),
+            y_label: "y".into(),
+            series,
+            markers: true,
+            y_from_zero: false,
+        }
+    }
+
+    #[test]
+    fn x_ticks_sit_only_at_measured_batch_sizes() {
+        let fig = figure(vec![
+            series("ddp x2", &[(8.0, 1.0), (32.0, 2.0)]),
+            series("fsdp x2", &[(8.0, 1.0), (16.0, 1.5), (32.0, 2.0)]),
+        ]);
+        assert_eq!(x_ticks(&fig), [8.0, 16.0, 32.0]);
+    }
+
+    #[test]
+    fn dense_x_ticks_are_round_numbers() {
+        let steps: Vec<(f64, f64)> = (1..=40).map(|i| (i as f64, 1.0)).collect();
+        assert_eq!(
+            x_ticks(&figure(vec![series("single", &steps)])),
+            [5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 35.0, 40.0]
+        );
+    }
+
+    #[test]
+    fn coinciding_series_are_named_on_the_figure() {
+        let a = [(1.0, 3.0), (2.0, 2.0)];
+        let all = figure(vec![
+            series("single", &a),
+            series("ddp x2", &a),
+            series("fsdp x2", &[(1.0, 3.0), (2.0, 2.0 + 1e-6)]),
+        ]);
+        assert_eq!(notes(&all, 1.0), ["3 series coincide: all follow single"]);
+        let some = figure(vec![
+            series("single", &a),
+            series("ddp x2", &[(1.0, 1.0), (2.0, 0.5)]),
+            series("tp x2", &a),
+        ]);
+        assert_eq!(
+            notes(&some, 2.5),
+            ["2 series coincide: tp x2 follows single"]
+        );
+        let apart = figure(vec![
+            series("a", &a),
+            series("b", &[(1.0, 1.0), (2.0, 0.5)]),
+        ]);
+        assert!(notes(&apart, 2.5).is_empty());
+    }
+
+    #[test]
+    fn fourteen_series_have_fourteen_styles() {
+        let mut seen = Vec::new();
+        for i in 0..14 {
+            let (c, m, d) = style(i);
+            let key = (c, m as usize, d as usize);
+            assert!(!seen.contains(&key), "series {i} repeats a style");
+            seen.push(key);
+        }
+    }
+}

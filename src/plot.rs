@@ -1,0 +1,227 @@
+//! `distgpt plot`: the curves of one or several runs from their
+//! `metrics.jsonl` — training loss, validation loss, gradient norm and
+//! throughput against the optimizer step, as PNG and SVG.
+
+use crate::error::{Error, Result};
+use crate::figure::{self, Figure, Series};
+use crate::train::run_dir::METRICS_FILE;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+/// The fields of a `metrics.jsonl` line the figures draw.
+#[derive(Deserialize)]
+struct Point {
+    step: usize,
+    loss: f64,
+    val_loss: Option<f64>,
+    grad_norm: f64,
+    tokens_per_s: f64,
+}
+
+/// One run's steps, in step order.
+pub struct Curves {
+    /// The legend label: the run directory's name.
+    pub label: String,
+    points: Vec<Point>,
+}
+
+impl Curves {
+    /// Reads `run/metrics.jsonl`. A step logged twice keeps its later line.
+    pub fn read(run: &Path) -> Result<Curves> {
+        let path = run.join(METRICS_FILE);
+        if !path.exists() {
+            return Err(Error::Input(format!(
+                "{} has no {METRICS_FILE}: give run directories written by `distgpt train`",
+                run.display()
+            )));
+        }
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        let mut points: Vec<Point> = Vec::new();
+        for (i, line) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
+            let p: Point = serde_json::from_str(line).map_err(|e| {
+                Error::Input(format!(
+                    "{} line {}: not a metrics record ({e})",
+                    path.display(),
+                    i + 1
+                ))
+            })?;
+            points.retain(|q| q.step != p.step);
+            points.push(p);
+        }
+        if points.is_empty() {
+            return Err(Error::Input(format!(
+                "{} records no step yet",
+                path.display()
+            )));
+        }
+        points.sort_by_key(|p| p.step);
+        let label = std::fs::canonicalize(run)
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| run.display().to_string());
+        Ok(Curves { label, points })
+    }
+
+    fn series(&self, value: impl Fn(&Point) -> Option<f64>) -> Series {
+        Series {
+            label: self.label.clone(),
+            points: self
+                .points
+                .iter()
+                .filter_map(|p| value(p).map(|v| (p.step as f64, v)))
+                .collect(),
+            ranges: Vec::new(),
+        }
+    }
+}
+
+/// Gives runs that share a directory name distinct labels ("name (2)").
+fn distinct_labels(runs: &mut [Curves]) {
+    for i in 1..runs.len() {
+        let base = runs[i].label.clone();
+        let mut n = 1;
+        while runs[..i].iter().any(|r| r.label == runs[i].label) {
+            n += 1;
+            runs[i].label = format!("{base} ({n})");
+        }
+    }
+}
+
+/// The four figures of `runs`.
+pub fn figures(runs: &[Curves]) -> Vec<Figure> {
+    let fig = |stem: &str, title: &str, y: &str, series: Vec<Series>, markers| Figure {
+        stem: stem.into(),
+        title: title.into(),
+        x_label: "optimizer step".into(),
+        y_label: y.into(),
+        series,
+        markers,
+        y_from_zero: false,
+    };
+    let each = |value: fn(&Point) -> Option<f64>| -> Vec<Series> {
+        runs.iter()
+            .map(|r| r.series(value))
+            .filter(|s| !s.points.is_empty())
+            .collect()
+    };
+    vec![
+        fig(
+            "loss",
+            "training loss",
+            "loss (nats/token)",
+            each(|p| Some(p.loss)),
+            false,
+        ),
+        fig(
+            "val_loss",
+            "validation loss",
+            "loss (nats/token)",
+            each(|p| p.val_loss),
+            true,
+        ),
+        fig(
+            "grad_norm",
+            "global gradient norm (before clipping)",
+            "gradient norm",
+            each(|p| Some(p.grad_norm)),
+            false,
+        ),
+        fig(
+            "throughput",
+            "training throughput",
+            "tokens/s (all ranks)",
+            each(|p| Some(p.tokens_per_s)),
+            false,
+        ),
+    ]
+}
+
+/// Reads every run and writes the figures into `out` (created); returns
+/// the files written.
+pub fn plot(runs: &[PathBuf], out: &Path) -> Result<Vec<PathBuf>> {
+    let mut curves = runs
+        .iter()
+        .map(|r| Curves::read(r))
+        .collect::<Result<Vec<_>>>()?;
+    distinct_labels(&mut curves);
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    let mut written = Vec::new();
+    for f in figures(&curves) {
+        written.extend(figure::write(out, &f)?);
+    }
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fresh directory `tag/my-run` under the system's temporary directory.
+    fn scratch(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir()
+            .join(format!("distgpt-plot-{tag}-{}", std::process::id()))
+            .join("my-run");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn run_with(tag: &str, lines: &str) -> PathBuf {
+        let run = scratch(tag);
+        std::fs::write(run.join(METRICS_FILE), lines).unwrap();
+        run
+    }
+
+    const LINE: &str = r#"{"step":STEP,"epoch":0.1,"loss":LOSS,"grad_norm":1.5,"lr":0.001,"ms":10.0,"tokens_per_s":100.0,"mfu":0.1,"memory":{},"rank_peak_bytes":[],"comm":{}}"#;
+
+    fn line(step: usize, loss: f64) -> String {
+        LINE.replace("STEP", &step.to_string())
+            .replace("LOSS", &loss.to_string())
+            + "\n"
+    }
+
+    #[test]
+    fn curves_keep_the_later_line_of_a_step_and_validation_points_only_where_logged() {
+        let val = line(2, 3.0).replace(r#""grad_norm""#, r#""val_loss":3.5,"grad_norm""#);
+        let run = run_with(
+            "order",
+            &(line(1, 4.0) + &line(2, 9.0) + &val + &line(3, 2.0)),
+        );
+        let c = Curves::read(&run).unwrap();
+        assert_eq!(c.label, "my-run");
+        let figs = figures(&[c]);
+        assert_eq!(
+            figs[0].series[0].points,
+            [(1.0, 4.0), (2.0, 3.0), (3.0, 2.0)]
+        );
+        assert_eq!(figs[1].series[0].points, [(2.0, 3.5)]);
+    }
+
+    #[test]
+    fn a_missing_or_corrupt_log_is_named() {
+        let e = Curves::read(&scratch("none")).err().unwrap().to_string();
+        assert!(e.contains("has no metrics.jsonl"), "{e}");
+        let run = run_with("corrupt", &(line(1, 4.0) + "{\"step\": oops\n"));
+        let e = Curves::read(&run).err().unwrap().to_string();
+        assert!(e.contains("line 2: not a metrics record"), "{e}");
+        let run = run_with("empty", "");
+        let e = Curves::read(&run).err().unwrap().to_string();
+        assert!(e.contains("records no step yet"), "{e}");
+    }
+
+    #[test]
+    fn runs_of_the_same_name_get_distinct_labels() {
+        let mk = |l: &str| Curves {
+            label: l.into(),
+            points: Vec::new(),
+        };
+        let mut runs = [mk("a"), mk("a"), mk("b"), mk("a")];
+        distinct_labels(&mut runs);
+        let labels: Vec<&str> = runs.iter().map(|r| r.label.as_str()).collect();
+        assert_eq!(labels, ["a", "a (2)", "b", "a (3)"]);
+    }
+}
