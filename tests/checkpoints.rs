@@ -289,7 +289,7 @@ fn ctrl_c_finishes_the_step_writes_a_checkpoint_and_exits() {
             "32",
             "--quiet",
         ])
-        .args(["--peak-gflops", "100", "--out", dir.to_str().unwrap()])
+        .args(["--peak-tflops", "0.1", "--out", dir.to_str().unwrap()])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -340,8 +340,8 @@ fn consolidating_a_sharded_checkpoint_gives_the_saved_model() {
             "zero2",
             "--world-size",
             "2",
-            "--peak-gflops",
-            "100",
+            "--peak-tflops",
+            "0.1",
             "--out",
             dir.to_str().unwrap(),
         ])

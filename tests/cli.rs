@@ -39,8 +39,8 @@ fn train_tiny(out: &str, extra: &[&str]) -> Output {
         "4",
         "--seq-len",
         "16",
-        "--peak-gflops",
-        "100",
+        "--peak-tflops",
+        "0.1",
         "--out",
         out,
     ];
@@ -184,6 +184,72 @@ fn plot_draws_the_curves_of_one_or_several_runs() {
     let err = String::from_utf8_lossy(&none.stderr);
     assert!(
         !none.status.success() && err.contains("has no metrics.jsonl"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_config_file_sets_flags_the_command_line_overrides_and_run_json_repeats_a_run() {
+    let a = run_dir("config-a");
+    let b = run_dir("config-b");
+    let toml = a.with_extension("toml");
+    std::fs::write(
+        &toml,
+        "model = \"tiny\"\n[data]\nbatch-size = 4\nseq-len = 16\n\
+         [optimisation]\nsteps = 50\nlr = 0.002\nseed = 7\n\
+         [output]\npeak-tflops = 0.1\nquiet = true\neval-batches = 2\n",
+    )
+    .unwrap();
+    let config = toml.to_str().unwrap();
+    succeeded(distgpt(&[
+        "train",
+        "--config",
+        config,
+        "--steps",
+        "3",
+        "--out",
+        a.to_str().unwrap(),
+    ]));
+    let record = |dir: &PathBuf| -> serde_json::Value {
+        let text = std::fs::read_to_string(dir.join("run.json")).unwrap();
+        let mut r: serde_json::Value = serde_json::from_str(&text).unwrap();
+        r["train"]["out_dir"] = serde_json::Value::Null;
+        r["segments"] = serde_json::Value::Null;
+        r
+    };
+    let ra = record(&a);
+    assert_eq!(ra["train"]["duration"], serde_json::json!({"Steps": 3}));
+    assert_eq!(ra["train"]["batch_size"], 4);
+    assert_eq!(ra["train"]["seed"], 7);
+    assert_eq!(ra["model"]["n_layer"], 2, "the tiny preset");
+
+    let replay = a.join("run.json");
+    succeeded(distgpt(&[
+        "train",
+        "--config",
+        replay.to_str().unwrap(),
+        "--out",
+        b.to_str().unwrap(),
+    ]));
+    assert_eq!(ra, record(&b), "run.json repeats the run's settings");
+    let losses = |dir: &PathBuf| -> Vec<f64> {
+        std::fs::read_to_string(dir.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
+                    .as_f64()
+                    .unwrap()
+            })
+            .collect()
+    };
+    assert_eq!(losses(&a), losses(&b), "and its losses");
+
+    std::fs::write(&toml, "steps = 2\nbatch-size = \"four\"\n").unwrap();
+    let bad = distgpt(&["train", "--config", config]);
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        !bad.status.success() && err.contains("'four'") && err.contains(config),
         "{err}"
     );
 }

@@ -197,7 +197,7 @@ fn train_with_device_opencl_follows_the_cpus_losses() {
                 "4",
             ])
             .args(["--eval-every", "0", "--sample-tokens", "0", "--quiet"])
-            .args(["--peak-gflops", "100", "--device", device, "--out"])
+            .args(["--peak-tflops", "0.1", "--device", device, "--out"])
             .arg(&out)
             .status()
             .unwrap();

@@ -36,7 +36,7 @@ fn train(out: &Path, extra: &[&str]) -> Output {
             "--seq-len",
             "32",
         ])
-        .args(["--quiet", "--peak-gflops", "100", "--eval-batches", "2"])
+        .args(["--quiet", "--peak-tflops", "0.1", "--eval-batches", "2"])
         .args(["--out", out.to_str().unwrap()])
         .args(extra)
         .output()
@@ -100,7 +100,7 @@ fn default_run_directories_are_named_by_date_with_a_latest_link() {
             "--batch-size",
             "4",
         ])
-        .args(["--seq-len", "16", "--quiet", "--peak-gflops", "100"])
+        .args(["--seq-len", "16", "--quiet", "--peak-tflops", "0.1"])
         .output()
         .unwrap();
     assert!(run.status.success(), "{}", stderr(&run));
@@ -132,7 +132,7 @@ fn start_long_run(dir: &Path, extra: &[&str], steps: usize) -> std::process::Chi
             "--batch-size",
             "4",
         ])
-        .args(["--seq-len", "32", "--quiet", "--peak-gflops", "100"])
+        .args(["--seq-len", "32", "--quiet", "--peak-tflops", "0.1"])
         .args(["--out", dir.to_str().unwrap()])
         .args(extra)
         .stdout(Stdio::null())
@@ -346,7 +346,7 @@ fn a_closed_stdout_does_not_lose_the_run() {
             "--batch-size",
             "4",
         ])
-        .args(["--seq-len", "32", "--quiet", "--peak-gflops", "100"])
+        .args(["--seq-len", "32", "--quiet", "--peak-tflops", "0.1"])
         .args(["--out", dir.to_str().unwrap()])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -819,7 +819,7 @@ fn a_signal_to_mpirun_stops_every_rank_with_a_checkpoint() {
                 "2",
             ])
             .args(["--model", "tiny", "--steps", "100000", "--batch-size", "4"])
-            .args(["--seq-len", "32", "--quiet", "--peak-gflops", "100"])
+            .args(["--seq-len", "32", "--quiet", "--peak-tflops", "0.1"])
             .args(["--out", dir.to_str().unwrap()])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -66,8 +66,8 @@ fn train_args(out: &Path) -> Vec<String> {
         "--eval-every",
         "0",
         "--quiet",
-        "--peak-gflops",
-        "100",
+        "--peak-tflops",
+        "0.1",
         "--out",
         out.to_str().unwrap(),
     ]

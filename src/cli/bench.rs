@@ -35,9 +35,11 @@ pub struct BenchArgs {
     /// Untimed steps first.
     #[arg(long, default_value_t = 2)]
     warmup: usize,
-    /// Declared peak GFLOP/s of the whole machine for MFU (default: measured).
+    /// Peak TFLOP/s of the whole machine that MFU is stated against
+    /// (default: measured once per device and thread count, kept in
+    /// ~/.cache/distgpt/peak.json).
     #[arg(long)]
-    peak_gflops: Option<f64>,
+    peak_tflops: Option<f64>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -132,16 +134,17 @@ fn bench_on<B: Backend>(
     let threads = rayon::current_num_threads();
     // Measured here with every thread of this process: the whole machine for
     // thread ranks, one rank's share under mpirun (hence the scaling).
-    let peak = a.peak_gflops.map_or_else(
-        || {
-            let here = be.measure_peak_flops();
-            match a.parallel.comm {
-                CommKind::Mpi => here * par.world_size as f64,
-                CommKind::Local => here,
-            }
-        },
-        |g| g * 1e9,
-    );
+    let (peak, peak_source) = match a.peak_tflops {
+        Some(p) => (p * 1e12, "--peak-tflops".to_string()),
+        None => {
+            let here = distgpt::metrics::peak::of(&be, false);
+            let ranks = match a.parallel.comm {
+                CommKind::Mpi => par.world_size as f64,
+                CommKind::Local => 1.0,
+            };
+            (here.flops * ranks, here.source)
+        }
+    };
     let spec = BenchSpec {
         batch: b,
         seq_len: t,
@@ -175,7 +178,7 @@ fn bench_on<B: Backend>(
         return Ok(());
     }
     distgpt::outln!(
-        "distgpt {} ({} params) {} x {} (tp {}{}) batch {b} x {t}, {threads} thread(s): {:.1} ms/step, {:.0} tokens/s ({:.0} per rank), MFU {:.1}% of {:.0} GFLOP/s",
+        "distgpt {} ({} params) {} x {} (tp {}{}) batch {b} x {t}, {threads} thread(s): {:.1} ms/step, {:.0} tokens/s ({:.0} per rank), MFU {:.1}% of {:.0} GFLOP/s ({peak_source})",
         a.model.model_name(),
         cfg.num_params(),
         par.strategy,

@@ -2,6 +2,7 @@
 
 mod bench;
 mod compare;
+mod config;
 mod plan;
 
 use anyhow::{bail, Context, Result};
@@ -67,8 +68,8 @@ enum Command {
     /// Draw the loss, validation loss, gradient norm and throughput curves
     /// of one or several runs (PNG and SVG).
     Plot(PlotArgs),
-    /// List the OpenCL devices `--device opencl --opencl-device N` can use.
-    Devices,
+    /// List the devices `--device` can use, with the peak FLOP/s MFU is stated against.
+    Devices(DevicesArgs),
 }
 
 #[derive(Subcommand)]
@@ -261,6 +262,11 @@ fn mpi_launch<R>(
 
 #[derive(Args)]
 struct TrainArgs {
+    /// Settings from a file: a TOML file whose keys are these flags'
+    /// names (see configs/), or a run's run.json to repeat that run. Flags
+    /// given here override the file.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
     #[command(flatten)]
     model: ModelArgs,
     #[command(flatten)]
@@ -337,9 +343,10 @@ struct TrainArgs {
     /// (default: runs/<model>-<YYYYMMDD-HHMMSS>, with runs/latest pointing at it).
     #[arg(long, help_heading = "Output")]
     out: Option<PathBuf>,
-    /// Declared peak GFLOP/s for MFU (default: measured at start).
+    /// Peak TFLOP/s per rank that MFU is stated against (default: measured
+    /// once per device and thread count, kept in ~/.cache/distgpt/peak.json).
     #[arg(long, help_heading = "Output")]
-    peak_gflops: Option<f64>,
+    peak_tflops: Option<f64>,
     /// No progress bar or messages; the summary only.
     #[arg(long, help_heading = "Output")]
     quiet: bool,
@@ -468,6 +475,14 @@ struct EvalArgs {
 }
 
 #[derive(Args)]
+struct DevicesArgs {
+    /// Measure the peak FLOP/s again (best of three matmul probes; do it on
+    /// a quiet machine) and keep it for MFU.
+    #[arg(long)]
+    measure: bool,
+}
+
+#[derive(Args)]
 struct PlotArgs {
     /// Run directories written by `distgpt train` (their metrics.jsonl).
     #[arg(value_name = "RUN", required = true)]
@@ -492,7 +507,12 @@ struct PrepareArgs {
 
 /// Parses the command line and runs the command.
 pub fn run() -> Result<Outcome> {
-    let matches = Cli::command().get_matches();
+    let mut matches = Cli::command().get_matches();
+    if let Some(train) = matches.subcommand_matches("train") {
+        if let Some(file) = train.get_one::<PathBuf>("config").cloned() {
+            matches = with_config_file(&file, &given_flags(train))?;
+        }
+    }
     let cli = Cli::from_arg_matches(&matches)?;
     if let Some(n) = cli.threads {
         if n == 0 {
@@ -531,7 +551,7 @@ pub fn run() -> Result<Outcome> {
             Ok(Outcome::Done)
         }
         Command::Eval(a) => done(run_eval(a)),
-        Command::Devices => done(list_devices()),
+        Command::Devices(a) => done(list_devices(a.measure)),
         Command::Plot(a) => {
             let out = a.out.unwrap_or_else(|| match a.runs.as_slice() {
                 [one] => one.join("plots"),
@@ -555,6 +575,33 @@ pub fn run() -> Result<Outcome> {
             Ok(Outcome::Done)
         }
     }
+}
+
+/// The command line parsed again with `train --config FILE`'s settings
+/// inserted after `train`, less those the command line gives itself.
+fn with_config_file(file: &Path, given: &[String]) -> Result<ArgMatches> {
+    let mut cli = Cli::command();
+    cli.build();
+    let train = cli.find_subcommand("train").expect("a train command");
+    let settings = config::file_args(file, train, given)?;
+    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let at = 1
+        + argv
+            .iter()
+            .skip(1)
+            .position(|a| a == "train")
+            .expect("parsed as train")
+        + 1;
+    argv.splice(at..at, settings);
+    Cli::command().try_get_matches_from(argv).map_err(|e| {
+        let text = e.to_string();
+        let first = text.lines().next().unwrap_or_default();
+        anyhow::anyhow!(
+            "{} (a setting from {})",
+            first.trim_start_matches("error: "),
+            file.display()
+        )
+    })
 }
 
 /// The ids of the flags given on the command line (not defaults).
@@ -610,7 +657,7 @@ fn new_run(a: &TrainArgs, ds: &Dataset) -> Result<(GptConfig, TrainConfig)> {
         seed: a.seed,
         link_latest: a.out.is_none(),
         out_dir,
-        peak_flops: a.peak_gflops.map(|g| g * 1e9),
+        peak_flops: a.peak_tflops.map(|t| t * 1e12),
         verbose: !a.quiet,
         fault: None,
         checkpoint_every: a.checkpoint_every,
@@ -715,8 +762,8 @@ fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<Resumed> {
         checkpoint_every,
         keep_checkpoints
     );
-    if set("peak_gflops") {
-        cfg.peak_flops = a.peak_gflops.map(|g| g * 1e9);
+    if set("peak_tflops") {
+        cfg.peak_flops = a.peak_tflops.map(|t| t * 1e12);
     }
     cfg.resume = Some(ckpt);
     cfg.out_dir = run_dir.clone();
@@ -972,8 +1019,9 @@ fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
     Ok(Outcome::Done)
 }
 
-fn list_devices() -> Result<()> {
-    distgpt::outln!("cpu: {}", distgpt::backend::cpu::Cpu::new().name());
+fn list_devices(measure: bool) -> Result<()> {
+    let cpu = Cpu::new();
+    distgpt::outln!("cpu: {}", cpu.name());
     match distgpt::backend::opencl::OpenCl::devices() {
         Ok(names) => {
             for (i, n) in names.iter().enumerate() {
@@ -981,6 +1029,21 @@ fn list_devices() -> Result<()> {
             }
         }
         Err(e) => distgpt::outln!("opencl: {e}"),
+    }
+    let peak = if measure {
+        Some(distgpt::metrics::peak::of(&cpu, true))
+    } else {
+        distgpt::metrics::peak::cached(&cpu)
+    };
+    match peak {
+        Some(p) => distgpt::outln!(
+            "cpu peak for MFU: {:.1} GFLOP/s ({})",
+            p.flops / 1e9,
+            p.source
+        ),
+        None => distgpt::outln!(
+            "cpu peak for MFU: not measured yet (the first run measures it; `distgpt devices --measure` now)"
+        ),
     }
     Ok(())
 }

@@ -1,6 +1,8 @@
 //! Metrics: per-step JSON Lines records, MFU, byte formatting and the
 //! progress bar.
 
+pub mod peak;
+
 use crate::backend::MemoryReport;
 use crate::comm::CommStats;
 use crate::error::{Error, Result};

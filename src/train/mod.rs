@@ -449,16 +449,14 @@ pub fn train_rank<B: Backend + 'static>(
     let sample_backend = backend.clone_fresh();
     let mut strategy = parallel::build(backend, model_cfg.clone(), par, world, cfg.adamw, b, t)?;
     // Every strategy starts from the same whole-model initialisation.
-    let peak_flops = match cfg.peak_flops {
-        Some(p) => p,
+    let (peak_flops, peak_source) = match cfg.peak_flops {
+        Some(p) => (p, "--peak-tflops".to_string()),
         None => {
-            let mut p = [if lead {
-                sample_backend.measure_peak_flops()
-            } else {
-                0.0
-            }];
+            // Rank 0's number (from the cache, or measured and cached), for every rank.
+            let peak = lead.then(|| crate::metrics::peak::of(&sample_backend, false));
+            let mut p = [peak.as_ref().map_or(0.0, |p| p.flops)];
             world.broadcast(&mut p, 0)?;
-            p[0]
+            (p[0], peak.map(|p| p.source).unwrap_or_default())
         }
     };
     let data_fingerprint = ds.fingerprint();
@@ -531,7 +529,7 @@ pub fn train_rank<B: Backend + 'static>(
         ds.val.len()
     ));
     note(&format!(
-        "{} params | {} x {} tokens x {} accum per step | {steps} steps ({:.2} epochs) | {} on {} rank(s), tp {} | {device}, peak {:.0} GFLOP/s per rank",
+        "{} params | {} x {} tokens x {} accum per step | {steps} steps ({:.2} epochs) | {} on {} rank(s), tp {} | {device}, peak {:.0} GFLOP/s per rank ({peak_source})",
         model_cfg.num_params(),
         b,
         t,

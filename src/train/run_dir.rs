@@ -46,7 +46,7 @@ pub const METRICS_CSV: &str = "metrics.csv";
 /// The link beside default-named runs to the newest one.
 pub const LATEST: &str = "latest";
 
-fn unix_now() -> u64 {
+pub fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -71,6 +71,12 @@ fn timestamp(secs: u64) -> String {
         s / 60 % 60,
         s % 60
     )
+}
+
+/// `YYYY-MM-DD` (UTC) of Unix seconds.
+pub fn date(secs: u64) -> String {
+    let t = timestamp(secs);
+    format!("{}-{}-{}", &t[..4], &t[4..6], &t[6..8])
 }
 
 /// `runs/<model>-<YYYYMMDD-HHMMSS>`, with a suffix if that exists already.

@@ -1,0 +1,245 @@
+//! `distgpt train --config FILE`: a run's settings from a file. A TOML file
+//! sets train's flags by name (`batch-size = 16` or `batch_size = 16`, at
+//! the top or in tables named as the help groups, `[optimisation]`); a
+//! run's `run.json` sets everything that run was trained with, so
+//! `--config RUN/run.json` repeats it. Flags on the command line win over
+//! the file.
+
+use anyhow::{bail, Context, Result};
+use distgpt::train::run_dir::RunRecord;
+use distgpt::train::Duration;
+use std::ffi::OsString;
+use std::path::Path;
+use toml::Value;
+
+/// The flag name of a key: `batch-size` and `batch_size` are `batch_size`.
+fn arg_id(key: &str) -> String {
+    key.replace('-', "_")
+}
+
+/// A TOML file's settings in file order, tables flattened one level.
+fn toml_entries(file: &Path, text: &str) -> Result<Vec<(String, Value)>> {
+    let table: toml::Table =
+        toml::from_str(text).with_context(|| format!("{} is not valid TOML", file.display()))?;
+    let mut out = Vec::new();
+    for (key, value) in table {
+        match value {
+            Value::Table(inner) => {
+                for (k, v) in inner {
+                    if v.is_table() {
+                        bail!(
+                            "{}: [{key}.{k}] nests too deep: a table holds flags, e.g. [{key}] {k} = ...",
+                            file.display()
+                        );
+                    }
+                    out.push((k, v));
+                }
+            }
+            v => out.push((key, v)),
+        }
+    }
+    Ok(out)
+}
+
+/// Everything a run was trained with, as train's flags.
+fn record_entries(r: &RunRecord) -> Vec<(String, Value)> {
+    let t = &r.train;
+    let int = |v: usize| Value::Integer(v as i64);
+    let float = |v: f64| Value::Float(v);
+    let mut out = vec![
+        ("n_layer", int(r.model.n_layer)),
+        ("n_head", int(r.model.n_head)),
+        ("n_embd", int(r.model.n_embd)),
+        ("block_size", int(r.model.block_size)),
+        (
+            "tokenizer",
+            Value::String(
+                clap::ValueEnum::to_possible_value(&t.tokenizer)
+                    .expect("every tokenizer has a name")
+                    .get_name()
+                    .into(),
+            ),
+        ),
+        ("batch_size", int(t.batch_size)),
+        ("seq_len", int(t.seq_len)),
+        ("grad_accum", int(t.grad_accum)),
+        ("lr", float(t.lr.into())),
+        ("min_lr", float(t.min_lr.into())),
+        ("warmup", int(t.warmup_steps)),
+        ("weight_decay", float(t.adamw.weight_decay.into())),
+        ("beta1", float(t.adamw.beta1.into())),
+        ("beta2", float(t.adamw.beta2.into())),
+        ("grad_clip", float(t.grad_clip.into())),
+        ("eval_every", int(t.eval_every)),
+        ("eval_batches", int(t.eval_batches)),
+        ("sample_every", int(t.sample_every)),
+        ("log_every", int(t.log_every)),
+        ("sample_tokens", int(t.sample_tokens)),
+        ("seed", Value::Integer(t.seed as i64)),
+        ("checkpoint_every", int(t.checkpoint_every)),
+        ("keep_checkpoints", int(t.keep_checkpoints)),
+        ("strategy", Value::String(r.parallel.strategy.to_string())),
+        ("world_size", int(r.parallel.world_size)),
+        ("tp", int(r.parallel.tp)),
+        ("recompute", Value::Boolean(r.parallel.recompute)),
+        ("quiet", Value::Boolean(!t.verbose)),
+    ];
+    out.push(match t.duration {
+        Duration::Steps(n) => ("steps", int(n)),
+        Duration::Epochs(e) => ("epochs", float(e)),
+    });
+    let path = |p: &Path| Value::String(p.to_string_lossy().into_owned());
+    if let Some(d) = &t.data {
+        out.push(("data", path(d)));
+    }
+    if let Some(d) = &t.init_from {
+        out.push(("init_from", path(d)));
+    }
+    if let Some(p) = t.peak_flops {
+        out.push(("peak_tflops", float(p / 1e12)));
+    }
+    out.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+}
+
+/// The command-line arguments `file` stands for, leaving out the flags
+/// given on the command line (`given`, by id) and those that conflict with
+/// them (`--epochs` given drops the file's `steps`).
+pub fn file_args(file: &Path, train: &clap::Command, given: &[String]) -> Result<Vec<OsString>> {
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("reading the config file {}", file.display()))?;
+    let entries = if file.extension().is_some_and(|e| e == "json") {
+        let record: RunRecord = serde_json::from_str(&text).with_context(|| {
+            format!(
+                "{} is not a run.json written by `distgpt train`",
+                file.display()
+            )
+        })?;
+        record_entries(&record)
+    } else {
+        toml_entries(file, &text)?
+    };
+    let is_given = |id: &str| given.iter().any(|g| g == id);
+    let mut args = Vec::new();
+    let mut taken: Vec<String> = Vec::new();
+    for (key, value) in entries {
+        let id = arg_id(&key);
+        let Some(arg) = train
+            .get_arguments()
+            .find(|a| a.get_id() == id.as_str() && !a.is_hide_set() && a.get_long().is_some())
+            .filter(|_| id != "config")
+        else {
+            bail!(
+                "{}: unknown setting `{key}` (the keys are train's flags, see `distgpt train --help`)",
+                file.display()
+            );
+        };
+        if taken.contains(&id) {
+            bail!("{}: `{key}` is set twice", file.display());
+        }
+        let conflicts: Vec<String> = train
+            .get_arg_conflicts_with(arg)
+            .iter()
+            .map(|a| a.get_id().to_string())
+            .collect();
+        if let Some(other) = taken.iter().find(|t| conflicts.contains(t)) {
+            bail!(
+                "{}: `{key}` and `{other}` cannot both be set",
+                file.display()
+            );
+        }
+        taken.push(id.clone());
+        if is_given(&id) || conflicts.iter().any(|c| is_given(c)) {
+            continue;
+        }
+        let flag = format!("--{}", arg.get_long().expect("a long flag"));
+        let is_switch = matches!(arg.get_action(), clap::ArgAction::SetTrue);
+        match (value, is_switch) {
+            (Value::Boolean(on), true) => {
+                if on {
+                    args.push(flag.into());
+                }
+            }
+            (v, true) => bail!(
+                "{}: `{key}` is a switch: true or false (got {})",
+                file.display(),
+                v.type_str()
+            ),
+            (Value::String(s), false) => args.extend([flag.into(), s.into()]),
+            (Value::Integer(i), false) => args.extend([flag.into(), i.to_string().into()]),
+            (Value::Float(f), false) => args.extend([flag.into(), f.to_string().into()]),
+            (v, false) => bail!(
+                "{}: `{key}` takes one value, a string or a number (got {})",
+                file.display(),
+                v.type_str()
+            ),
+        }
+    }
+    Ok(args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, Parser};
+
+    fn train() -> clap::Command {
+        let mut cli = super::super::Cli::command();
+        cli.build();
+        cli.find_subcommand("train").expect("train").clone()
+    }
+
+    fn args_of(toml: &str, given: &[&str]) -> Result<Vec<String>> {
+        let dir = std::env::temp_dir().join(format!("distgpt-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join(format!("{}.toml", toml.len()));
+        std::fs::write(&file, toml).unwrap();
+        let given: Vec<String> = given.iter().map(|g| g.to_string()).collect();
+        Ok(file_args(&file, &train(), &given)?
+            .into_iter()
+            .map(|a| a.into_string().unwrap())
+            .collect())
+    }
+
+    #[test]
+    fn keys_are_flags_in_tables_or_not_and_the_command_line_wins() {
+        let args = args_of(
+            "model = \"tiny\"\n[optimisation]\nlr = 0.001\nsteps = 40\n[parallelism]\nrecompute = true\nworld-size = 2\n",
+            &["world_size", "epochs"],
+        )
+        .unwrap();
+        assert_eq!(args, ["--model", "tiny", "--lr", "0.001", "--recompute"]);
+    }
+
+    #[test]
+    fn mistakes_in_the_file_are_named() {
+        let e = |t: &str| args_of(t, &[]).unwrap_err().to_string();
+        assert!(e("bach-size = 4\n").contains("unknown setting `bach-size`"));
+        assert!(e("fail-rank = 1\n").contains("unknown setting"));
+        assert!(e("recompute = 1\n").contains("is a switch"));
+        assert!(e("lr = [1, 2]\n").contains("takes one value"));
+        assert!(e("steps = 4\nepochs = 1.0\n").contains("cannot both be set"));
+        assert!(e("lr = 1\n[optimisation]\nlr = 2\n").contains("set twice"));
+        assert!(e("lr = \n").contains("is not valid TOML"));
+    }
+
+    #[test]
+    fn the_shipped_configs_parse_as_train_flags() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
+        let mut seen = 0;
+        for f in std::fs::read_dir(&dir).unwrap() {
+            let f = f.unwrap().path();
+            if f.extension().is_some_and(|e| e == "toml") {
+                let args = file_args(&f, &train(), &[]).unwrap();
+                let argv = ["distgpt".into(), "train".into()].into_iter().chain(args);
+                let cli = super::super::Cli::try_parse_from(argv)
+                    .unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+                let super::super::Command::Train(a) = cli.command else {
+                    panic!("not train")
+                };
+                a.model.resolve(None).unwrap();
+                seen += 1;
+            }
+        }
+        assert!(seen >= 2, "configs/ holds the seed experiments");
+    }
+}

@@ -1,0 +1,197 @@
+//! The peak FLOP/s MFU is stated against: measured once per device and
+//! thread count, then kept in `peak.json` in distgpt's cache directory, so
+//! every run on a machine divides by the same number (a probe at each start
+//! drifted 49-173 GFLOP/s with the machine's load). `--peak-tflops` states
+//! another; `distgpt devices --measure` measures again (on a quiet machine).
+
+use crate::backend::Backend;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// The cache file's name in the cache directory.
+pub const PEAK_FILE: &str = "peak.json";
+
+/// One measured peak.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Entry {
+    /// The backend's name (the CPU, or the OpenCL device).
+    pub device: String,
+    /// The host's CPU model (a cache directory may be shared between machines).
+    pub host: String,
+    pub threads: usize,
+    pub flops: f64,
+    /// Seconds since the Unix epoch of the measurement.
+    pub measured_unix: u64,
+}
+
+/// A peak and where it came from, for the run's header line.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Peak {
+    pub flops: f64,
+    pub source: String,
+}
+
+/// distgpt's cache directory: `$DISTGPT_CACHE_DIR`, else
+/// `$XDG_CACHE_HOME/distgpt`, else `~/.cache/distgpt`.
+pub fn cache_dir() -> Option<PathBuf> {
+    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+    var("DISTGPT_CACHE_DIR").map(PathBuf::from).or_else(|| {
+        var("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| var("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .map(|d| d.join("distgpt"))
+    })
+}
+
+fn read(file: &Path) -> Vec<Entry> {
+    std::fs::read_to_string(file)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default()
+}
+
+/// Adds or replaces `entry`, writing the file whole and then renaming it,
+/// so concurrent runs never read half a file.
+fn store(file: &Path, entry: Entry) -> std::io::Result<()> {
+    let mut all = read(file);
+    all.retain(|e| !e.same_as(&entry.device, &entry.host, entry.threads));
+    all.push(entry);
+    if let Some(dir) = file.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    static WRITES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = file.with_extension(format!("json.{}.{n}", std::process::id()));
+    let text = serde_json::to_string_pretty(&all).map_err(std::io::Error::other)?;
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, file)
+}
+
+impl Entry {
+    fn same_as(&self, device: &str, host: &str, threads: usize) -> bool {
+        self.device == device && self.host == host && self.threads == threads
+    }
+}
+
+/// The CPU model from /proc/cpuinfo ("unknown" elsewhere).
+fn host() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// The peak of `device` at `threads` threads kept in `file`.
+fn lookup(file: &Path, device: &str, host: &str, threads: usize) -> Option<Peak> {
+    let e = read(file)
+        .into_iter()
+        .find(|e| e.same_as(device, host, threads) && e.flops > 0.0)?;
+    Some(Peak {
+        flops: e.flops,
+        source: format!(
+            "measured {} and kept in {}",
+            crate::train::run_dir::date(e.measured_unix),
+            file.display()
+        ),
+    })
+}
+
+/// The peak of `device` at `threads` threads from `file` (unless `fresh`),
+/// or `measure`d (best of three) and stored there.
+pub fn lookup_or_measure(
+    file: Option<&Path>,
+    device: &str,
+    threads: usize,
+    fresh: bool,
+    measure: impl Fn() -> f64,
+) -> Peak {
+    let host = host();
+    if let Some(p) = file
+        .filter(|_| !fresh)
+        .and_then(|f| lookup(f, device, &host, threads))
+    {
+        return p;
+    }
+    let flops = (0..3).map(|_| measure()).fold(0.0, f64::max);
+    let source = match file {
+        Some(f) if flops.is_finite() && flops > 0.0 => {
+            let entry = Entry {
+                device: device.to_string(),
+                host,
+                threads,
+                flops,
+                measured_unix: crate::train::run_dir::unix_now(),
+            };
+            match store(f, entry) {
+                Ok(()) => format!("measured now, kept in {}", f.display()),
+                Err(e) => format!("measured now; not kept ({}: {e})", f.display()),
+            }
+        }
+        _ => "measured now".to_string(),
+    };
+    Peak { flops, source }
+}
+
+/// The cached peak of `be` with this thread pool's threads, if measured before.
+pub fn cached<B: Backend>(be: &B) -> Option<Peak> {
+    let file = cache_dir()?.join(PEAK_FILE);
+    lookup(&file, &be.name(), &host(), rayon::current_num_threads())
+}
+
+/// The peak of `be` with this thread pool's threads, from the cache or
+/// (`fresh`, or not cached yet) measured and cached.
+pub fn of<B: Backend>(be: &B, fresh: bool) -> Peak {
+    let file = cache_dir().map(|d| d.join(PEAK_FILE));
+    lookup_or_measure(
+        file.as_deref(),
+        &be.name(),
+        rayon::current_num_threads(),
+        fresh,
+        || be.measure_peak_flops(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    #[test]
+    fn a_peak_is_measured_once_per_device_and_thread_count() {
+        let dir = std::env::temp_dir().join(format!("distgpt-peak-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let file = dir.join(PEAK_FILE);
+        let calls = Cell::new(0);
+        let probe = |v: f64| {
+            let calls = &calls;
+            move || {
+                calls.set(calls.get() + 1);
+                v + calls.get() as f64
+            }
+        };
+        let first = lookup_or_measure(Some(&file), "cpu A", 2, false, probe(100.0));
+        assert_eq!(first.flops, 103.0, "the best of three probes");
+        assert!(first.source.starts_with("measured now, kept in"));
+        let again = lookup_or_measure(Some(&file), "cpu A", 2, false, probe(500.0));
+        assert_eq!(again.flops, 103.0, "read back, not measured");
+        assert!(again.source.starts_with("measured 20"), "{}", again.source);
+        assert_eq!(calls.get(), 3);
+        let other = lookup_or_measure(Some(&file), "cpu A", 1, false, probe(10.0));
+        assert_eq!(other.flops, 16.0, "another thread count is another peak");
+        assert_eq!(read(&file).len(), 2);
+        std::fs::write(&file, "{ not json").unwrap();
+        let fresh = lookup_or_measure(Some(&file), "cpu A", 2, false, probe(7.0));
+        assert_eq!(fresh.flops, 16.0, "a corrupt cache is measured over");
+        assert_eq!(read(&file).len(), 1);
+        let asked = lookup_or_measure(Some(&file), "cpu A", 2, true, probe(0.0));
+        assert_eq!(asked.flops, 12.0, "measured again when asked");
+        assert_eq!(read(&file)[0].flops, 12.0);
+        let nowhere = lookup_or_measure(None, "cpu A", 2, false, probe(1.0));
+        assert_eq!(nowhere.source, "measured now");
+    }
+}
