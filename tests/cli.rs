@@ -57,7 +57,7 @@ fn generate_ends_its_output_with_a_newline_and_no_sample_means_no_frame() {
     assert!(!text.contains("--- sample ---"), "{text}");
 
     let gen = succeeded(distgpt(&[
-        "generate", "--run", out, "--tokens", "5", "--prompt", "A",
+        "generate", out, "--tokens", "5", "--prompt", "A",
     ]));
     let text = String::from_utf8_lossy(&gen.stdout);
     assert!(text.starts_with('A') && text.ends_with('\n'), "{text:?}");
@@ -71,7 +71,7 @@ fn generate_and_eval_read_a_checkpoint_directory() {
     let step2 = dir.join("checkpoints/step_00000002");
     let step2 = step2.to_str().unwrap();
     succeeded(distgpt(&[
-        "generate", "--run", step2, "--tokens", "4", "--prompt", "A",
+        "generate", step2, "--tokens", "4", "--prompt", "A",
     ]));
     succeeded(distgpt(&[
         "eval",

@@ -147,14 +147,14 @@ fn tensor_parallel_generation_over_mpi_matches_one_process() {
         "7",
     ];
     let one = Command::new(bin)
-        .args(["generate", "--run"])
+        .args(["generate"])
         .arg(&run)
         .args(sample)
         .output()
         .unwrap();
     let two = Command::new("mpirun")
         .args(["--allow-run-as-root", "--oversubscribe", "-np", "2", bin])
-        .args(["generate", "--comm", "mpi", "--tp", "2", "--run"])
+        .args(["generate", "--comm", "mpi", "--tp", "2"])
         .arg(&run)
         .args(sample)
         .output()

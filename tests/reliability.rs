@@ -764,13 +764,7 @@ fn bad_numbers_are_refused_with_the_flag_named() {
         ("--top-p", "0"),
     ] {
         let out = bin()
-            .args([
-                "generate",
-                "--run",
-                model.to_str().unwrap(),
-                "--tokens",
-                "3",
-            ])
+            .args(["generate", model.to_str().unwrap(), "--tokens", "3"])
             .arg(format!("{flag}={value}"))
             .output()
             .unwrap();

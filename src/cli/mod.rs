@@ -393,8 +393,9 @@ struct TrainArgs {
 
 #[derive(Args)]
 struct GenerateArgs {
-    /// A run directory written by `distgpt train` (model.safetensors + model.json).
-    #[arg(long)]
+    /// A run directory written by `distgpt train`, one of its checkpoint
+    /// directories, or a Hugging Face GPT-2 folder.
+    #[arg(value_name = "RUN")]
     run: PathBuf,
     /// Text to continue; repeat for a batch of prompts (default: a newline, or <|endoftext|> for GPT-2 tokens).
     #[arg(long)]
@@ -438,6 +439,7 @@ enum CheckpointCommand {
 #[derive(Args)]
 struct ConsolidateArgs {
     /// A run directory (its newest checkpoint) or one checkpoint directory.
+    #[arg(value_name = "RUN")]
     checkpoint: PathBuf,
     /// Output directory (created; its model files are replaced).
     #[arg(long)]
@@ -447,7 +449,7 @@ struct ConsolidateArgs {
 #[derive(Args)]
 struct ExportArgs {
     /// A run directory (or any folder `generate` accepts).
-    #[arg(long)]
+    #[arg(value_name = "RUN")]
     run: PathBuf,
     /// Output folder for `GPT2LMHeadModel.from_pretrained`.
     #[arg(long)]
@@ -456,7 +458,8 @@ struct ExportArgs {
 
 #[derive(Args)]
 struct EvalArgs {
-    /// A run directory or a Hugging Face GPT-2 folder.
+    /// A run directory, one of its checkpoint directories, or a Hugging Face GPT-2 folder.
+    #[arg(value_name = "RUN")]
     model: PathBuf,
     /// Data: a text file or a shard directory (default: the embedded corpus); its validation split is used.
     #[arg(long)]
