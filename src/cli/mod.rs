@@ -13,7 +13,7 @@ use distgpt::backend::Backend;
 use distgpt::checkpoint;
 use distgpt::comm::Comm;
 use distgpt::data::{self, Dataset, TokenizerKind};
-use distgpt::infer::generate::{generate_packed, SampleConfig};
+use distgpt::infer::generate::{generate_from, generate_tp, SampleConfig};
 use distgpt::metrics;
 use distgpt::model::{AdamWConfig, GptConfig};
 use distgpt::parallel::{launch, ParallelConfig, StrategyKind};
@@ -1091,92 +1091,52 @@ fn eval_on<B: Backend>(be: B, a: &EvalArgs) -> Result<()> {
 fn decode_on<B: Backend>(
     be: B,
     a: &GenerateArgs,
-    meta: &checkpoint::ModelMeta,
     tk: &data::Tokenizer,
     prompts: &[Vec<u32>],
     cfg: &SampleConfig,
     show: &mut (impl FnMut(usize, u32) + Send),
 ) -> Result<Option<(Vec<Vec<u32>>, usize)>> {
-    Ok(Some(if a.tp <= 1 && a.comm == CommKind::Local {
-        let (model, _) = checkpoint::load_model(be.clone_fresh(), &a.run)?;
-        let place = distgpt::model::TpPlace { rank: 0, size: 1 };
-        let weights = distgpt::infer::kv::DecodeWeights::new(
-            model.backend(),
-            &model.config,
-            place,
-            model.params.s(),
-            a.weights.format(),
-        )?;
-        let out = generate_packed(&model, &weights, prompts, cfg, tk.eot(), &mut *show)?;
-        (out, 1)
-    } else {
-        let show = std::sync::Mutex::new(show);
-        let decode_rank = |comm: &dyn Comm| {
-            if a.tp > 1 && a.tp != comm.size() {
-                return Err(distgpt::error::Error::Input(format!(
-                    "--tp {} but mpirun started {} ranks: generate splits the model over all of them",
-                    a.tp,
-                    comm.size()
-                )));
-            }
-            // The whole model stays on the host; only this rank's part goes to the device.
-            let (model, _) = checkpoint::load_model(Cpu::new(), &a.run)?;
-            let place = distgpt::model::TpPlace {
-                rank: comm.rank(),
-                size: comm.size(),
-            };
-            let engine =
-                distgpt::model::Engine::new(be.clone_fresh(), meta.config.clone(), place, false)?;
-            let mut part = distgpt::model::Gpt2::with_engine(engine)?;
-            part.load_full(&model.params_host()?)?;
-            let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-            let max_t = (longest + cfg.max_new_tokens).min(meta.config.block_size);
-            let weights = distgpt::infer::kv::DecodeWeights::new(
-                part.backend(),
-                &meta.config,
-                place,
-                part.params.s(),
-                a.weights.format(),
-            )?;
-            let mut dec = distgpt::infer::kv::Decoder::new(
-                be.clone_fresh(),
-                meta.config.clone(),
-                place,
-                prompts.len(),
-                max_t,
-            )?;
-            let lead = comm.rank() == 0;
-            let out = distgpt::infer::generate::decode(
-                &mut dec,
-                &weights,
-                prompts,
-                max_t,
-                cfg,
-                tk.eot(),
-                Some(comm),
-                |r, t| {
-                    if lead {
-                        (show.lock().expect("printer"))(r, t)
-                    }
-                },
-            )?;
-            Ok((out, comm.size()))
-        };
-        let timeout = std::time::Duration::from_secs(120);
-        match a.comm {
-            CommKind::Local => {
-                let threads = rayon::current_num_threads();
-                let mut outs =
-                    launch::run_local(a.tp, threads, timeout, |c| decode_rank(c.as_ref()))?;
-                outs.swap_remove(0)
-            }
-            // Only rank 0 reports.
-            CommKind::Mpi => match mpi_launch(timeout, decode_rank)? {
-                Some(out) => out,
-                None => return Ok(None),
-            },
+    let format = a.weights.format();
+    if a.tp <= 1 && a.comm == CommKind::Local {
+        let out = generate_from(be, &a.run, prompts, cfg, format, tk.eot(), &mut *show)?;
+        return Ok(Some((out, 1)));
+    }
+    let show = std::sync::Mutex::new(show);
+    let decode_rank = |comm: &dyn Comm| {
+        if a.tp > 1 && a.tp != comm.size() {
+            return Err(distgpt::error::Error::Input(format!(
+                "--tp {} but mpirun started {} ranks: generate splits the model over all of them",
+                a.tp,
+                comm.size()
+            )));
         }
-    }))
+        let lead = comm.rank() == 0;
+        let out = generate_tp(
+            be.clone_fresh(),
+            &a.run,
+            comm,
+            prompts,
+            cfg,
+            format,
+            tk.eot(),
+            |r, t| {
+                if lead {
+                    (show.lock().expect("printer"))(r, t)
+                }
+            },
+        )?;
+        Ok((out, comm.size()))
+    };
+    let timeout = std::time::Duration::from_secs(120);
+    Ok(match a.comm {
+        CommKind::Local => {
+            let threads = rayon::current_num_threads();
+            let mut outs = launch::run_local(a.tp, threads, timeout, |c| decode_rank(c.as_ref()))?;
+            Some(outs.swap_remove(0))
+        }
+        // Only rank 0 reports.
+        CommKind::Mpi => mpi_launch(timeout, decode_rank)?,
+    })
 }
 
 fn run_generate(a: GenerateArgs) -> Result<()> {
@@ -1217,7 +1177,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
     };
     let started = std::time::Instant::now();
     let Some((out, tp)) = on_device!(a.device, |be| decode_on(
-        be, &a, &meta, &tk, &prompts, &cfg, &mut show
+        be, &a, &tk, &prompts, &cfg, &mut show
     ))?
     else {
         return Ok(()); // an mpi rank other than 0

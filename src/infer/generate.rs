@@ -3,11 +3,14 @@
 //! (tp rank 0 samples and broadcasts, so every rank feeds the same tokens).
 
 use super::kv::{DecodeWeights, Decoder};
+use crate::backend::cpu::Cpu;
 use crate::backend::{Backend, WeightFormat};
+use crate::checkpoint;
 use crate::comm::Comm;
 use crate::error::{Error, Result};
-use crate::model::{Gpt2, TpPlace};
+use crate::model::{Engine, Gpt2, TpPlace};
 use crate::rng::Rng;
+use std::path::Path;
 
 #[derive(Clone, Copy, Debug)]
 pub struct SampleConfig {
@@ -194,6 +197,69 @@ pub fn generate<B: Backend>(
 
 /// A whole model on one rank.
 const WHOLE: TpPlace = TpPlace { rank: 0, size: 1 };
+
+/// [`generate`] from the model at `run` (a run, checkpoint or Hugging
+/// Face folder) loaded onto `backend`, its weights stored as `format`.
+pub fn generate_from<B: Backend>(
+    backend: B,
+    run: &Path,
+    prompts: &[Vec<u32>],
+    cfg: &SampleConfig,
+    format: WeightFormat,
+    stop: Option<u32>,
+    on_token: impl FnMut(usize, u32),
+) -> Result<Vec<Vec<u32>>> {
+    let (model, _) = checkpoint::load_model(backend, run)?;
+    let weights = DecodeWeights::new(
+        model.backend(),
+        &model.config,
+        WHOLE,
+        model.params.s(),
+        format,
+    )?;
+    generate_packed(&model, &weights, prompts, cfg, stop, on_token)
+}
+
+/// **Collective** over `tp`: this rank's part of generating from the model
+/// at `run`, split over the ranks of `tp` by heads and MLP columns. The
+/// whole model is read on the host; only this rank's share goes to
+/// `backend`. Rank 0 samples (and its `on_token` sees every token); a batch
+/// stops at the block size.
+#[allow(clippy::too_many_arguments)]
+pub fn generate_tp<B: Backend>(
+    backend: B,
+    run: &Path,
+    tp: &dyn Comm,
+    prompts: &[Vec<u32>],
+    cfg: &SampleConfig,
+    format: WeightFormat,
+    stop: Option<u32>,
+    on_token: impl FnMut(usize, u32),
+) -> Result<Vec<Vec<u32>>> {
+    let (model, meta) = checkpoint::load_model(Cpu::new(), run)?;
+    let place = TpPlace {
+        rank: tp.rank(),
+        size: tp.size(),
+    };
+    let engine = Engine::new(backend.clone_fresh(), meta.config.clone(), place, false)?;
+    let mut part = Gpt2::with_engine(engine)?;
+    part.load_full(&model.params_host()?)?;
+    drop(model);
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let max_t = (longest + cfg.max_new_tokens).min(meta.config.block_size);
+    let weights = DecodeWeights::new(part.backend(), &meta.config, place, part.params.s(), format)?;
+    let mut dec = Decoder::new(backend, meta.config.clone(), place, prompts.len(), max_t)?;
+    decode(
+        &mut dec,
+        &weights,
+        prompts,
+        max_t,
+        cfg,
+        stop,
+        Some(tp),
+        on_token,
+    )
+}
 
 /// [`generate`] with the model's weights already packed (to pack once for
 /// many generations).

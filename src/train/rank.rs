@@ -1,0 +1,547 @@
+//! One rank's run, in named phases. Each phase says whether it is
+//! **collective** (every rank calls it, in the same order, and it talks to
+//! the others) or **rank 0's** (only rank 0 does the work, and it never
+//! waits on another rank). Keeping collectives out of rank-0-only code is
+//! what keeps ranks from waiting on each other forever.
+
+use super::run_dir::{self, RunRecord, StepLogs};
+use super::schedule::LrSchedule;
+use super::{
+    agree_on_path, diverged, evaluate, restore, sample_text, TrainConfig, TrainSummary,
+    INTERRUPTED, MAX_STEPS,
+};
+use crate::backend::Backend;
+use crate::checkpoint::{self, state};
+use crate::comm::Comm;
+use crate::data::{DataLoader, Dataset};
+use crate::error::{Error, Result};
+use crate::metrics::{self, StepRecord};
+use crate::model::{Gpt2, GptConfig, ParamLayout};
+use crate::parallel::{self, ParallelConfig, StepConfig, Strategy};
+use indicatif::ProgressBar;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+/// One rank's training loop over `world`; rank 0 logs, saves and returns the summary.
+pub fn train_rank<B: Backend + 'static>(
+    backend: B,
+    model_cfg: GptConfig,
+    ds: &Dataset,
+    cfg: &TrainConfig,
+    par: ParallelConfig,
+    world: &dyn Comm,
+) -> Result<Option<TrainSummary>> {
+    let mut run = Run::set_up(backend, model_cfg, ds, cfg, par, world)?;
+    run.open_outputs()?;
+    for step in run.start..run.steps {
+        let done = run.train_step(step)?;
+        let val_loss = run.evaluate_if_due(step, &done)?;
+        run.sample_if_due(step, &done)?;
+        run.record(step, &done, val_loss)?;
+        if done.is_last {
+            run.save_model()?;
+        }
+        run.checkpoint_if_due(step, &done)?;
+        if done.stopping {
+            run.stopped = true;
+            break;
+        }
+    }
+    run.finish()
+}
+
+/// What one optimizer step did.
+struct StepDone {
+    loss: f32,
+    grad_norm: f32,
+    lr: f32,
+    seconds: f64,
+    /// The run's last step: the planned last, or the one a stop ends at.
+    is_last: bool,
+    /// Some rank was asked to stop before the planned last step.
+    stopping: bool,
+}
+
+/// A rank's run: its strategy, data, schedule and (on rank 0) its outputs.
+struct Run<'a, B: Backend> {
+    world: &'a dyn Comm,
+    ds: &'a Dataset,
+    /// The run's configuration with rank 0's run directory.
+    cfg: TrainConfig,
+    model_cfg: GptConfig,
+    par: ParallelConfig,
+    strategy: Box<dyn Strategy>,
+    /// A backend of this rank's kind for samples and the model files.
+    spare: B,
+    train_loader: DataLoader<'a>,
+    val_loader: DataLoader<'a>,
+    sched: LrSchedule,
+    start: usize,
+    steps: usize,
+    data_fingerprint: &'a str,
+    peak_flops: f64,
+    peak_source: String,
+    lead: bool,
+    /// Rank 0 with messages on.
+    verbose: bool,
+    /// Rank 0's metrics.jsonl and metrics.csv (None elsewhere).
+    logs: Option<StepLogs>,
+    /// Rank 0's progress bar (hidden elsewhere).
+    pb: ProgressBar,
+    started: Instant,
+    losses: Vec<f32>,
+    history: Vec<StepRecord>,
+    val_last: f32,
+    /// Every rank's peak memory row, as of the newest step.
+    rank_peaks: Vec<u64>,
+    stopped: bool,
+    /// The whole model after the last step.
+    final_params: Option<Vec<f32>>,
+}
+
+impl<'a, B: Backend + 'static> Run<'a, B> {
+    /// **Collective.** Agrees on the run directory, builds the strategy (tp
+    /// and mesh groups split the world), agrees on the peak FLOP/s, and
+    /// loads the state to start from (a checkpoint, `init_from`, or a fresh
+    /// initialisation: every strategy starts from the same whole model).
+    fn set_up(
+        backend: B,
+        model_cfg: GptConfig,
+        ds: &'a Dataset,
+        cfg: &TrainConfig,
+        par: ParallelConfig,
+        world: &'a dyn Comm,
+    ) -> Result<Self> {
+        cfg.validate()?;
+        let (b, t) = (cfg.batch_size, cfg.seq_len);
+        if t == 0 || t > model_cfg.block_size {
+            return Err(Error::Config(format!(
+                "sequence length {t} must be between 1 and the model's block size {}",
+                model_cfg.block_size
+            )));
+        }
+        let lead = world.rank() == 0;
+        // Ranks may have chosen different run directories (a default named by
+        // the clock, a temporary directory per process): rank 0's wins.
+        let cfg = TrainConfig {
+            out_dir: agree_on_path(world, &cfg.out_dir)?,
+            ..cfg.clone()
+        };
+        let mut train_loader = DataLoader::new(&ds.train, "train", b, t, cfg.seed, true)?;
+        let val_loader = DataLoader::new(&ds.val, "val", b, t, cfg.seed, false)?;
+        let steps = cfg
+            .duration
+            .steps(train_loader.batches_per_epoch(), cfg.grad_accum)
+            .clamp(1, MAX_STEPS);
+        let sched = LrSchedule {
+            max_lr: cfg.lr,
+            min_lr: cfg.min_lr,
+            warmup_steps: cfg.warmup_steps,
+            total_steps: cfg.schedule_steps.unwrap_or(steps),
+        };
+        let spare = backend.clone_fresh();
+        let mut strategy =
+            parallel::build(backend, model_cfg.clone(), par, world, cfg.adamw, b, t)?;
+        let (peak_flops, peak_source) = match cfg.peak_flops {
+            Some(p) => (p, "--peak-tflops".to_string()),
+            None => {
+                // Rank 0's number (from the cache, or measured and cached), for every rank.
+                let peak = lead.then(|| metrics::peak::of(&spare, false));
+                let mut p = [peak.as_ref().map_or(0.0, |p| p.flops)];
+                world.broadcast(&mut p, 0)?;
+                (p[0], peak.map(|p| p.source).unwrap_or_default())
+            }
+        };
+        let data_fingerprint = ds.fingerprint();
+        let start = restore(
+            strategy.as_mut(),
+            &mut train_loader,
+            &model_cfg,
+            ds,
+            &cfg,
+            data_fingerprint,
+            &spare,
+        )?;
+        if start >= steps {
+            return Err(Error::Input(format!(
+                "the checkpoint is at step {start}; this run has {steps} steps: nothing left to train (extend it with --steps)"
+            )));
+        }
+        Ok(Run {
+            world,
+            ds,
+            verbose: cfg.verbose && lead,
+            model_cfg,
+            par,
+            strategy,
+            spare,
+            train_loader,
+            val_loader,
+            sched,
+            start,
+            steps,
+            data_fingerprint,
+            peak_flops,
+            peak_source,
+            lead,
+            logs: None,
+            pb: ProgressBar::hidden(),
+            started: Instant::now(),
+            losses: Vec::new(),
+            history: Vec::new(),
+            val_last: f32::NAN,
+            rank_peaks: vec![0; 6 * world.size()],
+            stopped: false,
+            final_params: None,
+            cfg,
+        })
+    }
+
+    /// **Rank 0's.** The run directory, `run.json`, the step logs, the
+    /// progress bar and the header lines.
+    fn open_outputs(&mut self) -> Result<()> {
+        if !self.lead {
+            return Ok(());
+        }
+        let (cfg, steps, start) = (&self.cfg, self.steps, self.start);
+        let horizon = self.sched.total_steps;
+        let record = RunRecord {
+            model: self.model_cfg.clone(),
+            train: TrainConfig {
+                resume: None,
+                stop_after: None,
+                fault: None,
+                overwrite: false,
+                schedule_steps: Some(horizon),
+                ..cfg.clone()
+            },
+            parallel: self.par,
+            dataset: self.ds.name.clone(),
+            device: self.spare.name(),
+            peak_flops: self.peak_flops,
+            segments: Vec::new(),
+        };
+        self.logs = Some(run_dir::open(
+            &cfg.out_dir,
+            record,
+            start,
+            steps,
+            cfg,
+            self.verbose,
+        )?);
+        self.pb = match &cfg.progress {
+            Some(bar) => {
+                bar.set_length(steps as u64);
+                bar.clone()
+            }
+            None if self.verbose => metrics::progress_bar(steps as u64, "train"),
+            None => ProgressBar::hidden(),
+        };
+        self.pb.set_position(start as u64);
+        let (m, ds) = (&self.model_cfg, self.ds);
+        self.note(&format!(
+            "training {} layers x {} heads x {} wide (block {}) on {} ({} train / {} val tokens)",
+            m.n_layer,
+            m.n_head,
+            m.n_embd,
+            m.block_size,
+            ds.name,
+            ds.train.len(),
+            ds.val.len()
+        ));
+        self.note(&format!(
+            "{} params | {} x {} tokens x {} accum per step | {steps} steps ({:.2} epochs) | {} on {} rank(s), tp {} | {}, peak {:.0} GFLOP/s per rank ({})",
+            m.num_params(),
+            cfg.batch_size,
+            cfg.seq_len,
+            cfg.grad_accum,
+            (steps * cfg.grad_accum) as f64 / self.train_loader.batches_per_epoch() as f64,
+            self.par.strategy,
+            self.par.world_size,
+            self.par.resolved().tp,
+            self.spare.name(),
+            self.peak_flops / 1e9,
+            self.peak_source
+        ));
+        if horizon < steps {
+            self.note(&format!(
+                "the learning-rate schedule ends at step {horizon}; later steps run at --min-lr {}",
+                cfg.min_lr
+            ));
+        }
+        Ok(())
+    }
+
+    /// A message above the progress bar (rank 0 with messages on).
+    fn note(&self, msg: &str) {
+        if self.verbose {
+            metrics::say(&self.pb, msg)
+        }
+    }
+
+    /// **Collective.** One optimizer step over `grad_accum` micro-batches,
+    /// then every rank agrees whether to stop (a signal may reach only some
+    /// ranks: mpirun forwards it to each process).
+    fn train_step(&mut self, step: usize) -> Result<StepDone> {
+        let cfg = &self.cfg;
+        if cfg
+            .fault
+            .is_some_and(|f| f.rank == self.world.rank() && f.step == step)
+        {
+            return Err(Error::Fault {
+                rank: self.world.rank(),
+                step,
+            });
+        }
+        let micro: Vec<_> = (0..cfg.grad_accum)
+            .map(|_| self.train_loader.next_batch())
+            .collect();
+        let lr = self.sched.at(step);
+        let t0 = Instant::now();
+        let stats = match self.strategy.step(
+            &micro,
+            StepConfig {
+                lr,
+                grad_clip: cfg.grad_clip,
+            },
+        ) {
+            Err(Error::Diverged(why)) => return Err(diverged(step, &why, cfg)),
+            other => other?,
+        };
+        let seconds = t0.elapsed().as_secs_f64();
+        self.losses.push(stats.loss);
+        let mut stop = [u32::from(
+            INTERRUPTED.load(Ordering::SeqCst)
+                || cfg.stop_after.is_some_and(|n| step + 1 - self.start >= n),
+        )];
+        self.world.all_reduce(&mut stop)?;
+        let stopping = stop[0] != 0 && step + 1 < self.steps;
+        Ok(StepDone {
+            loss: stats.loss,
+            grad_norm: stats.grad_norm,
+            lr,
+            seconds,
+            is_last: step + 1 == self.steps || stopping,
+            stopping,
+        })
+    }
+
+    /// **Collective.** The validation loss every `eval_every` steps and at the last.
+    fn evaluate_if_due(&mut self, step: usize, done: &StepDone) -> Result<Option<f32>> {
+        let every = self.cfg.eval_every;
+        if !(done.is_last || (every > 0 && (step + 1).is_multiple_of(every))) {
+            return Ok(None);
+        }
+        let v = evaluate(
+            self.strategy.as_mut(),
+            &mut self.val_loader,
+            self.cfg.eval_batches,
+        )?;
+        self.note(&format!(
+            "step {:>5}: train loss {:.4}, val loss {v:.4}",
+            step + 1,
+            done.loss
+        ));
+        self.val_last = v;
+        Ok(Some(v))
+    }
+
+    /// **Collective** (the whole model is gathered), then rank 0 samples:
+    /// a sample every `sample_every` steps (the last step's comes with the summary).
+    fn sample_if_due(&mut self, step: usize, done: &StepDone) -> Result<()> {
+        let every = self.cfg.sample_every;
+        if done.is_last || every == 0 || !(step + 1).is_multiple_of(every) {
+            return Ok(());
+        }
+        let full = self.strategy.full_params()?;
+        if self.lead {
+            let s = sample_text(
+                self.spare.clone_fresh(),
+                &self.model_cfg,
+                &full,
+                self.ds,
+                self.cfg.sample_tokens.min(200),
+                self.cfg.seed + step as u64,
+            )?;
+            self.note(&format!("--- sample at step {} ---\n{s}\n---", step + 1));
+        }
+        Ok(())
+    }
+
+    /// **Collective** (every rank's peak memory is gathered), then rank 0
+    /// writes the step's record and moves the progress bar (or, with no
+    /// terminal, prints a line every `log_every` steps).
+    fn record(&mut self, step: usize, done: &StepDone, val_loss: Option<f32>) -> Result<()> {
+        self.world
+            .all_gather(&self.strategy.memory().peak_row(), &mut self.rank_peaks)?;
+        if !self.lead {
+            return Ok(());
+        }
+        let tokens_per_s = self.tokens_per_step() as f64 / done.seconds;
+        let loader = &self.train_loader;
+        let record = StepRecord {
+            step: step + 1,
+            epoch: loader.position.epoch as f64
+                + loader.position.batch as f64 / loader.batches_per_epoch() as f64,
+            loss: done.loss,
+            val_loss,
+            grad_norm: done.grad_norm,
+            lr: done.lr,
+            ms: done.seconds * 1e3,
+            tokens_per_s,
+            mfu: self.mfu(tokens_per_s),
+            memory: self.strategy.memory(),
+            rank_peak_bytes: self.rank_peaks.chunks(6).map(<[u64]>::to_vec).collect(),
+            comm: self.strategy.comm_stats(),
+        };
+        if let Some(logs) = self.logs.as_mut() {
+            logs.write(&record)?;
+        }
+        self.history.push(record);
+        self.pb
+            .set_message(format!("loss {:.4} | {tokens_per_s:.0} tok/s", done.loss));
+        let every = self.cfg.log_every;
+        if self.pb.is_hidden() && every > 0 && (step + 1).is_multiple_of(every) {
+            let finished = step + 1 - self.start;
+            let eta_s = self.started.elapsed().as_secs_f64() / finished as f64
+                * (self.steps - step - 1) as f64;
+            self.note(&format!(
+                "step {:>5}/{}: loss {:.4} | lr {:.2e} | grad norm {:.3} | {tokens_per_s:.0} tokens/s | ETA {}",
+                step + 1,
+                self.steps,
+                done.loss,
+                done.lr,
+                done.grad_norm,
+                metrics::human_duration(eta_s)
+            ));
+        }
+        self.pb.inc(1);
+        Ok(())
+    }
+
+    /// **Collective** (the whole model is gathered), then rank 0 writes the
+    /// model files. They come before the final checkpoint: a run whose
+    /// final checkpoint exists is always readable.
+    fn save_model(&mut self) -> Result<()> {
+        let full = self.strategy.full_params()?;
+        if self.lead {
+            let mut model = Gpt2::new(self.spare.clone_fresh(), self.model_cfg.clone())?;
+            model.set_params(&full)?;
+            checkpoint::save_model(&model, self.ds.tokenizer.spec(), &self.cfg.out_dir)?;
+        }
+        self.final_params = Some(full);
+        Ok(())
+    }
+
+    /// **Collective.** A training-state checkpoint every `checkpoint_every`
+    /// steps and at the last (each rank writes its own shard).
+    fn checkpoint_if_due(&mut self, step: usize, done: &StepDone) -> Result<()> {
+        let every = self.cfg.checkpoint_every;
+        if !(done.is_last || (every > 0 && (step + 1).is_multiple_of(every))) {
+            return Ok(());
+        }
+        let info = state::SaveInfo {
+            step: step + 1,
+            adam_step: (step + 1) as u32,
+            loader: self.train_loader.position,
+            strategy: &self.par.strategy.to_string(),
+            tp: self.par.resolved().tp,
+            params_total: ParamLayout::new(&self.model_cfg).total(),
+            model: &self.model_cfg,
+            tokenizer: &self.ds.tokenizer.spec(),
+            data: self.data_fingerprint,
+            keep: self.cfg.keep_checkpoints,
+        };
+        state::save(
+            &self.cfg.out_dir,
+            &info,
+            &self.strategy.owned_state()?,
+            self.world,
+        )?;
+        if done.stopping {
+            self.note(&format!(
+                "stopped after step {}; resume with --resume {}",
+                step + 1,
+                self.cfg.out_dir.display()
+            ));
+        }
+        Ok(())
+    }
+
+    fn tokens_per_step(&self) -> usize {
+        self.cfg.batch_size * self.cfg.seq_len * self.cfg.grad_accum
+    }
+
+    /// MFU of `tokens_per_s` against the peak of every rank's device (one
+    /// device when the ranks share it).
+    fn mfu(&self, tokens_per_s: f64) -> f64 {
+        let total_peak = if self.spare.ranks_share_device() {
+            self.peak_flops
+        } else {
+            self.peak_flops * self.par.world_size as f64
+        };
+        metrics::mfu(
+            self.model_cfg.flops_per_token(self.cfg.seq_len),
+            tokens_per_s,
+            total_peak,
+        )
+    }
+
+    /// **Collective** (every rank's communication totals are gathered), then
+    /// rank 0 samples from the final model (the strategy's memory freed
+    /// first) and returns the summary.
+    fn finish(mut self) -> Result<Option<TrainSummary>> {
+        self.pb.finish_and_clear();
+        let seconds = self.started.elapsed().as_secs_f64();
+        let memory = self.strategy.memory();
+        let comm = self.strategy.comm_stats();
+        let mut rank_comm_bytes = vec![0u64; self.world.size()];
+        self.world
+            .all_gather(&[comm.total_bytes()], &mut rank_comm_bytes)?;
+        let mut rank_comm_seconds = vec![0f64; self.world.size()];
+        self.world
+            .all_gather(&[comm.seconds], &mut rank_comm_seconds)?;
+        let params = self
+            .final_params
+            .take()
+            .expect("the last step saves the model");
+        if !self.lead {
+            return Ok(None);
+        }
+        let tokens_per_s = (self.losses.len() * self.tokens_per_step()) as f64 / seconds;
+        let mfu = self.mfu(tokens_per_s);
+        drop(self.strategy);
+        let sample = sample_text(
+            self.spare,
+            &self.model_cfg,
+            &params,
+            self.ds,
+            self.cfg.sample_tokens,
+            self.cfg.seed,
+        )?;
+        Ok(Some(TrainSummary {
+            steps: self.start + self.losses.len(),
+            first_loss: self.losses[0],
+            final_loss: *self.losses.last().expect("at least one step"),
+            val_loss: self.val_last,
+            tokens_per_s,
+            mfu,
+            seconds,
+            memory,
+            rank_peak_bytes: self
+                .rank_peaks
+                .chunks(6)
+                .map(|c| std::array::from_fn(|i| c[i]))
+                .collect(),
+            comm,
+            rank_comm_bytes,
+            rank_comm_seconds,
+            losses: self.losses,
+            history: self.history,
+            params,
+            sample,
+            out_dir: self.cfg.out_dir,
+            stopped: self.stopped,
+        }))
+    }
+}
