@@ -230,6 +230,18 @@ pub struct LocalComm {
     rank: usize,
     group: Arc<Group>,
     stats: Mutex<CommStats>,
+    /// The worker threads the world's ranks share (set by the launcher).
+    shared_threads: Option<usize>,
+}
+
+impl LocalComm {
+    /// This world rank, its ranks sharing `threads` worker threads.
+    pub fn sharing_threads(self, threads: usize) -> Self {
+        LocalComm {
+            shared_threads: Some(threads),
+            ..self
+        }
+    }
 }
 
 /// One communicator per rank of a new world of `n` threads.
@@ -241,6 +253,7 @@ pub fn world(n: usize, timeout: Duration) -> (Arc<World>, Vec<LocalComm>) {
             rank,
             group: g.clone(),
             stats: Mutex::default(),
+            shared_threads: None,
         })
         .collect();
     (w, comms)
@@ -383,6 +396,10 @@ impl Comm for LocalComm {
         self.group.members.len()
     }
 
+    fn shared_threads(&self) -> Option<usize> {
+        self.shared_threads
+    }
+
     fn all_reduce_buf(&self, buf: BufMut<'_>) -> Result<()> {
         typed!(BufMut, buf, b => self.all_reduce_typed(b))
     }
@@ -457,6 +474,7 @@ impl Comm for LocalComm {
             rank,
             group: sub,
             stats: Mutex::default(),
+            shared_threads: self.shared_threads,
         }))
     }
 

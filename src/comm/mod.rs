@@ -111,6 +111,12 @@ pub trait Comm: Send + Sync {
     fn split(&self, color: usize, key: usize) -> Result<Box<dyn Comm>>;
     /// What this rank has sent and waited so far, through this group.
     fn stats(&self) -> CommStats;
+    /// For ranks that are threads of one process: the worker threads they
+    /// share between them (so, the cores they run on). None for ranks with
+    /// a process, and so cores, of their own.
+    fn shared_threads(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// The typed collectives every caller uses; each tags its slice and calls

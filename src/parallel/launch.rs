@@ -29,7 +29,7 @@ pub fn run_local<R: Send>(
                         .build()
                         .map_err(|e| Error::Config(format!("rank {rank}: thread pool: {e}")))?;
                     let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        pool.install(|| f(Box::new(comm)))
+                        pool.install(|| f(Box::new(comm.sharing_threads(per_rank * n))))
                     }));
                     let out = out.unwrap_or_else(|p| {
                         let why = p

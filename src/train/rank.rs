@@ -79,7 +79,10 @@ struct Run<'a, B: Backend> {
     start: usize,
     steps: usize,
     data_fingerprint: &'a str,
+    /// The peak FLOP/s per rank (what run.json records) and of all ranks
+    /// together (what MFU divides by).
     peak_flops: f64,
+    total_peak: f64,
     peak_source: String,
     lead: bool,
     /// Rank 0 with messages on.
@@ -140,18 +143,9 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             total_steps: cfg.schedule_steps.unwrap_or(steps),
         };
         let spare = backend.clone_fresh();
+        let (peak_flops, total_peak, peak_source) = agree_on_peak(&spare, &cfg, world)?;
         let mut strategy =
             parallel::build(backend, model_cfg.clone(), par, world, cfg.adamw, b, t)?;
-        let (peak_flops, peak_source) = match cfg.peak_flops {
-            Some(p) => (p, "--peak-tflops".to_string()),
-            None => {
-                // Rank 0's number (from the cache, or measured and cached), for every rank.
-                let peak = lead.then(|| metrics::peak::of(&spare, false));
-                let mut p = [peak.as_ref().map_or(0.0, |p| p.flops)];
-                world.broadcast(&mut p, 0)?;
-                (p[0], peak.map(|p| p.source).unwrap_or_default())
-            }
-        };
         let data_fingerprint = ds.fingerprint();
         let start = restore(
             strategy.as_mut(),
@@ -182,6 +176,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             steps,
             data_fingerprint,
             peak_flops,
+            total_peak,
             peak_source,
             lead,
             logs: None,
@@ -250,7 +245,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             ds.val.len()
         ));
         self.note(&format!(
-            "{} params | {} x {} tokens x {} accum per step | {steps} steps ({:.2} epochs) | {} on {} rank(s), tp {} | {}, peak {:.0} GFLOP/s per rank ({})",
+            "{} params | {} x {} tokens x {} accum per step | {steps} steps ({:.2} epochs) | {} on {} rank(s), tp {} | {}, peak {:.0} GFLOP/s in all ({})",
             m.num_params(),
             cfg.batch_size,
             cfg.seq_len,
@@ -260,7 +255,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             self.par.world_size,
             self.par.resolved().tp,
             self.spare.name(),
-            self.peak_flops / 1e9,
+            self.total_peak / 1e9,
             self.peak_source
         ));
         if horizon < steps {
@@ -472,18 +467,12 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
         self.cfg.batch_size * self.cfg.seq_len * self.cfg.grad_accum
     }
 
-    /// MFU of `tokens_per_s` against the peak of every rank's device (one
-    /// device when the ranks share it).
+    /// MFU of `tokens_per_s` against the peak of all ranks together.
     fn mfu(&self, tokens_per_s: f64) -> f64 {
-        let total_peak = if self.spare.ranks_share_device() {
-            self.peak_flops
-        } else {
-            self.peak_flops * self.par.world_size as f64
-        };
         metrics::mfu(
             self.model_cfg.flops_per_token(self.cfg.seq_len),
             tokens_per_s,
-            total_peak,
+            self.total_peak,
         )
     }
 
@@ -544,4 +533,54 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             stopped: self.stopped,
         }))
     }
+}
+
+/// **Collective.** The peak FLOP/s per rank and of all ranks together, with
+/// where it came from. A stated `--peak-tflops` is per rank. Otherwise rank
+/// 0 takes it from the cache (or measures and caches it) before the other
+/// ranks start work, so no rank shares the cores with the probe: thread
+/// ranks of one process share its threads, so their peak is the peak of
+/// all of those threads; ranks of their own (processes) each have the
+/// peak of theirs; ranks sharing one device have that device's.
+fn agree_on_peak<B: Backend>(
+    be: &B,
+    cfg: &TrainConfig,
+    world: &dyn Comm,
+) -> Result<(f64, f64, String)> {
+    let ranks = world.size() as f64;
+    if let Some(p) = cfg.peak_flops {
+        let total = if be.ranks_share_device() {
+            p
+        } else {
+            p * ranks
+        };
+        return Ok((p, total, "--peak-tflops".into()));
+    }
+    let mut source = String::new();
+    let mut peaks = [0.0f64; 2];
+    if world.rank() == 0 {
+        let (per_rank, total, peak) = match world.shared_threads() {
+            Some(threads) if !be.ranks_share_device() => {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .map_err(|e| Error::Config(format!("a thread pool for the peak probe: {e}")))?;
+                let p = pool.install(|| metrics::peak::of(be, false));
+                (p.flops / ranks, p.flops, p)
+            }
+            _ => {
+                let p = metrics::peak::of(be, false);
+                let total = if be.ranks_share_device() {
+                    p.flops
+                } else {
+                    p.flops * ranks
+                };
+                (p.flops, total, p)
+            }
+        };
+        peaks = [per_rank, total];
+        source = peak.source;
+    }
+    world.broadcast(&mut peaks, 0)?;
+    Ok((peaks[0], peaks[1], source))
 }
