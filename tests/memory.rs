@@ -84,3 +84,59 @@ fn model_state_memory_matches_zero_formulas() {
         }
     }
 }
+
+/// Bytes rank 0 sends in one step of `strategy` on `n` thread ranks.
+fn bytes_sent(strategy: StrategyKind, n: usize) -> u64 {
+    let cfg = model();
+    let (b, t) = (4, 16);
+    let init = init_full(&cfg, 1);
+    let par = ParallelConfig {
+        strategy,
+        world_size: n,
+        tp: 1,
+        recompute: false,
+    };
+    let sent = launch::run_local(n, 2, Duration::from_secs(60), |world| {
+        let mut s = parallel::build(
+            Cpu::new(),
+            cfg.clone(),
+            par,
+            world.as_ref(),
+            AdamWConfig::default(),
+            b,
+            t,
+        )?;
+        s.load_full(&init).unwrap();
+        let before = s.comm_stats().total_bytes();
+        let ids: Vec<u32> = (0..b * t).map(|i| (i % 60) as u32).collect();
+        s.step(
+            &[Batch {
+                inputs: ids.clone(),
+                targets: ids,
+            }],
+            StepConfig {
+                lr: 1e-3,
+                grad_clip: 1.0,
+            },
+        )?;
+        Ok(s.comm_stats().total_bytes() - before)
+    })
+    .unwrap();
+    sent[0]
+}
+
+#[test]
+fn zero1_sends_what_ddp_sends_not_half_as_much_again() {
+    for n in [2usize, 4] {
+        let (ddp, zero1) = (
+            bytes_sent(StrategyKind::Ddp, n),
+            bytes_sent(StrategyKind::Zero1, n),
+        );
+        // ddp all-reduces the gradients (2Ψ); zero1 reduce-scatters them and
+        // all-gathers the parameters (Ψ + Ψ, plus padding and a scalar).
+        assert!(
+            zero1 as f64 <= 1.02 * ddp as f64,
+            "N={n}: zero1 sends {zero1} bytes a step, ddp {ddp}"
+        );
+    }
+}

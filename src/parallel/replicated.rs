@@ -2,10 +2,12 @@
 //! keeps whole parameters and gradients (its tensor-parallel part of them).
 //! Gradients are all-reduced per unit as soon as that unit's backward is
 //! done, on the last micro-step only. zero1 keeps AdamW moments for its
-//! shard alone, updates that shard and all-gathers the parameters.
+//! shard alone: it reduce-scatters each unit's gradient instead (its shard
+//! is all it updates), updates that shard and all-gathers the parameters —
+//! the ZeRO paper's 2Ψ per step, as ddp's all-reduce.
 
 use super::{check_finite, local_rows, OwnedState, StepConfig, StepStats, Strategy, Units};
-use crate::backend::{Backend, Category, MemoryReport};
+use crate::backend::{Backend, Buf, Category, MemoryReport, Src};
 use crate::comm::{device, Comm, CommStats};
 use crate::data::Batch;
 use crate::error::Result;
@@ -18,8 +20,8 @@ pub struct Replicated<B: Backend> {
     opt: AdamW<B>,
     dp: Box<dyn Comm>,
     tp: Option<Box<dyn Comm>>,
-    /// Present for zero1: the units whose shards this rank updates.
-    zero1: Option<Units>,
+    /// Present for zero1.
+    zero1: Option<Zero1<B>>,
     b: usize,
     t: usize,
 }
@@ -35,10 +37,16 @@ impl<B: Backend> Replicated<B> {
         t: usize,
     ) -> Result<Self> {
         let model = Gpt2::with_engine(engine)?;
-        let zero1 = zero1.then(|| Units::new(&model.layout, model.config.n_layer, dp.size()));
+        let zero1 = match zero1 {
+            true => Some(Zero1::new(
+                model.backend(),
+                Units::new(&model.layout, model.config.n_layer, dp.size()),
+            )?),
+            false => None,
+        };
         let opt_len = zero1
             .as_ref()
-            .map_or(model.layout.total(), Units::shard_total);
+            .map_or(model.layout.total(), |z| z.units.shard_total());
         let opt = AdamW::new(model.backend(), opt_len, adamw)?;
         Ok(Replicated {
             model,
@@ -55,22 +63,32 @@ impl<B: Backend> Replicated<B> {
         self.tp.as_deref()
     }
 
-    /// Forward + backward of one local micro-batch; all-reduces each unit's
-    /// gradient over the data-parallel group when `sync`.
+    /// Forward + backward of one local micro-batch; when `sync`, each
+    /// unit's gradient is all-reduced over the data-parallel group (zero1:
+    /// reduce-scattered into this rank's shard).
     fn forward_backward(&mut self, mb: &Batch, loss_scale: f32, sync: bool) -> Result<f32> {
-        let (n, tp) = (self.dp.size(), self.tp.as_deref());
-        let b_local = self.b / n;
-        let loss = self
-            .model
-            .forward_tp(&mb.inputs, Some(&mb.targets), b_local, self.t, tp)?
+        let Replicated {
+            model,
+            dp,
+            tp,
+            zero1,
+            b,
+            t,
+            ..
+        } = self;
+        let (n, tp) = (dp.size(), tp.as_deref());
+        let loss = model
+            .forward_tp(&mb.inputs, Some(&mb.targets), *b / n, *t, tp)?
             .expect("targets given");
-        let dp = &self.dp;
-        self.model.backward_tp(loss_scale, tp, |be, g| {
-            if sync && n > 1 {
-                device::all_reduce(dp.as_ref(), be, g)
-            } else {
-                Ok(())
+        // The backward finishes the units last to first.
+        let mut unit = zero1.as_ref().map_or(0, |z| z.units.ranges.len());
+        model.backward_tp(loss_scale, tp, |be, g| match zero1 {
+            Some(z) if sync => {
+                unit -= 1;
+                z.reduce(dp.as_ref(), be, unit, g.into_src())
             }
+            None if sync && n > 1 => device::all_reduce(dp.as_ref(), be, g),
+            _ => Ok(()),
         })?;
         Ok(loss)
     }
@@ -79,6 +97,12 @@ impl<B: Backend> Replicated<B> {
     /// replicated tensors counted once.
     fn grad_norm(&self) -> Result<f32> {
         let be = self.model.backend();
+        if let Some(z) = &self.zero1 {
+            // The reduced gradient lives in the shards (their padding is zero).
+            let mut sq = [be.sum_squares(z.g_shard.s())?];
+            self.dp.all_reduce(&mut sq)?;
+            return Ok(sq[0].sqrt() as f32);
+        }
         let (mut split, mut rep) = (0.0f64, 0.0f64);
         for t in &self.model.layout.tensors {
             let sq = be.sum_squares(self.model.grads.slice(t.range()))?;
@@ -103,7 +127,7 @@ impl<B: Backend> Replicated<B> {
             grads,
         } = &mut self.model;
         let (be, lay) = (&engine.backend, &engine.layout);
-        let Some(units) = &self.zero1 else {
+        let Some(Zero1 { units, g_shard, .. }) = &self.zero1 else {
             self.opt.update(
                 be,
                 params.d(),
@@ -118,9 +142,7 @@ impl<B: Backend> Replicated<B> {
         let r = self.dp.rank();
         let segs = units.segments(r);
         let mut p_shard = be.alloc(units.shard_total(), Category::Other)?;
-        let mut g_shard = be.alloc(units.shard_total(), Category::Other)?;
         units.shard_from(be, params.s(), r, p_shard.d());
-        units.shard_from(be, grads.s(), r, g_shard.d());
         self.opt
             .update(be, p_shard.d(), g_shard.s(), lay, &segs, lr, scale);
         let mut gathered = be.alloc(units.max_padded(), Category::Other)?;
@@ -139,6 +161,40 @@ impl<B: Backend> Replicated<B> {
             );
         }
         Ok(())
+    }
+}
+
+/// zero1's own state: the units whose shards this rank updates, its shard
+/// of the reduced gradient, and a unit's gradient padded for the
+/// reduce-scatter.
+struct Zero1<B: Backend> {
+    units: Units,
+    g_shard: Buf<B>,
+    padded: Buf<B>,
+}
+
+impl<B: Backend> Zero1<B> {
+    fn new(be: &B, units: Units) -> Result<Self> {
+        Ok(Zero1 {
+            g_shard: be.alloc(units.shard_total(), Category::Other)?,
+            padded: be.alloc(units.max_padded(), Category::Other)?,
+            units,
+        })
+    }
+
+    /// Reduce-scatters unit `u`'s gradient `g` (its whole range) over `dp`
+    /// into this rank's shard of it.
+    fn reduce(&mut self, dp: &dyn Comm, be: &B, u: usize, g: Src<'_, B>) -> Result<()> {
+        let (len, padded) = (g.len(), self.units.shard_len[u] * self.units.n);
+        debug_assert_eq!(len, self.units.ranges[u].len());
+        be.copy(self.padded.slice_mut(0..len), g);
+        be.fill(self.padded.slice_mut(len..padded), 0.0);
+        device::reduce_scatter(
+            dp,
+            be,
+            self.padded.slice(0..padded),
+            self.g_shard.slice_mut(self.units.shard_of(u)),
+        )
     }
 }
 
@@ -218,7 +274,7 @@ impl<B: Backend> Strategy for Replicated<B> {
             be.read(self.opt.m.s())?,
             be.read(self.opt.v.s())?,
         );
-        if let Some(units) = &self.zero1 {
+        if let Some(Zero1 { units, .. }) = &self.zero1 {
             for s in units.segments(self.dp.rank()) {
                 st.push(
                     s.global,
@@ -257,7 +313,7 @@ impl<B: Backend> Strategy for Replicated<B> {
         let be = self.model.backend();
         for (full, mine) in [(m, &mut self.opt.m), (v, &mut self.opt.v)] {
             let local = match &self.zero1 {
-                Some(units) => units.shard_of_host(full, r),
+                Some(z) => z.units.shard_of_host(full, r),
                 None => {
                     let mut local = vec![0.0; self.model.layout.total()];
                     shard_tp(full, &whole, &self.model.layout, self.model.tp, &mut local);

@@ -298,8 +298,9 @@ pub fn memory_plan(w: &Workload, par: ParallelConfig, precision: Precision) -> M
             mem.params = pb * psi;
             mem.grads = gb * psi;
             mem.optimizer = ob * units.shard;
-            // the update's shard copies of params and grads, and one gathered unit
-            mem.other = (pb + gb) * units.shard + pb * units.max_padded;
+            // the reduced gradient shard and a unit's padded gradient for its
+            // reduce-scatter; the update's params shard and one gathered unit
+            mem.other = (pb + gb) * (units.shard + units.max_padded);
         }
         StrategyKind::Zero2 => {
             mem.params = pb * psi;
@@ -370,8 +371,8 @@ pub fn predict(
             (ar(g_bytes, calls), 2.0 * dpf * g_bytes)
         }
         StrategyKind::Zero1 => (
-            ar(g_bytes, calls) + ga(p_bytes, calls),
-            dpf * (2.0 * g_bytes + p_bytes),
+            ga(g_bytes, calls) + ga(p_bytes, calls),
+            dpf * (g_bytes + p_bytes),
         ),
         StrategyKind::Zero2 => (
             acc * ga(g_bytes, calls) + ga(p_bytes, calls),
