@@ -1,8 +1,10 @@
 //! Per-rank model-state memory follows the ZeRO paper (fp32, AdamW, K = 8):
 //! ddp 16Ψ, zero1 8Ψ + 8Ψ/N, zero2 4Ψ + 12Ψ/N, fsdp 16Ψ/N + the gathered
-//! unit(s), measured as peak params + grads + optimizer bytes after a step.
+//! units (embeddings, a block, the final norm), measured as peak params +
+//! grads + optimizer bytes after a step; and what each strategy sends.
 
 use distgpt::backend::cpu::Cpu;
+use distgpt::comm::CommStats;
 use distgpt::data::Batch;
 use distgpt::model::gpt2::init_full;
 use distgpt::model::{AdamWConfig, GptConfig, ParamLayout};
@@ -65,7 +67,10 @@ fn model_state_memory_matches_zero_formulas() {
     for n in [2usize, 4] {
         let nf = n as f64;
         let units = Units::new(&ParamLayout::new(&cfg), cfg.n_layer, n);
-        let gathered = 4.0 * (units.max_padded() + units.shard_len[units.final_norm()] * n) as f64;
+        let gathered = 4.0
+            * (units.padded(units.embeddings())
+                + units.max_block_padded()
+                + units.padded(units.final_norm())) as f64;
         let cases = [
             (StrategyKind::Ddp, 16.0 * psi),
             (StrategyKind::Zero1, 8.0 * psi + 8.0 * psi / nf),
@@ -85,8 +90,8 @@ fn model_state_memory_matches_zero_formulas() {
     }
 }
 
-/// Bytes rank 0 sends in one step of `strategy` on `n` thread ranks.
-fn bytes_sent(strategy: StrategyKind, n: usize) -> u64 {
+/// Rank 0's communication in one step of `strategy` on `n` thread ranks.
+fn one_step_comm(strategy: StrategyKind, n: usize) -> CommStats {
     let cfg = model();
     let (b, t) = (4, 16);
     let init = init_full(&cfg, 1);
@@ -96,7 +101,7 @@ fn bytes_sent(strategy: StrategyKind, n: usize) -> u64 {
         tp: 1,
         recompute: false,
     };
-    let sent = launch::run_local(n, 2, Duration::from_secs(60), |world| {
+    let mut stats = launch::run_local(n, 2, Duration::from_secs(60), |world| {
         let mut s = parallel::build(
             Cpu::new(),
             cfg.clone(),
@@ -107,7 +112,7 @@ fn bytes_sent(strategy: StrategyKind, n: usize) -> u64 {
             t,
         )?;
         s.load_full(&init).unwrap();
-        let before = s.comm_stats().total_bytes();
+        assert_eq!(s.comm_stats().total_bytes(), 0, "loading sends nothing");
         let ids: Vec<u32> = (0..b * t).map(|i| (i % 60) as u32).collect();
         s.step(
             &[Batch {
@@ -119,10 +124,32 @@ fn bytes_sent(strategy: StrategyKind, n: usize) -> u64 {
                 grad_clip: 1.0,
             },
         )?;
-        Ok(s.comm_stats().total_bytes() - before)
+        Ok(s.comm_stats())
     })
     .unwrap();
-    sent[0]
+    stats.swap_remove(0)
+}
+
+fn bytes_sent(strategy: StrategyKind, n: usize) -> u64 {
+    one_step_comm(strategy, n).total_bytes()
+}
+
+#[test]
+fn fsdp_gathers_the_tied_embedding_once_per_forward() {
+    let cfg = model();
+    for n in [2usize, 4] {
+        let u = Units::new(&ParamLayout::new(&cfg), cfg.n_layer, n);
+        let blocks: usize = (0..cfg.n_layer).map(|l| u.padded(u.block(l))).sum();
+        // forward: embeddings, every block, the final norm; backward: every block again
+        let elems = u.padded(u.embeddings()) + 2 * blocks + u.padded(u.final_norm());
+        let ring = |bytes: usize| (bytes as u64) * (n as u64 - 1) / n as u64;
+        let got = one_step_comm(StrategyKind::Fsdp, n).all_gather_bytes;
+        assert_eq!(
+            got,
+            ring(4 * elems),
+            "N={n}: all-gathered bytes in one step"
+        );
+    }
 }
 
 #[test]

@@ -1,10 +1,12 @@
 //! zero2 and fsdp (ZeRO-3, FULL_SHARD). Rank r owns slice r of every unit
 //! ([wte | wpe], each block, [ln_f]) of the gradients and AdamW moments, and
-//! under fsdp of the parameters too: each unit is all-gathered right before
-//! its forward and again before its backward, and its gradient is
-//! reduce-scattered as soon as the unit's backward is done. Gathered
-//! parameters count as params (one unit, plus [ln_f] beside [wte | wpe] in
-//! the head); the one-unit gradient scratch counts as `other`.
+//! under fsdp of the parameters too: each block is all-gathered right
+//! before its forward and again before its backward, and its gradient is
+//! reduce-scattered as soon as the unit's backward is done. [wte | wpe] is
+//! gathered once per forward and kept until the head's backward (the tied
+//! `wte` serves the embedding and the LM head), as FSDP's root unit keeps
+//! them. Gathered parameters count as params ([wte | wpe], one block and
+//! [ln_f]); the one-unit gradient scratch counts as `other`.
 
 use super::{check_finite, local_rows, OwnedState, StepConfig, StepStats, Strategy, Units};
 use crate::backend::{Backend, Buf, Category, MemoryReport, Src};
@@ -27,15 +29,20 @@ pub struct Sharded<B: Backend> {
     t: usize,
 }
 
+/// fsdp's gather slots.
+const BLOCK: usize = 0;
+const LNF: usize = 1;
+const EMB: usize = 2;
+
 /// Where the parameters live.
 enum Params<B: Backend> {
     /// zero2: whole on every rank.
     Whole(Buf<B>),
-    /// fsdp: this rank's shard, and two gather buffers: [0] any unit, [1]
-    /// ln_f while [0] holds the embeddings.
+    /// fsdp: this rank's shard, and a gather buffer per kind of unit:
+    /// [BLOCK], [LNF], [EMB].
     Sharded {
         shard: Buf<B>,
-        gathered: [Buf<B>; 2],
+        gathered: [Buf<B>; 3],
     },
 }
 
@@ -65,8 +72,9 @@ impl<B: Backend> Sharded<B> {
             Params::Sharded {
                 shard: be.alloc(units.shard_total(), Category::Params)?,
                 gathered: [
-                    be.alloc(units.max_padded(), Category::Params)?,
+                    be.alloc(units.max_block_padded(), Category::Params)?,
                     be.alloc(lnf_padded, Category::Params)?,
+                    be.alloc(units.padded(units.embeddings()), Category::Params)?,
                 ],
             }
         } else {
@@ -138,22 +146,21 @@ impl<B: Backend> Sharded<B> {
             self.b / self.dp.size(),
             self.t,
         )?;
-        self.fetch(emb, 0)?;
+        self.fetch(emb, EMB)?;
         self.engine
-            .embed_forward(self.params.unit(&self.units, emb, 0));
+            .embed_forward(self.params.unit(&self.units, emb, EMB));
         for l in 0..self.engine.config.n_layer {
             let u = self.units.block(l);
-            self.fetch(u, 0)?;
+            self.fetch(u, BLOCK)?;
             self.engine
-                .block_forward(l, self.params.unit(&self.units, u, 0), None)?;
+                .block_forward(l, self.params.unit(&self.units, u, BLOCK), None)?;
         }
-        self.fetch(emb, 0)?;
-        self.fetch(lnf, 1)?;
+        self.fetch(lnf, LNF)?;
         let wte_len = self.engine.layout.wte().len();
-        let wte = self.params.unit(&self.units, emb, 0).first(wte_len);
+        let wte = self.params.unit(&self.units, emb, EMB).first(wte_len);
         let loss = self
             .engine
-            .head_forward(wte, self.params.unit(&self.units, lnf, 1))?;
+            .head_forward(wte, self.params.unit(&self.units, lnf, LNF))?;
         Ok(loss.expect("targets given"))
     }
 
@@ -164,8 +171,8 @@ impl<B: Backend> Sharded<B> {
         self.clear_grad(emb, 0);
         self.clear_grad(lnf, 1);
         {
-            let wte = self.params.unit(&self.units, emb, 0).first(wte_len);
-            let lnf_p = self.params.unit(&self.units, lnf, 1);
+            let wte = self.params.unit(&self.units, emb, EMB).first(wte_len);
+            let lnf_p = self.params.unit(&self.units, lnf, LNF);
             let [g0, g1] = &mut self.grad_unit;
             let lnf_len = self.units.ranges[lnf].len();
             self.engine.head_backward(
@@ -180,10 +187,10 @@ impl<B: Backend> Sharded<B> {
         self.reduce(lnf, 1)?;
         for l in (0..self.engine.config.n_layer).rev() {
             let u = self.units.block(l);
-            self.fetch(u, 0)?;
+            self.fetch(u, BLOCK)?;
             self.clear_grad(u, 0);
             let len = self.units.ranges[u].len();
-            let p = self.params.unit(&self.units, u, 0);
+            let p = self.params.unit(&self.units, u, BLOCK);
             self.engine
                 .block_backward(l, p, self.grad_unit[0].slice_mut(0..len), None)?;
             self.reduce(u, 0)?;

@@ -61,6 +61,19 @@ impl Units {
         self.shard_len.iter().map(|s| s * self.n).max().unwrap_or(0)
     }
 
+    /// Unit u padded to a multiple of the group size.
+    pub fn padded(&self, u: usize) -> usize {
+        self.shard_len[u] * self.n
+    }
+
+    /// Largest padded block.
+    pub fn max_block_padded(&self) -> usize {
+        (1..self.final_norm())
+            .map(|u| self.padded(u))
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Unit u's slice of rank r's shard buffer.
     pub fn shard_of(&self, u: usize) -> Range<usize> {
         self.shard_at[u]..self.shard_at[u] + self.shard_len[u]

@@ -229,6 +229,9 @@ pub struct Prediction {
 struct UnitSizes {
     /// Elements of the largest unit, padded to a multiple of the dp size.
     max_padded: f64,
+    /// Elements of the embeddings unit and of the largest block, padded.
+    emb_padded: f64,
+    max_block_padded: f64,
     /// Elements of the final-norm unit, padded.
     lnf_padded: f64,
     /// Elements of this rank's shard of every unit.
@@ -244,8 +247,11 @@ impl UnitSizes {
         lens.extend((0..n_layer).map(|l| layout.block(l).len()));
         lens.push(layout.final_norm().len());
         let shards: Vec<usize> = lens.iter().map(|l| l.div_ceil(n)).collect();
+        let blocks = &shards[1..shards.len() - 1];
         UnitSizes {
             max_padded: (shards.iter().max().copied().unwrap_or(0) * n) as f64,
+            emb_padded: (shards[0] * n) as f64,
+            max_block_padded: (blocks.iter().max().copied().unwrap_or(0) * n) as f64,
             lnf_padded: (shards[shards.len() - 1] * n) as f64,
             shard: shards.iter().sum::<usize>() as f64,
             max_shard: shards.iter().max().copied().unwrap_or(0) as f64,
@@ -312,8 +318,8 @@ pub fn memory_plan(w: &Workload, par: ParallelConfig, precision: Precision) -> M
                 + pb * (units.shard + units.max_padded);
         }
         StrategyKind::Fsdp => {
-            // the shard plus two gathered units (a block and the final norm)
-            mem.gathered = pb * (units.max_padded + units.lnf_padded);
+            // the shard plus the gathered embeddings, a block and the final norm
+            mem.gathered = pb * (units.emb_padded + units.max_block_padded + units.lnf_padded);
             mem.params = pb * units.shard + mem.gathered;
             mem.grads = gb * units.shard;
             mem.optimizer = ob * units.shard;
