@@ -112,6 +112,40 @@ fn bf16_decoding_stays_within_bf16_rounding_of_fp32() {
     );
 }
 
+#[test]
+fn int8_decoding_stays_within_quantization_error_of_fp32() {
+    let mut cfg = GptConfig::preset("tiny").unwrap();
+    cfg.vocab_size = 60;
+    let mut model = Gpt2::new(Cpu::new(), cfg.clone()).unwrap();
+    model.init_weights(7).unwrap();
+    let seq: Vec<u32> = (0..24).map(|i| (i * 7 % 60) as u32).collect();
+    let full = decoded_logits(&model, &seq, WeightFormat::F32);
+    let int8 = decoded_logits(&model, &seq, WeightFormat::Int8);
+    let (mut worst, mut spread, mut err2, mut sum2) = (0.0f32, 0.0f32, 0.0f64, 0.0f64);
+    for (f, q) in full.iter().zip(&int8) {
+        for (&f, &q) in f.iter().zip(q) {
+            worst = worst.max((q - f).abs());
+            spread = spread.max(f.abs());
+            err2 += ((q - f) as f64).powi(2);
+            sum2 += (f as f64).powi(2);
+        }
+    }
+    assert!(
+        worst > 0.0,
+        "int8 weights changed nothing: the path is not in use"
+    );
+    let rel = (err2 / sum2).sqrt();
+    assert!(
+        rel < 0.05,
+        "int8 logits are {:.1}% off fp32's (RMS)",
+        100.0 * rel
+    );
+    assert!(
+        worst < 0.1 * spread,
+        "int8 decoding is off by {worst} (logits up to {spread})"
+    );
+}
+
 /// Tensor-parallel generation across Open MPI processes prints what one
 /// process prints (same seed; rank 0 samples and broadcasts).
 #[cfg(feature = "mpi")]

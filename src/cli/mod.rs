@@ -193,6 +193,10 @@ enum DecodeWeightsArg {
     /// Rounded to bfloat16 once: half the bytes per token, logits within
     /// bf16 rounding of fp32 (arithmetic stays fp32).
     Bf16,
+    /// int8 per output column with fp32 scales, the activations quantized
+    /// per token: a quarter of the bytes, int8 x int8 products (VNNI, AVX2
+    /// or portable, as the CPU has them; CPU only).
+    Int8,
 }
 
 impl DecodeWeightsArg {
@@ -200,6 +204,7 @@ impl DecodeWeightsArg {
         match self {
             DecodeWeightsArg::F32 => distgpt::backend::WeightFormat::F32,
             DecodeWeightsArg::Bf16 => distgpt::backend::WeightFormat::Bf16,
+            DecodeWeightsArg::Int8 => distgpt::backend::WeightFormat::Int8,
         }
     }
 }

@@ -5,6 +5,7 @@
 //! tile of up to [`ROWS`] input rows x [`PANEL`] columns consumes it in one
 //! pass, which spreads the memory traffic evenly over the arithmetic.
 
+use super::int8::{matmul_int8, Int8Weight};
 use super::matmul::WeightLayout;
 use crate::backend::memory::{Category, HostBuf, MemoryStats};
 use rayon::prelude::*;
@@ -19,6 +20,9 @@ pub enum WeightFormat {
     /// bfloat16 (fp32 rounded to 8 mantissa bits): half the bytes to
     /// stream per token; the arithmetic stays fp32.
     Bf16,
+    /// int8 per output column (symmetric, fp32 scales), the input quantized
+    /// per row as it comes; int8 x int8 products summed in i32 (CPU only).
+    Int8,
 }
 
 impl WeightFormat {
@@ -26,6 +30,7 @@ impl WeightFormat {
         match self {
             WeightFormat::F32 => "f32",
             WeightFormat::Bf16 => "bf16",
+            WeightFormat::Int8 => "int8",
         }
     }
 }
@@ -130,6 +135,7 @@ pub fn round_to_bf16(x: f32) -> f32 {
 pub enum PackedWeight {
     F32(HostBuf<f32>),
     Bf16(HostBuf<Bf16>),
+    Int8(Int8Weight),
 }
 
 impl PackedWeight {
@@ -156,6 +162,7 @@ impl PackedWeight {
         match format {
             WeightFormat::F32 => PackedWeight::F32(packed(w, layout, k, n, stats)),
             WeightFormat::Bf16 => PackedWeight::Bf16(packed(w, layout, k, n, stats)),
+            WeightFormat::Int8 => PackedWeight::Int8(Int8Weight::new(w, layout, k, n, stats)),
         }
     }
 }
@@ -224,6 +231,7 @@ pub fn matmul_decode(
     match w {
         PackedWeight::F32(p) => packed_product(out, inp, p, bias, rows, k, n, accumulate),
         PackedWeight::Bf16(p) => packed_product(out, inp, p, bias, rows, k, n, accumulate),
+        PackedWeight::Int8(w) => matmul_int8(out, inp, w, bias, rows, k, n, accumulate),
     }
 }
 

@@ -8,6 +8,7 @@ pub(crate) mod crossentropy;
 mod decode;
 pub(crate) mod elementwise;
 pub(crate) mod encoder;
+pub mod int8;
 pub(crate) mod layernorm;
 pub mod math;
 pub(crate) mod matmul;

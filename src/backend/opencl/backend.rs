@@ -296,6 +296,12 @@ impl Backend for OpenCl {
                     .collect();
                 self.upload(packed.d(), &rounded)?;
             }
+            WeightFormat::Int8 => {
+                return Err(Error::Input(
+                    "int8 weights run on the CPU only (--device cpu); on OpenCL use --weights f32 or bf16"
+                        .into(),
+                ))
+            }
         }
         Ok(PackedCl { w: packed, layout })
     }

@@ -1,0 +1,598 @@
+//! int8 matrix products for decoding: W quantized once per output column
+//! (symmetric, scale = max |w| / 127, fp32 scales), the input quantized per
+//! row as it comes (the same rule); int8 x int8 products summed in i32, then
+//! scaled back to f32. Four kernels compute the same integers, chosen at run
+//! time by what the CPU has: AVX-512 VNNI, AVX-VNNI, AVX2, or plain Rust.
+
+use crate::backend::memory::{Category, HostBuf, MemoryStats};
+use crate::backend::WeightLayout;
+use rayon::prelude::*;
+use std::sync::Arc;
+
+/// Output columns per packed panel (one 512-bit vector of i32 sums).
+pub const COLS: usize = 16;
+/// Input values per i32 lane step (what one VNNI instruction sums).
+const GROUP: usize = 4;
+/// Rows of the input sharing one pass over a panel.
+const ROWS: usize = 4;
+
+/// A kernel: which instructions sum the int8 products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    Avx512Vnni,
+    AvxVnni,
+    Avx2,
+    Portable,
+}
+
+/// The instruction-set extensions a kernel choice depends on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Features {
+    pub avx512_vnni: bool,
+    pub avx_vnni: bool,
+    pub avx2: bool,
+}
+
+impl Features {
+    /// What this CPU has.
+    pub fn detect() -> Features {
+        #[cfg(target_arch = "x86_64")]
+        {
+            Features {
+                avx512_vnni: is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vnni"),
+                avx_vnni: is_x86_feature_detected!("avx2") && is_x86_feature_detected!("avxvnni"),
+                avx2: is_x86_feature_detected!("avx2"),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Features::default()
+    }
+}
+
+impl Kernel {
+    /// The fastest kernel `f` can run.
+    pub fn best(f: Features) -> Kernel {
+        if f.avx512_vnni {
+            Kernel::Avx512Vnni
+        } else if f.avx_vnni {
+            Kernel::AvxVnni
+        } else if f.avx2 {
+            Kernel::Avx2
+        } else {
+            Kernel::Portable
+        }
+    }
+
+    /// Every kernel `f` can run, fastest first.
+    pub fn available(f: Features) -> Vec<Kernel> {
+        let mut out = Vec::new();
+        if f.avx512_vnni {
+            out.push(Kernel::Avx512Vnni);
+        }
+        if f.avx_vnni {
+            out.push(Kernel::AvxVnni);
+        }
+        if f.avx2 {
+            out.push(Kernel::Avx2);
+        }
+        out.push(Kernel::Portable);
+        out
+    }
+
+    /// The kernel for this CPU (detected once).
+    pub fn here() -> Kernel {
+        static HERE: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
+        *HERE.get_or_init(|| Kernel::best(Features::detect()))
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Avx512Vnni => "AVX-512 VNNI",
+            Kernel::AvxVnni => "AVX-VNNI",
+            Kernel::Avx2 => "AVX2",
+            Kernel::Portable => "portable",
+        }
+    }
+}
+
+/// The symmetric int8 code of `x` at `scale`, in [-127, 127].
+fn quantize(x: f32, inv_scale: f32) -> i8 {
+    (x * inv_scale).round().clamp(-127.0, 127.0) as i8
+}
+
+/// The scale of values whose largest magnitude is `max_abs` (1 for all zeros).
+fn scale_of(max_abs: f32) -> f32 {
+    if max_abs > 0.0 && max_abs.is_finite() {
+        max_abs / 127.0
+    } else {
+        1.0
+    }
+}
+
+/// W (k x n) in int8, packed for the kernels: panel p, group g holds
+/// columns 16p..16p+16 of rows 4g..4g+4 as 16 x 4 bytes (column-major
+/// within the group), zero past k and n.
+pub struct Int8Weight {
+    k: usize,
+    n: usize,
+    data: HostBuf<i8>,
+    /// Per column: w ≈ code * scale (zero past n).
+    scales: Vec<f32>,
+    /// Per column: the sum of its codes (the VNNI kernels' offset correction).
+    sums: Vec<i32>,
+}
+
+impl Int8Weight {
+    /// Quantizes W (k x n, in `layout`), counted as parameters in `stats`.
+    pub fn new(
+        w: &[f32],
+        layout: WeightLayout,
+        k: usize,
+        n: usize,
+        stats: &Arc<MemoryStats>,
+    ) -> Int8Weight {
+        assert!(w.len() >= k * n);
+        let at = |i: usize, j: usize| match layout {
+            WeightLayout::InOut => w[i * n + j],
+            WeightLayout::OutIn => w[j * k + i],
+        };
+        let (panels, groups) = (n.div_ceil(COLS), k.div_ceil(GROUP));
+        let mut scales = vec![1.0f32; panels * COLS];
+        scales[..n].par_iter_mut().enumerate().for_each(|(j, s)| {
+            *s = scale_of((0..k).map(|i| at(i, j).abs()).fold(0.0, f32::max));
+        });
+        let mut data = HostBuf::zeros(
+            panels * groups * COLS * GROUP,
+            Category::Params,
+            stats.clone(),
+        );
+        data.par_chunks_mut(groups * COLS * GROUP)
+            .enumerate()
+            .for_each(|(p, panel)| {
+                for c in 0..COLS.min(n - p * COLS) {
+                    let j = p * COLS + c;
+                    let inv = 1.0 / scales[j];
+                    for i in 0..k {
+                        panel[(i / GROUP) * COLS * GROUP + c * GROUP + i % GROUP] =
+                            quantize(at(i, j), inv);
+                    }
+                }
+            });
+        let mut sums = vec![0i32; panels * COLS];
+        for p in 0..panels {
+            for g in 0..groups {
+                let block = &data[(p * groups + g) * COLS * GROUP..][..COLS * GROUP];
+                for c in 0..COLS {
+                    sums[p * COLS + c] += block[c * GROUP..(c + 1) * GROUP]
+                        .iter()
+                        .map(|&v| v as i32)
+                        .sum::<i32>();
+                }
+            }
+        }
+        Int8Weight {
+            k,
+            n,
+            data,
+            scales,
+            sums,
+        }
+    }
+
+    /// What W holds after quantization (its codes times their scales), k x n.
+    pub fn dequantized(&self) -> Vec<f32> {
+        let groups = self.k.div_ceil(GROUP);
+        let mut out = vec![0.0; self.k * self.n];
+        for i in 0..self.k {
+            for j in 0..self.n {
+                let (p, c) = (j / COLS, j % COLS);
+                let code =
+                    self.data[(p * groups + i / GROUP) * COLS * GROUP + c * GROUP + i % GROUP];
+                out[i * self.n + j] = code as f32 * self.scales[j];
+            }
+        }
+        out
+    }
+}
+
+/// Rows of int8 input, each padded with zeros to a multiple of 4 values.
+pub struct Int8Rows {
+    codes: Vec<i8>,
+    scales: Vec<f32>,
+    stride: usize,
+}
+
+impl Int8Rows {
+    /// Quantizes `rows` rows of `k` values each, one scale per row.
+    pub fn new(x: &[f32], rows: usize, k: usize) -> Int8Rows {
+        assert!(x.len() >= rows * k);
+        let stride = k.div_ceil(GROUP) * GROUP;
+        let mut codes = vec![0i8; rows * stride];
+        let mut scales = vec![1.0f32; rows];
+        for r in 0..rows {
+            let row = &x[r * k..(r + 1) * k];
+            scales[r] = scale_of(row.iter().fold(0.0f32, |m, v| m.max(v.abs())));
+            let inv = 1.0 / scales[r];
+            for (c, &v) in codes[r * stride..].iter_mut().zip(row) {
+                *c = quantize(v, inv);
+            }
+        }
+        Int8Rows {
+            codes,
+            scales,
+            stride,
+        }
+    }
+}
+
+/// sums (rows x panels*16) = the exact i32 products of every row's codes
+/// with every panel's columns, by `kernel` (which this CPU must have).
+pub fn products(kernel: Kernel, x: &Int8Rows, w: &Int8Weight, rows: usize) -> Vec<i32> {
+    let (panels, groups) = (w.n.div_ceil(COLS), w.k.div_ceil(GROUP));
+    assert_eq!(x.stride, groups * GROUP);
+    assert!(x.codes.len() >= rows * x.stride);
+    let width = panels * COLS;
+    let mut sums = vec![0i32; rows * width];
+    // Each task owns whole panels of every row: a panel's sums are
+    // gathered in a local tile and written out after.
+    let tiles: Vec<(usize, Vec<i32>)> = (0..panels)
+        .into_par_iter()
+        .map(|p| {
+            let panel = &w.data[p * groups * COLS * GROUP..(p + 1) * groups * COLS * GROUP];
+            let mut tile = vec![0i32; rows * COLS];
+            for r0 in (0..rows).step_by(ROWS) {
+                let nr = ROWS.min(rows - r0);
+                let x_rows = &x.codes[r0 * x.stride..(r0 + nr) * x.stride];
+                let out = &mut tile[r0 * COLS..(r0 + nr) * COLS];
+                panel_product(kernel, out, x_rows, x.stride, panel, nr);
+                // The VNNI kernels sum (x + 128) * w: take 128 * sum(w) back off.
+                if matches!(kernel, Kernel::Avx512Vnni | Kernel::AvxVnni) {
+                    for row in out.chunks_exact_mut(COLS) {
+                        for (s, &ws) in row.iter_mut().zip(&w.sums[p * COLS..(p + 1) * COLS]) {
+                            *s -= 128 * ws;
+                        }
+                    }
+                }
+            }
+            (p, tile)
+        })
+        .collect();
+    for (p, tile) in tiles {
+        for r in 0..rows {
+            sums[r * width + p * COLS..r * width + (p + 1) * COLS]
+                .copy_from_slice(&tile[r * COLS..(r + 1) * COLS]);
+        }
+    }
+    sums
+}
+
+/// out (nr x 16) = x (nr rows of `stride` codes) . one panel, by `kernel`.
+fn panel_product(
+    kernel: Kernel,
+    out: &mut [i32],
+    x: &[i8],
+    stride: usize,
+    panel: &[i8],
+    nr: usize,
+) {
+    assert!(out.len() >= nr * COLS && x.len() >= nr * stride);
+    assert_eq!(panel.len(), stride * COLS);
+    match kernel {
+        Kernel::Portable => portable(out, x, stride, panel, nr),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: bounds checked above; `Kernel::best`/`available` offer a
+        // kernel only when the CPU has its instructions.
+        Kernel::Avx2 => unsafe { x86::avx2(out, x, stride, panel, nr) },
+        #[cfg(target_arch = "x86_64")]
+        Kernel::AvxVnni => unsafe { x86::avx_vnni(out, x, stride, panel, nr) },
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512Vnni => unsafe { x86::avx512_vnni(out, x, stride, panel, nr) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("only the portable kernel exists off x86-64"),
+    }
+}
+
+/// The same sums in plain Rust.
+fn portable(out: &mut [i32], x: &[i8], stride: usize, panel: &[i8], nr: usize) {
+    for r in 0..nr {
+        let row = &x[r * stride..(r + 1) * stride];
+        for (g, block) in panel.chunks_exact(COLS * GROUP).enumerate() {
+            let xs = &row[g * GROUP..(g + 1) * GROUP];
+            for c in 0..COLS {
+                out[r * COLS + c] += block[c * GROUP..(c + 1) * GROUP]
+                    .iter()
+                    .zip(xs)
+                    .map(|(&w, &v)| w as i32 * v as i32)
+                    .sum::<i32>();
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{COLS, GROUP, ROWS};
+    use std::arch::x86_64::*;
+
+    /// Four input codes of row `r`, group `g`, as one i32.
+    #[inline(always)]
+    unsafe fn four(x: *const i8, stride: usize, r: usize, g: usize) -> i32 {
+        (x.add(r * stride + g * GROUP) as *const i32).read_unaligned()
+    }
+
+    /// The codes + 128 (as unsigned bytes), for u8 x i8 instructions.
+    #[inline(always)]
+    fn offset(v: i32) -> i32 {
+        (v as u32 ^ 0x8080_8080) as i32
+    }
+
+    /// # Safety
+    /// The CPU must have AVX-512 F, BW and VNNI; `out` holds nr x 16 sums,
+    /// `x` nr rows of `stride` codes, `panel` stride x 16 codes.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn avx512_vnni(out: &mut [i32], x: &[i8], stride: usize, panel: &[i8], nr: usize) {
+        let (xp, wp) = (x.as_ptr(), panel.as_ptr());
+        let mut acc = [_mm512_setzero_si512(); ROWS];
+        for g in 0..stride / GROUP {
+            let w = _mm512_loadu_si512(wp.add(g * COLS * GROUP) as *const _);
+            for (r, a) in acc.iter_mut().enumerate().take(nr) {
+                let v = _mm512_set1_epi32(offset(four(xp, stride, r, g)));
+                *a = _mm512_dpbusd_epi32(*a, v, w);
+            }
+        }
+        for (r, a) in acc.iter().enumerate().take(nr) {
+            let o = out.as_mut_ptr().add(r * COLS);
+            _mm512_storeu_si512(
+                o as *mut _,
+                _mm512_add_epi32(*a, _mm512_loadu_si512(o as *const _)),
+            );
+        }
+    }
+
+    /// # Safety
+    /// The CPU must have AVX2 and AVX-VNNI; bounds as [`avx512_vnni`].
+    #[target_feature(enable = "avx2,avxvnni")]
+    pub unsafe fn avx_vnni(out: &mut [i32], x: &[i8], stride: usize, panel: &[i8], nr: usize) {
+        let (xp, wp) = (x.as_ptr(), panel.as_ptr());
+        let mut lo = [_mm256_setzero_si256(); ROWS];
+        let mut hi = [_mm256_setzero_si256(); ROWS];
+        for g in 0..stride / GROUP {
+            let b = wp.add(g * COLS * GROUP);
+            let (wl, wh) = (
+                _mm256_loadu_si256(b as *const _),
+                _mm256_loadu_si256(b.add(32) as *const _),
+            );
+            for r in 0..nr {
+                let v = _mm256_set1_epi32(offset(four(xp, stride, r, g)));
+                lo[r] = _mm256_dpbusd_avx_epi32(lo[r], v, wl);
+                hi[r] = _mm256_dpbusd_avx_epi32(hi[r], v, wh);
+            }
+        }
+        store(out, &lo, &hi, nr);
+    }
+
+    /// Without VNNI: |x| (u8) times w with x's sign (i8) in pairs to i16
+    /// (at most 2 x 127 x 127, so never saturating), pairs to i32.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; bounds as [`avx512_vnni`].
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn avx2(out: &mut [i32], x: &[i8], stride: usize, panel: &[i8], nr: usize) {
+        let (xp, wp) = (x.as_ptr(), panel.as_ptr());
+        let ones = _mm256_set1_epi16(1);
+        let mut lo = [_mm256_setzero_si256(); ROWS];
+        let mut hi = [_mm256_setzero_si256(); ROWS];
+        for g in 0..stride / GROUP {
+            let b = wp.add(g * COLS * GROUP);
+            let (wl, wh) = (
+                _mm256_loadu_si256(b as *const _),
+                _mm256_loadu_si256(b.add(32) as *const _),
+            );
+            for r in 0..nr {
+                let v = _mm256_set1_epi32(four(xp, stride, r, g));
+                let mag = _mm256_sign_epi8(v, v);
+                let dot = |w: __m256i| {
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(mag, _mm256_sign_epi8(w, v)), ones)
+                };
+                lo[r] = _mm256_add_epi32(lo[r], dot(wl));
+                hi[r] = _mm256_add_epi32(hi[r], dot(wh));
+            }
+        }
+        store(out, &lo, &hi, nr);
+    }
+
+    /// out[r] += [lo[r] | hi[r]] for the first nr rows.
+    #[inline(always)]
+    unsafe fn store(out: &mut [i32], lo: &[__m256i; ROWS], hi: &[__m256i; ROWS], nr: usize) {
+        for r in 0..nr {
+            let o = out.as_mut_ptr().add(r * COLS);
+            _mm256_storeu_si256(
+                o as *mut _,
+                _mm256_add_epi32(lo[r], _mm256_loadu_si256(o as *const _)),
+            );
+            let o = o.add(8);
+            _mm256_storeu_si256(
+                o as *mut _,
+                _mm256_add_epi32(hi[r], _mm256_loadu_si256(o as *const _)),
+            );
+        }
+    }
+}
+
+/// out (rows, n) = [out +] x (rows, k) @ W + bias, in int8 with this CPU's kernel.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_int8(
+    out: &mut [f32],
+    x: &[f32],
+    w: &Int8Weight,
+    bias: Option<&[f32]>,
+    rows: usize,
+    k: usize,
+    n: usize,
+    accumulate: bool,
+) {
+    assert_eq!((k, n), (w.k, w.n), "the packed weight's shape");
+    assert!(out.len() >= rows * n && bias.is_none_or(|b| b.len() >= n));
+    let q = Int8Rows::new(x, rows, k);
+    let sums = products(Kernel::here(), &q, w, rows);
+    let width = n.div_ceil(COLS) * COLS;
+    for r in 0..rows {
+        let (o, s) = (
+            &mut out[r * n..(r + 1) * n],
+            &sums[r * width..r * width + n],
+        );
+        for j in 0..n {
+            let v = s[j] as f32 * q.scales[r] * w.scales[j] + bias.map_or(0.0, |b| b[j]);
+            o[j] = if accumulate { o[j] + v } else { v };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::Rng;
+
+    fn random(n: usize, seed: u64) -> Vec<f32> {
+        let mut rng = Rng::new(seed);
+        (0..n).map(|_| rng.normal() as f32).collect()
+    }
+
+    /// The products by definition: every code widened to i64.
+    fn reference(x: &Int8Rows, w: &Int8Weight, rows: usize) -> Vec<i64> {
+        let deq = |i: usize, j: usize| {
+            let (p, c, groups) = (j / COLS, j % COLS, w.k.div_ceil(GROUP));
+            w.data[(p * groups + i / GROUP) * COLS * GROUP + c * GROUP + i % GROUP] as i64
+        };
+        let mut out = vec![0i64; rows * w.n];
+        for r in 0..rows {
+            for j in 0..w.n {
+                out[r * w.n + j] = (0..w.k)
+                    .map(|i| x.codes[r * x.stride + i] as i64 * deq(i, j))
+                    .sum();
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn every_kernel_this_cpu_has_gives_the_exact_integer_products() {
+        let stats = Arc::new(MemoryStats::default());
+        let kernels = Kernel::available(Features::detect());
+        eprintln!("int8 kernels here: {kernels:?}");
+        // Sizes that are not multiples of the group (4), the panel (16) or the row tile (4).
+        for (rows, k, n) in [
+            (1, 1, 1),
+            (3, 5, 17),
+            (7, 131, 50),
+            (4, 64, 16),
+            (9, 768, 33),
+        ] {
+            let w = random(k * n, 1 + k as u64);
+            let x = random(rows * k, 2 + n as u64);
+            for layout in [WeightLayout::InOut, WeightLayout::OutIn] {
+                let packed = Int8Weight::new(&w, layout, k, n, &stats);
+                let q = Int8Rows::new(&x, rows, k);
+                let want = reference(&q, &packed, rows);
+                let width = n.div_ceil(COLS) * COLS;
+                for &kernel in &kernels {
+                    let got = products(kernel, &q, &packed, rows);
+                    for r in 0..rows {
+                        for j in 0..n {
+                            assert_eq!(
+                                got[r * width + j] as i64,
+                                want[r * n + j],
+                                "{kernel:?} rows {rows} k {k} n {n} at ({r}, {j})"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn extreme_codes_do_not_saturate() {
+        // Every code at +-127: the AVX2 pairs reach 2 x 127 x 127.
+        let stats = Arc::new(MemoryStats::default());
+        let (rows, k, n) = (2, 64, 16);
+        let w: Vec<f32> = (0..k * n)
+            .map(|i| if i % 3 == 0 { -1.0 } else { 1.0 })
+            .collect();
+        let x: Vec<f32> = (0..rows * k)
+            .map(|i| if i % 2 == 0 { -1.0 } else { 1.0 })
+            .collect();
+        let packed = Int8Weight::new(&w, WeightLayout::InOut, k, n, &stats);
+        let q = Int8Rows::new(&x, rows, k);
+        let want = reference(&q, &packed, rows);
+        for kernel in Kernel::available(Features::detect()) {
+            let got = products(kernel, &q, &packed, rows);
+            for r in 0..rows {
+                for j in 0..n {
+                    assert_eq!(got[r * COLS + j] as i64, want[r * n + j], "{kernel:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_dispatcher_takes_the_fastest_kernel_the_cpu_has() {
+        let f = |avx512_vnni, avx_vnni, avx2| Features {
+            avx512_vnni,
+            avx_vnni,
+            avx2,
+        };
+        assert_eq!(Kernel::best(f(true, true, true)), Kernel::Avx512Vnni);
+        assert_eq!(Kernel::best(f(false, true, true)), Kernel::AvxVnni);
+        assert_eq!(Kernel::best(f(false, false, true)), Kernel::Avx2);
+        assert_eq!(Kernel::best(f(false, false, false)), Kernel::Portable);
+        assert_eq!(
+            Kernel::available(f(true, false, true)),
+            [Kernel::Avx512Vnni, Kernel::Avx2, Kernel::Portable]
+        );
+        assert_eq!(Kernel::here(), Kernel::best(Features::detect()));
+    }
+
+    #[test]
+    fn the_int8_product_is_within_quantization_error_of_fp32() {
+        let stats = Arc::new(MemoryStats::default());
+        let (rows, k, n) = (3, 256, 40);
+        let w = random(k * n, 7);
+        let x = random(rows * k, 8);
+        let bias = random(n, 9);
+        let packed = Int8Weight::new(&w, WeightLayout::InOut, k, n, &stats);
+        let mut out = vec![0.5f32; rows * n];
+        matmul_int8(&mut out, &x, &packed, Some(&bias), rows, k, n, true);
+        let (mut err2, mut out2, mut worst) = (0.0f64, 0.0f64, 0.0f64);
+        for r in 0..rows {
+            for j in 0..n {
+                let exact: f32 =
+                    (0..k).map(|i| x[r * k + i] * w[i * n + j]).sum::<f32>() + bias[j] + 0.5;
+                let e = (out[r * n + j] - exact).abs() as f64;
+                err2 += e * e;
+                out2 += (exact as f64).powi(2);
+                worst = worst.max(e);
+            }
+        }
+        // Both factors are rounded to 1/254 of their row's or column's
+        // largest magnitude: about 1% of the output's RMS, never far more.
+        let rms = (out2 / (rows * n) as f64).sqrt();
+        let rel = (err2 / out2).sqrt();
+        assert!(rel < 0.02, "RMS error {:.2}% of the output's", 100.0 * rel);
+        assert!(worst < 0.06 * rms, "worst error {worst} against RMS {rms}");
+        let deq = packed.dequantized();
+        let worst = w
+            .iter()
+            .zip(&deq)
+            .enumerate()
+            .map(|(i, (a, b))| (a - b).abs() / packed.scales[i % n])
+            .fold(0.0f32, f32::max);
+        assert!(worst <= 0.5 + 1e-4, "a weight moved {worst} steps");
+        assert_eq!(
+            stats.report().current_bytes.params,
+            (k.div_ceil(4) * 4 * 48) as u64
+        );
+    }
+}
