@@ -125,8 +125,25 @@ def run_torch(args, rank=0, world=1):
             "tokens_per_s": tps, "flops_per_token": flops_per_token(GPT(*cfg), cfg, t)}
 
 
-def run_torch_generate(args, dtype=torch.float32):
-    """Greedy generation with transformers' GPT2LMHeadModel and its KV cache (eager)."""
+def _linear_from_conv1d(model):
+    """GPT-2's Conv1D layers as nn.Linear (weight transposed), so that
+    quantize_dynamic, which only knows nn.Linear, reaches them."""
+    from transformers.pytorch_utils import Conv1D
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if isinstance(child, Conv1D):
+                nx, nf = child.weight.shape
+                lin = torch.nn.Linear(nx, nf)
+                lin.weight.data = child.weight.data.t().contiguous()
+                lin.bias.data = child.bias.data.clone()
+                setattr(module, child_name, lin)
+    return model
+
+
+def run_torch_generate(args, dtype=torch.float32, int8=False):
+    """Greedy generation with transformers' GPT2LMHeadModel and its KV cache
+    (eager); `int8`: every linear layer through torch's quantize_dynamic
+    (int8 weights, activations quantized per call)."""
     import os
     os.environ["HF_HUB_OFFLINE"] = "1"
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -137,6 +154,9 @@ def run_torch_generate(args, dtype=torch.float32):
                      activation_function="gelu_new", attn_implementation="eager",
                      bos_token_id=0, eos_token_id=None, pad_token_id=0)
     model = GPT2LMHeadModel(cfg).eval().to(dtype)
+    if int8:
+        model = torch.ao.quantization.quantize_dynamic(
+            _linear_from_conv1d(model), {torch.nn.Linear}, dtype=torch.qint8)
     prompts = torch.tensor([[r % vocab] for r in range(args.batch_size)])
     best = float("inf")
     with torch.no_grad():
@@ -146,7 +166,7 @@ def run_torch_generate(args, dtype=torch.float32):
                                  min_new_tokens=args.generate, do_sample=False, use_cache=True)
             best = min(best, time.perf_counter() - t0)
     assert out.shape[1] == 1 + args.generate
-    name = str(dtype).removeprefix("torch.")
+    name = "quantize_dynamic int8" if int8 else str(dtype).removeprefix("torch.")
     return {"impl": f"pytorch {torch.__version__} eager {name} (transformers generate, KV cache)",
             "seconds": best, "tokens_per_s": args.batch_size * args.generate / best}
 
@@ -187,7 +207,9 @@ def main():
     ap.add_argument("--distgpt", help="path of the distgpt binary to run side by side")
     ap.add_argument("--generate", type=int, default=0,
                     help="measure greedy KV-cache generation of this many tokens per row instead of training")
-    ap.add_argument("--weights", default="f32", choices=["f32", "bf16"], help="distgpt's decoding weights")
+    ap.add_argument("--weights", default="f32", choices=["f32", "bf16", "int8"], help="distgpt's decoding weights")
+    ap.add_argument("--torch-int8", action="store_true",
+                    help="also run PyTorch's generation with quantize_dynamic int8 linear layers")
     ap.add_argument("--torch-bf16", action="store_true",
                     help="also run PyTorch's generation in bfloat16 (slow on CPUs without bf16 instructions)")
     args = ap.parse_args()
@@ -203,6 +225,8 @@ def main():
         rows.append(run_torch_generate(args))
         if args.torch_bf16:
             rows.append(run_torch_generate(args, torch.bfloat16))
+        if args.torch_int8:
+            rows.append(run_torch_generate(args, int8=True))
         for r in rows:
             print(f"{r['impl']:<68} {args.model} batch {args.batch_size} x {args.generate} new tokens,"
                   f" {args.threads} threads: {r['tokens_per_s']:.1f} tokens/s")

@@ -13,8 +13,10 @@ use std::sync::Arc;
 pub const COLS: usize = 16;
 /// Input values per i32 lane step (what one VNNI instruction sums).
 const GROUP: usize = 4;
-/// Rows of the input sharing one pass over a panel.
+/// Rows of the input sharing one pass over a panel: as many as keep their
+/// sums in registers (AVX-512 has 32 vector registers, AVX2 16).
 const ROWS: usize = 4;
+const ROWS_512: usize = 8;
 
 /// A kernel: which instructions sum the int8 products.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,6 +87,14 @@ impl Kernel {
     pub fn here() -> Kernel {
         static HERE: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
         *HERE.get_or_init(|| Kernel::best(Features::detect()))
+    }
+
+    /// Input rows one pass over a panel serves.
+    fn rows_per_pass(self) -> usize {
+        match self {
+            Kernel::Avx512Vnni => ROWS_512,
+            _ => ROWS,
+        }
     }
 
     pub fn name(self) -> &'static str {
@@ -230,42 +240,41 @@ impl Int8Rows {
 /// sums (rows x panels*16) = the exact i32 products of every row's codes
 /// with every panel's columns, by `kernel` (which this CPU must have).
 pub fn products(kernel: Kernel, x: &Int8Rows, w: &Int8Weight, rows: usize) -> Vec<i32> {
-    let (panels, groups) = (w.n.div_ceil(COLS), w.k.div_ceil(GROUP));
-    assert_eq!(x.stride, groups * GROUP);
-    assert!(x.codes.len() >= rows * x.stride);
-    let width = panels * COLS;
+    let width = w.n.div_ceil(COLS) * COLS;
     let mut sums = vec![0i32; rows * width];
-    // Each task owns whole panels of every row: a panel's sums are
-    // gathered in a local tile and written out after.
-    let tiles: Vec<(usize, Vec<i32>)> = (0..panels)
-        .into_par_iter()
-        .map(|p| {
-            let panel = &w.data[p * groups * COLS * GROUP..(p + 1) * groups * COLS * GROUP];
-            let mut tile = vec![0i32; rows * COLS];
-            for r0 in (0..rows).step_by(ROWS) {
-                let nr = ROWS.min(rows - r0);
-                let x_rows = &x.codes[r0 * x.stride..(r0 + nr) * x.stride];
-                let out = &mut tile[r0 * COLS..(r0 + nr) * COLS];
-                panel_product(kernel, out, x_rows, x.stride, panel, nr);
-                // The VNNI kernels sum (x + 128) * w: take 128 * sum(w) back off.
-                if matches!(kernel, Kernel::Avx512Vnni | Kernel::AvxVnni) {
-                    for row in out.chunks_exact_mut(COLS) {
-                        for (s, &ws) in row.iter_mut().zip(&w.sums[p * COLS..(p + 1) * COLS]) {
-                            *s -= 128 * ws;
-                        }
-                    }
-                }
-            }
-            (p, tile)
-        })
-        .collect();
-    for (p, tile) in tiles {
+    for p in 0..w.n.div_ceil(COLS) {
+        let tile = panel_sums(kernel, x, w, p, rows);
         for r in 0..rows {
             sums[r * width + p * COLS..r * width + (p + 1) * COLS]
                 .copy_from_slice(&tile[r * COLS..(r + 1) * COLS]);
         }
     }
     sums
+}
+
+/// tile (rows x 16) = every row's codes times panel `p`'s columns, exact.
+fn panel_sums(kernel: Kernel, x: &Int8Rows, w: &Int8Weight, p: usize, rows: usize) -> Vec<i32> {
+    let groups = w.k.div_ceil(GROUP);
+    assert_eq!(x.stride, groups * GROUP);
+    assert!(x.codes.len() >= rows * x.stride && p < w.n.div_ceil(COLS));
+    let panel = &w.data[p * groups * COLS * GROUP..(p + 1) * groups * COLS * GROUP];
+    let mut tile = vec![0i32; rows * COLS];
+    let per_pass = kernel.rows_per_pass();
+    for r0 in (0..rows).step_by(per_pass) {
+        let nr = per_pass.min(rows - r0);
+        let x_rows = &x.codes[r0 * x.stride..(r0 + nr) * x.stride];
+        let out = &mut tile[r0 * COLS..(r0 + nr) * COLS];
+        panel_product(kernel, out, x_rows, x.stride, panel, nr);
+    }
+    // The VNNI kernels sum (x + 128) * w: take 128 * sum(w) back off.
+    if matches!(kernel, Kernel::Avx512Vnni | Kernel::AvxVnni) {
+        for row in tile.chunks_exact_mut(COLS) {
+            for (s, &ws) in row.iter_mut().zip(&w.sums[p * COLS..(p + 1) * COLS]) {
+                *s -= 128 * ws;
+            }
+        }
+    }
+    tile
 }
 
 /// out (nr x 16) = x (nr rows of `stride` codes) . one panel, by `kernel`.
@@ -313,7 +322,7 @@ fn portable(out: &mut [i32], x: &[i8], stride: usize, panel: &[i8], nr: usize) {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{COLS, GROUP, ROWS};
+    use super::{COLS, GROUP, ROWS, ROWS_512};
     use std::arch::x86_64::*;
 
     /// Four input codes of row `r`, group `g`, as one i32.
@@ -333,16 +342,32 @@ mod x86 {
     /// `x` nr rows of `stride` codes, `panel` stride x 16 codes.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     pub unsafe fn avx512_vnni(out: &mut [i32], x: &[i8], stride: usize, panel: &[i8], nr: usize) {
+        // A row count known at compile time keeps the sums in registers.
+        match nr {
+            1 => avx512_rows::<1>(out, x, stride, panel),
+            2 => avx512_rows::<2>(out, x, stride, panel),
+            3 => avx512_rows::<3>(out, x, stride, panel),
+            4 => avx512_rows::<4>(out, x, stride, panel),
+            5 => avx512_rows::<5>(out, x, stride, panel),
+            6 => avx512_rows::<6>(out, x, stride, panel),
+            7 => avx512_rows::<7>(out, x, stride, panel),
+            _ => avx512_rows::<ROWS_512>(out, x, stride, panel),
+        }
+    }
+
+    /// [`avx512_vnni`] for R rows.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn avx512_rows<const R: usize>(out: &mut [i32], x: &[i8], stride: usize, panel: &[i8]) {
         let (xp, wp) = (x.as_ptr(), panel.as_ptr());
-        let mut acc = [_mm512_setzero_si512(); ROWS];
+        let mut acc = [_mm512_setzero_si512(); R];
         for g in 0..stride / GROUP {
             let w = _mm512_loadu_si512(wp.add(g * COLS * GROUP) as *const _);
-            for (r, a) in acc.iter_mut().enumerate().take(nr) {
+            for (r, a) in acc.iter_mut().enumerate() {
                 let v = _mm512_set1_epi32(offset(four(xp, stride, r, g)));
                 *a = _mm512_dpbusd_epi32(*a, v, w);
             }
         }
-        for (r, a) in acc.iter().enumerate().take(nr) {
+        for (r, a) in acc.iter().enumerate() {
             let o = out.as_mut_ptr().add(r * COLS);
             _mm512_storeu_si512(
                 o as *mut _,
@@ -436,17 +461,37 @@ pub fn matmul_int8(
     assert_eq!((k, n), (w.k, w.n), "the packed weight's shape");
     assert!(out.len() >= rows * n && bias.is_none_or(|b| b.len() >= n));
     let q = Int8Rows::new(x, rows, k);
-    let sums = products(Kernel::here(), &q, w, rows);
-    let width = n.div_ceil(COLS) * COLS;
-    for r in 0..rows {
-        let (o, s) = (
-            &mut out[r * n..(r + 1) * n],
-            &sums[r * width..r * width + n],
-        );
-        for j in 0..n {
-            let v = s[j] as f32 * q.scales[r] * w.scales[j] + bias.map_or(0.0, |b| b[j]);
-            o[j] = if accumulate { o[j] + v } else { v };
+    let kernel = Kernel::here();
+    let dst = &OutPtr(out.as_mut_ptr());
+    (0..n.div_ceil(COLS)).into_par_iter().for_each(|p| {
+        let tile = panel_sums(kernel, &q, w, p, rows);
+        let (j0, width) = (p * COLS, COLS.min(n - p * COLS));
+        for r in 0..rows {
+            // SAFETY: row r's columns j0..j0 + width lie inside out (rows x n,
+            // checked above) and belong to panel p's task alone.
+            let o = unsafe { dst.slice(r * n + j0, width) };
+            let sums = &tile[r * COLS..r * COLS + width];
+            for (c, (o, &s)) in o.iter_mut().zip(sums).enumerate() {
+                let v = s as f32 * q.scales[r] * w.scales[j0 + c] + bias.map_or(0.0, |b| b[j0 + c]);
+                *o = if accumulate { *o + v } else { v };
+            }
         }
+    });
+}
+
+/// The output pointer the panel tasks share; each writes its own columns.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint column ranges of the output.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// # Safety
+    /// `[offset, offset + len)` must lie inside the output and be written by
+    /// the caller's task alone.
+    unsafe fn slice<'a>(&self, offset: usize, len: usize) -> &'a mut [f32] {
+        std::slice::from_raw_parts_mut(self.0.add(offset), len)
     }
 }
 
