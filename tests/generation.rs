@@ -76,13 +76,19 @@ fn decoded_logits(model: &Gpt2<Cpu>, seq: &[u32], format: WeightFormat) -> Vec<V
         .collect()
 }
 
-#[test]
-fn bf16_decoding_stays_within_bf16_rounding_of_fp32() {
+/// A tiny random model (vocabulary 60) and a 24-token sequence to decode.
+fn tiny_model_and_sequence() -> (Gpt2<Cpu>, Vec<u32>) {
     let mut cfg = GptConfig::preset("tiny").unwrap();
     cfg.vocab_size = 60;
-    let mut model = Gpt2::new(Cpu::new(), cfg.clone()).unwrap();
+    let mut model = Gpt2::new(Cpu::new(), cfg).unwrap();
     model.init_weights(7).unwrap();
-    let seq: Vec<u32> = (0..24).map(|i| (i * 7 % 60) as u32).collect();
+    (model, (0..24).map(|i| (i * 7 % 60) as u32).collect())
+}
+
+#[test]
+fn bf16_decoding_stays_within_bf16_rounding_of_fp32() {
+    let (mut model, seq) = tiny_model_and_sequence();
+    let cfg = model.config.clone();
     let full = decoded_logits(&model, &seq, WeightFormat::F32);
     let half = decoded_logits(&model, &seq, WeightFormat::Bf16);
     // The fp32 decoder is the training forward's arithmetic.
@@ -114,11 +120,7 @@ fn bf16_decoding_stays_within_bf16_rounding_of_fp32() {
 
 #[test]
 fn int8_decoding_stays_within_quantization_error_of_fp32() {
-    let mut cfg = GptConfig::preset("tiny").unwrap();
-    cfg.vocab_size = 60;
-    let mut model = Gpt2::new(Cpu::new(), cfg.clone()).unwrap();
-    model.init_weights(7).unwrap();
-    let seq: Vec<u32> = (0..24).map(|i| (i * 7 % 60) as u32).collect();
+    let (model, seq) = tiny_model_and_sequence();
     let full = decoded_logits(&model, &seq, WeightFormat::F32);
     let int8 = decoded_logits(&model, &seq, WeightFormat::Int8);
     let (mut worst, mut spread, mut err2, mut sum2) = (0.0f32, 0.0f32, 0.0f64, 0.0f64);

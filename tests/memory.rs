@@ -4,6 +4,7 @@
 //! grads + optimizer bytes after a step; and what each strategy sends.
 
 use distgpt::backend::cpu::Cpu;
+use distgpt::backend::MemoryReport;
 use distgpt::comm::CommStats;
 use distgpt::data::Batch;
 use distgpt::model::gpt2::init_full;
@@ -21,8 +22,8 @@ fn model() -> GptConfig {
     }
 }
 
-/// Peak params + grads + optimizer bytes of every rank after one step.
-fn measured(strategy: StrategyKind, n: usize) -> Vec<u64> {
+/// Every rank's peak memory and communication after one step of `strategy` on `n` thread ranks.
+fn one_step(strategy: StrategyKind, n: usize) -> Vec<(MemoryReport, CommStats)> {
     let cfg = model();
     let (b, t) = (4, 16);
     let init = init_full(&cfg, 1);
@@ -43,6 +44,7 @@ fn measured(strategy: StrategyKind, n: usize) -> Vec<u64> {
             t,
         )?;
         s.load_full(&init).unwrap();
+        assert_eq!(s.comm_stats().total_bytes(), 0, "loading sends nothing");
         let ids: Vec<u32> = (0..b * t).map(|i| (i % 60) as u32).collect();
         s.step(
             &[Batch {
@@ -54,10 +56,25 @@ fn measured(strategy: StrategyKind, n: usize) -> Vec<u64> {
                 grad_clip: 1.0,
             },
         )?;
-        let p = s.memory().peak_bytes;
-        Ok(p.params + p.grads + p.optimizer)
+        Ok((s.memory(), s.comm_stats()))
     })
     .unwrap()
+}
+
+/// Peak params + grads + optimizer bytes of every rank after one step.
+fn measured(strategy: StrategyKind, n: usize) -> Vec<u64> {
+    one_step(strategy, n)
+        .into_iter()
+        .map(|(m, _)| {
+            let p = m.peak_bytes;
+            p.params + p.grads + p.optimizer
+        })
+        .collect()
+}
+
+/// Rank 0's communication in one step.
+fn one_step_comm(strategy: StrategyKind, n: usize) -> CommStats {
+    one_step(strategy, n).swap_remove(0).1
 }
 
 #[test]
@@ -88,46 +105,6 @@ fn model_state_memory_matches_zero_formulas() {
             }
         }
     }
-}
-
-/// Rank 0's communication in one step of `strategy` on `n` thread ranks.
-fn one_step_comm(strategy: StrategyKind, n: usize) -> CommStats {
-    let cfg = model();
-    let (b, t) = (4, 16);
-    let init = init_full(&cfg, 1);
-    let par = ParallelConfig {
-        strategy,
-        world_size: n,
-        tp: 1,
-        recompute: false,
-    };
-    let mut stats = launch::run_local(n, 2, Duration::from_secs(60), |world| {
-        let mut s = parallel::build(
-            Cpu::new(),
-            cfg.clone(),
-            par,
-            world.as_ref(),
-            AdamWConfig::default(),
-            b,
-            t,
-        )?;
-        s.load_full(&init).unwrap();
-        assert_eq!(s.comm_stats().total_bytes(), 0, "loading sends nothing");
-        let ids: Vec<u32> = (0..b * t).map(|i| (i % 60) as u32).collect();
-        s.step(
-            &[Batch {
-                inputs: ids.clone(),
-                targets: ids,
-            }],
-            StepConfig {
-                lr: 1e-3,
-                grad_clip: 1.0,
-            },
-        )?;
-        Ok(s.comm_stats())
-    })
-    .unwrap();
-    stats.swap_remove(0)
 }
 
 fn bytes_sent(strategy: StrategyKind, n: usize) -> u64 {

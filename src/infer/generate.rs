@@ -185,12 +185,24 @@ pub fn generate<B: Backend>(
     stop: Option<u32>,
     on_token: impl FnMut(usize, u32),
 ) -> Result<Vec<Vec<u32>>> {
+    generate_as(model, WeightFormat::F32, prompts, cfg, stop, on_token)
+}
+
+/// [`generate`] with the weights packed as `format`.
+fn generate_as<B: Backend>(
+    model: &Gpt2<B>,
+    format: WeightFormat,
+    prompts: &[Vec<u32>],
+    cfg: &SampleConfig,
+    stop: Option<u32>,
+    on_token: impl FnMut(usize, u32),
+) -> Result<Vec<Vec<u32>>> {
     let weights = DecodeWeights::new(
         model.backend(),
         &model.config,
         WHOLE,
         model.params.s(),
-        WeightFormat::F32,
+        format,
     )?;
     generate_packed(model, &weights, prompts, cfg, stop, on_token)
 }
@@ -210,14 +222,7 @@ pub fn generate_from<B: Backend>(
     on_token: impl FnMut(usize, u32),
 ) -> Result<Vec<Vec<u32>>> {
     let (model, _) = checkpoint::load_model(backend, run)?;
-    let weights = DecodeWeights::new(
-        model.backend(),
-        &model.config,
-        WHOLE,
-        model.params.s(),
-        format,
-    )?;
-    generate_packed(&model, &weights, prompts, cfg, stop, on_token)
+    generate_as(&model, format, prompts, cfg, stop, on_token)
 }
 
 /// **Collective** over `tp`: this rank's part of generating from the model

@@ -202,7 +202,7 @@ fn pack<T: Element>(dst: &mut [T], w: &[f32], layout: WeightLayout, k: usize, n:
 
 /// A raw output pointer the panel tasks share; each writes its own columns.
 #[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
+pub(super) struct OutPtr(pub(super) *mut f32);
 // SAFETY: tasks write disjoint column ranges of the output.
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
@@ -211,7 +211,7 @@ impl OutPtr {
     /// # Safety
     /// `[offset, offset + len)` must lie inside the output and be written by
     /// the caller's task alone.
-    unsafe fn slice<'a>(&self, offset: usize, len: usize) -> &'a mut [f32] {
+    pub(super) unsafe fn slice<'a>(&self, offset: usize, len: usize) -> &'a mut [f32] {
         std::slice::from_raw_parts_mut(self.0.add(offset), len)
     }
 }

@@ -4,6 +4,7 @@
 //! scaled back to f32. Four kernels compute the same integers, chosen at run
 //! time by what the CPU has: AVX-512 VNNI, AVX-VNNI, AVX2, or plain Rust.
 
+use super::decode::OutPtr;
 use crate::backend::memory::{Category, HostBuf, MemoryStats};
 use crate::backend::WeightLayout;
 use rayon::prelude::*;
@@ -384,11 +385,7 @@ mod x86 {
         let mut lo = [_mm256_setzero_si256(); ROWS];
         let mut hi = [_mm256_setzero_si256(); ROWS];
         for g in 0..stride / GROUP {
-            let b = wp.add(g * COLS * GROUP);
-            let (wl, wh) = (
-                _mm256_loadu_si256(b as *const _),
-                _mm256_loadu_si256(b.add(32) as *const _),
-            );
+            let (wl, wh) = halves(wp, g);
             for r in 0..nr {
                 let v = _mm256_set1_epi32(offset(four(xp, stride, r, g)));
                 lo[r] = _mm256_dpbusd_avx_epi32(lo[r], v, wl);
@@ -410,11 +407,7 @@ mod x86 {
         let mut lo = [_mm256_setzero_si256(); ROWS];
         let mut hi = [_mm256_setzero_si256(); ROWS];
         for g in 0..stride / GROUP {
-            let b = wp.add(g * COLS * GROUP);
-            let (wl, wh) = (
-                _mm256_loadu_si256(b as *const _),
-                _mm256_loadu_si256(b.add(32) as *const _),
-            );
+            let (wl, wh) = halves(wp, g);
             for r in 0..nr {
                 let v = _mm256_set1_epi32(four(xp, stride, r, g));
                 let mag = _mm256_sign_epi8(v, v);
@@ -426,6 +419,16 @@ mod x86 {
             }
         }
         store(out, &lo, &hi, nr);
+    }
+
+    /// Group g of a panel (16 columns x 4 codes) as two 8-column halves.
+    #[inline(always)]
+    unsafe fn halves(wp: *const i8, g: usize) -> (__m256i, __m256i) {
+        let b = wp.add(g * COLS * GROUP);
+        (
+            _mm256_loadu_si256(b as *const _),
+            _mm256_loadu_si256(b.add(32) as *const _),
+        )
     }
 
     /// out[r] += [lo[r] | hi[r]] for the first nr rows.
@@ -477,22 +480,6 @@ pub fn matmul_int8(
             }
         }
     });
-}
-
-/// The output pointer the panel tasks share; each writes its own columns.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: tasks write disjoint column ranges of the output.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// # Safety
-    /// `[offset, offset + len)` must lie inside the output and be written by
-    /// the caller's task alone.
-    unsafe fn slice<'a>(&self, offset: usize, len: usize) -> &'a mut [f32] {
-        std::slice::from_raw_parts_mut(self.0.add(offset), len)
-    }
 }
 
 #[cfg(test)]
