@@ -3,7 +3,7 @@
 
 use distgpt::backend::cpu::Cpu;
 use distgpt::backend::WeightFormat;
-use distgpt::infer::generate::{decode, generate, SampleConfig};
+use distgpt::infer::generate::{decode, evaluate_decoded, generate, SampleConfig};
 use distgpt::infer::kv::{DecodeWeights, Decoder};
 use distgpt::model::{Engine, Gpt2, GptConfig, TpPlace};
 use distgpt::parallel::launch;
@@ -146,6 +146,44 @@ fn int8_decoding_stays_within_quantization_error_of_fp32() {
         worst < 0.1 * spread,
         "int8 decoding is off by {worst} (logits up to {spread})"
     );
+}
+
+#[test]
+fn decoded_evaluation_matches_the_forward_and_int8_agrees_with_fp32() {
+    let (mut model, seq) = tiny_model_and_sequence();
+    let (rows, t) = (2, 12);
+    let inputs: Vec<u32> = seq[..rows * t].to_vec();
+    let targets: Vec<u32> = seq[1..]
+        .iter()
+        .chain(&seq[..1])
+        .take(rows * t)
+        .copied()
+        .collect();
+    let batch = || [(inputs.clone(), targets.clone())];
+    let same = evaluate_decoded(&model, WeightFormat::F32, batch(), rows, t).unwrap();
+    assert_eq!(same.loss, same.loss_f32);
+    assert_eq!((same.top1_agreement, same.tokens), (1.0, rows * t));
+    let forward = model
+        .forward(&inputs, Some(&targets), rows, t)
+        .unwrap()
+        .unwrap() as f64;
+    assert!(
+        (same.loss - forward).abs() < 1e-4,
+        "decoded {} vs forward {forward}",
+        same.loss
+    );
+    let int8 = evaluate_decoded(&model, WeightFormat::Int8, batch(), rows, t).unwrap();
+    assert_eq!(int8.loss_f32, same.loss_f32);
+    assert!(int8.loss != int8.loss_f32, "int8 weights in use");
+    assert!((int8.loss / int8.loss_f32 - 1.0).abs() < 0.02, "{int8:?}");
+    let short = evaluate_decoded(
+        &model,
+        WeightFormat::F32,
+        [(vec![1, 2], vec![2, 3])],
+        rows,
+        t,
+    );
+    assert!(short.unwrap_err().to_string().contains("were expected"));
 }
 
 /// Tensor-parallel generation across Open MPI processes prints what one

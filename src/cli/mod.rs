@@ -478,6 +478,11 @@ struct EvalArgs {
     /// Batches to evaluate (0: the whole split).
     #[arg(long, default_value_t = 50)]
     batches: usize,
+    /// Weights to evaluate with: f32 runs the training forward; bf16 and
+    /// int8 run the KV-cache decoder (as `generate` does) beside an fp32
+    /// one, and also report how often their next-token choices agree.
+    #[arg(long, value_enum, default_value = "f32")]
+    weights: DecodeWeightsArg,
     #[command(flatten)]
     device: DeviceArgs,
 }
@@ -1070,6 +1075,30 @@ fn eval_on<B: Backend>(be: B, a: &EvalArgs) -> Result<()> {
     } else {
         a.batches.min(val.batches_per_epoch())
     };
+    if a.weights != DecodeWeightsArg::F32 {
+        let batches: Vec<(Vec<u32>, Vec<u32>)> = (0..n)
+            .map(|_| {
+                let b = val.next_batch();
+                (b.inputs, b.targets)
+            })
+            .collect();
+        let format = a.weights.format();
+        let e =
+            distgpt::infer::generate::evaluate_decoded(&model, format, batches, a.batch_size, t)?;
+        distgpt::outln!(
+            "{}: val loss {:.4} with {} weights, {:.4} with fp32 ({:+.2}%); next-token top-1 agrees with fp32 at {:.2}% of {} positions ({n} batches of {} x {t} tokens from {})",
+            a.model.display(),
+            e.loss,
+            format.name(),
+            e.loss_f32,
+            100.0 * (e.loss / e.loss_f32 - 1.0),
+            100.0 * e.top1_agreement,
+            e.tokens,
+            a.batch_size,
+            ds.name
+        );
+        return Ok(());
+    }
     let pb = metrics::progress_bar(n as u64, "eval");
     let mut sum = 0.0f64;
     for _ in 0..n {

@@ -386,3 +386,96 @@ mod tests {
         }
     }
 }
+
+/// What [`evaluate_decoded`] measured.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DecodedEval {
+    /// Mean cross-entropy of the targets with the weights as asked.
+    pub loss: f64,
+    /// The same with fp32 weights.
+    pub loss_f32: f64,
+    /// Positions whose most likely next token is the fp32 decoder's.
+    pub top1_agreement: f64,
+    pub tokens: usize,
+}
+
+/// Teacher-forced evaluation through the KV-cache decoder with the weights
+/// stored as `format`, beside the fp32 decoder on the same tokens: the
+/// validation loss of both and how often their next-token argmax agree.
+/// `batches` yields (inputs, targets) of `rows` x `t` tokens.
+pub fn evaluate_decoded<B: Backend>(
+    model: &Gpt2<B>,
+    format: WeightFormat,
+    batches: impl IntoIterator<Item = (Vec<u32>, Vec<u32>)>,
+    rows: usize,
+    t: usize,
+) -> Result<DecodedEval> {
+    let pack = |f| DecodeWeights::new(model.backend(), &model.config, WHOLE, model.params.s(), f);
+    let (asked, full) = (pack(format)?, pack(WeightFormat::F32)?);
+    let decoder = || {
+        Decoder::new(
+            model.backend().clone_fresh(),
+            model.config.clone(),
+            WHOLE,
+            rows,
+            t,
+        )
+    };
+    let (mut loss, mut loss_f32, mut agree, mut n) = (0.0f64, 0.0f64, 0usize, 0usize);
+    for (inputs, targets) in batches {
+        if inputs.len() != rows * t || targets.len() != rows * t {
+            return Err(Error::Input(format!(
+                "a batch of {} tokens where {rows} x {t} were expected",
+                inputs.len()
+            )));
+        }
+        let (mut dq, mut df) = (decoder()?, decoder()?);
+        for pos in 0..t {
+            let column: Vec<u32> = (0..rows).map(|r| inputs[r * t + pos]).collect();
+            dq.step(&asked, &column, pos, None)?;
+            df.step(&full, &column, pos, None)?;
+            for r in 0..rows {
+                let (q, f) = (dq.logits(r)?, df.logits(r)?);
+                let target = targets[r * t + pos] as usize;
+                if target >= q.len() {
+                    return Err(Error::Input(format!(
+                        "token {target} is outside the model's vocabulary of {}",
+                        q.len()
+                    )));
+                }
+                loss += cross_entropy(&q, target);
+                loss_f32 += cross_entropy(&f, target);
+                agree += usize::from(argmax(&q) == argmax(&f));
+                n += 1;
+            }
+        }
+    }
+    let per = |x: f64| x / n.max(1) as f64;
+    Ok(DecodedEval {
+        loss: per(loss),
+        loss_f32: per(loss_f32),
+        top1_agreement: per(agree as f64),
+        tokens: n,
+    })
+}
+
+/// -log softmax(logits)[target], in f64.
+fn cross_entropy(logits: &[f32], target: usize) -> f64 {
+    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+    let sum: f64 = logits.iter().map(|&v| (v as f64 - max).exp()).sum();
+    max + sum.ln() - logits[target] as f64
+}
+
+/// The index of the largest value (the first of equals).
+fn argmax(v: &[f32]) -> usize {
+    v.iter()
+        .enumerate()
+        .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &x)| {
+            if x > bv {
+                (i, x)
+            } else {
+                (bi, bv)
+            }
+        })
+        .0
+}
