@@ -253,3 +253,67 @@ fn a_config_file_sets_flags_the_command_line_overrides_and_run_json_repeats_a_ru
         "{err}"
     );
 }
+
+#[test]
+fn quantize_writes_an_int8_model_that_decodes_as_the_original_does_in_int8() {
+    let run = run_dir("quantize-run");
+    let q = run_dir("quantize-out");
+    train_tiny(run.to_str().unwrap(), &["--steps", "3", "--quiet"]);
+    succeeded(distgpt(&[
+        "quantize",
+        run.to_str().unwrap(),
+        "--out",
+        q.to_str().unwrap(),
+    ]));
+    let size = |d: &PathBuf| {
+        std::fs::metadata(d.join("model.safetensors"))
+            .unwrap()
+            .len()
+    };
+    assert!(
+        size(&q) * 2 < size(&run),
+        "{} vs {} bytes",
+        size(&q),
+        size(&run)
+    );
+    let eval = |d: &PathBuf, weights: &str| {
+        let out = succeeded(distgpt(&[
+            "eval",
+            d.to_str().unwrap(),
+            "--weights",
+            weights,
+            "--batches",
+            "2",
+            "--seq-len",
+            "16",
+        ]));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        // "...: val loss X with int8 weights, ..."
+        text.split("val loss ")
+            .nth(1)
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(eval(&q, "int8"), eval(&run, "int8"), "the same int8 codes");
+    let gen = |d: &PathBuf| {
+        let out = succeeded(distgpt(&[
+            "generate",
+            d.to_str().unwrap(),
+            "--weights",
+            "int8",
+            "--temperature",
+            "0",
+            "--tokens",
+            "20",
+            "--prompt",
+            "A",
+        ]));
+        out.stdout
+    };
+    assert_eq!(gen(&q), gen(&run));
+    // The folder also loads as fp32 (dequantized) for eval and export.
+    eval(&q, "f32");
+}

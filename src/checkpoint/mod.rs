@@ -30,6 +30,9 @@ pub struct ModelMeta {
 struct MetaFile {
     #[serde(flatten)]
     meta: ModelMeta,
+    /// The block matrices are stored in int8 (written by `distgpt quantize`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    int8: bool,
     /// [`state::checksum`] of `model.safetensors`.
     weights_checksum: String,
     /// [`state::json_checksum`] of this file with this field empty.
@@ -60,21 +63,42 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 /// Serialises named f32 tensors (name, shape, values) to safetensors bytes;
 /// `path` only names the file in errors.
 fn f32_safetensors(tensors: &[(String, Vec<usize>, &[f32])], path: &Path) -> Result<Vec<u8>> {
+    let raw: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = tensors
+        .iter()
+        .map(|(n, s, x)| {
+            let bytes = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+            (n.clone(), Dtype::F32, s.clone(), bytes)
+        })
+        .collect();
+    safetensors_bytes(&raw, path)
+}
+
+/// Serialises named tensors (name, dtype, shape, little-endian bytes).
+fn safetensors_bytes(
+    tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)],
+    path: &Path,
+) -> Result<Vec<u8>> {
     let bad = |e: safetensors::SafeTensorError| Error::Checkpoint {
         path: path.into(),
         reason: e.to_string(),
     };
-    let bytes: Vec<Vec<u8>> = tensors
-        .iter()
-        .map(|(_, _, x)| x.iter().flat_map(|v| v.to_le_bytes()).collect())
-        .collect();
     let views = tensors
         .iter()
-        .zip(&bytes)
-        .map(|((n, s, _), b)| TensorView::new(Dtype::F32, s.clone(), b).map(|v| (n.clone(), v)))
+        .map(|(n, d, s, b)| TensorView::new(*d, s.clone(), b).map(|v| (n.clone(), v)))
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(bad)?;
     safetensors::serialize(views, &None).map_err(bad)
+}
+
+/// The int8 scales' tensor beside block matrix `name`.
+fn scale_name(name: &str) -> String {
+    format!("{name}_scale")
+}
+
+/// Whether tensor `name` of `shape` is stored in int8 by `quantize`: the
+/// blocks' four weight matrices (embeddings and norms stay fp32).
+fn stored_in_int8(name: &str, shape: &[usize]) -> bool {
+    shape.len() == 2 && name.contains(".h.")
 }
 
 /// Saves the weights as Hugging Face GPT-2 safetensors (the padded vocabulary
@@ -139,13 +163,6 @@ pub fn load_weights<B: Backend>(
         let view = st
             .tensor(&t.name)
             .map_err(|_| bad(format!("missing tensor '{}'", t.name)))?;
-        if view.dtype() != Dtype::F32 {
-            return Err(bad(format!(
-                "tensor '{}' has dtype {:?}, expected F32",
-                t.name,
-                view.dtype()
-            )));
-        }
         if view.shape() != shape.as_slice() {
             return Err(bad(format!(
                 "tensor '{}' has shape {:?}, expected {:?}",
@@ -154,11 +171,42 @@ pub fn load_weights<B: Backend>(
                 shape
             )));
         }
-        for (d, chunk) in params[r.clone()]
-            .iter_mut()
-            .zip(view.data().chunks_exact(4))
-        {
-            *d = f32::from_le_bytes(chunk.try_into().expect("4 bytes"));
+        let out = &mut params[r.clone()];
+        match view.dtype() {
+            Dtype::F32 => {
+                for (d, chunk) in out.iter_mut().zip(view.data().chunks_exact(4)) {
+                    *d = f32::from_le_bytes(chunk.try_into().expect("4 bytes"));
+                }
+            }
+            // int8 codes of a block matrix, times their column's scale.
+            Dtype::I8 if stored_in_int8(&t.name, &shape) => {
+                let name = scale_name(&t.name);
+                let scales = st
+                    .tensor(&name)
+                    .map_err(|_| bad(format!("int8 tensor '{}' has no '{name}'", t.name)))?;
+                if scales.dtype() != Dtype::F32 || scales.shape() != [shape[1]] {
+                    return Err(bad(format!(
+                        "'{name}' must be F32 of shape [{}], not {:?} {:?}",
+                        shape[1],
+                        scales.dtype(),
+                        scales.shape()
+                    )));
+                }
+                let scales: Vec<f32> = scales
+                    .data()
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+                    .collect();
+                for (e, (d, &code)) in out.iter_mut().zip(view.data()).enumerate() {
+                    *d = code as i8 as f32 * scales[e % shape[1]];
+                }
+            }
+            other => {
+                return Err(bad(format!(
+                    "tensor '{}' has dtype {other:?}, expected F32",
+                    t.name
+                )))
+            }
         }
         if let Some(i) = params[r].iter().position(|x| !x.is_finite()) {
             return Err(bad(format!(
@@ -176,11 +224,23 @@ pub fn load_weights<B: Backend>(
 pub fn save_model<B: Backend>(model: &Gpt2<B>, tokenizer: TokenizerSpec, dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let weights_checksum = save_weights(model, &dir.join(WEIGHTS_FILE))?;
+    write_meta(dir, model, tokenizer, weights_checksum, false)
+}
+
+/// Writes `model.json` vouching for weights of checksum `weights_checksum`.
+fn write_meta<B: Backend>(
+    dir: &Path,
+    model: &Gpt2<B>,
+    tokenizer: TokenizerSpec,
+    weights_checksum: String,
+    int8: bool,
+) -> Result<()> {
     let mut file = MetaFile {
         meta: ModelMeta {
             config: model.config.clone(),
             tokenizer,
         },
+        int8,
         weights_checksum,
         checksum: String::new(),
     };
@@ -189,8 +249,47 @@ pub fn save_model<B: Backend>(model: &Gpt2<B>, tokenizer: TokenizerSpec, dir: &P
     write_atomic(&dir.join(META_FILE), json.as_bytes())
 }
 
-/// Reads and verifies `model.json`; returns it with the weights' checksum.
-fn read_meta_file(dir: &Path) -> Result<(ModelMeta, String)> {
+/// [`save_model`] with the blocks' weight matrices in int8: symmetric per
+/// output column, each with an fp32 `<name>_scale` tensor (the codes and
+/// scales `--weights int8` decodes with); embeddings, norms and biases stay
+/// fp32. Loading gives the dequantized weights.
+pub fn save_int8_model<B: Backend>(
+    model: &Gpt2<B>,
+    tokenizer: TokenizerSpec,
+    dir: &Path,
+) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let path = dir.join(WEIGHTS_FILE);
+    let params = model.backend().read(model.params.s())?;
+    let v = model.config.vocab_size;
+    let mut tensors = Vec::new();
+    for t in &model.layout.tensors {
+        let (mut shape, mut r) = (t.shape.clone(), t.range());
+        if r == model.layout.wte() {
+            shape[0] = v;
+            r.end = r.start + v * shape[1];
+        }
+        let w = &params[r];
+        if stored_in_int8(&t.name, &shape) {
+            let (codes, scales) =
+                crate::backend::cpu::int8::quantize_columns(w, shape[0], shape[1]);
+            let bytes = codes.iter().map(|&c| c as u8).collect();
+            tensors.push((t.name.clone(), Dtype::I8, shape.clone(), bytes));
+            let scale_bytes = scales.iter().flat_map(|s| s.to_le_bytes()).collect();
+            tensors.push((scale_name(&t.name), Dtype::F32, vec![shape[1]], scale_bytes));
+        } else {
+            let bytes = w.iter().flat_map(|x| x.to_le_bytes()).collect();
+            tensors.push((t.name.clone(), Dtype::F32, shape, bytes));
+        }
+    }
+    let bytes = safetensors_bytes(&tensors, &path)?;
+    write_atomic(&path, &bytes)?;
+    write_meta(dir, model, tokenizer, state::checksum(&bytes), true)
+}
+
+/// Reads and verifies `model.json`; returns it with the weights' checksum
+/// and whether they are stored in int8.
+fn read_meta_file(dir: &Path) -> Result<(ModelMeta, String, bool)> {
     let path = dir.join(META_FILE);
     let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
     let bad = |reason: String| Error::Checkpoint {
@@ -210,12 +309,12 @@ fn read_meta_file(dir: &Path) -> Result<(ModelMeta, String)> {
         .config
         .validate()
         .map_err(|e| bad(e.to_string()))?;
-    Ok((file.meta, file.weights_checksum))
+    Ok((file.meta, file.weights_checksum, file.int8))
 }
 
 /// Reads `model.json` from a directory.
 pub fn read_meta(dir: &Path) -> Result<ModelMeta> {
-    read_meta_file(dir).map(|(meta, _)| meta)
+    read_meta_file(dir).map(|(meta, ..)| meta)
 }
 
 /// Whether `dir` is a Hugging Face folder rather than a distgpt model directory.
@@ -271,16 +370,18 @@ pub fn load_model<B: Backend>(backend: B, dir: &Path) -> Result<(Gpt2<B>, ModelM
 /// [`load_model`] from model files only (`model.json` + `model.safetensors`,
 /// or a Hugging Face folder), never from a checkpoint.
 pub fn load_model_files<B: Backend>(backend: B, dir: &Path) -> Result<(Gpt2<B>, ModelMeta)> {
-    let (meta, checksum) = if is_hf_folder(dir) {
-        (hf::read_config(dir)?, None)
+    let (meta, checksum, int8) = if is_hf_folder(dir) {
+        (hf::read_config(dir)?, None, false)
     } else {
-        let (meta, sum) = read_meta_file(dir)?;
-        (meta, Some(sum))
+        let (meta, sum, int8) = read_meta_file(dir)?;
+        (meta, Some(sum), int8)
     };
     let weights = dir.join(WEIGHTS_FILE);
     // A config asking for more than the file holds is refused before allocating it.
     let c = &meta.config;
-    let need = 4 * (c.num_params() - (c.padded_vocab() - c.vocab_size) * c.n_embd) as u64;
+    let stored = (c.num_params() - (c.padded_vocab() - c.vocab_size) * c.n_embd) as u64;
+    // int8 files hold at least a byte per weight.
+    let need = if int8 { stored } else { 4 * stored };
     let have = std::fs::metadata(&weights)
         .map_err(|e| Error::io(&weights, e))?
         .len();

@@ -60,6 +60,10 @@ enum Command {
     Plan(Box<plan::PlanArgs>),
     /// Write a run's model as a Hugging Face folder (config.json + model.safetensors).
     Export(ExportArgs),
+    /// Write a run's model with the blocks' weight matrices in int8 (per
+    /// output column, fp32 scales): a model folder that generate, eval and
+    /// export read (decode it with --weights int8).
+    Quantize(QuantizeArgs),
     /// Validation loss and perplexity of a model (a run directory or a Hugging Face folder).
     Eval(EvalArgs),
     /// Training-state checkpoints.
@@ -462,6 +466,16 @@ struct ExportArgs {
 }
 
 #[derive(Args)]
+struct QuantizeArgs {
+    /// A run directory, one of its checkpoint directories, or a Hugging Face GPT-2 folder.
+    #[arg(value_name = "RUN")]
+    run: PathBuf,
+    /// Output folder (model.safetensors and model.json).
+    #[arg(long)]
+    out: PathBuf,
+}
+
+#[derive(Args)]
 struct EvalArgs {
     /// A run directory, one of its checkpoint directories, or a Hugging Face GPT-2 folder.
     #[arg(value_name = "RUN")]
@@ -564,6 +578,20 @@ pub fn run() -> Result<Outcome> {
             Ok(Outcome::Done)
         }
         Command::Eval(a) => done(run_eval(a)),
+        Command::Quantize(a) => {
+            let (model, meta) = checkpoint::load_model(Cpu::new(), &a.run)?;
+            checkpoint::save_int8_model(&model, meta.tokenizer, &a.out)?;
+            let size = |d: &Path| {
+                std::fs::metadata(d.join(checkpoint::WEIGHTS_FILE)).map_or(0, |m| m.len())
+            };
+            distgpt::outln!(
+                "wrote {} (model.safetensors {}, block matrices in int8; fp32: {})",
+                a.out.display(),
+                metrics::human_bytes(size(&a.out)),
+                metrics::human_bytes(4 * model.config.num_params() as u64)
+            );
+            Ok(Outcome::Done)
+        }
         Command::Devices(a) => done(list_devices(a.measure)),
         Command::Plot(a) => {
             let out = a.out.unwrap_or_else(|| match a.runs.as_slice() {

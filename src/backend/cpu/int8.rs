@@ -122,7 +122,26 @@ fn scale_of(max_abs: f32) -> f32 {
     }
 }
 
-/// W (k x n) in int8, packed for the kernels: panel p, group g holds
+/// The int8 scale of each of W's n columns (k rows, read through `at(i, j)`).
+fn column_scales(at: &(impl Fn(usize, usize) -> f32 + Sync), k: usize, n: usize) -> Vec<f32> {
+    (0..n)
+        .into_par_iter()
+        .map(|j| scale_of((0..k).map(|i| at(i, j).abs()).fold(0.0, f32::max)))
+        .collect()
+}
+
+/// W (k x n, row-major) as int8 codes (row-major) and a scale per column:
+/// the codes and scales [`Int8Weight`] packs, for storing a model in int8.
+pub fn quantize_columns(w: &[f32], k: usize, n: usize) -> (Vec<i8>, Vec<f32>) {
+    assert!(w.len() >= k * n);
+    let scales = column_scales(&|i, j| w[i * n + j], k, n);
+    let codes = (0..k * n)
+        .map(|e| quantize(w[e], 1.0 / scales[e % n]))
+        .collect();
+    (codes, scales)
+}
+
+/// W in int8, packed for the kernels: panel p, group g holds
 /// columns 16p..16p+16 of rows 4g..4g+4 as 16 x 4 bytes (column-major
 /// within the group), zero past k and n.
 pub struct Int8Weight {
@@ -151,9 +170,7 @@ impl Int8Weight {
         };
         let (panels, groups) = (n.div_ceil(COLS), k.div_ceil(GROUP));
         let mut scales = vec![1.0f32; panels * COLS];
-        scales[..n].par_iter_mut().enumerate().for_each(|(j, s)| {
-            *s = scale_of((0..k).map(|i| at(i, j).abs()).fold(0.0, f32::max));
-        });
+        scales[..n].copy_from_slice(&column_scales(&at, k, n));
         let mut data = HostBuf::zeros(
             panels * groups * COLS * GROUP,
             Category::Params,
