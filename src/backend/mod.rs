@@ -5,9 +5,11 @@
 //! ([`Buf`]) live on its device, kernels read and write them through views
 //! ([`Src`], [`Dst`]) that may point into the middle of a buffer, and the
 //! host sees them only through explicit transfers. Implementations: `cpu`
-//! and `opencl`.
+//! and `opencl` (`cuda`, behind its feature, only finds the GPU so far).
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod memory;
 pub mod opencl;
 

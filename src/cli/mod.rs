@@ -72,7 +72,8 @@ enum Command {
     /// Draw the loss, validation loss, gradient norm and throughput curves
     /// of one or several runs (PNG and SVG).
     Plot(PlotArgs),
-    /// List the devices `--device` can use, with the peak FLOP/s MFU is stated against.
+    /// List the devices `--device` can use (OpenCL, and NVIDIA GPUs in a
+    /// build with `--features cuda`), with the peak FLOP/s MFU is stated against.
     Devices(DevicesArgs),
 }
 
@@ -150,19 +151,25 @@ pub struct ParallelArgs {
 #[command(next_help_heading = "Device")]
 pub struct DeviceArgs {
     /// cpu: this machine's cores; opencl: an OpenCL device (a GPU, or PoCL
-    /// on the CPU, where it is slow but exercises every device kernel).
+    /// on the CPU, where it is slow but exercises every device kernel);
+    /// cuda: an NVIDIA GPU (needs a build with `--features cuda`; its kernels
+    /// are not wired yet, so it only finds the GPU and stops).
     #[arg(long, value_enum, default_value = "cpu")]
     device: DeviceChoice,
     /// With --device opencl: which device, counted across platforms as
     /// `distgpt devices` lists them.
     #[arg(long, default_value_t = 0)]
     opencl_device: usize,
+    /// With --device cuda: which GPU, as `distgpt devices` lists them.
+    #[arg(long, default_value_t = 0)]
+    cuda_device: usize,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum DeviceChoice {
     Cpu,
     Opencl,
+    Cuda,
 }
 
 /// Evaluates `$body` with `$be` bound to the backend `$dev` chooses (each
@@ -178,10 +185,33 @@ macro_rules! on_device {
                 let $be = distgpt::backend::opencl::OpenCl::open($dev.opencl_device)?;
                 $body
             }
+            DeviceChoice::Cuda => {
+                return Err($crate::cli::cuda_unavailable($dev.cuda_device).into())
+            }
         }
     };
 }
 pub(crate) use on_device;
+
+/// Why `--device cuda` cannot run: a library or the GPU is missing, or
+/// (with a GPU) its kernels are not wired to a backend yet.
+#[cfg(feature = "cuda")]
+pub(crate) fn cuda_unavailable(index: usize) -> distgpt::error::Error {
+    match distgpt::backend::cuda::probe(index) {
+        Ok(gpu) => distgpt::error::Error::Device(format!(
+            "CUDA device {index} is {gpu}, but the cuda backend runs no kernels yet (issue 12)"
+        )),
+        Err(e) => e,
+    }
+}
+
+/// Why `--device cuda` cannot run: this build lacks the `cuda` feature.
+#[cfg(not(feature = "cuda"))]
+pub(crate) fn cuda_unavailable(index: usize) -> distgpt::error::Error {
+    distgpt::error::Error::Device(format!(
+        "--device cuda (device {index}) needs CUDA support: rebuild with `cargo build --release --features cuda`"
+    ))
+}
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum CommKind {
@@ -1071,6 +1101,17 @@ fn list_devices(measure: bool) -> Result<()> {
         }
         Err(e) => distgpt::outln!("opencl: {e}"),
     }
+    #[cfg(feature = "cuda")]
+    match distgpt::backend::cuda::devices() {
+        Ok(names) => {
+            for (i, n) in names.iter().enumerate() {
+                distgpt::outln!("cuda {i}: {n}");
+            }
+        }
+        Err(e) => distgpt::outln!("cuda: {e}"),
+    }
+    #[cfg(not(feature = "cuda"))]
+    distgpt::outln!("cuda: not built in (rebuild with `--features cuda`)");
     let peak = if measure {
         Some(distgpt::metrics::peak::of(&cpu, true))
     } else {
