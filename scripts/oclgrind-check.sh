@@ -30,7 +30,7 @@ if [[ -z "$bin" ]]; then
     exit 2
 fi
 
-mapfile -t tests < <("$bin" --list --format terse 'backend::opencl::' |
+mapfile -t tests < <("$bin" --list --format terse 'backend::gpu::' |
     sed -n 's/: test$//p' | grep -F -- "${1:-}")
 if [[ ${#tests[@]} -eq 0 ]]; then
     echo "oclgrind-check: no tests matched" >&2

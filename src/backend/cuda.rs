@@ -1,18 +1,39 @@
-//! The `cuda` device (feature `cuda`), first part: the NVIDIA driver, NVRTC
-//! and cuBLAS are found at run time and the GPUs listed and opened. The
-//! kernels and GEMMs are not wired to a `Backend` yet (issue 12), so
-//! `--device cuda` stops with an error after finding the GPU. cudarc panics
-//! on a library it cannot open, so every entry checks the libraries first and
-//! errors naming what to install. Libraries are found on the loader's path:
-//! for pip-installed CUDA (`nvidia-*-cu12` wheels) put their `nvidia/*/lib`
-//! folders on `LD_LIBRARY_PATH`.
+//! The `cuda` device (feature `cuda`): a [`Runtime`] of the GPU host layer
+//! on the NVIDIA driver. The kernel sources of `src/backend/kernels/` are
+//! compiled at run time by NVRTC for the GPU's own architecture (so the
+//! PTX loads on the driver present), GEMMs go to cuBLAS in the column-major
+//! convention CLBlast is tested with, and everything is queued in order on
+//! one stream; memory is allocated and freed in stream order.
+//!
+//! The driver, NVRTC and cuBLAS are opened at run time (cudarc's
+//! `dynamic-loading`). cudarc panics on a library it cannot open, so every
+//! entry checks the libraries first and errors naming what to install.
+//! Libraries are found on the loader's path: for pip-installed CUDA
+//! (`nvidia-*-cu12` wheels) put their `nvidia/*/lib` folders on
+//! `LD_LIBRARY_PATH`.
 
-use crate::error::{Error, Result};
-use cudarc::driver::{CudaContext, DriverError};
+use crate::backend::gpu::{
+    kernel_names, program_source, u32_arg, Arg, DeviceMem, Gemm, GpuError, Runtime, View, BLOCK,
+};
+use crate::backend::Elem;
+use cudarc::cublas::result as blas;
+use cudarc::cublas::sys::{cublasHandle_t, cublasOperation_t};
+use cudarc::driver::{result as drv, CudaContext, CudaFunction, CudaStream, DriverError};
+use cudarc::driver::{sys::CUdeviceptr, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+use std::collections::HashMap;
+use std::ffi::c_int;
+use std::sync::{Arc, Mutex};
 
-fn driver_error(e: DriverError) -> Error {
-    Error::Device(format!("CUDA driver: {e}"))
+/// The cuda backend.
+pub type Cuda = crate::backend::gpu::Gpu<CudaRuntime>;
+
+/// A failed driver call, in words, for `map_err`.
+fn failed(what: &'static str) -> impl Fn(DriverError) -> GpuError {
+    move |e| GpuError(format!("CUDA {what} failed: {e}"))
 }
+
+type Result<T> = std::result::Result<T, GpuError>;
 
 /// Errors unless the driver library opens.
 fn check_driver() -> Result<()> {
@@ -20,7 +41,7 @@ fn check_driver() -> Result<()> {
     if unsafe { cudarc::driver::sys::is_culib_present() } {
         Ok(())
     } else {
-        Err(Error::Device(
+        Err(GpuError(
             "no CUDA driver (libcuda.so.1) found: install the NVIDIA driver".into(),
         ))
     }
@@ -31,7 +52,7 @@ fn check_libraries() -> Result<()> {
     check_driver()?;
     // SAFETY: as in `check_driver`.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err(Error::Device(
+        return Err(GpuError(
             "libnvrtc.so.12 not found: install the CUDA toolkit, or \
              `pip install nvidia-cuda-nvrtc-cu12` and put its nvidia/cuda_nvrtc/lib on LD_LIBRARY_PATH"
                 .into(),
@@ -39,7 +60,7 @@ fn check_libraries() -> Result<()> {
     }
     // SAFETY: as in `check_driver`.
     if !unsafe { cudarc::cublas::sys::is_culib_present() } {
-        return Err(Error::Device(
+        return Err(GpuError(
             "libcublas.so.12 not found: install the CUDA toolkit, or \
              `pip install nvidia-cublas-cu12` and put its nvidia/cublas/lib on LD_LIBRARY_PATH"
                 .into(),
@@ -51,10 +72,12 @@ fn check_libraries() -> Result<()> {
 /// Opens GPU `index` and says its name, compute capability and the driver's
 /// free/total memory.
 fn describe(index: usize) -> Result<String> {
-    let ctx = CudaContext::new(index).map_err(driver_error)?;
-    let name = ctx.name().map_err(driver_error)?;
-    let (major, minor) = ctx.compute_capability().map_err(driver_error)?;
-    let (free, total) = ctx.mem_get_info().map_err(driver_error)?;
+    let ctx = CudaContext::new(index).map_err(failed("cuDevicePrimaryCtxRetain"))?;
+    let name = ctx.name().map_err(failed("cuDeviceGetName"))?;
+    let (major, minor) = ctx
+        .compute_capability()
+        .map_err(failed("cuDeviceGetAttribute"))?;
+    let (free, total) = ctx.mem_get_info().map_err(failed("cuMemGetInfo"))?;
     Ok(format!(
         "{name} (sm_{major}{minor}, {} of {} MiB free)",
         free >> 20,
@@ -62,22 +85,351 @@ fn describe(index: usize) -> Result<String> {
     ))
 }
 
-/// One line per GPU, in the order `--cuda-device` counts them.
-pub fn devices() -> Result<Vec<String>> {
-    check_driver()?;
-    let count = CudaContext::device_count().map_err(driver_error)?;
-    (0..count.max(0) as usize).map(describe).collect()
-}
-
-/// Opens GPU `index` once every library the backend needs is found, and
-/// describes it.
-pub fn probe(index: usize) -> Result<String> {
+/// Errors unless every library the backend needs is found and GPU `index`
+/// exists; names the GPUs there are when it does not.
+fn check_gpu(index: usize) -> Result<()> {
     check_libraries()?;
-    let count = CudaContext::device_count().map_err(driver_error)?.max(0) as usize;
-    if index >= count {
-        return Err(Error::Device(format!(
-            "no CUDA device {index}: the driver reports {count}"
+    let names = CudaRuntime::list()?;
+    if index >= names.len() {
+        let found: Vec<String> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| format!("{i}: {n}"))
+            .collect();
+        return Err(GpuError(format!(
+            "CUDA device {index} out of range; found {}: {}",
+            names.len(),
+            found.join("; ")
         )));
     }
-    describe(index)
+    Ok(())
+}
+
+/// `len` elements of device memory, allocated and freed in the order of the
+/// runtime's stream (so a free waits for the kernels queued before it).
+pub struct Mem<T: Elem> {
+    ptr: CUdeviceptr,
+    len: usize,
+    stream: Arc<CudaStream>,
+    _elem: std::marker::PhantomData<T>,
+}
+
+impl<T: Elem> DeviceMem for Mem<T> {
+    fn handle(&self) -> u64 {
+        self.ptr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl<T: Elem> Drop for Mem<T> {
+    fn drop(&mut self) {
+        if self.ptr == 0 {
+            return;
+        }
+        // A failure here has nowhere to go; the next call on the stream reports it.
+        if self.stream.context().bind_to_thread().is_ok() {
+            // SAFETY: `ptr` came from `malloc_async` on this stream and is freed once.
+            let _ = unsafe { drv::free_async(self.ptr, self.stream.cu_stream()) };
+        }
+    }
+}
+
+/// The cuBLAS handle; calls on it are serialised.
+struct Blas(cublasHandle_t);
+
+// SAFETY: the handle is only used under the runtime's mutex.
+unsafe impl Send for Blas {}
+
+impl Drop for Blas {
+    fn drop(&mut self) {
+        // SAFETY: created by `create_handle`, destroyed once.
+        let _ = unsafe { blas::destroy_handle(self.0) };
+    }
+}
+
+/// An NVIDIA GPU with the model's kernels built for it.
+pub struct CudaRuntime {
+    // Fields drop in order: functions and the handle before the stream and context.
+    kernels: HashMap<String, CudaFunction>,
+    blas: Mutex<Blas>,
+    stream: Arc<CudaStream>,
+    ctx: Arc<CudaContext>,
+    name: String,
+}
+
+impl CudaRuntime {
+    fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(failed("cuCtxSetCurrent"))
+    }
+
+    /// The device address of element 0 of `v`, for `T`.
+    fn addr<T>(v: View) -> CUdeviceptr {
+        v.mem + (v.off * size_of::<T>()) as u64
+    }
+}
+
+/// The PTX of every kernel for compute capability `major.minor`.
+fn compile(major: i32, minor: i32) -> Result<cudarc::nvrtc::Ptx> {
+    let opts = CompileOptions {
+        options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
+        ..Default::default()
+    };
+    compile_ptx_with_opts(program_source(), opts).map_err(|e| {
+        GpuError(format!(
+            "NVRTC could not compile the kernels for sm_{major}{minor}: {e}"
+        ))
+    })
+}
+
+impl Runtime for CudaRuntime {
+    type Mem<T: Elem> = Mem<T>;
+    const KIND: &'static str = "cuda";
+
+    /// One line per GPU: name, compute capability, free/total memory.
+    fn list() -> Result<Vec<String>> {
+        check_driver()?;
+        let count = CudaContext::device_count().map_err(failed("cuDeviceGetCount"))?;
+        (0..count.max(0) as usize).map(describe).collect()
+    }
+
+    fn open(index: usize) -> Result<Self> {
+        check_gpu(index)?;
+        let name = describe(index)?;
+        let ctx = CudaContext::new(index).map_err(failed("cuDevicePrimaryCtxRetain"))?;
+        if !ctx.has_async_alloc() {
+            return Err(GpuError(format!(
+                "{name} has no stream-ordered allocator (cuMemAllocAsync): \
+                 the cuda backend needs CUDA 11.2+ and a driver that supports it"
+            )));
+        }
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(failed("cuDeviceGetAttribute"))?;
+        let module = ctx
+            .load_module(compile(major, minor)?)
+            .map_err(failed("cuModuleLoadData"))?;
+        let mut kernels = HashMap::new();
+        for k in kernel_names(&program_source()) {
+            let f = module
+                .load_function(k)
+                .map_err(failed("cuModuleGetFunction"))?;
+            kernels.insert(k.to_string(), f);
+        }
+        let stream = ctx.new_stream().map_err(failed("cuStreamCreate"))?;
+        let handle =
+            blas::create_handle().map_err(|e| GpuError(format!("cublasCreate failed: {e}")))?;
+        let blas = Blas(handle);
+        // SAFETY: both handles are live; cuBLAS queues on our stream from now on.
+        unsafe { blas::set_stream(blas.0, stream.cu_stream() as _) }
+            .map_err(|e| GpuError(format!("cublasSetStream failed: {e}")))?;
+        Ok(CudaRuntime {
+            kernels,
+            blas: Mutex::new(blas),
+            stream,
+            ctx,
+            name,
+        })
+    }
+
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn alloc<T: Elem>(&self, len: usize) -> Result<Mem<T>> {
+        self.bind()?;
+        let bytes = len * size_of::<T>();
+        if bytes == 0 {
+            return Ok(Mem {
+                ptr: 0,
+                len,
+                stream: self.stream.clone(),
+                _elem: std::marker::PhantomData,
+            });
+        }
+        let s = self.stream.cu_stream();
+        // SAFETY: a fresh allocation on our stream, zeroed before any use.
+        let ptr = unsafe { drv::malloc_async(s, bytes) }.map_err(|e| {
+            let (free, total) = self.ctx.mem_get_info().unwrap_or((0, 0));
+            GpuError(format!(
+                "allocating {bytes} bytes failed ({e}); the driver reports {} of {} MiB free",
+                free >> 20,
+                total >> 20
+            ))
+        })?;
+        let mem = Mem {
+            ptr,
+            len,
+            stream: self.stream.clone(),
+            _elem: std::marker::PhantomData,
+        };
+        // SAFETY: the whole allocation just made.
+        unsafe { drv::memset_d8_async(ptr, 0, bytes, s) }.map_err(failed("cuMemsetD8Async"))?;
+        Ok(mem)
+    }
+
+    fn write<T: Elem>(&self, dst: View, src: &[T]) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: the view was checked against its buffer and `src` has its
+        // length; the stream is synchronised before `src` can go away.
+        unsafe { drv::memcpy_htod_async(Self::addr::<T>(dst), src, self.stream.cu_stream()) }
+            .map_err(failed("cuMemcpyHtoDAsync"))?;
+        self.stream
+            .synchronize()
+            .map_err(failed("cuStreamSynchronize"))
+    }
+
+    fn read<T: Elem>(&self, src: View, dst: &mut [T]) -> Result<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: as in `write`.
+        unsafe { drv::memcpy_dtoh_async(dst, Self::addr::<T>(src), self.stream.cu_stream()) }
+            .map_err(failed("cuMemcpyDtoHAsync"))?;
+        self.stream
+            .synchronize()
+            .map_err(failed("cuStreamSynchronize"))
+    }
+
+    fn finish(&self) -> Result<()> {
+        self.bind()?;
+        self.stream
+            .synchronize()
+            .map_err(failed("cuStreamSynchronize"))
+    }
+
+    fn launch(&self, name: &str, groups: usize, args: &[Arg]) -> Result<()> {
+        let f = self
+            .kernels
+            .get(name)
+            .ok_or_else(|| GpuError(format!("no kernel {name} in the program")))?;
+        // Values first, so the pointers the builder keeps stay valid until launch.
+        let mut words = Vec::with_capacity(args.len() + 4);
+        for a in args {
+            match *a {
+                Arg::View(v) => {
+                    words.push(Word::Ptr(v.mem));
+                    words.push(Word::U32(u32_arg("view offset", v.off)?));
+                }
+                Arg::U32(x) => words.push(Word::U32(x)),
+                Arg::F32(x) => words.push(Word::F32(x)),
+            }
+        }
+        let mut b = self.stream.launch_builder(f);
+        for w in &words {
+            match w {
+                Word::Ptr(p) => b.arg(p),
+                Word::U32(x) => b.arg(x),
+                Word::F32(x) => b.arg(x),
+            };
+        }
+        let grid = u32::try_from(groups)
+            .map_err(|_| GpuError(format!("{name}: {groups} workgroups exceed the grid")))?;
+        let cfg = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (BLOCK as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the arguments match the kernel's parameters in kernels/*.cu
+        // (a pointer and an unsigned offset per view, unsigned, float), and
+        // every view was checked against the sizes the kernel touches.
+        unsafe { b.launch(cfg) }
+            .map(drop)
+            .map_err(|e| GpuError(format!("launching {name} failed: {e}")))
+    }
+
+    fn sgemm(&self, g: Gemm) -> Result<()> {
+        let int = |what: &str, n: usize| {
+            c_int::try_from(n)
+                .map_err(|_| GpuError(format!("sgemm {what} = {n} exceeds cuBLAS's int")))
+        };
+        let op = |t: bool| {
+            if t {
+                cublasOperation_t::CUBLAS_OP_T
+            } else {
+                cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        let (alpha, beta) = (1.0f32, g.beta);
+        self.bind()?;
+        let blas_handle = self.blas.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: the operands are live device memory of this context holding
+        // the matrices their sizes say (checked by the caller); alpha and beta
+        // are host scalars read during the call.
+        unsafe {
+            blas::sgemm(
+                blas_handle.0,
+                op(g.a.transpose),
+                op(g.b.transpose),
+                int("m", g.m)?,
+                int("n", g.n)?,
+                int("k", g.k)?,
+                &alpha,
+                Self::addr::<f32>(g.a.view) as *const f32,
+                int("lda", g.a.ld)?,
+                Self::addr::<f32>(g.b.view) as *const f32,
+                int("ldb", g.b.ld)?,
+                &beta,
+                Self::addr::<f32>(g.c) as *mut f32,
+                int("ldc", g.ldc)?,
+            )
+        }
+        .map_err(|e| {
+            GpuError(format!(
+                "cublasSgemm (m={}, n={}, k={}) failed: {e}",
+                g.m, g.n, g.k
+            ))
+        })
+    }
+}
+
+/// One kernel parameter's value, owned until the launch.
+enum Word {
+    Ptr(CUdeviceptr),
+    U32(u32),
+    F32(f32),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The compile `open` does, for an H100 (sm_90), without a GPU: needs
+    /// only libnvrtc.so.12 (CI puts the PyPI wheel's on LD_LIBRARY_PATH and
+    /// sets DISTGPT_REQUIRE_NVRTC=1; elsewhere a missing NVRTC skips).
+    #[test]
+    fn nvrtc_compiles_every_kernel_for_the_gpu_at_run_time() {
+        // SAFETY: only tries to dlopen the library.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            assert_ne!(
+                std::env::var("DISTGPT_REQUIRE_NVRTC").as_deref(),
+                Ok("1"),
+                "DISTGPT_REQUIRE_NVRTC=1 but libnvrtc.so.12 is not on the loader's path"
+            );
+            eprintln!("skipping: no libnvrtc.so.12");
+            return;
+        }
+        let ptx = compile(9, 0).unwrap().to_src();
+        assert!(
+            ptx.contains(".target sm_90"),
+            "{}",
+            &ptx[..ptx.len().min(400)]
+        );
+        for k in kernel_names(&program_source()) {
+            assert!(
+                ptx.contains(&format!(".entry {k}(")),
+                "no entry {k} in the PTX"
+            );
+        }
+        let err = compile(1, 0).unwrap_err().to_string();
+        assert!(
+            err.contains("NVRTC could not compile the kernels for sm_10"),
+            "{err}"
+        );
+    }
 }

@@ -10,6 +10,7 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod gpu;
 pub mod memory;
 pub mod opencl;
 

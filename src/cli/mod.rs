@@ -185,33 +185,34 @@ macro_rules! on_device {
                 let $be = distgpt::backend::opencl::OpenCl::open($dev.opencl_device)?;
                 $body
             }
-            DeviceChoice::Cuda => {
-                return Err($crate::cli::cuda_unavailable($dev.cuda_device).into())
-            }
+            DeviceChoice::Cuda => $crate::cli::cuda_arm!($dev, $be, $body),
         }
     };
 }
 pub(crate) use on_device;
 
-/// Why `--device cuda` cannot run: a library or the GPU is missing, or
-/// (with a GPU) its kernels are not wired to a backend yet.
+/// `on_device!`'s cuda arm: the cuda backend on `--cuda-device`.
 #[cfg(feature = "cuda")]
-pub(crate) fn cuda_unavailable(index: usize) -> distgpt::error::Error {
-    match distgpt::backend::cuda::probe(index) {
-        Ok(gpu) => distgpt::error::Error::Device(format!(
-            "CUDA device {index} is {gpu}, but the cuda backend runs no kernels yet (issue 12)"
-        )),
-        Err(e) => e,
-    }
+macro_rules! cuda_arm {
+    ($dev:expr, $be:ident, $body:expr) => {{
+        let $be = distgpt::backend::cuda::Cuda::open($dev.cuda_device)?;
+        $body
+    }};
 }
 
-/// Why `--device cuda` cannot run: this build lacks the `cuda` feature.
+/// `on_device!`'s cuda arm in a build without the `cuda` feature: an error
+/// that says how to rebuild.
 #[cfg(not(feature = "cuda"))]
-pub(crate) fn cuda_unavailable(index: usize) -> distgpt::error::Error {
-    distgpt::error::Error::Device(format!(
-        "--device cuda (device {index}) needs CUDA support: rebuild with `cargo build --release --features cuda`"
-    ))
+macro_rules! cuda_arm {
+    ($dev:expr, $be:ident, $body:expr) => {
+        return Err(distgpt::error::Error::Device(format!(
+            "--device cuda (device {}) needs CUDA support: rebuild with `cargo build --release --features cuda`",
+            $dev.cuda_device
+        ))
+        .into())
+    };
 }
+pub(crate) use cuda_arm;
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum CommKind {
@@ -1090,26 +1091,24 @@ fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
     Ok(Outcome::Done)
 }
 
+/// One line per device of runtime `R`, or one saying why there are none.
+fn list_gpus<R: distgpt::backend::gpu::Runtime>() {
+    match R::list() {
+        Ok(names) => {
+            for (i, n) in names.iter().enumerate() {
+                distgpt::outln!("{} {i}: {n}", R::KIND);
+            }
+        }
+        Err(e) => distgpt::outln!("{}: {e}", R::KIND),
+    }
+}
+
 fn list_devices(measure: bool) -> Result<()> {
     let cpu = Cpu::new();
     distgpt::outln!("cpu: {}", cpu.name());
-    match distgpt::backend::opencl::OpenCl::devices() {
-        Ok(names) => {
-            for (i, n) in names.iter().enumerate() {
-                distgpt::outln!("opencl {i}: {n}");
-            }
-        }
-        Err(e) => distgpt::outln!("opencl: {e}"),
-    }
+    list_gpus::<distgpt::backend::opencl::ClRuntime>();
     #[cfg(feature = "cuda")]
-    match distgpt::backend::cuda::devices() {
-        Ok(names) => {
-            for (i, n) in names.iter().enumerate() {
-                distgpt::outln!("cuda {i}: {n}");
-            }
-        }
-        Err(e) => distgpt::outln!("cuda: {e}"),
-    }
+    list_gpus::<distgpt::backend::cuda::CudaRuntime>();
     #[cfg(not(feature = "cuda"))]
     distgpt::outln!("cuda: not built in (rebuild with `--features cuda`)");
     let peak = if measure {

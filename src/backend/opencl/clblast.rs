@@ -1,8 +1,7 @@
 //! CLBlast's SGEMM, opened at run time (libclblast.so.1), called in the
 //! column-major convention so the same call maps onto cuBLAS.
 
-use super::runtime::View;
-use super::ClError;
+use crate::backend::gpu::{Gemm, GpuError, Operand};
 use libloading::Library;
 use opencl3::types::{cl_command_queue, cl_event, cl_mem};
 use std::ffi::c_int;
@@ -40,30 +39,8 @@ pub struct Clblast {
     _lib: Library,
 }
 
-/// One matrix operand, column-major: `transpose` says whether the op uses
-/// the stored matrix transposed; `ld` is its leading dimension.
-#[derive(Clone, Copy)]
-pub struct Operand {
-    pub view: View,
-    pub transpose: bool,
-    pub ld: usize,
-}
-
-/// c (m x n) = alpha * op(a) (m x k) @ op(b) (k x n) + beta * c, column-major.
-#[derive(Clone, Copy)]
-pub struct Gemm {
-    pub m: usize,
-    pub n: usize,
-    pub k: usize,
-    pub a: Operand,
-    pub b: Operand,
-    pub beta: f32,
-    pub c: View,
-    pub ldc: usize,
-}
-
 impl Clblast {
-    pub fn load() -> Result<Clblast, ClError> {
+    pub fn load() -> Result<Clblast, GpuError> {
         let mut last = String::new();
         for name in ["libclblast.so.1", "libclblast.so"] {
             // SAFETY: CLBlast's initialisers only set up its caches.
@@ -72,19 +49,19 @@ impl Clblast {
                     // SAFETY: the symbol has the C signature `SgemmFn` (clblast_c.h).
                     let sgemm = unsafe { lib.get::<SgemmFn>(b"CLBlastSgemm\0") }
                         .map(|s| *s)
-                        .map_err(|e| ClError(format!("{name} has no CLBlastSgemm: {e}")))?;
+                        .map_err(|e| GpuError(format!("{name} has no CLBlastSgemm: {e}")))?;
                     return Ok(Clblast { sgemm, _lib: lib });
                 }
                 Err(e) => last = e.to_string(),
             }
         }
-        Err(ClError(format!(
+        Err(GpuError(format!(
             "CLBlast not found ({last}): install libclblast1"
         )))
     }
 
     /// Enqueues `g` on `queue`; operands must be valid for the sizes given.
-    pub fn sgemm(&self, queue: cl_command_queue, g: Gemm) -> Result<(), ClError> {
+    pub fn sgemm(&self, queue: cl_command_queue, g: Gemm) -> Result<(), GpuError> {
         let t = |op: Operand| {
             if op.transpose {
                 TRANSPOSE_YES
@@ -104,14 +81,14 @@ impl Clblast {
                 g.n,
                 g.k,
                 1.0,
-                g.a.view.mem,
+                g.a.view.mem as cl_mem,
                 g.a.view.off,
                 g.a.ld,
-                g.b.view.mem,
+                g.b.view.mem as cl_mem,
                 g.b.view.off,
                 g.b.ld,
                 g.beta,
-                g.c.mem,
+                g.c.mem as cl_mem,
                 g.c.off,
                 g.ldc,
                 &mut queue,
@@ -119,7 +96,7 @@ impl Clblast {
             )
         };
         if status != 0 {
-            return Err(ClError(format!(
+            return Err(GpuError(format!(
                 "CLBlastSgemm (m={}, n={}, k={}) failed with status {status}",
                 g.m, g.n, g.k
             )));

@@ -1,26 +1,12 @@
-//! OpenCL device layer: buffers, views into them, and every non-attention
-//! kernel the model runs, compiled at run time from `src/backend/kernels/`
-//! (the same sources compile as CUDA). GEMMs go to CLBlast. libOpenCL and
-//! CLBlast are opened at run time: without them `Device::open` errors and
-//! the CPU backend still works.
+//! The OpenCL runtime of the GPU host layer (`backend::gpu`): context, one
+//! in-order queue, the kernel program built from `src/backend/kernels/` as
+//! OpenCL C, GEMMs on CLBlast. libOpenCL and CLBlast are opened at run
+//! time: without them `open` errors and the CPU backend still works.
 
-mod attention;
-mod backend;
 mod clblast;
-mod kernels;
 mod runtime;
-#[cfg(test)]
-mod tests;
 
-pub use backend::{OpenCl, PackedCl};
-pub use kernels::program_source;
-pub use runtime::Mem;
-pub(crate) use runtime::{Device, View};
-#[cfg(test)]
-use runtime::{Element, BLOCK};
+pub use runtime::ClRuntime;
 
-/// What went wrong, in words: the missing library or device, the failed
-/// call, or the kernel build log.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct ClError(pub String);
+/// The OpenCL backend.
+pub type OpenCl = super::gpu::Gpu<ClRuntime>;

@@ -3,8 +3,10 @@
 //! libOpenCL is opened at run time, so a machine without it still builds.
 
 use super::clblast::Clblast;
-use super::kernels::program_source;
-use super::ClError;
+use crate::backend::gpu::{
+    kernel_names, program_source, u32_arg, Arg, DeviceMem, Gemm, GpuError, Runtime, View, BLOCK,
+};
+use crate::backend::Elem;
 use opencl3::command_queue::{enqueue_read_buffer, enqueue_write_buffer, CommandQueue};
 use opencl3::context::Context;
 use opencl3::device::{Device as ClDevice, CL_DEVICE_TYPE_ALL};
@@ -17,84 +19,35 @@ use opencl3::platform::get_platforms;
 use opencl3::program::Program;
 use opencl3::types::{cl_device_id, cl_mem, CL_BLOCKING};
 use std::collections::HashMap;
-use std::ops::Range;
 use std::ptr;
 use std::sync::Mutex;
-
-/// Threads per workgroup of every kernel: the prelude's `BLOCK`.
-pub const BLOCK: usize = 256;
 
 const NO_RUNTIME: &str = "no OpenCL runtime (libOpenCL.so.1 not found): install \
     ocl-icd-libopencl1 and a driver, e.g. pocl-opencl-icd for the CPU or your GPU vendor's";
 
 /// The context of a failed OpenCL call, for `map_err`.
-pub(super) fn failed(what: &'static str) -> impl Fn(RawError) -> ClError {
-    move |e| ClError(format!("OpenCL {what} failed: {e}"))
+pub(super) fn failed(what: &'static str) -> impl Fn(RawError) -> GpuError {
+    move |e| GpuError(format!("OpenCL {what} failed: {e}"))
 }
 
-/// The element types a buffer may hold: the backend's.
-pub use crate::backend::Elem as Element;
-
-/// `len` elements of device memory, released on drop.
-pub struct Mem<T: Element> {
+/// `len` elements of device memory, released on drop (OpenCL keeps it
+/// until the commands queued on it have finished).
+pub struct Mem<T: Elem> {
     buf: Buffer<T>,
     len: usize,
 }
 
-/// A range of a buffer, in elements: what every kernel takes, so a caller
-/// can pass one tensor of a flat parameter buffer. Offsets need no alignment.
-#[derive(Clone, Copy, Debug)]
-pub struct View {
-    pub mem: cl_mem,
-    pub off: usize,
-    pub len: usize,
-}
-
-impl<T: Element> Mem<T> {
-    pub fn len(&self) -> usize {
+impl<T: Elem> DeviceMem for Mem<T> {
+    fn handle(&self) -> u64 {
+        self.buf.get() as u64
+    }
+    fn len(&self) -> usize {
         self.len
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The whole buffer.
-    pub fn view(&self) -> View {
-        self.view_range(0..self.len)
-    }
-
-    /// Elements `range` of the buffer; panics when it does not fit, as slicing does.
-    pub fn view_range(&self, range: Range<usize>) -> View {
-        assert!(
-            range.start <= range.end && range.end <= self.len,
-            "view {range:?} of a buffer of {} elements",
-            self.len
-        );
-        View {
-            mem: self.buf.get(),
-            off: range.start,
-            len: range.end - range.start,
-        }
-    }
-}
-
-/// One kernel argument. A `View` is passed as two arguments, the buffer and
-/// its element offset, the convention of every kernel in `kernels/`.
-#[derive(Clone, Copy)]
-pub(super) enum Arg {
-    View(View),
-    U32(u32),
-    F32(f32),
-}
-
-/// A count or offset as the `unsigned` the kernels take.
-pub(super) fn u32_arg(what: &str, n: usize) -> Result<u32, ClError> {
-    u32::try_from(n).map_err(|_| ClError(format!("{what} = {n} exceeds the kernels' 32-bit limit")))
 }
 
 /// An OpenCL device ready to run the model's kernels.
-pub struct Device {
+pub struct ClRuntime {
     // Fields drop in order: kernels before their program, the queue before its context.
     kernels: Mutex<HashMap<String, Kernel>>,
     _program: Program,
@@ -105,11 +58,11 @@ pub struct Device {
 }
 
 /// Every device of every platform, in order, with its "platform: device" name.
-fn all_devices() -> Result<Vec<(cl_device_id, String)>, ClError> {
+fn all_devices() -> Result<Vec<(cl_device_id, String)>, GpuError> {
     let platforms = match get_platforms() {
         // The ICD loader's answer when no driver is installed: no devices.
         Err(e) if e.0 == CL_PLATFORM_NOT_FOUND_KHR => Vec::new(),
-        Err(e) if e.0 == DLOPEN_RUNTIME_LOAD_FAILED => return Err(ClError(NO_RUNTIME.into())),
+        Err(e) if e.0 == DLOPEN_RUNTIME_LOAD_FAILED => return Err(GpuError(NO_RUNTIME.into())),
         r => r.map_err(failed("clGetPlatformIDs"))?,
     };
     let mut found = Vec::new();
@@ -129,18 +82,21 @@ fn all_devices() -> Result<Vec<(cl_device_id, String)>, ClError> {
     Ok(found)
 }
 
-impl Device {
-    /// Names of all devices, in the order `open` counts them.
-    pub fn list() -> Result<Vec<String>, ClError> {
+impl Runtime for ClRuntime {
+    type Mem<T: Elem> = Mem<T>;
+    const KIND: &'static str = "opencl";
+
+    /// Every device of every platform, as "platform: device".
+    fn list() -> Result<Vec<String>, GpuError> {
         Ok(all_devices()?.into_iter().map(|(_, n)| n).collect())
     }
 
     /// Opens device `index` (counted across all platforms), builds the kernels
     /// and loads CLBlast.
-    pub fn open(index: usize) -> Result<Device, ClError> {
+    fn open(index: usize) -> Result<ClRuntime, GpuError> {
         let devices = all_devices()?;
         if devices.is_empty() {
-            return Err(ClError(
+            return Err(GpuError(
                 "OpenCL runtime found but it lists no devices: install a driver, e.g. \
                  pocl-opencl-icd for the CPU or your GPU vendor's"
                     .into(),
@@ -152,7 +108,7 @@ impl Device {
                 .enumerate()
                 .map(|(i, (_, n))| format!("{i}: {n}"))
                 .collect();
-            return Err(ClError(format!(
+            return Err(GpuError(format!(
                 "OpenCL device {index} out of range; found {}: {}",
                 devices.len(),
                 names.join("; ")
@@ -164,13 +120,13 @@ impl Device {
         let queue =
             CommandQueue::create_default(&context, 0).map_err(failed("clCreateCommandQueue"))?;
         let program = Program::create_and_build_from_source(&context, &program_source(), "")
-            .map_err(|log| ClError(format!("building the kernels for {name} failed: {log}")))?;
+            .map_err(|log| GpuError(format!("building the kernels for {name} failed: {log}")))?;
         let mut kernels = HashMap::new();
-        for kname in program.kernel_names().split(';').filter(|k| !k.is_empty()) {
+        for kname in kernel_names(&program_source()) {
             let k = Kernel::create(&program, kname).map_err(failed("clCreateKernel"))?;
             kernels.insert(kname.to_string(), k);
         }
-        Ok(Device {
+        Ok(ClRuntime {
             kernels: Mutex::new(kernels),
             _program: program,
             blas,
@@ -181,20 +137,11 @@ impl Device {
     }
 
     /// "platform: device".
-    pub fn name(&self) -> String {
+    fn name(&self) -> String {
         self.name.clone()
     }
 
-    pub(super) fn blas(&self) -> &Clblast {
-        &self.blas
-    }
-
-    pub(super) fn queue(&self) -> &CommandQueue {
-        &self.queue
-    }
-
-    /// A zero-filled buffer of `len` elements.
-    pub fn alloc<T: Element>(&self, len: usize) -> Result<Mem<T>, ClError> {
+    fn alloc<T: Elem>(&self, len: usize) -> Result<Mem<T>, GpuError> {
         // OpenCL has no empty buffers; an empty Mem holds one unused element.
         // SAFETY: no host pointer is passed.
         let mut buf = unsafe {
@@ -205,7 +152,7 @@ impl Device {
                 ptr::null_mut(),
             )
         }
-        .map_err(|e| ClError(format!("allocating {len} elements failed: {e}")))?;
+        .map_err(|e| GpuError(format!("allocating {len} elements failed: {e}")))?;
         let bytes = len.max(1) * size_of::<T>();
         // SAFETY: the fill covers exactly the buffer just created.
         unsafe {
@@ -216,9 +163,7 @@ impl Device {
         Ok(Mem { buf, len })
     }
 
-    /// dst = src (blocking); `src.len()` must equal `dst.len`.
-    pub fn write<T: Element>(&self, dst: View, src: &[T]) -> Result<(), ClError> {
-        check_len("write", dst, src.len())?;
+    fn write<T: Elem>(&self, dst: View, src: &[T]) -> Result<(), GpuError> {
         if src.is_empty() {
             return Ok(());
         }
@@ -227,7 +172,7 @@ impl Device {
         unsafe {
             enqueue_write_buffer(
                 self.queue.get(),
-                dst.mem,
+                dst.mem as cl_mem,
                 CL_BLOCKING,
                 dst.off * size_of::<T>(),
                 size_of_val(src),
@@ -240,9 +185,7 @@ impl Device {
         .map_err(|e| failed("clEnqueueWriteBuffer")(RawError(e)))
     }
 
-    /// dst = src (blocking); `dst.len()` must equal `src.len`.
-    pub fn read<T: Element>(&self, src: View, dst: &mut [T]) -> Result<(), ClError> {
-        check_len("read", src, dst.len())?;
+    fn read<T: Elem>(&self, src: View, dst: &mut [T]) -> Result<(), GpuError> {
         if dst.is_empty() {
             return Ok(());
         }
@@ -250,7 +193,7 @@ impl Device {
         unsafe {
             enqueue_read_buffer(
                 self.queue.get(),
-                src.mem,
+                src.mem as cl_mem,
                 CL_BLOCKING,
                 src.off * size_of::<T>(),
                 size_of_val(dst),
@@ -263,21 +206,16 @@ impl Device {
         .map_err(|e| failed("clEnqueueReadBuffer")(RawError(e)))
     }
 
-    /// Waits until every queued command has finished.
-    pub fn finish(&self) -> Result<(), ClError> {
+    fn finish(&self) -> Result<(), GpuError> {
         self.queue.finish().map_err(failed("clFinish"))
     }
 
-    /// Runs kernel `name` on `groups` workgroups of BLOCK threads.
-    pub(super) fn launch(&self, name: &str, groups: usize, args: &[Arg]) -> Result<(), ClError> {
-        if groups == 0 {
-            return Ok(());
-        }
+    fn launch(&self, name: &str, groups: usize, args: &[Arg]) -> Result<(), GpuError> {
         // Setting arguments mutates the shared kernel object: one launch at a time.
         let kernels = self.kernels.lock().unwrap_or_else(|p| p.into_inner());
         let k = kernels
             .get(name)
-            .ok_or_else(|| ClError(format!("no kernel {name} in the program")))?;
+            .ok_or_else(|| GpuError(format!("no kernel {name} in the program")))?;
         let mut i = 0;
         // SAFETY: each argument has the type of the kernel's parameter at that
         // index (cl_mem + unsigned for a view, unsigned, float), per kernels/*.cu.
@@ -285,7 +223,8 @@ impl Device {
             for a in args {
                 match a {
                     Arg::View(v) => {
-                        k.set_arg(i, &v.mem).map_err(failed("clSetKernelArg"))?;
+                        k.set_arg(i, &(v.mem as cl_mem))
+                            .map_err(failed("clSetKernelArg"))?;
                         i += 1;
                         k.set_arg(i, &u32_arg("view offset", v.off)?)
                             .map_err(failed("clSetKernelArg"))?;
@@ -306,21 +245,14 @@ impl Device {
                     local.as_ptr(),
                     &[],
                 )
-                .map_err(|e| ClError(format!("launching {name} failed: {e}")))?;
+                .map_err(|e| GpuError(format!("launching {name} failed: {e}")))?;
         }
         Ok(())
     }
-}
 
-/// Errors unless a transfer of `n` elements fits `view` exactly.
-fn check_len(what: &str, view: View, n: usize) -> Result<(), ClError> {
-    if view.len != n {
-        return Err(ClError(format!(
-            "{what}: host slice of {n} elements for a view of {}",
-            view.len
-        )));
+    fn sgemm(&self, g: Gemm) -> Result<(), GpuError> {
+        self.blas.sgemm(self.queue.get(), g)
     }
-    Ok(())
 }
 
 fn release_event(e: opencl3::types::cl_event) {

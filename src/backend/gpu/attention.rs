@@ -1,10 +1,9 @@
-//! Causal self-attention on an OpenCL device: the flash-style kernels of
+//! Causal self-attention on a GPU-style device: the flash-style kernels of
 //! `kernels/attention.cu`, with the semantics of `cpu::attention` (the row
 //! log-sum-exp kept for the backward, no (T x T) buffer, no atomics).
 
 use super::kernels::{need, u32s};
-use super::runtime::{Arg, Device, View};
-use super::ClError;
+use super::{Arg, Device, GpuError, Runtime, View};
 use crate::backend::{AttnShape, DecodeShape};
 
 /// Largest head dim the kernels support: `ATT_HD_MAX` in attention.cu.
@@ -13,17 +12,17 @@ const HD_MAX: usize = 64;
 const ROWS: usize = 32;
 
 /// The head dim of `nh` heads over `c` channels, if the kernels support it.
-fn head_dim(c: usize, nh: usize) -> Result<usize, ClError> {
+fn head_dim(c: usize, nh: usize) -> Result<usize, GpuError> {
     if nh == 0 || !c.is_multiple_of(nh) || c / nh == 0 || c / nh > HD_MAX {
-        return Err(ClError(format!(
+        return Err(GpuError(format!(
             "attention: c = {c} over nh = {nh} heads must give a whole head dim \
-             of 1 to {HD_MAX} for the OpenCL kernels"
+             of 1 to {HD_MAX} for the device kernels"
         )));
     }
     Ok(c / nh)
 }
 
-impl Device {
+impl<R: Runtime> Device<R> {
     /// out (B, T, C) and lse (B, NH, T) from qkv (B, T, 3C) = [q | k | v] per token.
     pub fn attention_forward(
         &self,
@@ -31,7 +30,7 @@ impl Device {
         lse: View,
         qkv: View,
         shape: AttnShape,
-    ) -> Result<(), ClError> {
+    ) -> Result<(), GpuError> {
         let AttnShape { b, t, c, nh } = shape;
         head_dim(c, nh)?;
         need("attention_forward out", out, b * t * c)?;
@@ -58,7 +57,7 @@ impl Device {
         out: View,
         lse: View,
         shape: AttnShape,
-    ) -> Result<(), ClError> {
+    ) -> Result<(), GpuError> {
         let AttnShape { b, t, c, nh } = shape;
         head_dim(c, nh)?;
         need("attention_backward dqkv", dqkv, b * t * 3 * c)?;
@@ -92,7 +91,7 @@ impl Device {
         kcache: View,
         vcache: View,
         shape: DecodeShape,
-    ) -> Result<(), ClError> {
+    ) -> Result<(), GpuError> {
         let DecodeShape {
             b,
             len,
@@ -102,7 +101,7 @@ impl Device {
         } = shape;
         head_dim(c, nh)?;
         if len > max_t {
-            return Err(ClError(format!(
+            return Err(GpuError(format!(
                 "attention_decode: len = {len} exceeds the cache's max_t = {max_t}"
             )));
         }
@@ -126,8 +125,8 @@ impl Device {
 
 #[cfg(test)]
 mod tests {
-    use super::super::program_source;
-    use super::super::tests::{assert_close, device, get, putf, tiny};
+    use super::super::tests::{assert_close, get, on_gpus, putf, tiny};
+    use super::super::{program_source, DeviceMem};
     use super::*;
     use crate::backend::cpu::attention;
     use crate::backend::cpu::check::randn;
@@ -167,7 +166,10 @@ mod tests {
 
     #[test]
     fn attention_forward_matches_cpu() {
-        let Some(dev) = device() else { return };
+        on_gpus!(attention_forward_matches_cpu_on);
+    }
+
+    fn attention_forward_matches_cpu_on<R: Runtime>(dev: &Device<R>) {
         let mut rng = Rng::new(11);
         for s in shapes() {
             let AttnShape { b, t, c, nh } = s;
@@ -196,7 +198,10 @@ mod tests {
 
     #[test]
     fn attention_backward_matches_cpu_and_is_deterministic() {
-        let Some(dev) = device() else { return };
+        on_gpus!(attention_backward_matches_cpu_and_is_deterministic_on);
+    }
+
+    fn attention_backward_matches_cpu_and_is_deterministic_on<R: Runtime>(dev: &Device<R>) {
         let mut rng = Rng::new(12);
         for s in shapes() {
             let AttnShape { b, t, c, nh } = s;
@@ -256,7 +261,10 @@ mod tests {
 
     #[test]
     fn attention_decode_matches_cpu() {
-        let Some(dev) = device() else { return };
+        on_gpus!(attention_decode_matches_cpu_on);
+    }
+
+    fn attention_decode_matches_cpu_on<R: Runtime>(dev: &Device<R>) {
         let mut rng = Rng::new(13);
         for s in decode_shapes() {
             let DecodeShape { b, c, max_t, .. } = s;
@@ -279,7 +287,10 @@ mod tests {
 
     #[test]
     fn unsupported_head_dims_are_errors() {
-        let Some(dev) = device() else { return };
+        on_gpus!(unsupported_head_dims_are_errors_on);
+    }
+
+    fn unsupported_head_dims_are_errors_on<R: Runtime>(dev: &Device<R>) {
         let m = dev.alloc::<f32>(3 * 130).unwrap();
         let s = AttnShape {
             b: 1,

@@ -1,11 +1,9 @@
-//! The model's kernels on an OpenCL device, each with the semantics of its
+//! The model's kernels on a GPU-style device, each with the semantics of its
 //! CPU twin in `backend::cpu` (which outputs are overwritten, which
 //! accumulate). Sources live in `src/backend/kernels/`, one dialect for
-//! OpenCL C and CUDA; GEMMs go to CLBlast.
+//! OpenCL C and CUDA; GEMMs go to the runtime's BLAS (CLBlast, cuBLAS).
 
-use super::clblast::{Gemm, Operand};
-use super::runtime::{u32_arg, Arg, Device, View, BLOCK};
-use super::ClError;
+use super::{u32_arg, Arg, Device, DeviceMem, Gemm, GpuError, Operand, Runtime, View, BLOCK};
 use crate::backend::{AdamWStep, WeightLayout};
 
 const PRELUDE: &str = include_str!("../kernels/prelude.h");
@@ -25,7 +23,7 @@ const LAYERNORM_CHUNK_ROWS: usize = 64;
 /// Most workgroups of a whole-buffer reduction (partials read back).
 const REDUCE_GROUPS: usize = 256;
 
-/// The prelude and every kernel file: one OpenCL program.
+/// The prelude and every kernel file: one program (OpenCL C or CUDA C++).
 pub fn program_source() -> String {
     let mut src = String::from(PRELUDE);
     for s in SOURCES {
@@ -41,9 +39,9 @@ fn groups(n: usize) -> usize {
 }
 
 /// Errors unless `view` holds at least `n` elements.
-pub(super) fn need(what: &str, view: View, n: usize) -> Result<(), ClError> {
+pub(super) fn need(what: &str, view: View, n: usize) -> Result<(), GpuError> {
     if view.len < n {
-        return Err(ClError(format!(
+        return Err(GpuError(format!(
             "{what}: view of {} elements, need {n}",
             view.len
         )));
@@ -51,11 +49,11 @@ pub(super) fn need(what: &str, view: View, n: usize) -> Result<(), ClError> {
     Ok(())
 }
 
-pub(super) fn u32s(what: &str, n: usize) -> Result<Arg, ClError> {
+pub(super) fn u32s(what: &str, n: usize) -> Result<Arg, GpuError> {
     Ok(Arg::U32(u32_arg(what, n)?))
 }
 
-impl Device {
+impl<R: Runtime> Device<R> {
     /// out (rows, c) = wte[tokens] + wpe[row % t]; rows = tokens.len.
     pub fn encoder_forward(
         &self,
@@ -65,7 +63,7 @@ impl Device {
         wpe: View,
         t: usize,
         c: usize,
-    ) -> Result<(), ClError> {
+    ) -> Result<(), GpuError> {
         let rows = tokens.len;
         need("encoder_forward out", out, rows * c)?;
         need("encoder_forward wpe", wpe, t.min(rows) * c)?;
@@ -95,7 +93,7 @@ impl Device {
         tokens: &[u32],
         t: usize,
         c: usize,
-    ) -> Result<(), ClError> {
+    ) -> Result<(), GpuError> {
         let rows = tokens.len();
         need("encoder_backward dout", dout, rows * c)?;
         need("encoder_backward dwpe", dwpe, t.min(rows) * c)?;
@@ -144,8 +142,8 @@ impl Device {
             u32s("t", positions)?,
             u32s("c", c)?,
         ];
-        // `mem` may be dropped with the kernels still queued: OpenCL frees it
-        // only after they finish.
+        // `mem` may be dropped with the kernels still queued: runtimes free
+        // memory in queue order (`Runtime::Mem`).
         self.launch("encoder_backward_wpe", groups(positions * c), &args)
     }
 
@@ -161,7 +159,7 @@ impl Device {
         b: View,
         rows: usize,
         c: usize,
-    ) -> Result<(), ClError> {
+    ) -> Result<(), GpuError> {
         need("layernorm_forward out", out, rows * c)?;
         need("layernorm_forward inp", inp, rows * c)?;
         need("layernorm_forward mean", mean, rows)?;
@@ -194,7 +192,7 @@ impl Device {
         rstd: View,
         rows: usize,
         c: usize,
-    ) -> Result<(), ClError> {
+    ) -> Result<(), GpuError> {
         for (what, v, n) in [
             ("dinp", dinp, rows * c),
             ("dout", dout, rows * c),
@@ -258,7 +256,7 @@ impl Device {
         k: usize,
         n: usize,
         accumulate: bool,
-    ) -> Result<(), ClError> {
+    ) -> Result<(), GpuError> {
         need("matmul_forward out", out, rows * n)?;
         need("matmul_forward inp", inp, rows * k)?;
         need("matmul_forward w", w, k * n)?;
@@ -309,7 +307,7 @@ impl Device {
         rows: usize,
         k: usize,
         n: usize,
-    ) -> Result<(), ClError> {
+    ) -> Result<(), GpuError> {
         need("matmul_backward dinp", dinp, rows * k)?;
         need("matmul_backward dout", dout, rows * n)?;
         need("matmul_backward inp", inp, rows * k)?;
@@ -381,7 +379,7 @@ impl Device {
 
     /// c (m x n, column-major, ldc = m) per `g`, with empty sizes handled
     /// here (CLBlast rejects them).
-    fn gemm(&self, g: Gemm) -> Result<(), ClError> {
+    fn gemm(&self, g: Gemm) -> Result<(), GpuError> {
         if g.m == 0 || g.n == 0 {
             return Ok(());
         }
@@ -398,38 +396,38 @@ impl Device {
             }
             return Ok(());
         }
-        self.blas().sgemm(self.queue().get(), g)
+        self.rt.sgemm(g)
     }
 
     /// out = gelu(inp) (tanh approximation), n = inp.len.
-    pub fn gelu_forward(&self, out: View, inp: View) -> Result<(), ClError> {
+    pub fn gelu_forward(&self, out: View, inp: View) -> Result<(), GpuError> {
         self.pointwise("gelu_forward", out, inp)
     }
 
     /// d *= gelu'(inp), in place; n = inp.len.
-    pub fn gelu_backward_inplace(&self, d: View, inp: View) -> Result<(), ClError> {
+    pub fn gelu_backward_inplace(&self, d: View, inp: View) -> Result<(), GpuError> {
         self.pointwise("gelu_backward_inplace", d, inp)
     }
 
     /// dst = src; n = src.len.
-    pub fn copy(&self, dst: View, src: View) -> Result<(), ClError> {
+    pub fn copy(&self, dst: View, src: View) -> Result<(), GpuError> {
         self.pointwise("copy", dst, src)
     }
 
     /// dst += src; n = src.len.
-    pub fn add_inplace(&self, dst: View, src: View) -> Result<(), ClError> {
+    pub fn add_inplace(&self, dst: View, src: View) -> Result<(), GpuError> {
         self.pointwise("add_inplace", dst, src)
     }
 
     /// The kernels of the form `name(dst, src, n)` over n = src.len.
-    fn pointwise(&self, name: &str, dst: View, src: View) -> Result<(), ClError> {
+    fn pointwise(&self, name: &str, dst: View, src: View) -> Result<(), GpuError> {
         need(name, dst, src.len)?;
         let args = [Arg::View(dst), Arg::View(src), u32s("n", src.len)?];
         self.launch(name, groups(src.len), &args)
     }
 
     /// dst = value.
-    pub fn fill(&self, dst: View, value: f32) -> Result<(), ClError> {
+    pub fn fill(&self, dst: View, value: f32) -> Result<(), GpuError> {
         let args = [Arg::View(dst), u32s("n", dst.len)?, Arg::F32(value)];
         self.launch("fill", groups(dst.len), &args)
     }
@@ -443,7 +441,7 @@ impl Device {
         targets: View,
         v: usize,
         vp: usize,
-    ) -> Result<(), ClError> {
+    ) -> Result<(), GpuError> {
         let rows = targets.len;
         check_vocab(v, vp)?;
         need("crossentropy_forward losses", losses, rows)?;
@@ -467,7 +465,7 @@ impl Device {
         v: usize,
         vp: usize,
         dloss: f32,
-    ) -> Result<(), ClError> {
+    ) -> Result<(), GpuError> {
         let rows = targets.len;
         check_vocab(v, vp)?;
         need("crossentropy_backward logits", logits, rows * vp)?;
@@ -490,7 +488,7 @@ impl Device {
         v: View,
         step: AdamWStep,
         weight_decay: f32,
-    ) -> Result<(), ClError> {
+    ) -> Result<(), GpuError> {
         let n = param.len;
         need("adamw grad", grad, n)?;
         need("adamw m", m, n)?;
@@ -516,16 +514,16 @@ impl Device {
     }
 
     /// Sum of squares of x, in f64 (reproducible).
-    pub fn sum_squares(&self, x: View) -> Result<f64, ClError> {
+    pub fn sum_squares(&self, x: View) -> Result<f64, GpuError> {
         self.reduce(x, true)
     }
 
     /// Sum of x, in f64 (reproducible).
-    pub fn sum(&self, x: View) -> Result<f64, ClError> {
+    pub fn sum(&self, x: View) -> Result<f64, GpuError> {
         self.reduce(x, false)
     }
 
-    fn reduce(&self, x: View, square: bool) -> Result<f64, ClError> {
+    fn reduce(&self, x: View, square: bool) -> Result<f64, GpuError> {
         let g = groups(x.len).clamp(1, REDUCE_GROUPS);
         let partials = self.alloc::<f32>(g)?;
         let args = [
@@ -558,18 +556,18 @@ fn weight(w: View, layout: WeightLayout, k: usize, n: usize, for_dinp: bool) -> 
     }
 }
 
-fn check_vocab(v: usize, vp: usize) -> Result<(), ClError> {
+fn check_vocab(v: usize, vp: usize) -> Result<(), GpuError> {
     if v == 0 || v > vp {
-        return Err(ClError(format!(
+        return Err(GpuError(format!(
             "cross-entropy: need 0 < v <= vp, got v = {v}, vp = {vp}"
         )));
     }
     Ok(())
 }
 
-fn check_t(t: usize) -> Result<(), ClError> {
+fn check_t(t: usize) -> Result<(), GpuError> {
     if t == 0 {
-        return Err(ClError(
+        return Err(GpuError(
             "encoder: sequence length t must be positive".into(),
         ));
     }

@@ -1,9 +1,10 @@
-//! `OpenCl`: the [`Backend`] over an OpenCL [`Device`]. Every handle made
+//! `Gpu<R>`: the [`Backend`] over a [`Device`] of runtime `R` (`OpenCl`,
+//! `Cuda`). Every handle made
 //! from one `open` shares the device, its queue and its first error; each
 //! keeps memory counters of its own. Kernels are queued without a result and
 //! a failure is kept until the next transfer or `synchronize`, as on a GPU.
 
-use super::{ClError, Device, Mem, View};
+use super::{Device, DeviceMem, GpuError, Runtime, View};
 use crate::backend::cpu::round_to_bf16;
 use crate::backend::memory::{Buf, Category, Dst, MemoryStats, RawView, Src};
 use crate::backend::{
@@ -13,9 +14,8 @@ use crate::error::{Error, Result};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-#[derive(Clone)]
-pub struct OpenCl {
-    dev: Arc<Device>,
+pub struct Gpu<R: Runtime> {
+    dev: Arc<Device<R>>,
     /// The first failure of a queued kernel, reported by the next transfer or sync.
     failure: Arc<Mutex<Option<String>>>,
     memory: Arc<MemoryStats>,
@@ -23,33 +23,43 @@ pub struct OpenCl {
 
 /// A decode weight: W (k x n) kept in its layout, in f32 (values rounded
 /// to bf16 when asked, so results match the CPU's bf16 panels).
-pub struct PackedCl {
-    w: Buf<OpenCl>,
+pub struct PackedGpu<R: Runtime> {
+    w: Buf<Gpu<R>>,
     layout: WeightLayout,
 }
 
 fn view(raw: RawView) -> View {
     View {
-        mem: raw.handle as _,
+        mem: raw.handle as u64,
         off: raw.off,
         len: raw.len,
     }
 }
 
-fn device_error(e: ClError) -> Error {
+fn device_error(e: GpuError) -> Error {
     Error::Device(e.0)
 }
 
-impl OpenCl {
-    /// Names of the OpenCL devices, in the order `open` counts them.
+// Not derived: that would ask `R: Clone`.
+impl<R: Runtime> Clone for Gpu<R> {
+    fn clone(&self) -> Self {
+        Gpu {
+            dev: self.dev.clone(),
+            failure: self.failure.clone(),
+            memory: self.memory.clone(),
+        }
+    }
+}
+
+impl<R: Runtime> Gpu<R> {
+    /// Names of the runtime's devices, in the order `open` counts them.
     pub fn devices() -> Result<Vec<String>> {
-        Device::list().map_err(device_error)
+        R::list().map_err(device_error)
     }
 
-    /// Opens OpenCL device `index` (counted across platforms, as `distgpt
-    /// devices` lists them).
-    pub fn open(index: usize) -> Result<OpenCl> {
-        Ok(OpenCl {
+    /// Opens device `index` (as `distgpt devices` lists them).
+    pub fn open(index: usize) -> Result<Self> {
+        Ok(Gpu {
             dev: Arc::new(Device::open(index).map_err(device_error)?),
             failure: Arc::default(),
             memory: Arc::default(),
@@ -57,7 +67,7 @@ impl OpenCl {
     }
 
     /// Runs a kernel launch unless an earlier one failed; keeps its failure.
-    fn queue(&self, launch: impl FnOnce(&Device) -> Result<(), ClError>) {
+    fn queue(&self, launch: impl FnOnce(&Device<R>) -> Result<(), GpuError>) {
         let mut failure = self.failure.lock().unwrap_or_else(|e| e.into_inner());
         if failure.is_none() {
             if let Err(e) = launch(&self.dev) {
@@ -80,21 +90,21 @@ impl OpenCl {
     }
 }
 
-impl Backend for OpenCl {
-    type Mem<T: Elem> = Mem<T>;
-    type Packed = PackedCl;
+impl<R: Runtime> Backend for Gpu<R> {
+    type Mem<T: Elem> = R::Mem<T>;
+    type Packed = PackedGpu<R>;
 
-    fn handle<T: Elem>(mem: &Mem<T>) -> usize {
-        mem.view().mem as usize
+    fn handle<T: Elem>(mem: &R::Mem<T>) -> usize {
+        mem.handle() as usize
     }
-    fn handle_mut<T: Elem>(mem: &mut Mem<T>) -> usize {
-        mem.view().mem as usize
+    fn handle_mut<T: Elem>(mem: &mut R::Mem<T>) -> usize {
+        mem.handle() as usize
     }
     fn name(&self) -> String {
-        format!("opencl ({})", self.dev.name())
+        format!("{} ({})", R::KIND, self.dev.name())
     }
     fn clone_fresh(&self) -> Self {
-        OpenCl {
+        Gpu {
             dev: self.dev.clone(),
             failure: self.failure.clone(),
             memory: Arc::default(),
@@ -284,7 +294,7 @@ impl Backend for OpenCl {
         k: usize,
         n: usize,
         format: WeightFormat,
-    ) -> Result<PackedCl> {
+    ) -> Result<PackedGpu<R>> {
         let mut packed = self.alloc(k * n, Category::Params)?;
         match format {
             WeightFormat::F32 => self.copy(packed.d(), w.first(k * n)),
@@ -296,20 +306,18 @@ impl Backend for OpenCl {
                     .collect();
                 self.upload(packed.d(), &rounded)?;
             }
-            WeightFormat::Int8 => {
-                return Err(Error::Input(
-                    "int8 weights run on the CPU only (--device cpu); on OpenCL use --weights f32 or bf16"
-                        .into(),
-                ))
-            }
+            WeightFormat::Int8 => return Err(Error::Input(format!(
+                "int8 weights run on the CPU only (--device cpu); on {} use --weights f32 or bf16",
+                R::KIND
+            ))),
         }
-        Ok(PackedCl { w: packed, layout })
+        Ok(PackedGpu { w: packed, layout })
     }
     fn matmul_decode(
         &self,
         out: Dst<'_, Self>,
         inp: Src<'_, Self>,
-        packed: &PackedCl,
+        packed: &PackedGpu<R>,
         bias: Option<Src<'_, Self>>,
         rows: usize,
         k: usize,
@@ -475,7 +483,7 @@ impl Backend for OpenCl {
         2.0 * (rows * k * n) as f64 / best
     }
     fn ranks_share_device(&self) -> bool {
-        // Every rank opens the --opencl-device it was given.
+        // Every rank opens the --opencl-device / --cuda-device it was given.
         true
     }
     fn sum(&self, x: Src<'_, Self>) -> Result<f64> {

@@ -1,7 +1,9 @@
-//! The OpenCL backend against the CPU's: a whole training step on the same
-//! weights, every strategy following `single` on thread ranks, and greedy
-//! generation. Runs on the first OpenCL device (PoCL here); skipped with a
-//! notice when there is none, unless DISTGPT_REQUIRE_OPENCL=1.
+//! The GPU backends against the CPU's: a whole training step on the same
+//! weights, every strategy following `single` on thread ranks, greedy
+//! generation, and `train --device`. Each check runs on every device there
+//! is: the first OpenCL device (PoCL here) and, in a build with the `cuda`
+//! feature, the first CUDA GPU (`scripts/gpu_check.sh`). A missing device
+//! skips with a notice, unless DISTGPT_REQUIRE_OPENCL=1 / DISTGPT_REQUIRE_CUDA=1.
 
 mod common;
 
@@ -16,25 +18,50 @@ use distgpt::train::{train, TrainSummary};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+/// Opens device `DISTGPT_{KIND}_DEVICE` (default 0) of backend `kind`
+/// with `open`, or None with a notice unless `DISTGPT_REQUIRE_{KIND}=1`.
+fn open_or_skip<B>(kind: &str, open: impl FnOnce(usize) -> distgpt::error::Result<B>) -> Option<B> {
+    let upper = kind.to_uppercase();
+    let index = std::env::var(format!("DISTGPT_{upper}_DEVICE"))
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    match open(index) {
+        Ok(d) => Some(d),
+        Err(e) if std::env::var(format!("DISTGPT_REQUIRE_{upper}")).as_deref() == Ok("1") => {
+            panic!("DISTGPT_REQUIRE_{upper}=1 but {e}")
+        }
+        Err(e) => {
+            eprintln!("skipping the {kind} tests: {e}");
+            None
+        }
+    }
+}
+
 fn opencl() -> Option<OpenCl> {
     static DEV: OnceLock<Option<OpenCl>> = OnceLock::new();
-    DEV.get_or_init(|| {
-        let index = std::env::var("DISTGPT_OPENCL_DEVICE")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
-        match OpenCl::open(index) {
-            Ok(d) => Some(d),
-            Err(e) if std::env::var("DISTGPT_REQUIRE_OPENCL").as_deref() == Ok("1") => {
-                panic!("DISTGPT_REQUIRE_OPENCL=1 but {e}")
-            }
-            Err(e) => {
-                eprintln!("skipping the OpenCL tests: {e}");
-                None
-            }
+    DEV.get_or_init(|| open_or_skip("opencl", OpenCl::open))
+        .clone()
+}
+
+#[cfg(feature = "cuda")]
+fn cuda() -> Option<distgpt::backend::cuda::Cuda> {
+    static DEV: OnceLock<Option<distgpt::backend::cuda::Cuda>> = OnceLock::new();
+    DEV.get_or_init(|| open_or_skip("cuda", distgpt::backend::cuda::Cuda::open))
+        .clone()
+}
+
+/// Runs `$check(backend, "kind")` on each GPU backend there is.
+macro_rules! on_gpus {
+    ($check:ident) => {{
+        if let Some(be) = opencl() {
+            $check(be, "opencl");
         }
-    })
-    .clone()
+        #[cfg(feature = "cuda")]
+        if let Some(be) = cuda() {
+            $check(be, "cuda");
+        }
+    }};
 }
 
 fn dataset() -> &'static Dataset {
@@ -72,8 +99,11 @@ fn one_step<B: Backend>(be: B, cfg: &GptConfig, tokens: &[u32], targets: &[u32])
 }
 
 #[test]
-fn a_training_step_on_opencl_equals_the_cpus() {
-    let Some(cl) = opencl() else { return };
+fn a_training_step_on_the_gpu_equals_the_cpus() {
+    on_gpus!(a_training_step_on_the_gpu_equals_the_cpus_on);
+}
+
+fn a_training_step_on_the_gpu_equals_the_cpus_on<B: Backend>(gpu: B, kind: &str) {
     // Awkward widths: 3 heads of 8, a block of 19 positions, 67 tokens (padded to 128).
     let cfg = GptConfig {
         n_layer: 2,
@@ -85,13 +115,13 @@ fn a_training_step_on_opencl_equals_the_cpus() {
     let tokens: Vec<u32> = (0..3 * 19).map(|i| (i * 31 % 67) as u32).collect();
     let targets: Vec<u32> = (0..3 * 19).map(|i| (i * 17 % 67) as u32).collect();
     let want = one_step(Cpu::new(), &cfg, &tokens, &targets);
-    let got = one_step(cl, &cfg, &tokens, &targets);
+    let got = one_step(gpu, &cfg, &tokens, &targets);
     for (what, (g, w)) in ["loss", "logits", "gradients", "updated parameters"]
         .iter()
         .zip(got.iter().zip(&want))
     {
         let err = rel_err(g, w);
-        assert!(err <= 1e-5, "{what}: relative error {err}");
+        assert!(err <= 1e-5, "{kind} {what}: relative error {err}");
     }
 }
 
@@ -101,7 +131,7 @@ fn run<B: Backend>(
     world_size: usize,
     tp: usize,
 ) -> TrainSummary {
-    let tag = format!("ocl-{strategy:?}-{world_size}-{tp}");
+    let tag = format!("gpu-{strategy:?}-{world_size}-{tp}");
     let cfg = common::five_steps(&tag, 1);
     let par = ParallelConfig {
         strategy,
@@ -123,14 +153,17 @@ fn run<B: Backend>(
 }
 
 #[test]
-fn every_strategy_on_opencl_matches_single() {
-    let Some(cl) = opencl() else { return };
-    let on_cl = || cl.clone_fresh();
-    let single = run(on_cl, StrategyKind::Single, 1, 1);
+fn every_strategy_on_the_gpu_matches_single() {
+    on_gpus!(every_strategy_on_the_gpu_matches_single_on);
+}
+
+fn every_strategy_on_the_gpu_matches_single_on<B: Backend>(gpu: B, kind: &str) {
+    let on_gpu = || gpu.clone_fresh();
+    let single = run(on_gpu, StrategyKind::Single, 1, 1);
     common::assert_follows(
         &run(Cpu::new, StrategyKind::Single, 1, 1),
         &single,
-        "single on opencl vs single on cpu",
+        &format!("single on {kind} vs single on cpu"),
     );
     for (strategy, world, tp) in [
         (StrategyKind::Ddp, 2, 1),
@@ -140,14 +173,17 @@ fn every_strategy_on_opencl_matches_single() {
         (StrategyKind::Tp, 2, 2),
         (StrategyKind::Ddp, 4, 2),
     ] {
-        let what = format!("{strategy:?} on {world} opencl ranks, tp {tp}");
-        common::assert_follows(&single, &run(on_cl, strategy, world, tp), &what);
+        let what = format!("{strategy:?} on {world} {kind} ranks, tp {tp}");
+        common::assert_follows(&single, &run(on_gpu, strategy, world, tp), &what);
     }
 }
 
 #[test]
-fn greedy_generation_on_opencl_gives_the_cpus_tokens() {
-    let Some(cl) = opencl() else { return };
+fn greedy_generation_on_the_gpu_gives_the_cpus_tokens() {
+    on_gpus!(greedy_generation_on_the_gpu_gives_the_cpus_tokens_on);
+}
+
+fn greedy_generation_on_the_gpu_gives_the_cpus_tokens_on<B: Backend>(gpu: B, kind: &str) {
     let cfg = common::tiny_model(dataset());
     let sc = SampleConfig {
         max_new_tokens: 40,
@@ -159,11 +195,11 @@ fn greedy_generation_on_opencl_gives_the_cpus_tokens() {
     let prompts = vec![vec![1, 2, 3], vec![7, 5, 9, 11, 2]];
     let mut on_cpu = Gpt2::new(Cpu::new(), cfg.clone()).unwrap();
     on_cpu.init_weights(9).unwrap();
-    let mut on_cl = Gpt2::new(cl, cfg).unwrap();
-    on_cl.set_params(&on_cpu.params_host().unwrap()).unwrap();
+    let mut on_gpu = Gpt2::new(gpu, cfg).unwrap();
+    on_gpu.set_params(&on_cpu.params_host().unwrap()).unwrap();
     let want = generate(&on_cpu, &prompts, &sc, None, |_, _| {}).unwrap();
-    let got = generate(&on_cl, &prompts, &sc, None, |_, _| {}).unwrap();
-    assert_eq!(got, want);
+    let got = generate(&on_gpu, &prompts, &sc, None, |_, _| {}).unwrap();
+    assert_eq!(got, want, "greedy tokens on {kind}");
 }
 
 /// Per-step losses from a run's metrics.jsonl.
@@ -177,13 +213,14 @@ fn losses(run: &std::path::Path) -> Vec<f64> {
 }
 
 #[test]
-fn train_with_device_opencl_follows_the_cpus_losses() {
-    if opencl().is_none() {
-        return;
-    }
+fn train_with_device_gpu_follows_the_cpus_losses() {
+    on_gpus!(train_with_device_gpu_follows_the_cpus_losses_on);
+}
+
+fn train_with_device_gpu_follows_the_cpus_losses_on<B: Backend>(_: B, kind: &str) {
     let run = |device: &str| {
         let out =
-            std::env::temp_dir().join(format!("distgpt-ocl-cli-{device}-{}", std::process::id()));
+            std::env::temp_dir().join(format!("distgpt-gpu-cli-{device}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&out);
         let status = std::process::Command::new(env!("CARGO_BIN_EXE_distgpt"))
             .stdout(std::process::Stdio::null())
@@ -206,13 +243,13 @@ fn train_with_device_opencl_follows_the_cpus_losses() {
         let _ = std::fs::remove_dir_all(&out);
         l
     };
-    let (cpu, cl) = (run("cpu"), run("opencl"));
+    let (cpu, gpu) = (run("cpu"), run(kind));
     assert_eq!(cpu.len(), 8);
-    assert_eq!(cl.len(), cpu.len());
-    for (step, (a, b)) in cl.iter().zip(&cpu).enumerate() {
+    assert_eq!(gpu.len(), cpu.len());
+    for (step, (a, b)) in gpu.iter().zip(&cpu).enumerate() {
         assert!(
             (a - b).abs() <= 1e-5,
-            "step {step}: opencl loss {a} vs cpu {b}"
+            "step {step}: {kind} loss {a} vs cpu {b}"
         );
     }
 }

@@ -7,9 +7,11 @@
 //! DISTGPT_OCL_TINY=1 shrinks the shapes for Oclgrind
 //! (scripts/oclgrind-check.sh).
 
-use super::{program_source, Device, Element, Mem, View, BLOCK};
+use super::{kernel_names, program_source, Device, DeviceMem, Runtime, View, BLOCK};
 use crate::backend::cpu::check::randn;
 use crate::backend::cpu::{adamw, crossentropy, elementwise, encoder, layernorm, matmul};
+use crate::backend::opencl::ClRuntime;
+use crate::backend::Elem;
 use crate::backend::{AdamWStep, WeightLayout};
 use crate::rng::Rng;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -21,31 +23,66 @@ fn env_is(name: &str, value: &str) -> bool {
     std::env::var(name).is_ok_and(|v| v == value)
 }
 
-/// The shared test device, or None (with a notice) when there is none.
-pub(super) fn device() -> Option<&'static Device> {
-    static DEVICE: OnceLock<Option<Device>> = OnceLock::new();
-    DEVICE
-        .get_or_init(|| {
-            let index = std::env::var("DISTGPT_OPENCL_DEVICE")
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(0);
-            match Device::open(index) {
-                Ok(d) => {
-                    eprintln!("OpenCL tests on {}", d.name());
-                    Some(d)
-                }
-                Err(e) if env_is("DISTGPT_REQUIRE_OPENCL", "1") => {
-                    panic!("DISTGPT_REQUIRE_OPENCL=1 but no OpenCL device: {e}")
-                }
-                Err(e) => {
-                    eprintln!("skipping OpenCL kernel tests: {e}");
-                    None
-                }
-            }
-        })
-        .as_ref()
+/// A runtime the kernel tests run on, with its shared test device.
+pub(super) trait TestRuntime: Runtime {
+    /// The device, or None (with a notice) when there is none.
+    fn device() -> Option<&'static Device<Self>>;
 }
+
+/// Opens device `DISTGPT_{KIND}_DEVICE` (default 0) of `R`; without one the
+/// tests print a notice and pass, unless `DISTGPT_REQUIRE_{KIND}=1`.
+fn open_test_device<R: Runtime>() -> Option<Device<R>> {
+    let kind = R::KIND.to_uppercase();
+    let index = std::env::var(format!("DISTGPT_{kind}_DEVICE"))
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    match Device::<R>::open(index) {
+        Ok(d) => {
+            eprintln!("{} kernel tests on {}", R::KIND, d.name());
+            Some(d)
+        }
+        Err(e) if env_is(&format!("DISTGPT_REQUIRE_{kind}"), "1") => {
+            panic!("DISTGPT_REQUIRE_{kind}=1 but no {} device: {e}", R::KIND)
+        }
+        Err(e) => {
+            eprintln!("skipping {} kernel tests: {e}", R::KIND);
+            None
+        }
+    }
+}
+
+impl TestRuntime for ClRuntime {
+    fn device() -> Option<&'static Device<Self>> {
+        static DEVICE: OnceLock<Option<Device<ClRuntime>>> = OnceLock::new();
+        DEVICE.get_or_init(open_test_device).as_ref()
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl TestRuntime for crate::backend::cuda::CudaRuntime {
+    fn device() -> Option<&'static Device<Self>> {
+        static DEVICE: OnceLock<Option<Device<crate::backend::cuda::CudaRuntime>>> =
+            OnceLock::new();
+        DEVICE.get_or_init(open_test_device).as_ref()
+    }
+}
+
+/// Runs `$check::<R>(device)` on each runtime's test device there is:
+/// OpenCL, and CUDA in a build with the `cuda` feature.
+macro_rules! on_gpus {
+    ($check:ident) => {{
+        use $crate::backend::gpu::tests::TestRuntime;
+        if let Some(dev) = $crate::backend::opencl::ClRuntime::device() {
+            $check(dev);
+        }
+        #[cfg(feature = "cuda")]
+        if let Some(dev) = $crate::backend::cuda::CudaRuntime::device() {
+            $check(dev);
+        }
+    }};
+}
+pub(super) use on_gpus;
 
 /// Tiny shapes for Oclgrind, or the full set.
 pub(super) fn tiny() -> bool {
@@ -57,14 +94,14 @@ pub(super) fn tiny() -> bool {
 /// view changes a guard (each tensor has its own guard value, so a stray copy
 /// from another tensor shows); one reading or writing past the buffer's end
 /// is what Oclgrind reports.
-pub(super) struct Tensor<T: Element> {
-    mem: Mem<T>,
+pub(super) struct Tensor<R: Runtime, T: Elem> {
+    mem: R::Mem<T>,
     off: usize,
     len: usize,
     guard: T,
 }
 
-impl<T: Element> Tensor<T> {
+impl<R: Runtime, T: Elem> Tensor<R, T> {
     pub(super) fn view(&self) -> View {
         self.mem.view_range(self.off..self.off + self.len)
     }
@@ -76,7 +113,7 @@ fn next_guard() -> u32 {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
-fn put<T: Element>(dev: &Device, data: &[T], guard: T) -> Tensor<T> {
+fn put<R: Runtime, T: Elem>(dev: &Device<R>, data: &[T], guard: T) -> Tensor<R, T> {
     let off = 3 + data.len() % 5;
     let tail = if data.len().is_multiple_of(2) { 4 } else { 0 };
     let mut host = vec![guard; off + data.len() + tail];
@@ -91,16 +128,16 @@ fn put<T: Element>(dev: &Device, data: &[T], guard: T) -> Tensor<T> {
     }
 }
 
-pub(super) fn putf(dev: &Device, data: &[f32]) -> Tensor<f32> {
+pub(super) fn putf<R: Runtime>(dev: &Device<R>, data: &[f32]) -> Tensor<R, f32> {
     put(dev, data, -1000.0 - next_guard() as f32 * 0.25)
 }
 
-pub(super) fn putu(dev: &Device, data: &[u32]) -> Tensor<u32> {
+pub(super) fn putu<R: Runtime>(dev: &Device<R>, data: &[u32]) -> Tensor<R, u32> {
     put(dev, data, u32::MAX - next_guard())
 }
 
 /// The tensor's contents; panics if anything outside its view changed.
-pub(super) fn get(dev: &Device, t: &Tensor<f32>) -> Vec<f32> {
+pub(super) fn get<R: Runtime>(dev: &Device<R>, t: &Tensor<R, f32>) -> Vec<f32> {
     let mut host = vec![0.0f32; t.mem.len()];
     dev.read(t.mem.view(), &mut host).unwrap();
     let (before, rest) = host.split_at(t.off);
@@ -144,8 +181,11 @@ fn prelude_block_matches_host_block() {
 
 #[test]
 fn open_out_of_range_lists_devices() {
-    let Some(dev) = device() else { return };
-    let err = Device::open(usize::MAX).err().unwrap().to_string();
+    on_gpus!(open_out_of_range_lists_devices_on);
+}
+
+fn open_out_of_range_lists_devices_on<R: Runtime>(dev: &Device<R>) {
+    let err = Device::<R>::open(usize::MAX).err().unwrap().to_string();
     assert!(
         err.contains("out of range") && err.contains(&dev.name()),
         "{err}"
@@ -154,7 +194,10 @@ fn open_out_of_range_lists_devices() {
 
 #[test]
 fn views_too_short_are_errors() {
-    let Some(dev) = device() else { return };
+    on_gpus!(views_too_short_are_errors_on);
+}
+
+fn views_too_short_are_errors_on<R: Runtime>(dev: &Device<R>) {
     let a = dev.alloc::<f32>(10).unwrap();
     let err = dev
         .copy(a.view_range(0..4), a.view_range(4..10))
@@ -180,7 +223,10 @@ fn encoder_shapes() -> Vec<(usize, usize, usize, usize)> {
 
 #[test]
 fn encoder_forward_matches_cpu() {
-    let Some(dev) = device() else { return };
+    on_gpus!(encoder_forward_matches_cpu_on);
+}
+
+fn encoder_forward_matches_cpu_on<R: Runtime>(dev: &Device<R>) {
     let mut rng = Rng::new(1);
     for (t, b, c, vocab) in encoder_shapes() {
         let toks = tokens(&mut rng, b * t, vocab);
@@ -202,7 +248,10 @@ fn encoder_forward_matches_cpu() {
 
 #[test]
 fn encoder_backward_matches_cpu_and_is_deterministic() {
-    let Some(dev) = device() else { return };
+    on_gpus!(encoder_backward_matches_cpu_and_is_deterministic_on);
+}
+
+fn encoder_backward_matches_cpu_and_is_deterministic_on<R: Runtime>(dev: &Device<R>) {
     let mut rng = Rng::new(2);
     for (t, b, c, vocab) in encoder_shapes() {
         let toks = tokens(&mut rng, b * t, vocab);
@@ -236,7 +285,10 @@ fn layernorm_shapes() -> Vec<(usize, usize)> {
 
 #[test]
 fn layernorm_forward_matches_cpu() {
-    let Some(dev) = device() else { return };
+    on_gpus!(layernorm_forward_matches_cpu_on);
+}
+
+fn layernorm_forward_matches_cpu_on<R: Runtime>(dev: &Device<R>) {
     let mut rng = Rng::new(3);
     for (rows, c) in layernorm_shapes() {
         let x = randn(&mut rng, rows * c, 2.0);
@@ -273,7 +325,10 @@ fn layernorm_forward_matches_cpu() {
 
 #[test]
 fn layernorm_backward_matches_cpu_and_is_deterministic() {
-    let Some(dev) = device() else { return };
+    on_gpus!(layernorm_backward_matches_cpu_and_is_deterministic_on);
+}
+
+fn layernorm_backward_matches_cpu_and_is_deterministic_on<R: Runtime>(dev: &Device<R>) {
     let mut rng = Rng::new(4);
     for (rows, c) in layernorm_shapes() {
         let x = randn(&mut rng, rows * c, 2.0);
@@ -336,7 +391,10 @@ const LAYOUTS: [WeightLayout; 2] = [WeightLayout::InOut, WeightLayout::OutIn];
 
 #[test]
 fn matmul_forward_matches_cpu() {
-    let Some(dev) = device() else { return };
+    on_gpus!(matmul_forward_matches_cpu_on);
+}
+
+fn matmul_forward_matches_cpu_on<R: Runtime>(dev: &Device<R>) {
     let mut rng = Rng::new(5);
     for (rows, k, n) in matmul_shapes() {
         for layout in LAYOUTS {
@@ -380,7 +438,10 @@ fn matmul_forward_matches_cpu() {
 
 #[test]
 fn matmul_backward_matches_cpu() {
-    let Some(dev) = device() else { return };
+    on_gpus!(matmul_backward_matches_cpu_on);
+}
+
+fn matmul_backward_matches_cpu_on<R: Runtime>(dev: &Device<R>) {
     let mut rng = Rng::new(6);
     for (rows, k, n) in matmul_shapes() {
         for layout in LAYOUTS {
@@ -433,7 +494,10 @@ fn pointwise_sizes() -> Vec<usize> {
 
 #[test]
 fn pointwise_kernels_match_cpu() {
-    let Some(dev) = device() else { return };
+    on_gpus!(pointwise_kernels_match_cpu_on);
+}
+
+fn pointwise_kernels_match_cpu_on<R: Runtime>(dev: &Device<R>) {
     let mut rng = Rng::new(7);
     for n in pointwise_sizes() {
         let x = randn(&mut rng, n, 3.0);
@@ -485,7 +549,10 @@ fn crossentropy_shapes() -> Vec<(usize, usize, usize)> {
 
 #[test]
 fn crossentropy_matches_cpu() {
-    let Some(dev) = device() else { return };
+    on_gpus!(crossentropy_matches_cpu_on);
+}
+
+fn crossentropy_matches_cpu_on<R: Runtime>(dev: &Device<R>) {
     let mut rng = Rng::new(8);
     for (rows, v, vp) in crossentropy_shapes() {
         let logits = randn(&mut rng, rows * vp, 3.0);
@@ -516,7 +583,10 @@ fn crossentropy_matches_cpu() {
 
 #[test]
 fn adamw_matches_cpu() {
-    let Some(dev) = device() else { return };
+    on_gpus!(adamw_matches_cpu_on);
+}
+
+fn adamw_matches_cpu_on<R: Runtime>(dev: &Device<R>) {
     let mut rng = Rng::new(9);
     let n = if tiny() { 300 } else { 4099 };
     let step = AdamWStep {
@@ -548,7 +618,10 @@ fn adamw_matches_cpu() {
 
 #[test]
 fn sums_match_f64_and_are_deterministic() {
-    let Some(dev) = device() else { return };
+    on_gpus!(sums_match_f64_and_are_deterministic_on);
+}
+
+fn sums_match_f64_and_are_deterministic_on<R: Runtime>(dev: &Device<R>) {
     let mut rng = Rng::new(10);
     let sizes = if tiny() {
         vec![1, 600]
@@ -574,4 +647,23 @@ fn sums_match_f64_and_are_deterministic() {
         assert_eq!(dev.sum_squares(xd.view()).unwrap(), sq);
         assert_eq!(dev.sum(xd.view()).unwrap(), s);
     }
+}
+
+#[test]
+fn every_kernel_of_the_program_is_named() {
+    let src = program_source();
+    let names = kernel_names(&src);
+    for k in [
+        "encoder_forward",
+        "attention_forward",
+        "adamw",
+        "crossentropy_forward",
+    ] {
+        assert!(names.contains(&k), "{k} not in {names:?}");
+    }
+    let kernels = src.lines().filter(|l| l.starts_with("KERNEL ")).count();
+    assert_eq!(names.len(), kernels);
+    assert!(names
+        .iter()
+        .all(|n| n.chars().all(|c| c.is_alphanumeric() || c == '_')));
 }

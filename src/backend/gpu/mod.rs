@@ -1,0 +1,205 @@
+//! The host side every GPU-style device shares: buffers addressed through
+//! element views, kernel launches on one in-order queue (an OpenCL command
+//! queue, a CUDA stream), column-major SGEMM, and the [`Backend`] over them
+//! ([`Gpu`]). A device is a [`Runtime`]: `opencl` (OpenCL C through the
+//! ICD loader, CLBlast) and, behind the `cuda` feature, `cuda` (NVRTC,
+//! cuBLAS). Both build the same kernel sources (`src/backend/kernels/`,
+//! one dialect), so what PoCL tests here is what a GPU runs.
+//!
+//! [`Backend`]: crate::backend::Backend
+
+mod attention;
+mod backend;
+mod kernels;
+#[cfg(test)]
+mod tests;
+
+pub use backend::{Gpu, PackedGpu};
+pub use kernels::program_source;
+
+use crate::backend::Elem;
+use std::ops::Range;
+
+/// Threads per workgroup of every kernel: the prelude's `BLOCK`.
+pub const BLOCK: usize = 256;
+
+/// What went wrong, in words: the missing library or device, the failed
+/// call, or the kernel build log.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct GpuError(pub String);
+
+/// A range of a device buffer, in elements: what every kernel takes, so a
+/// caller can pass one tensor of a flat parameter buffer. `mem` is the
+/// runtime's handle of the whole buffer (a `cl_mem`, a CUDA device
+/// pointer); offsets need no alignment.
+#[derive(Clone, Copy, Debug)]
+pub struct View {
+    pub mem: u64,
+    pub off: usize,
+    pub len: usize,
+}
+
+/// A device buffer of some runtime, seen as views.
+pub trait DeviceMem {
+    /// The runtime's handle of the whole buffer.
+    fn handle(&self) -> u64;
+    /// Elements it holds.
+    fn len(&self) -> usize;
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The whole buffer.
+    fn view(&self) -> View {
+        self.view_range(0..self.len())
+    }
+
+    /// Elements `range` of the buffer; panics when it does not fit, as slicing does.
+    fn view_range(&self, range: Range<usize>) -> View {
+        assert!(
+            range.start <= range.end && range.end <= self.len(),
+            "view {range:?} of a buffer of {} elements",
+            self.len()
+        );
+        View {
+            mem: self.handle(),
+            off: range.start,
+            len: range.end - range.start,
+        }
+    }
+}
+
+/// One kernel argument. A `View` is passed as two arguments, the buffer and
+/// its element offset, the convention of every kernel in `kernels/`.
+#[derive(Clone, Copy)]
+pub enum Arg {
+    View(View),
+    U32(u32),
+    F32(f32),
+}
+
+/// One matrix operand, column-major: `transpose` says whether the op uses
+/// the stored matrix transposed; `ld` is its leading dimension.
+#[derive(Clone, Copy)]
+pub struct Operand {
+    pub view: View,
+    pub transpose: bool,
+    pub ld: usize,
+}
+
+/// c (m x n) = op(a) (m x k) @ op(b) (k x n) + beta * c, column-major, as
+/// CLBlast and cuBLAS take it. Sizes are non-zero when a runtime sees it.
+#[derive(Clone, Copy)]
+pub struct Gemm {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a: Operand,
+    pub b: Operand,
+    pub beta: f32,
+    pub c: View,
+    pub ldc: usize,
+}
+
+/// A device the kernels run on: memory, transfers, launches and SGEMM, all
+/// in order on one queue. Launches and GEMMs are queued; `finish` waits.
+pub trait Runtime: Send + Sync + Sized + 'static {
+    /// `len` elements of device memory, released on drop, and only after
+    /// the work queued before the drop has finished with it.
+    type Mem<T: Elem>: DeviceMem + Send + Sync;
+
+    /// "opencl" or "cuda": the `--device` name.
+    const KIND: &'static str;
+
+    /// Names of this runtime's devices, in the order `open` counts them.
+    fn list() -> Result<Vec<String>, GpuError>;
+    /// Opens device `index` and builds the kernels for it.
+    fn open(index: usize) -> Result<Self, GpuError>;
+    /// The device's name.
+    fn name(&self) -> String;
+    /// A zero-filled buffer of `len` elements.
+    fn alloc<T: Elem>(&self, len: usize) -> Result<Self::Mem<T>, GpuError>;
+    /// dst = src, blocking; the lengths must agree.
+    fn write<T: Elem>(&self, dst: View, src: &[T]) -> Result<(), GpuError>;
+    /// dst = src, blocking; the lengths must agree.
+    fn read<T: Elem>(&self, src: View, dst: &mut [T]) -> Result<(), GpuError>;
+    /// Waits until everything queued has finished.
+    fn finish(&self) -> Result<(), GpuError>;
+    /// Queues kernel `name` on `groups` workgroups of BLOCK threads.
+    fn launch(&self, name: &str, groups: usize, args: &[Arg]) -> Result<(), GpuError>;
+    /// Queues `g`; every operand holds the matrix it stands for.
+    fn sgemm(&self, g: Gemm) -> Result<(), GpuError>;
+}
+
+/// A device with the model's kernels: the runtime plus the kernel wrappers
+/// of `kernels.rs` and `attention.rs`, which check shapes and launch.
+pub struct Device<R: Runtime> {
+    rt: R,
+}
+
+impl<R: Runtime> Device<R> {
+    /// Opens device `index` of runtime `R`.
+    pub fn open(index: usize) -> Result<Self, GpuError> {
+        Ok(Device {
+            rt: R::open(index)?,
+        })
+    }
+
+    pub fn name(&self) -> String {
+        self.rt.name()
+    }
+
+    pub fn alloc<T: Elem>(&self, len: usize) -> Result<R::Mem<T>, GpuError> {
+        self.rt.alloc(len)
+    }
+
+    pub fn write<T: Elem>(&self, dst: View, src: &[T]) -> Result<(), GpuError> {
+        check_len("write", dst, src.len())?;
+        self.rt.write(dst, src)
+    }
+
+    pub fn read<T: Elem>(&self, src: View, dst: &mut [T]) -> Result<(), GpuError> {
+        check_len("read", src, dst.len())?;
+        self.rt.read(src, dst)
+    }
+
+    pub fn finish(&self) -> Result<(), GpuError> {
+        self.rt.finish()
+    }
+
+    fn launch(&self, name: &str, groups: usize, args: &[Arg]) -> Result<(), GpuError> {
+        if groups == 0 {
+            return Ok(());
+        }
+        self.rt.launch(name, groups, args)
+    }
+}
+
+/// A count or offset as the `unsigned` the kernels take.
+pub fn u32_arg(what: &str, n: usize) -> Result<u32, GpuError> {
+    u32::try_from(n)
+        .map_err(|_| GpuError(format!("{what} = {n} exceeds the kernels' 32-bit limit")))
+}
+
+/// Errors unless a transfer of `n` elements fits `view` exactly.
+fn check_len(what: &str, view: View, n: usize) -> Result<(), GpuError> {
+    if view.len != n {
+        return Err(GpuError(format!(
+            "{what}: host slice of {n} elements for a view of {}",
+            view.len
+        )));
+    }
+    Ok(())
+}
+
+/// The kernels' names, in source order: every `KERNEL void name(`.
+pub fn kernel_names(source: &str) -> Vec<&str> {
+    source
+        .split("KERNEL void ")
+        .skip(1)
+        .filter_map(|rest| rest.split('(').next())
+        .map(str::trim)
+        .collect()
+}
