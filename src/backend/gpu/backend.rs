@@ -306,10 +306,12 @@ impl<R: Runtime> Backend for Gpu<R> {
                     .collect();
                 self.upload(packed.d(), &rounded)?;
             }
-            WeightFormat::Int8 => return Err(Error::Input(format!(
+            WeightFormat::Int8 => {
+                return Err(Error::Input(format!(
                 "int8 weights run on the CPU only (--device cpu); on {} use --weights f32 or bf16",
                 R::KIND
-            ))),
+            )))
+            }
         }
         Ok(PackedGpu { w: packed, layout })
     }

@@ -1,0 +1,156 @@
+//! Finding CUDA's libraries where users have them: on the loader's path,
+//! under `$CUDA_HOME` or `/usr/local/cuda`, or in the `nvidia-*-cu12` wheels
+//! pip installs (`site-packages/nvidia/<name>/lib`, of the active virtual or
+//! conda environment, the user's site and the system's). A library found off
+//! the loader's path is opened here by its full path before cudarc asks for
+//! it by name; the dynamic loader then hands cudarc the copy already loaded.
+
+use libloading::Library;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// The libraries cudarc opens by name, in dependency order (NVRTC opens its
+/// builtins, cuBLAS needs cuBLASLt).
+const WANTED: [&str; 5] = [
+    "libnvrtc-builtins.so.12",
+    "libnvrtc.so.12",
+    "libcublasLt.so.12",
+    "libcublas.so.12",
+    "libnccl.so.2",
+];
+
+/// Folders that may hold CUDA's libraries, most specific first.
+pub(super) fn search_dirs() -> Vec<PathBuf> {
+    let env = |k: &str| std::env::var_os(k).map(PathBuf::from);
+    let mut dirs = Vec::new();
+    for home in [env("CUDA_HOME"), env("CUDA_PATH")].into_iter().flatten() {
+        dirs.push(home.join("lib64"));
+        dirs.push(home.join("lib"));
+    }
+    dirs.push(PathBuf::from("/usr/local/cuda/lib64"));
+    let mut prefixes: Vec<PathBuf> = [env("VIRTUAL_ENV"), env("CONDA_PREFIX")]
+        .into_iter()
+        .flatten()
+        .collect();
+    if let Some(home) = env("HOME") {
+        prefixes.push(home.join(".local"));
+    }
+    prefixes.extend(["/usr/local", "/usr"].map(PathBuf::from));
+    for prefix in prefixes {
+        for site in site_packages(&prefix) {
+            let Ok(entries) = std::fs::read_dir(site.join("nvidia")) else {
+                continue;
+            };
+            let mut libs: Vec<PathBuf> = entries
+                .flatten()
+                .map(|e| e.path().join("lib"))
+                .filter(|p| p.is_dir())
+                .collect();
+            libs.sort();
+            dirs.extend(libs);
+        }
+    }
+    dirs
+}
+
+/// `prefix/lib*/python3*/{site,dist}-packages` folders that exist.
+fn site_packages(prefix: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for lib in ["lib", "lib64"] {
+        let Ok(entries) = std::fs::read_dir(prefix.join(lib)) else {
+            continue;
+        };
+        let mut pythons: Vec<PathBuf> = entries
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("python3"))
+            .map(|e| e.path())
+            .collect();
+        pythons.sort();
+        for py in pythons {
+            for sub in ["site-packages", "dist-packages"] {
+                if py.join(sub).is_dir() {
+                    out.push(py.join(sub));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The first file in `dirs` whose name is `soname` or starts with
+/// `soname.` (a fuller version, as NVRTC's builtins carry).
+fn find(dirs: &[PathBuf], soname: &str) -> Option<PathBuf> {
+    dirs.iter().find_map(|d| {
+        let exact = d.join(soname);
+        if exact.is_file() {
+            return Some(exact);
+        }
+        let mut versioned: Vec<PathBuf> = std::fs::read_dir(d)
+            .ok()?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&format!("{soname}.")))
+            })
+            .collect();
+        versioned.sort();
+        versioned.pop()
+    })
+}
+
+/// Opens, once per process, each wanted library the loader cannot find by
+/// name but one of the search folders holds. Returns the ones it opened.
+pub(super) fn preload() -> &'static [PathBuf] {
+    static DONE: OnceLock<Vec<PathBuf>> = OnceLock::new();
+    DONE.get_or_init(|| {
+        let dirs = search_dirs();
+        let mut opened = Vec::new();
+        for soname in WANTED {
+            // SAFETY: CUDA's libraries run no initialisers with preconditions.
+            if soname != WANTED[0] && unsafe { Library::new(soname) }.is_ok() {
+                continue; // on the loader's path already
+            }
+            let Some(path) = find(&dirs, soname) else {
+                continue;
+            };
+            // SAFETY: as above. Kept loaded for the life of the process, so
+            // cudarc's later open by name finds this copy.
+            if let Ok(lib) = unsafe { Library::new(&path) } {
+                std::mem::forget(lib);
+                opened.push(path);
+            }
+        }
+        opened
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wheel_layout_is_searched_and_versioned_names_match() {
+        let root = std::env::temp_dir().join(format!("distgpt-cudalibs-{}", std::process::id()));
+        let lib = root.join("lib/python3.12/site-packages/nvidia/cuda_nvrtc/lib");
+        std::fs::create_dir_all(&lib).unwrap();
+        std::fs::write(lib.join("libnvrtc-builtins.so.12.8"), b"").unwrap();
+        std::fs::write(lib.join("libnvrtc.so.12"), b"").unwrap();
+        let dirs = vec![PathBuf::from("/nonexistent"), lib.clone()];
+        assert_eq!(
+            find(&dirs, "libnvrtc.so.12"),
+            Some(lib.join("libnvrtc.so.12"))
+        );
+        assert_eq!(
+            find(&dirs, "libnvrtc-builtins.so.12"),
+            Some(lib.join("libnvrtc-builtins.so.12.8"))
+        );
+        assert_eq!(find(&dirs, "libcublas.so.12"), None);
+        assert_eq!(
+            site_packages(&root),
+            [root.join("lib/python3.12/site-packages")]
+        );
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}
