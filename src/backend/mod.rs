@@ -84,6 +84,12 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn host<'a, T: Elem>(&self, src: Src<'a, Self, T>) -> Option<&'a [T]>;
     /// Writable host memory behind a view, as [`Backend::host`].
     fn host_mut<'a, T: Elem>(&self, dst: Dst<'a, Self, T>) -> Option<&'a mut [T]>;
+    /// The device address of a view's first element where the device's
+    /// memory is addressed by pointers (CUDA), for a device-native
+    /// collective (NCCL); None elsewhere.
+    fn device_address(&self, _view: RawView, _elem_size: usize) -> Option<u64> {
+        None
+    }
     /// Waits for the queued work and reports the first device error since
     /// the last call (kernels are queued without a result, as on a GPU).
     fn synchronize(&self) -> Result<()>;

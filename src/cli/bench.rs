@@ -139,7 +139,7 @@ fn bench_on<B: Backend>(
         None => {
             let here = distgpt::metrics::peak::of(&be, false);
             let ranks = match a.parallel.comm {
-                CommKind::Mpi => par.world_size as f64,
+                CommKind::Mpi | CommKind::Nccl => par.world_size as f64,
                 CommKind::Local => 1.0,
             };
             (here.flops * ranks, here.source)
@@ -152,7 +152,7 @@ fn bench_on<B: Backend>(
         steps: a.steps,
         show: !a.json,
     };
-    let Some(ranks) = a.parallel.launch(threads, |world| {
+    let Some(ranks) = a.parallel.launch(threads, &a.device, |world| {
         bench_rank(be.clone_fresh(), cfg, par, spec, world)
     })?
     else {

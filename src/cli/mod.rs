@@ -138,7 +138,7 @@ pub struct ParallelArgs {
     /// Recompute each block's activations in the backward instead of keeping them.
     #[arg(long)]
     recompute: bool,
-    /// local: ranks are threads of this process; mpi: ranks are processes started by mpirun.
+    /// How the ranks run.
     #[arg(long, value_enum, default_value = "local")]
     comm: CommKind,
     /// Seconds a collective may wait for the other ranks before failing.
@@ -195,7 +195,7 @@ pub(crate) use on_device;
 #[cfg(feature = "cuda")]
 macro_rules! cuda_arm {
     ($dev:expr, $be:ident, $body:expr) => {{
-        let $be = distgpt::backend::cuda::Cuda::open($dev.cuda_device)?;
+        let $be = distgpt::backend::cuda::Cuda::open($crate::cli::rank_gpu($dev.cuda_device)?)?;
         $body
     }};
 }
@@ -216,8 +216,13 @@ pub(crate) use cuda_arm;
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum CommKind {
+    /// Ranks are threads of this process.
     Local,
+    /// Ranks are processes started by mpirun (Open MPI).
     Mpi,
+    /// Processes under mpirun, one per GPU (--device cuda): MPI for what is
+    /// on the host, NCCL for GPU buffers (a build with --features mpi,cuda).
+    Nccl,
 }
 
 /// How `generate` (and `bench --generate`) store the weights they stream.
@@ -261,11 +266,13 @@ impl ParallelArgs {
         Ok(std::time::Duration::from_secs_f64(self.comm_timeout))
     }
 
-    /// Runs `f` on every rank: threads here, or this process's rank under mpirun.
-    /// Returns rank 0's result (None on the other MPI ranks).
+    /// Runs `f` on every rank: threads here, or this process's rank under
+    /// mpirun (on `device`'s GPU with --comm nccl). Returns rank 0's result
+    /// (None on the other MPI ranks).
     fn launch<R: Send>(
         &self,
         threads: usize,
+        device: &DeviceArgs,
         f: impl Fn(&dyn Comm) -> distgpt::error::Result<R> + Sync,
     ) -> Result<Option<R>> {
         let timeout = self.timeout()?;
@@ -276,6 +283,7 @@ impl ParallelArgs {
                 Ok(Some(out.swap_remove(0)))
             }
             CommKind::Mpi => mpi_launch(timeout, f),
+            CommKind::Nccl => nccl_launch(timeout, device, f),
         }
     }
 }
@@ -290,6 +298,57 @@ fn mpi_launch<R>(
         Ok(r) => Ok((comm.rank() == 0).then_some(r)),
         Err(e) => comm.abort(&e.to_string()),
     }
+}
+
+/// As `mpi_launch`, with an NCCL group over the MPI ranks on this rank's GPU.
+#[cfg(all(feature = "mpi", feature = "cuda"))]
+fn nccl_launch<R>(
+    timeout: std::time::Duration,
+    device: &DeviceArgs,
+    f: impl Fn(&dyn Comm) -> distgpt::error::Result<R>,
+) -> Result<Option<R>> {
+    if device.device != DeviceChoice::Cuda {
+        bail!("--comm nccl moves GPU buffers: it needs --device cuda");
+    }
+    let comm = distgpt::comm::mpi::MpiComm::init(timeout)?;
+    let group = rank_gpu(device.cuda_device)
+        .and_then(|gpu| distgpt::comm::nccl::NcclComm::new(comm.split(0, comm.rank())?, gpu));
+    let group = match group {
+        Ok(g) => g,
+        Err(e) => comm.abort(&e.to_string()),
+    };
+    match f(&group) {
+        Ok(r) => Ok((comm.rank() == 0).then_some(r)),
+        Err(e) => comm.abort(&e.to_string()),
+    }
+}
+
+#[cfg(not(all(feature = "mpi", feature = "cuda")))]
+fn nccl_launch<R>(
+    _: std::time::Duration,
+    _: &DeviceArgs,
+    _: impl Fn(&dyn Comm) -> distgpt::error::Result<R>,
+) -> Result<Option<R>> {
+    bail!("--comm nccl needs a build with both MPI and CUDA: `cargo build --release --features mpi,cuda`")
+}
+
+/// The GPU of this process: `base` plus its local rank under mpirun (Open
+/// MPI's, MPICH's or Slurm's), wrapping around the GPUs there are; `base`
+/// outside mpirun.
+#[cfg(feature = "cuda")]
+fn rank_gpu(base: usize) -> distgpt::error::Result<usize> {
+    let local = [
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "MPI_LOCALRANKID",
+        "SLURM_LOCALID",
+    ]
+    .iter()
+    .find_map(|k| std::env::var(k).ok()?.parse::<usize>().ok());
+    let Some(local) = local else {
+        return Ok(base);
+    };
+    let gpus = distgpt::backend::cuda::Cuda::devices()?.len().max(1);
+    Ok((base + local) % gpus)
 }
 
 #[cfg(not(feature = "mpi"))]
@@ -459,7 +518,7 @@ struct GenerateArgs {
     /// threads here, or with --comm mpi every process mpirun starts.
     #[arg(long, default_value_t = 1)]
     tp: usize,
-    /// local: tp ranks are threads of this process; mpi: processes started by mpirun.
+    /// How the tp ranks run (as train's --comm).
     #[arg(long, value_enum, default_value = "local")]
     comm: CommKind,
     /// Weight storage while decoding.
@@ -1036,9 +1095,11 @@ fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
         world_size: par.world_size,
         ..a.parallel.clone()
     };
-    let Some(s) = on_device!(a.device, |be| launcher.launch(threads, |world| {
-        train::train_rank(be.clone_fresh(), model_cfg.clone(), &ds, &cfg, par, world)
-    }))?
+    let Some(s) = on_device!(a.device, |be| launcher.launch(
+        threads,
+        &a.device,
+        |world| { train::train_rank(be.clone_fresh(), model_cfg.clone(), &ds, &cfg, par, world) }
+    ))?
     .flatten() else {
         let stopped = train::INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst);
         return Ok(if stopped {
@@ -1238,6 +1299,7 @@ fn decode_on<B: Backend>(
         }
         // Only rank 0 reports.
         CommKind::Mpi => mpi_launch(timeout, decode_rank)?,
+        CommKind::Nccl => nccl_launch(timeout, &a.device, decode_rank)?,
     })
 }
 

@@ -1,14 +1,51 @@
-//! Collectives on device buffers. Where the backend's memory is host memory
-//! (the CPU) the views go to the group as they are; otherwise the data is
-//! staged through host vectors. A device-native group (NCCL) takes the views
-//! directly instead.
+//! Collectives on device buffers. A device-native group (NCCL) takes the
+//! views' device addresses when the backend has them (CUDA); where the
+//! backend's memory is host memory (the CPU) the views go to the group as
+//! they are; otherwise the data is staged through host vectors.
 
 use super::Comm;
-use crate::backend::{Backend, Dst, Src};
+use crate::backend::{Backend, Dst, RawView, Src};
 use crate::error::Result;
+
+/// f32 collectives on device memory given by address, each complete (the
+/// data in place) when it returns.
+pub trait DeviceCollectives {
+    /// `n` floats at `buf` = their sum over ranks.
+    fn all_reduce_f32(&self, buf: u64, n: usize) -> Result<()>;
+    /// `n_out` floats at `out` = this rank's slice of the sum of every
+    /// rank's `n_out * size` floats at `input`.
+    fn reduce_scatter_f32(&self, input: u64, out: u64, n_out: usize) -> Result<()>;
+    /// `n_in * size` floats at `out` = every rank's `n_in` floats at `input`, in rank order.
+    fn all_gather_f32(&self, input: u64, out: u64, n_in: usize) -> Result<()>;
+}
+
+/// The group's device-native collectives and the views' addresses, when
+/// both exist; the backend's queued work is finished first, so the
+/// collective reads what the kernels wrote.
+fn native<'g, B: Backend, const N: usize>(
+    g: &'g dyn Comm,
+    be: &B,
+    views: [RawView; N],
+) -> Result<Option<(&'g dyn DeviceCollectives, [u64; N])>> {
+    let Some(nc) = g.device_native() else {
+        return Ok(None);
+    };
+    let mut addrs = [0u64; N];
+    for (a, v) in addrs.iter_mut().zip(views) {
+        match be.device_address(v, size_of::<f32>()) {
+            Some(x) => *a = x,
+            None => return Ok(None),
+        }
+    }
+    be.synchronize()?;
+    Ok(Some((nc, addrs)))
+}
 
 /// buf = sum over ranks of buf.
 pub fn all_reduce<B: Backend>(g: &dyn Comm, be: &B, mut buf: Dst<'_, B>) -> Result<()> {
+    if let Some((nc, [a])) = native(g, be, [buf.raw()])? {
+        return nc.all_reduce_f32(a, buf.len());
+    }
     if let Some(host) = be.host_mut(buf.rb()) {
         return g.all_reduce(host);
     }
@@ -24,6 +61,9 @@ pub fn reduce_scatter<B: Backend>(
     input: Src<'_, B>,
     mut out: Dst<'_, B>,
 ) -> Result<()> {
+    if let Some((nc, [i, o])) = native(g, be, [input.raw(), out.raw()])? {
+        return nc.reduce_scatter_f32(i, o, out.len());
+    }
     if let (Some(i), Some(o)) = (be.host(input), be.host_mut(out.rb())) {
         return g.reduce_scatter(i, o);
     }
@@ -40,6 +80,9 @@ pub fn all_gather<B: Backend>(
     input: Src<'_, B>,
     mut out: Dst<'_, B>,
 ) -> Result<()> {
+    if let Some((nc, [i, o])) = native(g, be, [input.raw(), out.raw()])? {
+        return nc.all_gather_f32(i, o, input.len());
+    }
     if let (Some(i), Some(o)) = (be.host(input), be.host_mut(out.rb())) {
         return g.all_gather(i, o);
     }

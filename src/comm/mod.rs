@@ -11,6 +11,8 @@ mod elem;
 pub mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+#[cfg(feature = "cuda")]
+pub mod nccl;
 
 pub use elem::{Buf, BufMut, CommElem, DType};
 
@@ -115,6 +117,11 @@ pub trait Comm: Send + Sync {
     /// share between them (so, the cores they run on). None for ranks with
     /// a process, and so cores, of their own.
     fn shared_threads(&self) -> Option<usize> {
+        None
+    }
+    /// The group's collectives on device memory by address, where it has
+    /// them (NCCL): `comm::device` hands them device views without staging.
+    fn device_native(&self) -> Option<&dyn device::DeviceCollectives> {
         None
     }
 }

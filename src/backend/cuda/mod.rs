@@ -73,6 +73,20 @@ fn check_libraries() -> Result<()> {
     Ok(())
 }
 
+/// Errors unless the driver and NCCL libraries open (for `comm::nccl`).
+pub(crate) fn check_nccl() -> Result<()> {
+    check_driver()?;
+    // SAFETY: as in `check_driver`.
+    if !unsafe { cudarc::nccl::sys::is_culib_present() } {
+        return Err(GpuError(
+            "libnccl.so.2 not found: install NCCL, or `pip install nvidia-nccl-cu12` (in the \
+             active environment, or put its nvidia/nccl/lib on LD_LIBRARY_PATH)"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Opens GPU `index` and says its name, compute capability and the driver's
 /// free/total memory.
 fn describe(index: usize) -> Result<String> {
@@ -190,6 +204,7 @@ fn compile(major: i32, minor: i32) -> Result<cudarc::nvrtc::Ptx> {
 impl Runtime for CudaRuntime {
     type Mem<T: Elem> = Mem<T>;
     const KIND: &'static str = "cuda";
+    const ADDRESSED: bool = true;
 
     /// One line per GPU: name, compute capability, free/total memory.
     fn list() -> Result<Vec<String>> {

@@ -112,6 +112,9 @@ pub trait Runtime: Send + Sync + Sized + 'static {
 
     /// "opencl" or "cuda": the `--device` name.
     const KIND: &'static str;
+    /// Whether a buffer's handle is its device address (CUDA), so views
+    /// can go to a device-native collective as pointers.
+    const ADDRESSED: bool = false;
 
     /// Names of this runtime's devices, in the order `open` counts them.
     fn list() -> Result<Vec<String>, GpuError>;
