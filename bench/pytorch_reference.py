@@ -8,12 +8,18 @@ and thread count, and prints tokens/s and MFU. With --strategy ddp or fsdp and
 --world-size N it runs N processes over gloo (DistributedDataParallel, or FSDP2's
 fully_shard per block), splitting the global batch and the threads among them.
 With --distgpt PATH it runs `PATH bench` with the same arguments first and prints
-both and their ratio.
+both and their ratio. With --device cuda both run on the GPU (distgpt's cuda
+backend, PyTorch's CUDA); --torch-variants picks PyTorch's rows (eager,
+compile = torch.compile, and either in bf16 autocast) and --peak-tflops the
+peak MFU is stated against.
 
     python bench/pytorch_reference.py --model shakespeare-char --batch-size 16 \
         --threads 2 --distgpt target/release/distgpt
     python bench/pytorch_reference.py --model shakespeare-char --batch-size 16 \
         --threads 2 --strategy fsdp --world-size 2 --distgpt target/release/distgpt
+    python bench/pytorch_reference.py --device cuda --model gpt2 --batch-size 8 \
+        --peak-tflops 989 --torch-variants eager,eager-bf16,compile-bf16 \
+        --distgpt target/release/distgpt
 """
 import argparse
 import json
@@ -81,12 +87,16 @@ def flops_per_token(model, cfg, t):
     return 6 * n + 12 * n_layer * t * c
 
 
-def run_torch(args, rank=0, world=1):
+def run_torch(args, rank=0, world=1, variant="eager"):
     torch.set_num_threads(max(1, args.threads // world))
     torch.manual_seed(0)
     cfg = PRESETS[args.model]
-    model = GPT(*cfg)
+    dev = torch.device(args.device)
+    model = GPT(*cfg).to(dev)
     t = args.seq_len or cfg[3]
+    bf16 = variant.endswith("-bf16")
+    if variant.startswith("compile"):
+        model = torch.compile(model)
     if args.strategy == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(model)
     elif args.strategy == "fsdp":
@@ -100,18 +110,22 @@ def run_torch(args, rank=0, world=1):
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=1e-4, betas=(0.9, 0.95), eps=1e-8)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     times = []
     for i in range(args.warmup + args.steps):
-        x = torch.randint(0, cfg[4], (local_b, t))
-        y = torch.randint(0, cfg[4], (local_b, t))
+        x = torch.randint(0, cfg[4], (local_b, t), device=dev)
+        y = torch.randint(0, cfg[4], (local_b, t), device=dev)
         if world > 1:
             torch.distributed.barrier()
+        sync()
         t0 = time.perf_counter()
-        loss = model(x, y)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        sync()
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
     mean = sum(times) / len(times)
@@ -120,7 +134,7 @@ def run_torch(args, rank=0, world=1):
         torch.distributed.all_reduce(m, op=torch.distributed.ReduceOp.MAX)
         mean = m.item()
     tps = args.batch_size * t / mean
-    name = f"pytorch {torch.__version__} eager" + (f" {args.strategy} x{world}" if world > 1 else "")
+    name = f"pytorch {torch.__version__} {variant}" + (f" {args.strategy} x{world}" if world > 1 else "")
     return {"impl": name, "ms_per_step": mean * 1e3,
             "tokens_per_s": tps, "flops_per_token": flops_per_token(GPT(*cfg), cfg, t)}
 
@@ -205,6 +219,11 @@ def main():
     ap.add_argument("--strategy", default="single", choices=["single", "ddp", "fsdp"])
     ap.add_argument("--world-size", type=int, default=1)
     ap.add_argument("--distgpt", help="path of the distgpt binary to run side by side")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where both train")
+    ap.add_argument("--torch-variants", default="eager",
+                    help="PyTorch rows, comma-separated: eager, compile, eager-bf16, compile-bf16")
+    ap.add_argument("--peak-tflops", type=float, default=0.0,
+                    help="peak MFU is stated against (default: distgpt's measured CPU peak)")
     ap.add_argument("--generate", type=int, default=0,
                     help="measure greedy KV-cache generation of this many tokens per row instead of training")
     ap.add_argument("--weights", default="f32", choices=["f32", "bf16", "int8"], help="distgpt's decoding weights")
@@ -241,22 +260,39 @@ def main():
         cmd = [args.distgpt, "--threads", str(args.threads), "bench", "--model", args.model,
                "--batch-size", str(args.batch_size), "--steps", str(args.steps),
                "--warmup", str(args.warmup), "--json",
-               "--strategy", args.strategy, "--world-size", str(args.world_size)]
+               "--strategy", args.strategy, "--world-size", str(args.world_size),
+               "--device", args.device]
         if args.seq_len:
             cmd += ["--seq-len", str(args.seq_len)]
+        if args.peak_tflops:
+            cmd += ["--peak-tflops", str(args.peak_tflops)]
         d = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
         peak = d["peak_gflops"] * 1e9
         rows.append(d)
-    rows.append(run_torch_distributed(args) if args.world_size > 1 else run_torch(args))
+    if args.peak_tflops:
+        peak = args.peak_tflops * 1e12
+    if args.device == "cuda" and args.world_size > 1:
+        ap.error("--device cuda runs one GPU here; several ranks are distgpt's `--comm nccl` under mpirun")
+    variants = [v.strip() for v in args.torch_variants.split(",") if v.strip()]
+    for v in variants:
+        if v not in ("eager", "compile", "eager-bf16", "compile-bf16"):
+            ap.error(f"unknown --torch-variants entry {v!r}")
+    if args.world_size > 1:
+        rows.append(run_torch_distributed(args))
+    else:
+        rows.extend(run_torch(args, variant=v) for v in variants)
     for r in rows:
         mfu = f", MFU {100 * r['flops_per_token'] * r['tokens_per_s'] / peak:.1f}%" if peak else ""
         mem = r.get("memory", {}).get("peak_total_bytes")
         mem = f", peak {mem / 2**20:.0f} MiB (accounted)" if mem else ""
+        where = f"{args.threads} threads" if args.device == "cpu" else args.device
         print(f"{r['impl']:<28} {args.model} {args.batch_size}x{args.seq_len or PRESETS[args.model][3]}"
-              f" {args.threads} threads: {r['ms_per_step']:.1f} ms/step, {r['tokens_per_s']:.0f} tokens/s{mfu}{mem}")
-    if len(rows) == 2:
-        print(f"ratio distgpt / pytorch: {rows[0]['tokens_per_s'] / rows[1]['tokens_per_s']:.2f}x"
-              f" (peak {peak / 1e9:.0f} GFLOP/s measured by distgpt on a 1024x768x3072 matmul)")
+              f" {where}: {r['ms_per_step']:.1f} ms/step, {r['tokens_per_s']:.0f} tokens/s{mfu}{mem}")
+    if args.distgpt:
+        source = (f"stated peak {args.peak_tflops:g} TFLOP/s" if args.peak_tflops
+                  else f"peak {peak / 1e9:.0f} GFLOP/s measured by distgpt on a 1024x768x3072 matmul")
+        for r in rows[1:]:
+            print(f"ratio distgpt / {r['impl']}: {rows[0]['tokens_per_s'] / r['tokens_per_s']:.2f}x ({source})")
     return 0
 
 

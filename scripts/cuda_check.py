@@ -116,19 +116,25 @@ def main():
     print(f"NVRTC {nvrtc.version}, {ptxas}, sm_{ARCH}")
     print(f"{'file':<20} {'kernel':<36} {'regs':>5} {'smem B':>7} {'spill':>6}")
     failed = []
-    for src in sources:
+    # Each file twice: the portable path OpenCL tests, and the CUDA-only fast
+    # paths behind DISTGPT_CUDA_FAST.
+    builds = [(src, variant) for src in sources for variant in ("", "fast")]
+    for src, variant in builds:
         # The prelude is prepended, as the OpenCL build does.
         # #line keeps diagnostics' line numbers those of the file itself.
         source = f'{prelude}\n#line 1 "{src.name}"\n{src.read_text()}'
-        ptx, log = nvrtc.compile(source, src.name, options)
+        extra = ["-DDISTGPT_CUDA_FAST"] if variant else []
+        label = f"{src.name}+{variant}" if variant else src.name
+        ptx, log = nvrtc.compile(source, src.name, options + extra)
         if ptx is None or log:
-            print(f"{src.name}: NVRTC {'error' if ptx is None else 'warning'}:\n{log}")
-            failed.append(src.name)
+            print(f"{label}: NVRTC {'error' if ptx is None else 'warning'}:\n{log}")
+            failed.append(label)
             if ptx is None:
                 continue
-        ptx_path = out_dir / (src.stem + ".ptx")
+        stem = f"{src.stem}-{variant}" if variant else src.stem
+        ptx_path = out_dir / (stem + ".ptx")
         ptx_path.write_text(ptx)
-        cubin = out_dir / (src.stem + ".cubin")
+        cubin = out_dir / (stem + ".cubin")
         run = subprocess.run(
             [str(ptxas), *PTXAS_OPTIONS, str(ptx_path), "-o", str(cubin)],
             capture_output=True,
@@ -137,19 +143,20 @@ def main():
         text = run.stdout + run.stderr
         problems = [l for l in text.splitlines() if re.search("warning|error", l, re.I)]
         if run.returncode != 0 or problems:
-            print(f"{src.name}: ptxas failed (status {run.returncode}):\n{text}")
-            failed.append(src.name)
+            print(f"{label}: ptxas failed (status {run.returncode}):\n{text}")
+            failed.append(label)
             continue
         kernels = ptxas_report(text)
         if not kernels:
-            print(f"{src.name}: no kernels found")
-            failed.append(src.name)
+            print(f"{label}: no kernels found")
+            failed.append(label)
         for name, k in kernels.items():
             spill = k["spill_st"] + k["spill_ld"]
-            print(f"{src.name:<20} {name:<36} {k['regs']:>5} {k['smem']:>7} {spill:>6}")
+            print(f"{label:<20} {name:<36} {k['regs']:>5} {k['smem']:>7} {spill:>6}")
     if failed:
         sys.exit(f"cuda-check: FAILED: {', '.join(sorted(set(failed)))}")
-    print(f"cuda-check: {len(sources)} files compiled for sm_{ARCH} without diagnostics")
+    print(f"cuda-check: {len(sources)} files compiled for sm_{ARCH} without diagnostics,"
+          " portable and with the CUDA-only fast paths (-DDISTGPT_CUDA_FAST)")
 
 
 if __name__ == "__main__":

@@ -56,6 +56,9 @@ pub struct MemoryReport {
     pub current_bytes: CategoryBytes,
     pub peak_bytes: CategoryBytes,
     pub peak_total_bytes: u64,
+    /// The driver's free and total bytes of the device, where it says (CUDA).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_free_total: Option<(u64, u64)>,
 }
 
 /// Bytes per category.
@@ -119,6 +122,7 @@ impl MemoryStats {
             current_bytes: CategoryBytes::from_counters(&self.current_bytes),
             peak_bytes: CategoryBytes::from_counters(&self.peak_bytes),
             peak_total_bytes: self.peak_total_bytes.load(Ordering::Relaxed),
+            device_free_total: None,
         }
     }
 }

@@ -84,6 +84,17 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn host<'a, T: Elem>(&self, src: Src<'a, Self, T>) -> Option<&'a [T]>;
     /// Writable host memory behind a view, as [`Backend::host`].
     fn host_mut<'a, T: Elem>(&self, dst: Dst<'a, Self, T>) -> Option<&'a mut [T]>;
+    /// The driver's free and total bytes of the device, where it says (CUDA).
+    fn device_memory(&self) -> Option<(u64, u64)> {
+        None
+    }
+    /// This backend's memory counters as a report, with the driver's view
+    /// of the device beside them where there is one.
+    fn memory_report(&self) -> MemoryReport {
+        let mut r = self.memory().report();
+        r.device_free_total = self.device_memory();
+        r
+    }
     /// The device address of a view's first element where the device's
     /// memory is addressed by pointers (CUDA), for a device-native
     /// collective (NCCL); None elsewhere.

@@ -159,14 +159,22 @@ pub fn human_bytes(bytes: u64) -> String {
 /// Peak bytes by category on one line.
 pub fn memory_line(m: &MemoryReport) -> String {
     let p = &m.peak_bytes;
-    format!(
+    let mut line = format!(
         "params {} | grads {} | optimizer {} | activations {} | peak total {}",
         human_bytes(p.params),
         human_bytes(p.grads),
         human_bytes(p.optimizer),
         human_bytes(p.activations),
         human_bytes(m.peak_total_bytes)
-    )
+    );
+    if let Some((free, total)) = m.device_free_total {
+        line += &format!(
+            " | device {} free of {} (driver)",
+            human_bytes(free),
+            human_bytes(total)
+        );
+    }
+    line
 }
 
 /// A progress bar over `len` items, drawn on stderr when it is a terminal.

@@ -327,7 +327,7 @@ impl<B: Backend> Strategy for Replicated<B> {
     }
 
     fn memory(&self) -> MemoryReport {
-        self.model.backend().memory().report()
+        self.model.backend().memory_report()
     }
 
     fn comm_stats(&self) -> CommStats {

@@ -316,7 +316,7 @@ impl<B: Backend> Strategy for Sharded<B> {
     }
 
     fn memory(&self) -> MemoryReport {
-        self.engine.backend.memory().report()
+        self.engine.backend.memory_report()
     }
 
     fn comm_stats(&self) -> CommStats {

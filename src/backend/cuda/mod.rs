@@ -188,10 +188,22 @@ impl CudaRuntime {
     }
 }
 
-/// The PTX of every kernel for compute capability `major.minor`.
-fn compile(major: i32, minor: i32) -> Result<cudarc::nvrtc::Ptx> {
+/// Whether to build the CUDA-only fast paths (`DISTGPT_CUDA_FAST=1`):
+/// reductions through warp shuffles, with no OpenCL twin. Off by default:
+/// the portable path is the one the OpenCL tests check.
+fn fast_paths() -> bool {
+    std::env::var("DISTGPT_CUDA_FAST").as_deref() == Ok("1")
+}
+
+/// The PTX of every kernel for compute capability `major.minor`, with the
+/// CUDA-only fast paths when `fast`.
+fn compile(major: i32, minor: i32, fast: bool) -> Result<cudarc::nvrtc::Ptx> {
+    let mut options = vec![format!("--gpu-architecture=compute_{major}{minor}")];
+    if fast {
+        options.push("-DDISTGPT_CUDA_FAST".into());
+    }
     let opts = CompileOptions {
-        options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
+        options,
         ..Default::default()
     };
     compile_ptx_with_opts(program_source(), opts).map_err(|e| {
@@ -215,7 +227,10 @@ impl Runtime for CudaRuntime {
 
     fn open(index: usize) -> Result<Self> {
         check_gpu(index)?;
-        let name = describe(index)?;
+        let mut name = describe(index)?;
+        if fast_paths() {
+            name.push_str(", CUDA fast paths");
+        }
         let ctx = CudaContext::new(index).map_err(failed("cuDevicePrimaryCtxRetain"))?;
         if !ctx.has_async_alloc() {
             return Err(GpuError(format!(
@@ -227,7 +242,7 @@ impl Runtime for CudaRuntime {
             .compute_capability()
             .map_err(failed("cuDeviceGetAttribute"))?;
         let module = ctx
-            .load_module(compile(major, minor)?)
+            .load_module(compile(major, minor, fast_paths())?)
             .map_err(failed("cuModuleLoadData"))?;
         let mut kernels = HashMap::new();
         for k in kernel_names(&program_source()) {
@@ -362,6 +377,12 @@ impl Runtime for CudaRuntime {
             .map_err(|e| GpuError(format!("launching {name} failed: {e}")))
     }
 
+    fn memory_info(&self) -> Option<(u64, u64)> {
+        self.bind().ok()?;
+        let (free, total) = self.ctx.mem_get_info().ok()?;
+        Some((free as u64, total as u64))
+    }
+
     fn sgemm(&self, g: Gemm) -> Result<()> {
         let int = |what: &str, n: usize| {
             c_int::try_from(n)
@@ -435,19 +456,23 @@ mod tests {
             eprintln!("skipping: no libnvrtc.so.12");
             return;
         }
-        let ptx = compile(9, 0).unwrap().to_src();
-        assert!(
-            ptx.contains(".target sm_90"),
-            "{}",
-            &ptx[..ptx.len().min(400)]
-        );
-        for k in kernel_names(&program_source()) {
+        for fast in [false, true] {
+            let ptx = compile(9, 0, fast).unwrap().to_src();
             assert!(
-                ptx.contains(&format!(".entry {k}(")),
-                "no entry {k} in the PTX"
+                ptx.contains(".target sm_90"),
+                "{}",
+                &ptx[..ptx.len().min(400)]
             );
+            for k in kernel_names(&program_source()) {
+                assert!(
+                    ptx.contains(&format!(".entry {k}(")),
+                    "no entry {k} in the PTX"
+                );
+            }
+            // The switch reaches the source: shuffles only on the fast path.
+            assert_eq!(ptx.contains("shfl.sync"), fast);
         }
-        let err = compile(1, 0).unwrap_err().to_string();
+        let err = compile(1, 0, false).unwrap_err().to_string();
         assert!(
             err.contains("NVRTC could not compile the kernels for sm_10"),
             "{err}"

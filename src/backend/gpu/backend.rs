@@ -136,6 +136,9 @@ impl<R: Runtime> Backend for Gpu<R> {
     fn host_mut<'a, T: Elem>(&self, _: Dst<'a, Self, T>) -> Option<&'a mut [T]> {
         None
     }
+    fn device_memory(&self) -> Option<(u64, u64)> {
+        self.dev.rt.memory_info()
+    }
     fn device_address(&self, view: RawView, elem_size: usize) -> Option<u64> {
         R::ADDRESSED.then(|| view.handle as u64 + (view.off * elem_size) as u64)
     }

@@ -134,6 +134,10 @@ pub trait Runtime: Send + Sync + Sized + 'static {
     fn launch(&self, name: &str, groups: usize, args: &[Arg]) -> Result<(), GpuError>;
     /// Queues `g`; every operand holds the matrix it stands for.
     fn sgemm(&self, g: Gemm) -> Result<(), GpuError>;
+    /// The driver's free and total bytes of the device, where it says.
+    fn memory_info(&self) -> Option<(u64, u64)> {
+        None
+    }
 }
 
 /// A device with the model's kernels: the runtime plus the kernel wrappers

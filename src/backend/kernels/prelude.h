@@ -43,6 +43,45 @@ typedef unsigned long long idx_t;
 #define NEG_INF (-__int_as_float(0x7f800000))
 #endif
 
+#if !defined(__OPENCL_VERSION__) && defined(DISTGPT_CUDA_FAST)
+// CUDA-only fast path (DISTGPT_CUDA_FAST=1 at run time): reductions through
+// warp shuffles, one shared slot per warp. Still a fixed order, so still
+// deterministic, but not the tree's order below: results differ from the
+// portable path (and OpenCL) by float rounding. No OpenCL twin: compile-
+// checked by NVRTC and ptxas (scripts/cuda-check), run by scripts/gpu_check.sh.
+#define WARPS (BLOCK / 32)
+
+DEVICE float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+DEVICE float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// As the portable block_sum: every thread gets the sum; buf holds BLOCK floats.
+DEVICE float block_sum(SHARED_PTR float* buf, float v) {
+    int tid = LOCAL_ID(0);
+    v = warp_sum(v);
+    if ((tid & 31) == 0) buf[tid >> 5] = v;
+    BARRIER();
+    float r = warp_sum((tid & 31) < WARPS ? buf[tid & 31] : 0.0f);
+    BARRIER();  // buf may be reused right after
+    return r;
+}
+
+DEVICE float block_max(SHARED_PTR float* buf, float v) {
+    int tid = LOCAL_ID(0);
+    v = warp_max(v);
+    if ((tid & 31) == 0) buf[tid >> 5] = v;
+    BARRIER();
+    float r = warp_max((tid & 31) < WARPS ? buf[tid & 31] : NEG_INF);
+    BARRIER();
+    return r;
+}
+#else
 // Sum of v over the workgroup, returned to every thread; buf holds BLOCK
 // floats. A fixed tree, so the result does not depend on scheduling. Every
 // thread of the group must call it (it has barriers).
@@ -72,3 +111,4 @@ DEVICE float block_max(SHARED_PTR float* buf, float v) {
     BARRIER();
     return r;
 }
+#endif
