@@ -33,6 +33,7 @@ fn a_failing_thread_rank_is_named_and_nobody_hangs() {
         world_size: 4,
         tp: 1,
         recompute: false,
+        precision: Default::default(),
     };
     let t0 = Instant::now();
     let err = train(

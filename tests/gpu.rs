@@ -12,7 +12,7 @@ use distgpt::backend::opencl::OpenCl;
 use distgpt::backend::Backend;
 use distgpt::data::{Dataset, TokenizerKind};
 use distgpt::infer::generate::{generate, SampleConfig};
-use distgpt::model::{AdamW, AdamWConfig, Gpt2, GptConfig, Segment};
+use distgpt::model::{AdamW, AdamWConfig, Gpt2, GptConfig, Precision, Segment};
 use distgpt::parallel::{ParallelConfig, StrategyKind};
 use distgpt::train::{train, TrainSummary};
 use std::sync::OnceLock;
@@ -80,8 +80,14 @@ fn rel_err(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Loss, logits, gradients and the parameters after one AdamW update.
-fn one_step<B: Backend>(be: B, cfg: &GptConfig, tokens: &[u32], targets: &[u32]) -> [Vec<f32>; 4] {
+fn one_step<B: Backend>(
+    be: B,
+    cfg: &GptConfig,
+    (tokens, targets): (&[u32], &[u32]),
+    precision: Precision,
+) -> [Vec<f32>; 4] {
     let mut m = Gpt2::new(be.clone_fresh(), cfg.clone()).unwrap();
+    m.set_precision(precision);
     m.init_weights(5).unwrap();
     let (b, t) = (3, tokens.len() / 3);
     let loss = m.forward(tokens, Some(targets), b, t).unwrap().unwrap();
@@ -114,14 +120,21 @@ fn a_training_step_on_the_gpu_equals_the_cpus_on<B: Backend>(gpu: B, kind: &str)
     };
     let tokens: Vec<u32> = (0..3 * 19).map(|i| (i * 31 % 67) as u32).collect();
     let targets: Vec<u32> = (0..3 * 19).map(|i| (i * 17 % 67) as u32).collect();
-    let want = one_step(Cpu::new(), &cfg, &tokens, &targets);
-    let got = one_step(gpu, &cfg, &tokens, &targets);
-    for (what, (g, w)) in ["loss", "logits", "gradients", "updated parameters"]
-        .iter()
-        .zip(got.iter().zip(&want))
-    {
-        let err = rel_err(g, w);
-        assert!(err <= 1e-5, "{kind} {what}: relative error {err}");
+    for precision in [Precision::Fp32, Precision::Bf16] {
+        let batch = (&tokens[..], &targets[..]);
+        let want = one_step(Cpu::new(), &cfg, batch, precision);
+        let got = one_step(gpu.clone_fresh(), &cfg, batch, precision);
+        for (what, (g, w)) in ["loss", "logits", "gradients", "updated parameters"]
+            .iter()
+            .zip(got.iter().zip(&want))
+        {
+            let err = rel_err(g, w);
+            eprintln!("{kind} {precision:?} {what}: relative error {err:.2e}");
+            assert!(
+                err <= 1e-5,
+                "{kind} {precision:?} {what}: relative error {err}"
+            );
+        }
     }
 }
 
@@ -138,6 +151,7 @@ fn run<B: Backend>(
         world_size,
         tp,
         recompute: false,
+        precision: Default::default(),
     };
     let model = common::tiny_model(dataset());
     train(

@@ -32,6 +32,7 @@ fn one_step(strategy: StrategyKind, n: usize) -> Vec<(MemoryReport, CommStats)> 
         world_size: n,
         tp: 1,
         recompute: false,
+        precision: Default::default(),
     };
     launch::run_local(n, 2, Duration::from_secs(60), |world| {
         let mut s = parallel::build(

@@ -92,6 +92,7 @@ fn strategies_over_mpi_match_single() {
             world_size: 1,
             tp: 1,
             recompute: false,
+            precision: Default::default(),
         };
         run(&ds, &solo[0], par, accum).unwrap()
     };
@@ -109,6 +110,7 @@ fn strategies_over_mpi_match_single() {
                 world_size: n,
                 tp: 1,
                 recompute: false,
+                precision: Default::default(),
             },
             1,
         ));
@@ -118,6 +120,7 @@ fn strategies_over_mpi_match_single() {
                 world_size: n,
                 tp: 1,
                 recompute: true,
+                precision: Default::default(),
             },
             2,
         ));
@@ -129,6 +132,7 @@ fn strategies_over_mpi_match_single() {
                 world_size: n,
                 tp: 2,
                 recompute: false,
+                precision: Default::default(),
             },
             1,
         ));

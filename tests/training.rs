@@ -35,6 +35,7 @@ fn single() -> ParallelConfig {
         world_size: 1,
         tp: 1,
         recompute: false,
+        precision: Default::default(),
     }
 }
 

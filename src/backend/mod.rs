@@ -240,6 +240,9 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// dst = src (the residual adds are fused into the projection matmuls,
     /// which accumulate onto a copy of the stream).
     fn copy(&self, dst: Dst<'_, Self>, src: Src<'_, Self>);
+    /// x rounded to the nearest bfloat16 (ties to even) in place, kept as
+    /// f32: the operands of a bf16 matmul (`--precision bf16`).
+    fn round_bf16(&self, x: Dst<'_, Self>);
     /// losses (rows) from logits (rows, vp) whose first v columns are real.
     fn crossentropy_forward(
         &self,

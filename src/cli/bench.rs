@@ -9,6 +9,7 @@ use anyhow::Result;
 use clap::Args;
 use distgpt::backend::Backend;
 use distgpt::metrics;
+use distgpt::model::Precision;
 use distgpt::train::bench::{bench_rank, BenchSpec};
 use std::time::Instant;
 
@@ -165,7 +166,7 @@ fn bench_on<B: Backend>(
     if a.json {
         let j = serde_json::json!({
             "impl": "distgpt", "model": a.model.model_name(), "params": cfg.num_params(), "batch": b, "seq": t,
-            "strategy": par.strategy, "world_size": par.world_size, "tp": resolved.tp, "recompute": par.recompute,
+            "strategy": par.strategy, "world_size": par.world_size, "tp": resolved.tp, "recompute": par.recompute, "precision": par.precision,
             "threads": threads, "ms_per_step": step_s * 1e3, "tokens_per_s": tokens_per_s,
             "tokens_per_s_per_rank": tokens_per_s / par.world_size as f64, "mfu": mfu, "peak_gflops": peak / 1e9,
             "flops_per_token": cfg.flops_per_token(t),
@@ -184,7 +185,12 @@ fn bench_on<B: Backend>(
         par.strategy,
         par.world_size,
         resolved.tp,
-        if par.recompute { ", recompute" } else { "" },
+        match (par.recompute, par.precision) {
+            (false, Precision::Fp32) => "",
+            (true, Precision::Fp32) => ", recompute",
+            (false, Precision::Bf16) => ", bf16",
+            (true, Precision::Bf16) => ", recompute, bf16",
+        },
         step_s * 1e3,
         tokens_per_s,
         tokens_per_s / par.world_size as f64,

@@ -82,6 +82,15 @@ fn record_entries(r: &RunRecord) -> Vec<(String, Value)> {
         ("world_size", int(r.parallel.world_size)),
         ("tp", int(r.parallel.tp)),
         ("recompute", Value::Boolean(r.parallel.recompute)),
+        (
+            "precision",
+            Value::String(
+                clap::ValueEnum::to_possible_value(&r.parallel.precision)
+                    .expect("every precision has a name")
+                    .get_name()
+                    .into(),
+            ),
+        ),
         ("quiet", Value::Boolean(!t.verbose)),
     ];
     out.push(match t.duration {

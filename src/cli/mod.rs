@@ -138,6 +138,10 @@ pub struct ParallelArgs {
     /// Recompute each block's activations in the backward instead of keeping them.
     #[arg(long)]
     recompute: bool,
+    /// The matmuls' arithmetic: fp32, or bf16 operands with fp32
+    /// accumulation (fp32 master weights, moments and gradient reduction).
+    #[arg(long, value_enum, default_value = "fp32")]
+    precision: distgpt::model::Precision,
     /// How the ranks run.
     #[arg(long, value_enum, default_value = "local")]
     comm: CommKind,
@@ -256,6 +260,7 @@ impl ParallelArgs {
             world_size: self.world_size,
             tp: self.tp,
             recompute: self.recompute,
+            precision: self.precision,
         }
     }
 
@@ -914,6 +919,9 @@ fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<Resumed> {
     }
     if set("recompute") {
         par.recompute = mine.recompute;
+    }
+    if set("precision") {
+        par.precision = mine.precision;
     }
     Ok(Resumed {
         run_dir,

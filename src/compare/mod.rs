@@ -69,6 +69,7 @@ impl Layout {
             world_size: world,
             tp,
             recompute: false,
+            precision: Default::default(),
         }
     }
 }

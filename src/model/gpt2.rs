@@ -44,6 +44,114 @@ struct Activations<B: Backend> {
     dtmp: Buf<B>,
     dqkv: Buf<B>,
     dfch: Buf<B>,
+    /// `--precision bf16`'s rounded operands.
+    bf16: Option<Bf16Operands<B>>,
+}
+
+/// The arithmetic of the matmuls.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// fp32 everywhere.
+    #[default]
+    Fp32,
+    /// Matmul operands (inputs, weights, output gradients) rounded to
+    /// bfloat16, products accumulated in fp32; weights, moments, gradients,
+    /// their reduction and every other kernel stay fp32.
+    Bf16,
+}
+
+/// `--precision bf16`'s scratch: the rounded copies of one matmul's input,
+/// weight and output gradient.
+struct Bf16Operands<B: Backend> {
+    inp: Buf<B>,
+    w: Buf<B>,
+    dout: Buf<B>,
+}
+
+impl<B: Backend> Bf16Operands<B> {
+    fn new(be: &B, cfg: &GptConfig, d: Dims, rows: usize) -> Result<Self> {
+        let (c, vp) = (cfg.n_embd, cfg.padded_vocab());
+        let widest = c.max(d.fl).max(3 * d.cl);
+        Ok(Bf16Operands {
+            inp: be.alloc(rows * widest, Category::Activations)?,
+            w: be.alloc((c * widest).max(vp * c), Category::Other)?,
+            dout: be.alloc(rows * widest, Category::Activations)?,
+        })
+    }
+
+    /// A rounded copy of `x` in `buf`.
+    fn rounded<'s>(be: &B, buf: &'s mut Buf<B>, x: Src<'_, B>) -> Src<'s, B> {
+        let mut r = buf.slice_mut(0..x.len());
+        be.copy(r.rb(), x);
+        be.round_bf16(r.rb());
+        r.into_src()
+    }
+}
+
+/// `Backend::matmul_forward`, with bf16 operands when `bf16` is given.
+#[allow(clippy::too_many_arguments)]
+fn matmul_forward<B: Backend>(
+    be: &B,
+    bf16: Option<&mut Bf16Operands<B>>,
+    out: Dst<'_, B>,
+    inp: Src<'_, B>,
+    w: Src<'_, B>,
+    bias: Option<Src<'_, B>>,
+    layout: WeightLayout,
+    (rows, k, n): (usize, usize, usize),
+    accumulate: bool,
+) {
+    let Some(ops) = bf16 else {
+        return be.matmul_forward(out, inp, w, bias, layout, rows, k, n, accumulate);
+    };
+    let inp = Bf16Operands::rounded(be, &mut ops.inp, inp.first(rows * k));
+    let w = Bf16Operands::rounded(be, &mut ops.w, w.first(k * n));
+    be.matmul_forward(out, inp, w, bias, layout, rows, k, n, accumulate);
+}
+
+/// How `matmul_backward` gets the output gradient in bf16: copied and
+/// rounded, or already rounded in place by the caller (the logits').
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dout {
+    Round,
+    Rounded,
+}
+
+/// `Backend::matmul_backward`, with bf16 operands when `bf16` is given.
+#[allow(clippy::too_many_arguments)]
+fn matmul_backward<B: Backend>(
+    be: &B,
+    bf16: Option<&mut Bf16Operands<B>>,
+    dinp: Dst<'_, B>,
+    dw: Dst<'_, B>,
+    dbias: Option<Dst<'_, B>>,
+    (dout, how): (Src<'_, B>, Dout),
+    inp: Src<'_, B>,
+    w: Src<'_, B>,
+    layout: WeightLayout,
+    (rows, k, n): (usize, usize, usize),
+) {
+    let Some(ops) = bf16 else {
+        return be.matmul_backward(dinp, dw, dbias, dout, inp, w, layout, rows, k, n);
+    };
+    let dout = match how {
+        Dout::Round => Bf16Operands::rounded(be, &mut ops.dout, dout.first(rows * n)),
+        Dout::Rounded => dout,
+    };
+    let inp = Bf16Operands::rounded(be, &mut ops.inp, inp.first(rows * k));
+    let w = Bf16Operands::rounded(be, &mut ops.w, w.first(k * n));
+    be.matmul_backward(dinp, dw, dbias, dout, inp, w, layout, rows, k, n);
 }
 
 /// Per-rank widths: attention width and MLP width are split by tensor parallelism.
@@ -56,7 +164,13 @@ struct Dims {
 }
 
 impl<B: Backend> Activations<B> {
-    fn new(be: &B, cfg: &GptConfig, d: Dims, slots: usize, rows: usize) -> Result<Self> {
+    fn new(
+        be: &B,
+        cfg: &GptConfig,
+        d: Dims,
+        (slots, rows): (usize, usize),
+        precision: Precision,
+    ) -> Result<Self> {
         let (l, c) = (cfg.n_layer, cfg.n_embd);
         let a = |n: usize| be.alloc(n, Category::Activations);
         Ok(Activations {
@@ -85,6 +199,10 @@ impl<B: Backend> Activations<B> {
             dtmp: a(rows * c)?,
             dqkv: a(rows * 3 * d.cl)?,
             dfch: a(rows * d.fl)?,
+            bf16: match precision {
+                Precision::Fp32 => None,
+                Precision::Bf16 => Some(Bf16Operands::new(be, cfg, d, rows)?),
+            },
         })
     }
 }
@@ -124,6 +242,7 @@ pub struct Engine<B: Backend> {
     pub tp: TpPlace,
     /// Keep only block inputs in the forward; recompute each block in the backward.
     pub recompute: bool,
+    precision: Precision,
     acts: Option<Activations<B>>,
     batch: Option<Batch>,
 }
@@ -143,9 +262,18 @@ impl<B: Backend> Engine<B> {
             backend,
             tp,
             recompute,
+            precision: Precision::Fp32,
             acts: None,
             batch: None,
         })
+    }
+
+    /// The matmuls' arithmetic from the next `begin` on.
+    pub fn set_precision(&mut self, precision: Precision) {
+        if precision != self.precision {
+            self.precision = precision;
+            self.acts = None;
+        }
     }
 
     fn dims(&self) -> Dims {
@@ -214,8 +342,8 @@ impl<B: Backend> Engine<B> {
                 &self.backend,
                 &self.config,
                 self.dims(),
-                slots,
-                rows,
+                (slots, rows),
+                self.precision,
             )?);
         }
         let a = self.acts.as_mut().expect("allocated above");
@@ -289,15 +417,15 @@ impl<B: Backend> Engine<B> {
             c,
         );
         let mut qkv = a.qkv.d().part(s, 3 * rows * cl);
-        be.matmul_forward(
+        matmul_forward(
+            be,
+            a.bf16.as_mut(),
             qkv.rb(),
             ln1.src(),
             w(BlockParam::QkvW),
             Some(w(BlockParam::QkvB)),
             WeightLayout::InOut,
-            rows,
-            c,
-            3 * cl,
+            (rows, c, 3 * cl),
             false,
         );
         let mut atty = a.atty.d().part(s, rows * cl);
@@ -317,15 +445,15 @@ impl<B: Backend> Engine<B> {
             be.copy(res2.rb(), x);
         }
         let bias = lead.then(|| w(BlockParam::AttnProjB));
-        be.matmul_forward(
+        matmul_forward(
+            be,
+            a.bf16.as_mut(),
             res2.rb(),
             atty.src(),
             w(BlockParam::AttnProjW),
             bias,
             WeightLayout::InOut,
-            rows,
-            cl,
-            c,
+            (rows, cl, c),
             lead,
         );
         if let Some(g) = tp {
@@ -342,15 +470,15 @@ impl<B: Backend> Engine<B> {
             c,
         );
         let mut fch = a.fch.d().part(s, rows * fl);
-        be.matmul_forward(
+        matmul_forward(
+            be,
+            a.bf16.as_mut(),
             fch.rb(),
             ln2.src(),
             w(BlockParam::FcW),
             Some(w(BlockParam::FcB)),
             WeightLayout::InOut,
-            rows,
-            c,
-            fl,
+            (rows, c, fl),
             false,
         );
         let mut fch_gelu = a.fch_gelu.d().part(s, rows * fl);
@@ -359,15 +487,15 @@ impl<B: Backend> Engine<B> {
             be.copy(out.rb(), res2.src());
         }
         let bias = lead.then(|| w(BlockParam::FcProjB));
-        be.matmul_forward(
+        matmul_forward(
+            be,
+            a.bf16.as_mut(),
             out.rb(),
             fch_gelu.src(),
             w(BlockParam::FcProjW),
             bias,
             WeightLayout::InOut,
-            rows,
-            fl,
-            c,
+            (rows, fl, c),
             lead,
         );
         if let Some(g) = tp {
@@ -396,15 +524,15 @@ impl<B: Backend> Engine<B> {
             c,
         );
         let mut logits = a.logits.slice_mut(0..rows * vp);
-        be.matmul_forward(
+        matmul_forward(
+            be,
+            a.bf16.as_mut(),
             logits.rb(),
             lnf_out.src(),
             wte,
             None,
             WeightLayout::OutIn,
-            rows,
-            c,
-            vp,
+            (rows, c, vp),
             false,
         );
         if !self.batch.as_ref().is_some_and(|x| x.has_targets) {
@@ -452,18 +580,22 @@ impl<B: Backend> Engine<B> {
             vp,
             loss_scale / rows as f32,
         );
+        if a.bf16.is_some() {
+            // The logits' gradient feeds only this matmul: rounded where it lies.
+            be.round_bf16(logits.rb());
+        }
         let mut dtmp = a.dtmp.slice_mut(0..btc);
-        be.matmul_backward(
+        matmul_backward(
+            be,
+            a.bf16.as_mut(),
             dtmp.rb(),
             dwte,
             None,
-            logits.src(),
+            (logits.src(), Dout::Rounded),
             a.lnf.slice(0..btc),
             wte,
             WeightLayout::OutIn,
-            rows,
-            c,
-            vp,
+            (rows, c, vp),
         );
         let mut dres = a.dres.slice_mut(0..btc);
         be.fill(dres.rb(), 0.0);
@@ -508,31 +640,31 @@ impl<B: Backend> Engine<B> {
         let mut dtmp = a.dtmp.slice_mut(0..btc);
         let mut dfch = a.dfch.slice_mut(0..rows * fl);
         let (dw, db) = weight_and_bias(&mut g, lay, BlockParam::FcProjW, BlockParam::FcProjB);
-        be.matmul_backward(
+        matmul_backward(
+            be,
+            a.bf16.as_mut(),
             dfch.rb(),
             dw,
             Some(db),
-            dres.src(),
+            (dres.src(), Dout::Round),
             a.fch_gelu.s().part(s, rows * fl),
             w(BlockParam::FcProjW),
             WeightLayout::InOut,
-            rows,
-            fl,
-            c,
+            (rows, fl, c),
         );
         be.gelu_backward_inplace(dfch.rb(), a.fch.s().part(s, rows * fl));
         let (dw, db) = weight_and_bias(&mut g, lay, BlockParam::FcW, BlockParam::FcB);
-        be.matmul_backward(
+        matmul_backward(
+            be,
+            a.bf16.as_mut(),
             dtmp.rb(),
             dw,
             Some(db),
-            dfch.src(),
+            (dfch.src(), Dout::Round),
             a.ln2.s().part(s, btc),
             w(BlockParam::FcW),
             WeightLayout::InOut,
-            rows,
-            c,
-            fl,
+            (rows, c, fl),
         );
         if let Some(g) = tp {
             device::all_reduce(g, be, dtmp.rb())?;
@@ -551,17 +683,17 @@ impl<B: Backend> Engine<B> {
         );
         let mut datty = dtmp.rb().first(rows * cl);
         let (dw, db) = weight_and_bias(&mut g, lay, BlockParam::AttnProjW, BlockParam::AttnProjB);
-        be.matmul_backward(
+        matmul_backward(
+            be,
+            a.bf16.as_mut(),
             datty.rb(),
             dw,
             Some(db),
-            dres.src(),
+            (dres.src(), Dout::Round),
             a.atty.s().part(s, rows * cl),
             w(BlockParam::AttnProjW),
             WeightLayout::InOut,
-            rows,
-            cl,
-            c,
+            (rows, cl, c),
         );
         let mut dqkv = a.dqkv.slice_mut(0..3 * rows * cl);
         be.attention_backward(
@@ -578,17 +710,17 @@ impl<B: Backend> Engine<B> {
             },
         );
         let (dw, db) = weight_and_bias(&mut g, lay, BlockParam::QkvW, BlockParam::QkvB);
-        be.matmul_backward(
+        matmul_backward(
+            be,
+            a.bf16.as_mut(),
             dtmp.rb(),
             dw,
             Some(db),
-            dqkv.src(),
+            (dqkv.src(), Dout::Round),
             a.ln1.s().part(s, btc),
             w(BlockParam::QkvW),
             WeightLayout::InOut,
-            rows,
-            c,
-            3 * cl,
+            (rows, c, 3 * cl),
         );
         if let Some(g) = tp {
             device::all_reduce(g, be, dtmp.rb())?;

@@ -8,5 +8,5 @@ pub mod layout;
 
 pub use adamw::{AdamW, AdamWConfig, Segment};
 pub use config::GptConfig;
-pub use gpt2::{Engine, Gpt2, TpPlace};
+pub use gpt2::{Engine, Gpt2, Precision, TpPlace};
 pub use layout::ParamLayout;

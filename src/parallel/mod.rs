@@ -19,7 +19,7 @@ use crate::backend::{Backend, MemoryReport};
 use crate::comm::{Comm, CommStats};
 use crate::data::Batch;
 use crate::error::{Error, Result};
-use crate::model::{AdamWConfig, Engine, GptConfig, TpPlace};
+use crate::model::{AdamWConfig, Engine, GptConfig, Precision, TpPlace};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -59,6 +59,9 @@ pub struct ParallelConfig {
     pub tp: usize,
     /// Recompute each block's activations in the backward.
     pub recompute: bool,
+    /// The matmuls' arithmetic (runs recorded before it existed are fp32).
+    #[serde(default)]
+    pub precision: Precision,
 }
 
 impl ParallelConfig {
@@ -234,7 +237,8 @@ pub fn build<B: Backend + 'static>(
         rank: rank % tp,
         size: tp,
     };
-    let engine = Engine::new(backend, model, place, par.recompute)?;
+    let mut engine = Engine::new(backend, model, place, par.recompute)?;
+    engine.set_precision(par.precision);
     Ok(match par.strategy {
         StrategyKind::Single | StrategyKind::Ddp | StrategyKind::Tp => Box::new(Replicated::new(
             engine, dp_comm, tp_comm, false, adamw, b, t,

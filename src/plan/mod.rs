@@ -427,6 +427,7 @@ fn candidates(world: usize, recompute: bool) -> Vec<ParallelConfig> {
         world_size: world,
         tp,
         recompute,
+        precision: Default::default(),
     };
     let mut out = Vec::new();
     if world == 1 {
@@ -549,6 +550,7 @@ mod tests {
                 world_size: 64,
                 tp: 1,
                 recompute: false,
+                precision: Default::default(),
             };
             predict(&w, par, &d, &n, Precision::Mixed)
                 .memory
@@ -595,6 +597,7 @@ mod tests {
                 world_size: 32,
                 tp: 1,
                 recompute,
+                precision: Default::default(),
             };
             predict(&w, par, &d, &n, Precision::Mixed).memory
         };

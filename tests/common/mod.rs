@@ -40,16 +40,27 @@ pub fn five_steps(tag: &str, grad_accum: usize) -> TrainConfig {
 /// Per-step losses and the final validation loss (the strategy's own
 /// `eval_loss`) within 1e-5; final parameters within 1e-4 of the largest parameter.
 pub fn assert_follows(reference: &TrainSummary, got: &TrainSummary, what: &str) {
+    assert_follows_within(reference, got, what, (1e-5, 1e-4));
+}
+
+/// As [`assert_follows`] with tolerances (loss, parameters relative to the
+/// largest parameter).
+pub fn assert_follows_within(
+    reference: &TrainSummary,
+    got: &TrainSummary,
+    what: &str,
+    (loss_tol, param_tol): (f32, f32),
+) {
     assert_eq!(got.losses.len(), reference.losses.len());
     assert!(
-        (got.val_loss - reference.val_loss).abs() <= 1e-5,
+        (got.val_loss - reference.val_loss).abs() <= loss_tol,
         "{what}: validation loss {} vs single {}",
         got.val_loss,
         reference.val_loss
     );
     for (step, (a, b)) in got.losses.iter().zip(&reference.losses).enumerate() {
         assert!(
-            (a - b).abs() <= 1e-5,
+            (a - b).abs() <= loss_tol,
             "{what}: step {step} loss {a} vs single {b}"
         );
     }
@@ -60,7 +71,7 @@ pub fn assert_follows(reference: &TrainSummary, got: &TrainSummary, what: &str) 
         .zip(&reference.params)
         .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
     assert!(
-        err <= 1e-4 * scale,
+        err <= param_tol * scale,
         "{what}: final parameters differ by {err} (largest parameter {scale})"
     );
 }

@@ -29,6 +29,12 @@ pub fn copy(dst: &mut [f32], src: &[f32]) {
         .for_each(|(d, s)| d.copy_from_slice(s));
 }
 
+/// x rounded to the nearest bfloat16 in place, kept as f32.
+pub fn round_bf16(x: &mut [f32]) {
+    x.par_chunks_mut(CHUNK)
+        .for_each(|c| c.iter_mut().for_each(|v| *v = super::round_to_bf16(*v)));
+}
+
 /// dst += src.
 pub fn add_inplace(dst: &mut [f32], src: &[f32]) {
     dst[..src.len()]

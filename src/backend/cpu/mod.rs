@@ -286,6 +286,9 @@ impl Backend for Cpu {
     fn copy(&self, dst: Dst<'_, Self>, src: Src<'_, Self>) {
         elementwise::copy(w(dst), r(src))
     }
+    fn round_bf16(&self, x: Dst<'_, Self>) {
+        elementwise::round_bf16(w(x))
+    }
     fn crossentropy_forward(
         &self,
         losses: Dst<'_, Self>,

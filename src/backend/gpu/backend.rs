@@ -408,6 +408,9 @@ impl<R: Runtime> Backend for Gpu<R> {
     fn copy(&self, dst: Dst<'_, Self>, src: Src<'_, Self>) {
         self.queue(|d| d.copy(view(dst.raw()), view(src.raw())))
     }
+    fn round_bf16(&self, x: Dst<'_, Self>) {
+        self.queue(|d| d.round_bf16(view(x.raw())))
+    }
     fn crossentropy_forward(
         &self,
         losses: Dst<'_, Self>,

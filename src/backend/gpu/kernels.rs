@@ -426,6 +426,12 @@ impl<R: Runtime> Device<R> {
         self.launch(name, groups(src.len), &args)
     }
 
+    /// x rounded to bfloat16 in place (kept as f32).
+    pub fn round_bf16(&self, x: View) -> Result<(), GpuError> {
+        let args = [Arg::View(x), u32s("n", x.len)?];
+        self.launch("round_bf16", groups(x.len), &args)
+    }
+
     /// dst = value.
     pub fn fill(&self, dst: View, value: f32) -> Result<(), GpuError> {
         let args = [Arg::View(dst), u32s("n", dst.len)?, Arg::F32(value)];

@@ -530,6 +530,40 @@ fn pointwise_kernels_match_cpu_on<R: Runtime>(dev: &Device<R>) {
         let want: Vec<f32> = d0.iter().zip(&x).map(|(a, b)| a + b).collect();
         assert_eq!(get(dev, &a), want, "add_inplace n={n}");
     }
+    // Ties (to even, both ways), a carry into the exponent, the largest
+    // finite values, infinities, NaN, subnormals and zeros, then random values.
+    let mut x = vec![
+        f32::from_bits(0x3f80_8000),
+        f32::from_bits(0x3f81_8000),
+        f32::from_bits(0x3fff_ffff),
+        f32::MAX,
+        -f32::MAX,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::from_bits(0x0000_8001),
+        -0.0,
+        0.0,
+    ];
+    x.extend(randn(&mut rng, 1000, 50.0));
+    let mut want = x.clone();
+    elementwise::round_bf16(&mut want);
+    assert_eq!(
+        want[..3],
+        [1.0, f32::from_bits(0x3f82_0000), 2.0],
+        "ties to even, carry"
+    );
+    let t = putf(dev, &x);
+    dev.round_bf16(t.view()).unwrap();
+    let got = get(dev, &t);
+    assert!(
+        got.iter().zip(&x).any(|(g, x)| g != x),
+        "rounding changed nothing"
+    );
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&got), bits(&want), "round_bf16, bit for bit");
+    let n = putf(dev, &[f32::NAN]);
+    dev.round_bf16(n.view()).unwrap();
+    assert!(get(dev, &n)[0].is_nan(), "NaN stays NaN");
 }
 
 /// (rows, v, vp)

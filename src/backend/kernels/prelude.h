@@ -19,6 +19,8 @@ typedef ulong idx_t;
 #define LOCAL_SIZE(d) ((int)get_local_size(d))
 #define NUM_GROUPS(d) ((unsigned)get_num_groups(d))
 #define GLOBAL_ID(d) ((idx_t)get_global_id(d))
+#define FLOAT_AS_UINT(x) as_uint(x)
+#define UINT_AS_FLOAT(u) as_float(u)
 #define expf(x) exp(x)
 #define logf(x) log(x)
 #define sqrtf(x) sqrt(x)
@@ -40,6 +42,8 @@ typedef unsigned long long idx_t;
 #define LOCAL_SIZE(d) ((int)DIM3(blockDim, d))
 #define NUM_GROUPS(d) ((unsigned)DIM3(gridDim, d))
 #define GLOBAL_ID(d) ((idx_t)DIM3(blockIdx, d) * DIM3(blockDim, d) + DIM3(threadIdx, d))
+#define FLOAT_AS_UINT(x) __float_as_uint(x)
+#define UINT_AS_FLOAT(u) __uint_as_float(u)
 #define NEG_INF (-__int_as_float(0x7f800000))
 #endif
 
