@@ -179,6 +179,40 @@ pub trait Backend: Send + Sync + Sized + 'static {
         k: usize,
         n: usize,
     );
+    /// [`Backend::matmul_forward`] whose `inp` and `w` hold bfloat16 values
+    /// (rounded by [`Backend::round_bf16`]): the same product, which a
+    /// device with bf16 matrix units (CUDA's tensor cores) runs there.
+    fn matmul_forward_bf16(
+        &self,
+        out: Dst<'_, Self>,
+        inp: Src<'_, Self>,
+        w: Src<'_, Self>,
+        bias: Option<Src<'_, Self>>,
+        layout: WeightLayout,
+        rows: usize,
+        k: usize,
+        n: usize,
+        accumulate: bool,
+    ) {
+        self.matmul_forward(out, inp, w, bias, layout, rows, k, n, accumulate)
+    }
+    /// [`Backend::matmul_backward`] whose `dout`, `inp` and `w` hold
+    /// bfloat16 values, as [`Backend::matmul_forward_bf16`].
+    fn matmul_backward_bf16(
+        &self,
+        dinp: Dst<'_, Self>,
+        dw: Dst<'_, Self>,
+        dbias: Option<Dst<'_, Self>>,
+        dout: Src<'_, Self>,
+        inp: Src<'_, Self>,
+        w: Src<'_, Self>,
+        layout: WeightLayout,
+        rows: usize,
+        k: usize,
+        n: usize,
+    ) {
+        self.matmul_backward(dinp, dw, dbias, dout, inp, w, layout, rows, k, n)
+    }
     /// W (k x n, in `layout`) laid out for [`Backend::matmul_decode`],
     /// stored in `format`.
     fn pack_decode_weight(

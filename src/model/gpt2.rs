@@ -117,7 +117,7 @@ fn matmul_forward<B: Backend>(
     };
     let inp = Bf16Operands::rounded(be, &mut ops.inp, inp.first(rows * k));
     let w = Bf16Operands::rounded(be, &mut ops.w, w.first(k * n));
-    be.matmul_forward(out, inp, w, bias, layout, rows, k, n, accumulate);
+    be.matmul_forward_bf16(out, inp, w, bias, layout, rows, k, n, accumulate);
 }
 
 /// How `matmul_backward` gets the output gradient in bf16: copied and
@@ -151,7 +151,7 @@ fn matmul_backward<B: Backend>(
     };
     let inp = Bf16Operands::rounded(be, &mut ops.inp, inp.first(rows * k));
     let w = Bf16Operands::rounded(be, &mut ops.w, w.first(k * n));
-    be.matmul_backward(dinp, dw, dbias, dout, inp, w, layout, rows, k, n);
+    be.matmul_backward_bf16(dinp, dw, dbias, dout, inp, w, layout, rows, k, n);
 }
 
 /// Per-rank widths: attention width and MLP width are split by tensor parallelism.

@@ -14,16 +14,19 @@
 mod libs;
 
 use crate::backend::gpu::{
-    kernel_names, program_source, u32_arg, Arg, DeviceMem, Gemm, GpuError, Runtime, View, BLOCK,
+    kernel_names, program_source, u32_arg, Arg, DeviceMem, Gemm, GpuError, Operand, Runtime, View,
+    BLOCK,
 };
 use crate::backend::Elem;
 use cudarc::cublas::result as blas;
-use cudarc::cublas::sys::{cublasHandle_t, cublasOperation_t};
+use cudarc::cublas::sys::{
+    cublasComputeType_t, cublasGemmAlgo_t, cublasHandle_t, cublasOperation_t, cudaDataType,
+};
 use cudarc::driver::{result as drv, CudaContext, CudaFunction, CudaStream, DriverError};
 use cudarc::driver::{sys::CUdeviceptr, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use std::collections::HashMap;
-use std::ffi::c_int;
+use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex};
 
 /// The cuda backend.
@@ -177,7 +180,91 @@ pub struct CudaRuntime {
     name: String,
 }
 
+/// cuBLAS's operation for a stored matrix used as is or transposed.
+fn blas_op(transpose: bool) -> cublasOperation_t {
+    if transpose {
+        cublasOperation_t::CUBLAS_OP_T
+    } else {
+        cublasOperation_t::CUBLAS_OP_N
+    }
+}
+
+/// A size as cuBLAS's int.
+fn blas_int(what: &str, n: usize) -> Result<c_int> {
+    c_int::try_from(n).map_err(|_| GpuError(format!("GEMM {what} = {n} exceeds cuBLAS's int")))
+}
+
 impl CudaRuntime {
+    /// `op`'s stored matrix (rows x cols column-major, leading dimension
+    /// `ld`) as bf16 values in a fresh buffer of 16-bit elements (two per
+    /// 32-bit word), with the same leading dimension.
+    fn to_bf16(&self, op: Operand, rows: usize, cols: usize) -> Result<Mem<u32>> {
+        let n = op.ld * (cols - 1) + rows;
+        let mem = self.alloc::<u32>(n.div_ceil(2))?;
+        let src = View { len: n, ..op.view };
+        let args = [
+            Arg::View(mem.view()),
+            Arg::View(src),
+            Arg::U32(u32_arg("n", n)?),
+        ];
+        self.launch("to_bf16_bits", n.div_ceil(BLOCK), &args)?;
+        Ok(mem)
+    }
+
+    /// `g` on the tensor cores: bf16 operands (exact: they hold bf16
+    /// values), fp32 accumulation and output (cublasGemmEx).
+    fn gemm_bf16(&self, g: Gemm) -> Result<()> {
+        let (ar, ac) = if g.a.transpose {
+            (g.k, g.m)
+        } else {
+            (g.m, g.k)
+        };
+        let (br, bc) = if g.b.transpose {
+            (g.n, g.k)
+        } else {
+            (g.k, g.n)
+        };
+        let a = self.to_bf16(g.a, ar, ac)?;
+        let b = self.to_bf16(g.b, br, bc)?;
+        let (alpha, beta) = (1.0f32, g.beta);
+        let (bf16, f32_) = (cudaDataType::CUDA_R_16BF, cudaDataType::CUDA_R_32F);
+        self.bind()?;
+        let handle = self.blas.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: `a` and `b` hold the operands' bf16 values with their
+        // leading dimensions, `c` the fp32 output the caller checked; alpha
+        // and beta are host scalars read during the call; the buffers are
+        // freed in stream order after it.
+        unsafe {
+            blas::gemm_ex(
+                handle.0,
+                blas_op(g.a.transpose),
+                blas_op(g.b.transpose),
+                blas_int("m", g.m)?,
+                blas_int("n", g.n)?,
+                blas_int("k", g.k)?,
+                (&alpha as *const f32).cast(),
+                a.ptr as *const c_void,
+                bf16,
+                blas_int("lda", g.a.ld)?,
+                b.ptr as *const c_void,
+                bf16,
+                blas_int("ldb", g.b.ld)?,
+                (&beta as *const f32).cast(),
+                Self::addr::<f32>(g.c) as *mut c_void,
+                f32_,
+                blas_int("ldc", g.ldc)?,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| {
+            GpuError(format!(
+                "cublasGemmEx bf16 (m={}, n={}, k={}) failed: {e}",
+                g.m, g.n, g.k
+            ))
+        })
+    }
+
     fn bind(&self) -> Result<()> {
         self.ctx.bind_to_thread().map_err(failed("cuCtxSetCurrent"))
     }
@@ -195,6 +282,14 @@ fn fast_paths() -> bool {
     std::env::var("DISTGPT_CUDA_FAST").as_deref() == Ok("1")
 }
 
+/// Kernels only the cuda runtime calls (after the shared program).
+const CUDA_ONLY: &str = include_str!("../kernels/cuda_only.cu");
+
+/// The shared kernel program and the CUDA-only kernels, one source.
+fn cuda_source() -> String {
+    format!("{}\n{CUDA_ONLY}", program_source())
+}
+
 /// The PTX of every kernel for compute capability `major.minor`, with the
 /// CUDA-only fast paths when `fast`.
 fn compile(major: i32, minor: i32, fast: bool) -> Result<cudarc::nvrtc::Ptx> {
@@ -206,7 +301,7 @@ fn compile(major: i32, minor: i32, fast: bool) -> Result<cudarc::nvrtc::Ptx> {
         options,
         ..Default::default()
     };
-    compile_ptx_with_opts(program_source(), opts).map_err(|e| {
+    compile_ptx_with_opts(cuda_source(), opts).map_err(|e| {
         GpuError(format!(
             "NVRTC could not compile the kernels for sm_{major}{minor}: {e}"
         ))
@@ -245,7 +340,7 @@ impl Runtime for CudaRuntime {
             .load_module(compile(major, minor, fast_paths())?)
             .map_err(failed("cuModuleLoadData"))?;
         let mut kernels = HashMap::new();
-        for k in kernel_names(&program_source()) {
+        for k in kernel_names(&cuda_source()) {
             let f = module
                 .load_function(k)
                 .map_err(failed("cuModuleGetFunction"))?;
@@ -384,17 +479,9 @@ impl Runtime for CudaRuntime {
     }
 
     fn sgemm(&self, g: Gemm) -> Result<()> {
-        let int = |what: &str, n: usize| {
-            c_int::try_from(n)
-                .map_err(|_| GpuError(format!("sgemm {what} = {n} exceeds cuBLAS's int")))
-        };
-        let op = |t: bool| {
-            if t {
-                cublasOperation_t::CUBLAS_OP_T
-            } else {
-                cublasOperation_t::CUBLAS_OP_N
-            }
-        };
+        if g.bf16 {
+            return self.gemm_bf16(g);
+        }
         let (alpha, beta) = (1.0f32, g.beta);
         self.bind()?;
         let blas_handle = self.blas.lock().unwrap_or_else(|e| e.into_inner());
@@ -404,19 +491,19 @@ impl Runtime for CudaRuntime {
         unsafe {
             blas::sgemm(
                 blas_handle.0,
-                op(g.a.transpose),
-                op(g.b.transpose),
-                int("m", g.m)?,
-                int("n", g.n)?,
-                int("k", g.k)?,
+                blas_op(g.a.transpose),
+                blas_op(g.b.transpose),
+                blas_int("m", g.m)?,
+                blas_int("n", g.n)?,
+                blas_int("k", g.k)?,
                 &alpha,
                 Self::addr::<f32>(g.a.view) as *const f32,
-                int("lda", g.a.ld)?,
+                blas_int("lda", g.a.ld)?,
                 Self::addr::<f32>(g.b.view) as *const f32,
-                int("ldb", g.b.ld)?,
+                blas_int("ldb", g.b.ld)?,
                 &beta,
                 Self::addr::<f32>(g.c) as *mut f32,
-                int("ldc", g.ldc)?,
+                blas_int("ldc", g.ldc)?,
             )
         }
         .map_err(|e| {
@@ -463,7 +550,7 @@ mod tests {
                 "{}",
                 &ptx[..ptx.len().min(400)]
             );
-            for k in kernel_names(&program_source()) {
+            for k in kernel_names(&cuda_source()) {
                 assert!(
                     ptx.contains(&format!(".entry {k}(")),
                     "no entry {k} in the PTX"

@@ -262,6 +262,34 @@ impl<R: Runtime> Backend for Gpu<R> {
                 k,
                 n,
                 accumulate,
+                false,
+            )
+        })
+    }
+    fn matmul_forward_bf16(
+        &self,
+        out: Dst<'_, Self>,
+        inp: Src<'_, Self>,
+        w: Src<'_, Self>,
+        bias: Option<Src<'_, Self>>,
+        layout: WeightLayout,
+        rows: usize,
+        k: usize,
+        n: usize,
+        accumulate: bool,
+    ) {
+        self.queue(|d| {
+            d.matmul_forward(
+                view(out.raw()),
+                view(inp.raw()),
+                view(w.raw()),
+                bias.map(|b| view(b.raw())),
+                layout,
+                rows,
+                k,
+                n,
+                accumulate,
+                true,
             )
         })
     }
@@ -290,6 +318,36 @@ impl<R: Runtime> Backend for Gpu<R> {
                 rows,
                 k,
                 n,
+                false,
+            )
+        })
+    }
+    fn matmul_backward_bf16(
+        &self,
+        dinp: Dst<'_, Self>,
+        dw: Dst<'_, Self>,
+        dbias: Option<Dst<'_, Self>>,
+        dout: Src<'_, Self>,
+        inp: Src<'_, Self>,
+        w: Src<'_, Self>,
+        layout: WeightLayout,
+        rows: usize,
+        k: usize,
+        n: usize,
+    ) {
+        self.queue(|d| {
+            d.matmul_backward(
+                view(dinp.raw()),
+                view(dw.raw()),
+                dbias.map(|b| view(b.raw())),
+                view(dout.raw()),
+                view(inp.raw()),
+                view(w.raw()),
+                layout,
+                rows,
+                k,
+                n,
+                true,
             )
         })
     }

@@ -256,6 +256,7 @@ impl<R: Runtime> Device<R> {
         k: usize,
         n: usize,
         accumulate: bool,
+        bf16: bool,
     ) -> Result<(), GpuError> {
         need("matmul_forward out", out, rows * n)?;
         need("matmul_forward inp", inp, rows * k)?;
@@ -290,6 +291,7 @@ impl<R: Runtime> Device<R> {
             beta,
             c: out,
             ldc: n,
+            bf16,
         })
     }
 
@@ -307,6 +309,7 @@ impl<R: Runtime> Device<R> {
         rows: usize,
         k: usize,
         n: usize,
+        bf16: bool,
     ) -> Result<(), GpuError> {
         need("matmul_backward dinp", dinp, rows * k)?;
         need("matmul_backward dout", dout, rows * n)?;
@@ -327,6 +330,7 @@ impl<R: Runtime> Device<R> {
             beta: 0.0,
             c: dinp,
             ldc: k,
+            bf16,
         })?;
         let (dout_cm, inp_cm) = (
             |transpose| Operand {
@@ -351,6 +355,7 @@ impl<R: Runtime> Device<R> {
                 beta: 1.0,
                 c: dw,
                 ldc: n,
+                bf16,
             },
             // dw (n, k) += dout^T @ inp: column-major dw^T (k x n) += inp^T @ dout.
             WeightLayout::OutIn => Gemm {
@@ -362,6 +367,7 @@ impl<R: Runtime> Device<R> {
                 beta: 1.0,
                 c: dw,
                 ldc: k,
+                bf16,
             },
         })?;
         if let Some(db) = dbias {

@@ -101,6 +101,10 @@ pub struct Gemm {
     pub beta: f32,
     pub c: View,
     pub ldc: usize,
+    /// `a` and `b` hold bfloat16 values (rounded by `round_bf16`): a runtime
+    /// with bf16 matrix units (cuBLAS) may run them there, with the same
+    /// products and fp32 accumulation; others run SGEMM on them as they are.
+    pub bf16: bool,
 }
 
 /// A device the kernels run on: memory, transfers, launches and SGEMM, all

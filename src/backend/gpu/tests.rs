@@ -398,11 +398,19 @@ fn matmul_forward_matches_cpu_on<R: Runtime>(dev: &Device<R>) {
     let mut rng = Rng::new(5);
     for (rows, k, n) in matmul_shapes() {
         for layout in LAYOUTS {
-            for (with_bias, accumulate) in
-                [(true, false), (false, false), (true, true), (false, true)]
-            {
-                let inp = randn(&mut rng, rows * k, 1.0);
-                let w = randn(&mut rng, k * n, 1.0);
+            // bf16: operands rounded first, as --precision bf16 hands them over.
+            for (with_bias, accumulate, bf16) in [
+                (true, false, false),
+                (false, false, true),
+                (true, true, true),
+                (false, true, false),
+            ] {
+                let (mut inp, mut w) =
+                    (randn(&mut rng, rows * k, 1.0), randn(&mut rng, k * n, 1.0));
+                if bf16 {
+                    elementwise::round_bf16(&mut inp);
+                    elementwise::round_bf16(&mut w);
+                }
                 let bias = randn(&mut rng, n, 1.0);
                 let out0 = randn(&mut rng, rows * n, 1.0);
                 let mut want = out0.clone();
@@ -425,10 +433,11 @@ fn matmul_forward_matches_cpu_on<R: Runtime>(dev: &Device<R>) {
                     k,
                     n,
                     accumulate,
+                    bf16,
                 )
                 .unwrap();
                 let what = format!(
-                    "matmul_forward {layout:?} rows={rows} k={k} n={n} bias={with_bias} acc={accumulate}"
+                    "matmul_forward {layout:?} rows={rows} k={k} n={n} bias={with_bias} acc={accumulate} bf16={bf16}"
                 );
                 assert_close(&what, &get(dev, &o), &want);
             }
@@ -445,10 +454,15 @@ fn matmul_backward_matches_cpu_on<R: Runtime>(dev: &Device<R>) {
     let mut rng = Rng::new(6);
     for (rows, k, n) in matmul_shapes() {
         for layout in LAYOUTS {
-            for with_bias in [true, false] {
-                let inp = randn(&mut rng, rows * k, 1.0);
-                let w = randn(&mut rng, k * n, 1.0);
-                let dout = randn(&mut rng, rows * n, 1.0);
+            for (with_bias, bf16) in [(true, false), (false, false), (true, true)] {
+                let mut inp = randn(&mut rng, rows * k, 1.0);
+                let mut w = randn(&mut rng, k * n, 1.0);
+                let mut dout = randn(&mut rng, rows * n, 1.0);
+                if bf16 {
+                    for x in [&mut inp, &mut w, &mut dout] {
+                        elementwise::round_bf16(x);
+                    }
+                }
                 let dw0 = randn(&mut rng, k * n, 1.0);
                 let db0 = randn(&mut rng, n, 1.0);
                 // dinp is overwritten: start from something else.
@@ -472,10 +486,12 @@ fn matmul_backward_matches_cpu_on<R: Runtime>(dev: &Device<R>) {
                     rows,
                     k,
                     n,
+                    bf16,
                 )
                 .unwrap();
-                let what =
-                    format!("matmul_backward {layout:?} rows={rows} k={k} n={n} bias={with_bias}");
+                let what = format!(
+                    "matmul_backward {layout:?} rows={rows} k={k} n={n} bias={with_bias} bf16={bf16}"
+                );
                 assert_close(&format!("{what} dinp"), &get(dev, &di), &dinp);
                 assert_close(&format!("{what} dw"), &get(dev, &dwd), &dw);
                 assert_close(&format!("{what} dbias"), &get(dev, &dbd), &db);
