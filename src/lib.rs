@@ -13,5 +13,6 @@ pub mod model;
 pub mod parallel;
 pub mod plan;
 pub mod plot;
+pub mod prune;
 pub mod rng;
 pub mod train;

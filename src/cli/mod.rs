@@ -64,6 +64,11 @@ enum Command {
     /// output column, fp32 scales): a model folder that generate, eval and
     /// export read (decode it with --weights int8).
     Quantize(QuantizeArgs),
+    /// Magnitude pruning of the blocks' weight matrices in an iterative
+    /// schedule (prune, fine-tune with the pruned weights held at zero,
+    /// evaluate; next level): the last level's model and a report of
+    /// validation loss vs sparsity (table and figure).
+    Prune(PruneArgs),
     /// Validation loss and perplexity of a model (a run directory or a Hugging Face folder).
     Eval(EvalArgs),
     /// Training-state checkpoints.
@@ -571,6 +576,49 @@ struct QuantizeArgs {
 }
 
 #[derive(Args)]
+struct PruneArgs {
+    /// A run directory, one of its checkpoint directories, or a model folder.
+    #[arg(value_name = "RUN")]
+    run: PathBuf,
+    /// Output folder: the last level's model (model.safetensors, model.json),
+    /// prune.csv, prune.json and the figure.
+    #[arg(long)]
+    out: PathBuf,
+    /// Sparsity levels, increasing, each a fraction of the weights pruned
+    /// (one level, or a schedule such as 0.1,0.3,0.5,0.7,0.9).
+    #[arg(long, value_delimiter = ',', default_value = "0.1,0.3,0.5,0.7,0.9")]
+    sparsity: Vec<f64>,
+    /// matrix: each weight matrix loses the same fraction; global: one
+    /// magnitude threshold over all of them.
+    #[arg(long, value_enum, default_value = "matrix")]
+    scope: distgpt::prune::Scope,
+    /// Fine-tuning steps after each pruning (AdamW, gradients clipped at 1).
+    #[arg(long, default_value_t = 0)]
+    finetune_steps: usize,
+    /// Fine-tuning learning rate (constant).
+    #[arg(long, default_value_t = 1e-4)]
+    lr: f32,
+    /// Data: a text file or a shard directory (default: the embedded
+    /// corpus): fine-tuning on its training split, evaluation on its validation split.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Sequences per batch (fine-tuning and evaluation).
+    #[arg(long, default_value_t = 8)]
+    batch_size: usize,
+    /// Tokens per sequence (default: the model's block size).
+    #[arg(long)]
+    seq_len: Option<usize>,
+    /// Validation batches per evaluation.
+    #[arg(long, default_value_t = 20)]
+    eval_batches: usize,
+    /// Seed of the fine-tuning data order.
+    #[arg(long, default_value_t = 1337)]
+    seed: u64,
+    #[command(flatten)]
+    device: DeviceArgs,
+}
+
+#[derive(Args)]
 struct EvalArgs {
     /// A run directory, one of its checkpoint directories, or a Hugging Face GPT-2 folder.
     #[arg(value_name = "RUN")]
@@ -685,6 +733,10 @@ pub fn run() -> Result<Outcome> {
                 metrics::human_bytes(size(&a.out)),
                 metrics::human_bytes(4 * model.config.num_params() as u64)
             );
+            Ok(Outcome::Done)
+        }
+        Command::Prune(a) => {
+            on_device!(a.device, |be| prune_on(be, &a))?;
             Ok(Outcome::Done)
         }
         Command::Devices(a) => done(list_devices(a.measure)),
@@ -1200,6 +1252,48 @@ fn list_devices(measure: bool) -> Result<()> {
 
 fn run_eval(a: EvalArgs) -> Result<()> {
     on_device!(a.device, |be| eval_on(be, &a))
+}
+
+fn prune_on<B: Backend>(be: B, a: &PruneArgs) -> Result<()> {
+    let (mut model, meta) = checkpoint::load_model(be, &a.run)?;
+    let ds = Dataset::load_for_model(a.data.as_deref(), &meta.tokenizer)?;
+    let cfg = distgpt::prune::SweepConfig {
+        levels: a.sparsity.clone(),
+        scope: a.scope,
+        finetune_steps: a.finetune_steps,
+        lr: a.lr,
+        batch_size: a.batch_size,
+        seq_len: a.seq_len.unwrap_or(model.config.block_size),
+        eval_batches: a.eval_batches,
+        seed: a.seed,
+    };
+    cfg.validate()?;
+    let dense = distgpt::prune::val_loss(&mut model, &ds, &cfg)?;
+    distgpt::outln!("dense: val loss {dense:.4}");
+    let pb = metrics::progress_bar(cfg.levels.len() as u64, "prune");
+    let levels = distgpt::prune::sweep(&mut model, &ds, &cfg, |l| {
+        pb.suspend(|| {
+            distgpt::outln!(
+                "sparsity {:.0}% ({:.2}% zeros): val loss {:.4} right after pruning, {:.4} after {} fine-tuning steps",
+                100.0 * l.target,
+                100.0 * l.sparsity,
+                l.val_loss_pruned,
+                l.val_loss,
+                cfg.finetune_steps
+            )
+        });
+        pb.inc(1);
+    })?;
+    pb.finish_and_clear();
+    checkpoint::save_model(&model, meta.tokenizer, &a.out)?;
+    let written = distgpt::prune::write_report(&a.out, &cfg, dense, &levels)?;
+    distgpt::outln!(
+        "wrote {} (the {:.0}% model) and {} report files",
+        a.out.display(),
+        100.0 * cfg.levels.last().copied().unwrap_or(0.0),
+        written.len()
+    );
+    Ok(())
 }
 
 fn eval_on<B: Backend>(be: B, a: &EvalArgs) -> Result<()> {

@@ -1,0 +1,361 @@
+//! Magnitude pruning (`distgpt prune`): the blocks' four weight matrices
+//! lose their smallest-magnitude entries, per matrix or over all of them at
+//! once, in an iterative schedule: prune to s1, fine-tune k steps with the
+//! pruned entries held at zero, evaluate, prune to s2, ... Each level's
+//! validation loss (before and after its fine-tuning) goes into a table and
+//! a figure. Embeddings, layernorms and biases are never pruned.
+//!
+//! Unstructured: the pruned matrices keep their shapes (zeros are stored),
+//! so this measures quality, not speed. Structured pruning that shrinks the
+//! matrices needs per-layer widths (the model seam of the BERT issue).
+
+use crate::backend::Backend;
+use crate::data::{DataLoader, Dataset};
+use crate::error::{Error, Result};
+use crate::figure::{self, Figure, Series};
+use crate::model::layout::BlockParam;
+use crate::model::{AdamW, AdamWConfig, Gpt2, ParamLayout, Segment};
+use serde::Serialize;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+/// Where a sparsity target applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// Each weight matrix loses the same fraction of its entries.
+    Matrix,
+    /// One threshold over all the blocks' weight matrices together.
+    Global,
+}
+
+/// The layout ranges pruning may zero: every block's qkv, attention
+/// projection, MLP and MLP projection weights.
+pub fn prunable(layout: &ParamLayout, n_layer: usize) -> Vec<Range<usize>> {
+    (0..n_layer)
+        .flat_map(|l| {
+            [
+                BlockParam::QkvW,
+                BlockParam::AttnProjW,
+                BlockParam::FcW,
+                BlockParam::FcProjW,
+            ]
+            .map(|p| layout.block_param(l, p))
+        })
+        .collect()
+}
+
+/// Keep flags over the whole layout (true outside `ranges`): within each
+/// group of ranges (one per matrix, or all together) the `sparsity`
+/// fraction of entries with the smallest magnitudes is dropped, ties broken
+/// by position, so exactly round(sparsity * n) entries of a group go.
+pub fn magnitude_mask(
+    params: &[f32],
+    ranges: &[Range<usize>],
+    sparsity: f64,
+    scope: Scope,
+) -> Vec<bool> {
+    let mut keep = vec![true; params.len()];
+    let groups: Vec<Vec<Range<usize>>> = match scope {
+        Scope::Matrix => ranges.iter().map(|r| vec![r.clone()]).collect(),
+        Scope::Global => vec![ranges.to_vec()],
+    };
+    for group in groups {
+        let mut idx: Vec<usize> = group.iter().flat_map(|r| r.clone()).collect();
+        let drop = ((sparsity * idx.len() as f64).round() as usize).min(idx.len());
+        if drop == 0 {
+            continue;
+        }
+        let key = |&i: &usize| (params[i].abs(), i);
+        idx.select_nth_unstable_by(drop - 1, |a, b| {
+            key(a).partial_cmp(&key(b)).expect("finite weights")
+        });
+        for &i in &idx[..drop] {
+            keep[i] = false;
+        }
+    }
+    keep
+}
+
+/// Zeroes every entry `keep` drops.
+pub fn apply(params: &mut [f32], keep: &[bool]) {
+    params
+        .iter_mut()
+        .zip(keep)
+        .filter(|(_, &k)| !k)
+        .for_each(|(p, _)| *p = 0.0);
+}
+
+/// The fraction of zeros among the entries of `ranges`.
+pub fn sparsity(params: &[f32], ranges: &[Range<usize>]) -> f64 {
+    let (zeros, n) = ranges.iter().fold((0usize, 0usize), |(z, n), r| {
+        (
+            z + params[r.clone()].iter().filter(|&&x| x == 0.0).count(),
+            n + r.len(),
+        )
+    });
+    zeros as f64 / n.max(1) as f64
+}
+
+/// How a sweep runs.
+#[derive(Clone, Debug, Serialize)]
+pub struct SweepConfig {
+    /// Increasing sparsity targets in (0, 1).
+    pub levels: Vec<f64>,
+    pub scope: Scope,
+    /// Fine-tuning steps after each pruning (0: none).
+    pub finetune_steps: usize,
+    pub lr: f32,
+    pub batch_size: usize,
+    pub seq_len: usize,
+    /// Validation batches per evaluation.
+    pub eval_batches: usize,
+    pub seed: u64,
+}
+
+impl SweepConfig {
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::Config(m));
+        if self.levels.is_empty() {
+            return bad("--sparsity needs at least one level".into());
+        }
+        if let Some(s) = self.levels.iter().find(|s| !(**s > 0.0 && **s < 1.0)) {
+            return bad(format!("sparsity {s} must be above 0 and below 1"));
+        }
+        if self.levels.windows(2).any(|w| w[1] <= w[0]) {
+            return bad(format!(
+                "sparsity levels {:?} must increase: each level prunes the previous one further",
+                self.levels
+            ));
+        }
+        if !(self.lr > 0.0 && self.lr.is_finite()) {
+            return bad(format!("--lr {} must be a positive number", self.lr));
+        }
+        if self.batch_size == 0 || self.seq_len == 0 || self.eval_batches == 0 {
+            return bad("--batch-size, --seq-len and --eval-batches must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// One level of a sweep.
+#[derive(Clone, Debug, Serialize)]
+pub struct Level {
+    /// The target fraction of pruned weights.
+    pub target: f64,
+    /// The fraction of zeros among the prunable weights after fine-tuning.
+    pub sparsity: f64,
+    /// Validation loss right after pruning, and after fine-tuning.
+    pub val_loss_pruned: f64,
+    pub val_loss: f64,
+}
+
+/// The mean validation loss over `batches` batches of the validation split.
+pub fn val_loss<B: Backend>(model: &mut Gpt2<B>, ds: &Dataset, cfg: &SweepConfig) -> Result<f64> {
+    let (b, t) = (cfg.batch_size, cfg.seq_len);
+    let mut val = DataLoader::new(&ds.val, "val", b, t, 0, false)?;
+    let n = cfg.eval_batches.min(val.batches_per_epoch());
+    let mut sum = 0.0;
+    for _ in 0..n {
+        let batch = val.next_batch();
+        sum += model
+            .forward(&batch.inputs, Some(&batch.targets), b, t)?
+            .expect("targets given") as f64;
+    }
+    Ok(sum / n as f64)
+}
+
+/// Fine-tunes `steps` AdamW steps (gradient norm clipped at 1) on the
+/// training split, putting the pruned entries back to zero after each.
+fn finetune<B: Backend>(
+    model: &mut Gpt2<B>,
+    ds: &Dataset,
+    cfg: &SweepConfig,
+    keep: &[bool],
+    level: usize,
+) -> Result<()> {
+    if cfg.finetune_steps == 0 {
+        return Ok(());
+    }
+    let (b, t) = (cfg.batch_size, cfg.seq_len);
+    let seed = cfg.seed.wrapping_add(level as u64);
+    let mut train = DataLoader::new(&ds.train, "train", b, t, seed, true)?;
+    let total = model.layout.total();
+    let mut opt = AdamW::new(model.backend(), total, AdamWConfig::default())?;
+    let whole = Segment::whole(total);
+    for _ in 0..cfg.finetune_steps {
+        let batch = train.next_batch();
+        model.zero_grads();
+        model.forward(&batch.inputs, Some(&batch.targets), b, t)?;
+        model.backward(1.0)?;
+        let norm = model.backend().sum_squares(model.grads.s())?.sqrt() as f32;
+        if !norm.is_finite() {
+            return Err(Error::Diverged(format!(
+                "fine-tuning at sparsity {:.2}: gradient norm {norm}",
+                cfg.levels[level]
+            )));
+        }
+        let clip = if norm > 1.0 { 1.0 / norm } else { 1.0 };
+        let be = model.backend().clone_fresh();
+        let lay = model.layout.clone();
+        opt.update(
+            &be,
+            model.params.d(),
+            model.grads.s(),
+            &lay,
+            &whole,
+            cfg.lr,
+            clip,
+        );
+        let mut p = model.params_host()?;
+        apply(&mut p, keep);
+        model.set_params(&p)?;
+    }
+    Ok(())
+}
+
+/// Runs the schedule on `model` (left at the last level), calling
+/// `report(level)` as each level finishes.
+pub fn sweep<B: Backend>(
+    model: &mut Gpt2<B>,
+    ds: &Dataset,
+    cfg: &SweepConfig,
+    mut report: impl FnMut(&Level),
+) -> Result<Vec<Level>> {
+    cfg.validate()?;
+    let ranges = prunable(&model.layout, model.config.n_layer);
+    let mut levels = Vec::new();
+    for (i, &target) in cfg.levels.iter().enumerate() {
+        let mut p = model.params_host()?;
+        let keep = magnitude_mask(&p, &ranges, target, cfg.scope);
+        apply(&mut p, &keep);
+        model.set_params(&p)?;
+        let val_loss_pruned = val_loss(model, ds, cfg)?;
+        finetune(model, ds, cfg, &keep, i)?;
+        let level = Level {
+            target,
+            sparsity: sparsity(&model.params_host()?, &ranges),
+            val_loss_pruned,
+            val_loss: val_loss(model, ds, cfg)?,
+        };
+        report(&level);
+        levels.push(level);
+    }
+    Ok(levels)
+}
+
+/// Writes `prune.csv`, `prune.json` (config, dense loss and levels) and the
+/// validation-loss-vs-sparsity figure (PNG and SVG) into `dir`.
+pub fn write_report(
+    dir: &Path,
+    cfg: &SweepConfig,
+    dense: f64,
+    levels: &[Level],
+) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let mut csv = String::from("target,sparsity,val_loss_pruned,val_loss\n");
+    csv += &format!("0,0,{dense},{dense}\n");
+    for l in levels {
+        csv += &format!(
+            "{},{},{},{}\n",
+            l.target, l.sparsity, l.val_loss_pruned, l.val_loss
+        );
+    }
+    let csv_path = dir.join("prune.csv");
+    std::fs::write(&csv_path, csv).map_err(|e| Error::io(&csv_path, e))?;
+    let json = serde_json::json!({ "config": cfg, "dense_val_loss": dense, "levels": levels });
+    let json_path = dir.join("prune.json");
+    std::fs::write(
+        &json_path,
+        serde_json::to_string_pretty(&json).expect("plain data"),
+    )
+    .map_err(|e| Error::io(&json_path, e))?;
+    let pct = |s: f64| (100.0 * s).round();
+    let points = |f: fn(&Level) -> f64| -> Vec<(f64, f64)> {
+        std::iter::once((0.0, dense))
+            .chain(levels.iter().map(|l| (pct(l.target), f(l))))
+            .collect()
+    };
+    let scope = match cfg.scope {
+        Scope::Matrix => "per matrix",
+        Scope::Global => "global",
+    };
+    let mut series = vec![Series {
+        label: "right after pruning".into(),
+        points: points(|l| l.val_loss_pruned),
+        ranges: Vec::new(),
+    }];
+    if cfg.finetune_steps > 0 {
+        series.push(Series {
+            label: format!("after {} fine-tuning steps", cfg.finetune_steps),
+            points: points(|l| l.val_loss),
+            ranges: Vec::new(),
+        });
+    }
+    let fig = Figure {
+        stem: "prune_val_loss".into(),
+        title: format!("Magnitude pruning ({scope}): validation loss vs sparsity"),
+        x_label: "sparsity of the blocks' weight matrices (%)".into(),
+        y_label: "validation loss".into(),
+        series,
+        markers: true,
+        y_from_zero: false,
+    };
+    let mut written = vec![csv_path, json_path];
+    written.extend(figure::write(dir, &fig)?);
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masks_drop_exactly_the_smallest_per_matrix_or_globally() {
+        // Two "matrices": [0..4) and [5..9); index 4 is not prunable.
+        let p = [0.5, -0.1, 0.3, -0.2, 0.0, 4.0, -3.0, 2.0, 0.05];
+        let ranges = [0..4, 5..9];
+        let keep = magnitude_mask(&p, &ranges, 0.5, Scope::Matrix);
+        assert_eq!(
+            keep,
+            [true, false, true, false, true, true, true, false, false]
+        );
+        let keep = magnitude_mask(&p, &ranges, 0.5, Scope::Global);
+        assert_eq!(
+            keep,
+            [true, false, false, false, true, true, true, true, false]
+        );
+        let mut q = p;
+        apply(&mut q, &keep);
+        assert_eq!(
+            q[4], 0.0,
+            "outside the ranges: untouched (it was zero already)"
+        );
+        assert_eq!(sparsity(&q, &ranges), 0.5);
+        // Ties go by position, so the count is exact.
+        let flat = [1.0f32; 10];
+        let all = std::iter::once(0..10).collect::<Vec<_>>();
+        let keep = magnitude_mask(&flat, &all, 0.3, Scope::Matrix);
+        assert_eq!(keep.iter().filter(|&&k| !k).count(), 3);
+        assert_eq!(&keep[..4], [false, false, false, true]);
+    }
+
+    #[test]
+    fn bad_schedules_are_refused_in_words() {
+        let cfg = |levels: Vec<f64>| SweepConfig {
+            levels,
+            scope: Scope::Matrix,
+            finetune_steps: 0,
+            lr: 1e-4,
+            batch_size: 2,
+            seq_len: 8,
+            eval_batches: 1,
+            seed: 0,
+        };
+        let e = |l| cfg(l).validate().unwrap_err().to_string();
+        assert!(e(vec![]).contains("at least one level"));
+        assert!(e(vec![0.5, 1.0]).contains("below 1"));
+        assert!(e(vec![0.5, 0.3]).contains("must increase"));
+        assert!(cfg(vec![0.1, 0.5, 0.9]).validate().is_ok());
+    }
+}

@@ -1,0 +1,155 @@
+//! `distgpt prune` on a small model: each level prunes exactly its fraction
+//! of every block weight matrix (or of all of them, globally) and nothing
+//! else, fine-tuning keeps the pruned weights at zero, the report has a row
+//! per level, and a bad schedule is refused.
+
+use distgpt::backend::cpu::Cpu;
+use distgpt::checkpoint;
+use distgpt::data::{Dataset, TokenizerKind};
+use distgpt::model::{Gpt2, GptConfig};
+use distgpt::prune::prunable;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A model folder of the tiny preset with random weights.
+fn model_dir(tag: &str) -> (PathBuf, GptConfig) {
+    let ds = Dataset::load(None, TokenizerKind::Char).unwrap();
+    let mut cfg = GptConfig::preset("tiny").unwrap();
+    cfg.vocab_size = ds.tokenizer.vocab_size();
+    let mut m = Gpt2::new(Cpu::new(), cfg.clone()).unwrap();
+    m.init_weights(3).unwrap();
+    let dir = std::env::temp_dir().join(format!("distgpt-prune-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    checkpoint::save_model(&m, ds.tokenizer.spec(), &dir).unwrap();
+    (dir, cfg)
+}
+
+fn prune(model: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_distgpt"))
+        .arg("prune")
+        .arg(model)
+        .arg("--out")
+        .arg(out)
+        .args([
+            "--batch-size",
+            "4",
+            "--seq-len",
+            "32",
+            "--eval-batches",
+            "2",
+        ])
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+fn params(dir: &Path) -> (Vec<f32>, Gpt2<Cpu>) {
+    let (m, _) = checkpoint::load_model(Cpu::new(), dir).unwrap();
+    (m.params_host().unwrap(), m)
+}
+
+fn zeros(x: &[f32]) -> usize {
+    x.iter().filter(|&&v| v == 0.0).count()
+}
+
+#[test]
+fn every_level_prunes_its_fraction_and_fine_tuning_keeps_the_zeros() {
+    let (dir, cfg) = model_dir("levels");
+    let (before, m) = params(&dir);
+    let ranges = prunable(&m.layout, cfg.n_layer);
+    let out = dir.join("pruned");
+    let run = prune(
+        &dir,
+        &out,
+        &["--sparsity", "0.3,0.6", "--finetune-steps", "5"],
+    );
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let (after, _) = params(&out);
+    let mut in_ranges = vec![false; after.len()];
+    for r in &ranges {
+        let want = (0.6 * r.len() as f64).round() as usize;
+        assert_eq!(zeros(&after[r.clone()]), want, "zeros in {r:?}");
+        in_ranges[r.clone()].iter_mut().for_each(|f| *f = true);
+    }
+    let outside = |x: &[f32]| -> Vec<f32> {
+        x.iter()
+            .zip(&in_ranges)
+            .filter(|(_, &f)| !f)
+            .map(|(v, _)| *v)
+            .collect()
+    };
+    assert_ne!(
+        outside(&after),
+        outside(&before),
+        "fine-tuning changed nothing"
+    );
+    let csv = std::fs::read_to_string(out.join("prune.csv")).unwrap();
+    let rows: Vec<&str> = csv.lines().collect();
+    assert_eq!(rows.len(), 4, "{csv}");
+    let last: Vec<f64> = rows[3].split(',').map(|x| x.parse().unwrap()).collect();
+    assert_eq!(last[0], 0.6, "{csv}");
+    assert!((last[1] - 0.6).abs() < 1e-3, "{csv}");
+    assert!(last[2..].iter().all(|l| l.is_finite() && *l > 0.0), "{csv}");
+    for f in ["prune.json", "prune_val_loss.png", "prune_val_loss.svg"] {
+        assert!(out.join(f).is_file(), "{f}");
+    }
+    // Without fine-tuning nothing outside the weight matrices moves.
+    let out0 = dir.join("pruned-only");
+    let run = prune(&dir, &out0, &["--sparsity", "0.6"]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let (only, _) = params(&out0);
+    assert_eq!(
+        outside(&only),
+        outside(&before),
+        "pruning reached past the weight matrices"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn global_scope_prunes_the_fraction_of_all_matrices_together() {
+    let (dir, cfg) = model_dir("global");
+    let out = dir.join("pruned");
+    let run = prune(&dir, &out, &["--sparsity", "0.5", "--scope", "global"]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let (after, m) = params(&out);
+    let ranges = prunable(&m.layout, cfg.n_layer);
+    let total: usize = ranges.iter().map(|r| r.len()).sum();
+    let z: usize = ranges.iter().map(|r| zeros(&after[r.clone()])).sum();
+    assert_eq!(z, (0.5 * total as f64).round() as usize);
+    // One threshold: the matrices end up unevenly pruned (init scales differ).
+    let fractions: Vec<f64> = ranges
+        .iter()
+        .map(|r| zeros(&after[r.clone()]) as f64 / r.len() as f64)
+        .collect();
+    assert!(
+        fractions.iter().any(|&f| (f - 0.5).abs() > 0.01),
+        "{fractions:?}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_schedule_that_does_not_increase_is_refused_in_words() {
+    let (dir, _) = model_dir("bad");
+    let run = prune(&dir, &dir.join("pruned"), &["--sparsity", "0.5,0.3"]);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("must increase") && !err.contains("panicked"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
