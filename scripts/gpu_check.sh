@@ -74,22 +74,31 @@ else
         --sample-tokens 0 --quiet --overwrite)
     "$bin" "${common[@]}" --out "$out/runs/single" >/dev/null
     : >"$out/nccl.txt"
+    failed=()
     for s in ddp zero1 zero2 fsdp; do
-        mpirun "${as_root[@]}" -np "$np" "$bin" "${common[@]}" --comm nccl \
-            --strategy "$s" --world-size "$np" --out "$out/runs/$s" >/dev/null
-        "$venv/bin/python" - "$out/runs/single" "$out/runs/$s" "$s" "$np" <<'EOF' | tee -a "$out/nccl.txt"
+        if ! mpirun "${as_root[@]}" -np "$np" "$bin" "${common[@]}" --comm nccl \
+            --strategy "$s" --world-size "$np" --out "$out/runs/$s" >"$out/runs/$s.log" 2>&1; then
+            echo "$s over NCCL: the run failed ($out/runs/$s.log)" | tee -a "$out/nccl.txt"
+            failed+=("$s")
+            continue
+        fi
+        "$venv/bin/python" - "$out/runs/single" "$out/runs/$s" "$s" "$np" <<'EOF' | tee -a "$out/nccl.txt" || failed+=("$s")
 import json, sys
 def losses(run):
     rows = (json.loads(l) for l in open(f"{run}/metrics.jsonl"))
     return [r["loss"] for r in rows if "loss" in r]
 a, b = losses(sys.argv[1]), losses(sys.argv[2])
-err = max(abs(x - y) / max(1.0, abs(x)) for x, y in zip(a, b))
+err = max((abs(x - y) / max(1.0, abs(x)) for x, y in zip(a, b)), default=float("inf"))
 ok = len(a) == len(b) == 20 and err <= 1e-4
 print(f"{sys.argv[3]} over NCCL on {sys.argv[4]} GPU(s): {len(b)} steps, "
       f"largest relative loss difference to single {err:.2e}: {'ok' if ok else 'FAILED'}")
 sys.exit(0 if ok else 1)
 EOF
     done
+    if ((${#failed[@]})); then
+        echo "gpu_check: over NCCL, ${failed[*]} failed (see $out/nccl.txt); going on to the benchmark" >&2
+        nccl_failed=1
+    fi
 fi
 
 echo "== 4. GPT-2 124M, T = 1024, against PyTorch on this GPU"
@@ -98,3 +107,4 @@ echo "== 4. GPT-2 124M, T = 1024, against PyTorch on this GPU"
     --torch-variants eager,eager-bf16,compile-bf16 --distgpt "$bin" 2>&1 | tee "$out/bench.txt"
 
 echo "== done: results in $out"
+exit "${nccl_failed:-0}"

@@ -9,10 +9,11 @@
 //! so this measures quality, not speed. Structured pruning that shrinks the
 //! matrices needs per-layer widths (the model seam of the BERT issue).
 
-use crate::backend::Backend;
+use crate::backend::{Backend, WeightFormat};
 use crate::data::{DataLoader, Dataset};
 use crate::error::{Error, Result};
 use crate::figure::{self, Figure, Series};
+use crate::infer::generate::evaluate_decoded;
 use crate::model::layout::BlockParam;
 use crate::model::{AdamW, AdamWConfig, Gpt2, ParamLayout, Segment};
 use serde::Serialize;
@@ -68,7 +69,8 @@ pub fn magnitude_mask(
         }
         let key = |&i: &usize| (params[i].abs(), i);
         idx.select_nth_unstable_by(drop - 1, |a, b| {
-            key(a).partial_cmp(&key(b)).expect("finite weights")
+            let (ka, kb) = (key(a), key(b));
+            ka.0.total_cmp(&kb.0).then(ka.1.cmp(&kb.1))
         });
         for &i in &idx[..drop] {
             keep[i] = false;
@@ -111,6 +113,9 @@ pub struct SweepConfig {
     /// Validation batches per evaluation.
     pub eval_batches: usize,
     pub seed: u64,
+    /// Also evaluate each level with int8 weights (the KV-cache decoder,
+    /// CPU only), beside its fp32 loss.
+    pub int8: bool,
 }
 
 impl SweepConfig {
@@ -148,6 +153,8 @@ pub struct Level {
     /// Validation loss right after pruning, and after fine-tuning.
     pub val_loss_pruned: f64,
     pub val_loss: f64,
+    /// The fine-tuned level with int8 weights, when asked.
+    pub val_loss_int8: Option<f64>,
 }
 
 /// The mean validation loss over `batches` batches of the validation split.
@@ -163,6 +170,21 @@ pub fn val_loss<B: Backend>(model: &mut Gpt2<B>, ds: &Dataset, cfg: &SweepConfig
             .expect("targets given") as f64;
     }
     Ok(sum / n as f64)
+}
+
+/// The validation loss with the blocks' weights in int8, through the
+/// KV-cache decoder (as `eval --weights int8`), on the batches `val_loss` uses.
+pub fn val_loss_int8<B: Backend>(model: &Gpt2<B>, ds: &Dataset, cfg: &SweepConfig) -> Result<f64> {
+    let (b, t) = (cfg.batch_size, cfg.seq_len);
+    let mut val = DataLoader::new(&ds.val, "val", b, t, 0, false)?;
+    let n = cfg.eval_batches.min(val.batches_per_epoch());
+    let batches: Vec<(Vec<u32>, Vec<u32>)> = (0..n)
+        .map(|_| {
+            let batch = val.next_batch();
+            (batch.inputs, batch.targets)
+        })
+        .collect();
+    Ok(evaluate_decoded(model, WeightFormat::Int8, batches, b, t)?.loss)
 }
 
 /// Fine-tunes `steps` AdamW steps (gradient norm clipped at 1) on the
@@ -237,6 +259,10 @@ pub fn sweep<B: Backend>(
             sparsity: sparsity(&model.params_host()?, &ranges),
             val_loss_pruned,
             val_loss: val_loss(model, ds, cfg)?,
+            val_loss_int8: match cfg.int8 {
+                true => Some(val_loss_int8(model, ds, cfg)?),
+                false => None,
+            },
         };
         report(&level);
         levels.push(level);
@@ -244,26 +270,39 @@ pub fn sweep<B: Backend>(
     Ok(levels)
 }
 
-/// Writes `prune.csv`, `prune.json` (config, dense loss and levels) and the
+/// The dense model's validation losses: fp32, and int8 when the sweep asks.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Dense {
+    pub val_loss: f64,
+    pub val_loss_int8: Option<f64>,
+}
+
+/// Writes `prune.csv`, `prune.json` (config, dense losses and levels) and the
 /// validation-loss-vs-sparsity figure (PNG and SVG) into `dir`.
 pub fn write_report(
     dir: &Path,
     cfg: &SweepConfig,
-    dense: f64,
+    dense: Dense,
     levels: &[Level],
 ) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    let mut csv = String::from("target,sparsity,val_loss_pruned,val_loss\n");
-    csv += &format!("0,0,{dense},{dense}\n");
+    let opt = |x: Option<f64>| x.map_or(String::new(), |v| v.to_string());
+    let d = dense.val_loss;
+    let mut csv = String::from("target,sparsity,val_loss_pruned,val_loss,val_loss_int8\n");
+    csv += &format!("0,0,{d},{d},{}\n", opt(dense.val_loss_int8));
     for l in levels {
         csv += &format!(
-            "{},{},{},{}\n",
-            l.target, l.sparsity, l.val_loss_pruned, l.val_loss
+            "{},{},{},{},{}\n",
+            l.target,
+            l.sparsity,
+            l.val_loss_pruned,
+            l.val_loss,
+            opt(l.val_loss_int8)
         );
     }
     let csv_path = dir.join("prune.csv");
     std::fs::write(&csv_path, csv).map_err(|e| Error::io(&csv_path, e))?;
-    let json = serde_json::json!({ "config": cfg, "dense_val_loss": dense, "levels": levels });
+    let json = serde_json::json!({ "config": cfg, "dense": dense, "levels": levels });
     let json_path = dir.join("prune.json");
     std::fs::write(
         &json_path,
@@ -272,7 +311,7 @@ pub fn write_report(
     .map_err(|e| Error::io(&json_path, e))?;
     let pct = |s: f64| (100.0 * s).round();
     let points = |f: fn(&Level) -> f64| -> Vec<(f64, f64)> {
-        std::iter::once((0.0, dense))
+        std::iter::once((0.0, d))
             .chain(levels.iter().map(|l| (pct(l.target), f(l))))
             .collect()
     };
@@ -289,6 +328,19 @@ pub fn write_report(
         series.push(Series {
             label: format!("after {} fine-tuning steps", cfg.finetune_steps),
             points: points(|l| l.val_loss),
+            ranges: Vec::new(),
+        });
+    }
+    if let Some(di) = dense.val_loss_int8 {
+        series.push(Series {
+            label: "fine-tuned, in int8".into(),
+            points: std::iter::once((0.0, di))
+                .chain(
+                    levels
+                        .iter()
+                        .filter_map(|l| Some((pct(l.target), l.val_loss_int8?))),
+                )
+                .collect(),
             ranges: Vec::new(),
         });
     }
@@ -351,6 +403,7 @@ mod tests {
             seq_len: 8,
             eval_batches: 1,
             seed: 0,
+            int8: false,
         };
         let e = |l| cfg(l).validate().unwrap_err().to_string();
         assert!(e(vec![]).contains("at least one level"));

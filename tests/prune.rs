@@ -1,7 +1,7 @@
 //! `distgpt prune` on a small model: each level prunes exactly its fraction
 //! of every block weight matrix (or of all of them, globally) and nothing
 //! else, fine-tuning keeps the pruned weights at zero, the report has a row
-//! per level, and a bad schedule is refused.
+//! per level (with int8 beside fp32 when asked), and a bad schedule is refused.
 
 use distgpt::backend::cpu::Cpu;
 use distgpt::checkpoint;
@@ -90,10 +90,12 @@ fn every_level_prunes_its_fraction_and_fine_tuning_keeps_the_zeros() {
     let csv = std::fs::read_to_string(out.join("prune.csv")).unwrap();
     let rows: Vec<&str> = csv.lines().collect();
     assert_eq!(rows.len(), 4, "{csv}");
-    let last: Vec<f64> = rows[3].split(',').map(|x| x.parse().unwrap()).collect();
+    let fields: Vec<&str> = rows[3].split(',').collect();
+    let last: Vec<f64> = fields[..4].iter().map(|x| x.parse().unwrap()).collect();
     assert_eq!(last[0], 0.6, "{csv}");
     assert!((last[1] - 0.6).abs() < 1e-3, "{csv}");
     assert!(last[2..].iter().all(|l| l.is_finite() && *l > 0.0), "{csv}");
+    assert_eq!(fields[4], "", "no int8 column without --int8: {csv}");
     for f in ["prune.json", "prune_val_loss.png", "prune_val_loss.svg"] {
         assert!(out.join(f).is_file(), "{f}");
     }
@@ -118,12 +120,22 @@ fn every_level_prunes_its_fraction_and_fine_tuning_keeps_the_zeros() {
 fn global_scope_prunes_the_fraction_of_all_matrices_together() {
     let (dir, cfg) = model_dir("global");
     let out = dir.join("pruned");
-    let run = prune(&dir, &out, &["--sparsity", "0.5", "--scope", "global"]);
+    let run = prune(
+        &dir,
+        &out,
+        &["--sparsity", "0.5", "--scope", "global", "--int8"],
+    );
     assert!(
         run.status.success(),
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );
+    // --int8: each row's int8 loss beside its fp32 one, within int8's error.
+    let csv = std::fs::read_to_string(out.join("prune.csv")).unwrap();
+    for row in csv.lines().skip(1) {
+        let f: Vec<f64> = row.split(',').map(|x| x.parse().unwrap()).collect();
+        assert!((f[4] / f[3] - 1.0).abs() < 0.05, "{csv}");
+    }
     let (after, m) = params(&out);
     let ranges = prunable(&m.layout, cfg.n_layer);
     let total: usize = ranges.iter().map(|r| r.len()).sum();

@@ -4,8 +4,8 @@
 //! The model is generic over [`Backend`]. A backend owns its memory: buffers
 //! ([`Buf`]) live on its device, kernels read and write them through views
 //! ([`Src`], [`Dst`]) that may point into the middle of a buffer, and the
-//! host sees them only through explicit transfers. Implementations: `cpu`
-//! and `opencl` (`cuda`, behind its feature, only finds the GPU so far).
+//! host sees them only through explicit transfers. Implementations: `cpu`,
+//! and `gpu::Gpu` over a runtime: `opencl`, and `cuda` behind its feature.
 
 pub mod cpu;
 #[cfg(feature = "cuda")]

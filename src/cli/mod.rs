@@ -161,8 +161,7 @@ pub struct ParallelArgs {
 pub struct DeviceArgs {
     /// cpu: this machine's cores; opencl: an OpenCL device (a GPU, or PoCL
     /// on the CPU, where it is slow but exercises every device kernel);
-    /// cuda: an NVIDIA GPU (needs a build with `--features cuda`; its kernels
-    /// are not wired yet, so it only finds the GPU and stops).
+    /// cuda: an NVIDIA GPU (needs a build with `--features cuda`).
     #[arg(long, value_enum, default_value = "cpu")]
     device: DeviceChoice,
     /// With --device opencl: which device, counted across platforms as
@@ -170,6 +169,8 @@ pub struct DeviceArgs {
     #[arg(long, default_value_t = 0)]
     opencl_device: usize,
     /// With --device cuda: which GPU, as `distgpt devices` lists them.
+    /// Under mpirun each process adds its local rank (Open MPI, MPICH or
+    /// Slurm), wrapping around the GPUs there are.
     #[arg(long, default_value_t = 0)]
     cuda_device: usize,
 }
@@ -357,7 +358,9 @@ fn rank_gpu(base: usize) -> distgpt::error::Result<usize> {
     let Some(local) = local else {
         return Ok(base);
     };
-    let gpus = distgpt::backend::cuda::Cuda::devices()?.len().max(1);
+    let gpus = distgpt::backend::cuda::device_count()
+        .map_err(|e| distgpt::error::Error::Device(e.0))?
+        .max(1);
     Ok((base + local) % gpus)
 }
 
@@ -614,6 +617,10 @@ struct PruneArgs {
     /// Seed of the fine-tuning data order.
     #[arg(long, default_value_t = 1337)]
     seed: u64,
+    /// Also evaluate the dense model and every level with int8 weights
+    /// (CPU), reported beside their fp32 losses.
+    #[arg(long)]
+    int8: bool,
     #[command(flatten)]
     device: DeviceArgs,
 }
@@ -1266,20 +1273,33 @@ fn prune_on<B: Backend>(be: B, a: &PruneArgs) -> Result<()> {
         seq_len: a.seq_len.unwrap_or(model.config.block_size),
         eval_batches: a.eval_batches,
         seed: a.seed,
+        int8: a.int8,
     };
     cfg.validate()?;
-    let dense = distgpt::prune::val_loss(&mut model, &ds, &cfg)?;
-    distgpt::outln!("dense: val loss {dense:.4}");
+    let dense = distgpt::prune::Dense {
+        val_loss: distgpt::prune::val_loss(&mut model, &ds, &cfg)?,
+        val_loss_int8: match a.int8 {
+            true => Some(distgpt::prune::val_loss_int8(&model, &ds, &cfg)?),
+            false => None,
+        },
+    };
+    let int8 = |x: Option<f64>| x.map_or(String::new(), |v| format!(", {v:.4} in int8"));
+    distgpt::outln!(
+        "dense: val loss {:.4}{}",
+        dense.val_loss,
+        int8(dense.val_loss_int8)
+    );
     let pb = metrics::progress_bar(cfg.levels.len() as u64, "prune");
     let levels = distgpt::prune::sweep(&mut model, &ds, &cfg, |l| {
         pb.suspend(|| {
             distgpt::outln!(
-                "sparsity {:.0}% ({:.2}% zeros): val loss {:.4} right after pruning, {:.4} after {} fine-tuning steps",
+                "sparsity {:.0}% ({:.2}% zeros): val loss {:.4} right after pruning, {:.4} after {} fine-tuning steps{}",
                 100.0 * l.target,
                 100.0 * l.sparsity,
                 l.val_loss_pruned,
                 l.val_loss,
-                cfg.finetune_steps
+                cfg.finetune_steps,
+                int8(l.val_loss_int8)
             )
         });
         pb.inc(1);

@@ -5,18 +5,43 @@
 
 use super::Comm;
 use crate::backend::{Backend, Dst, RawView, Src};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// f32 collectives on device memory given by address, each complete (the
 /// data in place) when it returns.
+///
+/// # Safety
+/// Every address is of live device memory of the group's device holding
+/// the number of floats the method names; the backend's work on it has
+/// finished.
 pub trait DeviceCollectives {
     /// `n` floats at `buf` = their sum over ranks.
-    fn all_reduce_f32(&self, buf: u64, n: usize) -> Result<()>;
+    ///
+    /// # Safety
+    /// See the trait.
+    unsafe fn all_reduce_f32(&self, buf: u64, n: usize) -> Result<()>;
     /// `n_out` floats at `out` = this rank's slice of the sum of every
     /// rank's `n_out * size` floats at `input`.
-    fn reduce_scatter_f32(&self, input: u64, out: u64, n_out: usize) -> Result<()>;
+    ///
+    /// # Safety
+    /// See the trait.
+    unsafe fn reduce_scatter_f32(&self, input: u64, out: u64, n_out: usize) -> Result<()>;
     /// `n_in * size` floats at `out` = every rank's `n_in` floats at `input`, in rank order.
-    fn all_gather_f32(&self, input: u64, out: u64, n_in: usize) -> Result<()>;
+    ///
+    /// # Safety
+    /// See the trait.
+    unsafe fn all_gather_f32(&self, input: u64, out: u64, n_in: usize) -> Result<()>;
+}
+
+/// Errors unless `long` holds `short` once per rank of `g`.
+fn check_sizes(g: &dyn Comm, what: &str, long: usize, short: usize) -> Result<()> {
+    if long != short * g.size() {
+        return Err(Error::Comm(format!(
+            "{what}: {long} elements for {short} on each of {} ranks",
+            g.size()
+        )));
+    }
+    Ok(())
 }
 
 /// The group's device-native collectives and the views' addresses, when
@@ -44,7 +69,8 @@ fn native<'g, B: Backend, const N: usize>(
 /// buf = sum over ranks of buf.
 pub fn all_reduce<B: Backend>(g: &dyn Comm, be: &B, mut buf: Dst<'_, B>) -> Result<()> {
     if let Some((nc, [a])) = native(g, be, [buf.raw()])? {
-        return nc.all_reduce_f32(a, buf.len());
+        // SAFETY: `a` addresses `buf`'s floats (a live view), its queue has finished.
+        return unsafe { nc.all_reduce_f32(a, buf.len()) };
     }
     if let Some(host) = be.host_mut(buf.rb()) {
         return g.all_reduce(host);
@@ -61,8 +87,10 @@ pub fn reduce_scatter<B: Backend>(
     input: Src<'_, B>,
     mut out: Dst<'_, B>,
 ) -> Result<()> {
+    check_sizes(g, "reduce_scatter", input.len(), out.len())?;
     if let Some((nc, [i, o])) = native(g, be, [input.raw(), out.raw()])? {
-        return nc.reduce_scatter_f32(i, o, out.len());
+        // SAFETY: as in `all_reduce`, with the sizes just checked.
+        return unsafe { nc.reduce_scatter_f32(i, o, out.len()) };
     }
     if let (Some(i), Some(o)) = (be.host(input), be.host_mut(out.rb())) {
         return g.reduce_scatter(i, o);
@@ -80,8 +108,10 @@ pub fn all_gather<B: Backend>(
     input: Src<'_, B>,
     mut out: Dst<'_, B>,
 ) -> Result<()> {
+    check_sizes(g, "all_gather", out.len(), input.len())?;
     if let Some((nc, [i, o])) = native(g, be, [input.raw(), out.raw()])? {
-        return nc.all_gather_f32(i, o, input.len());
+        // SAFETY: as in `all_reduce`, with the sizes just checked.
+        return unsafe { nc.all_gather_f32(i, o, input.len()) };
     }
     if let (Some(i), Some(o)) = (be.host(input), be.host_mut(out.rb())) {
         return g.all_gather(i, o);

@@ -6,6 +6,10 @@
 //! copy. Each collective runs on a stream of its own after the backend's
 //! queue has finished, and is complete when it returns.
 //!
+//! A peer that dies makes mpirun stop the job; one that hangs inside an
+//! NCCL call is not caught by `--comm-timeout` (the host group's), as NCCL's
+//! asynchronous errors are not polled.
+//!
 //! Unverified here: no machine this is developed on has a GPU. It builds
 //! and lints in CI; `scripts/gpu_check.sh` runs it where GPUs exist.
 
@@ -125,7 +129,7 @@ impl NcclComm {
 }
 
 impl DeviceCollectives for NcclComm {
-    fn all_reduce_f32(&self, buf: u64, n: usize) -> Result<()> {
+    unsafe fn all_reduce_f32(&self, buf: u64, n: usize) -> Result<()> {
         let p = buf as *mut c_void;
         self.run("ncclAllReduce", Kind::AllReduce, n * 4, |c, s| {
             // SAFETY: `buf` holds n floats on this rank's GPU (comm::device's views).
@@ -143,7 +147,7 @@ impl DeviceCollectives for NcclComm {
         })
     }
 
-    fn reduce_scatter_f32(&self, input: u64, out: u64, n_out: usize) -> Result<()> {
+    unsafe fn reduce_scatter_f32(&self, input: u64, out: u64, n_out: usize) -> Result<()> {
         let full = n_out * self.size();
         self.run(
             "ncclReduceScatter",
@@ -166,7 +170,7 @@ impl DeviceCollectives for NcclComm {
         )
     }
 
-    fn all_gather_f32(&self, input: u64, out: u64, n_in: usize) -> Result<()> {
+    unsafe fn all_gather_f32(&self, input: u64, out: u64, n_in: usize) -> Result<()> {
         let full = n_in * self.size();
         self.run("ncclAllGather", Kind::AllGather, full * 4, |c, s| {
             // SAFETY: `input` holds n_in floats and `out` n_in * size, on this GPU.

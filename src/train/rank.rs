@@ -541,26 +541,25 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
 /// ranks start work, so no rank shares the cores with the probe: thread
 /// ranks of one process share its threads, so their peak is the peak of
 /// all of those threads; ranks of their own (processes) each have the
-/// peak of theirs; ranks sharing one device have that device's.
+/// peak of theirs; thread ranks on one device have that device's. Ranks
+/// that are processes count a device each (one GPU per process under
+/// mpirun), even on a device kind thread ranks share.
 fn agree_on_peak<B: Backend>(
     be: &B,
     cfg: &TrainConfig,
     world: &dyn Comm,
 ) -> Result<(f64, f64, String)> {
     let ranks = world.size() as f64;
+    let one_device = be.ranks_share_device() && world.shared_threads().is_some();
     if let Some(p) = cfg.peak_flops {
-        let total = if be.ranks_share_device() {
-            p
-        } else {
-            p * ranks
-        };
+        let total = if one_device { p } else { p * ranks };
         return Ok((p, total, "--peak-tflops".into()));
     }
     let mut source = String::new();
     let mut peaks = [0.0f64; 2];
     if world.rank() == 0 {
         let (per_rank, total, peak) = match world.shared_threads() {
-            Some(threads) if !be.ranks_share_device() => {
+            Some(threads) if !one_device => {
                 let pool = rayon::ThreadPoolBuilder::new()
                     .num_threads(threads)
                     .build()
@@ -570,11 +569,7 @@ fn agree_on_peak<B: Backend>(
             }
             _ => {
                 let p = metrics::peak::of(be, false);
-                let total = if be.ranks_share_device() {
-                    p.flops
-                } else {
-                    p.flops * ranks
-                };
+                let total = if one_device { p.flops } else { p.flops * ranks };
                 (p.flops, total, p)
             }
         };

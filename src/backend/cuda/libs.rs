@@ -95,7 +95,15 @@ fn find(dirs: &[PathBuf], soname: &str) -> Option<PathBuf> {
                     .is_some_and(|n| n.starts_with(&format!("{soname}.")))
             })
             .collect();
-        versioned.sort();
+        // The newest version: .12.10 after .12.9, compared as numbers.
+        let version = |p: &PathBuf| -> Vec<u64> {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            name[soname.len()..]
+                .split('.')
+                .filter_map(|x| x.parse().ok())
+                .collect()
+        };
+        versioned.sort_by_key(version);
         versioned.pop()
     })
 }
@@ -136,6 +144,7 @@ mod tests {
         let lib = root.join("lib/python3.12/site-packages/nvidia/cuda_nvrtc/lib");
         std::fs::create_dir_all(&lib).unwrap();
         std::fs::write(lib.join("libnvrtc-builtins.so.12.8"), b"").unwrap();
+        std::fs::write(lib.join("libnvrtc-builtins.so.12.10"), b"").unwrap();
         std::fs::write(lib.join("libnvrtc.so.12"), b"").unwrap();
         let dirs = vec![PathBuf::from("/nonexistent"), lib.clone()];
         assert_eq!(
@@ -144,7 +153,7 @@ mod tests {
         );
         assert_eq!(
             find(&dirs, "libnvrtc-builtins.so.12"),
-            Some(lib.join("libnvrtc-builtins.so.12.8"))
+            Some(lib.join("libnvrtc-builtins.so.12.10"))
         );
         assert_eq!(find(&dirs, "libcublas.so.12"), None);
         assert_eq!(

@@ -76,6 +76,13 @@ fn check_libraries() -> Result<()> {
     Ok(())
 }
 
+/// How many GPUs the driver reports (no context is made).
+pub fn device_count() -> Result<usize> {
+    check_driver()?;
+    let count = CudaContext::device_count().map_err(failed("cuDeviceGetCount"))?;
+    Ok(count.max(0) as usize)
+}
+
 /// Errors unless the driver and NCCL libraries open (for `comm::nccl`).
 pub(crate) fn check_nccl() -> Result<()> {
     check_driver()?;
@@ -110,8 +117,10 @@ fn describe(index: usize) -> Result<String> {
 /// exists; names the GPUs there are when it does not.
 fn check_gpu(index: usize) -> Result<()> {
     check_libraries()?;
-    let names = CudaRuntime::list()?;
-    if index >= names.len() {
+    // Only the GPU asked for gets a context: in exclusive-process mode
+    // another rank may hold the others.
+    if index >= device_count()? {
+        let names = CudaRuntime::list()?;
         let found: Vec<String> = names
             .iter()
             .enumerate()
@@ -207,13 +216,18 @@ impl CudaRuntime {
             Arg::View(src),
             Arg::U32(u32_arg("n", n)?),
         ];
-        self.launch("to_bf16_bits", n.div_ceil(BLOCK), &args)?;
+        // SAFETY: `mem` holds n 16-bit values; `src` is the operand's view
+        // (checked by `need` against its matrix) cut to the n elements read.
+        unsafe { self.launch("to_bf16_bits", n.div_ceil(BLOCK), &args)? };
         Ok(mem)
     }
 
     /// `g` on the tensor cores: bf16 operands (exact: they hold bf16
     /// values), fp32 accumulation and output (cublasGemmEx).
-    fn gemm_bf16(&self, g: Gemm) -> Result<()> {
+    ///
+    /// # Safety
+    /// As `Runtime::sgemm`.
+    unsafe fn gemm_bf16(&self, g: Gemm) -> Result<()> {
         let (ar, ac) = if g.a.transpose {
             (g.k, g.m)
         } else {
@@ -398,7 +412,7 @@ impl Runtime for CudaRuntime {
         Ok(mem)
     }
 
-    fn write<T: Elem>(&self, dst: View, src: &[T]) -> Result<()> {
+    unsafe fn write<T: Elem>(&self, dst: View, src: &[T]) -> Result<()> {
         if src.is_empty() {
             return Ok(());
         }
@@ -412,7 +426,7 @@ impl Runtime for CudaRuntime {
             .map_err(failed("cuStreamSynchronize"))
     }
 
-    fn read<T: Elem>(&self, src: View, dst: &mut [T]) -> Result<()> {
+    unsafe fn read<T: Elem>(&self, src: View, dst: &mut [T]) -> Result<()> {
         if dst.is_empty() {
             return Ok(());
         }
@@ -432,7 +446,7 @@ impl Runtime for CudaRuntime {
             .map_err(failed("cuStreamSynchronize"))
     }
 
-    fn launch(&self, name: &str, groups: usize, args: &[Arg]) -> Result<()> {
+    unsafe fn launch(&self, name: &str, groups: usize, args: &[Arg]) -> Result<()> {
         let f = self
             .kernels
             .get(name)
@@ -478,7 +492,7 @@ impl Runtime for CudaRuntime {
         Some((free as u64, total as u64))
     }
 
-    fn sgemm(&self, g: Gemm) -> Result<()> {
+    unsafe fn sgemm(&self, g: Gemm) -> Result<()> {
         if g.bf16 {
             return self.gemm_bf16(g);
         }

@@ -552,7 +552,7 @@ impl<R: Runtime> Backend for Gpu<R> {
         2.0 * (rows * k * n) as f64 / best
     }
     fn ranks_share_device(&self) -> bool {
-        // Every rank opens the --opencl-device / --cuda-device it was given.
+        // Thread ranks all use the one device this backend opened.
         true
     }
     fn sum(&self, x: Src<'_, Self>) -> Result<f64> {

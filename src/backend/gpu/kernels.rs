@@ -402,7 +402,9 @@ impl<R: Runtime> Device<R> {
             }
             return Ok(());
         }
-        self.rt.sgemm(g)
+        // SAFETY: the callers checked every operand view against the sizes
+        // and leading dimensions of `g` (`need`).
+        unsafe { self.rt.sgemm(g) }
     }
 
     /// out = gelu(inp) (tanh approximation), n = inp.len.

@@ -109,6 +109,10 @@ pub struct Gemm {
 
 /// A device the kernels run on: memory, transfers, launches and SGEMM, all
 /// in order on one queue. Launches and GEMMs are queued; `finish` waits.
+///
+/// The transfers, launches and GEMMs are `unsafe`: they touch device memory
+/// through views and sizes they cannot check against what a kernel reads.
+/// [`Device`]'s wrappers check every size first.
 pub trait Runtime: Send + Sync + Sized + 'static {
     /// `len` elements of device memory, released on drop, and only after
     /// the work queued before the drop has finished with it.
@@ -128,16 +132,32 @@ pub trait Runtime: Send + Sync + Sized + 'static {
     fn name(&self) -> String;
     /// A zero-filled buffer of `len` elements.
     fn alloc<T: Elem>(&self, len: usize) -> Result<Self::Mem<T>, GpuError>;
-    /// dst = src, blocking; the lengths must agree.
-    fn write<T: Elem>(&self, dst: View, src: &[T]) -> Result<(), GpuError>;
-    /// dst = src, blocking; the lengths must agree.
-    fn read<T: Elem>(&self, src: View, dst: &mut [T]) -> Result<(), GpuError>;
+    /// dst = src, blocking.
+    ///
+    /// # Safety
+    /// `dst` is a view of a live buffer of this runtime holding `T`s, and
+    /// `src.len() == dst.len`.
+    unsafe fn write<T: Elem>(&self, dst: View, src: &[T]) -> Result<(), GpuError>;
+    /// dst = src, blocking.
+    ///
+    /// # Safety
+    /// As `write`, with `dst.len() == src.len`.
+    unsafe fn read<T: Elem>(&self, src: View, dst: &mut [T]) -> Result<(), GpuError>;
     /// Waits until everything queued has finished.
     fn finish(&self) -> Result<(), GpuError>;
     /// Queues kernel `name` on `groups` workgroups of BLOCK threads.
-    fn launch(&self, name: &str, groups: usize, args: &[Arg]) -> Result<(), GpuError>;
-    /// Queues `g`; every operand holds the matrix it stands for.
-    fn sgemm(&self, g: Gemm) -> Result<(), GpuError>;
+    ///
+    /// # Safety
+    /// `args` have the types of the kernel's parameters, and every view
+    /// (of a live buffer of this runtime) holds all the elements the kernel
+    /// touches at those sizes.
+    unsafe fn launch(&self, name: &str, groups: usize, args: &[Arg]) -> Result<(), GpuError>;
+    /// Queues `g`.
+    ///
+    /// # Safety
+    /// Every operand is a view of a live buffer of this runtime holding the
+    /// matrix its sizes and leading dimension describe.
+    unsafe fn sgemm(&self, g: Gemm) -> Result<(), GpuError>;
     /// The driver's free and total bytes of the device, where it says.
     fn memory_info(&self) -> Option<(u64, u64)> {
         None
@@ -146,7 +166,7 @@ pub trait Runtime: Send + Sync + Sized + 'static {
 
 /// A device with the model's kernels: the runtime plus the kernel wrappers
 /// of `kernels.rs` and `attention.rs`, which check shapes and launch.
-pub struct Device<R: Runtime> {
+pub(crate) struct Device<R: Runtime> {
     rt: R,
 }
 
@@ -168,12 +188,15 @@ impl<R: Runtime> Device<R> {
 
     pub fn write<T: Elem>(&self, dst: View, src: &[T]) -> Result<(), GpuError> {
         check_len("write", dst, src.len())?;
-        self.rt.write(dst, src)
+        // SAFETY: views come only from `DeviceMem::view_range` (checked
+        // against their buffer); the lengths were just checked.
+        unsafe { self.rt.write(dst, src) }
     }
 
     pub fn read<T: Elem>(&self, src: View, dst: &mut [T]) -> Result<(), GpuError> {
         check_len("read", src, dst.len())?;
-        self.rt.read(src, dst)
+        // SAFETY: as in `write`.
+        unsafe { self.rt.read(src, dst) }
     }
 
     pub fn finish(&self) -> Result<(), GpuError> {
@@ -184,7 +207,10 @@ impl<R: Runtime> Device<R> {
         if groups == 0 {
             return Ok(());
         }
-        self.rt.launch(name, groups, args)
+        // SAFETY: every wrapper in kernels.rs and attention.rs checks its
+        // views against the sizes it passes (`need`) and passes the kernel's
+        // parameter types, in order.
+        unsafe { self.rt.launch(name, groups, args) }
     }
 }
 

@@ -163,7 +163,7 @@ impl Runtime for ClRuntime {
         Ok(Mem { buf, len })
     }
 
-    fn write<T: Elem>(&self, dst: View, src: &[T]) -> Result<(), GpuError> {
+    unsafe fn write<T: Elem>(&self, dst: View, src: &[T]) -> Result<(), GpuError> {
         if src.is_empty() {
             return Ok(());
         }
@@ -185,7 +185,7 @@ impl Runtime for ClRuntime {
         .map_err(|e| failed("clEnqueueWriteBuffer")(RawError(e)))
     }
 
-    fn read<T: Elem>(&self, src: View, dst: &mut [T]) -> Result<(), GpuError> {
+    unsafe fn read<T: Elem>(&self, src: View, dst: &mut [T]) -> Result<(), GpuError> {
         if dst.is_empty() {
             return Ok(());
         }
@@ -210,7 +210,7 @@ impl Runtime for ClRuntime {
         self.queue.finish().map_err(failed("clFinish"))
     }
 
-    fn launch(&self, name: &str, groups: usize, args: &[Arg]) -> Result<(), GpuError> {
+    unsafe fn launch(&self, name: &str, groups: usize, args: &[Arg]) -> Result<(), GpuError> {
         // Setting arguments mutates the shared kernel object: one launch at a time.
         let kernels = self.kernels.lock().unwrap_or_else(|p| p.into_inner());
         let k = kernels
@@ -250,7 +250,7 @@ impl Runtime for ClRuntime {
         Ok(())
     }
 
-    fn sgemm(&self, g: Gemm) -> Result<(), GpuError> {
+    unsafe fn sgemm(&self, g: Gemm) -> Result<(), GpuError> {
         self.blas.sgemm(self.queue.get(), g)
     }
 }
