@@ -53,6 +53,12 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Another handle on the same device with counters of its own (for work
     /// that must not count against a rank, such as sampling on rank 0).
     fn clone_fresh(&self) -> Self;
+    /// The handle rank `world.rank()` trains with: a fresh one on this
+    /// device, or, for thread ranks of a device-native group (NCCL, one
+    /// GPU per rank), one on that rank's own device.
+    fn for_rank(&self, _world: &dyn crate::comm::Comm) -> Result<Self> {
+        Ok(self.clone_fresh())
+    }
     /// The counters every buffer of this backend reports to.
     fn memory(&self) -> &Arc<memory::MemoryStats>;
     /// A zero-filled buffer of `len` elements.

@@ -154,7 +154,7 @@ fn bench_on<B: Backend>(
         show: !a.json,
     };
     let Some(ranks) = a.parallel.launch(threads, &a.device, |world| {
-        bench_rank(be.clone_fresh(), cfg, par, spec, world)
+        bench_rank(be.for_rank(world)?, cfg, par, spec, world)
     })?
     else {
         return Ok(());

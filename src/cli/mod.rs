@@ -230,8 +230,9 @@ enum CommKind {
     Local,
     /// Ranks are processes started by mpirun (Open MPI).
     Mpi,
-    /// Processes under mpirun, one per GPU (--device cuda): MPI for what is
-    /// on the host, NCCL for GPU buffers (a build with --features mpi,cuda).
+    /// One rank per GPU (--device cuda), NCCL for GPU buffers: thread
+    /// ranks here (--features cuda), or processes under mpirun with MPI for
+    /// what is on the host (--features mpi,cuda).
     Nccl,
 }
 
@@ -294,7 +295,7 @@ impl ParallelArgs {
                 Ok(Some(out.swap_remove(0)))
             }
             CommKind::Mpi => mpi_launch(timeout, f),
-            CommKind::Nccl => nccl_launch(timeout, device, f),
+            CommKind::Nccl => nccl_launch(timeout, (self.world_size, threads), device, f),
         }
     }
 }
@@ -311,16 +312,59 @@ fn mpi_launch<R>(
     }
 }
 
-/// As `mpi_launch`, with an NCCL group over the MPI ranks on this rank's GPU.
-#[cfg(all(feature = "mpi", feature = "cuda"))]
-fn nccl_launch<R>(
+/// `--comm nccl`: under mpirun the MPI ranks, one process per GPU;
+/// otherwise `world_size` thread ranks, rank r on GPU `--cuda-device` + r,
+/// their NCCL id shared through the thread group. Rank 0's result (None
+/// on the other MPI ranks).
+#[cfg(feature = "cuda")]
+fn nccl_launch<R: Send>(
     timeout: std::time::Duration,
+    (world_size, threads): (usize, usize),
     device: &DeviceArgs,
-    f: impl Fn(&dyn Comm) -> distgpt::error::Result<R>,
+    f: impl Fn(&dyn Comm) -> distgpt::error::Result<R> + Sync,
 ) -> Result<Option<R>> {
     if device.device != DeviceChoice::Cuda {
         bail!("--comm nccl moves GPU buffers: it needs --device cuda");
     }
+    if under_mpirun() {
+        return nccl_mpi_launch(timeout, device, f);
+    }
+    let gpus = distgpt::backend::cuda::device_count()
+        .map_err(|e| distgpt::error::Error::Device(e.0))?
+        .max(1);
+    let base = device.cuda_device;
+    let mut out = launch::run_local(world_size, threads, timeout, |c| {
+        let gpu = (base + c.rank()) % gpus;
+        f(&distgpt::comm::nccl::NcclComm::new(c, gpu)?)
+    })?;
+    Ok(Some(out.swap_remove(0)))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn nccl_launch<R: Send>(
+    _: std::time::Duration,
+    _: (usize, usize),
+    _: &DeviceArgs,
+    _: impl Fn(&dyn Comm) -> distgpt::error::Result<R> + Sync,
+) -> Result<Option<R>> {
+    bail!("--comm nccl needs a build with CUDA: `cargo build --release --features cuda` (and `mpi` for mpirun)")
+}
+
+/// Whether this process is one of mpirun's (Open MPI, MPICH or PMIx).
+#[cfg(feature = "cuda")]
+fn under_mpirun() -> bool {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"]
+        .iter()
+        .any(|k| std::env::var_os(k).is_some())
+}
+
+/// As `mpi_launch`, with an NCCL group over the MPI ranks on this rank's GPU.
+#[cfg(all(feature = "mpi", feature = "cuda"))]
+fn nccl_mpi_launch<R>(
+    timeout: std::time::Duration,
+    device: &DeviceArgs,
+    f: impl Fn(&dyn Comm) -> distgpt::error::Result<R>,
+) -> Result<Option<R>> {
     let comm = distgpt::comm::mpi::MpiComm::init(timeout)?;
     let group = rank_gpu(device.cuda_device)
         .and_then(|gpu| distgpt::comm::nccl::NcclComm::new(comm.split(0, comm.rank())?, gpu));
@@ -334,13 +378,13 @@ fn nccl_launch<R>(
     }
 }
 
-#[cfg(not(all(feature = "mpi", feature = "cuda")))]
-fn nccl_launch<R>(
+#[cfg(all(feature = "cuda", not(feature = "mpi")))]
+fn nccl_mpi_launch<R>(
     _: std::time::Duration,
     _: &DeviceArgs,
     _: impl Fn(&dyn Comm) -> distgpt::error::Result<R>,
 ) -> Result<Option<R>> {
-    bail!("--comm nccl needs a build with both MPI and CUDA: `cargo build --release --features mpi,cuda`")
+    bail!("--comm nccl under mpirun needs a build with MPI: `cargo build --release --features mpi,cuda`")
 }
 
 /// The GPU of this process: `base` plus its local rank under mpirun (Open
@@ -1165,7 +1209,16 @@ fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
     let Some(s) = on_device!(a.device, |be| launcher.launch(
         threads,
         &a.device,
-        |world| { train::train_rank(be.clone_fresh(), model_cfg.clone(), &ds, &cfg, par, world) }
+        |world| {
+            train::train_rank(
+                be.for_rank(world)?,
+                model_cfg.clone(),
+                &ds,
+                &cfg,
+                par,
+                world,
+            )
+        }
     ))?
     .flatten() else {
         let stopped = train::INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst);
@@ -1397,7 +1450,7 @@ fn decode_on<B: Backend>(
         }
         let lead = comm.rank() == 0;
         let out = generate_tp(
-            be.clone_fresh(),
+            be.for_rank(comm)?,
             &a.run,
             comm,
             prompts,
@@ -1421,7 +1474,10 @@ fn decode_on<B: Backend>(
         }
         // Only rank 0 reports.
         CommKind::Mpi => mpi_launch(timeout, decode_rank)?,
-        CommKind::Nccl => nccl_launch(timeout, &a.device, decode_rank)?,
+        CommKind::Nccl => {
+            let threads = rayon::current_num_threads();
+            nccl_launch(timeout, (a.tp, threads), &a.device, decode_rank)?
+        }
     })
 }
 

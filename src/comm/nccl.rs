@@ -1,14 +1,15 @@
-//! NCCL groups for GPU ranks (feature `cuda`): one rank per GPU, each a
-//! process under `mpirun` (`--comm nccl`). A host group (MPI) carries what
-//! is small or on the host (flags, losses, paths, the barrier) and hands
-//! out NCCL's unique id; the gradients, shards and gathers that live on the
-//! GPU go through NCCL by device address (`comm::device`), with no staging
-//! copy. Each collective runs on a stream of its own after the backend's
-//! queue has finished, and is complete when it returns.
+//! NCCL groups for GPU ranks (feature `cuda`, `--comm nccl`): one rank per
+//! GPU, thread ranks of one process or processes under `mpirun`. A host
+//! group (the thread ranks' local group, or MPI) carries what is small or
+//! on the host (flags, losses, paths, the barrier) and hands out NCCL's
+//! unique id; the gradients, shards and gathers that live on the GPU go
+//! through NCCL by device address (`comm::device`), with no staging copy.
+//! Each collective runs on a stream of its own after the backend's queue
+//! has finished, and is complete when it returns.
 //!
-//! A peer that dies makes mpirun stop the job; one that hangs inside an
-//! NCCL call is not caught by `--comm-timeout` (the host group's), as NCCL's
-//! asynchronous errors are not polled.
+//! A peer that fails stops the others through the host group; one that
+//! hangs inside an NCCL call is not caught by `--comm-timeout` (the host
+//! group's), as NCCL's asynchronous errors are not polled.
 //!
 //! Unverified here: no machine this is developed on has a GPU. It builds
 //! and lints in CI; `scripts/gpu_check.sh` runs it where GPUs exist.

@@ -542,15 +542,18 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
 /// ranks of one process share its threads, so their peak is the peak of
 /// all of those threads; ranks of their own (processes) each have the
 /// peak of theirs; thread ranks on one device have that device's. Ranks
-/// that are processes count a device each (one GPU per process under
-/// mpirun), even on a device kind thread ranks share.
+/// that are processes, or thread ranks of an NCCL group, count a device
+/// each (one GPU per rank).
 fn agree_on_peak<B: Backend>(
     be: &B,
     cfg: &TrainConfig,
     world: &dyn Comm,
 ) -> Result<(f64, f64, String)> {
     let ranks = world.size() as f64;
-    let one_device = be.ranks_share_device() && world.shared_threads().is_some();
+    // Thread ranks of an NCCL group each have a GPU of their own.
+    let one_device = be.ranks_share_device()
+        && world.shared_threads().is_some()
+        && world.device_native().is_none();
     if let Some(p) = cfg.peak_flops {
         let total = if one_device { p } else { p * ranks };
         return Ok((p, total, "--peak-tflops".into()));

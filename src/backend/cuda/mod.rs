@@ -327,6 +327,11 @@ impl Runtime for CudaRuntime {
     const KIND: &'static str = "cuda";
     const ADDRESSED: bool = true;
 
+    /// Without making a context on each GPU.
+    fn count() -> Result<usize> {
+        device_count()
+    }
+
     /// One line per GPU: name, compute capability, free/total memory.
     fn list() -> Result<Vec<String>> {
         check_driver()?;

@@ -10,12 +10,15 @@ use crate::backend::memory::{Buf, Category, Dst, MemoryStats, RawView, Src};
 use crate::backend::{
     AdamWStep, AttnShape, Backend, DecodeShape, Elem, WeightFormat, WeightLayout,
 };
+use crate::comm::Comm;
 use crate::error::{Error, Result};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 pub struct Gpu<R: Runtime> {
     dev: Arc<Device<R>>,
+    /// The device's index, as `open` took it.
+    index: usize,
     /// The first failure of a queued kernel, reported by the next transfer or sync.
     failure: Arc<Mutex<Option<String>>>,
     memory: Arc<MemoryStats>,
@@ -45,6 +48,7 @@ impl<R: Runtime> Clone for Gpu<R> {
     fn clone(&self) -> Self {
         Gpu {
             dev: self.dev.clone(),
+            index: self.index,
             failure: self.failure.clone(),
             memory: self.memory.clone(),
         }
@@ -61,6 +65,7 @@ impl<R: Runtime> Gpu<R> {
     pub fn open(index: usize) -> Result<Self> {
         Ok(Gpu {
             dev: Arc::new(Device::open(index).map_err(device_error)?),
+            index,
             failure: Arc::default(),
             memory: Arc::default(),
         })
@@ -106,9 +111,19 @@ impl<R: Runtime> Backend for Gpu<R> {
     fn clone_fresh(&self) -> Self {
         Gpu {
             dev: self.dev.clone(),
+            index: self.index,
             failure: self.failure.clone(),
             memory: Arc::default(),
         }
+    }
+    fn for_rank(&self, world: &dyn Comm) -> Result<Self> {
+        if world.device_native().is_none() || world.shared_threads().is_none() {
+            return Ok(self.clone_fresh());
+        }
+        // Thread ranks of an NCCL group: rank r on device index + r, as
+        // the group's communicator was made.
+        let count = R::count().map_err(device_error)?.max(1);
+        Gpu::open((self.index + world.rank()) % count)
     }
     fn memory(&self) -> &Arc<MemoryStats> {
         &self.memory

@@ -126,6 +126,10 @@ pub trait Runtime: Send + Sync + Sized + 'static {
 
     /// Names of this runtime's devices, in the order `open` counts them.
     fn list() -> Result<Vec<String>, GpuError>;
+    /// How many devices `open` counts.
+    fn count() -> Result<usize, GpuError> {
+        Ok(Self::list()?.len())
+    }
     /// Opens device `index` and builds the kernels for it.
     fn open(index: usize) -> Result<Self, GpuError>;
     /// The device's name.
