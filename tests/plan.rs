@@ -4,8 +4,8 @@
 //! `distgpt compare`, not asserted in tests.)
 
 use distgpt::backend::cpu::Cpu;
-use distgpt::model::GptConfig;
-use distgpt::parallel::launch;
+use distgpt::model::{GptConfig, Precision as EnginePrecision};
+use distgpt::parallel::{launch, ParallelConfig};
 use distgpt::plan::{self, Device, Network, Precision, Workload};
 use distgpt::train::bench::{bench_rank, BenchSpec};
 use std::time::Duration;
@@ -65,6 +65,27 @@ fn predicted_peak_memory_is_within_10_percent_of_measured() {
         }
     }
     assert_eq!(checked, 2 * (1 + 5 + 6), "every layout was checked");
+    // --precision bf16 adds the matmul operands' rounded copies: the
+    // predicted growth over fp32 is the measured one.
+    for world in [1, 2] {
+        for par in plan::layouts(&cfg, world, batch, false) {
+            let [fp32, bf16] = [EnginePrecision::Fp32, EnginePrecision::Bf16].map(|precision| {
+                let par = ParallelConfig { precision, ..par };
+                let predicted = plan::predict(&w, par, &device, &net, Precision::Fp32);
+                let ranks = launch::run_local(world, 2, Duration::from_secs(60), |c| {
+                    bench_rank(Cpu::new(), &cfg, par, spec, c.as_ref())
+                })
+                .unwrap();
+                (predicted.memory.total(), ranks[0][0].peak[5] as f64)
+            });
+            let (want, got) = (bf16.0 - fp32.0, bf16.1 - fp32.1);
+            assert!(
+                got > 0.0 && (want - got).abs() <= 0.1 * got,
+                "{} in bf16: predicted {want:.0} more bytes than fp32, measured {got:.0} more",
+                plan::layout_name(&par)
+            );
+        }
+    }
 }
 
 #[test]

@@ -326,6 +326,15 @@ pub fn memory_plan(w: &Workload, par: ParallelConfig, precision: Precision) -> M
             mem.other = gb * (units.max_padded + units.lnf_padded + units.max_shard);
         }
     }
+    if par.precision == crate::model::Precision::Bf16 {
+        // `--precision bf16`'s operand scratch, stored as f32: a matmul's
+        // rounded input and output gradient, and its rounded weight.
+        let (c, vp) = (m.n_embd as f64, m.padded_vocab() as f64);
+        let cl = c / tp as f64;
+        let widest = c.max(4.0 * cl);
+        mem.activations += 4.0 * 2.0 * rows * widest;
+        mem.other += 4.0 * (c * widest).max(vp * c);
+    }
     mem
 }
 
