@@ -17,7 +17,7 @@ const GROUP: usize = 4;
 /// Rows of the input sharing one pass over a panel: as many as keep their
 /// sums in registers (AVX-512 has 32 vector registers, AVX2 16).
 const ROWS: usize = 4;
-const ROWS_512: usize = 8;
+const ROWS_512: usize = 12;
 
 /// A kernel: which instructions sum the int8 products.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -369,6 +369,10 @@ mod x86 {
             5 => avx512_rows::<5>(out, x, stride, panel),
             6 => avx512_rows::<6>(out, x, stride, panel),
             7 => avx512_rows::<7>(out, x, stride, panel),
+            8 => avx512_rows::<8>(out, x, stride, panel),
+            9 => avx512_rows::<9>(out, x, stride, panel),
+            10 => avx512_rows::<10>(out, x, stride, panel),
+            11 => avx512_rows::<11>(out, x, stride, panel),
             _ => avx512_rows::<ROWS_512>(out, x, stride, panel),
         }
     }
@@ -538,6 +542,8 @@ mod tests {
             (7, 131, 50),
             (4, 64, 16),
             (9, 768, 33),
+            (13, 100, 20),
+            (12, 64, 32),
         ] {
             let w = random(k * n, 1 + k as u64);
             let x = random(rows * k, 2 + n as u64);
