@@ -10,15 +10,18 @@
 //! matrices needs per-layer widths (the model seam of the BERT issue).
 
 use crate::backend::{Backend, WeightFormat};
+use crate::comm::local;
 use crate::data::{DataLoader, Dataset};
 use crate::error::{Error, Result};
 use crate::figure::{self, Figure, Series};
 use crate::infer::generate::evaluate_decoded;
 use crate::model::layout::BlockParam;
-use crate::model::{AdamW, AdamWConfig, Gpt2, ParamLayout, Segment};
+use crate::model::{AdamWConfig, Gpt2, ParamLayout, Precision};
+use crate::parallel::{self, ParallelConfig, StepConfig, StrategyKind};
 use serde::Serialize;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// Where a sparsity target applies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -157,38 +160,48 @@ pub struct Level {
     pub val_loss_int8: Option<f64>,
 }
 
-/// The mean validation loss over `batches` batches of the validation split.
-pub fn val_loss<B: Backend>(model: &mut Gpt2<B>, ds: &Dataset, cfg: &SweepConfig) -> Result<f64> {
-    let (b, t) = (cfg.batch_size, cfg.seq_len);
-    let mut val = DataLoader::new(&ds.val, "val", b, t, 0, false)?;
+/// The first `eval_batches` batches of the validation split, as (inputs, targets).
+fn val_batches(ds: &Dataset, cfg: &SweepConfig) -> Result<Vec<(Vec<u32>, Vec<u32>)>> {
+    let mut val = DataLoader::new(&ds.val, "val", cfg.batch_size, cfg.seq_len, 0, false)?;
     let n = cfg.eval_batches.min(val.batches_per_epoch());
+    Ok((0..n)
+        .map(|_| {
+            let batch = val.next_batch();
+            (batch.inputs, batch.targets)
+        })
+        .collect())
+}
+
+/// The mean validation loss over `eval_batches` batches of the validation split.
+pub fn val_loss<B: Backend>(model: &mut Gpt2<B>, ds: &Dataset, cfg: &SweepConfig) -> Result<f64> {
+    let batches = val_batches(ds, cfg)?;
     let mut sum = 0.0;
-    for _ in 0..n {
-        let batch = val.next_batch();
+    for (inputs, targets) in &batches {
         sum += model
-            .forward(&batch.inputs, Some(&batch.targets), b, t)?
+            .forward(inputs, Some(targets), cfg.batch_size, cfg.seq_len)?
             .expect("targets given") as f64;
     }
-    Ok(sum / n as f64)
+    Ok(sum / batches.len() as f64)
 }
 
 /// The validation loss with the blocks' weights in int8, through the
 /// KV-cache decoder (as `eval --weights int8`), on the batches `val_loss` uses.
 pub fn val_loss_int8<B: Backend>(model: &Gpt2<B>, ds: &Dataset, cfg: &SweepConfig) -> Result<f64> {
-    let (b, t) = (cfg.batch_size, cfg.seq_len);
-    let mut val = DataLoader::new(&ds.val, "val", b, t, 0, false)?;
-    let n = cfg.eval_batches.min(val.batches_per_epoch());
-    let batches: Vec<(Vec<u32>, Vec<u32>)> = (0..n)
-        .map(|_| {
-            let batch = val.next_batch();
-            (batch.inputs, batch.targets)
-        })
-        .collect();
-    Ok(evaluate_decoded(model, WeightFormat::Int8, batches, b, t)?.loss)
+    let batches = val_batches(ds, cfg)?;
+    Ok(evaluate_decoded(
+        model,
+        WeightFormat::Int8,
+        batches,
+        cfg.batch_size,
+        cfg.seq_len,
+    )?
+    .loss)
 }
 
-/// Fine-tunes `steps` AdamW steps (gradient norm clipped at 1) on the
-/// training split, putting the pruned entries back to zero after each.
+/// Fine-tunes `finetune_steps` steps on the training split with the step
+/// every single-rank run takes (`parallel`'s: gradient norm clipped at 1,
+/// non-finite losses refused, AdamW), a fresh optimizer per level, putting
+/// the pruned entries back to zero after each step.
 fn finetune<B: Backend>(
     model: &mut Gpt2<B>,
     ds: &Dataset,
@@ -202,38 +215,29 @@ fn finetune<B: Backend>(
     let (b, t) = (cfg.batch_size, cfg.seq_len);
     let seed = cfg.seed.wrapping_add(level as u64);
     let mut train = DataLoader::new(&ds.train, "train", b, t, seed, true)?;
-    let total = model.layout.total();
-    let mut opt = AdamW::new(model.backend(), total, AdamWConfig::default())?;
-    let whole = Segment::whole(total);
+    let (_world, comms) = local::world(1, Duration::from_secs(60));
+    let single = ParallelConfig {
+        strategy: StrategyKind::Single,
+        world_size: 1,
+        tp: 1,
+        recompute: false,
+        precision: Precision::Fp32,
+    };
+    let be = model.backend().clone_fresh();
+    let (config, adamw) = (model.config.clone(), AdamWConfig::default());
+    let mut strategy = parallel::build(be, config, single, &comms[0], adamw, b, t)?;
+    strategy.load_full(&model.params_host()?)?;
+    let step = StepConfig {
+        lr: cfg.lr,
+        grad_clip: 1.0,
+    };
     for _ in 0..cfg.finetune_steps {
-        let batch = train.next_batch();
-        model.zero_grads();
-        model.forward(&batch.inputs, Some(&batch.targets), b, t)?;
-        model.backward(1.0)?;
-        let norm = model.backend().sum_squares(model.grads.s())?.sqrt() as f32;
-        if !norm.is_finite() {
-            return Err(Error::Diverged(format!(
-                "fine-tuning at sparsity {:.2}: gradient norm {norm}",
-                cfg.levels[level]
-            )));
-        }
-        let clip = if norm > 1.0 { 1.0 / norm } else { 1.0 };
-        let be = model.backend().clone_fresh();
-        let lay = model.layout.clone();
-        opt.update(
-            &be,
-            model.params.d(),
-            model.grads.s(),
-            &lay,
-            &whole,
-            cfg.lr,
-            clip,
-        );
-        let mut p = model.params_host()?;
+        strategy.step(&[train.next_batch()], step)?;
+        let mut p = strategy.full_params()?;
         apply(&mut p, keep);
-        model.set_params(&p)?;
+        strategy.load_full(&p)?;
     }
-    Ok(())
+    model.set_params(&strategy.full_params()?)
 }
 
 /// Runs the schedule on `model` (left at the last level), calling
