@@ -56,11 +56,6 @@ impl<R: Runtime> Clone for Gpu<R> {
 }
 
 impl<R: Runtime> Gpu<R> {
-    /// Names of the runtime's devices, in the order `open` counts them.
-    pub fn devices() -> Result<Vec<String>> {
-        R::list().map_err(device_error)
-    }
-
     /// Opens device `index` (as `distgpt devices` lists them).
     pub fn open(index: usize) -> Result<Self> {
         Ok(Gpu {
@@ -92,6 +87,66 @@ impl<R: Runtime> Gpu<R> {
             Some(e) => Err(Error::Device(e)),
             None => Ok(()),
         }
+    }
+}
+
+impl<R: Runtime> Gpu<R> {
+    /// `matmul_forward`, and its bf16 twin when `bf16` (`Gemm::bf16`).
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_forward_as(
+        &self,
+        bf16: bool,
+        out: Dst<'_, Self>,
+        inp: Src<'_, Self>,
+        w: Src<'_, Self>,
+        bias: Option<Src<'_, Self>>,
+        layout: WeightLayout,
+        (rows, k, n): (usize, usize, usize),
+        accumulate: bool,
+    ) {
+        self.queue(|d| {
+            d.matmul_forward(
+                view(out.raw()),
+                view(inp.raw()),
+                view(w.raw()),
+                bias.map(|b| view(b.raw())),
+                layout,
+                rows,
+                k,
+                n,
+                accumulate,
+                bf16,
+            )
+        })
+    }
+
+    /// `matmul_backward`, and its bf16 twin when `bf16`.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_backward_as(
+        &self,
+        bf16: bool,
+        (dinp, dw, dbias): (Dst<'_, Self>, Dst<'_, Self>, Option<Dst<'_, Self>>),
+        dout: Src<'_, Self>,
+        inp: Src<'_, Self>,
+        w: Src<'_, Self>,
+        layout: WeightLayout,
+        (rows, k, n): (usize, usize, usize),
+    ) {
+        self.queue(|d| {
+            d.matmul_backward(
+                view(dinp.raw()),
+                view(dw.raw()),
+                dbias.map(|b| view(b.raw())),
+                view(dout.raw()),
+                view(inp.raw()),
+                view(w.raw()),
+                layout,
+                rows,
+                k,
+                n,
+                bf16,
+            )
+        })
     }
 }
 
@@ -266,20 +321,7 @@ impl<R: Runtime> Backend for Gpu<R> {
         n: usize,
         accumulate: bool,
     ) {
-        self.queue(|d| {
-            d.matmul_forward(
-                view(out.raw()),
-                view(inp.raw()),
-                view(w.raw()),
-                bias.map(|b| view(b.raw())),
-                layout,
-                rows,
-                k,
-                n,
-                accumulate,
-                false,
-            )
-        })
+        self.matmul_forward_as(false, out, inp, w, bias, layout, (rows, k, n), accumulate)
     }
     fn matmul_forward_bf16(
         &self,
@@ -293,20 +335,7 @@ impl<R: Runtime> Backend for Gpu<R> {
         n: usize,
         accumulate: bool,
     ) {
-        self.queue(|d| {
-            d.matmul_forward(
-                view(out.raw()),
-                view(inp.raw()),
-                view(w.raw()),
-                bias.map(|b| view(b.raw())),
-                layout,
-                rows,
-                k,
-                n,
-                accumulate,
-                true,
-            )
-        })
+        self.matmul_forward_as(true, out, inp, w, bias, layout, (rows, k, n), accumulate)
     }
     fn matmul_backward(
         &self,
@@ -321,21 +350,7 @@ impl<R: Runtime> Backend for Gpu<R> {
         k: usize,
         n: usize,
     ) {
-        self.queue(|d| {
-            d.matmul_backward(
-                view(dinp.raw()),
-                view(dw.raw()),
-                dbias.map(|b| view(b.raw())),
-                view(dout.raw()),
-                view(inp.raw()),
-                view(w.raw()),
-                layout,
-                rows,
-                k,
-                n,
-                false,
-            )
-        })
+        self.matmul_backward_as(false, (dinp, dw, dbias), dout, inp, w, layout, (rows, k, n))
     }
     fn matmul_backward_bf16(
         &self,
@@ -350,21 +365,7 @@ impl<R: Runtime> Backend for Gpu<R> {
         k: usize,
         n: usize,
     ) {
-        self.queue(|d| {
-            d.matmul_backward(
-                view(dinp.raw()),
-                view(dw.raw()),
-                dbias.map(|b| view(b.raw())),
-                view(dout.raw()),
-                view(inp.raw()),
-                view(w.raw()),
-                layout,
-                rows,
-                k,
-                n,
-                true,
-            )
-        })
+        self.matmul_backward_as(true, (dinp, dw, dbias), dout, inp, w, layout, (rows, k, n))
     }
     fn pack_decode_weight(
         &self,
