@@ -329,12 +329,8 @@ fn nccl_launch<R: Send>(
     if under_mpirun() {
         return nccl_mpi_launch(timeout, device, f);
     }
-    let gpus = distgpt::backend::cuda::device_count()
-        .map_err(|e| distgpt::error::Error::Device(e.0))?
-        .max(1);
-    let base = device.cuda_device;
     let mut out = launch::run_local(world_size, threads, timeout, |c| {
-        let gpu = (base + c.rank()) % gpus;
+        let gpu = cuda_device_of(device.cuda_device, c.rank())?;
         f(&distgpt::comm::nccl::NcclComm::new(c, gpu)?)
     })?;
     Ok(Some(out.swap_remove(0)))
@@ -399,13 +395,18 @@ fn rank_gpu(base: usize) -> distgpt::error::Result<usize> {
     ]
     .iter()
     .find_map(|k| std::env::var(k).ok()?.parse::<usize>().ok());
-    let Some(local) = local else {
-        return Ok(base);
-    };
-    let gpus = distgpt::backend::cuda::device_count()
-        .map_err(|e| distgpt::error::Error::Device(e.0))?
-        .max(1);
-    Ok((base + local) % gpus)
+    match local {
+        Some(local) => cuda_device_of(base, local),
+        None => Ok(base),
+    }
+}
+
+/// Rank `rank`'s GPU counting from `base` (`Runtime::device_of`).
+#[cfg(feature = "cuda")]
+fn cuda_device_of(base: usize, rank: usize) -> distgpt::error::Result<usize> {
+    use distgpt::backend::gpu::Runtime;
+    distgpt::backend::cuda::CudaRuntime::device_of(base, rank)
+        .map_err(|e| distgpt::error::Error::Device(e.0))
 }
 
 #[cfg(not(feature = "mpi"))]

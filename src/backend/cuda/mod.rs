@@ -77,7 +77,7 @@ fn check_libraries() -> Result<()> {
 }
 
 /// How many GPUs the driver reports (no context is made).
-pub fn device_count() -> Result<usize> {
+fn device_count() -> Result<usize> {
     check_driver()?;
     let count = CudaContext::device_count().map_err(failed("cuDeviceGetCount"))?;
     Ok(count.max(0) as usize)
@@ -334,9 +334,7 @@ impl Runtime for CudaRuntime {
 
     /// One line per GPU: name, compute capability, free/total memory.
     fn list() -> Result<Vec<String>> {
-        check_driver()?;
-        let count = CudaContext::device_count().map_err(failed("cuDeviceGetCount"))?;
-        (0..count.max(0) as usize).map(describe).collect()
+        (0..device_count()?).map(describe).collect()
     }
 
     fn open(index: usize) -> Result<Self> {

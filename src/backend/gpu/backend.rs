@@ -175,10 +175,9 @@ impl<R: Runtime> Backend for Gpu<R> {
         if world.device_native().is_none() || world.shared_threads().is_none() {
             return Ok(self.clone_fresh());
         }
-        // Thread ranks of an NCCL group: rank r on device index + r, as
-        // the group's communicator was made.
-        let count = R::count().map_err(device_error)?.max(1);
-        Gpu::open((self.index + world.rank()) % count)
+        // Thread ranks of an NCCL group: one device each, as the group's
+        // communicator was made.
+        Gpu::open(R::device_of(self.index, world.rank()).map_err(device_error)?)
     }
     fn memory(&self) -> &Arc<MemoryStats> {
         &self.memory

@@ -130,6 +130,12 @@ pub trait Runtime: Send + Sync + Sized + 'static {
     fn count() -> Result<usize, GpuError> {
         Ok(Self::list()?.len())
     }
+    /// The device of rank `rank` when ranks take one device each from
+    /// `base` on, wrapping around the devices there are (NCCL's rule, for
+    /// thread ranks and for a process's local rank alike).
+    fn device_of(base: usize, rank: usize) -> Result<usize, GpuError> {
+        Ok((base + rank) % Self::count()?.max(1))
+    }
     /// Opens device `index` and builds the kernels for it.
     fn open(index: usize) -> Result<Self, GpuError>;
     /// The device's name.
