@@ -185,12 +185,13 @@ fn bench_on<B: Backend>(
         par.strategy,
         par.world_size,
         resolved.tp,
-        match (par.recompute, par.precision) {
-            (false, Precision::Fp32) => "",
-            (true, Precision::Fp32) => ", recompute",
-            (false, Precision::Bf16) => ", bf16",
-            (true, Precision::Bf16) => ", recompute, bf16",
-        },
+        [
+            (par.recompute, ", recompute"),
+            (par.precision == Precision::Bf16, ", bf16")
+        ]
+        .iter()
+        .filter_map(|&(on, s)| on.then_some(s))
+        .collect::<String>(),
         step_s * 1e3,
         tokens_per_s,
         tokens_per_s / par.world_size as f64,
