@@ -15,7 +15,7 @@ use crate::data::{DataLoader, Dataset};
 use crate::error::{Error, Result};
 use crate::figure::{self, Figure, Series};
 use crate::infer::generate::evaluate_decoded;
-use crate::model::layout::BlockParam;
+use crate::model::gpt2::BlockParam;
 use crate::model::{AdamWConfig, Gpt2, ParamLayout, Precision};
 use crate::parallel::{self, ParallelConfig, StepConfig, StrategyKind};
 use serde::Serialize;

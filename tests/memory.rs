@@ -48,10 +48,7 @@ fn one_step(strategy: StrategyKind, n: usize) -> Vec<(MemoryReport, CommStats)> 
         assert_eq!(s.comm_stats().total_bytes(), 0, "loading sends nothing");
         let ids: Vec<u32> = (0..b * t).map(|i| (i % 60) as u32).collect();
         s.step(
-            &[Batch {
-                inputs: ids.clone(),
-                targets: ids,
-            }],
+            &[Batch::lm(ids.clone(), ids)],
             StepConfig {
                 lr: 1e-3,
                 grad_clip: 1.0,
@@ -84,11 +81,9 @@ fn model_state_memory_matches_zero_formulas() {
     let psi = ParamLayout::new(&cfg).total() as f64;
     for n in [2usize, 4] {
         let nf = n as f64;
-        let units = Units::new(&ParamLayout::new(&cfg), cfg.n_layer, n);
-        let gathered = 4.0
-            * (units.padded(units.embeddings())
-                + units.max_block_padded()
-                + units.padded(units.final_norm())) as f64;
+        let units = Units::new(&ParamLayout::new(&cfg), n);
+        // fsdp's gather buffers: the tied embeddings, and the largest other unit (a block)
+        let gathered = 4.0 * (units.padded(0) + units.padded(1)) as f64;
         let cases = [
             (StrategyKind::Ddp, 16.0 * psi),
             (StrategyKind::Zero1, 8.0 * psi + 8.0 * psi / nf),
@@ -116,10 +111,11 @@ fn bytes_sent(strategy: StrategyKind, n: usize) -> u64 {
 fn fsdp_gathers_the_tied_embedding_once_per_forward() {
     let cfg = model();
     for n in [2usize, 4] {
-        let u = Units::new(&ParamLayout::new(&cfg), cfg.n_layer, n);
-        let blocks: usize = (0..cfg.n_layer).map(|l| u.padded(u.block(l))).sum();
+        let u = Units::new(&ParamLayout::new(&cfg), n);
+        let (emb, head) = (0, cfg.n_layer + 1);
+        let blocks: usize = (0..cfg.n_layer).map(|l| u.padded(1 + l)).sum();
         // forward: embeddings, every block, the final norm; backward: every block again
-        let elems = u.padded(u.embeddings()) + 2 * blocks + u.padded(u.final_norm());
+        let elems = u.padded(emb) + 2 * blocks + u.padded(head);
         let ring = |bytes: usize| (bytes as u64) * (n as u64 - 1) / n as u64;
         let got = one_step_comm(StrategyKind::Fsdp, n).all_gather_bytes;
         assert_eq!(

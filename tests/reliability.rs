@@ -210,10 +210,7 @@ fn a_diverging_step_is_not_applied_and_never_checkpointed() {
     let ln_f = init.len() - 1;
     init[ln_f] = f32::INFINITY; // ln_f bias: the logits, the loss and the gradients go non-finite
     s.load_full(&init).unwrap();
-    let batch = distgpt::data::Batch {
-        inputs: vec![1; 16],
-        targets: vec![2; 16],
-    };
+    let batch = distgpt::data::Batch::lm(vec![1; 16], vec![2; 16]);
     let before = s.full_params().unwrap();
     let err = s
         .step(

@@ -17,6 +17,17 @@ pub mod opencl;
 pub use cpu::{AdamWStep, AttnShape, DecodeShape, WeightFormat, WeightLayout};
 pub use memory::{Buf, Category, Dst, MemoryReport, RawView, Src};
 
+/// A pointwise nonlinearity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// GELU, tanh approximation (GPT-2's `gelu_new`).
+    GeluTanh,
+    /// GELU, exact: x * Phi(x) with erf (BERT's `gelu`).
+    GeluErf,
+    /// tanh (BERT's pooler).
+    Tanh,
+}
+
 use crate::error::Result;
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -260,6 +271,29 @@ pub trait Backend: Send + Sync + Sized + 'static {
         lse: Src<'_, Self>,
         shape: AttnShape,
     );
+    /// Bidirectional attention with padding: every query of sequence b
+    /// attends to its first `lens[b]` keys (1..=T). qkv (B, T, 3C) -> out
+    /// (B, T, C), lse (B, NH, T).
+    fn attention_padded_forward(
+        &self,
+        out: Dst<'_, Self>,
+        lse: Dst<'_, Self>,
+        qkv: Src<'_, Self>,
+        lens: Src<'_, Self, u32>,
+        shape: AttnShape,
+    );
+    /// dqkv (B, T, 3C) overwritten, for [`Backend::attention_padded_forward`].
+    #[allow(clippy::too_many_arguments)]
+    fn attention_padded_backward(
+        &self,
+        dqkv: Dst<'_, Self>,
+        dout: Src<'_, Self>,
+        qkv: Src<'_, Self>,
+        out: Src<'_, Self>,
+        lse: Src<'_, Self>,
+        lens: Src<'_, Self, u32>,
+        shape: AttnShape,
+    );
     /// Decoding: qkv (b, 3c) queries against kcache, vcache (b, max_t, c) -> out (b, c).
     fn attention_decode(
         &self,
@@ -269,10 +303,10 @@ pub trait Backend: Send + Sync + Sized + 'static {
         vcache: Src<'_, Self>,
         shape: DecodeShape,
     );
-    /// out = gelu(inp), any shape.
-    fn gelu_forward(&self, out: Dst<'_, Self>, inp: Src<'_, Self>);
-    /// d *= gelu'(inp), in place.
-    fn gelu_backward_inplace(&self, d: Dst<'_, Self>, inp: Src<'_, Self>);
+    /// out = act(inp), any shape.
+    fn activation_forward(&self, out: Dst<'_, Self>, inp: Src<'_, Self>, act: Activation);
+    /// d *= act'(inp), in place.
+    fn activation_backward_inplace(&self, d: Dst<'_, Self>, inp: Src<'_, Self>, act: Activation);
     /// dst = value.
     fn fill(&self, dst: Dst<'_, Self>, value: f32);
     /// dst += src.
@@ -283,7 +317,8 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// x rounded to the nearest bfloat16 (ties to even) in place, kept as
     /// f32: the operands of a bf16 matmul (`--precision bf16`).
     fn round_bf16(&self, x: Dst<'_, Self>);
-    /// losses (rows) from logits (rows, vp) whose first v columns are real.
+    /// losses (rows) from logits (rows, vp) whose first v columns are real;
+    /// a row whose target is `data::IGNORE` has loss 0 (and gradient 0).
     fn crossentropy_forward(
         &self,
         losses: Dst<'_, Self>,

@@ -131,7 +131,7 @@ fn bench_on<B: Backend>(
     t: usize,
 ) -> Result<()> {
     let par = a.parallel.config();
-    par.resolved().validate(cfg, b)?;
+    par.resolved().validate(&cfg.clone().into(), b)?;
     let threads = rayon::current_num_threads();
     // Measured here with every thread of this process: the whole machine for
     // thread ranks, one rank's share under mpirun (hence the scaling).

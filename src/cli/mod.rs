@@ -1197,7 +1197,8 @@ fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
         .zip(a.fail_step)
         .map(|(rank, step)| Fault { rank, step });
     cfg.validate()?;
-    par.resolved().validate(&model_cfg, cfg.batch_size)?;
+    par.resolved()
+        .validate(&model_cfg.clone().into(), cfg.batch_size)?;
     if a.parallel.comm == CommKind::Local {
         check_memory(&model_cfg, &cfg, par.resolved())?;
     }

@@ -11,7 +11,7 @@ pub mod report;
 use crate::backend::cpu::Cpu;
 use crate::data::Dataset;
 use crate::error::{Error, Result};
-use crate::model::GptConfig;
+use crate::model::{GptConfig, ModelConfig};
 use crate::parallel::{ParallelConfig, StrategyKind};
 use crate::plan::calibrate::{calibrate_cpu, Calibration, Machine};
 use crate::plan::{self, Precision, Workload};
@@ -136,7 +136,7 @@ pub fn cells(spec: &CompareSpec) -> (Vec<Cell>, Vec<String>) {
                 }
                 for &batch in &spec.batch_sizes {
                     let par = layout.parallel(world);
-                    match par.validate(model, batch) {
+                    match par.validate(&ModelConfig::from(model.clone()), batch) {
                         Err(e) => {
                             skipped.push(format!("{name} {layout} x{world} batch {batch}: {e}"))
                         }

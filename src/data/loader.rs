@@ -79,10 +79,54 @@ pub struct DataLoader<'a> {
     pub position: LoaderPosition,
 }
 
-/// Inputs and targets, both (B*T).
+/// A batch of B sequences of T tokens: inputs (B*T) and targets, either
+/// one per token (B*T, a language model's) or one per sequence (B, a
+/// classifier's labels). A target of [`IGNORE`] adds no loss (a token
+/// that was not masked for MLM). Encoders also take token types (B*T,
+/// empty: all 0) and each sequence's length before its padding (B, empty:
+/// no padding).
+#[derive(Clone, Debug, Default)]
 pub struct Batch {
     pub inputs: Vec<u32>,
     pub targets: Vec<u32>,
+    pub types: Vec<u32>,
+    pub lens: Vec<u32>,
+}
+
+/// The target id that adds no loss (PyTorch's `ignore_index`).
+pub const IGNORE: u32 = u32::MAX;
+
+impl Batch {
+    /// A language-model batch: inputs and next-token targets.
+    pub fn lm(inputs: Vec<u32>, targets: Vec<u32>) -> Self {
+        Batch {
+            inputs,
+            targets,
+            ..Batch::default()
+        }
+    }
+
+    /// The loss terms of the batch: targets that are not [`IGNORE`].
+    pub fn loss_terms(&self) -> usize {
+        self.targets.iter().filter(|&&x| x != IGNORE).count()
+    }
+
+    /// Sequences `rows` of a batch of `b`.
+    pub fn rows(&self, b: usize, rows: std::ops::Range<usize>) -> Batch {
+        let part = |v: &[u32]| -> Vec<u32> {
+            if v.is_empty() {
+                return Vec::new();
+            }
+            let per = v.len() / b;
+            v[rows.start * per..rows.end * per].to_vec()
+        };
+        Batch {
+            inputs: part(&self.inputs),
+            targets: part(&self.targets),
+            types: part(&self.types),
+            lens: part(&self.lens),
+        }
+    }
 }
 
 impl<'a> DataLoader<'a> {
@@ -168,7 +212,7 @@ impl<'a> DataLoader<'a> {
             targets.extend((off + 1..off + t + 1).map(|i| part.get(i)));
         }
         self.position.batch += 1;
-        Batch { inputs, targets }
+        Batch::lm(inputs, targets)
     }
 }
 

@@ -5,7 +5,7 @@ pub mod loader;
 pub mod shard;
 pub mod tokenizer;
 
-pub use loader::{Batch, DataLoader, LoaderPosition, Part, Split};
+pub use loader::{Batch, DataLoader, LoaderPosition, Part, Split, IGNORE};
 pub use tokenizer::{Tokenizer, TokenizerSpec};
 
 use crate::error::{Error, Result};

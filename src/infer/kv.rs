@@ -3,10 +3,12 @@
 //! than a full forward. Works on a tensor-parallel part of the model too
 //! (each rank caches its own heads; the projections are all-reduced).
 
-use crate::backend::{Backend, Buf, Category, DecodeShape, Src, WeightFormat, WeightLayout};
+use crate::backend::{
+    Activation, Backend, Buf, Category, DecodeShape, Src, WeightFormat, WeightLayout,
+};
 use crate::comm::{device, Comm};
 use crate::error::{Error, Result};
-use crate::model::layout::BlockParam;
+use crate::model::gpt2::BlockParam;
 use crate::model::{GptConfig, ParamLayout, TpPlace};
 
 /// A (tensor-parallel part of a) model ready to decode: its flat parameters
@@ -247,7 +249,7 @@ impl<B: Backend> Decoder<B> {
                 4 * cl,
                 false,
             );
-            be.gelu_forward(self.fch_gelu.d(), self.fch.s());
+            be.activation_forward(self.fch_gelu.d(), self.fch.s(), Activation::GeluTanh);
             if lead {
                 be.copy(self.x.d(), self.res2.s());
             }

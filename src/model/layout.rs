@@ -1,92 +1,11 @@
-//! The flat, block-by-block parameter layout shared by params, grads and
-//! both AdamW moments:
-//! `[wte | wpe] [block 0] ... [block L-1] [ln_f.w ln_f.b]`, each block
-//! `ln1.w ln1.b qkv.w qkv.b attn_proj.w attn_proj.b ln2.w ln2.b fc.w fc.b fc_proj.w fc_proj.b`.
-//! Matmul weights are stored (in, out) as Hugging Face's Conv1D.
+//! The flat parameter layout shared by params, grads and both AdamW
+//! moments, as a model family declares it: units (the embeddings, each
+//! block, the head), each a contiguous run of named tensors with their
+//! shapes, tensor-parallel splits and weight-decay flags, and the tensors a
+//! unit reads from an earlier one (a tied embedding). Strategies, checkpoints
+//! and `plan` work from this description and never name a family.
 
-use super::config::GptConfig;
 use std::ops::Range;
-
-/// The tensors of one transformer block, in layout order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BlockParam {
-    Ln1W,
-    Ln1B,
-    QkvW,
-    QkvB,
-    AttnProjW,
-    AttnProjB,
-    Ln2W,
-    Ln2B,
-    FcW,
-    FcB,
-    FcProjW,
-    FcProjB,
-}
-
-impl BlockParam {
-    pub const ALL: [BlockParam; 12] = [
-        BlockParam::Ln1W,
-        BlockParam::Ln1B,
-        BlockParam::QkvW,
-        BlockParam::QkvB,
-        BlockParam::AttnProjW,
-        BlockParam::AttnProjB,
-        BlockParam::Ln2W,
-        BlockParam::Ln2B,
-        BlockParam::FcW,
-        BlockParam::FcB,
-        BlockParam::FcProjW,
-        BlockParam::FcProjB,
-    ];
-
-    /// Shape for width c on one of `tp` tensor-parallel ranks.
-    pub fn shape(self, c: usize, tp: usize) -> Vec<usize> {
-        use BlockParam::*;
-        let cl = c / tp;
-        match self {
-            Ln1W | Ln1B | Ln2W | Ln2B | AttnProjB | FcProjB => vec![c],
-            QkvW => vec![c, 3 * cl],
-            QkvB => vec![3 * cl],
-            AttnProjW => vec![cl, c],
-            FcW => vec![c, 4 * cl],
-            FcB => vec![4 * cl],
-            FcProjW => vec![4 * cl, c],
-        }
-    }
-
-    /// How Megatron splits it: qkv and fc by columns (qkv per q/k/v group,
-    /// so each rank holds whole heads), the two projections by rows.
-    pub fn tp_split(self) -> TpSplit {
-        use BlockParam::*;
-        match self {
-            QkvW | QkvB => TpSplit::Cols { groups: 3 },
-            FcW | FcB => TpSplit::Cols { groups: 1 },
-            AttnProjW | FcProjW => TpSplit::Rows,
-            _ => TpSplit::Replicated,
-        }
-    }
-
-    /// The Hugging Face name inside `transformer.h.{i}.`.
-    pub fn hf_name(self) -> &'static str {
-        use BlockParam::*;
-        match self {
-            Ln1W => "ln_1.weight",
-            Ln1B => "ln_1.bias",
-            QkvW => "attn.c_attn.weight",
-            QkvB => "attn.c_attn.bias",
-            AttnProjW => "attn.c_proj.weight",
-            AttnProjB => "attn.c_proj.bias",
-            Ln2W => "ln_2.weight",
-            Ln2B => "ln_2.bias",
-            FcW => "mlp.c_fc.weight",
-            FcB => "mlp.c_fc.bias",
-            FcProjW => "mlp.c_proj.weight",
-            FcProjB => "mlp.c_proj.bias",
-        }
-    }
-}
-
 /// How a tensor is divided among tensor-parallel ranks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TpSplit {
@@ -175,75 +94,46 @@ impl TensorSpec {
     }
 }
 
+/// A unit: one forward and one backward call, a contiguous run of tensors.
+#[derive(Clone, Debug)]
+pub struct Unit {
+    /// "embeddings", "block 3", "head".
+    pub name: String,
+    /// Its range of the layout.
+    pub range: Range<usize>,
+    /// Its tensors (indices into `ParamLayout::tensors`).
+    pub tensors: Range<usize>,
+    /// A tensor of an earlier unit this unit also reads and whose gradient
+    /// it accumulates (a tied embedding), as a layout range.
+    pub tied: Option<Tied>,
+}
+
+/// Where a unit's tied tensor lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tied {
+    /// The unit that owns the tensor.
+    pub unit: usize,
+    /// The tensor's range of the layout (inside that unit's range).
+    pub range: Range<usize>,
+}
+
+/// A model's parameters: its tensors in buffer order, grouped into units.
 #[derive(Clone, Debug)]
 pub struct ParamLayout {
     pub tensors: Vec<TensorSpec>,
-    block_len: usize,
-    blocks_start: usize,
-    n_layer: usize,
-    c: usize,
+    pub units: Vec<Unit>,
 }
 
 impl ParamLayout {
-    /// The whole model's layout.
-    pub fn new(cfg: &GptConfig) -> Self {
-        Self::new_tp(cfg, 1)
-    }
-
-    /// The layout of one of `tp` tensor-parallel ranks (`tp` divides n_head).
-    pub fn new_tp(cfg: &GptConfig, tp: usize) -> Self {
-        let c = cfg.n_embd;
-        let mut tensors = Vec::new();
-        let mut offset = 0;
-        let mut push = |name: String, shape: Vec<usize>, full_shape: Vec<usize>, split: TpSplit| {
-            let len: usize = shape.iter().product();
-            let decay = shape.len() == 2;
-            tensors.push(TensorSpec {
-                name,
-                offset,
-                shape,
-                full_shape,
-                split,
-                decay,
-            });
-            offset += len;
-        };
-        let rep = TpSplit::Replicated;
-        push(
-            "transformer.wte.weight".into(),
-            vec![cfg.padded_vocab(), c],
-            vec![cfg.padded_vocab(), c],
-            rep,
-        );
-        push(
-            "transformer.wpe.weight".into(),
-            vec![cfg.block_size, c],
-            vec![cfg.block_size, c],
-            rep,
-        );
-        let blocks_start = (cfg.padded_vocab() + cfg.block_size) * c;
-        for l in 0..cfg.n_layer {
-            for p in BlockParam::ALL {
-                push(
-                    format!("transformer.h.{l}.{}", p.hf_name()),
-                    p.shape(c, tp),
-                    p.shape(c, 1),
-                    p.tp_split(),
-                );
-            }
-        }
-        push("transformer.ln_f.weight".into(), vec![c], vec![c], rep);
-        push("transformer.ln_f.bias".into(), vec![c], vec![c], rep);
-        let block_len = BlockParam::ALL
-            .iter()
-            .map(|p| p.shape(c, tp).iter().product::<usize>())
-            .sum();
-        ParamLayout {
-            tensors,
-            block_len,
-            blocks_start,
-            n_layer: cfg.n_layer,
-            c,
+    /// Declares a layout for one of `tp` tensor-parallel ranks.
+    pub fn builder(tp: usize) -> LayoutBuilder {
+        LayoutBuilder {
+            tp,
+            layout: ParamLayout {
+                tensors: Vec::new(),
+                units: Vec::new(),
+            },
+            offset: 0,
         }
     }
 
@@ -251,49 +141,177 @@ impl ParamLayout {
         self.tensors.last().map_or(0, |t| t.range().end)
     }
 
-    pub fn wte(&self) -> Range<usize> {
-        self.tensors[0].range()
+    /// Unit u's range of the layout.
+    pub fn unit(&self, u: usize) -> Range<usize> {
+        self.units[u].range.clone()
     }
 
-    pub fn wpe(&self) -> Range<usize> {
-        self.tensors[1].range()
+    /// Tensor i of unit u, as a range inside the unit's slice.
+    pub fn in_unit(&self, u: usize, i: usize) -> Range<usize> {
+        let unit = &self.units[u];
+        let r = self.tensors[unit.tensors.start + i].range();
+        r.start - unit.range.start..r.end - unit.range.start
     }
 
-    /// Block l as one contiguous slice (an FSDP unit, a DDP bucket).
+    /// Tensor i of unit u, as a range of the layout.
+    pub fn unit_tensor(&self, u: usize, i: usize) -> Range<usize> {
+        self.tensors[self.units[u].tensors.start + i].range()
+    }
+
+    /// The tensor named `name`.
+    pub fn tensor(&self, name: &str) -> Option<&TensorSpec> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// Block l (unit l + 1) as one contiguous slice: an FSDP unit, a DDP bucket.
     pub fn block(&self, l: usize) -> Range<usize> {
-        let start = self.blocks_start + l * self.block_len;
-        start..start + self.block_len
+        self.unit(1 + l)
     }
 
-    pub fn block_param(&self, l: usize, p: BlockParam) -> Range<usize> {
-        self.tensors[2 + l * BlockParam::ALL.len() + p as usize].range()
-    }
-
-    /// Offsets of p inside its block's slice.
-    pub fn in_block(&self, p: BlockParam) -> Range<usize> {
-        let r = self.block_param(0, p);
-        let start = self.block(0).start;
-        r.start - start..r.end - start
-    }
-
-    /// The embedding unit [wte | wpe] as one range.
+    /// The embedding unit (unit 0).
     pub fn embeddings(&self) -> Range<usize> {
-        self.wte().start..self.wpe().end
+        self.unit(0)
     }
 
-    /// The final layernorm unit [ln_f.w | ln_f.b].
-    pub fn final_norm(&self) -> Range<usize> {
-        self.lnf_w().start..self.lnf_b().end
+    /// The head (the last unit).
+    pub fn head(&self) -> Range<usize> {
+        self.unit(self.units.len() - 1)
+    }
+}
+
+/// Builds a [`ParamLayout`] unit by unit, tensor by tensor.
+pub struct LayoutBuilder {
+    tp: usize,
+    layout: ParamLayout,
+    offset: usize,
+}
+
+impl LayoutBuilder {
+    /// Starts the next unit.
+    pub fn unit(&mut self, name: impl Into<String>) -> &mut Self {
+        let (at, n) = (self.offset, self.layout.tensors.len());
+        self.layout.units.push(Unit {
+            name: name.into(),
+            range: at..at,
+            tensors: n..n,
+            tied: None,
+        });
+        self
     }
 
-    pub fn lnf_w(&self) -> Range<usize> {
-        self.tensors[2 + self.n_layer * BlockParam::ALL.len()].range()
+    /// Adds a tensor of whole shape `full_shape` to the current unit; this
+    /// rank holds the part `split` gives it. 2-D tensors are decayed.
+    pub fn tensor(
+        &mut self,
+        name: impl Into<String>,
+        full_shape: &[usize],
+        split: TpSplit,
+    ) -> &mut Self {
+        let mut shape = full_shape.to_vec();
+        match split {
+            TpSplit::Replicated => {}
+            TpSplit::Cols { .. } => *shape.last_mut().expect("non-scalar") /= self.tp,
+            TpSplit::Rows => shape[0] /= self.tp,
+        }
+        let len: usize = shape.iter().product();
+        self.layout.tensors.push(TensorSpec {
+            name: name.into(),
+            offset: self.offset,
+            decay: full_shape.len() == 2,
+            shape,
+            full_shape: full_shape.to_vec(),
+            split,
+        });
+        self.offset += len;
+        let unit = self
+            .layout
+            .units
+            .last_mut()
+            .expect("unit() before tensor()");
+        unit.range.end = self.offset;
+        unit.tensors.end = self.layout.tensors.len();
+        self
     }
 
-    pub fn lnf_b(&self) -> Range<usize> {
-        let r = self.lnf_w();
-        r.end..r.end + self.c
+    /// The current unit also reads the earlier tensor `name` (and
+    /// accumulates its gradient).
+    pub fn tie(&mut self, name: &str) -> &mut Self {
+        let range = self
+            .layout
+            .tensor(name)
+            .expect("tie to a declared tensor")
+            .range();
+        let unit = self
+            .layout
+            .units
+            .iter()
+            .position(|u| u.range.contains(&range.start))
+            .expect("a declared tensor is in a unit");
+        self.layout
+            .units
+            .last_mut()
+            .expect("unit() before tie()")
+            .tied = Some(Tied { unit, range });
+        self
     }
+
+    pub fn build(&mut self) -> ParamLayout {
+        std::mem::replace(
+            &mut self.layout,
+            ParamLayout {
+                tensors: Vec::new(),
+                units: Vec::new(),
+            },
+        )
+    }
+}
+
+/// Copies tensor-parallel rank `tp`'s part of a whole-model buffer into
+/// `out` (laid out as `local`).
+pub fn shard_tp(
+    full: &[f32],
+    whole: &ParamLayout,
+    local: &ParamLayout,
+    tp: TpPlace,
+    out: &mut [f32],
+) {
+    for (w, l) in whole.tensors.iter().zip(&local.tensors) {
+        let part = w
+            .split
+            .shard(&full[w.range()], &w.full_shape, tp.size, tp.rank);
+        out[l.range()].copy_from_slice(&part);
+    }
+}
+
+/// Writes rank `tp`'s part (laid out as `local`) back into a whole-model buffer.
+pub fn unshard_tp(
+    local_buf: &[f32],
+    whole: &ParamLayout,
+    local: &ParamLayout,
+    tp: TpPlace,
+    full: &mut [f32],
+) {
+    for (w, l) in whole.tensors.iter().zip(&local.tensors) {
+        w.split.unshard(
+            &mut full[w.range()],
+            &local_buf[l.range()],
+            &w.full_shape,
+            tp.size,
+            tp.rank,
+        );
+    }
+}
+
+/// Tensor-parallel placement of this rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TpPlace {
+    pub rank: usize,
+    pub size: usize,
+}
+
+impl TpPlace {
+    /// No tensor parallelism.
+    pub const NONE: TpPlace = TpPlace { rank: 0, size: 1 };
 }
 
 /// Two disjoint mutable slices of one buffer; `a` must end before `b` starts.
@@ -308,39 +326,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn layout_is_contiguous_block_by_block() {
-        let cfg = GptConfig::preset("tiny").unwrap();
-        let lay = ParamLayout::new(&cfg);
-        assert_eq!(lay.total(), cfg.num_params());
-        let mut end = 0;
-        for t in &lay.tensors {
-            assert_eq!(t.offset, end, "{}", t.name);
-            end = t.range().end;
-        }
-        assert_eq!(
-            lay.block(0).start,
-            lay.block_param(0, BlockParam::Ln1W).start
-        );
-        assert_eq!(lay.block(1).end, lay.lnf_w().start);
-        assert_eq!(
-            lay.block_param(1, BlockParam::FcProjB).end,
-            lay.block(1).end
-        );
-        assert_eq!(lay.lnf_b().end, lay.total());
-    }
-
-    #[test]
     fn tp_shards_cover_each_tensor_exactly_once() {
-        let cfg = GptConfig::preset("tiny").unwrap();
-        let full = ParamLayout::new(&cfg);
-        let tp = 2;
+        let declare = |tp| {
+            ParamLayout::builder(tp)
+                .unit("a")
+                .tensor("w", &[4, 6], TpSplit::Cols { groups: 3 })
+                .tensor("b", &[6], TpSplit::Cols { groups: 3 })
+                .unit("b")
+                .tensor("proj", &[6, 4], TpSplit::Rows)
+                .tensor("n", &[4], TpSplit::Replicated)
+                .tie("w")
+                .build()
+        };
+        let (full, tp) = (declare(1), 2);
+        assert_eq!(
+            full.units[1].tied,
+            Some(Tied {
+                unit: 0,
+                range: 0..24
+            })
+        );
+        assert_eq!((full.unit(1), full.in_unit(1, 1)), (30..58, 24..28));
         for spec in &full.tensors {
             let data: Vec<f32> = (0..spec.range().len()).map(|i| i as f32).collect();
             let mut back = vec![-1.0; data.len()];
             for r in 0..tp {
                 let part = spec.split.shard(&data, &spec.full_shape, tp, r);
-                let local = ParamLayout::new_tp(&cfg, tp);
-                let lspec = local.tensors.iter().find(|t| t.name == spec.name).unwrap();
+                let local = declare(tp);
+                let lspec = local.tensor(&spec.name).unwrap();
                 assert_eq!(part.len(), lspec.range().len(), "{}", spec.name);
                 spec.split
                     .unshard(&mut back, &part, &spec.full_shape, tp, r);

@@ -1,12 +1,17 @@
-//! GPT-2 family models: configuration presets, the flat parameter layout,
-//! the forward/backward driver and the AdamW state that mirrors the layout.
+//! Model families and what they share: the flat parameter layout a family
+//! declares (`layout`), the unit-by-unit seam strategies drive (`unit`),
+//! the AdamW state that mirrors the layout, and the families (`gpt2`).
 
 pub mod adamw;
 pub mod config;
+pub mod family;
 pub mod gpt2;
 pub mod layout;
+pub mod unit;
 
 pub use adamw::{AdamW, AdamWConfig, Segment};
 pub use config::GptConfig;
-pub use gpt2::{Engine, Gpt2, Precision, TpPlace};
-pub use layout::ParamLayout;
+pub use family::ModelConfig;
+pub use gpt2::{Engine, Gpt2, Precision};
+pub use layout::{ParamLayout, TpPlace};
+pub use unit::{UnitGrads, UnitModel, UnitParams, Whole};

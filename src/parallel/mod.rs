@@ -3,8 +3,12 @@
 //!
 //! - `replicated`: single, ddp, zero1, tp and the dp x tp mesh (full or
 //!   tensor-parallel replicas per data-parallel rank).
-//! - `sharded`: zero2 and fsdp (ZeRO-3), which shard each unit
-//!   ([wte | wpe], every block, [ln_f]) across the data-parallel ranks.
+//! - `sharded`: zero2 and fsdp (ZeRO-3), which shard each unit the model
+//!   declares (embeddings, every block, the head) across the data-parallel
+//!   ranks.
+//!
+//! Strategies know a model only through `model::UnitModel` and the
+//! `ParamLayout` it declares: no family is named here.
 
 pub mod launch;
 mod replicated;
@@ -19,7 +23,7 @@ use crate::backend::{Backend, MemoryReport};
 use crate::comm::{Comm, CommStats};
 use crate::data::Batch;
 use crate::error::{Error, Result};
-use crate::model::{AdamWConfig, Engine, GptConfig, Precision, TpPlace};
+use crate::model::{AdamWConfig, ModelConfig, Precision, TpPlace};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -66,7 +70,7 @@ pub struct ParallelConfig {
 
 impl ParallelConfig {
     /// Refuses impossible combinations before any work, saying what to change.
-    pub fn validate(&self, model: &GptConfig, global_batch: usize) -> Result<()> {
+    pub fn validate(&self, model: &ModelConfig, global_batch: usize) -> Result<()> {
         let (w, tp) = (self.world_size, self.tp);
         let bad = |m: String| Err(Error::Config(m));
         if w == 0 || tp == 0 {
@@ -86,10 +90,10 @@ impl ParallelConfig {
                 self.strategy
             ));
         }
-        if !model.n_head.is_multiple_of(tp) {
+        let n_head = model.n_head();
+        if !n_head.is_multiple_of(tp) {
             return bad(format!(
-                "n_head ({}) is not divisible by the tensor-parallel size {tp}: choose --tp among the divisors of n_head",
-                model.n_head
+                "n_head ({n_head}) is not divisible by the tensor-parallel size {tp}: choose --tp among the divisors of n_head"
             ));
         }
         let dp = w / tp;
@@ -196,12 +200,9 @@ fn check_finite(loss: f32, grad_norm: f32) -> Result<()> {
 }
 
 /// Rows of the global batch that data-parallel rank `r` of `n` trains on.
-fn local_rows(batch: &Batch, b: usize, t: usize, r: usize, n: usize) -> Batch {
-    let per = b / n * t;
-    Batch {
-        inputs: batch.inputs[r * per..(r + 1) * per].to_vec(),
-        targets: batch.targets[r * per..(r + 1) * per].to_vec(),
-    }
+fn local_rows(batch: &Batch, b: usize, r: usize, n: usize) -> Batch {
+    let per = b / n;
+    batch.rows(b, r * per..(r + 1) * per)
 }
 
 /// Builds this rank's strategy over `world` (collective: it splits the world
@@ -209,14 +210,14 @@ fn local_rows(batch: &Batch, b: usize, t: usize, r: usize, n: usize) -> Batch {
 #[allow(clippy::too_many_arguments)]
 pub fn build<B: Backend + 'static>(
     backend: B,
-    model: GptConfig,
+    model: impl Into<ModelConfig>,
     par: ParallelConfig,
     world: &dyn Comm,
     adamw: AdamWConfig,
     b: usize,
     t: usize,
 ) -> Result<Box<dyn Strategy>> {
-    let par = par.resolved();
+    let (model, par) = (model.into(), par.resolved());
     par.validate(&model, b)?;
     if world.size() != par.world_size {
         return Err(Error::Config(format!(
@@ -237,8 +238,7 @@ pub fn build<B: Backend + 'static>(
         rank: rank % tp,
         size: tp,
     };
-    let mut engine = Engine::new(backend, model, place, par.recompute)?;
-    engine.set_precision(par.precision);
+    let engine = model.engine(backend, place, par.recompute, par.precision)?;
     Ok(match par.strategy {
         StrategyKind::Single | StrategyKind::Ddp | StrategyKind::Tp => Box::new(Replicated::new(
             engine, dp_comm, tp_comm, false, adamw, b, t,

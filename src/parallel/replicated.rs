@@ -11,12 +11,11 @@ use crate::backend::{Backend, Buf, Category, MemoryReport, Src};
 use crate::comm::{device, Comm, CommStats};
 use crate::data::Batch;
 use crate::error::Result;
-use crate::model::gpt2::{shard_tp, unshard_tp};
-use crate::model::layout::TpSplit;
-use crate::model::{AdamW, AdamWConfig, Engine, Gpt2, ParamLayout, Segment};
+use crate::model::layout::{shard_tp, unshard_tp, TpSplit};
+use crate::model::{AdamW, AdamWConfig, Segment, TpPlace, UnitModel, Whole};
 
 pub struct Replicated<B: Backend> {
-    model: Gpt2<B>,
+    model: Whole<B, Box<dyn UnitModel<B>>>,
     opt: AdamW<B>,
     dp: Box<dyn Comm>,
     tp: Option<Box<dyn Comm>>,
@@ -28,7 +27,7 @@ pub struct Replicated<B: Backend> {
 
 impl<B: Backend> Replicated<B> {
     pub fn new(
-        engine: Engine<B>,
+        engine: Box<dyn UnitModel<B>>,
         dp: Box<dyn Comm>,
         tp: Option<Box<dyn Comm>>,
         zero1: bool,
@@ -36,17 +35,17 @@ impl<B: Backend> Replicated<B> {
         b: usize,
         t: usize,
     ) -> Result<Self> {
-        let model = Gpt2::with_engine(engine)?;
+        let model = Whole::with_engine(engine)?;
         let zero1 = match zero1 {
             true => Some(Zero1::new(
                 model.backend(),
-                Units::new(&model.layout, model.config.n_layer, dp.size()),
+                Units::new(model.layout(), dp.size()),
             )?),
             false => None,
         };
         let opt_len = zero1
             .as_ref()
-            .map_or(model.layout.total(), |z| z.units.shard_total());
+            .map_or(model.layout().total(), |z| z.units.shard_total());
         let opt = AdamW::new(model.backend(), opt_len, adamw)?;
         Ok(Replicated {
             model,
@@ -66,7 +65,12 @@ impl<B: Backend> Replicated<B> {
     /// Forward + backward of one local micro-batch; when `sync`, each
     /// unit's gradient is all-reduced over the data-parallel group (zero1:
     /// reduce-scattered into this rank's shard).
-    fn forward_backward(&mut self, mb: &Batch, loss_scale: f32, sync: bool) -> Result<f32> {
+    fn forward_backward(
+        &mut self,
+        mb: &Batch,
+        (loss_terms, loss_scale): (f32, f32),
+        sync: bool,
+    ) -> Result<f32> {
         let Replicated {
             model,
             dp,
@@ -78,15 +82,10 @@ impl<B: Backend> Replicated<B> {
         } = self;
         let (n, tp) = (dp.size(), tp.as_deref());
         let loss = model
-            .forward_tp(&mb.inputs, Some(&mb.targets), *b / n, *t, tp)?
+            .run_forward(mb, (*b / n, *t), loss_terms, tp)?
             .expect("targets given");
-        // The backward finishes the units last to first.
-        let mut unit = zero1.as_ref().map_or(0, |z| z.units.ranges.len());
-        model.backward_tp(loss_scale, tp, |be, g| match zero1 {
-            Some(z) if sync => {
-                unit -= 1;
-                z.reduce(dp.as_ref(), be, unit, g.into_src())
-            }
+        model.run_backward(loss_scale, tp, |be, unit, g| match zero1 {
+            Some(z) if sync => z.reduce(dp.as_ref(), be, unit, g.into_src()),
             None if sync && n > 1 => device::all_reduce(dp.as_ref(), be, g),
             _ => Ok(()),
         })?;
@@ -104,7 +103,7 @@ impl<B: Backend> Replicated<B> {
             return Ok(sq[0].sqrt() as f32);
         }
         let (mut split, mut rep) = (0.0f64, 0.0f64);
-        for t in &self.model.layout.tensors {
+        for t in &self.model.layout().tensors {
             let sq = be.sum_squares(self.model.grads.slice(t.range()))?;
             if t.split == TpSplit::Replicated {
                 rep += sq;
@@ -121,12 +120,12 @@ impl<B: Backend> Replicated<B> {
     }
 
     fn update(&mut self, lr: f32, scale: f32) -> Result<()> {
-        let Gpt2 {
+        let Whole {
             engine,
             params,
             grads,
         } = &mut self.model;
-        let (be, lay) = (&engine.backend, &engine.layout);
+        let (be, lay) = (engine.backend(), engine.layout());
         let Some(Zero1 { units, g_shard, .. }) = &self.zero1 else {
             self.opt.update(
                 be,
@@ -205,8 +204,10 @@ impl<B: Backend> Strategy for Replicated<B> {
         let scale = 1.0 / (micro_batches.len() * n) as f32;
         let mut loss = [0.0f32];
         for (i, mb) in micro_batches.iter().enumerate() {
-            let local = local_rows(mb, self.b, self.t, r, n);
-            loss[0] += self.forward_backward(&local, scale, i + 1 == micro_batches.len())?;
+            let local = local_rows(mb, self.b, r, n);
+            let terms = mb.loss_terms() as f32 / n as f32;
+            loss[0] +=
+                self.forward_backward(&local, (terms, scale), i + 1 == micro_batches.len())?;
         }
         self.dp.all_reduce(&mut loss)?;
         let grad_norm = self.grad_norm()?;
@@ -226,18 +227,18 @@ impl<B: Backend> Strategy for Replicated<B> {
 
     fn eval_loss(&mut self, batch: &Batch) -> Result<f32> {
         let (r, n) = (self.dp.rank(), self.dp.size());
-        let local = local_rows(batch, self.b, self.t, r, n);
+        let local = local_rows(batch, self.b, r, n);
         let tp = self.tp.as_deref();
+        let terms = batch.loss_terms() as f32 / n as f32;
         let mut loss = [self
             .model
-            .forward_tp(&local.inputs, Some(&local.targets), self.b / n, self.t, tp)?
+            .run_forward(&local, (self.b / n, self.t), terms, tp)?
             .expect("targets")];
         self.dp.all_reduce(&mut loss)?;
         Ok(loss[0] / n as f32)
     }
 
     fn full_params(&mut self) -> Result<Vec<f32>> {
-        let whole = ParamLayout::new(&self.model.config);
         let local = self.model.params_host()?;
         let Some(tp) = self.tp_ref() else {
             return Ok(local);
@@ -245,16 +246,17 @@ impl<B: Backend> Strategy for Replicated<B> {
         let local_len = local.len();
         let mut all = vec![0.0; local_len * tp.size()];
         tp.all_gather(&local, &mut all)?;
+        let whole = self.model.whole_layout();
         let mut full = vec![0.0; whole.total()];
         for r in 0..tp.size() {
-            let place = crate::model::TpPlace {
+            let place = TpPlace {
                 rank: r,
                 size: tp.size(),
             };
             unshard_tp(
                 &all[r * local_len..(r + 1) * local_len],
-                &whole,
-                &self.model.layout,
+                whole,
+                self.model.layout(),
                 place,
                 &mut full,
             );
@@ -289,9 +291,9 @@ impl<B: Backend> Strategy for Replicated<B> {
         if self.dp.rank() != 0 {
             return Ok(st);
         }
-        let whole = ParamLayout::new(&self.model.config);
-        let tp = self.model.tp;
-        for (w, l) in whole.tensors.iter().zip(&self.model.layout.tensors) {
+        let tp = self.model.tp();
+        let whole = self.model.whole_layout();
+        for (w, l) in whole.tensors.iter().zip(&self.model.layout().tensors) {
             // A replicated tensor is written once, by tp rank 0: every value
             // of a checkpoint has exactly one owner.
             if w.split == TpSplit::Replicated && tp.rank != 0 {
@@ -308,15 +310,15 @@ impl<B: Backend> Strategy for Replicated<B> {
 
     fn load_state(&mut self, params: &[f32], m: &[f32], v: &[f32], adam_step: u32) -> Result<()> {
         self.load_full(params)?;
-        let whole = ParamLayout::new(&self.model.config);
         let r = self.dp.rank();
-        let be = self.model.backend();
+        let e = &self.model.engine;
+        let be = e.backend();
         for (full, mine) in [(m, &mut self.opt.m), (v, &mut self.opt.v)] {
             let local = match &self.zero1 {
                 Some(z) => z.units.shard_of_host(full, r),
                 None => {
-                    let mut local = vec![0.0; self.model.layout.total()];
-                    shard_tp(full, &whole, &self.model.layout, self.model.tp, &mut local);
+                    let mut local = vec![0.0; e.layout().total()];
+                    shard_tp(full, e.whole_layout(), e.layout(), e.tp(), &mut local);
                     local
                 }
             };

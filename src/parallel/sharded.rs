@@ -1,27 +1,29 @@
 //! zero2 and fsdp (ZeRO-3, FULL_SHARD). Rank r owns slice r of every unit
-//! ([wte | wpe], each block, [ln_f]) of the gradients and AdamW moments, and
-//! under fsdp of the parameters too: each block is all-gathered right
-//! before its forward and again before its backward, and its gradient is
-//! reduce-scattered as soon as the unit's backward is done. [wte | wpe] is
-//! gathered once per forward and kept until the head's backward (the tied
-//! `wte` serves the embedding and the LM head), as FSDP's root unit keeps
-//! them. Gathered parameters count as params ([wte | wpe], one block and
-//! [ln_f]); the one-unit gradient scratch counts as `other`.
+//! the model declares (its embeddings, each block, its head) of the
+//! gradients and AdamW moments, and under fsdp of the parameters too: each
+//! unit is all-gathered right before its forward and, unless it is still
+//! gathered, again before its backward; its gradient is reduce-scattered as
+//! soon as the unit's backward is done. A unit whose tensor a later unit
+//! ties (GPT-2's and BERT's word embeddings, read again by the head) has a
+//! gather buffer of its own and stays gathered from its forward to its
+//! backward, as FSDP's root unit does: it is gathered once per forward.
+//! Gathered parameters count as params; the gradient scratch as `other`.
 
 use super::{check_finite, local_rows, OwnedState, StepConfig, StepStats, Strategy, Units};
-use crate::backend::{Backend, Buf, Category, MemoryReport, Src};
+use crate::backend::{Backend, Buf, Category, Dst, MemoryReport, Src};
 use crate::comm::{device, Comm, CommStats};
 use crate::data::Batch;
 use crate::error::Result;
-use crate::model::{AdamW, AdamWConfig, Engine};
+use crate::model::{AdamW, AdamWConfig, UnitGrads, UnitModel, UnitParams};
 
 pub struct Sharded<B: Backend> {
-    engine: Engine<B>,
+    engine: Box<dyn UnitModel<B>>,
     units: Units,
     params: Params<B>,
     g_shard: Buf<B>,
     opt: AdamW<B>,
-    /// One unit's full gradient before it is reduce-scattered, and ln_f's.
+    /// A unit's full gradient before it is reduce-scattered ([BODY]), and
+    /// the last unit's while a tied tensor's gradient is in [BODY] ([HEAD]).
     grad_unit: [Buf<B>; 2],
     rs_out: Buf<B>,
     dp: Box<dyn Comm>,
@@ -29,63 +31,87 @@ pub struct Sharded<B: Backend> {
     t: usize,
 }
 
-/// fsdp's gather slots.
-const BLOCK: usize = 0;
-const LNF: usize = 1;
-const EMB: usize = 2;
+/// Gradient scratch slots.
+const BODY: usize = 0;
+const HEAD: usize = 1;
 
 /// Where the parameters live.
 enum Params<B: Backend> {
     /// zero2: whole on every rank.
     Whole(Buf<B>),
-    /// fsdp: this rank's shard, and a gather buffer per kind of unit:
-    /// [BLOCK], [LNF], [EMB].
+    /// fsdp: this rank's shard, gather buffers (slot 0 for units no later
+    /// unit ties to, then one per tied-to unit), and which unit each holds.
     Sharded {
         shard: Buf<B>,
-        gathered: [Buf<B>; 3],
+        gathered: Vec<Buf<B>>,
+        slot_of: Vec<usize>,
+        held: Vec<Option<usize>>,
     },
 }
 
 impl<B: Backend> Params<B> {
-    /// Unit u's parameters: from the whole buffer (zero2) or gather slot `slot` (fsdp).
-    fn unit(&self, units: &Units, u: usize, slot: usize) -> Src<'_, B> {
+    /// Unit u's parameters: from the whole buffer (zero2) or its gather slot (fsdp).
+    fn unit(&self, units: &Units, u: usize) -> Src<'_, B> {
         match self {
             Params::Whole(p) => p.slice(units.ranges[u].clone()),
-            Params::Sharded { gathered, .. } => gathered[slot].slice(0..units.ranges[u].len()),
+            Params::Sharded {
+                gathered, slot_of, ..
+            } => gathered[slot_of[u]].slice(0..units.ranges[u].len()),
+        }
+    }
+
+    /// Unit u's own parameters and its tied tensor's.
+    fn of(&self, units: &Units, lay: &crate::model::ParamLayout, u: usize) -> UnitParams<'_, B> {
+        UnitParams {
+            own: self.unit(units, u),
+            tied: lay.units[u].tied.as_ref().map(|t| {
+                let at = t.range.start - units.ranges[t.unit].start;
+                self.unit(units, t.unit).slice(at..at + t.range.len())
+            }),
+        }
+    }
+
+    /// Forgets what the gather buffers hold (the parameters changed).
+    fn forget(&mut self) {
+        if let Params::Sharded { held, .. } = self {
+            held.iter_mut().for_each(|h| *h = None);
         }
     }
 }
 
 impl<B: Backend> Sharded<B> {
     pub fn new(
-        engine: Engine<B>,
+        engine: Box<dyn UnitModel<B>>,
         dp: Box<dyn Comm>,
         fsdp: bool,
         adamw: AdamWConfig,
         b: usize,
         t: usize,
     ) -> Result<Self> {
-        let units = Units::new(&engine.layout, engine.config.n_layer, dp.size());
-        let be = &engine.backend;
-        let lnf_padded = units.shard_len[units.final_norm()] * units.n;
+        let lay = engine.layout();
+        let units = Units::new(lay, dp.size());
+        let be = engine.backend();
+        let last = units.ranges.len() - 1;
         let params = if fsdp {
+            let (slot_of, sizes) = units.gather_slots(lay);
             Params::Sharded {
                 shard: be.alloc(units.shard_total(), Category::Params)?,
-                gathered: [
-                    be.alloc(units.max_block_padded(), Category::Params)?,
-                    be.alloc(lnf_padded, Category::Params)?,
-                    be.alloc(units.padded(units.embeddings()), Category::Params)?,
-                ],
+                gathered: sizes
+                    .iter()
+                    .map(|&n| be.alloc(n, Category::Params))
+                    .collect::<Result<_>>()?,
+                held: vec![None; sizes.len()],
+                slot_of,
             }
         } else {
-            Params::Whole(be.alloc(engine.layout.total(), Category::Params)?)
+            Params::Whole(be.alloc(lay.total(), Category::Params)?)
         };
         Ok(Sharded {
             g_shard: be.alloc(units.shard_total(), Category::Grads)?,
             opt: AdamW::new(be, units.shard_total(), adamw)?,
             grad_unit: [
                 be.alloc(units.max_padded(), Category::Other)?,
-                be.alloc(lnf_padded, Category::Other)?,
+                be.alloc(units.padded(last), Category::Other)?,
             ],
             rs_out: be.alloc(
                 units.shard_len.iter().copied().max().unwrap_or(0),
@@ -100,16 +126,27 @@ impl<B: Backend> Sharded<B> {
         })
     }
 
-    /// fsdp: all-gathers unit u into gather slot `slot`.
-    fn fetch(&mut self, u: usize, slot: usize) -> Result<()> {
-        if let Params::Sharded { shard, gathered } = &mut self.params {
-            let n = self.units.shard_len[u] * self.units.n;
+    /// fsdp: all-gathers unit u into its slot, unless the slot holds it already.
+    fn fetch(&mut self, u: usize) -> Result<()> {
+        if let Params::Sharded {
+            shard,
+            gathered,
+            slot_of,
+            held,
+        } = &mut self.params
+        {
+            let slot = slot_of[u];
+            if held[slot] == Some(u) {
+                return Ok(());
+            }
+            let n = self.units.padded(u);
             device::all_gather(
                 self.dp.as_ref(),
-                &self.engine.backend,
+                self.engine.backend(),
                 shard.slice(self.units.shard_of(u)),
                 gathered[slot].slice_mut(0..n),
             )?;
+            held[slot] = Some(u);
         }
         Ok(())
     }
@@ -117,7 +154,7 @@ impl<B: Backend> Sharded<B> {
     /// Reduce-scatters unit u's gradient from scratch `slot` and adds this rank's part to its shard.
     fn reduce(&mut self, u: usize, slot: usize) -> Result<()> {
         let s = self.units.shard_len[u];
-        let be = &self.engine.backend;
+        let be = self.engine.backend();
         device::reduce_scatter(
             self.dp.as_ref(),
             be,
@@ -132,90 +169,82 @@ impl<B: Backend> Sharded<B> {
     }
 
     fn clear_grad(&mut self, u: usize, slot: usize) {
-        let n = self.units.shard_len[u] * self.units.n;
+        let n = self.units.padded(u);
         self.engine
-            .backend
+            .backend()
             .fill(self.grad_unit[slot].slice_mut(0..n), 0.0);
     }
 
-    fn forward(&mut self, mb: &Batch) -> Result<f32> {
-        let (emb, lnf) = (self.units.embeddings(), self.units.final_norm());
-        self.engine.begin(
-            &mb.inputs,
-            Some(&mb.targets),
-            self.b / self.dp.size(),
-            self.t,
-        )?;
-        self.fetch(emb, EMB)?;
-        self.engine
-            .embed_forward(self.params.unit(&self.units, emb, EMB));
-        for l in 0..self.engine.config.n_layer {
-            let u = self.units.block(l);
-            self.fetch(u, BLOCK)?;
-            self.engine
-                .block_forward(l, self.params.unit(&self.units, u, BLOCK), None)?;
+    fn forward(&mut self, mb: &Batch, loss_terms: f32) -> Result<f32> {
+        let b = self.b / self.dp.size();
+        self.engine.begin(mb, b, self.t, loss_terms)?;
+        // Each forward gathers afresh.
+        self.params.forget();
+        let mut loss = None;
+        for u in 0..self.units.ranges.len() {
+            self.fetch(u)?;
+            if let Some(tied) = &self.engine.layout().units[u].tied {
+                self.fetch(tied.unit)?;
+            }
+            let p = self.params.of(&self.units, self.engine.layout(), u);
+            loss = self.engine.forward(u, p, None)?;
         }
-        self.fetch(lnf, LNF)?;
-        let wte_len = self.engine.layout.wte().len();
-        let wte = self.params.unit(&self.units, emb, EMB).first(wte_len);
-        let loss = self
-            .engine
-            .head_forward(wte, self.params.unit(&self.units, lnf, LNF))?;
         Ok(loss.expect("targets given"))
     }
 
-    /// Backward right after `forward` (the head's units are still gathered).
+    /// Backward right after `forward`: units that are still gathered (the
+    /// last one, tied-to ones) are not gathered again.
     fn backward(&mut self, loss_scale: f32) -> Result<()> {
-        let (emb, lnf) = (self.units.embeddings(), self.units.final_norm());
-        let wte_len = self.engine.layout.wte().len();
-        self.clear_grad(emb, 0);
-        self.clear_grad(lnf, 1);
-        {
-            let wte = self.params.unit(&self.units, emb, EMB).first(wte_len);
-            let lnf_p = self.params.unit(&self.units, lnf, LNF);
-            let [g0, g1] = &mut self.grad_unit;
-            let lnf_len = self.units.ranges[lnf].len();
-            self.engine.head_backward(
-                wte,
-                lnf_p,
-                g0.slice_mut(0..wte_len),
-                g1.slice_mut(0..lnf_len),
-                loss_scale,
-            )?;
+        let last = self.units.ranges.len() - 1;
+        for u in (0..=last).rev() {
+            self.fetch(u)?;
+            let tied = self.engine.layout().units[u].tied.clone();
+            // With a tied tensor the body slot takes its unit's gradient.
+            let slot = if tied.is_some() { HEAD } else { BODY };
+            self.clear_grad(u, slot);
+            if let Some(t) = &tied {
+                self.fetch(t.unit)?;
+                self.clear_grad(t.unit, BODY);
+            }
+            {
+                let p = self.params.of(&self.units, self.engine.layout(), u);
+                let [body, head] = &mut self.grad_unit;
+                let own_len = self.units.ranges[u].len();
+                let (own, tied_g): (Dst<'_, B>, _) = match &tied {
+                    Some(t) => {
+                        let at = t.range.start - self.units.ranges[t.unit].start;
+                        (
+                            head.slice_mut(0..own_len),
+                            Some(body.slice_mut(at..at + t.range.len())),
+                        )
+                    }
+                    None => (body.slice_mut(0..own_len), None),
+                };
+                let g = UnitGrads { own, tied: tied_g };
+                self.engine.backward(u, p, g, None, loss_scale)?;
+            }
+            self.reduce(u, slot)?;
+            if let Some(t) = &tied {
+                self.reduce(t.unit, BODY)?;
+            }
         }
-        self.reduce(emb, 0)?;
-        self.reduce(lnf, 1)?;
-        for l in (0..self.engine.config.n_layer).rev() {
-            let u = self.units.block(l);
-            self.fetch(u, BLOCK)?;
-            self.clear_grad(u, 0);
-            let len = self.units.ranges[u].len();
-            let p = self.params.unit(&self.units, u, BLOCK);
-            self.engine
-                .block_backward(l, p, self.grad_unit[0].slice_mut(0..len), None)?;
-            self.reduce(u, 0)?;
-        }
-        self.clear_grad(emb, 0);
-        let emb_len = self.units.ranges[emb].len();
-        self.engine
-            .embed_backward(self.grad_unit[0].slice_mut(0..emb_len));
-        self.reduce(emb, 0)
+        Ok(())
     }
 }
 
 impl<B: Backend> Strategy for Sharded<B> {
     fn step(&mut self, micro_batches: &[Batch], cfg: StepConfig) -> Result<StepStats> {
         let (r, n) = (self.dp.rank(), self.dp.size());
-        self.engine.backend.fill(self.g_shard.d(), 0.0);
+        self.engine.backend().fill(self.g_shard.d(), 0.0);
         let scale = 1.0 / (micro_batches.len() * n) as f32;
         let mut loss = [0.0f32];
         for mb in micro_batches {
-            let local = local_rows(mb, self.b, self.t, r, n);
-            loss[0] += self.forward(&local)?;
+            let local = local_rows(mb, self.b, r, n);
+            loss[0] += self.forward(&local, mb.loss_terms() as f32 / n as f32)?;
             self.backward(scale)?;
         }
         self.dp.all_reduce(&mut loss)?;
-        let be = &self.engine.backend;
+        let be = self.engine.backend();
         let mut sq = [be.sum_squares(self.g_shard.s())? as f32];
         self.dp.all_reduce(&mut sq)?;
         let grad_norm = sq[0].sqrt();
@@ -226,7 +255,7 @@ impl<B: Backend> Strategy for Sharded<B> {
             1.0
         };
         let segs = self.units.segments(r);
-        let lay = &self.engine.layout;
+        let lay = self.engine.layout();
         match &mut self.params {
             Params::Sharded { shard, .. } => {
                 self.opt
@@ -250,7 +279,8 @@ impl<B: Backend> Strategy for Sharded<B> {
                 }
             }
         }
-        self.engine.backend.synchronize()?;
+        self.params.forget();
+        be.synchronize()?;
         Ok(StepStats {
             loss: loss[0] / (n * micro_batches.len()) as f32,
             grad_norm,
@@ -259,29 +289,30 @@ impl<B: Backend> Strategy for Sharded<B> {
 
     fn eval_loss(&mut self, batch: &Batch) -> Result<f32> {
         let n = self.dp.size();
-        let local = local_rows(batch, self.b, self.t, self.dp.rank(), n);
-        let mut loss = [self.forward(&local)?];
+        let local = local_rows(batch, self.b, self.dp.rank(), n);
+        let mut loss = [self.forward(&local, batch.loss_terms() as f32 / n as f32)?];
         self.dp.all_reduce(&mut loss)?;
         Ok(loss[0] / n as f32)
     }
 
     fn full_params(&mut self) -> Result<Vec<f32>> {
         if let Params::Whole(full) = &self.params {
-            return self.engine.backend.to_host(full.s());
+            return self.engine.backend().to_host(full.s());
         }
-        let mut out = vec![0.0; self.engine.layout.total()];
+        let mut out = vec![0.0; self.engine.layout().total()];
         for u in 0..self.units.ranges.len() {
-            self.fetch(u, 0)?;
+            self.fetch(u)?;
             let range = self.units.ranges[u].clone();
             self.engine
-                .backend
-                .download(self.params.unit(&self.units, u, 0), &mut out[range])?;
+                .backend()
+                .download(self.params.unit(&self.units, u), &mut out[range])?;
         }
         Ok(out)
     }
 
     fn load_full(&mut self, full: &[f32]) -> Result<()> {
-        let be = &self.engine.backend;
+        self.params.forget();
+        let be = self.engine.backend();
         match &mut self.params {
             Params::Whole(p) => be.upload(p.d(), full),
             Params::Sharded { shard, .. } => {
@@ -291,7 +322,7 @@ impl<B: Backend> Strategy for Sharded<B> {
     }
 
     fn owned_state(&self) -> Result<OwnedState> {
-        let be = &self.engine.backend;
+        let be = self.engine.backend();
         let mut st = OwnedState::default();
         let (m, v) = (be.read(self.opt.m.s())?, be.read(self.opt.v.s())?);
         let (p, whole) = match &self.params {
@@ -308,7 +339,7 @@ impl<B: Backend> Strategy for Sharded<B> {
     fn load_state(&mut self, params: &[f32], m: &[f32], v: &[f32], adam_step: u32) -> Result<()> {
         self.load_full(params)?;
         let r = self.dp.rank();
-        let be = &self.engine.backend;
+        let be = self.engine.backend();
         be.upload(self.opt.m.d(), &self.units.shard_of_host(m, r))?;
         be.upload(self.opt.v.d(), &self.units.shard_of_host(v, r))?;
         self.opt.step = adam_step;
@@ -316,7 +347,7 @@ impl<B: Backend> Strategy for Sharded<B> {
     }
 
     fn memory(&self) -> MemoryReport {
-        self.engine.backend.memory_report()
+        self.engine.backend().memory_report()
     }
 
     fn comm_stats(&self) -> CommStats {

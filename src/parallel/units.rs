@@ -1,6 +1,7 @@
-//! Units of sharding: [wte | wpe], each block, [ln_f] — contiguous slices of
-//! the layout. Each unit is padded to a multiple of the data-parallel size
-//! and rank r owns slice r of every unit; padding is zeros, never dropped.
+//! Units of sharding: the units a model family declares (its embeddings,
+//! each block, its head), contiguous slices of the layout. Each unit is
+//! padded to a multiple of the data-parallel size and rank r owns slice r
+//! of every unit; padding is zeros, never dropped.
 
 use crate::backend::{Backend, Dst, Src};
 use crate::model::{ParamLayout, Segment};
@@ -8,7 +9,7 @@ use std::ops::Range;
 
 #[derive(Clone, Debug)]
 pub struct Units {
-    /// Layout range of each unit: 0 = embeddings, 1..=L = blocks, L+1 = ln_f.
+    /// Layout range of each unit, in the model's order.
     pub ranges: Vec<Range<usize>>,
     /// Shard length of each unit (unit length / n, rounded up).
     pub shard_len: Vec<usize>,
@@ -18,10 +19,8 @@ pub struct Units {
 }
 
 impl Units {
-    pub fn new(layout: &ParamLayout, n_layer: usize, n: usize) -> Self {
-        let mut ranges = vec![layout.embeddings()];
-        ranges.extend((0..n_layer).map(|l| layout.block(l)));
-        ranges.push(layout.final_norm());
+    pub fn new(layout: &ParamLayout, n: usize) -> Self {
+        let ranges: Vec<Range<usize>> = layout.units.iter().map(|u| u.range.clone()).collect();
         let shard_len: Vec<usize> = ranges.iter().map(|r| r.len().div_ceil(n)).collect();
         let shard_at = shard_len
             .iter()
@@ -39,18 +38,6 @@ impl Units {
         }
     }
 
-    pub fn embeddings(&self) -> usize {
-        0
-    }
-
-    pub fn block(&self, l: usize) -> usize {
-        1 + l
-    }
-
-    pub fn final_norm(&self) -> usize {
-        self.ranges.len() - 1
-    }
-
     /// Floats in one rank's shard buffer.
     pub fn shard_total(&self) -> usize {
         self.shard_len.iter().sum()
@@ -66,12 +53,25 @@ impl Units {
         self.shard_len[u] * self.n
     }
 
-    /// Largest padded block.
-    pub fn max_block_padded(&self) -> usize {
-        (1..self.final_norm())
-            .map(|u| self.padded(u))
-            .max()
-            .unwrap_or(0)
+    /// fsdp's gather buffers: which buffer each unit is gathered into (0
+    /// for every unit no later unit ties to; a buffer of its own for each
+    /// tied-to unit, which stays gathered until its backward), and each
+    /// buffer's size.
+    pub fn gather_slots(&self, layout: &ParamLayout) -> (Vec<usize>, Vec<usize>) {
+        let mut slot_of = vec![0; self.ranges.len()];
+        let mut sizes = vec![0];
+        for tied in layout.units.iter().filter_map(|u| u.tied.as_ref()) {
+            if slot_of[tied.unit] == 0 {
+                slot_of[tied.unit] = sizes.len();
+                sizes.push(self.padded(tied.unit));
+            }
+        }
+        for (u, &slot) in slot_of.iter().enumerate() {
+            if slot == 0 {
+                sizes[0] = sizes[0].max(self.padded(u));
+            }
+        }
+        (slot_of, sizes)
     }
 
     /// Unit u's slice of rank r's shard buffer.
@@ -126,7 +126,7 @@ mod tests {
     fn shards_of_all_ranks_tile_every_unit_with_padding() {
         let cfg = GptConfig::preset("tiny").unwrap();
         let layout = ParamLayout::new(&cfg);
-        let u = Units::new(&layout, cfg.n_layer, 3);
+        let u = Units::new(&layout, 3);
         let mut covered = vec![0u8; layout.total()];
         for r in 0..3 {
             for s in u.segments(r) {

@@ -9,8 +9,8 @@
 
 pub mod calibrate;
 
-use crate::model::{GptConfig, ParamLayout};
-use crate::parallel::{ParallelConfig, StrategyKind};
+use crate::model::{GptConfig, ModelConfig, ParamLayout};
+use crate::parallel::{ParallelConfig, StrategyKind, Units};
 use serde::Serialize;
 
 /// Bytes per element of each kind of state.
@@ -229,11 +229,10 @@ pub struct Prediction {
 struct UnitSizes {
     /// Elements of the largest unit, padded to a multiple of the dp size.
     max_padded: f64,
-    /// Elements of the embeddings unit and of the largest block, padded.
-    emb_padded: f64,
-    max_block_padded: f64,
-    /// Elements of the final-norm unit, padded.
-    lnf_padded: f64,
+    /// Elements of the last unit (the head), padded.
+    head_padded: f64,
+    /// Elements of fsdp's gather buffers together.
+    gathered: f64,
     /// Elements of this rank's shard of every unit.
     shard: f64,
     /// The largest single shard.
@@ -242,20 +241,17 @@ struct UnitSizes {
 }
 
 impl UnitSizes {
-    fn new(layout: &ParamLayout, n_layer: usize, n: usize) -> Self {
-        let mut lens = vec![layout.embeddings().len()];
-        lens.extend((0..n_layer).map(|l| layout.block(l).len()));
-        lens.push(layout.final_norm().len());
-        let shards: Vec<usize> = lens.iter().map(|l| l.div_ceil(n)).collect();
-        let blocks = &shards[1..shards.len() - 1];
+    /// From the units the model declares, padded and sharded as `parallel::Units` does.
+    fn new(layout: &ParamLayout, n: usize) -> Self {
+        let u = Units::new(layout, n);
+        let last = u.ranges.len() - 1;
         UnitSizes {
-            max_padded: (shards.iter().max().copied().unwrap_or(0) * n) as f64,
-            emb_padded: (shards[0] * n) as f64,
-            max_block_padded: (blocks.iter().max().copied().unwrap_or(0) * n) as f64,
-            lnf_padded: (shards[shards.len() - 1] * n) as f64,
-            shard: shards.iter().sum::<usize>() as f64,
-            max_shard: shards.iter().max().copied().unwrap_or(0) as f64,
-            units: lens.len(),
+            max_padded: u.max_padded() as f64,
+            head_padded: u.padded(last) as f64,
+            gathered: u.gather_slots(layout).1.iter().sum::<usize>() as f64,
+            shard: u.shard_total() as f64,
+            max_shard: u.shard_len.iter().max().copied().unwrap_or(0) as f64,
+            units: u.ranges.len(),
         }
     }
 }
@@ -283,7 +279,7 @@ pub fn memory_plan(w: &Workload, par: ParallelConfig, precision: Precision) -> M
     let dp = world / tp;
     let layout = ParamLayout::new_tp(m, tp);
     let psi = layout.total() as f64;
-    let units = UnitSizes::new(&layout, m.n_layer, dp);
+    let units = UnitSizes::new(&layout, dp);
     let (pb, gb, ob) = (
         precision.params_bytes(),
         precision.grads_bytes(),
@@ -314,16 +310,16 @@ pub fn memory_plan(w: &Workload, par: ParallelConfig, precision: Precision) -> M
             mem.optimizer = ob * units.shard;
             // a unit's gradient before its reduce-scatter, the scatter output,
             // and the update's shard copy and gather buffer
-            mem.other = gb * (units.max_padded + units.lnf_padded + units.max_shard)
+            mem.other = gb * (units.max_padded + units.head_padded + units.max_shard)
                 + pb * (units.shard + units.max_padded);
         }
         StrategyKind::Fsdp => {
-            // the shard plus the gathered embeddings, a block and the final norm
-            mem.gathered = pb * (units.emb_padded + units.max_block_padded + units.lnf_padded);
+            // the shard plus the gather buffers: the tied embeddings and one unit
+            mem.gathered = pb * units.gathered;
             mem.params = pb * units.shard + mem.gathered;
             mem.grads = gb * units.shard;
             mem.optimizer = ob * units.shard;
-            mem.other = gb * (units.max_padded + units.lnf_padded + units.max_shard);
+            mem.other = gb * (units.max_padded + units.head_padded + units.max_shard);
         }
     }
     if par.precision == crate::model::Precision::Bf16 {
@@ -353,7 +349,7 @@ pub fn predict(
     let dp = world / tp;
     let layout = ParamLayout::new_tp(m, tp);
     let psi = layout.total() as f64;
-    let units = UnitSizes::new(&layout, m.n_layer, dp);
+    let units = UnitSizes::new(&layout, dp);
     let (pb, gb) = (precision.params_bytes(), precision.grads_bytes());
     let rows = (w.batch / dp * w.seq_len) as f64;
 
@@ -465,7 +461,8 @@ fn candidates(world: usize, recompute: bool) -> Vec<ParallelConfig> {
 /// Every valid layout on `world` ranks (see [`omitted`] for the others).
 pub fn layouts(m: &GptConfig, world: usize, batch: usize, recompute: bool) -> Vec<ParallelConfig> {
     let mut out = candidates(world, recompute);
-    out.retain(|p| p.validate(m, batch).is_ok());
+    let model = ModelConfig::from(m.clone());
+    out.retain(|p| p.validate(&model, batch).is_ok());
     out
 }
 
@@ -473,8 +470,9 @@ pub fn layouts(m: &GptConfig, world: usize, batch: usize, recompute: bool) -> Ve
 /// [`layouts`]: "tp x2, ddp x4 (tp 2) omitted: 25 heads are not divisible by 2".
 pub fn omitted(m: &GptConfig, world: usize, batch: usize) -> Vec<String> {
     let mut by_reason: Vec<(String, Vec<String>)> = Vec::new();
+    let model = ModelConfig::from(m.clone());
     for p in candidates(world, false) {
-        if p.validate(m, batch).is_ok() {
+        if p.validate(&model, batch).is_ok() {
             continue;
         }
         let reason = if !m.n_head.is_multiple_of(p.tp) {

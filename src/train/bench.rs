@@ -62,10 +62,7 @@ pub fn bench_rank<B: Backend + 'static>(
                 .map(|_| rng.below(cfg.vocab_size) as u32)
                 .collect::<Vec<_>>()
         };
-        Batch {
-            inputs: ids(),
-            targets: ids(),
-        }
+        Batch::lm(ids(), ids())
     };
     let pb = if spec.show && world.rank() == 0 {
         metrics::progress_bar((spec.warmup + spec.steps) as u64, "bench")

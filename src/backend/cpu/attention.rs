@@ -1,7 +1,9 @@
-//! Multi-head causal self-attention, flash-style: each (batch, head) task
-//! works through blocks of query rows with a (BLOCK x T) scratch, keeping only
+//! Multi-head self-attention, flash-style: each (batch, head) task works
+//! through blocks of query rows with a (BLOCK x T) scratch, keeping only
 //! the row log-sum-exp for the backward, which recomputes the probabilities.
-//! No (B, NH, T, T) tensor ever exists.
+//! No (B, NH, T, T) tensor ever exists. The mask is causal (GPT-2) or a
+//! padding mask: every query of sequence b attends to its first `lens[b]`
+//! keys (an encoder's bidirectional attention, BERT's).
 
 use super::math::{dot, exp, gemm, Mat, SendPtr};
 use rayon::prelude::*;
@@ -52,11 +54,51 @@ impl AttnShape {
     }
 }
 
+/// Which keys a query sees.
+#[derive(Clone, Copy, Debug)]
+pub enum Mask<'a> {
+    /// Query i sees keys 0..=i.
+    Causal,
+    /// Every query of sequence b sees keys 0..lens[b] (1 <= lens[b] <= T).
+    Lengths(&'a [u32]),
+}
+
+impl Mask<'_> {
+    /// Keys scored for the query block starting at r0 and ending at r1 of sequence bi.
+    fn cols(self, bi: usize, r1: usize) -> usize {
+        match self {
+            Mask::Causal => r1,
+            Mask::Lengths(lens) => lens[bi] as usize,
+        }
+    }
+
+    /// Keys query row `row` of sequence bi sees.
+    fn valid(self, bi: usize, row: usize) -> usize {
+        match self {
+            Mask::Causal => row + 1,
+            Mask::Lengths(lens) => lens[bi] as usize,
+        }
+    }
+
+    fn check(self, b: usize, t: usize) {
+        if let Mask::Lengths(lens) = self {
+            assert!(lens.len() >= b && lens[..b].iter().all(|&l| l >= 1 && l as usize <= t));
+        }
+    }
+}
+
 /// qkv is (B, T, 3C) = [q | k | v] per token; out is (B, T, C); lse is (B, NH, T).
-pub fn attention_forward(out: &mut [f32], lse: &mut [f32], qkv: &[f32], s: AttnShape) {
+pub fn attention_forward(
+    out: &mut [f32],
+    lse: &mut [f32],
+    qkv: &[f32],
+    s: AttnShape,
+    mask: Mask<'_>,
+) {
     let AttnShape { b, t, c, nh } = s;
     let hd = s.head_dim();
     assert!(qkv.len() >= b * t * 3 * c && out.len() >= b * t * c && lse.len() >= b * nh * t);
+    mask.check(b, t);
     let scale = 1.0 / (hd as f32).sqrt();
     let out_ptr = SendPtr(out.as_mut_ptr());
     lse[..b * nh * t]
@@ -74,12 +116,12 @@ pub fn attention_forward(out: &mut [f32], lse: &mut [f32], qkv: &[f32], s: AttnS
                     let o = out_ptr.get().add(bi * t * c + h * hd);
                     for r0 in (0..t).step_by(BLOCK) {
                         let r1 = (r0 + BLOCK).min(t);
-                        let (rows, cols) = (r1 - r0, r1);
+                        let (rows, cols) = (r1 - r0, mask.cols(bi, r1));
                         let p = scratch.as_mut_ptr();
                         scores(p, q.add(r0 * 3 * c), k, rows, cols, hd, 3 * c, scale);
                         for i in 0..rows {
                             let row = &mut scratch[i * cols..(i + 1) * cols];
-                            let valid = r0 + i + 1;
+                            let valid = mask.valid(bi, r0 + i);
                             let max = row[..valid]
                                 .iter()
                                 .fold(f32::NEG_INFINITY, |a, &x| a.max(x));
@@ -119,10 +161,12 @@ pub fn attention_backward(
     out: &[f32],
     lse: &[f32],
     s: AttnShape,
+    mask: Mask<'_>,
 ) {
     let AttnShape { b, t, c, nh } = s;
     let hd = s.head_dim();
     assert!(dqkv.len() >= b * t * 3 * c && dout.len() >= b * t * c && out.len() >= b * t * c);
+    mask.check(b, t);
     let scale = 1.0 / (hd as f32).sqrt();
     let dqkv_ptr = SendPtr(dqkv.as_mut_ptr());
     (0..b * nh).into_par_iter().for_each_init(
@@ -154,12 +198,12 @@ pub fn attention_backward(
                 let d_o = dout.as_ptr().add(bi * t * c + h * hd);
                 for r0 in (0..t).step_by(BLOCK) {
                     let r1 = (r0 + BLOCK).min(t);
-                    let (rows, cols) = (r1 - r0, r1);
+                    let (rows, cols) = (r1 - r0, mask.cols(bi, r1));
                     let (p, dp) = (pbuf.as_mut_ptr(), dpbuf.as_mut_ptr());
                     scores(p, q.add(r0 * 3 * c), k, rows, cols, hd, 3 * c, scale);
                     for i in 0..rows {
                         let row = &mut pbuf[i * cols..(i + 1) * cols];
-                        let valid = r0 + i + 1;
+                        let valid = mask.valid(bi, r0 + i);
                         let l = lse_row[r0 + i];
                         row[..valid].iter_mut().for_each(|x| *x = exp(*x - l));
                         row[valid..].fill(0.0);
@@ -292,6 +336,11 @@ mod tests {
     use crate::rng::Rng;
 
     fn reference(qkv: &[f64], s: AttnShape) -> Vec<f64> {
+        reference_masked(qkv, s, Mask::Causal)
+    }
+
+    /// Attention in f64 with every score materialised.
+    fn reference_masked(qkv: &[f64], s: AttnShape, mask: Mask<'_>) -> Vec<f64> {
         let AttnShape { b, t, c, nh } = s;
         let hd = c / nh;
         let mut out = vec![0.0; b * t * c];
@@ -301,7 +350,8 @@ mod tests {
                     qkv[(bi * t + tt) * 3 * c + part * c + h * hd + d]
                 };
                 for tq in 0..t {
-                    let scores: Vec<f64> = (0..=tq)
+                    let keys = mask.valid(bi, tq);
+                    let scores: Vec<f64> = (0..keys)
                         .map(|tk| {
                             (0..hd).map(|d| at(tq, 0, d) * at(tk, 1, d)).sum::<f64>()
                                 / (hd as f64).sqrt()
@@ -312,7 +362,7 @@ mod tests {
                     let z: f64 = e.iter().sum();
                     for d in 0..hd {
                         out[(bi * t + tq) * c + h * hd + d] =
-                            (0..=tq).map(|tk| e[tk] / z * at(tk, 2, d)).sum();
+                            (0..keys).map(|tk| e[tk] / z * at(tk, 2, d)).sum();
                     }
                 }
             }
@@ -321,18 +371,41 @@ mod tests {
     }
 
     fn check(s: AttnShape, seed: u64) {
+        check_masked(s, seed, Mask::Causal)
+    }
+
+    fn check_masked(s: AttnShape, seed: u64, mask: Mask<'_>) {
         let AttnShape { b, t, c, nh } = s;
         let mut rng = Rng::new(seed);
         let qkv = randn(&mut rng, b * t * 3 * c, 1.0);
         let probe = randn(&mut rng, b * t * c, 1.0);
         let mut out = vec![0.0; b * t * c];
         let mut lse = vec![0.0; b * nh * t];
-        attention_forward(&mut out, &mut lse, &qkv, s);
-        assert_close("out", &out, &reference(&to64(&qkv), s), 1e-5);
+        attention_forward(&mut out, &mut lse, &qkv, s, mask);
+        assert_close("out", &out, &reference_masked(&to64(&qkv), s, mask), 1e-5);
         let mut dqkv = vec![f32::NAN; b * t * 3 * c];
-        attention_backward(&mut dqkv, &probe, &qkv, &out, &lse, s);
-        let fd = finite_diff(&qkv, |x| probe_dot(&reference(x, s), &probe));
+        attention_backward(&mut dqkv, &probe, &qkv, &out, &lse, s, mask);
+        let fd = finite_diff(&qkv, |x| probe_dot(&reference_masked(x, s, mask), &probe));
         assert_close("dqkv", &dqkv, &fd, 1e-4);
+    }
+
+    #[test]
+    fn padded_bidirectional_attention_matches_finite_differences() {
+        let s = AttnShape {
+            b: 3,
+            t: 5,
+            c: 8,
+            nh: 2,
+        };
+        check_masked(s, 6, Mask::Lengths(&[5, 2, 1]));
+        // across several query blocks, the keys of a padded sequence end mid-block
+        let s = AttnShape {
+            b: 2,
+            t: BLOCK + 9,
+            c: 4,
+            nh: 2,
+        };
+        check_masked(s, 7, Mask::Lengths(&[BLOCK as u32 + 9, 40]));
     }
 
     #[test]

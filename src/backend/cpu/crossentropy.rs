@@ -1,7 +1,9 @@
 //! Fused softmax + cross-entropy over a padded vocabulary: columns v..vp are
-//! padding, excluded from the softmax, the loss and the gradient.
+//! padding, excluded from the softmax, the loss and the gradient. A row
+//! whose target is `data::IGNORE` has loss 0 and gradient 0.
 
 use super::math::exp;
+use crate::data::IGNORE;
 use rayon::prelude::*;
 
 /// (max, sum of exp(x - max)) over a row.
@@ -26,8 +28,12 @@ pub fn crossentropy_forward(
         .par_iter_mut()
         .zip(logits.par_chunks(vp).zip(targets.par_iter()))
         .for_each(|(loss, (row, &tgt))| {
-            let (max, sum) = row_max_sum(&row[..v]);
-            *loss = max + sum.ln() - row[tgt as usize];
+            *loss = if tgt == IGNORE {
+                0.0
+            } else {
+                let (max, sum) = row_max_sum(&row[..v]);
+                max + sum.ln() - row[tgt as usize]
+            };
         });
 }
 
@@ -44,6 +50,9 @@ pub fn crossentropy_backward_inplace(
         .par_chunks_mut(vp)
         .zip(targets.par_iter())
         .for_each(|(row, &tgt)| {
+            if tgt == IGNORE {
+                return row.fill(0.0);
+            }
             let (max, sum) = row_max_sum(&row[..v]);
             let inv = dloss / sum;
             row[..v].iter_mut().for_each(|x| *x = exp(*x - max) * inv);
@@ -63,6 +72,9 @@ mod tests {
             .chunks(vp)
             .zip(targets)
             .map(|(row, &t)| {
+                if t == IGNORE {
+                    return 0.0;
+                }
                 let max = row[..v].iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let z: f64 = row[..v].iter().map(|x| (x - max).exp()).sum();
                 max + z.ln() - row[t as usize]
@@ -73,7 +85,8 @@ mod tests {
     #[test]
     fn crossentropy_backward_matches_finite_differences_and_ignores_padding() {
         let (v, vp) = (11, 16);
-        let targets = [0u32, 10, 3, 7];
+        // an ignored row: no loss, no gradient
+        let targets = [0u32, 10, IGNORE, 3, 7];
         let mut rng = Rng::new(8);
         let logits = randn(&mut rng, targets.len() * vp, 2.0);
         let mut losses = vec![0.0; targets.len()];
@@ -92,6 +105,7 @@ mod tests {
             reference(x, &targets, v, vp).iter().sum::<f64>() * dloss as f64
         });
         assert_close("dlogits", &d, &fd, 1e-5);
+        assert!(d[2 * vp..3 * vp].iter().all(|&x| x == 0.0) && losses[2] == 0.0);
         for row in d.chunks(vp) {
             assert!(row[v..].iter().all(|&x| x == 0.0));
         }

@@ -47,6 +47,38 @@ pub fn gelu_grad(x: f32) -> f32 {
     0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du
 }
 
+/// tanh(x), through the same exp.
+#[inline(always)]
+pub fn tanh_exp(x: f32) -> f32 {
+    tanh(x)
+}
+
+/// erf(x): Abramowitz and Stegun 7.1.26 (absolute error below 1.5e-7).
+#[inline(always)]
+pub fn erf(x: f32) -> f32 {
+    let a = x.abs();
+    let t = 1.0 / (1.0 + 0.327_591_1 * a);
+    let y = 1.0
+        - (((((1.061_405_4 * t - 1.453_152_1) * t) + 1.421_413_8) * t - 0.284_496_72) * t
+            + 0.254_829_6)
+            * t
+            * exp(-a * a);
+    y.copysign(x)
+}
+
+/// Exact GELU, x * Phi(x) (BERT's `gelu`).
+#[inline(always)]
+pub fn gelu_erf(x: f32) -> f32 {
+    0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
+}
+
+/// d gelu_erf(x) / dx = Phi(x) + x phi(x).
+#[inline(always)]
+pub fn gelu_erf_grad(x: f32) -> f32 {
+    const INV_SQRT_2PI: f32 = 0.398_942_3;
+    0.5 * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2)) + x * INV_SQRT_2PI * exp(-0.5 * x * x)
+}
+
 /// Sum with eight independent lanes, so it vectorises.
 #[inline]
 pub fn sum(xs: &[f32]) -> f32 {

@@ -14,12 +14,12 @@ pub mod math;
 pub(crate) mod matmul;
 
 pub use adamw::AdamWStep;
-pub use attention::{AttnShape, DecodeShape};
+pub use attention::{AttnShape, DecodeShape, Mask};
 pub use decode::{round_to_bf16, PackedWeight, WeightFormat};
 pub use matmul::WeightLayout;
 
 use super::memory::{Buf, Category, Dst, MemoryStats, Src};
-use super::{Backend, Elem};
+use super::{Activation, Backend, Elem};
 use crate::error::{Error, Result};
 use std::sync::Arc;
 
@@ -248,7 +248,7 @@ impl Backend for Cpu {
         qkv: Src<'_, Self>,
         shape: AttnShape,
     ) {
-        attention::attention_forward(w(out), w(lse), r(qkv), shape)
+        attention::attention_forward(w(out), w(lse), r(qkv), shape, Mask::Causal)
     }
     fn attention_backward(
         &self,
@@ -259,7 +259,40 @@ impl Backend for Cpu {
         lse: Src<'_, Self>,
         shape: AttnShape,
     ) {
-        attention::attention_backward(w(dqkv), r(dout), r(qkv), r(out), r(lse), shape)
+        attention::attention_backward(
+            w(dqkv),
+            r(dout),
+            r(qkv),
+            r(out),
+            r(lse),
+            shape,
+            Mask::Causal,
+        )
+    }
+    fn attention_padded_forward(
+        &self,
+        out: Dst<'_, Self>,
+        lse: Dst<'_, Self>,
+        qkv: Src<'_, Self>,
+        lens: Src<'_, Self, u32>,
+        shape: AttnShape,
+    ) {
+        let mask = Mask::Lengths(r(lens));
+        attention::attention_forward(w(out), w(lse), r(qkv), shape, mask)
+    }
+    #[allow(clippy::too_many_arguments)]
+    fn attention_padded_backward(
+        &self,
+        dqkv: Dst<'_, Self>,
+        dout: Src<'_, Self>,
+        qkv: Src<'_, Self>,
+        out: Src<'_, Self>,
+        lse: Src<'_, Self>,
+        lens: Src<'_, Self, u32>,
+        shape: AttnShape,
+    ) {
+        let mask = Mask::Lengths(r(lens));
+        attention::attention_backward(w(dqkv), r(dout), r(qkv), r(out), r(lse), shape, mask)
     }
     fn attention_decode(
         &self,
@@ -271,11 +304,11 @@ impl Backend for Cpu {
     ) {
         attention::attention_decode(w(out), r(qkv), r(kcache), r(vcache), shape)
     }
-    fn gelu_forward(&self, out: Dst<'_, Self>, inp: Src<'_, Self>) {
-        elementwise::gelu_forward(w(out), r(inp))
+    fn activation_forward(&self, out: Dst<'_, Self>, inp: Src<'_, Self>, act: Activation) {
+        elementwise::activation_forward(w(out), r(inp), act)
     }
-    fn gelu_backward_inplace(&self, d: Dst<'_, Self>, inp: Src<'_, Self>) {
-        elementwise::gelu_backward_inplace(w(d), r(inp))
+    fn activation_backward_inplace(&self, d: Dst<'_, Self>, inp: Src<'_, Self>, act: Activation) {
+        elementwise::activation_backward_inplace(w(d), r(inp), act)
     }
     fn fill(&self, dst: Dst<'_, Self>, value: f32) {
         w(dst).fill(value)

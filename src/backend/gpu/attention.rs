@@ -1,6 +1,7 @@
-//! Causal self-attention on a GPU-style device: the flash-style kernels of
+//! Self-attention on a GPU-style device: the flash-style kernels of
 //! `kernels/attention.cu`, with the semantics of `cpu::attention` (the row
-//! log-sum-exp kept for the backward, no (T x T) buffer, no atomics).
+//! log-sum-exp kept for the backward, no (T x T) buffer, no atomics), causal
+//! or with a padding mask (each sequence's key count in `lens`).
 
 use super::kernels::{need, u32s};
 use super::{Arg, Device, GpuError, Runtime, View};
@@ -22,13 +23,27 @@ fn head_dim(c: usize, nh: usize) -> Result<usize, GpuError> {
     Ok(c / nh)
 }
 
+/// The kernels' mask arguments: the lens view (any view when causal: the
+/// kernels read it only under a padding mask) and the causal flag.
+fn mask_args(lens: Option<View>, b: usize, any: View) -> Result<[Arg; 2], GpuError> {
+    Ok(match lens {
+        Some(l) => {
+            need("attention lens", l, b)?;
+            [Arg::View(l), u32s("causal", 0)?]
+        }
+        None => [Arg::View(any), u32s("causal", 1)?],
+    })
+}
+
 impl<R: Runtime> Device<R> {
-    /// out (B, T, C) and lse (B, NH, T) from qkv (B, T, 3C) = [q | k | v] per token.
+    /// out (B, T, C) and lse (B, NH, T) from qkv (B, T, 3C) = [q | k | v]
+    /// per token; causal, or with `lens` (B) the keys each sequence has.
     pub fn attention_forward(
         &self,
         out: View,
         lse: View,
         qkv: View,
+        lens: Option<View>,
         shape: AttnShape,
     ) -> Result<(), GpuError> {
         let AttnShape { b, t, c, nh } = shape;
@@ -36,6 +51,7 @@ impl<R: Runtime> Device<R> {
         need("attention_forward out", out, b * t * c)?;
         need("attention_forward lse", lse, b * nh * t)?;
         need("attention_forward qkv", qkv, b * t * 3 * c)?;
+        let mask = mask_args(lens, b, qkv)?;
         let args = [
             Arg::View(out),
             Arg::View(lse),
@@ -43,12 +59,15 @@ impl<R: Runtime> Device<R> {
             u32s("t", t)?,
             u32s("c", c)?,
             u32s("nh", nh)?,
+            mask[0],
+            mask[1],
         ];
         self.launch("attention_forward", t.div_ceil(ROWS) * b * nh, &args)
     }
 
     /// dqkv (B, T, 3C) overwritten with the gradient given dout (B, T, C),
     /// from the forward's qkv, out and lse.
+    #[allow(clippy::too_many_arguments)]
     pub fn attention_backward(
         &self,
         dqkv: View,
@@ -56,6 +75,7 @@ impl<R: Runtime> Device<R> {
         qkv: View,
         out: View,
         lse: View,
+        lens: Option<View>,
         shape: AttnShape,
     ) -> Result<(), GpuError> {
         let AttnShape { b, t, c, nh } = shape;
@@ -65,6 +85,7 @@ impl<R: Runtime> Device<R> {
         need("attention_backward qkv", qkv, b * t * 3 * c)?;
         need("attention_backward out", out, b * t * c)?;
         need("attention_backward lse", lse, b * nh * t)?;
+        let mask = mask_args(lens, b, qkv)?;
         let args = [
             Arg::View(dqkv),
             Arg::View(dout),
@@ -74,6 +95,8 @@ impl<R: Runtime> Device<R> {
             u32s("t", t)?,
             u32s("c", c)?,
             u32s("nh", nh)?,
+            mask[0],
+            mask[1],
         ];
         // Two passes writing disjoint parts of dqkv: workgroups owning keys
         // (dk, dv), then workgroups owning queries (dq).
@@ -125,7 +148,7 @@ impl<R: Runtime> Device<R> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{assert_close, get, on_gpus, putf, tiny};
+    use super::super::tests::{assert_close, get, on_gpus, putf, putu, tiny};
     use super::super::{program_source, DeviceMem};
     use super::*;
     use crate::backend::cpu::attention;
@@ -160,8 +183,23 @@ mod tests {
             .collect()
     }
 
-    fn name(s: AttnShape) -> String {
-        format!("b={} t={} c={} nh={}", s.b, s.t, s.c, s.nh)
+    fn name(s: AttnShape, lens: Option<&[u32]>) -> String {
+        let mask = lens.map_or("causal".to_string(), |l| format!("lens {l:?}"));
+        format!("b={} t={} c={} nh={} {mask}", s.b, s.t, s.c, s.nh)
+    }
+
+    /// Causal, then a padding mask: the first sequence whole, the others
+    /// shorter (one key, and lengths ending inside a tile).
+    fn masks(s: AttnShape) -> [Option<Vec<u32>>; 2] {
+        let lens = (0..s.b)
+            .map(|i| if i == 0 { s.t } else { (s.t / (i + 1)).max(1) } as u32)
+            .collect();
+        [None, Some(lens)]
+    }
+
+    fn cpu_mask(lens: &Option<Vec<u32>>) -> attention::Mask<'_> {
+        lens.as_deref()
+            .map_or(attention::Mask::Causal, attention::Mask::Lengths)
     }
 
     #[test]
@@ -172,27 +210,32 @@ mod tests {
     fn attention_forward_matches_cpu_on<R: Runtime>(dev: &Device<R>) {
         let mut rng = Rng::new(11);
         for s in shapes() {
-            let AttnShape { b, t, c, nh } = s;
-            let qkv = randn(&mut rng, b * t * 3 * c, 1.0);
-            let (mut out, mut lse) = (vec![0.0; b * t * c], vec![0.0; b * nh * t]);
-            attention::attention_forward(&mut out, &mut lse, &qkv, s);
-            let (o, l) = (
-                putf(dev, &vec![7.0; out.len()]),
-                putf(dev, &vec![7.0; lse.len()]),
-            );
-            let q = putf(dev, &qkv);
-            dev.attention_forward(o.view(), l.view(), q.view(), s)
-                .unwrap();
-            assert_close(
-                &format!("attention_forward {} out", name(s)),
-                &get(dev, &o),
-                &out,
-            );
-            assert_close(
-                &format!("attention_forward {} lse", name(s)),
-                &get(dev, &l),
-                &lse,
-            );
+            for lens in masks(s) {
+                let AttnShape { b, t, c, nh } = s;
+                let qkv = randn(&mut rng, b * t * 3 * c, 1.0);
+                let (mut out, mut lse) = (vec![0.0; b * t * c], vec![0.0; b * nh * t]);
+                attention::attention_forward(&mut out, &mut lse, &qkv, s, cpu_mask(&lens));
+                let (o, l) = (
+                    putf(dev, &vec![7.0; out.len()]),
+                    putf(dev, &vec![7.0; lse.len()]),
+                );
+                let q = putf(dev, &qkv);
+                let ld = lens.as_ref().map(|x| putu(dev, x));
+                let lv = ld.as_ref().map(|x| x.view());
+                dev.attention_forward(o.view(), l.view(), q.view(), lv, s)
+                    .unwrap();
+                let what = name(s, lens.as_deref());
+                assert_close(
+                    &format!("attention_forward {what} out"),
+                    &get(dev, &o),
+                    &out,
+                );
+                assert_close(
+                    &format!("attention_forward {what} lse"),
+                    &get(dev, &l),
+                    &lse,
+                );
+            }
         }
     }
 
@@ -204,33 +247,35 @@ mod tests {
     fn attention_backward_matches_cpu_and_is_deterministic_on<R: Runtime>(dev: &Device<R>) {
         let mut rng = Rng::new(12);
         for s in shapes() {
-            let AttnShape { b, t, c, nh } = s;
-            // Large scores make sharp rows, where a wrong lse or mask shows.
-            let qkv = randn(&mut rng, b * t * 3 * c, 2.0);
-            let dout = randn(&mut rng, b * t * c, 1.0);
-            let (mut out, mut lse) = (vec![0.0; b * t * c], vec![0.0; b * nh * t]);
-            attention::attention_forward(&mut out, &mut lse, &qkv, s);
-            let mut want = vec![0.0; qkv.len()];
-            attention::attention_backward(&mut want, &dout, &qkv, &out, &lse, s);
-            let (q, d, o, l) = (
-                putf(dev, &qkv),
-                putf(dev, &dout),
-                putf(dev, &out),
-                putf(dev, &lse),
-            );
-            let mut runs = Vec::new();
-            for _ in 0..2 {
-                let g = putf(dev, &randn(&mut rng, qkv.len(), 1.0));
-                dev.attention_backward(g.view(), d.view(), q.view(), o.view(), l.view(), s)
-                    .unwrap();
-                runs.push(get(dev, &g));
+            for lens in masks(s) {
+                let AttnShape { b, t, c, nh } = s;
+                // Large scores make sharp rows, where a wrong lse or mask shows.
+                let qkv = randn(&mut rng, b * t * 3 * c, 2.0);
+                let dout = randn(&mut rng, b * t * c, 1.0);
+                let (mut out, mut lse) = (vec![0.0; b * t * c], vec![0.0; b * nh * t]);
+                let mask = cpu_mask(&lens);
+                attention::attention_forward(&mut out, &mut lse, &qkv, s, mask);
+                let mut want = vec![0.0; qkv.len()];
+                attention::attention_backward(&mut want, &dout, &qkv, &out, &lse, s, mask);
+                let (q, d, o, l) = (
+                    putf(dev, &qkv),
+                    putf(dev, &dout),
+                    putf(dev, &out),
+                    putf(dev, &lse),
+                );
+                let ld = lens.as_ref().map(|x| putu(dev, x));
+                let lv = ld.as_ref().map(|x| x.view());
+                let mut runs = Vec::new();
+                for _ in 0..2 {
+                    let g = putf(dev, &randn(&mut rng, qkv.len(), 1.0));
+                    dev.attention_backward(g.view(), d.view(), q.view(), o.view(), l.view(), lv, s)
+                        .unwrap();
+                    runs.push(get(dev, &g));
+                }
+                let what = name(s, lens.as_deref());
+                assert_close(&format!("attention_backward {what}"), &runs[0], &want);
+                assert!(runs[0] == runs[1], "attention_backward {what}: runs differ");
             }
-            assert_close(&format!("attention_backward {}", name(s)), &runs[0], &want);
-            assert!(
-                runs[0] == runs[1],
-                "attention_backward {}: runs differ",
-                name(s)
-            );
         }
     }
 
@@ -299,12 +344,12 @@ mod tests {
             nh: 2,
         };
         let err = dev
-            .attention_forward(m.view(), m.view(), m.view(), s)
+            .attention_forward(m.view(), m.view(), m.view(), None, s)
             .unwrap_err();
         assert!(err.to_string().contains("1 to 64"), "{err}");
         let s = AttnShape { c: 7, nh: 2, ..s };
         assert!(dev
-            .attention_forward(m.view(), m.view(), m.view(), s)
+            .attention_forward(m.view(), m.view(), m.view(), None, s)
             .is_err());
     }
 }

@@ -8,7 +8,7 @@ use super::{Device, DeviceMem, GpuError, Runtime, View};
 use crate::backend::cpu::round_to_bf16;
 use crate::backend::memory::{Buf, Category, Dst, MemoryStats, RawView, Src};
 use crate::backend::{
-    AdamWStep, AttnShape, Backend, DecodeShape, Elem, WeightFormat, WeightLayout,
+    Activation, AdamWStep, AttnShape, Backend, DecodeShape, Elem, WeightFormat, WeightLayout,
 };
 use crate::comm::Comm;
 use crate::error::{Error, Result};
@@ -425,7 +425,55 @@ impl<R: Runtime> Backend for Gpu<R> {
         shape: AttnShape,
     ) {
         self.queue(|d| {
-            d.attention_forward(view(out.raw()), view(lse.raw()), view(qkv.raw()), shape)
+            d.attention_forward(
+                view(out.raw()),
+                view(lse.raw()),
+                view(qkv.raw()),
+                None,
+                shape,
+            )
+        })
+    }
+    fn attention_padded_forward(
+        &self,
+        out: Dst<'_, Self>,
+        lse: Dst<'_, Self>,
+        qkv: Src<'_, Self>,
+        lens: Src<'_, Self, u32>,
+        shape: AttnShape,
+    ) {
+        self.queue(|d| {
+            let lens = Some(view(lens.raw()));
+            d.attention_forward(
+                view(out.raw()),
+                view(lse.raw()),
+                view(qkv.raw()),
+                lens,
+                shape,
+            )
+        })
+    }
+    #[allow(clippy::too_many_arguments)]
+    fn attention_padded_backward(
+        &self,
+        dqkv: Dst<'_, Self>,
+        dout: Src<'_, Self>,
+        qkv: Src<'_, Self>,
+        out: Src<'_, Self>,
+        lse: Src<'_, Self>,
+        lens: Src<'_, Self, u32>,
+        shape: AttnShape,
+    ) {
+        self.queue(|d| {
+            d.attention_backward(
+                view(dqkv.raw()),
+                view(dout.raw()),
+                view(qkv.raw()),
+                view(out.raw()),
+                view(lse.raw()),
+                Some(view(lens.raw())),
+                shape,
+            )
         })
     }
     fn attention_backward(
@@ -444,6 +492,7 @@ impl<R: Runtime> Backend for Gpu<R> {
                 view(qkv.raw()),
                 view(out.raw()),
                 view(lse.raw()),
+                None,
                 shape,
             )
         })
@@ -466,11 +515,11 @@ impl<R: Runtime> Backend for Gpu<R> {
             )
         })
     }
-    fn gelu_forward(&self, out: Dst<'_, Self>, inp: Src<'_, Self>) {
-        self.queue(|d| d.gelu_forward(view(out.raw()), view(inp.raw())))
+    fn activation_forward(&self, out: Dst<'_, Self>, inp: Src<'_, Self>, act: Activation) {
+        self.queue(|d| d.activation_forward(view(out.raw()), view(inp.raw()), act))
     }
-    fn gelu_backward_inplace(&self, dx: Dst<'_, Self>, inp: Src<'_, Self>) {
-        self.queue(|d| d.gelu_backward_inplace(view(dx.raw()), view(inp.raw())))
+    fn activation_backward_inplace(&self, dx: Dst<'_, Self>, inp: Src<'_, Self>, act: Activation) {
+        self.queue(|d| d.activation_backward_inplace(view(dx.raw()), view(inp.raw()), act))
     }
     fn fill(&self, dst: Dst<'_, Self>, value: f32) {
         self.queue(|d| d.fill(view(dst.raw()), value))

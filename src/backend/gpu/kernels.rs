@@ -4,7 +4,7 @@
 //! OpenCL C and CUDA; GEMMs go to the runtime's BLAS (CLBlast, cuBLAS).
 
 use super::{u32_arg, Arg, Device, DeviceMem, Gemm, GpuError, Operand, Runtime, View, BLOCK};
-use crate::backend::{AdamWStep, WeightLayout};
+use crate::backend::{Activation, AdamWStep, WeightLayout};
 
 const PRELUDE: &str = include_str!("../kernels/prelude.h");
 const SOURCES: [&str; 8] = [
@@ -407,14 +407,34 @@ impl<R: Runtime> Device<R> {
         unsafe { self.rt.sgemm(g) }
     }
 
-    /// out = gelu(inp) (tanh approximation), n = inp.len.
-    pub fn gelu_forward(&self, out: View, inp: View) -> Result<(), GpuError> {
-        self.pointwise("gelu_forward", out, inp)
+    /// out = act(inp), n = inp.len.
+    pub fn activation_forward(
+        &self,
+        out: View,
+        inp: View,
+        act: Activation,
+    ) -> Result<(), GpuError> {
+        let name = match act {
+            Activation::GeluTanh => "gelu_forward",
+            Activation::GeluErf => "gelu_erf_forward",
+            Activation::Tanh => "tanh_forward",
+        };
+        self.pointwise(name, out, inp)
     }
 
-    /// d *= gelu'(inp), in place; n = inp.len.
-    pub fn gelu_backward_inplace(&self, d: View, inp: View) -> Result<(), GpuError> {
-        self.pointwise("gelu_backward_inplace", d, inp)
+    /// d *= act'(inp), in place; n = inp.len.
+    pub fn activation_backward_inplace(
+        &self,
+        d: View,
+        inp: View,
+        act: Activation,
+    ) -> Result<(), GpuError> {
+        let name = match act {
+            Activation::GeluTanh => "gelu_backward_inplace",
+            Activation::GeluErf => "gelu_erf_backward_inplace",
+            Activation::Tanh => "tanh_backward_inplace",
+        };
+        self.pointwise(name, d, inp)
     }
 
     /// dst = src; n = src.len.

@@ -1,6 +1,8 @@
-// Causal multi-head self-attention, flash-style, with the semantics of
+// Multi-head self-attention, flash-style, with the semantics of
 // cpu/attention.rs: qkv (B, T, 3C) = [q | k | v] per token, out (B, T, C),
-// lse (B, NH, T) the log-sum-exp of each row of scaled, masked scores.
+// lse (B, NH, T) the log-sum-exp of each row of scaled, masked scores. The
+// mask is causal (causal = 1: query i sees keys 0..i) or a padding mask
+// (causal = 0: every query of sequence b sees keys 0..lens[b]).
 // A workgroup owns ATT_ROWS rows of one (batch, head) and streams tiles of
 // ATT_TILE rows through local memory, so no (T x T) buffer ever exists.
 // ATT_TPR threads share a row; lane l of a row takes the tile columns and the
@@ -32,6 +34,17 @@ DEVICE void att_load(SHARED_PTR float* dst, const GLOBAL float* src, unsigned st
     }
 }
 
+// Keys of sequence b that any query may see: T when causal, else lens[b].
+DEVICE unsigned att_keys(const GLOBAL unsigned* lens, unsigned lens_off, unsigned causal,
+                         unsigned b, unsigned T) {
+    return causal ? T : lens[lens_off + b];
+}
+
+// Whether query qi sees key kj (kl: att_keys).
+DEVICE int att_sees(unsigned causal, unsigned kj, unsigned qi, unsigned kl) {
+    return (causal ? kj <= qi : 1) && kj < kl;
+}
+
 DEVICE float att_dot(const SHARED_PTR float* a, const SHARED_PTR float* b, unsigned hd) {
     float s = 0.0f;
     for (unsigned d = 0; d < hd; d++) {
@@ -41,11 +54,13 @@ DEVICE float att_dot(const SHARED_PTR float* a, const SHARED_PTR float* b, unsig
 }
 
 // Grid: ceil(T / ATT_ROWS) * B * NH workgroups of BLOCK.
-// out (B, T, C), lse (B, NH, T) <- qkv (B, T, 3C).
+// out (B, T, C), lse (B, NH, T) <- qkv (B, T, 3C); lens (B) read when !causal.
 KERNEL void attention_forward(GLOBAL float* RESTRICT out, unsigned out_off,
                               GLOBAL float* RESTRICT lse, unsigned lse_off,
                               const GLOBAL float* RESTRICT qkv, unsigned qkv_off,
-                              unsigned T, unsigned C, unsigned NH) {
+                              unsigned T, unsigned C, unsigned NH,
+                              const GLOBAL unsigned* RESTRICT lens, unsigned lens_off,
+                              unsigned causal) {
     SHARED float qs[ATT_ROWS * ATT_PAD];
     SHARED float ks[ATT_TILE * ATT_PAD];
     SHARED float vs[ATT_TILE * ATT_PAD];
@@ -62,7 +77,8 @@ KERNEL void attention_forward(GLOBAL float* RESTRICT out, unsigned out_off,
     for (unsigned k = 0; k < ATT_PER_LANE; k++) {
         acc[k] = 0.0f;
     }
-    unsigned k_end = min(T, q0 + ATT_ROWS);
+    unsigned kl = att_keys(lens, lens_off, causal, b, T);
+    unsigned k_end = causal ? min(T, q0 + ATT_ROWS) : kl;
     for (unsigned k0 = 0; k0 < k_end; k0 += ATT_TILE) {
         BARRIER(); // qs written; the previous tile's ks, vs, ss all read
         att_load(ks, q + C, 3 * C, k0, ATT_TILE, k_end, hd);
@@ -71,8 +87,9 @@ KERNEL void attention_forward(GLOBAL float* RESTRICT out, unsigned out_off,
         for (unsigned j = lane; j < ATT_TILE; j += ATT_TPR) {
             unsigned kj = k0 + j;
             ss[row * (ATT_TILE + 1) + j] =
-                kj <= qi && kj < T ? att_dot(qs + row * ATT_PAD, ks + j * ATT_PAD, hd) * scale
-                                   : ATT_NEG;
+                att_sees(causal, kj, qi, kl)
+                    ? att_dot(qs + row * ATT_PAD, ks + j * ATT_PAD, hd) * scale
+                    : ATT_NEG;
         }
         BARRIER();
         const SHARED_PTR float* s = ss + row * (ATT_TILE + 1);
@@ -130,7 +147,7 @@ DEVICE void att_row_stats(SHARED_PTR float* ls, SHARED_PTR float* ds, const GLOB
 }
 
 // Grid: ceil(T / ATT_ROWS) * B * NH workgroups of BLOCK, each owning
-// ATT_ROWS key rows and visiting every query row at or after them.
+// ATT_ROWS key rows and visiting every query row that sees them.
 // dk, dv parts of dqkv (B, T, 3C) overwritten, from dout, out (B, T, C),
 // qkv (B, T, 3C), lse (B, NH, T).
 KERNEL void attention_backward_dkdv(GLOBAL float* RESTRICT dqkv, unsigned dqkv_off,
@@ -138,7 +155,9 @@ KERNEL void attention_backward_dkdv(GLOBAL float* RESTRICT dqkv, unsigned dqkv_o
                                     const GLOBAL float* RESTRICT qkv, unsigned qkv_off,
                                     const GLOBAL float* RESTRICT out, unsigned out_off,
                                     const GLOBAL float* RESTRICT lse, unsigned lse_off,
-                                    unsigned T, unsigned C, unsigned NH) {
+                                    unsigned T, unsigned C, unsigned NH,
+                                    const GLOBAL unsigned* RESTRICT lens, unsigned lens_off,
+                                    unsigned causal) {
     SHARED float ks[ATT_ROWS * ATT_PAD];
     SHARED float vs[ATT_ROWS * ATT_PAD];
     SHARED float qs[ATT_TILE * ATT_PAD];
@@ -163,7 +182,8 @@ KERNEL void attention_backward_dkdv(GLOBAL float* RESTRICT dqkv, unsigned dqkv_o
         dk[k] = 0.0f;
         dv[k] = 0.0f;
     }
-    for (unsigned q0 = k0; q0 < T; q0 += ATT_TILE) {
+    unsigned kl = att_keys(lens, lens_off, causal, b, T);
+    for (unsigned q0 = causal ? k0 : 0; q0 < T; q0 += ATT_TILE) {
         BARRIER(); // ks, vs written; the previous tile's qs, dos, ps, dss all read
         att_load(qs, q, 3 * C, q0, ATT_TILE, T, hd);
         att_load(dos, d_o, C, q0, ATT_TILE, T, hd);
@@ -172,7 +192,7 @@ KERNEL void attention_backward_dkdv(GLOBAL float* RESTRICT dqkv, unsigned dqkv_o
         for (unsigned i = lane; i < ATT_TILE; i += ATT_TPR) {
             unsigned qi = q0 + i;
             float p = 0.0f, dsc = 0.0f;
-            if (kj <= qi && qi < T) {
+            if (att_sees(causal, kj, qi, kl) && qi < T) {
                 p = expf(att_dot(qs + i * ATT_PAD, ks + row * ATT_PAD, hd) * scale - ls[i]);
                 float dp = att_dot(dos + i * ATT_PAD, vs + row * ATT_PAD, hd);
                 dsc = p * (dp - ds[i]) * scale;
@@ -205,14 +225,16 @@ KERNEL void attention_backward_dkdv(GLOBAL float* RESTRICT dqkv, unsigned dqkv_o
 }
 
 // Grid: ceil(T / ATT_ROWS) * B * NH workgroups of BLOCK, each owning
-// ATT_ROWS query rows and visiting every key row up to them.
+// ATT_ROWS query rows and visiting every key row they see.
 // dq part of dqkv (B, T, 3C) overwritten; arguments as attention_backward_dkdv.
 KERNEL void attention_backward_dq(GLOBAL float* RESTRICT dqkv, unsigned dqkv_off,
                                   const GLOBAL float* RESTRICT dout, unsigned dout_off,
                                   const GLOBAL float* RESTRICT qkv, unsigned qkv_off,
                                   const GLOBAL float* RESTRICT out, unsigned out_off,
                                   const GLOBAL float* RESTRICT lse, unsigned lse_off,
-                                  unsigned T, unsigned C, unsigned NH) {
+                                  unsigned T, unsigned C, unsigned NH,
+                                  const GLOBAL unsigned* RESTRICT lens, unsigned lens_off,
+                                  unsigned causal) {
     SHARED float qs[ATT_ROWS * ATT_PAD];
     SHARED float dos[ATT_ROWS * ATT_PAD];
     SHARED float ks[ATT_TILE * ATT_PAD];
@@ -236,7 +258,8 @@ KERNEL void attention_backward_dq(GLOBAL float* RESTRICT dqkv, unsigned dqkv_off
     for (unsigned k = 0; k < ATT_PER_LANE; k++) {
         dq[k] = 0.0f;
     }
-    unsigned k_end = min(T, q0 + ATT_ROWS);
+    unsigned kl = att_keys(lens, lens_off, causal, b, T);
+    unsigned k_end = causal ? min(T, q0 + ATT_ROWS) : kl;
     for (unsigned k0 = 0; k0 < k_end; k0 += ATT_TILE) {
         BARRIER(); // qs, dos, ls, ds written; the previous tile's ks, dss all read
         att_load(ks, q + C, 3 * C, k0, ATT_TILE, k_end, hd);
@@ -245,7 +268,7 @@ KERNEL void attention_backward_dq(GLOBAL float* RESTRICT dqkv, unsigned dqkv_off
         for (unsigned j = lane; j < ATT_TILE; j += ATT_TPR) {
             unsigned kj = k0 + j;
             float dsc = 0.0f;
-            if (kj <= qi && qi < T) {
+            if (att_sees(causal, kj, qi, kl) && qi < T) {
                 float p = expf(att_dot(qs + row * ATT_PAD, ks + j * ATT_PAD, hd) * scale - ls[row]);
                 float dp = att_dot(dos + row * ATT_PAD, vs + j * ATT_PAD, hd);
                 dsc = p * (dp - ds[row]) * scale;

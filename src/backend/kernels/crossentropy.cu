@@ -1,5 +1,8 @@
 // Fused softmax + cross-entropy over a padded vocabulary: logits rows have vp
-// columns of which the first v are real. One workgroup per row.
+// columns of which the first v are real. One workgroup per row. A row whose
+// target is CE_IGNORE (data::IGNORE) has loss 0 and gradient 0.
+
+#define CE_IGNORE 0xffffffffu
 
 // losses (rows) = -log softmax(logits row)[target].
 KERNEL void crossentropy_forward(GLOBAL float* RESTRICT losses, unsigned losses_off,
@@ -16,7 +19,8 @@ KERNEL void crossentropy_forward(GLOBAL float* RESTRICT losses, unsigned losses_
     float s = 0.0f;
     for (unsigned j = tid; j < v; j += BLOCK) s += expf(x[j] - m);
     s = block_sum(buf, s);
-    if (tid == 0) losses[losses_off + row] = m + logf(s) - x[targets[targets_off + row]];
+    unsigned target = targets[targets_off + row];
+    if (tid == 0) losses[losses_off + row] = target == CE_IGNORE ? 0.0f : m + logf(s) - x[target];
 }
 
 // logits (rows, vp) become dloss * (softmax - onehot(target)), padding 0, in place.
@@ -37,7 +41,7 @@ KERNEL void crossentropy_backward_inplace(GLOBAL float* RESTRICT logits, unsigne
     unsigned target = targets[targets_off + row];
     // Each thread rewrites only the columns it read, so in place is safe.
     for (unsigned j = tid; j < vp; j += BLOCK) {
-        float g = j < v ? expf(x[j] - m) * inv : 0.0f;
+        float g = j < v && target != CE_IGNORE ? expf(x[j] - m) * inv : 0.0f;
         x[j] = j == target ? g - dloss : g;
     }
 }

@@ -3,7 +3,7 @@
 #define GELU_SCALE 0.7978845608f  // sqrt(2 / pi)
 #define GELU_CUBE 0.044715f
 
-// tanh through exp, as the CPU backend computes it: near |u| large, 1 - t^2
+// tanh through exp (GELU's and the pooler's), as the CPU backend computes it: near |u| large, 1 - t^2
 // below then keeps the relative precision of 1 - t, as on the CPU.
 DEVICE float gelu_tanh(float u) {
     return 1.0f - 2.0f / (expf(2.0f * u) + 1.0f);
@@ -29,6 +29,42 @@ KERNEL void gelu_backward_inplace(GLOBAL float* RESTRICT d, unsigned d_off,
     float th = gelu_tanh(u);
     float du = GELU_SCALE * (1.0f + 3.0f * GELU_CUBE * x * x);
     d[d_off + i] *= 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
+}
+
+// out = gelu(inp), exact: x * Phi(x) (BERT's gelu).
+KERNEL void gelu_erf_forward(GLOBAL float* RESTRICT out, unsigned out_off,
+                             const GLOBAL float* RESTRICT inp, unsigned inp_off, unsigned n) {
+    idx_t i = GLOBAL_ID(0);
+    if (i >= n) return;
+    float x = inp[inp_off + i];
+    out[out_off + i] = 0.5f * x * (1.0f + erff(x * 0.7071067812f));
+}
+
+// d *= gelu'(inp) of the exact GELU: Phi(x) + x phi(x).
+KERNEL void gelu_erf_backward_inplace(GLOBAL float* RESTRICT d, unsigned d_off,
+                                      const GLOBAL float* RESTRICT inp, unsigned inp_off,
+                                      unsigned n) {
+    idx_t i = GLOBAL_ID(0);
+    if (i >= n) return;
+    float x = inp[inp_off + i];
+    d[d_off + i] *= 0.5f * (1.0f + erff(x * 0.7071067812f)) + x * 0.3989422804f * expf(-0.5f * x * x);
+}
+
+// out = tanh(inp).
+KERNEL void tanh_forward(GLOBAL float* RESTRICT out, unsigned out_off,
+                         const GLOBAL float* RESTRICT inp, unsigned inp_off, unsigned n) {
+    idx_t i = GLOBAL_ID(0);
+    if (i >= n) return;
+    out[out_off + i] = gelu_tanh(inp[inp_off + i]);
+}
+
+// d *= 1 - tanh(inp)^2.
+KERNEL void tanh_backward_inplace(GLOBAL float* RESTRICT d, unsigned d_off,
+                                  const GLOBAL float* RESTRICT inp, unsigned inp_off, unsigned n) {
+    idx_t i = GLOBAL_ID(0);
+    if (i >= n) return;
+    float t = gelu_tanh(inp[inp_off + i]);
+    d[d_off + i] *= 1.0f - t * t;
 }
 
 // dst = src.

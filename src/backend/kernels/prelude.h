@@ -25,6 +25,7 @@ typedef ulong idx_t;
 #define logf(x) log(x)
 #define sqrtf(x) sqrt(x)
 #define tanhf(x) tanh(x)
+#define erff(x) erf(x)
 #define fmaxf(a, b) fmax(a, b)
 #define NEG_INF (-INFINITY)
 #else

@@ -3,13 +3,17 @@
 //! `Engine` holds the activations; `Gpt2` adds the full parameter and
 //! gradient buffers for the strategies that keep them whole.
 
+pub mod layout;
+
 use super::config::GptConfig;
-use super::layout::{BlockParam, ParamLayout};
-use crate::backend::{AttnShape, Backend, Buf, Category, Dst, Src, WeightLayout};
+use super::layout::{ParamLayout, TpPlace};
+use super::unit::{UnitGrads, UnitModel, UnitParams, Whole};
+use crate::backend::{Activation, AttnShape, Backend, Buf, Category, Dst, Src, WeightLayout};
 use crate::comm::{device, Comm};
+use crate::data::Batch as DataBatch;
 use crate::error::{Error, Result};
 use crate::rng::Rng;
-use std::ops::{Deref, DerefMut};
+pub use layout::BlockParam;
 
 /// Activations kept for the backward, plus its scratch, for `rows` = B*T
 /// tokens. Per-block buffers hold one slot per layer, or a single slot when
@@ -214,13 +218,8 @@ struct Batch {
     t: usize,
     tokens: Vec<u32>,
     has_targets: bool,
-}
-
-/// Tensor-parallel placement of this rank.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TpPlace {
-    pub rank: usize,
-    pub size: usize,
+    /// What the summed loss is divided by.
+    loss_terms: f32,
 }
 
 /// The gradient views of a block's weight and bias (`g` is the block's gradient).
@@ -238,6 +237,7 @@ fn weight_and_bias<'g, B>(
 pub struct Engine<B: Backend> {
     pub config: GptConfig,
     pub layout: ParamLayout,
+    whole: ParamLayout,
     pub backend: B,
     pub tp: TpPlace,
     /// Keep only block inputs in the forward; recompute each block in the backward.
@@ -258,6 +258,7 @@ impl<B: Backend> Engine<B> {
         }
         Ok(Engine {
             layout: ParamLayout::new_tp(&config, tp.size),
+            whole: ParamLayout::new(&config),
             config,
             backend,
             tp,
@@ -299,13 +300,13 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Checks a batch, readies the activations for it and copies its tokens
-    /// (and targets) to the device.
-    pub fn begin(
+    /// (and targets) to the device; the mean loss divides by `loss_terms`.
+    fn begin_lm(
         &mut self,
         tokens: &[u32],
         targets: Option<&[u32]>,
-        b: usize,
-        t: usize,
+        (b, t): (usize, usize),
+        loss_terms: f32,
     ) -> Result<()> {
         let bs = self.config.block_size;
         if t == 0 || t > bs {
@@ -356,6 +357,7 @@ impl<B: Backend> Engine<B> {
             t,
             tokens: tokens.to_vec(),
             has_targets: targets.is_some(),
+            loss_terms,
         });
         Ok(())
     }
@@ -374,7 +376,7 @@ impl<B: Backend> Engine<B> {
     }
 
     /// resid[0] = wte[tokens] + wpe; `emb` is the [wte | wpe] unit.
-    pub fn embed_forward(&mut self, emb: Src<'_, B>) {
+    fn embed_forward(&mut self, emb: Src<'_, B>) {
         let (b, t) = self.shape();
         let c = self.config.n_embd;
         let (wte_len, rows) = (self.config.padded_vocab() * c, b * t);
@@ -390,7 +392,7 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Block l: resid[l] -> resid[l + 1]; `p` is this rank's slice of the block.
-    pub fn block_forward(&mut self, l: usize, p: Src<'_, B>, tp: Option<&dyn Comm>) -> Result<()> {
+    fn block_forward(&mut self, l: usize, p: Src<'_, B>, tp: Option<&dyn Comm>) -> Result<()> {
         let (b, t) = self.shape();
         let Dims { c, cl, nhl, fl } = self.dims();
         let rows = b * t;
@@ -482,7 +484,7 @@ impl<B: Backend> Engine<B> {
             false,
         );
         let mut fch_gelu = a.fch_gelu.d().part(s, rows * fl);
-        be.gelu_forward(fch_gelu.rb(), fch.src());
+        be.activation_forward(fch_gelu.rb(), fch.src(), Activation::GeluTanh);
         if lead {
             be.copy(out.rb(), res2.src());
         }
@@ -505,7 +507,7 @@ impl<B: Backend> Engine<B> {
     }
 
     /// ln_f and the tied LM head; the mean loss when the batch has targets.
-    pub fn head_forward(&mut self, wte: Src<'_, B>, lnf: Src<'_, B>) -> Result<Option<f32>> {
+    fn head_forward(&mut self, wte: Src<'_, B>, lnf: Src<'_, B>) -> Result<Option<f32>> {
         let (b, t) = self.shape();
         let cfg = &self.config;
         let (c, n_layer, v, vp) = (cfg.n_embd, cfg.n_layer, cfg.vocab_size, cfg.padded_vocab());
@@ -540,7 +542,8 @@ impl<B: Backend> Engine<B> {
         }
         let mut losses = a.losses.slice_mut(0..rows);
         be.crossentropy_forward(losses.rb(), logits.src(), a.targets.slice(0..rows), v, vp);
-        Ok(Some((be.sum(losses.src())? / rows as f64) as f32))
+        let terms = self.batch.as_ref().expect("begun").loss_terms;
+        Ok(Some((be.sum(losses.src())? / terms as f64) as f32))
     }
 
     /// Logits (vocab_size, padding dropped) at (batch row bi, position ti) of the last forward.
@@ -555,7 +558,7 @@ impl<B: Backend> Engine<B> {
 
     /// Backward of the head for `loss_scale * mean loss`: dwte (Vp x C) and
     /// dlnf ([w | b]) accumulate; starts the residual gradient. Consumes the logits.
-    pub fn head_backward(
+    fn head_backward(
         &mut self,
         wte: Src<'_, B>,
         lnf: Src<'_, B>,
@@ -571,6 +574,7 @@ impl<B: Backend> Engine<B> {
         if !self.batch.as_ref().is_some_and(|x| x.has_targets) {
             return Err(Error::Input("backward needs a forward with targets".into()));
         }
+        let terms = self.batch.as_ref().expect("begun").loss_terms;
         let a = self.acts.as_mut().expect("begun");
         let mut logits = a.logits.slice_mut(0..rows * vp);
         be.crossentropy_backward_inplace(
@@ -578,7 +582,7 @@ impl<B: Backend> Engine<B> {
             a.targets.slice(0..rows),
             v,
             vp,
-            loss_scale / rows as f32,
+            loss_scale / terms,
         );
         if a.bf16.is_some() {
             // The logits' gradient feeds only this matmul: rounded where it lies.
@@ -617,7 +621,7 @@ impl<B: Backend> Engine<B> {
     /// Backward of block l: grads of its slice `p` accumulate into `g`; the
     /// residual gradient moves from resid[l + 1] to resid[l]. With
     /// recomputation the block's forward runs again first.
-    pub fn block_backward(
+    fn block_backward(
         &mut self,
         l: usize,
         p: Src<'_, B>,
@@ -652,7 +656,11 @@ impl<B: Backend> Engine<B> {
             WeightLayout::InOut,
             (rows, fl, c),
         );
-        be.gelu_backward_inplace(dfch.rb(), a.fch.s().part(s, rows * fl));
+        be.activation_backward_inplace(
+            dfch.rb(),
+            a.fch.s().part(s, rows * fl),
+            Activation::GeluTanh,
+        );
         let (dw, db) = weight_and_bias(&mut g, lay, BlockParam::FcW, BlockParam::FcB);
         matmul_backward(
             be,
@@ -741,7 +749,7 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Gradient of the [wte | wpe] unit from the residual gradient (accumulates into `demb`).
-    pub fn embed_backward(&mut self, demb: Dst<'_, B>) {
+    fn embed_backward(&mut self, demb: Dst<'_, B>) {
         let (_, t) = self.shape();
         let c = self.config.n_embd;
         let wte_len = self.config.padded_vocab() * c;
@@ -761,82 +769,85 @@ impl<B: Backend> Engine<B> {
     }
 }
 
-/// The engine plus whole parameter and gradient buffers (this rank's tensor-parallel part).
-pub struct Gpt2<B: Backend> {
-    pub engine: Engine<B>,
-    pub params: Buf<B>,
-    pub grads: Buf<B>,
-}
+impl<B: Backend> UnitModel<B> for Engine<B> {
+    fn backend(&self) -> &B {
+        &self.backend
+    }
 
-impl<B: Backend> Deref for Gpt2<B> {
-    type Target = Engine<B>;
-    fn deref(&self) -> &Engine<B> {
-        &self.engine
+    fn layout(&self) -> &ParamLayout {
+        &self.layout
+    }
+
+    fn whole_layout(&self) -> &ParamLayout {
+        &self.whole
+    }
+
+    fn tp(&self) -> TpPlace {
+        self.tp
+    }
+
+    fn begin(&mut self, batch: &DataBatch, b: usize, t: usize, loss_terms: f32) -> Result<()> {
+        let targets = (!batch.targets.is_empty()).then_some(&batch.targets[..]);
+        self.begin_lm(&batch.inputs, targets, (b, t), loss_terms)
+    }
+
+    /// Unit 0 is [wte | wpe], 1..=L the blocks, L + 1 ln_f with the tied LM head.
+    fn forward(
+        &mut self,
+        u: usize,
+        p: UnitParams<'_, B>,
+        tp: Option<&dyn Comm>,
+    ) -> Result<Option<f32>> {
+        let n_layer = self.config.n_layer;
+        match u {
+            0 => self.embed_forward(p.own),
+            u if u <= n_layer => self.block_forward(u - 1, p.own, tp)?,
+            _ => return self.head_forward(p.tied.expect("the head reads wte"), p.own),
+        }
+        Ok(None)
+    }
+
+    fn backward(
+        &mut self,
+        u: usize,
+        p: UnitParams<'_, B>,
+        g: UnitGrads<'_, B>,
+        tp: Option<&dyn Comm>,
+        loss_scale: f32,
+    ) -> Result<()> {
+        let n_layer = self.config.n_layer;
+        match u {
+            0 => self.embed_backward(g.own),
+            u if u <= n_layer => self.block_backward(u - 1, p.own, g.own, tp)?,
+            _ => self.head_backward(
+                p.tied.expect("the head reads wte"),
+                p.own,
+                g.tied.expect("the head accumulates dwte"),
+                g.own,
+                loss_scale,
+            )?,
+        }
+        Ok(())
     }
 }
 
-impl<B: Backend> DerefMut for Gpt2<B> {
-    fn deref_mut(&mut self) -> &mut Engine<B> {
-        &mut self.engine
-    }
-}
+/// The GPT-2 engine with whole parameter and gradient buffers.
+pub type Gpt2<B> = Whole<B, Engine<B>>;
 
-impl<B: Backend> Gpt2<B> {
+impl<B: Backend> Whole<B, Engine<B>> {
     /// A whole model with zero parameters (to be loaded or initialised).
     pub fn new(backend: B, config: GptConfig) -> Result<Self> {
-        Self::with_engine(Engine::new(
-            backend,
-            config,
-            TpPlace { rank: 0, size: 1 },
-            false,
-        )?)
-    }
-
-    pub fn with_engine(engine: Engine<B>) -> Result<Self> {
-        let n = engine.layout.total();
-        Ok(Gpt2 {
-            params: engine.backend.alloc(n, Category::Params)?,
-            grads: engine.backend.alloc(n, Category::Grads)?,
-            engine,
-        })
+        Self::with_engine(Engine::new(backend, config, TpPlace::NONE, false)?)
     }
 
     pub fn backend(&self) -> &B {
         &self.engine.backend
     }
 
-    pub fn zero_grads(&mut self) {
-        self.engine.backend.fill(self.grads.d(), 0.0);
-    }
-
-    /// This rank's parameters, copied to the host.
-    pub fn params_host(&self) -> Result<Vec<f32>> {
-        self.engine.backend.to_host(self.params.s())
-    }
-
-    /// Sets this rank's parameters from a host copy laid out as its layout.
-    pub fn set_params(&mut self, local: &[f32]) -> Result<()> {
-        self.engine.backend.upload(self.params.d(), local)
-    }
-
     /// GPT-2 initialisation of this rank's parameters.
     pub fn init_weights(&mut self, seed: u64) -> Result<()> {
         let full = init_full(&self.engine.config, seed);
         self.load_full(&full)
-    }
-
-    /// Sets this rank's part of a whole-model parameter buffer.
-    pub fn load_full(&mut self, full: &[f32]) -> Result<()> {
-        let whole = ParamLayout::new(&self.engine.config);
-        let mut local = vec![0.0; self.engine.layout.total()];
-        shard_tp(
-            full,
-            &whole,
-            &self.engine.layout,
-            self.engine.tp,
-            &mut local,
-        );
-        self.set_params(&local)
     }
 
     /// Runs the model on tokens (B*T); returns the mean loss when targets are given.
@@ -847,69 +858,17 @@ impl<B: Backend> Gpt2<B> {
         b: usize,
         t: usize,
     ) -> Result<Option<f32>> {
-        self.forward_tp(tokens, targets, b, t, None)
-    }
-
-    pub fn forward_tp(
-        &mut self,
-        tokens: &[u32],
-        targets: Option<&[u32]>,
-        b: usize,
-        t: usize,
-        tp: Option<&dyn Comm>,
-    ) -> Result<Option<f32>> {
-        let Gpt2 { engine, params, .. } = self;
-        engine.begin(tokens, targets, b, t)?;
-        engine.embed_forward(params.slice(engine.layout.embeddings()));
-        for l in 0..engine.config.n_layer {
-            let r = engine.layout.block(l);
-            engine.block_forward(l, params.slice(r), tp)?;
-        }
-        engine.head_forward(
-            params.slice(engine.layout.wte()),
-            params.slice(engine.layout.final_norm()),
-        )
+        let batch = DataBatch::lm(
+            tokens.to_vec(),
+            targets.map(<[u32]>::to_vec).unwrap_or_default(),
+        );
+        self.run_forward(&batch, (b, t), (b * t) as f32, None)
     }
 
     /// Accumulates into `grads` the gradient of `loss_scale * mean loss` of
     /// the last forward (which must have had targets). Consumes the logits.
     pub fn backward(&mut self, loss_scale: f32) -> Result<()> {
-        self.backward_tp(loss_scale, None, |_, _| Ok(()))
-    }
-
-    /// The backward, calling `unit_done` with the backend and each unit's gradient as soon
-    /// as it is final: ln_f, then blocks L-1 .. 0, then [wte | wpe] (the hook
-    /// where data parallelism all-reduces it).
-    pub fn backward_tp(
-        &mut self,
-        loss_scale: f32,
-        tp: Option<&dyn Comm>,
-        mut unit_done: impl FnMut(&B, Dst<'_, B>) -> Result<()>,
-    ) -> Result<()> {
-        let Gpt2 {
-            engine,
-            params,
-            grads,
-        } = self;
-        let lay = engine.layout.clone();
-        {
-            let (dwte, mut dlnf) = grads.d().split2(lay.wte(), lay.final_norm());
-            engine.head_backward(
-                params.slice(lay.wte()),
-                params.slice(lay.final_norm()),
-                dwte,
-                dlnf.rb(),
-                loss_scale,
-            )?;
-            unit_done(&engine.backend, dlnf)?;
-        }
-        for l in (0..engine.config.n_layer).rev() {
-            let r = lay.block(l);
-            engine.block_backward(l, params.slice(r.clone()), grads.slice_mut(r.clone()), tp)?;
-            unit_done(&engine.backend, grads.slice_mut(r))?;
-        }
-        engine.embed_backward(grads.slice_mut(lay.embeddings()));
-        unit_done(&engine.backend, grads.slice_mut(lay.embeddings()))
+        self.run_backward(loss_scale, None, |_, _, _| Ok(()))
     }
 }
 
@@ -940,39 +899,4 @@ pub fn init_full(cfg: &GptConfig, seed: u64) -> Vec<f32> {
     let wte = layout.wte();
     p[wte.start + cfg.vocab_size * cfg.n_embd..wte.end].fill(0.0);
     p
-}
-
-/// Copies tensor-parallel rank `tp`'s part of a whole-model buffer into `out` (laid out as `local`).
-pub fn shard_tp(
-    full: &[f32],
-    whole: &ParamLayout,
-    local: &ParamLayout,
-    tp: TpPlace,
-    out: &mut [f32],
-) {
-    for (w, l) in whole.tensors.iter().zip(&local.tensors) {
-        let part = w
-            .split
-            .shard(&full[w.range()], &w.full_shape, tp.size, tp.rank);
-        out[l.range()].copy_from_slice(&part);
-    }
-}
-
-/// Writes rank `tp`'s part (laid out as `local`) back into a whole-model buffer.
-pub fn unshard_tp(
-    local_buf: &[f32],
-    whole: &ParamLayout,
-    local: &ParamLayout,
-    tp: TpPlace,
-    full: &mut [f32],
-) {
-    for (w, l) in whole.tensors.iter().zip(&local.tensors) {
-        w.split.unshard(
-            &mut full[w.range()],
-            &local_buf[l.range()],
-            &w.full_shape,
-            tp.size,
-            tp.rank,
-        );
-    }
 }

@@ -1,0 +1,183 @@
+//! GPT-2's parameter layout:
+//! `[wte | wpe] [block 0] ... [block L-1] [ln_f.w ln_f.b]`, each block
+//! `ln1.w ln1.b qkv.w qkv.b attn_proj.w attn_proj.b ln2.w ln2.b fc.w fc.b fc_proj.w fc_proj.b`.
+//! Matmul weights are stored (in, out) as Hugging Face's Conv1D, so
+//! checkpoints need no transposes. The head (ln_f) reads the tied `wte`.
+
+use crate::model::config::GptConfig;
+use crate::model::layout::{ParamLayout, TpSplit};
+use std::ops::Range;
+
+/// The tensors of one transformer block, in layout order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockParam {
+    Ln1W,
+    Ln1B,
+    QkvW,
+    QkvB,
+    AttnProjW,
+    AttnProjB,
+    Ln2W,
+    Ln2B,
+    FcW,
+    FcB,
+    FcProjW,
+    FcProjB,
+}
+
+impl BlockParam {
+    pub const ALL: [BlockParam; 12] = [
+        BlockParam::Ln1W,
+        BlockParam::Ln1B,
+        BlockParam::QkvW,
+        BlockParam::QkvB,
+        BlockParam::AttnProjW,
+        BlockParam::AttnProjB,
+        BlockParam::Ln2W,
+        BlockParam::Ln2B,
+        BlockParam::FcW,
+        BlockParam::FcB,
+        BlockParam::FcProjW,
+        BlockParam::FcProjB,
+    ];
+
+    /// Shape for width c on one of `tp` tensor-parallel ranks.
+    pub fn shape(self, c: usize, tp: usize) -> Vec<usize> {
+        use BlockParam::*;
+        let cl = c / tp;
+        match self {
+            Ln1W | Ln1B | Ln2W | Ln2B | AttnProjB | FcProjB => vec![c],
+            QkvW => vec![c, 3 * cl],
+            QkvB => vec![3 * cl],
+            AttnProjW => vec![cl, c],
+            FcW => vec![c, 4 * cl],
+            FcB => vec![4 * cl],
+            FcProjW => vec![4 * cl, c],
+        }
+    }
+
+    /// How Megatron splits it: qkv and fc by columns (qkv per q/k/v group,
+    /// so each rank holds whole heads), the two projections by rows.
+    pub fn tp_split(self) -> TpSplit {
+        use BlockParam::*;
+        match self {
+            QkvW | QkvB => TpSplit::Cols { groups: 3 },
+            FcW | FcB => TpSplit::Cols { groups: 1 },
+            AttnProjW | FcProjW => TpSplit::Rows,
+            _ => TpSplit::Replicated,
+        }
+    }
+
+    /// The Hugging Face name inside `transformer.h.{i}.`.
+    pub fn hf_name(self) -> &'static str {
+        use BlockParam::*;
+        match self {
+            Ln1W => "ln_1.weight",
+            Ln1B => "ln_1.bias",
+            QkvW => "attn.c_attn.weight",
+            QkvB => "attn.c_attn.bias",
+            AttnProjW => "attn.c_proj.weight",
+            AttnProjB => "attn.c_proj.bias",
+            Ln2W => "ln_2.weight",
+            Ln2B => "ln_2.bias",
+            FcW => "mlp.c_fc.weight",
+            FcB => "mlp.c_fc.bias",
+            FcProjW => "mlp.c_proj.weight",
+            FcProjB => "mlp.c_proj.bias",
+        }
+    }
+}
+
+/// GPT-2's layout for one of `tp` tensor-parallel ranks (`tp` divides n_head).
+pub fn layout(cfg: &GptConfig, tp: usize) -> ParamLayout {
+    let (c, rep) = (cfg.n_embd, TpSplit::Replicated);
+    let mut b = ParamLayout::builder(tp);
+    b.unit("embeddings")
+        .tensor("transformer.wte.weight", &[cfg.padded_vocab(), c], rep)
+        .tensor("transformer.wpe.weight", &[cfg.block_size, c], rep);
+    for l in 0..cfg.n_layer {
+        b.unit(format!("block {l}"));
+        for p in BlockParam::ALL {
+            b.tensor(
+                format!("transformer.h.{l}.{}", p.hf_name()),
+                &p.shape(c, 1),
+                p.tp_split(),
+            );
+        }
+    }
+    b.unit("head")
+        .tensor("transformer.ln_f.weight", &[c], rep)
+        .tensor("transformer.ln_f.bias", &[c], rep)
+        .tie("transformer.wte.weight")
+        .build()
+}
+
+/// GPT-2's own accessors.
+impl ParamLayout {
+    /// The whole model's layout.
+    pub fn new(cfg: &GptConfig) -> Self {
+        layout(cfg, 1)
+    }
+
+    /// The layout of one of `tp` tensor-parallel ranks.
+    pub fn new_tp(cfg: &GptConfig, tp: usize) -> Self {
+        layout(cfg, tp)
+    }
+
+    pub fn wte(&self) -> Range<usize> {
+        self.unit_tensor(0, 0)
+    }
+
+    pub fn wpe(&self) -> Range<usize> {
+        self.unit_tensor(0, 1)
+    }
+
+    pub fn block_param(&self, l: usize, p: BlockParam) -> Range<usize> {
+        self.unit_tensor(1 + l, p as usize)
+    }
+
+    /// Offsets of p inside its block's slice.
+    pub fn in_block(&self, p: BlockParam) -> Range<usize> {
+        self.in_unit(1, p as usize)
+    }
+
+    /// The final layernorm unit [ln_f.w | ln_f.b].
+    pub fn final_norm(&self) -> Range<usize> {
+        self.head()
+    }
+
+    pub fn lnf_w(&self) -> Range<usize> {
+        self.unit_tensor(self.units.len() - 1, 0)
+    }
+
+    pub fn lnf_b(&self) -> Range<usize> {
+        self.unit_tensor(self.units.len() - 1, 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_is_contiguous_block_by_block() {
+        let cfg = GptConfig::preset("tiny").unwrap();
+        let lay = ParamLayout::new(&cfg);
+        assert_eq!(lay.total(), cfg.num_params());
+        let mut end = 0;
+        for t in &lay.tensors {
+            assert_eq!(t.offset, end, "{}", t.name);
+            end = t.range().end;
+        }
+        assert_eq!(
+            lay.block(0).start,
+            lay.block_param(0, BlockParam::Ln1W).start
+        );
+        assert_eq!(lay.block(1).end, lay.lnf_w().start);
+        assert_eq!(
+            lay.block_param(1, BlockParam::FcProjB).end,
+            lay.block(1).end
+        );
+        assert_eq!(lay.lnf_b().end, lay.total());
+    }
+}

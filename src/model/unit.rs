@@ -1,0 +1,218 @@
+//! The seam between model families and everything above them. A family
+//! (`gpt2`, `bert`) declares its units in a [`ParamLayout`] and runs them
+//! through [`UnitModel`]: one forward and one backward call per unit, on
+//! parameter slices the caller hands in. Strategies drive any family
+//! through this trait alone, gathering, reducing and sharding unit by unit.
+
+use super::layout::{ParamLayout, TpPlace};
+use crate::backend::{Backend, Buf, Category, Dst, Src};
+use crate::comm::Comm;
+use crate::data::Batch;
+use crate::error::Result;
+use std::ops::{Deref, DerefMut};
+
+/// A unit's parameters: its own slice and, where it reads one, the tied
+/// tensor of an earlier unit.
+pub struct UnitParams<'a, B: Backend> {
+    pub own: Src<'a, B>,
+    pub tied: Option<Src<'a, B>>,
+}
+
+/// Where a unit's backward accumulates: its own gradient slice and the
+/// tied tensor's gradient.
+pub struct UnitGrads<'a, B: Backend> {
+    pub own: Dst<'a, B>,
+    pub tied: Option<Dst<'a, B>>,
+}
+
+/// A model family's unit-by-unit forward and backward, holding the
+/// activations of one batch. Units run forward 0, 1, ... and backward in
+/// reverse; the last unit's forward computes the loss.
+pub trait UnitModel<B: Backend> {
+    fn backend(&self) -> &B;
+    /// This rank's layout (its tensor-parallel part).
+    fn layout(&self) -> &ParamLayout;
+    /// The whole model's layout.
+    fn whole_layout(&self) -> &ParamLayout;
+    fn tp(&self) -> TpPlace;
+    /// Checks a batch of `b` sequences of `t`, readies the activations and
+    /// copies it to the device. The mean loss divides the summed loss by
+    /// `loss_terms` (a data-parallel rank passes the global batch's count
+    /// over the group size, so ranks' means average to the global one).
+    fn begin(&mut self, batch: &Batch, b: usize, t: usize, loss_terms: f32) -> Result<()>;
+    /// Unit u's forward; the last unit returns the mean loss when the batch
+    /// has targets.
+    fn forward(
+        &mut self,
+        u: usize,
+        p: UnitParams<'_, B>,
+        tp: Option<&dyn Comm>,
+    ) -> Result<Option<f32>>;
+    /// Unit u's backward (the last unit's for `loss_scale` times the mean
+    /// loss), accumulating into `g`.
+    fn backward(
+        &mut self,
+        u: usize,
+        p: UnitParams<'_, B>,
+        g: UnitGrads<'_, B>,
+        tp: Option<&dyn Comm>,
+        loss_scale: f32,
+    ) -> Result<()>;
+}
+
+impl<B: Backend, M: UnitModel<B> + ?Sized> UnitModel<B> for Box<M> {
+    fn backend(&self) -> &B {
+        (**self).backend()
+    }
+    fn layout(&self) -> &ParamLayout {
+        (**self).layout()
+    }
+    fn whole_layout(&self) -> &ParamLayout {
+        (**self).whole_layout()
+    }
+    fn tp(&self) -> TpPlace {
+        (**self).tp()
+    }
+    fn begin(&mut self, batch: &Batch, b: usize, t: usize, loss_terms: f32) -> Result<()> {
+        (**self).begin(batch, b, t, loss_terms)
+    }
+    fn forward(
+        &mut self,
+        u: usize,
+        p: UnitParams<'_, B>,
+        tp: Option<&dyn Comm>,
+    ) -> Result<Option<f32>> {
+        (**self).forward(u, p, tp)
+    }
+    fn backward(
+        &mut self,
+        u: usize,
+        p: UnitParams<'_, B>,
+        g: UnitGrads<'_, B>,
+        tp: Option<&dyn Comm>,
+        loss_scale: f32,
+    ) -> Result<()> {
+        (**self).backward(u, p, g, tp, loss_scale)
+    }
+}
+
+/// A model with whole parameter and gradient buffers (this rank's
+/// tensor-parallel part): what the replicated strategies keep.
+pub struct Whole<B: Backend, M> {
+    pub engine: M,
+    pub params: Buf<B>,
+    pub grads: Buf<B>,
+}
+
+impl<B: Backend, M> Deref for Whole<B, M> {
+    type Target = M;
+    fn deref(&self) -> &M {
+        &self.engine
+    }
+}
+
+impl<B: Backend, M> DerefMut for Whole<B, M> {
+    fn deref_mut(&mut self) -> &mut M {
+        &mut self.engine
+    }
+}
+
+impl<B: Backend, M: UnitModel<B>> Whole<B, M> {
+    /// The engine with zeroed parameter and gradient buffers.
+    pub fn with_engine(engine: M) -> Result<Self> {
+        let n = engine.layout().total();
+        Ok(Whole {
+            params: engine.backend().alloc(n, Category::Params)?,
+            grads: engine.backend().alloc(n, Category::Grads)?,
+            engine,
+        })
+    }
+
+    pub fn zero_grads(&mut self) {
+        self.engine.backend().fill(self.grads.d(), 0.0);
+    }
+
+    /// This rank's parameters, copied to the host.
+    pub fn params_host(&self) -> Result<Vec<f32>> {
+        self.engine.backend().to_host(self.params.s())
+    }
+
+    /// Sets this rank's parameters from a host copy laid out as its layout.
+    pub fn set_params(&mut self, local: &[f32]) -> Result<()> {
+        self.engine.backend().upload(self.params.d(), local)
+    }
+
+    /// Sets this rank's part of a whole-model parameter buffer.
+    pub fn load_full(&mut self, full: &[f32]) -> Result<()> {
+        let e = &self.engine;
+        let mut local = vec![0.0; e.layout().total()];
+        super::layout::shard_tp(full, e.whole_layout(), e.layout(), e.tp(), &mut local);
+        self.set_params(&local)
+    }
+
+    /// Runs every unit on a batch; the mean loss (over `loss_terms`) when it has targets.
+    pub fn run_forward(
+        &mut self,
+        batch: &Batch,
+        (b, t): (usize, usize),
+        loss_terms: f32,
+        tp: Option<&dyn Comm>,
+    ) -> Result<Option<f32>> {
+        let Whole { engine, params, .. } = self;
+        engine.begin(batch, b, t, loss_terms)?;
+        let mut loss = None;
+        for u in 0..engine.layout().units.len() {
+            let unit = &engine.layout().units[u];
+            let p = UnitParams {
+                own: params.slice(unit.range.clone()),
+                tied: unit.tied.as_ref().map(|x| params.slice(x.range.clone())),
+            };
+            loss = engine.forward(u, p, tp)?;
+        }
+        Ok(loss)
+    }
+
+    /// Accumulates into `grads` the gradient of `loss_scale` times the mean
+    /// loss of the last forward, calling `unit_done` with each unit's index
+    /// and gradient as soon as it is final (the hook where data parallelism
+    /// reduces it). A unit whose tensor a later unit ties is final after its
+    /// own backward, the last to run.
+    pub fn run_backward(
+        &mut self,
+        loss_scale: f32,
+        tp: Option<&dyn Comm>,
+        mut unit_done: impl FnMut(&B, usize, Dst<'_, B>) -> Result<()>,
+    ) -> Result<()> {
+        let Whole {
+            engine,
+            params,
+            grads,
+        } = self;
+        let lay = engine.layout().clone();
+        for (u, unit) in lay.units.iter().enumerate().rev() {
+            let p = UnitParams {
+                own: params.slice(unit.range.clone()),
+                tied: unit.tied.as_ref().map(|x| params.slice(x.range.clone())),
+            };
+            match &unit.tied {
+                Some(tied) => {
+                    let (tg, g) = grads.d().split2(tied.range.clone(), unit.range.clone());
+                    let g = UnitGrads {
+                        own: g,
+                        tied: Some(tg),
+                    };
+                    engine.backward(u, p, g, tp, loss_scale)?;
+                }
+                None => {
+                    let g = UnitGrads {
+                        own: grads.slice_mut(unit.range.clone()),
+                        tied: None,
+                    };
+                    engine.backward(u, p, g, tp, loss_scale)?;
+                }
+            }
+            unit_done(engine.backend(), u, grads.slice_mut(unit.range.clone()))?;
+        }
+        Ok(())
+    }
+}
