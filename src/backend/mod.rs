@@ -145,7 +145,8 @@ pub trait Backend: Send + Sync + Sized + 'static {
         t: usize,
         c: usize,
     );
-    /// out, inp (rows, C); mean, rstd (rows).
+    /// out, inp (rows, C); mean, rstd (rows); eps inside the square root.
+    #[allow(clippy::too_many_arguments)]
     fn layernorm_forward(
         &self,
         out: Dst<'_, Self>,
@@ -155,6 +156,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         w: Src<'_, Self>,
         b: Src<'_, Self>,
         c: usize,
+        eps: f32,
     );
     /// dinp (rows, C) +=; dw, db (C) +=.
     fn layernorm_backward(

@@ -8,7 +8,7 @@ use crate::backend::{
 };
 use crate::comm::{device, Comm};
 use crate::error::{Error, Result};
-use crate::model::gpt2::BlockParam;
+use crate::model::gpt2::{BlockParam, LN_EPS};
 use crate::model::{GptConfig, ParamLayout, TpPlace};
 
 /// A (tensor-parallel part of a) model ready to decode: its flat parameters
@@ -188,6 +188,7 @@ impl<B: Backend> Decoder<B> {
                 w(BlockParam::Ln1W),
                 w(BlockParam::Ln1B),
                 c,
+                LN_EPS,
             );
             be.matmul_decode(
                 self.qkv.d(),
@@ -238,6 +239,7 @@ impl<B: Backend> Decoder<B> {
                 w(BlockParam::Ln2W),
                 w(BlockParam::Ln2B),
                 c,
+                LN_EPS,
             );
             be.matmul_decode(
                 self.fch.d(),
@@ -277,6 +279,7 @@ impl<B: Backend> Decoder<B> {
             lnf.first(c),
             lnf.from(c),
             c,
+            LN_EPS,
         );
         if let Some(head) = &weights.lm_head {
             be.matmul_decode(self.logits.d(), self.ln.s(), head, None, b, c, vp, false);

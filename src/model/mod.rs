@@ -1,8 +1,9 @@
 //! Model families and what they share: the flat parameter layout a family
 //! declares (`layout`), the unit-by-unit seam strategies drive (`unit`),
-//! the AdamW state that mirrors the layout, and the families (`gpt2`).
+//! the AdamW state that mirrors the layout, and the families (`gpt2`, `bert`).
 
 pub mod adamw;
+pub mod bert;
 pub mod config;
 pub mod family;
 pub mod gpt2;

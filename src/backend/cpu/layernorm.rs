@@ -1,11 +1,11 @@
-//! LayerNorm over the last dimension (eps 1e-5, as GPT-2), forward and backward.
+//! LayerNorm over the last dimension, forward and backward; eps is the
+//! model's (GPT-2 1e-5, BERT 1e-12).
 
 use super::math::sum;
 use rayon::prelude::*;
 
-pub const EPS: f32 = 1e-5;
-
 /// inp, out are (rows, c); mean, rstd are (rows) and kept for the backward.
+#[allow(clippy::too_many_arguments)]
 pub fn layernorm_forward(
     out: &mut [f32],
     mean: &mut [f32],
@@ -14,6 +14,7 @@ pub fn layernorm_forward(
     w: &[f32],
     b: &[f32],
     c: usize,
+    eps: f32,
 ) {
     let rows = mean.len();
     out[..rows * c]
@@ -28,7 +29,7 @@ pub fn layernorm_forward(
                 acc[i % 8] += d * d;
             }
             let var = acc.iter().sum::<f32>() / c as f32;
-            let r = 1.0 / (var + EPS).sqrt();
+            let r = 1.0 / (var + eps).sqrt();
             for i in 0..c {
                 o[i] = (x[i] - mu) * r * w[i] + b[i];
             }
@@ -105,7 +106,7 @@ mod tests {
             .flat_map(|row| {
                 let mu = row.iter().sum::<f64>() / c as f64;
                 let var = row.iter().map(|v| (v - mu).powi(2)).sum::<f64>() / c as f64;
-                let r = 1.0 / (var + EPS as f64).sqrt();
+                let r = 1.0 / (var + 1e-5f64).sqrt();
                 (0..c)
                     .map(move |i| (row[i] - mu) * r * w[i] + b[i])
                     .collect::<Vec<_>>()
@@ -123,7 +124,7 @@ mod tests {
         let probe = randn(&mut rng, rows * c, 1.0);
 
         let (mut out, mut mean, mut rstd) = (vec![0.0; rows * c], vec![0.0; rows], vec![0.0; rows]);
-        layernorm_forward(&mut out, &mut mean, &mut rstd, &x, &w, &b, c);
+        layernorm_forward(&mut out, &mut mean, &mut rstd, &x, &w, &b, c, 1e-5);
         assert_close(
             "out",
             &out,

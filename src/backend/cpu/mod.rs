@@ -141,8 +141,9 @@ impl Backend for Cpu {
         wt: Src<'_, Self>,
         b: Src<'_, Self>,
         c: usize,
+        eps: f32,
     ) {
-        layernorm::layernorm_forward(w(out), w(mean), w(rstd), r(inp), r(wt), r(b), c)
+        layernorm::layernorm_forward(w(out), w(mean), w(rstd), r(inp), r(wt), r(b), c, eps)
     }
     fn layernorm_backward(
         &self,

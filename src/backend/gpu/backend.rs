@@ -265,6 +265,7 @@ impl<R: Runtime> Backend for Gpu<R> {
         w: Src<'_, Self>,
         b: Src<'_, Self>,
         c: usize,
+        eps: f32,
     ) {
         let rows = mean.len();
         self.queue(|d| {
@@ -276,7 +277,7 @@ impl<R: Runtime> Backend for Gpu<R> {
                 view(w.raw()),
                 view(b.raw()),
                 rows,
-                c,
+                (c, eps),
             )
         })
     }

@@ -158,7 +158,7 @@ impl<R: Runtime> Device<R> {
         w: View,
         b: View,
         rows: usize,
-        c: usize,
+        (c, eps): (usize, f32),
     ) -> Result<(), GpuError> {
         need("layernorm_forward out", out, rows * c)?;
         need("layernorm_forward inp", inp, rows * c)?;
@@ -174,6 +174,7 @@ impl<R: Runtime> Device<R> {
             Arg::View(w),
             Arg::View(b),
             u32s("c", c)?,
+            Arg::F32(eps),
         ];
         self.launch("layernorm_forward", rows, &args)
     }

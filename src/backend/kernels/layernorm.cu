@@ -1,4 +1,4 @@
-// LayerNorm over the last dimension (eps 1e-5, as GPT-2).
+// LayerNorm over the last dimension; eps is the model's (GPT-2 1e-5, BERT 1e-12).
 
 // One workgroup per row. inp, out (rows, c); w, b (c); mean, rstd (rows).
 KERNEL void layernorm_forward(GLOBAL float* RESTRICT out, unsigned out_off,
@@ -7,7 +7,7 @@ KERNEL void layernorm_forward(GLOBAL float* RESTRICT out, unsigned out_off,
                               const GLOBAL float* RESTRICT inp, unsigned inp_off,
                               const GLOBAL float* RESTRICT w, unsigned w_off,
                               const GLOBAL float* RESTRICT b, unsigned b_off,
-                              unsigned c) {
+                              unsigned c, float eps) {
     SHARED float buf[BLOCK];
     unsigned row = GROUP_ID(0);
     int tid = LOCAL_ID(0);
@@ -24,7 +24,7 @@ KERNEL void layernorm_forward(GLOBAL float* RESTRICT out, unsigned out_off,
         ss += d * d;
     }
     float var = block_sum(buf, ss) / (float)c;
-    float r = 1.0f / sqrtf(var + 1e-5f);
+    float r = 1.0f / sqrtf(var + eps);
     for (unsigned j = tid; j < c; j += BLOCK) o[j] = (x[j] - mu) * r * w[j] + b[j];
     if (tid == 0) {
         mean[mean_off + row] = mu;

@@ -15,6 +15,9 @@ use crate::error::{Error, Result};
 use crate::rng::Rng;
 pub use layout::BlockParam;
 
+/// GPT-2's layernorm epsilon.
+pub const LN_EPS: f32 = 1e-5;
+
 /// Activations kept for the backward, plus its scratch, for `rows` = B*T
 /// tokens. Per-block buffers hold one slot per layer, or a single slot when
 /// blocks are recomputed in the backward.
@@ -417,6 +420,7 @@ impl<B: Backend> Engine<B> {
             w(BlockParam::Ln1W),
             w(BlockParam::Ln1B),
             c,
+            LN_EPS,
         );
         let mut qkv = a.qkv.d().part(s, 3 * rows * cl);
         matmul_forward(
@@ -470,6 +474,7 @@ impl<B: Backend> Engine<B> {
             w(BlockParam::Ln2W),
             w(BlockParam::Ln2B),
             c,
+            LN_EPS,
         );
         let mut fch = a.fch.d().part(s, rows * fl);
         matmul_forward(
@@ -524,6 +529,7 @@ impl<B: Backend> Engine<B> {
             lnf.first(c),
             lnf.from(c),
             c,
+            LN_EPS,
         );
         let mut logits = a.logits.slice_mut(0..rows * vp);
         matmul_forward(

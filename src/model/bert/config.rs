@@ -1,0 +1,118 @@
+//! BERT configurations: the encoder's shape and which head sits on it.
+
+use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
+
+/// What the encoder is trained for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BertHead {
+    /// `BertForMaskedLM`: the transform (dense, GELU, LayerNorm) and the
+    /// decoder tied to the word embeddings, loss on the masked tokens.
+    Mlm,
+    /// `BertForSequenceClassification`: the pooler (dense + tanh on the
+    /// first token) and a linear classifier, one label per sequence.
+    Classify { labels: usize },
+}
+
+/// Shape of a BERT encoder (Hugging Face `BertConfig`'s fields). The word
+/// embedding is padded to [`BertConfig::padded_vocab`] rows.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BertConfig {
+    pub n_layer: usize,
+    pub n_head: usize,
+    /// hidden_size.
+    pub n_embd: usize,
+    /// intermediate_size.
+    pub n_inner: usize,
+    /// max_position_embeddings.
+    pub block_size: usize,
+    pub type_vocab: usize,
+    pub vocab_size: usize,
+    pub layer_norm_eps: f32,
+    pub head: BertHead,
+}
+
+impl std::fmt::Display for BertConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "BERT {} layers x {} heads x {} wide (MLP {}), {} positions, vocabulary {}, ",
+            self.n_layer, self.n_head, self.n_embd, self.n_inner, self.block_size, self.vocab_size
+        )?;
+        match self.head {
+            BertHead::Mlm => write!(f, "masked-LM head"),
+            BertHead::Classify { labels } => write!(f, "{labels}-way classifier"),
+        }
+    }
+}
+
+impl BertConfig {
+    /// all-MiniLM-L6-v2's encoder (6 layers, 384 wide, 12 heads) with `head`.
+    pub fn mini_lm(head: BertHead) -> Self {
+        BertConfig {
+            n_layer: 6,
+            n_head: 12,
+            n_embd: 384,
+            n_inner: 1536,
+            block_size: 512,
+            type_vocab: 2,
+            vocab_size: 30522,
+            layer_norm_eps: 1e-12,
+            head,
+        }
+    }
+
+    /// Vocabulary rounded up to a multiple of 64 (the word embedding's rows).
+    pub fn padded_vocab(&self) -> usize {
+        self.vocab_size.div_ceil(64) * 64
+    }
+
+    /// Classes the head predicts over: the vocabulary or the labels.
+    pub fn classes(&self) -> usize {
+        match self.head {
+            BertHead::Mlm => self.vocab_size,
+            BertHead::Classify { labels } => labels,
+        }
+    }
+
+    /// Refuses shapes the kernels cannot run.
+    pub fn validate(&self) -> Result<()> {
+        let c = self;
+        let dims = [
+            c.n_layer,
+            c.n_head,
+            c.n_embd,
+            c.n_inner,
+            c.block_size,
+            c.type_vocab,
+            c.vocab_size,
+            c.classes(),
+        ];
+        if dims.contains(&0) {
+            return Err(Error::Config(format!(
+                "every model dimension must be positive, got {c}"
+            )));
+        }
+        if !c.n_embd.is_multiple_of(c.n_head) {
+            return Err(Error::Config(format!(
+                "hidden size ({}) must be divisible by the heads ({})",
+                c.n_embd, c.n_head
+            )));
+        }
+        if !(c.layer_norm_eps > 0.0 && c.layer_norm_eps.is_finite()) {
+            return Err(Error::Config(format!(
+                "layer_norm_eps {} must be positive",
+                c.layer_norm_eps
+            )));
+        }
+        let params = super::layout::layout_len(c);
+        match params {
+            Some(n) if n <= crate::model::config::MAX_PARAMS => Ok(()),
+            _ => Err(Error::Config(format!(
+                "{c} is more than {} parameters",
+                crate::model::config::MAX_PARAMS
+            ))),
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! Hugging Face BERT folders in: `config.json` (`BertConfig`) and
+//! `model.safetensors` of a `BertModel` (names without `bert.`),
+//! `BertForMaskedLM` or `BertForSequenceClassification`. `nn.Linear`
+//! weights (out, in) are transposed to the layout's (in, out); query, key
+//! and value are joined into `qkv`.
+
+use super::config::{BertConfig, BertHead};
+use super::layout::{layout, BlockParam, EMBEDDINGS};
+use crate::error::{Error, Result};
+use safetensors::tensor::{Dtype, SafeTensors};
+use std::path::Path;
+
+/// The config of a Hugging Face BERT folder; `head` replaces the one its
+/// architecture implies (a `BertModel` implies none, so it must be given).
+pub fn read_config(dir: &Path, head: Option<BertHead>) -> Result<BertConfig> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| Error::Input(format!("cannot read {}: {e}", path.display())))?;
+    let j: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| Error::Input(format!("{} is not JSON: {e}", path.display())))?;
+    let bad = |what: &str| Error::Input(format!("{}: {what}", path.display()));
+    if j["model_type"].as_str() != Some("bert") {
+        return Err(bad("model_type is not \"bert\""));
+    }
+    let get = |k: &str| {
+        j[k].as_u64()
+            .map(|v| v as usize)
+            .ok_or_else(|| bad(&format!("{k} is missing or not a whole number")))
+    };
+    match j["hidden_act"].as_str() {
+        Some("gelu") | None => {}
+        Some(other) => {
+            return Err(bad(&format!(
+                "hidden_act {other} is not supported (gelu only)"
+            )))
+        }
+    }
+    if j["position_embedding_type"]
+        .as_str()
+        .is_some_and(|p| p != "absolute")
+    {
+        return Err(bad("only absolute position embeddings are supported"));
+    }
+    let arch = j["architectures"][0].as_str().unwrap_or("BertModel");
+    let implied = match arch {
+        "BertForMaskedLM" => Some(BertHead::Mlm),
+        "BertForSequenceClassification" => {
+            let labels = j["id2label"]
+                .as_object()
+                .map(|m| m.len())
+                .or_else(|| j["num_labels"].as_u64().map(|n| n as usize))
+                .unwrap_or(2);
+            Some(BertHead::Classify { labels })
+        }
+        _ => None,
+    };
+    let head = head.or(implied).ok_or_else(|| {
+        bad(&format!(
+            "a {arch} has no head: say which (masked LM or a classifier)"
+        ))
+    })?;
+    let cfg = BertConfig {
+        n_layer: get("num_hidden_layers")?,
+        n_head: get("num_attention_heads")?,
+        n_embd: get("hidden_size")?,
+        n_inner: get("intermediate_size")?,
+        block_size: get("max_position_embeddings")?,
+        type_vocab: get("type_vocab_size")?,
+        vocab_size: get("vocab_size")?,
+        layer_norm_eps: j["layer_norm_eps"].as_f64().unwrap_or(1e-12) as f32,
+        head,
+    };
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// A tensor of the file as f32 with its shape, under `name` or, for a
+/// `BertModel`'s file, `name` without its `bert.` prefix.
+fn find(st: &SafeTensors, name: &str) -> Result<Option<(Vec<usize>, Vec<f32>)>> {
+    let short = name.strip_prefix("bert.");
+    let view = match st.tensor(name) {
+        Ok(v) => v,
+        Err(_) => match short.and_then(|s| st.tensor(s).ok()) {
+            Some(v) => v,
+            None => return Ok(None),
+        },
+    };
+    if view.dtype() != Dtype::F32 {
+        return Err(Error::Input(format!(
+            "tensor {name} is {:?}; float32 checkpoints only",
+            view.dtype()
+        )));
+    }
+    let data = view
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+        .collect();
+    Ok(Some((view.shape().to_vec(), data)))
+}
+
+fn need(st: &SafeTensors, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+    match find(st, name)? {
+        Some((s, data)) if s == shape => Ok(data),
+        Some((s, _)) => Err(Error::Input(format!(
+            "tensor {name} has shape {s:?}, the config wants {shape:?}"
+        ))),
+        None => Err(Error::Input(format!("the checkpoint has no tensor {name}"))),
+    }
+}
+
+/// (out, in) row-major -> (in, out).
+fn transpose(w: &[f32], out: usize, inp: usize) -> Vec<f32> {
+    let mut t = vec![0.0; w.len()];
+    for o in 0..out {
+        for i in 0..inp {
+            t[i * out + o] = w[o * inp + i];
+        }
+    }
+    t
+}
+
+/// The whole model's parameters from a Hugging Face state dict, starting
+/// from `init` (BERT's initialisation) for the head tensors a file may
+/// lack: a `BertModel`'s classifier, or its pooler under an MLM head.
+pub fn read_weights(cfg: &BertConfig, st: &SafeTensors, init: Vec<f32>) -> Result<Vec<f32>> {
+    let lay = layout(cfg, 1);
+    let mut p = init;
+    let (c, f, vp, v) = (cfg.n_embd, cfg.n_inner, cfg.padded_vocab(), cfg.vocab_size);
+    let mut put = |name: &str, data: &[f32]| {
+        let r = lay.tensor(name).expect("declared").range();
+        p[r.start..r.start + data.len()].copy_from_slice(data);
+    };
+    put(EMBEDDINGS[0], &need(st, EMBEDDINGS[0], &[v, c])?);
+    put(
+        EMBEDDINGS[1],
+        &need(st, EMBEDDINGS[1], &[cfg.block_size, c])?,
+    );
+    put(
+        EMBEDDINGS[2],
+        &need(st, EMBEDDINGS[2], &[cfg.type_vocab, c])?,
+    );
+    put(EMBEDDINGS[3], &need(st, EMBEDDINGS[3], &[c])?);
+    put(EMBEDDINGS[4], &need(st, EMBEDDINGS[4], &[c])?);
+    let linear = |name: &str, out: usize, inp: usize| -> Result<Vec<f32>> {
+        Ok(transpose(&need(st, name, &[out, inp])?, out, inp))
+    };
+    for l in 0..cfg.n_layer {
+        let hf = |s: &str| format!("bert.encoder.layer.{l}.{s}");
+        let ours = |bp: BlockParam| format!("bert.encoder.layer.{l}.{}", bp.name());
+        let (mut qkv_w, mut qkv_b) = (vec![0.0; c * 3 * c], Vec::with_capacity(3 * c));
+        for (g, part) in ["query", "key", "value"].iter().enumerate() {
+            let w = linear(&hf(&format!("attention.self.{part}.weight")), c, c)?;
+            for i in 0..c {
+                qkv_w[i * 3 * c + g * c..i * 3 * c + (g + 1) * c]
+                    .copy_from_slice(&w[i * c..(i + 1) * c]);
+            }
+            qkv_b.extend(need(st, &hf(&format!("attention.self.{part}.bias")), &[c])?);
+        }
+        put(&ours(BlockParam::QkvW), &qkv_w);
+        put(&ours(BlockParam::QkvB), &qkv_b);
+        put(
+            &ours(BlockParam::AttnOutW),
+            &linear(&hf("attention.output.dense.weight"), c, c)?,
+        );
+        put(
+            &ours(BlockParam::InterW),
+            &linear(&hf("intermediate.dense.weight"), f, c)?,
+        );
+        put(
+            &ours(BlockParam::OutW),
+            &linear(&hf("output.dense.weight"), c, f)?,
+        );
+        for bp in [
+            BlockParam::AttnOutB,
+            BlockParam::AttnLnW,
+            BlockParam::AttnLnB,
+            BlockParam::InterB,
+            BlockParam::OutB,
+            BlockParam::OutLnW,
+            BlockParam::OutLnB,
+        ] {
+            let shape = bp.shape(c, f);
+            put(&ours(bp), &need(st, &ours(bp), &shape)?);
+        }
+    }
+    match cfg.head {
+        BertHead::Mlm => {
+            let t = "cls.predictions.transform.";
+            put(
+                &format!("{t}dense.weight"),
+                &linear(&format!("{t}dense.weight"), c, c)?,
+            );
+            for n in ["dense.bias", "LayerNorm.weight", "LayerNorm.bias"] {
+                let name = format!("{t}{n}");
+                put(&name, &need(st, &name, &[c])?);
+            }
+            let bias = match find(st, "cls.predictions.bias")? {
+                Some(_) => need(st, "cls.predictions.bias", &[v])?,
+                None => need(st, "cls.predictions.decoder.bias", &[v])?,
+            };
+            put("cls.predictions.bias", &bias);
+            debug_assert!(vp >= v);
+        }
+        BertHead::Classify { labels } => {
+            // A BertModel has a pooler and no classifier; fine-tuning starts the classifier fresh.
+            if find(st, "bert.pooler.dense.weight")?.is_some() {
+                put(
+                    "bert.pooler.dense.weight",
+                    &linear("bert.pooler.dense.weight", c, c)?,
+                );
+                put(
+                    "bert.pooler.dense.bias",
+                    &need(st, "bert.pooler.dense.bias", &[c])?,
+                );
+            }
+            if find(st, "classifier.weight")?.is_some() {
+                put(
+                    "classifier.weight",
+                    &linear("classifier.weight", labels, c)?,
+                );
+                put("classifier.bias", &need(st, "classifier.bias", &[labels])?);
+            }
+        }
+    }
+    Ok(p)
+}
+
+/// A Hugging Face BERT folder: its config (with `head` where the folder
+/// has none) and the whole model's parameters.
+pub fn load_folder(
+    dir: &Path,
+    head: Option<BertHead>,
+    seed: u64,
+) -> Result<(BertConfig, Vec<f32>)> {
+    let cfg = read_config(dir, head)?;
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path)
+        .map_err(|e| Error::Input(format!("cannot read {}: {e}", path.display())))?;
+    let st = SafeTensors::deserialize(&bytes)
+        .map_err(|e| Error::Input(format!("{} is not a safetensors file: {e}", path.display())))?;
+    let params = read_weights(&cfg, &st, super::init_full(&cfg, seed))?;
+    Ok((cfg, params))
+}

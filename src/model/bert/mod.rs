@@ -1,0 +1,1074 @@
+//! BERT, with Hugging Face `BertModel` semantics: word + position + token
+//! type embeddings and a LayerNorm; post-LN blocks (attention over each
+//! sequence's unpadded keys in both directions, exact GELU); a masked-LM
+//! head (`BertForMaskedLM`) or the pooler and a classifier
+//! (`BertForSequenceClassification`). Units as GPT-2's: 0 the embeddings,
+//! 1..=L the blocks, L + 1 the head, run through [`UnitModel`].
+
+pub mod config;
+pub mod hf;
+pub mod layout;
+
+pub use config::{BertConfig, BertHead};
+pub use layout::BlockParam;
+
+use super::layout::{ParamLayout, TpPlace};
+use super::unit::{UnitGrads, UnitModel, UnitParams};
+use crate::backend::{Activation, AttnShape, Backend, Buf, Category, Dst, Src, WeightLayout};
+use crate::comm::{device, Comm};
+use crate::data::{Batch, IGNORE};
+use crate::error::{Error, Result};
+use crate::rng::Rng;
+
+/// The head's activations.
+enum HeadActs<B: Backend> {
+    /// transform dense out, its GELU, its LayerNorm (with mean, rstd), logits, losses.
+    Mlm {
+        t1: Buf<B>,
+        t2: Buf<B>,
+        t3: Buf<B>,
+        mean: Buf<B>,
+        rstd: Buf<B>,
+        logits: Buf<B>,
+        losses: Buf<B>,
+    },
+    /// first-token rows, pooler pre-activation and output, logits, losses,
+    /// and the backward's gradients of the first-token rows and the pooler.
+    Classify {
+        cls: Buf<B>,
+        pre: Buf<B>,
+        pooled: Buf<B>,
+        logits: Buf<B>,
+        losses: Buf<B>,
+        dcls: Buf<B>,
+        dpooled: Buf<B>,
+    },
+}
+
+/// Activations of one batch of `rows` = B*T tokens (`b` sequences); the
+/// per-block ones hold a slot per layer, or one under recomputation.
+struct Acts<B: Backend> {
+    rows: usize,
+    b: usize,
+    tokens: Buf<B, u32>,
+    targets: Buf<B, u32>,
+    lens: Buf<B, u32>,
+    /// One-hot token types (rows, type_vocab), and its gradient's scratch.
+    types: Buf<B>,
+    dtypes: Buf<B>,
+    /// Embedding sum before its LayerNorm, with mean, rstd.
+    emb: Buf<B>,
+    emb_mean: Buf<B>,
+    emb_rstd: Buf<B>,
+    /// resid[0] the embeddings' output, resid[l + 1] block l's.
+    resid: Buf<B>,
+    qkv: Buf<B>,
+    atty: Buf<B>,
+    lse: Buf<B>,
+    /// x + attention output, before the attention LayerNorm; its output.
+    h: Buf<B>,
+    h1: Buf<B>,
+    ln1_mean: Buf<B>,
+    ln1_rstd: Buf<B>,
+    /// intermediate pre-activation and its GELU.
+    f: Buf<B>,
+    g: Buf<B>,
+    /// h1 + MLP output, before the output LayerNorm.
+    o: Buf<B>,
+    ln2_mean: Buf<B>,
+    ln2_rstd: Buf<B>,
+    head: HeadActs<B>,
+    /// The residual stream's gradient, a second (rows, C), the widest scratch, dqkv.
+    dres: Buf<B>,
+    dalt: Buf<B>,
+    dbig: Buf<B>,
+    dqkv: Buf<B>,
+}
+
+/// Per-rank widths under tensor parallelism.
+#[derive(Clone, Copy)]
+struct Dims {
+    c: usize,
+    cl: usize,
+    nhl: usize,
+    fl: usize,
+}
+
+impl<B: Backend> Acts<B> {
+    fn new(
+        be: &B,
+        cfg: &BertConfig,
+        d: Dims,
+        (slots, rows, b): (usize, usize, usize),
+    ) -> Result<Self> {
+        let (l, c) = (cfg.n_layer, cfg.n_embd);
+        let a = |n: usize| be.alloc(n, Category::Activations);
+        let head = match cfg.head {
+            BertHead::Mlm => HeadActs::Mlm {
+                t1: a(rows * c)?,
+                t2: a(rows * c)?,
+                t3: a(rows * c)?,
+                mean: a(rows)?,
+                rstd: a(rows)?,
+                logits: a(rows * cfg.padded_vocab())?,
+                losses: a(rows)?,
+            },
+            BertHead::Classify { labels } => HeadActs::Classify {
+                cls: a(b * c)?,
+                pre: a(b * c)?,
+                pooled: a(b * c)?,
+                logits: a(b * labels)?,
+                losses: a(b)?,
+                dcls: a(b * c)?,
+                dpooled: a(b * c)?,
+            },
+        };
+        let targets = match cfg.head {
+            BertHead::Mlm => rows,
+            BertHead::Classify { .. } => b,
+        };
+        Ok(Acts {
+            rows,
+            b,
+            tokens: be.alloc_typed(rows, Category::Activations)?,
+            targets: be.alloc_typed(targets, Category::Activations)?,
+            lens: be.alloc_typed(b, Category::Activations)?,
+            types: a(rows * cfg.type_vocab)?,
+            dtypes: a(rows * cfg.type_vocab)?,
+            emb: a(rows * c)?,
+            emb_mean: a(rows)?,
+            emb_rstd: a(rows)?,
+            resid: a((l + 1) * rows * c)?,
+            qkv: a(slots * rows * 3 * d.cl)?,
+            atty: a(slots * rows * d.cl)?,
+            lse: a(slots * rows * d.nhl)?,
+            h: a(slots * rows * c)?,
+            h1: a(slots * rows * c)?,
+            ln1_mean: a(slots * rows)?,
+            ln1_rstd: a(slots * rows)?,
+            f: a(slots * rows * d.fl)?,
+            g: a(slots * rows * d.fl)?,
+            o: a(slots * rows * c)?,
+            ln2_mean: a(slots * rows)?,
+            ln2_rstd: a(slots * rows)?,
+            head,
+            dres: a(rows * c)?,
+            dalt: a(rows * c)?,
+            dbig: a(rows * d.fl.max(d.cl).max(c))?,
+            dqkv: a(rows * 3 * d.cl)?,
+        })
+    }
+}
+
+/// The current batch's shape and host tokens.
+struct Shape {
+    b: usize,
+    t: usize,
+    tokens: Vec<u32>,
+    has_targets: bool,
+    loss_terms: f32,
+}
+
+/// BERT without its parameters: config, this rank's layout, the
+/// activations and the unit-by-unit forward and backward.
+pub struct Engine<B: Backend> {
+    pub config: BertConfig,
+    layout: ParamLayout,
+    whole: ParamLayout,
+    backend: B,
+    tp: TpPlace,
+    recompute: bool,
+    acts: Option<Acts<B>>,
+    shape: Option<Shape>,
+}
+
+impl<B: Backend> Engine<B> {
+    pub fn new(backend: B, config: BertConfig, tp: TpPlace, recompute: bool) -> Result<Self> {
+        config.validate()?;
+        if tp.size == 0
+            || !config.n_head.is_multiple_of(tp.size)
+            || !config.n_inner.is_multiple_of(tp.size)
+        {
+            return Err(Error::Config(format!(
+                "the heads ({}) and the intermediate size ({}) must be divisible by the tensor-parallel size ({})",
+                config.n_head, config.n_inner, tp.size
+            )));
+        }
+        Ok(Engine {
+            layout: layout::layout(&config, tp.size),
+            whole: layout::layout(&config, 1),
+            config,
+            backend,
+            tp,
+            recompute,
+            acts: None,
+            shape: None,
+        })
+    }
+
+    fn dims(&self) -> Dims {
+        let c = self.config.n_embd;
+        Dims {
+            c,
+            cl: c / self.tp.size,
+            nhl: self.config.n_head / self.tp.size,
+            fl: self.config.n_inner / self.tp.size,
+        }
+    }
+
+    fn slot(&self, l: usize) -> usize {
+        if self.recompute {
+            0
+        } else {
+            l
+        }
+    }
+
+    fn shape(&self) -> (usize, usize) {
+        let s = self.shape.as_ref().expect("begin() before the units");
+        (s.b, s.t)
+    }
+
+    /// The last forward's final hidden states (B*T, C), on the host.
+    pub fn hidden(&self) -> Result<Vec<f32>> {
+        let (b, t) = self.shape();
+        let btc = b * t * self.config.n_embd;
+        let a = self.acts.as_ref().expect("forward before hidden");
+        self.backend.to_host(
+            a.resid
+                .slice(self.config.n_layer * btc..(self.config.n_layer + 1) * btc),
+        )
+    }
+
+    /// The last forward's pooled output (B, C), classifier head only.
+    pub fn pooled(&self) -> Result<Vec<f32>> {
+        let (b, _) = self.shape();
+        match &self.acts.as_ref().expect("forward before pooled").head {
+            HeadActs::Classify { pooled, .. } => self
+                .backend
+                .to_host(pooled.slice(0..b * self.config.n_embd)),
+            HeadActs::Mlm { .. } => Err(Error::Input("the masked-LM head has no pooler".into())),
+        }
+    }
+
+    /// The last forward's logits: (B, labels), or (B*T, vocabulary) for the
+    /// masked-LM head, padding dropped.
+    pub fn logits(&self) -> Result<Vec<f32>> {
+        let (b, t) = self.shape();
+        let a = self.acts.as_ref().expect("forward before logits");
+        match &a.head {
+            HeadActs::Classify { logits, .. } => self
+                .backend
+                .to_host(logits.slice(0..b * self.config.classes())),
+            HeadActs::Mlm { logits, .. } => {
+                let (v, vp) = (self.config.vocab_size, self.config.padded_vocab());
+                let all = self.backend.to_host(logits.slice(0..b * t * vp))?;
+                Ok(all.chunks(vp).flat_map(|r| r[..v].to_vec()).collect())
+            }
+        }
+    }
+
+    fn check_ids(what: &str, ids: &[u32], limit: usize, ignore: bool) -> Result<()> {
+        match ids
+            .iter()
+            .position(|&x| x as usize >= limit && !(ignore && x == IGNORE))
+        {
+            Some(i) => Err(Error::Input(format!(
+                "{what} {} at position {i} is not below {limit}",
+                ids[i]
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    fn check(&self, batch: &Batch, b: usize, t: usize) -> Result<()> {
+        let cfg = &self.config;
+        if t == 0 || t > cfg.block_size {
+            return Err(Error::Input(format!(
+                "sequence length {t} must be between 1 and the model's {} positions",
+                cfg.block_size
+            )));
+        }
+        if batch.inputs.len() != b * t {
+            return Err(Error::Input(format!(
+                "got {} tokens for a batch of {b} x {t}",
+                batch.inputs.len()
+            )));
+        }
+        Self::check_ids("token id", &batch.inputs, cfg.vocab_size, false)?;
+        if !batch.types.is_empty() {
+            if batch.types.len() != b * t {
+                return Err(Error::Input(format!(
+                    "{} token types for {} tokens",
+                    batch.types.len(),
+                    b * t
+                )));
+            }
+            Self::check_ids("token type", &batch.types, cfg.type_vocab, false)?;
+        }
+        if !batch.lens.is_empty()
+            && (batch.lens.len() != b || batch.lens.iter().any(|&l| l == 0 || l as usize > t))
+        {
+            return Err(Error::Input(format!(
+                "sequence lengths must be one per sequence ({b}), each 1 to {t}"
+            )));
+        }
+        if !batch.targets.is_empty() {
+            let (want, what) = match cfg.head {
+                BertHead::Mlm => (b * t, "one per token (IGNORE where not masked)"),
+                BertHead::Classify { .. } => (b, "one label per sequence"),
+            };
+            if batch.targets.len() != want {
+                return Err(Error::Input(format!(
+                    "{} targets for a batch of {b} x {t}: the head wants {what}",
+                    batch.targets.len()
+                )));
+            }
+            Self::check_ids("target", &batch.targets, cfg.classes(), true)?;
+        }
+        Ok(())
+    }
+
+    /// Embeddings: resid[0] = LN(word[tok] + pos[t] + type[types]).
+    fn embed_forward(&mut self, p: Src<'_, B>) {
+        let (b, t) = self.shape();
+        let (c, tv, eps) = (
+            self.config.n_embd,
+            self.config.type_vocab,
+            self.config.layer_norm_eps,
+        );
+        let rows = b * t;
+        let lay = &self.layout;
+        let w = |i: usize| p.slice(lay.in_unit(0, i));
+        let (be, a) = (&self.backend, self.acts.as_mut().expect("begun"));
+        let mut emb = a.emb.slice_mut(0..rows * c);
+        be.encoder_forward(emb.rb(), a.tokens.slice(0..rows), w(0), w(1), t, c);
+        be.matmul_forward(
+            emb.rb(),
+            a.types.slice(0..rows * tv),
+            w(2),
+            None,
+            WeightLayout::InOut,
+            rows,
+            tv,
+            c,
+            true,
+        );
+        be.layernorm_forward(
+            a.resid.slice_mut(0..rows * c),
+            a.emb_mean.slice_mut(0..rows),
+            a.emb_rstd.slice_mut(0..rows),
+            emb.src(),
+            w(3),
+            w(4),
+            c,
+            eps,
+        );
+    }
+
+    fn embed_backward(&mut self, p: Src<'_, B>, g: Dst<'_, B>) {
+        let (b, t) = self.shape();
+        let (c, tv) = (self.config.n_embd, self.config.type_vocab);
+        let rows = b * t;
+        let lay = &self.layout;
+        let r = |i: usize| lay.in_unit(0, i);
+        let (be, a) = (&self.backend, self.acts.as_mut().expect("begun"));
+        let shape = self.shape.as_ref().expect("begun");
+        let (dword, rest) = g.split_at(r(0).len());
+        let (dpos, rest) = rest.split_at(r(1).len());
+        let (dtype, rest) = rest.split_at(r(2).len());
+        let (dlnw, dlnb) = rest.split_at(r(3).len());
+        let mut demb = a.dalt.slice_mut(0..rows * c);
+        be.fill(demb.rb(), 0.0);
+        be.layernorm_backward(
+            demb.rb(),
+            dlnw,
+            dlnb,
+            a.dres.slice(0..rows * c),
+            a.emb.slice(0..rows * c),
+            p.slice(r(3)),
+            a.emb_mean.slice(0..rows),
+            a.emb_rstd.slice(0..rows),
+            c,
+        );
+        be.encoder_backward(
+            dword,
+            dpos,
+            demb.src(),
+            a.tokens.slice(0..rows),
+            &shape.tokens,
+            t,
+            c,
+        );
+        be.matmul_backward(
+            a.dtypes.slice_mut(0..rows * tv),
+            dtype,
+            None,
+            demb.src(),
+            a.types.slice(0..rows * tv),
+            p.slice(r(2)),
+            WeightLayout::InOut,
+            rows,
+            tv,
+            c,
+        );
+    }
+
+    /// Block l: resid[l] -> resid[l + 1].
+    fn block_forward(&mut self, l: usize, p: Src<'_, B>, tp: Option<&dyn Comm>) -> Result<()> {
+        let (b, t) = self.shape();
+        let Dims { c, cl, nhl, fl } = self.dims();
+        let eps = self.config.layer_norm_eps;
+        let (rows, s) = (b * t, self.slot(l));
+        let btc = rows * c;
+        let (be, lay) = (&self.backend, &self.layout);
+        let a = self.acts.as_mut().expect("begun");
+        let w = |bp: BlockParam| p.slice(lay.in_unit(1, bp as usize));
+        // Under tensor parallelism tp rank 0 alone adds the residual and the
+        // replicated bias to its partial projection; the all-reduce adds the rest.
+        let lead = self.tp.rank == 0;
+        let (lo, hi) = a.resid.d().split_at((l + 1) * btc);
+        let x = lo.into_src().from(l * btc);
+        let mut qkv = a.qkv.d().part(s, 3 * rows * cl);
+        let ip = WeightLayout::InOut;
+        let bqkv = Some(w(BlockParam::QkvB));
+        be.matmul_forward(
+            qkv.rb(),
+            x,
+            w(BlockParam::QkvW),
+            bqkv,
+            ip,
+            rows,
+            c,
+            3 * cl,
+            false,
+        );
+        let mut atty = a.atty.d().part(s, rows * cl);
+        let shape = AttnShape {
+            b,
+            t,
+            c: cl,
+            nh: nhl,
+        };
+        let lse = a.lse.d().part(s, rows * nhl);
+        be.attention_padded_forward(atty.rb(), lse, qkv.src(), a.lens.slice(0..b), shape);
+        let mut h = a.h.d().part(s, btc);
+        if lead {
+            be.copy(h.rb(), x);
+        }
+        let bias = lead.then(|| w(BlockParam::AttnOutB));
+        be.matmul_forward(
+            h.rb(),
+            atty.src(),
+            w(BlockParam::AttnOutW),
+            bias,
+            ip,
+            rows,
+            cl,
+            c,
+            lead,
+        );
+        if let Some(g) = tp {
+            device::all_reduce(g, be, h.rb())?;
+        }
+        let mut h1 = a.h1.d().part(s, btc);
+        be.layernorm_forward(
+            h1.rb(),
+            a.ln1_mean.d().part(s, rows),
+            a.ln1_rstd.d().part(s, rows),
+            h.src(),
+            w(BlockParam::AttnLnW),
+            w(BlockParam::AttnLnB),
+            c,
+            eps,
+        );
+        let mut f = a.f.d().part(s, rows * fl);
+        let bi = Some(w(BlockParam::InterB));
+        be.matmul_forward(
+            f.rb(),
+            h1.src(),
+            w(BlockParam::InterW),
+            bi,
+            ip,
+            rows,
+            c,
+            fl,
+            false,
+        );
+        let mut g = a.g.d().part(s, rows * fl);
+        be.activation_forward(g.rb(), f.src(), Activation::GeluErf);
+        let mut o = a.o.d().part(s, btc);
+        if lead {
+            be.copy(o.rb(), h1.src());
+        }
+        let bias = lead.then(|| w(BlockParam::OutB));
+        be.matmul_forward(
+            o.rb(),
+            g.src(),
+            w(BlockParam::OutW),
+            bias,
+            ip,
+            rows,
+            fl,
+            c,
+            lead,
+        );
+        if let Some(g) = tp {
+            device::all_reduce(g, be, o.rb())?;
+        }
+        be.layernorm_forward(
+            hi.first(btc),
+            a.ln2_mean.d().part(s, rows),
+            a.ln2_rstd.d().part(s, rows),
+            o.src(),
+            w(BlockParam::OutLnW),
+            w(BlockParam::OutLnB),
+            c,
+            eps,
+        );
+        Ok(())
+    }
+
+    /// Block l's backward: the residual gradient in `dres` moves from
+    /// resid[l + 1] to resid[l]; grads of its slice accumulate into `g`.
+    fn block_backward(
+        &mut self,
+        l: usize,
+        p: Src<'_, B>,
+        mut g: Dst<'_, B>,
+        tp: Option<&dyn Comm>,
+    ) -> Result<()> {
+        if self.recompute {
+            self.block_forward(l, p, tp)?;
+        }
+        let (b, t) = self.shape();
+        let Dims { c, cl, nhl, fl } = self.dims();
+        let (rows, s) = (b * t, self.slot(l));
+        let btc = rows * c;
+        let (be, lay) = (&self.backend, &self.layout);
+        let a = self.acts.as_mut().expect("begun");
+        let w = |bp: BlockParam| p.slice(lay.in_unit(1, bp as usize));
+        let r = |bp: BlockParam| lay.in_unit(1, bp as usize);
+        let ip = WeightLayout::InOut;
+        let mut dres = a.dres.slice_mut(0..btc);
+        let mut dalt = a.dalt.slice_mut(0..btc);
+        let mut dbig = a.dbig.d();
+        // d o = LN2'(d out)
+        be.fill(dalt.rb(), 0.0);
+        let (dw, db) = g.rb().split2(r(BlockParam::OutLnW), r(BlockParam::OutLnB));
+        be.layernorm_backward(
+            dalt.rb(),
+            dw,
+            db,
+            dres.src(),
+            a.o.s().part(s, btc),
+            w(BlockParam::OutLnW),
+            a.ln2_mean.s().part(s, rows),
+            a.ln2_rstd.s().part(s, rows),
+            c,
+        );
+        // o = h1 + gelu(h1 Wi + bi) Wo2 + bo2
+        let mut dg = dbig.rb().first(rows * fl);
+        let (dw, db) = g.rb().split2(r(BlockParam::OutW), r(BlockParam::OutB));
+        let g_act = a.g.s().part(s, rows * fl);
+        be.matmul_backward(
+            dg.rb(),
+            dw,
+            Some(db),
+            dalt.src(),
+            g_act,
+            w(BlockParam::OutW),
+            ip,
+            rows,
+            fl,
+            c,
+        );
+        be.activation_backward_inplace(dg.rb(), a.f.s().part(s, rows * fl), Activation::GeluErf);
+        let (dw, db) = g.rb().split2(r(BlockParam::InterW), r(BlockParam::InterB));
+        let h1 = a.h1.s().part(s, btc);
+        be.matmul_backward(
+            dres.rb(),
+            dw,
+            Some(db),
+            dg.src(),
+            h1,
+            w(BlockParam::InterW),
+            ip,
+            rows,
+            c,
+            fl,
+        );
+        if let Some(g) = tp {
+            device::all_reduce(g, be, dres.rb())?;
+        }
+        be.add_inplace(dres.rb(), dalt.src());
+        // d h = LN1'(d h1)
+        be.fill(dalt.rb(), 0.0);
+        let (dw, db) = g
+            .rb()
+            .split2(r(BlockParam::AttnLnW), r(BlockParam::AttnLnB));
+        be.layernorm_backward(
+            dalt.rb(),
+            dw,
+            db,
+            dres.src(),
+            a.h.s().part(s, btc),
+            w(BlockParam::AttnLnW),
+            a.ln1_mean.s().part(s, rows),
+            a.ln1_rstd.s().part(s, rows),
+            c,
+        );
+        // h = x + attention(x Wqkv + bqkv) Wo + bo
+        let mut datty = dbig.rb().first(rows * cl);
+        let (dw, db) = g
+            .rb()
+            .split2(r(BlockParam::AttnOutW), r(BlockParam::AttnOutB));
+        let atty = a.atty.s().part(s, rows * cl);
+        be.matmul_backward(
+            datty.rb(),
+            dw,
+            Some(db),
+            dalt.src(),
+            atty,
+            w(BlockParam::AttnOutW),
+            ip,
+            rows,
+            cl,
+            c,
+        );
+        let mut dqkv = a.dqkv.slice_mut(0..3 * rows * cl);
+        let shape = AttnShape {
+            b,
+            t,
+            c: cl,
+            nh: nhl,
+        };
+        be.attention_padded_backward(
+            dqkv.rb(),
+            datty.src(),
+            a.qkv.s().part(s, 3 * rows * cl),
+            atty,
+            a.lse.s().part(s, rows * nhl),
+            a.lens.slice(0..b),
+            shape,
+        );
+        let (dw, db) = g.rb().split2(r(BlockParam::QkvW), r(BlockParam::QkvB));
+        let x = a.resid.s().part(l, btc);
+        be.matmul_backward(
+            dres.rb(),
+            dw,
+            Some(db),
+            dqkv.src(),
+            x,
+            w(BlockParam::QkvW),
+            ip,
+            rows,
+            c,
+            3 * cl,
+        );
+        if let Some(g) = tp {
+            device::all_reduce(g, be, dres.rb())?;
+        }
+        be.add_inplace(dres, dalt.src());
+        Ok(())
+    }
+
+    /// The head; the mean loss when the batch has targets.
+    fn head_forward(&mut self, p: Src<'_, B>, word: Option<Src<'_, B>>) -> Result<Option<f32>> {
+        let (b, t) = self.shape();
+        let cfg = &self.config;
+        let (c, n_layer, eps) = (cfg.n_embd, cfg.n_layer, cfg.layer_norm_eps);
+        let rows = b * t;
+        let btc = rows * c;
+        let u = n_layer + 1;
+        let (be, lay) = (&self.backend, &self.layout);
+        let w = |i: usize| p.slice(lay.in_unit(u, i));
+        let ip = WeightLayout::InOut;
+        let a = self.acts.as_mut().expect("begun");
+        let x = a.resid.s().part(n_layer, btc);
+        let has_targets = self.shape.as_ref().is_some_and(|s| s.has_targets);
+        let (losses, n) = match &mut a.head {
+            HeadActs::Mlm {
+                t1,
+                t2,
+                t3,
+                mean,
+                rstd,
+                logits,
+                losses,
+            } => {
+                let vp = cfg.padded_vocab();
+                let word = word.expect("the masked-LM head reads the word embeddings");
+                be.matmul_forward(
+                    t1.slice_mut(0..btc),
+                    x,
+                    w(0),
+                    Some(w(1)),
+                    ip,
+                    rows,
+                    c,
+                    c,
+                    false,
+                );
+                be.activation_forward(t2.slice_mut(0..btc), t1.slice(0..btc), Activation::GeluErf);
+                be.layernorm_forward(
+                    t3.slice_mut(0..btc),
+                    mean.slice_mut(0..rows),
+                    rstd.slice_mut(0..rows),
+                    t2.slice(0..btc),
+                    w(2),
+                    w(3),
+                    c,
+                    eps,
+                );
+                let mut lg = logits.slice_mut(0..rows * vp);
+                be.matmul_forward(
+                    lg.rb(),
+                    t3.slice(0..btc),
+                    word,
+                    Some(w(4)),
+                    WeightLayout::OutIn,
+                    rows,
+                    c,
+                    vp,
+                    false,
+                );
+                if !has_targets {
+                    return Ok(None);
+                }
+                let mut l = losses.slice_mut(0..rows);
+                be.crossentropy_forward(
+                    l.rb(),
+                    lg.src(),
+                    a.targets.slice(0..rows),
+                    cfg.vocab_size,
+                    vp,
+                );
+                (losses.slice(0..rows), rows)
+            }
+            HeadActs::Classify {
+                cls,
+                pre,
+                pooled,
+                logits,
+                losses,
+                ..
+            } => {
+                let labels = cfg.classes();
+                for i in 0..b {
+                    be.copy(
+                        cls.slice_mut(i * c..(i + 1) * c),
+                        x.slice(i * t * c..(i * t + 1) * c),
+                    );
+                }
+                be.matmul_forward(
+                    pre.slice_mut(0..b * c),
+                    cls.slice(0..b * c),
+                    w(0),
+                    Some(w(1)),
+                    ip,
+                    b,
+                    c,
+                    c,
+                    false,
+                );
+                be.activation_forward(
+                    pooled.slice_mut(0..b * c),
+                    pre.slice(0..b * c),
+                    Activation::Tanh,
+                );
+                let mut lg = logits.slice_mut(0..b * labels);
+                be.matmul_forward(
+                    lg.rb(),
+                    pooled.slice(0..b * c),
+                    w(2),
+                    Some(w(3)),
+                    ip,
+                    b,
+                    c,
+                    labels,
+                    false,
+                );
+                if !has_targets {
+                    return Ok(None);
+                }
+                let mut l = losses.slice_mut(0..b);
+                be.crossentropy_forward(l.rb(), lg.src(), a.targets.slice(0..b), labels, labels);
+                (losses.slice(0..b), b)
+            }
+        };
+        debug_assert!(n > 0);
+        let terms = self.shape.as_ref().expect("begun").loss_terms;
+        Ok(Some((be.sum(losses)? / terms as f64) as f32))
+    }
+
+    /// The head's backward for `loss_scale` times the mean loss: its grads
+    /// (and the tied word embeddings') accumulate; `dres` gets d resid[L].
+    fn head_backward(
+        &mut self,
+        p: Src<'_, B>,
+        word: Option<Src<'_, B>>,
+        g: Dst<'_, B>,
+        dword: Option<Dst<'_, B>>,
+        loss_scale: f32,
+    ) -> Result<()> {
+        let (b, t) = self.shape();
+        let shape = self.shape.as_ref().expect("begun");
+        if !shape.has_targets {
+            return Err(Error::Input("backward needs a forward with targets".into()));
+        }
+        let dloss = loss_scale / shape.loss_terms;
+        let cfg = &self.config;
+        let (c, n_layer) = (cfg.n_embd, cfg.n_layer);
+        let rows = b * t;
+        let btc = rows * c;
+        let u = n_layer + 1;
+        let (be, lay) = (&self.backend, &self.layout);
+        let w = |i: usize| p.slice(lay.in_unit(u, i));
+        let r = |i: usize| lay.in_unit(u, i);
+        let ip = WeightLayout::InOut;
+        let a = self.acts.as_mut().expect("begun");
+        let x = a.resid.s().part(n_layer, btc);
+        let mut g = g;
+        match &mut a.head {
+            HeadActs::Mlm {
+                t1,
+                t2,
+                t3,
+                mean,
+                rstd,
+                logits,
+                ..
+            } => {
+                let vp = cfg.padded_vocab();
+                let (word, dword) = (
+                    word.expect("the masked-LM head reads the word embeddings"),
+                    dword.expect("the masked-LM head accumulates the word embeddings' gradient"),
+                );
+                let mut lg = logits.slice_mut(0..rows * vp);
+                be.crossentropy_backward_inplace(
+                    lg.rb(),
+                    a.targets.slice(0..rows),
+                    cfg.vocab_size,
+                    vp,
+                    dloss,
+                );
+                let mut dt3 = a.dalt.slice_mut(0..btc);
+                let dbias = g.rb().slice(r(4));
+                be.matmul_backward(
+                    dt3.rb(),
+                    dword,
+                    Some(dbias),
+                    lg.src(),
+                    t3.slice(0..btc),
+                    word,
+                    WeightLayout::OutIn,
+                    rows,
+                    c,
+                    vp,
+                );
+                let mut dt2 = a.dbig.slice_mut(0..btc);
+                be.fill(dt2.rb(), 0.0);
+                let (dw, db) = g.rb().split2(r(2), r(3));
+                be.layernorm_backward(
+                    dt2.rb(),
+                    dw,
+                    db,
+                    dt3.src(),
+                    t2.slice(0..btc),
+                    w(2),
+                    mean.slice(0..rows),
+                    rstd.slice(0..rows),
+                    c,
+                );
+                be.activation_backward_inplace(dt2.rb(), t1.slice(0..btc), Activation::GeluErf);
+                let (dw, db) = g.rb().split2(r(0), r(1));
+                be.matmul_backward(
+                    a.dres.slice_mut(0..btc),
+                    dw,
+                    Some(db),
+                    dt2.src(),
+                    x,
+                    w(0),
+                    ip,
+                    rows,
+                    c,
+                    c,
+                );
+            }
+            HeadActs::Classify {
+                cls,
+                pre,
+                pooled,
+                logits,
+                dcls,
+                dpooled,
+                ..
+            } => {
+                let labels = cfg.classes();
+                let mut lg = logits.slice_mut(0..b * labels);
+                be.crossentropy_backward_inplace(
+                    lg.rb(),
+                    a.targets.slice(0..b),
+                    labels,
+                    labels,
+                    dloss,
+                );
+                let mut dp = dpooled.slice_mut(0..b * c);
+                let (dw, db) = g.rb().split2(r(2), r(3));
+                be.matmul_backward(
+                    dp.rb(),
+                    dw,
+                    Some(db),
+                    lg.src(),
+                    pooled.slice(0..b * c),
+                    w(2),
+                    ip,
+                    b,
+                    c,
+                    labels,
+                );
+                be.activation_backward_inplace(dp.rb(), pre.slice(0..b * c), Activation::Tanh);
+                let (dw, db) = g.rb().split2(r(0), r(1));
+                be.matmul_backward(
+                    dcls.slice_mut(0..b * c),
+                    dw,
+                    Some(db),
+                    dp.src(),
+                    cls.slice(0..b * c),
+                    w(0),
+                    ip,
+                    b,
+                    c,
+                    c,
+                );
+                let mut dres = a.dres.slice_mut(0..btc);
+                be.fill(dres.rb(), 0.0);
+                for i in 0..b {
+                    be.copy(
+                        dres.rb().slice(i * t * c..(i * t + 1) * c),
+                        dcls.slice(i * c..(i + 1) * c),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<B: Backend> UnitModel<B> for Engine<B> {
+    fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    fn layout(&self) -> &ParamLayout {
+        &self.layout
+    }
+
+    fn whole_layout(&self) -> &ParamLayout {
+        &self.whole
+    }
+
+    fn tp(&self) -> TpPlace {
+        self.tp
+    }
+
+    fn begin(&mut self, batch: &Batch, b: usize, t: usize, loss_terms: f32) -> Result<()> {
+        self.check(batch, b, t)?;
+        let rows = b * t;
+        let tv = self.config.type_vocab;
+        if self.acts.as_ref().is_none_or(|a| a.rows < rows || a.b < b) {
+            self.acts = None; // free before allocating the larger set
+            let slots = if self.recompute {
+                1
+            } else {
+                self.config.n_layer
+            };
+            self.acts = Some(Acts::new(
+                &self.backend,
+                &self.config,
+                self.dims(),
+                (slots, rows, b),
+            )?);
+        }
+        let a = self.acts.as_mut().expect("allocated above");
+        let be = &self.backend;
+        be.upload(a.tokens.slice_mut(0..rows), &batch.inputs)?;
+        if !batch.targets.is_empty() {
+            be.upload(a.targets.slice_mut(0..batch.targets.len()), &batch.targets)?;
+        }
+        let lens = match batch.lens.is_empty() {
+            true => vec![t as u32; b],
+            false => batch.lens.clone(),
+        };
+        be.upload(a.lens.slice_mut(0..b), &lens)?;
+        let mut onehot = vec![0.0f32; rows * tv];
+        for (i, row) in onehot.chunks_mut(tv).enumerate() {
+            row[batch.types.get(i).copied().unwrap_or(0) as usize] = 1.0;
+        }
+        be.upload(a.types.slice_mut(0..rows * tv), &onehot)?;
+        self.shape = Some(Shape {
+            b,
+            t,
+            tokens: batch.inputs.clone(),
+            has_targets: !batch.targets.is_empty(),
+            loss_terms,
+        });
+        Ok(())
+    }
+
+    fn forward(
+        &mut self,
+        u: usize,
+        p: UnitParams<'_, B>,
+        tp: Option<&dyn Comm>,
+    ) -> Result<Option<f32>> {
+        let n_layer = self.config.n_layer;
+        match u {
+            0 => self.embed_forward(p.own),
+            u if u <= n_layer => self.block_forward(u - 1, p.own, tp)?,
+            _ => return self.head_forward(p.own, p.tied),
+        }
+        Ok(None)
+    }
+
+    fn backward(
+        &mut self,
+        u: usize,
+        p: UnitParams<'_, B>,
+        g: UnitGrads<'_, B>,
+        tp: Option<&dyn Comm>,
+        loss_scale: f32,
+    ) -> Result<()> {
+        let n_layer = self.config.n_layer;
+        match u {
+            0 => self.embed_backward(p.own, g.own),
+            u if u <= n_layer => self.block_backward(u - 1, p.own, g.own, tp)?,
+            _ => self.head_backward(p.own, p.tied, g.own, g.tied, loss_scale)?,
+        }
+        Ok(())
+    }
+}
+
+/// BERT's initialisation of the whole model (Hugging Face's
+/// `_init_weights`): N(0, 0.02) matrices and embeddings, zero biases, unit
+/// LayerNorms, zero padded vocabulary rows.
+pub fn init_full(cfg: &BertConfig, seed: u64) -> Vec<f32> {
+    let layout = layout::layout(cfg, 1);
+    let mut p = vec![0.0f32; layout.total()];
+    let mut rng = Rng::new(seed);
+    for t in &layout.tensors {
+        let p = &mut p[t.range()];
+        if t.name.ends_with("LayerNorm.weight") {
+            p.fill(1.0);
+        } else if t.full_shape.len() == 2 {
+            p.iter_mut().for_each(|x| *x = (rng.normal() * 0.02) as f32);
+        }
+    }
+    let word = layout
+        .tensor(layout::EMBEDDINGS[0])
+        .expect("declared")
+        .range();
+    p[word.start + cfg.vocab_size * cfg.n_embd..word.end].fill(0.0);
+    p
+}

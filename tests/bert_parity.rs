@@ -1,0 +1,181 @@
+//! BERT parity with Hugging Face `transformers` (fixtures from
+//! scripts/make_bert_fixture.py): a small random `BertForMaskedLM` and
+//! `BertForSequenceClassification` (logits, loss, every parameter's
+//! gradient, with padding, token types and ignored labels), and the real
+//! all-MiniLM-L6-v2 `BertModel` (last hidden state and pooled output), run
+//! when its weights are present (`DISTGPT_MINILM_DIR`, which CI sets).
+
+use distgpt::backend::cpu::Cpu;
+use distgpt::backend::Backend;
+use distgpt::data::{Batch, IGNORE};
+use distgpt::model::bert::{hf, BertHead, Engine};
+use distgpt::model::{TpPlace, UnitModel, Whole};
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use std::path::{Path, PathBuf};
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// The reference tensors of a fixture, as f32 (ids as whole numbers).
+struct Reference(Vec<u8>);
+
+impl Reference {
+    fn load(path: &Path) -> Self {
+        Reference(std::fs::read(path).unwrap())
+    }
+
+    fn st(&self) -> SafeTensors<'_> {
+        SafeTensors::deserialize(&self.0).unwrap()
+    }
+
+    fn tensor(&self, name: &str) -> (Vec<usize>, Vec<f32>) {
+        let st = self.st();
+        let t = st
+            .tensor(name)
+            .unwrap_or_else(|_| panic!("fixture lacks {name}"));
+        let vals = t
+            .data()
+            .chunks_exact(4)
+            .map(|c| {
+                let b = c.try_into().unwrap();
+                match t.dtype() {
+                    Dtype::F32 => f32::from_le_bytes(b),
+                    Dtype::I32 => i32::from_le_bytes(b) as f32,
+                    d => panic!("unexpected dtype {d:?}"),
+                }
+            })
+            .collect();
+        (t.shape().to_vec(), vals)
+    }
+
+    /// A batch from input_ids, token_type_ids, attention_mask (as lengths)
+    /// and labels (-100 as IGNORE).
+    fn batch(&self) -> (Batch, usize, usize) {
+        let (shape, ids) = self.tensor("input_ids");
+        let (b, t) = (shape[0], shape[1]);
+        let types = self.tensor("token_type_ids").1;
+        let mask = self.tensor("attention_mask").1;
+        let lens = mask
+            .chunks(t)
+            .map(|m| m.iter().sum::<f32>() as u32)
+            .collect();
+        let targets = match self.st().tensor("labels") {
+            Ok(_) => self
+                .tensor("labels")
+                .1
+                .iter()
+                .map(|&x| if x < 0.0 { IGNORE } else { x as u32 })
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        let u = |v: Vec<f32>| v.into_iter().map(|x| x as u32).collect();
+        let batch = Batch {
+            inputs: u(ids),
+            targets,
+            types: u(types),
+            lens,
+        };
+        (batch, b, t)
+    }
+
+    /// The gradients under their parameter names, as a state dict.
+    fn grads_as_state_dict(&self) -> Vec<u8> {
+        let st = self.st();
+        let views: Vec<(String, TensorView<'_>)> = st
+            .tensors()
+            .into_iter()
+            .filter_map(|(n, v)| n.strip_prefix("grad.").map(|s| (s.to_string(), v)))
+            .collect();
+        safetensors::serialize(views, &None).unwrap()
+    }
+}
+
+fn max_err(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    got.iter()
+        .zip(want)
+        .fold(0.0, |m, (g, w)| m.max((g - w).abs()))
+}
+
+fn model(dir: &Path, head: Option<BertHead>) -> Whole<Cpu, Engine<Cpu>> {
+    let (cfg, params) = hf::load_folder(dir, head, 0).unwrap();
+    let engine = Engine::new(Cpu::new(), cfg, TpPlace::NONE, false).unwrap();
+    let mut m = Whole::with_engine(engine).unwrap();
+    m.load_full(&params).unwrap();
+    m
+}
+
+fn check_tiny(kind: &str) {
+    let dir = fixtures().join("bert_tiny").join(kind);
+    let reference = Reference::load(&dir.join("reference.safetensors"));
+    let mut m = model(&dir, None);
+    let (batch, b, t) = reference.batch();
+    let loss = m
+        .run_forward(&batch, (b, t), batch.loss_terms() as f32, None)
+        .unwrap()
+        .unwrap();
+    let want_loss = reference.tensor("loss").1[0];
+    assert!(
+        (loss - want_loss).abs() <= 1e-5,
+        "{kind}: loss {loss} vs {want_loss}"
+    );
+    let err = max_err(&m.engine.logits().unwrap(), &reference.tensor("logits").1);
+    assert!(err <= 1e-4, "{kind}: logits max abs error {err}");
+
+    m.zero_grads();
+    m.run_backward(1.0, None, |_, _, _| Ok(())).unwrap();
+    let got = m.backend().to_host(m.grads.s()).unwrap();
+    let cfg = m.engine.config.clone();
+    let sd = reference.grads_as_state_dict();
+    let st = SafeTensors::deserialize(&sd).unwrap();
+    let want = hf::read_weights(&cfg, &st, vec![0.0; got.len()]).unwrap();
+    for spec in &m.layout().tensors {
+        let r = spec.range();
+        let scale = want[r.clone()].iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        let err = max_err(&got[r.clone()], &want[r]);
+        assert!(
+            scale > 0.0 && err <= 1e-3 * scale,
+            "{kind} {}: gradient max error {err} vs max |grad| {scale}",
+            spec.name
+        );
+    }
+}
+
+#[test]
+fn masked_lm_logits_loss_and_gradients_match_transformers() {
+    check_tiny("mlm");
+}
+
+#[test]
+fn classifier_logits_loss_and_gradients_match_transformers() {
+    check_tiny("cls");
+}
+
+#[test]
+fn all_minilm_l6_v2_hidden_states_and_pooled_output_match_transformers() {
+    let Some(dir) = std::env::var_os("DISTGPT_MINILM_DIR").map(PathBuf::from) else {
+        assert!(
+            std::env::var_os("DISTGPT_REQUIRE_MINILM").is_none(),
+            "DISTGPT_REQUIRE_MINILM is set but DISTGPT_MINILM_DIR is not"
+        );
+        eprintln!("skipped: set DISTGPT_MINILM_DIR to all-MiniLM-L6-v2's model folder");
+        return;
+    };
+    let reference = Reference::load(&fixtures().join("minilm/reference.safetensors"));
+    let mut m = model(&dir, Some(BertHead::Classify { labels: 2 }));
+    let (batch, b, t) = reference.batch();
+    assert!(
+        batch.lens.iter().any(|&l| (l as usize) < t),
+        "the fixture pads"
+    );
+    m.run_forward(&batch, (b, t), 1.0, None).unwrap();
+    let hidden = reference.tensor("last_hidden_state").1;
+    let err = max_err(&m.engine.hidden().unwrap(), &hidden);
+    assert!(err <= 1e-4, "last hidden state max abs error {err}");
+    let err = max_err(
+        &m.engine.pooled().unwrap(),
+        &reference.tensor("pooler_output").1,
+    );
+    assert!(err <= 1e-4, "pooled output max abs error {err}");
+}
