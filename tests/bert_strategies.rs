@@ -1,0 +1,170 @@
+//! Every strategy follows `single` for BERT as it does for GPT-2: the same
+//! initial weights and global batches (padded sequences, token types,
+//! masked-LM targets with ignored positions, or one label per sequence),
+//! five AdamW steps with clipping; per-step losses within 1e-5 and final
+//! parameters within 1e-4 of the largest, on 2 and 4 thread ranks, with
+//! accumulation and recomputation. Strategies drive BERT through the same
+//! model seam as GPT-2 (`model::UnitModel`).
+
+use distgpt::backend::cpu::Cpu;
+use distgpt::data::{Batch, IGNORE};
+use distgpt::model::bert::{init_full, BertConfig, BertHead};
+use distgpt::model::AdamWConfig;
+use distgpt::parallel::{self, launch, ParallelConfig, StepConfig, StrategyKind};
+use distgpt::rng::Rng;
+use std::time::Duration;
+
+const B: usize = 8;
+const T: usize = 12;
+const STEPS: usize = 5;
+
+fn model(head: BertHead) -> BertConfig {
+    BertConfig {
+        n_layer: 2,
+        n_head: 4,
+        n_embd: 32,
+        n_inner: 64,
+        block_size: 16,
+        type_vocab: 2,
+        vocab_size: 67,
+        layer_norm_eps: 1e-12,
+        head,
+    }
+}
+
+/// `accum` global micro-batches, the same every step (so the loss must
+/// fall): random tokens and types, lengths from 1 to T, a third of the real
+/// tokens masked for MLM (the rest ignored) or a label per sequence.
+fn batches(cfg: &BertConfig, accum: usize) -> Vec<Batch> {
+    let mut rng = Rng::new(7);
+    (0..accum)
+        .map(|_| {
+            let lens: Vec<u32> = (0..B).map(|_| 1 + rng.below(T) as u32).collect();
+            let inputs = (0..B * T)
+                .map(|_| rng.below(cfg.vocab_size) as u32)
+                .collect();
+            let types = (0..B * T).map(|_| rng.below(2) as u32).collect();
+            let targets = match cfg.head {
+                BertHead::Mlm => (0..B * T)
+                    .map(|i| {
+                        let real = (i % T) < lens[i / T] as usize;
+                        match real && rng.below(3) == 0 {
+                            true => rng.below(cfg.vocab_size) as u32,
+                            false => IGNORE,
+                        }
+                    })
+                    .collect(),
+                BertHead::Classify { labels } => (0..B).map(|_| rng.below(labels) as u32).collect(),
+            };
+            Batch {
+                inputs,
+                targets,
+                types,
+                lens,
+            }
+        })
+        .collect()
+}
+
+/// Per-step losses and the final whole-model parameters.
+fn run(cfg: &BertConfig, par: ParallelConfig, accum: usize) -> (Vec<f32>, Vec<f32>) {
+    let init = init_full(cfg, 3);
+    let data = batches(cfg, accum);
+    let out = launch::run_local(par.world_size, 2, Duration::from_secs(60), |world| {
+        let mut s = parallel::build(
+            Cpu::new(),
+            cfg.clone(),
+            par,
+            world.as_ref(),
+            AdamWConfig::default(),
+            B,
+            T,
+        )?;
+        s.load_full(&init)?;
+        let mut losses = Vec::new();
+        for _ in 0..STEPS {
+            let st = s.step(
+                &data,
+                StepConfig {
+                    lr: 3e-3,
+                    grad_clip: 1.0,
+                },
+            )?;
+            losses.push(st.loss);
+        }
+        Ok((losses, s.full_params()?))
+    })
+    .unwrap_or_else(|e| panic!("{par:?}: {e}"));
+    out.into_iter().next().expect("rank 0")
+}
+
+fn assert_follows(want: &(Vec<f32>, Vec<f32>), got: &(Vec<f32>, Vec<f32>), what: &str) {
+    for (i, (w, g)) in want.0.iter().zip(&got.0).enumerate() {
+        assert!(
+            (w - g).abs() <= 1e-5,
+            "{what}: step {i} loss {g} vs single {w}"
+        );
+    }
+    let scale = want.1.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    let err = want
+        .1
+        .iter()
+        .zip(&got.1)
+        .fold(0.0f32, |m, (w, g)| m.max((w - g).abs()));
+    assert!(
+        err <= 1e-4 * scale,
+        "{what}: params max error {err} vs max |param| {scale}"
+    );
+}
+
+fn par(strategy: StrategyKind, world_size: usize, tp: usize, recompute: bool) -> ParallelConfig {
+    ParallelConfig {
+        strategy,
+        world_size,
+        tp,
+        recompute,
+        precision: Default::default(),
+    }
+}
+
+fn check_head(head: BertHead) {
+    let cfg = model(head);
+    let single = run(&cfg, par(StrategyKind::Single, 1, 1, false), 1);
+    let single_accum = run(&cfg, par(StrategyKind::Single, 1, 1, false), 2);
+    assert!(
+        single.0[STEPS - 1] < single.0[0],
+        "{head:?}: single's loss did not fall: {:?}",
+        single.0
+    );
+    use StrategyKind::*;
+    for strategy in [Ddp, Zero1, Zero2, Fsdp] {
+        for w in [2, 4] {
+            let what = format!("{head:?} {strategy} on {w} ranks");
+            assert_follows(&single, &run(&cfg, par(strategy, w, 1, false), 1), &what);
+        }
+        let what = format!("{head:?} {strategy} with accumulation");
+        assert_follows(
+            &single_accum,
+            &run(&cfg, par(strategy, 2, 1, false), 2),
+            &what,
+        );
+        let what = format!("{head:?} {strategy} with recomputation");
+        assert_follows(&single, &run(&cfg, par(strategy, 2, 1, true), 1), &what);
+    }
+    for (strategy, w, tp) in [(Tp, 2, 1), (Tp, 4, 1), (Ddp, 4, 2)] {
+        let what = format!("{head:?} {strategy} on {w} ranks, tp {tp}");
+        assert_follows(&single, &run(&cfg, par(strategy, w, tp, false), 1), &what);
+    }
+    let what = format!("{head:?} tp with accumulation and recomputation");
+    assert_follows(&single_accum, &run(&cfg, par(Tp, 2, 1, true), 2), &what);
+}
+
+#[test]
+fn masked_lm_strategies_match_single_over_five_steps() {
+    check_head(BertHead::Mlm);
+}
+
+#[test]
+fn classifier_strategies_match_single_over_five_steps() {
+    check_head(BertHead::Classify { labels: 3 });
+}
