@@ -267,3 +267,80 @@ fn train_with_device_gpu_follows_the_cpus_losses_on<B: Backend>(_: B, kind: &str
         );
     }
 }
+
+/// Loss, outputs and gradients of one BERT step on `be`.
+fn bert_step<B: Backend>(
+    be: B,
+    cfg: &distgpt::model::bert::BertConfig,
+    params: &[f32],
+    batch: &distgpt::data::Batch,
+    (b, t): (usize, usize),
+) -> (f32, Vec<f32>, Vec<f32>) {
+    use distgpt::model::bert::Engine;
+    use distgpt::model::{TpPlace, UnitModel, Whole};
+    let engine = Engine::new(be, cfg.clone(), TpPlace::NONE, false).unwrap();
+    let mut m = Whole::with_engine(engine).unwrap();
+    m.load_full(params).unwrap();
+    m.zero_grads();
+    let terms = batch.loss_terms() as f32;
+    let loss = m.run_forward(batch, (b, t), terms, None).unwrap().unwrap();
+    let out = m.engine.outputs().unwrap();
+    m.run_backward(1.0, None, |_, _, _| Ok(())).unwrap();
+    (loss, out, m.backend().to_host(m.grads.s()).unwrap())
+}
+
+/// A BERT step (the tiny Hugging Face fixtures' weights; padding, token
+/// types, ignored targets) on the device equals the CPU's: loss, outputs
+/// and every gradient.
+fn bert_step_matches_cpu_on<B: Backend>(be: B, name: &str) {
+    use distgpt::data::{Batch, IGNORE};
+    for kind in ["mlm", "cls"] {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/bert_tiny")
+            .join(kind);
+        let (cfg, params) = distgpt::model::bert::hf::load_folder(&dir, None, 0).unwrap();
+        let (b, t) = (3, 10);
+        let mut rng = distgpt::rng::Rng::new(5);
+        let targets = match kind {
+            "mlm" => (0..b * t)
+                .map(|i| match i % 3 {
+                    0 => IGNORE,
+                    _ => rng.below(cfg.vocab_size) as u32,
+                })
+                .collect(),
+            _ => vec![0, 2, 1],
+        };
+        let batch = Batch {
+            inputs: (0..b * t)
+                .map(|_| rng.below(cfg.vocab_size) as u32)
+                .collect(),
+            targets,
+            types: (0..b * t).map(|i| (i % 2) as u32).collect(),
+            lens: vec![10, 7, 1],
+        };
+        let want = bert_step(Cpu::new(), &cfg, &params, &batch, (b, t));
+        let got = bert_step(be.clone_fresh(), &cfg, &params, &batch, (b, t));
+        let what = format!("{name} {kind}");
+        assert!(
+            (got.0 - want.0).abs() <= 1e-5 * want.0.abs().max(1.0),
+            "{what}: loss {} vs {}",
+            got.0,
+            want.0
+        );
+        assert!(
+            rel_err(&got.1, &want.1) <= 1e-5,
+            "{what}: outputs {}",
+            rel_err(&got.1, &want.1)
+        );
+        assert!(
+            rel_err(&got.2, &want.2) <= 1e-5,
+            "{what}: gradients {}",
+            rel_err(&got.2, &want.2)
+        );
+    }
+}
+
+#[test]
+fn bert_step_matches_cpu() {
+    on_gpus!(bert_step_matches_cpu_on);
+}

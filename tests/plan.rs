@@ -46,7 +46,7 @@ fn predicted_peak_memory_is_within_10_percent_of_measured() {
             for par in plan::layouts(&cfg, world, batch, recompute) {
                 let predicted = plan::predict(&w, par, &device, &net, Precision::Fp32);
                 let ranks = launch::run_local(world, 2, Duration::from_secs(60), |c| {
-                    bench_rank(Cpu::new(), &cfg, par, spec, c.as_ref())
+                    bench_rank(Cpu::new(), &cfg.clone().into(), par, spec, c.as_ref())
                 })
                 .unwrap();
                 for (r, got) in ranks[0].iter().enumerate() {
@@ -73,7 +73,7 @@ fn predicted_peak_memory_is_within_10_percent_of_measured() {
                 let par = ParallelConfig { precision, ..par };
                 let predicted = plan::predict(&w, par, &device, &net, Precision::Fp32);
                 let ranks = launch::run_local(world, 2, Duration::from_secs(60), |c| {
-                    bench_rank(Cpu::new(), &cfg, par, spec, c.as_ref())
+                    bench_rank(Cpu::new(), &cfg.clone().into(), par, spec, c.as_ref())
                 })
                 .unwrap();
                 (predicted.memory.total(), ranks[0][0].peak[5] as f64)

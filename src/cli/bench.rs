@@ -9,7 +9,7 @@ use anyhow::Result;
 use clap::Args;
 use distgpt::backend::Backend;
 use distgpt::metrics;
-use distgpt::model::Precision;
+use distgpt::model::{ModelConfig, Precision};
 use distgpt::train::bench::{bench_rank, BenchSpec};
 use std::time::Instant;
 
@@ -115,23 +115,23 @@ fn run_generate<B: Backend>(
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
-    let cfg = a.model.resolve(a.vocab_size)?;
-    let (b, t) = (a.batch_size, a.seq_len.unwrap_or(cfg.block_size));
+    let cfg = a.model.resolve_family(a.vocab_size)?;
+    let (b, t) = (a.batch_size, a.seq_len.unwrap_or(cfg.block_size()));
     if let Some(tokens) = a.generate {
-        return on_device!(a.device, |be| run_generate(be, &a, &cfg, tokens));
+        let ModelConfig::Gpt2(gpt) = &cfg else {
+            anyhow::bail!(
+                "--generate needs a GPT-2 model: {} is an encoder",
+                a.model.model_name()
+            );
+        };
+        return on_device!(a.device, |be| run_generate(be, &a, gpt, tokens));
     }
     on_device!(a.device, |be| bench_on(be, &a, &cfg, b, t))
 }
 
-fn bench_on<B: Backend>(
-    be: B,
-    a: &BenchArgs,
-    cfg: &distgpt::model::GptConfig,
-    b: usize,
-    t: usize,
-) -> Result<()> {
+fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: usize) -> Result<()> {
     let par = a.parallel.config();
-    par.resolved().validate(&cfg.clone().into(), b)?;
+    par.resolved().validate(cfg, b)?;
     let threads = rayon::current_num_threads();
     // Measured here with every thread of this process: the whole machine for
     // thread ranks, one rank's share under mpirun (hence the scaling).

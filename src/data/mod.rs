@@ -1,9 +1,11 @@
 //! Data: tokenizers, llm.c token shards, the embedded Shakespeare corpus and
 //! the deterministic loader.
 
+pub mod labelled;
 pub mod loader;
 pub mod shard;
 pub mod tokenizer;
+pub mod wordpiece;
 
 pub use loader::{Batch, DataLoader, LoaderPosition, Part, Split, IGNORE};
 pub use tokenizer::{Tokenizer, TokenizerSpec};

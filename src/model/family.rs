@@ -2,14 +2,16 @@
 //! `train`, `plan` and `compare` hold. Adding a family is a folder under
 //! `src/model/`, its kernels, and a variant here.
 
-use super::bert::{self, BertConfig};
+use super::bert::{self, BertConfig, BertHead};
 use super::config::GptConfig;
 use super::gpt2;
 use super::layout::{ParamLayout, TpPlace};
 use super::unit::UnitModel;
 use super::Precision;
 use crate::backend::Backend;
+use crate::data::{Batch, IGNORE};
 use crate::error::{Error, Result};
+use crate::rng::Rng;
 
 /// A model of one of the families.
 #[derive(Clone, Debug, PartialEq)]
@@ -30,7 +32,83 @@ impl From<GptConfig> for ModelConfig {
     }
 }
 
+impl std::fmt::Display for ModelConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ModelConfig::Gpt2(c) => c.fmt(f),
+            ModelConfig::Bert(c) => c.fmt(f),
+        }
+    }
+}
+
 impl ModelConfig {
+    /// A GPT-2 or BERT preset by name.
+    pub fn preset(name: &str) -> Result<Self> {
+        match BertConfig::preset(name) {
+            Some(c) => Ok(c.into()),
+            None => GptConfig::preset(name).map(Into::into),
+        }
+    }
+
+    /// The family's initialisation of the whole model.
+    pub fn init_full(&self, seed: u64) -> Vec<f32> {
+        match self {
+            ModelConfig::Gpt2(c) => gpt2::init_full(c, seed),
+            ModelConfig::Bert(c) => bert::init_full(c, seed),
+        }
+    }
+
+    /// Training FLOPs per token at sequence length t (the MFU numerator).
+    pub fn flops_per_token(&self, t: usize) -> f64 {
+        match self {
+            ModelConfig::Gpt2(c) => c.flops_per_token(t),
+            ModelConfig::Bert(c) => c.flops_per_token(t),
+        }
+    }
+
+    /// Parameters stored (padded vocabularies included).
+    pub fn num_params(&self) -> usize {
+        self.layout(1).total()
+    }
+
+    /// Positions the model has.
+    pub fn block_size(&self) -> usize {
+        match self {
+            ModelConfig::Gpt2(c) => c.block_size,
+            ModelConfig::Bert(c) => c.block_size,
+        }
+    }
+
+    /// A random batch of b x t of the family's kind (benchmarks): next
+    /// tokens; a BERT classifier's labels; a masked LM's targets at 15% of
+    /// the positions, the rest ignored.
+    pub fn synthetic_batch(&self, rng: &mut Rng, b: usize, t: usize) -> Batch {
+        match self {
+            ModelConfig::Gpt2(c) => {
+                let mut ids = || (0..b * t).map(|_| rng.below(c.vocab_size) as u32).collect();
+                Batch::lm(ids(), ids())
+            }
+            ModelConfig::Bert(c) => {
+                let inputs = (0..b * t).map(|_| rng.below(c.vocab_size) as u32).collect();
+                let targets = match c.head {
+                    BertHead::Classify { labels } => {
+                        (0..b).map(|_| rng.below(labels) as u32).collect()
+                    }
+                    BertHead::Mlm => (0..b * t)
+                        .map(|_| match rng.below(100) < 15 {
+                            true => rng.below(c.vocab_size) as u32,
+                            false => IGNORE,
+                        })
+                        .collect(),
+                };
+                Batch {
+                    inputs,
+                    targets,
+                    ..Batch::default()
+                }
+            }
+        }
+    }
     /// Attention heads (tensor parallelism splits them).
     pub fn n_head(&self) -> usize {
         match self {

@@ -40,6 +40,9 @@ pub trait UnitModel<B: Backend> {
     /// `loss_terms` (a data-parallel rank passes the global batch's count
     /// over the group size, so ranks' means average to the global one).
     fn begin(&mut self, batch: &Batch, b: usize, t: usize, loss_terms: f32) -> Result<()>;
+    /// The last forward's outputs on the host: the head's logits, padding
+    /// dropped (a classifier's (B, labels), a language model's (B*T, V)).
+    fn outputs(&self) -> Result<Vec<f32>>;
     /// Unit u's forward; the last unit returns the mean loss when the batch
     /// has targets.
     fn forward(
@@ -75,6 +78,9 @@ impl<B: Backend, M: UnitModel<B> + ?Sized> UnitModel<B> for Box<M> {
     }
     fn begin(&mut self, batch: &Batch, b: usize, t: usize, loss_terms: f32) -> Result<()> {
         (**self).begin(batch, b, t, loss_terms)
+    }
+    fn outputs(&self) -> Result<Vec<f32>> {
+        (**self).outputs()
     }
     fn forward(
         &mut self,

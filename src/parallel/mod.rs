@@ -139,6 +139,10 @@ pub trait Strategy {
     fn step(&mut self, micro_batches: &[Batch], cfg: StepConfig) -> Result<StepStats>;
     /// Mean loss on a global batch, gradients untouched.
     fn eval_loss(&mut self, batch: &Batch) -> Result<f32>;
+    /// The mean loss and the model's outputs for every row of a global
+    /// batch (`UnitModel::outputs`, gathered over the data-parallel ranks
+    /// in batch order), on every rank.
+    fn eval_outputs(&mut self, batch: &Batch) -> Result<(f32, Vec<f32>)>;
     /// The whole model's parameters in the standard layout, on every rank.
     fn full_params(&mut self) -> Result<Vec<f32>>;
     /// Loads whole-model parameters (each rank keeps its part).

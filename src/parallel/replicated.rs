@@ -238,6 +238,14 @@ impl<B: Backend> Strategy for Replicated<B> {
         Ok(loss[0] / n as f32)
     }
 
+    fn eval_outputs(&mut self, batch: &Batch) -> Result<(f32, Vec<f32>)> {
+        let loss = self.eval_loss(batch)?;
+        let mine = self.model.engine.outputs()?;
+        let mut all = vec![0.0; mine.len() * self.dp.size()];
+        self.dp.all_gather(&mine, &mut all)?;
+        Ok((loss, all))
+    }
+
     fn full_params(&mut self) -> Result<Vec<f32>> {
         let local = self.model.params_host()?;
         let Some(tp) = self.tp_ref() else {

@@ -295,6 +295,14 @@ impl<B: Backend> Strategy for Sharded<B> {
         Ok(loss[0] / n as f32)
     }
 
+    fn eval_outputs(&mut self, batch: &Batch) -> Result<(f32, Vec<f32>)> {
+        let loss = self.eval_loss(batch)?;
+        let mine = self.engine.outputs()?;
+        let mut all = vec![0.0; mine.len() * self.dp.size()];
+        self.dp.all_gather(&mine, &mut all)?;
+        Ok((loss, all))
+    }
+
     fn full_params(&mut self) -> Result<Vec<f32>> {
         if let Params::Whole(full) = &self.params {
             return self.engine.backend().to_host(full.s());

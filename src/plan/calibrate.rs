@@ -170,12 +170,13 @@ pub fn calibrate_cpu(
     // and caches as the real ranks do; no collective is involved. When ranks
     // outnumber threads, as many run at once as there are threads.
     let concurrent = ranks.min(machine.threads);
+    let family = crate::model::ModelConfig::from(model.clone());
     let times: Vec<Result<f64>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..concurrent)
             .map(|_| {
                 s.spawn(|| {
                     launch::run_local(1, rank_threads, Duration::from_secs(600), |c| {
-                        bench_rank(Cpu::new(), &model, par, spec, c.as_ref())
+                        bench_rank(Cpu::new(), &family, par, spec, c.as_ref())
                     })
                     .map(|out| out[0][0].step_s)
                 })

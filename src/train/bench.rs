@@ -3,11 +3,9 @@
 
 use crate::backend::Backend;
 use crate::comm::Comm;
-use crate::data::Batch;
 use crate::error::Result;
 use crate::metrics;
-use crate::model::gpt2::init_full;
-use crate::model::{AdamWConfig, GptConfig};
+use crate::model::{AdamWConfig, ModelConfig};
 use crate::parallel::{self, ParallelConfig, StepConfig};
 use crate::rng::Rng;
 use std::time::Instant;
@@ -39,7 +37,7 @@ pub struct RankBench {
 /// Runs the steps on this rank; returns every rank's measurements (collective).
 pub fn bench_rank<B: Backend + 'static>(
     backend: B,
-    cfg: &GptConfig,
+    cfg: &ModelConfig,
     par: ParallelConfig,
     spec: BenchSpec,
     world: &dyn Comm,
@@ -54,16 +52,9 @@ pub fn bench_rank<B: Backend + 'static>(
         b,
         t,
     )?;
-    strategy.load_full(&init_full(cfg, 1))?;
+    strategy.load_full(&cfg.init_full(1))?;
     let mut rng = Rng::new(7);
-    let mut batch = || {
-        let mut ids = || {
-            (0..b * t)
-                .map(|_| rng.below(cfg.vocab_size) as u32)
-                .collect::<Vec<_>>()
-        };
-        Batch::lm(ids(), ids())
-    };
+    let mut batch = || cfg.synthetic_batch(&mut rng, b, t);
     let pb = if spec.show && world.rank() == 0 {
         metrics::progress_bar((spec.warmup + spec.steps) as u64, "bench")
     } else {

@@ -9,6 +9,7 @@
 //! run are written before its final checkpoint.
 
 pub mod bench;
+pub mod classify;
 mod rank;
 pub mod run_dir;
 pub mod schedule;

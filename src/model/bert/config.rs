@@ -47,7 +47,69 @@ impl std::fmt::Display for BertConfig {
     }
 }
 
+/// BERT shapes by name (classifier heads have 2 labels).
+pub const PRESETS: [(&str, &str); 5] = [
+    (
+        "bert-minilm",
+        "all-MiniLM-L6-v2's encoder (6 x 384), a 2-way classifier, 22.7M",
+    ),
+    (
+        "bert-minilm-mlm",
+        "the same encoder with the masked-LM head",
+    ),
+    (
+        "bert-base",
+        "BERT-base (12 x 768), a 2-way classifier, 109M",
+    ),
+    ("bert-base-mlm", "BERT-base with the masked-LM head"),
+    ("bert-tiny", "2 x 128, a 2-way classifier, for tests"),
+];
+
 impl BertConfig {
+    /// A named shape (see [`PRESETS`]), or `None` for a name that is not BERT's.
+    pub fn preset(name: &str) -> Option<Self> {
+        let classify = BertHead::Classify { labels: 2 };
+        let base = BertConfig {
+            n_layer: 12,
+            n_head: 12,
+            n_embd: 768,
+            n_inner: 3072,
+            ..Self::mini_lm(classify)
+        };
+        Some(match name {
+            "bert-minilm" => Self::mini_lm(classify),
+            "bert-minilm-mlm" => Self::mini_lm(BertHead::Mlm),
+            "bert-base" => base,
+            "bert-base-mlm" => BertConfig {
+                head: BertHead::Mlm,
+                ..base
+            },
+            "bert-tiny" => BertConfig {
+                n_layer: 2,
+                n_head: 2,
+                n_embd: 128,
+                n_inner: 512,
+                ..Self::mini_lm(classify)
+            },
+            _ => return None,
+        })
+    }
+
+    /// Training FLOPs per token at sequence length t: 6 per matmul weight
+    /// (blocks, the head's dense layers, the MLM decoder tied to the word
+    /// embeddings; embedding lookups excluded) plus attention's 12 * L * T * C,
+    /// as `GptConfig::flops_per_token` counts.
+    pub fn flops_per_token(&self, t: usize) -> f64 {
+        let (c, f) = (self.n_embd as f64, self.n_inner as f64);
+        let block = 4.0 * c * c + 2.0 * c * f;
+        let head = match self.head {
+            BertHead::Mlm => c * c + c * self.padded_vocab() as f64,
+            // the pooler and classifier see one row per sequence
+            BertHead::Classify { labels } => (c * c + c * labels as f64) / t as f64,
+        };
+        6.0 * (self.n_layer as f64 * block + head) + 12.0 * (self.n_layer * t * self.n_embd) as f64
+    }
+
     /// all-MiniLM-L6-v2's encoder (6 layers, 384 wide, 12 heads) with `head`.
     pub fn mini_lm(head: BertHead) -> Self {
         BertConfig {

@@ -242,3 +242,220 @@ pub fn load_folder(
     let params = read_weights(&cfg, &st, super::init_full(&cfg, seed))?;
     Ok((cfg, params))
 }
+
+/// The Hugging Face tensors of a whole-model parameter buffer: names,
+/// shapes and (out, in) `nn.Linear` weights, query / key / value apart,
+/// padded vocabulary rows dropped.
+fn hf_tensors(cfg: &BertConfig, p: &[f32]) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    let lay = layout(cfg, 1);
+    let (c, f, v) = (cfg.n_embd, cfg.n_inner, cfg.vocab_size);
+    let get = |name: &str| &p[lay.tensor(name).expect("declared").range()];
+    let mut out = Vec::new();
+    let mut plain = |name: &str, shape: Vec<usize>| {
+        let n: usize = shape.iter().product();
+        out.push((name.to_string(), shape, get(name)[..n].to_vec()));
+    };
+    plain(EMBEDDINGS[0], vec![v, c]);
+    plain(EMBEDDINGS[1], vec![cfg.block_size, c]);
+    plain(EMBEDDINGS[2], vec![cfg.type_vocab, c]);
+    plain(EMBEDDINGS[3], vec![c]);
+    plain(EMBEDDINGS[4], vec![c]);
+    for l in 0..cfg.n_layer {
+        let ours = |bp: BlockParam| format!("bert.encoder.layer.{l}.{}", bp.name());
+        for bp in [
+            BlockParam::AttnOutB,
+            BlockParam::AttnLnW,
+            BlockParam::AttnLnB,
+            BlockParam::InterB,
+            BlockParam::OutB,
+            BlockParam::OutLnW,
+            BlockParam::OutLnB,
+        ] {
+            plain(&ours(bp), bp.shape(c, f));
+        }
+    }
+    let linear = |name: &str, hf: &str, inp: usize, outw: usize| {
+        (
+            hf.to_string(),
+            vec![outw, inp],
+            transpose(get(name), inp, outw),
+        )
+    };
+    for l in 0..cfg.n_layer {
+        let ours = |bp: BlockParam| format!("bert.encoder.layer.{l}.{}", bp.name());
+        let hf = |s: &str| format!("bert.encoder.layer.{l}.{s}");
+        let (qkv_w, qkv_b) = (get(&ours(BlockParam::QkvW)), get(&ours(BlockParam::QkvB)));
+        for (g, part) in ["query", "key", "value"].iter().enumerate() {
+            let mut w = vec![0.0; c * c];
+            for i in 0..c {
+                w[i * c..(i + 1) * c]
+                    .copy_from_slice(&qkv_w[i * 3 * c + g * c..i * 3 * c + (g + 1) * c]);
+            }
+            out.push((
+                hf(&format!("attention.self.{part}.weight")),
+                vec![c, c],
+                transpose(&w, c, c),
+            ));
+            out.push((
+                hf(&format!("attention.self.{part}.bias")),
+                vec![c],
+                qkv_b[g * c..(g + 1) * c].to_vec(),
+            ));
+        }
+        out.push(linear(
+            &ours(BlockParam::AttnOutW),
+            &hf("attention.output.dense.weight"),
+            c,
+            c,
+        ));
+        out.push(linear(
+            &ours(BlockParam::InterW),
+            &hf("intermediate.dense.weight"),
+            c,
+            f,
+        ));
+        out.push(linear(
+            &ours(BlockParam::OutW),
+            &hf("output.dense.weight"),
+            f,
+            c,
+        ));
+    }
+    match cfg.head {
+        BertHead::Mlm => {
+            let t = "cls.predictions.transform.";
+            out.push(linear(
+                &format!("{t}dense.weight"),
+                &format!("{t}dense.weight"),
+                c,
+                c,
+            ));
+            for n in ["dense.bias", "LayerNorm.weight", "LayerNorm.bias"] {
+                let name = format!("{t}{n}");
+                out.push((name.clone(), vec![c], get(&name).to_vec()));
+            }
+            out.push((
+                "cls.predictions.bias".into(),
+                vec![v],
+                get("cls.predictions.bias")[..v].to_vec(),
+            ));
+        }
+        BertHead::Classify { labels } => {
+            out.push(linear(
+                "bert.pooler.dense.weight",
+                "bert.pooler.dense.weight",
+                c,
+                c,
+            ));
+            out.push((
+                "bert.pooler.dense.bias".into(),
+                vec![c],
+                get("bert.pooler.dense.bias").to_vec(),
+            ));
+            out.push(linear("classifier.weight", "classifier.weight", c, labels));
+            out.push((
+                "classifier.bias".into(),
+                vec![labels],
+                get("classifier.bias").to_vec(),
+            ));
+        }
+    }
+    out
+}
+
+/// Writes a Hugging Face folder `transformers` loads:
+/// `config.json` (`BertForMaskedLM` / `BertForSequenceClassification`),
+/// `model.safetensors`, and `vocab.txt` when `vocab` is given.
+pub fn write_folder(
+    cfg: &BertConfig,
+    params: &[f32],
+    vocab: Option<&Path>,
+    dir: &Path,
+) -> Result<()> {
+    let io = |e: std::io::Error| Error::Input(format!("cannot write {}: {e}", dir.display()));
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let tensors = hf_tensors(cfg, params);
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
+        .into_iter()
+        .map(|(n, s, d)| (n, s, d.iter().flat_map(|x| x.to_le_bytes()).collect()))
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = bytes
+        .iter()
+        .map(|(n, s, b)| {
+            let view = safetensors::tensor::TensorView::new(Dtype::F32, s.clone(), b)
+                .expect("shape and bytes agree");
+            (n.clone(), view)
+        })
+        .collect();
+    let data = safetensors::serialize(views, &None)
+        .map_err(|e| Error::Input(format!("cannot serialise the weights: {e}")))?;
+    std::fs::write(dir.join("model.safetensors"), data).map_err(io)?;
+    let (arch, labels) = match cfg.head {
+        BertHead::Mlm => ("BertForMaskedLM", 2),
+        BertHead::Classify { labels } => ("BertForSequenceClassification", labels),
+    };
+    let config = serde_json::json!({
+        "architectures": [arch],
+        "model_type": "bert",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.n_embd,
+        "num_hidden_layers": cfg.n_layer,
+        "num_attention_heads": cfg.n_head,
+        "intermediate_size": cfg.n_inner,
+        "hidden_act": "gelu",
+        "max_position_embeddings": cfg.block_size,
+        "type_vocab_size": cfg.type_vocab,
+        "layer_norm_eps": cfg.layer_norm_eps,
+        "hidden_dropout_prob": 0.1,
+        "attention_probs_dropout_prob": 0.1,
+        "pad_token_id": 0,
+        "num_labels": labels,
+        "position_embedding_type": "absolute",
+    });
+    let text = serde_json::to_string_pretty(&config).expect("a JSON value serialises");
+    std::fs::write(dir.join("config.json"), text).map_err(io)?;
+    if let Some(v) = vocab {
+        std::fs::copy(v, dir.join("vocab.txt")).map_err(io)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_written_folder_reads_back_to_the_same_parameters() {
+        for head in [BertHead::Mlm, BertHead::Classify { labels: 3 }] {
+            let cfg = BertConfig {
+                n_layer: 2,
+                n_head: 2,
+                n_embd: 8,
+                n_inner: 12,
+                block_size: 5,
+                type_vocab: 2,
+                vocab_size: 70,
+                layer_norm_eps: 1e-12,
+                head,
+            };
+            let mut p = super::super::init_full(&cfg, 4);
+            p.iter_mut()
+                .enumerate()
+                .for_each(|(i, x)| *x += i as f32 * 1e-3);
+            let lay = layout(&cfg, 1);
+            let word = lay.tensor(EMBEDDINGS[0]).unwrap().range();
+            p[word.start + cfg.vocab_size * cfg.n_embd..word.end].fill(0.0);
+            if head == BertHead::Mlm {
+                let bias = lay.tensor("cls.predictions.bias").unwrap().range();
+                p[bias.start + cfg.vocab_size..bias.end].fill(0.0);
+            }
+            let dir = std::env::temp_dir()
+                .join(format!("distgpt-bert-hf-{}-{head:?}", std::process::id()));
+            write_folder(&cfg, &p, None, &dir).unwrap();
+            let (cfg2, back) = load_folder(&dir, None, 9).unwrap();
+            assert_eq!(cfg2, cfg);
+            assert_eq!(back, p, "{head:?}");
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+    }
+}

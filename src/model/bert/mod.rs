@@ -1017,6 +1017,10 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
         Ok(())
     }
 
+    fn outputs(&self) -> Result<Vec<f32>> {
+        self.logits()
+    }
+
     fn forward(
         &mut self,
         u: usize,

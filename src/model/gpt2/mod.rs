@@ -797,6 +797,16 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
         self.begin_lm(&batch.inputs, targets, (b, t), loss_terms)
     }
 
+    fn outputs(&self) -> Result<Vec<f32>> {
+        let batch = self.batch.as_ref().expect("forward before outputs");
+        let a = self.acts.as_ref().expect("forward before outputs");
+        let (v, vp) = (self.config.vocab_size, self.config.padded_vocab());
+        let all = self
+            .backend
+            .to_host(a.logits.slice(0..batch.b * batch.t * vp))?;
+        Ok(all.chunks(vp).flat_map(|r| r[..v].to_vec()).collect())
+    }
+
     /// Unit 0 is [wte | wpe], 1..=L the blocks, L + 1 ln_f with the tied LM head.
     fn forward(
         &mut self,

