@@ -100,14 +100,36 @@ def minilm(folder: str) -> int:
     return 0
 
 
+def wordpiece(folder: str, spam: str) -> int:
+    """tests/fixtures/minilm/wordpiece.json: the Hugging Face tokenizer's ids
+    (no special tokens) for the first 400 characters of every 20th message of
+    a labelled set's test split (`distgpt data prepare-spam` output), and a
+    few lines written to hit accents, CJK, control characters and punctuation."""
+    tok = AutoTokenizer.from_pretrained(folder)
+    import json
+    texts = [json.loads(l)["text"][:400] for l in open(os.path.join(spam, "test.jsonl"))][::20]
+    texts += ["Caf\u00e9 na\u00efve \u00c5ngstr\u00f6m \u2014 \u201cquoted\u201d \u00bfqu\u00e9?",
+              "\u4e16\u754c\u4f60\u597d mixed\u4e2dtext", "tab\tnew\nline\x07bell \u00a0nbsp",
+              "$100!!! (limited) offer... e-mail: a.b@c.com #1 50% off & more"]
+    cases = [{"text": t, "ids": tok(t, add_special_tokens=False)["input_ids"]} for t in texts]
+    out = os.path.join(FIXTURES, "minilm", "wordpiece.json")
+    with open(out, "w") as f:
+        json.dump(cases, f, indent=0)
+    print(f"wordpiece: {len(cases)} texts -> {out}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--minilm", help="all-MiniLM-L6-v2's model folder")
+    ap.add_argument("--spam", help="with --minilm: a prepared labelled set for the WordPiece fixture")
     args = ap.parse_args()
     tiny("mlm")
     tiny("cls")
     if args.minilm:
         minilm(args.minilm)
+        if args.spam:
+            wordpiece(args.minilm, args.spam)
     return 0
 
 

@@ -179,3 +179,29 @@ fn all_minilm_l6_v2_hidden_states_and_pooled_output_match_transformers() {
     );
     assert!(err <= 1e-4, "pooled output max abs error {err}");
 }
+
+#[test]
+fn wordpiece_gives_the_hugging_face_tokenizers_ids() {
+    let Some(dir) = std::env::var_os("DISTGPT_MINILM_DIR").map(PathBuf::from) else {
+        assert!(
+            std::env::var_os("DISTGPT_REQUIRE_MINILM").is_none(),
+            "DISTGPT_REQUIRE_MINILM is set but DISTGPT_MINILM_DIR is not"
+        );
+        eprintln!("skipped: set DISTGPT_MINILM_DIR to all-MiniLM-L6-v2's model folder");
+        return;
+    };
+    let wp = distgpt::data::wordpiece::WordPiece::from_vocab_file(&dir.join("vocab.txt")).unwrap();
+    let text = std::fs::read_to_string(fixtures().join("minilm/wordpiece.json")).unwrap();
+    let cases: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
+    assert!(cases.len() >= 30);
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let want: Vec<u32> = case["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(wp.encode(text), want, "{text:?}");
+    }
+}
