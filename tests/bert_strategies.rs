@@ -168,3 +168,29 @@ fn masked_lm_strategies_match_single_over_five_steps() {
 fn classifier_strategies_match_single_over_five_steps() {
     check_head(BertHead::Classify { labels: 3 });
 }
+
+#[test]
+fn masked_lm_pretraining_on_shakespeare_lowers_the_validation_loss() {
+    use distgpt::data::{Dataset, TokenizerKind};
+    use distgpt::train::mlm::{pretrain, MlmConfig};
+    let ds = Dataset::load(None, TokenizerKind::Char).unwrap();
+    let cfg = MlmConfig {
+        model: model(BertHead::Mlm),
+        steps: 60,
+        batch_size: 8,
+        seq_len: 32,
+        lr: 3e-3,
+        warmup: 5,
+        adamw: AdamWConfig::default(),
+        grad_clip: 1.0,
+        eval_every: 0,
+        eval_batches: 4,
+        seed: 1,
+        progress: false,
+    };
+    let par = par(StrategyKind::Ddp, 2, 1, false);
+    let s = pretrain(Cpu::new, &ds, &cfg, par, (2, Duration::from_secs(60), 1e9)).unwrap();
+    let (first, last) = (s.val_losses[0].1, s.val_losses.last().unwrap().1);
+    // from ln(vocabulary) towards the characters' entropy
+    assert!(first > 3.5 && last < first - 0.8, "validation masked loss {first} -> {last}");
+}

@@ -107,6 +107,8 @@ struct PrepareSpamArgs {
 enum Task {
     /// A GPT-2 language model (next-token prediction).
     Lm,
+    /// A BERT masked language model.
+    Mlm,
     /// A BERT sequence classifier.
     Classify,
 }
@@ -466,9 +468,11 @@ struct TrainArgs {
     config: Option<PathBuf>,
     #[command(flatten)]
     model: ModelArgs,
-    /// What to train: a language model (GPT-2), or a classifier fine-tuned
-    /// from a Hugging Face BERT folder (--init-from) on a labelled set
-    /// (--data, from `distgpt data prepare-spam` or any such directory).
+    /// What to train: a language model (GPT-2); a BERT masked language model
+    /// from scratch (--model bert-tiny, bert-minilm, bert-base: on --data's
+    /// characters, the embedded Shakespeare by default); or a classifier
+    /// fine-tuned from a Hugging Face BERT folder (--init-from) on a labelled
+    /// set (--data, from `distgpt data prepare-spam` or any such directory).
     #[arg(long, value_enum, default_value = "lm", help_heading = "Model")]
     task: Task,
     #[command(flatten)]
@@ -772,8 +776,8 @@ struct PrepareArgs {
     out: PathBuf,
 }
 
-/// `train --task classify`: fine-tunes a Hugging Face BERT folder on a labelled set.
-fn run_classify(a: &TrainArgs, given: &[String]) -> Result<()> {
+/// Refuses the flags only GPT-2 language-model training has.
+fn refuse_lm_flags(given: &[String], task: &str) -> Result<()> {
     let lm_only = [
         "resume",
         "checkpoint_every",
@@ -781,13 +785,82 @@ fn run_classify(a: &TrainArgs, given: &[String]) -> Result<()> {
         "config",
         "grad_accum",
         "sample_every",
+        "from_step",
     ];
-    if let Some(f) = lm_only.iter().find(|f| given.iter().any(|g| g == *f)) {
-        bail!(
-            "--{} is for language models, not --task classify",
+    match lm_only.iter().find(|f| given.iter().any(|g| g == *f)) {
+        Some(f) => bail!(
+            "--{} is for GPT-2 language models, not --task {task}",
             f.replace('_', "-")
-        );
+        ),
+        None => Ok(()),
     }
+}
+
+/// `train --task mlm`: a BERT masked language model from scratch on a text's characters.
+fn run_mlm(a: &TrainArgs, given: &[String]) -> Result<()> {
+    refuse_lm_flags(given, "mlm")?;
+    let ModelConfig::Bert(model) = a.model.resolve_family(None)? else {
+        bail!("--task mlm trains a BERT: choose --model bert-tiny, bert-minilm or bert-base");
+    };
+    if a.device.device != DeviceChoice::Cpu || a.parallel.comm != CommKind::Local {
+        bail!("--task mlm runs on the CPU's thread ranks (--device cpu --comm local) for now");
+    }
+    if a.init_from.is_some() || a.epochs.is_some() {
+        bail!("--task mlm trains from scratch for --steps (no --init-from, no --epochs)");
+    }
+    let ds = Dataset::load(a.data.as_deref(), TokenizerKind::Char)?;
+    let cfg = train::mlm::MlmConfig {
+        model,
+        steps: a.steps,
+        batch_size: a.batch_size,
+        seq_len: a.seq_len.unwrap_or(128),
+        lr: if given.iter().any(|g| g == "lr") {
+            a.lr
+        } else {
+            1e-3
+        },
+        warmup: a.warmup,
+        adamw: distgpt::model::AdamWConfig {
+            beta1: a.beta1,
+            beta2: a.beta2,
+            eps: 1e-8,
+            weight_decay: a.weight_decay,
+        },
+        grad_clip: a.grad_clip,
+        eval_every: a.eval_every,
+        eval_batches: a.eval_batches,
+        seed: a.seed,
+        progress: !a.quiet,
+    };
+    handle_stop_signals()?;
+    let peak = match a.peak_tflops {
+        Some(p) => p * 1e12,
+        None => metrics::peak::of(&Cpu::new(), false).flops,
+    };
+    let par = a.parallel.config();
+    let timeout = a.parallel.timeout()?;
+    let threads = rayon::current_num_threads();
+    let s = train::mlm::pretrain(Cpu::new, &ds, &cfg, par, (threads, timeout, peak))?;
+    let v = |i: usize| s.val_losses[i].1;
+    distgpt::outln!(
+        "{} steps of {} ({}) in {:.1} s | masked-token loss: train {:.4} -> {:.4}, validation {:.4} -> {:.4} | {:.0} tokens/s, MFU {:.1}%",
+        s.steps,
+        s.model,
+        s.layout,
+        s.seconds,
+        s.first_loss,
+        s.final_loss,
+        v(0),
+        v(s.val_losses.len() - 1),
+        s.tokens_per_s,
+        100.0 * s.mfu
+    );
+    Ok(())
+}
+
+/// `train --task classify`: fine-tunes a Hugging Face BERT folder on a labelled set.
+fn run_classify(a: &TrainArgs, given: &[String]) -> Result<()> {
+    refuse_lm_flags(given, "classify")?;
     let (Some(init_from), Some(data)) = (a.init_from.clone(), a.data.clone()) else {
         bail!("--task classify needs --init-from (a Hugging Face BERT folder, e.g. all-MiniLM-L6-v2's) and --data (a labelled set)");
     };
@@ -1286,8 +1359,10 @@ fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
     if let Some(p) = a.data.as_ref().filter(|p| !p.exists()) {
         bail!("data path {} does not exist", p.display());
     }
-    if a.task == Task::Classify {
-        return run_classify(&a, given).map(|()| Outcome::Done);
+    match a.task {
+        Task::Classify => return run_classify(&a, given).map(|()| Outcome::Done),
+        Task::Mlm => return run_mlm(&a, given).map(|()| Outcome::Done),
+        Task::Lm => {}
     }
     let (ds, model_cfg, mut cfg, par) = match &a.resume {
         Some(_) => {

@@ -10,6 +10,7 @@
 
 pub mod bench;
 pub mod classify;
+pub mod mlm;
 mod rank;
 pub mod run_dir;
 pub mod schedule;
