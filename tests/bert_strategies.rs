@@ -192,5 +192,8 @@ fn masked_lm_pretraining_on_shakespeare_lowers_the_validation_loss() {
     let s = pretrain(Cpu::new, &ds, &cfg, par, (2, Duration::from_secs(60), 1e9)).unwrap();
     let (first, last) = (s.val_losses[0].1, s.val_losses.last().unwrap().1);
     // from ln(vocabulary) towards the characters' entropy
-    assert!(first > 3.5 && last < first - 0.8, "validation masked loss {first} -> {last}");
+    assert!(
+        first > 3.5 && last < first - 0.8,
+        "validation masked loss {first} -> {last}"
+    );
 }

@@ -721,10 +721,12 @@ struct PruneArgs {
 
 #[derive(Args)]
 struct EvalArgs {
-    /// A run directory, one of its checkpoint directories, or a Hugging Face GPT-2 folder.
+    /// A run directory, one of its checkpoint directories, a Hugging Face
+    /// GPT-2 folder, or a BERT classifier folder (`train --task classify`'s output).
     #[arg(value_name = "RUN")]
     model: PathBuf,
     /// Data: a text file or a shard directory (default: the embedded corpus); its validation split is used.
+    /// For a BERT classifier: a labelled set, whose test split is scored (accuracy, F1).
     #[arg(long)]
     data: Option<PathBuf>,
     /// Sequences per batch.
@@ -1526,6 +1528,31 @@ fn list_devices(measure: bool) -> Result<()> {
 }
 
 fn run_eval(a: EvalArgs) -> Result<()> {
+    if train::classify::is_bert_folder(&a.model) {
+        let Some(data) = &a.data else {
+            bail!(
+                "{} is a BERT classifier: give --data, a labelled set (its test split is scored)",
+                a.model.display()
+            );
+        };
+        let t = a.seq_len.unwrap_or(128);
+        let s = train::classify::evaluate_folder(
+            &a.model,
+            data,
+            (a.batch_size, t),
+            rayon::current_num_threads(),
+        )?;
+        distgpt::outln!(
+            "{} on {}'s test split: loss {:.4}, accuracy {:.2}%, F1 {:.4} ({} examples)",
+            a.model.display(),
+            data.display(),
+            s.loss,
+            100.0 * s.accuracy,
+            s.f1,
+            s.examples
+        );
+        return Ok(());
+    }
     on_device!(a.device, |be| eval_on(be, &a))
 }
 

@@ -128,6 +128,57 @@ pub fn score(
     ))
 }
 
+/// Whether `dir` is a Hugging Face BERT folder (its config says so).
+pub fn is_bert_folder(dir: &std::path::Path) -> bool {
+    std::fs::read_to_string(dir.join("config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .is_some_and(|j| j["model_type"].as_str() == Some("bert"))
+}
+
+/// A classifier folder's scores on a labelled set's test split (one rank,
+/// `threads` threads).
+pub fn evaluate_folder(
+    dir: &std::path::Path,
+    data: &std::path::Path,
+    (b, t): (usize, usize),
+    threads: usize,
+) -> Result<Scores> {
+    let set = LabelledSet::load(data)?;
+    let wp = WordPiece::from_vocab_file(&dir.join("vocab.txt"))?;
+    let labels = set.labels.len();
+    let (model, params) = hf::load_folder(dir, None, 0)?;
+    if model.head != (BertHead::Classify { labels }) {
+        return Err(Error::Input(format!(
+            "{} is not a {labels}-way classifier ({model}) but {} names {labels} labels",
+            dir.display(),
+            data.display()
+        )));
+    }
+    let par = ParallelConfig {
+        strategy: parallel::StrategyKind::Single,
+        world_size: 1,
+        tp: 1,
+        recompute: false,
+        precision: Default::default(),
+    };
+    let out = launch::run_local(1, threads, Duration::from_secs(600), |world| {
+        let be = crate::backend::cpu::Cpu::new();
+        let mut s = parallel::build(
+            be,
+            model.clone(),
+            par,
+            world.as_ref(),
+            AdamWConfig::default(),
+            b,
+            t,
+        )?;
+        s.load_full(&params)?;
+        score(s.as_mut(), &set.test, &wp, (b, t, labels))
+    })?;
+    Ok(out[0])
+}
+
 /// Fine-tunes on `par.world_size` thread ranks; rank 0's summary.
 pub fn train_classifier<B: Backend + 'static>(
     make_backend: impl Fn() -> B + Sync,
