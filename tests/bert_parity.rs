@@ -5,12 +5,14 @@
 //! all-MiniLM-L6-v2 `BertModel` (last hidden state and pooled output), run
 //! when its weights are present (`DISTGPT_MINILM_DIR`, which CI sets).
 
+mod fixture;
+
 use distgpt::backend::cpu::Cpu;
 use distgpt::backend::Backend;
 use distgpt::data::{Batch, IGNORE};
 use distgpt::model::bert::{hf, BertHead, Engine};
 use distgpt::model::{TpPlace, UnitModel, Whole};
-use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use safetensors::tensor::{SafeTensors, TensorView};
 use std::path::{Path, PathBuf};
 
 fn fixtures() -> PathBuf {
@@ -30,23 +32,7 @@ impl Reference {
     }
 
     fn tensor(&self, name: &str) -> (Vec<usize>, Vec<f32>) {
-        let st = self.st();
-        let t = st
-            .tensor(name)
-            .unwrap_or_else(|_| panic!("fixture lacks {name}"));
-        let vals = t
-            .data()
-            .chunks_exact(4)
-            .map(|c| {
-                let b = c.try_into().unwrap();
-                match t.dtype() {
-                    Dtype::F32 => f32::from_le_bytes(b),
-                    Dtype::I32 => i32::from_le_bytes(b) as f32,
-                    d => panic!("unexpected dtype {d:?}"),
-                }
-            })
-            .collect();
-        (t.shape().to_vec(), vals)
+        fixture::tensor(&self.0, name)
     }
 
     /// A batch from input_ids, token_type_ids, attention_mask (as lengths)

@@ -2,11 +2,12 @@
 //! tokens (fixture from scripts/make_hf_fixture.py): logits, loss, every
 //! parameter gradient, and AdamW steps against torch.optim.AdamW.
 
+mod fixture;
+
 use distgpt::backend::cpu::Cpu;
 use distgpt::backend::Backend;
 use distgpt::checkpoint::load_weights;
 use distgpt::model::{AdamW, AdamWConfig, Gpt2, GptConfig, Segment};
-use safetensors::tensor::{Dtype, SafeTensors};
 use std::path::PathBuf;
 
 fn fixture_dir() -> PathBuf {
@@ -38,23 +39,7 @@ impl Reference {
     }
 
     fn tensor(&self, name: &str) -> (Vec<usize>, Vec<f32>) {
-        let st = SafeTensors::deserialize(&self.bytes).unwrap();
-        let t = st
-            .tensor(name)
-            .unwrap_or_else(|_| panic!("fixture lacks {name}"));
-        let vals = t
-            .data()
-            .chunks_exact(4)
-            .map(|c| {
-                let b = c.try_into().unwrap();
-                match t.dtype() {
-                    Dtype::F32 => f32::from_le_bytes(b),
-                    Dtype::I32 => i32::from_le_bytes(b) as f32,
-                    d => panic!("unexpected dtype {d:?}"),
-                }
-            })
-            .collect();
-        (t.shape().to_vec(), vals)
+        fixture::tensor(&self.bytes, name)
     }
 
     fn ids(&self, name: &str) -> (usize, usize, Vec<u32>) {

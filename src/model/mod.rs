@@ -15,4 +15,4 @@ pub use config::GptConfig;
 pub use family::ModelConfig;
 pub use gpt2::{Engine, Gpt2, Precision};
 pub use layout::{ParamLayout, TpPlace};
-pub use unit::{UnitGrads, UnitModel, UnitParams, Whole};
+pub use unit::{UnitGrads, UnitKind, UnitModel, UnitParams, Whole};

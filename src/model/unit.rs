@@ -11,6 +11,25 @@ use crate::data::Batch;
 use crate::error::Result;
 use std::ops::{Deref, DerefMut};
 
+/// What unit u is in a family laid out as embeddings, `n_layer` blocks,
+/// head (GPT-2's and BERT's order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnitKind {
+    Embeddings,
+    Block(usize),
+    Head,
+}
+
+impl UnitKind {
+    pub fn of(u: usize, n_layer: usize) -> Self {
+        match u {
+            0 => UnitKind::Embeddings,
+            u if u <= n_layer => UnitKind::Block(u - 1),
+            _ => UnitKind::Head,
+        }
+    }
+}
+
 /// A unit's parameters: its own slice and, where it reads one, the tied
 /// tensor of an earlier unit.
 pub struct UnitParams<'a, B: Backend> {

@@ -74,6 +74,17 @@ pub fn read_config(dir: &Path, head: Option<BertHead>) -> Result<BertConfig> {
     Ok(cfg)
 }
 
+/// The block tensors stored as they are (no transpose, no join).
+const PLAIN: [BlockParam; 7] = [
+    BlockParam::AttnOutB,
+    BlockParam::AttnLnW,
+    BlockParam::AttnLnB,
+    BlockParam::InterB,
+    BlockParam::OutB,
+    BlockParam::OutLnW,
+    BlockParam::OutLnB,
+];
+
 /// A tensor of the file as f32 with its shape, under `name` or, for a
 /// `BertModel`'s file, `name` without its `bert.` prefix.
 fn find(st: &SafeTensors, name: &str) -> Result<Option<(Vec<usize>, Vec<f32>)>> {
@@ -171,15 +182,7 @@ pub fn read_weights(cfg: &BertConfig, st: &SafeTensors, init: Vec<f32>) -> Resul
             &ours(BlockParam::OutW),
             &linear(&hf("output.dense.weight"), c, f)?,
         );
-        for bp in [
-            BlockParam::AttnOutB,
-            BlockParam::AttnLnW,
-            BlockParam::AttnLnB,
-            BlockParam::InterB,
-            BlockParam::OutB,
-            BlockParam::OutLnW,
-            BlockParam::OutLnB,
-        ] {
+        for bp in PLAIN {
             let shape = bp.shape(c, f);
             put(&ours(bp), &need(st, &ours(bp), &shape)?);
         }
@@ -262,15 +265,7 @@ fn hf_tensors(cfg: &BertConfig, p: &[f32]) -> Vec<(String, Vec<usize>, Vec<f32>)
     plain(EMBEDDINGS[4], vec![c]);
     for l in 0..cfg.n_layer {
         let ours = |bp: BlockParam| format!("bert.encoder.layer.{l}.{}", bp.name());
-        for bp in [
-            BlockParam::AttnOutB,
-            BlockParam::AttnLnW,
-            BlockParam::AttnLnB,
-            BlockParam::InterB,
-            BlockParam::OutB,
-            BlockParam::OutLnW,
-            BlockParam::OutLnB,
-        ] {
+        for bp in PLAIN {
             plain(&ours(bp), bp.shape(c, f));
         }
     }

@@ -13,7 +13,7 @@ pub use config::{BertConfig, BertHead};
 pub use layout::BlockParam;
 
 use super::layout::{ParamLayout, TpPlace};
-use super::unit::{UnitGrads, UnitModel, UnitParams};
+use super::unit::{UnitGrads, UnitKind, UnitModel, UnitParams};
 use crate::backend::{Activation, AttnShape, Backend, Buf, Category, Dst, Src, WeightLayout};
 use crate::comm::{device, Comm};
 use crate::data::{Batch, IGNORE};
@@ -1027,11 +1027,10 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
         p: UnitParams<'_, B>,
         tp: Option<&dyn Comm>,
     ) -> Result<Option<f32>> {
-        let n_layer = self.config.n_layer;
-        match u {
-            0 => self.embed_forward(p.own),
-            u if u <= n_layer => self.block_forward(u - 1, p.own, tp)?,
-            _ => return self.head_forward(p.own, p.tied),
+        match UnitKind::of(u, self.config.n_layer) {
+            UnitKind::Embeddings => self.embed_forward(p.own),
+            UnitKind::Block(l) => self.block_forward(l, p.own, tp)?,
+            UnitKind::Head => return self.head_forward(p.own, p.tied),
         }
         Ok(None)
     }
@@ -1044,11 +1043,10 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
         tp: Option<&dyn Comm>,
         loss_scale: f32,
     ) -> Result<()> {
-        let n_layer = self.config.n_layer;
-        match u {
-            0 => self.embed_backward(p.own, g.own),
-            u if u <= n_layer => self.block_backward(u - 1, p.own, g.own, tp)?,
-            _ => self.head_backward(p.own, p.tied, g.own, g.tied, loss_scale)?,
+        match UnitKind::of(u, self.config.n_layer) {
+            UnitKind::Embeddings => self.embed_backward(p.own, g.own),
+            UnitKind::Block(l) => self.block_backward(l, p.own, g.own, tp)?,
+            UnitKind::Head => self.head_backward(p.own, p.tied, g.own, g.tied, loss_scale)?,
         }
         Ok(())
     }

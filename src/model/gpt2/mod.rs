@@ -7,7 +7,7 @@ pub mod layout;
 
 use super::config::GptConfig;
 use super::layout::{ParamLayout, TpPlace};
-use super::unit::{UnitGrads, UnitModel, UnitParams, Whole};
+use super::unit::{UnitGrads, UnitKind, UnitModel, UnitParams, Whole};
 use crate::backend::{Activation, AttnShape, Backend, Buf, Category, Dst, Src, WeightLayout};
 use crate::comm::{device, Comm};
 use crate::data::Batch as DataBatch;
@@ -814,11 +814,12 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
         p: UnitParams<'_, B>,
         tp: Option<&dyn Comm>,
     ) -> Result<Option<f32>> {
-        let n_layer = self.config.n_layer;
-        match u {
-            0 => self.embed_forward(p.own),
-            u if u <= n_layer => self.block_forward(u - 1, p.own, tp)?,
-            _ => return self.head_forward(p.tied.expect("the head reads wte"), p.own),
+        match UnitKind::of(u, self.config.n_layer) {
+            UnitKind::Embeddings => self.embed_forward(p.own),
+            UnitKind::Block(l) => self.block_forward(l, p.own, tp)?,
+            UnitKind::Head => {
+                return self.head_forward(p.tied.expect("the head reads wte"), p.own);
+            }
         }
         Ok(None)
     }
@@ -831,11 +832,10 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
         tp: Option<&dyn Comm>,
         loss_scale: f32,
     ) -> Result<()> {
-        let n_layer = self.config.n_layer;
-        match u {
-            0 => self.embed_backward(g.own),
-            u if u <= n_layer => self.block_backward(u - 1, p.own, g.own, tp)?,
-            _ => self.head_backward(
+        match UnitKind::of(u, self.config.n_layer) {
+            UnitKind::Embeddings => self.embed_backward(g.own),
+            UnitKind::Block(l) => self.block_backward(l, p.own, g.own, tp)?,
+            UnitKind::Head => self.head_backward(
                 p.tied.expect("the head reads wte"),
                 p.own,
                 g.tied.expect("the head accumulates dwte"),
