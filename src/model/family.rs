@@ -109,6 +109,7 @@ impl ModelConfig {
             }
         }
     }
+
     /// Attention heads (tensor parallelism splits them).
     pub fn n_head(&self) -> usize {
         match self {
