@@ -172,7 +172,7 @@ fn classifier_strategies_match_single_over_five_steps() {
 #[test]
 fn masked_lm_pretraining_on_shakespeare_lowers_the_validation_loss() {
     use distgpt::data::{Dataset, TokenizerKind};
-    use distgpt::train::mlm::{pretrain, MlmConfig};
+    use distgpt::train::mlm::{mlm_rank, MlmConfig};
     let ds = Dataset::load(None, TokenizerKind::Char).unwrap();
     let cfg = MlmConfig {
         model: model(BertHead::Mlm),
@@ -189,7 +189,12 @@ fn masked_lm_pretraining_on_shakespeare_lowers_the_validation_loss() {
         progress: false,
     };
     let par = par(StrategyKind::Ddp, 2, 1, false);
-    let s = pretrain(Cpu::new, &ds, &cfg, par, (2, Duration::from_secs(60), 1e9)).unwrap();
+    let s = launch::run_local(2, 2, Duration::from_secs(60), |world| {
+        mlm_rank(Cpu::new(), &ds, &cfg, par, world.as_ref(), 1e9)
+    })
+    .unwrap()
+    .swap_remove(0)
+    .expect("rank 0's summary");
     let (first, last) = (s.val_losses[0].1, s.val_losses.last().unwrap().1);
     // from ln(vocabulary) towards the characters' entropy
     assert!(

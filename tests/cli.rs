@@ -317,3 +317,108 @@ fn quantize_writes_an_int8_model_that_decodes_as_the_original_does_in_int8() {
     // The folder also loads as fp32 (dequantized) for eval and export.
     eval(&q, "f32");
 }
+
+/// A tiny BERT classifier folder (the parity fixture's 3-label weights with a
+/// vocabulary of its 99 ids) and a labelled set of 2 labels, in `dir`.
+fn tiny_bert_and_labelled_set(dir: &std::path::Path) -> (PathBuf, PathBuf) {
+    let fixture = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/bert_tiny/cls");
+    let model = dir.join("model");
+    std::fs::create_dir_all(&model).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixture.join(f), model.join(f)).unwrap();
+    }
+    let mut vocab: Vec<String> = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+        .map(String::from)
+        .to_vec();
+    vocab.extend(('a'..='z').map(|c| c.to_string()));
+    vocab.extend(('a'..='z').map(|c| format!("##{c}")));
+    vocab.extend((0..99 - vocab.len()).map(|i| format!("w{i}")));
+    std::fs::write(model.join("vocab.txt"), vocab.join("\n")).unwrap();
+    let data = dir.join("set");
+    std::fs::create_dir_all(&data).unwrap();
+    let line = |i: usize| {
+        let (label, text) = match i % 2 {
+            0 => (0, "good day sir"),
+            _ => (1, "buy cheap pills now"),
+        };
+        format!("{{\"label\":{label},\"text\":\"{text} {i}\"}}\n")
+    };
+    for (split, n) in [("train", 12), ("val", 4), ("test", 5)] {
+        let lines: String = (0..n).map(line).collect();
+        std::fs::write(data.join(format!("{split}.jsonl")), lines).unwrap();
+    }
+    std::fs::write(data.join("labels.json"), r#"["ham","spam"]"#).unwrap();
+    (model, data)
+}
+
+#[test]
+fn bert_fine_tuning_writes_a_classifier_that_eval_scores() {
+    let dir = run_dir("bert-classify");
+    let (model, data) = tiny_bert_and_labelled_set(&dir);
+    let (model, data) = (model.to_str().unwrap(), data.to_str().unwrap());
+    let out = dir.join("out");
+    let out_s = out.to_str().unwrap();
+    let train = |extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "--task",
+            "classify",
+            "--init-from",
+            model,
+            "--data",
+            data,
+        ];
+        args.extend_from_slice(extra);
+        distgpt(&args)
+    };
+    let done = succeeded(train(&[
+        "--epochs",
+        "2",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "12",
+        "--lr",
+        "1e-3",
+        "--strategy",
+        "zero2",
+        "--world-size",
+        "2",
+        "--out",
+        out_s,
+    ]));
+    let text = String::from_utf8_lossy(&done.stdout).to_string();
+    assert!(
+        text.contains("test: loss") && text.contains("on 5 examples"),
+        "{text}"
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("classify.json")).unwrap()).unwrap();
+    assert_eq!(summary["epochs"].as_array().unwrap().len(), 2);
+    let eval = distgpt(&[
+        "eval",
+        out_s,
+        "--data",
+        data,
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "12",
+    ]);
+    let text = String::from_utf8_lossy(&succeeded(eval).stdout).to_string();
+    let acc = format!(
+        "accuracy {:.2}%",
+        100.0 * summary["test"]["accuracy"].as_f64().unwrap()
+    );
+    assert!(
+        text.contains(&acc),
+        "eval said {text:?}, training said {acc}"
+    );
+    // Flags only GPT-2 training has are refused, by name.
+    let said = String::from_utf8_lossy(&train(&["--checkpoint-every", "5"]).stderr).to_string();
+    assert!(
+        said.contains("--checkpoint-every is for GPT-2 language models"),
+        "{said}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

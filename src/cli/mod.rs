@@ -804,9 +804,6 @@ fn run_mlm(a: &TrainArgs, given: &[String]) -> Result<()> {
     let ModelConfig::Bert(model) = a.model.resolve_family(None)? else {
         bail!("--task mlm trains a BERT: choose --model bert-tiny, bert-minilm or bert-base");
     };
-    if a.device.device != DeviceChoice::Cpu || a.parallel.comm != CommKind::Local {
-        bail!("--task mlm runs on the CPU's thread ranks (--device cpu --comm local) for now");
-    }
     if a.init_from.is_some() || a.epochs.is_some() {
         bail!("--task mlm trains from scratch for --steps (no --init-from, no --epochs)");
     }
@@ -835,14 +832,24 @@ fn run_mlm(a: &TrainArgs, given: &[String]) -> Result<()> {
         progress: !a.quiet,
     };
     handle_stop_signals()?;
-    let peak = match a.peak_tflops {
-        Some(p) => p * 1e12,
-        None => metrics::peak::of(&Cpu::new(), false).flops,
-    };
     let par = a.parallel.config();
-    let timeout = a.parallel.timeout()?;
     let threads = rayon::current_num_threads();
-    let s = train::mlm::pretrain(Cpu::new, &ds, &cfg, par, (threads, timeout, peak))?;
+    let ranks = match a.parallel.comm {
+        CommKind::Local => 1.0,
+        CommKind::Mpi | CommKind::Nccl => par.world_size as f64,
+    };
+    let Some(s) = on_device!(a.device, |be| {
+        let peak = match a.peak_tflops {
+            Some(p) => p * 1e12 * par.world_size as f64,
+            None => metrics::peak::of(&be, false).flops * ranks,
+        };
+        a.parallel.launch(threads, &a.device, |world| {
+            train::mlm::mlm_rank(be.for_rank(world)?, &ds, &cfg, par, world, peak)
+        })
+    })?
+    .flatten() else {
+        return Ok(());
+    };
     let v = |i: usize| s.val_losses[i].1;
     distgpt::outln!(
         "{} steps of {} ({}) in {:.1} s | masked-token loss: train {:.4} -> {:.4}, validation {:.4} -> {:.4} | {:.0} tokens/s, MFU {:.1}%",
@@ -866,9 +873,6 @@ fn run_classify(a: &TrainArgs, given: &[String]) -> Result<()> {
     let (Some(init_from), Some(data)) = (a.init_from.clone(), a.data.clone()) else {
         bail!("--task classify needs --init-from (a Hugging Face BERT folder, e.g. all-MiniLM-L6-v2's) and --data (a labelled set)");
     };
-    if a.device.device != DeviceChoice::Cpu {
-        bail!("--task classify runs on the CPU for now");
-    }
     let epochs = match a.epochs {
         None => 3,
         Some(e) if e >= 1.0 && e.fract() == 0.0 => e as usize,
@@ -905,17 +909,17 @@ fn run_classify(a: &TrainArgs, given: &[String]) -> Result<()> {
         progress: !a.quiet,
     };
     let par = a.parallel.config();
-    if a.parallel.comm != CommKind::Local {
-        bail!("--task classify runs on thread ranks (--comm local) for now");
-    }
+    let job = train::classify::ClassifyJob::new(&cfg)?;
     handle_stop_signals()?;
-    let s = train::classify::train_classifier(
-        Cpu::new,
-        &cfg,
-        par,
-        rayon::current_num_threads(),
-        a.parallel.timeout()?,
-    )?;
+    let threads = rayon::current_num_threads();
+    let Some(s) = on_device!(a.device, |be| a.parallel.launch(
+        threads,
+        &a.device,
+        |world| { train::classify::classify_rank(be.for_rank(world)?, &job, par, world) }
+    ))?
+    .flatten() else {
+        return Ok(());
+    };
     let t = s.test;
     distgpt::outln!(
         "test: loss {:.4}, accuracy {:.2}%, F1 {:.4} on {} examples | {:.0} s in all | model in {}",

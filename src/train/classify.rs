@@ -1,13 +1,14 @@
 //! Fine-tuning an encoder as a sequence classifier (`distgpt train --task
 //! classify`): a Hugging Face BERT folder's weights under a fresh
-//! classifier, a labelled set (`data::labelled`), any strategy on thread
-//! ranks. Each epoch reports the training loss, and the validation loss,
+//! classifier, a labelled set (`data::labelled`), any strategy, on thread
+//! ranks or under mpirun, on any device. Each epoch reports the training loss, and the validation loss,
 //! accuracy and F1; the end reports the test split's, and writes the
 //! fine-tuned model as a Hugging Face folder with `classify.json` (every
 //! epoch's figures) beside it.
 
 use super::schedule::LrSchedule;
 use crate::backend::Backend;
+use crate::comm::Comm;
 use crate::data::labelled::{Labelled, LabelledSet};
 use crate::data::wordpiece::WordPiece;
 use crate::data::IGNORE;
@@ -179,126 +180,147 @@ pub fn evaluate_folder(
     Ok(out[0])
 }
 
-/// Fine-tunes on `par.world_size` thread ranks; rank 0's summary.
-pub fn train_classifier<B: Backend + 'static>(
-    make_backend: impl Fn() -> B + Sync,
-    cfg: &ClassifyConfig,
-    par: ParallelConfig,
-    threads: usize,
-    timeout: Duration,
-) -> Result<ClassifySummary> {
-    if cfg.epochs == 0 || cfg.batch_size == 0 || cfg.seq_len < 2 {
-        return Err(Error::Config(
-            "--epochs and --batch-size must be at least 1 and --seq-len at least 2".into(),
-        ));
-    }
-    let set = LabelledSet::load(&cfg.data)?;
-    let vocab = cfg.init_from.join("vocab.txt");
-    let wp = WordPiece::from_vocab_file(&vocab)?;
-    let labels = set.labels.len();
-    let head = BertHead::Classify { labels };
-    let (model, init) = hf::load_folder(&cfg.init_from, Some(head), cfg.seed)?;
-    if wp.vocab_size() != model.vocab_size {
-        return Err(Error::Input(format!(
-            "{} has {} tokens but the model's vocabulary is {}",
-            vocab.display(),
-            wp.vocab_size(),
-            model.vocab_size
-        )));
-    }
-    if cfg.seq_len > model.block_size {
-        return Err(Error::Config(format!(
-            "--seq-len {} is more than the model's {} positions",
-            cfg.seq_len, model.block_size
-        )));
-    }
-    let (b, t) = (cfg.batch_size, cfg.seq_len);
-    let per_epoch = set.train.examples.len().div_ceil(b);
-    let total = per_epoch * cfg.epochs;
-    let sched = LrSchedule {
-        max_lr: cfg.lr,
-        min_lr: cfg.lr / 10.0,
-        warmup_steps: ((total as f32 * cfg.warmup) as usize).max(1),
-        total_steps: total,
-    };
-    let layout = format!("{} x{}", par.strategy, par.world_size);
-    let started = Instant::now();
-    let out = launch::run_local(par.world_size, threads, timeout, |world| {
-        let lead = world.rank() == 0;
-        let mut s = parallel::build(
-            make_backend(),
-            model.clone(),
-            par,
-            world.as_ref(),
-            cfg.adamw,
-            b,
-            t,
-        )?;
-        s.load_full(&init)?;
-        let pb = match cfg.progress && lead {
-            true => metrics::progress_bar(total as u64, "fine-tune"),
-            false => ProgressBar::hidden(),
+/// Everything a rank needs to fine-tune, read once (every rank reads the
+/// same files, so every rank holds the same).
+pub struct ClassifyJob {
+    cfg: ClassifyConfig,
+    set: LabelledSet,
+    wp: WordPiece,
+    model: crate::model::bert::BertConfig,
+    init: Vec<f32>,
+    sched: LrSchedule,
+    steps: usize,
+}
+
+impl ClassifyJob {
+    /// Reads the labelled set, the vocabulary and the weights; checks them.
+    pub fn new(cfg: &ClassifyConfig) -> Result<Self> {
+        if cfg.epochs == 0 || cfg.batch_size == 0 || cfg.seq_len < 2 {
+            return Err(Error::Config(
+                "--epochs and --batch-size must be at least 1 and --seq-len at least 2".into(),
+            ));
+        }
+        let set = LabelledSet::load(&cfg.data)?;
+        let vocab = cfg.init_from.join("vocab.txt");
+        let wp = WordPiece::from_vocab_file(&vocab)?;
+        let head = BertHead::Classify {
+            labels: set.labels.len(),
         };
-        let mut epochs = Vec::new();
-        let mut step = 0;
-        for epoch in 0..cfg.epochs {
-            let t0 = Instant::now();
-            let (mut loss_sum, mut real_tokens) = (0.0f64, 0usize);
-            let batches = set.train.batches(&wp, b, t, Some(cfg.seed + epoch as u64));
-            for batch in &batches {
-                let lr = sched.at(step);
-                let st = s.step(
-                    std::slice::from_ref(batch),
-                    StepConfig {
-                        lr,
-                        grad_clip: cfg.grad_clip,
-                    },
-                )?;
-                loss_sum += st.loss as f64;
-                real_tokens += batch.lens.iter().map(|&l| l as usize).sum::<usize>();
-                step += 1;
-                pb.set_message(format!("epoch {} | loss {:.4}", epoch + 1, st.loss));
-                pb.inc(1);
-            }
-            let seconds = t0.elapsed().as_secs_f64();
-            let val = score(s.as_mut(), &set.val, &wp, (b, t, labels))?;
-            let rec = EpochRecord {
-                epoch: epoch + 1,
-                train_loss: (loss_sum / batches.len() as f64) as f32,
-                val,
-                seconds,
-                tokens_per_s: real_tokens as f64 / seconds,
+        let (model, init) = hf::load_folder(&cfg.init_from, Some(head), cfg.seed)?;
+        if wp.vocab_size() != model.vocab_size {
+            return Err(Error::Input(format!(
+                "{} has {} tokens but the model's vocabulary is {}",
+                vocab.display(),
+                wp.vocab_size(),
+                model.vocab_size
+            )));
+        }
+        if cfg.seq_len > model.block_size {
+            return Err(Error::Config(format!(
+                "--seq-len {} is more than the model's {} positions",
+                cfg.seq_len, model.block_size
+            )));
+        }
+        let steps = set.train.examples.len().div_ceil(cfg.batch_size) * cfg.epochs;
+        let sched = LrSchedule {
+            max_lr: cfg.lr,
+            min_lr: cfg.lr / 10.0,
+            warmup_steps: ((steps as f32 * cfg.warmup) as usize).max(1),
+            total_steps: steps,
+        };
+        Ok(ClassifyJob {
+            cfg: cfg.clone(),
+            set,
+            wp,
+            model,
+            init,
+            sched,
+            steps,
+        })
+    }
+}
+
+/// One rank's fine-tuning (collective); rank 0 writes the model folder and
+/// `classify.json` and returns the summary.
+pub fn classify_rank<B: Backend + 'static>(
+    backend: B,
+    job: &ClassifyJob,
+    par: ParallelConfig,
+    world: &dyn Comm,
+) -> Result<Option<ClassifySummary>> {
+    let ClassifyJob {
+        cfg,
+        set,
+        wp,
+        model,
+        ..
+    } = job;
+    let (b, t, labels) = (cfg.batch_size, cfg.seq_len, set.labels.len());
+    let lead = world.rank() == 0;
+    let started = Instant::now();
+    let mut s = parallel::build(backend, model.clone(), par, world, cfg.adamw, b, t)?;
+    s.load_full(&job.init)?;
+    let pb = match cfg.progress && lead {
+        true => metrics::progress_bar(job.steps as u64, "fine-tune"),
+        false => ProgressBar::hidden(),
+    };
+    let mut epochs = Vec::new();
+    let mut step = 0;
+    for epoch in 0..cfg.epochs {
+        let t0 = Instant::now();
+        let (mut loss_sum, mut real_tokens) = (0.0f64, 0usize);
+        let batches = set.train.batches(wp, b, t, Some(cfg.seed + epoch as u64));
+        for batch in &batches {
+            let lr = job.sched.at(step);
+            let step_cfg = StepConfig {
+                lr,
+                grad_clip: cfg.grad_clip,
             };
-            if lead {
-                metrics::say(
-                    &pb,
-                    &format!(
-                        "epoch {}: train loss {:.4} | val loss {:.4}, accuracy {:.2}%, F1 {:.4} | {:.0} s, {:.0} tokens/s",
-                        rec.epoch,
-                        rec.train_loss,
-                        val.loss,
-                        100.0 * val.accuracy,
-                        val.f1,
-                        seconds,
-                        rec.tokens_per_s
-                    ),
-                );
-            }
-            epochs.push(rec);
+            let st = s.step(std::slice::from_ref(batch), step_cfg)?;
+            loss_sum += st.loss as f64;
+            real_tokens += batch.lens.iter().map(|&l| l as usize).sum::<usize>();
+            step += 1;
+            pb.set_message(format!("epoch {} | loss {:.4}", epoch + 1, st.loss));
+            pb.inc(1);
         }
-        pb.finish_and_clear();
-        let test = score(s.as_mut(), &set.test, &wp, (b, t, labels))?;
-        let full = s.full_params()?;
+        let seconds = t0.elapsed().as_secs_f64();
+        let val = score(s.as_mut(), &set.val, wp, (b, t, labels))?;
+        let rec = EpochRecord {
+            epoch: epoch + 1,
+            train_loss: (loss_sum / batches.len() as f64) as f32,
+            val,
+            seconds,
+            tokens_per_s: real_tokens as f64 / seconds,
+        };
         if lead {
-            hf::write_folder(&model, &full, Some(&vocab), &cfg.out_dir)?;
+            metrics::say(
+                &pb,
+                &format!(
+                    "epoch {}: train loss {:.4} | val loss {:.4}, accuracy {:.2}%, F1 {:.4} | {:.0} s, {:.0} tokens/s",
+                    rec.epoch,
+                    rec.train_loss,
+                    val.loss,
+                    100.0 * val.accuracy,
+                    val.f1,
+                    seconds,
+                    rec.tokens_per_s
+                ),
+            );
         }
-        Ok((epochs, test))
-    })?;
-    let (epochs, test) = out.into_iter().next().expect("rank 0");
+        epochs.push(rec);
+    }
+    pb.finish_and_clear();
+    let test = score(s.as_mut(), &set.test, wp, (b, t, labels))?;
+    let full = s.full_params()?;
+    if !lead {
+        return Ok(None);
+    }
+    let vocab = cfg.init_from.join("vocab.txt");
+    hf::write_folder(model, &full, Some(&vocab), &cfg.out_dir)?;
     let summary = ClassifySummary {
         model: model.to_string(),
-        labels: set.labels,
-        layout,
+        labels: set.labels.clone(),
+        layout: format!("{} x{}", par.strategy, par.world_size),
         epochs,
         test,
         seconds: started.elapsed().as_secs_f64(),
@@ -306,7 +328,7 @@ pub fn train_classifier<B: Backend + 'static>(
     let json = serde_json::to_string_pretty(&summary).expect("a summary serialises");
     std::fs::write(cfg.out_dir.join("classify.json"), json)
         .map_err(|e| Error::Input(format!("cannot write classify.json: {e}")))?;
-    Ok(summary)
+    Ok(Some(summary))
 }
 
 #[cfg(test)]

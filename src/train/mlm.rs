@@ -2,22 +2,23 @@
 //! train --task mlm`): windows of a text's character tokens (the embedded
 //! Shakespeare by default) with BERT's masking, 15% of the positions
 //! predicted, of which 80% shown as `[MASK]` (one id past the characters),
-//! 10% as a random character and 10% unchanged; any strategy on thread ranks.
+//! 10% as a random character and 10% unchanged; any strategy, on thread ranks or under mpirun, on any device.
 //! Reports the masked-token loss on the validation split (its masks fixed
 //! by the seed) at the start, every `eval_every` steps and at the end.
 
 use super::schedule::LrSchedule;
 use crate::backend::Backend;
+use crate::comm::Comm;
 use crate::data::{Batch, DataLoader, Dataset, IGNORE};
 use crate::error::{Error, Result};
 use crate::metrics;
 use crate::model::bert::{BertConfig, BertHead};
 use crate::model::{AdamWConfig, ModelConfig};
-use crate::parallel::{self, launch, ParallelConfig, StepConfig};
+use crate::parallel::{self, ParallelConfig, StepConfig};
 use crate::rng::Rng;
 use indicatif::ProgressBar;
 use serde::Serialize;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// What `train --task mlm` was asked for.
 #[derive(Clone, Debug)]
@@ -74,20 +75,23 @@ pub fn mask_tokens(tokens: &[u32], mask: u32, vocab: usize, rng: &mut Rng) -> Ba
     }
 }
 
-/// Pretrains on `par.world_size` thread ranks; rank 0's summary.
-pub fn pretrain<B: Backend + 'static>(
-    make_backend: impl Fn() -> B + Sync,
+/// One rank's pretraining (collective); rank 0 returns the summary.
+/// `peak_flops` is the peak of all ranks together (MFU's denominator).
+pub fn mlm_rank<B: Backend + 'static>(
+    backend: B,
     ds: &Dataset,
     cfg: &MlmConfig,
     par: ParallelConfig,
-    (threads, timeout, peak_flops): (usize, Duration, f64),
-) -> Result<MlmSummary> {
+    world: &dyn Comm,
+    peak_flops: f64,
+) -> Result<Option<MlmSummary>> {
     let (b, t) = (cfg.batch_size, cfg.seq_len);
     if cfg.steps == 0 || b == 0 || t == 0 {
         return Err(Error::Config(
             "--steps, --batch-size and --seq-len must be at least 1".into(),
         ));
     }
+    let started = Instant::now();
     let chars = ds.tokenizer.vocab_size();
     let model = BertConfig {
         vocab_size: chars + 1,
@@ -103,6 +107,7 @@ pub fn pretrain<B: Backend + 'static>(
         warmup_steps: cfg.warmup,
         total_steps: cfg.steps,
     };
+    // The validation batches and their masks are the same at every evaluation.
     let val_batches: Vec<Batch> = {
         let mut loader = DataLoader::new(&ds.val, "val", b, t, cfg.seed, false)?;
         let mut rng = Rng::new(cfg.seed ^ 0x5EED);
@@ -110,70 +115,56 @@ pub fn pretrain<B: Backend + 'static>(
             .map(|_| mask_tokens(&loader.next_batch().inputs, mask, chars, &mut rng))
             .collect()
     };
-    let started = Instant::now();
-    let out = launch::run_local(par.world_size, threads, timeout, |world| {
-        let lead = world.rank() == 0;
-        let mut s = parallel::build(
-            make_backend(),
-            model.clone(),
-            par,
-            world.as_ref(),
-            cfg.adamw,
-            b,
-            t,
-        )?;
-        s.load_full(&family.init_full(cfg.seed))?;
-        let mut loader = DataLoader::new(&ds.train, "train", b, t, cfg.seed, true)?;
-        let mut rng = Rng::new(cfg.seed);
-        let val = |s: &mut Box<dyn parallel::Strategy>| -> Result<f32> {
-            let mut sum = 0.0;
-            for vb in &val_batches {
-                sum += s.eval_loss(vb)?;
-            }
-            Ok(sum / val_batches.len() as f32)
+    let lead = world.rank() == 0;
+    let mut s = parallel::build(backend, model.clone(), par, world, cfg.adamw, b, t)?;
+    s.load_full(&family.init_full(cfg.seed))?;
+    let mut loader = DataLoader::new(&ds.train, "train", b, t, cfg.seed, true)?;
+    let mut rng = Rng::new(cfg.seed);
+    let val = |s: &mut Box<dyn parallel::Strategy>| -> Result<f32> {
+        let mut sum = 0.0;
+        for vb in &val_batches {
+            sum += s.eval_loss(vb)?;
+        }
+        Ok(sum / val_batches.len() as f32)
+    };
+    let mut val_losses = vec![(0, val(&mut s)?)];
+    let pb = match cfg.progress && lead {
+        true => metrics::progress_bar(cfg.steps as u64, "mlm"),
+        false => ProgressBar::hidden(),
+    };
+    let mut losses = Vec::with_capacity(cfg.steps);
+    let t0 = Instant::now();
+    for step in 0..cfg.steps {
+        let batch = mask_tokens(&loader.next_batch().inputs, mask, chars, &mut rng);
+        let step_cfg = StepConfig {
+            lr: sched.at(step),
+            grad_clip: cfg.grad_clip,
         };
-        let mut val_losses = vec![(0, val(&mut s)?)];
-        let pb = match cfg.progress && lead {
-            true => metrics::progress_bar(cfg.steps as u64, "mlm"),
-            false => ProgressBar::hidden(),
-        };
-        let mut losses = Vec::with_capacity(cfg.steps);
-        let t0 = Instant::now();
-        for step in 0..cfg.steps {
-            let batch = mask_tokens(&loader.next_batch().inputs, mask, chars, &mut rng);
-            let st = s.step(
-                &[batch],
-                StepConfig {
-                    lr: sched.at(step),
-                    grad_clip: cfg.grad_clip,
-                },
-            )?;
-            losses.push(st.loss);
-            pb.set_message(format!("masked loss {:.4}", st.loss));
-            pb.inc(1);
-            let last = step + 1 == cfg.steps;
-            if last || (cfg.eval_every > 0 && (step + 1).is_multiple_of(cfg.eval_every)) {
-                let v = val(&mut s)?;
-                val_losses.push((step + 1, v));
-                if lead {
-                    metrics::say(
-                        &pb,
-                        &format!(
-                            "step {}: train masked loss {:.4} | val {v:.4}",
-                            step + 1,
-                            st.loss
-                        ),
-                    );
-                }
+        let st = s.step(&[batch], step_cfg)?;
+        losses.push(st.loss);
+        pb.set_message(format!("masked loss {:.4}", st.loss));
+        pb.inc(1);
+        let last = step + 1 == cfg.steps;
+        if last || (cfg.eval_every > 0 && (step + 1).is_multiple_of(cfg.eval_every)) {
+            let v = val(&mut s)?;
+            val_losses.push((step + 1, v));
+            if lead {
+                let msg = format!(
+                    "step {}: train masked loss {:.4} | val {v:.4}",
+                    step + 1,
+                    st.loss
+                );
+                metrics::say(&pb, &msg);
             }
         }
-        let seconds = t0.elapsed().as_secs_f64();
-        pb.finish_and_clear();
-        Ok((losses, val_losses, seconds))
-    })?;
-    let (losses, val_losses, seconds) = out.into_iter().next().expect("rank 0");
+    }
+    let seconds = t0.elapsed().as_secs_f64();
+    pb.finish_and_clear();
+    if !lead {
+        return Ok(None);
+    }
     let tokens_per_s = (cfg.steps * b * t) as f64 / seconds;
-    Ok(MlmSummary {
+    Ok(Some(MlmSummary {
         model: model.to_string(),
         layout: format!("{} x{}", par.strategy, par.world_size),
         steps: cfg.steps,
@@ -183,7 +174,7 @@ pub fn pretrain<B: Backend + 'static>(
         tokens_per_s,
         mfu: metrics::mfu(family.flops_per_token(t), tokens_per_s, peak_flops),
         seconds: started.elapsed().as_secs_f64(),
-    })
+    }))
 }
 
 #[cfg(test)]

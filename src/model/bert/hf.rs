@@ -133,7 +133,8 @@ fn transpose(w: &[f32], out: usize, inp: usize) -> Vec<f32> {
 
 /// The whole model's parameters from a Hugging Face state dict, starting
 /// from `init` (BERT's initialisation) for the head tensors a file may
-/// lack: a `BertModel`'s classifier, or its pooler under an MLM head.
+/// lack: a `BertModel`'s classifier, or its pooler under an MLM head (a
+/// classifier for another number of labels counts as lacking).
 pub fn read_weights(cfg: &BertConfig, st: &SafeTensors, init: Vec<f32>) -> Result<Vec<f32>> {
     let lay = layout(cfg, 1);
     let mut p = init;
@@ -217,7 +218,8 @@ pub fn read_weights(cfg: &BertConfig, st: &SafeTensors, init: Vec<f32>) -> Resul
                     &need(st, "bert.pooler.dense.bias", &[c])?,
                 );
             }
-            if find(st, "classifier.weight")?.is_some() {
+            // A classifier for another number of labels is replaced by a fresh one.
+            if find(st, "classifier.weight")?.is_some_and(|(s, _)| s == [labels, c]) {
                 put(
                     "classifier.weight",
                     &linear("classifier.weight", labels, c)?,
