@@ -831,7 +831,6 @@ fn run_mlm(a: &TrainArgs, given: &[String]) -> Result<()> {
         seed: a.seed,
         progress: !a.quiet,
     };
-    handle_stop_signals()?;
     let par = a.parallel.config();
     let threads = rayon::current_num_threads();
     let ranks = match a.parallel.comm {
@@ -910,7 +909,6 @@ fn run_classify(a: &TrainArgs, given: &[String]) -> Result<()> {
     };
     let par = a.parallel.config();
     let job = train::classify::ClassifyJob::new(&cfg)?;
-    handle_stop_signals()?;
     let threads = rayon::current_num_threads();
     let Some(s) = on_device!(a.device, |be| a.parallel.launch(
         threads,
