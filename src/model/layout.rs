@@ -168,11 +168,6 @@ impl ParamLayout {
         self.unit(1 + l)
     }
 
-    /// The embedding unit (unit 0).
-    pub fn embeddings(&self) -> Range<usize> {
-        self.unit(0)
-    }
-
     /// The head (the last unit).
     pub fn head(&self) -> Range<usize> {
         self.unit(self.units.len() - 1)

@@ -64,7 +64,7 @@ pub enum Mask<'a> {
 }
 
 impl Mask<'_> {
-    /// Keys scored for the query block starting at r0 and ending at r1 of sequence bi.
+    /// Keys scored for the query block of sequence bi that ends at row r1.
     fn cols(self, bi: usize, r1: usize) -> usize {
         match self {
             Mask::Causal => r1,

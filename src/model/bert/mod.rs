@@ -687,7 +687,7 @@ impl<B: Backend> Engine<B> {
         let a = self.acts.as_mut().expect("begun");
         let x = a.resid.s().part(n_layer, btc);
         let has_targets = self.shape.as_ref().is_some_and(|s| s.has_targets);
-        let (losses, n) = match &mut a.head {
+        let losses = match &mut a.head {
             HeadActs::Mlm {
                 t1,
                 t2,
@@ -744,7 +744,7 @@ impl<B: Backend> Engine<B> {
                     cfg.vocab_size,
                     vp,
                 );
-                (losses.slice(0..rows), rows)
+                losses.slice(0..rows)
             }
             HeadActs::Classify {
                 cls,
@@ -794,10 +794,9 @@ impl<B: Backend> Engine<B> {
                 }
                 let mut l = losses.slice_mut(0..b);
                 be.crossentropy_forward(l.rb(), lg.src(), a.targets.slice(0..b), labels, labels);
-                (losses.slice(0..b), b)
+                losses.slice(0..b)
             }
         };
-        debug_assert!(n > 0);
         let terms = self.shape.as_ref().expect("begun").loss_terms;
         Ok(Some((be.sum(losses)? / terms as f64) as f32))
     }
