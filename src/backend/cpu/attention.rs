@@ -5,7 +5,7 @@
 //! padding mask: every query of sequence b attends to its first `lens[b]`
 //! keys (an encoder's bidirectional attention, BERT's).
 
-use super::math::{dot, exp, gemm, Mat, SendPtr};
+use super::math::{dot, exp, exp_shifted_sum, gemm, row_max, Mat, SendPtr};
 use rayon::prelude::*;
 
 /// Query rows per block: the scratch per task is BLOCK x T floats (twice in backward).
@@ -105,8 +105,8 @@ pub fn attention_forward(
         .par_chunks_mut(t)
         .enumerate()
         .for_each_init(
-            || vec![0.0f32; BLOCK * t],
-            |scratch, (bh, lse_row)| {
+            || (vec![0.0f32; BLOCK * t], [0.0f32; BLOCK]),
+            |(scratch, inv), (bh, lse_row)| {
                 let (bi, h) = (bh / nh, bh % nh);
                 let q = qkv[bi * t * 3 * c + h * hd..].as_ptr();
                 // SAFETY: q, k, v address rows of this batch inside qkv; the output
@@ -122,19 +122,11 @@ pub fn attention_forward(
                         for i in 0..rows {
                             let row = &mut scratch[i * cols..(i + 1) * cols];
                             let valid = mask.valid(bi, r0 + i);
-                            let max = row[..valid]
-                                .iter()
-                                .fold(f32::NEG_INFINITY, |a, &x| a.max(x));
-                            let mut acc = [0.0f32; 8];
-                            for (j, x) in row[..valid].iter_mut().enumerate() {
-                                *x = exp(*x - max);
-                                acc[j % 8] += *x;
-                            }
-                            let total: f32 = acc.iter().sum();
-                            let inv = 1.0 / total;
-                            row[..valid].iter_mut().for_each(|x| *x *= inv);
+                            let max = row_max(&row[..valid]);
+                            let total = exp_shifted_sum(&mut row[..valid], max);
                             row[valid..].fill(0.0);
                             lse_row[r0 + i] = max + total.ln();
+                            inv[i] = 1.0 / total;
                         }
                         gemm(
                             rows,
@@ -147,6 +139,11 @@ pub fn attention_forward(
                             1.0,
                             1,
                         );
+                        // P's rows were left unnormalised: scale O's rows instead
+                        for (i, &w) in inv[..rows].iter().enumerate() {
+                            let row = std::slice::from_raw_parts_mut(o.add((r0 + i) * c), hd);
+                            row.iter_mut().for_each(|x| *x *= w);
+                        }
                     }
                 }
             },
@@ -312,12 +309,8 @@ pub fn attention_decode(
             for (t, sc) in scores.iter_mut().enumerate() {
                 *sc = dot(q, &kcache[at(t)..at(t) + hd]) * scale;
             }
-            let max = scores.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
-            let mut total = 0.0;
-            for sc in scores.iter_mut() {
-                *sc = exp(*sc - max);
-                total += *sc;
-            }
+            let max = row_max(scores);
+            let total = exp_shifted_sum(scores, max);
             o.fill(0.0);
             for (t, &p) in scores.iter().enumerate() {
                 let w = p / total;

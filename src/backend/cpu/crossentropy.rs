@@ -2,13 +2,13 @@
 //! padding, excluded from the softmax, the loss and the gradient. A row
 //! whose target is `data::IGNORE` has loss 0 and gradient 0.
 
-use super::math::exp;
+use super::math::{exp, row_max};
 use crate::data::IGNORE;
 use rayon::prelude::*;
 
 /// (max, sum of exp(x - max)) over a row.
 fn row_max_sum(row: &[f32]) -> (f32, f32) {
-    let max = row.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+    let max = row_max(row);
     let mut acc = [0.0f32; 8];
     for (i, &x) in row.iter().enumerate() {
         acc[i % 8] += exp(x - max);

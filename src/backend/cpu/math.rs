@@ -19,8 +19,49 @@ pub fn exp(x: f32) -> f32 {
         * r
         + 0.5;
     let y = p * z + r + 1.0;
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // 2^n from the bits of the float n + 127 + 2^23, whose low mantissa bits
+    // are the biased exponent (1..=254 after the clamp): no float-to-int
+    // cast, whose saturating semantics would keep the loop scalar
+    let scale = f32::from_bits((n + 127.0 + 8_388_608.0).to_bits() << 23);
     y * scale
+}
+
+/// Lanes the row reductions below keep, so they vectorise: a float
+/// reduction the compiler may not reorder runs one element at a time.
+const LANES: usize = 8;
+
+/// The largest of xs (minus infinity for none).
+pub fn row_max(xs: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut chunks = xs.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for (l, &x) in lanes.iter_mut().zip(chunk) {
+            *l = if x > *l { x } else { *l };
+        }
+    }
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+    lanes.iter().fold(tail, |a, &x| a.max(x))
+}
+
+/// xs[i] = exp(xs[i] - shift); returns their sum.
+pub fn exp_shifted_sum(xs: &mut [f32], shift: f32) -> f32 {
+    let mut lanes = [0.0f32; LANES];
+    let mut chunks = xs.chunks_exact_mut(LANES);
+    for chunk in &mut chunks {
+        for (l, x) in lanes.iter_mut().zip(chunk) {
+            *x = exp(*x - shift);
+            *l += *x;
+        }
+    }
+    let mut tail = 0.0;
+    for x in chunks.into_remainder() {
+        *x = exp(*x - shift);
+        tail += *x;
+    }
+    tail + lanes.iter().sum::<f32>()
 }
 
 const GELU_SCALE: f32 = 0.797_884_6; // sqrt(2 / pi)
