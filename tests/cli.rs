@@ -422,3 +422,83 @@ fn bert_fine_tuning_writes_a_classifier_that_eval_scores() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn compare_runs_a_fine_tuning_matrix_that_follows_single() {
+    let dir = run_dir("compare-classify");
+    let (model, data) = tiny_bert_and_labelled_set(&dir);
+    let out = dir.join("report");
+    let args = |extra: &[&str]| {
+        let mut v = vec![
+            "compare",
+            "--task",
+            "classify",
+            "--init-from",
+            model.to_str().unwrap(),
+            "--data",
+            data.to_str().unwrap(),
+        ];
+        v.extend_from_slice(extra);
+        distgpt(&v)
+    };
+    let done = succeeded(args(&[
+        "--strategies",
+        "single,ddp,zero2,fsdp,tp",
+        "--world-sizes",
+        "2",
+        "--batch-sizes",
+        "4",
+        "--epochs",
+        "2",
+        "--seq-len",
+        "12",
+        "--lr",
+        "1e-3",
+        "--out",
+        out.to_str().unwrap(),
+    ]));
+    let text = String::from_utf8_lossy(&done.stdout).to_string();
+    assert!(text.contains("val accuracy by epoch"), "{text}");
+    let rows: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 5, "single, ddp, zero2, fsdp, tp at 2 ranks");
+    for r in rows {
+        let label = r["label"].as_str().unwrap();
+        assert_eq!(r["epochs"].as_array().unwrap().len(), 2, "{label}");
+        // 12 training examples in batches of 4, 2 epochs
+        assert_eq!(r["losses"].as_array().unwrap().len(), 6, "{label}");
+        let dev = r["max_loss_deviation_from_single"].as_f64().unwrap();
+        assert!(
+            dev <= 1e-5,
+            "{label}: training loss strays {dev:e} from single"
+        );
+        let peaks = r["rank_peak_bytes"].as_array().unwrap();
+        assert_eq!(peaks.len(), r["world_size"].as_u64().unwrap() as usize);
+    }
+    for f in [
+        "report.md",
+        "accuracy_per_epoch.png",
+        "accuracy_per_epoch.svg",
+        "loss_curves.png",
+    ] {
+        assert!(out.join(f).is_file(), "{f} written");
+    }
+    // Flags of the language-model matrix are refused by name, and a
+    // fine-tuning matrix needs its folder.
+    let said = String::from_utf8_lossy(&args(&["--models", "tiny"]).stderr).to_string();
+    assert!(said.contains("--models is for --task lm"), "{said}");
+    let said = String::from_utf8_lossy(
+        &distgpt(&[
+            "compare",
+            "--task",
+            "classify",
+            "--data",
+            data.to_str().unwrap(),
+        ])
+        .stderr,
+    )
+    .to_string();
+    assert!(said.contains("needs --init-from"), "{said}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -2,22 +2,43 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use distgpt::compare::classify::{self as classify_matrix, ClassifyMatrix};
 use distgpt::compare::{self, CompareSpec, Layout};
 use distgpt::data::{Dataset, TokenizerKind};
-use distgpt::model::GptConfig;
+use distgpt::model::{AdamWConfig, GptConfig};
+use distgpt::train::classify::ClassifyConfig;
 use distgpt::train::Duration;
 use indicatif::MultiProgress;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+/// What the matrix trains.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CompareTask {
+    /// GPT-2 language models (--models) on text or token shards.
+    Lm,
+    /// Fine-tuning a Hugging Face BERT folder (--init-from) on a labelled set (--data).
+    Classify,
+}
 
 #[derive(Args)]
 pub struct CompareArgs {
     /// A small matrix that finishes in a few minutes on 2 cores: every
-    /// strategy on 2 and 4 ranks, batches 8 and 16, 4 epochs over 8k tokens.
+    /// strategy on 2 and 4 ranks, batches 8 and 16; 4 epochs over 8k tokens
+    /// (lm) or 2 epochs over 256 examples (classify).
     #[arg(long)]
     quick: bool,
-    /// Model presets, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "shakespeare-char-small")]
-    models: Vec<String>,
+    /// What every run trains.
+    #[arg(long, value_enum, default_value = "lm")]
+    task: CompareTask,
+    /// Model presets, comma-separated (lm; default shakespeare-char-small).
+    #[arg(long, value_delimiter = ',')]
+    models: Option<Vec<String>>,
+    /// The Hugging Face BERT folder every run fine-tunes (classify).
+    #[arg(long)]
+    init_from: Option<PathBuf>,
+    /// Fine-tune on the first N training examples only (classify).
+    #[arg(long)]
+    train_examples: Option<usize>,
     /// Strategies, comma-separated (mesh: ddp over tensor-parallel pairs).
     #[arg(
         long,
@@ -32,33 +53,35 @@ pub struct CompareArgs {
     /// Global batches (sequences per micro-step, split across the data-parallel ranks), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "8,16,32")]
     batch_sizes: Vec<usize>,
-    /// Tokens per sequence.
-    #[arg(long, default_value_t = 64)]
-    seq_len: usize,
+    /// Tokens per sequence (default 64; classify: at most, default 128).
+    #[arg(long)]
+    seq_len: Option<usize>,
     /// Optimizer steps per run (instead of --epochs).
     #[arg(long, conflicts_with = "epochs")]
     steps: Option<usize>,
-    /// Passes over the training split per run.
-    #[arg(long, default_value_t = 1.0)]
-    epochs: f64,
+    /// Passes over the training split per run (default 1; classify: whole epochs, default 2).
+    #[arg(long)]
+    epochs: Option<f64>,
     /// Train on the first N tokens of the training split only (shorter epochs).
     #[arg(long)]
     train_tokens: Option<usize>,
-    /// Training data: a text file or a directory of token shards (default: embedded Shakespeare).
+    /// Training data: a text file or a directory of token shards (default:
+    /// embedded Shakespeare); classify: a labelled set (`data prepare-spam`).
     #[arg(long)]
     data: Option<PathBuf>,
     /// Tokenizer for text data: char or gpt2 (BPE).
-    #[arg(long, value_enum, default_value = "char")]
-    tokenizer: TokenizerKind,
-    /// Peak learning rate of every run (warmup 10 steps, cosine to lr / 10).
-    #[arg(long, default_value_t = 3e-3)]
-    lr: f32,
+    #[arg(long, value_enum)]
+    tokenizer: Option<TokenizerKind>,
+    /// Peak learning rate of every run, then a cosine to lr / 10 (default
+    /// 3e-3 after 10 warmup steps; classify: 5e-5 after 10% of the steps).
+    #[arg(long)]
+    lr: Option<f32>,
     /// Seed of the initial weights and the data order, the same for every run.
     #[arg(long, default_value_t = 1337)]
     seed: u64,
-    /// Validation batches at the end of each run.
-    #[arg(long, default_value_t = 8)]
-    eval_batches: usize,
+    /// Validation batches at the end of each run (lm; default 8).
+    #[arg(long)]
+    eval_batches: Option<usize>,
     /// Runs of each cell: tables show the median step time, figures its
     /// min-max range (default: 3 with --quick, else 1).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100))]
@@ -72,42 +95,8 @@ pub struct CompareArgs {
 }
 
 pub fn run(mut a: CompareArgs, threads: usize) -> Result<()> {
-    if a.quick {
-        a.world_sizes = vec![2, 4];
-        a.batch_sizes = vec![8, 16];
-        a.steps = None;
-        a.epochs = 4.0;
-        a.train_tokens = Some(a.train_tokens.unwrap_or(8_192));
-    }
     if a.batch_sizes.contains(&0) || a.world_sizes.contains(&0) {
         bail!("--batch-sizes and --world-sizes must be at least 1");
-    }
-    if !(a.epochs > 0.0 && a.epochs.is_finite()) {
-        bail!("--epochs must be a positive number, got {}", a.epochs);
-    }
-    let mut ds = Dataset::load(a.data.as_deref(), a.tokenizer)?;
-    if let Some(n) = a.train_tokens {
-        if n < a.seq_len + 1 {
-            bail!(
-                "--train-tokens {n} is shorter than one sequence of {} tokens",
-                a.seq_len + 1
-            );
-        }
-        ds.train = ds.train.head(n);
-    }
-    let mut models = Vec::new();
-    for name in &a.models {
-        let mut m = GptConfig::preset(name)?;
-        m.vocab_size = ds.tokenizer.vocab_size();
-        m.validate()?;
-        if a.seq_len == 0 || a.seq_len > m.block_size {
-            bail!(
-                "--seq-len {} must be between 1 and {name}'s block size {}",
-                a.seq_len,
-                m.block_size
-            );
-        }
-        models.push((name.clone(), m));
     }
     let out_dir = a.out.clone().unwrap_or_else(|| {
         let secs = std::time::SystemTime::now()
@@ -115,8 +104,60 @@ pub fn run(mut a: CompareArgs, threads: usize) -> Result<()> {
             .map_or(0, |d| d.as_secs());
         PathBuf::from(format!("reports/compare-{secs}"))
     });
-    std::fs::create_dir_all(&out_dir)
-        .with_context(|| format!("creating the report directory {}", out_dir.display()))?;
+    if a.task == CompareTask::Classify {
+        return run_classify(a, out_dir, threads);
+    }
+    for (given, flag) in [
+        (a.init_from.is_some(), "--init-from"),
+        (a.train_examples.is_some(), "--train-examples"),
+    ] {
+        if given {
+            bail!("{flag} is for --task classify");
+        }
+    }
+    let seq_len = a.seq_len.unwrap_or(64);
+    let epochs = a.epochs.unwrap_or(1.0);
+    if a.quick {
+        a.world_sizes = vec![2, 4];
+        a.batch_sizes = vec![8, 16];
+        a.steps = None;
+        a.train_tokens = Some(a.train_tokens.unwrap_or(8_192));
+    }
+    let epochs = if a.quick { 4.0 } else { epochs };
+    if !(epochs > 0.0 && epochs.is_finite()) {
+        bail!("--epochs must be a positive number, got {epochs}");
+    }
+    let mut ds = Dataset::load(
+        a.data.as_deref(),
+        a.tokenizer.unwrap_or(TokenizerKind::Char),
+    )?;
+    if let Some(n) = a.train_tokens {
+        if n < seq_len + 1 {
+            bail!(
+                "--train-tokens {n} is shorter than one sequence of {} tokens",
+                seq_len + 1
+            );
+        }
+        ds.train = ds.train.head(n);
+    }
+    let names = a
+        .models
+        .clone()
+        .unwrap_or_else(|| vec!["shakespeare-char-small".into()]);
+    let mut models = Vec::new();
+    for name in &names {
+        let mut m = GptConfig::preset(name)?;
+        m.vocab_size = ds.tokenizer.vocab_size();
+        m.validate()?;
+        if seq_len == 0 || seq_len > m.block_size {
+            bail!(
+                "--seq-len {seq_len} must be between 1 and {name}'s block size {}",
+                m.block_size
+            );
+        }
+        models.push((name.clone(), m));
+    }
+    create_report_dir(&out_dir)?;
     let repeats = a
         .repeats
         .map_or(if a.quick { 3 } else { 1 }, |n| n as usize);
@@ -125,11 +166,11 @@ pub fn run(mut a: CompareArgs, threads: usize) -> Result<()> {
         layouts: a.strategies.clone(),
         world_sizes: a.world_sizes.clone(),
         batch_sizes: a.batch_sizes.clone(),
-        seq_len: a.seq_len,
-        duration: a.steps.map_or(Duration::Epochs(a.epochs), Duration::Steps),
-        lr: a.lr,
+        seq_len,
+        duration: a.steps.map_or(Duration::Epochs(epochs), Duration::Steps),
+        lr: a.lr.unwrap_or(3e-3),
         seed: a.seed,
-        eval_batches: a.eval_batches,
+        eval_batches: a.eval_batches.unwrap_or(8),
         out_dir,
         threads,
         predict: !a.no_predict,
@@ -170,6 +211,121 @@ pub fn run(mut a: CompareArgs, threads: usize) -> Result<()> {
         bail!(
             "stopped after {} of {} cells: partial report in {}",
             results.len(),
+            done.planned_cells,
+            report.display()
+        );
+    }
+    distgpt::outln!("report: {} ({} files)", report.display(), files.len());
+    Ok(())
+}
+
+fn create_report_dir(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("creating the report directory {}", dir.display()))
+}
+
+/// `compare --task classify`: the fine-tuning matrix.
+fn run_classify(a: CompareArgs, out_dir: PathBuf, threads: usize) -> Result<()> {
+    for (given, flag) in [
+        (a.models.is_some(), "--models"),
+        (a.steps.is_some(), "--steps"),
+        (a.train_tokens.is_some(), "--train-tokens"),
+        (a.tokenizer.is_some(), "--tokenizer"),
+        (a.eval_batches.is_some(), "--eval-batches"),
+        (a.repeats.is_some(), "--repeats"),
+    ] {
+        if given {
+            bail!("{flag} is for --task lm (fine-tuning reads the folder's WordPiece vocabulary and scores whole splits)");
+        }
+    }
+    let (Some(init_from), Some(data)) = (a.init_from.clone(), a.data.clone()) else {
+        bail!("--task classify needs --init-from (a Hugging Face BERT folder, e.g. all-MiniLM-L6-v2's) and --data (a labelled set)");
+    };
+    let (world_sizes, batch_sizes, train_examples, epochs) = if a.quick {
+        (
+            vec![2, 4],
+            vec![8, 16],
+            Some(a.train_examples.unwrap_or(256)),
+            2.0,
+        )
+    } else {
+        (
+            a.world_sizes.clone(),
+            a.batch_sizes.clone(),
+            a.train_examples,
+            a.epochs.unwrap_or(2.0),
+        )
+    };
+    if !(epochs >= 1.0 && epochs.fract() == 0.0) {
+        bail!("--epochs {epochs}: --task classify trains whole epochs");
+    }
+    create_report_dir(&out_dir)?;
+    let matrix = ClassifyMatrix {
+        base: ClassifyConfig {
+            init_from,
+            data,
+            epochs: epochs as usize,
+            batch_size: 0,
+            seq_len: a.seq_len.unwrap_or(128),
+            lr: a.lr.unwrap_or(5e-5),
+            warmup: 0.1,
+            // BERT fine-tuning's usual AdamW, as `train --task classify` defaults
+            adamw: AdamWConfig {
+                beta2: 0.999,
+                weight_decay: 0.01,
+                ..AdamWConfig::default()
+            },
+            grad_clip: 1.0,
+            seed: a.seed,
+            train_examples,
+            out_dir: None,
+            progress: None,
+        },
+        layouts: a.strategies.clone(),
+        world_sizes,
+        batch_sizes,
+        out_dir,
+        threads,
+    };
+    super::handle_stop_signals()?;
+    let done = classify_matrix::run(&matrix, &MultiProgress::new())?;
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let files = classify_matrix::write(&matrix, &done, &command)?;
+    distgpt::outln!(
+        "{:<16} {:>6} {:>9} {:>14} {:>13} {:>24} {:>10} {:>14}",
+        "layout",
+        "batch",
+        "tokens/s",
+        "peak MiB/rank",
+        "epoch time s",
+        "val accuracy by epoch",
+        "test acc",
+        "dev vs single"
+    );
+    for r in &done.rows {
+        let accs: Vec<String> = r
+            .epochs
+            .iter()
+            .map(|e| format!("{:.1}%", 100.0 * e.val.accuracy))
+            .collect();
+        distgpt::outln!(
+            "{:<16} {:>6} {:>9.0} {:>14.1} {:>13.1} {:>24} {:>9.2}% {:>14}",
+            r.label,
+            r.batch,
+            r.tokens_per_s,
+            r.max_peak_total() as f64 / 1048576.0,
+            r.time_per_epoch_s,
+            accs.join(" "),
+            100.0 * r.test.accuracy,
+            r.max_loss_deviation_from_single
+                .map_or("-".into(), |d| format!("{d:.1e}"))
+        );
+    }
+    let report = matrix.out_dir.join("report.md");
+    if done.stopped {
+        bail!(
+            "stopped after {} of {} runs: partial report in {}",
+            done.rows.len(),
             done.planned_cells,
             report.display()
         );

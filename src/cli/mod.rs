@@ -904,8 +904,9 @@ fn run_classify(a: &TrainArgs, given: &[String]) -> Result<()> {
         },
         grad_clip: a.grad_clip,
         seed: a.seed,
-        out_dir,
-        progress: !a.quiet,
+        train_examples: None,
+        out_dir: Some(out_dir.clone()),
+        progress: (!a.quiet).then(|| metrics::progress_bar(0, "fine-tune")),
     };
     let par = a.parallel.config();
     let job = train::classify::ClassifyJob::new(&cfg)?;
@@ -926,7 +927,7 @@ fn run_classify(a: &TrainArgs, given: &[String]) -> Result<()> {
         t.f1,
         t.examples,
         s.seconds,
-        cfg.out_dir.display()
+        out_dir.display()
     );
     Ok(())
 }

@@ -8,19 +8,26 @@ pub use crate::figure::{write, Figure, Series};
 /// Series of `value`'s median against batch size, one per layout label,
 /// with its min-max range when `value` varies over repeats.
 fn by_batch(runs: &[&RunResult], value: impl Fn(&RunResult) -> Spread) -> Vec<Series> {
+    series_by_batch(runs.iter().map(|r| (r.label.as_str(), r.batch, value(r))))
+}
+
+/// Series from (layout label, batch, value) points, one per label, in batch
+/// order; ranges only where some point has a spread.
+pub fn series_by_batch<'a>(
+    points: impl IntoIterator<Item = (&'a str, usize, Spread)>,
+) -> Vec<Series> {
+    let mut sorted: Vec<(&str, usize, Spread)> = points.into_iter().collect();
+    sorted.sort_by_key(|p| p.1);
     let mut out: Vec<Series> = Vec::new();
-    let mut sorted: Vec<&RunResult> = runs.to_vec();
-    sorted.sort_by_key(|r| r.batch);
-    for r in sorted {
-        let v = value(r);
-        let (p, range) = ((r.batch as f64, v.median), (v.min, v.max));
-        match out.iter_mut().find(|s| s.label == r.label) {
+    for (label, batch, v) in sorted {
+        let (p, range) = ((batch as f64, v.median), (v.min, v.max));
+        match out.iter_mut().find(|s| s.label == label) {
             Some(s) => {
                 s.points.push(p);
                 s.ranges.push(range);
             }
             None => out.push(Series {
-                label: r.label.clone(),
+                label: label.to_string(),
                 points: vec![p],
                 ranges: vec![range],
             }),
@@ -80,11 +87,6 @@ pub fn figures(runs: &[&RunResult], suffix: &str, reference_batch: usize) -> Vec
     } else {
         String::new()
     };
-    let exact = |v: f64| Spread {
-        median: v,
-        min: v,
-        max: v,
-    };
     vec![
         fig(
             "throughput_vs_batch",
@@ -109,7 +111,7 @@ pub fn figures(runs: &[&RunResult], suffix: &str, reference_batch: usize) -> Vec
             format!("{model}: peak memory of the largest rank"),
             &format!("global batch (sequences of {seq} tokens)"),
             "peak memory per rank (MiB)",
-            by_batch(runs, |r| exact(r.max_peak()[5] as f64 / MIB)),
+            by_batch(runs, |r| Spread::exact(r.max_peak()[5] as f64 / MIB)),
             true,
             true,
         ),
@@ -149,19 +151,23 @@ pub fn figures(runs: &[&RunResult], suffix: &str, reference_batch: usize) -> Vec
             "training loss (nats/token)",
             at_ref
                 .iter()
-                .map(|r| Series {
-                    label: r.label.clone(),
-                    points: r
-                        .losses
-                        .iter()
-                        .enumerate()
-                        .map(|(i, &l)| ((i + 1) as f64, l as f64))
-                        .collect(),
-                    ranges: Vec::new(),
-                })
+                .map(|r| loss_series(&r.label, &r.losses))
                 .collect(),
             false,
             false,
         ),
     ]
+}
+
+/// A run's training loss against the optimizer step (from 1).
+pub fn loss_series(label: &str, losses: &[f32]) -> Series {
+    Series {
+        label: label.to_string(),
+        points: losses
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| ((i + 1) as f64, l as f64))
+            .collect(),
+        ranges: Vec::new(),
+    }
 }

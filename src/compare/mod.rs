@@ -5,6 +5,7 @@
 //! the median step time, the figures its min-max range. `report` writes the
 //! tables, `figures` the plots.
 
+pub mod classify;
 pub mod figures;
 pub mod report;
 
@@ -117,36 +118,53 @@ impl Cell {
 pub fn cells(spec: &CompareSpec) -> (Vec<Cell>, Vec<String>) {
     let (mut out, mut skipped) = (Vec::new(), Vec::new());
     for (name, model) in &spec.models {
-        for &layout in &spec.layouts {
-            let worlds: &[usize] = if layout == Layout::Single {
-                &[1]
-            } else {
-                &spec.world_sizes
-            };
-            // one rank of a parallel strategy is `single` again
-            for &world in worlds
-                .iter()
-                .filter(|&&w| w > 1 || layout == Layout::Single)
-            {
-                if layout == Layout::Mesh && world < 4 {
-                    skipped.push(format!(
-                        "{name} mesh x{world}: a dp x tp 2 mesh needs a world of at least 4"
-                    ));
-                    continue;
-                }
-                for &batch in &spec.batch_sizes {
-                    let par = layout.parallel(world);
-                    match par.validate(&ModelConfig::from(model.clone()), batch) {
-                        Err(e) => {
-                            skipped.push(format!("{name} {layout} x{world} batch {batch}: {e}"))
-                        }
-                        Ok(()) => out.push(Cell {
-                            model_name: name.clone(),
-                            model: model.clone(),
-                            parallel: par,
-                            batch,
-                        }),
-                    }
+        let family = ModelConfig::from(model.clone());
+        let (pairs, why) = layout_cells(
+            name,
+            (&spec.layouts, &spec.world_sizes, &spec.batch_sizes),
+            |par, batch| par.validate(&family, batch),
+        );
+        skipped.extend(why);
+        out.extend(pairs.into_iter().map(|(parallel, batch)| Cell {
+            model_name: name.clone(),
+            model: model.clone(),
+            parallel,
+            batch,
+        }));
+    }
+    (out, skipped)
+}
+
+/// The (layout, global batch) pairs of a matrix over (layouts, world sizes,
+/// batches) that `valid` accepts, and a line for each one skipped.
+pub fn layout_cells(
+    name: &str,
+    (layouts, world_sizes, batch_sizes): (&[Layout], &[usize], &[usize]),
+    valid: impl Fn(ParallelConfig, usize) -> Result<()>,
+) -> (Vec<(ParallelConfig, usize)>, Vec<String>) {
+    let (mut out, mut skipped) = (Vec::new(), Vec::new());
+    for &layout in layouts {
+        let worlds: &[usize] = if layout == Layout::Single {
+            &[1]
+        } else {
+            world_sizes
+        };
+        // one rank of a parallel strategy is `single` again
+        for &world in worlds
+            .iter()
+            .filter(|&&w| w > 1 || layout == Layout::Single)
+        {
+            if layout == Layout::Mesh && world < 4 {
+                skipped.push(format!(
+                    "{name} mesh x{world}: a dp x tp 2 mesh needs a world of at least 4"
+                ));
+                continue;
+            }
+            for &batch in batch_sizes {
+                let par = layout.parallel(world);
+                match valid(par, batch) {
+                    Err(e) => skipped.push(format!("{name} {layout} x{world} batch {batch}: {e}")),
+                    Ok(()) => out.push((par, batch)),
                 }
             }
         }
@@ -211,6 +229,15 @@ impl Spread {
             median,
             min: v[0],
             max: v[n - 1],
+        }
+    }
+
+    /// A value that does not vary.
+    pub fn exact(v: f64) -> Spread {
+        Spread {
+            median: v,
+            min: v,
+            max: v,
         }
     }
 
@@ -369,13 +396,16 @@ fn deviations(results: &mut [RunResult]) {
         r.max_loss_deviation_from_single = singles
             .iter()
             .find(|(m, b, _)| *m == r.model && *b == r.batch)
-            .map(|(_, _, base)| {
-                base.iter()
-                    .zip(&r.losses)
-                    .map(|(a, b)| (a - b).abs() as f64)
-                    .fold(0.0, f64::max)
-            });
+            .map(|(_, _, base)| loss_deviation(base, &r.losses));
     }
+}
+
+/// Largest |a[i] - b[i]| over the steps both have.
+fn loss_deviation(a: &[f32], b: &[f32]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs() as f64)
+        .fold(0.0, f64::max)
 }
 
 /// What `run` produced: every finished cell, and whether a signal cut it short.

@@ -20,6 +20,7 @@ use crate::parallel::{self, launch, ParallelConfig, StepConfig, Strategy};
 use indicatif::ProgressBar;
 use serde::Serialize;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// What `train --task classify` was asked for.
@@ -38,8 +39,12 @@ pub struct ClassifyConfig {
     pub adamw: AdamWConfig,
     pub grad_clip: f32,
     pub seed: u64,
-    pub out_dir: PathBuf,
-    pub progress: bool,
+    /// Fine-tune on the first N training examples only (shorter epochs).
+    pub train_examples: Option<usize>,
+    /// Where the fine-tuned folder and `classify.json` go (none: not written).
+    pub out_dir: Option<PathBuf>,
+    /// Rank 0's bar (its length is set to the steps); none draws nothing.
+    pub progress: Option<ProgressBar>,
 }
 
 /// Accuracy and F1 of predictions against labels (F1 of label 1 for two
@@ -97,6 +102,12 @@ pub struct ClassifySummary {
     pub epochs: Vec<EpochRecord>,
     pub test: Scores,
     pub seconds: f64,
+    /// The training loss of every optimizer step.
+    pub losses: Vec<f32>,
+    /// Mean optimizer step time after the first (which allocates).
+    pub step_ms: f64,
+    /// Every rank's peak bytes: [params, grads, optimizer, activations, other, total].
+    pub rank_peak_bytes: Vec<[u64; 6]>,
 }
 
 /// Loss and scores of a split, every rank taking part (collective).
@@ -193,6 +204,11 @@ pub struct ClassifyJob {
 }
 
 impl ClassifyJob {
+    /// The model being fine-tuned (the folder's encoder, a classifier head).
+    pub fn model(&self) -> crate::model::ModelConfig {
+        self.model.clone().into()
+    }
+
     /// Reads the labelled set, the vocabulary and the weights; checks them.
     pub fn new(cfg: &ClassifyConfig) -> Result<Self> {
         if cfg.epochs == 0 || cfg.batch_size == 0 || cfg.seq_len < 2 {
@@ -200,7 +216,13 @@ impl ClassifyJob {
                 "--epochs and --batch-size must be at least 1 and --seq-len at least 2".into(),
             ));
         }
-        let set = LabelledSet::load(&cfg.data)?;
+        let mut set = LabelledSet::load(&cfg.data)?;
+        if let Some(n) = cfg.train_examples {
+            if n == 0 {
+                return Err(Error::Config("--train-examples must be at least 1".into()));
+            }
+            set.train.examples.truncate(n);
+        }
         let vocab = cfg.init_from.join("vocab.txt");
         let wp = WordPiece::from_vocab_file(&vocab)?;
         let head = BertHead::Classify {
@@ -241,7 +263,8 @@ impl ClassifyJob {
 }
 
 /// One rank's fine-tuning (collective); rank 0 writes the model folder and
-/// `classify.json` and returns the summary.
+/// `classify.json` and returns the summary. A signal (`INTERRUPTED`) stops
+/// every rank after the current step, returning none.
 pub fn classify_rank<B: Backend + 'static>(
     backend: B,
     job: &ClassifyJob,
@@ -260,11 +283,15 @@ pub fn classify_rank<B: Backend + 'static>(
     let started = Instant::now();
     let mut s = parallel::build(backend, model.clone(), par, world, cfg.adamw, b, t)?;
     s.load_full(&job.init)?;
-    let pb = match cfg.progress && lead {
-        true => metrics::progress_bar(job.steps as u64, "fine-tune"),
-        false => ProgressBar::hidden(),
+    let pb = match (&cfg.progress, lead) {
+        (Some(bar), true) => {
+            bar.set_length(job.steps as u64);
+            bar.clone()
+        }
+        _ => ProgressBar::hidden(),
     };
     let mut epochs = Vec::new();
+    let (mut losses, mut later_steps_s) = (Vec::with_capacity(job.steps), 0.0);
     let mut step = 0;
     for epoch in 0..cfg.epochs {
         let t0 = Instant::now();
@@ -276,7 +303,19 @@ pub fn classify_rank<B: Backend + 'static>(
                 lr,
                 grad_clip: cfg.grad_clip,
             };
+            let t_step = Instant::now();
             let st = s.step(std::slice::from_ref(batch), step_cfg)?;
+            if step > 0 {
+                later_steps_s += t_step.elapsed().as_secs_f64();
+            }
+            losses.push(st.loss);
+            // a signal (only `compare` installs a handler) ends the run on every rank
+            let mut stop = [u32::from(super::INTERRUPTED.load(Ordering::SeqCst))];
+            world.all_reduce(&mut stop)?;
+            if stop[0] != 0 {
+                pb.finish_and_clear();
+                return Ok(None);
+            }
             loss_sum += st.loss as f64;
             real_tokens += batch.lens.iter().map(|&l| l as usize).sum::<usize>();
             step += 1;
@@ -312,11 +351,11 @@ pub fn classify_rank<B: Backend + 'static>(
     pb.finish_and_clear();
     let test = score(s.as_mut(), &set.test, wp, (b, t, labels))?;
     let full = s.full_params()?;
+    let mut peaks = vec![0u64; 6 * world.size()];
+    world.all_gather(&s.memory().peak_row(), &mut peaks)?;
     if !lead {
         return Ok(None);
     }
-    let vocab = cfg.init_from.join("vocab.txt");
-    hf::write_folder(model, &full, Some(&vocab), &cfg.out_dir)?;
     let summary = ClassifySummary {
         model: model.to_string(),
         labels: set.labels.clone(),
@@ -324,10 +363,20 @@ pub fn classify_rank<B: Backend + 'static>(
         epochs,
         test,
         seconds: started.elapsed().as_secs_f64(),
+        step_ms: 1e3 * later_steps_s / step.saturating_sub(1).max(1) as f64,
+        losses,
+        rank_peak_bytes: peaks
+            .chunks(6)
+            .map(|c| c.try_into().expect("rows of 6"))
+            .collect(),
     };
-    let json = serde_json::to_string_pretty(&summary).expect("a summary serialises");
-    std::fs::write(cfg.out_dir.join("classify.json"), json)
-        .map_err(|e| Error::Input(format!("cannot write classify.json: {e}")))?;
+    if let Some(dir) = &cfg.out_dir {
+        let vocab = cfg.init_from.join("vocab.txt");
+        hf::write_folder(model, &full, Some(&vocab), dir)?;
+        let json = serde_json::to_string_pretty(&summary).expect("a summary serialises");
+        std::fs::write(dir.join("classify.json"), json)
+            .map_err(|e| Error::Input(format!("cannot write classify.json: {e}")))?;
+    }
     Ok(Some(summary))
 }
 

