@@ -3,6 +3,7 @@
 //! the AdamW state that mirrors the layout, and the families (`gpt2`, `bert`).
 
 pub mod adamw;
+pub mod alloc;
 pub mod bert;
 pub mod config;
 pub mod family;

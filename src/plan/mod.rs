@@ -9,7 +9,7 @@
 
 pub mod calibrate;
 
-use crate::model::{GptConfig, ModelConfig, ParamLayout};
+use crate::model::{gpt2, GptConfig, ModelConfig, ParamLayout, Precision as ModelPrecision};
 use crate::parallel::{ParallelConfig, StrategyKind, Units};
 use serde::Serialize;
 
@@ -256,21 +256,6 @@ impl UnitSizes {
     }
 }
 
-/// Elements of the activations one rank keeps for `rows` = B_local x T
-/// tokens: the residual stream of every layer, each layer's saved inputs
-/// and outputs (one layer's with recomputation), the head and the backward
-/// scratch, as `model::gpt2` allocates them (attention keeps only the row
-/// log-sum-exp, never the T x T matrix).
-fn activation_elems(m: &GptConfig, tp: usize, rows: f64, recompute: bool) -> f64 {
-    let (l, c) = (m.n_layer as f64, m.n_embd as f64);
-    let cl = c / tp as f64;
-    let nhl = (m.n_head / tp) as f64;
-    let slots = if recompute { 1.0 } else { l };
-    let per_layer = 3.0 * c + 12.0 * cl + nhl + 4.0;
-    let head_and_scratch = 3.0 * c + 7.0 * cl + m.padded_vocab() as f64 + 3.0;
-    rows * ((l + 1.0) * c + slots * per_layer + head_and_scratch)
-}
-
 /// One rank's bytes by category for `par` (assumed valid), as `parallel` allocates them.
 pub fn memory_plan(w: &Workload, par: ParallelConfig, precision: Precision) -> MemoryPlan {
     let par = par.resolved();
@@ -285,9 +270,11 @@ pub fn memory_plan(w: &Workload, par: ParallelConfig, precision: Precision) -> M
         precision.grads_bytes(),
         precision.optimizer_bytes(),
     );
-    let rows = (w.batch / dp * w.seq_len) as f64;
+    // the engine's own allocation, counted (activations and the bf16 scratch)
+    let rows = w.batch / dp * w.seq_len;
+    let fp32 = gpt2::activation_elems(m, tp, rows, par.recompute, ModelPrecision::Fp32);
     let mut mem = MemoryPlan {
-        activations: activation_elems(m, tp, rows, par.recompute) * precision.activation_bytes(),
+        activations: fp32.0 as f64 * precision.activation_bytes(),
         ..MemoryPlan::default()
     };
     match par.strategy {
@@ -322,14 +309,12 @@ pub fn memory_plan(w: &Workload, par: ParallelConfig, precision: Precision) -> M
             mem.other = gb * (units.max_padded + units.head_padded + units.max_shard);
         }
     }
-    if par.precision == crate::model::Precision::Bf16 {
+    if par.precision == ModelPrecision::Bf16 {
         // `--precision bf16`'s operand scratch, stored as f32: a matmul's
         // rounded input and output gradient, and its rounded weight.
-        let (c, vp) = (m.n_embd as f64, m.padded_vocab() as f64);
-        let cl = c / tp as f64;
-        let widest = c.max(4.0 * cl);
-        mem.activations += 4.0 * 2.0 * rows * widest;
-        mem.other += 4.0 * (c * widest).max(vp * c);
+        let bf16 = gpt2::activation_elems(m, tp, rows, par.recompute, ModelPrecision::Bf16);
+        mem.activations += 4.0 * (bf16.0 - fp32.0) as f64;
+        mem.other += 4.0 * (bf16.1 - fp32.1) as f64;
     }
     mem
 }

@@ -12,6 +12,7 @@ pub mod layout;
 pub use config::{BertConfig, BertHead};
 pub use layout::BlockParam;
 
+use super::alloc::ActAlloc;
 use super::layout::{ParamLayout, TpPlace};
 use super::unit::{UnitGrads, UnitKind, UnitModel, UnitParams};
 use crate::backend::{Activation, AttnShape, Backend, Buf, Category, Dst, Src, WeightLayout};
@@ -94,15 +95,27 @@ struct Dims {
     fl: usize,
 }
 
+impl Dims {
+    fn of(cfg: &BertConfig, tp: usize) -> Dims {
+        let c = cfg.n_embd;
+        Dims {
+            c,
+            cl: c / tp,
+            nhl: cfg.n_head / tp,
+            fl: cfg.n_inner / tp,
+        }
+    }
+}
+
 impl<B: Backend> Acts<B> {
     fn new(
-        be: &B,
+        al: &ActAlloc<'_, B>,
         cfg: &BertConfig,
         d: Dims,
         (slots, rows, b): (usize, usize, usize),
     ) -> Result<Self> {
         let (l, c) = (cfg.n_layer, cfg.n_embd);
-        let a = |n: usize| be.alloc(n, Category::Activations);
+        let a = |n: usize| al.acts(n);
         let head = match cfg.head {
             BertHead::Mlm => HeadActs::Mlm {
                 t1: a(rows * c)?,
@@ -130,9 +143,9 @@ impl<B: Backend> Acts<B> {
         Ok(Acts {
             rows,
             b,
-            tokens: be.alloc_typed(rows, Category::Activations)?,
-            targets: be.alloc_typed(targets, Category::Activations)?,
-            lens: be.alloc_typed(b, Category::Activations)?,
+            tokens: al.typed(rows, Category::Activations)?,
+            targets: al.typed(targets, Category::Activations)?,
+            lens: al.typed(b, Category::Activations)?,
             types: a(rows * cfg.type_vocab)?,
             dtypes: a(rows * cfg.type_vocab)?,
             emb: a(rows * c)?,
@@ -207,13 +220,7 @@ impl<B: Backend> Engine<B> {
     }
 
     fn dims(&self) -> Dims {
-        let c = self.config.n_embd;
-        Dims {
-            c,
-            cl: c / self.tp.size,
-            nhl: self.config.n_head / self.tp.size,
-            fl: self.config.n_inner / self.tp.size,
-        }
+        Dims::of(&self.config, self.tp.size)
     }
 
     fn slot(&self, l: usize) -> usize {
@@ -984,9 +991,9 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
                 self.config.n_layer
             };
             self.acts = Some(Acts::new(
-                &self.backend,
+                &ActAlloc::on(&self.backend),
                 &self.config,
-                self.dims(),
+                Dims::of(&self.config, self.tp.size),
                 (slots, rows, b),
             )?);
         }

@@ -5,6 +5,7 @@
 
 pub mod layout;
 
+use super::alloc::ActAlloc;
 use super::config::GptConfig;
 use super::layout::{ParamLayout, TpPlace};
 use super::unit::{UnitGrads, UnitKind, UnitModel, UnitParams, Whole};
@@ -87,13 +88,13 @@ struct Bf16Operands<B: Backend> {
 }
 
 impl<B: Backend> Bf16Operands<B> {
-    fn new(be: &B, cfg: &GptConfig, d: Dims, rows: usize) -> Result<Self> {
+    fn new(al: &ActAlloc<'_, B>, cfg: &GptConfig, d: Dims, rows: usize) -> Result<Self> {
         let (c, vp) = (cfg.n_embd, cfg.padded_vocab());
         let widest = c.max(d.fl).max(3 * d.cl);
         Ok(Bf16Operands {
-            inp: be.alloc(rows * widest, Category::Activations)?,
-            w: be.alloc((c * widest).max(vp * c), Category::Other)?,
-            dout: be.alloc(rows * widest, Category::Activations)?,
+            inp: al.acts(rows * widest)?,
+            w: al.typed((c * widest).max(vp * c), Category::Other)?,
+            dout: al.acts(rows * widest)?,
         })
     }
 
@@ -170,20 +171,51 @@ struct Dims {
     fl: usize,
 }
 
+impl Dims {
+    fn of(cfg: &GptConfig, tp: usize) -> Dims {
+        let c = cfg.n_embd;
+        let cl = c / tp;
+        Dims {
+            c,
+            cl,
+            nhl: cfg.n_head / tp,
+            fl: 4 * cl,
+        }
+    }
+}
+
+/// Elements of the activations (and of `other` scratch) one rank of tp
+/// size `tp` allocates for `rows` = B x T tokens: `Activations::new` run
+/// against a tally, so the count is the allocation's own.
+pub fn activation_elems(
+    cfg: &GptConfig,
+    tp: usize,
+    rows: usize,
+    recompute: bool,
+    precision: Precision,
+) -> (usize, usize) {
+    let be = crate::backend::cpu::Cpu::new();
+    let al = ActAlloc::tally(&be);
+    let slots = if recompute { 1 } else { cfg.n_layer };
+    Activations::new(&al, cfg, Dims::of(cfg, tp), (slots, rows), precision)
+        .expect("a tally allocates nothing");
+    al.counted()
+}
+
 impl<B: Backend> Activations<B> {
     fn new(
-        be: &B,
+        al: &ActAlloc<'_, B>,
         cfg: &GptConfig,
         d: Dims,
         (slots, rows): (usize, usize),
         precision: Precision,
     ) -> Result<Self> {
         let (l, c) = (cfg.n_layer, cfg.n_embd);
-        let a = |n: usize| be.alloc(n, Category::Activations);
+        let a = |n: usize| al.acts(n);
         Ok(Activations {
             rows,
-            tokens: be.alloc_typed(rows, Category::Activations)?,
-            targets: be.alloc_typed(rows, Category::Activations)?,
+            tokens: al.typed(rows, Category::Activations)?,
+            targets: al.typed(rows, Category::Activations)?,
             resid: a((l + 1) * rows * c)?,
             ln1: a(slots * rows * c)?,
             ln1_mean: a(slots * rows)?,
@@ -208,7 +240,7 @@ impl<B: Backend> Activations<B> {
             dfch: a(rows * d.fl)?,
             bf16: match precision {
                 Precision::Fp32 => None,
-                Precision::Bf16 => Some(Bf16Operands::new(be, cfg, d, rows)?),
+                Precision::Bf16 => Some(Bf16Operands::new(al, cfg, d, rows)?),
             },
         })
     }
@@ -281,14 +313,7 @@ impl<B: Backend> Engine<B> {
     }
 
     fn dims(&self) -> Dims {
-        let c = self.config.n_embd;
-        let cl = c / self.tp.size;
-        Dims {
-            c,
-            cl,
-            nhl: self.config.n_head / self.tp.size,
-            fl: 4 * cl,
-        }
+        Dims::of(&self.config, self.tp.size)
     }
 
     fn check_tokens(&self, what: &str, ids: &[u32]) -> Result<()> {
@@ -343,9 +368,9 @@ impl<B: Backend> Engine<B> {
                 self.config.n_layer
             };
             self.acts = Some(Activations::new(
-                &self.backend,
+                &ActAlloc::on(&self.backend),
                 &self.config,
-                self.dims(),
+                Dims::of(&self.config, self.tp.size),
                 (slots, rows),
                 self.precision,
             )?);
