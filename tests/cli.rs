@@ -502,3 +502,37 @@ fn compare_runs_a_fine_tuning_matrix_that_follows_single() {
     assert!(said.contains("needs --init-from"), "{said}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_bert_preset_pretrains_as_a_masked_lm_by_default() {
+    let done = succeeded(distgpt(&[
+        "train",
+        "--model",
+        "bert-tiny",
+        "--steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--eval-every",
+        "2",
+        "--quiet",
+    ]));
+    let text = String::from_utf8_lossy(&done.stdout).to_string();
+    assert!(text.contains("masked-token loss"), "{text}");
+    let said = String::from_utf8_lossy(
+        &distgpt(&[
+            "train",
+            "--model",
+            "bert-tiny",
+            "--task",
+            "lm",
+            "--steps",
+            "1",
+        ])
+        .stderr,
+    )
+    .to_string();
+    assert!(said.contains("bert-tiny is a BERT preset"), "{said}");
+}

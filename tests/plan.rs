@@ -1,10 +1,11 @@
 //! `plan`'s memory model against what the strategies allocate: every
-//! strategy and mesh on 1, 2 and 4 thread ranks, predicted per-rank peak
-//! within 10% of the measured one. (Step times are compared by
+//! strategy and mesh on 1, 2 and 4 thread ranks, for GPT-2 and both BERT
+//! heads, predicted per-rank peak within 10% of the measured one. (Step times are compared by
 //! `distgpt compare`, not asserted in tests.)
 
 use distgpt::backend::cpu::Cpu;
-use distgpt::model::{GptConfig, Precision as EnginePrecision};
+use distgpt::model::bert::{BertConfig, BertHead};
+use distgpt::model::{GptConfig, ModelConfig, Precision as EnginePrecision};
 use distgpt::parallel::{launch, ParallelConfig};
 use distgpt::plan::{self, Device, Network, Precision, Workload};
 use distgpt::train::bench::{bench_rank, BenchSpec};
@@ -20,9 +21,34 @@ fn model() -> GptConfig {
     }
 }
 
+/// A small BERT with `head`: 4 heads, so tp 2 and 4 split it.
+fn bert(head: BertHead) -> ModelConfig {
+    BertConfig {
+        n_layer: 2,
+        n_head: 4,
+        n_embd: 64,
+        n_inner: 256,
+        block_size: 32,
+        vocab_size: 200,
+        ..BertConfig::mini_lm(head)
+    }
+    .into()
+}
+
 #[test]
 fn predicted_peak_memory_is_within_10_percent_of_measured() {
-    let cfg = model();
+    let models = [
+        model().into(),
+        bert(BertHead::Mlm),
+        bert(BertHead::Classify { labels: 3 }),
+    ];
+    for cfg in &models {
+        check_memory(cfg);
+    }
+    check_bf16_scratch(&models[0]);
+}
+
+fn check_memory(cfg: &ModelConfig) {
     let (batch, seq_len) = (8, 32);
     let w = Workload {
         model: cfg.clone(),
@@ -43,10 +69,10 @@ fn predicted_peak_memory_is_within_10_percent_of_measured() {
     let mut checked = 0;
     for world in [1, 2, 4] {
         for recompute in [false, true] {
-            for par in plan::layouts(&cfg, world, batch, recompute) {
+            for par in plan::layouts(cfg, world, batch, recompute) {
                 let predicted = plan::predict(&w, par, &device, &net, Precision::Fp32);
                 let ranks = launch::run_local(world, 2, Duration::from_secs(60), |c| {
-                    bench_rank(Cpu::new(), &cfg.clone().into(), par, spec, c.as_ref())
+                    bench_rank(Cpu::new(), cfg, par, spec, c.as_ref())
                 })
                 .unwrap();
                 for (r, got) in ranks[0].iter().enumerate() {
@@ -55,7 +81,7 @@ fn predicted_peak_memory_is_within_10_percent_of_measured() {
                     let off = (want - measured).abs() / measured;
                     assert!(
                         off <= 0.10,
-                        "{} rank {r}: predicted {want:.0} bytes, measured {measured:.0} ({:.1}% off)",
+                        "{cfg}: {} rank {r}: predicted {want:.0} bytes, measured {measured:.0} ({:.1}% off)",
                         plan::layout_name(&par),
                         100.0 * off
                     );
@@ -64,16 +90,35 @@ fn predicted_peak_memory_is_within_10_percent_of_measured() {
             }
         }
     }
-    assert_eq!(checked, 2 * (1 + 5 + 6), "every layout was checked");
-    // --precision bf16 adds the matmul operands' rounded copies: the
-    // predicted growth over fp32 is the measured one.
+    assert_eq!(checked, 2 * (1 + 5 + 6), "{cfg}: every layout was checked");
+}
+
+/// --precision bf16 adds the matmul operands' rounded copies: the
+/// predicted growth over fp32 is the measured one.
+fn check_bf16_scratch(cfg: &ModelConfig) {
+    let (batch, seq_len) = (8, 32);
+    let w = Workload {
+        model: cfg.clone(),
+        batch,
+        seq_len,
+        grad_accum: 1,
+    };
+    let device = Device::datasheet("h100", Precision::Fp32, 0.5).unwrap();
+    let net = Network::datasheet("h100").unwrap();
+    let spec = BenchSpec {
+        batch,
+        seq_len,
+        warmup: 0,
+        steps: 1,
+        show: false,
+    };
     for world in [1, 2] {
-        for par in plan::layouts(&cfg, world, batch, false) {
+        for par in plan::layouts(cfg, world, batch, false) {
             let [fp32, bf16] = [EnginePrecision::Fp32, EnginePrecision::Bf16].map(|precision| {
                 let par = ParallelConfig { precision, ..par };
                 let predicted = plan::predict(&w, par, &device, &net, Precision::Fp32);
                 let ranks = launch::run_local(world, 2, Duration::from_secs(60), |c| {
-                    bench_rank(Cpu::new(), &cfg.clone().into(), par, spec, c.as_ref())
+                    bench_rank(Cpu::new(), cfg, par, spec, c.as_ref())
                 })
                 .unwrap();
                 (predicted.memory.total(), ranks[0][0].peak[5] as f64)
@@ -92,7 +137,7 @@ fn predicted_peak_memory_is_within_10_percent_of_measured() {
 fn gpt2_on_8_h100_is_within_2x_of_llm_c() {
     // llm.c: GPT-2 124M, 8 x H100, 524,288 tokens per step in ~140 ms (bf16).
     let w = Workload {
-        model: GptConfig::preset("gpt2").unwrap(),
+        model: ModelConfig::preset("gpt2").unwrap(),
         batch: 512,
         seq_len: 1024,
         grad_accum: 1,

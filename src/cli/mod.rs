@@ -473,8 +473,9 @@ struct TrainArgs {
     /// characters, the embedded Shakespeare by default); or a classifier
     /// fine-tuned from a Hugging Face BERT folder (--init-from) on a labelled
     /// set (--data, from `distgpt data prepare-spam` or any such directory).
-    #[arg(long, value_enum, default_value = "lm", help_heading = "Model")]
-    task: Task,
+    /// Default: mlm for a BERT preset, lm otherwise.
+    #[arg(long, value_enum, help_heading = "Model")]
+    task: Option<Task>,
     #[command(flatten)]
     parallel: ParallelArgs,
     #[command(flatten)]
@@ -1303,7 +1304,7 @@ fn check_memory(model: &GptConfig, cfg: &TrainConfig, par: ParallelConfig) -> Re
         return Ok(());
     };
     let w = distgpt::plan::Workload {
-        model: model.clone(),
+        model: model.clone().into(),
         batch: cfg.batch_size,
         seq_len: cfg.seq_len,
         grad_accum: cfg.grad_accum,
@@ -1364,9 +1365,14 @@ fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
     if let Some(p) = a.data.as_ref().filter(|p| !p.exists()) {
         bail!("data path {} does not exist", p.display());
     }
-    match a.task {
+    let bert = BertConfig::preset(&a.model.model).is_some();
+    match a.task.unwrap_or(if bert { Task::Mlm } else { Task::Lm }) {
         Task::Classify => return run_classify(&a, given).map(|()| Outcome::Done),
         Task::Mlm => return run_mlm(&a, given).map(|()| Outcome::Done),
+        Task::Lm if bert => bail!(
+            "{} is a BERT preset: --task mlm pretrains it (the default for BERT), --task lm trains GPT-2 models",
+            a.model.model
+        ),
         Task::Lm => {}
     }
     let (ds, model_cfg, mut cfg, par) = match &a.resume {

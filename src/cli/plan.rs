@@ -177,13 +177,11 @@ fn target(a: &PlanArgs, threads: usize) -> Result<(Device, Network, Option<Machi
 }
 
 pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
-    let model = a.model.resolve(a.vocab_size)?;
-    let seq_len = a.seq_len.unwrap_or(model.block_size);
-    if seq_len == 0 || seq_len > model.block_size {
-        bail!(
-            "--seq-len {seq_len} must be between 1 and the model's block size {}",
-            model.block_size
-        );
+    let model = a.model.resolve_family(a.vocab_size)?;
+    let block_size = model.block_size();
+    let seq_len = a.seq_len.unwrap_or(block_size);
+    if seq_len == 0 || seq_len > block_size {
+        bail!("--seq-len {seq_len} must be between 1 and the model's block size {block_size}");
     }
     if a.batch_size == 0 || a.grad_accum == 0 {
         bail!("--batch-size and --grad-accum must be at least 1");
@@ -250,8 +248,8 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
         "{} ({:.3}B params, {} layers x {} wide), global batch {} x {} tokens x {} accum, {} on {} ({} peak, {:.0} GB)",
         a.model.model_name(),
         w.model.num_params() as f64 / 1e9,
-        w.model.n_layer,
-        w.model.n_embd,
+        w.model.n_layer(),
+        w.model.n_embd(),
         w.batch,
         w.seq_len,
         w.grad_accum,

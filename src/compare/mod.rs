@@ -427,19 +427,14 @@ fn predict_cell(
     seq_len: usize,
 ) -> Result<Predicted> {
     let world = cell.parallel.world_size;
-    let key = |c: &Calibration| c.model == cell.model && c.batch == cell.batch && c.ranks == world;
+    let model = ModelConfig::from(cell.model.clone());
+    let key = |c: &Calibration| c.model == model && c.batch == cell.batch && c.ranks == world;
     if !calibrations.iter().any(key) {
-        calibrations.push(calibrate_cpu(
-            machine,
-            &cell.model,
-            cell.batch,
-            seq_len,
-            world,
-        )?);
+        calibrations.push(calibrate_cpu(machine, &model, cell.batch, seq_len, world)?);
     }
     let cal = calibrations.iter().find(|c| key(c)).expect("just added");
     let w = Workload {
-        model: cell.model.clone(),
+        model,
         batch: cell.batch,
         seq_len,
         grad_accum: 1,

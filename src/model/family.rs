@@ -13,8 +13,9 @@ use crate::data::{Batch, IGNORE};
 use crate::error::{Error, Result};
 use crate::rng::Rng;
 
-/// A model of one of the families.
-#[derive(Clone, Debug, PartialEq)]
+/// A model of one of the families (as JSON: the config with its "family").
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[serde(tag = "family", rename_all = "lowercase")]
 pub enum ModelConfig {
     Gpt2(GptConfig),
     Bert(BertConfig),
@@ -107,6 +108,48 @@ impl ModelConfig {
                     ..Batch::default()
                 }
             }
+        }
+    }
+
+    /// Training FLOPs per token that tensor parallelism does not split (the
+    /// replicated head: GPT-2's tied LM head; BERT's MLM transform and
+    /// decoder, or its pooler and classifier, which see one row per sequence).
+    pub fn unsplit_flops_per_token(&self, t: usize) -> f64 {
+        match self {
+            ModelConfig::Gpt2(c) => 6.0 * (c.padded_vocab() * c.n_embd) as f64,
+            ModelConfig::Bert(c) => c.head_flops_per_token(t),
+        }
+    }
+
+    /// Elements of (activations, other scratch) one of `tp` tensor-parallel
+    /// ranks allocates for b sequences of t tokens: the engine's own
+    /// allocation, counted (`model::alloc`).
+    pub fn activation_elems(
+        &self,
+        tp: usize,
+        (b, t): (usize, usize),
+        recompute: bool,
+        precision: Precision,
+    ) -> (usize, usize) {
+        match self {
+            ModelConfig::Gpt2(c) => gpt2::activation_elems(c, tp, b * t, recompute, precision),
+            ModelConfig::Bert(c) => (bert::activation_elems(c, tp, (b, t), recompute), 0),
+        }
+    }
+
+    /// Transformer blocks.
+    pub fn n_layer(&self) -> usize {
+        match self {
+            ModelConfig::Gpt2(c) => c.n_layer,
+            ModelConfig::Bert(c) => c.n_layer,
+        }
+    }
+
+    /// Width of the residual stream.
+    pub fn n_embd(&self) -> usize {
+        match self {
+            ModelConfig::Gpt2(c) => c.n_embd,
+            ModelConfig::Bert(c) => c.n_embd,
         }
     }
 

@@ -6,7 +6,7 @@ use super::{Device, Network, Precision};
 use crate::backend::cpu::{AdamWStep, Cpu};
 use crate::backend::{Backend, Buf, Category};
 use crate::error::Result;
-use crate::model::GptConfig;
+use crate::model::ModelConfig;
 use crate::parallel::{launch, ParallelConfig, StrategyKind};
 use crate::train::bench::{bench_rank, BenchSpec};
 use serde::Serialize;
@@ -58,7 +58,7 @@ pub struct Calibration {
     pub efficiency: f64,
     pub ranks: usize,
     /// The model the efficiency was measured on, and the global batch.
-    pub model: GptConfig,
+    pub model: ModelConfig,
     pub batch: usize,
     pub seq_len: usize,
 }
@@ -136,12 +136,12 @@ fn local_comm(threads: usize) -> Result<(f64, f64)> {
 /// when ranks outnumber threads.
 pub fn calibrate_cpu(
     machine: &Machine,
-    model: &GptConfig,
+    model: &ModelConfig,
     batch: usize,
     seq_len: usize,
     ranks: usize,
 ) -> Result<Calibration> {
-    let gpt2 = GptConfig::preset("gpt2")?;
+    let gpt2 = ModelConfig::preset("gpt2")?;
     let (model, batch, seq_len) = if model.num_params() > gpt2.num_params() {
         (gpt2, 4 * ranks, 128)
     } else {
@@ -170,13 +170,12 @@ pub fn calibrate_cpu(
     // and caches as the real ranks do; no collective is involved. When ranks
     // outnumber threads, as many run at once as there are threads.
     let concurrent = ranks.min(machine.threads);
-    let family = crate::model::ModelConfig::from(model.clone());
     let times: Vec<Result<f64>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..concurrent)
             .map(|_| {
                 s.spawn(|| {
                     launch::run_local(1, rank_threads, Duration::from_secs(600), |c| {
-                        bench_rank(Cpu::new(), &family, par, spec, c.as_ref())
+                        bench_rank(Cpu::new(), &model, par, spec, c.as_ref())
                     })
                     .map(|out| out[0][0].step_s)
                 })

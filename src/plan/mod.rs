@@ -9,7 +9,7 @@
 
 pub mod calibrate;
 
-use crate::model::{gpt2, GptConfig, ModelConfig, ParamLayout, Precision as ModelPrecision};
+use crate::model::{ModelConfig, ParamLayout, Precision as ModelPrecision};
 use crate::parallel::{ParallelConfig, StrategyKind, Units};
 use serde::Serialize;
 
@@ -166,7 +166,7 @@ pub fn collective_s(kind: Collective, n: usize, bytes: f64, calls: usize, link: 
 /// The training step being planned.
 #[derive(Clone, Debug, Serialize)]
 pub struct Workload {
-    pub model: GptConfig,
+    pub model: ModelConfig,
     /// Global batch in sequences per micro-step.
     pub batch: usize,
     pub seq_len: usize,
@@ -262,7 +262,7 @@ pub fn memory_plan(w: &Workload, par: ParallelConfig, precision: Precision) -> M
     let m = &w.model;
     let (world, tp) = (par.world_size, par.tp);
     let dp = world / tp;
-    let layout = ParamLayout::new_tp(m, tp);
+    let layout = m.layout(tp);
     let psi = layout.total() as f64;
     let units = UnitSizes::new(&layout, dp);
     let (pb, gb, ob) = (
@@ -271,8 +271,8 @@ pub fn memory_plan(w: &Workload, par: ParallelConfig, precision: Precision) -> M
         precision.optimizer_bytes(),
     );
     // the engine's own allocation, counted (activations and the bf16 scratch)
-    let rows = w.batch / dp * w.seq_len;
-    let fp32 = gpt2::activation_elems(m, tp, rows, par.recompute, ModelPrecision::Fp32);
+    let rows = (w.batch / dp, w.seq_len);
+    let fp32 = m.activation_elems(tp, rows, par.recompute, ModelPrecision::Fp32);
     let mut mem = MemoryPlan {
         activations: fp32.0 as f64 * precision.activation_bytes(),
         ..MemoryPlan::default()
@@ -312,7 +312,7 @@ pub fn memory_plan(w: &Workload, par: ParallelConfig, precision: Precision) -> M
     if par.precision == ModelPrecision::Bf16 {
         // `--precision bf16`'s operand scratch, stored as f32: a matmul's
         // rounded input and output gradient, and its rounded weight.
-        let bf16 = gpt2::activation_elems(m, tp, rows, par.recompute, ModelPrecision::Bf16);
+        let bf16 = m.activation_elems(tp, rows, par.recompute, ModelPrecision::Bf16);
         mem.activations += 4.0 * (bf16.0 - fp32.0) as f64;
         mem.other += 4.0 * (bf16.1 - fp32.1) as f64;
     }
@@ -332,15 +332,14 @@ pub fn predict(
     let m = &w.model;
     let (world, tp) = (par.world_size, par.tp);
     let dp = world / tp;
-    let layout = ParamLayout::new_tp(m, tp);
+    let layout = m.layout(tp);
     let psi = layout.total() as f64;
     let units = UnitSizes::new(&layout, dp);
     let (pb, gb) = (precision.params_bytes(), precision.grads_bytes());
     let rows = (w.batch / dp * w.seq_len) as f64;
 
-    // Compute: the blocks are split over tp, the LM head is not.
-    let vc = (m.padded_vocab() * m.n_embd) as f64;
-    let head = 6.0 * vc;
+    // Compute: the blocks are split over tp, the head is not.
+    let head = m.unsplit_flops_per_token(w.seq_len);
     let blocks = m.flops_per_token(w.seq_len) - head;
     let recompute = if par.recompute { blocks / 3.0 } else { 0.0 };
     let tokens_rank = rows * w.grad_accum as f64;
@@ -383,8 +382,8 @@ pub fn predict(
         // Megatron's f/g: two all-reduces of the (rows, C) stream per layer
         // forward, two backward, two more when the forward is recomputed.
         let per_layer = if par.recompute { 6 } else { 4 };
-        let n = per_layer * m.n_layer;
-        let bytes = n as f64 * rows * m.n_embd as f64 * precision.activation_bytes();
+        let n = per_layer * m.n_layer();
+        let bytes = n as f64 * rows * m.n_embd() as f64 * precision.activation_bytes();
         comm_s += acc * collective_s(Collective::AllReduce, tp, bytes, n, tp_link);
         comm_bytes += acc * 2.0 * (tp as f64 - 1.0) / tp as f64 * bytes;
     }
@@ -444,24 +443,27 @@ fn candidates(world: usize, recompute: bool) -> Vec<ParallelConfig> {
 }
 
 /// Every valid layout on `world` ranks (see [`omitted`] for the others).
-pub fn layouts(m: &GptConfig, world: usize, batch: usize, recompute: bool) -> Vec<ParallelConfig> {
+pub fn layouts(
+    m: &ModelConfig,
+    world: usize,
+    batch: usize,
+    recompute: bool,
+) -> Vec<ParallelConfig> {
     let mut out = candidates(world, recompute);
-    let model = ModelConfig::from(m.clone());
-    out.retain(|p| p.validate(&model, batch).is_ok());
+    out.retain(|p| p.validate(m, batch).is_ok());
     out
 }
 
 /// One line per reason that layouts on `world` ranks were left out of
 /// [`layouts`]: "tp x2, ddp x4 (tp 2) omitted: 25 heads are not divisible by 2".
-pub fn omitted(m: &GptConfig, world: usize, batch: usize) -> Vec<String> {
+pub fn omitted(m: &ModelConfig, world: usize, batch: usize) -> Vec<String> {
     let mut by_reason: Vec<(String, Vec<String>)> = Vec::new();
-    let model = ModelConfig::from(m.clone());
     for p in candidates(world, false) {
-        if p.validate(&model, batch).is_ok() {
+        if p.validate(m, batch).is_ok() {
             continue;
         }
-        let reason = if !m.n_head.is_multiple_of(p.tp) {
-            format!("{} heads are not divisible by {}", m.n_head, p.tp)
+        let reason = if !m.n_head().is_multiple_of(p.tp) {
+            format!("{} heads are not divisible by {}", m.n_head(), p.tp)
         } else {
             format!(
                 "the batch of {batch} is not divisible by the data-parallel size {}",
@@ -508,6 +510,7 @@ pub fn layout_name(p: &ParallelConfig) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::GptConfig;
 
     fn zero_paper_model() -> GptConfig {
         // 36 x 4096 with GPT-2's vocabulary: 7.46B parameters.
@@ -530,7 +533,7 @@ mod tests {
     #[test]
     fn zero_paper_model_states_at_64_ranks() {
         let w = Workload {
-            model: zero_paper_model(),
+            model: zero_paper_model().into(),
             batch: 64,
             seq_len: 1024,
             grad_accum: 1,
@@ -577,7 +580,7 @@ mod tests {
     #[test]
     fn sharding_shrinks_memory_and_recompute_shrinks_activations() {
         let w = Workload {
-            model: GptConfig::preset("gpt2-xl").unwrap(),
+            model: ModelConfig::preset("gpt2-xl").unwrap(),
             batch: 32,
             seq_len: 1024,
             grad_accum: 1,
@@ -608,7 +611,7 @@ mod tests {
 
     #[test]
     fn layouts_respect_heads_and_batch() {
-        let m = GptConfig::preset("gpt2").unwrap(); // 12 heads
+        let m = ModelConfig::preset("gpt2").unwrap(); // 12 heads
         let names: Vec<String> = layouts(&m, 8, 16, false).iter().map(layout_name).collect();
         assert!(names.contains(&"ddp x8 (tp 2)".to_string()), "{names:?}");
         assert!(names.contains(&"ddp x8 (tp 4)".to_string()), "{names:?}");
@@ -621,8 +624,9 @@ mod tests {
 
     #[test]
     fn omitted_names_the_layouts_and_the_reason() {
-        let mut m = GptConfig::preset("gpt2").unwrap();
-        m.n_head = 25;
+        let mut gpt = GptConfig::preset("gpt2").unwrap();
+        gpt.n_head = 25;
+        let m = ModelConfig::from(gpt);
         assert_eq!(
             omitted(&m, 2, 16),
             ["tp x2 omitted: 25 heads are not divisible by 2"]
@@ -637,6 +641,6 @@ mod tests {
                 .any(|l| l.starts_with("ddp x4, zero1 x4") && l.contains("data-parallel size 4")),
             "{four:?}"
         );
-        assert!(omitted(&GptConfig::preset("gpt2").unwrap(), 4, 16).is_empty());
+        assert!(omitted(&ModelConfig::preset("gpt2").unwrap(), 4, 16).is_empty());
     }
 }

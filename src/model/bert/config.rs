@@ -102,12 +102,19 @@ impl BertConfig {
     pub fn flops_per_token(&self, t: usize) -> f64 {
         let (c, f) = (self.n_embd as f64, self.n_inner as f64);
         let block = 4.0 * c * c + 2.0 * c * f;
-        let head = match self.head {
+        6.0 * self.n_layer as f64 * block
+            + self.head_flops_per_token(t)
+            + 12.0 * (self.n_layer * t * self.n_embd) as f64
+    }
+
+    /// The head's share of `flops_per_token`.
+    pub fn head_flops_per_token(&self, t: usize) -> f64 {
+        let c = self.n_embd as f64;
+        6.0 * match self.head {
             BertHead::Mlm => c * c + c * self.padded_vocab() as f64,
             // the pooler and classifier see one row per sequence
             BertHead::Classify { labels } => (c * c + c * labels as f64) / t as f64,
-        };
-        6.0 * (self.n_layer as f64 * block + head) + 12.0 * (self.n_layer * t * self.n_embd) as f64
+        }
     }
 
     /// all-MiniLM-L6-v2's encoder (6 layers, 384 wide, 12 heads) with `head`.

@@ -107,6 +107,22 @@ impl Dims {
     }
 }
 
+/// Elements of the activations one of `tp` tensor-parallel ranks allocates
+/// for b sequences of t tokens: `Acts::new` run against a tally, so the
+/// count is the allocation's own.
+pub fn activation_elems(
+    cfg: &BertConfig,
+    tp: usize,
+    (b, t): (usize, usize),
+    recompute: bool,
+) -> usize {
+    let be = crate::backend::cpu::Cpu::new();
+    let al = ActAlloc::tally(&be);
+    let slots = if recompute { 1 } else { cfg.n_layer };
+    Acts::new(&al, cfg, Dims::of(cfg, tp), (slots, b * t, b)).expect("a tally allocates nothing");
+    al.counted().0
+}
+
 impl<B: Backend> Acts<B> {
     fn new(
         al: &ActAlloc<'_, B>,
