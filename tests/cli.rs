@@ -414,6 +414,12 @@ fn bert_fine_tuning_writes_a_classifier_that_eval_scores() {
         text.contains(&acc),
         "eval said {text:?}, training said {acc}"
     );
+    // Evaluation flags of language models are refused for a classifier.
+    let said = String::from_utf8_lossy(
+        &distgpt(&["eval", out_s, "--data", data, "--batches", "3"]).stderr,
+    )
+    .to_string();
+    assert!(said.contains("--batches is for language models"), "{said}");
     // Flags only GPT-2 training has are refused, by name.
     let said = String::from_utf8_lossy(&train(&["--checkpoint-every", "5"]).stderr).to_string();
     assert!(

@@ -986,7 +986,13 @@ pub fn run() -> Result<Outcome> {
             distgpt::outln!("wrote {} (config.json, model.safetensors)", a.out.display());
             Ok(Outcome::Done)
         }
-        Command::Eval(a) => done(run_eval(a)),
+        Command::Eval(a) => {
+            let given = matches
+                .subcommand_matches("eval")
+                .map(given_flags)
+                .unwrap_or_default();
+            done(run_eval(a, &given))
+        }
         Command::Quantize(a) => {
             let (model, meta) = checkpoint::load_model(Cpu::new(), &a.run)?;
             checkpoint::save_int8_model(&model, meta.tokenizer, &a.out)?;
@@ -1536,7 +1542,7 @@ fn list_devices(measure: bool) -> Result<()> {
     Ok(())
 }
 
-fn run_eval(a: EvalArgs) -> Result<()> {
+fn run_eval(a: EvalArgs, given: &[String]) -> Result<()> {
     if train::classify::is_bert_folder(&a.model) {
         let Some(data) = &a.data else {
             bail!(
@@ -1544,13 +1550,19 @@ fn run_eval(a: EvalArgs) -> Result<()> {
                 a.model.display()
             );
         };
+        for flag in ["batches", "weights"] {
+            if given.iter().any(|g| g == flag) {
+                bail!("--{flag} is for language models: a BERT classifier is scored on the whole test split in fp32");
+            }
+        }
         let t = a.seq_len.unwrap_or(128);
-        let s = train::classify::evaluate_folder(
+        let s = on_device!(a.device, |be| train::classify::evaluate_folder(
+            be,
             &a.model,
             data,
             (a.batch_size, t),
             rayon::current_num_threads(),
-        )?;
+        ))?;
         distgpt::outln!(
             "{} on {}'s test split: loss {:.4}, accuracy {:.2}%, F1 {:.4} ({} examples)",
             a.model.display(),

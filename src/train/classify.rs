@@ -148,9 +148,10 @@ pub fn is_bert_folder(dir: &std::path::Path) -> bool {
         .is_some_and(|j| j["model_type"].as_str() == Some("bert"))
 }
 
-/// A classifier folder's scores on a labelled set's test split (one rank,
-/// `threads` threads).
-pub fn evaluate_folder(
+/// A classifier folder's scores on a labelled set's test split (one rank
+/// on `backend`, `threads` threads).
+pub fn evaluate_folder<B: Backend + 'static>(
+    backend: B,
     dir: &std::path::Path,
     data: &std::path::Path,
     (b, t): (usize, usize),
@@ -175,9 +176,8 @@ pub fn evaluate_folder(
         precision: Default::default(),
     };
     let out = launch::run_local(1, threads, Duration::from_secs(600), |world| {
-        let be = crate::backend::cpu::Cpu::new();
         let mut s = parallel::build(
-            be,
+            backend.for_rank(world.as_ref())?,
             model.clone(),
             par,
             world.as_ref(),
