@@ -481,6 +481,15 @@ fn compare_runs_a_fine_tuning_matrix_that_follows_single() {
         );
         let peaks = r["rank_peak_bytes"].as_array().unwrap();
         assert_eq!(peaks.len(), r["world_size"].as_u64().unwrap() as usize);
+        let measured = peaks
+            .iter()
+            .map(|p| p[5].as_f64().unwrap())
+            .fold(0.0, f64::max);
+        let predicted = r["predicted_peak_bytes"].as_f64().unwrap();
+        assert!(
+            (predicted - measured).abs() <= 0.1 * measured,
+            "{label}: plan predicted {predicted:.0} bytes per rank, measured {measured:.0}"
+        );
     }
     for f in [
         "report.md",

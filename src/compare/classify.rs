@@ -13,6 +13,7 @@ use crate::backend::cpu::Cpu;
 use crate::checkpoint::write_atomic;
 use crate::error::{Error, Result};
 use crate::parallel::{launch, StrategyKind};
+use crate::plan::{self, Precision, Workload};
 use crate::train::classify::{classify_rank, ClassifyConfig, ClassifyJob, EpochRecord, Scores};
 use indicatif::MultiProgress;
 use serde::Serialize;
@@ -50,6 +51,8 @@ pub struct ClassifyRow {
     pub time_per_epoch_s: f64,
     /// Every rank's peak bytes: [params, grads, optimizer, activations, other, total].
     pub rank_peak_bytes: Vec<[u64; 6]>,
+    /// `plan`'s per-rank peak for full-length batches (fp32).
+    pub predicted_peak_bytes: f64,
     pub epochs: Vec<EpochRecord>,
     pub test: Scores,
     pub losses: Vec<f32>,
@@ -124,6 +127,12 @@ pub fn run(m: &ClassifyMatrix, multi: &MultiProgress) -> Result<ClassifyComparis
         let n = s.epochs.len().max(1) as f64;
         let tokens: f64 = s.epochs.iter().map(|e| e.tokens_per_s * e.seconds).sum();
         let seconds: f64 = s.epochs.iter().map(|e| e.seconds).sum();
+        let workload = Workload {
+            model: model.clone(),
+            batch: *batch,
+            seq_len: m.base.seq_len,
+            grad_accum: 1,
+        };
         rows.push(ClassifyRow {
             label,
             strategy: par.strategy,
@@ -135,6 +144,7 @@ pub fn run(m: &ClassifyMatrix, multi: &MultiProgress) -> Result<ClassifyComparis
             tokens_per_s: tokens / seconds.max(1e-9),
             time_per_epoch_s: seconds / n,
             rank_peak_bytes: s.rank_peak_bytes,
+            predicted_peak_bytes: plan::memory_plan(&workload, *par, Precision::Fp32).total(),
             epochs: s.epochs,
             test: s.test,
             losses: s.losses,
@@ -302,7 +312,7 @@ fn markdown(
             done.planned_cells
         );
     }
-    md.push_str("| layout | batch | tokens/s | step ms | s/epoch | peak MiB/rank | val accuracy by epoch (%) | test accuracy | test F1 | max dev vs single |\n");
+    md.push_str("| layout | batch | tokens/s | step ms | s/epoch | peak MiB/rank (plan) | val accuracy by epoch (%) | test accuracy | test F1 | max dev vs single |\n");
     md.push_str("|---|---|---|---|---|---|---|---|---|---|\n");
     for r in &done.rows {
         let accs: Vec<String> = r
@@ -312,13 +322,14 @@ fn markdown(
             .collect();
         let _ = writeln!(
             md,
-            "| {} | {} | {:.0} | {:.1} | {:.1} | {:.1} | {} | {:.2}% | {:.4} | {} |",
+            "| {} | {} | {:.0} | {:.1} | {:.1} | {:.1} ({:.1}) | {} | {:.2}% | {:.4} | {} |",
             r.label,
             r.batch,
             r.tokens_per_s,
             r.step_ms,
             r.time_per_epoch_s,
             r.max_peak_total() as f64 / MIB,
+            r.predicted_peak_bytes / MIB,
             accs.join(" / "),
             100.0 * r.test.accuracy,
             r.test.f1,
@@ -326,7 +337,7 @@ fn markdown(
                 .map_or("-".into(), |d| format!("{d:.1e}"))
         );
     }
-    md.push_str("\nTokens/s count the real (unpadded) tokens; every step computes whole padded batches.\n\n## Figures\n\n");
+    md.push_str("\nTokens/s count the real (unpadded) tokens; every step computes whole padded batches. `plan`'s peak assumes batches padded to the full sequence length (a split of shorter texts allocates less).\n\n## Figures\n\n");
     for f in figs {
         let _ = writeln!(md, "### {}\n\n![{}]({}.png)\n", f.title, f.title, f.stem);
     }
