@@ -187,6 +187,10 @@ fn masked_lm_pretraining_on_shakespeare_lowers_the_validation_loss() {
         eval_batches: 4,
         seed: 1,
         progress: false,
+        out_dir: std::env::temp_dir().join(format!("distgpt-mlm-{}", std::process::id())),
+        checkpoint_every: 0,
+        keep_checkpoints: 1,
+        resume: None,
     };
     let par = par(StrategyKind::Ddp, 2, 1, false);
     let s = launch::run_local(2, 2, Duration::from_secs(60), |world| {
@@ -201,4 +205,5 @@ fn masked_lm_pretraining_on_shakespeare_lowers_the_validation_loss() {
         first > 3.5 && last < first - 0.8,
         "validation masked loss {first} -> {last}"
     );
+    let _ = std::fs::remove_dir_all(&cfg.out_dir);
 }

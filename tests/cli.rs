@@ -519,23 +519,80 @@ fn compare_runs_a_fine_tuning_matrix_that_follows_single() {
 }
 
 #[test]
-fn a_bert_preset_pretrains_as_a_masked_lm_by_default() {
-    let done = succeeded(distgpt(&[
+fn a_bert_preset_pretrains_as_a_masked_lm_by_default_and_resumes_exactly() {
+    let dir = run_dir("mlm");
+    let mlm = |out: &std::path::Path, extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "--model",
+            "bert-tiny",
+            "--batch-size",
+            "2",
+            "--seq-len",
+            "16",
+            "--eval-every",
+            "2",
+            "--lr",
+            "2e-3",
+            "--warmup",
+            "1",
+            "--quiet",
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        succeeded(distgpt(&args))
+    };
+    // straight through 4 steps, and 2 steps then a resume to 4
+    let (whole, half) = (dir.join("whole"), dir.join("half"));
+    let done = mlm(&whole, &["--steps", "4"]);
+    let text = String::from_utf8_lossy(&done.stdout).to_string();
+    assert!(text.contains("masked-token loss"), "{text}");
+    mlm(&half, &["--steps", "2"]);
+    let resumed = succeeded(distgpt(&[
         "train",
         "--model",
         "bert-tiny",
-        "--steps",
-        "2",
         "--batch-size",
         "2",
         "--seq-len",
         "16",
         "--eval-every",
         "2",
+        "--lr",
+        "2e-3",
+        "--warmup",
+        "1",
         "--quiet",
+        "--steps",
+        "4",
+        "--resume",
+        half.to_str().unwrap(),
     ]));
-    let text = String::from_utf8_lossy(&done.stdout).to_string();
-    assert!(text.contains("masked-token loss"), "{text}");
+    let text = String::from_utf8_lossy(&resumed.stdout).to_string();
+    assert!(text.contains("steps 2..4"), "{text}");
+    let weights = |d: &std::path::Path| std::fs::read(d.join("model.safetensors")).unwrap();
+    assert!(
+        weights(&whole) == weights(&half),
+        "a resumed masked-LM run ends on the uninterrupted run's weights"
+    );
+    // the checkpoint consolidates into a Hugging Face folder; GPT-2 readers refuse it by name
+    let folder = dir.join("folder");
+    let ckpt = half.join("checkpoints/step_00000004");
+    succeeded(distgpt(&[
+        "checkpoint",
+        "consolidate",
+        half.to_str().unwrap(),
+        "--out",
+        folder.to_str().unwrap(),
+    ]));
+    assert!(weights(&folder) == weights(&half));
+    let said = String::from_utf8_lossy(
+        &distgpt(&["generate", ckpt.to_str().unwrap(), "--tokens", "2"]).stderr,
+    )
+    .to_string();
+    assert!(said.contains("this reads GPT-2 models"), "{said}");
+    let _ = std::fs::remove_dir_all(&dir);
     let said = String::from_utf8_lossy(
         &distgpt(&[
             "train",

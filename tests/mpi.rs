@@ -154,7 +154,8 @@ fn strategies_over_mpi_match_single() {
 fn bert_masked_lm_over_mpi_matches_single(world: &dyn Comm, ds: &Dataset, solo: &dyn Comm) {
     use distgpt::model::bert::{BertConfig, BertHead};
     use distgpt::train::mlm::{mlm_rank, MlmConfig};
-    let cfg = MlmConfig {
+    let dir = |what: &str| std::env::temp_dir().join(format!("distgpt-mpi-mlm-{what}"));
+    let mut cfg = MlmConfig {
         model: BertConfig {
             n_layer: 2,
             n_head: 4,
@@ -178,6 +179,11 @@ fn bert_masked_lm_over_mpi_matches_single(world: &dyn Comm, ds: &Dataset, solo: 
         eval_batches: 2,
         seed: 3,
         progress: false,
+        // every process runs its own single rank; the strategies' ranks share one run directory
+        out_dir: dir(&format!("single-{}-of-{}", world.rank(), world.size())),
+        checkpoint_every: 0,
+        keep_checkpoints: 1,
+        resume: None,
     };
     let par = |strategy, world_size| ParallelConfig {
         strategy,
@@ -196,9 +202,13 @@ fn bert_masked_lm_over_mpi_matches_single(world: &dyn Comm, ds: &Dataset, solo: 
     )
     .unwrap()
     .expect("a single rank is rank 0");
+    let _ = std::fs::remove_dir_all(&cfg.out_dir);
     for s in [StrategyKind::Ddp, StrategyKind::Zero2, StrategyKind::Fsdp] {
+        cfg.out_dir = dir(&format!("{s}-{}", world.size()));
         let got = mlm_rank(Cpu::new(), ds, &cfg, par(s, world.size()), world, 1e9).unwrap();
         let Some(got) = got else { continue };
+        // rank 0 returns last: every rank's files are written
+        let _ = std::fs::remove_dir_all(&cfg.out_dir);
         let (a, b) = (&single.val_losses, &got.val_losses);
         let close = |x: f32, y: f32| (x - y).abs() <= 1e-5;
         assert!(

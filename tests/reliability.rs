@@ -8,7 +8,7 @@ use distgpt::backend::cpu::Cpu;
 use distgpt::checkpoint::{self, state};
 use distgpt::comm::Comm;
 use distgpt::data::{Dataset, TokenizerKind};
-use distgpt::model::GptConfig;
+use distgpt::model::{GptConfig, ModelConfig};
 use distgpt::parallel::{self, launch, OwnedState, ParallelConfig, StepConfig, StrategyKind};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -246,7 +246,7 @@ fn a_diverging_step_is_not_applied_and_never_checkpointed() {
         strategy: "single",
         tp: 1,
         params_total: 3,
-        model: &cfg,
+        model: &cfg.clone().into(),
         tokenizer: &distgpt::data::TokenizerSpec::Gpt2,
         data: "x",
         keep: 3,
@@ -404,7 +404,7 @@ fn waiting_for_a_slow_checkpoint_write_is_not_a_dead_rank() {
             strategy: "zero1",
             tp: 1,
             params_total: n,
-            model: &cfg,
+            model: &cfg.clone().into(),
             tokenizer: &distgpt::data::TokenizerSpec::Gpt2,
             data: "x",
             keep: 1,
@@ -460,7 +460,9 @@ fn an_edited_or_crafted_checkpoint_index_is_refused_without_panicking() {
         (
             "huge model",
             Box::new(|i| {
-                i.model.n_layer = 1 << 40;
+                if let ModelConfig::Gpt2(c) = &mut i.model {
+                    c.n_layer = 1 << 40;
+                }
             }),
             true,
             "parameters",

@@ -338,7 +338,7 @@ pub fn read_any_meta(dir: &Path) -> Result<ModelMeta> {
     if let Some(ckpt) = checkpoint_instead(dir) {
         let index = state::read_index(&ckpt)?;
         return Ok(ModelMeta {
-            config: index.model,
+            config: index.gpt2(&ckpt)?,
             tokenizer: index.tokenizer,
         });
     }
@@ -355,11 +355,12 @@ pub fn read_any_meta(dir: &Path) -> Result<ModelMeta> {
 /// files yet).
 pub fn load_model<B: Backend>(backend: B, dir: &Path) -> Result<(Gpt2<B>, ModelMeta)> {
     if let Some(ckpt) = checkpoint_instead(dir) {
+        let config = state::read_index(&ckpt)?.gpt2(&ckpt)?;
         let loaded = state::load(&ckpt)?;
-        let mut model = Gpt2::new(backend, loaded.index.model.clone())?;
+        let mut model = Gpt2::new(backend, config.clone())?;
         model.set_params(&loaded.params)?;
         let meta = ModelMeta {
-            config: loaded.index.model,
+            config,
             tokenizer: loaded.index.tokenizer,
         };
         return Ok((model, meta));

@@ -14,7 +14,7 @@ use super::{f32_safetensors, write_atomic};
 use crate::comm::Comm;
 use crate::data::{LoaderPosition, TokenizerSpec};
 use crate::error::{Error, Result};
-use crate::model::{GptConfig, ParamLayout};
+use crate::model::{GptConfig, ModelConfig};
 use crate::parallel::OwnedState;
 use safetensors::tensor::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
@@ -41,7 +41,7 @@ pub struct Index {
     pub tp: usize,
     /// Floats in the whole-model layout.
     pub params_total: usize,
-    pub model: GptConfig,
+    pub model: ModelConfig,
     pub tokenizer: TokenizerSpec,
     /// [`crate::data::Dataset::fingerprint`] of the data trained on.
     pub data: String,
@@ -49,6 +49,20 @@ pub struct Index {
 }
 
 impl Index {
+    /// The GPT-2 the checkpoint at `dir` holds; a BERT's is refused by name
+    /// (for what reads only GPT-2 models).
+    pub fn gpt2(&self, dir: &Path) -> Result<GptConfig> {
+        match &self.model {
+            ModelConfig::Gpt2(c) => Ok(c.clone()),
+            ModelConfig::Bert(c) => Err(Error::Checkpoint {
+                path: dir.to_path_buf(),
+                reason: format!(
+                    "holds a {c}: this reads GPT-2 models (a BERT run's weights are a Hugging Face folder in its run directory; `train --task mlm --resume` continues it)"
+                ),
+            }),
+        }
+    }
+
     /// The checksum this index should carry.
     pub fn compute_checksum(&self) -> String {
         json_checksum(&Index {
@@ -74,7 +88,7 @@ impl Index {
             ));
         }
         self.model.validate().map_err(|e| e.to_string())?;
-        let total = ParamLayout::new(&self.model).total();
+        let total = self.model.num_params();
         if self.params_total != total {
             return Err(format!(
                 "params_total {} but its model has {total} parameters",
@@ -175,7 +189,7 @@ pub struct SaveInfo<'a> {
     pub strategy: &'a str,
     pub tp: usize,
     pub params_total: usize,
-    pub model: &'a GptConfig,
+    pub model: &'a ModelConfig,
     pub tokenizer: &'a TokenizerSpec,
     pub data: &'a str,
     /// Complete checkpoints to keep; older ones are removed.

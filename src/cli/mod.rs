@@ -781,15 +781,25 @@ struct PrepareArgs {
 
 /// Refuses the flags only GPT-2 language-model training has.
 fn refuse_lm_flags(given: &[String], task: &str) -> Result<()> {
-    let lm_only = [
-        "resume",
-        "checkpoint_every",
-        "stop_after",
-        "config",
-        "grad_accum",
-        "sample_every",
-        "from_step",
-    ];
+    let lm_only: &[&str] = match task {
+        // masked-LM runs checkpoint and resume as language models do
+        "mlm" => &[
+            "stop_after",
+            "config",
+            "grad_accum",
+            "sample_every",
+            "from_step",
+        ],
+        _ => &[
+            "resume",
+            "checkpoint_every",
+            "stop_after",
+            "config",
+            "grad_accum",
+            "sample_every",
+            "from_step",
+        ],
+    };
     match lm_only.iter().find(|f| given.iter().any(|g| g == *f)) {
         Some(f) => bail!(
             "--{} is for GPT-2 language models, not --task {task}",
@@ -800,7 +810,7 @@ fn refuse_lm_flags(given: &[String], task: &str) -> Result<()> {
 }
 
 /// `train --task mlm`: a BERT masked language model from scratch on a text's characters.
-fn run_mlm(a: &TrainArgs, given: &[String]) -> Result<()> {
+fn run_mlm(a: &TrainArgs, given: &[String]) -> Result<Outcome> {
     refuse_lm_flags(given, "mlm")?;
     let ModelConfig::Bert(model) = a.model.resolve_family(None)? else {
         bail!("--task mlm trains a BERT: choose --model bert-tiny, bert-minilm or bert-base");
@@ -809,6 +819,28 @@ fn run_mlm(a: &TrainArgs, given: &[String]) -> Result<()> {
         bail!("--task mlm trains from scratch for --steps (no --init-from, no --epochs)");
     }
     let ds = Dataset::load(a.data.as_deref(), TokenizerKind::Char)?;
+    // a run directory (its newest checkpoint) or one of its checkpoints
+    let (out_dir, resume) = match &a.resume {
+        Some(path) => {
+            let ckpt = checkpoint::state::latest(path)?;
+            let run = match path.join(checkpoint::state::DIR).exists() {
+                true => path.clone(),
+                false => ckpt
+                    .ancestors()
+                    .nth(2)
+                    .map_or_else(|| path.clone(), Path::to_path_buf),
+            };
+            (run, Some(ckpt))
+        }
+        None => {
+            let dir = a
+                .out
+                .clone()
+                .unwrap_or_else(|| train::run_dir::default_run_dir(&a.model.model));
+            train::run_dir::prepare_new(&dir, a.overwrite)?;
+            (dir, None)
+        }
+    };
     let cfg = train::mlm::MlmConfig {
         model,
         steps: a.steps,
@@ -831,7 +863,12 @@ fn run_mlm(a: &TrainArgs, given: &[String]) -> Result<()> {
         eval_batches: a.eval_batches,
         seed: a.seed,
         progress: !a.quiet,
+        out_dir,
+        checkpoint_every: a.checkpoint_every,
+        keep_checkpoints: a.keep_checkpoints,
+        resume,
     };
+    handle_stop_signals()?;
     let par = a.parallel.config();
     let threads = rayon::current_num_threads();
     let ranks = match a.parallel.comm {
@@ -848,11 +885,12 @@ fn run_mlm(a: &TrainArgs, given: &[String]) -> Result<()> {
         })
     })?
     .flatten() else {
-        return Ok(());
+        return Ok(Outcome::Done);
     };
     let v = |i: usize| s.val_losses[i].1;
     distgpt::outln!(
-        "{} steps of {} ({}) in {:.1} s | masked-token loss: train {:.4} -> {:.4}, validation {:.4} -> {:.4} | {:.0} tokens/s, MFU {:.1}%",
+        "steps {}..{} of {} ({}) in {:.1} s | masked-token loss: train {:.4} -> {:.4}, validation {:.4} -> {:.4} | {:.0} tokens/s, MFU {:.1}%",
+        s.start,
         s.steps,
         s.model,
         s.layout,
@@ -864,7 +902,18 @@ fn run_mlm(a: &TrainArgs, given: &[String]) -> Result<()> {
         s.tokens_per_s,
         100.0 * s.mfu
     );
-    Ok(())
+    let dir = cfg.out_dir.display();
+    distgpt::outln!(
+        "model: {dir} (a Hugging Face BertForMaskedLM folder; checkpoints in {dir}/checkpoints)"
+    );
+    if s.stopped {
+        distgpt::errln!(
+            "stopped after step {} with a checkpoint: continue with `--resume {dir}`",
+            s.steps
+        );
+        return Ok(Outcome::Stopped);
+    }
+    Ok(Outcome::Done)
 }
 
 /// `train --task classify`: fine-tunes a Hugging Face BERT folder on a labelled set.
@@ -1025,8 +1074,12 @@ pub fn run() -> Result<Outcome> {
             let dir = checkpoint::state::latest(&a.checkpoint)?;
             let index = consolidate(&dir, &a.out)?;
             distgpt::outln!(
-                "wrote {} (model.safetensors, model.json) from {} (step {}, saved by {} on {} rank(s))",
+                "wrote {} ({}) from {} (step {}, saved by {} on {} rank(s))",
                 a.out.display(),
+                match index.model {
+                    ModelConfig::Gpt2(_) => "model.safetensors, model.json",
+                    ModelConfig::Bert(_) => "a Hugging Face folder: config.json, model.safetensors",
+                },
                 dir.display(),
                 index.step,
                 index.strategy,
@@ -1081,9 +1134,17 @@ fn consolidate(checkpoint_dir: &Path, out: &Path) -> Result<checkpoint::state::I
         );
     }
     let state = checkpoint::state::load(checkpoint_dir)?;
-    let mut model = distgpt::model::Gpt2::new(Cpu::new(), state.index.model.clone())?;
-    model.set_params(&state.params)?;
-    checkpoint::save_model(&model, state.index.tokenizer.clone(), out)?;
+    match &state.index.model {
+        ModelConfig::Gpt2(c) => {
+            let mut model = distgpt::model::Gpt2::new(Cpu::new(), c.clone())?;
+            model.set_params(&state.params)?;
+            checkpoint::save_model(&model, state.index.tokenizer.clone(), out)?;
+        }
+        // a Hugging Face folder, as a BERT run writes its weights
+        ModelConfig::Bert(c) => {
+            distgpt::model::bert::hf::write_folder(c, &state.params, None, out)?
+        }
+    }
     Ok(state.index)
 }
 
@@ -1186,8 +1247,9 @@ fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<Resumed> {
         };
         (path.clone(), ckpt)
     };
-    let record = train::run_dir::read_record(&run_dir)?;
     let index = checkpoint::state::read_index(&ckpt)?;
+    index.gpt2(&ckpt)?;
+    let record = train::run_dir::read_record(&run_dir)?;
     let mut cfg = record.train;
     let ds = Dataset::load_for_model(cfg.data.as_deref(), &index.tokenizer)?;
     let set = |flag: &str| given.iter().any(|g| g == flag);
@@ -1374,7 +1436,7 @@ fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
     let bert = BertConfig::preset(&a.model.model).is_some();
     match a.task.unwrap_or(if bert { Task::Mlm } else { Task::Lm }) {
         Task::Classify => return run_classify(&a, given).map(|()| Outcome::Done),
-        Task::Mlm => return run_mlm(&a, given).map(|()| Outcome::Done),
+        Task::Mlm => return run_mlm(&a, given),
         Task::Lm if bert => bail!(
             "{} is a BERT preset: --task mlm pretrains it (the default for BERT), --task lm trains GPT-2 models",
             a.model.model

@@ -12,13 +12,43 @@ use crate::backend::Backend;
 use crate::data::{Batch, IGNORE};
 use crate::error::{Error, Result};
 use crate::rng::Rng;
+use serde::{Deserialize, Serialize};
 
-/// A model of one of the families (as JSON: the config with its "family").
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-#[serde(tag = "family", rename_all = "lowercase")]
+/// A model of one of the families. As JSON a GPT-2 is its bare config (as
+/// every checkpoint index and run record before BERT has it, so their
+/// checksums still hold) and a BERT is `{"bert": {...}}`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(into = "Repr", from = "Repr")]
 pub enum ModelConfig {
     Gpt2(GptConfig),
     Bert(BertConfig),
+}
+
+/// `ModelConfig` on disk.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+enum Repr {
+    // first: a GPT-2 config has no "bert" key
+    Bert { bert: BertConfig },
+    Gpt2(GptConfig),
+}
+
+impl From<ModelConfig> for Repr {
+    fn from(m: ModelConfig) -> Repr {
+        match m {
+            ModelConfig::Gpt2(c) => Repr::Gpt2(c),
+            ModelConfig::Bert(bert) => Repr::Bert { bert },
+        }
+    }
+}
+
+impl From<Repr> for ModelConfig {
+    fn from(r: Repr) -> ModelConfig {
+        match r {
+            Repr::Gpt2(c) => ModelConfig::Gpt2(c),
+            Repr::Bert { bert } => ModelConfig::Bert(bert),
+        }
+    }
 }
 
 impl From<BertConfig> for ModelConfig {
@@ -48,6 +78,15 @@ impl ModelConfig {
         match BertConfig::preset(name) {
             Some(c) => Ok(c.into()),
             None => GptConfig::preset(name).map(Into::into),
+        }
+    }
+
+    /// Refuses shapes the family cannot build (checked before a layout is
+    /// made from an untrusted file).
+    pub fn validate(&self) -> Result<()> {
+        match self {
+            ModelConfig::Gpt2(c) => c.validate(),
+            ModelConfig::Bert(c) => c.validate(),
         }
     }
 

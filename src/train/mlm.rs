@@ -5,19 +5,27 @@
 //! 10% as a random character and 10% unchanged; any strategy, on thread ranks or under mpirun, on any device.
 //! Reports the masked-token loss on the validation split (its masks fixed
 //! by the seed) at the start, every `eval_every` steps and at the end.
+//! Writes training-state checkpoints (`checkpoint::state`, as GPT-2 runs
+//! do) every `checkpoint_every` steps, at the end and when a signal stops
+//! it; resumes from one exactly (each step's masks are drawn from the seed
+//! and the step, the loader seeks to the checkpoint's position); the
+//! trained model is a Hugging Face folder in the run directory.
 
 use super::schedule::LrSchedule;
 use crate::backend::Backend;
+use crate::checkpoint::state;
 use crate::comm::Comm;
 use crate::data::{Batch, DataLoader, Dataset, IGNORE};
 use crate::error::{Error, Result};
 use crate::metrics;
-use crate::model::bert::{BertConfig, BertHead};
+use crate::model::bert::{hf, BertConfig, BertHead};
 use crate::model::{AdamWConfig, ModelConfig};
 use crate::parallel::{self, ParallelConfig, StepConfig};
 use crate::rng::Rng;
 use indicatif::ProgressBar;
 use serde::Serialize;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 /// What `train --task mlm` was asked for.
@@ -36,13 +44,24 @@ pub struct MlmConfig {
     pub eval_batches: usize,
     pub seed: u64,
     pub progress: bool,
+    /// The run directory: checkpoints, and the model's folder at the end.
+    pub out_dir: PathBuf,
+    /// Steps between checkpoints (0: only at the end and on a stop).
+    pub checkpoint_every: usize,
+    pub keep_checkpoints: usize,
+    /// A checkpoint directory to continue from.
+    pub resume: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, Serialize)]
 pub struct MlmSummary {
     pub model: String,
     pub layout: String,
+    /// The step trained from (0, or the resumed checkpoint's) and to.
+    pub start: usize,
     pub steps: usize,
+    /// A signal stopped the run (after a checkpoint) before `steps`.
+    pub stopped: bool,
     /// (step, validation masked-token loss), the first before any update.
     pub val_losses: Vec<(usize, f32)>,
     pub first_loss: f32,
@@ -117,9 +136,45 @@ pub fn mlm_rank<B: Backend + 'static>(
     };
     let lead = world.rank() == 0;
     let mut s = parallel::build(backend, model.clone(), par, world, cfg.adamw, b, t)?;
-    s.load_full(&family.init_full(cfg.seed))?;
     let mut loader = DataLoader::new(&ds.train, "train", b, t, cfg.seed, true)?;
-    let mut rng = Rng::new(cfg.seed);
+    let start = match &cfg.resume {
+        None => {
+            s.load_full(&family.init_full(cfg.seed))?;
+            0
+        }
+        Some(dir) => {
+            let ckpt = state::load(dir)?;
+            let bad = |reason: String| Error::Checkpoint {
+                path: dir.clone(),
+                reason,
+            };
+            if ckpt.index.model != family {
+                return Err(bad(format!(
+                    "holds a {}, not the {family} being trained",
+                    ckpt.index.model
+                )));
+            }
+            if ckpt.index.tokenizer != ds.tokenizer.spec() || ckpt.index.data != ds.fingerprint() {
+                return Err(bad(format!(
+                    "was trained on other data than {}: resume with the run's own --data",
+                    ds.name
+                )));
+            }
+            if ckpt.index.step >= cfg.steps {
+                return Err(bad(format!(
+                    "is at step {}, not before --steps {}",
+                    ckpt.index.step, cfg.steps
+                )));
+            }
+            s.load_state(&ckpt.params, &ckpt.m, &ckpt.v, ckpt.index.adam_step)?;
+            loader.seek(ckpt.index.loader);
+            ckpt.index.step
+        }
+    };
+    if world.rank() == 0 && start > 0 {
+        // a resume from an older checkpoint keeps its own as the newest
+        state::supersede_after(&cfg.out_dir, start)?;
+    }
     let val = |s: &mut Box<dyn parallel::Strategy>| -> Result<f32> {
         let mut sum = 0.0;
         for vb in &val_batches {
@@ -127,14 +182,18 @@ pub fn mlm_rank<B: Backend + 'static>(
         }
         Ok(sum / val_batches.len() as f32)
     };
-    let mut val_losses = vec![(0, val(&mut s)?)];
+    let mut val_losses = vec![(start, val(&mut s)?)];
     let pb = match cfg.progress && lead {
         true => metrics::progress_bar(cfg.steps as u64, "mlm"),
         false => ProgressBar::hidden(),
     };
-    let mut losses = Vec::with_capacity(cfg.steps);
+    pb.set_position(start as u64);
+    let mut losses = Vec::with_capacity(cfg.steps - start);
     let t0 = Instant::now();
-    for step in 0..cfg.steps {
+    let mut stopped = false;
+    for step in start..cfg.steps {
+        // each step's masks from the seed and the step alone, so a resume draws the same
+        let mut rng = Rng::new(cfg.seed ^ (step as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let batch = mask_tokens(&loader.next_batch().inputs, mask, chars, &mut rng);
         let step_cfg = StepConfig {
             lr: sched.at(step),
@@ -144,7 +203,27 @@ pub fn mlm_rank<B: Backend + 'static>(
         losses.push(st.loss);
         pb.set_message(format!("masked loss {:.4}", st.loss));
         pb.inc(1);
-        let last = step + 1 == cfg.steps;
+        // a signal stops every rank after this step, with a checkpoint
+        let mut stop = [u32::from(super::INTERRUPTED.load(Ordering::SeqCst))];
+        world.all_reduce(&mut stop)?;
+        stopped = stop[0] != 0 && step + 1 < cfg.steps;
+        let last = step + 1 == cfg.steps || stopped;
+        let every = cfg.checkpoint_every;
+        if last || (every > 0 && (step + 1).is_multiple_of(every)) {
+            let info = state::SaveInfo {
+                step: step + 1,
+                adam_step: (step + 1) as u32,
+                loader: loader.position,
+                strategy: &par.strategy.to_string(),
+                tp: par.resolved().tp,
+                params_total: family.num_params(),
+                model: &family,
+                tokenizer: &ds.tokenizer.spec(),
+                data: ds.fingerprint(),
+                keep: cfg.keep_checkpoints,
+            };
+            state::save(&cfg.out_dir, &info, &s.owned_state()?, world)?;
+        }
         if last || (cfg.eval_every > 0 && (step + 1).is_multiple_of(cfg.eval_every)) {
             let v = val(&mut s)?;
             val_losses.push((step + 1, v));
@@ -157,17 +236,24 @@ pub fn mlm_rank<B: Backend + 'static>(
                 metrics::say(&pb, &msg);
             }
         }
+        if stopped {
+            break;
+        }
     }
     let seconds = t0.elapsed().as_secs_f64();
     pb.finish_and_clear();
+    let full = s.full_params()?;
     if !lead {
         return Ok(None);
     }
-    let tokens_per_s = (cfg.steps * b * t) as f64 / seconds;
+    hf::write_folder(&model, &full, None, &cfg.out_dir)?;
+    let tokens_per_s = (losses.len() * b * t) as f64 / seconds;
     Ok(Some(MlmSummary {
         model: model.to_string(),
         layout: format!("{} x{}", par.strategy, par.world_size),
-        steps: cfg.steps,
+        start,
+        steps: start + losses.len(),
+        stopped,
         first_loss: losses[0],
         final_loss: *losses.last().expect("at least one step"),
         val_losses,

@@ -372,7 +372,7 @@ fn restore<B: Backend>(
                 path: dir.clone(),
                 reason,
             };
-            if &ckpt.index.model != model_cfg {
+            if ckpt.index.gpt2(dir)? != *model_cfg {
                 return Err(bad(format!(
                     "holds a model of {}, not the {} being trained",
                     ckpt.index.model, model_cfg

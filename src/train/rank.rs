@@ -16,7 +16,7 @@ use crate::comm::Comm;
 use crate::data::{DataLoader, Dataset};
 use crate::error::{Error, Result};
 use crate::metrics::{self, StepRecord};
-use crate::model::{Gpt2, GptConfig, ParamLayout};
+use crate::model::{Gpt2, GptConfig, ModelConfig, ParamLayout};
 use crate::parallel::{self, ParallelConfig, StepConfig, Strategy};
 use indicatif::ProgressBar;
 use std::sync::atomic::Ordering;
@@ -442,7 +442,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             strategy: &self.par.strategy.to_string(),
             tp: self.par.resolved().tp,
             params_total: ParamLayout::new(&self.model_cfg).total(),
-            model: &self.model_cfg,
+            model: &ModelConfig::from(self.model_cfg.clone()),
             tokenizer: &self.ds.tokenizer.spec(),
             data: self.data_fingerprint,
             keep: self.cfg.keep_checkpoints,

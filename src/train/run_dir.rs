@@ -115,7 +115,7 @@ fn holds_a_run(dir: &Path) -> bool {
 
 /// Makes `dir` ready for a new run: it must be absent or empty, unless
 /// `overwrite` and it holds a run, which is then emptied.
-fn prepare_new(dir: &Path, overwrite: bool) -> Result<()> {
+pub fn prepare_new(dir: &Path, overwrite: bool) -> Result<()> {
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e.filter_map(|e| e.ok().map(|e| e.path())).collect(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
