@@ -521,7 +521,7 @@ fn compare_runs_a_fine_tuning_matrix_that_follows_single() {
 #[test]
 fn a_bert_preset_pretrains_as_a_masked_lm_by_default_and_resumes_exactly() {
     let dir = run_dir("mlm");
-    let mlm = |out: &std::path::Path, extra: &[&str]| {
+    let mlm = |extra: &[&str]| {
         let mut args = vec![
             "train",
             "--model",
@@ -537,38 +537,18 @@ fn a_bert_preset_pretrains_as_a_masked_lm_by_default_and_resumes_exactly() {
             "--warmup",
             "1",
             "--quiet",
-            "--out",
-            out.to_str().unwrap(),
         ];
         args.extend_from_slice(extra);
         succeeded(distgpt(&args))
     };
     // straight through 4 steps, and 2 steps then a resume to 4
     let (whole, half) = (dir.join("whole"), dir.join("half"));
-    let done = mlm(&whole, &["--steps", "4"]);
+    let (whole_s, half_s) = (whole.to_str().unwrap(), half.to_str().unwrap());
+    let done = mlm(&["--steps", "4", "--out", whole_s]);
     let text = String::from_utf8_lossy(&done.stdout).to_string();
     assert!(text.contains("masked-token loss"), "{text}");
-    mlm(&half, &["--steps", "2"]);
-    let resumed = succeeded(distgpt(&[
-        "train",
-        "--model",
-        "bert-tiny",
-        "--batch-size",
-        "2",
-        "--seq-len",
-        "16",
-        "--eval-every",
-        "2",
-        "--lr",
-        "2e-3",
-        "--warmup",
-        "1",
-        "--quiet",
-        "--steps",
-        "4",
-        "--resume",
-        half.to_str().unwrap(),
-    ]));
+    mlm(&["--steps", "2", "--out", half_s]);
+    let resumed = mlm(&["--steps", "4", "--resume", half_s]);
     let text = String::from_utf8_lossy(&resumed.stdout).to_string();
     assert!(text.contains("steps 2..4"), "{text}");
     let weights = |d: &std::path::Path| std::fs::read(d.join("model.safetensors")).unwrap();

@@ -48,7 +48,9 @@ fn predicted_peak_memory_is_within_10_percent_of_measured() {
     check_bf16_scratch(&models[0]);
 }
 
-fn check_memory(cfg: &ModelConfig) {
+/// A batch of 8 x 32 of `cfg`, planned for and measured by one step. Memory
+/// does not depend on speeds: any device will do.
+fn setup(cfg: &ModelConfig) -> (Workload, Device, Network, BenchSpec) {
     let (batch, seq_len) = (8, 32);
     let w = Workload {
         model: cfg.clone(),
@@ -56,9 +58,6 @@ fn check_memory(cfg: &ModelConfig) {
         seq_len,
         grad_accum: 1,
     };
-    // Memory does not depend on speeds; any device will do.
-    let device = Device::datasheet("h100", Precision::Fp32, 0.5).unwrap();
-    let net = Network::datasheet("h100").unwrap();
     let spec = BenchSpec {
         batch,
         seq_len,
@@ -66,6 +65,17 @@ fn check_memory(cfg: &ModelConfig) {
         steps: 1,
         show: false,
     };
+    (
+        w,
+        Device::datasheet("h100", Precision::Fp32, 0.5).unwrap(),
+        Network::datasheet("h100").unwrap(),
+        spec,
+    )
+}
+
+fn check_memory(cfg: &ModelConfig) {
+    let (w, device, net, spec) = setup(cfg);
+    let batch = w.batch;
     let mut checked = 0;
     for world in [1, 2, 4] {
         for recompute in [false, true] {
@@ -96,22 +106,8 @@ fn check_memory(cfg: &ModelConfig) {
 /// --precision bf16 adds the matmul operands' rounded copies: the
 /// predicted growth over fp32 is the measured one.
 fn check_bf16_scratch(cfg: &ModelConfig) {
-    let (batch, seq_len) = (8, 32);
-    let w = Workload {
-        model: cfg.clone(),
-        batch,
-        seq_len,
-        grad_accum: 1,
-    };
-    let device = Device::datasheet("h100", Precision::Fp32, 0.5).unwrap();
-    let net = Network::datasheet("h100").unwrap();
-    let spec = BenchSpec {
-        batch,
-        seq_len,
-        warmup: 0,
-        steps: 1,
-        show: false,
-    };
+    let (w, device, net, spec) = setup(cfg);
+    let batch = w.batch;
     for world in [1, 2] {
         for par in plan::layouts(cfg, world, batch, false) {
             let [fp32, bf16] = [EnginePrecision::Fp32, EnginePrecision::Bf16].map(|precision| {

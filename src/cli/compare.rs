@@ -36,7 +36,7 @@ pub struct CompareArgs {
     /// The Hugging Face BERT folder every run fine-tunes (classify).
     #[arg(long)]
     init_from: Option<PathBuf>,
-    /// Fine-tune on the first N training examples only (classify).
+    /// Fine-tune on N training examples only, a sample drawn with --seed (classify).
     #[arg(long)]
     train_examples: Option<usize>,
     /// Strategies, comma-separated (mesh: ddp over tensor-parallel pairs).
@@ -116,14 +116,17 @@ pub fn run(mut a: CompareArgs, threads: usize) -> Result<()> {
         }
     }
     let seq_len = a.seq_len.unwrap_or(64);
-    let epochs = a.epochs.unwrap_or(1.0);
+    let epochs = if a.quick {
+        4.0
+    } else {
+        a.epochs.unwrap_or(1.0)
+    };
     if a.quick {
         a.world_sizes = vec![2, 4];
         a.batch_sizes = vec![8, 16];
         a.steps = None;
         a.train_tokens = Some(a.train_tokens.unwrap_or(8_192));
     }
-    let epochs = if a.quick { 4.0 } else { epochs };
     if !(epochs > 0.0 && epochs.is_finite()) {
         bail!("--epochs must be a positive number, got {epochs}");
     }

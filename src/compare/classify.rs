@@ -8,10 +8,10 @@
 //! DDP-vs-FSDP study), throughput, memory and the loss curves.
 
 use super::figures::{self, Figure};
-use super::{layout_cells, loss_deviation, Layout, Spread};
+use super::{layout_cells, loss_deviation, say_skipped, Layout, Spread};
 use crate::backend::cpu::Cpu;
 use crate::checkpoint::write_atomic;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::parallel::{launch, StrategyKind};
 use crate::plan::{self, Precision, Workload};
 use crate::train::classify::{classify_rank, ClassifyConfig, ClassifyJob, EpochRecord, Scores};
@@ -90,15 +90,7 @@ pub fn run(m: &ClassifyMatrix, multi: &MultiProgress) -> Result<ClassifyComparis
         (&m.layouts, &m.world_sizes, &m.batch_sizes),
         |par, batch| par.validate(&model, batch),
     );
-    for s in &skipped {
-        crate::errln!("skipped {s}");
-    }
-    if cells.is_empty() {
-        return Err(Error::Config(
-            "no valid run in the matrix: check --strategies, --world-sizes and --batch-sizes"
-                .into(),
-        ));
-    }
+    say_skipped(&skipped, cells.is_empty())?;
     let outer = multi.add(crate::metrics::progress_bar(cells.len() as u64, "matrix"));
     let mut rows = Vec::with_capacity(cells.len());
     let mut stopped = false;
@@ -296,7 +288,7 @@ fn markdown(
         b.init_from.display(),
         b.data.display(),
         b.train_examples
-            .map_or(String::new(), |n| format!(" (first {n} training examples)")),
+            .map_or(String::new(), |n| format!(" ({n} training examples drawn with the seed)")),
         b.epochs,
         b.seq_len,
         b.lr,

@@ -172,6 +172,21 @@ pub fn layout_cells(
     (out, skipped)
 }
 
+/// Prints the skipped combinations (before any bar is drawn, so plain
+/// stderr is fine and seen when piped); an empty matrix is an error.
+fn say_skipped(skipped: &[String], none_left: bool) -> Result<()> {
+    for s in skipped {
+        crate::errln!("skipped {s}");
+    }
+    if none_left {
+        return Err(Error::Config(
+            "no valid run in the matrix: check --strategies, --world-sizes and --batch-sizes"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 /// One epoch of a run.
 #[derive(Clone, Debug, Serialize)]
 pub struct EpochPoint {
@@ -470,16 +485,7 @@ fn estimate_s(spec: &CompareSpec, ds: &Dataset, cells: &[Cell], predicted: &[Pre
 /// after the current step; the cell it cut short is left out.
 pub fn run(spec: &CompareSpec, ds: &Dataset, multi: &MultiProgress) -> Result<Comparison> {
     let (cells, skipped) = cells(spec);
-    // before any bar is drawn, so plain stderr is fine (and seen when piped)
-    for s in &skipped {
-        crate::errln!("skipped {s}");
-    }
-    if cells.is_empty() {
-        return Err(Error::Config(
-            "no valid run in the matrix: check --strategies, --world-sizes and --batch-sizes"
-                .into(),
-        ));
-    }
+    say_skipped(&skipped, cells.is_empty())?;
     // measured and predicted before the runs, on a quiet machine
     let mut calibrations: Vec<Calibration> = Vec::new();
     let mut predicted: Vec<Predicted> = Vec::new();

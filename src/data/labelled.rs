@@ -61,6 +61,15 @@ fn read_split(dir: &Path, name: &str, n_labels: usize) -> Result<Labelled> {
     Ok(Labelled { examples })
 }
 
+impl Labelled {
+    /// Keeps n examples drawn with `seed` (all when n is larger): a sample,
+    /// not the first n, since a split is often written label by label.
+    pub fn sample(&mut self, n: usize, seed: u64) {
+        Rng::new(seed).shuffle(&mut self.examples);
+        self.examples.truncate(n);
+    }
+}
+
 impl LabelledSet {
     pub fn load(dir: &Path) -> Result<Self> {
         let path = dir.join("labels.json");
@@ -217,5 +226,20 @@ mod tests {
         let mail = "From: a@b\nSubject: Win money\nTo: c@d\n\nClick here.\n\nBye";
         assert_eq!(subject_and_body(mail), "Win money\nClick here.\n\nBye");
         assert_eq!(subject_and_body("no headers"), "\n");
+    }
+
+    #[test]
+    fn a_sample_of_a_split_written_label_by_label_holds_both_labels() {
+        let examples = (0..200)
+            .map(|i| Example {
+                label: u32::from(i >= 100),
+                text: format!("text {i}"),
+            })
+            .collect();
+        let mut split = Labelled { examples };
+        split.sample(20, 3);
+        let spam = split.examples.iter().filter(|e| e.label == 1).count();
+        assert_eq!(split.examples.len(), 20);
+        assert!((5..=15).contains(&spam), "{spam} of 20 are label 1");
     }
 }

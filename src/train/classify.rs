@@ -39,7 +39,7 @@ pub struct ClassifyConfig {
     pub adamw: AdamWConfig,
     pub grad_clip: f32,
     pub seed: u64,
-    /// Fine-tune on the first N training examples only (shorter epochs).
+    /// Fine-tune on N training examples only (a sample drawn with the seed).
     pub train_examples: Option<usize>,
     /// Where the fine-tuned folder and `classify.json` go (none: not written).
     pub out_dir: Option<PathBuf>,
@@ -221,7 +221,7 @@ impl ClassifyJob {
             if n == 0 {
                 return Err(Error::Config("--train-examples must be at least 1".into()));
             }
-            set.train.examples.truncate(n);
+            set.train.sample(n, cfg.seed);
         }
         let vocab = cfg.init_from.join("vocab.txt");
         let wp = WordPiece::from_vocab_file(&vocab)?;
