@@ -188,6 +188,7 @@ fn masked_lm_pretraining_on_shakespeare_lowers_the_validation_loss() {
         seed: 1,
         progress: false,
         out_dir: std::env::temp_dir().join(format!("distgpt-mlm-{}", std::process::id())),
+        overwrite: true,
         checkpoint_every: 0,
         keep_checkpoints: 1,
         resume: None,

@@ -181,6 +181,7 @@ fn bert_masked_lm_over_mpi_matches_single(world: &dyn Comm, ds: &Dataset, solo: 
         progress: false,
         // every process runs its own single rank; the strategies' ranks share one run directory
         out_dir: dir(&format!("single-{}-of-{}", world.rank(), world.size())),
+        overwrite: true,
         checkpoint_every: 0,
         keep_checkpoints: 1,
         resume: None,

@@ -832,14 +832,12 @@ fn run_mlm(a: &TrainArgs, given: &[String]) -> Result<Outcome> {
             };
             (run, Some(ckpt))
         }
-        None => {
-            let dir = a
-                .out
+        None => (
+            a.out
                 .clone()
-                .unwrap_or_else(|| train::run_dir::default_run_dir(&a.model.model));
-            train::run_dir::prepare_new(&dir, a.overwrite)?;
-            (dir, None)
-        }
+                .unwrap_or_else(|| train::run_dir::default_run_dir(&a.model.model)),
+            None,
+        ),
     };
     let cfg = train::mlm::MlmConfig {
         model,
@@ -864,6 +862,7 @@ fn run_mlm(a: &TrainArgs, given: &[String]) -> Result<Outcome> {
         seed: a.seed,
         progress: !a.quiet,
         out_dir,
+        overwrite: a.overwrite,
         checkpoint_every: a.checkpoint_every,
         keep_checkpoints: a.keep_checkpoints,
         resume,

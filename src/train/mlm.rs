@@ -11,6 +11,7 @@
 //! and the step, the loader seeks to the checkpoint's position); the
 //! trained model is a Hugging Face folder in the run directory.
 
+use super::run_dir;
 use super::schedule::LrSchedule;
 use crate::backend::Backend;
 use crate::checkpoint::state;
@@ -44,8 +45,11 @@ pub struct MlmConfig {
     pub eval_batches: usize,
     pub seed: u64,
     pub progress: bool,
-    /// The run directory: checkpoints, and the model's folder at the end.
+    /// The run directory: checkpoints, and the model's folder at the end
+    /// (rank 0's, on every rank; a new run's must be absent or empty).
     pub out_dir: PathBuf,
+    /// Empty a new run's directory that holds an earlier run.
+    pub overwrite: bool,
     /// Steps between checkpoints (0: only at the end and on a stop).
     pub checkpoint_every: usize,
     pub keep_checkpoints: usize,
@@ -171,9 +175,22 @@ pub fn mlm_rank<B: Backend + 'static>(
             ckpt.index.step
         }
     };
-    if world.rank() == 0 && start > 0 {
+    let out_dir = super::agree_on_path(world, &cfg.out_dir)?;
+    // rank 0 readies the directory; every rank learns whether it could
+    let ready = match (world.rank(), start) {
+        (0, 0) => run_dir::prepare_new(&out_dir, cfg.overwrite),
         // a resume from an older checkpoint keeps its own as the newest
-        state::supersede_after(&cfg.out_dir, start)?;
+        (0, _) => state::supersede_after(&out_dir, start).map(|_| ()),
+        _ => Ok(()),
+    };
+    let mut failed = [u32::from(ready.is_err())];
+    world.all_reduce(&mut failed)?;
+    ready?;
+    if failed[0] != 0 {
+        return Err(Error::Input(format!(
+            "rank 0 could not ready the run directory {}",
+            out_dir.display()
+        )));
     }
     let val = |s: &mut Box<dyn parallel::Strategy>| -> Result<f32> {
         let mut sum = 0.0;
@@ -222,7 +239,7 @@ pub fn mlm_rank<B: Backend + 'static>(
                 data: ds.fingerprint(),
                 keep: cfg.keep_checkpoints,
             };
-            state::save(&cfg.out_dir, &info, &s.owned_state()?, world)?;
+            state::save(&out_dir, &info, &s.owned_state()?, world)?;
         }
         if last || (cfg.eval_every > 0 && (step + 1).is_multiple_of(cfg.eval_every)) {
             let v = val(&mut s)?;
@@ -246,7 +263,7 @@ pub fn mlm_rank<B: Backend + 'static>(
     if !lead {
         return Ok(None);
     }
-    hf::write_folder(&model, &full, None, &cfg.out_dir)?;
+    hf::write_folder(&model, &full, None, &out_dir)?;
     let tokens_per_s = (losses.len() * b * t) as f64 / seconds;
     Ok(Some(MlmSummary {
         model: model.to_string(),
