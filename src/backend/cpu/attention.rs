@@ -105,8 +105,8 @@ pub fn attention_forward(
         .par_chunks_mut(t)
         .enumerate()
         .for_each_init(
-            || (vec![0.0f32; BLOCK * t], [0.0f32; BLOCK]),
-            |(scratch, inv), (bh, lse_row)| {
+            || vec![0.0f32; BLOCK * t],
+            |scratch, (bh, lse_row)| {
                 let (bi, h) = (bh / nh, bh % nh);
                 let q = qkv[bi * t * 3 * c + h * hd..].as_ptr();
                 // SAFETY: q, k, v address rows of this batch inside qkv; the output
@@ -126,7 +126,8 @@ pub fn attention_forward(
                             let total = exp_shifted_sum(&mut row[..valid], max);
                             row[valid..].fill(0.0);
                             lse_row[r0 + i] = max + total.ln();
-                            inv[i] = 1.0 / total;
+                            let inv = 1.0 / total;
+                            row[..valid].iter_mut().for_each(|x| *x *= inv);
                         }
                         gemm(
                             rows,
@@ -139,11 +140,6 @@ pub fn attention_forward(
                             1.0,
                             1,
                         );
-                        // P's rows were left unnormalised: scale O's rows instead
-                        for (i, &w) in inv[..rows].iter().enumerate() {
-                            let row = std::slice::from_raw_parts_mut(o.add((r0 + i) * c), hd);
-                            row.iter_mut().for_each(|x| *x *= w);
-                        }
                     }
                 }
             },
