@@ -421,11 +421,101 @@ fn bert_fine_tuning_writes_a_classifier_that_eval_scores() {
     .to_string();
     assert!(said.contains("--batches is for language models"), "{said}");
     // Flags only GPT-2 training has are refused, by name.
-    let said = String::from_utf8_lossy(&train(&["--checkpoint-every", "5"]).stderr).to_string();
+    let said = String::from_utf8_lossy(&train(&["--sample-every", "5"]).stderr).to_string();
     assert!(
-        said.contains("--checkpoint-every is for GPT-2 language models"),
+        said.contains("--sample-every is for GPT-2 language models"),
         "{said}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_stopped_fine_tuning_run_resumes_to_the_uninterrupted_runs_weights() {
+    let dir = run_dir("bert-classify-resume");
+    let (model, data) = tiny_bert_and_labelled_set(&dir);
+    let (model, data) = (model.to_str().unwrap(), data.to_str().unwrap());
+    let fine_tune = |out: &std::path::Path, extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "--task",
+            "classify",
+            "--init-from",
+            model,
+            "--data",
+            data,
+            "--epochs",
+            "2",
+            "--batch-size",
+            "4",
+            "--seq-len",
+            "12",
+            "--lr",
+            "1e-3",
+            "--world-size",
+            "2",
+            "--strategy",
+            "fsdp",
+            "--quiet",
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        distgpt(&args)
+    };
+    let resume = |out: &std::path::Path| {
+        distgpt(&[
+            "train",
+            "--task",
+            "classify",
+            "--resume",
+            out.to_str().unwrap(),
+            "--world-size",
+            "2",
+            "--strategy",
+            "fsdp",
+            "--quiet",
+        ])
+    };
+    let whole = dir.join("whole");
+    succeeded(fine_tune(&whole, &[]));
+    let summary = |d: &std::path::Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(d.join("classify.json")).unwrap()).unwrap()
+    };
+    let weights = |d: &std::path::Path| std::fs::read(d.join("model.safetensors")).unwrap();
+    // 12 examples in batches of 4: 3 steps an epoch. Stopped mid-epoch (step
+    // 4) and at an epoch's end (step 3), each resumed to the end.
+    for stop in ["4", "3"] {
+        let out = dir.join(format!("stop{stop}"));
+        let stopped = fine_tune(&out, &["--stop-after", stop]);
+        let said = String::from_utf8_lossy(&stopped.stderr).to_string();
+        assert_eq!(stopped.status.code(), Some(75), "{said}");
+        assert!(
+            said.contains(&format!("stopped after step {stop} with a checkpoint")),
+            "{said}"
+        );
+        assert!(!out.join("model.safetensors").exists());
+        succeeded(resume(&out));
+        assert!(
+            weights(&whole) == weights(&out),
+            "stopped after step {stop} and resumed: other weights than the uninterrupted run"
+        );
+        let (a, b) = (summary(&whole), summary(&out));
+        for e in 0..2 {
+            assert_eq!(
+                a["epochs"][e]["train_loss"], b["epochs"][e]["train_loss"],
+                "epoch {e}'s training loss after a stop at {stop}"
+            );
+            assert_eq!(a["epochs"][e]["val"]["loss"], b["epochs"][e]["val"]["loss"]);
+        }
+        assert_eq!(a["test"]["loss"], b["test"]["loss"]);
+    }
+    // a finished run has nothing to resume; the run's settings are fixed
+    let said = String::from_utf8_lossy(&resume(&whole).stderr).to_string();
+    assert!(said.contains("not before the run's last"), "{said}");
+    let mut args = vec!["train", "--task", "classify", "--resume"];
+    args.extend([whole.to_str().unwrap(), "--seed", "7"]);
+    let said = String::from_utf8_lossy(&distgpt(&args).stderr).to_string();
+    assert!(said.contains("--seed cannot change when resuming"), "{said}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

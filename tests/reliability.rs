@@ -250,6 +250,7 @@ fn a_diverging_step_is_not_applied_and_never_checkpointed() {
         tokenizer: &distgpt::data::TokenizerSpec::Gpt2,
         data: "x",
         keep: 3,
+        extra: None,
     };
     let err = state::save(&dir, &info, &owned, &comm)
         .unwrap_err()
@@ -408,6 +409,7 @@ fn waiting_for_a_slow_checkpoint_write_is_not_a_dead_rank() {
             tokenizer: &distgpt::data::TokenizerSpec::Gpt2,
             data: "x",
             keep: 1,
+            extra: None,
         };
         state::save(&dir, &info, &owned, comm.as_ref()).map(|_| ())
     })

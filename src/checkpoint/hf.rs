@@ -20,6 +20,11 @@ pub fn export<B: Backend>(model: &Gpt2<B>, tokenizer: &TokenizerSpec, dir: &Path
     let eos = match tokenizer {
         TokenizerSpec::Gpt2 => crate::data::tokenizer::GPT2_EOT as usize,
         TokenizerSpec::Char { .. } => 0,
+        TokenizerSpec::WordPiece { .. } => {
+            return Err(Error::Config(
+                "a GPT-2 folder records char or gpt2 tokens, not a WordPiece vocabulary".into(),
+            ))
+        }
     };
     let config = json!({
         "architectures": ["GPT2LMHeadModel"],

@@ -194,6 +194,9 @@ pub struct SaveInfo<'a> {
     pub data: &'a str,
     /// Complete checkpoints to keep; older ones are removed.
     pub keep: usize,
+    /// A file rank 0 writes into the checkpoint beside the index (name,
+    /// contents): what a task needs to continue besides the tensors.
+    pub extra: Option<(&'a str, String)>,
 }
 
 /// Collective: writes this rank's part and, on rank 0, the index; returns
@@ -282,6 +285,9 @@ pub fn save(
             files,
         };
         index.checksum = index.compute_checksum();
+        if let Some((name, text)) = &info.extra {
+            write_atomic(&tmp.join(name), text.as_bytes())?;
+        }
         write_atomic(
             &tmp.join(INDEX),
             serde_json::to_string_pretty(&index)

@@ -282,6 +282,7 @@ fn run_classify(a: CompareArgs, out_dir: PathBuf, threads: usize) -> Result<()> 
             seed: a.seed,
             train_examples,
             out_dir: None,
+            keeping: Default::default(),
             progress: None,
         },
         layouts: a.strategies.clone(),

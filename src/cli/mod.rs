@@ -790,15 +790,8 @@ fn refuse_lm_flags(given: &[String], task: &str) -> Result<()> {
             "sample_every",
             "from_step",
         ],
-        _ => &[
-            "resume",
-            "checkpoint_every",
-            "stop_after",
-            "config",
-            "grad_accum",
-            "sample_every",
-            "from_step",
-        ],
+        // fine-tuning stops after a number of steps (its length is in epochs)
+        _ => &["config", "grad_accum", "sample_every", "from_step"],
     };
     match lm_only.iter().find(|f| given.iter().any(|g| g == *f)) {
         Some(f) => bail!(
@@ -822,14 +815,7 @@ fn run_mlm(a: &TrainArgs, given: &[String]) -> Result<Outcome> {
     // a run directory (its newest checkpoint) or one of its checkpoints
     let (out_dir, resume) = match &a.resume {
         Some(path) => {
-            let ckpt = checkpoint::state::latest(path)?;
-            let run = match path.join(checkpoint::state::DIR).exists() {
-                true => path.clone(),
-                false => ckpt
-                    .ancestors()
-                    .nth(2)
-                    .map_or_else(|| path.clone(), Path::to_path_buf),
-            };
+            let (run, ckpt) = run_and_checkpoint(path)?;
             (run, Some(ckpt))
         }
         None => (
@@ -915,70 +901,119 @@ fn run_mlm(a: &TrainArgs, given: &[String]) -> Result<Outcome> {
     Ok(Outcome::Done)
 }
 
-/// `train --task classify`: fine-tunes a Hugging Face BERT folder on a labelled set.
-fn run_classify(a: &TrainArgs, given: &[String]) -> Result<()> {
+/// `train --task classify`: fine-tunes a Hugging Face BERT folder on a
+/// labelled set, or continues such a run from a checkpoint (`--resume`).
+fn run_classify(a: &TrainArgs, given: &[String]) -> Result<Outcome> {
     refuse_lm_flags(given, "classify")?;
-    let (Some(init_from), Some(data)) = (a.init_from.clone(), a.data.clone()) else {
-        bail!("--task classify needs --init-from (a Hugging Face BERT folder, e.g. all-MiniLM-L6-v2's) and --data (a labelled set)");
-    };
     let epochs = match a.epochs {
-        None => 3,
-        Some(e) if e >= 1.0 && e.fract() == 0.0 => e as usize,
+        None => None,
+        Some(e) if e >= 1.0 && e.fract() == 0.0 => Some(e as usize),
         Some(e) => bail!("--epochs {e}: --task classify trains whole epochs"),
     };
-    let pick = |flag: &str, default: f32, value: f32| {
-        if given.iter().any(|g| g == flag) {
-            value
-        } else {
-            default
+    let keeping = train::classify::Keeping {
+        overwrite: a.overwrite,
+        checkpoint_every: a.checkpoint_every,
+        keep_checkpoints: a.keep_checkpoints,
+        resume: None,
+        stop_after: a.stop_after,
+    };
+    let cfg = match &a.resume {
+        Some(path) => {
+            refuse_fixed_on_resume(given)?;
+            let (run, ckpt) = run_and_checkpoint(path)?;
+            let mut cfg = train::classify::Progress::read(&ckpt)?.config;
+            if let Some(e) = epochs {
+                cfg.epochs = e;
+            }
+            if given.iter().any(|g| g == "grad_clip") {
+                cfg.grad_clip = a.grad_clip;
+            }
+            if given.iter().any(|g| g == "lr") {
+                cfg.lr = a.lr;
+            }
+            cfg.out_dir = Some(run);
+            cfg.keeping = train::classify::Keeping {
+                resume: Some(ckpt),
+                ..keeping
+            };
+            cfg
+        }
+        None => {
+            let (Some(init_from), Some(data)) = (a.init_from.clone(), a.data.clone()) else {
+                bail!("--task classify needs --init-from (a Hugging Face BERT folder, e.g. all-MiniLM-L6-v2's) and --data (a labelled set)");
+            };
+            let pick = |flag: &str, default: f32, value: f32| {
+                if given.iter().any(|g| g == flag) {
+                    value
+                } else {
+                    default
+                }
+            };
+            let out_dir = a
+                .out
+                .clone()
+                .unwrap_or_else(|| train::run_dir::default_run_dir("classify"));
+            train::classify::ClassifyConfig {
+                init_from,
+                data,
+                epochs: epochs.unwrap_or(3),
+                batch_size: a.batch_size,
+                seq_len: a.seq_len.unwrap_or(128),
+                lr: pick("lr", 5e-5, a.lr),
+                warmup: 0.1,
+                adamw: distgpt::model::AdamWConfig {
+                    beta1: a.beta1,
+                    beta2: pick("beta2", 0.999, a.beta2),
+                    eps: 1e-8,
+                    weight_decay: pick("weight_decay", 0.01, a.weight_decay),
+                },
+                grad_clip: a.grad_clip,
+                seed: a.seed,
+                train_examples: None,
+                out_dir: Some(out_dir),
+                keeping,
+                progress: None,
+            }
         }
     };
-    let out_dir = a
-        .out
-        .clone()
-        .unwrap_or_else(|| train::run_dir::default_run_dir("classify"));
     let cfg = train::classify::ClassifyConfig {
-        init_from,
-        data,
-        epochs,
-        batch_size: a.batch_size,
-        seq_len: a.seq_len.unwrap_or(128),
-        lr: pick("lr", 5e-5, a.lr),
-        warmup: 0.1,
-        adamw: distgpt::model::AdamWConfig {
-            beta1: a.beta1,
-            beta2: pick("beta2", 0.999, a.beta2),
-            eps: 1e-8,
-            weight_decay: pick("weight_decay", 0.01, a.weight_decay),
-        },
-        grad_clip: a.grad_clip,
-        seed: a.seed,
-        train_examples: None,
-        out_dir: Some(out_dir.clone()),
         progress: (!a.quiet).then(|| metrics::progress_bar(0, "fine-tune")),
+        ..cfg
     };
+    let out_dir = cfg.out_dir.clone().expect("a run directory");
     let par = a.parallel.config();
     let job = train::classify::ClassifyJob::new(&cfg)?;
+    handle_stop_signals()?;
     let threads = rayon::current_num_threads();
-    let Some(s) = on_device!(a.device, |be| a.parallel.launch(
+    let finished = on_device!(a.device, |be| a.parallel.launch(
         threads,
         &a.device,
         |world| { train::classify::classify_rank(be.for_rank(world)?, &job, par, world) }
     ))?
-    .flatten() else {
-        return Ok(());
-    };
-    let t = s.test;
-    distgpt::outln!(
-        "test: loss {:.4}, accuracy {:.2}%, F1 {:.4} on {} examples | {:.0} s in all | model in {}",
-        t.loss,
-        100.0 * t.accuracy,
-        t.f1,
-        t.examples,
-        s.seconds,
-        out_dir.display()
-    );
-    Ok(())
+    .flatten();
+    match finished {
+        Some(train::classify::Finished::Done(s)) => {
+            let t = s.test;
+            distgpt::outln!(
+                "test: loss {:.4}, accuracy {:.2}%, F1 {:.4} on {} examples | {:.0} s in all | model in {}",
+                t.loss,
+                100.0 * t.accuracy,
+                t.f1,
+                t.examples,
+                s.seconds,
+                out_dir.display()
+            );
+            Ok(Outcome::Done)
+        }
+        Some(train::classify::Finished::Stopped { step }) => {
+            distgpt::errln!(
+                "stopped after step {step} with a checkpoint: continue with `--resume {}`",
+                out_dir.display()
+            );
+            Ok(Outcome::Stopped)
+        }
+        None => Ok(Outcome::Done),
+    }
 }
 
 /// Parses the command line and runs the command.
@@ -1213,10 +1248,8 @@ const FIXED_ON_RESUME: [(&[&str], &str); 6] = [
     (&["init_from", "overwrite"], "a resumed run starts from its checkpoint"),
 ];
 
-/// The configuration recorded in a run directory, set to continue from one
-/// of its checkpoints, with the flags a resume may change applied.
-fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<Resumed> {
-    let path = a.resume.as_ref().expect("resuming");
+/// Refuses the flags a resumed run takes from its record, each with why.
+fn refuse_fixed_on_resume(given: &[String]) -> Result<()> {
     for (flags, why) in FIXED_ON_RESUME {
         if let Some(f) = flags.iter().find(|f| given.iter().any(|g| g == *f)) {
             bail!(
@@ -1225,6 +1258,29 @@ fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<Resumed> {
             );
         }
     }
+    Ok(())
+}
+
+/// (run directory, checkpoint) of a run directory (its newest checkpoint)
+/// or of one of its checkpoints.
+fn run_and_checkpoint(path: &Path) -> Result<(PathBuf, PathBuf)> {
+    let ckpt = checkpoint::state::latest(path)?;
+    let run = match ckpt == path {
+        true => path
+            .parent()
+            .and_then(Path::parent)
+            .context("a checkpoint directory lives in RUN/checkpoints/")?
+            .to_path_buf(),
+        false => path.to_path_buf(),
+    };
+    Ok((run, ckpt))
+}
+
+/// The configuration recorded in a run directory, set to continue from one
+/// of its checkpoints, with the flags a resume may change applied.
+fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<Resumed> {
+    let path = a.resume.as_ref().expect("resuming");
+    refuse_fixed_on_resume(given)?;
     // A checkpoint directory (RUN/checkpoints/step_N) or a run directory.
     let (run_dir, ckpt) = if path.join("index.json").exists() {
         if a.from_step.is_some() {
@@ -1434,7 +1490,7 @@ fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
     }
     let bert = BertConfig::preset(&a.model.model).is_some();
     match a.task.unwrap_or(if bert { Task::Mlm } else { Task::Lm }) {
-        Task::Classify => return run_classify(&a, given).map(|()| Outcome::Done),
+        Task::Classify => return run_classify(&a, given),
         Task::Mlm => return run_mlm(&a, given),
         Task::Lm if bert => bail!(
             "{} is a BERT preset: --task mlm pretrains it (the default for BERT), --task lm trains GPT-2 models",

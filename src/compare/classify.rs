@@ -14,7 +14,9 @@ use crate::checkpoint::write_atomic;
 use crate::error::Result;
 use crate::parallel::{launch, StrategyKind};
 use crate::plan::{self, Precision, Workload};
-use crate::train::classify::{classify_rank, ClassifyConfig, ClassifyJob, EpochRecord, Scores};
+use crate::train::classify::{
+    classify_rank, ClassifyConfig, ClassifyJob, EpochRecord, Finished, Scores,
+};
 use indicatif::MultiProgress;
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -112,7 +114,7 @@ pub fn run(m: &ClassifyMatrix, multi: &MultiProgress) -> Result<ClassifyComparis
             |world| classify_rank(Cpu::new(), &job, *par, world.as_ref()),
         )?;
         multi.remove(&bar);
-        let Some(s) = out.into_iter().next().flatten() else {
+        let Some(Finished::Done(s)) = out.into_iter().next().flatten() else {
             stopped = true;
             break;
         };

@@ -91,6 +91,19 @@ impl LabelledSet {
             labels,
         })
     }
+
+    /// A checksum of the labels and every split's examples in order (after
+    /// any sampling): a checkpoint's record of the data it was trained on.
+    pub fn fingerprint(&self) -> String {
+        let mut text = self.labels.join("\t");
+        for split in [&self.train, &self.val, &self.test] {
+            text.push('\x1e');
+            for e in &split.examples {
+                text.push_str(&format!("{}\t{}\x1f", e.label, e.text));
+            }
+        }
+        crate::checkpoint::state::checksum(text.as_bytes())
+    }
 }
 
 impl Labelled {

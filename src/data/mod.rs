@@ -96,6 +96,7 @@ fn describe(spec: &TokenizerSpec) -> String {
             format!("a character vocabulary of {}", chars.chars().count())
         }
         TokenizerSpec::Gpt2 => "GPT-2 BPE".into(),
+        TokenizerSpec::WordPiece { tokens, .. } => format!("a WordPiece vocabulary of {tokens}"),
     }
 }
 

@@ -14,6 +14,13 @@ pub enum TokenizerSpec {
         chars: String,
     },
     Gpt2,
+    /// A BERT folder's WordPiece vocabulary (`vocab.txt`, which it is read
+    /// from): its size and checksum, so a checkpoint names the vocabulary
+    /// it was trained with.
+    WordPiece {
+        tokens: usize,
+        checksum: String,
+    },
 }
 
 pub enum Tokenizer {
@@ -51,6 +58,9 @@ impl Tokenizer {
             TokenizerSpec::Gpt2 => tiktoken_rs::r50k_base()
                 .map(|b| Tokenizer::Gpt2(Box::new(b)))
                 .map_err(|e| Error::Config(format!("cannot build the GPT-2 tokenizer: {e}"))),
+            TokenizerSpec::WordPiece { tokens, .. } => Err(Error::Config(format!(
+                "a WordPiece vocabulary ({tokens} tokens) is read from a BERT folder's vocab.txt; language models use char or gpt2 tokens"
+            ))),
         }
     }
 

@@ -23,6 +23,8 @@ pub struct WordPiece {
     pub pad: u32,
     pub mask: u32,
     size: usize,
+    /// Checksum of the tokens in id order (see [`WordPiece::spec`]).
+    checksum: String,
 }
 
 const MAX_WORD: usize = 100;
@@ -31,6 +33,7 @@ impl WordPiece {
     /// From the tokens in id order (a `vocab.txt`'s lines).
     pub fn new(tokens: Vec<String>) -> Result<Self> {
         let size = tokens.len();
+        let checksum = crate::checkpoint::state::checksum(tokens.join("\n").as_bytes());
         let vocab: HashMap<String, u32> = tokens
             .into_iter()
             .enumerate()
@@ -50,6 +53,7 @@ impl WordPiece {
             mask: special("[MASK]")?,
             vocab,
             size,
+            checksum,
         })
     }
 
@@ -62,6 +66,14 @@ impl WordPiece {
 
     pub fn vocab_size(&self) -> usize {
         self.size
+    }
+
+    /// What a checkpoint records of the vocabulary: its size and checksum.
+    pub fn spec(&self) -> crate::data::TokenizerSpec {
+        crate::data::TokenizerSpec::WordPiece {
+            tokens: self.size,
+            checksum: self.checksum.clone(),
+        }
     }
 
     /// The ids of `text`'s pieces, without [CLS] / [SEP].

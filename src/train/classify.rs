@@ -4,12 +4,19 @@
 //! ranks or under mpirun, on any device. Each epoch reports the training loss, and the validation loss,
 //! accuracy and F1; the end reports the test split's, and writes the
 //! fine-tuned model as a Hugging Face folder with `classify.json` (every
-//! epoch's figures) beside it.
+//! epoch's figures) beside it. A run with a directory writes training-state
+//! checkpoints (`checkpoint::state`) at every epoch's end, every
+//! `checkpoint_every` steps and when a signal stops it, each with the run's
+//! settings and its epochs so far (`fine_tune.json`), and resumes from one
+//! exactly: the epoch's shuffle comes from the seed and the epoch, the
+//! batches already trained are skipped.
 
 use super::schedule::LrSchedule;
 use crate::backend::Backend;
+use crate::checkpoint::state;
 use crate::comm::Comm;
 use crate::data::labelled::{Labelled, LabelledSet};
+use crate::data::LoaderPosition;
 use crate::data::wordpiece::WordPiece;
 use crate::data::IGNORE;
 use crate::error::{Error, Result};
@@ -18,13 +25,14 @@ use crate::model::bert::{hf, BertHead};
 use crate::model::AdamWConfig;
 use crate::parallel::{self, launch, ParallelConfig, StepConfig, Strategy};
 use indicatif::ProgressBar;
-use serde::Serialize;
-use std::path::PathBuf;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-/// What `train --task classify` was asked for.
-#[derive(Clone, Debug)]
+/// What `train --task classify` was asked for (its settings are recorded
+/// in every checkpoint; where the run goes and how it keeps its work are not).
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ClassifyConfig {
     /// A Hugging Face BERT folder (config.json, model.safetensors, vocab.txt).
     pub init_from: PathBuf,
@@ -41,15 +49,73 @@ pub struct ClassifyConfig {
     pub seed: u64,
     /// Fine-tune on N training examples only (a sample drawn with the seed).
     pub train_examples: Option<usize>,
-    /// Where the fine-tuned folder and `classify.json` go (none: not written).
+    /// The run directory: the fine-tuned folder, `classify.json` and the
+    /// checkpoints (none: nothing is written).
+    #[serde(skip)]
     pub out_dir: Option<PathBuf>,
+    #[serde(skip)]
+    pub keeping: Keeping,
     /// Rank 0's bar (its length is set to the steps); none draws nothing.
+    #[serde(skip)]
     pub progress: Option<ProgressBar>,
+}
+
+/// How a fine-tuning run with a directory keeps its work.
+#[derive(Clone, Debug, Default)]
+pub struct Keeping {
+    /// Empty a new run's directory that holds an earlier run.
+    pub overwrite: bool,
+    /// Steps between checkpoints besides each epoch's end (0: none).
+    pub checkpoint_every: usize,
+    pub keep_checkpoints: usize,
+    /// A checkpoint directory to continue from.
+    pub resume: Option<PathBuf>,
+    /// Stop with a checkpoint after this many steps of this invocation.
+    pub stop_after: Option<usize>,
+}
+
+/// The file a fine-tuning checkpoint holds beside its tensors.
+pub const PROGRESS_FILE: &str = "fine_tune.json";
+
+/// What a fine-tuning checkpoint records besides the tensors: the run's
+/// settings and how far it got.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Progress {
+    pub config: ClassifyConfig,
+    /// The epochs completed.
+    pub epochs: Vec<EpochRecord>,
+    /// The current epoch so far: training-loss sum, real tokens, seconds.
+    pub partial: (f64, usize, f64),
+}
+
+impl Progress {
+    /// The record in checkpoint `dir`.
+    pub fn read(dir: &Path) -> Result<Self> {
+        let path = dir.join(PROGRESS_FILE);
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::Checkpoint {
+            path: dir.to_path_buf(),
+            reason: format!(
+                "cannot read {PROGRESS_FILE} ({e}): not a checkpoint of a fine-tuning run"
+            ),
+        })?;
+        serde_json::from_str(&text).map_err(|e| Error::Checkpoint {
+            path,
+            reason: format!("invalid record: {e}"),
+        })
+    }
+}
+
+/// How a fine-tuning run ended (rank 0's view).
+pub enum Finished {
+    Done(ClassifySummary),
+    /// A signal or `stop_after` stopped it after `step`, with a checkpoint
+    /// when it has a directory.
+    Stopped { step: usize },
 }
 
 /// Accuracy and F1 of predictions against labels (F1 of label 1 for two
 /// labels, the mean over labels otherwise).
-#[derive(Clone, Copy, Debug, Default, Serialize)]
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
 pub struct Scores {
     pub loss: f32,
     pub accuracy: f64,
@@ -85,7 +151,7 @@ impl Scores {
     }
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct EpochRecord {
     pub epoch: usize,
     pub train_loss: f32,
@@ -201,6 +267,8 @@ pub struct ClassifyJob {
     init: Vec<f32>,
     sched: LrSchedule,
     steps: usize,
+    fingerprint: String,
+    resume: Option<(state::Loaded, Progress)>,
 }
 
 impl ClassifyJob {
@@ -244,6 +312,44 @@ impl ClassifyJob {
             )));
         }
         let steps = set.train.examples.len().div_ceil(cfg.batch_size) * cfg.epochs;
+        let fingerprint = set.fingerprint();
+        let resume = match &cfg.keeping.resume {
+            None => None,
+            Some(dir) => {
+                let ckpt = state::load(dir)?;
+                let bad = |reason: String| Error::Checkpoint {
+                    path: dir.clone(),
+                    reason,
+                };
+                let family = crate::model::ModelConfig::from(model.clone());
+                if ckpt.index.model != family {
+                    return Err(bad(format!(
+                        "holds a {}, not the {family} being fine-tuned",
+                        ckpt.index.model
+                    )));
+                }
+                if ckpt.index.tokenizer != wp.spec() {
+                    return Err(bad(format!(
+                        "was trained with another vocabulary than {}",
+                        vocab.display()
+                    )));
+                }
+                if ckpt.index.data != fingerprint {
+                    return Err(bad(format!(
+                        "was trained on other examples than {} holds",
+                        cfg.data.display()
+                    )));
+                }
+                if ckpt.index.step >= steps {
+                    return Err(bad(format!(
+                        "is at step {}, not before the run's last ({steps}: raise --epochs to train on)",
+                        ckpt.index.step
+                    )));
+                }
+                let progress = Progress::read(dir)?;
+                Some((ckpt, progress))
+            }
+        };
         let sched = LrSchedule {
             max_lr: cfg.lr,
             min_lr: cfg.lr / 10.0,
@@ -258,19 +364,22 @@ impl ClassifyJob {
             init,
             sched,
             steps,
+            fingerprint,
+            resume,
         })
     }
 }
 
 /// One rank's fine-tuning (collective); rank 0 writes the model folder and
-/// `classify.json` and returns the summary. A signal (`INTERRUPTED`) stops
-/// every rank after the current step, returning none.
+/// `classify.json` and returns how the run ended. A signal (`INTERRUPTED`)
+/// or `stop_after` stops every rank after the same step, with a checkpoint
+/// when the run has a directory.
 pub fn classify_rank<B: Backend + 'static>(
     backend: B,
     job: &ClassifyJob,
     par: ParallelConfig,
     world: &dyn Comm,
-) -> Result<Option<ClassifySummary>> {
+) -> Result<Option<Finished>> {
     let ClassifyJob {
         cfg,
         set,
@@ -282,22 +391,78 @@ pub fn classify_rank<B: Backend + 'static>(
     let lead = world.rank() == 0;
     let started = Instant::now();
     let mut s = parallel::build(backend, model.clone(), par, world, cfg.adamw, b, t)?;
-    s.load_full(&job.init)?;
+    let (start, first_epoch, skip, mut epochs, partial) = match &job.resume {
+        None => {
+            s.load_full(&job.init)?;
+            (0, 0, 0, Vec::new(), (0.0, 0, 0.0))
+        }
+        Some((ckpt, progress)) => {
+            let i = &ckpt.index;
+            s.load_state(&ckpt.params, &ckpt.m, &ckpt.v, i.adam_step)?;
+            let (epoch, batch) = (i.loader.epoch as usize, i.loader.batch);
+            (i.step, epoch, batch, progress.epochs.clone(), progress.partial)
+        }
+    };
+    let run = match &cfg.out_dir {
+        Some(dir) => Some(super::ready_run_dir(
+            world,
+            dir,
+            start,
+            cfg.keeping.overwrite,
+        )?),
+        None => None,
+    };
+    let family = crate::model::ModelConfig::from(model.clone());
+    let save = |s: &mut Box<dyn Strategy>,
+                step: usize,
+                loader: LoaderPosition,
+                epochs: &[EpochRecord],
+                partial: (f64, usize, f64)|
+     -> Result<()> {
+        let Some(dir) = &run else { return Ok(()) };
+        let progress = Progress {
+            config: cfg.clone(),
+            epochs: epochs.to_vec(),
+            partial,
+        };
+        let info = state::SaveInfo {
+            step,
+            adam_step: step as u32,
+            loader,
+            strategy: &par.strategy.to_string(),
+            tp: par.resolved().tp,
+            params_total: family.num_params(),
+            model: &family,
+            tokenizer: &wp.spec(),
+            data: &job.fingerprint,
+            keep: cfg.keeping.keep_checkpoints,
+            extra: Some((
+                PROGRESS_FILE,
+                serde_json::to_string_pretty(&progress).expect("a record serialises"),
+            )),
+        };
+        state::save(dir, &info, &s.owned_state()?, world).map(|_| ())
+    };
     let pb = match (&cfg.progress, lead) {
         (Some(bar), true) => {
             bar.set_length(job.steps as u64);
+            bar.set_position(start as u64);
             bar.clone()
         }
         _ => ProgressBar::hidden(),
     };
-    let mut epochs = Vec::new();
-    let (mut losses, mut later_steps_s) = (Vec::with_capacity(job.steps), 0.0);
-    let mut step = 0;
-    for epoch in 0..cfg.epochs {
+    let (mut losses, mut later_steps_s) = (Vec::with_capacity(job.steps - start), 0.0);
+    let mut step = start;
+    for epoch in first_epoch..cfg.epochs {
         let t0 = Instant::now();
-        let (mut loss_sum, mut real_tokens) = (0.0f64, 0usize);
+        let resumed = epoch == first_epoch;
+        let (mut loss_sum, mut real_tokens, earlier_s) = match resumed {
+            true => partial,
+            false => (0.0, 0, 0.0),
+        };
         let batches = set.train.batches(wp, b, t, Some(cfg.seed + epoch as u64));
-        for batch in &batches {
+        let (mut stop, mut stopped_mid_epoch) = (false, false);
+        for (i, batch) in batches.iter().enumerate().skip(if resumed { skip } else { 0 }) {
             let lr = job.sched.at(step);
             let step_cfg = StepConfig {
                 lr,
@@ -305,24 +470,39 @@ pub fn classify_rank<B: Backend + 'static>(
             };
             let t_step = Instant::now();
             let st = s.step(std::slice::from_ref(batch), step_cfg)?;
-            if step > 0 {
+            if step > start {
                 later_steps_s += t_step.elapsed().as_secs_f64();
             }
             losses.push(st.loss);
-            // a signal (only `compare` installs a handler) ends the run on every rank
-            let mut stop = [u32::from(super::INTERRUPTED.load(Ordering::SeqCst))];
-            world.all_reduce(&mut stop)?;
-            if stop[0] != 0 {
-                pb.finish_and_clear();
-                return Ok(None);
-            }
             loss_sum += st.loss as f64;
             real_tokens += batch.lens.iter().map(|&l| l as usize).sum::<usize>();
             step += 1;
             pb.set_message(format!("epoch {} | loss {:.4}", epoch + 1, st.loss));
             pb.inc(1);
+            // a signal ends the run on every rank after the same step
+            let mut flag = [u32::from(super::INTERRUPTED.load(Ordering::SeqCst))];
+            world.all_reduce(&mut flag)?;
+            stop = flag[0] != 0 || cfg.keeping.stop_after == Some(step - start);
+            let every = cfg.keeping.checkpoint_every;
+            // an epoch's last step is saved after its validation, below
+            if i + 1 < batches.len() && (stop || (every > 0 && step.is_multiple_of(every))) {
+                let so_far = (loss_sum, real_tokens, earlier_s + t0.elapsed().as_secs_f64());
+                let at = LoaderPosition {
+                    epoch: epoch as u64,
+                    batch: i + 1,
+                };
+                save(&mut s, step, at, &epochs, so_far)?;
+            }
+            if stop {
+                stopped_mid_epoch = i + 1 < batches.len();
+                break;
+            }
         }
-        let seconds = t0.elapsed().as_secs_f64();
+        if stopped_mid_epoch {
+            pb.finish_and_clear();
+            return Ok(lead.then_some(Finished::Stopped { step }));
+        }
+        let seconds = earlier_s + t0.elapsed().as_secs_f64();
         let val = score(s.as_mut(), &set.val, wp, (b, t, labels))?;
         let rec = EpochRecord {
             epoch: epoch + 1,
@@ -347,6 +527,15 @@ pub fn classify_rank<B: Backend + 'static>(
             );
         }
         epochs.push(rec);
+        let next = LoaderPosition {
+            epoch: epoch as u64 + 1,
+            batch: 0,
+        };
+        save(&mut s, step, next, &epochs, (0.0, 0, 0.0))?;
+        if stop && step < job.steps {
+            pb.finish_and_clear();
+            return Ok(lead.then_some(Finished::Stopped { step }));
+        }
     }
     pb.finish_and_clear();
     let test = score(s.as_mut(), &set.test, wp, (b, t, labels))?;
@@ -363,21 +552,21 @@ pub fn classify_rank<B: Backend + 'static>(
         epochs,
         test,
         seconds: started.elapsed().as_secs_f64(),
-        step_ms: 1e3 * later_steps_s / step.saturating_sub(1).max(1) as f64,
+        step_ms: 1e3 * later_steps_s / (step - start).saturating_sub(1).max(1) as f64,
         losses,
         rank_peak_bytes: peaks
             .chunks(6)
             .map(|c| c.try_into().expect("rows of 6"))
             .collect(),
     };
-    if let Some(dir) = &cfg.out_dir {
+    if let Some(dir) = &run {
         let vocab = cfg.init_from.join("vocab.txt");
         hf::write_folder(model, &full, Some(&vocab), dir)?;
         let json = serde_json::to_string_pretty(&summary).expect("a summary serialises");
         std::fs::write(dir.join("classify.json"), json)
             .map_err(|e| Error::Input(format!("cannot write classify.json: {e}")))?;
     }
-    Ok(Some(summary))
+    Ok(Some(Finished::Done(summary)))
 }
 
 #[cfg(test)]

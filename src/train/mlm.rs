@@ -11,7 +11,6 @@
 //! and the step, the loader seeks to the checkpoint's position); the
 //! trained model is a Hugging Face folder in the run directory.
 
-use super::run_dir;
 use super::schedule::LrSchedule;
 use crate::backend::Backend;
 use crate::checkpoint::state;
@@ -175,23 +174,7 @@ pub fn mlm_rank<B: Backend + 'static>(
             ckpt.index.step
         }
     };
-    let out_dir = super::agree_on_path(world, &cfg.out_dir)?;
-    // rank 0 readies the directory; every rank learns whether it could
-    let ready = match (world.rank(), start) {
-        (0, 0) => run_dir::prepare_new(&out_dir, cfg.overwrite),
-        // a resume from an older checkpoint keeps its own as the newest
-        (0, _) => state::supersede_after(&out_dir, start).map(|_| ()),
-        _ => Ok(()),
-    };
-    let mut failed = [u32::from(ready.is_err())];
-    world.all_reduce(&mut failed)?;
-    ready?;
-    if failed[0] != 0 {
-        return Err(Error::Input(format!(
-            "rank 0 could not ready the run directory {}",
-            out_dir.display()
-        )));
-    }
+    let out_dir = super::ready_run_dir(world, &cfg.out_dir, start, cfg.overwrite)?;
     let val = |s: &mut Box<dyn parallel::Strategy>| -> Result<f32> {
         let mut sum = 0.0;
         for vb in &val_batches {
@@ -238,6 +221,7 @@ pub fn mlm_rank<B: Backend + 'static>(
                 tokenizer: &ds.tokenizer.spec(),
                 data: ds.fingerprint(),
                 keep: cfg.keep_checkpoints,
+                extra: None,
             };
             state::save(&out_dir, &info, &s.owned_state()?, world)?;
         }

@@ -292,6 +292,34 @@ fn sample_text<B: Backend>(
     Ok(tk.decode(&out[0]))
 }
 
+/// Rank 0's run directory `dir`, readied by rank 0 and agreed by every
+/// rank (collective): a new run's (`start` 0) must be absent or empty (or
+/// `overwrite` it); a run resumed at `start` sets its later checkpoints
+/// aside, so the one it continues from stays the newest.
+pub(crate) fn ready_run_dir(
+    world: &dyn Comm,
+    dir: &std::path::Path,
+    start: usize,
+    overwrite: bool,
+) -> Result<PathBuf> {
+    let dir = agree_on_path(world, dir)?;
+    let ready = match (world.rank(), start) {
+        (0, 0) => run_dir::prepare_new(&dir, overwrite),
+        (0, _) => crate::checkpoint::state::supersede_after(&dir, start).map(|_| ()),
+        _ => Ok(()),
+    };
+    let mut failed = [u32::from(ready.is_err())];
+    world.all_reduce(&mut failed)?;
+    ready?;
+    if failed[0] != 0 {
+        return Err(Error::Input(format!(
+            "rank 0 could not ready the run directory {}",
+            dir.display()
+        )));
+    }
+    Ok(dir)
+}
+
 /// Rank 0's `path`, on every rank.
 fn agree_on_path(world: &dyn Comm, path: &std::path::Path) -> Result<PathBuf> {
     if world.size() == 1 {

@@ -446,6 +446,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             tokenizer: &self.ds.tokenizer.spec(),
             data: self.data_fingerprint,
             keep: self.cfg.keep_checkpoints,
+            extra: None,
         };
         state::save(
             &self.cfg.out_dir,
