@@ -86,7 +86,7 @@ fn max_err(got: &[f32], want: &[f32]) -> f32 {
 
 fn model(dir: &Path, head: Option<BertHead>) -> Whole<Cpu, Engine<Cpu>> {
     let (cfg, params) = hf::load_folder(dir, head, 0).unwrap();
-    let engine = Engine::new(Cpu::new(), cfg, TpPlace::NONE, false).unwrap();
+    let engine = Engine::new(Cpu::new(), cfg, TpPlace::NONE, false, Default::default()).unwrap();
     let mut m = Whole::with_engine(engine).unwrap();
     m.load_full(&params).unwrap();
     m

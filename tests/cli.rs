@@ -515,7 +515,10 @@ fn a_stopped_fine_tuning_run_resumes_to_the_uninterrupted_runs_weights() {
     let mut args = vec!["train", "--task", "classify", "--resume"];
     args.extend([whole.to_str().unwrap(), "--seed", "7"]);
     let said = String::from_utf8_lossy(&distgpt(&args).stderr).to_string();
-    assert!(said.contains("--seed cannot change when resuming"), "{said}");
+    assert!(
+        said.contains("--seed cannot change when resuming"),
+        "{said}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

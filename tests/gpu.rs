@@ -278,7 +278,7 @@ fn bert_step<B: Backend>(
 ) -> (f32, Vec<f32>, Vec<f32>) {
     use distgpt::model::bert::Engine;
     use distgpt::model::{TpPlace, UnitModel, Whole};
-    let engine = Engine::new(be, cfg.clone(), TpPlace::NONE, false).unwrap();
+    let engine = Engine::new(be, cfg.clone(), TpPlace::NONE, false, Default::default()).unwrap();
     let mut m = Whole::with_engine(engine).unwrap();
     m.load_full(params).unwrap();
     m.zero_grads();

@@ -10,7 +10,7 @@ use super::unit::UnitModel;
 use super::Precision;
 use crate::backend::Backend;
 use crate::data::{Batch, IGNORE};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::rng::Rng;
 use serde::{Deserialize, Serialize};
 
@@ -172,7 +172,7 @@ impl ModelConfig {
     ) -> (usize, usize) {
         match self {
             ModelConfig::Gpt2(c) => gpt2::activation_elems(c, tp, b * t, recompute, precision),
-            ModelConfig::Bert(c) => (bert::activation_elems(c, tp, (b, t), recompute), 0),
+            ModelConfig::Bert(c) => bert::activation_elems(c, tp, (b, t), recompute, precision),
         }
     }
 
@@ -222,14 +222,13 @@ impl ModelConfig {
                 e.set_precision(precision);
                 Box::new(e)
             }
-            ModelConfig::Bert(c) => {
-                if precision != Precision::Fp32 {
-                    return Err(Error::Config(
-                        "--precision bf16 is GPT-2's only for now: train BERT in fp32".into(),
-                    ));
-                }
-                Box::new(bert::Engine::new(backend, c.clone(), tp, recompute)?)
-            }
+            ModelConfig::Bert(c) => Box::new(bert::Engine::new(
+                backend,
+                c.clone(),
+                tp,
+                recompute,
+                precision,
+            )?),
         })
     }
 }

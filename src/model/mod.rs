@@ -5,6 +5,7 @@
 pub mod adamw;
 pub mod alloc;
 pub mod bert;
+pub mod bf16;
 pub mod config;
 pub mod family;
 pub mod gpt2;
@@ -12,8 +13,9 @@ pub mod layout;
 pub mod unit;
 
 pub use adamw::{AdamW, AdamWConfig, Segment};
+pub use bf16::Precision;
 pub use config::GptConfig;
 pub use family::ModelConfig;
-pub use gpt2::{Engine, Gpt2, Precision};
+pub use gpt2::{Engine, Gpt2};
 pub use layout::{ParamLayout, TpPlace};
 pub use unit::{UnitGrads, UnitKind, UnitModel, UnitParams, Whole};

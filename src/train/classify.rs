@@ -16,8 +16,8 @@ use crate::backend::Backend;
 use crate::checkpoint::state;
 use crate::comm::Comm;
 use crate::data::labelled::{Labelled, LabelledSet};
-use crate::data::LoaderPosition;
 use crate::data::wordpiece::WordPiece;
+use crate::data::LoaderPosition;
 use crate::data::IGNORE;
 use crate::error::{Error, Result};
 use crate::metrics;
@@ -110,7 +110,9 @@ pub enum Finished {
     Done(ClassifySummary),
     /// A signal or `stop_after` stopped it after `step`, with a checkpoint
     /// when it has a directory.
-    Stopped { step: usize },
+    Stopped {
+        step: usize,
+    },
 }
 
 /// Accuracy and F1 of predictions against labels (F1 of label 1 for two
@@ -400,7 +402,13 @@ pub fn classify_rank<B: Backend + 'static>(
             let i = &ckpt.index;
             s.load_state(&ckpt.params, &ckpt.m, &ckpt.v, i.adam_step)?;
             let (epoch, batch) = (i.loader.epoch as usize, i.loader.batch);
-            (i.step, epoch, batch, progress.epochs.clone(), progress.partial)
+            (
+                i.step,
+                epoch,
+                batch,
+                progress.epochs.clone(),
+                progress.partial,
+            )
         }
     };
     let run = match &cfg.out_dir {
@@ -462,7 +470,11 @@ pub fn classify_rank<B: Backend + 'static>(
         };
         let batches = set.train.batches(wp, b, t, Some(cfg.seed + epoch as u64));
         let (mut stop, mut stopped_mid_epoch) = (false, false);
-        for (i, batch) in batches.iter().enumerate().skip(if resumed { skip } else { 0 }) {
+        for (i, batch) in batches
+            .iter()
+            .enumerate()
+            .skip(if resumed { skip } else { 0 })
+        {
             let lr = job.sched.at(step);
             let step_cfg = StepConfig {
                 lr,
@@ -486,7 +498,11 @@ pub fn classify_rank<B: Backend + 'static>(
             let every = cfg.keeping.checkpoint_every;
             // an epoch's last step is saved after its validation, below
             if i + 1 < batches.len() && (stop || (every > 0 && step.is_multiple_of(every))) {
-                let so_far = (loss_sum, real_tokens, earlier_s + t0.elapsed().as_secs_f64());
+                let so_far = (
+                    loss_sum,
+                    real_tokens,
+                    earlier_s + t0.elapsed().as_secs_f64(),
+                );
                 let at = LoaderPosition {
                     epoch: epoch as u64,
                     batch: i + 1,

@@ -13,6 +13,7 @@ pub use config::{BertConfig, BertHead};
 pub use layout::BlockParam;
 
 use super::alloc::ActAlloc;
+use super::bf16::{matmul_backward, matmul_forward, Bf16Operands, Dout, Precision};
 use super::layout::{ParamLayout, TpPlace};
 use super::unit::{UnitGrads, UnitKind, UnitModel, UnitParams};
 use crate::backend::{Activation, AttnShape, Backend, Buf, Category, Dst, Src, WeightLayout};
@@ -84,6 +85,8 @@ struct Acts<B: Backend> {
     dalt: Buf<B>,
     dbig: Buf<B>,
     dqkv: Buf<B>,
+    /// `--precision bf16`'s rounded operands.
+    bf16: Option<Bf16Operands<B>>,
 }
 
 /// Per-rank widths under tensor parallelism.
@@ -115,12 +118,14 @@ pub fn activation_elems(
     tp: usize,
     (b, t): (usize, usize),
     recompute: bool,
-) -> usize {
+    precision: Precision,
+) -> (usize, usize) {
     let be = crate::backend::cpu::Cpu::new();
     let al = ActAlloc::tally(&be);
     let slots = if recompute { 1 } else { cfg.n_layer };
-    Acts::new(&al, cfg, Dims::of(cfg, tp), (slots, b * t, b)).expect("a tally allocates nothing");
-    al.counted().0
+    Acts::new(&al, cfg, Dims::of(cfg, tp), (slots, b * t, b), precision)
+        .expect("a tally allocates nothing");
+    al.counted()
 }
 
 impl<B: Backend> Acts<B> {
@@ -129,6 +134,7 @@ impl<B: Backend> Acts<B> {
         cfg: &BertConfig,
         d: Dims,
         (slots, rows, b): (usize, usize, usize),
+        precision: Precision,
     ) -> Result<Self> {
         let (l, c) = (cfg.n_layer, cfg.n_embd);
         let a = |n: usize| al.acts(n);
@@ -185,6 +191,22 @@ impl<B: Backend> Acts<B> {
             dalt: a(rows * c)?,
             dbig: a(rows * d.fl.max(d.cl).max(c))?,
             dqkv: a(rows * 3 * d.cl)?,
+            bf16: match precision {
+                Precision::Fp32 => None,
+                // the widest matmul input, weight and output gradient (the
+                // decoder's logits gradient is rounded where it lies)
+                Precision::Bf16 => {
+                    let widest = c.max(d.fl).max(3 * d.cl);
+                    let w = match cfg.head {
+                        BertHead::Mlm => cfg.padded_vocab() * c,
+                        BertHead::Classify { labels } => labels * c,
+                    };
+                    Some(Bf16Operands::new(
+                        al,
+                        (rows * widest, (c * widest).max(w), rows * widest),
+                    )?)
+                }
+            },
         })
     }
 }
@@ -207,12 +229,19 @@ pub struct Engine<B: Backend> {
     backend: B,
     tp: TpPlace,
     recompute: bool,
+    precision: Precision,
     acts: Option<Acts<B>>,
     shape: Option<Shape>,
 }
 
 impl<B: Backend> Engine<B> {
-    pub fn new(backend: B, config: BertConfig, tp: TpPlace, recompute: bool) -> Result<Self> {
+    pub fn new(
+        backend: B,
+        config: BertConfig,
+        tp: TpPlace,
+        recompute: bool,
+        precision: Precision,
+    ) -> Result<Self> {
         config.validate()?;
         if tp.size == 0
             || !config.n_head.is_multiple_of(tp.size)
@@ -230,6 +259,7 @@ impl<B: Backend> Engine<B> {
             backend,
             tp,
             recompute,
+            precision,
             acts: None,
             shape: None,
         })
@@ -455,15 +485,15 @@ impl<B: Backend> Engine<B> {
         let mut qkv = a.qkv.d().part(s, 3 * rows * cl);
         let ip = WeightLayout::InOut;
         let bqkv = Some(w(BlockParam::QkvB));
-        be.matmul_forward(
+        matmul_forward(
+            be,
+            a.bf16.as_mut(),
             qkv.rb(),
             x,
             w(BlockParam::QkvW),
             bqkv,
             ip,
-            rows,
-            c,
-            3 * cl,
+            (rows, c, 3 * cl),
             false,
         );
         let mut atty = a.atty.d().part(s, rows * cl);
@@ -480,15 +510,15 @@ impl<B: Backend> Engine<B> {
             be.copy(h.rb(), x);
         }
         let bias = lead.then(|| w(BlockParam::AttnOutB));
-        be.matmul_forward(
+        matmul_forward(
+            be,
+            a.bf16.as_mut(),
             h.rb(),
             atty.src(),
             w(BlockParam::AttnOutW),
             bias,
             ip,
-            rows,
-            cl,
-            c,
+            (rows, cl, c),
             lead,
         );
         if let Some(g) = tp {
@@ -507,15 +537,15 @@ impl<B: Backend> Engine<B> {
         );
         let mut f = a.f.d().part(s, rows * fl);
         let bi = Some(w(BlockParam::InterB));
-        be.matmul_forward(
+        matmul_forward(
+            be,
+            a.bf16.as_mut(),
             f.rb(),
             h1.src(),
             w(BlockParam::InterW),
             bi,
             ip,
-            rows,
-            c,
-            fl,
+            (rows, c, fl),
             false,
         );
         let mut g = a.g.d().part(s, rows * fl);
@@ -525,15 +555,15 @@ impl<B: Backend> Engine<B> {
             be.copy(o.rb(), h1.src());
         }
         let bias = lead.then(|| w(BlockParam::OutB));
-        be.matmul_forward(
+        matmul_forward(
+            be,
+            a.bf16.as_mut(),
             o.rb(),
             g.src(),
             w(BlockParam::OutW),
             bias,
             ip,
-            rows,
-            fl,
-            c,
+            (rows, fl, c),
             lead,
         );
         if let Some(g) = tp {
@@ -594,32 +624,32 @@ impl<B: Backend> Engine<B> {
         let mut dg = dbig.rb().first(rows * fl);
         let (dw, db) = g.rb().split2(r(BlockParam::OutW), r(BlockParam::OutB));
         let g_act = a.g.s().part(s, rows * fl);
-        be.matmul_backward(
+        matmul_backward(
+            be,
+            a.bf16.as_mut(),
             dg.rb(),
             dw,
             Some(db),
-            dalt.src(),
+            (dalt.src(), Dout::Round),
             g_act,
             w(BlockParam::OutW),
             ip,
-            rows,
-            fl,
-            c,
+            (rows, fl, c),
         );
         be.activation_backward_inplace(dg.rb(), a.f.s().part(s, rows * fl), Activation::GeluErf);
         let (dw, db) = g.rb().split2(r(BlockParam::InterW), r(BlockParam::InterB));
         let h1 = a.h1.s().part(s, btc);
-        be.matmul_backward(
+        matmul_backward(
+            be,
+            a.bf16.as_mut(),
             dres.rb(),
             dw,
             Some(db),
-            dg.src(),
+            (dg.src(), Dout::Round),
             h1,
             w(BlockParam::InterW),
             ip,
-            rows,
-            c,
-            fl,
+            (rows, c, fl),
         );
         if let Some(g) = tp {
             device::all_reduce(g, be, dres.rb())?;
@@ -647,17 +677,17 @@ impl<B: Backend> Engine<B> {
             .rb()
             .split2(r(BlockParam::AttnOutW), r(BlockParam::AttnOutB));
         let atty = a.atty.s().part(s, rows * cl);
-        be.matmul_backward(
+        matmul_backward(
+            be,
+            a.bf16.as_mut(),
             datty.rb(),
             dw,
             Some(db),
-            dalt.src(),
+            (dalt.src(), Dout::Round),
             atty,
             w(BlockParam::AttnOutW),
             ip,
-            rows,
-            cl,
-            c,
+            (rows, cl, c),
         );
         let mut dqkv = a.dqkv.slice_mut(0..3 * rows * cl);
         let shape = AttnShape {
@@ -677,17 +707,17 @@ impl<B: Backend> Engine<B> {
         );
         let (dw, db) = g.rb().split2(r(BlockParam::QkvW), r(BlockParam::QkvB));
         let x = a.resid.s().part(l, btc);
-        be.matmul_backward(
+        matmul_backward(
+            be,
+            a.bf16.as_mut(),
             dres.rb(),
             dw,
             Some(db),
-            dqkv.src(),
+            (dqkv.src(), Dout::Round),
             x,
             w(BlockParam::QkvW),
             ip,
-            rows,
-            c,
-            3 * cl,
+            (rows, c, 3 * cl),
         );
         if let Some(g) = tp {
             device::all_reduce(g, be, dres.rb())?;
@@ -722,15 +752,15 @@ impl<B: Backend> Engine<B> {
             } => {
                 let vp = cfg.padded_vocab();
                 let word = word.expect("the masked-LM head reads the word embeddings");
-                be.matmul_forward(
+                matmul_forward(
+                    be,
+                    a.bf16.as_mut(),
                     t1.slice_mut(0..btc),
                     x,
                     w(0),
                     Some(w(1)),
                     ip,
-                    rows,
-                    c,
-                    c,
+                    (rows, c, c),
                     false,
                 );
                 be.activation_forward(t2.slice_mut(0..btc), t1.slice(0..btc), Activation::GeluErf);
@@ -745,15 +775,15 @@ impl<B: Backend> Engine<B> {
                     eps,
                 );
                 let mut lg = logits.slice_mut(0..rows * vp);
-                be.matmul_forward(
+                matmul_forward(
+                    be,
+                    a.bf16.as_mut(),
                     lg.rb(),
                     t3.slice(0..btc),
                     word,
                     Some(w(4)),
                     WeightLayout::OutIn,
-                    rows,
-                    c,
-                    vp,
+                    (rows, c, vp),
                     false,
                 );
                 if !has_targets {
@@ -784,15 +814,15 @@ impl<B: Backend> Engine<B> {
                         x.slice(i * t * c..(i * t + 1) * c),
                     );
                 }
-                be.matmul_forward(
+                matmul_forward(
+                    be,
+                    a.bf16.as_mut(),
                     pre.slice_mut(0..b * c),
                     cls.slice(0..b * c),
                     w(0),
                     Some(w(1)),
                     ip,
-                    b,
-                    c,
-                    c,
+                    (b, c, c),
                     false,
                 );
                 be.activation_forward(
@@ -801,15 +831,15 @@ impl<B: Backend> Engine<B> {
                     Activation::Tanh,
                 );
                 let mut lg = logits.slice_mut(0..b * labels);
-                be.matmul_forward(
+                matmul_forward(
+                    be,
+                    a.bf16.as_mut(),
                     lg.rb(),
                     pooled.slice(0..b * c),
                     w(2),
                     Some(w(3)),
                     ip,
-                    b,
-                    c,
-                    labels,
+                    (b, c, labels),
                     false,
                 );
                 if !has_targets {
@@ -875,19 +905,23 @@ impl<B: Backend> Engine<B> {
                     vp,
                     dloss,
                 );
+                if a.bf16.is_some() {
+                    // The logits' gradient feeds only this matmul: rounded where it lies.
+                    be.round_bf16(lg.rb());
+                }
                 let mut dt3 = a.dalt.slice_mut(0..btc);
                 let dbias = g.rb().slice(r(4));
-                be.matmul_backward(
+                matmul_backward(
+                    be,
+                    a.bf16.as_mut(),
                     dt3.rb(),
                     dword,
                     Some(dbias),
-                    lg.src(),
+                    (lg.src(), Dout::Rounded),
                     t3.slice(0..btc),
                     word,
                     WeightLayout::OutIn,
-                    rows,
-                    c,
-                    vp,
+                    (rows, c, vp),
                 );
                 let mut dt2 = a.dbig.slice_mut(0..btc);
                 be.fill(dt2.rb(), 0.0);
@@ -905,17 +939,17 @@ impl<B: Backend> Engine<B> {
                 );
                 be.activation_backward_inplace(dt2.rb(), t1.slice(0..btc), Activation::GeluErf);
                 let (dw, db) = g.rb().split2(r(0), r(1));
-                be.matmul_backward(
+                matmul_backward(
+                    be,
+                    a.bf16.as_mut(),
                     a.dres.slice_mut(0..btc),
                     dw,
                     Some(db),
-                    dt2.src(),
+                    (dt2.src(), Dout::Round),
                     x,
                     w(0),
                     ip,
-                    rows,
-                    c,
-                    c,
+                    (rows, c, c),
                 );
             }
             HeadActs::Classify {
@@ -938,31 +972,31 @@ impl<B: Backend> Engine<B> {
                 );
                 let mut dp = dpooled.slice_mut(0..b * c);
                 let (dw, db) = g.rb().split2(r(2), r(3));
-                be.matmul_backward(
+                matmul_backward(
+                    be,
+                    a.bf16.as_mut(),
                     dp.rb(),
                     dw,
                     Some(db),
-                    lg.src(),
+                    (lg.src(), Dout::Round),
                     pooled.slice(0..b * c),
                     w(2),
                     ip,
-                    b,
-                    c,
-                    labels,
+                    (b, c, labels),
                 );
                 be.activation_backward_inplace(dp.rb(), pre.slice(0..b * c), Activation::Tanh);
                 let (dw, db) = g.rb().split2(r(0), r(1));
-                be.matmul_backward(
+                matmul_backward(
+                    be,
+                    a.bf16.as_mut(),
                     dcls.slice_mut(0..b * c),
                     dw,
                     Some(db),
-                    dp.src(),
+                    (dp.src(), Dout::Round),
                     cls.slice(0..b * c),
                     w(0),
                     ip,
-                    b,
-                    c,
-                    c,
+                    (b, c, c),
                 );
                 let mut dres = a.dres.slice_mut(0..btc);
                 be.fill(dres.rb(), 0.0);
@@ -1011,6 +1045,7 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
                 &self.config,
                 Dims::of(&self.config, self.tp.size),
                 (slots, rows, b),
+                self.precision,
             )?);
         }
         let a = self.acts.as_mut().expect("allocated above");

@@ -6,6 +6,8 @@
 pub mod layout;
 
 use super::alloc::ActAlloc;
+use super::bf16::Precision;
+use super::bf16::{matmul_backward, matmul_forward, Bf16Operands, Dout};
 use super::config::GptConfig;
 use super::layout::{ParamLayout, TpPlace};
 use super::unit::{UnitGrads, UnitKind, UnitModel, UnitParams, Whole};
@@ -54,112 +56,6 @@ struct Activations<B: Backend> {
     dfch: Buf<B>,
     /// `--precision bf16`'s rounded operands.
     bf16: Option<Bf16Operands<B>>,
-}
-
-/// The arithmetic of the matmuls.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    Default,
-    PartialEq,
-    Eq,
-    serde::Serialize,
-    serde::Deserialize,
-    clap::ValueEnum,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Precision {
-    /// fp32 everywhere.
-    #[default]
-    Fp32,
-    /// Matmul operands (inputs, weights, output gradients) rounded to
-    /// bfloat16, products accumulated in fp32; weights, moments, gradients,
-    /// their reduction and every other kernel stay fp32.
-    Bf16,
-}
-
-/// `--precision bf16`'s scratch: the rounded copies of one matmul's input,
-/// weight and output gradient.
-struct Bf16Operands<B: Backend> {
-    inp: Buf<B>,
-    w: Buf<B>,
-    dout: Buf<B>,
-}
-
-impl<B: Backend> Bf16Operands<B> {
-    fn new(al: &ActAlloc<'_, B>, cfg: &GptConfig, d: Dims, rows: usize) -> Result<Self> {
-        let (c, vp) = (cfg.n_embd, cfg.padded_vocab());
-        let widest = c.max(d.fl).max(3 * d.cl);
-        Ok(Bf16Operands {
-            inp: al.acts(rows * widest)?,
-            w: al.typed((c * widest).max(vp * c), Category::Other)?,
-            dout: al.acts(rows * widest)?,
-        })
-    }
-
-    /// A rounded copy of `x` in `buf`.
-    fn rounded<'s>(be: &B, buf: &'s mut Buf<B>, x: Src<'_, B>) -> Src<'s, B> {
-        let mut r = buf.slice_mut(0..x.len());
-        be.copy(r.rb(), x);
-        be.round_bf16(r.rb());
-        r.into_src()
-    }
-}
-
-/// `Backend::matmul_forward`, with bf16 operands when `bf16` is given.
-#[allow(clippy::too_many_arguments)]
-fn matmul_forward<B: Backend>(
-    be: &B,
-    bf16: Option<&mut Bf16Operands<B>>,
-    out: Dst<'_, B>,
-    inp: Src<'_, B>,
-    w: Src<'_, B>,
-    bias: Option<Src<'_, B>>,
-    layout: WeightLayout,
-    (rows, k, n): (usize, usize, usize),
-    accumulate: bool,
-) {
-    let Some(ops) = bf16 else {
-        return be.matmul_forward(out, inp, w, bias, layout, rows, k, n, accumulate);
-    };
-    let inp = Bf16Operands::rounded(be, &mut ops.inp, inp.first(rows * k));
-    let w = Bf16Operands::rounded(be, &mut ops.w, w.first(k * n));
-    be.matmul_forward_bf16(out, inp, w, bias, layout, rows, k, n, accumulate);
-}
-
-/// How `matmul_backward` gets the output gradient in bf16: copied and
-/// rounded, or already rounded in place by the caller (the logits').
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Dout {
-    Round,
-    Rounded,
-}
-
-/// `Backend::matmul_backward`, with bf16 operands when `bf16` is given.
-#[allow(clippy::too_many_arguments)]
-fn matmul_backward<B: Backend>(
-    be: &B,
-    bf16: Option<&mut Bf16Operands<B>>,
-    dinp: Dst<'_, B>,
-    dw: Dst<'_, B>,
-    dbias: Option<Dst<'_, B>>,
-    (dout, how): (Src<'_, B>, Dout),
-    inp: Src<'_, B>,
-    w: Src<'_, B>,
-    layout: WeightLayout,
-    (rows, k, n): (usize, usize, usize),
-) {
-    let Some(ops) = bf16 else {
-        return be.matmul_backward(dinp, dw, dbias, dout, inp, w, layout, rows, k, n);
-    };
-    let dout = match how {
-        Dout::Round => Bf16Operands::rounded(be, &mut ops.dout, dout.first(rows * n)),
-        Dout::Rounded => dout,
-    };
-    let inp = Bf16Operands::rounded(be, &mut ops.inp, inp.first(rows * k));
-    let w = Bf16Operands::rounded(be, &mut ops.w, w.first(k * n));
-    be.matmul_backward_bf16(dinp, dw, dbias, dout, inp, w, layout, rows, k, n);
 }
 
 /// Per-rank widths: attention width and MLP width are split by tensor parallelism.
@@ -240,7 +136,11 @@ impl<B: Backend> Activations<B> {
             dfch: a(rows * d.fl)?,
             bf16: match precision {
                 Precision::Fp32 => None,
-                Precision::Bf16 => Some(Bf16Operands::new(al, cfg, d, rows)?),
+                Precision::Bf16 => {
+                    let (c, widest) = (c, c.max(d.fl).max(3 * d.cl));
+                    let w = (c * widest).max(cfg.padded_vocab() * c);
+                    Some(Bf16Operands::new(al, (rows * widest, w, rows * widest))?)
+                }
             },
         })
     }
