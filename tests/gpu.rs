@@ -275,10 +275,11 @@ fn bert_step<B: Backend>(
     params: &[f32],
     batch: &distgpt::data::Batch,
     (b, t): (usize, usize),
+    precision: Precision,
 ) -> (f32, Vec<f32>, Vec<f32>) {
     use distgpt::model::bert::Engine;
     use distgpt::model::{TpPlace, UnitModel, Whole};
-    let engine = Engine::new(be, cfg.clone(), TpPlace::NONE, false, Default::default()).unwrap();
+    let engine = Engine::new(be, cfg.clone(), TpPlace::NONE, false, precision).unwrap();
     let mut m = Whole::with_engine(engine).unwrap();
     m.load_full(params).unwrap();
     m.zero_grads();
@@ -290,8 +291,8 @@ fn bert_step<B: Backend>(
 }
 
 /// A BERT step (the tiny Hugging Face fixtures' weights; padding, token
-/// types, ignored targets) on the device equals the CPU's: loss, outputs
-/// and every gradient.
+/// types, ignored targets) on the device equals the CPU's, in fp32 and in
+/// bf16: loss, outputs and every gradient.
 fn bert_step_matches_cpu_on<B: Backend>(be: B, name: &str) {
     use distgpt::data::{Batch, IGNORE};
     for kind in ["mlm", "cls"] {
@@ -318,25 +319,27 @@ fn bert_step_matches_cpu_on<B: Backend>(be: B, name: &str) {
             types: (0..b * t).map(|i| (i % 2) as u32).collect(),
             lens: vec![10, 7, 1],
         };
-        let want = bert_step(Cpu::new(), &cfg, &params, &batch, (b, t));
-        let got = bert_step(be.clone_fresh(), &cfg, &params, &batch, (b, t));
-        let what = format!("{name} {kind}");
-        assert!(
-            (got.0 - want.0).abs() <= 1e-5 * want.0.abs().max(1.0),
-            "{what}: loss {} vs {}",
-            got.0,
-            want.0
-        );
-        assert!(
-            rel_err(&got.1, &want.1) <= 1e-5,
-            "{what}: outputs {}",
-            rel_err(&got.1, &want.1)
-        );
-        assert!(
-            rel_err(&got.2, &want.2) <= 1e-5,
-            "{what}: gradients {}",
-            rel_err(&got.2, &want.2)
-        );
+        for precision in [Precision::Fp32, Precision::Bf16] {
+            let want = bert_step(Cpu::new(), &cfg, &params, &batch, (b, t), precision);
+            let got = bert_step(be.clone_fresh(), &cfg, &params, &batch, (b, t), precision);
+            let what = format!("{name} {kind} {precision:?}");
+            assert!(
+                (got.0 - want.0).abs() <= 1e-5 * want.0.abs().max(1.0),
+                "{what}: loss {} vs {}",
+                got.0,
+                want.0
+            );
+            assert!(
+                rel_err(&got.1, &want.1) <= 1e-5,
+                "{what}: outputs {}",
+                rel_err(&got.1, &want.1)
+            );
+            assert!(
+                rel_err(&got.2, &want.2) <= 1e-5,
+                "{what}: gradients {}",
+                rel_err(&got.2, &want.2)
+            );
+        }
     }
 }
 

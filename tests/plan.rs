@@ -44,8 +44,8 @@ fn predicted_peak_memory_is_within_10_percent_of_measured() {
     ];
     for cfg in &models {
         check_memory(cfg);
+        check_bf16_scratch(cfg);
     }
-    check_bf16_scratch(&models[0]);
 }
 
 /// A batch of 8 x 32 of `cfg`, planned for and measured by one step. Memory
