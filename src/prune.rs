@@ -222,6 +222,7 @@ fn finetune<B: Backend>(
         tp: 1,
         recompute: false,
         precision: Precision::Fp32,
+        pipeline: Default::default(),
     };
     let be = model.backend().clone_fresh();
     let (config, adamw) = (model.config.clone(), AdamWConfig::default());

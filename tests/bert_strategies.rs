@@ -139,6 +139,7 @@ fn par(strategy: StrategyKind, world_size: usize, tp: usize, recompute: bool) ->
         tp,
         recompute,
         precision: Default::default(),
+        pipeline: Default::default(),
     }
 }
 

@@ -50,6 +50,7 @@ fn run_tp(cfg: &TrainConfig, strategy: StrategyKind, world_size: usize, tp: usiz
         tp,
         recompute: false,
         precision: Default::default(),
+        pipeline: Default::default(),
     };
     train(Cpu::new, model, ds, cfg, par, 2, Wait::from_secs(60)).unwrap()
 }

@@ -34,6 +34,7 @@ fn a_failing_thread_rank_is_named_and_nobody_hangs() {
         tp: 1,
         recompute: false,
         precision: Default::default(),
+        pipeline: Default::default(),
     };
     let t0 = Instant::now();
     let err = train(

@@ -152,6 +152,7 @@ fn run<B: Backend>(
         tp,
         recompute: false,
         precision: Default::default(),
+        pipeline: Default::default(),
     };
     let model = common::tiny_model(dataset());
     train(

@@ -33,6 +33,7 @@ fn one_step(strategy: StrategyKind, n: usize) -> Vec<(MemoryReport, CommStats)> 
         tp: 1,
         recompute: false,
         precision: Default::default(),
+        pipeline: Default::default(),
     };
     launch::run_local(n, 2, Duration::from_secs(60), |world| {
         let mut s = parallel::build(

@@ -93,6 +93,7 @@ fn strategies_over_mpi_match_single() {
             tp: 1,
             recompute: false,
             precision: Default::default(),
+            pipeline: Default::default(),
         };
         run(&ds, &solo[0], par, accum).unwrap()
     };
@@ -111,6 +112,7 @@ fn strategies_over_mpi_match_single() {
                 tp: 1,
                 recompute: false,
                 precision: Default::default(),
+                pipeline: Default::default(),
             },
             1,
         ));
@@ -121,6 +123,7 @@ fn strategies_over_mpi_match_single() {
                 tp: 1,
                 recompute: true,
                 precision: Default::default(),
+                pipeline: Default::default(),
             },
             2,
         ));
@@ -133,6 +136,7 @@ fn strategies_over_mpi_match_single() {
                 tp: 2,
                 recompute: false,
                 precision: Default::default(),
+                pipeline: Default::default(),
             },
             1,
         ));
@@ -192,6 +196,7 @@ fn bert_masked_lm_over_mpi_matches_single(world: &dyn Comm, ds: &Dataset, solo: 
         tp: 1,
         recompute: false,
         precision: Default::default(),
+        pipeline: Default::default(),
     };
     let single = mlm_rank(
         Cpu::new(),

@@ -146,6 +146,7 @@ fn gpt2_on_8_h100_is_within_2x_of_llm_c() {
         tp: 1,
         recompute: false,
         precision: Default::default(),
+        pipeline: Default::default(),
     };
     let p = plan::predict(&w, par, &device, &net, Precision::Mixed);
     let ms = p.time.step_s() * 1e3;

@@ -193,6 +193,7 @@ fn a_diverging_step_is_not_applied_and_never_checkpointed() {
         tp: 1,
         recompute: false,
         precision: Default::default(),
+        pipeline: Default::default(),
     };
     let (_, mut comms) = distgpt::comm::local::world(1, Duration::from_secs(10));
     let comm = comms.pop().unwrap();

@@ -55,6 +55,7 @@ fn run_model(
         tp,
         recompute,
         precision,
+        pipeline: Default::default(),
     };
     train(Cpu::new, model, ds, &cfg, par, 2, Wait::from_secs(60))
         .unwrap_or_else(|e| panic!("{tag}: {e}"))

@@ -36,6 +36,7 @@ fn single() -> ParallelConfig {
         tp: 1,
         recompute: false,
         precision: Default::default(),
+        pipeline: Default::default(),
     }
 }
 

@@ -182,6 +182,15 @@ pub struct ParallelArgs {
     /// Tensor-parallel group size (strategy tp: default the whole world; ddp with --tp: a dp x tp mesh).
     #[arg(long, default_value_t = 1)]
     tp: usize,
+    /// Pipeline stages: the blocks split into this many contiguous stages
+    /// (balanced by their matmul work), a rank each; with ddp, --world-size
+    /// is dp x pp x tp.
+    #[arg(long, default_value_t = 1)]
+    pp: usize,
+    /// Pipeline schedule over the micro-batches (--grad-accum of them):
+    /// 1f1b keeps at most pp micro-batches' activations on a stage, gpipe all.
+    #[arg(long, value_enum, default_value = "1f1b")]
+    schedule: distgpt::parallel::Schedule,
     /// Recompute each block's activations in the backward instead of keeping them.
     #[arg(long)]
     recompute: bool,
@@ -310,6 +319,10 @@ impl ParallelArgs {
             tp: self.tp,
             recompute: self.recompute,
             precision: self.precision,
+            pipeline: distgpt::parallel::Pipeline {
+                stages: self.pp,
+                schedule: self.schedule,
+            },
         }
     }
 

@@ -104,6 +104,14 @@ pub trait Comm: Send + Sync {
     fn send_buf(&self, buf: Buf<'_>, to: usize) -> Result<()>;
     /// buf = the next message from `from`, which must have buf's type and length.
     fn recv_buf(&self, buf: BufMut<'_>, from: usize) -> Result<()>;
+    /// Sends `send` to `to` and receives `recv` from `from` as one exchange
+    /// (a pipeline stage trading with a neighbour, who may be sending to it
+    /// at the same moment: neither waits on the other's unmatched send).
+    /// Groups whose sends never wait for the receiver send, then receive.
+    fn send_recv_buf(&self, send: Buf<'_>, to: usize, recv: BufMut<'_>, from: usize) -> Result<()> {
+        self.send_buf(send, to)?;
+        self.recv_buf(recv, from)
+    }
     fn barrier(&self) -> Result<()>;
     /// A barrier that waits as long as the slowest rank's file writes take
     /// (a checkpoint of a large model): no timeout, but a rank that fails
@@ -156,5 +164,16 @@ impl dyn Comm + '_ {
     /// buf = the next message from `from`, which must have buf's type and length.
     pub fn recv<T: CommElem>(&self, buf: &mut [T], from: usize) -> Result<()> {
         self.recv_buf(T::buf_mut(buf), from)
+    }
+
+    /// `send` to `to` and `recv` from `from`, as one exchange.
+    pub fn send_recv<T: CommElem>(
+        &self,
+        send: &[T],
+        to: usize,
+        recv: &mut [T],
+        from: usize,
+    ) -> Result<()> {
+        self.send_recv_buf(T::buf(send), to, T::buf_mut(recv), from)
     }
 }

@@ -158,6 +158,34 @@ impl MpiComm {
         Ok(())
     }
 
+    /// MPI_Sendrecv: the send and the receive progress together.
+    fn send_recv_typed<T: CommElem + Equivalence>(
+        &self,
+        send: &[T],
+        to: usize,
+        recv: &mut [T],
+        from: usize,
+    ) -> Result<()> {
+        let n = recv.len();
+        let bytes = size_of_val(send) + size_of_val(recv);
+        let status = self.timed(Kind::P2p, "send_recv", bytes, || {
+            mpi::point_to_point::send_receive_into(
+                send,
+                &self.comm.process_at_rank(to as i32),
+                recv,
+                &self.comm.process_at_rank(from as i32),
+            )
+        });
+        let got = status.count(T::equivalent_datatype()) as usize;
+        if got != n {
+            return Err(Error::Comm(format!(
+                "send_recv from rank {from}: got {got} {} elements, expected {n}",
+                T::DTYPE
+            )));
+        }
+        Ok(())
+    }
+
     fn recv_typed<T: CommElem + Equivalence>(&self, buf: &mut [T], from: usize) -> Result<()> {
         let n = buf.len();
         let status = self.timed(Kind::P2p, "recv", size_of_val(buf), || {
@@ -205,6 +233,10 @@ impl Comm for MpiComm {
 
     fn recv_buf(&self, buf: BufMut<'_>, from: usize) -> Result<()> {
         typed!(BufMut, buf, b => self.recv_typed(b, from))
+    }
+
+    fn send_recv_buf(&self, send: Buf<'_>, to: usize, recv: BufMut<'_>, from: usize) -> Result<()> {
+        typed_pair!("send_recv", send, recv, s, r => self.send_recv_typed(s, to, r, from))
     }
 
     fn barrier(&self) -> Result<()> {

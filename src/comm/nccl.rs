@@ -214,6 +214,9 @@ impl Comm for NcclComm {
     fn recv_buf(&self, buf: BufMut<'_>, from: usize) -> Result<()> {
         self.host.recv_buf(buf, from)
     }
+    fn send_recv_buf(&self, send: Buf<'_>, to: usize, recv: BufMut<'_>, from: usize) -> Result<()> {
+        self.host.send_recv_buf(send, to, recv, from)
+    }
     fn barrier(&self) -> Result<()> {
         self.host.barrier()
     }

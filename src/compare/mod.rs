@@ -71,6 +71,7 @@ impl Layout {
             tp,
             recompute: false,
             precision: Default::default(),
+            pipeline: Default::default(),
         }
     }
 }

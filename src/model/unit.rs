@@ -9,6 +9,7 @@ use crate::backend::{Backend, Buf, Category, Dst, Src};
 use crate::comm::Comm;
 use crate::data::Batch;
 use crate::error::Result;
+use std::any::Any;
 use std::ops::{Deref, DerefMut};
 
 /// What unit u is in a family laid out as embeddings, `n_layer` blocks,
@@ -80,6 +81,21 @@ pub trait UnitModel<B: Backend> {
         tp: Option<&dyn Comm>,
         loss_scale: f32,
     ) -> Result<()>;
+    /// The residual stream entering unit u (u >= 1) for the current batch,
+    /// (B*T, C): a pipeline stage writes the activation it receives here
+    /// before running unit u, or reads unit u - 1's output here to send it.
+    fn boundary(&mut self, u: usize) -> Dst<'_, B>;
+    /// The residual stream's gradient for the current batch, (B*T, C): it
+    /// holds d(output) before a block's backward and d(input) after, so a
+    /// stage without the head writes the gradient it receives here before
+    /// its backward and sends what its first unit's backward leaves.
+    fn boundary_grad(&mut self) -> Dst<'_, B>;
+    /// Takes the current batch's activations and shape out of the engine
+    /// (a pipeline stage holding several micro-batches in flight); the
+    /// engine allocates afresh at the next `begin` unless one is restored.
+    fn stash(&mut self) -> Box<dyn Any>;
+    /// Puts back what [`UnitModel::stash`] took (this engine's own).
+    fn restore(&mut self, stashed: Box<dyn Any>);
 }
 
 impl<B: Backend, M: UnitModel<B> + ?Sized> UnitModel<B> for Box<M> {
@@ -118,6 +134,18 @@ impl<B: Backend, M: UnitModel<B> + ?Sized> UnitModel<B> for Box<M> {
         loss_scale: f32,
     ) -> Result<()> {
         (**self).backward(u, p, g, tp, loss_scale)
+    }
+    fn boundary(&mut self, u: usize) -> Dst<'_, B> {
+        (**self).boundary(u)
+    }
+    fn boundary_grad(&mut self) -> Dst<'_, B> {
+        (**self).boundary_grad()
+    }
+    fn stash(&mut self) -> Box<dyn Any> {
+        (**self).stash()
+    }
+    fn restore(&mut self, stashed: Box<dyn Any>) {
+        (**self).restore(stashed)
     }
 }
 

@@ -11,10 +11,12 @@
 //! `ParamLayout` it declares: no family is named here.
 
 pub mod launch;
+pub mod pipeline;
 mod replicated;
 mod sharded;
 mod units;
 
+pub use pipeline::{Pipeline, Pipelined, Schedule};
 pub use replicated::Replicated;
 pub use sharded::Sharded;
 pub use units::Units;
@@ -66,28 +68,46 @@ pub struct ParallelConfig {
     /// The matmuls' arithmetic (runs recorded before it existed are fp32).
     #[serde(default)]
     pub precision: Precision,
+    /// Pipeline stages and their schedule (runs recorded before it existed have one stage).
+    #[serde(default)]
+    pub pipeline: Pipeline,
 }
 
 impl ParallelConfig {
     /// Refuses impossible combinations before any work, saying what to change.
     pub fn validate(&self, model: &ModelConfig, global_batch: usize) -> Result<()> {
-        let (w, tp) = (self.world_size, self.tp);
+        let (w, tp, pp) = (self.world_size, self.tp, self.pipeline.stages);
         let bad = |m: String| Err(Error::Config(m));
-        if w == 0 || tp == 0 {
-            return bad("--world-size and --tp must be at least 1".into());
+        if w == 0 || tp == 0 || pp == 0 {
+            return bad("--world-size, --tp and --pp must be at least 1".into());
         }
         if self.strategy == StrategyKind::Single && w != 1 {
             return bad(format!(
                 "strategy single runs on one rank, not {w}: pick ddp, zero1, zero2, fsdp or tp"
             ));
         }
-        if !w.is_multiple_of(tp) {
-            return bad(format!("world size {w} is not divisible by the tensor-parallel size {tp}: make --world-size a multiple of --tp"));
+        if !w.is_multiple_of(tp * pp) {
+            return bad(format!(
+                "world size {w} is not divisible by the tensor-parallel size {tp} times the pipeline stages {pp}: \
+                 make --world-size a multiple of --tp x --pp"
+            ));
         }
         if tp > 1 && !matches!(self.strategy, StrategyKind::Ddp | StrategyKind::Tp) {
             return bad(format!(
                 "--tp {tp} combines with ddp (a dp x tp mesh) or tp, not {}",
                 self.strategy
+            ));
+        }
+        if pp > 1 && !matches!(self.strategy, StrategyKind::Ddp | StrategyKind::Tp) {
+            return bad(format!(
+                "--pp {pp} combines with ddp (dp x pp, and a --tp mesh) or tp; pipelines with {} are not built yet",
+                self.strategy
+            ));
+        }
+        if pp > model.n_layer() {
+            return bad(format!(
+                "--pp {pp} is more stages than the model's {} blocks: every stage needs a block",
+                model.n_layer()
             ));
         }
         let n_head = model.n_head();
@@ -96,7 +116,7 @@ impl ParallelConfig {
                 "n_head ({n_head}) is not divisible by the tensor-parallel size {tp}: choose --tp among the divisors of n_head"
             ));
         }
-        let dp = w / tp;
+        let dp = w / (tp * pp);
         if !global_batch.is_multiple_of(dp) {
             return bad(format!(
                 "the global batch of {global_batch} sequences is not divisible by the data-parallel size {dp}: \
@@ -106,12 +126,19 @@ impl ParallelConfig {
         Ok(())
     }
 
-    /// Tensor-parallel size: `tp` for a mesh; the whole world for strategy tp without --tp.
+    /// Tensor-parallel size: `tp` for a mesh; every rank of a pipeline
+    /// stage for strategy tp without --tp.
     pub fn resolved(mut self) -> Self {
         if self.strategy == StrategyKind::Tp && self.tp == 1 {
-            self.tp = self.world_size;
+            self.tp = self.world_size / self.pipeline.stages.max(1);
         }
         self
+    }
+
+    /// Data-parallel size.
+    pub fn dp(&self) -> usize {
+        let r = self.resolved();
+        r.world_size / (r.tp * r.pipeline.stages).max(1)
     }
 }
 
@@ -230,19 +257,35 @@ pub fn build<B: Backend + 'static>(
             par.world_size
         )));
     }
-    let (rank, tp) = (world.rank(), par.tp);
-    // Consecutive ranks form a tensor-parallel group; equal positions across groups a data-parallel one.
-    let dp_comm = world.split(rank % tp, rank / tp)?;
+    let (rank, tp, pp) = (world.rank(), par.tp, par.pipeline.stages);
+    // Consecutive ranks form a tensor-parallel group, then come the stages
+    // of a pipeline, then the data-parallel replicas: rank = (dp_i * pp +
+    // stage) * tp + tp_i. Equal (stage, tp_i) across replicas form a
+    // data-parallel group.
+    let (tp_i, stage, dp_i) = (rank % tp, (rank / tp) % pp, rank / (tp * pp));
+    let dp_comm = world.split(stage * tp + tp_i, dp_i)?;
     let tp_comm = if tp > 1 {
-        Some(world.split(rank / tp, rank % tp)?)
+        Some(world.split(rank / tp, tp_i)?)
     } else {
         None
     };
     let place = TpPlace {
-        rank: rank % tp,
+        rank: tp_i,
         size: tp,
     };
     let engine = model.engine(backend, place, par.recompute, par.precision)?;
+    if pp > 1 {
+        let pp_comm = world.split(dp_i * tp + tp_i, stage)?;
+        return Ok(Box::new(Pipelined::new(
+            engine,
+            &model,
+            (pp_comm, dp_comm, tp_comm),
+            world,
+            par.pipeline.schedule,
+            adamw,
+            (b, t),
+        )?));
+    }
     Ok(match par.strategy {
         StrategyKind::Single | StrategyKind::Ddp | StrategyKind::Tp => Box::new(Replicated::new(
             engine, dp_comm, tp_comm, false, adamw, b, t,

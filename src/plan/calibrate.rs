@@ -156,6 +156,7 @@ pub fn calibrate_cpu(
         tp: 1,
         recompute: false,
         precision: Default::default(),
+        pipeline: Default::default(),
     };
     // Small models are timed over more steps: their steps are short and noisy.
     let small = model.num_params() <= 20_000_000;

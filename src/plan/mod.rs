@@ -417,6 +417,7 @@ fn candidates(world: usize, recompute: bool) -> Vec<ParallelConfig> {
         tp,
         recompute,
         precision: Default::default(),
+        pipeline: Default::default(),
     };
     let mut out = Vec::new();
     if world == 1 {
@@ -546,6 +547,7 @@ mod tests {
                 tp: 1,
                 recompute: false,
                 precision: Default::default(),
+                pipeline: Default::default(),
             };
             predict(&w, par, &d, &n, Precision::Mixed)
                 .memory
@@ -593,6 +595,7 @@ mod tests {
                 tp: 1,
                 recompute,
                 precision: Default::default(),
+                pipeline: Default::default(),
             };
             predict(&w, par, &d, &n, Precision::Mixed).memory
         };

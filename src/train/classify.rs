@@ -242,6 +242,7 @@ pub fn evaluate_folder<B: Backend + 'static>(
         tp: 1,
         recompute: false,
         precision: Default::default(),
+        pipeline: Default::default(),
     };
     let out = launch::run_local(1, threads, Duration::from_secs(600), |world| {
         let mut s = parallel::build(

@@ -1107,6 +1107,31 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
         }
         Ok(())
     }
+
+    fn boundary(&mut self, u: usize) -> Dst<'_, B> {
+        let (b, t) = self.shape();
+        let btc = b * t * self.config.n_embd;
+        let a = self.acts.as_mut().expect("begun");
+        a.resid.slice_mut((u - 1) * btc..u * btc)
+    }
+
+    fn boundary_grad(&mut self) -> Dst<'_, B> {
+        let (b, t) = self.shape();
+        let btc = b * t * self.config.n_embd;
+        self.acts.as_mut().expect("begun").dres.slice_mut(0..btc)
+    }
+
+    fn stash(&mut self) -> Box<dyn std::any::Any> {
+        Box::new((self.acts.take(), self.shape.take()))
+    }
+
+    fn restore(&mut self, stashed: Box<dyn std::any::Any>) {
+        let (acts, shape) = *stashed
+            .downcast::<(Option<Acts<B>>, Option<Shape>)>()
+            .expect("a BERT engine's own stash");
+        self.acts = acts;
+        self.shape = shape;
+    }
 }
 
 /// BERT's initialisation of the whole model (Hugging Face's

@@ -770,6 +770,31 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
         }
         Ok(())
     }
+
+    fn boundary(&mut self, u: usize) -> Dst<'_, B> {
+        let (b, t) = self.shape();
+        let btc = b * t * self.config.n_embd;
+        let a = self.acts.as_mut().expect("begun");
+        a.resid.slice_mut((u - 1) * btc..u * btc)
+    }
+
+    fn boundary_grad(&mut self) -> Dst<'_, B> {
+        let (b, t) = self.shape();
+        let btc = b * t * self.config.n_embd;
+        self.acts.as_mut().expect("begun").dres.slice_mut(0..btc)
+    }
+
+    fn stash(&mut self) -> Box<dyn std::any::Any> {
+        Box::new((self.acts.take(), self.batch.take()))
+    }
+
+    fn restore(&mut self, stashed: Box<dyn std::any::Any>) {
+        let (acts, batch) = *stashed
+            .downcast::<(Option<Activations<B>>, Option<Batch>)>()
+            .expect("a GPT-2 engine's own stash");
+        self.acts = acts;
+        self.batch = batch;
+    }
 }
 
 /// The GPT-2 engine with whole parameter and gradient buffers.

@@ -1,0 +1,823 @@
+//! Pipeline parallelism: the model's units split into contiguous stages
+//! (balanced by their matmul work; the embeddings on the first, the head on
+//! the last), one stage per rank of a pipeline group, micro-batches flowing
+//! between neighbours over `Comm::send`/`recv`. Each stage keeps only its
+//! units' parameters, gradients and AdamW moments, and a copy of a tied
+//! tensor it reads but does not own (GPT-2's `wte` on the last stage): the
+//! first and last stage sum that tensor's gradient, so both copies take the
+//! same update, as Megatron keeps its embeddings in sync. Stages compose with
+//! data parallelism (ddp: each stage's gradient all-reduced over its
+//! replicas) and tensor parallelism (the engine's tp group, as in `single`).
+//!
+//! Schedules: GPipe (every micro-batch forward, then every backward: m in
+//! flight) and 1F1B (after p - s - 1 warm-up forwards stage s alternates one
+//! forward and one backward: at most p - s in flight). A stage holds a
+//! micro-batch's activations by stashing the engine's (`UnitModel::stash`).
+
+use super::{check_finite, local_rows, OwnedState, StepConfig, StepStats, Strategy};
+use crate::backend::{Backend, Buf, Category, MemoryReport};
+use crate::comm::{device, Comm, CommStats};
+use crate::data::Batch;
+use crate::error::{Error, Result};
+use crate::model::layout::{shard_tp, TpSplit};
+use crate::model::{
+    AdamW, AdamWConfig, ModelConfig, ParamLayout, Segment, UnitGrads, UnitModel, UnitParams,
+};
+use serde::{Deserialize, Serialize};
+use std::any::Any;
+use std::collections::VecDeque;
+use std::ops::Range;
+
+/// How micro-batches flow through the stages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+pub enum Schedule {
+    /// All forwards, then all backwards (GPipe): every micro-batch in flight.
+    #[value(name = "gpipe")]
+    #[serde(rename = "gpipe")]
+    GPipe,
+    /// One forward, one backward (PipeDream-flush, Megatron's default).
+    #[default]
+    #[value(name = "1f1b")]
+    #[serde(rename = "1f1b")]
+    OneFOneB,
+}
+
+impl std::fmt::Display for Schedule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Schedule::GPipe => "gpipe",
+            Schedule::OneFOneB => "1f1b",
+        })
+    }
+}
+
+/// Pipeline stages and their schedule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pipeline {
+    pub stages: usize,
+    pub schedule: Schedule,
+}
+
+impl Default for Pipeline {
+    fn default() -> Self {
+        Pipeline {
+            stages: 1,
+            schedule: Schedule::default(),
+        }
+    }
+}
+
+/// One step of a stage's program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Forward of micro-batch i.
+    Forward(usize),
+    /// Backward of micro-batch i.
+    Backward(usize),
+    /// Receive the next activation from the previous stage.
+    RecvForward,
+    /// Send the oldest activation to the next stage.
+    SendForward,
+    /// Receive the next gradient from the next stage.
+    RecvBackward,
+    /// Send the oldest gradient to the previous stage.
+    SendBackward,
+    /// Send an activation to the next stage and receive a gradient from it.
+    SendForwardRecvBackward,
+    /// Send a gradient to the previous stage and receive an activation from it.
+    SendBackwardRecvForward,
+}
+
+/// Stage `s` of `p`'s program for `m` micro-batches.
+pub fn program(schedule: Schedule, s: usize, p: usize, m: usize) -> Vec<Op> {
+    let (first, last) = (s == 0, s + 1 == p);
+    let mut ops = Vec::new();
+    let mut push = |op: Op, skip: bool| {
+        if !skip {
+            ops.push(op);
+        }
+    };
+    match schedule {
+        Schedule::GPipe => {
+            for i in 0..m {
+                push(Op::RecvForward, first);
+                push(Op::Forward(i), false);
+                push(Op::SendForward, last);
+            }
+            for i in 0..m {
+                push(Op::RecvBackward, last);
+                push(Op::Backward(i), false);
+                push(Op::SendBackward, first);
+            }
+        }
+        Schedule::OneFOneB => {
+            let warmup = (p - s - 1).min(m);
+            let steady = m - warmup;
+            for i in 0..warmup {
+                push(Op::RecvForward, first);
+                push(Op::Forward(i), false);
+                push(Op::SendForward, last);
+            }
+            if steady > 0 {
+                push(Op::RecvForward, first);
+            }
+            for i in 0..steady {
+                push(Op::Forward(warmup + i), false);
+                push(Op::SendForwardRecvBackward, last);
+                push(Op::Backward(i), false);
+                if i + 1 == steady {
+                    push(Op::SendBackward, first);
+                } else {
+                    push(Op::SendBackwardRecvForward, first);
+                }
+            }
+            for i in steady..m {
+                push(Op::RecvBackward, last);
+                push(Op::Backward(i), false);
+                push(Op::SendBackward, first);
+            }
+        }
+    }
+    ops
+}
+
+/// Splits units 0..n (embeddings, blocks, head) into `p` contiguous stages
+/// of at least one block each, minimising the largest stage's cost (each
+/// unit's matmul parameters, a tied tensor read counted with its reader, the
+/// embeddings' lookup free). Returns each stage's unit range.
+pub fn partition(layout: &ParamLayout, p: usize) -> Vec<Range<usize>> {
+    let n = layout.units.len();
+    let cost: Vec<f64> = layout
+        .units
+        .iter()
+        .enumerate()
+        .map(|(u, unit)| match u {
+            0 => 0.0,
+            _ => (unit.range.len() + unit.tied.as_ref().map_or(0, |t| t.range.len())) as f64,
+        })
+        .collect();
+    // blocks are units 1..n-1; stage k takes blocks [cut[k], cut[k+1])
+    let blocks = n - 2;
+    let sum = |a: usize, b: usize| -> f64 { cost[1 + a..1 + b].iter().sum() };
+    let extra = |k: usize| if k + 1 == p { cost[n - 1] } else { 0.0 };
+    // best[k][j]: least max cost of stages 0..=k over the first j blocks
+    let mut best = vec![vec![f64::INFINITY; blocks + 1]; p];
+    let mut from = vec![vec![0usize; blocks + 1]; p];
+    for j in 1..=blocks {
+        best[0][j] = sum(0, j) + extra(0);
+    }
+    for k in 1..p {
+        for j in k + 1..=blocks {
+            for i in k..j {
+                let c = best[k - 1][i].max(sum(i, j) + extra(k));
+                if c < best[k][j] {
+                    best[k][j] = c;
+                    from[k][j] = i;
+                }
+            }
+        }
+    }
+    let mut cuts = vec![blocks; p + 1];
+    cuts[0] = 0;
+    for k in (1..p).rev() {
+        cuts[k] = from[k][cuts[k + 1]];
+    }
+    (0..p)
+        .map(|k| {
+            let lo = if k == 0 { 0 } else { 1 + cuts[k] };
+            let hi = if k + 1 == p { n } else { 1 + cuts[k + 1] };
+            lo..hi
+        })
+        .collect()
+}
+
+/// Where this stage's tensors sit in its buffers: `[tied copy | own units]`.
+struct StageMap {
+    /// This stage's units.
+    units: Range<usize>,
+    /// Their range of the (tensor-parallel) layout.
+    own: Range<usize>,
+    /// The layout range of a tied tensor this stage reads but another owns.
+    copy: Option<Range<usize>>,
+}
+
+impl StageMap {
+    fn copy_len(&self) -> usize {
+        self.copy.as_ref().map_or(0, |c| c.len())
+    }
+
+    fn len(&self) -> usize {
+        self.copy_len() + self.own.len()
+    }
+
+    /// The buffer range of a layout range (inside the own units or the copy).
+    fn local(&self, r: &Range<usize>) -> Range<usize> {
+        if let Some(c) = self.copy.as_ref().filter(|c| *c == r) {
+            return 0..c.len();
+        }
+        debug_assert!(r.start >= self.own.start && r.end <= self.own.end);
+        let at = r.start - self.own.start + self.copy_len();
+        at..at + r.len()
+    }
+
+    /// AdamW's segments: each buffer run with its layout offset.
+    fn segments(&self) -> Vec<Segment> {
+        let mut segs = Vec::new();
+        if let Some(c) = &self.copy {
+            segs.push(Segment {
+                global: c.start,
+                local: 0,
+                len: c.len(),
+            });
+        }
+        segs.push(Segment {
+            global: self.own.start,
+            local: self.copy_len(),
+            len: self.own.len(),
+        });
+        segs
+    }
+}
+
+pub struct Pipelined<B: Backend> {
+    engine: Box<dyn UnitModel<B>>,
+    map: StageMap,
+    params: Buf<B>,
+    grads: Buf<B>,
+    opt: AdamW<B>,
+    /// The pipeline (stage s is rank s), the data-parallel replicas of this
+    /// stage, the tensor-parallel group.
+    pp: Box<dyn Comm>,
+    dp: Box<dyn Comm>,
+    tp: Option<Box<dyn Comm>>,
+    /// The first and last stage at this (dp, tp) position, which sum the
+    /// tied tensor's gradient (none on other stages, or without a tie).
+    tie: Option<Box<dyn Comm>>,
+    schedule: Schedule,
+    b: usize,
+    t: usize,
+    /// The residual stream's width (what flows between stages per token).
+    width: usize,
+    /// Activations of micro-batches in flight, oldest first, and spare ones.
+    in_flight: VecDeque<Box<dyn Any>>,
+    spare: Vec<Box<dyn Any>>,
+    /// Activations and gradients received but not yet used, made but not yet sent.
+    inbox_act: VecDeque<Vec<f32>>,
+    inbox_grad: VecDeque<Vec<f32>>,
+    outbox_act: VecDeque<Vec<f32>>,
+    outbox_grad: VecDeque<Vec<f32>>,
+}
+
+impl<B: Backend> Pipelined<B> {
+    /// Collective over `world` (it makes the tied-tensor groups).
+    pub fn new(
+        engine: Box<dyn UnitModel<B>>,
+        model: &ModelConfig,
+        (pp, dp, tp): (Box<dyn Comm>, Box<dyn Comm>, Option<Box<dyn Comm>>),
+        world: &dyn Comm,
+        schedule: Schedule,
+        adamw: AdamWConfig,
+        (b, t): (usize, usize),
+    ) -> Result<Self> {
+        let (s, p) = (pp.rank(), pp.size());
+        let lay = engine.layout().clone();
+        let stages = partition(&lay, p);
+        let units = stages[s].clone();
+        let own = lay.units[units.start].range.start..lay.units[units.end - 1].range.end;
+        for u in units.start + 1..units.end {
+            if lay.units[u].range.start != lay.units[u - 1].range.end {
+                return Err(Error::Config(format!(
+                    "{model}: units {} and {u} are not adjacent in the parameter layout",
+                    u - 1
+                )));
+            }
+        }
+        // a tied tensor read here but owned by an earlier stage is kept as a copy
+        let copy = lay.units[units.clone()]
+            .iter()
+            .filter_map(|u| u.tied.as_ref())
+            .find(|t| t.unit < units.start)
+            .map(|t| t.range.clone());
+        // the tie's two ends sum its gradient; every other rank is alone
+        let tied_ends = lay.units.iter().enumerate().find_map(|(u, unit)| {
+            let t = unit.tied.as_ref()?;
+            let (owner, reader) = (
+                stages.iter().position(|r| r.contains(&t.unit))?,
+                stages.iter().position(|r| r.contains(&u))?,
+            );
+            (owner != reader).then_some((owner, reader))
+        });
+        let mine = tied_ends.is_some_and(|(a, z)| s == a || s == z);
+        // rank = (dp_i * p + s) * tp + tp_i: the stages at one (dp_i, tp_i)
+        let tp_n = tp.as_ref().map_or(1, |g| g.size());
+        let color = match mine {
+            true => (world.rank() / (tp_n * p)) * tp_n + world.rank() % tp_n,
+            false => world.size() + world.rank(),
+        };
+        let tie_group = world.split(color, s)?;
+        let tie = mine.then_some(tie_group);
+        let map = StageMap { units, own, copy };
+        let be = engine.backend();
+        let params = be.alloc(map.len(), Category::Params)?;
+        let grads = be.alloc(map.len(), Category::Grads)?;
+        let opt = AdamW::new(be, map.len(), adamw)?;
+        Ok(Pipelined {
+            engine,
+            map,
+            params,
+            grads,
+            opt,
+            pp,
+            dp,
+            tp,
+            tie,
+            schedule,
+            b,
+            t,
+            width: model.n_embd(),
+            in_flight: VecDeque::new(),
+            spare: Vec::new(),
+            inbox_act: VecDeque::new(),
+            inbox_grad: VecDeque::new(),
+            outbox_act: VecDeque::new(),
+            outbox_grad: VecDeque::new(),
+        })
+    }
+
+    fn first(&self) -> bool {
+        self.pp.rank() == 0
+    }
+
+    fn last(&self) -> bool {
+        self.pp.rank() + 1 == self.pp.size()
+    }
+
+    /// Readies the engine for a micro-batch, on spare activations if any.
+    fn begin(&mut self, mb: &Batch, terms: f32) -> Result<()> {
+        if let Some(s) = self.spare.pop() {
+            self.engine.restore(s);
+        }
+        let n = self.dp.size();
+        self.engine.begin(mb, self.b / n, self.t, terms)
+    }
+
+    /// The stage's units forward on the begun micro-batch (its input
+    /// received first unless this is the first stage); the loss on the last.
+    fn run_forward(&mut self) -> Result<Option<f32>> {
+        let be = self.engine.backend().clone_fresh();
+        let units = self.map.units.clone();
+        if !self.first() {
+            let x = self
+                .inbox_act
+                .pop_front()
+                .expect("an activation is received before its forward");
+            be.upload(self.engine.boundary(units.start), &x)?;
+        }
+        let lay = self.engine.layout().clone();
+        let mut loss = None;
+        for u in units.clone() {
+            let unit = &lay.units[u];
+            let p = UnitParams {
+                own: self.params.slice(self.map.local(&unit.range)),
+                tied: unit
+                    .tied
+                    .as_ref()
+                    .map(|x| self.params.slice(self.map.local(&x.range))),
+            };
+            loss = self.engine.forward(u, p, self.tp.as_deref())?;
+        }
+        if !self.last() {
+            let y = be.to_host(self.engine.boundary(units.end).into_src())?;
+            self.outbox_act.push_back(y);
+        }
+        Ok(loss)
+    }
+
+    /// The stage's units backward on the oldest micro-batch in flight.
+    fn run_backward(&mut self, loss_scale: f32) -> Result<()> {
+        let be = self.engine.backend().clone_fresh();
+        let oldest = self
+            .in_flight
+            .pop_front()
+            .expect("a forward before its backward");
+        self.engine.restore(oldest);
+        if !self.last() {
+            let g = self
+                .inbox_grad
+                .pop_front()
+                .expect("a gradient is received before its backward");
+            be.upload(self.engine.boundary_grad(), &g)?;
+        }
+        let lay = self.engine.layout().clone();
+        for u in self.map.units.clone().rev() {
+            let unit = &lay.units[u];
+            let own = self.map.local(&unit.range);
+            let p = UnitParams {
+                own: self.params.slice(own.clone()),
+                tied: unit
+                    .tied
+                    .as_ref()
+                    .map(|x| self.params.slice(self.map.local(&x.range))),
+            };
+            let g = match &unit.tied {
+                Some(x) => {
+                    let (tg, g) = self.grads.d().split2(self.map.local(&x.range), own);
+                    UnitGrads {
+                        own: g,
+                        tied: Some(tg),
+                    }
+                }
+                None => UnitGrads {
+                    own: self.grads.slice_mut(own),
+                    tied: None,
+                },
+            };
+            self.engine
+                .backward(u, p, g, self.tp.as_deref(), loss_scale)?;
+        }
+        if !self.first() {
+            let g = be.to_host(self.engine.boundary_grad().into_src())?;
+            self.outbox_grad.push_back(g);
+        }
+        self.spare.push(self.engine.stash());
+        Ok(())
+    }
+
+    /// Runs this stage's program for `mbs` local micro-batches; returns the
+    /// sum of their losses (last stage; zero elsewhere).
+    fn run_program(&mut self, mbs: &[(Batch, f32)], loss_scale: f32) -> Result<f32> {
+        let (s, p) = (self.pp.rank(), self.pp.size());
+        let mut loss = 0.0f32;
+        let len = mbs.first().map_or(0, |mb| self.boundary_len(&mb.0));
+        for op in program(self.schedule, s, p, mbs.len()) {
+            match op {
+                Op::Forward(i) => {
+                    self.begin(&mbs[i].0, mbs[i].1)?;
+                    if let Some(l) = self.run_forward()? {
+                        loss += l;
+                    }
+                    self.in_flight.push_back(self.engine.stash());
+                }
+                Op::Backward(_) => self.run_backward(loss_scale)?,
+                Op::RecvForward => {
+                    let mut x = vec![0.0f32; len];
+                    self.pp.recv(&mut x, s - 1)?;
+                    self.inbox_act.push_back(x);
+                }
+                Op::SendForward => {
+                    let y = self.outbox_act.pop_front().expect("a forward made it");
+                    self.pp.send(&y, s + 1)?;
+                }
+                Op::RecvBackward => {
+                    let mut g = vec![0.0f32; len];
+                    self.pp.recv(&mut g, s + 1)?;
+                    self.inbox_grad.push_back(g);
+                }
+                Op::SendBackward => {
+                    let g = self.outbox_grad.pop_front().expect("a backward made it");
+                    self.pp.send(&g, s - 1)?;
+                }
+                Op::SendForwardRecvBackward => {
+                    let y = self.outbox_act.pop_front().expect("a forward made it");
+                    let mut g = vec![0.0f32; y.len()];
+                    self.pp.send_recv(&y, s + 1, &mut g, s + 1)?;
+                    self.inbox_grad.push_back(g);
+                }
+                Op::SendBackwardRecvForward => {
+                    let g = self.outbox_grad.pop_front().expect("a backward made it");
+                    let mut x = vec![0.0f32; g.len()];
+                    self.pp.send_recv(&g, s - 1, &mut x, s - 1)?;
+                    self.inbox_act.push_back(x);
+                }
+            }
+        }
+        Ok(loss)
+    }
+
+    /// Floats crossing a stage boundary for a local micro-batch.
+    fn boundary_len(&self, mb: &Batch) -> usize {
+        mb.inputs.len() * self.width
+    }
+
+    /// The loss of the last stage, on every stage.
+    fn share_loss(&self, loss: f32) -> Result<f32> {
+        let mut x = [loss];
+        self.pp.broadcast(&mut x, self.pp.size() - 1)?;
+        Ok(x[0])
+    }
+
+    /// Global gradient norm: tensor-parallel parts summed over tp, stages
+    /// summed over the pipeline, a tied copy not counted twice.
+    fn grad_norm(&self) -> Result<f32> {
+        let be = self.engine.backend();
+        let lay = self.engine.layout();
+        let (mut split, mut rep) = (0.0f64, 0.0f64);
+        for t in &lay.tensors {
+            let r = t.range();
+            if r.start < self.map.own.start || r.end > self.map.own.end {
+                continue;
+            }
+            let sq = be.sum_squares(self.grads.slice(self.map.local(&r)))?;
+            if t.split == TpSplit::Replicated {
+                rep += sq;
+            } else {
+                split += sq;
+            }
+        }
+        if let Some(tp) = self.tp.as_deref() {
+            let mut x = [split];
+            tp.all_reduce(&mut x)?;
+            split = x[0];
+        }
+        let mut total = [split + rep];
+        self.pp.all_reduce(&mut total)?;
+        Ok(total[0].sqrt() as f32)
+    }
+
+    /// Every value this rank owns in whole-layout coordinates, from
+    /// host copies of its buffers (`bufs`): dp rank 0 writes, a replicated
+    /// tensor by tp rank 0, a tied copy by its owner only.
+    fn owned(&self, bufs: &[&[f32]]) -> (Vec<(usize, usize)>, Vec<Vec<f32>>) {
+        let mut segs: Vec<(usize, usize)> = Vec::new();
+        let mut out = vec![Vec::new(); bufs.len()];
+        if self.dp.rank() != 0 {
+            return (segs, out);
+        }
+        let tp = self.engine.tp();
+        let whole = self.engine.whole_layout();
+        for (w, l) in whole.tensors.iter().zip(&self.engine.layout().tensors) {
+            let r = l.range();
+            let mine = r.start >= self.map.own.start && r.end <= self.map.own.end;
+            if !mine || (w.split == TpSplit::Replicated && tp.rank != 0) {
+                continue;
+            }
+            let mut at = self.map.local(&r).start;
+            for (full_at, len) in w.split.runs(&w.full_shape, tp.size, tp.rank) {
+                let global = w.offset + full_at;
+                match segs.last_mut() {
+                    Some(last) if last.0 + last.1 == global => last.1 += len,
+                    _ => segs.push((global, len)),
+                }
+                for (o, b) in out.iter_mut().zip(bufs) {
+                    o.extend_from_slice(&b[at..at + len]);
+                }
+                at += len;
+            }
+        }
+        (segs, out)
+    }
+
+    /// This stage's part of a whole-layout host buffer, as its buffers hold it.
+    fn stage_part(&self, full: &[f32]) -> Vec<f32> {
+        let e = &self.engine;
+        let mut local = vec![0.0; e.layout().total()];
+        shard_tp(full, e.whole_layout(), e.layout(), e.tp(), &mut local);
+        let mut mine = Vec::with_capacity(self.map.len());
+        if let Some(c) = &self.map.copy {
+            mine.extend_from_slice(&local[c.clone()]);
+        }
+        mine.extend_from_slice(&local[self.map.own.clone()]);
+        mine
+    }
+
+    /// The local rows of a global batch with their loss terms per rank.
+    fn local(&self, batch: &Batch) -> (Batch, f32) {
+        let (r, n) = (self.dp.rank(), self.dp.size());
+        (
+            local_rows(batch, self.b, r, n),
+            batch.loss_terms() as f32 / n as f32,
+        )
+    }
+}
+
+impl<B: Backend> Strategy for Pipelined<B> {
+    fn step(&mut self, micro_batches: &[Batch], cfg: StepConfig) -> Result<StepStats> {
+        let be = self.engine.backend().clone_fresh();
+        be.fill(self.grads.d(), 0.0);
+        let n = self.dp.size();
+        let m = micro_batches.len();
+        let mbs: Vec<(Batch, f32)> = micro_batches.iter().map(|mb| self.local(mb)).collect();
+        let mut loss = [self.run_program(&mbs, 1.0 / (m * n) as f32)?];
+        if n > 1 {
+            device::all_reduce(self.dp.as_ref(), &be, self.grads.d())?;
+        }
+        if let (Some(tie), Some(c)) = (self.tie.as_deref(), self.map.copy.clone()) {
+            let r = self.map.local(&c);
+            device::all_reduce(tie, &be, self.grads.slice_mut(r))?;
+        } else if let Some(tie) = self.tie.as_deref() {
+            // the owner's side of the tie: the tied tensor inside its units
+            let lay = self.engine.layout();
+            let tied = lay
+                .units
+                .iter()
+                .find_map(|u| u.tied.as_ref().map(|t| t.range.clone()))
+                .expect("a stage in a tie group reads a tied tensor");
+            let r = self.map.local(&tied);
+            device::all_reduce(tie, &be, self.grads.slice_mut(r))?;
+        }
+        self.dp.all_reduce(&mut loss)?;
+        let loss = self.share_loss(loss[0])? / (n * m) as f32;
+        let grad_norm = self.grad_norm()?;
+        check_finite(loss, grad_norm)?;
+        let clip = if cfg.grad_clip > 0.0 && grad_norm > cfg.grad_clip {
+            cfg.grad_clip / grad_norm
+        } else {
+            1.0
+        };
+        let lay = self.engine.layout().clone();
+        self.opt.update(
+            &be,
+            self.params.d(),
+            self.grads.s(),
+            &lay,
+            &self.map.segments(),
+            cfg.lr,
+            clip,
+        );
+        be.synchronize()?;
+        Ok(StepStats { loss, grad_norm })
+    }
+
+    fn eval_loss(&mut self, batch: &Batch) -> Result<f32> {
+        let n = self.dp.size();
+        let mb = self.local(batch);
+        let (s, p) = (self.pp.rank(), self.pp.size());
+        if s > 0 {
+            let mut x = vec![0.0f32; self.boundary_len(&mb.0)];
+            self.pp.recv(&mut x, s - 1)?;
+            self.inbox_act.push_back(x);
+        }
+        self.begin(&mb.0, mb.1)?;
+        let loss = self.run_forward()?.unwrap_or(0.0);
+        if s + 1 < p {
+            let y = self.outbox_act.pop_front().expect("the forward made it");
+            self.pp.send(&y, s + 1)?;
+        }
+        self.spare.push(self.engine.stash());
+        let mut loss = [loss];
+        self.dp.all_reduce(&mut loss)?;
+        Ok(self.share_loss(loss[0])? / n as f32)
+    }
+
+    fn eval_outputs(&mut self, batch: &Batch) -> Result<(f32, Vec<f32>)> {
+        let loss = self.eval_loss(batch)?;
+        let mine = match self.last() {
+            true => {
+                let s = self.spare.pop().expect("the evaluation's activations");
+                self.engine.restore(s);
+                let out = self.engine.outputs()?;
+                self.spare.push(self.engine.stash());
+                out
+            }
+            false => Vec::new(),
+        };
+        let mut all = vec![0.0; mine.len() * self.dp.size()];
+        self.dp.all_gather(&mine, &mut all)?;
+        let last = self.pp.size() - 1;
+        let mut len = [all.len() as u64];
+        self.pp.broadcast(&mut len, last)?;
+        all.resize(len[0] as usize, 0.0);
+        self.pp.broadcast(&mut all, last)?;
+        Ok((loss, all))
+    }
+
+    fn full_params(&mut self) -> Result<Vec<f32>> {
+        let be = self.engine.backend();
+        let p = be.read(self.params.s())?;
+        let (segs, vals) = self.owned(&[&p]);
+        let mut full = vec![0.0f32; self.engine.whole_layout().total()];
+        let mut at = 0;
+        for (global, len) in segs {
+            full[global..global + len].copy_from_slice(&vals[0][at..at + len]);
+            at += len;
+        }
+        // every value has one owner and zeros elsewhere: the sums are exact
+        if let Some(tp) = self.tp.as_deref() {
+            tp.all_reduce(&mut full)?;
+        }
+        self.pp.all_reduce(&mut full)?;
+        self.dp.all_reduce(&mut full)?;
+        Ok(full)
+    }
+
+    fn load_full(&mut self, full: &[f32]) -> Result<()> {
+        let part = self.stage_part(full);
+        self.engine.backend().upload(self.params.d(), &part)
+    }
+
+    fn owned_state(&self) -> Result<OwnedState> {
+        let be = self.engine.backend();
+        let (p, m, v) = (
+            be.read(self.params.s())?,
+            be.read(self.opt.m.s())?,
+            be.read(self.opt.v.s())?,
+        );
+        let (segments, mut vals) = self.owned(&[&p, &m, &v]);
+        let v = vals.pop().expect("v");
+        let m = vals.pop().expect("m");
+        let params = vals.pop().expect("params");
+        Ok(OwnedState {
+            segments,
+            params,
+            m,
+            v,
+        })
+    }
+
+    fn load_state(&mut self, params: &[f32], m: &[f32], v: &[f32], adam_step: u32) -> Result<()> {
+        self.load_full(params)?;
+        let (m, v) = (self.stage_part(m), self.stage_part(v));
+        let be = self.engine.backend();
+        be.upload(self.opt.m.d(), &m)?;
+        be.upload(self.opt.v.d(), &v)?;
+        self.opt.step = adam_step;
+        Ok(())
+    }
+
+    fn memory(&self) -> MemoryReport {
+        self.engine.backend().memory_report()
+    }
+
+    fn comm_stats(&self) -> CommStats {
+        let mut s = self.dp.stats();
+        s.add(&self.pp.stats());
+        if let Some(tp) = &self.tp {
+            s.add(&tp.stats());
+        }
+        if let Some(tie) = &self.tie {
+            s.add(&tie.stats());
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::GptConfig;
+
+    #[test]
+    fn one_f_one_b_keeps_at_most_p_minus_s_in_flight_and_gpipe_m() {
+        for (p, m) in [(2, 4), (4, 8), (4, 2), (3, 1)] {
+            for s in 0..p {
+                for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
+                    let ops = program(schedule, s, p, m);
+                    let (mut live, mut peak, mut f, mut b) = (0i64, 0i64, 0, 0);
+                    for op in &ops {
+                        match op {
+                            Op::Forward(i) => {
+                                assert_eq!(*i, f, "forwards in order");
+                                f += 1;
+                                live += 1;
+                            }
+                            Op::Backward(i) => {
+                                assert_eq!(*i, b, "backwards in order");
+                                assert!(b < f, "a backward after its forward");
+                                b += 1;
+                                live -= 1;
+                            }
+                            _ => {}
+                        }
+                        peak = peak.max(live);
+                    }
+                    assert_eq!((f, b), (m, m), "{schedule} s{s} p{p} m{m}");
+                    let want = match schedule {
+                        Schedule::GPipe => m,
+                        Schedule::OneFOneB => (p - s).min(m),
+                    };
+                    assert_eq!(peak as usize, want, "{schedule} s{s} p{p} m{m}: {ops:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn stages_are_contiguous_hold_a_block_each_and_balance_the_head() {
+        let cfg = GptConfig {
+            n_layer: 6,
+            n_head: 2,
+            n_embd: 32,
+            block_size: 16,
+            vocab_size: 1024,
+        };
+        let lay = ParamLayout::new(&cfg);
+        let n = lay.units.len();
+        for p in 1..=6 {
+            let stages = partition(&lay, p);
+            assert_eq!(stages.len(), p);
+            assert_eq!(stages[0].start, 0);
+            assert_eq!(stages[p - 1].end, n);
+            for k in 1..p {
+                assert_eq!(stages[k].start, stages[k - 1].end);
+            }
+            // every stage has a block
+            assert!(stages
+                .iter()
+                .all(|r| r.clone().any(|u| u >= 1 && u < n - 1)));
+        }
+        // the head reads a 1024 x 32 embedding (more than two blocks' work):
+        // at 2 stages the last takes fewer blocks
+        let two = partition(&lay, 2);
+        assert!(two[1].len() - 1 < two[0].len() - 1, "{two:?}");
+    }
+}
