@@ -173,6 +173,21 @@ fn check_head(head: BertHead) {
     }
     let what = format!("{head:?} tp with accumulation and recomputation");
     assert_follows(&single_accum, &run(&cfg, par(Tp, 2, 1, true), 2), &what);
+    // pipelines stream the accumulation's micro-batches through 2 stages
+    use distgpt::parallel::{Pipeline, Schedule};
+    for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
+        for (strategy, w, tp) in [(Ddp, 2, 1), (Ddp, 4, 1), (Tp, 4, 2)] {
+            let pipelined = ParallelConfig {
+                pipeline: Pipeline {
+                    stages: 2,
+                    schedule,
+                },
+                ..par(strategy, w, tp, false)
+            };
+            let what = format!("{head:?} {schedule} pp 2 on {w} ranks, tp {tp}");
+            assert_follows(&single_accum, &run(&cfg, pipelined, 2), &what);
+        }
+    }
 }
 
 #[test]
