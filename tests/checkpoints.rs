@@ -41,6 +41,16 @@ fn run(cfg: &TrainConfig, strategy: StrategyKind, world_size: usize) -> TrainSum
 }
 
 fn run_tp(cfg: &TrainConfig, strategy: StrategyKind, world_size: usize, tp: usize) -> TrainSummary {
+    run_pp(cfg, strategy, world_size, tp, 1)
+}
+
+fn run_pp(
+    cfg: &TrainConfig,
+    strategy: StrategyKind,
+    world_size: usize,
+    tp: usize,
+    stages: usize,
+) -> TrainSummary {
     let ds = dataset();
     let mut model = GptConfig::preset("tiny").unwrap();
     model.vocab_size = ds.tokenizer.vocab_size();
@@ -50,7 +60,10 @@ fn run_tp(cfg: &TrainConfig, strategy: StrategyKind, world_size: usize, tp: usiz
         tp,
         recompute: false,
         precision: Default::default(),
-        pipeline: Default::default(),
+        pipeline: distgpt::parallel::Pipeline {
+            stages,
+            ..Default::default()
+        },
     };
     train(Cpu::new, model, ds, cfg, par, 2, Wait::from_secs(60)).unwrap()
 }
@@ -130,6 +143,64 @@ fn stop_and_resume_is_bit_exact_for_tp_zero1_zero2_and_the_mesh() {
             "{what}: final weights differ"
         );
     }
+}
+
+/// A pipeline stops and resumes bit-exactly in its own layout (2 stages x 2
+/// replicas, and 2 stages x tp 2), and its checkpoint resumes as single, as
+/// single's resumes as the pipeline.
+#[test]
+fn pipelines_resume_bit_exactly_and_reshard_to_and_from_single() {
+    let single = run(&config(&out("pp-single")), StrategyKind::Single, 1);
+    for (strategy, n, tp) in [(StrategyKind::Ddp, 4, 1), (StrategyKind::Tp, 4, 2)] {
+        let what = format!("{strategy:?} x{n} tp {tp} pp 2");
+        let whole = run_pp(&config(&out(&format!("pp-whole-{what}"))), strategy, n, tp, 2);
+        let dir = out(&format!("pp-split-{what}"));
+        let stopped = TrainConfig {
+            stop_after: Some(3),
+            ..config(&dir)
+        };
+        let first = run_pp(&stopped, strategy, n, tp, 2);
+        let resumed = TrainConfig {
+            resume: Some(state::latest(&dir).unwrap()),
+            ..config(&dir)
+        };
+        let second = run_pp(&resumed, strategy, n, tp, 2);
+        let losses: Vec<f32> = first.losses.iter().chain(&second.losses).copied().collect();
+        assert_eq!(losses, whole.losses, "{what}: per-step losses");
+        assert!(second.params == whole.params, "{what}: final weights differ");
+        // the pipeline's step-3 checkpoint continues as single, and back
+        let as_single = TrainConfig {
+            resume: Some(state::at_step(&dir, 3).unwrap()),
+            stop_after: Some(1),
+            ..config(&out(&format!("pp-to-single-{what}")))
+        };
+        let next = run(&as_single, StrategyKind::Single, 1);
+        let (got, want) = (next.losses[0], single.losses[3]);
+        assert!(
+            (got - want).abs() <= 1e-5,
+            "{what} -> single: step 4 loss {got} vs {want}"
+        );
+    }
+    let dir = out("pp-from-single");
+    run(
+        &TrainConfig {
+            stop_after: Some(3),
+            ..config(&dir)
+        },
+        StrategyKind::Single,
+        1,
+    );
+    let into_pp = TrainConfig {
+        resume: Some(state::latest(&dir).unwrap()),
+        stop_after: Some(1),
+        ..config(&out("pp-from-single-next"))
+    };
+    let next = run_pp(&into_pp, StrategyKind::Ddp, 4, 1, 2);
+    let (got, want) = (next.losses[0], single.losses[3]);
+    assert!(
+        (got - want).abs() <= 1e-5,
+        "single -> pp 2 x dp 2: step 4 loss {got} vs {want}"
+    );
 }
 
 #[test]

@@ -21,8 +21,13 @@ fn run(
     grad_accum: usize,
 ) -> Option<TrainSummary> {
     let tag = format!(
-        "{:?}-{}-{}-{grad_accum}-{}",
-        par.strategy, par.world_size, par.tp, par.recompute
+        "{:?}-{}-{}-{grad_accum}-{}-pp{}{}",
+        par.strategy,
+        par.world_size,
+        par.tp,
+        par.recompute,
+        par.pipeline.stages,
+        par.pipeline.schedule
     );
     train_rank(
         Cpu::new(),
@@ -140,6 +145,33 @@ fn strategies_over_mpi_match_single() {
             },
             1,
         ));
+    }
+    // pipelines: 2 stages (MPI_Sendrecv between neighbours), the rest data
+    // parallel, and at 4 ranks a 2 x 2 pipeline x tensor mesh
+    if n.is_multiple_of(2) {
+        use distgpt::parallel::{Pipeline, Schedule};
+        for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
+            let mut layouts = vec![(StrategyKind::Ddp, 1)];
+            if n == 4 {
+                layouts.push((StrategyKind::Tp, 2));
+            }
+            for (strategy, tp) in layouts {
+                cases.push((
+                    ParallelConfig {
+                        strategy,
+                        world_size: n,
+                        tp,
+                        recompute: false,
+                        precision: Default::default(),
+                        pipeline: Pipeline {
+                            stages: 2,
+                            schedule,
+                        },
+                    },
+                    2,
+                ));
+            }
+        }
     }
     for (par, grad_accum) in cases {
         let Some(got) = run(&ds, &world, par, grad_accum) else {
