@@ -153,7 +153,13 @@ fn pipelines_resume_bit_exactly_and_reshard_to_and_from_single() {
     let single = run(&config(&out("pp-single")), StrategyKind::Single, 1);
     for (strategy, n, tp) in [(StrategyKind::Ddp, 4, 1), (StrategyKind::Tp, 4, 2)] {
         let what = format!("{strategy:?} x{n} tp {tp} pp 2");
-        let whole = run_pp(&config(&out(&format!("pp-whole-{what}"))), strategy, n, tp, 2);
+        let whole = run_pp(
+            &config(&out(&format!("pp-whole-{what}"))),
+            strategy,
+            n,
+            tp,
+            2,
+        );
         let dir = out(&format!("pp-split-{what}"));
         let stopped = TrainConfig {
             stop_after: Some(3),
@@ -167,7 +173,10 @@ fn pipelines_resume_bit_exactly_and_reshard_to_and_from_single() {
         let second = run_pp(&resumed, strategy, n, tp, 2);
         let losses: Vec<f32> = first.losses.iter().chain(&second.losses).copied().collect();
         assert_eq!(losses, whole.losses, "{what}: per-step losses");
-        assert!(second.params == whole.params, "{what}: final weights differ");
+        assert!(
+            second.params == whole.params,
+            "{what}: final weights differ"
+        );
         // the pipeline's step-3 checkpoint continues as single, and back
         let as_single = TrainConfig {
             resume: Some(state::at_step(&dir, 3).unwrap()),

@@ -18,4 +18,4 @@ pub use config::GptConfig;
 pub use family::ModelConfig;
 pub use gpt2::{Engine, Gpt2};
 pub use layout::{ParamLayout, TpPlace};
-pub use unit::{UnitGrads, UnitKind, UnitModel, UnitParams, Whole};
+pub use unit::{Span, UnitGrads, UnitKind, UnitModel, UnitParams, Whole};

@@ -10,7 +10,7 @@ use crate::comm::Comm;
 use crate::data::Batch;
 use crate::error::Result;
 use std::any::Any;
-use std::ops::{Deref, DerefMut};
+use std::ops::{Deref, DerefMut, Range};
 
 /// What unit u is in a family laid out as embeddings, `n_layer` blocks,
 /// head (GPT-2's and BERT's order).
@@ -28,6 +28,57 @@ impl UnitKind {
             u if u <= n_layer => UnitKind::Block(u - 1),
             _ => UnitKind::Head,
         }
+    }
+}
+
+/// The units an engine runs, which it sizes its activations for: all of
+/// them, or a pipeline stage's (a run of blocks, with the head or not).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Span {
+    pub blocks: Range<usize>,
+    pub head: bool,
+}
+
+impl Span {
+    /// Every unit of a model with `n_layer` blocks.
+    pub fn all(n_layer: usize) -> Self {
+        Span {
+            blocks: 0..n_layer,
+            head: true,
+        }
+    }
+
+    /// The blocks and head among `units` (0 the embeddings, 1..=L the
+    /// blocks, L + 1 the head).
+    pub fn of_units(units: Range<usize>, n_layer: usize) -> Self {
+        Span {
+            blocks: units.start.max(1) - 1..units.end.min(n_layer + 1).max(1) - 1,
+            head: units.end > n_layer + 1,
+        }
+    }
+
+    /// Activation slots for the blocks' own buffers: one under recomputation.
+    pub fn slots(&self, recompute: bool) -> usize {
+        if recompute {
+            1
+        } else {
+            self.blocks.len()
+        }
+    }
+
+    /// Block l's slot.
+    pub fn slot(&self, l: usize, recompute: bool) -> usize {
+        if recompute {
+            0
+        } else {
+            l - self.blocks.start
+        }
+    }
+
+    /// Where the residual stream entering block l (l = the last block + 1:
+    /// the head's input) sits among the span's `blocks + 1` copies.
+    pub fn resid(&self, l: usize) -> usize {
+        l - self.blocks.start
     }
 }
 
@@ -96,6 +147,9 @@ pub trait UnitModel<B: Backend> {
     fn stash(&mut self) -> Box<dyn Any>;
     /// Puts back what [`UnitModel::stash`] took (this engine's own).
     fn restore(&mut self, stashed: Box<dyn Any>);
+    /// Runs only `units` from now on (a pipeline stage's), allocating
+    /// activations for them alone.
+    fn set_units(&mut self, units: Range<usize>);
 }
 
 impl<B: Backend, M: UnitModel<B> + ?Sized> UnitModel<B> for Box<M> {
@@ -146,6 +200,9 @@ impl<B: Backend, M: UnitModel<B> + ?Sized> UnitModel<B> for Box<M> {
     }
     fn restore(&mut self, stashed: Box<dyn Any>) {
         (**self).restore(stashed)
+    }
+    fn set_units(&mut self, units: Range<usize>) {
+        (**self).set_units(units)
     }
 }
 

@@ -279,7 +279,11 @@ pub fn build<B: Backend + 'static>(
         return Ok(Box::new(Pipelined::new(
             engine,
             &model,
-            (pp_comm, dp_comm, tp_comm),
+            pipeline::Groups {
+                pp: pp_comm,
+                dp: dp_comm,
+                tp: tp_comm,
+            },
             world,
             par.pipeline.schedule,
             adamw,

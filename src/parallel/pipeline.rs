@@ -12,7 +12,8 @@
 //! Schedules: GPipe (every micro-batch forward, then every backward: m in
 //! flight) and 1F1B (after p - s - 1 warm-up forwards stage s alternates one
 //! forward and one backward: at most p - s in flight). A stage holds a
-//! micro-batch's activations by stashing the engine's (`UnitModel::stash`).
+//! micro-batch's activations by stashing the engine's (`UnitModel::stash`);
+//! the engine sizes them for the stage's units alone (`set_units`).
 
 use super::{check_finite, local_rows, OwnedState, StepConfig, StepStats, Strategy};
 use crate::backend::{Backend, Buf, Category, MemoryReport};
@@ -163,8 +164,8 @@ pub fn partition(layout: &ParamLayout, p: usize) -> Vec<Range<usize>> {
     // best[k][j]: least max cost of stages 0..=k over the first j blocks
     let mut best = vec![vec![f64::INFINITY; blocks + 1]; p];
     let mut from = vec![vec![0usize; blocks + 1]; p];
-    for j in 1..=blocks {
-        best[0][j] = sum(0, j) + extra(0);
+    for (j, b) in best[0].iter_mut().enumerate().skip(1) {
+        *b = sum(0, j) + extra(0);
     }
     for k in 1..p {
         for j in k + 1..=blocks {
@@ -239,6 +240,14 @@ impl StageMap {
     }
 }
 
+/// A stage's groups: its pipeline (stage s is rank s), the data-parallel
+/// replicas of the stage, the tensor-parallel group.
+pub struct Groups {
+    pub pp: Box<dyn Comm>,
+    pub dp: Box<dyn Comm>,
+    pub tp: Option<Box<dyn Comm>>,
+}
+
 pub struct Pipelined<B: Backend> {
     engine: Box<dyn UnitModel<B>>,
     map: StageMap,
@@ -271,14 +280,15 @@ pub struct Pipelined<B: Backend> {
 impl<B: Backend> Pipelined<B> {
     /// Collective over `world` (it makes the tied-tensor groups).
     pub fn new(
-        engine: Box<dyn UnitModel<B>>,
+        mut engine: Box<dyn UnitModel<B>>,
         model: &ModelConfig,
-        (pp, dp, tp): (Box<dyn Comm>, Box<dyn Comm>, Option<Box<dyn Comm>>),
+        groups: Groups,
         world: &dyn Comm,
         schedule: Schedule,
         adamw: AdamWConfig,
         (b, t): (usize, usize),
     ) -> Result<Self> {
+        let Groups { pp, dp, tp } = groups;
         let (s, p) = (pp.rank(), pp.size());
         let lay = engine.layout().clone();
         let stages = partition(&lay, p);
@@ -316,6 +326,7 @@ impl<B: Backend> Pipelined<B> {
         };
         let tie_group = world.split(color, s)?;
         let tie = mine.then_some(tie_group);
+        engine.set_units(units.clone());
         let map = StageMap { units, own, copy };
         let be = engine.backend();
         let params = be.alloc(map.len(), Category::Params)?;

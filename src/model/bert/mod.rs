@@ -15,7 +15,7 @@ pub use layout::BlockParam;
 use super::alloc::ActAlloc;
 use super::bf16::{matmul_backward, matmul_forward, Bf16Operands, Dout, Precision};
 use super::layout::{ParamLayout, TpPlace};
-use super::unit::{UnitGrads, UnitKind, UnitModel, UnitParams};
+use super::unit::{Span, UnitGrads, UnitKind, UnitModel, UnitParams};
 use crate::backend::{Activation, AttnShape, Backend, Buf, Category, Dst, Src, WeightLayout};
 use crate::comm::{device, Comm};
 use crate::data::{Batch, IGNORE};
@@ -122,9 +122,16 @@ pub fn activation_elems(
 ) -> (usize, usize) {
     let be = crate::backend::cpu::Cpu::new();
     let al = ActAlloc::tally(&be);
-    let slots = if recompute { 1 } else { cfg.n_layer };
-    Acts::new(&al, cfg, Dims::of(cfg, tp), (slots, b * t, b), precision)
-        .expect("a tally allocates nothing");
+    let span = Span::all(cfg.n_layer);
+    let slots = span.slots(recompute);
+    Acts::new(
+        &al,
+        cfg,
+        Dims::of(cfg, tp),
+        (&span, slots, b * t, b),
+        precision,
+    )
+    .expect("a tally allocates nothing");
     al.counted()
 }
 
@@ -133,29 +140,32 @@ impl<B: Backend> Acts<B> {
         al: &ActAlloc<'_, B>,
         cfg: &BertConfig,
         d: Dims,
-        (slots, rows, b): (usize, usize, usize),
+        (span, slots, rows, b): (&Span, usize, usize, usize),
         precision: Precision,
     ) -> Result<Self> {
-        let (l, c) = (cfg.n_layer, cfg.n_embd);
+        let (l, c) = (span.blocks.len(), cfg.n_embd);
         let a = |n: usize| al.acts(n);
+        // the head's buffers only where the head runs
+        let h = usize::from(span.head);
+        let (rows_h, b_h) = (h * rows, h * b);
         let head = match cfg.head {
             BertHead::Mlm => HeadActs::Mlm {
-                t1: a(rows * c)?,
-                t2: a(rows * c)?,
-                t3: a(rows * c)?,
-                mean: a(rows)?,
-                rstd: a(rows)?,
-                logits: a(rows * cfg.padded_vocab())?,
-                losses: a(rows)?,
+                t1: a(rows_h * c)?,
+                t2: a(rows_h * c)?,
+                t3: a(rows_h * c)?,
+                mean: a(rows_h)?,
+                rstd: a(rows_h)?,
+                logits: a(rows_h * cfg.padded_vocab())?,
+                losses: a(rows_h)?,
             },
             BertHead::Classify { labels } => HeadActs::Classify {
-                cls: a(b * c)?,
-                pre: a(b * c)?,
-                pooled: a(b * c)?,
-                logits: a(b * labels)?,
-                losses: a(b)?,
-                dcls: a(b * c)?,
-                dpooled: a(b * c)?,
+                cls: a(b_h * c)?,
+                pre: a(b_h * c)?,
+                pooled: a(b_h * c)?,
+                logits: a(b_h * labels)?,
+                losses: a(b_h)?,
+                dcls: a(b_h * c)?,
+                dpooled: a(b_h * c)?,
             },
         };
         let targets = match cfg.head {
@@ -230,6 +240,8 @@ pub struct Engine<B: Backend> {
     tp: TpPlace,
     recompute: bool,
     precision: Precision,
+    /// The units this engine runs (all, or a pipeline stage's).
+    span: Span,
     acts: Option<Acts<B>>,
     shape: Option<Shape>,
 }
@@ -252,6 +264,7 @@ impl<B: Backend> Engine<B> {
                 config.n_head, config.n_inner, tp.size
             )));
         }
+        let span = Span::all(config.n_layer);
         Ok(Engine {
             layout: layout::layout(&config, tp.size),
             whole: layout::layout(&config, 1),
@@ -260,6 +273,7 @@ impl<B: Backend> Engine<B> {
             tp,
             recompute,
             precision,
+            span,
             acts: None,
             shape: None,
         })
@@ -270,11 +284,7 @@ impl<B: Backend> Engine<B> {
     }
 
     fn slot(&self, l: usize) -> usize {
-        if self.recompute {
-            0
-        } else {
-            l
-        }
+        self.span.slot(l, self.recompute)
     }
 
     fn shape(&self) -> (usize, usize) {
@@ -286,11 +296,10 @@ impl<B: Backend> Engine<B> {
     pub fn hidden(&self) -> Result<Vec<f32>> {
         let (b, t) = self.shape();
         let btc = b * t * self.config.n_embd;
+        let top = self.span.resid(self.config.n_layer);
         let a = self.acts.as_ref().expect("forward before hidden");
-        self.backend.to_host(
-            a.resid
-                .slice(self.config.n_layer * btc..(self.config.n_layer + 1) * btc),
-        )
+        self.backend
+            .to_host(a.resid.slice(top * btc..(top + 1) * btc))
     }
 
     /// The last forward's pooled output (B, C), classifier head only.
@@ -480,8 +489,9 @@ impl<B: Backend> Engine<B> {
         // Under tensor parallelism tp rank 0 alone adds the residual and the
         // replicated bias to its partial projection; the all-reduce adds the rest.
         let lead = self.tp.rank == 0;
-        let (lo, hi) = a.resid.d().split_at((l + 1) * btc);
-        let x = lo.into_src().from(l * btc);
+        let r = self.span.resid(l);
+        let (lo, hi) = a.resid.d().split_at((r + 1) * btc);
+        let x = lo.into_src().from(r * btc);
         let mut qkv = a.qkv.d().part(s, 3 * rows * cl);
         let ip = WeightLayout::InOut;
         let bqkv = Some(w(BlockParam::QkvB));
@@ -706,7 +716,7 @@ impl<B: Backend> Engine<B> {
             shape,
         );
         let (dw, db) = g.rb().split2(r(BlockParam::QkvW), r(BlockParam::QkvB));
-        let x = a.resid.s().part(l, btc);
+        let x = a.resid.s().part(self.span.resid(l), btc);
         matmul_backward(
             be,
             a.bf16.as_mut(),
@@ -738,7 +748,7 @@ impl<B: Backend> Engine<B> {
         let w = |i: usize| p.slice(lay.in_unit(u, i));
         let ip = WeightLayout::InOut;
         let a = self.acts.as_mut().expect("begun");
-        let x = a.resid.s().part(n_layer, btc);
+        let x = a.resid.s().part(self.span.resid(n_layer), btc);
         let has_targets = self.shape.as_ref().is_some_and(|s| s.has_targets);
         let losses = match &mut a.head {
             HeadActs::Mlm {
@@ -880,7 +890,7 @@ impl<B: Backend> Engine<B> {
         let r = |i: usize| lay.in_unit(u, i);
         let ip = WeightLayout::InOut;
         let a = self.acts.as_mut().expect("begun");
-        let x = a.resid.s().part(n_layer, btc);
+        let x = a.resid.s().part(self.span.resid(n_layer), btc);
         let mut g = g;
         match &mut a.head {
             HeadActs::Mlm {
@@ -1035,16 +1045,11 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
         let tv = self.config.type_vocab;
         if self.acts.as_ref().is_none_or(|a| a.rows < rows || a.b < b) {
             self.acts = None; // free before allocating the larger set
-            let slots = if self.recompute {
-                1
-            } else {
-                self.config.n_layer
-            };
             self.acts = Some(Acts::new(
                 &ActAlloc::on(&self.backend),
                 &self.config,
                 Dims::of(&self.config, self.tp.size),
-                (slots, rows, b),
+                (&self.span, self.span.slots(self.recompute), rows, b),
                 self.precision,
             )?);
         }
@@ -1111,8 +1116,14 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
     fn boundary(&mut self, u: usize) -> Dst<'_, B> {
         let (b, t) = self.shape();
         let btc = b * t * self.config.n_embd;
+        let r = self.span.resid(u - 1);
         let a = self.acts.as_mut().expect("begun");
-        a.resid.slice_mut((u - 1) * btc..u * btc)
+        a.resid.slice_mut(r * btc..(r + 1) * btc)
+    }
+
+    fn set_units(&mut self, units: std::ops::Range<usize>) {
+        self.span = Span::of_units(units, self.config.n_layer);
+        self.acts = None;
     }
 
     fn boundary_grad(&mut self) -> Dst<'_, B> {

@@ -10,7 +10,7 @@ use super::bf16::Precision;
 use super::bf16::{matmul_backward, matmul_forward, Bf16Operands, Dout};
 use super::config::GptConfig;
 use super::layout::{ParamLayout, TpPlace};
-use super::unit::{UnitGrads, UnitKind, UnitModel, UnitParams, Whole};
+use super::unit::{Span, UnitGrads, UnitKind, UnitModel, UnitParams, Whole};
 use crate::backend::{Activation, AttnShape, Backend, Buf, Category, Dst, Src, WeightLayout};
 use crate::comm::{device, Comm};
 use crate::data::Batch as DataBatch;
@@ -92,8 +92,9 @@ pub fn activation_elems(
 ) -> (usize, usize) {
     let be = crate::backend::cpu::Cpu::new();
     let al = ActAlloc::tally(&be);
-    let slots = if recompute { 1 } else { cfg.n_layer };
-    Activations::new(&al, cfg, Dims::of(cfg, tp), (slots, rows), precision)
+    let span = Span::all(cfg.n_layer);
+    let slots = span.slots(recompute);
+    Activations::new(&al, cfg, Dims::of(cfg, tp), (&span, slots, rows), precision)
         .expect("a tally allocates nothing");
     al.counted()
 }
@@ -103,11 +104,13 @@ impl<B: Backend> Activations<B> {
         al: &ActAlloc<'_, B>,
         cfg: &GptConfig,
         d: Dims,
-        (slots, rows): (usize, usize),
+        (span, slots, rows): (&Span, usize, usize),
         precision: Precision,
     ) -> Result<Self> {
-        let (l, c) = (cfg.n_layer, cfg.n_embd);
+        let (l, c) = (span.blocks.len(), cfg.n_embd);
         let a = |n: usize| al.acts(n);
+        // the final LayerNorm, logits and losses only where the head runs
+        let h = usize::from(span.head);
         Ok(Activations {
             rows,
             tokens: al.typed(rows, Category::Activations)?,
@@ -125,11 +128,11 @@ impl<B: Backend> Activations<B> {
             ln2_rstd: a(slots * rows)?,
             fch: a(slots * rows * d.fl)?,
             fch_gelu: a(slots * rows * d.fl)?,
-            lnf: a(rows * c)?,
-            lnf_mean: a(rows)?,
-            lnf_rstd: a(rows)?,
-            logits: a(rows * cfg.padded_vocab())?,
-            losses: a(rows)?,
+            lnf: a(h * rows * c)?,
+            lnf_mean: a(h * rows)?,
+            lnf_rstd: a(h * rows)?,
+            logits: a(h * rows * cfg.padded_vocab())?,
+            losses: a(h * rows)?,
             dres: a(rows * c)?,
             dtmp: a(rows * c)?,
             dqkv: a(rows * 3 * d.cl)?,
@@ -178,6 +181,8 @@ pub struct Engine<B: Backend> {
     /// Keep only block inputs in the forward; recompute each block in the backward.
     pub recompute: bool,
     precision: Precision,
+    /// The units this engine runs (all, or a pipeline stage's).
+    span: Span,
     acts: Option<Activations<B>>,
     batch: Option<Batch>,
 }
@@ -191,6 +196,7 @@ impl<B: Backend> Engine<B> {
                 config.n_head, tp.size
             )));
         }
+        let span = Span::all(config.n_layer);
         Ok(Engine {
             layout: ParamLayout::new_tp(&config, tp.size),
             whole: ParamLayout::new(&config),
@@ -199,6 +205,7 @@ impl<B: Backend> Engine<B> {
             tp,
             recompute,
             precision: Precision::Fp32,
+            span,
             acts: None,
             batch: None,
         })
@@ -262,16 +269,11 @@ impl<B: Backend> Engine<B> {
         let rows = b * t;
         if self.acts.as_ref().is_none_or(|a| a.rows < rows) {
             self.acts = None; // free before allocating the larger set
-            let slots = if self.recompute {
-                1
-            } else {
-                self.config.n_layer
-            };
             self.acts = Some(Activations::new(
                 &ActAlloc::on(&self.backend),
                 &self.config,
                 Dims::of(&self.config, self.tp.size),
-                (slots, rows),
+                (&self.span, self.span.slots(self.recompute), rows),
                 self.precision,
             )?);
         }
@@ -296,11 +298,7 @@ impl<B: Backend> Engine<B> {
     }
 
     fn slot(&self, l: usize) -> usize {
-        if self.recompute {
-            0
-        } else {
-            l
-        }
+        self.span.slot(l, self.recompute)
     }
 
     /// resid[0] = wte[tokens] + wpe; `emb` is the [wte | wpe] unit.
@@ -325,7 +323,7 @@ impl<B: Backend> Engine<B> {
         let Dims { c, cl, nhl, fl } = self.dims();
         let rows = b * t;
         let btc = rows * c;
-        let s = self.slot(l);
+        let (s, r) = (self.slot(l), self.span.resid(l));
         let (be, lay) = (&self.backend, &self.layout);
         let a = self.acts.as_mut().expect("begun");
         let w = |bp: BlockParam| p.slice(lay.in_block(bp));
@@ -333,8 +331,8 @@ impl<B: Backend> Engine<B> {
         // (replicated) bias to its partial projection; the all-reduce sums the rest in.
         let lead = self.tp.rank == 0;
 
-        let (lo, hi) = a.resid.d().split_at((l + 1) * btc);
-        let x = lo.into_src().from(l * btc);
+        let (lo, hi) = a.resid.d().split_at((r + 1) * btc);
+        let x = lo.into_src().from(r * btc);
         let mut out = hi.first(btc);
         let mut ln1 = a.ln1.d().part(s, btc);
         be.layernorm_forward(
@@ -443,8 +441,9 @@ impl<B: Backend> Engine<B> {
         let (c, n_layer, v, vp) = (cfg.n_embd, cfg.n_layer, cfg.vocab_size, cfg.padded_vocab());
         let (rows, be) = (b * t, &self.backend);
         let btc = rows * c;
+        let top = self.span.resid(n_layer);
         let a = self.acts.as_mut().expect("begun");
-        let last = a.resid.s().part(n_layer, btc);
+        let last = a.resid.s().part(top, btc);
         let mut lnf_out = a.lnf.slice_mut(0..btc);
         be.layernorm_forward(
             lnf_out.rb(),
@@ -506,6 +505,7 @@ impl<B: Backend> Engine<B> {
             return Err(Error::Input("backward needs a forward with targets".into()));
         }
         let terms = self.batch.as_ref().expect("begun").loss_terms;
+        let top = self.span.resid(n_layer);
         let a = self.acts.as_mut().expect("begun");
         let mut logits = a.logits.slice_mut(0..rows * vp);
         be.crossentropy_backward_inplace(
@@ -540,7 +540,7 @@ impl<B: Backend> Engine<B> {
             dw,
             db,
             dtmp.src(),
-            a.resid.s().part(n_layer, btc),
+            a.resid.s().part(top, btc),
             lnf.first(c),
             a.lnf_mean.slice(0..rows),
             a.lnf_rstd.slice(0..rows),
@@ -566,11 +566,11 @@ impl<B: Backend> Engine<B> {
         let Dims { c, cl, nhl, fl } = self.dims();
         let rows = b * t;
         let btc = rows * c;
-        let s = self.slot(l);
+        let (s, r) = (self.slot(l), self.span.resid(l));
         let (be, lay) = (&self.backend, &self.layout);
         let a = self.acts.as_mut().expect("begun");
         let w = |bp: BlockParam| p.slice(lay.in_block(bp));
-        let x = a.resid.s().part(l, btc);
+        let x = a.resid.s().part(r, btc);
         let mut dres = a.dres.slice_mut(0..btc);
         let mut dtmp = a.dtmp.slice_mut(0..btc);
         let mut dfch = a.dfch.slice_mut(0..rows * fl);
@@ -774,8 +774,14 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
     fn boundary(&mut self, u: usize) -> Dst<'_, B> {
         let (b, t) = self.shape();
         let btc = b * t * self.config.n_embd;
+        let r = self.span.resid(u - 1);
         let a = self.acts.as_mut().expect("begun");
-        a.resid.slice_mut((u - 1) * btc..u * btc)
+        a.resid.slice_mut(r * btc..(r + 1) * btc)
+    }
+
+    fn set_units(&mut self, units: std::ops::Range<usize>) {
+        self.span = Span::of_units(units, self.config.n_layer);
+        self.acts = None;
     }
 
     fn boundary_grad(&mut self) -> Dst<'_, B> {
