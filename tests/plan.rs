@@ -1,12 +1,13 @@
 //! `plan`'s memory model against what the strategies allocate: every
 //! strategy and mesh on 1, 2 and 4 thread ranks, for GPT-2 and both BERT
-//! heads, predicted per-rank peak within 10% of the measured one. (Step times are compared by
+//! heads, predicted per-rank peak within 10% of the measured one, and each
+//! pipeline stage's. (Step times are compared by
 //! `distgpt compare`, not asserted in tests.)
 
 use distgpt::backend::cpu::Cpu;
 use distgpt::model::bert::{BertConfig, BertHead};
 use distgpt::model::{GptConfig, ModelConfig, Precision as EnginePrecision};
-use distgpt::parallel::{launch, ParallelConfig};
+use distgpt::parallel::{launch, ParallelConfig, StrategyKind};
 use distgpt::plan::{self, Device, Network, Precision, Workload};
 use distgpt::train::bench::{bench_rank, BenchSpec};
 use std::time::Duration;
@@ -60,6 +61,7 @@ fn setup(cfg: &ModelConfig) -> (Workload, Device, Network, BenchSpec) {
     };
     let spec = BenchSpec {
         batch,
+        grad_accum: 1,
         seq_len,
         warmup: 0,
         steps: 1,
@@ -125,6 +127,64 @@ fn check_bf16_scratch(cfg: &ModelConfig) {
                 "{} in bf16: predicted {want:.0} more bytes than fp32, measured {got:.0} more",
                 plan::layout_name(&par)
             );
+        }
+    }
+}
+
+/// Each pipeline stage's peak memory is its plan's: the stage's units and a
+/// tied copy, and its schedule's micro-batches in flight (1f1b p - s, gpipe
+/// m), each sized for the stage's units.
+#[test]
+fn every_pipeline_stage_peaks_where_plan_says() {
+    use distgpt::parallel::{Pipeline, Schedule};
+    let models: [ModelConfig; 2] = [
+        model().into(),
+        bert(BertHead::Mlm),
+    ];
+    for cfg in &models {
+        let (w, _, _, spec) = setup(cfg);
+        let (w, spec) = (
+            Workload { grad_accum: 4, ..w },
+            BenchSpec {
+                grad_accum: 4,
+                ..spec
+            },
+        );
+        for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
+            for (strategy, world, tp, stages) in [
+                (StrategyKind::Ddp, 2, 1, 2),
+                (StrategyKind::Ddp, 4, 1, 2),
+                (StrategyKind::Ddp, 4, 1, 4),
+                (StrategyKind::Tp, 4, 2, 2),
+            ] {
+                let par = ParallelConfig {
+                    strategy,
+                    world_size: world,
+                    tp,
+                    recompute: false,
+                    precision: Default::default(),
+                    pipeline: Pipeline { stages, schedule },
+                };
+                if stages > cfg.n_layer() {
+                    continue;
+                }
+                let ranks = launch::run_local(world, 2, Duration::from_secs(60), |c| {
+                    bench_rank(Cpu::new(), cfg, par, spec, c.as_ref())
+                })
+                .unwrap();
+                for (r, got) in ranks[0].iter().enumerate() {
+                    let stage = (r / tp) % stages;
+                    let want = plan::stage_memory_plan(&w, par, Precision::Fp32, stage).total();
+                    let measured = got.peak[5] as f64;
+                    let off = (want - measured).abs() / measured;
+                    assert!(
+                        off <= 0.10,
+                        "{cfg}: {schedule} pp {stages} x{world} tp {tp}, rank {r} (stage {stage}): \
+                         predicted {want:.0} bytes, measured {measured:.0} ({:.1}% off)",
+                        100.0 * off
+                    );
+                }
+            }
         }
     }
 }

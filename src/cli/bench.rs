@@ -27,6 +27,9 @@ pub struct BenchArgs {
     /// Global batch: sequences per micro-step, split across the data-parallel ranks.
     #[arg(long, default_value_t = 16)]
     batch_size: usize,
+    /// Micro-steps per optimizer step (a pipeline's micro-batches).
+    #[arg(long, default_value_t = 1)]
+    grad_accum: usize,
     /// Tokens per sequence (default: the model's block size).
     #[arg(long)]
     seq_len: Option<usize>,
@@ -148,6 +151,7 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
     };
     let spec = BenchSpec {
         batch: b,
+        grad_accum: a.grad_accum.max(1),
         seq_len: t,
         warmup: a.warmup,
         steps: a.steps,
@@ -160,7 +164,7 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
         return Ok(());
     };
     let step_s = ranks.iter().map(|r| r.step_s).fold(0.0, f64::max);
-    let tokens_per_s = (b * t) as f64 / step_s;
+    let tokens_per_s = (b * t * spec.grad_accum) as f64 / step_s;
     let mfu = metrics::mfu(cfg.flops_per_token(t), tokens_per_s, peak);
     let resolved = par.resolved();
     if a.json {

@@ -166,13 +166,28 @@ impl ModelConfig {
     pub fn activation_elems(
         &self,
         tp: usize,
-        (b, t): (usize, usize),
+        rows: (usize, usize),
         recompute: bool,
         precision: Precision,
     ) -> (usize, usize) {
+        let all = 0..self.n_layer() + 2;
+        self.stage_activation_elems(tp, rows, (all, recompute), precision)
+    }
+
+    /// As [`ModelConfig::activation_elems`] for an engine that runs `units`
+    /// only (a pipeline stage's).
+    pub fn stage_activation_elems(
+        &self,
+        tp: usize,
+        (b, t): (usize, usize),
+        (units, recompute): (std::ops::Range<usize>, bool),
+        precision: Precision,
+    ) -> (usize, usize) {
+        let span = super::Span::of_units(units, self.n_layer());
+        let sr = (&span, recompute);
         match self {
-            ModelConfig::Gpt2(c) => gpt2::activation_elems(c, tp, b * t, recompute, precision),
-            ModelConfig::Bert(c) => bert::activation_elems(c, tp, (b, t), recompute, precision),
+            ModelConfig::Gpt2(c) => gpt2::activation_elems(c, tp, b * t, sr, precision),
+            ModelConfig::Bert(c) => bert::activation_elems(c, tp, (b, t), sr, precision),
         }
     }
 

@@ -192,6 +192,21 @@ pub fn partition(layout: &ParamLayout, p: usize) -> Vec<Range<usize>> {
         .collect()
 }
 
+/// Stage s of p's units and the floats its parameter buffer holds (its
+/// units', with a copy of a tied tensor it reads but does not own).
+pub fn stage_size(layout: &ParamLayout, p: usize, s: usize) -> (Range<usize>, usize) {
+    let map = StageMap::of(layout, &partition(layout, p), s);
+    (map.units.clone(), map.len())
+}
+
+/// Micro-batches whose activations stage s of p holds at once.
+pub fn in_flight(schedule: Schedule, s: usize, p: usize, m: usize) -> usize {
+    match schedule {
+        Schedule::GPipe => m,
+        Schedule::OneFOneB => (p - s).min(m),
+    }
+}
+
 /// Where this stage's tensors sit in its buffers: `[tied copy | own units]`.
 struct StageMap {
     /// This stage's units.
@@ -203,6 +218,19 @@ struct StageMap {
 }
 
 impl StageMap {
+    /// Stage s of `stages` (from [`partition`]).
+    fn of(lay: &ParamLayout, stages: &[Range<usize>], s: usize) -> Self {
+        let units = stages[s].clone();
+        let own = lay.units[units.start].range.start..lay.units[units.end - 1].range.end;
+        // a tied tensor read here but owned by an earlier stage is kept as a copy
+        let copy = lay.units[units.clone()]
+            .iter()
+            .filter_map(|u| u.tied.as_ref())
+            .find(|t| t.unit < units.start)
+            .map(|t| t.range.clone());
+        StageMap { units, own, copy }
+    }
+
     fn copy_len(&self) -> usize {
         self.copy.as_ref().map_or(0, |c| c.len())
     }
@@ -292,9 +320,8 @@ impl<B: Backend> Pipelined<B> {
         let (s, p) = (pp.rank(), pp.size());
         let lay = engine.layout().clone();
         let stages = partition(&lay, p);
-        let units = stages[s].clone();
-        let own = lay.units[units.start].range.start..lay.units[units.end - 1].range.end;
-        for u in units.start + 1..units.end {
+        let map = StageMap::of(&lay, &stages, s);
+        for u in map.units.start + 1..map.units.end {
             if lay.units[u].range.start != lay.units[u - 1].range.end {
                 return Err(Error::Config(format!(
                     "{model}: units {} and {u} are not adjacent in the parameter layout",
@@ -302,13 +329,6 @@ impl<B: Backend> Pipelined<B> {
                 )));
             }
         }
-        // a tied tensor read here but owned by an earlier stage is kept as a copy
-        let copy = lay.units[units.clone()]
-            .iter()
-            .filter_map(|u| u.tied.as_ref())
-            .find(|t| t.unit < units.start)
-            .map(|t| t.range.clone());
-        // the tie's two ends sum its gradient; every other rank is alone
         let tied_ends = lay.units.iter().enumerate().find_map(|(u, unit)| {
             let t = unit.tied.as_ref()?;
             let (owner, reader) = (
@@ -326,8 +346,7 @@ impl<B: Backend> Pipelined<B> {
         };
         let tie_group = world.split(color, s)?;
         let tie = mine.then_some(tie_group);
-        engine.set_units(units.clone());
-        let map = StageMap { units, own, copy };
+        engine.set_units(map.units.clone());
         let be = engine.backend();
         let params = be.alloc(map.len(), Category::Params)?;
         let grads = be.alloc(map.len(), Category::Grads)?;
@@ -792,10 +811,7 @@ mod tests {
                         peak = peak.max(live);
                     }
                     assert_eq!((f, b), (m, m), "{schedule} s{s} p{p} m{m}");
-                    let want = match schedule {
-                        Schedule::GPipe => m,
-                        Schedule::OneFOneB => (p - s).min(m),
-                    };
+                    let want = in_flight(schedule, s, p, m);
                     assert_eq!(peak as usize, want, "{schedule} s{s} p{p} m{m}: {ops:?}");
                 }
             }

@@ -162,6 +162,7 @@ pub fn calibrate_cpu(
     let small = model.num_params() <= 20_000_000;
     let spec = BenchSpec {
         batch: rank_batch,
+        grad_accum: 1,
         seq_len,
         warmup: if small { 2 } else { 1 },
         steps: if small { 5 } else { 2 },

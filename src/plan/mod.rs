@@ -10,7 +10,7 @@
 pub mod calibrate;
 
 use crate::model::{ModelConfig, ParamLayout, Precision as ModelPrecision};
-use crate::parallel::{ParallelConfig, StrategyKind, Units};
+use crate::parallel::{pipeline, ParallelConfig, StrategyKind, Units};
 use serde::Serialize;
 
 /// Bytes per element of each kind of state.
@@ -256,9 +256,54 @@ impl UnitSizes {
     }
 }
 
-/// One rank's bytes by category for `par` (assumed valid), as `parallel` allocates them.
+/// One rank's bytes by category for `par` (assumed valid), as `parallel`
+/// allocates them: under a pipeline, the fullest stage's.
 pub fn memory_plan(w: &Workload, par: ParallelConfig, precision: Precision) -> MemoryPlan {
+    (0..par.pipeline.stages.max(1))
+        .map(|s| stage_memory_plan(w, par, precision, s))
+        .max_by(|a, b| a.total().total_cmp(&b.total()))
+        .expect("at least one stage")
+}
+
+/// The bytes of a rank of pipeline stage `s`: its units' parameters,
+/// gradients and moments (with a tied tensor's copy), and the activations
+/// of the micro-batches its schedule keeps in flight, each sized for the
+/// stage's units as the engine allocates them.
+pub fn stage_memory_plan(
+    w: &Workload,
+    par: ParallelConfig,
+    precision: Precision,
+    s: usize,
+) -> MemoryPlan {
     let par = par.resolved();
+    let pp = par.pipeline.stages;
+    if pp <= 1 {
+        return unpipelined_memory_plan(w, par, precision);
+    }
+    let m = &w.model;
+    let layout = m.layout(par.tp);
+    let (units, floats) = pipeline::stage_size(&layout, pp, s);
+    let floats = floats as f64;
+    let live = pipeline::in_flight(par.pipeline.schedule, s, pp, w.grad_accum) as f64;
+    let rows = (w.batch / par.dp(), w.seq_len);
+    let acts = |p| m.stage_activation_elems(par.tp, rows, (units.clone(), par.recompute), p);
+    let fp32 = acts(ModelPrecision::Fp32);
+    let mut mem = MemoryPlan {
+        params: precision.params_bytes() * floats,
+        grads: precision.grads_bytes() * floats,
+        optimizer: precision.optimizer_bytes() * floats,
+        activations: live * fp32.0 as f64 * precision.activation_bytes(),
+        ..MemoryPlan::default()
+    };
+    if par.precision == ModelPrecision::Bf16 {
+        let bf16 = acts(ModelPrecision::Bf16);
+        mem.activations += live * 4.0 * (bf16.0 - fp32.0) as f64;
+        mem.other += live * 4.0 * (bf16.1 - fp32.1) as f64;
+    }
+    mem
+}
+
+fn unpipelined_memory_plan(w: &Workload, par: ParallelConfig, precision: Precision) -> MemoryPlan {
     let m = &w.model;
     let (world, tp) = (par.world_size, par.tp);
     let dp = world / tp;
@@ -330,10 +375,14 @@ pub fn predict(
     let par = par.resolved();
     let mem = memory_plan(w, par, precision);
     let m = &w.model;
-    let (world, tp) = (par.world_size, par.tp);
-    let dp = world / tp;
+    let (world, tp, pp) = (par.world_size, par.tp, par.pipeline.stages);
+    let dp = par.dp();
     let layout = m.layout(tp);
-    let psi = layout.total() as f64;
+    // a pipeline stage reduces and updates its own units (the largest stage's)
+    let psi = (0..pp)
+        .map(|s| pipeline::stage_size(&layout, pp, s).1)
+        .max()
+        .unwrap_or(0) as f64;
     let units = UnitSizes::new(&layout, dp);
     let (pb, gb) = (precision.params_bytes(), precision.grads_bytes());
     let rows = (w.batch / dp * w.seq_len) as f64;
@@ -349,12 +398,16 @@ pub fn predict(
     } else {
         1.0
     };
-    let compute_s = flops_rank / (device.peak_flops / share * device.efficiency);
+    // a pipeline splits the work over its stages and idles in the bubble:
+    // (m + p - 1) micro-batch slots per step for m micro-batches of work
+    let acc = w.grad_accum as f64;
+    let bubble = (acc + pp as f64 - 1.0) / acc / pp as f64;
+    let compute_s = flops_rank * bubble / (device.peak_flops / share * device.efficiency);
 
     // Communication: bucketed per unit, as the strategies issue it.
     let dp_link = net.link(dp, tp);
     let tp_link = net.link(tp, 1);
-    let (acc, calls) = (w.grad_accum as f64, units.units);
+    let calls = units.units;
     let g_bytes = gb * psi;
     let p_bytes = pb * psi;
     let ar =
@@ -378,12 +431,20 @@ pub fn predict(
             acc * dpf * (2.0 * p_bytes + g_bytes),
         ),
     };
+    let stream = rows * m.n_embd() as f64 * precision.activation_bytes();
+    if pp > 1 {
+        // each micro-batch's activation forward and gradient backward
+        // across a stage boundary (an inner stage sends both ways)
+        let (bw, lat) = net.link(pp, dp * tp);
+        comm_s += acc * 2.0 * (stream / bw + lat);
+        comm_bytes += acc * 2.0 * stream;
+    }
     if tp > 1 {
         // Megatron's f/g: two all-reduces of the (rows, C) stream per layer
         // forward, two backward, two more when the forward is recomputed.
         let per_layer = if par.recompute { 6 } else { 4 };
-        let n = per_layer * m.n_layer();
-        let bytes = n as f64 * rows * m.n_embd() as f64 * precision.activation_bytes();
+        let n = per_layer * m.n_layer().div_ceil(pp);
+        let bytes = n as f64 * stream;
         comm_s += acc * collective_s(Collective::AllReduce, tp, bytes, n, tp_link);
         comm_bytes += acc * 2.0 * (tp as f64 - 1.0) / tp as f64 * bytes;
     }

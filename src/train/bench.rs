@@ -15,6 +15,8 @@ use std::time::Instant;
 pub struct BenchSpec {
     /// Global batch in sequences.
     pub batch: usize,
+    /// Micro-batches of `batch` per step (a pipeline's in flight).
+    pub grad_accum: usize,
     pub seq_len: usize,
     /// Untimed steps first.
     pub warmup: usize,
@@ -62,7 +64,7 @@ pub fn bench_rank<B: Backend + 'static>(
     };
     let mut total = 0.0;
     for i in 0..spec.warmup + spec.steps {
-        let mb = [batch()];
+        let mb: Vec<_> = (0..spec.grad_accum.max(1)).map(|_| batch()).collect();
         world.barrier()?;
         let t0 = Instant::now();
         strategy.step(

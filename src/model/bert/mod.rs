@@ -117,12 +117,11 @@ pub fn activation_elems(
     cfg: &BertConfig,
     tp: usize,
     (b, t): (usize, usize),
-    recompute: bool,
+    (span, recompute): (&Span, bool),
     precision: Precision,
 ) -> (usize, usize) {
     let be = crate::backend::cpu::Cpu::new();
     let al = ActAlloc::tally(&be);
-    let span = Span::all(cfg.n_layer);
     let slots = span.slots(recompute);
     Acts::new(
         &al,

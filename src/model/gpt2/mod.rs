@@ -87,14 +87,13 @@ pub fn activation_elems(
     cfg: &GptConfig,
     tp: usize,
     rows: usize,
-    recompute: bool,
+    (span, recompute): (&Span, bool),
     precision: Precision,
 ) -> (usize, usize) {
     let be = crate::backend::cpu::Cpu::new();
     let al = ActAlloc::tally(&be);
-    let span = Span::all(cfg.n_layer);
     let slots = span.slots(recompute);
-    Activations::new(&al, cfg, Dims::of(cfg, tp), (&span, slots, rows), precision)
+    Activations::new(&al, cfg, Dims::of(cfg, tp), (span, slots, rows), precision)
         .expect("a tally allocates nothing");
     al.counted()
 }
