@@ -137,10 +137,7 @@ fn check_bf16_scratch(cfg: &ModelConfig) {
 #[test]
 fn every_pipeline_stage_peaks_where_plan_says() {
     use distgpt::parallel::{Pipeline, Schedule};
-    let models: [ModelConfig; 2] = [
-        model().into(),
-        bert(BertHead::Mlm),
-    ];
+    let models: [ModelConfig; 2] = [model().into(), bert(BertHead::Mlm)];
     for cfg in &models {
         let (w, _, _, spec) = setup(cfg);
         let (w, spec) = (

@@ -170,7 +170,7 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
     if a.json {
         let j = serde_json::json!({
             "impl": "distgpt", "model": a.model.model_name(), "params": cfg.num_params(), "batch": b, "seq": t,
-            "strategy": par.strategy, "world_size": par.world_size, "tp": resolved.tp, "recompute": par.recompute, "precision": par.precision,
+            "strategy": par.strategy, "world_size": par.world_size, "tp": resolved.tp, "pipeline": par.pipeline, "grad_accum": spec.grad_accum, "recompute": par.recompute, "precision": par.precision,
             "threads": threads, "ms_per_step": step_s * 1e3, "tokens_per_s": tokens_per_s,
             "tokens_per_s_per_rank": tokens_per_s / par.world_size as f64, "mfu": mfu, "peak_gflops": peak / 1e9,
             "flops_per_token": cfg.flops_per_token(t),
@@ -190,11 +190,15 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
         par.world_size,
         resolved.tp,
         [
-            (par.recompute, ", recompute"),
-            (par.precision == Precision::Bf16, ", bf16")
+            (par.pipeline.stages > 1).then(|| format!(
+                ", pp {} {}, {} micro-batches",
+                par.pipeline.stages, par.pipeline.schedule, spec.grad_accum
+            )),
+            par.recompute.then(|| ", recompute".to_string()),
+            (par.precision == Precision::Bf16).then(|| ", bf16".to_string()),
         ]
-        .iter()
-        .filter_map(|&(on, s)| on.then_some(s))
+        .into_iter()
+        .flatten()
         .collect::<String>(),
         step_s * 1e3,
         tokens_per_s,

@@ -81,6 +81,11 @@ fn record_entries(r: &RunRecord) -> Vec<(String, Value)> {
         ("strategy", Value::String(r.parallel.strategy.to_string())),
         ("world_size", int(r.parallel.world_size)),
         ("tp", int(r.parallel.tp)),
+        ("pp", int(r.parallel.pipeline.stages)),
+        (
+            "schedule",
+            Value::String(r.parallel.pipeline.schedule.to_string()),
+        ),
         ("recompute", Value::Boolean(r.parallel.recompute)),
         (
             "precision",

@@ -1377,6 +1377,12 @@ fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<Resumed> {
     if set("precision") {
         par.precision = mine.precision;
     }
+    if set("pp") {
+        par.pipeline.stages = mine.pipeline.stages;
+    }
+    if set("schedule") {
+        par.pipeline.schedule = mine.pipeline.schedule;
+    }
     Ok(Resumed {
         run_dir,
         model: record.model,

@@ -565,8 +565,12 @@ pub fn layout_name(p: &ParallelConfig) -> String {
     } else {
         String::new()
     };
+    let pp = match p.pipeline.stages {
+        1 => String::new(),
+        k => format!(" (pp {k} {})", p.pipeline.schedule),
+    };
     let rc = if p.recompute { " +recompute" } else { "" };
-    format!("{base}{mesh}{rc}")
+    format!("{base}{mesh}{pp}{rc}")
 }
 
 #[cfg(test)]

@@ -245,7 +245,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             ds.val.len()
         ));
         self.note(&format!(
-            "{} params | {} x {} tokens x {} accum per step | {steps} steps ({:.2} epochs) | {} on {} rank(s), tp {} | {}, peak {:.0} GFLOP/s in all ({})",
+            "{} params | {} x {} tokens x {} accum per step | {steps} steps ({:.2} epochs) | {} on {} rank(s), tp {}{} | {}, peak {:.0} GFLOP/s in all ({})",
             m.num_params(),
             cfg.batch_size,
             cfg.seq_len,
@@ -254,6 +254,10 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             self.par.strategy,
             self.par.world_size,
             self.par.resolved().tp,
+            match self.par.pipeline.stages {
+                1 => String::new(),
+                k => format!(", pp {k} ({})", self.par.pipeline.schedule),
+            },
             self.spare.name(),
             self.total_peak / 1e9,
             self.peak_source
