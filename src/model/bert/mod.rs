@@ -127,7 +127,7 @@ pub fn activation_elems(
         &al,
         cfg,
         Dims::of(cfg, tp),
-        (&span, slots, b * t, b),
+        (span, slots, b * t, b),
         precision,
     )
     .expect("a tally allocates nothing");
