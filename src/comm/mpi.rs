@@ -176,14 +176,7 @@ impl MpiComm {
                 &self.comm.process_at_rank(from as i32),
             )
         });
-        let got = status.count(T::equivalent_datatype()) as usize;
-        if got != n {
-            return Err(Error::Comm(format!(
-                "send_recv from rank {from}: got {got} {} elements, expected {n}",
-                T::DTYPE
-            )));
-        }
-        Ok(())
+        arrived::<T>(&status, n, "send_recv", from)
     }
 
     fn recv_typed<T: CommElem + Equivalence>(&self, buf: &mut [T], from: usize) -> Result<()> {
@@ -191,15 +184,25 @@ impl MpiComm {
         let status = self.timed(Kind::P2p, "recv", size_of_val(buf), || {
             self.comm.process_at_rank(from as i32).receive_into(buf)
         });
-        let got = status.count(T::equivalent_datatype()) as usize;
-        if got != n {
-            return Err(Error::Comm(format!(
-                "recv from rank {from}: got {got} {} elements, expected {n}",
-                T::DTYPE
-            )));
-        }
-        Ok(())
+        arrived::<T>(&status, n, "recv", from)
     }
+}
+
+/// Refuses a message from `from` that did not fill the `n` elements expected.
+fn arrived<T: CommElem + Equivalence>(
+    status: &mpi::point_to_point::Status,
+    n: usize,
+    what: &str,
+    from: usize,
+) -> Result<()> {
+    let got = status.count(T::equivalent_datatype()) as usize;
+    if got != n {
+        return Err(Error::Comm(format!(
+            "{what} from rank {from}: got {got} {} elements, expected {n}",
+            T::DTYPE
+        )));
+    }
+    Ok(())
 }
 
 impl Comm for MpiComm {
