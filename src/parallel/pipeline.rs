@@ -288,8 +288,9 @@ pub struct Pipelined<B: Backend> {
     dp: Box<dyn Comm>,
     tp: Option<Box<dyn Comm>>,
     /// The first and last stage at this (dp, tp) position, which sum the
-    /// tied tensor's gradient (none on other stages, or without a tie).
-    tie: Option<Box<dyn Comm>>,
+    /// tied tensor's gradient, and where that gradient sits in this stage's
+    /// buffer (none on other stages, or without a tie across stages).
+    tie: Option<(Box<dyn Comm>, Range<usize>)>,
     schedule: Schedule,
     b: usize,
     t: usize,
@@ -335,9 +336,11 @@ impl<B: Backend> Pipelined<B> {
                 stages.iter().position(|r| r.contains(&t.unit))?,
                 stages.iter().position(|r| r.contains(&u))?,
             );
-            (owner != reader).then_some((owner, reader))
+            (owner != reader).then_some((owner, reader, t.range.clone()))
         });
-        let mine = tied_ends.is_some_and(|(a, z)| s == a || s == z);
+        let mine = tied_ends
+            .as_ref()
+            .is_some_and(|(a, z, _)| s == *a || s == *z);
         // rank = (dp_i * p + s) * tp + tp_i: the stages at one (dp_i, tp_i)
         let tp_n = tp.as_ref().map_or(1, |g| g.size());
         let color = match mine {
@@ -345,7 +348,11 @@ impl<B: Backend> Pipelined<B> {
             false => world.size() + world.rank(),
         };
         let tie_group = world.split(color, s)?;
-        let tie = mine.then_some(tie_group);
+        let tie = match tied_ends {
+            // the owner's tensor inside its units, or the reader's copy
+            Some((_, _, tied)) if mine => Some((tie_group, map.local(&tied))),
+            _ => None,
+        };
         engine.set_units(map.units.clone());
         let be = engine.backend();
         let params = be.alloc(map.len(), Category::Params)?;
@@ -631,19 +638,8 @@ impl<B: Backend> Strategy for Pipelined<B> {
         if n > 1 {
             device::all_reduce(self.dp.as_ref(), &be, self.grads.d())?;
         }
-        if let (Some(tie), Some(c)) = (self.tie.as_deref(), self.map.copy.clone()) {
-            let r = self.map.local(&c);
-            device::all_reduce(tie, &be, self.grads.slice_mut(r))?;
-        } else if let Some(tie) = self.tie.as_deref() {
-            // the owner's side of the tie: the tied tensor inside its units
-            let lay = self.engine.layout();
-            let tied = lay
-                .units
-                .iter()
-                .find_map(|u| u.tied.as_ref().map(|t| t.range.clone()))
-                .expect("a stage in a tie group reads a tied tensor");
-            let r = self.map.local(&tied);
-            device::all_reduce(tie, &be, self.grads.slice_mut(r))?;
+        if let Some((tie, r)) = &self.tie {
+            device::all_reduce(tie.as_ref(), &be, self.grads.slice_mut(r.clone()))?;
         }
         self.dp.all_reduce(&mut loss)?;
         let loss = self.share_loss(loss[0])? / (n * m) as f32;
@@ -774,7 +770,7 @@ impl<B: Backend> Strategy for Pipelined<B> {
         if let Some(tp) = &self.tp {
             s.add(&tp.stats());
         }
-        if let Some(tie) = &self.tie {
+        if let Some((tie, _)) = &self.tie {
             s.add(&tie.stats());
         }
         s
