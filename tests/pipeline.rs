@@ -2,8 +2,10 @@
 //! micro-batches a pipeline streams are `single`'s accumulation steps, so
 //! every layout of {gpipe, 1f1b} x {pp 2, 4} x {dp 1, 2} x {tp 1, 2}, with
 //! recomputation, matches over five steps (losses within 1e-5, parameters
-//! within 1e-4 of the largest). BERT too, both heads (its masked-LM decoder
-//! is tied to the word embeddings across the first and last stage).
+//! within 1e-4 of the largest), and so does every cell of the grid
+//! {ddp, zero1, zero2, fsdp} x {pp 1, 2, 4} x {tp 1, 2}. BERT too, both
+//! heads (its masked-LM decoder is tied to the word embeddings across the
+//! first and last stage).
 
 mod common;
 
@@ -32,8 +34,13 @@ fn model() -> GptConfig {
 
 fn run(par: ParallelConfig) -> TrainSummary {
     let tag = format!(
-        "pp-{}-{}-{:?}-{}-{}",
-        par.pipeline.stages, par.world_size, par.strategy, par.tp, par.pipeline.schedule
+        "pp-{}-{}-{:?}-{}-{}-{}",
+        par.pipeline.stages,
+        par.world_size,
+        par.strategy,
+        par.tp,
+        par.pipeline.schedule,
+        par.recompute
     );
     let cfg = common::five_steps(&tag, ACCUM);
     train(
@@ -46,6 +53,19 @@ fn run(par: ParallelConfig) -> TrainSummary {
         Wait::from_secs(120),
     )
     .unwrap_or_else(|e| panic!("{tag}: {e}"))
+}
+
+/// `single`'s run, shared by the tests.
+fn single() -> &'static TrainSummary {
+    static SINGLE: OnceLock<TrainSummary> = OnceLock::new();
+    SINGLE.get_or_init(|| {
+        run(layout(
+            StrategyKind::Single,
+            (1, 1, 1),
+            Schedule::default(),
+            false,
+        ))
+    })
 }
 
 fn layout(
@@ -69,12 +89,7 @@ fn layout(
 
 #[test]
 fn every_pipeline_layout_follows_single_with_the_same_accumulation() {
-    let single = run(layout(
-        StrategyKind::Single,
-        (1, 1, 1),
-        Schedule::default(),
-        false,
-    ));
+    let single = single();
     use StrategyKind::*;
     for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
         for (strategy, dp, pp, tp) in [
@@ -86,11 +101,35 @@ fn every_pipeline_layout_follows_single_with_the_same_accumulation() {
         ] {
             let what = format!("{schedule} pp {pp} x dp {dp} x tp {tp}");
             let got = run(layout(strategy, (dp, pp, tp), schedule, false));
-            common::assert_follows(&single, &got, &what);
+            common::assert_follows(single, &got, &what);
         }
     }
     let got = run(layout(Ddp, (1, 2, 1), Schedule::OneFOneB, true));
-    common::assert_follows(&single, &got, "1f1b pp 2 with recomputation");
+    common::assert_follows(single, &got, "1f1b pp 2 with recomputation");
+}
+
+#[test]
+fn every_data_parallel_strategy_composes_with_pipelines_and_tensor_parallelism() {
+    let single = single();
+    use StrategyKind::*;
+    for strategy in [Zero1, Zero2, Fsdp] {
+        for (dp, pp, tp) in [(2, 1, 2), (2, 2, 1), (2, 2, 2)] {
+            let what = format!("{strategy} pp {pp} x dp {dp} x tp {tp}");
+            let got = run(layout(strategy, (dp, pp, tp), Schedule::OneFOneB, false));
+            common::assert_follows(single, &got, &what);
+        }
+    }
+    for (strategy, dp, pp, tp, schedule, recompute) in [
+        (Fsdp, 2, 4, 1, Schedule::OneFOneB, false),
+        (Zero2, 3, 2, 1, Schedule::GPipe, false),
+        (Fsdp, 2, 2, 2, Schedule::GPipe, true),
+        (Zero1, 2, 2, 1, Schedule::OneFOneB, true),
+    ] {
+        let what =
+            format!("{strategy} {schedule} pp {pp} x dp {dp} x tp {tp}, recompute {recompute}");
+        let got = run(layout(strategy, (dp, pp, tp), schedule, recompute));
+        common::assert_follows(single, &got, &what);
+    }
 }
 
 #[test]
@@ -99,7 +138,6 @@ fn impossible_pipelines_are_refused_in_words() {
     let said = |par: ParallelConfig| par.validate(&model, 12).unwrap_err().to_string();
     let l = |s, dp, pp, tp| layout(s, (dp, pp, tp), Schedule::OneFOneB, false);
     assert!(said(l(StrategyKind::Ddp, 1, 5, 1)).contains("more stages than the model's 4 blocks"));
-    assert!(said(l(StrategyKind::Fsdp, 2, 2, 1)).contains("pipelines with fsdp are not built yet"));
     let mut odd = l(StrategyKind::Ddp, 1, 2, 1);
     odd.world_size = 3;
     assert!(said(odd)

@@ -14,11 +14,13 @@ pub mod launch;
 pub mod pipeline;
 mod replicated;
 mod sharded;
+mod stage;
 mod units;
 
 pub use pipeline::{Pipeline, Pipelined, Schedule};
 pub use replicated::Replicated;
 pub use sharded::Sharded;
+pub use stage::{stage_sizes, StageSizes};
 pub use units::Units;
 
 use crate::backend::{Backend, MemoryReport};
@@ -92,18 +94,6 @@ impl ParallelConfig {
                  make --world-size a multiple of --tp x --pp"
             ));
         }
-        if tp > 1 && !matches!(self.strategy, StrategyKind::Ddp | StrategyKind::Tp) {
-            return bad(format!(
-                "--tp {tp} combines with ddp (a dp x tp mesh) or tp, not {}",
-                self.strategy
-            ));
-        }
-        if pp > 1 && !matches!(self.strategy, StrategyKind::Ddp | StrategyKind::Tp) {
-            return bad(format!(
-                "--pp {pp} combines with ddp (dp x pp, and a --tp mesh) or tp; pipelines with {} are not built yet",
-                self.strategy
-            ));
-        }
         if pp > model.n_layer() {
             return bad(format!(
                 "--pp {pp} is more stages than the model's {} blocks: every stage needs a block",
@@ -133,6 +123,18 @@ impl ParallelConfig {
             self.tp = self.world_size / self.pipeline.stages.max(1);
         }
         self
+    }
+
+    /// Whether `build` runs this layout as pipeline stages: every pipeline,
+    /// and zero1, zero2 and fsdp over a tensor-parallel mesh (one stage).
+    pub fn staged(&self) -> bool {
+        let r = self.resolved();
+        r.pipeline.stages > 1
+            || (r.tp > 1
+                && matches!(
+                    r.strategy,
+                    StrategyKind::Zero1 | StrategyKind::Zero2 | StrategyKind::Fsdp
+                ))
     }
 
     /// Data-parallel size.
@@ -274,7 +276,7 @@ pub fn build<B: Backend + 'static>(
         size: tp,
     };
     let engine = model.engine(backend, place, par.recompute, par.precision)?;
-    if pp > 1 {
+    if par.staged() {
         let pp_comm = world.split(dp_i * tp + tp_i, stage)?;
         return Ok(Box::new(Pipelined::new(
             engine,
@@ -285,7 +287,7 @@ pub fn build<B: Backend + 'static>(
                 tp: tp_comm,
             },
             world,
-            par.pipeline.schedule,
+            (par.pipeline.schedule, stage::Sharing::of(par.strategy)),
             adamw,
             (b, t),
         )?));

@@ -2,12 +2,14 @@
 //! (balanced by their matmul work; the embeddings on the first, the head on
 //! the last), one stage per rank of a pipeline group, micro-batches flowing
 //! between neighbours over `Comm::send`/`recv`. Each stage keeps only its
-//! units' parameters, gradients and AdamW moments, and a copy of a tied
-//! tensor it reads but does not own (GPT-2's `wte` on the last stage): the
-//! first and last stage sum that tensor's gradient, so both copies take the
-//! same update, as Megatron keeps its embeddings in sync. Stages compose with
-//! data parallelism (ddp: each stage's gradient all-reduced over its
-//! replicas) and tensor parallelism (the engine's tp group, as in `single`).
+//! units' parameters, gradients and AdamW moments, and a copy of the unit
+//! holding a tied tensor it reads but does not own (GPT-2's `[wte | wpe]`
+//! on the last stage): the first and last stage sum that unit's gradient,
+//! so both copies take the same update, as Megatron keeps its embeddings in
+//! sync. Stages compose with data parallelism — each stage's replicas share
+//! its state as ddp, zero1, zero2 or fsdp do (`stage::StageState`) — and
+//! tensor parallelism (the engine's tp group, as in `single`). A single
+//! stage is how sharded data parallelism runs over a tensor-parallel mesh.
 //!
 //! Schedules: GPipe (every micro-batch forward, then every backward: m in
 //! flight) and 1F1B (after p - s - 1 warm-up forwards stage s alternates one
@@ -15,15 +17,14 @@
 //! micro-batch's activations by stashing the engine's (`UnitModel::stash`);
 //! the engine sizes them for the stage's units alone (`set_units`).
 
+use super::stage::{Sharing, StageMap, StageState};
 use super::{check_finite, local_rows, OwnedState, StepConfig, StepStats, Strategy};
-use crate::backend::{Backend, Buf, Category, MemoryReport};
-use crate::comm::{device, Comm, CommStats};
+use crate::backend::{Backend, MemoryReport};
+use crate::comm::{Comm, CommStats};
 use crate::data::Batch;
 use crate::error::{Error, Result};
 use crate::model::layout::{shard_tp, TpSplit};
-use crate::model::{
-    AdamW, AdamWConfig, ModelConfig, ParamLayout, Segment, UnitGrads, UnitModel, UnitParams,
-};
+use crate::model::{AdamWConfig, ModelConfig, ParamLayout, UnitModel};
 use serde::{Deserialize, Serialize};
 use std::any::Any;
 use std::collections::VecDeque;
@@ -207,67 +208,6 @@ pub fn in_flight(schedule: Schedule, s: usize, p: usize, m: usize) -> usize {
     }
 }
 
-/// Where this stage's tensors sit in its buffers: `[tied copy | own units]`.
-struct StageMap {
-    /// This stage's units.
-    units: Range<usize>,
-    /// Their range of the (tensor-parallel) layout.
-    own: Range<usize>,
-    /// The layout range of a tied tensor this stage reads but another owns.
-    copy: Option<Range<usize>>,
-}
-
-impl StageMap {
-    /// Stage s of `stages` (from [`partition`]).
-    fn of(lay: &ParamLayout, stages: &[Range<usize>], s: usize) -> Self {
-        let units = stages[s].clone();
-        let own = lay.units[units.start].range.start..lay.units[units.end - 1].range.end;
-        // a tied tensor read here but owned by an earlier stage is kept as a copy
-        let copy = lay.units[units.clone()]
-            .iter()
-            .filter_map(|u| u.tied.as_ref())
-            .find(|t| t.unit < units.start)
-            .map(|t| t.range.clone());
-        StageMap { units, own, copy }
-    }
-
-    fn copy_len(&self) -> usize {
-        self.copy.as_ref().map_or(0, |c| c.len())
-    }
-
-    fn len(&self) -> usize {
-        self.copy_len() + self.own.len()
-    }
-
-    /// The buffer range of a layout range (inside the own units or the copy).
-    fn local(&self, r: &Range<usize>) -> Range<usize> {
-        if let Some(c) = self.copy.as_ref().filter(|c| *c == r) {
-            return 0..c.len();
-        }
-        debug_assert!(r.start >= self.own.start && r.end <= self.own.end);
-        let at = r.start - self.own.start + self.copy_len();
-        at..at + r.len()
-    }
-
-    /// AdamW's segments: each buffer run with its layout offset.
-    fn segments(&self) -> Vec<Segment> {
-        let mut segs = Vec::new();
-        if let Some(c) = &self.copy {
-            segs.push(Segment {
-                global: c.start,
-                local: 0,
-                len: c.len(),
-            });
-        }
-        segs.push(Segment {
-            global: self.own.start,
-            local: self.copy_len(),
-            len: self.own.len(),
-        });
-        segs
-    }
-}
-
 /// A stage's groups: its pipeline (stage s is rank s), the data-parallel
 /// replicas of the stage, the tensor-parallel group.
 pub struct Groups {
@@ -279,18 +219,17 @@ pub struct Groups {
 pub struct Pipelined<B: Backend> {
     engine: Box<dyn UnitModel<B>>,
     map: StageMap,
-    params: Buf<B>,
-    grads: Buf<B>,
-    opt: AdamW<B>,
+    /// The stage's parameters, gradients and moments, as its replicas share them.
+    state: StageState<B>,
     /// The pipeline (stage s is rank s), the data-parallel replicas of this
     /// stage, the tensor-parallel group.
     pp: Box<dyn Comm>,
     dp: Box<dyn Comm>,
     tp: Option<Box<dyn Comm>>,
     /// The first and last stage at this (dp, tp) position, which sum the
-    /// tied tensor's gradient, and where that gradient sits in this stage's
-    /// buffer (none on other stages, or without a tie across stages).
-    tie: Option<(Box<dyn Comm>, Range<usize>)>,
+    /// tied tensor's gradient, and the piece of this stage it lives in (none
+    /// on other stages, or without a tie across stages).
+    tie: Option<(Box<dyn Comm>, usize)>,
     schedule: Schedule,
     b: usize,
     t: usize,
@@ -313,7 +252,7 @@ impl<B: Backend> Pipelined<B> {
         model: &ModelConfig,
         groups: Groups,
         world: &dyn Comm,
-        schedule: Schedule,
+        (schedule, sharing): (Schedule, Sharing),
         adamw: AdamWConfig,
         (b, t): (usize, usize),
     ) -> Result<Self> {
@@ -336,7 +275,7 @@ impl<B: Backend> Pipelined<B> {
                 stages.iter().position(|r| r.contains(&t.unit))?,
                 stages.iter().position(|r| r.contains(&u))?,
             );
-            (owner != reader).then_some((owner, reader, t.range.clone()))
+            (owner != reader).then_some((owner, reader, t.unit))
         });
         let mine = tied_ends
             .as_ref()
@@ -348,22 +287,24 @@ impl<B: Backend> Pipelined<B> {
             false => world.size() + world.rank(),
         };
         let tie_group = world.split(color, s)?;
+        let state = StageState::new(engine.backend(), &lay, &map, sharing, dp.size(), adamw)?;
         let tie = match tied_ends {
-            // the owner's tensor inside its units, or the reader's copy
-            Some((_, _, tied)) if mine => Some((tie_group, map.local(&tied))),
+            // the owner's unit, or the reader's copy of it (piece 0)
+            Some((_, _, owner)) if mine => {
+                let k = if owner >= map.units.start {
+                    state.piece(owner)
+                } else {
+                    0
+                };
+                Some((tie_group, k))
+            }
             _ => None,
         };
         engine.set_units(map.units.clone());
-        let be = engine.backend();
-        let params = be.alloc(map.len(), Category::Params)?;
-        let grads = be.alloc(map.len(), Category::Grads)?;
-        let opt = AdamW::new(be, map.len(), adamw)?;
         Ok(Pipelined {
             engine,
             map,
-            params,
-            grads,
-            opt,
+            state,
             pp,
             dp,
             tp,
@@ -413,14 +354,8 @@ impl<B: Backend> Pipelined<B> {
         let lay = self.engine.layout().clone();
         let mut loss = None;
         for u in units.clone() {
-            let unit = &lay.units[u];
-            let p = UnitParams {
-                own: self.params.slice(self.map.local(&unit.range)),
-                tied: unit
-                    .tied
-                    .as_ref()
-                    .map(|x| self.params.slice(self.map.local(&x.range))),
-            };
+            self.state.ready(self.dp.as_ref(), &be, &lay, u)?;
+            let p = self.state.params(&lay, u);
             loss = self.engine.forward(u, p, self.tp.as_deref())?;
         }
         if !self.last() {
@@ -447,30 +382,11 @@ impl<B: Backend> Pipelined<B> {
         }
         let lay = self.engine.layout().clone();
         for u in self.map.units.clone().rev() {
-            let unit = &lay.units[u];
-            let own = self.map.local(&unit.range);
-            let p = UnitParams {
-                own: self.params.slice(own.clone()),
-                tied: unit
-                    .tied
-                    .as_ref()
-                    .map(|x| self.params.slice(self.map.local(&x.range))),
-            };
-            let g = match &unit.tied {
-                Some(x) => {
-                    let (tg, g) = self.grads.d().split2(self.map.local(&x.range), own);
-                    UnitGrads {
-                        own: g,
-                        tied: Some(tg),
-                    }
-                }
-                None => UnitGrads {
-                    own: self.grads.slice_mut(own),
-                    tied: None,
-                },
-            };
+            self.state.ready(self.dp.as_ref(), &be, &lay, u)?;
+            let (p, g) = self.state.unit(&be, &lay, u);
             self.engine
                 .backward(u, p, g, self.tp.as_deref(), loss_scale)?;
+            self.state.backward_done(self.dp.as_ref(), &be, &lay, u)?;
         }
         if !self.first() {
             let g = be.to_host(self.engine.boundary_grad().into_src())?;
@@ -543,23 +459,17 @@ impl<B: Backend> Pipelined<B> {
         Ok(x[0])
     }
 
-    /// Global gradient norm: tensor-parallel parts summed over tp, stages
-    /// summed over the pipeline, a tied copy not counted twice.
+    /// Global gradient norm: shards summed over the replicas,
+    /// tensor-parallel parts over tp, stages over the pipeline, a tied copy
+    /// not counted twice.
     fn grad_norm(&self) -> Result<f32> {
         let be = self.engine.backend();
         let lay = self.engine.layout();
-        let (mut split, mut rep) = (0.0f64, 0.0f64);
-        for t in &lay.tensors {
-            let r = t.range();
-            if r.start < self.map.own.start || r.end > self.map.own.end {
-                continue;
-            }
-            let sq = be.sum_squares(self.grads.slice(self.map.local(&r)))?;
-            if t.split == TpSplit::Replicated {
-                rep += sq;
-            } else {
-                split += sq;
-            }
+        let (mut split, mut rep) = self.state.grad_squares(be, lay, self.dp.rank())?;
+        if self.state.sharded() {
+            let mut x = [split, rep];
+            self.dp.all_reduce(&mut x)?;
+            [split, rep] = x;
         }
         if let Some(tp) = self.tp.as_deref() {
             let mut x = [split];
@@ -630,17 +540,13 @@ impl<B: Backend> Pipelined<B> {
 impl<B: Backend> Strategy for Pipelined<B> {
     fn step(&mut self, micro_batches: &[Batch], cfg: StepConfig) -> Result<StepStats> {
         let be = self.engine.backend().clone_fresh();
-        be.fill(self.grads.d(), 0.0);
+        self.state.begin_step(&be);
         let n = self.dp.size();
         let m = micro_batches.len();
         let mbs: Vec<(Batch, f32)> = micro_batches.iter().map(|mb| self.local(mb)).collect();
         let mut loss = [self.run_program(&mbs, 1.0 / (m * n) as f32)?];
-        if n > 1 {
-            device::all_reduce(self.dp.as_ref(), &be, self.grads.d())?;
-        }
-        if let Some((tie, r)) = &self.tie {
-            device::all_reduce(tie.as_ref(), &be, self.grads.slice_mut(r.clone()))?;
-        }
+        let tie = self.tie.as_ref().map(|(g, k)| (g.as_ref(), *k));
+        self.state.reduce_all(self.dp.as_ref(), &be, tie)?;
         self.dp.all_reduce(&mut loss)?;
         let loss = self.share_loss(loss[0])? / (n * m) as f32;
         let grad_norm = self.grad_norm()?;
@@ -651,15 +557,8 @@ impl<B: Backend> Strategy for Pipelined<B> {
             1.0
         };
         let lay = self.engine.layout().clone();
-        self.opt.update(
-            &be,
-            self.params.d(),
-            self.grads.s(),
-            &lay,
-            &self.map.segments(),
-            cfg.lr,
-            clip,
-        );
+        self.state
+            .update(self.dp.as_ref(), &be, &lay, cfg.lr, clip)?;
         be.synchronize()?;
         Ok(StepStats { loss, grad_norm })
     }
@@ -708,8 +607,9 @@ impl<B: Backend> Strategy for Pipelined<B> {
     }
 
     fn full_params(&mut self) -> Result<Vec<f32>> {
-        let be = self.engine.backend();
-        let p = be.read(self.params.s())?;
+        let [p, ..] = self
+            .state
+            .host_state(self.dp.as_ref(), self.engine.backend())?;
         let (segs, vals) = self.owned(&[&p]);
         let mut full = vec![0.0f32; self.engine.whole_layout().total()];
         let mut at = 0;
@@ -728,16 +628,14 @@ impl<B: Backend> Strategy for Pipelined<B> {
 
     fn load_full(&mut self, full: &[f32]) -> Result<()> {
         let part = self.stage_part(full);
-        self.engine.backend().upload(self.params.d(), &part)
+        let r = self.dp.rank();
+        self.state.load_params(self.engine.backend(), r, &part)
     }
 
     fn owned_state(&self) -> Result<OwnedState> {
-        let be = self.engine.backend();
-        let (p, m, v) = (
-            be.read(self.params.s())?,
-            be.read(self.opt.m.s())?,
-            be.read(self.opt.v.s())?,
-        );
+        let [p, m, v] = self
+            .state
+            .host_state(self.dp.as_ref(), self.engine.backend())?;
         let (segments, mut vals) = self.owned(&[&p, &m, &v]);
         let v = vals.pop().expect("v");
         let m = vals.pop().expect("m");
@@ -753,10 +651,9 @@ impl<B: Backend> Strategy for Pipelined<B> {
     fn load_state(&mut self, params: &[f32], m: &[f32], v: &[f32], adam_step: u32) -> Result<()> {
         self.load_full(params)?;
         let (m, v) = (self.stage_part(m), self.stage_part(v));
-        let be = self.engine.backend();
-        be.upload(self.opt.m.d(), &m)?;
-        be.upload(self.opt.v.d(), &v)?;
-        self.opt.step = adam_step;
+        let r = self.dp.rank();
+        self.state.load_moments(self.engine.backend(), r, &m, &v)?;
+        self.state.opt.step = adam_step;
         Ok(())
     }
 

@@ -20,7 +20,11 @@ pub struct Units {
 
 impl Units {
     pub fn new(layout: &ParamLayout, n: usize) -> Self {
-        let ranges: Vec<Range<usize>> = layout.units.iter().map(|u| u.range.clone()).collect();
+        Units::from_ranges(layout.units.iter().map(|u| u.range.clone()).collect(), n)
+    }
+
+    /// Contiguous runs of a buffer (in order), each padded and sliced as a unit.
+    pub fn from_ranges(ranges: Vec<Range<usize>>, n: usize) -> Self {
         let shard_len: Vec<usize> = ranges.iter().map(|r| r.len().div_ceil(n)).collect();
         let shard_at = shard_len
             .iter()

@@ -1,0 +1,659 @@
+//! A pipeline stage's training state and how the stage's data-parallel
+//! replicas share it. The state is the stage's units' parameters,
+//! gradients and AdamW moments, plus a copy of the unit holding a tied
+//! tensor the stage reads while an earlier stage owns it (GPT-2's `[wte |
+//! wpe]` on the last stage). Its pieces — the copied unit, then each of the
+//! stage's units — are contiguous runs of its buffers, `[copy | own units]`.
+//!
+//! Sharing, as ZeRO counts it: `Replicated` (ddp: every replica holds
+//! everything and all-reduces the gradient), `Zero1` (moments sharded: the
+//! gradient is reduce-scattered at the step's end, each rank updates its
+//! shard and all-gathers the parameters), `Zero2` (+ gradients sharded:
+//! each piece's gradient is reduce-scattered as soon as its backward is
+//! done, micro-batch by micro-batch) and `Fsdp` (+ parameters sharded: a
+//! piece is all-gathered before it runs and stays gathered while its gather
+//! buffer is not needed for another; a piece a tied tensor lives in has a
+//! gather buffer of its own). Rank r of n owns slice r of every piece,
+//! padded to a multiple of n (`Units`); a copied unit is padded and sliced
+//! as its owner is, so the stages holding a tie sum its gradient shard for
+//! shard.
+
+use super::{StrategyKind, Units};
+use crate::backend::{Backend, Buf, Category};
+use crate::comm::{device, Comm};
+use crate::error::Result;
+use crate::model::layout::TpSplit;
+use crate::model::{AdamW, AdamWConfig, ParamLayout, Segment, UnitGrads, UnitParams};
+use std::ops::Range;
+
+/// How a stage's data-parallel replicas share its state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sharing {
+    Replicated,
+    Zero1,
+    Zero2,
+    Fsdp,
+}
+
+impl Sharing {
+    pub fn of(kind: StrategyKind) -> Self {
+        match kind {
+            StrategyKind::Single | StrategyKind::Ddp | StrategyKind::Tp => Sharing::Replicated,
+            StrategyKind::Zero1 => Sharing::Zero1,
+            StrategyKind::Zero2 => Sharing::Zero2,
+            StrategyKind::Fsdp => Sharing::Fsdp,
+        }
+    }
+}
+
+/// Where a stage's tensors sit in its buffers: `[copied unit | own units]`.
+pub struct StageMap {
+    /// This stage's units.
+    pub units: Range<usize>,
+    /// Their range of the (tensor-parallel) layout.
+    pub own: Range<usize>,
+    /// The layout range of the unit holding a tied tensor this stage reads
+    /// but an earlier stage owns.
+    pub copy: Option<Range<usize>>,
+}
+
+impl StageMap {
+    /// Stage s of the stages `stages` (each a range of units).
+    pub fn of(lay: &ParamLayout, stages: &[Range<usize>], s: usize) -> Self {
+        let units = stages[s].clone();
+        let own = lay.units[units.start].range.start..lay.units[units.end - 1].range.end;
+        let copy = lay.units[units.clone()]
+            .iter()
+            .filter_map(|u| u.tied.as_ref())
+            .find(|t| t.unit < units.start)
+            .map(|t| lay.units[t.unit].range.clone());
+        StageMap { units, own, copy }
+    }
+
+    fn copy_len(&self) -> usize {
+        self.copy.as_ref().map_or(0, |c| c.len())
+    }
+
+    /// Floats in the stage's whole buffers.
+    pub fn len(&self) -> usize {
+        self.copy_len() + self.own.len()
+    }
+
+    /// The buffer range of a layout range (inside the copied unit or the own units).
+    pub fn local(&self, r: &Range<usize>) -> Range<usize> {
+        if let Some(c) = self
+            .copy
+            .as_ref()
+            .filter(|c| c.start <= r.start && r.end <= c.end)
+        {
+            return r.start - c.start..r.end - c.start;
+        }
+        debug_assert!(r.start >= self.own.start && r.end <= self.own.end);
+        let at = r.start - self.own.start + self.copy_len();
+        at..at + r.len()
+    }
+
+    /// Each piece's layout range: the copied unit, then the stage's units.
+    fn pieces(&self, lay: &ParamLayout) -> Vec<Range<usize>> {
+        let own = self.units.clone().map(|u| lay.units[u].range.clone());
+        self.copy.iter().cloned().chain(own).collect()
+    }
+}
+
+/// The pieces' sizes under a sharing over n replicas, in floats, as
+/// `StageState` allocates them (`plan` prices a stage with them).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StageSizes {
+    /// The stage's whole buffers.
+    pub len: usize,
+    /// One rank's shard of every piece.
+    pub shard: usize,
+    /// The largest piece padded to a multiple of n.
+    pub max_padded: usize,
+    /// The largest single shard.
+    pub max_shard: usize,
+    /// The padded piece of a unit that reads a tied tensor (zero where none does).
+    pub head_padded: usize,
+    /// fsdp's gather buffers together.
+    pub gathered: usize,
+}
+
+/// The pieces of a stage and their shards.
+struct Pieces {
+    /// Each piece's layout range.
+    layout: Vec<Range<usize>>,
+    /// Buffer ranges, padded and sliced over the replicas.
+    shards: Units,
+    /// The first unit of the stage and whether piece 0 is a copy.
+    first_unit: usize,
+    copied: bool,
+    /// Under fsdp, each piece's gather buffer (0: the shared one; a
+    /// tied-to piece its own) and each buffer's size.
+    slot_of: Vec<usize>,
+    slots: Vec<usize>,
+    /// The piece of the unit that reads a tied tensor, if any.
+    head: Option<usize>,
+}
+
+impl Pieces {
+    fn new(lay: &ParamLayout, map: &StageMap, n: usize) -> Self {
+        let layout = map.pieces(lay);
+        let mut at = 0;
+        let local: Vec<Range<usize>> = layout
+            .iter()
+            .map(|r| {
+                at += r.len();
+                at - r.len()..at
+            })
+            .collect();
+        let shards = Units::from_ranges(local, n);
+        let mut p = Pieces {
+            layout,
+            shards,
+            first_unit: map.units.start,
+            copied: map.copy.is_some(),
+            slot_of: Vec::new(),
+            slots: vec![0],
+            head: None,
+        };
+        p.slot_of = vec![0; p.layout.len()];
+        for u in map.units.clone() {
+            if let Some((k, _)) = p.tied(lay, u) {
+                p.head = Some(p.piece(u));
+                if p.slot_of[k] == 0 {
+                    p.slot_of[k] = p.slots.len();
+                    p.slots.push(p.shards.padded(k));
+                }
+            }
+        }
+        for k in 0..p.layout.len() {
+            if p.slot_of[k] == 0 {
+                p.slots[0] = p.slots[0].max(p.shards.padded(k));
+            }
+        }
+        p
+    }
+
+    /// The piece of the stage's unit u.
+    fn piece(&self, u: usize) -> usize {
+        usize::from(self.copied) + u - self.first_unit
+    }
+
+    /// The piece holding unit u's tied tensor and the tensor's range in it.
+    fn tied(&self, lay: &ParamLayout, u: usize) -> Option<(usize, Range<usize>)> {
+        let t = lay.units[u].tied.as_ref()?;
+        let k = match t.unit >= self.first_unit {
+            true => self.piece(t.unit),
+            false => 0,
+        };
+        let at = t.range.start - self.layout[k].start;
+        Some((k, at..at + t.range.len()))
+    }
+
+    fn len(&self, k: usize) -> usize {
+        self.layout[k].len()
+    }
+
+    /// Piece k's range in the stage's whole buffers.
+    fn buf(&self, k: usize) -> Range<usize> {
+        self.shards.ranges[k].clone()
+    }
+
+    fn sizes(&self) -> StageSizes {
+        let u = &self.shards;
+        StageSizes {
+            len: u.ranges.last().map_or(0, |r| r.end),
+            shard: u.shard_total(),
+            max_padded: u.max_padded(),
+            max_shard: u.shard_len.iter().copied().max().unwrap_or(0),
+            head_padded: self.head.map_or(0, |k| u.padded(k)),
+            gathered: self.slots.iter().sum(),
+        }
+    }
+
+    /// Rank r's slice of piece k: (offset in the piece, length).
+    fn mine(&self, k: usize, r: usize) -> (usize, usize) {
+        let s = self.shards.shard_len[k];
+        let start = (r * s).min(self.len(k));
+        (start, s.min(self.len(k) - start))
+    }
+}
+
+/// The sizes `StageState` allocates for stage s of `stages` over n replicas.
+pub fn stage_sizes(lay: &ParamLayout, stages: &[Range<usize>], s: usize, n: usize) -> StageSizes {
+    Pieces::new(lay, &StageMap::of(lay, stages, s), n).sizes()
+}
+
+/// Where the parameters live.
+enum Params<B: Backend> {
+    /// Replicated, zero1, zero2: the whole stage on every replica.
+    Whole(Buf<B>),
+    /// fsdp: this rank's shard, the gather buffers and which piece each holds.
+    Sharded {
+        shard: Buf<B>,
+        gathered: Vec<Buf<B>>,
+        held: Vec<Option<usize>>,
+    },
+}
+
+/// Gradient scratch slots (zero2, fsdp): a piece's gradient before its
+/// reduce-scatter, and the head's while the tied piece's is in [BODY].
+/// zero1 and zero2 also pad a piece's gradient and gather parameters in [BODY].
+const BODY: usize = 0;
+const HEAD: usize = 1;
+
+pub struct StageState<B: Backend> {
+    sharing: Sharing,
+    pieces: Pieces,
+    params: Params<B>,
+    /// The stage's whole gradient (replicated, zero1).
+    grads: Option<Buf<B>>,
+    /// This rank's shard of the reduced gradient (zero1, zero2, fsdp).
+    g_shard: Option<Buf<B>>,
+    scratch: Vec<Buf<B>>,
+    rs_out: Option<Buf<B>>,
+    pub opt: AdamW<B>,
+}
+
+impl<B: Backend> StageState<B> {
+    pub fn new(
+        be: &B,
+        lay: &ParamLayout,
+        map: &StageMap,
+        sharing: Sharing,
+        n: usize,
+        adamw: AdamWConfig,
+    ) -> Result<Self> {
+        let pieces = Pieces::new(lay, map, n);
+        let z = pieces.sizes();
+        let sharded = sharing != Sharing::Replicated;
+        let params = match sharing {
+            Sharing::Fsdp => Params::Sharded {
+                shard: be.alloc(z.shard, Category::Params)?,
+                gathered: pieces
+                    .slots
+                    .iter()
+                    .map(|&n| be.alloc(n, Category::Params))
+                    .collect::<Result<_>>()?,
+                held: vec![None; pieces.slots.len()],
+            },
+            _ => Params::Whole(be.alloc(z.len, Category::Params)?),
+        };
+        let grads = match sharing {
+            Sharing::Replicated | Sharing::Zero1 => Some(be.alloc(z.len, Category::Grads)?),
+            _ => None,
+        };
+        let mut scratch = Vec::new();
+        if sharded {
+            scratch.push(be.alloc(z.max_padded, Category::Other)?);
+        }
+        if matches!(sharing, Sharing::Zero2 | Sharing::Fsdp) && z.head_padded > 0 {
+            scratch.push(be.alloc(z.head_padded, Category::Other)?);
+        }
+        let opt_len = if sharded { z.shard } else { z.len };
+        Ok(StageState {
+            g_shard: sharded
+                .then(|| be.alloc(z.shard, Category::Grads))
+                .transpose()?,
+            rs_out: sharded
+                .then(|| be.alloc(z.max_shard, Category::Other))
+                .transpose()?,
+            opt: AdamW::new(be, opt_len, adamw)?,
+            sharing,
+            pieces,
+            params,
+            grads,
+            scratch,
+        })
+    }
+
+    /// The piece the stage's unit u is.
+    pub fn piece(&self, u: usize) -> usize {
+        self.pieces.piece(u)
+    }
+
+    /// Zeroes the gradient accumulators before a step's first micro-batch.
+    pub fn begin_step(&mut self, be: &B) {
+        for g in self.grads.iter_mut().chain(self.g_shard.iter_mut()) {
+            be.fill(g.d(), 0.0);
+        }
+    }
+
+    /// fsdp: all-gathers the pieces unit u reads, unless their buffers hold them.
+    pub fn ready(&mut self, dp: &dyn Comm, be: &B, lay: &ParamLayout, u: usize) -> Result<()> {
+        let k = self.pieces.piece(u);
+        self.fetch(dp, be, k)?;
+        if let Some((t, _)) = self.pieces.tied(lay, u) {
+            self.fetch(dp, be, t)?;
+        }
+        Ok(())
+    }
+
+    fn fetch(&mut self, dp: &dyn Comm, be: &B, k: usize) -> Result<()> {
+        let Params::Sharded {
+            shard,
+            gathered,
+            held,
+        } = &mut self.params
+        else {
+            return Ok(());
+        };
+        let slot = self.pieces.slot_of[k];
+        if held[slot] != Some(k) {
+            let u = &self.pieces.shards;
+            device::all_gather(
+                dp,
+                be,
+                shard.slice(u.shard_of(k)),
+                gathered[slot].slice_mut(0..u.padded(k)),
+            )?;
+            held[slot] = Some(k);
+        }
+        Ok(())
+    }
+
+    /// Unit u's parameters (gathered first under fsdp: `ready`).
+    pub fn params(&self, lay: &ParamLayout, u: usize) -> UnitParams<'_, B> {
+        let at = |k: usize, r: Range<usize>| match &self.params {
+            Params::Whole(p) => p.slice(self.pieces.buf(k)).slice(r),
+            Params::Sharded { gathered, .. } => gathered[self.pieces.slot_of[k]].slice(r),
+        };
+        let k = self.pieces.piece(u);
+        UnitParams {
+            own: at(k, 0..self.pieces.len(k)),
+            tied: self.pieces.tied(lay, u).map(|(t, r)| at(t, r)),
+        }
+    }
+
+    /// Unit u's parameters and where its backward accumulates: the whole
+    /// gradient (replicated, zero1) or cleared scratch that `backward_done`
+    /// reduce-scatters (zero2, fsdp).
+    pub fn unit(
+        &mut self,
+        be: &B,
+        lay: &ParamLayout,
+        u: usize,
+    ) -> (UnitParams<'_, B>, UnitGrads<'_, B>) {
+        let pc = &self.pieces;
+        let (k, tied) = (pc.piece(u), pc.tied(lay, u));
+        let grads = match &mut self.grads {
+            Some(g) => match &tied {
+                Some((t, r)) => {
+                    let tr = pc.buf(*t).start + r.start..pc.buf(*t).start + r.end;
+                    let (tg, own) = g.d().split2(tr, pc.buf(k));
+                    UnitGrads {
+                        own,
+                        tied: Some(tg),
+                    }
+                }
+                None => UnitGrads {
+                    own: g.slice_mut(pc.buf(k)),
+                    tied: None,
+                },
+            },
+            None => {
+                let slot = if tied.is_some() { HEAD } else { BODY };
+                be.fill(self.scratch[slot].slice_mut(0..pc.shards.padded(k)), 0.0);
+                if let Some((t, _)) = &tied {
+                    be.fill(self.scratch[BODY].slice_mut(0..pc.shards.padded(*t)), 0.0);
+                }
+                match (&tied, self.scratch.as_mut_slice()) {
+                    (Some((_, r)), [body, head]) => UnitGrads {
+                        own: head.slice_mut(0..pc.len(k)),
+                        tied: Some(body.slice_mut(r.clone())),
+                    },
+                    (_, scratch) => UnitGrads {
+                        own: scratch[BODY].slice_mut(0..pc.len(k)),
+                        tied: None,
+                    },
+                }
+            }
+        };
+        let at = |k: usize, r: Range<usize>| match &self.params {
+            Params::Whole(p) => p.slice(pc.buf(k)).slice(r),
+            Params::Sharded { gathered, .. } => gathered[pc.slot_of[k]].slice(r),
+        };
+        let params = UnitParams {
+            own: at(k, 0..pc.len(k)),
+            tied: tied.map(|(t, r)| at(t, r)),
+        };
+        (params, grads)
+    }
+
+    /// zero2, fsdp: reduce-scatters the gradient unit u's backward left in
+    /// scratch (and its tied piece's) into this rank's shard.
+    pub fn backward_done(
+        &mut self,
+        dp: &dyn Comm,
+        be: &B,
+        lay: &ParamLayout,
+        u: usize,
+    ) -> Result<()> {
+        if self.grads.is_some() {
+            return Ok(());
+        }
+        let tied = self.pieces.tied(lay, u);
+        let slot = if tied.is_some() { HEAD } else { BODY };
+        self.reduce(dp, be, self.pieces.piece(u), slot)?;
+        if let Some((t, _)) = tied {
+            self.reduce(dp, be, t, BODY)?;
+        }
+        Ok(())
+    }
+
+    /// Reduce-scatters piece k's padded gradient in scratch `slot` and adds this rank's part to its shard.
+    fn reduce(&mut self, dp: &dyn Comm, be: &B, k: usize, slot: usize) -> Result<()> {
+        let u = &self.pieces.shards;
+        let s = u.shard_len[k];
+        let (out, shard) = (
+            self.rs_out.as_mut().expect("sharded"),
+            self.g_shard.as_mut().expect("sharded"),
+        );
+        device::reduce_scatter(
+            dp,
+            be,
+            self.scratch[slot].slice(0..u.padded(k)),
+            out.slice_mut(0..s),
+        )?;
+        be.add_inplace(shard.slice_mut(u.shard_of(k)), out.slice(0..s));
+        Ok(())
+    }
+
+    /// After the step's last backward: the gradient summed over the
+    /// replicas (all-reduced, or reduce-scattered into the shards), and the
+    /// tied piece `tie` summed over the stages that hold it.
+    pub fn reduce_all(
+        &mut self,
+        dp: &dyn Comm,
+        be: &B,
+        tie: Option<(&dyn Comm, usize)>,
+    ) -> Result<()> {
+        match self.sharing {
+            Sharing::Replicated => {
+                let g = self.grads.as_mut().expect("replicated");
+                if dp.size() > 1 {
+                    device::all_reduce(dp, be, g.d())?;
+                }
+                if let Some((group, k)) = tie {
+                    device::all_reduce(group, be, g.slice_mut(self.pieces.buf(k)))?;
+                }
+                return Ok(());
+            }
+            Sharing::Zero1 => {
+                for k in 0..self.pieces.layout.len() {
+                    let (len, pad) = (self.pieces.len(k), self.pieces.shards.padded(k));
+                    let g = self.grads.as_ref().expect("zero1");
+                    be.copy(
+                        self.scratch[BODY].slice_mut(0..len),
+                        g.slice(self.pieces.buf(k)),
+                    );
+                    be.fill(self.scratch[BODY].slice_mut(len..pad), 0.0);
+                    self.reduce(dp, be, k, BODY)?;
+                }
+            }
+            Sharing::Zero2 | Sharing::Fsdp => {}
+        }
+        if let Some((group, k)) = tie {
+            let at = self.pieces.shards.shard_of(k);
+            let g = self.g_shard.as_mut().expect("sharded");
+            device::all_reduce(group, be, g.slice_mut(at))?;
+        }
+        Ok(())
+    }
+
+    /// The squared norm of the reduced gradient this rank holds, split
+    /// into tensor-parallel-split and replicated tensors (the copied unit
+    /// not counted: its owner counts it). Sharded: this rank's shard only.
+    pub fn grad_squares(&self, be: &B, lay: &ParamLayout, r: usize) -> Result<(f64, f64)> {
+        let (mut split, mut rep) = (0.0f64, 0.0f64);
+        for k in usize::from(self.pieces.copied)..self.pieces.layout.len() {
+            // (the gradient buffer, where piece k's values start in it, their layout start, length)
+            let (g, at, global, len) = match (&self.grads, &self.g_shard) {
+                (_, Some(gs)) => {
+                    let (start, len) = self.pieces.mine(k, r);
+                    let at = self.pieces.shards.shard_at[k];
+                    (gs, at, self.pieces.layout[k].start + start, len)
+                }
+                (Some(g), None) => (
+                    g,
+                    self.pieces.buf(k).start,
+                    self.pieces.layout[k].start,
+                    self.pieces.len(k),
+                ),
+                (None, None) => unreachable!("a stage holds a gradient"),
+            };
+            for t in &lay.tensors {
+                let tr = t.range();
+                let (a, b) = (tr.start.max(global), tr.end.min(global + len));
+                if a >= b {
+                    continue;
+                }
+                let sq = be.sum_squares(g.slice(at + a - global..at + b - global))?;
+                match t.split {
+                    TpSplit::Replicated => rep += sq,
+                    _ => split += sq,
+                }
+            }
+        }
+        Ok((split, rep))
+    }
+
+    /// Whether the gradient is sharded over the replicas (its norm is summed over them).
+    pub fn sharded(&self) -> bool {
+        self.sharing != Sharing::Replicated
+    }
+
+    /// One AdamW update of what this rank owns (zero1, zero2: then the
+    /// parameters all-gathered back into every replica's whole copy).
+    pub fn update(
+        &mut self,
+        dp: &dyn Comm,
+        be: &B,
+        lay: &ParamLayout,
+        lr: f32,
+        clip: f32,
+    ) -> Result<()> {
+        let r = dp.rank();
+        let pc = &self.pieces;
+        let segs: Vec<Segment> = match self.sharing {
+            Sharing::Replicated => (0..pc.layout.len())
+                .map(|k| Segment {
+                    global: pc.layout[k].start,
+                    local: pc.buf(k).start,
+                    len: pc.len(k),
+                })
+                .collect(),
+            _ => (0..pc.layout.len())
+                .filter_map(|k| {
+                    let (start, len) = pc.mine(k, r);
+                    (len > 0).then(|| Segment {
+                        global: pc.layout[k].start + start,
+                        local: pc.shards.shard_at[k],
+                        len,
+                    })
+                })
+                .collect(),
+        };
+        let grads = match (&self.grads, &self.g_shard) {
+            (_, Some(g)) | (Some(g), None) => g.s(),
+            (None, None) => unreachable!("a stage holds a gradient"),
+        };
+        match (&mut self.params, self.sharing) {
+            (Params::Sharded { shard, held, .. }, _) => {
+                self.opt.update(be, shard.d(), grads, lay, &segs, lr, clip);
+                held.iter_mut().for_each(|h| *h = None);
+            }
+            (Params::Whole(p), Sharing::Replicated) => {
+                self.opt.update(be, p.d(), grads, lay, &segs, lr, clip);
+            }
+            (Params::Whole(p), _) => {
+                let u = &pc.shards;
+                let mut mine = be.alloc(u.shard_total(), Category::Other)?;
+                u.shard_from(be, p.s(), r, mine.d());
+                self.opt.update(be, mine.d(), grads, lay, &segs, lr, clip);
+                let gather = &mut self.scratch[BODY];
+                for k in 0..pc.layout.len() {
+                    device::all_gather(
+                        dp,
+                        be,
+                        mine.slice(u.shard_of(k)),
+                        gather.slice_mut(0..u.padded(k)),
+                    )?;
+                    be.copy(p.slice_mut(pc.buf(k)), gather.slice(0..pc.len(k)));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The stage's whole parameters and moments as host buffers
+    /// (`[copy | own units]`), gathered over the replicas where sharded.
+    pub fn host_state(&self, dp: &dyn Comm, be: &B) -> Result<[Vec<f32>; 3]> {
+        let whole = |b: &Buf<B>, sharded: bool| -> Result<Vec<f32>> {
+            let host = be.read(b.s())?;
+            if !sharded {
+                return Ok(host.into_owned());
+            }
+            let u = &self.pieces.shards;
+            let mut out = vec![0.0; self.pieces.sizes().len];
+            for k in 0..u.ranges.len() {
+                let mut all = vec![0.0; u.padded(k)];
+                dp.all_gather(&host[u.shard_of(k)], &mut all)?;
+                out[u.ranges[k].clone()].copy_from_slice(&all[..self.pieces.len(k)]);
+            }
+            Ok(out)
+        };
+        let params = match &self.params {
+            Params::Whole(p) => whole(p, false)?,
+            Params::Sharded { shard, .. } => whole(shard, true)?,
+        };
+        let sharded = self.sharded();
+        Ok([
+            params,
+            whole(&self.opt.m, sharded)?,
+            whole(&self.opt.v, sharded)?,
+        ])
+    }
+
+    /// Loads the stage's whole parameters (`[copy | own units]`, host); replica r keeps its part.
+    pub fn load_params(&mut self, be: &B, r: usize, whole: &[f32]) -> Result<()> {
+        match &mut self.params {
+            Params::Whole(p) => be.upload(p.d(), whole),
+            Params::Sharded { shard, held, .. } => {
+                held.iter_mut().for_each(|h| *h = None);
+                be.upload(shard.d(), &self.pieces.shards.shard_of_host(whole, r))
+            }
+        }
+    }
+
+    /// Loads the stage's whole moments (host); replica r keeps its part.
+    pub fn load_moments(&mut self, be: &B, r: usize, m: &[f32], v: &[f32]) -> Result<()> {
+        let part = |x: &[f32]| match self.sharded() {
+            true => self.pieces.shards.shard_of_host(x, r),
+            false => x.to_vec(),
+        };
+        let (m, v) = (part(m), part(v));
+        be.upload(self.opt.m.d(), &m)?;
+        be.upload(self.opt.v.d(), &v)
+    }
+}
