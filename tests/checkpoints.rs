@@ -151,7 +151,12 @@ fn stop_and_resume_is_bit_exact_for_tp_zero1_zero2_and_the_mesh() {
 #[test]
 fn pipelines_resume_bit_exactly_and_reshard_to_and_from_single() {
     let single = run(&config(&out("pp-single")), StrategyKind::Single, 1);
-    for (strategy, n, tp) in [(StrategyKind::Ddp, 4, 1), (StrategyKind::Tp, 4, 2)] {
+    for (strategy, n, tp) in [
+        (StrategyKind::Ddp, 4, 1),
+        (StrategyKind::Tp, 4, 2),
+        (StrategyKind::Zero2, 4, 1),
+        (StrategyKind::Fsdp, 8, 2),
+    ] {
         let what = format!("{strategy:?} x{n} tp {tp} pp 2");
         let whole = run_pp(
             &config(&out(&format!("pp-whole-{what}"))),
@@ -204,12 +209,18 @@ fn pipelines_resume_bit_exactly_and_reshard_to_and_from_single() {
         stop_after: Some(1),
         ..config(&out("pp-from-single-next"))
     };
-    let next = run_pp(&into_pp, StrategyKind::Ddp, 4, 1, 2);
-    let (got, want) = (next.losses[0], single.losses[3]);
-    assert!(
-        (got - want).abs() <= 1e-5,
-        "single -> pp 2 x dp 2: step 4 loss {got} vs {want}"
-    );
+    for (strategy, n, tp) in [(StrategyKind::Ddp, 4, 1), (StrategyKind::Fsdp, 8, 2)] {
+        let into_pp = TrainConfig {
+            out_dir: out(&format!("pp-from-single-next-{strategy}")),
+            ..into_pp.clone()
+        };
+        let next = run_pp(&into_pp, strategy, n, tp, 2);
+        let (got, want) = (next.losses[0], single.losses[3]);
+        assert!(
+            (got - want).abs() <= 1e-5,
+            "single -> {strategy} x{n} tp {tp} pp 2: step 4 loss {got} vs {want}"
+        );
+    }
 }
 
 #[test]

@@ -147,30 +147,31 @@ fn strategies_over_mpi_match_single() {
         ));
     }
     // pipelines: 2 stages (MPI_Sendrecv between neighbours), the rest data
-    // parallel, and at 4 ranks a 2 x 2 pipeline x tensor mesh
+    // parallel; at 4 ranks a 2 x 2 pipeline x tensor mesh and every sharded
+    // strategy over tensor parallelism, pipelines and both together
     if n.is_multiple_of(2) {
         use distgpt::parallel::{Pipeline, Schedule};
-        for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
-            let mut layouts = vec![(StrategyKind::Ddp, 1)];
-            if n == 4 {
-                layouts.push((StrategyKind::Tp, 2));
+        use StrategyKind::*;
+        let (gpipe, one_f) = (Schedule::GPipe, Schedule::OneFOneB);
+        let mut layouts = vec![(Ddp, 2, 1, gpipe), (Ddp, 2, 1, one_f)];
+        if n == 4 {
+            layouts.extend([(Tp, 2, 2, gpipe), (Tp, 2, 2, one_f)]);
+            for s in [Zero1, Zero2, Fsdp] {
+                layouts.extend([(s, 1, 2, one_f), (s, 2, 1, one_f), (s, 2, 2, gpipe)]);
             }
-            for (strategy, tp) in layouts {
-                cases.push((
-                    ParallelConfig {
-                        strategy,
-                        world_size: n,
-                        tp,
-                        recompute: false,
-                        precision: Default::default(),
-                        pipeline: Pipeline {
-                            stages: 2,
-                            schedule,
-                        },
-                    },
-                    2,
-                ));
-            }
+        }
+        for (strategy, stages, tp, schedule) in layouts {
+            cases.push((
+                ParallelConfig {
+                    strategy,
+                    world_size: n,
+                    tp,
+                    recompute: false,
+                    precision: Default::default(),
+                    pipeline: Pipeline { stages, schedule },
+                },
+                2,
+            ));
         }
     }
     for (par, grad_accum) in cases {

@@ -193,13 +193,6 @@ pub fn partition(layout: &ParamLayout, p: usize) -> Vec<Range<usize>> {
         .collect()
 }
 
-/// Stage s of p's units and the floats its parameter buffer holds (its
-/// units', with a copy of a tied tensor it reads but does not own).
-pub fn stage_size(layout: &ParamLayout, p: usize, s: usize) -> (Range<usize>, usize) {
-    let map = StageMap::of(layout, &partition(layout, p), s);
-    (map.units.clone(), map.len())
-}
-
 /// Micro-batches whose activations stage s of p holds at once.
 pub fn in_flight(schedule: Schedule, s: usize, p: usize, m: usize) -> usize {
     match schedule {

@@ -10,7 +10,7 @@
 pub mod calibrate;
 
 use crate::model::{ModelConfig, ParamLayout, Precision as ModelPrecision};
-use crate::parallel::{pipeline, ParallelConfig, StrategyKind, Units};
+use crate::parallel::{self, pipeline, ParallelConfig, StrategyKind, Units};
 use serde::Serialize;
 
 /// Bytes per element of each kind of state.
@@ -266,7 +266,8 @@ pub fn memory_plan(w: &Workload, par: ParallelConfig, precision: Precision) -> M
 }
 
 /// The bytes of a rank of pipeline stage `s`: its units' parameters,
-/// gradients and moments (with a tied tensor's copy), and the activations
+/// gradients and moments (with a tied tensor's unit copied), shared over
+/// the stage's replicas as its strategy shares them, and the activations
 /// of the micro-batches its schedule keeps in flight, each sized for the
 /// stage's units as the engine allocates them.
 pub fn stage_memory_plan(
@@ -276,25 +277,51 @@ pub fn stage_memory_plan(
     s: usize,
 ) -> MemoryPlan {
     let par = par.resolved();
-    let pp = par.pipeline.stages;
-    if pp <= 1 {
+    if !par.staged() {
         return unpipelined_memory_plan(w, par, precision);
     }
+    let pp = par.pipeline.stages;
     let m = &w.model;
     let layout = m.layout(par.tp);
-    let (units, floats) = pipeline::stage_size(&layout, pp, s);
-    let floats = floats as f64;
+    let stages = pipeline::partition(&layout, pp);
+    let z = parallel::stage_sizes(&layout, &stages, s, par.dp());
+    let units = stages[s].clone();
     let live = pipeline::in_flight(par.pipeline.schedule, s, pp, w.grad_accum) as f64;
     let rows = (w.batch / par.dp(), w.seq_len);
     let acts = |p| m.stage_activation_elems(par.tp, rows, (units.clone(), par.recompute), p);
     let fp32 = acts(ModelPrecision::Fp32);
+    let (pb, gb, ob) = (
+        precision.params_bytes(),
+        precision.grads_bytes(),
+        precision.optimizer_bytes(),
+    );
+    let (len, shard) = (z.len as f64, z.shard as f64);
     let mut mem = MemoryPlan {
-        params: precision.params_bytes() * floats,
-        grads: precision.grads_bytes() * floats,
-        optimizer: precision.optimizer_bytes() * floats,
         activations: live * fp32.0 as f64 * precision.activation_bytes(),
         ..MemoryPlan::default()
     };
+    // as `parallel::stage` allocates: a padded piece's gradient scratch, the
+    // reduce-scatter's output, and zero1/zero2's transient parameter shard
+    let scratch = gb * (z.max_padded + z.max_shard) as f64;
+    match par.strategy {
+        StrategyKind::Single | StrategyKind::Ddp | StrategyKind::Tp => {
+            (mem.params, mem.grads, mem.optimizer) = (pb * len, gb * len, ob * len);
+        }
+        StrategyKind::Zero1 => {
+            (mem.params, mem.grads, mem.optimizer) = (pb * len, gb * (len + shard), ob * shard);
+            mem.other = scratch + pb * shard;
+        }
+        StrategyKind::Zero2 => {
+            (mem.params, mem.grads, mem.optimizer) = (pb * len, gb * shard, ob * shard);
+            mem.other = scratch + gb * z.head_padded as f64 + pb * shard;
+        }
+        StrategyKind::Fsdp => {
+            mem.gathered = pb * z.gathered as f64;
+            (mem.params, mem.grads, mem.optimizer) =
+                (pb * shard + mem.gathered, gb * shard, ob * shard);
+            mem.other = scratch + gb * z.head_padded as f64;
+        }
+    }
     if par.precision == ModelPrecision::Bf16 {
         let bf16 = acts(ModelPrecision::Bf16);
         mem.activations += live * 4.0 * (bf16.0 - fp32.0) as f64;
@@ -379,10 +406,12 @@ pub fn predict(
     let dp = par.dp();
     let layout = m.layout(tp);
     // a pipeline stage reduces and updates its own units (the largest stage's)
-    let psi = (0..pp)
-        .map(|s| pipeline::stage_size(&layout, pp, s).1)
-        .max()
-        .unwrap_or(0) as f64;
+    let stages = pipeline::partition(&layout, pp);
+    let largest = (0..pp)
+        .map(|s| parallel::stage_sizes(&layout, &stages, s, dp))
+        .max_by_key(|z| z.len)
+        .unwrap_or_default();
+    let psi = largest.len as f64;
     let units = UnitSizes::new(&layout, dp);
     let (pb, gb) = (precision.params_bytes(), precision.grads_bytes());
     let rows = (w.batch / dp * w.seq_len) as f64;
@@ -449,6 +478,9 @@ pub fn predict(
         comm_bytes += acc * 2.0 * (tp as f64 - 1.0) / tp as f64 * bytes;
     }
     let owned = match par.strategy {
+        StrategyKind::Zero1 | StrategyKind::Zero2 | StrategyKind::Fsdp if par.staged() => {
+            largest.shard as f64
+        }
         StrategyKind::Zero1 | StrategyKind::Zero2 | StrategyKind::Fsdp => units.shard,
         _ => psi,
     };
