@@ -167,7 +167,14 @@ fn check_head(head: BertHead) {
         let what = format!("{head:?} {strategy} with recomputation");
         assert_follows(&single, &run(&cfg, par(strategy, 2, 1, true), 1), &what);
     }
-    for (strategy, w, tp) in [(Tp, 2, 1), (Tp, 4, 1), (Ddp, 4, 2)] {
+    for (strategy, w, tp) in [
+        (Tp, 2, 1),
+        (Tp, 4, 1),
+        (Ddp, 4, 2),
+        (Zero1, 4, 2),
+        (Zero2, 4, 2),
+        (Fsdp, 4, 2),
+    ] {
         let what = format!("{head:?} {strategy} on {w} ranks, tp {tp}");
         assert_follows(&single, &run(&cfg, par(strategy, w, tp, false), 1), &what);
     }
@@ -176,7 +183,13 @@ fn check_head(head: BertHead) {
     // pipelines stream the accumulation's micro-batches through 2 stages
     use distgpt::parallel::{Pipeline, Schedule};
     for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
-        for (strategy, w, tp) in [(Ddp, 2, 1), (Ddp, 4, 1), (Tp, 4, 2)] {
+        for (strategy, w, tp) in [
+            (Ddp, 2, 1),
+            (Ddp, 4, 1),
+            (Tp, 4, 2),
+            (Zero2, 4, 1),
+            (Fsdp, 8, 2),
+        ] {
             let pipelined = ParallelConfig {
                 pipeline: Pipeline {
                     stages: 2,
