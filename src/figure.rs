@@ -1,11 +1,12 @@
 //! Line charts as PNG and SVG (plotters), for `compare`'s report and
-//! `distgpt plot`; text in the bundled DejaVu Sans so they look the same on
+//! `distgpt plot`, and pipeline timelines for `bench --timeline`; text in the bundled DejaVu Sans so they look the same on
 //! every machine. The legend sits in its own panel right of the plot, so it
 //! never covers a curve; below it, a note names the series that coincide
 //! (and so hide one another). Series differ in colour, marker shape and dash
 //! pattern, so a dozen stay apart.
 
 use crate::error::{Error, Result};
+use crate::parallel::Span;
 use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint, Ranged};
 use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
@@ -437,6 +438,108 @@ pub fn write(dir: &Path, fig: &Figure) -> Result<Vec<PathBuf>> {
         SVGBackend::new(&svg, (WIDTH, HEIGHT)).into_drawing_area(),
         fig,
     )?;
+    Ok(vec![png, svg])
+}
+
+/// A pipeline timeline: one row per rank, its forwards and backwards as
+/// bars over the step's milliseconds (each labelled with its micro-batch),
+/// idle time left white.
+pub struct Timeline {
+    /// File name without extension.
+    pub stem: String,
+    pub title: String,
+    /// Each row's name and its spans.
+    pub rows: Vec<(String, Vec<Span>)>,
+}
+
+const FORWARD: RGBColor = RGBColor(31, 119, 180);
+const BACKWARD: RGBColor = RGBColor(255, 127, 14);
+
+fn draw_timeline<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, tl: &Timeline) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let err =
+        |e: DrawingAreaErrorKind<DB::ErrorType>| Error::Input(format!("drawing {}: {e}", tl.stem));
+    root.fill(&WHITE).map_err(err)?;
+    let spans = || tl.rows.iter().flat_map(|(_, s)| s);
+    let t0 = spans().map(|s| s.start).fold(f64::MAX, f64::min).min(0.0);
+    let t1 = spans().map(|s| s.end).fold(0.0, f64::max).max(1e-6);
+    let ms = |t: f64| 1e3 * (t - t0);
+    let n = tl.rows.len().max(1);
+    let names: Vec<String> = tl.rows.iter().map(|(name, _)| name.clone()).collect();
+    let mut chart = ChartBuilder::on(&root)
+        .caption(&tl.title, (FONT, 22))
+        .margin(18)
+        .x_label_area_size(56)
+        .y_label_area_size(120)
+        .build_cartesian_2d(0.0..ms(t1) * 1.2, 0.0..n as f64)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .x_desc("milliseconds into the step's pipeline program")
+        .y_labels(n * 2 + 1)
+        .y_label_formatter(&|y: &f64| {
+            let row = (n as f64 - y - 0.5).round();
+            match (y.fract() - 0.5).abs() < 1e-6 && row >= 0.0 {
+                true => names.get(row as usize).cloned().unwrap_or_default(),
+                false => String::new(),
+            }
+        })
+        .label_style((FONT, 15))
+        .axis_desc_style((FONT, 17))
+        .draw()
+        .map_err(err)?;
+    for (i, (_, row)) in tl.rows.iter().enumerate() {
+        let (lo, hi) = ((n - 1 - i) as f64 + 0.15, (n - i) as f64 - 0.15);
+        for s in row {
+            let color = if s.backward { BACKWARD } else { FORWARD };
+            chart
+                .draw_series(std::iter::once(Rectangle::new(
+                    [(ms(s.start), lo), (ms(s.end), hi)],
+                    color.filled(),
+                )))
+                .map_err(err)?;
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    s.micro_batch.to_string(),
+                    ((ms(s.start) + ms(s.end)) / 2.0, (lo + hi) / 2.0),
+                    (FONT, 14).into_font().color(&WHITE),
+                )))
+                .map_err(err)?;
+        }
+    }
+    for (label, color) in [("forward", FORWARD), ("backward", BACKWARD)] {
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(0.0, 0.0), (0.0, 0.0)],
+                color.filled(),
+            )))
+            .map_err(err)?
+            .label(label)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled()));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .label_font((FONT, 15))
+        .position(SeriesLabelPosition::LowerRight)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// Writes `dir/stem.png` and `dir/stem.svg` of a timeline; returns both paths.
+pub fn write_timeline(dir: &Path, tl: &Timeline) -> Result<Vec<PathBuf>> {
+    register_font();
+    let png = dir.join(format!("{}.png", tl.stem));
+    let svg = dir.join(format!("{}.svg", tl.stem));
+    let size = (WIDTH, 140 + 60 * tl.rows.len() as u32);
+    draw_timeline(BitMapBackend::new(&png, size).into_drawing_area(), tl)?;
+    draw_timeline(SVGBackend::new(&svg, size).into_drawing_area(), tl)?;
     Ok(vec![png, svg])
 }
 

@@ -54,6 +54,10 @@ pub struct BenchArgs {
     /// Weight storage for --generate.
     #[arg(long, value_enum, default_value = "f32")]
     weights: DecodeWeightsArg,
+    /// With --pp: draw the last timed step's pipeline timeline (every
+    /// rank's forwards, backwards and idle time) as timeline.png and .svg in DIR.
+    #[arg(long, value_name = "DIR")]
+    timeline: Option<std::path::PathBuf>,
 }
 
 /// Tokens/s of greedy KV-cache generation from a randomly initialised model;
@@ -167,6 +171,39 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
     let tokens_per_s = (b * t * spec.grad_accum) as f64 / step_s;
     let mfu = metrics::mfu(cfg.flops_per_token(t), tokens_per_s, peak);
     let resolved = par.resolved();
+    let bubble = ranks[0].bubble;
+    let formula = distgpt::parallel::pipeline::bubble(par.pipeline.stages, spec.grad_accum);
+    if let Some(dir) = &a.timeline {
+        if bubble.is_none() {
+            anyhow::bail!("--timeline draws a pipeline's schedule: add --pp 2 or more");
+        }
+        std::fs::create_dir_all(dir)
+            .map_err(|e| anyhow::anyhow!("--timeline {}: {e}", dir.display()))?;
+        let rows = ranks
+            .iter()
+            .enumerate()
+            .map(|(r, x)| {
+                let stage = (r / resolved.tp) % par.pipeline.stages;
+                (format!("rank {r} (stage {stage})"), x.timeline.clone())
+            })
+            .collect();
+        let title = format!(
+            "{} {} x{}, pp {} {}, {} micro-batches: bubble {:.1}% measured, {:.1}% by formula",
+            a.model.model_name(),
+            par.strategy,
+            par.world_size,
+            par.pipeline.stages,
+            par.pipeline.schedule,
+            spec.grad_accum,
+            100.0 * bubble.unwrap_or(0.0),
+            100.0 * formula
+        );
+        let stem = "timeline".to_string();
+        let tl = distgpt::figure::Timeline { stem, title, rows };
+        for path in distgpt::figure::write_timeline(dir, &tl)? {
+            eprintln!("wrote {}", path.display());
+        }
+    }
     if a.json {
         let j = serde_json::json!({
             "impl": "distgpt", "model": a.model.model_name(), "params": cfg.num_params(), "batch": b, "seq": t,
@@ -174,6 +211,7 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
             "threads": threads, "ms_per_step": step_s * 1e3, "tokens_per_s": tokens_per_s,
             "tokens_per_s_per_rank": tokens_per_s / par.world_size as f64, "mfu": mfu, "peak_gflops": peak / 1e9,
             "flops_per_token": cfg.flops_per_token(t),
+            "bubble": bubble, "bubble_formula": bubble.map(|_| formula),
             "ranks": ranks.iter().map(|r| serde_json::json!({
                 "peak_bytes": {"params": r.peak[0], "grads": r.peak[1], "optimizer": r.peak[2], "activations": r.peak[3], "other": r.peak[4], "total": r.peak[5]},
                 "comm_bytes_per_step": r.comm_bytes_per_step, "comm_seconds_per_step": r.comm_s_per_step,
@@ -206,6 +244,14 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
         100.0 * mfu,
         peak / 1e9
     );
+    if let Some(b) = bubble {
+        distgpt::outln!(
+            "pipeline bubble: {:.1}% of the program idle, measured (mean over every rank and timed step); \
+             formula (p - 1) / (m + p - 1) = {:.1}%",
+            100.0 * b,
+            100.0 * formula
+        );
+    }
     let h = metrics::human_bytes;
     for (r, x) in ranks.iter().enumerate() {
         distgpt::outln!(

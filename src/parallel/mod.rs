@@ -17,7 +17,7 @@ mod sharded;
 mod stage;
 mod units;
 
-pub use pipeline::{Pipeline, Pipelined, Schedule};
+pub use pipeline::{Pipeline, Pipelined, Schedule, Span};
 pub use replicated::Replicated;
 pub use sharded::Sharded;
 pub use stage::{stage_sizes, StageSizes};
@@ -186,6 +186,11 @@ pub trait Strategy {
     fn memory(&self) -> MemoryReport;
     /// This rank's communication so far, every group together.
     fn comm_stats(&self) -> CommStats;
+    /// The forwards and backwards of the last step's pipeline program
+    /// (empty where the strategy runs no pipeline).
+    fn timeline(&self) -> Vec<Span> {
+        Vec::new()
+    }
 }
 
 /// A rank's part of the training state, in whole-layout coordinates:

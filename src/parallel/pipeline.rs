@@ -29,6 +29,7 @@ use serde::{Deserialize, Serialize};
 use std::any::Any;
 use std::collections::VecDeque;
 use std::ops::Range;
+use std::time::Instant;
 
 /// How micro-batches flow through the stages.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -236,6 +237,36 @@ pub struct Pipelined<B: Backend> {
     inbox_grad: VecDeque<Vec<f32>>,
     outbox_act: VecDeque<Vec<f32>>,
     outbox_grad: VecDeque<Vec<f32>>,
+    /// What this stage computed when in the last step's program.
+    timeline: Vec<Span>,
+}
+
+/// A forward or backward a stage ran, in seconds from its step's start.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Span {
+    pub backward: bool,
+    pub micro_batch: usize,
+    pub start: f64,
+    pub end: f64,
+}
+
+/// The fraction of a pipelined step's program a stage idles, by the
+/// schedule's formula: (p - 1) slots of m + p - 1 for m micro-batches on p
+/// stages (GPipe and 1F1B alike; 1F1B keeps fewer activations, not fewer
+/// idle slots).
+pub fn bubble(p: usize, m: usize) -> f64 {
+    (p - 1) as f64 / (m + p - 1) as f64
+}
+
+/// The idle fraction of a step's programs, measured: one minus the mean
+/// busy time of every rank's spans over the span from the earliest start to
+/// the latest end.
+pub fn measured_bubble(timelines: &[Vec<Span>]) -> Option<f64> {
+    let spans = || timelines.iter().flatten();
+    let start = spans().map(|s| s.start).min_by(f64::total_cmp)?;
+    let end = spans().map(|s| s.end).max_by(f64::total_cmp)?;
+    let busy: f64 = spans().map(|s| s.end - s.start).sum::<f64>() / timelines.len() as f64;
+    Some(1.0 - busy / (end - start))
 }
 
 impl<B: Backend> Pipelined<B> {
@@ -312,6 +343,7 @@ impl<B: Backend> Pipelined<B> {
             inbox_grad: VecDeque::new(),
             outbox_act: VecDeque::new(),
             outbox_grad: VecDeque::new(),
+            timeline: Vec::new(),
         })
     }
 
@@ -395,7 +427,16 @@ impl<B: Backend> Pipelined<B> {
         let (s, p) = (self.pp.rank(), self.pp.size());
         let mut loss = 0.0f32;
         let len = mbs.first().map_or(0, |mb| self.boundary_len(&mb.0));
+        let t0 = Instant::now();
+        self.timeline.clear();
         for op in program(self.schedule, s, p, mbs.len()) {
+            let start = t0.elapsed().as_secs_f64();
+            let span = |backward, micro_batch| Span {
+                backward,
+                micro_batch,
+                start,
+                end: t0.elapsed().as_secs_f64(),
+            };
             match op {
                 Op::Forward(i) => {
                     self.begin(&mbs[i].0, mbs[i].1)?;
@@ -403,8 +444,12 @@ impl<B: Backend> Pipelined<B> {
                         loss += l;
                     }
                     self.in_flight.push_back(self.engine.stash());
+                    self.timeline.push(span(false, i));
                 }
-                Op::Backward(_) => self.run_backward(loss_scale)?,
+                Op::Backward(i) => {
+                    self.run_backward(loss_scale)?;
+                    self.timeline.push(span(true, i));
+                }
                 Op::RecvForward => {
                     let mut x = vec![0.0f32; len];
                     self.pp.recv(&mut x, s - 1)?;
@@ -654,6 +699,10 @@ impl<B: Backend> Strategy for Pipelined<B> {
         self.engine.backend().memory_report()
     }
 
+    fn timeline(&self) -> Vec<Span> {
+        self.timeline.clone()
+    }
+
     fn comm_stats(&self) -> CommStats {
         let mut s = self.dp.stats();
         s.add(&self.pp.stats());
@@ -700,6 +749,68 @@ mod tests {
                     let want = in_flight(schedule, s, p, m);
                     assert_eq!(peak as usize, want, "{schedule} s{s} p{p} m{m}: {ops:?}");
                 }
+            }
+        }
+    }
+
+    /// Runs every stage's program on an ideal machine (a forward takes 1,
+    /// a backward 2, messages are free, a stage waits only for what it
+    /// receives) and returns each stage's spans.
+    fn simulate(schedule: Schedule, p: usize, m: usize) -> Vec<Vec<Span>> {
+        let progs: Vec<Vec<Op>> = (0..p).map(|s| program(schedule, s, p, m)).collect();
+        let (mut at, mut clock) = (vec![0; p], vec![0.0f64; p]);
+        // when micro-batch i's forward / backward finished on each stage
+        let mut fwd = vec![vec![None::<f64>; m]; p];
+        let mut bwd = vec![vec![None::<f64>; m]; p];
+        let mut spans = vec![Vec::new(); p];
+        while (0..p).any(|s| at[s] < progs[s].len()) {
+            let mut moved = false;
+            for s in 0..p {
+                while let Some(&op) = progs[s].get(at[s]) {
+                    let (backward, i, cost) = match op {
+                        Op::Forward(i) => (false, i, 1.0),
+                        Op::Backward(i) => (true, i, 2.0),
+                        _ => {
+                            at[s] += 1;
+                            continue;
+                        }
+                    };
+                    let ready = match (backward, s) {
+                        (false, 0) => Some(0.0),
+                        (false, _) => fwd[s - 1][i],
+                        (true, _) if s + 1 == p => fwd[s][i],
+                        (true, _) => bwd[s + 1][i],
+                    };
+                    let Some(ready) = ready else { break };
+                    let start = clock[s].max(ready);
+                    clock[s] = start + cost;
+                    let done = if backward { &mut bwd } else { &mut fwd };
+                    done[s][i] = Some(clock[s]);
+                    spans[s].push(Span {
+                        backward,
+                        micro_batch: i,
+                        start,
+                        end: clock[s],
+                    });
+                    at[s] += 1;
+                    moved = true;
+                }
+            }
+            assert!(moved, "{schedule} p{p} m{m}: the programs deadlock");
+        }
+        spans
+    }
+
+    #[test]
+    fn on_an_ideal_machine_both_schedules_idle_as_the_bubble_formula_says() {
+        for (p, m) in [(2, 4), (4, 8), (4, 4), (3, 7), (2, 1)] {
+            for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
+                let got = measured_bubble(&simulate(schedule, p, m)).unwrap();
+                let want = bubble(p, m);
+                assert!(
+                    (got - want).abs() < 1e-12,
+                    "{schedule} p{p} m{m}: {got} idle vs formula {want}"
+                );
             }
         }
     }

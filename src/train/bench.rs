@@ -6,7 +6,7 @@ use crate::comm::Comm;
 use crate::error::Result;
 use crate::metrics;
 use crate::model::{AdamWConfig, ModelConfig};
-use crate::parallel::{self, ParallelConfig, StepConfig};
+use crate::parallel::{self, pipeline, ParallelConfig, Span, StepConfig};
 use crate::rng::Rng;
 use std::time::Instant;
 
@@ -26,7 +26,7 @@ pub struct BenchSpec {
 }
 
 /// What one rank measured.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct RankBench {
     /// Mean seconds of a timed step.
     pub step_s: f64,
@@ -34,6 +34,36 @@ pub struct RankBench {
     pub peak: [u64; 6],
     pub comm_bytes_per_step: f64,
     pub comm_s_per_step: f64,
+    /// A pipeline's idle fraction over the timed steps, measured from every
+    /// rank's program (`pipeline::measured_bubble`, the mean of the steps'),
+    /// the same on every rank; none without a pipeline.
+    pub bubble: Option<f64>,
+    /// This rank's forwards and backwards in the last timed step.
+    pub timeline: Vec<Span>,
+}
+
+/// Every rank's timeline of the step just taken (collective; each rank of a
+/// pipeline runs 2m spans, other strategies none).
+fn gather_timelines(world: &dyn Comm, mine: &[Span]) -> Result<Vec<Vec<Span>>> {
+    let flat: Vec<f64> = mine
+        .iter()
+        .flat_map(|s| [f64::from(u8::from(s.backward)), s.micro_batch as f64, s.start, s.end])
+        .collect();
+    let mut all = vec![0.0; flat.len() * world.size()];
+    world.all_gather(&flat, &mut all)?;
+    Ok(all
+        .chunks(flat.len().max(1))
+        .map(|rank| {
+            rank.chunks(4)
+                .map(|x| Span {
+                    backward: x[0] != 0.0,
+                    micro_batch: x[1] as usize,
+                    start: x[2],
+                    end: x[3],
+                })
+                .collect()
+        })
+        .collect())
 }
 
 /// Runs the steps on this rank; returns every rank's measurements (collective).
@@ -63,6 +93,7 @@ pub fn bench_rank<B: Backend + 'static>(
         indicatif::ProgressBar::hidden()
     };
     let mut total = 0.0;
+    let (mut bubbles, mut timelines) = (Vec::new(), Vec::new());
     for i in 0..spec.warmup + spec.steps {
         let mb: Vec<_> = (0..spec.grad_accum.max(1)).map(|_| batch()).collect();
         world.barrier()?;
@@ -76,6 +107,11 @@ pub fn bench_rank<B: Backend + 'static>(
         )?;
         if i >= spec.warmup {
             total += t0.elapsed().as_secs_f64();
+            let mine = strategy.timeline();
+            if !mine.is_empty() {
+                timelines = gather_timelines(world, &mine)?;
+                bubbles.extend(pipeline::measured_bubble(&timelines));
+            }
         }
         pb.inc(1);
     }
@@ -92,14 +128,19 @@ pub fn bench_rank<B: Backend + 'static>(
     world.all_gather(&peak, &mut all_peaks)?;
     let mut all_times = vec![0f64; times.len() * world.size()];
     world.all_gather(&times, &mut all_times)?;
+    let bubble = (!bubbles.is_empty()).then(|| bubbles.iter().sum::<f64>() / bubbles.len() as f64);
+    timelines.resize(world.size(), Vec::new());
     Ok(all_peaks
         .chunks(peak.len())
         .zip(all_times.chunks(times.len()))
-        .map(|(p, t)| RankBench {
+        .zip(timelines)
+        .map(|((p, t), timeline)| RankBench {
             peak: std::array::from_fn(|i| p[i]),
             comm_bytes_per_step: t[0],
             comm_s_per_step: t[1],
             step_s: t[2],
+            bubble,
+            timeline,
         })
         .collect())
 }
