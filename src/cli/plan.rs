@@ -276,7 +276,7 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
     for (world, eff, preds, omitted) in &all {
         distgpt::outln!();
         distgpt::outln!(
-            "{:<26} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10} {:>12}  fits",
+            "{:<38} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10} {:>12}  fits",
             format!("world {world} (eff {:.0}%)", 100.0 * eff),
             "params",
             "grads",
@@ -293,7 +293,7 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
         for p in preds {
             let (m, t) = (&p.memory, &p.time);
             distgpt::outln!(
-                "{:<26} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>12.0}  {}",
+                "{:<38} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>12.0}  {}",
                 plan::layout_name(&p.parallel),
                 m.params / scale,
                 m.grads / scale,

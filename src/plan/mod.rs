@@ -10,7 +10,7 @@
 pub mod calibrate;
 
 use crate::model::{ModelConfig, ParamLayout, Precision as ModelPrecision};
-use crate::parallel::{self, pipeline, ParallelConfig, StrategyKind, Units};
+use crate::parallel::{self, pipeline, ParallelConfig, Pipeline, StrategyKind, Units};
 use serde::Serialize;
 
 /// Bytes per element of each kind of state.
@@ -434,7 +434,8 @@ pub fn predict(
     let compute_s = flops_rank * bubble / (device.peak_flops / share * device.efficiency);
 
     // Communication: bucketed per unit, as the strategies issue it.
-    let dp_link = net.link(dp, tp);
+    // data-parallel replicas sit tp x pp ranks apart, pipeline neighbours tp
+    let dp_link = net.link(dp, tp * pp);
     let tp_link = net.link(tp, 1);
     let calls = units.units;
     let g_bytes = gb * psi;
@@ -464,7 +465,7 @@ pub fn predict(
     if pp > 1 {
         // each micro-batch's activation forward and gradient backward
         // across a stage boundary (an inner stage sends both ways)
-        let (bw, lat) = net.link(pp, dp * tp);
+        let (bw, lat) = net.link(pp, tp);
         comm_s += acc * 2.0 * (stream / bw + lat);
         comm_bytes += acc * 2.0 * stream;
     }
@@ -502,35 +503,44 @@ pub fn predict(
 }
 
 /// Every layout distgpt knows on `world` ranks, valid or not: single
-/// (world 1), ddp, zero1, zero2, fsdp, tp over the whole world, and each dp x tp mesh.
+/// (world 1); ddp, zero1, zero2, fsdp and tp over the whole world; then
+/// every power-of-two grid of tp and pp degrees: each data-parallel
+/// strategy over the remaining replicas (at least two), or tp alone, or a
+/// pipeline alone (pipelines with the default 1f1b schedule).
 fn candidates(world: usize, recompute: bool) -> Vec<ParallelConfig> {
-    let mk = |strategy, tp| ParallelConfig {
+    use StrategyKind::*;
+    let mk = |strategy, tp, stages| ParallelConfig {
         strategy,
         world_size: world,
         tp,
         recompute,
         precision: Default::default(),
-        pipeline: Default::default(),
+        pipeline: Pipeline {
+            stages,
+            schedule: Default::default(),
+        },
     };
-    let mut out = Vec::new();
     if world == 1 {
-        out.push(mk(StrategyKind::Single, 1));
-    } else {
-        for s in [
-            StrategyKind::Ddp,
-            StrategyKind::Zero1,
-            StrategyKind::Zero2,
-            StrategyKind::Fsdp,
-        ] {
-            out.push(mk(s, 1));
-        }
-        out.push(mk(StrategyKind::Tp, world));
-        let mut tp = 2;
-        while tp < world {
-            if world.is_multiple_of(tp) {
-                out.push(mk(StrategyKind::Ddp, tp));
+        return vec![mk(Single, 1, 1)];
+    }
+    let mut out: Vec<ParallelConfig> = [Ddp, Zero1, Zero2, Fsdp].map(|s| mk(s, 1, 1)).to_vec();
+    out.push(mk(Tp, world, 1));
+    let degrees = |n: usize| {
+        (0..usize::BITS)
+            .map(|k| 1usize << k)
+            .take_while(move |&d| d <= n)
+            .filter(move |&d| n.is_multiple_of(d))
+    };
+    for pp in degrees(world) {
+        for tp in degrees(world / pp) {
+            let dp = world / (pp * tp);
+            match dp {
+                1 if tp == 1 => out.push(mk(Ddp, 1, pp)),
+                1 if (tp, pp) != (world, 1) => out.push(mk(Tp, tp, pp)),
+                1 => {}
+                _ if (tp, pp) == (1, 1) => {}
+                _ => out.extend([Ddp, Zero1, Zero2, Fsdp].map(|s| mk(s, tp, pp))),
             }
-            tp *= 2;
         }
     }
     out
@@ -558,10 +568,16 @@ pub fn omitted(m: &ModelConfig, world: usize, batch: usize) -> Vec<String> {
         }
         let reason = if !m.n_head().is_multiple_of(p.tp) {
             format!("{} heads are not divisible by {}", m.n_head(), p.tp)
+        } else if p.pipeline.stages > m.n_layer() {
+            format!(
+                "{} blocks cannot fill {} stages",
+                m.n_layer(),
+                p.pipeline.stages
+            )
         } else {
             format!(
                 "the batch of {batch} is not divisible by the data-parallel size {}",
-                p.world_size / p.tp
+                p.dp()
             )
         };
         let name = layout_name(&p);
@@ -586,6 +602,11 @@ pub fn recommend(predictions: &[Prediction]) -> Option<&Prediction> {
 
 /// Short name of a layout: "fsdp x4", "ddp x8 (tp 2)".
 pub fn layout_name(p: &ParallelConfig) -> String {
+    let r = p.resolved();
+    if r.pipeline.stages == r.world_size && r.world_size > 1 {
+        let rc = if p.recompute { " +recompute" } else { "" };
+        return format!("pp x{} ({}){rc}", r.world_size, r.pipeline.schedule);
+    }
     let s = p.strategy.to_string();
     let base = if p.strategy == StrategyKind::Single {
         s
@@ -716,10 +737,80 @@ mod tests {
         assert!(names.contains(&"ddp x8 (tp 2)".to_string()), "{names:?}");
         assert!(names.contains(&"ddp x8 (tp 4)".to_string()), "{names:?}");
         assert!(
-            !names.iter().any(|n| n.starts_with("tp")),
+            !layouts(&m, 8, 16, false)
+                .iter()
+                .any(|p| p.resolved().tp == 8),
             "12 heads do not split 8 ways: {names:?}"
         );
         assert_eq!(layouts(&m, 1, 16, false).len(), 1);
+    }
+
+    /// The fastest fitting layout for `w` on `world` A100s, with and without recomputation.
+    fn recommended_on_a100s(w: &Workload, world: usize) -> ParallelConfig {
+        let device = Device::datasheet("a100", Precision::Mixed, 0.4).unwrap();
+        let net = Network::datasheet("a100").unwrap();
+        let preds: Vec<Prediction> = [false, true]
+            .into_iter()
+            .flat_map(|rc| layouts(&w.model, world, w.batch, rc))
+            .map(|par| predict(w, par, &device, &net, Precision::Mixed))
+            .collect();
+        recommend(&preds).expect("a layout fits").parallel
+    }
+
+    #[test]
+    fn pipelines_are_recommended_where_they_win_and_not_elsewhere() {
+        // ~44B parameters on 4 nodes of 8 A100s (25 GB/s between nodes):
+        // sharding it over 32 ranks sends its weights across nodes every
+        // micro-batch; 2 stages send only activations
+        let big = GptConfig {
+            n_layer: 96,
+            n_head: 48,
+            n_embd: 6144,
+            block_size: 1024,
+            vocab_size: 50257,
+        };
+        let w = Workload {
+            model: ModelConfig::from(big),
+            batch: 32,
+            seq_len: 1024,
+            grad_accum: 32,
+        };
+        let best = recommended_on_a100s(&w, 32);
+        assert!(best.pipeline.stages > 1, "{}", layout_name(&best));
+        // GPT-2 124M fits whole on a rank: a pipeline would only add its bubble
+        let small = Workload {
+            model: ModelConfig::preset("gpt2").unwrap(),
+            batch: 64,
+            seq_len: 1024,
+            grad_accum: 4,
+        };
+        let best = recommended_on_a100s(&small, 8);
+        assert_eq!(best.pipeline.stages, 1, "{}", layout_name(&best));
+    }
+
+    #[test]
+    fn the_grid_lists_every_strategy_with_pipelines_and_tensor_parallelism() {
+        let m = ModelConfig::preset("gpt2").unwrap();
+        let names: Vec<String> = layouts(&m, 8, 16, false).iter().map(layout_name).collect();
+        for want in [
+            "fsdp x8 (tp 2)",
+            "zero2 x8 (tp 2) (pp 2 1f1b)",
+            "zero1 x8 (pp 4 1f1b)",
+            "ddp x8 (pp 2 1f1b)",
+            "tp x8 (pp 2 1f1b)",
+            "pp x8 (1f1b)",
+        ] {
+            assert!(names.contains(&want.to_string()), "{want}: {names:?}");
+        }
+        assert_eq!(
+            names.iter().filter(|n| n.starts_with("fsdp")).count(),
+            6,
+            "{names:?}"
+        );
+        let tiny = ModelConfig::preset("tiny").unwrap();
+        assert!(omitted(&tiny, 8, 16)
+            .iter()
+            .any(|l| l.contains("cannot fill 8 stages")));
     }
 
     #[test]

@@ -47,7 +47,14 @@ pub struct RankBench {
 fn gather_timelines(world: &dyn Comm, mine: &[Span]) -> Result<Vec<Vec<Span>>> {
     let flat: Vec<f64> = mine
         .iter()
-        .flat_map(|s| [f64::from(u8::from(s.backward)), s.micro_batch as f64, s.start, s.end])
+        .flat_map(|s| {
+            [
+                f64::from(u8::from(s.backward)),
+                s.micro_batch as f64,
+                s.start,
+                s.end,
+            ]
+        })
         .collect();
     let mut all = vec![0.0; flat.len() * world.size()];
     world.all_gather(&flat, &mut all)?;
