@@ -595,8 +595,10 @@ impl<B: Backend> Strategy for Pipelined<B> {
             1.0
         };
         let lay = self.engine.layout().clone();
+        // the engine's own handle: the update's transient shard counts against this rank
+        let counted = self.engine.backend();
         self.state
-            .update(self.dp.as_ref(), &be, &lay, cfg.lr, clip)?;
+            .update(self.dp.as_ref(), counted, &lay, cfg.lr, clip)?;
         be.synchronize()?;
         Ok(StepStats { loss, grad_norm })
     }
