@@ -24,10 +24,13 @@ fn compare_writes_the_report_and_strategies_match_single() {
             Layout::Fsdp,
             Layout::Tp,
             Layout::Mesh,
+            Layout::Pp,
+            Layout::Gpipe,
         ],
         world_sizes: vec![2],
         batch_sizes: vec![4, 8],
         seq_len: 32,
+        grad_accum: 2,
         duration: Duration::Epochs(2.0),
         lr: 3e-3,
         seed: 5,
@@ -42,8 +45,9 @@ fn compare_writes_the_report_and_strategies_match_single() {
     let done = compare::run(&spec, &ds, &multi).unwrap();
     assert!(!done.stopped);
     let results = &done.results;
-    // single, ddp, fsdp, tp at batches 4 and 8; mesh needs 4 ranks and is skipped
-    assert_eq!(results.len(), 8);
+    // single, ddp, fsdp, tp, pp and gpipe at batches 4 and 8; mesh needs 4
+    // ranks and is skipped
+    assert_eq!(results.len(), 12);
     for r in results {
         assert_eq!(r.repeats.len(), 2, "{}: every repeat is kept", r.label);
         let t = r.tokens_per_s_spread();
@@ -60,6 +64,19 @@ fn compare_writes_the_report_and_strategies_match_single() {
         );
         assert_eq!(r.per_epoch.len(), 2, "{}: two epochs", r.label);
         assert!(r.tokens_per_s > 0.0 && r.max_peak()[5] > 0);
+        // a pipeline's last step is timed on both ranks: 2 micro-batches
+        // forward and backward each, and its bubble measured
+        let piped = r.pipeline.stages > 1;
+        assert_eq!(r.timelines.len(), if piped { 2 } else { 0 }, "{}", r.label);
+        assert!(r.timelines.iter().all(|t| t.len() == 4), "{}", r.label);
+        assert_eq!(r.bubble.is_some(), piped, "{}", r.label);
+        if let (Some(b), Some(f)) = (r.bubble, r.bubble_formula) {
+            assert!((0.0..1.0).contains(&b), "{}: bubble {b}", r.label);
+            assert!(
+                (f - 1.0 / 3.0).abs() < 1e-12,
+                "p 2, m 2: (p - 1)/(m + p - 1)"
+            );
+        }
         if r.strategy == StrategyKind::Fsdp {
             let single = results
                 .iter()
@@ -106,6 +123,20 @@ fn compare_writes_the_report_and_strategies_match_single() {
         assert!(
             svg.contains("<svg") && svg.contains("fsdp x2"),
             "{stem}.svg has its legend"
+        );
+        assert!(
+            md.contains(&format!("({stem}.png)")),
+            "report embeds {stem}.png"
+        );
+    }
+    for schedule in ["1f1b", "gpipe"] {
+        let stem = format!("timeline-tiny-ddp-x2-{schedule}-b8");
+        let png = std::fs::read(dir.join(format!("{stem}.png"))).unwrap();
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "{stem}.png is a PNG");
+        let svg = std::fs::read_to_string(dir.join(format!("{stem}.svg"))).unwrap();
+        assert!(
+            svg.contains("rank 1 (stage 1)") && svg.contains("backward"),
+            "{stem}.svg"
         );
         assert!(
             md.contains(&format!("({stem}.png)")),

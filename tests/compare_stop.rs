@@ -22,6 +22,7 @@ fn a_stopped_compare_keeps_only_finished_cells() {
         world_sizes: vec![2],
         batch_sizes: vec![4],
         seq_len: 32,
+        grad_accum: 1,
         duration: Duration::Epochs(2.0),
         lr: 3e-3,
         seed: 5,

@@ -39,7 +39,8 @@ pub struct CompareArgs {
     /// Fine-tune on N training examples only, a sample drawn with --seed (classify).
     #[arg(long)]
     train_examples: Option<usize>,
-    /// Strategies, comma-separated (mesh: ddp over tensor-parallel pairs).
+    /// Strategies, comma-separated (mesh: ddp over tensor-parallel pairs;
+    /// pp, gpipe: ddp over 2-stage pipelines, 1f1b or gpipe, drawn as timelines).
     #[arg(
         long,
         value_enum,
@@ -47,6 +48,10 @@ pub struct CompareArgs {
         default_value = "single,ddp,zero1,zero2,fsdp,tp,mesh"
     )]
     strategies: Vec<Layout>,
+    /// Micro-batches per optimizer step in every run (a pipeline streams
+    /// them; language models only).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    grad_accum: u64,
     /// World sizes of the parallel strategies, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "2,4")]
     world_sizes: Vec<usize>,
@@ -170,6 +175,7 @@ pub fn run(mut a: CompareArgs, threads: usize) -> Result<()> {
         world_sizes: a.world_sizes.clone(),
         batch_sizes: a.batch_sizes.clone(),
         seq_len,
+        grad_accum: a.grad_accum as usize,
         duration: a.steps.map_or(Duration::Epochs(epochs), Duration::Steps),
         lr: a.lr.unwrap_or(3e-3),
         seed: a.seed,

@@ -13,7 +13,7 @@ use crate::backend::cpu::Cpu;
 use crate::data::Dataset;
 use crate::error::{Error, Result};
 use crate::model::{GptConfig, ModelConfig};
-use crate::parallel::{ParallelConfig, StrategyKind};
+use crate::parallel::{pipeline, ParallelConfig, Pipeline, Schedule, Span, StrategyKind};
 use crate::plan::calibrate::{calibrate_cpu, Calibration, Machine};
 use crate::plan::{self, Precision, Workload};
 use crate::train::{self, Duration, TrainConfig, TrainSummary};
@@ -33,6 +33,10 @@ pub enum Layout {
     Fsdp,
     Tp,
     Mesh,
+    /// ddp over 2-stage pipelines (1f1b).
+    Pp,
+    /// ddp over 2-stage pipelines (gpipe).
+    Gpipe,
 }
 
 impl std::fmt::Display for Layout {
@@ -44,7 +48,7 @@ impl std::fmt::Display for Layout {
 }
 
 impl Layout {
-    pub const ALL: [Layout; 7] = [
+    pub const ALL: [Layout; 9] = [
         Layout::Single,
         Layout::Ddp,
         Layout::Zero1,
@@ -52,6 +56,8 @@ impl Layout {
         Layout::Fsdp,
         Layout::Tp,
         Layout::Mesh,
+        Layout::Pp,
+        Layout::Gpipe,
     ];
 
     /// The parallel configuration on `world` ranks (single ignores the world size).
@@ -63,7 +69,20 @@ impl Layout {
             Layout::Zero2 => (StrategyKind::Zero2, world, 1),
             Layout::Fsdp => (StrategyKind::Fsdp, world, 1),
             Layout::Tp => (StrategyKind::Tp, world, world),
-            Layout::Mesh => (StrategyKind::Ddp, world, 2),
+            Layout::Mesh | Layout::Pp | Layout::Gpipe => (
+                StrategyKind::Ddp,
+                world,
+                1 + (self == Layout::Mesh) as usize,
+            ),
+        };
+        let schedule = match self {
+            Layout::Gpipe => Schedule::GPipe,
+            _ => Schedule::OneFOneB,
+        };
+        let stages = if matches!(self, Layout::Pp | Layout::Gpipe) {
+            2
+        } else {
+            1
         };
         ParallelConfig {
             strategy,
@@ -71,7 +90,7 @@ impl Layout {
             tp,
             recompute: false,
             precision: Default::default(),
-            pipeline: Default::default(),
+            pipeline: Pipeline { stages, schedule },
         }
     }
 }
@@ -85,6 +104,8 @@ pub struct CompareSpec {
     pub world_sizes: Vec<usize>,
     pub batch_sizes: Vec<usize>,
     pub seq_len: usize,
+    /// Micro-batches per optimizer step, every cell (a pipeline's in flight).
+    pub grad_accum: usize,
     pub duration: Duration,
     pub lr: f32,
     pub seed: u64,
@@ -296,6 +317,14 @@ pub struct RunResult {
     /// Largest |loss - single's loss| over the steps, same model and batch.
     pub max_loss_deviation_from_single: Option<f64>,
     pub predicted: Option<Predicted>,
+    pub pipeline: Pipeline,
+    /// A pipeline's idle fraction in the first repeat's last step, measured
+    /// over every rank, and by the schedule's formula.
+    pub bubble: Option<f64>,
+    pub bubble_formula: Option<f64>,
+    /// Every rank's forwards and backwards in that step (drawn as a timeline).
+    #[serde(skip)]
+    pub timelines: Vec<Vec<Span>>,
     /// The first repeat's epochs (memory, loss and gradient norm do not vary between repeats).
     pub per_epoch: Vec<EpochPoint>,
     pub losses: Vec<f32>,
@@ -322,8 +351,12 @@ impl RunResult {
     }
 
     /// One row from a cell's repeats (at least one).
-    fn from_summaries(cell: &Cell, seq_len: usize, summaries: &[TrainSummary]) -> Self {
-        let tokens = (cell.batch * seq_len) as f64;
+    fn from_summaries(
+        cell: &Cell,
+        (seq_len, accum): (usize, usize),
+        summaries: &[TrainSummary],
+    ) -> Self {
+        let tokens = (cell.batch * seq_len * accum) as f64;
         let repeats: Vec<RepeatTiming> = summaries
             .iter()
             .map(|s| {
@@ -395,6 +428,11 @@ impl RunResult {
             comm_ms_per_step: s.comm.seconds * 1e3 / s.steps.max(1) as f64,
             max_loss_deviation_from_single: None,
             predicted: None,
+            pipeline: cell.parallel.pipeline,
+            bubble: pipeline::measured_bubble(&s.timelines),
+            bubble_formula: (cell.parallel.pipeline.stages > 1)
+                .then(|| pipeline::bubble(cell.parallel.pipeline.stages, accum)),
+            timelines: s.timelines.clone(),
             per_epoch,
             losses: s.losses.clone(),
         }
@@ -440,7 +478,7 @@ fn predict_cell(
     machine: &Machine,
     calibrations: &mut Vec<Calibration>,
     cell: &Cell,
-    seq_len: usize,
+    (seq_len, grad_accum): (usize, usize),
 ) -> Result<Predicted> {
     let world = cell.parallel.world_size;
     let model = ModelConfig::from(cell.model.clone());
@@ -453,7 +491,7 @@ fn predict_cell(
         model,
         batch: cell.batch,
         seq_len,
-        grad_accum: 1,
+        grad_accum,
     };
     let p = plan::predict(
         &w,
@@ -497,7 +535,7 @@ pub fn run(spec: &CompareSpec, ds: &Dataset, multi: &MultiProgress) -> Result<Co
                 &machine,
                 &mut calibrations,
                 cell,
-                spec.seq_len,
+                (spec.seq_len, spec.grad_accum),
             )?);
         }
     }
@@ -547,12 +585,17 @@ pub fn run(spec: &CompareSpec, ds: &Dataset, multi: &MultiProgress) -> Result<Co
                 cell.parallel.tp,
                 cell.batch
             );
+            let pipe = cell.parallel.pipeline;
+            if pipe.stages > 1 {
+                name.push_str(&format!("-pp{}-{}", pipe.stages, pipe.schedule));
+            }
             if spec.repeats > 1 {
                 name.push_str(&format!("-r{}", repeat + 1));
             }
             let cfg = TrainConfig {
                 batch_size: cell.batch,
                 seq_len: spec.seq_len,
+                grad_accum: spec.grad_accum,
                 duration: spec.duration,
                 lr: spec.lr,
                 min_lr: spec.lr / 10.0,
@@ -584,7 +627,7 @@ pub fn run(spec: &CompareSpec, ds: &Dataset, multi: &MultiProgress) -> Result<Co
             summaries.push(summary);
             outer.inc(1);
         }
-        let mut row = RunResult::from_summaries(cell, spec.seq_len, &summaries);
+        let mut row = RunResult::from_summaries(cell, (spec.seq_len, spec.grad_accum), &summaries);
         row.predicted = predicted.get(i).cloned();
         results.push(row);
     }

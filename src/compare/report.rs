@@ -296,6 +296,37 @@ pub fn write(spec: &CompareSpec, done: &Comparison, command: &str) -> Result<Vec
             figure_files.push((f.title.clone(), format!("{}.png", f.stem)));
         }
     }
+    // each pipeline run's last step, rank by rank
+    for r in results.iter().filter(|r| !r.timelines.is_empty()) {
+        let stage_of = |rank: usize| (rank / r.tp.max(1)) % r.pipeline.stages.max(1);
+        let tl = crate::figure::Timeline {
+            stem: format!(
+                "timeline-{}-{}-x{}-{}-b{}",
+                r.model, r.strategy, r.world_size, r.pipeline.schedule, r.batch
+            ),
+            title: format!(
+                "{} {}, batch {}: bubble {:.1}% measured, {:.1}% by formula",
+                r.model,
+                r.label,
+                r.batch,
+                100.0 * r.bubble.unwrap_or(f64::NAN),
+                100.0 * r.bubble_formula.unwrap_or(f64::NAN)
+            ),
+            rows: r
+                .timelines
+                .iter()
+                .enumerate()
+                .map(|(rank, spans)| {
+                    (
+                        format!("rank {rank} (stage {})", stage_of(rank)),
+                        spans.clone(),
+                    )
+                })
+                .collect(),
+        };
+        written.extend(crate::figure::write_timeline(dir, &tl)?);
+        figure_files.push((tl.title.clone(), format!("{}.png", tl.stem)));
+    }
     let md = markdown(spec, done, &figure_files, command);
     write_atomic(&dir.join("report.md"), md.as_bytes())?;
     written.push(dir.join("report.md"));

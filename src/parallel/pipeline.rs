@@ -242,7 +242,7 @@ pub struct Pipelined<B: Backend> {
 }
 
 /// A forward or backward a stage ran, in seconds from its step's start.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Span {
     pub backward: bool,
     pub micro_batch: usize,

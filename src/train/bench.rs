@@ -44,7 +44,7 @@ pub struct RankBench {
 
 /// Every rank's timeline of the step just taken (collective; each rank of a
 /// pipeline runs 2m spans, other strategies none).
-fn gather_timelines(world: &dyn Comm, mine: &[Span]) -> Result<Vec<Vec<Span>>> {
+pub(crate) fn gather_timelines(world: &dyn Comm, mine: &[Span]) -> Result<Vec<Vec<Span>>> {
     let flat: Vec<f64> = mine
         .iter()
         .flat_map(|s| {

@@ -252,6 +252,9 @@ pub struct TrainSummary {
     pub out_dir: PathBuf,
     /// Stopped before its last step (a signal or `stop_after`), with a checkpoint.
     pub stopped: bool,
+    /// Every rank's forwards and backwards in the last step of a pipeline
+    /// (empty without one).
+    pub timelines: Vec<Vec<crate::parallel::Span>>,
 }
 
 /// Mean validation loss over the first `n` batches of the val split.

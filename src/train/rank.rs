@@ -495,6 +495,12 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
         let mut rank_comm_seconds = vec![0f64; self.world.size()];
         self.world
             .all_gather(&[comm.seconds], &mut rank_comm_seconds)?;
+        // every rank of a pipeline has a timeline, no rank of anything else
+        let mine = self.strategy.timeline();
+        let timelines = match mine.is_empty() {
+            true => Vec::new(),
+            false => super::bench::gather_timelines(self.world, &mine)?,
+        };
         let params = self
             .final_params
             .take()
@@ -536,6 +542,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             sample,
             out_dir: self.cfg.out_dir,
             stopped: self.stopped,
+            timelines,
         }))
     }
 }
