@@ -702,7 +702,11 @@ impl<B: Backend> Strategy for Pipelined<B> {
     }
 
     fn timeline(&self) -> Vec<Span> {
-        self.timeline.clone()
+        // one stage (sharded data parallelism over tp) is no pipeline
+        match self.pp.size() {
+            1 => Vec::new(),
+            _ => self.timeline.clone(),
+        }
     }
 
     fn comm_stats(&self) -> CommStats {
