@@ -7,7 +7,7 @@
 use distgpt::backend::cpu::Cpu;
 use distgpt::model::bert::{BertConfig, BertHead};
 use distgpt::model::{GptConfig, ModelConfig, Precision as EnginePrecision};
-use distgpt::parallel::{launch, ParallelConfig, StrategyKind};
+use distgpt::parallel::{launch, Grid, ParallelConfig, StrategyKind};
 use distgpt::plan::{self, Device, Network, Precision, Workload};
 use distgpt::train::bench::{bench_rank, BenchSpec};
 use std::time::Duration;
@@ -91,7 +91,7 @@ fn check_memory(cfg: &ModelConfig) {
                     let measured = got.peak[5] as f64;
                     // a pipeline's ranks hold different stages; the plan's
                     // memory is the fullest stage's
-                    let stage = (r / par.resolved().tp) % par.pipeline.stages;
+                    let stage = Grid::of(&par).coords(r).stage;
                     let want = plan::stage_memory_plan(&w, par, Precision::Fp32, stage).total();
                     assert!(want <= predicted.memory.total());
                     let off = (want - measured).abs() / measured;
@@ -190,7 +190,7 @@ fn every_pipeline_stage_peaks_where_plan_says() {
                 })
                 .unwrap();
                 for (r, got) in ranks[0].iter().enumerate() {
-                    let stage = (r / tp) % stages;
+                    let stage = Grid::of(&par).coords(r).stage;
                     let want = plan::stage_memory_plan(&w, par, Precision::Fp32, stage).total();
                     let measured = got.peak[5] as f64;
                     let off = (want - measured).abs() / measured;

@@ -183,7 +183,7 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
             .iter()
             .enumerate()
             .map(|(r, x)| {
-                let stage = (r / resolved.tp) % par.pipeline.stages;
+                let stage = distgpt::parallel::Grid::of(&par).coords(r).stage;
                 (format!("rank {r} (stage {stage})"), x.timeline.clone())
             })
             .collect();

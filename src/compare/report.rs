@@ -298,7 +298,12 @@ pub fn write(spec: &CompareSpec, done: &Comparison, command: &str) -> Result<Vec
     }
     // each pipeline run's last step, rank by rank
     for r in results.iter().filter(|r| !r.timelines.is_empty()) {
-        let stage_of = |rank: usize| (rank / r.tp.max(1)) % r.pipeline.stages.max(1);
+        let grid = crate::parallel::Grid {
+            dp: r.world_size / (r.tp.max(1) * r.pipeline.stages.max(1)),
+            pp: r.pipeline.stages.max(1),
+            tp: r.tp.max(1),
+        };
+        let stage_of = |rank: usize| grid.coords(rank).stage;
         let tl = crate::figure::Timeline {
             stem: format!(
                 "timeline-{}-{}-x{}-{}-b{}",

@@ -10,6 +10,7 @@
 //! Strategies know a model only through `model::UnitModel` and the
 //! `ParamLayout` it declares: no family is named here.
 
+pub mod grid;
 pub mod launch;
 pub mod pipeline;
 mod replicated;
@@ -17,6 +18,7 @@ mod sharded;
 mod stage;
 mod units;
 
+pub use grid::Grid;
 pub use pipeline::{Pipeline, Pipelined, Schedule, Span};
 pub use replicated::Replicated;
 pub use sharded::Sharded;
@@ -264,39 +266,29 @@ pub fn build<B: Backend + 'static>(
             par.world_size
         )));
     }
-    let (rank, tp, pp) = (world.rank(), par.tp, par.pipeline.stages);
-    // Consecutive ranks form a tensor-parallel group, then come the stages
-    // of a pipeline, then the data-parallel replicas: rank = (dp_i * pp +
-    // stage) * tp + tp_i. Equal (stage, tp_i) across replicas form a
-    // data-parallel group.
-    let (tp_i, stage, dp_i) = (rank % tp, (rank / tp) % pp, rank / (tp * pp));
-    let dp_comm = world.split(stage * tp + tp_i, dp_i)?;
-    let tp_comm = if tp > 1 {
-        Some(world.split(rank / tp, tp_i)?)
-    } else {
-        None
-    };
+    let grid = Grid::of(&par);
+    let groups = grid.groups(world)?;
     let place = TpPlace {
-        rank: tp_i,
-        size: tp,
+        rank: grid.coords(world.rank()).tp,
+        size: grid.tp,
     };
     let engine = model.engine(backend, place, par.recompute, par.precision)?;
     if par.staged() {
-        let pp_comm = world.split(dp_i * tp + tp_i, stage)?;
         return Ok(Box::new(Pipelined::new(
             engine,
             &model,
-            pipeline::Groups {
-                pp: pp_comm,
-                dp: dp_comm,
-                tp: tp_comm,
-            },
+            (grid, groups),
             world,
             (par.pipeline.schedule, stage::Sharing::of(par.strategy)),
             adamw,
             (b, t),
         )?));
     }
+    let grid::Groups {
+        dp: dp_comm,
+        tp: tp_comm,
+        ..
+    } = groups;
     Ok(match par.strategy {
         StrategyKind::Single | StrategyKind::Ddp | StrategyKind::Tp => Box::new(Replicated::new(
             engine, dp_comm, tp_comm, false, adamw, b, t,

@@ -17,6 +17,7 @@
 //! micro-batch's activations by stashing the engine's (`UnitModel::stash`);
 //! the engine sizes them for the stage's units alone (`set_units`).
 
+use super::grid::{Grid, Groups};
 use super::stage::{Sharing, StageMap, StageState};
 use super::{check_finite, local_rows, OwnedState, StepConfig, StepStats, Strategy};
 use crate::backend::{Backend, MemoryReport};
@@ -202,14 +203,6 @@ pub fn in_flight(schedule: Schedule, s: usize, p: usize, m: usize) -> usize {
     }
 }
 
-/// A stage's groups: its pipeline (stage s is rank s), the data-parallel
-/// replicas of the stage, the tensor-parallel group.
-pub struct Groups {
-    pub pp: Box<dyn Comm>,
-    pub dp: Box<dyn Comm>,
-    pub tp: Option<Box<dyn Comm>>,
-}
-
 pub struct Pipelined<B: Backend> {
     engine: Box<dyn UnitModel<B>>,
     map: StageMap,
@@ -274,7 +267,7 @@ impl<B: Backend> Pipelined<B> {
     pub fn new(
         mut engine: Box<dyn UnitModel<B>>,
         model: &ModelConfig,
-        groups: Groups,
+        (grid, groups): (Grid, Groups),
         world: &dyn Comm,
         (schedule, sharing): (Schedule, Sharing),
         adamw: AdamWConfig,
@@ -301,16 +294,9 @@ impl<B: Backend> Pipelined<B> {
             );
             (owner != reader).then_some((owner, reader, t.unit))
         });
-        let mine = tied_ends
-            .as_ref()
-            .is_some_and(|(a, z, _)| s == *a || s == *z);
-        // rank = (dp_i * p + s) * tp + tp_i: the stages at one (dp_i, tp_i)
-        let tp_n = tp.as_ref().map_or(1, |g| g.size());
-        let color = match mine {
-            true => (world.rank() / (tp_n * p)) * tp_n + world.rank() % tp_n,
-            false => world.size() + world.rank(),
-        };
-        let tie_group = world.split(color, s)?;
+        let ends = tied_ends.as_ref().map_or(vec![], |(a, z, _)| vec![*a, *z]);
+        let mine = ends.contains(&s);
+        let tie_group = grid.stages_group(world, &ends)?;
         let state = StageState::new(engine.backend(), &lay, &map, sharing, dp.size(), adamw)?;
         let tie = match tied_ends {
             // the owner's unit, or the reader's copy of it (piece 0)
