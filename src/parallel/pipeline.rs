@@ -214,8 +214,8 @@ pub struct Pipelined<B: Backend> {
     dp: Box<dyn Comm>,
     tp: Option<Box<dyn Comm>>,
     /// The first and last stage at this (dp, tp) position, which sum the
-    /// tied tensor's gradient, and the piece of this stage it lives in (none
-    /// on other stages, or without a tie across stages).
+    /// gradient of the unit a tied tensor lives in, and that unit's piece
+    /// of this stage (none on other stages, or without a tie across stages).
     tie: Option<(Box<dyn Comm>, usize)>,
     schedule: Schedule,
     b: usize,
