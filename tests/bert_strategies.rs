@@ -191,10 +191,7 @@ fn check_head(head: BertHead) {
             (Fsdp, 8, 2),
         ] {
             let pipelined = ParallelConfig {
-                pipeline: Pipeline {
-                    stages: 2,
-                    schedule,
-                },
+                pipeline: Pipeline::new(2, schedule, 2),
                 ..par(strategy, w, tp, false)
             };
             let what = format!("{head:?} {schedule} pp 2 on {w} ranks, tp {tp}");

@@ -27,11 +27,16 @@ fn run(
         par.tp,
         par.recompute,
         par.pipeline.stages,
-        par.pipeline.schedule
+        par.pipeline.to_string().replace(' ', "-")
     );
+    // four blocks: an interleaved pipeline of two stages runs two chunks each
+    let model = distgpt::model::GptConfig {
+        n_layer: 4,
+        ..common::tiny_model(ds)
+    };
     train_rank(
         Cpu::new(),
-        common::tiny_model(ds),
+        model,
         ds,
         &common::five_steps(&format!("mpi-{tag}"), grad_accum),
         par,
@@ -152,12 +157,13 @@ fn strategies_over_mpi_match_single() {
     if n.is_multiple_of(2) {
         use distgpt::parallel::{Pipeline, Schedule};
         use StrategyKind::*;
-        let (gpipe, one_f) = (Schedule::GPipe, Schedule::OneFOneB);
-        let mut layouts = vec![(Ddp, 2, 1, gpipe), (Ddp, 2, 1, one_f)];
+        let (gpipe, one_f, inter) = (Schedule::GPipe, Schedule::OneFOneB, Schedule::Interleaved);
+        let mut layouts = vec![(Ddp, 2, 1, gpipe), (Ddp, 2, 1, one_f), (Ddp, 2, 1, inter)];
         if n == 4 {
             layouts.extend([(Tp, 2, 2, gpipe), (Tp, 2, 2, one_f)]);
             for s in [Zero1, Zero2, Fsdp] {
                 layouts.extend([(s, 1, 2, one_f), (s, 2, 1, one_f), (s, 2, 2, gpipe)]);
+                layouts.push((s, 2, 1, inter));
             }
         }
         for (strategy, stages, tp, schedule) in layouts {
@@ -168,7 +174,7 @@ fn strategies_over_mpi_match_single() {
                     tp,
                     recompute: false,
                     precision: Default::default(),
-                    pipeline: Pipeline { stages, schedule },
+                    pipeline: Pipeline::new(stages, schedule, 2),
                 },
                 2,
             ));

@@ -3,7 +3,8 @@
 //! every layout of {gpipe, 1f1b} x {pp 2, 4} x {dp 1, 2} x {tp 1, 2}, with
 //! recomputation, matches over five steps (losses within 1e-5, parameters
 //! within 1e-4 of the largest), and so does every cell of the grid
-//! {ddp, zero1, zero2, fsdp} x {pp 1, 2, 4} x {tp 1, 2}. BERT too, both
+//! {ddp, zero1, zero2, fsdp} x {pp 1, 2, 4} x {tp 1, 2}, and interleaved
+//! 1F1B (two chunks a rank) with each of them. BERT too, both
 //! heads (its masked-LM decoder is tied to the word embeddings across the
 //! first and last stage).
 
@@ -39,7 +40,7 @@ fn run(par: ParallelConfig) -> TrainSummary {
         par.world_size,
         par.strategy,
         par.tp,
-        par.pipeline.schedule,
+        par.pipeline.to_string().replace(' ', "-"),
         par.recompute
     );
     let cfg = common::five_steps(&tag, ACCUM);
@@ -80,10 +81,7 @@ fn layout(
         tp,
         recompute,
         precision: Default::default(),
-        pipeline: Pipeline {
-            stages: pp,
-            schedule,
-        },
+        pipeline: Pipeline::new(pp, schedule, 2),
     }
 }
 
@@ -133,6 +131,31 @@ fn every_data_parallel_strategy_composes_with_pipelines_and_tensor_parallelism()
 }
 
 #[test]
+fn interleaved_pipelines_follow_single_in_every_cell() {
+    let single = single();
+    use StrategyKind::*;
+    for (strategy, dp, tp, recompute) in [
+        (Ddp, 1, 1, false),
+        (Ddp, 2, 1, false),
+        (Tp, 1, 2, false),
+        (Zero1, 2, 1, false),
+        (Zero2, 2, 1, true),
+        (Fsdp, 2, 1, false),
+        (Fsdp, 2, 2, true),
+    ] {
+        let what =
+            format!("interleaved pp 2 x dp {dp} x tp {tp}, {strategy}, recompute {recompute}");
+        let got = run(layout(
+            strategy,
+            (dp, 2, tp),
+            Schedule::Interleaved,
+            recompute,
+        ));
+        common::assert_follows(single, &got, &what);
+    }
+}
+
+#[test]
 fn impossible_pipelines_are_refused_in_words() {
     let model: distgpt::model::ModelConfig = model().into();
     let said = |par: ParallelConfig| par.validate(&model, 12).unwrap_err().to_string();
@@ -142,4 +165,31 @@ fn impossible_pipelines_are_refused_in_words() {
     odd.world_size = 3;
     assert!(said(odd)
         .contains("not divisible by the tensor-parallel size 1 times the pipeline stages 2"));
+    let inter = |pp, v| ParallelConfig {
+        pipeline: Pipeline::new(pp, Schedule::Interleaved, v),
+        ..l(StrategyKind::Ddp, 1, pp, 1)
+    };
+    assert!(said(inter(2, 3)).contains("6 chunks, more than the model's 4 blocks"));
+    assert!(said(inter(1, 2)).contains("needs --pp 2 or more"));
+    assert!(said(inter(2, 1)).contains("needs 2 or more chunks a rank"));
+    let mut stray = l(StrategyKind::Ddp, 1, 2, 1);
+    stray.pipeline.virtual_stages = 2;
+    assert!(said(stray).contains("for --schedule interleaved, not 1f1b"));
+    // micro-batches go round in groups of pp
+    let cfg = common::five_steps("pp-interleaved-3", 3);
+    let err = train(
+        Cpu::new,
+        self::model(),
+        dataset(),
+        &cfg,
+        inter(2, 2),
+        2,
+        Wait::from_secs(120),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("make --grad-accum a multiple of 2"),
+        "{err}"
+    );
 }

@@ -161,7 +161,7 @@ fn every_pipeline_stage_peaks_where_plan_says() {
                 ..spec
             },
         );
-        for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
+        for schedule in [Schedule::GPipe, Schedule::OneFOneB, Schedule::Interleaved] {
             for (strategy, world, tp, stages) in [
                 (StrategyKind::Ddp, 2, 1, 2),
                 (StrategyKind::Ddp, 4, 1, 2),
@@ -180,9 +180,10 @@ fn every_pipeline_stage_peaks_where_plan_says() {
                     tp,
                     recompute: false,
                     precision: Default::default(),
-                    pipeline: Pipeline { stages, schedule },
+                    pipeline: Pipeline::new(stages, schedule, 2),
                 };
-                if stages > cfg.n_layer() || (stages == 1 && schedule == Schedule::GPipe) {
+                let v = par.pipeline.virtual_stages;
+                if stages * v > cfg.n_layer() || (stages == 1 && schedule != Schedule::OneFOneB) {
                     continue;
                 }
                 let ranks = launch::run_local(world, 2, Duration::from_secs(60), |c| {

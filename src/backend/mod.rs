@@ -48,7 +48,7 @@ impl Elem for u32 {}
 /// `rows` is B*T. Backward kernels accumulate (`+=`) into parameter
 /// gradients and into `dinp` unless the comment says "overwritten".
 #[allow(clippy::too_many_arguments)]
-pub trait Backend: Send + Sync + Sized + 'static {
+pub trait Backend: Send + Sync + Sized + Clone + 'static {
     /// Storage of `T` elements on the device.
     type Mem<T: Elem>: Send + Sync;
     /// A weight matrix laid out for [`Backend::matmul_decode`].

@@ -172,7 +172,7 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
     let mfu = metrics::mfu(cfg.flops_per_token(t), tokens_per_s, peak);
     let resolved = par.resolved();
     let bubble = ranks[0].bubble;
-    let formula = distgpt::parallel::pipeline::bubble(par.pipeline.stages, spec.grad_accum);
+    let formula = par.pipeline.bubble(spec.grad_accum);
     if let Some(dir) = &a.timeline {
         if bubble.is_none() {
             anyhow::bail!("--timeline draws a pipeline's schedule: add --pp 2 or more");

@@ -86,6 +86,7 @@ fn record_entries(r: &RunRecord) -> Vec<(String, Value)> {
             "schedule",
             Value::String(r.parallel.pipeline.schedule.to_string()),
         ),
+        ("virtual_stages", int(r.parallel.pipeline.virtual_stages)),
         ("recompute", Value::Boolean(r.parallel.recompute)),
         (
             "precision",

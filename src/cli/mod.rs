@@ -191,6 +191,10 @@ pub struct ParallelArgs {
     /// 1f1b keeps at most pp micro-batches' activations on a stage, gpipe all.
     #[arg(long, value_enum, default_value = "1f1b")]
     schedule: distgpt::parallel::Schedule,
+    /// Chunks of blocks per rank under --schedule interleaved (default 2):
+    /// chunk c of rank s is stage c x pp + s of pp x this many.
+    #[arg(long)]
+    virtual_stages: Option<usize>,
     /// Recompute each block's activations in the backward instead of keeping them.
     #[arg(long)]
     recompute: bool,
@@ -322,6 +326,10 @@ impl ParallelArgs {
             pipeline: distgpt::parallel::Pipeline {
                 stages: self.pp,
                 schedule: self.schedule,
+                virtual_stages: self.virtual_stages.unwrap_or(match self.schedule {
+                    distgpt::parallel::Schedule::Interleaved => 2,
+                    _ => 1,
+                }),
             },
         }
     }
@@ -1380,8 +1388,9 @@ fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<Resumed> {
     if set("pp") {
         par.pipeline.stages = mine.pipeline.stages;
     }
-    if set("schedule") {
+    if set("schedule") || set("virtual_stages") {
         par.pipeline.schedule = mine.pipeline.schedule;
+        par.pipeline.virtual_stages = mine.pipeline.virtual_stages;
     }
     Ok(Resumed {
         run_dir,
@@ -1565,6 +1574,7 @@ fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
     cfg.validate()?;
     par.resolved()
         .validate(&model_cfg.clone().into(), cfg.batch_size)?;
+    par.pipeline.check_micro_batches(cfg.grad_accum)?;
     if a.parallel.comm == CommKind::Local {
         check_memory(&model_cfg, &cfg, par.resolved())?;
     }

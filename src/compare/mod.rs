@@ -90,7 +90,7 @@ impl Layout {
             tp,
             recompute: false,
             precision: Default::default(),
-            pipeline: Pipeline { stages, schedule },
+            pipeline: Pipeline::new(stages, schedule, 1),
         }
     }
 }
@@ -431,7 +431,7 @@ impl RunResult {
             pipeline: cell.parallel.pipeline,
             bubble: pipeline::measured_bubble(&s.timelines),
             bubble_formula: (cell.parallel.pipeline.stages > 1)
-                .then(|| pipeline::bubble(cell.parallel.pipeline.stages, accum)),
+                .then(|| cell.parallel.pipeline.bubble(accum)),
             timelines: s.timelines.clone(),
             per_epoch,
             losses: s.losses.clone(),

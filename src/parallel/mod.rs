@@ -102,6 +102,32 @@ impl ParallelConfig {
                 model.n_layer()
             ));
         }
+        let v = self.pipeline.virtual_stages;
+        match self.pipeline.schedule {
+            Schedule::Interleaved if pp < 2 => {
+                return bad("the interleaved schedule needs --pp 2 or more".into());
+            }
+            Schedule::Interleaved if v < 2 => {
+                return bad(format!(
+                    "--virtual-stages {v}: the interleaved schedule needs 2 or more chunks a rank"
+                ));
+            }
+            Schedule::Interleaved if pp * v > model.n_layer() => {
+                return bad(format!(
+                    "--pp {pp} x --virtual-stages {v} is {} chunks, more than the model's {} blocks: \
+                     every chunk needs a block",
+                    pp * v,
+                    model.n_layer()
+                ));
+            }
+            Schedule::GPipe | Schedule::OneFOneB if v != 1 => {
+                return bad(format!(
+                    "--virtual-stages {v} splits a rank's blocks for --schedule interleaved, not {}",
+                    self.pipeline.schedule
+                ));
+            }
+            _ => {}
+        }
         let n_head = model.n_head();
         if !n_head.is_multiple_of(tp) {
             return bad(format!(
@@ -272,18 +298,22 @@ pub fn build<B: Backend + 'static>(
         rank: grid.coords(world.rank()).tp,
         size: grid.tp,
     };
-    let engine = model.engine(backend, place, par.recompute, par.precision)?;
     if par.staged() {
+        // an engine per chunk of blocks this rank holds
+        let engines = (0..par.pipeline.virtual_stages)
+            .map(|_| model.engine(backend.clone(), place, par.recompute, par.precision))
+            .collect::<Result<_>>()?;
         return Ok(Box::new(Pipelined::new(
-            engine,
+            engines,
             &model,
             (grid, groups),
             world,
-            (par.pipeline.schedule, stage::Sharing::of(par.strategy)),
+            (par.pipeline, stage::Sharing::of(par.strategy)),
             adamw,
             (b, t),
         )?));
     }
+    let engine = model.engine(backend, place, par.recompute, par.precision)?;
     let grid::Groups {
         dp: dp_comm,
         tp: tp_comm,

@@ -12,10 +12,19 @@
 //! stage is how sharded data parallelism runs over a tensor-parallel mesh.
 //!
 //! Schedules: GPipe (every micro-batch forward, then every backward: m in
-//! flight) and 1F1B (after p - s - 1 warm-up forwards stage s alternates one
-//! forward and one backward: at most p - s in flight). A stage holds a
-//! micro-batch's activations by stashing the engine's (`UnitModel::stash`);
-//! the engine sizes them for the stage's units alone (`set_units`).
+//! flight), 1F1B (after p - s - 1 warm-up forwards stage s alternates one
+//! forward and one backward: at most p - s in flight) and interleaved 1F1B
+//! (Megatron's: each rank holds v chunks of blocks, chunk c of rank s being
+//! virtual stage c p + s, so micro-batches go round the ranks v times and
+//! the warm-up and drain shrink v-fold). A rank's program is its list of
+//! tasks (a forward or backward of a micro-batch through a chunk) with one
+//! send-receive between each two: the last task's output out, the next
+//! one's input in. `programs` checks, before a step runs, that every pair
+//! of ranks agrees on the order of its messages and that the exchanges
+//! cannot deadlock even when sends wait for their receives. A chunk holds
+//! a micro-batch's activations by stashing its engine's
+//! (`UnitModel::stash`); the engine sizes them for the chunk's units alone
+//! (`set_units`).
 
 use super::grid::{Grid, Groups};
 use super::stage::{Sharing, StageMap, StageState};
@@ -28,7 +37,6 @@ use crate::model::layout::{shard_tp, TpSplit};
 use crate::model::{AdamWConfig, ModelConfig, ParamLayout, UnitModel};
 use serde::{Deserialize, Serialize};
 use std::any::Any;
-use std::collections::VecDeque;
 use std::ops::Range;
 use std::time::Instant;
 
@@ -44,6 +52,11 @@ pub enum Schedule {
     #[value(name = "1f1b")]
     #[serde(rename = "1f1b")]
     OneFOneB,
+    /// 1F1B over v chunks of blocks per rank (Megatron's interleaved
+    /// schedule, --virtual-stages v): a v-th of the bubble for more messages.
+    #[value(name = "interleaved")]
+    #[serde(rename = "interleaved")]
+    Interleaved,
 }
 
 impl std::fmt::Display for Schedule {
@@ -51,6 +64,7 @@ impl std::fmt::Display for Schedule {
         f.write_str(match self {
             Schedule::GPipe => "gpipe",
             Schedule::OneFOneB => "1f1b",
+            Schedule::Interleaved => "interleaved",
         })
     }
 }
@@ -60,6 +74,13 @@ impl std::fmt::Display for Schedule {
 pub struct Pipeline {
     pub stages: usize,
     pub schedule: Schedule,
+    /// Chunks of blocks per rank (the interleaved schedule's v; 1 otherwise).
+    #[serde(default = "one")]
+    pub virtual_stages: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 impl Default for Pipeline {
@@ -67,82 +88,390 @@ impl Default for Pipeline {
         Pipeline {
             stages: 1,
             schedule: Schedule::default(),
+            virtual_stages: 1,
         }
     }
 }
 
-/// One step of a stage's program.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Op {
-    /// Forward of micro-batch i.
-    Forward(usize),
-    /// Backward of micro-batch i.
-    Backward(usize),
-    /// Receive the next activation from the previous stage.
-    RecvForward,
-    /// Send the oldest activation to the next stage.
-    SendForward,
-    /// Receive the next gradient from the next stage.
-    RecvBackward,
-    /// Send the oldest gradient to the previous stage.
-    SendBackward,
-    /// Send an activation to the next stage and receive a gradient from it.
-    SendForwardRecvBackward,
-    /// Send a gradient to the previous stage and receive an activation from it.
-    SendBackwardRecvForward,
+impl std::fmt::Display for Pipeline {
+    /// The schedule, with its chunks per rank when interleaved ("interleaved v2").
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.schedule {
+            Schedule::Interleaved => write!(f, "interleaved v{}", self.virtual_stages),
+            s => write!(f, "{s}"),
+        }
+    }
 }
 
-/// Stage `s` of `p`'s program for `m` micro-batches.
-pub fn program(schedule: Schedule, s: usize, p: usize, m: usize) -> Vec<Op> {
-    let (first, last) = (s == 0, s + 1 == p);
-    let mut ops = Vec::new();
-    let mut push = |op: Op, skip: bool| {
-        if !skip {
-            ops.push(op);
+impl Pipeline {
+    /// Stages over p ranks with this schedule, interleaved with `v` chunks a rank.
+    pub fn new(stages: usize, schedule: Schedule, v: usize) -> Self {
+        let virtual_stages = if schedule == Schedule::Interleaved {
+            v
+        } else {
+            1
+        };
+        Pipeline {
+            stages,
+            schedule,
+            virtual_stages,
         }
+    }
+
+    /// Refuses a schedule that cannot run `m` micro-batches on these stages.
+    pub fn check_micro_batches(&self, m: usize) -> Result<()> {
+        let (p, v) = (self.stages, self.virtual_stages);
+        if self.schedule == Schedule::Interleaved && !m.is_multiple_of(p) {
+            return Err(Error::Config(format!(
+                "the interleaved schedule sends micro-batches through the {p} stages in groups of {p}: \
+                 make --grad-accum a multiple of {p} (it is {m})"
+            )));
+        }
+        if m == 0 || v == 0 {
+            return Err(Error::Config(
+                "a pipeline needs a micro-batch and a chunk".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Every virtual stage's units (chunk c of rank s is virtual stage c p + s).
+    pub fn partition(&self, layout: &ParamLayout) -> Vec<Range<usize>> {
+        partition(layout, self.stages * self.virtual_stages)
+    }
+
+    /// The idle fraction of a step by the schedule's formula for m
+    /// micro-batches: (p - 1) slots of m + p - 1 (GPipe and 1F1B alike;
+    /// 1F1B keeps fewer activations, not fewer idle slots), a v-th of the
+    /// warm-up and drain when interleaved: (p - 1) / (v m + p - 1).
+    pub fn bubble(&self, m: usize) -> f64 {
+        let (p, v) = (self.stages, self.virtual_stages);
+        (p - 1) as f64 / (v * m + p - 1) as f64
+    }
+}
+
+/// One forward or backward of a micro-batch through one of a rank's chunks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Task {
+    pub backward: bool,
+    pub chunk: usize,
+    pub micro_batch: usize,
+}
+
+/// Rank s's tasks, in order, for m micro-batches.
+pub fn tasks(pipe: Pipeline, s: usize, m: usize) -> Vec<Task> {
+    let (p, v) = (pipe.stages, pipe.virtual_stages);
+    let total = m * v;
+    // the k-th forward: micro-batches in groups of p through chunk 0, then
+    // the same group through chunk 1, ...; backwards through the chunks in reverse
+    let forward = |k: usize| Task {
+        backward: false,
+        chunk: (k % (p * v)) / p,
+        micro_batch: (k / (p * v)) * p + k % p,
     };
-    match schedule {
-        Schedule::GPipe => {
-            for i in 0..m {
-                push(Op::RecvForward, first);
-                push(Op::Forward(i), false);
-                push(Op::SendForward, last);
-            }
-            for i in 0..m {
-                push(Op::RecvBackward, last);
-                push(Op::Backward(i), false);
-                push(Op::SendBackward, first);
+    let backward = |k: usize| Task {
+        backward: true,
+        chunk: v - 1 - forward(k).chunk,
+        ..forward(k)
+    };
+    let warmup = match pipe.schedule {
+        Schedule::GPipe => total,
+        Schedule::OneFOneB => p - s - 1,
+        Schedule::Interleaved => 2 * (p - s - 1) + (v - 1) * p,
+    }
+    .min(total);
+    let mut out: Vec<Task> = (0..warmup).map(forward).collect();
+    for i in 0..total - warmup {
+        out.push(forward(warmup + i));
+        out.push(backward(i));
+    }
+    out.extend((total - warmup..total).map(backward));
+    out
+}
+
+/// An activation into virtual stage `into`, or a gradient into it from the
+/// next, for one micro-batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Message {
+    /// The virtual stage that receives it.
+    pub into: usize,
+    pub gradient: bool,
+    pub micro_batch: usize,
+}
+
+/// One send, one receive, or both at once (a send-receive), each with its
+/// partner rank.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Exchange {
+    pub send: Option<(usize, Message)>,
+    pub recv: Option<(usize, Message)>,
+}
+
+/// A step of a rank's program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    Run(Task),
+    Swap(Exchange),
+}
+
+/// A rank's program: its tasks in order, with the messages it sends and
+/// receives between them.
+#[derive(Clone, Debug)]
+pub struct Program {
+    pub steps: Vec<Step>,
+}
+
+impl Program {
+    pub fn tasks(&self) -> impl Iterator<Item = Task> + '_ {
+        self.steps.iter().filter_map(|s| match s {
+            Step::Run(t) => Some(*t),
+            Step::Swap(_) => None,
+        })
+    }
+}
+
+/// The virtual stage a task of rank s runs on.
+fn stage_of(t: &Task, s: usize, p: usize) -> usize {
+    t.chunk * p + s
+}
+
+/// What a task of rank s receives before it runs: (sender, message).
+fn needs(t: &Task, s: usize, pipe: Pipeline) -> Option<(usize, Message)> {
+    let (p, last) = (pipe.stages, pipe.stages * pipe.virtual_stages - 1);
+    let into = stage_of(t, s, p);
+    let from = match t.backward {
+        false if into > 0 => into - 1,
+        true if into < last => into + 1,
+        _ => return None,
+    };
+    let m = Message {
+        into,
+        gradient: t.backward,
+        micro_batch: t.micro_batch,
+    };
+    Some((from % p, m))
+}
+
+/// What a task of rank s sends when it is done: (receiver, message).
+fn makes(t: &Task, s: usize, pipe: Pipeline) -> Option<(usize, Message)> {
+    let (p, last) = (pipe.stages, pipe.stages * pipe.virtual_stages - 1);
+    let vs = stage_of(t, s, p);
+    let into = match t.backward {
+        false if vs < last => vs + 1,
+        true if vs > 0 => vs - 1,
+        _ => return None,
+    };
+    let m = Message {
+        into,
+        gradient: t.backward,
+        micro_batch: t.micro_batch,
+    };
+    Some((into % p, m))
+}
+
+/// Every rank's tasks run on an ideal machine (a chunk's forward takes 1,
+/// its backward 2, messages are free, a rank waits only for its inputs):
+/// each task with its start and end.
+pub fn ideal_run(pipe: Pipeline, m: usize) -> Vec<Vec<(Task, u64, u64)>> {
+    let p = pipe.stages;
+    let progs: Vec<Vec<Task>> = (0..p).map(|s| tasks(pipe, s, m)).collect();
+    let (mut at, mut clock) = (vec![0; p], vec![0u64; p]);
+    // when each message was made
+    let mut made: Vec<(Message, u64)> = Vec::new();
+    let mut out = vec![Vec::new(); p];
+    while (0..p).any(|s| at[s] < progs[s].len()) {
+        let mut moved = false;
+        for s in 0..p {
+            while let Some(t) = progs[s].get(at[s]) {
+                let ready = match needs(t, s, pipe) {
+                    None => 0,
+                    Some((_, msg)) => match made.iter().find(|(x, _)| *x == msg) {
+                        Some(&(_, at)) => at,
+                        None => break,
+                    },
+                };
+                let start = clock[s].max(ready);
+                clock[s] = start + if t.backward { 2 } else { 1 };
+                if let Some((_, msg)) = makes(t, s, pipe) {
+                    made.push((msg, clock[s]));
+                }
+                out[s].push((*t, start, clock[s]));
+                at[s] += 1;
+                moved = true;
             }
         }
-        Schedule::OneFOneB => {
-            let warmup = (p - s - 1).min(m);
-            let steady = m - warmup;
-            for i in 0..warmup {
-                push(Op::RecvForward, first);
-                push(Op::Forward(i), false);
-                push(Op::SendForward, last);
-            }
-            if steady > 0 {
-                push(Op::RecvForward, first);
-            }
-            for i in 0..steady {
-                push(Op::Forward(warmup + i), false);
-                push(Op::SendForwardRecvBackward, last);
-                push(Op::Backward(i), false);
-                if i + 1 == steady {
-                    push(Op::SendBackward, first);
-                } else {
-                    push(Op::SendBackwardRecvForward, first);
+        assert!(
+            moved,
+            "{pipe}: the tasks of {m} micro-batches wait on each other"
+        );
+    }
+    out
+}
+
+/// Every rank's program for m micro-batches. Each rank sends and receives
+/// in one order that all ranks share — by when the message is made on the
+/// ideal machine (`ideal_run`), then by message — receiving a message as
+/// soon as it is made there, sending it as soon as its task is done, so a
+/// send waiting for its receive cannot deadlock the pipeline (the earliest
+/// message not yet passed always has both ends waiting on it). A send
+/// followed by a receive is one send-receive. Checked before it is
+/// returned (`check_programs`).
+pub fn programs(pipe: Pipeline, m: usize) -> Result<Vec<Program>> {
+    pipe.check_micro_batches(m)?;
+    let p = pipe.stages;
+    let runs = ideal_run(pipe, m);
+    let made: Vec<(Message, u64)> = runs
+        .iter()
+        .enumerate()
+        .flat_map(|(s, run)| {
+            run.iter()
+                .filter_map(move |(t, _, end)| makes(t, s, pipe).map(|(_, msg)| (msg, *end)))
+        })
+        .collect();
+    let when = |msg: &Message| made.iter().find(|(x, _)| x == msg).expect("made").1;
+    let progs: Vec<Program> = runs
+        .iter()
+        .enumerate()
+        .map(|(s, run)| {
+            // (key, send?, partner, message), in the shared order
+            let mut comms: Vec<((u64, Message), bool, usize, Message)> = Vec::new();
+            for (t, _, end) in run {
+                if let Some((to, msg)) = makes(t, s, pipe) {
+                    comms.push(((*end, msg), true, to, msg));
+                }
+                if let Some((from, msg)) = needs(t, s, pipe) {
+                    comms.push(((when(&msg), msg), false, from, msg));
                 }
             }
-            for i in steady..m {
-                push(Op::RecvBackward, last);
-                push(Op::Backward(i), false);
-                push(Op::SendBackward, first);
+            comms.sort_by_key(|c| c.0);
+            let mut steps = Vec::new();
+            let mut next = comms.into_iter().peekable();
+            for (t, start, _) in run {
+                while let Some(c) = next.next_if(|c| c.0 .0 <= *start) {
+                    push_comm(&mut steps, c.1, c.2, c.3);
+                }
+                steps.push(Step::Run(*t));
+            }
+            for c in next {
+                push_comm(&mut steps, c.1, c.2, c.3);
+            }
+            Program { steps }
+        })
+        .collect();
+    check_programs(pipe, m, &progs).map_err(|why| {
+        Error::Config(format!(
+            "the {pipe} schedule over {p} stages cannot run {m} micro-batches: {why}"
+        ))
+    })?;
+    Ok(progs)
+}
+
+/// Appends a send or a receive, joining a receive to the send just before it.
+fn push_comm(steps: &mut Vec<Step>, send: bool, partner: usize, msg: Message) {
+    if !send {
+        if let Some(Step::Swap(e)) = steps.last_mut() {
+            if e.recv.is_none() {
+                e.recv = Some((partner, msg));
+                return;
             }
         }
     }
-    ops
+    let mut e = Exchange::default();
+    *(if send { &mut e.send } else { &mut e.recv }) = Some((partner, msg));
+    steps.push(Step::Swap(e));
+}
+
+/// Checks that every rank runs its tasks once each with each input received
+/// first and each output sent after, that every pair sends and receives the
+/// same messages in the same order (a pair's messages are matched first in,
+/// first out, so a swap would silently feed a micro-batch another's
+/// activations), and that the programs finish when every send waits for
+/// its receive to be posted.
+fn check_programs(pipe: Pipeline, m: usize, progs: &[Program]) -> std::result::Result<(), String> {
+    let p = progs.len();
+    for (s, prog) in progs.iter().enumerate() {
+        let (mut got, mut sent) = (Vec::new(), Vec::new());
+        for step in &prog.steps {
+            match step {
+                Step::Swap(e) => {
+                    sent.extend(e.send.map(|x| x.1));
+                    got.extend(e.recv.map(|x| x.1));
+                }
+                Step::Run(t) => {
+                    if let Some((_, msg)) = needs(t, s, pipe) {
+                        if !got.contains(&msg) {
+                            return Err(format!("rank {s} runs {t:?} before receiving {msg:?}"));
+                        }
+                    }
+                    if let Some((_, msg)) = makes(t, s, pipe) {
+                        if sent.contains(&msg) {
+                            return Err(format!("rank {s} sends {msg:?} before making it"));
+                        }
+                    }
+                }
+            }
+        }
+        if prog.tasks().collect::<Vec<_>>() != tasks(pipe, s, m) {
+            return Err(format!("rank {s} does not run its schedule's tasks"));
+        }
+    }
+    let swaps = |r: usize| {
+        progs[r].steps.iter().filter_map(|s| match s {
+            Step::Swap(e) => Some(*e),
+            Step::Run(_) => None,
+        })
+    };
+    for a in 0..p {
+        for b in 0..p {
+            let sent: Vec<Message> = swaps(a)
+                .filter_map(|e| e.send.filter(|s| s.0 == b).map(|s| s.1))
+                .collect();
+            let got: Vec<Message> = swaps(b)
+                .filter_map(|e| e.recv.filter(|r| r.0 == a).map(|r| r.1))
+                .collect();
+            if sent != got {
+                return Err(format!(
+                    "rank {a} sends rank {b} {sent:?} but rank {b} receives {got:?}"
+                ));
+            }
+        }
+    }
+    // each rank waits at its exchange number at[r]; a half is done once its
+    // partner stands at the exchange holding the other half
+    let xs: Vec<Vec<Exchange>> = (0..p).map(|r| swaps(r).collect()).collect();
+    let mut at = vec![0usize; p];
+    let mut done = vec![[false; 2]; p];
+    let here = |at: &[usize], r: usize| xs[r].get(at[r]).copied().unwrap_or_default();
+    while (0..p).any(|r| at[r] < xs[r].len()) {
+        for (r, d) in done.iter_mut().enumerate() {
+            let e = here(&at, r);
+            if let Some((to, msg)) = e.send {
+                d[0] |= here(&at, to).recv == Some((r, msg));
+            }
+            if let Some((from, msg)) = e.recv {
+                d[1] |= here(&at, from).send == Some((r, msg));
+            }
+        }
+        let moving: Vec<usize> = (0..p)
+            .filter(|&r| at[r] < xs[r].len())
+            .filter(|&r| {
+                let e = here(&at, r);
+                (e.send.is_none() || done[r][0]) && (e.recv.is_none() || done[r][1])
+            })
+            .collect();
+        if moving.is_empty() {
+            let stuck: Vec<String> = (0..p)
+                .filter(|&r| at[r] < xs[r].len())
+                .map(|r| format!("rank {r} at {:?}", here(&at, r)))
+                .collect();
+            return Err(format!("the exchanges deadlock: {}", stuck.join("; ")));
+        }
+        for r in moving {
+            at[r] += 1;
+            done[r] = [false; 2];
+        }
+    }
+    Ok(())
 }
 
 /// Splits units 0..n (embeddings, blocks, head) into `p` contiguous stages
@@ -195,41 +524,55 @@ pub fn partition(layout: &ParamLayout, p: usize) -> Vec<Range<usize>> {
         .collect()
 }
 
-/// Micro-batches whose activations stage s of p holds at once.
-pub fn in_flight(schedule: Schedule, s: usize, p: usize, m: usize) -> usize {
-    match schedule {
-        Schedule::GPipe => m,
-        Schedule::OneFOneB => (p - s).min(m),
+/// Peak micro-batches each of rank s's chunks holds activations for at
+/// once (its engine keeps that many sets: spares are reused, not freed).
+pub fn in_flight(pipe: Pipeline, s: usize, m: usize) -> Vec<usize> {
+    let mut live = vec![0usize; pipe.virtual_stages];
+    let mut peak = live.clone();
+    for t in tasks(pipe, s, m) {
+        if t.backward {
+            live[t.chunk] -= 1;
+        } else {
+            live[t.chunk] += 1;
+            peak[t.chunk] = peak[t.chunk].max(live[t.chunk]);
+        }
     }
+    peak
+}
+
+/// One of a rank's virtual stages (a run of contiguous units; one a rank
+/// except when interleaved): an engine holding activations for its units
+/// alone, and its state as the stage's replicas share it.
+struct Chunk<B: Backend> {
+    /// Its virtual stage: chunk c of rank s is c p + s.
+    stage: usize,
+    engine: Box<dyn UnitModel<B>>,
+    map: StageMap,
+    state: StageState<B>,
+    /// Activations of micro-batches in flight (by micro-batch) and spare ones.
+    in_flight: Vec<(usize, Box<dyn Any>)>,
+    spare: Vec<Box<dyn Any>>,
 }
 
 pub struct Pipelined<B: Backend> {
-    engine: Box<dyn UnitModel<B>>,
-    map: StageMap,
-    /// The stage's parameters, gradients and moments, as its replicas share them.
-    state: StageState<B>,
+    chunks: Vec<Chunk<B>>,
     /// The pipeline (stage s is rank s), the data-parallel replicas of this
     /// stage, the tensor-parallel group.
     pp: Box<dyn Comm>,
     dp: Box<dyn Comm>,
     tp: Option<Box<dyn Comm>>,
     /// The first and last stage at this (dp, tp) position, which sum the
-    /// gradient of the unit a tied tensor lives in, and that unit's piece
-    /// of this stage (none on other stages, or without a tie across stages).
-    tie: Option<(Box<dyn Comm>, usize)>,
-    schedule: Schedule,
+    /// gradient of the unit a tied tensor lives in, and the chunk and piece
+    /// that unit is on this rank (none on other ranks, or without a tie
+    /// across stages).
+    tie: Option<(Box<dyn Comm>, usize, usize)>,
+    pipe: Pipeline,
+    /// Each micro-batch count's program for this rank, once checked.
+    programs: Vec<(usize, Program)>,
     b: usize,
     t: usize,
     /// The residual stream's width (what flows between stages per token).
     width: usize,
-    /// Activations of micro-batches in flight, oldest first, and spare ones.
-    in_flight: VecDeque<Box<dyn Any>>,
-    spare: Vec<Box<dyn Any>>,
-    /// Activations and gradients received but not yet used, made but not yet sent.
-    inbox_act: VecDeque<Vec<f32>>,
-    inbox_grad: VecDeque<Vec<f32>>,
-    outbox_act: VecDeque<Vec<f32>>,
-    outbox_grad: VecDeque<Vec<f32>>,
     /// What this stage computed when in the last step's program.
     timeline: Vec<Span>,
 }
@@ -238,17 +581,10 @@ pub struct Pipelined<B: Backend> {
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Span {
     pub backward: bool,
+    pub chunk: usize,
     pub micro_batch: usize,
     pub start: f64,
     pub end: f64,
-}
-
-/// The fraction of a pipelined step's program a stage idles, by the
-/// schedule's formula: (p - 1) slots of m + p - 1 for m micro-batches on p
-/// stages (GPipe and 1F1B alike; 1F1B keeps fewer activations, not fewer
-/// idle slots).
-pub fn bubble(p: usize, m: usize) -> f64 {
-    (p - 1) as f64 / (m + p - 1) as f64
 }
 
 /// The idle fraction of a step's programs, measured: one minus the mean
@@ -263,29 +599,22 @@ pub fn measured_bubble(timelines: &[Vec<Span>]) -> Option<f64> {
 }
 
 impl<B: Backend> Pipelined<B> {
-    /// Collective over `world` (it makes the tied-tensor groups).
+    /// Collective over `world` (it makes the tied-tensor groups). One
+    /// engine per chunk (`pipe.virtual_stages` of them).
     pub fn new(
-        mut engine: Box<dyn UnitModel<B>>,
+        engines: Vec<Box<dyn UnitModel<B>>>,
         model: &ModelConfig,
         (grid, groups): (Grid, Groups),
         world: &dyn Comm,
-        (schedule, sharing): (Schedule, Sharing),
+        (pipe, sharing): (Pipeline, Sharing),
         adamw: AdamWConfig,
         (b, t): (usize, usize),
     ) -> Result<Self> {
         let Groups { pp, dp, tp } = groups;
         let (s, p) = (pp.rank(), pp.size());
-        let lay = engine.layout().clone();
-        let stages = partition(&lay, p);
-        let map = StageMap::of(&lay, &stages, s);
-        for u in map.units.start + 1..map.units.end {
-            if lay.units[u].range.start != lay.units[u - 1].range.end {
-                return Err(Error::Config(format!(
-                    "{model}: units {} and {u} are not adjacent in the parameter layout",
-                    u - 1
-                )));
-            }
-        }
+        let lay = engines[0].layout().clone();
+        let stages = partition(&lay, p * engines.len());
+        // the virtual stages owning and reading a tied tensor, and its unit
         let tied_ends = lay.units.iter().enumerate().find_map(|(u, unit)| {
             let t = unit.tied.as_ref()?;
             let (owner, reader) = (
@@ -294,179 +623,218 @@ impl<B: Backend> Pipelined<B> {
             );
             (owner != reader).then_some((owner, reader, t.unit))
         });
-        let ends = tied_ends.as_ref().map_or(vec![], |(a, z, _)| vec![*a, *z]);
-        let mine = ends.contains(&s);
+        let ends = tied_ends.map_or(vec![], |(a, z, _)| vec![a % p, z % p]);
         let tie_group = grid.stages_group(world, &ends)?;
-        let state = StageState::new(engine.backend(), &lay, &map, sharing, dp.size(), adamw)?;
-        let tie = match tied_ends {
-            // the owner's unit, or the reader's copy of it (piece 0)
-            Some((_, _, owner)) if mine => {
+        let mut chunks = Vec::new();
+        let mut tie_piece = None;
+        for (c, mut engine) in engines.into_iter().enumerate() {
+            let stage = c * p + s;
+            let map = StageMap::of(&lay, &stages, stage);
+            for u in map.units.start + 1..map.units.end {
+                if lay.units[u].range.start != lay.units[u - 1].range.end {
+                    return Err(Error::Config(format!(
+                        "{model}: units {} and {u} are not adjacent in the parameter layout",
+                        u - 1
+                    )));
+                }
+            }
+            let state = StageState::new(engine.backend(), &lay, &map, sharing, dp.size(), adamw)?;
+            if let Some((a, z, owner)) = tied_ends.filter(|&(a, z, _)| stage == a || stage == z) {
+                // the owner's unit, or the reader's copy of it (piece 0)
                 let k = if owner >= map.units.start {
                     state.piece(owner)
                 } else {
+                    debug_assert!(stage == z && stage != a);
                     0
                 };
-                Some((tie_group, k))
+                tie_piece = Some((c, k));
             }
-            _ => None,
-        };
-        engine.set_units(map.units.clone());
+            engine.set_units(map.units.clone());
+            chunks.push(Chunk {
+                stage,
+                engine,
+                map,
+                state,
+                in_flight: Vec::new(),
+                spare: Vec::new(),
+            });
+        }
         Ok(Pipelined {
-            engine,
-            map,
-            state,
+            chunks,
             pp,
             dp,
             tp,
-            tie,
-            schedule,
+            tie: tie_piece.map(|(c, k)| (tie_group, c, k)),
+            pipe,
+            programs: Vec::new(),
             b,
             t,
             width: model.n_embd(),
-            in_flight: VecDeque::new(),
-            spare: Vec::new(),
-            inbox_act: VecDeque::new(),
-            inbox_grad: VecDeque::new(),
-            outbox_act: VecDeque::new(),
-            outbox_grad: VecDeque::new(),
             timeline: Vec::new(),
         })
     }
 
-    fn first(&self) -> bool {
-        self.pp.rank() == 0
+    /// Virtual stages in the whole pipeline.
+    fn virtual_stages(&self) -> usize {
+        self.pp.size() * self.chunks.len()
     }
 
-    fn last(&self) -> bool {
-        self.pp.rank() + 1 == self.pp.size()
+    /// The engine of the first chunk (every chunk's has the same layouts).
+    fn engine(&self) -> &dyn UnitModel<B> {
+        self.chunks[0].engine.as_ref()
     }
 
-    /// Readies the engine for a micro-batch, on spare activations if any.
-    fn begin(&mut self, mb: &Batch, terms: f32) -> Result<()> {
-        if let Some(s) = self.spare.pop() {
-            self.engine.restore(s);
-        }
+    /// Readies chunk c's engine for a micro-batch, on spare activations if any.
+    fn begin(&mut self, c: usize, mb: &Batch, terms: f32) -> Result<()> {
         let n = self.dp.size();
-        self.engine.begin(mb, self.b / n, self.t, terms)
+        let ch = &mut self.chunks[c];
+        if let Some(s) = ch.spare.pop() {
+            ch.engine.restore(s);
+        }
+        ch.engine.begin(mb, self.b / n, self.t, terms)
     }
 
-    /// The stage's units forward on the begun micro-batch (its input
-    /// received first unless this is the first stage); the loss on the last.
-    fn run_forward(&mut self) -> Result<Option<f32>> {
-        let be = self.engine.backend().clone_fresh();
-        let units = self.map.units.clone();
-        if !self.first() {
-            let x = self
-                .inbox_act
-                .pop_front()
-                .expect("an activation is received before its forward");
-            be.upload(self.engine.boundary(units.start), &x)?;
+    /// Chunk c's units forward on the begun micro-batch from the activation
+    /// `input` (none on the first virtual stage); returns the loss (the last
+    /// virtual stage) and the activation for the next one.
+    fn run_forward(
+        &mut self,
+        c: usize,
+        input: Option<Vec<f32>>,
+    ) -> Result<(Option<f32>, Option<Vec<f32>>)> {
+        let last = self.chunks[c].stage + 1 == self.virtual_stages();
+        let Pipelined { chunks, dp, tp, .. } = self;
+        let ch = &mut chunks[c];
+        let be = ch.engine.backend().clone_fresh();
+        let units = ch.map.units.clone();
+        if let Some(x) = input {
+            be.upload(ch.engine.boundary(units.start), &x)?;
         }
-        let lay = self.engine.layout().clone();
+        let lay = ch.engine.layout().clone();
         let mut loss = None;
         for u in units.clone() {
-            self.state.ready(self.dp.as_ref(), &be, &lay, u)?;
-            let p = self.state.params(&lay, u);
-            loss = self.engine.forward(u, p, self.tp.as_deref())?;
+            ch.state.ready(dp.as_ref(), &be, &lay, u)?;
+            let p = ch.state.params(&lay, u);
+            loss = ch.engine.forward(u, p, tp.as_deref())?;
         }
-        if !self.last() {
-            let y = be.to_host(self.engine.boundary(units.end).into_src())?;
-            self.outbox_act.push_back(y);
-        }
-        Ok(loss)
+        let out = match last {
+            true => None,
+            false => Some(be.to_host(ch.engine.boundary(units.end).into_src())?),
+        };
+        Ok((loss, out))
     }
 
-    /// The stage's units backward on the oldest micro-batch in flight.
-    fn run_backward(&mut self, loss_scale: f32) -> Result<()> {
-        let be = self.engine.backend().clone_fresh();
-        let oldest = self
+    /// Chunk c's units backward on micro-batch `mb` from the gradient
+    /// `grad` (none on the last virtual stage); returns the gradient for
+    /// the previous virtual stage.
+    fn run_backward(
+        &mut self,
+        c: usize,
+        mb: usize,
+        grad: Option<Vec<f32>>,
+        loss_scale: f32,
+    ) -> Result<Option<Vec<f32>>> {
+        let Pipelined { chunks, dp, tp, .. } = self;
+        let ch = &mut chunks[c];
+        let be = ch.engine.backend().clone_fresh();
+        let at = ch
             .in_flight
-            .pop_front()
+            .iter()
+            .position(|(i, _)| *i == mb)
             .expect("a forward before its backward");
-        self.engine.restore(oldest);
-        if !self.last() {
-            let g = self
-                .inbox_grad
-                .pop_front()
-                .expect("a gradient is received before its backward");
-            be.upload(self.engine.boundary_grad(), &g)?;
+        let (_, acts) = ch.in_flight.remove(at);
+        ch.engine.restore(acts);
+        if let Some(g) = grad {
+            be.upload(ch.engine.boundary_grad(), &g)?;
         }
-        let lay = self.engine.layout().clone();
-        for u in self.map.units.clone().rev() {
-            self.state.ready(self.dp.as_ref(), &be, &lay, u)?;
-            let (p, g) = self.state.unit(&be, &lay, u);
-            self.engine
-                .backward(u, p, g, self.tp.as_deref(), loss_scale)?;
-            self.state.backward_done(self.dp.as_ref(), &be, &lay, u)?;
+        let lay = ch.engine.layout().clone();
+        for u in ch.map.units.clone().rev() {
+            ch.state.ready(dp.as_ref(), &be, &lay, u)?;
+            let (p, g) = ch.state.unit(&be, &lay, u);
+            ch.engine.backward(u, p, g, tp.as_deref(), loss_scale)?;
+            ch.state.backward_done(dp.as_ref(), &be, &lay, u)?;
         }
-        if !self.first() {
-            let g = be.to_host(self.engine.boundary_grad().into_src())?;
-            self.outbox_grad.push_back(g);
-        }
-        self.spare.push(self.engine.stash());
-        Ok(())
+        let out = match ch.stage {
+            0 => None,
+            _ => Some(be.to_host(ch.engine.boundary_grad().into_src())?),
+        };
+        ch.spare.push(ch.engine.stash());
+        Ok(out)
     }
 
-    /// Runs this stage's program for `mbs` local micro-batches; returns the
-    /// sum of their losses (last stage; zero elsewhere).
+    /// This rank's program for m micro-batches (made and checked once).
+    fn program(&mut self, m: usize) -> Result<Program> {
+        if let Some((_, prog)) = self.programs.iter().find(|(k, _)| *k == m) {
+            return Ok(prog.clone());
+        }
+        let prog = programs(self.pipe, m)?.swap_remove(self.pp.rank());
+        self.programs.push((m, prog.clone()));
+        Ok(prog)
+    }
+
+    /// Runs this rank's program for `mbs` local micro-batches; returns the
+    /// sum of their losses (the last stage's; zero elsewhere).
     fn run_program(&mut self, mbs: &[(Batch, f32)], loss_scale: f32) -> Result<f32> {
-        let (s, p) = (self.pp.rank(), self.pp.size());
+        let prog = self.program(mbs.len())?;
         let mut loss = 0.0f32;
         let len = mbs.first().map_or(0, |mb| self.boundary_len(&mb.0));
         let t0 = Instant::now();
         self.timeline.clear();
-        for op in program(self.schedule, s, p, mbs.len()) {
+        let (s, pipe) = (self.pp.rank(), self.pipe);
+        // received and not yet used, made and not yet sent
+        let mut inbox: Vec<(Message, Vec<f32>)> = Vec::new();
+        let mut outbox: Vec<(Message, Vec<f32>)> = Vec::new();
+        let take = |v: &mut Vec<(Message, Vec<f32>)>, msg: Message| {
+            let at = v
+                .iter()
+                .position(|(x, _)| *x == msg)
+                .expect("the program orders it");
+            v.swap_remove(at).1
+        };
+        for step in &prog.steps {
+            let task = match *step {
+                Step::Run(task) => task,
+                Step::Swap(e) => {
+                    let y = e.send.map(|(to, msg)| (to, take(&mut outbox, msg)));
+                    let mut x = e.recv.map(|(from, msg)| (from, msg, vec![0.0f32; len]));
+                    match (&y, x.as_mut()) {
+                        (Some((to, y)), Some((from, _, x))) => {
+                            self.pp.send_recv(y, *to, x, *from)?
+                        }
+                        (Some((to, y)), None) => self.pp.send(y, *to)?,
+                        (None, Some((from, _, x))) => self.pp.recv(x, *from)?,
+                        (None, None) => {}
+                    }
+                    inbox.extend(x.map(|(_, msg, x)| (msg, x)));
+                    continue;
+                }
+            };
+            let input = needs(&task, s, pipe).map(|(_, msg)| take(&mut inbox, msg));
+            let (c, i) = (task.chunk, task.micro_batch);
             let start = t0.elapsed().as_secs_f64();
-            let span = |backward, micro_batch| Span {
-                backward,
-                micro_batch,
+            let output = if task.backward {
+                self.run_backward(c, i, input, loss_scale)?
+            } else {
+                self.begin(c, &mbs[i].0, mbs[i].1)?;
+                let (l, y) = self.run_forward(c, input)?;
+                loss += l.unwrap_or(0.0);
+                let ch = &mut self.chunks[c];
+                ch.in_flight.push((i, ch.engine.stash()));
+                y
+            };
+            if let Some((_, msg)) = makes(&task, s, pipe) {
+                outbox.push((
+                    msg,
+                    output.expect("a task with a successor makes its input"),
+                ));
+            }
+            self.timeline.push(Span {
+                backward: task.backward,
+                chunk: c,
+                micro_batch: i,
                 start,
                 end: t0.elapsed().as_secs_f64(),
-            };
-            match op {
-                Op::Forward(i) => {
-                    self.begin(&mbs[i].0, mbs[i].1)?;
-                    if let Some(l) = self.run_forward()? {
-                        loss += l;
-                    }
-                    self.in_flight.push_back(self.engine.stash());
-                    self.timeline.push(span(false, i));
-                }
-                Op::Backward(i) => {
-                    self.run_backward(loss_scale)?;
-                    self.timeline.push(span(true, i));
-                }
-                Op::RecvForward => {
-                    let mut x = vec![0.0f32; len];
-                    self.pp.recv(&mut x, s - 1)?;
-                    self.inbox_act.push_back(x);
-                }
-                Op::SendForward => {
-                    let y = self.outbox_act.pop_front().expect("a forward made it");
-                    self.pp.send(&y, s + 1)?;
-                }
-                Op::RecvBackward => {
-                    let mut g = vec![0.0f32; len];
-                    self.pp.recv(&mut g, s + 1)?;
-                    self.inbox_grad.push_back(g);
-                }
-                Op::SendBackward => {
-                    let g = self.outbox_grad.pop_front().expect("a backward made it");
-                    self.pp.send(&g, s - 1)?;
-                }
-                Op::SendForwardRecvBackward => {
-                    let y = self.outbox_act.pop_front().expect("a forward made it");
-                    let mut g = vec![0.0f32; y.len()];
-                    self.pp.send_recv(&y, s + 1, &mut g, s + 1)?;
-                    self.inbox_grad.push_back(g);
-                }
-                Op::SendBackwardRecvForward => {
-                    let g = self.outbox_grad.pop_front().expect("a backward made it");
-                    let mut x = vec![0.0f32; g.len()];
-                    self.pp.send_recv(&g, s - 1, &mut x, s - 1)?;
-                    self.inbox_act.push_back(x);
-                }
-            }
+            });
         }
         Ok(loss)
     }
@@ -487,10 +855,15 @@ impl<B: Backend> Pipelined<B> {
     /// tensor-parallel parts over tp, stages over the pipeline, a tied copy
     /// not counted twice.
     fn grad_norm(&self) -> Result<f32> {
-        let be = self.engine.backend();
-        let lay = self.engine.layout();
-        let (mut split, mut rep) = self.state.grad_squares(be, lay, self.dp.rank())?;
-        if self.state.sharded() {
+        let (mut split, mut rep) = (0.0, 0.0);
+        for ch in &self.chunks {
+            let be = ch.engine.backend();
+            let (s, r) = ch
+                .state
+                .grad_squares(be, ch.engine.layout(), self.dp.rank())?;
+            (split, rep) = (split + s, rep + r);
+        }
+        if self.chunks[0].state.sharded() {
             let mut x = [split, rep];
             self.dp.all_reduce(&mut x)?;
             [split, rep] = x;
@@ -505,24 +878,30 @@ impl<B: Backend> Pipelined<B> {
         Ok(total[0].sqrt() as f32)
     }
 
-    /// Every value this rank owns in whole-layout coordinates, from
-    /// host copies of its buffers (`bufs`): dp rank 0 writes, a replicated
-    /// tensor by tp rank 0, a tied copy by its owner only.
-    fn owned(&self, bufs: &[&[f32]]) -> (Vec<(usize, usize)>, Vec<Vec<f32>>) {
-        let mut segs: Vec<(usize, usize)> = Vec::new();
-        let mut out = vec![Vec::new(); bufs.len()];
+    /// Every value chunk c owns in whole-layout coordinates, from host
+    /// copies of its buffers (`bufs`), appended to `segs` and `out`: dp
+    /// rank 0 writes, a replicated tensor by tp rank 0, a tied copy by its
+    /// owner only.
+    fn owned(
+        &self,
+        c: usize,
+        bufs: &[&[f32]],
+        segs: &mut Vec<(usize, usize)>,
+        out: &mut [Vec<f32>],
+    ) {
         if self.dp.rank() != 0 {
-            return (segs, out);
+            return;
         }
-        let tp = self.engine.tp();
-        let whole = self.engine.whole_layout();
-        for (w, l) in whole.tensors.iter().zip(&self.engine.layout().tensors) {
+        let ch = &self.chunks[c];
+        let tp = ch.engine.tp();
+        let whole = ch.engine.whole_layout();
+        for (w, l) in whole.tensors.iter().zip(&ch.engine.layout().tensors) {
             let r = l.range();
-            let mine = r.start >= self.map.own.start && r.end <= self.map.own.end;
+            let mine = r.start >= ch.map.own.start && r.end <= ch.map.own.end;
             if !mine || (w.split == TpSplit::Replicated && tp.rank != 0) {
                 continue;
             }
-            let mut at = self.map.local(&r).start;
+            let mut at = ch.map.local(&r).start;
             for (full_at, len) in w.split.runs(&w.full_shape, tp.size, tp.rank) {
                 let global = w.offset + full_at;
                 match segs.last_mut() {
@@ -535,19 +914,19 @@ impl<B: Backend> Pipelined<B> {
                 at += len;
             }
         }
-        (segs, out)
     }
 
-    /// This stage's part of a whole-layout host buffer, as its buffers hold it.
-    fn stage_part(&self, full: &[f32]) -> Vec<f32> {
-        let e = &self.engine;
+    /// Chunk c's part of a whole-layout host buffer, as its buffers hold it.
+    fn stage_part(&self, c: usize, full: &[f32]) -> Vec<f32> {
+        let ch = &self.chunks[c];
+        let e = &ch.engine;
         let mut local = vec![0.0; e.layout().total()];
         shard_tp(full, e.whole_layout(), e.layout(), e.tp(), &mut local);
-        let mut mine = Vec::with_capacity(self.map.len());
-        if let Some(c) = &self.map.copy {
-            mine.extend_from_slice(&local[c.clone()]);
+        let mut mine = Vec::with_capacity(ch.map.len());
+        if let Some(cp) = &ch.map.copy {
+            mine.extend_from_slice(&local[cp.clone()]);
         }
-        mine.extend_from_slice(&local[self.map.own.clone()]);
+        mine.extend_from_slice(&local[ch.map.own.clone()]);
         mine
     }
 
@@ -563,14 +942,21 @@ impl<B: Backend> Pipelined<B> {
 
 impl<B: Backend> Strategy for Pipelined<B> {
     fn step(&mut self, micro_batches: &[Batch], cfg: StepConfig) -> Result<StepStats> {
-        let be = self.engine.backend().clone_fresh();
-        self.state.begin_step(&be);
+        let be = self.engine().backend().clone_fresh();
+        for ch in &mut self.chunks {
+            ch.state.begin_step(&be);
+        }
         let n = self.dp.size();
         let m = micro_batches.len();
         let mbs: Vec<(Batch, f32)> = micro_batches.iter().map(|mb| self.local(mb)).collect();
         let mut loss = [self.run_program(&mbs, 1.0 / (m * n) as f32)?];
-        let tie = self.tie.as_ref().map(|(g, k)| (g.as_ref(), *k));
-        self.state.reduce_all(self.dp.as_ref(), &be, tie)?;
+        for (c, ch) in self.chunks.iter_mut().enumerate() {
+            let tie = match &self.tie {
+                Some((g, tc, k)) if *tc == c => Some((g.as_ref(), *k)),
+                _ => None,
+            };
+            ch.state.reduce_all(self.dp.as_ref(), &be, tie)?;
+        }
         self.dp.all_reduce(&mut loss)?;
         let loss = self.share_loss(loss[0])? / (n * m) as f32;
         let grad_norm = self.grad_norm()?;
@@ -580,11 +966,13 @@ impl<B: Backend> Strategy for Pipelined<B> {
         } else {
             1.0
         };
-        let lay = self.engine.layout().clone();
-        // the engine's own handle: the update's transient shard counts against this rank
-        let counted = self.engine.backend();
-        self.state
-            .update(self.dp.as_ref(), counted, &lay, cfg.lr, clip)?;
+        for ch in &mut self.chunks {
+            let lay = ch.engine.layout().clone();
+            // the engine's own handle: the update's transient shard counts against this rank
+            let counted = ch.engine.backend();
+            ch.state
+                .update(self.dp.as_ref(), counted, &lay, cfg.lr, clip)?;
+        }
         be.synchronize()?;
         Ok(StepStats { loss, grad_norm })
     }
@@ -592,19 +980,27 @@ impl<B: Backend> Strategy for Pipelined<B> {
     fn eval_loss(&mut self, batch: &Batch) -> Result<f32> {
         let n = self.dp.size();
         let mb = self.local(batch);
-        let (s, p) = (self.pp.rank(), self.pp.size());
-        if s > 0 {
-            let mut x = vec![0.0f32; self.boundary_len(&mb.0)];
-            self.pp.recv(&mut x, s - 1)?;
-            self.inbox_act.push_back(x);
+        let p = self.pp.size();
+        let mut loss = 0.0;
+        for c in 0..self.chunks.len() {
+            let vs = self.chunks[c].stage;
+            let input = match vs {
+                0 => None,
+                _ => {
+                    let mut x = vec![0.0f32; self.boundary_len(&mb.0)];
+                    self.pp.recv(&mut x, (vs - 1) % p)?;
+                    Some(x)
+                }
+            };
+            self.begin(c, &mb.0, mb.1)?;
+            let (l, y) = self.run_forward(c, input)?;
+            loss += l.unwrap_or(0.0);
+            if let Some(y) = y {
+                self.pp.send(&y, (vs + 1) % p)?;
+            }
+            let ch = &mut self.chunks[c];
+            ch.spare.push(ch.engine.stash());
         }
-        self.begin(&mb.0, mb.1)?;
-        let loss = self.run_forward()?.unwrap_or(0.0);
-        if s + 1 < p {
-            let y = self.outbox_act.pop_front().expect("the forward made it");
-            self.pp.send(&y, s + 1)?;
-        }
-        self.spare.push(self.engine.stash());
         let mut loss = [loss];
         self.dp.all_reduce(&mut loss)?;
         Ok(self.share_loss(loss[0])? / n as f32)
@@ -612,15 +1008,16 @@ impl<B: Backend> Strategy for Pipelined<B> {
 
     fn eval_outputs(&mut self, batch: &Batch) -> Result<(f32, Vec<f32>)> {
         let loss = self.eval_loss(batch)?;
-        let mine = match self.last() {
-            true => {
-                let s = self.spare.pop().expect("the evaluation's activations");
-                self.engine.restore(s);
-                let out = self.engine.outputs()?;
-                self.spare.push(self.engine.stash());
+        let last = self.virtual_stages() - 1;
+        let mine = match self.chunks.last_mut().filter(|ch| ch.stage == last) {
+            Some(ch) => {
+                let s = ch.spare.pop().expect("the evaluation's activations");
+                ch.engine.restore(s);
+                let out = ch.engine.outputs()?;
+                ch.spare.push(ch.engine.stash());
                 out
             }
-            false => Vec::new(),
+            None => Vec::new(),
         };
         let mut all = vec![0.0; mine.len() * self.dp.size()];
         self.dp.all_gather(&mine, &mut all)?;
@@ -633,15 +1030,17 @@ impl<B: Backend> Strategy for Pipelined<B> {
     }
 
     fn full_params(&mut self) -> Result<Vec<f32>> {
-        let [p, ..] = self
-            .state
-            .host_state(self.dp.as_ref(), self.engine.backend())?;
-        let (segs, vals) = self.owned(&[&p]);
-        let mut full = vec![0.0f32; self.engine.whole_layout().total()];
-        let mut at = 0;
-        for (global, len) in segs {
-            full[global..global + len].copy_from_slice(&vals[0][at..at + len]);
-            at += len;
+        let mut full = vec![0.0f32; self.engine().whole_layout().total()];
+        for c in 0..self.chunks.len() {
+            let ch = &self.chunks[c];
+            let [p, ..] = ch.state.host_state(self.dp.as_ref(), ch.engine.backend())?;
+            let (mut segs, mut vals) = (Vec::new(), vec![Vec::new()]);
+            self.owned(c, &[&p], &mut segs, &mut vals);
+            let mut at = 0;
+            for (global, len) in segs {
+                full[global..global + len].copy_from_slice(&vals[0][at..at + len]);
+                at += len;
+            }
         }
         // every value has one owner and zeros elsewhere: the sums are exact
         if let Some(tp) = self.tp.as_deref() {
@@ -653,16 +1052,21 @@ impl<B: Backend> Strategy for Pipelined<B> {
     }
 
     fn load_full(&mut self, full: &[f32]) -> Result<()> {
-        let part = self.stage_part(full);
         let r = self.dp.rank();
-        self.state.load_params(self.engine.backend(), r, &part)
+        for c in 0..self.chunks.len() {
+            let part = self.stage_part(c, full);
+            let ch = &mut self.chunks[c];
+            ch.state.load_params(ch.engine.backend(), r, &part)?;
+        }
+        Ok(())
     }
 
     fn owned_state(&self) -> Result<OwnedState> {
-        let [p, m, v] = self
-            .state
-            .host_state(self.dp.as_ref(), self.engine.backend())?;
-        let (segments, mut vals) = self.owned(&[&p, &m, &v]);
+        let (mut segments, mut vals) = (Vec::new(), vec![Vec::new(); 3]);
+        for (c, ch) in self.chunks.iter().enumerate() {
+            let [p, m, v] = ch.state.host_state(self.dp.as_ref(), ch.engine.backend())?;
+            self.owned(c, &[&p, &m, &v], &mut segments, &mut vals);
+        }
         let v = vals.pop().expect("v");
         let m = vals.pop().expect("m");
         let params = vals.pop().expect("params");
@@ -676,15 +1080,18 @@ impl<B: Backend> Strategy for Pipelined<B> {
 
     fn load_state(&mut self, params: &[f32], m: &[f32], v: &[f32], adam_step: u32) -> Result<()> {
         self.load_full(params)?;
-        let (m, v) = (self.stage_part(m), self.stage_part(v));
         let r = self.dp.rank();
-        self.state.load_moments(self.engine.backend(), r, &m, &v)?;
-        self.state.opt.step = adam_step;
+        for c in 0..self.chunks.len() {
+            let (m, v) = (self.stage_part(c, m), self.stage_part(c, v));
+            let ch = &mut self.chunks[c];
+            ch.state.load_moments(ch.engine.backend(), r, &m, &v)?;
+            ch.state.opt.step = adam_step;
+        }
         Ok(())
     }
 
     fn memory(&self) -> MemoryReport {
-        self.engine.backend().memory_report()
+        self.engine().backend().memory_report()
     }
 
     fn timeline(&self) -> Vec<Span> {
@@ -701,7 +1108,7 @@ impl<B: Backend> Strategy for Pipelined<B> {
         if let Some(tp) = &self.tp {
             s.add(&tp.stats());
         }
-        if let Some((tie, _)) = &self.tie {
+        if let Some((tie, ..)) = &self.tie {
             s.add(&tie.stats());
         }
         s
@@ -713,98 +1120,148 @@ mod tests {
     use super::*;
     use crate::model::GptConfig;
 
+    /// The pipelines the schedule tests run: (p, m, v) for each schedule.
+    fn cases() -> Vec<Pipeline> {
+        let mut out = Vec::new();
+        for p in 1..=4 {
+            for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
+                out.push(Pipeline::new(p, schedule, 1));
+            }
+            for v in 2..=3 {
+                out.push(Pipeline::new(p.max(2), Schedule::Interleaved, v));
+            }
+        }
+        out
+    }
+
+    fn micro_batches(pipe: Pipeline) -> Vec<usize> {
+        let p = pipe.stages;
+        match pipe.schedule {
+            Schedule::Interleaved => vec![p, 2 * p, 3 * p],
+            _ => vec![1, 2, p, 2 * p + 1, 8],
+        }
+    }
+
     #[test]
-    fn one_f_one_b_keeps_at_most_p_minus_s_in_flight_and_gpipe_m() {
-        for (p, m) in [(2, 4), (4, 8), (4, 2), (3, 1)] {
-            for s in 0..p {
-                for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
-                    let ops = program(schedule, s, p, m);
-                    let (mut live, mut peak, mut f, mut b) = (0i64, 0i64, 0, 0);
-                    for op in &ops {
-                        match op {
-                            Op::Forward(i) => {
-                                assert_eq!(*i, f, "forwards in order");
-                                f += 1;
-                                live += 1;
-                            }
-                            Op::Backward(i) => {
-                                assert_eq!(*i, b, "backwards in order");
-                                assert!(b < f, "a backward after its forward");
-                                b += 1;
-                                live -= 1;
-                            }
-                            _ => {}
+    fn every_task_runs_once_after_its_forward_and_1f1b_keeps_at_most_p_minus_s_in_flight() {
+        for pipe in cases() {
+            let (p, v) = (pipe.stages, pipe.virtual_stages);
+            for m in micro_batches(pipe) {
+                for s in 0..p {
+                    let tasks = tasks(pipe, s, m);
+                    let mut seen = std::collections::HashSet::new();
+                    let (mut live, mut peak) = (0usize, 0usize);
+                    for t in &tasks {
+                        assert!(t.chunk < v && t.micro_batch < m, "{pipe} s{s} m{m}: {t:?}");
+                        assert!(seen.insert(*t), "{pipe} s{s} m{m}: {t:?} twice");
+                        if t.backward {
+                            let f = Task {
+                                backward: false,
+                                ..*t
+                            };
+                            assert!(
+                                seen.contains(&f),
+                                "{pipe} s{s} m{m}: {t:?} before its forward"
+                            );
+                            live -= 1;
+                        } else {
+                            live += 1;
                         }
                         peak = peak.max(live);
                     }
-                    assert_eq!((f, b), (m, m), "{schedule} s{s} p{p} m{m}");
-                    let want = in_flight(schedule, s, p, m);
-                    assert_eq!(peak as usize, want, "{schedule} s{s} p{p} m{m}: {ops:?}");
-                }
-            }
-        }
-    }
-
-    /// Runs every stage's program on an ideal machine (a forward takes 1,
-    /// a backward 2, messages are free, a stage waits only for what it
-    /// receives) and returns each stage's spans.
-    fn simulate(schedule: Schedule, p: usize, m: usize) -> Vec<Vec<Span>> {
-        let progs: Vec<Vec<Op>> = (0..p).map(|s| program(schedule, s, p, m)).collect();
-        let (mut at, mut clock) = (vec![0; p], vec![0.0f64; p]);
-        // when micro-batch i's forward / backward finished on each stage
-        let mut fwd = vec![vec![None::<f64>; m]; p];
-        let mut bwd = vec![vec![None::<f64>; m]; p];
-        let mut spans = vec![Vec::new(); p];
-        while (0..p).any(|s| at[s] < progs[s].len()) {
-            let mut moved = false;
-            for s in 0..p {
-                while let Some(&op) = progs[s].get(at[s]) {
-                    let (backward, i, cost) = match op {
-                        Op::Forward(i) => (false, i, 1.0),
-                        Op::Backward(i) => (true, i, 2.0),
-                        _ => {
-                            at[s] += 1;
-                            continue;
+                    assert_eq!(tasks.len(), 2 * m * v, "{pipe} s{s} m{m}");
+                    let per_chunk = in_flight(pipe, s, m);
+                    match pipe.schedule {
+                        Schedule::GPipe => assert_eq!(per_chunk, vec![m]),
+                        Schedule::OneFOneB => assert_eq!(per_chunk, vec![(p - s).min(m)]),
+                        // Megatron's bound: the warm-up's forwards and one more
+                        Schedule::Interleaved => {
+                            let warmup = (2 * (p - s - 1) + (v - 1) * p).min(m * v);
+                            assert_eq!(peak, (warmup + 1).min(m * v), "{pipe} s{s} m{m}");
                         }
-                    };
-                    let ready = match (backward, s) {
-                        (false, 0) => Some(0.0),
-                        (false, _) => fwd[s - 1][i],
-                        (true, _) if s + 1 == p => fwd[s][i],
-                        (true, _) => bwd[s + 1][i],
-                    };
-                    let Some(ready) = ready else { break };
-                    let start = clock[s].max(ready);
-                    clock[s] = start + cost;
-                    let done = if backward { &mut bwd } else { &mut fwd };
-                    done[s][i] = Some(clock[s]);
-                    spans[s].push(Span {
-                        backward,
-                        micro_batch: i,
-                        start,
-                        end: clock[s],
-                    });
-                    at[s] += 1;
-                    moved = true;
+                    }
                 }
             }
-            assert!(moved, "{schedule} p{p} m{m}: the programs deadlock");
         }
-        spans
     }
 
     #[test]
-    fn on_an_ideal_machine_both_schedules_idle_as_the_bubble_formula_says() {
-        for (p, m) in [(2, 4), (4, 8), (4, 4), (3, 7), (2, 1)] {
-            for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
-                let got = measured_bubble(&simulate(schedule, p, m)).unwrap();
-                let want = bubble(p, m);
+    fn on_an_ideal_machine_every_schedule_idles_as_its_bubble_formula_says() {
+        for pipe in cases() {
+            for m in micro_batches(pipe) {
+                let spans: Vec<Vec<Span>> = ideal_run(pipe, m)
+                    .into_iter()
+                    .map(|run| {
+                        run.into_iter()
+                            .map(|(t, start, end)| Span {
+                                backward: t.backward,
+                                chunk: t.chunk,
+                                micro_batch: t.micro_batch,
+                                start: start as f64,
+                                end: end as f64,
+                            })
+                            .collect()
+                    })
+                    .collect();
+                let got = measured_bubble(&spans).unwrap();
+                let want = pipe.bubble(m);
                 assert!(
-                    (got - want).abs() < 1e-12,
-                    "{schedule} p{p} m{m}: {got} idle vs formula {want}"
+                    (got - want).abs() < 1e-9,
+                    "{pipe} p{} m{m}: {got} idle vs formula {want}",
+                    pipe.stages
                 );
             }
         }
+    }
+
+    /// The positions of a program's steps that send.
+    fn sends(prog: &Program) -> Vec<usize> {
+        (0..prog.steps.len())
+            .filter(|&j| matches!(prog.steps[j], Step::Swap(Exchange { send: Some(_), .. })))
+            .collect()
+    }
+
+    #[test]
+    fn every_program_passes_its_checks_and_a_swapped_or_deadlocking_one_fails() {
+        for pipe in cases() {
+            for m in micro_batches(pipe) {
+                programs(pipe, m).unwrap_or_else(|e| panic!("{e}"));
+            }
+        }
+        let pipe = Pipeline::new(2, Schedule::Interleaved, 2);
+        let progs = programs(pipe, 4).unwrap();
+        // rank 0 sends two messages to rank 1 the other way round
+        let mut swapped = progs.clone();
+        let at = sends(&swapped[0]);
+        let (Step::Swap(a), Step::Swap(b)) = (swapped[0].steps[at[0]], swapped[0].steps[at[1]])
+        else {
+            unreachable!()
+        };
+        swapped[0].steps[at[0]] = Step::Swap(Exchange { send: b.send, ..a });
+        swapped[0].steps[at[1]] = Step::Swap(Exchange { send: a.send, ..b });
+        let err = check_programs(pipe, 4, &swapped).unwrap_err();
+        assert!(err.contains("rank 0 sends"), "{err}");
+        // GPipe, 2 stages, 2 micro-batches: rank 0 waits for the first
+        // gradient before sending the second activation, which rank 1
+        // needs before it can make that gradient
+        let gpipe = Pipeline::new(2, Schedule::GPipe, 1);
+        let mut stuck = programs(gpipe, 2).unwrap();
+        let at = sends(&stuck[0])[1];
+        let Step::Swap(e) = stuck[0].steps[at] else {
+            unreachable!()
+        };
+        assert!(
+            e.recv.is_some(),
+            "the send is joined to the gradient's receive"
+        );
+        stuck[0].steps[at] = Step::Swap(Exchange { send: None, ..e });
+        let send = Step::Swap(Exchange { recv: None, ..e });
+        stuck[0].steps.insert(at + 1, send);
+        let err = check_programs(gpipe, 2, &stuck).unwrap_err();
+        assert!(err.contains("deadlock"), "{err}");
+        // interleaving needs micro-batches in groups of p
+        let err = programs(Pipeline::new(2, Schedule::Interleaved, 2), 3).unwrap_err();
+        assert!(err.to_string().contains("multiple of 2"), "{err}");
     }
 
     #[test]

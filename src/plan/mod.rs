@@ -280,16 +280,33 @@ pub fn stage_memory_plan(
     if !par.staged() {
         return unpipelined_memory_plan(w, par, precision);
     }
-    let pp = par.pipeline.stages;
+    let pipe = par.pipeline;
     let m = &w.model;
     let layout = m.layout(par.tp);
-    let stages = pipeline::partition(&layout, pp);
-    let z = parallel::stage_sizes(&layout, &stages, s, par.dp());
-    let units = stages[s].clone();
-    let live = pipeline::in_flight(par.pipeline.schedule, s, pp, w.grad_accum) as f64;
+    let stages = pipe.partition(&layout);
+    let live = pipeline::in_flight(pipe, s, w.grad_accum);
     let rows = (w.batch / par.dp(), w.seq_len);
-    let acts = |p| m.stage_activation_elems(par.tp, rows, (units.clone(), par.recompute), p);
-    let fp32 = acts(ModelPrecision::Fp32);
+    // each chunk's state, scratch and activation sets, summed; the update's
+    // transient shard is one chunk's at a time
+    let (mut z, mut transient) = (parallel::StageSizes::default(), 0);
+    let (mut fp32, mut bf16) = ((0.0, 0.0), (0.0, 0.0));
+    for (c, &live) in live.iter().enumerate() {
+        let vs = c * pipe.stages + s;
+        let zc = parallel::stage_sizes(&layout, &stages, vs, par.dp());
+        z.len += zc.len;
+        z.shard += zc.shard;
+        z.max_padded += zc.max_padded;
+        z.max_shard += zc.max_shard;
+        z.head_padded += zc.head_padded;
+        z.gathered += zc.gathered;
+        transient = transient.max(zc.shard);
+        let acts =
+            |p| m.stage_activation_elems(par.tp, rows, (stages[vs].clone(), par.recompute), p);
+        let (a, b) = (acts(ModelPrecision::Fp32), acts(ModelPrecision::Bf16));
+        let live = live as f64;
+        fp32 = (fp32.0 + live * a.0 as f64, fp32.1 + live * a.1 as f64);
+        bf16 = (bf16.0 + live * b.0 as f64, bf16.1 + live * b.1 as f64);
+    }
     let (pb, gb, ob) = (
         precision.params_bytes(),
         precision.grads_bytes(),
@@ -297,7 +314,7 @@ pub fn stage_memory_plan(
     );
     let (len, shard) = (z.len as f64, z.shard as f64);
     let mut mem = MemoryPlan {
-        activations: live * fp32.0 as f64 * precision.activation_bytes(),
+        activations: fp32.0 * precision.activation_bytes(),
         ..MemoryPlan::default()
     };
     // as `parallel::stage` allocates: a padded piece's gradient scratch, the
@@ -309,11 +326,11 @@ pub fn stage_memory_plan(
         }
         StrategyKind::Zero1 => {
             (mem.params, mem.grads, mem.optimizer) = (pb * len, gb * (len + shard), ob * shard);
-            mem.other = scratch + pb * shard;
+            mem.other = scratch + pb * transient as f64;
         }
         StrategyKind::Zero2 => {
             (mem.params, mem.grads, mem.optimizer) = (pb * len, gb * shard, ob * shard);
-            mem.other = scratch + gb * z.head_padded as f64 + pb * shard;
+            mem.other = scratch + gb * z.head_padded as f64 + pb * transient as f64;
         }
         StrategyKind::Fsdp => {
             mem.gathered = pb * z.gathered as f64;
@@ -323,9 +340,8 @@ pub fn stage_memory_plan(
         }
     }
     if par.precision == ModelPrecision::Bf16 {
-        let bf16 = acts(ModelPrecision::Bf16);
-        mem.activations += live * 4.0 * (bf16.0 - fp32.0) as f64;
-        mem.other += live * 4.0 * (bf16.1 - fp32.1) as f64;
+        mem.activations += 4.0 * (bf16.0 - fp32.0);
+        mem.other += 4.0 * (bf16.1 - fp32.1);
     }
     mem
 }
@@ -515,10 +531,7 @@ fn candidates(world: usize, recompute: bool) -> Vec<ParallelConfig> {
         tp,
         recompute,
         precision: Default::default(),
-        pipeline: Pipeline {
-            stages,
-            schedule: Default::default(),
-        },
+        pipeline: Pipeline::new(stages, Default::default(), 1),
     };
     if world == 1 {
         return vec![mk(Single, 1, 1)];

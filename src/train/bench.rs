@@ -50,6 +50,7 @@ pub(crate) fn gather_timelines(world: &dyn Comm, mine: &[Span]) -> Result<Vec<Ve
         .flat_map(|s| {
             [
                 f64::from(u8::from(s.backward)),
+                s.chunk as f64,
                 s.micro_batch as f64,
                 s.start,
                 s.end,
@@ -61,12 +62,13 @@ pub(crate) fn gather_timelines(world: &dyn Comm, mine: &[Span]) -> Result<Vec<Ve
     Ok(all
         .chunks(flat.len().max(1))
         .map(|rank| {
-            rank.chunks(4)
+            rank.chunks(5)
                 .map(|x| Span {
                     backward: x[0] != 0.0,
-                    micro_batch: x[1] as usize,
-                    start: x[2],
-                    end: x[3],
+                    chunk: x[1] as usize,
+                    micro_batch: x[2] as usize,
+                    start: x[3],
+                    end: x[4],
                 })
                 .collect()
         })

@@ -116,6 +116,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
         world: &'a dyn Comm,
     ) -> Result<Self> {
         cfg.validate()?;
+        par.pipeline.check_micro_batches(cfg.grad_accum)?;
         let (b, t) = (cfg.batch_size, cfg.seq_len);
         if t == 0 || t > model_cfg.block_size {
             return Err(Error::Config(format!(
