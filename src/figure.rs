@@ -442,8 +442,8 @@ pub fn write(dir: &Path, fig: &Figure) -> Result<Vec<PathBuf>> {
 }
 
 /// A pipeline timeline: one row per rank, its forwards and backwards as
-/// bars over the step's milliseconds (each labelled with its micro-batch),
-/// idle time left white.
+/// bars over the step's milliseconds (each labelled with its micro-batch,
+/// a rank's later chunks darker when interleaved), idle time left white.
 pub struct Timeline {
     /// File name without extension.
     pub stem: String,
@@ -491,10 +491,17 @@ where
         .axis_desc_style((FONT, 17))
         .draw()
         .map_err(err)?;
+    let chunks = spans().map(|s| s.chunk + 1).max().unwrap_or(1);
+    let shade = |backward: bool, chunk: usize| {
+        let RGBColor(r, g, b) = if backward { BACKWARD } else { FORWARD };
+        let k = 1.0 - 0.45 * chunk as f64 / (chunks.max(2) - 1) as f64;
+        let f = |x: u8| (x as f64 * k) as u8;
+        RGBColor(f(r), f(g), f(b))
+    };
     for (i, (_, row)) in tl.rows.iter().enumerate() {
         let (lo, hi) = ((n - 1 - i) as f64 + 0.15, (n - i) as f64 - 0.15);
         for s in row {
-            let color = if s.backward { BACKWARD } else { FORWARD };
+            let color = shade(s.backward, s.chunk);
             chart
                 .draw_series(std::iter::once(Rectangle::new(
                     [(ms(s.start), lo), (ms(s.end), hi)],
@@ -510,7 +517,17 @@ where
                 .map_err(err)?;
         }
     }
-    for (label, color) in [("forward", FORWARD), ("backward", BACKWARD)] {
+    let legend = (0..chunks).flat_map(|c| {
+        [false, true].map(|backward| {
+            let pass = if backward { "backward" } else { "forward" };
+            let label = match chunks {
+                1 => pass.to_string(),
+                _ => format!("{pass}, chunk {c}"),
+            };
+            (label, shade(backward, c))
+        })
+    });
+    for (label, color) in legend {
         chart
             .draw_series(std::iter::once(Rectangle::new(
                 [(0.0, 0.0), (0.0, 0.0)],

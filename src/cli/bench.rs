@@ -193,7 +193,7 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
             par.strategy,
             par.world_size,
             par.pipeline.stages,
-            par.pipeline.schedule,
+            par.pipeline,
             spec.grad_accum,
             100.0 * bubble.unwrap_or(0.0),
             100.0 * formula
@@ -230,7 +230,7 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
         [
             (par.pipeline.stages > 1).then(|| format!(
                 ", pp {} {}, {} micro-batches",
-                par.pipeline.stages, par.pipeline.schedule, spec.grad_accum
+                par.pipeline.stages, par.pipeline, spec.grad_accum
             )),
             par.recompute.then(|| ", recompute".to_string()),
             (par.precision == Precision::Bf16).then(|| ", bf16".to_string()),

@@ -37,6 +37,8 @@ pub enum Layout {
     Pp,
     /// ddp over 2-stage pipelines (gpipe).
     Gpipe,
+    /// ddp over 2-stage pipelines (interleaved 1f1b, two chunks a rank).
+    Interleaved,
 }
 
 impl std::fmt::Display for Layout {
@@ -48,7 +50,7 @@ impl std::fmt::Display for Layout {
 }
 
 impl Layout {
-    pub const ALL: [Layout; 9] = [
+    pub const ALL: [Layout; 10] = [
         Layout::Single,
         Layout::Ddp,
         Layout::Zero1,
@@ -58,6 +60,7 @@ impl Layout {
         Layout::Mesh,
         Layout::Pp,
         Layout::Gpipe,
+        Layout::Interleaved,
     ];
 
     /// The parallel configuration on `world` ranks (single ignores the world size).
@@ -69,7 +72,7 @@ impl Layout {
             Layout::Zero2 => (StrategyKind::Zero2, world, 1),
             Layout::Fsdp => (StrategyKind::Fsdp, world, 1),
             Layout::Tp => (StrategyKind::Tp, world, world),
-            Layout::Mesh | Layout::Pp | Layout::Gpipe => (
+            Layout::Mesh | Layout::Pp | Layout::Gpipe | Layout::Interleaved => (
                 StrategyKind::Ddp,
                 world,
                 1 + (self == Layout::Mesh) as usize,
@@ -77,9 +80,10 @@ impl Layout {
         };
         let schedule = match self {
             Layout::Gpipe => Schedule::GPipe,
+            Layout::Interleaved => Schedule::Interleaved,
             _ => Schedule::OneFOneB,
         };
-        let stages = if matches!(self, Layout::Pp | Layout::Gpipe) {
+        let stages = if matches!(self, Layout::Pp | Layout::Gpipe | Layout::Interleaved) {
             2
         } else {
             1
@@ -90,7 +94,7 @@ impl Layout {
             tp,
             recompute: false,
             precision: Default::default(),
-            pipeline: Pipeline::new(stages, schedule, 1),
+            pipeline: Pipeline::new(stages, schedule, 2),
         }
     }
 }
@@ -144,7 +148,10 @@ pub fn cells(spec: &CompareSpec) -> (Vec<Cell>, Vec<String>) {
         let (pairs, why) = layout_cells(
             name,
             (&spec.layouts, &spec.world_sizes, &spec.batch_sizes),
-            |par, batch| par.validate(&family, batch),
+            |par, batch| {
+                par.validate(&family, batch)?;
+                par.pipeline.check_micro_batches(spec.grad_accum)
+            },
         );
         skipped.extend(why);
         out.extend(pairs.into_iter().map(|(parallel, batch)| Cell {

@@ -307,7 +307,11 @@ pub fn write(spec: &CompareSpec, done: &Comparison, command: &str) -> Result<Vec
         let tl = crate::figure::Timeline {
             stem: format!(
                 "timeline-{}-{}-x{}-{}-b{}",
-                r.model, r.strategy, r.world_size, r.pipeline.schedule, r.batch
+                r.model,
+                r.strategy,
+                r.world_size,
+                r.pipeline.to_string().replace(' ', "-"),
+                r.batch
             ),
             title: format!(
                 "{} {}, batch {}: bubble {:.1}% measured, {:.1}% by formula",

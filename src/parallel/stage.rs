@@ -118,6 +118,18 @@ pub struct StageSizes {
     pub gathered: usize,
 }
 
+impl std::ops::AddAssign for StageSizes {
+    /// Two chunks' sizes on one rank: each allocates its own buffers.
+    fn add_assign(&mut self, o: StageSizes) {
+        self.len += o.len;
+        self.shard += o.shard;
+        self.max_padded += o.max_padded;
+        self.max_shard += o.max_shard;
+        self.head_padded += o.head_padded;
+        self.gathered += o.gathered;
+    }
+}
+
 /// The pieces of a stage and their shards.
 struct Pieces {
     /// Each piece's layout range.

@@ -10,7 +10,7 @@
 pub mod calibrate;
 
 use crate::model::{ModelConfig, ParamLayout, Precision as ModelPrecision};
-use crate::parallel::{self, pipeline, ParallelConfig, Pipeline, StrategyKind, Units};
+use crate::parallel::{self, pipeline, ParallelConfig, Pipeline, Schedule, StrategyKind, Units};
 use serde::Serialize;
 
 /// Bytes per element of each kind of state.
@@ -293,12 +293,7 @@ pub fn stage_memory_plan(
     for (c, &live) in live.iter().enumerate() {
         let vs = c * pipe.stages + s;
         let zc = parallel::stage_sizes(&layout, &stages, vs, par.dp());
-        z.len += zc.len;
-        z.shard += zc.shard;
-        z.max_padded += zc.max_padded;
-        z.max_shard += zc.max_shard;
-        z.head_padded += zc.head_padded;
-        z.gathered += zc.gathered;
+        z += zc;
         transient = transient.max(zc.shard);
         let acts =
             |p| m.stage_activation_elems(par.tp, rows, (stages[vs].clone(), par.recompute), p);
@@ -418,13 +413,20 @@ pub fn predict(
     let par = par.resolved();
     let mem = memory_plan(w, par, precision);
     let m = &w.model;
-    let (world, tp, pp) = (par.world_size, par.tp, par.pipeline.stages);
+    let pipe = par.pipeline;
+    let (world, tp, pp, v) = (par.world_size, par.tp, pipe.stages, pipe.virtual_stages);
     let dp = par.dp();
     let layout = m.layout(tp);
-    // a pipeline stage reduces and updates its own units (the largest stage's)
-    let stages = pipeline::partition(&layout, pp);
+    // a pipeline rank reduces and updates its own chunks' units (the largest rank's)
+    let stages = pipe.partition(&layout);
     let largest = (0..pp)
-        .map(|s| parallel::stage_sizes(&layout, &stages, s, dp))
+        .map(|s| {
+            let mut z = parallel::StageSizes::default();
+            for c in 0..v {
+                z += parallel::stage_sizes(&layout, &stages, c * pp + s, dp);
+            }
+            z
+        })
         .max_by_key(|z| z.len)
         .unwrap_or_default();
     let psi = largest.len as f64;
@@ -444,9 +446,10 @@ pub fn predict(
         1.0
     };
     // a pipeline splits the work over its stages and idles in the bubble:
-    // (m + p - 1) micro-batch slots per step for m micro-batches of work
+    // (m + p - 1) micro-batch slots per step for m micro-batches of work,
+    // a v-th of the p - 1 when interleaved
     let acc = w.grad_accum as f64;
-    let bubble = (acc + pp as f64 - 1.0) / acc / pp as f64;
+    let bubble = 1.0 / ((1.0 - pipe.bubble(w.grad_accum)) * pp as f64);
     let compute_s = flops_rank * bubble / (device.peak_flops / share * device.efficiency);
 
     // Communication: bucketed per unit, as the strategies issue it.
@@ -480,10 +483,12 @@ pub fn predict(
     let stream = rows * m.n_embd() as f64 * precision.activation_bytes();
     if pp > 1 {
         // each micro-batch's activation forward and gradient backward
-        // across a stage boundary (an inner stage sends both ways)
+        // across a stage boundary (an inner stage sends both ways), once
+        // per chunk when interleaved
         let (bw, lat) = net.link(pp, tp);
-        comm_s += acc * 2.0 * (stream / bw + lat);
-        comm_bytes += acc * 2.0 * stream;
+        let crossings = acc * 2.0 * v as f64;
+        comm_s += crossings * (stream / bw + lat);
+        comm_bytes += crossings * stream;
     }
     if tp > 1 {
         // Megatron's f/g: two all-reduces of the (rows, C) stream per layer
@@ -522,17 +527,20 @@ pub fn predict(
 /// (world 1); ddp, zero1, zero2, fsdp and tp over the whole world; then
 /// every power-of-two grid of tp and pp degrees: each data-parallel
 /// strategy over the remaining replicas (at least two), or tp alone, or a
-/// pipeline alone (pipelines with the default 1f1b schedule).
+/// pipeline alone; each pipeline as 1f1b and interleaved with two chunks
+/// a rank.
 fn candidates(world: usize, recompute: bool) -> Vec<ParallelConfig> {
     use StrategyKind::*;
-    let mk = |strategy, tp, stages| ParallelConfig {
+    let with = |strategy, tp, pipeline| ParallelConfig {
         strategy,
         world_size: world,
         tp,
         recompute,
         precision: Default::default(),
-        pipeline: Pipeline::new(stages, Default::default(), 1),
+        pipeline,
     };
+    let mk =
+        |strategy, tp, stages| with(strategy, tp, Pipeline::new(stages, Default::default(), 1));
     if world == 1 {
         return vec![mk(Single, 1, 1)];
     }
@@ -556,6 +564,15 @@ fn candidates(world: usize, recompute: bool) -> Vec<ParallelConfig> {
             }
         }
     }
+    let interleaved: Vec<ParallelConfig> = out
+        .iter()
+        .filter(|p| p.pipeline.stages > 1)
+        .map(|p| ParallelConfig {
+            pipeline: Pipeline::new(p.pipeline.stages, Schedule::Interleaved, 2),
+            ..*p
+        })
+        .collect();
+    out.extend(interleaved);
     out
 }
 
@@ -586,6 +603,12 @@ pub fn omitted(m: &ModelConfig, world: usize, batch: usize) -> Vec<String> {
                 "{} blocks cannot fill {} stages",
                 m.n_layer(),
                 p.pipeline.stages
+            )
+        } else if p.pipeline.stages * p.pipeline.virtual_stages > m.n_layer() {
+            format!(
+                "{} blocks cannot fill {} chunks",
+                m.n_layer(),
+                p.pipeline.stages * p.pipeline.virtual_stages
             )
         } else {
             format!(
@@ -618,7 +641,7 @@ pub fn layout_name(p: &ParallelConfig) -> String {
     let r = p.resolved();
     if r.pipeline.stages == r.world_size && r.world_size > 1 {
         let rc = if p.recompute { " +recompute" } else { "" };
-        return format!("pp x{} ({}){rc}", r.world_size, r.pipeline.schedule);
+        return format!("pp x{} ({}){rc}", r.world_size, r.pipeline);
     }
     let s = p.strategy.to_string();
     let base = if p.strategy == StrategyKind::Single {
@@ -633,7 +656,7 @@ pub fn layout_name(p: &ParallelConfig) -> String {
     };
     let pp = match p.pipeline.stages {
         1 => String::new(),
-        k => format!(" (pp {k} {})", p.pipeline.schedule),
+        k => format!(" (pp {k} {})", p.pipeline),
     };
     let rc = if p.recompute { " +recompute" } else { "" };
     format!("{base}{mesh}{pp}{rc}")
@@ -812,14 +835,23 @@ mod tests {
             "ddp x8 (pp 2 1f1b)",
             "tp x8 (pp 2 1f1b)",
             "pp x8 (1f1b)",
+            "fsdp x8 (tp 2) (pp 2 interleaved v2)",
+            "tp x8 (pp 4 interleaved v2)",
         ] {
             assert!(names.contains(&want.to_string()), "{want}: {names:?}");
         }
+        // alone, fsdp over tp 1, 2, 4; with pp 2 over tp 1, 2; with pp 4;
+        // each pipeline also interleaved
         assert_eq!(
             names.iter().filter(|n| n.starts_with("fsdp")).count(),
-            6,
+            3 + 2 * 3,
             "{names:?}"
         );
+        // twelve blocks cannot go round eight ranks twice
+        assert!(omitted(&m, 8, 16)
+            .iter()
+            .any(|l| l
+                .starts_with("pp x8 (interleaved v2) omitted: 12 blocks cannot fill 16 chunks")));
         let tiny = ModelConfig::preset("tiny").unwrap();
         assert!(omitted(&tiny, 8, 16)
             .iter()

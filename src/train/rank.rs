@@ -257,7 +257,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             self.par.resolved().tp,
             match self.par.pipeline.stages {
                 1 => String::new(),
-                k => format!(", pp {k} ({})", self.par.pipeline.schedule),
+                k => format!(", pp {k} ({})", self.par.pipeline),
             },
             self.spare.name(),
             self.total_peak / 1e9,
