@@ -77,11 +77,10 @@ fn setup(cfg: &ModelConfig) -> (Workload, Device, Network, BenchSpec) {
 
 fn check_memory(cfg: &ModelConfig) {
     let (w, device, net, spec) = setup(cfg);
-    let batch = w.batch;
     let mut checked = 0;
     for world in [1, 2, 4] {
         for recompute in [false, true] {
-            for par in plan::layouts(cfg, world, batch, recompute) {
+            for par in plan::layouts(&w, world, recompute) {
                 let predicted = plan::predict(&w, par, &device, &net, Precision::Fp32);
                 let ranks = launch::run_local(world, 2, Duration::from_secs(60), |c| {
                     bench_rank(Cpu::new(), cfg, par, spec, c.as_ref())
@@ -121,9 +120,8 @@ fn check_memory(cfg: &ModelConfig) {
 /// predicted growth over fp32 is the measured one.
 fn check_bf16_scratch(cfg: &ModelConfig) {
     let (w, device, net, spec) = setup(cfg);
-    let batch = w.batch;
     for world in [1, 2] {
-        for par in plan::layouts(cfg, world, batch, false) {
+        for par in plan::layouts(&w, world, false) {
             let [fp32, bf16] = [EnginePrecision::Fp32, EnginePrecision::Bf16].map(|precision| {
                 let par = ParallelConfig { precision, ..par };
                 let predicted = plan::predict(&w, par, &device, &net, Precision::Fp32);

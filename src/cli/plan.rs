@@ -216,7 +216,7 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
         } else {
             vec![false]
         } {
-            for par in plan::layouts(&w.model, world, w.batch, rc) {
+            for par in plan::layouts(&w, world, rc) {
                 preds.push(plan::predict(&w, par, &device, &net, a.precision));
             }
         }
@@ -230,7 +230,7 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
             world,
             device.efficiency,
             preds,
-            plan::omitted(&w.model, world, w.batch),
+            plan::omitted(&w, world),
         ));
     }
     if a.json {

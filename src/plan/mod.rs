@@ -577,23 +577,26 @@ fn candidates(world: usize, recompute: bool) -> Vec<ParallelConfig> {
 }
 
 /// Every valid layout on `world` ranks (see [`omitted`] for the others).
-pub fn layouts(
-    m: &ModelConfig,
-    world: usize,
-    batch: usize,
-    recompute: bool,
-) -> Vec<ParallelConfig> {
+pub fn layouts(w: &Workload, world: usize, recompute: bool) -> Vec<ParallelConfig> {
     let mut out = candidates(world, recompute);
-    out.retain(|p| p.validate(m, batch).is_ok());
+    out.retain(|p| valid(w, p).is_ok());
     out
+}
+
+/// Whether a layout can run the workload: its degrees, and its pipeline's
+/// micro-batches.
+fn valid(w: &Workload, p: &ParallelConfig) -> crate::error::Result<()> {
+    p.validate(&w.model, w.batch)?;
+    p.pipeline.check_micro_batches(w.grad_accum)
 }
 
 /// One line per reason that layouts on `world` ranks were left out of
 /// [`layouts`]: "tp x2, ddp x4 (tp 2) omitted: 25 heads are not divisible by 2".
-pub fn omitted(m: &ModelConfig, world: usize, batch: usize) -> Vec<String> {
+pub fn omitted(w: &Workload, world: usize) -> Vec<String> {
+    let (m, batch) = (&w.model, w.batch);
     let mut by_reason: Vec<(String, Vec<String>)> = Vec::new();
     for p in candidates(world, false) {
-        if p.validate(m, batch).is_ok() {
+        if valid(w, &p).is_ok() {
             continue;
         }
         let reason = if !m.n_head().is_multiple_of(p.tp) {
@@ -610,10 +613,15 @@ pub fn omitted(m: &ModelConfig, world: usize, batch: usize) -> Vec<String> {
                 m.n_layer(),
                 p.pipeline.stages * p.pipeline.virtual_stages
             )
-        } else {
+        } else if !batch.is_multiple_of(p.dp()) {
             format!(
                 "the batch of {batch} is not divisible by the data-parallel size {}",
                 p.dp()
+            )
+        } else {
+            format!(
+                "{} micro-batches do not go round {} stages in groups",
+                w.grad_accum, p.pipeline.stages
             )
         };
         let name = layout_name(&p);
@@ -766,19 +774,29 @@ mod tests {
         );
     }
 
+    /// A workload of `m` with a global batch of `batch`, 4 micro-batches.
+    fn work(m: &ModelConfig, batch: usize) -> Workload {
+        Workload {
+            model: m.clone(),
+            batch,
+            seq_len: 1024,
+            grad_accum: 4,
+        }
+    }
+
     #[test]
     fn layouts_respect_heads_and_batch() {
         let m = ModelConfig::preset("gpt2").unwrap(); // 12 heads
-        let names: Vec<String> = layouts(&m, 8, 16, false).iter().map(layout_name).collect();
+        let names: Vec<String> = layouts(&work(&m, 16), 8, false).iter().map(layout_name).collect();
         assert!(names.contains(&"ddp x8 (tp 2)".to_string()), "{names:?}");
         assert!(names.contains(&"ddp x8 (tp 4)".to_string()), "{names:?}");
         assert!(
-            !layouts(&m, 8, 16, false)
+            !layouts(&work(&m, 16), 8, false)
                 .iter()
                 .any(|p| p.resolved().tp == 8),
             "12 heads do not split 8 ways: {names:?}"
         );
-        assert_eq!(layouts(&m, 1, 16, false).len(), 1);
+        assert_eq!(layouts(&work(&m, 16), 1, false).len(), 1);
     }
 
     /// The fastest fitting layout for `w` on `world` A100s, with and without recomputation.
@@ -787,7 +805,7 @@ mod tests {
         let net = Network::datasheet("a100").unwrap();
         let preds: Vec<Prediction> = [false, true]
             .into_iter()
-            .flat_map(|rc| layouts(&w.model, world, w.batch, rc))
+            .flat_map(|rc| layouts(w, world, rc))
             .map(|par| predict(w, par, &device, &net, Precision::Mixed))
             .collect();
         recommend(&preds).expect("a layout fits").parallel
@@ -827,7 +845,7 @@ mod tests {
     #[test]
     fn the_grid_lists_every_strategy_with_pipelines_and_tensor_parallelism() {
         let m = ModelConfig::preset("gpt2").unwrap();
-        let names: Vec<String> = layouts(&m, 8, 16, false).iter().map(layout_name).collect();
+        let names: Vec<String> = layouts(&work(&m, 16), 8, false).iter().map(layout_name).collect();
         for want in [
             "fsdp x8 (tp 2)",
             "zero2 x8 (tp 2) (pp 2 1f1b)",
@@ -848,12 +866,12 @@ mod tests {
             "{names:?}"
         );
         // twelve blocks cannot go round eight ranks twice
-        assert!(omitted(&m, 8, 16)
+        assert!(omitted(&work(&m, 16), 8)
             .iter()
             .any(|l| l
                 .starts_with("pp x8 (interleaved v2) omitted: 12 blocks cannot fill 16 chunks")));
         let tiny = ModelConfig::preset("tiny").unwrap();
-        assert!(omitted(&tiny, 8, 16)
+        assert!(omitted(&work(&tiny, 16), 8)
             .iter()
             .any(|l| l.contains("cannot fill 8 stages")));
     }
@@ -864,10 +882,10 @@ mod tests {
         gpt.n_head = 25;
         let m = ModelConfig::from(gpt);
         assert_eq!(
-            omitted(&m, 2, 16),
+            omitted(&work(&m, 16), 2),
             ["tp x2 omitted: 25 heads are not divisible by 2"]
         );
-        let four = omitted(&m, 4, 6);
+        let four = omitted(&work(&m, 6), 4);
         assert!(
             four.contains(&"tp x4 omitted: 25 heads are not divisible by 4".to_string()),
             "{four:?}"
@@ -877,6 +895,6 @@ mod tests {
                 .any(|l| l.starts_with("ddp x4, zero1 x4") && l.contains("data-parallel size 4")),
             "{four:?}"
         );
-        assert!(omitted(&ModelConfig::preset("gpt2").unwrap(), 4, 16).is_empty());
+        assert!(omitted(&work(&ModelConfig::preset("gpt2").unwrap(), 16), 4).is_empty());
     }
 }
