@@ -5,7 +5,7 @@ use distgpt::backend::cpu::Cpu;
 use distgpt::checkpoint::state;
 use distgpt::data::{Dataset, TokenizerKind};
 use distgpt::model::GptConfig;
-use distgpt::parallel::{ParallelConfig, StrategyKind};
+use distgpt::parallel::{ParallelConfig, Pipeline, Schedule, StrategyKind};
 use distgpt::train::{train, Duration, TrainConfig, TrainSummary};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -51,19 +51,27 @@ fn run_pp(
     tp: usize,
     stages: usize,
 ) -> TrainSummary {
+    let pipeline = Pipeline::new(stages, Schedule::OneFOneB, 1);
+    run_on(cfg, (strategy, world_size, tp, pipeline), 2)
+}
+
+/// A run of the tiny model with `n_layer` blocks.
+fn run_on(
+    cfg: &TrainConfig,
+    (strategy, world_size, tp, pipeline): (StrategyKind, usize, usize, Pipeline),
+    n_layer: usize,
+) -> TrainSummary {
     let ds = dataset();
     let mut model = GptConfig::preset("tiny").unwrap();
     model.vocab_size = ds.tokenizer.vocab_size();
+    model.n_layer = n_layer;
     let par = ParallelConfig {
         strategy,
         world_size,
         tp,
         recompute: false,
         precision: Default::default(),
-        pipeline: distgpt::parallel::Pipeline {
-            stages,
-            ..Default::default()
-        },
+        pipeline,
     };
     train(Cpu::new, model, ds, cfg, par, 2, Wait::from_secs(60)).unwrap()
 }
@@ -221,6 +229,87 @@ fn pipelines_resume_bit_exactly_and_reshard_to_and_from_single() {
             "single -> {strategy} x{n} tp {tp} pp 2: step 4 loss {got} vs {want}"
         );
     }
+}
+
+/// An interleaved pipeline (2 stages, 2 chunks each, over replicas or a
+/// sharded tp mesh) stops and resumes bit-exactly, and its checkpoint
+/// continues as single and as a plain 1f1b pipeline; single's continues
+/// interleaved. Four blocks, two micro-batches a step.
+#[test]
+fn interleaved_pipelines_resume_bit_exactly_and_reshard() {
+    let accum = |dir: &Path| TrainConfig {
+        grad_accum: 2,
+        ..config(dir)
+    };
+    let inter = Pipeline::new(2, Schedule::Interleaved, 2);
+    let plain = Pipeline::new(1, Schedule::OneFOneB, 1);
+    let single = run_on(
+        &accum(&out("pp-v2-single")),
+        (StrategyKind::Single, 1, 1, plain),
+        4,
+    );
+    for (strategy, n, tp) in [(StrategyKind::Zero1, 4, 1), (StrategyKind::Fsdp, 8, 2)] {
+        let what = format!("{strategy} x{n} tp {tp} pp 2 interleaved");
+        let layout = (strategy, n, tp, inter);
+        let whole = run_on(&accum(&out(&format!("pp-v2-whole-{what}"))), layout, 4);
+        let dir = out(&format!("pp-v2-split-{what}"));
+        let stopped = TrainConfig {
+            stop_after: Some(3),
+            ..accum(&dir)
+        };
+        let first = run_on(&stopped, layout, 4);
+        let resumed = TrainConfig {
+            resume: Some(state::latest(&dir).unwrap()),
+            ..accum(&dir)
+        };
+        let second = run_on(&resumed, layout, 4);
+        let losses: Vec<f32> = first.losses.iter().chain(&second.losses).copied().collect();
+        assert_eq!(losses, whole.losses, "{what}: per-step losses");
+        assert!(
+            second.params == whole.params,
+            "{what}: final weights differ"
+        );
+        for (name, other) in [
+            ("single", (StrategyKind::Single, 1, 1, plain)),
+            (
+                "ddp x2 pp 2 1f1b",
+                (
+                    StrategyKind::Ddp,
+                    2,
+                    1,
+                    Pipeline::new(2, Schedule::OneFOneB, 1),
+                ),
+            ),
+        ] {
+            let next = TrainConfig {
+                resume: Some(state::at_step(&dir, 3).unwrap()),
+                stop_after: Some(1),
+                ..accum(&out(&format!("pp-v2-to-{name}-{what}")))
+            };
+            let (got, want) = (run_on(&next, other, 4).losses[0], single.losses[3]);
+            assert!(
+                (got - want).abs() <= 1e-5,
+                "{what} -> {name}: step 4 loss {got} vs {want}"
+            );
+        }
+    }
+    let dir = out("pp-v2-from-single");
+    let first = TrainConfig {
+        stop_after: Some(3),
+        ..accum(&dir)
+    };
+    run_on(&first, (StrategyKind::Single, 1, 1, plain), 4);
+    let next = TrainConfig {
+        resume: Some(state::latest(&dir).unwrap()),
+        stop_after: Some(1),
+        ..accum(&out("pp-v2-from-single-next"))
+    };
+    let got = run_on(&next, (StrategyKind::Fsdp, 8, 2, inter), 4).losses[0];
+    let want = single.losses[3];
+    assert!(
+        (got - want).abs() <= 1e-5,
+        "single -> fsdp x8 tp 2 pp 2 interleaved: step 4 loss {got} vs {want}"
+    );
 }
 
 #[test]

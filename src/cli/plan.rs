@@ -226,12 +226,7 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
                 w.batch
             );
         }
-        all.push((
-            world,
-            device.efficiency,
-            preds,
-            plan::omitted(&w, world),
-        ));
+        all.push((world, device.efficiency, preds, plan::omitted(&w, world)));
     }
     if a.json {
         let j = serde_json::json!({

@@ -787,7 +787,10 @@ mod tests {
     #[test]
     fn layouts_respect_heads_and_batch() {
         let m = ModelConfig::preset("gpt2").unwrap(); // 12 heads
-        let names: Vec<String> = layouts(&work(&m, 16), 8, false).iter().map(layout_name).collect();
+        let names: Vec<String> = layouts(&work(&m, 16), 8, false)
+            .iter()
+            .map(layout_name)
+            .collect();
         assert!(names.contains(&"ddp x8 (tp 2)".to_string()), "{names:?}");
         assert!(names.contains(&"ddp x8 (tp 4)".to_string()), "{names:?}");
         assert!(
@@ -845,7 +848,10 @@ mod tests {
     #[test]
     fn the_grid_lists_every_strategy_with_pipelines_and_tensor_parallelism() {
         let m = ModelConfig::preset("gpt2").unwrap();
-        let names: Vec<String> = layouts(&work(&m, 16), 8, false).iter().map(layout_name).collect();
+        let names: Vec<String> = layouts(&work(&m, 16), 8, false)
+            .iter()
+            .map(layout_name)
+            .collect();
         for want in [
             "fsdp x8 (tp 2)",
             "zero2 x8 (tp 2) (pp 2 1f1b)",
