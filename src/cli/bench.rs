@@ -247,8 +247,12 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
     if let Some(b) = bubble {
         distgpt::outln!(
             "pipeline bubble: {:.1}% of the program idle, measured (mean over every rank and timed step); \
-             formula (p - 1) / (m + p - 1) = {:.1}%",
+             formula (p - 1) / ({}m + p - 1) = {:.1}%",
             100.0 * b,
+            match par.pipeline.virtual_stages {
+                1 => String::new(),
+                v => format!("{v} "),
+            },
             100.0 * formula
         );
     }
