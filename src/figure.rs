@@ -6,6 +6,7 @@
 //! pattern, so a dozen stay apart.
 
 use crate::error::{Error, Result};
+use crate::parallel::pipeline::Pass;
 use crate::parallel::Span;
 use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint, Ranged};
 use plotters::coord::types::RangedCoordf64;
@@ -454,6 +455,7 @@ pub struct Timeline {
 
 const FORWARD: RGBColor = RGBColor(31, 119, 180);
 const BACKWARD: RGBColor = RGBColor(255, 127, 14);
+const WEIGHT: RGBColor = RGBColor(44, 160, 44);
 
 fn draw_timeline<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, tl: &Timeline) -> Result<()>
 where
@@ -492,8 +494,12 @@ where
         .draw()
         .map_err(err)?;
     let chunks = spans().map(|s| s.chunk + 1).max().unwrap_or(1);
-    let shade = |backward: bool, chunk: usize| {
-        let RGBColor(r, g, b) = if backward { BACKWARD } else { FORWARD };
+    let shade = |pass: Pass, chunk: usize| {
+        let RGBColor(r, g, b) = match pass {
+            Pass::Forward => FORWARD,
+            Pass::Backward => BACKWARD,
+            Pass::Weight => WEIGHT,
+        };
         let k = 1.0 - 0.45 * chunk as f64 / (chunks.max(2) - 1) as f64;
         let f = |x: u8| (x as f64 * k) as u8;
         RGBColor(f(r), f(g), f(b))
@@ -501,7 +507,7 @@ where
     for (i, (_, row)) in tl.rows.iter().enumerate() {
         let (lo, hi) = ((n - 1 - i) as f64 + 0.15, (n - i) as f64 - 0.15);
         for s in row {
-            let color = shade(s.backward, s.chunk);
+            let color = shade(s.pass, s.chunk);
             chart
                 .draw_series(std::iter::once(Rectangle::new(
                     [(ms(s.start), lo), (ms(s.end), hi)],
@@ -517,14 +523,22 @@ where
                 .map_err(err)?;
         }
     }
+    let weights = spans().any(|s| s.pass == Pass::Weight);
+    let passes = match weights {
+        true => vec![
+            (Pass::Forward, "forward"),
+            (Pass::Backward, "backward (input)"),
+            (Pass::Weight, "backward (weights)"),
+        ],
+        false => vec![(Pass::Forward, "forward"), (Pass::Backward, "backward")],
+    };
     let legend = (0..chunks).flat_map(|c| {
-        [false, true].map(|backward| {
-            let pass = if backward { "backward" } else { "forward" };
+        passes.iter().map(move |&(pass, name)| {
             let label = match chunks {
-                1 => pass.to_string(),
-                _ => format!("{pass}, chunk {c}"),
+                1 => name.to_string(),
+                _ => format!("{name}, chunk {c}"),
             };
-            (label, shade(backward, c))
+            (label, shade(pass, c))
         })
     });
     for (label, color) in legend {

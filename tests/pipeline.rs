@@ -156,6 +156,26 @@ fn interleaved_pipelines_follow_single_in_every_cell() {
 }
 
 #[test]
+fn zero_bubble_pipelines_follow_single_in_every_cell() {
+    let single = single();
+    use StrategyKind::*;
+    for (strategy, dp, pp, tp) in [
+        (Ddp, 1, 2, 1),
+        (Ddp, 1, 4, 1),
+        (Ddp, 2, 2, 1),
+        (Tp, 1, 2, 2),
+        (Zero1, 2, 2, 1),
+        (Zero2, 2, 2, 1),
+        (Fsdp, 2, 2, 1),
+        (Fsdp, 2, 2, 2),
+    ] {
+        let what = format!("zb-h1 pp {pp} x dp {dp} x tp {tp}, {strategy}");
+        let got = run(layout(strategy, (dp, pp, tp), Schedule::ZbH1, false));
+        common::assert_follows(single, &got, &what);
+    }
+}
+
+#[test]
 fn impossible_pipelines_are_refused_in_words() {
     let model: distgpt::model::ModelConfig = model().into();
     let said = |par: ParallelConfig| par.validate(&model, 12).unwrap_err().to_string();
@@ -175,6 +195,12 @@ fn impossible_pipelines_are_refused_in_words() {
     let mut stray = l(StrategyKind::Ddp, 1, 2, 1);
     stray.pipeline.virtual_stages = 2;
     assert!(said(stray).contains("for --schedule interleaved, not 1f1b"));
+    let zb = |pp, recompute| ParallelConfig {
+        pipeline: Pipeline::new(pp, Schedule::ZbH1, 1),
+        ..layout(StrategyKind::Ddp, (1, pp, 1), Schedule::ZbH1, recompute)
+    };
+    assert!(said(zb(2, true)).contains("fp32 without --recompute"));
+    assert!(said(zb(1, false)).contains("zb-h1 schedule needs --pp 2 or more"));
     // micro-batches go round in groups of pp
     let cfg = common::five_steps("pp-interleaved-3", 3);
     let err = train(

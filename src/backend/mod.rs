@@ -171,6 +171,41 @@ pub trait Backend: Send + Sync + Sized + Clone + 'static {
         rstd: Src<'_, Self>,
         c: usize,
     );
+    /// The input half of [`Backend::layernorm_backward`]: dinp (rows, C) +=.
+    /// By default the whole backward into a scratch dw and db (they cost a
+    /// pass over the rows; a backend may skip them).
+    fn layernorm_backward_input(
+        &self,
+        dinp: Dst<'_, Self>,
+        dout: Src<'_, Self>,
+        inp: Src<'_, Self>,
+        w: Src<'_, Self>,
+        mean: Src<'_, Self>,
+        rstd: Src<'_, Self>,
+        c: usize,
+    ) -> Result<()> {
+        let mut scratch = self.alloc(2 * c, Category::Other)?;
+        let (dw, db) = scratch.d().split_at(c);
+        self.layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, c);
+        Ok(())
+    }
+    /// The weight half of [`Backend::layernorm_backward`]: dw, db (C) +=.
+    /// By default the whole backward into a scratch dinp.
+    fn layernorm_backward_weight(
+        &self,
+        dw: Dst<'_, Self>,
+        db: Dst<'_, Self>,
+        dout: Src<'_, Self>,
+        inp: Src<'_, Self>,
+        w: Src<'_, Self>,
+        mean: Src<'_, Self>,
+        rstd: Src<'_, Self>,
+        c: usize,
+    ) -> Result<()> {
+        let mut scratch = self.alloc(inp.len(), Category::Other)?;
+        self.layernorm_backward(scratch.d(), dw, db, dout, inp, w, mean, rstd, c);
+        Ok(())
+    }
     /// out (rows, n) = [out +] inp (rows, k) @ W + bias.
     fn matmul_forward(
         &self,
@@ -198,6 +233,39 @@ pub trait Backend: Send + Sync + Sized + Clone + 'static {
         k: usize,
         n: usize,
     );
+    /// The input half of [`Backend::matmul_backward`]: dinp (rows, k)
+    /// overwritten. By default the whole backward into a scratch dw (which
+    /// reads the forward's `inp`; a backend should skip that product).
+    fn matmul_backward_input(
+        &self,
+        dinp: Dst<'_, Self>,
+        dout: Src<'_, Self>,
+        inp: Src<'_, Self>,
+        w: Src<'_, Self>,
+        layout: WeightLayout,
+        (rows, k, n): (usize, usize, usize),
+    ) -> Result<()> {
+        let mut dw = self.alloc(k * n, Category::Other)?;
+        self.matmul_backward(dinp, dw.d(), None, dout, inp, w, layout, rows, k, n);
+        Ok(())
+    }
+    /// The weight half of [`Backend::matmul_backward`]: dw (k x n) +=,
+    /// dbias (n) +=. By default the whole backward into a scratch dinp (a
+    /// backend should skip its product).
+    fn matmul_backward_weight(
+        &self,
+        dw: Dst<'_, Self>,
+        dbias: Option<Dst<'_, Self>>,
+        dout: Src<'_, Self>,
+        inp: Src<'_, Self>,
+        w: Src<'_, Self>,
+        layout: WeightLayout,
+        (rows, k, n): (usize, usize, usize),
+    ) -> Result<()> {
+        let mut dinp = self.alloc(rows * k, Category::Other)?;
+        self.matmul_backward(dinp.d(), dw, dbias, dout, inp, w, layout, rows, k, n);
+        Ok(())
+    }
     /// [`Backend::matmul_forward`] whose `inp` and `w` hold bfloat16 values
     /// (rounded by [`Backend::round_bf16`]): the same product, which a
     /// device with bf16 matrix units (CUDA's tensor cores) runs there.

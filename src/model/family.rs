@@ -171,23 +171,27 @@ impl ModelConfig {
         precision: Precision,
     ) -> (usize, usize) {
         let all = 0..self.n_layer() + 2;
-        self.stage_activation_elems(tp, rows, (all, recompute), precision)
+        self.stage_activation_elems(tp, rows, (all, recompute, false), precision)
     }
 
     /// As [`ModelConfig::activation_elems`] for an engine that runs `units`
-    /// only (a pipeline stage's).
+    /// only (a pipeline stage's), its backward split in two where `split`
+    /// (`UnitModel::split_backward`; GPT-2 only).
     pub fn stage_activation_elems(
         &self,
         tp: usize,
         (b, t): (usize, usize),
-        (units, recompute): (std::ops::Range<usize>, bool),
+        (units, recompute, split): (std::ops::Range<usize>, bool, bool),
         precision: Precision,
     ) -> (usize, usize) {
         let span = super::Span::of_units(units, self.n_layer());
-        let sr = (&span, recompute);
         match self {
-            ModelConfig::Gpt2(c) => gpt2::activation_elems(c, tp, b * t, sr, precision),
-            ModelConfig::Bert(c) => bert::activation_elems(c, tp, (b, t), sr, precision),
+            ModelConfig::Gpt2(c) => {
+                gpt2::activation_elems(c, tp, b * t, (&span, recompute, split), precision)
+            }
+            ModelConfig::Bert(c) => {
+                bert::activation_elems(c, tp, (b, t), (&span, recompute), precision)
+            }
         }
     }
 

@@ -150,6 +150,34 @@ pub trait UnitModel<B: Backend> {
     /// Runs only `units` from now on (a pipeline stage's), allocating
     /// activations for them alone.
     fn set_units(&mut self, units: Range<usize>);
+    /// Splits every backward in two from the next `begin` on (zero-bubble
+    /// schedules): `backward_input` makes the gradient for the unit below
+    /// and keeps what `backward_weight` later turns into the parameters'
+    /// gradients. A family that cannot says so.
+    fn split_backward(&mut self) -> Result<()> {
+        Err(crate::error::Error::Config(
+            "this model family cannot split its backward into input and weight halves".into(),
+        ))
+    }
+    /// Unit u's input half (after `split_backward`).
+    fn backward_input(
+        &mut self,
+        _u: usize,
+        _p: UnitParams<'_, B>,
+        _tp: Option<&dyn Comm>,
+        _loss_scale: f32,
+    ) -> Result<()> {
+        self.split_backward()
+    }
+    /// Unit u's weight half, after its input half: accumulates into `g`.
+    fn backward_weight(
+        &mut self,
+        _u: usize,
+        _p: UnitParams<'_, B>,
+        _g: UnitGrads<'_, B>,
+    ) -> Result<()> {
+        self.split_backward()
+    }
 }
 
 impl<B: Backend, M: UnitModel<B> + ?Sized> UnitModel<B> for Box<M> {
@@ -203,6 +231,26 @@ impl<B: Backend, M: UnitModel<B> + ?Sized> UnitModel<B> for Box<M> {
     }
     fn set_units(&mut self, units: Range<usize>) {
         (**self).set_units(units)
+    }
+    fn split_backward(&mut self) -> Result<()> {
+        (**self).split_backward()
+    }
+    fn backward_input(
+        &mut self,
+        u: usize,
+        p: UnitParams<'_, B>,
+        tp: Option<&dyn Comm>,
+        loss_scale: f32,
+    ) -> Result<()> {
+        (**self).backward_input(u, p, tp, loss_scale)
+    }
+    fn backward_weight(
+        &mut self,
+        u: usize,
+        p: UnitParams<'_, B>,
+        g: UnitGrads<'_, B>,
+    ) -> Result<()> {
+        (**self).backward_weight(u, p, g)
     }
 }
 

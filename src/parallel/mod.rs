@@ -120,7 +120,23 @@ impl ParallelConfig {
                     model.n_layer()
                 ));
             }
-            Schedule::GPipe | Schedule::OneFOneB if v != 1 => {
+            Schedule::ZbH1 if pp < 2 => {
+                return bad("the zb-h1 schedule needs --pp 2 or more".into());
+            }
+            Schedule::ZbH1 if self.recompute || self.precision != Precision::Fp32 => {
+                return bad(
+                    "the zb-h1 schedule runs in fp32 without --recompute: its weight halves \
+                     read every block's activations, unrounded, after the input halves"
+                        .into(),
+                );
+            }
+            Schedule::ZbH1 if !matches!(model, ModelConfig::Gpt2(_)) => {
+                return bad(format!(
+                    "the zb-h1 schedule splits GPT-2's backward; {model} cannot split its own: \
+                     use --schedule 1f1b"
+                ));
+            }
+            Schedule::GPipe | Schedule::OneFOneB | Schedule::ZbH1 if v != 1 => {
                 return bad(format!(
                     "--virtual-stages {v} splits a rank's blocks for --schedule interleaved, not {}",
                     self.pipeline.schedule

@@ -57,6 +57,12 @@ pub enum Schedule {
     #[value(name = "interleaved")]
     #[serde(rename = "interleaved")]
     Interleaved,
+    /// Zero-bubble ZB-H1: each backward split into its input half and its
+    /// weight half, the weight halves put off into the slots 1F1B idles
+    /// (GPT-2, fp32, no recomputation).
+    #[value(name = "zb-h1")]
+    #[serde(rename = "zb-h1")]
+    ZbH1,
 }
 
 impl std::fmt::Display for Schedule {
@@ -65,6 +71,7 @@ impl std::fmt::Display for Schedule {
             Schedule::GPipe => "gpipe",
             Schedule::OneFOneB => "1f1b",
             Schedule::Interleaved => "interleaved",
+            Schedule::ZbH1 => "zb-h1",
         })
     }
 }
@@ -143,17 +150,35 @@ impl Pipeline {
     /// The idle fraction of a step by the schedule's formula for m
     /// micro-batches: (p - 1) slots of m + p - 1 (GPipe and 1F1B alike;
     /// 1F1B keeps fewer activations, not fewer idle slots), a v-th of the
-    /// warm-up and drain when interleaved: (p - 1) / (v m + p - 1).
+    /// warm-up and drain when interleaved: (p - 1) / (v m + p - 1); zb-h1
+    /// idles (p - 1)(F + B - W) where 1F1B idles (p - 1)(F + B + W), with
+    /// the forward F, input half B and weight half W taken equal:
+    /// (p - 1) / (3 m + p - 1) (for m >= p; fewer idle more).
     pub fn bubble(&self, m: usize) -> f64 {
         let (p, v) = (self.stages, self.virtual_stages);
-        (p - 1) as f64 / (v * m + p - 1) as f64
+        let slots = match self.schedule {
+            Schedule::ZbH1 => 3 * m,
+            _ => v * m,
+        };
+        (p - 1) as f64 / (slots + p - 1) as f64
     }
 }
 
-/// One forward or backward of a micro-batch through one of a rank's chunks.
+/// What a task runs of a micro-batch through a chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pass {
+    Forward,
+    /// The backward; under zb-h1 only its input half.
+    Backward,
+    /// zb-h1's weight half of a backward.
+    Weight,
+}
+
+/// One pass of a micro-batch through one of a rank's chunks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Task {
-    pub backward: bool,
+    pub pass: Pass,
     pub chunk: usize,
     pub micro_batch: usize,
 }
@@ -161,22 +186,25 @@ pub struct Task {
 /// Rank s's tasks, in order, for m micro-batches.
 pub fn tasks(pipe: Pipeline, s: usize, m: usize) -> Vec<Task> {
     let (p, v) = (pipe.stages, pipe.virtual_stages);
+    if pipe.schedule == Schedule::ZbH1 {
+        return zb_h1(p, m).swap_remove(s);
+    }
     let total = m * v;
     // the k-th forward: micro-batches in groups of p through chunk 0, then
     // the same group through chunk 1, ...; backwards through the chunks in reverse
     let forward = |k: usize| Task {
-        backward: false,
+        pass: Pass::Forward,
         chunk: (k % (p * v)) / p,
         micro_batch: (k / (p * v)) * p + k % p,
     };
     let backward = |k: usize| Task {
-        backward: true,
+        pass: Pass::Backward,
         chunk: v - 1 - forward(k).chunk,
         ..forward(k)
     };
     let warmup = match pipe.schedule {
         Schedule::GPipe => total,
-        Schedule::OneFOneB => p - s - 1,
+        Schedule::OneFOneB | Schedule::ZbH1 => p - s - 1,
         Schedule::Interleaved => 2 * (p - s - 1) + (v - 1) * p,
     }
     .min(total);
@@ -186,6 +214,61 @@ pub fn tasks(pipe: Pipeline, s: usize, m: usize) -> Vec<Task> {
         out.push(backward(i));
     }
     out.extend((total - warmup..total).map(backward));
+    out
+}
+
+/// Every stage's zb-h1 tasks: its forwards, backwards' input halves and
+/// weight halves as it runs them when each takes one slot and a stage
+/// runs, of what it can: a weight half it owes (more than p - 1 put off),
+/// else an input half (it unblocks the stage below), else a forward (while
+/// fewer than p - s micro-batches wait for their input half, 1F1B's
+/// bound), else the oldest weight half put off. The weight halves so fill
+/// the slots where 1F1B idles: (p - 1) idle slots a stage for m >= p
+/// micro-batches, as zero-bubble's ZB-H1. Unlike the paper's, whose input
+/// half frees what the weight half does not read, a micro-batch here keeps
+/// all its activations until its weight half: up to p - s + p - 1 of them
+/// on stage s (`in_flight`).
+fn zb_h1(p: usize, m: usize) -> Vec<Vec<Task>> {
+    let task = |pass, micro_batch| Task {
+        pass,
+        chunk: 0,
+        micro_batch,
+    };
+    // the slot each stage finished micro-batch i's forward / input half in
+    let mut fwd = vec![vec![usize::MAX; m]; p];
+    let mut bwd = vec![vec![usize::MAX; m]; p];
+    let (mut next_f, mut next_b, mut next_w) = (vec![0; p], vec![0; p], vec![0; p]);
+    let mut out = vec![Vec::new(); p];
+    let mut slot = 0;
+    while (0..p).any(|s| next_w[s] < m) {
+        for s in 0..p {
+            let done = |at: usize| at < slot;
+            let (f, b, w) = (next_f[s], next_b[s], next_w[s]);
+            let grad_in = b < f
+                && match s + 1 == p {
+                    true => done(fwd[s][b]),
+                    false => done(bwd[s + 1][b]),
+                };
+            let act_in = f < m && f - b < p - s && (s == 0 || done(fwd[s - 1][f]));
+            let owed = b - w >= p;
+            if owed {
+                out[s].push(task(Pass::Weight, w));
+                next_w[s] += 1;
+            } else if grad_in {
+                out[s].push(task(Pass::Backward, b));
+                bwd[s][b] = slot;
+                next_b[s] += 1;
+            } else if act_in {
+                out[s].push(task(Pass::Forward, f));
+                fwd[s][f] = slot;
+                next_f[s] += 1;
+            } else if w < b {
+                out[s].push(task(Pass::Weight, w));
+                next_w[s] += 1;
+            }
+        }
+        slot += 1;
+    }
     out
 }
 
@@ -239,14 +322,14 @@ fn stage_of(t: &Task, s: usize, p: usize) -> usize {
 fn needs(t: &Task, s: usize, pipe: Pipeline) -> Option<(usize, Message)> {
     let (p, last) = (pipe.stages, pipe.stages * pipe.virtual_stages - 1);
     let into = stage_of(t, s, p);
-    let from = match t.backward {
-        false if into > 0 => into - 1,
-        true if into < last => into + 1,
+    let from = match t.pass {
+        Pass::Forward if into > 0 => into - 1,
+        Pass::Backward if into < last => into + 1,
         _ => return None,
     };
     let m = Message {
         into,
-        gradient: t.backward,
+        gradient: t.pass == Pass::Backward,
         micro_batch: t.micro_batch,
     };
     Some((from % p, m))
@@ -256,22 +339,22 @@ fn needs(t: &Task, s: usize, pipe: Pipeline) -> Option<(usize, Message)> {
 fn makes(t: &Task, s: usize, pipe: Pipeline) -> Option<(usize, Message)> {
     let (p, last) = (pipe.stages, pipe.stages * pipe.virtual_stages - 1);
     let vs = stage_of(t, s, p);
-    let into = match t.backward {
-        false if vs < last => vs + 1,
-        true if vs > 0 => vs - 1,
+    let into = match t.pass {
+        Pass::Forward if vs < last => vs + 1,
+        Pass::Backward if vs > 0 => vs - 1,
         _ => return None,
     };
     let m = Message {
         into,
-        gradient: t.backward,
+        gradient: t.pass == Pass::Backward,
         micro_batch: t.micro_batch,
     };
     Some((into % p, m))
 }
 
 /// Every rank's tasks run on an ideal machine (a chunk's forward takes 1,
-/// its backward 2, messages are free, a rank waits only for its inputs):
-/// each task with its start and end.
+/// its backward 2 — or 1 and its weight half 1 under zb-h1 — messages are
+/// free, a rank waits only for its inputs): each task with its start and end.
 pub fn ideal_run(pipe: Pipeline, m: usize) -> Vec<Vec<(Task, u64, u64)>> {
     let p = pipe.stages;
     let progs: Vec<Vec<Task>> = (0..p).map(|s| tasks(pipe, s, m)).collect();
@@ -291,7 +374,7 @@ pub fn ideal_run(pipe: Pipeline, m: usize) -> Vec<Vec<(Task, u64, u64)>> {
                     },
                 };
                 let start = clock[s].max(ready);
-                clock[s] = start + if t.backward { 2 } else { 1 };
+                clock[s] = start + cost(pipe, t.pass);
                 if let Some((_, msg)) = makes(t, s, pipe) {
                     made.push((msg, clock[s]));
                 }
@@ -306,6 +389,15 @@ pub fn ideal_run(pipe: Pipeline, m: usize) -> Vec<Vec<(Task, u64, u64)>> {
         );
     }
     out
+}
+
+/// A pass's length on the ideal machine.
+fn cost(pipe: Pipeline, pass: Pass) -> u64 {
+    match (pass, pipe.schedule) {
+        (Pass::Backward, Schedule::ZbH1) => 1,
+        (Pass::Backward, _) => 2,
+        (Pass::Forward | Pass::Weight, _) => 1,
+    }
 }
 
 /// Every rank's program for m micro-batches. Each rank sends and receives
@@ -529,12 +621,16 @@ pub fn partition(layout: &ParamLayout, p: usize) -> Vec<Range<usize>> {
 pub fn in_flight(pipe: Pipeline, s: usize, m: usize) -> Vec<usize> {
     let mut live = vec![0usize; pipe.virtual_stages];
     let mut peak = live.clone();
+    // activations are held until the backward, under zb-h1 its weight half
+    let zb = pipe.schedule == Schedule::ZbH1;
     for t in tasks(pipe, s, m) {
-        if t.backward {
-            live[t.chunk] -= 1;
-        } else {
-            live[t.chunk] += 1;
-            peak[t.chunk] = peak[t.chunk].max(live[t.chunk]);
+        match t.pass {
+            Pass::Forward => {
+                live[t.chunk] += 1;
+                peak[t.chunk] = peak[t.chunk].max(live[t.chunk]);
+            }
+            Pass::Backward if zb => {}
+            Pass::Backward | Pass::Weight => live[t.chunk] -= 1,
         }
     }
     peak
@@ -577,10 +673,10 @@ pub struct Pipelined<B: Backend> {
     timeline: Vec<Span>,
 }
 
-/// A forward or backward a stage ran, in seconds from its step's start.
+/// A pass a stage ran, in seconds from its step's start.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Span {
-    pub backward: bool,
+    pub pass: Pass,
     pub chunk: usize,
     pub micro_batch: usize,
     pub start: f64,
@@ -639,6 +735,9 @@ impl<B: Backend> Pipelined<B> {
                 }
             }
             let state = StageState::new(engine.backend(), &lay, &map, sharing, dp.size(), adamw)?;
+            if pipe.schedule == Schedule::ZbH1 {
+                engine.split_backward()?;
+            }
             if let Some((a, z, owner)) = tied_ends.filter(|&(a, z, _)| stage == a || stage == z) {
                 // the owner's unit, or the reader's copy of it (piece 0)
                 let k = if owner >= map.units.start {
@@ -726,7 +825,8 @@ impl<B: Backend> Pipelined<B> {
 
     /// Chunk c's units backward on micro-batch `mb` from the gradient
     /// `grad` (none on the last virtual stage); returns the gradient for
-    /// the previous virtual stage.
+    /// the previous virtual stage. Under zb-h1 only the input halves run
+    /// and the micro-batch stays in flight for `run_weight`.
     fn run_backward(
         &mut self,
         c: usize,
@@ -748,8 +848,14 @@ impl<B: Backend> Pipelined<B> {
             be.upload(ch.engine.boundary_grad(), &g)?;
         }
         let lay = ch.engine.layout().clone();
+        let split = self.pipe.schedule == Schedule::ZbH1;
         for u in ch.map.units.clone().rev() {
             ch.state.ready(dp.as_ref(), &be, &lay, u)?;
+            if split {
+                let p = ch.state.params(&lay, u);
+                ch.engine.backward_input(u, p, tp.as_deref(), loss_scale)?;
+                continue;
+            }
             let (p, g) = ch.state.unit(&be, &lay, u);
             ch.engine.backward(u, p, g, tp.as_deref(), loss_scale)?;
             ch.state.backward_done(dp.as_ref(), &be, &lay, u)?;
@@ -758,8 +864,34 @@ impl<B: Backend> Pipelined<B> {
             0 => None,
             _ => Some(be.to_host(ch.engine.boundary_grad().into_src())?),
         };
-        ch.spare.push(ch.engine.stash());
+        match split {
+            true => ch.in_flight.push((mb, ch.engine.stash())),
+            false => ch.spare.push(ch.engine.stash()),
+        }
         Ok(out)
+    }
+
+    /// zb-h1: chunk c's weight halves on micro-batch `mb`, after its input halves.
+    fn run_weight(&mut self, c: usize, mb: usize) -> Result<()> {
+        let Pipelined { chunks, dp, .. } = self;
+        let ch = &mut chunks[c];
+        let be = ch.engine.backend().clone_fresh();
+        let at = ch
+            .in_flight
+            .iter()
+            .position(|(i, _)| *i == mb)
+            .expect("an input half before its weight half");
+        let (_, acts) = ch.in_flight.remove(at);
+        ch.engine.restore(acts);
+        let lay = ch.engine.layout().clone();
+        for u in ch.map.units.clone().rev() {
+            ch.state.ready(dp.as_ref(), &be, &lay, u)?;
+            let (p, g) = ch.state.unit(&be, &lay, u);
+            ch.engine.backward_weight(u, p, g)?;
+            ch.state.backward_done(dp.as_ref(), &be, &lay, u)?;
+        }
+        ch.spare.push(ch.engine.stash());
+        Ok(())
     }
 
     /// This rank's program for m micro-batches (made and checked once).
@@ -812,15 +944,20 @@ impl<B: Backend> Pipelined<B> {
             let input = needs(&task, s, pipe).map(|(_, msg)| take(&mut inbox, msg));
             let (c, i) = (task.chunk, task.micro_batch);
             let start = t0.elapsed().as_secs_f64();
-            let output = if task.backward {
-                self.run_backward(c, i, input, loss_scale)?
-            } else {
-                self.begin(c, &mbs[i].0, mbs[i].1)?;
-                let (l, y) = self.run_forward(c, input)?;
-                loss += l.unwrap_or(0.0);
-                let ch = &mut self.chunks[c];
-                ch.in_flight.push((i, ch.engine.stash()));
-                y
+            let output = match task.pass {
+                Pass::Backward => self.run_backward(c, i, input, loss_scale)?,
+                Pass::Weight => {
+                    self.run_weight(c, i)?;
+                    None
+                }
+                Pass::Forward => {
+                    self.begin(c, &mbs[i].0, mbs[i].1)?;
+                    let (l, y) = self.run_forward(c, input)?;
+                    loss += l.unwrap_or(0.0);
+                    let ch = &mut self.chunks[c];
+                    ch.in_flight.push((i, ch.engine.stash()));
+                    y
+                }
             };
             if let Some((_, msg)) = makes(&task, s, pipe) {
                 outbox.push((
@@ -829,7 +966,7 @@ impl<B: Backend> Pipelined<B> {
                 ));
             }
             self.timeline.push(Span {
-                backward: task.backward,
+                pass: task.pass,
                 chunk: c,
                 micro_batch: i,
                 start,
@@ -1130,6 +1267,7 @@ mod tests {
             for v in 2..=3 {
                 out.push(Pipeline::new(p.max(2), Schedule::Interleaved, v));
             }
+            out.push(Pipeline::new(p.max(2), Schedule::ZbH1, 1));
         }
         out
     }
@@ -1138,12 +1276,14 @@ mod tests {
         let p = pipe.stages;
         match pipe.schedule {
             Schedule::Interleaved => vec![p, 2 * p, 3 * p],
+            // the formula holds from m = p on (fewer leave slots no weight half fills)
+            Schedule::ZbH1 => vec![p, p + 1, 2 * p + 1, 8],
             _ => vec![1, 2, p, 2 * p + 1, 8],
         }
     }
 
     #[test]
-    fn every_task_runs_once_after_its_forward_and_1f1b_keeps_at_most_p_minus_s_in_flight() {
+    fn every_task_runs_once_after_the_one_before_it_and_1f1b_keeps_at_most_p_minus_s_in_flight() {
         for pipe in cases() {
             let (p, v) = (pipe.stages, pipe.virtual_stages);
             for m in micro_batches(pipe) {
@@ -1151,29 +1291,36 @@ mod tests {
                     let tasks = tasks(pipe, s, m);
                     let mut seen = std::collections::HashSet::new();
                     let (mut live, mut peak) = (0usize, 0usize);
+                    let zb = pipe.schedule == Schedule::ZbH1;
                     for t in &tasks {
                         assert!(t.chunk < v && t.micro_batch < m, "{pipe} s{s} m{m}: {t:?}");
                         assert!(seen.insert(*t), "{pipe} s{s} m{m}: {t:?} twice");
-                        if t.backward {
-                            let f = Task {
-                                backward: false,
-                                ..*t
-                            };
-                            assert!(
-                                seen.contains(&f),
-                                "{pipe} s{s} m{m}: {t:?} before its forward"
-                            );
-                            live -= 1;
-                        } else {
-                            live += 1;
+                        let before = match t.pass {
+                            Pass::Forward => None,
+                            Pass::Backward => Some(Pass::Forward),
+                            Pass::Weight => Some(Pass::Backward),
+                        };
+                        if let Some(pass) = before {
+                            let b = Task { pass, ..*t };
+                            assert!(seen.contains(&b), "{pipe} s{s} m{m}: {t:?} before {b:?}");
+                        }
+                        match t.pass {
+                            Pass::Forward => live += 1,
+                            Pass::Backward if zb => {}
+                            Pass::Backward | Pass::Weight => live -= 1,
                         }
                         peak = peak.max(live);
                     }
-                    assert_eq!(tasks.len(), 2 * m * v, "{pipe} s{s} m{m}");
+                    let per_micro_batch = if zb { 3 } else { 2 };
+                    assert_eq!(tasks.len(), per_micro_batch * m * v, "{pipe} s{s} m{m}");
                     let per_chunk = in_flight(pipe, s, m);
                     match pipe.schedule {
                         Schedule::GPipe => assert_eq!(per_chunk, vec![m]),
                         Schedule::OneFOneB => assert_eq!(per_chunk, vec![(p - s).min(m)]),
+                        // 1F1B's bound to the input half, p - 1 weight halves put off
+                        Schedule::ZbH1 => {
+                            assert!(per_chunk[0] <= (2 * p - s - 1).min(m), "{pipe} s{s} m{m}")
+                        }
                         // Megatron's bound: the warm-up's forwards and one more
                         Schedule::Interleaved => {
                             let warmup = (2 * (p - s - 1) + (v - 1) * p).min(m * v);
@@ -1194,7 +1341,7 @@ mod tests {
                     .map(|run| {
                         run.into_iter()
                             .map(|(t, start, end)| Span {
-                                backward: t.backward,
+                                pass: t.pass,
                                 chunk: t.chunk,
                                 micro_batch: t.micro_batch,
                                 start: start as f64,

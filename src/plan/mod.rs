@@ -295,8 +295,11 @@ pub fn stage_memory_plan(
         let zc = parallel::stage_sizes(&layout, &stages, vs, par.dp());
         z += zc;
         transient = transient.max(zc.shard);
-        let acts =
-            |p| m.stage_activation_elems(par.tp, rows, (stages[vs].clone(), par.recompute), p);
+        let split = pipe.schedule == Schedule::ZbH1;
+        let acts = |p| {
+            let units = (stages[vs].clone(), par.recompute, split);
+            m.stage_activation_elems(par.tp, rows, units, p)
+        };
         let (a, b) = (acts(ModelPrecision::Fp32), acts(ModelPrecision::Bf16));
         let live = live as f64;
         fp32 = (fp32.0 + live * a.0 as f64, fp32.1 + live * a.1 as f64);

@@ -6,6 +6,7 @@ use crate::comm::Comm;
 use crate::error::Result;
 use crate::metrics;
 use crate::model::{AdamWConfig, ModelConfig};
+use crate::parallel::pipeline::Pass;
 use crate::parallel::{self, pipeline, ParallelConfig, Span, StepConfig};
 use crate::rng::Rng;
 use std::time::Instant;
@@ -49,7 +50,7 @@ pub(crate) fn gather_timelines(world: &dyn Comm, mine: &[Span]) -> Result<Vec<Ve
         .iter()
         .flat_map(|s| {
             [
-                f64::from(u8::from(s.backward)),
+                s.pass as u8 as f64,
                 s.chunk as f64,
                 s.micro_batch as f64,
                 s.start,
@@ -64,7 +65,7 @@ pub(crate) fn gather_timelines(world: &dyn Comm, mine: &[Span]) -> Result<Vec<Ve
         .map(|rank| {
             rank.chunks(5)
                 .map(|x| Span {
-                    backward: x[0] != 0.0,
+                    pass: [Pass::Forward, Pass::Backward, Pass::Weight][x[0] as usize],
                     chunk: x[1] as usize,
                     micro_batch: x[2] as usize,
                     start: x[3],

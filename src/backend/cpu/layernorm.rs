@@ -51,29 +51,34 @@ pub fn layernorm_backward(
     rstd: &[f32],
     c: usize,
 ) {
+    layernorm_backward_weight(dw, db, dout, inp, mean, rstd, c);
+    layernorm_backward_input(dinp, dout, inp, w, mean, rstd, c);
+}
+
+/// The input half of `layernorm_backward`: dinp += d/dinp, row by row.
+pub fn layernorm_backward_input(
+    dinp: &mut [f32],
+    dout: &[f32],
+    inp: &[f32],
+    w: &[f32],
+    mean: &[f32],
+    rstd: &[f32],
+    c: usize,
+) {
     let rows = mean.len();
-    // Rows are split in a fixed number of chunks, each with its own partial
-    // dw/db, so the result does not depend on how rayon schedules them.
-    const ROWS_PER_CHUNK: usize = 64;
-    let partials: Vec<Vec<f32>> = dinp[..rows * c]
-        .par_chunks_mut(ROWS_PER_CHUNK * c)
+    dinp[..rows * c]
+        .par_chunks_mut(c)
         .enumerate()
-        .map(|(chunk, dinp_rows)| {
-            let mut part = vec![0.0f32; 2 * c];
-            let (pw, pb) = part.split_at_mut(c);
-            let mut dnorm = vec![0.0f32; c];
-            for (j, di) in dinp_rows.chunks_exact_mut(c).enumerate() {
-                let r = chunk * ROWS_PER_CHUNK + j;
+        .for_each_init(
+            || vec![0.0f32; c],
+            |dnorm, (r, di)| {
                 let x = &inp[r * c..(r + 1) * c];
                 let d = &dout[r * c..(r + 1) * c];
                 let (mu, rs) = (mean[r], rstd[r]);
                 for i in 0..c {
-                    let norm = (x[i] - mu) * rs;
                     dnorm[i] = d[i] * w[i];
-                    pw[i] += d[i] * norm;
-                    pb[i] += d[i];
                 }
-                let dnorm_mean = sum(&dnorm) / c as f32;
+                let dnorm_mean = sum(dnorm) / c as f32;
                 let mut acc = [0.0f32; 8];
                 for i in 0..c {
                     acc[i % 8] += dnorm[i] * (x[i] - mu);
@@ -82,6 +87,39 @@ pub fn layernorm_backward(
                 for i in 0..c {
                     let norm = (x[i] - mu) * rs;
                     di[i] += (dnorm[i] - dnorm_mean - norm * dnorm_norm_mean) * rs;
+                }
+            },
+        );
+}
+
+/// The weight half of `layernorm_backward`: dw += sum over rows of dout *
+/// norm, db += sum of dout. Rows are split in a fixed number of chunks,
+/// each with its own partial sums, so the result does not depend on how
+/// rayon schedules them.
+pub fn layernorm_backward_weight(
+    dw: &mut [f32],
+    db: &mut [f32],
+    dout: &[f32],
+    inp: &[f32],
+    mean: &[f32],
+    rstd: &[f32],
+    c: usize,
+) {
+    let rows = mean.len();
+    const ROWS_PER_CHUNK: usize = 64;
+    let partials: Vec<Vec<f32>> = (0..rows.div_ceil(ROWS_PER_CHUNK))
+        .into_par_iter()
+        .map(|chunk| {
+            let mut part = vec![0.0f32; 2 * c];
+            let (pw, pb) = part.split_at_mut(c);
+            let end = ((chunk + 1) * ROWS_PER_CHUNK).min(rows);
+            for r in chunk * ROWS_PER_CHUNK..end {
+                let x = &inp[r * c..(r + 1) * c];
+                let d = &dout[r * c..(r + 1) * c];
+                let (mu, rs) = (mean[r], rstd[r]);
+                for i in 0..c {
+                    pw[i] += d[i] * ((x[i] - mu) * rs);
+                    pb[i] += d[i];
                 }
             }
             part

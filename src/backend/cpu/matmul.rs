@@ -60,22 +60,15 @@ pub fn matmul_forward(
     }
 }
 
-/// dinp = dout @ W^T (overwritten); dw += inp^T @ dout; dbias += colsum(dout).
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_backward(
+/// dinp = dout @ W^T (overwritten): the input half of `matmul_backward`.
+pub fn matmul_backward_input(
     dinp: &mut [f32],
-    dw: &mut [f32],
-    dbias: Option<&mut [f32]>,
     dout: &[f32],
-    inp: &[f32],
     w: &[f32],
     layout: WeightLayout,
-    rows: usize,
-    k: usize,
-    n: usize,
+    (rows, k, n): (usize, usize, usize),
 ) {
-    assert!(dinp.len() >= rows * k && dout.len() >= rows * n && inp.len() >= rows * k);
-    assert!(w.len() >= k * n && dw.len() >= k * n);
+    assert!(dinp.len() >= rows * k && dout.len() >= rows * n && w.len() >= k * n);
     let threads = rayon::current_num_threads();
     // SAFETY: sizes were checked above; destinations are distinct buffers.
     unsafe {
@@ -90,6 +83,22 @@ pub fn matmul_backward(
             1.0,
             threads,
         );
+    }
+}
+
+/// dw += inp^T @ dout; dbias += colsum(dout): the weight half of `matmul_backward`.
+pub fn matmul_backward_weight(
+    dw: &mut [f32],
+    dbias: Option<&mut [f32]>,
+    dout: &[f32],
+    inp: &[f32],
+    layout: WeightLayout,
+    (rows, k, n): (usize, usize, usize),
+) {
+    assert!(dout.len() >= rows * n && inp.len() >= rows * k && dw.len() >= k * n);
+    let threads = rayon::current_num_threads();
+    // SAFETY: sizes were checked above; destinations are distinct buffers.
+    unsafe {
         gemm(
             k,
             n,
@@ -105,6 +114,24 @@ pub fn matmul_backward(
     if let Some(db) = dbias {
         bias_backward(db, &dout[..rows * n], n);
     }
+}
+
+/// dinp = dout @ W^T (overwritten); dw += inp^T @ dout; dbias += colsum(dout).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_backward(
+    dinp: &mut [f32],
+    dw: &mut [f32],
+    dbias: Option<&mut [f32]>,
+    dout: &[f32],
+    inp: &[f32],
+    w: &[f32],
+    layout: WeightLayout,
+    rows: usize,
+    k: usize,
+    n: usize,
+) {
+    matmul_backward_input(dinp, dout, w, layout, (rows, k, n));
+    matmul_backward_weight(dw, dbias, dout, inp, layout, (rows, k, n));
 }
 
 /// db (n) += sum over rows of dout (rows, n), split by column blocks.

@@ -169,6 +169,35 @@ impl Backend for Cpu {
             c,
         )
     }
+    fn layernorm_backward_input(
+        &self,
+        dinp: Dst<'_, Self>,
+        dout: Src<'_, Self>,
+        inp: Src<'_, Self>,
+        wt: Src<'_, Self>,
+        mean: Src<'_, Self>,
+        rstd: Src<'_, Self>,
+        c: usize,
+    ) -> Result<()> {
+        let (dout, inp, wt) = (r(dout), r(inp), r(wt));
+        layernorm::layernorm_backward_input(w(dinp), dout, inp, wt, r(mean), r(rstd), c);
+        Ok(())
+    }
+    fn layernorm_backward_weight(
+        &self,
+        dw: Dst<'_, Self>,
+        db: Dst<'_, Self>,
+        dout: Src<'_, Self>,
+        inp: Src<'_, Self>,
+        _w: Src<'_, Self>,
+        mean: Src<'_, Self>,
+        rstd: Src<'_, Self>,
+        c: usize,
+    ) -> Result<()> {
+        let (dout, inp) = (r(dout), r(inp));
+        layernorm::layernorm_backward_weight(w(dw), w(db), dout, inp, r(mean), r(rstd), c);
+        Ok(())
+    }
     fn matmul_forward(
         &self,
         out: Dst<'_, Self>,
@@ -218,6 +247,31 @@ impl Backend for Cpu {
             k,
             n,
         )
+    }
+    fn matmul_backward_input(
+        &self,
+        dinp: Dst<'_, Self>,
+        dout: Src<'_, Self>,
+        _inp: Src<'_, Self>,
+        wt: Src<'_, Self>,
+        layout: WeightLayout,
+        dims: (usize, usize, usize),
+    ) -> Result<()> {
+        matmul::matmul_backward_input(w(dinp), r(dout), r(wt), layout, dims);
+        Ok(())
+    }
+    fn matmul_backward_weight(
+        &self,
+        dw: Dst<'_, Self>,
+        dbias: Option<Dst<'_, Self>>,
+        dout: Src<'_, Self>,
+        inp: Src<'_, Self>,
+        _w: Src<'_, Self>,
+        layout: WeightLayout,
+        dims: (usize, usize, usize),
+    ) -> Result<()> {
+        matmul::matmul_backward_weight(w(dw), dbias.map(w), r(dout), r(inp), layout, dims);
+        Ok(())
     }
     fn pack_decode_weight(
         &self,

@@ -56,6 +56,46 @@ struct Activations<B: Backend> {
     dfch: Buf<B>,
     /// `--precision bf16`'s rounded operands.
     bf16: Option<Bf16Operands<B>>,
+    /// With the backward split in two, the output gradients each block's
+    /// weight half reads (`Saved` per block, then the final norm's), kept
+    /// from the input half; empty otherwise.
+    saved: Buf<B>,
+}
+
+/// Where block slot s's saved output gradients sit in `saved`, per row:
+/// the residual gradient entering the block (`top`, for the MLP
+/// projection), after its MLP (`mid`, for the attention projection), the
+/// MLP's hidden gradient, the two norms' output gradients and the qkv one.
+struct Saved {
+    top: std::ops::Range<usize>,
+    mid: std::ops::Range<usize>,
+    dfch: std::ops::Range<usize>,
+    dln2: std::ops::Range<usize>,
+    dqkv: std::ops::Range<usize>,
+    dln1: std::ops::Range<usize>,
+}
+
+impl Saved {
+    /// Floats a block saves per row.
+    fn per_row(d: Dims) -> usize {
+        4 * d.c + d.fl + 3 * d.cl
+    }
+
+    fn of(d: Dims, rows: usize, slot: usize) -> Saved {
+        let mut at = slot * rows * Saved::per_row(d);
+        let mut take = |n: usize| {
+            at += rows * n;
+            at - rows * n..at
+        };
+        Saved {
+            top: take(d.c),
+            mid: take(d.c),
+            dfch: take(d.fl),
+            dln2: take(d.c),
+            dqkv: take(3 * d.cl),
+            dln1: take(d.c),
+        }
+    }
 }
 
 /// Per-rank widths: attention width and MLP width are split by tensor parallelism.
@@ -87,13 +127,14 @@ pub fn activation_elems(
     cfg: &GptConfig,
     tp: usize,
     rows: usize,
-    (span, recompute): (&Span, bool),
+    (span, recompute, split): (&Span, bool, bool),
     precision: Precision,
 ) -> (usize, usize) {
     let be = crate::backend::cpu::Cpu::new();
     let al = ActAlloc::tally(&be);
     let slots = span.slots(recompute);
-    Activations::new(&al, cfg, Dims::of(cfg, tp), (span, slots, rows), precision)
+    let shape = (span, slots, rows, split);
+    Activations::new(&al, cfg, Dims::of(cfg, tp), shape, precision)
         .expect("a tally allocates nothing");
     al.counted()
 }
@@ -103,7 +144,7 @@ impl<B: Backend> Activations<B> {
         al: &ActAlloc<'_, B>,
         cfg: &GptConfig,
         d: Dims,
-        (span, slots, rows): (&Span, usize, usize),
+        (span, slots, rows, split): (&Span, usize, usize, bool),
         precision: Precision,
     ) -> Result<Self> {
         let (l, c) = (span.blocks.len(), cfg.n_embd);
@@ -144,6 +185,7 @@ impl<B: Backend> Activations<B> {
                     Some(Bf16Operands::new(al, (rows * widest, w, rows * widest))?)
                 }
             },
+            saved: a(usize::from(split) * rows * (l * Saved::per_row(d) + h * c))?,
         })
     }
 }
@@ -182,6 +224,8 @@ pub struct Engine<B: Backend> {
     precision: Precision,
     /// The units this engine runs (all, or a pipeline stage's).
     span: Span,
+    /// Each backward runs as an input half and a weight half (`split_backward`).
+    split: bool,
     acts: Option<Activations<B>>,
     batch: Option<Batch>,
 }
@@ -205,6 +249,7 @@ impl<B: Backend> Engine<B> {
             recompute,
             precision: Precision::Fp32,
             span,
+            split: false,
             acts: None,
             batch: None,
         })
@@ -272,7 +317,12 @@ impl<B: Backend> Engine<B> {
                 &ActAlloc::on(&self.backend),
                 &self.config,
                 Dims::of(&self.config, self.tp.size),
-                (&self.span, self.span.slots(self.recompute), rows),
+                (
+                    &self.span,
+                    self.span.slots(self.recompute),
+                    rows,
+                    self.split,
+                ),
                 self.precision,
             )?);
         }
@@ -697,6 +747,264 @@ impl<B: Backend> Engine<B> {
             c,
         );
     }
+
+    /// The head's input half: the logits' gradient (left in the logits for
+    /// the weight half), the final norm's output gradient (saved) and the
+    /// residual gradient it starts.
+    fn head_backward_input(
+        &mut self,
+        wte: Src<'_, B>,
+        lnf: Src<'_, B>,
+        loss_scale: f32,
+    ) -> Result<()> {
+        let (b, t) = self.shape();
+        let cfg = &self.config;
+        let (c, n_layer, v, vp) = (cfg.n_embd, cfg.n_layer, cfg.vocab_size, cfg.padded_vocab());
+        let (rows, be) = (b * t, &self.backend);
+        let btc = rows * c;
+        if !self.batch.as_ref().is_some_and(|x| x.has_targets) {
+            return Err(Error::Input("backward needs a forward with targets".into()));
+        }
+        let terms = self.batch.as_ref().expect("begun").loss_terms;
+        let (top, at) = (self.span.resid(n_layer), self.head_saved(rows));
+        let a = self.acts.as_mut().expect("begun");
+        let mut logits = a.logits.slice_mut(0..rows * vp);
+        let (targets, scale) = (a.targets.slice(0..rows), loss_scale / terms);
+        be.crossentropy_backward_inplace(logits.rb(), targets, v, vp, scale);
+        let mut dlnf = a.saved.slice_mut(at);
+        let dims = (rows, c, vp);
+        let inp = a.lnf.slice(0..btc);
+        be.matmul_backward_input(dlnf.rb(), logits.src(), inp, wte, WeightLayout::OutIn, dims)?;
+        let mut dres = a.dres.slice_mut(0..btc);
+        be.fill(dres.rb(), 0.0);
+        be.layernorm_backward_input(
+            dres,
+            dlnf.src(),
+            a.resid.s().part(top, btc),
+            lnf.first(c),
+            a.lnf_mean.slice(0..rows),
+            a.lnf_rstd.slice(0..rows),
+            c,
+        )
+    }
+
+    /// Where the final norm's saved output gradient sits.
+    fn head_saved(&self, rows: usize) -> std::ops::Range<usize> {
+        let blocks = self.span.blocks.len() * rows * Saved::per_row(self.dims());
+        blocks..blocks + rows * self.config.n_embd
+    }
+
+    /// The head's weight half: dwte and dlnf from what the input half left.
+    fn head_backward_weight(
+        &mut self,
+        wte: Src<'_, B>,
+        lnf: Src<'_, B>,
+        dwte: Dst<'_, B>,
+        dlnf: Dst<'_, B>,
+    ) -> Result<()> {
+        let (b, t) = self.shape();
+        let cfg = &self.config;
+        let (c, n_layer, vp) = (cfg.n_embd, cfg.n_layer, cfg.padded_vocab());
+        let (rows, be) = (b * t, &self.backend);
+        let btc = rows * c;
+        let (top, at) = (self.span.resid(n_layer), self.head_saved(rows));
+        let a = self.acts.as_ref().expect("begun");
+        let (logits, inp) = (a.logits.slice(0..rows * vp), a.lnf.slice(0..btc));
+        let dims = (rows, c, vp);
+        be.matmul_backward_weight(dwte, None, logits, inp, wte, WeightLayout::OutIn, dims)?;
+        let (dw, db) = dlnf.split_at(c);
+        be.layernorm_backward_weight(
+            dw,
+            db,
+            a.saved.slice(at),
+            a.resid.s().part(top, btc),
+            lnf.first(c),
+            a.lnf_mean.slice(0..rows),
+            a.lnf_rstd.slice(0..rows),
+            c,
+        )
+    }
+
+    /// Block l's input half: the residual gradient moves from resid[l + 1]
+    /// to resid[l]; the output gradients its weight half reads are saved.
+    fn block_backward_input(
+        &mut self,
+        l: usize,
+        p: Src<'_, B>,
+        tp: Option<&dyn Comm>,
+    ) -> Result<()> {
+        let (b, t) = self.shape();
+        let d = self.dims();
+        let Dims { c, cl, nhl, fl } = d;
+        let rows = b * t;
+        let btc = rows * c;
+        let (s, r) = (self.slot(l), self.span.resid(l));
+        let (be, lay) = (&self.backend, &self.layout);
+        let a = self.acts.as_mut().expect("begun");
+        let w = |bp: BlockParam| p.slice(lay.in_block(bp));
+        let at = Saved::of(d, rows, s);
+        let mut dres = a.dres.slice_mut(0..btc);
+        let mut saved = a.saved.d();
+        be.copy(saved.rb().slice(at.top.clone()), dres.src());
+        {
+            let mut dfch = saved.rb().slice(at.dfch.clone());
+            let gelu = a.fch_gelu.s().part(s, rows * fl);
+            let (proj, dims) = (w(BlockParam::FcProjW), (rows, fl, c));
+            be.matmul_backward_input(dfch.rb(), dres.src(), gelu, proj, WeightLayout::InOut, dims)?;
+            let fch = a.fch.s().part(s, rows * fl);
+            be.activation_backward_inplace(dfch, fch, Activation::GeluTanh);
+        }
+        {
+            let (dfch, mut dln2) = saved.rb().split2(at.dfch.clone(), at.dln2.clone());
+            let (ln2, fc, dims) = (a.ln2.s().part(s, btc), w(BlockParam::FcW), (rows, c, fl));
+            be.matmul_backward_input(
+                dln2.rb(),
+                dfch.into_src(),
+                ln2,
+                fc,
+                WeightLayout::InOut,
+                dims,
+            )?;
+            if let Some(g) = tp {
+                device::all_reduce(g, be, dln2.rb())?;
+            }
+            be.layernorm_backward_input(
+                dres.rb(),
+                dln2.src(),
+                a.res2.s().part(s, btc),
+                w(BlockParam::Ln2W),
+                a.ln2_mean.s().part(s, rows),
+                a.ln2_rstd.s().part(s, rows),
+                c,
+            )?;
+        }
+        be.copy(saved.rb().slice(at.mid.clone()), dres.src());
+        let mut datty = a.dtmp.slice_mut(0..rows * cl);
+        let (atty, proj) = (a.atty.s().part(s, rows * cl), w(BlockParam::AttnProjW));
+        let dims = (rows, cl, c);
+        be.matmul_backward_input(
+            datty.rb(),
+            dres.src(),
+            atty,
+            proj,
+            WeightLayout::InOut,
+            dims,
+        )?;
+        be.attention_backward(
+            saved.rb().slice(at.dqkv.clone()),
+            datty.src(),
+            a.qkv.s().part(s, 3 * rows * cl),
+            a.atty.s().part(s, rows * cl),
+            a.lse.s().part(s, rows * nhl),
+            AttnShape {
+                b,
+                t,
+                c: cl,
+                nh: nhl,
+            },
+        );
+        let (dqkv, mut dln1) = saved.rb().split2(at.dqkv.clone(), at.dln1.clone());
+        let (ln1, qkv, dims) = (
+            a.ln1.s().part(s, btc),
+            w(BlockParam::QkvW),
+            (rows, c, 3 * cl),
+        );
+        be.matmul_backward_input(
+            dln1.rb(),
+            dqkv.into_src(),
+            ln1,
+            qkv,
+            WeightLayout::InOut,
+            dims,
+        )?;
+        if let Some(g) = tp {
+            device::all_reduce(g, be, dln1.rb())?;
+        }
+        be.layernorm_backward_input(
+            dres,
+            dln1.src(),
+            a.resid.s().part(r, btc),
+            w(BlockParam::Ln1W),
+            a.ln1_mean.s().part(s, rows),
+            a.ln1_rstd.s().part(s, rows),
+            c,
+        )
+    }
+
+    /// Block l's weight half: its parameters' gradients accumulate into
+    /// `g` from the output gradients its input half saved.
+    fn block_backward_weight(&mut self, l: usize, p: Src<'_, B>, mut g: Dst<'_, B>) -> Result<()> {
+        let (b, t) = self.shape();
+        let d = self.dims();
+        let Dims { c, cl, fl, .. } = d;
+        let rows = b * t;
+        let btc = rows * c;
+        let (s, r) = (self.slot(l), self.span.resid(l));
+        let (be, lay) = (&self.backend, &self.layout);
+        let a = self.acts.as_ref().expect("begun");
+        let w = |bp: BlockParam| p.slice(lay.in_block(bp));
+        let at = Saved::of(d, rows, s);
+        let saved = |r: std::ops::Range<usize>| a.saved.slice(r);
+        let inout = WeightLayout::InOut;
+        let matmuls = [
+            (
+                BlockParam::FcProjW,
+                BlockParam::FcProjB,
+                &at.top,
+                a.fch_gelu.s().part(s, rows * fl),
+                (rows, fl, c),
+            ),
+            (
+                BlockParam::FcW,
+                BlockParam::FcB,
+                &at.dfch,
+                a.ln2.s().part(s, btc),
+                (rows, c, fl),
+            ),
+            (
+                BlockParam::AttnProjW,
+                BlockParam::AttnProjB,
+                &at.mid,
+                a.atty.s().part(s, rows * cl),
+                (rows, cl, c),
+            ),
+            (
+                BlockParam::QkvW,
+                BlockParam::QkvB,
+                &at.dqkv,
+                a.ln1.s().part(s, btc),
+                (rows, c, 3 * cl),
+            ),
+        ];
+        for (pw, pb, dout, inp, dims) in matmuls {
+            let (dw, db) = weight_and_bias(&mut g, lay, pw, pb);
+            be.matmul_backward_weight(dw, Some(db), saved(dout.clone()), inp, w(pw), inout, dims)?;
+        }
+        let norms = [
+            (
+                BlockParam::Ln2W,
+                BlockParam::Ln2B,
+                &at.dln2,
+                a.res2.s().part(s, btc),
+                &a.ln2_mean,
+                &a.ln2_rstd,
+            ),
+            (
+                BlockParam::Ln1W,
+                BlockParam::Ln1B,
+                &at.dln1,
+                a.resid.s().part(r, btc),
+                &a.ln1_mean,
+                &a.ln1_rstd,
+            ),
+        ];
+        for (pw, pb, dout, inp, mean, rstd) in norms {
+            let (dw, db) = weight_and_bias(&mut g, lay, pw, pb);
+            let (mean, rstd) = (mean.s().part(s, rows), rstd.s().part(s, rows));
+            be.layernorm_backward_weight(dw, db, saved(dout.clone()), inp, w(pw), mean, rstd, c)?;
+        }
+        Ok(())
+    }
 }
 
 impl<B: Backend> UnitModel<B> for Engine<B> {
@@ -781,6 +1089,57 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
     fn set_units(&mut self, units: std::ops::Range<usize>) {
         self.span = Span::of_units(units, self.config.n_layer);
         self.acts = None;
+    }
+
+    fn split_backward(&mut self) -> Result<()> {
+        if self.recompute || self.precision != Precision::Fp32 {
+            return Err(Error::Config(
+                "a split backward (zb-h1) runs in fp32 without --recompute: \
+                 the weight half needs every block's activations, unrounded"
+                    .into(),
+            ));
+        }
+        self.split = true;
+        self.acts = None;
+        Ok(())
+    }
+
+    fn backward_input(
+        &mut self,
+        u: usize,
+        p: UnitParams<'_, B>,
+        tp: Option<&dyn Comm>,
+        loss_scale: f32,
+    ) -> Result<()> {
+        debug_assert!(self.split, "split_backward first");
+        match UnitKind::of(u, self.config.n_layer) {
+            UnitKind::Embeddings => Ok(()),
+            UnitKind::Block(l) => self.block_backward_input(l, p.own, tp),
+            UnitKind::Head => {
+                self.head_backward_input(p.tied.expect("the head reads wte"), p.own, loss_scale)
+            }
+        }
+    }
+
+    fn backward_weight(
+        &mut self,
+        u: usize,
+        p: UnitParams<'_, B>,
+        g: UnitGrads<'_, B>,
+    ) -> Result<()> {
+        match UnitKind::of(u, self.config.n_layer) {
+            UnitKind::Embeddings => {
+                self.embed_backward(g.own);
+                Ok(())
+            }
+            UnitKind::Block(l) => self.block_backward_weight(l, p.own, g.own),
+            UnitKind::Head => self.head_backward_weight(
+                p.tied.expect("the head reads wte"),
+                p.own,
+                g.tied.expect("the head accumulates dwte"),
+                g.own,
+            ),
+        }
     }
 
     fn boundary_grad(&mut self) -> Dst<'_, B> {
