@@ -13,7 +13,7 @@ use distgpt::backend::Backend;
 use distgpt::data::{Dataset, TokenizerKind};
 use distgpt::infer::generate::{generate, SampleConfig};
 use distgpt::model::{AdamW, AdamWConfig, Gpt2, GptConfig, Precision, Segment};
-use distgpt::parallel::{ParallelConfig, StrategyKind};
+use distgpt::parallel::{ParallelConfig, Pipeline, Schedule, StrategyKind};
 use distgpt::train::{train, TrainSummary};
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -144,7 +144,18 @@ fn run<B: Backend>(
     world_size: usize,
     tp: usize,
 ) -> TrainSummary {
-    let tag = format!("gpu-{strategy:?}-{world_size}-{tp}");
+    run_pipelined(make, (strategy, world_size, tp), Pipeline::default())
+}
+
+fn run_pipelined<B: Backend>(
+    make: impl Fn() -> B + Sync,
+    (strategy, world_size, tp): (StrategyKind, usize, usize),
+    pipeline: Pipeline,
+) -> TrainSummary {
+    let tag = format!(
+        "gpu-{strategy:?}-{world_size}-{tp}-pp{}-{}",
+        pipeline.stages, pipeline.schedule
+    );
     let cfg = common::five_steps(&tag, 1);
     let par = ParallelConfig {
         strategy,
@@ -152,7 +163,7 @@ fn run<B: Backend>(
         tp,
         recompute: false,
         precision: Default::default(),
-        pipeline: Default::default(),
+        pipeline,
     };
     let model = common::tiny_model(dataset());
     train(
@@ -190,6 +201,12 @@ fn every_strategy_on_the_gpu_matches_single_on<B: Backend>(gpu: B, kind: &str) {
     ] {
         let what = format!("{strategy:?} on {world} {kind} ranks, tp {tp}");
         common::assert_follows(&single, &run(on_gpu, strategy, world, tp), &what);
+    }
+    // pipelines; zb-h1 splits each backward through the backend's halves
+    for schedule in [Schedule::OneFOneB, Schedule::ZbH1] {
+        let pipe = Pipeline::new(2, schedule, 1);
+        let got = run_pipelined(on_gpu, (StrategyKind::Ddp, 2, 1), pipe);
+        common::assert_follows(&single, &got, &format!("pp 2 {schedule} on {kind}"));
     }
 }
 

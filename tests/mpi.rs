@@ -158,12 +158,18 @@ fn strategies_over_mpi_match_single() {
         use distgpt::parallel::{Pipeline, Schedule};
         use StrategyKind::*;
         let (gpipe, one_f, inter) = (Schedule::GPipe, Schedule::OneFOneB, Schedule::Interleaved);
-        let mut layouts = vec![(Ddp, 2, 1, gpipe), (Ddp, 2, 1, one_f), (Ddp, 2, 1, inter)];
+        let zb = Schedule::ZbH1;
+        let mut layouts = vec![
+            (Ddp, 2, 1, gpipe),
+            (Ddp, 2, 1, one_f),
+            (Ddp, 2, 1, inter),
+            (Ddp, 2, 1, zb),
+        ];
         if n == 4 {
             layouts.extend([(Tp, 2, 2, gpipe), (Tp, 2, 2, one_f)]);
             for s in [Zero1, Zero2, Fsdp] {
                 layouts.extend([(s, 1, 2, one_f), (s, 2, 1, one_f), (s, 2, 2, gpipe)]);
-                layouts.push((s, 2, 1, inter));
+                layouts.extend([(s, 2, 1, inter), (s, 2, 1, zb)]);
             }
         }
         for (strategy, stages, tp, schedule) in layouts {

@@ -107,11 +107,13 @@ fn check_memory(cfg: &ModelConfig) {
     }
     // world 1: single; 2: four data-parallel strategies, tp, a pipeline;
     // 4: those, four over tp 2, four over pp 2, tp 2 x pp 2, and a pipeline
-    // of 4 where the model has 4 blocks
+    // of 4 where the model has 4 blocks; each pipeline also as zb-h1
+    // without recomputation where the model is GPT-2
     let four_stages = usize::from(cfg.n_layer() >= 4);
+    let zb = usize::from(matches!(cfg, ModelConfig::Gpt2(_))) * (1 + 5 + four_stages);
     assert_eq!(
         checked,
-        2 * (1 + 6 + 14 + four_stages),
+        2 * (1 + 6 + 14 + four_stages) + zb,
         "{cfg}: every layout was checked"
     );
 }
@@ -121,7 +123,12 @@ fn check_memory(cfg: &ModelConfig) {
 fn check_bf16_scratch(cfg: &ModelConfig) {
     let (w, device, net, spec) = setup(cfg);
     for world in [1, 2] {
+        // zb-h1 runs in fp32 only
+        let fp32_only = distgpt::parallel::Schedule::ZbH1;
         for par in plan::layouts(&w, world, false) {
+            if par.pipeline.schedule == fp32_only {
+                continue;
+            }
             let [fp32, bf16] = [EnginePrecision::Fp32, EnginePrecision::Bf16].map(|precision| {
                 let par = ParallelConfig { precision, ..par };
                 let predicted = plan::predict(&w, par, &device, &net, Precision::Fp32);
@@ -159,7 +166,13 @@ fn every_pipeline_stage_peaks_where_plan_says() {
                 ..spec
             },
         );
-        for schedule in [Schedule::GPipe, Schedule::OneFOneB, Schedule::Interleaved] {
+        let schedules = [
+            Schedule::GPipe,
+            Schedule::OneFOneB,
+            Schedule::Interleaved,
+            Schedule::ZbH1,
+        ];
+        for schedule in schedules {
             for (strategy, world, tp, stages) in [
                 (StrategyKind::Ddp, 2, 1, 2),
                 (StrategyKind::Ddp, 4, 1, 2),
@@ -181,7 +194,11 @@ fn every_pipeline_stage_peaks_where_plan_says() {
                     pipeline: Pipeline::new(stages, schedule, 2),
                 };
                 let v = par.pipeline.virtual_stages;
-                if stages * v > cfg.n_layer() || (stages == 1 && schedule != Schedule::OneFOneB) {
+                let gpt = matches!(cfg, ModelConfig::Gpt2(_));
+                if stages * v > cfg.n_layer()
+                    || (stages == 1 && schedule != Schedule::OneFOneB)
+                    || (schedule == Schedule::ZbH1 && !gpt)
+                {
                     continue;
                 }
                 let ranks = launch::run_local(world, 2, Duration::from_secs(60), |c| {

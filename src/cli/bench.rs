@@ -172,7 +172,9 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
     let mfu = metrics::mfu(cfg.flops_per_token(t), tokens_per_s, peak);
     let resolved = par.resolved();
     let bubble = ranks[0].bubble;
-    let formula = par.pipeline.bubble(spec.grad_accum);
+    let timelines: Vec<Vec<distgpt::parallel::Span>> =
+        ranks.iter().map(|r| r.timeline.clone()).collect();
+    let formula = par.pipeline.expected_bubble(spec.grad_accum, &timelines);
     if let Some(dir) = &a.timeline {
         if bubble.is_none() {
             anyhow::bail!("--timeline draws a pipeline's schedule: add --pp 2 or more");
@@ -247,11 +249,15 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
     if let Some(b) = bubble {
         distgpt::outln!(
             "pipeline bubble: {:.1}% of the program idle, measured (mean over every rank and timed step); \
-             formula (p - 1) / ({}m + p - 1) = {:.1}%",
+             formula {} = {:.1}%",
             100.0 * b,
-            match par.pipeline.virtual_stages {
-                1 => String::new(),
-                v => format!("{v} "),
+            match (par.pipeline.schedule, par.pipeline.virtual_stages) {
+                (distgpt::parallel::Schedule::ZbH1, _) => {
+                    "(p - 1)(F + B - W) / (m (F + B + W) + (p - 1)(F + B - W)) with the measured mean F, B, W"
+                        .to_string()
+                }
+                (_, 1) => "(p - 1) / (m + p - 1)".to_string(),
+                (_, v) => format!("(p - 1) / ({v} m + p - 1)"),
             },
             100.0 * formula
         );

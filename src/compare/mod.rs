@@ -39,6 +39,8 @@ pub enum Layout {
     Gpipe,
     /// ddp over 2-stage pipelines (interleaved 1f1b, two chunks a rank).
     Interleaved,
+    /// ddp over 2-stage pipelines (zb-h1).
+    Zb,
 }
 
 impl std::fmt::Display for Layout {
@@ -50,7 +52,7 @@ impl std::fmt::Display for Layout {
 }
 
 impl Layout {
-    pub const ALL: [Layout; 10] = [
+    pub const ALL: [Layout; 11] = [
         Layout::Single,
         Layout::Ddp,
         Layout::Zero1,
@@ -61,6 +63,7 @@ impl Layout {
         Layout::Pp,
         Layout::Gpipe,
         Layout::Interleaved,
+        Layout::Zb,
     ];
 
     /// The parallel configuration on `world` ranks (single ignores the world size).
@@ -72,7 +75,7 @@ impl Layout {
             Layout::Zero2 => (StrategyKind::Zero2, world, 1),
             Layout::Fsdp => (StrategyKind::Fsdp, world, 1),
             Layout::Tp => (StrategyKind::Tp, world, world),
-            Layout::Mesh | Layout::Pp | Layout::Gpipe | Layout::Interleaved => (
+            Layout::Mesh | Layout::Pp | Layout::Gpipe | Layout::Interleaved | Layout::Zb => (
                 StrategyKind::Ddp,
                 world,
                 1 + (self == Layout::Mesh) as usize,
@@ -81,13 +84,11 @@ impl Layout {
         let schedule = match self {
             Layout::Gpipe => Schedule::GPipe,
             Layout::Interleaved => Schedule::Interleaved,
+            Layout::Zb => Schedule::ZbH1,
             _ => Schedule::OneFOneB,
         };
-        let stages = if matches!(self, Layout::Pp | Layout::Gpipe | Layout::Interleaved) {
-            2
-        } else {
-            1
-        };
+        let pipelined = [Layout::Pp, Layout::Gpipe, Layout::Interleaved, Layout::Zb];
+        let stages = if pipelined.contains(&self) { 2 } else { 1 };
         ParallelConfig {
             strategy,
             world_size: world,
@@ -438,7 +439,7 @@ impl RunResult {
             pipeline: cell.parallel.pipeline,
             bubble: pipeline::measured_bubble(&s.timelines),
             bubble_formula: (cell.parallel.pipeline.stages > 1)
-                .then(|| cell.parallel.pipeline.bubble(accum)),
+                .then(|| cell.parallel.pipeline.expected_bubble(accum, &s.timelines)),
             timelines: s.timelines.clone(),
             per_epoch,
             losses: s.losses.clone(),

@@ -131,10 +131,10 @@ impl ParallelConfig {
                 );
             }
             Schedule::ZbH1 if !matches!(model, ModelConfig::Gpt2(_)) => {
-                return bad(format!(
-                    "the zb-h1 schedule splits GPT-2's backward; {model} cannot split its own: \
-                     use --schedule 1f1b"
-                ));
+                return bad(
+                    "the zb-h1 schedule splits GPT-2's backward, not BERT's: use --schedule 1f1b"
+                        .into(),
+                );
             }
             Schedule::GPipe | Schedule::OneFOneB | Schedule::ZbH1 if v != 1 => {
                 return bad(format!(

@@ -156,13 +156,40 @@ impl Pipeline {
     /// (p - 1) / (3 m + p - 1) (for m >= p; fewer idle more).
     pub fn bubble(&self, m: usize) -> f64 {
         let (p, v) = (self.stages, self.virtual_stages);
-        let slots = match self.schedule {
-            Schedule::ZbH1 => 3 * m,
-            _ => v * m,
+        match self.schedule {
+            Schedule::ZbH1 => zb_h1_bubble(p, m, [1.0; 3]),
+            _ => (p - 1) as f64 / (v * m + p - 1) as f64,
+        }
+    }
+
+    /// The formula's bubble for a step whose passes took these spans:
+    /// zb-h1's with their mean forward, input-half and weight-half times
+    /// (the others' formulas need no times).
+    pub fn expected_bubble(&self, m: usize, timelines: &[Vec<Span>]) -> f64 {
+        if self.schedule != Schedule::ZbH1 {
+            return self.bubble(m);
+        }
+        let mean = |pass: Pass| {
+            let d: Vec<f64> = (timelines.iter().flatten())
+                .filter(|s| s.pass == pass)
+                .map(|s| s.end - s.start)
+                .collect();
+            d.iter().sum::<f64>() / d.len().max(1) as f64
         };
-        (p - 1) as f64 / (slots + p - 1) as f64
+        let times = [Pass::Forward, Pass::Backward, Pass::Weight].map(mean);
+        zb_h1_bubble(self.stages, m, times)
     }
 }
+
+/// zb-h1's idle fraction over p stages and m >= p micro-batches whose
+/// forward, input half and weight half take [F, B, W]: each stage idles
+/// (p - 1)(F + B - W) of m (F + B + W) + (p - 1)(F + B - W).
+pub fn zb_h1_bubble(p: usize, m: usize, [f, b, w]: [f64; 3]) -> f64 {
+    let idle = (p - 1) as f64 * (f + b - w);
+    idle / (m as f64 * (f + b + w) + idle)
+}
+
+impl Pipeline {}
 
 /// What a task runs of a micro-batch through a chunk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]

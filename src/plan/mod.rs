@@ -530,8 +530,8 @@ pub fn predict(
 /// (world 1); ddp, zero1, zero2, fsdp and tp over the whole world; then
 /// every power-of-two grid of tp and pp degrees: each data-parallel
 /// strategy over the remaining replicas (at least two), or tp alone, or a
-/// pipeline alone; each pipeline as 1f1b and interleaved with two chunks
-/// a rank.
+/// pipeline alone; each pipeline as 1f1b, interleaved with two chunks a
+/// rank and zb-h1.
 fn candidates(world: usize, recompute: bool) -> Vec<ParallelConfig> {
     use StrategyKind::*;
     let with = |strategy, tp, pipeline| ParallelConfig {
@@ -567,15 +567,17 @@ fn candidates(world: usize, recompute: bool) -> Vec<ParallelConfig> {
             }
         }
     }
-    let interleaved: Vec<ParallelConfig> = out
+    let others: Vec<ParallelConfig> = out
         .iter()
         .filter(|p| p.pipeline.stages > 1)
-        .map(|p| ParallelConfig {
-            pipeline: Pipeline::new(p.pipeline.stages, Schedule::Interleaved, 2),
-            ..*p
+        .flat_map(|p| {
+            [(Schedule::Interleaved, 2), (Schedule::ZbH1, 1)].map(|(schedule, v)| ParallelConfig {
+                pipeline: Pipeline::new(p.pipeline.stages, schedule, v),
+                ..*p
+            })
         })
         .collect();
-    out.extend(interleaved);
+    out.extend(others);
     out
 }
 
@@ -622,10 +624,10 @@ pub fn omitted(w: &Workload, world: usize) -> Vec<String> {
                 p.dp()
             )
         } else {
-            format!(
-                "{} micro-batches do not go round {} stages in groups",
-                w.grad_accum, p.pipeline.stages
-            )
+            match valid(w, &p) {
+                Err(crate::error::Error::Config(why)) => why,
+                other => other.err().map(|e| e.to_string()).unwrap_or_default(),
+            }
         };
         let name = layout_name(&p);
         match by_reason.iter_mut().find(|(r, _)| *r == reason) {
@@ -868,11 +870,20 @@ mod tests {
             assert!(names.contains(&want.to_string()), "{want}: {names:?}");
         }
         // alone, fsdp over tp 1, 2, 4; with pp 2 over tp 1, 2; with pp 4;
-        // each pipeline also interleaved
+        // each pipeline also interleaved and zb-h1
         assert_eq!(
             names.iter().filter(|n| n.starts_with("fsdp")).count(),
-            3 + 2 * 3,
+            3 + 3 * 3,
             "{names:?}"
+        );
+        assert!(names.contains(&"pp x8 (zb-h1)".to_string()), "{names:?}");
+        // BERT cannot split its backward: zb-h1 is left out, in words
+        let bert = ModelConfig::Bert(crate::model::bert::BertConfig::preset("bert-tiny").unwrap());
+        let said = omitted(&work(&bert, 16), 2);
+        assert!(
+            said.iter().any(|l| l
+                .starts_with("pp x2 (zb-h1) omitted: the zb-h1 schedule splits GPT-2's backward")),
+            "{said:?}"
         );
         // twelve blocks cannot go round eight ranks twice
         assert!(omitted(&work(&m, 16), 8)
