@@ -16,12 +16,14 @@
 //! forward and one backward: at most p - s in flight) and interleaved 1F1B
 //! (Megatron's: each rank holds v chunks of blocks, chunk c of rank s being
 //! virtual stage c p + s, so micro-batches go round the ranks v times and
-//! the warm-up and drain shrink v-fold). A rank's program is its list of
-//! tasks (a forward or backward of a micro-batch through a chunk) with one
-//! send-receive between each two: the last task's output out, the next
-//! one's input in. `programs` checks, before a step runs, that every pair
-//! of ranks agrees on the order of its messages and that the exchanges
-//! cannot deadlock even when sends wait for their receives. A chunk holds
+//! the warm-up and drain shrink v-fold) and zb-h1 (zero-bubble: each
+//! backward split into its input half and its weight half, the weight
+//! halves put off into the slots 1F1B idles). A rank's program is its list
+//! of tasks (a pass of a micro-batch through a chunk) with the sends and
+//! receives between them, in one order all ranks share; `programs` checks,
+//! before a step runs, that every pair of ranks agrees on the order of its
+//! messages and that the exchanges cannot deadlock even when sends wait
+//! for their receives. A chunk holds
 //! a micro-batch's activations by stashing its engine's
 //! (`UnitModel::stash`); the engine sizes them for the chunk's units alone
 //! (`set_units`).
