@@ -232,11 +232,11 @@ fn pipelines_resume_bit_exactly_and_reshard_to_and_from_single() {
 }
 
 /// An interleaved pipeline (2 stages, 2 chunks each, over replicas or a
-/// sharded tp mesh) stops and resumes bit-exactly, and its checkpoint
-/// continues as single and as a plain 1f1b pipeline; single's continues
-/// interleaved. Four blocks, two micro-batches a step.
+/// sharded tp mesh) and a zb-h1 one stop and resume bit-exactly, and their
+/// checkpoints continue as single and as a plain 1f1b pipeline; single's
+/// continues interleaved. Four blocks, two micro-batches a step.
 #[test]
-fn interleaved_pipelines_resume_bit_exactly_and_reshard() {
+fn interleaved_and_zero_bubble_pipelines_resume_bit_exactly_and_reshard() {
     let accum = |dir: &Path| TrainConfig {
         grad_accum: 2,
         ..config(dir)
@@ -248,9 +248,14 @@ fn interleaved_pipelines_resume_bit_exactly_and_reshard() {
         (StrategyKind::Single, 1, 1, plain),
         4,
     );
-    for (strategy, n, tp) in [(StrategyKind::Zero1, 4, 1), (StrategyKind::Fsdp, 8, 2)] {
-        let what = format!("{strategy} x{n} tp {tp} pp 2 interleaved");
-        let layout = (strategy, n, tp, inter);
+    let zb = Pipeline::new(2, Schedule::ZbH1, 1);
+    for (strategy, n, tp, pipe) in [
+        (StrategyKind::Zero1, 4, 1, inter),
+        (StrategyKind::Fsdp, 8, 2, inter),
+        (StrategyKind::Zero2, 4, 1, zb),
+    ] {
+        let what = format!("{strategy} x{n} tp {tp} pp 2 {pipe}");
+        let layout = (strategy, n, tp, pipe);
         let whole = run_on(&accum(&out(&format!("pp-v2-whole-{what}"))), layout, 4);
         let dir = out(&format!("pp-v2-split-{what}"));
         let stopped = TrainConfig {

@@ -246,6 +246,9 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
         100.0 * mfu,
         peak / 1e9
     );
+    if let Some(note) = metrics::mfu_above_peak(mfu) {
+        distgpt::errln!("note: {note}");
+    }
     if let Some(b) = bubble {
         distgpt::outln!(
             "pipeline bubble: {:.1}% of the program idle, measured (mean over every rank and timed step); \

@@ -1619,6 +1619,9 @@ fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
         s.tokens_per_s,
         100.0 * s.mfu
     );
+    if let Some(note) = metrics::mfu_above_peak(s.mfu) {
+        distgpt::errln!("note: {note}");
+    }
     distgpt::outln!("peak memory (rank 0): {}", metrics::memory_line(&s.memory));
     if s.rank_peak_bytes.len() > 1 {
         let h = metrics::human_bytes;

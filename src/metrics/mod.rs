@@ -140,6 +140,19 @@ pub fn mfu(flops_per_token: f64, tokens_per_s: f64, peak_flops: f64) -> f64 {
     flops_per_token * tokens_per_s / peak_flops
 }
 
+/// What to say when a run's MFU is above 100%: the peak it divides by
+/// (measured once and kept, `peak`) is below what the machine just did.
+pub fn mfu_above_peak(mfu: f64) -> Option<String> {
+    (mfu > 1.0).then(|| {
+        format!(
+            "MFU {:.1}% is above 100%: the kept peak is below what this run achieved (it was \
+             measured under load, or on another CPU of the same name); measure it again on a \
+             quiet machine with `distgpt devices --measure`, or state one with --peak-tflops",
+            100.0 * mfu
+        )
+    })
+}
+
 /// 1536 -> "1.5 KiB".
 pub fn human_bytes(bytes: u64) -> String {
     let units = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -230,6 +243,16 @@ macro_rules! errln {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_mfu_above_the_kept_peak_is_said() {
+        assert_eq!(mfu_above_peak(0.999), None);
+        let note = mfu_above_peak(1.2).expect("above 100%");
+        assert!(
+            note.contains("MFU 120.0% is above 100%") && note.contains("--measure"),
+            "{note}"
+        );
+    }
 
     #[test]
     fn bytes_are_humanised() {
