@@ -367,6 +367,34 @@ impl<R: Runtime> Backend for Gpu<R> {
     ) {
         self.matmul_backward_as(true, (dinp, dw, dbias), dout, inp, w, layout, (rows, k, n))
     }
+    fn matmul_backward_input(
+        &self,
+        dinp: Dst<'_, Self>,
+        dout: Src<'_, Self>,
+        _inp: Src<'_, Self>,
+        w: Src<'_, Self>,
+        layout: WeightLayout,
+        dims: (usize, usize, usize),
+    ) -> Result<()> {
+        let (dinp, dout, w) = (view(dinp.raw()), view(dout.raw()), view(w.raw()));
+        self.queue(|d| d.matmul_backward_input(dinp, dout, w, layout, dims, false));
+        Ok(())
+    }
+    fn matmul_backward_weight(
+        &self,
+        dw: Dst<'_, Self>,
+        dbias: Option<Dst<'_, Self>>,
+        dout: Src<'_, Self>,
+        inp: Src<'_, Self>,
+        _w: Src<'_, Self>,
+        layout: WeightLayout,
+        dims: (usize, usize, usize),
+    ) -> Result<()> {
+        let (dw, dbias) = (view(dw.raw()), dbias.map(|b| view(b.raw())));
+        let (dout, inp) = (view(dout.raw()), view(inp.raw()));
+        self.queue(|d| d.matmul_backward_weight(dw, dbias, dout, inp, layout, dims, false));
+        Ok(())
+    }
     fn pack_decode_weight(
         &self,
         w: Src<'_, Self>,

@@ -312,11 +312,23 @@ impl<R: Runtime> Device<R> {
         n: usize,
         bf16: bool,
     ) -> Result<(), GpuError> {
+        self.matmul_backward_input(dinp, dout, w, layout, (rows, k, n), bf16)?;
+        self.matmul_backward_weight(dw, dbias, dout, inp, layout, (rows, k, n), bf16)
+    }
+
+    /// The input half of `matmul_backward`: dinp (rows, k) overwritten.
+    pub fn matmul_backward_input(
+        &self,
+        dinp: View,
+        dout: View,
+        w: View,
+        layout: WeightLayout,
+        (rows, k, n): (usize, usize, usize),
+        bf16: bool,
+    ) -> Result<(), GpuError> {
         need("matmul_backward dinp", dinp, rows * k)?;
         need("matmul_backward dout", dout, rows * n)?;
-        need("matmul_backward inp", inp, rows * k)?;
         need("matmul_backward w", w, k * n)?;
-        need("matmul_backward dw", dw, k * n)?;
         // dinp^T (k x rows) = W @ dout^T.
         self.gemm(Gemm {
             m: k,
@@ -332,7 +344,24 @@ impl<R: Runtime> Device<R> {
             c: dinp,
             ldc: k,
             bf16,
-        })?;
+        })
+    }
+
+    /// The weight half of `matmul_backward`: dw (as W) +=, dbias (n) += colsum(dout).
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_backward_weight(
+        &self,
+        dw: View,
+        dbias: Option<View>,
+        dout: View,
+        inp: View,
+        layout: WeightLayout,
+        (rows, k, n): (usize, usize, usize),
+        bf16: bool,
+    ) -> Result<(), GpuError> {
+        need("matmul_backward dout", dout, rows * n)?;
+        need("matmul_backward inp", inp, rows * k)?;
+        need("matmul_backward dw", dw, k * n)?;
         let (dout_cm, inp_cm) = (
             |transpose| Operand {
                 view: dout,
