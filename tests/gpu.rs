@@ -117,6 +117,7 @@ fn a_training_step_on_the_gpu_equals_the_cpus_on<B: Backend>(gpu: B, kind: &str)
         n_embd: 24,
         block_size: 19,
         vocab_size: 67,
+        blocks: Vec::new(),
     };
     let tokens: Vec<u32> = (0..3 * 19).map(|i| (i * 31 % 67) as u32).collect();
     let targets: Vec<u32> = (0..3 * 19).map(|i| (i * 17 % 67) as u32).collect();

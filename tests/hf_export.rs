@@ -22,6 +22,7 @@ fn model() -> (Gpt2<Cpu>, TokenizerSpec) {
         n_embd: 32,
         block_size: 16,
         vocab_size: 40,
+        blocks: Vec::new(),
     };
     let mut m = Gpt2::new(Cpu::new(), cfg).unwrap();
     let mut p: Vec<f32> = (0..m.layout.total())

@@ -24,6 +24,7 @@ fn hf_config() -> GptConfig {
         n_embd: get("n_embd"),
         block_size: get("n_positions"),
         vocab_size: get("vocab_size"),
+        blocks: Vec::new(),
     }
 }
 

@@ -19,6 +19,7 @@ fn model() -> GptConfig {
         n_embd: 64,
         block_size: 32,
         vocab_size: 65,
+        blocks: Vec::new(),
     }
 }
 

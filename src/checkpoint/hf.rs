@@ -14,7 +14,15 @@ pub const CONFIG_FILE: &str = "config.json";
 
 /// Writes `config.json` and `model.safetensors` into `dir`. The tokenizer is
 /// recorded under `distgpt_tokenizer`, a key `transformers` keeps and ignores.
+/// A row-pruned model is written in its dense shape, the pruned rows zero
+/// ([`crate::prune::unshrink`]): `transformers` has no per-layer widths.
 pub fn export<B: Backend>(model: &Gpt2<B>, tokenizer: &TokenizerSpec, dir: &Path) -> Result<()> {
+    if !model.config.blocks.is_empty() {
+        let (dense, params) = crate::prune::unshrink(&model.config, &model.params_host()?);
+        let mut padded = Gpt2::new(model.backend().clone_fresh(), dense)?;
+        padded.set_params(&params)?;
+        return export(&padded, tokenizer, dir);
+    }
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let c = &model.config;
     let eos = match tokenizer {
@@ -92,6 +100,7 @@ pub fn read_config(dir: &Path) -> Result<ModelMeta> {
         n_embd: field("n_embd")?,
         block_size: field("n_positions")?,
         vocab_size: field("vocab_size")?,
+        blocks: Vec::new(),
     };
     config.validate()?;
     let tokenizer = match j.get("distgpt_tokenizer") {

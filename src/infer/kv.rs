@@ -8,6 +8,7 @@ use crate::backend::{
 };
 use crate::comm::{device, Comm};
 use crate::error::{Error, Result};
+use crate::model::config::BlockDims;
 use crate::model::gpt2::{BlockParam, LN_EPS};
 use crate::model::{GptConfig, ParamLayout, TpPlace};
 
@@ -40,18 +41,19 @@ impl<'a, B: Backend> DecodeWeights<'a, B> {
                 params.len()
             )));
         }
-        let (c, cl) = (config.n_embd, config.n_embd / tp.size);
+        let c = config.n_embd;
         let pack =
             |w: Src<'_, B>, layout, k, n| backend.pack_decode_weight(w, layout, k, n, format);
         let blocks = (0..config.n_layer)
             .map(|l| {
                 let p = params.slice(lay.block(l));
-                let w = |bp: BlockParam| p.slice(lay.in_block(bp));
+                let w = |bp: BlockParam| p.slice(lay.in_block(l, bp));
+                let BlockDims { cl, fl, .. } = config.dims(l, tp.size);
                 Ok([
                     pack(w(BlockParam::QkvW), WeightLayout::InOut, c, 3 * cl)?,
                     pack(w(BlockParam::AttnProjW), WeightLayout::InOut, cl, c)?,
-                    pack(w(BlockParam::FcW), WeightLayout::InOut, c, 4 * cl)?,
-                    pack(w(BlockParam::FcProjW), WeightLayout::InOut, 4 * cl, c)?,
+                    pack(w(BlockParam::FcW), WeightLayout::InOut, c, fl)?,
+                    pack(w(BlockParam::FcProjW), WeightLayout::InOut, fl, c)?,
                 ])
             })
             .collect::<Result<_>>()?;
@@ -105,7 +107,7 @@ impl<B: Backend> Decoder<B> {
             )));
         }
         let (c, l) = (config.n_embd, config.n_layer);
-        let cl = c / tp.size;
+        let BlockDims { cl, fl, .. } = config.widest(tp.size);
         let a = |n: usize| backend.alloc(n, Category::Activations);
         Ok(Decoder {
             layout: ParamLayout::new_tp(&config, tp.size),
@@ -119,8 +121,8 @@ impl<B: Backend> Decoder<B> {
             qkv: a(b * 3 * cl)?,
             atty: a(b * cl)?,
             res2: a(b * c)?,
-            fch: a(b * 4 * cl)?,
-            fch_gelu: a(b * 4 * cl)?,
+            fch: a(b * fl)?,
+            fch_gelu: a(b * fl)?,
             logits: a(b * config.padded_vocab())?,
             config,
             backend,
@@ -164,7 +166,7 @@ impl<B: Backend> Decoder<B> {
                 self.tp.rank, self.tp.size
             )));
         }
-        let (cl, nhl, max_t) = (c / self.tp.size, cfg.n_head / self.tp.size, self.max_t);
+        let (wide, max_t) = (cfg.widest(self.tp.size).cl, self.max_t);
         let params = weights.params;
         be.upload(self.tokens.d(), tokens)?;
         // Every row is at position `pos`: a one-position slice of wpe.
@@ -178,8 +180,10 @@ impl<B: Backend> Decoder<B> {
         );
         for l in 0..cfg.n_layer {
             let p = params.slice(lay.block(l));
-            let w = |bp: BlockParam| p.slice(lay.in_block(bp));
+            let w = |bp: BlockParam| p.slice(lay.in_block(l, bp));
             let [qkv_w, proj_w, fc_w, fcproj_w] = &weights.blocks[l];
+            let BlockDims { cl, nhl, fl, .. } = cfg.dims(l, self.tp.size);
+            let (qkv, atty, fch) = (0..b * 3 * cl, 0..b * cl, 0..b * fl);
             be.layernorm_forward(
                 self.ln.d(),
                 self.mean.d(),
@@ -191,7 +195,7 @@ impl<B: Backend> Decoder<B> {
                 LN_EPS,
             );
             be.matmul_decode(
-                self.qkv.d(),
+                self.qkv.slice_mut(qkv.clone()),
                 self.ln.s(),
                 qkv_w,
                 Some(w(BlockParam::QkvB)),
@@ -200,7 +204,7 @@ impl<B: Backend> Decoder<B> {
                 3 * cl,
                 false,
             );
-            let cache = l * b * max_t * cl;
+            let cache = l * b * max_t * wide;
             for r in 0..b {
                 let at = cache + (r * max_t + pos) * cl;
                 let row = self.qkv.slice(r * 3 * cl..(r + 1) * 3 * cl);
@@ -211,8 +215,8 @@ impl<B: Backend> Decoder<B> {
                 );
             }
             be.attention_decode(
-                self.atty.d(),
-                self.qkv.s(),
+                self.atty.slice_mut(atty.clone()),
+                self.qkv.slice(qkv),
                 self.kcache.slice(cache..cache + b * max_t * cl),
                 self.vcache.slice(cache..cache + b * max_t * cl),
                 DecodeShape {
@@ -227,7 +231,8 @@ impl<B: Backend> Decoder<B> {
                 be.copy(self.res2.d(), self.x.s());
             }
             let bias = lead.then(|| w(BlockParam::AttnProjB));
-            be.matmul_decode(self.res2.d(), self.atty.s(), proj_w, bias, b, cl, c, lead);
+            let atty = self.atty.slice(atty);
+            be.matmul_decode(self.res2.d(), atty, proj_w, bias, b, cl, c, lead);
             if let Some(g) = tp {
                 device::all_reduce(g, be, self.res2.d())?;
             }
@@ -242,27 +247,32 @@ impl<B: Backend> Decoder<B> {
                 LN_EPS,
             );
             be.matmul_decode(
-                self.fch.d(),
+                self.fch.slice_mut(fch.clone()),
                 self.ln.s(),
                 fc_w,
                 Some(w(BlockParam::FcB)),
                 b,
                 c,
-                4 * cl,
+                fl,
                 false,
             );
-            be.activation_forward(self.fch_gelu.d(), self.fch.s(), Activation::GeluTanh);
+            let gelu = Activation::GeluTanh;
+            be.activation_forward(
+                self.fch_gelu.slice_mut(fch.clone()),
+                self.fch.slice(fch.clone()),
+                gelu,
+            );
             if lead {
                 be.copy(self.x.d(), self.res2.s());
             }
             let bias = lead.then(|| w(BlockParam::FcProjB));
             be.matmul_decode(
                 self.x.d(),
-                self.fch_gelu.s(),
+                self.fch_gelu.slice(fch),
                 fcproj_w,
                 bias,
                 b,
-                4 * cl,
+                fl,
                 c,
                 lead,
             );

@@ -12,16 +12,52 @@ pub struct GptConfig {
     pub n_embd: usize,
     pub block_size: usize,
     pub vocab_size: usize,
+    /// Each block's widths when they differ from the dense shape's (a
+    /// row-pruned model); empty when every block has `n_head` heads and
+    /// `4 n_embd` MLP units. Heads keep the dense head size.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blocks: Vec<BlockWidth>,
+}
+
+/// One block's attention heads and MLP hidden units.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockWidth {
+    pub heads: usize,
+    pub hidden: usize,
+}
+
+/// One block's widths on one of `tp` tensor-parallel ranks: the residual
+/// width `c`, the attention width `cl` (`nhl` heads) and the MLP width `fl`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockDims {
+    pub c: usize,
+    pub cl: usize,
+    pub nhl: usize,
+    pub fl: usize,
 }
 
 impl std::fmt::Display for GptConfig {
-    /// "6 layers x 6 heads x 384 wide, block 256, vocabulary 65".
+    /// "6 layers x 6 heads x 384 wide, block 256, vocabulary 65", and a
+    /// pruned model's per-block heads and MLP units.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
             "{} layers x {} heads x {} wide, block {}, vocabulary {}",
             self.n_layer, self.n_head, self.n_embd, self.block_size, self.vocab_size
-        )
+        )?;
+        if !self.blocks.is_empty() {
+            let list = |f: fn(&BlockWidth) -> usize| {
+                let v: Vec<String> = self.blocks.iter().map(|b| f(b).to_string()).collect();
+                v.join(" ")
+            };
+            write!(
+                f,
+                ", pruned to heads [{}] and MLP units [{}]",
+                list(|b| b.heads),
+                list(|b| b.hidden)
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -139,6 +175,7 @@ impl GptConfig {
             n_embd: p.n_embd,
             block_size: p.block_size,
             vocab_size: p.vocab_size,
+            blocks: Vec::new(),
         })
     }
 
@@ -149,6 +186,68 @@ impl GptConfig {
 
     pub fn head_dim(&self) -> usize {
         self.n_embd / self.n_head
+    }
+
+    /// Block l's heads and MLP units.
+    pub fn width(&self, l: usize) -> BlockWidth {
+        self.blocks.get(l).copied().unwrap_or(BlockWidth {
+            heads: self.n_head,
+            hidden: 4 * self.n_embd,
+        })
+    }
+
+    /// Block l's widths on one of `tp` ranks (`tp` divides its heads and units).
+    pub fn dims(&self, l: usize, tp: usize) -> BlockDims {
+        let w = self.width(l);
+        BlockDims {
+            c: self.n_embd,
+            cl: w.heads * self.head_dim() / tp,
+            nhl: w.heads / tp,
+            fl: w.hidden / tp,
+        }
+    }
+
+    /// The widest block's widths, each taken on its own (what per-block
+    /// buffers are sized for).
+    pub fn widest(&self, tp: usize) -> BlockDims {
+        (0..self.n_layer)
+            .map(|l| self.dims(l, tp))
+            .fold(self.dims(0, tp), |a, d| BlockDims {
+                c: a.c,
+                cl: a.cl.max(d.cl),
+                nhl: a.nhl.max(d.nhl),
+                fl: a.fl.max(d.fl),
+            })
+    }
+
+    /// The same model before pruning: every block dense.
+    pub fn dense(&self) -> GptConfig {
+        GptConfig {
+            blocks: Vec::new(),
+            ..self.clone()
+        }
+    }
+
+    /// Refuses a tensor-parallel size that does not divide every block's
+    /// heads and MLP units.
+    pub fn check_tp(&self, tp: usize) -> Result<(), Error> {
+        if tp == 0 || !self.n_head.is_multiple_of(tp) {
+            return Err(Error::Config(format!(
+                "n_head ({}) must be divisible by the tensor-parallel size ({tp}): choose --tp among the divisors of n_head",
+                self.n_head
+            )));
+        }
+        match (0..self.n_layer).find(|&l| {
+            let w = self.width(l);
+            !(w.heads.is_multiple_of(tp) && w.hidden.is_multiple_of(tp))
+        }) {
+            Some(l) => Err(Error::Config(format!(
+                "block {l} of this pruned model has {} heads and {} MLP units, not both divisible by the tensor-parallel size {tp}",
+                self.width(l).heads,
+                self.width(l).hidden
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Refuses shapes the kernels cannot run.
@@ -170,6 +269,24 @@ impl GptConfig {
                 c.n_embd, c.n_head
             )));
         }
+        if !c.blocks.is_empty() && c.blocks.len() != c.n_layer {
+            return Err(Error::Config(format!(
+                "the model lists widths for {} blocks but has {} layers",
+                c.blocks.len(),
+                c.n_layer
+            )));
+        }
+        if let Some((l, w)) = c.blocks.iter().enumerate().find(|(_, w)| {
+            w.heads == 0 || w.heads > c.n_head || w.hidden == 0 || w.hidden > 4 * c.n_embd
+        }) {
+            return Err(Error::Config(format!(
+                "block {l} has {} heads and {} MLP units: a block needs 1 to {} heads and 1 to {} units",
+                w.heads,
+                w.hidden,
+                c.n_head,
+                4 * c.n_embd
+            )));
+        }
         if c.vocab_size > u32::MAX as usize {
             return Err(Error::Config(format!(
                 "vocab_size {} is too large",
@@ -185,7 +302,8 @@ impl GptConfig {
         }
     }
 
-    /// [`GptConfig::num_params`] without overflow: `None` past `usize`.
+    /// [`GptConfig::num_params`] of the dense shape (a bound on a pruned
+    /// one's) without overflow: `None` past `usize`.
     fn checked_num_params(&self) -> Option<usize> {
         let c = self.n_embd;
         let cc = c.checked_mul(c)?;
@@ -201,9 +319,14 @@ impl GptConfig {
     /// Parameters stored (padded embedding included).
     pub fn num_params(&self) -> usize {
         let c = self.n_embd;
-        let block =
-            2 * c + 3 * c * c + 3 * c + c * c + c + 2 * c + 4 * c * c + 4 * c + 4 * c * c + c;
-        self.padded_vocab() * c + self.block_size * c + self.n_layer * block + 2 * c
+        let blocks: usize = (0..self.n_layer)
+            .map(|l| {
+                let BlockDims { cl: a, fl: f, .. } = self.dims(l, 1);
+                // ln1, qkv, attention projection, ln2, fc, fc projection
+                2 * c + (c + 1) * 3 * a + a * c + c + 2 * c + (c + 1) * f + f * c + c
+            })
+            .sum();
+        self.padded_vocab() * c + self.block_size * c + blocks + 2 * c
     }
 
     /// Training FLOPs per token: 6 per matmul weight (blocks and LM head;
@@ -212,7 +335,8 @@ impl GptConfig {
     /// the PaLM appendix and nanoGPT's `estimate_mfu`.
     pub fn flops_per_token(&self, t: usize) -> f64 {
         let matmul_params = self.num_params() - self.block_size * self.n_embd;
-        6.0 * matmul_params as f64 + 12.0 * (self.n_layer * t * self.n_embd) as f64
+        let attention: usize = (0..self.n_layer).map(|l| self.dims(l, 1).cl).sum();
+        6.0 * matmul_params as f64 + 12.0 * (t * attention) as f64
     }
 }
 

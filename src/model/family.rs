@@ -10,7 +10,7 @@ use super::unit::UnitModel;
 use super::Precision;
 use crate::backend::Backend;
 use crate::data::{Batch, IGNORE};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::rng::Rng;
 use serde::{Deserialize, Serialize};
 
@@ -216,6 +216,19 @@ impl ModelConfig {
         match self {
             ModelConfig::Gpt2(c) => c.n_head,
             ModelConfig::Bert(c) => c.n_head,
+        }
+    }
+
+    /// Refuses a tensor-parallel size that does not divide the heads (and
+    /// a pruned GPT-2's per-block heads and MLP units).
+    pub fn check_tp(&self, tp: usize) -> Result<()> {
+        match self {
+            ModelConfig::Gpt2(c) => c.check_tp(tp),
+            ModelConfig::Bert(c) if !c.n_head.is_multiple_of(tp) => Err(Error::Config(format!(
+                "n_head ({}) is not divisible by the tensor-parallel size {tp}: choose --tp among the divisors of n_head",
+                c.n_head
+            ))),
+            ModelConfig::Bert(_) => Ok(()),
         }
     }
 

@@ -144,12 +144,7 @@ impl ParallelConfig {
             }
             _ => {}
         }
-        let n_head = model.n_head();
-        if !n_head.is_multiple_of(tp) {
-            return bad(format!(
-                "n_head ({n_head}) is not divisible by the tensor-parallel size {tp}: choose --tp among the divisors of n_head"
-            ));
-        }
+        model.check_tp(tp)?;
         let dp = w / (tp * pp);
         if !global_batch.is_multiple_of(dp) {
             return bad(format!(

@@ -1448,6 +1448,7 @@ mod tests {
             n_embd: 32,
             block_size: 16,
             vocab_size: 1024,
+            blocks: Vec::new(),
         };
         let lay = ParamLayout::new(&cfg);
         let n = lay.units.len();

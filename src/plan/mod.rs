@@ -688,6 +688,7 @@ mod tests {
             n_embd: 4096,
             block_size: 1024,
             vocab_size: 50257,
+            blocks: Vec::new(),
         }
     }
 
@@ -830,6 +831,7 @@ mod tests {
             n_embd: 6144,
             block_size: 1024,
             vocab_size: 50257,
+            blocks: Vec::new(),
         };
         let w = Workload {
             model: ModelConfig::from(big),

@@ -4,7 +4,7 @@
 //! Matmul weights are stored (in, out) as Hugging Face's Conv1D, so
 //! checkpoints need no transposes. The head (ln_f) reads the tied `wte`.
 
-use crate::model::config::GptConfig;
+use crate::model::config::{BlockDims, GptConfig};
 use crate::model::layout::{ParamLayout, TpSplit};
 use std::ops::Range;
 
@@ -41,18 +41,18 @@ impl BlockParam {
         BlockParam::FcProjB,
     ];
 
-    /// Shape for width c on one of `tp` tensor-parallel ranks.
-    pub fn shape(self, c: usize, tp: usize) -> Vec<usize> {
+    /// Shape in a block of widths `d` (residual, attention, MLP).
+    pub fn shape(self, d: BlockDims) -> Vec<usize> {
         use BlockParam::*;
-        let cl = c / tp;
+        let BlockDims { c, cl, fl, .. } = d;
         match self {
             Ln1W | Ln1B | Ln2W | Ln2B | AttnProjB | FcProjB => vec![c],
             QkvW => vec![c, 3 * cl],
             QkvB => vec![3 * cl],
             AttnProjW => vec![cl, c],
-            FcW => vec![c, 4 * cl],
-            FcB => vec![4 * cl],
-            FcProjW => vec![4 * cl, c],
+            FcW => vec![c, fl],
+            FcB => vec![fl],
+            FcProjW => vec![fl, c],
         }
     }
 
@@ -88,7 +88,8 @@ impl BlockParam {
     }
 }
 
-/// GPT-2's layout for one of `tp` tensor-parallel ranks (`tp` divides n_head).
+/// GPT-2's layout for one of `tp` tensor-parallel ranks (`tp` divides
+/// every block's heads and MLP units).
 pub fn layout(cfg: &GptConfig, tp: usize) -> ParamLayout {
     let (c, rep) = (cfg.n_embd, TpSplit::Replicated);
     let mut b = ParamLayout::builder(tp);
@@ -100,7 +101,7 @@ pub fn layout(cfg: &GptConfig, tp: usize) -> ParamLayout {
         for p in BlockParam::ALL {
             b.tensor(
                 format!("transformer.h.{l}.{}", p.hf_name()),
-                &p.shape(c, 1),
+                &p.shape(cfg.dims(l, 1)),
                 p.tp_split(),
             );
         }
@@ -136,9 +137,9 @@ impl ParamLayout {
         self.unit_tensor(1 + l, p as usize)
     }
 
-    /// Offsets of p inside its block's slice.
-    pub fn in_block(&self, p: BlockParam) -> Range<usize> {
-        self.in_unit(1, p as usize)
+    /// Offsets of p inside block l's slice.
+    pub fn in_block(&self, l: usize, p: BlockParam) -> Range<usize> {
+        self.in_unit(1 + l, p as usize)
     }
 
     /// The final layernorm unit [ln_f.w | ln_f.b].

@@ -8,7 +8,7 @@ pub mod layout;
 use super::alloc::ActAlloc;
 use super::bf16::Precision;
 use super::bf16::{matmul_backward, matmul_forward, Bf16Operands, Dout};
-use super::config::GptConfig;
+use super::config::{BlockDims, GptConfig};
 use super::layout::{ParamLayout, TpPlace};
 use super::unit::{Span, UnitGrads, UnitKind, UnitModel, UnitParams, Whole};
 use crate::backend::{Activation, AttnShape, Backend, Buf, Category, Dst, Src, WeightLayout};
@@ -76,13 +76,15 @@ struct Saved {
 }
 
 impl Saved {
-    /// Floats a block saves per row.
-    fn per_row(d: Dims) -> usize {
+    /// Floats a block of widths `d` saves per row.
+    fn per_row(d: BlockDims) -> usize {
         4 * d.c + d.fl + 3 * d.cl
     }
 
-    fn of(d: Dims, rows: usize, slot: usize) -> Saved {
-        let mut at = slot * rows * Saved::per_row(d);
+    /// The ranges of a block of widths `d` in slot `slot`, slots being
+    /// `wide` blocks' size apart.
+    fn of(wide: BlockDims, d: BlockDims, rows: usize, slot: usize) -> Saved {
+        let mut at = slot * rows * Saved::per_row(wide);
         let mut take = |n: usize| {
             at += rows * n;
             at - rows * n..at
@@ -94,28 +96,6 @@ impl Saved {
             dln2: take(d.c),
             dqkv: take(3 * d.cl),
             dln1: take(d.c),
-        }
-    }
-}
-
-/// Per-rank widths: attention width and MLP width are split by tensor parallelism.
-#[derive(Clone, Copy)]
-struct Dims {
-    c: usize,
-    cl: usize,
-    nhl: usize,
-    fl: usize,
-}
-
-impl Dims {
-    fn of(cfg: &GptConfig, tp: usize) -> Dims {
-        let c = cfg.n_embd;
-        let cl = c / tp;
-        Dims {
-            c,
-            cl,
-            nhl: cfg.n_head / tp,
-            fl: 4 * cl,
         }
     }
 }
@@ -134,7 +114,7 @@ pub fn activation_elems(
     let al = ActAlloc::tally(&be);
     let slots = span.slots(recompute);
     let shape = (span, slots, rows, split);
-    Activations::new(&al, cfg, Dims::of(cfg, tp), shape, precision)
+    Activations::new(&al, cfg, cfg.widest(tp), shape, precision)
         .expect("a tally allocates nothing");
     al.counted()
 }
@@ -143,7 +123,7 @@ impl<B: Backend> Activations<B> {
     fn new(
         al: &ActAlloc<'_, B>,
         cfg: &GptConfig,
-        d: Dims,
+        d: BlockDims,
         (span, slots, rows, split): (&Span, usize, usize, bool),
         precision: Precision,
     ) -> Result<Self> {
@@ -204,11 +184,11 @@ struct Batch {
 /// The gradient views of a block's weight and bias (`g` is the block's gradient).
 fn weight_and_bias<'g, B>(
     g: &'g mut Dst<'_, B>,
-    lay: &ParamLayout,
+    (lay, l): (&ParamLayout, usize),
     w: BlockParam,
     b: BlockParam,
 ) -> (Dst<'g, B>, Dst<'g, B>) {
-    g.rb().split2(lay.in_block(w), lay.in_block(b))
+    g.rb().split2(lay.in_block(l, w), lay.in_block(l, b))
 }
 
 /// The model without its parameters: config, this rank's layout, the
@@ -233,12 +213,7 @@ pub struct Engine<B: Backend> {
 impl<B: Backend> Engine<B> {
     pub fn new(backend: B, config: GptConfig, tp: TpPlace, recompute: bool) -> Result<Self> {
         config.validate()?;
-        if tp.size == 0 || !config.n_head.is_multiple_of(tp.size) {
-            return Err(Error::Config(format!(
-                "n_head ({}) must be divisible by the tensor-parallel size ({}): choose --tp among the divisors of n_head",
-                config.n_head, tp.size
-            )));
-        }
+        config.check_tp(tp.size)?;
         let span = Span::all(config.n_layer);
         Ok(Engine {
             layout: ParamLayout::new_tp(&config, tp.size),
@@ -263,8 +238,14 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    fn dims(&self) -> Dims {
-        Dims::of(&self.config, self.tp.size)
+    /// Block l's widths on this rank.
+    fn dims(&self, l: usize) -> BlockDims {
+        self.config.dims(l, self.tp.size)
+    }
+
+    /// The widths per-block buffers are sized for.
+    fn widest(&self) -> BlockDims {
+        self.config.widest(self.tp.size)
     }
 
     fn check_tokens(&self, what: &str, ids: &[u32]) -> Result<()> {
@@ -316,7 +297,7 @@ impl<B: Backend> Engine<B> {
             self.acts = Some(Activations::new(
                 &ActAlloc::on(&self.backend),
                 &self.config,
-                Dims::of(&self.config, self.tp.size),
+                self.widest(),
                 (
                     &self.span,
                     self.span.slots(self.recompute),
@@ -369,13 +350,13 @@ impl<B: Backend> Engine<B> {
     /// Block l: resid[l] -> resid[l + 1]; `p` is this rank's slice of the block.
     fn block_forward(&mut self, l: usize, p: Src<'_, B>, tp: Option<&dyn Comm>) -> Result<()> {
         let (b, t) = self.shape();
-        let Dims { c, cl, nhl, fl } = self.dims();
+        let (BlockDims { c, cl, nhl, fl }, wd) = (self.dims(l), self.widest());
         let rows = b * t;
         let btc = rows * c;
         let (s, r) = (self.slot(l), self.span.resid(l));
         let (be, lay) = (&self.backend, &self.layout);
         let a = self.acts.as_mut().expect("begun");
-        let w = |bp: BlockParam| p.slice(lay.in_block(bp));
+        let w = |bp: BlockParam| p.slice(lay.in_block(l, bp));
         // Under tensor parallelism only tp rank 0 adds the residual and the
         // (replicated) bias to its partial projection; the all-reduce sums the rest in.
         let lead = self.tp.rank == 0;
@@ -394,7 +375,7 @@ impl<B: Backend> Engine<B> {
             c,
             LN_EPS,
         );
-        let mut qkv = a.qkv.d().part(s, 3 * rows * cl);
+        let mut qkv = a.qkv.d().part(s, 3 * rows * wd.cl).first(3 * rows * cl);
         matmul_forward(
             be,
             a.bf16.as_mut(),
@@ -406,10 +387,10 @@ impl<B: Backend> Engine<B> {
             (rows, c, 3 * cl),
             false,
         );
-        let mut atty = a.atty.d().part(s, rows * cl);
+        let mut atty = a.atty.d().part(s, rows * wd.cl).first(rows * cl);
         be.attention_forward(
             atty.rb(),
-            a.lse.d().part(s, rows * nhl),
+            a.lse.d().part(s, rows * wd.nhl).first(rows * nhl),
             qkv.src(),
             AttnShape {
                 b,
@@ -448,7 +429,7 @@ impl<B: Backend> Engine<B> {
             c,
             LN_EPS,
         );
-        let mut fch = a.fch.d().part(s, rows * fl);
+        let mut fch = a.fch.d().part(s, rows * wd.fl).first(rows * fl);
         matmul_forward(
             be,
             a.bf16.as_mut(),
@@ -460,7 +441,7 @@ impl<B: Backend> Engine<B> {
             (rows, c, fl),
             false,
         );
-        let mut fch_gelu = a.fch_gelu.d().part(s, rows * fl);
+        let mut fch_gelu = a.fch_gelu.d().part(s, rows * wd.fl).first(rows * fl);
         be.activation_forward(fch_gelu.rb(), fch.src(), Activation::GeluTanh);
         if lead {
             be.copy(out.rb(), res2.src());
@@ -612,18 +593,18 @@ impl<B: Backend> Engine<B> {
             self.block_forward(l, p, tp)?;
         }
         let (b, t) = self.shape();
-        let Dims { c, cl, nhl, fl } = self.dims();
+        let (BlockDims { c, cl, nhl, fl }, wd) = (self.dims(l), self.widest());
         let rows = b * t;
         let btc = rows * c;
         let (s, r) = (self.slot(l), self.span.resid(l));
         let (be, lay) = (&self.backend, &self.layout);
         let a = self.acts.as_mut().expect("begun");
-        let w = |bp: BlockParam| p.slice(lay.in_block(bp));
+        let w = |bp: BlockParam| p.slice(lay.in_block(l, bp));
         let x = a.resid.s().part(r, btc);
         let mut dres = a.dres.slice_mut(0..btc);
         let mut dtmp = a.dtmp.slice_mut(0..btc);
         let mut dfch = a.dfch.slice_mut(0..rows * fl);
-        let (dw, db) = weight_and_bias(&mut g, lay, BlockParam::FcProjW, BlockParam::FcProjB);
+        let (dw, db) = weight_and_bias(&mut g, (lay, l), BlockParam::FcProjW, BlockParam::FcProjB);
         matmul_backward(
             be,
             a.bf16.as_mut(),
@@ -631,17 +612,17 @@ impl<B: Backend> Engine<B> {
             dw,
             Some(db),
             (dres.src(), Dout::Round),
-            a.fch_gelu.s().part(s, rows * fl),
+            a.fch_gelu.s().part(s, rows * wd.fl).first(rows * fl),
             w(BlockParam::FcProjW),
             WeightLayout::InOut,
             (rows, fl, c),
         );
         be.activation_backward_inplace(
             dfch.rb(),
-            a.fch.s().part(s, rows * fl),
+            a.fch.s().part(s, rows * wd.fl).first(rows * fl),
             Activation::GeluTanh,
         );
-        let (dw, db) = weight_and_bias(&mut g, lay, BlockParam::FcW, BlockParam::FcB);
+        let (dw, db) = weight_and_bias(&mut g, (lay, l), BlockParam::FcW, BlockParam::FcB);
         matmul_backward(
             be,
             a.bf16.as_mut(),
@@ -657,7 +638,7 @@ impl<B: Backend> Engine<B> {
         if let Some(g) = tp {
             device::all_reduce(g, be, dtmp.rb())?;
         }
-        let (dw, db) = weight_and_bias(&mut g, lay, BlockParam::Ln2W, BlockParam::Ln2B);
+        let (dw, db) = weight_and_bias(&mut g, (lay, l), BlockParam::Ln2W, BlockParam::Ln2B);
         be.layernorm_backward(
             dres.rb(),
             dw,
@@ -670,7 +651,12 @@ impl<B: Backend> Engine<B> {
             c,
         );
         let mut datty = dtmp.rb().first(rows * cl);
-        let (dw, db) = weight_and_bias(&mut g, lay, BlockParam::AttnProjW, BlockParam::AttnProjB);
+        let (dw, db) = weight_and_bias(
+            &mut g,
+            (lay, l),
+            BlockParam::AttnProjW,
+            BlockParam::AttnProjB,
+        );
         matmul_backward(
             be,
             a.bf16.as_mut(),
@@ -678,7 +664,7 @@ impl<B: Backend> Engine<B> {
             dw,
             Some(db),
             (dres.src(), Dout::Round),
-            a.atty.s().part(s, rows * cl),
+            a.atty.s().part(s, rows * wd.cl).first(rows * cl),
             w(BlockParam::AttnProjW),
             WeightLayout::InOut,
             (rows, cl, c),
@@ -687,9 +673,9 @@ impl<B: Backend> Engine<B> {
         be.attention_backward(
             dqkv.rb(),
             datty.src(),
-            a.qkv.s().part(s, 3 * rows * cl),
-            a.atty.s().part(s, rows * cl),
-            a.lse.s().part(s, rows * nhl),
+            a.qkv.s().part(s, 3 * rows * wd.cl).first(3 * rows * cl),
+            a.atty.s().part(s, rows * wd.cl).first(rows * cl),
+            a.lse.s().part(s, rows * wd.nhl).first(rows * nhl),
             AttnShape {
                 b,
                 t,
@@ -697,7 +683,7 @@ impl<B: Backend> Engine<B> {
                 nh: nhl,
             },
         );
-        let (dw, db) = weight_and_bias(&mut g, lay, BlockParam::QkvW, BlockParam::QkvB);
+        let (dw, db) = weight_and_bias(&mut g, (lay, l), BlockParam::QkvW, BlockParam::QkvB);
         matmul_backward(
             be,
             a.bf16.as_mut(),
@@ -713,7 +699,7 @@ impl<B: Backend> Engine<B> {
         if let Some(g) = tp {
             device::all_reduce(g, be, dtmp.rb())?;
         }
-        let (dw, db) = weight_and_bias(&mut g, lay, BlockParam::Ln1W, BlockParam::Ln1B);
+        let (dw, db) = weight_and_bias(&mut g, (lay, l), BlockParam::Ln1W, BlockParam::Ln1B);
         be.layernorm_backward(
             dres,
             dw,
@@ -790,7 +776,7 @@ impl<B: Backend> Engine<B> {
 
     /// Where the final norm's saved output gradient sits.
     fn head_saved(&self, rows: usize) -> std::ops::Range<usize> {
-        let blocks = self.span.blocks.len() * rows * Saved::per_row(self.dims());
+        let blocks = self.span.blocks.len() * rows * Saved::per_row(self.widest());
         blocks..blocks + rows * self.config.n_embd
     }
 
@@ -834,24 +820,24 @@ impl<B: Backend> Engine<B> {
         tp: Option<&dyn Comm>,
     ) -> Result<()> {
         let (b, t) = self.shape();
-        let d = self.dims();
-        let Dims { c, cl, nhl, fl } = d;
+        let (d, wd) = (self.dims(l), self.widest());
+        let BlockDims { c, cl, nhl, fl } = d;
         let rows = b * t;
         let btc = rows * c;
         let (s, r) = (self.slot(l), self.span.resid(l));
         let (be, lay) = (&self.backend, &self.layout);
         let a = self.acts.as_mut().expect("begun");
-        let w = |bp: BlockParam| p.slice(lay.in_block(bp));
-        let at = Saved::of(d, rows, s);
+        let w = |bp: BlockParam| p.slice(lay.in_block(l, bp));
+        let at = Saved::of(wd, d, rows, s);
         let mut dres = a.dres.slice_mut(0..btc);
         let mut saved = a.saved.d();
         be.copy(saved.rb().slice(at.top.clone()), dres.src());
         {
             let mut dfch = saved.rb().slice(at.dfch.clone());
-            let gelu = a.fch_gelu.s().part(s, rows * fl);
+            let gelu = a.fch_gelu.s().part(s, rows * wd.fl).first(rows * fl);
             let (proj, dims) = (w(BlockParam::FcProjW), (rows, fl, c));
             be.matmul_backward_input(dfch.rb(), dres.src(), gelu, proj, WeightLayout::InOut, dims)?;
-            let fch = a.fch.s().part(s, rows * fl);
+            let fch = a.fch.s().part(s, rows * wd.fl).first(rows * fl);
             be.activation_backward_inplace(dfch, fch, Activation::GeluTanh);
         }
         {
@@ -880,7 +866,10 @@ impl<B: Backend> Engine<B> {
         }
         be.copy(saved.rb().slice(at.mid.clone()), dres.src());
         let mut datty = a.dtmp.slice_mut(0..rows * cl);
-        let (atty, proj) = (a.atty.s().part(s, rows * cl), w(BlockParam::AttnProjW));
+        let (atty, proj) = (
+            a.atty.s().part(s, rows * wd.cl).first(rows * cl),
+            w(BlockParam::AttnProjW),
+        );
         let dims = (rows, cl, c);
         be.matmul_backward_input(
             datty.rb(),
@@ -893,9 +882,9 @@ impl<B: Backend> Engine<B> {
         be.attention_backward(
             saved.rb().slice(at.dqkv.clone()),
             datty.src(),
-            a.qkv.s().part(s, 3 * rows * cl),
-            a.atty.s().part(s, rows * cl),
-            a.lse.s().part(s, rows * nhl),
+            a.qkv.s().part(s, 3 * rows * wd.cl).first(3 * rows * cl),
+            a.atty.s().part(s, rows * wd.cl).first(rows * cl),
+            a.lse.s().part(s, rows * wd.nhl).first(rows * nhl),
             AttnShape {
                 b,
                 t,
@@ -935,15 +924,15 @@ impl<B: Backend> Engine<B> {
     /// `g` from the output gradients its input half saved.
     fn block_backward_weight(&mut self, l: usize, p: Src<'_, B>, mut g: Dst<'_, B>) -> Result<()> {
         let (b, t) = self.shape();
-        let d = self.dims();
-        let Dims { c, cl, fl, .. } = d;
+        let (d, wd) = (self.dims(l), self.widest());
+        let BlockDims { c, cl, fl, .. } = d;
         let rows = b * t;
         let btc = rows * c;
         let (s, r) = (self.slot(l), self.span.resid(l));
         let (be, lay) = (&self.backend, &self.layout);
         let a = self.acts.as_ref().expect("begun");
-        let w = |bp: BlockParam| p.slice(lay.in_block(bp));
-        let at = Saved::of(d, rows, s);
+        let w = |bp: BlockParam| p.slice(lay.in_block(l, bp));
+        let at = Saved::of(wd, d, rows, s);
         let saved = |r: std::ops::Range<usize>| a.saved.slice(r);
         let inout = WeightLayout::InOut;
         let matmuls = [
@@ -951,7 +940,7 @@ impl<B: Backend> Engine<B> {
                 BlockParam::FcProjW,
                 BlockParam::FcProjB,
                 &at.top,
-                a.fch_gelu.s().part(s, rows * fl),
+                a.fch_gelu.s().part(s, rows * wd.fl).first(rows * fl),
                 (rows, fl, c),
             ),
             (
@@ -965,7 +954,7 @@ impl<B: Backend> Engine<B> {
                 BlockParam::AttnProjW,
                 BlockParam::AttnProjB,
                 &at.mid,
-                a.atty.s().part(s, rows * cl),
+                a.atty.s().part(s, rows * wd.cl).first(rows * cl),
                 (rows, cl, c),
             ),
             (
@@ -977,7 +966,7 @@ impl<B: Backend> Engine<B> {
             ),
         ];
         for (pw, pb, dout, inp, dims) in matmuls {
-            let (dw, db) = weight_and_bias(&mut g, lay, pw, pb);
+            let (dw, db) = weight_and_bias(&mut g, (lay, l), pw, pb);
             be.matmul_backward_weight(dw, Some(db), saved(dout.clone()), inp, w(pw), inout, dims)?;
         }
         let norms = [
@@ -999,7 +988,7 @@ impl<B: Backend> Engine<B> {
             ),
         ];
         for (pw, pb, dout, inp, mean, rstd) in norms {
-            let (dw, db) = weight_and_bias(&mut g, lay, pw, pb);
+            let (dw, db) = weight_and_bias(&mut g, (lay, l), pw, pb);
             let (mean, rstd) = (mean.s().part(s, rows), rstd.s().part(s, rows));
             be.layernorm_backward_weight(dw, db, saved(dout.clone()), inp, w(pw), mean, rstd, c)?;
         }

@@ -1,0 +1,327 @@
+//! Row pruning physically shrinks GPT-2's blocks: the shrunk model computes
+//! what the dense model with the same heads and MLP units zeroed computes,
+//! has per-block widths in its config, and saves, loads, exports, decodes
+//! and trains under every strategy like any other model.
+
+mod common;
+
+use distgpt::backend::cpu::Cpu;
+use distgpt::checkpoint;
+use distgpt::data::{Dataset, TokenizerKind};
+use distgpt::infer::kv::{DecodeWeights, Decoder};
+use distgpt::model::config::BlockWidth;
+use distgpt::model::gpt2::BlockParam;
+use distgpt::model::{Gpt2, GptConfig, ParamLayout, TpPlace};
+use distgpt::parallel::{ParallelConfig, Pipeline, Schedule, StrategyKind};
+use distgpt::prune::{select_rows, shrink, KeptRows, Scope};
+use distgpt::train::{train, TrainSummary};
+use std::time::Duration as Wait;
+
+/// Three blocks of four heads (head size 8) and 128 MLP units.
+fn dense_config() -> GptConfig {
+    GptConfig {
+        n_layer: 3,
+        n_head: 4,
+        n_embd: 32,
+        block_size: 16,
+        vocab_size: 50,
+        blocks: Vec::new(),
+    }
+}
+
+fn random_model(cfg: &GptConfig, seed: u64) -> Gpt2<Cpu> {
+    let mut m = Gpt2::new(Cpu::new(), cfg.clone()).unwrap();
+    m.init_weights(seed).unwrap();
+    // larger biases and norms than the initialisation's, so a wrongly
+    // copied one shows
+    let mut p = m.params_host().unwrap();
+    let lay = ParamLayout::new(cfg);
+    for l in 0..cfg.n_layer {
+        for bp in BlockParam::ALL {
+            let r = lay.block_param(l, bp);
+            if lay.block_param(l, bp).len() < 200 {
+                for (i, x) in p[r].iter_mut().enumerate() {
+                    *x += 0.05 * ((i * 7 + l * 3 + bp as usize) % 11) as f32 - 0.25;
+                }
+            }
+        }
+    }
+    m.set_params(&p).unwrap();
+    m
+}
+
+/// The dense parameters with every head and unit `kept` drops zeroed, the
+/// shapes unchanged: written here, apart from the pruning code.
+fn masked(cfg: &GptConfig, params: &[f32], kept: &KeptRows) -> Vec<f32> {
+    let (lay, c, d) = (ParamLayout::new(cfg), cfg.n_embd, cfg.head_dim());
+    let (a, f) = (cfg.n_head * d, 4 * c);
+    let mut p = params.to_vec();
+    for l in 0..cfg.n_layer {
+        let t = |bp| lay.block_param(l, bp);
+        for h in (0..cfg.n_head).filter(|h| !kept.heads[l].contains(h)) {
+            for col in (0..3).flat_map(|g| (g * a + h * d)..(g * a + (h + 1) * d)) {
+                for r in 0..c {
+                    p[t(BlockParam::QkvW).start + r * 3 * a + col] = 0.0;
+                }
+                p[t(BlockParam::QkvB).start + col] = 0.0;
+            }
+            let proj = t(BlockParam::AttnProjW).start;
+            p[proj + h * d * c..proj + (h + 1) * d * c].fill(0.0);
+        }
+        for j in (0..f).filter(|j| !kept.hidden[l].contains(j)) {
+            for r in 0..c {
+                p[t(BlockParam::FcW).start + r * f + j] = 0.0;
+            }
+            p[t(BlockParam::FcB).start + j] = 0.0;
+            let proj = t(BlockParam::FcProjW).start;
+            p[proj + j * c..proj + (j + 1) * c].fill(0.0);
+        }
+    }
+    p
+}
+
+fn batch(cfg: &GptConfig) -> (Vec<u32>, Vec<u32>) {
+    let n = 2 * cfg.block_size;
+    let v = cfg.vocab_size;
+    (
+        (0..n).map(|i| ((i * 13 + 5) % v) as u32).collect(),
+        (0..n).map(|i| ((i * 29 + 1) % v) as u32).collect(),
+    )
+}
+
+/// Loss and every position's logits of a forward over `batch`.
+fn outputs(m: &mut Gpt2<Cpu>) -> (f32, Vec<f32>) {
+    let cfg = m.config.clone();
+    let (x, y) = batch(&cfg);
+    let loss = m.forward(&x, Some(&y), 2, cfg.block_size).unwrap().unwrap();
+    let logits = (0..2)
+        .flat_map(|b| (0..cfg.block_size).map(move |t| (b, t)))
+        .flat_map(|(b, t)| m.engine.logits(b, t).unwrap())
+        .collect();
+    (loss, logits)
+}
+
+fn assert_close(a: &[f32], b: &[f32], tol: f32, what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}");
+    let worst = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max);
+    assert!(worst <= tol, "{what}: differs by {worst}");
+}
+
+#[test]
+fn a_shrunk_model_computes_what_the_masked_dense_model_computes() {
+    let cfg = dense_config();
+    let mut dense = random_model(&cfg, 5);
+    let params = dense.params_host().unwrap();
+    for (sparsity, scope) in [
+        (0.5, Scope::Matrix),
+        (0.25, Scope::Matrix),
+        (0.6, Scope::Global),
+    ] {
+        let kept = select_rows(&cfg, &params, sparsity, scope);
+        let (small_cfg, small_params) = shrink(&cfg, &params, &kept);
+        let what = format!("{scope:?} {sparsity}: {small_cfg}");
+        // the widths: what the scope asks, at least one of each per block
+        let heads: usize = small_cfg.blocks.iter().map(|b| b.heads).sum();
+        let hidden: usize = small_cfg.blocks.iter().map(|b| b.hidden).sum();
+        let want = |n: usize| ((1.0 - sparsity) * n as f64).round() as usize;
+        assert_eq!(heads, want(cfg.n_layer * cfg.n_head), "{what}");
+        assert_eq!(hidden, want(cfg.n_layer * 4 * cfg.n_embd), "{what}");
+        assert!(small_cfg.blocks.iter().all(|b| b.heads >= 1));
+        if scope == Scope::Matrix {
+            assert!(
+                small_cfg.blocks.iter().all(|b| b.heads == want(4)),
+                "{what}"
+            );
+        }
+        // physically smaller, exactly by the dropped rows' weights
+        let (d, c) = (cfg.head_dim(), cfg.n_embd);
+        let dropped_heads = cfg.n_layer * cfg.n_head - heads;
+        let dropped_units = cfg.n_layer * 4 * c - hidden;
+        assert_eq!(
+            small_cfg.num_params(),
+            cfg.num_params()
+                - dropped_heads * (3 * d * (c + 1) + d * c)
+                - dropped_units * (2 * c + 1),
+            "{what}"
+        );
+        assert_eq!(small_params.len(), small_cfg.num_params());
+        let mut small = Gpt2::new(Cpu::new(), small_cfg.clone()).unwrap();
+        small.set_params(&small_params).unwrap();
+        dense.set_params(&masked(&cfg, &params, &kept)).unwrap();
+        let (loss, logits) = outputs(&mut small);
+        let (mloss, mlogits) = outputs(&mut dense);
+        assert!((loss - mloss).abs() <= 1e-5, "{what}: {loss} vs {mloss}");
+        assert_close(&logits, &mlogits, 1e-4, &what);
+        // the KV-cache decoder runs the per-block widths too
+        let (x, _) = batch(&small_cfg);
+        let place = TpPlace::NONE;
+        let weights = DecodeWeights::new(
+            &Cpu::new(),
+            &small_cfg,
+            place,
+            small.params.s(),
+            Default::default(),
+        )
+        .unwrap();
+        let mut dec = Decoder::new(Cpu::new(), small_cfg.clone(), place, 1, 8).unwrap();
+        for (pos, &tok) in x[..8].iter().enumerate() {
+            dec.step(&weights, &[tok], pos, None).unwrap();
+            let want = &logits[pos * cfg.vocab_size..(pos + 1) * cfg.vocab_size];
+            assert_close(
+                &dec.logits(0).unwrap(),
+                want,
+                1e-4,
+                &format!("{what}, decoded {pos}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn a_pruned_model_saves_loads_and_exports_in_the_dense_shape() {
+    let cfg = dense_config();
+    let m = random_model(&cfg, 9);
+    let params = m.params_host().unwrap();
+    let kept = select_rows(&cfg, &params, 0.5, Scope::Global);
+    let (small_cfg, small_params) = shrink(&cfg, &params, &kept);
+    let mut small = Gpt2::new(Cpu::new(), small_cfg.clone()).unwrap();
+    small.set_params(&small_params).unwrap();
+    let (loss, logits) = outputs(&mut small);
+    let dir = std::env::temp_dir().join(format!("distgpt-rows-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let tok = Dataset::load(None, TokenizerKind::Char)
+        .unwrap()
+        .tokenizer
+        .spec();
+    checkpoint::save_model(&small, tok.clone(), &dir.join("own")).unwrap();
+    let (mut back, meta) = checkpoint::load_model(Cpu::new(), &dir.join("own")).unwrap();
+    assert_eq!(meta.config, small_cfg);
+    assert_eq!(back.params_host().unwrap(), small_params);
+    let (l2, g2) = outputs(&mut back);
+    assert_eq!((l2, &g2), (loss, &logits));
+    // transformers' GPT-2 has one width: the export is dense, pruned rows zero
+    checkpoint::hf::export(&small, &tok, &dir.join("hf")).unwrap();
+    let (mut hf, meta) = checkpoint::load_model(Cpu::new(), &dir.join("hf")).unwrap();
+    assert_eq!(meta.config, cfg);
+    let (l3, g3) = outputs(&mut hf);
+    assert!((l3 - loss).abs() <= 1e-5, "{l3} vs {loss}");
+    assert_close(&g3, &logits, 1e-4, "exported");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_model_with_per_block_widths_trains_under_every_strategy_as_single() {
+    let ds = Dataset::load(None, TokenizerKind::Char).unwrap();
+    let model = GptConfig {
+        n_layer: 4,
+        blocks: [(2, 64), (1, 16), (2, 96), (2, 32)]
+            .map(|(heads, hidden)| BlockWidth { heads, hidden })
+            .to_vec(),
+        ..common::tiny_model(&ds)
+    };
+    let run = |strategy, (dp, pp, tp): (usize, usize, usize), tag: &str| -> TrainSummary {
+        let par = ParallelConfig {
+            strategy,
+            world_size: dp * pp * tp,
+            tp,
+            recompute: false,
+            precision: Default::default(),
+            pipeline: Pipeline::new(pp, Schedule::OneFOneB, 2),
+        };
+        let cfg = common::five_steps(&format!("rows-{tag}"), 2);
+        train(
+            Cpu::new,
+            model.clone(),
+            &ds,
+            &cfg,
+            par,
+            2,
+            Wait::from_secs(120),
+        )
+        .unwrap_or_else(|e| panic!("{tag}: {e}"))
+    };
+    let single = run(StrategyKind::Single, (1, 1, 1), "single");
+    use StrategyKind::*;
+    for (strategy, mesh, tag) in [
+        (Ddp, (2, 1, 1), "ddp"),
+        (Zero1, (2, 1, 1), "zero1"),
+        (Zero2, (2, 1, 1), "zero2"),
+        (Fsdp, (2, 1, 1), "fsdp"),
+        (Ddp, (1, 2, 1), "pp2"),
+    ] {
+        common::assert_follows(&single, &run(strategy, mesh, tag), tag);
+    }
+    // block 1 has one head: tensor parallelism over two ranks is refused in words
+    let par = ParallelConfig {
+        strategy: Tp,
+        world_size: 2,
+        tp: 2,
+        recompute: false,
+        precision: Default::default(),
+        pipeline: Pipeline::new(1, Schedule::OneFOneB, 1),
+    };
+    let cfg = common::five_steps("rows-tp", 1);
+    let err = train(
+        Cpu::new,
+        model.clone(),
+        &ds,
+        &cfg,
+        par.clone(),
+        2,
+        Wait::from_secs(60),
+    )
+    .err()
+    .expect("one head cannot be split over two ranks")
+    .to_string();
+    assert!(err.contains("block 1") && err.contains("1 heads"), "{err}");
+    let even = GptConfig {
+        blocks: [(2, 64), (2, 16), (2, 96), (2, 32)]
+            .map(|(heads, hidden)| BlockWidth { heads, hidden })
+            .to_vec(),
+        ..model
+    };
+    let tp_run = |strategy, world_size| {
+        let par = ParallelConfig {
+            strategy,
+            world_size,
+            tp: 2,
+            ..par.clone()
+        };
+        let cfg = common::five_steps(&format!("rows-tp-{strategy}"), 2);
+        train(
+            Cpu::new,
+            even.clone(),
+            &ds,
+            &cfg,
+            par,
+            2,
+            Wait::from_secs(120),
+        )
+        .unwrap()
+    };
+    let single = {
+        let par = ParallelConfig {
+            strategy: Single,
+            world_size: 1,
+            tp: 1,
+            ..par.clone()
+        };
+        let cfg = common::five_steps("rows-tp-single", 2);
+        train(
+            Cpu::new,
+            even.clone(),
+            &ds,
+            &cfg,
+            par,
+            2,
+            Wait::from_secs(120),
+        )
+        .unwrap()
+    };
+    common::assert_follows(&single, &tp_run(Tp, 2), "tp 2");
+    common::assert_follows(&single, &tp_run(Fsdp, 4), "fsdp x tp 2");
+}
