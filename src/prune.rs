@@ -10,19 +10,20 @@
 //! matrices needs per-layer widths (the model seam of the BERT issue).
 
 use crate::backend::{Backend, WeightFormat};
-use crate::comm::local;
+use crate::comm::{local, Comm};
 use crate::data::{DataLoader, Dataset};
 use crate::error::{Error, Result};
 use crate::figure::{self, Figure, Series};
-use crate::infer::generate::evaluate_decoded;
+use crate::infer::generate::{evaluate_decoded, generate_packed, SampleConfig};
+use crate::infer::kv::DecodeWeights;
 use crate::model::config::{BlockDims, BlockWidth};
 use crate::model::gpt2::BlockParam;
-use crate::model::{AdamWConfig, Gpt2, GptConfig, ParamLayout, Precision};
+use crate::model::{AdamWConfig, Gpt2, GptConfig, ParamLayout, Precision, TpPlace};
 use crate::parallel::{self, ParallelConfig, StepConfig, StrategyKind};
 use serde::Serialize;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Where a sparsity target applies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -332,11 +333,40 @@ pub fn unshrink(cfg: &GptConfig, params: &[f32]) -> (GptConfig, Vec<f32>) {
     (dense, out)
 }
 
+/// What a pruning step removes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Method {
+    /// Single weights by magnitude; the matrices keep their shapes.
+    Magnitude,
+    /// Whole attention heads and MLP units by L2 norm; the matrices shrink.
+    Rows,
+}
+
+impl std::fmt::Display for Method {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Method::Magnitude => "magnitude",
+            Method::Rows => "rows",
+        })
+    }
+}
+
+/// How the speed of each level is measured (`prune --sweep`).
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Timing {
+    /// Timed training steps (after one untimed) at the sweep's batch.
+    pub steps: usize,
+    /// Timed tokens generated at batch 1 (greedy, KV cache).
+    pub tokens: usize,
+}
+
 /// How a sweep runs.
 #[derive(Clone, Debug, Serialize)]
 pub struct SweepConfig {
     /// Increasing sparsity targets in (0, 1).
     pub levels: Vec<f64>,
+    pub method: Method,
     pub scope: Scope,
     /// Fine-tuning steps after each pruning (0: none).
     pub finetune_steps: usize,
@@ -349,6 +379,8 @@ pub struct SweepConfig {
     /// Also evaluate each level with int8 weights (the KV-cache decoder,
     /// CPU only), beside its fp32 loss.
     pub int8: bool,
+    /// Measure each level's time per training step and per generated token.
+    pub timing: Option<Timing>,
 }
 
 impl SweepConfig {
@@ -372,22 +404,41 @@ impl SweepConfig {
         if self.batch_size == 0 || self.seq_len == 0 || self.eval_batches == 0 {
             return bad("--batch-size, --seq-len and --eval-batches must be at least 1".into());
         }
+        if self.timing.is_some_and(|t| t.steps == 0 || t.tokens == 0) {
+            return bad("--time-steps and --time-tokens must be at least 1".into());
+        }
         Ok(())
     }
 }
 
-/// One level of a sweep.
+/// A level's measured speed.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Speed {
+    /// Milliseconds per training step (forward, backward, AdamW).
+    pub step_ms: f64,
+    /// Milliseconds per generated token at batch 1, fp32 weights.
+    pub token_ms: f64,
+    /// The same with int8 weights, when the sweep asks for int8.
+    pub token_ms_int8: Option<f64>,
+}
+
+/// One level of a sweep (level 0: the dense model).
 #[derive(Clone, Debug, Serialize)]
 pub struct Level {
     /// The target fraction of pruned weights.
     pub target: f64,
-    /// The fraction of zeros among the prunable weights after fine-tuning.
+    /// The fraction of the blocks' weight-matrix entries gone: zeros
+    /// (magnitude) or rows removed (rows), after fine-tuning.
     pub sparsity: f64,
+    /// Parameters the model stores.
+    pub params: usize,
     /// Validation loss right after pruning, and after fine-tuning.
     pub val_loss_pruned: f64,
     pub val_loss: f64,
     /// The fine-tuned level with int8 weights, when asked.
     pub val_loss_int8: Option<f64>,
+    /// Its speed, when asked.
+    pub speed: Option<Speed>,
 }
 
 /// The first `eval_batches` batches of the validation split, as (inputs, targets).
@@ -428,24 +479,12 @@ pub fn val_loss_int8<B: Backend>(model: &Gpt2<B>, ds: &Dataset, cfg: &SweepConfi
     .loss)
 }
 
-/// Fine-tunes `finetune_steps` steps on the training split with the step
-/// every single-rank run takes (`parallel`'s: gradient norm clipped at 1,
-/// non-finite losses refused, AdamW), a fresh optimizer per level, putting
-/// the pruned entries back to zero after each step.
-fn finetune<B: Backend>(
-    model: &mut Gpt2<B>,
-    ds: &Dataset,
+/// A one-rank strategy holding `model`'s parameters, for fine-tuning and timing.
+fn single_rank<B: Backend>(
+    model: &Gpt2<B>,
     cfg: &SweepConfig,
-    keep: &[bool],
-    level: usize,
-) -> Result<()> {
-    if cfg.finetune_steps == 0 {
-        return Ok(());
-    }
-    let (b, t) = (cfg.batch_size, cfg.seq_len);
-    let seed = cfg.seed.wrapping_add(level as u64);
-    let mut train = DataLoader::new(&ds.train, "train", b, t, seed, true)?;
-    let (_world, comms) = local::world(1, Duration::from_secs(60));
+    comm: &dyn Comm,
+) -> Result<Box<dyn parallel::Strategy>> {
     let single = ParallelConfig {
         strategy: StrategyKind::Single,
         world_size: 1,
@@ -456,23 +495,130 @@ fn finetune<B: Backend>(
     };
     let be = model.backend().clone_fresh();
     let (config, adamw) = (model.config.clone(), AdamWConfig::default());
-    let mut strategy = parallel::build(be, config, single, &comms[0], adamw, b, t)?;
+    let (b, t) = (cfg.batch_size, cfg.seq_len);
+    let mut strategy = parallel::build(be, config, single, comm, adamw, b, t)?;
     strategy.load_full(&model.params_host()?)?;
+    Ok(strategy)
+}
+
+/// Fine-tunes `finetune_steps` steps on the training split with the step
+/// every single-rank run takes (`parallel`'s: gradient norm clipped at 1,
+/// non-finite losses refused, AdamW), a fresh optimizer per level; with
+/// `keep`, the pruned entries go back to zero after each step.
+fn finetune<B: Backend>(
+    model: &mut Gpt2<B>,
+    ds: &Dataset,
+    cfg: &SweepConfig,
+    keep: Option<&[bool]>,
+    level: usize,
+) -> Result<()> {
+    if cfg.finetune_steps == 0 {
+        return Ok(());
+    }
+    let (b, t) = (cfg.batch_size, cfg.seq_len);
+    let seed = cfg.seed.wrapping_add(level as u64);
+    let mut train = DataLoader::new(&ds.train, "train", b, t, seed, true)?;
+    let (_world, comms) = local::world(1, Duration::from_secs(60));
+    let mut strategy = single_rank(model, cfg, &comms[0])?;
     let step = StepConfig {
         lr: cfg.lr,
         grad_clip: 1.0,
     };
     for _ in 0..cfg.finetune_steps {
         strategy.step(&[train.next_batch()], step)?;
-        let mut p = strategy.full_params()?;
-        apply(&mut p, keep);
-        strategy.load_full(&p)?;
+        if let Some(keep) = keep {
+            let mut p = strategy.full_params()?;
+            apply(&mut p, keep);
+            strategy.load_full(&p)?;
+        }
     }
     model.set_params(&strategy.full_params()?)
 }
 
-/// Runs the schedule on `model` (left at the last level), calling
-/// `report(level)` as each level finishes.
+/// Times `timing.steps` training steps (after one untimed) on a copy of
+/// the model, and `timing.tokens` greedy tokens at batch 1 (fp32, and int8
+/// when the sweep asks).
+pub fn measure_speed<B: Backend>(
+    model: &Gpt2<B>,
+    ds: &Dataset,
+    cfg: &SweepConfig,
+    timing: Timing,
+) -> Result<Speed> {
+    let (b, t) = (cfg.batch_size, cfg.seq_len);
+    let mut train = DataLoader::new(&ds.train, "train", b, t, cfg.seed, true)?;
+    let (_world, comms) = local::world(1, Duration::from_secs(60));
+    let mut strategy = single_rank(model, cfg, &comms[0])?;
+    let step = StepConfig {
+        lr: cfg.lr,
+        grad_clip: 1.0,
+    };
+    strategy.step(&[train.next_batch()], step)?;
+    let start = Instant::now();
+    for _ in 0..timing.steps {
+        strategy.step(&[train.next_batch()], step)?;
+    }
+    let step_ms = 1e3 * start.elapsed().as_secs_f64() / timing.steps as f64;
+    let sample = SampleConfig {
+        max_new_tokens: timing.tokens.min(model.config.block_size - 1),
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        seed: cfg.seed,
+    };
+    let per_token = |format| -> Result<f64> {
+        let weights = DecodeWeights::new(
+            model.backend(),
+            &model.config,
+            TpPlace::NONE,
+            model.params.s(),
+            format,
+        )?;
+        let start = Instant::now();
+        let new = generate_packed(model, &weights, &[vec![0]], &sample, None, |_, _| {})?;
+        Ok(1e3 * start.elapsed().as_secs_f64() / new[0].len().max(1) as f64)
+    };
+    Ok(Speed {
+        step_ms,
+        token_ms: per_token(WeightFormat::F32)?,
+        token_ms_int8: cfg
+            .int8
+            .then(|| per_token(WeightFormat::Int8))
+            .transpose()?,
+    })
+}
+
+/// The entries of the blocks' four weight matrices.
+fn matrix_entries(cfg: &GptConfig) -> usize {
+    let lay = ParamLayout::new(cfg);
+    prunable(&lay, cfg.n_layer).iter().map(|r| r.len()).sum()
+}
+
+/// Level 0: the model as it is, evaluated (and timed) as every level is.
+pub fn dense_level<B: Backend>(
+    model: &mut Gpt2<B>,
+    ds: &Dataset,
+    cfg: &SweepConfig,
+) -> Result<Level> {
+    let val_loss = val_loss(model, ds, cfg)?;
+    Ok(Level {
+        target: 0.0,
+        sparsity: 0.0,
+        params: model.config.num_params(),
+        val_loss_pruned: val_loss,
+        val_loss,
+        val_loss_int8: cfg
+            .int8
+            .then(|| val_loss_int8(model, ds, cfg))
+            .transpose()?,
+        speed: cfg
+            .timing
+            .map(|t| measure_speed(model, ds, cfg, t))
+            .transpose()?,
+    })
+}
+
+/// Runs the schedule on `model` (left at the last level: with `rows` a
+/// smaller model), calling `report(level)` as each level finishes.
 pub fn sweep<B: Backend>(
     model: &mut Gpt2<B>,
     ds: &Dataset,
@@ -480,24 +626,56 @@ pub fn sweep<B: Backend>(
     mut report: impl FnMut(&Level),
 ) -> Result<Vec<Level>> {
     cfg.validate()?;
-    let ranges = prunable(&model.layout, model.config.n_layer);
+    let dense = model.config.dense();
     let mut levels = Vec::new();
     for (i, &target) in cfg.levels.iter().enumerate() {
-        let mut p = model.params_host()?;
-        let keep = magnitude_mask(&p, &ranges, target, cfg.scope);
-        apply(&mut p, &keep);
-        model.set_params(&p)?;
+        let p = model.params_host()?;
+        let keep = match cfg.method {
+            Method::Magnitude => {
+                let keep = magnitude_mask(
+                    &p,
+                    &prunable(&model.layout, model.config.n_layer),
+                    target,
+                    cfg.scope,
+                );
+                let mut p = p;
+                apply(&mut p, &keep);
+                model.set_params(&p)?;
+                Some(keep)
+            }
+            Method::Rows => {
+                let kept = select_rows(&model.config, &p, target, cfg.scope);
+                let (small, p) = shrink(&model.config, &p, &kept);
+                *model = Gpt2::new(model.backend().clone_fresh(), small)?;
+                model.set_params(&p)?;
+                None
+            }
+        };
         let val_loss_pruned = val_loss(model, ds, cfg)?;
-        finetune(model, ds, cfg, &keep, i)?;
+        finetune(model, ds, cfg, keep.as_deref(), i)?;
+        let sparsity = match cfg.method {
+            Method::Magnitude => sparsity(
+                &model.params_host()?,
+                &prunable(&model.layout, model.config.n_layer),
+            ),
+            Method::Rows => {
+                1.0 - matrix_entries(&model.config) as f64 / matrix_entries(&dense) as f64
+            }
+        };
         let level = Level {
             target,
-            sparsity: sparsity(&model.params_host()?, &ranges),
+            sparsity,
+            params: model.config.num_params(),
             val_loss_pruned,
             val_loss: val_loss(model, ds, cfg)?,
-            val_loss_int8: match cfg.int8 {
-                true => Some(val_loss_int8(model, ds, cfg)?),
-                false => None,
-            },
+            val_loss_int8: cfg
+                .int8
+                .then(|| val_loss_int8(model, ds, cfg))
+                .transpose()?,
+            speed: cfg
+                .timing
+                .map(|t| measure_speed(model, ds, cfg, t))
+                .transpose()?,
         };
         report(&level);
         levels.push(level);
@@ -505,91 +683,131 @@ pub fn sweep<B: Backend>(
     Ok(levels)
 }
 
-/// The dense model's validation losses: fp32, and int8 when the sweep asks.
-#[derive(Clone, Copy, Debug, Serialize)]
-pub struct Dense {
-    pub val_loss: f64,
-    pub val_loss_int8: Option<f64>,
+/// One method's sweep, level 0 (the dense model) first.
+#[derive(Clone, Debug, Serialize)]
+pub struct MethodRun {
+    pub method: Method,
+    pub levels: Vec<Level>,
 }
 
-/// Writes `prune.csv`, `prune.json` (config, dense losses and levels) and the
-/// validation-loss-vs-sparsity figure (PNG and SVG) into `dir`.
-pub fn write_report(
-    dir: &Path,
-    cfg: &SweepConfig,
-    dense: Dense,
-    levels: &[Level],
-) -> Result<Vec<PathBuf>> {
+/// Writes `prune.csv` and `prune.json` (config and every method's levels)
+/// and the figures (PNG and SVG) into `dir`: validation loss vs sparsity,
+/// and with timing, time per training step and per generated token.
+pub fn write_report(dir: &Path, cfg: &SweepConfig, runs: &[MethodRun]) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let opt = |x: Option<f64>| x.map_or(String::new(), |v| v.to_string());
-    let d = dense.val_loss;
-    let mut csv = String::from("target,sparsity,val_loss_pruned,val_loss,val_loss_int8\n");
-    csv += &format!("0,0,{d},{d},{}\n", opt(dense.val_loss_int8));
-    for l in levels {
-        csv += &format!(
-            "{},{},{},{},{}\n",
-            l.target,
-            l.sparsity,
-            l.val_loss_pruned,
-            l.val_loss,
-            opt(l.val_loss_int8)
-        );
+    let mut csv = String::from(
+        "method,target,sparsity,params,val_loss_pruned,val_loss,val_loss_int8,step_ms,token_ms,token_ms_int8\n",
+    );
+    for run in runs {
+        for l in &run.levels {
+            let sp = l.speed;
+            csv += &format!(
+                "{},{},{},{},{},{},{},{},{},{}\n",
+                run.method,
+                l.target,
+                l.sparsity,
+                l.params,
+                l.val_loss_pruned,
+                l.val_loss,
+                opt(l.val_loss_int8),
+                opt(sp.map(|s| s.step_ms)),
+                opt(sp.map(|s| s.token_ms)),
+                opt(sp.and_then(|s| s.token_ms_int8)),
+            );
+        }
     }
     let csv_path = dir.join("prune.csv");
     std::fs::write(&csv_path, csv).map_err(|e| Error::io(&csv_path, e))?;
-    let json = serde_json::json!({ "config": cfg, "dense": dense, "levels": levels });
+    let json = serde_json::json!({ "config": cfg, "runs": runs });
     let json_path = dir.join("prune.json");
     std::fs::write(
         &json_path,
         serde_json::to_string_pretty(&json).expect("plain data"),
     )
     .map_err(|e| Error::io(&json_path, e))?;
-    let pct = |s: f64| (100.0 * s).round();
-    let points = |f: fn(&Level) -> f64| -> Vec<(f64, f64)> {
-        std::iter::once((0.0, d))
-            .chain(levels.iter().map(|l| (pct(l.target), f(l))))
-            .collect()
-    };
     let scope = match cfg.scope {
-        Scope::Matrix => "per matrix",
+        Scope::Matrix => "per block",
         Scope::Global => "global",
     };
-    let mut series = vec![Series {
-        label: "right after pruning".into(),
-        points: points(|l| l.val_loss_pruned),
+    let series = |label: String, levels: &[Level], f: &dyn Fn(&Level) -> Option<f64>| Series {
+        label,
+        points: levels
+            .iter()
+            .filter_map(|l| Some(((100.0 * l.target).round(), f(l)?)))
+            .collect(),
         ranges: Vec::new(),
-    }];
-    if cfg.finetune_steps > 0 {
-        series.push(Series {
-            label: format!("after {} fine-tuning steps", cfg.finetune_steps),
-            points: points(|l| l.val_loss),
-            ranges: Vec::new(),
-        });
-    }
-    if let Some(di) = dense.val_loss_int8 {
-        series.push(Series {
-            label: "fine-tuned, in int8".into(),
-            points: std::iter::once((0.0, di))
-                .chain(
-                    levels
-                        .iter()
-                        .filter_map(|l| Some((pct(l.target), l.val_loss_int8?))),
-                )
-                .collect(),
-            ranges: Vec::new(),
-        });
-    }
-    let fig = Figure {
-        stem: "prune_val_loss".into(),
-        title: format!("Magnitude pruning ({scope}): validation loss vs sparsity"),
-        x_label: "sparsity of the blocks' weight matrices (%)".into(),
-        y_label: "validation loss".into(),
-        series,
-        markers: true,
-        y_from_zero: false,
     };
+    let mut losses = Vec::new();
+    let (mut steps, mut tokens) = (Vec::new(), Vec::new());
+    for run in runs {
+        let (m, ls) = (run.method, &run.levels[..]);
+        losses.push(series(format!("{m}: right after pruning"), ls, &|l| {
+            Some(l.val_loss_pruned)
+        }));
+        if cfg.finetune_steps > 0 {
+            let label = format!("{m}: after {} fine-tuning steps", cfg.finetune_steps);
+            losses.push(series(label, ls, &|l| Some(l.val_loss)));
+        }
+        if cfg.int8 {
+            losses.push(series(format!("{m}: fine-tuned, in int8"), ls, &|l| {
+                l.val_loss_int8
+            }));
+        }
+        if cfg.timing.is_some() {
+            steps.push(series(format!("{m}"), ls, &|l| Some(l.speed?.step_ms)));
+            tokens.push(series(format!("{m}, fp32"), ls, &|l| {
+                Some(l.speed?.token_ms)
+            }));
+            if cfg.int8 {
+                tokens.push(series(format!("{m}, int8"), ls, &|l| {
+                    l.speed?.token_ms_int8
+                }));
+            }
+        }
+    }
+    let methods: Vec<String> = runs.iter().map(|r| r.method.to_string()).collect();
+    let figure =
+        |stem: &str, title: String, y_label: &str, series: Vec<Series>, y_from_zero| Figure {
+            stem: stem.into(),
+            title,
+            x_label: "target sparsity of the blocks' weight matrices (%)".into(),
+            y_label: y_label.into(),
+            series,
+            markers: true,
+            y_from_zero,
+        };
+    let mut figures = vec![figure(
+        "prune_val_loss",
+        format!(
+            "Pruning ({}, {scope}): validation loss vs sparsity",
+            methods.join(" and ")
+        ),
+        "validation loss",
+        losses,
+        false,
+    )];
+    if cfg.timing.is_some() {
+        let batch = format!("batch {} x {}", cfg.batch_size, cfg.seq_len);
+        figures.push(figure(
+            "prune_step_time",
+            format!("Time per training step ({batch}) vs sparsity"),
+            "ms per step",
+            steps,
+            true,
+        ));
+        figures.push(figure(
+            "prune_token_time",
+            "Time per generated token (batch 1, KV cache) vs sparsity".into(),
+            "ms per token",
+            tokens,
+            true,
+        ));
+    }
     let mut written = vec![csv_path, json_path];
-    written.extend(figure::write(dir, &fig)?);
+    for fig in &figures {
+        written.extend(figure::write(dir, fig)?);
+    }
     Ok(written)
 }
 
@@ -631,6 +849,7 @@ mod tests {
     fn bad_schedules_are_refused_in_words() {
         let cfg = |levels: Vec<f64>| SweepConfig {
             levels,
+            method: Method::Magnitude,
             scope: Scope::Matrix,
             finetune_steps: 0,
             lr: 1e-4,
@@ -639,6 +858,7 @@ mod tests {
             eval_batches: 1,
             seed: 0,
             int8: false,
+            timing: None,
         };
         let e = |l| cfg(l).validate().unwrap_err().to_string();
         assert!(e(vec![]).contains("at least one level"));

@@ -1,7 +1,8 @@
 //! `distgpt prune` on a small model: each level prunes exactly its fraction
 //! of every block weight matrix (or of all of them, globally) and nothing
 //! else, fine-tuning keeps the pruned weights at zero, the report has a row
-//! per level (with int8 beside fp32 when asked), and a bad schedule is refused.
+//! per level (with int8 beside fp32 when asked), row pruning writes a
+//! smaller model, `--sweep` times both methods, and a bad schedule is refused.
 
 use distgpt::backend::cpu::Cpu;
 use distgpt::checkpoint;
@@ -91,11 +92,20 @@ fn every_level_prunes_its_fraction_and_fine_tuning_keeps_the_zeros() {
     let rows: Vec<&str> = csv.lines().collect();
     assert_eq!(rows.len(), 4, "{csv}");
     let fields: Vec<&str> = rows[3].split(',').collect();
-    let last: Vec<f64> = fields[..4].iter().map(|x| x.parse().unwrap()).collect();
+    assert_eq!(fields[0], "magnitude", "{csv}");
+    let last: Vec<f64> = fields[1..6].iter().map(|x| x.parse().unwrap()).collect();
     assert_eq!(last[0], 0.6, "{csv}");
     assert!((last[1] - 0.6).abs() < 1e-3, "{csv}");
-    assert!(last[2..].iter().all(|l| l.is_finite() && *l > 0.0), "{csv}");
-    assert_eq!(fields[4], "", "no int8 column without --int8: {csv}");
+    assert_eq!(
+        last[2],
+        cfg.num_params() as f64,
+        "magnitude keeps the shapes"
+    );
+    assert!(last[3..].iter().all(|l| l.is_finite() && *l > 0.0), "{csv}");
+    assert!(
+        fields[6..].iter().all(|f| f.is_empty()),
+        "no int8 or timing unasked: {csv}"
+    );
     for f in ["prune.json", "prune_val_loss.png", "prune_val_loss.svg"] {
         assert!(out.join(f).is_file(), "{f}");
     }
@@ -133,8 +143,13 @@ fn global_scope_prunes_the_fraction_of_all_matrices_together() {
     // --int8: each row's int8 loss beside its fp32 one, within int8's error.
     let csv = std::fs::read_to_string(out.join("prune.csv")).unwrap();
     for row in csv.lines().skip(1) {
-        let f: Vec<f64> = row.split(',').map(|x| x.parse().unwrap()).collect();
-        assert!((f[4] / f[3] - 1.0).abs() < 0.05, "{csv}");
+        let f: Vec<f64> = row
+            .split(',')
+            .skip(1)
+            .take(6)
+            .map(|x| x.parse().unwrap())
+            .collect();
+        assert!((f[5] / f[4] - 1.0).abs() < 0.05, "{csv}");
     }
     let (after, m) = params(&out);
     let ranges = prunable(&m.layout, cfg.n_layer);
@@ -150,6 +165,66 @@ fn global_scope_prunes_the_fraction_of_all_matrices_together() {
         fractions.iter().any(|&f| (f - 0.5).abs() > 0.01),
         "{fractions:?}"
     );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn rows_pruning_saves_a_smaller_model_and_the_sweep_times_both_methods() {
+    let (dir, cfg) = model_dir("sweep");
+    let out = dir.join("sweep");
+    let run = prune(
+        &dir,
+        &out,
+        &[
+            "--sweep",
+            "--sparsity",
+            "0.5",
+            "--finetune-steps",
+            "2",
+            "--int8",
+            "--time-steps",
+            "1",
+            "--time-tokens",
+            "4",
+        ],
+    );
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    // rows: each block keeps one of its two heads and half its MLP units
+    let (_, small) = params(&out.join("rows"));
+    let widths: Vec<(usize, usize)> = small
+        .config
+        .blocks
+        .iter()
+        .map(|b| (b.heads, b.hidden))
+        .collect();
+    assert_eq!(widths, vec![(1, 2 * cfg.n_embd); cfg.n_layer]);
+    assert!(small.config.num_params() < cfg.num_params());
+    let (_, magnitude) = params(&out.join("magnitude"));
+    assert_eq!(magnitude.config, cfg);
+    let csv = std::fs::read_to_string(out.join("prune.csv")).unwrap();
+    let rows: Vec<Vec<&str>> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect())
+        .collect();
+    assert_eq!(rows.len(), 4, "dense and 50% for each method: {csv}");
+    for (row, method) in rows.iter().zip(["magnitude", "magnitude", "rows", "rows"]) {
+        assert_eq!(row[0], method, "{csv}");
+        let nums: Vec<f64> = row[1..].iter().map(|x| x.parse().unwrap()).collect();
+        assert!(nums[3..].iter().all(|x| x.is_finite() && *x > 0.0), "{csv}");
+    }
+    assert_eq!(rows[3][3], small.config.num_params().to_string(), "{csv}");
+    assert!(
+        (rows[3][2].parse::<f64>().unwrap() - 0.5).abs() < 1e-9,
+        "{csv}"
+    );
+    for f in ["prune_val_loss", "prune_step_time", "prune_token_time"] {
+        assert!(out.join(format!("{f}.svg")).is_file(), "{f}");
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

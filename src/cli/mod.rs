@@ -699,16 +699,38 @@ struct PruneArgs {
     /// A run directory, one of its checkpoint directories, or a model folder.
     #[arg(value_name = "RUN")]
     run: PathBuf,
-    /// Output folder: the last level's model (model.safetensors, model.json),
-    /// prune.csv, prune.json and the figure.
+    /// Output folder: the last level's model (model.safetensors, model.json;
+    /// with --sweep one folder per method), prune.csv, prune.json and the figures.
     #[arg(long)]
     out: PathBuf,
+    /// magnitude: single weights, the matrices keep their shapes; rows:
+    /// whole attention heads and MLP units by L2 norm, the matrices shrink.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "magnitude",
+        conflicts_with = "sweep"
+    )]
+    method: distgpt::prune::Method,
+    /// Run both methods from the same model, timing every level: the
+    /// report compares loss, time per training step and time per token.
+    #[arg(long)]
+    sweep: bool,
+    /// Time each level (training steps and generated tokens); on with --sweep.
+    #[arg(long)]
+    measure: bool,
+    /// Training steps timed per level (after one untimed).
+    #[arg(long, default_value_t = 5)]
+    time_steps: usize,
+    /// Tokens generated per level at batch 1 to time decoding.
+    #[arg(long, default_value_t = 64)]
+    time_tokens: usize,
     /// Sparsity levels, increasing, each a fraction of the weights pruned
     /// (one level, or a schedule such as 0.1,0.3,0.5,0.7,0.9).
     #[arg(long, value_delimiter = ',', default_value = "0.1,0.3,0.5,0.7,0.9")]
     sparsity: Vec<f64>,
-    /// matrix: each weight matrix loses the same fraction; global: one
-    /// magnitude threshold over all of them.
+    /// matrix: each weight matrix (rows: each block) loses the same
+    /// fraction; global: one threshold over all of them.
     #[arg(long, value_enum, default_value = "matrix")]
     scope: distgpt::prune::Scope,
     /// Fine-tuning steps after each pruning (AdamW, gradients clipped at 1).
@@ -1727,10 +1749,12 @@ fn run_eval(a: EvalArgs, given: &[String]) -> Result<()> {
 }
 
 fn prune_on<B: Backend>(be: B, a: &PruneArgs) -> Result<()> {
+    use distgpt::prune::{self, Level, Method, MethodRun, Timing};
     let (mut model, meta) = checkpoint::load_model(be, &a.run)?;
     let ds = Dataset::load_for_model(a.data.as_deref(), &meta.tokenizer)?;
-    let cfg = distgpt::prune::SweepConfig {
+    let mut cfg = prune::SweepConfig {
         levels: a.sparsity.clone(),
+        method: a.method,
         scope: a.scope,
         finetune_steps: a.finetune_steps,
         lr: a.lr,
@@ -1739,44 +1763,77 @@ fn prune_on<B: Backend>(be: B, a: &PruneArgs) -> Result<()> {
         eval_batches: a.eval_batches,
         seed: a.seed,
         int8: a.int8,
+        timing: (a.sweep || a.measure).then_some(Timing {
+            steps: a.time_steps,
+            tokens: a.time_tokens,
+        }),
     };
     cfg.validate()?;
-    let dense = distgpt::prune::Dense {
-        val_loss: distgpt::prune::val_loss(&mut model, &ds, &cfg)?,
-        val_loss_int8: match a.int8 {
-            true => Some(distgpt::prune::val_loss_int8(&model, &ds, &cfg)?),
-            false => None,
-        },
-    };
-    let int8 = |x: Option<f64>| x.map_or(String::new(), |v| format!(", {v:.4} in int8"));
-    distgpt::outln!(
-        "dense: val loss {:.4}{}",
-        dense.val_loss,
-        int8(dense.val_loss_int8)
-    );
-    let pb = metrics::progress_bar(cfg.levels.len() as u64, "prune");
-    let levels = distgpt::prune::sweep(&mut model, &ds, &cfg, |l| {
-        pb.suspend(|| {
-            distgpt::outln!(
-                "sparsity {:.0}% ({:.2}% zeros): val loss {:.4} right after pruning, {:.4} after {} fine-tuning steps{}",
-                100.0 * l.target,
-                100.0 * l.sparsity,
-                l.val_loss_pruned,
-                l.val_loss,
-                cfg.finetune_steps,
-                int8(l.val_loss_int8)
+    let say = |method: &str, l: &Level| {
+        let int8 = |x: Option<f64>| x.map_or(String::new(), |v| format!(", {v:.4} in int8"));
+        let speed = l.speed.map_or(String::new(), |s| {
+            let int8 = s
+                .token_ms_int8
+                .map_or(String::new(), |v| format!(", {v:.2} in int8"));
+            format!(
+                "; {:.1} ms/step, {:.2} ms/token{int8}",
+                s.step_ms, s.token_ms
             )
         });
-        pb.inc(1);
-    })?;
-    pb.finish_and_clear();
-    checkpoint::save_model(&model, meta.tokenizer, &a.out)?;
-    let written = distgpt::prune::write_report(&a.out, &cfg, dense, &levels)?;
+        let loss = match l.target {
+            0.0 => format!("val loss {:.4}", l.val_loss),
+            _ => format!(
+                "val loss {:.4} right after pruning, {:.4} after {} fine-tuning steps",
+                l.val_loss_pruned, l.val_loss, cfg.finetune_steps
+            ),
+        };
+        distgpt::outln!(
+            "{method} {:.0}% ({:.2}% gone, {} parameters): {loss}{}{speed}",
+            100.0 * l.target,
+            100.0 * l.sparsity,
+            l.params,
+            int8(l.val_loss_int8)
+        )
+    };
+    let dense = prune::dense_level(&mut model, &ds, &cfg)?;
+    say("dense", &dense);
+    let methods = match a.sweep {
+        true => vec![Method::Magnitude, Method::Rows],
+        false => vec![a.method],
+    };
+    let start = model.params_host()?;
+    let mut runs = Vec::new();
+    for method in methods {
+        cfg.method = method;
+        let mut m = distgpt::model::Gpt2::new(model.backend().clone_fresh(), model.config.clone())?;
+        m.set_params(&start)?;
+        let pb = metrics::progress_bar(cfg.levels.len() as u64, &format!("prune ({method})"));
+        let levels = prune::sweep(&mut m, &ds, &cfg, |l| {
+            pb.suspend(|| say(&method.to_string(), l));
+            pb.inc(1);
+        })?;
+        pb.finish_and_clear();
+        let dir = match a.sweep {
+            true => a.out.join(method.to_string()),
+            false => a.out.clone(),
+        };
+        checkpoint::save_model(&m, meta.tokenizer.clone(), &dir)?;
+        distgpt::outln!(
+            "wrote {} (the {:.0}% model: {})",
+            dir.display(),
+            100.0 * cfg.levels.last().copied().unwrap_or(0.0),
+            m.config
+        );
+        runs.push(MethodRun {
+            method,
+            levels: std::iter::once(dense.clone()).chain(levels).collect(),
+        });
+    }
+    let written = prune::write_report(&a.out, &cfg, &runs)?;
     distgpt::outln!(
-        "wrote {} (the {:.0}% model) and {} report files",
-        a.out.display(),
-        100.0 * cfg.levels.last().copied().unwrap_or(0.0),
-        written.len()
+        "wrote {} report files into {}",
+        written.len(),
+        a.out.display()
     );
     Ok(())
 }

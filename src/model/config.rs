@@ -233,7 +233,7 @@ impl GptConfig {
     pub fn check_tp(&self, tp: usize) -> Result<(), Error> {
         if tp == 0 || !self.n_head.is_multiple_of(tp) {
             return Err(Error::Config(format!(
-                "n_head ({}) must be divisible by the tensor-parallel size ({tp}): choose --tp among the divisors of n_head",
+                "n_head ({}) is not divisible by the tensor-parallel size {tp}: choose --tp among the divisors of n_head",
                 self.n_head
             )));
         }
