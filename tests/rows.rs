@@ -6,6 +6,7 @@
 mod common;
 
 use distgpt::backend::cpu::Cpu;
+use distgpt::backend::Backend;
 use distgpt::checkpoint;
 use distgpt::data::{Dataset, TokenizerKind};
 use distgpt::infer::kv::{DecodeWeights, Decoder};
@@ -156,6 +157,23 @@ fn a_shrunk_model_computes_what_the_masked_dense_model_computes() {
         let (mloss, mlogits) = outputs(&mut dense);
         assert!((loss - mloss).abs() <= 1e-5, "{what}: {loss} vs {mloss}");
         assert_close(&logits, &mlogits, 1e-4, &what);
+        // the backward too: the kept rows' gradients are the masked model's
+        // (a zeroed head or unit passes no gradient on)
+        let grads = |m: &mut Gpt2<Cpu>| {
+            m.zero_grads();
+            let cfg = m.config.clone();
+            let (x, y) = batch(&cfg);
+            m.forward(&x, Some(&y), 2, cfg.block_size).unwrap();
+            m.backward(1.0).unwrap();
+            m.backend().to_host(m.grads.s()).unwrap()
+        };
+        let (_, kept_grads) = shrink(&cfg, &grads(&mut dense), &kept);
+        assert_close(
+            &grads(&mut small),
+            &kept_grads,
+            1e-5,
+            &format!("{what}: gradients"),
+        );
         // the KV-cache decoder runs the per-block widths too
         let (x, _) = batch(&small_cfg);
         let place = TpPlace::NONE;
@@ -223,14 +241,14 @@ fn a_model_with_per_block_widths_trains_under_every_strategy_as_single() {
             .to_vec(),
         ..common::tiny_model(&ds)
     };
-    let run = |strategy, (dp, pp, tp): (usize, usize, usize), tag: &str| -> TrainSummary {
+    let run = |strategy, (dp, pp, tp): (usize, usize, usize), schedule, tag: &str| {
         let par = ParallelConfig {
             strategy,
             world_size: dp * pp * tp,
             tp,
             recompute: false,
             precision: Default::default(),
-            pipeline: Pipeline::new(pp, Schedule::OneFOneB, 2),
+            pipeline: Pipeline::new(pp, schedule, 2),
         };
         let cfg = common::five_steps(&format!("rows-{tag}"), 2);
         train(
@@ -244,16 +262,18 @@ fn a_model_with_per_block_widths_trains_under_every_strategy_as_single() {
         )
         .unwrap_or_else(|e| panic!("{tag}: {e}"))
     };
-    let single = run(StrategyKind::Single, (1, 1, 1), "single");
+    use Schedule::{OneFOneB, ZbH1};
     use StrategyKind::*;
-    for (strategy, mesh, tag) in [
-        (Ddp, (2, 1, 1), "ddp"),
-        (Zero1, (2, 1, 1), "zero1"),
-        (Zero2, (2, 1, 1), "zero2"),
-        (Fsdp, (2, 1, 1), "fsdp"),
-        (Ddp, (1, 2, 1), "pp2"),
+    let single: TrainSummary = run(Single, (1, 1, 1), OneFOneB, "single");
+    for (strategy, mesh, schedule, tag) in [
+        (Ddp, (2, 1, 1), OneFOneB, "ddp"),
+        (Zero1, (2, 1, 1), OneFOneB, "zero1"),
+        (Zero2, (2, 1, 1), OneFOneB, "zero2"),
+        (Fsdp, (2, 1, 1), OneFOneB, "fsdp"),
+        (Ddp, (1, 2, 1), OneFOneB, "pp2"),
+        (Fsdp, (1, 2, 1), ZbH1, "pp2-zb"),
     ] {
-        common::assert_follows(&single, &run(strategy, mesh, tag), tag);
+        common::assert_follows(&single, &run(strategy, mesh, schedule, tag), tag);
     }
     // block 1 has one head: tensor parallelism over two ranks is refused in words
     let par = ParallelConfig {
