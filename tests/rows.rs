@@ -174,28 +174,43 @@ fn a_shrunk_model_computes_what_the_masked_dense_model_computes() {
             1e-5,
             &format!("{what}: gradients"),
         );
-        // the KV-cache decoder runs the per-block widths too
-        let (x, _) = batch(&small_cfg);
-        let place = TpPlace::NONE;
-        let weights = DecodeWeights::new(
-            &Cpu::new(),
-            &small_cfg,
-            place,
-            small.params.s(),
-            Default::default(),
-        )
-        .unwrap();
-        let mut dec = Decoder::new(Cpu::new(), small_cfg.clone(), place, 1, 8).unwrap();
-        for (pos, &tok) in x[..8].iter().enumerate() {
-            dec.step(&weights, &[tok], pos, None).unwrap();
-            let want = &logits[pos * cfg.vocab_size..(pos + 1) * cfg.vocab_size];
-            assert_close(
-                &dec.logits(0).unwrap(),
-                want,
-                1e-4,
-                &format!("{what}, decoded {pos}"),
-            );
-        }
+        assert_decodes_as_the_forward(&small, &logits, &what);
+    }
+    // the widest block first, then a narrower one: each block's cache and
+    // scratch sized apart
+    let kept = KeptRows {
+        heads: vec![vec![0, 1, 3], vec![2], vec![1, 2]],
+        hidden: vec![(0..100).collect(), (7..30).collect(), (50..128).collect()],
+    };
+    let (small_cfg, small_params) = shrink(&cfg, &params, &kept);
+    let mut small = Gpt2::new(Cpu::new(), small_cfg.clone()).unwrap();
+    small.set_params(&small_params).unwrap();
+    dense.set_params(&masked(&cfg, &params, &kept)).unwrap();
+    let (_, logits) = outputs(&mut small);
+    assert_close(&logits, &outputs(&mut dense).1, 1e-4, "uneven widths");
+    assert_decodes_as_the_forward(&small, &logits, "uneven widths");
+}
+
+/// The KV-cache decoder, token by token, gives the forward's `logits` of
+/// the first row of [`batch`].
+fn assert_decodes_as_the_forward(model: &Gpt2<Cpu>, logits: &[f32], what: &str) {
+    let cfg = &model.config;
+    let (x, _) = batch(cfg);
+    let place = TpPlace::NONE;
+    let weights = DecodeWeights::new(
+        &Cpu::new(),
+        cfg,
+        place,
+        model.params.s(),
+        Default::default(),
+    )
+    .unwrap();
+    let mut dec = Decoder::new(Cpu::new(), cfg.clone(), place, 1, 8).unwrap();
+    for (pos, &tok) in x[..8].iter().enumerate() {
+        dec.step(&weights, &[tok], pos, None).unwrap();
+        let want = &logits[pos * cfg.vocab_size..(pos + 1) * cfg.vocab_size];
+        let got = dec.logits(0).unwrap();
+        assert_close(&got, want, 1e-4, &format!("{what}, decoded {pos}"));
     }
 }
 
