@@ -300,18 +300,18 @@ fn a_model_with_per_block_widths_trains_under_every_strategy_as_single() {
         pipeline: Pipeline::new(1, Schedule::OneFOneB, 1),
     };
     let cfg = common::five_steps("rows-tp", 1);
-    let err = train(
+    let Err(err) = train(
         Cpu::new,
         model.clone(),
         &ds,
         &cfg,
-        par.clone(),
+        par,
         2,
         Wait::from_secs(60),
-    )
-    .err()
-    .expect("one head cannot be split over two ranks")
-    .to_string();
+    ) else {
+        panic!("one head cannot be split over two ranks");
+    };
+    let err = err.to_string();
     assert!(err.contains("block 1") && err.contains("1 heads"), "{err}");
     let even = GptConfig {
         blocks: [(2, 64), (2, 16), (2, 96), (2, 32)]
@@ -324,7 +324,7 @@ fn a_model_with_per_block_widths_trains_under_every_strategy_as_single() {
             strategy,
             world_size,
             tp: 2,
-            ..par.clone()
+            ..par
         };
         let cfg = common::five_steps(&format!("rows-tp-{strategy}"), 2);
         train(
@@ -343,7 +343,7 @@ fn a_model_with_per_block_widths_trains_under_every_strategy_as_single() {
             strategy: Single,
             world_size: 1,
             tp: 1,
-            ..par.clone()
+            ..par
         };
         let cfg = common::five_steps("rows-tp-single", 2);
         train(
