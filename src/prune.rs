@@ -355,9 +355,11 @@ impl std::fmt::Display for Method {
 /// How the speed of each level is measured (`prune --sweep`).
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct Timing {
-    /// Timed training steps (after one untimed) at the sweep's batch.
+    /// Training steps timed one by one (after one untimed) at the sweep's
+    /// batch; their median counts.
     pub steps: usize,
-    /// Timed tokens generated at batch 1 (greedy, KV cache).
+    /// Tokens generated at batch 1 (greedy, KV cache) in each of three
+    /// timed runs; the median run counts.
     pub tokens: usize,
 }
 
@@ -535,9 +537,10 @@ fn finetune<B: Backend>(
     model.set_params(&strategy.full_params()?)
 }
 
-/// Times `timing.steps` training steps (after one untimed) on a copy of
-/// the model, and `timing.tokens` greedy tokens at batch 1 (fp32, and int8
-/// when the sweep asks).
+/// Times `timing.steps` training steps one by one (after one untimed) on
+/// a copy of the model, and three greedy generations of `timing.tokens`
+/// tokens at batch 1 (fp32, and int8 when the sweep asks); each time is the
+/// median, so a step or a run that another process slowed does not count.
 pub fn measure_speed<B: Backend>(
     model: &Gpt2<B>,
     ds: &Dataset,
@@ -553,11 +556,12 @@ pub fn measure_speed<B: Backend>(
         grad_clip: 1.0,
     };
     strategy.step(&[train.next_batch()], step)?;
-    let start = Instant::now();
+    let mut steps = Vec::new();
     for _ in 0..timing.steps {
+        let start = Instant::now();
         strategy.step(&[train.next_batch()], step)?;
+        steps.push(1e3 * start.elapsed().as_secs_f64());
     }
-    let step_ms = 1e3 * start.elapsed().as_secs_f64() / timing.steps as f64;
     let sample = SampleConfig {
         max_new_tokens: timing.tokens.min(model.config.block_size - 1),
         temperature: 0.0,
@@ -573,18 +577,27 @@ pub fn measure_speed<B: Backend>(
             model.params.s(),
             format,
         )?;
-        let start = Instant::now();
-        let new = generate_packed(model, &weights, &[vec![0]], &sample, None, |_, _| {})?;
-        Ok(1e3 * start.elapsed().as_secs_f64() / new[0].len().max(1) as f64)
+        let runs = (0..3)
+            .map(|_| {
+                let start = Instant::now();
+                let new = generate_packed(model, &weights, &[vec![0]], &sample, None, |_, _| {})?;
+                Ok(1e3 * start.elapsed().as_secs_f64() / new[0].len().max(1) as f64)
+            })
+            .collect::<Result<Vec<f64>>>()?;
+        Ok(median(runs))
     };
     Ok(Speed {
-        step_ms,
+        step_ms: median(steps),
         token_ms: per_token(WeightFormat::F32)?,
-        token_ms_int8: cfg
-            .int8
-            .then(|| per_token(WeightFormat::Int8))
-            .transpose()?,
+        token_ms_int8: cfg.int8.then(|| per_token(WeightFormat::Int8)).transpose()?,
     })
+}
+
+/// The middle value (the mean of the two middle ones for an even count).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    (v[(n - 1) / 2] + v[n / 2]) / 2.0
 }
 
 /// The entries of the blocks' four weight matrices.

@@ -719,11 +719,13 @@ struct PruneArgs {
     /// Time each level (training steps and generated tokens); on with --sweep.
     #[arg(long)]
     measure: bool,
-    /// Training steps timed per level (after one untimed).
-    #[arg(long, default_value_t = 5)]
+    /// Training steps timed one by one per level (after one untimed); the
+    /// median counts.
+    #[arg(long, default_value_t = 10)]
     time_steps: usize,
-    /// Tokens generated per level at batch 1 to time decoding.
-    #[arg(long, default_value_t = 64)]
+    /// Tokens generated at batch 1 in each of three timed runs per level
+    /// (at most the block size less one); the median run counts.
+    #[arg(long, default_value_t = 128)]
     time_tokens: usize,
     /// Sparsity levels, increasing, each a fraction of the weights pruned
     /// (one level, or a schedule such as 0.1,0.3,0.5,0.7,0.9).
