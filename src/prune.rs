@@ -589,7 +589,10 @@ pub fn measure_speed<B: Backend>(
     Ok(Speed {
         step_ms: median(steps),
         token_ms: per_token(WeightFormat::F32)?,
-        token_ms_int8: cfg.int8.then(|| per_token(WeightFormat::Int8)).transpose()?,
+        token_ms_int8: cfg
+            .int8
+            .then(|| per_token(WeightFormat::Int8))
+            .transpose()?,
     })
 }
 
@@ -612,12 +615,23 @@ pub fn dense_level<B: Backend>(
     ds: &Dataset,
     cfg: &SweepConfig,
 ) -> Result<Level> {
+    evaluated(model, ds, cfg, (0.0, 0.0, None))
+}
+
+/// The level `model` is at: its losses (`val_loss_pruned` before the
+/// fine-tuning, if there was one) and, when asked, its int8 loss and speed.
+fn evaluated<B: Backend>(
+    model: &mut Gpt2<B>,
+    ds: &Dataset,
+    cfg: &SweepConfig,
+    (target, sparsity, val_loss_pruned): (f64, f64, Option<f64>),
+) -> Result<Level> {
     let val_loss = val_loss(model, ds, cfg)?;
     Ok(Level {
-        target: 0.0,
-        sparsity: 0.0,
+        target,
+        sparsity,
         params: model.config.num_params(),
-        val_loss_pruned: val_loss,
+        val_loss_pruned: val_loss_pruned.unwrap_or(val_loss),
         val_loss,
         val_loss_int8: cfg
             .int8
@@ -675,21 +689,7 @@ pub fn sweep<B: Backend>(
                 1.0 - matrix_entries(&model.config) as f64 / matrix_entries(&dense) as f64
             }
         };
-        let level = Level {
-            target,
-            sparsity,
-            params: model.config.num_params(),
-            val_loss_pruned,
-            val_loss: val_loss(model, ds, cfg)?,
-            val_loss_int8: cfg
-                .int8
-                .then(|| val_loss_int8(model, ds, cfg))
-                .transpose()?,
-            speed: cfg
-                .timing
-                .map(|t| measure_speed(model, ds, cfg, t))
-                .transpose()?,
-        };
+        let level = evaluated(model, ds, cfg, (target, sparsity, Some(val_loss_pruned)))?;
         report(&level);
         levels.push(level);
     }

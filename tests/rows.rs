@@ -319,44 +319,18 @@ fn a_model_with_per_block_widths_trains_under_every_strategy_as_single() {
             .to_vec(),
         ..model
     };
-    let tp_run = |strategy, world_size| {
+    let tp_run = |strategy, world_size, tp| {
         let par = ParallelConfig {
             strategy,
             world_size,
-            tp: 2,
+            tp,
             ..par
         };
         let cfg = common::five_steps(&format!("rows-tp-{strategy}"), 2);
-        train(
-            Cpu::new,
-            even.clone(),
-            &ds,
-            &cfg,
-            par,
-            2,
-            Wait::from_secs(120),
-        )
-        .unwrap()
+        let wait = Wait::from_secs(120);
+        train(Cpu::new, even.clone(), &ds, &cfg, par, 2, wait).unwrap()
     };
-    let single = {
-        let par = ParallelConfig {
-            strategy: Single,
-            world_size: 1,
-            tp: 1,
-            ..par
-        };
-        let cfg = common::five_steps("rows-tp-single", 2);
-        train(
-            Cpu::new,
-            even.clone(),
-            &ds,
-            &cfg,
-            par,
-            2,
-            Wait::from_secs(120),
-        )
-        .unwrap()
-    };
-    common::assert_follows(&single, &tp_run(Tp, 2), "tp 2");
-    common::assert_follows(&single, &tp_run(Fsdp, 4), "fsdp x tp 2");
+    let single = tp_run(Single, 1, 1);
+    common::assert_follows(&single, &tp_run(Tp, 2, 2), "tp 2");
+    common::assert_follows(&single, &tp_run(Fsdp, 4, 2), "fsdp x tp 2");
 }
