@@ -8,6 +8,7 @@ use super::decode::OutPtr;
 use crate::backend::memory::{Category, HostBuf, MemoryStats};
 use crate::backend::WeightLayout;
 use rayon::prelude::*;
+use std::ops::Range;
 use std::sync::Arc;
 
 /// Output columns per packed panel (one 512-bit vector of i32 sums).
@@ -18,6 +19,8 @@ const GROUP: usize = 4;
 /// sums in registers (AVX-512 has 32 vector registers, AVX2 16).
 const ROWS: usize = 4;
 const ROWS_512: usize = 12;
+/// Panels one product task covers (the AVX-512 kernel's broadcasts feed both).
+const PAIR: usize = 2;
 
 /// A kernel: which instructions sum the int8 products.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -228,6 +231,8 @@ impl Int8Weight {
 /// Rows of int8 input, each padded with zeros to a multiple of 4 values.
 pub struct Int8Rows {
     codes: Vec<i8>,
+    /// The codes + 128 as unsigned bytes (what the VNNI kernels multiply).
+    biased: Vec<u8>,
     scales: Vec<f32>,
     stride: usize,
 }
@@ -247,8 +252,10 @@ impl Int8Rows {
                 *c = quantize(v, inv);
             }
         }
+        let biased = codes.iter().map(|&c| (c as u8) ^ 0x80).collect();
         Int8Rows {
             codes,
+            biased,
             scales,
             stride,
         }
@@ -256,38 +263,54 @@ impl Int8Rows {
 }
 
 /// sums (rows x panels*16) = the exact i32 products of every row's codes
-/// with every panel's columns, by `kernel` (which this CPU must have).
+/// with every panel's columns, by `kernel` (which this CPU must have), in
+/// the pairs of panels `matmul_int8` takes.
 pub fn products(kernel: Kernel, x: &Int8Rows, w: &Int8Weight, rows: usize) -> Vec<i32> {
-    let width = w.n.div_ceil(COLS) * COLS;
+    let panels = w.n.div_ceil(COLS);
+    let width = panels * COLS;
     let mut sums = vec![0i32; rows * width];
-    for p in 0..w.n.div_ceil(COLS) {
-        let tile = panel_sums(kernel, x, w, p, rows);
+    for p in (0..panels).step_by(PAIR) {
+        let np = PAIR.min(panels - p);
+        let tile = panel_sums(kernel, x, w, p..p + np, rows);
         for r in 0..rows {
-            sums[r * width + p * COLS..r * width + (p + 1) * COLS]
-                .copy_from_slice(&tile[r * COLS..(r + 1) * COLS]);
+            sums[r * width + p * COLS..r * width + (p + np) * COLS]
+                .copy_from_slice(&tile[r * np * COLS..(r + 1) * np * COLS]);
         }
     }
     sums
 }
 
-/// tile (rows x 16) = every row's codes times panel `p`'s columns, exact.
-fn panel_sums(kernel: Kernel, x: &Int8Rows, w: &Int8Weight, p: usize, rows: usize) -> Vec<i32> {
+/// tile (rows x 16 |ps|) = every row's codes times panels `ps`' columns
+/// (one or two panels), exact.
+fn panel_sums(
+    kernel: Kernel,
+    x: &Int8Rows,
+    w: &Int8Weight,
+    ps: Range<usize>,
+    rows: usize,
+) -> Vec<i32> {
     let groups = w.k.div_ceil(GROUP);
+    let np = ps.len();
     assert_eq!(x.stride, groups * GROUP);
-    assert!(x.codes.len() >= rows * x.stride && p < w.n.div_ceil(COLS));
-    let panel = &w.data[p * groups * COLS * GROUP..(p + 1) * groups * COLS * GROUP];
-    let mut tile = vec![0i32; rows * COLS];
+    assert!(x.codes.len() >= rows * x.stride && ps.end <= w.n.div_ceil(COLS));
+    assert!((1..=PAIR).contains(&np));
+    let panels = &w.data[ps.start * groups * COLS * GROUP..ps.end * groups * COLS * GROUP];
+    let mut tile = vec![0i32; rows * np * COLS];
     let per_pass = kernel.rows_per_pass();
     for r0 in (0..rows).step_by(per_pass) {
         let nr = per_pass.min(rows - r0);
-        let x_rows = &x.codes[r0 * x.stride..(r0 + nr) * x.stride];
-        let out = &mut tile[r0 * COLS..(r0 + nr) * COLS];
-        panel_product(kernel, out, x_rows, x.stride, panel, nr);
+        let at = r0 * x.stride..(r0 + nr) * x.stride;
+        let x_rows = XRows {
+            codes: &x.codes[at.clone()],
+            biased: &x.biased[at],
+        };
+        let out = &mut tile[r0 * np * COLS..(r0 + nr) * np * COLS];
+        panel_product(kernel, out, x_rows, x.stride, panels, (nr, np));
     }
     // The VNNI kernels sum (x + 128) * w: take 128 * sum(w) back off.
     if matches!(kernel, Kernel::Avx512Vnni | Kernel::AvxVnni) {
-        for row in tile.chunks_exact_mut(COLS) {
-            for (s, &ws) in row.iter_mut().zip(&w.sums[p * COLS..(p + 1) * COLS]) {
+        for row in tile.chunks_exact_mut(np * COLS) {
+            for (s, &ws) in row.iter_mut().zip(&w.sums[ps.start * COLS..ps.end * COLS]) {
                 *s -= 128 * ws;
             }
         }
@@ -295,29 +318,56 @@ fn panel_sums(kernel: Kernel, x: &Int8Rows, w: &Int8Weight, p: usize, rows: usiz
     tile
 }
 
-/// out (nr x 16) = x (nr rows of `stride` codes) . one panel, by `kernel`.
+/// Some rows of an [`Int8Rows`], signed and biased.
+#[derive(Clone, Copy)]
+struct XRows<'a> {
+    codes: &'a [i8],
+    biased: &'a [u8],
+}
+
+/// out (nr x 16 np) = x (nr rows of `stride` codes) . `np` consecutive
+/// panels, by `kernel`.
 fn panel_product(
     kernel: Kernel,
     out: &mut [i32],
-    x: &[i8],
+    x: XRows<'_>,
     stride: usize,
-    panel: &[i8],
-    nr: usize,
+    panels: &[i8],
+    (nr, np): (usize, usize),
 ) {
-    assert!(out.len() >= nr * COLS && x.len() >= nr * stride);
-    assert_eq!(panel.len(), stride * COLS);
-    match kernel {
-        Kernel::Portable => portable(out, x, stride, panel, nr),
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: bounds checked above; `Kernel::best`/`available` offer a
-        // kernel only when the CPU has its instructions.
-        Kernel::Avx2 => unsafe { x86::avx2(out, x, stride, panel, nr) },
-        #[cfg(target_arch = "x86_64")]
-        Kernel::AvxVnni => unsafe { x86::avx_vnni(out, x, stride, panel, nr) },
-        #[cfg(target_arch = "x86_64")]
-        Kernel::Avx512Vnni => unsafe { x86::avx512_vnni(out, x, stride, panel, nr) },
-        #[cfg(not(target_arch = "x86_64"))]
-        _ => unreachable!("only the portable kernel exists off x86-64"),
+    assert!(out.len() >= nr * np * COLS && x.codes.len() >= nr * stride);
+    assert_eq!(x.biased.len(), x.codes.len());
+    assert_eq!(panels.len(), np * stride * COLS);
+    let (codes, biased) = (x.codes, x.biased);
+    #[cfg(target_arch = "x86_64")]
+    if kernel == Kernel::Avx512Vnni && np == 2 {
+        // SAFETY: bounds checked above; the kernel is offered only to a CPU
+        // that has its instructions.
+        return unsafe { x86::avx512_vnni_pair(out, biased, stride, panels, nr) };
+    }
+    // one panel at a time: out's rows are np panels wide
+    let mut one = vec![0i32; nr * COLS];
+    for (q, panel) in panels.chunks_exact(stride * COLS).enumerate() {
+        one.fill(0);
+        match kernel {
+            Kernel::Portable => portable(&mut one, codes, stride, panel, nr),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: bounds checked above; `Kernel::best`/`available` offer
+            // a kernel only when the CPU has its instructions.
+            Kernel::Avx2 => unsafe { x86::avx2(&mut one, codes, stride, panel, nr) },
+            #[cfg(target_arch = "x86_64")]
+            Kernel::AvxVnni => unsafe { x86::avx_vnni(&mut one, biased, stride, panel, nr) },
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512Vnni => unsafe { x86::avx512_vnni(&mut one, biased, stride, panel, nr) },
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => unreachable!("only the portable kernel exists off x86-64"),
+        }
+        for r in 0..nr {
+            let o = &mut out[(r * np + q) * COLS..(r * np + q + 1) * COLS];
+            o.iter_mut()
+                .zip(&one[r * COLS..(r + 1) * COLS])
+                .for_each(|(o, v)| *o += v);
+        }
     }
 }
 
@@ -345,21 +395,18 @@ mod x86 {
 
     /// Four input codes of row `r`, group `g`, as one i32.
     #[inline(always)]
-    unsafe fn four(x: *const i8, stride: usize, r: usize, g: usize) -> i32 {
+    unsafe fn four<T>(x: *const T, stride: usize, r: usize, g: usize) -> i32 {
         (x.add(r * stride + g * GROUP) as *const i32).read_unaligned()
     }
 
-    /// The codes + 128 (as unsigned bytes), for u8 x i8 instructions.
-    #[inline(always)]
-    fn offset(v: i32) -> i32 {
-        (v as u32 ^ 0x8080_8080) as i32
-    }
-
+    /// `x` holds the biased codes (+ 128, unsigned): the sums come out
+    /// 128 x the column sums too high.
+    ///
     /// # Safety
     /// The CPU must have AVX-512 F, BW and VNNI; `out` holds nr x 16 sums,
     /// `x` nr rows of `stride` codes, `panel` stride x 16 codes.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub unsafe fn avx512_vnni(out: &mut [i32], x: &[i8], stride: usize, panel: &[i8], nr: usize) {
+    pub unsafe fn avx512_vnni(out: &mut [i32], x: &[u8], stride: usize, panel: &[i8], nr: usize) {
         // A row count known at compile time keeps the sums in registers.
         match nr {
             1 => avx512_rows::<1>(out, x, stride, panel),
@@ -379,13 +426,13 @@ mod x86 {
 
     /// [`avx512_vnni`] for R rows.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn avx512_rows<const R: usize>(out: &mut [i32], x: &[i8], stride: usize, panel: &[i8]) {
+    unsafe fn avx512_rows<const R: usize>(out: &mut [i32], x: &[u8], stride: usize, panel: &[i8]) {
         let (xp, wp) = (x.as_ptr(), panel.as_ptr());
         let mut acc = [_mm512_setzero_si512(); R];
         for g in 0..stride / GROUP {
             let w = _mm512_loadu_si512(wp.add(g * COLS * GROUP) as *const _);
             for (r, a) in acc.iter_mut().enumerate() {
-                let v = _mm512_set1_epi32(offset(four(xp, stride, r, g)));
+                let v = _mm512_set1_epi32(four(xp, stride, r, g));
                 *a = _mm512_dpbusd_epi32(*a, v, w);
             }
         }
@@ -398,17 +445,79 @@ mod x86 {
         }
     }
 
+    /// [`avx512_vnni`] over two consecutive panels at once (`out`: nr rows
+    /// of 32 sums): each broadcast of an input group feeds two products.
+    ///
+    /// # Safety
+    /// As [`avx512_vnni`], with `panels` 2 x stride x 16 codes and `out`
+    /// nr x 32 sums.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn avx512_vnni_pair(
+        out: &mut [i32],
+        x: &[u8],
+        stride: usize,
+        panels: &[i8],
+        nr: usize,
+    ) {
+        match nr {
+            1 => avx512_pair::<1>(out, x, stride, panels),
+            2 => avx512_pair::<2>(out, x, stride, panels),
+            3 => avx512_pair::<3>(out, x, stride, panels),
+            4 => avx512_pair::<4>(out, x, stride, panels),
+            5 => avx512_pair::<5>(out, x, stride, panels),
+            6 => avx512_pair::<6>(out, x, stride, panels),
+            7 => avx512_pair::<7>(out, x, stride, panels),
+            8 => avx512_pair::<8>(out, x, stride, panels),
+            9 => avx512_pair::<9>(out, x, stride, panels),
+            10 => avx512_pair::<10>(out, x, stride, panels),
+            11 => avx512_pair::<11>(out, x, stride, panels),
+            _ => avx512_pair::<ROWS_512>(out, x, stride, panels),
+        }
+    }
+
+    /// [`avx512_vnni_pair`] for R rows.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn avx512_pair<const R: usize>(out: &mut [i32], x: &[u8], stride: usize, panels: &[i8]) {
+        let (xp, w0) = (x.as_ptr(), panels.as_ptr());
+        let w1 = w0.add(stride * COLS);
+        let mut lo = [_mm512_setzero_si512(); R];
+        let mut hi = [_mm512_setzero_si512(); R];
+        for g in 0..stride / GROUP {
+            let a = _mm512_loadu_si512(w0.add(g * COLS * GROUP) as *const _);
+            let b = _mm512_loadu_si512(w1.add(g * COLS * GROUP) as *const _);
+            for r in 0..R {
+                let v = _mm512_set1_epi32(four(xp, stride, r, g));
+                lo[r] = _mm512_dpbusd_epi32(lo[r], v, a);
+                hi[r] = _mm512_dpbusd_epi32(hi[r], v, b);
+            }
+        }
+        for r in 0..R {
+            let o = out.as_mut_ptr().add(r * 2 * COLS);
+            _mm512_storeu_si512(
+                o as *mut _,
+                _mm512_add_epi32(lo[r], _mm512_loadu_si512(o as *const _)),
+            );
+            let o = o.add(COLS);
+            _mm512_storeu_si512(
+                o as *mut _,
+                _mm512_add_epi32(hi[r], _mm512_loadu_si512(o as *const _)),
+            );
+        }
+    }
+
+    /// `x` biased as for [`avx512_vnni`].
+    ///
     /// # Safety
     /// The CPU must have AVX2 and AVX-VNNI; bounds as [`avx512_vnni`].
     #[target_feature(enable = "avx2,avxvnni")]
-    pub unsafe fn avx_vnni(out: &mut [i32], x: &[i8], stride: usize, panel: &[i8], nr: usize) {
+    pub unsafe fn avx_vnni(out: &mut [i32], x: &[u8], stride: usize, panel: &[i8], nr: usize) {
         let (xp, wp) = (x.as_ptr(), panel.as_ptr());
         let mut lo = [_mm256_setzero_si256(); ROWS];
         let mut hi = [_mm256_setzero_si256(); ROWS];
         for g in 0..stride / GROUP {
             let (wl, wh) = halves(wp, g);
             for r in 0..nr {
-                let v = _mm256_set1_epi32(offset(four(xp, stride, r, g)));
+                let v = _mm256_set1_epi32(four(xp, stride, r, g));
                 lo[r] = _mm256_dpbusd_avx_epi32(lo[r], v, wl);
                 hi[r] = _mm256_dpbusd_avx_epi32(hi[r], v, wh);
             }
@@ -484,23 +593,31 @@ pub fn matmul_int8(
 ) {
     assert_eq!((k, n), (w.k, w.n), "the packed weight's shape");
     assert!(out.len() >= rows * n && bias.is_none_or(|b| b.len() >= n));
-    let q = Int8Rows::new(x, rows, k);
+    let q_rows = Int8Rows::new(x, rows, k);
     let kernel = Kernel::here();
     let dst = &OutPtr(out.as_mut_ptr());
-    (0..n.div_ceil(COLS)).into_par_iter().for_each(|p| {
-        let tile = panel_sums(kernel, &q, w, p, rows);
-        let (j0, width) = (p * COLS, COLS.min(n - p * COLS));
-        for r in 0..rows {
-            // SAFETY: row r's columns j0..j0 + width lie inside out (rows x n,
-            // checked above) and belong to panel p's task alone.
-            let o = unsafe { dst.slice(r * n + j0, width) };
-            let sums = &tile[r * COLS..r * COLS + width];
-            for (c, (o, &s)) in o.iter_mut().zip(sums).enumerate() {
-                let v = s as f32 * q.scales[r] * w.scales[j0 + c] + bias.map_or(0.0, |b| b[j0 + c]);
-                *o = if accumulate { *o + v } else { v };
+    // a pair of panels a task, a few tasks a thread's turn
+    let panels = n.div_ceil(COLS);
+    (0..panels.div_ceil(PAIR))
+        .into_par_iter()
+        .with_min_len(2)
+        .for_each(|q| {
+            let ps = q * PAIR..(q * PAIR + PAIR).min(panels);
+            let tile = panel_sums(kernel, &q_rows, w, ps.clone(), rows);
+            let j0 = ps.start * COLS;
+            let (wide, width) = (ps.len() * COLS, (ps.len() * COLS).min(n - j0));
+            for r in 0..rows {
+                // SAFETY: row r's columns j0..j0 + width lie inside out (rows
+                // x n, checked above) and belong to this task alone.
+                let o = unsafe { dst.slice(r * n + j0, width) };
+                let sums = &tile[r * wide..r * wide + width];
+                for (c, (o, &s)) in o.iter_mut().zip(sums).enumerate() {
+                    let v = s as f32 * q_rows.scales[r] * w.scales[j0 + c]
+                        + bias.map_or(0.0, |b| b[j0 + c]);
+                    *o = if accumulate { *o + v } else { v };
+                }
             }
-        }
-    });
+        });
 }
 
 #[cfg(test)]
