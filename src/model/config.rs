@@ -367,4 +367,53 @@ mod tests {
             .to_string()
             .contains("gpt5"));
     }
+
+    #[test]
+    fn per_block_widths_are_bounded_and_counted() {
+        let mut c = GptConfig::preset("tiny").unwrap();
+        let dense = c.num_params();
+        let w = |heads, hidden| BlockWidth { heads, hidden };
+        c.blocks = vec![w(1, 64)];
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("widths for 1 blocks but has 2 layers"));
+        c.blocks = vec![w(1, 64), w(3, 64)];
+        let msg = c.validate().unwrap_err().to_string();
+        assert!(
+            msg.contains("block 1 has 3 heads") && msg.contains("1 to 2 heads"),
+            "{msg}"
+        );
+        c.blocks = vec![w(1, 64), w(2, 0)];
+        assert!(c.validate().unwrap_err().to_string().contains("block 1"));
+        c.blocks = vec![w(1, 64), w(2, 128)];
+        c.validate().unwrap();
+        // block 0 lost one 16-wide head (q, k, v columns and biases, 16
+        // projection rows) and 64 units (fc column and bias, projection row)
+        assert_eq!(
+            c.num_params(),
+            dense - (3 * 16 * 33 + 16 * 32) - 64 * (33 + 32)
+        );
+        assert_eq!(
+            c.widest(1),
+            BlockDims {
+                c: 32,
+                cl: 32,
+                nhl: 2,
+                fl: 128
+            }
+        );
+        assert_eq!(
+            c.dims(0, 1),
+            BlockDims {
+                c: 32,
+                cl: 16,
+                nhl: 1,
+                fl: 64
+            }
+        );
+        assert!(c.check_tp(2).unwrap_err().to_string().contains("block 0"));
+        assert_eq!(c.dense().num_params(), dense);
+    }
 }
