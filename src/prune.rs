@@ -113,17 +113,6 @@ pub struct KeptRows {
 }
 
 impl KeptRows {
-    /// Every head and unit of `cfg`.
-    pub fn all(cfg: &GptConfig) -> KeptRows {
-        let (heads, hidden) = (0..cfg.n_layer)
-            .map(|l| {
-                let w = cfg.width(l);
-                ((0..w.heads).collect(), (0..w.hidden).collect())
-            })
-            .unzip();
-        KeptRows { heads, hidden }
-    }
-
     /// The config of the model that keeps these rows of `cfg`.
     pub fn config(&self, cfg: &GptConfig) -> GptConfig {
         GptConfig {
