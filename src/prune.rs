@@ -1,13 +1,14 @@
-//! Magnitude pruning (`distgpt prune`): the blocks' four weight matrices
-//! lose their smallest-magnitude entries, per matrix or over all of them at
-//! once, in an iterative schedule: prune to s1, fine-tune k steps with the
-//! pruned entries held at zero, evaluate, prune to s2, ... Each level's
-//! validation loss (before and after its fine-tuning) goes into a table and
-//! a figure. Embeddings, layernorms and biases are never pruned.
+//! Pruning (`distgpt prune`) in an iterative schedule: prune to s1,
+//! fine-tune k steps, evaluate, prune to s2, ... Each level's validation
+//! loss (before and after its fine-tuning), and when asked its time per
+//! training step and per generated token, go into a table and figures.
+//! Embeddings, layernorms and the projections' biases are never pruned.
 //!
-//! Unstructured: the pruned matrices keep their shapes (zeros are stored),
-//! so this measures quality, not speed. Structured pruning that shrinks the
-//! matrices needs per-layer widths (the model seam of the BERT issue).
+//! Magnitude: the blocks' four weight matrices lose their smallest entries,
+//! per matrix or over all of them at once, held at zero while fine-tuning;
+//! the matrices keep their shapes, so this saves no time. Rows: whole
+//! attention heads and MLP units go, per block or over all blocks, and the
+//! model shrinks to per-block widths (`GptConfig::blocks`).
 
 use crate::backend::{Backend, WeightFormat};
 use crate::comm::{local, Comm};
@@ -29,9 +30,10 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Scope {
-    /// Each weight matrix loses the same fraction of its entries.
+    /// Each weight matrix (rows: each block) loses the same fraction.
     Matrix,
-    /// One threshold over all the blocks' weight matrices together.
+    /// One threshold over all the blocks' weight matrices (rows: heads and
+    /// MLP units) together.
     Global,
 }
 

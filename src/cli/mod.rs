@@ -65,10 +65,11 @@ enum Command {
     /// output column, fp32 scales): a model folder that generate, eval and
     /// export read (decode it with --weights int8).
     Quantize(QuantizeArgs),
-    /// Magnitude pruning of the blocks' weight matrices in an iterative
-    /// schedule (prune, fine-tune with the pruned weights held at zero,
-    /// evaluate; next level): the last level's model and a report of
-    /// validation loss vs sparsity (table and figure).
+    /// Pruning of the blocks in an iterative schedule (prune, fine-tune,
+    /// evaluate; next level): single weights by magnitude (held at zero
+    /// while fine-tuning) or whole heads and MLP units (the model shrinks);
+    /// the last level's model and a report of validation loss (and, timed,
+    /// step and token time) vs sparsity (table and figures).
     Prune(PruneArgs),
     /// Validation loss and perplexity of a model (a run directory or a Hugging Face folder).
     Eval(EvalArgs),
