@@ -8,6 +8,7 @@ mod common;
 use distgpt::backend::cpu::Cpu;
 use distgpt::backend::Backend;
 use distgpt::checkpoint;
+use distgpt::checkpoint::state;
 use distgpt::data::{Dataset, TokenizerKind};
 use distgpt::infer::kv::{DecodeWeights, Decoder};
 use distgpt::model::config::BlockWidth;
@@ -15,7 +16,7 @@ use distgpt::model::gpt2::BlockParam;
 use distgpt::model::{Gpt2, GptConfig, ParamLayout, TpPlace};
 use distgpt::parallel::{ParallelConfig, Pipeline, Schedule, StrategyKind};
 use distgpt::prune::{select_rows, shrink, KeptRows, Scope};
-use distgpt::train::{train, TrainSummary};
+use distgpt::train::{train, TrainConfig, TrainSummary};
 use std::time::Duration as Wait;
 
 /// Three blocks of four heads (head size 8) and 128 MLP units.
@@ -333,4 +334,66 @@ fn a_model_with_per_block_widths_trains_under_every_strategy_as_single() {
     let single = tp_run(Single, 1, 1);
     common::assert_follows(&single, &tp_run(Tp, 2, 2), "tp 2");
     common::assert_follows(&single, &tp_run(Fsdp, 4, 2), "fsdp x tp 2");
+}
+
+/// A pruned model's checkpoints keep its widths: fsdp stops and resumes bit
+/// for bit, and the checkpoint resumes under tensor parallelism as it would
+/// have gone on under fsdp.
+#[test]
+fn a_pruned_model_stops_and_resumes_bit_exactly_and_reshards() {
+    let ds = Dataset::load(None, TokenizerKind::Char).unwrap();
+    let model = GptConfig {
+        n_layer: 3,
+        blocks: [(2, 64), (2, 16), (2, 96)]
+            .map(|(heads, hidden)| BlockWidth { heads, hidden })
+            .to_vec(),
+        ..common::tiny_model(&ds)
+    };
+    let run = |cfg: &TrainConfig, strategy, tp| {
+        let par = ParallelConfig {
+            strategy,
+            world_size: 2,
+            tp,
+            recompute: false,
+            precision: Default::default(),
+            pipeline: Pipeline::new(1, Schedule::OneFOneB, 1),
+        };
+        let wait = Wait::from_secs(120);
+        train(Cpu::new, model.clone(), &ds, cfg, par, 2, wait).unwrap()
+    };
+    let whole = run(&common::five_steps("rows-whole", 1), StrategyKind::Fsdp, 1);
+    let split = common::five_steps("rows-split", 1);
+    let first = run(
+        &TrainConfig {
+            stop_after: Some(3),
+            ..split.clone()
+        },
+        StrategyKind::Fsdp,
+        1,
+    );
+    let resumed = |strategy, tp| {
+        let cfg = TrainConfig {
+            resume: Some(state::at_step(&split.out_dir, 3).unwrap()),
+            ..split.clone()
+        };
+        run(&cfg, strategy, tp)
+    };
+    let second = resumed(StrategyKind::Fsdp, 1);
+    let losses: Vec<f32> = first.losses.iter().chain(&second.losses).copied().collect();
+    assert_eq!(losses, whole.losses, "per-step losses");
+    assert!(second.params == whole.params, "final weights differ");
+    let tp = resumed(StrategyKind::Tp, 2);
+    assert_close(
+        &tp.losses,
+        &whole.losses[3..],
+        1e-5,
+        "resumed under tp 2: losses",
+    );
+    let largest = whole.params.iter().fold(0.0f32, |m, p| m.max(p.abs()));
+    assert_close(
+        &tp.params,
+        &whole.params,
+        1e-4 * largest,
+        "resumed under tp 2: weights",
+    );
 }
