@@ -2,7 +2,8 @@
 //! of every block weight matrix (or of all of them, globally) and nothing
 //! else, fine-tuning keeps the pruned weights at zero, the report has a row
 //! per level (with int8 beside fp32 when asked), row pruning writes a
-//! smaller model, `--sweep` times both methods, and a bad schedule is refused.
+//! smaller model that `bench --model` takes, `--sweep` times both methods,
+//! and a bad schedule is refused.
 
 use distgpt::backend::cpu::Cpu;
 use distgpt::checkpoint;
@@ -225,6 +226,40 @@ fn rows_pruning_saves_a_smaller_model_and_the_sweep_times_both_methods() {
     for f in ["prune_val_loss", "prune_step_time", "prune_token_time"] {
         assert!(out.join(format!("{f}.svg")).is_file(), "{f}");
     }
+    // bench takes the pruned folder's shape, and refuses to reshape it
+    let bench = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_distgpt"))
+            .args(["bench", "--model"])
+            .arg(out.join("rows"))
+            .args([
+                "--steps",
+                "1",
+                "--warmup",
+                "0",
+                "--batch-size",
+                "2",
+                "--seq-len",
+                "16",
+            ])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let run = bench(&["--strategy", "fsdp", "--world-size", "2"]);
+    let text = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let params = format!("({} params)", small.config.num_params());
+    assert!(text.contains(&params), "{params} in {text}");
+    let run = bench(&["--n-layer", "3"]);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        !run.status.success() && err.contains("not the model read from"),
+        "{err}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

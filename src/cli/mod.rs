@@ -119,7 +119,8 @@ enum Task {
 #[command(next_help_heading = "Model")]
 pub struct ModelArgs {
     /// Model preset: gpt2, gpt2-medium, gpt2-large, gpt2-xl, shakespeare-char, shakespeare-char-small, tiny;
-    /// for `bench`, also BERT's: bert-minilm, bert-minilm-mlm, bert-base, bert-base-mlm, bert-tiny.
+    /// for `bench`, also BERT's: bert-minilm, bert-minilm-mlm, bert-base, bert-base-mlm, bert-tiny;
+    /// or a GPT-2 model folder (a run, a checkpoint, `prune`'s output) for its shape, per-block widths included.
     #[arg(long, default_value = "shakespeare-char-small")]
     model: String,
     /// Transformer blocks (overrides the preset's).
@@ -157,9 +158,23 @@ impl ModelArgs {
         Ok(c.into())
     }
 
-    /// The preset with overrides and the given vocabulary, validated.
+    /// The preset with overrides (or a model folder's shape) and the given
+    /// vocabulary, validated.
     pub fn resolve(&self, vocab_size: Option<usize>) -> Result<GptConfig> {
-        let mut c = GptConfig::preset(&self.model)?;
+        let folder = Path::new(&self.model);
+        let mut c = match folder.is_dir() {
+            true => {
+                let shape = [self.n_layer, self.n_head, self.n_embd, self.block_size];
+                if shape.iter().any(Option::is_some) {
+                    bail!(
+                        "--n-layer, --n-head, --n-embd and --block-size change a preset, not the model read from {}",
+                        folder.display()
+                    );
+                }
+                checkpoint::read_any_meta(folder)?.config
+            }
+            false => GptConfig::preset(&self.model)?,
+        };
         c.n_layer = self.n_layer.unwrap_or(c.n_layer);
         c.n_head = self.n_head.unwrap_or(c.n_head);
         c.n_embd = self.n_embd.unwrap_or(c.n_embd);

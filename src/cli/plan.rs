@@ -333,6 +333,13 @@ fn network_line(net: &Network) -> String {
             lat * 1e6
         )
     };
+    // calibration on this machine puts every rank on one node
+    if net.ranks_per_node == usize::MAX {
+        return format!(
+            "network: every rank on one node, {}",
+            link(net.intra_bandwidth, net.intra_latency_s)
+        );
+    }
     format!(
         "network: {} ranks per node; within a node {}; across nodes {}",
         net.ranks_per_node,
