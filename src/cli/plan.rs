@@ -240,9 +240,12 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
         return Ok(());
     }
     distgpt::outln!(
-        "{} ({:.3}B params, {} layers x {} wide), global batch {} x {} tokens x {} accum, {} on {} ({} peak, {:.0} GB)",
+        "{} ({} params, {} layers x {} wide), global batch {} x {} tokens x {} accum, {} on {} ({} peak, {:.0} GB)",
         a.model.model_name(),
-        w.model.num_params() as f64 / 1e9,
+        match w.model.num_params() as f64 {
+            n if n >= 1e9 => format!("{:.3}B", n / 1e9),
+            n => format!("{:.1}M", n / 1e6),
+        },
         w.model.n_layer(),
         w.model.n_embd(),
         w.batch,
