@@ -101,6 +101,13 @@ pub trait Backend: Send + Sync + Sized + Clone + 'static {
     fn host<'a, T: Elem>(&self, src: Src<'a, Self, T>) -> Option<&'a [T]>;
     /// Writable host memory behind a view, as [`Backend::host`].
     fn host_mut<'a, T: Elem>(&self, dst: Dst<'a, Self, T>) -> Option<&'a mut [T]>;
+    /// Runs `f`, a loop issuing many small operations (a decoding loop),
+    /// where this backend's operations are cheapest to issue: on the CPU,
+    /// on a worker of the thread pool, so each parallel operation starts
+    /// on the calling worker instead of being handed across threads.
+    fn in_pool<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        f()
+    }
     /// The driver's free and total bytes of the device, where it says (CUDA).
     fn device_memory(&self) -> Option<(u64, u64)> {
         None

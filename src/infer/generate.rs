@@ -3,7 +3,7 @@
 //! (tp rank 0 samples and broadcasts, so every rank feeds the same tokens).
 
 use super::kv::{DecodeWeights, Decoder};
-use crate::backend::cpu::Cpu;
+use crate::backend::cpu::{math::row_max, Cpu};
 use crate::backend::{Backend, WeightFormat};
 use crate::checkpoint;
 use crate::comm::Comm;
@@ -45,18 +45,10 @@ impl SampleConfig {
 
 /// Draws a token from logits (vocabulary only, no padding).
 pub fn sample_token(logits: &[f32], cfg: &SampleConfig, rng: &mut Rng) -> u32 {
+    // the first of the largest (two passes the compiler vectorizes)
     let argmax = || {
-        logits
-            .iter()
-            .enumerate()
-            .fold((0, f32::NEG_INFINITY), |best, (i, &x)| {
-                if x > best.1 {
-                    (i, x)
-                } else {
-                    best
-                }
-            })
-            .0 as u32
+        let max = row_max(logits);
+        logits.iter().position(|&x| x == max).unwrap_or(0) as u32
     };
     if cfg.temperature <= 0.0 {
         return argmax();
@@ -183,7 +175,7 @@ pub fn generate<B: Backend>(
     prompts: &[Vec<u32>],
     cfg: &SampleConfig,
     stop: Option<u32>,
-    on_token: impl FnMut(usize, u32),
+    on_token: impl FnMut(usize, u32) + Send,
 ) -> Result<Vec<Vec<u32>>> {
     generate_as(model, WeightFormat::F32, prompts, cfg, stop, on_token)
 }
@@ -195,7 +187,7 @@ fn generate_as<B: Backend>(
     prompts: &[Vec<u32>],
     cfg: &SampleConfig,
     stop: Option<u32>,
-    on_token: impl FnMut(usize, u32),
+    on_token: impl FnMut(usize, u32) + Send,
 ) -> Result<Vec<Vec<u32>>> {
     let weights = DecodeWeights::new(
         model.backend(),
@@ -219,7 +211,7 @@ pub fn generate_from<B: Backend>(
     cfg: &SampleConfig,
     format: WeightFormat,
     stop: Option<u32>,
-    on_token: impl FnMut(usize, u32),
+    on_token: impl FnMut(usize, u32) + Send,
 ) -> Result<Vec<Vec<u32>>> {
     let (model, _) = checkpoint::load_model(backend, run)?;
     generate_as(&model, format, prompts, cfg, stop, on_token)
@@ -274,7 +266,7 @@ pub fn generate_packed<B: Backend>(
     prompts: &[Vec<u32>],
     cfg: &SampleConfig,
     stop: Option<u32>,
-    mut on_token: impl FnMut(usize, u32),
+    mut on_token: impl FnMut(usize, u32) + Send,
 ) -> Result<Vec<Vec<u32>>> {
     let block = model.config.block_size;
     let mut out = vec![Vec::new(); prompts.len()];
@@ -296,16 +288,18 @@ pub fn generate_packed<B: Backend>(
             seed,
             ..*cfg
         };
-        let new = decode(
-            &mut dec,
-            weights,
-            &context,
-            max_t,
-            &window,
-            stop,
-            None,
-            &mut on_token,
-        )?;
+        let new = model.backend().in_pool(|| {
+            decode(
+                &mut dec,
+                weights,
+                &context,
+                max_t,
+                &window,
+                stop,
+                None,
+                &mut on_token,
+            )
+        })?;
         let full = context[0].len() + new[0].len() >= max_t;
         for (o, n) in out.iter_mut().zip(&new) {
             o.extend_from_slice(n);

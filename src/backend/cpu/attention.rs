@@ -278,7 +278,9 @@ pub struct DecodeShape {
 }
 
 /// One query per row against the KV cache: qkv (b, 3c) supplies the
-/// queries; kcache, vcache are (b, max_t, c); out is (b, c).
+/// queries; kcache, vcache are (b, max_t, c); out is (b, c). A task takes a
+/// row and a run of its heads and walks the cache position by position, so
+/// it reads the row's keys and values as a few contiguous streams.
 pub fn attention_decode(
     out: &mut [f32],
     qkv: &[f32],
@@ -296,26 +298,46 @@ pub fn attention_decode(
     let hd = c / nh;
     let scale = 1.0 / (hd as f32).sqrt();
     assert!(len <= max_t && kcache.len() >= b * max_t * c && out.len() >= b * c);
-    out[..b * c].par_chunks_mut(hd).enumerate().for_each_init(
-        || vec![0.0f32; len],
-        |scores, (rh, o)| {
-            let (r, h) = (rh / nh, rh % nh);
-            let q = &qkv[r * 3 * c + h * hd..r * 3 * c + (h + 1) * hd];
-            let at = |t: usize| (r * max_t + t) * c + h * hd;
-            for (t, sc) in scores.iter_mut().enumerate() {
-                *sc = dot(q, &kcache[at(t)..at(t) + hd]) * scale;
-            }
-            let max = row_max(scores);
-            let total = exp_shifted_sum(scores, max);
-            o.fill(0.0);
-            for (t, &p) in scores.iter().enumerate() {
-                let w = p / total;
-                o.iter_mut()
-                    .zip(&vcache[at(t)..at(t) + hd])
-                    .for_each(|(o, &v)| *o += w * v);
-            }
-        },
-    );
+    if len == 0 {
+        // nothing to attend to
+        out[..b * c].fill(0.0);
+        return;
+    }
+    // Enough tasks for every thread: split a row's heads only when rows are few.
+    let want = 2 * rayon::current_num_threads();
+    let split = (1..=nh)
+        .find(|&d| nh % d == 0 && b * d >= want)
+        .unwrap_or(nh);
+    let heads = nh / split;
+    out[..b * c]
+        .par_chunks_mut(heads * hd)
+        .enumerate()
+        .for_each_init(
+            || vec![0.0f32; heads * len],
+            |scores, (task, o)| {
+                let (r, h0) = (task / split, (task % split) * heads);
+                let at = |t: usize| (r * max_t + t) * c + h0 * hd;
+                let q = &qkv[r * 3 * c + h0 * hd..][..heads * hd];
+                for t in 0..len {
+                    let k = &kcache[at(t)..][..heads * hd];
+                    for (h, (q, k)) in q.chunks_exact(hd).zip(k.chunks_exact(hd)).enumerate() {
+                        scores[h * len + t] = dot(q, k) * scale;
+                    }
+                }
+                for p in scores.chunks_exact_mut(len) {
+                    let total = exp_shifted_sum(p, row_max(p));
+                    p.iter_mut().for_each(|p| *p /= total);
+                }
+                o.fill(0.0);
+                for t in 0..len {
+                    let v = &vcache[at(t)..][..heads * hd];
+                    for (h, (o, v)) in o.chunks_exact_mut(hd).zip(v.chunks_exact(hd)).enumerate() {
+                        let p = scores[h * len + t];
+                        o.iter_mut().zip(v).for_each(|(o, &v)| *o += p * v);
+                    }
+                }
+            },
+        );
 }
 
 #[cfg(test)]
@@ -399,30 +421,45 @@ mod tests {
 
     #[test]
     fn decoding_against_a_cache_matches_full_causal_attention() {
-        let (t, c, nh) = (7, 8, 2);
+        // 8 heads over 1..5 rows: a task takes a row's heads one, two, four
+        // or eight at a time; the cache holds two positions more than used.
+        let (t, c, nh) = (7, 32, 8);
+        let max_t = t + 2;
         let mut rng = Rng::new(9);
-        let qkv = randn(&mut rng, t * 3 * c, 1.0);
-        let want = reference(&to64(&qkv), AttnShape { b: 1, t, c, nh });
-        let (mut kc, mut vc) = (vec![0.0; t * c], vec![0.0; t * c]);
-        for pos in 0..t {
-            let row = &qkv[pos * 3 * c..(pos + 1) * 3 * c];
-            kc[pos * c..(pos + 1) * c].copy_from_slice(&row[c..2 * c]);
-            vc[pos * c..(pos + 1) * c].copy_from_slice(&row[2 * c..]);
-            let mut out = vec![0.0; c];
-            attention_decode(
-                &mut out,
-                row,
-                &kc,
-                &vc,
-                DecodeShape {
-                    b: 1,
-                    len: pos + 1,
-                    c,
-                    nh,
-                    max_t: t,
-                },
-            );
-            assert_close("decode", &out, &want[pos * c..(pos + 1) * c], 1e-5);
+        for b in [1, 2, 3, 5] {
+            let qkv = randn(&mut rng, b * t * 3 * c, 1.0);
+            let want = reference(&to64(&qkv), AttnShape { b, t, c, nh });
+            let (mut kc, mut vc) = (vec![0.0; b * max_t * c], vec![0.0; b * max_t * c]);
+            for pos in 0..t {
+                let mut rows = vec![0.0; b * 3 * c];
+                for r in 0..b {
+                    let row = &qkv[(r * t + pos) * 3 * c..][..3 * c];
+                    rows[r * 3 * c..][..3 * c].copy_from_slice(row);
+                    let at = (r * max_t + pos) * c;
+                    kc[at..at + c].copy_from_slice(&row[c..2 * c]);
+                    vc[at..at + c].copy_from_slice(&row[2 * c..]);
+                }
+                let mut out = vec![0.0; b * c];
+                let len = pos + 1;
+                attention_decode(
+                    &mut out,
+                    &rows,
+                    &kc,
+                    &vc,
+                    DecodeShape {
+                        b,
+                        len,
+                        c,
+                        nh,
+                        max_t,
+                    },
+                );
+                for r in 0..b {
+                    let got = &out[r * c..(r + 1) * c];
+                    let what = format!("decode: {b} rows, row {r}, position {pos}");
+                    assert_close(&what, got, &want[(r * t + pos) * c..][..c], 1e-5);
+                }
+            }
         }
     }
 

@@ -45,6 +45,12 @@ pub fn activation_backward_inplace(d: &mut [f32], inp: &[f32], act: Activation) 
 
 /// dst = src.
 pub fn copy(dst: &mut [f32], src: &[f32]) {
+    if src.len() <= CHUNK {
+        // one chunk (a decoding step's rows): handing it to the thread pool
+        // costs more than copying it
+        dst[..src.len()].copy_from_slice(src);
+        return;
+    }
     dst[..src.len()]
         .par_chunks_mut(CHUNK)
         .zip(src.par_chunks(CHUNK))

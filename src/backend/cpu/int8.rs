@@ -8,19 +8,25 @@ use super::decode::OutPtr;
 use crate::backend::memory::{Category, HostBuf, MemoryStats};
 use crate::backend::WeightLayout;
 use rayon::prelude::*;
-use std::ops::Range;
 use std::sync::Arc;
 
-/// Output columns per packed panel (one 512-bit vector of i32 sums).
-pub const COLS: usize = 16;
+/// Output columns per i32 vector (16 lanes of a 512-bit register).
+const LANES: usize = 16;
+/// Output columns per packed panel: two vectors' worth, interleaved group
+/// by group so a panel (and a run of panels) is one stream of memory.
+pub const PANEL: usize = 2 * LANES;
 /// Input values per i32 lane step (what one VNNI instruction sums).
 const GROUP: usize = 4;
+/// Bytes of one group of a panel.
+const GROUP_BYTES: usize = PANEL * GROUP;
+/// How far ahead of its loads a kernel prefetches the weight stream, in
+/// bytes: a product of many rows spends long enough on each group that the
+/// hardware prefetcher alone leaves the loads waiting on memory.
+const AHEAD: usize = 4096;
 /// Rows of the input sharing one pass over a panel: as many as keep their
 /// sums in registers (AVX-512 has 32 vector registers, AVX2 16).
 const ROWS: usize = 4;
 const ROWS_512: usize = 12;
-/// Panels one product task covers (the AVX-512 kernel's broadcasts feed both).
-const PAIR: usize = 2;
 
 /// A kernel: which instructions sum the int8 products.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,6 +107,12 @@ impl Kernel {
         }
     }
 
+    /// Whether the kernel multiplies the biased (+ 128, unsigned) input
+    /// codes, so its sums come out 128 x the column sums too high.
+    fn biased(self) -> bool {
+        matches!(self, Kernel::Avx512Vnni | Kernel::AvxVnni)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Kernel::Avx512Vnni => "AVX-512 VNNI",
@@ -111,9 +123,10 @@ impl Kernel {
     }
 }
 
-/// The symmetric int8 code of `x` at `scale`, in [-127, 127].
+/// The symmetric int8 code of `x` at `scale`, in [-127, 127] (ties to even,
+/// which compiles to one vector instruction).
 fn quantize(x: f32, inv_scale: f32) -> i8 {
-    (x * inv_scale).round().clamp(-127.0, 127.0) as i8
+    (x * inv_scale).round_ties_even().clamp(-127.0, 127.0) as i32 as i8
 }
 
 /// The scale of values whose largest magnitude is `max_abs` (1 for all zeros).
@@ -123,6 +136,22 @@ fn scale_of(max_abs: f32) -> f32 {
     } else {
         1.0
     }
+}
+
+/// The largest magnitude in `x`, in lanes the compiler can vectorize.
+fn max_abs(x: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 16];
+    let chunks = x.chunks_exact(16);
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(0.0f32, |m, v| m.max(v.abs()));
+    for c in chunks {
+        for (m, v) in lanes.iter_mut().zip(c) {
+            *m = m.max(v.abs());
+        }
+    }
+    lanes.iter().fold(tail, |m, &v| m.max(v))
 }
 
 /// The int8 scale of each of W's n columns (k rows, read through `at(i, j)`).
@@ -144,17 +173,18 @@ pub fn quantize_columns(w: &[f32], k: usize, n: usize) -> (Vec<i8>, Vec<f32>) {
     (codes, scales)
 }
 
-/// W in int8, packed for the kernels: panel p, group g holds
-/// columns 16p..16p+16 of rows 4g..4g+4 as 16 x 4 bytes (column-major
-/// within the group), zero past k and n.
+/// W in int8, packed for the kernels: panel p, group g holds columns
+/// 32p..32p+32 of rows 4g..4g+4 as 32 x 4 bytes (column-major within the
+/// group), zero past k and n; panels follow each other.
 pub struct Int8Weight {
     k: usize,
     n: usize,
     data: HostBuf<i8>,
-    /// Per column: w ≈ code * scale (zero past n).
+    /// Per column: w ≈ code * scale (one past n).
     scales: Vec<f32>,
-    /// Per column: the sum of its codes (the VNNI kernels' offset correction).
-    sums: Vec<i32>,
+    /// Per column: 128 x the sum of its codes (what the biased kernels'
+    /// sums carry too much).
+    offsets: Vec<i32>,
 }
 
 impl Int8Weight {
@@ -171,60 +201,66 @@ impl Int8Weight {
             WeightLayout::InOut => w[i * n + j],
             WeightLayout::OutIn => w[j * k + i],
         };
-        let (panels, groups) = (n.div_ceil(COLS), k.div_ceil(GROUP));
-        let mut scales = vec![1.0f32; panels * COLS];
+        let (panels, groups) = (n.div_ceil(PANEL), k.div_ceil(GROUP));
+        let mut scales = vec![1.0f32; panels * PANEL];
         scales[..n].copy_from_slice(&column_scales(&at, k, n));
         let mut data = HostBuf::zeros(
-            panels * groups * COLS * GROUP,
+            panels * groups * GROUP_BYTES,
             Category::Params,
             stats.clone(),
         );
-        data.par_chunks_mut(groups * COLS * GROUP)
+        data.par_chunks_mut(groups * GROUP_BYTES)
             .enumerate()
             .for_each(|(p, panel)| {
-                for c in 0..COLS.min(n - p * COLS) {
-                    let j = p * COLS + c;
+                for c in 0..PANEL.min(n - p * PANEL) {
+                    let j = p * PANEL + c;
                     let inv = 1.0 / scales[j];
                     for i in 0..k {
-                        panel[(i / GROUP) * COLS * GROUP + c * GROUP + i % GROUP] =
+                        panel[(i / GROUP) * GROUP_BYTES + c * GROUP + i % GROUP] =
                             quantize(at(i, j), inv);
                     }
                 }
             });
-        let mut sums = vec![0i32; panels * COLS];
-        for p in 0..panels {
-            for g in 0..groups {
-                let block = &data[(p * groups + g) * COLS * GROUP..][..COLS * GROUP];
-                for c in 0..COLS {
-                    sums[p * COLS + c] += block[c * GROUP..(c + 1) * GROUP]
-                        .iter()
-                        .map(|&v| v as i32)
-                        .sum::<i32>();
-                }
-            }
-        }
+        let offsets = (0..panels * PANEL)
+            .map(|j| {
+                let (p, c) = (j / PANEL, j % PANEL);
+                let codes = (0..groups).flat_map(|g| {
+                    let at = (p * groups + g) * GROUP_BYTES + c * GROUP;
+                    data[at..at + GROUP].iter().map(|&v| v as i32)
+                });
+                128 * codes.sum::<i32>()
+            })
+            .collect();
         Int8Weight {
             k,
             n,
             data,
             scales,
-            sums,
+            offsets,
         }
+    }
+
+    /// Code of row i, column j.
+    fn code(&self, i: usize, j: usize) -> i8 {
+        let (p, c, groups) = (j / PANEL, j % PANEL, self.k.div_ceil(GROUP));
+        self.data[(p * groups + i / GROUP) * GROUP_BYTES + c * GROUP + i % GROUP]
     }
 
     /// What W holds after quantization (its codes times their scales), k x n.
     pub fn dequantized(&self) -> Vec<f32> {
-        let groups = self.k.div_ceil(GROUP);
         let mut out = vec![0.0; self.k * self.n];
         for i in 0..self.k {
             for j in 0..self.n {
-                let (p, c) = (j / COLS, j % COLS);
-                let code =
-                    self.data[(p * groups + i / GROUP) * COLS * GROUP + c * GROUP + i % GROUP];
-                out[i * self.n + j] = code as f32 * self.scales[j];
+                out[i * self.n + j] = self.code(i, j) as f32 * self.scales[j];
             }
         }
         out
+    }
+
+    /// Panel p's codes.
+    fn panel(&self, p: usize) -> &[i8] {
+        let len = self.k.div_ceil(GROUP) * GROUP_BYTES;
+        &self.data[p * len..(p + 1) * len]
     }
 }
 
@@ -243,16 +279,18 @@ impl Int8Rows {
         assert!(x.len() >= rows * k);
         let stride = k.div_ceil(GROUP) * GROUP;
         let mut codes = vec![0i8; rows * stride];
+        let mut biased = vec![128u8; rows * stride];
         let mut scales = vec![1.0f32; rows];
         for r in 0..rows {
             let row = &x[r * k..(r + 1) * k];
-            scales[r] = scale_of(row.iter().fold(0.0f32, |m, v| m.max(v.abs())));
+            scales[r] = scale_of(max_abs(row));
             let inv = 1.0 / scales[r];
-            for (c, &v) in codes[r * stride..].iter_mut().zip(row) {
+            let (c, b) = (&mut codes[r * stride..], &mut biased[r * stride..]);
+            for ((c, b), &v) in c.iter_mut().zip(b.iter_mut()).zip(row) {
                 *c = quantize(v, inv);
+                *b = (*c as u8) ^ 0x80;
             }
         }
-        let biased = codes.iter().map(|&c| (c as u8) ^ 0x80).collect();
         Int8Rows {
             codes,
             biased,
@@ -260,321 +298,55 @@ impl Int8Rows {
             stride,
         }
     }
+
+    /// Rows r0..r0 + nr.
+    fn rows(&self, r0: usize, nr: usize) -> XRows<'_> {
+        let at = r0 * self.stride..(r0 + nr) * self.stride;
+        XRows {
+            codes: &self.codes[at.clone()],
+            biased: &self.biased[at],
+        }
+    }
 }
 
-/// sums (rows x panels*16) = the exact i32 products of every row's codes
-/// with every panel's columns, by `kernel` (which this CPU must have), in
-/// the pairs of panels `matmul_int8` takes.
+/// sums (rows x panels*32) = the exact i32 products of every row's codes
+/// with every column, by `kernel` (which this CPU must have).
 pub fn products(kernel: Kernel, x: &Int8Rows, w: &Int8Weight, rows: usize) -> Vec<i32> {
-    let panels = w.n.div_ceil(COLS);
-    let width = panels * COLS;
+    let panels = w.n.div_ceil(PANEL);
+    let width = panels * PANEL;
     let mut sums = vec![0i32; rows * width];
-    for p in (0..panels).step_by(PAIR) {
-        let np = PAIR.min(panels - p);
-        let tile = panel_sums(kernel, x, w, p..p + np, rows);
+    let mut tile = vec![0i32; rows * PANEL];
+    for p in 0..panels {
+        panel_sums(kernel, &mut tile, x, w, p, rows);
         for r in 0..rows {
-            sums[r * width + p * COLS..r * width + (p + np) * COLS]
-                .copy_from_slice(&tile[r * np * COLS..(r + 1) * np * COLS]);
+            sums[r * width + p * PANEL..][..PANEL].copy_from_slice(&tile[r * PANEL..][..PANEL]);
         }
     }
     sums
 }
 
-/// tile (rows x 16 |ps|) = every row's codes times panels `ps`' columns
-/// (one or two panels), exact.
+/// tile (rows x 32) = every row's codes times panel p's columns, exact.
 fn panel_sums(
     kernel: Kernel,
+    tile: &mut [i32],
     x: &Int8Rows,
     w: &Int8Weight,
-    ps: Range<usize>,
+    p: usize,
     rows: usize,
-) -> Vec<i32> {
-    let groups = w.k.div_ceil(GROUP);
-    let np = ps.len();
-    assert_eq!(x.stride, groups * GROUP);
-    assert!(x.codes.len() >= rows * x.stride && ps.end <= w.n.div_ceil(COLS));
-    assert!((1..=PAIR).contains(&np));
-    let panels = &w.data[ps.start * groups * COLS * GROUP..ps.end * groups * COLS * GROUP];
-    let mut tile = vec![0i32; rows * np * COLS];
+) {
+    assert_eq!(x.stride, w.k.div_ceil(GROUP) * GROUP);
+    assert!(x.codes.len() >= rows * x.stride && tile.len() >= rows * PANEL);
+    let panel = w.panel(p);
     let per_pass = kernel.rows_per_pass();
     for r0 in (0..rows).step_by(per_pass) {
         let nr = per_pass.min(rows - r0);
-        let at = r0 * x.stride..(r0 + nr) * x.stride;
-        let x_rows = XRows {
-            codes: &x.codes[at.clone()],
-            biased: &x.biased[at],
-        };
-        let out = &mut tile[r0 * np * COLS..(r0 + nr) * np * COLS];
-        panel_product(kernel, out, x_rows, x.stride, panels, (nr, np));
+        let out = &mut tile[r0 * PANEL..(r0 + nr) * PANEL];
+        panel_product(kernel, out, x.rows(r0, nr), x.stride, panel);
     }
-    // The VNNI kernels sum (x + 128) * w: take 128 * sum(w) back off.
-    if matches!(kernel, Kernel::Avx512Vnni | Kernel::AvxVnni) {
-        for row in tile.chunks_exact_mut(np * COLS) {
-            for (s, &ws) in row.iter_mut().zip(&w.sums[ps.start * COLS..ps.end * COLS]) {
-                *s -= 128 * ws;
-            }
-        }
-    }
-    tile
-}
-
-/// Some rows of an [`Int8Rows`], signed and biased.
-#[derive(Clone, Copy)]
-struct XRows<'a> {
-    codes: &'a [i8],
-    biased: &'a [u8],
-}
-
-/// out (nr x 16 np) = x (nr rows of `stride` codes) . `np` consecutive
-/// panels, by `kernel`.
-fn panel_product(
-    kernel: Kernel,
-    out: &mut [i32],
-    x: XRows<'_>,
-    stride: usize,
-    panels: &[i8],
-    (nr, np): (usize, usize),
-) {
-    assert!(out.len() >= nr * np * COLS && x.codes.len() >= nr * stride);
-    assert_eq!(x.biased.len(), x.codes.len());
-    assert_eq!(panels.len(), np * stride * COLS);
-    let (codes, biased) = (x.codes, x.biased);
-    #[cfg(target_arch = "x86_64")]
-    if kernel == Kernel::Avx512Vnni && np == 2 {
-        // SAFETY: bounds checked above; the kernel is offered only to a CPU
-        // that has its instructions.
-        return unsafe { x86::avx512_vnni_pair(out, biased, stride, panels, nr) };
-    }
-    // one panel at a time: out's rows are np panels wide
-    let mut one = vec![0i32; nr * COLS];
-    for (q, panel) in panels.chunks_exact(stride * COLS).enumerate() {
-        one.fill(0);
-        match kernel {
-            Kernel::Portable => portable(&mut one, codes, stride, panel, nr),
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: bounds checked above; `Kernel::best`/`available` offer
-            // a kernel only when the CPU has its instructions.
-            Kernel::Avx2 => unsafe { x86::avx2(&mut one, codes, stride, panel, nr) },
-            #[cfg(target_arch = "x86_64")]
-            Kernel::AvxVnni => unsafe { x86::avx_vnni(&mut one, biased, stride, panel, nr) },
-            #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512Vnni => unsafe { x86::avx512_vnni(&mut one, biased, stride, panel, nr) },
-            #[cfg(not(target_arch = "x86_64"))]
-            _ => unreachable!("only the portable kernel exists off x86-64"),
-        }
-        for r in 0..nr {
-            let o = &mut out[(r * np + q) * COLS..(r * np + q + 1) * COLS];
-            o.iter_mut()
-                .zip(&one[r * COLS..(r + 1) * COLS])
-                .for_each(|(o, v)| *o += v);
-        }
-    }
-}
-
-/// The same sums in plain Rust.
-fn portable(out: &mut [i32], x: &[i8], stride: usize, panel: &[i8], nr: usize) {
-    for r in 0..nr {
-        let row = &x[r * stride..(r + 1) * stride];
-        for (g, block) in panel.chunks_exact(COLS * GROUP).enumerate() {
-            let xs = &row[g * GROUP..(g + 1) * GROUP];
-            for c in 0..COLS {
-                out[r * COLS + c] += block[c * GROUP..(c + 1) * GROUP]
-                    .iter()
-                    .zip(xs)
-                    .map(|(&w, &v)| w as i32 * v as i32)
-                    .sum::<i32>();
-            }
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-mod x86 {
-    use super::{COLS, GROUP, ROWS, ROWS_512};
-    use std::arch::x86_64::*;
-
-    /// Four input codes of row `r`, group `g`, as one i32.
-    #[inline(always)]
-    unsafe fn four<T>(x: *const T, stride: usize, r: usize, g: usize) -> i32 {
-        (x.add(r * stride + g * GROUP) as *const i32).read_unaligned()
-    }
-
-    /// `x` holds the biased codes (+ 128, unsigned): the sums come out
-    /// 128 x the column sums too high.
-    ///
-    /// # Safety
-    /// The CPU must have AVX-512 F, BW and VNNI; `out` holds nr x 16 sums,
-    /// `x` nr rows of `stride` codes, `panel` stride x 16 codes.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub unsafe fn avx512_vnni(out: &mut [i32], x: &[u8], stride: usize, panel: &[i8], nr: usize) {
-        // A row count known at compile time keeps the sums in registers.
-        match nr {
-            1 => avx512_rows::<1>(out, x, stride, panel),
-            2 => avx512_rows::<2>(out, x, stride, panel),
-            3 => avx512_rows::<3>(out, x, stride, panel),
-            4 => avx512_rows::<4>(out, x, stride, panel),
-            5 => avx512_rows::<5>(out, x, stride, panel),
-            6 => avx512_rows::<6>(out, x, stride, panel),
-            7 => avx512_rows::<7>(out, x, stride, panel),
-            8 => avx512_rows::<8>(out, x, stride, panel),
-            9 => avx512_rows::<9>(out, x, stride, panel),
-            10 => avx512_rows::<10>(out, x, stride, panel),
-            11 => avx512_rows::<11>(out, x, stride, panel),
-            _ => avx512_rows::<ROWS_512>(out, x, stride, panel),
-        }
-    }
-
-    /// [`avx512_vnni`] for R rows.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn avx512_rows<const R: usize>(out: &mut [i32], x: &[u8], stride: usize, panel: &[i8]) {
-        let (xp, wp) = (x.as_ptr(), panel.as_ptr());
-        let mut acc = [_mm512_setzero_si512(); R];
-        for g in 0..stride / GROUP {
-            let w = _mm512_loadu_si512(wp.add(g * COLS * GROUP) as *const _);
-            for (r, a) in acc.iter_mut().enumerate() {
-                let v = _mm512_set1_epi32(four(xp, stride, r, g));
-                *a = _mm512_dpbusd_epi32(*a, v, w);
-            }
-        }
-        for (r, a) in acc.iter().enumerate() {
-            let o = out.as_mut_ptr().add(r * COLS);
-            _mm512_storeu_si512(
-                o as *mut _,
-                _mm512_add_epi32(*a, _mm512_loadu_si512(o as *const _)),
-            );
-        }
-    }
-
-    /// [`avx512_vnni`] over two consecutive panels at once (`out`: nr rows
-    /// of 32 sums): each broadcast of an input group feeds two products.
-    ///
-    /// # Safety
-    /// As [`avx512_vnni`], with `panels` 2 x stride x 16 codes and `out`
-    /// nr x 32 sums.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub unsafe fn avx512_vnni_pair(
-        out: &mut [i32],
-        x: &[u8],
-        stride: usize,
-        panels: &[i8],
-        nr: usize,
-    ) {
-        match nr {
-            1 => avx512_pair::<1>(out, x, stride, panels),
-            2 => avx512_pair::<2>(out, x, stride, panels),
-            3 => avx512_pair::<3>(out, x, stride, panels),
-            4 => avx512_pair::<4>(out, x, stride, panels),
-            5 => avx512_pair::<5>(out, x, stride, panels),
-            6 => avx512_pair::<6>(out, x, stride, panels),
-            7 => avx512_pair::<7>(out, x, stride, panels),
-            8 => avx512_pair::<8>(out, x, stride, panels),
-            9 => avx512_pair::<9>(out, x, stride, panels),
-            10 => avx512_pair::<10>(out, x, stride, panels),
-            11 => avx512_pair::<11>(out, x, stride, panels),
-            _ => avx512_pair::<ROWS_512>(out, x, stride, panels),
-        }
-    }
-
-    /// [`avx512_vnni_pair`] for R rows.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn avx512_pair<const R: usize>(out: &mut [i32], x: &[u8], stride: usize, panels: &[i8]) {
-        let (xp, w0) = (x.as_ptr(), panels.as_ptr());
-        let w1 = w0.add(stride * COLS);
-        let mut lo = [_mm512_setzero_si512(); R];
-        let mut hi = [_mm512_setzero_si512(); R];
-        for g in 0..stride / GROUP {
-            let a = _mm512_loadu_si512(w0.add(g * COLS * GROUP) as *const _);
-            let b = _mm512_loadu_si512(w1.add(g * COLS * GROUP) as *const _);
-            for r in 0..R {
-                let v = _mm512_set1_epi32(four(xp, stride, r, g));
-                lo[r] = _mm512_dpbusd_epi32(lo[r], v, a);
-                hi[r] = _mm512_dpbusd_epi32(hi[r], v, b);
-            }
-        }
-        for r in 0..R {
-            let o = out.as_mut_ptr().add(r * 2 * COLS);
-            _mm512_storeu_si512(
-                o as *mut _,
-                _mm512_add_epi32(lo[r], _mm512_loadu_si512(o as *const _)),
-            );
-            let o = o.add(COLS);
-            _mm512_storeu_si512(
-                o as *mut _,
-                _mm512_add_epi32(hi[r], _mm512_loadu_si512(o as *const _)),
-            );
-        }
-    }
-
-    /// `x` biased as for [`avx512_vnni`].
-    ///
-    /// # Safety
-    /// The CPU must have AVX2 and AVX-VNNI; bounds as [`avx512_vnni`].
-    #[target_feature(enable = "avx2,avxvnni")]
-    pub unsafe fn avx_vnni(out: &mut [i32], x: &[u8], stride: usize, panel: &[i8], nr: usize) {
-        let (xp, wp) = (x.as_ptr(), panel.as_ptr());
-        let mut lo = [_mm256_setzero_si256(); ROWS];
-        let mut hi = [_mm256_setzero_si256(); ROWS];
-        for g in 0..stride / GROUP {
-            let (wl, wh) = halves(wp, g);
-            for r in 0..nr {
-                let v = _mm256_set1_epi32(four(xp, stride, r, g));
-                lo[r] = _mm256_dpbusd_avx_epi32(lo[r], v, wl);
-                hi[r] = _mm256_dpbusd_avx_epi32(hi[r], v, wh);
-            }
-        }
-        store(out, &lo, &hi, nr);
-    }
-
-    /// Without VNNI: |x| (u8) times w with x's sign (i8) in pairs to i16
-    /// (at most 2 x 127 x 127, so never saturating), pairs to i32.
-    ///
-    /// # Safety
-    /// The CPU must have AVX2; bounds as [`avx512_vnni`].
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn avx2(out: &mut [i32], x: &[i8], stride: usize, panel: &[i8], nr: usize) {
-        let (xp, wp) = (x.as_ptr(), panel.as_ptr());
-        let ones = _mm256_set1_epi16(1);
-        let mut lo = [_mm256_setzero_si256(); ROWS];
-        let mut hi = [_mm256_setzero_si256(); ROWS];
-        for g in 0..stride / GROUP {
-            let (wl, wh) = halves(wp, g);
-            for r in 0..nr {
-                let v = _mm256_set1_epi32(four(xp, stride, r, g));
-                let mag = _mm256_sign_epi8(v, v);
-                let dot = |w: __m256i| {
-                    _mm256_madd_epi16(_mm256_maddubs_epi16(mag, _mm256_sign_epi8(w, v)), ones)
-                };
-                lo[r] = _mm256_add_epi32(lo[r], dot(wl));
-                hi[r] = _mm256_add_epi32(hi[r], dot(wh));
-            }
-        }
-        store(out, &lo, &hi, nr);
-    }
-
-    /// Group g of a panel (16 columns x 4 codes) as two 8-column halves.
-    #[inline(always)]
-    unsafe fn halves(wp: *const i8, g: usize) -> (__m256i, __m256i) {
-        let b = wp.add(g * COLS * GROUP);
-        (
-            _mm256_loadu_si256(b as *const _),
-            _mm256_loadu_si256(b.add(32) as *const _),
-        )
-    }
-
-    /// out[r] += [lo[r] | hi[r]] for the first nr rows.
-    #[inline(always)]
-    unsafe fn store(out: &mut [i32], lo: &[__m256i; ROWS], hi: &[__m256i; ROWS], nr: usize) {
-        for r in 0..nr {
-            let o = out.as_mut_ptr().add(r * COLS);
-            _mm256_storeu_si256(
-                o as *mut _,
-                _mm256_add_epi32(lo[r], _mm256_loadu_si256(o as *const _)),
-            );
-            let o = o.add(8);
-            _mm256_storeu_si256(
-                o as *mut _,
-                _mm256_add_epi32(hi[r], _mm256_loadu_si256(o as *const _)),
-            );
+    if kernel.biased() {
+        let offsets = &w.offsets[p * PANEL..(p + 1) * PANEL];
+        for row in tile[..rows * PANEL].chunks_exact_mut(PANEL) {
+            row.iter_mut().zip(offsets).for_each(|(s, &o)| *s -= o);
         }
     }
 }
@@ -596,28 +368,240 @@ pub fn matmul_int8(
     let q_rows = Int8Rows::new(x, rows, k);
     let kernel = Kernel::here();
     let dst = &OutPtr(out.as_mut_ptr());
-    // a pair of panels a task, a few tasks a thread's turn
-    let panels = n.div_ceil(COLS);
-    (0..panels.div_ceil(PAIR))
-        .into_par_iter()
-        .with_min_len(2)
-        .for_each(|q| {
-            let ps = q * PAIR..(q * PAIR + PAIR).min(panels);
-            let tile = panel_sums(kernel, &q_rows, w, ps.clone(), rows);
-            let j0 = ps.start * COLS;
-            let (wide, width) = (ps.len() * COLS, (ps.len() * COLS).min(n - j0));
-            for r in 0..rows {
+    // a contiguous run of panels a task: the kernels' prefetches run ahead
+    // along it
+    let panels = n.div_ceil(PANEL);
+    let tasks = (rayon::current_num_threads() * 4).min(panels).max(1);
+    (0..tasks).into_par_iter().for_each(|t| {
+        let mut tile = vec![0i32; rows * PANEL];
+        let mut scaled = [0.0f32; PANEL];
+        for p in panels * t / tasks..panels * (t + 1) / tasks {
+            panel_sums(kernel, &mut tile, &q_rows, w, p, rows);
+            let (j0, width) = (p * PANEL, PANEL.min(n - p * PANEL));
+            let (ws, b) = (&w.scales[j0..j0 + width], bias.map(|b| &b[j0..j0 + width]));
+            for (r, sums) in tile.chunks_exact(PANEL).enumerate() {
+                let xs = q_rows.scales[r];
+                for ((s, &sum), &wsc) in scaled.iter_mut().zip(sums).zip(ws) {
+                    *s = sum as f32 * (xs * wsc);
+                }
+                if let Some(b) = b {
+                    scaled.iter_mut().zip(b).for_each(|(s, &b)| *s += b);
+                }
                 // SAFETY: row r's columns j0..j0 + width lie inside out (rows
                 // x n, checked above) and belong to this task alone.
                 let o = unsafe { dst.slice(r * n + j0, width) };
-                let sums = &tile[r * wide..r * wide + width];
-                for (c, (o, &s)) in o.iter_mut().zip(sums).enumerate() {
-                    let v = s as f32 * q_rows.scales[r] * w.scales[j0 + c]
-                        + bias.map_or(0.0, |b| b[j0 + c]);
-                    *o = if accumulate { *o + v } else { v };
+                if accumulate {
+                    o.iter_mut().zip(&scaled).for_each(|(o, &s)| *o += s);
+                } else {
+                    o.copy_from_slice(&scaled[..width]);
                 }
             }
-        });
+        }
+    });
+}
+
+/// Some rows of an [`Int8Rows`], signed and biased.
+#[derive(Clone, Copy)]
+struct XRows<'a> {
+    codes: &'a [i8],
+    biased: &'a [u8],
+}
+
+/// out (nr x 32) = x (nr rows of `stride` codes) . one panel, by `kernel`
+/// (biased kernels: 128 x the column sums too high).
+fn panel_product(kernel: Kernel, out: &mut [i32], x: XRows<'_>, stride: usize, panel: &[i8]) {
+    let nr = out.len() / PANEL;
+    assert!(x.codes.len() >= nr * stride && x.biased.len() >= nr * stride);
+    assert_eq!(panel.len(), stride * PANEL);
+    let (codes, biased) = (x.codes, x.biased);
+    match kernel {
+        Kernel::Portable => portable(out, codes, stride, panel, nr),
+        // SAFETY: bounds checked above; `Kernel::best`/`available` offer a
+        // kernel only when the CPU has its instructions.
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512Vnni => unsafe { x86::avx512_vnni(out, biased, stride, panel, nr) },
+        #[cfg(target_arch = "x86_64")]
+        Kernel::AvxVnni => unsafe { x86::avx_vnni(out, biased, stride, panel, nr) },
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx2 => unsafe { x86::avx2(out, codes, stride, panel, nr) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("only the portable kernel exists off x86-64"),
+    }
+}
+
+/// The same sums in plain Rust.
+fn portable(out: &mut [i32], x: &[i8], stride: usize, panel: &[i8], nr: usize) {
+    for r in 0..nr {
+        let row = &x[r * stride..(r + 1) * stride];
+        let o = &mut out[r * PANEL..(r + 1) * PANEL];
+        o.fill(0);
+        for (g, block) in panel.chunks_exact(GROUP_BYTES).enumerate() {
+            let xs = &row[g * GROUP..(g + 1) * GROUP];
+            for (c, o) in o.iter_mut().enumerate() {
+                *o += block[c * GROUP..(c + 1) * GROUP]
+                    .iter()
+                    .zip(xs)
+                    .map(|(&w, &v)| w as i32 * v as i32)
+                    .sum::<i32>();
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{AHEAD, GROUP, GROUP_BYTES, LANES, PANEL, ROWS, ROWS_512};
+    use std::arch::x86_64::*;
+
+    /// Four input codes of row `r`, group `g`, as one i32.
+    #[inline(always)]
+    unsafe fn four<T>(x: *const T, stride: usize, r: usize, g: usize) -> i32 {
+        (x.add(r * stride + g * GROUP) as *const i32).read_unaligned()
+    }
+
+    /// Asks for the group `AHEAD` bytes past group g (two cache lines; a
+    /// prefetch past the end of the weights is harmless).
+    #[inline(always)]
+    unsafe fn prefetch_ahead(wp: *const i8, g: usize) {
+        let at = wp.wrapping_add(g * GROUP_BYTES + AHEAD);
+        _mm_prefetch::<_MM_HINT_T0>(at);
+        _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64));
+    }
+
+    /// `x` holds the biased codes (+ 128, unsigned): the sums come out
+    /// 128 x the column sums too high.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F, BW and VNNI; `out` holds nr x 32 sums,
+    /// `x` nr rows of `stride` codes, `panel` stride x 32 codes.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn avx512_vnni(out: &mut [i32], x: &[u8], stride: usize, panel: &[i8], nr: usize) {
+        // A row count known at compile time keeps the sums in registers.
+        match nr {
+            1 => avx512_rows::<1>(out, x, stride, panel),
+            2 => avx512_rows::<2>(out, x, stride, panel),
+            3 => avx512_rows::<3>(out, x, stride, panel),
+            4 => avx512_rows::<4>(out, x, stride, panel),
+            5 => avx512_rows::<5>(out, x, stride, panel),
+            6 => avx512_rows::<6>(out, x, stride, panel),
+            7 => avx512_rows::<7>(out, x, stride, panel),
+            8 => avx512_rows::<8>(out, x, stride, panel),
+            9 => avx512_rows::<9>(out, x, stride, panel),
+            10 => avx512_rows::<10>(out, x, stride, panel),
+            11 => avx512_rows::<11>(out, x, stride, panel),
+            _ => avx512_rows::<ROWS_512>(out, x, stride, panel),
+        }
+    }
+
+    /// [`avx512_vnni`] for R rows: each broadcast of an input group feeds
+    /// both halves of the panel (2R accumulators).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn avx512_rows<const R: usize>(out: &mut [i32], x: &[u8], stride: usize, panel: &[i8]) {
+        let (xp, wp) = (x.as_ptr(), panel.as_ptr());
+        let mut lo = [_mm512_setzero_si512(); R];
+        let mut hi = [_mm512_setzero_si512(); R];
+        for g in 0..stride / GROUP {
+            prefetch_ahead(wp, g);
+            let at = wp.add(g * GROUP_BYTES);
+            let a = _mm512_loadu_si512(at as *const _);
+            let b = _mm512_loadu_si512(at.add(LANES * GROUP) as *const _);
+            for r in 0..R {
+                let v = _mm512_set1_epi32(four(xp, stride, r, g));
+                lo[r] = _mm512_dpbusd_epi32(lo[r], v, a);
+                hi[r] = _mm512_dpbusd_epi32(hi[r], v, b);
+            }
+        }
+        for r in 0..R {
+            let o = out.as_mut_ptr().add(r * PANEL);
+            _mm512_storeu_si512(o as *mut _, lo[r]);
+            _mm512_storeu_si512(o.add(LANES) as *mut _, hi[r]);
+        }
+    }
+
+    /// `x` biased as for [`avx512_vnni`]; the panel a 16-column half at a time.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and AVX-VNNI; bounds as [`avx512_vnni`], nr <= 4.
+    #[target_feature(enable = "avx2,avxvnni")]
+    pub unsafe fn avx_vnni(out: &mut [i32], x: &[u8], stride: usize, panel: &[i8], nr: usize) {
+        let xp = x.as_ptr();
+        for half in 0..2 {
+            let wp = panel.as_ptr().add(half * LANES * GROUP);
+            let mut lo = [_mm256_setzero_si256(); ROWS];
+            let mut hi = [_mm256_setzero_si256(); ROWS];
+            for g in 0..stride / GROUP {
+                if half == 0 {
+                    prefetch_ahead(wp, g);
+                }
+                let (wl, wh) = quarters(wp, g);
+                for r in 0..nr {
+                    let v = _mm256_set1_epi32(four(xp, stride, r, g));
+                    lo[r] = _mm256_dpbusd_avx_epi32(lo[r], v, wl);
+                    hi[r] = _mm256_dpbusd_avx_epi32(hi[r], v, wh);
+                }
+            }
+            store(out, half, &lo, &hi, nr);
+        }
+    }
+
+    /// Without VNNI: |x| (u8) times w with x's sign (i8) in pairs to i16
+    /// (at most 2 x 127 x 127, so never saturating), pairs to i32.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; bounds as [`avx512_vnni`], nr <= 4.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn avx2(out: &mut [i32], x: &[i8], stride: usize, panel: &[i8], nr: usize) {
+        let xp = x.as_ptr();
+        let ones = _mm256_set1_epi16(1);
+        for half in 0..2 {
+            let wp = panel.as_ptr().add(half * LANES * GROUP);
+            let mut lo = [_mm256_setzero_si256(); ROWS];
+            let mut hi = [_mm256_setzero_si256(); ROWS];
+            for g in 0..stride / GROUP {
+                if half == 0 {
+                    prefetch_ahead(wp, g);
+                }
+                let (wl, wh) = quarters(wp, g);
+                for r in 0..nr {
+                    let v = _mm256_set1_epi32(four(xp, stride, r, g));
+                    let mag = _mm256_sign_epi8(v, v);
+                    let dot = |w: __m256i| {
+                        _mm256_madd_epi16(_mm256_maddubs_epi16(mag, _mm256_sign_epi8(w, v)), ones)
+                    };
+                    lo[r] = _mm256_add_epi32(lo[r], dot(wl));
+                    hi[r] = _mm256_add_epi32(hi[r], dot(wh));
+                }
+            }
+            store(out, half, &lo, &hi, nr);
+        }
+    }
+
+    /// Group g of a panel's half (16 columns x 4 codes at `wp`) as two
+    /// 8-column quarters.
+    #[inline(always)]
+    unsafe fn quarters(wp: *const i8, g: usize) -> (__m256i, __m256i) {
+        let b = wp.add(g * GROUP_BYTES);
+        (
+            _mm256_loadu_si256(b as *const _),
+            _mm256_loadu_si256(b.add(32) as *const _),
+        )
+    }
+
+    /// Rows' sums for columns 16 half..16 half + 16: out[r] = [lo[r] | hi[r]].
+    #[inline(always)]
+    unsafe fn store(
+        out: &mut [i32],
+        half: usize,
+        lo: &[__m256i; ROWS],
+        hi: &[__m256i; ROWS],
+        nr: usize,
+    ) {
+        for r in 0..nr {
+            let o = out.as_mut_ptr().add(r * PANEL + half * LANES);
+            _mm256_storeu_si256(o as *mut _, lo[r]);
+            _mm256_storeu_si256(o.add(8) as *mut _, hi[r]);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -633,8 +617,8 @@ mod tests {
     /// The products by definition: every code widened to i64.
     fn reference(x: &Int8Rows, w: &Int8Weight, rows: usize) -> Vec<i64> {
         let deq = |i: usize, j: usize| {
-            let (p, c, groups) = (j / COLS, j % COLS, w.k.div_ceil(GROUP));
-            w.data[(p * groups + i / GROUP) * COLS * GROUP + c * GROUP + i % GROUP] as i64
+            let (p, c, groups) = (j / PANEL, j % PANEL, w.k.div_ceil(GROUP));
+            w.data[(p * groups + i / GROUP) * PANEL * GROUP + c * GROUP + i % GROUP] as i64
         };
         let mut out = vec![0i64; rows * w.n];
         for r in 0..rows {
@@ -652,7 +636,8 @@ mod tests {
         let stats = Arc::new(MemoryStats::default());
         let kernels = Kernel::available(Features::detect());
         eprintln!("int8 kernels here: {kernels:?}");
-        // Sizes that are not multiples of the group (4), the panel (16) or the row tile (4).
+        // Sizes that are not multiples of the group (4), the panel (32) or the
+        // row tiles (4, 12), and runs of panels past the prefetch distance.
         for (rows, k, n) in [
             (1, 1, 1),
             (3, 5, 17),
@@ -661,6 +646,8 @@ mod tests {
             (9, 768, 33),
             (13, 100, 20),
             (12, 64, 32),
+            (16, 200, 70),
+            (12, 768, 96),
         ] {
             let w = random(k * n, 1 + k as u64);
             let x = random(rows * k, 2 + n as u64);
@@ -668,7 +655,7 @@ mod tests {
                 let packed = Int8Weight::new(&w, layout, k, n, &stats);
                 let q = Int8Rows::new(&x, rows, k);
                 let want = reference(&q, &packed, rows);
-                let width = n.div_ceil(COLS) * COLS;
+                let width = n.div_ceil(PANEL) * PANEL;
                 for &kernel in &kernels {
                     let got = products(kernel, &q, &packed, rows);
                     for r in 0..rows {
@@ -703,7 +690,7 @@ mod tests {
             let got = products(kernel, &q, &packed, rows);
             for r in 0..rows {
                 for j in 0..n {
-                    assert_eq!(got[r * COLS + j] as i64, want[r * n + j], "{kernel:?}");
+                    assert_eq!(got[r * PANEL + j] as i64, want[r * n + j], "{kernel:?}");
                 }
             }
         }
@@ -764,7 +751,7 @@ mod tests {
         assert!(worst <= 0.5 + 1e-4, "a weight moved {worst} steps");
         assert_eq!(
             stats.report().current_bytes.params,
-            (k.div_ceil(4) * 4 * 48) as u64
+            (k.div_ceil(4) * 4 * n.div_ceil(PANEL) * PANEL) as u64
         );
     }
 }

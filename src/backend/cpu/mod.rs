@@ -109,6 +109,10 @@ impl Backend for Cpu {
     fn synchronize(&self) -> Result<()> {
         Ok(())
     }
+    fn in_pool<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        // a scope's body runs on a worker (this one, if it is one already)
+        rayon::scope(|_| f())
+    }
     fn encoder_forward(
         &self,
         out: Dst<'_, Self>,
