@@ -45,13 +45,8 @@ impl SampleConfig {
 
 /// Draws a token from logits (vocabulary only, no padding).
 pub fn sample_token(logits: &[f32], cfg: &SampleConfig, rng: &mut Rng) -> u32 {
-    // the first of the largest (two passes the compiler vectorizes)
-    let argmax = || {
-        let max = row_max(logits);
-        logits.iter().position(|&x| x == max).unwrap_or(0) as u32
-    };
     if cfg.temperature <= 0.0 {
-        return argmax();
+        return argmax(logits) as u32;
     }
     let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
     if cfg.top_k > 0 && cfg.top_k < idx.len() {
@@ -424,25 +419,28 @@ pub fn evaluate_decoded<B: Backend>(
             )));
         }
         let (mut dq, mut df) = (decoder()?, decoder()?);
-        for pos in 0..t {
-            let column: Vec<u32> = (0..rows).map(|r| inputs[r * t + pos]).collect();
-            dq.step(&asked, &column, pos, None)?;
-            df.step(&full, &column, pos, None)?;
-            for r in 0..rows {
-                let (q, f) = (dq.logits(r)?, df.logits(r)?);
-                let target = targets[r * t + pos] as usize;
-                if target >= q.len() {
-                    return Err(Error::Input(format!(
-                        "token {target} is outside the model's vocabulary of {}",
-                        q.len()
-                    )));
+        model.backend().in_pool(|| {
+            for pos in 0..t {
+                let column: Vec<u32> = (0..rows).map(|r| inputs[r * t + pos]).collect();
+                dq.step(&asked, &column, pos, None)?;
+                df.step(&full, &column, pos, None)?;
+                for r in 0..rows {
+                    let (q, f) = (dq.logits(r)?, df.logits(r)?);
+                    let target = targets[r * t + pos] as usize;
+                    if target >= q.len() {
+                        return Err(Error::Input(format!(
+                            "token {target} is outside the model's vocabulary of {}",
+                            q.len()
+                        )));
+                    }
+                    loss += cross_entropy(&q, target);
+                    loss_f32 += cross_entropy(&f, target);
+                    agree += usize::from(argmax(&q) == argmax(&f));
+                    n += 1;
                 }
-                loss += cross_entropy(&q, target);
-                loss_f32 += cross_entropy(&f, target);
-                agree += usize::from(argmax(&q) == argmax(&f));
-                n += 1;
             }
-        }
+            Ok(())
+        })?;
     }
     let per = |x: f64| x / n.max(1) as f64;
     Ok(DecodedEval {
@@ -460,16 +458,9 @@ fn cross_entropy(logits: &[f32], target: usize) -> f64 {
     max + sum.ln() - logits[target] as f64
 }
 
-/// The index of the largest value (the first of equals).
+/// The index of the largest value (the first of equals; 0 for none), in
+/// two passes the compiler vectorizes.
 fn argmax(v: &[f32]) -> usize {
-    v.iter()
-        .enumerate()
-        .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &x)| {
-            if x > bv {
-                (i, x)
-            } else {
-                (bi, bv)
-            }
-        })
-        .0
+    let max = row_max(v);
+    v.iter().position(|&x| x == max).unwrap_or(0)
 }
