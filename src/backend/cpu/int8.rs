@@ -351,7 +351,18 @@ fn panel_sums(
     }
 }
 
-/// out (rows, n) = [out +] x (rows, k) @ W + bias, in int8 with this CPU's kernel.
+/// What a product multiplies W's codes with.
+enum Input {
+    /// Rows quantized per token: int8 x int8 products.
+    Int8(Int8Rows),
+    /// One f32 row, zero-padded to whole groups: the weight-only path.
+    F32(Vec<f32>),
+}
+
+/// out (rows, n) = [out +] x (rows, k) @ W + bias, in int8 with this CPU's
+/// kernel. One row (batch-1 decoding, bound by reading the weights) takes
+/// the weight-only path: the codes are widened to f32 in registers and
+/// multiplied with the f32 input, so only the weights are quantized.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_int8(
     out: &mut [f32],
@@ -364,8 +375,14 @@ pub fn matmul_int8(
     accumulate: bool,
 ) {
     assert_eq!((k, n), (w.k, w.n), "the packed weight's shape");
-    assert!(out.len() >= rows * n && bias.is_none_or(|b| b.len() >= n));
-    let q_rows = Int8Rows::new(x, rows, k);
+    assert!(out.len() >= rows * n && x.len() >= rows * k && bias.is_none_or(|b| b.len() >= n));
+    let input = if rows == 1 {
+        let mut padded = vec![0.0f32; k.div_ceil(GROUP) * GROUP];
+        padded[..k].copy_from_slice(&x[..k]);
+        Input::F32(padded)
+    } else {
+        Input::Int8(Int8Rows::new(x, rows, k))
+    };
     let kernel = Kernel::here();
     let dst = &OutPtr(out.as_mut_ptr());
     // a contiguous run of panels a task: the kernels' prefetches run ahead
@@ -376,14 +393,11 @@ pub fn matmul_int8(
         let mut tile = vec![0i32; rows * PANEL];
         let mut scaled = [0.0f32; PANEL];
         for p in panels * t / tasks..panels * (t + 1) / tasks {
-            panel_sums(kernel, &mut tile, &q_rows, w, p, rows);
             let (j0, width) = (p * PANEL, PANEL.min(n - p * PANEL));
             let (ws, b) = (&w.scales[j0..j0 + width], bias.map(|b| &b[j0..j0 + width]));
-            for (r, sums) in tile.chunks_exact(PANEL).enumerate() {
-                let xs = q_rows.scales[r];
-                for ((s, &sum), &wsc) in scaled.iter_mut().zip(sums).zip(ws) {
-                    *s = sum as f32 * (xs * wsc);
-                }
+            // row r's products with the panel, times the row's scale, in `scaled`
+            let store = |r: usize, scaled: &mut [f32; PANEL]| {
+                scaled.iter_mut().zip(ws).for_each(|(s, &wsc)| *s *= wsc);
                 if let Some(b) = b {
                     scaled.iter_mut().zip(b).for_each(|(s, &b)| *s += b);
                 }
@@ -391,13 +405,62 @@ pub fn matmul_int8(
                 // x n, checked above) and belong to this task alone.
                 let o = unsafe { dst.slice(r * n + j0, width) };
                 if accumulate {
-                    o.iter_mut().zip(&scaled).for_each(|(o, &s)| *o += s);
+                    o.iter_mut().zip(scaled.iter()).for_each(|(o, &s)| *o += s);
                 } else {
                     o.copy_from_slice(&scaled[..width]);
+                }
+            };
+            match &input {
+                Input::F32(x) => {
+                    weight_only_panel(kernel, &mut scaled, x, w.panel(p));
+                    store(0, &mut scaled);
+                }
+                Input::Int8(q) => {
+                    panel_sums(kernel, &mut tile, q, w, p, rows);
+                    for (r, sums) in tile.chunks_exact(PANEL).enumerate() {
+                        let xs = q.scales[r];
+                        scaled
+                            .iter_mut()
+                            .zip(sums)
+                            .for_each(|(s, &v)| *s = v as f32 * xs);
+                        store(r, &mut scaled);
+                    }
                 }
             }
         }
     });
+}
+
+/// out = x (f32, whole groups) . one panel's codes widened to f32, by the
+/// f32 kernel of `kernel`'s CPU (AVX-512 F where it has AVX-512 VNNI, AVX2
+/// + FMA on other x86-64, plain Rust elsewhere).
+fn weight_only_panel(kernel: Kernel, out: &mut [f32; PANEL], x: &[f32], panel: &[i8]) {
+    assert_eq!(panel.len(), x.len() * PANEL);
+    assert_eq!(x.len() % GROUP, 0);
+    match kernel {
+        // SAFETY: bounds checked above; AVX-512 VNNI implies AVX-512 F, and
+        // every x86-64 build of distgpt targets AVX2 + FMA (x86-64-v3).
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512Vnni => unsafe { x86::avx512_weight_only(out, x, panel) },
+        #[cfg(target_arch = "x86_64")]
+        Kernel::AvxVnni | Kernel::Avx2 => unsafe { x86::avx2_weight_only(out, x, panel) },
+        _ => portable_weight_only(out, x, panel),
+    }
+}
+
+/// The same in plain Rust.
+fn portable_weight_only(out: &mut [f32; PANEL], x: &[f32], panel: &[i8]) {
+    out.fill(0.0);
+    for (block, xs) in panel.chunks_exact(GROUP_BYTES).zip(x.chunks_exact(GROUP)) {
+        for (c, o) in out.iter_mut().enumerate() {
+            let codes = &block[c * GROUP..(c + 1) * GROUP];
+            *o += codes
+                .iter()
+                .zip(xs)
+                .map(|(&q, &v)| q as f32 * v)
+                .sum::<f32>();
+        }
+    }
 }
 
 /// Some rows of an [`Int8Rows`], signed and biased.
@@ -576,6 +639,71 @@ mod x86 {
         }
     }
 
+    /// [`super::weight_only_panel`] with AVX-512 F: byte i of every
+    /// column's 4-byte lane sign-extended to i32 (shift left, shift right),
+    /// converted, times input value 4g + i; an accumulator per (half, i).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F; `x` holds whole groups and `panel`
+    /// x.len() x 32 codes.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn avx512_weight_only(out: &mut [f32; PANEL], x: &[f32], panel: &[i8]) {
+        let wp = panel.as_ptr();
+        let mut acc = [[_mm512_setzero_ps(); GROUP]; 2];
+        for g in 0..x.len() / GROUP {
+            prefetch_ahead(wp, g);
+            let xs = x.as_ptr().add(g * GROUP);
+            for (half, acc) in acc.iter_mut().enumerate() {
+                let codes =
+                    _mm512_loadu_si512(wp.add(g * GROUP_BYTES + half * LANES * GROUP) as *const _);
+                let bytes = [
+                    _mm512_srai_epi32::<24>(_mm512_slli_epi32::<24>(codes)),
+                    _mm512_srai_epi32::<24>(_mm512_slli_epi32::<16>(codes)),
+                    _mm512_srai_epi32::<24>(_mm512_slli_epi32::<8>(codes)),
+                    _mm512_srai_epi32::<24>(codes),
+                ];
+                for (i, (a, b)) in acc.iter_mut().zip(bytes).enumerate() {
+                    *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b), _mm512_set1_ps(*xs.add(i)), *a);
+                }
+            }
+        }
+        for (half, acc) in acc.iter().enumerate() {
+            let sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+            _mm512_storeu_ps(out.as_mut_ptr().add(half * LANES), sum);
+        }
+    }
+
+    /// [`avx512_weight_only`] with AVX2 + FMA, 8 columns a vector.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA; bounds as [`avx512_weight_only`].
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn avx2_weight_only(out: &mut [f32; PANEL], x: &[f32], panel: &[i8]) {
+        let wp = panel.as_ptr();
+        // per 8-column quarter: one accumulator for bytes 0 and 2, one for 1 and 3
+        let mut acc = [[_mm256_setzero_ps(); 2]; PANEL / 8];
+        for g in 0..x.len() / GROUP {
+            prefetch_ahead(wp, g);
+            let xs = x.as_ptr().add(g * GROUP);
+            let v = [0, 1, 2, 3].map(|i| _mm256_set1_ps(*xs.add(i)));
+            for (q, acc) in acc.iter_mut().enumerate() {
+                let codes = _mm256_loadu_si256(wp.add(g * GROUP_BYTES + q * 32) as *const _);
+                let bytes = [
+                    _mm256_srai_epi32::<24>(_mm256_slli_epi32::<24>(codes)),
+                    _mm256_srai_epi32::<24>(_mm256_slli_epi32::<16>(codes)),
+                    _mm256_srai_epi32::<24>(_mm256_slli_epi32::<8>(codes)),
+                    _mm256_srai_epi32::<24>(codes),
+                ];
+                for (i, b) in bytes.into_iter().enumerate() {
+                    acc[i % 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(b), v[i], acc[i % 2]);
+                }
+            }
+        }
+        for (q, acc) in acc.iter().enumerate() {
+            _mm256_storeu_ps(out.as_mut_ptr().add(q * 8), _mm256_add_ps(acc[0], acc[1]));
+        }
+    }
+
     /// Group g of a panel's half (16 columns x 4 codes at `wp`) as two
     /// 8-column quarters.
     #[inline(always)]
@@ -669,6 +797,58 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn every_weight_only_kernel_this_cpu_has_matches_an_f64_reference() {
+        let stats = Arc::new(MemoryStats::default());
+        for (k, n) in [(1, 1), (5, 17), (131, 50), (768, 96)] {
+            let w = random(k * n, 3 + k as u64);
+            let x = random(k, 4 + n as u64);
+            let packed = Int8Weight::new(&w, WeightLayout::InOut, k, n, &stats);
+            let mut padded = vec![0.0f32; k.div_ceil(GROUP) * GROUP];
+            padded[..k].copy_from_slice(&x);
+            for kernel in Kernel::available(Features::detect()) {
+                for p in 0..n.div_ceil(PANEL) {
+                    let mut got = [0.0f32; PANEL];
+                    weight_only_panel(kernel, &mut got, &padded, packed.panel(p));
+                    for (c, &got) in got.iter().enumerate().take(n - p * PANEL) {
+                        let j = p * PANEL + c;
+                        let terms = (0..k).map(|i| x[i] as f64 * packed.code(i, j) as f64);
+                        let (want, size) = terms.fold((0.0, 0.0), |(s, a), t| (s + t, a + t.abs()));
+                        assert!(
+                            (got as f64 - want).abs() <= 1e-6 * size.max(1.0),
+                            "{kernel:?} weight-only k {k} n {n} column {j}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn one_row_is_multiplied_by_the_dequantized_weights_in_f32() {
+        // the weight-only path: only W is quantized, so the product is
+        // x @ dequantized(W) to float rounding, with bias and accumulation
+        let stats = Arc::new(MemoryStats::default());
+        let (k, n) = (300, 70);
+        let (w, x, bias) = (random(k * n, 11), random(k, 12), random(n, 13));
+        let packed = Int8Weight::new(&w, WeightLayout::InOut, k, n, &stats);
+        let deq = packed.dequantized();
+        let mut out = vec![0.25f32; n];
+        matmul_int8(&mut out, &x, &packed, Some(&bias), 1, k, n, true);
+        for j in 0..n {
+            let want: f64 = (0..k)
+                .map(|i| x[i] as f64 * deq[i * n + j] as f64)
+                .sum::<f64>()
+                + bias[j] as f64
+                + 0.25;
+            assert!(
+                (out[j] as f64 - want).abs() < 1e-4,
+                "column {j}: {} vs {want}",
+                out[j]
+            );
         }
     }
 
