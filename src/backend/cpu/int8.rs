@@ -587,24 +587,9 @@ mod x86 {
     /// The CPU must have AVX2 and AVX-VNNI; bounds as [`avx512_vnni`], nr <= 4.
     #[target_feature(enable = "avx2,avxvnni")]
     pub unsafe fn avx_vnni(out: &mut [i32], x: &[u8], stride: usize, panel: &[i8], nr: usize) {
-        let xp = x.as_ptr();
-        for half in 0..2 {
-            let wp = panel.as_ptr().add(half * LANES * GROUP);
-            let mut lo = [_mm256_setzero_si256(); ROWS];
-            let mut hi = [_mm256_setzero_si256(); ROWS];
-            for g in 0..stride / GROUP {
-                if half == 0 {
-                    prefetch_ahead(wp, g);
-                }
-                let (wl, wh) = quarters(wp, g);
-                for r in 0..nr {
-                    let v = _mm256_set1_epi32(four(xp, stride, r, g));
-                    lo[r] = _mm256_dpbusd_avx_epi32(lo[r], v, wl);
-                    hi[r] = _mm256_dpbusd_avx_epi32(hi[r], v, wh);
-                }
-            }
-            store(out, half, &lo, &hi, nr);
-        }
+        halves(out, x.as_ptr(), stride, panel, nr, |acc, v, w| {
+            _mm256_dpbusd_avx_epi32(acc, v, w)
+        });
     }
 
     /// Without VNNI: |x| (u8) times w with x's sign (i8) in pairs to i16
@@ -614,8 +599,26 @@ mod x86 {
     /// The CPU must have AVX2; bounds as [`avx512_vnni`], nr <= 4.
     #[target_feature(enable = "avx2")]
     pub unsafe fn avx2(out: &mut [i32], x: &[i8], stride: usize, panel: &[i8], nr: usize) {
-        let xp = x.as_ptr();
         let ones = _mm256_set1_epi16(1);
+        halves(out, x.as_ptr(), stride, panel, nr, |acc, v, w| {
+            let mag = _mm256_sign_epi8(v, v);
+            let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(mag, _mm256_sign_epi8(w, v)), ones);
+            _mm256_add_epi32(acc, dot)
+        });
+    }
+
+    /// The 256-bit kernels' pass: each 16-column half of the panel, nr <= 4
+    /// rows at a time, `step(acc, four input codes broadcast, 8 columns' codes)`
+    /// adding the products to acc.
+    #[inline(always)]
+    unsafe fn halves<T>(
+        out: &mut [i32],
+        xp: *const T,
+        stride: usize,
+        panel: &[i8],
+        nr: usize,
+        step: impl Fn(__m256i, __m256i, __m256i) -> __m256i,
+    ) {
         for half in 0..2 {
             let wp = panel.as_ptr().add(half * LANES * GROUP);
             let mut lo = [_mm256_setzero_si256(); ROWS];
@@ -627,12 +630,8 @@ mod x86 {
                 let (wl, wh) = quarters(wp, g);
                 for r in 0..nr {
                     let v = _mm256_set1_epi32(four(xp, stride, r, g));
-                    let mag = _mm256_sign_epi8(v, v);
-                    let dot = |w: __m256i| {
-                        _mm256_madd_epi16(_mm256_maddubs_epi16(mag, _mm256_sign_epi8(w, v)), ones)
-                    };
-                    lo[r] = _mm256_add_epi32(lo[r], dot(wl));
-                    hi[r] = _mm256_add_epi32(hi[r], dot(wh));
+                    lo[r] = step(lo[r], v, wl);
+                    hi[r] = step(hi[r], v, wh);
                 }
             }
             store(out, half, &lo, &hi, nr);
