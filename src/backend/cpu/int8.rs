@@ -123,10 +123,20 @@ impl Kernel {
     }
 }
 
-/// The symmetric int8 code of `x` at `scale`, in [-127, 127] (ties to even,
-/// which compiles to one vector instruction).
+/// 1.5 x 2^23: a float of magnitude at most 2^22 added to it is rounded to
+/// an integer (to nearest, ties to even), which lands in the sum's low
+/// mantissa bits as two's complement.
+const ROUNDER: f32 = 12_582_912.0;
+
+/// The symmetric int8 code of `x` at `scale`, in [-127, 127], ties to even,
+/// NaN to 0: clamped first, then rounded by [`ROUNDER`] instead of a float to
+/// integer conversion, so a loop of these compiles to vector instructions
+/// (a saturating conversion does not).
+#[inline(always)]
 fn quantize(x: f32, inv_scale: f32) -> i8 {
-    (x * inv_scale).round_ties_even().clamp(-127.0, 127.0) as i32 as i8
+    let y = (x * inv_scale).clamp(-127.0, 127.0);
+    let y = if y.is_nan() { 0.0 } else { y };
+    (y + ROUNDER).to_bits() as u8 as i8
 }
 
 /// The scale of values whose largest magnitude is `max_abs` (1 for all zeros).
@@ -756,6 +766,31 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn quantizing_rounds_ties_to_even_clamps_and_sends_nan_to_zero() {
+        let plain =
+            |x: f32, inv: f32| (x * inv).round_ties_even().clamp(-127.0, 127.0) as i32 as i8;
+        let mut xs = vec![
+            0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, -126.5, 127.5, -127.5,
+        ];
+        xs.extend([
+            0.0,
+            -0.0,
+            1e-30,
+            1e30,
+            -1e30,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+        ]);
+        xs.extend(random(4096, 9).iter().map(|v| v * 200.0));
+        for &x in &xs {
+            for inv in [1.0, 0.37, 127.0 / 3.1] {
+                assert_eq!(quantize(x, inv), plain(x, inv), "{x} x {inv}");
+            }
+        }
+        assert_eq!(quantize(f32::NAN, 1.0), 0);
     }
 
     #[test]
