@@ -10,6 +10,9 @@ use rayon::prelude::*;
 
 /// Query rows per block: the scratch per task is BLOCK x T floats (twice in backward).
 const BLOCK: usize = 64;
+/// Multiply-adds an `attention_decode` task gets at least: about a
+/// microsecond, below which handing it to another thread costs more.
+const DECODE_GRAIN: usize = 1 << 15;
 
 /// p (rows x cols) = scale * Q (rows x hd) K (cols x hd)^T, Q and K rows `stride` apart.
 ///
@@ -309,9 +312,12 @@ pub fn attention_decode(
         .find(|&d| nh % d == 0 && b * d >= want)
         .unwrap_or(nh);
     let heads = nh / split;
+    // a task's multiply-adds (scores and the weighted sum of values)
+    let work = 2 * heads * hd * len;
     out[..b * c]
         .par_chunks_mut(heads * hd)
         .enumerate()
+        .with_min_len(DECODE_GRAIN.div_ceil(work))
         .for_each_init(
             || vec![0.0f32; heads * len],
             |scores, (task, o)| {

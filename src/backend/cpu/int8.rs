@@ -5,6 +5,7 @@
 //! time by what the CPU has: AVX-512 VNNI, AVX-VNNI, AVX2, or plain Rust.
 
 use super::decode::OutPtr;
+use super::tasks_for;
 use crate::backend::memory::{Category, HostBuf, MemoryStats};
 use crate::backend::WeightLayout;
 use rayon::prelude::*;
@@ -27,6 +28,20 @@ const AHEAD: usize = 4096;
 /// sums in registers (AVX-512 has 32 vector registers, AVX2 16).
 const ROWS: usize = 4;
 const ROWS_512: usize = 12;
+/// Bytes of int8 weights from which a one-row product takes the weight-only
+/// path. A model of such matrices streams them from memory at every token,
+/// which hides the weight-only kernel's extra arithmetic (three vector
+/// instructions per 16 products where VNNI needs one per 64), and its
+/// products are closer to fp32; a smaller model's matrices stay in cache,
+/// where that arithmetic is the cost: int8 x int8 decodes the 4 x 128
+/// default model's tokens 1.6x faster. GPT-2 124M's smallest matrix is
+/// 576 KiB, the default model's largest 64 KiB.
+const STREAMED: usize = 256 << 10;
+/// Multiply-adds a task of [`matmul_int8`] gets at least (a row counted as
+/// four at least: one row's time is the weights' reading): a few
+/// microseconds of the kernels', as handing a task to another thread costs
+/// two or three.
+const GRAIN: usize = 1 << 18;
 
 /// A kernel: which instructions sum the int8 products.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -328,14 +343,19 @@ pub fn products(kernel: Kernel, x: &Int8Rows, w: &Int8Weight, rows: usize) -> Ve
     let mut tile = vec![0i32; rows * PANEL];
     for p in 0..panels {
         panel_sums(kernel, &mut tile, x, w, p, rows);
+        let excess = excess(kernel, w, p);
         for r in 0..rows {
-            sums[r * width + p * PANEL..][..PANEL].copy_from_slice(&tile[r * PANEL..][..PANEL]);
+            let row = &mut sums[r * width + p * PANEL..][..PANEL];
+            for ((s, &t), &e) in row.iter_mut().zip(&tile[r * PANEL..]).zip(&excess) {
+                *s = t - e;
+            }
         }
     }
     sums
 }
 
-/// tile (rows x 32) = every row's codes times panel p's columns, exact.
+/// tile (rows x 32) = every row's codes times panel p's columns, exact but
+/// for [`excess`] in every row.
 fn panel_sums(
     kernel: Kernel,
     tile: &mut [i32],
@@ -353,11 +373,16 @@ fn panel_sums(
         let out = &mut tile[r0 * PANEL..(r0 + nr) * PANEL];
         panel_product(kernel, out, x.rows(r0, nr), x.stride, panel);
     }
-    if kernel.biased() {
-        let offsets = &w.offsets[p * PANEL..(p + 1) * PANEL];
-        for row in tile[..rows * PANEL].chunks_exact_mut(PANEL) {
-            row.iter_mut().zip(offsets).for_each(|(s, &o)| *s -= o);
-        }
+}
+
+/// What [`panel_sums`] by `kernel` leaves too much in each of panel p's
+/// columns: a biased kernel's 128 x the column's code sum.
+fn excess(kernel: Kernel, w: &Int8Weight, p: usize) -> [i32; PANEL] {
+    match kernel.biased() {
+        true => w.offsets[p * PANEL..(p + 1) * PANEL]
+            .try_into()
+            .expect("whole panels"),
+        false => [0; PANEL],
     }
 }
 
@@ -370,9 +395,10 @@ enum Input {
 }
 
 /// out (rows, n) = [out +] x (rows, k) @ W + bias, in int8 with this CPU's
-/// kernel. One row (batch-1 decoding, bound by reading the weights) takes
-/// the weight-only path: the codes are widened to f32 in registers and
-/// multiplied with the f32 input, so only the weights are quantized.
+/// kernel. One row against a matrix of [`STREAMED`] bytes or more (batch-1
+/// decoding bound by reading the weights) takes the weight-only path: the
+/// codes are widened to f32 in registers and multiplied with the f32 input,
+/// so only the weights are quantized.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_int8(
     out: &mut [f32],
@@ -386,7 +412,7 @@ pub fn matmul_int8(
 ) {
     assert_eq!((k, n), (w.k, w.n), "the packed weight's shape");
     assert!(out.len() >= rows * n && x.len() >= rows * k && bias.is_none_or(|b| b.len() >= n));
-    let input = if rows == 1 {
+    let input = if rows == 1 && k * n >= STREAMED {
         let mut padded = vec![0.0f32; k.div_ceil(GROUP) * GROUP];
         padded[..k].copy_from_slice(&x[..k]);
         Input::F32(padded)
@@ -398,47 +424,68 @@ pub fn matmul_int8(
     // a contiguous run of panels a task: the kernels' prefetches run ahead
     // along it
     let panels = n.div_ceil(PANEL);
-    let tasks = (rayon::current_num_threads() * 4).min(panels).max(1);
+    let most = (rayon::current_num_threads() * 4).min(panels);
+    let tasks = tasks_for(rows.max(4) * k * n, GRAIN, most);
     (0..tasks).into_par_iter().for_each(|t| {
         let mut tile = vec![0i32; rows * PANEL];
-        let mut scaled = [0.0f32; PANEL];
+        let mut dots = [0.0f32; PANEL];
         for p in panels * t / tasks..panels * (t + 1) / tasks {
             let (j0, width) = (p * PANEL, PANEL.min(n - p * PANEL));
-            let (ws, b) = (&w.scales[j0..j0 + width], bias.map(|b| &b[j0..j0 + width]));
-            // row r's products with the panel, times the row's scale, in `scaled`
-            let store = |r: usize, scaled: &mut [f32; PANEL]| {
-                scaled.iter_mut().zip(ws).for_each(|(s, &wsc)| *s *= wsc);
-                if let Some(b) = b {
-                    scaled.iter_mut().zip(b).for_each(|(s, &b)| *s += b);
-                }
-                // SAFETY: row r's columns j0..j0 + width lie inside out (rows
-                // x n, checked above) and belong to this task alone.
-                let o = unsafe { dst.slice(r * n + j0, width) };
-                if accumulate {
-                    o.iter_mut().zip(scaled.iter()).for_each(|(o, &s)| *o += s);
-                } else {
-                    o.copy_from_slice(&scaled[..width]);
-                }
-            };
+            let ws: &[f32; PANEL] = w.scales[j0..j0 + PANEL].try_into().expect("whole panels");
+            let b = bias.map(|b| {
+                let mut padded = [0.0f32; PANEL];
+                padded[..width].copy_from_slice(&b[j0..j0 + width]);
+                padded
+            });
+            // SAFETY: row r's columns j0..j0 + width lie inside out (rows x
+            // n, checked above) and belong to this task alone.
+            let out_row = |r: usize| unsafe { dst.slice(r * n + j0, width) };
             match &input {
                 Input::F32(x) => {
-                    weight_only_panel(kernel, &mut scaled, x, w.panel(p));
-                    store(0, &mut scaled);
+                    weight_only_panel(kernel, &mut dots, x, w.panel(p));
+                    finish(out_row(0), |j| dots[j], ws, b.as_ref(), accumulate);
                 }
                 Input::Int8(q) => {
                     panel_sums(kernel, &mut tile, q, w, p, rows);
+                    let excess = excess(kernel, w, p);
                     for (r, sums) in tile.chunks_exact(PANEL).enumerate() {
-                        let xs = q.scales[r];
-                        scaled
-                            .iter_mut()
-                            .zip(sums)
-                            .for_each(|(s, &v)| *s = v as f32 * xs);
-                        store(r, &mut scaled);
+                        let (sums, xs): (&[i32; PANEL], f32) =
+                            (sums.try_into().expect("a panel's sums"), q.scales[r]);
+                        let value = |j: usize| (sums[j] - excess[j]) as f32 * xs;
+                        finish(out_row(r), value, ws, b.as_ref(), accumulate);
                     }
                 }
             }
         }
     });
+}
+
+/// o (one row of a panel's columns) = [o +] value(j) x the column scales +
+/// the bias, j over the whole panel (the scales and bias padded to it), o
+/// its columns that exist: fixed-size loops the compiler vectorizes.
+#[inline(always)]
+fn finish(
+    o: &mut [f32],
+    value: impl Fn(usize) -> f32,
+    ws: &[f32; PANEL],
+    b: Option<&[f32; PANEL]>,
+    accumulate: bool,
+) {
+    let mut v = [0.0f32; PANEL];
+    for j in 0..PANEL {
+        v[j] = value(j) * ws[j];
+    }
+    if let Some(b) = b {
+        for j in 0..PANEL {
+            v[j] += b[j];
+        }
+    }
+    match <&mut [f32; PANEL]>::try_from(&mut *o) {
+        Ok(o) if accumulate => o.iter_mut().zip(&v).for_each(|(o, &v)| *o += v),
+        Ok(o) => *o = v,
+        Err(_) if accumulate => o.iter_mut().zip(&v).for_each(|(o, &v)| *o += v),
+        Err(_) => o.copy_from_slice(&v[..o.len()]),
+    }
 }
 
 /// out = x (f32, whole groups) . one panel's codes widened to f32, by the
@@ -866,7 +913,7 @@ mod tests {
         // the weight-only path: only W is quantized, so the product is
         // x @ dequantized(W) to float rounding, with bias and accumulation
         let stats = Arc::new(MemoryStats::default());
-        let (k, n) = (300, 70);
+        let (k, n) = (1000, STREAMED.div_ceil(1000));
         let (w, x, bias) = (random(k * n, 11), random(k, 12), random(n, 13));
         let packed = Int8Weight::new(&w, WeightLayout::InOut, k, n, &stats);
         let deq = packed.dequantized();
@@ -879,11 +926,34 @@ mod tests {
                 + bias[j] as f64
                 + 0.25;
             assert!(
-                (out[j] as f64 - want).abs() < 1e-4,
+                (out[j] as f64 - want).abs() < 1e-6 * 4.0 * k as f64,
                 "column {j}: {} vs {want}",
                 out[j]
             );
         }
+    }
+
+    #[test]
+    fn one_row_against_a_small_matrix_is_an_int8_product() {
+        // below STREAMED the row is quantized as every row of a batch is:
+        // its result is bit for bit that row's within a batch
+        let stats = Arc::new(MemoryStats::default());
+        let (k, n) = (200, 70);
+        let (w, x) = (random(k * n, 14), random(k, 15));
+        let packed = Int8Weight::new(&w, WeightLayout::InOut, k, n, &stats);
+        let (mut one, mut two) = (vec![0.0f32; n], vec![0.0f32; 2 * n]);
+        matmul_int8(&mut one, &x, &packed, None, 1, k, n, false);
+        matmul_int8(
+            &mut two,
+            &[x.clone(), x].concat(),
+            &packed,
+            None,
+            2,
+            k,
+            n,
+            false,
+        );
+        assert_eq!(one, two[..n]);
     }
 
     #[test]

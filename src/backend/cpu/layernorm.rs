@@ -4,6 +4,9 @@
 use super::math::sum;
 use rayon::prelude::*;
 
+/// Values a task normalizes at least: fewer cost more to hand over than to do.
+const GRAIN: usize = 1 << 13;
+
 /// inp, out are (rows, c); mean, rstd are (rows) and kept for the backward.
 #[allow(clippy::too_many_arguments)]
 pub fn layernorm_forward(
@@ -21,17 +24,23 @@ pub fn layernorm_forward(
         .par_chunks_mut(c)
         .zip(inp[..rows * c].par_chunks(c))
         .zip(mean.par_iter_mut().zip(rstd.par_iter_mut()))
+        // a decoding step's few rows stay on one thread
+        .with_min_len(GRAIN.div_ceil(c))
         .for_each(|((o, x), (m, rs))| {
             let mu = sum(x) / c as f32;
+            // value i in lane i % 8, in whole chunks of 8 that vectorize
             let mut acc = [0.0f32; 8];
-            for (i, &v) in x.iter().enumerate() {
-                let d = v - mu;
-                acc[i % 8] += d * d;
+            let (body, tail) = x.split_at(c - c % 8);
+            for chunk in body.chunks_exact(8).chain([tail]) {
+                for (a, &v) in acc.iter_mut().zip(chunk) {
+                    let d = v - mu;
+                    *a += d * d;
+                }
             }
             let var = acc.iter().sum::<f32>() / c as f32;
             let r = 1.0 / (var + eps).sqrt();
-            for i in 0..c {
-                o[i] = (x[i] - mu) * r * w[i] + b[i];
+            for (((o, &x), &w), &b) in o.iter_mut().zip(x).zip(&w[..c]).zip(&b[..c]) {
+                *o = (x - mu) * r * w + b;
             }
             *m = mu;
             *rs = r;

@@ -36,6 +36,14 @@ impl Cpu {
     }
 }
 
+/// How many parallel tasks `work` units are worth, at most `most` and at least
+/// one: a task gets at least `grain` units, about a microsecond of arithmetic,
+/// below which handing it to another thread costs more than it saves (a
+/// decoding step of a small model is hundreds of such operations).
+pub(crate) fn tasks_for(work: usize, grain: usize, most: usize) -> usize {
+    (work / grain.max(1)).clamp(1, most.max(1))
+}
+
 /// The host slice behind a CPU view.
 fn r<T>(s: Src<'_, Cpu, T>) -> &[T] {
     let v = s.raw();
