@@ -7,7 +7,7 @@
 
 use super::int8::{matmul_int8, Int8Weight};
 use super::matmul::WeightLayout;
-use super::tasks_for;
+use super::product_tasks;
 use crate::backend::memory::{Category, HostBuf, MemoryStats};
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -172,9 +172,8 @@ impl PackedWeight {
 pub const PANEL: usize = 16;
 /// Input rows per register tile (12 accumulators of the 16 AVX registers).
 const ROWS: usize = 6;
-/// Multiply-adds a task of a packed product gets at least (a row counted as
-/// four at least, as the weights' reading is most of one row's time): about
-/// a microsecond of the kernel's.
+/// Multiply-adds a task of a packed product gets at least
+/// ([`product_tasks`]): about a microsecond of the fp32 kernel's.
 const GRAIN: usize = 1 << 16;
 /// Depth of a panel block kept in L1 while every row group passes over it.
 const DEPTH: usize = 512;
@@ -254,8 +253,7 @@ fn packed_product<T: Element>(
     assert!(out.len() >= rows * n && inp.len() >= rows * k);
     assert!(packed.len() >= packed_len(k, n) && bias.is_none_or(|b| b.len() >= n));
     let panels = n.div_ceil(PANEL);
-    let most = (rayon::current_num_threads() * 4).min(panels);
-    let tasks = tasks_for(rows.max(4) * k * n, GRAIN, most);
+    let tasks = product_tasks(rows, k, n, panels, GRAIN);
     let dst = &OutPtr(out.as_mut_ptr());
     let groups = rows.div_ceil(ROWS);
     (0..tasks).into_par_iter().for_each(|t| {

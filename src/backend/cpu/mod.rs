@@ -36,12 +36,16 @@ impl Cpu {
     }
 }
 
-/// How many parallel tasks `work` units are worth, at most `most` and at least
-/// one: a task gets at least `grain` units, about a microsecond of arithmetic,
-/// below which handing it to another thread costs more than it saves (a
-/// decoding step of a small model is hundreds of such operations).
-pub(crate) fn tasks_for(work: usize, grain: usize, most: usize) -> usize {
-    (work / grain.max(1)).clamp(1, most.max(1))
+/// How many tasks a decoding product of `rows` x k x n over `panels` column
+/// panels is split into: each gets at least `grain` multiply-adds (a row
+/// counted as four at least, as reading the weights is most of one row's
+/// time), about a microsecond of its kernel's, below which handing it to
+/// another thread costs more than it saves (a small model's decoding step is
+/// hundreds of such products and other operations); at most four a thread
+/// and one a panel.
+pub(crate) fn product_tasks(rows: usize, k: usize, n: usize, panels: usize, grain: usize) -> usize {
+    let most = (rayon::current_num_threads() * 4).min(panels);
+    (rows.max(4) * k * n / grain).clamp(1, most.max(1))
 }
 
 /// The host slice behind a CPU view.
