@@ -85,6 +85,66 @@ fn tiny_model_and_sequence() -> (Gpt2<Cpu>, Vec<u32>) {
     (model, (0..24).map(|i| (i * 7 % 60) as u32).collect())
 }
 
+/// Every row's logits at every position of a 5-row batch decoded in a
+/// pool of `threads` threads (the CPU decodes a small model's rows in one
+/// part a thread).
+fn batch_logits(model: &Gpt2<Cpu>, format: WeightFormat, threads: usize) -> Vec<Vec<f32>> {
+    let place = TpPlace { rank: 0, size: 1 };
+    let rows: Vec<Vec<u32>> = (0..5u32)
+        .map(|r| (0..12).map(|i| (i * 7 + r * 11) % 60).collect())
+        .collect();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    pool.install(|| {
+        let weights = DecodeWeights::new(
+            model.backend(),
+            &model.config,
+            place,
+            model.params.s(),
+            format,
+        )
+        .unwrap();
+        let mut dec = Decoder::new(Cpu::new(), model.config.clone(), place, 5, 12).unwrap();
+        let mut out = Vec::new();
+        for pos in 0..12 {
+            let column: Vec<u32> = rows.iter().map(|r| r[pos]).collect();
+            dec.step(&weights, &column, pos, None).unwrap();
+            out.extend((0..5).map(|r| dec.logits(r).unwrap()));
+        }
+        out
+    })
+}
+
+#[test]
+fn a_batch_decoded_in_parts_gives_the_logits_of_one_part() {
+    let (model, _) = tiny_model_and_sequence();
+    for format in [WeightFormat::F32, WeightFormat::Int8] {
+        // three parts (rows 0, 1-2, 3-4) against one
+        let (parts, whole) = (
+            batch_logits(&model, format, 3),
+            batch_logits(&model, format, 1),
+        );
+        assert_eq!(parts.len(), whole.len());
+        // the same arithmetic per row, but for the fp32 kernel's order of
+        // sums, which follows the rows a product has
+        for (i, (p, w)) in parts.iter().zip(&whole).enumerate() {
+            let worst = p
+                .iter()
+                .zip(w)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            assert!(
+                worst < 1e-5,
+                "{format:?}: position {} row {}: {worst}",
+                i / 5,
+                i % 5
+            );
+        }
+    }
+}
+
 #[test]
 fn bf16_decoding_stays_within_bf16_rounding_of_fp32() {
     let (mut model, seq) = tiny_model_and_sequence();

@@ -108,6 +108,22 @@ pub trait Backend: Send + Sync + Sized + Clone + 'static {
     fn in_pool<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         f()
     }
+    /// How many parts of consecutive rows a decoding step of `rows` rows
+    /// through a model of `matrix_params` matrix parameters runs as, each
+    /// part through the whole model on its own ([`Backend::for_each_part`]):
+    /// one (every operation over all rows) unless this backend finds
+    /// otherwise faster.
+    fn decode_parts(&self, _rows: usize, _matrix_params: usize) -> usize {
+        1
+    }
+    /// `f` of every part, side by side where this backend can run them so.
+    fn for_each_part<T: Send, R: Send>(
+        &self,
+        parts: &mut [T],
+        f: impl Fn(&mut T) -> R + Sync,
+    ) -> Vec<R> {
+        parts.iter_mut().map(f).collect()
+    }
     /// The driver's free and total bytes of the device, where it says (CUDA).
     fn device_memory(&self) -> Option<(u64, u64)> {
         None

@@ -75,6 +75,9 @@ impl<'a, B: Backend> DecodeWeights<'a, B> {
     }
 }
 
+/// A decoder: a batch's rows, run as one part or, where the backend finds
+/// it faster ([`Backend::decode_parts`]), as several parts of consecutive
+/// rows that step side by side, each through the whole model.
 pub struct Decoder<B: Backend> {
     config: GptConfig,
     layout: ParamLayout,
@@ -82,6 +85,14 @@ pub struct Decoder<B: Backend> {
     tp: TpPlace,
     b: usize,
     max_t: usize,
+    parts: Vec<Part<B>>,
+}
+
+/// Some consecutive rows of a [`Decoder`], with their own cache and buffers.
+struct Part<B: Backend> {
+    /// The first of the decoder's rows this part holds.
+    first: usize,
+    b: usize,
     tokens: Buf<B, u32>,
     kcache: Buf<B>,
     vcache: Buf<B>,
@@ -97,6 +108,17 @@ pub struct Decoder<B: Backend> {
     logits: Buf<B>,
 }
 
+/// What every part of a step shares.
+struct StepIn<'s, 'w, B: Backend> {
+    backend: &'s B,
+    config: &'s GptConfig,
+    layout: &'s ParamLayout,
+    tp: TpPlace,
+    max_t: usize,
+    weights: &'s DecodeWeights<'w, B>,
+    pos: usize,
+}
+
 impl<B: Backend> Decoder<B> {
     /// Buffers for `b` rows of up to `max_t` positions (at most the block size).
     pub fn new(backend: B, config: GptConfig, tp: TpPlace, b: usize, max_t: usize) -> Result<Self> {
@@ -106,29 +128,34 @@ impl<B: Backend> Decoder<B> {
                 config.block_size
             )));
         }
-        let (c, l) = (config.n_embd, config.n_layer);
-        let BlockDims { cl, fl, .. } = config.widest(tp.size);
-        let a = |n: usize| backend.alloc(n, Category::Activations);
+        // tensor-parallel ranks all-reduce inside a step: one part
+        let parts = match tp.size {
+            1 => backend
+                .decode_parts(b, matrix_params(&config))
+                .clamp(1, b.max(1)),
+            _ => 1,
+        };
+        let parts = (0..parts)
+            .map(|i| {
+                let first = b * i / parts;
+                Part::new(
+                    &backend,
+                    &config,
+                    tp,
+                    first,
+                    b * (i + 1) / parts - first,
+                    max_t,
+                )
+            })
+            .collect::<Result<_>>()?;
         Ok(Decoder {
             layout: ParamLayout::new_tp(&config, tp.size),
-            tokens: backend.alloc_typed(b, Category::Activations)?,
-            kcache: a(l * b * max_t * cl)?,
-            vcache: a(l * b * max_t * cl)?,
-            x: a(b * c)?,
-            ln: a(b * c)?,
-            mean: a(b)?,
-            rstd: a(b)?,
-            qkv: a(b * 3 * cl)?,
-            atty: a(b * cl)?,
-            res2: a(b * c)?,
-            fch: a(b * fl)?,
-            fch_gelu: a(b * fl)?,
-            logits: a(b * config.padded_vocab())?,
             config,
             backend,
             tp,
             b,
             max_t,
+            parts,
         })
     }
 
@@ -142,7 +169,7 @@ impl<B: Backend> Decoder<B> {
         tp: Option<&dyn Comm>,
     ) -> Result<()> {
         let cfg = &self.config;
-        let (b, c, v, vp) = (self.b, cfg.n_embd, cfg.vocab_size, cfg.padded_vocab());
+        let (b, v) = (self.b, cfg.vocab_size);
         if pos >= self.max_t || tokens.len() != b {
             return Err(Error::Input(format!(
                 "decode step at position {pos} with {} tokens (cache: {} positions, {b} rows)",
@@ -155,9 +182,8 @@ impl<B: Backend> Decoder<B> {
                 "token id {bad} is outside the vocabulary of {v}"
             )));
         }
-        let (be, lay) = (&self.backend, &self.layout);
         let lead = self.tp.rank == 0;
-        if weights.params.len() != lay.total()
+        if weights.params.len() != self.layout.total()
             || weights.blocks.len() != cfg.n_layer
             || weights.lm_head.is_some() != lead
         {
@@ -166,7 +192,97 @@ impl<B: Backend> Decoder<B> {
                 self.tp.rank, self.tp.size
             )));
         }
-        let (wide, max_t) = (cfg.widest(self.tp.size).cl, self.max_t);
+        let shared = StepIn {
+            backend: &self.backend,
+            config: cfg,
+            layout: &self.layout,
+            tp: self.tp,
+            max_t: self.max_t,
+            weights,
+            pos,
+        };
+        match self.parts.as_mut_slice() {
+            [one] => one.step(&shared, tokens, tp),
+            parts => self
+                .backend
+                .for_each_part(parts, |p| {
+                    p.step(&shared, &tokens[p.first..p.first + p.b], None)
+                })
+                .into_iter()
+                .collect(),
+        }
+    }
+
+    /// Next-token logits of row r (padding dropped), copied to the host.
+    pub fn logits(&self, r: usize) -> Result<Vec<f32>> {
+        let part = self
+            .parts
+            .iter()
+            .find(|p| (p.first..p.first + p.b).contains(&r))
+            .ok_or_else(|| Error::Input(format!("row {r} of a decoder of {} rows", self.b)))?;
+        let (vp, r) = (self.config.padded_vocab(), r - part.first);
+        self.backend
+            .to_host(part.logits.slice(r * vp..r * vp + self.config.vocab_size))
+    }
+}
+
+/// The parameters of a model's matrices, the LM head's included: what a
+/// decoding step multiplies each row by.
+fn matrix_params(config: &GptConfig) -> usize {
+    let c = config.n_embd;
+    let blocks: usize = (0..config.n_layer)
+        .map(|l| {
+            let BlockDims { cl, fl, .. } = config.dims(l, 1);
+            4 * c * cl + 2 * c * fl
+        })
+        .sum();
+    blocks + c * config.padded_vocab()
+}
+
+impl<B: Backend> Part<B> {
+    /// Buffers for rows first..first + b.
+    fn new(
+        backend: &B,
+        config: &GptConfig,
+        tp: TpPlace,
+        first: usize,
+        b: usize,
+        max_t: usize,
+    ) -> Result<Self> {
+        let (c, l) = (config.n_embd, config.n_layer);
+        let BlockDims { cl, fl, .. } = config.widest(tp.size);
+        let a = |n: usize| backend.alloc(n, Category::Activations);
+        Ok(Part {
+            tokens: backend.alloc_typed(b, Category::Activations)?,
+            kcache: a(l * b * max_t * cl)?,
+            vcache: a(l * b * max_t * cl)?,
+            x: a(b * c)?,
+            ln: a(b * c)?,
+            mean: a(b)?,
+            rstd: a(b)?,
+            qkv: a(b * 3 * cl)?,
+            atty: a(b * cl)?,
+            res2: a(b * c)?,
+            fch: a(b * fl)?,
+            fch_gelu: a(b * fl)?,
+            logits: a(b * config.padded_vocab())?,
+            first,
+            b,
+        })
+    }
+
+    /// [`Decoder::step`] for this part's rows (`tokens`, checked).
+    fn step(
+        &mut self,
+        at: &StepIn<'_, '_, B>,
+        tokens: &[u32],
+        tp: Option<&dyn Comm>,
+    ) -> Result<()> {
+        let (cfg, lay, weights, pos, max_t) = (at.config, at.layout, at.weights, at.pos, at.max_t);
+        let (b, c, vp) = (self.b, cfg.n_embd, cfg.padded_vocab());
+        let be = at.backend;
+        let lead = at.tp.rank == 0;
+        let wide = cfg.widest(at.tp.size).cl;
         let params = weights.params;
         be.upload(self.tokens.d(), tokens)?;
         // Every row is at position `pos`: a one-position slice of wpe.
@@ -182,7 +298,7 @@ impl<B: Backend> Decoder<B> {
             let p = params.slice(lay.block(l));
             let w = |bp: BlockParam| p.slice(lay.in_block(l, bp));
             let [qkv_w, proj_w, fc_w, fcproj_w] = &weights.blocks[l];
-            let BlockDims { cl, nhl, fl, .. } = cfg.dims(l, self.tp.size);
+            let BlockDims { cl, nhl, fl, .. } = cfg.dims(l, at.tp.size);
             let (qkv, atty, fch) = (0..b * 3 * cl, 0..b * cl, 0..b * fl);
             be.layernorm_forward(
                 self.ln.d(),
@@ -295,12 +411,5 @@ impl<B: Backend> Decoder<B> {
             be.matmul_decode(self.logits.d(), self.ln.s(), head, None, b, c, vp, false);
         }
         Ok(())
-    }
-
-    /// Next-token logits of row r (padding dropped), copied to the host.
-    pub fn logits(&self, r: usize) -> Result<Vec<f32>> {
-        let vp = self.config.padded_vocab();
-        self.backend
-            .to_host(self.logits.slice(r * vp..r * vp + self.config.vocab_size))
     }
 }
