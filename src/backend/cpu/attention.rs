@@ -280,11 +280,121 @@ pub struct DecodeShape {
     pub max_t: usize,
 }
 
+/// How a decoding task computes one head: with AVX2 + FMA where the build
+/// has them and the head's width is whole vectors, in plain Rust otherwise.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum HeadKernel {
+    Portable,
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma"
+    ))]
+    Avx2,
+}
+
+impl HeadKernel {
+    /// Every kernel this build can run for heads of `hd` values, fastest first.
+    fn available(hd: usize) -> Vec<HeadKernel> {
+        let mut out = Vec::new();
+        #[cfg(all(
+            target_arch = "x86_64",
+            target_feature = "avx2",
+            target_feature = "fma"
+        ))]
+        if hd.is_multiple_of(8) {
+            out.push(HeadKernel::Avx2);
+        }
+        let _ = hd;
+        out.push(HeadKernel::Portable);
+        out
+    }
+
+    /// For each of `heads` heads of `hd` values side by side: o = softmax(scale
+    /// q . k(t), t < len) weighted sum of v(t), with position t's keys and
+    /// values `stride` floats after position t - 1's; `scores` is heads x len
+    /// floats of scratch.
+    #[allow(clippy::too_many_arguments)]
+    fn heads(
+        self,
+        o: &mut [f32],
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        hd: usize,
+        stride: usize,
+        len: usize,
+        scale: f32,
+        scores: &mut [f32],
+    ) {
+        let width = o.len();
+        assert!(len > 0 && q.len() == width && width.is_multiple_of(hd));
+        let used = (len - 1) * stride + width;
+        let (k, v, scores) = (&k[..used], &v[..used], &mut scores[..width / hd * len]);
+        match self {
+            HeadKernel::Portable => {
+                for (h, scores) in scores.chunks_exact_mut(len).enumerate() {
+                    let q = &q[h * hd..][..hd];
+                    for (t, s) in scores.iter_mut().enumerate() {
+                        *s = dot(q, &k[t * stride + h * hd..][..hd]) * scale;
+                    }
+                }
+            }
+            // SAFETY: the build has AVX2 and FMA; hd is whole vectors
+            // (`available`) and k holds len positions (sliced above).
+            #[cfg(all(
+                target_arch = "x86_64",
+                target_feature = "avx2",
+                target_feature = "fma"
+            ))]
+            HeadKernel::Avx2 => unsafe { x86::scores(scores, q, k, hd, stride, scale) },
+        }
+        for (h, (o, p)) in o
+            .chunks_exact_mut(hd)
+            .zip(scores.chunks_exact_mut(len))
+            .enumerate()
+        {
+            let total = exp_shifted_sum(p, row_max(p));
+            let v = &v[h * hd..];
+            match self {
+                HeadKernel::Portable => {
+                    o.fill(0.0);
+                    for (t, &p) in p.iter().enumerate() {
+                        let v = &v[t * stride..][..hd];
+                        o.iter_mut().zip(v).for_each(|(o, &v)| *o += p * v);
+                    }
+                }
+                // SAFETY: as above, v holding len positions.
+                #[cfg(all(
+                    target_arch = "x86_64",
+                    target_feature = "avx2",
+                    target_feature = "fma"
+                ))]
+                HeadKernel::Avx2 => unsafe { x86::weighted(o, p, v, stride) },
+            }
+            let inv = 1.0 / total;
+            o.iter_mut().for_each(|o| *o *= inv);
+        }
+    }
+}
+
 /// One query per row against the KV cache: qkv (b, 3c) supplies the
 /// queries; kcache, vcache are (b, max_t, c); out is (b, c). A task takes a
-/// row and a run of its heads and walks the cache position by position, so
-/// it reads the row's keys and values as a few contiguous streams.
+/// row and a run of its heads, a head at a time.
 pub fn attention_decode(
+    out: &mut [f32],
+    qkv: &[f32],
+    kcache: &[f32],
+    vcache: &[f32],
+    s: DecodeShape,
+) {
+    let kernel = HeadKernel::available(s.c / s.nh)[0];
+    attention_decode_by(kernel, out, qkv, kcache, vcache, s);
+}
+
+/// [`attention_decode`] by `kernel`.
+fn attention_decode_by(
+    kernel: HeadKernel,
     out: &mut [f32],
     qkv: &[f32],
     kcache: &[f32],
@@ -301,6 +411,7 @@ pub fn attention_decode(
     let hd = c / nh;
     let scale = 1.0 / (hd as f32).sqrt();
     assert!(len <= max_t && kcache.len() >= b * max_t * c && out.len() >= b * c);
+    assert!(vcache.len() >= b * max_t * c && qkv.len() >= b * 3 * c);
     if len == 0 {
         // nothing to attend to
         out[..b * c].fill(0.0);
@@ -322,28 +433,128 @@ pub fn attention_decode(
             || vec![0.0f32; heads * len],
             |scores, (task, o)| {
                 let (r, h0) = (task / split, (task % split) * heads);
-                let at = |t: usize| (r * max_t + t) * c + h0 * hd;
                 let q = &qkv[r * 3 * c + h0 * hd..][..heads * hd];
-                for t in 0..len {
-                    let k = &kcache[at(t)..][..heads * hd];
-                    for (h, (q, k)) in q.chunks_exact(hd).zip(k.chunks_exact(hd)).enumerate() {
-                        scores[h * len + t] = dot(q, k) * scale;
-                    }
-                }
-                for p in scores.chunks_exact_mut(len) {
-                    let total = exp_shifted_sum(p, row_max(p));
-                    p.iter_mut().for_each(|p| *p /= total);
-                }
-                o.fill(0.0);
-                for t in 0..len {
-                    let v = &vcache[at(t)..][..heads * hd];
-                    for (h, (o, v)) in o.chunks_exact_mut(hd).zip(v.chunks_exact(hd)).enumerate() {
-                        let p = scores[h * len + t];
-                        o.iter_mut().zip(v).for_each(|(o, &v)| *o += p * v);
-                    }
-                }
+                let at = r * max_t * c + h0 * hd;
+                let (k, v) = (&kcache[at..], &vcache[at..]);
+                kernel.heads(o, q, k, v, hd, c, len, scale, scores);
             },
         );
+}
+
+#[cfg(all(
+    target_arch = "x86_64",
+    target_feature = "avx2",
+    target_feature = "fma"
+))]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// Lane j: the sum of a[j]'s lanes.
+    #[inline(always)]
+    unsafe fn sums(a: [__m256; 8]) -> __m256 {
+        let (h01, h23) = (_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+        let (h45, h67) = (_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+        // lanes: 0-3 the low halves' sums of a[0..4], 4-7 their high halves'
+        let (h03, h47) = (_mm256_hadd_ps(h01, h23), _mm256_hadd_ps(h45, h67));
+        let low = _mm256_permute2f128_ps::<0x20>(h03, h47);
+        let high = _mm256_permute2f128_ps::<0x31>(h03, h47);
+        _mm256_add_ps(low, high)
+    }
+
+    /// scores[h len + t] = scale x q(h) . k(t, h) for each head h of q's
+    /// hd-value heads, eight positions at a time, all heads of a block of
+    /// positions before the next (a few KiB of keys read in order); each
+    /// score summed in one vector of lanes (hd a multiple of 8).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA; k holds len = scores.len() / heads
+    /// positions of q.len() values `stride` apart.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn scores(
+        scores: &mut [f32],
+        q: &[f32],
+        k: &[f32],
+        hd: usize,
+        stride: usize,
+        scale: f32,
+    ) {
+        let heads = q.len() / hd;
+        let len = scores.len() / heads;
+        debug_assert!(hd.is_multiple_of(8) && k.len() >= (len - 1) * stride + q.len());
+        let (qp, kp) = (q.as_ptr(), k.as_ptr());
+        let scale = _mm256_set1_ps(scale);
+        for t0 in (0..len).step_by(8) {
+            let n = (len - t0).min(8);
+            // a last block of fewer positions repeats its last one
+            let rows: [*const f32; 8] =
+                std::array::from_fn(|j| kp.add((t0 + j.min(n - 1)) * stride));
+            for h in 0..heads {
+                let mut acc = [_mm256_setzero_ps(); 8];
+                for d in (h * hd..(h + 1) * hd).step_by(8) {
+                    let qv = _mm256_loadu_ps(qp.add(d));
+                    for (acc, row) in acc.iter_mut().zip(rows) {
+                        *acc = _mm256_fmadd_ps(qv, _mm256_loadu_ps(row.add(d)), *acc);
+                    }
+                }
+                let s = _mm256_mul_ps(sums(acc), scale);
+                let out = &mut scores[h * len + t0..][..n];
+                if n == 8 {
+                    _mm256_storeu_ps(out.as_mut_ptr(), s);
+                } else {
+                    let mut lanes = [0.0f32; 8];
+                    _mm256_storeu_ps(lanes.as_mut_ptr(), s);
+                    out.copy_from_slice(&lanes[..n]);
+                }
+            }
+        }
+    }
+
+    /// o = the sum of p[t] v(t), up to 32 of o's values at a time held in
+    /// registers over every position (o's width a multiple of 8).
+    ///
+    /// # Safety
+    /// As [`scores`], v holding p.len() positions of o.len() values.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn weighted(o: &mut [f32], p: &[f32], v: &[f32], stride: usize) {
+        let hd = o.len();
+        debug_assert!(hd.is_multiple_of(8) && v.len() >= (p.len() - 1) * stride + hd);
+        for d0 in (0..hd).step_by(32) {
+            let (o, v) = (o.as_mut_ptr().add(d0), v.as_ptr().add(d0));
+            match (hd - d0).min(32) / 8 {
+                1 => columns::<1>(o, p, v, stride),
+                2 => columns::<2>(o, p, v, stride),
+                3 => columns::<3>(o, p, v, stride),
+                _ => columns::<4>(o, p, v, stride),
+            }
+        }
+    }
+
+    /// [`weighted`] for W vectors of o's values at o: even and odd
+    /// positions in two sets of sums, so that at least eight chains of
+    /// multiply-adds are in flight (an FMA waits 4 cycles for its sum, and
+    /// two issue a cycle).
+    #[inline(always)]
+    unsafe fn columns<const W: usize>(o: *mut f32, p: &[f32], v: *const f32, stride: usize) {
+        let mut even = [_mm256_setzero_ps(); W];
+        let mut odd = [_mm256_setzero_ps(); W];
+        let add = |acc: &mut [__m256; W], p: f32, row: *const f32| {
+            let pv = _mm256_set1_ps(p);
+            for (i, acc) in acc.iter_mut().enumerate() {
+                *acc = _mm256_fmadd_ps(pv, _mm256_loadu_ps(row.add(8 * i)), *acc);
+            }
+        };
+        let pairs = p.chunks_exact(2);
+        if let [last] = pairs.remainder() {
+            add(&mut even, *last, v.add((p.len() - 1) * stride));
+        }
+        for (t, pair) in pairs.enumerate() {
+            add(&mut even, pair[0], v.add(2 * t * stride));
+            add(&mut odd, pair[1], v.add((2 * t + 1) * stride));
+        }
+        for (i, (e, d)) in even.iter().zip(&odd).enumerate() {
+            _mm256_storeu_ps(o.add(8 * i), _mm256_add_ps(*e, *d));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -427,43 +638,52 @@ mod tests {
 
     #[test]
     fn decoding_against_a_cache_matches_full_causal_attention() {
-        // 8 heads over 1..5 rows: a task takes a row's heads one, two, four
-        // or eight at a time; the cache holds two positions more than used.
-        let (t, c, nh) = (7, 32, 8);
+        // Heads of 4 values (plain Rust only) and of whole vectors of 8 (16,
+        // 24, 40 and 64 values: the weighted sum's runs of 8 to 32 values),
+        // 19 positions (two blocks of 8 and a short one), over 1..5 rows: a
+        // task takes a row's heads one, two, four or eight at a time; the
+        // cache holds two positions more than used.
+        let t = 19;
         let max_t = t + 2;
         let mut rng = Rng::new(9);
-        for b in [1, 2, 3, 5] {
-            let qkv = randn(&mut rng, b * t * 3 * c, 1.0);
-            let want = reference(&to64(&qkv), AttnShape { b, t, c, nh });
-            let (mut kc, mut vc) = (vec![0.0; b * max_t * c], vec![0.0; b * max_t * c]);
-            for pos in 0..t {
-                let mut rows = vec![0.0; b * 3 * c];
-                for r in 0..b {
-                    let row = &qkv[(r * t + pos) * 3 * c..][..3 * c];
-                    rows[r * 3 * c..][..3 * c].copy_from_slice(row);
-                    let at = (r * max_t + pos) * c;
-                    kc[at..at + c].copy_from_slice(&row[c..2 * c]);
-                    vc[at..at + c].copy_from_slice(&row[2 * c..]);
-                }
-                let mut out = vec![0.0; b * c];
-                let len = pos + 1;
-                attention_decode(
-                    &mut out,
-                    &rows,
-                    &kc,
-                    &vc,
-                    DecodeShape {
+        for (c, nh) in [(32, 8), (64, 4), (48, 2), (80, 2), (128, 2)] {
+            let kernels = HeadKernel::available(c / nh);
+            if c / nh % 8 == 0 {
+                assert_eq!(kernels.len(), cfg!(target_feature = "avx2") as usize + 1);
+            }
+            for b in [1, 2, 3, 5] {
+                let qkv = randn(&mut rng, b * t * 3 * c, 1.0);
+                let want = reference(&to64(&qkv), AttnShape { b, t, c, nh });
+                let (mut kc, mut vc) = (vec![0.0; b * max_t * c], vec![0.0; b * max_t * c]);
+                for pos in 0..t {
+                    let mut rows = vec![0.0; b * 3 * c];
+                    for r in 0..b {
+                        let row = &qkv[(r * t + pos) * 3 * c..][..3 * c];
+                        rows[r * 3 * c..][..3 * c].copy_from_slice(row);
+                        let at = (r * max_t + pos) * c;
+                        kc[at..at + c].copy_from_slice(&row[c..2 * c]);
+                        vc[at..at + c].copy_from_slice(&row[2 * c..]);
+                    }
+                    let len = pos + 1;
+                    let shape = DecodeShape {
                         b,
                         len,
                         c,
                         nh,
                         max_t,
-                    },
-                );
-                for r in 0..b {
-                    let got = &out[r * c..(r + 1) * c];
-                    let what = format!("decode: {b} rows, row {r}, position {pos}");
-                    assert_close(&what, got, &want[(r * t + pos) * c..][..c], 1e-5);
+                    };
+                    for &kernel in &kernels {
+                        let mut out = vec![0.0; b * c];
+                        attention_decode_by(kernel, &mut out, &rows, &kc, &vc, shape);
+                        for r in 0..b {
+                            let got = &out[r * c..(r + 1) * c];
+                            let what = format!(
+                                "{kernel:?} decode: {b} rows of {nh} x {}, row {r}, position {pos}",
+                                c / nh
+                            );
+                            assert_close(&what, got, &want[(r * t + pos) * c..][..c], 1e-5);
+                        }
+                    }
                 }
             }
         }

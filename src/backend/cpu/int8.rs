@@ -146,12 +146,22 @@ const ROUNDER: f32 = 12_582_912.0;
 /// The symmetric int8 code of `x` at `scale`, in [-127, 127], ties to even,
 /// NaN to 0: clamped first, then rounded by [`ROUNDER`] instead of a float to
 /// integer conversion, so a loop of these compiles to vector instructions
-/// (a saturating conversion does not).
+/// (a saturating conversion does not); the integer clamp (a no-op on
+/// values already in range) lets the narrowing to bytes be saturating packs.
 #[inline(always)]
 fn quantize(x: f32, inv_scale: f32) -> i8 {
-    let y = (x * inv_scale).clamp(-127.0, 127.0);
+    let y = x * inv_scale;
     let y = if y.is_nan() { 0.0 } else { y };
-    (y + ROUNDER).to_bits() as u8 as i8
+    let y = y.clamp(-127.0, 127.0);
+    ((y + ROUNDER).to_bits() as i32 - ROUNDER.to_bits() as i32).clamp(-127, 127) as i8
+}
+
+/// codes = the codes of row at 1 / inv, each xor `flip`.
+#[inline(always)]
+fn quantize_row(codes: &mut [u8], row: &[f32], inv: f32, flip: u8) {
+    for (c, &v) in codes.iter_mut().zip(row) {
+        *c = quantize(v, inv) as u8 ^ flip;
+    }
 }
 
 /// The scale of values whose largest magnitude is `max_abs` (1 for all zeros).
@@ -163,20 +173,37 @@ fn scale_of(max_abs: f32) -> f32 {
     }
 }
 
-/// The largest magnitude in `x`, in lanes the compiler can vectorize.
+/// The largest magnitude in `x` (NaN passed over), in lanes the compiler
+/// can vectorize, each a compare and select (`f32::max` adds a NaN test).
 fn max_abs(x: &[f32]) -> f32 {
+    #[inline(always)]
+    fn larger(m: f32, v: f32) -> f32 {
+        if v > m {
+            v
+        } else {
+            m
+        }
+    }
     let mut lanes = [0.0f32; 16];
     let chunks = x.chunks_exact(16);
     let tail = chunks
         .remainder()
         .iter()
-        .fold(0.0f32, |m, v| m.max(v.abs()));
+        .fold(0.0f32, |m, v| larger(m, v.abs()));
     for c in chunks {
         for (m, v) in lanes.iter_mut().zip(c) {
-            *m = m.max(v.abs());
+            *m = larger(*m, v.abs());
         }
     }
-    lanes.iter().fold(tail, |m, &v| m.max(v))
+    // halves folded onto each other, then the tail's
+    let mut width = 16;
+    while width > 1 {
+        width /= 2;
+        for i in 0..width {
+            lanes[i] = larger(lanes[i], lanes[i + width]);
+        }
+    }
+    larger(lanes[0], tail)
 }
 
 /// The int8 scale of each of W's n columns (k rows, read through `at(i, j)`).
@@ -289,48 +316,56 @@ impl Int8Weight {
     }
 }
 
-/// Rows of int8 input, each padded with zeros to a multiple of 4 values.
+/// Rows of int8 input, each padded with zeros to a multiple of 4 values,
+/// as one kernel multiplies them.
 pub struct Int8Rows {
-    codes: Vec<i8>,
-    /// The codes + 128 as unsigned bytes (what the VNNI kernels multiply).
-    biased: Vec<u8>,
+    /// The codes: signed, or + 128 as unsigned bytes for a biased kernel
+    /// (the VNNI kernels').
+    codes: Vec<u8>,
+    biased: bool,
     scales: Vec<f32>,
     stride: usize,
 }
 
 impl Int8Rows {
-    /// Quantizes `rows` rows of `k` values each, one scale per row.
-    pub fn new(x: &[f32], rows: usize, k: usize) -> Int8Rows {
+    /// Quantizes `rows` rows of `k` values each, one scale per row, for
+    /// `kernel`.
+    pub fn new(x: &[f32], rows: usize, k: usize, kernel: Kernel) -> Int8Rows {
         assert!(x.len() >= rows * k);
         let stride = k.div_ceil(GROUP) * GROUP;
-        let mut codes = vec![0i8; rows * stride];
-        let mut biased = vec![128u8; rows * stride];
+        let flip = if kernel.biased() { 0x80 } else { 0 };
+        let mut codes = vec![flip; rows * stride];
         let mut scales = vec![1.0f32; rows];
-        for r in 0..rows {
+        for (r, scale) in scales.iter_mut().enumerate() {
             let row = &x[r * k..(r + 1) * k];
-            scales[r] = scale_of(max_abs(row));
-            let inv = 1.0 / scales[r];
-            let (c, b) = (&mut codes[r * stride..], &mut biased[r * stride..]);
-            for ((c, b), &v) in c.iter_mut().zip(b.iter_mut()).zip(row) {
-                *c = quantize(v, inv);
-                *b = (*c as u8) ^ 0x80;
+            *scale = scale_of(max_abs(row));
+            let codes = &mut codes[r * stride..][..k];
+            match kernel {
+                // SAFETY: the AVX-512 VNNI kernel is only chosen where the
+                // CPU has AVX-512 F and BW.
+                #[cfg(target_arch = "x86_64")]
+                Kernel::Avx512Vnni => unsafe { x86::quantize_row(codes, row, 1.0 / *scale, flip) },
+                _ => quantize_row(codes, row, 1.0 / *scale, flip),
             }
         }
         Int8Rows {
             codes,
-            biased,
+            biased: kernel.biased(),
             scales,
             stride,
         }
     }
 
+    /// Row r's code i, signed.
+    #[cfg(test)]
+    fn code(&self, r: usize, i: usize) -> i8 {
+        let flip = if self.biased { 0x80 } else { 0 };
+        (self.codes[r * self.stride + i] ^ flip) as i8
+    }
+
     /// Rows r0..r0 + nr.
-    fn rows(&self, r0: usize, nr: usize) -> XRows<'_> {
-        let at = r0 * self.stride..(r0 + nr) * self.stride;
-        XRows {
-            codes: &self.codes[at.clone()],
-            biased: &self.biased[at],
-        }
+    fn rows(&self, r0: usize, nr: usize) -> &[u8] {
+        &self.codes[r0 * self.stride..(r0 + nr) * self.stride]
     }
 }
 
@@ -365,6 +400,11 @@ fn panel_sums(
     rows: usize,
 ) {
     assert_eq!(x.stride, w.k.div_ceil(GROUP) * GROUP);
+    assert_eq!(
+        x.biased,
+        kernel.biased(),
+        "rows quantized for another kernel"
+    );
     assert!(x.codes.len() >= rows * x.stride && tile.len() >= rows * PANEL);
     let panel = w.panel(p);
     let per_pass = kernel.rows_per_pass();
@@ -412,14 +452,14 @@ pub fn matmul_int8(
 ) {
     assert_eq!((k, n), (w.k, w.n), "the packed weight's shape");
     assert!(out.len() >= rows * n && x.len() >= rows * k && bias.is_none_or(|b| b.len() >= n));
+    let kernel = Kernel::here();
     let input = if rows == 1 && k * n >= STREAMED {
         let mut padded = vec![0.0f32; k.div_ceil(GROUP) * GROUP];
         padded[..k].copy_from_slice(&x[..k]);
         Input::F32(padded)
     } else {
-        Input::Int8(Int8Rows::new(x, rows, k))
+        Input::Int8(Int8Rows::new(x, rows, k, kernel))
     };
-    let kernel = Kernel::here();
     let dst = &OutPtr(out.as_mut_ptr());
     // a contiguous run of panels a task: the kernels' prefetches run ahead
     // along it
@@ -520,37 +560,29 @@ fn portable_weight_only(out: &mut [f32; PANEL], x: &[f32], panel: &[i8]) {
     }
 }
 
-/// Some rows of an [`Int8Rows`], signed and biased.
-#[derive(Clone, Copy)]
-struct XRows<'a> {
-    codes: &'a [i8],
-    biased: &'a [u8],
-}
-
-/// out (nr x 32) = x (nr rows of `stride` codes) . one panel, by `kernel`
-/// (biased kernels: 128 x the column sums too high).
-fn panel_product(kernel: Kernel, out: &mut [i32], x: XRows<'_>, stride: usize, panel: &[i8]) {
+/// out (nr x 32) = x (nr rows of `stride` codes, as `kernel` multiplies
+/// them) . one panel (biased kernels: 128 x the column sums too high).
+fn panel_product(kernel: Kernel, out: &mut [i32], x: &[u8], stride: usize, panel: &[i8]) {
     let nr = out.len() / PANEL;
-    assert!(x.codes.len() >= nr * stride && x.biased.len() >= nr * stride);
+    assert!(x.len() >= nr * stride);
     assert_eq!(panel.len(), stride * PANEL);
-    let (codes, biased) = (x.codes, x.biased);
     match kernel {
-        Kernel::Portable => portable(out, codes, stride, panel, nr),
+        Kernel::Portable => portable(out, x, stride, panel, nr),
         // SAFETY: bounds checked above; `Kernel::best`/`available` offer a
         // kernel only when the CPU has its instructions.
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx512Vnni => unsafe { x86::avx512_vnni(out, biased, stride, panel, nr) },
+        Kernel::Avx512Vnni => unsafe { x86::avx512_vnni(out, x, stride, panel, nr) },
         #[cfg(target_arch = "x86_64")]
-        Kernel::AvxVnni => unsafe { x86::avx_vnni(out, biased, stride, panel, nr) },
+        Kernel::AvxVnni => unsafe { x86::avx_vnni(out, x, stride, panel, nr) },
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx2 => unsafe { x86::avx2(out, codes, stride, panel, nr) },
+        Kernel::Avx2 => unsafe { x86::avx2(out, x, stride, panel, nr) },
         #[cfg(not(target_arch = "x86_64"))]
         _ => unreachable!("only the portable kernel exists off x86-64"),
     }
 }
 
-/// The same sums in plain Rust.
-fn portable(out: &mut [i32], x: &[i8], stride: usize, panel: &[i8], nr: usize) {
+/// The same sums in plain Rust (x signed codes as bytes).
+fn portable(out: &mut [i32], x: &[u8], stride: usize, panel: &[i8], nr: usize) {
     for r in 0..nr {
         let row = &x[r * stride..(r + 1) * stride];
         let o = &mut out[r * PANEL..(r + 1) * PANEL];
@@ -561,7 +593,7 @@ fn portable(out: &mut [i32], x: &[i8], stride: usize, panel: &[i8], nr: usize) {
                 *o += block[c * GROUP..(c + 1) * GROUP]
                     .iter()
                     .zip(xs)
-                    .map(|(&w, &v)| w as i32 * v as i32)
+                    .map(|(&w, &v)| w as i32 * v as i8 as i32)
                     .sum::<i32>();
             }
         }
@@ -572,6 +604,16 @@ fn portable(out: &mut [i32], x: &[i8], stride: usize, panel: &[i8], nr: usize) {
 mod x86 {
     use super::{AHEAD, GROUP, GROUP_BYTES, LANES, PANEL, ROWS, ROWS_512};
     use std::arch::x86_64::*;
+
+    /// [`super::quantize_row`] in AVX-512 (16 lanes, and a narrowing to
+    /// bytes in one instruction).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F and BW.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub unsafe fn quantize_row(codes: &mut [u8], row: &[f32], inv: f32, flip: u8) {
+        super::quantize_row(codes, row, inv, flip)
+    }
 
     /// Four input codes of row `r`, group `g`, as one i32.
     #[inline(always)]
@@ -655,7 +697,7 @@ mod x86 {
     /// # Safety
     /// The CPU must have AVX2; bounds as [`avx512_vnni`], nr <= 4.
     #[target_feature(enable = "avx2")]
-    pub unsafe fn avx2(out: &mut [i32], x: &[i8], stride: usize, panel: &[i8], nr: usize) {
+    pub unsafe fn avx2(out: &mut [i32], x: &[u8], stride: usize, panel: &[i8], nr: usize) {
         let ones = _mm256_set1_epi16(1);
         halves(out, x.as_ptr(), stride, panel, nr, |acc, v, w| {
             let mag = _mm256_sign_epi8(v, v);
@@ -807,9 +849,7 @@ mod tests {
         let mut out = vec![0i64; rows * w.n];
         for r in 0..rows {
             for j in 0..w.n {
-                out[r * w.n + j] = (0..w.k)
-                    .map(|i| x.codes[r * x.stride + i] as i64 * deq(i, j))
-                    .sum();
+                out[r * w.n + j] = (0..w.k).map(|i| x.code(r, i) as i64 * deq(i, j)).sum();
             }
         }
         out
@@ -862,10 +902,10 @@ mod tests {
             let x = random(rows * k, 2 + n as u64);
             for layout in [WeightLayout::InOut, WeightLayout::OutIn] {
                 let packed = Int8Weight::new(&w, layout, k, n, &stats);
-                let q = Int8Rows::new(&x, rows, k);
-                let want = reference(&q, &packed, rows);
+                let want = reference(&Int8Rows::new(&x, rows, k, Kernel::Portable), &packed, rows);
                 let width = n.div_ceil(PANEL) * PANEL;
                 for &kernel in &kernels {
+                    let q = Int8Rows::new(&x, rows, k, kernel);
                     let got = products(kernel, &q, &packed, rows);
                     for r in 0..rows {
                         for j in 0..n {
@@ -968,10 +1008,9 @@ mod tests {
             .map(|i| if i % 2 == 0 { -1.0 } else { 1.0 })
             .collect();
         let packed = Int8Weight::new(&w, WeightLayout::InOut, k, n, &stats);
-        let q = Int8Rows::new(&x, rows, k);
-        let want = reference(&q, &packed, rows);
+        let want = reference(&Int8Rows::new(&x, rows, k, Kernel::Portable), &packed, rows);
         for kernel in Kernel::available(Features::detect()) {
-            let got = products(kernel, &q, &packed, rows);
+            let got = products(kernel, &Int8Rows::new(&x, rows, k, kernel), &packed, rows);
             for r in 0..rows {
                 for j in 0..n {
                     assert_eq!(got[r * PANEL + j] as i64, want[r * n + j], "{kernel:?}");

@@ -3,6 +3,21 @@
 
 use gemm::Parallelism;
 
+/// a x b + c: one fused instruction (one rounding) where the build has FMA,
+/// a multiply and an add otherwise (`mul_add` without the instruction is a
+/// slow library call).
+#[inline(always)]
+pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+    #[cfg(target_feature = "fma")]
+    {
+        a.mul_add(b, c)
+    }
+    #[cfg(not(target_feature = "fma"))]
+    {
+        a * b + c
+    }
+}
+
 /// exp(x) to about 2 ulp, branch-free so loops over it auto-vectorise
 /// (Cephes-style range reduction + degree-6 polynomial).
 #[inline(always)]
@@ -11,14 +26,20 @@ pub fn exp(x: f32) -> f32 {
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
     let x = x.clamp(-87.3, 88.3);
-    let n = (x * LOG2E + 0.5).floor();
-    let r = x - n * LN2_HI - n * LN2_LO;
+    let n = fma(x, LOG2E, 0.5).floor();
+    let r = fma(n, -LN2_LO, fma(n, -LN2_HI, x));
     let z = r * r;
-    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
-        + 1.666_666_5e-1)
-        * r
-        + 0.5;
-    let y = p * z + r + 1.0;
+    let mut p = 1.987_569_1e-4;
+    for c in [
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        1.666_666_5e-1,
+        0.5,
+    ] {
+        p = fma(p, r, c);
+    }
+    let y = fma(p, z, r) + 1.0;
     // 2^n from the bits of the float n + 127 + 2^23, whose low mantissa bits
     // are the biased exponent (1..=254 after the clamp): no float-to-int
     // cast, whose saturating semantics would keep the loop scalar
@@ -72,11 +93,13 @@ fn tanh(u: f32) -> f32 {
     1.0 - 2.0 / (exp(2.0 * u) + 1.0)
 }
 
-/// GELU with the tanh approximation (GPT-2's `gelu_new`).
+/// GELU with the tanh approximation (GPT-2's `gelu_new`), as
+/// x sigmoid(2u) = x / (1 + exp(-2u)), u = sqrt(2 / pi) (x + 0.044715 x^3),
+/// which is 0.5 x (1 + tanh(u)) in fewer operations.
 #[inline(always)]
 pub fn gelu(x: f32) -> f32 {
-    let u = GELU_SCALE * (x + GELU_CUBE * x * x * x);
-    0.5 * x * (1.0 + tanh(u))
+    let minus_2u = x * fma(-2.0 * GELU_SCALE * GELU_CUBE, x * x, -2.0 * GELU_SCALE);
+    x / (1.0 + exp(minus_2u))
 }
 
 /// d gelu(x) / dx.
@@ -287,6 +310,25 @@ mod tests {
             assert!(rel < 5e-7, "x={x} rel={rel}");
             x += 0.0137;
         }
+    }
+
+    #[test]
+    fn gelu_matches_the_tanh_formula_in_f64() {
+        let mut x = -12.0f32;
+        while x < 12.0 {
+            let xd = x as f64;
+            let u = (2.0 / std::f64::consts::PI).sqrt() * (xd + 0.044715 * xd.powi(3));
+            let want = 0.5 * xd * (1.0 + u.tanh());
+            let err = (gelu(x) as f64 - want).abs();
+            assert!(
+                err <= 1e-6 * want.abs().max(1e-3),
+                "x={x}: {} vs {want}",
+                gelu(x)
+            );
+            x += 0.00731;
+        }
+        assert!(gelu(-200.0).abs() < 1e-30);
+        assert_eq!(gelu(200.0), 200.0);
     }
 
     #[test]
