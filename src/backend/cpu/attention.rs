@@ -380,7 +380,7 @@ impl HeadKernel {
 
 /// One query per row against the KV cache: qkv (b, 3c) supplies the
 /// queries; kcache, vcache are (b, max_t, c); out is (b, c). A task takes a
-/// row and a run of its heads, a head at a time.
+/// row and a run of its heads ([`HeadKernel::heads`]).
 pub fn attention_decode(
     out: &mut [f32],
     qkv: &[f32],

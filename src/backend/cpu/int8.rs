@@ -156,7 +156,7 @@ fn quantize(x: f32, inv_scale: f32) -> i8 {
     ((y + ROUNDER).to_bits() as i32 - ROUNDER.to_bits() as i32).clamp(-127, 127) as i8
 }
 
-/// codes = the codes of row at 1 / inv, each xor `flip`.
+/// codes = row's int8 codes at scale 1 / inv, each xor `flip`.
 #[inline(always)]
 fn quantize_row(codes: &mut [u8], row: &[f32], inv: f32, flip: u8) {
     for (c, &v) in codes.iter_mut().zip(row) {
@@ -605,8 +605,8 @@ mod x86 {
     use super::{AHEAD, GROUP, GROUP_BYTES, LANES, PANEL, ROWS, ROWS_512};
     use std::arch::x86_64::*;
 
-    /// [`super::quantize_row`] in AVX-512 (16 lanes, and a narrowing to
-    /// bytes in one instruction).
+    /// [`super::quantize_row`] compiled for AVX-512 (16 lanes, and each
+    /// vector narrowed to bytes by one `vpmovdb`).
     ///
     /// # Safety
     /// The CPU must have AVX-512 F and BW.
