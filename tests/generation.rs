@@ -55,18 +55,25 @@ fn tensor_parallel_greedy_generation_matches_one_rank() {
     assert_eq!(got[1], want);
 }
 
-/// Logits of every position of `seq` fed one token at a time.
-fn decoded_logits(model: &Gpt2<Cpu>, seq: &[u32], format: WeightFormat) -> Vec<Vec<f32>> {
-    let place = TpPlace { rank: 0, size: 1 };
-    let weights = DecodeWeights::new(
+/// The whole model on one rank.
+const WHOLE: TpPlace = TpPlace { rank: 0, size: 1 };
+
+/// The whole model's weights packed for decoding as `format`.
+fn packed(model: &Gpt2<Cpu>, format: WeightFormat) -> DecodeWeights<'_, Cpu> {
+    DecodeWeights::new(
         model.backend(),
         &model.config,
-        place,
+        WHOLE,
         model.params.s(),
         format,
     )
-    .unwrap();
-    let mut dec = Decoder::new(Cpu::new(), model.config.clone(), place, 1, seq.len()).unwrap();
+    .unwrap()
+}
+
+/// Logits of every position of `seq` fed one token at a time.
+fn decoded_logits(model: &Gpt2<Cpu>, seq: &[u32], format: WeightFormat) -> Vec<Vec<f32>> {
+    let weights = packed(model, format);
+    let mut dec = Decoder::new(Cpu::new(), model.config.clone(), WHOLE, 1, seq.len()).unwrap();
     seq.iter()
         .enumerate()
         .map(|(pos, &t)| {
@@ -89,7 +96,6 @@ fn tiny_model_and_sequence() -> (Gpt2<Cpu>, Vec<u32>) {
 /// pool of `threads` threads (the CPU decodes a small model's rows in one
 /// part a thread).
 fn batch_logits(model: &Gpt2<Cpu>, format: WeightFormat, threads: usize) -> Vec<Vec<f32>> {
-    let place = TpPlace { rank: 0, size: 1 };
     let rows: Vec<Vec<u32>> = (0..5u32)
         .map(|r| (0..12).map(|i| (i * 7 + r * 11) % 60).collect())
         .collect();
@@ -98,15 +104,8 @@ fn batch_logits(model: &Gpt2<Cpu>, format: WeightFormat, threads: usize) -> Vec<
         .build()
         .unwrap();
     pool.install(|| {
-        let weights = DecodeWeights::new(
-            model.backend(),
-            &model.config,
-            place,
-            model.params.s(),
-            format,
-        )
-        .unwrap();
-        let mut dec = Decoder::new(Cpu::new(), model.config.clone(), place, 5, 12).unwrap();
+        let weights = packed(model, format);
+        let mut dec = Decoder::new(Cpu::new(), model.config.clone(), WHOLE, 5, 12).unwrap();
         let mut out = Vec::new();
         for pos in 0..12 {
             let column: Vec<u32> = rows.iter().map(|r| r[pos]).collect();

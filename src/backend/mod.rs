@@ -109,11 +109,11 @@ pub trait Backend: Send + Sync + Sized + Clone + 'static {
         f()
     }
     /// How many parts of consecutive rows a decoding step of `rows` rows
-    /// through a model of `matrix_params` matrix parameters runs as, each
-    /// part through the whole model on its own ([`Backend::for_each_part`]):
-    /// one (every operation over all rows) unless this backend finds
-    /// otherwise faster.
-    fn decode_parts(&self, _rows: usize, _matrix_params: usize) -> usize {
+    /// runs as, each part through the whole model on its own
+    /// ([`Backend::for_each_part`]), for a model of `matmul_params`
+    /// parameters in its matmuls (`GptConfig::matmul_params`): one (every
+    /// operation over all rows) unless this backend finds otherwise faster.
+    fn decode_parts(&self, _rows: usize, _matmul_params: usize) -> usize {
         1
     }
     /// `f` of every part, side by side where this backend can run them so.

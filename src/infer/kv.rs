@@ -131,7 +131,7 @@ impl<B: Backend> Decoder<B> {
         // tensor-parallel ranks all-reduce inside a step: one part
         let parts = match tp.size {
             1 => backend
-                .decode_parts(b, matrix_params(&config))
+                .decode_parts(b, config.matmul_params())
                 .clamp(1, b.max(1)),
             _ => 1,
         };
@@ -224,19 +224,6 @@ impl<B: Backend> Decoder<B> {
         self.backend
             .to_host(part.logits.slice(r * vp..r * vp + self.config.vocab_size))
     }
-}
-
-/// The parameters of a model's matrices, the LM head's included: what a
-/// decoding step multiplies each row by.
-fn matrix_params(config: &GptConfig) -> usize {
-    let c = config.n_embd;
-    let blocks: usize = (0..config.n_layer)
-        .map(|l| {
-            let BlockDims { cl, fl, .. } = config.dims(l, 1);
-            4 * c * cl + 2 * c * fl
-        })
-        .sum();
-    blocks + c * config.padded_vocab()
 }
 
 impl<B: Backend> Part<B> {

@@ -334,9 +334,15 @@ impl GptConfig {
     /// (QK^T and AV, forward and backward, without causal savings), as in
     /// the PaLM appendix and nanoGPT's `estimate_mfu`.
     pub fn flops_per_token(&self, t: usize) -> f64 {
-        let matmul_params = self.num_params() - self.block_size * self.n_embd;
         let attention: usize = (0..self.n_layer).map(|l| self.dims(l, 1).cl).sum();
-        6.0 * matmul_params as f64 + 12.0 * (t * attention) as f64
+        6.0 * self.matmul_params() as f64 + 12.0 * (t * attention) as f64
+    }
+
+    /// The parameters a token meets in matmuls (and the few vectors beside
+    /// them): every stored one but the position embeddings, the tied token
+    /// embedding counted once as the LM head.
+    pub fn matmul_params(&self) -> usize {
+        self.num_params() - self.block_size * self.n_embd
     }
 }
 

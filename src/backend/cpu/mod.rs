@@ -48,7 +48,7 @@ pub(crate) fn product_tasks(rows: usize, k: usize, n: usize, panels: usize, grai
     (rows.max(4) * k * n / grain).clamp(1, most.max(1))
 }
 
-/// The most matrix parameters a model may have for its decoding steps to
+/// The most matmul parameters a model may have for its decoding steps to
 /// run as one part of the rows a thread ([`Backend::decode_parts`]): then
 /// no operation is handed between threads, where a small model's hundreds
 /// of operations a step each cost a hand-over (2-3 µs); a larger model's
@@ -136,8 +136,8 @@ impl Backend for Cpu {
         // a scope's body runs on a worker (this one, if it is one already)
         rayon::scope(|_| f())
     }
-    fn decode_parts(&self, rows: usize, matrix_params: usize) -> usize {
-        match matrix_params <= PARTS_MAX_PARAMS {
+    fn decode_parts(&self, rows: usize, matmul_params: usize) -> usize {
+        match matmul_params <= PARTS_MAX_PARAMS {
             true => rayon::current_num_threads().min(rows),
             false => 1,
         }
