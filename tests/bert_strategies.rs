@@ -262,35 +262,33 @@ fn bf16_moves_bert_training_within_bf16_rounding_and_every_strategy_follows_sing
 #[test]
 fn masked_lm_pretraining_on_shakespeare_lowers_the_validation_loss() {
     use distgpt::data::{Dataset, TokenizerKind};
-    use distgpt::train::mlm::{mlm_rank, MlmConfig};
+    use distgpt::train::mlm::MlmTask;
+    use distgpt::train::{train, TrainConfig};
     let ds = Dataset::load(None, TokenizerKind::Char).unwrap();
-    let cfg = MlmConfig {
-        model: model(BertHead::Mlm),
-        steps: 60,
+    let task = MlmTask::new(&model(BertHead::Mlm), &ds, 32);
+    let cfg = TrainConfig {
         batch_size: 8,
         seq_len: 32,
+        duration: distgpt::train::Duration::Steps(60),
         lr: 3e-3,
-        warmup: 5,
+        min_lr: 3e-4,
+        warmup_steps: 5,
         adamw: AdamWConfig::default(),
         grad_clip: 1.0,
-        eval_every: 0,
+        // the first evaluation after one step stands for the untrained model
+        eval_every: 1,
         eval_batches: 4,
+        sample_tokens: 0,
         seed: 1,
-        progress: false,
         out_dir: std::env::temp_dir().join(format!("distgpt-mlm-{}", std::process::id())),
         overwrite: true,
-        checkpoint_every: 0,
         keep_checkpoints: 1,
-        resume: None,
+        ..TrainConfig::default()
     };
     let par = par(StrategyKind::Ddp, 2, 1, false);
-    let s = launch::run_local(2, 2, Duration::from_secs(60), |world| {
-        mlm_rank(Cpu::new(), &ds, &cfg, par, world.as_ref(), 1e9)
-    })
-    .unwrap()
-    .swap_remove(0)
-    .expect("rank 0's summary");
-    let (first, last) = (s.val_losses[0].1, s.val_losses.last().unwrap().1);
+    let s = train(Cpu::new, &task, &cfg, par, 2, Duration::from_secs(60)).unwrap();
+    let vals: Vec<f32> = s.history.iter().filter_map(|r| r.val_loss).collect();
+    let (first, last) = (vals[0], *vals.last().unwrap());
     // from ln(vocabulary) towards the characters' entropy
     assert!(
         first > 3.5 && last < first - 0.8,

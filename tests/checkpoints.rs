@@ -6,7 +6,7 @@ use distgpt::checkpoint::state;
 use distgpt::data::{Dataset, TokenizerKind};
 use distgpt::model::GptConfig;
 use distgpt::parallel::{ParallelConfig, Pipeline, Schedule, StrategyKind};
-use distgpt::train::{train, Duration, TrainConfig, TrainSummary};
+use distgpt::train::{train_lm, Duration, TrainConfig, TrainSummary};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration as Wait;
@@ -73,7 +73,7 @@ fn run_on(
         precision: Default::default(),
         pipeline,
     };
-    train(Cpu::new, model, ds, cfg, par, 2, Wait::from_secs(60)).unwrap()
+    train_lm(Cpu::new, model, ds, cfg, par, 2, Wait::from_secs(60)).unwrap()
 }
 
 fn resume(dir: &Path, strategy: StrategyKind, world_size: usize) -> TrainSummary {

@@ -5,7 +5,7 @@ use distgpt::backend::cpu::Cpu;
 use distgpt::data::{Dataset, TokenizerKind};
 use distgpt::model::GptConfig;
 use distgpt::parallel::{ParallelConfig, StrategyKind};
-use distgpt::train::{train, Duration, Fault, TrainConfig};
+use distgpt::train::{train_lm, Duration, Fault, TrainConfig};
 use std::process::Command;
 use std::time::{Duration as Wait, Instant};
 
@@ -37,7 +37,7 @@ fn a_failing_thread_rank_is_named_and_nobody_hangs() {
         pipeline: Default::default(),
     };
     let t0 = Instant::now();
-    let err = train(
+    let err = train_lm(
         Cpu::new,
         model,
         &ds,

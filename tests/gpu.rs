@@ -14,7 +14,7 @@ use distgpt::data::{Dataset, TokenizerKind};
 use distgpt::infer::generate::{generate, SampleConfig};
 use distgpt::model::{AdamW, AdamWConfig, Gpt2, GptConfig, Precision, Segment};
 use distgpt::parallel::{ParallelConfig, Pipeline, Schedule, StrategyKind};
-use distgpt::train::{train, TrainSummary};
+use distgpt::train::{train_lm, TrainSummary};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -167,7 +167,7 @@ fn run_pipelined<B: Backend>(
         pipeline,
     };
     let model = common::tiny_model(dataset());
-    train(
+    train_lm(
         make,
         model,
         dataset(),

@@ -11,6 +11,7 @@ use distgpt::comm::mpi::MpiComm;
 use distgpt::comm::Comm;
 use distgpt::data::{Dataset, TokenizerKind};
 use distgpt::parallel::{ParallelConfig, StrategyKind};
+use distgpt::train::lm::LmTask;
 use distgpt::train::{train_rank, TrainSummary};
 use std::time::Duration as Wait;
 
@@ -36,8 +37,7 @@ fn run(
     };
     train_rank(
         Cpu::new(),
-        model,
-        ds,
+        &LmTask { model, data: ds },
         &common::five_steps(&format!("mpi-{tag}"), grad_accum),
         par,
         comm,
@@ -202,38 +202,39 @@ fn strategies_over_mpi_match_single() {
 /// losses within 1e-5 for ddp, zero2 and fsdp.
 fn bert_masked_lm_over_mpi_matches_single(world: &dyn Comm, ds: &Dataset, solo: &dyn Comm) {
     use distgpt::model::bert::{BertConfig, BertHead};
-    use distgpt::train::mlm::{mlm_rank, MlmConfig};
+    use distgpt::train::mlm::MlmTask;
+    use distgpt::train::TrainConfig;
     let dir = |what: &str| std::env::temp_dir().join(format!("distgpt-mpi-mlm-{what}"));
-    let mut cfg = MlmConfig {
-        model: BertConfig {
-            n_layer: 2,
-            n_head: 4,
-            n_embd: 32,
-            n_inner: 64,
-            block_size: 0,
-            type_vocab: 2,
-            // the characters + [MASK] and the window length, set by mlm_rank
-            vocab_size: 0,
-            layer_norm_eps: 1e-12,
-            head: BertHead::Mlm,
-        },
-        steps: 5,
+    let shape = BertConfig {
+        n_layer: 2,
+        n_head: 4,
+        n_embd: 32,
+        n_inner: 64,
+        block_size: 0,
+        type_vocab: 2,
+        // the characters + [MASK] and the window length, set by MlmTask::new
+        vocab_size: 0,
+        layer_norm_eps: 1e-12,
+        head: BertHead::Mlm,
+    };
+    let task = MlmTask::new(&shape, ds, 16);
+    let mut cfg = TrainConfig {
         batch_size: 12,
         seq_len: 16,
+        duration: distgpt::train::Duration::Steps(5),
         lr: 3e-3,
-        warmup: 2,
-        adamw: Default::default(),
+        min_lr: 3e-4,
+        warmup_steps: 2,
         grad_clip: 1.0,
-        eval_every: 0,
+        eval_every: 1,
         eval_batches: 2,
+        sample_tokens: 0,
         seed: 3,
-        progress: false,
         // every process runs its own single rank; the strategies' ranks share one run directory
         out_dir: dir(&format!("single-{}-of-{}", world.rank(), world.size())),
         overwrite: true,
-        checkpoint_every: 0,
         keep_checkpoints: 1,
-        resume: None,
+        ..TrainConfig::default()
     };
     let par = |strategy, world_size| ParallelConfig {
         strategy,
@@ -243,30 +244,25 @@ fn bert_masked_lm_over_mpi_matches_single(world: &dyn Comm, ds: &Dataset, solo: 
         precision: Default::default(),
         pipeline: Default::default(),
     };
-    let single = mlm_rank(
-        Cpu::new(),
-        ds,
-        &cfg,
-        par(StrategyKind::Single, 1),
-        solo,
-        1e9,
-    )
-    .unwrap()
-    .expect("a single rank is rank 0");
+    let single = train_rank(Cpu::new(), &task, &cfg, par(StrategyKind::Single, 1), solo)
+        .unwrap()
+        .expect("a single rank is rank 0");
     let _ = std::fs::remove_dir_all(&cfg.out_dir);
+    let vals = |s: &TrainSummary| -> Vec<f32> { s.history.iter().filter_map(|r| r.val_loss).collect() };
     for s in [StrategyKind::Ddp, StrategyKind::Zero2, StrategyKind::Fsdp] {
         cfg.out_dir = dir(&format!("{s}-{}", world.size()));
-        let got = mlm_rank(Cpu::new(), ds, &cfg, par(s, world.size()), world, 1e9).unwrap();
+        let got = train_rank(Cpu::new(), &task, &cfg, par(s, world.size()), world).unwrap();
         let Some(got) = got else { continue };
         // rank 0 returns last: every rank's files are written
         let _ = std::fs::remove_dir_all(&cfg.out_dir);
-        let (a, b) = (&single.val_losses, &got.val_losses);
+        let (a, b) = (vals(&single), vals(&got));
         let close = |x: f32, y: f32| (x - y).abs() <= 1e-5;
         assert!(
-            close(single.final_loss, got.final_loss)
-                && a.iter().zip(b).all(|(x, y)| close(x.1, y.1)),
-            "BERT {s} under mpirun: {:?} / {} vs single {a:?} / {}",
-            b,
+            a.len() == 5
+                && a.len() == b.len()
+                && close(single.final_loss, got.final_loss)
+                && a.iter().zip(&b).all(|(x, y)| close(*x, *y)),
+            "BERT {s} under mpirun: {b:?} / {} vs single {a:?} / {}",
             got.final_loss,
             single.final_loss
         );

@@ -14,7 +14,7 @@ use distgpt::backend::cpu::Cpu;
 use distgpt::data::{Dataset, TokenizerKind};
 use distgpt::model::GptConfig;
 use distgpt::parallel::{ParallelConfig, Pipeline, Schedule, StrategyKind};
-use distgpt::train::{train, TrainSummary};
+use distgpt::train::{train_lm, TrainSummary};
 use std::sync::OnceLock;
 use std::time::Duration as Wait;
 
@@ -44,7 +44,7 @@ fn run(par: ParallelConfig) -> TrainSummary {
         par.recompute
     );
     let cfg = common::five_steps(&tag, ACCUM);
-    train(
+    train_lm(
         Cpu::new,
         model(),
         dataset(),
@@ -203,7 +203,7 @@ fn impossible_pipelines_are_refused_in_words() {
     assert!(said(zb(1, false)).contains("zb-h1 schedule needs --pp 2 or more"));
     // micro-batches go round in groups of pp
     let cfg = common::five_steps("pp-interleaved-3", 3);
-    let err = train(
+    let err = train_lm(
         Cpu::new,
         self::model(),
         dataset(),

@@ -16,7 +16,7 @@ use distgpt::model::gpt2::BlockParam;
 use distgpt::model::{Gpt2, GptConfig, ParamLayout, TpPlace};
 use distgpt::parallel::{ParallelConfig, Pipeline, Schedule, StrategyKind};
 use distgpt::prune::{select_rows, shrink, KeptRows, Scope};
-use distgpt::train::{train, TrainConfig, TrainSummary};
+use distgpt::train::{train_lm, TrainConfig, TrainSummary};
 use std::time::Duration as Wait;
 
 /// Three blocks of four heads (head size 8) and 128 MLP units.
@@ -267,7 +267,7 @@ fn a_model_with_per_block_widths_trains_under_every_strategy_as_single() {
             pipeline: Pipeline::new(pp, schedule, 2),
         };
         let cfg = common::five_steps(&format!("rows-{tag}"), 2);
-        train(
+        train_lm(
             Cpu::new,
             model.clone(),
             &ds,
@@ -301,7 +301,7 @@ fn a_model_with_per_block_widths_trains_under_every_strategy_as_single() {
         pipeline: Pipeline::new(1, Schedule::OneFOneB, 1),
     };
     let cfg = common::five_steps("rows-tp", 1);
-    let Err(err) = train(
+    let Err(err) = train_lm(
         Cpu::new,
         model.clone(),
         &ds,
@@ -329,7 +329,7 @@ fn a_model_with_per_block_widths_trains_under_every_strategy_as_single() {
         };
         let cfg = common::five_steps(&format!("rows-tp-{strategy}"), 2);
         let wait = Wait::from_secs(120);
-        train(Cpu::new, even.clone(), &ds, &cfg, par, 2, wait).unwrap()
+        train_lm(Cpu::new, even.clone(), &ds, &cfg, par, 2, wait).unwrap()
     };
     let single = tp_run(Single, 1, 1);
     common::assert_follows(&single, &tp_run(Tp, 2, 2), "tp 2");
@@ -359,7 +359,7 @@ fn a_pruned_model_stops_and_resumes_bit_exactly_and_reshards() {
             pipeline: Pipeline::new(1, Schedule::OneFOneB, 1),
         };
         let wait = Wait::from_secs(120);
-        train(Cpu::new, model.clone(), &ds, cfg, par, 2, wait).unwrap()
+        train_lm(Cpu::new, model.clone(), &ds, cfg, par, 2, wait).unwrap()
     };
     let whole = run(&common::five_steps("rows-whole", 1), StrategyKind::Fsdp, 1);
     let split = common::five_steps("rows-split", 1);

@@ -9,7 +9,7 @@ use distgpt::backend::cpu::Cpu;
 use distgpt::data::{Dataset, TokenizerKind};
 use distgpt::model::Precision;
 use distgpt::parallel::{ParallelConfig, StrategyKind};
-use distgpt::train::{train, TrainSummary};
+use distgpt::train::{train_lm, TrainSummary};
 use std::sync::OnceLock;
 use std::time::Duration as Wait;
 
@@ -57,7 +57,7 @@ fn run_model(
         precision,
         pipeline: Default::default(),
     };
-    train(Cpu::new, model, ds, &cfg, par, 2, Wait::from_secs(60))
+    train_lm(Cpu::new, model, ds, &cfg, par, 2, Wait::from_secs(60))
         .unwrap_or_else(|e| panic!("{tag}: {e}"))
 }
 

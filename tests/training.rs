@@ -6,7 +6,7 @@ use distgpt::checkpoint;
 use distgpt::data::{Dataset, TokenizerKind};
 use distgpt::model::{AdamWConfig, GptConfig};
 use distgpt::parallel::{ParallelConfig, StrategyKind};
-use distgpt::train::{train, Duration, TrainConfig};
+use distgpt::train::{train_lm, Duration, TrainConfig};
 use std::time::Duration as Wait;
 
 fn tiny_config(out: &std::path::Path, steps: usize) -> TrainConfig {
@@ -52,7 +52,7 @@ fn tiny_model_learns_shakespeare() {
     let mut cfg = GptConfig::preset("tiny").unwrap();
     cfg.vocab_size = ds.tokenizer.vocab_size();
     let out = tmp("learn");
-    let s = train(
+    let s = train_lm(
         Cpu::new,
         cfg,
         &ds,
@@ -95,7 +95,7 @@ fn saved_weights_reload_to_identical_logits() {
     let mut cfg = GptConfig::preset("tiny").unwrap();
     cfg.vocab_size = ds.tokenizer.vocab_size();
     let out = tmp("reload");
-    train(
+    train_lm(
         Cpu::new,
         cfg,
         &ds,

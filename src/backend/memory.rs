@@ -51,7 +51,7 @@ pub struct MemoryStats {
 }
 
 /// A snapshot of [`MemoryStats`], in bytes.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
 pub struct MemoryReport {
     pub current_bytes: CategoryBytes,
     pub peak_bytes: CategoryBytes,
@@ -62,7 +62,7 @@ pub struct MemoryReport {
 }
 
 /// Bytes per category.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
 pub struct CategoryBytes {
     pub params: u64,
     pub grads: u64,

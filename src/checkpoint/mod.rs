@@ -368,6 +368,30 @@ pub fn load_model<B: Backend>(backend: B, dir: &Path) -> Result<(Gpt2<B>, ModelM
     load_model_files(backend, dir)
 }
 
+/// Checks the model files in `dir` are `model`'s and readable: checksums
+/// that match, every weight finite (what a resume repairs when not).
+pub fn verify_model_files(dir: &Path, model: &crate::model::ModelConfig) -> Result<()> {
+    let bad = |found: String| Error::Checkpoint {
+        path: dir.to_path_buf(),
+        reason: format!("holds a model of {found}, not the run's {model}"),
+    };
+    match model {
+        crate::model::ModelConfig::Gpt2(c) => {
+            let (m, _) = load_model_files(crate::backend::cpu::Cpu::new(), dir)?;
+            if &m.config != c {
+                return Err(bad(m.config.to_string()));
+            }
+        }
+        crate::model::ModelConfig::Bert(c) => {
+            let (found, _) = crate::model::bert::hf::load_folder(dir, None, 0)?;
+            if &found != c {
+                return Err(bad(found.to_string()));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// [`load_model`] from model files only (`model.json` + `model.safetensors`,
 /// or a Hugging Face folder), never from a checkpoint.
 pub fn load_model_files<B: Backend>(backend: B, dir: &Path) -> Result<(Gpt2<B>, ModelMeta)> {

@@ -6,7 +6,8 @@ use distgpt::compare::classify::{self as classify_matrix, ClassifyMatrix};
 use distgpt::compare::{self, CompareSpec, Layout};
 use distgpt::data::{Dataset, TokenizerKind};
 use distgpt::model::{AdamWConfig, GptConfig};
-use distgpt::train::classify::ClassifyConfig;
+use distgpt::train::classify::ClassifyTask;
+use distgpt::train::TrainConfig;
 use distgpt::train::Duration;
 use indicatif::MultiProgress;
 use std::path::{Path, PathBuf};
@@ -269,15 +270,16 @@ fn run_classify(a: CompareArgs, out_dir: PathBuf, threads: usize) -> Result<()> 
         bail!("--epochs {epochs}: --task classify trains whole epochs");
     }
     create_report_dir(&out_dir)?;
+    let seq_len = a.seq_len.unwrap_or(128);
+    let task = ClassifyTask::new(&init_from, &data, train_examples, seq_len, a.seed)?;
+    let lr = a.lr.unwrap_or(5e-5);
     let matrix = ClassifyMatrix {
-        base: ClassifyConfig {
-            init_from,
-            data,
-            epochs: epochs as usize,
-            batch_size: 0,
-            seq_len: a.seq_len.unwrap_or(128),
-            lr: a.lr.unwrap_or(5e-5),
-            warmup: 0.1,
+        task,
+        base: TrainConfig {
+            seq_len,
+            duration: Duration::Epochs(epochs),
+            lr,
+            min_lr: lr / 10.0,
             // BERT fine-tuning's usual AdamW, as `train --task classify` defaults
             adamw: AdamWConfig {
                 beta2: 0.999,
@@ -285,11 +287,14 @@ fn run_classify(a: CompareArgs, out_dir: PathBuf, threads: usize) -> Result<()> 
                 ..AdamWConfig::default()
             },
             grad_clip: 1.0,
+            // validation at every epoch's end only
+            eval_every: 0,
+            sample_tokens: 0,
             seed: a.seed,
+            init_from: Some(init_from),
+            data: Some(data),
             train_examples,
-            out_dir: None,
-            keeping: Default::default(),
-            progress: None,
+            ..TrainConfig::default()
         },
         layouts: a.strategies.clone(),
         world_sizes,

@@ -7,7 +7,8 @@
 
 use anyhow::{bail, Context, Result};
 use distgpt::train::run_dir::RunRecord;
-use distgpt::train::Duration;
+use distgpt::model::ModelConfig;
+use distgpt::train::{Duration, TaskKind};
 use std::ffi::OsString;
 use std::path::Path;
 use toml::Value;
@@ -46,11 +47,25 @@ fn record_entries(r: &RunRecord) -> Vec<(String, Value)> {
     let t = &r.train;
     let int = |v: usize| Value::Integer(v as i64);
     let float = |v: f64| Value::Float(v);
-    let mut out = vec![
-        ("n_layer", int(r.model.n_layer)),
-        ("n_head", int(r.model.n_head)),
-        ("n_embd", int(r.model.n_embd)),
-        ("block_size", int(r.model.block_size)),
+    let mut out = vec![("task", Value::String(r.task.to_string()))];
+    match (&r.model, r.task) {
+        (ModelConfig::Gpt2(m), _) => out.extend([
+            ("n_layer", int(m.n_layer)),
+            ("n_head", int(m.n_head)),
+            ("n_embd", int(m.n_embd)),
+            ("block_size", int(m.block_size)),
+        ]),
+        // a masked LM's shape over a BERT preset (its positions are --seq-len)
+        (ModelConfig::Bert(m), TaskKind::Mlm) => out.extend([
+            ("model", Value::String("bert-tiny".into())),
+            ("n_layer", int(m.n_layer)),
+            ("n_head", int(m.n_head)),
+            ("n_embd", int(m.n_embd)),
+        ]),
+        // a classifier's shape is its --init-from folder's
+        (ModelConfig::Bert(_), _) => {}
+    }
+    out.extend(vec![
         (
             "tokenizer",
             Value::String(
@@ -98,7 +113,7 @@ fn record_entries(r: &RunRecord) -> Vec<(String, Value)> {
             ),
         ),
         ("quiet", Value::Boolean(!t.verbose)),
-    ];
+    ]);
     out.push(match t.duration {
         Duration::Steps(n) => ("steps", int(n)),
         Duration::Epochs(e) => ("epochs", float(e)),
@@ -110,10 +125,22 @@ fn record_entries(r: &RunRecord) -> Vec<(String, Value)> {
     if let Some(d) = &t.init_from {
         out.push(("init_from", path(d)));
     }
+    if let Some(n) = t.train_examples {
+        out.push(("train_examples", int(n)));
+    }
     if let Some(p) = t.peak_flops {
         out.push(("peak_tflops", float(p / 1e12)));
     }
-    out.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+    // flags only language models have
+    let lm_only: &[&str] = match r.task {
+        TaskKind::Lm => &[],
+        TaskKind::Mlm => &["tokenizer", "sample_every", "sample_tokens"],
+        TaskKind::Classify => &["tokenizer", "sample_every", "sample_tokens", "eval_batches"],
+    };
+    out.into_iter()
+        .filter(|(k, _)| !lm_only.contains(k))
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
 }
 
 /// The command-line arguments `file` stands for, leaving out the flags

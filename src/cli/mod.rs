@@ -18,7 +18,7 @@ use distgpt::metrics;
 use distgpt::model::bert::BertConfig;
 use distgpt::model::{AdamWConfig, GptConfig, ModelConfig};
 use distgpt::parallel::{launch, ParallelConfig, StrategyKind};
-use distgpt::train::{self, Duration, Fault, TrainConfig};
+use distgpt::train::{self, Duration, Fault, TaskKind, TrainConfig};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -523,6 +523,9 @@ struct TrainArgs {
     /// Tokenizer for text data.
     #[arg(long, value_enum, default_value = "char", help_heading = "Data")]
     tokenizer: TokenizerKind,
+    /// --task classify: fine-tune on N training examples only (drawn with the seed).
+    #[arg(long, help_heading = "Data")]
+    train_examples: Option<usize>,
     /// Global batch: sequences per micro-step, split across the data-parallel ranks.
     #[arg(long, default_value_t = 32, help_heading = "Data")]
     batch_size: usize,
@@ -840,243 +843,6 @@ struct PrepareArgs {
     out: PathBuf,
 }
 
-/// Refuses the flags only GPT-2 language-model training has.
-fn refuse_lm_flags(given: &[String], task: &str) -> Result<()> {
-    let lm_only: &[&str] = match task {
-        // masked-LM runs checkpoint and resume as language models do
-        "mlm" => &[
-            "stop_after",
-            "config",
-            "grad_accum",
-            "sample_every",
-            "from_step",
-        ],
-        // fine-tuning stops after a number of steps (its length is in epochs)
-        _ => &["config", "grad_accum", "sample_every", "from_step"],
-    };
-    match lm_only.iter().find(|f| given.iter().any(|g| g == *f)) {
-        Some(f) => bail!(
-            "--{} is for GPT-2 language models, not --task {task}",
-            f.replace('_', "-")
-        ),
-        None => Ok(()),
-    }
-}
-
-/// `train --task mlm`: a BERT masked language model from scratch on a text's characters.
-fn run_mlm(a: &TrainArgs, given: &[String]) -> Result<Outcome> {
-    refuse_lm_flags(given, "mlm")?;
-    let ModelConfig::Bert(model) = a.model.resolve_family(None)? else {
-        bail!("--task mlm trains a BERT: choose --model bert-tiny, bert-minilm or bert-base");
-    };
-    if a.init_from.is_some() || a.epochs.is_some() {
-        bail!("--task mlm trains from scratch for --steps (no --init-from, no --epochs)");
-    }
-    let ds = Dataset::load(a.data.as_deref(), TokenizerKind::Char)?;
-    // a run directory (its newest checkpoint) or one of its checkpoints
-    let (out_dir, resume) = match &a.resume {
-        Some(path) => {
-            let (run, ckpt) = run_and_checkpoint(path)?;
-            (run, Some(ckpt))
-        }
-        None => (
-            a.out
-                .clone()
-                .unwrap_or_else(|| train::run_dir::default_run_dir(&a.model.model)),
-            None,
-        ),
-    };
-    let cfg = train::mlm::MlmConfig {
-        model,
-        steps: a.steps,
-        batch_size: a.batch_size,
-        seq_len: a.seq_len.unwrap_or(128),
-        lr: if given.iter().any(|g| g == "lr") {
-            a.lr
-        } else {
-            1e-3
-        },
-        warmup: a.warmup,
-        adamw: distgpt::model::AdamWConfig {
-            beta1: a.beta1,
-            beta2: a.beta2,
-            eps: 1e-8,
-            weight_decay: a.weight_decay,
-        },
-        grad_clip: a.grad_clip,
-        eval_every: a.eval_every,
-        eval_batches: a.eval_batches,
-        seed: a.seed,
-        progress: !a.quiet,
-        out_dir,
-        overwrite: a.overwrite,
-        checkpoint_every: a.checkpoint_every,
-        keep_checkpoints: a.keep_checkpoints,
-        resume,
-    };
-    handle_stop_signals()?;
-    let par = a.parallel.config();
-    let threads = rayon::current_num_threads();
-    let ranks = match a.parallel.comm {
-        CommKind::Local => 1.0,
-        CommKind::Mpi | CommKind::Nccl => par.world_size as f64,
-    };
-    let Some(s) = on_device!(a.device, |be| {
-        let peak = match a.peak_tflops {
-            Some(p) => p * 1e12 * par.world_size as f64,
-            None => metrics::peak::of(&be, false).flops * ranks,
-        };
-        a.parallel.launch(threads, &a.device, |world| {
-            train::mlm::mlm_rank(be.for_rank(world)?, &ds, &cfg, par, world, peak)
-        })
-    })?
-    .flatten() else {
-        return Ok(Outcome::Done);
-    };
-    let v = |i: usize| s.val_losses[i].1;
-    distgpt::outln!(
-        "steps {}..{} of {} ({}) in {:.1} s | masked-token loss: train {:.4} -> {:.4}, validation {:.4} -> {:.4} | {:.0} tokens/s, MFU {:.1}%",
-        s.start,
-        s.steps,
-        s.model,
-        s.layout,
-        s.seconds,
-        s.first_loss,
-        s.final_loss,
-        v(0),
-        v(s.val_losses.len() - 1),
-        s.tokens_per_s,
-        100.0 * s.mfu
-    );
-    let dir = cfg.out_dir.display();
-    distgpt::outln!(
-        "model: {dir} (a Hugging Face BertForMaskedLM folder; checkpoints in {dir}/checkpoints)"
-    );
-    if s.stopped {
-        distgpt::errln!(
-            "stopped after step {} with a checkpoint: continue with `--resume {dir}`",
-            s.steps
-        );
-        return Ok(Outcome::Stopped);
-    }
-    Ok(Outcome::Done)
-}
-
-/// `train --task classify`: fine-tunes a Hugging Face BERT folder on a
-/// labelled set, or continues such a run from a checkpoint (`--resume`).
-fn run_classify(a: &TrainArgs, given: &[String]) -> Result<Outcome> {
-    refuse_lm_flags(given, "classify")?;
-    let epochs = match a.epochs {
-        None => None,
-        Some(e) if e >= 1.0 && e.fract() == 0.0 => Some(e as usize),
-        Some(e) => bail!("--epochs {e}: --task classify trains whole epochs"),
-    };
-    let keeping = train::classify::Keeping {
-        overwrite: a.overwrite,
-        checkpoint_every: a.checkpoint_every,
-        keep_checkpoints: a.keep_checkpoints,
-        resume: None,
-        stop_after: a.stop_after,
-    };
-    let cfg = match &a.resume {
-        Some(path) => {
-            refuse_fixed_on_resume(given)?;
-            let (run, ckpt) = run_and_checkpoint(path)?;
-            let mut cfg = train::classify::Progress::read(&ckpt)?.config;
-            if let Some(e) = epochs {
-                cfg.epochs = e;
-            }
-            if given.iter().any(|g| g == "grad_clip") {
-                cfg.grad_clip = a.grad_clip;
-            }
-            if given.iter().any(|g| g == "lr") {
-                cfg.lr = a.lr;
-            }
-            cfg.out_dir = Some(run);
-            cfg.keeping = train::classify::Keeping {
-                resume: Some(ckpt),
-                ..keeping
-            };
-            cfg
-        }
-        None => {
-            let (Some(init_from), Some(data)) = (a.init_from.clone(), a.data.clone()) else {
-                bail!("--task classify needs --init-from (a Hugging Face BERT folder, e.g. all-MiniLM-L6-v2's) and --data (a labelled set)");
-            };
-            let pick = |flag: &str, default: f32, value: f32| {
-                if given.iter().any(|g| g == flag) {
-                    value
-                } else {
-                    default
-                }
-            };
-            let out_dir = a
-                .out
-                .clone()
-                .unwrap_or_else(|| train::run_dir::default_run_dir("classify"));
-            train::classify::ClassifyConfig {
-                init_from,
-                data,
-                epochs: epochs.unwrap_or(3),
-                batch_size: a.batch_size,
-                seq_len: a.seq_len.unwrap_or(128),
-                lr: pick("lr", 5e-5, a.lr),
-                warmup: 0.1,
-                adamw: distgpt::model::AdamWConfig {
-                    beta1: a.beta1,
-                    beta2: pick("beta2", 0.999, a.beta2),
-                    eps: 1e-8,
-                    weight_decay: pick("weight_decay", 0.01, a.weight_decay),
-                },
-                grad_clip: a.grad_clip,
-                seed: a.seed,
-                train_examples: None,
-                out_dir: Some(out_dir),
-                keeping,
-                progress: None,
-            }
-        }
-    };
-    let cfg = train::classify::ClassifyConfig {
-        progress: (!a.quiet).then(|| metrics::progress_bar(0, "fine-tune")),
-        ..cfg
-    };
-    let out_dir = cfg.out_dir.clone().expect("a run directory");
-    let par = a.parallel.config();
-    let job = train::classify::ClassifyJob::new(&cfg)?;
-    handle_stop_signals()?;
-    let threads = rayon::current_num_threads();
-    let finished = on_device!(a.device, |be| a.parallel.launch(
-        threads,
-        &a.device,
-        |world| { train::classify::classify_rank(be.for_rank(world)?, &job, par, world) }
-    ))?
-    .flatten();
-    match finished {
-        Some(train::classify::Finished::Done(s)) => {
-            let t = s.test;
-            distgpt::outln!(
-                "test: loss {:.4}, accuracy {:.2}%, F1 {:.4} on {} examples | {:.0} s in all | model in {}",
-                t.loss,
-                100.0 * t.accuracy,
-                t.f1,
-                t.examples,
-                s.seconds,
-                out_dir.display()
-            );
-            Ok(Outcome::Done)
-        }
-        Some(train::classify::Finished::Stopped { step }) => {
-            distgpt::errln!(
-                "stopped after step {step} with a checkpoint: continue with `--resume {}`",
-                out_dir.display()
-            );
-            Ok(Outcome::Stopped)
-        }
-        None => Ok(Outcome::Done),
-    }
-}
-
 /// Parses the command line and runs the command.
 pub fn run() -> Result<Outcome> {
     let mut matches = Cli::command().get_matches();
@@ -1167,7 +933,7 @@ pub fn run() -> Result<Outcome> {
         }
         Command::Checkpoint(CheckpointCommand::Consolidate(a)) => {
             let dir = checkpoint::state::latest(&a.checkpoint)?;
-            let index = consolidate(&dir, &a.out)?;
+            let index = consolidate(&dir, &a.out, None)?;
             distgpt::outln!(
                 "wrote {} ({}) from {} (step {}, saved by {} on {} rank(s))",
                 a.out.display(),
@@ -1221,7 +987,12 @@ fn given_flags(m: &ArgMatches) -> Vec<String> {
 }
 
 /// Writes a checkpoint's model as a model directory (weights, then model.json).
-fn consolidate(checkpoint_dir: &Path, out: &Path) -> Result<checkpoint::state::Index> {
+/// A BERT classifier's folder gets `vocab` (its `vocab.txt`) when given.
+fn consolidate(
+    checkpoint_dir: &Path,
+    out: &Path,
+    vocab: Option<&Path>,
+) -> Result<checkpoint::state::Index> {
     if out.extension().is_some_and(|e| e == "safetensors") {
         bail!(
             "--out {} names a file: give a directory (model.safetensors and model.json are written into it)",
@@ -1237,61 +1008,14 @@ fn consolidate(checkpoint_dir: &Path, out: &Path) -> Result<checkpoint::state::I
         }
         // a Hugging Face folder, as a BERT run writes its weights
         ModelConfig::Bert(c) => {
-            distgpt::model::bert::hf::write_folder(c, &state.params, None, out)?
+            distgpt::model::bert::hf::write_folder(c, &state.params, vocab, out)?
         }
     }
     Ok(state.index)
 }
 
-/// The model and training configuration of a new run, from the flags.
-fn new_run(a: &TrainArgs, ds: &Dataset) -> Result<(GptConfig, TrainConfig)> {
-    let model_cfg = a.model.resolve(Some(ds.tokenizer.vocab_size()))?;
-    let out_dir = a
-        .out
-        .clone()
-        .unwrap_or_else(|| train::default_run_dir(&a.model.model));
-    let cfg = TrainConfig {
-        batch_size: a.batch_size,
-        seq_len: a.seq_len.unwrap_or(model_cfg.block_size),
-        grad_accum: a.grad_accum,
-        duration: a.epochs.map_or(Duration::Steps(a.steps), Duration::Epochs),
-        lr: a.lr,
-        min_lr: a.min_lr.unwrap_or(a.lr / 10.0),
-        warmup_steps: a.warmup,
-        adamw: AdamWConfig {
-            beta1: a.beta1,
-            beta2: a.beta2,
-            eps: 1e-8,
-            weight_decay: a.weight_decay,
-        },
-        grad_clip: a.grad_clip,
-        eval_every: a.eval_every,
-        eval_batches: a.eval_batches,
-        sample_every: a.sample_every,
-        log_every: a.log_every,
-        sample_tokens: a.sample_tokens,
-        seed: a.seed,
-        link_latest: a.out.is_none(),
-        out_dir,
-        peak_flops: a.peak_tflops.map(|t| t * 1e12),
-        verbose: !a.quiet,
-        fault: None,
-        checkpoint_every: a.checkpoint_every,
-        keep_checkpoints: a.keep_checkpoints,
-        resume: None,
-        stop_after: None,
-        init_from: None,
-        data: a.data.clone(),
-        overwrite: a.overwrite,
-        schedule_steps: None,
-        tokenizer: a.tokenizer,
-        progress: None,
-    };
-    Ok((model_cfg, cfg))
-}
-
 /// Flags a resumed run refuses, each with why.
-const FIXED_ON_RESUME: [(&[&str], &str); 6] = [
+const FIXED_ON_RESUME: [(&[&str], &str); 7] = [
     (
         &["model", "n_layer", "n_head", "n_embd", "block_size", "data", "tokenizer"],
         "the checkpoint holds this run's model trained on its data; to train those weights on something else start a new run with --init-from RUN",
@@ -1301,6 +1025,10 @@ const FIXED_ON_RESUME: [(&[&str], &str); 6] = [
         "the checkpoint's data position counts batches of the run's shape",
     ),
     (&["seed"], "the run's data order comes from its seed"),
+    (
+        &["train_examples"],
+        "the run's training examples were drawn once, with its seed",
+    ),
     (
         &["warmup", "beta1", "beta2", "weight_decay"],
         "the optimizer state was built with the run's settings",
@@ -1337,9 +1065,221 @@ fn run_and_checkpoint(path: &Path) -> Result<(PathBuf, PathBuf)> {
     Ok((run, ckpt))
 }
 
-/// The configuration recorded in a run directory, set to continue from one
-/// of its checkpoints, with the flags a resume may change applied.
-fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<Resumed> {
+/// Flags only some tasks have, each with the tasks that refuse it and why.
+const TASK_FLAGS: [(&str, &[Task], &str); 5] = [
+    (
+        "sample_every",
+        &[Task::Mlm, Task::Classify],
+        "is for GPT-2 language models (an encoder does not generate)",
+    ),
+    (
+        "sample_tokens",
+        &[Task::Mlm, Task::Classify],
+        "is for GPT-2 language models (an encoder does not generate)",
+    ),
+    (
+        "eval_batches",
+        &[Task::Classify],
+        "is for language models: a classifier is scored on its whole validation split",
+    ),
+    (
+        "tokenizer",
+        &[Task::Mlm, Task::Classify],
+        "is for GPT-2 language models: --task mlm pretrains on characters, --task classify reads the folder's vocab.txt",
+    ),
+    (
+        "train_examples",
+        &[Task::Lm, Task::Mlm],
+        "is for --task classify (a sample of a labelled set's training examples)",
+    ),
+];
+
+/// Refuses the flags `task` does not have, by name.
+fn refuse_task_flags(given: &[String], task: Task) -> Result<()> {
+    for (flag, refused, why) in TASK_FLAGS {
+        if refused.contains(&task) && given.iter().any(|g| g == flag) {
+            bail!("--{} {why}", flag.replace('_', "-"));
+        }
+    }
+    Ok(())
+}
+
+impl From<Task> for TaskKind {
+    fn from(t: Task) -> TaskKind {
+        match t {
+            Task::Lm => TaskKind::Lm,
+            Task::Mlm => TaskKind::Mlm,
+            Task::Classify => TaskKind::Classify,
+        }
+    }
+}
+
+impl From<TaskKind> for Task {
+    fn from(t: TaskKind) -> Task {
+        match t {
+            TaskKind::Lm => Task::Lm,
+            TaskKind::Mlm => Task::Mlm,
+            TaskKind::Classify => Task::Classify,
+        }
+    }
+}
+
+/// A run ready to launch: its task's data (read once, shared by every
+/// rank), configuration and layout.
+struct Prepared {
+    kind: TaskKind,
+    model: ModelConfig,
+    /// A language model's or masked LM's text.
+    ds: Option<Dataset>,
+    classify: Option<train::classify::ClassifyTask>,
+    cfg: TrainConfig,
+    par: ParallelConfig,
+}
+
+impl Prepared {
+    /// Calls `f` with the run's task.
+    fn with_task<B: Backend, R>(&self, f: impl FnOnce(&dyn train::Task<B>) -> R) -> R {
+        let ds = || self.ds.as_ref().expect("a text task has its dataset");
+        match (&self.model, &self.classify) {
+            (_, Some(task)) => f(task),
+            (ModelConfig::Gpt2(model), None) => f(&train::lm::LmTask {
+                model: model.clone(),
+                data: ds(),
+            }),
+            (ModelConfig::Bert(model), None) => f(&train::mlm::MlmTask {
+                model: model.clone(),
+                data: ds(),
+            }),
+        }
+    }
+}
+
+/// A new run from the flags, with its task's defaults where a flag is not given.
+fn new_run(a: &TrainArgs, given: &[String], task: Task) -> Result<Prepared> {
+    let set = |flag: &str| given.iter().any(|g| g == flag);
+    let pick = |flag: &str, default: f32, value: f32| if set(flag) { value } else { default };
+    let (ds, classify, model, seq_len, out_name) = match task {
+        Task::Lm => match &a.init_from {
+            Some(dir) => {
+                let meta = checkpoint::read_any_meta(dir)?;
+                let ds = Dataset::load_for_model(a.data.as_deref(), &meta.tokenizer)?;
+                let seq = a.seq_len.unwrap_or(meta.config.block_size);
+                (Some(ds), None, meta.config.into(), seq, a.model.model.clone())
+            }
+            None => {
+                let ds = Dataset::load(a.data.as_deref(), a.tokenizer)?;
+                let model = a.model.resolve(Some(ds.tokenizer.vocab_size()))?;
+                let seq = a.seq_len.unwrap_or(model.block_size);
+                (Some(ds), None, model.into(), seq, a.model.model.clone())
+            }
+        },
+        Task::Mlm => {
+            let ModelConfig::Bert(shape) = a.model.resolve_family(None)? else {
+                bail!("--task mlm trains a BERT: choose --model bert-tiny, bert-minilm or bert-base");
+            };
+            if a.init_from.is_some() {
+                bail!("--task mlm pretrains from scratch (no --init-from; --task classify fine-tunes a folder)");
+            }
+            let ds = Dataset::load(a.data.as_deref(), TokenizerKind::Char)?;
+            let seq = a.seq_len.unwrap_or(128);
+            let model = train::mlm::MlmTask::new(&shape, &ds, seq).model.into();
+            (Some(ds), None, model, seq, a.model.model.clone())
+        }
+        Task::Classify => {
+            let (Some(init_from), Some(data)) = (&a.init_from, &a.data) else {
+                bail!("--task classify needs --init-from (a Hugging Face BERT folder, e.g. all-MiniLM-L6-v2's) and --data (a labelled set)");
+            };
+            let seq = a.seq_len.unwrap_or(128);
+            let t = train::classify::ClassifyTask::new(
+                init_from,
+                data,
+                a.train_examples,
+                seq,
+                a.seed,
+            )?;
+            let model = t.model.clone().into();
+            (None, Some(t), model, seq, "classify".to_string())
+        }
+    };
+    let duration = match (a.epochs, task) {
+        (Some(e), _) => Duration::Epochs(e),
+        (None, Task::Classify) if !set("steps") => Duration::Epochs(3.0),
+        (None, _) => Duration::Steps(a.steps),
+    };
+    let bert = task != Task::Lm;
+    let lr = match task {
+        Task::Lm => a.lr,
+        Task::Mlm => pick("lr", 1e-3, a.lr),
+        Task::Classify => pick("lr", 5e-5, a.lr),
+    };
+    let fine_tune = task == Task::Classify;
+    let mut cfg = TrainConfig {
+        batch_size: a.batch_size,
+        seq_len,
+        grad_accum: a.grad_accum,
+        duration,
+        lr,
+        min_lr: a.min_lr.unwrap_or(lr / 10.0),
+        warmup_steps: a.warmup,
+        adamw: AdamWConfig {
+            beta1: a.beta1,
+            beta2: if fine_tune { pick("beta2", 0.999, a.beta2) } else { a.beta2 },
+            eps: 1e-8,
+            weight_decay: if fine_tune {
+                pick("weight_decay", 0.01, a.weight_decay)
+            } else {
+                a.weight_decay
+            },
+        },
+        grad_clip: a.grad_clip,
+        // a classifier is scored at every epoch's end
+        eval_every: if fine_tune && !set("eval_every") { 0 } else { a.eval_every },
+        eval_batches: a.eval_batches,
+        sample_every: a.sample_every,
+        log_every: a.log_every,
+        sample_tokens: if bert { 0 } else { a.sample_tokens },
+        seed: a.seed,
+        link_latest: a.out.is_none(),
+        out_dir: a
+            .out
+            .clone()
+            .unwrap_or_else(|| train::default_run_dir(&out_name)),
+        peak_flops: a.peak_tflops.map(|t| t * 1e12),
+        verbose: !a.quiet,
+        fault: None,
+        checkpoint_every: a.checkpoint_every,
+        keep_checkpoints: a.keep_checkpoints,
+        resume: None,
+        stop_after: None,
+        init_from: a.init_from.clone(),
+        data: a.data.clone(),
+        train_examples: a.train_examples,
+        overwrite: a.overwrite,
+        schedule_steps: None,
+        tokenizer: if bert { TokenizerKind::Char } else { a.tokenizer },
+        progress: None,
+    };
+    if fine_tune && !set("warmup") {
+        let t = classify.as_ref().expect("a classifier's task");
+        let steps = cfg
+            .duration
+            .steps(t.train_examples().div_ceil(cfg.batch_size.max(1)), cfg.grad_accum.max(1));
+        cfg.warmup_steps = train::classify::default_warmup(steps);
+    }
+    Ok(Prepared {
+        kind: task.into(),
+        model,
+        ds,
+        classify,
+        cfg,
+        par: a.parallel.config(),
+    })
+}
+
+/// The run recorded in a run directory, set to continue from one of its
+/// checkpoints, with the flags a resume may change applied. Returns it with
+/// the run directory and the checkpoint's step.
+fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<(Prepared, PathBuf, usize)> {
     let path = a.resume.as_ref().expect("resuming");
     refuse_fixed_on_resume(given)?;
     // A checkpoint directory (RUN/checkpoints/step_N) or a run directory.
@@ -1350,12 +1290,7 @@ fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<Resumed> {
                 path.display()
             );
         }
-        let run_dir = path
-            .parent()
-            .and_then(Path::parent)
-            .context("a checkpoint directory lives in RUN/checkpoints/")?
-            .to_path_buf();
-        (run_dir, path.clone())
+        run_and_checkpoint(path)?
     } else {
         let ckpt = match a.from_step {
             Some(n) => checkpoint::state::at_step(path, n)?,
@@ -1364,10 +1299,45 @@ fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<Resumed> {
         (path.clone(), ckpt)
     };
     let index = checkpoint::state::read_index(&ckpt)?;
-    index.gpt2(&ckpt)?;
+    if !run_dir.join(train::run_dir::RUN_FILE).exists() {
+        bail!(
+            "{} has checkpoints but no {}: it was written by a distgpt whose BERT runs kept no run record, and cannot be resumed; `distgpt checkpoint consolidate {0}` recovers its weights",
+            run_dir.display(),
+            train::run_dir::RUN_FILE
+        );
+    }
     let record = train::run_dir::read_record(&run_dir)?;
+    if let Some(t) = a.task.filter(|&t| TaskKind::from(t) != record.task) {
+        bail!(
+            "--task {}: {} is a --task {} run",
+            TaskKind::from(t),
+            run_dir.display(),
+            record.task
+        );
+    }
     let mut cfg = record.train;
-    let ds = Dataset::load_for_model(cfg.data.as_deref(), &index.tokenizer)?;
+    let (ds, classify) = match record.task {
+        TaskKind::Classify => {
+            let (Some(init_from), Some(data)) = (&cfg.init_from, &cfg.data) else {
+                bail!(
+                    "{}'s run record names no pretrained folder or labelled set",
+                    run_dir.display()
+                );
+            };
+            let t = train::classify::ClassifyTask::new(
+                init_from,
+                data,
+                cfg.train_examples,
+                cfg.seq_len,
+                cfg.seed,
+            )?;
+            (None, Some(t))
+        }
+        _ => (
+            Some(Dataset::load_for_model(cfg.data.as_deref(), &index.tokenizer)?),
+            None,
+        ),
+    };
     let set = |flag: &str| given.iter().any(|g| g == flag);
     if set("steps") {
         cfg.duration = Duration::Steps(a.steps);
@@ -1403,6 +1373,7 @@ fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<Resumed> {
     if set("peak_tflops") {
         cfg.peak_flops = a.peak_tflops.map(|t| t * 1e12);
     }
+    cfg.verbose = !a.quiet;
     cfg.resume = Some(ckpt);
     cfg.out_dir = run_dir.clone();
     // The run's own layout unless one is asked for: resuming into the same
@@ -1432,53 +1403,38 @@ fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<Resumed> {
         par.pipeline.schedule = mine.pipeline.schedule;
         par.pipeline.virtual_stages = mine.pipeline.virtual_stages;
     }
-    Ok(Resumed {
-        run_dir,
+    let prepared = Prepared {
+        kind: record.task,
         model: record.model,
-        cfg,
         ds,
+        classify,
+        cfg,
         par,
-        step: index.step,
-    })
+    };
+    Ok((prepared, run_dir, index.step))
 }
 
-/// A run set to continue from one of its checkpoints.
-struct Resumed {
-    run_dir: PathBuf,
-    model: GptConfig,
-    cfg: TrainConfig,
-    ds: Dataset,
-    par: ParallelConfig,
-    /// The step of the checkpoint it continues from.
-    step: usize,
-}
-
-/// Optimizer steps `cfg` trains in all.
-fn total_steps(cfg: &TrainConfig, ds: &Dataset) -> Result<usize> {
-    let loader = distgpt::data::DataLoader::new(
-        &ds.train,
-        "train",
-        cfg.batch_size,
-        cfg.seq_len,
-        cfg.seed,
-        true,
-    )?;
-    Ok(cfg
-        .duration
-        .steps(loader.batches_per_epoch(), cfg.grad_accum))
+/// Optimizer steps a prepared run trains in all.
+fn total_steps(p: &Prepared) -> Result<usize> {
+    let cfg = &p.cfg;
+    let stream = p.with_task::<Cpu, _>(|task| -> Result<usize> {
+        Ok(task.train_stream(cfg)?.batches_per_epoch())
+    })?;
+    Ok(cfg.duration.steps(stream, cfg.grad_accum))
 }
 
 /// Resuming a run whose final checkpoint exists: there is nothing to train,
-/// but its model files may be missing or stale (killed between the two);
-/// they are rewritten from that checkpoint.
-fn finish_completed(run_dir: &Path, ckpt: &Path, step: usize) -> Result<Outcome> {
-    match checkpoint::load_model_files(Cpu::new(), run_dir) {
-        Ok(_) => bail!(
+/// but its model files may be missing, cut short or stale (killed between
+/// the two); they are rewritten from that checkpoint.
+fn finish_completed(p: &Prepared, run_dir: &Path, ckpt: &Path, step: usize) -> Result<Outcome> {
+    match checkpoint::verify_model_files(run_dir, &p.model) {
+        Ok(()) => bail!(
             "{} finished at step {step}: nothing left to train (extend it with --steps N, N > {step})",
             run_dir.display()
         ),
         Err(why) => {
-            consolidate(ckpt, run_dir)?;
+            let vocab = p.cfg.init_from.as_ref().map(|d| d.join("vocab.txt"));
+            consolidate(ckpt, run_dir, vocab.as_deref().filter(|_| p.classify.is_some()))?;
             distgpt::outln!(
                 "{} finished at step {step}, but its model files were unreadable ({why}); rewrote them from {}",
                 run_dir.display(),
@@ -1490,12 +1446,12 @@ fn finish_completed(run_dir: &Path, ckpt: &Path, step: usize) -> Result<Outcome>
 }
 
 /// Refuses thread ranks whose planned memory exceeds what this machine has free.
-fn check_memory(model: &GptConfig, cfg: &TrainConfig, par: ParallelConfig) -> Result<()> {
+fn check_memory(model: &ModelConfig, cfg: &TrainConfig, par: ParallelConfig) -> Result<()> {
     let Some(free) = available_memory_bytes() else {
         return Ok(());
     };
     let w = distgpt::plan::Workload {
-        model: model.clone().into(),
+        model: model.clone(),
         batch: cfg.batch_size,
         seq_len: cfg.seq_len,
         grad_accum: cfg.grad_accum,
@@ -1552,71 +1508,53 @@ fn handle_stop_signals() -> Result<()> {
     Ok(())
 }
 
+/// `train`: a new run of any task, or a recorded run resumed, through the one run driver.
 fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
     if let Some(p) = a.data.as_ref().filter(|p| !p.exists()) {
         bail!("data path {} does not exist", p.display());
     }
-    let bert = BertConfig::preset(&a.model.model).is_some();
-    match a.task.unwrap_or(if bert { Task::Mlm } else { Task::Lm }) {
-        Task::Classify => return run_classify(&a, given),
-        Task::Mlm => return run_mlm(&a, given),
-        Task::Lm if bert => bail!(
-            "{} is a BERT preset: --task mlm pretrains it (the default for BERT), --task lm trains GPT-2 models",
-            a.model.model
-        ),
-        Task::Lm => {}
-    }
-    let (ds, model_cfg, mut cfg, par) = match &a.resume {
+    let mut prep = match &a.resume {
         Some(_) => {
-            let Resumed {
-                run_dir,
-                model: model_cfg,
-                cfg,
-                ds,
-                par,
-                step,
-            } = resumed_run(&a, given)?;
-            let ckpt = cfg.resume.clone().expect("resuming");
-            if step >= total_steps(&cfg, &ds)? {
-                return finish_completed(&run_dir, &ckpt, step);
+            let (prep, run_dir, step) = resumed_run(&a, given)?;
+            refuse_task_flags(given, prep.kind.into())?;
+            let ckpt = prep.cfg.resume.clone().expect("resuming");
+            if step >= total_steps(&prep)? {
+                return finish_completed(&prep, &run_dir, &ckpt, step);
             }
             distgpt::errln!(
                 "resuming {} from {} as {} on {} rank(s)",
                 run_dir.display(),
                 ckpt.display(),
-                par.strategy,
-                par.world_size
+                prep.par.strategy,
+                prep.par.world_size
             );
-            (ds, model_cfg, cfg, par)
+            prep
         }
-        None => match &a.init_from {
-            Some(dir) => {
-                let meta = checkpoint::read_any_meta(dir)?;
-                let ds = Dataset::load_for_model(a.data.as_deref(), &meta.tokenizer)?;
-                let (_, mut cfg) = new_run(&a, &ds)?;
-                cfg.seq_len = a.seq_len.unwrap_or(meta.config.block_size);
-                cfg.init_from = Some(dir.clone());
-                (ds, meta.config, cfg, a.parallel.config())
+        None => {
+            let bert = BertConfig::preset(&a.model.model).is_some();
+            let task = a.task.unwrap_or(if bert { Task::Mlm } else { Task::Lm });
+            if task == Task::Lm && bert {
+                bail!(
+                    "{} is a BERT preset: --task mlm pretrains it (the default for BERT), --task lm trains GPT-2 models",
+                    a.model.model
+                );
             }
-            None => {
-                let ds = Dataset::load(a.data.as_deref(), a.tokenizer)?;
-                let (model_cfg, cfg) = new_run(&a, &ds)?;
-                (ds, model_cfg, cfg, a.parallel.config())
-            }
-        },
+            refuse_task_flags(given, task)?;
+            new_run(&a, given, task)?
+        }
     };
-    cfg.verbose = !a.quiet;
+    let cfg = &mut prep.cfg;
     cfg.stop_after = a.stop_after;
     cfg.fault = a
         .fail_rank
         .zip(a.fail_step)
         .map(|(rank, step)| Fault { rank, step });
     cfg.validate()?;
-    par.resolved()
-        .validate(&model_cfg.clone().into(), cfg.batch_size)?;
+    let par = prep.par;
+    par.resolved().validate(&prep.model, cfg.batch_size)?;
     par.pipeline.check_micro_batches(cfg.grad_accum)?;
     if a.parallel.comm == CommKind::Local {
-        check_memory(&model_cfg, &cfg, par.resolved())?;
+        check_memory(&prep.model, cfg, par.resolved())?;
     }
     handle_stop_signals()?;
     let threads = rayon::current_num_threads();
@@ -1624,18 +1562,13 @@ fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
         world_size: par.world_size,
         ..a.parallel.clone()
     };
+    let prep = &prep;
     let Some(s) = on_device!(a.device, |be| launcher.launch(
         threads,
         &a.device,
         |world| {
-            train::train_rank(
-                be.for_rank(world)?,
-                model_cfg.clone(),
-                &ds,
-                &cfg,
-                par,
-                world,
-            )
+            let be = be.for_rank(world)?;
+            prep.with_task(|task| train::train_rank(be, task, &prep.cfg, par, world))
         }
     ))?
     .flatten() else {
@@ -1646,11 +1579,21 @@ fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
             Outcome::Done
         });
     };
+    report_run(prep, &s)
+}
+
+/// The closing lines of a run (rank 0's summary).
+fn report_run(prep: &Prepared, s: &train::TrainSummary) -> Result<Outcome> {
     if !s.sample.is_empty() {
         distgpt::outln!("--- sample ---\n{}\n--------------", s.sample);
     }
+    let what = match prep.kind {
+        TaskKind::Mlm => "masked-token loss",
+        _ => "loss",
+    };
+    let from = s.steps - s.losses.len();
     distgpt::outln!(
-        "{} steps in {:.1} s | loss {:.4} -> {:.4} | val loss {:.4} | {:.0} tokens/s, MFU {:.1}% (wall clock, evaluation included)",
+        "steps {from}..{} in {:.1} s | {what} {:.4} -> {:.4} | val loss {:.4} | {:.0} tokens/s, MFU {:.1}% (wall clock, evaluation included)",
         s.steps,
         s.seconds,
         s.first_loss,
@@ -1661,6 +1604,15 @@ fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
     );
     if let Some(note) = metrics::mfu_above_peak(s.mfu) {
         distgpt::errln!("note: {note}");
+    }
+    if let Some(t) = s.test {
+        distgpt::outln!(
+            "test: loss {:.4}, accuracy {:.2}%, F1 {:.4} on {} examples",
+            t.loss,
+            100.0 * t.accuracy.unwrap_or(0.0),
+            t.f1.unwrap_or(0.0),
+            t.examples
+        );
     }
     distgpt::outln!("peak memory (rank 0): {}", metrics::memory_line(&s.memory));
     if s.rank_peak_bytes.len() > 1 {
@@ -1678,13 +1630,14 @@ fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
             );
         }
     }
+    let files = prep.with_task::<Cpu, _>(|t| t.model_files());
     distgpt::outln!(
-        "run directory: {} (metrics.jsonl, model.safetensors, model.json, checkpoints/)",
+        "run directory: {} (model: {files}; metrics.jsonl, metrics.csv, run.json, checkpoints/)",
         s.out_dir.display()
     );
     if s.stopped {
-        distgpt::outln!(
-            "stopped at step {}: continue with `distgpt train --resume {}`",
+        distgpt::errln!(
+            "stopped after step {} with a checkpoint: continue with `distgpt train --resume {}`",
             s.steps,
             s.out_dir.display()
         );

@@ -24,7 +24,7 @@ use std::time::Instant;
 /// Bytes each rank sends per collective kind (ring-algorithm volumes:
 /// all-reduce 2(N-1)/N, reduce-scatter and all-gather (N-1)/N of the full
 /// buffer), the calls made and the seconds spent inside collectives.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
 pub struct CommStats {
     pub all_reduce_bytes: u64,
     pub reduce_scatter_bytes: u64,

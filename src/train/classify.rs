@@ -1,118 +1,278 @@
-//! Fine-tuning an encoder as a sequence classifier (`distgpt train --task
+//! Fine-tuning an encoder as a sequence classifier (`train --task
 //! classify`): a Hugging Face BERT folder's weights under a fresh
-//! classifier, a labelled set (`data::labelled`), any strategy, on thread
-//! ranks or under mpirun, on any device. Each epoch reports the training loss, and the validation loss,
-//! accuracy and F1; the end reports the test split's, and writes the
-//! fine-tuned model as a Hugging Face folder with `classify.json` (every
-//! epoch's figures) beside it. A run with a directory writes training-state
-//! checkpoints (`checkpoint::state`) at every epoch's end, every
-//! `checkpoint_every` steps and when a signal stops it, each with the run's
-//! settings and its epochs so far (`fine_tune.json`), and resumes from one
-//! exactly: the epoch's shuffle comes from the seed and the epoch, the
-//! batches already trained are skipped.
+//! classifier head, a labelled set (`data::labelled`: train/val/test.jsonl
+//! and labels.json), each epoch's examples in an order drawn from the seed
+//! and the epoch, padded to `seq_len`. Evaluation scores the whole
+//! validation split (loss, accuracy, F1) every `eval_every` steps and at
+//! every epoch's end; the test split is scored at the end. The fine-tuned
+//! model is a Hugging Face `BertForSequenceClassification` folder with the
+//! vocabulary, and `classify.json` holds every epoch's figures.
 
-use super::schedule::LrSchedule;
+use super::task::{Eval, Task, TaskKind, TrainStream};
+use super::TrainConfig;
 use crate::backend::Backend;
-use crate::checkpoint::state;
-use crate::comm::Comm;
 use crate::data::labelled::{Labelled, LabelledSet};
 use crate::data::wordpiece::WordPiece;
-use crate::data::LoaderPosition;
-use crate::data::IGNORE;
+use crate::data::{Batch, LoaderPosition, TokenizerSpec, IGNORE};
 use crate::error::{Error, Result};
-use crate::metrics;
-use crate::model::bert::{hf, BertHead};
-use crate::model::AdamWConfig;
-use crate::parallel::{self, launch, ParallelConfig, StepConfig, Strategy};
-use indicatif::ProgressBar;
+use crate::metrics::StepRecord;
+use crate::model::bert::{hf, BertConfig, BertHead};
+use crate::model::{AdamWConfig, ModelConfig};
+use crate::parallel::{self, launch, ParallelConfig, Strategy};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// What `train --task classify` was asked for (its settings are recorded
-/// in every checkpoint; where the run goes and how it keeps its work are not).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct ClassifyConfig {
-    /// A Hugging Face BERT folder (config.json, model.safetensors, vocab.txt).
-    pub init_from: PathBuf,
-    /// A labelled set directory (train/val/test.jsonl, labels.json).
-    pub data: PathBuf,
-    pub epochs: usize,
-    pub batch_size: usize,
-    pub seq_len: usize,
-    pub lr: f32,
-    /// Warmup as a share of all steps (then a cosine decay to lr / 10).
-    pub warmup: f32,
-    pub adamw: AdamWConfig,
-    pub grad_clip: f32,
-    pub seed: u64,
-    /// Fine-tune on N training examples only (a sample drawn with the seed).
-    pub train_examples: Option<usize>,
-    /// The run directory: the fine-tuned folder, `classify.json` and the
-    /// checkpoints (none: nothing is written).
-    #[serde(skip)]
-    pub out_dir: Option<PathBuf>,
-    #[serde(skip)]
-    pub keeping: Keeping,
-    /// Rank 0's bar (its length is set to the steps); none draws nothing.
-    #[serde(skip)]
-    pub progress: Option<ProgressBar>,
+/// The file beside a classifier's model with every epoch's figures.
+pub const SUMMARY_FILE: &str = "classify.json";
+
+/// A fine-tuning run's warmup unless one is asked for: a tenth of its steps.
+pub fn default_warmup(steps: usize) -> usize {
+    (steps / 10).max(1)
 }
 
-/// How a fine-tuning run with a directory keeps its work.
-#[derive(Clone, Debug, Default)]
-pub struct Keeping {
-    /// Empty a new run's directory that holds an earlier run.
-    pub overwrite: bool,
-    /// Steps between checkpoints besides each epoch's end (0: none).
-    pub checkpoint_every: usize,
-    pub keep_checkpoints: usize,
-    /// A checkpoint directory to continue from.
-    pub resume: Option<PathBuf>,
-    /// Stop with a checkpoint after this many steps of this invocation.
-    pub stop_after: Option<usize>,
+/// A pretrained encoder, its vocabulary and a labelled set.
+pub struct ClassifyTask {
+    pub model: BertConfig,
+    /// The pretrained weights under a fresh head (drawn from the seed).
+    init: Vec<f32>,
+    set: LabelledSet,
+    wp: WordPiece,
+    /// The folder's `vocab.txt`, copied into the model folder.
+    vocab_file: PathBuf,
+    data: PathBuf,
+    fingerprint: String,
 }
 
-/// The file a fine-tuning checkpoint holds beside its tensors.
-pub const PROGRESS_FILE: &str = "fine_tune.json";
+impl ClassifyTask {
+    /// Reads the labelled set at `data` (its training split cut to
+    /// `train_examples` drawn with `seed`), the vocabulary and the weights
+    /// of the Hugging Face folder `init_from`; checks they fit `seq_len`.
+    pub fn new(
+        init_from: &Path,
+        data: &Path,
+        train_examples: Option<usize>,
+        seq_len: usize,
+        seed: u64,
+    ) -> Result<Self> {
+        if seq_len < 2 {
+            return Err(Error::Config(
+                "--seq-len must be at least 2 for a classifier ([CLS] and [SEP])".into(),
+            ));
+        }
+        let mut set = LabelledSet::load(data)?;
+        if let Some(n) = train_examples {
+            if n == 0 {
+                return Err(Error::Config("--train-examples must be at least 1".into()));
+            }
+            set.train.sample(n, seed);
+        }
+        let vocab_file = init_from.join("vocab.txt");
+        let wp = WordPiece::from_vocab_file(&vocab_file)?;
+        let head = BertHead::Classify {
+            labels: set.labels.len(),
+        };
+        let (model, init) = hf::load_folder(init_from, Some(head), seed)?;
+        if wp.vocab_size() != model.vocab_size {
+            return Err(Error::Input(format!(
+                "{} has {} tokens but the model's vocabulary is {}",
+                vocab_file.display(),
+                wp.vocab_size(),
+                model.vocab_size
+            )));
+        }
+        if seq_len > model.block_size {
+            return Err(Error::Config(format!(
+                "--seq-len {seq_len} is more than the model's {} positions",
+                model.block_size
+            )));
+        }
+        let fingerprint = set.fingerprint();
+        Ok(ClassifyTask {
+            model,
+            init,
+            set,
+            wp,
+            vocab_file,
+            data: data.to_path_buf(),
+            fingerprint,
+        })
+    }
 
-/// What a fine-tuning checkpoint records besides the tensors: the run's
-/// settings and how far it got.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Progress {
-    pub config: ClassifyConfig,
-    /// The epochs completed.
-    pub epochs: Vec<EpochRecord>,
-    /// The current epoch so far: training-loss sum, real tokens, seconds.
-    pub partial: (f64, usize, f64),
-}
+    /// The label names.
+    pub fn labels(&self) -> &[String] {
+        &self.set.labels
+    }
 
-impl Progress {
-    /// The record in checkpoint `dir`.
-    pub fn read(dir: &Path) -> Result<Self> {
-        let path = dir.join(PROGRESS_FILE);
-        let text = std::fs::read_to_string(&path).map_err(|e| Error::Checkpoint {
-            path: dir.to_path_buf(),
-            reason: format!(
-                "cannot read {PROGRESS_FILE} ({e}): not a checkpoint of a fine-tuning run"
-            ),
-        })?;
-        serde_json::from_str(&text).map_err(|e| Error::Checkpoint {
-            path,
-            reason: format!("invalid record: {e}"),
+    /// The training examples.
+    pub fn train_examples(&self) -> usize {
+        self.set.train.examples.len()
+    }
+
+    /// The labelled set's directory.
+    pub fn data_name(&self) -> String {
+        self.data.display().to_string()
+    }
+
+    fn scores(&self, s: &mut dyn Strategy, split: &Labelled, cfg: &TrainConfig) -> Result<Eval> {
+        let sc = score(
+            s,
+            split,
+            &self.wp,
+            (cfg.batch_size, cfg.seq_len, self.set.labels.len()),
+        )?;
+        Ok(Eval {
+            loss: sc.loss,
+            accuracy: Some(sc.accuracy),
+            f1: Some(sc.f1),
+            examples: sc.examples,
         })
     }
 }
 
-/// How a fine-tuning run ended (rank 0's view).
-pub enum Finished {
-    Done(ClassifySummary),
-    /// A signal or `stop_after` stopped it after `step`, with a checkpoint
-    /// when it has a directory.
-    Stopped {
-        step: usize,
-    },
+/// An epoch's batches at a time, shuffled by the seed and the epoch.
+struct Epochs<'a> {
+    task: &'a ClassifyTask,
+    b: usize,
+    t: usize,
+    seed: u64,
+    position: LoaderPosition,
+    /// The batches of `position.epoch`.
+    batches: Vec<Batch>,
+}
+
+impl Epochs<'_> {
+    fn load_epoch(&mut self) {
+        let seed = self.seed + self.position.epoch;
+        self.batches = self
+            .task
+            .set
+            .train
+            .batches(&self.task.wp, self.b, self.t, Some(seed));
+    }
+}
+
+impl TrainStream for Epochs<'_> {
+    fn batches_per_epoch(&self) -> usize {
+        self.task.set.train.examples.len().div_ceil(self.b)
+    }
+    fn position(&self) -> LoaderPosition {
+        self.position
+    }
+    fn seek(&mut self, position: LoaderPosition) {
+        self.position = position;
+        self.load_epoch();
+    }
+    fn next_batch(&mut self, _step: usize) -> Batch {
+        if self.position.batch >= self.batches.len() {
+            self.position = LoaderPosition {
+                epoch: self.position.epoch + 1,
+                batch: 0,
+            };
+            self.load_epoch();
+        }
+        self.position.batch += 1;
+        self.batches[self.position.batch - 1].clone()
+    }
+}
+
+impl<B: Backend> Task<B> for ClassifyTask {
+    fn kind(&self) -> TaskKind {
+        TaskKind::Classify
+    }
+
+    fn model(&self) -> ModelConfig {
+        self.model.clone().into()
+    }
+
+    fn data_name(&self) -> String {
+        ClassifyTask::data_name(self)
+    }
+
+    fn data_summary(&self) -> String {
+        let s = &self.set;
+        format!(
+            "{} ({} labels; {} train / {} val / {} test examples)",
+            self.data.display(),
+            s.labels.len(),
+            s.train.examples.len(),
+            s.val.examples.len(),
+            s.test.examples.len()
+        )
+    }
+
+    fn tokenizer(&self) -> TokenizerSpec {
+        self.wp.spec()
+    }
+
+    fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+
+    fn initial_params(&self, _cfg: &TrainConfig, _backend: &B) -> Result<Vec<f32>> {
+        Ok(self.init.clone())
+    }
+
+    fn train_stream(&self, cfg: &TrainConfig) -> Result<Box<dyn TrainStream + '_>> {
+        if self.set.train.examples.is_empty() {
+            return Err(Error::Input(format!(
+                "{} has no training examples",
+                self.data.display()
+            )));
+        }
+        let mut s = Epochs {
+            task: self,
+            b: cfg.batch_size,
+            t: cfg.seq_len,
+            seed: cfg.seed,
+            position: LoaderPosition::default(),
+            batches: Vec::new(),
+        };
+        s.load_epoch();
+        Ok(Box::new(s))
+    }
+
+    fn tokens(&self, batch: &Batch) -> usize {
+        batch.lens.iter().map(|&l| l as usize).sum()
+    }
+
+    fn evaluate(&self, strategy: &mut dyn Strategy, cfg: &TrainConfig) -> Result<Eval> {
+        self.scores(strategy, &self.set.val, cfg)
+    }
+
+    fn test(&self, strategy: &mut dyn Strategy, cfg: &TrainConfig) -> Result<Option<Eval>> {
+        self.scores(strategy, &self.set.test, cfg).map(Some)
+    }
+
+    fn evaluates_each_epoch(&self) -> bool {
+        true
+    }
+
+    fn save_model(&self, _backend: B, params: &[f32], dir: &Path) -> Result<()> {
+        hf::write_folder(&self.model, params, Some(&self.vocab_file), dir)
+    }
+
+    fn write_report(
+        &self,
+        dir: &Path,
+        history: &[StepRecord],
+        test: Eval,
+        layout: &str,
+    ) -> Result<()> {
+        let report = ClassifyReport {
+            model: self.model.to_string(),
+            labels: self.set.labels.clone(),
+            layout: layout.to_string(),
+            epochs: epoch_records(history),
+            test: test.into(),
+        };
+        let json = serde_json::to_string_pretty(&report).expect("a report serialises");
+        crate::checkpoint::write_atomic(&dir.join(SUMMARY_FILE), json.as_bytes())
+    }
+
+    fn model_files(&self) -> &'static str {
+        "a Hugging Face BertForSequenceClassification folder: config.json, model.safetensors, vocab.txt"
+    }
 }
 
 /// Accuracy and F1 of predictions against labels (F1 of label 1 for two
@@ -153,30 +313,6 @@ impl Scores {
     }
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct EpochRecord {
-    pub epoch: usize,
-    pub train_loss: f32,
-    pub val: Scores,
-    pub seconds: f64,
-    pub tokens_per_s: f64,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct ClassifySummary {
-    pub model: String,
-    pub labels: Vec<String>,
-    pub layout: String,
-    pub epochs: Vec<EpochRecord>,
-    pub test: Scores,
-    pub seconds: f64,
-    /// The training loss of every optimizer step.
-    pub losses: Vec<f32>,
-    /// Mean optimizer step time after the first (which allocates).
-    pub step_ms: f64,
-    /// Every rank's peak bytes: [params, grads, optimizer, activations, other, total].
-    pub rank_peak_bytes: Vec<[u64; 6]>,
-}
 
 /// Loss and scores of a split, every rank taking part (collective).
 pub fn score(
@@ -260,330 +396,71 @@ pub fn evaluate_folder<B: Backend + 'static>(
     Ok(out[0])
 }
 
-/// Everything a rank needs to fine-tune, read once (every rank reads the
-/// same files, so every rank holds the same).
-pub struct ClassifyJob {
-    cfg: ClassifyConfig,
-    set: LabelledSet,
-    wp: WordPiece,
-    model: crate::model::bert::BertConfig,
-    init: Vec<f32>,
-    sched: LrSchedule,
-    steps: usize,
-    fingerprint: String,
-    resume: Option<(state::Loaded, Progress)>,
+/// One epoch of a classifier's run, from its step records.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct EpochRecord {
+    pub epoch: usize,
+    /// The mean training loss of the epoch's steps.
+    pub train_loss: f32,
+    pub val: Scores,
+    /// Seconds of optimizer steps (evaluation excluded).
+    pub seconds: f64,
+    /// Real (unpadded) tokens per second of those steps.
+    pub tokens_per_s: f64,
 }
 
-impl ClassifyJob {
-    /// The model being fine-tuned (the folder's encoder, a classifier head).
-    pub fn model(&self) -> crate::model::ModelConfig {
-        self.model.clone().into()
-    }
-
-    /// Reads the labelled set, the vocabulary and the weights; checks them.
-    pub fn new(cfg: &ClassifyConfig) -> Result<Self> {
-        if cfg.epochs == 0 || cfg.batch_size == 0 || cfg.seq_len < 2 {
-            return Err(Error::Config(
-                "--epochs and --batch-size must be at least 1 and --seq-len at least 2".into(),
-            ));
-        }
-        let mut set = LabelledSet::load(&cfg.data)?;
-        if let Some(n) = cfg.train_examples {
-            if n == 0 {
-                return Err(Error::Config("--train-examples must be at least 1".into()));
-            }
-            set.train.sample(n, cfg.seed);
-        }
-        let vocab = cfg.init_from.join("vocab.txt");
-        let wp = WordPiece::from_vocab_file(&vocab)?;
-        let head = BertHead::Classify {
-            labels: set.labels.len(),
-        };
-        let (model, init) = hf::load_folder(&cfg.init_from, Some(head), cfg.seed)?;
-        if wp.vocab_size() != model.vocab_size {
-            return Err(Error::Input(format!(
-                "{} has {} tokens but the model's vocabulary is {}",
-                vocab.display(),
-                wp.vocab_size(),
-                model.vocab_size
-            )));
-        }
-        if cfg.seq_len > model.block_size {
-            return Err(Error::Config(format!(
-                "--seq-len {} is more than the model's {} positions",
-                cfg.seq_len, model.block_size
-            )));
-        }
-        let steps = set.train.examples.len().div_ceil(cfg.batch_size) * cfg.epochs;
-        let fingerprint = set.fingerprint();
-        let resume = match &cfg.keeping.resume {
-            None => None,
-            Some(dir) => {
-                let ckpt = state::load(dir)?;
-                let bad = |reason: String| Error::Checkpoint {
-                    path: dir.clone(),
-                    reason,
-                };
-                let family = crate::model::ModelConfig::from(model.clone());
-                if ckpt.index.model != family {
-                    return Err(bad(format!(
-                        "holds a {}, not the {family} being fine-tuned",
-                        ckpt.index.model
-                    )));
-                }
-                if ckpt.index.tokenizer != wp.spec() {
-                    return Err(bad(format!(
-                        "was trained with another vocabulary than {}",
-                        vocab.display()
-                    )));
-                }
-                if ckpt.index.data != fingerprint {
-                    return Err(bad(format!(
-                        "was trained on other examples than {} holds",
-                        cfg.data.display()
-                    )));
-                }
-                if ckpt.index.step >= steps {
-                    return Err(bad(format!(
-                        "is at step {}, not before the run's last ({steps}: raise --epochs to train on)",
-                        ckpt.index.step
-                    )));
-                }
-                let progress = Progress::read(dir)?;
-                Some((ckpt, progress))
-            }
-        };
-        let sched = LrSchedule {
-            max_lr: cfg.lr,
-            min_lr: cfg.lr / 10.0,
-            warmup_steps: ((steps as f32 * cfg.warmup) as usize).max(1),
-            total_steps: steps,
-        };
-        Ok(ClassifyJob {
-            cfg: cfg.clone(),
-            set,
-            wp,
-            model,
-            init,
-            sched,
-            steps,
-            fingerprint,
-            resume,
-        })
-    }
-}
-
-/// One rank's fine-tuning (collective); rank 0 writes the model folder and
-/// `classify.json` and returns how the run ended. A signal (`INTERRUPTED`)
-/// or `stop_after` stops every rank after the same step, with a checkpoint
-/// when the run has a directory.
-pub fn classify_rank<B: Backend + 'static>(
-    backend: B,
-    job: &ClassifyJob,
-    par: ParallelConfig,
-    world: &dyn Comm,
-) -> Result<Option<Finished>> {
-    let ClassifyJob {
-        cfg,
-        set,
-        wp,
-        model,
-        ..
-    } = job;
-    let (b, t, labels) = (cfg.batch_size, cfg.seq_len, set.labels.len());
-    let lead = world.rank() == 0;
-    let started = Instant::now();
-    let mut s = parallel::build(backend, model.clone(), par, world, cfg.adamw, b, t)?;
-    let (start, first_epoch, skip, mut epochs, partial) = match &job.resume {
-        None => {
-            s.load_full(&job.init)?;
-            (0, 0, 0, Vec::new(), (0.0, 0, 0.0))
-        }
-        Some((ckpt, progress)) => {
-            let i = &ckpt.index;
-            s.load_state(&ckpt.params, &ckpt.m, &ckpt.v, i.adam_step)?;
-            let (epoch, batch) = (i.loader.epoch as usize, i.loader.batch);
-            (
-                i.step,
-                epoch,
-                batch,
-                progress.epochs.clone(),
-                progress.partial,
-            )
-        }
-    };
-    let run = match &cfg.out_dir {
-        Some(dir) => Some(super::ready_run_dir(
-            world,
-            dir,
-            start,
-            cfg.keeping.overwrite,
-        )?),
-        None => None,
-    };
-    let family = crate::model::ModelConfig::from(model.clone());
-    let save = |s: &mut Box<dyn Strategy>,
-                step: usize,
-                loader: LoaderPosition,
-                epochs: &[EpochRecord],
-                partial: (f64, usize, f64)|
-     -> Result<()> {
-        let Some(dir) = &run else { return Ok(()) };
-        let progress = Progress {
-            config: cfg.clone(),
-            epochs: epochs.to_vec(),
-            partial,
-        };
-        let info = state::SaveInfo {
-            step,
-            adam_step: step as u32,
-            loader,
-            strategy: &par.strategy.to_string(),
-            tp: par.resolved().tp,
-            params_total: family.num_params(),
-            model: &family,
-            tokenizer: &wp.spec(),
-            data: &job.fingerprint,
-            keep: cfg.keeping.keep_checkpoints,
-            extra: Some((
-                PROGRESS_FILE,
-                serde_json::to_string_pretty(&progress).expect("a record serialises"),
-            )),
-        };
-        state::save(dir, &info, &s.owned_state()?, world).map(|_| ())
-    };
-    let pb = match (&cfg.progress, lead) {
-        (Some(bar), true) => {
-            bar.set_length(job.steps as u64);
-            bar.set_position(start as u64);
-            bar.clone()
-        }
-        _ => ProgressBar::hidden(),
-    };
-    let (mut losses, mut later_steps_s) = (Vec::with_capacity(job.steps - start), 0.0);
-    let mut step = start;
-    for epoch in first_epoch..cfg.epochs {
-        let t0 = Instant::now();
-        let resumed = epoch == first_epoch;
-        let (mut loss_sum, mut real_tokens, earlier_s) = match resumed {
-            true => partial,
-            false => (0.0, 0, 0.0),
-        };
-        let batches = set.train.batches(wp, b, t, Some(cfg.seed + epoch as u64));
-        let (mut stop, mut stopped_mid_epoch) = (false, false);
-        for (i, batch) in batches
-            .iter()
-            .enumerate()
-            .skip(if resumed { skip } else { 0 })
+/// The epochs a run's step records close (those evaluated at an epoch's
+/// end): the steps since the previous one, the evaluation at its end.
+pub fn epoch_records(history: &[StepRecord]) -> Vec<EpochRecord> {
+    let mut out = Vec::new();
+    let (mut loss, mut seconds, mut tokens, mut steps) = (0.0f64, 0.0f64, 0.0f64, 0usize);
+    for r in history {
+        loss += r.loss as f64;
+        seconds += r.ms / 1e3;
+        tokens += r.tokens_per_s * r.ms / 1e3;
+        steps += 1;
+        let whole = r.epoch.round();
+        let at_end = (r.epoch - whole).abs() < 1e-9 && whole >= 1.0;
+        if let (true, Some(v), Some(accuracy), Some(f1)) =
+            (at_end, r.val_loss, r.val_accuracy, r.val_f1)
         {
-            let lr = job.sched.at(step);
-            let step_cfg = StepConfig {
-                lr,
-                grad_clip: cfg.grad_clip,
-            };
-            let t_step = Instant::now();
-            let st = s.step(std::slice::from_ref(batch), step_cfg)?;
-            if step > start {
-                later_steps_s += t_step.elapsed().as_secs_f64();
-            }
-            losses.push(st.loss);
-            loss_sum += st.loss as f64;
-            real_tokens += batch.lens.iter().map(|&l| l as usize).sum::<usize>();
-            step += 1;
-            pb.set_message(format!("epoch {} | loss {:.4}", epoch + 1, st.loss));
-            pb.inc(1);
-            // a signal ends the run on every rank after the same step
-            let mut flag = [u32::from(super::INTERRUPTED.load(Ordering::SeqCst))];
-            world.all_reduce(&mut flag)?;
-            stop = flag[0] != 0 || cfg.keeping.stop_after == Some(step - start);
-            let every = cfg.keeping.checkpoint_every;
-            // an epoch's last step is saved after its validation, below
-            if i + 1 < batches.len() && (stop || (every > 0 && step.is_multiple_of(every))) {
-                let so_far = (
-                    loss_sum,
-                    real_tokens,
-                    earlier_s + t0.elapsed().as_secs_f64(),
-                );
-                let at = LoaderPosition {
-                    epoch: epoch as u64,
-                    batch: i + 1,
-                };
-                save(&mut s, step, at, &epochs, so_far)?;
-            }
-            if stop {
-                stopped_mid_epoch = i + 1 < batches.len();
-                break;
-            }
-        }
-        if stopped_mid_epoch {
-            pb.finish_and_clear();
-            return Ok(lead.then_some(Finished::Stopped { step }));
-        }
-        let seconds = earlier_s + t0.elapsed().as_secs_f64();
-        let val = score(s.as_mut(), &set.val, wp, (b, t, labels))?;
-        let rec = EpochRecord {
-            epoch: epoch + 1,
-            train_loss: (loss_sum / batches.len() as f64) as f32,
-            val,
-            seconds,
-            tokens_per_s: real_tokens as f64 / seconds,
-        };
-        if lead {
-            metrics::say(
-                &pb,
-                &format!(
-                    "epoch {}: train loss {:.4} | val loss {:.4}, accuracy {:.2}%, F1 {:.4} | {:.0} s, {:.0} tokens/s",
-                    rec.epoch,
-                    rec.train_loss,
-                    val.loss,
-                    100.0 * val.accuracy,
-                    val.f1,
-                    seconds,
-                    rec.tokens_per_s
-                ),
-            );
-        }
-        epochs.push(rec);
-        let next = LoaderPosition {
-            epoch: epoch as u64 + 1,
-            batch: 0,
-        };
-        save(&mut s, step, next, &epochs, (0.0, 0, 0.0))?;
-        if stop && step < job.steps {
-            pb.finish_and_clear();
-            return Ok(lead.then_some(Finished::Stopped { step }));
+            out.push(EpochRecord {
+                epoch: whole as usize,
+                train_loss: (loss / steps as f64) as f32,
+                val: Scores {
+                    loss: v,
+                    accuracy,
+                    f1,
+                    examples: r.val_examples.unwrap_or(0),
+                },
+                seconds,
+                tokens_per_s: tokens / seconds.max(1e-12),
+            });
+            (loss, seconds, tokens, steps) = (0.0, 0.0, 0.0, 0);
         }
     }
-    pb.finish_and_clear();
-    let test = score(s.as_mut(), &set.test, wp, (b, t, labels))?;
-    let full = s.full_params()?;
-    let mut peaks = vec![0u64; 6 * world.size()];
-    world.all_gather(&s.memory().peak_row(), &mut peaks)?;
-    if !lead {
-        return Ok(None);
+    out
+}
+
+/// `classify.json`: the labels, every epoch and the test split's scores.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ClassifyReport {
+    pub model: String,
+    pub labels: Vec<String>,
+    pub layout: String,
+    pub epochs: Vec<EpochRecord>,
+    pub test: Scores,
+}
+
+impl From<Eval> for Scores {
+    fn from(e: Eval) -> Scores {
+        Scores {
+            loss: e.loss,
+            accuracy: e.accuracy.unwrap_or(0.0),
+            f1: e.f1.unwrap_or(0.0),
+            examples: e.examples,
+        }
     }
-    let summary = ClassifySummary {
-        model: model.to_string(),
-        labels: set.labels.clone(),
-        layout: format!("{} x{}", par.strategy, par.world_size),
-        epochs,
-        test,
-        seconds: started.elapsed().as_secs_f64(),
-        step_ms: 1e3 * later_steps_s / (step - start).saturating_sub(1).max(1) as f64,
-        losses,
-        rank_peak_bytes: peaks
-            .chunks(6)
-            .map(|c| c.try_into().expect("rows of 6"))
-            .collect(),
-    };
-    if let Some(dir) = &run {
-        let vocab = cfg.init_from.join("vocab.txt");
-        hf::write_folder(model, &full, Some(&vocab), dir)?;
-        let json = serde_json::to_string_pretty(&summary).expect("a summary serialises");
-        std::fs::write(dir.join("classify.json"), json)
-            .map_err(|e| Error::Input(format!("cannot write classify.json: {e}")))?;
-    }
-    Ok(Some(Finished::Done(summary)))
 }
 
 #[cfg(test)]

@@ -1,77 +1,151 @@
-//! Masked-language-model pretraining of a BERT from scratch (`distgpt
-//! train --task mlm`): windows of a text's character tokens (the embedded
+//! Masked-language-model pretraining of a BERT from scratch (`train
+//! --task mlm`): windows of a text's character tokens (the embedded
 //! Shakespeare by default) with BERT's masking, 15% of the positions
 //! predicted, of which 80% shown as `[MASK]` (one id past the characters),
-//! 10% as a random character and 10% unchanged; any strategy, on thread ranks or under mpirun, on any device.
-//! Reports the masked-token loss on the validation split (its masks fixed
-//! by the seed) at the start, every `eval_every` steps and at the end.
-//! Writes training-state checkpoints (`checkpoint::state`, as GPT-2 runs
-//! do) every `checkpoint_every` steps, at the end and when a signal stops
-//! it; resumes from one exactly (each step's masks are drawn from the seed
-//! and the step, the loader seeks to the checkpoint's position); the
-//! trained model is a Hugging Face folder in the run directory.
+//! 10% as a random character and 10% unchanged. Each step's masks are
+//! drawn from the seed and the step, so a resumed run draws the same; the
+//! validation batches' masks are fixed by the seed. The trained model is a
+//! Hugging Face `BertForMaskedLM` folder.
 
-use super::schedule::LrSchedule;
+use super::task::{mean_loss, Eval, Task, TaskKind, TrainStream};
+use super::TrainConfig;
 use crate::backend::Backend;
-use crate::checkpoint::state;
-use crate::comm::Comm;
-use crate::data::{Batch, DataLoader, Dataset, IGNORE};
-use crate::error::{Error, Result};
-use crate::metrics;
+use crate::data::{Batch, DataLoader, Dataset, LoaderPosition, TokenizerSpec, IGNORE};
+use crate::error::Result;
 use crate::model::bert::{hf, BertConfig, BertHead};
-use crate::model::{AdamWConfig, ModelConfig};
-use crate::parallel::{self, ParallelConfig, StepConfig};
+use crate::model::ModelConfig;
+use crate::parallel::Strategy;
 use crate::rng::Rng;
-use indicatif::ProgressBar;
-use serde::Serialize;
-use std::path::PathBuf;
-use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::path::Path;
 
-/// What `train --task mlm` was asked for.
-#[derive(Clone, Debug)]
-pub struct MlmConfig {
-    /// The encoder's shape (its vocabulary and positions are set here).
+/// A BERT masked language model on a character dataset.
+pub struct MlmTask<'a> {
     pub model: BertConfig,
-    pub steps: usize,
-    pub batch_size: usize,
-    pub seq_len: usize,
-    pub lr: f32,
-    pub warmup: usize,
-    pub adamw: AdamWConfig,
-    pub grad_clip: f32,
-    pub eval_every: usize,
-    pub eval_batches: usize,
-    pub seed: u64,
-    pub progress: bool,
-    /// The run directory: checkpoints, and the model's folder at the end
-    /// (rank 0's, on every rank; a new run's must be absent or empty).
-    pub out_dir: PathBuf,
-    /// Empty a new run's directory that holds an earlier run.
-    pub overwrite: bool,
-    /// Steps between checkpoints (0: only at the end and on a stop).
-    pub checkpoint_every: usize,
-    pub keep_checkpoints: usize,
-    /// A checkpoint directory to continue from.
-    pub resume: Option<PathBuf>,
+    pub data: &'a Dataset,
 }
 
-#[derive(Clone, Debug, Serialize)]
-pub struct MlmSummary {
-    pub model: String,
-    pub layout: String,
-    /// The step trained from (0, or the resumed checkpoint's) and to.
-    pub start: usize,
-    pub steps: usize,
-    /// A signal stopped the run (after a checkpoint) before `steps`.
-    pub stopped: bool,
-    /// (step, validation masked-token loss), the first before any update.
-    pub val_losses: Vec<(usize, f32)>,
-    pub first_loss: f32,
-    pub final_loss: f32,
-    pub tokens_per_s: f64,
-    pub mfu: f64,
-    pub seconds: f64,
+impl<'a> MlmTask<'a> {
+    /// The encoder of `shape` (its layers and widths) over `data`'s
+    /// characters plus `[MASK]`, with `seq_len` positions.
+    pub fn new(shape: &BertConfig, data: &'a Dataset, seq_len: usize) -> Self {
+        MlmTask {
+            model: BertConfig {
+                vocab_size: data.tokenizer.vocab_size() + 1,
+                block_size: seq_len,
+                head: BertHead::Mlm,
+                ..shape.clone()
+            },
+            data,
+        }
+    }
+
+    /// The id of `[MASK]` and the characters a random replacement is drawn from.
+    fn mask(&self) -> (u32, usize) {
+        let chars = self.data.tokenizer.vocab_size();
+        (chars as u32, chars)
+    }
+}
+
+/// The training windows, masked per step.
+struct Masked<'a> {
+    loader: DataLoader<'a>,
+    seed: u64,
+    mask: (u32, usize),
+}
+
+impl TrainStream for Masked<'_> {
+    fn batches_per_epoch(&self) -> usize {
+        self.loader.batches_per_epoch()
+    }
+    fn position(&self) -> LoaderPosition {
+        self.loader.position
+    }
+    fn seek(&mut self, position: LoaderPosition) {
+        self.loader.seek(position)
+    }
+    fn next_batch(&mut self, step: usize) -> Batch {
+        // each batch's masks from the seed, the step and the batch's place
+        // in the epoch alone, so a resume draws the same
+        let p = self.loader.position;
+        let key = (step as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (p.batch as u64) << 40;
+        let mut rng = Rng::new(self.seed ^ key);
+        let (mask, vocab) = self.mask;
+        mask_tokens(&self.loader.next_batch().inputs, mask, vocab, &mut rng)
+    }
+}
+
+impl<B: Backend> Task<B> for MlmTask<'_> {
+    fn kind(&self) -> TaskKind {
+        TaskKind::Mlm
+    }
+
+    fn model(&self) -> ModelConfig {
+        self.model.clone().into()
+    }
+
+    fn data_name(&self) -> String {
+        self.data.name.clone()
+    }
+
+    fn data_summary(&self) -> String {
+        let ds = self.data;
+        format!(
+            "{} ({} train / {} val characters, 15% masked)",
+            ds.name,
+            ds.train.len(),
+            ds.val.len()
+        )
+    }
+
+    fn tokenizer(&self) -> TokenizerSpec {
+        self.data.tokenizer.spec()
+    }
+
+    fn fingerprint(&self) -> &str {
+        self.data.fingerprint()
+    }
+
+    fn initial_params(&self, cfg: &TrainConfig, _backend: &B) -> Result<Vec<f32>> {
+        Ok(ModelConfig::from(self.model.clone()).init_full(cfg.seed))
+    }
+
+    fn train_stream(&self, cfg: &TrainConfig) -> Result<Box<dyn TrainStream + '_>> {
+        let (b, t) = (cfg.batch_size, cfg.seq_len);
+        Ok(Box::new(Masked {
+            loader: DataLoader::new(&self.data.train, "train", b, t, cfg.seed, true)?,
+            seed: cfg.seed,
+            mask: self.mask(),
+        }))
+    }
+
+    fn tokens(&self, batch: &Batch) -> usize {
+        batch.inputs.len()
+    }
+
+    fn evaluate(&self, strategy: &mut dyn Strategy, cfg: &TrainConfig) -> Result<Eval> {
+        let (b, t) = (cfg.batch_size, cfg.seq_len);
+        let mut val = DataLoader::new(&self.data.val, "val", b, t, cfg.seed, false)?;
+        let n = cfg.eval_batches.clamp(1, val.batches_per_epoch());
+        // the same batches and masks at every evaluation
+        let mut rng = Rng::new(cfg.seed ^ 0x5EED);
+        let (mask, vocab) = self.mask();
+        let batches =
+            std::iter::from_fn(|| Some(mask_tokens(&val.next_batch().inputs, mask, vocab, &mut rng)));
+        let loss = mean_loss(batches, n, |b| strategy.eval_loss(b))?;
+        Ok(Eval {
+            loss,
+            examples: n * b,
+            ..Eval::default()
+        })
+    }
+
+    fn save_model(&self, _backend: B, params: &[f32], dir: &Path) -> Result<()> {
+        hf::write_folder(&self.model, params, None, dir)
+    }
+
+    fn model_files(&self) -> &'static str {
+        "a Hugging Face BertForMaskedLM folder: config.json, model.safetensors"
+    }
 }
 
 /// BERT's masking of a batch of token windows: `mask` is the id of
@@ -95,173 +169,6 @@ pub fn mask_tokens(tokens: &[u32], mask: u32, vocab: usize, rng: &mut Rng) -> Ba
         targets,
         ..Batch::default()
     }
-}
-
-/// One rank's pretraining (collective); rank 0 returns the summary.
-/// `peak_flops` is the peak of all ranks together (MFU's denominator).
-pub fn mlm_rank<B: Backend + 'static>(
-    backend: B,
-    ds: &Dataset,
-    cfg: &MlmConfig,
-    par: ParallelConfig,
-    world: &dyn Comm,
-    peak_flops: f64,
-) -> Result<Option<MlmSummary>> {
-    let (b, t) = (cfg.batch_size, cfg.seq_len);
-    if cfg.steps == 0 || b == 0 || t == 0 {
-        return Err(Error::Config(
-            "--steps, --batch-size and --seq-len must be at least 1".into(),
-        ));
-    }
-    let started = Instant::now();
-    let chars = ds.tokenizer.vocab_size();
-    let model = BertConfig {
-        vocab_size: chars + 1,
-        block_size: t,
-        head: BertHead::Mlm,
-        ..cfg.model.clone()
-    };
-    let family = ModelConfig::from(model.clone());
-    let mask = chars as u32;
-    let sched = LrSchedule {
-        max_lr: cfg.lr,
-        min_lr: cfg.lr / 10.0,
-        warmup_steps: cfg.warmup,
-        total_steps: cfg.steps,
-    };
-    // The validation batches and their masks are the same at every evaluation.
-    let val_batches: Vec<Batch> = {
-        let mut loader = DataLoader::new(&ds.val, "val", b, t, cfg.seed, false)?;
-        let mut rng = Rng::new(cfg.seed ^ 0x5EED);
-        (0..cfg.eval_batches.clamp(1, loader.batches_per_epoch()))
-            .map(|_| mask_tokens(&loader.next_batch().inputs, mask, chars, &mut rng))
-            .collect()
-    };
-    let lead = world.rank() == 0;
-    let mut s = parallel::build(backend, model.clone(), par, world, cfg.adamw, b, t)?;
-    let mut loader = DataLoader::new(&ds.train, "train", b, t, cfg.seed, true)?;
-    let start = match &cfg.resume {
-        None => {
-            s.load_full(&family.init_full(cfg.seed))?;
-            0
-        }
-        Some(dir) => {
-            let ckpt = state::load(dir)?;
-            let bad = |reason: String| Error::Checkpoint {
-                path: dir.clone(),
-                reason,
-            };
-            if ckpt.index.model != family {
-                return Err(bad(format!(
-                    "holds a {}, not the {family} being trained",
-                    ckpt.index.model
-                )));
-            }
-            if ckpt.index.tokenizer != ds.tokenizer.spec() || ckpt.index.data != ds.fingerprint() {
-                return Err(bad(format!(
-                    "was trained on other data than {}: resume with the run's own --data",
-                    ds.name
-                )));
-            }
-            if ckpt.index.step >= cfg.steps {
-                return Err(bad(format!(
-                    "is at step {}, not before --steps {}",
-                    ckpt.index.step, cfg.steps
-                )));
-            }
-            s.load_state(&ckpt.params, &ckpt.m, &ckpt.v, ckpt.index.adam_step)?;
-            loader.seek(ckpt.index.loader);
-            ckpt.index.step
-        }
-    };
-    let out_dir = super::ready_run_dir(world, &cfg.out_dir, start, cfg.overwrite)?;
-    let val = |s: &mut Box<dyn parallel::Strategy>| -> Result<f32> {
-        let mut sum = 0.0;
-        for vb in &val_batches {
-            sum += s.eval_loss(vb)?;
-        }
-        Ok(sum / val_batches.len() as f32)
-    };
-    let mut val_losses = vec![(start, val(&mut s)?)];
-    let pb = match cfg.progress && lead {
-        true => metrics::progress_bar(cfg.steps as u64, "mlm"),
-        false => ProgressBar::hidden(),
-    };
-    pb.set_position(start as u64);
-    let mut losses = Vec::with_capacity(cfg.steps - start);
-    let t0 = Instant::now();
-    let mut stopped = false;
-    for step in start..cfg.steps {
-        // each step's masks from the seed and the step alone, so a resume draws the same
-        let mut rng = Rng::new(cfg.seed ^ (step as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        let batch = mask_tokens(&loader.next_batch().inputs, mask, chars, &mut rng);
-        let step_cfg = StepConfig {
-            lr: sched.at(step),
-            grad_clip: cfg.grad_clip,
-        };
-        let st = s.step(&[batch], step_cfg)?;
-        losses.push(st.loss);
-        pb.set_message(format!("masked loss {:.4}", st.loss));
-        pb.inc(1);
-        // a signal stops every rank after this step, with a checkpoint
-        let mut stop = [u32::from(super::INTERRUPTED.load(Ordering::SeqCst))];
-        world.all_reduce(&mut stop)?;
-        stopped = stop[0] != 0 && step + 1 < cfg.steps;
-        let last = step + 1 == cfg.steps || stopped;
-        let every = cfg.checkpoint_every;
-        if last || (every > 0 && (step + 1).is_multiple_of(every)) {
-            let info = state::SaveInfo {
-                step: step + 1,
-                adam_step: (step + 1) as u32,
-                loader: loader.position,
-                strategy: &par.strategy.to_string(),
-                tp: par.resolved().tp,
-                params_total: family.num_params(),
-                model: &family,
-                tokenizer: &ds.tokenizer.spec(),
-                data: ds.fingerprint(),
-                keep: cfg.keep_checkpoints,
-                extra: None,
-            };
-            state::save(&out_dir, &info, &s.owned_state()?, world)?;
-        }
-        if last || (cfg.eval_every > 0 && (step + 1).is_multiple_of(cfg.eval_every)) {
-            let v = val(&mut s)?;
-            val_losses.push((step + 1, v));
-            if lead {
-                let msg = format!(
-                    "step {}: train masked loss {:.4} | val {v:.4}",
-                    step + 1,
-                    st.loss
-                );
-                metrics::say(&pb, &msg);
-            }
-        }
-        if stopped {
-            break;
-        }
-    }
-    let seconds = t0.elapsed().as_secs_f64();
-    pb.finish_and_clear();
-    let full = s.full_params()?;
-    if !lead {
-        return Ok(None);
-    }
-    hf::write_folder(&model, &full, None, &out_dir)?;
-    let tokens_per_s = (losses.len() * b * t) as f64 / seconds;
-    Ok(Some(MlmSummary {
-        model: model.to_string(),
-        layout: format!("{} x{}", par.strategy, par.world_size),
-        start,
-        steps: start + losses.len(),
-        stopped,
-        first_loss: losses[0],
-        final_loss: *losses.last().expect("at least one step"),
-        val_losses,
-        tokens_per_s,
-        mfu: metrics::mfu(family.flops_per_token(t), tokens_per_s, peak_flops),
-        seconds: started.elapsed().as_secs_f64(),
-    }))
 }
 
 #[cfg(test)]

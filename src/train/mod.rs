@@ -10,24 +10,24 @@
 
 pub mod bench;
 pub mod classify;
+pub mod lm;
 pub mod mlm;
 mod rank;
 pub mod run_dir;
 pub mod schedule;
+pub mod task;
 
 use crate::backend::{Backend, MemoryReport};
-use crate::checkpoint;
 use crate::checkpoint::state;
 use crate::comm::{Comm, CommStats};
-use crate::data::{DataLoader, Dataset, LoaderPosition, TokenizerKind};
+use crate::data::TokenizerKind;
 use crate::error::{Error, Result};
-use crate::infer::generate::{generate, SampleConfig};
 use crate::metrics::StepRecord;
-use crate::model::gpt2::init_full;
-use crate::model::{AdamWConfig, Gpt2, GptConfig};
+use crate::model::AdamWConfig;
 use crate::parallel::{launch, ParallelConfig, Strategy};
 pub use rank::train_rank;
 pub use run_dir::{default_run_dir, RunRecord};
+pub use task::{Eval, Task, TaskKind, TrainStream};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -95,6 +95,10 @@ pub struct TrainConfig {
     pub init_from: Option<PathBuf>,
     /// Where the data came from, recorded so `--resume` can reload it.
     pub data: Option<PathBuf>,
+    /// Train on this many training examples only (a classifier's sample
+    /// drawn with the seed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_examples: Option<usize>,
     /// Empty a directory that holds another run before starting a new one there.
     #[serde(default)]
     pub overwrite: bool,
@@ -141,6 +145,7 @@ impl Default for TrainConfig {
             stop_after: None,
             init_from: None,
             data: None,
+            train_examples: None,
             overwrite: false,
             schedule_steps: None,
             link_latest: false,
@@ -229,7 +234,12 @@ pub struct TrainSummary {
     pub steps: usize,
     pub first_loss: f32,
     pub final_loss: f32,
+    /// The last validation loss (NaN if none).
     pub val_loss: f32,
+    /// The last validation figures.
+    pub val: Option<Eval>,
+    /// The test split's figures at the end (a task with one).
+    pub test: Option<Eval>,
     pub tokens_per_s: f64,
     pub mfu: f64,
     pub seconds: f64,
@@ -257,72 +267,6 @@ pub struct TrainSummary {
     pub timelines: Vec<Vec<crate::parallel::Span>>,
 }
 
-/// Mean validation loss over the first `n` batches of the val split.
-fn evaluate(strategy: &mut dyn Strategy, val: &mut DataLoader, n: usize) -> Result<f32> {
-    val.seek(LoaderPosition::default());
-    let n = n.clamp(1, val.batches_per_epoch());
-    let mut sum = 0.0f64;
-    for _ in 0..n {
-        sum += strategy.eval_loss(&val.next_batch())? as f64;
-    }
-    Ok((sum / n as f64) as f32)
-}
-
-/// A sample from whole-model parameters.
-fn sample_text<B: Backend>(
-    backend: B,
-    cfg: &GptConfig,
-    params: &[f32],
-    ds: &Dataset,
-    tokens: usize,
-    seed: u64,
-) -> Result<String> {
-    let mut model = Gpt2::new(backend, cfg.clone())?;
-    model.set_params(params)?;
-    let tk = &ds.tokenizer;
-    let prompt = match tk.eot() {
-        Some(eot) => vec![eot],
-        None => tk.encode("\n").unwrap_or_else(|_| vec![0]),
-    };
-    let sc = SampleConfig {
-        max_new_tokens: tokens,
-        temperature: 0.8,
-        top_k: 40,
-        top_p: 1.0,
-        seed,
-    };
-    let out = generate(&model, &[prompt], &sc, tk.eot(), |_, _| {})?;
-    Ok(tk.decode(&out[0]))
-}
-
-/// Rank 0's run directory `dir`, readied by rank 0 and agreed by every
-/// rank (collective): a new run's (`start` 0) must be absent or empty (or
-/// `overwrite` it); a run resumed at `start` sets its later checkpoints
-/// aside, so the one it continues from stays the newest.
-pub(crate) fn ready_run_dir(
-    world: &dyn Comm,
-    dir: &std::path::Path,
-    start: usize,
-    overwrite: bool,
-) -> Result<PathBuf> {
-    let dir = agree_on_path(world, dir)?;
-    let ready = match (world.rank(), start) {
-        (0, 0) => run_dir::prepare_new(&dir, overwrite),
-        (0, _) => crate::checkpoint::state::supersede_after(&dir, start).map(|_| ()),
-        _ => Ok(()),
-    };
-    let mut failed = [u32::from(ready.is_err())];
-    world.all_reduce(&mut failed)?;
-    ready?;
-    if failed[0] != 0 {
-        return Err(Error::Input(format!(
-            "rank 0 could not ready the run directory {}",
-            dir.display()
-        )));
-    }
-    Ok(dir)
-}
-
 /// Rank 0's `path`, on every rank.
 fn agree_on_path(world: &dyn Comm, path: &std::path::Path) -> Result<PathBuf> {
     if world.size() == 1 {
@@ -342,27 +286,34 @@ fn agree_on_path(world: &dyn Comm, path: &std::path::Path) -> Result<PathBuf> {
     Ok(PathBuf::from(text))
 }
 
-/// Trains on `par.world_size` thread ranks; returns rank 0's summary.
+/// Trains `task` on `par.world_size` thread ranks; returns rank 0's summary.
 pub fn train<B: Backend + 'static>(
     make_backend: impl Fn() -> B + Sync,
-    model_cfg: GptConfig,
-    ds: &Dataset,
+    task: &dyn Task<B>,
     cfg: &TrainConfig,
     par: ParallelConfig,
     threads: usize,
     timeout: std::time::Duration,
 ) -> Result<TrainSummary> {
     let mut out = launch::run_local(par.world_size, threads, timeout, |comm| {
-        train_rank(
-            make_backend(),
-            model_cfg.clone(),
-            ds,
-            cfg,
-            par,
-            comm.as_ref(),
-        )
+        train_rank(make_backend(), task, cfg, par, comm.as_ref())
     })?;
     Ok(out.swap_remove(0).expect("rank 0 returns the summary"))
+}
+
+/// Trains a GPT-2 language model (the `lm` task) on `par.world_size`
+/// thread ranks; returns rank 0's summary.
+pub fn train_lm<B: Backend + 'static>(
+    make_backend: impl Fn() -> B + Sync,
+    model: crate::model::GptConfig,
+    data: &crate::data::Dataset,
+    cfg: &TrainConfig,
+    par: ParallelConfig,
+    threads: usize,
+    timeout: std::time::Duration,
+) -> Result<TrainSummary> {
+    let task = lm::LmTask { model, data };
+    train(make_backend, &task, cfg, par, threads, timeout)
 }
 
 /// The error for a step whose loss or gradient was not finite: the update
@@ -384,60 +335,43 @@ fn diverged(step: usize, why: &str, cfg: &TrainConfig) -> Error {
     ))
 }
 
-/// Puts the state to start from into `strategy` and `loader` (local, no
-/// collectives): a checkpoint (its model and data must be this run's), the
-/// weights of `init_from`, or a fresh initialisation. Returns the first step.
+/// Puts the state to start from into `strategy` and `stream` (local, no
+/// collectives): a checkpoint (its model and data must be this run's), or
+/// the task's initial weights. Returns the first step.
 fn restore<B: Backend>(
     strategy: &mut dyn Strategy,
-    loader: &mut DataLoader,
-    model_cfg: &GptConfig,
-    ds: &Dataset,
+    stream: &mut dyn TrainStream,
+    task: &dyn Task<B>,
     cfg: &TrainConfig,
-    fingerprint: &str,
     backend: &B,
 ) -> Result<usize> {
-    Ok(match &cfg.resume {
-        Some(dir) => {
-            let ckpt = state::load(dir)?;
-            let bad = |reason: String| Error::Checkpoint {
-                path: dir.clone(),
-                reason,
-            };
-            if ckpt.index.gpt2(dir)? != *model_cfg {
-                return Err(bad(format!(
-                    "holds a model of {}, not the {} being trained",
-                    ckpt.index.model, model_cfg
-                )));
-            }
-            if ckpt.index.tokenizer != ds.tokenizer.spec() || ckpt.index.data != fingerprint {
-                return Err(bad(format!(
-                    "was trained on other data than {} (fingerprint {} vs {fingerprint}): resume with the run's own data, or start a new run with --init-from",
-                    ds.name, ckpt.index.data
-                )));
-            }
-            strategy.load_state(&ckpt.params, &ckpt.m, &ckpt.v, ckpt.index.adam_step)?;
-            loader.seek(ckpt.index.loader);
-            ckpt.index.step
-        }
-        None => {
-            match &cfg.init_from {
-                Some(dir) => {
-                    let (m, _) = checkpoint::load_model(backend.clone_fresh(), dir)?;
-                    if &m.config != model_cfg {
-                        return Err(Error::Config(format!(
-                            "{} holds a model of {}, not the {} being trained",
-                            dir.display(),
-                            m.config,
-                            model_cfg
-                        )));
-                    }
-                    strategy.load_full(&m.params_host()?)?;
-                }
-                None => strategy.load_full(&init_full(model_cfg, cfg.seed))?,
-            }
-            0
-        }
-    })
+    let Some(dir) = &cfg.resume else {
+        strategy.load_full(&task.initial_params(cfg, backend)?)?;
+        return Ok(0);
+    };
+    let ckpt = state::load(dir)?;
+    let bad = |reason: String| Error::Checkpoint {
+        path: dir.clone(),
+        reason,
+    };
+    let model = task.model();
+    if ckpt.index.model != model {
+        return Err(bad(format!(
+            "holds a model of {}, not the {model} being trained",
+            ckpt.index.model
+        )));
+    }
+    if ckpt.index.tokenizer != task.tokenizer() || ckpt.index.data != task.fingerprint() {
+        return Err(bad(format!(
+            "was trained on other data than {} (fingerprint {} vs {}): resume with the run's own data, or start a new run with --init-from",
+            task.data_name(),
+            ckpt.index.data,
+            task.fingerprint()
+        )));
+    }
+    strategy.load_state(&ckpt.params, &ckpt.m, &ckpt.v, ckpt.index.adam_step)?;
+    stream.seek(ckpt.index.loader);
+    Ok(ckpt.index.step)
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! One rank's run, in named phases. Each phase says whether it is
+//! The one run driver: one rank's run of any task, in named phases. Each phase says whether it is
 //! **collective** (every rank calls it, in the same order, and it talks to
 //! the others) or **rank 0's** (only rank 0 does the work, and it never
 //! waits on another rank). Keeping collectives out of rank-0-only code is
@@ -6,32 +6,28 @@
 
 use super::run_dir::{self, RunRecord, StepLogs};
 use super::schedule::LrSchedule;
-use super::{
-    agree_on_path, diverged, evaluate, restore, sample_text, TrainConfig, TrainSummary,
-    INTERRUPTED, MAX_STEPS,
-};
+use super::task::{epochs_done, Eval, Task, TrainStream};
+use super::{agree_on_path, diverged, restore, TrainConfig, TrainSummary, INTERRUPTED, MAX_STEPS};
 use crate::backend::Backend;
-use crate::checkpoint::{self, state};
+use crate::checkpoint::state;
 use crate::comm::Comm;
-use crate::data::{DataLoader, Dataset};
 use crate::error::{Error, Result};
 use crate::metrics::{self, StepRecord};
-use crate::model::{Gpt2, GptConfig, ModelConfig, ParamLayout};
+use crate::model::ModelConfig;
 use crate::parallel::{self, ParallelConfig, StepConfig, Strategy};
 use indicatif::ProgressBar;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-/// One rank's training loop over `world`; rank 0 logs, saves and returns the summary.
+/// One rank's run of `task` over `world`; rank 0 logs, saves and returns the summary.
 pub fn train_rank<B: Backend + 'static>(
     backend: B,
-    model_cfg: GptConfig,
-    ds: &Dataset,
+    task: &dyn Task<B>,
     cfg: &TrainConfig,
     par: ParallelConfig,
     world: &dyn Comm,
 ) -> Result<Option<TrainSummary>> {
-    let mut run = Run::set_up(backend, model_cfg, ds, cfg, par, world)?;
+    let mut run = Run::set_up(backend, task, cfg, par, world)?;
     run.open_outputs()?;
     for step in run.start..run.steps {
         let done = run.train_step(step)?;
@@ -56,6 +52,10 @@ struct StepDone {
     grad_norm: f32,
     lr: f32,
     seconds: f64,
+    /// Tokens the step trained on (a classifier's real tokens).
+    tokens: usize,
+    /// An epoch ended within the step.
+    epoch_ended: bool,
     /// The run's last step: the planned last, or the one a stop ends at.
     is_last: bool,
     /// Some rank was asked to stop before the planned last step.
@@ -65,20 +65,18 @@ struct StepDone {
 /// A rank's run: its strategy, data, schedule and (on rank 0) its outputs.
 struct Run<'a, B: Backend> {
     world: &'a dyn Comm,
-    ds: &'a Dataset,
+    task: &'a dyn Task<B>,
     /// The run's configuration with rank 0's run directory.
     cfg: TrainConfig,
-    model_cfg: GptConfig,
+    model_cfg: ModelConfig,
     par: ParallelConfig,
     strategy: Box<dyn Strategy>,
     /// A backend of this rank's kind for samples and the model files.
     spare: B,
-    train_loader: DataLoader<'a>,
-    val_loader: DataLoader<'a>,
+    train_loader: Box<dyn TrainStream + 'a>,
     sched: LrSchedule,
     start: usize,
     steps: usize,
-    data_fingerprint: &'a str,
     /// The peak FLOP/s per rank (what run.json records) and of all ranks
     /// together (what MFU divides by).
     peak_flops: f64,
@@ -92,9 +90,12 @@ struct Run<'a, B: Backend> {
     /// Rank 0's progress bar (hidden elsewhere).
     pb: ProgressBar,
     started: Instant,
+    /// Tokens trained on by this invocation.
+    tokens: usize,
     losses: Vec<f32>,
     history: Vec<StepRecord>,
-    val_last: f32,
+    val_last: Option<Eval>,
+    test: Option<Eval>,
     /// Every rank's peak memory row, as of the newest step.
     rank_peaks: Vec<u64>,
     stopped: bool,
@@ -109,19 +110,19 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
     /// initialisation: every strategy starts from the same whole model).
     fn set_up(
         backend: B,
-        model_cfg: GptConfig,
-        ds: &'a Dataset,
+        task: &'a dyn Task<B>,
         cfg: &TrainConfig,
         par: ParallelConfig,
         world: &'a dyn Comm,
     ) -> Result<Self> {
         cfg.validate()?;
         par.pipeline.check_micro_batches(cfg.grad_accum)?;
+        let model_cfg = task.model();
         let (b, t) = (cfg.batch_size, cfg.seq_len);
-        if t == 0 || t > model_cfg.block_size {
+        if t == 0 || t > model_cfg.block_size() {
             return Err(Error::Config(format!(
                 "sequence length {t} must be between 1 and the model's block size {}",
-                model_cfg.block_size
+                model_cfg.block_size()
             )));
         }
         let lead = world.rank() == 0;
@@ -131,8 +132,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             out_dir: agree_on_path(world, &cfg.out_dir)?,
             ..cfg.clone()
         };
-        let mut train_loader = DataLoader::new(&ds.train, "train", b, t, cfg.seed, true)?;
-        let val_loader = DataLoader::new(&ds.val, "val", b, t, cfg.seed, false)?;
+        let mut train_loader = task.train_stream(&cfg)?;
         let steps = cfg
             .duration
             .steps(train_loader.batches_per_epoch(), cfg.grad_accum)
@@ -147,14 +147,11 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
         let (peak_flops, total_peak, peak_source) = agree_on_peak(&spare, &cfg, world)?;
         let mut strategy =
             parallel::build(backend, model_cfg.clone(), par, world, cfg.adamw, b, t)?;
-        let data_fingerprint = ds.fingerprint();
         let start = restore(
             strategy.as_mut(),
-            &mut train_loader,
-            &model_cfg,
-            ds,
+            train_loader.as_mut(),
+            task,
             &cfg,
-            data_fingerprint,
             &spare,
         )?;
         if start >= steps {
@@ -164,18 +161,16 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
         }
         Ok(Run {
             world,
-            ds,
+            task,
             verbose: cfg.verbose && lead,
             model_cfg,
             par,
             strategy,
             spare,
             train_loader,
-            val_loader,
             sched,
             start,
             steps,
-            data_fingerprint,
             peak_flops,
             total_peak,
             peak_source,
@@ -183,9 +178,11 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             logs: None,
             pb: ProgressBar::hidden(),
             started: Instant::now(),
+            tokens: 0,
             losses: Vec::new(),
             history: Vec::new(),
-            val_last: f32::NAN,
+            val_last: None,
+            test: None,
             rank_peaks: vec![0; 6 * world.size()],
             stopped: false,
             final_params: None,
@@ -202,6 +199,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
         let (cfg, steps, start) = (&self.cfg, self.steps, self.start);
         let horizon = self.sched.total_steps;
         let record = RunRecord {
+            task: self.task.kind(),
             model: self.model_cfg.clone(),
             train: TrainConfig {
                 resume: None,
@@ -212,7 +210,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
                 ..cfg.clone()
             },
             parallel: self.par,
-            dataset: self.ds.name.clone(),
+            dataset: self.task.data_name(),
             device: self.spare.name(),
             peak_flops: self.peak_flops,
             segments: Vec::new(),
@@ -234,16 +232,11 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             None => ProgressBar::hidden(),
         };
         self.pb.set_position(start as u64);
-        let (m, ds) = (&self.model_cfg, self.ds);
+        let m = &self.model_cfg;
         self.note(&format!(
-            "training {} layers x {} heads x {} wide (block {}) on {} ({} train / {} val tokens)",
-            m.n_layer,
-            m.n_head,
-            m.n_embd,
-            m.block_size,
-            ds.name,
-            ds.train.len(),
-            ds.val.len()
+            "training ({} task) {m} on {}",
+            self.task.kind(),
+            self.task.data_summary()
         ));
         self.note(&format!(
             "{} params | {} x {} tokens x {} accum per step | {steps} steps ({:.2} epochs) | {} on {} rank(s), tp {}{} | {}, peak {:.0} GFLOP/s in all ({})",
@@ -293,9 +286,13 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
                 step,
             });
         }
+        let bpe = self.train_loader.batches_per_epoch();
+        let epochs_before = epochs_done(self.train_loader.position(), bpe);
         let micro: Vec<_> = (0..cfg.grad_accum)
-            .map(|_| self.train_loader.next_batch())
+            .map(|_| self.train_loader.next_batch(step))
             .collect();
+        let epoch_ended = epochs_done(self.train_loader.position(), bpe) > epochs_before;
+        let tokens = micro.iter().map(|b| self.task.tokens(b)).sum();
         let lr = self.sched.at(step);
         let t0 = Instant::now();
         let stats = match self.strategy.step(
@@ -310,6 +307,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
         };
         let seconds = t0.elapsed().as_secs_f64();
         self.losses.push(stats.loss);
+        self.tokens += tokens;
         let mut stop = [u32::from(
             INTERRUPTED.load(Ordering::SeqCst)
                 || cfg.stop_after.is_some_and(|n| step + 1 - self.start >= n),
@@ -321,28 +319,33 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             grad_norm: stats.grad_norm,
             lr,
             seconds,
+            tokens,
+            epoch_ended,
             is_last: step + 1 == self.steps || stopping,
             stopping,
         })
     }
 
-    /// **Collective.** The validation loss every `eval_every` steps and at the last.
-    fn evaluate_if_due(&mut self, step: usize, done: &StepDone) -> Result<Option<f32>> {
+    /// **Collective.** The validation figures every `eval_every` steps, at
+    /// an epoch's end for a task that asks, and at the last.
+    fn evaluate_if_due(&mut self, step: usize, done: &StepDone) -> Result<Option<Eval>> {
         let every = self.cfg.eval_every;
-        if !(done.is_last || (every > 0 && (step + 1).is_multiple_of(every))) {
+        let epoch_end = done.epoch_ended && self.task.evaluates_each_epoch();
+        if !(done.is_last || epoch_end || (every > 0 && (step + 1).is_multiple_of(every))) {
             return Ok(None);
         }
-        let v = evaluate(
-            self.strategy.as_mut(),
-            &mut self.val_loader,
-            self.cfg.eval_batches,
-        )?;
+        let v = self.task.evaluate(self.strategy.as_mut(), &self.cfg)?;
+        let scores = match (v.accuracy, v.f1) {
+            (Some(a), Some(f1)) => format!(", accuracy {:.2}%, F1 {f1:.4}", 100.0 * a),
+            _ => String::new(),
+        };
         self.note(&format!(
-            "step {:>5}: train loss {:.4}, val loss {v:.4}",
+            "step {:>5}: train loss {:.4}, val loss {:.4}{scores}",
             step + 1,
-            done.loss
+            done.loss,
+            v.loss
         ));
-        self.val_last = v;
+        self.val_last = Some(v);
         Ok(Some(v))
     }
 
@@ -355,11 +358,9 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
         }
         let full = self.strategy.full_params()?;
         if self.lead {
-            let s = sample_text(
+            let s = self.task.sample(
                 self.spare.clone_fresh(),
-                &self.model_cfg,
                 &full,
-                self.ds,
                 self.cfg.sample_tokens.min(200),
                 self.cfg.seed + step as u64,
             )?;
@@ -371,20 +372,25 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
     /// **Collective** (every rank's peak memory is gathered), then rank 0
     /// writes the step's record and moves the progress bar (or, with no
     /// terminal, prints a line every `log_every` steps).
-    fn record(&mut self, step: usize, done: &StepDone, val_loss: Option<f32>) -> Result<()> {
+    fn record(&mut self, step: usize, done: &StepDone, val: Option<Eval>) -> Result<()> {
         self.world
             .all_gather(&self.strategy.memory().peak_row(), &mut self.rank_peaks)?;
         if !self.lead {
             return Ok(());
         }
-        let tokens_per_s = self.tokens_per_step() as f64 / done.seconds;
-        let loader = &self.train_loader;
+        let tokens_per_s = done.tokens as f64 / done.seconds;
+        let (position, bpe) = (
+            self.train_loader.position(),
+            self.train_loader.batches_per_epoch(),
+        );
         let record = StepRecord {
             step: step + 1,
-            epoch: loader.position.epoch as f64
-                + loader.position.batch as f64 / loader.batches_per_epoch() as f64,
+            epoch: position.epoch as f64 + position.batch as f64 / bpe as f64,
             loss: done.loss,
-            val_loss,
+            val_loss: val.map(|v| v.loss),
+            val_accuracy: val.and_then(|v| v.accuracy),
+            val_f1: val.and_then(|v| v.f1),
+            val_examples: val.map(|v| v.examples),
             grad_norm: done.grad_norm,
             lr: done.lr,
             ms: done.seconds * 1e3,
@@ -425,9 +431,8 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
     fn save_model(&mut self) -> Result<()> {
         let full = self.strategy.full_params()?;
         if self.lead {
-            let mut model = Gpt2::new(self.spare.clone_fresh(), self.model_cfg.clone())?;
-            model.set_params(&full)?;
-            checkpoint::save_model(&model, self.ds.tokenizer.spec(), &self.cfg.out_dir)?;
+            self.task
+                .save_model(self.spare.clone_fresh(), &full, &self.cfg.out_dir)?;
         }
         self.final_params = Some(full);
         Ok(())
@@ -443,13 +448,13 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
         let info = state::SaveInfo {
             step: step + 1,
             adam_step: (step + 1) as u32,
-            loader: self.train_loader.position,
+            loader: self.train_loader.position(),
             strategy: &self.par.strategy.to_string(),
             tp: self.par.resolved().tp,
-            params_total: ParamLayout::new(&self.model_cfg).total(),
-            model: &ModelConfig::from(self.model_cfg.clone()),
-            tokenizer: &self.ds.tokenizer.spec(),
-            data: self.data_fingerprint,
+            params_total: self.model_cfg.num_params(),
+            model: &self.model_cfg,
+            tokenizer: &self.task.tokenizer(),
+            data: self.task.fingerprint(),
             keep: self.cfg.keep_checkpoints,
             extra: None,
         };
@@ -467,10 +472,6 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             ));
         }
         Ok(())
-    }
-
-    fn tokens_per_step(&self) -> usize {
-        self.cfg.batch_size * self.cfg.seq_len * self.cfg.grad_accum
     }
 
     /// MFU of `tokens_per_s` against the peak of all ranks together.
@@ -506,25 +507,35 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             .final_params
             .take()
             .expect("the last step saves the model");
+        // a finished run's test split (a stopped run's waits for its end)
+        if !self.stopped {
+            self.test = self.task.test(self.strategy.as_mut(), &self.cfg)?;
+        }
         if !self.lead {
             return Ok(None);
         }
-        let tokens_per_s = (self.losses.len() * self.tokens_per_step()) as f64 / seconds;
+        let tokens_per_s = self.tokens as f64 / seconds;
         let mfu = self.mfu(tokens_per_s);
         drop(self.strategy);
-        let sample = sample_text(
+        let sample = self.task.sample(
             self.spare,
-            &self.model_cfg,
             &params,
-            self.ds,
             self.cfg.sample_tokens,
             self.cfg.seed,
         )?;
+        if let Some(test) = self.test {
+            let history = run_dir::read_metrics(&self.cfg.out_dir)?;
+            let layout = crate::plan::layout_name(&self.par);
+            self.task
+                .write_report(&self.cfg.out_dir, &history, test, &layout)?;
+        }
         Ok(Some(TrainSummary {
             steps: self.start + self.losses.len(),
             first_loss: self.losses[0],
             final_loss: *self.losses.last().expect("at least one step"),
-            val_loss: self.val_last,
+            val_loss: self.val_last.map_or(f32::NAN, |v| v.loss),
+            val: self.val_last,
+            test: self.test,
             tokens_per_s,
             mfu,
             seconds,

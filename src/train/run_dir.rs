@@ -7,7 +7,8 @@ use super::TrainConfig;
 use crate::checkpoint::{state, write_atomic};
 use crate::error::{Error, Result};
 use crate::metrics::{CsvWriter, JsonlWriter, StepRecord};
-use crate::model::GptConfig;
+use super::task::TaskKind;
+use crate::model::ModelConfig;
 use crate::parallel::ParallelConfig;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -16,7 +17,10 @@ use std::path::{Path, PathBuf};
 /// with, and every invocation that trained it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RunRecord {
-    pub model: GptConfig,
+    /// What the run trains (absent in records before BERT runs had one: lm).
+    #[serde(default)]
+    pub task: TaskKind,
+    pub model: ModelConfig,
     pub train: TrainConfig,
     /// The layout of the newest invocation.
     pub parallel: ParallelConfig,
@@ -206,6 +210,17 @@ pub fn open(
     Ok(StepLogs { jsonl, csv })
 }
 
+/// Every step record of the run in `dir` (`metrics.jsonl`), in order; a
+/// line a crash cut short is skipped.
+pub fn read_metrics(dir: &Path) -> Result<Vec<StepRecord>> {
+    let path = dir.join(METRICS_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    Ok(text
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect())
+}
+
 /// Reads `run.json`.
 pub fn read_record(dir: &Path) -> Result<RunRecord> {
     let path = dir.join(RUN_FILE);
@@ -247,15 +262,18 @@ fn truncate_metrics(dir: &Path, step: usize) -> Result<()> {
             .and_then(|v| v["step"].as_u64())
     };
     keep_lines(&dir.join(METRICS_FILE), step, false, jsonl_step)?;
-    // A CSV row is complete when it has every column of the header.
-    let columns = crate::metrics::CsvWriter::HEADER.split(',').count();
+    // A CSV row is complete when it has every column of the file's header
+    // (files written before a column was added have fewer).
+    let csv = dir.join(METRICS_CSV);
+    let header = std::fs::read_to_string(&csv).unwrap_or_default();
+    let columns = header.lines().next().unwrap_or_default().split(',').count();
     let csv_step = |line: &str| {
         let fields: Vec<&str> = line.split(',').collect();
         (fields.len() == columns)
             .then(|| fields[0].parse().ok())
             .flatten()
     };
-    keep_lines(&dir.join(METRICS_CSV), step, true, csv_step)
+    keep_lines(&csv, step, true, csv_step)
 }
 
 /// Rewrites `path` with the lines whose step is at most `step` (and the

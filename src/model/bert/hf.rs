@@ -6,6 +6,8 @@
 
 use super::config::{BertConfig, BertHead};
 use super::layout::{layout, BlockParam, EMBEDDINGS};
+use crate::checkpoint::state::checksum;
+use crate::checkpoint::write_atomic;
 use crate::error::{Error, Result};
 use safetensors::tensor::{Dtype, SafeTensors};
 use std::path::Path;
@@ -242,15 +244,62 @@ pub fn load_folder(
     let path = dir.join("model.safetensors");
     let bytes = std::fs::read(&path)
         .map_err(|e| Error::Input(format!("cannot read {}: {e}", path.display())))?;
+    let bad = |reason: String| Error::Checkpoint {
+        path: path.clone(),
+        reason,
+    };
+    if let Some(want) = recorded_checksum(dir)? {
+        let sum = checksum(&bytes);
+        if sum != want {
+            return Err(bad(format!(
+                "checksum {sum} does not match {want} recorded in config.json: the weights are corrupted or were replaced"
+            )));
+        }
+    }
+    // the embeddings and every block's matrices must be in the file: a
+    // config asking for more is refused before the model is allocated
+    let (c, f) = (cfg.n_embd as u64, cfg.n_inner as u64);
+    let least = 4 * (cfg.vocab_size as u64 * c
+        + cfg.block_size as u64 * c
+        + cfg.n_layer as u64 * (4 * c * c + 2 * c * f));
+    if (bytes.len() as u64) < least {
+        return Err(bad(format!(
+            "{} bytes cannot hold the {least} bytes of weights config.json describes ({cfg}): the file is cut short or the config is wrong",
+            bytes.len()
+        )));
+    }
     let st = SafeTensors::deserialize(&bytes)
         .map_err(|e| Error::Input(format!("{} is not a safetensors file: {e}", path.display())))?;
     let params = read_weights(&cfg, &st, super::init_full(&cfg, seed))?;
+    if let Some(i) = params.iter().position(|x| !x.is_finite()) {
+        let lay = layout(&cfg, 1);
+        let name = lay
+            .tensors
+            .iter()
+            .find(|t| t.range().contains(&i))
+            .map_or("?", |t| t.name.as_str());
+        return Err(bad(format!(
+            "tensor '{name}' holds a non-finite weight ({}): refusing to use it",
+            params[i]
+        )));
+    }
     Ok((cfg, params))
 }
 
-/// The Hugging Face tensors of a whole-model parameter buffer: names,
-/// shapes and (out, in) `nn.Linear` weights, query / key / value apart,
-/// padded vocabulary rows dropped.
+/// The key of `config.json` under which distgpt records the weights' checksum.
+const CHECKSUM_KEY: &str = "distgpt_weights_checksum";
+
+/// The weights' checksum a folder distgpt wrote records (None for one
+/// written elsewhere).
+fn recorded_checksum(dir: &Path) -> Result<Option<String>> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| Error::Input(format!("cannot read {}: {e}", path.display())))?;
+    let j: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| Error::Input(format!("{} is not JSON: {e}", path.display())))?;
+    Ok(j[CHECKSUM_KEY].as_str().map(str::to_string))
+}
+
 fn hf_tensors(cfg: &BertConfig, p: &[f32]) -> Vec<(String, Vec<usize>, Vec<f32>)> {
     let lay = layout(cfg, 1);
     let (c, f, v) = (cfg.n_embd, cfg.n_inner, cfg.vocab_size);
@@ -386,7 +435,10 @@ pub fn write_folder(
         .collect();
     let data = safetensors::serialize(views, &None)
         .map_err(|e| Error::Input(format!("cannot serialise the weights: {e}")))?;
-    std::fs::write(dir.join("model.safetensors"), data).map_err(io)?;
+    // the weights first, then the config that vouches for them: a folder
+    // cut short anywhere fails its check on load
+    let sum = checksum(&data);
+    write_atomic(&dir.join("model.safetensors"), &data)?;
     let (arch, labels) = match cfg.head {
         BertHead::Mlm => ("BertForMaskedLM", 2),
         BertHead::Classify { labels } => ("BertForSequenceClassification", labels),
@@ -408,13 +460,14 @@ pub fn write_folder(
         "pad_token_id": 0,
         "num_labels": labels,
         "position_embedding_type": "absolute",
+        CHECKSUM_KEY: sum,
     });
-    let text = serde_json::to_string_pretty(&config).expect("a JSON value serialises");
-    std::fs::write(dir.join("config.json"), text).map_err(io)?;
     if let Some(v) = vocab {
-        std::fs::copy(v, dir.join("vocab.txt")).map_err(io)?;
+        let text = std::fs::read(v).map_err(|e| Error::io(v, e))?;
+        write_atomic(&dir.join("vocab.txt"), &text)?;
     }
-    Ok(())
+    let text = serde_json::to_string_pretty(&config).expect("a JSON value serialises");
+    write_atomic(&dir.join("config.json"), text.as_bytes())
 }
 
 #[cfg(test)]

@@ -1,0 +1,143 @@
+//! What a task supplies to the one run driver ([`super::train_rank`]):
+//! its model, its training batches (a stream that can seek to a saved
+//! position), its evaluation and its output format. Everything else — the
+//! schedule, checkpoints and resume, stop signals, run records, metrics,
+//! the model files' checksums — is the driver's, the same for every task.
+//!
+//! A task is read once (its data, vocabulary and starting weights) and
+//! shared by every thread rank; each rank draws its own [`TrainStream`].
+
+use super::TrainConfig;
+use crate::backend::Backend;
+use crate::data::{Batch, LoaderPosition, TokenizerSpec};
+use crate::error::Result;
+use crate::metrics::StepRecord;
+use crate::model::ModelConfig;
+use crate::parallel::Strategy;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// The tasks `train --task` offers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskKind {
+    /// A causal language model (GPT-2).
+    #[default]
+    Lm,
+    /// BERT masked-language-model pretraining.
+    Mlm,
+    /// An encoder fine-tuned as a sequence classifier.
+    Classify,
+}
+
+impl std::fmt::Display for TaskKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TaskKind::Lm => "lm",
+            TaskKind::Mlm => "mlm",
+            TaskKind::Classify => "classify",
+        })
+    }
+}
+
+/// An evaluation's figures: the loss (a language model's next-token loss,
+/// the masked-token loss, the classifier's) and, for a classifier, its
+/// accuracy and F1 over `examples` examples.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+pub struct Eval {
+    pub loss: f32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accuracy: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub f1: Option<f64>,
+    #[serde(default)]
+    pub examples: usize,
+}
+
+/// A rank's training batches: global micro-batches in a fixed order that
+/// a saved [`LoaderPosition`] resumes exactly.
+pub trait TrainStream {
+    /// Micro-batches in one pass over the training split.
+    fn batches_per_epoch(&self) -> usize;
+    /// Where the next batch comes from.
+    fn position(&self) -> LoaderPosition;
+    /// Moves to a saved position.
+    fn seek(&mut self, position: LoaderPosition);
+    /// The next micro-batch of optimizer step `step` (0-based): tasks that
+    /// draw randomness per batch (MLM's masks) draw it from the seed and
+    /// the step, so a resumed run draws the same.
+    fn next_batch(&mut self, step: usize) -> Batch;
+}
+
+/// Whole epochs a stream at `p` has finished.
+pub fn epochs_done(p: LoaderPosition, batches_per_epoch: usize) -> u64 {
+    p.epoch + u64::from(p.batch >= batches_per_epoch)
+}
+
+/// The part of a run that differs between tasks.
+pub trait Task<B: Backend>: Sync {
+    fn kind(&self) -> TaskKind;
+    /// The model being trained.
+    fn model(&self) -> ModelConfig;
+    /// The data's name, for the header and `run.json`.
+    fn data_name(&self) -> String;
+    /// One line on the data for the header (splits and their sizes).
+    fn data_summary(&self) -> String;
+    /// What a checkpoint records to refuse resuming on other data: the
+    /// tokenizer and the data's fingerprint.
+    fn tokenizer(&self) -> TokenizerSpec;
+    fn fingerprint(&self) -> &str;
+    /// The whole model a new run starts from (a fresh initialisation by
+    /// `cfg.seed`, or pretrained weights).
+    fn initial_params(&self, cfg: &TrainConfig, backend: &B) -> Result<Vec<f32>>;
+    /// This rank's training stream for `cfg`'s batch shape and seed.
+    fn train_stream(&self, cfg: &TrainConfig) -> Result<Box<dyn TrainStream + '_>>;
+    /// The tokens of a batch that count for throughput (a classifier's
+    /// real tokens, padding left out).
+    fn tokens(&self, batch: &Batch) -> usize;
+    /// **Collective.** The validation split's figures.
+    fn evaluate(&self, strategy: &mut dyn Strategy, cfg: &TrainConfig) -> Result<Eval>;
+    /// **Collective.** The test split's figures at the end, for a task
+    /// that has one.
+    fn test(&self, _strategy: &mut dyn Strategy, _cfg: &TrainConfig) -> Result<Option<Eval>> {
+        Ok(None)
+    }
+    /// Evaluate at every epoch's end besides every `eval_every` steps.
+    fn evaluates_each_epoch(&self) -> bool {
+        false
+    }
+    /// Writes the trained model as the task's folder (atomic, checksummed).
+    fn save_model(&self, backend: B, params: &[f32], dir: &Path) -> Result<()>;
+    /// What the model folder is, for the closing lines.
+    fn model_files(&self) -> &'static str;
+    /// Writes what the task reports beside its model at a finished run's
+    /// end, from the whole run's step records and the test split's figures.
+    fn write_report(
+        &self,
+        _dir: &Path,
+        _history: &[StepRecord],
+        _test: Eval,
+        _layout: &str,
+    ) -> Result<()> {
+        Ok(())
+    }
+    /// A sample from the model, for a task that generates (empty otherwise).
+    fn sample(&self, _backend: B, _params: &[f32], _tokens: usize, _seed: u64) -> Result<String> {
+        Ok(String::new())
+    }
+}
+
+/// The mean of `f` over the first `n` (at least 1, at most `batches`)
+/// batches: a validation loss.
+pub fn mean_loss(
+    batches: impl Iterator<Item = Batch>,
+    n: usize,
+    mut f: impl FnMut(&Batch) -> Result<f32>,
+) -> Result<f32> {
+    let (mut sum, mut count) = (0.0f64, 0usize);
+    for b in batches.take(n.max(1)) {
+        sum += f(&b)? as f64;
+        count += 1;
+    }
+    Ok((sum / count.max(1) as f64) as f32)
+}
