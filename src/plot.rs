@@ -1,6 +1,7 @@
 //! `distgpt plot`: the curves of one or several runs from their
 //! `metrics.jsonl` — training loss, validation loss, gradient norm and
-//! throughput against the optimizer step, as PNG and SVG.
+//! throughput against the optimizer step, and a classifier's validation
+//! accuracy and F1, as PNG and SVG.
 
 use crate::error::{Error, Result};
 use crate::figure::{self, Figure, Series};
@@ -14,6 +15,9 @@ struct Point {
     step: usize,
     loss: f64,
     val_loss: Option<f64>,
+    /// A classifier's validation accuracy and F1.
+    val_accuracy: Option<f64>,
+    val_f1: Option<f64>,
     grad_norm: f64,
     tokens_per_s: f64,
 }
@@ -91,7 +95,8 @@ fn distinct_labels(runs: &mut [Curves]) {
     }
 }
 
-/// The four figures of `runs`.
+/// The four figures of `runs`, and for classifiers the validation accuracy
+/// and F1 (evaluated at every epoch's end).
 pub fn figures(runs: &[Curves]) -> Vec<Figure> {
     let fig = |stem: &str, title: &str, y: &str, series: Vec<Series>, markers| Figure {
         stem: stem.into(),
@@ -108,7 +113,7 @@ pub fn figures(runs: &[Curves]) -> Vec<Figure> {
             .filter(|s| !s.points.is_empty())
             .collect()
     };
-    vec![
+    let mut figs = vec![
         fig(
             "loss",
             "training loss",
@@ -137,7 +142,19 @@ pub fn figures(runs: &[Curves]) -> Vec<Figure> {
             each(|p| Some(p.tokens_per_s)),
             false,
         ),
-    ]
+    ];
+    let accuracy = each(|p| p.val_accuracy.map(|a| 100.0 * a));
+    if !accuracy.is_empty() {
+        figs.push(fig(
+            "accuracy",
+            "validation accuracy",
+            "accuracy (%)",
+            accuracy,
+            true,
+        ));
+        figs.push(fig("f1", "validation F1", "F1", each(|p| p.val_f1), true));
+    }
+    figs
 }
 
 /// Reads every run and writes the figures into `out` (created); returns

@@ -707,3 +707,301 @@ fn a_bert_preset_pretrains_as_a_masked_lm_by_default_and_resumes_exactly() {
     .to_string();
     assert!(said.contains("bert-tiny is a BERT preset"), "{said}");
 }
+
+/// The steps of a run's `metrics.jsonl` and `metrics.csv`, in file order.
+fn logged_steps(dir: &std::path::Path) -> (Vec<u64>, Vec<u64>) {
+    let jsonl = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    let csv = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
+    (
+        jsonl
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect(),
+        csv.lines()
+            .skip(1)
+            .map(|l| l.split(',').next().unwrap().parse().unwrap())
+            .collect(),
+    )
+}
+
+/// The command a stopped run's last line says continues it.
+fn continue_hint(stderr: &str) -> Vec<String> {
+    let hint = stderr
+        .split("continue with `distgpt ")
+        .nth(1)
+        .and_then(|rest| rest.split('`').next())
+        .unwrap_or_else(|| panic!("no `continue with` hint in {stderr}"));
+    hint.split(' ').map(String::from).collect()
+}
+
+/// Every task (GPT-2 LM, BERT MLM, BERT classifier) is the one run driver's:
+/// a run stopped part-way and continued by the command its stop prints
+/// (`--resume RUN` and nothing else) ends on the uninterrupted run's weights,
+/// byte for byte, in the run's own layout and with its own settings (lr,
+/// seed, warmup, betas, batch); its logs hold every step once; a setting the
+/// checkpoint fixes is refused on resume.
+#[test]
+fn every_task_stopped_and_resumed_by_its_hint_ends_on_the_uninterrupted_weights() {
+    let dir = run_dir("every-task");
+    let (model, data) = tiny_bert_and_labelled_set(&dir);
+    let (model, data) = (model.to_str().unwrap(), data.to_str().unwrap());
+    let tasks: [(&str, Vec<&str>, &str); 3] = [
+        (
+            "lm",
+            vec!["--model", "tiny", "--batch-size", "4", "--seq-len", "16"],
+            "model.safetensors",
+        ),
+        (
+            "mlm",
+            vec![
+                "--model",
+                "bert-tiny",
+                "--batch-size",
+                "4",
+                "--seq-len",
+                "16",
+            ],
+            "model.safetensors",
+        ),
+        (
+            "classify",
+            vec![
+                "--init-from",
+                model,
+                "--data",
+                data,
+                "--batch-size",
+                "4",
+                "--seq-len",
+                "12",
+            ],
+            "model.safetensors",
+        ),
+    ];
+    for (task, flags, weights_file) in tasks {
+        let run = |out: &std::path::Path, extra: &[&str]| {
+            let mut args = vec!["train", "--task", task];
+            args.extend(&flags);
+            // settings away from every default, so a resume that fell back
+            // to a default would train other weights
+            args.extend([
+                "--steps",
+                "6",
+                "--lr",
+                "3e-3",
+                "--seed",
+                "11",
+                "--warmup",
+                "2",
+                "--beta2",
+                "0.95",
+                "--min-lr",
+                "1e-4",
+                "--eval-every",
+                "2",
+                "--strategy",
+                "fsdp",
+                "--world-size",
+                "2",
+                "--quiet",
+            ]);
+            args.extend(["--out", out.to_str().unwrap()]);
+            args.extend(extra);
+            distgpt(&args)
+        };
+        let whole = dir.join(format!("{task}-whole"));
+        succeeded(run(&whole, &[]));
+        let part = dir.join(format!("{task}-part"));
+        let stopped = run(&part, &["--stop-after", "3"]);
+        let said = String::from_utf8_lossy(&stopped.stderr).to_string();
+        assert_eq!(stopped.status.code(), Some(75), "{task}: {said}");
+        let hint = continue_hint(&said);
+        assert_eq!(hint[..2], ["train", "--resume"], "{task}: {said}");
+        let refused = distgpt(&["train", "--resume", part.to_str().unwrap(), "--seed", "99"]);
+        let why = String::from_utf8_lossy(&refused.stderr).to_string();
+        assert!(
+            why.contains("--seed cannot change when resuming"),
+            "{task}: {why}"
+        );
+        let hint: Vec<&str> = hint.iter().map(String::as_str).collect();
+        let mut again = hint.clone();
+        again.push("--quiet");
+        succeeded(distgpt(&again));
+        let w = |d: &std::path::Path| std::fs::read(d.join(weights_file)).unwrap();
+        assert!(
+            w(&whole) == w(&part),
+            "{task}: stopped at step 3 and resumed by its hint: other weights than the uninterrupted run"
+        );
+        let (jsonl, csv) = logged_steps(&part);
+        assert_eq!(jsonl, (1..=6).collect::<Vec<_>>(), "{task}: metrics.jsonl");
+        assert_eq!(csv, jsonl, "{task}: metrics.csv");
+        let record: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(part.join("run.json")).unwrap()).unwrap();
+        assert_eq!(record["task"], task);
+        assert_eq!(record["segments"].as_array().unwrap().len(), 2, "{task}");
+        assert_eq!(record["parallel"]["strategy"], "fsdp", "{task}");
+    }
+    // a classifier trains the --steps asked for (12 examples in batches of
+    // 4: 3 steps an epoch), logs accuracy and F1, and reports every epoch
+    let part = dir.join("classify-part");
+    let last: serde_json::Value = serde_json::from_str(
+        std::fs::read_to_string(part.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .last()
+            .unwrap(),
+    )
+    .unwrap();
+    assert!(
+        last["val_accuracy"].is_number() && last["val_f1"].is_number(),
+        "{last}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(part.join("classify.json")).unwrap())
+            .unwrap();
+    assert_eq!(report["epochs"].as_array().unwrap().len(), 2, "{report}");
+    // plot draws the classifier's accuracy per epoch among its figures
+    let plots = dir.join("plots");
+    succeeded(distgpt(&[
+        "plot",
+        part.to_str().unwrap(),
+        "--out",
+        plots.to_str().unwrap(),
+    ]));
+    assert!(plots.join("accuracy.png").exists(), "no accuracy figure");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A BERT run's model folder is checksummed and checked: a run killed
+/// between its model files and its final checkpoint (here: the weights cut
+/// short) is repaired by `--resume`; a flipped bit or a NaN is refused on
+/// load, never scored.
+#[test]
+fn bert_model_folders_are_checked_on_load_and_repaired_on_resume() {
+    let dir = run_dir("bert-folder-checks");
+    let (model, data) = tiny_bert_and_labelled_set(&dir);
+    let (model, data) = (model.to_str().unwrap(), data.to_str().unwrap());
+    let out = dir.join("run");
+    let out_s = out.to_str().unwrap();
+    succeeded(distgpt(&[
+        "train",
+        "--task",
+        "classify",
+        "--init-from",
+        model,
+        "--data",
+        data,
+        "--epochs",
+        "1",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "12",
+        "--quiet",
+        "--out",
+        out_s,
+    ]));
+    let weights = out.join("model.safetensors");
+    let good = std::fs::read(&weights).unwrap();
+    std::fs::write(&weights, &good[..good.len() / 2]).unwrap();
+    let eval = || {
+        distgpt(&[
+            "eval",
+            out_s,
+            "--data",
+            data,
+            "--batch-size",
+            "4",
+            "--seq-len",
+            "12",
+        ])
+    };
+    let said = String::from_utf8_lossy(&eval().stderr).to_string();
+    assert!(said.contains("checksum"), "{said}");
+    let repaired = succeeded(distgpt(&["train", "--resume", out_s]));
+    let text = String::from_utf8_lossy(&repaired.stdout).to_string();
+    assert!(text.contains("rewrote them"), "{text}");
+    assert!(
+        std::fs::read(&weights).unwrap() == good,
+        "repaired from the final checkpoint"
+    );
+    assert!(out.join("vocab.txt").exists());
+    succeeded(eval());
+    // one flipped exponent bit in the last float
+    let mut flipped = good.clone();
+    let at = flipped.len() - 1;
+    flipped[at] ^= 0x40;
+    std::fs::write(&weights, &flipped).unwrap();
+    let said = String::from_utf8_lossy(&eval().stderr).to_string();
+    assert!(
+        said.contains("checksum") && !said.contains("accuracy"),
+        "{said}"
+    );
+    // a folder from elsewhere (no checksum) holding a NaN
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    config
+        .as_object_mut()
+        .unwrap()
+        .remove("distgpt_weights_checksum")
+        .expect("distgpt's folders record the weights' checksum");
+    let plain = serde_json::to_string(&config).unwrap();
+    std::fs::write(out.join("config.json"), plain).unwrap();
+    let mut nan = good.clone();
+    let n = nan.len();
+    nan[n - 4..].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(&weights, &nan).unwrap();
+    let said = String::from_utf8_lossy(&eval().stderr).to_string();
+    assert!(said.contains("non-finite"), "{said}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Bad numbers get a clear error naming the flag, never a panic; an
+/// output folder over its input is refused.
+#[test]
+fn bad_numbers_and_outputs_over_inputs_are_refused_by_name() {
+    let dir = run_dir("bad-numbers");
+    let out = dir.join("run");
+    let out_s = out.to_str().unwrap();
+    succeeded(train_tiny(out_s, &["--steps", "1"]));
+    for (args, says) in [
+        (vec!["eval", out_s, "--batch-size", "0"], "--batch-size"),
+        (vec!["eval", out_s, "--seq-len", "0"], "--seq-len"),
+        (vec!["bench", "--model", "tiny", "--steps", "0"], "--steps"),
+        (
+            vec!["bench", "--model", "tiny", "--batch-size", "0"],
+            "--batch-size",
+        ),
+        (vec!["generate", out_s, "--tp", "0"], "--tp"),
+        (
+            vec!["generate", out_s, "--tokens", "18446744073709551615"],
+            "--tokens",
+        ),
+        (
+            vec![
+                "train",
+                "--model",
+                "tiny",
+                "--steps",
+                "1",
+                "--comm-timeout",
+                "1e300",
+            ],
+            "--comm-timeout",
+        ),
+        (vec!["quantize", out_s, "--out", out_s], "is the input"),
+        (vec!["prune", out_s, "--out", out_s], "is the input"),
+    ] {
+        let o = distgpt(&args);
+        let said = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(
+            !o.status.success() && said.contains(says) && !said.contains("panicked"),
+            "{args:?}: {said}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

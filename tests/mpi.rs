@@ -248,7 +248,8 @@ fn bert_masked_lm_over_mpi_matches_single(world: &dyn Comm, ds: &Dataset, solo: 
         .unwrap()
         .expect("a single rank is rank 0");
     let _ = std::fs::remove_dir_all(&cfg.out_dir);
-    let vals = |s: &TrainSummary| -> Vec<f32> { s.history.iter().filter_map(|r| r.val_loss).collect() };
+    let vals =
+        |s: &TrainSummary| -> Vec<f32> { s.history.iter().filter_map(|r| r.val_loss).collect() };
     for s in [StrategyKind::Ddp, StrategyKind::Zero2, StrategyKind::Fsdp] {
         cfg.out_dir = dir(&format!("{s}-{}", world.size()));
         let got = train_rank(Cpu::new(), &task, &cfg, par(s, world.size()), world).unwrap();

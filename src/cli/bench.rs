@@ -2,6 +2,7 @@
 //! category and communication volume and time, on synthetic tokens, for any
 //! strategy and world size, in the shape `bench/pytorch_reference.py` mirrors.
 
+use super::positive;
 use super::{
     on_device, CommKind, DecodeWeightsArg, DeviceArgs, DeviceChoice, ModelArgs, ParallelArgs,
 };
@@ -25,16 +26,16 @@ pub struct BenchArgs {
     #[arg(long)]
     vocab_size: Option<usize>,
     /// Global batch: sequences per micro-step, split across the data-parallel ranks.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, value_parser = positive(), default_value_t = 16)]
     batch_size: usize,
     /// Micro-steps per optimizer step (a pipeline's micro-batches).
     #[arg(long, default_value_t = 1)]
     grad_accum: usize,
     /// Tokens per sequence (default: the model's block size).
-    #[arg(long)]
+    #[arg(long, value_parser = positive())]
     seq_len: Option<usize>,
     /// Timed optimizer steps.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, value_parser = positive(), default_value_t = 10)]
     steps: usize,
     /// Untimed steps first.
     #[arg(long, default_value_t = 2)]

@@ -7,8 +7,8 @@ use distgpt::compare::{self, CompareSpec, Layout};
 use distgpt::data::{Dataset, TokenizerKind};
 use distgpt::model::{AdamWConfig, GptConfig};
 use distgpt::train::classify::ClassifyTask;
-use distgpt::train::TrainConfig;
 use distgpt::train::Duration;
+use distgpt::train::TrainConfig;
 use indicatif::MultiProgress;
 use std::path::{Path, PathBuf};
 

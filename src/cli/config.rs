@@ -6,12 +6,35 @@
 //! the file.
 
 use anyhow::{bail, Context, Result};
-use distgpt::train::run_dir::RunRecord;
 use distgpt::model::ModelConfig;
+use distgpt::train::run_dir::RunRecord;
 use distgpt::train::{Duration, TaskKind};
 use std::ffi::OsString;
 use std::path::Path;
 use toml::Value;
+
+/// The most bytes a config file may have (a run.json of a long run is far smaller).
+const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
+/// A config file's text, refused past [`MAX_CONFIG_BYTES`] (`/dev/zero`
+/// or a wrong path must not read without end).
+fn read_bounded(file: &Path) -> Result<String> {
+    use std::io::Read;
+    let f = std::fs::File::open(file)
+        .with_context(|| format!("reading the config file {}", file.display()))?;
+    let mut bytes = Vec::new();
+    f.take(MAX_CONFIG_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("reading the config file {}", file.display()))?;
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
+        bail!(
+            "the config file {} is larger than {} MiB: not a settings file",
+            file.display(),
+            MAX_CONFIG_BYTES >> 20
+        );
+    }
+    String::from_utf8(bytes).with_context(|| format!("{} is not UTF-8 text", file.display()))
+}
 
 /// The flag name of a key: `batch-size` and `batch_size` are `batch_size`.
 fn arg_id(key: &str) -> String {
@@ -90,7 +113,8 @@ fn record_entries(r: &RunRecord) -> Vec<(String, Value)> {
         ("sample_every", int(t.sample_every)),
         ("log_every", int(t.log_every)),
         ("sample_tokens", int(t.sample_tokens)),
-        ("seed", Value::Integer(t.seed as i64)),
+        // a string: TOML integers stop at 2^63 - 1, seeds go to 2^64 - 1
+        ("seed", Value::String(t.seed.to_string())),
         ("checkpoint_every", int(t.checkpoint_every)),
         ("keep_checkpoints", int(t.keep_checkpoints)),
         ("strategy", Value::String(r.parallel.strategy.to_string())),
@@ -147,8 +171,7 @@ fn record_entries(r: &RunRecord) -> Vec<(String, Value)> {
 /// given on the command line (`given`, by id) and those that conflict with
 /// them (`--epochs` given drops the file's `steps`).
 pub fn file_args(file: &Path, train: &clap::Command, given: &[String]) -> Result<Vec<OsString>> {
-    let text = std::fs::read_to_string(file)
-        .with_context(|| format!("reading the config file {}", file.display()))?;
+    let text = read_bounded(file)?;
     let entries = if file.extension().is_some_and(|e| e == "json") {
         let record: RunRecord = serde_json::from_str(&text).with_context(|| {
             format!(

@@ -196,7 +196,7 @@ pub struct ParallelArgs {
     #[arg(long, default_value_t = 1)]
     world_size: usize,
     /// Tensor-parallel group size (strategy tp: default the whole world; ddp with --tp: a dp x tp mesh).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, value_parser = positive(), default_value_t = 1)]
     tp: usize,
     /// Pipeline stages: the blocks split into this many contiguous stages
     /// (balanced by their matmul work), a rank each; with ddp, --world-size
@@ -354,7 +354,12 @@ impl ParallelArgs {
         if !(self.comm_timeout > 0.0 && self.comm_timeout.is_finite()) {
             bail!("--comm-timeout must be a positive number of seconds");
         }
-        Ok(std::time::Duration::from_secs_f64(self.comm_timeout))
+        std::time::Duration::try_from_secs_f64(self.comm_timeout).map_err(|_| {
+            anyhow::anyhow!(
+                "--comm-timeout {} seconds is more than a duration can hold",
+                self.comm_timeout
+            )
+        })
     }
 
     /// Runs `f` on every rank: threads here, or this process's rank under
@@ -527,10 +532,10 @@ struct TrainArgs {
     #[arg(long, help_heading = "Data")]
     train_examples: Option<usize>,
     /// Global batch: sequences per micro-step, split across the data-parallel ranks.
-    #[arg(long, default_value_t = 32, help_heading = "Data")]
+    #[arg(long, value_parser = positive(), default_value_t = 32, help_heading = "Data")]
     batch_size: usize,
     /// Tokens per sequence (default: the model's block size).
-    #[arg(long, help_heading = "Data")]
+    #[arg(long, value_parser = positive(), help_heading = "Data")]
     seq_len: Option<usize>,
     /// Micro-batches per optimizer step.
     #[arg(long, default_value_t = 1, help_heading = "Optimisation")]
@@ -648,7 +653,7 @@ struct GenerateArgs {
     #[arg(long)]
     prompt: Vec<String>,
     /// Tokens to generate.
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, value_parser = positive(), default_value_t = 500)]
     tokens: usize,
     /// Sampling temperature (0: greedy).
     #[arg(long, default_value_t = 0.8)]
@@ -664,7 +669,7 @@ struct GenerateArgs {
     seed: u64,
     /// Tensor-parallel ranks to split the model over (heads and MLP columns):
     /// threads here, or with --comm mpi every process mpirun starts.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, value_parser = positive(), default_value_t = 1)]
     tp: usize,
     /// How the tp ranks run (as train's --comm).
     #[arg(long, value_enum, default_value = "local")]
@@ -711,6 +716,9 @@ struct QuantizeArgs {
     /// Output folder (model.safetensors and model.json).
     #[arg(long)]
     out: PathBuf,
+    /// Write into --out even when it is the input or holds a run.
+    #[arg(long)]
+    overwrite: bool,
 }
 
 #[derive(Args)]
@@ -722,6 +730,9 @@ struct PruneArgs {
     /// with --sweep one folder per method), prune.csv, prune.json and the figures.
     #[arg(long)]
     out: PathBuf,
+    /// Write into --out even when it is the input or holds a run.
+    #[arg(long)]
+    overwrite: bool,
     /// magnitude: single weights, the matrices keep their shapes; rows:
     /// whole attention heads and MLP units by L2 norm, the matrices shrink.
     #[arg(
@@ -765,10 +776,10 @@ struct PruneArgs {
     #[arg(long)]
     data: Option<PathBuf>,
     /// Sequences per batch (fine-tuning and evaluation).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, value_parser = positive(), default_value_t = 8)]
     batch_size: usize,
     /// Tokens per sequence (default: the model's block size).
-    #[arg(long)]
+    #[arg(long, value_parser = positive())]
     seq_len: Option<usize>,
     /// Validation batches per evaluation.
     #[arg(long, default_value_t = 20)]
@@ -795,10 +806,10 @@ struct EvalArgs {
     #[arg(long)]
     data: Option<PathBuf>,
     /// Sequences per batch.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, value_parser = positive(), default_value_t = 8)]
     batch_size: usize,
     /// Tokens per sequence (default: the model's block size).
-    #[arg(long)]
+    #[arg(long, value_parser = positive())]
     seq_len: Option<usize>,
     /// Batches to evaluate (0: the whole split).
     #[arg(long, default_value_t = 50)]
@@ -904,6 +915,7 @@ pub fn run() -> Result<Outcome> {
             done(run_eval(a, &given))
         }
         Command::Quantize(a) => {
+            refuse_output_over_input(&a.run, &a.out, a.overwrite)?;
             let (model, meta) = checkpoint::load_model(Cpu::new(), &a.run)?;
             checkpoint::save_int8_model(&model, meta.tokenizer, &a.out)?;
             let size = |d: &Path| {
@@ -918,6 +930,7 @@ pub fn run() -> Result<Outcome> {
             Ok(Outcome::Done)
         }
         Command::Prune(a) => {
+            refuse_output_over_input(&a.run, &a.out, a.overwrite)?;
             on_device!(a.device, |be| prune_on(be, &a))?;
             Ok(Outcome::Done)
         }
@@ -949,6 +962,34 @@ pub fn run() -> Result<Outcome> {
             Ok(Outcome::Done)
         }
     }
+}
+
+/// The parser of a count that must be at least 1 (batch sizes, sequence
+/// lengths, steps, tokens, ranks): one rule for every command that takes one.
+pub(crate) fn positive() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::new().range(1..=(1u64 << 40))
+}
+
+/// Refuses an output folder that is the input or holds a run (its model
+/// files would be replaced), unless `overwrite`.
+fn refuse_output_over_input(input: &Path, out: &Path, overwrite: bool) -> Result<()> {
+    if overwrite {
+        return Ok(());
+    }
+    let same = match (input.canonicalize(), out.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    let holds_run =
+        out.join(train::run_dir::RUN_FILE).exists() || out.join(checkpoint::state::DIR).exists();
+    if same || holds_run {
+        bail!(
+            "--out {} {}: its model files would be replaced; choose another --out, or pass --overwrite",
+            out.display(),
+            if same { "is the input" } else { "holds a training run" }
+        );
+    }
+    Ok(())
 }
 
 /// The command line parsed again with `train --config FILE`'s settings
@@ -1164,7 +1205,13 @@ fn new_run(a: &TrainArgs, given: &[String], task: Task) -> Result<Prepared> {
                 let meta = checkpoint::read_any_meta(dir)?;
                 let ds = Dataset::load_for_model(a.data.as_deref(), &meta.tokenizer)?;
                 let seq = a.seq_len.unwrap_or(meta.config.block_size);
-                (Some(ds), None, meta.config.into(), seq, a.model.model.clone())
+                (
+                    Some(ds),
+                    None,
+                    meta.config.into(),
+                    seq,
+                    a.model.model.clone(),
+                )
             }
             None => {
                 let ds = Dataset::load(a.data.as_deref(), a.tokenizer)?;
@@ -1175,7 +1222,9 @@ fn new_run(a: &TrainArgs, given: &[String], task: Task) -> Result<Prepared> {
         },
         Task::Mlm => {
             let ModelConfig::Bert(shape) = a.model.resolve_family(None)? else {
-                bail!("--task mlm trains a BERT: choose --model bert-tiny, bert-minilm or bert-base");
+                bail!(
+                    "--task mlm trains a BERT: choose --model bert-tiny, bert-minilm or bert-base"
+                );
             };
             if a.init_from.is_some() {
                 bail!("--task mlm pretrains from scratch (no --init-from; --task classify fine-tunes a folder)");
@@ -1190,13 +1239,8 @@ fn new_run(a: &TrainArgs, given: &[String], task: Task) -> Result<Prepared> {
                 bail!("--task classify needs --init-from (a Hugging Face BERT folder, e.g. all-MiniLM-L6-v2's) and --data (a labelled set)");
             };
             let seq = a.seq_len.unwrap_or(128);
-            let t = train::classify::ClassifyTask::new(
-                init_from,
-                data,
-                a.train_examples,
-                seq,
-                a.seed,
-            )?;
+            let t =
+                train::classify::ClassifyTask::new(init_from, data, a.train_examples, seq, a.seed)?;
             let model = t.model.clone().into();
             (None, Some(t), model, seq, "classify".to_string())
         }
@@ -1223,7 +1267,11 @@ fn new_run(a: &TrainArgs, given: &[String], task: Task) -> Result<Prepared> {
         warmup_steps: a.warmup,
         adamw: AdamWConfig {
             beta1: a.beta1,
-            beta2: if fine_tune { pick("beta2", 0.999, a.beta2) } else { a.beta2 },
+            beta2: if fine_tune {
+                pick("beta2", 0.999, a.beta2)
+            } else {
+                a.beta2
+            },
             eps: 1e-8,
             weight_decay: if fine_tune {
                 pick("weight_decay", 0.01, a.weight_decay)
@@ -1233,7 +1281,11 @@ fn new_run(a: &TrainArgs, given: &[String], task: Task) -> Result<Prepared> {
         },
         grad_clip: a.grad_clip,
         // a classifier is scored at every epoch's end
-        eval_every: if fine_tune && !set("eval_every") { 0 } else { a.eval_every },
+        eval_every: if fine_tune && !set("eval_every") {
+            0
+        } else {
+            a.eval_every
+        },
         eval_batches: a.eval_batches,
         sample_every: a.sample_every,
         log_every: a.log_every,
@@ -1256,14 +1308,19 @@ fn new_run(a: &TrainArgs, given: &[String], task: Task) -> Result<Prepared> {
         train_examples: a.train_examples,
         overwrite: a.overwrite,
         schedule_steps: None,
-        tokenizer: if bert { TokenizerKind::Char } else { a.tokenizer },
+        tokenizer: if bert {
+            TokenizerKind::Char
+        } else {
+            a.tokenizer
+        },
         progress: None,
     };
     if fine_tune && !set("warmup") {
         let t = classify.as_ref().expect("a classifier's task");
-        let steps = cfg
-            .duration
-            .steps(t.train_examples().div_ceil(cfg.batch_size.max(1)), cfg.grad_accum.max(1));
+        let steps = cfg.duration.steps(
+            t.train_examples().div_ceil(cfg.batch_size.max(1)),
+            cfg.grad_accum.max(1),
+        );
         cfg.warmup_steps = train::classify::default_warmup(steps);
     }
     Ok(Prepared {
@@ -1334,7 +1391,10 @@ fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<(Prepared, PathBuf, us
             (None, Some(t))
         }
         _ => (
-            Some(Dataset::load_for_model(cfg.data.as_deref(), &index.tokenizer)?),
+            Some(Dataset::load_for_model(
+                cfg.data.as_deref(),
+                &index.tokenizer,
+            )?),
             None,
         ),
     };

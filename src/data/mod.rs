@@ -100,6 +100,9 @@ fn describe(spec: &TokenizerSpec) -> String {
     }
 }
 
+/// The largest vocabulary a dataset can hold: token ids are u16.
+pub const MAX_VOCAB: usize = 1 << 16;
+
 impl Dataset {
     /// `source` is `None` for the embedded corpus, a text file, or a
     /// directory of `*train*.bin` / `*val*.bin` shards (with `tokenizer.json`
@@ -137,6 +140,13 @@ impl Dataset {
     }
 
     fn encode(name: &str, text: &str, tokenizer: Tokenizer) -> Result<Self> {
+        // tokens are held (and written to shards) as u16, as llm.c's format has them
+        let vocab = tokenizer.vocab_size();
+        if vocab > MAX_VOCAB {
+            return Err(Error::Input(format!(
+                "{name} has a vocabulary of {vocab} tokens; token ids are stored as 16-bit numbers (llm.c's shard format), which hold at most {MAX_VOCAB}: use --tokenizer gpt2 or a text with fewer distinct characters"
+            )));
+        }
         let ids = tokenizer.encode(text)?;
         let tokens: Vec<u16> = ids.iter().map(|&t| t as u16).collect();
         let n_val = (tokens.len() as f64 * VAL_FRACTION) as usize;
@@ -285,6 +295,21 @@ pub fn prepare(source: Option<&Path>, kind: TokenizerKind, out: &Path) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_vocabulary_past_16_bit_ids_is_refused_not_wrapped() {
+        // 70,000 distinct characters: ids up to 69,999 would wrap in u16
+        let text: String = (0..70_000u32)
+            .filter_map(|i| char::from_u32(0x4E00 + i))
+            .collect();
+        let path = std::env::temp_dir().join(format!("distgpt-wide-{}.txt", std::process::id()));
+        std::fs::write(&path, &text).unwrap();
+        let err = Dataset::load(Some(&path), TokenizerKind::Char)
+            .err()
+            .expect("a vocabulary past u16 is refused");
+        let _ = std::fs::remove_file(&path);
+        assert!(err.to_string().contains("at most 65536"), "{err}");
+    }
 
     #[test]
     fn token_hash_of_tokens_equals_hash_of_their_bytes() {

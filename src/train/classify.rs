@@ -313,7 +313,6 @@ impl Scores {
     }
 }
 
-
 /// Loss and scores of a split, every rank taking part (collective).
 pub fn score(
     strategy: &mut dyn Strategy,

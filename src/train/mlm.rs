@@ -129,8 +129,9 @@ impl<B: Backend> Task<B> for MlmTask<'_> {
         // the same batches and masks at every evaluation
         let mut rng = Rng::new(cfg.seed ^ 0x5EED);
         let (mask, vocab) = self.mask();
-        let batches =
-            std::iter::from_fn(|| Some(mask_tokens(&val.next_batch().inputs, mask, vocab, &mut rng)));
+        let batches = std::iter::from_fn(|| {
+            Some(mask_tokens(&val.next_batch().inputs, mask, vocab, &mut rng))
+        });
         let loss = mean_loss(batches, n, |b| strategy.eval_loss(b))?;
         Ok(Eval {
             loss,

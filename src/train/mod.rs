@@ -27,10 +27,10 @@ use crate::model::AdamWConfig;
 use crate::parallel::{launch, ParallelConfig, Strategy};
 pub use rank::train_rank;
 pub use run_dir::{default_run_dir, RunRecord};
-pub use task::{Eval, Task, TaskKind, TrainStream};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
+pub use task::{Eval, Task, TaskKind, TrainStream};
 
 /// How long to train.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]

@@ -147,13 +147,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
         let (peak_flops, total_peak, peak_source) = agree_on_peak(&spare, &cfg, world)?;
         let mut strategy =
             parallel::build(backend, model_cfg.clone(), par, world, cfg.adamw, b, t)?;
-        let start = restore(
-            strategy.as_mut(),
-            train_loader.as_mut(),
-            task,
-            &cfg,
-            &spare,
-        )?;
+        let start = restore(strategy.as_mut(), train_loader.as_mut(), task, &cfg, &spare)?;
         if start >= steps {
             return Err(Error::Input(format!(
                 "the checkpoint is at step {start}; this run has {steps} steps: nothing left to train (extend it with --steps)"
@@ -517,12 +511,9 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
         let tokens_per_s = self.tokens as f64 / seconds;
         let mfu = self.mfu(tokens_per_s);
         drop(self.strategy);
-        let sample = self.task.sample(
-            self.spare,
-            &params,
-            self.cfg.sample_tokens,
-            self.cfg.seed,
-        )?;
+        let sample =
+            self.task
+                .sample(self.spare, &params, self.cfg.sample_tokens, self.cfg.seed)?;
         if let Some(test) = self.test {
             let history = run_dir::read_metrics(&self.cfg.out_dir)?;
             let layout = crate::plan::layout_name(&self.par);

@@ -3,11 +3,11 @@
 //! run is and which invocations trained it) and `metrics.jsonl` cut back to
 //! the checkpoint a run resumes from, so no step is ever logged twice.
 
+use super::task::TaskKind;
 use super::TrainConfig;
 use crate::checkpoint::{state, write_atomic};
 use crate::error::{Error, Result};
 use crate::metrics::{CsvWriter, JsonlWriter, StepRecord};
-use super::task::TaskKind;
 use crate::model::ModelConfig;
 use crate::parallel::ParallelConfig;
 use serde::{Deserialize, Serialize};

@@ -259,9 +259,10 @@ pub fn load_folder(
     // the embeddings and every block's matrices must be in the file: a
     // config asking for more is refused before the model is allocated
     let (c, f) = (cfg.n_embd as u64, cfg.n_inner as u64);
-    let least = 4 * (cfg.vocab_size as u64 * c
-        + cfg.block_size as u64 * c
-        + cfg.n_layer as u64 * (4 * c * c + 2 * c * f));
+    let least = 4
+        * (cfg.vocab_size as u64 * c
+            + cfg.block_size as u64 * c
+            + cfg.n_layer as u64 * (4 * c * c + 2 * c * f));
     if (bytes.len() as u64) < least {
         return Err(bad(format!(
             "{} bytes cannot hold the {least} bytes of weights config.json describes ({cfg}): the file is cut short or the config is wrong",
