@@ -267,9 +267,10 @@ fn truncate_metrics(dir: &Path, step: usize) -> Result<()> {
     let csv = dir.join(METRICS_CSV);
     let header = std::fs::read_to_string(&csv).unwrap_or_default();
     let columns = header.lines().next().unwrap_or_default().split(',').count();
+    let now = crate::metrics::CsvWriter::HEADER.split(',').count();
     let csv_step = |line: &str| {
         let fields: Vec<&str> = line.split(',').collect();
-        (fields.len() == columns)
+        (fields.len() == columns || fields.len() == now)
             .then(|| fields[0].parse().ok())
             .flatten()
     };
