@@ -103,17 +103,6 @@ struct PrepareSpamArgs {
     out: PathBuf,
 }
 
-/// What `train` trains.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-enum Task {
-    /// A GPT-2 language model (next-token prediction).
-    Lm,
-    /// A BERT masked language model.
-    Mlm,
-    /// A BERT sequence classifier.
-    Classify,
-}
-
 /// Model shape: a preset, with any field overridden.
 #[derive(Args, Clone)]
 #[command(next_help_heading = "Model")]
@@ -517,7 +506,7 @@ struct TrainArgs {
     /// set (--data, from `distgpt data prepare-spam` or any such directory).
     /// Default: mlm for a BERT preset, lm otherwise.
     #[arg(long, value_enum, help_heading = "Model")]
-    task: Option<Task>,
+    task: Option<TaskKind>,
     #[command(flatten)]
     parallel: ParallelArgs,
     #[command(flatten)]
@@ -980,8 +969,7 @@ fn refuse_output_over_input(input: &Path, out: &Path, overwrite: bool) -> Result
         (Ok(a), Ok(b)) => a == b,
         _ => false,
     };
-    let holds_run =
-        out.join(train::run_dir::RUN_FILE).exists() || out.join(checkpoint::state::DIR).exists();
+    let holds_run = train::run_dir::holds_a_run(out);
     if same || holds_run {
         bail!(
             "--out {} {}: its model files would be replaced; choose another --out, or pass --overwrite",
@@ -1107,36 +1095,36 @@ fn run_and_checkpoint(path: &Path) -> Result<(PathBuf, PathBuf)> {
 }
 
 /// Flags only some tasks have, each with the tasks that refuse it and why.
-const TASK_FLAGS: [(&str, &[Task], &str); 5] = [
+const TASK_FLAGS: [(&str, &[TaskKind], &str); 5] = [
     (
         "sample_every",
-        &[Task::Mlm, Task::Classify],
+        &[TaskKind::Mlm, TaskKind::Classify],
         "is for GPT-2 language models (an encoder does not generate)",
     ),
     (
         "sample_tokens",
-        &[Task::Mlm, Task::Classify],
+        &[TaskKind::Mlm, TaskKind::Classify],
         "is for GPT-2 language models (an encoder does not generate)",
     ),
     (
         "eval_batches",
-        &[Task::Classify],
+        &[TaskKind::Classify],
         "is for language models: a classifier is scored on its whole validation split",
     ),
     (
         "tokenizer",
-        &[Task::Mlm, Task::Classify],
+        &[TaskKind::Mlm, TaskKind::Classify],
         "is for GPT-2 language models: --task mlm pretrains on characters, --task classify reads the folder's vocab.txt",
     ),
     (
         "train_examples",
-        &[Task::Lm, Task::Mlm],
+        &[TaskKind::Lm, TaskKind::Mlm],
         "is for --task classify (a sample of a labelled set's training examples)",
     ),
 ];
 
 /// Refuses the flags `task` does not have, by name.
-fn refuse_task_flags(given: &[String], task: Task) -> Result<()> {
+fn refuse_task_flags(given: &[String], task: TaskKind) -> Result<()> {
     for (flag, refused, why) in TASK_FLAGS {
         if refused.contains(&task) && given.iter().any(|g| g == flag) {
             bail!("--{} {why}", flag.replace('_', "-"));
@@ -1145,82 +1133,74 @@ fn refuse_task_flags(given: &[String], task: Task) -> Result<()> {
     Ok(())
 }
 
-impl From<Task> for TaskKind {
-    fn from(t: Task) -> TaskKind {
-        match t {
-            Task::Lm => TaskKind::Lm,
-            Task::Mlm => TaskKind::Mlm,
-            Task::Classify => TaskKind::Classify,
+/// A task's data, read once and shared by every rank.
+enum TaskData {
+    Lm { model: GptConfig, ds: Dataset },
+    Mlm { model: BertConfig, ds: Dataset },
+    Classify(train::classify::ClassifyTask),
+}
+
+impl TaskData {
+    fn kind(&self) -> TaskKind {
+        match self {
+            TaskData::Lm { .. } => TaskKind::Lm,
+            TaskData::Mlm { .. } => TaskKind::Mlm,
+            TaskData::Classify(_) => TaskKind::Classify,
+        }
+    }
+
+    fn model(&self) -> ModelConfig {
+        match self {
+            TaskData::Lm { model, .. } => model.clone().into(),
+            TaskData::Mlm { model, .. } => model.clone().into(),
+            TaskData::Classify(t) => t.model.clone().into(),
+        }
+    }
+
+    /// Calls `f` with the task.
+    fn with_task<B: Backend, R>(&self, f: impl FnOnce(&dyn train::Task<B>) -> R) -> R {
+        match self {
+            TaskData::Lm { model, ds } => f(&train::lm::LmTask {
+                model: model.clone(),
+                data: ds,
+            }),
+            TaskData::Mlm { model, ds } => f(&train::mlm::MlmTask {
+                model: model.clone(),
+                data: ds,
+            }),
+            TaskData::Classify(t) => f(t),
         }
     }
 }
 
-impl From<TaskKind> for Task {
-    fn from(t: TaskKind) -> Task {
-        match t {
-            TaskKind::Lm => Task::Lm,
-            TaskKind::Mlm => Task::Mlm,
-            TaskKind::Classify => Task::Classify,
-        }
-    }
-}
-
-/// A run ready to launch: its task's data (read once, shared by every
-/// rank), configuration and layout.
+/// A run ready to launch: its task's data, configuration and layout.
 struct Prepared {
-    kind: TaskKind,
-    model: ModelConfig,
-    /// A language model's or masked LM's text.
-    ds: Option<Dataset>,
-    classify: Option<train::classify::ClassifyTask>,
+    data: TaskData,
     cfg: TrainConfig,
     par: ParallelConfig,
 }
 
-impl Prepared {
-    /// Calls `f` with the run's task.
-    fn with_task<B: Backend, R>(&self, f: impl FnOnce(&dyn train::Task<B>) -> R) -> R {
-        let ds = || self.ds.as_ref().expect("a text task has its dataset");
-        match (&self.model, &self.classify) {
-            (_, Some(task)) => f(task),
-            (ModelConfig::Gpt2(model), None) => f(&train::lm::LmTask {
-                model: model.clone(),
-                data: ds(),
-            }),
-            (ModelConfig::Bert(model), None) => f(&train::mlm::MlmTask {
-                model: model.clone(),
-                data: ds(),
-            }),
-        }
-    }
-}
-
 /// A new run from the flags, with its task's defaults where a flag is not given.
-fn new_run(a: &TrainArgs, given: &[String], task: Task) -> Result<Prepared> {
+fn new_run(a: &TrainArgs, given: &[String], task: TaskKind) -> Result<Prepared> {
     let set = |flag: &str| given.iter().any(|g| g == flag);
     let pick = |flag: &str, default: f32, value: f32| if set(flag) { value } else { default };
-    let (ds, classify, model, seq_len, out_name) = match task {
-        Task::Lm => match &a.init_from {
+    let (data, seq_len, out_name) = match task {
+        TaskKind::Lm => match &a.init_from {
             Some(dir) => {
                 let meta = checkpoint::read_any_meta(dir)?;
                 let ds = Dataset::load_for_model(a.data.as_deref(), &meta.tokenizer)?;
                 let seq = a.seq_len.unwrap_or(meta.config.block_size);
-                (
-                    Some(ds),
-                    None,
-                    meta.config.into(),
-                    seq,
-                    a.model.model.clone(),
-                )
+                let model = meta.config;
+                (TaskData::Lm { model, ds }, seq, a.model.model.clone())
             }
             None => {
                 let ds = Dataset::load(a.data.as_deref(), a.tokenizer)?;
                 let model = a.model.resolve(Some(ds.tokenizer.vocab_size()))?;
                 let seq = a.seq_len.unwrap_or(model.block_size);
-                (Some(ds), None, model.into(), seq, a.model.model.clone())
+                (TaskData::Lm { model, ds }, seq, a.model.model.clone())
             }
         },
-        Task::Mlm => {
+        TaskKind::Mlm => {
             let ModelConfig::Bert(shape) = a.model.resolve_family(None)? else {
                 bail!(
                     "--task mlm trains a BERT: choose --model bert-tiny, bert-minilm or bert-base"
@@ -1231,32 +1211,31 @@ fn new_run(a: &TrainArgs, given: &[String], task: Task) -> Result<Prepared> {
             }
             let ds = Dataset::load(a.data.as_deref(), TokenizerKind::Char)?;
             let seq = a.seq_len.unwrap_or(128);
-            let model = train::mlm::MlmTask::new(&shape, &ds, seq).model.into();
-            (Some(ds), None, model, seq, a.model.model.clone())
+            let model = train::mlm::MlmTask::new(&shape, &ds, seq).model;
+            (TaskData::Mlm { model, ds }, seq, a.model.model.clone())
         }
-        Task::Classify => {
+        TaskKind::Classify => {
             let (Some(init_from), Some(data)) = (&a.init_from, &a.data) else {
                 bail!("--task classify needs --init-from (a Hugging Face BERT folder, e.g. all-MiniLM-L6-v2's) and --data (a labelled set)");
             };
             let seq = a.seq_len.unwrap_or(128);
             let t =
                 train::classify::ClassifyTask::new(init_from, data, a.train_examples, seq, a.seed)?;
-            let model = t.model.clone().into();
-            (None, Some(t), model, seq, "classify".to_string())
+            (TaskData::Classify(t), seq, "classify".to_string())
         }
     };
     let duration = match (a.epochs, task) {
         (Some(e), _) => Duration::Epochs(e),
-        (None, Task::Classify) if !set("steps") => Duration::Epochs(3.0),
+        (None, TaskKind::Classify) if !set("steps") => Duration::Epochs(3.0),
         (None, _) => Duration::Steps(a.steps),
     };
-    let bert = task != Task::Lm;
+    let bert = task != TaskKind::Lm;
     let lr = match task {
-        Task::Lm => a.lr,
-        Task::Mlm => pick("lr", 1e-3, a.lr),
-        Task::Classify => pick("lr", 5e-5, a.lr),
+        TaskKind::Lm => a.lr,
+        TaskKind::Mlm => pick("lr", 1e-3, a.lr),
+        TaskKind::Classify => pick("lr", 5e-5, a.lr),
     };
-    let fine_tune = task == Task::Classify;
+    let fine_tune = task == TaskKind::Classify;
     let mut cfg = TrainConfig {
         batch_size: a.batch_size,
         seq_len,
@@ -1315,19 +1294,11 @@ fn new_run(a: &TrainArgs, given: &[String], task: Task) -> Result<Prepared> {
         },
         progress: None,
     };
-    if fine_tune && !set("warmup") {
-        let t = classify.as_ref().expect("a classifier's task");
-        let steps = cfg.duration.steps(
-            t.train_examples().div_ceil(cfg.batch_size.max(1)),
-            cfg.grad_accum.max(1),
-        );
-        cfg.warmup_steps = train::classify::default_warmup(steps);
+    if let (TaskData::Classify(t), false) = (&data, set("warmup")) {
+        cfg.warmup_steps = t.default_warmup(&cfg);
     }
     Ok(Prepared {
-        kind: task.into(),
-        model,
-        ds,
-        classify,
+        data,
         cfg,
         par: a.parallel.config(),
     })
@@ -1364,16 +1335,15 @@ fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<(Prepared, PathBuf, us
         );
     }
     let record = train::run_dir::read_record(&run_dir)?;
-    if let Some(t) = a.task.filter(|&t| TaskKind::from(t) != record.task) {
+    if let Some(t) = a.task.filter(|&t| t != record.task) {
         bail!(
-            "--task {}: {} is a --task {} run",
-            TaskKind::from(t),
+            "--task {t}: {} is a --task {} run",
             run_dir.display(),
             record.task
         );
     }
     let mut cfg = record.train;
-    let (ds, classify) = match record.task {
+    let data = match record.task {
         TaskKind::Classify => {
             let (Some(init_from), Some(data)) = (&cfg.init_from, &cfg.data) else {
                 bail!(
@@ -1388,15 +1358,19 @@ fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<(Prepared, PathBuf, us
                 cfg.seq_len,
                 cfg.seed,
             )?;
-            (None, Some(t))
+            TaskData::Classify(t)
         }
-        _ => (
-            Some(Dataset::load_for_model(
-                cfg.data.as_deref(),
-                &index.tokenizer,
-            )?),
-            None,
-        ),
+        kind => {
+            let ds = Dataset::load_for_model(cfg.data.as_deref(), &index.tokenizer)?;
+            match (kind, record.model) {
+                (TaskKind::Lm, ModelConfig::Gpt2(model)) => TaskData::Lm { model, ds },
+                (TaskKind::Mlm, ModelConfig::Bert(model)) => TaskData::Mlm { model, ds },
+                (kind, model) => bail!(
+                    "{}'s run record names a --task {kind} run of a {model}",
+                    run_dir.display()
+                ),
+            }
+        }
     };
     let set = |flag: &str| given.iter().any(|g| g == flag);
     if set("steps") {
@@ -1463,21 +1437,14 @@ fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<(Prepared, PathBuf, us
         par.pipeline.schedule = mine.pipeline.schedule;
         par.pipeline.virtual_stages = mine.pipeline.virtual_stages;
     }
-    let prepared = Prepared {
-        kind: record.task,
-        model: record.model,
-        ds,
-        classify,
-        cfg,
-        par,
-    };
+    let prepared = Prepared { data, cfg, par };
     Ok((prepared, run_dir, index.step))
 }
 
 /// Optimizer steps a prepared run trains in all.
 fn total_steps(p: &Prepared) -> Result<usize> {
     let cfg = &p.cfg;
-    let stream = p.with_task::<Cpu, _>(|task| -> Result<usize> {
+    let stream = p.data.with_task::<Cpu, _>(|task| -> Result<usize> {
         Ok(task.train_stream(cfg)?.batches_per_epoch())
     })?;
     Ok(cfg.duration.steps(stream, cfg.grad_accum))
@@ -1487,14 +1454,17 @@ fn total_steps(p: &Prepared) -> Result<usize> {
 /// but its model files may be missing, cut short or stale (killed between
 /// the two); they are rewritten from that checkpoint.
 fn finish_completed(p: &Prepared, run_dir: &Path, ckpt: &Path, step: usize) -> Result<Outcome> {
-    match checkpoint::verify_model_files(run_dir, &p.model) {
+    match checkpoint::verify_model_files(run_dir, &p.data.model()) {
         Ok(()) => bail!(
             "{} finished at step {step}: nothing left to train (extend it with --steps N, N > {step})",
             run_dir.display()
         ),
         Err(why) => {
-            let vocab = p.cfg.init_from.as_ref().map(|d| d.join("vocab.txt"));
-            consolidate(ckpt, run_dir, vocab.as_deref().filter(|_| p.classify.is_some()))?;
+            let vocab = match &p.data {
+                TaskData::Classify(t) => Some(t.vocab_file()),
+                _ => None,
+            };
+            consolidate(ckpt, run_dir, vocab)?;
             distgpt::outln!(
                 "{} finished at step {step}, but its model files were unreadable ({why}); rewrote them from {}",
                 run_dir.display(),
@@ -1576,7 +1546,7 @@ fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
     let mut prep = match &a.resume {
         Some(_) => {
             let (prep, run_dir, step) = resumed_run(&a, given)?;
-            refuse_task_flags(given, prep.kind.into())?;
+            refuse_task_flags(given, prep.data.kind())?;
             let ckpt = prep.cfg.resume.clone().expect("resuming");
             if step >= total_steps(&prep)? {
                 return finish_completed(&prep, &run_dir, &ckpt, step);
@@ -1592,8 +1562,10 @@ fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
         }
         None => {
             let bert = BertConfig::preset(&a.model.model).is_some();
-            let task = a.task.unwrap_or(if bert { Task::Mlm } else { Task::Lm });
-            if task == Task::Lm && bert {
+            let task = a
+                .task
+                .unwrap_or(if bert { TaskKind::Mlm } else { TaskKind::Lm });
+            if task == TaskKind::Lm && bert {
                 bail!(
                     "{} is a BERT preset: --task mlm pretrains it (the default for BERT), --task lm trains GPT-2 models",
                     a.model.model
@@ -1611,10 +1583,11 @@ fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
         .map(|(rank, step)| Fault { rank, step });
     cfg.validate()?;
     let par = prep.par;
-    par.resolved().validate(&prep.model, cfg.batch_size)?;
+    let model = prep.data.model();
+    par.resolved().validate(&model, cfg.batch_size)?;
     par.pipeline.check_micro_batches(cfg.grad_accum)?;
     if a.parallel.comm == CommKind::Local {
-        check_memory(&prep.model, cfg, par.resolved())?;
+        check_memory(&model, cfg, par.resolved())?;
     }
     handle_stop_signals()?;
     let threads = rayon::current_num_threads();
@@ -1628,7 +1601,8 @@ fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
         &a.device,
         |world| {
             let be = be.for_rank(world)?;
-            prep.with_task(|task| train::train_rank(be, task, &prep.cfg, par, world))
+            prep.data
+                .with_task(|task| train::train_rank(be, task, &prep.cfg, par, world))
         }
     ))?
     .flatten() else {
@@ -1647,7 +1621,7 @@ fn report_run(prep: &Prepared, s: &train::TrainSummary) -> Result<Outcome> {
     if !s.sample.is_empty() {
         distgpt::outln!("--- sample ---\n{}\n--------------", s.sample);
     }
-    let what = match prep.kind {
+    let what = match prep.data.kind() {
         TaskKind::Mlm => "masked-token loss",
         _ => "loss",
     };
@@ -1690,7 +1664,7 @@ fn report_run(prep: &Prepared, s: &train::TrainSummary) -> Result<Outcome> {
             );
         }
     }
-    let files = prep.with_task::<Cpu, _>(|t| t.model_files());
+    let files = prep.data.with_task::<Cpu, _>(|t| t.model_files());
     distgpt::outln!(
         "run directory: {} (model: {files}; metrics.jsonl, metrics.csv, run.json, checkpoints/)",
         s.out_dir.display()

@@ -97,19 +97,15 @@ pub fn run(m: &ClassifyMatrix, multi: &MultiProgress) -> Result<ClassifyComparis
         let label = crate::plan::layout_name(par);
         outer.set_message(format!("{label} batch {batch}"));
         let bar = multi.add(crate::metrics::progress_bar(0, "  run   "));
-        let steps = m
-            .base
-            .duration
-            .steps(m.task.train_examples().div_ceil(*batch), 1);
-        let cfg = TrainConfig {
+        let mut cfg = TrainConfig {
             batch_size: *batch,
-            warmup_steps: crate::train::classify::default_warmup(steps),
             out_dir: m.out_dir.join("runs").join(format!("{label}-b{batch}")),
             // the report directory's runs are compare's own: a rerun replaces them
             overwrite: true,
             progress: Some(bar.clone()),
             ..m.base.clone()
         };
+        cfg.warmup_steps = m.task.default_warmup(&cfg);
         let s = train::train(
             Cpu::new,
             &m.task,

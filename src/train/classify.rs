@@ -104,9 +104,25 @@ impl ClassifyTask {
         &self.set.labels
     }
 
-    /// The training examples.
-    pub fn train_examples(&self) -> usize {
-        self.set.train.examples.len()
+    /// Batches of `b` in one pass over the training examples (the last
+    /// one short, padded).
+    pub fn batches_per_epoch(&self, b: usize) -> usize {
+        self.set.train.examples.len().div_ceil(b.max(1))
+    }
+
+    /// A fine-tuning run's warmup unless one is asked for: a tenth of the
+    /// steps `cfg` trains.
+    pub fn default_warmup(&self, cfg: &TrainConfig) -> usize {
+        let steps = cfg.duration.steps(
+            self.batches_per_epoch(cfg.batch_size),
+            cfg.grad_accum.max(1),
+        );
+        (steps / 10).max(1)
+    }
+
+    /// The folder's `vocab.txt`.
+    pub fn vocab_file(&self) -> &Path {
+        &self.vocab_file
     }
 
     /// The labelled set's directory.
@@ -130,14 +146,15 @@ impl ClassifyTask {
     }
 }
 
-/// An epoch's batches at a time, shuffled by the seed and the epoch.
+/// An epoch's batches at a time, shuffled by the seed and the epoch, made
+/// when its first batch is taken.
 struct Epochs<'a> {
     task: &'a ClassifyTask,
     b: usize,
     t: usize,
     seed: u64,
     position: LoaderPosition,
-    /// The batches of `position.epoch`.
+    /// The batches of `position.epoch` (empty until taken from).
     batches: Vec<Batch>,
 }
 
@@ -154,21 +171,24 @@ impl Epochs<'_> {
 
 impl TrainStream for Epochs<'_> {
     fn batches_per_epoch(&self) -> usize {
-        self.task.set.train.examples.len().div_ceil(self.b)
+        self.task.batches_per_epoch(self.b)
     }
     fn position(&self) -> LoaderPosition {
         self.position
     }
     fn seek(&mut self, position: LoaderPosition) {
         self.position = position;
-        self.load_epoch();
+        self.batches.clear();
     }
     fn next_batch(&mut self, _step: usize) -> Batch {
-        if self.position.batch >= self.batches.len() {
+        if self.position.batch >= self.batches_per_epoch() {
             self.position = LoaderPosition {
                 epoch: self.position.epoch + 1,
                 batch: 0,
             };
+            self.batches.clear();
+        }
+        if self.batches.is_empty() {
             self.load_epoch();
         }
         self.position.batch += 1;
@@ -220,16 +240,14 @@ impl<B: Backend> Task<B> for ClassifyTask {
                 self.data.display()
             )));
         }
-        let mut s = Epochs {
+        Ok(Box::new(Epochs {
             task: self,
             b: cfg.batch_size,
             t: cfg.seq_len,
             seed: cfg.seed,
             position: LoaderPosition::default(),
             batches: Vec::new(),
-        };
-        s.load_epoch();
-        Ok(Box::new(s))
+        }))
     }
 
     fn tokens(&self, batch: &Batch) -> usize {

@@ -95,7 +95,6 @@ struct Run<'a, B: Backend> {
     losses: Vec<f32>,
     history: Vec<StepRecord>,
     val_last: Option<Eval>,
-    test: Option<Eval>,
     /// Every rank's peak memory row, as of the newest step.
     rank_peaks: Vec<u64>,
     stopped: bool,
@@ -176,7 +175,6 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             losses: Vec::new(),
             history: Vec::new(),
             val_last: None,
-            test: None,
             rank_peaks: vec![0; 6 * world.size()],
             stopped: false,
             final_params: None,
@@ -502,9 +500,10 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             .take()
             .expect("the last step saves the model");
         // a finished run's test split (a stopped run's waits for its end)
-        if !self.stopped {
-            self.test = self.task.test(self.strategy.as_mut(), &self.cfg)?;
-        }
+        let test = match self.stopped {
+            true => None,
+            false => self.task.test(self.strategy.as_mut(), &self.cfg)?,
+        };
         if !self.lead {
             return Ok(None);
         }
@@ -514,7 +513,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
         let sample =
             self.task
                 .sample(self.spare, &params, self.cfg.sample_tokens, self.cfg.seed)?;
-        if let Some(test) = self.test {
+        if let Some(test) = test {
             let history = run_dir::read_metrics(&self.cfg.out_dir)?;
             let layout = crate::plan::layout_name(&self.par);
             self.task
@@ -526,7 +525,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             final_loss: *self.losses.last().expect("at least one step"),
             val_loss: self.val_last.map_or(f32::NAN, |v| v.loss),
             val: self.val_last,
-            test: self.test,
+            test,
             tokens_per_s,
             mfu,
             seconds,

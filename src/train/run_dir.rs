@@ -111,7 +111,7 @@ fn link_latest(dir: &Path) -> Result<()> {
 }
 
 /// Whether `dir` holds a distgpt run (what `--overwrite` may empty).
-fn holds_a_run(dir: &Path) -> bool {
+pub fn holds_a_run(dir: &Path) -> bool {
     [RUN_FILE, METRICS_FILE, state::DIR]
         .iter()
         .any(|f| dir.join(f).exists())

@@ -18,15 +18,15 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 
 /// The tasks `train --task` offers.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum TaskKind {
-    /// A causal language model (GPT-2).
+    /// A GPT-2 language model (next-token prediction).
     #[default]
     Lm,
-    /// BERT masked-language-model pretraining.
+    /// A BERT masked language model.
     Mlm,
-    /// An encoder fine-tuned as a sequence classifier.
+    /// A BERT sequence classifier.
     Classify,
 }
 
