@@ -182,6 +182,64 @@ fn sigterm_and_a_double_sigint_stop_with_a_checkpoint_and_status_75() {
     }
 }
 
+/// Two processes on one run directory: while a run trains, a second
+/// `--resume` of it (and a new run with `--overwrite` into it) is refused
+/// naming the holder's pid, and leaves the live run's files alone; after
+/// the holder stops, the resume goes ahead.
+#[cfg(unix)]
+#[test]
+fn a_run_directory_in_use_is_refused_naming_the_holder() {
+    let dir = tmp("locked");
+    let child = start_long_run(&dir, &["--checkpoint-every", "2"], 3);
+    while state::latest(&dir).is_err() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let record = std::fs::read_to_string(dir.join("run.json")).unwrap();
+    let pid = child.id().to_string();
+    for args in [
+        vec!["train", "--resume", dir.to_str().unwrap(), "--quiet"],
+        vec![
+            "train",
+            "--model",
+            "tiny",
+            "--steps",
+            "2",
+            "--overwrite",
+            "--quiet",
+            "--out",
+            dir.to_str().unwrap(),
+        ],
+    ] {
+        let out = bin().args(&args).output().unwrap();
+        let err = stderr(&out);
+        assert!(
+            !out.status.success() && err.contains("is in use") && err.contains(&pid),
+            "{args:?}: {err}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(dir.join("run.json")).unwrap(),
+        record
+    );
+    assert!(dir.join("metrics.jsonl").exists());
+    signal(child.id(), "TERM");
+    assert_eq!(child.wait_with_output().unwrap().status.code(), Some(75));
+    let at = state::step_of(&state::latest(&dir).unwrap()).unwrap();
+    let to = (at + 2).to_string();
+    let resumed = bin()
+        .args([
+            "train",
+            "--resume",
+            dir.to_str().unwrap(),
+            "--steps",
+            &to,
+            "--quiet",
+        ])
+        .output()
+        .unwrap();
+    assert!(resumed.status.success(), "{}", stderr(&resumed));
+}
+
 #[test]
 fn a_diverging_step_is_not_applied_and_never_checkpointed() {
     // The strategy refuses the update itself: the weights stay finite.

@@ -1326,6 +1326,9 @@ fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<(Prepared, PathBuf, us
         };
         (path.clone(), ckpt)
     };
+    // a run another process is training is refused before any of its
+    // files is read (its checkpoints change under a reader)
+    drop(train::run_dir::lock(&run_dir)?);
     let index = checkpoint::state::read_index(&ckpt)?;
     if !run_dir.join(train::run_dir::RUN_FILE).exists() {
         bail!(
@@ -1454,6 +1457,7 @@ fn total_steps(p: &Prepared) -> Result<usize> {
 /// but its model files may be missing, cut short or stale (killed between
 /// the two); they are rewritten from that checkpoint.
 fn finish_completed(p: &Prepared, run_dir: &Path, ckpt: &Path, step: usize) -> Result<Outcome> {
+    let _lock = train::run_dir::lock(run_dir)?;
     match checkpoint::verify_model_files(run_dir, &p.data.model()) {
         Ok(()) => bail!(
             "{} finished at step {step}: nothing left to train (extend it with --steps N, N > {step})",

@@ -84,15 +84,82 @@ pub fn date(secs: u64) -> String {
 }
 
 /// `runs/<model>-<YYYYMMDD-HHMMSS>`, with a suffix if that exists already.
+/// The directory is reserved by creating it (two runs started in the same
+/// second get two directories), except on an MPI process other than rank 0,
+/// which takes rank 0's name later and must leave no directory of its own.
 pub fn default_run_dir(model: &str) -> PathBuf {
     let base = format!("{model}-{}", timestamp(unix_now()));
-    let mut dir = Path::new("runs").join(&base);
+    let lead = std::env::var("OMPI_COMM_WORLD_RANK").map_or(true, |r| r == "0");
+    reserve(Path::new("runs"), &base, lead)
+}
+
+/// `root/base`, or `root/base-N` for the first N free; created when
+/// `create` (so no other process takes it), else only looked for.
+fn reserve(root: &Path, base: &str, create: bool) -> PathBuf {
+    let _ = std::fs::create_dir_all(root);
     let mut n = 1;
-    while dir.exists() {
+    loop {
+        let dir = match n {
+            1 => root.join(base),
+            _ => root.join(format!("{base}-{n}")),
+        };
+        let free = match create {
+            true => match std::fs::create_dir(&dir) {
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
+                // any other failure is the run's to report when it writes there
+                _ => true,
+            },
+            false => !dir.exists(),
+        };
+        if free {
+            return dir;
+        }
         n += 1;
-        dir = Path::new("runs").join(format!("{base}-{n}"));
     }
-    dir
+}
+
+/// The file in a run directory whose advisory lock a training process holds
+/// for the run's life; it names the holder's pid.
+pub const LOCK_FILE: &str = ".lock";
+
+/// A held lock on a run directory (released when dropped or the process ends).
+pub struct RunLock {
+    _file: std::fs::File,
+}
+
+/// Takes `dir`'s lock (creating the directory), or refuses naming the
+/// process that holds it: two processes never write one run.
+pub fn lock(dir: &Path) -> Result<RunLock> {
+    use std::io::{Read, Seek, Write};
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let path = dir.join(LOCK_FILE);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| Error::io(&path, e))?;
+    match file.try_lock() {
+        Ok(()) => {
+            let me = std::process::id().to_string();
+            file.set_len(0)
+                .and_then(|()| file.rewind())
+                .and_then(|()| file.write_all(me.as_bytes()))
+                .map_err(|e| Error::io(&path, e))?;
+            Ok(RunLock { _file: file })
+        }
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            Err(Error::Input(format!(
+                "{} is in use: another distgpt process (pid {}) is training this run; wait for it to finish or stop it (Ctrl-C or `kill -TERM {1}` checkpoints it) before resuming",
+                dir.display(),
+                holder.trim()
+            )))
+        }
+        Err(std::fs::TryLockError::Error(e)) => Err(Error::io(&path, e)),
+    }
 }
 
 /// Points `<parent>/latest` at `dir` (replacing the link atomically).
@@ -120,8 +187,12 @@ pub fn holds_a_run(dir: &Path) -> bool {
 /// Makes `dir` ready for a new run: it must be absent or empty, unless
 /// `overwrite` and it holds a run, which is then emptied.
 pub fn prepare_new(dir: &Path, overwrite: bool) -> Result<()> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e.filter_map(|e| e.ok().map(|e| e.path())).collect(),
+    let entries: Vec<PathBuf> = match std::fs::read_dir(dir) {
+        Ok(e) => e
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            // the lock this process holds on it
+            .filter(|p| p.file_name().is_none_or(|n| n != LOCK_FILE))
+            .collect(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(Error::io(dir, e)),
     };
@@ -155,6 +226,8 @@ pub fn prepare_new(dir: &Path, overwrite: bool) -> Result<()> {
 pub struct StepLogs {
     jsonl: JsonlWriter,
     csv: CsvWriter,
+    /// Held while the logs are open: the run's life.
+    _lock: RunLock,
 }
 
 impl StepLogs {
@@ -176,10 +249,11 @@ pub fn open(
     cfg: &TrainConfig,
     verbose: bool,
 ) -> Result<StepLogs> {
+    // first, so a second process neither empties nor cuts back a live run
+    let lock = lock(dir)?;
     if start == 0 {
         prepare_new(dir, cfg.overwrite)?;
     } else {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         // Checkpoints of a branch abandoned by resuming from an older one
         // must not count as newer than this branch's own.
         let moved = state::supersede_after(dir, start)?;
@@ -207,7 +281,11 @@ pub fn open(
         JsonlWriter::create(&jsonl_path)?
     };
     let csv = CsvWriter::open(&dir.join(METRICS_CSV), start > 0)?;
-    Ok(StepLogs { jsonl, csv })
+    Ok(StepLogs {
+        jsonl,
+        csv,
+        _lock: lock,
+    })
 }
 
 /// Every step record of the run in `dir` (`metrics.jsonl`), in order; a
@@ -307,6 +385,24 @@ fn keep_lines(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn runs_named_in_the_same_second_get_a_directory_each() {
+        let root = std::env::temp_dir().join(format!("distgpt-reserve-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let dirs: Vec<PathBuf> = (0..3).map(|_| reserve(&root, "tiny-x", true)).collect();
+        assert_eq!(
+            dirs,
+            ["tiny-x", "tiny-x-2", "tiny-x-3"]
+                .map(|d| root.join(d))
+                .to_vec()
+        );
+        assert!(dirs.iter().all(|d| d.is_dir()));
+        // a rank that only looks takes the next free name and makes nothing
+        assert_eq!(reserve(&root, "tiny-x", false), root.join("tiny-x-4"));
+        assert!(!root.join("tiny-x-4").exists());
+        let _ = std::fs::remove_dir_all(&root);
+    }
 
     #[test]
     fn timestamps_are_civil_utc() {
