@@ -244,6 +244,51 @@ fn a_config_file_sets_flags_the_command_line_overrides_and_run_json_repeats_a_ru
             .collect()
     };
     assert_eq!(losses(&a), losses(&b), "and its losses");
+    // a run stopped and resumed as it was repeats from run.json; one
+    // resumed with another --lr is refused with the step it changed at
+    let c = run_dir("config-c");
+    let c_s = c.to_str().unwrap();
+    let stop = distgpt(&[
+        "train",
+        "--config",
+        replay.to_str().unwrap(),
+        "--out",
+        c_s,
+        "--stop-after",
+        "2",
+    ]);
+    assert_eq!(stop.status.code(), Some(75));
+    succeeded(distgpt(&["train", "--resume", c_s, "--quiet"]));
+    let d = run_dir("config-d");
+    succeeded(distgpt(&[
+        "train",
+        "--config",
+        c.join("run.json").to_str().unwrap(),
+        "--out",
+        d.to_str().unwrap(),
+    ]));
+    assert_eq!(losses(&a), losses(&d), "a run resumed unchanged repeats");
+    let e = run_dir("config-e");
+    let e_s = e.to_str().unwrap();
+    let stop = distgpt(&[
+        "train",
+        "--config",
+        replay.to_str().unwrap(),
+        "--out",
+        e_s,
+        "--stop-after",
+        "2",
+    ]);
+    assert_eq!(stop.status.code(), Some(75));
+    succeeded(distgpt(&[
+        "train", "--resume", e_s, "--lr", "1e-2", "--quiet",
+    ]));
+    let refused = distgpt(&["train", "--config", e.join("run.json").to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && err.contains("resumed at step 2 with other settings"),
+        "{err}"
+    );
 
     std::fs::write(&toml, "steps = 2\nbatch-size = \"four\"\n").unwrap();
     let bad = distgpt(&["train", "--config", config]);

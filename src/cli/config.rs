@@ -179,6 +179,19 @@ pub fn file_args(file: &Path, train: &clap::Command, given: &[String]) -> Result
                 file.display()
             )
         })?;
+        // run.json holds the newest invocation's settings: a run resumed
+        // with others cannot be repeated from them
+        if let Some(w) = record
+            .segments
+            .windows(2)
+            .find(|w| w[0].settings.is_none() || w[0].settings != w[1].settings)
+        {
+            bail!(
+                "{}: the run was resumed at step {} with other settings than its earlier steps trained with (or by a distgpt that did not record them), and run.json keeps only the newest: --config cannot repeat that run; continue it with `distgpt train --resume DIR`, or put the settings to repeat in a TOML file",
+                file.display(),
+                w[1].from_step
+            );
+        }
         record_entries(&record)
     } else {
         toml_entries(file, &text)?

@@ -42,6 +42,22 @@ pub struct Segment {
     pub device: String,
     /// Seconds since the Unix epoch when it started.
     pub started_unix: u64,
+    /// [`settings_checksum`] of what it trained with (absent in records
+    /// written before segments kept it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings: Option<String>,
+}
+
+/// A checksum of the settings that decide what a run computes: its
+/// configuration less what only changes what is shown (messages, log
+/// cadence, the peak MFU divides by).
+pub fn settings_checksum(t: &TrainConfig) -> String {
+    state::json_checksum(&TrainConfig {
+        verbose: false,
+        log_every: 0,
+        peak_flops: None,
+        ..t.clone()
+    })
 }
 
 pub const RUN_FILE: &str = "run.json";
@@ -324,6 +340,7 @@ fn write_record(dir: &Path, mut fresh: RunRecord, from_step: usize, to_step: usi
         parallel: fresh.parallel,
         device: fresh.device.clone(),
         started_unix: unix_now(),
+        settings: Some(settings_checksum(&fresh.train)),
     });
     fresh.segments = segments;
     let json = serde_json::to_string_pretty(&fresh).expect("run record serialises");
