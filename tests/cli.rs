@@ -1027,5 +1027,88 @@ fn bad_numbers_and_outputs_over_inputs_are_refused_by_name() {
             "{args:?}: {said}"
         );
     }
+    // a BERT classifier read at one position; SpamAssassin groups with no messages
+    let (model, data) = tiny_bert_and_labelled_set(&dir);
+    let empty = dir.join("package");
+    for g in ["easy-ham-1", "easy-ham-2", "hard-ham-1", "spam-1", "spam-2"] {
+        std::fs::create_dir_all(empty.join("data").join(g)).unwrap();
+    }
+    let spam_out = dir.join("spam");
+    // the fixture is a 3-way classifier: the same examples under 3 label names
+    let three = dir.join("three");
+    std::fs::create_dir_all(&three).unwrap();
+    for split in ["train", "val", "test"] {
+        let f = format!("{split}.jsonl");
+        std::fs::copy(data.join(&f), three.join(&f)).unwrap();
+    }
+    std::fs::write(three.join("labels.json"), r#"["a","b","c"]"#).unwrap();
+    for (args, says) in [
+        (
+            vec![
+                "eval",
+                model.to_str().unwrap(),
+                "--data",
+                three.to_str().unwrap(),
+                "--seq-len",
+                "1",
+            ],
+            "--seq-len 1 must be between 2",
+        ),
+        (
+            vec![
+                "data",
+                "prepare-spam",
+                "--input",
+                empty.to_str().unwrap(),
+                "--out",
+                spam_out.to_str().unwrap(),
+            ],
+            "holds no messages",
+        ),
+    ] {
+        let o = distgpt(&args);
+        let said = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(
+            !o.status.success() && said.contains(says) && !said.contains("panicked"),
+            "{args:?}: {said}"
+        );
+    }
+    // a negative count in a config file is the flag's bad value, named
+    let neg = dir.join("neg.toml");
+    std::fs::write(&neg, "model = \"tiny\"\nsteps = -5\n").unwrap();
+    let o = distgpt(&["train", "--config", neg.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(said.contains("invalid value '-5' for '--steps"), "{said}");
+    // a seed past 2^63 survives run.json into --config
+    let big = dir.join("big-seed");
+    succeeded(train_tiny(
+        big.to_str().unwrap(),
+        &["--steps", "1", "--seed", "18446744073709551615", "--quiet"],
+    ));
+    let again = dir.join("big-seed-again");
+    succeeded(distgpt(&[
+        "train",
+        "--config",
+        big.join("run.json").to_str().unwrap(),
+        "--out",
+        again.to_str().unwrap(),
+    ]));
+    // a one-position GPT-2 trains and samples (each token from the last one)
+    let one = dir.join("block1");
+    let done = succeeded(distgpt(&[
+        "train",
+        "--model",
+        "tiny",
+        "--block-size",
+        "1",
+        "--steps",
+        "2",
+        "--sample-tokens",
+        "5",
+        "--out",
+        one.to_str().unwrap(),
+    ]));
+    let text = String::from_utf8_lossy(&done.stdout).to_string();
+    assert!(text.contains("--- sample ---"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -242,9 +242,11 @@ pub fn file_args(file: &Path, train: &clap::Command, given: &[String]) -> Result
                 file.display(),
                 v.type_str()
             ),
-            (Value::String(s), false) => args.extend([flag.into(), s.into()]),
-            (Value::Integer(i), false) => args.extend([flag.into(), i.to_string().into()]),
-            (Value::Float(f), false) => args.extend([flag.into(), f.to_string().into()]),
+            // `--flag=value`: a value such as -5 stays the flag's (and an
+            // error names the flag), never a flag of its own
+            (Value::String(s), false) => args.push(format!("{flag}={s}").into()),
+            (Value::Integer(i), false) => args.push(format!("{flag}={i}").into()),
+            (Value::Float(f), false) => args.push(format!("{flag}={f}").into()),
             (v, false) => bail!(
                 "{}: `{key}` takes one value, a string or a number (got {})",
                 file.display(),
@@ -285,7 +287,7 @@ mod tests {
             &["world_size", "epochs"],
         )
         .unwrap();
-        assert_eq!(args, ["--model", "tiny", "--lr", "0.001", "--recompute"]);
+        assert_eq!(args, ["--model=tiny", "--lr=0.001", "--recompute"]);
     }
 
     #[test]

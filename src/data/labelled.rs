@@ -188,6 +188,12 @@ pub fn prepare_spam_assassin(package: &Path, out: &Path) -> Result<[usize; 3]> {
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| p.extension().is_some_and(|x| x == "json"))
             .collect();
+        if files.is_empty() {
+            return Err(Error::Input(format!(
+                "{} holds no messages (*.json): not the unpacked SpamAssassin package",
+                dir.display()
+            )));
+        }
         files.sort();
         for f in files {
             let text = std::fs::read_to_string(&f)

@@ -270,7 +270,7 @@ pub fn generate_packed<B: Backend>(
     loop {
         let longest = context.iter().map(Vec::len).max().unwrap_or(0);
         let want = cfg.max_new_tokens - out[0].len();
-        let max_t = (longest + want).min(block).max(1);
+        let max_t = longest.saturating_add(want).min(block).max(1);
         let mut dec = Decoder::new(
             model.backend().clone_fresh(),
             model.config.clone(),
@@ -304,7 +304,8 @@ pub fn generate_packed<B: Backend>(
         }
         let mut all = context[0].clone();
         all.extend_from_slice(&new[0]);
-        context[0] = all[all.len() - block / 2..].to_vec();
+        // the newest half of the window (at least one token) goes on
+        context[0] = all[all.len() - block.div_ceil(2)..].to_vec();
         seed = seed.wrapping_add(1);
     }
 }

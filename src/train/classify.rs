@@ -55,11 +55,6 @@ impl ClassifyTask {
         seq_len: usize,
         seed: u64,
     ) -> Result<Self> {
-        if seq_len < 2 {
-            return Err(Error::Config(
-                "--seq-len must be at least 2 for a classifier ([CLS] and [SEP])".into(),
-            ));
-        }
         let mut set = LabelledSet::load(data)?;
         if let Some(n) = train_examples {
             if n == 0 {
@@ -81,12 +76,7 @@ impl ClassifyTask {
                 model.vocab_size
             )));
         }
-        if seq_len > model.block_size {
-            return Err(Error::Config(format!(
-                "--seq-len {seq_len} is more than the model's {} positions",
-                model.block_size
-            )));
-        }
+        check_seq_len(seq_len, &model)?;
         let fingerprint = set.fingerprint();
         Ok(ClassifyTask {
             model,
@@ -144,6 +134,18 @@ impl ClassifyTask {
             examples: sc.examples,
         })
     }
+}
+
+/// Refuses a sequence length a classifier of `model` cannot take: at
+/// least `[CLS]` and `[SEP]`, at most its positions.
+fn check_seq_len(t: usize, model: &BertConfig) -> Result<()> {
+    if t < 2 || t > model.block_size {
+        return Err(Error::Config(format!(
+            "--seq-len {t} must be between 2 ([CLS] and [SEP]) and the model's {} positions",
+            model.block_size
+        )));
+    }
+    Ok(())
 }
 
 /// An epoch's batches at a time, shuffled by the seed and the epoch, made
@@ -382,6 +384,7 @@ pub fn evaluate_folder<B: Backend + 'static>(
     let wp = WordPiece::from_vocab_file(&dir.join("vocab.txt"))?;
     let labels = set.labels.len();
     let (model, params) = hf::load_folder(dir, None, 0)?;
+    check_seq_len(t, &model)?;
     if model.head != (BertHead::Classify { labels }) {
         return Err(Error::Input(format!(
             "{} is not a {labels}-way classifier ({model}) but {} names {labels} labels",
