@@ -19,8 +19,8 @@ use crate::infer::generate::{evaluate_decoded, generate_packed, SampleConfig};
 use crate::infer::kv::DecodeWeights;
 use crate::model::config::{BlockDims, BlockWidth};
 use crate::model::gpt2::BlockParam;
-use crate::model::{AdamWConfig, Gpt2, GptConfig, ParamLayout, Precision, TpPlace};
-use crate::parallel::{self, ParallelConfig, StepConfig, StrategyKind};
+use crate::model::{AdamWConfig, Gpt2, GptConfig, ParamLayout, TpPlace};
+use crate::parallel::{self, ParallelConfig, StepConfig};
 use serde::Serialize;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -478,14 +478,7 @@ fn single_rank<B: Backend>(
     cfg: &SweepConfig,
     comm: &dyn Comm,
 ) -> Result<Box<dyn parallel::Strategy>> {
-    let single = ParallelConfig {
-        strategy: StrategyKind::Single,
-        world_size: 1,
-        tp: 1,
-        recompute: false,
-        precision: Precision::Fp32,
-        pipeline: Default::default(),
-    };
+    let single = ParallelConfig::single();
     let be = model.backend().clone_fresh();
     let (config, adamw) = (model.config.clone(), AdamWConfig::default());
     let (b, t) = (cfg.batch_size, cfg.seq_len);

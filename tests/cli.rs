@@ -459,6 +459,20 @@ fn bert_fine_tuning_writes_a_classifier_that_eval_scores() {
         text.contains(&acc),
         "eval said {text:?}, training said {acc}"
     );
+    // export writes the classifier's folder anew, the same weights and vocabulary
+    let exported = dir.join("exported");
+    succeeded(distgpt(&[
+        "export",
+        out_s,
+        "--out",
+        exported.to_str().unwrap(),
+    ]));
+    for f in ["model.safetensors", "vocab.txt"] {
+        assert!(
+            std::fs::read(out.join(f)).unwrap() == std::fs::read(exported.join(f)).unwrap(),
+            "{f}"
+        );
+    }
     // Evaluation flags of language models are refused for a classifier.
     let said = String::from_utf8_lossy(
         &distgpt(&["eval", out_s, "--data", data, "--batches", "3"]).stderr,
@@ -694,6 +708,31 @@ fn a_bert_preset_pretrains_as_a_masked_lm_by_default_and_resumes_exactly() {
     let resumed = succeeded(distgpt(&["train", "--resume", half_s, "--quiet"]));
     let text = String::from_utf8_lossy(&resumed.stdout).to_string();
     assert!(text.contains("steps 2..4"), "{text}");
+    // `eval` of the run scores its masked LM as the run's last evaluation did
+    let last: serde_json::Value = serde_json::from_str(
+        std::fs::read_to_string(whole.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .last()
+            .unwrap(),
+    )
+    .unwrap();
+    let eval = succeeded(distgpt(&[
+        "eval",
+        whole_s,
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--batches",
+        "20",
+    ]));
+    let said = String::from_utf8_lossy(&eval.stdout).to_string();
+    let want = format!(
+        "masked-token loss {:.4}",
+        last["val_loss"].as_f64().unwrap()
+    );
+    assert!(said.contains(&want), "eval said {said:?}, the run {want}");
     let weights = |d: &std::path::Path| std::fs::read(d.join("model.safetensors")).unwrap();
     assert!(
         weights(&whole) == weights(&half),

@@ -890,6 +890,20 @@ pub fn run() -> Result<Outcome> {
         Command::Bench(a) => done(bench::run(a)),
         Command::Compare(a) => done(compare::run(*a, rayon::current_num_threads())),
         Command::Plan(a) => done(plan::run(*a, rayon::current_num_threads())),
+        Command::Export(a) if train::classify::is_bert_folder(&a.run) => {
+            // a BERT run is a Hugging Face folder already: checked, then written anew
+            use distgpt::model::bert::hf;
+            let (model, params) = hf::load_folder(&a.run, None, 0)?;
+            let vocab = a.run.join("vocab.txt");
+            let vocab = vocab.exists().then_some(vocab.as_path());
+            hf::write_folder(&model, &params, vocab, &a.out)?;
+            distgpt::outln!(
+                "wrote {} (a Hugging Face {model} folder: config.json, model.safetensors{})",
+                a.out.display(),
+                if vocab.is_some() { ", vocab.txt" } else { "" }
+            );
+            Ok(Outcome::Done)
+        }
         Command::Export(a) => {
             let (model, meta) = checkpoint::load_model(Cpu::new(), &a.run)?;
             checkpoint::hf::export(&model, &meta.tokenizer, &a.out)?;
@@ -1684,6 +1698,46 @@ fn report_run(prep: &Prepared, s: &train::TrainSummary) -> Result<Outcome> {
     Ok(Outcome::Done)
 }
 
+/// `eval` of a BERT masked LM (a `--task mlm` run or such a folder): the
+/// masked-token loss on the validation split of --data, or of the run's
+/// own data with its seed's masks.
+fn eval_masked_lm(a: &EvalArgs, given: &[String]) -> Result<()> {
+    if given.iter().any(|g| g == "weights") {
+        bail!("--weights is for GPT-2 models: a BERT masked LM is evaluated in fp32");
+    }
+    let record = train::run_dir::read_record(&a.model).ok();
+    let data = a
+        .data
+        .clone()
+        .or_else(|| record.as_ref().and_then(|r| r.train.data.clone()));
+    let ds = Dataset::load(data.as_deref(), TokenizerKind::Char)?;
+    let block = distgpt::model::bert::hf::read_config(&a.model, None)?.block_size;
+    let cfg = TrainConfig {
+        batch_size: a.batch_size,
+        seq_len: a.seq_len.unwrap_or(block),
+        eval_batches: if a.batches == 0 {
+            usize::MAX
+        } else {
+            a.batches
+        },
+        seed: record.map_or(1337, |r| r.train.seed),
+        ..TrainConfig::default()
+    };
+    let threads = rayon::current_num_threads();
+    let e = on_device!(a.device, |be| train::mlm::evaluate_folder(
+        be, &a.model, &ds, &cfg, threads
+    ))?;
+    distgpt::outln!(
+        "{} on {}'s validation split: masked-token loss {:.4} ({} sequences of {} tokens)",
+        a.model.display(),
+        ds.name,
+        e.loss,
+        e.examples,
+        cfg.seq_len
+    );
+    Ok(())
+}
+
 /// One line per device of runtime `R`, or one saying why there are none.
 fn list_gpus<R: distgpt::backend::gpu::Runtime>() {
     match R::list() {
@@ -1723,6 +1777,12 @@ fn list_devices(measure: bool) -> Result<()> {
 }
 
 fn run_eval(a: EvalArgs, given: &[String]) -> Result<()> {
+    if train::classify::is_bert_folder(&a.model)
+        && distgpt::model::bert::hf::read_config(&a.model, None)?.head
+            == distgpt::model::bert::BertHead::Mlm
+    {
+        return eval_masked_lm(&a, given);
+    }
     if train::classify::is_bert_folder(&a.model) {
         let Some(data) = &a.data else {
             bail!(

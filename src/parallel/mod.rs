@@ -78,6 +78,18 @@ pub struct ParallelConfig {
 }
 
 impl ParallelConfig {
+    /// One rank holding the whole model in fp32 (evaluation, timing).
+    pub fn single() -> Self {
+        ParallelConfig {
+            strategy: StrategyKind::Single,
+            world_size: 1,
+            tp: 1,
+            recompute: false,
+            precision: Precision::Fp32,
+            pipeline: Pipeline::default(),
+        }
+    }
+
     /// Refuses impossible combinations before any work, saying what to change.
     pub fn validate(&self, model: &ModelConfig, global_batch: usize) -> Result<()> {
         let (w, tp, pp) = (self.world_size, self.tp, self.pipeline.stages);

@@ -7,7 +7,7 @@ use crate::backend::cpu::{AdamWStep, Cpu};
 use crate::backend::{Backend, Buf, Category};
 use crate::error::Result;
 use crate::model::ModelConfig;
-use crate::parallel::{launch, ParallelConfig, StrategyKind};
+use crate::parallel::{launch, ParallelConfig};
 use crate::train::bench::{bench_rank, BenchSpec};
 use serde::Serialize;
 use std::time::{Duration, Instant};
@@ -150,14 +150,7 @@ pub fn calibrate_cpu(
     let rank_batch = (batch / ranks).max(1);
     let rank_threads = (machine.threads / ranks).max(1);
     let oversubscribed = (ranks as f64 / machine.threads as f64).max(1.0);
-    let par = ParallelConfig {
-        strategy: StrategyKind::Single,
-        world_size: 1,
-        tp: 1,
-        recompute: false,
-        precision: Default::default(),
-        pipeline: Default::default(),
-    };
+    let par = ParallelConfig::single();
     // Small models are timed over more steps: their steps are short and noisy.
     let small = model.num_params() <= 20_000_000;
     let spec = BenchSpec {

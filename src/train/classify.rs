@@ -17,11 +17,10 @@ use crate::data::{Batch, LoaderPosition, TokenizerSpec, IGNORE};
 use crate::error::{Error, Result};
 use crate::metrics::StepRecord;
 use crate::model::bert::{hf, BertConfig, BertHead};
-use crate::model::{AdamWConfig, ModelConfig};
-use crate::parallel::{self, launch, ParallelConfig, Strategy};
+use crate::model::ModelConfig;
+use crate::parallel::Strategy;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 /// The file beside a classifier's model with every epoch's figures.
 pub const SUMMARY_FILE: &str = "classify.json";
@@ -380,40 +379,22 @@ pub fn evaluate_folder<B: Backend + 'static>(
     (b, t): (usize, usize),
     threads: usize,
 ) -> Result<Scores> {
-    let set = LabelledSet::load(data)?;
-    let wp = WordPiece::from_vocab_file(&dir.join("vocab.txt"))?;
-    let labels = set.labels.len();
-    let (model, params) = hf::load_folder(dir, None, 0)?;
-    check_seq_len(t, &model)?;
-    if model.head != (BertHead::Classify { labels }) {
+    let labels = LabelledSet::load(data)?.labels.len();
+    let found = hf::read_config(dir, None)?;
+    if found.head != (BertHead::Classify { labels }) {
         return Err(Error::Input(format!(
-            "{} is not a {labels}-way classifier ({model}) but {} names {labels} labels",
+            "{} is not a {labels}-way classifier ({found}) but {} names {labels} labels",
             dir.display(),
             data.display()
         )));
     }
-    let par = ParallelConfig {
-        strategy: parallel::StrategyKind::Single,
-        world_size: 1,
-        tp: 1,
-        recompute: false,
-        precision: Default::default(),
-        pipeline: Default::default(),
+    let task = ClassifyTask::new(dir, data, None, t, 0)?;
+    let cfg = TrainConfig {
+        batch_size: b,
+        seq_len: t,
+        ..TrainConfig::default()
     };
-    let out = launch::run_local(1, threads, Duration::from_secs(600), |world| {
-        let mut s = parallel::build(
-            backend.for_rank(world.as_ref())?,
-            model.clone(),
-            par,
-            world.as_ref(),
-            AdamWConfig::default(),
-            b,
-            t,
-        )?;
-        s.load_full(&params)?;
-        score(s.as_mut(), &set.test, &wp, (b, t, labels))
-    })?;
-    Ok(out[0])
+    super::evaluate_params(backend, &task, &task.init, &cfg, threads, true).map(Scores::from)
 }
 
 /// One epoch of a classifier's run, from its step records.

@@ -11,7 +11,7 @@ use super::task::{mean_loss, Eval, Task, TaskKind, TrainStream};
 use super::TrainConfig;
 use crate::backend::Backend;
 use crate::data::{Batch, DataLoader, Dataset, LoaderPosition, TokenizerSpec, IGNORE};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::model::bert::{hf, BertConfig, BertHead};
 use crate::model::ModelConfig;
 use crate::parallel::Strategy;
@@ -147,6 +147,29 @@ impl<B: Backend> Task<B> for MlmTask<'_> {
     fn model_files(&self) -> &'static str {
         "a Hugging Face BertForMaskedLM folder: config.json, model.safetensors"
     }
+}
+
+/// A masked-LM folder's masked-token loss on `data`'s validation split,
+/// on one rank (`cfg`: batch shape, `eval_batches`, and the seed that fixes
+/// the masks; a run's own seed gives its own validation figure).
+pub fn evaluate_folder<B: Backend + 'static>(
+    backend: B,
+    dir: &Path,
+    data: &Dataset,
+    cfg: &TrainConfig,
+    threads: usize,
+) -> Result<Eval> {
+    let (model, params) = hf::load_folder(dir, None, 0)?;
+    let chars = data.tokenizer.vocab_size();
+    if model.head != BertHead::Mlm || model.vocab_size != chars + 1 {
+        return Err(Error::Input(format!(
+            "{} is a {model}, not a masked LM over {}'s {chars} characters and [MASK]",
+            dir.display(),
+            data.name
+        )));
+    }
+    let task = MlmTask { model, data };
+    super::evaluate_params(backend, &task, &params, cfg, threads, false)
 }
 
 /// BERT's masking of a batch of token windows: `mask` is the id of

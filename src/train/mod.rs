@@ -301,6 +301,35 @@ pub fn train<B: Backend + 'static>(
     Ok(out.swap_remove(0).expect("rank 0 returns the summary"))
 }
 
+/// A task's model with weights `params` evaluated on one rank with
+/// `threads` threads: its test split when `test` and it has one, else its
+/// validation split (`cfg` gives the batch shape, `eval_batches` and seed).
+pub fn evaluate_params<B: Backend + 'static>(
+    backend: B,
+    task: &dyn Task<B>,
+    params: &[f32],
+    cfg: &TrainConfig,
+    threads: usize,
+    test: bool,
+) -> Result<Eval> {
+    let (b, t) = (cfg.batch_size, cfg.seq_len);
+    let single = ParallelConfig::single();
+    let model = task.model();
+    let mut out = launch::run_local(1, threads, std::time::Duration::from_secs(600), |world| {
+        let be = backend.for_rank(world.as_ref())?;
+        let mut s =
+            crate::parallel::build(be, model.clone(), single, world.as_ref(), cfg.adamw, b, t)?;
+        s.load_full(params)?;
+        match test {
+            true => task
+                .test(s.as_mut(), cfg)?
+                .ok_or_else(|| Error::Input("the task has no test split".into())),
+            false => task.evaluate(s.as_mut(), cfg),
+        }
+    })?;
+    Ok(out.swap_remove(0))
+}
+
 /// Trains a GPT-2 language model (the `lm` task) on `par.world_size`
 /// thread ranks; returns rank 0's summary.
 pub fn train_lm<B: Backend + 'static>(
