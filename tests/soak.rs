@@ -1,16 +1,25 @@
-//! Kill-and-resume soak: a run is interrupted at random moments by SIGKILL,
-//! SIGTERM or SIGINT (under `mpirun`: SIGINT, SIGTERM or SIGUSR2 to mpirun,
-//! or SIGKILL to one rank), resumed each time, and must end with the
-//! uninterrupted run's final weights, bit for bit. The seed is printed so a
-//! failing sequence can be replayed (DISTGPT_SOAK_SEED).
+//! Kill-and-resume soak, for every task (GPT-2 LM, BERT MLM, BERT
+//! classifier): a run is interrupted at random moments by SIGKILL, SIGTERM
+//! or SIGINT (under `mpirun`: SIGINT, SIGTERM or SIGUSR2 to mpirun, or
+//! SIGKILL to one rank), resumed each time with `--resume RUN` alone, and
+//! must end with the uninterrupted run's final weights, bit for bit, with
+//! every step logged once. The seed is printed so a failing sequence can be
+//! replayed (DISTGPT_SOAK_SEED).
 
 #![cfg(unix)]
+
+#[path = "support/bert.rs"]
+mod bert;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Steps of each task's run: each takes a few seconds uninterrupted, longer
+/// than the longest wait before an interruption (1.05 s).
 const STEPS: &str = "1500";
+const MLM_STEPS: &str = "600";
+const CLASSIFY_STEPS: &str = "3000";
 
 /// A tiny xorshift generator: the interruption schedule.
 struct Dice(u64);
@@ -45,34 +54,74 @@ fn tmp(tag: &str) -> PathBuf {
     d
 }
 
-/// The training flags every invocation shares (ddp on two ranks).
-fn train_args(out: &Path) -> Vec<String> {
+/// A soak's task: its flags, and the steps it trains.
+struct Task {
+    tag: &'static str,
+    flags: Vec<String>,
+    steps: &'static str,
+}
+
+/// The three tasks (the classifier's folder and set made in `fixtures`).
+fn tasks(fixtures: &Path) -> [Task; 3] {
+    let (model, data) = bert::tiny_bert_and_labelled_set(fixtures);
+    let flags = |f: &[&str]| f.iter().map(|s| s.to_string()).collect();
     [
-        "train",
-        "--model",
-        "tiny",
-        "--steps",
-        STEPS,
-        "--batch-size",
-        "4",
-        "--seq-len",
-        "32",
-        "--strategy",
-        "ddp",
-        "--world-size",
-        "2",
-        "--checkpoint-every",
-        "7",
-        "--eval-every",
-        "0",
-        "--quiet",
-        "--peak-tflops",
-        "0.1",
-        "--out",
-        out.to_str().unwrap(),
+        Task {
+            tag: "lm",
+            flags: flags(&["--model", "tiny", "--seq-len", "32"]),
+            steps: STEPS,
+        },
+        Task {
+            tag: "mlm",
+            flags: flags(&["--model", "bert-tiny", "--seq-len", "16"]),
+            steps: MLM_STEPS,
+        },
+        Task {
+            tag: "classify",
+            flags: flags(&[
+                "--task",
+                "classify",
+                "--init-from",
+                model.to_str().unwrap(),
+                "--data",
+                data.to_str().unwrap(),
+                "--seq-len",
+                "12",
+                "--lr",
+                "1e-3",
+            ]),
+            steps: CLASSIFY_STEPS,
+        },
     ]
-    .map(String::from)
-    .to_vec()
+}
+
+/// The training flags every invocation of `task` shares (ddp on two ranks).
+fn train_args(task: &Task, out: &Path) -> Vec<String> {
+    let mut args: Vec<String> = vec!["train".into()];
+    args.extend(task.flags.iter().cloned());
+    args.extend(
+        [
+            "--steps",
+            task.steps,
+            "--batch-size",
+            "4",
+            "--strategy",
+            "ddp",
+            "--world-size",
+            "2",
+            "--checkpoint-every",
+            "7",
+            "--eval-every",
+            "0",
+            "--quiet",
+            "--peak-tflops",
+            "0.1",
+            "--out",
+            out.to_str().unwrap(),
+        ]
+        .map(String::from),
+    );
+    args
 }
 
 fn signal(pid: u32, sig: &str) {
@@ -90,7 +139,7 @@ struct Launcher {
 }
 
 /// Runs to the end through random interruptions; returns how many there were.
-fn soak(launcher: &Launcher, dir: &Path, dice: &mut Dice) -> usize {
+fn soak(launcher: &Launcher, task: &Task, dir: &Path, dice: &mut Dice) -> usize {
     let mut interruptions = 0;
     let t0 = Instant::now();
     loop {
@@ -100,7 +149,7 @@ fn soak(launcher: &Launcher, dir: &Path, dice: &mut Dice) -> usize {
         );
         let started =
             dir.join("checkpoints").exists() && distgpt::checkpoint::state::latest(dir).is_ok();
-        let mut args = train_args(dir);
+        let mut args = train_args(task, dir);
         if started {
             args = vec!["train".into(), "--resume".into(), dir.display().to_string()];
             args.extend(["--quiet".into()]);
@@ -153,33 +202,39 @@ fn thread_interrupt(child: &Child, dice: &mut Dice) -> String {
 }
 
 fn check_against_uninterrupted(launcher: &Launcher, tag: &str) {
-    let whole = tmp(&format!("{tag}-whole"));
-    let out = (launcher.command)(&train_args(&whole)).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let dir = tmp(tag);
-    let mut dice = Dice::from_env();
-    let n = soak(launcher, &dir, &mut dice);
-    assert!(n >= 1, "the run was never interrupted");
-    let read = |d: &Path| std::fs::read(d.join("model.safetensors")).unwrap();
-    assert!(
-        read(&dir) == read(&whole),
-        "{tag}: after {n} interruptions the final weights differ from the uninterrupted run's"
-    );
-    let steps: Vec<u64> = std::fs::read_to_string(dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
-                .as_u64()
-                .unwrap()
-        })
-        .collect();
-    let expected: Vec<u64> = (1..=STEPS.parse().unwrap()).collect();
-    assert_eq!(steps, expected, "{tag}: metrics.jsonl logs every step once");
+    let fixtures = tmp(&format!("{tag}-fixtures"));
+    for task in tasks(&fixtures) {
+        let tag = format!("{tag}-{}", task.tag);
+        let whole = tmp(&format!("{tag}-whole"));
+        let out = (launcher.command)(&train_args(&task, &whole))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let dir = tmp(&tag);
+        let mut dice = Dice::from_env();
+        let n = soak(launcher, &task, &dir, &mut dice);
+        assert!(n >= 1, "{tag}: the run was never interrupted");
+        let read = |d: &Path| std::fs::read(d.join("model.safetensors")).unwrap();
+        assert!(
+            read(&dir) == read(&whole),
+            "{tag}: after {n} interruptions the final weights differ from the uninterrupted run's"
+        );
+        let steps: Vec<u64> = std::fs::read_to_string(dir.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect();
+        let expected: Vec<u64> = (1..=task.steps.parse().unwrap()).collect();
+        assert_eq!(steps, expected, "{tag}: metrics.jsonl logs every step once");
+    }
 }
 
 #[test]
