@@ -991,6 +991,12 @@ fn bert_model_folders_are_checked_on_load_and_repaired_on_resume() {
     std::fs::write(&weights, &nan).unwrap();
     let said = String::from_utf8_lossy(&eval().stderr).to_string();
     assert!(said.contains("non-finite"), "{said}");
+    // a config asking for far more than the file holds is refused before
+    // the model is allocated (not an abort)
+    config["num_hidden_layers"] = serde_json::json!(200_000);
+    std::fs::write(out.join("config.json"), config.to_string()).unwrap();
+    let said = String::from_utf8_lossy(&eval().stderr).to_string();
+    assert!(said.contains("cannot hold"), "{said}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -1089,6 +1095,10 @@ fn bad_numbers_and_outputs_over_inputs_are_refused_by_name() {
     let o = distgpt(&["train", "--config", neg.to_str().unwrap()]);
     let said = String::from_utf8_lossy(&o.stderr).to_string();
     assert!(said.contains("invalid value '-5' for '--steps"), "{said}");
+    // a config "file" without end is refused, not read
+    let o = distgpt(&["train", "--config", "/dev/zero"]);
+    let said = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(said.contains("larger than 16 MiB"), "{said}");
     // a seed past 2^63 survives run.json into --config
     let big = dir.join("big-seed");
     succeeded(train_tiny(
