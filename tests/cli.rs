@@ -250,19 +250,26 @@ fn a_config_file_sets_flags_the_command_line_overrides_and_run_json_repeats_a_ru
     assert_eq!(losses(&a), losses(&b), "and its losses");
     // a run stopped and resumed as it was repeats from run.json; one
     // resumed with another --lr is refused with the step it changed at
-    let c = run_dir("config-c");
-    let c_s = c.to_str().unwrap();
-    let stop = distgpt(&[
-        "train",
-        "--config",
-        replay.to_str().unwrap(),
-        "--out",
-        c_s,
-        "--stop-after",
-        "2",
-    ]);
-    assert_eq!(stop.status.code(), Some(75));
-    succeeded(distgpt(&["train", "--resume", c_s, "--quiet"]));
+    // `replay`'s run stopped after 2 steps and resumed with `resume` flags
+    let stopped_and_resumed = |tag: &str, resume: &[&str]| -> PathBuf {
+        let dir = run_dir(tag);
+        let out = dir.to_str().unwrap();
+        let stop = distgpt(&[
+            "train",
+            "--config",
+            replay.to_str().unwrap(),
+            "--out",
+            out,
+            "--stop-after",
+            "2",
+        ]);
+        assert_eq!(stop.status.code(), Some(75));
+        let mut args = vec!["train", "--resume", out, "--quiet"];
+        args.extend_from_slice(resume);
+        succeeded(distgpt(&args));
+        dir
+    };
+    let c = stopped_and_resumed("config-c", &[]);
     let d = run_dir("config-d");
     succeeded(distgpt(&[
         "train",
@@ -272,21 +279,7 @@ fn a_config_file_sets_flags_the_command_line_overrides_and_run_json_repeats_a_ru
         d.to_str().unwrap(),
     ]));
     assert_eq!(losses(&a), losses(&d), "a run resumed unchanged repeats");
-    let e = run_dir("config-e");
-    let e_s = e.to_str().unwrap();
-    let stop = distgpt(&[
-        "train",
-        "--config",
-        replay.to_str().unwrap(),
-        "--out",
-        e_s,
-        "--stop-after",
-        "2",
-    ]);
-    assert_eq!(stop.status.code(), Some(75));
-    succeeded(distgpt(&[
-        "train", "--resume", e_s, "--lr", "1e-2", "--quiet",
-    ]));
+    let e = stopped_and_resumed("config-e", &["--lr", "1e-2"]);
     let refused = distgpt(&["train", "--config", e.join("run.json").to_str().unwrap()]);
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(
