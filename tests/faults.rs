@@ -5,7 +5,7 @@ use distgpt::backend::cpu::Cpu;
 use distgpt::data::{Dataset, TokenizerKind};
 use distgpt::model::GptConfig;
 use distgpt::parallel::{ParallelConfig, StrategyKind};
-use distgpt::train::{train_lm, Duration, Fault, TrainConfig};
+use distgpt::train::{train_lm, Duration, Fault, FaultKind, TrainConfig};
 use std::process::Command;
 use std::time::{Duration as Wait, Instant};
 
@@ -41,7 +41,11 @@ fn a_failing_thread_rank_is_named_and_nobody_hangs() {
         Cpu::new,
         model,
         &ds,
-        &tiny_run(Some(Fault { rank: 2, step: 3 })),
+        &tiny_run(Some(Fault {
+            rank: 2,
+            step: 3,
+            how: FaultKind::Error,
+        })),
         par,
         2,
         Wait::from_secs(30),
@@ -105,20 +109,19 @@ fn impossible_layouts_are_refused_with_what_to_change() {
     }
 }
 
+/// `distgpt train` of the tiny model under `mpirun -np N` (ddp, or the
+/// layout in `extra`) where rank `rank` fails at step 2 as `how` says; the
+/// job's output and how long it took.
 #[cfg(feature = "mpi")]
-#[test]
-fn a_failing_mpi_rank_stops_the_job_and_is_named() {
-    let out_dir = std::env::temp_dir().join(format!("distgpt-mpi-fault-{}", std::process::id()));
+fn mpirun_with_a_fault(np: usize, extra: &[&str], rank: usize, how: &str) -> (bool, String, Wait) {
+    let out_dir =
+        std::env::temp_dir().join(format!("distgpt-mpi-fault-{}-{how}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out_dir);
+    let (np, rank) = (np.to_string(), rank.to_string());
     let t0 = Instant::now();
     let out = Command::new("mpirun")
-        .args([
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "-np",
-            "2",
-            env!("CARGO_BIN_EXE_distgpt"),
-        ])
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", &np])
+        .arg(env!("CARGO_BIN_EXE_distgpt"))
         .args([
             "train",
             "--comm",
@@ -126,41 +129,81 @@ fn a_failing_mpi_rank_stops_the_job_and_is_named() {
             "--strategy",
             "ddp",
             "--world-size",
-            "2",
-            "--model",
-            "tiny",
+            &np,
         ])
-        .args([
-            "--batch-size",
-            "4",
-            "--seq-len",
-            "32",
-            "--steps",
-            "10",
-            "--quiet",
-            "--fail-rank",
-            "1",
-            "--fail-step",
-            "2",
-        ])
-        .args(["--comm-timeout", "20", "--out", &out_dir.to_string_lossy()])
+        .args(["--model", "tiny", "--batch-size", "6", "--seq-len", "32"])
+        .args(["--steps", "10", "--quiet", "--fail-step", "2"])
+        .args(["--fail-rank", &rank, "--fail-how", how])
+        .args(extra)
+        .args(["--comm-timeout", "5", "--out", &out_dir.to_string_lossy()])
         .output()
         .expect("mpirun runs");
+    let _ = std::fs::remove_dir_all(&out_dir);
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(!out.status.success(), "{text}");
+    (out.status.success(), text, t0.elapsed())
+}
+
+#[cfg(feature = "mpi")]
+#[test]
+fn a_failing_mpi_rank_stops_the_job_and_is_named() {
+    let (ok, text, took) = mpirun_with_a_fault(2, &[], 1, "error");
+    assert!(!ok, "{text}");
     assert!(
         text.contains("injected fault on rank 1 at step 2"),
         "{text}"
     );
     // Open MPI's own "MPI_ABORT was invoked on rank 1" banner is not
     // asserted: its help-text machinery sometimes fails to print it.
-    assert!(
-        t0.elapsed() < Wait::from_secs(20),
-        "took {:?}",
-        t0.elapsed()
-    );
+    assert!(took < Wait::from_secs(20), "took {took:?}");
+}
+
+/// A rank that stops (SIGSTOP) or hangs outside MPI misses the others'
+/// collective: each waiting rank's watchdog names it, and says which it is.
+#[cfg(feature = "mpi")]
+#[test]
+fn a_stopped_or_hung_mpi_rank_is_named_by_the_ranks_it_holds_up() {
+    let cases = [
+        (
+            "stop",
+            3,
+            2,
+            &[][..],
+            "rank 2 did not answer within 3 s: stopped",
+        ),
+        (
+            "hang",
+            3,
+            1,
+            &[][..],
+            "rank 1 is outside any collective for",
+        ),
+        // Pipeline stages wait on each other point to point.
+        (
+            "stop",
+            2,
+            0,
+            &["--pp", "2", "--grad-accum", "2"][..],
+            "rank 0 did not answer",
+        ),
+    ];
+    for (how, np, rank, extra, want) in cases {
+        let (ok, text, took) = mpirun_with_a_fault(np, extra, rank, how);
+        assert!(!ok, "{how}: {text}");
+        let verdicts: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("did not complete within 5 s"))
+            .collect();
+        assert!(
+            !verdicts.is_empty(),
+            "{how}: no rank reported the stuck call:\n{text}"
+        );
+        for v in &verdicts {
+            assert!(v.contains(want), "{how} {extra:?}: {v}\n{text}");
+        }
+        assert!(took < Wait::from_secs(40), "{how}: took {took:?}");
+    }
 }

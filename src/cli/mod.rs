@@ -18,7 +18,7 @@ use distgpt::metrics;
 use distgpt::model::bert::BertConfig;
 use distgpt::model::{AdamWConfig, GptConfig, ModelConfig};
 use distgpt::parallel::{launch, ParallelConfig, StrategyKind};
-use distgpt::train::{self, Duration, Fault, TaskKind, TrainConfig};
+use distgpt::train::{self, Duration, Fault, FaultKind, TaskKind, TrainConfig};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -630,6 +630,9 @@ struct TrainArgs {
     /// Testing aid: the step (0-based) at which --fail-rank fails.
     #[arg(long, requires = "fail_rank", hide = true)]
     fail_step: Option<usize>,
+    /// Testing aid: how --fail-rank fails (stop and hang need --comm mpi).
+    #[arg(long, value_enum, default_value_t, requires = "fail_rank", hide = true)]
+    fail_how: FaultKind,
 }
 
 #[derive(Args)]
@@ -1595,10 +1598,14 @@ fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
     };
     let cfg = &mut prep.cfg;
     cfg.stop_after = a.stop_after;
-    cfg.fault = a
-        .fail_rank
-        .zip(a.fail_step)
-        .map(|(rank, step)| Fault { rank, step });
+    cfg.fault = a.fail_rank.zip(a.fail_step).map(|(rank, step)| Fault {
+        rank,
+        step,
+        how: a.fail_how,
+    });
+    if a.fail_how != FaultKind::Error && a.parallel.comm != CommKind::Mpi {
+        bail!("--fail-how stop and hang stop a whole process: they need --comm mpi");
+    }
     cfg.validate()?;
     let par = prep.par;
     let model = prep.data.model();

@@ -14,74 +14,275 @@ use mpi::environment::Universe;
 use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::*;
 use mpi::Threading;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Watches the collective in flight, if any.
-struct Watchdog {
-    in_flight: Mutex<Option<(Instant, &'static str)>>,
-    timeout: Duration,
-    rank: usize,
+/// The calls the watchdog watches, by the index the health messages carry.
+const CALLS: [&str; 9] = [
+    "all_reduce",
+    "reduce_scatter",
+    "all_gather",
+    "broadcast",
+    "send",
+    "recv",
+    "send_recv",
+    "barrier",
+    "split",
+];
+/// Health messages between watchdog threads: a question, and its answer.
+const ASK: i32 = 1;
+const ANSWER: i32 = 2;
+/// How long a watchdog waits for the others' answers before naming the silent.
+const GRACE: Duration = Duration::from_secs(3);
+
+/// What a rank is doing: in which call, waiting on which world ranks, since when.
+struct Doing {
+    call: Option<(usize, Arc<[usize]>)>,
+    since: Instant,
 }
 
+/// Watches the call in flight. Past the timeout it asks the ranks the call
+/// waits on what they are doing, over a duplicate of MPI_COMM_WORLD that only
+/// the watchdog threads use, and names those that do not answer (a stopped or
+/// frozen process) or answer from outside any call (still computing).
+struct Watchdog {
+    doing: Mutex<Doing>,
+    timeout: Duration,
+    rank: usize,
+    /// `None` where MPI gives no MPI_THREAD_MULTIPLE: nobody can be asked.
+    health: Option<SimpleCommunicator>,
+    /// Set before MPI is finalised: the thread must not call MPI after it.
+    stopping: AtomicBool,
+}
+
+// SAFETY: `health` is used by the watchdog thread alone, and exists only
+// under MPI_THREAD_MULTIPLE; the main thread touches `doing` only.
+unsafe impl Send for Watchdog {}
+unsafe impl Sync for Watchdog {}
+
 impl Watchdog {
-    fn start(rank: usize, timeout: Duration) -> Arc<Self> {
+    fn start(
+        rank: usize,
+        timeout: Duration,
+        health: Option<SimpleCommunicator>,
+    ) -> (Arc<Self>, JoinHandle<()>) {
         let w = Arc::new(Watchdog {
-            in_flight: Mutex::new(None),
+            doing: Mutex::new(Doing {
+                call: None,
+                since: Instant::now(),
+            }),
             timeout,
             rank,
+            health,
+            stopping: AtomicBool::new(false),
         });
         let watcher = w.clone();
-        std::thread::spawn(move || loop {
-            std::thread::sleep(Duration::from_millis(100));
-            let stuck = *watcher.in_flight.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some((since, what)) = stuck {
-                if since.elapsed() > watcher.timeout {
-                    crate::errln!(
-                        "error: rank {}: {what} did not complete within {:.0} s: another rank is dead or stuck",
-                        watcher.rank,
-                        watcher.timeout.as_secs_f64()
-                    );
-                    std::process::exit(1);
-                }
+        let thread = std::thread::spawn(move || {
+            while !watcher.stopping.load(Ordering::Acquire) {
+                watcher.watch();
             }
         });
-        w
+        (w, thread)
     }
 
-    fn guard<R>(&self, what: &'static str, f: impl FnOnce() -> R) -> R {
-        *self.in_flight.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), what));
+    /// One round: answer the questions waiting, and end the job if the call
+    /// in flight is past the timeout.
+    fn watch(&self) {
+        std::thread::sleep(Duration::from_millis(50));
+        self.answer();
+        let stuck = {
+            let d = self.doing();
+            d.call.clone().filter(|_| d.since.elapsed() > self.timeout)
+        };
+        if let Some((call, on)) = stuck {
+            let peers: Vec<usize> = on.iter().copied().filter(|&r| r != self.rank).collect();
+            let why = self.diagnose();
+            crate::errln!(
+                "error: rank {}: {} with {} did not complete within {:.0} s: {why}",
+                self.rank,
+                CALLS[call],
+                rank_list(&peers),
+                self.timeout.as_secs_f64()
+            );
+            std::process::exit(1);
+        }
+    }
+
+    fn doing(&self) -> std::sync::MutexGuard<'_, Doing> {
+        self.doing.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn guard<R>(&self, what: &'static str, on: &Arc<[usize]>, f: impl FnOnce() -> R) -> R {
+        let call = CALLS
+            .iter()
+            .position(|c| *c == what)
+            .expect("a watched call");
+        *self.doing() = Doing {
+            call: Some((call, on.clone())),
+            since: Instant::now(),
+        };
         let out = f();
-        *self.in_flight.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.doing() = Doing {
+            call: None,
+            since: Instant::now(),
+        };
         out
+    }
+
+    /// Answers every question waiting: `[call + 1 or 0, milliseconds in it]`.
+    fn answer(&self) {
+        let Some(h) = &self.health else { return };
+        while let Some((msg, status)) = h.any_process().immediate_matched_probe_with_tag(ASK) {
+            let mut q = 0u8;
+            msg.matched_receive_into(&mut q);
+            let reply = {
+                let d = self.doing();
+                let call = d.call.as_ref().map_or(0, |(c, _)| *c as u64 + 1);
+                [call, d.since.elapsed().as_millis() as u64]
+            };
+            h.process_at_rank(status.source_rank())
+                .send_with_tag(&reply[..], ANSWER);
+        }
+    }
+
+    /// Asks every other rank what it is doing; says who holds the job up.
+    fn diagnose(&self) -> String {
+        let Some(h) = &self.health else {
+            return "another rank is dead or stuck (this MPI has no MPI_THREAD_MULTIPLE, \
+                    so the ranks cannot be asked which)"
+                .into();
+        };
+        let others: Vec<usize> = (0..h.size() as usize).filter(|&r| r != self.rank).collect();
+        for &r in &others {
+            h.process_at_rank(r as i32).send_with_tag(&1u8, ASK);
+        }
+        let mut answers = vec![None; others.len()];
+        let asked = Instant::now();
+        while answers.iter().any(Option::is_none) && asked.elapsed() < GRACE {
+            self.answer();
+            while let Some((msg, status)) = h.any_process().immediate_matched_probe_with_tag(ANSWER)
+            {
+                let mut a = [0u64; 2];
+                msg.matched_receive_into(&mut a[..]);
+                let from = status.source_rank() as usize;
+                if let Some(i) = others.iter().position(|&r| r == from) {
+                    answers[i] = Some(a);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        describe(&others, &answers)
+    }
+}
+
+/// The watchdog's verdict from the answers of the `others` (`None`: no
+/// answer): first the ranks that do not answer, then those outside any
+/// collective (longest first); if every rank is inside one, where each waits.
+fn describe(others: &[usize], answers: &[Option<[u64; 2]>]) -> String {
+    let secs = |ms: u64| ms as f64 / 1e3;
+    let mut silent = vec![];
+    let mut busy = vec![];
+    let mut waiting = vec![];
+    for (&r, a) in others.iter().zip(answers) {
+        match *a {
+            None => silent.push(r),
+            Some([0, ms]) => busy.push((ms, r)),
+            Some([call, ms]) => waiting.push(format!(
+                "rank {r} in {} ({:.0} s)",
+                CALLS.get(call as usize - 1).unwrap_or(&"a call"),
+                secs(ms)
+            )),
+        }
+    }
+    busy.sort_by(|a, b| b.cmp(a));
+    let mut why = vec![];
+    if !silent.is_empty() {
+        why.push(format!(
+            "{} did not answer within {:.0} s: stopped (SIGSTOP, a debugger) or frozen",
+            rank_list(&silent),
+            GRACE.as_secs_f64()
+        ));
+    }
+    why.extend(busy.iter().map(|&(ms, r)| {
+        format!(
+            "rank {r} is outside any collective for {:.0} s (computing, or hung)",
+            secs(ms)
+        )
+    }));
+    if why.is_empty() {
+        if waiting.is_empty() {
+            return "no other rank to wait on".into();
+        }
+        why.push(format!(
+            "every rank is inside a collective, so they called different ones \
+             (or the network is down): {}",
+            waiting.join(", ")
+        ));
+    }
+    why.join("; ")
+}
+
+/// "rank 3" or "ranks 1, 3".
+fn rank_list(ranks: &[usize]) -> String {
+    let names: Vec<String> = ranks.iter().map(usize::to_string).collect();
+    match ranks {
+        [_] => format!("rank {}", names[0]),
+        _ => format!("ranks {}", names.join(", ")),
+    }
+}
+
+/// MPI itself and the watchdog, kept alive while any communicator is.
+struct Runtime {
+    watchdog: Arc<Watchdog>,
+    thread: Option<JoinHandle<()>>,
+    /// Dropped last: finalises MPI.
+    _universe: Universe,
+}
+
+impl Drop for Runtime {
+    /// Stops the watchdog thread before its communicator is freed and MPI finalised.
+    fn drop(&mut self) {
+        self.watchdog.stopping.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 
 pub struct MpiComm {
     comm: SimpleCommunicator,
-    watchdog: Arc<Watchdog>,
+    /// The world rank of each rank of `comm`.
+    members: Arc<[usize]>,
     stats: Mutex<CommStats>,
-    /// Kept alive while any communicator is: dropping it finalises MPI.
-    _universe: Arc<Universe>,
+    runtime: Arc<Runtime>,
 }
 
-// SAFETY: MPI is initialised with MPI_THREAD_FUNNELED and a rank calls its
-// communicators from its main thread only (rayon workers never touch them).
+// SAFETY: MPI is initialised with MPI_THREAD_MULTIPLE where it offers it
+// (else MPI_THREAD_FUNNELED); a rank calls its communicators from its main
+// thread only (rayon workers never touch them), and the watchdog thread uses
+// only its own duplicate of the world, and only under MPI_THREAD_MULTIPLE.
 unsafe impl Send for MpiComm {}
 unsafe impl Sync for MpiComm {}
 
 impl MpiComm {
     /// Initialises MPI; this process's rank in MPI_COMM_WORLD.
     pub fn init(timeout: Duration) -> Result<Self> {
-        let (universe, _) = mpi::initialize_with_threading(Threading::Funneled)
+        let (universe, threading) = mpi::initialize_with_threading(Threading::Multiple)
             .ok_or_else(|| Error::Comm("MPI is already initialised".into()))?;
         let comm = universe.world();
-        let watchdog = Watchdog::start(comm.rank() as usize, timeout);
+        let health = (threading == Threading::Multiple).then(|| comm.duplicate());
+        let (watchdog, thread) = Watchdog::start(comm.rank() as usize, timeout, health);
         Ok(MpiComm {
+            members: (0..comm.size() as usize).collect(),
             comm,
-            watchdog,
             stats: Mutex::default(),
-            _universe: Arc::new(universe),
+            runtime: Arc::new(Runtime {
+                watchdog,
+                thread: Some(thread),
+                _universe: universe,
+            }),
         })
     }
 
@@ -91,6 +292,7 @@ impl MpiComm {
         self.comm.abort(1)
     }
 
+    /// Runs the call `what` over the whole communicator under the watchdog.
     fn timed<R>(
         &self,
         kind: Kind,
@@ -98,10 +300,27 @@ impl MpiComm {
         full_bytes: usize,
         f: impl FnOnce() -> R,
     ) -> R {
+        self.timed_on(kind, what, &self.members, full_bytes, f)
+    }
+
+    /// Runs the call `what`, which waits on the world ranks `on`, under the watchdog.
+    fn timed_on<R>(
+        &self,
+        kind: Kind,
+        what: &'static str,
+        on: &Arc<[usize]>,
+        full_bytes: usize,
+        f: impl FnOnce() -> R,
+    ) -> R {
         let t0 = Instant::now();
-        let out = self.watchdog.guard(what, f);
+        let out = self.runtime.watchdog.guard(what, on, f);
         record(&self.stats, kind, self.size(), full_bytes, t0);
         out
+    }
+
+    /// The world ranks of this communicator's `ranks`.
+    fn world_ranks(&self, ranks: &[usize]) -> Arc<[usize]> {
+        ranks.iter().map(|&r| self.members[r]).collect()
     }
 }
 
@@ -152,7 +371,8 @@ impl MpiComm {
     }
 
     fn send_typed<T: CommElem + Equivalence>(&self, buf: &[T], to: usize) -> Result<()> {
-        self.timed(Kind::P2p, "send", size_of_val(buf), || {
+        let on = self.world_ranks(&[to]);
+        self.timed_on(Kind::P2p, "send", &on, size_of_val(buf), || {
             self.comm.process_at_rank(to as i32).send(buf)
         });
         Ok(())
@@ -168,7 +388,8 @@ impl MpiComm {
     ) -> Result<()> {
         let n = recv.len();
         let bytes = size_of_val(send) + size_of_val(recv);
-        let status = self.timed(Kind::P2p, "send_recv", bytes, || {
+        let on = self.world_ranks(&[to, from]);
+        let status = self.timed_on(Kind::P2p, "send_recv", &on, bytes, || {
             mpi::point_to_point::send_receive_into(
                 send,
                 &self.comm.process_at_rank(to as i32),
@@ -181,7 +402,8 @@ impl MpiComm {
 
     fn recv_typed<T: CommElem + Equivalence>(&self, buf: &mut [T], from: usize) -> Result<()> {
         let n = buf.len();
-        let status = self.timed(Kind::P2p, "recv", size_of_val(buf), || {
+        let on = self.world_ranks(&[from]);
+        let status = self.timed_on(Kind::P2p, "recv", &on, size_of_val(buf), || {
             self.comm.process_at_rank(from as i32).receive_into(buf)
         });
         arrived::<T>(&status, n, "recv", from)
@@ -243,7 +465,9 @@ impl Comm for MpiComm {
     }
 
     fn barrier(&self) -> Result<()> {
-        self.watchdog.guard("barrier", || self.comm.barrier());
+        self.runtime
+            .watchdog
+            .guard("barrier", &self.members, || self.comm.barrier());
         Ok(())
     }
 
@@ -255,8 +479,9 @@ impl Comm for MpiComm {
 
     fn split(&self, color: usize, key: usize) -> Result<Box<dyn Comm>> {
         let sub = self
+            .runtime
             .watchdog
-            .guard("split", || {
+            .guard("split", &self.members, || {
                 self.comm
                     .split_by_color_with_key(Color::with_value(color as i32), key as i32)
             })
@@ -266,15 +491,54 @@ impl Comm for MpiComm {
                     self.rank()
                 ))
             })?;
+        // A rank of `sub` is the same process as in `self`: its world rank
+        // comes from translating between the two groups.
+        let ranks: Vec<i32> = (0..sub.size()).collect();
+        let mine = sub.group().translate_ranks(&ranks, &self.comm.group());
+        let members = mine
+            .iter()
+            .map(|r| r.map(|r| self.members[r as usize]))
+            .collect::<Option<Arc<[usize]>>>()
+            .ok_or_else(|| {
+                Error::Comm("a split communicator holds a rank its parent lacks".into())
+            })?;
         Ok(Box::new(MpiComm {
             comm: sub,
-            watchdog: self.watchdog.clone(),
+            members,
             stats: Mutex::default(),
-            _universe: self._universe.clone(),
+            runtime: self.runtime.clone(),
         }))
     }
 
     fn stats(&self) -> CommStats {
         self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::describe;
+
+    #[test]
+    fn the_verdict_names_the_silent_then_the_busy_then_where_the_rest_wait() {
+        let v = describe(&[1, 2, 3], &[Some([1, 6000]), None, Some([0, 7000])]);
+        assert_eq!(
+            v,
+            "rank 2 did not answer within 3 s: stopped (SIGSTOP, a debugger) or frozen; \
+             rank 3 is outside any collective for 7 s (computing, or hung)"
+        );
+        let v = describe(&[0, 2], &[Some([0, 500]), Some([0, 9000])]);
+        assert!(
+            v.starts_with("rank 2 is outside any collective for 9 s"),
+            "{v}"
+        );
+        let v = describe(&[1, 2], &[Some([4, 6000]), Some([1, 6000])]);
+        assert_eq!(
+            v,
+            "every rank is inside a collective, so they called different ones \
+             (or the network is down): rank 1 in broadcast (6 s), rank 2 in all_reduce (6 s)"
+        );
+        let v = describe(&[1, 2], &[None, None]);
+        assert!(v.starts_with("ranks 1, 2 did not answer"), "{v}");
     }
 }

@@ -227,6 +227,41 @@ pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 pub struct Fault {
     pub rank: usize,
     pub step: usize,
+    #[serde(default)]
+    pub how: FaultKind,
+}
+
+/// How an injected fault fails a rank.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum FaultKind {
+    /// The rank returns an error (and MPI_Abort ends the job).
+    #[default]
+    Error,
+    /// The process stops itself (SIGSTOP), as a debugger or `kill -STOP` would.
+    Stop,
+    /// The rank's main thread sleeps for ever outside any collective.
+    Hang,
+}
+
+impl Fault {
+    /// Fails this rank as asked: the error to return, or `None` once a
+    /// stopped process is continued (SIGCONT); a hang never returns.
+    pub fn strike(&self) -> Option<Error> {
+        match self.how {
+            FaultKind::Error => Some(Error::Fault {
+                rank: self.rank,
+                step: self.step,
+            }),
+            FaultKind::Stop => {
+                let _ = signal_hook::low_level::raise(signal_hook::consts::SIGSTOP);
+                None
+            }
+            FaultKind::Hang => loop {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+            },
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]

@@ -269,14 +269,11 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
     /// ranks: mpirun forwards it to each process).
     fn train_step(&mut self, step: usize) -> Result<StepDone> {
         let cfg = &self.cfg;
-        if cfg
+        let fault = cfg
             .fault
-            .is_some_and(|f| f.rank == self.world.rank() && f.step == step)
-        {
-            return Err(Error::Fault {
-                rank: self.world.rank(),
-                step,
-            });
+            .filter(|f| f.rank == self.world.rank() && f.step == step);
+        if let Some(e) = fault.and_then(|f| f.strike()) {
+            return Err(e);
         }
         let bpe = self.train_loader.batches_per_epoch();
         let epochs_before = epochs_done(self.train_loader.position(), bpe);
