@@ -755,10 +755,10 @@ fn logged_steps(dir: &std::path::Path) -> (Vec<u64>, Vec<u64>) {
     )
 }
 
-/// The command a stopped run's last line says continues it.
+/// The command a stopped run's last line says continues it, word by word.
 fn continue_hint(stderr: &str) -> Vec<String> {
     let hint = stderr
-        .split("continue with `distgpt ")
+        .split("continue with `")
         .nth(1)
         .and_then(|rest| rest.split('`').next())
         .unwrap_or_else(|| panic!("no `continue with` hint in {stderr}"));
@@ -847,14 +847,18 @@ fn every_task_stopped_and_resumed_by_its_hint_ends_on_the_uninterrupted_weights(
         let said = String::from_utf8_lossy(&stopped.stderr).to_string();
         assert_eq!(stopped.status.code(), Some(75), "{task}: {said}");
         let hint = continue_hint(&said);
-        assert_eq!(hint[..2], ["train", "--resume"], "{task}: {said}");
+        assert_eq!(
+            hint[..3],
+            ["distgpt", "train", "--resume"],
+            "{task}: {said}"
+        );
         let refused = distgpt(&["train", "--resume", part.to_str().unwrap(), "--seed", "99"]);
         let why = String::from_utf8_lossy(&refused.stderr).to_string();
         assert!(
             why.contains("--seed cannot change when resuming"),
             "{task}: {why}"
         );
-        let hint: Vec<&str> = hint.iter().map(String::as_str).collect();
+        let hint: Vec<&str> = hint[1..].iter().map(String::as_str).collect();
         let mut again = hint.clone();
         again.push("--quiet");
         succeeded(distgpt(&again));
@@ -1124,4 +1128,65 @@ fn bad_numbers_and_outputs_over_inputs_are_refused_by_name() {
     let text = String::from_utf8_lossy(&done.stdout).to_string();
     assert!(text.contains("--- sample ---"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Under mpirun the command a stop prints is the mpirun command that
+/// continues the run (with `--comm mpi` and the run's rank count), and it does.
+#[cfg(feature = "mpi")]
+#[test]
+fn a_run_stopped_under_mpirun_prints_the_mpirun_command_that_continues_it() {
+    let dir = run_dir("mpi-hint").join("run");
+    let path = dir.to_str().unwrap();
+    let bin = env!("CARGO_BIN_EXE_distgpt");
+    let mpirun = |args: &[&str]| {
+        Command::new("mpirun")
+            .args(["--allow-run-as-root", "--oversubscribe"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let stopped = mpirun(&[
+        "-np",
+        "2",
+        bin,
+        "train",
+        "--comm",
+        "mpi",
+        "--strategy",
+        "ddp",
+        "--world-size",
+        "2",
+        "--model",
+        "tiny",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "16",
+        "--steps",
+        "6",
+        "--quiet",
+        "--stop-after",
+        "3",
+        "--out",
+        path,
+    ]);
+    let said = String::from_utf8_lossy(&stopped.stderr).to_string();
+    assert!(!stopped.status.success(), "{said}");
+    let hint = continue_hint(&said);
+    assert_eq!(
+        hint,
+        ["mpirun", "-np", "2", "distgpt", "train", "--resume", path, "--comm", "mpi"],
+        "{said}"
+    );
+    let mut again: Vec<&str> = hint[1..].iter().map(String::as_str).collect();
+    again[2] = bin;
+    again.push("--quiet");
+    let done = mpirun(&again);
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    let (steps, _) = logged_steps(&dir);
+    assert_eq!(steps, (1..=6).collect::<Vec<u64>>());
 }

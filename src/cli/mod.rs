@@ -420,7 +420,6 @@ fn nccl_launch<R: Send>(
 }
 
 /// Whether this process is one of mpirun's (Open MPI, MPICH or PMIx).
-#[cfg(feature = "cuda")]
 fn under_mpirun() -> bool {
     ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"]
         .iter()
@@ -1638,11 +1637,13 @@ fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
             Outcome::Done
         });
     };
-    report_run(prep, &s)
+    let resume = resume_command(&s.out_dir, &launcher, &a.device);
+    report_run(prep, &s, &resume)
 }
 
-/// The closing lines of a run (rank 0's summary).
-fn report_run(prep: &Prepared, s: &train::TrainSummary) -> Result<Outcome> {
+/// The closing lines of a run (rank 0's summary); `resume` is the command
+/// that continues a stopped one.
+fn report_run(prep: &Prepared, s: &train::TrainSummary, resume: &str) -> Result<Outcome> {
     if !s.sample.is_empty() {
         distgpt::outln!("--- sample ---\n{}\n--------------", s.sample);
     }
@@ -1696,13 +1697,57 @@ fn report_run(prep: &Prepared, s: &train::TrainSummary) -> Result<Outcome> {
     );
     if s.stopped {
         distgpt::errln!(
-            "stopped after step {} with a checkpoint: continue with `distgpt train --resume {}`",
+            "stopped after step {} with a checkpoint: continue with `{}`",
             s.steps,
-            s.out_dir.display()
+            resume
         );
         return Ok(Outcome::Stopped);
     }
     Ok(Outcome::Done)
+}
+
+/// The command that continues a stopped run, launched as this one was: the
+/// run directory says everything else.
+fn resume_command(dir: &Path, par: &ParallelArgs, device: &DeviceArgs) -> String {
+    let mut words = vec![
+        "distgpt".to_string(),
+        "train".into(),
+        "--resume".into(),
+        shell_word(&dir.display().to_string()),
+    ];
+    match par.comm {
+        CommKind::Local => {}
+        CommKind::Mpi => words.extend(["--comm".into(), "mpi".into()]),
+        CommKind::Nccl => words.extend(["--comm".into(), "nccl".into()]),
+    }
+    let ordinal = match device.device {
+        DeviceChoice::Cpu => None,
+        DeviceChoice::Opencl => Some(("opencl", "--opencl-device", device.opencl_device)),
+        DeviceChoice::Cuda => Some(("cuda", "--cuda-device", device.cuda_device)),
+    };
+    if let Some((name, flag, n)) = ordinal {
+        words.extend(["--device".into(), name.into()]);
+        if n != 0 {
+            words.extend([flag.into(), n.to_string()]);
+        }
+    }
+    if par.comm != CommKind::Local && under_mpirun() {
+        words.splice(
+            0..0,
+            ["mpirun".into(), "-np".into(), par.world_size.to_string()],
+        );
+    }
+    words.join(" ")
+}
+
+/// `w` as one shell word: quoted unless it is plain.
+fn shell_word(w: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_-./:=,+@%".contains(c);
+    if !w.is_empty() && w.chars().all(plain) {
+        w.into()
+    } else {
+        format!("'{}'", w.replace('\'', r"'\''"))
+    }
 }
 
 /// `eval` of a BERT masked LM (a `--task mlm` run or such a folder): the
@@ -2096,6 +2141,14 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_path_in_a_printed_command_is_one_shell_word() {
+        assert_eq!(shell_word("runs/tiny-20261125"), "runs/tiny-20261125");
+        assert_eq!(shell_word("/tmp/hint dir"), "'/tmp/hint dir'");
+        assert_eq!(shell_word("it's"), r"'it'\''s'");
+        assert_eq!(shell_word(""), "''");
+    }
 
     /// Every visible flag and command without a help line, as "command --flag".
     fn undocumented(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {

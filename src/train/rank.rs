@@ -454,11 +454,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             self.world,
         )?;
         if done.stopping {
-            self.note(&format!(
-                "stopped after step {}; resume with --resume {}",
-                step + 1,
-                self.cfg.out_dir.display()
-            ));
+            self.note(&format!("stopped after step {}", step + 1));
         }
         Ok(())
     }
