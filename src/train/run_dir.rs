@@ -105,8 +105,17 @@ pub fn date(secs: u64) -> String {
 /// which takes rank 0's name later and must leave no directory of its own.
 pub fn default_run_dir(model: &str) -> PathBuf {
     let base = format!("{model}-{}", timestamp(unix_now()));
-    let lead = std::env::var("OMPI_COMM_WORLD_RANK").map_or(true, |r| r == "0");
-    reserve(Path::new("runs"), &base, lead)
+    reserve(Path::new("runs"), &base, lead_process())
+}
+
+/// Whether this process leads its job: any process outside mpirun, rank 0
+/// under it (Open MPI, MPICH or PMIx). The lead alone creates and locks run
+/// directories.
+fn lead_process() -> bool {
+    ["OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok())
+        .is_none_or(|r| r.trim() == "0")
 }
 
 /// `root/base`, or `root/base-N` for the first N free; created when
@@ -138,15 +147,20 @@ fn reserve(root: &Path, base: &str, create: bool) -> PathBuf {
 /// for the run's life; it names the holder's pid.
 pub const LOCK_FILE: &str = ".lock";
 
-/// A held lock on a run directory (released when dropped or the process ends).
+/// A held lock on a run directory (released when dropped or the process
+/// ends); an MPI job's other processes hold none, rank 0's covers the job.
 pub struct RunLock {
-    _file: std::fs::File,
+    _file: Option<std::fs::File>,
 }
 
 /// Takes `dir`'s lock (creating the directory), or refuses naming the
-/// process that holds it: two processes never write one run.
+/// process that holds it: two jobs never write one run. Under mpirun only
+/// rank 0's process locks (the job's other processes would find it held).
 pub fn lock(dir: &Path) -> Result<RunLock> {
     use std::io::{Read, Seek, Write};
+    if !lead_process() {
+        return Ok(RunLock { _file: None });
+    }
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let path = dir.join(LOCK_FILE);
     let mut file = std::fs::OpenOptions::new()
@@ -163,15 +177,24 @@ pub fn lock(dir: &Path) -> Result<RunLock> {
                 .and_then(|()| file.rewind())
                 .and_then(|()| file.write_all(me.as_bytes()))
                 .map_err(|e| Error::io(&path, e))?;
-            Ok(RunLock { _file: file })
+            Ok(RunLock { _file: Some(file) })
         }
         Err(std::fs::TryLockError::WouldBlock) => {
             let mut holder = String::new();
             let _ = file.read_to_string(&mut holder);
+            let (pid, stop) = match holder.trim() {
+                "" => (
+                    String::new(),
+                    "Ctrl-C or SIGTERM checkpoints it".to_string(),
+                ),
+                pid => (
+                    format!(" (pid {pid})"),
+                    format!("Ctrl-C or `kill -TERM {pid}` checkpoints it"),
+                ),
+            };
             Err(Error::Input(format!(
-                "{} is in use: another distgpt process (pid {}) is training this run; wait for it to finish or stop it (Ctrl-C or `kill -TERM {1}` checkpoints it) before resuming",
-                dir.display(),
-                holder.trim()
+                "{} is in use: another distgpt process{pid} is training this run; wait for it to finish or stop it ({stop}) before resuming",
+                dir.display()
             )))
         }
         Err(std::fs::TryLockError::Error(e)) => Err(Error::io(&path, e)),
