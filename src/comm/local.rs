@@ -9,7 +9,7 @@
 use super::elem::{typed, typed_pair};
 use super::{record, Buf, BufMut, Comm, CommElem, CommStats, DType, Kind};
 use crate::error::{Error, Result};
-use std::any::Any;
+use std::any::{Any, TypeId};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -52,6 +52,10 @@ struct State {
     arrived: Vec<bool>,
     /// Each rank's deposit: a `Vec<T>` of the collective's element type.
     slots: Vec<Box<dyn Any + Send>>,
+    /// Each rank's buffers of the other element types it deposited before,
+    /// kept for their next deposit: a step's small f64 all-reduce between
+    /// two large f32 collectives must not free and refault the large one.
+    kept: Vec<HashMap<TypeId, Box<dyn Any + Send>>>,
     /// Messages from rank to rank.
     mail: HashMap<(usize, usize), VecDeque<Message>>,
     subgroups: HashMap<(u64, usize), Arc<Group>>,
@@ -77,6 +81,7 @@ impl Group {
                 slots: (0..n)
                     .map(|_| Box::new(()) as Box<dyn Any + Send>)
                     .collect(),
+                kept: (0..n).map(|_| HashMap::new()).collect(),
                 mail: HashMap::new(),
                 subgroups: HashMap::new(),
                 splits: 0,
@@ -164,17 +169,23 @@ impl Group {
             .map(|_| ())
     }
 
-    /// Copies `input` into this rank's slot, reusing its allocation when the
-    /// last deposit had the same type.
+    /// Copies `input` into this rank's slot, reusing the allocation of its
+    /// last deposit of this element type.
     fn deposit<T: CommElem>(&self, me: usize, input: &[T]) {
         let mut st = self.lock();
-        match st.slots[me].downcast_mut::<Vec<T>>() {
-            Some(v) => {
-                v.clear();
-                v.extend_from_slice(input);
-            }
-            None => st.slots[me] = Box::new(input.to_vec()),
+        let st = &mut *st;
+        if !st.slots[me].is::<Vec<T>>() {
+            let mine = st.kept[me]
+                .remove(&TypeId::of::<Vec<T>>())
+                .unwrap_or_else(|| Box::new(Vec::<T>::new()));
+            let other = std::mem::replace(&mut st.slots[me], mine);
+            st.kept[me].insert((*other).type_id(), other);
         }
+        let v = st.slots[me]
+            .downcast_mut::<Vec<T>>()
+            .expect("the slot holds this type now");
+        v.clear();
+        v.extend_from_slice(input);
     }
 
     /// Once every rank has deposited, runs `read` over all slots (without

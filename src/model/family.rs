@@ -161,22 +161,10 @@ impl ModelConfig {
     }
 
     /// Elements of (activations, other scratch) one of `tp` tensor-parallel
-    /// ranks allocates for b sequences of t tokens: the engine's own
-    /// allocation, counted (`model::alloc`).
-    pub fn activation_elems(
-        &self,
-        tp: usize,
-        rows: (usize, usize),
-        recompute: bool,
-        precision: Precision,
-    ) -> (usize, usize) {
-        let all = 0..self.n_layer() + 2;
-        self.stage_activation_elems(tp, rows, (all, recompute, false), precision)
-    }
-
-    /// As [`ModelConfig::activation_elems`] for an engine that runs `units`
-    /// only (a pipeline stage's), its backward split in two where `split`
-    /// (`UnitModel::split_backward`; GPT-2 only).
+    /// ranks allocates for b sequences of t tokens when its engine runs
+    /// `units` only (a pipeline stage's; all of them for one stage): the
+    /// engine's own allocation, counted (`model::alloc`); its backward split
+    /// in two where `split` (`UnitModel::split_backward`; GPT-2 only).
     pub fn stage_activation_elems(
         &self,
         tp: usize,

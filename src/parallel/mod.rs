@@ -1,11 +1,11 @@
 //! Parallel strategies: how a training step is split over ranks. For a fixed
 //! seed and global batch every strategy follows `single`'s loss curve.
 //!
-//! - `replicated`: single, ddp, zero1, tp and the dp x tp mesh (full or
-//!   tensor-parallel replicas per data-parallel rank).
-//! - `sharded`: zero2 and fsdp (ZeRO-3), which shard each unit the model
-//!   declares (embeddings, every block, the head) across the data-parallel
-//!   ranks.
+//! Every layout is a pipeline of one or more stages (`pipeline::Pipelined`;
+//! single, ddp, zero1/2, fsdp and tp are one stage): a rank runs its
+//! stage's units, split over its tensor-parallel group (`tp`), and shares
+//! the stage's state with its data-parallel replicas as its strategy says
+//! (`stage::StageState`: replicated, zero1, zero2, fsdp).
 //!
 //! Strategies know a model only through `model::UnitModel` and the
 //! `ParamLayout` it declares: no family is named here.
@@ -13,15 +13,11 @@
 pub mod grid;
 pub mod launch;
 pub mod pipeline;
-mod replicated;
-mod sharded;
 mod stage;
 mod units;
 
 pub use grid::Grid;
 pub use pipeline::{Pipeline, Pipelined, Schedule, Span};
-pub use replicated::Replicated;
-pub use sharded::Sharded;
 pub use stage::{stage_sizes, StageSizes};
 pub use units::Units;
 
@@ -176,18 +172,6 @@ impl ParallelConfig {
         self
     }
 
-    /// Whether `build` runs this layout as pipeline stages: every pipeline,
-    /// and zero1, zero2 and fsdp over a tensor-parallel mesh (one stage).
-    pub fn staged(&self) -> bool {
-        let r = self.resolved();
-        r.pipeline.stages > 1
-            || (r.tp > 1
-                && matches!(
-                    r.strategy,
-                    StrategyKind::Zero1 | StrategyKind::Zero2 | StrategyKind::Fsdp
-                ))
-    }
-
     /// Data-parallel size.
     pub fn dp(&self) -> usize {
         let r = self.resolved();
@@ -210,6 +194,18 @@ pub struct StepConfig {
     pub lr: f32,
     /// Clip the global gradient norm to this; 0 disables clipping.
     pub grad_clip: f32,
+}
+
+impl StepConfig {
+    /// What the gradient is multiplied by so that its global norm is at
+    /// most `grad_clip` (1 when it is already, or clipping is off).
+    pub fn clip_scale(&self, grad_norm: f32) -> f32 {
+        if self.grad_clip > 0.0 && grad_norm > self.grad_clip {
+            self.grad_clip / grad_norm
+        } else {
+            1.0
+        }
+    }
 }
 
 /// One rank's part of a training strategy. Every method is collective.
@@ -256,22 +252,25 @@ pub struct OwnedState {
 }
 
 impl OwnedState {
-    /// Appends `len` elements taken at `at` from each buffer as the run at `global`.
-    fn push(
-        &mut self,
-        global: usize,
-        len: usize,
-        (p, pa): (&[f32], usize),
-        (m, ma): (&[f32], usize),
-        v: &[f32],
-    ) {
+    /// Appends the run of `len` elements at `global`, its values taken from
+    /// the fronts of `[params, m, v]`.
+    fn push(&mut self, global: usize, len: usize, [p, m, v]: [&[f32]; 3]) {
         match self.segments.last_mut() {
             Some(last) if last.0 + last.1 == global => last.1 += len,
             _ => self.segments.push((global, len)),
         }
-        self.params.extend_from_slice(&p[pa..pa + len]);
-        self.m.extend_from_slice(&m[ma..ma + len]);
-        self.v.extend_from_slice(&v[ma..ma + len]);
+        self.params.extend_from_slice(&p[..len]);
+        self.m.extend_from_slice(&m[..len]);
+        self.v.extend_from_slice(&v[..len]);
+    }
+
+    /// Appends another part's runs after this one's.
+    fn append(&mut self, o: OwnedState) {
+        let mut at = 0;
+        for &(global, len) in &o.segments {
+            self.push(global, len, [&o.params[at..], &o.m[at..], &o.v[at..]]);
+            at += len;
+        }
     }
 }
 
@@ -321,35 +320,17 @@ pub fn build<B: Backend + 'static>(
         rank: grid.coords(world.rank()).tp,
         size: grid.tp,
     };
-    if par.staged() {
-        // an engine per chunk of blocks this rank holds
-        let engines = (0..par.pipeline.virtual_stages)
-            .map(|_| model.engine(backend.clone(), place, par.recompute, par.precision))
-            .collect::<Result<_>>()?;
-        return Ok(Box::new(Pipelined::new(
-            engines,
-            &model,
-            (grid, groups),
-            world,
-            (par.pipeline, stage::Sharing::of(par.strategy)),
-            adamw,
-            (b, t),
-        )?));
-    }
-    let engine = model.engine(backend, place, par.recompute, par.precision)?;
-    let grid::Groups {
-        dp: dp_comm,
-        tp: tp_comm,
-        ..
-    } = groups;
-    Ok(match par.strategy {
-        StrategyKind::Single | StrategyKind::Ddp | StrategyKind::Tp => Box::new(Replicated::new(
-            engine, dp_comm, tp_comm, false, adamw, b, t,
-        )?),
-        StrategyKind::Zero1 => Box::new(Replicated::new(
-            engine, dp_comm, tp_comm, true, adamw, b, t,
-        )?),
-        StrategyKind::Zero2 => Box::new(Sharded::new(engine, dp_comm, false, adamw, b, t)?),
-        StrategyKind::Fsdp => Box::new(Sharded::new(engine, dp_comm, true, adamw, b, t)?),
-    })
+    // an engine per chunk of blocks this rank holds
+    let engines = (0..par.pipeline.virtual_stages)
+        .map(|_| model.engine(backend.clone(), place, par.recompute, par.precision))
+        .collect::<Result<_>>()?;
+    Ok(Box::new(Pipelined::new(
+        engines,
+        &model,
+        (grid, groups),
+        world,
+        (par.pipeline, stage::Sharing::of(par.strategy)),
+        adamw,
+        (b, t),
+    )?))
 }

@@ -1044,42 +1044,45 @@ impl<B: Backend> Pipelined<B> {
         Ok(total[0].sqrt() as f32)
     }
 
-    /// Every value chunk c owns in whole-layout coordinates, from host
-    /// copies of its buffers (`bufs`), appended to `segs` and `out`: dp
-    /// rank 0 writes, a replicated tensor by tp rank 0, a tied copy by its
-    /// owner only.
-    fn owned(
-        &self,
-        c: usize,
-        bufs: &[&[f32]],
-        segs: &mut Vec<(usize, usize)>,
-        out: &mut [Vec<f32>],
-    ) {
-        if self.dp.rank() != 0 {
-            return;
-        }
+    /// What chunk c writes to a checkpoint, in whole-layout coordinates:
+    /// its stage state's runs of the (tensor-parallel) layout mapped
+    /// through each tensor's split, a replicated tensor by tp rank 0 only.
+    /// Every value of the model has exactly one writer.
+    fn owned(&self, c: usize) -> Result<OwnedState> {
         let ch = &self.chunks[c];
+        let local = ch.state.owned(ch.engine.backend(), self.dp.rank())?;
         let tp = ch.engine.tp();
         let whole = ch.engine.whole_layout();
-        for (w, l) in whole.tensors.iter().zip(&ch.engine.layout().tensors) {
-            let r = l.range();
-            let mine = r.start >= ch.map.own.start && r.end <= ch.map.own.end;
-            if !mine || (w.split == TpSplit::Replicated && tp.rank != 0) {
-                continue;
-            }
-            let mut at = ch.map.local(&r).start;
-            for (full_at, len) in w.split.runs(&w.full_shape, tp.size, tp.rank) {
-                let global = w.offset + full_at;
-                match segs.last_mut() {
-                    Some(last) if last.0 + last.1 == global => last.1 += len,
-                    _ => segs.push((global, len)),
+        let mut st = OwnedState::default();
+        let mut base = 0;
+        for &(start, n) in &local.segments {
+            let run = start..start + n;
+            for (w, l) in whole.tensors.iter().zip(&ch.engine.layout().tensors) {
+                let lr = l.range();
+                if lr.end <= run.start || run.end <= lr.start {
+                    continue;
                 }
-                for (o, b) in out.iter_mut().zip(bufs) {
-                    o.extend_from_slice(&b[at..at + len]);
+                if w.split == TpSplit::Replicated && tp.rank != 0 {
+                    continue;
                 }
-                at += len;
+                // the tensor's local elements, run by run of the whole tensor
+                let mut at = lr.start;
+                for (full_at, len) in w.split.runs(&w.full_shape, tp.size, tp.rank) {
+                    let (a, b) = (at.max(run.start), (at + len).min(run.end));
+                    if a < b {
+                        let from = base + a - run.start;
+                        st.push(
+                            w.offset + full_at + a - at,
+                            b - a,
+                            [&local.params[from..], &local.m[from..], &local.v[from..]],
+                        );
+                    }
+                    at += len;
+                }
             }
+            base += n;
         }
+        Ok(st)
     }
 
     /// Chunk c's part of a whole-layout host buffer, as its buffers hold it.
@@ -1127,11 +1130,7 @@ impl<B: Backend> Strategy for Pipelined<B> {
         let loss = self.share_loss(loss[0])? / (n * m) as f32;
         let grad_norm = self.grad_norm()?;
         check_finite(loss, grad_norm)?;
-        let clip = if cfg.grad_clip > 0.0 && grad_norm > cfg.grad_clip {
-            cfg.grad_clip / grad_norm
-        } else {
-            1.0
-        };
+        let clip = cfg.clip_scale(grad_norm);
         for ch in &mut self.chunks {
             let lay = ch.engine.layout().clone();
             // the engine's own handle: the update's transient shard counts against this rank
@@ -1197,18 +1196,13 @@ impl<B: Backend> Strategy for Pipelined<B> {
 
     fn full_params(&mut self) -> Result<Vec<f32>> {
         let mut full = vec![0.0f32; self.engine().whole_layout().total()];
-        for c in 0..self.chunks.len() {
-            let ch = &self.chunks[c];
-            let [p, ..] = ch.state.host_state(self.dp.as_ref(), ch.engine.backend())?;
-            let (mut segs, mut vals) = (Vec::new(), vec![Vec::new()]);
-            self.owned(c, &[&p], &mut segs, &mut vals);
-            let mut at = 0;
-            for (global, len) in segs {
-                full[global..global + len].copy_from_slice(&vals[0][at..at + len]);
-                at += len;
-            }
+        let mine = self.owned_state()?;
+        let mut at = 0;
+        for (global, len) in mine.segments {
+            full[global..global + len].copy_from_slice(&mine.params[at..at + len]);
+            at += len;
         }
-        // every value has one owner and zeros elsewhere: the sums are exact
+        // every value has one writer and zeros elsewhere: the sums are exact
         if let Some(tp) = self.tp.as_deref() {
             tp.all_reduce(&mut full)?;
         }
@@ -1228,20 +1222,11 @@ impl<B: Backend> Strategy for Pipelined<B> {
     }
 
     fn owned_state(&self) -> Result<OwnedState> {
-        let (mut segments, mut vals) = (Vec::new(), vec![Vec::new(); 3]);
-        for (c, ch) in self.chunks.iter().enumerate() {
-            let [p, m, v] = ch.state.host_state(self.dp.as_ref(), ch.engine.backend())?;
-            self.owned(c, &[&p, &m, &v], &mut segments, &mut vals);
+        let mut st = OwnedState::default();
+        for c in 0..self.chunks.len() {
+            st.append(self.owned(c)?);
         }
-        let v = vals.pop().expect("v");
-        let m = vals.pop().expect("m");
-        let params = vals.pop().expect("params");
-        Ok(OwnedState {
-            segments,
-            params,
-            m,
-            v,
-        })
+        Ok(st)
     }
 
     fn load_state(&mut self, params: &[f32], m: &[f32], v: &[f32], adam_step: u32) -> Result<()> {

@@ -18,7 +18,7 @@
 //! as its owner is, so the stages holding a tie sum its gradient shard for
 //! shard.
 
-use super::{StrategyKind, Units};
+use super::{OwnedState, StrategyKind, Units};
 use crate::backend::{Backend, Buf, Category};
 use crate::comm::{device, Comm};
 use crate::error::Result;
@@ -77,20 +77,6 @@ impl StageMap {
     /// Floats in the stage's whole buffers.
     pub fn len(&self) -> usize {
         self.copy_len() + self.own.len()
-    }
-
-    /// The buffer range of a layout range (inside the copied unit or the own units).
-    pub fn local(&self, r: &Range<usize>) -> Range<usize> {
-        if let Some(c) = self
-            .copy
-            .as_ref()
-            .filter(|c| c.start <= r.start && r.end <= c.end)
-        {
-            return r.start - c.start..r.end - c.start;
-        }
-        debug_assert!(r.start >= self.own.start && r.end <= self.own.end);
-        let at = r.start - self.own.start + self.copy_len();
-        at..at + r.len()
     }
 
     /// Each piece's layout range: the copied unit, then the stage's units.
@@ -225,9 +211,7 @@ impl Pieces {
 
     /// Rank r's slice of piece k: (offset in the piece, length).
     fn mine(&self, k: usize, r: usize) -> (usize, usize) {
-        let s = self.shards.shard_len[k];
-        let start = (r * s).min(self.len(k));
-        (start, s.min(self.len(k) - start))
+        self.shards.mine(k, r)
     }
 }
 
@@ -260,7 +244,8 @@ pub struct StageState<B: Backend> {
     params: Params<B>,
     /// The stage's whole gradient (replicated, zero1).
     grads: Option<Buf<B>>,
-    /// This rank's shard of the reduced gradient (zero1, zero2, fsdp).
+    /// This rank's shard of the reduced gradient (zero2, fsdp; zero1
+    /// reduces into its slice of `grads`).
     g_shard: Option<Buf<B>>,
     scratch: Vec<Buf<B>>,
     rs_out: Option<Buf<B>>,
@@ -304,7 +289,7 @@ impl<B: Backend> StageState<B> {
         }
         let opt_len = if sharded { z.shard } else { z.len };
         Ok(StageState {
-            g_shard: sharded
+            g_shard: matches!(sharing, Sharing::Zero2 | Sharing::Fsdp)
                 .then(|| be.alloc(z.shard, Category::Grads))
                 .transpose()?,
             rs_out: sharded
@@ -453,22 +438,45 @@ impl<B: Backend> StageState<B> {
         Ok(())
     }
 
-    /// Reduce-scatters piece k's padded gradient in scratch `slot` and adds this rank's part to its shard.
+    /// Reduce-scatters piece k's padded gradient in scratch `slot` and adds
+    /// this rank's part to its shard (zero2, fsdp), or puts it in this
+    /// rank's slice of the whole gradient (zero1).
     fn reduce(&mut self, dp: &dyn Comm, be: &B, k: usize, slot: usize) -> Result<()> {
         let u = &self.pieces.shards;
         let s = u.shard_len[k];
-        let (out, shard) = (
-            self.rs_out.as_mut().expect("sharded"),
-            self.g_shard.as_mut().expect("sharded"),
-        );
+        let out = self.rs_out.as_mut().expect("sharded");
         device::reduce_scatter(
             dp,
             be,
             self.scratch[slot].slice(0..u.padded(k)),
             out.slice_mut(0..s),
         )?;
-        be.add_inplace(shard.slice_mut(u.shard_of(k)), out.slice(0..s));
+        match (&mut self.g_shard, &mut self.grads) {
+            (Some(shard), _) => be.add_inplace(shard.slice_mut(u.shard_of(k)), out.slice(0..s)),
+            (None, Some(whole)) => {
+                let (at, len) = self.pieces.mine(k, dp.rank());
+                let at = self.pieces.buf(k).start + at;
+                be.copy(whole.slice_mut(at..at + len), out.slice(0..len));
+            }
+            (None, None) => unreachable!("a stage holds a gradient"),
+        }
         Ok(())
+    }
+
+    /// Where this rank's reduced gradient of piece k lies once reduced:
+    /// (its buffer, offset there, layout offset, length).
+    fn my_grad(&self, k: usize, r: usize) -> (&Buf<B>, usize, usize, usize) {
+        let pc = &self.pieces;
+        let (start, len) = match self.sharing {
+            Sharing::Replicated => (0, pc.len(k)),
+            _ => pc.mine(k, r),
+        };
+        let global = pc.layout[k].start + start;
+        match (&self.g_shard, &self.grads) {
+            (Some(g), _) => (g, pc.shards.shard_at[k], global, len),
+            (None, Some(g)) => (g, pc.buf(k).start + start, global, len),
+            (None, None) => unreachable!("a stage holds a gradient"),
+        }
     }
 
     /// After the step's last backward: the gradient summed over the
@@ -506,9 +514,14 @@ impl<B: Backend> StageState<B> {
             Sharing::Zero2 | Sharing::Fsdp => {}
         }
         if let Some((group, k)) = tie {
-            let at = self.pieces.shards.shard_of(k);
-            let g = self.g_shard.as_mut().expect("sharded");
-            device::all_reduce(group, be, g.slice_mut(at))?;
+            // the stages holding the tie shard it alike: slice for slice
+            let (_, at, _, len) = self.my_grad(k, dp.rank());
+            let g = self
+                .g_shard
+                .as_mut()
+                .or(self.grads.as_mut())
+                .expect("a gradient");
+            device::all_reduce(group, be, g.slice_mut(at..at + len))?;
         }
         Ok(())
     }
@@ -519,21 +532,7 @@ impl<B: Backend> StageState<B> {
     pub fn grad_squares(&self, be: &B, lay: &ParamLayout, r: usize) -> Result<(f64, f64)> {
         let (mut split, mut rep) = (0.0f64, 0.0f64);
         for k in usize::from(self.pieces.copied)..self.pieces.layout.len() {
-            // (the gradient buffer, where piece k's values start in it, their layout start, length)
-            let (g, at, global, len) = match (&self.grads, &self.g_shard) {
-                (_, Some(gs)) => {
-                    let (start, len) = self.pieces.mine(k, r);
-                    let at = self.pieces.shards.shard_at[k];
-                    (gs, at, self.pieces.layout[k].start + start, len)
-                }
-                (Some(g), None) => (
-                    g,
-                    self.pieces.buf(k).start,
-                    self.pieces.layout[k].start,
-                    self.pieces.len(k),
-                ),
-                (None, None) => unreachable!("a stage holds a gradient"),
-            };
+            let (g, at, global, len) = self.my_grad(k, r);
             for t in &lay.tensors {
                 let tr = t.range();
                 let (a, b) = (tr.start.max(global), tr.end.min(global + len));
@@ -586,9 +585,18 @@ impl<B: Backend> StageState<B> {
                 })
                 .collect(),
         };
-        let grads = match (&self.grads, &self.g_shard) {
-            (_, Some(g)) | (Some(g), None) => g.s(),
-            (None, None) => unreachable!("a stage holds a gradient"),
+        // zero1's reduced slices, gathered into shard order for the update
+        let zero1_grads = match (self.sharing, &self.grads) {
+            (Sharing::Zero1, Some(whole)) => {
+                let mut g = be.alloc(pc.shards.shard_total(), Category::Other)?;
+                pc.shards.shard_from(be, whole.s(), r, g.d());
+                Some(g)
+            }
+            _ => None,
+        };
+        let grads = match (&zero1_grads, &self.g_shard, &self.grads) {
+            (Some(g), ..) | (None, Some(g), _) | (None, None, Some(g)) => g.s(),
+            (None, None, None) => unreachable!("a stage holds a gradient"),
         };
         match (&mut self.params, self.sharing) {
             (Params::Sharded { shard, held, .. }, _) => {
@@ -618,33 +626,45 @@ impl<B: Backend> StageState<B> {
         Ok(())
     }
 
-    /// The stage's whole parameters and moments as host buffers
-    /// (`[copy | own units]`), gathered over the replicas where sharded.
-    pub fn host_state(&self, dp: &dyn Comm, be: &B) -> Result<[Vec<f32>; 3]> {
-        let whole = |b: &Buf<B>, sharded: bool| -> Result<Vec<f32>> {
-            let host = be.read(b.s())?;
-            if !sharded {
-                return Ok(host.into_owned());
-            }
-            let u = &self.pieces.shards;
-            let mut out = vec![0.0; self.pieces.sizes().len];
-            for k in 0..u.ranges.len() {
-                let mut all = vec![0.0; u.padded(k)];
-                dp.all_gather(&host[u.shard_of(k)], &mut all)?;
-                out[u.ranges[k].clone()].copy_from_slice(&all[..self.pieces.len(k)]);
-            }
-            Ok(out)
-        };
+    /// What replica r writes to a checkpoint, as host copies: runs of the
+    /// stage's own units with their parameters and moments, the segments
+    /// in this rank's (tensor-parallel) layout's coordinates; the copied
+    /// unit is its owner's. Replicated: replica 0 writes every run;
+    /// sharded: each replica its slice of every piece, so each value has
+    /// exactly one writer.
+    pub fn owned(&self, be: &B, r: usize) -> Result<OwnedState> {
+        let pc = &self.pieces;
+        let mut out = OwnedState::default();
+        if !self.sharded() && r != 0 {
+            return Ok(out);
+        }
         let params = match &self.params {
-            Params::Whole(p) => whole(p, false)?,
-            Params::Sharded { shard, .. } => whole(shard, true)?,
+            Params::Whole(p) | Params::Sharded { shard: p, .. } => be.read(p.s())?,
         };
-        let sharded = self.sharded();
-        Ok([
-            params,
-            whole(&self.opt.m, sharded)?,
-            whole(&self.opt.v, sharded)?,
-        ])
+        let (m, v) = (be.read(self.opt.m.s())?, be.read(self.opt.v.s())?);
+        for k in usize::from(pc.copied)..pc.layout.len() {
+            // (offset in the piece, length, where the moments hold it, where the parameters do)
+            let (start, len, at_m, at_p) = match (self.sharded(), &self.params) {
+                (false, _) => (0, pc.len(k), pc.buf(k).start, pc.buf(k).start),
+                (true, params) => {
+                    let (start, len) = pc.mine(k, r);
+                    let at_p = match params {
+                        Params::Whole(_) => pc.buf(k).start + start,
+                        Params::Sharded { .. } => pc.shards.shard_at[k],
+                    };
+                    (start, len, pc.shards.shard_at[k], at_p)
+                }
+            };
+            if len == 0 {
+                continue;
+            }
+            out.push(
+                pc.layout[k].start + start,
+                len,
+                [&params[at_p..], &m[at_m..], &v[at_m..]],
+            );
+        }
+        Ok(out)
     }
 
     /// Loads the stage's whole parameters (`[copy | own units]`, host); replica r keeps its part.

@@ -57,41 +57,26 @@ impl Units {
         self.shard_len[u] * self.n
     }
 
-    /// fsdp's gather buffers: which buffer each unit is gathered into (0
-    /// for every unit no later unit ties to; a buffer of its own for each
-    /// tied-to unit, which stays gathered until its backward), and each
-    /// buffer's size.
-    pub fn gather_slots(&self, layout: &ParamLayout) -> (Vec<usize>, Vec<usize>) {
-        let mut slot_of = vec![0; self.ranges.len()];
-        let mut sizes = vec![0];
-        for tied in layout.units.iter().filter_map(|u| u.tied.as_ref()) {
-            if slot_of[tied.unit] == 0 {
-                slot_of[tied.unit] = sizes.len();
-                sizes.push(self.padded(tied.unit));
-            }
-        }
-        for (u, &slot) in slot_of.iter().enumerate() {
-            if slot == 0 {
-                sizes[0] = sizes[0].max(self.padded(u));
-            }
-        }
-        (slot_of, sizes)
-    }
-
     /// Unit u's slice of rank r's shard buffer.
     pub fn shard_of(&self, u: usize) -> Range<usize> {
         self.shard_at[u]..self.shard_at[u] + self.shard_len[u]
+    }
+
+    /// Rank r's slice of unit u: (offset in the unit, length; short or
+    /// empty where it falls in the padding).
+    pub fn mine(&self, u: usize, r: usize) -> (usize, usize) {
+        let (s, len) = (self.shard_len[u], self.ranges[u].len());
+        let start = (r * s).min(len);
+        (start, s.min(len - start))
     }
 
     /// Where rank r's shard elements sit in the layout (padding excluded).
     pub fn segments(&self, r: usize) -> Vec<Segment> {
         (0..self.ranges.len())
             .filter_map(|u| {
-                let s = self.shard_len[u];
-                let global = self.ranges[u].start + r * s;
-                let len = s.min(self.ranges[u].end.saturating_sub(global));
+                let (start, len) = self.mine(u, r);
                 (len > 0).then_some(Segment {
-                    global,
+                    global: self.ranges[u].start + start,
                     local: self.shard_at[u],
                     len,
                 })

@@ -9,8 +9,8 @@
 
 pub mod calibrate;
 
-use crate::model::{ModelConfig, ParamLayout, Precision as ModelPrecision};
-use crate::parallel::{self, pipeline, ParallelConfig, Pipeline, Schedule, StrategyKind, Units};
+use crate::model::{ModelConfig, Precision as ModelPrecision};
+use crate::parallel::{self, pipeline, ParallelConfig, Pipeline, Schedule, StrategyKind};
 use serde::Serialize;
 
 /// Bytes per element of each kind of state.
@@ -225,37 +225,6 @@ pub struct Prediction {
     pub fits: bool,
 }
 
-/// Sizes of the units distgpt shards and gathers ([wte | wpe], blocks, [ln_f]).
-struct UnitSizes {
-    /// Elements of the largest unit, padded to a multiple of the dp size.
-    max_padded: f64,
-    /// Elements of the last unit (the head), padded.
-    head_padded: f64,
-    /// Elements of fsdp's gather buffers together.
-    gathered: f64,
-    /// Elements of this rank's shard of every unit.
-    shard: f64,
-    /// The largest single shard.
-    max_shard: f64,
-    units: usize,
-}
-
-impl UnitSizes {
-    /// From the units the model declares, padded and sharded as `parallel::Units` does.
-    fn new(layout: &ParamLayout, n: usize) -> Self {
-        let u = Units::new(layout, n);
-        let last = u.ranges.len() - 1;
-        UnitSizes {
-            max_padded: u.max_padded() as f64,
-            head_padded: u.padded(last) as f64,
-            gathered: u.gather_slots(layout).1.iter().sum::<usize>() as f64,
-            shard: u.shard_total() as f64,
-            max_shard: u.shard_len.iter().max().copied().unwrap_or(0) as f64,
-            units: u.ranges.len(),
-        }
-    }
-}
-
 /// One rank's bytes by category for `par` (assumed valid), as `parallel`
 /// allocates them: under a pipeline, the fullest stage's.
 pub fn memory_plan(w: &Workload, par: ParallelConfig, precision: Precision) -> MemoryPlan {
@@ -277,9 +246,6 @@ pub fn stage_memory_plan(
     s: usize,
 ) -> MemoryPlan {
     let par = par.resolved();
-    if !par.staged() {
-        return unpipelined_memory_plan(w, par, precision);
-    }
     let pipe = par.pipeline;
     let m = &w.model;
     let layout = m.layout(par.tp);
@@ -323,8 +289,10 @@ pub fn stage_memory_plan(
             (mem.params, mem.grads, mem.optimizer) = (pb * len, gb * len, ob * len);
         }
         StrategyKind::Zero1 => {
-            (mem.params, mem.grads, mem.optimizer) = (pb * len, gb * (len + shard), ob * shard);
-            mem.other = scratch + pb * transient as f64;
+            // the gradient reduced into this rank's slice of the whole one,
+            // copied out with the parameters' slice for the update
+            (mem.params, mem.grads, mem.optimizer) = (pb * len, gb * len, ob * shard);
+            mem.other = scratch + (pb + gb) * transient as f64;
         }
         StrategyKind::Zero2 => {
             (mem.params, mem.grads, mem.optimizer) = (pb * len, gb * shard, ob * shard);
@@ -340,67 +308,6 @@ pub fn stage_memory_plan(
     if par.precision == ModelPrecision::Bf16 {
         mem.activations += 4.0 * (bf16.0 - fp32.0);
         mem.other += 4.0 * (bf16.1 - fp32.1);
-    }
-    mem
-}
-
-fn unpipelined_memory_plan(w: &Workload, par: ParallelConfig, precision: Precision) -> MemoryPlan {
-    let m = &w.model;
-    let (world, tp) = (par.world_size, par.tp);
-    let dp = world / tp;
-    let layout = m.layout(tp);
-    let psi = layout.total() as f64;
-    let units = UnitSizes::new(&layout, dp);
-    let (pb, gb, ob) = (
-        precision.params_bytes(),
-        precision.grads_bytes(),
-        precision.optimizer_bytes(),
-    );
-    // the engine's own allocation, counted (activations and the bf16 scratch)
-    let rows = (w.batch / dp, w.seq_len);
-    let fp32 = m.activation_elems(tp, rows, par.recompute, ModelPrecision::Fp32);
-    let mut mem = MemoryPlan {
-        activations: fp32.0 as f64 * precision.activation_bytes(),
-        ..MemoryPlan::default()
-    };
-    match par.strategy {
-        StrategyKind::Single | StrategyKind::Ddp | StrategyKind::Tp => {
-            mem.params = pb * psi;
-            mem.grads = gb * psi;
-            mem.optimizer = ob * psi;
-        }
-        StrategyKind::Zero1 => {
-            mem.params = pb * psi;
-            mem.grads = gb * psi;
-            mem.optimizer = ob * units.shard;
-            // the reduced gradient shard and a unit's padded gradient for its
-            // reduce-scatter; the update's params shard and one gathered unit
-            mem.other = (pb + gb) * (units.shard + units.max_padded);
-        }
-        StrategyKind::Zero2 => {
-            mem.params = pb * psi;
-            mem.grads = gb * units.shard;
-            mem.optimizer = ob * units.shard;
-            // a unit's gradient before its reduce-scatter, the scatter output,
-            // and the update's shard copy and gather buffer
-            mem.other = gb * (units.max_padded + units.head_padded + units.max_shard)
-                + pb * (units.shard + units.max_padded);
-        }
-        StrategyKind::Fsdp => {
-            // the shard plus the gather buffers: the tied embeddings and one unit
-            mem.gathered = pb * units.gathered;
-            mem.params = pb * units.shard + mem.gathered;
-            mem.grads = gb * units.shard;
-            mem.optimizer = ob * units.shard;
-            mem.other = gb * (units.max_padded + units.head_padded + units.max_shard);
-        }
-    }
-    if par.precision == ModelPrecision::Bf16 {
-        // `--precision bf16`'s operand scratch, stored as f32: a matmul's
-        // rounded input and output gradient, and its rounded weight.
-        let bf16 = m.activation_elems(tp, rows, par.recompute, ModelPrecision::Bf16);
-        mem.activations += 4.0 * (bf16.0 - fp32.0) as f64;
-        mem.other += 4.0 * (bf16.1 - fp32.1) as f64;
     }
     mem
 }
@@ -433,7 +340,6 @@ pub fn predict(
         .max_by_key(|z| z.len)
         .unwrap_or_default();
     let psi = largest.len as f64;
-    let units = UnitSizes::new(&layout, dp);
     let (pb, gb) = (precision.params_bytes(), precision.grads_bytes());
     let rows = (w.batch / dp * w.seq_len) as f64;
 
@@ -459,7 +365,14 @@ pub fn predict(
     // data-parallel replicas sit tp x pp ranks apart, pipeline neighbours tp
     let dp_link = net.link(dp, tp * pp);
     let tp_link = net.link(tp, 1);
-    let calls = units.units;
+    // a replicated stage all-reduces its gradient in one call a chunk; a
+    // sharded one reduces and gathers unit by unit
+    let calls = match par.strategy {
+        StrategyKind::Zero1 | StrategyKind::Zero2 | StrategyKind::Fsdp => {
+            layout.units.len().div_ceil(pp)
+        }
+        _ => v,
+    };
     let g_bytes = gb * psi;
     let p_bytes = pb * psi;
     let ar =
@@ -503,10 +416,7 @@ pub fn predict(
         comm_bytes += acc * 2.0 * (tp as f64 - 1.0) / tp as f64 * bytes;
     }
     let owned = match par.strategy {
-        StrategyKind::Zero1 | StrategyKind::Zero2 | StrategyKind::Fsdp if par.staged() => {
-            largest.shard as f64
-        }
-        StrategyKind::Zero1 | StrategyKind::Zero2 | StrategyKind::Fsdp => units.shard,
+        StrategyKind::Zero1 | StrategyKind::Zero2 | StrategyKind::Fsdp => largest.shard as f64,
         _ => psi,
     };
     let optimizer_s = owned * precision.update_traffic_bytes() / (device.memory_bandwidth / share);
