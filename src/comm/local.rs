@@ -506,6 +506,30 @@ mod tests {
         })
     }
 
+    /// A step's small f64 all-reduce between large f32 collectives must not
+    /// free the f32 buffer (it was refaulted every step).
+    #[test]
+    fn a_deposit_of_another_type_keeps_the_first_types_buffer() {
+        let (w, _) = world(1, Duration::from_secs(10));
+        let g = Group::new(vec![0], w);
+        let ptr = |g: &Group| {
+            g.lock().slots[0]
+                .downcast_ref::<Vec<f32>>()
+                .map(|v| v.as_ptr())
+        };
+        g.deposit(0, &vec![1.0f32; 1 << 20]);
+        let first = ptr(&g).expect("an f32 slot");
+        g.deposit(0, &[2.0f64]);
+        assert!(ptr(&g).is_none());
+        let kept = g.lock().kept[0]
+            .get(&TypeId::of::<Vec<f32>>())
+            .and_then(|v| v.downcast_ref::<Vec<f32>>())
+            .map(|v| v.as_ptr());
+        assert_eq!(kept, Some(first), "the f32 buffer was not kept");
+        g.deposit(0, &vec![3.0f32; 1 << 20]);
+        assert_eq!(ptr(&g), Some(first), "the f32 buffer was allocated anew");
+    }
+
     /// Every collective over `T` on 3 ranks, against its definition.
     fn collectives_over<T: CommElem + From<u8>>() {
         let v = |x: usize| T::from(x as u8);
