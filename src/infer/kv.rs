@@ -6,11 +6,11 @@
 use crate::backend::{
     Activation, Backend, Buf, Category, DecodeShape, Src, WeightFormat, WeightLayout,
 };
-use crate::comm::{device, Comm};
+use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::model::config::BlockDims;
 use crate::model::gpt2::{BlockParam, LN_EPS};
-use crate::model::{GptConfig, ParamLayout, TpPlace};
+use crate::model::{tp, GptConfig, ParamLayout, TpPlace};
 
 /// A (tensor-parallel part of a) model ready to decode: its flat parameters
 /// and its matrices packed once by the backend for few-row products, in fp32
@@ -268,7 +268,8 @@ impl<B: Backend> Part<B> {
         let (cfg, lay, weights, pos, max_t) = (at.config, at.layout, at.weights, at.pos, at.max_t);
         let (b, c, vp) = (self.b, cfg.n_embd, cfg.padded_vocab());
         let be = at.backend;
-        let lead = at.tp.rank == 0;
+        // the two projections are row-parallel under tensor parallelism
+        let place = (tp, at.tp);
         let wide = cfg.widest(at.tp.size).cl;
         let params = weights.params;
         be.upload(self.tokens.d(), tokens)?;
@@ -330,15 +331,16 @@ impl<B: Backend> Part<B> {
                     max_t,
                 },
             );
-            if lead {
-                be.copy(self.res2.d(), self.x.s());
-            }
-            let bias = lead.then(|| w(BlockParam::AttnProjB));
             let atty = self.atty.slice(atty);
-            be.matmul_decode(self.res2.d(), atty, proj_w, bias, b, cl, c, lead);
-            if let Some(g) = tp {
-                device::all_reduce(g, be, self.res2.d())?;
-            }
+            let (out, x) = (self.res2.d(), self.x.s());
+            tp::row_parallel(
+                be,
+                place,
+                out,
+                x,
+                w(BlockParam::AttnProjB),
+                |out, bias, acc| be.matmul_decode(out, atty, proj_w, bias, b, cl, c, acc),
+            )?;
             be.layernorm_forward(
                 self.ln.d(),
                 self.mean.d(),
@@ -365,23 +367,15 @@ impl<B: Backend> Part<B> {
                 self.fch.slice(fch.clone()),
                 gelu,
             );
-            if lead {
-                be.copy(self.x.d(), self.res2.s());
-            }
-            let bias = lead.then(|| w(BlockParam::FcProjB));
-            be.matmul_decode(
-                self.x.d(),
-                self.fch_gelu.slice(fch),
-                fcproj_w,
-                bias,
-                b,
-                fl,
-                c,
-                lead,
-            );
-            if let Some(g) = tp {
-                device::all_reduce(g, be, self.x.d())?;
-            }
+            let (out, res2, gelu) = (self.x.d(), self.res2.s(), self.fch_gelu.slice(fch));
+            tp::row_parallel(
+                be,
+                place,
+                out,
+                res2,
+                w(BlockParam::FcProjB),
+                |out, bias, acc| be.matmul_decode(out, gelu, fcproj_w, bias, b, fl, c, acc),
+            )?;
         }
         let lnf = params.slice(lay.final_norm());
         be.layernorm_forward(

@@ -5,7 +5,8 @@
 use super::bert::{self, BertConfig, BertHead};
 use super::config::GptConfig;
 use super::gpt2;
-use super::layout::{ParamLayout, TpPlace};
+use super::layout::ParamLayout;
+use super::tp::TpPlace;
 use super::unit::UnitModel;
 use super::Precision;
 use crate::backend::Backend;

@@ -6,73 +6,8 @@
 //! and `plan` work from this description and never name a family.
 
 use std::ops::Range;
-/// How a tensor is divided among tensor-parallel ranks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TpSplit {
-    Replicated,
-    /// The last dimension is `groups` equal groups, each split in tp parts.
-    Cols {
-        groups: usize,
-    },
-    /// The first dimension is split in tp parts.
-    Rows,
-}
 
-impl TpSplit {
-    /// Rank r's part of a full tensor of `full_shape` (row-major).
-    pub fn shard(self, full: &[f32], full_shape: &[usize], tp: usize, r: usize) -> Vec<f32> {
-        let mut out = Vec::new();
-        self.for_each_run(full_shape, tp, r, |full_at, len| {
-            out.extend_from_slice(&full[full_at..full_at + len])
-        });
-        out
-    }
-
-    /// Writes rank r's part back into the full tensor.
-    pub fn unshard(
-        self,
-        full: &mut [f32],
-        local: &[f32],
-        full_shape: &[usize],
-        tp: usize,
-        r: usize,
-    ) {
-        let mut at = 0;
-        self.for_each_run(full_shape, tp, r, |full_at, len| {
-            full[full_at..full_at + len].copy_from_slice(&local[at..at + len]);
-            at += len;
-        });
-    }
-
-    /// (offset in the full tensor, length) of each contiguous run of rank r's part, in local order.
-    pub fn runs(self, full_shape: &[usize], tp: usize, r: usize) -> Vec<(usize, usize)> {
-        let mut out = Vec::new();
-        self.for_each_run(full_shape, tp, r, |at, len| out.push((at, len)));
-        out
-    }
-
-    /// Calls f(offset in full, length) for each contiguous run of rank r's part, in local order.
-    fn for_each_run(self, shape: &[usize], tp: usize, r: usize, mut f: impl FnMut(usize, usize)) {
-        let total: usize = shape.iter().product();
-        match self {
-            TpSplit::Replicated => f(0, total),
-            TpSplit::Rows => {
-                let part = total / tp;
-                f(r * part, part)
-            }
-            TpSplit::Cols { groups } => {
-                let n = *shape.last().expect("non-scalar");
-                let rows = total / n;
-                let (w, wl) = (n / groups, n / groups / tp);
-                for row in 0..rows {
-                    for g in 0..groups {
-                        f(row * n + g * w + r * wl, wl);
-                    }
-                }
-            }
-        }
-    }
-}
+use super::tp::TpSplit;
 
 /// One named tensor inside the flat buffer.
 #[derive(Clone, Debug)]
@@ -259,54 +194,6 @@ impl LayoutBuilder {
             },
         )
     }
-}
-
-/// Copies tensor-parallel rank `tp`'s part of a whole-model buffer into
-/// `out` (laid out as `local`).
-pub fn shard_tp(
-    full: &[f32],
-    whole: &ParamLayout,
-    local: &ParamLayout,
-    tp: TpPlace,
-    out: &mut [f32],
-) {
-    for (w, l) in whole.tensors.iter().zip(&local.tensors) {
-        let part = w
-            .split
-            .shard(&full[w.range()], &w.full_shape, tp.size, tp.rank);
-        out[l.range()].copy_from_slice(&part);
-    }
-}
-
-/// Writes rank `tp`'s part (laid out as `local`) back into a whole-model buffer.
-pub fn unshard_tp(
-    local_buf: &[f32],
-    whole: &ParamLayout,
-    local: &ParamLayout,
-    tp: TpPlace,
-    full: &mut [f32],
-) {
-    for (w, l) in whole.tensors.iter().zip(&local.tensors) {
-        w.split.unshard(
-            &mut full[w.range()],
-            &local_buf[l.range()],
-            &w.full_shape,
-            tp.size,
-            tp.rank,
-        );
-    }
-}
-
-/// Tensor-parallel placement of this rank.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TpPlace {
-    pub rank: usize,
-    pub size: usize,
-}
-
-impl TpPlace {
-    /// No tensor parallelism.
-    pub const NONE: TpPlace = TpPlace { rank: 0, size: 1 };
 }
 
 /// Two disjoint mutable slices of one buffer; `a` must end before `b` starts.

@@ -10,6 +10,7 @@ pub mod config;
 pub mod family;
 pub mod gpt2;
 pub mod layout;
+pub mod tp;
 pub mod unit;
 
 pub use adamw::{AdamW, AdamWConfig, Segment};
@@ -17,5 +18,6 @@ pub use bf16::Precision;
 pub use config::GptConfig;
 pub use family::ModelConfig;
 pub use gpt2::{Engine, Gpt2};
-pub use layout::{ParamLayout, TpPlace};
+pub use layout::ParamLayout;
+pub use tp::{TpPlace, TpSplit};
 pub use unit::{Span, UnitGrads, UnitKind, UnitModel, UnitParams, Whole};

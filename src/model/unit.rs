@@ -4,7 +4,8 @@
 //! parameter slices the caller hands in. Strategies drive any family
 //! through this trait alone, gathering, reducing and sharding unit by unit.
 
-use super::layout::{ParamLayout, TpPlace};
+use super::layout::ParamLayout;
+use super::tp::TpPlace;
 use crate::backend::{Backend, Buf, Category, Dst, Src};
 use crate::comm::Comm;
 use crate::data::Batch;
@@ -304,7 +305,7 @@ impl<B: Backend, M: UnitModel<B>> Whole<B, M> {
     pub fn load_full(&mut self, full: &[f32]) -> Result<()> {
         let e = &self.engine;
         let mut local = vec![0.0; e.layout().total()];
-        super::layout::shard_tp(full, e.whole_layout(), e.layout(), e.tp(), &mut local);
+        super::tp::shard_tp(full, e.whole_layout(), e.layout(), e.tp(), &mut local);
         self.set_params(&local)
     }
 

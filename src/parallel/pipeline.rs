@@ -35,7 +35,7 @@ use crate::backend::{Backend, MemoryReport};
 use crate::comm::{Comm, CommStats};
 use crate::data::Batch;
 use crate::error::{Error, Result};
-use crate::model::layout::{shard_tp, TpSplit};
+use crate::model::tp::{shard_tp, TpSplit};
 use crate::model::{AdamWConfig, ModelConfig, ParamLayout, UnitModel};
 use serde::{Deserialize, Serialize};
 use std::any::Any;

@@ -22,7 +22,7 @@ use super::{OwnedState, StrategyKind, Units};
 use crate::backend::{Backend, Buf, Category};
 use crate::comm::{device, Comm};
 use crate::error::Result;
-use crate::model::layout::TpSplit;
+use crate::model::tp::TpSplit;
 use crate::model::{AdamW, AdamWConfig, ParamLayout, Segment, UnitGrads, UnitParams};
 use std::ops::Range;
 

@@ -9,7 +9,8 @@
 //! reader splits it). The masked-LM head reads the tied word embeddings.
 
 use super::config::{BertConfig, BertHead};
-use crate::model::layout::{ParamLayout, TpSplit};
+use crate::model::layout::ParamLayout;
+use crate::model::tp::TpSplit;
 
 /// The tensors of one encoder block, in layout order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

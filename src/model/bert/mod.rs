@@ -14,10 +14,12 @@ pub use layout::BlockParam;
 
 use super::alloc::ActAlloc;
 use super::bf16::{matmul_backward, matmul_forward, Bf16Operands, Dout, Precision};
-use super::layout::{ParamLayout, TpPlace};
+use super::layout::ParamLayout;
+use super::tp;
+use super::tp::TpPlace;
 use super::unit::{Span, UnitGrads, UnitKind, UnitModel, UnitParams};
 use crate::backend::{Activation, AttnShape, Backend, Buf, Category, Dst, Src, WeightLayout};
-use crate::comm::{device, Comm};
+use crate::comm::Comm;
 use crate::data::{Batch, IGNORE};
 use crate::error::{Error, Result};
 use crate::rng::Rng;
@@ -485,9 +487,8 @@ impl<B: Backend> Engine<B> {
         let (be, lay) = (&self.backend, &self.layout);
         let a = self.acts.as_mut().expect("begun");
         let w = |bp: BlockParam| p.slice(lay.in_unit(1, bp as usize));
-        // Under tensor parallelism tp rank 0 alone adds the residual and the
-        // replicated bias to its partial projection; the all-reduce adds the rest.
-        let lead = self.tp.rank == 0;
+        // the attention output and the FFN output are row-parallel under tensor parallelism
+        let place = (tp, self.tp);
         let r = self.span.resid(l);
         let (lo, hi) = a.resid.d().split_at((r + 1) * btc);
         let x = lo.into_src().from(r * btc);
@@ -515,24 +516,28 @@ impl<B: Backend> Engine<B> {
         let lse = a.lse.d().part(s, rows * nhl);
         be.attention_padded_forward(atty.rb(), lse, qkv.src(), a.lens.slice(0..b), shape);
         let mut h = a.h.d().part(s, btc);
-        if lead {
-            be.copy(h.rb(), x);
-        }
-        let bias = lead.then(|| w(BlockParam::AttnOutB));
-        matmul_forward(
+        let bf16 = &mut a.bf16;
+        let (w_out, shape) = (w(BlockParam::AttnOutW), (rows, cl, c));
+        tp::row_parallel(
             be,
-            a.bf16.as_mut(),
+            place,
             h.rb(),
-            atty.src(),
-            w(BlockParam::AttnOutW),
-            bias,
-            ip,
-            (rows, cl, c),
-            lead,
-        );
-        if let Some(g) = tp {
-            device::all_reduce(g, be, h.rb())?;
-        }
+            x,
+            w(BlockParam::AttnOutB),
+            |out, bias, acc| {
+                matmul_forward(
+                    be,
+                    bf16.as_mut(),
+                    out,
+                    atty.src(),
+                    w_out,
+                    bias,
+                    ip,
+                    shape,
+                    acc,
+                )
+            },
+        )?;
         let mut h1 = a.h1.d().part(s, btc);
         be.layernorm_forward(
             h1.rb(),
@@ -560,24 +565,18 @@ impl<B: Backend> Engine<B> {
         let mut g = a.g.d().part(s, rows * fl);
         be.activation_forward(g.rb(), f.src(), Activation::GeluErf);
         let mut o = a.o.d().part(s, btc);
-        if lead {
-            be.copy(o.rb(), h1.src());
-        }
-        let bias = lead.then(|| w(BlockParam::OutB));
-        matmul_forward(
+        let bf16 = &mut a.bf16;
+        let (w_out, shape) = (w(BlockParam::OutW), (rows, fl, c));
+        tp::row_parallel(
             be,
-            a.bf16.as_mut(),
+            place,
             o.rb(),
-            g.src(),
-            w(BlockParam::OutW),
-            bias,
-            ip,
-            (rows, fl, c),
-            lead,
-        );
-        if let Some(g) = tp {
-            device::all_reduce(g, be, o.rb())?;
-        }
+            h1.src(),
+            w(BlockParam::OutB),
+            |out, bias, acc| {
+                matmul_forward(be, bf16.as_mut(), out, g.src(), w_out, bias, ip, shape, acc)
+            },
+        )?;
         be.layernorm_forward(
             hi.first(btc),
             a.ln2_mean.d().part(s, rows),
@@ -660,9 +659,7 @@ impl<B: Backend> Engine<B> {
             ip,
             (rows, c, fl),
         );
-        if let Some(g) = tp {
-            device::all_reduce(g, be, dres.rb())?;
-        }
+        tp::all_reduce(be, tp, dres.rb())?;
         be.add_inplace(dres.rb(), dalt.src());
         // d h = LN1'(d h1)
         be.fill(dalt.rb(), 0.0);
@@ -728,9 +725,7 @@ impl<B: Backend> Engine<B> {
             ip,
             (rows, c, 3 * cl),
         );
-        if let Some(g) = tp {
-            device::all_reduce(g, be, dres.rb())?;
-        }
+        tp::all_reduce(be, tp, dres.rb())?;
         be.add_inplace(dres, dalt.src());
         Ok(())
     }

@@ -5,7 +5,8 @@
 //! checkpoints need no transposes. The head (ln_f) reads the tied `wte`.
 
 use crate::model::config::{BlockDims, GptConfig};
-use crate::model::layout::{ParamLayout, TpSplit};
+use crate::model::layout::ParamLayout;
+use crate::model::tp::TpSplit;
 use std::ops::Range;
 
 /// The tensors of one transformer block, in layout order.

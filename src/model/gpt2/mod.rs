@@ -9,10 +9,12 @@ use super::alloc::ActAlloc;
 use super::bf16::Precision;
 use super::bf16::{matmul_backward, matmul_forward, Bf16Operands, Dout};
 use super::config::{BlockDims, GptConfig};
-use super::layout::{ParamLayout, TpPlace};
+use super::layout::ParamLayout;
+use super::tp;
+use super::tp::TpPlace;
 use super::unit::{Span, UnitGrads, UnitKind, UnitModel, UnitParams, Whole};
 use crate::backend::{Activation, AttnShape, Backend, Buf, Category, Dst, Src, WeightLayout};
-use crate::comm::{device, Comm};
+use crate::comm::Comm;
 use crate::data::Batch as DataBatch;
 use crate::error::{Error, Result};
 use crate::rng::Rng;
@@ -357,13 +359,12 @@ impl<B: Backend> Engine<B> {
         let (be, lay) = (&self.backend, &self.layout);
         let a = self.acts.as_mut().expect("begun");
         let w = |bp: BlockParam| p.slice(lay.in_block(l, bp));
-        // Under tensor parallelism only tp rank 0 adds the residual and the
-        // (replicated) bias to its partial projection; the all-reduce sums the rest in.
-        let lead = self.tp.rank == 0;
+        // the two projections are row-parallel under tensor parallelism
+        let place = (tp, self.tp);
 
         let (lo, hi) = a.resid.d().split_at((r + 1) * btc);
         let x = lo.into_src().from(r * btc);
-        let mut out = hi.first(btc);
+        let out = hi.first(btc);
         let mut ln1 = a.ln1.d().part(s, btc);
         be.layernorm_forward(
             ln1.rb(),
@@ -400,24 +401,29 @@ impl<B: Backend> Engine<B> {
             },
         );
         let mut res2 = a.res2.d().part(s, btc);
-        if lead {
-            be.copy(res2.rb(), x);
-        }
-        let bias = lead.then(|| w(BlockParam::AttnProjB));
-        matmul_forward(
+        let bf16 = &mut a.bf16;
+        let (w_proj, shape) = (w(BlockParam::AttnProjW), (rows, cl, c));
+        tp::row_parallel(
             be,
-            a.bf16.as_mut(),
+            place,
             res2.rb(),
-            atty.src(),
-            w(BlockParam::AttnProjW),
-            bias,
-            WeightLayout::InOut,
-            (rows, cl, c),
-            lead,
-        );
-        if let Some(g) = tp {
-            device::all_reduce(g, be, res2.rb())?;
-        }
+            x,
+            w(BlockParam::AttnProjB),
+            |out, bias, acc| {
+                let io = WeightLayout::InOut;
+                matmul_forward(
+                    be,
+                    bf16.as_mut(),
+                    out,
+                    atty.src(),
+                    w_proj,
+                    bias,
+                    io,
+                    shape,
+                    acc,
+                )
+            },
+        )?;
         let mut ln2 = a.ln2.d().part(s, btc);
         be.layernorm_forward(
             ln2.rb(),
@@ -443,25 +449,19 @@ impl<B: Backend> Engine<B> {
         );
         let mut fch_gelu = a.fch_gelu.d().part(s, rows * wd.fl).first(rows * fl);
         be.activation_forward(fch_gelu.rb(), fch.src(), Activation::GeluTanh);
-        if lead {
-            be.copy(out.rb(), res2.src());
-        }
-        let bias = lead.then(|| w(BlockParam::FcProjB));
-        matmul_forward(
+        let bf16 = &mut a.bf16;
+        let (w_proj, shape) = (w(BlockParam::FcProjW), (rows, fl, c));
+        tp::row_parallel(
             be,
-            a.bf16.as_mut(),
-            out.rb(),
-            fch_gelu.src(),
-            w(BlockParam::FcProjW),
-            bias,
-            WeightLayout::InOut,
-            (rows, fl, c),
-            lead,
-        );
-        if let Some(g) = tp {
-            device::all_reduce(g, be, out)?;
-        }
-        Ok(())
+            place,
+            out,
+            res2.src(),
+            w(BlockParam::FcProjB),
+            |out, bias, acc| {
+                let (io, x) = (WeightLayout::InOut, fch_gelu.src());
+                matmul_forward(be, bf16.as_mut(), out, x, w_proj, bias, io, shape, acc)
+            },
+        )
     }
 
     /// ln_f and the tied LM head; the mean loss when the batch has targets.
@@ -635,9 +635,7 @@ impl<B: Backend> Engine<B> {
             WeightLayout::InOut,
             (rows, c, fl),
         );
-        if let Some(g) = tp {
-            device::all_reduce(g, be, dtmp.rb())?;
-        }
+        tp::all_reduce(be, tp, dtmp.rb())?;
         let (dw, db) = weight_and_bias(&mut g, (lay, l), BlockParam::Ln2W, BlockParam::Ln2B);
         be.layernorm_backward(
             dres.rb(),
@@ -696,9 +694,7 @@ impl<B: Backend> Engine<B> {
             WeightLayout::InOut,
             (rows, c, 3 * cl),
         );
-        if let Some(g) = tp {
-            device::all_reduce(g, be, dtmp.rb())?;
-        }
+        tp::all_reduce(be, tp, dtmp.rb())?;
         let (dw, db) = weight_and_bias(&mut g, (lay, l), BlockParam::Ln1W, BlockParam::Ln1B);
         be.layernorm_backward(
             dres,
@@ -851,9 +847,7 @@ impl<B: Backend> Engine<B> {
                 WeightLayout::InOut,
                 dims,
             )?;
-            if let Some(g) = tp {
-                device::all_reduce(g, be, dln2.rb())?;
-            }
+            tp::all_reduce(be, tp, dln2.rb())?;
             be.layernorm_backward_input(
                 dres.rb(),
                 dln2.src(),
@@ -906,9 +900,7 @@ impl<B: Backend> Engine<B> {
             WeightLayout::InOut,
             dims,
         )?;
-        if let Some(g) = tp {
-            device::all_reduce(g, be, dln1.rb())?;
-        }
+        tp::all_reduce(be, tp, dln1.rb())?;
         be.layernorm_backward_input(
             dres,
             dln1.src(),

@@ -1,0 +1,162 @@
+//! Tensor parallelism (Megatron), written once for every family and for
+//! decoding: how each tensor is divided among the tp ranks (`TpSplit`),
+//! this rank's place (`TpPlace`), moving whole-model buffers to and from a
+//! rank's part (`shard_tp`, `unshard_tp`), and the one rule of the layers
+//! themselves: a column-parallel layer needs no communication forward, a
+//! row-parallel one sums its ranks' partial products (`row_parallel`: tp
+//! rank 0 alone adds the residual and the replicated bias, so the sum is
+//! exact), and a column-parallel layer's input gradient is summed in the
+//! backward (`all_reduce`).
+
+use super::layout::ParamLayout;
+use crate::backend::{Backend, Dst, Src};
+use crate::comm::{device, Comm};
+use crate::error::Result;
+
+/// How a tensor is divided among tensor-parallel ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TpSplit {
+    Replicated,
+    /// The last dimension is `groups` equal groups, each split in tp parts.
+    Cols {
+        groups: usize,
+    },
+    /// The first dimension is split in tp parts.
+    Rows,
+}
+
+impl TpSplit {
+    /// Rank r's part of a full tensor of `full_shape` (row-major).
+    pub fn shard(self, full: &[f32], full_shape: &[usize], tp: usize, r: usize) -> Vec<f32> {
+        let mut out = Vec::new();
+        self.for_each_run(full_shape, tp, r, |full_at, len| {
+            out.extend_from_slice(&full[full_at..full_at + len])
+        });
+        out
+    }
+
+    /// Writes rank r's part back into the full tensor.
+    pub fn unshard(
+        self,
+        full: &mut [f32],
+        local: &[f32],
+        full_shape: &[usize],
+        tp: usize,
+        r: usize,
+    ) {
+        let mut at = 0;
+        self.for_each_run(full_shape, tp, r, |full_at, len| {
+            full[full_at..full_at + len].copy_from_slice(&local[at..at + len]);
+            at += len;
+        });
+    }
+
+    /// (offset in the full tensor, length) of each contiguous run of rank r's part, in local order.
+    pub fn runs(self, full_shape: &[usize], tp: usize, r: usize) -> Vec<(usize, usize)> {
+        let mut out = Vec::new();
+        self.for_each_run(full_shape, tp, r, |at, len| out.push((at, len)));
+        out
+    }
+
+    /// Calls f(offset in full, length) for each contiguous run of rank r's part, in local order.
+    fn for_each_run(self, shape: &[usize], tp: usize, r: usize, mut f: impl FnMut(usize, usize)) {
+        let total: usize = shape.iter().product();
+        match self {
+            TpSplit::Replicated => f(0, total),
+            TpSplit::Rows => {
+                let part = total / tp;
+                f(r * part, part)
+            }
+            TpSplit::Cols { groups } => {
+                let n = *shape.last().expect("non-scalar");
+                let rows = total / n;
+                let (w, wl) = (n / groups, n / groups / tp);
+                for row in 0..rows {
+                    for g in 0..groups {
+                        f(row * n + g * w + r * wl, wl);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Copies tensor-parallel rank `tp`'s part of a whole-model buffer into
+/// `out` (laid out as `local`).
+pub fn shard_tp(
+    full: &[f32],
+    whole: &ParamLayout,
+    local: &ParamLayout,
+    tp: TpPlace,
+    out: &mut [f32],
+) {
+    for (w, l) in whole.tensors.iter().zip(&local.tensors) {
+        let part = w
+            .split
+            .shard(&full[w.range()], &w.full_shape, tp.size, tp.rank);
+        out[l.range()].copy_from_slice(&part);
+    }
+}
+
+/// Writes rank `tp`'s part (laid out as `local`) back into a whole-model buffer.
+pub fn unshard_tp(
+    local_buf: &[f32],
+    whole: &ParamLayout,
+    local: &ParamLayout,
+    tp: TpPlace,
+    full: &mut [f32],
+) {
+    for (w, l) in whole.tensors.iter().zip(&local.tensors) {
+        w.split.unshard(
+            &mut full[w.range()],
+            &local_buf[l.range()],
+            &w.full_shape,
+            tp.size,
+            tp.rank,
+        );
+    }
+}
+
+/// Tensor-parallel placement of this rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TpPlace {
+    pub rank: usize,
+    pub size: usize,
+}
+
+impl TpPlace {
+    /// No tensor parallelism.
+    pub const NONE: TpPlace = TpPlace { rank: 0, size: 1 };
+}
+
+/// Completes a sum whose parts the tp ranks hold (a row-parallel layer's
+/// output, a column-parallel layer's input gradient); nothing without
+/// tensor parallelism.
+pub fn all_reduce<B: Backend>(be: &B, tp: Option<&dyn Comm>, buf: Dst<'_, B>) -> Result<()> {
+    match tp {
+        Some(g) => device::all_reduce(g, be, buf),
+        None => Ok(()),
+    }
+}
+
+/// A row-parallel layer and the residual it feeds: `out = residual +
+/// input x W + bias`, where this rank holds rows of `W` (and the matching
+/// columns of its input). `product(out, bias, accumulate)` writes (or adds,
+/// when `accumulate`) this rank's partial product, plus `bias` if given:
+/// tp rank 0 alone starts from the residual and adds the replicated bias,
+/// then the all-reduce sums every rank's part in.
+pub fn row_parallel<'a, B: Backend>(
+    be: &B,
+    (tp, place): (Option<&dyn Comm>, TpPlace),
+    mut out: Dst<'_, B>,
+    residual: Src<'_, B>,
+    bias: Src<'a, B>,
+    product: impl FnOnce(Dst<'_, B>, Option<Src<'a, B>>, bool),
+) -> Result<()> {
+    let lead = place.rank == 0;
+    if lead {
+        be.copy(out.rb(), residual);
+    }
+    product(out.rb(), lead.then_some(bias), lead);
+    all_reduce(be, tp, out)
+}
