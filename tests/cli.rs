@@ -1145,31 +1145,10 @@ fn a_run_stopped_under_mpirun_prints_the_mpirun_command_that_continues_it() {
             .output()
             .unwrap()
     };
-    let stopped = mpirun(&[
-        "-np",
-        "2",
-        bin,
-        "train",
-        "--comm",
-        "mpi",
-        "--strategy",
-        "ddp",
-        "--world-size",
-        "2",
-        "--model",
-        "tiny",
-        "--batch-size",
-        "4",
-        "--seq-len",
-        "16",
-        "--steps",
-        "6",
-        "--quiet",
-        "--stop-after",
-        "3",
-        "--out",
-        path,
-    ]);
+    let train = "train --comm mpi --strategy ddp --world-size 2 --model tiny --batch-size 4 \
+                 --seq-len 16 --steps 6 --quiet --stop-after 3";
+    let train: Vec<&str> = train.split_whitespace().collect();
+    let stopped = mpirun(&[&["-np", "2", bin][..], &train, &["--out", path]].concat());
     let said = String::from_utf8_lossy(&stopped.stderr).to_string();
     assert!(!stopped.status.success(), "{said}");
     let hint = continue_hint(&said);
