@@ -221,6 +221,23 @@ impl ModelConfig {
         }
     }
 
+    /// The family's name, as users know it.
+    pub fn family(&self) -> &'static str {
+        match self {
+            ModelConfig::Gpt2(_) => "GPT-2",
+            ModelConfig::Bert(_) => "BERT",
+        }
+    }
+
+    /// Whether the family's engine splits a backward into its input and
+    /// weight halves (`UnitModel::split_backward`, the zb-h1 schedule's need).
+    pub fn splits_backward(&self) -> bool {
+        match self {
+            ModelConfig::Gpt2(_) => true,
+            ModelConfig::Bert(_) => false,
+        }
+    }
+
     /// The parameter layout of one of `tp` tensor-parallel ranks.
     pub fn layout(&self, tp: usize) -> ParamLayout {
         match self {

@@ -52,6 +52,23 @@ impl Grid {
         }
     }
 
+    /// The rank at `c`: `coords`' inverse.
+    pub fn rank(&self, c: Coords) -> usize {
+        (c.dp * self.pp + c.stage) * self.tp + c.tp
+    }
+
+    /// How many ranks apart the neighbours of each group sit: data-parallel
+    /// replicas, pipeline stages, tensor-parallel ranks (what decides whether
+    /// a group's ring stays inside a node).
+    pub fn strides(&self) -> Coords {
+        let unit = |dp, stage, tp| self.rank(Coords { dp, stage, tp });
+        Coords {
+            dp: unit(1, 0, 0),
+            stage: unit(0, 1, 0),
+            tp: unit(0, 0, 1),
+        }
+    }
+
     /// Splits this rank's groups from the world (collective over it).
     pub fn groups(&self, world: &dyn Comm) -> Result<Groups> {
         let c = self.coords(world.rank());
@@ -91,7 +108,7 @@ mod tests {
         let mut seen = Vec::new();
         for rank in 0..12 {
             let c = g.coords(rank);
-            assert_eq!((c.dp * g.pp + c.stage) * g.tp + c.tp, rank);
+            assert_eq!(g.rank(c), rank);
             assert!(c.dp < 2 && c.stage < 3 && c.tp < 2);
             seen.push((c.dp, c.stage, c.tp));
         }
@@ -106,5 +123,7 @@ mod tests {
                 tp: 1
             }
         );
+        let s = g.strides();
+        assert_eq!((s.dp, s.stage, s.tp), (6, 2, 1));
     }
 }

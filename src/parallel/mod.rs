@@ -138,11 +138,12 @@ impl ParallelConfig {
                         .into(),
                 );
             }
-            Schedule::ZbH1 if !matches!(model, ModelConfig::Gpt2(_)) => {
-                return bad(
-                    "the zb-h1 schedule splits GPT-2's backward, not BERT's: use --schedule 1f1b"
-                        .into(),
-                );
+            Schedule::ZbH1 if !model.splits_backward() => {
+                return bad(format!(
+                    "the zb-h1 schedule splits each backward in two, which {}'s engine \
+                     cannot: use --schedule 1f1b",
+                    model.family()
+                ));
             }
             Schedule::GPipe | Schedule::OneFOneB | Schedule::ZbH1 if v != 1 => {
                 return bad(format!(

@@ -361,10 +361,11 @@ pub fn predict(
     let bubble = 1.0 / ((1.0 - pipe.bubble(w.grad_accum)) * pp as f64);
     let compute_s = flops_rank * bubble / (device.peak_flops / share * device.efficiency);
 
-    // Communication: bucketed per unit, as the strategies issue it.
-    // data-parallel replicas sit tp x pp ranks apart, pipeline neighbours tp
-    let dp_link = net.link(dp, tp * pp);
-    let tp_link = net.link(tp, 1);
+    // Communication: as the stages issue it, each group's ring placed as the
+    // grid lays its ranks out.
+    let strides = parallel::Grid::of(&par).strides();
+    let dp_link = net.link(dp, strides.dp);
+    let tp_link = net.link(tp, strides.tp);
     // a replicated stage all-reduces its gradient in one call a chunk; a
     // sharded one reduces and gathers unit by unit
     let calls = match par.strategy {
@@ -401,7 +402,7 @@ pub fn predict(
         // each micro-batch's activation forward and gradient backward
         // across a stage boundary (an inner stage sends both ways), once
         // per chunk when interleaved
-        let (bw, lat) = net.link(pp, tp);
+        let (bw, lat) = net.link(pp, strides.stage);
         let crossings = acc * 2.0 * v as f64;
         comm_s += crossings * (stream / bw + lat);
         comm_bytes += crossings * stream;
@@ -793,8 +794,9 @@ mod tests {
         let bert = ModelConfig::Bert(crate::model::bert::BertConfig::preset("bert-tiny").unwrap());
         let said = omitted(&work(&bert, 16), 2);
         assert!(
-            said.iter().any(|l| l
-                .starts_with("pp x2 (zb-h1) omitted: the zb-h1 schedule splits GPT-2's backward")),
+            said.iter().any(|l| l.starts_with(
+                "pp x2 (zb-h1) omitted: the zb-h1 schedule splits each backward in two"
+            )),
             "{said:?}"
         );
         // twelve blocks cannot go round eight ranks twice
