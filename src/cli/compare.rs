@@ -187,7 +187,7 @@ pub fn run(mut a: CompareArgs, threads: usize) -> Result<()> {
         repeats,
         announce_estimate: !a.quick,
     };
-    super::handle_stop_signals()?;
+    super::training::handle_stop_signals()?;
     let multi = MultiProgress::new();
     let done = compare::run(&spec, &ds, &multi)?;
     let command = std::env::args().collect::<Vec<_>>().join(" ");
@@ -302,7 +302,7 @@ fn run_classify(a: CompareArgs, out_dir: PathBuf, threads: usize) -> Result<()> 
         out_dir,
         threads,
     };
-    super::handle_stop_signals()?;
+    super::training::handle_stop_signals()?;
     let done = classify_matrix::run(&matrix, &MultiProgress::new())?;
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let files = classify_matrix::write(&matrix, &done, &command)?;

@@ -1,0 +1,167 @@
+//! `distgpt eval`: a model's loss (and a classifier's accuracy and F1) on a split of its data, on any device and layout.
+
+use super::*;
+
+#[derive(Args)]
+pub(super) struct EvalArgs {
+    /// A run directory, one of its checkpoint directories, a Hugging Face
+    /// GPT-2 folder, or a BERT classifier folder (`train --task classify`'s output).
+    #[arg(value_name = "RUN")]
+    model: PathBuf,
+    /// Data: a text file or a shard directory (default: the embedded corpus); its validation split is used.
+    /// For a BERT classifier: a labelled set, whose test split is scored (accuracy, F1).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Sequences per batch.
+    #[arg(long, value_parser = positive(), default_value_t = 8)]
+    batch_size: usize,
+    /// Tokens per sequence (default: the model's block size).
+    #[arg(long, value_parser = positive())]
+    seq_len: Option<usize>,
+    /// Batches to evaluate (0: the whole split).
+    #[arg(long, default_value_t = 50)]
+    batches: usize,
+    /// Weights to evaluate with: f32 runs the training forward; bf16 and
+    /// int8 run the KV-cache decoder (as `generate` does) beside an fp32
+    /// one, and also report how often their next-token choices agree.
+    #[arg(long, value_enum, default_value = "f32")]
+    weights: DecodeWeightsArg,
+    #[command(flatten)]
+    device: DeviceArgs,
+}
+
+/// `eval` of a BERT masked LM (a `--task mlm` run or such a folder): the
+/// masked-token loss on the validation split of --data, or of the run's
+/// own data with its seed's masks.
+pub(super) fn eval_masked_lm(a: &EvalArgs, given: &[String]) -> Result<()> {
+    if given.iter().any(|g| g == "weights") {
+        bail!("--weights is for GPT-2 models: a BERT masked LM is evaluated in fp32");
+    }
+    let record = train::run_dir::read_record(&a.model).ok();
+    let data = a
+        .data
+        .clone()
+        .or_else(|| record.as_ref().and_then(|r| r.train.data.clone()));
+    let ds = Dataset::load(data.as_deref(), TokenizerKind::Char)?;
+    let block = distgpt::model::bert::hf::read_config(&a.model, None)?.block_size;
+    let cfg = TrainConfig {
+        batch_size: a.batch_size,
+        seq_len: a.seq_len.unwrap_or(block),
+        eval_batches: if a.batches == 0 {
+            usize::MAX
+        } else {
+            a.batches
+        },
+        seed: record.map_or(1337, |r| r.train.seed),
+        ..TrainConfig::default()
+    };
+    let threads = rayon::current_num_threads();
+    let e = on_device!(a.device, |be| train::mlm::evaluate_folder(
+        be, &a.model, &ds, &cfg, threads
+    ))?;
+    distgpt::outln!(
+        "{} on {}'s validation split: masked-token loss {:.4} ({} sequences of {} tokens)",
+        a.model.display(),
+        ds.name,
+        e.loss,
+        e.examples,
+        cfg.seq_len
+    );
+    Ok(())
+}
+
+pub(super) fn run_eval(a: EvalArgs, given: &[String]) -> Result<()> {
+    if train::classify::is_bert_folder(&a.model)
+        && distgpt::model::bert::hf::read_config(&a.model, None)?.head
+            == distgpt::model::bert::BertHead::Mlm
+    {
+        return eval_masked_lm(&a, given);
+    }
+    if train::classify::is_bert_folder(&a.model) {
+        let Some(data) = &a.data else {
+            bail!(
+                "{} is a BERT classifier: give --data, a labelled set (its test split is scored)",
+                a.model.display()
+            );
+        };
+        for flag in ["batches", "weights"] {
+            if given.iter().any(|g| g == flag) {
+                bail!("--{flag} is for language models: a BERT classifier is scored on the whole test split in fp32");
+            }
+        }
+        let t = a.seq_len.unwrap_or(128);
+        let s = on_device!(a.device, |be| train::classify::evaluate_folder(
+            be,
+            &a.model,
+            data,
+            (a.batch_size, t),
+            rayon::current_num_threads(),
+        ))?;
+        distgpt::outln!(
+            "{} on {}'s test split: loss {:.4}, accuracy {:.2}%, F1 {:.4} ({} examples)",
+            a.model.display(),
+            data.display(),
+            s.loss,
+            100.0 * s.accuracy,
+            s.f1,
+            s.examples
+        );
+        return Ok(());
+    }
+    on_device!(a.device, |be| eval_on(be, &a))
+}
+
+pub(super) fn eval_on<B: Backend>(be: B, a: &EvalArgs) -> Result<()> {
+    let (mut model, meta) = checkpoint::load_model(be, &a.model)?;
+    let ds = Dataset::load_for_model(a.data.as_deref(), &meta.tokenizer)?;
+    let t = a.seq_len.unwrap_or(model.config.block_size);
+    let mut val = distgpt::data::DataLoader::new(&ds.val, "val", a.batch_size, t, 0, false)?;
+    let n = if a.batches == 0 {
+        val.batches_per_epoch()
+    } else {
+        a.batches.min(val.batches_per_epoch())
+    };
+    if a.weights != DecodeWeightsArg::F32 {
+        let batches: Vec<(Vec<u32>, Vec<u32>)> = (0..n)
+            .map(|_| {
+                let b = val.next_batch();
+                (b.inputs, b.targets)
+            })
+            .collect();
+        let format = a.weights.format();
+        let e =
+            distgpt::infer::generate::evaluate_decoded(&model, format, batches, a.batch_size, t)?;
+        distgpt::outln!(
+            "{}: val loss {:.4} with {} weights, {:.4} with fp32 ({:+.2}%); next-token top-1 agrees with fp32 at {:.2}% of {} positions ({n} batches of {} x {t} tokens from {})",
+            a.model.display(),
+            e.loss,
+            format.name(),
+            e.loss_f32,
+            100.0 * (e.loss / e.loss_f32 - 1.0),
+            100.0 * e.top1_agreement,
+            e.tokens,
+            a.batch_size,
+            ds.name
+        );
+        return Ok(());
+    }
+    let pb = metrics::progress_bar(n as u64, "eval");
+    let mut sum = 0.0f64;
+    for _ in 0..n {
+        let batch = val.next_batch();
+        sum += model
+            .forward(&batch.inputs, Some(&batch.targets), a.batch_size, t)?
+            .expect("targets given") as f64;
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    let loss = sum / n as f64;
+    distgpt::outln!(
+        "{}: val loss {loss:.4}, perplexity {:.2} ({n} batches of {} x {t} tokens from {})",
+        a.model.display(),
+        loss.exp(),
+        a.batch_size,
+        ds.name
+    );
+    Ok(())
+}

@@ -1,0 +1,165 @@
+//! `distgpt generate`: sampling from a model with its KV cache, on one rank or tensor-parallel ranks.
+
+use super::*;
+
+#[derive(Args)]
+pub(super) struct GenerateArgs {
+    /// A run directory written by `distgpt train`, one of its checkpoint
+    /// directories, or a Hugging Face GPT-2 folder.
+    #[arg(value_name = "RUN")]
+    run: PathBuf,
+    /// Text to continue; repeat for a batch of prompts (default: a newline, or <|endoftext|> for GPT-2 tokens).
+    #[arg(long)]
+    prompt: Vec<String>,
+    /// Tokens to generate.
+    #[arg(long, value_parser = positive(), default_value_t = 500)]
+    tokens: usize,
+    /// Sampling temperature (0: greedy).
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f32,
+    /// Sample among the k most likely tokens (0: all).
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    /// Sample among the most likely tokens whose probabilities sum to p (1: all).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Seed of the sampling.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Tensor-parallel ranks to split the model over (heads and MLP columns):
+    /// threads here, or with --comm mpi every process mpirun starts.
+    #[arg(long, value_parser = positive(), default_value_t = 1)]
+    tp: usize,
+    /// How the tp ranks run (as train's --comm).
+    #[arg(long, value_enum, default_value = "local")]
+    comm: CommKind,
+    /// Weight storage while decoding.
+    #[arg(long, value_enum, default_value = "f32")]
+    weights: DecodeWeightsArg,
+    #[command(flatten)]
+    device: DeviceArgs,
+}
+
+/// Decodes on backend `be`: whole on this rank, or split over tp ranks
+/// (threads or mpirun processes). None on mpi ranks other than 0.
+pub(super) fn decode_on<B: Backend>(
+    be: B,
+    a: &GenerateArgs,
+    tk: &data::Tokenizer,
+    prompts: &[Vec<u32>],
+    cfg: &SampleConfig,
+    show: &mut (impl FnMut(usize, u32) + Send),
+) -> Result<Option<(Vec<Vec<u32>>, usize)>> {
+    let format = a.weights.format();
+    if a.tp <= 1 && a.comm == CommKind::Local {
+        let out = generate_from(be, &a.run, prompts, cfg, format, tk.eot(), &mut *show)?;
+        return Ok(Some((out, 1)));
+    }
+    let show = std::sync::Mutex::new(show);
+    let decode_rank = |comm: &dyn Comm| {
+        if a.tp > 1 && a.tp != comm.size() {
+            return Err(distgpt::error::Error::Input(format!(
+                "--tp {} but mpirun started {} ranks: generate splits the model over all of them",
+                a.tp,
+                comm.size()
+            )));
+        }
+        let lead = comm.rank() == 0;
+        let out = generate_tp(
+            be.for_rank(comm)?,
+            &a.run,
+            comm,
+            prompts,
+            cfg,
+            format,
+            tk.eot(),
+            |r, t| {
+                if lead {
+                    (show.lock().expect("printer"))(r, t)
+                }
+            },
+        )?;
+        Ok((out, comm.size()))
+    };
+    let timeout = std::time::Duration::from_secs(120);
+    Ok(match a.comm {
+        CommKind::Local => {
+            let threads = rayon::current_num_threads();
+            let mut outs = launch::run_local(a.tp, threads, timeout, |c| decode_rank(c.as_ref()))?;
+            Some(outs.swap_remove(0))
+        }
+        // Only rank 0 reports.
+        CommKind::Mpi => mpi_launch(timeout, decode_rank)?,
+        CommKind::Nccl => {
+            let threads = rayon::current_num_threads();
+            nccl_launch(timeout, (a.tp, threads), &a.device, decode_rank)?
+        }
+    })
+}
+
+pub(super) fn run_generate(a: GenerateArgs) -> Result<()> {
+    let meta = checkpoint::read_any_meta(&a.run)?;
+    let tk = data::Tokenizer::from_spec(&meta.tokenizer)?;
+    let prompts: Vec<Vec<u32>> = if a.prompt.is_empty() {
+        vec![match tk.eot() {
+            Some(eot) => vec![eot],
+            None => tk.encode("\n")?,
+        }]
+    } else {
+        a.prompt
+            .iter()
+            .map(|p| tk.encode(p))
+            .collect::<distgpt::error::Result<_>>()?
+    };
+    let cfg = SampleConfig {
+        max_new_tokens: a.tokens,
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        seed: a.seed,
+    };
+    // One prompt streams: the prompt, then each token as it comes (printed by
+    // the rank that samples, so once under mpirun too).
+    let stream = prompts.len() == 1;
+    let mut stdout = std::io::stdout();
+    let mut shown_prompt = false;
+    let mut show = |_: usize, tok: u32| {
+        if stream {
+            if !shown_prompt {
+                let _ = write!(stdout, "{}", a.prompt.first().map_or("", String::as_str));
+                shown_prompt = true;
+            }
+            let _ = write!(stdout, "{}", tk.decode(&[tok]));
+            let _ = stdout.flush();
+        }
+    };
+    let started = std::time::Instant::now();
+    let Some((out, tp)) = on_device!(a.device, |be| decode_on(
+        be, &a, &tk, &prompts, &cfg, &mut show
+    ))?
+    else {
+        return Ok(()); // an mpi rank other than 0
+    };
+    let secs = started.elapsed().as_secs_f64();
+    if stream {
+        if out[0].is_empty() {
+            distgpt::out!("{}", a.prompt.first().map_or("", String::as_str));
+        }
+        // The streamed text ends with a newline, like any command's output.
+        distgpt::outln!();
+    }
+    if !stream {
+        for (p, o) in a.prompt.iter().zip(&out) {
+            distgpt::outln!("--- {p:?} ---\n{p}{}", tk.decode(o));
+        }
+    }
+    let n: usize = out.iter().map(Vec::len).sum();
+    distgpt::errln!(
+        "[{n} tokens in {secs:.2} s: {:.1} tokens/s, {} prompt(s), tp {}, {} weights]",
+        n as f64 / secs,
+        prompts.len(),
+        tp,
+        a.weights.format().name()
+    );
+    Ok(())
+}

@@ -1,0 +1,314 @@
+//! The commands that read a model and write another: `checkpoint consolidate`, `export`, `quantize` and `prune`.
+
+use super::*;
+
+#[derive(Args)]
+pub(super) struct ConsolidateArgs {
+    /// A run directory (its newest checkpoint) or one checkpoint directory.
+    #[arg(value_name = "RUN")]
+    checkpoint: PathBuf,
+    /// Output directory (created; its model files are replaced).
+    #[arg(long)]
+    out: PathBuf,
+}
+
+#[derive(Args)]
+pub(super) struct ExportArgs {
+    /// A run directory (or any folder `generate` accepts).
+    #[arg(value_name = "RUN")]
+    run: PathBuf,
+    /// Output folder for `GPT2LMHeadModel.from_pretrained`.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+#[derive(Args)]
+pub(super) struct QuantizeArgs {
+    /// A run directory, one of its checkpoint directories, or a Hugging Face GPT-2 folder.
+    #[arg(value_name = "RUN")]
+    run: PathBuf,
+    /// Output folder (model.safetensors and model.json).
+    #[arg(long)]
+    out: PathBuf,
+    /// Write into --out even when it is the input or holds a run.
+    #[arg(long)]
+    overwrite: bool,
+}
+
+#[derive(Args)]
+pub(super) struct PruneArgs {
+    /// A run directory, one of its checkpoint directories, or a model folder.
+    #[arg(value_name = "RUN")]
+    run: PathBuf,
+    /// Output folder: the last level's model (model.safetensors, model.json;
+    /// with --sweep one folder per method), prune.csv, prune.json and the figures.
+    #[arg(long)]
+    out: PathBuf,
+    /// Write into --out even when it is the input or holds a run.
+    #[arg(long)]
+    overwrite: bool,
+    /// magnitude: single weights, the matrices keep their shapes; rows:
+    /// whole attention heads and MLP units by L2 norm, the matrices shrink.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "magnitude",
+        conflicts_with = "sweep"
+    )]
+    method: distgpt::prune::Method,
+    /// Run both methods from the same model, timing every level: the
+    /// report compares loss, time per training step and time per token.
+    #[arg(long)]
+    sweep: bool,
+    /// Time each level (training steps and generated tokens); on with --sweep.
+    #[arg(long)]
+    measure: bool,
+    /// Training steps timed one by one per level (after one untimed); the
+    /// median counts.
+    #[arg(long, default_value_t = 10)]
+    time_steps: usize,
+    /// Tokens generated at batch 1 in each of three timed runs per level
+    /// (at most the block size less one); the median run counts.
+    #[arg(long, default_value_t = 128)]
+    time_tokens: usize,
+    /// Sparsity levels, increasing, each a fraction of the weights pruned
+    /// (one level, or a schedule such as 0.1,0.3,0.5,0.7,0.9).
+    #[arg(long, value_delimiter = ',', default_value = "0.1,0.3,0.5,0.7,0.9")]
+    sparsity: Vec<f64>,
+    /// matrix: each weight matrix (rows: each block) loses the same
+    /// fraction; global: one threshold over all of them.
+    #[arg(long, value_enum, default_value = "matrix")]
+    scope: distgpt::prune::Scope,
+    /// Fine-tuning steps after each pruning (AdamW, gradients clipped at 1).
+    #[arg(long, default_value_t = 0)]
+    finetune_steps: usize,
+    /// Fine-tuning learning rate (constant).
+    #[arg(long, default_value_t = 1e-4)]
+    lr: f32,
+    /// Data: a text file or a shard directory (default: the embedded
+    /// corpus): fine-tuning on its training split, evaluation on its validation split.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Sequences per batch (fine-tuning and evaluation).
+    #[arg(long, value_parser = positive(), default_value_t = 8)]
+    batch_size: usize,
+    /// Tokens per sequence (default: the model's block size).
+    #[arg(long, value_parser = positive())]
+    seq_len: Option<usize>,
+    /// Validation batches per evaluation.
+    #[arg(long, default_value_t = 20)]
+    eval_batches: usize,
+    /// Seed of the fine-tuning data order.
+    #[arg(long, default_value_t = 1337)]
+    seed: u64,
+    /// Also evaluate the dense model and every level with int8 weights
+    /// (CPU), reported beside their fp32 losses.
+    #[arg(long)]
+    int8: bool,
+    #[command(flatten)]
+    device: DeviceArgs,
+}
+
+/// Refuses an output folder that is the input or holds a run (its model
+/// files would be replaced), unless `overwrite`.
+pub(super) fn refuse_output_over_input(input: &Path, out: &Path, overwrite: bool) -> Result<()> {
+    if overwrite {
+        return Ok(());
+    }
+    let same = match (input.canonicalize(), out.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    let holds_run = train::run_dir::holds_a_run(out);
+    if same || holds_run {
+        bail!(
+            "--out {} {}: its model files would be replaced; choose another --out, or pass --overwrite",
+            out.display(),
+            if same { "is the input" } else { "holds a training run" }
+        );
+    }
+    Ok(())
+}
+
+/// Writes a checkpoint's model as a model directory (weights, then model.json).
+/// A BERT classifier's folder gets `vocab` (its `vocab.txt`) when given.
+pub(super) fn consolidate(
+    checkpoint_dir: &Path,
+    out: &Path,
+    vocab: Option<&Path>,
+) -> Result<checkpoint::state::Index> {
+    if out.extension().is_some_and(|e| e == "safetensors") {
+        bail!(
+            "--out {} names a file: give a directory (model.safetensors and model.json are written into it)",
+            out.display()
+        );
+    }
+    let state = checkpoint::state::load(checkpoint_dir)?;
+    match &state.index.model {
+        ModelConfig::Gpt2(c) => {
+            let mut model = distgpt::model::Gpt2::new(Cpu::new(), c.clone())?;
+            model.set_params(&state.params)?;
+            checkpoint::save_model(&model, state.index.tokenizer.clone(), out)?;
+        }
+        // a Hugging Face folder, as a BERT run writes its weights
+        ModelConfig::Bert(c) => {
+            distgpt::model::bert::hf::write_folder(c, &state.params, vocab, out)?
+        }
+    }
+    Ok(state.index)
+}
+
+pub(super) fn prune_on<B: Backend>(be: B, a: &PruneArgs) -> Result<()> {
+    use distgpt::prune::{self, Level, Method, MethodRun, Timing};
+    let (mut model, meta) = checkpoint::load_model(be, &a.run)?;
+    let ds = Dataset::load_for_model(a.data.as_deref(), &meta.tokenizer)?;
+    let mut cfg = prune::SweepConfig {
+        levels: a.sparsity.clone(),
+        method: a.method,
+        scope: a.scope,
+        finetune_steps: a.finetune_steps,
+        lr: a.lr,
+        batch_size: a.batch_size,
+        seq_len: a.seq_len.unwrap_or(model.config.block_size),
+        eval_batches: a.eval_batches,
+        seed: a.seed,
+        int8: a.int8,
+        timing: (a.sweep || a.measure).then_some(Timing {
+            steps: a.time_steps,
+            tokens: a.time_tokens,
+        }),
+    };
+    cfg.validate()?;
+    let say = |method: &str, l: &Level| {
+        let int8 = |x: Option<f64>| x.map_or(String::new(), |v| format!(", {v:.4} in int8"));
+        let speed = l.speed.map_or(String::new(), |s| {
+            let int8 = s
+                .token_ms_int8
+                .map_or(String::new(), |v| format!(", {v:.2} in int8"));
+            format!(
+                "; {:.1} ms/step, {:.2} ms/token{int8}",
+                s.step_ms, s.token_ms
+            )
+        });
+        let loss = match l.target {
+            0.0 => format!("val loss {:.4}", l.val_loss),
+            _ => format!(
+                "val loss {:.4} right after pruning, {:.4} after {} fine-tuning steps",
+                l.val_loss_pruned, l.val_loss, cfg.finetune_steps
+            ),
+        };
+        distgpt::outln!(
+            "{method} {:.0}% ({:.2}% gone, {} parameters): {loss}{}{speed}",
+            100.0 * l.target,
+            100.0 * l.sparsity,
+            l.params,
+            int8(l.val_loss_int8)
+        )
+    };
+    let dense = prune::dense_level(&mut model, &ds, &cfg)?;
+    say("dense", &dense);
+    let methods = match a.sweep {
+        true => vec![Method::Magnitude, Method::Rows],
+        false => vec![a.method],
+    };
+    let start = model.params_host()?;
+    let mut runs = Vec::new();
+    for method in methods {
+        cfg.method = method;
+        let mut m = distgpt::model::Gpt2::new(model.backend().clone_fresh(), model.config.clone())?;
+        m.set_params(&start)?;
+        let pb = metrics::progress_bar(cfg.levels.len() as u64, &format!("prune ({method})"));
+        let levels = prune::sweep(&mut m, &ds, &cfg, |l| {
+            pb.suspend(|| say(&method.to_string(), l));
+            pb.inc(1);
+        })?;
+        pb.finish_and_clear();
+        let dir = match a.sweep {
+            true => a.out.join(method.to_string()),
+            false => a.out.clone(),
+        };
+        checkpoint::save_model(&m, meta.tokenizer.clone(), &dir)?;
+        distgpt::outln!(
+            "wrote {} (the {:.0}% model: {})",
+            dir.display(),
+            100.0 * cfg.levels.last().copied().unwrap_or(0.0),
+            m.config
+        );
+        runs.push(MethodRun {
+            method,
+            levels: std::iter::once(dense.clone()).chain(levels).collect(),
+        });
+    }
+    let written = prune::write_report(&a.out, &cfg, &runs)?;
+    distgpt::outln!(
+        "wrote {} report files into {}",
+        written.len(),
+        a.out.display()
+    );
+    Ok(())
+}
+
+/// `checkpoint consolidate`: a checkpoint's model as model files.
+pub(super) fn run_consolidate(a: ConsolidateArgs) -> Result<()> {
+    let dir = checkpoint::state::latest(&a.checkpoint)?;
+    let index = consolidate(&dir, &a.out, None)?;
+    distgpt::outln!(
+        "wrote {} ({}) from {} (step {}, saved by {} on {} rank(s))",
+        a.out.display(),
+        match index.model {
+            ModelConfig::Gpt2(_) => "model.safetensors, model.json",
+            ModelConfig::Bert(_) => "a Hugging Face folder: config.json, model.safetensors",
+        },
+        dir.display(),
+        index.step,
+        index.strategy,
+        index.world_size
+    );
+    Ok(())
+}
+
+/// `export`: a Hugging Face folder of a run, checkpoint or model folder.
+pub(super) fn run_export(a: ExportArgs) -> Result<()> {
+    if train::classify::is_bert_folder(&a.run) {
+        // a BERT run is a Hugging Face folder already: checked, then written anew
+        use distgpt::model::bert::hf;
+        let (model, params) = hf::load_folder(&a.run, None, 0)?;
+        let vocab = a.run.join("vocab.txt");
+        let vocab = vocab.exists().then_some(vocab.as_path());
+        hf::write_folder(&model, &params, vocab, &a.out)?;
+        distgpt::outln!(
+            "wrote {} (a Hugging Face {model} folder: config.json, model.safetensors{})",
+            a.out.display(),
+            if vocab.is_some() { ", vocab.txt" } else { "" }
+        );
+        return Ok(());
+    }
+    let (model, meta) = checkpoint::load_model(Cpu::new(), &a.run)?;
+    checkpoint::hf::export(&model, &meta.tokenizer, &a.out)?;
+    distgpt::outln!("wrote {} (config.json, model.safetensors)", a.out.display());
+    Ok(())
+}
+
+/// `quantize`: the model with its block matrices in int8.
+pub(super) fn run_quantize(a: QuantizeArgs) -> Result<()> {
+    refuse_output_over_input(&a.run, &a.out, a.overwrite)?;
+    let (model, meta) = checkpoint::load_model(Cpu::new(), &a.run)?;
+    checkpoint::save_int8_model(&model, meta.tokenizer, &a.out)?;
+    let size =
+        |d: &Path| std::fs::metadata(d.join(checkpoint::WEIGHTS_FILE)).map_or(0, |m| m.len());
+    distgpt::outln!(
+        "wrote {} (model.safetensors {}, block matrices in int8; fp32: {})",
+        a.out.display(),
+        metrics::human_bytes(size(&a.out)),
+        metrics::human_bytes(4 * model.config.num_params() as u64)
+    );
+    Ok(())
+}
+
+/// `prune`: the model pruned level by level (weights or whole heads and MLP
+/// units), on any device, with its report.
+pub(super) fn run_prune(a: PruneArgs) -> Result<()> {
+    refuse_output_over_input(&a.run, &a.out, a.overwrite)?;
+    on_device!(a.device, |be| prune_on(be, &a))?;
+    Ok(())
+}

@@ -1,0 +1,867 @@
+//! `distgpt train`: a new run or a resumed one, prepared from its flags,
+//! its config file or its run record, trained by the library's one run
+//! driver, and reported.
+
+use super::*;
+
+#[derive(Args)]
+pub(super) struct TrainArgs {
+    /// Settings from a file: a TOML file whose keys are these flags'
+    /// names (see configs/), or a run's run.json to repeat that run. Flags
+    /// given here override the file.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    pub(super) model: ModelArgs,
+    /// What to train: a language model (GPT-2); a BERT masked language model
+    /// from scratch (--model bert-tiny, bert-minilm, bert-base: on --data's
+    /// characters, the embedded Shakespeare by default); or a classifier
+    /// fine-tuned from a Hugging Face BERT folder (--init-from) on a labelled
+    /// set (--data, from `distgpt data prepare-spam` or any such directory).
+    /// Default: mlm for a BERT preset, lm otherwise.
+    #[arg(long, value_enum, help_heading = "Model")]
+    task: Option<TaskKind>,
+    #[command(flatten)]
+    pub(super) parallel: ParallelArgs,
+    #[command(flatten)]
+    device: DeviceArgs,
+    /// Training data: a text file or a directory of token shards (default: embedded Shakespeare).
+    #[arg(long, help_heading = "Data")]
+    data: Option<PathBuf>,
+    /// Tokenizer for text data.
+    #[arg(long, value_enum, default_value = "char", help_heading = "Data")]
+    tokenizer: TokenizerKind,
+    /// --task classify: fine-tune on N training examples only (drawn with the seed).
+    #[arg(long, help_heading = "Data")]
+    train_examples: Option<usize>,
+    /// Global batch: sequences per micro-step, split across the data-parallel ranks.
+    #[arg(long, value_parser = positive(), default_value_t = 32, help_heading = "Data")]
+    batch_size: usize,
+    /// Tokens per sequence (default: the model's block size).
+    #[arg(long, value_parser = positive(), help_heading = "Data")]
+    seq_len: Option<usize>,
+    /// Micro-batches per optimizer step.
+    #[arg(long, default_value_t = 1, help_heading = "Optimisation")]
+    grad_accum: usize,
+    /// Optimizer steps.
+    #[arg(
+        long,
+        default_value_t = 800,
+        conflicts_with = "epochs",
+        help_heading = "Optimisation"
+    )]
+    steps: usize,
+    /// Train for this many passes over the training split instead of --steps.
+    #[arg(long, help_heading = "Optimisation")]
+    epochs: Option<f64>,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 3e-3, help_heading = "Optimisation")]
+    lr: f32,
+    /// Final learning rate of the cosine decay (default: lr / 10).
+    #[arg(long, help_heading = "Optimisation")]
+    min_lr: Option<f32>,
+    /// Linear warmup steps.
+    #[arg(long, default_value_t = 50, help_heading = "Optimisation")]
+    warmup: usize,
+    /// AdamW's decoupled weight decay (matrices only, not biases or norms).
+    #[arg(long, default_value_t = 0.1, help_heading = "Optimisation")]
+    weight_decay: f32,
+    /// AdamW's first-moment decay.
+    #[arg(long, default_value_t = 0.9, help_heading = "Optimisation")]
+    beta1: f32,
+    /// AdamW's second-moment decay.
+    #[arg(long, default_value_t = 0.99, help_heading = "Optimisation")]
+    beta2: f32,
+    /// Clip the global gradient norm to this (0: off).
+    #[arg(long, default_value_t = 1.0, help_heading = "Optimisation")]
+    grad_clip: f32,
+    /// Validation every N steps (0: only at the end).
+    #[arg(long, default_value_t = 100, help_heading = "Output")]
+    eval_every: usize,
+    /// Validation batches per evaluation.
+    #[arg(long, default_value_t = 20, help_heading = "Output")]
+    eval_batches: usize,
+    /// Print a sample every N steps (0: only at the end).
+    #[arg(long, default_value_t = 0, help_heading = "Output")]
+    sample_every: usize,
+    /// When the output is not a terminal (no progress bar), print a line
+    /// every N steps: loss, learning rate, gradient norm, tokens/s, ETA (0: none).
+    #[arg(long, default_value_t = 10, help_heading = "Output")]
+    log_every: usize,
+    /// Tokens in the final sample.
+    #[arg(long, default_value_t = 500, help_heading = "Output")]
+    sample_tokens: usize,
+    /// Seed of the initial weights, the data order and the samples.
+    #[arg(long, default_value_t = 1337, help_heading = "Optimisation")]
+    seed: u64,
+    /// Run directory for metrics.jsonl, run.json, checkpoints and the weights
+    /// (default: runs/<model>-<YYYYMMDD-HHMMSS>, with runs/latest pointing at it).
+    #[arg(long, help_heading = "Output")]
+    out: Option<PathBuf>,
+    /// Peak TFLOP/s per rank that MFU is stated against (default: measured
+    /// once per device and thread count, kept in ~/.cache/distgpt/peak.json).
+    #[arg(long, help_heading = "Output")]
+    peak_tflops: Option<f64>,
+    /// No progress bar or messages; the summary only.
+    #[arg(long, help_heading = "Output")]
+    quiet: bool,
+    /// Write a training-state checkpoint every N steps (0: at the end and when stopped only).
+    #[arg(long, default_value_t = 0, help_heading = "Checkpoints")]
+    checkpoint_every: usize,
+    /// Checkpoints to keep (the newest).
+    #[arg(long, default_value_t = 3, help_heading = "Checkpoints")]
+    keep_checkpoints: usize,
+    /// Continue a run (its newest checkpoint, or a checkpoint directory
+    /// RUN/checkpoints/step_N) with its recorded model, data, schedule and
+    /// layout (bit-exact). Strategy, world size (within float tolerance), --steps/--epochs (to extend a finished run),
+    /// --lr, --min-lr, --grad-clip, evaluation, sampling and checkpoint
+    /// cadence may change; the model, data, batch shape, seed, warmup and
+    /// AdamW betas and decay may not.
+    #[arg(long, value_name = "RUN_OR_CHECKPOINT", help_heading = "Checkpoints")]
+    resume: Option<PathBuf>,
+    /// With --resume: continue from the checkpoint of this step instead of
+    /// the newest (newer ones are moved to checkpoints/superseded/).
+    #[arg(long, requires = "resume", help_heading = "Checkpoints")]
+    from_step: Option<usize>,
+    /// Empty --out first if it holds another run (without it, a non-empty --out is refused).
+    #[arg(long, conflicts_with = "resume", help_heading = "Output")]
+    overwrite: bool,
+    /// Start from these weights (a run directory or a Hugging Face GPT-2 folder):
+    /// its model shape and tokenizer replace --model and --tokenizer.
+    #[arg(
+        long,
+        value_name = "DIR",
+        conflicts_with = "resume",
+        help_heading = "Checkpoints"
+    )]
+    init_from: Option<PathBuf>,
+    /// Stop (with a checkpoint) after this many steps of this invocation.
+    #[arg(long, help_heading = "Checkpoints")]
+    stop_after: Option<usize>,
+    /// Testing aid: make this rank fail (with --fail-step).
+    #[arg(long, requires = "fail_step", hide = true)]
+    fail_rank: Option<usize>,
+    /// Testing aid: the step (0-based) at which --fail-rank fails.
+    #[arg(long, requires = "fail_rank", hide = true)]
+    fail_step: Option<usize>,
+    /// Testing aid: how --fail-rank fails (stop and hang need --comm mpi).
+    #[arg(long, value_enum, default_value_t, requires = "fail_rank", hide = true)]
+    fail_how: FaultKind,
+}
+
+/// Flags a resumed run refuses, each with why.
+pub(super) const FIXED_ON_RESUME: [(&[&str], &str); 7] = [
+    (
+        &["model", "n_layer", "n_head", "n_embd", "block_size", "data", "tokenizer"],
+        "the checkpoint holds this run's model trained on its data; to train those weights on something else start a new run with --init-from RUN",
+    ),
+    (
+        &["batch_size", "seq_len", "grad_accum"],
+        "the checkpoint's data position counts batches of the run's shape",
+    ),
+    (&["seed"], "the run's data order comes from its seed"),
+    (
+        &["train_examples"],
+        "the run's training examples were drawn once, with its seed",
+    ),
+    (
+        &["warmup", "beta1", "beta2", "weight_decay"],
+        "the optimizer state was built with the run's settings",
+    ),
+    (&["out"], "a resumed run continues in its own directory"),
+    (&["init_from", "overwrite"], "a resumed run starts from its checkpoint"),
+];
+
+/// Refuses the flags a resumed run takes from its record, each with why.
+pub(super) fn refuse_fixed_on_resume(given: &[String]) -> Result<()> {
+    for (flags, why) in FIXED_ON_RESUME {
+        if let Some(f) = flags.iter().find(|f| given.iter().any(|g| g == *f)) {
+            bail!(
+                "--{} cannot change when resuming: {why}",
+                f.replace('_', "-")
+            );
+        }
+    }
+    Ok(())
+}
+
+/// (run directory, checkpoint) of a run directory (its newest checkpoint)
+/// or of one of its checkpoints.
+pub(super) fn run_and_checkpoint(path: &Path) -> Result<(PathBuf, PathBuf)> {
+    let ckpt = checkpoint::state::latest(path)?;
+    let run = match ckpt == path {
+        true => path
+            .parent()
+            .and_then(Path::parent)
+            .context("a checkpoint directory lives in RUN/checkpoints/")?
+            .to_path_buf(),
+        false => path.to_path_buf(),
+    };
+    Ok((run, ckpt))
+}
+
+/// Flags only some tasks have, each with the tasks that refuse it and why.
+pub(super) const TASK_FLAGS: [(&str, &[TaskKind], &str); 5] = [
+    (
+        "sample_every",
+        &[TaskKind::Mlm, TaskKind::Classify],
+        "is for GPT-2 language models (an encoder does not generate)",
+    ),
+    (
+        "sample_tokens",
+        &[TaskKind::Mlm, TaskKind::Classify],
+        "is for GPT-2 language models (an encoder does not generate)",
+    ),
+    (
+        "eval_batches",
+        &[TaskKind::Classify],
+        "is for language models: a classifier is scored on its whole validation split",
+    ),
+    (
+        "tokenizer",
+        &[TaskKind::Mlm, TaskKind::Classify],
+        "is for GPT-2 language models: --task mlm pretrains on characters, --task classify reads the folder's vocab.txt",
+    ),
+    (
+        "train_examples",
+        &[TaskKind::Lm, TaskKind::Mlm],
+        "is for --task classify (a sample of a labelled set's training examples)",
+    ),
+];
+
+/// Refuses the flags `task` does not have, by name.
+pub(super) fn refuse_task_flags(given: &[String], task: TaskKind) -> Result<()> {
+    for (flag, refused, why) in TASK_FLAGS {
+        if refused.contains(&task) && given.iter().any(|g| g == flag) {
+            bail!("--{} {why}", flag.replace('_', "-"));
+        }
+    }
+    Ok(())
+}
+
+/// A task's data, read once and shared by every rank.
+pub(super) enum TaskData {
+    Lm { model: GptConfig, ds: Dataset },
+    Mlm { model: BertConfig, ds: Dataset },
+    Classify(train::classify::ClassifyTask),
+}
+
+impl TaskData {
+    fn kind(&self) -> TaskKind {
+        match self {
+            TaskData::Lm { .. } => TaskKind::Lm,
+            TaskData::Mlm { .. } => TaskKind::Mlm,
+            TaskData::Classify(_) => TaskKind::Classify,
+        }
+    }
+
+    fn model(&self) -> ModelConfig {
+        match self {
+            TaskData::Lm { model, .. } => model.clone().into(),
+            TaskData::Mlm { model, .. } => model.clone().into(),
+            TaskData::Classify(t) => t.model.clone().into(),
+        }
+    }
+
+    /// Calls `f` with the task.
+    fn with_task<B: Backend, R>(&self, f: impl FnOnce(&dyn train::Task<B>) -> R) -> R {
+        match self {
+            TaskData::Lm { model, ds } => f(&train::lm::LmTask {
+                model: model.clone(),
+                data: ds,
+            }),
+            TaskData::Mlm { model, ds } => f(&train::mlm::MlmTask {
+                model: model.clone(),
+                data: ds,
+            }),
+            TaskData::Classify(t) => f(t),
+        }
+    }
+}
+
+/// A run ready to launch: its task's data, configuration and layout.
+pub(super) struct Prepared {
+    data: TaskData,
+    cfg: TrainConfig,
+    par: ParallelConfig,
+}
+
+/// A new run from the flags, with its task's defaults where a flag is not given.
+pub(super) fn new_run(a: &TrainArgs, given: &[String], task: TaskKind) -> Result<Prepared> {
+    let set = |flag: &str| given.iter().any(|g| g == flag);
+    let pick = |flag: &str, default: f32, value: f32| if set(flag) { value } else { default };
+    let (data, seq_len, out_name) = match task {
+        TaskKind::Lm => match &a.init_from {
+            Some(dir) => {
+                let meta = checkpoint::read_any_meta(dir)?;
+                let ds = Dataset::load_for_model(a.data.as_deref(), &meta.tokenizer)?;
+                let seq = a.seq_len.unwrap_or(meta.config.block_size);
+                let model = meta.config;
+                (TaskData::Lm { model, ds }, seq, a.model.model.clone())
+            }
+            None => {
+                let ds = Dataset::load(a.data.as_deref(), a.tokenizer)?;
+                let model = a.model.resolve(Some(ds.tokenizer.vocab_size()))?;
+                let seq = a.seq_len.unwrap_or(model.block_size);
+                (TaskData::Lm { model, ds }, seq, a.model.model.clone())
+            }
+        },
+        TaskKind::Mlm => {
+            let ModelConfig::Bert(shape) = a.model.resolve_family(None)? else {
+                bail!(
+                    "--task mlm trains a BERT: choose --model bert-tiny, bert-minilm or bert-base"
+                );
+            };
+            if a.init_from.is_some() {
+                bail!("--task mlm pretrains from scratch (no --init-from; --task classify fine-tunes a folder)");
+            }
+            let ds = Dataset::load(a.data.as_deref(), TokenizerKind::Char)?;
+            let seq = a.seq_len.unwrap_or(128);
+            let model = train::mlm::MlmTask::new(&shape, &ds, seq).model;
+            (TaskData::Mlm { model, ds }, seq, a.model.model.clone())
+        }
+        TaskKind::Classify => {
+            let (Some(init_from), Some(data)) = (&a.init_from, &a.data) else {
+                bail!("--task classify needs --init-from (a Hugging Face BERT folder, e.g. all-MiniLM-L6-v2's) and --data (a labelled set)");
+            };
+            let seq = a.seq_len.unwrap_or(128);
+            let t =
+                train::classify::ClassifyTask::new(init_from, data, a.train_examples, seq, a.seed)?;
+            (TaskData::Classify(t), seq, "classify".to_string())
+        }
+    };
+    let duration = match (a.epochs, task) {
+        (Some(e), _) => Duration::Epochs(e),
+        (None, TaskKind::Classify) if !set("steps") => Duration::Epochs(3.0),
+        (None, _) => Duration::Steps(a.steps),
+    };
+    let bert = task != TaskKind::Lm;
+    let lr = match task {
+        TaskKind::Lm => a.lr,
+        TaskKind::Mlm => pick("lr", 1e-3, a.lr),
+        TaskKind::Classify => pick("lr", 5e-5, a.lr),
+    };
+    let fine_tune = task == TaskKind::Classify;
+    let mut cfg = TrainConfig {
+        batch_size: a.batch_size,
+        seq_len,
+        grad_accum: a.grad_accum,
+        duration,
+        lr,
+        min_lr: a.min_lr.unwrap_or(lr / 10.0),
+        warmup_steps: a.warmup,
+        adamw: AdamWConfig {
+            beta1: a.beta1,
+            beta2: if fine_tune {
+                pick("beta2", 0.999, a.beta2)
+            } else {
+                a.beta2
+            },
+            eps: 1e-8,
+            weight_decay: if fine_tune {
+                pick("weight_decay", 0.01, a.weight_decay)
+            } else {
+                a.weight_decay
+            },
+        },
+        grad_clip: a.grad_clip,
+        // a classifier is scored at every epoch's end
+        eval_every: if fine_tune && !set("eval_every") {
+            0
+        } else {
+            a.eval_every
+        },
+        eval_batches: a.eval_batches,
+        sample_every: a.sample_every,
+        log_every: a.log_every,
+        sample_tokens: if bert { 0 } else { a.sample_tokens },
+        seed: a.seed,
+        link_latest: a.out.is_none(),
+        out_dir: a
+            .out
+            .clone()
+            .unwrap_or_else(|| train::default_run_dir(&out_name)),
+        peak_flops: a.peak_tflops.map(|t| t * 1e12),
+        verbose: !a.quiet,
+        fault: None,
+        checkpoint_every: a.checkpoint_every,
+        keep_checkpoints: a.keep_checkpoints,
+        resume: None,
+        stop_after: None,
+        init_from: a.init_from.clone(),
+        data: a.data.clone(),
+        train_examples: a.train_examples,
+        overwrite: a.overwrite,
+        schedule_steps: None,
+        tokenizer: if bert {
+            TokenizerKind::Char
+        } else {
+            a.tokenizer
+        },
+        progress: None,
+    };
+    if let (TaskData::Classify(t), false) = (&data, set("warmup")) {
+        cfg.warmup_steps = t.default_warmup(&cfg);
+    }
+    Ok(Prepared {
+        data,
+        cfg,
+        par: a.parallel.config(),
+    })
+}
+
+/// The run recorded in a run directory, set to continue from one of its
+/// checkpoints, with the flags a resume may change applied. Returns it with
+/// the run directory and the checkpoint's step.
+pub(super) fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<(Prepared, PathBuf, usize)> {
+    let path = a.resume.as_ref().expect("resuming");
+    refuse_fixed_on_resume(given)?;
+    // A checkpoint directory (RUN/checkpoints/step_N) or a run directory.
+    let (run_dir, ckpt) = if path.join("index.json").exists() {
+        if a.from_step.is_some() {
+            bail!(
+                "--from-step picks a checkpoint of a run directory; {} is already one checkpoint",
+                path.display()
+            );
+        }
+        run_and_checkpoint(path)?
+    } else {
+        let ckpt = match a.from_step {
+            Some(n) => checkpoint::state::at_step(path, n)?,
+            None => checkpoint::state::latest(path)?,
+        };
+        (path.clone(), ckpt)
+    };
+    // a run another process is training is refused before any of its
+    // files is read (its checkpoints change under a reader)
+    drop(train::run_dir::lock(&run_dir)?);
+    let index = checkpoint::state::read_index(&ckpt)?;
+    if !run_dir.join(train::run_dir::RUN_FILE).exists() {
+        bail!(
+            "{} has checkpoints but no {}: it was written by a distgpt whose BERT runs kept no run record, and cannot be resumed; `distgpt checkpoint consolidate {0}` recovers its weights",
+            run_dir.display(),
+            train::run_dir::RUN_FILE
+        );
+    }
+    let record = train::run_dir::read_record(&run_dir)?;
+    if let Some(t) = a.task.filter(|&t| t != record.task) {
+        bail!(
+            "--task {t}: {} is a --task {} run",
+            run_dir.display(),
+            record.task
+        );
+    }
+    let mut cfg = record.train;
+    let data = match record.task {
+        TaskKind::Classify => {
+            let (Some(init_from), Some(data)) = (&cfg.init_from, &cfg.data) else {
+                bail!(
+                    "{}'s run record names no pretrained folder or labelled set",
+                    run_dir.display()
+                );
+            };
+            let t = train::classify::ClassifyTask::new(
+                init_from,
+                data,
+                cfg.train_examples,
+                cfg.seq_len,
+                cfg.seed,
+            )?;
+            TaskData::Classify(t)
+        }
+        kind => {
+            let ds = Dataset::load_for_model(cfg.data.as_deref(), &index.tokenizer)?;
+            match (kind, record.model) {
+                (TaskKind::Lm, ModelConfig::Gpt2(model)) => TaskData::Lm { model, ds },
+                (TaskKind::Mlm, ModelConfig::Bert(model)) => TaskData::Mlm { model, ds },
+                (kind, model) => bail!(
+                    "{}'s run record names a --task {kind} run of a {model}",
+                    run_dir.display()
+                ),
+            }
+        }
+    };
+    let set = |flag: &str| given.iter().any(|g| g == flag);
+    if set("steps") {
+        cfg.duration = Duration::Steps(a.steps);
+    }
+    if let Some(e) = a.epochs {
+        cfg.duration = Duration::Epochs(e);
+    }
+    if set("lr") {
+        cfg.lr = a.lr;
+        cfg.min_lr = a.lr / 10.0;
+    }
+    if let Some(m) = a.min_lr {
+        cfg.min_lr = m;
+    }
+    // The flags a resume may change, each taken when given.
+    macro_rules! take_given {
+        ($($field:ident),*) => {$(
+            if set(stringify!($field)) {
+                cfg.$field = a.$field;
+            }
+        )*};
+    }
+    take_given!(
+        grad_clip,
+        eval_every,
+        eval_batches,
+        sample_every,
+        log_every,
+        sample_tokens,
+        checkpoint_every,
+        keep_checkpoints
+    );
+    if set("peak_tflops") {
+        cfg.peak_flops = a.peak_tflops.map(|t| t * 1e12);
+    }
+    cfg.verbose = !a.quiet;
+    cfg.resume = Some(ckpt);
+    cfg.out_dir = run_dir.clone();
+    // The run's own layout unless one is asked for: resuming into the same
+    // layout is bit-exact, into another only within float tolerance.
+    let mut par = record.parallel;
+    let mine = a.parallel.config();
+    if set("strategy") {
+        par.strategy = mine.strategy;
+        par.tp = mine.tp;
+    }
+    if set("world_size") {
+        par.world_size = mine.world_size;
+    }
+    if set("tp") {
+        par.tp = mine.tp;
+    }
+    if set("recompute") {
+        par.recompute = mine.recompute;
+    }
+    if set("precision") {
+        par.precision = mine.precision;
+    }
+    if set("pp") {
+        par.pipeline.stages = mine.pipeline.stages;
+    }
+    if set("schedule") || set("virtual_stages") {
+        par.pipeline.schedule = mine.pipeline.schedule;
+        par.pipeline.virtual_stages = mine.pipeline.virtual_stages;
+    }
+    let prepared = Prepared { data, cfg, par };
+    Ok((prepared, run_dir, index.step))
+}
+
+/// Optimizer steps a prepared run trains in all.
+pub(super) fn total_steps(p: &Prepared) -> Result<usize> {
+    let cfg = &p.cfg;
+    let stream = p.data.with_task::<Cpu, _>(|task| -> Result<usize> {
+        Ok(task.train_stream(cfg)?.batches_per_epoch())
+    })?;
+    Ok(cfg.duration.steps(stream, cfg.grad_accum))
+}
+
+/// Resuming a run whose final checkpoint exists: there is nothing to train,
+/// but its model files may be missing, cut short or stale (killed between
+/// the two); they are rewritten from that checkpoint.
+pub(super) fn finish_completed(
+    p: &Prepared,
+    run_dir: &Path,
+    ckpt: &Path,
+    step: usize,
+) -> Result<Outcome> {
+    let _lock = train::run_dir::lock(run_dir)?;
+    match checkpoint::verify_model_files(run_dir, &p.data.model()) {
+        Ok(()) => bail!(
+            "{} finished at step {step}: nothing left to train (extend it with --steps N, N > {step})",
+            run_dir.display()
+        ),
+        Err(why) => {
+            let vocab = match &p.data {
+                TaskData::Classify(t) => Some(t.vocab_file()),
+                _ => None,
+            };
+            consolidate(ckpt, run_dir, vocab)?;
+            distgpt::outln!(
+                "{} finished at step {step}, but its model files were unreadable ({why}); rewrote them from {}",
+                run_dir.display(),
+                ckpt.display()
+            );
+            Ok(Outcome::Done)
+        }
+    }
+}
+
+/// Refuses thread ranks whose planned memory exceeds what this machine has free.
+pub(super) fn check_memory(
+    model: &ModelConfig,
+    cfg: &TrainConfig,
+    par: ParallelConfig,
+) -> Result<()> {
+    let Some(free) = available_memory_bytes() else {
+        return Ok(());
+    };
+    let w = distgpt::plan::Workload {
+        model: model.clone(),
+        batch: cfg.batch_size,
+        seq_len: cfg.seq_len,
+        grad_accum: cfg.grad_accum,
+    };
+    let per_rank = distgpt::plan::memory_plan(&w, par, distgpt::plan::Precision::Fp32).total();
+    // Each thread rank also holds a worker pool, communication slots and
+    // scratch the plan does not itemise.
+    let need = par.world_size as f64 * (1.25 * per_rank + 16.0 * 1024.0 * 1024.0);
+    if need > free as f64 {
+        let h = |b: f64| metrics::human_bytes(b as u64);
+        bail!(
+            "{} thread ranks need about {} ({} each by `distgpt plan`), but {} is available: use fewer ranks, a smaller batch or model, or --recompute",
+            par.world_size,
+            h(need),
+            h(per_rank),
+            h(free as f64)
+        );
+    }
+    Ok(())
+}
+
+/// MemAvailable from /proc/meminfo.
+pub(super) fn available_memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// SIGINT, SIGTERM, SIGUSR1 and SIGUSR2 (which mpirun forwards to every
+/// rank without killing them) all mean: finish the step, checkpoint, stop. Later
+/// signals are reported and ignored, so a save is never cut short by one.
+pub(super) fn handle_stop_signals() -> Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGUSR1, SIGUSR2])
+        .context("installing the signal handlers")?;
+    std::thread::spawn(move || {
+        for sig in signals.forever() {
+            let name = match sig {
+                SIGINT => "SIGINT",
+                SIGTERM => "SIGTERM",
+                SIGUSR1 => "SIGUSR1",
+                _ => "SIGUSR2",
+            };
+            if train::INTERRUPTED.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                distgpt::errln!("\n{name}: already stopping; the checkpoint is being written (SIGKILL would lose only the current step)");
+            } else {
+                distgpt::errln!(
+                    "\n{name}: interrupted: finishing the step and writing a checkpoint"
+                );
+            }
+        }
+    });
+    Ok(())
+}
+
+/// `train`: a new run of any task, or a recorded run resumed, through the one run driver.
+pub(super) fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
+    if let Some(p) = a.data.as_ref().filter(|p| !p.exists()) {
+        bail!("data path {} does not exist", p.display());
+    }
+    let mut prep = match &a.resume {
+        Some(_) => {
+            let (prep, run_dir, step) = resumed_run(&a, given)?;
+            refuse_task_flags(given, prep.data.kind())?;
+            let ckpt = prep.cfg.resume.clone().expect("resuming");
+            if step >= total_steps(&prep)? {
+                return finish_completed(&prep, &run_dir, &ckpt, step);
+            }
+            distgpt::errln!(
+                "resuming {} from {} as {} on {} rank(s)",
+                run_dir.display(),
+                ckpt.display(),
+                prep.par.strategy,
+                prep.par.world_size
+            );
+            prep
+        }
+        None => {
+            let bert = BertConfig::preset(&a.model.model).is_some();
+            let task = a
+                .task
+                .unwrap_or(if bert { TaskKind::Mlm } else { TaskKind::Lm });
+            if task == TaskKind::Lm && bert {
+                bail!(
+                    "{} is a BERT preset: --task mlm pretrains it (the default for BERT), --task lm trains GPT-2 models",
+                    a.model.model
+                );
+            }
+            refuse_task_flags(given, task)?;
+            new_run(&a, given, task)?
+        }
+    };
+    let cfg = &mut prep.cfg;
+    cfg.stop_after = a.stop_after;
+    cfg.fault = a.fail_rank.zip(a.fail_step).map(|(rank, step)| Fault {
+        rank,
+        step,
+        how: a.fail_how,
+    });
+    if a.fail_how != FaultKind::Error && a.parallel.comm != CommKind::Mpi {
+        bail!("--fail-how stop and hang stop a whole process: they need --comm mpi");
+    }
+    cfg.validate()?;
+    let par = prep.par;
+    let model = prep.data.model();
+    par.resolved().validate(&model, cfg.batch_size)?;
+    par.pipeline.check_micro_batches(cfg.grad_accum)?;
+    if a.parallel.comm == CommKind::Local {
+        check_memory(&model, cfg, par.resolved())?;
+    }
+    handle_stop_signals()?;
+    let threads = rayon::current_num_threads();
+    let launcher = ParallelArgs {
+        world_size: par.world_size,
+        ..a.parallel.clone()
+    };
+    let prep = &prep;
+    let Some(s) = on_device!(a.device, |be| launcher.launch(
+        threads,
+        &a.device,
+        |world| {
+            let be = be.for_rank(world)?;
+            prep.data
+                .with_task(|task| train::train_rank(be, task, &prep.cfg, par, world))
+        }
+    ))?
+    .flatten() else {
+        let stopped = train::INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst);
+        return Ok(if stopped {
+            Outcome::Stopped
+        } else {
+            Outcome::Done
+        });
+    };
+    let resume = resume_command(&s.out_dir, &launcher, &a.device);
+    report_run(prep, &s, &resume)
+}
+
+/// The closing lines of a run (rank 0's summary); `resume` is the command
+/// that continues a stopped one.
+pub(super) fn report_run(
+    prep: &Prepared,
+    s: &train::TrainSummary,
+    resume: &str,
+) -> Result<Outcome> {
+    if !s.sample.is_empty() {
+        distgpt::outln!("--- sample ---\n{}\n--------------", s.sample);
+    }
+    let what = match prep.data.kind() {
+        TaskKind::Mlm => "masked-token loss",
+        _ => "loss",
+    };
+    let from = s.steps - s.losses.len();
+    distgpt::outln!(
+        "steps {from}..{} in {:.1} s | {what} {:.4} -> {:.4} | val loss {:.4} | {:.0} tokens/s, MFU {:.1}% (wall clock, evaluation included)",
+        s.steps,
+        s.seconds,
+        s.first_loss,
+        s.final_loss,
+        s.val_loss,
+        s.tokens_per_s,
+        100.0 * s.mfu
+    );
+    if let Some(note) = metrics::mfu_above_peak(s.mfu) {
+        distgpt::errln!("note: {note}");
+    }
+    if let Some(t) = s.test {
+        distgpt::outln!(
+            "test: loss {:.4}, accuracy {:.2}%, F1 {:.4} on {} examples",
+            t.loss,
+            100.0 * t.accuracy.unwrap_or(0.0),
+            t.f1.unwrap_or(0.0),
+            t.examples
+        );
+    }
+    distgpt::outln!("peak memory (rank 0): {}", metrics::memory_line(&s.memory));
+    if s.rank_peak_bytes.len() > 1 {
+        let h = metrics::human_bytes;
+        for (r, p) in s.rank_peak_bytes.iter().enumerate() {
+            distgpt::outln!(
+                "rank {r}: peak {} (params {}, grads {}, optimizer {}, activations {}) | sent {} in {:.2} s of collectives",
+                h(p[5]),
+                h(p[0]),
+                h(p[1]),
+                h(p[2]),
+                h(p[3]),
+                h(s.rank_comm_bytes[r]),
+                s.rank_comm_seconds[r]
+            );
+        }
+    }
+    let files = prep.data.with_task::<Cpu, _>(|t| t.model_files());
+    distgpt::outln!(
+        "run directory: {} (model: {files}; metrics.jsonl, metrics.csv, run.json, checkpoints/)",
+        s.out_dir.display()
+    );
+    if s.stopped {
+        distgpt::errln!(
+            "stopped after step {} with a checkpoint: continue with `{}`",
+            s.steps,
+            resume
+        );
+        return Ok(Outcome::Stopped);
+    }
+    Ok(Outcome::Done)
+}
+
+/// The command that continues a stopped run, launched as this one was: the
+/// run directory says everything else.
+pub(super) fn resume_command(dir: &Path, par: &ParallelArgs, device: &DeviceArgs) -> String {
+    let mut words = vec![
+        "distgpt".to_string(),
+        "train".into(),
+        "--resume".into(),
+        shell_word(&dir.display().to_string()),
+    ];
+    match par.comm {
+        CommKind::Local => {}
+        CommKind::Mpi => words.extend(["--comm".into(), "mpi".into()]),
+        CommKind::Nccl => words.extend(["--comm".into(), "nccl".into()]),
+    }
+    let ordinal = match device.device {
+        DeviceChoice::Cpu => None,
+        DeviceChoice::Opencl => Some(("opencl", "--opencl-device", device.opencl_device)),
+        DeviceChoice::Cuda => Some(("cuda", "--cuda-device", device.cuda_device)),
+    };
+    if let Some((name, flag, n)) = ordinal {
+        words.extend(["--device".into(), name.into()]);
+        if n != 0 {
+            words.extend([flag.into(), n.to_string()]);
+        }
+    }
+    if par.comm != CommKind::Local && under_mpirun() {
+        words.splice(
+            0..0,
+            ["mpirun".into(), "-np".into(), par.world_size.to_string()],
+        );
+    }
+    words.join(" ")
+}
+
+/// `w` as one shell word: quoted unless it is plain.
+pub(super) fn shell_word(w: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_-./:=,+@%".contains(c);
+    if !w.is_empty() && w.chars().all(plain) {
+        w.into()
+    } else {
+        format!("'{}'", w.replace('\'', r"'\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_path_in_a_printed_command_is_one_shell_word() {
+        assert_eq!(shell_word("runs/tiny-20261125"), "runs/tiny-20261125");
+        assert_eq!(shell_word("/tmp/hint dir"), "'/tmp/hint dir'");
+        assert_eq!(shell_word("it's"), r"'it'\''s'");
+        assert_eq!(shell_word(""), "''");
+    }
+}
