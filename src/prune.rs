@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::figure::{self, Figure, Series};
 use crate::infer::generate::{evaluate_decoded, generate_packed, SampleConfig};
 use crate::infer::kv::DecodeWeights;
-use crate::model::config::{BlockDims, BlockWidth};
+use crate::model::gpt2::config::{BlockDims, BlockWidth};
 use crate::model::gpt2::BlockParam;
 use crate::model::{AdamWConfig, Gpt2, GptConfig, ParamLayout, TpPlace};
 use crate::parallel::{self, ParallelConfig, StepConfig};

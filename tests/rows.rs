@@ -11,7 +11,7 @@ use distgpt::checkpoint;
 use distgpt::checkpoint::state;
 use distgpt::data::{Dataset, TokenizerKind};
 use distgpt::infer::kv::{DecodeWeights, Decoder};
-use distgpt::model::config::BlockWidth;
+use distgpt::model::gpt2::config::BlockWidth;
 use distgpt::model::gpt2::BlockParam;
 use distgpt::model::{Gpt2, GptConfig, ParamLayout, TpPlace};
 use distgpt::parallel::{ParallelConfig, Pipeline, Schedule, StrategyKind};

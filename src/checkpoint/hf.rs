@@ -106,7 +106,7 @@ pub fn read_config(dir: &Path) -> Result<ModelMeta> {
     let tokenizer = match j.get("distgpt_tokenizer") {
         Some(t) => serde_json::from_value(t.clone())
             .map_err(|e| bad(format!("invalid distgpt_tokenizer: {e}")))?,
-        None if config.vocab_size == crate::model::config::GPT2_VOCAB => TokenizerSpec::Gpt2,
+        None if config.vocab_size == crate::model::gpt2::config::GPT2_VOCAB => TokenizerSpec::Gpt2,
         None => {
             return Err(bad(format!(
                 "vocabulary of {} tokens is not GPT-2's and no tokenizer is recorded",

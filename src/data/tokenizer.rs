@@ -76,7 +76,7 @@ impl Tokenizer {
     pub fn vocab_size(&self) -> usize {
         match self {
             Tokenizer::Char { chars, .. } => chars.len(),
-            Tokenizer::Gpt2(_) => crate::model::config::GPT2_VOCAB,
+            Tokenizer::Gpt2(_) => crate::model::gpt2::config::GPT2_VOCAB,
         }
     }
 

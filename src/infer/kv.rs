@@ -8,7 +8,7 @@ use crate::backend::{
 };
 use crate::comm::Comm;
 use crate::error::{Error, Result};
-use crate::model::config::BlockDims;
+use crate::model::gpt2::config::BlockDims;
 use crate::model::gpt2::{BlockParam, LN_EPS};
 use crate::model::{tp, GptConfig, ParamLayout, TpPlace};
 

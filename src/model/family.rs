@@ -3,8 +3,8 @@
 //! `src/model/`, its kernels, and a variant here.
 
 use super::bert::{self, BertConfig, BertHead};
-use super::config::GptConfig;
 use super::gpt2;
+use super::gpt2::config::GptConfig;
 use super::layout::ParamLayout;
 use super::tp::TpPlace;
 use super::unit::UnitModel;
@@ -14,6 +14,11 @@ use crate::data::{Batch, IGNORE};
 use crate::error::{Error, Result};
 use crate::rng::Rng;
 use serde::{Deserialize, Serialize};
+
+/// The largest model accepted of any family (2^36 parameters, far past
+/// GPT-2 XL's 1.6B): a bound on what a crafted `model.json`, `config.json`
+/// or checkpoint index can ask to allocate.
+pub const MAX_PARAMS: usize = 1 << 36;
 
 /// A model of one of the families. As JSON a GPT-2 is its bare config (as
 /// every checkpoint index and run record before BERT has it, so their

@@ -6,7 +6,6 @@ pub mod adamw;
 pub mod alloc;
 pub mod bert;
 pub mod bf16;
-pub mod config;
 pub mod family;
 pub mod gpt2;
 pub mod layout;
@@ -15,8 +14,8 @@ pub mod unit;
 
 pub use adamw::{AdamW, AdamWConfig, Segment};
 pub use bf16::Precision;
-pub use config::GptConfig;
 pub use family::ModelConfig;
+pub use gpt2::config::GptConfig;
 pub use gpt2::{Engine, Gpt2};
 pub use layout::ParamLayout;
 pub use tp::{TpPlace, TpSplit};

@@ -177,10 +177,10 @@ impl BertConfig {
         }
         let params = super::layout::layout_len(c);
         match params {
-            Some(n) if n <= crate::model::config::MAX_PARAMS => Ok(()),
+            Some(n) if n <= crate::model::family::MAX_PARAMS => Ok(()),
             _ => Err(Error::Config(format!(
                 "{c} is more than {} parameters",
-                crate::model::config::MAX_PARAMS
+                crate::model::family::MAX_PARAMS
             ))),
         }
     }

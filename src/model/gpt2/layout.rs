@@ -4,7 +4,7 @@
 //! Matmul weights are stored (in, out) as Hugging Face's Conv1D, so
 //! checkpoints need no transposes. The head (ln_f) reads the tied `wte`.
 
-use crate::model::config::{BlockDims, GptConfig};
+use crate::model::gpt2::config::{BlockDims, GptConfig};
 use crate::model::layout::ParamLayout;
 use crate::model::tp::TpSplit;
 use std::ops::Range;

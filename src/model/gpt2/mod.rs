@@ -3,12 +3,12 @@
 //! `Engine` holds the activations; `Gpt2` adds the full parameter and
 //! gradient buffers for the strategies that keep them whole.
 
+pub mod config;
 pub mod layout;
 
 use super::alloc::ActAlloc;
 use super::bf16::Precision;
 use super::bf16::{matmul_backward, matmul_forward, Bf16Operands, Dout};
-use super::config::{BlockDims, GptConfig};
 use super::layout::ParamLayout;
 use super::tp;
 use super::tp::TpPlace;
@@ -18,6 +18,7 @@ use crate::comm::Comm;
 use crate::data::Batch as DataBatch;
 use crate::error::{Error, Result};
 use crate::rng::Rng;
+use config::{BlockDims, GptConfig};
 pub use layout::BlockParam;
 
 /// GPT-2's layernorm epsilon.

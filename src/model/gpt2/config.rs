@@ -1,6 +1,7 @@
 //! GPT-2 configurations as plain data: the named presets and their checks.
 
 use crate::error::Error;
+use crate::model::family::MAX_PARAMS;
 use serde::{Deserialize, Serialize};
 
 /// Shape of a GPT-2-family model. `vocab_size` is the real vocabulary; the
@@ -60,10 +61,6 @@ impl std::fmt::Display for GptConfig {
         Ok(())
     }
 }
-
-/// The largest model accepted (2^36 parameters, far past GPT-2 XL's 1.6B):
-/// a bound on what a crafted `model.json` or checkpoint index can ask to allocate.
-pub const MAX_PARAMS: usize = 1 << 36;
 
 /// The GPT-2 BPE vocabulary (`r50k_base`).
 pub const GPT2_VOCAB: usize = 50257;
