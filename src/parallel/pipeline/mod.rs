@@ -50,6 +50,20 @@ struct Chunk<B: Backend> {
     spare: Vec<Box<dyn Any>>,
 }
 
+impl<B: Backend> Chunk<B> {
+    /// Puts micro-batch `mb`'s stashed activations back into the engine;
+    /// `order` says which pass must have stashed them.
+    fn resume(&mut self, mb: usize, order: &str) {
+        let at = self
+            .in_flight
+            .iter()
+            .position(|(i, _)| *i == mb)
+            .expect(order);
+        let (_, acts) = self.in_flight.remove(at);
+        self.engine.restore(acts);
+    }
+}
+
 pub struct Pipelined<B: Backend> {
     chunks: Vec<Chunk<B>>,
     /// The pipeline (stage s is rank s), the data-parallel replicas of this
@@ -216,13 +230,7 @@ impl<B: Backend> Pipelined<B> {
         let Pipelined { chunks, dp, tp, .. } = self;
         let ch = &mut chunks[c];
         let be = ch.engine.backend().clone_fresh();
-        let at = ch
-            .in_flight
-            .iter()
-            .position(|(i, _)| *i == mb)
-            .expect("a forward before its backward");
-        let (_, acts) = ch.in_flight.remove(at);
-        ch.engine.restore(acts);
+        ch.resume(mb, "a forward before its backward");
         if let Some(g) = grad {
             be.upload(ch.engine.boundary_grad(), &g)?;
         }
@@ -255,13 +263,7 @@ impl<B: Backend> Pipelined<B> {
         let Pipelined { chunks, dp, .. } = self;
         let ch = &mut chunks[c];
         let be = ch.engine.backend().clone_fresh();
-        let at = ch
-            .in_flight
-            .iter()
-            .position(|(i, _)| *i == mb)
-            .expect("an input half before its weight half");
-        let (_, acts) = ch.in_flight.remove(at);
-        ch.engine.restore(acts);
+        ch.resume(mb, "an input half before its weight half");
         let lay = ch.engine.layout().clone();
         for u in ch.map.units.clone().rev() {
             ch.state.ready(dp.as_ref(), &be, &lay, u)?;
