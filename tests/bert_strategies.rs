@@ -66,7 +66,7 @@ fn batches(cfg: &BertConfig, accum: usize) -> Vec<Batch> {
         .collect()
 }
 
-/// Per-step losses and the final whole-model parameters.
+/// Per-step losses and the final whole-model parameters (the same on every rank).
 fn run(cfg: &BertConfig, par: ParallelConfig, accum: usize) -> (Vec<f32>, Vec<f32>) {
     let init = init_full(cfg, 3);
     let data = batches(cfg, accum);
@@ -95,7 +95,17 @@ fn run(cfg: &BertConfig, par: ParallelConfig, accum: usize) -> (Vec<f32>, Vec<f3
         Ok((losses, s.full_params()?))
     })
     .unwrap_or_else(|e| panic!("{par:?}: {e}"));
-    out.into_iter().next().expect("rank 0")
+    // `full_params` is the whole model on every rank, not only on rank 0
+    let mut ranks = out.into_iter();
+    let first = ranks.next().expect("rank 0");
+    for (r, other) in ranks.enumerate() {
+        assert!(
+            other.1 == first.1,
+            "{par:?}: rank {}'s full_params differs from rank 0's",
+            r + 1
+        );
+    }
+    first
 }
 
 /// Losses within 1e-5 and parameters within 1e-4 of the largest.

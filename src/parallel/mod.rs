@@ -254,22 +254,26 @@ pub struct OwnedState {
 
 impl OwnedState {
     /// Appends the run of `len` elements at `global`, its values taken from
-    /// the fronts of `[params, m, v]`.
-    fn push(&mut self, global: usize, len: usize, [p, m, v]: [&[f32]; 3]) {
+    /// the front of `p` and, when this state carries them, of the moments `mv`.
+    fn push(&mut self, global: usize, len: usize, p: &[f32], mv: Option<[&[f32]; 2]>) {
         match self.segments.last_mut() {
             Some(last) if last.0 + last.1 == global => last.1 += len,
             _ => self.segments.push((global, len)),
         }
         self.params.extend_from_slice(&p[..len]);
-        self.m.extend_from_slice(&m[..len]);
-        self.v.extend_from_slice(&v[..len]);
+        if let Some([m, v]) = mv {
+            self.m.extend_from_slice(&m[..len]);
+            self.v.extend_from_slice(&v[..len]);
+        }
     }
 
     /// Appends another part's runs after this one's.
     fn append(&mut self, o: OwnedState) {
+        let moments = o.m.len() == o.params.len();
         let mut at = 0;
         for &(global, len) in &o.segments {
-            self.push(global, len, [&o.params[at..], &o.m[at..], &o.v[at..]]);
+            let mv = moments.then(|| [&o.m[at..], &o.v[at..]]);
+            self.push(global, len, &o.params[at..], mv);
             at += len;
         }
     }

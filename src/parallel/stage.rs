@@ -627,12 +627,12 @@ impl<B: Backend> StageState<B> {
     }
 
     /// What replica r writes to a checkpoint, as host copies: runs of the
-    /// stage's own units with their parameters and moments, the segments
-    /// in this rank's (tensor-parallel) layout's coordinates; the copied
-    /// unit is its owner's. Replicated: replica 0 writes every run;
-    /// sharded: each replica its slice of every piece, so each value has
-    /// exactly one writer.
-    pub fn owned(&self, be: &B, r: usize) -> Result<OwnedState> {
+    /// stage's own units with their parameters (and moments, when
+    /// `moments`), the segments in this rank's (tensor-parallel) layout's
+    /// coordinates; the copied unit is its owner's. Replicated: replica 0
+    /// writes every run; sharded: each replica its slice of every piece, so
+    /// each value has exactly one writer.
+    pub fn owned(&self, be: &B, r: usize, moments: bool) -> Result<OwnedState> {
         let pc = &self.pieces;
         let mut out = OwnedState::default();
         if !self.sharded() && r != 0 {
@@ -641,7 +641,10 @@ impl<B: Backend> StageState<B> {
         let params = match &self.params {
             Params::Whole(p) | Params::Sharded { shard: p, .. } => be.read(p.s())?,
         };
-        let (m, v) = (be.read(self.opt.m.s())?, be.read(self.opt.v.s())?);
+        let mv = match moments {
+            true => Some([be.read(self.opt.m.s())?, be.read(self.opt.v.s())?]),
+            false => None,
+        };
         for k in usize::from(pc.copied)..pc.layout.len() {
             // (offset in the piece, length, where the moments hold it, where the parameters do)
             let (start, len, at_m, at_p) = match (self.sharded(), &self.params) {
@@ -658,11 +661,8 @@ impl<B: Backend> StageState<B> {
             if len == 0 {
                 continue;
             }
-            out.push(
-                pc.layout[k].start + start,
-                len,
-                [&params[at_p..], &m[at_m..], &v[at_m..]],
-            );
+            let mv = mv.as_ref().map(|[m, v]| [&m[at_m..], &v[at_m..]]);
+            out.push(pc.layout[k].start + start, len, &params[at_p..], mv);
         }
         Ok(out)
     }

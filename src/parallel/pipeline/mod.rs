@@ -396,13 +396,14 @@ impl<B: Backend> Pipelined<B> {
         Ok(total[0].sqrt() as f32)
     }
 
-    /// What chunk c writes to a checkpoint, in whole-layout coordinates:
-    /// its stage state's runs of the (tensor-parallel) layout mapped
-    /// through each tensor's split, a replicated tensor by tp rank 0 only.
-    /// Every value of the model has exactly one writer.
-    fn owned(&self, c: usize) -> Result<OwnedState> {
+    /// What chunk c writes to a checkpoint as replica r of its stage (its
+    /// parameters, and moments when `moments`), in whole-layout
+    /// coordinates: its stage state's runs of the (tensor-parallel) layout
+    /// mapped through each tensor's split, a replicated tensor by tp rank 0
+    /// only. Every value of the model has exactly one writer per replica set.
+    fn owned(&self, c: usize, r: usize, moments: bool) -> Result<OwnedState> {
         let ch = &self.chunks[c];
-        let local = ch.state.owned(ch.engine.backend(), self.dp.rank())?;
+        let local = ch.state.owned(ch.engine.backend(), r, moments)?;
         let tp = ch.engine.tp();
         let whole = ch.engine.whole_layout();
         let mut st = OwnedState::default();
@@ -423,10 +424,12 @@ impl<B: Backend> Pipelined<B> {
                     let (a, b) = (at.max(run.start), (at + len).min(run.end));
                     if a < b {
                         let from = base + a - run.start;
+                        let mv = moments.then(|| [&local.m[from..], &local.v[from..]]);
                         st.push(
                             w.offset + full_at + a - at,
                             b - a,
-                            [&local.params[from..], &local.m[from..], &local.v[from..]],
+                            &local.params[from..],
+                            mv,
                         );
                     }
                     at += len;
@@ -547,19 +550,29 @@ impl<B: Backend> Strategy for Pipelined<B> {
     }
 
     fn full_params(&mut self) -> Result<Vec<f32>> {
+        // a replicated stage's replicas each hold it all: each fills its own
+        // copy as replica 0 would, and only sharded stages sum over dp
+        let sharded = self.chunks[0].state.sharded();
+        let r = if sharded { self.dp.rank() } else { 0 };
         let mut full = vec![0.0f32; self.engine().whole_layout().total()];
-        let mine = self.owned_state()?;
-        let mut at = 0;
-        for (global, len) in mine.segments {
-            full[global..global + len].copy_from_slice(&mine.params[at..at + len]);
-            at += len;
+        for c in 0..self.chunks.len() {
+            let mine = self.owned(c, r, false)?;
+            let mut at = 0;
+            for (global, len) in mine.segments {
+                full[global..global + len].copy_from_slice(&mine.params[at..at + len]);
+                at += len;
+            }
         }
         // every value has one writer and zeros elsewhere: the sums are exact
         if let Some(tp) = self.tp.as_deref() {
             tp.all_reduce(&mut full)?;
         }
-        self.pp.all_reduce(&mut full)?;
-        self.dp.all_reduce(&mut full)?;
+        if self.pp.size() > 1 {
+            self.pp.all_reduce(&mut full)?;
+        }
+        if sharded && self.dp.size() > 1 {
+            self.dp.all_reduce(&mut full)?;
+        }
         Ok(full)
     }
 
@@ -576,7 +589,7 @@ impl<B: Backend> Strategy for Pipelined<B> {
     fn owned_state(&self) -> Result<OwnedState> {
         let mut st = OwnedState::default();
         for c in 0..self.chunks.len() {
-            st.append(self.owned(c)?);
+            st.append(self.owned(c, self.dp.rank(), true)?);
         }
         Ok(st)
     }
