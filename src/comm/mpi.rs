@@ -19,18 +19,47 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// The calls the watchdog watches, by the index the health messages carry.
-const CALLS: [&str; 9] = [
-    "all_reduce",
-    "reduce_scatter",
-    "all_gather",
-    "broadcast",
-    "send",
-    "recv",
-    "send_recv",
-    "barrier",
-    "split",
-];
+/// The calls the watchdog watches; a health message carries `Call as u64 + 1`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Call {
+    AllReduce,
+    ReduceScatter,
+    AllGather,
+    Broadcast,
+    Send,
+    Recv,
+    SendRecv,
+    Barrier,
+    Split,
+}
+
+impl Call {
+    const ALL: [Call; 9] = [
+        Call::AllReduce,
+        Call::ReduceScatter,
+        Call::AllGather,
+        Call::Broadcast,
+        Call::Send,
+        Call::Recv,
+        Call::SendRecv,
+        Call::Barrier,
+        Call::Split,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Call::AllReduce => "all_reduce",
+            Call::ReduceScatter => "reduce_scatter",
+            Call::AllGather => "all_gather",
+            Call::Broadcast => "broadcast",
+            Call::Send => "send",
+            Call::Recv => "recv",
+            Call::SendRecv => "send_recv",
+            Call::Barrier => "barrier",
+            Call::Split => "split",
+        }
+    }
+}
 /// Health messages between watchdog threads: a question, and its answer.
 const ASK: i32 = 1;
 const ANSWER: i32 = 2;
@@ -39,7 +68,7 @@ const GRACE: Duration = Duration::from_secs(3);
 
 /// What a rank is doing: in which call, waiting on which world ranks, since when.
 struct Doing {
-    call: Option<(usize, Arc<[usize]>)>,
+    call: Option<(Call, Arc<[usize]>)>,
     since: Instant,
 }
 
@@ -102,7 +131,7 @@ impl Watchdog {
             crate::errln!(
                 "error: rank {}: {} with {} did not complete within {:.0} s: {why}",
                 self.rank,
-                CALLS[call],
+                call.name(),
                 rank_list(&peers),
                 self.timeout.as_secs_f64()
             );
@@ -114,11 +143,7 @@ impl Watchdog {
         self.doing.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn guard<R>(&self, what: &'static str, on: &Arc<[usize]>, f: impl FnOnce() -> R) -> R {
-        let call = CALLS
-            .iter()
-            .position(|c| *c == what)
-            .expect("a watched call");
+    fn guard<R>(&self, call: Call, on: &Arc<[usize]>, f: impl FnOnce() -> R) -> R {
         *self.doing() = Doing {
             call: Some((call, on.clone())),
             since: Instant::now(),
@@ -191,7 +216,9 @@ fn describe(others: &[usize], answers: &[Option<[u64; 2]>]) -> String {
             Some([0, ms]) => busy.push((ms, r)),
             Some([call, ms]) => waiting.push(format!(
                 "rank {r} in {} ({:.0} s)",
-                CALLS.get(call as usize - 1).unwrap_or(&"a call"),
+                Call::ALL
+                    .get(call as usize - 1)
+                    .map_or("a call", |c| c.name()),
                 secs(ms)
             )),
         }
@@ -293,27 +320,21 @@ impl MpiComm {
     }
 
     /// Runs the call `what` over the whole communicator under the watchdog.
-    fn timed<R>(
-        &self,
-        kind: Kind,
-        what: &'static str,
-        full_bytes: usize,
-        f: impl FnOnce() -> R,
-    ) -> R {
-        self.timed_on(kind, what, &self.members, full_bytes, f)
+    fn timed<R>(&self, kind: Kind, call: Call, full_bytes: usize, f: impl FnOnce() -> R) -> R {
+        self.timed_on(kind, call, &self.members, full_bytes, f)
     }
 
     /// Runs the call `what`, which waits on the world ranks `on`, under the watchdog.
     fn timed_on<R>(
         &self,
         kind: Kind,
-        what: &'static str,
+        call: Call,
         on: &Arc<[usize]>,
         full_bytes: usize,
         f: impl FnOnce() -> R,
     ) -> R {
         let t0 = Instant::now();
-        let out = self.runtime.watchdog.guard(what, on, f);
+        let out = self.runtime.watchdog.guard(call, on, f);
         record(&self.stats, kind, self.size(), full_bytes, t0);
         out
     }
@@ -328,7 +349,7 @@ impl MpiComm {
 impl MpiComm {
     fn all_reduce_typed<T: CommElem + Equivalence>(&self, buf: &mut [T]) -> Result<()> {
         let send = buf.to_vec();
-        self.timed(Kind::AllReduce, "all_reduce", size_of_val(buf), || {
+        self.timed(Kind::AllReduce, Call::AllReduce, size_of_val(buf), || {
             self.comm
                 .all_reduce_into(&send[..], buf, SystemOperation::sum())
         });
@@ -342,7 +363,7 @@ impl MpiComm {
     ) -> Result<()> {
         assert_eq!(input.len(), out.len() * self.size(), "reduce_scatter sizes");
         let bytes = size_of_val(input);
-        self.timed(Kind::ReduceScatter, "reduce_scatter", bytes, || {
+        self.timed(Kind::ReduceScatter, Call::ReduceScatter, bytes, || {
             self.comm
                 .reduce_scatter_block_into(input, out, SystemOperation::sum())
         });
@@ -356,7 +377,7 @@ impl MpiComm {
     ) -> Result<()> {
         assert_eq!(out.len(), input.len() * self.size(), "all_gather sizes");
         let bytes = size_of_val(out);
-        self.timed(Kind::AllGather, "all_gather", bytes, || {
+        self.timed(Kind::AllGather, Call::AllGather, bytes, || {
             self.comm.all_gather_into(input, out)
         });
         Ok(())
@@ -364,7 +385,7 @@ impl MpiComm {
 
     fn broadcast_typed<T: CommElem + Equivalence>(&self, buf: &mut [T], root: usize) -> Result<()> {
         let bytes = size_of_val(buf);
-        self.timed(Kind::Broadcast, "broadcast", bytes, || {
+        self.timed(Kind::Broadcast, Call::Broadcast, bytes, || {
             self.comm.process_at_rank(root as i32).broadcast_into(buf)
         });
         Ok(())
@@ -372,7 +393,7 @@ impl MpiComm {
 
     fn send_typed<T: CommElem + Equivalence>(&self, buf: &[T], to: usize) -> Result<()> {
         let on = self.world_ranks(&[to]);
-        self.timed_on(Kind::P2p, "send", &on, size_of_val(buf), || {
+        self.timed_on(Kind::P2p, Call::Send, &on, size_of_val(buf), || {
             self.comm.process_at_rank(to as i32).send(buf)
         });
         Ok(())
@@ -389,7 +410,7 @@ impl MpiComm {
         let n = recv.len();
         let bytes = size_of_val(send) + size_of_val(recv);
         let on = self.world_ranks(&[to, from]);
-        let status = self.timed_on(Kind::P2p, "send_recv", &on, bytes, || {
+        let status = self.timed_on(Kind::P2p, Call::SendRecv, &on, bytes, || {
             mpi::point_to_point::send_receive_into(
                 send,
                 &self.comm.process_at_rank(to as i32),
@@ -403,7 +424,7 @@ impl MpiComm {
     fn recv_typed<T: CommElem + Equivalence>(&self, buf: &mut [T], from: usize) -> Result<()> {
         let n = buf.len();
         let on = self.world_ranks(&[from]);
-        let status = self.timed_on(Kind::P2p, "recv", &on, size_of_val(buf), || {
+        let status = self.timed_on(Kind::P2p, Call::Recv, &on, size_of_val(buf), || {
             self.comm.process_at_rank(from as i32).receive_into(buf)
         });
         arrived::<T>(&status, n, "recv", from)
@@ -467,7 +488,7 @@ impl Comm for MpiComm {
     fn barrier(&self) -> Result<()> {
         self.runtime
             .watchdog
-            .guard("barrier", &self.members, || self.comm.barrier());
+            .guard(Call::Barrier, &self.members, || self.comm.barrier());
         Ok(())
     }
 
@@ -481,7 +502,7 @@ impl Comm for MpiComm {
         let sub = self
             .runtime
             .watchdog
-            .guard("split", &self.members, || {
+            .guard(Call::Split, &self.members, || {
                 self.comm
                     .split_by_color_with_key(Color::with_value(color as i32), key as i32)
             })
