@@ -1,6 +1,6 @@
-//! The one run driver: one rank's run of any task, in named phases. Each phase says whether it is
-//! **collective** (every rank calls it, in the same order, and it talks to
-//! the others) or **rank 0's** (only rank 0 does the work, and it never
+//! The one run driver: one rank's run of any task, in named phases. Each
+//! phase says whether it is **collective** (every rank calls it, in the same
+//! order, and it talks to the others) or **rank 0's** (only rank 0 does the work, and it never
 //! waits on another rank). Keeping collectives out of rank-0-only code is
 //! what keeps ranks from waiting on each other forever.
 
