@@ -8,7 +8,7 @@
 mod fixture;
 
 use distgpt::backend::cpu::Cpu;
-use distgpt::backend::Backend;
+use distgpt::backend::Device;
 use distgpt::data::{Batch, IGNORE};
 use distgpt::model::bert::{hf, BertHead, Engine};
 use distgpt::model::{TpPlace, UnitModel, Whole};

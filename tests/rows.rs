@@ -6,7 +6,7 @@
 mod common;
 
 use distgpt::backend::cpu::Cpu;
-use distgpt::backend::Backend;
+use distgpt::backend::Device;
 use distgpt::checkpoint;
 use distgpt::checkpoint::state;
 use distgpt::data::{Dataset, TokenizerKind};

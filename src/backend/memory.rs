@@ -4,7 +4,7 @@
 //! track current and peak bytes per category and the peak of the total.
 //! Buffers live on the backend's device; kernels see them through views.
 
-use super::{Backend, Elem};
+use super::{Device, Elem};
 use serde::Serialize;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut, Range};
@@ -131,14 +131,14 @@ impl MemoryStats {
 /// [`MemoryStats`] while it lives. The kernels read it through [`Src`] views
 /// and write it through [`Dst`] views; the host reads and writes it only
 /// through the backend's explicit transfers.
-pub struct Buf<B: Backend, T: Elem = f32> {
+pub struct Buf<B: Device, T: Elem = f32> {
     mem: B::Mem<T>,
     len: usize,
     category: Category,
     stats: Arc<MemoryStats>,
 }
 
-impl<B: Backend, T: Elem> Buf<B, T> {
+impl<B: Device, T: Elem> Buf<B, T> {
     /// Wraps storage a backend allocated (zero-filled) and counts its bytes.
     /// Crate-only: views trust `len` to be the storage's length.
     pub(crate) fn new(
@@ -206,7 +206,7 @@ impl<B: Backend, T: Elem> Buf<B, T> {
     }
 }
 
-impl<B: Backend, T: Elem> Drop for Buf<B, T> {
+impl<B: Device, T: Elem> Drop for Buf<B, T> {
     fn drop(&mut self) {
         self.stats
             .sub(self.category, (self.len * std::mem::size_of::<T>()) as u64);

@@ -17,7 +17,7 @@ use anyhow::{bail, Context, Result};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use distgpt::backend::cpu::Cpu;
-use distgpt::backend::Backend;
+use distgpt::backend::{Backend, Device};
 use distgpt::checkpoint;
 use distgpt::comm::Comm;
 use distgpt::data::{self, Dataset, TokenizerKind};

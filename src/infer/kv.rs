@@ -4,7 +4,8 @@
 //! (each rank caches its own heads; the projections are all-reduced).
 
 use crate::backend::{
-    Activation, Backend, Buf, Category, DecodeShape, Src, WeightFormat, WeightLayout,
+    Activation, AttentionDecode, Backend, Buf, Category, DecodeShape, EncoderForward,
+    LayerNormForward, MatmulDecode, Src, WeightFormat, WeightLayout,
 };
 use crate::comm::Comm;
 use crate::error::{Error, Result};
@@ -76,7 +77,7 @@ impl<'a, B: Backend> DecodeWeights<'a, B> {
 }
 
 /// A decoder: a batch's rows, run as one part or, where the backend finds
-/// it faster ([`Backend::decode_parts`]), as several parts of consecutive
+/// it faster ([`Decode::decode_parts`](crate::backend::Decode::decode_parts)), as several parts of consecutive
 /// rows that step side by side, each through the whole model.
 pub struct Decoder<B: Backend> {
     config: GptConfig,
@@ -274,40 +275,38 @@ impl<B: Backend> Part<B> {
         let params = weights.params;
         be.upload(self.tokens.d(), tokens)?;
         // Every row is at position `pos`: a one-position slice of wpe.
-        be.encoder_forward(
-            self.x.d(),
-            self.tokens.s(),
-            params.slice(lay.wte()),
-            params.slice(lay.wpe()).part(pos, c),
-            1,
+        be.encoder_forward(EncoderForward {
+            out: self.x.d(),
+            tokens: self.tokens.s(),
+            wte: params.slice(lay.wte()),
+            wpe: params.slice(lay.wpe()).part(pos, c),
+            t: 1,
             c,
-        );
+        });
         for l in 0..cfg.n_layer {
             let p = params.slice(lay.block(l));
             let w = |bp: BlockParam| p.slice(lay.in_block(l, bp));
             let [qkv_w, proj_w, fc_w, fcproj_w] = &weights.blocks[l];
             let BlockDims { cl, nhl, fl, .. } = cfg.dims(l, at.tp.size);
             let (qkv, atty, fch) = (0..b * 3 * cl, 0..b * cl, 0..b * fl);
-            be.layernorm_forward(
-                self.ln.d(),
-                self.mean.d(),
-                self.rstd.d(),
-                self.x.s(),
-                w(BlockParam::Ln1W),
-                w(BlockParam::Ln1B),
+            be.layernorm_forward(LayerNormForward {
+                out: self.ln.d(),
+                mean: self.mean.d(),
+                rstd: self.rstd.d(),
+                inp: self.x.s(),
+                w: w(BlockParam::Ln1W),
+                b: w(BlockParam::Ln1B),
                 c,
-                LN_EPS,
-            );
-            be.matmul_decode(
-                self.qkv.slice_mut(qkv.clone()),
-                self.ln.s(),
-                qkv_w,
-                Some(w(BlockParam::QkvB)),
-                b,
-                c,
-                3 * cl,
-                false,
-            );
+                eps: LN_EPS,
+            });
+            be.matmul_decode(MatmulDecode {
+                out: self.qkv.slice_mut(qkv.clone()),
+                inp: self.ln.s(),
+                w: qkv_w,
+                bias: Some(w(BlockParam::QkvB)),
+                dims: (b, c, 3 * cl),
+                accumulate: false,
+            });
             let cache = l * b * max_t * wide;
             for r in 0..b {
                 let at = cache + (r * max_t + pos) * cl;
@@ -318,19 +317,19 @@ impl<B: Backend> Part<B> {
                     row.slice(2 * cl..3 * cl),
                 );
             }
-            be.attention_decode(
-                self.atty.slice_mut(atty.clone()),
-                self.qkv.slice(qkv),
-                self.kcache.slice(cache..cache + b * max_t * cl),
-                self.vcache.slice(cache..cache + b * max_t * cl),
-                DecodeShape {
+            be.attention_decode(AttentionDecode {
+                out: self.atty.slice_mut(atty.clone()),
+                qkv: self.qkv.slice(qkv),
+                kcache: self.kcache.slice(cache..cache + b * max_t * cl),
+                vcache: self.vcache.slice(cache..cache + b * max_t * cl),
+                shape: DecodeShape {
                     b,
                     len: pos + 1,
                     c: cl,
                     nh: nhl,
                     max_t,
                 },
-            );
+            });
             let atty = self.atty.slice(atty);
             let (out, x) = (self.res2.d(), self.x.s());
             tp::row_parallel(
@@ -339,28 +338,35 @@ impl<B: Backend> Part<B> {
                 out,
                 x,
                 w(BlockParam::AttnProjB),
-                |out, bias, acc| be.matmul_decode(out, atty, proj_w, bias, b, cl, c, acc),
+                |out, bias, accumulate| {
+                    be.matmul_decode(MatmulDecode {
+                        out,
+                        inp: atty,
+                        w: proj_w,
+                        bias,
+                        dims: (b, cl, c),
+                        accumulate,
+                    })
+                },
             )?;
-            be.layernorm_forward(
-                self.ln.d(),
-                self.mean.d(),
-                self.rstd.d(),
-                self.res2.s(),
-                w(BlockParam::Ln2W),
-                w(BlockParam::Ln2B),
+            be.layernorm_forward(LayerNormForward {
+                out: self.ln.d(),
+                mean: self.mean.d(),
+                rstd: self.rstd.d(),
+                inp: self.res2.s(),
+                w: w(BlockParam::Ln2W),
+                b: w(BlockParam::Ln2B),
                 c,
-                LN_EPS,
-            );
-            be.matmul_decode(
-                self.fch.slice_mut(fch.clone()),
-                self.ln.s(),
-                fc_w,
-                Some(w(BlockParam::FcB)),
-                b,
-                c,
-                fl,
-                false,
-            );
+                eps: LN_EPS,
+            });
+            be.matmul_decode(MatmulDecode {
+                out: self.fch.slice_mut(fch.clone()),
+                inp: self.ln.s(),
+                w: fc_w,
+                bias: Some(w(BlockParam::FcB)),
+                dims: (b, c, fl),
+                accumulate: false,
+            });
             let gelu = Activation::GeluTanh;
             be.activation_forward(
                 self.fch_gelu.slice_mut(fch.clone()),
@@ -374,22 +380,38 @@ impl<B: Backend> Part<B> {
                 out,
                 res2,
                 w(BlockParam::FcProjB),
-                |out, bias, acc| be.matmul_decode(out, gelu, fcproj_w, bias, b, fl, c, acc),
+                |out, bias, accumulate| {
+                    be.matmul_decode(MatmulDecode {
+                        out,
+                        inp: gelu,
+                        w: fcproj_w,
+                        bias,
+                        dims: (b, fl, c),
+                        accumulate,
+                    })
+                },
             )?;
         }
         let lnf = params.slice(lay.final_norm());
-        be.layernorm_forward(
-            self.ln.d(),
-            self.mean.d(),
-            self.rstd.d(),
-            self.x.s(),
-            lnf.first(c),
-            lnf.from(c),
+        be.layernorm_forward(LayerNormForward {
+            out: self.ln.d(),
+            mean: self.mean.d(),
+            rstd: self.rstd.d(),
+            inp: self.x.s(),
+            w: lnf.first(c),
+            b: lnf.from(c),
             c,
-            LN_EPS,
-        );
+            eps: LN_EPS,
+        });
         if let Some(head) = &weights.lm_head {
-            be.matmul_decode(self.logits.d(), self.ln.s(), head, None, b, c, vp, false);
+            be.matmul_decode(MatmulDecode {
+                out: self.logits.d(),
+                inp: self.ln.s(),
+                w: head,
+                bias: None,
+                dims: (b, c, vp),
+                accumulate: false,
+            });
         }
         Ok(())
     }

@@ -2,7 +2,7 @@
 //! that walks the layout, decaying 2-D tensors only (nanoGPT, llm.c).
 
 use super::layout::ParamLayout;
-use crate::backend::{AdamWStep, Backend, Buf, Category, Dst, Src};
+use crate::backend::{AdamWStep, AdamWUpdate, Backend, Buf, Category, Dst, Src};
 use crate::error::Result;
 use serde::{Deserialize, Serialize};
 
@@ -76,15 +76,14 @@ impl<B: Backend> AdamW<B> {
                     continue;
                 }
                 let local = seg.local + start - seg.global..seg.local + end - seg.global;
-                let wd = if t.decay { c.weight_decay } else { 0.0 };
-                backend.adamw(
-                    params.rb().slice(local.clone()),
-                    grads.slice(local.clone()),
-                    self.m.slice_mut(local.clone()),
-                    self.v.slice_mut(local),
-                    hyper,
-                    wd,
-                );
+                backend.adamw(AdamWUpdate {
+                    param: params.rb().slice(local.clone()),
+                    grad: grads.slice(local.clone()),
+                    m: self.m.slice_mut(local.clone()),
+                    v: self.v.slice_mut(local),
+                    step: hyper,
+                    weight_decay: if t.decay { c.weight_decay } else { 0.0 },
+                });
             }
         }
     }

@@ -5,7 +5,7 @@
 //! [`matmul_backward`], which pass straight to the backend in fp32.
 
 use super::alloc::ActAlloc;
-use crate::backend::{Backend, Buf, Category, Dst, Src, WeightLayout};
+use crate::backend::{Backend, Buf, Category, MatmulBackward, MatmulForward, MatmulShape, On, Src};
 use crate::error::Result;
 
 /// The arithmetic of the matmuls.
@@ -59,25 +59,25 @@ impl<B: Backend> Bf16Operands<B> {
     }
 }
 
-/// `Backend::matmul_forward`, with bf16 operands when `bf16` is given.
-#[allow(clippy::too_many_arguments)]
+/// `Kernels::matmul_forward`, with bf16 operands when `bf16` is given.
 pub fn matmul_forward<B: Backend>(
     be: &B,
     bf16: Option<&mut Bf16Operands<B>>,
-    out: Dst<'_, B>,
-    inp: Src<'_, B>,
-    w: Src<'_, B>,
-    bias: Option<Src<'_, B>>,
-    layout: WeightLayout,
-    (rows, k, n): (usize, usize, usize),
-    accumulate: bool,
+    op: MatmulForward<On<'_, B>>,
 ) {
     let Some(ops) = bf16 else {
-        return be.matmul_forward(out, inp, w, bias, layout, rows, k, n, accumulate);
+        return be.matmul_forward(op);
     };
-    let inp = Bf16Operands::rounded(be, &mut ops.inp, inp.first(rows * k));
-    let w = Bf16Operands::rounded(be, &mut ops.w, w.first(k * n));
-    be.matmul_forward_bf16(out, inp, w, bias, layout, rows, k, n, accumulate);
+    let MatmulShape { rows, k, n, .. } = op.shape;
+    be.matmul_forward(MatmulForward {
+        inp: Bf16Operands::rounded(be, &mut ops.inp, op.inp.first(rows * k)),
+        w: Bf16Operands::rounded(be, &mut ops.w, op.w.first(k * n)),
+        shape: MatmulShape {
+            bf16: true,
+            ..op.shape
+        },
+        ..op
+    });
 }
 
 /// How `matmul_backward` gets the output gradient in bf16: copied and
@@ -88,28 +88,29 @@ pub enum Dout {
     Rounded,
 }
 
-/// `Backend::matmul_backward`, with bf16 operands when `bf16` is given.
-#[allow(clippy::too_many_arguments)]
+/// `Kernels::matmul_backward`, with bf16 operands when `bf16` is given
+/// (the output gradient rounded as `how` says).
 pub fn matmul_backward<B: Backend>(
     be: &B,
     bf16: Option<&mut Bf16Operands<B>>,
-    dinp: Dst<'_, B>,
-    dw: Dst<'_, B>,
-    dbias: Option<Dst<'_, B>>,
-    (dout, how): (Src<'_, B>, Dout),
-    inp: Src<'_, B>,
-    w: Src<'_, B>,
-    layout: WeightLayout,
-    (rows, k, n): (usize, usize, usize),
+    op: MatmulBackward<On<'_, B>>,
+    how: Dout,
 ) {
     let Some(ops) = bf16 else {
-        return be.matmul_backward(dinp, dw, dbias, dout, inp, w, layout, rows, k, n);
+        return be.matmul_backward(op);
     };
-    let dout = match how {
-        Dout::Round => Bf16Operands::rounded(be, &mut ops.dout, dout.first(rows * n)),
-        Dout::Rounded => dout,
-    };
-    let inp = Bf16Operands::rounded(be, &mut ops.inp, inp.first(rows * k));
-    let w = Bf16Operands::rounded(be, &mut ops.w, w.first(k * n));
-    be.matmul_backward_bf16(dinp, dw, dbias, dout, inp, w, layout, rows, k, n);
+    let MatmulShape { rows, k, n, .. } = op.shape;
+    be.matmul_backward(MatmulBackward {
+        dout: match how {
+            Dout::Round => Bf16Operands::rounded(be, &mut ops.dout, op.dout.first(rows * n)),
+            Dout::Rounded => op.dout,
+        },
+        inp: Bf16Operands::rounded(be, &mut ops.inp, op.inp.first(rows * k)),
+        w: Bf16Operands::rounded(be, &mut ops.w, op.w.first(k * n)),
+        shape: MatmulShape {
+            bf16: true,
+            ..op.shape
+        },
+        ..op
+    });
 }

@@ -4,7 +4,7 @@
 
 use super::{Device, Network, Precision};
 use crate::backend::cpu::{AdamWStep, Cpu};
-use crate::backend::{Backend, Buf, Category};
+use crate::backend::{AdamWUpdate, Buf, Category, Device as _, Kernels as _};
 use crate::error::Result;
 use crate::model::ModelConfig;
 use crate::parallel::{launch, ParallelConfig};
@@ -96,7 +96,14 @@ fn adamw_bandwidth(be: &Cpu, n: usize) -> Result<f64> {
             step,
             grad_scale: 1.0,
         };
-        be.adamw(p.d(), g.s(), m.d(), v.d(), s, 0.1);
+        be.adamw(AdamWUpdate {
+            param: p.d(),
+            grad: g.s(),
+            m: m.d(),
+            v: v.d(),
+            step: s,
+            weight_decay: 0.1,
+        });
         best = best.min(t0.elapsed().as_secs_f64());
     }
     std::hint::black_box(&p);

@@ -1,6 +1,7 @@
-//! AdamW on a slice of the flat parameter buffer (torch.optim.AdamW's update,
+//! AdamWUpdate on a slice of the flat parameter buffer (torch.optim.AdamWUpdate's update,
 //! decoupled weight decay).
 
+use crate::backend::ops::{AdamWUpdate, Host};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -19,14 +20,15 @@ pub struct AdamWStep {
 
 /// Updates param, m, v in place from grad; `weight_decay` is 0 for tensors
 /// that are not decayed (biases, layernorms).
-pub fn adamw(
-    param: &mut [f32],
-    grad: &[f32],
-    m: &mut [f32],
-    v: &mut [f32],
-    h: AdamWStep,
-    weight_decay: f32,
-) {
+pub fn adamw(op: AdamWUpdate<Host<'_>>) {
+    let AdamWUpdate {
+        param,
+        grad,
+        m,
+        v,
+        step: h,
+        weight_decay,
+    } = op;
     const CHUNK: usize = 1 << 14;
     let bc1 = 1.0 - h.beta1.powi(h.step as i32);
     let bc2_sqrt = (1.0 - h.beta2.powi(h.step as i32)).sqrt();
@@ -65,7 +67,14 @@ mod tests {
         let mut p = vec![1.0f32, -2.0, 0.5];
         let g = vec![0.3f32, -0.1, 0.0];
         let (mut m, mut v) = (vec![0.0; 3], vec![0.0; 3]);
-        adamw(&mut p, &g, &mut m, &mut v, h, 0.1);
+        adamw(AdamWUpdate {
+            param: &mut p,
+            grad: &g,
+            m: &mut m,
+            v: &mut v,
+            step: h,
+            weight_decay: 0.1,
+        });
         let want = [1.0 * 0.99 - 0.1, -2.0 * 0.99 + 0.1, 0.5 * 0.99];
         for (a, b) in p.iter().zip(want) {
             assert!((a - b).abs() < 1e-6, "{a} vs {b}");

@@ -6,6 +6,7 @@
 //! keys (an encoder's bidirectional attention, BERT's).
 
 use super::math::{dot, exp, exp_shifted_sum, gemm, row_max, Mat, SendPtr};
+use crate::backend::ops::{AttentionBackward, AttentionDecode, AttentionForward, Host};
 use rayon::prelude::*;
 
 /// Query rows per block: the scratch per task is BLOCK x T floats (twice in backward).
@@ -90,14 +91,30 @@ impl Mask<'_> {
     }
 }
 
-/// qkv is (B, T, 3C) = [q | k | v] per token; out is (B, T, C); lse is (B, NH, T).
-pub fn attention_forward(
-    out: &mut [f32],
-    lse: &mut [f32],
-    qkv: &[f32],
-    s: AttnShape,
-    mask: Mask<'_>,
-) {
+/// qkv is (B, T, 3C) = [q | k | v] per token; out is (B, T, C); lse is
+/// (B, NH, T); causal without `lens`.
+pub fn attention_forward(op: AttentionForward<Host<'_>>) {
+    let mask = op.lens.map_or(Mask::Causal, Mask::Lengths);
+    forward_masked(op.out, op.lse, op.qkv, op.shape, mask)
+}
+
+/// dqkv (B, T, 3C) is overwritten with the gradient given dout (B, T, C).
+pub fn attention_backward(op: AttentionBackward<Host<'_>>) {
+    let mask = op.lens.map_or(Mask::Causal, Mask::Lengths);
+    let AttentionBackward {
+        dqkv,
+        dout,
+        qkv,
+        out,
+        lse,
+        shape,
+        ..
+    } = op;
+    backward_masked(dqkv, (dout, qkv, out, lse), shape, mask)
+}
+
+/// [`attention_forward`] under `mask`.
+fn forward_masked(out: &mut [f32], lse: &mut [f32], qkv: &[f32], s: AttnShape, mask: Mask<'_>) {
     let AttnShape { b, t, c, nh } = s;
     let hd = s.head_dim();
     assert!(qkv.len() >= b * t * 3 * c && out.len() >= b * t * c && lse.len() >= b * nh * t);
@@ -149,13 +166,10 @@ pub fn attention_forward(
         );
 }
 
-/// dqkv (B, T, 3C) is overwritten with the gradient given dout (B, T, C).
-pub fn attention_backward(
+/// [`attention_backward`] under `mask`, given (dout, qkv, out, lse).
+fn backward_masked(
     dqkv: &mut [f32],
-    dout: &[f32],
-    qkv: &[f32],
-    out: &[f32],
-    lse: &[f32],
+    (dout, qkv, out, lse): (&[f32], &[f32], &[f32], &[f32]),
     s: AttnShape,
     mask: Mask<'_>,
 ) {
@@ -381,15 +395,16 @@ impl HeadKernel {
 /// One query per row against the KV cache: qkv (b, 3c) supplies the
 /// queries; kcache, vcache are (b, max_t, c); out is (b, c). A task takes a
 /// row and a run of its heads ([`HeadKernel::heads`]).
-pub fn attention_decode(
-    out: &mut [f32],
-    qkv: &[f32],
-    kcache: &[f32],
-    vcache: &[f32],
-    s: DecodeShape,
-) {
-    let kernel = HeadKernel::available(s.c / s.nh)[0];
-    attention_decode_by(kernel, out, qkv, kcache, vcache, s);
+pub fn attention_decode(op: AttentionDecode<Host<'_>>) {
+    let AttentionDecode {
+        out,
+        qkv,
+        kcache,
+        vcache,
+        shape,
+    } = op;
+    let kernel = HeadKernel::available(shape.c / shape.nh)[0];
+    attention_decode_by(kernel, out, qkv, kcache, vcache, shape);
 }
 
 /// [`attention_decode`] by `kernel`.
@@ -609,10 +624,10 @@ mod tests {
         let probe = randn(&mut rng, b * t * c, 1.0);
         let mut out = vec![0.0; b * t * c];
         let mut lse = vec![0.0; b * nh * t];
-        attention_forward(&mut out, &mut lse, &qkv, s, mask);
+        forward_masked(&mut out, &mut lse, &qkv, s, mask);
         assert_close("out", &out, &reference_masked(&to64(&qkv), s, mask), 1e-5);
         let mut dqkv = vec![f32::NAN; b * t * 3 * c];
-        attention_backward(&mut dqkv, &probe, &qkv, &out, &lse, s, mask);
+        backward_masked(&mut dqkv, (&probe, &qkv, &out, &lse), s, mask);
         let fd = finite_diff(&qkv, |x| probe_dot(&reference_masked(x, s, mask), &probe));
         assert_close("dqkv", &dqkv, &fd, 1e-4);
     }

@@ -3,6 +3,7 @@
 //! whose target is `data::IGNORE` has loss 0 and gradient 0.
 
 use super::math::{exp, row_max};
+use crate::backend::ops::{CrossEntropyBackward, CrossEntropyForward, Host};
 use crate::data::IGNORE;
 use rayon::prelude::*;
 
@@ -17,13 +18,14 @@ fn row_max_sum(row: &[f32]) -> (f32, f32) {
 }
 
 /// losses (rows) = -log softmax(logits row)[target]; logits are (rows, vp).
-pub fn crossentropy_forward(
-    losses: &mut [f32],
-    logits: &[f32],
-    targets: &[u32],
-    v: usize,
-    vp: usize,
-) {
+pub fn crossentropy_forward(op: CrossEntropyForward<Host<'_>>) {
+    let CrossEntropyForward {
+        losses,
+        logits,
+        targets,
+        v,
+        vp,
+    } = op;
     losses[..targets.len()]
         .par_iter_mut()
         .zip(logits.par_chunks(vp).zip(targets.par_iter()))
@@ -39,13 +41,14 @@ pub fn crossentropy_forward(
 
 /// logits (rows, vp) become d loss / d logits in place, where the loss is
 /// `dloss * sum of row losses`: (softmax - onehot) * dloss, padding zeroed.
-pub fn crossentropy_backward_inplace(
-    logits: &mut [f32],
-    targets: &[u32],
-    v: usize,
-    vp: usize,
-    dloss: f32,
-) {
+pub fn crossentropy_backward(op: CrossEntropyBackward<Host<'_>>) {
+    let CrossEntropyBackward {
+        logits,
+        targets,
+        v,
+        vp,
+        dloss,
+    } = op;
     logits[..targets.len() * vp]
         .par_chunks_mut(vp)
         .zip(targets.par_iter())
@@ -90,7 +93,13 @@ mod tests {
         let mut rng = Rng::new(8);
         let logits = randn(&mut rng, targets.len() * vp, 2.0);
         let mut losses = vec![0.0; targets.len()];
-        crossentropy_forward(&mut losses, &logits, &targets, v, vp);
+        crossentropy_forward(CrossEntropyForward {
+            losses: &mut losses,
+            logits: &logits,
+            targets: &targets,
+            v,
+            vp,
+        });
         assert_close(
             "loss",
             &losses,
@@ -100,7 +109,13 @@ mod tests {
 
         let dloss = 0.25f32;
         let mut d = logits.clone();
-        crossentropy_backward_inplace(&mut d, &targets, v, vp, dloss);
+        crossentropy_backward(CrossEntropyBackward {
+            logits: &mut d,
+            targets: &targets,
+            v,
+            vp,
+            dloss,
+        });
         let fd = finite_diff(&logits, |x| {
             reference(x, &targets, v, vp).iter().sum::<f64>() * dloss as f64
         });

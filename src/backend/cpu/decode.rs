@@ -9,6 +9,7 @@ use super::int8::{matmul_int8, Int8Weight};
 use super::matmul::WeightLayout;
 use super::product_tasks;
 use crate::backend::memory::{Category, HostBuf, MemoryStats};
+use crate::backend::ops::{Host, MatmulDecode};
 use rayon::prelude::*;
 use std::sync::Arc;
 
@@ -221,35 +222,24 @@ impl OutPtr {
 }
 
 /// out (rows, n) = [out +] inp (rows, k) @ W + bias.
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_decode(
-    out: &mut [f32],
-    inp: &[f32],
-    w: &PackedWeight,
-    bias: Option<&[f32]>,
-    rows: usize,
-    k: usize,
-    n: usize,
-    accumulate: bool,
-) {
-    match w {
-        PackedWeight::F32(p) => packed_product(out, inp, p, bias, rows, k, n, accumulate),
-        PackedWeight::Bf16(p) => packed_product(out, inp, p, bias, rows, k, n, accumulate),
-        PackedWeight::Int8(w) => matmul_int8(out, inp, w, bias, rows, k, n, accumulate),
+pub fn matmul_decode(op: MatmulDecode<'_, Host<'_>, PackedWeight>) {
+    match op.w {
+        PackedWeight::F32(p) => packed_product(op.with_weight(&p[..])),
+        PackedWeight::Bf16(p) => packed_product(op.with_weight(&p[..])),
+        PackedWeight::Int8(w) => matmul_int8(op.with_weight(w)),
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn packed_product<T: Element>(
-    out: &mut [f32],
-    inp: &[f32],
-    packed: &[T],
-    bias: Option<&[f32]>,
-    rows: usize,
-    k: usize,
-    n: usize,
-    accumulate: bool,
-) {
+/// [`matmul_decode`] on f32 or bf16 panels.
+fn packed_product<T: Element>(op: MatmulDecode<'_, Host<'_>, [T]>) {
+    let MatmulDecode {
+        out,
+        inp,
+        w: packed,
+        bias,
+        dims: (rows, k, n),
+        accumulate,
+    } = op;
     assert!(out.len() >= rows * n && inp.len() >= rows * k);
     assert!(packed.len() >= packed_len(k, n) && bias.is_none_or(|b| b.len() >= n));
     let panels = n.div_ceil(PANEL);
@@ -507,7 +497,14 @@ mod tests {
                             })
                             .collect();
                         let mut got = base.clone();
-                        matmul_decode(&mut got, &inp, &packed, bias, rows, k, n, accumulate);
+                        matmul_decode(MatmulDecode {
+                            out: &mut got,
+                            inp: &inp,
+                            w: &packed,
+                            bias,
+                            dims: (rows, k, n),
+                            accumulate,
+                        });
                         assert_close(format.name(), &got, &want, 1e-5);
                     }
                 }

@@ -1,16 +1,18 @@
 //! Token + position embedding, forward and backward.
 
+use crate::backend::ops::{EncoderBackward, EncoderForward, Host};
 use rayon::prelude::*;
 
 /// out (B*T, C) = wte[tokens] + wpe[position]; tokens are (B*T), t is the sequence length.
-pub fn encoder_forward(
-    out: &mut [f32],
-    tokens: &[u32],
-    wte: &[f32],
-    wpe: &[f32],
-    t: usize,
-    c: usize,
-) {
+pub fn encoder_forward(op: EncoderForward<Host<'_>>) {
+    let EncoderForward {
+        out,
+        tokens,
+        wte,
+        wpe,
+        t,
+        c,
+    } = op;
     out[..tokens.len() * c]
         .par_chunks_mut(c)
         .zip(tokens.par_iter())
@@ -26,14 +28,16 @@ pub fn encoder_forward(
 
 /// dwte[tokens] += dout; dwpe[position] += dout. Threads own column ranges,
 /// so repeated tokens never race.
-pub fn encoder_backward(
-    dwte: &mut [f32],
-    dwpe: &mut [f32],
-    dout: &[f32],
-    tokens: &[u32],
-    t: usize,
-    c: usize,
-) {
+pub fn encoder_backward(op: EncoderBackward<'_, Host<'_>>) {
+    let EncoderBackward {
+        dwte,
+        dwpe,
+        dout,
+        tokens,
+        t,
+        c,
+        ..
+    } = op;
     const COLS: usize = 32;
     let ncol_blocks = c.div_ceil(COLS);
     let wte_ptr = super::math::SendPtr(dwte.as_mut_ptr());
@@ -85,7 +89,14 @@ mod tests {
         let wpe = randn(&mut rng, t * c, 1.0);
         let probe = randn(&mut rng, tokens.len() * c, 1.0);
         let mut out = vec![0.0; tokens.len() * c];
-        encoder_forward(&mut out, &tokens, &wte, &wpe, t, c);
+        encoder_forward(EncoderForward {
+            out: &mut out,
+            tokens: &tokens,
+            wte: &wte,
+            wpe: &wpe,
+            t,
+            c,
+        });
         assert_close(
             "out",
             &out,
@@ -93,7 +104,15 @@ mod tests {
             1e-6,
         );
         let (mut dwte, mut dwpe) = (vec![0.0; v * c], vec![0.0; t * c]);
-        encoder_backward(&mut dwte, &mut dwpe, &probe, &tokens, t, c);
+        encoder_backward(EncoderBackward {
+            dwte: &mut dwte,
+            dwpe: &mut dwpe,
+            dout: &probe,
+            tokens: &tokens,
+            host_tokens: &tokens,
+            t,
+            c,
+        });
         let wpe64 = to64(&wpe);
         let wte64 = to64(&wte);
         let fd_e = finite_diff(&wte, |x| {

@@ -7,6 +7,7 @@
 use super::decode::OutPtr;
 use super::product_tasks;
 use crate::backend::memory::{Category, HostBuf, MemoryStats};
+use crate::backend::ops::{Host, MatmulDecode};
 use crate::backend::WeightLayout;
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -439,17 +440,15 @@ enum Input {
 /// decoding bound by reading the weights) takes the weight-only path: the
 /// codes are widened to f32 in registers and multiplied with the f32 input,
 /// so only the weights are quantized.
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_int8(
-    out: &mut [f32],
-    x: &[f32],
-    w: &Int8Weight,
-    bias: Option<&[f32]>,
-    rows: usize,
-    k: usize,
-    n: usize,
-    accumulate: bool,
-) {
+pub fn matmul_int8(op: MatmulDecode<'_, Host<'_>, Int8Weight>) {
+    let MatmulDecode {
+        out,
+        inp: x,
+        w,
+        bias,
+        dims: (rows, k, n),
+        accumulate,
+    } = op;
     assert_eq!((k, n), (w.k, w.n), "the packed weight's shape");
     assert!(out.len() >= rows * n && x.len() >= rows * k && bias.is_none_or(|b| b.len() >= n));
     let kernel = Kernel::here();
@@ -958,7 +957,14 @@ mod tests {
         let packed = Int8Weight::new(&w, WeightLayout::InOut, k, n, &stats);
         let deq = packed.dequantized();
         let mut out = vec![0.25f32; n];
-        matmul_int8(&mut out, &x, &packed, Some(&bias), 1, k, n, true);
+        matmul_int8(MatmulDecode {
+            out: &mut out,
+            inp: &x,
+            w: &packed,
+            bias: Some(&bias),
+            dims: (1, k, n),
+            accumulate: true,
+        });
         for j in 0..n {
             let want: f64 = (0..k)
                 .map(|i| x[i] as f64 * deq[i * n + j] as f64)
@@ -982,17 +988,22 @@ mod tests {
         let (w, x) = (random(k * n, 14), random(k, 15));
         let packed = Int8Weight::new(&w, WeightLayout::InOut, k, n, &stats);
         let (mut one, mut two) = (vec![0.0f32; n], vec![0.0f32; 2 * n]);
-        matmul_int8(&mut one, &x, &packed, None, 1, k, n, false);
-        matmul_int8(
-            &mut two,
-            &[x.clone(), x].concat(),
-            &packed,
-            None,
-            2,
-            k,
-            n,
-            false,
-        );
+        matmul_int8(MatmulDecode {
+            out: &mut one,
+            inp: &x,
+            w: &packed,
+            bias: None,
+            dims: (1, k, n),
+            accumulate: false,
+        });
+        matmul_int8(MatmulDecode {
+            out: &mut two,
+            inp: &[x.clone(), x].concat(),
+            w: &packed,
+            bias: None,
+            dims: (2, k, n),
+            accumulate: false,
+        });
         assert_eq!(one, two[..n]);
     }
 
@@ -1046,7 +1057,14 @@ mod tests {
         let bias = random(n, 9);
         let packed = Int8Weight::new(&w, WeightLayout::InOut, k, n, &stats);
         let mut out = vec![0.5f32; rows * n];
-        matmul_int8(&mut out, &x, &packed, Some(&bias), rows, k, n, true);
+        matmul_int8(MatmulDecode {
+            out: &mut out,
+            inp: &x,
+            w: &packed,
+            bias: Some(&bias),
+            dims: (rows, k, n),
+            accumulate: true,
+        });
         let (mut err2, mut out2, mut worst) = (0.0f64, 0.0f64, 0.0f64);
         for r in 0..rows {
             for j in 0..n {

@@ -2,23 +2,24 @@
 //! model's (GPT-2 1e-5, BERT 1e-12).
 
 use super::math::sum;
+use crate::backend::ops::{Host, LayerNormBackward, LayerNormForward};
 use rayon::prelude::*;
 
 /// Values a task normalizes at least: fewer cost more to hand over than to do.
 const GRAIN: usize = 1 << 13;
 
 /// inp, out are (rows, c); mean, rstd are (rows) and kept for the backward.
-#[allow(clippy::too_many_arguments)]
-pub fn layernorm_forward(
-    out: &mut [f32],
-    mean: &mut [f32],
-    rstd: &mut [f32],
-    inp: &[f32],
-    w: &[f32],
-    b: &[f32],
-    c: usize,
-    eps: f32,
-) {
+pub fn layernorm_forward(op: LayerNormForward<Host<'_>>) {
+    let LayerNormForward {
+        out,
+        mean,
+        rstd,
+        inp,
+        w,
+        b,
+        c,
+        eps,
+    } = op;
     let rows = mean.len();
     out[..rows * c]
         .par_chunks_mut(c)
@@ -47,25 +48,29 @@ pub fn layernorm_forward(
         });
 }
 
-/// dinp += d/dinp; dw += sum over rows of dout * norm; db += sum of dout.
-#[allow(clippy::too_many_arguments)]
-pub fn layernorm_backward(
-    dinp: &mut [f32],
-    dw: &mut [f32],
-    db: &mut [f32],
-    dout: &[f32],
-    inp: &[f32],
-    w: &[f32],
-    mean: &[f32],
-    rstd: &[f32],
-    c: usize,
-) {
-    layernorm_backward_weight(dw, db, dout, inp, mean, rstd, c);
-    layernorm_backward_input(dinp, dout, inp, w, mean, rstd, c);
+/// dinp += d/dinp; dw += sum over rows of dout * norm; db += sum of dout;
+/// each half only when its outputs are given.
+pub fn layernorm_backward(op: LayerNormBackward<Host<'_>>) {
+    let LayerNormBackward {
+        dinp,
+        dwb,
+        dout,
+        inp,
+        w,
+        mean,
+        rstd,
+        c,
+    } = op;
+    if let Some((dw, db)) = dwb {
+        backward_weight(dw, db, dout, inp, mean, rstd, c);
+    }
+    if let Some(dinp) = dinp {
+        backward_input(dinp, dout, inp, w, mean, rstd, c);
+    }
 }
 
 /// The input half of `layernorm_backward`: dinp += d/dinp, row by row.
-pub fn layernorm_backward_input(
+fn backward_input(
     dinp: &mut [f32],
     dout: &[f32],
     inp: &[f32],
@@ -105,7 +110,7 @@ pub fn layernorm_backward_input(
 /// norm, db += sum of dout. Rows are split in a fixed number of chunks,
 /// each with its own partial sums, so the result does not depend on how
 /// rayon schedules them.
-pub fn layernorm_backward_weight(
+fn backward_weight(
     dw: &mut [f32],
     db: &mut [f32],
     dout: &[f32],
@@ -171,7 +176,16 @@ mod tests {
         let probe = randn(&mut rng, rows * c, 1.0);
 
         let (mut out, mut mean, mut rstd) = (vec![0.0; rows * c], vec![0.0; rows], vec![0.0; rows]);
-        layernorm_forward(&mut out, &mut mean, &mut rstd, &x, &w, &b, c, 1e-5);
+        layernorm_forward(LayerNormForward {
+            out: &mut out,
+            mean: &mut mean,
+            rstd: &mut rstd,
+            inp: &x,
+            w: &w,
+            b: &b,
+            c,
+            eps: 1e-5,
+        });
         assert_close(
             "out",
             &out,
@@ -180,7 +194,16 @@ mod tests {
         );
 
         let (mut dx, mut dw, mut db) = (vec![0.0; rows * c], vec![0.0; c], vec![0.0; c]);
-        layernorm_backward(&mut dx, &mut dw, &mut db, &probe, &x, &w, &mean, &rstd, c);
+        layernorm_backward(LayerNormBackward {
+            dinp: Some(&mut dx),
+            dwb: Some((&mut dw, &mut db)),
+            dout: &probe,
+            inp: &x,
+            w: &w,
+            mean: &mean,
+            rstd: &rstd,
+            c,
+        });
         let (x64, w64, b64) = (to64(&x), to64(&w), to64(&b));
         let fx = |v: &[f64]| probe_dot(&reference(v, &w64, &b64, c), &probe);
         assert_close("dx", &dx, &finite_diff(&x, fx), 1e-4);

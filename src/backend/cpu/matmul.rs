@@ -4,6 +4,7 @@
 //! or `OutIn` (n x k, nn.Linear / the tied embedding: `out = inp @ w^T`).
 
 use super::math::{gemm, Mat};
+use crate::backend::ops::{Host, MatmulBackward, MatmulForward, MatmulShape};
 use rayon::prelude::*;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,18 +21,18 @@ fn weight_mat<T>(w: T, layout: WeightLayout, k: usize, n: usize) -> Mat<T> {
 }
 
 /// out (rows, n) = [out +] inp (rows, k) @ W + bias.
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_forward(
-    out: &mut [f32],
-    inp: &[f32],
-    w: &[f32],
-    bias: Option<&[f32]>,
-    layout: WeightLayout,
-    rows: usize,
-    k: usize,
-    n: usize,
-    accumulate: bool,
-) {
+pub fn matmul_forward(op: MatmulForward<Host<'_>>) {
+    let MatmulForward {
+        out,
+        inp,
+        w,
+        bias,
+        shape,
+        accumulate,
+    } = op;
+    let MatmulShape {
+        rows, k, n, layout, ..
+    } = shape;
     assert!(out.len() >= rows * n && inp.len() >= rows * k && w.len() >= k * n);
     let out = &mut out[..rows * n];
     if let Some(b) = bias {
@@ -61,7 +62,7 @@ pub fn matmul_forward(
 }
 
 /// dinp = dout @ W^T (overwritten): the input half of `matmul_backward`.
-pub fn matmul_backward_input(
+fn backward_input(
     dinp: &mut [f32],
     dout: &[f32],
     w: &[f32],
@@ -86,10 +87,9 @@ pub fn matmul_backward_input(
     }
 }
 
-/// dw += inp^T @ dout; dbias += colsum(dout): the weight half of `matmul_backward`.
-pub fn matmul_backward_weight(
+/// dw += inp^T @ dout: the weight product of `matmul_backward`.
+fn backward_weight(
     dw: &mut [f32],
-    dbias: Option<&mut [f32]>,
     dout: &[f32],
     inp: &[f32],
     layout: WeightLayout,
@@ -111,27 +111,30 @@ pub fn matmul_backward_weight(
             threads,
         );
     }
-    if let Some(db) = dbias {
-        bias_backward(db, &dout[..rows * n], n);
-    }
 }
 
-/// dinp = dout @ W^T (overwritten); dw += inp^T @ dout; dbias += colsum(dout).
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_backward(
-    dinp: &mut [f32],
-    dw: &mut [f32],
-    dbias: Option<&mut [f32]>,
-    dout: &[f32],
-    inp: &[f32],
-    w: &[f32],
-    layout: WeightLayout,
-    rows: usize,
-    k: usize,
-    n: usize,
-) {
-    matmul_backward_input(dinp, dout, w, layout, (rows, k, n));
-    matmul_backward_weight(dw, dbias, dout, inp, layout, (rows, k, n));
+/// dinp = dout @ W^T (overwritten); dw += inp^T @ dout; dbias +=
+/// colsum(dout); each half only when its outputs are given.
+pub fn matmul_backward(op: MatmulBackward<Host<'_>>) {
+    let MatmulBackward {
+        dinp,
+        dw,
+        dbias,
+        dout,
+        inp,
+        w,
+        shape,
+    } = op;
+    let dims = (shape.rows, shape.k, shape.n);
+    if let Some(dinp) = dinp {
+        backward_input(dinp, dout, w, shape.layout, dims);
+    }
+    if let Some(dw) = dw {
+        backward_weight(dw, dout, inp, shape.layout, dims);
+    }
+    if let Some(db) = dbias {
+        bias_backward(db, &dout[..shape.rows * shape.n], shape.n);
+    }
 }
 
 /// db (n) += sum over rows of dout (rows, n), split by column blocks.
@@ -193,25 +196,29 @@ mod tests {
             let probe = randn(&mut rng, rows * n, 1.0);
 
             let mut out = vec![0.0; rows * n];
-            matmul_forward(&mut out, &inp, &w, Some(&b), layout, rows, k, n, false);
+            matmul_forward(MatmulForward {
+                out: &mut out,
+                inp: &inp,
+                w: &w,
+                bias: Some(&b),
+                shape: MatmulShape::new((rows, k, n), layout),
+                accumulate: false,
+            });
             let want = reference(&to64(&inp), &to64(&w), &to64(&b), layout, rows, k, n);
             assert_close("out", &out, &want, 1e-5);
 
             let mut dinp = vec![0.0; rows * k];
             let mut dw = vec![0.0; k * n];
             let mut db = vec![0.0; n];
-            matmul_backward(
-                &mut dinp,
-                &mut dw,
-                Some(&mut db),
-                &probe,
-                &inp,
-                &w,
-                layout,
-                rows,
-                k,
-                n,
-            );
+            matmul_backward(MatmulBackward {
+                dinp: Some(&mut dinp),
+                dw: Some(&mut dw),
+                dbias: Some(&mut db),
+                dout: &probe,
+                inp: &inp,
+                w: &w,
+                shape: MatmulShape::new((rows, k, n), layout),
+            });
 
             let (w64, b64, i64_) = (to64(&w), to64(&b), to64(&inp));
             let f_inp =
@@ -233,17 +240,14 @@ mod tests {
         let b = randn(&mut rng, n, 1.0);
         let base = randn(&mut rng, rows * n, 1.0);
         let mut out = base.clone();
-        matmul_forward(
-            &mut out,
-            &inp,
-            &w,
-            Some(&b),
-            WeightLayout::InOut,
-            rows,
-            k,
-            n,
-            true,
-        );
+        matmul_forward(MatmulForward {
+            out: &mut out,
+            inp: &inp,
+            w: &w,
+            bias: Some(&b),
+            shape: MatmulShape::new((rows, k, n), WeightLayout::InOut),
+            accumulate: true,
+        });
         let want = reference(
             &to64(&inp),
             &to64(&w),

@@ -19,7 +19,13 @@ pub use decode::{round_to_bf16, PackedWeight, WeightFormat};
 pub use matmul::WeightLayout;
 
 use super::memory::{Buf, Category, Dst, MemoryStats, Src};
-use super::{Activation, Backend, Elem};
+use super::ops::{Host, Lower, On};
+use super::{
+    Activation, AdamWUpdate, AttentionBackward, AttentionDecode, AttentionForward,
+    CrossEntropyBackward, CrossEntropyForward, Decode, Device, Elem, EncoderBackward,
+    EncoderForward, Kernels, LayerNormBackward, LayerNormForward, MatmulBackward, MatmulDecode,
+    MatmulForward,
+};
 use crate::error::{Error, Result};
 use std::sync::Arc;
 
@@ -49,7 +55,7 @@ pub(crate) fn product_tasks(rows: usize, k: usize, n: usize, panels: usize, grai
 }
 
 /// The most matmul parameters a model may have for its decoding steps to
-/// run as one part of the rows a thread ([`Backend::decode_parts`]): then
+/// run as one part of the rows a thread ([`Decode::decode_parts`]): then
 /// no operation is handed between threads, where a small model's hundreds
 /// of operations a step each cost a hand-over (2-3 µs); a larger model's
 /// matrices are read once a step for all rows instead of once a part. On
@@ -86,9 +92,8 @@ fn same_len(view: usize, host: usize) -> Result<()> {
     }
 }
 
-impl Backend for Cpu {
+impl Device for Cpu {
     type Mem<T: Elem> = Vec<T>;
-    type Packed = PackedWeight;
 
     fn handle<T: Elem>(mem: &Vec<T>) -> usize {
         mem.as_ptr() as usize
@@ -132,273 +137,48 @@ impl Backend for Cpu {
     fn synchronize(&self) -> Result<()> {
         Ok(())
     }
-    fn in_pool<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        // a scope's body runs on a worker (this one, if it is one already)
-        rayon::scope(|_| f())
+    fn measure_peak_flops(&self) -> f64 {
+        math::measure_matmul_flops()
     }
-    fn decode_parts(&self, rows: usize, matmul_params: usize) -> usize {
-        match matmul_params <= PARTS_MAX_PARAMS {
-            true => rayon::current_num_threads().min(rows),
-            false => 1,
-        }
+}
+
+/// Lowers the CPU's views to the host slices behind them.
+struct ToHost;
+
+impl<'a> Lower<On<'a, Cpu>, Host<'a>> for ToHost {
+    fn input<T: Elem>(&self, x: Src<'a, Cpu, T>) -> &'a [T] {
+        r(x)
     }
-    fn for_each_part<T: Send, R: Send>(
-        &self,
-        parts: &mut [T],
-        f: impl Fn(&mut T) -> R + Sync,
-    ) -> Vec<R> {
-        use rayon::prelude::*;
-        parts.par_iter_mut().map(&f).collect()
+    fn output<T: Elem>(&self, x: Dst<'a, Cpu, T>) -> &'a mut [T] {
+        w(x)
     }
-    fn encoder_forward(
-        &self,
-        out: Dst<'_, Self>,
-        tokens: Src<'_, Self, u32>,
-        wte: Src<'_, Self>,
-        wpe: Src<'_, Self>,
-        t: usize,
-        c: usize,
-    ) {
-        encoder::encoder_forward(w(out), r(tokens), r(wte), r(wpe), t, c)
+}
+
+impl Kernels for Cpu {
+    fn encoder_forward(&self, op: EncoderForward<On<'_, Self>>) {
+        encoder::encoder_forward(op.lower(&ToHost))
     }
-    fn encoder_backward(
-        &self,
-        dwte: Dst<'_, Self>,
-        dwpe: Dst<'_, Self>,
-        dout: Src<'_, Self>,
-        tokens: Src<'_, Self, u32>,
-        _host_tokens: &[u32],
-        t: usize,
-        c: usize,
-    ) {
-        encoder::encoder_backward(w(dwte), w(dwpe), r(dout), r(tokens), t, c)
+    fn encoder_backward(&self, op: EncoderBackward<'_, On<'_, Self>>) {
+        encoder::encoder_backward(op.lower(&ToHost))
     }
-    fn layernorm_forward(
-        &self,
-        out: Dst<'_, Self>,
-        mean: Dst<'_, Self>,
-        rstd: Dst<'_, Self>,
-        inp: Src<'_, Self>,
-        wt: Src<'_, Self>,
-        b: Src<'_, Self>,
-        c: usize,
-        eps: f32,
-    ) {
-        layernorm::layernorm_forward(w(out), w(mean), w(rstd), r(inp), r(wt), r(b), c, eps)
+    fn layernorm_forward(&self, op: LayerNormForward<On<'_, Self>>) {
+        layernorm::layernorm_forward(op.lower(&ToHost))
     }
-    fn layernorm_backward(
-        &self,
-        dinp: Dst<'_, Self>,
-        dw: Dst<'_, Self>,
-        db: Dst<'_, Self>,
-        dout: Src<'_, Self>,
-        inp: Src<'_, Self>,
-        wt: Src<'_, Self>,
-        mean: Src<'_, Self>,
-        rstd: Src<'_, Self>,
-        c: usize,
-    ) {
-        layernorm::layernorm_backward(
-            w(dinp),
-            w(dw),
-            w(db),
-            r(dout),
-            r(inp),
-            r(wt),
-            r(mean),
-            r(rstd),
-            c,
-        )
-    }
-    fn layernorm_backward_input(
-        &self,
-        dinp: Dst<'_, Self>,
-        dout: Src<'_, Self>,
-        inp: Src<'_, Self>,
-        wt: Src<'_, Self>,
-        mean: Src<'_, Self>,
-        rstd: Src<'_, Self>,
-        c: usize,
-    ) -> Result<()> {
-        let (dout, inp, wt) = (r(dout), r(inp), r(wt));
-        layernorm::layernorm_backward_input(w(dinp), dout, inp, wt, r(mean), r(rstd), c);
+    fn layernorm_backward(&self, op: LayerNormBackward<On<'_, Self>>) -> Result<()> {
+        layernorm::layernorm_backward(op.lower(&ToHost));
         Ok(())
     }
-    fn layernorm_backward_weight(
-        &self,
-        dw: Dst<'_, Self>,
-        db: Dst<'_, Self>,
-        dout: Src<'_, Self>,
-        inp: Src<'_, Self>,
-        _w: Src<'_, Self>,
-        mean: Src<'_, Self>,
-        rstd: Src<'_, Self>,
-        c: usize,
-    ) -> Result<()> {
-        let (dout, inp) = (r(dout), r(inp));
-        layernorm::layernorm_backward_weight(w(dw), w(db), dout, inp, r(mean), r(rstd), c);
-        Ok(())
+    fn matmul_forward(&self, op: MatmulForward<On<'_, Self>>) {
+        matmul::matmul_forward(op.lower(&ToHost))
     }
-    fn matmul_forward(
-        &self,
-        out: Dst<'_, Self>,
-        inp: Src<'_, Self>,
-        wt: Src<'_, Self>,
-        bias: Option<Src<'_, Self>>,
-        layout: WeightLayout,
-        rows: usize,
-        k: usize,
-        n: usize,
-        accumulate: bool,
-    ) {
-        matmul::matmul_forward(
-            w(out),
-            r(inp),
-            r(wt),
-            bias.map(r),
-            layout,
-            rows,
-            k,
-            n,
-            accumulate,
-        )
+    fn matmul_backward(&self, op: MatmulBackward<On<'_, Self>>) {
+        matmul::matmul_backward(op.lower(&ToHost))
     }
-    fn matmul_backward(
-        &self,
-        dinp: Dst<'_, Self>,
-        dw: Dst<'_, Self>,
-        dbias: Option<Dst<'_, Self>>,
-        dout: Src<'_, Self>,
-        inp: Src<'_, Self>,
-        wt: Src<'_, Self>,
-        layout: WeightLayout,
-        rows: usize,
-        k: usize,
-        n: usize,
-    ) {
-        matmul::matmul_backward(
-            w(dinp),
-            w(dw),
-            dbias.map(w),
-            r(dout),
-            r(inp),
-            r(wt),
-            layout,
-            rows,
-            k,
-            n,
-        )
+    fn attention_forward(&self, op: AttentionForward<On<'_, Self>>) {
+        attention::attention_forward(op.lower(&ToHost))
     }
-    fn matmul_backward_input(
-        &self,
-        dinp: Dst<'_, Self>,
-        dout: Src<'_, Self>,
-        _inp: Src<'_, Self>,
-        wt: Src<'_, Self>,
-        layout: WeightLayout,
-        dims: (usize, usize, usize),
-    ) -> Result<()> {
-        matmul::matmul_backward_input(w(dinp), r(dout), r(wt), layout, dims);
-        Ok(())
-    }
-    fn matmul_backward_weight(
-        &self,
-        dw: Dst<'_, Self>,
-        dbias: Option<Dst<'_, Self>>,
-        dout: Src<'_, Self>,
-        inp: Src<'_, Self>,
-        _w: Src<'_, Self>,
-        layout: WeightLayout,
-        dims: (usize, usize, usize),
-    ) -> Result<()> {
-        matmul::matmul_backward_weight(w(dw), dbias.map(w), r(dout), r(inp), layout, dims);
-        Ok(())
-    }
-    fn pack_decode_weight(
-        &self,
-        wt: Src<'_, Self>,
-        layout: WeightLayout,
-        k: usize,
-        n: usize,
-        format: WeightFormat,
-    ) -> Result<PackedWeight> {
-        Ok(PackedWeight::new(r(wt), layout, k, n, format, &self.memory))
-    }
-    fn matmul_decode(
-        &self,
-        out: Dst<'_, Self>,
-        inp: Src<'_, Self>,
-        packed: &PackedWeight,
-        bias: Option<Src<'_, Self>>,
-        rows: usize,
-        k: usize,
-        n: usize,
-        accumulate: bool,
-    ) {
-        decode::matmul_decode(w(out), r(inp), packed, bias.map(r), rows, k, n, accumulate)
-    }
-    fn attention_forward(
-        &self,
-        out: Dst<'_, Self>,
-        lse: Dst<'_, Self>,
-        qkv: Src<'_, Self>,
-        shape: AttnShape,
-    ) {
-        attention::attention_forward(w(out), w(lse), r(qkv), shape, Mask::Causal)
-    }
-    fn attention_backward(
-        &self,
-        dqkv: Dst<'_, Self>,
-        dout: Src<'_, Self>,
-        qkv: Src<'_, Self>,
-        out: Src<'_, Self>,
-        lse: Src<'_, Self>,
-        shape: AttnShape,
-    ) {
-        attention::attention_backward(
-            w(dqkv),
-            r(dout),
-            r(qkv),
-            r(out),
-            r(lse),
-            shape,
-            Mask::Causal,
-        )
-    }
-    fn attention_padded_forward(
-        &self,
-        out: Dst<'_, Self>,
-        lse: Dst<'_, Self>,
-        qkv: Src<'_, Self>,
-        lens: Src<'_, Self, u32>,
-        shape: AttnShape,
-    ) {
-        let mask = Mask::Lengths(r(lens));
-        attention::attention_forward(w(out), w(lse), r(qkv), shape, mask)
-    }
-    #[allow(clippy::too_many_arguments)]
-    fn attention_padded_backward(
-        &self,
-        dqkv: Dst<'_, Self>,
-        dout: Src<'_, Self>,
-        qkv: Src<'_, Self>,
-        out: Src<'_, Self>,
-        lse: Src<'_, Self>,
-        lens: Src<'_, Self, u32>,
-        shape: AttnShape,
-    ) {
-        let mask = Mask::Lengths(r(lens));
-        attention::attention_backward(w(dqkv), r(dout), r(qkv), r(out), r(lse), shape, mask)
-    }
-    fn attention_decode(
-        &self,
-        out: Dst<'_, Self>,
-        qkv: Src<'_, Self>,
-        kcache: Src<'_, Self>,
-        vcache: Src<'_, Self>,
-        shape: DecodeShape,
-    ) {
-        attention::attention_decode(w(out), r(qkv), r(kcache), r(vcache), shape)
+    fn attention_backward(&self, op: AttentionBackward<On<'_, Self>>) {
+        attention::attention_backward(op.lower(&ToHost))
     }
     fn activation_forward(&self, out: Dst<'_, Self>, inp: Src<'_, Self>, act: Activation) {
         elementwise::activation_forward(w(out), r(inp), act)
@@ -418,44 +198,58 @@ impl Backend for Cpu {
     fn round_bf16(&self, x: Dst<'_, Self>) {
         elementwise::round_bf16(w(x))
     }
-    fn crossentropy_forward(
-        &self,
-        losses: Dst<'_, Self>,
-        logits: Src<'_, Self>,
-        targets: Src<'_, Self, u32>,
-        v: usize,
-        vp: usize,
-    ) {
-        crossentropy::crossentropy_forward(w(losses), r(logits), r(targets), v, vp)
+    fn crossentropy_forward(&self, op: CrossEntropyForward<On<'_, Self>>) {
+        crossentropy::crossentropy_forward(op.lower(&ToHost))
     }
-    fn crossentropy_backward_inplace(
-        &self,
-        logits: Dst<'_, Self>,
-        targets: Src<'_, Self, u32>,
-        v: usize,
-        vp: usize,
-        dloss: f32,
-    ) {
-        crossentropy::crossentropy_backward_inplace(w(logits), r(targets), v, vp, dloss)
+    fn crossentropy_backward(&self, op: CrossEntropyBackward<On<'_, Self>>) {
+        crossentropy::crossentropy_backward(op.lower(&ToHost))
     }
-    fn adamw(
-        &self,
-        param: Dst<'_, Self>,
-        grad: Src<'_, Self>,
-        m: Dst<'_, Self>,
-        v: Dst<'_, Self>,
-        step: AdamWStep,
-        weight_decay: f32,
-    ) {
-        adamw::adamw(w(param), r(grad), w(m), w(v), step, weight_decay)
-    }
-    fn measure_peak_flops(&self) -> f64 {
-        math::measure_matmul_flops()
+    fn adamw(&self, op: AdamWUpdate<On<'_, Self>>) {
+        adamw::adamw(op.lower(&ToHost))
     }
     fn sum(&self, x: Src<'_, Self>) -> Result<f64> {
         Ok(r(x).iter().map(|&v| v as f64).sum())
     }
     fn sum_squares(&self, x: Src<'_, Self>) -> Result<f64> {
         Ok(elementwise::sum_squares(r(x)))
+    }
+}
+
+impl Decode for Cpu {
+    type Packed = PackedWeight;
+
+    fn pack_decode_weight(
+        &self,
+        wt: Src<'_, Self>,
+        layout: WeightLayout,
+        k: usize,
+        n: usize,
+        format: WeightFormat,
+    ) -> Result<PackedWeight> {
+        Ok(PackedWeight::new(r(wt), layout, k, n, format, &self.memory))
+    }
+    fn matmul_decode(&self, op: MatmulDecode<'_, On<'_, Self>, PackedWeight>) {
+        decode::matmul_decode(op.lower(&ToHost))
+    }
+    fn attention_decode(&self, op: AttentionDecode<On<'_, Self>>) {
+        attention::attention_decode(op.lower(&ToHost))
+    }
+    fn in_pool<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        // a scope's body runs on a worker (this one, if it is one already)
+        rayon::scope(|_| f())
+    }
+    fn decode_parts(&self, rows: usize, matmul_params: usize) -> usize {
+        match matmul_params <= PARTS_MAX_PARAMS {
+            true => rayon::current_num_threads().min(rows),
+            false => 1,
+        }
+    }
+    fn for_each_part<T: Send, R: Send>(
+        &self,
+        parts: &mut [T],
+        f: impl Fn(&mut T) -> R + Sync,
+    ) -> Vec<R> {
+        use rayon::prelude::*;
+        parts.par_iter_mut().map(&f).collect()
     }
 }

@@ -4,7 +4,8 @@
 //! or with a padding mask (each sequence's key count in `lens`).
 
 use super::kernels::{need, u32s};
-use super::{Arg, Device, GpuError, Runtime, View};
+use super::{Arg, GpuError, Queue, Raw, Runtime, View};
+use crate::backend::ops::{AttentionBackward, AttentionDecode, AttentionForward};
 use crate::backend::{AttnShape, DecodeShape};
 
 /// Largest head dim the kernels support: `ATT_HD_MAX` in attention.cu.
@@ -35,17 +36,17 @@ fn mask_args(lens: Option<View>, b: usize, any: View) -> Result<[Arg; 2], GpuErr
     })
 }
 
-impl<R: Runtime> Device<R> {
+impl<R: Runtime> Queue<R> {
     /// out (B, T, C) and lse (B, NH, T) from qkv (B, T, 3C) = [q | k | v]
     /// per token; causal, or with `lens` (B) the keys each sequence has.
-    pub fn attention_forward(
-        &self,
-        out: View,
-        lse: View,
-        qkv: View,
-        lens: Option<View>,
-        shape: AttnShape,
-    ) -> Result<(), GpuError> {
+    pub fn attention_forward(&self, op: AttentionForward<Raw>) -> Result<(), GpuError> {
+        let AttentionForward {
+            out,
+            lse,
+            qkv,
+            lens,
+            shape,
+        } = op;
         let AttnShape { b, t, c, nh } = shape;
         head_dim(c, nh)?;
         need("attention_forward out", out, b * t * c)?;
@@ -67,17 +68,16 @@ impl<R: Runtime> Device<R> {
 
     /// dqkv (B, T, 3C) overwritten with the gradient given dout (B, T, C),
     /// from the forward's qkv, out and lse.
-    #[allow(clippy::too_many_arguments)]
-    pub fn attention_backward(
-        &self,
-        dqkv: View,
-        dout: View,
-        qkv: View,
-        out: View,
-        lse: View,
-        lens: Option<View>,
-        shape: AttnShape,
-    ) -> Result<(), GpuError> {
+    pub fn attention_backward(&self, op: AttentionBackward<Raw>) -> Result<(), GpuError> {
+        let AttentionBackward {
+            dqkv,
+            dout,
+            qkv,
+            out,
+            lse,
+            lens,
+            shape,
+        } = op;
         let AttnShape { b, t, c, nh } = shape;
         head_dim(c, nh)?;
         need("attention_backward dqkv", dqkv, b * t * 3 * c)?;
@@ -107,14 +107,14 @@ impl<R: Runtime> Device<R> {
 
     /// out (b, c) from one query per row of qkv (b, 3c) against positions
     /// [0, len) of kcache, vcache (b, max_t, c).
-    pub fn attention_decode(
-        &self,
-        out: View,
-        qkv: View,
-        kcache: View,
-        vcache: View,
-        shape: DecodeShape,
-    ) -> Result<(), GpuError> {
+    pub fn attention_decode(&self, op: AttentionDecode<Raw>) -> Result<(), GpuError> {
+        let AttentionDecode {
+            out,
+            qkv,
+            kcache,
+            vcache,
+            shape,
+        } = op;
         let DecodeShape {
             b,
             len,
@@ -197,24 +197,25 @@ mod tests {
         [None, Some(lens)]
     }
 
-    fn cpu_mask(lens: &Option<Vec<u32>>) -> attention::Mask<'_> {
-        lens.as_deref()
-            .map_or(attention::Mask::Causal, attention::Mask::Lengths)
-    }
-
     #[test]
     fn attention_forward_matches_cpu() {
         on_gpus!(attention_forward_matches_cpu_on);
     }
 
-    fn attention_forward_matches_cpu_on<R: Runtime>(dev: &Device<R>) {
+    fn attention_forward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
         let mut rng = Rng::new(11);
         for s in shapes() {
             for lens in masks(s) {
                 let AttnShape { b, t, c, nh } = s;
                 let qkv = randn(&mut rng, b * t * 3 * c, 1.0);
                 let (mut out, mut lse) = (vec![0.0; b * t * c], vec![0.0; b * nh * t]);
-                attention::attention_forward(&mut out, &mut lse, &qkv, s, cpu_mask(&lens));
+                attention::attention_forward(AttentionForward {
+                    out: &mut out,
+                    lse: &mut lse,
+                    qkv: &qkv,
+                    lens: lens.as_deref(),
+                    shape: s,
+                });
                 let (o, l) = (
                     putf(dev, &vec![7.0; out.len()]),
                     putf(dev, &vec![7.0; lse.len()]),
@@ -222,8 +223,14 @@ mod tests {
                 let q = putf(dev, &qkv);
                 let ld = lens.as_ref().map(|x| putu(dev, x));
                 let lv = ld.as_ref().map(|x| x.view());
-                dev.attention_forward(o.view(), l.view(), q.view(), lv, s)
-                    .unwrap();
+                dev.attention_forward(AttentionForward {
+                    out: o.view(),
+                    lse: l.view(),
+                    qkv: q.view(),
+                    lens: lv,
+                    shape: s,
+                })
+                .unwrap();
                 let what = name(s, lens.as_deref());
                 assert_close(
                     &format!("attention_forward {what} out"),
@@ -244,7 +251,7 @@ mod tests {
         on_gpus!(attention_backward_matches_cpu_and_is_deterministic_on);
     }
 
-    fn attention_backward_matches_cpu_and_is_deterministic_on<R: Runtime>(dev: &Device<R>) {
+    fn attention_backward_matches_cpu_and_is_deterministic_on<R: Runtime>(dev: &Queue<R>) {
         let mut rng = Rng::new(12);
         for s in shapes() {
             for lens in masks(s) {
@@ -253,10 +260,23 @@ mod tests {
                 let qkv = randn(&mut rng, b * t * 3 * c, 2.0);
                 let dout = randn(&mut rng, b * t * c, 1.0);
                 let (mut out, mut lse) = (vec![0.0; b * t * c], vec![0.0; b * nh * t]);
-                let mask = cpu_mask(&lens);
-                attention::attention_forward(&mut out, &mut lse, &qkv, s, mask);
+                attention::attention_forward(AttentionForward {
+                    out: &mut out,
+                    lse: &mut lse,
+                    qkv: &qkv,
+                    lens: lens.as_deref(),
+                    shape: s,
+                });
                 let mut want = vec![0.0; qkv.len()];
-                attention::attention_backward(&mut want, &dout, &qkv, &out, &lse, s, mask);
+                attention::attention_backward(AttentionBackward {
+                    dqkv: &mut want,
+                    dout: &dout,
+                    qkv: &qkv,
+                    out: &out,
+                    lse: &lse,
+                    lens: lens.as_deref(),
+                    shape: s,
+                });
                 let (q, d, o, l) = (
                     putf(dev, &qkv),
                     putf(dev, &dout),
@@ -268,8 +288,16 @@ mod tests {
                 let mut runs = Vec::new();
                 for _ in 0..2 {
                     let g = putf(dev, &randn(&mut rng, qkv.len(), 1.0));
-                    dev.attention_backward(g.view(), d.view(), q.view(), o.view(), l.view(), lv, s)
-                        .unwrap();
+                    dev.attention_backward(AttentionBackward {
+                        dqkv: g.view(),
+                        dout: d.view(),
+                        qkv: q.view(),
+                        out: o.view(),
+                        lse: l.view(),
+                        lens: lv,
+                        shape: s,
+                    })
+                    .unwrap();
                     runs.push(get(dev, &g));
                 }
                 let what = name(s, lens.as_deref());
@@ -309,7 +337,7 @@ mod tests {
         on_gpus!(attention_decode_matches_cpu_on);
     }
 
-    fn attention_decode_matches_cpu_on<R: Runtime>(dev: &Device<R>) {
+    fn attention_decode_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
         let mut rng = Rng::new(13);
         for s in decode_shapes() {
             let DecodeShape { b, c, max_t, .. } = s;
@@ -317,11 +345,23 @@ mod tests {
             let kc = randn(&mut rng, b * max_t * c, 1.0);
             let vc = randn(&mut rng, b * max_t * c, 1.0);
             let mut want = vec![0.0; b * c];
-            attention::attention_decode(&mut want, &qkv, &kc, &vc, s);
+            attention::attention_decode(AttentionDecode {
+                out: &mut want,
+                qkv: &qkv,
+                kcache: &kc,
+                vcache: &vc,
+                shape: s,
+            });
             let o = putf(dev, &vec![7.0; want.len()]);
             let (q, k, v) = (putf(dev, &qkv), putf(dev, &kc), putf(dev, &vc));
-            dev.attention_decode(o.view(), q.view(), k.view(), v.view(), s)
-                .unwrap();
+            dev.attention_decode(AttentionDecode {
+                out: o.view(),
+                qkv: q.view(),
+                kcache: k.view(),
+                vcache: v.view(),
+                shape: s,
+            })
+            .unwrap();
             let what = format!(
                 "attention_decode b={b} len={} c={c} nh={} max_t={max_t}",
                 s.len, s.nh
@@ -335,7 +375,7 @@ mod tests {
         on_gpus!(unsupported_head_dims_are_errors_on);
     }
 
-    fn unsupported_head_dims_are_errors_on<R: Runtime>(dev: &Device<R>) {
+    fn unsupported_head_dims_are_errors_on<R: Runtime>(dev: &Queue<R>) {
         let m = dev.alloc::<f32>(3 * 130).unwrap();
         let s = AttnShape {
             b: 1,
@@ -344,12 +384,24 @@ mod tests {
             nh: 2,
         };
         let err = dev
-            .attention_forward(m.view(), m.view(), m.view(), None, s)
+            .attention_forward(AttentionForward {
+                out: m.view(),
+                lse: m.view(),
+                qkv: m.view(),
+                lens: None,
+                shape: s,
+            })
             .unwrap_err();
         assert!(err.to_string().contains("1 to 64"), "{err}");
         let s = AttnShape { c: 7, nh: 2, ..s };
         assert!(dev
-            .attention_forward(m.view(), m.view(), m.view(), None, s)
+            .attention_forward(AttentionForward {
+                out: m.view(),
+                lse: m.view(),
+                qkv: m.view(),
+                lens: None,
+                shape: s
+            })
             .is_err());
     }
 }

@@ -1,14 +1,18 @@
-//! `Gpu<R>`: the [`Backend`] over a [`Device`] of runtime `R` (`OpenCl`,
+//! `Gpu<R>`: the [`Backend`](crate::backend::Backend) over a [`Queue`] of runtime `R` (`OpenCl`,
 //! `Cuda`). Every handle made
 //! from one `open` shares the device, its queue and its first error; each
 //! keeps memory counters of its own. Kernels are queued without a result and
 //! a failure is kept until the next transfer or `synchronize`, as on a GPU.
 
-use super::{Device, DeviceMem, GpuError, Runtime, View};
+use super::{DeviceMem, GpuError, Queue, Raw, Runtime, View};
 use crate::backend::cpu::round_to_bf16;
 use crate::backend::memory::{Buf, Category, Dst, MemoryStats, RawView, Src};
+use crate::backend::ops::{Lower, On};
 use crate::backend::{
-    Activation, AdamWStep, AttnShape, Backend, DecodeShape, Elem, WeightFormat, WeightLayout,
+    Activation, AdamWUpdate, AttentionBackward, AttentionDecode, AttentionForward,
+    CrossEntropyBackward, CrossEntropyForward, Decode, Device, Elem, EncoderBackward,
+    EncoderForward, Kernels, LayerNormBackward, LayerNormForward, MatmulBackward, MatmulDecode,
+    MatmulForward, MatmulShape, WeightFormat, WeightLayout,
 };
 use crate::comm::Comm;
 use crate::error::{Error, Result};
@@ -16,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 pub struct Gpu<R: Runtime> {
-    dev: Arc<Device<R>>,
+    dev: Arc<Queue<R>>,
     /// The device's index, as `open` took it.
     index: usize,
     /// The first failure of a queued kernel, reported by the next transfer or sync.
@@ -59,7 +63,7 @@ impl<R: Runtime> Gpu<R> {
     /// Opens device `index` (as `distgpt devices` lists them).
     pub fn open(index: usize) -> Result<Self> {
         Ok(Gpu {
-            dev: Arc::new(Device::open(index).map_err(device_error)?),
+            dev: Arc::new(Queue::open(index).map_err(device_error)?),
             index,
             failure: Arc::default(),
             memory: Arc::default(),
@@ -67,7 +71,7 @@ impl<R: Runtime> Gpu<R> {
     }
 
     /// Runs a kernel launch unless an earlier one failed; keeps its failure.
-    fn queue(&self, launch: impl FnOnce(&Device<R>) -> Result<(), GpuError>) {
+    fn queue(&self, launch: impl FnOnce(&Queue<R>) -> Result<(), GpuError>) {
         let mut failure = self.failure.lock().unwrap_or_else(|e| e.into_inner());
         if failure.is_none() {
             if let Err(e) = launch(&self.dev) {
@@ -90,69 +94,20 @@ impl<R: Runtime> Gpu<R> {
     }
 }
 
-impl<R: Runtime> Gpu<R> {
-    /// `matmul_forward`, and its bf16 twin when `bf16` (`Gemm::bf16`).
-    #[allow(clippy::too_many_arguments)]
-    fn matmul_forward_as(
-        &self,
-        bf16: bool,
-        out: Dst<'_, Self>,
-        inp: Src<'_, Self>,
-        w: Src<'_, Self>,
-        bias: Option<Src<'_, Self>>,
-        layout: WeightLayout,
-        (rows, k, n): (usize, usize, usize),
-        accumulate: bool,
-    ) {
-        self.queue(|d| {
-            d.matmul_forward(
-                view(out.raw()),
-                view(inp.raw()),
-                view(w.raw()),
-                bias.map(|b| view(b.raw())),
-                layout,
-                rows,
-                k,
-                n,
-                accumulate,
-                bf16,
-            )
-        })
-    }
+/// Lowers a backend's views to the raw views the queue's kernels take.
+struct ToRaw;
 
-    /// `matmul_backward`, and its bf16 twin when `bf16`.
-    #[allow(clippy::too_many_arguments)]
-    fn matmul_backward_as(
-        &self,
-        bf16: bool,
-        (dinp, dw, dbias): (Dst<'_, Self>, Dst<'_, Self>, Option<Dst<'_, Self>>),
-        dout: Src<'_, Self>,
-        inp: Src<'_, Self>,
-        w: Src<'_, Self>,
-        layout: WeightLayout,
-        (rows, k, n): (usize, usize, usize),
-    ) {
-        self.queue(|d| {
-            d.matmul_backward(
-                view(dinp.raw()),
-                view(dw.raw()),
-                dbias.map(|b| view(b.raw())),
-                view(dout.raw()),
-                view(inp.raw()),
-                view(w.raw()),
-                layout,
-                rows,
-                k,
-                n,
-                bf16,
-            )
-        })
+impl<'a, R: Runtime> Lower<On<'a, Gpu<R>>, Raw> for ToRaw {
+    fn input<T: Elem>(&self, x: Src<'a, Gpu<R>, T>) -> View {
+        view(x.raw())
+    }
+    fn output<T: Elem>(&self, x: Dst<'a, Gpu<R>, T>) -> View {
+        view(x.raw())
     }
 }
 
-impl<R: Runtime> Backend for Gpu<R> {
+impl<R: Runtime> Device for Gpu<R> {
     type Mem<T: Elem> = R::Mem<T>;
-    type Packed = PackedGpu<R>;
 
     fn handle<T: Elem>(mem: &R::Mem<T>) -> usize {
         mem.handle() as usize
@@ -215,186 +170,109 @@ impl<R: Runtime> Backend for Gpu<R> {
         self.check()?;
         self.dev.finish().map_err(device_error)
     }
-    fn encoder_forward(
-        &self,
-        out: Dst<'_, Self>,
-        tokens: Src<'_, Self, u32>,
-        wte: Src<'_, Self>,
-        wpe: Src<'_, Self>,
-        t: usize,
-        c: usize,
-    ) {
-        self.queue(|d| {
-            d.encoder_forward(
-                view(out.raw()),
-                view(tokens.raw()),
-                view(wte.raw()),
-                view(wpe.raw()),
-                t,
-                c,
-            )
-        })
+    fn measure_peak_flops(&self) -> f64 {
+        // A GPT-2-small MLP product: (rows x 768) @ (768 x 3072).
+        let (rows, k, n) = (256, 768, 3072);
+        let bufs = (
+            self.clone_fresh().alloc(rows * n, Category::Other),
+            self.clone_fresh().alloc(rows * k, Category::Other),
+            self.clone_fresh().alloc(k * n, Category::Other),
+        );
+        let (Ok(mut out), Ok(inp), Ok(w)) = bufs else {
+            return f64::NAN;
+        };
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            let t0 = Instant::now();
+            self.matmul_forward(MatmulForward {
+                out: out.d(),
+                inp: inp.s(),
+                w: w.s(),
+                bias: None,
+                shape: MatmulShape::new((rows, k, n), WeightLayout::InOut),
+                accumulate: false,
+            });
+            if self.synchronize().is_err() {
+                return f64::NAN;
+            }
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        2.0 * (rows * k * n) as f64 / best
     }
-    fn encoder_backward(
-        &self,
-        dwte: Dst<'_, Self>,
-        dwpe: Dst<'_, Self>,
-        dout: Src<'_, Self>,
-        _tokens: Src<'_, Self, u32>,
-        host_tokens: &[u32],
-        t: usize,
-        c: usize,
-    ) {
-        self.queue(|d| {
-            d.encoder_backward(
-                view(dwte.raw()),
-                view(dwpe.raw()),
-                view(dout.raw()),
-                host_tokens,
-                t,
-                c,
-            )
-        })
+    fn ranks_share_device(&self) -> bool {
+        // Thread ranks all use the one device this backend opened.
+        true
     }
-    fn layernorm_forward(
-        &self,
-        out: Dst<'_, Self>,
-        mean: Dst<'_, Self>,
-        rstd: Dst<'_, Self>,
-        inp: Src<'_, Self>,
-        w: Src<'_, Self>,
-        b: Src<'_, Self>,
-        c: usize,
-        eps: f32,
-    ) {
-        let rows = mean.len();
-        self.queue(|d| {
-            d.layernorm_forward(
-                view(out.raw()),
-                view(mean.raw()),
-                view(rstd.raw()),
-                view(inp.raw()),
-                view(w.raw()),
-                view(b.raw()),
-                rows,
-                (c, eps),
-            )
-        })
+}
+
+/// Every kernel queued with its operands lowered to raw views; a failure is
+/// kept for the next transfer or `synchronize`.
+impl<R: Runtime> Kernels for Gpu<R> {
+    fn encoder_forward(&self, op: EncoderForward<On<'_, Self>>) {
+        self.queue(|d| d.encoder_forward(op.lower(&ToRaw)))
     }
-    fn layernorm_backward(
-        &self,
-        dinp: Dst<'_, Self>,
-        dw: Dst<'_, Self>,
-        db: Dst<'_, Self>,
-        dout: Src<'_, Self>,
-        inp: Src<'_, Self>,
-        w: Src<'_, Self>,
-        mean: Src<'_, Self>,
-        rstd: Src<'_, Self>,
-        c: usize,
-    ) {
-        let rows = mean.len();
-        self.queue(|d| {
-            d.layernorm_backward(
-                view(dinp.raw()),
-                view(dw.raw()),
-                view(db.raw()),
-                view(dout.raw()),
-                view(inp.raw()),
-                view(w.raw()),
-                view(mean.raw()),
-                view(rstd.raw()),
-                rows,
-                c,
-            )
-        })
+    fn encoder_backward(&self, op: EncoderBackward<'_, On<'_, Self>>) {
+        self.queue(|d| d.encoder_backward(op.lower(&ToRaw)))
     }
-    fn matmul_forward(
-        &self,
-        out: Dst<'_, Self>,
-        inp: Src<'_, Self>,
-        w: Src<'_, Self>,
-        bias: Option<Src<'_, Self>>,
-        layout: WeightLayout,
-        rows: usize,
-        k: usize,
-        n: usize,
-        accumulate: bool,
-    ) {
-        self.matmul_forward_as(false, out, inp, w, bias, layout, (rows, k, n), accumulate)
+    fn layernorm_forward(&self, op: LayerNormForward<On<'_, Self>>) {
+        self.queue(|d| d.layernorm_forward(op.lower(&ToRaw)))
     }
-    fn matmul_forward_bf16(
-        &self,
-        out: Dst<'_, Self>,
-        inp: Src<'_, Self>,
-        w: Src<'_, Self>,
-        bias: Option<Src<'_, Self>>,
-        layout: WeightLayout,
-        rows: usize,
-        k: usize,
-        n: usize,
-        accumulate: bool,
-    ) {
-        self.matmul_forward_as(true, out, inp, w, bias, layout, (rows, k, n), accumulate)
-    }
-    fn matmul_backward(
-        &self,
-        dinp: Dst<'_, Self>,
-        dw: Dst<'_, Self>,
-        dbias: Option<Dst<'_, Self>>,
-        dout: Src<'_, Self>,
-        inp: Src<'_, Self>,
-        w: Src<'_, Self>,
-        layout: WeightLayout,
-        rows: usize,
-        k: usize,
-        n: usize,
-    ) {
-        self.matmul_backward_as(false, (dinp, dw, dbias), dout, inp, w, layout, (rows, k, n))
-    }
-    fn matmul_backward_bf16(
-        &self,
-        dinp: Dst<'_, Self>,
-        dw: Dst<'_, Self>,
-        dbias: Option<Dst<'_, Self>>,
-        dout: Src<'_, Self>,
-        inp: Src<'_, Self>,
-        w: Src<'_, Self>,
-        layout: WeightLayout,
-        rows: usize,
-        k: usize,
-        n: usize,
-    ) {
-        self.matmul_backward_as(true, (dinp, dw, dbias), dout, inp, w, layout, (rows, k, n))
-    }
-    fn matmul_backward_input(
-        &self,
-        dinp: Dst<'_, Self>,
-        dout: Src<'_, Self>,
-        _inp: Src<'_, Self>,
-        w: Src<'_, Self>,
-        layout: WeightLayout,
-        dims: (usize, usize, usize),
-    ) -> Result<()> {
-        let (dinp, dout, w) = (view(dinp.raw()), view(dout.raw()), view(w.raw()));
-        self.queue(|d| d.matmul_backward_input(dinp, dout, w, layout, dims, false));
+    fn layernorm_backward(&self, op: LayerNormBackward<On<'_, Self>>) -> Result<()> {
+        self.queue(|d| d.layernorm_backward(op.lower(&ToRaw)));
         Ok(())
     }
-    fn matmul_backward_weight(
-        &self,
-        dw: Dst<'_, Self>,
-        dbias: Option<Dst<'_, Self>>,
-        dout: Src<'_, Self>,
-        inp: Src<'_, Self>,
-        _w: Src<'_, Self>,
-        layout: WeightLayout,
-        dims: (usize, usize, usize),
-    ) -> Result<()> {
-        let (dw, dbias) = (view(dw.raw()), dbias.map(|b| view(b.raw())));
-        let (dout, inp) = (view(dout.raw()), view(inp.raw()));
-        self.queue(|d| d.matmul_backward_weight(dw, dbias, dout, inp, layout, dims, false));
-        Ok(())
+    fn matmul_forward(&self, op: MatmulForward<On<'_, Self>>) {
+        self.queue(|d| d.matmul_forward(op.lower(&ToRaw)))
     }
+    fn matmul_backward(&self, op: MatmulBackward<On<'_, Self>>) {
+        self.queue(|d| d.matmul_backward(op.lower(&ToRaw)))
+    }
+    fn attention_forward(&self, op: AttentionForward<On<'_, Self>>) {
+        self.queue(|d| d.attention_forward(op.lower(&ToRaw)))
+    }
+    fn attention_backward(&self, op: AttentionBackward<On<'_, Self>>) {
+        self.queue(|d| d.attention_backward(op.lower(&ToRaw)))
+    }
+    fn activation_forward(&self, out: Dst<'_, Self>, inp: Src<'_, Self>, act: Activation) {
+        self.queue(|d| d.activation_forward(view(out.raw()), view(inp.raw()), act))
+    }
+    fn activation_backward_inplace(&self, dx: Dst<'_, Self>, inp: Src<'_, Self>, act: Activation) {
+        self.queue(|d| d.activation_backward_inplace(view(dx.raw()), view(inp.raw()), act))
+    }
+    fn fill(&self, dst: Dst<'_, Self>, value: f32) {
+        self.queue(|d| d.fill(view(dst.raw()), value))
+    }
+    fn add_inplace(&self, dst: Dst<'_, Self>, src: Src<'_, Self>) {
+        self.queue(|d| d.add_inplace(view(dst.raw()), view(src.raw())))
+    }
+    fn copy(&self, dst: Dst<'_, Self>, src: Src<'_, Self>) {
+        self.queue(|d| d.copy(view(dst.raw()), view(src.raw())))
+    }
+    fn round_bf16(&self, x: Dst<'_, Self>) {
+        self.queue(|d| d.round_bf16(view(x.raw())))
+    }
+    fn crossentropy_forward(&self, op: CrossEntropyForward<On<'_, Self>>) {
+        self.queue(|d| d.crossentropy_forward(op.lower(&ToRaw)))
+    }
+    fn crossentropy_backward(&self, op: CrossEntropyBackward<On<'_, Self>>) {
+        self.queue(|d| d.crossentropy_backward(op.lower(&ToRaw)))
+    }
+    fn adamw(&self, op: AdamWUpdate<On<'_, Self>>) {
+        self.queue(|d| d.adamw(op.lower(&ToRaw)))
+    }
+    fn sum(&self, x: Src<'_, Self>) -> Result<f64> {
+        self.check()?;
+        self.dev.sum(view(x.raw())).map_err(device_error)
+    }
+    fn sum_squares(&self, x: Src<'_, Self>) -> Result<f64> {
+        self.check()?;
+        self.dev.sum_squares(view(x.raw())).map_err(device_error)
+    }
+}
+
+impl<R: Runtime> Decode for Gpu<R> {
+    type Packed = PackedGpu<R>;
+
     fn pack_decode_weight(
         &self,
         w: Src<'_, Self>,
@@ -423,237 +301,25 @@ impl<R: Runtime> Backend for Gpu<R> {
         }
         Ok(PackedGpu { w: packed, layout })
     }
-    fn matmul_decode(
-        &self,
-        out: Dst<'_, Self>,
-        inp: Src<'_, Self>,
-        packed: &PackedGpu<R>,
-        bias: Option<Src<'_, Self>>,
-        rows: usize,
-        k: usize,
-        n: usize,
-        accumulate: bool,
-    ) {
-        self.matmul_forward(
+    fn matmul_decode(&self, op: MatmulDecode<'_, On<'_, Self>, PackedGpu<R>>) {
+        let MatmulDecode {
             out,
             inp,
-            packed.w.s(),
+            w,
             bias,
-            packed.layout,
-            rows,
-            k,
-            n,
+            dims,
             accumulate,
-        )
-    }
-    fn attention_forward(
-        &self,
-        out: Dst<'_, Self>,
-        lse: Dst<'_, Self>,
-        qkv: Src<'_, Self>,
-        shape: AttnShape,
-    ) {
-        self.queue(|d| {
-            d.attention_forward(
-                view(out.raw()),
-                view(lse.raw()),
-                view(qkv.raw()),
-                None,
-                shape,
-            )
+        } = op;
+        self.matmul_forward(MatmulForward {
+            out,
+            inp,
+            w: w.w.s(),
+            bias,
+            shape: MatmulShape::new(dims, w.layout),
+            accumulate,
         })
     }
-    fn attention_padded_forward(
-        &self,
-        out: Dst<'_, Self>,
-        lse: Dst<'_, Self>,
-        qkv: Src<'_, Self>,
-        lens: Src<'_, Self, u32>,
-        shape: AttnShape,
-    ) {
-        self.queue(|d| {
-            let lens = Some(view(lens.raw()));
-            d.attention_forward(
-                view(out.raw()),
-                view(lse.raw()),
-                view(qkv.raw()),
-                lens,
-                shape,
-            )
-        })
-    }
-    #[allow(clippy::too_many_arguments)]
-    fn attention_padded_backward(
-        &self,
-        dqkv: Dst<'_, Self>,
-        dout: Src<'_, Self>,
-        qkv: Src<'_, Self>,
-        out: Src<'_, Self>,
-        lse: Src<'_, Self>,
-        lens: Src<'_, Self, u32>,
-        shape: AttnShape,
-    ) {
-        self.queue(|d| {
-            d.attention_backward(
-                view(dqkv.raw()),
-                view(dout.raw()),
-                view(qkv.raw()),
-                view(out.raw()),
-                view(lse.raw()),
-                Some(view(lens.raw())),
-                shape,
-            )
-        })
-    }
-    fn attention_backward(
-        &self,
-        dqkv: Dst<'_, Self>,
-        dout: Src<'_, Self>,
-        qkv: Src<'_, Self>,
-        out: Src<'_, Self>,
-        lse: Src<'_, Self>,
-        shape: AttnShape,
-    ) {
-        self.queue(|d| {
-            d.attention_backward(
-                view(dqkv.raw()),
-                view(dout.raw()),
-                view(qkv.raw()),
-                view(out.raw()),
-                view(lse.raw()),
-                None,
-                shape,
-            )
-        })
-    }
-    fn attention_decode(
-        &self,
-        out: Dst<'_, Self>,
-        qkv: Src<'_, Self>,
-        kcache: Src<'_, Self>,
-        vcache: Src<'_, Self>,
-        shape: DecodeShape,
-    ) {
-        self.queue(|d| {
-            d.attention_decode(
-                view(out.raw()),
-                view(qkv.raw()),
-                view(kcache.raw()),
-                view(vcache.raw()),
-                shape,
-            )
-        })
-    }
-    fn activation_forward(&self, out: Dst<'_, Self>, inp: Src<'_, Self>, act: Activation) {
-        self.queue(|d| d.activation_forward(view(out.raw()), view(inp.raw()), act))
-    }
-    fn activation_backward_inplace(&self, dx: Dst<'_, Self>, inp: Src<'_, Self>, act: Activation) {
-        self.queue(|d| d.activation_backward_inplace(view(dx.raw()), view(inp.raw()), act))
-    }
-    fn fill(&self, dst: Dst<'_, Self>, value: f32) {
-        self.queue(|d| d.fill(view(dst.raw()), value))
-    }
-    fn add_inplace(&self, dst: Dst<'_, Self>, src: Src<'_, Self>) {
-        self.queue(|d| d.add_inplace(view(dst.raw()), view(src.raw())))
-    }
-    fn copy(&self, dst: Dst<'_, Self>, src: Src<'_, Self>) {
-        self.queue(|d| d.copy(view(dst.raw()), view(src.raw())))
-    }
-    fn round_bf16(&self, x: Dst<'_, Self>) {
-        self.queue(|d| d.round_bf16(view(x.raw())))
-    }
-    fn crossentropy_forward(
-        &self,
-        losses: Dst<'_, Self>,
-        logits: Src<'_, Self>,
-        targets: Src<'_, Self, u32>,
-        v: usize,
-        vp: usize,
-    ) {
-        self.queue(|d| {
-            d.crossentropy_forward(
-                view(losses.raw()),
-                view(logits.raw()),
-                view(targets.raw()),
-                v,
-                vp,
-            )
-        })
-    }
-    fn crossentropy_backward_inplace(
-        &self,
-        logits: Dst<'_, Self>,
-        targets: Src<'_, Self, u32>,
-        v: usize,
-        vp: usize,
-        dloss: f32,
-    ) {
-        self.queue(|d| {
-            d.crossentropy_backward_inplace(view(logits.raw()), view(targets.raw()), v, vp, dloss)
-        })
-    }
-    fn adamw(
-        &self,
-        param: Dst<'_, Self>,
-        grad: Src<'_, Self>,
-        m: Dst<'_, Self>,
-        v: Dst<'_, Self>,
-        step: AdamWStep,
-        weight_decay: f32,
-    ) {
-        self.queue(|d| {
-            d.adamw(
-                view(param.raw()),
-                view(grad.raw()),
-                view(m.raw()),
-                view(v.raw()),
-                step,
-                weight_decay,
-            )
-        })
-    }
-    fn measure_peak_flops(&self) -> f64 {
-        // A GPT-2-small MLP product: (rows x 768) @ (768 x 3072).
-        let (rows, k, n) = (256, 768, 3072);
-        let bufs = (
-            self.clone_fresh().alloc(rows * n, Category::Other),
-            self.clone_fresh().alloc(rows * k, Category::Other),
-            self.clone_fresh().alloc(k * n, Category::Other),
-        );
-        let (Ok(mut out), Ok(inp), Ok(w)) = bufs else {
-            return f64::NAN;
-        };
-        let mut best = f64::INFINITY;
-        for _ in 0..3 {
-            let t0 = Instant::now();
-            self.matmul_forward(
-                out.d(),
-                inp.s(),
-                w.s(),
-                None,
-                WeightLayout::InOut,
-                rows,
-                k,
-                n,
-                false,
-            );
-            if self.synchronize().is_err() {
-                return f64::NAN;
-            }
-            best = best.min(t0.elapsed().as_secs_f64());
-        }
-        2.0 * (rows * k * n) as f64 / best
-    }
-    fn ranks_share_device(&self) -> bool {
-        // Thread ranks all use the one device this backend opened.
-        true
-    }
-    fn sum(&self, x: Src<'_, Self>) -> Result<f64> {
-        self.check()?;
-        self.dev.sum(view(x.raw())).map_err(device_error)
-    }
-    fn sum_squares(&self, x: Src<'_, Self>) -> Result<f64> {
-        self.check()?;
-        self.dev.sum_squares(view(x.raw())).map_err(device_error)
+    fn attention_decode(&self, op: AttentionDecode<On<'_, Self>>) {
+        self.queue(|d| d.attention_decode(op.lower(&ToRaw)))
     }
 }

@@ -3,8 +3,12 @@
 //! accumulate). Sources live in `src/backend/kernels/`, one dialect for
 //! OpenCL C and CUDA; GEMMs go to the runtime's BLAS (CLBlast, cuBLAS).
 
-use super::{u32_arg, Arg, Device, DeviceMem, Gemm, GpuError, Operand, Runtime, View, BLOCK};
-use crate::backend::{Activation, AdamWStep, WeightLayout};
+use super::{u32_arg, Arg, DeviceMem, Gemm, GpuError, Operand, Queue, Raw, Runtime, View, BLOCK};
+use crate::backend::ops::{
+    AdamWUpdate, CrossEntropyBackward, CrossEntropyForward, EncoderBackward, EncoderForward,
+    LayerNormBackward, LayerNormForward, MatmulBackward, MatmulForward, MatmulShape,
+};
+use crate::backend::{Activation, WeightLayout};
 
 const PRELUDE: &str = include_str!("../kernels/prelude.h");
 const SOURCES: [&str; 8] = [
@@ -53,17 +57,17 @@ pub(super) fn u32s(what: &str, n: usize) -> Result<Arg, GpuError> {
     Ok(Arg::U32(u32_arg(what, n)?))
 }
 
-impl<R: Runtime> Device<R> {
+impl<R: Runtime> Queue<R> {
     /// out (rows, c) = wte[tokens] + wpe[row % t]; rows = tokens.len.
-    pub fn encoder_forward(
-        &self,
-        out: View,
-        tokens: View,
-        wte: View,
-        wpe: View,
-        t: usize,
-        c: usize,
-    ) -> Result<(), GpuError> {
+    pub fn encoder_forward(&self, op: EncoderForward<Raw>) -> Result<(), GpuError> {
+        let EncoderForward {
+            out,
+            tokens,
+            wte,
+            wpe,
+            t,
+            c,
+        } = op;
         let rows = tokens.len;
         need("encoder_forward out", out, rows * c)?;
         need("encoder_forward wpe", wpe, t.min(rows) * c)?;
@@ -85,15 +89,16 @@ impl<R: Runtime> Device<R> {
 
     /// dwte[tokens] += dout; dwpe[row % t] += dout (rows = tokens.len), in a
     /// fixed order: rows are grouped by token here on the host.
-    pub fn encoder_backward(
-        &self,
-        dwte: View,
-        dwpe: View,
-        dout: View,
-        tokens: &[u32],
-        t: usize,
-        c: usize,
-    ) -> Result<(), GpuError> {
+    pub fn encoder_backward(&self, op: EncoderBackward<'_, Raw>) -> Result<(), GpuError> {
+        let EncoderBackward {
+            dwte,
+            dwpe,
+            dout,
+            host_tokens: tokens,
+            t,
+            c,
+            ..
+        } = op;
         let rows = tokens.len();
         need("encoder_backward dout", dout, rows * c)?;
         need("encoder_backward dwpe", dwpe, t.min(rows) * c)?;
@@ -148,18 +153,18 @@ impl<R: Runtime> Device<R> {
     }
 
     /// out, inp (rows, c); mean, rstd (rows) overwritten; w, b (c).
-    #[allow(clippy::too_many_arguments)]
-    pub fn layernorm_forward(
-        &self,
-        out: View,
-        mean: View,
-        rstd: View,
-        inp: View,
-        w: View,
-        b: View,
-        rows: usize,
-        (c, eps): (usize, f32),
-    ) -> Result<(), GpuError> {
+    pub fn layernorm_forward(&self, op: LayerNormForward<Raw>) -> Result<(), GpuError> {
+        let LayerNormForward {
+            out,
+            mean,
+            rstd,
+            inp,
+            w,
+            b,
+            c,
+            eps,
+        } = op;
+        let rows = mean.len;
         need("layernorm_forward out", out, rows * c)?;
         need("layernorm_forward inp", inp, rows * c)?;
         need("layernorm_forward mean", mean, rows)?;
@@ -179,27 +184,23 @@ impl<R: Runtime> Device<R> {
         self.launch("layernorm_forward", rows, &args)
     }
 
-    /// dinp (rows, c) +=; dw, db (c) += (per-chunk partials, then a fixed-order sum).
-    #[allow(clippy::too_many_arguments)]
-    pub fn layernorm_backward(
-        &self,
-        dinp: View,
-        dw: View,
-        db: View,
-        dout: View,
-        inp: View,
-        w: View,
-        mean: View,
-        rstd: View,
-        rows: usize,
-        c: usize,
-    ) -> Result<(), GpuError> {
+    /// dinp (rows, c) +=; dw, db (c) += (per-chunk partials, then a
+    /// fixed-order sum); each half only when its outputs are given.
+    pub fn layernorm_backward(&self, op: LayerNormBackward<Raw>) -> Result<(), GpuError> {
+        let LayerNormBackward {
+            dinp,
+            dwb,
+            dout,
+            inp,
+            w,
+            mean,
+            rstd,
+            c,
+        } = op;
+        let rows = mean.len;
         for (what, v, n) in [
-            ("dinp", dinp, rows * c),
             ("dout", dout, rows * c),
             ("inp", inp, rows * c),
-            ("dw", dw, c),
-            ("db", db, c),
             ("w", w, c),
             ("mean", mean, rows),
             ("rstd", rstd, rows),
@@ -209,16 +210,24 @@ impl<R: Runtime> Device<R> {
         if rows == 0 || c == 0 {
             return Ok(());
         }
-        let args = [
-            Arg::View(dinp),
-            Arg::View(dout),
-            Arg::View(inp),
-            Arg::View(w),
-            Arg::View(mean),
-            Arg::View(rstd),
-            u32s("c", c)?,
-        ];
-        self.launch("layernorm_backward", rows, &args)?;
+        if let Some(dinp) = dinp {
+            need("layernorm_backward dinp", dinp, rows * c)?;
+            let args = [
+                Arg::View(dinp),
+                Arg::View(dout),
+                Arg::View(inp),
+                Arg::View(w),
+                Arg::View(mean),
+                Arg::View(rstd),
+                u32s("c", c)?,
+            ];
+            self.launch("layernorm_backward", rows, &args)?;
+        }
+        let Some((dw, db)) = dwb else {
+            return Ok(());
+        };
+        need("layernorm_backward dw", dw, c)?;
+        need("layernorm_backward db", db, c)?;
         let chunks = rows.div_ceil(LAYERNORM_CHUNK_ROWS);
         let partials = self.alloc::<f32>(chunks * 2 * c)?;
         let args = [
@@ -245,20 +254,22 @@ impl<R: Runtime> Device<R> {
 
     /// out (rows, n) = [out +] inp (rows, k) @ W + bias; W is (k, n) for
     /// `InOut`, (n, k) for `OutIn`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn matmul_forward(
-        &self,
-        out: View,
-        inp: View,
-        w: View,
-        bias: Option<View>,
-        layout: WeightLayout,
-        rows: usize,
-        k: usize,
-        n: usize,
-        accumulate: bool,
-        bf16: bool,
-    ) -> Result<(), GpuError> {
+    pub fn matmul_forward(&self, op: MatmulForward<Raw>) -> Result<(), GpuError> {
+        let MatmulForward {
+            out,
+            inp,
+            w,
+            bias,
+            shape,
+            accumulate,
+        } = op;
+        let MatmulShape {
+            rows,
+            k,
+            n,
+            layout,
+            bf16,
+        } = shape;
         need("matmul_forward out", out, rows * n)?;
         need("matmul_forward inp", inp, rows * k)?;
         need("matmul_forward w", w, k * n)?;
@@ -296,36 +307,45 @@ impl<R: Runtime> Device<R> {
         })
     }
 
-    /// dinp (rows, k) overwritten; dw (as W) +=; dbias (n) += colsum(dout).
-    #[allow(clippy::too_many_arguments)]
-    pub fn matmul_backward(
-        &self,
-        dinp: View,
-        dw: View,
-        dbias: Option<View>,
-        dout: View,
-        inp: View,
-        w: View,
-        layout: WeightLayout,
-        rows: usize,
-        k: usize,
-        n: usize,
-        bf16: bool,
-    ) -> Result<(), GpuError> {
-        self.matmul_backward_input(dinp, dout, w, layout, (rows, k, n), bf16)?;
-        self.matmul_backward_weight(dw, dbias, dout, inp, layout, (rows, k, n), bf16)
+    /// dinp (rows, k) overwritten; dw (as W) +=; dbias (n) += colsum(dout);
+    /// each half only when its outputs are given.
+    pub fn matmul_backward(&self, op: MatmulBackward<Raw>) -> Result<(), GpuError> {
+        let MatmulBackward {
+            dinp,
+            dw,
+            dbias,
+            dout,
+            inp,
+            w,
+            shape,
+        } = op;
+        if let Some(dinp) = dinp {
+            self.matmul_backward_input(dinp, dout, w, shape)?;
+        }
+        if let Some(dw) = dw {
+            self.matmul_backward_weight(dw, dout, inp, shape)?;
+        }
+        match dbias {
+            Some(db) => self.bias_backward(db, dout, shape),
+            None => Ok(()),
+        }
     }
 
     /// The input half of `matmul_backward`: dinp (rows, k) overwritten.
-    pub fn matmul_backward_input(
+    fn matmul_backward_input(
         &self,
         dinp: View,
         dout: View,
         w: View,
-        layout: WeightLayout,
-        (rows, k, n): (usize, usize, usize),
-        bf16: bool,
+        shape: MatmulShape,
     ) -> Result<(), GpuError> {
+        let MatmulShape {
+            rows,
+            k,
+            n,
+            layout,
+            bf16,
+        } = shape;
         need("matmul_backward dinp", dinp, rows * k)?;
         need("matmul_backward dout", dout, rows * n)?;
         need("matmul_backward w", w, k * n)?;
@@ -347,18 +367,21 @@ impl<R: Runtime> Device<R> {
         })
     }
 
-    /// The weight half of `matmul_backward`: dw (as W) +=, dbias (n) += colsum(dout).
-    #[allow(clippy::too_many_arguments)]
-    pub fn matmul_backward_weight(
+    /// The weight product of `matmul_backward`: dw (as W) +=.
+    fn matmul_backward_weight(
         &self,
         dw: View,
-        dbias: Option<View>,
         dout: View,
         inp: View,
-        layout: WeightLayout,
-        (rows, k, n): (usize, usize, usize),
-        bf16: bool,
+        shape: MatmulShape,
     ) -> Result<(), GpuError> {
+        let MatmulShape {
+            rows,
+            k,
+            n,
+            layout,
+            bf16,
+        } = shape;
         need("matmul_backward dout", dout, rows * n)?;
         need("matmul_backward inp", inp, rows * k)?;
         need("matmul_backward dw", dw, k * n)?;
@@ -399,18 +422,21 @@ impl<R: Runtime> Device<R> {
                 ldc: k,
                 bf16,
             },
-        })?;
-        if let Some(db) = dbias {
-            need("matmul_backward dbias", db, n)?;
-            let args = [
-                Arg::View(db),
-                Arg::View(dout),
-                u32s("rows", rows)?,
-                u32s("n", n)?,
-            ];
-            self.launch("bias_backward", groups(n), &args)?;
-        }
-        Ok(())
+        })
+    }
+
+    /// dbias (n) += colsum(dout).
+    fn bias_backward(&self, db: View, dout: View, shape: MatmulShape) -> Result<(), GpuError> {
+        let MatmulShape { rows, n, .. } = shape;
+        need("matmul_backward dout", dout, rows * n)?;
+        need("matmul_backward dbias", db, n)?;
+        let args = [
+            Arg::View(db),
+            Arg::View(dout),
+            u32s("rows", rows)?,
+            u32s("n", n)?,
+        ];
+        self.launch("bias_backward", groups(n), &args)
     }
 
     /// c (m x n, column-major, ldc = m) per `g`, with empty sizes handled
@@ -498,14 +524,14 @@ impl<R: Runtime> Device<R> {
 
     /// losses (rows) = cross-entropy of logits (rows, vp) whose first v
     /// columns are real; rows = targets.len.
-    pub fn crossentropy_forward(
-        &self,
-        losses: View,
-        logits: View,
-        targets: View,
-        v: usize,
-        vp: usize,
-    ) -> Result<(), GpuError> {
+    pub fn crossentropy_forward(&self, op: CrossEntropyForward<Raw>) -> Result<(), GpuError> {
+        let CrossEntropyForward {
+            losses,
+            logits,
+            targets,
+            v,
+            vp,
+        } = op;
         let rows = targets.len;
         check_vocab(v, vp)?;
         need("crossentropy_forward losses", losses, rows)?;
@@ -522,14 +548,14 @@ impl<R: Runtime> Device<R> {
 
     /// logits (rows, vp) become dloss * d(sum of losses)/d logits in place,
     /// padding columns 0; rows = targets.len.
-    pub fn crossentropy_backward_inplace(
-        &self,
-        logits: View,
-        targets: View,
-        v: usize,
-        vp: usize,
-        dloss: f32,
-    ) -> Result<(), GpuError> {
+    pub fn crossentropy_backward(&self, op: CrossEntropyBackward<Raw>) -> Result<(), GpuError> {
+        let CrossEntropyBackward {
+            logits,
+            targets,
+            v,
+            vp,
+            dloss,
+        } = op;
         let rows = targets.len;
         check_vocab(v, vp)?;
         need("crossentropy_backward logits", logits, rows * vp)?;
@@ -543,16 +569,16 @@ impl<R: Runtime> Device<R> {
         self.launch("crossentropy_backward_inplace", rows, &args)
     }
 
-    /// One AdamW update of param and its moments m, v from grad (all param.len).
-    pub fn adamw(
-        &self,
-        param: View,
-        grad: View,
-        m: View,
-        v: View,
-        step: AdamWStep,
-        weight_decay: f32,
-    ) -> Result<(), GpuError> {
+    /// One AdamWUpdate update of param and its moments m, v from grad (all param.len).
+    pub fn adamw(&self, op: AdamWUpdate<Raw>) -> Result<(), GpuError> {
+        let AdamWUpdate {
+            param,
+            grad,
+            m,
+            v,
+            step,
+            weight_decay,
+        } = op;
         let n = param.len;
         need("adamw grad", grad, n)?;
         need("adamw m", m, n)?;

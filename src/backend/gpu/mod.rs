@@ -40,6 +40,14 @@ pub struct View {
     pub len: usize,
 }
 
+/// Raw views of a runtime's buffers: the operands [`Queue`]'s kernels take.
+pub struct Raw;
+
+impl crate::backend::ops::Operands for Raw {
+    type In<T: Elem> = View;
+    type Out<T: Elem> = View;
+}
+
 /// A device buffer of some runtime, seen as views.
 pub trait DeviceMem {
     /// The runtime's handle of the whole buffer.
@@ -112,7 +120,7 @@ pub struct Gemm {
 ///
 /// The transfers, launches and GEMMs are `unsafe`: they touch device memory
 /// through views and sizes they cannot check against what a kernel reads.
-/// [`Device`]'s wrappers check every size first.
+/// [`Queue`]'s wrappers check every size first.
 pub trait Runtime: Send + Sync + Sized + 'static {
     /// `len` elements of device memory, released on drop, and only after
     /// the work queued before the drop has finished with it.
@@ -174,16 +182,17 @@ pub trait Runtime: Send + Sync + Sized + 'static {
     }
 }
 
-/// A device with the model's kernels: the runtime plus the kernel wrappers
-/// of `kernels.rs` and `attention.rs`, which check shapes and launch.
-pub(crate) struct Device<R: Runtime> {
+/// A device's in-order queue with the model's kernels: the runtime plus the
+/// kernel wrappers of `kernels.rs` and `attention.rs`, which check shapes
+/// and launch.
+pub(crate) struct Queue<R: Runtime> {
     rt: R,
 }
 
-impl<R: Runtime> Device<R> {
+impl<R: Runtime> Queue<R> {
     /// Opens device `index` of runtime `R`.
     pub fn open(index: usize) -> Result<Self, GpuError> {
-        Ok(Device {
+        Ok(Queue {
             rt: R::open(index)?,
         })
     }

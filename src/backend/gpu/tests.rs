@@ -7,10 +7,14 @@
 //! DISTGPT_OCL_TINY=1 shrinks the shapes for Oclgrind
 //! (scripts/oclgrind-check.sh).
 
-use super::{kernel_names, program_source, Device, DeviceMem, Runtime, View, BLOCK};
+use super::{kernel_names, program_source, DeviceMem, Queue, Runtime, View, BLOCK};
 use crate::backend::cpu::check::randn;
 use crate::backend::cpu::{adamw, crossentropy, elementwise, encoder, layernorm, matmul};
 use crate::backend::opencl::ClRuntime;
+use crate::backend::ops::{
+    AdamWUpdate, CrossEntropyBackward, CrossEntropyForward, EncoderBackward, EncoderForward,
+    LayerNormBackward, LayerNormForward, MatmulBackward, MatmulForward, MatmulShape,
+};
 use crate::backend::Elem;
 use crate::backend::{Activation, AdamWStep, WeightLayout};
 use crate::rng::Rng;
@@ -26,18 +30,18 @@ fn env_is(name: &str, value: &str) -> bool {
 /// A runtime the kernel tests run on, with its shared test device.
 pub(super) trait TestRuntime: Runtime {
     /// The device, or None (with a notice) when there is none.
-    fn device() -> Option<&'static Device<Self>>;
+    fn device() -> Option<&'static Queue<Self>>;
 }
 
 /// Opens device `DISTGPT_{KIND}_DEVICE` (default 0) of `R`; without one the
 /// tests print a notice and pass, unless `DISTGPT_REQUIRE_{KIND}=1`.
-fn open_test_device<R: Runtime>() -> Option<Device<R>> {
+fn open_test_device<R: Runtime>() -> Option<Queue<R>> {
     let kind = R::KIND.to_uppercase();
     let index = std::env::var(format!("DISTGPT_{kind}_DEVICE"))
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    match Device::<R>::open(index) {
+    match Queue::<R>::open(index) {
         Ok(d) => {
             eprintln!("{} kernel tests on {}", R::KIND, d.name());
             Some(d)
@@ -53,17 +57,16 @@ fn open_test_device<R: Runtime>() -> Option<Device<R>> {
 }
 
 impl TestRuntime for ClRuntime {
-    fn device() -> Option<&'static Device<Self>> {
-        static DEVICE: OnceLock<Option<Device<ClRuntime>>> = OnceLock::new();
+    fn device() -> Option<&'static Queue<Self>> {
+        static DEVICE: OnceLock<Option<Queue<ClRuntime>>> = OnceLock::new();
         DEVICE.get_or_init(open_test_device).as_ref()
     }
 }
 
 #[cfg(feature = "cuda")]
 impl TestRuntime for crate::backend::cuda::CudaRuntime {
-    fn device() -> Option<&'static Device<Self>> {
-        static DEVICE: OnceLock<Option<Device<crate::backend::cuda::CudaRuntime>>> =
-            OnceLock::new();
+    fn device() -> Option<&'static Queue<Self>> {
+        static DEVICE: OnceLock<Option<Queue<crate::backend::cuda::CudaRuntime>>> = OnceLock::new();
         DEVICE.get_or_init(open_test_device).as_ref()
     }
 }
@@ -113,7 +116,7 @@ fn next_guard() -> u32 {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
-fn put<R: Runtime, T: Elem>(dev: &Device<R>, data: &[T], guard: T) -> Tensor<R, T> {
+fn put<R: Runtime, T: Elem>(dev: &Queue<R>, data: &[T], guard: T) -> Tensor<R, T> {
     let off = 3 + data.len() % 5;
     let tail = if data.len().is_multiple_of(2) { 4 } else { 0 };
     let mut host = vec![guard; off + data.len() + tail];
@@ -128,16 +131,16 @@ fn put<R: Runtime, T: Elem>(dev: &Device<R>, data: &[T], guard: T) -> Tensor<R, 
     }
 }
 
-pub(super) fn putf<R: Runtime>(dev: &Device<R>, data: &[f32]) -> Tensor<R, f32> {
+pub(super) fn putf<R: Runtime>(dev: &Queue<R>, data: &[f32]) -> Tensor<R, f32> {
     put(dev, data, -1000.0 - next_guard() as f32 * 0.25)
 }
 
-pub(super) fn putu<R: Runtime>(dev: &Device<R>, data: &[u32]) -> Tensor<R, u32> {
+pub(super) fn putu<R: Runtime>(dev: &Queue<R>, data: &[u32]) -> Tensor<R, u32> {
     put(dev, data, u32::MAX - next_guard())
 }
 
 /// The tensor's contents; panics if anything outside its view changed.
-pub(super) fn get<R: Runtime>(dev: &Device<R>, t: &Tensor<R, f32>) -> Vec<f32> {
+pub(super) fn get<R: Runtime>(dev: &Queue<R>, t: &Tensor<R, f32>) -> Vec<f32> {
     let mut host = vec![0.0f32; t.mem.len()];
     dev.read(t.mem.view(), &mut host).unwrap();
     let (before, rest) = host.split_at(t.off);
@@ -184,8 +187,8 @@ fn open_out_of_range_lists_devices() {
     on_gpus!(open_out_of_range_lists_devices_on);
 }
 
-fn open_out_of_range_lists_devices_on<R: Runtime>(dev: &Device<R>) {
-    let err = Device::<R>::open(usize::MAX).err().unwrap().to_string();
+fn open_out_of_range_lists_devices_on<R: Runtime>(dev: &Queue<R>) {
+    let err = Queue::<R>::open(usize::MAX).err().unwrap().to_string();
     assert!(
         err.contains("out of range") && err.contains(&dev.name()),
         "{err}"
@@ -197,7 +200,7 @@ fn views_too_short_are_errors() {
     on_gpus!(views_too_short_are_errors_on);
 }
 
-fn views_too_short_are_errors_on<R: Runtime>(dev: &Device<R>) {
+fn views_too_short_are_errors_on<R: Runtime>(dev: &Queue<R>) {
     let a = dev.alloc::<f32>(10).unwrap();
     let err = dev
         .copy(a.view_range(0..4), a.view_range(4..10))
@@ -226,18 +229,32 @@ fn encoder_forward_matches_cpu() {
     on_gpus!(encoder_forward_matches_cpu_on);
 }
 
-fn encoder_forward_matches_cpu_on<R: Runtime>(dev: &Device<R>) {
+fn encoder_forward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
     let mut rng = Rng::new(1);
     for (t, b, c, vocab) in encoder_shapes() {
         let toks = tokens(&mut rng, b * t, vocab);
         let wte = randn(&mut rng, vocab * c, 1.0);
         let wpe = randn(&mut rng, t * c, 1.0);
         let mut want = vec![0.0; b * t * c];
-        encoder::encoder_forward(&mut want, &toks, &wte, &wpe, t, c);
+        encoder::encoder_forward(EncoderForward {
+            out: &mut want,
+            tokens: &toks,
+            wte: &wte,
+            wpe: &wpe,
+            t,
+            c,
+        });
         let out = putf(dev, &vec![7.0; b * t * c]);
         let (tk, e, p) = (putu(dev, &toks), putf(dev, &wte), putf(dev, &wpe));
-        dev.encoder_forward(out.view(), tk.view(), e.view(), p.view(), t, c)
-            .unwrap();
+        dev.encoder_forward(EncoderForward {
+            out: out.view(),
+            tokens: tk.view(),
+            wte: e.view(),
+            wpe: p.view(),
+            t,
+            c,
+        })
+        .unwrap();
         assert_close(
             &format!("encoder_forward t={t} b={b} c={c}"),
             &get(dev, &out),
@@ -251,7 +268,7 @@ fn encoder_backward_matches_cpu_and_is_deterministic() {
     on_gpus!(encoder_backward_matches_cpu_and_is_deterministic_on);
 }
 
-fn encoder_backward_matches_cpu_and_is_deterministic_on<R: Runtime>(dev: &Device<R>) {
+fn encoder_backward_matches_cpu_and_is_deterministic_on<R: Runtime>(dev: &Queue<R>) {
     let mut rng = Rng::new(2);
     for (t, b, c, vocab) in encoder_shapes() {
         let toks = tokens(&mut rng, b * t, vocab);
@@ -259,12 +276,29 @@ fn encoder_backward_matches_cpu_and_is_deterministic_on<R: Runtime>(dev: &Device
         let dwte0 = randn(&mut rng, vocab * c, 1.0);
         let dwpe0 = randn(&mut rng, t * c, 1.0);
         let (mut dwte, mut dwpe) = (dwte0.clone(), dwpe0.clone());
-        encoder::encoder_backward(&mut dwte, &mut dwpe, &dout, &toks, t, c);
+        encoder::encoder_backward(EncoderBackward {
+            dwte: &mut dwte,
+            dwpe: &mut dwpe,
+            dout: &dout,
+            tokens: &toks,
+            host_tokens: &toks,
+            t,
+            c,
+        });
         let mut runs = Vec::new();
         for _ in 0..2 {
             let (e, p, d) = (putf(dev, &dwte0), putf(dev, &dwpe0), putf(dev, &dout));
-            dev.encoder_backward(e.view(), p.view(), d.view(), &toks, t, c)
-                .unwrap();
+            let tokens = putu(dev, &toks);
+            dev.encoder_backward(EncoderBackward {
+                dwte: e.view(),
+                dwpe: p.view(),
+                dout: d.view(),
+                tokens: tokens.view(),
+                host_tokens: &toks,
+                t,
+                c,
+            })
+            .unwrap();
             runs.push((get(dev, &e), get(dev, &p)));
         }
         let what = format!("encoder_backward t={t} b={b} c={c}");
@@ -288,7 +322,7 @@ fn layernorm_forward_matches_cpu() {
     on_gpus!(layernorm_forward_matches_cpu_on);
 }
 
-fn layernorm_forward_matches_cpu_on<R: Runtime>(dev: &Device<R>) {
+fn layernorm_forward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
     let mut rng = Rng::new(3);
     for (rows, c) in layernorm_shapes() {
         let x = randn(&mut rng, rows * c, 2.0);
@@ -297,23 +331,32 @@ fn layernorm_forward_matches_cpu_on<R: Runtime>(dev: &Device<R>) {
         let (mut out, mut mean, mut rstd) = (vec![0.0; rows * c], vec![0.0; rows], vec![0.0; rows]);
         // GPT-2's eps, or BERT's on odd widths
         let eps = if c % 2 == 0 { 1e-5 } else { 1e-12 };
-        layernorm::layernorm_forward(&mut out, &mut mean, &mut rstd, &x, &w, &b, c, eps);
+        layernorm::layernorm_forward(LayerNormForward {
+            out: &mut out,
+            mean: &mut mean,
+            rstd: &mut rstd,
+            inp: &x,
+            w: &w,
+            b: &b,
+            c,
+            eps,
+        });
         let (o, m, r) = (
             putf(dev, &vec![0.0; rows * c]),
             putf(dev, &vec![0.0; rows]),
             putf(dev, &vec![0.0; rows]),
         );
         let (xd, wd, bd) = (putf(dev, &x), putf(dev, &w), putf(dev, &b));
-        dev.layernorm_forward(
-            o.view(),
-            m.view(),
-            r.view(),
-            xd.view(),
-            wd.view(),
-            bd.view(),
-            rows,
-            (c, eps),
-        )
+        dev.layernorm_forward(LayerNormForward {
+            out: o.view(),
+            mean: m.view(),
+            rstd: r.view(),
+            inp: xd.view(),
+            w: wd.view(),
+            b: bd.view(),
+            c,
+            eps,
+        })
         .unwrap();
         let what = format!("layernorm_forward rows={rows} c={c} eps={eps}");
         assert_close(&format!("{what} out"), &get(dev, &o), &out);
@@ -330,7 +373,7 @@ fn layernorm_backward_matches_cpu_and_is_deterministic() {
     on_gpus!(layernorm_backward_matches_cpu_and_is_deterministic_on);
 }
 
-fn layernorm_backward_matches_cpu_and_is_deterministic_on<R: Runtime>(dev: &Device<R>) {
+fn layernorm_backward_matches_cpu_and_is_deterministic_on<R: Runtime>(dev: &Queue<R>) {
     let mut rng = Rng::new(4);
     for (rows, c) in layernorm_shapes() {
         let x = randn(&mut rng, rows * c, 2.0);
@@ -343,26 +386,42 @@ fn layernorm_backward_matches_cpu_and_is_deterministic_on<R: Runtime>(dev: &Devi
             randn(&mut rng, c, 1.0),
         );
         let (mut out, mut mean, mut rstd) = (vec![0.0; rows * c], vec![0.0; rows], vec![0.0; rows]);
-        layernorm::layernorm_forward(&mut out, &mut mean, &mut rstd, &x, &w, &b, c, 1e-5);
+        layernorm::layernorm_forward(LayerNormForward {
+            out: &mut out,
+            mean: &mut mean,
+            rstd: &mut rstd,
+            inp: &x,
+            w: &w,
+            b: &b,
+            c,
+            eps: 1e-5,
+        });
         let (mut dinp, mut dw, mut db) = (dinp0.clone(), dw0.clone(), db0.clone());
-        layernorm::layernorm_backward(&mut dinp, &mut dw, &mut db, &dout, &x, &w, &mean, &rstd, c);
+        layernorm::layernorm_backward(LayerNormBackward {
+            dinp: Some(&mut dinp),
+            dwb: Some((&mut dw, &mut db)),
+            dout: &dout,
+            inp: &x,
+            w: &w,
+            mean: &mean,
+            rstd: &rstd,
+            c,
+        });
         let mut runs = Vec::new();
         for _ in 0..2 {
             let (di, dwd, dbd) = (putf(dev, &dinp0), putf(dev, &dw0), putf(dev, &db0));
             let (dd, xd, wd) = (putf(dev, &dout), putf(dev, &x), putf(dev, &w));
             let (md, rd) = (putf(dev, &mean), putf(dev, &rstd));
-            dev.layernorm_backward(
-                di.view(),
-                dwd.view(),
-                dbd.view(),
-                dd.view(),
-                xd.view(),
-                wd.view(),
-                md.view(),
-                rd.view(),
-                rows,
+            dev.layernorm_backward(LayerNormBackward {
+                dinp: Some(di.view()),
+                dwb: Some((dwd.view(), dbd.view())),
+                dout: dd.view(),
+                inp: xd.view(),
+                w: wd.view(),
+                mean: md.view(),
+                rstd: rd.view(),
                 c,
-            )
+            })
             .unwrap();
             runs.push((get(dev, &di), get(dev, &dwd), get(dev, &dbd)));
         }
@@ -396,7 +455,7 @@ fn matmul_forward_matches_cpu() {
     on_gpus!(matmul_forward_matches_cpu_on);
 }
 
-fn matmul_forward_matches_cpu_on<R: Runtime>(dev: &Device<R>) {
+fn matmul_forward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
     let mut rng = Rng::new(5);
     for (rows, k, n) in matmul_shapes() {
         for layout in LAYOUTS {
@@ -417,7 +476,14 @@ fn matmul_forward_matches_cpu_on<R: Runtime>(dev: &Device<R>) {
                 let out0 = randn(&mut rng, rows * n, 1.0);
                 let mut want = out0.clone();
                 let b = with_bias.then_some(&bias[..]);
-                matmul::matmul_forward(&mut want, &inp, &w, b, layout, rows, k, n, accumulate);
+                matmul::matmul_forward(MatmulForward {
+                    out: &mut want,
+                    inp: &inp,
+                    w: &w,
+                    bias: b,
+                    shape: MatmulShape::new((rows, k, n), layout),
+                    accumulate,
+                });
                 let (o, i, wd, bd) = (
                     putf(dev, &out0),
                     putf(dev, &inp),
@@ -425,18 +491,20 @@ fn matmul_forward_matches_cpu_on<R: Runtime>(dev: &Device<R>) {
                     putf(dev, &bias),
                 );
                 let bv = with_bias.then(|| bd.view());
-                dev.matmul_forward(
-                    o.view(),
-                    i.view(),
-                    wd.view(),
-                    bv,
-                    layout,
-                    rows,
-                    k,
-                    n,
+                dev.matmul_forward(MatmulForward {
+                    out: o.view(),
+                    inp: i.view(),
+                    w: wd.view(),
+                    bias: bv,
+                    shape: MatmulShape {
+                        rows,
+                        k,
+                        n,
+                        layout,
+                        bf16,
+                    },
                     accumulate,
-                    bf16,
-                )
+                })
                 .unwrap();
                 let what = format!(
                     "matmul_forward {layout:?} rows={rows} k={k} n={n} bias={with_bias} acc={accumulate} bf16={bf16}"
@@ -452,7 +520,7 @@ fn matmul_backward_matches_cpu() {
     on_gpus!(matmul_backward_matches_cpu_on);
 }
 
-fn matmul_backward_matches_cpu_on<R: Runtime>(dev: &Device<R>) {
+fn matmul_backward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
     let mut rng = Rng::new(6);
     for (rows, k, n) in matmul_shapes() {
         for layout in LAYOUTS {
@@ -470,26 +538,34 @@ fn matmul_backward_matches_cpu_on<R: Runtime>(dev: &Device<R>) {
                 // dinp is overwritten: start from something else.
                 let (mut dinp, mut dw, mut db) = (vec![0.0; rows * k], dw0.clone(), db0.clone());
                 let dbias = with_bias.then_some(&mut db[..]);
-                matmul::matmul_backward(
-                    &mut dinp, &mut dw, dbias, &dout, &inp, &w, layout, rows, k, n,
-                );
+                matmul::matmul_backward(MatmulBackward {
+                    dinp: Some(&mut dinp),
+                    dw: Some(&mut dw),
+                    dbias,
+                    dout: &dout,
+                    inp: &inp,
+                    w: &w,
+                    shape: MatmulShape::new((rows, k, n), layout),
+                });
                 let di = putf(dev, &vec![9.0; rows * k]);
                 let (dwd, dbd, dd) = (putf(dev, &dw0), putf(dev, &db0), putf(dev, &dout));
                 let (i, wd) = (putf(dev, &inp), putf(dev, &w));
                 let bv = with_bias.then(|| dbd.view());
-                dev.matmul_backward(
-                    di.view(),
-                    dwd.view(),
-                    bv,
-                    dd.view(),
-                    i.view(),
-                    wd.view(),
-                    layout,
-                    rows,
-                    k,
-                    n,
-                    bf16,
-                )
+                dev.matmul_backward(MatmulBackward {
+                    dinp: Some(di.view()),
+                    dw: Some(dwd.view()),
+                    dbias: bv,
+                    dout: dd.view(),
+                    inp: i.view(),
+                    w: wd.view(),
+                    shape: MatmulShape {
+                        rows,
+                        k,
+                        n,
+                        layout,
+                        bf16,
+                    },
+                })
                 .unwrap();
                 let what = format!(
                     "matmul_backward {layout:?} rows={rows} k={k} n={n} bias={with_bias} bf16={bf16}"
@@ -515,7 +591,7 @@ fn pointwise_kernels_match_cpu() {
     on_gpus!(pointwise_kernels_match_cpu_on);
 }
 
-fn pointwise_kernels_match_cpu_on<R: Runtime>(dev: &Device<R>) {
+fn pointwise_kernels_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
     let mut rng = Rng::new(7);
     for n in pointwise_sizes() {
         let x = randn(&mut rng, n, 3.0);
@@ -604,7 +680,7 @@ fn crossentropy_matches_cpu() {
     on_gpus!(crossentropy_matches_cpu_on);
 }
 
-fn crossentropy_matches_cpu_on<R: Runtime>(dev: &Device<R>) {
+fn crossentropy_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
     let mut rng = Rng::new(8);
     for (rows, v, vp) in crossentropy_shapes() {
         let logits = randn(&mut rng, rows * vp, 3.0);
@@ -614,22 +690,46 @@ fn crossentropy_matches_cpu_on<R: Runtime>(dev: &Device<R>) {
             targets[rows / 2] = crate::data::IGNORE; // no loss, no gradient
         }
         let mut losses = vec![0.0; rows];
-        crossentropy::crossentropy_forward(&mut losses, &logits, &targets, v, vp);
+        crossentropy::crossentropy_forward(CrossEntropyForward {
+            losses: &mut losses,
+            logits: &logits,
+            targets: &targets,
+            v,
+            vp,
+        });
         let (l, lg, tg) = (
             putf(dev, &vec![0.0; rows]),
             putf(dev, &logits),
             putu(dev, &targets),
         );
-        dev.crossentropy_forward(l.view(), lg.view(), tg.view(), v, vp)
-            .unwrap();
+        dev.crossentropy_forward(CrossEntropyForward {
+            losses: l.view(),
+            logits: lg.view(),
+            targets: tg.view(),
+            v,
+            vp,
+        })
+        .unwrap();
         let what = format!("crossentropy rows={rows} v={v} vp={vp}");
         assert_close(&format!("{what} losses"), &get(dev, &l), &losses);
 
         let dloss = 1.0 / rows as f32;
         let mut want = logits.clone();
-        crossentropy::crossentropy_backward_inplace(&mut want, &targets, v, vp, dloss);
-        dev.crossentropy_backward_inplace(lg.view(), tg.view(), v, vp, dloss)
-            .unwrap();
+        crossentropy::crossentropy_backward(CrossEntropyBackward {
+            logits: &mut want,
+            targets: &targets,
+            v,
+            vp,
+            dloss,
+        });
+        dev.crossentropy_backward(CrossEntropyBackward {
+            logits: lg.view(),
+            targets: tg.view(),
+            v,
+            vp,
+            dloss,
+        })
+        .unwrap();
         let got = get(dev, &lg);
         assert_close(&format!("{what} dlogits"), &got, &want);
         assert!(got.chunks(vp).all(|r| r[v..].iter().all(|&x| x == 0.0)));
@@ -641,7 +741,7 @@ fn adamw_matches_cpu() {
     on_gpus!(adamw_matches_cpu_on);
 }
 
-fn adamw_matches_cpu_on<R: Runtime>(dev: &Device<R>) {
+fn adamw_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
     let mut rng = Rng::new(9);
     let n = if tiny() { 300 } else { 4099 };
     let step = AdamWStep {
@@ -657,15 +757,29 @@ fn adamw_matches_cpu_on<R: Runtime>(dev: &Device<R>) {
     let m0 = randn(&mut rng, n, 0.1);
     let v0: Vec<f32> = randn(&mut rng, n, 0.1).iter().map(|x| x * x).collect();
     let (mut p, mut m, mut v) = (p0.clone(), m0.clone(), v0.clone());
-    adamw::adamw(&mut p, &g, &mut m, &mut v, step, 0.1);
+    adamw::adamw(AdamWUpdate {
+        param: &mut p,
+        grad: &g,
+        m: &mut m,
+        v: &mut v,
+        step,
+        weight_decay: 0.1,
+    });
     let (pd, gd, md, vd) = (
         putf(dev, &p0),
         putf(dev, &g),
         putf(dev, &m0),
         putf(dev, &v0),
     );
-    dev.adamw(pd.view(), gd.view(), md.view(), vd.view(), step, 0.1)
-        .unwrap();
+    dev.adamw(AdamWUpdate {
+        param: pd.view(),
+        grad: gd.view(),
+        m: md.view(),
+        v: vd.view(),
+        step,
+        weight_decay: 0.1,
+    })
+    .unwrap();
     assert_close("adamw param", &get(dev, &pd), &p);
     assert_close("adamw m", &get(dev, &md), &m);
     assert_close("adamw v", &get(dev, &vd), &v);
@@ -676,7 +790,7 @@ fn sums_match_f64_and_are_deterministic() {
     on_gpus!(sums_match_f64_and_are_deterministic_on);
 }
 
-fn sums_match_f64_and_are_deterministic_on<R: Runtime>(dev: &Device<R>) {
+fn sums_match_f64_and_are_deterministic_on<R: Runtime>(dev: &Queue<R>) {
     let mut rng = Rng::new(10);
     let sizes = if tiny() {
         vec![1, 600]

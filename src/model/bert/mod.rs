@@ -18,7 +18,12 @@ use super::layout::ParamLayout;
 use super::tp;
 use super::tp::TpPlace;
 use super::unit::{Span, UnitGrads, UnitKind, UnitModel, UnitParams};
-use crate::backend::{Activation, AttnShape, Backend, Buf, Category, Dst, Src, WeightLayout};
+use crate::backend::{
+    Activation, AttentionBackward, AttentionForward, AttnShape, Backend, Buf, Category,
+    CrossEntropyBackward, CrossEntropyForward, Dst, EncoderBackward, EncoderForward,
+    LayerNormBackward, LayerNormForward, MatmulBackward, MatmulForward, MatmulShape, Src,
+    WeightLayout,
+};
 use crate::comm::Comm;
 use crate::data::{Batch, IGNORE};
 use crate::error::{Error, Result};
@@ -57,9 +62,8 @@ struct Acts<B: Backend> {
     tokens: Buf<B, u32>,
     targets: Buf<B, u32>,
     lens: Buf<B, u32>,
-    /// One-hot token types (rows, type_vocab), and its gradient's scratch.
+    /// One-hot token types (rows, type_vocab).
     types: Buf<B>,
-    dtypes: Buf<B>,
     /// Embedding sum before its LayerNorm, with mean, rstd.
     emb: Buf<B>,
     emb_mean: Buf<B>,
@@ -180,7 +184,6 @@ impl<B: Backend> Acts<B> {
             targets: al.typed(targets, Category::Activations)?,
             lens: al.typed(b, Category::Activations)?,
             types: a(rows * cfg.type_vocab)?,
-            dtypes: a(rows * cfg.type_vocab)?,
             emb: a(rows * c)?,
             emb_mean: a(rows)?,
             emb_rstd: a(rows)?,
@@ -405,31 +408,36 @@ impl<B: Backend> Engine<B> {
         let w = |i: usize| p.slice(lay.in_unit(0, i));
         let (be, a) = (&self.backend, self.acts.as_mut().expect("begun"));
         let mut emb = a.emb.slice_mut(0..rows * c);
-        be.encoder_forward(emb.rb(), a.tokens.slice(0..rows), w(0), w(1), t, c);
-        be.matmul_forward(
-            emb.rb(),
-            a.types.slice(0..rows * tv),
-            w(2),
-            None,
-            WeightLayout::InOut,
-            rows,
-            tv,
+        be.encoder_forward(EncoderForward {
+            out: emb.rb(),
+            tokens: a.tokens.slice(0..rows),
+            wte: w(0),
+            wpe: w(1),
+            t,
             c,
-            true,
-        );
-        be.layernorm_forward(
-            a.resid.slice_mut(0..rows * c),
-            a.emb_mean.slice_mut(0..rows),
-            a.emb_rstd.slice_mut(0..rows),
-            emb.src(),
-            w(3),
-            w(4),
+        });
+        // the token types' one-hot rows times their embeddings, added on
+        be.matmul_forward(MatmulForward {
+            out: emb.rb(),
+            inp: a.types.slice(0..rows * tv),
+            w: w(2),
+            bias: None,
+            shape: MatmulShape::new((rows, tv, c), WeightLayout::InOut),
+            accumulate: true,
+        });
+        be.layernorm_forward(LayerNormForward {
+            out: a.resid.slice_mut(0..rows * c),
+            mean: a.emb_mean.slice_mut(0..rows),
+            rstd: a.emb_rstd.slice_mut(0..rows),
+            inp: emb.src(),
+            w: w(3),
+            b: w(4),
             c,
             eps,
-        );
+        });
     }
 
-    fn embed_backward(&mut self, p: Src<'_, B>, g: Dst<'_, B>) {
+    fn embed_backward(&mut self, p: Src<'_, B>, g: Dst<'_, B>) -> Result<()> {
         let (b, t) = self.shape();
         let (c, tv) = (self.config.n_embd, self.config.type_vocab);
         let rows = b * t;
@@ -443,38 +451,36 @@ impl<B: Backend> Engine<B> {
         let (dlnw, dlnb) = rest.split_at(r(3).len());
         let mut demb = a.dalt.slice_mut(0..rows * c);
         be.fill(demb.rb(), 0.0);
-        be.layernorm_backward(
-            demb.rb(),
-            dlnw,
-            dlnb,
-            a.dres.slice(0..rows * c),
-            a.emb.slice(0..rows * c),
-            p.slice(r(3)),
-            a.emb_mean.slice(0..rows),
-            a.emb_rstd.slice(0..rows),
+        be.layernorm_backward(LayerNormBackward {
+            dinp: Some(demb.rb()),
+            dwb: Some((dlnw, dlnb)),
+            dout: a.dres.slice(0..rows * c),
+            inp: a.emb.slice(0..rows * c),
+            w: p.slice(r(3)),
+            mean: a.emb_mean.slice(0..rows),
+            rstd: a.emb_rstd.slice(0..rows),
             c,
-        );
-        be.encoder_backward(
-            dword,
-            dpos,
-            demb.src(),
-            a.tokens.slice(0..rows),
-            &shape.tokens,
+        })?;
+        be.encoder_backward(EncoderBackward {
+            dwte: dword,
+            dwpe: dpos,
+            dout: demb.src(),
+            tokens: a.tokens.slice(0..rows),
+            host_tokens: &shape.tokens,
             t,
             c,
-        );
-        be.matmul_backward(
-            a.dtypes.slice_mut(0..rows * tv),
-            dtype,
-            None,
-            demb.src(),
-            a.types.slice(0..rows * tv),
-            p.slice(r(2)),
-            WeightLayout::InOut,
-            rows,
-            tv,
-            c,
-        );
+        });
+        // the one-hot token types need no gradient: the weight half alone
+        be.matmul_backward(MatmulBackward {
+            dinp: None,
+            dw: Some(dtype),
+            dbias: None,
+            dout: demb.src(),
+            inp: a.types.slice(0..rows * tv),
+            w: p.slice(r(2)),
+            shape: MatmulShape::new((rows, tv, c), WeightLayout::InOut),
+        });
+        Ok(())
     }
 
     /// Block l: resid[l] -> resid[l + 1].
@@ -498,13 +504,14 @@ impl<B: Backend> Engine<B> {
         matmul_forward(
             be,
             a.bf16.as_mut(),
-            qkv.rb(),
-            x,
-            w(BlockParam::QkvW),
-            bqkv,
-            ip,
-            (rows, c, 3 * cl),
-            false,
+            MatmulForward {
+                out: qkv.rb(),
+                inp: x,
+                w: w(BlockParam::QkvW),
+                bias: bqkv,
+                shape: MatmulShape::new((rows, c, 3 * cl), ip),
+                accumulate: false,
+            },
         );
         let mut atty = a.atty.d().part(s, rows * cl);
         let shape = AttnShape {
@@ -514,7 +521,13 @@ impl<B: Backend> Engine<B> {
             nh: nhl,
         };
         let lse = a.lse.d().part(s, rows * nhl);
-        be.attention_padded_forward(atty.rb(), lse, qkv.src(), a.lens.slice(0..b), shape);
+        be.attention_forward(AttentionForward {
+            out: atty.rb(),
+            lse,
+            qkv: qkv.src(),
+            lens: Some(a.lens.slice(0..b)),
+            shape,
+        });
         let mut h = a.h.d().part(s, btc);
         let bf16 = &mut a.bf16;
         let (w_out, shape) = (w(BlockParam::AttnOutW), (rows, cl, c));
@@ -528,39 +541,41 @@ impl<B: Backend> Engine<B> {
                 matmul_forward(
                     be,
                     bf16.as_mut(),
-                    out,
-                    atty.src(),
-                    w_out,
-                    bias,
-                    ip,
-                    shape,
-                    acc,
+                    MatmulForward {
+                        out,
+                        inp: atty.src(),
+                        w: w_out,
+                        bias,
+                        shape: MatmulShape::new(shape, ip),
+                        accumulate: acc,
+                    },
                 )
             },
         )?;
         let mut h1 = a.h1.d().part(s, btc);
-        be.layernorm_forward(
-            h1.rb(),
-            a.ln1_mean.d().part(s, rows),
-            a.ln1_rstd.d().part(s, rows),
-            h.src(),
-            w(BlockParam::AttnLnW),
-            w(BlockParam::AttnLnB),
+        be.layernorm_forward(LayerNormForward {
+            out: h1.rb(),
+            mean: a.ln1_mean.d().part(s, rows),
+            rstd: a.ln1_rstd.d().part(s, rows),
+            inp: h.src(),
+            w: w(BlockParam::AttnLnW),
+            b: w(BlockParam::AttnLnB),
             c,
             eps,
-        );
+        });
         let mut f = a.f.d().part(s, rows * fl);
         let bi = Some(w(BlockParam::InterB));
         matmul_forward(
             be,
             a.bf16.as_mut(),
-            f.rb(),
-            h1.src(),
-            w(BlockParam::InterW),
-            bi,
-            ip,
-            (rows, c, fl),
-            false,
+            MatmulForward {
+                out: f.rb(),
+                inp: h1.src(),
+                w: w(BlockParam::InterW),
+                bias: bi,
+                shape: MatmulShape::new((rows, c, fl), ip),
+                accumulate: false,
+            },
         );
         let mut g = a.g.d().part(s, rows * fl);
         be.activation_forward(g.rb(), f.src(), Activation::GeluErf);
@@ -574,19 +589,27 @@ impl<B: Backend> Engine<B> {
             h1.src(),
             w(BlockParam::OutB),
             |out, bias, acc| {
-                matmul_forward(be, bf16.as_mut(), out, g.src(), w_out, bias, ip, shape, acc)
+                let op = MatmulForward {
+                    out,
+                    inp: g.src(),
+                    w: w_out,
+                    bias,
+                    shape: MatmulShape::new(shape, ip),
+                    accumulate: acc,
+                };
+                matmul_forward(be, bf16.as_mut(), op)
             },
         )?;
-        be.layernorm_forward(
-            hi.first(btc),
-            a.ln2_mean.d().part(s, rows),
-            a.ln2_rstd.d().part(s, rows),
-            o.src(),
-            w(BlockParam::OutLnW),
-            w(BlockParam::OutLnB),
+        be.layernorm_forward(LayerNormForward {
+            out: hi.first(btc),
+            mean: a.ln2_mean.d().part(s, rows),
+            rstd: a.ln2_rstd.d().part(s, rows),
+            inp: o.src(),
+            w: w(BlockParam::OutLnW),
+            b: w(BlockParam::OutLnB),
             c,
             eps,
-        );
+        });
         Ok(())
     }
 
@@ -617,17 +640,16 @@ impl<B: Backend> Engine<B> {
         // d o = LN2'(d out)
         be.fill(dalt.rb(), 0.0);
         let (dw, db) = g.rb().split2(r(BlockParam::OutLnW), r(BlockParam::OutLnB));
-        be.layernorm_backward(
-            dalt.rb(),
-            dw,
-            db,
-            dres.src(),
-            a.o.s().part(s, btc),
-            w(BlockParam::OutLnW),
-            a.ln2_mean.s().part(s, rows),
-            a.ln2_rstd.s().part(s, rows),
+        be.layernorm_backward(LayerNormBackward {
+            dinp: Some(dalt.rb()),
+            dwb: Some((dw, db)),
+            dout: dres.src(),
+            inp: a.o.s().part(s, btc),
+            w: w(BlockParam::OutLnW),
+            mean: a.ln2_mean.s().part(s, rows),
+            rstd: a.ln2_rstd.s().part(s, rows),
             c,
-        );
+        })?;
         // o = h1 + gelu(h1 Wi + bi) Wo2 + bo2
         let mut dg = dbig.rb().first(rows * fl);
         let (dw, db) = g.rb().split2(r(BlockParam::OutW), r(BlockParam::OutB));
@@ -635,14 +657,16 @@ impl<B: Backend> Engine<B> {
         matmul_backward(
             be,
             a.bf16.as_mut(),
-            dg.rb(),
-            dw,
-            Some(db),
-            (dalt.src(), Dout::Round),
-            g_act,
-            w(BlockParam::OutW),
-            ip,
-            (rows, fl, c),
+            MatmulBackward {
+                dinp: Some(dg.rb()),
+                dw: Some(dw),
+                dbias: Some(db),
+                dout: dalt.src(),
+                inp: g_act,
+                w: w(BlockParam::OutW),
+                shape: MatmulShape::new((rows, fl, c), ip),
+            },
+            Dout::Round,
         );
         be.activation_backward_inplace(dg.rb(), a.f.s().part(s, rows * fl), Activation::GeluErf);
         let (dw, db) = g.rb().split2(r(BlockParam::InterW), r(BlockParam::InterB));
@@ -650,14 +674,16 @@ impl<B: Backend> Engine<B> {
         matmul_backward(
             be,
             a.bf16.as_mut(),
-            dres.rb(),
-            dw,
-            Some(db),
-            (dg.src(), Dout::Round),
-            h1,
-            w(BlockParam::InterW),
-            ip,
-            (rows, c, fl),
+            MatmulBackward {
+                dinp: Some(dres.rb()),
+                dw: Some(dw),
+                dbias: Some(db),
+                dout: dg.src(),
+                inp: h1,
+                w: w(BlockParam::InterW),
+                shape: MatmulShape::new((rows, c, fl), ip),
+            },
+            Dout::Round,
         );
         tp::all_reduce(be, tp, dres.rb())?;
         be.add_inplace(dres.rb(), dalt.src());
@@ -666,17 +692,16 @@ impl<B: Backend> Engine<B> {
         let (dw, db) = g
             .rb()
             .split2(r(BlockParam::AttnLnW), r(BlockParam::AttnLnB));
-        be.layernorm_backward(
-            dalt.rb(),
-            dw,
-            db,
-            dres.src(),
-            a.h.s().part(s, btc),
-            w(BlockParam::AttnLnW),
-            a.ln1_mean.s().part(s, rows),
-            a.ln1_rstd.s().part(s, rows),
+        be.layernorm_backward(LayerNormBackward {
+            dinp: Some(dalt.rb()),
+            dwb: Some((dw, db)),
+            dout: dres.src(),
+            inp: a.h.s().part(s, btc),
+            w: w(BlockParam::AttnLnW),
+            mean: a.ln1_mean.s().part(s, rows),
+            rstd: a.ln1_rstd.s().part(s, rows),
             c,
-        );
+        })?;
         // h = x + attention(x Wqkv + bqkv) Wo + bo
         let mut datty = dbig.rb().first(rows * cl);
         let (dw, db) = g
@@ -686,14 +711,16 @@ impl<B: Backend> Engine<B> {
         matmul_backward(
             be,
             a.bf16.as_mut(),
-            datty.rb(),
-            dw,
-            Some(db),
-            (dalt.src(), Dout::Round),
-            atty,
-            w(BlockParam::AttnOutW),
-            ip,
-            (rows, cl, c),
+            MatmulBackward {
+                dinp: Some(datty.rb()),
+                dw: Some(dw),
+                dbias: Some(db),
+                dout: dalt.src(),
+                inp: atty,
+                w: w(BlockParam::AttnOutW),
+                shape: MatmulShape::new((rows, cl, c), ip),
+            },
+            Dout::Round,
         );
         let mut dqkv = a.dqkv.slice_mut(0..3 * rows * cl);
         let shape = AttnShape {
@@ -702,28 +729,30 @@ impl<B: Backend> Engine<B> {
             c: cl,
             nh: nhl,
         };
-        be.attention_padded_backward(
-            dqkv.rb(),
-            datty.src(),
-            a.qkv.s().part(s, 3 * rows * cl),
-            atty,
-            a.lse.s().part(s, rows * nhl),
-            a.lens.slice(0..b),
+        be.attention_backward(AttentionBackward {
+            dqkv: dqkv.rb(),
+            dout: datty.src(),
+            qkv: a.qkv.s().part(s, 3 * rows * cl),
+            out: atty,
+            lse: a.lse.s().part(s, rows * nhl),
+            lens: Some(a.lens.slice(0..b)),
             shape,
-        );
+        });
         let (dw, db) = g.rb().split2(r(BlockParam::QkvW), r(BlockParam::QkvB));
         let x = a.resid.s().part(self.span.resid(l), btc);
         matmul_backward(
             be,
             a.bf16.as_mut(),
-            dres.rb(),
-            dw,
-            Some(db),
-            (dqkv.src(), Dout::Round),
-            x,
-            w(BlockParam::QkvW),
-            ip,
-            (rows, c, 3 * cl),
+            MatmulBackward {
+                dinp: Some(dres.rb()),
+                dw: Some(dw),
+                dbias: Some(db),
+                dout: dqkv.src(),
+                inp: x,
+                w: w(BlockParam::QkvW),
+                shape: MatmulShape::new((rows, c, 3 * cl), ip),
+            },
+            Dout::Round,
         );
         tp::all_reduce(be, tp, dres.rb())?;
         be.add_inplace(dres, dalt.src());
@@ -759,48 +788,50 @@ impl<B: Backend> Engine<B> {
                 matmul_forward(
                     be,
                     a.bf16.as_mut(),
-                    t1.slice_mut(0..btc),
-                    x,
-                    w(0),
-                    Some(w(1)),
-                    ip,
-                    (rows, c, c),
-                    false,
+                    MatmulForward {
+                        out: t1.slice_mut(0..btc),
+                        inp: x,
+                        w: w(0),
+                        bias: Some(w(1)),
+                        shape: MatmulShape::new((rows, c, c), ip),
+                        accumulate: false,
+                    },
                 );
                 be.activation_forward(t2.slice_mut(0..btc), t1.slice(0..btc), Activation::GeluErf);
-                be.layernorm_forward(
-                    t3.slice_mut(0..btc),
-                    mean.slice_mut(0..rows),
-                    rstd.slice_mut(0..rows),
-                    t2.slice(0..btc),
-                    w(2),
-                    w(3),
+                be.layernorm_forward(LayerNormForward {
+                    out: t3.slice_mut(0..btc),
+                    mean: mean.slice_mut(0..rows),
+                    rstd: rstd.slice_mut(0..rows),
+                    inp: t2.slice(0..btc),
+                    w: w(2),
+                    b: w(3),
                     c,
                     eps,
-                );
+                });
                 let mut lg = logits.slice_mut(0..rows * vp);
                 matmul_forward(
                     be,
                     a.bf16.as_mut(),
-                    lg.rb(),
-                    t3.slice(0..btc),
-                    word,
-                    Some(w(4)),
-                    WeightLayout::OutIn,
-                    (rows, c, vp),
-                    false,
+                    MatmulForward {
+                        out: lg.rb(),
+                        inp: t3.slice(0..btc),
+                        w: word,
+                        bias: Some(w(4)),
+                        shape: MatmulShape::new((rows, c, vp), WeightLayout::OutIn),
+                        accumulate: false,
+                    },
                 );
                 if !has_targets {
                     return Ok(None);
                 }
                 let mut l = losses.slice_mut(0..rows);
-                be.crossentropy_forward(
-                    l.rb(),
-                    lg.src(),
-                    a.targets.slice(0..rows),
-                    cfg.vocab_size,
+                be.crossentropy_forward(CrossEntropyForward {
+                    losses: l.rb(),
+                    logits: lg.src(),
+                    targets: a.targets.slice(0..rows),
+                    v: cfg.vocab_size,
                     vp,
-                );
+                });
                 losses.slice(0..rows)
             }
             HeadActs::Classify {
@@ -821,13 +852,14 @@ impl<B: Backend> Engine<B> {
                 matmul_forward(
                     be,
                     a.bf16.as_mut(),
-                    pre.slice_mut(0..b * c),
-                    cls.slice(0..b * c),
-                    w(0),
-                    Some(w(1)),
-                    ip,
-                    (b, c, c),
-                    false,
+                    MatmulForward {
+                        out: pre.slice_mut(0..b * c),
+                        inp: cls.slice(0..b * c),
+                        w: w(0),
+                        bias: Some(w(1)),
+                        shape: MatmulShape::new((b, c, c), ip),
+                        accumulate: false,
+                    },
                 );
                 be.activation_forward(
                     pooled.slice_mut(0..b * c),
@@ -838,19 +870,26 @@ impl<B: Backend> Engine<B> {
                 matmul_forward(
                     be,
                     a.bf16.as_mut(),
-                    lg.rb(),
-                    pooled.slice(0..b * c),
-                    w(2),
-                    Some(w(3)),
-                    ip,
-                    (b, c, labels),
-                    false,
+                    MatmulForward {
+                        out: lg.rb(),
+                        inp: pooled.slice(0..b * c),
+                        w: w(2),
+                        bias: Some(w(3)),
+                        shape: MatmulShape::new((b, c, labels), ip),
+                        accumulate: false,
+                    },
                 );
                 if !has_targets {
                     return Ok(None);
                 }
                 let mut l = losses.slice_mut(0..b);
-                be.crossentropy_forward(l.rb(), lg.src(), a.targets.slice(0..b), labels, labels);
+                be.crossentropy_forward(CrossEntropyForward {
+                    losses: l.rb(),
+                    logits: lg.src(),
+                    targets: a.targets.slice(0..b),
+                    v: labels,
+                    vp: labels,
+                });
                 losses.slice(0..b)
             }
         };
@@ -902,13 +941,13 @@ impl<B: Backend> Engine<B> {
                     dword.expect("the masked-LM head accumulates the word embeddings' gradient"),
                 );
                 let mut lg = logits.slice_mut(0..rows * vp);
-                be.crossentropy_backward_inplace(
-                    lg.rb(),
-                    a.targets.slice(0..rows),
-                    cfg.vocab_size,
+                be.crossentropy_backward(CrossEntropyBackward {
+                    logits: lg.rb(),
+                    targets: a.targets.slice(0..rows),
+                    v: cfg.vocab_size,
                     vp,
                     dloss,
-                );
+                });
                 if a.bf16.is_some() {
                     // The logits' gradient feeds only this matmul: rounded where it lies.
                     be.round_bf16(lg.rb());
@@ -918,42 +957,45 @@ impl<B: Backend> Engine<B> {
                 matmul_backward(
                     be,
                     a.bf16.as_mut(),
-                    dt3.rb(),
-                    dword,
-                    Some(dbias),
-                    (lg.src(), Dout::Rounded),
-                    t3.slice(0..btc),
-                    word,
-                    WeightLayout::OutIn,
-                    (rows, c, vp),
+                    MatmulBackward {
+                        dinp: Some(dt3.rb()),
+                        dw: Some(dword),
+                        dbias: Some(dbias),
+                        dout: lg.src(),
+                        inp: t3.slice(0..btc),
+                        w: word,
+                        shape: MatmulShape::new((rows, c, vp), WeightLayout::OutIn),
+                    },
+                    Dout::Rounded,
                 );
                 let mut dt2 = a.dbig.slice_mut(0..btc);
                 be.fill(dt2.rb(), 0.0);
                 let (dw, db) = g.rb().split2(r(2), r(3));
-                be.layernorm_backward(
-                    dt2.rb(),
-                    dw,
-                    db,
-                    dt3.src(),
-                    t2.slice(0..btc),
-                    w(2),
-                    mean.slice(0..rows),
-                    rstd.slice(0..rows),
+                be.layernorm_backward(LayerNormBackward {
+                    dinp: Some(dt2.rb()),
+                    dwb: Some((dw, db)),
+                    dout: dt3.src(),
+                    inp: t2.slice(0..btc),
+                    w: w(2),
+                    mean: mean.slice(0..rows),
+                    rstd: rstd.slice(0..rows),
                     c,
-                );
+                })?;
                 be.activation_backward_inplace(dt2.rb(), t1.slice(0..btc), Activation::GeluErf);
                 let (dw, db) = g.rb().split2(r(0), r(1));
                 matmul_backward(
                     be,
                     a.bf16.as_mut(),
-                    a.dres.slice_mut(0..btc),
-                    dw,
-                    Some(db),
-                    (dt2.src(), Dout::Round),
-                    x,
-                    w(0),
-                    ip,
-                    (rows, c, c),
+                    MatmulBackward {
+                        dinp: Some(a.dres.slice_mut(0..btc)),
+                        dw: Some(dw),
+                        dbias: Some(db),
+                        dout: dt2.src(),
+                        inp: x,
+                        w: w(0),
+                        shape: MatmulShape::new((rows, c, c), ip),
+                    },
+                    Dout::Round,
                 );
             }
             HeadActs::Classify {
@@ -967,40 +1009,44 @@ impl<B: Backend> Engine<B> {
             } => {
                 let labels = cfg.classes();
                 let mut lg = logits.slice_mut(0..b * labels);
-                be.crossentropy_backward_inplace(
-                    lg.rb(),
-                    a.targets.slice(0..b),
-                    labels,
-                    labels,
+                be.crossentropy_backward(CrossEntropyBackward {
+                    logits: lg.rb(),
+                    targets: a.targets.slice(0..b),
+                    v: labels,
+                    vp: labels,
                     dloss,
-                );
+                });
                 let mut dp = dpooled.slice_mut(0..b * c);
                 let (dw, db) = g.rb().split2(r(2), r(3));
                 matmul_backward(
                     be,
                     a.bf16.as_mut(),
-                    dp.rb(),
-                    dw,
-                    Some(db),
-                    (lg.src(), Dout::Round),
-                    pooled.slice(0..b * c),
-                    w(2),
-                    ip,
-                    (b, c, labels),
+                    MatmulBackward {
+                        dinp: Some(dp.rb()),
+                        dw: Some(dw),
+                        dbias: Some(db),
+                        dout: lg.src(),
+                        inp: pooled.slice(0..b * c),
+                        w: w(2),
+                        shape: MatmulShape::new((b, c, labels), ip),
+                    },
+                    Dout::Round,
                 );
                 be.activation_backward_inplace(dp.rb(), pre.slice(0..b * c), Activation::Tanh);
                 let (dw, db) = g.rb().split2(r(0), r(1));
                 matmul_backward(
                     be,
                     a.bf16.as_mut(),
-                    dcls.slice_mut(0..b * c),
-                    dw,
-                    Some(db),
-                    (dp.src(), Dout::Round),
-                    cls.slice(0..b * c),
-                    w(0),
-                    ip,
-                    (b, c, c),
+                    MatmulBackward {
+                        dinp: Some(dcls.slice_mut(0..b * c)),
+                        dw: Some(dw),
+                        dbias: Some(db),
+                        dout: dp.src(),
+                        inp: cls.slice(0..b * c),
+                        w: w(0),
+                        shape: MatmulShape::new((b, c, c), ip),
+                    },
+                    Dout::Round,
                 );
                 let mut dres = a.dres.slice_mut(0..btc);
                 be.fill(dres.rb(), 0.0);
@@ -1100,7 +1146,7 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
         loss_scale: f32,
     ) -> Result<()> {
         match UnitKind::of(u, self.config.n_layer) {
-            UnitKind::Embeddings => self.embed_backward(p.own, g.own),
+            UnitKind::Embeddings => self.embed_backward(p.own, g.own)?,
             UnitKind::Block(l) => self.block_backward(l, p.own, g.own, tp)?,
             UnitKind::Head => self.head_backward(p.own, p.tied, g.own, g.tied, loss_scale)?,
         }

@@ -13,7 +13,12 @@ use super::layout::ParamLayout;
 use super::tp;
 use super::tp::TpPlace;
 use super::unit::{Span, UnitGrads, UnitKind, UnitModel, UnitParams, Whole};
-use crate::backend::{Activation, AttnShape, Backend, Buf, Category, Dst, Src, WeightLayout};
+use crate::backend::{
+    Activation, AttentionBackward, AttentionForward, AttnShape, Backend, Buf, Category,
+    CrossEntropyBackward, CrossEntropyForward, Dst, EncoderBackward, EncoderForward,
+    LayerNormBackward, LayerNormForward, MatmulBackward, MatmulForward, MatmulShape, Src,
+    WeightLayout,
+};
 use crate::comm::Comm;
 use crate::data::Batch as DataBatch;
 use crate::error::{Error, Result};
@@ -340,14 +345,14 @@ impl<B: Backend> Engine<B> {
         let c = self.config.n_embd;
         let (wte_len, rows) = (self.config.padded_vocab() * c, b * t);
         let a = self.acts.as_mut().expect("begun");
-        self.backend.encoder_forward(
-            a.resid.slice_mut(0..rows * c),
-            a.tokens.slice(0..rows),
-            emb.first(wte_len),
-            emb.from(wte_len),
+        self.backend.encoder_forward(EncoderForward {
+            out: a.resid.slice_mut(0..rows * c),
+            tokens: a.tokens.slice(0..rows),
+            wte: emb.first(wte_len),
+            wpe: emb.from(wte_len),
             t,
             c,
-        );
+        });
     }
 
     /// Block l: resid[l] -> resid[l + 1]; `p` is this rank's slice of the block.
@@ -367,100 +372,102 @@ impl<B: Backend> Engine<B> {
         let x = lo.into_src().from(r * btc);
         let out = hi.first(btc);
         let mut ln1 = a.ln1.d().part(s, btc);
-        be.layernorm_forward(
-            ln1.rb(),
-            a.ln1_mean.d().part(s, rows),
-            a.ln1_rstd.d().part(s, rows),
-            x,
-            w(BlockParam::Ln1W),
-            w(BlockParam::Ln1B),
+        be.layernorm_forward(LayerNormForward {
+            out: ln1.rb(),
+            mean: a.ln1_mean.d().part(s, rows),
+            rstd: a.ln1_rstd.d().part(s, rows),
+            inp: x,
+            w: w(BlockParam::Ln1W),
+            b: w(BlockParam::Ln1B),
             c,
-            LN_EPS,
-        );
+            eps: LN_EPS,
+        });
         let mut qkv = a.qkv.d().part(s, 3 * rows * wd.cl).first(3 * rows * cl);
-        matmul_forward(
-            be,
-            a.bf16.as_mut(),
-            qkv.rb(),
-            ln1.src(),
-            w(BlockParam::QkvW),
-            Some(w(BlockParam::QkvB)),
-            WeightLayout::InOut,
-            (rows, c, 3 * cl),
-            false,
-        );
+        let io = |dims| MatmulShape::new(dims, WeightLayout::InOut);
+        let op = MatmulForward {
+            out: qkv.rb(),
+            inp: ln1.src(),
+            w: w(BlockParam::QkvW),
+            bias: Some(w(BlockParam::QkvB)),
+            shape: io((rows, c, 3 * cl)),
+            accumulate: false,
+        };
+        matmul_forward(be, a.bf16.as_mut(), op);
         let mut atty = a.atty.d().part(s, rows * wd.cl).first(rows * cl);
-        be.attention_forward(
-            atty.rb(),
-            a.lse.d().part(s, rows * wd.nhl).first(rows * nhl),
-            qkv.src(),
-            AttnShape {
+        be.attention_forward(AttentionForward {
+            out: atty.rb(),
+            lse: a.lse.d().part(s, rows * wd.nhl).first(rows * nhl),
+            qkv: qkv.src(),
+            lens: None,
+            shape: AttnShape {
                 b,
                 t,
                 c: cl,
                 nh: nhl,
             },
-        );
+        });
         let mut res2 = a.res2.d().part(s, btc);
         let bf16 = &mut a.bf16;
-        let (w_proj, shape) = (w(BlockParam::AttnProjW), (rows, cl, c));
+        let w_proj = w(BlockParam::AttnProjW);
         tp::row_parallel(
             be,
             place,
             res2.rb(),
             x,
             w(BlockParam::AttnProjB),
-            |out, bias, acc| {
-                let io = WeightLayout::InOut;
-                matmul_forward(
-                    be,
-                    bf16.as_mut(),
+            |out, bias, accumulate| {
+                let op = MatmulForward {
                     out,
-                    atty.src(),
-                    w_proj,
+                    inp: atty.src(),
+                    w: w_proj,
                     bias,
-                    io,
-                    shape,
-                    acc,
-                )
+                    shape: io((rows, cl, c)),
+                    accumulate,
+                };
+                matmul_forward(be, bf16.as_mut(), op)
             },
         )?;
         let mut ln2 = a.ln2.d().part(s, btc);
-        be.layernorm_forward(
-            ln2.rb(),
-            a.ln2_mean.d().part(s, rows),
-            a.ln2_rstd.d().part(s, rows),
-            res2.src(),
-            w(BlockParam::Ln2W),
-            w(BlockParam::Ln2B),
+        be.layernorm_forward(LayerNormForward {
+            out: ln2.rb(),
+            mean: a.ln2_mean.d().part(s, rows),
+            rstd: a.ln2_rstd.d().part(s, rows),
+            inp: res2.src(),
+            w: w(BlockParam::Ln2W),
+            b: w(BlockParam::Ln2B),
             c,
-            LN_EPS,
-        );
+            eps: LN_EPS,
+        });
         let mut fch = a.fch.d().part(s, rows * wd.fl).first(rows * fl);
-        matmul_forward(
-            be,
-            a.bf16.as_mut(),
-            fch.rb(),
-            ln2.src(),
-            w(BlockParam::FcW),
-            Some(w(BlockParam::FcB)),
-            WeightLayout::InOut,
-            (rows, c, fl),
-            false,
-        );
+        let op = MatmulForward {
+            out: fch.rb(),
+            inp: ln2.src(),
+            w: w(BlockParam::FcW),
+            bias: Some(w(BlockParam::FcB)),
+            shape: io((rows, c, fl)),
+            accumulate: false,
+        };
+        matmul_forward(be, a.bf16.as_mut(), op);
         let mut fch_gelu = a.fch_gelu.d().part(s, rows * wd.fl).first(rows * fl);
         be.activation_forward(fch_gelu.rb(), fch.src(), Activation::GeluTanh);
         let bf16 = &mut a.bf16;
-        let (w_proj, shape) = (w(BlockParam::FcProjW), (rows, fl, c));
+        let w_proj = w(BlockParam::FcProjW);
         tp::row_parallel(
             be,
             place,
             out,
             res2.src(),
             w(BlockParam::FcProjB),
-            |out, bias, acc| {
-                let (io, x) = (WeightLayout::InOut, fch_gelu.src());
-                matmul_forward(be, bf16.as_mut(), out, x, w_proj, bias, io, shape, acc)
+            |out, bias, accumulate| {
+                let op = MatmulForward {
+                    out,
+                    inp: fch_gelu.src(),
+                    w: w_proj,
+                    bias,
+                    shape: io((rows, fl, c)),
+                    accumulate,
+                };
+                matmul_forward(be, bf16.as_mut(), op)
             },
         )
     }
@@ -476,33 +483,37 @@ impl<B: Backend> Engine<B> {
         let a = self.acts.as_mut().expect("begun");
         let last = a.resid.s().part(top, btc);
         let mut lnf_out = a.lnf.slice_mut(0..btc);
-        be.layernorm_forward(
-            lnf_out.rb(),
-            a.lnf_mean.slice_mut(0..rows),
-            a.lnf_rstd.slice_mut(0..rows),
-            last,
-            lnf.first(c),
-            lnf.from(c),
+        be.layernorm_forward(LayerNormForward {
+            out: lnf_out.rb(),
+            mean: a.lnf_mean.slice_mut(0..rows),
+            rstd: a.lnf_rstd.slice_mut(0..rows),
+            inp: last,
+            w: lnf.first(c),
+            b: lnf.from(c),
             c,
-            LN_EPS,
-        );
+            eps: LN_EPS,
+        });
         let mut logits = a.logits.slice_mut(0..rows * vp);
-        matmul_forward(
-            be,
-            a.bf16.as_mut(),
-            logits.rb(),
-            lnf_out.src(),
-            wte,
-            None,
-            WeightLayout::OutIn,
-            (rows, c, vp),
-            false,
-        );
+        let op = MatmulForward {
+            out: logits.rb(),
+            inp: lnf_out.src(),
+            w: wte,
+            bias: None,
+            shape: MatmulShape::new((rows, c, vp), WeightLayout::OutIn),
+            accumulate: false,
+        };
+        matmul_forward(be, a.bf16.as_mut(), op);
         if !self.batch.as_ref().is_some_and(|x| x.has_targets) {
             return Ok(None);
         }
         let mut losses = a.losses.slice_mut(0..rows);
-        be.crossentropy_forward(losses.rb(), logits.src(), a.targets.slice(0..rows), v, vp);
+        be.crossentropy_forward(CrossEntropyForward {
+            losses: losses.rb(),
+            logits: logits.src(),
+            targets: a.targets.slice(0..rows),
+            v,
+            vp,
+        });
         let terms = self.batch.as_ref().expect("begun").loss_terms;
         Ok(Some((be.sum(losses.src())? / terms as f64) as f32))
     }
@@ -539,45 +550,40 @@ impl<B: Backend> Engine<B> {
         let top = self.span.resid(n_layer);
         let a = self.acts.as_mut().expect("begun");
         let mut logits = a.logits.slice_mut(0..rows * vp);
-        be.crossentropy_backward_inplace(
-            logits.rb(),
-            a.targets.slice(0..rows),
+        be.crossentropy_backward(CrossEntropyBackward {
+            logits: logits.rb(),
+            targets: a.targets.slice(0..rows),
             v,
             vp,
-            loss_scale / terms,
-        );
+            dloss: loss_scale / terms,
+        });
         if a.bf16.is_some() {
             // The logits' gradient feeds only this matmul: rounded where it lies.
             be.round_bf16(logits.rb());
         }
         let mut dtmp = a.dtmp.slice_mut(0..btc);
-        matmul_backward(
-            be,
-            a.bf16.as_mut(),
-            dtmp.rb(),
-            dwte,
-            None,
-            (logits.src(), Dout::Rounded),
-            a.lnf.slice(0..btc),
-            wte,
-            WeightLayout::OutIn,
-            (rows, c, vp),
-        );
+        let op = MatmulBackward {
+            dinp: Some(dtmp.rb()),
+            dw: Some(dwte),
+            dbias: None,
+            dout: logits.src(),
+            inp: a.lnf.slice(0..btc),
+            w: wte,
+            shape: MatmulShape::new((rows, c, vp), WeightLayout::OutIn),
+        };
+        matmul_backward(be, a.bf16.as_mut(), op, Dout::Rounded);
         let mut dres = a.dres.slice_mut(0..btc);
         be.fill(dres.rb(), 0.0);
-        let (dw, db) = dlnf.split_at(c);
-        be.layernorm_backward(
-            dres,
-            dw,
-            db,
-            dtmp.src(),
-            a.resid.s().part(top, btc),
-            lnf.first(c),
-            a.lnf_mean.slice(0..rows),
-            a.lnf_rstd.slice(0..rows),
+        be.layernorm_backward(LayerNormBackward {
+            dinp: Some(dres),
+            dwb: Some(dlnf.split_at(c)),
+            dout: dtmp.src(),
+            inp: a.resid.s().part(top, btc),
+            w: lnf.first(c),
+            mean: a.lnf_mean.slice(0..rows),
+            rstd: a.lnf_rstd.slice(0..rows),
             c,
-        );
-        Ok(())
+        })
     }
 
     /// Backward of block l: grads of its slice `p` accumulate into `g`; the
@@ -605,50 +611,50 @@ impl<B: Backend> Engine<B> {
         let mut dres = a.dres.slice_mut(0..btc);
         let mut dtmp = a.dtmp.slice_mut(0..btc);
         let mut dfch = a.dfch.slice_mut(0..rows * fl);
+        let io = |dims| MatmulShape::new(dims, WeightLayout::InOut);
         let (dw, db) = weight_and_bias(&mut g, (lay, l), BlockParam::FcProjW, BlockParam::FcProjB);
-        matmul_backward(
-            be,
-            a.bf16.as_mut(),
-            dfch.rb(),
-            dw,
-            Some(db),
-            (dres.src(), Dout::Round),
-            a.fch_gelu.s().part(s, rows * wd.fl).first(rows * fl),
-            w(BlockParam::FcProjW),
-            WeightLayout::InOut,
-            (rows, fl, c),
-        );
+        let op = MatmulBackward {
+            dinp: Some(dfch.rb()),
+            dw: Some(dw),
+            dbias: Some(db),
+            dout: dres.src(),
+            inp: a.fch_gelu.s().part(s, rows * wd.fl).first(rows * fl),
+            w: w(BlockParam::FcProjW),
+            shape: io((rows, fl, c)),
+        };
+        matmul_backward(be, a.bf16.as_mut(), op, Dout::Round);
         be.activation_backward_inplace(
             dfch.rb(),
             a.fch.s().part(s, rows * wd.fl).first(rows * fl),
             Activation::GeluTanh,
         );
         let (dw, db) = weight_and_bias(&mut g, (lay, l), BlockParam::FcW, BlockParam::FcB);
-        matmul_backward(
-            be,
-            a.bf16.as_mut(),
-            dtmp.rb(),
-            dw,
-            Some(db),
-            (dfch.src(), Dout::Round),
-            a.ln2.s().part(s, btc),
-            w(BlockParam::FcW),
-            WeightLayout::InOut,
-            (rows, c, fl),
-        );
+        let op = MatmulBackward {
+            dinp: Some(dtmp.rb()),
+            dw: Some(dw),
+            dbias: Some(db),
+            dout: dfch.src(),
+            inp: a.ln2.s().part(s, btc),
+            w: w(BlockParam::FcW),
+            shape: io((rows, c, fl)),
+        };
+        matmul_backward(be, a.bf16.as_mut(), op, Dout::Round);
         tp::all_reduce(be, tp, dtmp.rb())?;
-        let (dw, db) = weight_and_bias(&mut g, (lay, l), BlockParam::Ln2W, BlockParam::Ln2B);
-        be.layernorm_backward(
-            dres.rb(),
-            dw,
-            db,
-            dtmp.src(),
-            a.res2.s().part(s, btc),
-            w(BlockParam::Ln2W),
-            a.ln2_mean.s().part(s, rows),
-            a.ln2_rstd.s().part(s, rows),
+        be.layernorm_backward(LayerNormBackward {
+            dinp: Some(dres.rb()),
+            dwb: Some(weight_and_bias(
+                &mut g,
+                (lay, l),
+                BlockParam::Ln2W,
+                BlockParam::Ln2B,
+            )),
+            dout: dtmp.src(),
+            inp: a.res2.s().part(s, btc),
+            w: w(BlockParam::Ln2W),
+            mean: a.ln2_mean.s().part(s, rows),
+            rstd: a.ln2_rstd.s().part(s, rows),
             c,
-        );
+        })?;
         let mut datty = dtmp.rb().first(rows * cl);
         let (dw, db) = weight_and_bias(
             &mut g,
@@ -656,58 +662,58 @@ impl<B: Backend> Engine<B> {
             BlockParam::AttnProjW,
             BlockParam::AttnProjB,
         );
-        matmul_backward(
-            be,
-            a.bf16.as_mut(),
-            datty.rb(),
-            dw,
-            Some(db),
-            (dres.src(), Dout::Round),
-            a.atty.s().part(s, rows * wd.cl).first(rows * cl),
-            w(BlockParam::AttnProjW),
-            WeightLayout::InOut,
-            (rows, cl, c),
-        );
+        let op = MatmulBackward {
+            dinp: Some(datty.rb()),
+            dw: Some(dw),
+            dbias: Some(db),
+            dout: dres.src(),
+            inp: a.atty.s().part(s, rows * wd.cl).first(rows * cl),
+            w: w(BlockParam::AttnProjW),
+            shape: io((rows, cl, c)),
+        };
+        matmul_backward(be, a.bf16.as_mut(), op, Dout::Round);
         let mut dqkv = a.dqkv.slice_mut(0..3 * rows * cl);
-        be.attention_backward(
-            dqkv.rb(),
-            datty.src(),
-            a.qkv.s().part(s, 3 * rows * wd.cl).first(3 * rows * cl),
-            a.atty.s().part(s, rows * wd.cl).first(rows * cl),
-            a.lse.s().part(s, rows * wd.nhl).first(rows * nhl),
-            AttnShape {
+        be.attention_backward(AttentionBackward {
+            dqkv: dqkv.rb(),
+            dout: datty.src(),
+            qkv: a.qkv.s().part(s, 3 * rows * wd.cl).first(3 * rows * cl),
+            out: a.atty.s().part(s, rows * wd.cl).first(rows * cl),
+            lse: a.lse.s().part(s, rows * wd.nhl).first(rows * nhl),
+            lens: None,
+            shape: AttnShape {
                 b,
                 t,
                 c: cl,
                 nh: nhl,
             },
-        );
+        });
         let (dw, db) = weight_and_bias(&mut g, (lay, l), BlockParam::QkvW, BlockParam::QkvB);
-        matmul_backward(
-            be,
-            a.bf16.as_mut(),
-            dtmp.rb(),
-            dw,
-            Some(db),
-            (dqkv.src(), Dout::Round),
-            a.ln1.s().part(s, btc),
-            w(BlockParam::QkvW),
-            WeightLayout::InOut,
-            (rows, c, 3 * cl),
-        );
+        let op = MatmulBackward {
+            dinp: Some(dtmp.rb()),
+            dw: Some(dw),
+            dbias: Some(db),
+            dout: dqkv.src(),
+            inp: a.ln1.s().part(s, btc),
+            w: w(BlockParam::QkvW),
+            shape: io((rows, c, 3 * cl)),
+        };
+        matmul_backward(be, a.bf16.as_mut(), op, Dout::Round);
         tp::all_reduce(be, tp, dtmp.rb())?;
-        let (dw, db) = weight_and_bias(&mut g, (lay, l), BlockParam::Ln1W, BlockParam::Ln1B);
-        be.layernorm_backward(
-            dres,
-            dw,
-            db,
-            dtmp.src(),
-            x,
-            w(BlockParam::Ln1W),
-            a.ln1_mean.s().part(s, rows),
-            a.ln1_rstd.s().part(s, rows),
+        be.layernorm_backward(LayerNormBackward {
+            dinp: Some(dres),
+            dwb: Some(weight_and_bias(
+                &mut g,
+                (lay, l),
+                BlockParam::Ln1W,
+                BlockParam::Ln1B,
+            )),
+            dout: dtmp.src(),
+            inp: x,
+            w: w(BlockParam::Ln1W),
+            mean: a.ln1_mean.s().part(s, rows),
+            rstd: a.ln1_rstd.s().part(s, rows),
             c,
-        );
+        })?;
         Ok(())
     }
 
@@ -720,15 +726,15 @@ impl<B: Backend> Engine<B> {
         let a = self.acts.as_ref().expect("begun");
         let rows = batch.tokens.len();
         let (dwte, dwpe) = demb.split_at(wte_len);
-        self.backend.encoder_backward(
+        self.backend.encoder_backward(EncoderBackward {
             dwte,
             dwpe,
-            a.dres.slice(0..rows * c),
-            a.tokens.slice(0..rows),
-            &batch.tokens,
+            dout: a.dres.slice(0..rows * c),
+            tokens: a.tokens.slice(0..rows),
+            host_tokens: &batch.tokens,
             t,
             c,
-        );
+        });
     }
 
     /// The head's input half: the logits' gradient (left in the logits for
@@ -753,22 +759,35 @@ impl<B: Backend> Engine<B> {
         let a = self.acts.as_mut().expect("begun");
         let mut logits = a.logits.slice_mut(0..rows * vp);
         let (targets, scale) = (a.targets.slice(0..rows), loss_scale / terms);
-        be.crossentropy_backward_inplace(logits.rb(), targets, v, vp, scale);
+        be.crossentropy_backward(CrossEntropyBackward {
+            logits: logits.rb(),
+            targets,
+            v,
+            vp,
+            dloss: scale,
+        });
         let mut dlnf = a.saved.slice_mut(at);
-        let dims = (rows, c, vp);
-        let inp = a.lnf.slice(0..btc);
-        be.matmul_backward_input(dlnf.rb(), logits.src(), inp, wte, WeightLayout::OutIn, dims)?;
+        be.matmul_backward(MatmulBackward {
+            dinp: Some(dlnf.rb()),
+            dw: None,
+            dbias: None,
+            dout: logits.src(),
+            inp: a.lnf.slice(0..btc),
+            w: wte,
+            shape: MatmulShape::new((rows, c, vp), WeightLayout::OutIn),
+        });
         let mut dres = a.dres.slice_mut(0..btc);
         be.fill(dres.rb(), 0.0);
-        be.layernorm_backward_input(
-            dres,
-            dlnf.src(),
-            a.resid.s().part(top, btc),
-            lnf.first(c),
-            a.lnf_mean.slice(0..rows),
-            a.lnf_rstd.slice(0..rows),
+        be.layernorm_backward(LayerNormBackward {
+            dinp: Some(dres),
+            dwb: None,
+            dout: dlnf.src(),
+            inp: a.resid.s().part(top, btc),
+            w: lnf.first(c),
+            mean: a.lnf_mean.slice(0..rows),
+            rstd: a.lnf_rstd.slice(0..rows),
             c,
-        )
+        })
     }
 
     /// Where the final norm's saved output gradient sits.
@@ -792,20 +811,25 @@ impl<B: Backend> Engine<B> {
         let btc = rows * c;
         let (top, at) = (self.span.resid(n_layer), self.head_saved(rows));
         let a = self.acts.as_ref().expect("begun");
-        let (logits, inp) = (a.logits.slice(0..rows * vp), a.lnf.slice(0..btc));
-        let dims = (rows, c, vp);
-        be.matmul_backward_weight(dwte, None, logits, inp, wte, WeightLayout::OutIn, dims)?;
-        let (dw, db) = dlnf.split_at(c);
-        be.layernorm_backward_weight(
-            dw,
-            db,
-            a.saved.slice(at),
-            a.resid.s().part(top, btc),
-            lnf.first(c),
-            a.lnf_mean.slice(0..rows),
-            a.lnf_rstd.slice(0..rows),
+        be.matmul_backward(MatmulBackward {
+            dinp: None,
+            dw: Some(dwte),
+            dbias: None,
+            dout: a.logits.slice(0..rows * vp),
+            inp: a.lnf.slice(0..btc),
+            w: wte,
+            shape: MatmulShape::new((rows, c, vp), WeightLayout::OutIn),
+        });
+        be.layernorm_backward(LayerNormBackward {
+            dinp: None,
+            dwb: Some(dlnf.split_at(c)),
+            dout: a.saved.slice(at),
+            inp: a.resid.s().part(top, btc),
+            w: lnf.first(c),
+            mean: a.lnf_mean.slice(0..rows),
+            rstd: a.lnf_rstd.slice(0..rows),
             c,
-        )
+        })
     }
 
     /// Block l's input half: the residual gradient moves from resid[l + 1]
@@ -829,88 +853,82 @@ impl<B: Backend> Engine<B> {
         let mut dres = a.dres.slice_mut(0..btc);
         let mut saved = a.saved.d();
         be.copy(saved.rb().slice(at.top.clone()), dres.src());
+        let io = |dims| MatmulShape::new(dims, WeightLayout::InOut);
         {
             let mut dfch = saved.rb().slice(at.dfch.clone());
-            let gelu = a.fch_gelu.s().part(s, rows * wd.fl).first(rows * fl);
-            let (proj, dims) = (w(BlockParam::FcProjW), (rows, fl, c));
-            be.matmul_backward_input(dfch.rb(), dres.src(), gelu, proj, WeightLayout::InOut, dims)?;
+            let proj = w(BlockParam::FcProjW);
+            be.matmul_backward(MatmulBackward::input_half(
+                dfch.rb(),
+                dres.src(),
+                proj,
+                io((rows, fl, c)),
+            ));
             let fch = a.fch.s().part(s, rows * wd.fl).first(rows * fl);
             be.activation_backward_inplace(dfch, fch, Activation::GeluTanh);
         }
         {
             let (dfch, mut dln2) = saved.rb().split2(at.dfch.clone(), at.dln2.clone());
-            let (ln2, fc, dims) = (a.ln2.s().part(s, btc), w(BlockParam::FcW), (rows, c, fl));
-            be.matmul_backward_input(
+            let fc = w(BlockParam::FcW);
+            be.matmul_backward(MatmulBackward::input_half(
                 dln2.rb(),
                 dfch.into_src(),
-                ln2,
                 fc,
-                WeightLayout::InOut,
-                dims,
-            )?;
+                io((rows, c, fl)),
+            ));
             tp::all_reduce(be, tp, dln2.rb())?;
-            be.layernorm_backward_input(
-                dres.rb(),
-                dln2.src(),
-                a.res2.s().part(s, btc),
-                w(BlockParam::Ln2W),
-                a.ln2_mean.s().part(s, rows),
-                a.ln2_rstd.s().part(s, rows),
+            be.layernorm_backward(LayerNormBackward {
+                dinp: Some(dres.rb()),
+                dwb: None,
+                dout: dln2.src(),
+                inp: a.res2.s().part(s, btc),
+                w: w(BlockParam::Ln2W),
+                mean: a.ln2_mean.s().part(s, rows),
+                rstd: a.ln2_rstd.s().part(s, rows),
                 c,
-            )?;
+            })?;
         }
         be.copy(saved.rb().slice(at.mid.clone()), dres.src());
         let mut datty = a.dtmp.slice_mut(0..rows * cl);
-        let (atty, proj) = (
-            a.atty.s().part(s, rows * wd.cl).first(rows * cl),
-            w(BlockParam::AttnProjW),
-        );
-        let dims = (rows, cl, c);
-        be.matmul_backward_input(
+        let proj = w(BlockParam::AttnProjW);
+        be.matmul_backward(MatmulBackward::input_half(
             datty.rb(),
             dres.src(),
-            atty,
             proj,
-            WeightLayout::InOut,
-            dims,
-        )?;
-        be.attention_backward(
-            saved.rb().slice(at.dqkv.clone()),
-            datty.src(),
-            a.qkv.s().part(s, 3 * rows * wd.cl).first(3 * rows * cl),
-            a.atty.s().part(s, rows * wd.cl).first(rows * cl),
-            a.lse.s().part(s, rows * wd.nhl).first(rows * nhl),
-            AttnShape {
+            io((rows, cl, c)),
+        ));
+        be.attention_backward(AttentionBackward {
+            dqkv: saved.rb().slice(at.dqkv.clone()),
+            dout: datty.src(),
+            qkv: a.qkv.s().part(s, 3 * rows * wd.cl).first(3 * rows * cl),
+            out: a.atty.s().part(s, rows * wd.cl).first(rows * cl),
+            lse: a.lse.s().part(s, rows * wd.nhl).first(rows * nhl),
+            lens: None,
+            shape: AttnShape {
                 b,
                 t,
                 c: cl,
                 nh: nhl,
             },
-        );
+        });
         let (dqkv, mut dln1) = saved.rb().split2(at.dqkv.clone(), at.dln1.clone());
-        let (ln1, qkv, dims) = (
-            a.ln1.s().part(s, btc),
-            w(BlockParam::QkvW),
-            (rows, c, 3 * cl),
-        );
-        be.matmul_backward_input(
+        let qkv = w(BlockParam::QkvW);
+        be.matmul_backward(MatmulBackward::input_half(
             dln1.rb(),
             dqkv.into_src(),
-            ln1,
             qkv,
-            WeightLayout::InOut,
-            dims,
-        )?;
+            io((rows, c, 3 * cl)),
+        ));
         tp::all_reduce(be, tp, dln1.rb())?;
-        be.layernorm_backward_input(
-            dres,
-            dln1.src(),
-            a.resid.s().part(r, btc),
-            w(BlockParam::Ln1W),
-            a.ln1_mean.s().part(s, rows),
-            a.ln1_rstd.s().part(s, rows),
+        be.layernorm_backward(LayerNormBackward {
+            dinp: Some(dres),
+            dwb: None,
+            dout: dln1.src(),
+            inp: a.resid.s().part(r, btc),
+            w: w(BlockParam::Ln1W),
+            mean: a.ln1_mean.s().part(s, rows),
+            rstd: a.ln1_rstd.s().part(s, rows),
             c,
-        )
+        })
     }
 
     /// Block l's weight half: its parameters' gradients accumulate into
@@ -927,7 +945,6 @@ impl<B: Backend> Engine<B> {
         let w = |bp: BlockParam| p.slice(lay.in_block(l, bp));
         let at = Saved::of(wd, d, rows, s);
         let saved = |r: std::ops::Range<usize>| a.saved.slice(r);
-        let inout = WeightLayout::InOut;
         let matmuls = [
             (
                 BlockParam::FcProjW,
@@ -960,7 +977,15 @@ impl<B: Backend> Engine<B> {
         ];
         for (pw, pb, dout, inp, dims) in matmuls {
             let (dw, db) = weight_and_bias(&mut g, (lay, l), pw, pb);
-            be.matmul_backward_weight(dw, Some(db), saved(dout.clone()), inp, w(pw), inout, dims)?;
+            be.matmul_backward(MatmulBackward {
+                dinp: None,
+                dw: Some(dw),
+                dbias: Some(db),
+                dout: saved(dout.clone()),
+                inp,
+                w: w(pw),
+                shape: MatmulShape::new(dims, WeightLayout::InOut),
+            });
         }
         let norms = [
             (
@@ -981,9 +1006,16 @@ impl<B: Backend> Engine<B> {
             ),
         ];
         for (pw, pb, dout, inp, mean, rstd) in norms {
-            let (dw, db) = weight_and_bias(&mut g, (lay, l), pw, pb);
-            let (mean, rstd) = (mean.s().part(s, rows), rstd.s().part(s, rows));
-            be.layernorm_backward_weight(dw, db, saved(dout.clone()), inp, w(pw), mean, rstd, c)?;
+            be.layernorm_backward(LayerNormBackward {
+                dinp: None,
+                dwb: Some(weight_and_bias(&mut g, (lay, l), pw, pb)),
+                dout: saved(dout.clone()),
+                inp,
+                w: w(pw),
+                mean: mean.s().part(s, rows),
+                rstd: rstd.s().part(s, rows),
+                c,
+            })?;
         }
         Ok(())
     }
