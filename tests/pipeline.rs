@@ -1,12 +1,13 @@
 //! Pipeline parallelism follows `single` with the same accumulation: the
 //! micro-batches a pipeline streams are `single`'s accumulation steps, so
 //! every layout of {gpipe, 1f1b} x {pp 2, 4} x {dp 1, 2} x {tp 1, 2}, with
-//! recomputation, matches over five steps (losses within 1e-5, parameters
-//! within 1e-4 of the largest), and so does every cell of the grid
-//! {ddp, zero1, zero2, fsdp} x {pp 1, 2, 4} x {tp 1, 2}, and interleaved
-//! 1F1B (two chunks a rank) with each of them. BERT too, both
-//! heads (its masked-LM decoder is tied to the word embeddings across the
-//! first and last stage).
+//! recomputation, matches over five steps (losses within 1e-5, gradient
+//! norms within 1e-5 of single's, parameters within 1e-4 of the largest),
+//! and so does every cell of the grid {ddp, zero1, zero2, fsdp} x {pp 1, 2,
+//! 4} x {tp 1, 2}, and interleaved 1F1B (two chunks a rank) with each of
+//! them; with clipping off too, where only the reported norm can show a
+//! norm counted wrongly. BERT too, both heads (its masked-LM decoder is
+//! tied to the word embeddings across the first and last stage).
 
 mod common;
 
@@ -14,7 +15,7 @@ use distgpt::backend::cpu::Cpu;
 use distgpt::data::{Dataset, TokenizerKind};
 use distgpt::model::GptConfig;
 use distgpt::parallel::{ParallelConfig, Pipeline, Schedule, StrategyKind};
-use distgpt::train::{train_lm, TrainSummary};
+use distgpt::train::{train_lm, TrainConfig, TrainSummary};
 use std::sync::OnceLock;
 use std::time::Duration as Wait;
 
@@ -34,8 +35,13 @@ fn model() -> GptConfig {
 }
 
 fn run(par: ParallelConfig) -> TrainSummary {
+    run_clipped(par, TrainConfig::default().grad_clip)
+}
+
+/// A run clipping the gradient's global norm at `grad_clip` (0: off).
+fn run_clipped(par: ParallelConfig, grad_clip: f32) -> TrainSummary {
     let tag = format!(
-        "pp-{}-{}-{:?}-{}-{}-{}",
+        "pp-{}-{}-{:?}-{}-{}-{}-clip{grad_clip}",
         par.pipeline.stages,
         par.world_size,
         par.strategy,
@@ -43,7 +49,10 @@ fn run(par: ParallelConfig) -> TrainSummary {
         par.pipeline.to_string().replace(' ', "-"),
         par.recompute
     );
-    let cfg = common::five_steps(&tag, ACCUM);
+    let cfg = TrainConfig {
+        grad_clip,
+        ..common::five_steps(&tag, ACCUM)
+    };
     train_lm(
         Cpu::new,
         model(),
@@ -172,6 +181,34 @@ fn zero_bubble_pipelines_follow_single_in_every_cell() {
         let what = format!("zb-h1 pp {pp} x dp {dp} x tp {tp}, {strategy}");
         let got = run(layout(strategy, (dp, pp, tp), Schedule::ZbH1, false));
         common::assert_follows(single, &got, &what);
+    }
+}
+
+/// With clipping off a wrong global norm moves no loss and no parameter,
+/// so only the reported norm can show it: every layout's norm, a pipeline's
+/// summed over its stages with the tied `wte` copy counted once, is single's.
+#[test]
+fn every_layout_reports_singles_gradient_norm_with_clipping_off() {
+    use Schedule::*;
+    use StrategyKind::*;
+    let unclipped =
+        |strategy, mesh, schedule| run_clipped(layout(strategy, mesh, schedule, false), 0.0);
+    let single = unclipped(Single, (1, 1, 1), OneFOneB);
+    for (strategy, (dp, pp, tp), schedule) in [
+        (Ddp, (2, 1, 1), OneFOneB),
+        (Zero1, (2, 1, 1), OneFOneB),
+        (Zero2, (2, 1, 1), OneFOneB),
+        (Fsdp, (2, 1, 1), OneFOneB),
+        (Tp, (1, 1, 2), OneFOneB),
+        (Ddp, (1, 2, 1), GPipe),
+        (Ddp, (1, 2, 1), OneFOneB),
+        (Ddp, (1, 2, 1), Interleaved),
+        (Ddp, (1, 2, 1), ZbH1),
+        (Zero1, (2, 2, 1), OneFOneB),
+        (Fsdp, (2, 2, 2), OneFOneB),
+    ] {
+        let what = format!("{strategy} {schedule} pp {pp} x dp {dp} x tp {tp}, clipping off");
+        common::assert_follows(&single, &unclipped(strategy, (dp, pp, tp), schedule), &what);
     }
 }
 
