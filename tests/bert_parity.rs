@@ -1,7 +1,9 @@
 //! BERT parity with Hugging Face `transformers` (fixtures from
 //! scripts/make_bert_fixture.py): a small random `BertForMaskedLM` and
 //! `BertForSequenceClassification` (logits, loss, every parameter's
-//! gradient, with padding, token types and ignored labels), and the real
+//! gradient, with padding, token types and ignored labels), a classifier on
+//! the batches our labelled-set loader pads (against BertTokenizer's ids
+//! and transformers' logits under its attention mask), and the real
 //! all-MiniLM-L6-v2 `BertModel` (last hidden state and pooled output), run
 //! when its weights are present (`DISTGPT_MINILM_DIR`, which CI sets).
 
@@ -9,6 +11,8 @@ mod fixture;
 
 use distgpt::backend::cpu::Cpu;
 use distgpt::backend::Device;
+use distgpt::data::labelled::LabelledSet;
+use distgpt::data::wordpiece::WordPiece;
 use distgpt::data::{Batch, IGNORE};
 use distgpt::model::bert::{hf, BertHead, Engine};
 use distgpt::model::{TpPlace, UnitModel, Whole};
@@ -138,6 +142,71 @@ fn classifier_logits_loss_and_gradients_match_transformers() {
     check_tiny("cls");
 }
 
+/// The labelled-set loader against transformers, so that its padding is
+/// checked from outside: bert_tiny/loader's test split read by
+/// `LabelledSet::load`, cut by our WordPiece from the model folder's
+/// vocab.txt and padded by `Labelled::batches`, gives BertTokenizer's ids,
+/// and the classifier on those batches gives the logits and loss
+/// transformers gives with its attention mask (a loader that lost the
+/// padding lengths would have every layout attend to [PAD] alike).
+#[test]
+fn classifier_on_the_labelled_set_loaders_batches_matches_transformers() {
+    let dir = fixtures().join("bert_tiny/loader");
+    let reference = Reference::load(&dir.join("reference.safetensors"));
+    let set = LabelledSet::load(&dir.join("data")).unwrap();
+    let wp = WordPiece::from_vocab_file(&dir.join("model/vocab.txt")).unwrap();
+    let mut m = model(&dir.join("model"), None);
+    assert_eq!(m.engine.config.vocab_size, wp.vocab_size());
+    let (shape, ids) = reference.tensor("input_ids");
+    let (rows, t) = (shape[0], shape[1]);
+    let want_loss = reference.tensor("loss").1;
+    let want_logits = reference.tensor("logits").1;
+    let want_labels = reference.tensor("labels").1;
+    let b = rows / want_loss.len();
+    let labels = want_logits.len() / rows;
+    assert_eq!(labels, set.labels.len());
+    let mask_lens: Vec<u32> = reference
+        .tensor("attention_mask")
+        .1
+        .chunks(t)
+        .map(|m| m.iter().sum::<f32>() as u32)
+        .collect();
+    // ids as whole numbers, -100 as IGNORE
+    let whole = |x: &[f32]| -> Vec<u32> {
+        x.iter()
+            .map(|&x| if x < 0.0 { IGNORE } else { x as u32 })
+            .collect()
+    };
+    let batches = set.test.batches(&wp, b, t, None);
+    assert_eq!(batches.len(), want_loss.len());
+    for (i, batch) in batches.iter().enumerate() {
+        let ids = whole(&ids[i * b * t..][..b * t]);
+        assert_eq!(batch.inputs, ids, "batch {i}: ids");
+        let targets = whole(&want_labels[i * b..][..b]);
+        assert_eq!(batch.targets, targets, "batch {i}: labels");
+        let loss = m
+            .run_forward(batch, (b, t), batch.loss_terms() as f32, None)
+            .unwrap()
+            .unwrap();
+        let err = max_err(
+            &m.engine.logits().unwrap(),
+            &want_logits[i * b * labels..][..b * labels],
+        );
+        assert!(err <= 1e-4, "batch {i}: logits max abs error {err}");
+        assert!(
+            (loss - want_loss[i]).abs() <= 1e-5,
+            "batch {i}: loss {loss} vs {}",
+            want_loss[i]
+        );
+        let lens = &mask_lens[i * b..][..b];
+        assert_eq!(batch.lens, lens, "batch {i}: lengths vs the attention mask");
+    }
+    assert!(
+        mask_lens.iter().any(|&l| (l as usize) < t),
+        "the fixture pads no sequence: it would test no padding"
+    );
+}
+
 #[test]
 fn all_minilm_l6_v2_hidden_states_and_pooled_output_match_transformers() {
     let Some(dir) = std::env::var_os("DISTGPT_MINILM_DIR").map(PathBuf::from) else {
@@ -176,7 +245,7 @@ fn wordpiece_gives_the_hugging_face_tokenizers_ids() {
         eprintln!("skipped: set DISTGPT_MINILM_DIR to all-MiniLM-L6-v2's model folder");
         return;
     };
-    let wp = distgpt::data::wordpiece::WordPiece::from_vocab_file(&dir.join("vocab.txt")).unwrap();
+    let wp = WordPiece::from_vocab_file(&dir.join("vocab.txt")).unwrap();
     let text = std::fs::read_to_string(fixtures().join("minilm/wordpiece.json")).unwrap();
     let cases: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
     assert!(cases.len() >= 30);
