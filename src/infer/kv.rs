@@ -4,14 +4,15 @@
 //! (each rank caches its own heads; the projections are all-reduced).
 
 use crate::backend::{
-    Activation, AttentionDecode, Backend, Buf, Category, DecodeShape, EncoderForward,
-    LayerNormForward, MatmulDecode, Src, WeightFormat, WeightLayout,
+    AttentionDecode, Backend, Buf, Category, DecodeShape, Dst, EncoderForward, LayerNormForward,
+    MatmulDecode, MatmulForward, MatmulShape, On, Src, WeightFormat, WeightLayout,
 };
 use crate::comm::Comm;
 use crate::error::{Error, Result};
+use crate::model::gpt2::block::{self, BlockIo, BlockMode};
 use crate::model::gpt2::config::BlockDims;
 use crate::model::gpt2::{BlockParam, LN_EPS};
-use crate::model::{tp, GptConfig, ParamLayout, TpPlace};
+use crate::model::{GptConfig, ParamLayout, TpPlace};
 
 /// A (tensor-parallel part of a) model ready to decode: its flat parameters
 /// and its matrices packed once by the backend for few-row products, in fp32
@@ -97,10 +98,16 @@ struct Part<B: Backend> {
     tokens: Buf<B, u32>,
     kcache: Buf<B>,
     vcache: Buf<B>,
+    /// The residual stream, in and out of a block (swapped after each).
     x: Buf<B>,
+    y: Buf<B>,
+    /// ln1's (and the final norm's) output, mean and rstd; ln2's.
     ln: Buf<B>,
     mean: Buf<B>,
     rstd: Buf<B>,
+    ln2: Buf<B>,
+    mean2: Buf<B>,
+    rstd2: Buf<B>,
     qkv: Buf<B>,
     atty: Buf<B>,
     res2: Buf<B>,
@@ -227,6 +234,60 @@ impl<B: Backend> Decoder<B> {
     }
 }
 
+/// The decoding mode of GPT-2's block forward: one position a row, the
+/// block's matrices packed (qkv, attention projection, fc, fc projection),
+/// its keys and values appended to the cache at the step's position and
+/// attended against.
+struct Decoding<'s, 'c, B: Backend> {
+    be: &'s B,
+    packed: &'s [B::Packed; 4],
+    /// This block's caches: (rows, max_t, cl) each.
+    kcache: Dst<'c, B>,
+    vcache: Dst<'c, B>,
+    shape: DecodeShape,
+}
+
+impl<B: Backend> BlockMode<B> for Decoding<'_, '_, B> {
+    fn matmul(&mut self, which: BlockParam, op: MatmulForward<On<'_, B>>) {
+        let w = match which {
+            BlockParam::QkvW => &self.packed[0],
+            BlockParam::AttnProjW => &self.packed[1],
+            BlockParam::FcW => &self.packed[2],
+            BlockParam::FcProjW => &self.packed[3],
+            other => unreachable!("{other:?} is not a block matrix"),
+        };
+        let MatmulShape { rows, k, n, .. } = op.shape;
+        self.be.matmul_decode(MatmulDecode {
+            out: op.out,
+            inp: op.inp,
+            w,
+            bias: op.bias,
+            dims: (rows, k, n),
+            accumulate: op.accumulate,
+        })
+    }
+    fn attention(&mut self, atty: Dst<'_, B>, qkv: Src<'_, B>) {
+        let DecodeShape {
+            b, len, c, max_t, ..
+        } = self.shape;
+        for r in 0..b {
+            let at = (r * max_t + len - 1) * c;
+            let row = qkv.slice(r * 3 * c..(r + 1) * 3 * c);
+            self.be
+                .copy(self.kcache.rb().slice(at..at + c), row.slice(c..2 * c));
+            self.be
+                .copy(self.vcache.rb().slice(at..at + c), row.slice(2 * c..3 * c));
+        }
+        self.be.attention_decode(AttentionDecode {
+            out: atty,
+            qkv,
+            kcache: self.kcache.src().first(b * max_t * c),
+            vcache: self.vcache.src().first(b * max_t * c),
+            shape: self.shape,
+        })
+    }
+}
+
 impl<B: Backend> Part<B> {
     /// Buffers for rows first..first + b.
     fn new(
@@ -245,9 +306,13 @@ impl<B: Backend> Part<B> {
             kcache: a(l * b * max_t * cl)?,
             vcache: a(l * b * max_t * cl)?,
             x: a(b * c)?,
+            y: a(b * c)?,
             ln: a(b * c)?,
             mean: a(b)?,
             rstd: a(b)?,
+            ln2: a(b * c)?,
+            mean2: a(b)?,
+            rstd2: a(b)?,
             qkv: a(b * 3 * cl)?,
             atty: a(b * cl)?,
             res2: a(b * c)?,
@@ -269,7 +334,7 @@ impl<B: Backend> Part<B> {
         let (cfg, lay, weights, pos, max_t) = (at.config, at.layout, at.weights, at.pos, at.max_t);
         let (b, c, vp) = (self.b, cfg.n_embd, cfg.padded_vocab());
         let be = at.backend;
-        // the two projections are row-parallel under tensor parallelism
+        // the block's tensor-parallel group and place
         let place = (tp, at.tp);
         let wide = cfg.widest(at.tp.size).cl;
         let params = weights.params;
@@ -284,44 +349,25 @@ impl<B: Backend> Part<B> {
             c,
         });
         for l in 0..cfg.n_layer {
-            let p = params.slice(lay.block(l));
-            let w = |bp: BlockParam| p.slice(lay.in_block(l, bp));
-            let [qkv_w, proj_w, fc_w, fcproj_w] = &weights.blocks[l];
-            let BlockDims { cl, nhl, fl, .. } = cfg.dims(l, at.tp.size);
-            let (qkv, atty, fch) = (0..b * 3 * cl, 0..b * cl, 0..b * fl);
-            be.layernorm_forward(LayerNormForward {
-                out: self.ln.d(),
-                mean: self.mean.d(),
-                rstd: self.rstd.d(),
-                inp: self.x.s(),
-                w: w(BlockParam::Ln1W),
-                b: w(BlockParam::Ln1B),
-                c,
-                eps: LN_EPS,
-            });
-            be.matmul_decode(MatmulDecode {
-                out: self.qkv.slice_mut(qkv.clone()),
-                inp: self.ln.s(),
-                w: qkv_w,
-                bias: Some(w(BlockParam::QkvB)),
-                dims: (b, c, 3 * cl),
-                accumulate: false,
-            });
-            let cache = l * b * max_t * wide;
-            for r in 0..b {
-                let at = cache + (r * max_t + pos) * cl;
-                let row = self.qkv.slice(r * 3 * cl..(r + 1) * 3 * cl);
-                be.copy(self.kcache.slice_mut(at..at + cl), row.slice(cl..2 * cl));
-                be.copy(
-                    self.vcache.slice_mut(at..at + cl),
-                    row.slice(2 * cl..3 * cl),
-                );
-            }
-            be.attention_decode(AttentionDecode {
-                out: self.atty.slice_mut(atty.clone()),
-                qkv: self.qkv.slice(qkv),
-                kcache: self.kcache.slice(cache..cache + b * max_t * cl),
-                vcache: self.vcache.slice(cache..cache + b * max_t * cl),
+            let d = cfg.dims(l, at.tp.size);
+            let BlockDims { cl, nhl, fl, .. } = d;
+            let io = BlockIo {
+                x: self.x.s(),
+                out: self.y.d(),
+                ln1: [self.ln.d(), self.mean.d(), self.rstd.d()],
+                qkv: self.qkv.slice_mut(0..b * 3 * cl),
+                atty: self.atty.slice_mut(0..b * cl),
+                res2: self.res2.d(),
+                ln2: [self.ln2.d(), self.mean2.d(), self.rstd2.d()],
+                fch: self.fch.slice_mut(0..b * fl),
+                fch_gelu: self.fch_gelu.slice_mut(0..b * fl),
+            };
+            let cache = l * b * max_t * wide..(l * b * max_t + b * max_t) * wide;
+            let mut mode = Decoding {
+                be,
+                packed: &weights.blocks[l],
+                kcache: self.kcache.slice_mut(cache.clone()),
+                vcache: self.vcache.slice_mut(cache),
                 shape: DecodeShape {
                     b,
                     len: pos + 1,
@@ -329,68 +375,10 @@ impl<B: Backend> Part<B> {
                     nh: nhl,
                     max_t,
                 },
-            });
-            let atty = self.atty.slice(atty);
-            let (out, x) = (self.res2.d(), self.x.s());
-            tp::row_parallel(
-                be,
-                place,
-                out,
-                x,
-                w(BlockParam::AttnProjB),
-                |out, bias, accumulate| {
-                    be.matmul_decode(MatmulDecode {
-                        out,
-                        inp: atty,
-                        w: proj_w,
-                        bias,
-                        dims: (b, cl, c),
-                        accumulate,
-                    })
-                },
-            )?;
-            be.layernorm_forward(LayerNormForward {
-                out: self.ln.d(),
-                mean: self.mean.d(),
-                rstd: self.rstd.d(),
-                inp: self.res2.s(),
-                w: w(BlockParam::Ln2W),
-                b: w(BlockParam::Ln2B),
-                c,
-                eps: LN_EPS,
-            });
-            be.matmul_decode(MatmulDecode {
-                out: self.fch.slice_mut(fch.clone()),
-                inp: self.ln.s(),
-                w: fc_w,
-                bias: Some(w(BlockParam::FcB)),
-                dims: (b, c, fl),
-                accumulate: false,
-            });
-            let gelu = Activation::GeluTanh;
-            be.activation_forward(
-                self.fch_gelu.slice_mut(fch.clone()),
-                self.fch.slice(fch.clone()),
-                gelu,
-            );
-            let (out, res2, gelu) = (self.x.d(), self.res2.s(), self.fch_gelu.slice(fch));
-            tp::row_parallel(
-                be,
-                place,
-                out,
-                res2,
-                w(BlockParam::FcProjB),
-                |out, bias, accumulate| {
-                    be.matmul_decode(MatmulDecode {
-                        out,
-                        inp: gelu,
-                        w: fcproj_w,
-                        bias,
-                        dims: (b, fl, c),
-                        accumulate,
-                    })
-                },
-            )?;
+            };
+            let p = (lay, l, params.slice(lay.block(l)));
+            block::forward(be, &mut mode, io, p, (b, d), place)?;
+            std::mem::swap(&mut self.x, &mut self.y);
         }
         let lnf = params.slice(lay.final_norm());
         be.layernorm_forward(LayerNormForward {

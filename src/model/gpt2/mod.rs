@@ -3,6 +3,7 @@
 //! `Engine` holds the activations; `Gpt2` adds the full parameter and
 //! gradient buffers for the strategies that keep them whole.
 
+pub mod block;
 pub mod config;
 pub mod layout;
 
@@ -16,13 +17,14 @@ use super::unit::{Span, UnitGrads, UnitKind, UnitModel, UnitParams, Whole};
 use crate::backend::{
     Activation, AttentionBackward, AttentionForward, AttnShape, Backend, Buf, Category,
     CrossEntropyBackward, CrossEntropyForward, Dst, EncoderBackward, EncoderForward,
-    LayerNormBackward, LayerNormForward, MatmulBackward, MatmulForward, MatmulShape, Src,
+    LayerNormBackward, LayerNormForward, MatmulBackward, MatmulForward, MatmulShape, On, Src,
     WeightLayout,
 };
 use crate::comm::Comm;
 use crate::data::Batch as DataBatch;
 use crate::error::{Error, Result};
 use crate::rng::Rng;
+use block::{BlockIo, BlockMode};
 use config::{BlockDims, GptConfig};
 pub use layout::BlockParam;
 
@@ -358,118 +360,45 @@ impl<B: Backend> Engine<B> {
     /// Block l: resid[l] -> resid[l + 1]; `p` is this rank's slice of the block.
     fn block_forward(&mut self, l: usize, p: Src<'_, B>, tp: Option<&dyn Comm>) -> Result<()> {
         let (b, t) = self.shape();
-        let (BlockDims { c, cl, nhl, fl }, wd) = (self.dims(l), self.widest());
+        let (d, wd) = (self.dims(l), self.widest());
+        let BlockDims { c, cl, nhl, fl } = d;
         let rows = b * t;
         let btc = rows * c;
         let (s, r) = (self.slot(l), self.span.resid(l));
-        let (be, lay) = (&self.backend, &self.layout);
         let a = self.acts.as_mut().expect("begun");
-        let w = |bp: BlockParam| p.slice(lay.in_block(l, bp));
-        // the two projections are row-parallel under tensor parallelism
-        let place = (tp, self.tp);
-
         let (lo, hi) = a.resid.d().split_at((r + 1) * btc);
-        let x = lo.into_src().from(r * btc);
-        let out = hi.first(btc);
-        let mut ln1 = a.ln1.d().part(s, btc);
-        be.layernorm_forward(LayerNormForward {
-            out: ln1.rb(),
-            mean: a.ln1_mean.d().part(s, rows),
-            rstd: a.ln1_rstd.d().part(s, rows),
-            inp: x,
-            w: w(BlockParam::Ln1W),
-            b: w(BlockParam::Ln1B),
-            c,
-            eps: LN_EPS,
-        });
-        let mut qkv = a.qkv.d().part(s, 3 * rows * wd.cl).first(3 * rows * cl);
-        let io = |dims| MatmulShape::new(dims, WeightLayout::InOut);
-        let op = MatmulForward {
-            out: qkv.rb(),
-            inp: ln1.src(),
-            w: w(BlockParam::QkvW),
-            bias: Some(w(BlockParam::QkvB)),
-            shape: io((rows, c, 3 * cl)),
-            accumulate: false,
+        let io = BlockIo {
+            x: lo.into_src().from(r * btc),
+            out: hi.first(btc),
+            ln1: [
+                a.ln1.d().part(s, btc),
+                a.ln1_mean.d().part(s, rows),
+                a.ln1_rstd.d().part(s, rows),
+            ],
+            qkv: a.qkv.d().part(s, 3 * rows * wd.cl).first(3 * rows * cl),
+            atty: a.atty.d().part(s, rows * wd.cl).first(rows * cl),
+            res2: a.res2.d().part(s, btc),
+            ln2: [
+                a.ln2.d().part(s, btc),
+                a.ln2_mean.d().part(s, rows),
+                a.ln2_rstd.d().part(s, rows),
+            ],
+            fch: a.fch.d().part(s, rows * wd.fl).first(rows * fl),
+            fch_gelu: a.fch_gelu.d().part(s, rows * wd.fl).first(rows * fl),
         };
-        matmul_forward(be, a.bf16.as_mut(), op);
-        let mut atty = a.atty.d().part(s, rows * wd.cl).first(rows * cl);
-        be.attention_forward(AttentionForward {
-            out: atty.rb(),
+        let mut mode = Training {
+            be: &self.backend,
+            bf16: a.bf16.as_mut(),
             lse: a.lse.d().part(s, rows * wd.nhl).first(rows * nhl),
-            qkv: qkv.src(),
-            lens: None,
             shape: AttnShape {
                 b,
                 t,
                 c: cl,
                 nh: nhl,
             },
-        });
-        let mut res2 = a.res2.d().part(s, btc);
-        let bf16 = &mut a.bf16;
-        let w_proj = w(BlockParam::AttnProjW);
-        tp::row_parallel(
-            be,
-            place,
-            res2.rb(),
-            x,
-            w(BlockParam::AttnProjB),
-            |out, bias, accumulate| {
-                let op = MatmulForward {
-                    out,
-                    inp: atty.src(),
-                    w: w_proj,
-                    bias,
-                    shape: io((rows, cl, c)),
-                    accumulate,
-                };
-                matmul_forward(be, bf16.as_mut(), op)
-            },
-        )?;
-        let mut ln2 = a.ln2.d().part(s, btc);
-        be.layernorm_forward(LayerNormForward {
-            out: ln2.rb(),
-            mean: a.ln2_mean.d().part(s, rows),
-            rstd: a.ln2_rstd.d().part(s, rows),
-            inp: res2.src(),
-            w: w(BlockParam::Ln2W),
-            b: w(BlockParam::Ln2B),
-            c,
-            eps: LN_EPS,
-        });
-        let mut fch = a.fch.d().part(s, rows * wd.fl).first(rows * fl);
-        let op = MatmulForward {
-            out: fch.rb(),
-            inp: ln2.src(),
-            w: w(BlockParam::FcW),
-            bias: Some(w(BlockParam::FcB)),
-            shape: io((rows, c, fl)),
-            accumulate: false,
         };
-        matmul_forward(be, a.bf16.as_mut(), op);
-        let mut fch_gelu = a.fch_gelu.d().part(s, rows * wd.fl).first(rows * fl);
-        be.activation_forward(fch_gelu.rb(), fch.src(), Activation::GeluTanh);
-        let bf16 = &mut a.bf16;
-        let w_proj = w(BlockParam::FcProjW);
-        tp::row_parallel(
-            be,
-            place,
-            out,
-            res2.src(),
-            w(BlockParam::FcProjB),
-            |out, bias, accumulate| {
-                let op = MatmulForward {
-                    out,
-                    inp: fch_gelu.src(),
-                    w: w_proj,
-                    bias,
-                    shape: io((rows, fl, c)),
-                    accumulate,
-                };
-                matmul_forward(be, bf16.as_mut(), op)
-            },
-        )
+        let at = (&self.layout, l, p);
+        block::forward(&self.backend, &mut mode, io, at, (rows, d), (tp, self.tp))
     }
 
     /// ln_f and the tied LM head; the mean loss when the batch has targets.
@@ -1018,6 +947,31 @@ impl<B: Backend> Engine<B> {
             })?;
         }
         Ok(())
+    }
+}
+
+/// The training mode of the block forward: whole sequences of `shape`,
+/// the weights as they are (bf16 operands when `bf16` holds their
+/// scratch), attention's log-sum-exp kept in `lse` for the backward.
+struct Training<'s, 'a, B: Backend> {
+    be: &'s B,
+    bf16: Option<&'s mut Bf16Operands<B>>,
+    lse: Dst<'a, B>,
+    shape: AttnShape,
+}
+
+impl<B: Backend> BlockMode<B> for Training<'_, '_, B> {
+    fn matmul(&mut self, _: BlockParam, op: MatmulForward<On<'_, B>>) {
+        matmul_forward(self.be, self.bf16.as_deref_mut(), op)
+    }
+    fn attention(&mut self, atty: Dst<'_, B>, qkv: Src<'_, B>) {
+        self.be.attention_forward(AttentionForward {
+            out: atty,
+            lse: self.lse.rb(),
+            qkv,
+            lens: None,
+            shape: self.shape,
+        })
     }
 }
 
