@@ -111,7 +111,7 @@ fn check_memory(cfg: &ModelConfig) {
     // of 4 where the model has 4 blocks; each pipeline also as zb-h1
     // without recomputation where the model is GPT-2
     let four_stages = usize::from(cfg.n_layer() >= 4);
-    let zb = usize::from(matches!(cfg, ModelConfig::Gpt2(_))) * (1 + 5 + four_stages);
+    let zb = usize::from(cfg.splits_backward()) * (1 + 5 + four_stages);
     assert_eq!(
         checked,
         2 * (1 + 6 + 14 + four_stages) + zb,
@@ -195,7 +195,7 @@ fn every_pipeline_stage_peaks_where_plan_says() {
                     pipeline: Pipeline::new(stages, schedule, 2),
                 };
                 let v = par.pipeline.virtual_stages;
-                let gpt = matches!(cfg, ModelConfig::Gpt2(_));
+                let gpt = cfg.splits_backward();
                 if stages * v > cfg.n_layer()
                     || (stages == 1 && schedule != Schedule::OneFOneB)
                     || (schedule == Schedule::ZbH1 && !gpt)

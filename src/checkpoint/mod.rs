@@ -375,19 +375,16 @@ pub fn verify_model_files(dir: &Path, model: &crate::model::ModelConfig) -> Resu
         path: dir.to_path_buf(),
         reason: format!("holds a model of {found}, not the run's {model}"),
     };
-    match model {
-        crate::model::ModelConfig::Gpt2(c) => {
-            let (m, _) = load_model_files(crate::backend::cpu::Cpu::new(), dir)?;
-            if &m.config != c {
-                return Err(bad(m.config.to_string()));
-            }
-        }
-        crate::model::ModelConfig::Bert(c) => {
-            let (found, _) = crate::model::bert::hf::load_folder(dir, None, 0)?;
-            if &found != c {
-                return Err(bad(found.to_string()));
-            }
-        }
+    let read = model
+        .registration()
+        .read_model_files
+        .ok_or_else(|| Error::Checkpoint {
+            path: dir.to_path_buf(),
+            reason: format!("the {} family writes no model files", model.family()),
+        })?;
+    let found = read(dir)?;
+    if &found != model {
+        return Err(bad(found.to_string()));
     }
     Ok(())
 }

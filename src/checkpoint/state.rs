@@ -52,15 +52,17 @@ impl Index {
     /// The GPT-2 the checkpoint at `dir` holds; a BERT's is refused by name
     /// (for what reads only GPT-2 models).
     pub fn gpt2(&self, dir: &Path) -> Result<GptConfig> {
-        match &self.model {
-            ModelConfig::Gpt2(c) => Ok(c.clone()),
-            ModelConfig::Bert(c) => Err(Error::Checkpoint {
+        self.model
+            .get::<GptConfig>()
+            .cloned()
+            .ok_or_else(|| Error::Checkpoint {
                 path: dir.to_path_buf(),
                 reason: format!(
-                    "holds a {c}: this reads GPT-2 models (a BERT run's weights are a Hugging Face folder in its run directory; `train --task mlm --resume` continues it)"
+                    "holds a {} ({}): this reads GPT-2 models (a BERT run's weights are a Hugging Face folder in its run directory; `train --task mlm --resume` continues it)",
+                    self.model.family(),
+                    self.model
                 ),
-            }),
-        }
+            })
     }
 
     /// The checksum this index should carry.

@@ -10,7 +10,7 @@ use anyhow::Result;
 use clap::Args;
 use distgpt::backend::Backend;
 use distgpt::metrics;
-use distgpt::model::{ModelConfig, Precision};
+use distgpt::model::{GptConfig, ModelConfig, Precision};
 use distgpt::train::bench::{bench_rank, BenchSpec};
 use std::time::Instant;
 
@@ -126,7 +126,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let cfg = a.model.resolve_family(a.vocab_size)?;
     let (b, t) = (a.batch_size, a.seq_len.unwrap_or(cfg.block_size()));
     if let Some(tokens) = a.generate {
-        let ModelConfig::Gpt2(gpt) = &cfg else {
+        let Some(gpt) = cfg.get::<GptConfig>() else {
             anyhow::bail!(
                 "--generate needs a GPT-2 model: {} is an encoder",
                 a.model.model_name()

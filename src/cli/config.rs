@@ -6,7 +6,7 @@
 //! the file.
 
 use anyhow::{bail, Context, Result};
-use distgpt::model::ModelConfig;
+use distgpt::model::GptConfig;
 use distgpt::train::run_dir::RunRecord;
 use distgpt::train::{Duration, TaskKind};
 use std::ffi::OsString;
@@ -71,22 +71,23 @@ fn record_entries(r: &RunRecord) -> Vec<(String, Value)> {
     let int = |v: usize| Value::Integer(v as i64);
     let float = |v: f64| Value::Float(v);
     let mut out = vec![("task", Value::String(r.task.to_string()))];
-    match (&r.model, r.task) {
-        (ModelConfig::Gpt2(m), _) => out.extend([
-            ("n_layer", int(m.n_layer)),
-            ("n_head", int(m.n_head)),
-            ("n_embd", int(m.n_embd)),
-            ("block_size", int(m.block_size)),
+    let m = &r.model;
+    match (m.get::<GptConfig>(), r.task) {
+        (Some(_), _) => out.extend([
+            ("n_layer", int(m.n_layer())),
+            ("n_head", int(m.n_head())),
+            ("n_embd", int(m.n_embd())),
+            ("block_size", int(m.block_size())),
         ]),
         // a masked LM's shape over a BERT preset (its positions are --seq-len)
-        (ModelConfig::Bert(m), TaskKind::Mlm) => out.extend([
+        (None, TaskKind::Mlm) => out.extend([
             ("model", Value::String("bert-tiny".into())),
-            ("n_layer", int(m.n_layer)),
-            ("n_head", int(m.n_head)),
-            ("n_embd", int(m.n_embd)),
+            ("n_layer", int(m.n_layer())),
+            ("n_head", int(m.n_head())),
+            ("n_embd", int(m.n_embd())),
         ]),
         // a classifier's shape is its --init-from folder's
-        (ModelConfig::Bert(_), _) => {}
+        (None, _) => {}
     }
     out.extend(vec![
         (

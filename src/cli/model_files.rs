@@ -144,16 +144,16 @@ pub(super) fn consolidate(
         );
     }
     let state = checkpoint::state::load(checkpoint_dir)?;
-    match &state.index.model {
-        ModelConfig::Gpt2(c) => {
-            let mut model = distgpt::model::Gpt2::new(Cpu::new(), c.clone())?;
-            model.set_params(&state.params)?;
-            checkpoint::save_model(&model, state.index.tokenizer.clone(), out)?;
-        }
+    let model = &state.index.model;
+    if let Some(c) = model.get::<GptConfig>() {
+        let mut model = distgpt::model::Gpt2::new(Cpu::new(), c.clone())?;
+        model.set_params(&state.params)?;
+        checkpoint::save_model(&model, state.index.tokenizer.clone(), out)?;
+    } else if let Some(c) = model.get::<BertConfig>() {
         // a Hugging Face folder, as a BERT run writes its weights
-        ModelConfig::Bert(c) => {
-            distgpt::model::bert::hf::write_folder(c, &state.params, vocab, out)?
-        }
+        distgpt::model::bert::hf::write_folder(c, &state.params, vocab, out)?
+    } else {
+        bail!("the {} family writes no model files", model.family());
     }
     Ok(state.index)
 }
@@ -255,9 +255,9 @@ pub(super) fn run_consolidate(a: ConsolidateArgs) -> Result<()> {
     distgpt::outln!(
         "wrote {} ({}) from {} (step {}, saved by {} on {} rank(s))",
         a.out.display(),
-        match index.model {
-            ModelConfig::Gpt2(_) => "model.safetensors, model.json",
-            ModelConfig::Bert(_) => "a Hugging Face folder: config.json, model.safetensors",
+        match index.model.get::<GptConfig>() {
+            Some(_) => "model.safetensors, model.json",
+            None => "a Hugging Face folder: config.json, model.safetensors",
         },
         dir.display(),
         index.step,

@@ -307,7 +307,8 @@ pub(super) fn new_run(a: &TrainArgs, given: &[String], task: TaskKind) -> Result
             }
         },
         TaskKind::Mlm => {
-            let ModelConfig::Bert(shape) = a.model.resolve_family(None)? else {
+            let family = a.model.resolve_family(None)?;
+            let Some(shape) = family.get::<BertConfig>().cloned() else {
                 bail!(
                     "--task mlm trains a BERT: choose --model bert-tiny, bert-minilm or bert-base"
                 );
@@ -471,10 +472,17 @@ pub(super) fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<(Prepared, 
         }
         kind => {
             let ds = Dataset::load_for_model(cfg.data.as_deref(), &index.tokenizer)?;
-            match (kind, record.model) {
-                (TaskKind::Lm, ModelConfig::Gpt2(model)) => TaskData::Lm { model, ds },
-                (TaskKind::Mlm, ModelConfig::Bert(model)) => TaskData::Mlm { model, ds },
-                (kind, model) => bail!(
+            let model = record.model;
+            match (kind, model.get::<GptConfig>(), model.get::<BertConfig>()) {
+                (TaskKind::Lm, Some(gpt), _) => TaskData::Lm {
+                    model: gpt.clone(),
+                    ds,
+                },
+                (TaskKind::Mlm, _, Some(bert)) => TaskData::Mlm {
+                    model: bert.clone(),
+                    ds,
+                },
+                _ => bail!(
                     "{}'s run record names a --task {kind} run of a {model}",
                     run_dir.display()
                 ),

@@ -1,115 +1,316 @@
-//! The model families, as one configuration type: what `parallel`,
-//! `train`, `plan` and `compare` hold. Adding a family is a folder under
-//! `src/model/`, its kernels, and a variant here.
+//! Model families as data. A family is a config type implementing
+//! [`Family`] (its shape, layout, initialisation, costs and synthetic
+//! batches) and [`FamilyEngine`] (its unit-by-unit engine), with a
+//! [`Registration`] (its name, how it is written in JSON, its presets): all
+//! in its own folder, listed once here ([`BUILTIN`]) or registered at run
+//! time ([`register`]). `parallel`, `train`, `plan` and `compare` hold a
+//! [`ModelConfig`] and ask it; they never name a family.
 
-use super::bert::{self, BertConfig, BertHead};
-use super::gpt2;
-use super::gpt2::config::GptConfig;
 use super::layout::ParamLayout;
 use super::tp::TpPlace;
-use super::unit::UnitModel;
-use super::Precision;
+use super::unit::{Span, UnitModel};
+use super::{bert, gpt2, Precision};
 use crate::backend::Backend;
-use crate::data::{Batch, IGNORE};
+use crate::data::Batch;
 use crate::error::{Error, Result};
 use crate::rng::Rng;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::any::Any;
+use std::fmt;
+use std::sync::{Arc, RwLock};
 
 /// The largest model accepted of any family (2^36 parameters, far past
 /// GPT-2 XL's 1.6B): a bound on what a crafted `model.json`, `config.json`
 /// or checkpoint index can ask to allocate.
 pub const MAX_PARAMS: usize = 1 << 36;
 
-/// A model of one of the families. As JSON a GPT-2 is its bare config (as
-/// every checkpoint index and run record before BERT has it, so their
-/// checksums still hold) and a BERT is `{"bert": {...}}`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(into = "Repr", from = "Repr")]
-pub enum ModelConfig {
-    Gpt2(GptConfig),
-    Bert(BertConfig),
+/// The families built in, each registered in its own folder.
+const BUILTIN: [&Registration; 2] = [&gpt2::family::FAMILY, &bert::family::FAMILY];
+
+/// Families registered at run time, after the built-in ones.
+static REGISTERED: RwLock<Vec<&'static Registration>> = RwLock::new(Vec::new());
+
+/// A model family's configuration: what the rest of distgpt asks of a model.
+pub trait Family: fmt::Debug + fmt::Display + Send + Sync + 'static {
+    /// The family this config belongs to.
+    fn registration(&self) -> &'static Registration;
+    /// This config as JSON (read back by [`Registration::from_json`]).
+    fn to_json(&self) -> serde_json::Value;
+    /// Refuses shapes the family cannot build (checked before a layout is
+    /// made from an untrusted file).
+    fn validate(&self) -> Result<()>;
+    /// The family's initialisation of the whole model.
+    fn init_full(&self, seed: u64) -> Vec<f32>;
+    /// Training FLOPs per token at sequence length t (the MFU numerator).
+    fn flops_per_token(&self, t: usize) -> f64;
+    /// Training FLOPs per token that tensor parallelism does not split.
+    fn unsplit_flops_per_token(&self, t: usize) -> f64;
+    /// Positions the model has.
+    fn block_size(&self) -> usize;
+    /// Blocks (the units between the embeddings and the head).
+    fn n_layer(&self) -> usize;
+    /// Width of the residual stream.
+    fn n_embd(&self) -> usize;
+    /// Attention heads (tensor parallelism splits them).
+    fn n_head(&self) -> usize;
+    /// Refuses a tensor-parallel size the family cannot split by.
+    fn check_tp(&self, tp: usize) -> Result<()>;
+    /// Whether the engine splits a backward into its input and weight
+    /// halves (`UnitModel::split_backward`, the zb-h1 schedule's need).
+    fn splits_backward(&self) -> bool {
+        false
+    }
+    /// The parameter layout of one of `tp` tensor-parallel ranks.
+    fn layout(&self, tp: usize) -> ParamLayout;
+    /// A random batch of b x t of the family's kind (benchmarks).
+    fn synthetic_batch(&self, rng: &mut Rng, b: usize, t: usize) -> Batch;
+    /// Elements of (activations, other scratch) one of `tp` ranks allocates
+    /// for `bt` = (b sequences, t tokens) when its engine runs `span` =
+    /// (units, recomputing blocks, its backward split in two).
+    fn activation_elems(
+        &self,
+        tp: usize,
+        bt: (usize, usize),
+        span: (&Span, bool, bool),
+        precision: Precision,
+    ) -> (usize, usize);
+    /// This config, to be downcast to the family's type.
+    fn as_any(&self) -> &dyn Any;
 }
 
-/// `ModelConfig` on disk.
-#[derive(Clone, Serialize, Deserialize)]
-#[serde(untagged)]
-enum Repr {
-    // first: a GPT-2 config has no "bert" key
-    Bert { bert: BertConfig },
-    Gpt2(GptConfig),
+/// A family's engine, generic over the backend (registered through
+/// [`Registration::engine_of`]).
+pub trait FamilyEngine: Family + Sized {
+    /// The unit-by-unit engine of tensor-parallel rank `tp`.
+    fn engine<B: Backend>(
+        &self,
+        backend: B,
+        tp: TpPlace,
+        recompute: bool,
+        precision: Precision,
+    ) -> Result<Box<dyn UnitModel<B>>>;
 }
 
-impl From<ModelConfig> for Repr {
-    fn from(m: ModelConfig) -> Repr {
-        match m {
-            ModelConfig::Gpt2(c) => Repr::Gpt2(c),
-            ModelConfig::Bert(bert) => Repr::Bert { bert },
+/// The engine of a registered family on a backend, both erased: the
+/// family's config, the backend (boxed), rank, recomputation, precision.
+pub type EngineFn = fn(&dyn Any, Box<dyn Any>, TpPlace, bool, Precision) -> Result<Box<dyn Any>>;
+
+/// What a family registers.
+pub struct Registration {
+    /// As users know it ("GPT-2").
+    pub name: &'static str,
+    /// The key its configs are written under in JSON (`{"bert": {...}}`);
+    /// None for the one family written bare (GPT-2, as every file written
+    /// before there were families has it).
+    pub key: Option<&'static str>,
+    /// Its presets' names, for `--model` and its errors.
+    pub presets: fn() -> Vec<&'static str>,
+    /// A preset by name, or None for a name that is not this family's.
+    pub preset: fn(&str) -> Option<ModelConfig>,
+    /// A config from its JSON (as [`Family::to_json`] wrote it).
+    pub from_json: fn(serde_json::Value) -> std::result::Result<ModelConfig, String>,
+    /// Its engine: [`Registration::engine_of`].
+    pub engine: EngineFn,
+    /// Reads and checks the model files a run of it writes in a folder
+    /// (checksums, finite weights), giving their config; None for a family
+    /// that writes none.
+    pub read_model_files: Option<fn(&std::path::Path) -> Result<ModelConfig>>,
+}
+
+impl Registration {
+    /// The engine of family `F`, on every backend there is.
+    pub const fn engine_of<F: FamilyEngine>() -> EngineFn {
+        erased_engine::<F>
+    }
+}
+
+/// Adds a family to those [`ModelConfig`] knows; refuses a name or JSON key
+/// already taken.
+pub fn register(family: &'static Registration) -> Result<()> {
+    let mut registered = REGISTERED.write().unwrap_or_else(|e| e.into_inner());
+    let taken = BUILTIN
+        .iter()
+        .chain(registered.iter())
+        .find(|r| r.name == family.name || r.key == family.key);
+    if let Some(r) = taken {
+        return Err(Error::Config(format!(
+            "the model family {} clashes with {} (name or JSON key)",
+            family.name, r.name
+        )));
+    }
+    registered.push(family);
+    Ok(())
+}
+
+/// Every family known: the built-in ones, then those registered.
+pub fn families() -> Vec<&'static Registration> {
+    let registered = REGISTERED.read().unwrap_or_else(|e| e.into_inner());
+    BUILTIN
+        .iter()
+        .copied()
+        .chain(registered.iter().copied())
+        .collect()
+}
+
+/// [`EngineFn`] of family `F`: the backend tried as each kind there is.
+fn erased_engine<F: FamilyEngine>(
+    config: &dyn Any,
+    backend: Box<dyn Any>,
+    tp: TpPlace,
+    recompute: bool,
+    precision: Precision,
+) -> Result<Box<dyn Any>> {
+    type Tried = std::result::Result<Result<Box<dyn Any>>, Box<dyn Any>>;
+    fn on<F: FamilyEngine, B: Backend>(
+        f: &F,
+        be: Box<dyn Any>,
+        run: (TpPlace, bool, Precision),
+    ) -> Tried {
+        let (tp, recompute, precision) = run;
+        let be = be.downcast::<B>()?;
+        Ok(f.engine(*be, tp, recompute, precision)
+            .map(|e| Box::new(e) as Box<dyn Any>))
+    }
+    let f = config
+        .downcast_ref::<F>()
+        .expect("a family registers the engine of its own config type");
+    let run = (tp, recompute, precision);
+    let be = match on::<F, crate::backend::cpu::Cpu>(f, backend, run) {
+        Ok(engine) => return engine,
+        Err(be) => be,
+    };
+    #[cfg(feature = "cuda")]
+    let be = match on::<F, crate::backend::cuda::Cuda>(f, be, run) {
+        Ok(engine) => return engine,
+        Err(be) => be,
+    };
+    match on::<F, crate::backend::opencl::OpenCl>(f, be, run) {
+        Ok(engine) => engine,
+        Err(_) => Err(Error::Config(format!(
+            "the {} engine runs on the cpu, opencl and cuda backends only",
+            f.registration().name
+        ))),
+    }
+}
+
+/// A model of one of the registered families. As JSON it is the family's
+/// config under the family's key (`{"bert": {...}}`), a GPT-2 its bare
+/// config (as every checkpoint index and run record before BERT has it).
+#[derive(Clone)]
+pub struct ModelConfig(Arc<dyn Family>);
+
+impl<F: Family> From<F> for ModelConfig {
+    fn from(f: F) -> Self {
+        ModelConfig(Arc::new(f))
+    }
+}
+
+impl fmt::Display for ModelConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl fmt::Debug for ModelConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl PartialEq for ModelConfig {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self.registration(), other.registration())
+            && self.0.to_json() == other.0.to_json()
+    }
+}
+
+impl Serialize for ModelConfig {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let json = self.0.to_json();
+        match self.registration().key {
+            Some(key) => serde_json::json!({ key: json }).serialize(s),
+            None => json.serialize(s),
         }
     }
 }
 
-impl From<Repr> for ModelConfig {
-    fn from(r: Repr) -> ModelConfig {
-        match r {
-            Repr::Gpt2(c) => ModelConfig::Gpt2(c),
-            Repr::Bert { bert } => ModelConfig::Bert(bert),
-        }
-    }
-}
-
-impl From<BertConfig> for ModelConfig {
-    fn from(c: BertConfig) -> Self {
-        ModelConfig::Bert(c)
-    }
-}
-
-impl From<GptConfig> for ModelConfig {
-    fn from(c: GptConfig) -> Self {
-        ModelConfig::Gpt2(c)
-    }
-}
-
-impl std::fmt::Display for ModelConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ModelConfig::Gpt2(c) => c.fmt(f),
-            ModelConfig::Bert(c) => c.fmt(f),
-        }
+impl<'de> Deserialize<'de> for ModelConfig {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let value = serde_json::Value::deserialize(d)?;
+        let families = families();
+        let keyed = match &value {
+            serde_json::Value::Object(m) if m.len() == 1 => {
+                let (k, v) = m.iter().next().expect("one entry");
+                families
+                    .iter()
+                    .find(|r| r.key == Some(k.as_str()))
+                    .map(|r| (r, v.clone()))
+            }
+            _ => None,
+        };
+        let (family, json) = match keyed {
+            Some(found) => found,
+            None => {
+                let bare = families.iter().find(|r| r.key.is_none());
+                (bare.expect("one family is written bare"), value)
+            }
+        };
+        (family.from_json)(json).map_err(serde::de::Error::custom)
     }
 }
 
 impl ModelConfig {
-    /// A GPT-2 or BERT preset by name.
+    /// A preset of any family by name.
     pub fn preset(name: &str) -> Result<Self> {
-        match BertConfig::preset(name) {
-            Some(c) => Ok(c.into()),
-            None => GptConfig::preset(name).map(Into::into),
+        let families = families();
+        if let Some(c) = families.iter().find_map(|r| (r.preset)(name)) {
+            return Ok(c);
         }
+        let known: Vec<String> = families
+            .iter()
+            .map(|r| format!("{}: {}", r.name, (r.presets)().join(", ")))
+            .collect();
+        Err(Error::Config(format!(
+            "unknown model preset '{name}' (known: {})",
+            known.join("; ")
+        )))
     }
 
-    /// Refuses shapes the family cannot build (checked before a layout is
-    /// made from an untrusted file).
+    /// The family's own config, when it is of type `F`.
+    pub fn get<F: Family>(&self) -> Option<&F> {
+        self.0.as_any().downcast_ref()
+    }
+
+    /// The family this model belongs to.
+    pub fn registration(&self) -> &'static Registration {
+        self.0.registration()
+    }
+
+    /// The family's name, as users know it.
+    pub fn family(&self) -> &'static str {
+        self.registration().name
+    }
+
+    /// Refuses shapes the family cannot build.
     pub fn validate(&self) -> Result<()> {
-        match self {
-            ModelConfig::Gpt2(c) => c.validate(),
-            ModelConfig::Bert(c) => c.validate(),
-        }
+        self.0.validate()
     }
 
     /// The family's initialisation of the whole model.
     pub fn init_full(&self, seed: u64) -> Vec<f32> {
-        match self {
-            ModelConfig::Gpt2(c) => gpt2::init_full(c, seed),
-            ModelConfig::Bert(c) => bert::init_full(c, seed),
-        }
+        self.0.init_full(seed)
     }
 
     /// Training FLOPs per token at sequence length t (the MFU numerator).
     pub fn flops_per_token(&self, t: usize) -> f64 {
-        match self {
-            ModelConfig::Gpt2(c) => c.flops_per_token(t),
-            ModelConfig::Bert(c) => c.flops_per_token(t),
-        }
+        self.0.flops_per_token(t)
+    }
+
+    /// Training FLOPs per token that tensor parallelism does not split (the
+    /// replicated head: GPT-2's tied LM head; BERT's MLM transform and
+    /// decoder, or its pooler and classifier, which see one row per sequence).
+    pub fn unsplit_flops_per_token(&self, t: usize) -> f64 {
+        self.0.unsplit_flops_per_token(t)
     }
 
     /// Parameters stored (padded vocabularies included).
@@ -119,159 +320,82 @@ impl ModelConfig {
 
     /// Positions the model has.
     pub fn block_size(&self) -> usize {
-        match self {
-            ModelConfig::Gpt2(c) => c.block_size,
-            ModelConfig::Bert(c) => c.block_size,
-        }
+        self.0.block_size()
     }
 
     /// A random batch of b x t of the family's kind (benchmarks): next
     /// tokens; a BERT classifier's labels; a masked LM's targets at 15% of
     /// the positions, the rest ignored.
     pub fn synthetic_batch(&self, rng: &mut Rng, b: usize, t: usize) -> Batch {
-        match self {
-            ModelConfig::Gpt2(c) => {
-                let mut ids = || (0..b * t).map(|_| rng.below(c.vocab_size) as u32).collect();
-                Batch::lm(ids(), ids())
-            }
-            ModelConfig::Bert(c) => {
-                let inputs = (0..b * t).map(|_| rng.below(c.vocab_size) as u32).collect();
-                let targets = match c.head {
-                    BertHead::Classify { labels } => {
-                        (0..b).map(|_| rng.below(labels) as u32).collect()
-                    }
-                    BertHead::Mlm => (0..b * t)
-                        .map(|_| match rng.below(100) < 15 {
-                            true => rng.below(c.vocab_size) as u32,
-                            false => IGNORE,
-                        })
-                        .collect(),
-                };
-                Batch {
-                    inputs,
-                    targets,
-                    ..Batch::default()
-                }
-            }
-        }
-    }
-
-    /// Training FLOPs per token that tensor parallelism does not split (the
-    /// replicated head: GPT-2's tied LM head; BERT's MLM transform and
-    /// decoder, or its pooler and classifier, which see one row per sequence).
-    pub fn unsplit_flops_per_token(&self, t: usize) -> f64 {
-        match self {
-            ModelConfig::Gpt2(c) => 6.0 * (c.padded_vocab() * c.n_embd) as f64,
-            ModelConfig::Bert(c) => c.head_flops_per_token(t),
-        }
+        self.0.synthetic_batch(rng, b, t)
     }
 
     /// Elements of (activations, other scratch) one of `tp` tensor-parallel
     /// ranks allocates for b sequences of t tokens when its engine runs
     /// `units` only (a pipeline stage's; all of them for one stage): the
     /// engine's own allocation, counted (`model::alloc`); its backward split
-    /// in two where `split` (`UnitModel::split_backward`; GPT-2 only).
+    /// in two where `split` (`UnitModel::split_backward`).
     pub fn stage_activation_elems(
         &self,
         tp: usize,
-        (b, t): (usize, usize),
+        bt: (usize, usize),
         (units, recompute, split): (std::ops::Range<usize>, bool, bool),
         precision: Precision,
     ) -> (usize, usize) {
-        let span = super::Span::of_units(units, self.n_layer());
-        match self {
-            ModelConfig::Gpt2(c) => {
-                gpt2::activation_elems(c, tp, b * t, (&span, recompute, split), precision)
-            }
-            ModelConfig::Bert(c) => {
-                bert::activation_elems(c, tp, (b, t), (&span, recompute), precision)
-            }
-        }
+        let span = Span::of_units(units, self.n_layer());
+        self.0
+            .activation_elems(tp, bt, (&span, recompute, split), precision)
     }
 
     /// Transformer blocks.
     pub fn n_layer(&self) -> usize {
-        match self {
-            ModelConfig::Gpt2(c) => c.n_layer,
-            ModelConfig::Bert(c) => c.n_layer,
-        }
+        self.0.n_layer()
     }
 
     /// Width of the residual stream.
     pub fn n_embd(&self) -> usize {
-        match self {
-            ModelConfig::Gpt2(c) => c.n_embd,
-            ModelConfig::Bert(c) => c.n_embd,
-        }
+        self.0.n_embd()
     }
 
     /// Attention heads (tensor parallelism splits them).
     pub fn n_head(&self) -> usize {
-        match self {
-            ModelConfig::Gpt2(c) => c.n_head,
-            ModelConfig::Bert(c) => c.n_head,
-        }
+        self.0.n_head()
     }
 
-    /// Refuses a tensor-parallel size that does not divide the heads (and
-    /// a pruned GPT-2's per-block heads and MLP units).
+    /// Refuses a tensor-parallel size the family cannot split by.
     pub fn check_tp(&self, tp: usize) -> Result<()> {
-        match self {
-            ModelConfig::Gpt2(c) => c.check_tp(tp),
-            ModelConfig::Bert(c) if !c.n_head.is_multiple_of(tp) => Err(Error::Config(format!(
-                "n_head ({}) is not divisible by the tensor-parallel size {tp}: choose --tp among the divisors of n_head",
-                c.n_head
-            ))),
-            ModelConfig::Bert(_) => Ok(()),
-        }
-    }
-
-    /// The family's name, as users know it.
-    pub fn family(&self) -> &'static str {
-        match self {
-            ModelConfig::Gpt2(_) => "GPT-2",
-            ModelConfig::Bert(_) => "BERT",
-        }
+        self.0.check_tp(tp)
     }
 
     /// Whether the family's engine splits a backward into its input and
     /// weight halves (`UnitModel::split_backward`, the zb-h1 schedule's need).
     pub fn splits_backward(&self) -> bool {
-        match self {
-            ModelConfig::Gpt2(_) => true,
-            ModelConfig::Bert(_) => false,
-        }
+        self.0.splits_backward()
     }
 
     /// The parameter layout of one of `tp` tensor-parallel ranks.
     pub fn layout(&self, tp: usize) -> ParamLayout {
-        match self {
-            ModelConfig::Gpt2(c) => gpt2::layout::layout(c, tp),
-            ModelConfig::Bert(c) => bert::layout::layout(c, tp),
-        }
+        self.0.layout(tp)
     }
 
     /// The unit-by-unit engine of tensor-parallel rank `tp`.
-    pub fn engine<B: Backend + 'static>(
+    pub fn engine<B: Backend>(
         &self,
         backend: B,
         tp: TpPlace,
         recompute: bool,
         precision: Precision,
     ) -> Result<Box<dyn UnitModel<B>>> {
-        Ok(match self {
-            ModelConfig::Gpt2(c) => {
-                let mut e = gpt2::Engine::new(backend, c.clone(), tp, recompute)?;
-                e.set_precision(precision);
-                Box::new(e)
-            }
-            ModelConfig::Bert(c) => Box::new(bert::Engine::new(
-                backend,
-                c.clone(),
-                tp,
-                recompute,
-                precision,
-            )?),
-        })
+        let engine = (self.registration().engine)(
+            self.0.as_any(),
+            Box::new(backend),
+            tp,
+            recompute,
+            precision,
+        )?;
+        engine
+            .downcast::<Box<dyn UnitModel<B>>>()
+            .map(|e| *e)
+            .map_err(|_| Error::Config(format!("the {} engine of another backend", self.family())))
     }
 }

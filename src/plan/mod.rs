@@ -791,7 +791,7 @@ mod tests {
         );
         assert!(names.contains(&"pp x8 (zb-h1)".to_string()), "{names:?}");
         // BERT cannot split its backward: zb-h1 is left out, in words
-        let bert = ModelConfig::Bert(crate::model::bert::BertConfig::preset("bert-tiny").unwrap());
+        let bert = ModelConfig::from(crate::model::bert::BertConfig::preset("bert-tiny").unwrap());
         let said = omitted(&work(&bert, 16), 2);
         assert!(
             said.iter().any(|l| l.starts_with(

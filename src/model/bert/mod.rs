@@ -6,6 +6,7 @@
 //! 1..=L the blocks, L + 1 the head, run through [`UnitModel`].
 
 pub mod config;
+pub mod family;
 pub mod hf;
 pub mod layout;
 

@@ -5,6 +5,7 @@
 
 pub mod block;
 pub mod config;
+pub mod family;
 pub mod layout;
 
 use super::alloc::ActAlloc;

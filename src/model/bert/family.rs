@@ -1,0 +1,123 @@
+//! BERT as a registered family: its config's answers to what the rest of
+//! distgpt asks of a model, and its registration.
+
+use super::config::{BertConfig, BertHead, PRESETS};
+use super::{activation_elems, init_full, layout, Engine};
+use crate::backend::Backend;
+use crate::data::{Batch, IGNORE};
+use crate::error::{Error, Result};
+use crate::model::family::{Family, FamilyEngine, Registration};
+use crate::model::{ParamLayout, Precision, Span, TpPlace, UnitModel};
+use crate::rng::Rng;
+use std::any::Any;
+
+/// BERT, written as `{"bert": {...}}` in JSON.
+pub static FAMILY: Registration = Registration {
+    name: "BERT",
+    key: Some("bert"),
+    presets: || PRESETS.iter().map(|p| p.0).collect(),
+    preset: |name| BertConfig::preset(name).map(Into::into),
+    from_json: |json| {
+        serde_json::from_value::<BertConfig>(json)
+            .map(Into::into)
+            .map_err(|e| e.to_string())
+    },
+    engine: Registration::engine_of::<BertConfig>(),
+    read_model_files: Some(|dir| Ok(super::hf::load_folder(dir, None, 0)?.0.into())),
+};
+
+impl Family for BertConfig {
+    fn registration(&self) -> &'static Registration {
+        &FAMILY
+    }
+    fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).expect("a BERT config is JSON")
+    }
+    fn validate(&self) -> Result<()> {
+        BertConfig::validate(self)
+    }
+    fn init_full(&self, seed: u64) -> Vec<f32> {
+        init_full(self, seed)
+    }
+    fn flops_per_token(&self, t: usize) -> f64 {
+        BertConfig::flops_per_token(self, t)
+    }
+    fn unsplit_flops_per_token(&self, t: usize) -> f64 {
+        self.head_flops_per_token(t)
+    }
+    fn block_size(&self) -> usize {
+        self.block_size
+    }
+    fn n_layer(&self) -> usize {
+        self.n_layer
+    }
+    fn n_embd(&self) -> usize {
+        self.n_embd
+    }
+    fn n_head(&self) -> usize {
+        self.n_head
+    }
+    fn check_tp(&self, tp: usize) -> Result<()> {
+        if !self.n_head.is_multiple_of(tp) {
+            return Err(Error::Config(format!(
+                "n_head ({}) is not divisible by the tensor-parallel size {tp}: choose --tp among the divisors of n_head",
+                self.n_head
+            )));
+        }
+        Ok(())
+    }
+    fn layout(&self, tp: usize) -> ParamLayout {
+        layout::layout(self, tp)
+    }
+    /// Token ids; a classifier's labels, or a masked LM's targets at 15% of
+    /// the positions, the rest ignored.
+    fn synthetic_batch(&self, rng: &mut Rng, b: usize, t: usize) -> Batch {
+        let inputs = (0..b * t)
+            .map(|_| rng.below(self.vocab_size) as u32)
+            .collect();
+        let targets = match self.head {
+            BertHead::Classify { labels } => (0..b).map(|_| rng.below(labels) as u32).collect(),
+            BertHead::Mlm => (0..b * t)
+                .map(|_| match rng.below(100) < 15 {
+                    true => rng.below(self.vocab_size) as u32,
+                    false => IGNORE,
+                })
+                .collect(),
+        };
+        Batch {
+            inputs,
+            targets,
+            ..Batch::default()
+        }
+    }
+    fn activation_elems(
+        &self,
+        tp: usize,
+        bt: (usize, usize),
+        (span, recompute, _): (&Span, bool, bool),
+        precision: Precision,
+    ) -> (usize, usize) {
+        activation_elems(self, tp, bt, (span, recompute), precision)
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl FamilyEngine for BertConfig {
+    fn engine<B: Backend>(
+        &self,
+        backend: B,
+        tp: TpPlace,
+        recompute: bool,
+        precision: Precision,
+    ) -> Result<Box<dyn UnitModel<B>>> {
+        Ok(Box::new(Engine::new(
+            backend,
+            self.clone(),
+            tp,
+            recompute,
+            precision,
+        )?))
+    }
+}

@@ -1,0 +1,107 @@
+//! GPT-2 as a registered family: its config's answers to what the rest of
+//! distgpt asks of a model, and its registration.
+
+use super::config::{GptConfig, PRESETS};
+use super::{activation_elems, init_full, layout, Engine};
+use crate::backend::Backend;
+use crate::data::Batch;
+use crate::error::Result;
+use crate::model::family::{Family, FamilyEngine, Registration};
+use crate::model::{ParamLayout, Precision, Span, TpPlace, UnitModel};
+use crate::rng::Rng;
+use std::any::Any;
+
+/// GPT-2, written bare in JSON (as every file before families has it).
+pub static FAMILY: Registration = Registration {
+    name: "GPT-2",
+    key: None,
+    presets: || PRESETS.iter().map(|p| p.name).collect(),
+    preset: |name| GptConfig::preset(name).ok().map(Into::into),
+    from_json: |json| {
+        serde_json::from_value::<GptConfig>(json)
+            .map(Into::into)
+            .map_err(|e| e.to_string())
+    },
+    engine: Registration::engine_of::<GptConfig>(),
+    read_model_files: Some(|dir| {
+        let (model, _) = crate::checkpoint::load_model_files(crate::backend::cpu::Cpu::new(), dir)?;
+        Ok(model.config.clone().into())
+    }),
+};
+
+impl Family for GptConfig {
+    fn registration(&self) -> &'static Registration {
+        &FAMILY
+    }
+    fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).expect("a GPT-2 config is JSON")
+    }
+    fn validate(&self) -> Result<()> {
+        GptConfig::validate(self)
+    }
+    fn init_full(&self, seed: u64) -> Vec<f32> {
+        init_full(self, seed)
+    }
+    fn flops_per_token(&self, t: usize) -> f64 {
+        GptConfig::flops_per_token(self, t)
+    }
+    fn unsplit_flops_per_token(&self, _t: usize) -> f64 {
+        // the tied LM head
+        6.0 * (self.padded_vocab() * self.n_embd) as f64
+    }
+    fn block_size(&self) -> usize {
+        self.block_size
+    }
+    fn n_layer(&self) -> usize {
+        self.n_layer
+    }
+    fn n_embd(&self) -> usize {
+        self.n_embd
+    }
+    fn n_head(&self) -> usize {
+        self.n_head
+    }
+    fn check_tp(&self, tp: usize) -> Result<()> {
+        GptConfig::check_tp(self, tp)
+    }
+    fn splits_backward(&self) -> bool {
+        true
+    }
+    fn layout(&self, tp: usize) -> ParamLayout {
+        layout::layout(self, tp)
+    }
+    fn synthetic_batch(&self, rng: &mut Rng, b: usize, t: usize) -> Batch {
+        let mut ids = || {
+            (0..b * t)
+                .map(|_| rng.below(self.vocab_size) as u32)
+                .collect()
+        };
+        Batch::lm(ids(), ids())
+    }
+    fn activation_elems(
+        &self,
+        tp: usize,
+        (b, t): (usize, usize),
+        span: (&Span, bool, bool),
+        precision: Precision,
+    ) -> (usize, usize) {
+        activation_elems(self, tp, b * t, span, precision)
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl FamilyEngine for GptConfig {
+    fn engine<B: Backend>(
+        &self,
+        backend: B,
+        tp: TpPlace,
+        recompute: bool,
+        precision: Precision,
+    ) -> Result<Box<dyn UnitModel<B>>> {
+        let mut e = Engine::new(backend, self.clone(), tp, recompute)?;
+        e.set_precision(precision);
+        Ok(Box::new(e))
+    }
+}
