@@ -8,8 +8,9 @@ use distgpt::backend::{
     Activation, Backend, Buf, Category, CrossEntropyBackward, CrossEntropyForward, Dst,
     EncoderBackward, EncoderForward, MatmulBackward, MatmulForward, MatmulShape, WeightLayout,
 };
+use distgpt::checkpoint;
 use distgpt::comm::Comm;
-use distgpt::data::Batch;
+use distgpt::data::{Batch, TokenizerSpec};
 use distgpt::error::{Error, Result};
 use distgpt::model::family::{self, Family, FamilyEngine, Registration};
 use distgpt::model::{
@@ -45,7 +46,7 @@ static TOY: Registration = Registration {
             .map_err(|e| e.to_string())
     },
     engine: Registration::engine_of::<Toy>(),
-    read_model_files: None,
+    read_model_files: Some(|dir| Ok(distgpt::checkpoint::read_model_files(dir)?.0.config)),
 };
 
 impl Toy {
@@ -519,6 +520,18 @@ fn a_family_registered_from_outside_trains_under_every_layout_as_single_does() {
     assert!(json.get("toy_mlp").is_some(), "{json}");
     assert_eq!(serde_json::from_value::<ModelConfig>(json).unwrap(), model);
     assert!(model.check_tp(2).is_err());
+
+    // model files: written and read back through the family's description
+    let dir = std::env::temp_dir().join(format!("distgpt-toy-family-{}", std::process::id()));
+    let params = model.init_full(1);
+    let chars = TokenizerSpec::Char {
+        chars: "abcdefghijklmnopqrstuvwxyz .".into(),
+    };
+    checkpoint::write_model(&model, &params, chars, &dir, false).unwrap();
+    let (meta, back) = checkpoint::read_model(&dir).unwrap();
+    assert_eq!((meta.config, back), (model.clone(), params));
+    checkpoint::verify_model_files(&dir, &model).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
 
     for clip in [1.0, 0.0] {
         let single = run(ParallelConfig::single(), clip);

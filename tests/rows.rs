@@ -233,14 +233,14 @@ fn a_pruned_model_saves_loads_and_exports_in_the_dense_shape() {
         .spec();
     checkpoint::save_model(&small, tok.clone(), &dir.join("own")).unwrap();
     let (mut back, meta) = checkpoint::load_model(Cpu::new(), &dir.join("own")).unwrap();
-    assert_eq!(meta.config, small_cfg);
+    assert_eq!(meta.config, small_cfg.into());
     assert_eq!(back.params_host().unwrap(), small_params);
     let (l2, g2) = outputs(&mut back);
     assert_eq!((l2, &g2), (loss, &logits));
     // transformers' GPT-2 has one width: the export is dense, pruned rows zero
     checkpoint::hf::export(&small, &tok, &dir.join("hf")).unwrap();
     let (mut hf, meta) = checkpoint::load_model(Cpu::new(), &dir.join("hf")).unwrap();
-    assert_eq!(meta.config, cfg);
+    assert_eq!(meta.config, cfg.into());
     let (l3, g3) = outputs(&mut hf);
     assert!((l3 - loss).abs() <= 1e-5, "{l3} vs {loss}");
     assert_close(&g3, &logits, 1e-4, "exported");

@@ -114,5 +114,8 @@ pub fn read_config(dir: &Path) -> Result<ModelMeta> {
             )))
         }
     };
-    Ok(ModelMeta { config, tokenizer })
+    Ok(ModelMeta {
+        config: config.into(),
+        tokenizer,
+    })
 }

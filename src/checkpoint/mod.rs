@@ -1,5 +1,6 @@
-//! Model weights on disk: safetensors under the Hugging Face GPT-2 names and
-//! layouts, with `model.json` (config + tokenizer) beside them. `model.json`
+//! Model weights on disk, for any family: safetensors under the layout's
+//! tensor names (GPT-2's are Hugging Face's) in the family's file shapes,
+//! with `model.json` (config + tokenizer) beside them. `model.json`
 //! records the checksum of the weights file and of itself, so a flipped bit
 //! or an edited shape is refused on load, as are non-finite weights.
 
@@ -9,7 +10,7 @@ pub mod state;
 use crate::backend::Backend;
 use crate::data::TokenizerSpec;
 use crate::error::{Error, Result};
-use crate::model::{Gpt2, GptConfig};
+use crate::model::{Gpt2, GptConfig, ModelConfig, ParamLayout};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
@@ -18,11 +19,29 @@ use std::path::Path;
 pub const WEIGHTS_FILE: &str = "model.safetensors";
 pub const META_FILE: &str = "model.json";
 
-/// A model's shape and tokenizer.
+/// A model's shape (of any family) and tokenizer.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ModelMeta {
-    pub config: GptConfig,
+    pub config: ModelConfig,
     pub tokenizer: TokenizerSpec,
+}
+
+impl ModelMeta {
+    /// The GPT-2 this describes, for what runs GPT-2 only; another family
+    /// is named (`dir` in the error).
+    pub fn gpt2(&self, dir: &Path) -> Result<GptConfig> {
+        self.config
+            .get::<GptConfig>()
+            .cloned()
+            .ok_or_else(|| Error::Checkpoint {
+                path: dir.to_path_buf(),
+                reason: format!(
+                    "holds a {} model ({}): this reads GPT-2 models",
+                    self.config.family(),
+                    self.config
+                ),
+            })
+    }
 }
 
 /// What `model.json` holds.
@@ -95,45 +114,71 @@ fn scale_name(name: &str) -> String {
     format!("{name}_scale")
 }
 
-/// Whether tensor `name` of `shape` is stored in int8 by `quantize`: the
-/// blocks' four weight matrices (embeddings and norms stay fp32).
-fn stored_in_int8(name: &str, shape: &[usize]) -> bool {
-    shape.len() == 2 && name.contains(".h.")
+/// Each tensor of `layout` as the model files store it: its name, its
+/// family's file shape (GPT-2's word embeddings without their padding
+/// rows, which are the trailing ones) and that many elements from its start.
+fn stored(
+    config: &ModelConfig,
+    layout: &ParamLayout,
+) -> Vec<(String, Vec<usize>, std::ops::Range<usize>)> {
+    layout
+        .tensors
+        .iter()
+        .map(|t| {
+            let shape = config.file_shape(t);
+            let start = t.range().start;
+            let len: usize = shape.iter().product();
+            (t.name.clone(), shape, start..start + len)
+        })
+        .collect()
+}
+
+/// Writes `params` (the whole model) as safetensors at `path`, the tensors
+/// the family stores in int8 so when `int8` (symmetric per output column,
+/// each with an F32 `<name>_scale`); returns the file's checksum.
+pub fn write_weights(
+    config: &ModelConfig,
+    params: &[f32],
+    path: &Path,
+    int8: bool,
+) -> Result<String> {
+    let layout = config.layout(1);
+    let mut tensors = Vec::new();
+    for (t, (name, shape, r)) in layout.tensors.iter().zip(stored(config, &layout)) {
+        let w = &params[r];
+        if int8 && config.int8_tensor(t) {
+            let (codes, scales) =
+                crate::backend::cpu::int8::quantize_columns(w, shape[0], shape[1]);
+            let bytes = codes.iter().map(|&c| c as u8).collect();
+            let scale_bytes = scales.iter().flat_map(|s| s.to_le_bytes()).collect();
+            tensors.push((scale_name(&name), Dtype::F32, vec![shape[1]], scale_bytes));
+            tensors.push((name, Dtype::I8, shape, bytes));
+        } else {
+            let bytes = w.iter().flat_map(|x| x.to_le_bytes()).collect();
+            tensors.push((name, Dtype::F32, shape, bytes));
+        }
+    }
+    let bytes = safetensors_bytes(&tensors, path)?;
+    write_atomic(path, &bytes)?;
+    Ok(state::checksum(&bytes))
 }
 
 /// Saves the weights as Hugging Face GPT-2 safetensors (the padded vocabulary
 /// rows are dropped); returns the file's checksum.
 pub fn save_weights<B: Backend>(model: &Gpt2<B>, path: &Path) -> Result<String> {
-    let v = model.config.vocab_size;
     let params = model.backend().read(model.params.s())?;
-    let tensors: Vec<(String, Vec<usize>, &[f32])> = model
-        .layout
-        .tensors
-        .iter()
-        .map(|t| {
-            let mut shape = t.shape.clone();
-            let mut r = t.range();
-            if r == model.layout.wte() {
-                shape[0] = v;
-                r.end = r.start + v * shape[1];
-            }
-            (t.name.clone(), shape, &params[r])
-        })
-        .collect();
-    let bytes = f32_safetensors(&tensors, path)?;
-    write_atomic(path, &bytes)?;
-    Ok(state::checksum(&bytes))
+    write_weights(&model.config.clone().into(), &params, path, false)
 }
 
-/// Loads every tensor of the model's layout from a safetensors file with
-/// Hugging Face GPT-2 names; extra tensors (e.g. `lm_head.weight`) are
-/// ignored. With `expected_checksum` the file must match it; every weight
-/// must be finite.
-pub fn load_weights<B: Backend>(
-    model: &mut Gpt2<B>,
+/// Reads every tensor of `config`'s layout from a safetensors file under
+/// the layout's names; extra tensors (e.g. `lm_head.weight`) are ignored.
+/// With `expected_checksum` the file must match it; every weight must be
+/// finite. The whole model's parameters, padding rows zero.
+pub fn read_weights(
+    config: &ModelConfig,
     path: &Path,
     expected_checksum: Option<&str>,
-) -> Result<()> {
+) -> Result<Vec<f32>> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     let bad = |reason: String| Error::Checkpoint {
         path: path.into(),
@@ -149,26 +194,16 @@ pub fn load_weights<B: Backend>(
     }
     let st = SafeTensors::deserialize(&bytes)
         .map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
-    let engine = &model.engine;
-    let mut params = vec![0.0f32; engine.layout.total()];
-    let v = engine.config.vocab_size;
-    let wte = engine.layout.wte();
-    for t in &engine.layout.tensors {
-        let mut shape = t.shape.clone();
-        let mut r = t.range();
-        if r == wte {
-            shape[0] = v;
-            r.end = r.start + v * shape[1];
-        }
+    let layout = config.layout(1);
+    let mut params = vec![0.0f32; layout.total()];
+    for (t, (name, shape, r)) in layout.tensors.iter().zip(stored(config, &layout)) {
         let view = st
-            .tensor(&t.name)
-            .map_err(|_| bad(format!("missing tensor '{}'", t.name)))?;
+            .tensor(&name)
+            .map_err(|_| bad(format!("missing tensor '{name}'")))?;
         if view.shape() != shape.as_slice() {
             return Err(bad(format!(
-                "tensor '{}' has shape {:?}, expected {:?}",
-                t.name,
+                "tensor '{name}' has shape {:?}, expected {shape:?}",
                 view.shape(),
-                shape
             )));
         }
         let out = &mut params[r.clone()];
@@ -179,14 +214,14 @@ pub fn load_weights<B: Backend>(
                 }
             }
             // int8 codes of a block matrix, times their column's scale.
-            Dtype::I8 if stored_in_int8(&t.name, &shape) => {
-                let name = scale_name(&t.name);
+            Dtype::I8 if config.int8_tensor(t) => {
+                let scale = scale_name(&name);
                 let scales = st
-                    .tensor(&name)
-                    .map_err(|_| bad(format!("int8 tensor '{}' has no '{name}'", t.name)))?;
+                    .tensor(&scale)
+                    .map_err(|_| bad(format!("int8 tensor '{name}' has no '{scale}'")))?;
                 if scales.dtype() != Dtype::F32 || scales.shape() != [shape[1]] {
                     return Err(bad(format!(
-                        "'{name}' must be F32 of shape [{}], not {:?} {:?}",
+                        "'{scale}' must be F32 of shape [{}], not {:?} {:?}",
                         shape[1],
                         scales.dtype(),
                         scales.shape()
@@ -203,41 +238,46 @@ pub fn load_weights<B: Backend>(
             }
             other => {
                 return Err(bad(format!(
-                    "tensor '{}' has dtype {other:?}, expected F32",
-                    t.name
+                    "tensor '{name}' has dtype {other:?}, expected F32"
                 )))
             }
         }
         if let Some(i) = params[r].iter().position(|x| !x.is_finite()) {
             return Err(bad(format!(
-                "tensor '{}' holds a non-finite weight at element {i}",
-                t.name
+                "tensor '{name}' holds a non-finite weight at element {i}"
             )));
         }
     }
+    Ok(params)
+}
+
+/// [`read_weights`] into a GPT-2.
+pub fn load_weights<B: Backend>(
+    model: &mut Gpt2<B>,
+    path: &Path,
+    expected_checksum: Option<&str>,
+) -> Result<()> {
+    let params = read_weights(&model.config.clone().into(), path, expected_checksum)?;
     model.set_params(&params)
 }
 
 /// Saves weights and then `model.json` (which vouches for them) into a
 /// directory, each atomically: an interrupted save leaves a `model.json`
-/// that refuses the new weights, never one that accepts wrong ones.
-pub fn save_model<B: Backend>(model: &Gpt2<B>, tokenizer: TokenizerSpec, dir: &Path) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    let weights_checksum = save_weights(model, &dir.join(WEIGHTS_FILE))?;
-    write_meta(dir, model, tokenizer, weights_checksum, false)
-}
-
-/// Writes `model.json` vouching for weights of checksum `weights_checksum`.
-fn write_meta<B: Backend>(
-    dir: &Path,
-    model: &Gpt2<B>,
+/// that refuses the new weights, never one that accepts wrong ones. With
+/// `int8` the tensors the family marks are stored in int8 (the codes and
+/// scales `--weights int8` decodes with); loading gives them dequantized.
+pub fn write_model(
+    config: &ModelConfig,
+    params: &[f32],
     tokenizer: TokenizerSpec,
-    weights_checksum: String,
+    dir: &Path,
     int8: bool,
 ) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let weights_checksum = write_weights(config, params, &dir.join(WEIGHTS_FILE), int8)?;
     let mut file = MetaFile {
         meta: ModelMeta {
-            config: model.config.clone(),
+            config: config.clone(),
             tokenizer,
         },
         int8,
@@ -249,42 +289,22 @@ fn write_meta<B: Backend>(
     write_atomic(&dir.join(META_FILE), json.as_bytes())
 }
 
-/// [`save_model`] with the blocks' weight matrices in int8: symmetric per
-/// output column, each with an fp32 `<name>_scale` tensor (the codes and
-/// scales `--weights int8` decodes with); embeddings, norms and biases stay
-/// fp32. Loading gives the dequantized weights.
+/// [`write_model`] of a GPT-2.
+pub fn save_model<B: Backend>(model: &Gpt2<B>, tokenizer: TokenizerSpec, dir: &Path) -> Result<()> {
+    let params = model.params_host()?;
+    write_model(&model.config.clone().into(), &params, tokenizer, dir, false)
+}
+
+/// [`write_model`] of a GPT-2 with its blocks' weight matrices in int8:
+/// symmetric per output column, each with an fp32 `<name>_scale` tensor;
+/// embeddings, norms and biases stay fp32.
 pub fn save_int8_model<B: Backend>(
     model: &Gpt2<B>,
     tokenizer: TokenizerSpec,
     dir: &Path,
 ) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    let path = dir.join(WEIGHTS_FILE);
-    let params = model.backend().read(model.params.s())?;
-    let v = model.config.vocab_size;
-    let mut tensors = Vec::new();
-    for t in &model.layout.tensors {
-        let (mut shape, mut r) = (t.shape.clone(), t.range());
-        if r == model.layout.wte() {
-            shape[0] = v;
-            r.end = r.start + v * shape[1];
-        }
-        let w = &params[r];
-        if stored_in_int8(&t.name, &shape) {
-            let (codes, scales) =
-                crate::backend::cpu::int8::quantize_columns(w, shape[0], shape[1]);
-            let bytes = codes.iter().map(|&c| c as u8).collect();
-            tensors.push((t.name.clone(), Dtype::I8, shape.clone(), bytes));
-            let scale_bytes = scales.iter().flat_map(|s| s.to_le_bytes()).collect();
-            tensors.push((scale_name(&t.name), Dtype::F32, vec![shape[1]], scale_bytes));
-        } else {
-            let bytes = w.iter().flat_map(|x| x.to_le_bytes()).collect();
-            tensors.push((t.name.clone(), Dtype::F32, shape, bytes));
-        }
-    }
-    let bytes = safetensors_bytes(&tensors, &path)?;
-    write_atomic(&path, &bytes)?;
-    write_meta(dir, model, tokenizer, state::checksum(&bytes), true)
+    let params = model.params_host()?;
+    write_model(&model.config.clone().into(), &params, tokenizer, dir, true)
 }
 
 /// Reads and verifies `model.json`; returns it with the weights' checksum
@@ -338,7 +358,7 @@ pub fn read_any_meta(dir: &Path) -> Result<ModelMeta> {
     if let Some(ckpt) = checkpoint_instead(dir) {
         let index = state::read_index(&ckpt)?;
         return Ok(ModelMeta {
-            config: index.gpt2(&ckpt)?,
+            config: index.model,
             tokenizer: index.tokenizer,
         });
     }
@@ -349,23 +369,28 @@ pub fn read_any_meta(dir: &Path) -> Result<ModelMeta> {
     }
 }
 
-/// Builds a model from a directory written by [`save_model`], a Hugging Face
-/// GPT-2 folder (`config.json` + `model.safetensors`), or a training-state
-/// checkpoint (a `step_N` directory, or a run's newest when it has no model
-/// files yet).
-pub fn load_model<B: Backend>(backend: B, dir: &Path) -> Result<(Gpt2<B>, ModelMeta)> {
+/// A model's description and whole parameters from a directory written by
+/// [`write_model`], a Hugging Face GPT-2 folder (`config.json` +
+/// `model.safetensors`), or a training-state checkpoint (a `step_N`
+/// directory, or a run's newest when it has no model files yet).
+pub fn read_model(dir: &Path) -> Result<(ModelMeta, Vec<f32>)> {
     if let Some(ckpt) = checkpoint_instead(dir) {
-        let config = state::read_index(&ckpt)?.gpt2(&ckpt)?;
         let loaded = state::load(&ckpt)?;
-        let mut model = Gpt2::new(backend, config.clone())?;
-        model.set_params(&loaded.params)?;
         let meta = ModelMeta {
-            config,
+            config: loaded.index.model,
             tokenizer: loaded.index.tokenizer,
         };
-        return Ok((model, meta));
+        return Ok((meta, loaded.params));
     }
-    load_model_files(backend, dir)
+    read_model_files(dir)
+}
+
+/// A GPT-2 from what [`read_model`] reads; another family is named.
+pub fn load_model<B: Backend>(backend: B, dir: &Path) -> Result<(Gpt2<B>, ModelMeta)> {
+    let (meta, params) = read_model(dir)?;
+    let mut model = Gpt2::new(backend, meta.gpt2(dir)?)?;
+    model.set_params(&params)?;
+    Ok((model, meta))
 }
 
 /// Checks the model files in `dir` are `model`'s and readable: checksums
@@ -389,9 +414,9 @@ pub fn verify_model_files(dir: &Path, model: &crate::model::ModelConfig) -> Resu
     Ok(())
 }
 
-/// [`load_model`] from model files only (`model.json` + `model.safetensors`,
+/// [`read_model`] from model files only (`model.json` + `model.safetensors`,
 /// or a Hugging Face folder), never from a checkpoint.
-pub fn load_model_files<B: Backend>(backend: B, dir: &Path) -> Result<(Gpt2<B>, ModelMeta)> {
+pub fn read_model_files(dir: &Path) -> Result<(ModelMeta, Vec<f32>)> {
     let (meta, checksum, int8) = if is_hf_folder(dir) {
         (hf::read_config(dir)?, None, false)
     } else {
@@ -401,9 +426,14 @@ pub fn load_model_files<B: Backend>(backend: B, dir: &Path) -> Result<(Gpt2<B>, 
     let weights = dir.join(WEIGHTS_FILE);
     // A config asking for more than the file holds is refused before allocating it.
     let c = &meta.config;
-    let stored = (c.num_params() - (c.padded_vocab() - c.vocab_size) * c.n_embd) as u64;
+    let layout = c.layout(1);
+    let stored: usize = layout
+        .tensors
+        .iter()
+        .map(|t| c.file_shape(t).iter().product::<usize>())
+        .sum();
     // int8 files hold at least a byte per weight.
-    let need = if int8 { stored } else { 4 * stored };
+    let need = if int8 { stored } else { 4 * stored } as u64;
     let have = std::fs::metadata(&weights)
         .map_err(|e| Error::io(&weights, e))?
         .len();
@@ -412,11 +442,19 @@ pub fn load_model_files<B: Backend>(backend: B, dir: &Path) -> Result<(Gpt2<B>, 
             path: weights,
             reason: format!(
                 "{have} bytes cannot hold the {need} bytes of weights of a {} x {} model: the file is truncated or the config is wrong",
-                c.n_layer, c.n_embd
+                c.n_layer(),
+                c.n_embd()
             ),
         });
     }
-    let mut model = Gpt2::new(backend, meta.config.clone())?;
-    load_weights(&mut model, &weights, checksum.as_deref())?;
+    let params = read_weights(c, &weights, checksum.as_deref())?;
+    Ok((meta, params))
+}
+
+/// A GPT-2 from model files only (see [`read_model_files`]).
+pub fn load_model_files<B: Backend>(backend: B, dir: &Path) -> Result<(Gpt2<B>, ModelMeta)> {
+    let (meta, params) = read_model_files(dir)?;
+    let mut model = Gpt2::new(backend, meta.gpt2(dir)?)?;
+    model.set_params(&params)?;
     Ok((model, meta))
 }

@@ -162,7 +162,7 @@ impl ModelArgs {
                         folder.display()
                     );
                 }
-                checkpoint::read_any_meta(folder)?.config
+                checkpoint::read_any_meta(folder)?.gpt2(folder)?
             }
             false => GptConfig::preset(&self.model)?,
         };

@@ -295,8 +295,8 @@ pub(super) fn new_run(a: &TrainArgs, given: &[String], task: TaskKind) -> Result
             Some(dir) => {
                 let meta = checkpoint::read_any_meta(dir)?;
                 let ds = Dataset::load_for_model(a.data.as_deref(), &meta.tokenizer)?;
-                let seq = a.seq_len.unwrap_or(meta.config.block_size);
-                let model = meta.config;
+                let model = meta.gpt2(dir)?;
+                let seq = a.seq_len.unwrap_or(model.block_size);
                 (TaskData::Lm { model, ds }, seq, a.model.model.clone())
             }
             None => {

@@ -228,19 +228,20 @@ pub fn generate_tp<B: Backend>(
     stop: Option<u32>,
     on_token: impl FnMut(usize, u32),
 ) -> Result<Vec<Vec<u32>>> {
-    let (model, meta) = checkpoint::load_model(Cpu::new(), run)?;
+    let (model, _) = checkpoint::load_model(Cpu::new(), run)?;
+    let config = model.config.clone();
     let place = TpPlace {
         rank: tp.rank(),
         size: tp.size(),
     };
-    let engine = Engine::new(backend.clone_fresh(), meta.config.clone(), place, false)?;
+    let engine = Engine::new(backend.clone_fresh(), config.clone(), place, false)?;
     let mut part = Gpt2::with_engine(engine)?;
     part.load_full(&model.params_host()?)?;
     drop(model);
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-    let max_t = (longest + cfg.max_new_tokens).min(meta.config.block_size);
-    let weights = DecodeWeights::new(part.backend(), &meta.config, place, part.params.s(), format)?;
-    let mut dec = Decoder::new(backend, meta.config.clone(), place, prompts.len(), max_t)?;
+    let max_t = (longest + cfg.max_new_tokens).min(config.block_size);
+    let weights = DecodeWeights::new(part.backend(), &config, place, part.params.s(), format)?;
+    let mut dec = Decoder::new(backend, config.clone(), place, prompts.len(), max_t)?;
     decode(
         &mut dec,
         &weights,

@@ -6,7 +6,7 @@
 //! time ([`register`]). `parallel`, `train`, `plan` and `compare` hold a
 //! [`ModelConfig`] and ask it; they never name a family.
 
-use super::layout::ParamLayout;
+use super::layout::{ParamLayout, TensorSpec};
 use super::tp::TpPlace;
 use super::unit::{Span, UnitModel};
 use super::{bert, gpt2, Precision};
@@ -74,6 +74,15 @@ pub trait Family: fmt::Debug + fmt::Display + Send + Sync + 'static {
         span: (&Span, bool, bool),
         precision: Precision,
     ) -> (usize, usize);
+    /// The shape tensor `t` of its layout is stored with in model files
+    /// (its trailing rows may be padding the files leave out).
+    fn file_shape(&self, t: &TensorSpec) -> Vec<usize> {
+        t.shape.clone()
+    }
+    /// Whether `quantize` stores tensor `t` in int8 (per output column).
+    fn int8_tensor(&self, _t: &TensorSpec) -> bool {
+        false
+    }
     /// This config, to be downcast to the family's type.
     fn as_any(&self) -> &dyn Any;
 }
@@ -376,6 +385,16 @@ impl ModelConfig {
     /// The parameter layout of one of `tp` tensor-parallel ranks.
     pub fn layout(&self, tp: usize) -> ParamLayout {
         self.0.layout(tp)
+    }
+
+    /// The shape tensor `t` is stored with in model files.
+    pub fn file_shape(&self, t: &TensorSpec) -> Vec<usize> {
+        self.0.file_shape(t)
+    }
+
+    /// Whether `quantize` stores tensor `t` in int8.
+    pub fn int8_tensor(&self, t: &TensorSpec) -> bool {
+        self.0.int8_tensor(t)
     }
 
     /// The unit-by-unit engine of tensor-parallel rank `tp`.

@@ -2,11 +2,13 @@
 //! distgpt asks of a model, and its registration.
 
 use super::config::{GptConfig, PRESETS};
+use super::layout::WTE;
 use super::{activation_elems, init_full, layout, Engine};
 use crate::backend::Backend;
 use crate::data::Batch;
 use crate::error::Result;
 use crate::model::family::{Family, FamilyEngine, Registration};
+use crate::model::layout::TensorSpec;
 use crate::model::{ParamLayout, Precision, Span, TpPlace, UnitModel};
 use crate::rng::Rng;
 use std::any::Any;
@@ -23,10 +25,7 @@ pub static FAMILY: Registration = Registration {
             .map_err(|e| e.to_string())
     },
     engine: Registration::engine_of::<GptConfig>(),
-    read_model_files: Some(|dir| {
-        let (model, _) = crate::checkpoint::load_model_files(crate::backend::cpu::Cpu::new(), dir)?;
-        Ok(model.config.clone().into())
-    }),
+    read_model_files: Some(|dir| Ok(crate::checkpoint::read_model_files(dir)?.0.config)),
 };
 
 impl Family for GptConfig {
@@ -86,6 +85,17 @@ impl Family for GptConfig {
         precision: Precision,
     ) -> (usize, usize) {
         activation_elems(self, tp, b * t, span, precision)
+    }
+    /// The word embeddings without their padding rows.
+    fn file_shape(&self, t: &TensorSpec) -> Vec<usize> {
+        match t.name == WTE {
+            true => vec![self.vocab_size, self.n_embd],
+            false => t.shape.clone(),
+        }
+    }
+    /// The blocks' weight matrices (embeddings, norms and biases stay fp32).
+    fn int8_tensor(&self, t: &TensorSpec) -> bool {
+        t.shape.len() == 2 && t.name.contains(".h.")
     }
     fn as_any(&self) -> &dyn Any {
         self

@@ -9,6 +9,9 @@ use crate::model::layout::ParamLayout;
 use crate::model::tp::TpSplit;
 use std::ops::Range;
 
+/// The word embeddings' name (tied to the LM head).
+pub const WTE: &str = "transformer.wte.weight";
+
 /// The tensors of one transformer block, in layout order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BlockParam {
@@ -95,7 +98,7 @@ pub fn layout(cfg: &GptConfig, tp: usize) -> ParamLayout {
     let (c, rep) = (cfg.n_embd, TpSplit::Replicated);
     let mut b = ParamLayout::builder(tp);
     b.unit("embeddings")
-        .tensor("transformer.wte.weight", &[cfg.padded_vocab(), c], rep)
+        .tensor(WTE, &[cfg.padded_vocab(), c], rep)
         .tensor("transformer.wpe.weight", &[cfg.block_size, c], rep);
     for l in 0..cfg.n_layer {
         b.unit(format!("block {l}"));
