@@ -4,13 +4,14 @@
 //! its config, layout, engine and one registration call. Every layout
 //! drives it as it drives GPT-2 and BERT, and follows `single`.
 
+use distgpt::backend::cpu::Cpu;
 use distgpt::backend::{
     Activation, Backend, Buf, Category, CrossEntropyBackward, CrossEntropyForward, Dst,
     EncoderBackward, EncoderForward, MatmulBackward, MatmulForward, MatmulShape, WeightLayout,
 };
 use distgpt::checkpoint;
 use distgpt::comm::Comm;
-use distgpt::data::{Batch, TokenizerSpec};
+use distgpt::data::{Batch, Dataset, TokenizerKind, TokenizerSpec};
 use distgpt::error::{Error, Result};
 use distgpt::model::family::{self, Family, FamilyEngine, Registration};
 use distgpt::model::{
@@ -19,6 +20,7 @@ use distgpt::model::{
 };
 use distgpt::parallel::{self, launch, ParallelConfig, StepConfig, StrategyKind};
 use distgpt::rng::Rng;
+use distgpt::train::{train_lm, Duration as Steps, TrainConfig};
 use serde::{Deserialize, Serialize};
 use std::any::Any;
 use std::ops::Range;
@@ -46,6 +48,7 @@ static TOY: Registration = Registration {
             .map_err(|e| e.to_string())
     },
     engine: Registration::engine_of::<Toy>(),
+    decoder: None,
     read_model_files: Some(|dir| Ok(distgpt::checkpoint::read_model_files(dir)?.0.config)),
 };
 
@@ -588,4 +591,57 @@ fn a_family_registered_from_outside_trains_under_every_layout_as_single_does() {
             );
         }
     }
+}
+
+/// A run directory's config for the toy: batch 4 x its block, `steps` steps.
+fn train_config(out: &std::path::Path, steps: usize) -> TrainConfig {
+    TrainConfig {
+        batch_size: B,
+        seq_len: Toy::preset().block_size,
+        duration: Steps::Steps(steps),
+        checkpoint_every: 3,
+        out_dir: out.to_path_buf(),
+        peak_flops: Some(1e11),
+        ..TrainConfig::default()
+    }
+}
+
+#[test]
+fn the_run_driver_trains_checkpoints_and_resumes_a_registered_family_bit_exactly() {
+    registered();
+    let ds = Dataset::load(None, TokenizerKind::Char).unwrap();
+    let model = Toy {
+        vocab: ds.tokenizer.vocab_size(),
+        ..Toy::preset()
+    };
+    let dir = |name: &str| {
+        let d = std::env::temp_dir().join(format!("distgpt-toy-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    };
+    let par = ParallelConfig {
+        strategy: StrategyKind::Fsdp,
+        world_size: 2,
+        ..ParallelConfig::single()
+    };
+    let wait = Duration::from_secs(60);
+    let train =
+        |cfg: &TrainConfig| train_lm(Cpu::new, model.clone(), &ds, cfg, par, 2, wait).unwrap();
+    let whole = train(&train_config(&dir("whole"), 6));
+    let split = dir("split");
+    let first = train(&TrainConfig {
+        stop_after: Some(3),
+        ..train_config(&split, 6)
+    });
+    let second = train(&TrainConfig {
+        resume: Some(checkpoint::state::latest(&split).unwrap()),
+        ..train_config(&split, 6)
+    });
+    let losses: Vec<f32> = first.losses.iter().chain(&second.losses).copied().collect();
+    assert_eq!(losses, whole.losses, "per-step losses");
+    assert!(second.params == whole.params, "final weights differ");
+    // the run's model files are the toy's, readable through its description
+    let (meta, params) = checkpoint::read_model(&split).unwrap();
+    assert_eq!(meta.config, ModelConfig::from(model));
+    assert!(params == whole.params);
 }

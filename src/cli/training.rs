@@ -267,7 +267,7 @@ impl TaskData {
     fn with_task<B: Backend, R>(&self, f: impl FnOnce(&dyn train::Task<B>) -> R) -> R {
         match self {
             TaskData::Lm { model, ds } => f(&train::lm::LmTask {
-                model: model.clone(),
+                model: model.clone().into(),
                 data: ds,
             }),
             TaskData::Mlm { model, ds } => f(&train::mlm::MlmTask {

@@ -619,7 +619,7 @@ pub fn run(spec: &CompareSpec, ds: &Dataset, multi: &MultiProgress) -> Result<Co
                 ..TrainConfig::default()
             };
             let task = train::lm::LmTask {
-                model: cell.model.clone(),
+                model: cell.model.clone().into(),
                 data: ds,
             };
             let summary = train::train(

@@ -13,6 +13,7 @@ use super::{bert, gpt2, Precision};
 use crate::backend::Backend;
 use crate::data::Batch;
 use crate::error::{Error, Result};
+use crate::infer::generate::SampleConfig;
 use crate::rng::Rng;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::any::Any;
@@ -100,6 +101,26 @@ pub trait FamilyEngine: Family + Sized {
     ) -> Result<Box<dyn UnitModel<B>>>;
 }
 
+/// What a generation asks of a family's decoder: the whole model's
+/// parameters, the prompts, how to sample, and the token that ends a row.
+#[derive(Clone, Copy)]
+pub struct Generation<'a> {
+    pub params: &'a [f32],
+    pub prompts: &'a [Vec<u32>],
+    pub sample: &'a SampleConfig,
+    pub stop: Option<u32>,
+}
+
+/// A family that decodes (a causal language model), generic over the
+/// backend (registered through [`Registration::decoder_of`]).
+pub trait FamilyDecoder: Family + Sized {
+    /// Every prompt continued, on `backend`.
+    fn generate<B: Backend>(&self, backend: B, run: Generation<'_>) -> Result<Vec<Vec<u32>>>;
+}
+
+/// A registered family's decoder on a backend, both erased.
+pub type DecodeFn = fn(&dyn Any, Box<dyn Any>, Generation<'_>) -> Result<Vec<Vec<u32>>>;
+
 /// The engine of a registered family on a backend, both erased: the
 /// family's config, the backend (boxed), rank, recomputation, precision.
 pub type EngineFn = fn(&dyn Any, Box<dyn Any>, TpPlace, bool, Precision) -> Result<Box<dyn Any>>;
@@ -120,6 +141,8 @@ pub struct Registration {
     pub from_json: fn(serde_json::Value) -> std::result::Result<ModelConfig, String>,
     /// Its engine: [`Registration::engine_of`].
     pub engine: EngineFn,
+    /// Its decoder, for a family that generates: [`Registration::decoder_of`].
+    pub decoder: Option<DecodeFn>,
     /// Reads and checks the model files a run of it writes in a folder
     /// (checksums, finite weights), giving their config; None for a family
     /// that writes none.
@@ -130,6 +153,11 @@ impl Registration {
     /// The engine of family `F`, on every backend there is.
     pub const fn engine_of<F: FamilyEngine>() -> EngineFn {
         erased_engine::<F>
+    }
+
+    /// The decoder of family `F`, on every backend there is.
+    pub const fn decoder_of<F: FamilyDecoder>() -> DecodeFn {
+        erased_decoder::<F>
     }
 }
 
@@ -161,7 +189,40 @@ pub fn families() -> Vec<&'static Registration> {
         .collect()
 }
 
-/// [`EngineFn`] of family `F`: the backend tried as each kind there is.
+/// Work to run on a backend of a type known only at run time.
+trait OnBackend {
+    type Out;
+    fn run<B: Backend>(self, backend: B) -> Result<Self::Out>;
+}
+
+/// Runs `op` on `backend`, tried as each kind of backend there is (the
+/// backends are a closed set; families are not).
+fn on_backend<O: OnBackend>(backend: Box<dyn Any>, op: O) -> Result<O::Out> {
+    let backend = match backend.downcast::<crate::backend::cpu::Cpu>() {
+        Ok(be) => return op.run(*be),
+        Err(be) => be,
+    };
+    #[cfg(feature = "cuda")]
+    let backend = match backend.downcast::<crate::backend::cuda::Cuda>() {
+        Ok(be) => return op.run(*be),
+        Err(be) => be,
+    };
+    match backend.downcast::<crate::backend::opencl::OpenCl>() {
+        Ok(be) => op.run(*be),
+        Err(_) => Err(Error::Config(
+            "a family's engine runs on the cpu, opencl and cuda backends only".into(),
+        )),
+    }
+}
+
+/// The family's config of type `F` behind `config`.
+fn config_of<F: Family>(config: &dyn Any) -> &F {
+    config
+        .downcast_ref::<F>()
+        .expect("a family registers the functions of its own config type")
+}
+
+/// [`EngineFn`] of family `F`.
 fn erased_engine<F: FamilyEngine>(
     config: &dyn Any,
     backend: Box<dyn Any>,
@@ -169,37 +230,32 @@ fn erased_engine<F: FamilyEngine>(
     recompute: bool,
     precision: Precision,
 ) -> Result<Box<dyn Any>> {
-    type Tried = std::result::Result<Result<Box<dyn Any>>, Box<dyn Any>>;
-    fn on<F: FamilyEngine, B: Backend>(
-        f: &F,
-        be: Box<dyn Any>,
-        run: (TpPlace, bool, Precision),
-    ) -> Tried {
-        let (tp, recompute, precision) = run;
-        let be = be.downcast::<B>()?;
-        Ok(f.engine(*be, tp, recompute, precision)
-            .map(|e| Box::new(e) as Box<dyn Any>))
+    struct Build<'f, F>(&'f F, TpPlace, bool, Precision);
+    impl<F: FamilyEngine> OnBackend for Build<'_, F> {
+        type Out = Box<dyn Any>;
+        fn run<B: Backend>(self, be: B) -> Result<Box<dyn Any>> {
+            let Build(f, tp, recompute, precision) = self;
+            Ok(Box::new(f.engine(be, tp, recompute, precision)?))
+        }
     }
-    let f = config
-        .downcast_ref::<F>()
-        .expect("a family registers the engine of its own config type");
-    let run = (tp, recompute, precision);
-    let be = match on::<F, crate::backend::cpu::Cpu>(f, backend, run) {
-        Ok(engine) => return engine,
-        Err(be) => be,
-    };
-    #[cfg(feature = "cuda")]
-    let be = match on::<F, crate::backend::cuda::Cuda>(f, be, run) {
-        Ok(engine) => return engine,
-        Err(be) => be,
-    };
-    match on::<F, crate::backend::opencl::OpenCl>(f, be, run) {
-        Ok(engine) => engine,
-        Err(_) => Err(Error::Config(format!(
-            "the {} engine runs on the cpu, opencl and cuda backends only",
-            f.registration().name
-        ))),
+    let op = Build(config_of::<F>(config), tp, recompute, precision);
+    on_backend(backend, op)
+}
+
+/// [`DecodeFn`] of family `F`.
+fn erased_decoder<F: FamilyDecoder>(
+    config: &dyn Any,
+    backend: Box<dyn Any>,
+    run: Generation<'_>,
+) -> Result<Vec<Vec<u32>>> {
+    struct Decode<'f, 'g, F>(&'f F, Generation<'g>);
+    impl<F: FamilyDecoder> OnBackend for Decode<'_, '_, F> {
+        type Out = Vec<Vec<u32>>;
+        fn run<B: Backend>(self, be: B) -> Result<Vec<Vec<u32>>> {
+            self.0.generate(be, self.1)
+        }
     }
+    on_backend(backend, Decode(config_of::<F>(config), run))
 }
 
 /// A model of one of the registered families. As JSON it is the family's
@@ -416,5 +472,18 @@ impl ModelConfig {
             .downcast::<Box<dyn UnitModel<B>>>()
             .map(|e| *e)
             .map_err(|_| Error::Config(format!("the {} engine of another backend", self.family())))
+    }
+
+    /// `run`'s prompts continued by the family's decoder on `backend`; None
+    /// for a family that has none.
+    pub fn generate<B: Backend>(
+        &self,
+        backend: B,
+        run: Generation<'_>,
+    ) -> Result<Option<Vec<Vec<u32>>>> {
+        match self.registration().decoder {
+            Some(decode) => decode(self.0.as_any(), Box::new(backend), run).map(Some),
+            None => Ok(None),
+        }
     }
 }

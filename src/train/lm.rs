@@ -1,8 +1,10 @@
-//! The language-model task (`train --task lm`, the default): a GPT-2 on a
-//! text's or a shard directory's tokens, next-token loss, validation on the
-//! first `eval_batches` windows of the val split, a sample from the
-//! trained model, and a distgpt model directory (`model.safetensors` with
-//! Hugging Face GPT-2 names, checksummed `model.json`).
+//! The language-model task (`train --task lm`, the default): a causal
+//! language model of any registered family (GPT-2 from the command line) on
+//! a text's or a shard directory's tokens, next-token loss, validation on
+//! the first `eval_batches` windows of the val split, a sample from the
+//! trained model where its family decodes, and a distgpt model directory
+//! (`model.safetensors` under the layout's names, GPT-2's Hugging Face's;
+//! checksummed `model.json`).
 
 use super::task::{mean_loss, Eval, Task, TaskKind, TrainStream};
 use super::TrainConfig;
@@ -10,15 +12,15 @@ use crate::backend::Backend;
 use crate::checkpoint;
 use crate::data::{Batch, DataLoader, Dataset, LoaderPosition, TokenizerSpec};
 use crate::error::{Error, Result};
-use crate::infer::generate::{generate, SampleConfig};
-use crate::model::gpt2::init_full;
-use crate::model::{Gpt2, GptConfig, ModelConfig};
+use crate::infer::generate::SampleConfig;
+use crate::model::family::Generation;
+use crate::model::ModelConfig;
 use crate::parallel::Strategy;
 use std::path::Path;
 
-/// A GPT-2 and its data.
+/// A causal language model and its data.
 pub struct LmTask<'a> {
-    pub model: GptConfig,
+    pub model: ModelConfig,
     pub data: &'a Dataset,
 }
 
@@ -43,7 +45,7 @@ impl<B: Backend> Task<B> for LmTask<'_> {
     }
 
     fn model(&self) -> ModelConfig {
-        self.model.clone().into()
+        self.model.clone()
     }
 
     fn data_name(&self) -> String {
@@ -68,21 +70,21 @@ impl<B: Backend> Task<B> for LmTask<'_> {
         self.data.fingerprint()
     }
 
-    fn initial_params(&self, cfg: &TrainConfig, backend: &B) -> Result<Vec<f32>> {
+    fn initial_params(&self, cfg: &TrainConfig, _backend: &B) -> Result<Vec<f32>> {
         match &cfg.init_from {
             Some(dir) => {
-                let (m, _) = checkpoint::load_model(backend.clone_fresh(), dir)?;
-                if m.config != self.model {
+                let (meta, params) = checkpoint::read_model(dir)?;
+                if meta.config != self.model {
                     return Err(Error::Config(format!(
                         "{} holds a model of {}, not the {} being trained",
                         dir.display(),
-                        m.config,
+                        meta.config,
                         self.model
                     )));
                 }
-                m.params_host()
+                Ok(params)
             }
-            None => Ok(init_full(&self.model, cfg.seed)),
+            None => Ok(self.model.init_full(cfg.seed)),
         }
     }
 
@@ -121,19 +123,17 @@ impl<B: Backend> Task<B> for LmTask<'_> {
         })
     }
 
-    fn save_model(&self, backend: B, params: &[f32], dir: &Path) -> Result<()> {
-        let mut model = Gpt2::new(backend, self.model.clone())?;
-        model.set_params(params)?;
-        checkpoint::save_model(&model, self.data.tokenizer.spec(), dir)
+    fn save_model(&self, _backend: B, params: &[f32], dir: &Path) -> Result<()> {
+        let tokenizer = self.data.tokenizer.spec();
+        checkpoint::write_model(&self.model, params, tokenizer, dir, false)
     }
 
     fn model_files(&self) -> &'static str {
         "model.safetensors, model.json"
     }
 
+    /// Empty for a family that does not decode.
     fn sample(&self, backend: B, params: &[f32], tokens: usize, seed: u64) -> Result<String> {
-        let mut model = Gpt2::new(backend, self.model.clone())?;
-        model.set_params(params)?;
         let tk = &self.data.tokenizer;
         let prompt = match tk.eot() {
             Some(eot) => vec![eot],
@@ -146,7 +146,15 @@ impl<B: Backend> Task<B> for LmTask<'_> {
             top_p: 1.0,
             seed,
         };
-        let out = generate(&model, &[prompt], &sc, tk.eot(), |_, _| {})?;
-        Ok(tk.decode(&out[0]))
+        let run = Generation {
+            params,
+            prompts: &[prompt],
+            sample: &sc,
+            stop: tk.eot(),
+        };
+        Ok(match self.model.generate(backend, run)? {
+            Some(out) => tk.decode(&out[0]),
+            None => String::new(),
+        })
     }
 }

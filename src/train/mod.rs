@@ -365,18 +365,21 @@ pub fn evaluate_params<B: Backend + 'static>(
     Ok(out.swap_remove(0))
 }
 
-/// Trains a GPT-2 language model (the `lm` task) on `par.world_size`
-/// thread ranks; returns rank 0's summary.
+/// Trains a causal language model of any family (the `lm` task) on
+/// `par.world_size` thread ranks; returns rank 0's summary.
 pub fn train_lm<B: Backend + 'static>(
     make_backend: impl Fn() -> B + Sync,
-    model: crate::model::GptConfig,
+    model: impl Into<crate::model::ModelConfig>,
     data: &crate::data::Dataset,
     cfg: &TrainConfig,
     par: ParallelConfig,
     threads: usize,
     timeout: std::time::Duration,
 ) -> Result<TrainSummary> {
-    let task = lm::LmTask { model, data };
+    let task = lm::LmTask {
+        model: model.into(),
+        data,
+    };
     train(make_backend, &task, cfg, par, threads, timeout)
 }
 

@@ -23,6 +23,7 @@ pub static FAMILY: Registration = Registration {
             .map_err(|e| e.to_string())
     },
     engine: Registration::engine_of::<BertConfig>(),
+    decoder: None,
     read_model_files: Some(|dir| Ok(super::hf::load_folder(dir, None, 0)?.0.into())),
 };
 

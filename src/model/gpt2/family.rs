@@ -3,11 +3,12 @@
 
 use super::config::{GptConfig, PRESETS};
 use super::layout::WTE;
-use super::{activation_elems, init_full, layout, Engine};
+use super::{activation_elems, init_full, layout, Engine, Gpt2};
 use crate::backend::Backend;
 use crate::data::Batch;
 use crate::error::Result;
-use crate::model::family::{Family, FamilyEngine, Registration};
+use crate::infer::generate::generate;
+use crate::model::family::{Family, FamilyDecoder, FamilyEngine, Generation, Registration};
 use crate::model::layout::TensorSpec;
 use crate::model::{ParamLayout, Precision, Span, TpPlace, UnitModel};
 use crate::rng::Rng;
@@ -25,6 +26,7 @@ pub static FAMILY: Registration = Registration {
             .map_err(|e| e.to_string())
     },
     engine: Registration::engine_of::<GptConfig>(),
+    decoder: Some(Registration::decoder_of::<GptConfig>()),
     read_model_files: Some(|dir| Ok(crate::checkpoint::read_model_files(dir)?.0.config)),
 };
 
@@ -99,6 +101,14 @@ impl Family for GptConfig {
     }
     fn as_any(&self) -> &dyn Any {
         self
+    }
+}
+
+impl FamilyDecoder for GptConfig {
+    fn generate<B: Backend>(&self, backend: B, run: Generation<'_>) -> Result<Vec<Vec<u32>>> {
+        let mut model = Gpt2::new(backend, self.clone())?;
+        model.set_params(run.params)?;
+        generate(&model, run.prompts, run.sample, run.stop, |_, _| {})
     }
 }
 
