@@ -13,7 +13,7 @@ use distgpt::checkpoint;
 use distgpt::comm::Comm;
 use distgpt::data::{Batch, Dataset, TokenizerKind, TokenizerSpec};
 use distgpt::error::{Error, Result};
-use distgpt::model::family::{self, Family, FamilyEngine, Registration};
+use distgpt::model::family::{self, Family, FamilyDims, FamilyEngine, Registration};
 use distgpt::model::{
     AdamWConfig, ModelConfig, ParamLayout, Precision, Span, TpPlace, TpSplit, UnitGrads, UnitKind,
     UnitModel, UnitParams,
@@ -101,17 +101,13 @@ impl Family for Toy {
     fn unsplit_flops_per_token(&self, _t: usize) -> f64 {
         self.flops_per_token(0)
     }
-    fn block_size(&self) -> usize {
-        self.block_size
-    }
-    fn n_layer(&self) -> usize {
-        self.n_layer
-    }
-    fn n_embd(&self) -> usize {
-        self.n_embd
-    }
-    fn n_head(&self) -> usize {
-        1
+    fn dims(&self) -> FamilyDims {
+        FamilyDims {
+            block_size: self.block_size,
+            n_layer: self.n_layer,
+            n_embd: self.n_embd,
+            n_head: 1,
+        }
     }
     fn check_tp(&self, tp: usize) -> Result<()> {
         match tp {

@@ -31,6 +31,17 @@ const BUILTIN: [&Registration; 2] = [&gpt2::family::FAMILY, &bert::family::FAMIL
 /// Families registered at run time, after the built-in ones.
 static REGISTERED: RwLock<Vec<&'static Registration>> = RwLock::new(Vec::new());
 
+/// What every family's model has: positions, blocks (the units between the
+/// embeddings and the head), the residual stream's width, attention heads
+/// (tensor parallelism splits them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FamilyDims {
+    pub block_size: usize,
+    pub n_layer: usize,
+    pub n_embd: usize,
+    pub n_head: usize,
+}
+
 /// A model family's configuration: what the rest of distgpt asks of a model.
 pub trait Family: fmt::Debug + fmt::Display + Send + Sync + 'static {
     /// The family this config belongs to.
@@ -46,14 +57,8 @@ pub trait Family: fmt::Debug + fmt::Display + Send + Sync + 'static {
     fn flops_per_token(&self, t: usize) -> f64;
     /// Training FLOPs per token that tensor parallelism does not split.
     fn unsplit_flops_per_token(&self, t: usize) -> f64;
-    /// Positions the model has.
-    fn block_size(&self) -> usize;
-    /// Blocks (the units between the embeddings and the head).
-    fn n_layer(&self) -> usize;
-    /// Width of the residual stream.
-    fn n_embd(&self) -> usize;
-    /// Attention heads (tensor parallelism splits them).
-    fn n_head(&self) -> usize;
+    /// Its positions, blocks, width and heads.
+    fn dims(&self) -> FamilyDims;
     /// Refuses a tensor-parallel size the family cannot split by.
     fn check_tp(&self, tp: usize) -> Result<()>;
     /// Whether the engine splits a backward into its input and weight
@@ -385,7 +390,7 @@ impl ModelConfig {
 
     /// Positions the model has.
     pub fn block_size(&self) -> usize {
-        self.0.block_size()
+        self.0.dims().block_size
     }
 
     /// A random batch of b x t of the family's kind (benchmarks): next
@@ -414,17 +419,17 @@ impl ModelConfig {
 
     /// Transformer blocks.
     pub fn n_layer(&self) -> usize {
-        self.0.n_layer()
+        self.0.dims().n_layer
     }
 
     /// Width of the residual stream.
     pub fn n_embd(&self) -> usize {
-        self.0.n_embd()
+        self.0.dims().n_embd
     }
 
     /// Attention heads (tensor parallelism splits them).
     pub fn n_head(&self) -> usize {
-        self.0.n_head()
+        self.0.dims().n_head
     }
 
     /// Refuses a tensor-parallel size the family cannot split by.

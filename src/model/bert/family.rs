@@ -6,7 +6,7 @@ use super::{activation_elems, init_full, layout, Engine};
 use crate::backend::Backend;
 use crate::data::{Batch, IGNORE};
 use crate::error::{Error, Result};
-use crate::model::family::{Family, FamilyEngine, Registration};
+use crate::model::family::{Family, FamilyDims, FamilyEngine, Registration};
 use crate::model::{ParamLayout, Precision, Span, TpPlace, UnitModel};
 use crate::rng::Rng;
 use std::any::Any;
@@ -46,17 +46,13 @@ impl Family for BertConfig {
     fn unsplit_flops_per_token(&self, t: usize) -> f64 {
         self.head_flops_per_token(t)
     }
-    fn block_size(&self) -> usize {
-        self.block_size
-    }
-    fn n_layer(&self) -> usize {
-        self.n_layer
-    }
-    fn n_embd(&self) -> usize {
-        self.n_embd
-    }
-    fn n_head(&self) -> usize {
-        self.n_head
+    fn dims(&self) -> FamilyDims {
+        FamilyDims {
+            block_size: self.block_size,
+            n_layer: self.n_layer,
+            n_embd: self.n_embd,
+            n_head: self.n_head,
+        }
     }
     fn check_tp(&self, tp: usize) -> Result<()> {
         if !self.n_head.is_multiple_of(tp) {

@@ -8,7 +8,9 @@ use crate::backend::Backend;
 use crate::data::Batch;
 use crate::error::Result;
 use crate::infer::generate::generate;
-use crate::model::family::{Family, FamilyDecoder, FamilyEngine, Generation, Registration};
+use crate::model::family::{
+    Family, FamilyDecoder, FamilyDims, FamilyEngine, Generation, Registration,
+};
 use crate::model::layout::TensorSpec;
 use crate::model::{ParamLayout, Precision, Span, TpPlace, UnitModel};
 use crate::rng::Rng;
@@ -50,17 +52,13 @@ impl Family for GptConfig {
         // the tied LM head
         6.0 * (self.padded_vocab() * self.n_embd) as f64
     }
-    fn block_size(&self) -> usize {
-        self.block_size
-    }
-    fn n_layer(&self) -> usize {
-        self.n_layer
-    }
-    fn n_embd(&self) -> usize {
-        self.n_embd
-    }
-    fn n_head(&self) -> usize {
-        self.n_head
+    fn dims(&self) -> FamilyDims {
+        FamilyDims {
+            block_size: self.block_size,
+            n_layer: self.n_layer,
+            n_embd: self.n_embd,
+            n_head: self.n_head,
+        }
     }
     fn check_tp(&self, tp: usize) -> Result<()> {
         GptConfig::check_tp(self, tp)
