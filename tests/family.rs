@@ -49,7 +49,7 @@ static TOY: Registration = Registration {
     },
     engine: Registration::engine_of::<Toy>(),
     decoder: None,
-    read_model_files: Some(|dir| Ok(distgpt::checkpoint::read_model_files(dir)?.0.config)),
+    model_files: Some(family::DISTGPT_FILES),
 };
 
 impl Toy {

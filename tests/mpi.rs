@@ -37,7 +37,10 @@ fn run(
     };
     train_rank(
         Cpu::new(),
-        &LmTask { model, data: ds },
+        &LmTask {
+            model: model.into(),
+            data: ds,
+        },
         &common::five_steps(&format!("mpi-{tag}"), grad_accum),
         par,
         comm,

@@ -400,14 +400,14 @@ pub fn verify_model_files(dir: &Path, model: &crate::model::ModelConfig) -> Resu
         path: dir.to_path_buf(),
         reason: format!("holds a model of {found}, not the run's {model}"),
     };
-    let read = model
+    let files = model
         .registration()
-        .read_model_files
+        .model_files
         .ok_or_else(|| Error::Checkpoint {
             path: dir.to_path_buf(),
             reason: format!("the {} family writes no model files", model.family()),
         })?;
-    let found = read(dir)?;
+    let found = (files.read)(dir)?;
     if &found != model {
         return Err(bad(found.to_string()));
     }

@@ -1,24 +1,29 @@
 //! Command-line interface: clap commands turned into library configs. This
 //! file holds the command tree, the arguments several commands share (model,
 //! layout, device) and the launch of ranks; each command's own arguments and
-//! work live in its file (`training`, `evaluate`, `generate`, `model_files`,
-//! `bench`, `compare`, `plan`; `config` reads `train --config`).
+//! work live in its file (`training`, `evaluate`, `generate`, `export`,
+//! `quantize`, `prune`, `consolidate`, `bench`, `compare`, `plan`, `plot`,
+//! `devices`, `prepare`; `config` reads `train --config`).
 
 mod bench;
 mod compare;
 mod config;
+mod consolidate;
 mod devices;
 mod evaluate;
+mod export;
 mod generate;
-mod model_files;
 mod plan;
 mod plot;
 mod prepare;
+mod prune;
+mod quantize;
 mod training;
 
 use anyhow::{bail, Context, Result};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use consolidate::{consolidate, run_consolidate, ConsolidateArgs};
 use devices::DevicesArgs;
 use distgpt::backend::cpu::Cpu;
 use distgpt::backend::{Backend, Device};
@@ -32,13 +37,12 @@ use distgpt::model::{AdamWConfig, GptConfig, ModelConfig};
 use distgpt::parallel::{launch, ParallelConfig, StrategyKind};
 use distgpt::train::{self, Duration, Fault, FaultKind, TaskKind, TrainConfig};
 use evaluate::{run_eval, EvalArgs};
+use export::{run_export, ExportArgs};
 use generate::{run_generate, GenerateArgs};
-use model_files::{
-    consolidate, run_consolidate, run_export, run_prune, run_quantize, ConsolidateArgs, ExportArgs,
-    PruneArgs, QuantizeArgs,
-};
 use plot::PlotArgs;
 use prepare::DataCommand;
+use prune::{run_prune, PruneArgs};
+use quantize::{run_quantize, QuantizeArgs};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use training::{run_train, TrainArgs};
@@ -544,6 +548,27 @@ pub fn run() -> Result<Outcome> {
         Command::Plot(a) => done(plot::run(a)),
         Command::Checkpoint(CheckpointCommand::Consolidate(a)) => done(run_consolidate(a)),
     }
+}
+
+/// Refuses an output folder that is the input or holds a run (its model
+/// files would be replaced), unless `overwrite`.
+fn refuse_output_over_input(input: &Path, out: &Path, overwrite: bool) -> Result<()> {
+    if overwrite {
+        return Ok(());
+    }
+    let same = match (input.canonicalize(), out.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    let holds_run = train::run_dir::holds_a_run(out);
+    if same || holds_run {
+        bail!(
+            "--out {} {}: its model files would be replaced; choose another --out, or pass --overwrite",
+            out.display(),
+            if same { "is the input" } else { "holds a training run" }
+        );
+    }
+    Ok(())
 }
 
 /// The parser of a count that must be at least 1 (batch sizes, sequence

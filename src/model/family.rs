@@ -11,13 +11,14 @@ use super::tp::TpPlace;
 use super::unit::{Span, UnitModel};
 use super::{bert, gpt2, Precision};
 use crate::backend::Backend;
-use crate::data::Batch;
+use crate::data::{Batch, TokenizerSpec};
 use crate::error::{Error, Result};
 use crate::infer::generate::SampleConfig;
 use crate::rng::Rng;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::any::Any;
 use std::fmt;
+use std::path::Path;
 use std::sync::{Arc, RwLock};
 
 /// The largest model accepted of any family (2^36 parameters, far past
@@ -148,11 +149,36 @@ pub struct Registration {
     pub engine: EngineFn,
     /// Its decoder, for a family that generates: [`Registration::decoder_of`].
     pub decoder: Option<DecodeFn>,
-    /// Reads and checks the model files a run of it writes in a folder
-    /// (checksums, finite weights), giving their config; None for a family
-    /// that writes none.
-    pub read_model_files: Option<fn(&std::path::Path) -> Result<ModelConfig>>,
+    /// The model files a run of it writes; None for a family that writes
+    /// none.
+    pub model_files: Option<ModelFiles>,
 }
+
+/// Writes a model's whole parameters into a folder, with the tokenizer
+/// (and a vocabulary file, where the family keeps one beside its weights).
+pub type WriteFiles = fn(&ModelConfig, &[f32], &TokenizerSpec, Option<&Path>, &Path) -> Result<()>;
+
+/// How a family's model is written as files, and read back.
+#[derive(Clone, Copy)]
+pub struct ModelFiles {
+    /// What they are, for the closing lines ("model.safetensors, model.json").
+    pub what: &'static str,
+    /// Writes the whole model's parameters into a folder.
+    pub write: WriteFiles,
+    /// Reads and checks the files in a folder (checksums, finite weights),
+    /// giving their config.
+    pub read: fn(&Path) -> Result<ModelConfig>,
+}
+
+/// distgpt's own model files, for any family: `model.safetensors` under
+/// the layout's names and `model.json` (`checkpoint::write_model`).
+pub const DISTGPT_FILES: ModelFiles = ModelFiles {
+    what: "model.safetensors, model.json",
+    write: |config, params, tokenizer, _, dir| {
+        crate::checkpoint::write_model(config, params, tokenizer.clone(), dir, false)
+    },
+    read: |dir| Ok(crate::checkpoint::read_model_files(dir)?.0.config),
+};
 
 impl Registration {
     /// The engine of family `F`, on every backend there is.

@@ -123,13 +123,21 @@ impl<B: Backend> Task<B> for LmTask<'_> {
         })
     }
 
+    /// The family's model files (none for a family that writes none).
     fn save_model(&self, _backend: B, params: &[f32], dir: &Path) -> Result<()> {
-        let tokenizer = self.data.tokenizer.spec();
-        checkpoint::write_model(&self.model, params, tokenizer, dir, false)
+        match self.model.registration().model_files {
+            Some(files) => {
+                (files.write)(&self.model, params, &self.data.tokenizer.spec(), None, dir)
+            }
+            None => Ok(()),
+        }
     }
 
     fn model_files(&self) -> &'static str {
-        "model.safetensors, model.json"
+        self.model
+            .registration()
+            .model_files
+            .map_or("no model files (its family writes none)", |f| f.what)
     }
 
     /// Empty for a family that does not decode.

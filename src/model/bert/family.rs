@@ -6,7 +6,7 @@ use super::{activation_elems, init_full, layout, Engine};
 use crate::backend::Backend;
 use crate::data::{Batch, IGNORE};
 use crate::error::{Error, Result};
-use crate::model::family::{Family, FamilyDims, FamilyEngine, Registration};
+use crate::model::family::{Family, FamilyDims, FamilyEngine, ModelFiles, Registration};
 use crate::model::{ParamLayout, Precision, Span, TpPlace, UnitModel};
 use crate::rng::Rng;
 use std::any::Any;
@@ -24,7 +24,15 @@ pub static FAMILY: Registration = Registration {
     },
     engine: Registration::engine_of::<BertConfig>(),
     decoder: None,
-    read_model_files: Some(|dir| Ok(super::hf::load_folder(dir, None, 0)?.0.into())),
+    // a Hugging Face folder: config.json, model.safetensors (and vocab.txt)
+    model_files: Some(ModelFiles {
+        what: "a Hugging Face folder: config.json, model.safetensors",
+        write: |config, params, _, vocab, dir| {
+            let config = config.get::<BertConfig>().expect("a BERT config");
+            super::hf::write_folder(config, params, vocab, dir)
+        },
+        read: |dir| Ok(super::hf::load_folder(dir, None, 0)?.0.into()),
+    }),
 };
 
 impl Family for BertConfig {

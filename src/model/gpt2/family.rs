@@ -9,7 +9,7 @@ use crate::data::Batch;
 use crate::error::Result;
 use crate::infer::generate::generate;
 use crate::model::family::{
-    Family, FamilyDecoder, FamilyDims, FamilyEngine, Generation, Registration,
+    Family, FamilyDecoder, FamilyDims, FamilyEngine, Generation, Registration, DISTGPT_FILES,
 };
 use crate::model::layout::TensorSpec;
 use crate::model::{ParamLayout, Precision, Span, TpPlace, UnitModel};
@@ -29,7 +29,7 @@ pub static FAMILY: Registration = Registration {
     },
     engine: Registration::engine_of::<GptConfig>(),
     decoder: Some(Registration::decoder_of::<GptConfig>()),
-    read_model_files: Some(|dir| Ok(crate::checkpoint::read_model_files(dir)?.0.config)),
+    model_files: Some(DISTGPT_FILES),
 };
 
 impl Family for GptConfig {

@@ -1,39 +1,6 @@
-//! The commands that read a model and write another: `checkpoint consolidate`, `export`, `quantize` and `prune`.
+//! `prune`: a GPT-2 pruned level by level, with its report.
 
 use super::*;
-
-#[derive(Args)]
-pub(super) struct ConsolidateArgs {
-    /// A run directory (its newest checkpoint) or one checkpoint directory.
-    #[arg(value_name = "RUN")]
-    checkpoint: PathBuf,
-    /// Output directory (created; its model files are replaced).
-    #[arg(long)]
-    out: PathBuf,
-}
-
-#[derive(Args)]
-pub(super) struct ExportArgs {
-    /// A run directory (or any folder `generate` accepts).
-    #[arg(value_name = "RUN")]
-    run: PathBuf,
-    /// Output folder for `GPT2LMHeadModel.from_pretrained`.
-    #[arg(long)]
-    out: PathBuf,
-}
-
-#[derive(Args)]
-pub(super) struct QuantizeArgs {
-    /// A run directory, one of its checkpoint directories, or a Hugging Face GPT-2 folder.
-    #[arg(value_name = "RUN")]
-    run: PathBuf,
-    /// Output folder (model.safetensors and model.json).
-    #[arg(long)]
-    out: PathBuf,
-    /// Write into --out even when it is the input or holds a run.
-    #[arg(long)]
-    overwrite: bool,
-}
 
 #[derive(Args)]
 pub(super) struct PruneArgs {
@@ -107,55 +74,6 @@ pub(super) struct PruneArgs {
     int8: bool,
     #[command(flatten)]
     device: DeviceArgs,
-}
-
-/// Refuses an output folder that is the input or holds a run (its model
-/// files would be replaced), unless `overwrite`.
-pub(super) fn refuse_output_over_input(input: &Path, out: &Path, overwrite: bool) -> Result<()> {
-    if overwrite {
-        return Ok(());
-    }
-    let same = match (input.canonicalize(), out.canonicalize()) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => false,
-    };
-    let holds_run = train::run_dir::holds_a_run(out);
-    if same || holds_run {
-        bail!(
-            "--out {} {}: its model files would be replaced; choose another --out, or pass --overwrite",
-            out.display(),
-            if same { "is the input" } else { "holds a training run" }
-        );
-    }
-    Ok(())
-}
-
-/// Writes a checkpoint's model as a model directory (weights, then model.json).
-/// A BERT classifier's folder gets `vocab` (its `vocab.txt`) when given.
-pub(super) fn consolidate(
-    checkpoint_dir: &Path,
-    out: &Path,
-    vocab: Option<&Path>,
-) -> Result<checkpoint::state::Index> {
-    if out.extension().is_some_and(|e| e == "safetensors") {
-        bail!(
-            "--out {} names a file: give a directory (model.safetensors and model.json are written into it)",
-            out.display()
-        );
-    }
-    let state = checkpoint::state::load(checkpoint_dir)?;
-    let model = &state.index.model;
-    if let Some(c) = model.get::<GptConfig>() {
-        let mut model = distgpt::model::Gpt2::new(Cpu::new(), c.clone())?;
-        model.set_params(&state.params)?;
-        checkpoint::save_model(&model, state.index.tokenizer.clone(), out)?;
-    } else if let Some(c) = model.get::<BertConfig>() {
-        // a Hugging Face folder, as a BERT run writes its weights
-        distgpt::model::bert::hf::write_folder(c, &state.params, vocab, out)?
-    } else {
-        bail!("the {} family writes no model files", model.family());
-    }
-    Ok(state.index)
 }
 
 pub(super) fn prune_on<B: Backend>(be: B, a: &PruneArgs) -> Result<()> {
@@ -244,63 +162,6 @@ pub(super) fn prune_on<B: Backend>(be: B, a: &PruneArgs) -> Result<()> {
         "wrote {} report files into {}",
         written.len(),
         a.out.display()
-    );
-    Ok(())
-}
-
-/// `checkpoint consolidate`: a checkpoint's model as model files.
-pub(super) fn run_consolidate(a: ConsolidateArgs) -> Result<()> {
-    let dir = checkpoint::state::latest(&a.checkpoint)?;
-    let index = consolidate(&dir, &a.out, None)?;
-    distgpt::outln!(
-        "wrote {} ({}) from {} (step {}, saved by {} on {} rank(s))",
-        a.out.display(),
-        match index.model.get::<GptConfig>() {
-            Some(_) => "model.safetensors, model.json",
-            None => "a Hugging Face folder: config.json, model.safetensors",
-        },
-        dir.display(),
-        index.step,
-        index.strategy,
-        index.world_size
-    );
-    Ok(())
-}
-
-/// `export`: a Hugging Face folder of a run, checkpoint or model folder.
-pub(super) fn run_export(a: ExportArgs) -> Result<()> {
-    if train::classify::is_bert_folder(&a.run) {
-        // a BERT run is a Hugging Face folder already: checked, then written anew
-        use distgpt::model::bert::hf;
-        let (model, params) = hf::load_folder(&a.run, None, 0)?;
-        let vocab = a.run.join("vocab.txt");
-        let vocab = vocab.exists().then_some(vocab.as_path());
-        hf::write_folder(&model, &params, vocab, &a.out)?;
-        distgpt::outln!(
-            "wrote {} (a Hugging Face {model} folder: config.json, model.safetensors{})",
-            a.out.display(),
-            if vocab.is_some() { ", vocab.txt" } else { "" }
-        );
-        return Ok(());
-    }
-    let (model, meta) = checkpoint::load_model(Cpu::new(), &a.run)?;
-    checkpoint::hf::export(&model, &meta.tokenizer, &a.out)?;
-    distgpt::outln!("wrote {} (config.json, model.safetensors)", a.out.display());
-    Ok(())
-}
-
-/// `quantize`: the model with its block matrices in int8.
-pub(super) fn run_quantize(a: QuantizeArgs) -> Result<()> {
-    refuse_output_over_input(&a.run, &a.out, a.overwrite)?;
-    let (model, meta) = checkpoint::load_model(Cpu::new(), &a.run)?;
-    checkpoint::save_int8_model(&model, meta.tokenizer, &a.out)?;
-    let size =
-        |d: &Path| std::fs::metadata(d.join(checkpoint::WEIGHTS_FILE)).map_or(0, |m| m.len());
-    distgpt::outln!(
-        "wrote {} (model.safetensors {}, block matrices in int8; fp32: {})",
-        a.out.display(),
-        metrics::human_bytes(size(&a.out)),
-        metrics::human_bytes(4 * model.config.num_params() as u64)
     );
     Ok(())
 }

@@ -1,0 +1,55 @@
+//! `checkpoint consolidate`: a checkpoint's model as its family's model files.
+
+use super::*;
+
+#[derive(Args)]
+pub(super) struct ConsolidateArgs {
+    /// A run directory (its newest checkpoint) or one checkpoint directory.
+    #[arg(value_name = "RUN")]
+    checkpoint: PathBuf,
+    /// Output directory (created; its model files are replaced).
+    #[arg(long)]
+    out: PathBuf,
+}
+
+/// Writes a checkpoint's model as a model directory (weights, then model.json).
+/// A BERT classifier's folder gets `vocab` (its `vocab.txt`) when given.
+pub(super) fn consolidate(
+    checkpoint_dir: &Path,
+    out: &Path,
+    vocab: Option<&Path>,
+) -> Result<checkpoint::state::Index> {
+    if out.extension().is_some_and(|e| e == "safetensors") {
+        bail!(
+            "--out {} names a file: give a directory (model.safetensors and model.json are written into it)",
+            out.display()
+        );
+    }
+    let state = checkpoint::state::load(checkpoint_dir)?;
+    let model = &state.index.model;
+    let Some(files) = model.registration().model_files else {
+        bail!("the {} family writes no model files", model.family());
+    };
+    (files.write)(model, &state.params, &state.index.tokenizer, vocab, out)?;
+    Ok(state.index)
+}
+
+/// `checkpoint consolidate`: a checkpoint's model as model files.
+pub(super) fn run_consolidate(a: ConsolidateArgs) -> Result<()> {
+    let dir = checkpoint::state::latest(&a.checkpoint)?;
+    let index = consolidate(&dir, &a.out, None)?;
+    distgpt::outln!(
+        "wrote {} ({}) from {} (step {}, saved by {} on {} rank(s))",
+        a.out.display(),
+        index
+            .model
+            .registration()
+            .model_files
+            .map_or("", |f| f.what),
+        dir.display(),
+        index.step,
+        index.strategy,
+        index.world_size
+    );
+    Ok(())
+}

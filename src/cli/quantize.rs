@@ -1,0 +1,32 @@
+//! `quantize`: a GPT-2 with its block matrices in int8.
+
+use super::*;
+
+#[derive(Args)]
+pub(super) struct QuantizeArgs {
+    /// A run directory, one of its checkpoint directories, or a Hugging Face GPT-2 folder.
+    #[arg(value_name = "RUN")]
+    run: PathBuf,
+    /// Output folder (model.safetensors and model.json).
+    #[arg(long)]
+    out: PathBuf,
+    /// Write into --out even when it is the input or holds a run.
+    #[arg(long)]
+    overwrite: bool,
+}
+
+/// `quantize`: the model with its block matrices in int8.
+pub(super) fn run_quantize(a: QuantizeArgs) -> Result<()> {
+    refuse_output_over_input(&a.run, &a.out, a.overwrite)?;
+    let (model, meta) = checkpoint::load_model(Cpu::new(), &a.run)?;
+    checkpoint::save_int8_model(&model, meta.tokenizer, &a.out)?;
+    let size =
+        |d: &Path| std::fs::metadata(d.join(checkpoint::WEIGHTS_FILE)).map_or(0, |m| m.len());
+    distgpt::outln!(
+        "wrote {} (model.safetensors {}, block matrices in int8; fp32: {})",
+        a.out.display(),
+        metrics::human_bytes(size(&a.out)),
+        metrics::human_bytes(4 * model.config.num_params() as u64)
+    );
+    Ok(())
+}
