@@ -50,6 +50,7 @@ static TOY: Registration = Registration {
     engine: Registration::engine_of::<Toy>(),
     decoder: None,
     model_files: Some(family::DISTGPT_FILES),
+    hf: None,
 };
 
 impl Toy {

@@ -4,8 +4,9 @@
 //! gives the same logits, also after importing the folder back.
 
 use distgpt::backend::cpu::Cpu;
-use distgpt::checkpoint::{hf, load_model};
+use distgpt::checkpoint::load_model;
 use distgpt::data::TokenizerSpec;
+use distgpt::model::gpt2::hf;
 use distgpt::model::{Gpt2, GptConfig};
 use safetensors::SafeTensors;
 use std::path::PathBuf;

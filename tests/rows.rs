@@ -238,7 +238,7 @@ fn a_pruned_model_saves_loads_and_exports_in_the_dense_shape() {
     let (l2, g2) = outputs(&mut back);
     assert_eq!((l2, &g2), (loss, &logits));
     // transformers' GPT-2 has one width: the export is dense, pruned rows zero
-    checkpoint::hf::export(&small, &tok, &dir.join("hf")).unwrap();
+    distgpt::model::gpt2::hf::export(&small, &tok, &dir.join("hf")).unwrap();
     let (mut hf, meta) = checkpoint::load_model(Cpu::new(), &dir.join("hf")).unwrap();
     assert_eq!(meta.config, cfg.into());
     let (l3, g3) = outputs(&mut hf);

@@ -4,7 +4,6 @@
 //! records the checksum of the weights file and of itself, so a flipped bit
 //! or an edited shape is refused on load, as are non-finite weights.
 
-pub mod hf;
 pub mod state;
 
 use crate::backend::Backend;
@@ -18,6 +17,8 @@ use std::path::Path;
 
 pub const WEIGHTS_FILE: &str = "model.safetensors";
 pub const META_FILE: &str = "model.json";
+/// A Hugging Face folder's config.
+pub const HF_CONFIG: &str = "config.json";
 
 /// A model's shape (of any family) and tokenizer.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -339,14 +340,14 @@ pub fn read_meta(dir: &Path) -> Result<ModelMeta> {
 
 /// Whether `dir` is a Hugging Face folder rather than a distgpt model directory.
 fn is_hf_folder(dir: &Path) -> bool {
-    !dir.join(META_FILE).exists() && dir.join(hf::CONFIG_FILE).exists()
+    !dir.join(META_FILE).exists() && dir.join(HF_CONFIG).exists()
 }
 
 /// The training-state checkpoint to read a model from when `dir` has no
 /// model files: `dir` itself (`RUN/checkpoints/step_N`), or the newest of a
 /// run that is still training or was stopped before writing them.
 fn checkpoint_instead(dir: &Path) -> Option<std::path::PathBuf> {
-    if dir.join(META_FILE).exists() || dir.join(hf::CONFIG_FILE).exists() {
+    if dir.join(META_FILE).exists() || dir.join(HF_CONFIG).exists() {
         return None;
     }
     state::latest(dir).ok()
@@ -363,10 +364,10 @@ pub fn read_any_meta(dir: &Path) -> Result<ModelMeta> {
         });
     }
     if is_hf_folder(dir) {
-        hf::read_config(dir)
-    } else {
-        read_meta(dir)
+        let (config, tokenizer, _) = hf_import(dir)?;
+        return Ok(ModelMeta { config, tokenizer });
     }
+    read_meta(dir)
 }
 
 /// A model's description and whole parameters from a directory written by
@@ -414,15 +415,21 @@ pub fn verify_model_files(dir: &Path, model: &crate::model::ModelConfig) -> Resu
     Ok(())
 }
 
+/// A Hugging Face folder, read by the family whose `model_type` it names.
+fn hf_import(dir: &Path) -> Result<(ModelConfig, TokenizerSpec, Vec<f32>)> {
+    let family = crate::model::family::hf_family(dir)?;
+    let hf = family.hf.expect("hf_family finds families with a folder");
+    (hf.import)(dir)
+}
+
 /// [`read_model`] from model files only (`model.json` + `model.safetensors`,
 /// or a Hugging Face folder), never from a checkpoint.
 pub fn read_model_files(dir: &Path) -> Result<(ModelMeta, Vec<f32>)> {
-    let (meta, checksum, int8) = if is_hf_folder(dir) {
-        (hf::read_config(dir)?, None, false)
-    } else {
-        let (meta, sum, int8) = read_meta_file(dir)?;
-        (meta, Some(sum), int8)
-    };
+    if is_hf_folder(dir) {
+        let (config, tokenizer, params) = hf_import(dir)?;
+        return Ok((ModelMeta { config, tokenizer }, params));
+    }
+    let (meta, checksum, int8) = read_meta_file(dir)?;
     let weights = dir.join(WEIGHTS_FILE);
     // A config asking for more than the file holds is refused before allocating it.
     let c = &meta.config;
@@ -447,7 +454,7 @@ pub fn read_model_files(dir: &Path) -> Result<(ModelMeta, Vec<f32>)> {
             ),
         });
     }
-    let params = read_weights(c, &weights, checksum.as_deref())?;
+    let params = read_weights(c, &weights, Some(&checksum))?;
     Ok((meta, params))
 }
 

@@ -7,29 +7,32 @@ pub(super) struct ExportArgs {
     /// A run directory (or any folder `generate` accepts).
     #[arg(value_name = "RUN")]
     run: PathBuf,
-    /// Output folder for `GPT2LMHeadModel.from_pretrained`.
+    /// Output folder for `transformers`' `from_pretrained` (GPT2LMHeadModel,
+    /// or a BERT's class).
     #[arg(long)]
     out: PathBuf,
 }
 
-/// `export`: a Hugging Face folder of a run, checkpoint or model folder.
+/// `export`: a Hugging Face folder of a run, checkpoint or model folder,
+/// as the model's family writes one.
 pub(super) fn run_export(a: ExportArgs) -> Result<()> {
-    if train::classify::is_bert_folder(&a.run) {
-        // a BERT run is a Hugging Face folder already: checked, then written anew
-        use distgpt::model::bert::hf;
-        let (model, params) = hf::load_folder(&a.run, None, 0)?;
-        let vocab = a.run.join("vocab.txt");
-        let vocab = vocab.exists().then_some(vocab.as_path());
-        hf::write_folder(&model, &params, vocab, &a.out)?;
-        distgpt::outln!(
-            "wrote {} (a Hugging Face {model} folder: config.json, model.safetensors{})",
-            a.out.display(),
-            if vocab.is_some() { ", vocab.txt" } else { "" }
+    let (meta, params) = checkpoint::read_model(&a.run)?;
+    let model = &meta.config;
+    let Some(hf) = model.registration().hf else {
+        bail!(
+            "the {} family has no Hugging Face folder to export",
+            model.family()
         );
-        return Ok(());
-    }
-    let (model, meta) = checkpoint::load_model(Cpu::new(), &a.run)?;
-    checkpoint::hf::export(&model, &meta.tokenizer, &a.out)?;
-    distgpt::outln!("wrote {} (config.json, model.safetensors)", a.out.display());
+    };
+    // a BERT's vocabulary goes along where the run keeps it
+    let vocab = a.run.join("vocab.txt");
+    let vocab = vocab.exists().then_some(vocab.as_path());
+    (hf.export)(model, &params, &meta.tokenizer, vocab, &a.out)?;
+    distgpt::outln!(
+        "wrote {} (a Hugging Face {} folder: config.json, model.safetensors{})",
+        a.out.display(),
+        model.family(),
+        if vocab.is_some() { ", vocab.txt" } else { "" }
+    );
     Ok(())
 }

@@ -152,6 +152,54 @@ pub struct Registration {
     /// The model files a run of it writes; None for a family that writes
     /// none.
     pub model_files: Option<ModelFiles>,
+    /// Its Hugging Face folder (what `transformers` loads), where it has one.
+    pub hf: Option<HfFolder>,
+}
+
+/// Reads a folder: the model's config, its tokenizer and whole parameters.
+pub type ReadFolder = fn(&Path) -> Result<(ModelConfig, TokenizerSpec, Vec<f32>)>;
+
+/// A family's Hugging Face folder: `config.json` and `model.safetensors`
+/// under `transformers`' names, which `from_pretrained` loads.
+#[derive(Clone, Copy)]
+pub struct HfFolder {
+    /// `config.json`'s `model_type` ("gpt2", "bert").
+    pub model_type: &'static str,
+    /// Writes the whole model's parameters as such a folder.
+    pub export: WriteFiles,
+    /// Reads such a folder.
+    pub import: ReadFolder,
+}
+
+/// The registered family whose Hugging Face folder `dir` is, by its
+/// `config.json`'s `model_type`.
+pub fn hf_family(dir: &Path) -> Result<&'static Registration> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::Checkpoint {
+        path: path.clone(),
+        reason: format!("invalid JSON: {e}"),
+    })?;
+    // a GPT-2 folder written before `model_type` was, or by hand
+    let kind = json["model_type"].as_str().unwrap_or("gpt2");
+    let families = families();
+    families
+        .iter()
+        .find(|r| r.hf.is_some_and(|h| h.model_type == kind))
+        .copied()
+        .ok_or_else(|| {
+            let known: Vec<&str> = families
+                .iter()
+                .filter_map(|r| r.hf.map(|h| h.model_type))
+                .collect();
+            Error::Checkpoint {
+                path,
+                reason: format!(
+                    "model_type is {kind}: distgpt reads {} folders",
+                    known.join(", ")
+                ),
+            }
+        })
 }
 
 /// Writes a model's whole parameters into a folder, with the tokenizer
@@ -516,5 +564,45 @@ impl ModelConfig {
             Some(decode) => decode(self.0.as_any(), Box::new(backend), run).map(Some),
             None => Ok(None),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hugging_face_folder_is_read_by_the_family_its_model_type_names() {
+        let dir = std::env::temp_dir().join(format!("distgpt-hf-family-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let with = |json: &str| {
+            std::fs::write(dir.join("config.json"), json).unwrap();
+            hf_family(&dir).map(|r| r.name)
+        };
+        assert_eq!(with(r#"{"model_type": "bert"}"#).unwrap(), "BERT");
+        assert_eq!(with(r#"{"model_type": "gpt2"}"#).unwrap(), "GPT-2");
+        // GPT-2 folders written by hand may leave it out
+        assert_eq!(with(r#"{"n_layer": 2}"#).unwrap(), "GPT-2");
+        let err = with(r#"{"model_type": "llama"}"#).unwrap_err().to_string();
+        assert!(err.contains("llama") && err.contains("gpt2, bert"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn every_preset_of_every_family_is_found_and_an_unknown_one_lists_them_all() {
+        for r in families() {
+            for name in (r.presets)() {
+                let c = ModelConfig::preset(name).unwrap();
+                assert_eq!(c.family(), r.name, "{name}");
+                // JSON goes through the registry and back
+                let json = serde_json::to_value(&c).unwrap();
+                assert_eq!(serde_json::from_value::<ModelConfig>(json).unwrap(), c);
+            }
+        }
+        let err = ModelConfig::preset("gpt3").unwrap_err().to_string();
+        assert!(
+            err.contains("GPT-2: ") && err.contains("BERT: bert-minilm"),
+            "{err}"
+        );
     }
 }

@@ -4,10 +4,11 @@
 use super::config::{BertConfig, BertHead, PRESETS};
 use super::{activation_elems, init_full, layout, Engine};
 use crate::backend::Backend;
-use crate::data::{Batch, IGNORE};
+use crate::data::wordpiece::WordPiece;
+use crate::data::{Batch, TokenizerSpec, IGNORE};
 use crate::error::{Error, Result};
-use crate::model::family::{Family, FamilyDims, FamilyEngine, ModelFiles, Registration};
-use crate::model::{ParamLayout, Precision, Span, TpPlace, UnitModel};
+use crate::model::family::{Family, FamilyDims, FamilyEngine, HfFolder, ModelFiles, Registration};
+use crate::model::{ModelConfig, ParamLayout, Precision, Span, TpPlace, UnitModel};
 use crate::rng::Rng;
 use std::any::Any;
 
@@ -27,13 +28,39 @@ pub static FAMILY: Registration = Registration {
     // a Hugging Face folder: config.json, model.safetensors (and vocab.txt)
     model_files: Some(ModelFiles {
         what: "a Hugging Face folder: config.json, model.safetensors",
-        write: |config, params, _, vocab, dir| {
-            let config = config.get::<BertConfig>().expect("a BERT config");
-            super::hf::write_folder(config, params, vocab, dir)
-        },
+        write: write_folder,
         read: |dir| Ok(super::hf::load_folder(dir, None, 0)?.0.into()),
     }),
+    hf: Some(HfFolder {
+        model_type: "bert",
+        export: write_folder,
+        import: |dir| {
+            let (config, params) = super::hf::load_folder(dir, None, 0)?;
+            let vocab = dir.join("vocab.txt");
+            let tokenizer = match vocab.exists() {
+                true => WordPiece::from_vocab_file(&vocab)?.spec(),
+                // a folder without its vocabulary: only its size is known
+                false => TokenizerSpec::WordPiece {
+                    tokens: config.vocab_size,
+                    checksum: String::new(),
+                },
+            };
+            Ok((config.into(), tokenizer, params))
+        },
+    }),
 };
+
+/// Writes a BERT as a Hugging Face folder (with its `vocab.txt` where given).
+fn write_folder(
+    config: &ModelConfig,
+    params: &[f32],
+    _: &TokenizerSpec,
+    vocab: Option<&std::path::Path>,
+    dir: &std::path::Path,
+) -> Result<()> {
+    let config = config.get::<BertConfig>().expect("a BERT config");
+    super::hf::write_folder(config, params, vocab, dir)
+}
 
 impl Family for BertConfig {
     fn registration(&self) -> &'static Registration {

@@ -9,7 +9,8 @@ use crate::data::Batch;
 use crate::error::Result;
 use crate::infer::generate::generate;
 use crate::model::family::{
-    Family, FamilyDecoder, FamilyDims, FamilyEngine, Generation, Registration, DISTGPT_FILES,
+    Family, FamilyDecoder, FamilyDims, FamilyEngine, Generation, HfFolder, Registration,
+    DISTGPT_FILES,
 };
 use crate::model::layout::TensorSpec;
 use crate::model::{ParamLayout, Precision, Span, TpPlace, UnitModel};
@@ -30,6 +31,14 @@ pub static FAMILY: Registration = Registration {
     engine: Registration::engine_of::<GptConfig>(),
     decoder: Some(Registration::decoder_of::<GptConfig>()),
     model_files: Some(DISTGPT_FILES),
+    hf: Some(HfFolder {
+        model_type: "gpt2",
+        export: |config, params, tokenizer, _, dir| {
+            let config = config.get::<GptConfig>().expect("a GPT-2 config");
+            super::hf::export_params(config, params, tokenizer, dir)
+        },
+        import: super::hf::import,
+    }),
 };
 
 impl Family for GptConfig {

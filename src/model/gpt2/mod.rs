@@ -6,6 +6,7 @@
 pub mod block;
 pub mod config;
 pub mod family;
+pub mod hf;
 pub mod layout;
 
 use super::alloc::ActAlloc;

@@ -2,11 +2,11 @@
 //! `model.safetensors` that `GPT2LMHeadModel.from_pretrained` loads, and the
 //! reverse, so GPT-2 checkpoints made elsewhere can be fine-tuned here.
 
-use super::{save_weights, write_atomic, ModelMeta, WEIGHTS_FILE};
 use crate::backend::Backend;
+use crate::checkpoint::{read_weights, write_atomic, write_weights, ModelMeta, WEIGHTS_FILE};
 use crate::data::TokenizerSpec;
 use crate::error::{Error, Result};
-use crate::model::{Gpt2, GptConfig};
+use crate::model::{Gpt2, GptConfig, ModelConfig};
 use serde_json::{json, Value};
 use std::path::Path;
 
@@ -17,14 +17,21 @@ pub const CONFIG_FILE: &str = "config.json";
 /// A row-pruned model is written in its dense shape, the pruned rows zero
 /// ([`crate::prune::unshrink`]): `transformers` has no per-layer widths.
 pub fn export<B: Backend>(model: &Gpt2<B>, tokenizer: &TokenizerSpec, dir: &Path) -> Result<()> {
-    if !model.config.blocks.is_empty() {
-        let (dense, params) = crate::prune::unshrink(&model.config, &model.params_host()?);
-        let mut padded = Gpt2::new(model.backend().clone_fresh(), dense)?;
-        padded.set_params(&params)?;
-        return export(&padded, tokenizer, dir);
+    export_params(&model.config, &model.params_host()?, tokenizer, dir)
+}
+
+/// [`export`] of a GPT-2's whole parameters.
+pub fn export_params(
+    c: &GptConfig,
+    params: &[f32],
+    tokenizer: &TokenizerSpec,
+    dir: &Path,
+) -> Result<()> {
+    if !c.blocks.is_empty() {
+        let (dense, params) = crate::prune::unshrink(c, params);
+        return export_params(&dense, &params, tokenizer, dir);
     }
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    let c = &model.config;
     let eos = match tokenizer {
         TokenizerSpec::Gpt2 => crate::data::tokenizer::GPT2_EOT as usize,
         TokenizerSpec::Char { .. } => 0,
@@ -56,7 +63,7 @@ pub fn export<B: Backend>(model: &Gpt2<B>, tokenizer: &TokenizerSpec, dir: &Path
         "torch_dtype": "float32",
         "distgpt_tokenizer": tokenizer,
     });
-    save_weights(model, &dir.join(WEIGHTS_FILE))?;
+    write_weights(&c.clone().into(), params, &dir.join(WEIGHTS_FILE), false)?;
     write_atomic(
         &dir.join(CONFIG_FILE),
         serde_json::to_string_pretty(&config)
@@ -118,4 +125,11 @@ pub fn read_config(dir: &Path) -> Result<ModelMeta> {
         config: config.into(),
         tokenizer,
     })
+}
+
+/// A Hugging Face GPT-2 folder: its config, tokenizer and whole parameters.
+pub fn import(dir: &Path) -> Result<(ModelConfig, TokenizerSpec, Vec<f32>)> {
+    let meta = read_config(dir)?;
+    let params = read_weights(&meta.config, &dir.join(WEIGHTS_FILE), None)?;
+    Ok((meta.config, meta.tokenizer, params))
 }
