@@ -20,21 +20,17 @@ const DECODE_GRAIN: usize = 1 << 15;
 /// # Safety
 /// q and k must address `rows` and `cols` rows of `hd` floats at `stride`;
 /// p must hold rows * cols floats.
-#[allow(clippy::too_many_arguments)]
 unsafe fn scores(
     p: *mut f32,
     q: *const f32,
     k: *const f32,
-    rows: usize,
-    cols: usize,
+    (rows, cols): (usize, usize),
     hd: usize,
     stride: usize,
     scale: f32,
 ) {
     gemm(
-        rows,
-        cols,
-        hd,
+        (rows, cols, hd),
         Mat::new(p, cols, 1),
         Mat::new(q, stride, 1),
         Mat::new(k, stride, 1).t(),
@@ -138,7 +134,7 @@ fn forward_masked(out: &mut [f32], lse: &mut [f32], qkv: &[f32], s: AttnShape, m
                         let r1 = (r0 + BLOCK).min(t);
                         let (rows, cols) = (r1 - r0, mask.cols(bi, r1));
                         let p = scratch.as_mut_ptr();
-                        scores(p, q.add(r0 * 3 * c), k, rows, cols, hd, 3 * c, scale);
+                        scores(p, q.add(r0 * 3 * c), k, (rows, cols), hd, 3 * c, scale);
                         for i in 0..rows {
                             let row = &mut scratch[i * cols..(i + 1) * cols];
                             let valid = mask.valid(bi, r0 + i);
@@ -150,9 +146,7 @@ fn forward_masked(out: &mut [f32], lse: &mut [f32], qkv: &[f32], s: AttnShape, m
                             row[..valid].iter_mut().for_each(|x| *x *= inv);
                         }
                         gemm(
-                            rows,
-                            hd,
-                            cols,
+                            (rows, hd, cols),
                             Mat::new(o.add(r0 * c), c, 1),
                             Mat::new(p as *const f32, cols, 1),
                             Mat::new(v, 3 * c, 1),
@@ -210,7 +204,7 @@ fn backward_masked(
                     let r1 = (r0 + BLOCK).min(t);
                     let (rows, cols) = (r1 - r0, mask.cols(bi, r1));
                     let (p, dp) = (pbuf.as_mut_ptr(), dpbuf.as_mut_ptr());
-                    scores(p, q.add(r0 * 3 * c), k, rows, cols, hd, 3 * c, scale);
+                    scores(p, q.add(r0 * 3 * c), k, (rows, cols), hd, 3 * c, scale);
                     for i in 0..rows {
                         let row = &mut pbuf[i * cols..(i + 1) * cols];
                         let valid = mask.valid(bi, r0 + i);
@@ -222,9 +216,7 @@ fn backward_masked(
                     let d_o_blk = d_o.add(r0 * c);
                     // dV[0..cols] += P^T dO[r0..r1]
                     gemm(
-                        cols,
-                        hd,
-                        rows,
+                        (cols, hd, rows),
                         Mat::new(dv, 3 * c, 1),
                         Mat::new(p, cols, 1).t(),
                         Mat::new(d_o_blk, c, 1),
@@ -234,9 +226,7 @@ fn backward_masked(
                     );
                     // dP = dO[r0..r1] V[0..cols]^T
                     gemm(
-                        rows,
-                        cols,
-                        hd,
+                        (rows, cols, hd),
                         Mat::new(dp, cols, 1),
                         Mat::new(d_o_blk, c, 1),
                         Mat::new(v, 3 * c, 1).t(),
@@ -255,9 +245,7 @@ fn backward_masked(
                     let ds = dp as *const f32;
                     // dQ[r0..r1] = dS K[0..cols]
                     gemm(
-                        rows,
-                        hd,
-                        cols,
+                        (rows, hd, cols),
                         Mat::new(dq.add(r0 * 3 * c), 3 * c, 1),
                         Mat::new(ds, cols, 1),
                         Mat::new(k, 3 * c, 1),
@@ -267,9 +255,7 @@ fn backward_masked(
                     );
                     // dK[0..cols] += dS^T Q[r0..r1]
                     gemm(
-                        cols,
-                        hd,
-                        rows,
+                        (cols, hd, rows),
                         Mat::new(dk, 3 * c, 1),
                         Mat::new(ds, cols, 1).t(),
                         Mat::new(q.add(r0 * 3 * c), 3 * c, 1),
@@ -328,16 +314,11 @@ impl HeadKernel {
     /// q . k(t), t < len) weighted sum of v(t), with position t's keys and
     /// values `stride` floats after position t - 1's; `scores` is heads x len
     /// floats of scratch.
-    #[allow(clippy::too_many_arguments)]
     fn heads(
         self,
         o: &mut [f32],
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        hd: usize,
-        stride: usize,
-        len: usize,
+        (q, k, v): (&[f32], &[f32], &[f32]),
+        (hd, stride, len): (usize, usize, usize),
         scale: f32,
         scores: &mut [f32],
     ) {
@@ -451,7 +432,7 @@ fn attention_decode_by(
                 let q = &qkv[r * 3 * c + h0 * hd..][..heads * hd];
                 let at = r * max_t * c + h0 * hd;
                 let (k, v) = (&kcache[at..], &vcache[at..]);
-                kernel.heads(o, q, k, v, hd, c, len, scale, scores);
+                kernel.heads(o, (q, k, v), (hd, c, len), scale, scores);
             },
         );
 }

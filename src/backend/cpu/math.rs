@@ -211,11 +211,8 @@ impl<T> Mat<T> {
 /// # Safety
 /// Every element addressed through the three operands for the given sizes
 /// must lie inside live allocations, and `dst` must not alias `lhs` or `rhs`.
-#[allow(clippy::too_many_arguments)]
 pub unsafe fn gemm(
-    m: usize,
-    n: usize,
-    k: usize,
+    (m, n, k): (usize, usize, usize),
     dst: Mat<*mut f32>,
     lhs: Mat<*const f32>,
     rhs: Mat<*const f32>,
@@ -267,9 +264,7 @@ pub fn measure_matmul_flops() -> f64 {
         // SAFETY: the three buffers have exactly the sizes addressed.
         unsafe {
             gemm(
-                m,
-                n,
-                k,
+                (m, n, k),
                 Mat::new(c.as_mut_ptr(), n, 1),
                 Mat::new(a.as_ptr(), k, 1),
                 Mat::new(b.as_ptr(), n, 1),

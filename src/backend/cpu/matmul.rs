@@ -48,9 +48,7 @@ pub fn matmul_forward(op: MatmulForward<Host<'_>>) {
     // SAFETY: sizes were checked above; out does not alias inp or w.
     unsafe {
         gemm(
-            rows,
-            n,
-            k,
+            (rows, n, k),
             Mat::new(out.as_mut_ptr(), n, 1),
             Mat::new(inp.as_ptr(), k, 1),
             weight_mat(w.as_ptr(), layout, k, n),
@@ -74,9 +72,7 @@ fn backward_input(
     // SAFETY: sizes were checked above; destinations are distinct buffers.
     unsafe {
         gemm(
-            rows,
-            k,
-            n,
+            (rows, k, n),
             Mat::new(dinp.as_mut_ptr(), k, 1),
             Mat::new(dout.as_ptr(), n, 1),
             weight_mat(w.as_ptr(), layout, k, n).t(),
@@ -100,9 +96,7 @@ fn backward_weight(
     // SAFETY: sizes were checked above; destinations are distinct buffers.
     unsafe {
         gemm(
-            k,
-            n,
-            rows,
+            (k, n, rows),
             weight_mat(dw.as_mut_ptr(), layout, k, n),
             Mat::new(inp.as_ptr(), k, 1).t(),
             Mat::new(dout.as_ptr(), n, 1),
