@@ -51,9 +51,28 @@ pub(super) fn decode_on<B: Backend>(
     show: &mut (impl FnMut(usize, u32) + Send),
 ) -> Result<Option<(Vec<Vec<u32>>, usize)>> {
     let format = a.weights.format();
+    // the whole model on the host; each rank takes its share
+    let (meta, params) = checkpoint::read_model(&a.run)?;
+    let model = &meta.config;
+    let generate = |be: B, tp: Option<&dyn Comm>, on_token: &mut (dyn FnMut(usize, u32) + Send)| {
+        let run = Generation {
+            params: &params,
+            prompts,
+            sample: cfg,
+            stop: tk.eot(),
+            format,
+            tp,
+            on_token,
+        };
+        model.generate(be, run)?.ok_or_else(|| {
+            distgpt::error::Error::Config(format!(
+                "a {} model does not generate text",
+                model.family()
+            ))
+        })
+    };
     if a.tp <= 1 && a.comm == CommKind::Local {
-        let out = generate_from(be, &a.run, prompts, cfg, format, tk.eot(), &mut *show)?;
-        return Ok(Some((out, 1)));
+        return Ok(Some((generate(be, None, &mut *show)?, 1)));
     }
     let show = std::sync::Mutex::new(show);
     let decode_rank = |comm: &dyn Comm| {
@@ -65,20 +84,12 @@ pub(super) fn decode_on<B: Backend>(
             )));
         }
         let lead = comm.rank() == 0;
-        let out = generate_tp(
-            be.for_rank(comm)?,
-            &a.run,
-            comm,
-            prompts,
-            cfg,
-            format,
-            tk.eot(),
-            |r, t| {
-                if lead {
-                    (show.lock().expect("printer"))(r, t)
-                }
-            },
-        )?;
+        let mut on_token = |r, t| {
+            if lead {
+                (show.lock().expect("printer"))(r, t)
+            }
+        };
+        let out = generate(be.for_rank(comm)?, Some(comm), &mut on_token)?;
         Ok((out, comm.size()))
     };
     let timeout = std::time::Duration::from_secs(120);
@@ -99,6 +110,14 @@ pub(super) fn decode_on<B: Backend>(
 
 pub(super) fn run_generate(a: GenerateArgs) -> Result<()> {
     let meta = checkpoint::read_any_meta(&a.run)?;
+    if meta.config.registration().decoder.is_none() {
+        bail!(
+            "{} holds a {} model ({}), which does not generate text: generate reads causal language models (GPT-2)",
+            a.run.display(),
+            meta.config.family(),
+            meta.config
+        );
+    }
     let tk = data::Tokenizer::from_spec(&meta.tokenizer)?;
     let prompts: Vec<Vec<u32>> = if a.prompt.is_empty() {
         vec![match tk.eot() {

@@ -3,14 +3,13 @@
 //! (tp rank 0 samples and broadcasts, so every rank feeds the same tokens).
 
 use super::kv::{DecodeWeights, Decoder};
-use crate::backend::cpu::{math::row_max, Cpu};
+use crate::backend::cpu::math::row_max;
 use crate::backend::{Backend, WeightFormat};
-use crate::checkpoint;
 use crate::comm::Comm;
 use crate::error::{Error, Result};
-use crate::model::{Engine, Gpt2, TpPlace};
+use crate::model::family::Generation;
+use crate::model::{Engine, Gpt2, GptConfig, TpPlace};
 use crate::rng::Rng;
-use std::path::Path;
 
 #[derive(Clone, Copy, Debug)]
 pub struct SampleConfig {
@@ -197,50 +196,43 @@ fn generate_as<B: Backend>(
 /// A whole model on one rank.
 const WHOLE: TpPlace = TpPlace { rank: 0, size: 1 };
 
-/// [`generate`] from the model at `run` (a run, checkpoint or Hugging
-/// Face folder) loaded onto `backend`, its weights stored as `format`.
-pub fn generate_from<B: Backend>(
+/// GPT-2's decoder (its family's [`FamilyDecoder`]): `run`'s prompts
+/// continued from its whole parameters on `backend`, stored as its format;
+/// **collective** over `run.tp` when it has more than one rank, split by
+/// heads and MLP columns (the whole model is on the host; only this rank's
+/// share goes to `backend`; rank 0 samples, and its `on_token` sees every
+/// token; a batch stops at the block size).
+///
+/// [`FamilyDecoder`]: crate::model::family::FamilyDecoder
+pub fn generate_gpt2<B: Backend>(
     backend: B,
-    run: &Path,
-    prompts: &[Vec<u32>],
-    cfg: &SampleConfig,
-    format: WeightFormat,
-    stop: Option<u32>,
-    on_token: impl FnMut(usize, u32) + Send,
+    config: &GptConfig,
+    run: Generation<'_>,
 ) -> Result<Vec<Vec<u32>>> {
-    let (model, _) = checkpoint::load_model(backend, run)?;
-    generate_as(&model, format, prompts, cfg, stop, on_token)
-}
-
-/// **Collective** over `tp`: this rank's part of generating from the model
-/// at `run`, split over the ranks of `tp` by heads and MLP columns. The
-/// whole model is read on the host; only this rank's share goes to
-/// `backend`. Rank 0 samples (and its `on_token` sees every token); a batch
-/// stops at the block size.
-#[allow(clippy::too_many_arguments)]
-pub fn generate_tp<B: Backend>(
-    backend: B,
-    run: &Path,
-    tp: &dyn Comm,
-    prompts: &[Vec<u32>],
-    cfg: &SampleConfig,
-    format: WeightFormat,
-    stop: Option<u32>,
-    on_token: impl FnMut(usize, u32),
-) -> Result<Vec<Vec<u32>>> {
-    let (model, _) = checkpoint::load_model(Cpu::new(), run)?;
-    let config = model.config.clone();
+    let Generation {
+        params,
+        prompts,
+        sample: cfg,
+        stop,
+        format,
+        tp,
+        on_token,
+    } = run;
+    let Some(tp) = tp.filter(|g| g.size() > 1) else {
+        let mut model = Gpt2::new(backend, config.clone())?;
+        model.set_params(params)?;
+        return generate_as(&model, format, prompts, cfg, stop, on_token);
+    };
     let place = TpPlace {
         rank: tp.rank(),
         size: tp.size(),
     };
     let engine = Engine::new(backend.clone_fresh(), config.clone(), place, false)?;
     let mut part = Gpt2::with_engine(engine)?;
-    part.load_full(&model.params_host()?)?;
-    drop(model);
+    part.load_full(params)?;
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
     let max_t = (longest + cfg.max_new_tokens).min(config.block_size);
-    let weights = DecodeWeights::new(part.backend(), &config, place, part.params.s(), format)?;
+    let weights = DecodeWeights::new(part.backend(), config, place, part.params.s(), format)?;
     let mut dec = Decoder::new(backend, config.clone(), place, prompts.len(), max_t)?;
     decode(
         &mut dec,

@@ -10,7 +10,7 @@ use super::layout::{ParamLayout, TensorSpec};
 use super::tp::TpPlace;
 use super::unit::{Span, UnitModel};
 use super::{bert, gpt2, Precision};
-use crate::backend::Backend;
+use crate::backend::{Backend, WeightFormat};
 use crate::data::{Batch, TokenizerSpec};
 use crate::error::{Error, Result};
 use crate::infer::generate::SampleConfig;
@@ -108,13 +108,18 @@ pub trait FamilyEngine: Family + Sized {
 }
 
 /// What a generation asks of a family's decoder: the whole model's
-/// parameters, the prompts, how to sample, and the token that ends a row.
-#[derive(Clone, Copy)]
+/// parameters, the prompts, how to sample, the token that ends a row, how
+/// the weights are stored, the tensor-parallel group splitting the model
+/// (the call is then collective over it), and what sees each new token
+/// (row, token) as it is made (on the group's rank 0).
 pub struct Generation<'a> {
     pub params: &'a [f32],
     pub prompts: &'a [Vec<u32>],
     pub sample: &'a SampleConfig,
     pub stop: Option<u32>,
+    pub format: WeightFormat,
+    pub tp: Option<&'a dyn crate::comm::Comm>,
+    pub on_token: &'a mut (dyn FnMut(usize, u32) + Send),
 }
 
 /// A family that decodes (a causal language model), generic over the

@@ -8,7 +8,7 @@
 
 use super::task::{mean_loss, Eval, Task, TaskKind, TrainStream};
 use super::TrainConfig;
-use crate::backend::Backend;
+use crate::backend::{Backend, WeightFormat};
 use crate::checkpoint;
 use crate::data::{Batch, DataLoader, Dataset, LoaderPosition, TokenizerSpec};
 use crate::error::{Error, Result};
@@ -159,6 +159,9 @@ impl<B: Backend> Task<B> for LmTask<'_> {
             prompts: &[prompt],
             sample: &sc,
             stop: tk.eot(),
+            format: WeightFormat::F32,
+            tp: None,
+            on_token: &mut |_, _| {},
         };
         Ok(match self.model.generate(backend, run)? {
             Some(out) => tk.decode(&out[0]),

@@ -3,11 +3,11 @@
 
 use super::config::{GptConfig, PRESETS};
 use super::layout::WTE;
-use super::{activation_elems, init_full, layout, Engine, Gpt2};
+use super::{activation_elems, init_full, layout, Engine};
 use crate::backend::Backend;
 use crate::data::Batch;
 use crate::error::Result;
-use crate::infer::generate::generate;
+use crate::infer::generate::generate_gpt2;
 use crate::model::family::{
     Family, FamilyDecoder, FamilyDims, FamilyEngine, Generation, HfFolder, Registration,
     DISTGPT_FILES,
@@ -113,9 +113,7 @@ impl Family for GptConfig {
 
 impl FamilyDecoder for GptConfig {
     fn generate<B: Backend>(&self, backend: B, run: Generation<'_>) -> Result<Vec<Vec<u32>>> {
-        let mut model = Gpt2::new(backend, self.clone())?;
-        model.set_params(run.params)?;
-        generate(&model, run.prompts, run.sample, run.stop, |_, _| {})
+        generate_gpt2(backend, self, run)
     }
 }
 
