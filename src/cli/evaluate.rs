@@ -1,6 +1,7 @@
 //! `distgpt eval`: a model's loss (and a classifier's accuracy and F1) on a split of its data, on any device and layout.
 
 use super::*;
+use distgpt::model::{Precision, TpPlace, Whole};
 
 #[derive(Args)]
 pub(super) struct EvalArgs {
@@ -111,10 +112,12 @@ pub(super) fn run_eval(a: EvalArgs, given: &[String]) -> Result<()> {
     on_device!(a.device, |be| eval_on(be, &a))
 }
 
+/// A language model's validation loss, of any family: through its engine
+/// in fp32, or (GPT-2) decoded with its weights stored as `--weights`.
 pub(super) fn eval_on<B: Backend>(be: B, a: &EvalArgs) -> Result<()> {
-    let (mut model, meta) = checkpoint::load_model(be, &a.model)?;
+    let (meta, params) = checkpoint::read_model(&a.model)?;
     let ds = Dataset::load_for_model(a.data.as_deref(), &meta.tokenizer)?;
-    let t = a.seq_len.unwrap_or(model.config.block_size);
+    let t = a.seq_len.unwrap_or(meta.config.block_size());
     let mut val = distgpt::data::DataLoader::new(&ds.val, "val", a.batch_size, t, 0, false)?;
     let n = if a.batches == 0 {
         val.batches_per_epoch()
@@ -129,6 +132,8 @@ pub(super) fn eval_on<B: Backend>(be: B, a: &EvalArgs) -> Result<()> {
             })
             .collect();
         let format = a.weights.format();
+        let mut model = distgpt::model::Gpt2::new(be, meta.gpt2(&a.model)?)?;
+        model.set_params(&params)?;
         let e =
             distgpt::infer::generate::evaluate_decoded(&model, format, batches, a.batch_size, t)?;
         distgpt::outln!(
@@ -145,12 +150,17 @@ pub(super) fn eval_on<B: Backend>(be: B, a: &EvalArgs) -> Result<()> {
         );
         return Ok(());
     }
+    let whole = TpPlace { rank: 0, size: 1 };
+    let engine = meta.config.engine(be, whole, false, Precision::Fp32)?;
+    let mut model = Whole::with_engine(engine)?;
+    model.set_params(&params)?;
     let pb = metrics::progress_bar(n as u64, "eval");
     let mut sum = 0.0f64;
     for _ in 0..n {
         let batch = val.next_batch();
+        let terms = batch.loss_terms() as f32;
         sum += model
-            .forward(&batch.inputs, Some(&batch.targets), a.batch_size, t)?
+            .run_forward(&batch, (a.batch_size, t), terms, None)?
             .expect("targets given") as f64;
         pb.inc(1);
     }
