@@ -14,7 +14,7 @@ use super::{f32_safetensors, write_atomic};
 use crate::comm::Comm;
 use crate::data::{LoaderPosition, TokenizerSpec};
 use crate::error::{Error, Result};
-use crate::model::{GptConfig, ModelConfig};
+use crate::model::ModelConfig;
 use crate::parallel::OwnedState;
 use safetensors::tensor::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
@@ -49,22 +49,6 @@ pub struct Index {
 }
 
 impl Index {
-    /// The GPT-2 the checkpoint at `dir` holds; a BERT's is refused by name
-    /// (for what reads only GPT-2 models).
-    pub fn gpt2(&self, dir: &Path) -> Result<GptConfig> {
-        self.model
-            .get::<GptConfig>()
-            .cloned()
-            .ok_or_else(|| Error::Checkpoint {
-                path: dir.to_path_buf(),
-                reason: format!(
-                    "holds a {} ({}): this reads GPT-2 models (a BERT run's weights are a Hugging Face folder in its run directory; `train --task mlm --resume` continues it)",
-                    self.model.family(),
-                    self.model
-                ),
-            })
-    }
-
     /// The checksum this index should carry.
     pub fn compute_checksum(&self) -> String {
         json_checksum(&Index {
