@@ -1,10 +1,11 @@
 //! Model families as data. A family is a config type implementing
 //! [`Family`] (its shape, layout, initialisation, costs and synthetic
-//! batches) and [`FamilyEngine`] (its unit-by-unit engine), with a
-//! [`Registration`] (its name, how it is written in JSON, its presets): all
-//! in its own folder, listed once here ([`BUILTIN`]) or registered at run
-//! time ([`register`]). `parallel`, `train`, `plan` and `compare` hold a
-//! [`ModelConfig`] and ask it; they never name a family.
+//! batches), [`FamilyEngine`] (its unit-by-unit engine) and, when it
+//! decodes, [`FamilyDecoder`], with a [`Registration`] (its name, how it is
+//! written in JSON, its presets, its model files, its Hugging Face folder):
+//! all in its own folder, listed once here ([`BUILTIN`]) or registered at
+//! run time ([`register`]). `parallel`, `train`, `checkpoint`, `plan` and
+//! `compare` hold a [`ModelConfig`] and ask it; they never name a family.
 
 use super::layout::{ParamLayout, TensorSpec};
 use super::tp::TpPlace;
