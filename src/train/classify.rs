@@ -362,12 +362,11 @@ pub fn score(
     ))
 }
 
-/// Whether `dir` is a Hugging Face BERT folder (its config says so).
+/// Whether `dir` is a Hugging Face BERT folder (its config's `model_type`
+/// names BERT's registration).
 pub fn is_bert_folder(dir: &std::path::Path) -> bool {
-    std::fs::read_to_string(dir.join("config.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .is_some_and(|j| j["model_type"].as_str() == Some("bert"))
+    crate::model::family::hf_family(dir)
+        .is_ok_and(|r| std::ptr::eq(r, &crate::model::bert::family::FAMILY))
 }
 
 /// A classifier folder's scores on a labelled set's test split (one rank
