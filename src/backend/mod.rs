@@ -128,12 +128,28 @@ pub trait Device: Send + Sync + Sized + Clone + 'static {
     fn synchronize(&self) -> Result<()>;
     /// Peak FLOP/s of the device, measured on a GPT-2-shaped matmul; the
     /// denominator of MFU.
-    fn measure_peak_flops(&self) -> f64;
+    fn measure_peak_flops(&self) -> f64 {
+        self.measure_peak().flops
+    }
+    /// The matmul peak with what else the probe learns on this device (on
+    /// the CPU: the hardware peak and the fastest matmul library).
+    fn measure_peak(&self) -> PeakProbe;
     /// Whether every rank runs on this one device (so the job's peak is the
     /// device's), rather than each rank on a peak of its own (CPU cores).
     fn ranks_share_device(&self) -> bool {
         false
     }
+}
+
+/// What a device's peak probe found: the best matmul's FLOP/s (MFU's
+/// denominator), and on the CPU the hardware peak and the library each
+/// class of product runs on, with every library's timings.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PeakProbe {
+    pub flops: f64,
+    pub hardware: Option<cpu::hardware::HardwarePeak>,
+    pub matmul: Option<cpu::blas::MatmulChoice>,
+    pub timings: Vec<cpu::blas::Timing>,
 }
 
 /// The kernels the model runs layer by layer, each forward with its

@@ -11,6 +11,7 @@
 //! non-finite value is never published.
 
 use super::{f32_safetensors, write_atomic};
+use crate::backend::cpu::blas::{self, MatmulChoice};
 use crate::comm::Comm;
 use crate::data::{LoaderPosition, TokenizerSpec};
 use crate::error::{Error, Result};
@@ -46,6 +47,11 @@ pub struct Index {
     /// [`crate::data::Dataset::fingerprint`] of the data trained on.
     pub data: String,
     pub files: Vec<RankFile>,
+    /// The CPU's matmul library per class of product when it was written
+    /// (`backend::cpu::blas`): a resume runs on the same, so it continues
+    /// bit for bit even if `distgpt devices --measure` chose another since.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_matmul: Option<MatmulChoice>,
 }
 
 impl Index {
@@ -269,6 +275,7 @@ pub fn save(
             tokenizer: info.tokenizer.clone(),
             data: info.data.to_string(),
             files,
+            cpu_matmul: Some(blas::choice()),
         };
         index.checksum = index.compute_checksum();
         if let Some((name, text)) = &info.extra {

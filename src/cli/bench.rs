@@ -143,17 +143,28 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
     let threads = rayon::current_num_threads();
     // Measured here with every thread of this process: the whole machine for
     // thread ranks, one rank's share under mpirun (hence the scaling).
-    let (peak, peak_source) = match a.peak_tflops {
-        Some(p) => (p * 1e12, "--peak-tflops".to_string()),
-        None => {
-            let here = distgpt::metrics::peak::of(&be, false);
-            let ranks = match a.parallel.comm {
-                CommKind::Mpi | CommKind::Nccl => par.world_size as f64,
-                CommKind::Local => 1.0,
-            };
-            (here.flops * ranks, here.source)
-        }
+    let processes = match a.parallel.comm {
+        CommKind::Mpi | CommKind::Nccl => par.world_size as f64,
+        CommKind::Local => 1.0,
     };
+    // Stated or not, the kept peak names the hardware's and the CPU's
+    // matmul library (and its products run on that library from now on).
+    let here = match a.peak_tflops {
+        Some(_) => distgpt::metrics::peak::cached(&be),
+        None => Some(distgpt::metrics::peak::of(&be, false)),
+    };
+    let (peak, peak_source) = match (a.peak_tflops, &here) {
+        (Some(p), _) => (p * 1e12, "--peak-tflops".to_string()),
+        (None, Some(h)) => (
+            h.flops * processes,
+            format!("{}; {}", h.matmul_name(), h.source),
+        ),
+        (None, None) => unreachable!("measured when not stated"),
+    };
+    let hardware = here
+        .as_ref()
+        .and_then(|h| h.hardware.clone())
+        .map(|hw| (hw.flops * processes, hw));
     let spec = BenchSpec {
         batch: b,
         grad_accum: a.grad_accum.max(1),
@@ -213,6 +224,9 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
             "strategy": par.strategy, "world_size": par.world_size, "tp": resolved.tp, "pipeline": par.pipeline, "grad_accum": spec.grad_accum, "recompute": par.recompute, "precision": par.precision,
             "threads": threads, "ms_per_step": step_s * 1e3, "tokens_per_s": tokens_per_s,
             "tokens_per_s_per_rank": tokens_per_s / par.world_size as f64, "mfu": mfu, "peak_gflops": peak / 1e9,
+            "mfu_hardware": hardware.as_ref().map(|(f, _)| metrics::mfu(cfg.flops_per_token(t), tokens_per_s, *f)),
+            "hardware_peak_gflops": hardware.as_ref().map(|(f, _)| f / 1e9),
+            "matmul": distgpt::backend::cpu::blas::choice().describe(),
             "flops_per_token": cfg.flops_per_token(t),
             "bubble": bubble, "bubble_formula": bubble.map(|_| formula),
             "ranks": ranks.iter().map(|r| serde_json::json!({
@@ -247,6 +261,16 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
         100.0 * mfu,
         peak / 1e9
     );
+    if let Some((flops, hw)) = &hardware {
+        distgpt::outln!(
+            "MFU {:.1}% of the hardware's {:.0} GFLOP/s ({}{}); products on {}",
+            100.0 * metrics::mfu(cfg.flops_per_token(t), tokens_per_s, *flops),
+            flops / 1e9,
+            hw.describe(),
+            if processes > 1.0 { ", per process" } else { "" },
+            distgpt::backend::cpu::blas::choice().describe()
+        );
+    }
     if let Some(note) = metrics::mfu_above_peak(mfu) {
         distgpt::errln!("note: {note}");
     }

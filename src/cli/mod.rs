@@ -521,6 +521,8 @@ pub fn run() -> Result<Outcome> {
             .build_global()
             .context("configuring the thread pool")?;
     }
+    // a library pinned by name must open here, or nothing runs
+    distgpt::backend::cpu::blas::pinned()?;
     let done = |r: Result<()>| r.map(|()| Outcome::Done);
     match cli.command {
         Command::Train(a) => {

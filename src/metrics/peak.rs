@@ -1,10 +1,16 @@
-//! The peak FLOP/s MFU is stated against: measured once per device and
-//! thread count, then kept in `peak.json` in distgpt's cache directory, so
-//! every run on a machine divides by the same number (a probe at each start
-//! drifted 49-173 GFLOP/s with the machine's load). `--peak-tflops` states
-//! another; `distgpt devices --measure` measures again (on a quiet machine).
+//! The peaks MFU is stated against: the best matmul's FLOP/s (on the CPU,
+//! the fastest of the libraries there are, `backend::cpu::blas`) and the
+//! hardware's (cores x FMA units x lanes x 2 x clock), measured once per
+//! device and thread count, then kept in `peak.json` in distgpt's cache
+//! directory with the matmul library chosen, so every run on a machine
+//! divides by the same numbers and runs its products on the same library (a
+//! probe at each start drifted 49-173 GFLOP/s with the machine's load).
+//! `--peak-tflops` states another; `distgpt devices --measure` measures
+//! again (on a quiet machine).
 
-use crate::backend::Backend;
+use crate::backend::cpu::blas::{self, MatmulChoice, Timing};
+use crate::backend::cpu::hardware::HardwarePeak;
+use crate::backend::{Backend, PeakProbe};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -19,16 +25,51 @@ pub struct Entry {
     /// The host's CPU model (a cache directory may be shared between machines).
     pub host: String,
     pub threads: usize,
+    /// The best matmul's FLOP/s.
     pub flops: f64,
     /// Seconds since the Unix epoch of the measurement.
     pub measured_unix: u64,
+    /// The CPU's hardware peak (absent for other devices, or a cache
+    /// written before it was measured).
+    #[serde(default)]
+    pub hardware: Option<HardwarePeak>,
+    /// The CPU's matmul library per class of product.
+    #[serde(default)]
+    pub matmul: Option<MatmulChoice>,
+    /// Every CPU matmul library's speed.
+    #[serde(default)]
+    pub timings: Vec<Timing>,
 }
 
 /// A peak and where it came from, for the run's header line.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Peak {
+    /// The best matmul's FLOP/s.
     pub flops: f64,
     pub source: String,
+    pub hardware: Option<HardwarePeak>,
+    pub matmul: Option<MatmulChoice>,
+    pub timings: Vec<Timing>,
+}
+
+impl Peak {
+    fn new(probe: PeakProbe, source: String) -> Peak {
+        Peak {
+            flops: probe.flops,
+            source,
+            hardware: probe.hardware,
+            matmul: probe.matmul,
+            timings: probe.timings,
+        }
+    }
+
+    /// What the matmul peak is of: "best matmul, OpenBLAS" on the CPU.
+    pub fn matmul_name(&self) -> String {
+        match &self.matmul {
+            Some(m) => format!("best matmul, {}", m.describe()),
+            None => "matmul".into(),
+        }
+    }
 }
 
 /// distgpt's cache directory: `$DISTGPT_CACHE_DIR`, else
@@ -91,24 +132,28 @@ fn lookup(file: &Path, device: &str, host: &str, threads: usize) -> Option<Peak>
     let e = read(file)
         .into_iter()
         .find(|e| e.same_as(device, host, threads) && e.flops > 0.0)?;
+    let source = format!(
+        "measured {} and kept in {}",
+        crate::train::run_dir::date(e.measured_unix),
+        file.display()
+    );
     Some(Peak {
         flops: e.flops,
-        source: format!(
-            "measured {} and kept in {}",
-            crate::train::run_dir::date(e.measured_unix),
-            file.display()
-        ),
+        source,
+        hardware: e.hardware,
+        matmul: e.matmul,
+        timings: e.timings,
     })
 }
 
 /// The peak of `device` at `threads` threads from `file` (unless `fresh`),
-/// or `measure`d (best of three) and stored there.
+/// or `measure`d and stored there.
 pub fn lookup_or_measure(
     file: Option<&Path>,
     device: &str,
     threads: usize,
     fresh: bool,
-    measure: impl Fn() -> f64,
+    measure: impl FnOnce() -> PeakProbe,
 ) -> Peak {
     let host = host();
     if let Some(p) = file
@@ -117,7 +162,8 @@ pub fn lookup_or_measure(
     {
         return p;
     }
-    let flops = (0..3).map(|_| measure()).fold(0.0, f64::max);
+    let probe = measure();
+    let flops = probe.flops;
     let source = match file {
         Some(f) if flops.is_finite() && flops > 0.0 => {
             let entry = Entry {
@@ -126,6 +172,9 @@ pub fn lookup_or_measure(
                 threads,
                 flops,
                 measured_unix: crate::train::run_dir::unix_now(),
+                hardware: probe.hardware.clone(),
+                matmul: probe.matmul,
+                timings: probe.timings.clone(),
             };
             match store(f, entry) {
                 Ok(()) => format!("measured now, kept in {}", f.display()),
@@ -134,26 +183,42 @@ pub fn lookup_or_measure(
         }
         _ => "measured now".to_string(),
     };
-    Peak { flops, source }
+    Peak::new(probe, source)
 }
 
-/// The cached peak of `be` with this thread pool's threads, if measured before.
+/// Runs the CPU's products on the library `peak` chose, if it chose one.
+fn adopt(peak: Option<Peak>) -> Option<Peak> {
+    if let Some(m) = peak.as_ref().and_then(|p| p.matmul) {
+        blas::set_choice(m);
+    }
+    peak
+}
+
+/// The cached peak of `be` with this thread pool's threads, if measured
+/// before; its matmul library runs the CPU's products from now on.
 pub fn cached<B: Backend>(be: &B) -> Option<Peak> {
     let file = cache_dir()?.join(PEAK_FILE);
-    lookup(&file, &be.name(), &host(), rayon::current_num_threads())
+    adopt(lookup(
+        &file,
+        &be.name(),
+        &host(),
+        rayon::current_num_threads(),
+    ))
 }
 
 /// The peak of `be` with this thread pool's threads, from the cache or
-/// (`fresh`, or not cached yet) measured and cached.
+/// (`fresh`, or not cached yet) measured and cached; its matmul library
+/// runs the CPU's products from now on.
 pub fn of<B: Backend>(be: &B, fresh: bool) -> Peak {
     let file = cache_dir().map(|d| d.join(PEAK_FILE));
-    lookup_or_measure(
+    let peak = lookup_or_measure(
         file.as_deref(),
         &be.name(),
         rayon::current_num_threads(),
         fresh,
-        || be.measure_peak_flops(),
-    )
+        || be.measure_peak(),
+    );
+    adopt(Some(peak)).expect("a peak")
 }
 
 #[cfg(test)]
@@ -171,26 +236,46 @@ mod tests {
             let calls = &calls;
             move || {
                 calls.set(calls.get() + 1);
-                v + calls.get() as f64
+                PeakProbe {
+                    flops: v + calls.get() as f64,
+                    matmul: Some(MatmulChoice::BUILT_IN),
+                    ..PeakProbe::default()
+                }
             }
         };
         let first = lookup_or_measure(Some(&file), "cpu A", 2, false, probe(100.0));
-        assert_eq!(first.flops, 103.0, "the best of three probes");
+        assert_eq!(first.flops, 101.0);
         assert!(first.source.starts_with("measured now, kept in"));
         let again = lookup_or_measure(Some(&file), "cpu A", 2, false, probe(500.0));
-        assert_eq!(again.flops, 103.0, "read back, not measured");
+        assert_eq!(again.flops, 101.0, "read back, not measured");
+        assert_eq!(
+            again.matmul,
+            Some(MatmulChoice::BUILT_IN),
+            "with its library"
+        );
         assert!(again.source.starts_with("measured 20"), "{}", again.source);
-        assert_eq!(calls.get(), 3);
+        assert_eq!(calls.get(), 1);
         let other = lookup_or_measure(Some(&file), "cpu A", 1, false, probe(10.0));
-        assert_eq!(other.flops, 16.0, "another thread count is another peak");
+        assert_eq!(other.flops, 12.0, "another thread count is another peak");
         assert_eq!(read(&file).len(), 2);
         std::fs::write(&file, "{ not json").unwrap();
         let fresh = lookup_or_measure(Some(&file), "cpu A", 2, false, probe(7.0));
-        assert_eq!(fresh.flops, 16.0, "a corrupt cache is measured over");
+        assert_eq!(fresh.flops, 10.0, "a corrupt cache is measured over");
         assert_eq!(read(&file).len(), 1);
         let asked = lookup_or_measure(Some(&file), "cpu A", 2, true, probe(0.0));
-        assert_eq!(asked.flops, 12.0, "measured again when asked");
-        assert_eq!(read(&file)[0].flops, 12.0);
+        assert_eq!(asked.flops, 4.0, "measured again when asked");
+        assert_eq!(read(&file)[0].flops, 4.0);
+        // a cache written before the hardware peak and library were kept
+        std::fs::write(
+            &file,
+            r#"[{"device":"cpu A","host":"h","threads":2,"flops":5.0,"measured_unix":0}]"#,
+        )
+        .unwrap();
+        let old = read(&file);
+        assert_eq!(
+            (old.len(), old[0].matmul, old[0].hardware.is_none()),
+            (1, None, true)
+        );
         let nowhere = lookup_or_measure(None, "cpu A", 2, false, probe(1.0));
         assert_eq!(nowhere.source, "measured now");
     }

@@ -557,6 +557,11 @@ fn agree_on_peak<B: Backend>(
     world: &dyn Comm,
 ) -> Result<(f64, f64, String)> {
     let ranks = world.size() as f64;
+    // Every process runs its CPU products on the library kept beside the
+    // peak, if one was measured (rank 0 measures below when none was).
+    if world.rank() != 0 || cfg.peak_flops.is_some() {
+        metrics::peak::cached(be);
+    }
     // Thread ranks of an NCCL group each have a GPU of their own.
     let one_device = be.ranks_share_device()
         && world.shared_threads().is_some()
@@ -584,7 +589,7 @@ fn agree_on_peak<B: Backend>(
             }
         };
         peaks = [per_rank, total];
-        source = peak.source;
+        source = format!("{}; {}", peak.matmul_name(), peak.source);
     }
     world.broadcast(&mut peaks, 0)?;
     Ok((peaks[0], peaks[1], source))

@@ -1,6 +1,7 @@
 //! Scalar helpers the CPU kernels share: a vectorisable `exp`, the tanh-GELU
-//! pieces, and a thin safe-ish wrapper over the `gemm` crate.
+//! pieces, and the one matmul entry point (the `gemm` crate or a BLAS).
 
+use super::blas;
 use gemm::Parallelism;
 
 /// a x b + c: one fused instruction (one rounding) where the build has FMA,
@@ -206,7 +207,8 @@ impl<T> Mat<T> {
     }
 }
 
-/// `dst (m x n) = [dst +] scale * lhs (m x k) @ rhs (k x n)`.
+/// `dst (m x n) = [dst +] scale * lhs (m x k) @ rhs (k x n)`, on the
+/// library chosen for its class (`blas`), else the `gemm` crate.
 ///
 /// # Safety
 /// Every element addressed through the three operands for the given sizes
@@ -220,7 +222,32 @@ pub unsafe fn gemm(
     scale: f32,
     threads: usize,
 ) {
+    let lib = blas::current(blas::Class::of(m, n, k));
+    gemm_on(lib, (m, n, k), dst, lhs, rhs, accumulate, scale, threads)
+}
+
+/// [`gemm`] on `lib`, whatever is chosen (the `gemm` crate where `lib`
+/// cannot take the operands or is not here).
+///
+/// # Safety
+/// As [`gemm`].
+#[allow(clippy::too_many_arguments)] // a BLAS call's own arguments
+pub unsafe fn gemm_on(
+    lib: blas::MatmulLib,
+    (m, n, k): (usize, usize, usize),
+    dst: Mat<*mut f32>,
+    lhs: Mat<*const f32>,
+    rhs: Mat<*const f32>,
+    accumulate: bool,
+    scale: f32,
+    threads: usize,
+) {
     if m == 0 || n == 0 {
+        return;
+    }
+    if lib != blas::MatmulLib::Gemm
+        && blas::sgemm(lib, (m, n, k), dst, lhs, rhs, accumulate, scale, threads)
+    {
         return;
     }
     let par = if threads > 1 {
@@ -249,34 +276,6 @@ pub unsafe fn gemm(
         false,
         par,
     );
-}
-
-/// Best FLOP/s of a (1024 x 768) @ (768 x 3072) matmul (GPT-2's MLP shape)
-/// on all threads, over a few repetitions.
-pub fn measure_matmul_flops() -> f64 {
-    let (m, k, n) = (1024, 768, 3072);
-    let a = vec![0.5f32; m * k];
-    let b = vec![0.25f32; k * n];
-    let mut c = vec![0.0f32; m * n];
-    let mut best = f64::INFINITY;
-    for _ in 0..6 {
-        let t0 = std::time::Instant::now();
-        // SAFETY: the three buffers have exactly the sizes addressed.
-        unsafe {
-            gemm(
-                (m, n, k),
-                Mat::new(c.as_mut_ptr(), n, 1),
-                Mat::new(a.as_ptr(), k, 1),
-                Mat::new(b.as_ptr(), n, 1),
-                false,
-                1.0,
-                rayon::current_num_threads(),
-            );
-        }
-        best = best.min(t0.elapsed().as_secs_f64());
-    }
-    std::hint::black_box(&c);
-    2.0 * (m * k * n) as f64 / best
 }
 
 /// A raw pointer that may cross threads: kernels hand disjoint regions of

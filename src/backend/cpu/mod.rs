@@ -2,12 +2,14 @@
 
 pub(crate) mod adamw;
 pub(crate) mod attention;
+pub mod blas;
 #[cfg(test)]
 pub(crate) mod check;
 pub(crate) mod crossentropy;
 mod decode;
 pub(crate) mod elementwise;
 pub(crate) mod encoder;
+pub mod hardware;
 pub mod int8;
 pub(crate) mod layernorm;
 pub mod math;
@@ -24,7 +26,7 @@ use super::{
     Activation, AdamWUpdate, AttentionBackward, AttentionDecode, AttentionForward,
     CrossEntropyBackward, CrossEntropyForward, Decode, Device, Elem, EncoderBackward,
     EncoderForward, Kernels, LayerNormBackward, LayerNormForward, MatmulBackward, MatmulDecode,
-    MatmulForward,
+    MatmulForward, PeakProbe,
 };
 use crate::error::{Error, Result};
 use std::sync::Arc;
@@ -137,8 +139,15 @@ impl Device for Cpu {
     fn synchronize(&self) -> Result<()> {
         Ok(())
     }
-    fn measure_peak_flops(&self) -> f64 {
-        math::measure_matmul_flops()
+    fn measure_peak(&self) -> PeakProbe {
+        let (matmul, timings) = blas::measure(3);
+        let flops = timings.iter().map(|t| t.large_flops).fold(0.0, f64::max);
+        PeakProbe {
+            flops,
+            hardware: hardware::measure(),
+            matmul: Some(matmul),
+            timings,
+        }
     }
 }
 

@@ -12,7 +12,7 @@ use crate::backend::{
     Activation, AdamWUpdate, AttentionBackward, AttentionDecode, AttentionForward,
     CrossEntropyBackward, CrossEntropyForward, Decode, Device, Elem, EncoderBackward,
     EncoderForward, Kernels, LayerNormBackward, LayerNormForward, MatmulBackward, MatmulDecode,
-    MatmulForward, MatmulShape, WeightFormat, WeightLayout,
+    MatmulForward, MatmulShape, PeakProbe, WeightFormat, WeightLayout,
 };
 use crate::comm::Comm;
 use crate::error::{Error, Result};
@@ -170,7 +170,21 @@ impl<R: Runtime> Device for Gpu<R> {
         self.check()?;
         self.dev.finish().map_err(device_error)
     }
-    fn measure_peak_flops(&self) -> f64 {
+    fn measure_peak(&self) -> PeakProbe {
+        PeakProbe {
+            flops: self.matmul_flops(),
+            ..PeakProbe::default()
+        }
+    }
+    fn ranks_share_device(&self) -> bool {
+        // Thread ranks all use the one device this backend opened.
+        true
+    }
+}
+
+impl<R: Runtime> Gpu<R> {
+    /// Best of three GPT-2-small MLP products' FLOP/s (NaN when one fails).
+    fn matmul_flops(&self) -> f64 {
         // A GPT-2-small MLP product: (rows x 768) @ (768 x 3072).
         let (rows, k, n) = (256, 768, 3072);
         let bufs = (
@@ -198,10 +212,6 @@ impl<R: Runtime> Device for Gpu<R> {
             best = best.min(t0.elapsed().as_secs_f64());
         }
         2.0 * (rows * k * n) as f64 / best
-    }
-    fn ranks_share_device(&self) -> bool {
-        // Thread ranks all use the one device this backend opened.
-        true
     }
 }
 

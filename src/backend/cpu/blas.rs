@@ -1,0 +1,734 @@
+//! The matmul libraries the CPU backend can run its products on, and which
+//! one runs each: the `gemm` crate (built in), and OpenBLAS, BLIS and MKL
+//! where the machine has them, opened at run time (a build never needs
+//! them; `libopenblas0`, `libblis4`, PyPI's `mkl` through LD_LIBRARY_PATH).
+//!
+//! A library runs single-threaded inside rayon tasks: one pool, never two
+//! fighting over the cores. Which library runs a product is chosen per
+//! [`Class`] by timing each candidate ([`measure`]); the choice is kept
+//! beside the MFU peak (`metrics::peak`) and set with [`set_choice`].
+//! `DISTGPT_MATMUL=gemm|openblas|blis|mkl` pins one for every class.
+
+use super::math::Mat;
+use crate::error::{Error, Result};
+use libloading::Library;
+use serde::{Deserialize, Serialize};
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+/// A matmul implementation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MatmulLib {
+    Gemm,
+    OpenBlas,
+    Blis,
+    Mkl,
+}
+
+impl MatmulLib {
+    pub const ALL: [MatmulLib; 4] = [
+        MatmulLib::Gemm,
+        MatmulLib::OpenBlas,
+        MatmulLib::Blis,
+        MatmulLib::Mkl,
+    ];
+
+    /// As a user reads it.
+    pub fn name(self) -> &'static str {
+        match self {
+            MatmulLib::Gemm => "gemm crate",
+            MatmulLib::OpenBlas => "OpenBLAS",
+            MatmulLib::Blis => "BLIS",
+            MatmulLib::Mkl => "MKL",
+        }
+    }
+
+    /// As `DISTGPT_MATMUL` spells it.
+    pub fn key(self) -> &'static str {
+        match self {
+            MatmulLib::Gemm => "gemm",
+            MatmulLib::OpenBlas => "openblas",
+            MatmulLib::Blis => "blis",
+            MatmulLib::Mkl => "mkl",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The shared objects tried, in order, and how to install one.
+    fn sonames(self) -> (&'static [&'static str], &'static str) {
+        match self {
+            MatmulLib::Gemm => (&[], ""),
+            MatmulLib::OpenBlas => (
+                &["libopenblas.so.0", "libopenblas.so"],
+                "Debian's libopenblas0",
+            ),
+            MatmulLib::Blis => (&["libblis.so.4", "libblis.so"], "Debian's libblis4"),
+            MatmulLib::Mkl => (
+                &["libmkl_rt.so.2", "libmkl_rt.so.3", "libmkl_rt.so"],
+                "PyPI's mkl, its lib folder on LD_LIBRARY_PATH",
+            ),
+        }
+    }
+
+    /// Whether this library can run here (the `gemm` crate always can).
+    pub fn available(self) -> bool {
+        self == MatmulLib::Gemm || loaded(self).is_ok()
+    }
+
+    /// The file the library was opened from, where it is one.
+    pub fn path(self) -> Option<&'static str> {
+        loaded(self).ok().map(|l| l.path.as_str())
+    }
+}
+
+/// Which products a choice covers: `Large` are the layers' matmuls (every
+/// dimension 128 or more: split across the pool), `Small` the rest
+/// (attention's per-head blocks, a narrow vocabulary's head).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Class {
+    Large,
+    Small,
+}
+
+impl Class {
+    pub fn of(m: usize, n: usize, k: usize) -> Class {
+        if m.min(n).min(k) >= 128 {
+            Class::Large
+        } else {
+            Class::Small
+        }
+    }
+}
+
+/// The library each class runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MatmulChoice {
+    pub large: MatmulLib,
+    pub small: MatmulLib,
+}
+
+impl MatmulChoice {
+    pub const BUILT_IN: MatmulChoice = MatmulChoice {
+        large: MatmulLib::Gemm,
+        small: MatmulLib::Gemm,
+    };
+
+    /// "OpenBLAS" when one library runs both classes, else both named.
+    pub fn describe(&self) -> String {
+        if self.large == self.small {
+            self.large.name().to_string()
+        } else {
+            format!(
+                "{} (layers), {} (attention blocks)",
+                self.large.name(),
+                self.small.name()
+            )
+        }
+    }
+}
+
+const ROW_MAJOR: c_int = 101;
+const NO_TRANS: c_int = 111;
+const TRANS: c_int = 112;
+
+type Sgemm = unsafe extern "C" fn(
+    order: c_int,
+    trans_a: c_int,
+    trans_b: c_int,
+    m: c_int,
+    n: c_int,
+    k: c_int,
+    alpha: f32,
+    a: *const f32,
+    lda: c_int,
+    b: *const f32,
+    ldb: c_int,
+    beta: f32,
+    c: *mut f32,
+    ldc: c_int,
+);
+
+/// An opened library's `cblas_sgemm`.
+struct Loaded {
+    sgemm: Sgemm,
+    path: String,
+    // Keeps `sgemm` valid for the process's life (never dropped: static).
+    _lib: Library,
+}
+
+/// Opens `lib` once per process and asks it to run on the calling thread
+/// only (the pool splits the work instead).
+fn loaded(lib: MatmulLib) -> std::result::Result<&'static Loaded, &'static str> {
+    static LIBS: [OnceLock<std::result::Result<Loaded, String>>; 4] =
+        [const { OnceLock::new() }; 4];
+    LIBS[lib.index()]
+        .get_or_init(|| open(lib))
+        .as_ref()
+        .map_err(String::as_str)
+}
+
+fn open(lib: MatmulLib) -> std::result::Result<Loaded, String> {
+    let (names, install) = lib.sonames();
+    if names.is_empty() {
+        return Err("built in".into());
+    }
+    let mut last = String::new();
+    for &name in names {
+        // SAFETY: opening a BLAS runs only its initialisers (thread and
+        // memory setup), nothing of ours.
+        let handle = match unsafe { Library::new(name) } {
+            Ok(h) => h,
+            Err(e) => {
+                last = e.to_string();
+                continue;
+            }
+        };
+        // SAFETY: `cblas_sgemm` has the C signature `Sgemm` (cblas.h).
+        let sgemm = match unsafe { handle.get::<Sgemm>(b"cblas_sgemm\0") } {
+            Ok(f) => *f,
+            Err(e) => return Err(format!("{name} has no cblas_sgemm: {e}")),
+        };
+        // SAFETY: each setter has the C signature named beside it (the
+        // libraries' headers); a missing one leaves the library's default.
+        unsafe {
+            match lib {
+                MatmulLib::OpenBlas => {
+                    if let Ok(f) =
+                        handle.get::<unsafe extern "C" fn(c_int)>(b"openblas_set_num_threads\0")
+                    {
+                        f(1)
+                    }
+                }
+                MatmulLib::Blis => {
+                    if let Ok(f) =
+                        handle.get::<unsafe extern "C" fn(i64)>(b"bli_thread_set_num_threads\0")
+                    {
+                        f(1)
+                    }
+                }
+                MatmulLib::Mkl => {
+                    // MKL_THREADING_SEQUENTIAL: no OpenMP runtime needed
+                    if let Ok(f) = handle
+                        .get::<unsafe extern "C" fn(c_int) -> c_int>(b"MKL_Set_Threading_Layer\0")
+                    {
+                        f(1);
+                    }
+                }
+                MatmulLib::Gemm => {}
+            }
+        }
+        return Ok(Loaded {
+            sgemm,
+            path: name.to_string(),
+            _lib: handle,
+        });
+    }
+    Err(format!("not found ({last}): install {install}"))
+}
+
+/// 0: not decided yet; otherwise 1 + the library's index, per class.
+static CHOICE: [AtomicU8; 2] = [AtomicU8::new(0), AtomicU8::new(0)];
+
+/// The libraries `DISTGPT_MATMUL` pins: `LIB` for both classes, or
+/// `LARGE,SMALL`.
+pub fn pinned() -> Result<Option<MatmulChoice>> {
+    let Some(v) = std::env::var_os("DISTGPT_MATMUL").filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    let v = v.to_string_lossy().to_lowercase();
+    let lib = |key: &str| -> Result<MatmulLib> {
+        let lib = MatmulLib::ALL
+            .into_iter()
+            .find(|l| l.key() == key.trim())
+            .ok_or_else(|| {
+                Error::Config(format!(
+                    "DISTGPT_MATMUL={v}: {key:?} is not a matmul library (gemm, openblas, blis, mkl)"
+                ))
+            })?;
+        match loaded(lib) {
+            Err(e) if lib != MatmulLib::Gemm => Err(Error::Config(format!(
+                "DISTGPT_MATMUL={v}: {} {e}",
+                lib.name()
+            ))),
+            _ => Ok(lib),
+        }
+    };
+    let (large, small) = v.split_once(',').unwrap_or((&v, &v));
+    Ok(Some(MatmulChoice {
+        large: lib(large)?,
+        small: lib(small)?,
+    }))
+}
+
+/// Runs each class on the chosen library from now on; a library that
+/// cannot be opened here runs on the `gemm` crate instead, and
+/// `DISTGPT_MATMUL` overrides the choice.
+pub fn set_choice(choice: MatmulChoice) {
+    let choice = pinned().ok().flatten().unwrap_or(choice);
+    let usable = |lib: MatmulLib| match lib.available() {
+        true => lib,
+        false => MatmulLib::Gemm,
+    };
+    force_choice(MatmulChoice {
+        large: usable(choice.large),
+        small: usable(choice.small),
+    });
+}
+
+/// The libraries products run on now.
+pub fn choice() -> MatmulChoice {
+    MatmulChoice {
+        large: current(Class::Large),
+        small: current(Class::Small),
+    }
+}
+
+pub(super) fn current(class: Class) -> MatmulLib {
+    let slot = &CHOICE[class as usize];
+    match slot.load(Ordering::Relaxed) {
+        0 => {
+            // nothing chosen yet: the pin, else the built-in
+            set_choice(MatmulChoice::BUILT_IN);
+            current(class)
+        }
+        v => MatmulLib::ALL[v as usize - 1],
+    }
+}
+
+/// How `m x n` splits across `tasks` rayon tasks: along whichever of m and
+/// n is longer, in multiples of 16 (a micro-kernel's rows).
+fn split(m: usize, n: usize, tasks: usize) -> (bool, usize) {
+    let (along_m, len) = if m >= n { (true, m) } else { (false, n) };
+    let part = len.div_ceil(tasks).next_multiple_of(16).min(len);
+    (along_m, part)
+}
+
+/// One `cblas_sgemm` call's arguments, with the matrices' addresses as
+/// integers so rayon tasks may share it; `run` does a block of the output.
+#[derive(Clone, Copy)]
+struct Call {
+    sgemm: Sgemm,
+    k: usize,
+    a: (c_int, c_int, usize, isize),
+    b: (c_int, c_int, usize, isize),
+    c: (usize, isize),
+    alpha: f32,
+    beta: f32,
+}
+
+impl Call {
+    /// The output's rows `m0..m0 + rows` and columns `n0..n0 + cols`.
+    ///
+    /// # Safety
+    /// The block lies inside the product the call was made for.
+    unsafe fn run(&self, (m0, rows): (usize, usize), (n0, cols): (usize, usize)) {
+        let (ta, lda, a, a_row) = self.a;
+        let (tb, ldb, b, b_col) = self.b;
+        let (c, c_row) = self.c;
+        let a = (a as *const f32).offset(m0 as isize * a_row);
+        let b = (b as *const f32).offset(n0 as isize * b_col);
+        let c = (c as *mut f32).offset(m0 as isize * c_row + n0 as isize);
+        (self.sgemm)(
+            ROW_MAJOR,
+            ta,
+            tb,
+            rows as c_int,
+            cols as c_int,
+            self.k as c_int,
+            self.alpha,
+            a,
+            lda,
+            b,
+            ldb,
+            self.beta,
+            c,
+            c_row as c_int,
+        )
+    }
+}
+
+/// `dst = [dst +] scale * lhs @ rhs` on `lib` (not the `gemm` crate): one
+/// call on this thread when `threads` is 1, else the output split into
+/// row or column blocks, one rayon task each. Returns false, doing nothing,
+/// when the library is not here or an operand has no unit stride (the
+/// caller runs it on the crate).
+///
+/// # Safety
+/// As `math::gemm`.
+#[allow(clippy::too_many_arguments)] // a BLAS call's own arguments
+pub(super) unsafe fn sgemm(
+    lib: MatmulLib,
+    (m, n, k): (usize, usize, usize),
+    dst: Mat<*mut f32>,
+    lhs: Mat<*const f32>,
+    rhs: Mat<*const f32>,
+    accumulate: bool,
+    scale: f32,
+    threads: usize,
+) -> bool {
+    let Ok(l) = loaded(lib) else {
+        return false;
+    };
+    // row-major C = A B needs C's columns contiguous; else C^T = B^T A^T
+    let (dst, lhs, rhs, m, n) = if dst.col_stride == 1 {
+        (dst, lhs, rhs, m, n)
+    } else if dst.row_stride == 1 {
+        (dst.t(), rhs.t(), lhs.t(), n, m)
+    } else {
+        return false;
+    };
+    let fits = |x: usize| c_int::try_from(x).is_ok();
+    let (Some((ta, lda)), Some((tb, ldb))) = (operand(lhs, m, k), operand(rhs, k, n)) else {
+        return false;
+    };
+    let ldc = dst.row_stride;
+    if !(fits(m) && fits(n) && fits(k)) || ldc < n.max(1) as isize || !fits(ldc as usize) {
+        return false;
+    }
+    let call = Call {
+        sgemm: l.sgemm,
+        k,
+        a: (ta, lda, lhs.ptr as usize, lhs.row_stride),
+        b: (tb, ldb, rhs.ptr as usize, rhs.col_stride),
+        c: (dst.ptr as usize, ldc),
+        alpha: scale,
+        beta: if accumulate { 1.0 } else { 0.0 },
+    };
+    if threads <= 1 || m.max(n) < 32 {
+        call.run((0, m), (0, n));
+        return true;
+    }
+    let (along_m, part) = split(m, n, threads);
+    let len = if along_m { m } else { n };
+    use rayon::prelude::*;
+    (0..len.div_ceil(part)).into_par_iter().for_each(|i| {
+        let span = (i * part, part.min(len - i * part));
+        // SAFETY: the blocks tile the output without overlap.
+        unsafe {
+            if along_m {
+                call.run(span, (0, n))
+            } else {
+                call.run((0, m), span)
+            }
+        }
+    });
+    true
+}
+
+/// A BLAS operand for an `rows x cols` matrix: (transpose flag, leading
+/// dimension), or None when neither stride is 1.
+fn operand(x: Mat<*const f32>, rows: usize, cols: usize) -> Option<(c_int, c_int)> {
+    let (flag, ld, least) = if x.col_stride == 1 {
+        (NO_TRANS, x.row_stride, cols)
+    } else if x.row_stride == 1 {
+        (TRANS, x.col_stride, rows)
+    } else {
+        return None;
+    };
+    let ld = c_int::try_from(ld).ok()?;
+    (ld as usize >= least.max(1)).then_some((flag, ld))
+}
+
+/// One library's speed on each class, in FLOP/s.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Timing {
+    pub lib: MatmulLib,
+    pub large_flops: f64,
+    pub small_flops: f64,
+}
+
+/// Times every library that opens here on both classes with the pool's
+/// threads (best of `reps`) and returns the fastest per class with all the
+/// timings. The `Large` probe is an MLP layer's three products (forward,
+/// input and weight gradients) at two widths: 384 over 4096 rows (the
+/// shakespeare-char preset at 16 x 256) and 768 over 1024 (GPT-2 small at
+/// 8 x 128); the `Small` probe
+/// attention's per-head blocks (64 query rows x 256 keys x 64 wide), one
+/// task per block, and a 65-token vocabulary's head.
+pub fn measure(reps: usize) -> (MatmulChoice, Vec<Timing>) {
+    let timings: Vec<Timing> = MatmulLib::ALL
+        .into_iter()
+        .filter(|l| l.available())
+        .map(|lib| Timing {
+            lib,
+            large_flops: best(reps, || probe_large(lib)),
+            small_flops: best(reps, || probe_small(lib)),
+        })
+        .collect();
+    let choice = MatmulChoice {
+        large: fastest(&timings, |t| t.large_flops),
+        small: fastest(&timings, |t| t.small_flops),
+    };
+    (choice, timings)
+}
+
+/// The fastest library by `speed`; the `gemm` crate unless another is more
+/// than 5% faster (closer is within a quiet machine's noise, and the crate
+/// needs nothing installed).
+fn fastest(timings: &[Timing], speed: fn(&Timing) -> f64) -> MatmulLib {
+    let own = timings
+        .iter()
+        .find(|t| t.lib == MatmulLib::Gemm)
+        .map_or(0.0, speed);
+    timings
+        .iter()
+        .filter(|t| speed(t) > 1.05 * own)
+        .max_by(|a, b| speed(a).total_cmp(&speed(b)))
+        .map_or(MatmulLib::Gemm, |t| t.lib)
+}
+
+fn force_choice(c: MatmulChoice) {
+    CHOICE[0].store(1 + c.large.index() as u8, Ordering::Relaxed);
+    CHOICE[1].store(1 + c.small.index() as u8, Ordering::Relaxed);
+}
+
+/// The best FLOP/s of `probe` (which returns its FLOPs and seconds) over
+/// `reps` runs after one to warm up.
+fn best(reps: usize, probe: impl Fn() -> (f64, f64)) -> f64 {
+    probe();
+    (0..reps.max(1))
+        .map(|_| {
+            let (flops, s) = probe();
+            flops / s
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Runs `dst (m x n) = lhs @ rhs` on `lib` with the given operand layouts
+/// on fresh buffers and `threads` threads; returns FLOPs and seconds.
+fn product(
+    lib: MatmulLib,
+    (m, n, k): (usize, usize, usize),
+    (lhs_t, rhs_t): (bool, bool),
+    threads: usize,
+) -> (f64, f64) {
+    let a = vec![0.5f32; m * k];
+    let b = vec![0.25f32; k * n];
+    let mut c = vec![0.0f32; m * n];
+    let lhs = if lhs_t {
+        Mat::new(a.as_ptr(), 1, m)
+    } else {
+        Mat::new(a.as_ptr(), k, 1)
+    };
+    let rhs = if rhs_t {
+        Mat::new(b.as_ptr(), 1, k)
+    } else {
+        Mat::new(b.as_ptr(), n, 1)
+    };
+    let t0 = Instant::now();
+    // SAFETY: each buffer holds exactly the elements its view addresses.
+    unsafe {
+        super::math::gemm_on(
+            lib,
+            (m, n, k),
+            Mat::new(c.as_mut_ptr(), n, 1),
+            lhs,
+            rhs,
+            false,
+            1.0,
+            threads,
+        )
+    };
+    let s = t0.elapsed().as_secs_f64();
+    std::hint::black_box(&c);
+    (2.0 * (m * n * k) as f64, s)
+}
+
+fn probe_large(lib: MatmulLib) -> (f64, f64) {
+    let threads = rayon::current_num_threads();
+    [(4096, 384), (1024, 768)]
+        .into_iter()
+        .flat_map(|(rows, c)| {
+            let h = 4 * c;
+            [
+                product(lib, (rows, h, c), (false, false), threads), // forward
+                product(lib, (rows, c, h), (false, true), threads),  // input gradient
+                product(lib, (c, h, rows), (true, false), threads),  // weight gradient
+            ]
+        })
+        .fold((0.0, 0.0), |(f, s), (g, t)| (f + g, s + t))
+}
+
+fn probe_small(lib: MatmulLib) -> (f64, f64) {
+    use rayon::prelude::*;
+    let threads = rayon::current_num_threads();
+    let (rows, keys, hd, blocks) = (64, 256, 64, 8 * threads);
+    let t0 = Instant::now();
+    let flops: f64 = (0..blocks)
+        .into_par_iter()
+        .map(|_| {
+            let (f1, _) = product(lib, (rows, keys, hd), (false, true), 1); // scores
+            let (f2, _) = product(lib, (rows, hd, keys), (false, false), 1); // P V
+            f1 + f2
+        })
+        .sum();
+    let s = t0.elapsed().as_secs_f64();
+    let (f3, s3) = product(lib, (2048, 65, 384), (false, true), threads); // a char head
+    (flops + f3, s + s3)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::Rng;
+
+    /// Every product shape the kernels use, in each operand layout, with
+    /// and without accumulation, on one thread and split across two.
+    fn products_match_the_crate(lib: MatmulLib) {
+        let mut rng = Rng::new(7);
+        let shapes = [(5, 7, 9), (300, 200, 150), (64, 256, 64), (1000, 65, 384)];
+        for (m, n, k) in shapes {
+            for layout in 0..8 {
+                let (lhs_t, rhs_t, dst_t) = (layout & 1 != 0, layout & 2 != 0, layout & 4 != 0);
+                let a: Vec<f32> = (0..m * k).map(|_| rng.normal() as f32).collect();
+                let b: Vec<f32> = (0..k * n).map(|_| rng.normal() as f32).collect();
+                let c0: Vec<f32> = (0..m * n).map(|_| rng.normal() as f32).collect();
+                let lhs = match lhs_t {
+                    true => Mat::new(a.as_ptr(), 1, m),
+                    false => Mat::new(a.as_ptr(), k, 1),
+                };
+                let rhs = match rhs_t {
+                    true => Mat::new(b.as_ptr(), 1, k),
+                    false => Mat::new(b.as_ptr(), n, 1),
+                };
+                for (accumulate, threads) in [(false, 1), (true, 1), (false, 2), (true, 2)] {
+                    let run = |on: MatmulLib| {
+                        let mut c = c0.clone();
+                        let dst = match dst_t {
+                            true => Mat::new(c.as_mut_ptr(), 1, m),
+                            false => Mat::new(c.as_mut_ptr(), n, 1),
+                        };
+                        // SAFETY: each buffer holds what its view addresses.
+                        unsafe {
+                            super::super::math::gemm_on(
+                                on,
+                                (m, n, k),
+                                dst,
+                                lhs,
+                                rhs,
+                                accumulate,
+                                0.5,
+                                threads,
+                            )
+                        };
+                        c
+                    };
+                    let (want, got) = (run(MatmulLib::Gemm), run(lib));
+                    let scale = want.iter().fold(1.0f32, |s, x| s.max(x.abs()));
+                    for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+                        assert!(
+                            (w - g).abs() <= 1e-5 * scale,
+                            "{} {m}x{n}x{k} layout {layout} accumulate {accumulate} threads {threads}: [{i}] {g} vs the crate's {w}",
+                            lib.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_library_here_computes_what_the_gemm_crate_does() {
+        let here: Vec<MatmulLib> = MatmulLib::ALL
+            .into_iter()
+            .filter(|l| l.available())
+            .collect();
+        // CI names the libraries it installed (or none): each must open
+        if let Ok(want) = std::env::var("DISTGPT_EXPECT_MATMUL") {
+            let names: Vec<&str> = here.iter().map(|l| l.key()).collect();
+            assert_eq!(names.join(","), want, "the matmul libraries that open here");
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        for lib in here.into_iter().filter(|&l| l != MatmulLib::Gemm) {
+            pool.install(|| products_match_the_crate(lib));
+        }
+    }
+
+    #[test]
+    fn a_library_that_is_not_here_runs_on_the_crate() {
+        let absent = MatmulLib::ALL.into_iter().find(|l| !l.available());
+        let Some(lib) = absent else {
+            eprintln!("every library is here: nothing to fall back from");
+            return;
+        };
+        assert!(loaded(lib).err().is_some_and(|e| e.contains("install")));
+        let (choice, timings) = (
+            MatmulChoice {
+                large: lib,
+                small: lib,
+            },
+            [Timing {
+                lib: MatmulLib::Gemm,
+                large_flops: 1.0,
+                small_flops: 1.0,
+            }],
+        );
+        assert_eq!(fastest(&timings, |t| t.large_flops), MatmulLib::Gemm);
+        let mut x = [0.0f32; 4];
+        let one = [1.0f32; 4];
+        // SAFETY: 2 x 2 products on 4-element buffers.
+        unsafe {
+            super::super::math::gemm_on(
+                choice.large,
+                (2, 2, 2),
+                Mat::new(x.as_mut_ptr(), 2, 1),
+                Mat::new(one.as_ptr(), 2, 1),
+                Mat::new(one.as_ptr(), 2, 1),
+                false,
+                1.0,
+                1,
+            )
+        };
+        assert_eq!(x, [2.0; 4], "{} absent: the crate ran it", lib.name());
+    }
+
+    #[test]
+    fn the_crate_keeps_a_class_unless_a_library_beats_it_by_5_percent() {
+        let t = |lib, large_flops| Timing {
+            lib,
+            large_flops,
+            small_flops: 0.0,
+        };
+        let close = [t(MatmulLib::Gemm, 100.0), t(MatmulLib::OpenBlas, 104.0)];
+        assert_eq!(fastest(&close, |t| t.large_flops), MatmulLib::Gemm);
+        let clear = [
+            t(MatmulLib::Gemm, 100.0),
+            t(MatmulLib::OpenBlas, 120.0),
+            t(MatmulLib::Blis, 110.0),
+        ];
+        assert_eq!(fastest(&clear, |t| t.large_flops), MatmulLib::OpenBlas);
+    }
+
+    #[test]
+    fn a_product_splits_along_its_longer_side_in_whole_micro_panels() {
+        assert_eq!(split(4096, 384, 2), (true, 2048));
+        assert_eq!(split(65, 4096, 2), (false, 2048));
+        assert_eq!(split(100, 10, 3), (true, 48));
+        assert_eq!(split(20, 10, 4), (true, 16));
+    }
+
+    #[test]
+    fn an_operand_needs_a_unit_stride_and_a_leading_dimension_that_covers_it() {
+        let p = std::ptr::null::<f32>();
+        assert_eq!(operand(Mat::new(p, 8, 1), 4, 8), Some((NO_TRANS, 8)));
+        assert_eq!(operand(Mat::new(p, 1, 4), 4, 8), Some((TRANS, 4)));
+        assert_eq!(operand(Mat::new(p, 4, 1), 4, 8), None, "ld below the row");
+        assert_eq!(operand(Mat::new(p, 8, 2), 4, 8), None, "no unit stride");
+    }
+
+    #[test]
+    fn a_layer_matmul_is_large_and_an_attention_block_small() {
+        assert_eq!(Class::of(4096, 1152, 384), Class::Large);
+        assert_eq!(Class::of(64, 256, 64), Class::Small);
+        assert_eq!(Class::of(4096, 65, 384), Class::Small);
+    }
+}

@@ -1,0 +1,194 @@
+//! The CPU's hardware peak: cores x FMA units x vector lanes x 2 x clock.
+//! The lanes come from the instruction set the CPU reports (AVX-512: 16
+//! fp32, AVX2 with FMA: 8); the clock is measured by a chain of dependent
+//! integer additions (one a cycle on every x86 core since the Pentium 4),
+//! since a virtual machine's reported MHz is its time-stamp counter's, not
+//! the core's; the FMA units by an FMA loop with enough independent
+//! accumulators to keep every unit busy, divided by lanes x 2 x clock and
+//! rounded. A matmul cannot beat this figure; MFU against it says how much
+//! of the silicon a run used, MFU against the best matmul how much of what
+//! a library reaches.
+
+use serde::{Deserialize, Serialize};
+
+/// The terms of the hardware peak, as detected and measured.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HardwarePeak {
+    /// cores x units x lanes x 2 x clock, FLOP/s.
+    pub flops: f64,
+    pub cores: usize,
+    pub fma_units: usize,
+    pub lanes: usize,
+    /// "AVX-512" or "AVX2".
+    pub isa: String,
+    pub clock_ghz: f64,
+}
+
+impl HardwarePeak {
+    /// "185 GFLOP/s = 2 cores x 2 FMA units x 8 lanes (AVX2) x 2 x 2.90 GHz".
+    pub fn describe(&self) -> String {
+        format!(
+            "{:.0} GFLOP/s = {} cores x {} FMA units x {} lanes ({}) x 2 x {:.2} GHz",
+            self.flops / 1e9,
+            self.cores,
+            self.fma_units,
+            self.lanes,
+            self.isa,
+            self.clock_ghz
+        )
+    }
+}
+
+/// The peak of this pool's threads (one core each), or None where the CPU
+/// is not an x86-64 with FMA (no instruction set to count lanes of).
+pub fn measure() -> Option<HardwarePeak> {
+    let cores = rayon::current_num_threads();
+    let (isa, lanes, fma_rate) = fma_rate()?;
+    let clock = clock_hz()?;
+    let fma_units = (fma_rate / (lanes as f64 * 2.0 * clock)).round().max(1.0) as usize;
+    Some(HardwarePeak {
+        flops: cores as f64 * fma_units as f64 * lanes as f64 * 2.0 * clock,
+        cores,
+        fma_units,
+        lanes,
+        isa: isa.to_string(),
+        clock_ghz: clock / 1e9,
+    })
+}
+
+/// The instruction set, its fp32 lanes, and one thread's FMA FLOP/s (best
+/// of three loops).
+#[cfg(target_arch = "x86_64")]
+fn fma_rate() -> Option<(&'static str, usize, f64)> {
+    const ITERS: u64 = 4_000_000;
+    let (isa, lanes, run): (_, _, fn(u64) -> f32) = if is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has AVX-512F.
+        ("AVX-512", 16, |n| unsafe { x86::fma_loop_avx512(n) })
+    } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has AVX2 and FMA.
+        ("AVX2", 8, |n| unsafe { x86::fma_loop_avx2(n) })
+    } else {
+        return None;
+    };
+    let best = (0..3)
+        .map(|_| {
+            let t0 = std::time::Instant::now();
+            std::hint::black_box(run(std::hint::black_box(ITERS)));
+            t0.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min);
+    let flops = (ITERS * x86::CHAINS as u64 * lanes as u64 * 2) as f64;
+    Some((isa, lanes, flops / best))
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn fma_rate() -> Option<(&'static str, usize, f64)> {
+    None
+}
+
+/// The core's clock in Hz: a chain of dependent additions (best of three).
+#[cfg(target_arch = "x86_64")]
+fn clock_hz() -> Option<f64> {
+    const ITERS: u64 = 10_000_000;
+    let best = (0..3)
+        .map(|_| {
+            let t0 = std::time::Instant::now();
+            std::hint::black_box(x86::add_chain(std::hint::black_box(ITERS)));
+            t0.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min);
+    Some((ITERS * x86::ADDS as u64) as f64 / best)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn clock_hz() -> Option<f64> {
+    None
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// Independent FMA chains per loop: above every core's FMA latency x
+    /// units (4-5 cycles x 2), so the units, not the latency, bound it.
+    pub const CHAINS: usize = 12;
+    /// Dependent additions per loop of `add_chain`.
+    pub const ADDS: usize = 16;
+
+    fn opaque(x: f32) -> f32 {
+        std::hint::black_box(x)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn fma_loop_avx2(iters: u64) -> f32 {
+        // opaque values: a constant start would let the compiler see that
+        // 1 x b + c stays 1 and drop the loop
+        let (b, c) = (_mm256_set1_ps(opaque(0.5)), _mm256_set1_ps(opaque(0.25)));
+        let mut acc = [_mm256_set1_ps(opaque(1.0)); CHAINS];
+        for _ in 0..iters {
+            for a in acc.iter_mut() {
+                *a = _mm256_fmadd_ps(*a, b, c);
+            }
+        }
+        let mut out = [0.0f32; 8];
+        let sum = acc
+            .iter()
+            .fold(_mm256_setzero_ps(), |s, &a| _mm256_add_ps(s, a));
+        _mm256_storeu_ps(out.as_mut_ptr(), sum);
+        out.iter().sum()
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn fma_loop_avx512(iters: u64) -> f32 {
+        let (b, c) = (_mm512_set1_ps(opaque(0.5)), _mm512_set1_ps(opaque(0.25)));
+        let mut acc = [_mm512_set1_ps(opaque(1.0)); CHAINS];
+        for _ in 0..iters {
+            for a in acc.iter_mut() {
+                *a = _mm512_fmadd_ps(*a, b, c);
+            }
+        }
+        let sum = acc
+            .iter()
+            .fold(_mm512_setzero_ps(), |s, &a| _mm512_add_ps(s, a));
+        _mm512_reduce_add_ps(sum)
+    }
+
+    /// `iters` x [`ADDS`] additions, each waiting for the one before.
+    pub fn add_chain(iters: u64) -> u64 {
+        let mut x = 0u64;
+        for _ in 0..iters {
+            // SAFETY: register arithmetic only.
+            unsafe {
+                std::arch::asm!(
+                    "add {0}, 1", "add {0}, 1", "add {0}, 1", "add {0}, 1",
+                    "add {0}, 1", "add {0}, 1", "add {0}, 1", "add {0}, 1",
+                    "add {0}, 1", "add {0}, 1", "add {0}, 1", "add {0}, 1",
+                    "add {0}, 1", "add {0}, 1", "add {0}, 1", "add {0}, 1",
+                    inout(reg) x,
+                    options(nomem, nostack),
+                );
+            }
+        }
+        x
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hardware_peak_is_its_terms_multiplied() {
+        let Some(p) = measure() else {
+            eprintln!("no x86-64 FMA here: nothing to measure");
+            return;
+        };
+        let product = p.cores as f64 * p.fma_units as f64 * p.lanes as f64 * 2.0 * p.clock_ghz;
+        assert!((p.flops / 1e9 - product).abs() < 1e-6 * product, "{p:?}");
+        assert!((0.5..8.0).contains(&p.clock_ghz), "{p:?}");
+        assert!((1..=4).contains(&p.fma_units), "{p:?}");
+        assert!(p
+            .describe()
+            .contains(&format!("{} lanes ({})", p.lanes, p.isa)));
+    }
+}
