@@ -1,5 +1,5 @@
 //! `distgpt devices`: the CPU, every OpenCL and CUDA device there is, and
-//! the CPU's peak FLOP/s that MFU is stated against.
+//! the CPU's peaks that MFU is stated against and its matmul libraries.
 
 use anyhow::Result;
 use clap::Args;
@@ -8,8 +8,9 @@ use distgpt::backend::Device;
 
 #[derive(Args)]
 pub struct DevicesArgs {
-    /// Measure the peak FLOP/s again (best of three matmul probes; do it on
-    /// a quiet machine) and keep it for MFU.
+    /// Measure the peaks again (the CPU's hardware peak, and every matmul
+    /// library's speed, best of three; do it on a quiet machine) and keep
+    /// them, with the fastest library, for MFU and the CPU's matmuls.
     #[arg(long)]
     measure: bool,
 }
@@ -40,11 +41,26 @@ pub fn run(a: DevicesArgs) -> Result<()> {
         distgpt::metrics::peak::cached(&cpu)
     };
     match peak {
-        Some(p) => distgpt::outln!(
-            "cpu peak for MFU: {:.1} GFLOP/s ({})",
-            p.flops / 1e9,
-            p.source
-        ),
+        Some(p) => {
+            distgpt::outln!(
+                "cpu peak for MFU: {:.1} GFLOP/s, {} ({})",
+                p.flops / 1e9,
+                p.matmul_name(),
+                p.source
+            );
+            if let Some(hw) = &p.hardware {
+                distgpt::outln!("cpu hardware peak: {}", hw.describe());
+            }
+            for t in &p.timings {
+                let path = t.lib.path().map(|f| format!(" ({f})")).unwrap_or_default();
+                distgpt::outln!(
+                    "  {:<10} layers {:6.1} GFLOP/s, attention blocks {:6.1} GFLOP/s{path}",
+                    t.lib.name(),
+                    t.large_flops / 1e9,
+                    t.small_flops / 1e9
+                );
+            }
+        }
         None => distgpt::outln!(
             "cpu peak for MFU: not measured yet (the first run measures it; `distgpt devices --measure` now)"
         ),
