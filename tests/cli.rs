@@ -1172,3 +1172,97 @@ fn a_run_stopped_under_mpirun_prints_the_mpirun_command_that_continues_it() {
     let (steps, _) = logged_steps(&dir);
     assert_eq!(steps, (1..=6).collect::<Vec<u64>>());
 }
+
+#[test]
+fn every_old_spelling_still_works_says_the_new_one_and_stays_out_of_help() {
+    let dir = run_dir("old-spellings");
+    let run = dir.join("run");
+    let run_s = run.to_str().unwrap();
+    let note = |out: &Output, old: &str, new: &str| {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let want = format!("`{old}` is the old spelling of `{new}`");
+        assert_eq!(err.matches(&want).count(), 1, "{err}");
+    };
+    // train --peak-gflops G: --peak-tflops G/1000
+    let mut args = vec![
+        "train",
+        "--model",
+        "tiny",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "16",
+    ];
+    args.extend_from_slice(&["--steps", "2", "--quiet", "--sample-tokens", "0"]);
+    args.extend_from_slice(&["--peak-gflops", "250", "--out", run_s]);
+    let train = succeeded(distgpt(&args));
+    note(&train, "--peak-gflops G", "--peak-tflops G/1000");
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("run.json")).unwrap()).unwrap();
+    assert_eq!(record["peak_flops"].as_f64(), Some(250e9));
+
+    // generate --run RUN: generate RUN, the same text
+    let sample = |args: &[&str]| {
+        let mut all = vec!["generate"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--tokens", "8", "--prompt", "A", "--seed", "3"]);
+        succeeded(distgpt(&all))
+    };
+    let old = sample(&["--run", run_s]);
+    note(&old, "generate --run RUN", "generate RUN");
+    assert_eq!(old.stdout, sample(&[run_s]).stdout);
+
+    // export --run RUN: export RUN
+    let hf = dir.join("hf");
+    let export = succeeded(distgpt(&[
+        "export",
+        "--run",
+        run_s,
+        "--out",
+        hf.to_str().unwrap(),
+    ]));
+    note(&export, "export --run RUN", "export RUN");
+    assert!(hf.join("config.json").is_file() && hf.join("model.safetensors").is_file());
+
+    // bench --peak-gflops G
+    let mut args = vec![
+        "bench",
+        "--model",
+        "tiny",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "8",
+    ];
+    args.extend_from_slice(&[
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--json",
+        "--peak-gflops",
+        "40",
+    ]);
+    let bench = succeeded(distgpt(&args));
+    note(&bench, "--peak-gflops G", "--peak-tflops G/1000");
+    let row: serde_json::Value = serde_json::from_slice(&bench.stdout).unwrap();
+    assert_eq!(row["peak_gflops"].as_f64(), Some(40.0));
+
+    // both spellings at once is refused; the old ones are not in --help
+    let both = distgpt(&["generate", run_s, "--run", run_s]);
+    assert!(!both.status.success());
+    for (cmd, old) in [
+        ("generate", "--run"),
+        ("export", "--run"),
+        ("train", "--peak-gflops"),
+        ("bench", "--peak-gflops"),
+    ] {
+        let help = succeeded(distgpt(&[cmd, "--help"]));
+        let text = String::from_utf8_lossy(&help.stdout);
+        assert!(
+            !text.contains(&format!("{old} ")),
+            "{cmd} --help shows {old}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

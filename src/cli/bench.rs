@@ -45,6 +45,14 @@ pub struct BenchArgs {
     /// ~/.cache/distgpt/peak.json).
     #[arg(long)]
     peak_tflops: Option<f64>,
+    /// `--peak-gflops G`: the spelling before --peak-tflops (G / 1000 of it).
+    #[arg(
+        long = "peak-gflops",
+        value_name = "GFLOPS",
+        hide = true,
+        conflicts_with = "peak_tflops"
+    )]
+    old_peak_gflops: Option<f64>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -149,11 +157,12 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
     };
     // Stated or not, the kept peak names the hardware's and the CPU's
     // matmul library (and its products run on that library from now on).
-    let here = match a.peak_tflops {
+    let stated = super::peak_tflops_or_old(a.peak_tflops, a.old_peak_gflops);
+    let here = match stated {
         Some(_) => distgpt::metrics::peak::cached(&be),
         None => Some(distgpt::metrics::peak::of(&be, false)),
     };
-    let (peak, peak_source) = match (a.peak_tflops, &here) {
+    let (peak, peak_source) = match (stated, &here) {
         (Some(p), _) => (p * 1e12, "--peak-tflops".to_string()),
         (None, Some(h)) => (
             h.flops * processes,

@@ -49,7 +49,11 @@ pub fn run(a: DevicesArgs) -> Result<()> {
                 p.source
             );
             if let Some(hw) = &p.hardware {
-                distgpt::outln!("cpu hardware peak: {}", hw.describe());
+                distgpt::outln!(
+                    "cpu hardware peak: {:.0} GFLOP/s = {}",
+                    hw.flops / 1e9,
+                    hw.describe()
+                );
             }
             for t in &p.timings {
                 let path = t.lib.path().map(|f| format!(" ({f})")).unwrap_or_default();

@@ -5,8 +5,11 @@ use super::*;
 #[derive(Args)]
 pub(super) struct ExportArgs {
     /// A run directory (or any folder `generate` accepts).
-    #[arg(value_name = "RUN")]
-    run: PathBuf,
+    #[arg(value_name = "RUN", required_unless_present = "old_run")]
+    run: Option<PathBuf>,
+    /// `--run RUN`: RUN's spelling before it was positional.
+    #[arg(long = "run", value_name = "RUN", hide = true, conflicts_with = "run")]
+    old_run: Option<PathBuf>,
     /// Output folder for `transformers`' `from_pretrained` (GPT2LMHeadModel,
     /// or a BERT's class).
     #[arg(long)]
@@ -16,7 +19,8 @@ pub(super) struct ExportArgs {
 /// `export`: a Hugging Face folder of a run, checkpoint or model folder,
 /// as the model's family writes one.
 pub(super) fn run_export(a: ExportArgs) -> Result<()> {
-    let (meta, params) = checkpoint::read_model(&a.run)?;
+    let run = run_or_old_flag("export", a.run, a.old_run);
+    let (meta, params) = checkpoint::read_model(&run)?;
     let model = &meta.config;
     let Some(hf) = model.registration().hf else {
         bail!(
@@ -25,7 +29,7 @@ pub(super) fn run_export(a: ExportArgs) -> Result<()> {
         );
     };
     // a BERT's vocabulary goes along where the run keeps it
-    let vocab = a.run.join("vocab.txt");
+    let vocab = run.join("vocab.txt");
     let vocab = vocab.exists().then_some(vocab.as_path());
     (hf.export)(model, &params, &meta.tokenizer, vocab, &a.out)?;
     distgpt::outln!(

@@ -6,8 +6,11 @@ use super::*;
 pub(super) struct GenerateArgs {
     /// A run directory written by `distgpt train`, one of its checkpoint
     /// directories, or a Hugging Face GPT-2 folder.
-    #[arg(value_name = "RUN")]
-    run: PathBuf,
+    #[arg(value_name = "RUN", required_unless_present = "old_run")]
+    run: Option<PathBuf>,
+    /// `--run RUN`: RUN's spelling before it was positional.
+    #[arg(long = "run", value_name = "RUN", hide = true, conflicts_with = "run")]
+    old_run: Option<PathBuf>,
     /// Text to continue; repeat for a batch of prompts (default: a newline, or <|endoftext|> for GPT-2 tokens).
     #[arg(long)]
     prompt: Vec<String>,
@@ -52,7 +55,7 @@ pub(super) fn decode_on<B: Backend>(
 ) -> Result<Option<(Vec<Vec<u32>>, usize)>> {
     let format = a.weights.format();
     // the whole model on the host; each rank takes its share
-    let (meta, params) = checkpoint::read_model(&a.run)?;
+    let (meta, params) = checkpoint::read_model(a.run())?;
     let model = &meta.config;
     let generate = |be: B, tp: Option<&dyn Comm>, on_token: &mut (dyn FnMut(usize, u32) + Send)| {
         let run = Generation {
@@ -108,12 +111,20 @@ pub(super) fn decode_on<B: Backend>(
     })
 }
 
-pub(super) fn run_generate(a: GenerateArgs) -> Result<()> {
-    let meta = checkpoint::read_any_meta(&a.run)?;
+impl GenerateArgs {
+    /// RUN, from either spelling (`run_generate` settles it first).
+    fn run(&self) -> &Path {
+        self.run.as_deref().expect("run_generate settles RUN first")
+    }
+}
+
+pub(super) fn run_generate(mut a: GenerateArgs) -> Result<()> {
+    a.run = Some(run_or_old_flag("generate", a.run.take(), a.old_run.take()));
+    let meta = checkpoint::read_any_meta(a.run())?;
     if meta.config.registration().decoder.is_none() {
         bail!(
             "{} holds a {} model ({}), which does not generate text: generate reads causal language models (GPT-2)",
-            a.run.display(),
+            a.run().display(),
             meta.config.family(),
             meta.config
         );

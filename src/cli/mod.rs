@@ -555,6 +555,33 @@ pub fn run() -> Result<Outcome> {
 
 /// Refuses an output folder that is the input or holds a run (its model
 /// files would be replaced), unless `overwrite`.
+/// Says, on one line, that `old` is an earlier spelling of `new`: every
+/// flag a release had keeps working, hidden from `--help`.
+fn old_spelling(old: &str, new: &str) {
+    distgpt::errln!("note: `{old}` is the old spelling of `{new}`; it still works");
+}
+
+/// RUN, given as the positional or as the old `--run RUN`.
+fn run_or_old_flag(command: &str, run: Option<PathBuf>, old: Option<PathBuf>) -> PathBuf {
+    match (run, old) {
+        (Some(run), _) => run,
+        (None, Some(old)) => {
+            old_spelling(&format!("{command} --run RUN"), &format!("{command} RUN"));
+            old
+        }
+        (None, None) => unreachable!("clap requires RUN or --run"),
+    }
+}
+
+/// --peak-tflops, or the old --peak-gflops converted.
+fn peak_tflops_or_old(tflops: Option<f64>, old_gflops: Option<f64>) -> Option<f64> {
+    tflops.or_else(|| {
+        let g = old_gflops?;
+        old_spelling("--peak-gflops G", "--peak-tflops G/1000");
+        Some(g / 1000.0)
+    })
+}
+
 fn refuse_output_over_input(input: &Path, out: &Path, overwrite: bool) -> Result<()> {
     if overwrite {
         return Ok(());

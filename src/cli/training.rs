@@ -98,10 +98,23 @@ pub(super) struct TrainArgs {
     /// (default: runs/<model>-<YYYYMMDD-HHMMSS>, with runs/latest pointing at it).
     #[arg(long, help_heading = "Output")]
     out: Option<PathBuf>,
+    /// Also write the step records (loss, validation loss, accuracy and F1,
+    /// grad norm, lr, tokens/s, MFU, memory) and the run's configuration as
+    /// TensorBoard event files in DIR (`tensorboard --logdir DIR`).
+    #[arg(long, value_name = "DIR", help_heading = "Output")]
+    tensorboard: Option<PathBuf>,
     /// Peak TFLOP/s per rank that MFU is stated against (default: measured
     /// once per device and thread count, kept in ~/.cache/distgpt/peak.json).
     #[arg(long, help_heading = "Output")]
     peak_tflops: Option<f64>,
+    /// `--peak-gflops G`: the spelling before --peak-tflops (G / 1000 of it).
+    #[arg(
+        long = "peak-gflops",
+        value_name = "GFLOPS",
+        hide = true,
+        conflicts_with = "peak_tflops"
+    )]
+    old_peak_gflops: Option<f64>,
     /// No progress bar or messages; the summary only.
     #[arg(long, help_heading = "Output")]
     quiet: bool,
@@ -378,11 +391,12 @@ pub(super) fn new_run(a: &TrainArgs, given: &[String], task: TaskKind) -> Result
         sample_tokens: if bert { 0 } else { a.sample_tokens },
         seed: a.seed,
         link_latest: a.out.is_none(),
+        tensorboard: a.tensorboard.clone(),
         out_dir: a
             .out
             .clone()
             .unwrap_or_else(|| train::default_run_dir(&out_name)),
-        peak_flops: a.peak_tflops.map(|t| t * 1e12),
+        peak_flops: peak_tflops_or_old(a.peak_tflops, a.old_peak_gflops).map(|t| t * 1e12),
         verbose: !a.quiet,
         fault: None,
         checkpoint_every: a.checkpoint_every,
@@ -521,8 +535,11 @@ pub(super) fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<(Prepared, 
         checkpoint_every,
         keep_checkpoints
     );
-    if set("peak_tflops") {
-        cfg.peak_flops = a.peak_tflops.map(|t| t * 1e12);
+    if set("tensorboard") {
+        cfg.tensorboard = a.tensorboard.clone();
+    }
+    if set("peak_tflops") || set("old_peak_gflops") {
+        cfg.peak_flops = peak_tflops_or_old(a.peak_tflops, a.old_peak_gflops).map(|t| t * 1e12);
     }
     cfg.verbose = !a.quiet;
     cfg.resume = Some(ckpt);

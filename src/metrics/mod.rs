@@ -2,6 +2,7 @@
 //! progress bar.
 
 pub mod peak;
+pub mod tensorboard;
 
 use crate::backend::MemoryReport;
 use crate::comm::CommStats;

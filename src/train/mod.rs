@@ -109,6 +109,9 @@ pub struct TrainConfig {
     /// Point `latest` beside the run directory at it (default-named runs).
     #[serde(skip)]
     pub link_latest: bool,
+    /// Also write the step records as TensorBoard event files here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensorboard: Option<PathBuf>,
     pub tokenizer: TokenizerKind,
     /// A bar to drive instead of drawing one (`compare`'s per-run bar); its
     /// length is set to the run's steps. Messages are printed only when verbose.
@@ -149,6 +152,7 @@ impl Default for TrainConfig {
             overwrite: false,
             schedule_steps: None,
             link_latest: false,
+            tensorboard: None,
             tokenizer: TokenizerKind::Char,
             progress: None,
         }

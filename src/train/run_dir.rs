@@ -7,6 +7,7 @@ use super::task::TaskKind;
 use super::TrainConfig;
 use crate::checkpoint::{state, write_atomic};
 use crate::error::{Error, Result};
+use crate::metrics::tensorboard::EventWriter;
 use crate::metrics::{CsvWriter, JsonlWriter, StepRecord};
 use crate::model::ModelConfig;
 use crate::parallel::ParallelConfig;
@@ -50,12 +51,13 @@ pub struct Segment {
 
 /// A checksum of the settings that decide what a run computes: its
 /// configuration less what only changes what is shown (messages, log
-/// cadence, the peak MFU divides by).
+/// cadence, the peak MFU divides by, TensorBoard files).
 pub fn settings_checksum(t: &TrainConfig) -> String {
     state::json_checksum(&TrainConfig {
         verbose: false,
         log_every: 0,
         peak_flops: None,
+        tensorboard: None,
         ..t.clone()
     })
 }
@@ -261,10 +263,12 @@ pub fn prepare_new(dir: &Path, overwrite: bool) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))
 }
 
-/// The per-step logs of a run: `metrics.jsonl` and `metrics.csv`.
+/// The per-step logs of a run: `metrics.jsonl` and `metrics.csv`, and
+/// TensorBoard event files where asked.
 pub struct StepLogs {
     jsonl: JsonlWriter,
     csv: CsvWriter,
+    tensorboard: Option<EventWriter>,
     /// Held while the logs are open: the run's life.
     _lock: RunLock,
 }
@@ -272,9 +276,48 @@ pub struct StepLogs {
 impl StepLogs {
     pub fn write(&mut self, record: &StepRecord) -> Result<()> {
         self.jsonl.write(record)?;
-        self.csv.write(record)
+        self.csv.write(record)?;
+        if let Some(tb) = &mut self.tensorboard {
+            tb.scalars(record.step, &tensorboard_scalars(record))?;
+            tb.flush()?;
+        }
+        Ok(())
     }
 }
+
+/// A step record's figures as TensorBoard scalars (validation ones on the
+/// steps that have them).
+fn tensorboard_scalars(r: &StepRecord) -> Vec<(&'static str, f64)> {
+    let mut out = vec![
+        ("train/loss", r.loss as f64),
+        ("train/grad_norm", r.grad_norm as f64),
+        ("train/lr", r.lr as f64),
+        ("perf/tokens_per_s", r.tokens_per_s),
+        ("perf/mfu", r.mfu),
+        ("perf/step_ms", r.ms),
+        (
+            "memory/peak_total_mib",
+            r.memory.peak_total_bytes as f64 / MIB,
+        ),
+        (
+            "memory/params_mib",
+            r.memory.current_bytes.params as f64 / MIB,
+        ),
+        (
+            "memory/activations_peak_mib",
+            r.memory.peak_bytes.activations as f64 / MIB,
+        ),
+    ];
+    let val = [
+        ("val/loss", r.val_loss.map(f64::from)),
+        ("val/accuracy", r.val_accuracy),
+        ("val/f1", r.val_f1),
+    ];
+    out.extend(val.into_iter().filter_map(|(k, v)| Some((k, v?))));
+    out
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
 
 /// Rank 0 only: readies `dir` for an invocation training steps
 /// `start..to_step` (a new run's empty directory, or a resumed run's with
@@ -320,9 +363,24 @@ pub fn open(
         JsonlWriter::create(&jsonl_path)?
     };
     let csv = CsvWriter::open(&dir.join(METRICS_CSV), start > 0)?;
+    let tensorboard = match &cfg.tensorboard {
+        Some(tb) => {
+            let mut w = EventWriter::create(tb)?;
+            if start > 0 {
+                // TensorBoard drops the earlier files' steps after `start`
+                w.session_start(start + 1)?;
+            }
+            let config = std::fs::read_to_string(dir.join(RUN_FILE)).unwrap_or_default();
+            w.text(start, "config", &format!("```json\n{config}\n```"))?;
+            w.flush()?;
+            Some(w)
+        }
+        None => None,
+    };
     Ok(StepLogs {
         jsonl,
         csv,
+        tensorboard,
         _lock: lock,
     })
 }

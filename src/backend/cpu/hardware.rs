@@ -25,16 +25,11 @@ pub struct HardwarePeak {
 }
 
 impl HardwarePeak {
-    /// "185 GFLOP/s = 2 cores x 2 FMA units x 8 lanes (AVX2) x 2 x 2.90 GHz".
+    /// "2 cores x 2 FMA units x 8 lanes (AVX2) x 2 x 2.90 GHz".
     pub fn describe(&self) -> String {
         format!(
-            "{:.0} GFLOP/s = {} cores x {} FMA units x {} lanes ({}) x 2 x {:.2} GHz",
-            self.flops / 1e9,
-            self.cores,
-            self.fma_units,
-            self.lanes,
-            self.isa,
-            self.clock_ghz
+            "{} cores x {} FMA units x {} lanes ({}) x 2 x {:.2} GHz",
+            self.cores, self.fma_units, self.lanes, self.isa, self.clock_ghz
         )
     }
 }

@@ -1,0 +1,426 @@
+//! TensorBoard event files, written and read: the TFRecord framing
+//! (length, masked CRC-32C of the length, the record, masked CRC-32C of the
+//! record) around `Event` protocol buffers, encoded by hand for the few
+//! fields used: wall time, step, the file version, scalar summaries
+//! (`simple_value`), text summaries (a string tensor with the `text`
+//! plugin's metadata) and a session start, which tells TensorBoard to drop
+//! the events past the step a run resumed from.
+
+use crate::error::{Error, Result};
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+/// CRC-32C (Castagnoli), bit-reflected, as TFRecord frames use it.
+fn crc32c(data: &[u8]) -> u32 {
+    static TABLE: std::sync::OnceLock<[u32; 256]> = std::sync::OnceLock::new();
+    let table = TABLE.get_or_init(|| {
+        let mut t = [0u32; 256];
+        for (i, e) in t.iter_mut().enumerate() {
+            let mut c = i as u32;
+            for _ in 0..8 {
+                c = if c & 1 != 0 {
+                    (c >> 1) ^ 0x82F6_3B78
+                } else {
+                    c >> 1
+                };
+            }
+            *e = c;
+        }
+        t
+    });
+    !data.iter().fold(!0u32, |c, &b| {
+        table[((c ^ b as u32) & 0xff) as usize] ^ (c >> 8)
+    })
+}
+
+/// TFRecord's masked CRC: rotated and offset, so a CRC of data holding CRCs
+/// stays well distributed.
+fn masked_crc(data: &[u8]) -> u32 {
+    let c = crc32c(data);
+    (c.rotate_right(15)).wrapping_add(0xa282_ead8)
+}
+
+/// Protocol-buffer encoding of the fields an event file needs.
+mod pb {
+    pub fn varint(out: &mut Vec<u8>, mut v: u64) {
+        while v >= 0x80 {
+            out.push(v as u8 | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+    }
+    pub fn key(out: &mut Vec<u8>, field: u32, wire: u32) {
+        varint(out, (field << 3 | wire) as u64);
+    }
+    pub fn bytes(out: &mut Vec<u8>, field: u32, data: &[u8]) {
+        key(out, field, 2);
+        varint(out, data.len() as u64);
+        out.extend_from_slice(data);
+    }
+    pub fn double(out: &mut Vec<u8>, field: u32, v: f64) {
+        key(out, field, 1);
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    pub fn float(out: &mut Vec<u8>, field: u32, v: f32) {
+        key(out, field, 5);
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    pub fn int(out: &mut Vec<u8>, field: u32, v: u64) {
+        key(out, field, 0);
+        varint(out, v);
+    }
+}
+
+/// A summary value: a scalar, or text.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Value {
+    Scalar(f32),
+    Text(String),
+}
+
+/// One event as read back.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Event {
+    pub wall_time: f64,
+    pub step: i64,
+    pub file_version: Option<String>,
+    /// A session start (status START), as a resumed run writes first.
+    pub session_start: bool,
+    pub values: Vec<(String, Value)>,
+}
+
+/// Event fields (tensorflow/core/util/event.proto).
+const EV_WALL_TIME: u32 = 1;
+const EV_STEP: u32 = 2;
+const EV_FILE_VERSION: u32 = 3;
+const EV_SUMMARY: u32 = 5;
+const EV_SESSION_LOG: u32 = 7;
+/// Summary.value, and Summary.Value's fields (summary.proto).
+const SUMMARY_VALUE: u32 = 1;
+const VALUE_TAG: u32 = 1;
+const VALUE_SIMPLE: u32 = 2;
+const VALUE_TENSOR: u32 = 8;
+const VALUE_METADATA: u32 = 9;
+/// TensorProto: dtype (DT_STRING = 7) and string_val (tensor.proto).
+const TENSOR_DTYPE: u32 = 1;
+const DT_STRING: u64 = 7;
+const TENSOR_STRING_VAL: u32 = 8;
+/// SummaryMetadata.plugin_data and PluginData.plugin_name.
+const META_PLUGIN: u32 = 1;
+const PLUGIN_NAME: u32 = 1;
+const SESSION_START: u64 = 1;
+
+/// Writes `events.out.tfevents.<seconds>.<host>` in a directory.
+pub struct EventWriter {
+    out: BufWriter<File>,
+    path: PathBuf,
+}
+
+fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+impl EventWriter {
+    /// A new event file in `dir` (made if missing), opened with the file
+    /// version record TensorBoard reads first.
+    pub fn create(dir: &Path) -> Result<EventWriter> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_else(|_| "localhost".into());
+        let secs = now() as u64;
+        // a second writer in the same second (a quick resume) gets its own file
+        let path = (0..)
+            .map(|n| {
+                let suffix = if n == 0 {
+                    String::new()
+                } else {
+                    format!(".{n}")
+                };
+                dir.join(format!("events.out.tfevents.{secs}.{host}{suffix}"))
+            })
+            .find(|p| !p.exists())
+            .expect("an unused name");
+        let f = File::create(&path).map_err(|e| Error::io(&path, e))?;
+        let mut w = EventWriter {
+            out: BufWriter::new(f),
+            path,
+        };
+        let mut ev = Vec::new();
+        pb::double(&mut ev, EV_WALL_TIME, now());
+        pb::bytes(&mut ev, EV_FILE_VERSION, b"brain.Event:2");
+        w.record(&ev)?;
+        Ok(w)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn record(&mut self, data: &[u8]) -> Result<()> {
+        let len = (data.len() as u64).to_le_bytes();
+        let mut frame = Vec::with_capacity(data.len() + 16);
+        frame.extend_from_slice(&len);
+        frame.extend_from_slice(&masked_crc(&len).to_le_bytes());
+        frame.extend_from_slice(data);
+        frame.extend_from_slice(&masked_crc(data).to_le_bytes());
+        self.out
+            .write_all(&frame)
+            .map_err(|e| Error::io(&self.path, e))
+    }
+
+    fn event(&mut self, step: usize, body: impl FnOnce(&mut Vec<u8>)) -> Result<()> {
+        let mut ev = Vec::new();
+        pb::double(&mut ev, EV_WALL_TIME, now());
+        pb::int(&mut ev, EV_STEP, step as u64);
+        body(&mut ev);
+        self.record(&ev)
+    }
+
+    /// Scalars at `step`, one event.
+    pub fn scalars(&mut self, step: usize, values: &[(&str, f64)]) -> Result<()> {
+        let mut summary = Vec::new();
+        for (tag, v) in values {
+            let mut value = Vec::new();
+            pb::bytes(&mut value, VALUE_TAG, tag.as_bytes());
+            pb::float(&mut value, VALUE_SIMPLE, *v as f32);
+            pb::bytes(&mut summary, SUMMARY_VALUE, &value);
+        }
+        self.event(step, |ev| pb::bytes(ev, EV_SUMMARY, &summary))
+    }
+
+    /// Text (Markdown) under `tag` at `step`.
+    pub fn text(&mut self, step: usize, tag: &str, text: &str) -> Result<()> {
+        let mut tensor = Vec::new();
+        pb::int(&mut tensor, TENSOR_DTYPE, DT_STRING);
+        pb::bytes(&mut tensor, TENSOR_STRING_VAL, text.as_bytes());
+        let mut plugin = Vec::new();
+        pb::bytes(&mut plugin, PLUGIN_NAME, b"text");
+        let mut meta = Vec::new();
+        pb::bytes(&mut meta, META_PLUGIN, &plugin);
+        let mut value = Vec::new();
+        pb::bytes(&mut value, VALUE_TAG, tag.as_bytes());
+        pb::bytes(&mut value, VALUE_METADATA, &meta);
+        pb::bytes(&mut value, VALUE_TENSOR, &tensor);
+        let mut summary = Vec::new();
+        pb::bytes(&mut summary, SUMMARY_VALUE, &value);
+        self.event(step, |ev| pb::bytes(ev, EV_SUMMARY, &summary))
+    }
+
+    /// A session start at `step`: TensorBoard drops the events of earlier
+    /// files at `step` and after (those of a checkpoint's abandoned future).
+    pub fn session_start(&mut self, step: usize) -> Result<()> {
+        let mut log = Vec::new();
+        pb::int(&mut log, 1, SESSION_START);
+        self.event(step, |ev| pb::bytes(ev, EV_SESSION_LOG, &log))
+    }
+
+    /// Writes what is buffered, so a viewer sees it now.
+    pub fn flush(&mut self) -> Result<()> {
+        self.out.flush().map_err(|e| Error::io(&self.path, e))
+    }
+}
+
+/// A protocol-buffer message's fields, as (field, wire type, payload).
+fn fields(mut data: &[u8]) -> std::result::Result<Vec<(u32, u32, Field<'_>)>, String> {
+    fn varint(data: &mut &[u8]) -> std::result::Result<u64, String> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let (&b, rest) = data.split_first().ok_or("a varint runs past the end")?;
+            *data = rest;
+            v |= ((b & 0x7f) as u64) << shift;
+            if b < 0x80 {
+                return Ok(v);
+            }
+        }
+        Err("a varint longer than 10 bytes".into())
+    }
+    let mut out = Vec::new();
+    while !data.is_empty() {
+        let key = varint(&mut data)?;
+        let (field, wire) = ((key >> 3) as u32, (key & 7) as u32);
+        fn take<'a>(
+            data: &mut &'a [u8],
+            n: usize,
+            field: u32,
+        ) -> std::result::Result<&'a [u8], String> {
+            if data.len() < n {
+                return Err(format!("field {field} runs past the end"));
+            }
+            let (a, b) = data.split_at(n);
+            *data = b;
+            Ok(a)
+        }
+        let value = match wire {
+            0 => Field::Int(varint(&mut data)?),
+            1 => Field::Fixed64(take(&mut data, 8, field)?.try_into().expect("8 bytes")),
+            2 => {
+                let n = varint(&mut data)? as usize;
+                Field::Bytes(take(&mut data, n, field)?)
+            }
+            5 => Field::Fixed32(take(&mut data, 4, field)?.try_into().expect("4 bytes")),
+            w => return Err(format!("wire type {w} of field {field}")),
+        };
+        out.push((field, wire, value));
+    }
+    Ok(out)
+}
+
+enum Field<'a> {
+    Int(u64),
+    Fixed64([u8; 8]),
+    Fixed32([u8; 4]),
+    Bytes(&'a [u8]),
+}
+
+fn decode_value(data: &[u8]) -> std::result::Result<(String, Option<Value>), String> {
+    let (mut tag, mut value) = (String::new(), None);
+    for (f, _, v) in fields(data)? {
+        match (f, v) {
+            (VALUE_TAG, Field::Bytes(b)) => tag = String::from_utf8_lossy(b).into_owned(),
+            (VALUE_SIMPLE, Field::Fixed32(b)) => value = Some(Value::Scalar(f32::from_le_bytes(b))),
+            (VALUE_TENSOR, Field::Bytes(b)) => {
+                for (tf, _, tv) in fields(b)? {
+                    if let (TENSOR_STRING_VAL, Field::Bytes(s)) = (tf, tv) {
+                        value = Some(Value::Text(String::from_utf8_lossy(s).into_owned()));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok((tag, value))
+}
+
+fn decode_event(data: &[u8]) -> std::result::Result<Event, String> {
+    let mut ev = Event {
+        wall_time: 0.0,
+        step: 0,
+        file_version: None,
+        session_start: false,
+        values: Vec::new(),
+    };
+    for (f, _, v) in fields(data)? {
+        match (f, v) {
+            (EV_WALL_TIME, Field::Fixed64(b)) => ev.wall_time = f64::from_le_bytes(b),
+            (EV_STEP, Field::Int(s)) => ev.step = s as i64,
+            (EV_FILE_VERSION, Field::Bytes(b)) => {
+                ev.file_version = Some(String::from_utf8_lossy(b).into_owned())
+            }
+            (EV_SUMMARY, Field::Bytes(b)) => {
+                for (sf, _, sv) in fields(b)? {
+                    if let (SUMMARY_VALUE, Field::Bytes(vb)) = (sf, sv) {
+                        if let (tag, Some(value)) = decode_value(vb)? {
+                            ev.values.push((tag, value));
+                        }
+                    }
+                }
+            }
+            (EV_SESSION_LOG, Field::Bytes(b)) => {
+                ev.session_start = fields(b)?
+                    .iter()
+                    .any(|(f, _, v)| *f == 1 && matches!(v, Field::Int(SESSION_START)));
+            }
+            _ => {}
+        }
+    }
+    Ok(ev)
+}
+
+/// Every event of an event file, its frames' CRCs checked.
+pub fn read_events(path: &Path) -> Result<Vec<Event>> {
+    let data = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let bad = |reason: String| Error::Input(format!("{}: {reason}", path.display()));
+    let mut rest = &data[..];
+    let mut events = Vec::new();
+    while !rest.is_empty() {
+        if rest.len() < 12 {
+            return Err(bad(format!("{} bytes of a cut-off frame", rest.len())));
+        }
+        let (len, crc) = (
+            &rest[..8],
+            u32::from_le_bytes(rest[8..12].try_into().unwrap()),
+        );
+        if masked_crc(len) != crc {
+            return Err(bad(format!("record {}: length CRC mismatch", events.len())));
+        }
+        let n = u64::from_le_bytes(len.try_into().unwrap()) as usize;
+        if rest.len() < 12 + n + 4 {
+            return Err(bad(format!("record {} is cut off", events.len())));
+        }
+        let body = &rest[12..12 + n];
+        let crc = u32::from_le_bytes(rest[12 + n..16 + n].try_into().unwrap());
+        if masked_crc(body) != crc {
+            return Err(bad(format!("record {}: data CRC mismatch", events.len())));
+        }
+        events.push(decode_event(body).map_err(bad)?);
+        rest = &rest[16 + n..];
+    }
+    Ok(events)
+}
+
+/// The event files in `dir`, oldest first.
+pub fn event_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| Error::io(dir, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("events.out.tfevents."))
+        })
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc32c_matches_the_standard_check_value() {
+        // the CRC-32C of "123456789" (RFC 3720's catalogue value)
+        assert_eq!(crc32c(b"123456789"), 0xE306_9283);
+        assert_eq!(crc32c(b""), 0);
+    }
+
+    #[test]
+    fn events_read_back_as_written_and_a_flipped_byte_is_caught() {
+        let dir = std::env::temp_dir().join(format!("distgpt-tb-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut w = EventWriter::create(&dir).unwrap();
+        w.text(0, "config", "`lr = 3e-3`").unwrap();
+        w.scalars(5, &[("train/loss", 2.5), ("lr", 1e-3)]).unwrap();
+        w.session_start(7).unwrap();
+        w.flush().unwrap();
+        let path = w.path().to_path_buf();
+        let events = read_events(&path).unwrap();
+        assert_eq!(events.len(), 4);
+        assert_eq!(events[0].file_version.as_deref(), Some("brain.Event:2"));
+        assert_eq!(
+            events[1].values,
+            vec![("config".into(), Value::Text("`lr = 3e-3`".into()))]
+        );
+        assert_eq!(events[2].step, 5);
+        assert_eq!(
+            events[2].values,
+            vec![
+                ("train/loss".into(), Value::Scalar(2.5)),
+                ("lr".into(), Value::Scalar(1e-3))
+            ]
+        );
+        assert!(events[3].session_start && events[3].step == 7);
+        assert_eq!(event_files(&dir).unwrap(), vec![path.clone()]);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let at = bytes.len() - 6;
+        bytes[at] ^= 1;
+        std::fs::write(&path, bytes).unwrap();
+        let err = read_events(&path).unwrap_err().to_string();
+        assert!(err.contains("data CRC mismatch"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,167 @@
+//! `train --tensorboard DIR`: standard event files whose scalars are the
+//! run's step records (read back with our reader, every frame's CRC
+//! checked), the configuration as text, a resume marked so TensorBoard drops
+//! the abandoned steps, for the language-model and classifier tasks.
+
+#[path = "support/bert.rs"]
+mod bert;
+
+use distgpt::metrics::tensorboard::{event_files, read_events, Event, Value};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn distgpt(args: &[&str]) -> Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_distgpt"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn fresh(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("distgpt-tb-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// Every scalar of the event files in `dir`, by tag, as (step, value).
+fn scalars(events: &[Event]) -> BTreeMap<String, Vec<(i64, f32)>> {
+    let mut out: BTreeMap<String, Vec<(i64, f32)>> = BTreeMap::new();
+    for e in events {
+        for (tag, v) in &e.values {
+            if let Value::Scalar(x) = v {
+                out.entry(tag.clone()).or_default().push((e.step, *x));
+            }
+        }
+    }
+    out
+}
+
+/// The run's `metrics.jsonl` field `key` by step.
+fn logged(run: &Path, key: &str) -> Vec<(i64, f32)> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter_map(|r| Some((r["step"].as_i64()?, r[key].as_f64()? as f32)))
+        .collect()
+}
+
+#[test]
+fn a_language_model_run_and_its_resume_write_event_files_of_its_step_records() {
+    let dir = fresh("lm");
+    let (run, tb) = (dir.join("run"), dir.join("tb"));
+    let (run_s, tb_s) = (run.to_str().unwrap(), tb.to_str().unwrap());
+    let common = ["--quiet", "--peak-tflops", "0.1"];
+    let mut args = vec!["train", "--model", "tiny", "--batch-size", "4"];
+    args.extend_from_slice(&["--seq-len", "16", "--steps", "6", "--eval-every", "3"]);
+    args.extend_from_slice(&["--checkpoint-every", "3", "--sample-tokens", "0"]);
+    args.extend_from_slice(&["--out", run_s, "--tensorboard", tb_s]);
+    args.extend_from_slice(&common);
+    distgpt(&args);
+
+    let files = event_files(&tb).unwrap();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let events = read_events(&files[0]).unwrap();
+    assert_eq!(events[0].file_version.as_deref(), Some("brain.Event:2"));
+    let config = events
+        .iter()
+        .flat_map(|e| &e.values)
+        .find_map(|(tag, v)| match (tag.as_str(), v) {
+            ("config", Value::Text(t)) => Some(t.clone()),
+            _ => None,
+        })
+        .expect("the configuration as text");
+    assert!(
+        config.contains("\"model\"") && config.contains("\"lr\""),
+        "{config}"
+    );
+    let s = scalars(&events);
+    assert_eq!(s["train/loss"], logged(&run, "loss"), "every step's loss");
+    assert_eq!(s["train/lr"], logged(&run, "lr"));
+    assert_eq!(s["train/grad_norm"], logged(&run, "grad_norm"));
+    assert_eq!(s["perf/tokens_per_s"], logged(&run, "tokens_per_s"));
+    assert_eq!(s["perf/mfu"], logged(&run, "mfu"));
+    let val = logged(&run, "val_loss");
+    assert_eq!(val.iter().map(|v| v.0).collect::<Vec<_>>(), [3, 6]);
+    assert_eq!(s["val/loss"], val);
+    assert!(s["memory/peak_total_mib"].iter().all(|&(_, m)| m > 0.0));
+
+    // a resume from step 3 to 8: a second file that starts a session at 4,
+    // so TensorBoard drops the first file's steps 4 to 6
+    let ckpt = run.join("checkpoints");
+    let step3 = std::fs::read_dir(&ckpt)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().ends_with("step_00000003"))
+        .unwrap_or_else(|| panic!("no step-3 checkpoint in {}", ckpt.display()));
+    let mut args = vec!["train", "--resume", step3.to_str().unwrap(), "--steps", "8"];
+    args.extend_from_slice(&common);
+    distgpt(&args);
+    let files = event_files(&tb).unwrap();
+    assert_eq!(
+        files.len(),
+        2,
+        "the resume writes a file of its own: {files:?}"
+    );
+    let resumed = read_events(&files[1]).unwrap();
+    assert!(
+        resumed.iter().any(|e| e.session_start && e.step == 4),
+        "a session start at the first step after the resumed one"
+    );
+    let steps: Vec<i64> = scalars(&resumed)["train/loss"]
+        .iter()
+        .map(|v| v.0)
+        .collect();
+    assert_eq!(steps, [4, 5, 6, 7, 8]);
+    assert_eq!(
+        scalars(&resumed)["train/loss"],
+        logged(&run, "loss")[3..].to_vec(),
+        "the resumed steps as logged"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_classifier_run_writes_its_validation_accuracy_and_f1() {
+    let dir = fresh("classify");
+    let (model, data) = bert::tiny_bert_and_labelled_set(&dir);
+    let (run, tb) = (dir.join("run"), dir.join("tb"));
+    distgpt(&[
+        "train",
+        "--task",
+        "classify",
+        "--init-from",
+        model.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--epochs",
+        "2",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "12",
+        "--quiet",
+        "--peak-tflops",
+        "0.1",
+        "--out",
+        run.to_str().unwrap(),
+        "--tensorboard",
+        tb.to_str().unwrap(),
+    ]);
+    let events = read_events(&event_files(&tb).unwrap()[0]).unwrap();
+    let s = scalars(&events);
+    for key in ["accuracy", "f1", "loss"] {
+        let tag = format!("val/{key}");
+        assert_eq!(s[&tag], logged(&run, &format!("val_{key}")), "{tag}");
+        assert!(!s[&tag].is_empty(), "{tag}");
+    }
+    assert_eq!(s["train/loss"], logged(&run, "loss"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
