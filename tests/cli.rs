@@ -1266,3 +1266,31 @@ fn every_old_spelling_still_works_says_the_new_one_and_stays_out_of_help() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn counts_take_the_noun_their_number_needs() {
+    let dir = run_dir("plural");
+    let train = train_tiny(
+        dir.to_str().unwrap(),
+        &["--steps", "1", "--sample-tokens", "0"],
+    );
+    let err = String::from_utf8_lossy(&train.stderr);
+    assert!(err.contains("on 1 rank, tp 1"), "{err}");
+    assert!(!err.contains("(s)"), "{err}");
+    let mut args = vec![
+        "--threads",
+        "1",
+        "bench",
+        "--model",
+        "tiny",
+        "--batch-size",
+        "2",
+    ];
+    args.extend_from_slice(&["--seq-len", "8", "--steps", "1", "--warmup", "0"]);
+    args.extend_from_slice(&["--peak-tflops", "0.1"]);
+    let bench = succeeded(distgpt(&args));
+    let out = String::from_utf8_lossy(&bench.stdout);
+    assert!(out.contains("batch 2 x 8, 1 thread:"), "{out}");
+    assert!(!out.contains("(s)"), "{out}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

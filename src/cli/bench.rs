@@ -247,7 +247,7 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
         return Ok(());
     }
     distgpt::outln!(
-        "distgpt {} ({} params) {} x {} (tp {}{}) batch {b} x {t}, {threads} thread(s): {:.1} ms/step, {:.0} tokens/s ({:.0} per rank), MFU {:.1}% of {:.0} GFLOP/s ({peak_source})",
+        "distgpt {} ({} params) {} x {} (tp {}{}) batch {b} x {t}, {}: {:.1} ms/step, {:.0} tokens/s ({:.0} per rank), MFU {:.1}% of {:.0} GFLOP/s ({peak_source})",
         a.model.model_name(),
         cfg.num_params(),
         par.strategy,
@@ -264,6 +264,7 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
         .into_iter()
         .flatten()
         .collect::<String>(),
+        metrics::count(threads, "thread"),
         step_s * 1e3,
         tokens_per_s,
         tokens_per_s / par.world_size as f64,

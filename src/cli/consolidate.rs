@@ -39,7 +39,7 @@ pub(super) fn run_consolidate(a: ConsolidateArgs) -> Result<()> {
     let dir = checkpoint::state::latest(&a.checkpoint)?;
     let index = consolidate(&dir, &a.out, None)?;
     distgpt::outln!(
-        "wrote {} ({}) from {} (step {}, saved by {} on {} rank(s))",
+        "wrote {} ({}) from {} (step {}, saved by {} on {})",
         a.out.display(),
         index
             .model
@@ -49,7 +49,7 @@ pub(super) fn run_consolidate(a: ConsolidateArgs) -> Result<()> {
         dir.display(),
         index.step,
         index.strategy,
-        index.world_size
+        distgpt::metrics::count(index.world_size, "rank")
     );
     Ok(())
 }

@@ -201,7 +201,8 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
         if let (Some(m), None) = (&machine, a.efficiency) {
             let cal = calibrate_cpu(m, &w.model, w.batch, w.seq_len, world)?;
             distgpt::errln!(
-                "  {world} rank(s): step efficiency {:.0}% (one rank of {world}, {} params, batch {} of {} x {})",
+                "  {}: step efficiency {:.0}% (one rank of {world}, {} params, batch {} of {} x {})",
+                distgpt::metrics::count(world, "rank"),
                 100.0 * cal.efficiency,
                 cal.model.num_params(),
                 (cal.batch / world).max(1),

@@ -696,11 +696,11 @@ pub(super) fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
                 return finish_completed(&prep, &run_dir, &ckpt, step);
             }
             distgpt::errln!(
-                "resuming {} from {} as {} on {} rank(s)",
+                "resuming {} from {} as {} on {}",
                 run_dir.display(),
                 ckpt.display(),
                 prep.par.strategy,
-                prep.par.world_size
+                metrics::count(prep.par.world_size, "rank")
             );
             prep
         }

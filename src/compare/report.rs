@@ -213,11 +213,11 @@ fn markdown(
         for c in calibrations {
             let _ = writeln!(
                 md,
-                "- {} params, global batch {} x {} on {} rank(s): {:.0}%",
+                "- {} params, global batch {} x {} on {}: {:.0}%",
                 c.model.num_params(),
                 c.batch,
                 c.seq_len,
-                c.ranks,
+                crate::metrics::count(c.ranks, "rank"),
                 100.0 * c.efficiency
             );
         }

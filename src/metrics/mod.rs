@@ -164,6 +164,14 @@ pub fn mfu_above_peak(mfu: f64) -> Option<String> {
     })
 }
 
+/// "1 rank", "2 ranks": a count with its noun in the number it needs.
+pub fn count(n: usize, noun: &str) -> String {
+    match n {
+        1 => format!("1 {noun}"),
+        _ => format!("{n} {noun}s"),
+    }
+}
+
 /// 1536 -> "1.5 KiB".
 pub fn human_bytes(bytes: u64) -> String {
     let units = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -254,6 +262,13 @@ macro_rules! errln {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_count_of_one_is_singular() {
+        assert_eq!(count(1, "rank"), "1 rank");
+        assert_eq!(count(0, "thread"), "0 threads");
+        assert_eq!(count(4, "rank"), "4 ranks");
+    }
 
     #[test]
     fn an_mfu_above_the_kept_peak_is_said() {

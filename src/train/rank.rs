@@ -231,14 +231,14 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             self.task.data_summary()
         ));
         self.note(&format!(
-            "{} params | {} x {} tokens x {} accum per step | {steps} steps ({:.2} epochs) | {} on {} rank(s), tp {}{} | {}, peak {:.0} GFLOP/s in all ({})",
+            "{} params | {} x {} tokens x {} accum per step | {steps} steps ({:.2} epochs) | {} on {}, tp {}{} | {}, peak {:.0} GFLOP/s in all ({})",
             m.num_params(),
             cfg.batch_size,
             cfg.seq_len,
             cfg.grad_accum,
             (steps * cfg.grad_accum) as f64 / self.train_loader.batches_per_epoch() as f64,
             self.par.strategy,
-            self.par.world_size,
+            metrics::count(self.par.world_size, "rank"),
             self.par.resolved().tp,
             match self.par.pipeline.stages {
                 1 => String::new(),

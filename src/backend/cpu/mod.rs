@@ -104,7 +104,10 @@ impl Device for Cpu {
         mem.as_mut_ptr() as usize
     }
     fn name(&self) -> String {
-        format!("cpu ({} threads)", rayon::current_num_threads())
+        format!(
+            "cpu ({})",
+            crate::metrics::count(rayon::current_num_threads(), "thread")
+        )
     }
     fn clone_fresh(&self) -> Self {
         Cpu::new()
