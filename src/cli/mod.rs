@@ -553,8 +553,6 @@ pub fn run() -> Result<Outcome> {
     }
 }
 
-/// Refuses an output folder that is the input or holds a run (its model
-/// files would be replaced), unless `overwrite`.
 /// Says, on one line, that `old` is an earlier spelling of `new`: every
 /// flag a release had keeps working, hidden from `--help`.
 fn old_spelling(old: &str, new: &str) {
@@ -582,6 +580,8 @@ fn peak_tflops_or_old(tflops: Option<f64>, old_gflops: Option<f64>) -> Option<f6
     })
 }
 
+/// Refuses an output folder that is the input or holds a run (its model
+/// files would be replaced), unless `overwrite`.
 fn refuse_output_over_input(input: &Path, out: &Path, overwrite: bool) -> Result<()> {
     if overwrite {
         return Ok(());

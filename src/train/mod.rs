@@ -443,7 +443,7 @@ fn restore<B: Backend>(
     strategy.load_state(&ckpt.params, &ckpt.m, &ckpt.v, ckpt.index.adam_step)?;
     stream.seek(ckpt.index.loader);
     if let Some(m) = ckpt.index.cpu_matmul {
-        crate::backend::cpu::blas::set_choice(m);
+        crate::backend::cpu::blas::force_choice(m);
     }
     Ok(ckpt.index.step)
 }

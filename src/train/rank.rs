@@ -8,6 +8,7 @@ use super::run_dir::{self, RunRecord, StepLogs};
 use super::schedule::LrSchedule;
 use super::task::{epochs_done, Eval, Task, TrainStream};
 use super::{agree_on_path, diverged, restore, TrainConfig, TrainSummary, INTERRUPTED, MAX_STEPS};
+use crate::backend::cpu::blas::{self, MatmulChoice, MatmulLib};
 use crate::backend::Backend;
 use crate::checkpoint::state;
 use crate::comm::Comm;
@@ -543,7 +544,8 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
 }
 
 /// **Collective.** The peak FLOP/s per rank and of all ranks together, with
-/// where it came from. A stated `--peak-tflops` is per rank. Otherwise rank
+/// where it came from, and the CPU's matmul library every rank runs on
+/// (rank 0's: the one kept with the peak). A stated `--peak-tflops` is per rank. Otherwise rank
 /// 0 takes it from the cache (or measures and caches it) before the other
 /// ranks start work, so no rank shares the cores with the probe: thread
 /// ranks of one process share its threads, so their peak is the peak of
@@ -557,40 +559,63 @@ fn agree_on_peak<B: Backend>(
     world: &dyn Comm,
 ) -> Result<(f64, f64, String)> {
     let ranks = world.size() as f64;
-    // Every process runs its CPU products on the library kept beside the
-    // peak, if one was measured (rank 0 measures below when none was).
-    if world.rank() != 0 || cfg.peak_flops.is_some() {
-        metrics::peak::cached(be);
-    }
     // Thread ranks of an NCCL group each have a GPU of their own.
     let one_device = be.ranks_share_device()
         && world.shared_threads().is_some()
         && world.device_native().is_none();
-    if let Some(p) = cfg.peak_flops {
-        let total = if one_device { p } else { p * ranks };
-        return Ok((p, total, "--peak-tflops".into()));
-    }
-    let mut source = String::new();
-    let mut peaks = [0.0f64; 2];
+    let stated = cfg.peak_flops;
+    let mut source = String::from("--peak-tflops");
+    // [per rank, all ranks, the CPU's library for Large products, for Small]
+    let mut agreed = [0.0f64; 4];
     if world.rank() == 0 {
-        let (per_rank, total, peak) = match world.shared_threads() {
-            Some(threads) if !one_device => {
-                let pool = rayon::ThreadPoolBuilder::new()
+        // thread ranks share this process's threads: the peak (and the
+        // library kept with it) is that of all of them
+        let pool = match world.shared_threads() {
+            Some(threads) if !one_device => Some(
+                rayon::ThreadPoolBuilder::new()
                     .num_threads(threads)
                     .build()
-                    .map_err(|e| Error::Config(format!("a thread pool for the peak probe: {e}")))?;
-                let p = pool.install(|| metrics::peak::of(be, false));
-                (p.flops / ranks, p.flops, p)
+                    .map_err(|e| Error::Config(format!("a thread pool for the peak probe: {e}")))?,
+            ),
+            _ => None,
+        };
+        let (per_rank, total) = match stated {
+            Some(p) => {
+                // the kept library still runs the products
+                in_pool(pool.as_ref(), || metrics::peak::cached(be));
+                (p, if one_device { p } else { p * ranks })
             }
-            _ => {
-                let p = metrics::peak::of(be, false);
-                let total = if one_device { p.flops } else { p.flops * ranks };
-                (p.flops, total, p)
+            None => {
+                let p = in_pool(pool.as_ref(), || metrics::peak::of(be, false));
+                source = format!("{}; {}", p.matmul_name(), p.source);
+                match (&pool, one_device) {
+                    (Some(_), _) => (p.flops / ranks, p.flops),
+                    (None, true) => (p.flops, p.flops),
+                    (None, false) => (p.flops, p.flops * ranks),
+                }
             }
         };
-        peaks = [per_rank, total];
-        source = format!("{}; {}", peak.matmul_name(), peak.source);
+        let m = blas::choice();
+        agreed = [
+            per_rank,
+            total,
+            m.large.index() as f64,
+            m.small.index() as f64,
+        ];
     }
-    world.broadcast(&mut peaks, 0)?;
-    Ok((peaks[0], peaks[1], source))
+    world.broadcast(&mut agreed, 0)?;
+    // every rank on rank 0's library: no product of one run on another
+    blas::set_choice(MatmulChoice {
+        large: MatmulLib::from_index(agreed[2] as usize),
+        small: MatmulLib::from_index(agreed[3] as usize),
+    });
+    Ok((agreed[0], agreed[1], source))
+}
+
+/// `f` on `pool`'s threads, or on this one's.
+fn in_pool<R: Send>(pool: Option<&rayon::ThreadPool>, f: impl FnOnce() -> R + Send) -> R {
+    match pool {
+        Some(p) => p.install(f),
+        None => f(),
+    }
 }

@@ -56,8 +56,14 @@ impl MatmulLib {
         }
     }
 
-    fn index(self) -> usize {
+    /// Its place in [`MatmulLib::ALL`].
+    pub fn index(self) -> usize {
         self as usize
+    }
+
+    /// The library at `i` in [`MatmulLib::ALL`] (the built-in past the end).
+    pub fn from_index(i: usize) -> MatmulLib {
+        MatmulLib::ALL.get(i).copied().unwrap_or(MatmulLib::Gemm)
     }
 
     /// The shared objects tried, in order, and how to install one.
@@ -266,19 +272,35 @@ pub fn pinned() -> Result<Option<MatmulChoice>> {
     }))
 }
 
-/// Runs each class on the chosen library from now on; a library that
-/// cannot be opened here runs on the `gemm` crate instead, and
+/// Runs each class on `choice` from now on, unless this process has
+/// decided already (its first decision holds, so no product of a run, nor
+/// of two runs a process compares, switches library midway); a library
+/// that cannot be opened here runs on the `gemm` crate instead, and
 /// `DISTGPT_MATMUL` overrides the choice.
 pub fn set_choice(choice: MatmulChoice) {
+    decide(choice, false)
+}
+
+/// Runs each class on `choice` from now on, decided or not: a resume
+/// continues on its checkpoint's library.
+pub fn force_choice(choice: MatmulChoice) {
+    decide(choice, true)
+}
+
+fn decide(choice: MatmulChoice, force: bool) {
     let choice = pinned().ok().flatten().unwrap_or(choice);
     let usable = |lib: MatmulLib| match lib.available() {
         true => lib,
         false => MatmulLib::Gemm,
     };
-    force_choice(MatmulChoice {
-        large: usable(choice.large),
-        small: usable(choice.small),
-    });
+    for (slot, lib) in CHOICE.iter().zip([choice.large, choice.small]) {
+        let v = 1 + usable(lib).index() as u8;
+        if force {
+            slot.store(v, Ordering::Relaxed);
+        } else {
+            let _ = slot.compare_exchange(0, v, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
 }
 
 /// The libraries products run on now.
@@ -293,7 +315,8 @@ pub(super) fn current(class: Class) -> MatmulLib {
     let slot = &CHOICE[class as usize];
     match slot.load(Ordering::Relaxed) {
         0 => {
-            // nothing chosen yet: the pin, else the built-in
+            // nothing decided yet (no run adopted a kept choice): the pin,
+            // else the built-in, for the rest of the process
             set_choice(MatmulChoice::BUILT_IN);
             current(class)
         }
@@ -481,11 +504,6 @@ fn fastest(timings: &[Timing], speed: fn(&Timing) -> f64) -> MatmulLib {
         .filter(|t| speed(t) > 1.05 * own)
         .max_by(|a, b| speed(a).total_cmp(&speed(b)))
         .map_or(MatmulLib::Gemm, |t| t.lib)
-}
-
-fn force_choice(c: MatmulChoice) {
-    CHOICE[0].store(1 + c.large.index() as u8, Ordering::Relaxed);
-    CHOICE[1].store(1 + c.small.index() as u8, Ordering::Relaxed);
 }
 
 /// The best FLOP/s of `probe` (which returns its FLOPs and seconds) over
