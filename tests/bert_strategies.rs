@@ -189,6 +189,8 @@ fn par(strategy: StrategyKind, world_size: usize, tp: usize, recompute: bool) ->
         recompute,
         precision: Default::default(),
         pipeline: Default::default(),
+        offload: Default::default(),
+        offload_serial: false,
     }
 }
 

@@ -72,6 +72,8 @@ fn run_on(
         recompute: false,
         precision: Default::default(),
         pipeline,
+        offload: Default::default(),
+        offload_serial: false,
     };
     train_lm(Cpu::new, model, ds, cfg, par, 2, Wait::from_secs(60)).unwrap()
 }

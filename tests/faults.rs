@@ -35,6 +35,8 @@ fn a_failing_thread_rank_is_named_and_nobody_hangs() {
         recompute: false,
         precision: Default::default(),
         pipeline: Default::default(),
+        offload: Default::default(),
+        offload_serial: false,
     };
     let t0 = Instant::now();
     let err = train_lm(

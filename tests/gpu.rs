@@ -165,6 +165,8 @@ fn run_pipelined<B: Backend>(
         recompute: false,
         precision: Default::default(),
         pipeline,
+        offload: Default::default(),
+        offload_serial: false,
     };
     let model = common::tiny_model(dataset());
     train_lm(

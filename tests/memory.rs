@@ -35,6 +35,8 @@ fn one_step(strategy: StrategyKind, n: usize) -> Vec<(MemoryReport, CommStats)> 
         recompute: false,
         precision: Default::default(),
         pipeline: Default::default(),
+        offload: Default::default(),
+        offload_serial: false,
     };
     launch::run_local(n, 2, Duration::from_secs(60), |world| {
         let mut s = parallel::build(

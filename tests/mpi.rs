@@ -107,6 +107,8 @@ fn strategies_over_mpi_match_single() {
             recompute: false,
             precision: Default::default(),
             pipeline: Default::default(),
+            offload: Default::default(),
+            offload_serial: false,
         };
         run(&ds, &solo[0], par, accum).unwrap()
     };
@@ -126,6 +128,8 @@ fn strategies_over_mpi_match_single() {
                 recompute: false,
                 precision: Default::default(),
                 pipeline: Default::default(),
+                offload: Default::default(),
+                offload_serial: false,
             },
             1,
         ));
@@ -137,6 +141,8 @@ fn strategies_over_mpi_match_single() {
                 recompute: true,
                 precision: Default::default(),
                 pipeline: Default::default(),
+                offload: Default::default(),
+                offload_serial: false,
             },
             2,
         ));
@@ -150,6 +156,8 @@ fn strategies_over_mpi_match_single() {
                 recompute: false,
                 precision: Default::default(),
                 pipeline: Default::default(),
+                offload: Default::default(),
+                offload_serial: false,
             },
             1,
         ));
@@ -184,6 +192,8 @@ fn strategies_over_mpi_match_single() {
                     recompute: false,
                     precision: Default::default(),
                     pipeline: Pipeline::new(stages, schedule, 2),
+                    offload: Default::default(),
+                    offload_serial: false,
                 },
                 2,
             ));
@@ -246,6 +256,8 @@ fn bert_masked_lm_over_mpi_matches_single(world: &dyn Comm, ds: &Dataset, solo: 
         recompute: false,
         precision: Default::default(),
         pipeline: Default::default(),
+        offload: Default::default(),
+        offload_serial: false,
     };
     let single = train_rank(Cpu::new(), &task, &cfg, par(StrategyKind::Single, 1), solo)
         .unwrap()

@@ -91,6 +91,8 @@ fn layout(
         recompute,
         precision: Default::default(),
         pipeline: Pipeline::new(pp, schedule, 2),
+        offload: Default::default(),
+        offload_serial: false,
     }
 }
 

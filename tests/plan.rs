@@ -193,6 +193,8 @@ fn every_pipeline_stage_peaks_where_plan_says() {
                     recompute: false,
                     precision: Default::default(),
                     pipeline: Pipeline::new(stages, schedule, 2),
+                    offload: Default::default(),
+                    offload_serial: false,
                 };
                 let v = par.pipeline.virtual_stages;
                 let gpt = cfg.splits_backward();
@@ -241,6 +243,8 @@ fn gpt2_on_8_h100_is_within_2x_of_llm_c() {
         recompute: false,
         precision: Default::default(),
         pipeline: Default::default(),
+        offload: Default::default(),
+        offload_serial: false,
     };
     let p = plan::predict(&w, par, &device, &net, Precision::Mixed);
     let ms = p.time.step_s() * 1e3;

@@ -252,6 +252,8 @@ fn a_diverging_step_is_not_applied_and_never_checkpointed() {
         recompute: false,
         precision: Default::default(),
         pipeline: Default::default(),
+        offload: Default::default(),
+        offload_serial: false,
     };
     let (_, mut comms) = distgpt::comm::local::world(1, Duration::from_secs(10));
     let comm = comms.pop().unwrap();

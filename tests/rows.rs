@@ -265,6 +265,8 @@ fn a_model_with_per_block_widths_trains_under_every_strategy_as_single() {
             recompute: false,
             precision: Default::default(),
             pipeline: Pipeline::new(pp, schedule, 2),
+            offload: Default::default(),
+            offload_serial: false,
         };
         let cfg = common::five_steps(&format!("rows-{tag}"), 2);
         train_lm(
@@ -299,6 +301,8 @@ fn a_model_with_per_block_widths_trains_under_every_strategy_as_single() {
         recompute: false,
         precision: Default::default(),
         pipeline: Pipeline::new(1, Schedule::OneFOneB, 1),
+        offload: Default::default(),
+        offload_serial: false,
     };
     let cfg = common::five_steps("rows-tp", 1);
     let Err(err) = train_lm(
@@ -357,6 +361,8 @@ fn a_pruned_model_stops_and_resumes_bit_exactly_and_reshards() {
             recompute: false,
             precision: Default::default(),
             pipeline: Pipeline::new(1, Schedule::OneFOneB, 1),
+            offload: Default::default(),
+            offload_serial: false,
         };
         let wait = Wait::from_secs(120);
         train_lm(Cpu::new, model.clone(), &ds, cfg, par, 2, wait).unwrap()

@@ -57,6 +57,8 @@ fn run_model(
         recompute,
         precision,
         pipeline: Default::default(),
+        offload: Default::default(),
+        offload_serial: false,
     };
     train_lm(Cpu::new, model, ds, &cfg, par, 2, Wait::from_secs(60))
         .unwrap_or_else(|e| panic!("{tag}: {e}"))

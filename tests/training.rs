@@ -37,6 +37,8 @@ fn single() -> ParallelConfig {
         recompute: false,
         precision: Default::default(),
         pipeline: Default::default(),
+        offload: Default::default(),
+        offload_serial: false,
     }
 }
 

@@ -59,6 +59,9 @@ pub struct MemoryReport {
     /// The driver's free and total bytes of the device, where it says (CUDA).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_free_total: Option<(u64, u64)>,
+    /// Under offload, what the rank holds in host memory, by category.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<Box<MemoryReport>>,
 }
 
 /// Bytes per category.
@@ -123,6 +126,7 @@ impl MemoryStats {
             peak_bytes: CategoryBytes::from_counters(&self.peak_bytes),
             peak_total_bytes: self.peak_total_bytes.load(Ordering::Relaxed),
             device_free_total: None,
+            host: None,
         }
     }
 }

@@ -232,6 +232,13 @@ pub trait Decode: Device {
     }
 }
 
+/// Whether `be`'s buffers are host memory (the CPU), where moving state
+/// to the host would move nothing.
+pub fn memory_is_host<B: Device>(be: &B) -> Result<bool> {
+    let probe = be.clone_fresh().alloc(1, Category::Other)?;
+    Ok(be.host(probe.s()).is_some())
+}
+
 /// A device with its kernels and decoding: what the model is generic over.
 pub trait Backend: Device + Kernels + Decode {}
 

@@ -231,6 +231,7 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
         let j = serde_json::json!({
             "impl": "distgpt", "model": a.model.model_name(), "params": cfg.num_params(), "batch": b, "seq": t,
             "strategy": par.strategy, "world_size": par.world_size, "tp": resolved.tp, "pipeline": par.pipeline, "grad_accum": spec.grad_accum, "recompute": par.recompute, "precision": par.precision,
+            "offload": par.offload, "offload_serial": par.offload_serial,
             "threads": threads, "ms_per_step": step_s * 1e3, "tokens_per_s": tokens_per_s,
             "tokens_per_s_per_rank": tokens_per_s / par.world_size as f64, "mfu": mfu, "peak_gflops": peak / 1e9,
             "mfu_hardware": hardware.as_ref().map(|(f, _)| metrics::mfu(cfg.flops_per_token(t), tokens_per_s, *f)),
@@ -240,6 +241,7 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
             "bubble": bubble, "bubble_formula": bubble.map(|_| formula),
             "ranks": ranks.iter().map(|r| serde_json::json!({
                 "peak_bytes": {"params": r.peak[0], "grads": r.peak[1], "optimizer": r.peak[2], "activations": r.peak[3], "other": r.peak[4], "total": r.peak[5]},
+                "host_peak_bytes": (!par.offload.is_none()).then(|| serde_json::json!({"params": r.host_peak[0], "grads": r.host_peak[1], "optimizer": r.host_peak[2], "total": r.host_peak[5]})),
                 "comm_bytes_per_step": r.comm_bytes_per_step, "comm_seconds_per_step": r.comm_s_per_step,
             })).collect::<Vec<_>>(),
         });
@@ -260,6 +262,11 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
             )),
             par.recompute.then(|| ", recompute".to_string()),
             (par.precision == Precision::Bf16).then(|| ", bf16".to_string()),
+            (!par.offload.is_none()).then(|| format!(
+                ", offload {}{}",
+                par.offload,
+                if par.offload_serial { " (serial)" } else { "" }
+            )),
         ]
         .into_iter()
         .flatten()
@@ -313,6 +320,16 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
             h(x.comm_bytes_per_step as u64),
             1e3 * x.comm_s_per_step
         );
+        if !par.offload.is_none() {
+            let p = &x.host_peak;
+            distgpt::outln!(
+                "rank {r} host: peak {} = params {} + grads {} + optimizer {}",
+                h(p[5]),
+                h(p[0]),
+                h(p[1]),
+                h(p[2])
+            );
+        }
     }
     Ok(())
 }

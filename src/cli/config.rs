@@ -137,6 +137,8 @@ fn record_entries(r: &RunRecord) -> Vec<(String, Value)> {
                     .into(),
             ),
         ),
+        ("offload", Value::String(r.parallel.offload.to_string())),
+        ("offload_serial", Value::Boolean(r.parallel.offload_serial)),
         ("quiet", Value::Boolean(!t.verbose)),
     ]);
     out.push(match t.duration {

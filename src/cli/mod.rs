@@ -214,6 +214,17 @@ pub struct ParallelArgs {
     /// accumulation (fp32 master weights, moments and gradient reduction).
     #[arg(long, value_enum, default_value = "fp32")]
     precision: distgpt::model::Precision,
+    /// With --device opencl or cuda, what of each rank's training state
+    /// lives in host memory (ZeRO-Offload): `optimizer`, the AdamW moments
+    /// and an fp32 master copy of the parameters the rank updates (AdamW
+    /// runs on the CPU); `params`, with fsdp, the parameter shards too.
+    #[arg(long, value_enum, default_value = "none")]
+    offload: distgpt::parallel::Offload,
+    /// With --offload: copy the gradient down, update, and copy the
+    /// parameters up one after another instead of overlapped chunk by
+    /// chunk (to measure what the overlap buys).
+    #[arg(long)]
+    offload_serial: bool,
     /// How the ranks run.
     #[arg(long, value_enum, default_value = "local")]
     comm: CommKind,
@@ -343,6 +354,8 @@ impl ParallelArgs {
                     _ => 1,
                 }),
             },
+            offload: self.offload,
+            offload_serial: self.offload_serial,
         }
     }
 

@@ -73,6 +73,14 @@ pub struct PlanArgs {
     /// Per-message latency across nodes, microseconds.
     #[arg(long)]
     inter_latency_us: Option<f64>,
+    /// A rank's link to host memory under offload (PCIe), GB/s each way
+    /// (default a100: 25, h100: 50, custom: 25).
+    #[arg(long)]
+    pcie_gbs: Option<f64>,
+    /// Host memory bandwidth a rank's AdamW update gets under offload, GB/s
+    /// (default 50).
+    #[arg(long)]
+    host_gbs: Option<f64>,
     /// Also plan every layout with activation recomputation.
     #[arg(long)]
     recompute: bool,
@@ -152,6 +160,8 @@ fn target(a: &PlanArgs, threads: usize) -> Result<(Device, Network, Option<Machi
                 intra_latency_s: a.intra_latency_us.unwrap_or(5.0) * 1e-6,
                 inter_bandwidth: need(a.inter_gbs, "--inter-gbs")? * 1e9,
                 inter_latency_s: a.inter_latency_us.unwrap_or(10.0) * 1e-6,
+                pcie_bandwidth: 25e9,
+                host_bandwidth: 50e9,
             },
         ),
     };
@@ -171,6 +181,17 @@ fn target(a: &PlanArgs, threads: usize) -> Result<(Device, Network, Option<Machi
         }
         if let Some(x) = a.inter_gbs {
             net.inter_bandwidth = x * 1e9;
+        }
+    }
+    if a.device == DeviceKind::Cpu && (a.pcie_gbs.is_some() || a.host_gbs.is_some()) {
+        bail!("--pcie-gbs and --host-gbs price offload from a device's memory; --device cpu trains in host memory already");
+    }
+    if a.device != DeviceKind::Cpu {
+        if let Some(x) = a.pcie_gbs {
+            net.pcie_bandwidth = need(Some(x), "--pcie-gbs")? * 1e9;
+        }
+        if let Some(x) = a.host_gbs {
+            net.host_bandwidth = need(Some(x), "--host-gbs")? * 1e9;
         }
     }
     Ok((device, net, machine))
@@ -227,14 +248,32 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
                 w.batch
             );
         }
-        all.push((world, device.efficiency, preds, plan::omitted(&w, world)));
+        // where nothing fits on the device, the fastest layout that does with offload
+        let offload: Vec<Prediction> = match plan::recommend(&preds) {
+            None if !device.shared_by_ranks => preds
+                .iter()
+                .flat_map(|p| plan::offloaded(&p.parallel))
+                .map(|par| plan::predict(&w, par, &device, &net, a.precision))
+                .filter(|p| p.fits)
+                .collect(),
+            _ => Vec::new(),
+        };
+        let offload = plan::recommend(&offload).cloned();
+        all.push((
+            world,
+            device.efficiency,
+            preds,
+            plan::omitted(&w, world),
+            offload,
+        ));
     }
     if a.json {
         let j = serde_json::json!({
             "workload": w, "device": device, "network": net, "precision": a.precision,
-            "plans": all.iter().map(|(world, eff, p, omitted)| serde_json::json!({
+            "plans": all.iter().map(|(world, eff, p, omitted, offload)| serde_json::json!({
                 "world_size": world, "efficiency": eff, "predictions": p, "omitted": omitted,
                 "recommended": plan::recommend(p).map(|r| plan::layout_name(&r.parallel)),
+                "fits_with_offload": offload,
             })).collect::<Vec<_>>(),
         });
         distgpt::outln!("{j}");
@@ -263,7 +302,7 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
     );
     let largest = all
         .iter()
-        .flat_map(|(_, _, p, _)| p.iter().map(|x| x.memory.total()))
+        .flat_map(|(_, _, p, _, _)| p.iter().map(|x| x.memory.total()))
         .fold(0.0, f64::max);
     let (unit, scale) = if largest >= 1e9 {
         ("GB", 1e9)
@@ -272,7 +311,7 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
     };
     distgpt::outln!("{}", network_line(&net));
     distgpt::outln!("memory in {unit} (decimal) per rank; states = params + grads + optimizer kept between steps (fsdp's gathered units are in params and total)");
-    for (world, eff, preds, omitted) in &all {
+    for (world, eff, preds, omitted, offload) in &all {
         distgpt::outln!();
         distgpt::outln!(
             "{:<38} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10} {:>12}  fits",
@@ -316,10 +355,24 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
                 r.memory.total() / scale
             ),
             None if !preds.is_empty() => distgpt::outln!(
-                "on {world}: nothing fits in {:.0} GB; try more ranks, --recompute or a smaller batch",
-                device.memory_bytes / 1e9
+                "on {world}: nothing fits in {:.0} GB; try more ranks, --recompute{} or a smaller batch",
+                device.memory_bytes / 1e9,
+                if device.shared_by_ranks { "" } else { ", --offload" }
             ),
             None => {}
+        }
+        if let Some(p) = offload {
+            distgpt::outln!(
+                "with offload on {world}: {} fits: {:.3} {unit} on the device and {:.3} {unit} on the host per rank, \
+                 {:.1} ms/step ({:.1} ms of it the host's update and {:.0} MB a step over PCIe at {:.0} GB/s)",
+                plan::layout_name(&p.parallel),
+                p.memory.total() / scale,
+                p.memory.host.total() / scale,
+                p.time.step_s() * 1e3,
+                p.time.optimizer_s * 1e3,
+                p.time.pcie_bytes / 1e6,
+                net.pcie_bandwidth / 1e9
+            );
         }
         for note in omitted {
             distgpt::outln!("note: {note}");

@@ -571,6 +571,12 @@ pub(super) fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<(Prepared, 
         par.pipeline.schedule = mine.pipeline.schedule;
         par.pipeline.virtual_stages = mine.pipeline.virtual_stages;
     }
+    if set("offload") {
+        par.offload = mine.offload;
+    }
+    if set("offload_serial") {
+        par.offload_serial = mine.offload_serial;
+    }
     let prepared = Prepared { data, cfg, par };
     Ok((prepared, run_dir, index.step))
 }

@@ -96,6 +96,8 @@ impl Layout {
             recompute: false,
             precision: Default::default(),
             pipeline: Pipeline::new(stages, schedule, 2),
+            offload: Default::default(),
+            offload_serial: false,
         }
     }
 }

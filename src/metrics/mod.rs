@@ -206,6 +206,16 @@ pub fn memory_line(m: &MemoryReport) -> String {
             human_bytes(total)
         );
     }
+    if let Some(h) = &m.host {
+        let p = &h.peak_bytes;
+        line += &format!(
+            " || host (offload): params {} | grads {} | optimizer {} | peak total {}",
+            human_bytes(p.params),
+            human_bytes(p.grads),
+            human_bytes(p.optimizer),
+            human_bytes(h.peak_total_bytes)
+        );
+    }
     line
 }
 

@@ -12,6 +12,7 @@
 
 pub mod grid;
 pub mod launch;
+mod offload;
 pub mod pipeline;
 mod stage;
 mod units;
@@ -56,6 +57,36 @@ impl std::fmt::Display for StrategyKind {
     }
 }
 
+/// What of a rank's training state lives in host memory while it trains
+/// on a device (ZeRO-Offload; PyTorch FSDP's `CPUOffload`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Offload {
+    /// Everything on the device.
+    #[default]
+    None,
+    /// The AdamW moments and an fp32 master copy of the parameters this
+    /// rank updates: its gradient goes to the host after its reduction,
+    /// AdamW runs on the CPU, the updated parameters come back.
+    Optimizer,
+    /// + fsdp's parameter shards: gathered onto the device unit by unit.
+    Params,
+}
+
+impl Offload {
+    pub fn is_none(&self) -> bool {
+        *self == Offload::None
+    }
+}
+
+impl std::fmt::Display for Offload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use clap::ValueEnum;
+        let name = self.to_possible_value().expect("every offload has a name");
+        f.write_str(name.get_name())
+    }
+}
+
 /// How the ranks are arranged.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 pub struct ParallelConfig {
@@ -71,6 +102,13 @@ pub struct ParallelConfig {
     /// Pipeline stages and their schedule (runs recorded before it existed have one stage).
     #[serde(default)]
     pub pipeline: Pipeline,
+    /// What lives in host memory (runs recorded before it existed offload nothing).
+    #[serde(default, skip_serializing_if = "Offload::is_none")]
+    pub offload: Offload,
+    /// With offload: the copies and the host update one after another
+    /// instead of overlapped (to measure what the overlap buys).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub offload_serial: bool,
 }
 
 impl ParallelConfig {
@@ -83,6 +121,8 @@ impl ParallelConfig {
             recompute: false,
             precision: Precision::Fp32,
             pipeline: Pipeline::default(),
+            offload: Offload::None,
+            offload_serial: false,
         }
     }
 
@@ -152,6 +192,13 @@ impl ParallelConfig {
                 ));
             }
             _ => {}
+        }
+        if self.offload == Offload::Params && self.strategy != StrategyKind::Fsdp {
+            return bad(format!(
+                "--offload params keeps fsdp's parameter shards on the host, but strategy {} \
+                 holds whole parameters: use --strategy fsdp, or --offload optimizer",
+                self.strategy
+            ));
         }
         model.check_tp(tp)?;
         let dp = w / (tp * pp);
@@ -319,6 +366,15 @@ pub fn build<B: Backend + 'static>(
             par.world_size
         )));
     }
+    if !par.offload.is_none() && crate::backend::memory_is_host(&backend)? {
+        return Err(Error::Config(format!(
+            "--offload {} moves training state from a device's memory to the host's, but this \
+             run's device, {}, keeps everything in host memory already: offload is for \
+             --device opencl or cuda (or pass --offload none)",
+            par.offload,
+            backend.name()
+        )));
+    }
     let grid = Grid::of(&par);
     let groups = grid.groups(world)?;
     let place = TpPlace {
@@ -334,7 +390,11 @@ pub fn build<B: Backend + 'static>(
         &model,
         (grid, groups),
         world,
-        (par.pipeline, stage::Sharing::of(par.strategy)),
+        (
+            par.pipeline,
+            stage::Sharing::of(par.strategy),
+            (par.offload, !par.offload_serial),
+        ),
         adamw,
         (b, t),
     )?))

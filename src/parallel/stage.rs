@@ -18,12 +18,15 @@
 //! as its owner is, so the stages holding a tie sum its gradient shard for
 //! shard.
 
-use super::{OwnedState, StrategyKind, Units};
-use crate::backend::{Backend, Buf, Category};
+use super::offload::HostState;
+use super::{Offload, OwnedState, StrategyKind, Units};
+use crate::backend::cpu::Cpu;
+use crate::backend::{Backend, Buf, Category, Dst};
 use crate::comm::{device, Comm};
 use crate::error::Result;
 use crate::model::tp::TpSplit;
 use crate::model::{AdamW, AdamWConfig, ParamLayout, Segment, UnitGrads, UnitParams};
+use std::borrow::Cow;
 use std::ops::Range;
 
 /// How a stage's data-parallel replicas share its state.
@@ -224,12 +227,20 @@ pub fn stage_sizes(lay: &ParamLayout, stages: &[Range<usize>], s: usize, n: usiz
 enum Params<B: Backend> {
     /// Replicated, zero1, zero2: the whole stage on every replica.
     Whole(Buf<B>),
-    /// fsdp: this rank's shard, the gather buffers and which piece each holds.
+    /// fsdp: this rank's shard (none on the device under `--offload
+    /// params`: the host's master copy is the shard), the gather buffers
+    /// and which piece each holds.
     Sharded {
-        shard: Buf<B>,
+        shard: Option<Buf<B>>,
         gathered: Vec<Buf<B>>,
         held: Vec<Option<usize>>,
     },
+}
+
+/// Where the AdamW update runs: on the device, or on the host (offload).
+enum Optimizer<B: Backend> {
+    Device(AdamW<B>),
+    Host(HostState),
 }
 
 /// Gradient scratch slots (zero2, fsdp): a piece's gradient before its
@@ -249,24 +260,38 @@ pub struct StageState<B: Backend> {
     g_shard: Option<Buf<B>>,
     scratch: Vec<Buf<B>>,
     rs_out: Option<Buf<B>>,
-    pub opt: AdamW<B>,
+    opt: Optimizer<B>,
 }
 
 impl<B: Backend> StageState<B> {
+    /// The state of replica r of n; with `host` (offload) the optimizer on
+    /// the host, counted there, copies overlapped when `overlap`.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         be: &B,
         lay: &ParamLayout,
         map: &StageMap,
         sharing: Sharing,
-        n: usize,
+        (r, n): (usize, usize),
         adamw: AdamWConfig,
+        (offload, host, overlap): (Offload, Option<&Cpu>, bool),
     ) -> Result<Self> {
         let pieces = Pieces::new(lay, map, n);
         let z = pieces.sizes();
         let sharded = sharing != Sharing::Replicated;
+        let opt_len = if sharded { z.shard } else { z.len };
+        let opt = match host.filter(|_| !offload.is_none()) {
+            Some(cpu) => {
+                let segs = segments(&pieces, sharing, r);
+                Optimizer::Host(HostState::new(cpu, opt_len, &segs, adamw, overlap)?)
+            }
+            None => Optimizer::Device(AdamW::new(be, opt_len, adamw)?),
+        };
         let params = match sharing {
             Sharing::Fsdp => Params::Sharded {
-                shard: be.alloc(z.shard, Category::Params)?,
+                shard: (offload != Offload::Params)
+                    .then(|| be.alloc(z.shard, Category::Params))
+                    .transpose()?,
                 gathered: pieces
                     .slots
                     .iter()
@@ -287,7 +312,6 @@ impl<B: Backend> StageState<B> {
         if matches!(sharing, Sharing::Zero2 | Sharing::Fsdp) && z.head_padded > 0 {
             scratch.push(be.alloc(z.head_padded, Category::Other)?);
         }
-        let opt_len = if sharded { z.shard } else { z.len };
         Ok(StageState {
             g_shard: matches!(sharing, Sharing::Zero2 | Sharing::Fsdp)
                 .then(|| be.alloc(z.shard, Category::Grads))
@@ -295,7 +319,7 @@ impl<B: Backend> StageState<B> {
             rs_out: sharded
                 .then(|| be.alloc(z.max_shard, Category::Other))
                 .transpose()?,
-            opt: AdamW::new(be, opt_len, adamw)?,
+            opt,
             sharing,
             pieces,
             params,
@@ -338,12 +362,17 @@ impl<B: Backend> StageState<B> {
         let slot = self.pieces.slot_of[k];
         if held[slot] != Some(k) {
             let u = &self.pieces.shards;
-            device::all_gather(
-                dp,
-                be,
-                shard.slice(u.shard_of(k)),
-                gathered[slot].slice_mut(0..u.padded(k)),
-            )?;
+            let mine = match (shard, &self.opt) {
+                (Some(shard), _) => shard.slice(u.shard_of(k)),
+                (None, Optimizer::Host(h)) => {
+                    // the shard is on the host: up into the staging buffer first
+                    let stage = self.rs_out.as_mut().expect("sharded");
+                    h.upload(be, u.shard_of(k), stage.slice_mut(0..u.shard_len[k]))?;
+                    stage.slice(0..u.shard_len[k])
+                }
+                (None, Optimizer::Device(_)) => unreachable!("a device shard without offload"),
+            };
+            device::all_gather(dp, be, mine, gathered[slot].slice_mut(0..u.padded(k)))?;
             held[slot] = Some(k);
         }
         Ok(())
@@ -566,25 +595,7 @@ impl<B: Backend> StageState<B> {
     ) -> Result<()> {
         let r = dp.rank();
         let pc = &self.pieces;
-        let segs: Vec<Segment> = match self.sharing {
-            Sharing::Replicated => (0..pc.layout.len())
-                .map(|k| Segment {
-                    global: pc.layout[k].start,
-                    local: pc.buf(k).start,
-                    len: pc.len(k),
-                })
-                .collect(),
-            _ => (0..pc.layout.len())
-                .filter_map(|k| {
-                    let (start, len) = pc.mine(k, r);
-                    (len > 0).then(|| Segment {
-                        global: pc.layout[k].start + start,
-                        local: pc.shards.shard_at[k],
-                        len,
-                    })
-                })
-                .collect(),
-        };
+        let segs = segments(pc, self.sharing, r);
         // zero1's reduced slices, gathered into shard order for the update
         let zero1_grads = match (self.sharing, &self.grads) {
             (Sharing::Zero1, Some(whole)) => {
@@ -598,19 +609,30 @@ impl<B: Backend> StageState<B> {
             (Some(g), ..) | (None, Some(g), _) | (None, None, Some(g)) => g.s(),
             (None, None, None) => unreachable!("a stage holds a gradient"),
         };
+        let step = |opt: &mut Optimizer<B>, params: Option<Dst<'_, B>>| -> Result<()> {
+            match (opt, params) {
+                (Optimizer::Device(o), Some(p)) => {
+                    o.update(be, p, grads, lay, &segs, lr, clip);
+                    Ok(())
+                }
+                (Optimizer::Host(h), p) => h.update(be, grads, p, lay, lr, clip),
+                (Optimizer::Device(_), None) => unreachable!("device parameters without offload"),
+            }
+        };
         match (&mut self.params, self.sharing) {
             (Params::Sharded { shard, held, .. }, _) => {
-                self.opt.update(be, shard.d(), grads, lay, &segs, lr, clip);
+                step(&mut self.opt, shard.as_mut().map(|s| s.d()))?;
                 held.iter_mut().for_each(|h| *h = None);
             }
-            (Params::Whole(p), Sharing::Replicated) => {
-                self.opt.update(be, p.d(), grads, lay, &segs, lr, clip);
-            }
+            (Params::Whole(p), Sharing::Replicated) => step(&mut self.opt, Some(p.d()))?,
             (Params::Whole(p), _) => {
                 let u = &pc.shards;
                 let mut mine = be.alloc(u.shard_total(), Category::Other)?;
-                u.shard_from(be, p.s(), r, mine.d());
-                self.opt.update(be, mine.d(), grads, lay, &segs, lr, clip);
+                if let Optimizer::Device(_) = self.opt {
+                    // the host's master copy is the update's input under offload
+                    u.shard_from(be, p.s(), r, mine.d());
+                }
+                step(&mut self.opt, Some(mine.d()))?;
                 let gather = &mut self.scratch[BODY];
                 for k in 0..pc.layout.len() {
                     device::all_gather(
@@ -638,12 +660,17 @@ impl<B: Backend> StageState<B> {
         if !self.sharded() && r != 0 {
             return Ok(out);
         }
-        let params = match &self.params {
-            Params::Whole(p) | Params::Sharded { shard: p, .. } => be.read(p.s())?,
+        let params = match (&self.params, &self.opt) {
+            (Params::Whole(p) | Params::Sharded { shard: Some(p), .. }, _) => be.read(p.s())?,
+            (Params::Sharded { shard: None, .. }, Optimizer::Host(h)) => Cow::Owned(h.params()),
+            (Params::Sharded { shard: None, .. }, Optimizer::Device(_)) => {
+                unreachable!("a device shard without offload")
+            }
         };
-        let mv = match moments {
-            true => Some([be.read(self.opt.m.s())?, be.read(self.opt.v.s())?]),
-            false => None,
+        let mv: Option<[Cow<'_, [f32]>; 2]> = match (moments, &self.opt) {
+            (false, _) => None,
+            (true, Optimizer::Device(o)) => Some([be.read(o.m.s())?, be.read(o.v.s())?]),
+            (true, Optimizer::Host(h)) => Some(h.moments().map(Cow::Owned)),
         };
         for k in usize::from(pc.copied)..pc.layout.len() {
             // (offset in the piece, length, where the moments hold it, where the parameters do)
@@ -669,11 +696,20 @@ impl<B: Backend> StageState<B> {
 
     /// Loads the stage's whole parameters (`[copy | own units]`, host); replica r keeps its part.
     pub fn load_params(&mut self, be: &B, r: usize, whole: &[f32]) -> Result<()> {
+        if let Optimizer::Host(h) = &mut self.opt {
+            match self.sharing {
+                Sharing::Replicated => h.load_params(whole),
+                _ => h.load_params(&self.pieces.shards.shard_of_host(whole, r)),
+            }
+        }
         match &mut self.params {
             Params::Whole(p) => be.upload(p.d(), whole),
             Params::Sharded { shard, held, .. } => {
                 held.iter_mut().for_each(|h| *h = None);
-                be.upload(shard.d(), &self.pieces.shards.shard_of_host(whole, r))
+                match shard {
+                    Some(s) => be.upload(s.d(), &self.pieces.shards.shard_of_host(whole, r)),
+                    None => Ok(()),
+                }
             }
         }
     }
@@ -685,7 +721,47 @@ impl<B: Backend> StageState<B> {
             false => x.to_vec(),
         };
         let (m, v) = (part(m), part(v));
-        be.upload(self.opt.m.d(), &m)?;
-        be.upload(self.opt.v.d(), &v)
+        match &mut self.opt {
+            Optimizer::Device(o) => {
+                be.upload(o.m.d(), &m)?;
+                be.upload(o.v.d(), &v)
+            }
+            Optimizer::Host(h) => {
+                h.load_moments(&m, &v);
+                Ok(())
+            }
+        }
+    }
+
+    /// Sets the optimizer's step count (a resumed run's).
+    pub fn set_adam_step(&mut self, step: u32) {
+        match &mut self.opt {
+            Optimizer::Device(o) => o.step = step,
+            Optimizer::Host(h) => h.set_step(step),
+        }
+    }
+}
+
+/// The update's segments over the buffer rank r updates: a replicated
+/// stage's whole buffer, or this rank's shard of every piece.
+fn segments(pc: &Pieces, sharing: Sharing, r: usize) -> Vec<Segment> {
+    match sharing {
+        Sharing::Replicated => (0..pc.layout.len())
+            .map(|k| Segment {
+                global: pc.layout[k].start,
+                local: pc.buf(k).start,
+                len: pc.len(k),
+            })
+            .collect(),
+        _ => (0..pc.layout.len())
+            .filter_map(|k| {
+                let (start, len) = pc.mine(k, r);
+                (len > 0).then(|| Segment {
+                    global: pc.layout[k].start + start,
+                    local: pc.shards.shard_at[k],
+                    len,
+                })
+            })
+            .collect(),
     }
 }

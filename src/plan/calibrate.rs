@@ -46,6 +46,9 @@ impl Machine {
             intra_latency_s: self.comm_latency_s,
             inter_bandwidth: self.comm_bandwidth,
             inter_latency_s: self.comm_latency_s,
+            // no device to offload from: host memory is the ranks' own
+            pcie_bandwidth: self.memory_bandwidth,
+            host_bandwidth: self.memory_bandwidth,
         }
     }
 }

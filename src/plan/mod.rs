@@ -10,7 +10,7 @@
 pub mod calibrate;
 
 use crate::model::{ModelConfig, Precision as ModelPrecision};
-use crate::parallel::{self, pipeline, ParallelConfig, Pipeline, Schedule, StrategyKind};
+use crate::parallel::{self, pipeline, Offload, ParallelConfig, Pipeline, Schedule, StrategyKind};
 use serde::Serialize;
 
 /// Bytes per element of each kind of state.
@@ -51,6 +51,16 @@ impl Precision {
         match self {
             Precision::Fp32 => 8.0,
             Precision::Mixed => 12.0,
+        }
+    }
+
+    /// Under offload, the host's fp32 master copy per parameter beyond the
+    /// optimizer's K: fp32 trains on the master itself (the host's is a
+    /// copy), mixed precision counts it in K already.
+    fn host_master_bytes(self) -> f64 {
+        match self {
+            Precision::Fp32 => 4.0,
+            Precision::Mixed => 0.0,
         }
     }
 
@@ -111,14 +121,20 @@ pub struct Network {
     pub intra_latency_s: f64,
     pub inter_bandwidth: f64,
     pub inter_latency_s: f64,
+    /// Under offload: a rank's link to host memory (PCIe), bytes/s each way.
+    pub pcie_bandwidth: f64,
+    /// Under offload: the host memory bandwidth a rank's AdamW update gets.
+    pub host_bandwidth: f64,
 }
 
 impl Network {
-    /// NVLink within a node of 8 and one InfiniBand NIC per GPU across nodes.
+    /// NVLink within a node of 8 and one InfiniBand NIC per GPU across
+    /// nodes; PCIe 4.0 (A100) or 5.0 (H100) x16 to the host at about 80% of
+    /// its peak, and a two-socket host's memory bandwidth shared by 8 ranks.
     pub fn datasheet(device: &str) -> Option<Network> {
-        let (nvlink, ib) = match device {
-            "a100" => (300e9, 25e9),
-            "h100" => (450e9, 50e9),
+        let (nvlink, ib, pcie) = match device {
+            "a100" => (300e9, 25e9, 25e9),
+            "h100" => (450e9, 50e9, 50e9),
             _ => return None,
         };
         Some(Network {
@@ -127,6 +143,8 @@ impl Network {
             intra_latency_s: 5e-6,
             inter_bandwidth: ib,
             inter_latency_s: 10e-6,
+            pcie_bandwidth: pcie,
+            host_bandwidth: 50e9,
         })
     }
 
@@ -183,6 +201,23 @@ pub struct MemoryPlan {
     pub other: f64,
     /// fsdp's gathered whole units, counted in `params` as `bench` counts them.
     pub gathered: f64,
+    /// Under offload, host memory: the fp32 master parameters, the
+    /// gradient's staging copy and the moments (none without offload).
+    pub host: HostMemory,
+}
+
+/// A rank's host bytes under offload, by category.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct HostMemory {
+    pub params: f64,
+    pub grads: f64,
+    pub optimizer: f64,
+}
+
+impl HostMemory {
+    pub fn total(&self) -> f64 {
+        self.params + self.grads + self.optimizer
+    }
 }
 
 impl MemoryPlan {
@@ -204,9 +239,13 @@ impl MemoryPlan {
 pub struct TimePlan {
     pub compute_s: f64,
     pub comm_s: f64,
+    /// The AdamW update: on the device, or under offload on the host with
+    /// the copies to and from it (overlapped: the longer of the two).
     pub optimizer_s: f64,
     /// Bytes each rank sends and receives per step.
     pub comm_bytes: f64,
+    /// Bytes each rank copies between device and host per step (offload).
+    pub pcie_bytes: f64,
 }
 
 impl TimePlan {
@@ -308,6 +347,25 @@ pub fn stage_memory_plan(
     if par.precision == ModelPrecision::Bf16 {
         mem.activations += 4.0 * (bf16.0 - fp32.0);
         mem.other += 4.0 * (bf16.1 - fp32.1);
+    }
+    if !par.offload.is_none() {
+        // the moments move to the host beside an fp32 master copy of what
+        // the rank updates (in the optimizer's K under mixed precision) and
+        // a staging copy of its reduced gradient
+        let owned = match par.strategy {
+            StrategyKind::Single | StrategyKind::Ddp | StrategyKind::Tp => len,
+            _ => shard,
+        };
+        mem.host = HostMemory {
+            params: precision.host_master_bytes() * owned,
+            grads: 4.0 * owned,
+            optimizer: mem.optimizer,
+        };
+        mem.optimizer = 0.0;
+        if par.offload == Offload::Params {
+            // fsdp's shard is the host's master copy: the device gathers from it
+            mem.params = mem.gathered;
+        }
     }
     mem
 }
@@ -420,12 +478,38 @@ pub fn predict(
         StrategyKind::Zero1 | StrategyKind::Zero2 | StrategyKind::Fsdp => largest.shard as f64,
         _ => psi,
     };
-    let optimizer_s = owned * precision.update_traffic_bytes() / (device.memory_bandwidth / share);
+    let (optimizer_s, pcie_bytes) = match par.offload {
+        Offload::None => (
+            owned * precision.update_traffic_bytes() / (device.memory_bandwidth / share),
+            0.0,
+        ),
+        offload => {
+            // the gradient down and the parameters up, or under --offload
+            // params the shard up for each of fsdp's gathers (a forward
+            // and a backward per micro-batch), outside the update
+            let down = owned * gb;
+            let (up, gathers) = match offload {
+                Offload::Params => (0.0, acc * 2.0 * owned * pb),
+                _ => (owned * pb, 0.0),
+            };
+            let copies = (down + up) / net.pcie_bandwidth;
+            let update = owned * precision.update_traffic_bytes() / net.host_bandwidth;
+            let overlapped = match par.offload_serial {
+                true => copies + update,
+                false => copies.max(update),
+            };
+            (
+                overlapped + gathers / net.pcie_bandwidth,
+                down + up + gathers,
+            )
+        }
+    };
     let time = TimePlan {
         compute_s,
         comm_s,
         optimizer_s,
         comm_bytes,
+        pcie_bytes,
     };
     let tokens_per_s = (w.batch * w.seq_len * w.grad_accum) as f64 / time.step_s();
     Prediction {
@@ -452,6 +536,8 @@ fn candidates(world: usize, recompute: bool) -> Vec<ParallelConfig> {
         recompute,
         precision: Default::default(),
         pipeline,
+        offload: Default::default(),
+        offload_serial: false,
     };
     let mk =
         |strategy, tp, stages| with(strategy, tp, Pipeline::new(stages, Default::default(), 1));
@@ -489,6 +575,22 @@ fn candidates(world: usize, recompute: bool) -> Vec<ParallelConfig> {
         })
         .collect();
     out.extend(others);
+    out
+}
+
+/// `par` with each offload that applies to it: the optimizer, and under
+/// fsdp the parameter shards too.
+pub fn offloaded(par: &ParallelConfig) -> Vec<ParallelConfig> {
+    let mut out = vec![ParallelConfig {
+        offload: Offload::Optimizer,
+        ..*par
+    }];
+    if par.strategy == StrategyKind::Fsdp {
+        out.push(ParallelConfig {
+            offload: Offload::Params,
+            ..*par
+        });
+    }
     out
 }
 
@@ -563,8 +665,13 @@ pub fn recommend(predictions: &[Prediction]) -> Option<&Prediction> {
 /// Short name of a layout: "fsdp x4", "ddp x8 (tp 2)".
 pub fn layout_name(p: &ParallelConfig) -> String {
     let r = p.resolved();
+    let rc = match (p.recompute, p.offload) {
+        (false, Offload::None) => String::new(),
+        (true, Offload::None) => " +recompute".into(),
+        (false, o) => format!(" +offload {o}"),
+        (true, o) => format!(" +recompute +offload {o}"),
+    };
     if r.pipeline.stages == r.world_size && r.world_size > 1 {
-        let rc = if p.recompute { " +recompute" } else { "" };
         return format!("pp x{} ({}){rc}", r.world_size, r.pipeline);
     }
     let s = p.strategy.to_string();
@@ -582,7 +689,6 @@ pub fn layout_name(p: &ParallelConfig) -> String {
         1 => String::new(),
         k => format!(" (pp {k} {})", p.pipeline),
     };
-    let rc = if p.recompute { " +recompute" } else { "" };
     format!("{base}{mesh}{pp}{rc}")
 }
 
@@ -627,6 +733,8 @@ mod tests {
                 recompute: false,
                 precision: Default::default(),
                 pipeline: Default::default(),
+                offload: Default::default(),
+                offload_serial: false,
             };
             predict(&w, par, &d, &n, Precision::Mixed)
                 .memory
@@ -675,6 +783,8 @@ mod tests {
                 recompute,
                 precision: Default::default(),
                 pipeline: Default::default(),
+                offload: Default::default(),
+                offload_serial: false,
             };
             predict(&w, par, &d, &n, Precision::Mixed).memory
         };

@@ -33,6 +33,8 @@ pub struct RankBench {
     pub step_s: f64,
     /// Peak bytes: [params, grads, optimizer, activations, other, total].
     pub peak: [u64; 6],
+    /// Peak bytes in host memory under offload, as `peak` (zeros without).
+    pub host_peak: [u64; 6],
     pub comm_bytes_per_step: f64,
     pub comm_s_per_step: f64,
     /// A pipeline's idle fraction over the timed steps, measured from every
@@ -128,7 +130,13 @@ pub fn bench_rank<B: Backend + 'static>(
     pb.finish_and_clear();
     let c = strategy.comm_stats();
     let all_steps = (spec.warmup + spec.steps).max(1) as f64;
-    let peak = strategy.memory().peak_row();
+    let memory = strategy.memory();
+    let host = memory
+        .host
+        .as_ref()
+        .map(|h| h.peak_row())
+        .unwrap_or_default();
+    let peak: Vec<u64> = memory.peak_row().into_iter().chain(host).collect();
     let times = [
         c.total_bytes() as f64 / all_steps,
         c.seconds / all_steps,
@@ -146,6 +154,7 @@ pub fn bench_rank<B: Backend + 'static>(
         .zip(timelines)
         .map(|((p, t), timeline)| RankBench {
             peak: std::array::from_fn(|i| p[i]),
+            host_peak: std::array::from_fn(|i| p[6 + i]),
             comm_bytes_per_step: t[0],
             comm_s_per_step: t[1],
             step_s: t[2],

@@ -26,8 +26,9 @@ use schedule::{makes, needs};
 
 use super::grid::{Grid, Groups};
 use super::stage::{Sharing, StageMap, StageState};
-use super::{check_finite, local_rows, OwnedState, StepConfig, StepStats, Strategy};
-use crate::backend::{Backend, MemoryReport};
+use super::{check_finite, local_rows, Offload, OwnedState, StepConfig, StepStats, Strategy};
+use crate::backend::cpu::Cpu;
+use crate::backend::{Backend, Device, MemoryReport};
 use crate::comm::{Comm, CommStats};
 use crate::data::Batch;
 use crate::error::{Error, Result};
@@ -85,6 +86,8 @@ pub struct Pipelined<B: Backend> {
     width: usize,
     /// What this stage computed when in the last step's program.
     timeline: Vec<Span>,
+    /// Under offload, the host memory's counters.
+    host: Option<Cpu>,
 }
 
 impl<B: Backend> Pipelined<B> {
@@ -95,7 +98,7 @@ impl<B: Backend> Pipelined<B> {
         model: &ModelConfig,
         (grid, groups): (Grid, Groups),
         world: &dyn Comm,
-        (pipe, sharing): (Pipeline, Sharing),
+        (pipe, sharing, (offload, overlap)): (Pipeline, Sharing, (Offload, bool)),
         adamw: AdamWConfig,
         (b, t): (usize, usize),
     ) -> Result<Self> {
@@ -116,6 +119,7 @@ impl<B: Backend> Pipelined<B> {
         let tie_group = grid.stages_group(world, &ends)?;
         let mut chunks = Vec::new();
         let mut tie_piece = None;
+        let host = (!offload.is_none()).then(Cpu::new);
         for (c, mut engine) in engines.into_iter().enumerate() {
             let stage = c * p + s;
             let map = StageMap::of(&lay, &stages, stage);
@@ -127,7 +131,15 @@ impl<B: Backend> Pipelined<B> {
                     )));
                 }
             }
-            let state = StageState::new(engine.backend(), &lay, &map, sharing, dp.size(), adamw)?;
+            let state = StageState::new(
+                engine.backend(),
+                &lay,
+                &map,
+                sharing,
+                (dp.rank(), dp.size()),
+                adamw,
+                (offload, host.as_ref(), overlap),
+            )?;
             if pipe.schedule == Schedule::ZbH1 {
                 engine.split_backward()?;
             }
@@ -163,6 +175,7 @@ impl<B: Backend> Pipelined<B> {
             t,
             width: model.n_embd(),
             timeline: Vec::new(),
+            host,
         })
     }
 
@@ -601,13 +614,15 @@ impl<B: Backend> Strategy for Pipelined<B> {
             let (m, v) = (self.stage_part(c, m), self.stage_part(c, v));
             let ch = &mut self.chunks[c];
             ch.state.load_moments(ch.engine.backend(), r, &m, &v)?;
-            ch.state.opt.step = adam_step;
+            ch.state.set_adam_step(adam_step);
         }
         Ok(())
     }
 
     fn memory(&self) -> MemoryReport {
-        self.engine().backend().memory_report()
+        let mut r = self.engine().backend().memory_report();
+        r.host = self.host.as_ref().map(|c| Box::new(c.memory_report()));
+        r
     }
 
     fn timeline(&self) -> Vec<Span> {

@@ -1,0 +1,220 @@
+//! ZeRO-Offload: what a rank updates, kept in host memory while it trains
+//! on a device. The AdamW moments and an fp32 master copy of the
+//! parameters the rank owns (its shard, or a replicated stage's whole
+//! buffer) live here with a staging copy of the reduced gradient; an
+//! update copies the gradient device -> host, runs the CPU backend's AdamW
+//! on the thread pool and copies the parameters host -> device. Under
+//! `--offload params` the master copy is fsdp's only parameter shard and
+//! the device gathers each unit from it.
+//!
+//! The state is cut into chunks (`CHUNK` floats each: master, gradient and
+//! moments of their own), so that with overlap a mover thread copies chunk
+//! i + 1's gradient down and chunk i - 1's parameters up while the pool
+//! updates chunk i. Each chunk's arithmetic is the same either way.
+
+use crate::backend::cpu::Cpu;
+use crate::backend::{Backend, Buf, Category, Device, Dst, Src};
+use crate::error::Result;
+use crate::model::{AdamW, AdamWConfig, ParamLayout, Segment};
+use std::ops::Range;
+use std::sync::mpsc;
+
+/// Floats a chunk holds: 4 MiB, large enough that a copy runs at the
+/// link's speed and small enough that the first and last copies (not
+/// overlapped) are a small part of a large model's update.
+const CHUNK: usize = 1 << 20;
+
+/// One chunk of the owned buffer: its master parameters, gradient staging
+/// and moments, with the segments of the update rebased onto it.
+struct HostChunk {
+    /// Where it lies in the owned buffer.
+    range: Range<usize>,
+    segs: Vec<Segment>,
+    master: Buf<Cpu>,
+    grads: Buf<Cpu>,
+    opt: AdamW<Cpu>,
+}
+
+/// A rank's offloaded optimizer state (see the module comment).
+pub struct HostState {
+    cpu: Cpu,
+    chunks: Vec<HostChunk>,
+    overlap: bool,
+}
+
+/// The host memory behind a CPU buffer.
+fn host<'a>(cpu: &Cpu, b: &'a mut Buf<Cpu>) -> &'a mut [f32] {
+    cpu.host_mut(b.d()).expect("cpu memory is host memory")
+}
+
+impl HostState {
+    /// Host state for an owned buffer of `len` floats that the update's
+    /// `segments` map onto the layout; counted on `cpu`.
+    pub fn new(
+        cpu: &Cpu,
+        len: usize,
+        segments: &[Segment],
+        adamw: AdamWConfig,
+        overlap: bool,
+    ) -> Result<Self> {
+        let mut chunks = Vec::new();
+        for a in (0..len).step_by(CHUNK) {
+            let range = a..(a + CHUNK).min(len);
+            let segs = segments
+                .iter()
+                .filter_map(|s| {
+                    let (lo, hi) = (s.local.max(range.start), (s.local + s.len).min(range.end));
+                    (lo < hi).then(|| Segment {
+                        global: s.global + lo - s.local,
+                        local: lo - range.start,
+                        len: hi - lo,
+                    })
+                })
+                .collect();
+            chunks.push(HostChunk {
+                master: cpu.alloc(range.len(), Category::Params)?,
+                grads: cpu.alloc(range.len(), Category::Grads)?,
+                opt: AdamW::new(cpu, range.len(), adamw)?,
+                segs,
+                range,
+            });
+        }
+        Ok(HostState {
+            cpu: cpu.clone(),
+            chunks,
+            overlap,
+        })
+    }
+
+    /// The owned parameters, whole (`part` in the owned buffer's order).
+    pub fn load_params(&mut self, part: &[f32]) {
+        for ch in &mut self.chunks {
+            host(&self.cpu, &mut ch.master).copy_from_slice(&part[ch.range.clone()]);
+        }
+    }
+
+    pub fn load_moments(&mut self, m: &[f32], v: &[f32]) {
+        for ch in &mut self.chunks {
+            host(&self.cpu, &mut ch.opt.m).copy_from_slice(&m[ch.range.clone()]);
+            host(&self.cpu, &mut ch.opt.v).copy_from_slice(&v[ch.range.clone()]);
+        }
+    }
+
+    /// The master parameters, whole.
+    pub fn params(&self) -> Vec<f32> {
+        self.gather(|ch| &ch.master)
+    }
+
+    /// The moments, whole.
+    pub fn moments(&self) -> [Vec<f32>; 2] {
+        [self.gather(|ch| &ch.opt.m), self.gather(|ch| &ch.opt.v)]
+    }
+
+    fn gather(&self, of: impl Fn(&HostChunk) -> &Buf<Cpu>) -> Vec<f32> {
+        let mut out = Vec::new();
+        for ch in &self.chunks {
+            out.extend_from_slice(self.cpu.host(of(ch).s()).expect("host memory"));
+        }
+        out
+    }
+
+    pub fn set_step(&mut self, step: u32) {
+        self.chunks.iter_mut().for_each(|ch| ch.opt.step = step);
+    }
+
+    /// Copies the master parameters `range` (of the owned buffer) to `dst`
+    /// on the device (fsdp under `--offload params`, before a gather).
+    pub fn upload<B: Backend>(
+        &self,
+        be: &B,
+        range: Range<usize>,
+        mut dst: Dst<'_, B>,
+    ) -> Result<()> {
+        for ch in &self.chunks {
+            let (lo, hi) = (range.start.max(ch.range.start), range.end.min(ch.range.end));
+            if lo < hi {
+                let src = self.cpu.host(ch.master.s()).expect("host memory");
+                let at = lo - range.start..hi - range.start;
+                be.upload(
+                    dst.rb().slice(at),
+                    &src[lo - ch.range.start..hi - ch.range.start],
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One AdamW update: the reduced gradient `grads` (the owned buffer's,
+    /// on the device) down, the update on the host, the parameters up into
+    /// `out` (none under `--offload params`, where the device holds no
+    /// copy). Overlapped chunk by chunk unless `--offload-serial`.
+    pub fn update<B: Backend>(
+        &mut self,
+        be: &B,
+        grads: Src<'_, B>,
+        out: Option<Dst<'_, B>>,
+        lay: &ParamLayout,
+        lr: f32,
+        clip: f32,
+    ) -> Result<()> {
+        let HostState {
+            cpu,
+            chunks,
+            overlap,
+        } = self;
+        let cpu = &*cpu;
+        let down = |ch: &mut HostChunk| {
+            be.download(grads.slice(ch.range.clone()), host(cpu, &mut ch.grads))
+        };
+        let apply = |ch: &mut HostChunk| {
+            ch.opt
+                .update(cpu, ch.master.d(), ch.grads.s(), lay, &ch.segs, lr, clip)
+        };
+        let up = |ch: &HostChunk, out: &mut Option<Dst<'_, B>>| match out {
+            Some(o) => {
+                let src = cpu.host(ch.master.s()).expect("host memory");
+                be.upload(o.rb().slice(ch.range.clone()), src)
+            }
+            None => Ok(()),
+        };
+        let mut out = out;
+        if !*overlap {
+            for ch in chunks.iter_mut() {
+                down(ch)?;
+                apply(ch);
+                up(ch, &mut out)?;
+            }
+            return Ok(());
+        }
+        // the mover copies down chunk by chunk, and up each chunk the pool
+        // has updated, while the pool updates the next
+        std::thread::scope(|s| {
+            let (to_pool, from_mover) = mpsc::sync_channel::<&mut HostChunk>(1);
+            let (to_mover, from_pool) = mpsc::channel::<&mut HostChunk>();
+            let mover = s.spawn(move || -> Result<()> {
+                for ch in chunks.iter_mut() {
+                    down(ch)?;
+                    if to_pool.send(ch).is_err() {
+                        break;
+                    }
+                    while let Ok(done) = from_pool.try_recv() {
+                        up(done, &mut out)?;
+                    }
+                }
+                drop(to_pool);
+                for done in from_pool {
+                    up(done, &mut out)?;
+                }
+                Ok(())
+            });
+            for ch in from_mover {
+                apply(ch);
+                if to_mover.send(ch).is_err() {
+                    break;
+                }
+            }
+            drop(to_mover);
+            mover.join().expect("the offload mover does not panic")
+        })
+    }
+}
