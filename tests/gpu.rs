@@ -13,8 +13,9 @@ use distgpt::backend::Backend;
 use distgpt::data::{Dataset, TokenizerKind};
 use distgpt::infer::generate::{generate, SampleConfig};
 use distgpt::model::{AdamW, AdamWConfig, Gpt2, GptConfig, Precision, Segment};
+use distgpt::parallel::Offload;
 use distgpt::parallel::{ParallelConfig, Pipeline, Schedule, StrategyKind};
-use distgpt::train::{train_lm, TrainSummary};
+use distgpt::train::{train_lm, TrainConfig, TrainSummary};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -157,7 +158,6 @@ fn run_pipelined<B: Backend>(
         "gpu-{strategy:?}-{world_size}-{tp}-pp{}-{}",
         pipeline.stages, pipeline.schedule
     );
-    let cfg = common::five_steps(&tag, 1);
     let par = ParallelConfig {
         strategy,
         world_size,
@@ -168,17 +168,26 @@ fn run_pipelined<B: Backend>(
         offload: Default::default(),
         offload_serial: false,
     };
+    run_par(make, par, &common::five_steps(&tag, 1))
+}
+
+/// The tiny model trained under `par` as `cfg` says.
+fn run_par<B: Backend>(
+    make: impl Fn() -> B + Sync,
+    par: ParallelConfig,
+    cfg: &TrainConfig,
+) -> TrainSummary {
     let model = common::tiny_model(dataset());
     train_lm(
         make,
         model,
         dataset(),
-        &cfg,
+        cfg,
         par,
         2,
         Duration::from_secs(300),
     )
-    .unwrap_or_else(|e| panic!("{tag}: {e}"))
+    .unwrap_or_else(|e| panic!("{}: {e}", cfg.out_dir.display()))
 }
 
 #[test]
@@ -367,4 +376,224 @@ fn bert_step_matches_cpu_on<B: Backend>(be: B, name: &str) {
 #[test]
 fn bert_step_matches_cpu() {
     on_gpus!(bert_step_matches_cpu_on);
+}
+
+/// The layouts offload is checked on: each data-parallel sharing, tensor
+/// parallelism and a pipeline, with the offloads that apply to each.
+fn offload_layouts() -> Vec<(ParallelConfig, Offload)> {
+    let one = |strategy, world_size, tp, stages| ParallelConfig {
+        strategy,
+        world_size,
+        tp,
+        recompute: false,
+        precision: Default::default(),
+        pipeline: Pipeline::new(stages, Schedule::OneFOneB, 1),
+        offload: Offload::None,
+        offload_serial: false,
+    };
+    let mut out = Vec::new();
+    for par in [
+        one(StrategyKind::Single, 1, 1, 1),
+        one(StrategyKind::Ddp, 2, 1, 1),
+        one(StrategyKind::Zero1, 2, 1, 1),
+        one(StrategyKind::Zero2, 2, 1, 1),
+        one(StrategyKind::Fsdp, 2, 1, 1),
+        one(StrategyKind::Tp, 2, 2, 1),
+        one(StrategyKind::Ddp, 2, 1, 2),
+        one(StrategyKind::Fsdp, 4, 1, 2),
+    ] {
+        out.push((par, Offload::Optimizer));
+        if par.strategy == StrategyKind::Fsdp {
+            out.push((par, Offload::Params));
+        }
+    }
+    out
+}
+
+fn layout_tag(par: &ParallelConfig, offload: Offload) -> String {
+    format!(
+        "{}-x{}-tp{}-pp{}-{offload}",
+        par.strategy, par.world_size, par.tp, par.pipeline.stages
+    )
+}
+
+#[test]
+fn offload_follows_the_run_without_it_on_every_layout() {
+    on_gpus!(offload_follows_the_run_without_it_on);
+}
+
+fn offload_follows_the_run_without_it_on<B: Backend>(gpu: B, kind: &str) {
+    let on_gpu = || gpu.clone_fresh();
+    for (par, offload) in offload_layouts() {
+        let tag = layout_tag(&par, offload);
+        let plain = run_par(
+            on_gpu,
+            par,
+            &common::five_steps(&format!("{kind}-{tag}-plain"), 2),
+        );
+        let with = ParallelConfig { offload, ..par };
+        let got = run_par(
+            on_gpu,
+            with,
+            &common::five_steps(&format!("{kind}-{tag}"), 2),
+        );
+        common::assert_follows(&plain, &got, &format!("{tag} on {kind}"));
+        // the copies overlapped or one after another: the same arithmetic
+        let serial = ParallelConfig {
+            offload_serial: true,
+            ..with
+        };
+        let again = run_par(
+            on_gpu,
+            serial,
+            &common::five_steps(&format!("{kind}-{tag}-serial"), 2),
+        );
+        assert_eq!(again.losses, got.losses, "{tag} on {kind}: serial copies");
+        assert!(again.params == got.params, "{tag} on {kind}: serial copies");
+    }
+}
+
+#[test]
+fn an_offloaded_run_resumes_bit_exactly() {
+    on_gpus!(an_offloaded_run_resumes_bit_exactly_on);
+}
+
+fn an_offloaded_run_resumes_bit_exactly_on<B: Backend>(gpu: B, kind: &str) {
+    let on_gpu = || gpu.clone_fresh();
+    for (par, offload) in offload_layouts()
+        .into_iter()
+        .filter(|(p, _)| p.world_size == 2 && p.pipeline.stages == 1)
+    {
+        let par = ParallelConfig { offload, ..par };
+        let tag = format!("{kind}-resume-{}", layout_tag(&par, offload));
+        let whole = run_par(on_gpu, par, &common::five_steps(&format!("{tag}-whole"), 1));
+        let cfg = common::five_steps(&tag, 1);
+        let first = run_par(
+            on_gpu,
+            par,
+            &TrainConfig {
+                stop_after: Some(3),
+                ..cfg.clone()
+            },
+        );
+        let second = run_par(
+            on_gpu,
+            par,
+            &TrainConfig {
+                resume: Some(distgpt::checkpoint::state::latest(&cfg.out_dir).unwrap()),
+                ..cfg
+            },
+        );
+        let losses: Vec<f32> = first.losses.iter().chain(&second.losses).copied().collect();
+        assert_eq!(losses, whole.losses, "{tag}: per-step losses");
+        assert!(second.params == whole.params, "{tag}: final weights");
+    }
+}
+
+/// One step's peak bytes per rank on the device and on the host.
+fn offload_peaks<B: Backend>(
+    gpu: &B,
+    cfg: &distgpt::model::ModelConfig,
+    par: ParallelConfig,
+) -> Vec<([u64; 6], [u64; 6])> {
+    use distgpt::train::bench::{bench_rank, BenchSpec};
+    let spec = BenchSpec {
+        batch: 8,
+        grad_accum: 1,
+        seq_len: 32,
+        warmup: 0,
+        steps: 1,
+        show: false,
+    };
+    let ranks =
+        distgpt::parallel::launch::run_local(par.world_size, 2, Duration::from_secs(120), |c| {
+            bench_rank(gpu.clone_fresh(), cfg, par, spec, c.as_ref())
+        })
+        .unwrap();
+    ranks[0].iter().map(|r| (r.peak, r.host_peak)).collect()
+}
+
+/// Offload moves the optimizer's bytes from the device to the host, byte
+/// for byte, and `plan` predicts both peaks within 10%.
+#[test]
+fn offload_moves_the_optimizer_to_the_host_as_planned() {
+    on_gpus!(offload_moves_the_optimizer_to_the_host_as_planned_on);
+}
+
+fn offload_moves_the_optimizer_to_the_host_as_planned_on<B: Backend>(gpu: B, kind: &str) {
+    use distgpt::plan::{self, Precision as PlanPrecision, Workload};
+    let cfg: distgpt::model::ModelConfig = common::tiny_model(dataset()).into();
+    let w = Workload {
+        model: cfg.clone(),
+        batch: 8,
+        seq_len: 32,
+        grad_accum: 1,
+    };
+    let (optimizer, total) = (2, 5);
+    for (par, offload) in offload_layouts() {
+        let tag = format!("{} on {kind}", layout_tag(&par, offload));
+        let plain = offload_peaks(&gpu, &cfg, par);
+        let with = ParallelConfig { offload, ..par };
+        let got = offload_peaks(&gpu, &cfg, with);
+        for (r, ((dev0, host0), (dev, host))) in plain.iter().zip(&got).enumerate() {
+            assert_eq!(
+                host0[total], 0,
+                "{tag} rank {r}: host bytes without offload"
+            );
+            assert_eq!(dev[optimizer], 0, "{tag} rank {r}: device optimizer bytes");
+            assert_eq!(
+                host[optimizer], dev0[optimizer],
+                "{tag} rank {r}: the host holds the device's optimizer bytes"
+            );
+            let stage = distgpt::parallel::Grid::of(&with).coords(r).stage;
+            let want = plan::stage_memory_plan(&w, with, PlanPrecision::Fp32, stage);
+            for (what, want, got) in [
+                ("device", want.total(), dev[total]),
+                ("host", want.host.total(), host[total]),
+            ] {
+                let off = (want - got as f64).abs() / got as f64;
+                assert!(
+                    off <= 0.10,
+                    "{tag} rank {r}: {what} peak planned {want:.0} bytes, measured {got} ({:.1}% off)",
+                    100.0 * off
+                );
+            }
+        }
+    }
+}
+
+/// Offload on the CPU, or of parameters a strategy does not shard, is
+/// refused with the reason (the layout is checked before the device).
+#[test]
+fn offload_is_refused_where_it_means_nothing() {
+    let cfg = common::tiny_model(dataset());
+    let par = |strategy, offload| ParallelConfig {
+        strategy,
+        world_size: 2,
+        tp: 1,
+        recompute: false,
+        precision: Default::default(),
+        pipeline: Pipeline::default(),
+        offload,
+        offload_serial: false,
+    };
+    for (p, says) in [
+        (
+            par(StrategyKind::Ddp, Offload::Optimizer),
+            "keeps everything in host memory already",
+        ),
+        (
+            par(StrategyKind::Zero2, Offload::Params),
+            "use --strategy fsdp",
+        ),
+    ] {
+        let err = distgpt::parallel::launch::run_local(2, 1, Duration::from_secs(30), |c| {
+            let adamw = AdamWConfig::default();
+            distgpt::parallel::build(Cpu::new(), cfg.clone(), p, c.as_ref(), adamw, 8, 32)
+                .map(|_| ())
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains(says), "{err}");
+    }
 }

@@ -22,7 +22,7 @@ use std::sync::mpsc;
 /// Floats a chunk holds: 4 MiB, large enough that a copy runs at the
 /// link's speed and small enough that the first and last copies (not
 /// overlapped) are a small part of a large model's update.
-const CHUNK: usize = 1 << 20;
+pub const CHUNK: usize = 1 << 20;
 
 /// One chunk of the owned buffer: its master parameters, gradient staging
 /// and moments, with the segments of the update rebased onto it.
@@ -49,17 +49,18 @@ fn host<'a>(cpu: &Cpu, b: &'a mut Buf<Cpu>) -> &'a mut [f32] {
 
 impl HostState {
     /// Host state for an owned buffer of `len` floats that the update's
-    /// `segments` map onto the layout; counted on `cpu`.
+    /// `segments` map onto the layout, in chunks of `chunk` floats; counted
+    /// on `cpu`.
     pub fn new(
         cpu: &Cpu,
-        len: usize,
+        (len, chunk): (usize, usize),
         segments: &[Segment],
         adamw: AdamWConfig,
         overlap: bool,
     ) -> Result<Self> {
         let mut chunks = Vec::new();
-        for a in (0..len).step_by(CHUNK) {
-            let range = a..(a + CHUNK).min(len);
+        for a in (0..len).step_by(chunk.max(1)) {
+            let range = a..(a + chunk).min(len);
             let segs = segments
                 .iter()
                 .filter_map(|s| {
@@ -216,5 +217,76 @@ impl HostState {
             drop(to_mover);
             mover.join().expect("the offload mover does not panic")
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::family::Family;
+    use crate::model::GptConfig;
+    use crate::rng::Rng;
+
+    fn random(rng: &mut Rng, n: usize) -> Vec<f32> {
+        (0..n).map(|_| rng.normal() as f32 * 0.1).collect()
+    }
+
+    /// Chunked, overlapped or not, the host update is the device's AdamW
+    /// bit for bit: over a replicated buffer and over a shard whose two
+    /// runs lie apart in the layout, for several steps, with the
+    /// parameters copied back where asked.
+    #[test]
+    fn the_chunked_host_update_is_adamw_bit_for_bit() {
+        let lay = GptConfig::preset("tiny").unwrap().layout(1);
+        let total = lay.total();
+        let half = total / 2;
+        let shard = [
+            Segment {
+                global: 7,
+                local: 0,
+                len: 3001,
+            },
+            Segment {
+                global: total - (half - 3001),
+                local: 3001,
+                len: half - 3001,
+            },
+        ];
+        let cases: [(&[Segment], usize); 2] = [(&Segment::whole(total), total), (&shard, half)];
+        for (segs, len) in cases {
+            let mut rng = Rng::new(3);
+            let p0 = random(&mut rng, len);
+            let grads: Vec<Vec<f32>> = (0..3).map(|_| random(&mut rng, len)).collect();
+            let cpu = Cpu::new();
+            // the reference: AdamW on one buffer
+            let mut opt = AdamW::new(&cpu, len, AdamWConfig::default()).unwrap();
+            let mut p = cpu.alloc(len, Category::Params).unwrap();
+            cpu.upload(p.d(), &p0).unwrap();
+            let mut g = cpu.alloc(len, Category::Grads).unwrap();
+            for gs in &grads {
+                cpu.upload(g.d(), gs).unwrap();
+                opt.update(&cpu, p.d(), g.s(), &lay, segs, 1e-2, 0.5);
+            }
+            let want = cpu.to_host(p.s()).unwrap();
+            for (chunk, overlap) in [(1000, true), (1000, false), (len, true), (777, true)] {
+                let what = format!("{len} floats in chunks of {chunk}, overlap {overlap}");
+                let mut h =
+                    HostState::new(&cpu, (len, chunk), segs, AdamWConfig::default(), overlap)
+                        .unwrap();
+                h.load_params(&p0);
+                // "the device": its gradient and its copy of the parameters
+                let mut dev = cpu.alloc(len, Category::Params).unwrap();
+                for gs in &grads {
+                    cpu.upload(g.d(), gs).unwrap();
+                    h.update(&cpu, g.s(), Some(dev.d()), &lay, 1e-2, 0.5)
+                        .unwrap();
+                }
+                assert!(h.params() == want, "{what}: master parameters");
+                assert!(cpu.to_host(dev.s()).unwrap() == want, "{what}: device copy");
+                let [m, v] = h.moments();
+                assert!(m == cpu.to_host(opt.m.s()).unwrap(), "{what}: m");
+                assert!(v == cpu.to_host(opt.v.s()).unwrap(), "{what}: v");
+            }
+        }
     }
 }

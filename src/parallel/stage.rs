@@ -283,7 +283,8 @@ impl<B: Backend> StageState<B> {
         let opt = match host.filter(|_| !offload.is_none()) {
             Some(cpu) => {
                 let segs = segments(&pieces, sharing, r);
-                Optimizer::Host(HostState::new(cpu, opt_len, &segs, adamw, overlap)?)
+                let chunked = (opt_len, super::offload::CHUNK);
+                Optimizer::Host(HostState::new(cpu, chunked, &segs, adamw, overlap)?)
             }
             None => Optimizer::Device(AdamW::new(be, opt_len, adamw)?),
         };
