@@ -12,7 +12,9 @@
 #      single-GPU training's losses;
 #   4. GPT-2 124M at T = 1024 side by side with PyTorch on the same GPU
 #      (eager fp32, eager with bf16 autocast, torch.compile with bf16), MFU
-#      against 989 TFLOP/s (H100 SXM dense bf16).
+#      against 989 TFLOP/s (H100 SXM dense bf16);
+#   5. what CPU offload costs there (--offload optimizer, overlapped and
+#      serial, and fsdp's --offload params).
 #
 # Results go to $1 (default target/gpu-check): paste them into BENCHMARKS.md.
 # CUDA's libraries come from the system or from pip wheels in
@@ -105,6 +107,20 @@ echo "== 4. GPT-2 124M, T = 1024, against PyTorch on this GPU"
 "$venv/bin/python" bench/pytorch_reference.py --device cuda --model gpt2 --batch-size 8 \
     --seq-len 1024 --steps 10 --warmup 3 --peak-tflops 989 \
     --torch-variants eager,eager-bf16,compile-bf16 --distgpt "$bin" 2>&1 | tee "$out/bench.txt"
+
+echo "== 5. CPU offload: GPT-2 124M on this GPU without it, with it, with the copies serial"
+# (tests/gpu.rs in step 2 already checked it against the run without offload,
+# its resume and its memory on this GPU; this is what it costs)
+: >"$out/offload.txt"
+for o in none optimizer "optimizer --offload-serial"; do
+    # shellcheck disable=SC2086
+    "$bin" bench --device cuda --model gpt2 --batch-size 8 --seq-len 1024 --steps 10 \
+        --warmup 3 --peak-tflops 989 --offload $o 2>&1 | tee -a "$out/offload.txt"
+done
+# shellcheck disable=SC2086
+"$bin" bench --device cuda --model gpt2 --strategy fsdp --world-size "$gpus" --batch-size 8 \
+    --seq-len 1024 --steps 10 --warmup 3 --peak-tflops 989 --offload params 2>&1 |
+    tee -a "$out/offload.txt"
 
 echo "== done: results in $out"
 exit "${nccl_failed:-0}"

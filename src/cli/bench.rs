@@ -23,30 +23,31 @@ pub struct BenchArgs {
     #[command(flatten)]
     device: DeviceArgs,
     /// Vocabulary size (default: the preset's; 65 for the char presets).
-    #[arg(long)]
+    #[arg(long, help_heading = "Benchmark")]
     vocab_size: Option<usize>,
     /// Global batch: sequences per micro-step, split across the data-parallel ranks.
-    #[arg(long, value_parser = positive(), default_value_t = 16)]
+    #[arg(long, value_parser = positive(), default_value_t = 16, help_heading = "Benchmark")]
     batch_size: usize,
     /// Micro-steps per optimizer step (a pipeline's micro-batches).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, help_heading = "Benchmark")]
     grad_accum: usize,
     /// Tokens per sequence (default: the model's block size).
-    #[arg(long, value_parser = positive())]
+    #[arg(long, value_parser = positive(), help_heading = "Benchmark")]
     seq_len: Option<usize>,
     /// Timed optimizer steps.
-    #[arg(long, value_parser = positive(), default_value_t = 10)]
+    #[arg(long, value_parser = positive(), default_value_t = 10, help_heading = "Benchmark")]
     steps: usize,
     /// Untimed steps first.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, help_heading = "Benchmark")]
     warmup: usize,
     /// Peak TFLOP/s of the whole machine that MFU is stated against
     /// (default: measured once per device and thread count, kept in
     /// ~/.cache/distgpt/peak.json).
-    #[arg(long)]
+    #[arg(long, help_heading = "Benchmark")]
     peak_tflops: Option<f64>,
     /// `--peak-gflops G`: the spelling before --peak-tflops (G / 1000 of it).
     #[arg(
+        help_heading = "Benchmark",
         long = "peak-gflops",
         value_name = "GFLOPS",
         hide = true,
@@ -54,18 +55,18 @@ pub struct BenchArgs {
     )]
     old_peak_gflops: Option<f64>,
     /// Print one JSON object instead of text.
-    #[arg(long)]
+    #[arg(long, help_heading = "Benchmark")]
     json: bool,
     /// Measure KV-cache generation of this many tokens per row instead of
     /// training (rows = --batch-size, one-token prompts, greedy; one rank).
-    #[arg(long)]
+    #[arg(long, help_heading = "Benchmark")]
     generate: Option<usize>,
     /// Weight storage for --generate.
-    #[arg(long, value_enum, default_value = "f32")]
+    #[arg(long, value_enum, default_value = "f32", help_heading = "Benchmark")]
     weights: DecodeWeightsArg,
     /// With --pp: draw the last timed step's pipeline timeline (every
     /// rank's forwards, backwards and idle time) as timeline.png and .svg in DIR.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", help_heading = "Benchmark")]
     timeline: Option<std::path::PathBuf>,
 }
 
@@ -243,6 +244,7 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
                 "peak_bytes": {"params": r.peak[0], "grads": r.peak[1], "optimizer": r.peak[2], "activations": r.peak[3], "other": r.peak[4], "total": r.peak[5]},
                 "host_peak_bytes": (!par.offload.is_none()).then(|| serde_json::json!({"params": r.host_peak[0], "grads": r.host_peak[1], "optimizer": r.host_peak[2], "total": r.host_peak[5]})),
                 "comm_bytes_per_step": r.comm_bytes_per_step, "comm_seconds_per_step": r.comm_s_per_step,
+                "update_seconds_per_step": r.update_s,
             })).collect::<Vec<_>>(),
         });
         distgpt::outln!("{j}");
@@ -310,7 +312,7 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
     let h = metrics::human_bytes;
     for (r, x) in ranks.iter().enumerate() {
         distgpt::outln!(
-            "rank {r}: peak {} = params {} + grads {} + optimizer {} + activations {} + other {} | comm {} / step, {:.1} ms / step",
+            "rank {r}: peak {} = params {} + grads {} + optimizer {} + activations {} + other {} | comm {} / step, {:.1} ms / step | update {:.1} ms / step",
             h(x.peak[5]),
             h(x.peak[0]),
             h(x.peak[1]),
@@ -318,7 +320,8 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
             h(x.peak[3]),
             h(x.peak[4]),
             h(x.comm_bytes_per_step as u64),
-            1e3 * x.comm_s_per_step
+            1e3 * x.comm_s_per_step,
+            1e3 * x.update_s
         );
         if !par.offload.is_none() {
             let p = &x.host_peak;

@@ -115,8 +115,9 @@ enum Command {
 #[command(next_help_heading = "Model")]
 pub struct ModelArgs {
     /// Model preset: gpt2, gpt2-medium, gpt2-large, gpt2-xl, shakespeare-char, shakespeare-char-small, tiny;
-    /// for `bench`, also BERT's: bert-minilm, bert-minilm-mlm, bert-base, bert-base-mlm, bert-tiny;
-    /// or a GPT-2 model folder (a run, a checkpoint, `prune`'s output) for its shape, per-block widths included.
+    /// BERT's for `train --task mlm|classify`, `bench` and `plan`: bert-minilm, bert-minilm-mlm, bert-base,
+    /// bert-base-mlm, bert-tiny; or a GPT-2 model folder (a run, a checkpoint, `prune`'s output) for its
+    /// shape, per-block widths included.
     #[arg(long, default_value = "shakespeare-char-small")]
     model: String,
     /// Transformer blocks (overrides the preset's).
@@ -169,7 +170,21 @@ impl ModelArgs {
                 }
                 checkpoint::read_any_meta(folder)?.gpt2(folder)?
             }
-            false => GptConfig::preset(&self.model)?,
+            false => match (
+                GptConfig::preset(&self.model),
+                ModelConfig::preset(&self.model),
+            ) {
+                (Ok(c), _) => c,
+                // another family's preset, or none (every family's presets listed)
+                (Err(e), Ok(other)) => bail!(
+                    "--model {} is a {} preset, and this trains a GPT-2 language model \
+                     ({e}); a {} trains with --task mlm or classify",
+                    self.model,
+                    other.family(),
+                    other.family()
+                ),
+                (Err(_), Err(e)) => return Err(e.into()),
+            },
         };
         c.n_layer = self.n_layer.unwrap_or(c.n_layer);
         c.n_head = self.n_head.unwrap_or(c.n_head);

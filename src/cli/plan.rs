@@ -25,67 +25,72 @@ pub struct PlanArgs {
     #[command(flatten)]
     model: ModelArgs,
     /// Vocabulary size (default: the preset's; 65 for the char presets).
-    #[arg(long)]
+    #[arg(long, help_heading = "Plan")]
     vocab_size: Option<usize>,
     /// World sizes to plan, comma-separated (1 to 4096).
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,2,4,8",
+        help_heading = "Plan"
+    )]
     world_size: Vec<usize>,
     /// Global batch: sequences per micro-step, split across the data-parallel ranks.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, help_heading = "Plan")]
     batch_size: usize,
     /// Tokens per sequence (default: the model's block size).
-    #[arg(long)]
+    #[arg(long, help_heading = "Plan")]
     seq_len: Option<usize>,
     /// Micro-batches per optimizer step.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, help_heading = "Plan")]
     grad_accum: usize,
     /// What each rank computes on.
-    #[arg(long, value_enum, default_value = "cpu")]
+    #[arg(long, value_enum, default_value = "cpu", help_heading = "Plan")]
     device: DeviceKind,
     /// fp32: what distgpt trains in (16 bytes/param of model state);
     /// mixed: 16-bit params/grads/activations + fp32 master and moments (ZeRO's K = 12).
-    #[arg(long, value_enum, default_value = "fp32")]
+    #[arg(long, value_enum, default_value = "fp32", help_heading = "Plan")]
     precision: Precision,
     /// Fraction of the peak a step reaches (default: measured for cpu, 0.4 for GPUs).
-    #[arg(long)]
+    #[arg(long, help_heading = "Plan")]
     efficiency: Option<f64>,
     /// Custom device: peak TFLOP/s per device at the chosen precision.
-    #[arg(long)]
+    #[arg(long, help_heading = "Plan")]
     peak_tflops: Option<f64>,
     /// Custom device: memory per device in GB (default cpu: 24).
-    #[arg(long)]
+    #[arg(long, help_heading = "Plan")]
     memory_gb: Option<f64>,
     /// Custom device: memory bandwidth in GB/s.
-    #[arg(long)]
+    #[arg(long, help_heading = "Plan")]
     memory_bandwidth_gbs: Option<f64>,
     /// Ranks per node (custom network).
-    #[arg(long)]
+    #[arg(long, help_heading = "Plan")]
     ranks_per_node: Option<usize>,
     /// Per-rank bandwidth within a node, GB/s.
-    #[arg(long)]
+    #[arg(long, help_heading = "Plan")]
     intra_gbs: Option<f64>,
     /// Per-rank bandwidth across nodes, GB/s.
-    #[arg(long)]
+    #[arg(long, help_heading = "Plan")]
     inter_gbs: Option<f64>,
     /// Per-message latency within a node, microseconds (the alpha of alpha + beta).
-    #[arg(long)]
+    #[arg(long, help_heading = "Plan")]
     intra_latency_us: Option<f64>,
     /// Per-message latency across nodes, microseconds.
-    #[arg(long)]
+    #[arg(long, help_heading = "Plan")]
     inter_latency_us: Option<f64>,
     /// A rank's link to host memory under offload (PCIe), GB/s each way
     /// (default a100: 25, h100: 50, custom: 25).
-    #[arg(long)]
+    #[arg(long, help_heading = "Plan")]
     pcie_gbs: Option<f64>,
     /// Host memory bandwidth a rank's AdamW update gets under offload, GB/s
     /// (default 50).
-    #[arg(long)]
+    #[arg(long, help_heading = "Plan")]
     host_gbs: Option<f64>,
     /// Also plan every layout with activation recomputation.
-    #[arg(long)]
+    #[arg(long, help_heading = "Plan")]
     recompute: bool,
     /// Print JSON instead of tables.
-    #[arg(long)]
+    #[arg(long, help_heading = "Plan")]
     json: bool,
 }
 

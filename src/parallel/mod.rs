@@ -234,6 +234,9 @@ pub struct StepStats {
     pub loss: f32,
     /// Global gradient norm before clipping.
     pub grad_norm: f32,
+    /// Seconds this rank spent in the optimizer update (with offload's
+    /// copies to and from the host).
+    pub update_s: f64,
 }
 
 /// Optimizer-step settings that do not change the model.

@@ -31,6 +31,8 @@ pub struct BenchSpec {
 pub struct RankBench {
     /// Mean seconds of a timed step.
     pub step_s: f64,
+    /// Mean seconds of a timed step's optimizer update.
+    pub update_s: f64,
     /// Peak bytes: [params, grads, optimizer, activations, other, total].
     pub peak: [u64; 6],
     /// Peak bytes in host memory under offload, as `peak` (zeros without).
@@ -104,13 +106,13 @@ pub fn bench_rank<B: Backend + 'static>(
     } else {
         indicatif::ProgressBar::hidden()
     };
-    let mut total = 0.0;
+    let (mut total, mut update) = (0.0, 0.0);
     let (mut bubbles, mut timelines) = (Vec::new(), Vec::new());
     for i in 0..spec.warmup + spec.steps {
         let mb: Vec<_> = (0..spec.grad_accum.max(1)).map(|_| batch()).collect();
         world.barrier()?;
         let t0 = Instant::now();
-        strategy.step(
+        let stats = strategy.step(
             &mb,
             StepConfig {
                 lr: 1e-4,
@@ -119,6 +121,7 @@ pub fn bench_rank<B: Backend + 'static>(
         )?;
         if i >= spec.warmup {
             total += t0.elapsed().as_secs_f64();
+            update += stats.update_s;
             let mine = strategy.timeline();
             if !mine.is_empty() {
                 timelines = gather_timelines(world, &mine)?;
@@ -141,6 +144,7 @@ pub fn bench_rank<B: Backend + 'static>(
         c.total_bytes() as f64 / all_steps,
         c.seconds / all_steps,
         total / spec.steps.max(1) as f64,
+        update / spec.steps.max(1) as f64,
     ];
     let mut all_peaks = vec![0u64; peak.len() * world.size()];
     world.all_gather(&peak, &mut all_peaks)?;
@@ -158,6 +162,7 @@ pub fn bench_rank<B: Backend + 'static>(
             comm_bytes_per_step: t[0],
             comm_s_per_step: t[1],
             step_s: t[2],
+            update_s: t[3],
             bubble,
             timeline,
         })

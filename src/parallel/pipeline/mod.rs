@@ -499,6 +499,7 @@ impl<B: Backend> Strategy for Pipelined<B> {
         let grad_norm = self.grad_norm()?;
         check_finite(loss, grad_norm)?;
         let clip = cfg.clip_scale(grad_norm);
+        let t0 = Instant::now();
         for ch in &mut self.chunks {
             let lay = ch.engine.layout().clone();
             // the engine's own handle: the update's transient shard counts against this rank
@@ -507,7 +508,11 @@ impl<B: Backend> Strategy for Pipelined<B> {
                 .update(self.dp.as_ref(), counted, &lay, cfg.lr, clip)?;
         }
         be.synchronize()?;
-        Ok(StepStats { loss, grad_norm })
+        Ok(StepStats {
+            loss,
+            grad_norm,
+            update_s: t0.elapsed().as_secs_f64(),
+        })
     }
 
     fn eval_loss(&mut self, batch: &Batch) -> Result<f32> {
