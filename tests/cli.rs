@@ -1294,3 +1294,91 @@ fn counts_take_the_noun_their_number_needs() {
     assert!(!out.contains("(s)"), "{out}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Each `--help` section's flags, by heading.
+fn help_sections(command: &str) -> Vec<(String, Vec<String>)> {
+    let out = succeeded(distgpt(&[command, "--help"]));
+    let mut sections: Vec<(String, Vec<String>)> = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        if let Some(heading) = line
+            .strip_suffix(':')
+            .filter(|h| !h.starts_with(' ') && h.chars().next().is_some_and(char::is_uppercase))
+        {
+            sections.push((heading.to_string(), Vec::new()));
+        } else if let Some(flag) = line
+            .trim_start()
+            .split([' ', ','])
+            .find(|w| w.starts_with("--"))
+            .filter(|_| line.starts_with("  ") && line.trim_start().starts_with('-'))
+        {
+            if let Some((_, flags)) = sections.last_mut() {
+                flags.push(flag.to_string());
+            }
+        }
+    }
+    sections
+}
+
+/// The shared groups' headings hold their own flags only: a command's own
+/// flags after a group (bench's batch and steps, plan's world sizes) are
+/// not filed under it.
+#[test]
+fn help_files_each_flag_under_its_own_heading() {
+    let groups: [(&str, &[&str]); 3] = [
+        (
+            "Model",
+            &[
+                "--model",
+                "--n-layer",
+                "--n-head",
+                "--n-embd",
+                "--block-size",
+                "--task",
+            ],
+        ),
+        (
+            "Parallelism",
+            &[
+                "--strategy",
+                "--world-size",
+                "--tp",
+                "--pp",
+                "--schedule",
+                "--virtual-stages",
+                "--recompute",
+                "--precision",
+                "--offload",
+                "--offload-serial",
+                "--comm",
+                "--comm-timeout",
+            ],
+        ),
+        ("Device", &["--device", "--opencl-device", "--cuda-device"]),
+    ];
+    for command in ["train", "bench", "plan", "eval", "generate", "prune"] {
+        for (heading, flags) in help_sections(command) {
+            let Some((_, own)) = groups.iter().find(|(g, _)| *g == heading) else {
+                continue;
+            };
+            for flag in flags {
+                assert!(
+                    own.contains(&flag.as_str()),
+                    "`{command} --help` files {flag} under {heading}"
+                );
+            }
+        }
+    }
+}
+
+/// A preset no family has is named with every family's presets.
+#[test]
+fn an_unknown_preset_lists_every_familys() {
+    let out = distgpt(&["train", "--model", "gpt3", "--steps", "1"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unknown model preset 'gpt3'"), "{err}");
+    assert!(
+        err.contains("gpt2-xl") && err.contains("bert-minilm"),
+        "{err}"
+    );
+}

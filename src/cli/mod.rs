@@ -170,20 +170,11 @@ impl ModelArgs {
                 }
                 checkpoint::read_any_meta(folder)?.gpt2(folder)?
             }
-            false => match (
-                GptConfig::preset(&self.model),
-                ModelConfig::preset(&self.model),
-            ) {
-                (Ok(c), _) => c,
-                // another family's preset, or none (every family's presets listed)
-                (Err(e), Ok(other)) => bail!(
-                    "--model {} is a {} preset, and this trains a GPT-2 language model \
-                     ({e}); a {} trains with --task mlm or classify",
-                    self.model,
-                    other.family(),
-                    other.family()
-                ),
-                (Err(_), Err(e)) => return Err(e.into()),
+            false => match GptConfig::preset(&self.model) {
+                Ok(c) => c,
+                // name every family's presets (another family's preset is
+                // refused, saying its task, before a GPT-2 is resolved)
+                Err(e) => return Err(ModelConfig::preset(&self.model).err().unwrap_or(e).into()),
             },
         };
         c.n_layer = self.n_layer.unwrap_or(c.n_layer);
