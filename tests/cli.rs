@@ -222,7 +222,7 @@ fn a_config_file_sets_flags_the_command_line_overrides_and_run_json_repeats_a_ru
         r
     };
     let ra = record(&a);
-    assert_eq!(ra["train"]["duration"], serde_json::json!({"Steps": 3}));
+    assert_eq!(ra["train"]["duration"], serde_json::json!({"steps": 3}));
     assert_eq!(ra["train"]["batch_size"], 4);
     assert_eq!(ra["train"]["seed"], 7);
     assert_eq!(ra["model"]["n_layer"], 2, "the tiny preset");
@@ -1381,4 +1381,22 @@ fn an_unknown_preset_lists_every_familys() {
         err.contains("gpt2-xl") && err.contains("bert-minilm"),
         "{err}"
     );
+}
+
+/// `--quiet` prints the summary only: no bar, no log lines, no sample.
+#[test]
+fn quiet_prints_the_summary_and_no_sample() {
+    let dir = run_dir("quiet");
+    let out = train_tiny(
+        dir.to_str().unwrap(),
+        &["--steps", "2", "--sample-tokens", "50", "--quiet"],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("steps 0..2 in"), "{text}");
+    assert!(!text.contains("sample"), "{text}");
+    let loud = train_tiny(
+        run_dir("loud").to_str().unwrap(),
+        &["--steps", "2", "--sample-tokens", "50"],
+    );
+    assert!(String::from_utf8_lossy(&loud.stdout).contains("--- sample ---"));
 }

@@ -778,7 +778,8 @@ pub(super) fn report_run(
     s: &train::TrainSummary,
     resume: &str,
 ) -> Result<Outcome> {
-    if !s.sample.is_empty() {
+    // --quiet: the summary only
+    if prep.cfg.verbose && !s.sample.is_empty() {
         distgpt::outln!("--- sample ---\n{}\n--------------", s.sample);
     }
     let what = match prep.data.kind() {

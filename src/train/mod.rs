@@ -32,10 +32,14 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 pub use task::{Eval, Task, TaskKind, TrainStream};
 
-/// How long to train.
+/// How long to train: `{"steps": N}` or `{"epochs": E}` in run.json
+/// (files before that wrote the Rust names, `Steps` and `Epochs`).
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Duration {
+    #[serde(alias = "Steps")]
     Steps(usize),
+    #[serde(alias = "Epochs")]
     Epochs(f64),
 }
 

@@ -53,13 +53,23 @@ pub struct Segment {
 /// configuration less what only changes what is shown (messages, log
 /// cadence, the peak MFU divides by, TensorBoard files).
 pub fn settings_checksum(t: &TrainConfig) -> String {
-    state::json_checksum(&TrainConfig {
+    let mut v = serde_json::to_value(TrainConfig {
         verbose: false,
         log_every: 0,
         peak_flops: None,
         tensorboard: None,
         ..t.clone()
     })
+    .expect("a training config serialises");
+    // over the duration's first spelling (`{"Steps": N}`), so the checksums
+    // of runs recorded before it was lowercased still compare equal
+    if let Some(d) = v.get_mut("duration").and_then(|d| d.as_object_mut()) {
+        *d = std::mem::take(d)
+            .into_iter()
+            .map(|(k, x)| (k[..1].to_uppercase() + &k[1..], x))
+            .collect();
+    }
+    state::json_checksum(&v)
 }
 
 pub const RUN_FILE: &str = "run.json";
@@ -483,6 +493,7 @@ fn keep_lines(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::train::Duration;
 
     #[test]
     fn runs_named_in_the_same_second_get_a_directory_each() {
@@ -500,6 +511,30 @@ mod tests {
         assert_eq!(reserve(&root, "tiny-x", false), root.join("tiny-x-4"));
         assert!(!root.join("tiny-x-4").exists());
         let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// run.json spells durations in lowercase, reads the Rust names older
+    /// files have, and a run's settings checksum is what it was when they
+    /// were written so, so older runs' segments still compare.
+    #[test]
+    fn durations_read_both_spellings_and_keep_their_checksums() {
+        let cfg = TrainConfig {
+            duration: Duration::Steps(5),
+            verbose: false,
+            log_every: 0,
+            ..TrainConfig::default()
+        };
+        let mut v = serde_json::to_value(&cfg).unwrap();
+        assert_eq!(v["duration"], serde_json::json!({"steps": 5}));
+        for old in [r#"{"Steps": 5}"#, r#"{"steps": 5}"#] {
+            let d: Duration = serde_json::from_str(old).unwrap();
+            assert!(matches!(d, Duration::Steps(5)), "{old}");
+        }
+        // what the first spelling serialised to
+        v["duration"] = serde_json::json!({"Steps": 5});
+        assert_eq!(settings_checksum(&cfg), state::json_checksum(&v));
+        let e: Duration = serde_json::from_str(r#"{"Epochs": 1.5}"#).unwrap();
+        assert!(matches!(e, Duration::Epochs(x) if x == 1.5));
     }
 
     #[test]
