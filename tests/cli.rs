@@ -1400,3 +1400,54 @@ fn quiet_prints_the_summary_and_no_sample() {
     );
     assert!(String::from_utf8_lossy(&loud.stdout).contains("--- sample ---"));
 }
+
+/// An input of the wrong kind is named for what it is, not as a missing file.
+#[test]
+fn wrong_kind_inputs_say_what_they_are() {
+    let dir = run_dir("wrong-kind");
+    let (bert, set) = tiny_bert_and_labelled_set(&dir);
+    let gpt = dir.join("gpt");
+    train_tiny(gpt.to_str().unwrap(), &["--steps", "1", "--quiet"]);
+    let text = dir.join("notes.txt");
+    std::fs::write(&text, "some text\n").unwrap();
+    let s = |p: &PathBuf| p.to_str().unwrap().to_string();
+    let cases: [(Vec<String>, &str); 3] = [
+        (
+            vec![
+                "train".into(),
+                "--task".into(),
+                "classify".into(),
+                "--init-from".into(),
+                s(&gpt),
+                "--data".into(),
+                s(&set),
+            ],
+            "is a distgpt GPT-2 model (model.json), and --task classify fine-tunes a BERT",
+        ),
+        (
+            vec![
+                "train".into(),
+                "--task".into(),
+                "classify".into(),
+                "--init-from".into(),
+                s(&bert),
+                "--data".into(),
+                s(&text),
+            ],
+            "is a file, not a labelled set",
+        ),
+        (
+            vec!["eval".into(), s(&gpt), "--data".into(), s(&set)],
+            "is a labelled set (labels.json, train/val/test.jsonl), which a classifier reads",
+        ),
+    ];
+    for (args, says) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = distgpt(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(says),
+            "{args:?}: {err}"
+        );
+    }
+}

@@ -72,6 +72,15 @@ impl Labelled {
 
 impl LabelledSet {
     pub fn load(dir: &Path) -> Result<Self> {
+        if !dir.is_dir() {
+            return Err(Error::Input(format!(
+                "{} is {}, not a labelled set: a directory of train.jsonl, val.jsonl, \
+                 test.jsonl ({{\"label\": N, \"text\": ...}} a line) and labels.json \
+                 (`distgpt data prepare-spam` makes one)",
+                dir.display(),
+                if dir.exists() { "a file" } else { "missing" }
+            )));
+        }
         let path = dir.join("labels.json");
         let text = std::fs::read_to_string(&path)
             .map_err(|e| Error::Input(format!("cannot read {}: {e}", path.display())))?;

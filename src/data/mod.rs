@@ -180,6 +180,14 @@ impl Dataset {
                 })
                 .map(|p| shard::Shard::open(p).map(Part::Mapped))
                 .collect::<Result<Vec<_>>>()?;
+            if parts.is_empty() && dir.join("labels.json").exists() {
+                return Err(Error::Input(format!(
+                    "{} is a labelled set (labels.json, train/val/test.jsonl), which a \
+                     classifier reads: a language model reads a text file or a directory of \
+                     *train*.bin / *val*.bin token shards",
+                    dir.display()
+                )));
+            }
             if parts.is_empty() {
                 return Err(Error::Input(format!(
                     "{}: no *{key}*.bin shard in this directory",

@@ -61,6 +61,14 @@ impl ClassifyTask {
             }
             set.train.sample(n, seed);
         }
+        if init_from.join("model.json").exists() && !init_from.join("config.json").exists() {
+            return Err(Error::Input(format!(
+                "{} is a distgpt GPT-2 model (model.json), and --task classify fine-tunes a \
+                 BERT: give --init-from a Hugging Face BERT folder (config.json, \
+                 model.safetensors, vocab.txt)",
+                init_from.display()
+            )));
+        }
         let vocab_file = init_from.join("vocab.txt");
         let wp = WordPiece::from_vocab_file(&vocab_file)?;
         let head = BertHead::Classify {
