@@ -584,6 +584,11 @@ fn compare_runs_a_fine_tuning_matrix_that_follows_single() {
     ]));
     let text = String::from_utf8_lossy(&done.stdout).to_string();
     assert!(text.contains("val accuracy by epoch"), "{text}");
+    // piped, the hidden bars leave a line per run on stderr
+    let said = String::from_utf8_lossy(&done.stderr);
+    for k in 1..=5 {
+        assert!(said.contains(&format!("run {k}/5 ")), "{said}");
+    }
     let rows: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
     let rows = rows.as_array().unwrap();
@@ -1449,5 +1454,36 @@ fn wrong_kind_inputs_say_what_they_are() {
             !out.status.success() && err.contains(says),
             "{args:?}: {err}"
         );
+    }
+}
+
+/// Where a sharded strategy's memory has "other" bytes, bench says what they are.
+#[test]
+fn bench_says_what_a_sharded_strategys_other_bytes_are() {
+    for (strategy, says) in [("zero1", Some("zero1's \"other\" is")), ("ddp", None)] {
+        let out = succeeded(distgpt(&[
+            "bench",
+            "--model",
+            "tiny",
+            "--strategy",
+            strategy,
+            "--world-size",
+            "2",
+            "--batch-size",
+            "4",
+            "--seq-len",
+            "16",
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+            "--peak-tflops",
+            "0.1",
+        ]));
+        let text = String::from_utf8_lossy(&out.stdout);
+        match says {
+            Some(s) => assert!(text.contains(s), "{strategy}: {text}"),
+            None => assert!(!text.contains("\"other\" is"), "{strategy}: {text}"),
+        }
     }
 }

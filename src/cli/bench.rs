@@ -323,6 +323,11 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
             1e3 * x.comm_s_per_step,
             1e3 * x.update_s
         );
+        if r + 1 == ranks.len() && x.peak[4] > 0 {
+            if let Some(what) = par.strategy.other_memory() {
+                distgpt::outln!("note: {what}");
+            }
+        }
         if !par.offload.is_none() {
             let p = &x.host_peak;
             distgpt::outln!(

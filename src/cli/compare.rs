@@ -193,28 +193,32 @@ pub fn run(mut a: CompareArgs, threads: usize) -> Result<()> {
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let files = compare::report::write(&spec, &done, &command)?;
     let results = &done.results;
-    distgpt::outln!(
-        "{:<22} {:>6} {:>11} {:>14} {:>14} {:>10} {:>14}",
+    let rows: Vec<Vec<String>> = results
+        .iter()
+        .map(|r| {
+            vec![
+                format!("{} {}", r.model, r.label),
+                r.batch.to_string(),
+                format!("{:.0}", r.tokens_per_s),
+                format!("{:.2}", r.max_peak()[5] as f64 / 1048576.0),
+                format!("{:.1}", r.time_per_epoch_s),
+                format!("{:.4}", r.val_loss),
+                r.max_loss_deviation_from_single
+                    .map_or("-".into(), |d| format!("{d:.1e}")),
+            ]
+        })
+        .collect();
+    let header = [
         "strategy",
         "batch",
         "tokens/s",
         "peak MiB/rank",
         "epoch time s",
         "val loss",
-        "dev vs single"
-    );
-    for r in results {
-        distgpt::outln!(
-            "{:<22} {:>6} {:>11.0} {:>14.2} {:>14.1} {:>10.4} {:>14}",
-            format!("{} {}", r.model, r.label),
-            r.batch,
-            r.tokens_per_s,
-            r.max_peak()[5] as f64 / 1048576.0,
-            r.time_per_epoch_s,
-            r.val_loss,
-            r.max_loss_deviation_from_single
-                .map_or("-".into(), |d| format!("{d:.1e}"))
-        );
+        "dev vs single",
+    ];
+    for line in distgpt::metrics::table(&header, &rows) {
+        distgpt::outln!("{line}");
     }
     let report = spec.out_dir.join("report.md");
     if done.stopped {
@@ -306,8 +310,29 @@ fn run_classify(a: CompareArgs, out_dir: PathBuf, threads: usize) -> Result<()> 
     let done = classify_matrix::run(&matrix, &MultiProgress::new())?;
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let files = classify_matrix::write(&matrix, &done, &command)?;
-    distgpt::outln!(
-        "{:<16} {:>6} {:>9} {:>14} {:>13} {:>24} {:>10} {:>14}",
+    let rows: Vec<Vec<String>> = done
+        .rows
+        .iter()
+        .map(|r| {
+            let accs: Vec<String> = r
+                .epochs
+                .iter()
+                .map(|e| format!("{:.1}%", 100.0 * e.val.accuracy))
+                .collect();
+            vec![
+                r.label.clone(),
+                r.batch.to_string(),
+                format!("{:.0}", r.tokens_per_s),
+                format!("{:.1}", r.max_peak_total() as f64 / 1048576.0),
+                format!("{:.1}", r.time_per_epoch_s),
+                accs.join(" "),
+                format!("{:.2}%", 100.0 * r.test.accuracy),
+                r.max_loss_deviation_from_single
+                    .map_or("-".into(), |d| format!("{d:.1e}")),
+            ]
+        })
+        .collect();
+    let header = [
         "layout",
         "batch",
         "tokens/s",
@@ -315,26 +340,10 @@ fn run_classify(a: CompareArgs, out_dir: PathBuf, threads: usize) -> Result<()> 
         "epoch time s",
         "val accuracy by epoch",
         "test acc",
-        "dev vs single"
-    );
-    for r in &done.rows {
-        let accs: Vec<String> = r
-            .epochs
-            .iter()
-            .map(|e| format!("{:.1}%", 100.0 * e.val.accuracy))
-            .collect();
-        distgpt::outln!(
-            "{:<16} {:>6} {:>9.0} {:>14.1} {:>13.1} {:>24} {:>9.2}% {:>14}",
-            r.label,
-            r.batch,
-            r.tokens_per_s,
-            r.max_peak_total() as f64 / 1048576.0,
-            r.time_per_epoch_s,
-            accs.join(" "),
-            100.0 * r.test.accuracy,
-            r.max_loss_deviation_from_single
-                .map_or("-".into(), |d| format!("{d:.1e}"))
-        );
+        "dev vs single",
+    ];
+    for line in distgpt::metrics::table(&header, &rows) {
+        distgpt::outln!("{line}");
     }
     let report = matrix.out_dir.join("report.md");
     if done.stopped {

@@ -132,6 +132,8 @@ pub fn run(m: &ClassifyMatrix, multi: &MultiProgress) -> Result<ClassifyComparis
             seq_len,
             grad_accum: 1,
         };
+        outer.inc(1);
+        super::run_done(&outer, &format!("{label} batch {batch}"), &s);
         rows.push(ClassifyRow {
             label,
             strategy: par.strategy,
@@ -149,7 +151,6 @@ pub fn run(m: &ClassifyMatrix, multi: &MultiProgress) -> Result<ClassifyComparis
             losses: s.losses,
             max_loss_deviation_from_single: None,
         });
-        outer.inc(1);
     }
     outer.finish_and_clear();
     let singles: Vec<(usize, Vec<f32>)> = rows

@@ -637,8 +637,10 @@ pub fn run(spec: &CompareSpec, ds: &Dataset, multi: &MultiProgress) -> Result<Co
                 stopped = true;
                 break 'cells;
             }
-            summaries.push(summary);
             outer.inc(1);
+            let what = format!("{} {} batch {}", cell.model_name, cell.label(), cell.batch);
+            run_done(&outer, &what, &summary);
+            summaries.push(summary);
         }
         let mut row = RunResult::from_summaries(cell, (spec.seq_len, spec.grad_accum), &summaries);
         row.predicted = predicted.get(i).cloned();
@@ -652,6 +654,24 @@ pub fn run(spec: &CompareSpec, ds: &Dataset, multi: &MultiProgress) -> Result<Co
         planned_cells: cells.len(),
         stopped,
     })
+}
+
+/// A line above the matrix's bar (on stderr, alone, when it is hidden
+/// because stderr is not a terminal) as each run ends.
+pub(crate) fn run_done(outer: &indicatif::ProgressBar, what: &str, s: &train::TrainSummary) {
+    let done = outer.position();
+    let all = outer.length().unwrap_or(done);
+    crate::metrics::say(
+        outer,
+        &format!(
+            "run {done}/{all} {what}: {} in {:.1} s, loss {:.4} -> {:.4}, {:.0} tokens/s",
+            crate::metrics::count(s.losses.len(), "step"),
+            s.seconds,
+            s.first_loss,
+            s.final_loss,
+            s.tokens_per_s
+        ),
+    );
 }
 
 #[cfg(test)]

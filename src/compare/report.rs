@@ -197,6 +197,15 @@ fn markdown(
                 .map_or("-".into(), |d| format!("{d:.1e}"))
         );
     }
+    let mut strategies: Vec<StrategyKind> = Vec::new();
+    for r in results {
+        if !strategies.contains(&r.strategy) {
+            strategies.push(r.strategy);
+        }
+    }
+    for what in strategies.iter().filter_map(|s| s.other_memory()) {
+        let _ = writeln!(md, "\nMemory: {what}.");
+    }
     if results.iter().any(|r| r.predicted.is_some()) {
         let _ = writeln!(md, "\n## `plan`'s predictions against these runs\n");
         if let Some(m) = calibrations.first().map(|c| &c.machine) {

@@ -188,6 +188,31 @@ pub fn human_bytes(bytes: u64) -> String {
     }
 }
 
+/// A table as lines: each column as wide as its widest cell, the first
+/// left-aligned, the others right-aligned, two spaces between.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> Vec<String> {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut out = String::new();
+        for (i, (cell, w)) in cells.zip(&widths).enumerate() {
+            let pad = " ".repeat(w - cell.chars().count());
+            match i {
+                0 => out += &format!("{cell}{pad}"),
+                _ => out += &format!("  {pad}{cell}"),
+            }
+        }
+        out.trim_end().to_string()
+    };
+    let mut out = vec![line(&mut header.iter().copied())];
+    out.extend(rows.iter().map(|r| line(&mut r.iter().map(String::as_str))));
+    out
+}
+
 /// Peak bytes by category on one line.
 pub fn memory_line(m: &MemoryReport) -> String {
     let p = &m.peak_bytes;
@@ -272,6 +297,23 @@ macro_rules! errln {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_table_lines_up_cells_wider_than_their_heading() {
+        let rows = vec![
+            vec!["a long label that is wider".to_string(), "7".into()],
+            vec!["b".into(), "12345678901".into()],
+        ];
+        let lines = table(&["strategy", "tokens/s"], &rows);
+        assert_eq!(
+            lines,
+            [
+                "strategy                       tokens/s",
+                "a long label that is wider            7",
+                "b                           12345678901",
+            ]
+        );
+    }
 
     #[test]
     fn a_count_of_one_is_singular() {

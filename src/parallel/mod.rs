@@ -48,6 +48,32 @@ pub enum StrategyKind {
     Tp,
 }
 
+impl StrategyKind {
+    /// What the memory reports' "other" bytes are under this strategy, where
+    /// it has any: buffers sized by the largest unit, not by the model, so
+    /// on a small model they can outweigh what sharding saves.
+    pub fn other_memory(self) -> Option<&'static str> {
+        match self {
+            StrategyKind::Zero1 => Some(
+                "zero1's \"other\" is a padded unit's gradient scratch and the reduce-scatter's \
+                 output (each sized by the largest unit) and, during the update, copies of this \
+                 rank's gradient and parameter shards; on a small model they outweigh the half \
+                 of the moments two ranks save, so zero1 x2 can peak above ddp x2",
+            ),
+            StrategyKind::Zero2 => Some(
+                "zero2's \"other\" is a padded unit's gradient scratch (the head's too) and the \
+                 reduce-scatter's output, each sized by the largest unit, and during the update \
+                 a copy of this rank's parameter shard",
+            ),
+            StrategyKind::Fsdp => Some(
+                "fsdp's \"other\" is a padded unit's gradient scratch (the head's too) and the \
+                 reduce-scatter's output, each sized by the largest unit",
+            ),
+            _ => None,
+        }
+    }
+}
+
 impl std::fmt::Display for StrategyKind {
     /// The name the command line takes (`fsdp`, `zero1`).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
