@@ -19,6 +19,10 @@ const FONT: &str = "sans-serif";
 const WIDTH: u32 = 1100;
 const HEIGHT: u32 = 620;
 const LEGEND_WIDTH: u32 = 250;
+/// Characters of a legend label per line: what fits right of its sample.
+const LABEL_CHARS: usize = 22;
+/// Points above which a curve is drawn in thinner lines.
+const DENSE: usize = 200;
 
 /// Plotters looks fonts up by family; ours is compiled in.
 fn register_font() {
@@ -228,15 +232,24 @@ pub fn notes(fig: &Figure, y_span: f64) -> Vec<String> {
 /// Splits `text` into lines of at most `width` characters at spaces.
 fn wrap(text: &str, width: usize) -> Vec<String> {
     let mut lines: Vec<String> = vec![String::new()];
-    for word in text.split(' ') {
+    // a word wider than a line is cut into lines of its own
+    let words = text.split(' ').flat_map(|w| {
+        let chars: Vec<char> = w.chars().collect();
+        let parts: Vec<String> = match chars.len() > width {
+            true => chars.chunks(width).map(|c| c.iter().collect()).collect(),
+            false => vec![w.to_string()],
+        };
+        parts
+    });
+    for word in words {
         let line = lines.last_mut().expect("one line at least");
         if !line.is_empty() && line.len() + 1 + word.len() > width {
-            lines.push(word.to_string());
+            lines.push(word);
         } else {
             if !line.is_empty() {
                 line.push(' ');
             }
-            line.push_str(word);
+            line.push_str(&word);
         }
     }
     lines
@@ -361,14 +374,27 @@ where
         .draw()
         .map_err(err)?;
     legend.fill(&WHITE).map_err(err)?;
+    let mut y = 70;
     for (i, s) in fig.series.iter().enumerate() {
         let (color, shape, dash) = style(i);
-        // the first series (single, the reference) is drawn widest, so curves
-        // that coincide with it stay visible on top
-        let line = color.stroke_width(if i == 0 { 6 } else { 2 });
+        // the first series (single, the reference) is drawn wider, so curves
+        // that coincide with it stay visible on top; a long, jagged curve
+        // thinner, so its joins stay within the plot
+        let line = color.stroke_width(match (i, s.points.len() > DENSE) {
+            (0, false) => 4,
+            (0, true) | (_, false) => 2,
+            (_, true) => 1,
+        });
         let pts = s.points.iter().copied();
         match dash {
-            Dash::Solid => chart.draw_series(LineSeries::new(pts, line)),
+            // segment by segment: a wide polyline's mitred joins at sharp
+            // turns (a noisy loss curve) spike far past the points, over
+            // the axes and the title
+            Dash::Solid => chart.draw_series(
+                s.points
+                    .windows(2)
+                    .map(|w| PathElement::new(vec![w[0], w[1]], line)),
+            ),
             Dash::Dashed => chart.draw_series(DashedLineSeries::new(pts, 10, 6, line)),
             Dash::Dotted => chart.draw_series(DashedLineSeries::new(pts, 2, 6, line)),
         }
@@ -390,7 +416,6 @@ where
                 .draw_series(s.points.iter().map(|&p| m(p)))
                 .map_err(err))?;
         }
-        let y = 70 + 26 * i as i32;
         let sample = vec![(8, y), (40, y)];
         match dash {
             Dash::Solid => legend.draw(&PathElement::new(sample, line)),
@@ -407,11 +432,20 @@ where
         if fig.markers {
             with_marker!(shape, color, |m| legend.draw(&m((24, y))).map_err(err))?;
         }
-        legend
-            .draw(&Text::new(s.label.clone(), (48, y - 9), (FONT, 15)))
-            .map_err(err)?;
+        // a long label wraps within the panel instead of running off the image
+        let parts = wrap(&s.label, LABEL_CHARS);
+        for (k, part) in parts.iter().enumerate() {
+            legend
+                .draw(&Text::new(
+                    part.as_str(),
+                    (48, y - 9 + 18 * k as i32),
+                    (FONT, 15),
+                ))
+                .map_err(err)?;
+        }
+        y += 26 + 18 * (parts.len() as i32 - 1);
     }
-    let mut y = 70 + 26 * fig.series.len() as i32 + 10;
+    y += 10;
     for line in notes.iter().flat_map(|n| wrap(n, 30)) {
         legend
             .draw(&Text::new(
@@ -595,6 +629,48 @@ mod tests {
             series,
             markers: true,
             y_from_zero: false,
+        }
+    }
+
+    /// A long, jagged curve stays inside the plot (no mitred join spikes
+    /// over the title or the axis label) and a long legend label inside
+    /// the image (wrapped).
+    #[test]
+    fn a_jagged_curve_and_a_long_label_stay_inside() {
+        register_font();
+        let jagged: Vec<(f64, f64)> = (0..800)
+            .map(|i| (i as f64, if i % 2 == 0 { 0.0 } else { 10.0 }))
+            .collect();
+        let mut fig = figure(vec![series(
+            &"a-run-name-without-spaces-".repeat(3),
+            &jagged,
+        )]);
+        fig.markers = false;
+        let (w, h) = (WIDTH as usize, HEIGHT as usize);
+        let mut buf = vec![0u8; w * h * 3];
+        draw(
+            BitMapBackend::with_buffer(&mut buf, (WIDTH, HEIGHT)).into_drawing_area(),
+            &fig,
+        )
+        .unwrap();
+        let red = COLORS[0];
+        let is_red = |x: usize, y: usize| {
+            let p = &buf[3 * (y * w + x)..3 * (y * w + x) + 3];
+            (p[0], p[1], p[2]) == (red.0, red.1, red.2)
+        };
+        let plot = w - LEGEND_WIDTH as usize;
+        // the caption's band and the x axis label's band
+        for y in (0..40).chain(h - 50..h) {
+            for x in 0..plot {
+                assert!(!is_red(x, y), "the curve reaches ({x}, {y})");
+            }
+        }
+        // the label's text ends before the image's edge
+        for y in 0..h {
+            assert!(
+                !(w - 4..w).any(|x| buf[3 * (y * w + x)] < 128),
+                "text at the right edge, row {y}"
+            );
         }
     }
 
