@@ -226,14 +226,12 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
     for &world in &a.world_size {
         if let (Some(m), None) = (&machine, a.efficiency) {
             let cal = calibrate_cpu(m, &w.model, w.batch, w.seq_len, world)?;
+            let (m, b, t) = &cal.measured;
             distgpt::errln!(
-                "  {}: step efficiency {:.0}% (one rank of {world}, {} params, batch {} of {} x {})",
+                "  {}: step efficiency {:.0}% (one rank of {world} at {b} x {t} tokens, {} params)",
                 distgpt::metrics::count(world, "rank"),
                 100.0 * cal.efficiency,
-                cal.model.num_params(),
-                (cal.batch / world).max(1),
-                cal.batch,
-                cal.seq_len
+                m.num_params()
             );
             device.efficiency = cal.efficiency;
         }

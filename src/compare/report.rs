@@ -222,12 +222,15 @@ fn markdown(
         for c in calibrations {
             let _ = writeln!(
                 md,
-                "- {} params, global batch {} x {} on {}: {:.0}%",
+                "- {} params, global batch {} x {} on {}: {:.0}% (timed on {} params at {} x {} tokens a rank)",
                 c.model.num_params(),
                 c.batch,
                 c.seq_len,
                 crate::metrics::count(c.ranks, "rank"),
-                100.0 * c.efficiency
+                100.0 * c.efficiency,
+                c.measured.0.num_params(),
+                c.measured.1,
+                c.measured.2
             );
         }
         let exact = memory_prediction_exact(results);

@@ -60,10 +60,13 @@ pub struct Calibration {
     /// Model FLOPs of a rank's step over its share of the peak, optimizer time taken out.
     pub efficiency: f64,
     pub ranks: usize,
-    /// The model the efficiency was measured on, and the global batch.
+    /// The model and global batch asked about.
     pub model: ModelConfig,
     pub batch: usize,
     pub seq_len: usize,
+    /// What was timed: the model (fewer blocks where the asked one's step
+    /// is large) and one rank's batch and sequence length.
+    pub measured: (ModelConfig, usize, usize),
 }
 
 impl Calibration {
@@ -139,25 +142,101 @@ fn local_comm(threads: usize) -> Result<(f64, f64)> {
     Ok(((big * 4) as f64 / big_s, small_s / 2.0))
 }
 
+/// The most model FLOPs a calibration step may take (about a second on 2
+/// cores): a larger rank step is timed on a smaller shape of it.
+const STEP_FLOPS: f64 = 50e9;
+
+/// `model` with at most `n` blocks (a family this does not know, unchanged).
+fn with_blocks(model: &ModelConfig, n: usize) -> ModelConfig {
+    use crate::model::bert::BertConfig;
+    use crate::model::GptConfig;
+    if let Some(g) = model.get::<GptConfig>() {
+        let mut g = g.clone();
+        g.n_layer = g.n_layer.min(n);
+        g.blocks.truncate(g.n_layer);
+        return g.into();
+    }
+    if let Some(b) = model.get::<BertConfig>() {
+        let mut b = b.clone();
+        b.n_layer = b.n_layer.min(n);
+        return b.into();
+    }
+    model.clone()
+}
+
+/// Bytes of host memory available now (Linux's MemAvailable), if known.
+fn available_bytes() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024.0)
+}
+
+/// The shape a rank's calibration step runs at: the asked one, or, while
+/// its step is over [`STEP_FLOPS`] or `concurrent` of them would take more
+/// than half the available memory, one row, then shorter sequences and
+/// two blocks (the efficiency of the same widths, scaled to the model).
+fn calibration_shape(
+    model: &ModelConfig,
+    (rank_batch, seq_len): (usize, usize),
+    concurrent: usize,
+) -> Result<(ModelConfig, usize, usize)> {
+    let bytes = |m: &ModelConfig, b: usize, t: usize| {
+        let w = super::Workload {
+            model: m.clone(),
+            batch: b,
+            seq_len: t,
+            grad_accum: 1,
+        };
+        super::memory_plan(&w, ParallelConfig::single(), Precision::Fp32).total()
+            * concurrent as f64
+    };
+    let room = available_bytes().map_or(f64::INFINITY, |a| a / 2.0);
+    let fits = |m: &ModelConfig, b: usize, t: usize| {
+        m.flops_per_token(t) * (b * t) as f64 <= STEP_FLOPS && bytes(m, b, t) <= room
+    };
+    let mut shape = (model.clone(), rank_batch, seq_len);
+    let smaller = [
+        |(m, _, t): (ModelConfig, usize, usize)| (m, 1, t),
+        |(m, b, t): (ModelConfig, usize, usize)| (m, b, t.min(256)),
+        |(m, b, t): (ModelConfig, usize, usize)| (with_blocks(&m, 2), b, t),
+        |(m, b, t): (ModelConfig, usize, usize)| (m, b, t.min(128)),
+        |(m, b, t): (ModelConfig, usize, usize)| (m, b, t.min(64)),
+    ];
+    for shrink in smaller {
+        if fits(&shape.0, shape.1, shape.2) {
+            break;
+        }
+        shape = shrink(shape);
+    }
+    let need = bytes(&shape.0, shape.1, shape.2);
+    if need > room {
+        return Err(crate::error::Error::Config(format!(
+            "calibrating this CPU needs {:.1} GB for {concurrent} rank steps, and {:.1} GB is \
+             available: pass --efficiency to skip the calibration",
+            need / 1e9,
+            2.0 * room / 1e9
+        )));
+    }
+    Ok(shape)
+}
+
 /// Measures the step efficiency of one of `ranks` thread ranks training
-/// `model` (a GPT-2-small-sized stand-in when it is larger) at a global
-/// `batch` x `seq_len`: independent single-rank steps, each with its share
-/// of the threads and of the batch, run side by side; the time is stretched
-/// when ranks outnumber threads.
+/// `model` at a global `batch` x `seq_len`: independent single-rank steps,
+/// each with its share of the threads and of the batch, run side by side;
+/// the time is stretched when ranks outnumber threads. A large rank step
+/// is timed on a smaller shape ([`calibration_shape`]); what runs and
+/// about how long it takes is said first, on stderr.
 pub fn calibrate_cpu(
     machine: &Machine,
-    model: &ModelConfig,
-    batch: usize,
-    seq_len: usize,
+    asked: &ModelConfig,
+    asked_batch: usize,
+    asked_seq: usize,
     ranks: usize,
 ) -> Result<Calibration> {
-    let gpt2 = ModelConfig::preset("gpt2")?;
-    let (model, batch, seq_len) = if model.num_params() > gpt2.num_params() {
-        (gpt2, 4 * ranks, 128)
-    } else {
-        (model.clone(), batch, seq_len)
-    };
-    let rank_batch = (batch / ranks).max(1);
+    let concurrent = ranks.min(machine.threads);
+    let (model, rank_batch, seq_len) =
+        calibration_shape(asked, ((asked_batch / ranks).max(1), asked_seq), concurrent)?;
     let rank_threads = (machine.threads / ranks).max(1);
     let oversubscribed = (ranks as f64 / machine.threads as f64).max(1.0);
     let par = ParallelConfig::single();
@@ -174,7 +253,22 @@ pub fn calibrate_cpu(
     // Every rank runs at once, each on its own, so they contend for memory
     // and caches as the real ranks do; no collective is involved. When ranks
     // outnumber threads, as many run at once as there are threads.
-    let concurrent = ranks.min(machine.threads);
+    let step_flops = model.flops_per_token(seq_len) * (rank_batch * seq_len) as f64;
+    let rank_peak = machine.peak_flops / concurrent as f64;
+    crate::errln!(
+        "  calibrating {}: {concurrent} x {} steps of {} ({} params) at {rank_batch} x {seq_len} \
+         tokens side by side, about {:.0} s",
+        crate::metrics::count(ranks, "rank"),
+        spec.warmup + spec.steps,
+        if model == *asked {
+            "the model".to_string()
+        } else {
+            format!("{} blocks of the model", model.n_layer())
+        },
+        model.num_params(),
+        // at half the matmul peak, plus building the model
+        (spec.warmup + spec.steps) as f64 * step_flops / (0.5 * rank_peak) + 1.0
+    );
     let times: Vec<Result<f64>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..concurrent)
             .map(|_| {
@@ -206,8 +300,31 @@ pub fn calibrate_cpu(
         machine: machine.clone(),
         efficiency,
         ranks,
-        model,
-        batch,
-        seq_len,
+        measured: (model, rank_batch, seq_len),
+        model: asked.clone(),
+        batch: asked_batch,
+        seq_len: asked_seq,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A large rank step is timed on a smaller shape, within the FLOP
+    /// budget; a small one as asked.
+    #[test]
+    fn a_large_step_is_calibrated_on_a_small_shape() {
+        let gpt2 = ModelConfig::preset("gpt2").unwrap();
+        let (m, b, t) = calibration_shape(&gpt2, (8, 1024), 2).unwrap();
+        assert!(m.flops_per_token(t) * (b * t) as f64 <= STEP_FLOPS);
+        assert!(
+            (m.n_layer(), b, t) == (2, 1, 128),
+            "{} blocks, {b} x {t}",
+            m.n_layer()
+        );
+        let tiny = ModelConfig::preset("tiny").unwrap();
+        let (m, b, t) = calibration_shape(&tiny, (4, 32), 2).unwrap();
+        assert!(m == tiny && (b, t) == (4, 32));
+    }
 }
