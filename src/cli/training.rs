@@ -810,6 +810,12 @@ pub(super) fn report_run(
         );
     }
     distgpt::outln!("peak memory (rank 0): {}", metrics::memory_line(&s.memory));
+    if let Some(rss) = metrics::peak_rss_bytes() {
+        distgpt::outln!(
+            "peak RSS of rank 0's process: {} (its ranks with what the categories leave out: data, workspaces, thread stacks, the allocator)",
+            metrics::human_bytes(rss)
+        );
+    }
     if s.rank_peak_bytes.len() > 1 {
         let h = metrics::human_bytes;
         for (r, p) in s.rank_peak_bytes.iter().enumerate() {

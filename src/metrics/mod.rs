@@ -213,6 +213,17 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> Vec<String> {
     out
 }
 
+/// This process's peak resident memory (Linux's VmHWM), if known: every
+/// rank of the process with what the categories do not count (the
+/// loader, kernel workspaces and packing buffers, thread stacks, the
+/// allocator's slack, the binary).
+pub fn peak_rss_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = text.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 /// Peak bytes by category on one line.
 pub fn memory_line(m: &MemoryReport) -> String {
     let p = &m.peak_bytes;
