@@ -232,13 +232,19 @@ pub fn notes(fig: &Figure, y_span: f64) -> Vec<String> {
 /// Splits `text` into lines of at most `width` characters at spaces.
 fn wrap(text: &str, width: usize) -> Vec<String> {
     let mut lines: Vec<String> = vec![String::new()];
-    // a word wider than a line is cut into lines of its own
+    // a word wider than a line is cut into lines of its own, after a '-'
+    // where one falls in the line (a run's name)
     let words = text.split(' ').flat_map(|w| {
-        let chars: Vec<char> = w.chars().collect();
-        let parts: Vec<String> = match chars.len() > width {
-            true => chars.chunks(width).map(|c| c.iter().collect()).collect(),
-            false => vec![w.to_string()],
-        };
+        let mut parts = Vec::new();
+        let mut rest: Vec<char> = w.chars().collect();
+        while rest.len() > width {
+            let cut = rest[..width]
+                .iter()
+                .rposition(|&c| c == '-')
+                .map_or(width, |i| i + 1);
+            parts.push(rest.drain(..cut).collect::<String>());
+        }
+        parts.push(rest.into_iter().collect());
         parts
     });
     for word in words {
