@@ -1490,3 +1490,33 @@ fn bench_says_what_a_sharded_strategys_other_bytes_are() {
         }
     }
 }
+
+/// A run states MFU against the CPU's hardware peak, kept once per machine
+/// and thread count: the first run on a machine says that it measures it
+/// (never silently), later runs read it.
+#[test]
+fn the_first_run_says_it_measures_the_peak_and_later_runs_reuse_it() {
+    let cache = run_dir("peak-cache");
+    let run = |tag: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_distgpt"))
+            .env("DISTGPT_CACHE_DIR", &cache)
+            .args(["--threads", "2", "train", "--model", "tiny", "--steps", "1"])
+            .args(["--batch-size", "2", "--seq-len", "16", "--out"])
+            .arg(run_dir(tag))
+            .output()
+            .unwrap();
+        let out = succeeded(out);
+        (
+            String::from_utf8_lossy(&out.stderr).to_string(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+        )
+    };
+    let (said, _) = run("peak-first");
+    assert!(said.contains("measuring the peak of"), "{said}");
+    let (again, _) = run("peak-second");
+    assert!(!again.contains("measuring"), "{again}");
+    // the run's header (on stderr without a terminal) names the peak
+    if is_x86_feature_detected!("fma") {
+        assert!(again.contains("(hardware: "), "{again}");
+    }
+}

@@ -162,6 +162,14 @@ pub fn lookup_or_measure(
     {
         return p;
     }
+    // said, not silent: it takes seconds and is kept for every later run
+    crate::errln!(
+        "measuring the peak of {device} and timing its matmul libraries, once: kept for \
+         later runs ({}), `distgpt devices --measure` redoes it",
+        file.map_or("not kept: no cache directory".into(), |f| f
+            .display()
+            .to_string())
+    );
     let probe = measure();
     let flops = probe.flops;
     let source = match file {

@@ -587,11 +587,27 @@ fn agree_on_peak<B: Backend>(
             }
             None => {
                 let p = in_pool(pool.as_ref(), || metrics::peak::of(be, false));
-                source = format!("{}; {}", p.matmul_name(), p.source);
+                // the CPU's hardware peak where it is known: one figure per
+                // machine and thread count, whatever load the probe met
+                let flops = match &p.hardware {
+                    Some(h) => {
+                        source = format!(
+                            "hardware: {}; products on {}; {}",
+                            h.describe(),
+                            blas::choice().describe(),
+                            p.source
+                        );
+                        h.flops
+                    }
+                    None => {
+                        source = format!("{}; {}", p.matmul_name(), p.source);
+                        p.flops
+                    }
+                };
                 match (&pool, one_device) {
-                    (Some(_), _) => (p.flops / ranks, p.flops),
-                    (None, true) => (p.flops, p.flops),
-                    (None, false) => (p.flops, p.flops * ranks),
+                    (Some(_), _) => (flops / ranks, flops),
+                    (None, true) => (flops, flops),
+                    (None, false) => (flops, flops * ranks),
                 }
             }
         };

@@ -34,10 +34,12 @@ impl HardwarePeak {
     }
 }
 
-/// The peak of this pool's threads (one core each), or None where the CPU
-/// is not an x86-64 with FMA (no instruction set to count lanes of).
+/// The peak of this pool's threads (one core each, as many as the machine
+/// has at most: more threads share the cores), or None where the CPU is
+/// not an x86-64 with FMA (no instruction set to count lanes of).
 pub fn measure() -> Option<HardwarePeak> {
-    let cores = rayon::current_num_threads();
+    let machine = std::thread::available_parallelism().map_or(usize::MAX, |n| n.get());
+    let cores = rayon::current_num_threads().min(machine);
     let (isa, lanes, fma_rate) = fma_rate()?;
     let clock = clock_hz()?;
     let fma_units = (fma_rate / (lanes as f64 * 2.0 * clock)).round().max(1.0) as usize;
