@@ -1520,3 +1520,51 @@ fn the_first_run_says_it_measures_the_peak_and_later_runs_reuse_it() {
         assert!(again.contains("(hardware: "), "{again}");
     }
 }
+
+/// bench's counted bytes (every rank of the process) account for the
+/// process's resident memory above its start within 15%.
+#[test]
+fn counted_memory_accounts_for_the_processs_resident_memory() {
+    for (strategy, world) in [("single", "1"), ("zero2", "2")] {
+        let out = succeeded(distgpt(&[
+            "bench",
+            "--model",
+            "shakespeare-char",
+            "--strategy",
+            strategy,
+            "--world-size",
+            world,
+            "--batch-size",
+            "4",
+            "--seq-len",
+            "256",
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+            "--peak-tflops",
+            "0.1",
+            "--json",
+        ]));
+        let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let (Some(start), Some(peak)) =
+            (j["rss_start_bytes"].as_f64(), j["peak_rss_bytes"].as_f64())
+        else {
+            eprintln!("no /proc/self/status here: nothing to compare");
+            return;
+        };
+        let counted: f64 = j["ranks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["peak_bytes"]["total"].as_f64().unwrap())
+            .sum();
+        let grew = peak - start;
+        let off = (grew - counted).abs() / grew;
+        assert!(
+            off <= 0.15,
+            "{strategy} x{world}: counted {counted:.0} bytes, the process grew {grew:.0} ({:.1}% off)",
+            100.0 * off
+        );
+    }
+}

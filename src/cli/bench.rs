@@ -147,6 +147,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
 }
 
 fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: usize) -> Result<()> {
+    // the process before any model: what the counted categories add to
+    let rss_start = metrics::rss_bytes();
     let par = a.parallel.config();
     par.resolved().validate(cfg, b)?;
     let threads = rayon::current_num_threads();
@@ -239,6 +241,7 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
             "hardware_peak_gflops": hardware.as_ref().map(|(f, _)| f / 1e9),
             "matmul": distgpt::backend::cpu::blas::choice().describe(),
             "flops_per_token": cfg.flops_per_token(t),
+            "rss_start_bytes": rss_start, "peak_rss_bytes": metrics::peak_rss_bytes(),
             "bubble": bubble, "bubble_formula": bubble.map(|_| formula),
             "ranks": ranks.iter().map(|r| serde_json::json!({
                 "peak_bytes": {"params": r.peak[0], "grads": r.peak[1], "optimizer": r.peak[2], "activations": r.peak[3], "other": r.peak[4], "total": r.peak[5]},
@@ -310,6 +313,13 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
         );
     }
     let h = metrics::human_bytes;
+    if let (Some(start), Some(peak)) = (rss_start, metrics::peak_rss_bytes()) {
+        distgpt::outln!(
+            "this process: peak RSS {}, {} above its start (its ranks' counted bytes with the loader, workspaces, thread stacks and allocator)",
+            h(peak),
+            h(peak.saturating_sub(start))
+        );
+    }
     for (r, x) in ranks.iter().enumerate() {
         distgpt::outln!(
             "rank {r}: peak {} = params {} + grads {} + optimizer {} + activations {} + other {} | comm {} / step, {:.1} ms / step | update {:.1} ms / step",

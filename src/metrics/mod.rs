@@ -218,8 +218,18 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> Vec<String> {
 /// loader, kernel workspaces and packing buffers, thread stacks, the
 /// allocator's slack, the binary).
 pub fn peak_rss_bytes() -> Option<u64> {
+    status_bytes("VmHWM:")
+}
+
+/// This process's resident memory now (Linux's VmRSS), if known.
+pub fn rss_bytes() -> Option<u64> {
+    status_bytes("VmRSS:")
+}
+
+/// A `/proc/self/status` line's kB figure, in bytes.
+fn status_bytes(key: &str) -> Option<u64> {
     let text = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = text.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = text.lines().find(|l| l.starts_with(key))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
 }
