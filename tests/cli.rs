@@ -1464,25 +1464,7 @@ fn wrong_kind_inputs_say_what_they_are() {
 #[test]
 fn bench_says_what_a_sharded_strategys_other_bytes_are() {
     for (strategy, says) in [("zero1", Some("zero1's \"other\" is")), ("ddp", None)] {
-        let out = succeeded(distgpt(&[
-            "bench",
-            "--model",
-            "tiny",
-            "--strategy",
-            strategy,
-            "--world-size",
-            "2",
-            "--batch-size",
-            "4",
-            "--seq-len",
-            "16",
-            "--steps",
-            "1",
-            "--warmup",
-            "0",
-            "--peak-tflops",
-            "0.1",
-        ]));
+        let out = bench_one_step("tiny", strategy, "2", "16", &[]);
         let text = String::from_utf8_lossy(&out.stdout);
         match says {
             Some(s) => assert!(text.contains(s), "{strategy}: {text}"),
@@ -1526,26 +1508,7 @@ fn the_first_run_says_it_measures_the_peak_and_later_runs_reuse_it() {
 #[test]
 fn counted_memory_accounts_for_the_processs_resident_memory() {
     for (strategy, world) in [("single", "1"), ("zero2", "2")] {
-        let out = succeeded(distgpt(&[
-            "bench",
-            "--model",
-            "shakespeare-char",
-            "--strategy",
-            strategy,
-            "--world-size",
-            world,
-            "--batch-size",
-            "4",
-            "--seq-len",
-            "256",
-            "--steps",
-            "1",
-            "--warmup",
-            "0",
-            "--peak-tflops",
-            "0.1",
-            "--json",
-        ]));
+        let out = bench_one_step("shakespeare-char", strategy, world, "256", &["--json"]);
         let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         let (Some(start), Some(peak)) =
             (j["rss_start_bytes"].as_f64(), j["peak_rss_bytes"].as_f64())
@@ -1567,4 +1530,29 @@ fn counted_memory_accounts_for_the_processs_resident_memory() {
             100.0 * off
         );
     }
+}
+
+/// One bench step of `model` at batch 4 x `seq`, no warm-up, at a stated peak (no probe).
+fn bench_one_step(model: &str, strategy: &str, world: &str, seq: &str, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "bench",
+        "--model",
+        model,
+        "--strategy",
+        strategy,
+        "--world-size",
+        world,
+        "--batch-size",
+        "4",
+        "--seq-len",
+        seq,
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--peak-tflops",
+        "0.1",
+    ];
+    args.extend_from_slice(extra);
+    succeeded(distgpt(&args))
 }
