@@ -264,9 +264,8 @@ pub struct StageState<B: Backend> {
 }
 
 impl<B: Backend> StageState<B> {
-    /// The state of replica r of n; with `host` (offload) the optimizer on
-    /// the host, counted there, copies overlapped when `overlap`.
-    #[allow(clippy::too_many_arguments)]
+    /// The state of replica r of n; with `host` (any offload) the optimizer
+    /// on the host, counted there, copies overlapped when `overlap`.
     pub fn new(
         be: &B,
         lay: &ParamLayout,
@@ -280,7 +279,7 @@ impl<B: Backend> StageState<B> {
         let z = pieces.sizes();
         let sharded = sharing != Sharing::Replicated;
         let opt_len = if sharded { z.shard } else { z.len };
-        let opt = match host.filter(|_| !offload.is_none()) {
+        let opt = match host {
             Some(cpu) => {
                 let segs = segments(&pieces, sharing, r);
                 let chunked = (opt_len, super::offload::CHUNK);
