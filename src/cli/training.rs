@@ -627,7 +627,7 @@ pub(super) fn check_memory(
     cfg: &TrainConfig,
     par: ParallelConfig,
 ) -> Result<()> {
-    let Some(free) = available_memory_bytes() else {
+    let Some(free) = metrics::available_memory_bytes() else {
         return Ok(());
     };
     let w = distgpt::plan::Workload {
@@ -651,14 +651,6 @@ pub(super) fn check_memory(
         );
     }
     Ok(())
-}
-
-/// MemAvailable from /proc/meminfo.
-pub(super) fn available_memory_bytes() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
 }
 
 /// SIGINT, SIGTERM, SIGUSR1 and SIGUSR2 (which mpirun forwards to every

@@ -226,9 +226,18 @@ pub fn rss_bytes() -> Option<u64> {
     status_bytes("VmRSS:")
 }
 
-/// A `/proc/self/status` line's kB figure, in bytes.
+/// The host memory available now (Linux's MemAvailable), if known.
+pub fn available_memory_bytes() -> Option<u64> {
+    kib_line("/proc/meminfo", "MemAvailable:")
+}
+
 fn status_bytes(key: &str) -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/self/status").ok()?;
+    kib_line("/proc/self/status", key)
+}
+
+/// A `/proc` file's "KEY: N kB" line, in bytes.
+fn kib_line(file: &str, key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(file).ok()?;
     let line = text.lines().find(|l| l.starts_with(key))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)

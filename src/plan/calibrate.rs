@@ -164,14 +164,6 @@ fn with_blocks(model: &ModelConfig, n: usize) -> ModelConfig {
     model.clone()
 }
 
-/// Bytes of host memory available now (Linux's MemAvailable), if known.
-fn available_bytes() -> Option<f64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024.0)
-}
-
 /// The shape a rank's calibration step runs at: the asked one, or, while
 /// its step is over [`STEP_FLOPS`] or `concurrent` of them would take more
 /// than half the available memory, one row, then shorter sequences and
@@ -191,7 +183,7 @@ fn calibration_shape(
         super::memory_plan(&w, ParallelConfig::single(), Precision::Fp32).total()
             * concurrent as f64
     };
-    let room = available_bytes().map_or(f64::INFINITY, |a| a / 2.0);
+    let room = crate::metrics::available_memory_bytes().map_or(f64::INFINITY, |a| a as f64 / 2.0);
     let fits = |m: &ModelConfig, b: usize, t: usize| {
         m.flops_per_token(t) * (b * t) as f64 <= STEP_FLOPS && bytes(m, b, t) <= room
     };
