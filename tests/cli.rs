@@ -5,32 +5,17 @@
 #[path = "support/bert.rs"]
 mod bert;
 
+#[path = "support/cli.rs"]
+mod cli;
+
 use bert::tiny_bert_and_labelled_set;
+use cli::{distgpt, fresh_dir, succeeded};
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-fn distgpt(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_distgpt"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-/// The output, having asserted that the command succeeded.
-fn succeeded(out: Output) -> Output {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
 /// An absent run directory for this test.
 fn run_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("distgpt-cli-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+    fresh_dir("cli", tag)
 }
 
 /// `distgpt train` of the tiny model on 4 x 16 tokens into `out`, with extra flags.

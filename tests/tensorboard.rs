@@ -8,26 +8,14 @@ mod bert;
 
 use distgpt::metrics::tensorboard::{event_files, read_events, Event, Value};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+#[path = "support/cli.rs"]
+mod cli;
 
-fn distgpt(args: &[&str]) -> Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_distgpt"))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
+use cli::{distgpt, fresh_dir, succeeded};
+use std::path::{Path, PathBuf};
 
 fn fresh(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("distgpt-tb-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+    fresh_dir("tb", tag)
 }
 
 /// Every scalar of the event files in `dir`, by tag, as (step, value).
@@ -64,7 +52,7 @@ fn a_language_model_run_and_its_resume_write_event_files_of_its_step_records() {
     args.extend_from_slice(&["--checkpoint-every", "3", "--sample-tokens", "0"]);
     args.extend_from_slice(&["--out", run_s, "--tensorboard", tb_s]);
     args.extend_from_slice(&common);
-    distgpt(&args);
+    succeeded(distgpt(&args));
 
     let files = event_files(&tb).unwrap();
     assert_eq!(files.len(), 1, "{files:?}");
@@ -103,7 +91,7 @@ fn a_language_model_run_and_its_resume_write_event_files_of_its_step_records() {
         .unwrap_or_else(|| panic!("no step-3 checkpoint in {}", ckpt.display()));
     let mut args = vec!["train", "--resume", step3.to_str().unwrap(), "--steps", "8"];
     args.extend_from_slice(&common);
-    distgpt(&args);
+    succeeded(distgpt(&args));
     let files = event_files(&tb).unwrap();
     assert_eq!(
         files.len(),
@@ -133,7 +121,7 @@ fn a_classifier_run_writes_its_validation_accuracy_and_f1() {
     let dir = fresh("classify");
     let (model, data) = bert::tiny_bert_and_labelled_set(&dir);
     let (run, tb) = (dir.join("run"), dir.join("tb"));
-    distgpt(&[
+    succeeded(distgpt(&[
         "train",
         "--task",
         "classify",
@@ -154,7 +142,7 @@ fn a_classifier_run_writes_its_validation_accuracy_and_f1() {
         run.to_str().unwrap(),
         "--tensorboard",
         tb.to_str().unwrap(),
-    ]);
+    ]));
     let events = read_events(&event_files(&tb).unwrap()[0]).unwrap();
     let s = scalars(&events);
     for key in ["accuracy", "f1", "loss"] {

@@ -45,15 +45,8 @@ pub struct BenchArgs {
     /// ~/.cache/distgpt/peak.json).
     #[arg(long, help_heading = "Benchmark")]
     peak_tflops: Option<f64>,
-    /// `--peak-gflops G`: the spelling before --peak-tflops (G / 1000 of it).
-    #[arg(
-        help_heading = "Benchmark",
-        long = "peak-gflops",
-        value_name = "GFLOPS",
-        hide = true,
-        conflicts_with = "peak_tflops"
-    )]
-    old_peak_gflops: Option<f64>,
+    #[command(flatten)]
+    old_peak: super::OldPeakGflops,
     /// Print one JSON object instead of text.
     #[arg(long, help_heading = "Benchmark")]
     json: bool,
@@ -160,7 +153,7 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
     };
     // Stated or not, the kept peak names the hardware's and the CPU's
     // matmul library (and its products run on that library from now on).
-    let stated = super::peak_tflops_or_old(a.peak_tflops, a.old_peak_gflops);
+    let stated = a.old_peak.or_stated(a.peak_tflops);
     let here = match stated {
         Some(_) => distgpt::metrics::peak::cached(&be),
         None => Some(distgpt::metrics::peak::of(&be, false)),

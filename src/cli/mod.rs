@@ -590,13 +590,29 @@ fn run_or_old_flag(command: &str, run: Option<PathBuf>, old: Option<PathBuf>) ->
     }
 }
 
-/// --peak-tflops, or the old --peak-gflops converted.
-fn peak_tflops_or_old(tflops: Option<f64>, old_gflops: Option<f64>) -> Option<f64> {
-    tflops.or_else(|| {
-        let g = old_gflops?;
-        old_spelling("--peak-gflops G", "--peak-tflops G/1000");
-        Some(g / 1000.0)
-    })
+/// `--peak-gflops G`, the spelling before `--peak-tflops` (hidden; the
+/// commands that take --peak-tflops flatten it in).
+#[derive(Args, Clone)]
+struct OldPeakGflops {
+    /// `--peak-gflops G`: the spelling before --peak-tflops (G / 1000 of it).
+    #[arg(
+        long = "peak-gflops",
+        value_name = "GFLOPS",
+        hide = true,
+        conflicts_with = "peak_tflops"
+    )]
+    old_peak_gflops: Option<f64>,
+}
+
+impl OldPeakGflops {
+    /// --peak-tflops, or the old --peak-gflops converted.
+    fn or_stated(&self, tflops: Option<f64>) -> Option<f64> {
+        tflops.or_else(|| {
+            let g = self.old_peak_gflops?;
+            old_spelling("--peak-gflops G", "--peak-tflops G/1000");
+            Some(g / 1000.0)
+        })
+    }
 }
 
 /// Refuses an output folder that is the input or holds a run (its model

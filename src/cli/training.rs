@@ -107,14 +107,8 @@ pub(super) struct TrainArgs {
     /// once per device and thread count, kept in ~/.cache/distgpt/peak.json).
     #[arg(long, help_heading = "Output")]
     peak_tflops: Option<f64>,
-    /// `--peak-gflops G`: the spelling before --peak-tflops (G / 1000 of it).
-    #[arg(
-        long = "peak-gflops",
-        value_name = "GFLOPS",
-        hide = true,
-        conflicts_with = "peak_tflops"
-    )]
-    old_peak_gflops: Option<f64>,
+    #[command(flatten)]
+    old_peak: super::OldPeakGflops,
     /// No progress bar or messages; the summary only.
     #[arg(long, help_heading = "Output")]
     quiet: bool,
@@ -396,7 +390,7 @@ pub(super) fn new_run(a: &TrainArgs, given: &[String], task: TaskKind) -> Result
             .out
             .clone()
             .unwrap_or_else(|| train::default_run_dir(&out_name)),
-        peak_flops: peak_tflops_or_old(a.peak_tflops, a.old_peak_gflops).map(|t| t * 1e12),
+        peak_flops: a.old_peak.or_stated(a.peak_tflops).map(|t| t * 1e12),
         verbose: !a.quiet,
         fault: None,
         checkpoint_every: a.checkpoint_every,
@@ -539,7 +533,7 @@ pub(super) fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<(Prepared, 
         cfg.tensorboard = a.tensorboard.clone();
     }
     if set("peak_tflops") || set("old_peak_gflops") {
-        cfg.peak_flops = peak_tflops_or_old(a.peak_tflops, a.old_peak_gflops).map(|t| t * 1e12);
+        cfg.peak_flops = a.old_peak.or_stated(a.peak_tflops).map(|t| t * 1e12);
     }
     cfg.verbose = !a.quiet;
     cfg.resume = Some(ckpt);
