@@ -17,6 +17,11 @@ use std::path::{Path, PathBuf};
 /// The cache file's name in the cache directory.
 pub const PEAK_FILE: &str = "peak.json";
 
+/// The version of the measurement an entry holds: an entry of an older one
+/// is measured over. 1: the hardware peak's loops are the fastest of many
+/// short trials, so a load on the machine no longer lowers it.
+const PROBE: u32 = 1;
+
 /// One measured peak.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Entry {
@@ -39,6 +44,9 @@ pub struct Entry {
     /// Every CPU matmul library's speed.
     #[serde(default)]
     pub timings: Vec<Timing>,
+    /// The measurement's version ([`PROBE`]; 0 before it was kept).
+    #[serde(default)]
+    pub probe: u32,
 }
 
 /// A peak and where it came from, for the run's header line.
@@ -131,7 +139,7 @@ fn host() -> String {
 fn lookup(file: &Path, device: &str, host: &str, threads: usize) -> Option<Peak> {
     let e = read(file)
         .into_iter()
-        .find(|e| e.same_as(device, host, threads) && e.flops > 0.0)?;
+        .find(|e| e.same_as(device, host, threads) && e.flops > 0.0 && e.probe == PROBE)?;
     let source = format!(
         "measured {} and kept in {}",
         crate::train::run_dir::date(e.measured_unix),
@@ -183,6 +191,7 @@ pub fn lookup_or_measure(
                 hardware: probe.hardware.clone(),
                 matmul: probe.matmul,
                 timings: probe.timings.clone(),
+                probe: PROBE,
             };
             match store(f, entry) {
                 Ok(()) => format!("measured now, kept in {}", f.display()),
@@ -284,6 +293,22 @@ mod tests {
             (old.len(), old[0].matmul, old[0].hardware.is_none()),
             (1, None, true)
         );
+        // an entry an older measurement wrote is measured over
+        std::fs::write(
+            &file,
+            format!(
+                r#"[{{"device":"cpu A","host":"{}","threads":2,"flops":5.0,"measured_unix":0}}]"#,
+                host()
+            ),
+        )
+        .unwrap();
+        let before = calls.get();
+        let newer = lookup_or_measure(Some(&file), "cpu A", 2, false, probe(20.0));
+        assert_eq!(
+            (calls.get(), newer.flops),
+            (before + 1, 20.0 + calls.get() as f64)
+        );
+        assert_eq!(read(&file)[0].probe, PROBE);
         let nowhere = lookup_or_measure(None, "cpu A", 2, false, probe(1.0));
         assert_eq!(nowhere.source, "measured now");
     }
