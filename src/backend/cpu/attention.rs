@@ -1,7 +1,8 @@
 //! Multi-head self-attention, flash-style: each (batch, head) task works
-//! through blocks of query rows with a (BLOCK x T) scratch, keeping only
-//! the row log-sum-exp for the backward, which recomputes the probabilities.
-//! No (B, NH, T, T) tensor ever exists. The mask is causal (GPT-2) or a
+//! through blocks of query rows and, within each, tiles of keys with an
+//! online softmax, so its scratch is (BLOCK x KEYS) whatever T is; it keeps
+//! only the row log-sum-exp for the backward, which recomputes the
+//! probabilities tile by tile. No (B, NH, T, T) tensor ever exists. The mask is causal (GPT-2) or a
 //! padding mask: every query of sequence b attends to its first `lens[b]`
 //! keys (an encoder's bidirectional attention, BERT's).
 
@@ -9,7 +10,7 @@ use super::math::{dot, exp, exp_shifted_sum, gemm, row_max, Mat, SendPtr};
 use crate::backend::ops::{AttentionBackward, AttentionDecode, AttentionForward, Host};
 use rayon::prelude::*;
 
-/// Query rows per block: the scratch per task is BLOCK x T floats (twice in backward).
+/// Query rows per block.
 const BLOCK: usize = 64;
 /// Multiply-adds an `attention_decode` task gets at least: about a
 /// microsecond, below which handing it to another thread costs more.
@@ -109,7 +110,9 @@ pub fn attention_backward(op: AttentionBackward<Host<'_>>) {
     backward_masked(dqkv, (dout, qkv, out, lse), shape, mask)
 }
 
-/// [`attention_forward`] under `mask`.
+/// [`attention_forward`] under `mask`: for each block of query rows, the
+/// keys in tiles of [`KEYS`] with an online softmax (a running max and sum
+/// per row; the output so far rescaled when a tile raises the max).
 fn forward_masked(out: &mut [f32], lse: &mut [f32], qkv: &[f32], s: AttnShape, mask: Mask<'_>) {
     let AttnShape { b, t, c, nh } = s;
     let hd = s.head_dim();
@@ -121,8 +124,8 @@ fn forward_masked(out: &mut [f32], lse: &mut [f32], qkv: &[f32], s: AttnShape, m
         .par_chunks_mut(t)
         .enumerate()
         .for_each_init(
-            || vec![0.0f32; BLOCK * t],
-            |scratch, (bh, lse_row)| {
+            || Tiles::new(hd),
+            |tiles, (bh, lse_row)| {
                 let (bi, h) = (bh / nh, bh % nh);
                 let q = qkv[bi * t * 3 * c + h * hd..].as_ptr();
                 // SAFETY: q, k, v address rows of this batch inside qkv; the output
@@ -133,34 +136,96 @@ fn forward_masked(out: &mut [f32], lse: &mut [f32], qkv: &[f32], s: AttnShape, m
                     for r0 in (0..t).step_by(BLOCK) {
                         let r1 = (r0 + BLOCK).min(t);
                         let (rows, cols) = (r1 - r0, mask.cols(bi, r1));
-                        let p = scratch.as_mut_ptr();
-                        scores(p, q.add(r0 * 3 * c), k, (rows, cols), hd, 3 * c, scale);
-                        for i in 0..rows {
-                            let row = &mut scratch[i * cols..(i + 1) * cols];
-                            let valid = mask.valid(bi, r0 + i);
-                            let max = row_max(&row[..valid]);
-                            let total = exp_shifted_sum(&mut row[..valid], max);
-                            row[valid..].fill(0.0);
-                            lse_row[r0 + i] = max + total.ln();
-                            let inv = 1.0 / total;
-                            row[..valid].iter_mut().for_each(|x| *x *= inv);
+                        let Tiles {
+                            p, acc, max, sum, ..
+                        } = tiles;
+                        max[..rows].fill(f32::NEG_INFINITY);
+                        sum[..rows].fill(0.0);
+                        acc[..rows * hd].fill(0.0);
+                        for c0 in (0..cols).step_by(KEYS) {
+                            let kw = KEYS.min(cols - c0);
+                            let pp = p.as_mut_ptr();
+                            scores(
+                                pp,
+                                q.add(r0 * 3 * c),
+                                k.add(c0 * 3 * c),
+                                (rows, kw),
+                                hd,
+                                3 * c,
+                                scale,
+                            );
+                            for i in 0..rows {
+                                let row = &mut p[i * kw..(i + 1) * kw];
+                                let seen = mask.valid(bi, r0 + i).saturating_sub(c0).min(kw);
+                                row[seen..].fill(0.0);
+                                if seen == 0 {
+                                    continue;
+                                }
+                                let new_max = max[i].max(row_max(&row[..seen]));
+                                let part = exp_shifted_sum(&mut row[..seen], new_max);
+                                if max[i] != f32::NEG_INFINITY && new_max != max[i] {
+                                    let shrink = exp(max[i] - new_max);
+                                    sum[i] *= shrink;
+                                    acc[i * hd..(i + 1) * hd]
+                                        .iter_mut()
+                                        .for_each(|x| *x *= shrink);
+                                }
+                                sum[i] += part;
+                                max[i] = new_max;
+                            }
+                            gemm(
+                                (rows, hd, kw),
+                                Mat::new(acc.as_mut_ptr(), hd, 1),
+                                Mat::new(pp as *const f32, kw, 1),
+                                Mat::new(v.add(c0 * 3 * c), 3 * c, 1),
+                                true,
+                                1.0,
+                                1,
+                            );
                         }
-                        gemm(
-                            (rows, hd, cols),
-                            Mat::new(o.add(r0 * c), c, 1),
-                            Mat::new(p as *const f32, cols, 1),
-                            Mat::new(v, 3 * c, 1),
-                            false,
-                            1.0,
-                            1,
-                        );
+                        for i in 0..rows {
+                            lse_row[r0 + i] = max[i] + sum[i].ln();
+                            let inv = 1.0 / sum[i];
+                            let dst = std::slice::from_raw_parts_mut(o.add((r0 + i) * c), hd);
+                            for (d, &a) in dst.iter_mut().zip(&acc[i * hd..(i + 1) * hd]) {
+                                *d = a * inv;
+                            }
+                        }
                     }
                 }
             },
         );
 }
 
-/// [`attention_backward`] under `mask`, given (dout, qkv, out, lse).
+/// Key columns a tile holds.
+const KEYS: usize = 64;
+
+/// A task's scratch: a (BLOCK x KEYS) tile of probabilities and one of
+/// their gradients, and the forward's (BLOCK x hd) output accumulator with
+/// its rows' running max and sum.
+struct Tiles {
+    p: Vec<f32>,
+    dp: Vec<f32>,
+    acc: Vec<f32>,
+    max: Vec<f32>,
+    sum: Vec<f32>,
+}
+
+impl Tiles {
+    fn new(hd: usize) -> Self {
+        Tiles {
+            p: vec![0.0; BLOCK * KEYS],
+            dp: vec![0.0; BLOCK * KEYS],
+            acc: vec![0.0; BLOCK * hd],
+            max: vec![0.0; BLOCK],
+            sum: vec![0.0; BLOCK],
+        }
+    }
+}
+
+/// [`attention_backward`] under `mask`, given (dout, qkv, out, lse): for
+/// each block of query rows and each tile of its keys, the probabilities
+/// again from the kept log-sum-exp, then dV, dP, dS, dQ and dK of the tile.
 fn backward_masked(
     dqkv: &mut [f32],
     (dout, qkv, out, lse): (&[f32], &[f32], &[f32], &[f32]),
@@ -174,20 +239,15 @@ fn backward_masked(
     let scale = 1.0 / (hd as f32).sqrt();
     let dqkv_ptr = SendPtr(dqkv.as_mut_ptr());
     (0..b * nh).into_par_iter().for_each_init(
-        || {
-            (
-                vec![0.0f32; BLOCK * t],
-                vec![0.0f32; BLOCK * t],
-                vec![0.0f32; t],
-            )
-        },
-        |(pbuf, dpbuf, dsum), bh| {
+        || (Tiles::new(hd), vec![0.0f32; t]),
+        |(tiles, dsum), bh| {
             let (bi, h) = (bh / nh, bh % nh);
             let lse_row = &lse[bh * t..(bh + 1) * t];
             for (tt, d) in dsum.iter_mut().enumerate() {
                 let at = (bi * t + tt) * c + h * hd;
                 *d = dot(&dout[at..at + hd], &out[at..at + hd]);
             }
+            let Tiles { p, dp, .. } = tiles;
             // SAFETY: all pointers address batch bi inside their buffers; the
             // gradient region (batch bi, head h) belongs to this task alone.
             unsafe {
@@ -196,6 +256,7 @@ fn backward_masked(
                 let dq = dqkv_ptr.get().add(bi * t * 3 * c + h * hd);
                 let (dk, dv) = (dq.add(c), dq.add(2 * c));
                 for tt in 0..t {
+                    std::ptr::write_bytes(dq.add(tt * 3 * c), 0, hd);
                     std::ptr::write_bytes(dk.add(tt * 3 * c), 0, hd);
                     std::ptr::write_bytes(dv.add(tt * 3 * c), 0, hd);
                 }
@@ -203,66 +264,70 @@ fn backward_masked(
                 for r0 in (0..t).step_by(BLOCK) {
                     let r1 = (r0 + BLOCK).min(t);
                     let (rows, cols) = (r1 - r0, mask.cols(bi, r1));
-                    let (p, dp) = (pbuf.as_mut_ptr(), dpbuf.as_mut_ptr());
-                    scores(p, q.add(r0 * 3 * c), k, (rows, cols), hd, 3 * c, scale);
-                    for i in 0..rows {
-                        let row = &mut pbuf[i * cols..(i + 1) * cols];
-                        let valid = mask.valid(bi, r0 + i);
-                        let l = lse_row[r0 + i];
-                        row[..valid].iter_mut().for_each(|x| *x = exp(*x - l));
-                        row[valid..].fill(0.0);
-                    }
-                    let p = p as *const f32;
-                    let d_o_blk = d_o.add(r0 * c);
-                    // dV[0..cols] += P^T dO[r0..r1]
-                    gemm(
-                        (cols, hd, rows),
-                        Mat::new(dv, 3 * c, 1),
-                        Mat::new(p, cols, 1).t(),
-                        Mat::new(d_o_blk, c, 1),
-                        true,
-                        1.0,
-                        1,
-                    );
-                    // dP = dO[r0..r1] V[0..cols]^T
-                    gemm(
-                        (rows, cols, hd),
-                        Mat::new(dp, cols, 1),
-                        Mat::new(d_o_blk, c, 1),
-                        Mat::new(v, 3 * c, 1).t(),
-                        false,
-                        1.0,
-                        1,
-                    );
-                    for i in 0..rows {
-                        let d = dsum[r0 + i];
-                        let prow = &pbuf[i * cols..(i + 1) * cols];
-                        let drow = &mut dpbuf[i * cols..(i + 1) * cols];
-                        for (ds, &pp) in drow.iter_mut().zip(prow) {
-                            *ds = pp * (*ds - d) * scale;
+                    let (q_blk, d_o_blk) = (q.add(r0 * 3 * c), d_o.add(r0 * c));
+                    for c0 in (0..cols).step_by(KEYS) {
+                        let kw = KEYS.min(cols - c0);
+                        let (k_tile, v_tile) = (k.add(c0 * 3 * c), v.add(c0 * 3 * c));
+                        let (pp, dpp) = (p.as_mut_ptr(), dp.as_mut_ptr());
+                        scores(pp, q_blk, k_tile, (rows, kw), hd, 3 * c, scale);
+                        for i in 0..rows {
+                            let row = &mut p[i * kw..(i + 1) * kw];
+                            let seen = mask.valid(bi, r0 + i).saturating_sub(c0).min(kw);
+                            let l = lse_row[r0 + i];
+                            row[..seen].iter_mut().for_each(|x| *x = exp(*x - l));
+                            row[seen..].fill(0.0);
                         }
+                        let pc = pp as *const f32;
+                        // dV[tile] += P^T dO[r0..r1]
+                        gemm(
+                            (kw, hd, rows),
+                            Mat::new(dv.add(c0 * 3 * c), 3 * c, 1),
+                            Mat::new(pc, kw, 1).t(),
+                            Mat::new(d_o_blk, c, 1),
+                            true,
+                            1.0,
+                            1,
+                        );
+                        // dP = dO[r0..r1] V[tile]^T
+                        gemm(
+                            (rows, kw, hd),
+                            Mat::new(dpp, kw, 1),
+                            Mat::new(d_o_blk, c, 1),
+                            Mat::new(v_tile, 3 * c, 1).t(),
+                            false,
+                            1.0,
+                            1,
+                        );
+                        for i in 0..rows {
+                            let d = dsum[r0 + i];
+                            let prow = &p[i * kw..(i + 1) * kw];
+                            let drow = &mut dp[i * kw..(i + 1) * kw];
+                            for (ds, &pp) in drow.iter_mut().zip(prow) {
+                                *ds = pp * (*ds - d) * scale;
+                            }
+                        }
+                        let ds = dpp as *const f32;
+                        // dQ[r0..r1] += dS K[tile]
+                        gemm(
+                            (rows, hd, kw),
+                            Mat::new(dq.add(r0 * 3 * c), 3 * c, 1),
+                            Mat::new(ds, kw, 1),
+                            Mat::new(k_tile, 3 * c, 1),
+                            true,
+                            1.0,
+                            1,
+                        );
+                        // dK[tile] += dS^T Q[r0..r1]
+                        gemm(
+                            (kw, hd, rows),
+                            Mat::new(dk.add(c0 * 3 * c), 3 * c, 1),
+                            Mat::new(ds, kw, 1).t(),
+                            Mat::new(q_blk, 3 * c, 1),
+                            true,
+                            1.0,
+                            1,
+                        );
                     }
-                    let ds = dp as *const f32;
-                    // dQ[r0..r1] = dS K[0..cols]
-                    gemm(
-                        (rows, hd, cols),
-                        Mat::new(dq.add(r0 * 3 * c), 3 * c, 1),
-                        Mat::new(ds, cols, 1),
-                        Mat::new(k, 3 * c, 1),
-                        false,
-                        1.0,
-                        1,
-                    );
-                    // dK[0..cols] += dS^T Q[r0..r1]
-                    gemm(
-                        (cols, hd, rows),
-                        Mat::new(dk, 3 * c, 1),
-                        Mat::new(ds, cols, 1).t(),
-                        Mat::new(q.add(r0 * 3 * c), 3 * c, 1),
-                        true,
-                        1.0,
-                        1,
-                    );
                 }
             }
         },
@@ -599,9 +664,16 @@ mod tests {
     }
 
     fn check_masked(s: AttnShape, seed: u64, mask: Mask<'_>) {
+        check_spread(s, seed, mask, 1.0)
+    }
+
+    /// [`check_masked`] with inputs of standard deviation `spread`: the
+    /// larger, the further apart the scores, and the more often a later
+    /// key tile raises a row's running max.
+    fn check_spread(s: AttnShape, seed: u64, mask: Mask<'_>, spread: f64) {
         let AttnShape { b, t, c, nh } = s;
         let mut rng = Rng::new(seed);
-        let qkv = randn(&mut rng, b * t * 3 * c, 1.0);
+        let qkv = randn(&mut rng, b * t * 3 * c, spread);
         let probe = randn(&mut rng, b * t * c, 1.0);
         let mut out = vec![0.0; b * t * c];
         let mut lse = vec![0.0; b * nh * t];
@@ -697,6 +769,22 @@ mod tests {
             },
             4,
         );
+    }
+
+    #[test]
+    fn attention_over_several_key_tiles_matches_finite_differences() {
+        // three key tiles, the last short; scores far apart, so later tiles
+        // raise the running max and the sum and output so far are rescaled
+        let s = AttnShape {
+            b: 2,
+            t: 2 * KEYS + 7,
+            c: 4,
+            nh: 2,
+        };
+        check_spread(s, 8, Mask::Causal, 3.0);
+        // a padded sequence whose keys end inside the second tile, another
+        // whose keys end on a tile's edge
+        check_spread(s, 9, Mask::Lengths(&[KEYS as u32 + 3, KEYS as u32]), 3.0);
     }
 
     #[test]
