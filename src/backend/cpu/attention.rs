@@ -11,7 +11,9 @@ use crate::backend::ops::{AttentionBackward, AttentionDecode, AttentionForward, 
 use rayon::prelude::*;
 
 /// Query rows per block.
-const BLOCK: usize = 64;
+pub(super) const BLOCK: usize = 64;
+/// Key columns a tile holds.
+pub(super) const KEYS: usize = 64;
 /// Multiply-adds an `attention_decode` task gets at least: about a
 /// microsecond, below which handing it to another thread costs more.
 const DECODE_GRAIN: usize = 1 << 15;
@@ -196,9 +198,6 @@ fn forward_masked(out: &mut [f32], lse: &mut [f32], qkv: &[f32], s: AttnShape, m
             },
         );
 }
-
-/// Key columns a tile holds.
-const KEYS: usize = 64;
 
 /// A task's scratch: a (BLOCK x KEYS) tile of probabilities and one of
 /// their gradients, and the forward's (BLOCK x hd) output accumulator with

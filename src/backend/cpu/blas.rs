@@ -9,6 +9,7 @@
 //! beside the MFU peak (`metrics::peak`) and set with [`set_choice`].
 //! `DISTGPT_MATMUL=gemm|openblas|blis|mkl` pins one for every class.
 
+use super::attention::{BLOCK, KEYS};
 use super::math::Mat;
 use crate::error::{Error, Result};
 use libloading::Library;
@@ -472,8 +473,9 @@ pub struct Timing {
 /// input and weight gradients) at two widths: 384 over 4096 rows (the
 /// shakespeare-char preset at 16 x 256) and 768 over 1024 (GPT-2 small at
 /// 8 x 128); the `Small` probe
-/// attention's per-head blocks (64 query rows x 256 keys x 64 wide), one
-/// task per block, and a 65-token vocabulary's head.
+/// attention's per-tile products (a block of query rows against a tile of
+/// keys, 64 wide: the forward's two and the backward's four), one task per
+/// tile, and a 65-token vocabulary's head.
 pub fn measure(reps: usize) -> (MatmulChoice, Vec<Timing>) {
     let timings: Vec<Timing> = MatmulLib::ALL
         .into_iter()
@@ -576,14 +578,19 @@ fn probe_large(lib: MatmulLib) -> (f64, f64) {
 fn probe_small(lib: MatmulLib) -> (f64, f64) {
     use rayon::prelude::*;
     let threads = rayon::current_num_threads();
-    let (rows, keys, hd, blocks) = (64, 256, 64, 8 * threads);
+    let (rows, keys, hd, tiles) = (BLOCK, KEYS, 64, 16 * threads);
     let t0 = Instant::now();
-    let flops: f64 = (0..blocks)
+    let flops: f64 = (0..tiles)
         .into_par_iter()
         .map(|_| {
-            let (f1, _) = product(lib, (rows, keys, hd), (false, true), 1); // scores
-            let (f2, _) = product(lib, (rows, hd, keys), (false, false), 1); // P V
-            f1 + f2
+            [
+                product(lib, (rows, keys, hd), (false, true), 1), // scores, dP
+                product(lib, (rows, hd, keys), (false, false), 1), // P V, dQ
+                product(lib, (keys, hd, rows), (true, false), 1), // dV, dK
+            ]
+            .iter()
+            .map(|(f, _)| f)
+            .sum::<f64>()
         })
         .sum();
     let s = t0.elapsed().as_secs_f64();
