@@ -136,23 +136,31 @@ fn host() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-/// The peak of `device` at `threads` threads kept in `file`.
-fn lookup(file: &Path, device: &str, host: &str, threads: usize) -> Option<Peak> {
+/// The peak of `device` at `threads` threads kept in `file`, and whether
+/// this version of the probe (or a later one) measured it.
+fn lookup(file: &Path, device: &str, host: &str, threads: usize) -> Option<(Peak, bool)> {
     let e = read(file)
         .into_iter()
-        .find(|e| e.same_as(device, host, threads) && e.flops > 0.0 && e.probe == PROBE)?;
+        .find(|e| e.same_as(device, host, threads) && e.flops > 0.0)?;
+    let current = e.probe >= PROBE;
     let source = format!(
-        "measured {} and kept in {}",
+        "measured {}{} and kept in {}",
         crate::train::run_dir::date(e.measured_unix),
+        if current {
+            ""
+        } else {
+            " by an older probe (`distgpt devices --measure` renews it)"
+        },
         file.display()
     );
-    Some(Peak {
+    let peak = Peak {
         flops: e.flops,
         source,
         hardware: e.hardware,
         matmul: e.matmul,
         timings: e.timings,
-    })
+    };
+    Some((peak, current))
 }
 
 /// The peak of `device` at `threads` threads from `file` (unless `fresh`),
@@ -168,8 +176,9 @@ pub fn lookup_or_measure(
     if let Some(p) = file
         .filter(|_| !fresh)
         .and_then(|f| lookup(f, device, &host, threads))
+        .filter(|(_, current)| *current)
     {
-        return p;
+        return p.0;
     }
     // said, not silent: it takes seconds and is kept for every later run
     crate::errln!(
@@ -213,15 +222,12 @@ fn adopt(peak: Option<Peak>) -> Option<Peak> {
 }
 
 /// The cached peak of `be` with this thread pool's threads, if measured
-/// before; its matmul library runs the CPU's products from now on.
+/// before (by any version of the probe: what is kept, never measured
+/// here); its matmul library runs the CPU's products from now on.
 pub fn cached<B: Backend>(be: &B) -> Option<Peak> {
     let file = cache_dir()?.join(PEAK_FILE);
-    adopt(lookup(
-        &file,
-        &be.name(),
-        &host(),
-        rayon::current_num_threads(),
-    ))
+    let kept = lookup(&file, &be.name(), &host(), rayon::current_num_threads());
+    adopt(kept.map(|(peak, _)| peak))
 }
 
 /// The peak of `be` with this thread pool's threads, from the cache or
@@ -303,6 +309,12 @@ mod tests {
             ),
         )
         .unwrap();
+        let (stale, current) = lookup(&file, "cpu A", &host(), 2).unwrap();
+        assert!(
+            !current && stale.source.contains("older probe"),
+            "{}",
+            stale.source
+        );
         let before = calls.get();
         let newer = lookup_or_measure(Some(&file), "cpu A", 2, false, probe(20.0));
         assert_eq!(

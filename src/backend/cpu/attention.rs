@@ -1,6 +1,8 @@
 //! Multi-head self-attention, flash-style: each (batch, head) task works
 //! through blocks of query rows and, within each, tiles of keys with an
-//! online softmax, so its scratch is (BLOCK x KEYS) whatever T is; it keeps
+//! online softmax, so its scratch is a (BLOCK x KEYS) tile or two and a
+//! (BLOCK x head width) accumulator whatever T is (and T floats of row
+//! sums in the backward); it keeps
 //! only the row log-sum-exp for the backward, which recomputes the
 //! probabilities tile by tile. No (B, NH, T, T) tensor ever exists. The mask is causal (GPT-2) or a
 //! padding mask: every query of sequence b attends to its first `lens[b]`

@@ -474,8 +474,8 @@ pub struct Timing {
 /// shakespeare-char preset at 16 x 256) and 768 over 1024 (GPT-2 small at
 /// 8 x 128); the `Small` probe
 /// attention's per-tile products (a block of query rows against a tile of
-/// keys, 64 wide: the forward's two and the backward's four), one task per
-/// tile, and a 65-token vocabulary's head.
+/// keys, 64 wide: the forward's two and the backward's five), 32 tiles a
+/// thread, and a 65-token vocabulary's head.
 pub fn measure(reps: usize) -> (MatmulChoice, Vec<Timing>) {
     let timings: Vec<Timing> = MatmulLib::ALL
         .into_iter()
@@ -525,12 +525,27 @@ fn best(reps: usize, probe: impl Fn() -> (f64, f64)) -> f64 {
 fn product(
     lib: MatmulLib,
     (m, n, k): (usize, usize, usize),
-    (lhs_t, rhs_t): (bool, bool),
+    layouts: (bool, bool),
     threads: usize,
 ) -> (f64, f64) {
     let a = vec![0.5f32; m * k];
     let b = vec![0.25f32; k * n];
     let mut c = vec![0.0f32; m * n];
+    let t0 = Instant::now();
+    let flops = product_in(lib, (m, n, k), layouts, threads, (&a, &b, &mut c));
+    (flops, t0.elapsed().as_secs_f64())
+}
+
+/// [`product`] on the given buffers (at least m x k, k x n and m x n
+/// floats), untimed; returns its FLOPs.
+fn product_in(
+    lib: MatmulLib,
+    (m, n, k): (usize, usize, usize),
+    (lhs_t, rhs_t): (bool, bool),
+    threads: usize,
+    (a, b, c): (&[f32], &[f32], &mut [f32]),
+) -> f64 {
+    assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
     let lhs = if lhs_t {
         Mat::new(a.as_ptr(), 1, m)
     } else {
@@ -541,8 +556,7 @@ fn product(
     } else {
         Mat::new(b.as_ptr(), n, 1)
     };
-    let t0 = Instant::now();
-    // SAFETY: each buffer holds exactly the elements its view addresses.
+    // SAFETY: each buffer holds the elements its view addresses (asserted).
     unsafe {
         super::math::gemm_on(
             lib,
@@ -555,9 +569,8 @@ fn product(
             threads,
         )
     };
-    let s = t0.elapsed().as_secs_f64();
     std::hint::black_box(&c);
-    (2.0 * (m * n * k) as f64, s)
+    2.0 * (m * n * k) as f64
 }
 
 fn probe_large(lib: MatmulLib) -> (f64, f64) {
@@ -578,19 +591,29 @@ fn probe_large(lib: MatmulLib) -> (f64, f64) {
 fn probe_small(lib: MatmulLib) -> (f64, f64) {
     use rayon::prelude::*;
     let threads = rayon::current_num_threads();
-    let (rows, keys, hd, tiles) = (BLOCK, KEYS, 64, 16 * threads);
+    // per tile, as attention runs them: the forward's scores (Q K^T) and
+    // P V, the backward's scores again, dV = P^T dO, dP = dO V^T, dQ = dS K
+    // and dK = dS^T Q
+    let (rows, keys, hd) = (BLOCK, KEYS, 64);
+    let tile = [
+        ((rows, keys, hd), (false, true)),
+        ((rows, hd, keys), (false, false)),
+        ((rows, keys, hd), (false, true)),
+        ((keys, hd, rows), (true, false)),
+        ((rows, keys, hd), (false, true)),
+        ((rows, hd, keys), (false, false)),
+        ((keys, hd, rows), (true, false)),
+    ];
+    let size = rows.max(keys).max(hd).pow(2);
     let t0 = Instant::now();
-    let flops: f64 = (0..tiles)
+    let flops: f64 = (0..threads)
         .into_par_iter()
         .map(|_| {
-            [
-                product(lib, (rows, keys, hd), (false, true), 1), // scores, dP
-                product(lib, (rows, hd, keys), (false, false), 1), // P V, dQ
-                product(lib, (keys, hd, rows), (true, false), 1), // dV, dK
-            ]
-            .iter()
-            .map(|(f, _)| f)
-            .sum::<f64>()
+            let (a, b, mut c) = (vec![0.5f32; size], vec![0.25f32; size], vec![0.0f32; size]);
+            (0..32)
+                .flat_map(|_| tile)
+                .map(|(shape, layouts)| product_in(lib, shape, layouts, 1, (&a, &b, &mut c)))
+                .sum::<f64>()
         })
         .sum();
     let s = t0.elapsed().as_secs_f64();
