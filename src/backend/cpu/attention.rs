@@ -800,4 +800,22 @@ mod tests {
             5,
         );
     }
+
+    #[test]
+    fn attention_at_every_tile_edge_matches_finite_differences() {
+        // sequences one short of, at and one past a tile's edge (past two:
+        // the test above); one and three values a head; causal, and padded
+        // to lengths drawn at random (the draws printed on failure)
+        let mut rng = Rng::new(77);
+        for t in [1, KEYS - 1, KEYS, KEYS + 1] {
+            for (c, nh) in [(2, 2), (3, 1)] {
+                let lens: Vec<u32> = (0..2).map(|_| 1 + rng.below(t) as u32).collect();
+                for mask in [Mask::Causal, Mask::Lengths(&lens)] {
+                    let what = format!("t {t}, c {c}, nh {nh}, {mask:?}");
+                    eprintln!("{what}");
+                    check_spread(AttnShape { b: 2, t, c, nh }, 10 + t as u64, mask, 3.0);
+                }
+            }
+        }
+    }
 }
