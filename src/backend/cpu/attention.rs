@@ -140,9 +140,7 @@ fn forward_masked(out: &mut [f32], lse: &mut [f32], qkv: &[f32], s: AttnShape, m
                     for r0 in (0..t).step_by(BLOCK) {
                         let r1 = (r0 + BLOCK).min(t);
                         let (rows, cols) = (r1 - r0, mask.cols(bi, r1));
-                        let Tiles {
-                            p, acc, max, sum, ..
-                        } = tiles;
+                        let Tiles { p, acc, max, sum } = tiles;
                         max[..rows].fill(f32::NEG_INFINITY);
                         sum[..rows].fill(0.0);
                         acc[..rows * hd].fill(0.0);
@@ -201,12 +199,10 @@ fn forward_masked(out: &mut [f32], lse: &mut [f32], qkv: &[f32], s: AttnShape, m
         );
 }
 
-/// A task's scratch: a (BLOCK x KEYS) tile of probabilities and one of
-/// their gradients, and the forward's (BLOCK x hd) output accumulator with
-/// its rows' running max and sum.
+/// A forward task's scratch: a (BLOCK x KEYS) tile of probabilities, the
+/// (BLOCK x hd) output accumulator and its rows' running max and sum.
 struct Tiles {
     p: Vec<f32>,
-    dp: Vec<f32>,
     acc: Vec<f32>,
     max: Vec<f32>,
     sum: Vec<f32>,
@@ -216,7 +212,6 @@ impl Tiles {
     fn new(hd: usize) -> Self {
         Tiles {
             p: vec![0.0; BLOCK * KEYS],
-            dp: vec![0.0; BLOCK * KEYS],
             acc: vec![0.0; BLOCK * hd],
             max: vec![0.0; BLOCK],
             sum: vec![0.0; BLOCK],
@@ -240,15 +235,20 @@ fn backward_masked(
     let scale = 1.0 / (hd as f32).sqrt();
     let dqkv_ptr = SendPtr(dqkv.as_mut_ptr());
     (0..b * nh).into_par_iter().for_each_init(
-        || (Tiles::new(hd), vec![0.0f32; t]),
-        |(tiles, dsum), bh| {
+        || {
+            (
+                vec![0.0f32; BLOCK * KEYS],
+                vec![0.0f32; BLOCK * KEYS],
+                vec![0.0f32; t],
+            )
+        },
+        |(p, dp, dsum), bh| {
             let (bi, h) = (bh / nh, bh % nh);
             let lse_row = &lse[bh * t..(bh + 1) * t];
             for (tt, d) in dsum.iter_mut().enumerate() {
                 let at = (bi * t + tt) * c + h * hd;
                 *d = dot(&dout[at..at + hd], &out[at..at + hd]);
             }
-            let Tiles { p, dp, .. } = tiles;
             // SAFETY: all pointers address batch bi inside their buffers; the
             // gradient region (batch bi, head h) belongs to this task alone.
             unsafe {
