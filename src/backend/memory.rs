@@ -5,6 +5,7 @@
 //! Buffers live on the backend's device; kernels see them through views.
 
 use super::{Device, Elem};
+use crate::error::Result;
 use serde::Serialize;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut, Range};
@@ -425,6 +426,62 @@ impl<T> Drop for HostBuf<T> {
     fn drop(&mut self) {
         self.stats
             .sub(self.category, std::mem::size_of_val(&*self.data) as u64);
+    }
+}
+
+/// A device-to-host copy under way ([`Device::download_start`]): its
+/// elements have landed once [`Pending::wait`] returns; dropping it waits
+/// too, so the host memory it writes is never freed under it.
+pub struct Pending {
+    wait: Option<Box<dyn FnOnce() -> Result<()> + Send>>,
+}
+
+impl Pending {
+    /// A copy that has already landed.
+    pub fn landed() -> Self {
+        Pending { wait: None }
+    }
+
+    /// A copy that has landed once `wait` returns.
+    pub fn new(wait: impl FnOnce() -> Result<()> + Send + 'static) -> Self {
+        Pending {
+            wait: Some(Box::new(wait)),
+        }
+    }
+
+    /// Waits until the copy has landed; its error, if it failed.
+    pub fn wait(mut self) -> Result<()> {
+        self.wait.take().map_or(Ok(()), |w| w())
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        // an error has no one to go to here; a dropped copy is one whose
+        // destination is being given up
+        if let Some(w) = self.wait.take() {
+            let _ = w();
+        }
+    }
+}
+
+/// Host memory made a target of copies that do not block the host
+/// ([`Device::pin`]: page-locked on CUDA); released again on drop.
+pub struct Pinned {
+    _release: Option<Box<dyn Send + Sync>>,
+}
+
+impl Pinned {
+    /// Memory the device needs no pinning for.
+    pub fn unneeded() -> Self {
+        Pinned { _release: None }
+    }
+
+    /// Pinned memory that `release`, when dropped, releases.
+    pub fn new(release: impl Send + Sync + 'static) -> Self {
+        Pinned {
+            _release: Some(Box::new(release)),
+        }
     }
 }
 

@@ -18,7 +18,7 @@ pub mod opencl;
 pub mod ops;
 
 pub use cpu::{AdamWStep, AttnShape, DecodeShape, WeightFormat, WeightLayout};
-pub use memory::{Buf, Category, Dst, MemoryReport, RawView, Src};
+pub use memory::{Buf, Category, Dst, MemoryReport, Pending, Pinned, RawView, Src};
 pub use ops::{
     AdamWUpdate, AttentionBackward, AttentionDecode, AttentionForward, CrossEntropyBackward,
     CrossEntropyForward, EncoderBackward, EncoderForward, LayerNormBackward, LayerNormForward,
@@ -87,6 +87,28 @@ pub trait Device: Send + Sync + Sized + Clone + 'static {
     fn upload<T: Elem>(&self, dst: Dst<'_, Self, T>, src: &[T]) -> Result<()>;
     /// dst = src, device to host (waits for the work queued before it).
     fn download<T: Elem>(&self, src: Src<'_, Self, T>, dst: &mut [T]) -> Result<()>;
+    /// Starts copying `src` into `dst` on the host once the work queued so
+    /// far has finished, on a copy queue beside the compute queue where the
+    /// device has one, so that the work queued after it computes while it
+    /// copies; the elements have landed when the returned [`Pending`] is
+    /// waited (or dropped). Without a copy queue (the CPU) it copies now.
+    ///
+    /// # Safety
+    /// `dst` stays allocated, and nothing reads or writes it, until the
+    /// `Pending` is waited or dropped; where the device asks for it
+    /// ([`Device::pin`]), `dst` lies in pinned memory.
+    unsafe fn download_start(&self, src: Src<'_, Self>, dst: &mut [f32]) -> Result<Pending> {
+        self.download(src, dst)?;
+        Ok(Pending::landed())
+    }
+    /// Makes `host` a target [`Device::download_start`] can copy into
+    /// without blocking the host (page-locked on CUDA; nothing elsewhere).
+    ///
+    /// # Safety
+    /// `host` stays allocated until the returned [`Pinned`] is dropped.
+    unsafe fn pin(&self, _host: &mut [f32]) -> Result<Pinned> {
+        Ok(Pinned::unneeded())
+    }
     /// A host copy of a view.
     fn to_host<T: Elem>(&self, src: Src<'_, Self, T>) -> Result<Vec<T>> {
         let mut out = vec![T::default(); src.len()];

@@ -11,9 +11,16 @@
 //! moments of their own), so that with overlap a mover thread copies chunk
 //! i + 1's gradient down and chunk i - 1's parameters up while the pool
 //! updates chunk i. Each chunk's arithmetic is the same either way.
+//!
+//! With overlap the gradient starts down earlier still: as soon as a part
+//! of it is final (a piece's last reduce-scatter of the step, inside the
+//! backward), `download_early` queues its copy on the device's copy queue
+//! (a second OpenCL queue, a second CUDA stream, into pinned memory), so
+//! it crosses the link while the backward computes the pieces before it;
+//! the update waits for those copies and downloads only what none covered.
 
 use crate::backend::cpu::Cpu;
-use crate::backend::{Backend, Buf, Category, Device, Dst, Src};
+use crate::backend::{Backend, Buf, Category, Device, Dst, Pending, Pinned, Src};
 use crate::error::Result;
 use crate::model::{AdamW, AdamWConfig, ParamLayout, Segment};
 use std::ops::Range;
@@ -30,8 +37,15 @@ struct HostChunk {
     /// Where it lies in the owned buffer.
     range: Range<usize>,
     segs: Vec<Segment>,
-    master: Buf<Cpu>,
+    // Fields drop in order: the copies into `grads` land, then it is
+    // unpinned, then freed.
+    /// Copies into `grads` under way (`download_early`), by the range of
+    /// the chunk each fills.
+    early: Vec<(Range<usize>, Pending)>,
+    /// `grads` pinned for those copies where the device needs it.
+    _pinned: Pinned,
     grads: Buf<Cpu>,
+    master: Buf<Cpu>,
     opt: AdamW<Cpu>,
 }
 
@@ -50,8 +64,9 @@ fn host<'a>(cpu: &Cpu, b: &'a mut Buf<Cpu>) -> &'a mut [f32] {
 impl HostState {
     /// Host state for an owned buffer of `len` floats that the update's
     /// `segments` map onto the layout, in chunks of `chunk` floats; counted
-    /// on `cpu`.
-    pub fn new(
+    /// on `cpu`, its gradient staging pinned for `be` when `overlap`.
+    pub fn new<B: Backend>(
+        be: &B,
         cpu: &Cpu,
         (len, chunk): (usize, usize),
         segments: &[Segment],
@@ -72,9 +87,17 @@ impl HostState {
                     })
                 })
                 .collect();
+            let mut grads = cpu.alloc(range.len(), Category::Grads)?;
+            let pinned = match overlap {
+                // SAFETY: the chunk keeps `grads` until after `_pinned` drops.
+                true => unsafe { be.pin(host(cpu, &mut grads))? },
+                false => Pinned::unneeded(),
+            };
             chunks.push(HostChunk {
+                early: Vec::new(),
+                _pinned: pinned,
+                grads,
                 master: cpu.alloc(range.len(), Category::Params)?,
-                grads: cpu.alloc(range.len(), Category::Grads)?,
                 opt: AdamW::new(cpu, range.len(), adamw)?,
                 segs,
                 range,
@@ -145,10 +168,48 @@ impl HostState {
         Ok(())
     }
 
+    /// With overlap: starts copying the owned buffer's reduced gradient
+    /// `range`, final from now on in this step, from `src` (those elements
+    /// on the device) into the chunks it covers, on the device's copy
+    /// queue; the update waits for it. Without overlap the update copies
+    /// everything itself.
+    pub fn download_early<B: Backend>(
+        &mut self,
+        be: &B,
+        range: Range<usize>,
+        src: Src<'_, B>,
+    ) -> Result<()> {
+        if !self.overlap {
+            return Ok(());
+        }
+        for ch in &mut self.chunks {
+            let (lo, hi) = (range.start.max(ch.range.start), range.end.min(ch.range.end));
+            if lo >= hi {
+                continue;
+            }
+            let local = lo - ch.range.start..hi - ch.range.start;
+            let dst = &mut host(&self.cpu, &mut ch.grads)[local.clone()];
+            // SAFETY: `dst` lies in `ch.grads`, pinned for `be`; nothing
+            // reads or writes it until the update waits this copy, and the
+            // chunk drops its copies before `grads`.
+            let copy =
+                unsafe { be.download_start(src.slice(lo - range.start..hi - range.start), dst)? };
+            ch.early.push((local, copy));
+        }
+        Ok(())
+    }
+
+    /// Waits out and forgets copies `download_early` started (a step that
+    /// failed before its update left them).
+    pub fn forget_early(&mut self) {
+        self.chunks.iter_mut().for_each(|ch| ch.early.clear());
+    }
+
     /// One AdamW update: the reduced gradient `grads` (the owned buffer's,
-    /// on the device) down, the update on the host, the parameters up into
-    /// `out` (none under `--offload params`, where the device holds no
-    /// copy). Overlapped chunk by chunk unless `--offload-serial`.
+    /// on the device) down, where `download_early` did not already start
+    /// it, the update on the host, the parameters up into `out` (none
+    /// under `--offload params`, where the device holds no copy).
+    /// Overlapped chunk by chunk unless `--offload-serial`.
     pub fn update<B: Backend>(
         &mut self,
         be: &B,
@@ -164,8 +225,23 @@ impl HostState {
             overlap,
         } = self;
         let cpu = &*cpu;
-        let down = |ch: &mut HostChunk| {
-            be.download(grads.slice(ch.range.clone()), host(cpu, &mut ch.grads))
+        let down = |ch: &mut HostChunk| -> Result<()> {
+            let mut covered = Vec::new();
+            for (r, copy) in std::mem::take(&mut ch.early) {
+                copy.wait()?;
+                covered.push(r);
+            }
+            covered.sort_by_key(|r| r.start);
+            let (base, len) = (ch.range.start, ch.range.len());
+            let g = host(cpu, &mut ch.grads);
+            let mut at = 0;
+            for r in covered.into_iter().chain(std::iter::once(len..len)) {
+                if at < r.start {
+                    be.download(grads.slice(base + at..base + r.start), &mut g[at..r.start])?;
+                }
+                at = at.max(r.end);
+            }
+            Ok(())
         };
         let apply = |ch: &mut HostChunk| {
             ch.opt
@@ -234,7 +310,10 @@ mod tests {
     /// Chunked, overlapped or not, the host update is the device's AdamW
     /// bit for bit: over a replicated buffer and over a shard whose two
     /// runs lie apart in the layout, for several steps, with the
-    /// parameters copied back where asked.
+    /// parameters copied back where asked. With overlap, ranges started
+    /// early (across chunk edges, at the buffer's end) are taken from those
+    /// copies and only the rest from the gradient the update is handed
+    /// (NaN where the early copies cover it).
     #[test]
     fn the_chunked_host_update_is_adamw_bit_for_bit() {
         let lay = GptConfig::preset("tiny").unwrap().layout(1);
@@ -270,15 +349,32 @@ mod tests {
             let want = cpu.to_host(p.s()).unwrap();
             for (chunk, overlap) in [(1000, true), (1000, false), (len, true), (777, true)] {
                 let what = format!("{len} floats in chunks of {chunk}, overlap {overlap}");
-                let mut h =
-                    HostState::new(&cpu, (len, chunk), segs, AdamWConfig::default(), overlap)
-                        .unwrap();
+                let mut h = HostState::new(
+                    &cpu,
+                    &cpu,
+                    (len, chunk),
+                    segs,
+                    AdamWConfig::default(),
+                    overlap,
+                )
+                .unwrap();
                 h.load_params(&p0);
                 // "the device": its gradient and its copy of the parameters
                 let mut dev = cpu.alloc(len, Category::Params).unwrap();
+                let early = [300..1700, 2500..2600, len - 50..len];
+                let mut rest = cpu.alloc(len, Category::Grads).unwrap();
                 for gs in &grads {
                     cpu.upload(g.d(), gs).unwrap();
-                    h.update(&cpu, g.s(), Some(dev.d()), &lay, 1e-2, 0.5)
+                    let mut poisoned = gs.clone();
+                    if overlap {
+                        for r in &early {
+                            h.download_early(&cpu, r.clone(), g.slice(r.clone()))
+                                .unwrap();
+                            poisoned[r.clone()].fill(f32::NAN);
+                        }
+                    }
+                    cpu.upload(rest.d(), &poisoned).unwrap();
+                    h.update(&cpu, rest.s(), Some(dev.d()), &lay, 1e-2, 0.5)
                         .unwrap();
                 }
                 assert!(h.params() == want, "{what}: master parameters");

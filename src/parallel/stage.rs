@@ -250,6 +250,9 @@ const BODY: usize = 0;
 const HEAD: usize = 1;
 
 pub struct StageState<B: Backend> {
+    // First, so it drops first: under offload it waits out the copies
+    // still reading the device buffers below.
+    opt: Optimizer<B>,
     sharing: Sharing,
     pieces: Pieces,
     params: Params<B>,
@@ -260,7 +263,16 @@ pub struct StageState<B: Backend> {
     g_shard: Option<Buf<B>>,
     scratch: Vec<Buf<B>>,
     rs_out: Option<Buf<B>>,
-    opt: Optimizer<B>,
+    /// Under offload, when each piece's reduced gradient is final (and can
+    /// start down to the host): the gradients each piece receives per
+    /// micro-batch (its unit's, and a reader's of a tied tensor in it), how
+    /// many it has received this step, and the step's micro-batches.
+    final_after: Vec<usize>,
+    received: Vec<usize>,
+    micro_batches: usize,
+    /// The piece a tied tensor's stages all-reduce at the step's end
+    /// (final only then).
+    tied_across: Option<usize>,
 }
 
 impl<B: Backend> StageState<B> {
@@ -283,10 +295,17 @@ impl<B: Backend> StageState<B> {
             Some(cpu) => {
                 let segs = segments(&pieces, sharing, r);
                 let chunked = (opt_len, super::offload::CHUNK);
-                Optimizer::Host(HostState::new(cpu, chunked, &segs, adamw, overlap)?)
+                Optimizer::Host(HostState::new(be, cpu, chunked, &segs, adamw, overlap)?)
             }
             None => Optimizer::Device(AdamW::new(be, opt_len, adamw)?),
         };
+        let mut final_after = vec![0; pieces.layout.len()];
+        for u in map.units.clone() {
+            final_after[pieces.piece(u)] += 1;
+            if let Some((t, _)) = pieces.tied(lay, u) {
+                final_after[t] += 1;
+            }
+        }
         let params = match sharing {
             Sharing::Fsdp => Params::Sharded {
                 shard: (offload != Offload::Params)
@@ -321,6 +340,10 @@ impl<B: Backend> StageState<B> {
                 .transpose()?,
             opt,
             sharing,
+            received: vec![0; final_after.len()],
+            final_after,
+            micro_batches: 0,
+            tied_across: None,
             pieces,
             params,
             grads,
@@ -328,15 +351,51 @@ impl<B: Backend> StageState<B> {
         })
     }
 
+    /// Marks piece k as a tied tensor the stages holding it all-reduce at
+    /// the step's end.
+    pub fn set_tied_across(&mut self, k: usize) {
+        self.tied_across = Some(k);
+    }
+
     /// The piece the stage's unit u is.
     pub fn piece(&self, u: usize) -> usize {
         self.pieces.piece(u)
     }
 
-    /// Zeroes the gradient accumulators before a step's first micro-batch.
-    pub fn begin_step(&mut self, be: &B) {
+    /// Zeroes the gradient accumulators before a step of `micro_batches`.
+    pub fn begin_step(&mut self, be: &B, micro_batches: usize) {
+        if let Optimizer::Host(h) = &mut self.opt {
+            h.forget_early();
+        }
         for g in self.grads.iter_mut().chain(self.g_shard.iter_mut()) {
             be.fill(g.d(), 0.0);
+        }
+        self.received.iter_mut().for_each(|n| *n = 0);
+        self.micro_batches = micro_batches;
+    }
+
+    /// Under offload: counts a gradient piece k received, and once it is
+    /// the step's last (and no reduction but this rank's own is left),
+    /// starts this rank's part of it down to the host.
+    fn count_gradient(&mut self, be: &B, k: usize, dp_size: usize) -> Result<()> {
+        self.received[k] += 1;
+        let Optimizer::Host(h) = &mut self.opt else {
+            return Ok(());
+        };
+        let last = self.received[k] == self.final_after[k] * self.micro_batches;
+        if !last || self.tied_across == Some(k) {
+            return Ok(());
+        }
+        let u = &self.pieces.shards;
+        match (&self.g_shard, &self.grads) {
+            // zero2, fsdp: the shard's slice is reduced
+            (Some(g), _) => h.download_early(be, u.shard_of(k), g.slice(u.shard_of(k))),
+            // replicated on one replica: no all-reduce to wait for
+            (None, Some(g)) if self.sharing == Sharing::Replicated && dp_size == 1 => {
+                let at = self.pieces.buf(k);
+                h.download_early(be, at.clone(), g.slice(at))
+            }
+            _ => Ok(()),
         }
     }
 
@@ -447,7 +506,9 @@ impl<B: Backend> StageState<B> {
     }
 
     /// zero2, fsdp: reduce-scatters the gradient unit u's backward left in
-    /// scratch (and its tied piece's) into this rank's shard.
+    /// scratch (and its tied piece's) into this rank's shard. Under offload
+    /// a piece's part this rank updates starts down to the host here once
+    /// it is final.
     pub fn backward_done(
         &mut self,
         dp: &dyn Comm,
@@ -455,14 +516,18 @@ impl<B: Backend> StageState<B> {
         lay: &ParamLayout,
         u: usize,
     ) -> Result<()> {
-        if self.grads.is_some() {
-            return Ok(());
-        }
         let tied = self.pieces.tied(lay, u);
-        let slot = if tied.is_some() { HEAD } else { BODY };
-        self.reduce(dp, be, self.pieces.piece(u), slot)?;
+        let k = self.pieces.piece(u);
+        if self.grads.is_none() {
+            let slot = if tied.is_some() { HEAD } else { BODY };
+            self.reduce(dp, be, k, slot)?;
+            if let Some((t, _)) = tied {
+                self.reduce(dp, be, t, BODY)?;
+            }
+        }
+        self.count_gradient(be, k, dp.size())?;
         if let Some((t, _)) = tied {
-            self.reduce(dp, be, t, BODY)?;
+            self.count_gradient(be, t, dp.size())?;
         }
         Ok(())
     }
@@ -526,6 +591,13 @@ impl<B: Backend> StageState<B> {
                 if let Some((group, k)) = tie {
                     device::all_reduce(group, be, g.slice_mut(self.pieces.buf(k)))?;
                 }
+                if let (Optimizer::Host(h), true) = (&mut self.opt, dp.size() > 1) {
+                    // (one replica's started in the backward)
+                    for k in 0..self.pieces.layout.len() {
+                        let at = self.pieces.buf(k);
+                        h.download_early(be, at.clone(), g.slice(at))?;
+                    }
+                }
                 return Ok(());
             }
             Sharing::Zero1 => {
@@ -538,6 +610,15 @@ impl<B: Backend> StageState<B> {
                     );
                     be.fill(self.scratch[BODY].slice_mut(len..pad), 0.0);
                     self.reduce(dp, be, k, BODY)?;
+                    match (&mut self.opt, &self.grads) {
+                        (Optimizer::Host(h), Some(g)) if tie.is_none_or(|(_, t)| t != k) => {
+                            let (start, len) = self.pieces.mine(k, dp.rank());
+                            let at = self.pieces.buf(k).start + start;
+                            let owned = self.pieces.shards.shard_at[k];
+                            h.download_early(be, owned..owned + len, g.slice(at..at + len))?;
+                        }
+                        _ => {}
+                    }
                 }
             }
             Sharing::Zero2 | Sharing::Fsdp => {}

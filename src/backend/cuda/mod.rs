@@ -15,7 +15,7 @@ mod libs;
 
 use crate::backend::gpu::{
     kernel_names, program_source, u32_arg, Arg, DeviceMem, Gemm, GpuError, Operand, Runtime, View,
-    BLOCK,
+    Waiter, BLOCK,
 };
 use crate::backend::Elem;
 use cudarc::cublas::result as blas;
@@ -166,6 +166,22 @@ impl<T: Elem> Drop for Mem<T> {
     }
 }
 
+/// Host memory page-locked by `pin`, unlocked on drop.
+struct Registered {
+    ptr: usize,
+    ctx: Arc<CudaContext>,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        // A failure here has nowhere to go: the memory is freed next either way.
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: registered once by `pin`, unregistered once.
+            let _ = unsafe { cudarc::driver::sys::cuMemHostUnregister(self.ptr as *mut c_void) };
+        }
+    }
+}
+
 /// The cuBLAS handle; calls on it are serialised.
 struct Blas(cublasHandle_t);
 
@@ -185,6 +201,8 @@ pub struct CudaRuntime {
     kernels: HashMap<String, CudaFunction>,
     blas: Mutex<Blas>,
     stream: Arc<CudaStream>,
+    /// Where `read_start` copies, beside `stream`.
+    copier: Arc<CudaStream>,
     ctx: Arc<CudaContext>,
     name: String,
 }
@@ -364,6 +382,7 @@ impl Runtime for CudaRuntime {
             kernels.insert(k.to_string(), f);
         }
         let stream = ctx.new_stream().map_err(failed("cuStreamCreate"))?;
+        let copier = stream.fork().map_err(failed("cuStreamCreate"))?;
         let handle =
             blas::create_handle().map_err(|e| GpuError(format!("cublasCreate failed: {e}")))?;
         let blas = Blas(handle);
@@ -374,6 +393,7 @@ impl Runtime for CudaRuntime {
             kernels,
             blas: Mutex::new(blas),
             stream,
+            copier,
             ctx,
             name,
         })
@@ -440,6 +460,44 @@ impl Runtime for CudaRuntime {
         self.stream
             .synchronize()
             .map_err(failed("cuStreamSynchronize"))
+    }
+
+    unsafe fn read_start(&self, src: View, dst: &mut [f32]) -> Result<Waiter> {
+        if dst.is_empty() {
+            return Ok(Box::new(|| Ok(())));
+        }
+        self.bind()?;
+        self.copier
+            .join(&self.stream)
+            .map_err(failed("cuStreamWaitEvent"))?;
+        // SAFETY: the view as in `read`; `dst` is pinned and outlives the
+        // copy per the caller's contract, and the waiter holds its event.
+        unsafe { drv::memcpy_dtoh_async(dst, Self::addr::<f32>(src), self.copier.cu_stream()) }
+            .map_err(failed("cuMemcpyDtoHAsync"))?;
+        let done = self
+            .copier
+            .record_event(None)
+            .map_err(failed("cuEventRecord"))?;
+        Ok(Box::new(move || {
+            done.synchronize().map_err(failed("cuEventSynchronize"))
+        }))
+    }
+
+    unsafe fn pin(&self, host: &mut [f32]) -> Result<Option<Box<dyn Send + Sync>>> {
+        if host.is_empty() {
+            return Ok(None);
+        }
+        self.bind()?;
+        let ptr = host.as_mut_ptr().cast::<c_void>();
+        // SAFETY: `host` is live host memory, unregistered by `Registered`
+        // before the caller frees it.
+        unsafe { cudarc::driver::sys::cuMemHostRegister_v2(ptr, size_of_val(host), 0) }
+            .result()
+            .map_err(failed("cuMemHostRegister"))?;
+        Ok(Some(Box::new(Registered {
+            ptr: ptr as usize,
+            ctx: self.ctx.clone(),
+        })))
     }
 
     fn finish(&self) -> Result<()> {

@@ -6,7 +6,7 @@
 
 use super::{DeviceMem, GpuError, Queue, Raw, Runtime, View};
 use crate::backend::cpu::round_to_bf16;
-use crate::backend::memory::{Buf, Category, Dst, MemoryStats, RawView, Src};
+use crate::backend::memory::{Buf, Category, Dst, MemoryStats, Pending, Pinned, RawView, Src};
 use crate::backend::ops::{Lower, On};
 use crate::backend::{
     Activation, AdamWUpdate, AttentionBackward, AttentionDecode, AttentionForward,
@@ -153,6 +153,19 @@ impl<R: Runtime> Device for Gpu<R> {
     fn download<T: Elem>(&self, src: Src<'_, Self, T>, dst: &mut [T]) -> Result<()> {
         self.check()?;
         self.dev.read(view(src.raw()), dst).map_err(device_error)
+    }
+    unsafe fn download_start(&self, src: Src<'_, Self>, dst: &mut [f32]) -> Result<Pending> {
+        self.check()?;
+        // SAFETY: the caller keeps `dst` (pinned) until the Pending is waited or dropped.
+        let wait = unsafe { self.dev.read_start(view(src.raw()), dst) }.map_err(device_error)?;
+        Ok(Pending::new(move || wait().map_err(device_error)))
+    }
+    unsafe fn pin(&self, host: &mut [f32]) -> Result<Pinned> {
+        // SAFETY: the caller keeps `host` until the Pinned is dropped.
+        match unsafe { self.dev.rt.pin(host) }.map_err(device_error)? {
+            Some(release) => Ok(Pinned::new(release)),
+            None => Ok(Pinned::unneeded()),
+        }
     }
     fn host<'a, T: Elem>(&self, _: Src<'a, Self, T>) -> Option<&'a [T]> {
         None

@@ -115,6 +115,9 @@ pub struct Gemm {
     pub bf16: bool,
 }
 
+/// What waits for a copy [`Runtime::read_start`] queued.
+pub type Waiter = Box<dyn FnOnce() -> Result<(), GpuError> + Send>;
+
 /// A device the kernels run on: memory, transfers, launches and SGEMM, all
 /// in order on one queue. Launches and GEMMs are queued; `finish` waits.
 ///
@@ -163,6 +166,25 @@ pub trait Runtime: Send + Sync + Sized + 'static {
     unsafe fn read<T: Elem>(&self, src: View, dst: &mut [T]) -> Result<(), GpuError>;
     /// Waits until everything queued has finished.
     fn finish(&self) -> Result<(), GpuError>;
+    /// Queues dst = src on a copy queue (an OpenCL command queue, a CUDA
+    /// stream) of its own, behind everything queued on the compute queue
+    /// so far, so that what is queued after it computes while it copies;
+    /// the returned waiter returns once it has landed.
+    ///
+    /// # Safety
+    /// As `read`; and `dst` stays allocated and untouched until the waiter
+    /// has run, in memory `pin` pinned where the runtime pins.
+    unsafe fn read_start(&self, src: View, dst: &mut [f32]) -> Result<Waiter, GpuError>;
+    /// Page-locks `host` for `read_start` where the runtime needs that for
+    /// a copy that does not block the host (CUDA); returns what unlocks it
+    /// when dropped, or None where nothing is needed.
+    ///
+    /// # Safety
+    /// `host` stays allocated until the returned guard is dropped.
+    unsafe fn pin(&self, _host: &mut [f32]) -> Result<Option<Box<dyn Send + Sync>>, GpuError> {
+        Ok(None)
+    }
+
     /// Queues kernel `name` on `groups` workgroups of BLOCK threads.
     ///
     /// # Safety
@@ -220,6 +242,16 @@ impl<R: Runtime> Queue<R> {
 
     pub fn finish(&self) -> Result<(), GpuError> {
         self.rt.finish()
+    }
+
+    /// Starts dst = src on the copy queue (see [`Runtime::read_start`]).
+    ///
+    /// # Safety
+    /// As [`Runtime::read_start`]'s, for `dst`.
+    pub unsafe fn read_start(&self, src: View, dst: &mut [f32]) -> Result<Waiter, GpuError> {
+        check_len("read", src, dst.len())?;
+        // SAFETY: the view as in `write`; `dst` per this function's contract.
+        unsafe { self.rt.read_start(src, dst) }
     }
 
     fn launch(&self, name: &str, groups: usize, args: &[Arg]) -> Result<(), GpuError> {

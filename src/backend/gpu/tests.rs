@@ -210,6 +210,39 @@ fn views_too_short_are_errors_on<R: Runtime>(dev: &Queue<R>) {
     assert!(dev.read(a.view(), &mut host).is_err());
 }
 
+/// A copy started on the copy queue lands what the kernels queued before
+/// it wrote, all of them, however long they run; into pinned memory where
+/// the runtime pins.
+#[test]
+fn a_copy_on_the_copy_queue_waits_for_the_kernels_before_it() {
+    on_gpus!(a_copy_on_the_copy_queue_waits_for_the_kernels_before_it_on);
+}
+
+fn a_copy_on_the_copy_queue_waits_for_the_kernels_before_it_on<R: Runtime>(dev: &Queue<R>) {
+    let (n, rounds) = if tiny() { (1000, 3) } else { (1 << 20, 40) };
+    let acc = putf(dev, &vec![0.0; n]);
+    let one = putf(dev, &vec![1.0; n]);
+    let mut got = vec![-1.0f32; n];
+    // SAFETY: `got` outlives the guard, dropped at the end.
+    let _pinned = unsafe { dev.rt.pin(&mut got) }.unwrap();
+    for round in 1..=rounds {
+        for _ in 0..round {
+            dev.add_inplace(acc.view(), one.view()).unwrap();
+        }
+        // SAFETY: `got` is neither read nor written until the copy is waited.
+        let wait = unsafe { dev.read_start(acc.view(), &mut got) }.unwrap();
+        wait().unwrap();
+        let want = (round * (round + 1) / 2) as f32;
+        let bad = got.iter().position(|&x| x != want);
+        assert!(
+            bad.is_none(),
+            "round {round}: element {bad:?} is {}; the adds queued before the copy leave {want}",
+            got[bad.unwrap_or(0)]
+        );
+    }
+    assert_eq!(get(dev, &acc)[n - 1], (rounds * (rounds + 1) / 2) as f32);
+}
+
 /// (rows per sequence t, sequences b, channels c, vocab)
 fn encoder_shapes() -> Vec<(usize, usize, usize, usize)> {
     if tiny() {

@@ -1,10 +1,12 @@
-//! The OpenCL device: context, one in-order queue, the kernel program built
-//! from `src/backend/kernels`, and buffers addressed through element views.
+//! The OpenCL device: context, an in-order queue for the kernels and one
+//! for copies that run beside them, the kernel program built from
+//! `src/backend/kernels`, and buffers addressed through element views.
 //! libOpenCL is opened at run time, so a machine without it still builds.
 
 use super::clblast::Clblast;
 use crate::backend::gpu::{
-    kernel_names, program_source, u32_arg, Arg, DeviceMem, Gemm, GpuError, Runtime, View, BLOCK,
+    kernel_names, program_source, u32_arg, Arg, DeviceMem, Gemm, GpuError, Runtime, View, Waiter,
+    BLOCK,
 };
 use crate::backend::Elem;
 use opencl3::command_queue::{enqueue_read_buffer, enqueue_write_buffer, CommandQueue};
@@ -13,11 +15,12 @@ use opencl3::device::{Device as ClDevice, CL_DEVICE_TYPE_ALL};
 use opencl3::error_codes::{
     ClError as RawError, CL_DEVICE_NOT_FOUND, CL_PLATFORM_NOT_FOUND_KHR, DLOPEN_RUNTIME_LOAD_FAILED,
 };
+use opencl3::event::Event;
 use opencl3::kernel::Kernel;
 use opencl3::memory::{Buffer, ClMem, CL_MEM_READ_WRITE};
 use opencl3::platform::get_platforms;
 use opencl3::program::Program;
-use opencl3::types::{cl_device_id, cl_mem, CL_BLOCKING};
+use opencl3::types::{cl_device_id, cl_mem, CL_BLOCKING, CL_NON_BLOCKING};
 use std::collections::HashMap;
 use std::ptr;
 use std::sync::Mutex;
@@ -53,6 +56,8 @@ pub struct ClRuntime {
     _program: Program,
     blas: Clblast,
     queue: CommandQueue,
+    /// Where `read_start` copies, beside `queue`.
+    copier: CommandQueue,
     _context: Context,
     name: String,
 }
@@ -119,6 +124,8 @@ impl Runtime for ClRuntime {
             Context::from_device(&ClDevice::new(id)).map_err(failed("clCreateContext"))?;
         let queue =
             CommandQueue::create_default(&context, 0).map_err(failed("clCreateCommandQueue"))?;
+        let copier =
+            CommandQueue::create_default(&context, 0).map_err(failed("clCreateCommandQueue"))?;
         let program = Program::create_and_build_from_source(&context, &program_source(), "")
             .map_err(|log| GpuError(format!("building the kernels for {name} failed: {log}")))?;
         let mut kernels = HashMap::new();
@@ -131,6 +138,7 @@ impl Runtime for ClRuntime {
             _program: program,
             blas,
             queue,
+            copier,
             _context: context,
             name,
         })
@@ -206,6 +214,36 @@ impl Runtime for ClRuntime {
         .map_err(|e| failed("clEnqueueReadBuffer")(RawError(e)))
     }
 
+    unsafe fn read_start(&self, src: View, dst: &mut [f32]) -> Result<Waiter, GpuError> {
+        if dst.is_empty() {
+            return Ok(Box::new(|| Ok(())));
+        }
+        // SAFETY: a marker touches no memory.
+        let after = unsafe { self.queue.enqueue_marker_with_wait_list(&[]) }
+            .map_err(failed("clEnqueueMarkerWithWaitList"))?;
+        self.queue.flush().map_err(failed("clFlush"))?;
+        // SAFETY: the range as in `read`; `dst` outlives the copy per the
+        // caller's contract, and the waiter holds the copy's event.
+        let done = unsafe {
+            enqueue_read_buffer(
+                self.copier.get(),
+                src.mem as cl_mem,
+                CL_NON_BLOCKING,
+                src.off * size_of::<f32>(),
+                size_of_val(dst),
+                dst.as_mut_ptr().cast(),
+                1,
+                &after.get(),
+            )
+        }
+        .map(Event::new)
+        .map_err(|e| failed("clEnqueueReadBuffer")(RawError(e)))?;
+        self.copier.flush().map_err(failed("clFlush"))?;
+        Ok(Box::new(move || {
+            done.wait().map_err(failed("clWaitForEvents"))
+        }))
+    }
+
     fn finish(&self) -> Result<(), GpuError> {
         self.queue.finish().map_err(failed("clFinish"))
     }
@@ -256,5 +294,5 @@ impl Runtime for ClRuntime {
 }
 
 fn release_event(e: opencl3::types::cl_event) {
-    drop(opencl3::event::Event::new(e));
+    drop(Event::new(e));
 }

@@ -131,7 +131,7 @@ impl<B: Backend> Pipelined<B> {
                     )));
                 }
             }
-            let state = StageState::new(
+            let mut state = StageState::new(
                 engine.backend(),
                 &lay,
                 &map,
@@ -151,6 +151,7 @@ impl<B: Backend> Pipelined<B> {
                     debug_assert!(stage == z && stage != a);
                     0
                 };
+                state.set_tied_across(k);
                 tie_piece = Some((c, k));
             }
             engine.set_units(map.units.clone());
@@ -480,11 +481,11 @@ impl<B: Backend> Pipelined<B> {
 impl<B: Backend> Strategy for Pipelined<B> {
     fn step(&mut self, micro_batches: &[Batch], cfg: StepConfig) -> Result<StepStats> {
         let be = self.engine().backend().clone_fresh();
-        for ch in &mut self.chunks {
-            ch.state.begin_step(&be);
-        }
         let n = self.dp.size();
         let m = micro_batches.len();
+        for ch in &mut self.chunks {
+            ch.state.begin_step(&be, m);
+        }
         let mbs: Vec<(Batch, f32)> = micro_batches.iter().map(|mb| self.local(mb)).collect();
         let mut loss = [self.run_program(&mbs, 1.0 / (m * n) as f32)?];
         for (c, ch) in self.chunks.iter_mut().enumerate() {
