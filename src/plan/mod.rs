@@ -492,7 +492,24 @@ pub fn predict(
                 Offload::Params => (0.0, acc * 2.0 * owned * pb),
                 _ => (owned * pb, 0.0),
             };
-            let copies = (down + up) / net.pcie_bandwidth;
+            // overlapped, the gradient starts down during the backward
+            // (two thirds of the compute) where it is final there: zero2
+            // and fsdp after each reduce-scatter, one replica's after its
+            // last micro-batch; only what outlasts the backward is left
+            // for the update. zero1 and an all-reduced replica's cross
+            // after the step's collectives, beside the update.
+            let early = !par.offload_serial
+                && match par.strategy {
+                    StrategyKind::Zero2 | StrategyKind::Fsdp => true,
+                    StrategyKind::Zero1 => false,
+                    _ => dp == 1,
+                };
+            let down_s = down / net.pcie_bandwidth;
+            let down_left = match early {
+                true => (down_s - compute_s * 2.0 / 3.0).max(0.0),
+                false => down_s,
+            };
+            let copies = down_left + up / net.pcie_bandwidth;
             let update = owned * precision.update_traffic_bytes() / net.host_bandwidth;
             let overlapped = match par.offload_serial {
                 true => copies + update,
@@ -753,6 +770,67 @@ mod tests {
                 (got - want).abs() / want < 0.05,
                 "{s:?}: {got:.2} GB vs the paper's {want} GB"
             );
+        }
+    }
+
+    /// Overlapped, offload's gradient download hides in the backward where
+    /// the gradient is final there (single, zero2, fsdp) and crosses at the
+    /// step's end elsewhere (zero1, ddp over replicas); only the part
+    /// outlasting the backward (two thirds of the compute) stays in the
+    /// update; serial, every copy and the update add up.
+    #[test]
+    fn offload_hides_the_gradient_download_in_the_backward_where_it_is_final() {
+        let w = Workload {
+            model: ModelConfig::preset("gpt2").unwrap(),
+            batch: 16,
+            seq_len: 1024,
+            grad_accum: 1,
+        };
+        let d = Device::datasheet("h100", Precision::Fp32, 0.4).unwrap();
+        // a host update too fast to matter: the copies decide
+        let net = |pcie| Network {
+            pcie_bandwidth: pcie,
+            host_bandwidth: 1e18,
+            ..Network::datasheet("h100").unwrap()
+        };
+        let plan = |strategy, world_size, serial, pcie| {
+            let par = ParallelConfig {
+                strategy,
+                world_size,
+                tp: 1,
+                recompute: false,
+                precision: Default::default(),
+                pipeline: Default::default(),
+                offload: Offload::Optimizer,
+                offload_serial: serial,
+            };
+            predict(&w, par, &d, &net(pcie), Precision::Fp32).time
+        };
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs().max(1e-12);
+        for (strategy, world, early) in [
+            (StrategyKind::Single, 1, true),
+            (StrategyKind::Zero2, 2, true),
+            (StrategyKind::Fsdp, 2, true),
+            (StrategyKind::Zero1, 2, false),
+            (StrategyKind::Ddp, 2, false),
+        ] {
+            // fp32: the gradient down and the parameters up are the same bytes
+            for pcie in [1e12, 1e9] {
+                let t = plan(strategy, world, false, pcie);
+                let half = t.pcie_bytes / 2.0 / pcie;
+                let backward = t.compute_s * 2.0 / 3.0;
+                let want = match early {
+                    true => half + (half - backward).max(0.0),
+                    false => 2.0 * half,
+                };
+                assert!(
+                    close(t.optimizer_s, want),
+                    "{strategy:?} x{world} at {pcie:e} B/s: update {} s, want {want} s",
+                    t.optimizer_s
+                );
+                let serial = plan(strategy, world, true, pcie);
+                assert!(serial.optimizer_s >= 2.0 * half, "{strategy:?}: serial");
+            }
         }
     }
 
