@@ -227,8 +227,9 @@ pub struct ParallelArgs {
     #[arg(long, value_enum, default_value = "none")]
     offload: distgpt::parallel::Offload,
     /// With --offload: copy the gradient down, update, and copy the
-    /// parameters up one after another instead of overlapped chunk by
-    /// chunk (to measure what the overlap buys).
+    /// parameters up one after another, after the backward, instead of
+    /// overlapped (the gradient started down during the backward, then
+    /// chunk by chunk; to measure what the overlap buys).
     #[arg(long)]
     offload_serial: bool,
     /// How the ranks run.

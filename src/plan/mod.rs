@@ -240,7 +240,8 @@ pub struct TimePlan {
     pub compute_s: f64,
     pub comm_s: f64,
     /// The AdamW update: on the device, or under offload on the host with
-    /// the copies to and from it (overlapped: the longer of the two).
+    /// the copies to and from it (overlapped: the longer of the two, the
+    /// gradient's download less what the backward hides).
     pub optimizer_s: f64,
     /// Bytes each rank sends and receives per step.
     pub comm_bytes: f64,
