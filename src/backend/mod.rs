@@ -94,9 +94,11 @@ pub trait Device: Send + Sync + Sized + Clone + 'static {
     /// waited (or dropped). Without a copy queue (the CPU) it copies now.
     ///
     /// # Safety
-    /// `dst` stays allocated, and nothing reads or writes it, until the
-    /// `Pending` is waited or dropped; where the device asks for it
-    /// ([`Device::pin`]), `dst` lies in pinned memory.
+    /// Until the `Pending` is waited or dropped, `dst` stays allocated and
+    /// nothing reads or writes it, and `src`'s buffer stays allocated and
+    /// nothing writes it (work queued later is not ordered after the copy);
+    /// where the device asks for it ([`Device::pin`]), `dst` lies in pinned
+    /// memory.
     unsafe fn download_start(&self, src: Src<'_, Self>, dst: &mut [f32]) -> Result<Pending> {
         self.download(src, dst)?;
         Ok(Pending::landed())

@@ -13,11 +13,14 @@
 //! updates chunk i. Each chunk's arithmetic is the same either way.
 //!
 //! With overlap the gradient starts down earlier still: as soon as a part
-//! of it is final (a piece's last reduce-scatter of the step, inside the
-//! backward), `download_early` queues its copy on the device's copy queue
-//! (a second OpenCL queue, a second CUDA stream, into pinned memory), so
-//! it crosses the link while the backward computes the pieces before it;
-//! the update waits for those copies and downloads only what none covered.
+//! of it is final, `download_early` queues its copy on the device's copy
+//! queue (a second OpenCL queue, a second CUDA stream, into pinned memory).
+//! Under zero2 and fsdp (after a piece's last reduce-scatter of the step)
+//! and on a replicated stage with no other replica (after a piece's last
+//! micro-batch) that is inside the backward, so the copy crosses the link
+//! while the backward computes the pieces before it; under zero1 and on
+//! replicas that all-reduce, it is after the step's collectives. The
+//! update waits for those copies and downloads only what none covered.
 
 use crate::backend::cpu::Cpu;
 use crate::backend::{Backend, Buf, Category, Device, Dst, Pending, Pinned, Src};
@@ -74,6 +77,7 @@ impl HostState {
         overlap: bool,
     ) -> Result<Self> {
         let mut chunks = Vec::new();
+        let mut pin = overlap;
         for a in (0..len).step_by(chunk.max(1)) {
             let range = a..(a + chunk).min(len);
             let segs = segments
@@ -88,10 +92,19 @@ impl HostState {
                 })
                 .collect();
             let mut grads = cpu.alloc(range.len(), Category::Grads)?;
-            let pinned = match overlap {
-                // SAFETY: the chunk keeps `grads` until after `_pinned` drops.
-                true => unsafe { be.pin(host(cpu, &mut grads))? },
-                false => Pinned::unneeded(),
+            // SAFETY: the chunk keeps `grads` until after `_pinned` drops.
+            let pinned = match pin.then(|| unsafe { be.pin(host(cpu, &mut grads)) }) {
+                Some(Ok(p)) => p,
+                Some(Err(e)) => {
+                    // still correct, only the copies block the host
+                    crate::errln!(
+                        "offload: host memory could not be pinned ({e}); the gradient's \
+                         copies during the backward will wait for the device"
+                    );
+                    pin = false;
+                    Pinned::unneeded()
+                }
+                None => Pinned::unneeded(),
             };
             chunks.push(HostChunk {
                 early: Vec::new(),

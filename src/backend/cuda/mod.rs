@@ -474,10 +474,14 @@ impl Runtime for CudaRuntime {
         // copy per the caller's contract, and the waiter holds its event.
         unsafe { drv::memcpy_dtoh_async(dst, Self::addr::<f32>(src), self.copier.cu_stream()) }
             .map_err(failed("cuMemcpyDtoHAsync"))?;
-        let done = self
-            .copier
-            .record_event(None)
-            .map_err(failed("cuEventRecord"))?;
+        let done = match self.copier.record_event(None) {
+            Ok(done) => done,
+            Err(e) => {
+                // the copy is queued: it must land before `dst` is given back
+                let _ = self.copier.synchronize();
+                return Err(failed("cuEventRecord")(e));
+            }
+        };
         Ok(Box::new(move || {
             done.synchronize().map_err(failed("cuEventSynchronize"))
         }))

@@ -172,8 +172,10 @@ pub trait Runtime: Send + Sync + Sized + 'static {
     /// the returned waiter returns once it has landed.
     ///
     /// # Safety
-    /// As `read`; and `dst` stays allocated and untouched until the waiter
-    /// has run, in memory `pin` pinned where the runtime pins.
+    /// As `read`; and until the waiter has run, `dst` stays allocated and
+    /// untouched (in memory `pin` pinned where the runtime pins), and
+    /// `src`'s buffer stays allocated and unwritten: a buffer freed or
+    /// written in the compute queue's order is not ordered after this copy.
     unsafe fn read_start(&self, src: View, dst: &mut [f32]) -> Result<Waiter, GpuError>;
     /// Page-locks `host` for `read_start` where the runtime needs that for
     /// a copy that does not block the host (CUDA); returns what unlocks it

@@ -238,7 +238,11 @@ impl Runtime for ClRuntime {
         }
         .map(Event::new)
         .map_err(|e| failed("clEnqueueReadBuffer")(RawError(e)))?;
-        self.copier.flush().map_err(failed("clFlush"))?;
+        if let Err(e) = self.copier.flush() {
+            // the read is queued: it must land before `dst` is given back
+            let _ = done.wait();
+            return Err(failed("clFlush")(e));
+        }
         Ok(Box::new(move || {
             done.wait().map_err(failed("clWaitForEvents"))
         }))
