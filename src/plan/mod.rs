@@ -798,12 +798,9 @@ mod tests {
             let par = ParallelConfig {
                 strategy,
                 world_size,
-                tp: 1,
-                recompute: false,
-                precision: Default::default(),
-                pipeline: Default::default(),
                 offload: Offload::Optimizer,
                 offload_serial: serial,
+                ..ParallelConfig::single()
             };
             predict(&w, par, &d, &net(pcie), Precision::Fp32).time
         };

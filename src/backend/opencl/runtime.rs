@@ -198,20 +198,7 @@ impl Runtime for ClRuntime {
             return Ok(());
         }
         // SAFETY: as in `write`.
-        unsafe {
-            enqueue_read_buffer(
-                self.queue.get(),
-                src.mem as cl_mem,
-                CL_BLOCKING,
-                src.off * size_of::<T>(),
-                size_of_val(dst),
-                dst.as_mut_ptr().cast(),
-                0,
-                ptr::null(),
-            )
-        }
-        .map(release_event)
-        .map_err(|e| failed("clEnqueueReadBuffer")(RawError(e)))
+        unsafe { read_on(&self.queue, src, dst, None) }.map(drop)
     }
 
     unsafe fn read_start(&self, src: View, dst: &mut [f32]) -> Result<Waiter, GpuError> {
@@ -224,20 +211,7 @@ impl Runtime for ClRuntime {
         self.queue.flush().map_err(failed("clFlush"))?;
         // SAFETY: the range as in `read`; `dst` outlives the copy per the
         // caller's contract, and the waiter holds the copy's event.
-        let done = unsafe {
-            enqueue_read_buffer(
-                self.copier.get(),
-                src.mem as cl_mem,
-                CL_NON_BLOCKING,
-                src.off * size_of::<f32>(),
-                size_of_val(dst),
-                dst.as_mut_ptr().cast(),
-                1,
-                &after.get(),
-            )
-        }
-        .map(Event::new)
-        .map_err(|e| failed("clEnqueueReadBuffer")(RawError(e)))?;
+        let done = unsafe { read_on(&self.copier, src, dst, Some(&after)) }?;
         if let Err(e) = self.copier.flush() {
             // the read is queued: it must land before `dst` is given back
             let _ = done.wait();
@@ -295,6 +269,43 @@ impl Runtime for ClRuntime {
     unsafe fn sgemm(&self, g: Gemm) -> Result<(), GpuError> {
         self.blas.sgemm(self.queue.get(), g)
     }
+}
+
+/// Queues dst = src on `queue`: blocking, or without blocking after
+/// `after` (an event of any queue of the context).
+///
+/// # Safety
+/// The range fits `src`'s buffer; `dst` stays allocated and untouched until
+/// the returned event completes (at once when blocking).
+unsafe fn read_on<T: Elem>(
+    queue: &CommandQueue,
+    src: View,
+    dst: &mut [T],
+    after: Option<&Event>,
+) -> Result<Event, GpuError> {
+    let (blocking, waits) = match after {
+        None => (CL_BLOCKING, Vec::new()),
+        Some(e) => (CL_NON_BLOCKING, vec![e.get()]),
+    };
+    // SAFETY: per this function's contract.
+    unsafe {
+        enqueue_read_buffer(
+            queue.get(),
+            src.mem as cl_mem,
+            blocking,
+            src.off * size_of::<T>(),
+            size_of_val(dst),
+            dst.as_mut_ptr().cast(),
+            waits.len() as u32,
+            if waits.is_empty() {
+                ptr::null()
+            } else {
+                waits.as_ptr()
+            },
+        )
+    }
+    .map(Event::new)
+    .map_err(|e| failed("clEnqueueReadBuffer")(RawError(e)))
 }
 
 fn release_event(e: opencl3::types::cl_event) {
