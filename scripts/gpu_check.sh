@@ -13,8 +13,9 @@
 #   4. GPT-2 124M at T = 1024 side by side with PyTorch on the same GPU
 #      (eager fp32, eager with bf16 autocast, torch.compile with bf16), MFU
 #      against 989 TFLOP/s (H100 SXM dense bf16);
-#   5. what CPU offload costs there (--offload optimizer, overlapped and
-#      serial, and fsdp's --offload params).
+#   5. what CPU offload costs there (--offload optimizer, overlapped: the
+#      gradient down on the copy stream during the backward and the copies
+#      beside the host's update; serial; and fsdp's --offload params).
 #
 # Results go to $1 (default target/gpu-check): paste them into BENCHMARKS.md.
 # CUDA's libraries come from the system or from pip wheels in
