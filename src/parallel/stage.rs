@@ -374,26 +374,36 @@ impl<B: Backend> StageState<B> {
         self.micro_batches = micro_batches;
     }
 
-    /// Under offload: counts a gradient piece k received, and once it is
-    /// the step's last (and no reduction but this rank's own is left),
-    /// starts this rank's part of it down to the host.
-    fn count_gradient(&mut self, be: &B, k: usize, dp_size: usize) -> Result<()> {
+    /// Counts a gradient piece k received; at the step's last, where no
+    /// collective is left to come (zero2 and fsdp reduced it already, a
+    /// replicated stage with no other replica needs none), starts it down.
+    fn count_gradient(&mut self, be: &B, k: usize, dp: &dyn Comm) -> Result<()> {
         self.received[k] += 1;
-        let Optimizer::Host(h) = &mut self.opt else {
-            return Ok(());
-        };
-        let last = self.received[k] == self.final_after[k] * self.micro_batches;
-        if !last || self.tied_across == Some(k) {
+        let reduced =
+            self.g_shard.is_some() || (self.sharing == Sharing::Replicated && dp.size() == 1);
+        if reduced && self.received[k] == self.final_after[k] * self.micro_batches {
+            self.start_download(be, k, dp.rank())?;
+        }
+        Ok(())
+    }
+
+    /// Under offload: starts replica r's reduced gradient of piece k, final
+    /// from here on, down to the host (`HostState::download_early`), to
+    /// where the host's buffer holds it (the shard's order when sharded);
+    /// never a piece the stages' tie all-reduces at the step's end.
+    fn start_download(&mut self, be: &B, k: usize, r: usize) -> Result<()> {
+        if self.tied_across == Some(k) {
             return Ok(());
         }
-        let u = &self.pieces.shards;
-        match (&self.g_shard, &self.grads) {
-            // zero2, fsdp: the shard's slice is reduced
-            (Some(g), _) => h.download_early(be, u.shard_of(k), g.slice(u.shard_of(k))),
-            // replicated on one replica: no all-reduce to wait for
-            (None, Some(g)) if self.sharing == Sharing::Replicated && dp_size == 1 => {
-                let at = self.pieces.buf(k);
-                h.download_early(be, at.clone(), g.slice(at))
+        let (_, at, _, len) = self.my_grad(k, r);
+        let owned = match self.sharded() {
+            true => self.pieces.shards.shard_at[k],
+            false => at,
+        };
+        let g = self.g_shard.as_ref().or(self.grads.as_ref());
+        match (&mut self.opt, g) {
+            (Optimizer::Host(h), Some(g)) => {
+                h.download_early(be, owned..owned + len, g.slice(at..at + len))
             }
             _ => Ok(()),
         }
@@ -525,9 +535,9 @@ impl<B: Backend> StageState<B> {
                 self.reduce(dp, be, t, BODY)?;
             }
         }
-        self.count_gradient(be, k, dp.size())?;
+        self.count_gradient(be, k, dp)?;
         if let Some((t, _)) = tied {
-            self.count_gradient(be, t, dp.size())?;
+            self.count_gradient(be, t, dp)?;
         }
         Ok(())
     }
@@ -591,11 +601,10 @@ impl<B: Backend> StageState<B> {
                 if let Some((group, k)) = tie {
                     device::all_reduce(group, be, g.slice_mut(self.pieces.buf(k)))?;
                 }
-                if let (Optimizer::Host(h), true) = (&mut self.opt, dp.size() > 1) {
+                if dp.size() > 1 {
                     // (one replica's started in the backward)
                     for k in 0..self.pieces.layout.len() {
-                        let at = self.pieces.buf(k);
-                        h.download_early(be, at.clone(), g.slice(at))?;
+                        self.start_download(be, k, dp.rank())?;
                     }
                 }
                 return Ok(());
@@ -610,15 +619,7 @@ impl<B: Backend> StageState<B> {
                     );
                     be.fill(self.scratch[BODY].slice_mut(len..pad), 0.0);
                     self.reduce(dp, be, k, BODY)?;
-                    match (&mut self.opt, &self.grads) {
-                        (Optimizer::Host(h), Some(g)) if tie.is_none_or(|(_, t)| t != k) => {
-                            let (start, len) = self.pieces.mine(k, dp.rank());
-                            let at = self.pieces.buf(k).start + start;
-                            let owned = self.pieces.shards.shard_at[k];
-                            h.download_early(be, owned..owned + len, g.slice(at..at + len))?;
-                        }
-                        _ => {}
-                    }
+                    self.start_download(be, k, dp.rank())?;
                 }
             }
             Sharing::Zero2 | Sharing::Fsdp => {}

@@ -283,9 +283,10 @@ unsafe fn read_on<T: Elem>(
     dst: &mut [T],
     after: Option<&Event>,
 ) -> Result<Event, GpuError> {
-    let (blocking, waits) = match after {
-        None => (CL_BLOCKING, Vec::new()),
-        Some(e) => (CL_NON_BLOCKING, vec![e.get()]),
+    let after = after.map(Event::get);
+    let (blocking, waits) = match &after {
+        None => (CL_BLOCKING, &[][..]),
+        Some(e) => (CL_NON_BLOCKING, std::slice::from_ref(e)),
     };
     // SAFETY: per this function's contract.
     unsafe {
