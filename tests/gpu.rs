@@ -122,7 +122,15 @@ fn a_training_step_on_the_gpu_equals_the_cpus_on<B: Backend>(gpu: B, kind: &str)
     };
     let tokens: Vec<u32> = (0..3 * 19).map(|i| (i * 31 % 67) as u32).collect();
     let targets: Vec<u32> = (0..3 * 19).map(|i| (i * 17 % 67) as u32).collect();
-    for precision in [Precision::Fp32, Precision::Bf16] {
+    // bf16: where the device's f32 differs from the CPU's by an ulp (CUDA
+    // contracts to FMA), a value rounded to bf16 can land one bf16 step
+    // (2^-8) away; the step's outputs then differ by a fraction of that.
+    // A tenth of a bf16 step still fails a kernel that rounds what it should
+    // not, or forgets to round.
+    for (precision, tol) in [
+        (Precision::Fp32, 1e-5),
+        (Precision::Bf16, 2f32.powi(-8) / 10.0),
+    ] {
         let batch = (&tokens[..], &targets[..]);
         let want = one_step(Cpu::new(), &cfg, batch, precision);
         let got = one_step(gpu.clone_fresh(), &cfg, batch, precision);
@@ -133,8 +141,8 @@ fn a_training_step_on_the_gpu_equals_the_cpus_on<B: Backend>(gpu: B, kind: &str)
             let err = rel_err(g, w);
             eprintln!("{kind} {precision:?} {what}: relative error {err:.2e}");
             assert!(
-                err <= 1e-5,
-                "{kind} {precision:?} {what}: relative error {err}"
+                err <= tol,
+                "{kind} {precision:?} {what}: relative error {err} > {tol}"
             );
         }
     }

@@ -22,8 +22,9 @@ const SOURCES: [&str; 8] = [
     include_str!("../kernels/attention.cu"),
 ];
 
-/// Rows per partial sum of layernorm's dw/db (as the CPU backend's chunks).
-const LAYERNORM_CHUNK_ROWS: usize = 64;
+/// Rows per partial of the column sums: layernorm's dw/db (as the CPU
+/// backend's chunks) and the bias gradient.
+const COLUMN_CHUNK_ROWS: usize = 64;
 /// Most workgroups of a whole-buffer reduction (partials read back).
 const REDUCE_GROUPS: usize = 256;
 
@@ -228,7 +229,7 @@ impl<R: Runtime> Queue<R> {
         };
         need("layernorm_backward dw", dw, c)?;
         need("layernorm_backward db", db, c)?;
-        let chunks = rows.div_ceil(LAYERNORM_CHUNK_ROWS);
+        let chunks = rows.div_ceil(COLUMN_CHUNK_ROWS);
         let partials = self.alloc::<f32>(chunks * 2 * c)?;
         let args = [
             Arg::View(partials.view()),
@@ -239,7 +240,7 @@ impl<R: Runtime> Queue<R> {
             u32s("rows", rows)?,
             u32s("c", c)?,
             u32s("chunks", chunks)?,
-            u32s("chunk rows", LAYERNORM_CHUNK_ROWS)?,
+            u32s("chunk rows", COLUMN_CHUNK_ROWS)?,
         ];
         self.launch("layernorm_backward_partials", groups(chunks * c), &args)?;
         let args = [
@@ -430,13 +431,27 @@ impl<R: Runtime> Queue<R> {
         let MatmulShape { rows, n, .. } = shape;
         need("matmul_backward dout", dout, rows * n)?;
         need("matmul_backward dbias", db, n)?;
+        if rows == 0 || n == 0 {
+            return Ok(());
+        }
+        let chunks = rows.div_ceil(COLUMN_CHUNK_ROWS);
+        let partials = self.alloc::<f32>(chunks * n)?;
         let args = [
-            Arg::View(db),
+            Arg::View(partials.view()),
             Arg::View(dout),
             u32s("rows", rows)?,
             u32s("n", n)?,
+            u32s("chunks", chunks)?,
+            u32s("chunk rows", COLUMN_CHUNK_ROWS)?,
         ];
-        self.launch("bias_backward", groups(n), &args)
+        self.launch("bias_backward_partials", groups(chunks * n), &args)?;
+        let args = [
+            Arg::View(db),
+            Arg::View(partials.view()),
+            u32s("chunks", chunks)?,
+            u32s("n", n)?,
+        ];
+        self.launch("bias_backward_sum", groups(n), &args)
     }
 
     /// c (m x n, column-major, ldc = m) per `g`, with empty sizes handled

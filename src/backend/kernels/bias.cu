@@ -10,13 +10,31 @@ KERNEL void bias_forward(GLOBAL float* RESTRICT out, unsigned out_off,
     out[out_off + i] = accumulate ? out[out_off + i] + b : b;
 }
 
-// dbias (n) += column sums of dout (rows, n), rows in order; one thread per column.
-KERNEL void bias_backward(GLOBAL float* RESTRICT dbias, unsigned dbias_off,
-                          const GLOBAL float* RESTRICT dout, unsigned dout_off,
-                          unsigned rows, unsigned n) {
+// partials (chunks, n) = column sums of dout (rows, n) over the rows
+// chunk * chunk_rows .. of each chunk, rows in order; one thread per
+// (chunk, column). Reduced by bias_backward_sum in chunk order: no atomics,
+// a fixed order, and chunks * n threads where one per column left the GPU
+// idle (a 768-wide bias over 8192 rows: 3 workgroups).
+KERNEL void bias_backward_partials(GLOBAL float* RESTRICT partials, unsigned partials_off,
+                                   const GLOBAL float* RESTRICT dout, unsigned dout_off,
+                                   unsigned rows, unsigned n, unsigned chunks,
+                                   unsigned chunk_rows) {
+    idx_t i = GLOBAL_ID(0);
+    if (i >= (idx_t)chunks * n) return;
+    unsigned chunk = (unsigned)(i / n), j = (unsigned)(i % n);
+    unsigned end = rows - chunk * chunk_rows < chunk_rows ? rows : (chunk + 1) * chunk_rows;
+    float acc = 0.0f;
+    for (unsigned r = chunk * chunk_rows; r < end; r++) acc += dout[dout_off + (idx_t)r * n + j];
+    partials[partials_off + i] = acc;
+}
+
+// dbias (n) += the sum over chunks of partials (chunks, n); one thread per column.
+KERNEL void bias_backward_sum(GLOBAL float* RESTRICT dbias, unsigned dbias_off,
+                              const GLOBAL float* RESTRICT partials, unsigned partials_off,
+                              unsigned chunks, unsigned n) {
     idx_t j = GLOBAL_ID(0);
     if (j >= n) return;
     float acc = dbias[dbias_off + j];
-    for (unsigned r = 0; r < rows; r++) acc += dout[dout_off + (idx_t)r * n + j];
+    for (unsigned g = 0; g < chunks; g++) acc += partials[partials_off + (idx_t)g * n + j];
     dbias[dbias_off + j] = acc;
 }
