@@ -13,15 +13,20 @@
 
 #define ATT_HD_MAX 64                       // largest head dim supported
 #define ATT_ROWS 32                         // rows a workgroup owns
-#define ATT_TILE 16                         // rows of each streamed tile
+#define ATT_TILE 32                         // rows of each streamed tile (forward)
+#define ATT_BTILE 16                        // the backward's: its four tiles and two
+                                            // row blocks fit OpenCL's 32 KiB minimum
 #define ATT_TPR (BLOCK / ATT_ROWS)          // threads per row
 #define ATT_PER_LANE (ATT_HD_MAX / ATT_TPR) // head dims a thread accumulates
+#define ATT_CPL (ATT_TILE / ATT_TPR)        // tile rows a thread scores (forward)
+#define ATT_BCPL (ATT_BTILE / ATT_TPR)      // and in the backward
 #define ATT_DECODE_PARTS (BLOCK / ATT_HD_MAX) // key partitions in decode
-#define ATT_PAD (ATT_HD_MAX + 1)            // local row stride: no bank conflicts
+#define ATT_PAD (ATT_HD_MAX + 4)            // local row stride: 16-byte rows, 4 banks apart
 #define ATT_NEG (-1e30f)                    // masked score; exp(ATT_NEG - x) == 0
 
-#if BLOCK % ATT_ROWS != 0 || ATT_HD_MAX % ATT_TPR != 0 || BLOCK % ATT_HD_MAX != 0
-#error "attention.cu: BLOCK must split evenly into rows, and head dims into lanes"
+#if BLOCK % ATT_ROWS != 0 || ATT_HD_MAX % (4 * ATT_TPR) != 0 || BLOCK % ATT_HD_MAX != 0 || \
+    ATT_TILE % ATT_TPR != 0 || ATT_BTILE % ATT_TPR != 0 || ATT_BTILE > ATT_TILE
+#error "attention.cu: BLOCK must split evenly into rows, and head dims and tiles into lanes"
 #endif
 
 // dst (rows, hd) in local memory <- rows [t0, t0 + rows) of src (stride floats
@@ -45,16 +50,79 @@ DEVICE int att_sees(unsigned causal, unsigned kj, unsigned qi, unsigned kl) {
     return (causal ? kj <= qi : 1) && kj < kl;
 }
 
-DEVICE float att_dot(const SHARED_PTR float* a, const SHARED_PTR float* b, unsigned hd) {
-    float s = 0.0f;
-    for (unsigned d = 0; d < hd; d++) {
-        s += a[d] * b[d];
+// The k-th head dim of a lane's accumulators: runs of 4 consecutive dims,
+// the lanes of a row side by side (a row's lanes read 4 x ATT_TPR
+// consecutive floats of a tile row at once, on distinct banks).
+DEVICE unsigned att_dim(unsigned lane, unsigned k) {
+    return (k / 4) * (4 * ATT_TPR) + lane * 4 + k % 4;
+}
+
+// s[m] = dot(a, b row lane + ATT_TPR m) over hd dims, m < cpl: each a[d]
+// read once for cpl products. Each dot sums d in order. Called with literal
+// cpl, and ATT_HD_MAX where hd is that, so the compiler unrolls the loops.
+DEVICE void att_scores(float* s, const SHARED_PTR float* a, const SHARED_PTR float* b,
+                       unsigned lane, unsigned hd, unsigned cpl) {
+    for (unsigned m = 0; m < cpl; m++) {
+        s[m] = 0.0f;
     }
-    return s;
+    for (unsigned d = 0; d < hd; d++) {
+        float x = a[d];
+        for (unsigned m = 0; m < cpl; m++) {
+            s[m] += x * b[(lane + ATT_TPR * m) * ATT_PAD + d];
+        }
+    }
+}
+
+// acc[k] += sum over tile rows j < tile in order of w[j] * src row j, dim
+// att_dim(lane, k).
+DEVICE void att_accumulate(float* acc, const SHARED_PTR float* w, const SHARED_PTR float* src,
+                           unsigned lane, unsigned hd, unsigned tile) {
+    for (unsigned j = 0; j < tile; j++) {
+        float x = w[j];
+        for (unsigned k = 0; k < ATT_PER_LANE; k++) {
+            unsigned d = att_dim(lane, k);
+            if (d < hd) {
+                acc[k] += x * src[j * ATT_PAD + d];
+            }
+        }
+    }
+}
+
+// As att_scores / att_accumulate, unrolled where hd is the largest head dim.
+DEVICE void att_scores_hd(float* s, const SHARED_PTR float* a, const SHARED_PTR float* b,
+                          unsigned lane, unsigned hd, unsigned cpl) {
+    if (hd == ATT_HD_MAX) {
+        att_scores(s, a, b, lane, ATT_HD_MAX, cpl);
+    } else {
+        att_scores(s, a, b, lane, hd, cpl);
+    }
+}
+
+DEVICE void att_accumulate_hd(float* acc, const SHARED_PTR float* w, const SHARED_PTR float* src,
+                              unsigned lane, unsigned hd, unsigned tile) {
+    if (hd == ATT_HD_MAX) {
+        att_accumulate(acc, w, src, lane, ATT_HD_MAX, tile);
+    } else {
+        att_accumulate(acc, w, src, lane, hd, tile);
+    }
+}
+
+// Writes a lane's accumulators to dst (dims < hd).
+DEVICE void att_store(GLOBAL float* dst, const float* acc, float div, unsigned lane, unsigned hd) {
+    for (unsigned k = 0; k < ATT_PER_LANE; k++) {
+        unsigned d = att_dim(lane, k);
+        if (d < hd) {
+            dst[d] = acc[k] / div;
+        }
+    }
 }
 
 // Grid: ceil(T / ATT_ROWS) * B * NH workgroups of BLOCK.
 // out (B, T, C), lse (B, NH, T) <- qkv (B, T, 3C); lens (B) read when !causal.
+// Per tile: each lane scores ATT_CPL keys of its row; every lane of the row
+// reads the row's scores for the running max; each lane turns its own scores
+// into probabilities; every lane adds the row's probabilities to l in key
+// order and accumulates its head dims.
 KERNEL void attention_forward(GLOBAL float* RESTRICT out, unsigned out_off,
                               GLOBAL float* RESTRICT lse, unsigned lse_off,
                               const GLOBAL float* RESTRICT qkv, unsigned qkv_off,
@@ -79,49 +147,42 @@ KERNEL void attention_forward(GLOBAL float* RESTRICT out, unsigned out_off,
     }
     unsigned kl = att_keys(lens, lens_off, causal, b, T);
     unsigned k_end = causal ? min(T, q0 + ATT_ROWS) : kl;
+    SHARED_PTR float* srow = ss + row * (ATT_TILE + 1);
     for (unsigned k0 = 0; k0 < k_end; k0 += ATT_TILE) {
         BARRIER(); // qs written; the previous tile's ks, vs, ss all read
         att_load(ks, q + C, 3 * C, k0, ATT_TILE, k_end, hd);
         att_load(vs, q + 2 * C, 3 * C, k0, ATT_TILE, k_end, hd);
         BARRIER();
-        for (unsigned j = lane; j < ATT_TILE; j += ATT_TPR) {
-            unsigned kj = k0 + j;
-            ss[row * (ATT_TILE + 1) + j] =
-                att_sees(causal, kj, qi, kl)
-                    ? att_dot(qs + row * ATT_PAD, ks + j * ATT_PAD, hd) * scale
-                    : ATT_NEG;
+        float s[ATT_CPL];
+        att_scores_hd(s, qs + row * ATT_PAD, ks, lane, hd, ATT_CPL);
+        for (unsigned c = 0; c < ATT_CPL; c++) {
+            unsigned j = lane + ATT_TPR * c;
+            s[c] = att_sees(causal, k0 + j, qi, kl) ? s[c] * scale : ATT_NEG;
+            srow[j] = s[c];
         }
         BARRIER();
-        const SHARED_PTR float* s = ss + row * (ATT_TILE + 1);
         float m_new = m;
         for (unsigned j = 0; j < ATT_TILE; j++) {
-            m_new = fmaxf(m_new, s[j]);
+            m_new = fmaxf(m_new, srow[j]);
         }
+        BARRIER(); // every lane has the row's max before the scores turn
+        for (unsigned c = 0; c < ATT_CPL; c++) {
+            srow[lane + ATT_TPR * c] = expf(s[c] - m_new);
+        }
+        BARRIER();
         float alpha = expf(m - m_new);
         l *= alpha;
         for (unsigned k = 0; k < ATT_PER_LANE; k++) {
             acc[k] *= alpha;
         }
         for (unsigned j = 0; j < ATT_TILE; j++) {
-            float p = expf(s[j] - m_new);
-            l += p;
-            for (unsigned k = 0; k < ATT_PER_LANE; k++) {
-                unsigned d = lane + k * ATT_TPR;
-                if (d < hd) {
-                    acc[k] += p * vs[j * ATT_PAD + d];
-                }
-            }
+            l += srow[j];
         }
+        att_accumulate_hd(acc, srow, vs, lane, hd, ATT_TILE);
         m = m_new;
     }
     if (qi < T) {
-        GLOBAL float* o = out + out_off + ((idx_t)b * T + qi) * C + h * hd;
-        for (unsigned k = 0; k < ATT_PER_LANE; k++) {
-            unsigned d = lane + k * ATT_TPR;
-            if (d < hd) {
-                o[d] = acc[k] / l;
-            }
-        }
+        att_store(out + out_off + ((idx_t)b * T + qi) * C + h * hd, acc, l, lane, hd);
         if (lane == 0) {
             lse[lse_off + (idx_t)bh * T + qi] = m + logf(l);
         }
@@ -160,12 +221,12 @@ KERNEL void attention_backward_dkdv(GLOBAL float* RESTRICT dqkv, unsigned dqkv_o
                                     unsigned causal) {
     SHARED float ks[ATT_ROWS * ATT_PAD];
     SHARED float vs[ATT_ROWS * ATT_PAD];
-    SHARED float qs[ATT_TILE * ATT_PAD];
-    SHARED float dos[ATT_TILE * ATT_PAD];
-    SHARED float ps[ATT_ROWS * (ATT_TILE + 1)];
-    SHARED float dss[ATT_ROWS * (ATT_TILE + 1)];
-    SHARED float ls[ATT_TILE];
-    SHARED float ds[ATT_TILE];
+    SHARED float qs[ATT_BTILE * ATT_PAD];
+    SHARED float dos[ATT_BTILE * ATT_PAD];
+    SHARED float ps[ATT_ROWS * (ATT_BTILE + 1)];
+    SHARED float dss[ATT_ROWS * (ATT_BTILE + 1)];
+    SHARED float ls[ATT_BTILE];
+    SHARED float ds[ATT_BTILE];
     unsigned hd = C / NH, blocks = (T + ATT_ROWS - 1) / ATT_ROWS;
     unsigned bh = GROUP_ID(0) / blocks, k0 = (GROUP_ID(0) % blocks) * ATT_ROWS;
     unsigned b = bh / NH, h = bh % NH;
@@ -183,44 +244,35 @@ KERNEL void attention_backward_dkdv(GLOBAL float* RESTRICT dqkv, unsigned dqkv_o
         dv[k] = 0.0f;
     }
     unsigned kl = att_keys(lens, lens_off, causal, b, T);
-    for (unsigned q0 = causal ? k0 : 0; q0 < T; q0 += ATT_TILE) {
+    SHARED_PTR float* prow = ps + row * (ATT_BTILE + 1);
+    SHARED_PTR float* dsrow = dss + row * (ATT_BTILE + 1);
+    for (unsigned q0 = causal ? k0 : 0; q0 < T; q0 += ATT_BTILE) {
         BARRIER(); // ks, vs written; the previous tile's qs, dos, ps, dss all read
-        att_load(qs, q, 3 * C, q0, ATT_TILE, T, hd);
-        att_load(dos, d_o, C, q0, ATT_TILE, T, hd);
-        att_row_stats(ls, ds, lse + lse_off + (idx_t)bh * T, d_o, o, q0, ATT_TILE, T, C, hd);
+        att_load(qs, q, 3 * C, q0, ATT_BTILE, T, hd);
+        att_load(dos, d_o, C, q0, ATT_BTILE, T, hd);
+        att_row_stats(ls, ds, lse + lse_off + (idx_t)bh * T, d_o, o, q0, ATT_BTILE, T, C, hd);
         BARRIER();
-        for (unsigned i = lane; i < ATT_TILE; i += ATT_TPR) {
-            unsigned qi = q0 + i;
+        float s[ATT_BCPL], dp[ATT_BCPL];
+        att_scores_hd(s, ks + row * ATT_PAD, qs, lane, hd, ATT_BCPL);
+        att_scores_hd(dp, vs + row * ATT_PAD, dos, lane, hd, ATT_BCPL);
+        for (unsigned c = 0; c < ATT_BCPL; c++) {
+            unsigned i = lane + ATT_TPR * c, qi = q0 + i;
             float p = 0.0f, dsc = 0.0f;
             if (att_sees(causal, kj, qi, kl) && qi < T) {
-                p = expf(att_dot(qs + i * ATT_PAD, ks + row * ATT_PAD, hd) * scale - ls[i]);
-                float dp = att_dot(dos + i * ATT_PAD, vs + row * ATT_PAD, hd);
-                dsc = p * (dp - ds[i]) * scale;
+                p = expf(s[c] * scale - ls[i]);
+                dsc = p * (dp[c] - ds[i]) * scale;
             }
-            ps[row * (ATT_TILE + 1) + i] = p;
-            dss[row * (ATT_TILE + 1) + i] = dsc;
+            prow[i] = p;
+            dsrow[i] = dsc;
         }
         BARRIER();
-        for (unsigned i = 0; i < ATT_TILE; i++) {
-            float p = ps[row * (ATT_TILE + 1) + i], dsc = dss[row * (ATT_TILE + 1) + i];
-            for (unsigned k = 0; k < ATT_PER_LANE; k++) {
-                unsigned d = lane + k * ATT_TPR;
-                if (d < hd) {
-                    dv[k] += p * dos[i * ATT_PAD + d];
-                    dk[k] += dsc * qs[i * ATT_PAD + d];
-                }
-            }
-        }
+        att_accumulate_hd(dv, prow, dos, lane, hd, ATT_BTILE);
+        att_accumulate_hd(dk, dsrow, qs, lane, hd, ATT_BTILE);
     }
     if (kj < T) {
         GLOBAL float* g = dqkv + dqkv_off + ((idx_t)b * T + kj) * 3 * C + h * hd;
-        for (unsigned k = 0; k < ATT_PER_LANE; k++) {
-            unsigned d = lane + k * ATT_TPR;
-            if (d < hd) {
-                g[C + d] = dk[k];
-                g[2 * C + d] = dv[k];
-            }
-        }
+        att_store(g + C, dk, 1.0f, lane, hd);
+        att_store(g + 2 * C, dv, 1.0f, lane, hd);
     }
 }
 
@@ -237,9 +289,9 @@ KERNEL void attention_backward_dq(GLOBAL float* RESTRICT dqkv, unsigned dqkv_off
                                   unsigned causal) {
     SHARED float qs[ATT_ROWS * ATT_PAD];
     SHARED float dos[ATT_ROWS * ATT_PAD];
-    SHARED float ks[ATT_TILE * ATT_PAD];
-    SHARED float vs[ATT_TILE * ATT_PAD];
-    SHARED float dss[ATT_ROWS * (ATT_TILE + 1)];
+    SHARED float ks[ATT_BTILE * ATT_PAD];
+    SHARED float vs[ATT_BTILE * ATT_PAD];
+    SHARED float dss[ATT_ROWS * (ATT_BTILE + 1)];
     SHARED float ls[ATT_ROWS];
     SHARED float ds[ATT_ROWS];
     unsigned hd = C / NH, blocks = (T + ATT_ROWS - 1) / ATT_ROWS;
@@ -260,40 +312,29 @@ KERNEL void attention_backward_dq(GLOBAL float* RESTRICT dqkv, unsigned dqkv_off
     }
     unsigned kl = att_keys(lens, lens_off, causal, b, T);
     unsigned k_end = causal ? min(T, q0 + ATT_ROWS) : kl;
-    for (unsigned k0 = 0; k0 < k_end; k0 += ATT_TILE) {
+    SHARED_PTR float* dsrow = dss + row * (ATT_BTILE + 1);
+    for (unsigned k0 = 0; k0 < k_end; k0 += ATT_BTILE) {
         BARRIER(); // qs, dos, ls, ds written; the previous tile's ks, dss all read
-        att_load(ks, q + C, 3 * C, k0, ATT_TILE, k_end, hd);
-        att_load(vs, q + 2 * C, 3 * C, k0, ATT_TILE, k_end, hd);
+        att_load(ks, q + C, 3 * C, k0, ATT_BTILE, k_end, hd);
+        att_load(vs, q + 2 * C, 3 * C, k0, ATT_BTILE, k_end, hd);
         BARRIER();
-        for (unsigned j = lane; j < ATT_TILE; j += ATT_TPR) {
-            unsigned kj = k0 + j;
+        float s[ATT_BCPL], dp[ATT_BCPL];
+        att_scores_hd(s, qs + row * ATT_PAD, ks, lane, hd, ATT_BCPL);
+        att_scores_hd(dp, dos + row * ATT_PAD, vs, lane, hd, ATT_BCPL);
+        for (unsigned c = 0; c < ATT_BCPL; c++) {
+            unsigned j = lane + ATT_TPR * c;
             float dsc = 0.0f;
-            if (att_sees(causal, kj, qi, kl) && qi < T) {
-                float p = expf(att_dot(qs + row * ATT_PAD, ks + j * ATT_PAD, hd) * scale - ls[row]);
-                float dp = att_dot(dos + row * ATT_PAD, vs + j * ATT_PAD, hd);
-                dsc = p * (dp - ds[row]) * scale;
+            if (att_sees(causal, k0 + j, qi, kl) && qi < T) {
+                float p = expf(s[c] * scale - ls[row]);
+                dsc = p * (dp[c] - ds[row]) * scale;
             }
-            dss[row * (ATT_TILE + 1) + j] = dsc;
+            dsrow[j] = dsc;
         }
         BARRIER();
-        for (unsigned j = 0; j < ATT_TILE; j++) {
-            float dsc = dss[row * (ATT_TILE + 1) + j];
-            for (unsigned k = 0; k < ATT_PER_LANE; k++) {
-                unsigned d = lane + k * ATT_TPR;
-                if (d < hd) {
-                    dq[k] += dsc * ks[j * ATT_PAD + d];
-                }
-            }
-        }
+        att_accumulate_hd(dq, dsrow, ks, lane, hd, ATT_BTILE);
     }
     if (qi < T) {
-        GLOBAL float* g = dqkv + dqkv_off + ((idx_t)b * T + qi) * 3 * C + h * hd;
-        for (unsigned k = 0; k < ATT_PER_LANE; k++) {
-            unsigned d = lane + k * ATT_TPR;
-            if (d < hd) {
-                g[d] = dq[k];
-            }
-        }
+        att_store(dqkv + dqkv_off + ((idx_t)b * T + qi) * 3 * C + h * hd, dq, 1.0f, lane, hd);
     }
 }
 
