@@ -58,8 +58,8 @@ DEVICE unsigned att_dim(unsigned lane, unsigned k) {
 }
 
 // s[m] = dot(a, b row lane + ATT_TPR m) over hd dims, m < cpl: each a[d]
-// read once for cpl products. Each dot sums d in order. Called with literal
-// cpl, and ATT_HD_MAX where hd is that, so the compiler unrolls the loops.
+// read once for cpl products. Each dot sums d in order. Called with a
+// literal cpl, so the compiler unrolls that loop.
 DEVICE void att_scores(float* s, const SHARED_PTR float* a, const SHARED_PTR float* b,
                        unsigned lane, unsigned hd, unsigned cpl) {
     for (unsigned m = 0; m < cpl; m++) {
@@ -88,11 +88,46 @@ DEVICE void att_accumulate(float* acc, const SHARED_PTR float* w, const SHARED_P
     }
 }
 
-// As att_scores / att_accumulate, unrolled where hd is the largest head dim.
+// att_scores at hd = ATT_HD_MAX, four dims per local load (tile rows are
+// 16-byte aligned: ATT_PAD % 4 == 0, tiles declared as float4). The same
+// products in the same order.
+DEVICE void att_scores4(float* s, const SHARED_PTR float* a, const SHARED_PTR float* b,
+                        unsigned lane, unsigned cpl) {
+    for (unsigned m = 0; m < cpl; m++) {
+        s[m] = 0.0f;
+    }
+    for (unsigned d = 0; d < ATT_HD_MAX; d += 4) {
+        float4 x = SHARED_LOAD4(a + d);
+        for (unsigned m = 0; m < cpl; m++) {
+            float4 y = SHARED_LOAD4(b + (lane + ATT_TPR * m) * ATT_PAD + d);
+            s[m] += x.x * y.x;
+            s[m] += x.y * y.y;
+            s[m] += x.z * y.z;
+            s[m] += x.w * y.w;
+        }
+    }
+}
+
+// att_accumulate at hd = ATT_HD_MAX, four dims per local load.
+DEVICE void att_accumulate4(float* acc, const SHARED_PTR float* w, const SHARED_PTR float* src,
+                            unsigned lane, unsigned tile) {
+    for (unsigned j = 0; j < tile; j++) {
+        float x = w[j];
+        for (unsigned c = 0; c < ATT_PER_LANE / 4; c++) {
+            float4 y = SHARED_LOAD4(src + j * ATT_PAD + att_dim(lane, 4 * c));
+            acc[4 * c] += x * y.x;
+            acc[4 * c + 1] += x * y.y;
+            acc[4 * c + 2] += x * y.z;
+            acc[4 * c + 3] += x * y.w;
+        }
+    }
+}
+
+// att_scores / att_accumulate, four dims per load where hd is the largest.
 DEVICE void att_scores_hd(float* s, const SHARED_PTR float* a, const SHARED_PTR float* b,
                           unsigned lane, unsigned hd, unsigned cpl) {
     if (hd == ATT_HD_MAX) {
-        att_scores(s, a, b, lane, ATT_HD_MAX, cpl);
+        att_scores4(s, a, b, lane, cpl);
     } else {
         att_scores(s, a, b, lane, hd, cpl);
     }
@@ -101,7 +136,7 @@ DEVICE void att_scores_hd(float* s, const SHARED_PTR float* a, const SHARED_PTR 
 DEVICE void att_accumulate_hd(float* acc, const SHARED_PTR float* w, const SHARED_PTR float* src,
                               unsigned lane, unsigned hd, unsigned tile) {
     if (hd == ATT_HD_MAX) {
-        att_accumulate(acc, w, src, lane, ATT_HD_MAX, tile);
+        att_accumulate4(acc, w, src, lane, tile);
     } else {
         att_accumulate(acc, w, src, lane, hd, tile);
     }
@@ -129,9 +164,12 @@ KERNEL void attention_forward(GLOBAL float* RESTRICT out, unsigned out_off,
                               unsigned T, unsigned C, unsigned NH,
                               const GLOBAL unsigned* RESTRICT lens, unsigned lens_off,
                               unsigned causal) {
-    SHARED float qs[ATT_ROWS * ATT_PAD];
-    SHARED float ks[ATT_TILE * ATT_PAD];
-    SHARED float vs[ATT_TILE * ATT_PAD];
+    SHARED float4 qs4[ATT_ROWS * ATT_PAD / 4]; // 16-byte rows
+    SHARED_PTR float* qs = (SHARED_PTR float*)qs4;
+    SHARED float4 ks4[ATT_TILE * ATT_PAD / 4]; // 16-byte rows
+    SHARED_PTR float* ks = (SHARED_PTR float*)ks4;
+    SHARED float4 vs4[ATT_TILE * ATT_PAD / 4]; // 16-byte rows
+    SHARED_PTR float* vs = (SHARED_PTR float*)vs4;
     SHARED float ss[ATT_ROWS * (ATT_TILE + 1)];
     unsigned hd = C / NH, blocks = (T + ATT_ROWS - 1) / ATT_ROWS;
     unsigned bh = GROUP_ID(0) / blocks, q0 = (GROUP_ID(0) % blocks) * ATT_ROWS;
@@ -219,10 +257,14 @@ KERNEL void attention_backward_dkdv(GLOBAL float* RESTRICT dqkv, unsigned dqkv_o
                                     unsigned T, unsigned C, unsigned NH,
                                     const GLOBAL unsigned* RESTRICT lens, unsigned lens_off,
                                     unsigned causal) {
-    SHARED float ks[ATT_ROWS * ATT_PAD];
-    SHARED float vs[ATT_ROWS * ATT_PAD];
-    SHARED float qs[ATT_BTILE * ATT_PAD];
-    SHARED float dos[ATT_BTILE * ATT_PAD];
+    SHARED float4 ks4[ATT_ROWS * ATT_PAD / 4]; // 16-byte rows
+    SHARED_PTR float* ks = (SHARED_PTR float*)ks4;
+    SHARED float4 vs4[ATT_ROWS * ATT_PAD / 4]; // 16-byte rows
+    SHARED_PTR float* vs = (SHARED_PTR float*)vs4;
+    SHARED float4 qs4[ATT_BTILE * ATT_PAD / 4]; // 16-byte rows
+    SHARED_PTR float* qs = (SHARED_PTR float*)qs4;
+    SHARED float4 dos4[ATT_BTILE * ATT_PAD / 4]; // 16-byte rows
+    SHARED_PTR float* dos = (SHARED_PTR float*)dos4;
     SHARED float ps[ATT_ROWS * (ATT_BTILE + 1)];
     SHARED float dss[ATT_ROWS * (ATT_BTILE + 1)];
     SHARED float ls[ATT_BTILE];
@@ -287,10 +329,14 @@ KERNEL void attention_backward_dq(GLOBAL float* RESTRICT dqkv, unsigned dqkv_off
                                   unsigned T, unsigned C, unsigned NH,
                                   const GLOBAL unsigned* RESTRICT lens, unsigned lens_off,
                                   unsigned causal) {
-    SHARED float qs[ATT_ROWS * ATT_PAD];
-    SHARED float dos[ATT_ROWS * ATT_PAD];
-    SHARED float ks[ATT_BTILE * ATT_PAD];
-    SHARED float vs[ATT_BTILE * ATT_PAD];
+    SHARED float4 qs4[ATT_ROWS * ATT_PAD / 4]; // 16-byte rows
+    SHARED_PTR float* qs = (SHARED_PTR float*)qs4;
+    SHARED float4 dos4[ATT_ROWS * ATT_PAD / 4]; // 16-byte rows
+    SHARED_PTR float* dos = (SHARED_PTR float*)dos4;
+    SHARED float4 ks4[ATT_BTILE * ATT_PAD / 4]; // 16-byte rows
+    SHARED_PTR float* ks = (SHARED_PTR float*)ks4;
+    SHARED float4 vs4[ATT_BTILE * ATT_PAD / 4]; // 16-byte rows
+    SHARED_PTR float* vs = (SHARED_PTR float*)vs4;
     SHARED float dss[ATT_ROWS * (ATT_BTILE + 1)];
     SHARED float ls[ATT_ROWS];
     SHARED float ds[ATT_ROWS];

@@ -28,6 +28,8 @@ typedef ulong idx_t;
 #define erff(x) erf(x)
 #define fmaxf(a, b) fmax(a, b)
 #define NEG_INF (-INFINITY)
+// Four floats of local memory at p, which must be 16-byte aligned (as CUDA's).
+#define SHARED_LOAD4(p) (*(const __local float4*)(p))
 #else
 #define KERNEL extern "C" __global__
 #define DEVICE __device__
@@ -36,6 +38,7 @@ typedef ulong idx_t;
 #define SHARED_PTR
 #define RESTRICT __restrict__
 #define BARRIER() __syncthreads()
+#define SHARED_LOAD4(p) (*(const float4*)(p))
 typedef unsigned long long idx_t;
 #define DIM3(v, d) ((d) == 0 ? (v).x : (d) == 1 ? (v).y : (v).z)
 #define LOCAL_ID(d) ((int)DIM3(threadIdx, d))
