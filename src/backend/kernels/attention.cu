@@ -31,11 +31,21 @@
 
 // dst (rows, hd) in local memory <- rows [t0, t0 + rows) of src (stride floats
 // apart, head columns at src), zeros past row t_end.
-DEVICE void att_load(SHARED_PTR float* dst, const GLOBAL float* src, unsigned stride,
-                     unsigned t0, unsigned rows, unsigned t_end, unsigned hd) {
+DEVICE void att_load_n(SHARED_PTR float* dst, const GLOBAL float* src, unsigned stride,
+                       unsigned t0, unsigned rows, unsigned t_end, unsigned hd) {
     for (unsigned e = LOCAL_ID(0); e < rows * hd; e += BLOCK) {
         unsigned r = e / hd, d = e - r * hd;
         dst[r * ATT_PAD + d] = t0 + r < t_end ? src[(idx_t)(t0 + r) * stride + d] : 0.0f;
+    }
+}
+
+// att_load_n, with a literal hd where it is ATT_HD_MAX: a shift, not a division.
+DEVICE void att_load(SHARED_PTR float* dst, const GLOBAL float* src, unsigned stride,
+                     unsigned t0, unsigned rows, unsigned t_end, unsigned hd) {
+    if (hd == ATT_HD_MAX) {
+        att_load_n(dst, src, stride, t0, rows, t_end, ATT_HD_MAX);
+    } else {
+        att_load_n(dst, src, stride, t0, rows, t_end, hd);
     }
 }
 
