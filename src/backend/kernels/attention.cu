@@ -29,6 +29,12 @@
 #error "attention.cu: BLOCK must split evenly into rows, and head dims and tiles into lanes"
 #endif
 
+// A tile of `rows` head rows in local memory, each ATT_PAD floats, declared
+// as float4 so every row starts 16-byte aligned (SHARED_LOAD4 reads them).
+#define ATT_TILE_OF(name, rows)                       \
+    SHARED float4 name##_4[(rows) * ATT_PAD / 4];     \
+    SHARED_PTR float* name = (SHARED_PTR float*)name##_4
+
 // dst (rows, hd) in local memory <- rows [t0, t0 + rows) of src (stride floats
 // apart, head columns at src), zeros past row t_end.
 DEVICE void att_load_n(SHARED_PTR float* dst, const GLOBAL float* src, unsigned stride,
@@ -99,8 +105,8 @@ DEVICE void att_accumulate(float* acc, const SHARED_PTR float* w, const SHARED_P
 }
 
 // att_scores at hd = ATT_HD_MAX, four dims per local load (tile rows are
-// 16-byte aligned: ATT_PAD % 4 == 0, tiles declared as float4). The same
-// products in the same order.
+// 16-byte aligned: ATT_PAD % 4 == 0, tiles declared by ATT_TILE_OF). The
+// same products in the same order.
 DEVICE void att_scores4(float* s, const SHARED_PTR float* a, const SHARED_PTR float* b,
                         unsigned lane, unsigned cpl) {
     for (unsigned m = 0; m < cpl; m++) {
@@ -174,12 +180,9 @@ KERNEL void attention_forward(GLOBAL float* RESTRICT out, unsigned out_off,
                               unsigned T, unsigned C, unsigned NH,
                               const GLOBAL unsigned* RESTRICT lens, unsigned lens_off,
                               unsigned causal) {
-    SHARED float4 qs4[ATT_ROWS * ATT_PAD / 4]; // 16-byte rows
-    SHARED_PTR float* qs = (SHARED_PTR float*)qs4;
-    SHARED float4 ks4[ATT_TILE * ATT_PAD / 4]; // 16-byte rows
-    SHARED_PTR float* ks = (SHARED_PTR float*)ks4;
-    SHARED float4 vs4[ATT_TILE * ATT_PAD / 4]; // 16-byte rows
-    SHARED_PTR float* vs = (SHARED_PTR float*)vs4;
+    ATT_TILE_OF(qs, ATT_ROWS);
+    ATT_TILE_OF(ks, ATT_TILE);
+    ATT_TILE_OF(vs, ATT_TILE);
     SHARED float ss[ATT_ROWS * (ATT_TILE + 1)];
     unsigned hd = C / NH, blocks = (T + ATT_ROWS - 1) / ATT_ROWS;
     unsigned bh = GROUP_ID(0) / blocks, q0 = (GROUP_ID(0) % blocks) * ATT_ROWS;
@@ -267,14 +270,10 @@ KERNEL void attention_backward_dkdv(GLOBAL float* RESTRICT dqkv, unsigned dqkv_o
                                     unsigned T, unsigned C, unsigned NH,
                                     const GLOBAL unsigned* RESTRICT lens, unsigned lens_off,
                                     unsigned causal) {
-    SHARED float4 ks4[ATT_ROWS * ATT_PAD / 4]; // 16-byte rows
-    SHARED_PTR float* ks = (SHARED_PTR float*)ks4;
-    SHARED float4 vs4[ATT_ROWS * ATT_PAD / 4]; // 16-byte rows
-    SHARED_PTR float* vs = (SHARED_PTR float*)vs4;
-    SHARED float4 qs4[ATT_BTILE * ATT_PAD / 4]; // 16-byte rows
-    SHARED_PTR float* qs = (SHARED_PTR float*)qs4;
-    SHARED float4 dos4[ATT_BTILE * ATT_PAD / 4]; // 16-byte rows
-    SHARED_PTR float* dos = (SHARED_PTR float*)dos4;
+    ATT_TILE_OF(ks, ATT_ROWS);
+    ATT_TILE_OF(vs, ATT_ROWS);
+    ATT_TILE_OF(qs, ATT_BTILE);
+    ATT_TILE_OF(dos, ATT_BTILE);
     SHARED float ps[ATT_ROWS * (ATT_BTILE + 1)];
     SHARED float dss[ATT_ROWS * (ATT_BTILE + 1)];
     SHARED float ls[ATT_BTILE];
@@ -339,14 +338,10 @@ KERNEL void attention_backward_dq(GLOBAL float* RESTRICT dqkv, unsigned dqkv_off
                                   unsigned T, unsigned C, unsigned NH,
                                   const GLOBAL unsigned* RESTRICT lens, unsigned lens_off,
                                   unsigned causal) {
-    SHARED float4 qs4[ATT_ROWS * ATT_PAD / 4]; // 16-byte rows
-    SHARED_PTR float* qs = (SHARED_PTR float*)qs4;
-    SHARED float4 dos4[ATT_ROWS * ATT_PAD / 4]; // 16-byte rows
-    SHARED_PTR float* dos = (SHARED_PTR float*)dos4;
-    SHARED float4 ks4[ATT_BTILE * ATT_PAD / 4]; // 16-byte rows
-    SHARED_PTR float* ks = (SHARED_PTR float*)ks4;
-    SHARED float4 vs4[ATT_BTILE * ATT_PAD / 4]; // 16-byte rows
-    SHARED_PTR float* vs = (SHARED_PTR float*)vs4;
+    ATT_TILE_OF(qs, ATT_ROWS);
+    ATT_TILE_OF(dos, ATT_ROWS);
+    ATT_TILE_OF(ks, ATT_BTILE);
+    ATT_TILE_OF(vs, ATT_BTILE);
     SHARED float dss[ATT_ROWS * (ATT_BTILE + 1)];
     SHARED float ls[ATT_ROWS];
     SHARED float ds[ATT_ROWS];
