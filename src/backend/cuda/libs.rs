@@ -108,6 +108,22 @@ fn find(dirs: &[PathBuf], soname: &str) -> Option<PathBuf> {
     })
 }
 
+/// For the error naming a missing CUDA 12 library `lib<lib>.so.12`: where
+/// CUDA 13's copy lies in `dirs`, if anywhere, and how to use it. distgpt
+/// binds CUDA 12's API, and CUDA 13's NVRTC and cuBLAS serve every call it
+/// makes (`scripts/gpu_check.sh` ran them so on an H100), but cudarc opens
+/// them only by a name it knows: `lib<lib>.so` is the first it tries.
+pub(super) fn cuda13_hint(dirs: &[PathBuf], lib: &str) -> String {
+    match find(dirs, &format!("lib{lib}.so.13")) {
+        Some(path) => format!(
+            "; CUDA 13's {} is there and serves too: put a link to it named lib{lib}.so \
+             in a folder on LD_LIBRARY_PATH",
+            path.display()
+        ),
+        None => String::new(),
+    }
+}
+
 /// Opens, once per process, each wanted library the loader cannot find by
 /// name but one of the search folders holds. Returns the ones it opened.
 pub(super) fn preload() -> &'static [PathBuf] {
@@ -156,6 +172,18 @@ mod tests {
             Some(lib.join("libnvrtc-builtins.so.12.10"))
         );
         assert_eq!(find(&dirs, "libcublas.so.12"), None);
+        // CUDA 13's wheels (nvidia/cu13/lib) hold .so.13 only: named in the hint.
+        let cu13 = root.join("lib/python3.12/site-packages/nvidia/cu13/lib");
+        std::fs::create_dir_all(&cu13).unwrap();
+        std::fs::write(cu13.join("libcublas.so.13"), b"").unwrap();
+        let dirs = [cu13.clone()];
+        let hint = cuda13_hint(&dirs, "cublas");
+        assert!(
+            hint.contains(&cu13.join("libcublas.so.13").display().to_string())
+                && hint.contains("named libcublas.so"),
+            "{hint}"
+        );
+        assert_eq!(cuda13_hint(&dirs, "nvrtc"), "");
         assert_eq!(
             site_packages(&root),
             [root.join("lib/python3.12/site-packages")]

@@ -57,21 +57,21 @@ fn check_libraries() -> Result<()> {
     check_driver()?;
     // SAFETY: as in `check_driver`.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err(GpuError(
+        return Err(GpuError(format!(
             "libnvrtc.so.12 not found: install the CUDA toolkit, or \
              `pip install nvidia-cuda-nvrtc-cu12` (in the active environment, or put its \
-             nvidia/cuda_nvrtc/lib on LD_LIBRARY_PATH)"
-                .into(),
-        ));
+             nvidia/cuda_nvrtc/lib on LD_LIBRARY_PATH){}",
+            libs::cuda13_hint(&libs::search_dirs(), "nvrtc")
+        )));
     }
     // SAFETY: as in `check_driver`.
     if !unsafe { cudarc::cublas::sys::is_culib_present() } {
-        return Err(GpuError(
+        return Err(GpuError(format!(
             "libcublas.so.12 not found: install the CUDA toolkit, or \
              `pip install nvidia-cublas-cu12` (in the active environment, or put its \
-             nvidia/cublas/lib on LD_LIBRARY_PATH)"
-                .into(),
-        ));
+             nvidia/cublas/lib on LD_LIBRARY_PATH){}",
+            libs::cuda13_hint(&libs::search_dirs(), "cublas")
+        )));
     }
     Ok(())
 }
