@@ -6,8 +6,9 @@
 
 use distgpt::backend::cpu::Cpu;
 use distgpt::backend::{
-    Activation, Backend, Buf, Category, CrossEntropyBackward, CrossEntropyForward, Dst,
-    EncoderBackward, EncoderForward, MatmulBackward, MatmulForward, MatmulShape, WeightLayout,
+    Activation, ActivationBackward, Backend, Buf, Category, CrossEntropyBackward,
+    CrossEntropyForward, Dst, EncoderBackward, EncoderForward, MatmulBackward, MatmulForward,
+    MatmulShape, WeightLayout,
 };
 use distgpt::checkpoint;
 use distgpt::comm::Comm;
@@ -421,12 +422,17 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                     shape: io((rows, f, c)),
                 });
                 let h = a.h.slice(l * rows * f..(l + 1) * rows * f);
-                be.activation_backward_inplace(a.dg.d(), h, Activation::GeluTanh);
                 let (dw1, db1) = gd.split2(r1, rb1);
+                be.activation_backward(ActivationBackward {
+                    d: a.dg.d(),
+                    inp: h,
+                    act: Activation::GeluTanh,
+                    dbias: Some(db1),
+                });
                 be.matmul_backward(MatmulBackward {
                     dinp: Some(a.dtmp.d()),
                     dw: Some(dw1),
-                    dbias: Some(db1),
+                    dbias: None,
                     dout: a.dg.s(),
                     inp: a.resid.slice(l * rows * c..(l + 1) * rows * c),
                     w: w1,

@@ -20,10 +20,16 @@ pub mod ops;
 pub use cpu::{AdamWStep, AttnShape, DecodeShape, WeightFormat, WeightLayout};
 pub use memory::{Buf, Category, Dst, MemoryReport, Pending, Pinned, RawView, Src};
 pub use ops::{
-    AdamWUpdate, AttentionBackward, AttentionDecode, AttentionForward, CrossEntropyBackward,
-    CrossEntropyForward, EncoderBackward, EncoderForward, LayerNormBackward, LayerNormForward,
-    MatmulBackward, MatmulDecode, MatmulForward, MatmulShape, On,
+    ActivationBackward, AdamWUpdate, AttentionBackward, AttentionDecode, AttentionForward,
+    CrossEntropyBackward, CrossEntropyForward, EncoderBackward, EncoderForward, LayerNormBackward,
+    LayerNormForward, MatmulBackward, MatmulDecode, MatmulForward, MatmulShape, On,
 };
+
+/// Rows a column sum (a bias's gradient, layernorm's weight gradients)
+/// adds into one partial at a time, on every backend: each chunk's rows in
+/// order, then the chunks in order, so the sum depends on neither the
+/// thread count nor the schedule, and the CPU adds as the GPU does.
+pub const COLUMN_CHUNK_ROWS: usize = 64;
 
 /// A pointwise nonlinearity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -193,8 +199,8 @@ pub trait Kernels: Device {
     fn attention_backward(&self, op: AttentionBackward<On<'_, Self>>);
     /// out = act(inp), any shape.
     fn activation_forward(&self, out: Dst<'_, Self>, inp: Src<'_, Self>, act: Activation);
-    /// d *= act'(inp), in place.
-    fn activation_backward_inplace(&self, d: Dst<'_, Self>, inp: Src<'_, Self>, act: Activation);
+    /// d *= act'(inp), in place, and with `dbias` its column sums added.
+    fn activation_backward(&self, op: ActivationBackward<On<'_, Self>>);
     /// dst = value.
     fn fill(&self, dst: Dst<'_, Self>, value: f32);
     /// dst += src.

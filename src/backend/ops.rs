@@ -9,7 +9,7 @@
 //! are given; bf16 arithmetic is a field of the matmul.
 
 use super::memory::{Dst, Src};
-use super::{AttnShape, DecodeShape, Device, Elem, WeightLayout};
+use super::{Activation, AttnShape, DecodeShape, Device, Elem, WeightLayout};
 use std::marker::PhantomData;
 
 /// What an operation's inputs (`In`) and outputs (`Out`) are.
@@ -158,6 +158,19 @@ impl<'a, B: Device> MatmulBackward<On<'a, B>> {
             shape,
         }
     }
+}
+
+/// d *= act'(inp), in place, any shape: a matmul's output gradient turned
+/// into its pre-activation's. With `dbias` (n), d and inp are (rows, n)
+/// and the bias gradient of the product that made inp is added in the same
+/// pass: dbias += colsum(d) after the multiply (in chunks of
+/// [`COLUMN_CHUNK_ROWS`](super::COLUMN_CHUNK_ROWS) rows, as `matmul_backward`
+/// sums a bias), instead of reading d again in the matmul's backward.
+pub struct ActivationBackward<O: Operands> {
+    pub d: O::Out<f32>,
+    pub inp: O::In<f32>,
+    pub act: Activation,
+    pub dbias: Option<O::Out<f32>>,
 }
 
 /// qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T). Causal without `lens`;
@@ -316,6 +329,17 @@ impl<A: Operands> MatmulBackward<A> {
             inp: f.input(self.inp),
             w: f.input(self.w),
             shape: self.shape,
+        }
+    }
+}
+
+impl<A: Operands> ActivationBackward<A> {
+    pub fn lower<B: Operands>(self, f: &impl Lower<A, B>) -> ActivationBackward<B> {
+        ActivationBackward {
+            d: f.output(self.d),
+            inp: f.input(self.inp),
+            act: self.act,
+            dbias: self.dbias.map(|d| f.output(d)),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! `--precision`: the matmuls' arithmetic, shared by every model family.
 //! With bf16, a matmul's input, weight and output gradient are copied into
-//! scratch and rounded to bfloat16 (products accumulated in fp32); the
+//! scratch and rounded to bfloat16 (products accumulated in fp32; a bias's
+//! gradient, a sum, from the fp32 output gradient); the
 //! family routes its matmuls through [`matmul_forward`] and
 //! [`matmul_backward`], which pass straight to the backend in fp32.
 
@@ -100,7 +101,19 @@ pub fn matmul_backward<B: Backend>(
         return be.matmul_backward(op);
     };
     let MatmulShape { rows, k, n, .. } = op.shape;
+    let MatmulBackward { dbias, .. } = op;
+    if let Some(dbias) = dbias {
+        // a bias's gradient is a sum, not a product: from the fp32 output
+        // gradient, as an activation's backward sums it when fused
+        be.matmul_backward(MatmulBackward {
+            dinp: None,
+            dw: None,
+            dbias: Some(dbias),
+            ..op
+        });
+    }
     be.matmul_backward(MatmulBackward {
+        dbias: None,
         dout: match how {
             Dout::Round => Bf16Operands::rounded(be, &mut ops.dout, op.dout.first(rows * n)),
             Dout::Rounded => op.dout,

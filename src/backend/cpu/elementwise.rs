@@ -1,7 +1,8 @@
 //! Pointwise kernels: activations, copy, add, squared norms.
 
-use super::math::{gelu, gelu_erf, gelu_erf_grad, gelu_grad, tanh_exp};
-use crate::backend::Activation;
+use super::math::{column_sums, gelu, gelu_erf, gelu_erf_grad, gelu_grad, tanh_exp};
+use crate::backend::ops::{ActivationBackward, Host};
+use crate::backend::{Activation, COLUMN_CHUNK_ROWS};
 use rayon::prelude::*;
 
 const CHUNK: usize = 1 << 14;
@@ -14,12 +15,33 @@ fn map(out: &mut [f32], inp: &[f32], f: impl Fn(f32) -> f32 + Sync) {
         .for_each(|(o, x)| o.iter_mut().zip(x).for_each(|(o, &x)| *o = f(x)));
 }
 
-/// d *= f(inp) for every element.
-fn scale_by(d: &mut [f32], inp: &[f32], f: impl Fn(f32) -> f32 + Sync) {
-    d[..inp.len()]
-        .par_chunks_mut(CHUNK)
-        .zip(inp.par_chunks(CHUNK))
-        .for_each(|(d, x)| d.iter_mut().zip(x).for_each(|(d, &x)| *d *= f(x)));
+/// d *= f(inp) for every element; with `dbias` (n), d is (rows, n) and
+/// its column sums after the multiply are added to dbias in the same pass
+/// ([`column_sums`]' chunks).
+fn scale_by(d: &mut [f32], inp: &[f32], dbias: Option<&mut [f32]>, f: impl Fn(f32) -> f32 + Sync) {
+    let d = &mut d[..inp.len()];
+    let Some(db) = dbias.filter(|db| !db.is_empty()) else {
+        d.par_chunks_mut(CHUNK)
+            .zip(inp.par_chunks(CHUNK))
+            .for_each(|(d, x)| d.iter_mut().zip(x).for_each(|(d, &x)| *d *= f(x)));
+        return;
+    };
+    let n = db.len();
+    assert!(
+        inp.len().is_multiple_of(n),
+        "activation gradient of {} elements in rows of {n}",
+        inp.len()
+    );
+    let span = COLUMN_CHUNK_ROWS * n;
+    let chunks = d.par_chunks_mut(span).zip(inp.par_chunks(span));
+    column_sums(&mut [db], chunks, |(d, x), p| {
+        for (d, x) in d.chunks_exact_mut(n).zip(x.chunks_exact(n)) {
+            for ((d, &x), p) in d.iter_mut().zip(x).zip(p.iter_mut()) {
+                *d *= f(x);
+                *p += *d;
+            }
+        }
+    });
 }
 
 /// out = act(inp), any shape.
@@ -31,12 +53,15 @@ pub fn activation_forward(out: &mut [f32], inp: &[f32], act: Activation) {
     }
 }
 
-/// d *= act'(inp): turns d loss / d act(inp) into d loss / d inp, in place.
-pub fn activation_backward_inplace(d: &mut [f32], inp: &[f32], act: Activation) {
+/// d *= act'(inp): turns d loss / d act(inp) into d loss / d inp, in
+/// place; with `dbias`, the bias gradient of the product that made inp
+/// in the same pass.
+pub fn activation_backward(op: ActivationBackward<Host<'_>>) {
+    let ActivationBackward { d, inp, act, dbias } = op;
     match act {
-        Activation::GeluTanh => scale_by(d, inp, gelu_grad),
-        Activation::GeluErf => scale_by(d, inp, gelu_erf_grad),
-        Activation::Tanh => scale_by(d, inp, |x| {
+        Activation::GeluTanh => scale_by(d, inp, dbias, gelu_grad),
+        Activation::GeluErf => scale_by(d, inp, dbias, gelu_erf_grad),
+        Activation::Tanh => scale_by(d, inp, dbias, |x| {
             let t = tanh_exp(x);
             1.0 - t * t
         }),
@@ -140,12 +165,61 @@ mod tests {
             let want: Vec<f64> = to64(&x).into_iter().map(f).collect();
             assert_close(&format!("{act:?} out"), &out, &want, 1e-6);
             let mut d = probe.clone();
-            activation_backward_inplace(&mut d, &x, act);
+            activation_backward(ActivationBackward {
+                d: &mut d,
+                inp: &x,
+                act,
+                dbias: None,
+            });
             let fd = finite_diff(&x, |v| {
                 let o: Vec<f64> = v.iter().map(|&x| f(x)).collect();
                 probe_dot(&o, &probe)
             });
             assert_close(&format!("{act:?} dx"), &d, &fd, 1e-5);
+        }
+    }
+
+    /// The fused bias gradient: for z = x + b (b broadcast over rows of n)
+    /// and loss = probe . act(z), d loss / d b by finite differences, over
+    /// rows that span three chunks (the last short), added onto a dbias
+    /// that was not zero; d itself as the unfused pass leaves it.
+    #[test]
+    fn a_fused_bias_gradient_matches_finite_differences() {
+        type Reference = fn(f64) -> f64;
+        let acts: [(Activation, Reference); 3] = [
+            (Activation::GeluTanh, gelu64),
+            (Activation::GeluErf, gelu_erf64),
+            (Activation::Tanh, f64::tanh),
+        ];
+        let (rows, n) = (2 * COLUMN_CHUNK_ROWS + 5, 7);
+        for (act, f) in acts {
+            let mut rng = Rng::new(8);
+            let x = randn(&mut rng, rows * n, 1.5);
+            let b = randn(&mut rng, n, 0.5);
+            let probe = randn(&mut rng, rows * n, 1.0);
+            let start = randn(&mut rng, n, 1.0);
+            let z: Vec<f32> = x.iter().enumerate().map(|(i, &x)| x + b[i % n]).collect();
+            let (mut d, mut db) = (probe.clone(), start.clone());
+            activation_backward(ActivationBackward {
+                d: &mut d,
+                inp: &z,
+                act,
+                dbias: Some(&mut db),
+            });
+            let fd = finite_diff(&b, |bv| {
+                let o: Vec<f64> = (0..rows * n).map(|i| f(x[i] as f64 + bv[i % n])).collect();
+                probe_dot(&o, &probe)
+            });
+            let want: Vec<f64> = fd.iter().zip(&start).map(|(g, &s)| g + s as f64).collect();
+            assert_close(&format!("{act:?} dbias"), &db, &want, 1e-4);
+            let mut plain = probe.clone();
+            activation_backward(ActivationBackward {
+                d: &mut plain,
+                inp: &z,
+                act,
+                dbias: None,
+            });
+            assert_eq!(d, plain, "{act:?}: d differs from the unfused pass");
         }
     }
 

@@ -1,8 +1,9 @@
 //! LayerNorm over the last dimension, forward and backward; eps is the
 //! model's (GPT-2 1e-5, BERT 1e-12).
 
-use super::math::sum;
+use super::math::{column_sums, sum};
 use crate::backend::ops::{Host, LayerNormBackward, LayerNormForward};
+use crate::backend::COLUMN_CHUNK_ROWS;
 use rayon::prelude::*;
 
 /// Values a task normalizes at least: fewer cost more to hand over than to do.
@@ -107,9 +108,8 @@ fn backward_input(
 }
 
 /// The weight half of `layernorm_backward`: dw += sum over rows of dout *
-/// norm, db += sum of dout. Rows are split in a fixed number of chunks,
-/// each with its own partial sums, so the result does not depend on how
-/// rayon schedules them.
+/// norm, db += sum of dout, in [`column_sums`]' chunks (a fixed order,
+/// whatever rayon's schedule).
 fn backward_weight(
     dw: &mut [f32],
     db: &mut [f32],
@@ -120,31 +120,19 @@ fn backward_weight(
     c: usize,
 ) {
     let rows = mean.len();
-    const ROWS_PER_CHUNK: usize = 64;
-    let partials: Vec<Vec<f32>> = (0..rows.div_ceil(ROWS_PER_CHUNK))
-        .into_par_iter()
-        .map(|chunk| {
-            let mut part = vec![0.0f32; 2 * c];
-            let (pw, pb) = part.split_at_mut(c);
-            let end = ((chunk + 1) * ROWS_PER_CHUNK).min(rows);
-            for r in chunk * ROWS_PER_CHUNK..end {
-                let x = &inp[r * c..(r + 1) * c];
-                let d = &dout[r * c..(r + 1) * c];
-                let (mu, rs) = (mean[r], rstd[r]);
-                for i in 0..c {
-                    pw[i] += d[i] * ((x[i] - mu) * rs);
-                    pb[i] += d[i];
-                }
+    let chunks = (0..rows).into_par_iter().step_by(COLUMN_CHUNK_ROWS);
+    column_sums(&mut [&mut dw[..c], &mut db[..c]], chunks, |r0, part| {
+        let (pw, pb) = part.split_at_mut(c);
+        for r in r0..(r0 + COLUMN_CHUNK_ROWS).min(rows) {
+            let x = &inp[r * c..(r + 1) * c];
+            let d = &dout[r * c..(r + 1) * c];
+            let (mu, rs) = (mean[r], rstd[r]);
+            for i in 0..c {
+                pw[i] += d[i] * ((x[i] - mu) * rs);
+                pb[i] += d[i];
             }
-            part
-        })
-        .collect();
-    for part in &partials {
-        for i in 0..c {
-            dw[i] += part[i];
-            db[i] += part[c + i];
         }
-    }
+    });
 }
 
 #[cfg(test)]

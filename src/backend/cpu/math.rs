@@ -3,6 +3,7 @@
 
 use super::blas;
 use gemm::Parallelism;
+use rayon::prelude::*;
 
 /// a x b + c: one fused instruction (one rounding) where the build has FMA,
 /// a multiply and an add otherwise (`mul_add` without the instruction is a
@@ -142,6 +143,35 @@ pub fn gelu_erf(x: f32) -> f32 {
 pub fn gelu_erf_grad(x: f32) -> f32 {
     const INV_SQRT_2PI: f32 = 0.398_942_3;
     0.5 * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2)) + x * INV_SQRT_2PI * exp(-0.5 * x * x)
+}
+
+/// Column sums in chunks of [`COLUMN_CHUNK_ROWS`](crate::backend::COLUMN_CHUNK_ROWS) rows: `chunks` yields
+/// the chunks in row order and `part(chunk, partial)` adds a chunk's rows,
+/// in order, into its partial (zeroed, as wide as `outs` together), the
+/// chunks side by side; then every partial, chunk after chunk, is added
+/// into `outs`, which take the partial's columns in turn. The order of the
+/// additions is fixed, whatever the threads: the GPU's order.
+pub fn column_sums<T: Send>(
+    outs: &mut [&mut [f32]],
+    chunks: impl IndexedParallelIterator<Item = T>,
+    part: impl Fn(T, &mut [f32]) + Sync,
+) {
+    let width: usize = outs.iter().map(|o| o.len()).sum();
+    if width == 0 {
+        return;
+    }
+    let mut partials = vec![0.0f32; chunks.len() * width];
+    partials
+        .par_chunks_mut(width)
+        .zip(chunks)
+        .for_each(|(p, chunk)| part(chunk, p));
+    for p in partials.chunks_exact(width) {
+        let mut at = 0;
+        for out in outs.iter_mut() {
+            out.iter_mut().zip(&p[at..]).for_each(|(o, &v)| *o += v);
+            at += out.len();
+        }
+    }
 }
 
 /// Sum with eight independent lanes, so it vectorises.

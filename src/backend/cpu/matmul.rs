@@ -3,8 +3,9 @@
 //! Weights are either `InOut` (k x n, Hugging Face Conv1D: `out = inp @ w`)
 //! or `OutIn` (n x k, nn.Linear / the tied embedding: `out = inp @ w^T`).
 
-use super::math::{gemm, Mat};
+use super::math::{column_sums, gemm, Mat};
 use crate::backend::ops::{Host, MatmulBackward, MatmulForward, MatmulShape};
+use crate::backend::COLUMN_CHUNK_ROWS;
 use rayon::prelude::*;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,20 +132,21 @@ pub fn matmul_backward(op: MatmulBackward<Host<'_>>) {
     }
 }
 
-/// db (n) += sum over rows of dout (rows, n), split by column blocks.
+/// db (n) += sum over rows of dout (rows, n), in [`column_sums`]' chunks.
 fn bias_backward(db: &mut [f32], dout: &[f32], n: usize) {
-    const COLS: usize = 64;
-    db[..n]
-        .par_chunks_mut(COLS)
-        .enumerate()
-        .for_each(|(blk, acc)| {
-            let (c0, width) = (blk * COLS, acc.len());
-            for row in dout.chunks_exact(n) {
-                acc.iter_mut()
-                    .zip(&row[c0..c0 + width])
-                    .for_each(|(a, &d)| *a += d);
+    if n == 0 {
+        return;
+    }
+    let db = &mut db[..n];
+    column_sums(
+        &mut [db],
+        dout.par_chunks(COLUMN_CHUNK_ROWS * n),
+        |rows, p| {
+            for row in rows.chunks_exact(n) {
+                p.iter_mut().zip(row).for_each(|(p, &d)| *p += d);
             }
-        });
+        },
+    );
 }
 
 #[cfg(test)]

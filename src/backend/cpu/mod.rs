@@ -23,10 +23,10 @@ pub use matmul::WeightLayout;
 use super::memory::{Buf, Category, Dst, MemoryStats, Src};
 use super::ops::{Host, Lower, On};
 use super::{
-    Activation, AdamWUpdate, AttentionBackward, AttentionDecode, AttentionForward,
-    CrossEntropyBackward, CrossEntropyForward, Decode, Device, Elem, EncoderBackward,
-    EncoderForward, Kernels, LayerNormBackward, LayerNormForward, MatmulBackward, MatmulDecode,
-    MatmulForward, PeakProbe,
+    Activation, ActivationBackward, AdamWUpdate, AttentionBackward, AttentionDecode,
+    AttentionForward, CrossEntropyBackward, CrossEntropyForward, Decode, Device, Elem,
+    EncoderBackward, EncoderForward, Kernels, LayerNormBackward, LayerNormForward, MatmulBackward,
+    MatmulDecode, MatmulForward, PeakProbe,
 };
 use crate::error::{Error, Result};
 use std::sync::Arc;
@@ -204,8 +204,8 @@ impl Kernels for Cpu {
     fn activation_forward(&self, out: Dst<'_, Self>, inp: Src<'_, Self>, act: Activation) {
         elementwise::activation_forward(w(out), r(inp), act)
     }
-    fn activation_backward_inplace(&self, d: Dst<'_, Self>, inp: Src<'_, Self>, act: Activation) {
-        elementwise::activation_backward_inplace(w(d), r(inp), act)
+    fn activation_backward(&self, op: ActivationBackward<On<'_, Self>>) {
+        elementwise::activation_backward(op.lower(&ToHost))
     }
     fn fill(&self, dst: Dst<'_, Self>, value: f32) {
         w(dst).fill(value)

@@ -9,10 +9,10 @@ use crate::backend::cpu::round_to_bf16;
 use crate::backend::memory::{Buf, Category, Dst, MemoryStats, Pending, Pinned, RawView, Src};
 use crate::backend::ops::{Lower, On};
 use crate::backend::{
-    Activation, AdamWUpdate, AttentionBackward, AttentionDecode, AttentionForward,
-    CrossEntropyBackward, CrossEntropyForward, Decode, Device, Elem, EncoderBackward,
-    EncoderForward, Kernels, LayerNormBackward, LayerNormForward, MatmulBackward, MatmulDecode,
-    MatmulForward, MatmulShape, PeakProbe, WeightFormat, WeightLayout,
+    Activation, ActivationBackward, AdamWUpdate, AttentionBackward, AttentionDecode,
+    AttentionForward, CrossEntropyBackward, CrossEntropyForward, Decode, Device, Elem,
+    EncoderBackward, EncoderForward, Kernels, LayerNormBackward, LayerNormForward, MatmulBackward,
+    MatmulDecode, MatmulForward, MatmulShape, PeakProbe, WeightFormat, WeightLayout,
 };
 use crate::comm::Comm;
 use crate::error::{Error, Result};
@@ -259,8 +259,8 @@ impl<R: Runtime> Kernels for Gpu<R> {
     fn activation_forward(&self, out: Dst<'_, Self>, inp: Src<'_, Self>, act: Activation) {
         self.queue(|d| d.activation_forward(view(out.raw()), view(inp.raw()), act))
     }
-    fn activation_backward_inplace(&self, dx: Dst<'_, Self>, inp: Src<'_, Self>, act: Activation) {
-        self.queue(|d| d.activation_backward_inplace(view(dx.raw()), view(inp.raw()), act))
+    fn activation_backward(&self, op: ActivationBackward<On<'_, Self>>) {
+        self.queue(|d| d.activation_backward(op.lower(&ToRaw)))
     }
     fn fill(&self, dst: Dst<'_, Self>, value: f32) {
         self.queue(|d| d.fill(view(dst.raw()), value))

@@ -5,10 +5,11 @@
 
 use super::{u32_arg, Arg, DeviceMem, Gemm, GpuError, Operand, Queue, Raw, Runtime, View, BLOCK};
 use crate::backend::ops::{
-    AdamWUpdate, CrossEntropyBackward, CrossEntropyForward, EncoderBackward, EncoderForward,
-    LayerNormBackward, LayerNormForward, MatmulBackward, MatmulForward, MatmulShape,
+    ActivationBackward, AdamWUpdate, CrossEntropyBackward, CrossEntropyForward, EncoderBackward,
+    EncoderForward, LayerNormBackward, LayerNormForward, MatmulBackward, MatmulForward,
+    MatmulShape,
 };
-use crate::backend::{Activation, WeightLayout};
+use crate::backend::{Activation, WeightLayout, COLUMN_CHUNK_ROWS};
 
 const PRELUDE: &str = include_str!("../kernels/prelude.h");
 const SOURCES: [&str; 8] = [
@@ -22,9 +23,6 @@ const SOURCES: [&str; 8] = [
     include_str!("../kernels/attention.cu"),
 ];
 
-/// Rows per partial of the column sums: layernorm's dw/db (as the CPU
-/// backend's chunks) and the bias gradient.
-const COLUMN_CHUNK_ROWS: usize = 64;
 /// Most workgroups of a whole-buffer reduction (partials read back).
 const REDUCE_GROUPS: usize = 256;
 
@@ -41,6 +39,16 @@ pub fn program_source() -> String {
 /// Workgroups for one thread per element of `n`.
 fn groups(n: usize) -> usize {
     n.div_ceil(BLOCK)
+}
+
+/// An activation as the kernels number it (ACT_* in elementwise.cu).
+fn act_code(act: Option<Activation>) -> u32 {
+    match act {
+        None => 0,
+        Some(Activation::GeluTanh) => 1,
+        Some(Activation::GeluErf) => 2,
+        Some(Activation::Tanh) => 3,
+    }
 }
 
 /// Errors unless `view` holds at least `n` elements.
@@ -327,7 +335,7 @@ impl<R: Runtime> Queue<R> {
             self.matmul_backward_weight(dw, dout, inp, shape)?;
         }
         match dbias {
-            Some(db) => self.bias_backward(db, dout, shape),
+            Some(db) => self.bias_backward(db, (dout, dout, None), (shape.rows, shape.n)),
             None => Ok(()),
         }
     }
@@ -426,11 +434,17 @@ impl<R: Runtime> Queue<R> {
         })
     }
 
-    /// dbias (n) += colsum(dout).
-    fn bias_backward(&self, db: View, dout: View, shape: MatmulShape) -> Result<(), GpuError> {
-        let MatmulShape { rows, n, .. } = shape;
-        need("matmul_backward dout", dout, rows * n)?;
-        need("matmul_backward dbias", db, n)?;
+    /// dbias (n) += colsum(d) for d (rows, n); with an activation, after
+    /// d *= act'(inp) in place, in the same pass.
+    fn bias_backward(
+        &self,
+        db: View,
+        (d, inp, act): (View, View, Option<Activation>),
+        (rows, n): (usize, usize),
+    ) -> Result<(), GpuError> {
+        need("bias gradient: output gradient", d, rows * n)?;
+        need("bias gradient: activation input", inp, rows * n)?;
+        need("bias gradient", db, n)?;
         if rows == 0 || n == 0 {
             return Ok(());
         }
@@ -438,11 +452,13 @@ impl<R: Runtime> Queue<R> {
         let partials = self.alloc::<f32>(chunks * n)?;
         let args = [
             Arg::View(partials.view()),
-            Arg::View(dout),
+            Arg::View(d),
+            Arg::View(inp),
             u32s("rows", rows)?,
             u32s("n", n)?,
             u32s("chunks", chunks)?,
             u32s("chunk rows", COLUMN_CHUNK_ROWS)?,
+            Arg::U32(act_code(act)),
         ];
         self.launch("bias_backward_partials", groups(chunks * n), &args)?;
         let args = [
@@ -493,19 +509,27 @@ impl<R: Runtime> Queue<R> {
         self.pointwise(name, out, inp)
     }
 
-    /// d *= act'(inp), in place; n = inp.len.
-    pub fn activation_backward_inplace(
-        &self,
-        d: View,
-        inp: View,
-        act: Activation,
-    ) -> Result<(), GpuError> {
-        let name = match act {
-            Activation::GeluTanh => "gelu_backward_inplace",
-            Activation::GeluErf => "gelu_erf_backward_inplace",
-            Activation::Tanh => "tanh_backward_inplace",
-        };
-        self.pointwise(name, d, inp)
+    /// d *= act'(inp), in place (n = inp.len); with `dbias`, its column
+    /// sums added in the same pass ([`ActivationBackward`]).
+    pub fn activation_backward(&self, op: ActivationBackward<Raw>) -> Result<(), GpuError> {
+        let ActivationBackward { d, inp, act, dbias } = op;
+        if let Some(db) = dbias.filter(|db| db.len > 0) {
+            if !inp.len.is_multiple_of(db.len) {
+                return Err(GpuError(format!(
+                    "activation gradient of {} elements in rows of {}",
+                    inp.len, db.len
+                )));
+            }
+            return self.bias_backward(db, (d, inp, Some(act)), (inp.len / db.len, db.len));
+        }
+        need("activation_backward", d, inp.len)?;
+        let args = [
+            Arg::View(d),
+            Arg::View(inp),
+            u32s("n", inp.len)?,
+            Arg::U32(act_code(Some(act))),
+        ];
+        self.launch("activation_backward", groups(inp.len), &args)
     }
 
     /// dst = src; n = src.len.

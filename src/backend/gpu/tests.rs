@@ -12,8 +12,9 @@ use crate::backend::cpu::check::randn;
 use crate::backend::cpu::{adamw, crossentropy, elementwise, encoder, layernorm, matmul};
 use crate::backend::opencl::ClRuntime;
 use crate::backend::ops::{
-    AdamWUpdate, CrossEntropyBackward, CrossEntropyForward, EncoderBackward, EncoderForward,
-    LayerNormBackward, LayerNormForward, MatmulBackward, MatmulForward, MatmulShape,
+    ActivationBackward, AdamWUpdate, CrossEntropyBackward, CrossEntropyForward, EncoderBackward,
+    EncoderForward, LayerNormBackward, LayerNormForward, MatmulBackward, MatmulForward,
+    MatmulShape,
 };
 use crate::backend::Elem;
 use crate::backend::{Activation, AdamWStep, WeightLayout};
@@ -678,6 +679,54 @@ fn matmul_backward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
     }
 }
 
+#[test]
+fn fused_bias_gradients_match_cpu() {
+    on_gpus!(fused_bias_gradients_match_cpu_on);
+}
+
+/// An activation's backward with the bias gradient in the same pass: d as
+/// the CPU leaves it, and dbias (added onto a start) within the rounding of
+/// its sums, over rows that end inside a chunk and on a chunk's edge.
+fn fused_bias_gradients_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
+    let mut rng = Rng::new(9);
+    let chunk = crate::backend::COLUMN_CHUNK_ROWS;
+    for (rows, n) in [(1, 1), (3, 5), (chunk, 3), (2 * chunk + 5, 7)] {
+        for act in [Activation::GeluTanh, Activation::GeluErf, Activation::Tanh] {
+            let x = randn(&mut rng, rows * n, 2.0);
+            let d0 = randn(&mut rng, rows * n, 1.0);
+            let db0 = randn(&mut rng, n, 1.0);
+            let (mut want, mut want_db) = (d0.clone(), db0.clone());
+            elementwise::activation_backward(ActivationBackward {
+                d: &mut want,
+                inp: &x,
+                act,
+                dbias: Some(&mut want_db),
+            });
+            let (d, xd, db) = (putf(dev, &d0), putf(dev, &x), putf(dev, &db0));
+            dev.activation_backward(ActivationBackward {
+                d: d.view(),
+                inp: xd.view(),
+                act,
+                dbias: Some(db.view()),
+            })
+            .unwrap();
+            let what = format!("{act:?} rows={rows} n={n}");
+            assert_close(&format!("{what} d"), &get(dev, &d), &want);
+            let mut mag: Vec<f32> = db0.iter().map(|v| v.abs()).collect();
+            for row in want.chunks_exact(n) {
+                mag.iter_mut().zip(row).for_each(|(m, v)| *m += v.abs());
+            }
+            assert_close_sums(
+                &format!("{what} dbias"),
+                &get(dev, &db),
+                &want_db,
+                &mag,
+                rows + 1,
+            );
+        }
+    }
+}
+
 fn pointwise_sizes() -> Vec<usize> {
     if tiny() {
         vec![1, 300]
@@ -705,10 +754,20 @@ fn pointwise_kernels_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
             assert_close(&format!("{act:?} forward n={n}"), &get(dev, &o), &want);
 
             let mut want = d0.clone();
-            elementwise::activation_backward_inplace(&mut want, &x, act);
+            elementwise::activation_backward(ActivationBackward {
+                d: &mut want,
+                inp: &x,
+                act,
+                dbias: None,
+            });
             let d = putf(dev, &d0);
-            dev.activation_backward_inplace(d.view(), xd.view(), act)
-                .unwrap();
+            dev.activation_backward(ActivationBackward {
+                d: d.view(),
+                inp: xd.view(),
+                act,
+                dbias: None,
+            })
+            .unwrap();
             assert_close(&format!("{act:?} backward n={n}"), &get(dev, &d), &want);
         }
 

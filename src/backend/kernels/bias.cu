@@ -10,21 +10,34 @@ KERNEL void bias_forward(GLOBAL float* RESTRICT out, unsigned out_off,
     out[out_off + i] = accumulate ? out[out_off + i] + b : b;
 }
 
-// partials (chunks, n) = column sums of dout (rows, n) over the rows
+// partials (chunks, n) = column sums of d (rows, n) over the rows
 // chunk * chunk_rows .. of each chunk, rows in order; one thread per
-// (chunk, column). Reduced by bias_backward_sum in chunk order: no atomics,
-// a fixed order, and chunks * n threads where one per column left the GPU
-// idle (a 768-wide bias over 8192 rows: 3 workgroups).
+// (chunk, column). With an activation (act, elementwise.cu) each element is
+// first turned into its pre-activation's gradient, d *= act'(inp), and
+// written back: the activation's backward and the bias gradient in one
+// pass; with ACT_NONE d is only read (and inp not at all). Reduced by
+// bias_backward_sum in chunk order: no atomics, a fixed order (the CPU's),
+// and chunks * n threads where one per column left the GPU idle (a
+// 768-wide bias over 8192 rows: 3 workgroups).
 KERNEL void bias_backward_partials(GLOBAL float* RESTRICT partials, unsigned partials_off,
-                                   const GLOBAL float* RESTRICT dout, unsigned dout_off,
+                                   GLOBAL float* d, unsigned d_off,
+                                   const GLOBAL float* inp, unsigned inp_off,
                                    unsigned rows, unsigned n, unsigned chunks,
-                                   unsigned chunk_rows) {
+                                   unsigned chunk_rows, unsigned act) {
     idx_t i = GLOBAL_ID(0);
     if (i >= (idx_t)chunks * n) return;
     unsigned chunk = (unsigned)(i / n), j = (unsigned)(i % n);
     unsigned end = rows - chunk * chunk_rows < chunk_rows ? rows : (chunk + 1) * chunk_rows;
     float acc = 0.0f;
-    for (unsigned r = chunk * chunk_rows; r < end; r++) acc += dout[dout_off + (idx_t)r * n + j];
+    for (unsigned r = chunk * chunk_rows; r < end; r++) {
+        idx_t at = (idx_t)r * n + j;
+        float v = d[d_off + at];
+        if (act != ACT_NONE) {
+            v *= activation_grad(act, inp[inp_off + at]);
+            d[d_off + at] = v;
+        }
+        acc += v;
+    }
     partials[partials_off + i] = acc;
 }
 

@@ -1,14 +1,5 @@
 // Pointwise kernels over n elements, one thread per element.
 
-#define GELU_SCALE 0.7978845608f  // sqrt(2 / pi)
-#define GELU_CUBE 0.044715f
-
-// tanh through exp (GELU's and the pooler's), as the CPU backend computes it: near |u| large, 1 - t^2
-// below then keeps the relative precision of 1 - t, as on the CPU.
-DEVICE float gelu_tanh(float u) {
-    return 1.0f - 2.0f / (expf(2.0f * u) + 1.0f);
-}
-
 // out = gelu(inp), tanh approximation (GPT-2's gelu_new).
 KERNEL void gelu_forward(GLOBAL float* RESTRICT out, unsigned out_off,
                          const GLOBAL float* RESTRICT inp, unsigned inp_off, unsigned n) {
@@ -17,18 +8,6 @@ KERNEL void gelu_forward(GLOBAL float* RESTRICT out, unsigned out_off,
     float x = inp[inp_off + i];
     float u = GELU_SCALE * (x + GELU_CUBE * x * x * x);
     out[out_off + i] = 0.5f * x * (1.0f + gelu_tanh(u));
-}
-
-// d *= gelu'(inp), in place.
-KERNEL void gelu_backward_inplace(GLOBAL float* RESTRICT d, unsigned d_off,
-                                  const GLOBAL float* RESTRICT inp, unsigned inp_off, unsigned n) {
-    idx_t i = GLOBAL_ID(0);
-    if (i >= n) return;
-    float x = inp[inp_off + i];
-    float u = GELU_SCALE * (x + GELU_CUBE * x * x * x);
-    float th = gelu_tanh(u);
-    float du = GELU_SCALE * (1.0f + 3.0f * GELU_CUBE * x * x);
-    d[d_off + i] *= 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
 }
 
 // out = gelu(inp), exact: x * Phi(x) (BERT's gelu).
@@ -40,16 +19,6 @@ KERNEL void gelu_erf_forward(GLOBAL float* RESTRICT out, unsigned out_off,
     out[out_off + i] = 0.5f * x * (1.0f + erff(x * 0.7071067812f));
 }
 
-// d *= gelu'(inp) of the exact GELU: Phi(x) + x phi(x).
-KERNEL void gelu_erf_backward_inplace(GLOBAL float* RESTRICT d, unsigned d_off,
-                                      const GLOBAL float* RESTRICT inp, unsigned inp_off,
-                                      unsigned n) {
-    idx_t i = GLOBAL_ID(0);
-    if (i >= n) return;
-    float x = inp[inp_off + i];
-    d[d_off + i] *= 0.5f * (1.0f + erff(x * 0.7071067812f)) + x * 0.3989422804f * expf(-0.5f * x * x);
-}
-
 // out = tanh(inp).
 KERNEL void tanh_forward(GLOBAL float* RESTRICT out, unsigned out_off,
                          const GLOBAL float* RESTRICT inp, unsigned inp_off, unsigned n) {
@@ -58,13 +27,13 @@ KERNEL void tanh_forward(GLOBAL float* RESTRICT out, unsigned out_off,
     out[out_off + i] = gelu_tanh(inp[inp_off + i]);
 }
 
-// d *= 1 - tanh(inp)^2.
-KERNEL void tanh_backward_inplace(GLOBAL float* RESTRICT d, unsigned d_off,
-                                  const GLOBAL float* RESTRICT inp, unsigned inp_off, unsigned n) {
+// d *= act'(inp), in place.
+KERNEL void activation_backward(GLOBAL float* RESTRICT d, unsigned d_off,
+                                const GLOBAL float* RESTRICT inp, unsigned inp_off, unsigned n,
+                                unsigned act) {
     idx_t i = GLOBAL_ID(0);
     if (i >= n) return;
-    float t = gelu_tanh(inp[inp_off + i]);
-    d[d_off + i] *= 1.0f - t * t;
+    d[d_off + i] *= activation_grad(act, inp[inp_off + i]);
 }
 
 // dst = src.

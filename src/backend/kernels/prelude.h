@@ -120,3 +120,39 @@ DEVICE float block_max(SHARED_PTR float* buf, float v) {
     return r;
 }
 #endif
+
+// Activations, shared by their pointwise kernels (elementwise.cu) and the bias
+// gradient that runs an activation's backward in its pass (bias.cu).
+#define GELU_SCALE 0.7978845608f  // sqrt(2 / pi)
+#define GELU_CUBE 0.044715f
+
+// tanh through exp (GELU's and the pooler's), as the CPU backend computes it: near |u| large, 1 - t^2
+// below then keeps the relative precision of 1 - t, as on the CPU.
+DEVICE float gelu_tanh(float u) {
+    return 1.0f - 2.0f / (expf(2.0f * u) + 1.0f);
+}
+
+// Activations by number, as the host passes them: 1 GELU (tanh
+// approximation), 2 GELU (exact), 3 tanh; 0 none.
+#define ACT_NONE 0u
+#define ACT_GELU_TANH 1u
+#define ACT_GELU_ERF 2u
+#define ACT_TANH 3u
+
+// d act(x) / dx; 1 for ACT_NONE.
+DEVICE float activation_grad(unsigned act, float x) {
+    if (act == ACT_GELU_TANH) {
+        float u = GELU_SCALE * (x + GELU_CUBE * x * x * x);
+        float th = gelu_tanh(u);
+        float du = GELU_SCALE * (1.0f + 3.0f * GELU_CUBE * x * x);
+        return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
+    }
+    if (act == ACT_GELU_ERF) {
+        return 0.5f * (1.0f + erff(x * 0.7071067812f)) + x * 0.3989422804f * expf(-0.5f * x * x);
+    }
+    if (act == ACT_TANH) {
+        float t = gelu_tanh(x);
+        return 1.0f - t * t;
+    }
+    return 1.0f;
+}

@@ -20,8 +20,8 @@ use super::tp;
 use super::tp::TpPlace;
 use super::unit::{Span, UnitGrads, UnitKind, UnitModel, UnitParams};
 use crate::backend::{
-    Activation, AttentionBackward, AttentionForward, AttnShape, Backend, Buf, Category,
-    CrossEntropyBackward, CrossEntropyForward, Dst, EncoderBackward, EncoderForward,
+    Activation, ActivationBackward, AttentionBackward, AttentionForward, AttnShape, Backend, Buf,
+    Category, CrossEntropyBackward, CrossEntropyForward, Dst, EncoderBackward, EncoderForward,
     LayerNormBackward, LayerNormForward, MatmulBackward, MatmulForward, MatmulShape, Src,
     WeightLayout,
 };
@@ -669,8 +669,13 @@ impl<B: Backend> Engine<B> {
             },
             Dout::Round,
         );
-        be.activation_backward_inplace(dg.rb(), a.f.s().part(s, rows * fl), Activation::GeluErf);
         let (dw, db) = g.rb().split2(r(BlockParam::InterW), r(BlockParam::InterB));
+        be.activation_backward(ActivationBackward {
+            d: dg.rb(),
+            inp: a.f.s().part(s, rows * fl),
+            act: Activation::GeluErf,
+            dbias: Some(db),
+        });
         let h1 = a.h1.s().part(s, btc);
         matmul_backward(
             be,
@@ -678,7 +683,7 @@ impl<B: Backend> Engine<B> {
             MatmulBackward {
                 dinp: Some(dres.rb()),
                 dw: Some(dw),
-                dbias: Some(db),
+                dbias: None,
                 dout: dg.src(),
                 inp: h1,
                 w: w(BlockParam::InterW),
@@ -982,15 +987,20 @@ impl<B: Backend> Engine<B> {
                     rstd: rstd.slice(0..rows),
                     c,
                 })?;
-                be.activation_backward_inplace(dt2.rb(), t1.slice(0..btc), Activation::GeluErf);
                 let (dw, db) = g.rb().split2(r(0), r(1));
+                be.activation_backward(ActivationBackward {
+                    d: dt2.rb(),
+                    inp: t1.slice(0..btc),
+                    act: Activation::GeluErf,
+                    dbias: Some(db),
+                });
                 matmul_backward(
                     be,
                     a.bf16.as_mut(),
                     MatmulBackward {
                         dinp: Some(a.dres.slice_mut(0..btc)),
                         dw: Some(dw),
-                        dbias: Some(db),
+                        dbias: None,
                         dout: dt2.src(),
                         inp: x,
                         w: w(0),
@@ -1033,15 +1043,20 @@ impl<B: Backend> Engine<B> {
                     },
                     Dout::Round,
                 );
-                be.activation_backward_inplace(dp.rb(), pre.slice(0..b * c), Activation::Tanh);
                 let (dw, db) = g.rb().split2(r(0), r(1));
+                be.activation_backward(ActivationBackward {
+                    d: dp.rb(),
+                    inp: pre.slice(0..b * c),
+                    act: Activation::Tanh,
+                    dbias: Some(db),
+                });
                 matmul_backward(
                     be,
                     a.bf16.as_mut(),
                     MatmulBackward {
                         dinp: Some(dcls.slice_mut(0..b * c)),
                         dw: Some(dw),
-                        dbias: Some(db),
+                        dbias: None,
                         dout: dp.src(),
                         inp: cls.slice(0..b * c),
                         w: w(0),

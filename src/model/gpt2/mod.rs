@@ -17,8 +17,8 @@ use super::tp;
 use super::tp::TpPlace;
 use super::unit::{Span, UnitGrads, UnitKind, UnitModel, UnitParams, Whole};
 use crate::backend::{
-    Activation, AttentionBackward, AttentionForward, AttnShape, Backend, Buf, Category,
-    CrossEntropyBackward, CrossEntropyForward, Dst, EncoderBackward, EncoderForward,
+    Activation, ActivationBackward, AttentionBackward, AttentionForward, AttnShape, Backend, Buf,
+    Category, CrossEntropyBackward, CrossEntropyForward, Dst, EncoderBackward, EncoderForward,
     LayerNormBackward, LayerNormForward, MatmulBackward, MatmulForward, MatmulShape, On, Src,
     WeightLayout,
 };
@@ -554,16 +554,18 @@ impl<B: Backend> Engine<B> {
             shape: io((rows, fl, c)),
         };
         matmul_backward(be, a.bf16.as_mut(), op, Dout::Round);
-        be.activation_backward_inplace(
-            dfch.rb(),
-            a.fch.s().part(s, rows * wd.fl).first(rows * fl),
-            Activation::GeluTanh,
-        );
+        // GELU's backward adds the fc bias's gradient in the same pass
         let (dw, db) = weight_and_bias(&mut g, (lay, l), BlockParam::FcW, BlockParam::FcB);
+        be.activation_backward(ActivationBackward {
+            d: dfch.rb(),
+            inp: a.fch.s().part(s, rows * wd.fl).first(rows * fl),
+            act: Activation::GeluTanh,
+            dbias: Some(db),
+        });
         let op = MatmulBackward {
             dinp: Some(dtmp.rb()),
             dw: Some(dw),
-            dbias: Some(db),
+            dbias: None,
             dout: dfch.src(),
             inp: a.ln2.s().part(s, btc),
             w: w(BlockParam::FcW),
@@ -795,7 +797,13 @@ impl<B: Backend> Engine<B> {
                 io((rows, fl, c)),
             ));
             let fch = a.fch.s().part(s, rows * wd.fl).first(rows * fl);
-            be.activation_backward_inplace(dfch, fch, Activation::GeluTanh);
+            // the fc bias's gradient waits for the weight half
+            be.activation_backward(ActivationBackward {
+                d: dfch,
+                inp: fch,
+                act: Activation::GeluTanh,
+                dbias: None,
+            });
         }
         {
             let (dfch, mut dln2) = saved.rb().split2(at.dfch.clone(), at.dln2.clone());
