@@ -41,7 +41,7 @@ fn groups(n: usize) -> usize {
     n.div_ceil(BLOCK)
 }
 
-/// An activation as the kernels number it (ACT_* in elementwise.cu).
+/// An activation as the kernels number it (ACT_* in prelude.h).
 fn act_code(act: Option<Activation>) -> u32 {
     match act {
         None => 0,

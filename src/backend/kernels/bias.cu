@@ -12,7 +12,7 @@ KERNEL void bias_forward(GLOBAL float* RESTRICT out, unsigned out_off,
 
 // partials (chunks, n) = column sums of d (rows, n) over the rows
 // chunk * chunk_rows .. of each chunk, rows in order; one thread per
-// (chunk, column). With an activation (act, elementwise.cu) each element is
+// (chunk, column). With an activation (act, prelude.h) each element is
 // first turned into its pre-activation's gradient, d *= act'(inp), and
 // written back: the activation's backward and the bias gradient in one
 // pass; with ACT_NONE d is only read (and inp not at all). Reduced by
