@@ -6,7 +6,11 @@
 //! divides by the same numbers and runs its products on the same library (a
 //! probe at each start drifted 49-173 GFLOP/s with the machine's load).
 //! `--peak-tflops` states another; `distgpt devices --measure` measures
-//! again (on a quiet machine).
+//! again (on a quiet machine). A debug build's figures are kept apart from
+//! a release build's: its own code, the hardware loop and every product
+//! compiled into it, runs unoptimized, so it reads far lower (a debug
+//! `devices --measure` kept 72 GFLOP/s for a 200 GFLOP/s machine, and the
+//! release runs that adopted it reported MFU above 100%).
 
 use crate::backend::cpu::blas::{self, MatmulChoice, Timing};
 use crate::backend::cpu::hardware::HardwarePeak;
@@ -20,8 +24,14 @@ pub const PEAK_FILE: &str = "peak.json";
 /// The version of the measurement an entry holds: an entry of an older one
 /// is measured over. 1: the hardware peak's loops are the fastest of many
 /// short trials, so a load on the machine no longer lowers it; the
-/// attention class is timed on the key tiles attention now runs.
-const PROBE: u32 = 1;
+/// attention class is timed on the key tiles attention now runs. 2: entries
+/// say which kind of build measured them ([`Entry::debug_build`]); an older
+/// one may be a debug build's.
+const PROBE: u32 = 2;
+
+/// Whether this build is a debug build (its own code unoptimized), whose
+/// measurements are kept apart from a release build's.
+const DEBUG_BUILD: bool = cfg!(debug_assertions);
 
 /// One measured peak.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -48,6 +58,9 @@ pub struct Entry {
     /// The measurement's version ([`PROBE`]; 0 before it was kept).
     #[serde(default)]
     pub probe: u32,
+    /// Measured by a debug build: read only by debug builds.
+    #[serde(default)]
+    pub debug_build: bool,
 }
 
 /// A peak and where it came from, for the run's header line.
@@ -104,7 +117,7 @@ fn read(file: &Path) -> Vec<Entry> {
 /// so concurrent runs never read half a file.
 fn store(file: &Path, entry: Entry) -> std::io::Result<()> {
     let mut all = read(file);
-    all.retain(|e| !e.same_as(&entry.device, &entry.host, entry.threads));
+    all.retain(|e| !e.same_as(&entry.device, &entry.host, entry.threads, entry.debug_build));
     all.push(entry);
     if let Some(dir) = file.parent() {
         std::fs::create_dir_all(dir)?;
@@ -118,8 +131,11 @@ fn store(file: &Path, entry: Entry) -> std::io::Result<()> {
 }
 
 impl Entry {
-    fn same_as(&self, device: &str, host: &str, threads: usize) -> bool {
-        self.device == device && self.host == host && self.threads == threads
+    fn same_as(&self, device: &str, host: &str, threads: usize, debug_build: bool) -> bool {
+        self.device == device
+            && self.host == host
+            && self.threads == threads
+            && self.debug_build == debug_build
     }
 }
 
@@ -136,16 +152,17 @@ fn host() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-/// The peak of `device` at `threads` threads kept in `file`, and whether
-/// this version of the probe (or a later one) measured it.
+/// The peak of `device` at `threads` threads kept in `file` by this kind of
+/// build, and whether this version of the probe (or a later one) measured it.
 fn lookup(file: &Path, device: &str, host: &str, threads: usize) -> Option<(Peak, bool)> {
     let e = read(file)
         .into_iter()
-        .find(|e| e.same_as(device, host, threads) && e.flops > 0.0)?;
+        .find(|e| e.same_as(device, host, threads, DEBUG_BUILD) && e.flops > 0.0)?;
     let current = e.probe >= PROBE;
     let source = format!(
-        "measured {}{} and kept in {}",
+        "measured {}{}{} and kept in {}",
         crate::train::run_dir::date(e.measured_unix),
+        if DEBUG_BUILD { " by a debug build" } else { "" },
         if current {
             ""
         } else {
@@ -202,9 +219,11 @@ pub fn lookup_or_measure(
                 matmul: probe.matmul,
                 timings: probe.timings.clone(),
                 probe: PROBE,
+                debug_build: DEBUG_BUILD,
             };
+            let kind = if DEBUG_BUILD { " for debug builds" } else { "" };
             match store(f, entry) {
-                Ok(()) => format!("measured now, kept in {}", f.display()),
+                Ok(()) => format!("measured now, kept{kind} in {}", f.display()),
                 Err(e) => format!("measured now; not kept ({}: {e})", f.display()),
             }
         }
@@ -269,7 +288,7 @@ mod tests {
         };
         let first = lookup_or_measure(Some(&file), "cpu A", 2, false, probe(100.0));
         assert_eq!(first.flops, 101.0);
-        assert!(first.source.starts_with("measured now, kept in"));
+        assert!(first.source.starts_with("measured now, kept"));
         let again = lookup_or_measure(Some(&file), "cpu A", 2, false, probe(500.0));
         assert_eq!(again.flops, 101.0, "read back, not measured");
         assert_eq!(
@@ -304,8 +323,9 @@ mod tests {
         std::fs::write(
             &file,
             format!(
-                r#"[{{"device":"cpu A","host":"{}","threads":2,"flops":5.0,"measured_unix":0}}]"#,
-                host()
+                r#"[{{"device":"cpu A","host":"{}","threads":2,"flops":5.0,"measured_unix":0,"debug_build":{}}}]"#,
+                host(),
+                DEBUG_BUILD
             ),
         )
         .unwrap();
@@ -322,6 +342,30 @@ mod tests {
             (before + 1, 20.0 + calls.get() as f64)
         );
         assert_eq!(read(&file)[0].probe, PROBE);
+        // the other kind of build's entry (a debug build's for a release
+        // build, and the reverse) is neither read nor replaced
+        let other_build = format!(
+            r#"[{{"device":"cpu A","host":"{}","threads":2,"flops":5.0,"measured_unix":0,"probe":{PROBE},"debug_build":{}}}]"#,
+            host(),
+            !DEBUG_BUILD
+        );
+        std::fs::write(&file, other_build).unwrap();
+        let before = calls.get();
+        let own = lookup_or_measure(Some(&file), "cpu A", 2, false, probe(30.0));
+        assert_eq!(
+            (calls.get(), own.flops),
+            (before + 1, 30.0 + calls.get() as f64)
+        );
+        let kept = read(&file);
+        assert_eq!(kept.len(), 2, "both kinds kept");
+        assert!(kept
+            .iter()
+            .any(|e| e.debug_build != DEBUG_BUILD && e.flops == 5.0));
+        let again = lookup_or_measure(Some(&file), "cpu A", 2, false, probe(40.0));
+        assert_eq!(
+            again.flops, own.flops,
+            "this build's own entry is read back"
+        );
         let nowhere = lookup_or_measure(None, "cpu A", 2, false, probe(1.0));
         assert_eq!(nowhere.source, "measured now");
     }
