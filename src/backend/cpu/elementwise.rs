@@ -148,15 +148,18 @@ mod tests {
         0.5 * x * (1.0 + erf64(x / 2f64.sqrt()))
     }
 
-    #[test]
-    fn activation_backwards_match_finite_differences() {
-        type Reference = fn(f64) -> f64;
-        let acts: [(Activation, Reference); 3] = [
+    /// Each activation with its f64 reference.
+    fn references() -> [(Activation, fn(f64) -> f64); 3] {
+        [
             (Activation::GeluTanh, gelu64),
             (Activation::GeluErf, gelu_erf64),
             (Activation::Tanh, f64::tanh),
-        ];
-        for (act, f) in acts {
+        ]
+    }
+
+    #[test]
+    fn activation_backwards_match_finite_differences() {
+        for (act, f) in references() {
             let mut rng = Rng::new(6);
             let x = randn(&mut rng, 257, 3.0);
             let probe = randn(&mut rng, 257, 1.0);
@@ -185,14 +188,8 @@ mod tests {
     /// that was not zero; d itself as the unfused pass leaves it.
     #[test]
     fn a_fused_bias_gradient_matches_finite_differences() {
-        type Reference = fn(f64) -> f64;
-        let acts: [(Activation, Reference); 3] = [
-            (Activation::GeluTanh, gelu64),
-            (Activation::GeluErf, gelu_erf64),
-            (Activation::Tanh, f64::tanh),
-        ];
         let (rows, n) = (2 * COLUMN_CHUNK_ROWS + 5, 7);
-        for (act, f) in acts {
+        for (act, f) in references() {
             let mut rng = Rng::new(8);
             let x = randn(&mut rng, rows * n, 1.5);
             let b = randn(&mut rng, n, 0.5);
