@@ -148,8 +148,10 @@ mod tests {
         0.5 * x * (1.0 + erf64(x / 2f64.sqrt()))
     }
 
+    type Reference = fn(f64) -> f64;
+
     /// Each activation with its f64 reference.
-    fn references() -> [(Activation, fn(f64) -> f64); 3] {
+    fn references() -> [(Activation, Reference); 3] {
         [
             (Activation::GeluTanh, gelu64),
             (Activation::GeluErf, gelu_erf64),
