@@ -167,19 +167,6 @@ fn tensor_parallel_on_four_ranks_matches_single() {
     );
 }
 
-/// Under bf16 a strategy's fp32 reduction order (1e-7 apart from single's)
-/// can move an operand across a rounding boundary, a 2^-8 step in that one
-/// value: the losses agree to 2e-5 (tp's partial sums come closest, 1.2e-5;
-/// the data-parallel ones within 6e-6), the gradient norms to 1e-4 of
-/// single's (tp 3.7e-5, fsdp 3.8e-6) and the final parameters to 1e-3 of
-/// the largest (fp32 holds 1e-5, 1e-5 and 1e-4). fp32 itself is further
-/// away (checked), so a strategy that ignored --precision would fail.
-const BF16_TOL: common::Tolerances = common::Tolerances {
-    loss: 2e-5,
-    grad_norm: 1e-4,
-    params: 1e-3,
-};
-
 #[test]
 fn bf16_moves_training_within_bf16_rounding_and_every_strategy_follows_single_in_bf16() {
     let bf16 = |strategy, world, tp, accum, recompute| {
@@ -217,7 +204,7 @@ fn bf16_moves_training_within_bf16_rounding_and_every_strategy_follows_single_in
         .zip(&fp32.losses)
         .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
     assert!(
-        gap > 2.0 * BF16_TOL.loss,
+        gap > 2.0 * common::BF16_TOL.loss,
         "fp32 is only {gap} from bf16: the tolerance cannot tell them apart"
     );
     for (strategy, world, tp) in [
@@ -233,13 +220,13 @@ fn bf16_moves_training_within_bf16_rounding_and_every_strategy_follows_single_in
             &reference,
             &bf16(strategy, world, tp, 1, false),
             &what,
-            BF16_TOL,
+            common::BF16_TOL,
         );
     }
     common::assert_follows_within(
         &reference,
         &bf16(StrategyKind::Fsdp, 2, 1, 1, true),
         "fsdp with recomputation in bf16",
-        BF16_TOL,
+        common::BF16_TOL,
     );
 }

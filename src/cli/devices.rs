@@ -15,6 +15,24 @@ pub struct DevicesArgs {
     measure: bool,
 }
 
+/// Where `--precision bf16`'s products run, and why.
+fn bf16_route(p: &distgpt::metrics::peak::Peak) -> String {
+    use distgpt::backend::cpu::blas::{self, MatmulLib};
+    if let Some(lib) = p.matmul.and_then(|m| m.bf16) {
+        return format!("in bf16 arithmetic on {}", lib.name());
+    }
+    let why = if !blas::native_bf16() {
+        "this CPU has no AVX512-BF16".to_string()
+    } else if !MatmulLib::ALL.into_iter().any(|l| l.has_bf16()) {
+        "no library with a bf16 product is here (MKL: PyPI's mkl, scripts/fetch-mkl)".into()
+    } else if p.timings.iter().all(|t| t.bf16_flops.is_none()) {
+        "not timed yet (`distgpt devices --measure`)".into()
+    } else {
+        "no bf16 product beat the fp32 library by 5%".into()
+    };
+    format!("in fp32 on the rounded operands ({why})")
+}
+
 /// One line per device of runtime `R`, or one saying why there are none.
 fn list_gpus<R: distgpt::backend::gpu::Runtime>() {
     match R::list() {
@@ -57,13 +75,18 @@ pub fn run(a: DevicesArgs) -> Result<()> {
             }
             for t in &p.timings {
                 let path = t.lib.path().map(|f| format!(" ({f})")).unwrap_or_default();
+                let bf16 = t
+                    .bf16_flops
+                    .map(|f| format!(", bf16 layers {:6.1} GFLOP/s", f / 1e9))
+                    .unwrap_or_default();
                 distgpt::outln!(
-                    "  {:<10} layers {:6.1} GFLOP/s, attention blocks {:6.1} GFLOP/s{path}",
+                    "  {:<10} layers {:6.1} GFLOP/s, attention blocks {:6.1} GFLOP/s{bf16}{path}",
                     t.lib.name(),
                     t.large_flops / 1e9,
                     t.small_flops / 1e9
                 );
             }
+            distgpt::outln!("cpu bf16 products (--precision bf16): {}", bf16_route(&p));
         }
         None => distgpt::outln!(
             "cpu peak for MFU: not measured yet (the first run measures it; `distgpt devices --measure` now)"

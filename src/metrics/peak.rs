@@ -26,8 +26,10 @@ pub const PEAK_FILE: &str = "peak.json";
 /// short trials, so a load on the machine no longer lowers it; the
 /// attention class is timed on the key tiles attention now runs. 2: entries
 /// say which kind of build measured them ([`Entry::debug_build`]); an older
-/// one may be a debug build's.
-const PROBE: u32 = 2;
+/// one may be a debug build's. 3: where the CPU multiplies bf16, each
+/// library's bf16 product is timed and may be chosen for `--precision
+/// bf16`'s products.
+const PROBE: u32 = 3;
 
 /// Whether this build is a debug build (its own code unoptimized), whose
 /// measurements are kept apart from a release build's.

@@ -565,8 +565,9 @@ fn agree_on_peak<B: Backend>(
         && world.device_native().is_none();
     let stated = cfg.peak_flops;
     let mut source = String::from("--peak-tflops");
-    // [per rank, all ranks, the CPU's library for Large products, for Small]
-    let mut agreed = [0.0f64; 4];
+    // [per rank, all ranks, the CPU's library for Large products, for
+    // Small, for bf16 products (-1: none)]
+    let mut agreed = [0.0f64; 5];
     if world.rank() == 0 {
         // thread ranks share this process's threads: the peak (and the
         // library kept with it) is that of all of them
@@ -617,6 +618,7 @@ fn agree_on_peak<B: Backend>(
             total,
             m.large.index() as f64,
             m.small.index() as f64,
+            m.bf16.map_or(-1.0, |l| l.index() as f64),
         ];
     }
     world.broadcast(&mut agreed, 0)?;
@@ -624,6 +626,7 @@ fn agree_on_peak<B: Backend>(
     blas::set_choice(MatmulChoice {
         large: MatmulLib::from_index(agreed[2] as usize),
         small: MatmulLib::from_index(agreed[3] as usize),
+        bf16: (agreed[4] >= 0.0).then(|| MatmulLib::from_index(agreed[4] as usize)),
     });
     Ok((agreed[0], agreed[1], source))
 }

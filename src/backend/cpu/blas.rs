@@ -8,6 +8,15 @@
 //! [`Class`] by timing each candidate ([`measure`]); the choice is kept
 //! beside the MFU peak (`metrics::peak`) and set with [`set_choice`].
 //! `DISTGPT_MATMUL=gemm|openblas|blis|mkl` pins one for every class.
+//!
+//! `--precision bf16`'s products (operands already rounded to bfloat16) run
+//! in bf16 arithmetic on a library's bf16 product (MKL's
+//! `cblas_gemm_bf16bf16f32`, OpenBLAS's `cblas_sbgemm` where it was built
+//! with one) when the CPU has AVX512-BF16 (the library runs AMX itself
+//! where the CPU has that too) and the measurement finds it faster than
+//! the fp32 library; elsewhere they run in fp32, on the rounded values.
+//! Both sum exact products of bf16 values in fp32, so the two differ in
+//! rounding order only. `DISTGPT_MATMUL_BF16=mkl|openblas|fp32` pins it.
 
 use super::attention::{BLOCK, KEYS};
 use super::math::Mat;
@@ -88,6 +97,11 @@ impl MatmulLib {
         self == MatmulLib::Gemm || loaded(self).is_ok()
     }
 
+    /// Whether this library is here and has a bf16 product.
+    pub fn has_bf16(self) -> bool {
+        loaded(self).is_ok_and(|l| l.gemm_bf16.is_some())
+    }
+
     /// The file the library was opened from, where it is one.
     pub fn path(self) -> Option<&'static str> {
         loaded(self).ok().map(|l| l.path.as_str())
@@ -113,22 +127,27 @@ impl Class {
     }
 }
 
-/// The library each class runs on.
+/// The library each class runs on, and the one that runs `--precision
+/// bf16`'s products in bf16 arithmetic (None: in fp32, on the class's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MatmulChoice {
     pub large: MatmulLib,
     pub small: MatmulLib,
+    #[serde(default)]
+    pub bf16: Option<MatmulLib>,
 }
 
 impl MatmulChoice {
     pub const BUILT_IN: MatmulChoice = MatmulChoice {
         large: MatmulLib::Gemm,
         small: MatmulLib::Gemm,
+        bf16: None,
     };
 
-    /// "OpenBLAS" when one library runs both classes, else both named.
+    /// "OpenBLAS" when one library runs both classes, else both named;
+    /// then the bf16 products' library, where one runs them.
     pub fn describe(&self) -> String {
-        if self.large == self.small {
+        let classes = if self.large == self.small {
             self.large.name().to_string()
         } else {
             format!(
@@ -136,7 +155,24 @@ impl MatmulChoice {
                 self.large.name(),
                 self.small.name()
             )
+        };
+        match self.bf16 {
+            Some(lib) => format!("{classes}, {} in bf16 (--precision bf16)", lib.name()),
+            None => classes,
         }
+    }
+}
+
+/// Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16's
+/// `vdpbf16ps`; every x86 CPU with AMX-BF16 has it too).
+pub fn native_bf16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
     }
 }
 
@@ -144,7 +180,10 @@ const ROW_MAJOR: c_int = 101;
 const NO_TRANS: c_int = 111;
 const TRANS: c_int = 112;
 
-type Sgemm = unsafe extern "C" fn(
+/// A CBLAS product of `T` operands into an fp32 C: `cblas_sgemm` (f32),
+/// MKL's `cblas_gemm_bf16bf16f32` and OpenBLAS's `cblas_sbgemm` (u16, the
+/// bfloat16's bits) take the same arguments.
+type Gemm<T> = unsafe extern "C" fn(
     order: c_int,
     trans_a: c_int,
     trans_b: c_int,
@@ -152,18 +191,22 @@ type Sgemm = unsafe extern "C" fn(
     n: c_int,
     k: c_int,
     alpha: f32,
-    a: *const f32,
+    a: *const T,
     lda: c_int,
-    b: *const f32,
+    b: *const T,
     ldb: c_int,
     beta: f32,
     c: *mut f32,
     ldc: c_int,
 );
 
-/// An opened library's `cblas_sgemm`.
+/// The names a library's bf16 product goes by.
+const BF16_GEMMS: [&[u8]; 2] = [b"cblas_gemm_bf16bf16f32\0", b"cblas_sbgemm\0"];
+
+/// An opened library's `cblas_sgemm`, and its bf16 product if it has one.
 struct Loaded {
-    sgemm: Sgemm,
+    sgemm: Gemm<f32>,
+    gemm_bf16: Option<Gemm<u16>>,
     path: String,
     // Keeps `sgemm` valid for the process's life (never dropped: static).
     _lib: Library,
@@ -196,11 +239,15 @@ fn open(lib: MatmulLib) -> std::result::Result<Loaded, String> {
                 continue;
             }
         };
-        // SAFETY: `cblas_sgemm` has the C signature `Sgemm` (cblas.h).
-        let sgemm = match unsafe { handle.get::<Sgemm>(b"cblas_sgemm\0") } {
+        // SAFETY: `cblas_sgemm` has the C signature `Gemm<f32>` (cblas.h).
+        let sgemm = match unsafe { handle.get::<Gemm<f32>>(b"cblas_sgemm\0") } {
             Ok(f) => *f,
             Err(e) => return Err(format!("{name} has no cblas_sgemm: {e}")),
         };
+        // SAFETY: each has the C signature `Gemm<u16>` (mkl_cblas.h, cblas.h)
+        let gemm_bf16 = BF16_GEMMS
+            .iter()
+            .find_map(|&sym| unsafe { handle.get::<Gemm<u16>>(sym) }.ok().map(|f| *f));
         // SAFETY: each setter has the C signature named beside it (the
         // libraries' headers); a missing one leaves the library's default.
         unsafe {
@@ -232,6 +279,7 @@ fn open(lib: MatmulLib) -> std::result::Result<Loaded, String> {
         }
         return Ok(Loaded {
             sgemm,
+            gemm_bf16,
             path: name.to_string(),
             _lib: handle,
         });
@@ -239,45 +287,93 @@ fn open(lib: MatmulLib) -> std::result::Result<Loaded, String> {
     Err(format!("not found ({last}): install {install}"))
 }
 
-/// 0: not decided yet; otherwise 1 + the library's index, per class.
-static CHOICE: [AtomicU8; 2] = [AtomicU8::new(0), AtomicU8::new(0)];
+/// 0: not decided yet; otherwise, per class, 1 + the library's index, and
+/// for bf16 products ([`BF16_SLOT`]) 1 for fp32 or 2 + the library's index.
+static CHOICE: [AtomicU8; 3] = [AtomicU8::new(0), AtomicU8::new(0), AtomicU8::new(0)];
+const BF16_SLOT: usize = 2;
 
-/// The libraries `DISTGPT_MATMUL` pins: `LIB` for both classes, or
-/// `LARGE,SMALL`.
-pub fn pinned() -> Result<Option<MatmulChoice>> {
-    let Some(v) = std::env::var_os("DISTGPT_MATMUL").filter(|v| !v.is_empty()) else {
-        return Ok(None);
-    };
-    let v = v.to_string_lossy().to_lowercase();
-    let lib = |key: &str| -> Result<MatmulLib> {
+/// What the environment pins: `DISTGPT_MATMUL` the classes' library (`LIB`
+/// for both, or `LARGE,SMALL`), `DISTGPT_MATMUL_BF16` the bf16 products'
+/// (`fp32`: none).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Pins {
+    classes: Option<(MatmulLib, MatmulLib)>,
+    bf16: Option<Option<MatmulLib>>,
+}
+
+impl Pins {
+    /// `choice` with what is pinned put in its place.
+    fn over(self, choice: MatmulChoice) -> MatmulChoice {
+        let (large, small) = self.classes.unwrap_or((choice.large, choice.small));
+        MatmulChoice {
+            large,
+            small,
+            bf16: self.bf16.unwrap_or(choice.bf16),
+        }
+    }
+}
+
+/// The environment's pins; a library named that cannot run here (or has
+/// no bf16 product, for `DISTGPT_MATMUL_BF16`) is an error.
+pub fn pinned() -> Result<Pins> {
+    pins(|name| {
+        std::env::var_os(name)
+            .filter(|v| !v.is_empty())
+            .map(|v| v.to_string_lossy().to_lowercase())
+    })
+}
+
+/// The pins the variables `var` reads name.
+fn pins(var: impl Fn(&str) -> Option<String>) -> Result<Pins> {
+    let lib = |name: &str, v: &str, key: &str| -> Result<MatmulLib> {
         let lib = MatmulLib::ALL
             .into_iter()
             .find(|l| l.key() == key.trim())
             .ok_or_else(|| {
                 Error::Config(format!(
-                    "DISTGPT_MATMUL={v}: {key:?} is not a matmul library (gemm, openblas, blis, mkl)"
+                    "{name}={v}: {key:?} is not a matmul library (gemm, openblas, blis, mkl)"
                 ))
             })?;
         match loaded(lib) {
-            Err(e) if lib != MatmulLib::Gemm => Err(Error::Config(format!(
-                "DISTGPT_MATMUL={v}: {} {e}",
-                lib.name()
-            ))),
+            Err(e) if lib != MatmulLib::Gemm => {
+                Err(Error::Config(format!("{name}={v}: {} {e}", lib.name())))
+            }
             _ => Ok(lib),
         }
     };
-    let (large, small) = v.split_once(',').unwrap_or((&v, &v));
-    Ok(Some(MatmulChoice {
-        large: lib(large)?,
-        small: lib(small)?,
-    }))
+    let mut pins = Pins::default();
+    if let Some(v) = var("DISTGPT_MATMUL") {
+        let (large, small) = v.split_once(',').unwrap_or((&v, &v));
+        pins.classes = Some((
+            lib("DISTGPT_MATMUL", &v, large)?,
+            lib("DISTGPT_MATMUL", &v, small)?,
+        ));
+    }
+    if let Some(v) = var("DISTGPT_MATMUL_BF16") {
+        pins.bf16 = Some(match v.trim() {
+            "fp32" => None,
+            key => {
+                let lib = lib("DISTGPT_MATMUL_BF16", &v, key)?;
+                if !lib.has_bf16() {
+                    return Err(Error::Config(format!(
+                        "DISTGPT_MATMUL_BF16={v}: {} has no bf16 product here (MKL's \
+                         cblas_gemm_bf16bf16f32, OpenBLAS's cblas_sbgemm); fp32 runs them \
+                         on the rounded values",
+                        lib.name()
+                    )));
+                }
+                Some(lib)
+            }
+        });
+    }
+    Ok(pins)
 }
 
 /// Runs each class on `choice` from now on, unless this process has
 /// decided already (its first decision holds, so no product of a run, nor
 /// of two runs a process compares, switches library midway); a library
-/// that cannot be opened here runs on the `gemm` crate instead, and
-/// `DISTGPT_MATMUL` overrides the choice.
+/// that cannot be opened here runs on the `gemm` crate instead (bf16
+/// products in fp32), and the environment's pins override the choice.
 pub fn set_choice(choice: MatmulChoice) {
     decide(choice, false)
 }
@@ -289,13 +385,21 @@ pub fn force_choice(choice: MatmulChoice) {
 }
 
 fn decide(choice: MatmulChoice, force: bool) {
-    let choice = pinned().ok().flatten().unwrap_or(choice);
+    let choice = pinned().unwrap_or_default().over(choice);
     let usable = |lib: MatmulLib| match lib.available() {
         true => lib,
         false => MatmulLib::Gemm,
     };
-    for (slot, lib) in CHOICE.iter().zip([choice.large, choice.small]) {
-        let v = 1 + usable(lib).index() as u8;
+    let bf16 = match choice.bf16.filter(|l| l.has_bf16()) {
+        Some(lib) => 2 + lib.index() as u8,
+        None => 1,
+    };
+    let codes = [
+        1 + usable(choice.large).index() as u8,
+        1 + usable(choice.small).index() as u8,
+        bf16,
+    ];
+    for (slot, v) in CHOICE.iter().zip(codes) {
         if force {
             slot.store(v, Ordering::Relaxed);
         } else {
@@ -309,19 +413,31 @@ pub fn choice() -> MatmulChoice {
     MatmulChoice {
         large: current(Class::Large),
         small: current(Class::Small),
+        bf16: current_bf16(),
+    }
+}
+
+/// The slot's code, deciding first if nothing is: the pins, else the
+/// built-in, for the rest of the process (no run adopted a kept choice).
+fn code(slot: usize) -> u8 {
+    match CHOICE[slot].load(Ordering::Relaxed) {
+        0 => {
+            set_choice(MatmulChoice::BUILT_IN);
+            CHOICE[slot].load(Ordering::Relaxed)
+        }
+        v => v,
     }
 }
 
 pub(super) fn current(class: Class) -> MatmulLib {
-    let slot = &CHOICE[class as usize];
-    match slot.load(Ordering::Relaxed) {
-        0 => {
-            // nothing decided yet (no run adopted a kept choice): the pin,
-            // else the built-in, for the rest of the process
-            set_choice(MatmulChoice::BUILT_IN);
-            current(class)
-        }
-        v => MatmulLib::ALL[v as usize - 1],
+    MatmulLib::from_index(code(class as usize) as usize - 1)
+}
+
+/// The library that runs bf16 products in bf16 arithmetic, if one does.
+pub(super) fn current_bf16() -> Option<MatmulLib> {
+    match code(BF16_SLOT) {
+        1 => None,
+        v => Some(MatmulLib::from_index(v as usize - 2)),
     }
 }
 
@@ -333,11 +449,10 @@ fn split(m: usize, n: usize, tasks: usize) -> (bool, usize) {
     (along_m, part)
 }
 
-/// One `cblas_sgemm` call's arguments, with the matrices' addresses as
-/// integers so rayon tasks may share it; `run` does a block of the output.
-#[derive(Clone, Copy)]
-struct Call {
-    sgemm: Sgemm,
+/// One CBLAS call's arguments, with the matrices' addresses as integers
+/// so rayon tasks may share it; `run` does a block of the output.
+struct Call<T> {
+    gemm: Gemm<T>,
     k: usize,
     a: (c_int, c_int, usize, isize),
     b: (c_int, c_int, usize, isize),
@@ -346,7 +461,15 @@ struct Call {
     beta: f32,
 }
 
-impl Call {
+impl<T> Clone for Call<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Call<T> {}
+
+impl<T> Call<T> {
     /// The output's rows `m0..m0 + rows` and columns `n0..n0 + cols`.
     ///
     /// # Safety
@@ -355,10 +478,10 @@ impl Call {
         let (ta, lda, a, a_row) = self.a;
         let (tb, ldb, b, b_col) = self.b;
         let (c, c_row) = self.c;
-        let a = (a as *const f32).offset(m0 as isize * a_row);
-        let b = (b as *const f32).offset(n0 as isize * b_col);
+        let a = (a as *const T).offset(m0 as isize * a_row);
+        let b = (b as *const T).offset(n0 as isize * b_col);
         let c = (c as *mut f32).offset(m0 as isize * c_row + n0 as isize);
-        (self.sgemm)(
+        (self.gemm)(
             ROW_MAJOR,
             ta,
             tb,
@@ -374,6 +497,94 @@ impl Call {
             c,
             c_row as c_int,
         )
+    }
+
+    /// The whole `m x n` output: one call on this thread when `threads`
+    /// is 1, else split into row or column blocks, one rayon task each.
+    ///
+    /// # Safety
+    /// As [`Call::run`] for the whole product.
+    unsafe fn split(&self, m: usize, n: usize, threads: usize) {
+        if threads <= 1 || m.max(n) < 32 {
+            return self.run((0, m), (0, n));
+        }
+        let (along_m, part) = split(m, n, threads);
+        let len = if along_m { m } else { n };
+        use rayon::prelude::*;
+        (0..len.div_ceil(part)).into_par_iter().for_each(|i| {
+            let span = (i * part, part.min(len - i * part));
+            // SAFETY: the blocks tile the output without overlap.
+            unsafe {
+                if along_m {
+                    self.run(span, (0, n))
+                } else {
+                    self.run((0, m), span)
+                }
+            }
+        });
+    }
+}
+
+/// A product as CBLAS takes it, row-major: `m`, `n`, and each operand's
+/// (transpose flag, leading dimension) with the views they were read from.
+struct Operands {
+    m: usize,
+    n: usize,
+    lhs: (Mat<*const f32>, (c_int, c_int)),
+    rhs: (Mat<*const f32>, (c_int, c_int)),
+    dst: Mat<*mut f32>,
+}
+
+impl Operands {
+    /// None where an operand has no unit stride or a size overflows a C int.
+    fn of(
+        (m, n, k): (usize, usize, usize),
+        dst: Mat<*mut f32>,
+        lhs: Mat<*const f32>,
+        rhs: Mat<*const f32>,
+    ) -> Option<Operands> {
+        // row-major C = A B needs C's columns contiguous; else C^T = B^T A^T
+        let (dst, lhs, rhs, m, n) = if dst.col_stride == 1 {
+            (dst, lhs, rhs, m, n)
+        } else if dst.row_stride == 1 {
+            (dst.t(), rhs.t(), lhs.t(), n, m)
+        } else {
+            return None;
+        };
+        let fits = |x: usize| c_int::try_from(x).is_ok();
+        let ldc = dst.row_stride;
+        if !(fits(m) && fits(n) && fits(k)) || ldc < n.max(1) as isize || !fits(ldc as usize) {
+            return None;
+        }
+        Some(Operands {
+            m,
+            n,
+            lhs: (lhs, operand(lhs, m, k)?),
+            rhs: (rhs, operand(rhs, k, n)?),
+            dst,
+        })
+    }
+
+    /// The call on `gemm`, with the operands at `a` and `b` (the views'
+    /// own memory, or copies laid out alike).
+    fn call<T>(
+        &self,
+        gemm: Gemm<T>,
+        k: usize,
+        (a, b): (usize, usize),
+        alpha: f32,
+        beta: f32,
+    ) -> Call<T> {
+        let ((lhs, (ta, lda)), (rhs, (tb, ldb))) = (self.lhs, self.rhs);
+        Call {
+            gemm,
+            k,
+            a: (ta, lda, a, lhs.row_stride),
+            b: (tb, ldb, b, rhs.col_stride),
+            c: (self.dst.ptr as usize, self.dst.row_stride),
+            alpha,
+            beta,
+        }
     }
 }
 
@@ -396,52 +607,84 @@ pub(super) unsafe fn sgemm(
     scale: f32,
     threads: usize,
 ) -> bool {
-    let Ok(l) = loaded(lib) else {
+    let (Ok(l), Some(ops)) = (loaded(lib), Operands::of((m, n, k), dst, lhs, rhs)) else {
         return false;
     };
-    // row-major C = A B needs C's columns contiguous; else C^T = B^T A^T
-    let (dst, lhs, rhs, m, n) = if dst.col_stride == 1 {
-        (dst, lhs, rhs, m, n)
-    } else if dst.row_stride == 1 {
-        (dst.t(), rhs.t(), lhs.t(), n, m)
-    } else {
-        return false;
-    };
-    let fits = |x: usize| c_int::try_from(x).is_ok();
-    let (Some((ta, lda)), Some((tb, ldb))) = (operand(lhs, m, k), operand(rhs, k, n)) else {
-        return false;
-    };
-    let ldc = dst.row_stride;
-    if !(fits(m) && fits(n) && fits(k)) || ldc < n.max(1) as isize || !fits(ldc as usize) {
-        return false;
+    let beta = if accumulate { 1.0 } else { 0.0 };
+    let addresses = (ops.lhs.0.ptr as usize, ops.rhs.0.ptr as usize);
+    ops.call(l.sgemm, k, addresses, scale, beta)
+        .split(ops.m, ops.n, threads);
+    true
+}
+
+thread_local! {
+    /// The bf16 copies of a product's operands, kept for the next product
+    /// on this thread (as a BLAS keeps its packing buffers).
+    static BF16_OPERANDS: std::cell::Cell<Vec<u16>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// The elements `x` addresses as a `rows x cols` view: from its pointer to
+/// its last element, gaps included (None for a negative stride).
+fn span(x: Mat<*const f32>, rows: usize, cols: usize) -> Option<usize> {
+    if rows == 0 || cols == 0 {
+        return Some(0);
     }
-    let call = Call {
-        sgemm: l.sgemm,
-        k,
-        a: (ta, lda, lhs.ptr as usize, lhs.row_stride),
-        b: (tb, ldb, rhs.ptr as usize, rhs.col_stride),
-        c: (dst.ptr as usize, ldc),
-        alpha: scale,
-        beta: if accumulate { 1.0 } else { 0.0 },
+    let last = (rows as isize - 1) * x.row_stride + (cols as isize - 1) * x.col_stride;
+    (x.row_stride >= 0 && x.col_stride >= 0).then_some(last as usize + 1)
+}
+
+/// [`sgemm`] in bf16 arithmetic, on `lib`'s bf16 product: the operands are
+/// rounded to bfloat16 into this thread's scratch (laid out as they are),
+/// the products summed in fp32. Returns false, doing nothing, where `lib`
+/// has no bf16 product or cannot take the operands.
+///
+/// # Safety
+/// As `math::gemm`.
+#[allow(clippy::too_many_arguments)] // a BLAS call's own arguments
+pub(super) unsafe fn gemm_bf16(
+    lib: MatmulLib,
+    (m, n, k): (usize, usize, usize),
+    dst: Mat<*mut f32>,
+    lhs: Mat<*const f32>,
+    rhs: Mat<*const f32>,
+    accumulate: bool,
+    scale: f32,
+    threads: usize,
+) -> bool {
+    let Some(gemm) = loaded(lib).ok().and_then(|l| l.gemm_bf16) else {
+        return false;
     };
-    if threads <= 1 || m.max(n) < 32 {
-        call.run((0, m), (0, n));
-        return true;
-    }
-    let (along_m, part) = split(m, n, threads);
-    let len = if along_m { m } else { n };
+    let Some(ops) = Operands::of((m, n, k), dst, lhs, rhs) else {
+        return false;
+    };
+    let (Some(a_len), Some(b_len)) = (span(ops.lhs.0, ops.m, k), span(ops.rhs.0, k, ops.n)) else {
+        return false;
+    };
+    use super::decode::{Bf16, Element};
     use rayon::prelude::*;
-    (0..len.div_ceil(part)).into_par_iter().for_each(|i| {
-        let span = (i * part, part.min(len - i * part));
-        // SAFETY: the blocks tile the output without overlap.
-        unsafe {
-            if along_m {
-                call.run(span, (0, n))
-            } else {
-                call.run((0, m), span)
-            }
-        }
-    });
+    let mut scratch = BF16_OPERANDS.take();
+    scratch.clear();
+    scratch.resize(a_len + b_len, 0);
+    let (a, b) = scratch.split_at_mut(a_len);
+    for (to, from) in [(a, ops.lhs.0.ptr), (b, ops.rhs.0.ptr)] {
+        // SAFETY: the caller's views address `span` elements from `from`.
+        let from = unsafe { std::slice::from_raw_parts(from, to.len()) };
+        to.par_chunks_mut(1 << 16)
+            .zip(from.par_chunks(1 << 16))
+            .for_each(|(t, f)| {
+                t.iter_mut()
+                    .zip(f)
+                    .for_each(|(t, &f)| *t = Bf16::from_f32(f).bits())
+            });
+    }
+    let beta = if accumulate { 1.0 } else { 0.0 };
+    let addresses = (
+        scratch.as_ptr() as usize,
+        scratch[a_len..].as_ptr() as usize,
+    );
+    ops.call(gemm, k, addresses, scale, beta)
+        .split(ops.m, ops.n, threads);
+    BF16_OPERANDS.set(scratch);
     true
 }
 
@@ -465,6 +708,10 @@ pub struct Timing {
     pub lib: MatmulLib,
     pub large_flops: f64,
     pub small_flops: f64,
+    /// Its bf16 product on the layers' probe, where the CPU multiplies
+    /// bf16 ([`native_bf16`]) and the library has one.
+    #[serde(default)]
+    pub bf16_flops: Option<f64>,
 }
 
 /// Times every library that opens here on both classes with the pool's
@@ -475,22 +722,43 @@ pub struct Timing {
 /// 8 x 128); the `Small` probe
 /// attention's per-tile products (a block of query rows against a tile of
 /// keys, 64 wide: the forward's two and the backward's five), 32 tiles a
-/// thread, and a 65-token vocabulary's head.
+/// thread, and a 65-token vocabulary's head. Where the CPU multiplies
+/// bf16, each library's bf16 product runs the `Large` probe too.
 pub fn measure(reps: usize) -> (MatmulChoice, Vec<Timing>) {
+    let native = native_bf16();
     let timings: Vec<Timing> = MatmulLib::ALL
         .into_iter()
         .filter(|l| l.available())
         .map(|lib| Timing {
             lib,
-            large_flops: best(reps, || probe_large(lib)),
+            large_flops: best(reps, || probe_large(lib, false)),
             small_flops: best(reps, || probe_small(lib)),
+            bf16_flops: (native && lib.has_bf16()).then(|| best(reps, || probe_large(lib, true))),
         })
         .collect();
+    let large = fastest(&timings, |t| t.large_flops);
     let choice = MatmulChoice {
-        large: fastest(&timings, |t| t.large_flops),
+        large,
         small: fastest(&timings, |t| t.small_flops),
+        bf16: fastest_bf16(&timings, large),
     };
     (choice, timings)
+}
+
+/// The library whose bf16 product is fastest, if it beats the fp32
+/// library chosen for the layers (`large`) by more than 5%: else bf16
+/// products run in fp32 on that library.
+fn fastest_bf16(timings: &[Timing], large: MatmulLib) -> Option<MatmulLib> {
+    let fp32 = timings
+        .iter()
+        .find(|t| t.lib == large)
+        .map_or(0.0, |t| t.large_flops);
+    timings
+        .iter()
+        .filter_map(|t| Some((t.lib, t.bf16_flops?)))
+        .filter(|&(_, f)| f > 1.05 * fp32)
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(lib, _)| lib)
 }
 
 /// The fastest library by `speed`; the `gemm` crate unless another is more
@@ -520,19 +788,21 @@ fn best(reps: usize, probe: impl Fn() -> (f64, f64)) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// Runs `dst (m x n) = lhs @ rhs` on `lib` with the given operand layouts
-/// on fresh buffers and `threads` threads; returns FLOPs and seconds.
+/// Runs `dst (m x n) = lhs @ rhs` on `lib` (its bf16 product if `bf16`)
+/// with the given operand layouts on fresh buffers and `threads` threads;
+/// returns FLOPs and seconds.
 fn product(
     lib: MatmulLib,
     (m, n, k): (usize, usize, usize),
     layouts: (bool, bool),
     threads: usize,
+    bf16: bool,
 ) -> (f64, f64) {
     let a = vec![0.5f32; m * k];
     let b = vec![0.25f32; k * n];
     let mut c = vec![0.0f32; m * n];
     let t0 = Instant::now();
-    let flops = product_in(lib, (m, n, k), layouts, threads, (&a, &b, &mut c));
+    let flops = product_in(lib, (m, n, k), layouts, threads, (&a, &b, &mut c), bf16);
     (flops, t0.elapsed().as_secs_f64())
 }
 
@@ -544,6 +814,7 @@ fn product_in(
     (lhs_t, rhs_t): (bool, bool),
     threads: usize,
     (a, b, c): (&[f32], &[f32], &mut [f32]),
+    bf16: bool,
 ) -> f64 {
     assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
     let lhs = if lhs_t {
@@ -556,33 +827,27 @@ fn product_in(
     } else {
         Mat::new(b.as_ptr(), n, 1)
     };
+    let dst = Mat::new(c.as_mut_ptr(), n, 1);
     // SAFETY: each buffer holds the elements its view addresses (asserted).
     unsafe {
-        super::math::gemm_on(
-            lib,
-            (m, n, k),
-            Mat::new(c.as_mut_ptr(), n, 1),
-            lhs,
-            rhs,
-            false,
-            1.0,
-            threads,
-        )
+        if !(bf16 && gemm_bf16(lib, (m, n, k), dst, lhs, rhs, false, 1.0, threads)) {
+            super::math::gemm_on(lib, (m, n, k), dst, lhs, rhs, false, 1.0, threads)
+        }
     };
     std::hint::black_box(&c);
     2.0 * (m * n * k) as f64
 }
 
-fn probe_large(lib: MatmulLib) -> (f64, f64) {
+fn probe_large(lib: MatmulLib, bf16: bool) -> (f64, f64) {
     let threads = rayon::current_num_threads();
     [(4096, 384), (1024, 768)]
         .into_iter()
         .flat_map(|(rows, c)| {
             let h = 4 * c;
             [
-                product(lib, (rows, h, c), (false, false), threads), // forward
-                product(lib, (rows, c, h), (false, true), threads),  // input gradient
-                product(lib, (c, h, rows), (true, false), threads),  // weight gradient
+                product(lib, (rows, h, c), (false, false), threads, bf16), // forward
+                product(lib, (rows, c, h), (false, true), threads, bf16),  // input gradient
+                product(lib, (c, h, rows), (true, false), threads, bf16),  // weight gradient
             ]
         })
         .fold((0.0, 0.0), |(f, s), (g, t)| (f + g, s + t))
@@ -612,12 +877,12 @@ fn probe_small(lib: MatmulLib) -> (f64, f64) {
             let (a, b, mut c) = (vec![0.5f32; size], vec![0.25f32; size], vec![0.0f32; size]);
             (0..32)
                 .flat_map(|_| tile)
-                .map(|(shape, layouts)| product_in(lib, shape, layouts, 1, (&a, &b, &mut c)))
+                .map(|(shape, layouts)| product_in(lib, shape, layouts, 1, (&a, &b, &mut c), false))
                 .sum::<f64>()
         })
         .sum();
     let s = t0.elapsed().as_secs_f64();
-    let (f3, s3) = product(lib, (2048, 65, 384), (false, true), threads); // a char head
+    let (f3, s3) = product(lib, (2048, 65, 384), (false, true), threads, false); // a char head
     (flops + f3, s + s3)
 }
 
@@ -627,52 +892,70 @@ mod tests {
     use crate::rng::Rng;
 
     /// Every product shape the kernels use, in each operand layout, with
-    /// and without accumulation, on one thread and split across two.
-    fn products_match_the_crate(lib: MatmulLib) {
+    /// and without accumulation, on one thread and split across two. With
+    /// `bf16`, `lib`'s bf16 product on the operands as drawn against the
+    /// crate's fp32 product on them rounded to bfloat16: the same exact
+    /// products, summed in another order.
+    fn products_match_the_crate(lib: MatmulLib, bf16: bool) {
         let mut rng = Rng::new(7);
         let shapes = [(5, 7, 9), (300, 200, 150), (64, 256, 64), (1000, 65, 384)];
         for (m, n, k) in shapes {
             for layout in 0..8 {
                 let (lhs_t, rhs_t, dst_t) = (layout & 1 != 0, layout & 2 != 0, layout & 4 != 0);
-                let a: Vec<f32> = (0..m * k).map(|_| rng.normal() as f32).collect();
-                let b: Vec<f32> = (0..k * n).map(|_| rng.normal() as f32).collect();
-                let c0: Vec<f32> = (0..m * n).map(|_| rng.normal() as f32).collect();
-                let lhs = match lhs_t {
-                    true => Mat::new(a.as_ptr(), 1, m),
-                    false => Mat::new(a.as_ptr(), k, 1),
+                let mut draw =
+                    |len: usize| -> Vec<f32> { (0..len).map(|_| rng.normal() as f32).collect() };
+                let (a, b, c0) = (draw(m * k), draw(k * n), draw(m * n));
+                let rounded = |x: &[f32]| -> Vec<f32> {
+                    let round = |v: f32| {
+                        if bf16 {
+                            super::super::round_to_bf16(v)
+                        } else {
+                            v
+                        }
+                    };
+                    x.iter().map(|&v| round(v)).collect()
                 };
-                let rhs = match rhs_t {
-                    true => Mat::new(b.as_ptr(), 1, k),
-                    false => Mat::new(b.as_ptr(), n, 1),
+                let (a_r, b_r) = (rounded(&a), rounded(&b));
+                let view = |a: &[f32], b: &[f32]| {
+                    let lhs = match lhs_t {
+                        true => Mat::new(a.as_ptr(), 1, m),
+                        false => Mat::new(a.as_ptr(), k, 1),
+                    };
+                    let rhs = match rhs_t {
+                        true => Mat::new(b.as_ptr(), 1, k),
+                        false => Mat::new(b.as_ptr(), n, 1),
+                    };
+                    (lhs, rhs)
                 };
                 for (accumulate, threads) in [(false, 1), (true, 1), (false, 2), (true, 2)] {
-                    let run = |on: MatmulLib| {
+                    let run = |on: MatmulLib, (lhs, rhs), bf16: bool| {
                         let mut c = c0.clone();
                         let dst = match dst_t {
                             true => Mat::new(c.as_mut_ptr(), 1, m),
                             false => Mat::new(c.as_mut_ptr(), n, 1),
                         };
+                        let shape = (m, n, k);
                         // SAFETY: each buffer holds what its view addresses.
                         unsafe {
-                            super::super::math::gemm_on(
-                                on,
-                                (m, n, k),
-                                dst,
-                                lhs,
-                                rhs,
-                                accumulate,
-                                0.5,
-                                threads,
-                            )
+                            if bf16 {
+                                let ran =
+                                    gemm_bf16(on, shape, dst, lhs, rhs, accumulate, 0.5, threads);
+                                assert!(ran, "{} took no bf16 product", on.name());
+                            } else {
+                                super::super::math::gemm_on(
+                                    on, shape, dst, lhs, rhs, accumulate, 0.5, threads,
+                                )
+                            }
                         };
                         c
                     };
-                    let (want, got) = (run(MatmulLib::Gemm), run(lib));
+                    let want = run(MatmulLib::Gemm, view(&a_r, &b_r), false);
+                    let got = run(lib, view(&a, &b), bf16);
                     let scale = want.iter().fold(1.0f32, |s, x| s.max(x.abs()));
                     for (i, (w, g)) in want.iter().zip(&got).enumerate() {
                         assert!(
                             (w - g).abs() <= 1e-5 * scale,
-                            "{} {m}x{n}x{k} layout {layout} accumulate {accumulate} threads {threads}: [{i}] {g} vs the crate's {w}",
+                            "{} {m}x{n}x{k} layout {layout} accumulate {accumulate} threads {threads} bf16 {bf16}: [{i}] {g} vs the crate's {w}",
                             lib.name()
                         );
                     }
@@ -697,8 +980,107 @@ mod tests {
             .build()
             .unwrap();
         for lib in here.into_iter().filter(|&l| l != MatmulLib::Gemm) {
-            pool.install(|| products_match_the_crate(lib));
+            pool.install(|| products_match_the_crate(lib, false));
         }
+    }
+
+    #[test]
+    fn every_bf16_product_here_sums_what_the_crate_does_on_rounded_operands() {
+        let here: Vec<MatmulLib> = MatmulLib::ALL
+            .into_iter()
+            .filter(|l| l.has_bf16())
+            .collect();
+        // CI names the libraries with one that it installed
+        if let Ok(want) = std::env::var("DISTGPT_EXPECT_BF16") {
+            let names: Vec<&str> = here.iter().map(|l| l.key()).collect();
+            assert_eq!(names.join(","), want, "the bf16 products that open here");
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        for lib in here {
+            pool.install(|| products_match_the_crate(lib, true));
+        }
+    }
+
+    #[test]
+    fn a_bf16_product_is_chosen_only_where_it_beats_the_fp32_library_by_5_percent() {
+        let t = |lib, large_flops, bf16_flops| Timing {
+            lib,
+            large_flops,
+            small_flops: 0.0,
+            bf16_flops,
+        };
+        // a CPU without bf16 arithmetic times none
+        let none = [
+            t(MatmulLib::Gemm, 100.0, None),
+            t(MatmulLib::Mkl, 90.0, None),
+        ];
+        assert_eq!(fastest_bf16(&none, MatmulLib::Gemm), None);
+        // emulated (this AVX2 machine: 60 against 75 GFLOP/s) or close: fp32
+        let slow = [
+            t(MatmulLib::OpenBlas, 100.0, None),
+            t(MatmulLib::Mkl, 90.0, Some(104.0)),
+        ];
+        assert_eq!(fastest_bf16(&slow, MatmulLib::OpenBlas), None);
+        // against the fp32 library chosen for the layers, not the slowest
+        let fast = [
+            t(MatmulLib::Gemm, 80.0, None),
+            t(MatmulLib::OpenBlas, 100.0, Some(150.0)),
+            t(MatmulLib::Mkl, 90.0, Some(200.0)),
+        ];
+        assert_eq!(
+            fastest_bf16(&fast, MatmulLib::OpenBlas),
+            Some(MatmulLib::Mkl)
+        );
+        assert_eq!(
+            fastest_bf16(&fast[..2], MatmulLib::OpenBlas),
+            Some(MatmulLib::OpenBlas)
+        );
+        assert_eq!(
+            fastest_bf16(&fast[1..], MatmulLib::Mkl),
+            Some(MatmulLib::Mkl)
+        );
+    }
+
+    #[test]
+    fn the_environment_pins_the_classes_and_the_bf16_products_apart() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                vars.iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let p = pins(env(&[("DISTGPT_MATMUL", "gemm")])).unwrap();
+        let chosen = MatmulChoice {
+            large: MatmulLib::OpenBlas,
+            small: MatmulLib::Blis,
+            bf16: Some(MatmulLib::Mkl),
+        };
+        assert_eq!(
+            p.over(chosen),
+            MatmulChoice {
+                bf16: Some(MatmulLib::Mkl),
+                ..MatmulChoice::BUILT_IN
+            }
+        );
+        let p = pins(env(&[("DISTGPT_MATMUL_BF16", "fp32")])).unwrap();
+        assert_eq!(
+            p.over(chosen),
+            MatmulChoice {
+                bf16: None,
+                ..chosen
+            }
+        );
+        let e = pins(env(&[("DISTGPT_MATMUL_BF16", "gemm")])).unwrap_err();
+        assert!(
+            e.to_string().contains("gemm crate has no bf16 product"),
+            "{e}"
+        );
+        let e = pins(env(&[("DISTGPT_MATMUL_BF16", "cublas")])).unwrap_err();
+        assert!(e.to_string().contains("not a matmul library"), "{e}");
     }
 
     #[test]
@@ -713,11 +1095,13 @@ mod tests {
             MatmulChoice {
                 large: lib,
                 small: lib,
+                bf16: None,
             },
             [Timing {
                 lib: MatmulLib::Gemm,
                 large_flops: 1.0,
                 small_flops: 1.0,
+                bf16_flops: None,
             }],
         );
         assert_eq!(fastest(&timings, |t| t.large_flops), MatmulLib::Gemm);
@@ -745,6 +1129,7 @@ mod tests {
             lib,
             large_flops,
             small_flops: 0.0,
+            bf16_flops: None,
         };
         let close = [t(MatmulLib::Gemm, 100.0), t(MatmulLib::OpenBlas, 104.0)];
         assert_eq!(fastest(&close, |t| t.large_flops), MatmulLib::Gemm);

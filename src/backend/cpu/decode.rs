@@ -42,6 +42,13 @@ impl WeightFormat {
 #[repr(transparent)]
 pub struct Bf16(u16);
 
+impl Bf16 {
+    /// The bfloat16's bits, as a library's bf16 product takes them.
+    pub fn bits(self) -> u16 {
+        self.0
+    }
+}
+
 /// What a packed panel may store.
 pub trait Element: Copy + Default + Send + Sync {
     fn from_f32(x: f32) -> Self;

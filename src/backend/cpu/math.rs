@@ -256,6 +256,33 @@ pub unsafe fn gemm(
     gemm_on(lib, (m, n, k), dst, lhs, rhs, accumulate, scale, threads)
 }
 
+/// [`gemm`] for operands rounded to bfloat16 (`--precision bf16`) when
+/// `bf16`: in bf16 arithmetic on the library chosen for that, where one is
+/// (`blas::current_bf16`), else in fp32 as [`gemm`].
+///
+/// # Safety
+/// As [`gemm`].
+#[allow(clippy::too_many_arguments)] // a BLAS call's own arguments
+pub unsafe fn gemm_bf16_or_fp32(
+    bf16: bool,
+    (m, n, k): (usize, usize, usize),
+    dst: Mat<*mut f32>,
+    lhs: Mat<*const f32>,
+    rhs: Mat<*const f32>,
+    accumulate: bool,
+    scale: f32,
+    threads: usize,
+) {
+    let on_bf16 = || {
+        let lib = blas::current_bf16()?;
+        blas::gemm_bf16(lib, (m, n, k), dst, lhs, rhs, accumulate, scale, threads).then_some(())
+    };
+    if bf16 && m > 0 && n > 0 && k > 0 && on_bf16().is_some() {
+        return;
+    }
+    gemm((m, n, k), dst, lhs, rhs, accumulate, scale, threads)
+}
+
 /// [`gemm`] on `lib`, whatever is chosen (the `gemm` crate where `lib`
 /// cannot take the operands or is not here).
 ///

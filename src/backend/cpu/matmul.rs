@@ -3,7 +3,7 @@
 //! Weights are either `InOut` (k x n, Hugging Face Conv1D: `out = inp @ w`)
 //! or `OutIn` (n x k, nn.Linear / the tied embedding: `out = inp @ w^T`).
 
-use super::math::{column_sums, gemm, Mat};
+use super::math::{column_sums, gemm_bf16_or_fp32, Mat};
 use crate::backend::ops::{Host, MatmulBackward, MatmulForward, MatmulShape};
 use crate::backend::COLUMN_CHUNK_ROWS;
 use rayon::prelude::*;
@@ -32,7 +32,11 @@ pub fn matmul_forward(op: MatmulForward<Host<'_>>) {
         accumulate,
     } = op;
     let MatmulShape {
-        rows, k, n, layout, ..
+        rows,
+        k,
+        n,
+        layout,
+        bf16,
     } = shape;
     assert!(out.len() >= rows * n && inp.len() >= rows * k && w.len() >= k * n);
     let out = &mut out[..rows * n];
@@ -48,7 +52,8 @@ pub fn matmul_forward(op: MatmulForward<Host<'_>>) {
     let read_dst = accumulate || bias.is_some();
     // SAFETY: sizes were checked above; out does not alias inp or w.
     unsafe {
-        gemm(
+        gemm_bf16_or_fp32(
+            bf16,
             (rows, n, k),
             Mat::new(out.as_mut_ptr(), n, 1),
             Mat::new(inp.as_ptr(), k, 1),
@@ -67,12 +72,14 @@ fn backward_input(
     w: &[f32],
     layout: WeightLayout,
     (rows, k, n): (usize, usize, usize),
+    bf16: bool,
 ) {
     assert!(dinp.len() >= rows * k && dout.len() >= rows * n && w.len() >= k * n);
     let threads = rayon::current_num_threads();
     // SAFETY: sizes were checked above; destinations are distinct buffers.
     unsafe {
-        gemm(
+        gemm_bf16_or_fp32(
+            bf16,
             (rows, k, n),
             Mat::new(dinp.as_mut_ptr(), k, 1),
             Mat::new(dout.as_ptr(), n, 1),
@@ -91,12 +98,14 @@ fn backward_weight(
     inp: &[f32],
     layout: WeightLayout,
     (rows, k, n): (usize, usize, usize),
+    bf16: bool,
 ) {
     assert!(dout.len() >= rows * n && inp.len() >= rows * k && dw.len() >= k * n);
     let threads = rayon::current_num_threads();
     // SAFETY: sizes were checked above; destinations are distinct buffers.
     unsafe {
-        gemm(
+        gemm_bf16_or_fp32(
+            bf16,
             (k, n, rows),
             weight_mat(dw.as_mut_ptr(), layout, k, n),
             Mat::new(inp.as_ptr(), k, 1).t(),
@@ -122,10 +131,10 @@ pub fn matmul_backward(op: MatmulBackward<Host<'_>>) {
     } = op;
     let dims = (shape.rows, shape.k, shape.n);
     if let Some(dinp) = dinp {
-        backward_input(dinp, dout, w, shape.layout, dims);
+        backward_input(dinp, dout, w, shape.layout, dims, shape.bf16);
     }
     if let Some(dw) = dw {
-        backward_weight(dw, dout, inp, shape.layout, dims);
+        backward_weight(dw, dout, inp, shape.layout, dims, shape.bf16);
     }
     if let Some(db) = dbias {
         bias_backward(db, &dout[..shape.rows * shape.n], shape.n);

@@ -1,0 +1,223 @@
+//! `--precision bf16` on a library's bf16 product (MKL's
+//! `cblas_gemm_bf16bf16f32`): the CPU backend's matmuls round their
+//! operands to bfloat16 and sum exact products in fp32, and training on it
+//! follows training in fp32 arithmetic on the same rounded operands. Runs
+//! where a library with a bf16 product opens (CI fetches MKL's wheel and
+//! sets `DISTGPT_EXPECT_BF16`); the choice of library is the process's, so
+//! this file is a process of its own and its tests take turns.
+
+#[allow(dead_code)] // the equivalence tests' helpers; this file needs the bf16 ones
+mod common;
+
+use distgpt::backend::cpu::blas::{self, MatmulChoice, MatmulLib};
+use distgpt::backend::cpu::{round_to_bf16, Cpu};
+use distgpt::backend::{
+    Category, Device, Kernels, MatmulBackward, MatmulForward, MatmulShape, WeightLayout,
+};
+use distgpt::data::{Dataset, TokenizerKind};
+use distgpt::model::Precision;
+use distgpt::parallel::{ParallelConfig, StrategyKind};
+use distgpt::rng::Rng;
+use distgpt::train::{train_lm, TrainSummary};
+use std::sync::Mutex;
+use std::time::Duration as Wait;
+
+/// The tests force the process's choice in turn.
+static TURN: Mutex<()> = Mutex::new(());
+
+/// The libraries here with a bf16 product; CI names the ones it installed.
+fn with_bf16() -> Vec<MatmulLib> {
+    let here: Vec<MatmulLib> = MatmulLib::ALL
+        .into_iter()
+        .filter(|l| l.has_bf16())
+        .collect();
+    if let Ok(want) = std::env::var("DISTGPT_EXPECT_BF16") {
+        let names: Vec<&str> = here.iter().map(|l| l.key()).collect();
+        assert_eq!(
+            names.join(","),
+            want,
+            "the libraries with a bf16 product here"
+        );
+    }
+    if here.is_empty() {
+        eprintln!("no library with a bf16 product opens here (MKL's libmkl_rt on LD_LIBRARY_PATH)");
+    }
+    here
+}
+
+fn on_bf16(lib: Option<MatmulLib>) {
+    blas::force_choice(MatmulChoice {
+        bf16: lib,
+        ..blas::choice()
+    });
+}
+
+/// Row-major (rows, k) @ (k, n) in f64, W in `layout`.
+fn product(a: &[f32], w: &[f32], (rows, k, n): (usize, usize, usize), t: bool) -> Vec<f64> {
+    let mut out = vec![0.0f64; rows * n];
+    for r in 0..rows {
+        for j in 0..n {
+            out[r * n + j] = (0..k)
+                .map(|i| a[r * k + i] as f64 * w[if t { j * k + i } else { i * n + j }] as f64)
+                .sum();
+        }
+    }
+    out
+}
+
+fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    (0..cols * rows)
+        .map(|i| x[(i % rows) * cols + i / rows])
+        .collect()
+}
+
+/// Largest |got - want| over the largest |want|.
+fn gap(got: &[f32], want: &[f64]) -> f64 {
+    let scale = want.iter().fold(1e-30f64, |m, x| m.max(x.abs()));
+    got.iter()
+        .zip(want)
+        .fold(0.0f64, |m, (&g, &w)| m.max((g as f64 - w).abs()))
+        / scale
+}
+
+/// The product, both gradients, and where they must be: within 1e-5 of
+/// f64 on the rounded operands, and at least 1e-4 from f64 on the operands
+/// as given (which fp32 arithmetic would be within 1e-6 of), so a product
+/// that skipped the bf16 route fails.
+#[test]
+fn a_bf16_matmul_rounds_its_operands_and_sums_exact_products() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    for lib in with_bf16() {
+        on_bf16(Some(lib));
+        let be = Cpu::default();
+        let mut rng = Rng::new(3);
+        for (rows, k, n) in [(7, 5, 9), (300, 200, 150), (1000, 130, 384)] {
+            for layout in [WeightLayout::InOut, WeightLayout::OutIn] {
+                let what = format!("{} {rows}x{k}x{n} {layout:?}", lib.name());
+                let mut randn =
+                    |len: usize| -> Vec<f32> { (0..len).map(|_| rng.normal() as f32).collect() };
+                let (inp, w, dout) = (randn(rows * k), randn(k * n), randn(rows * n));
+                let round =
+                    |x: &[f32]| -> Vec<f32> { x.iter().map(|&v| round_to_bf16(v)).collect() };
+                let (inp_r, w_r, dout_r) = (round(&inp), round(&w), round(&dout));
+                let t = layout == WeightLayout::OutIn;
+                let buf = |x: &[f32]| {
+                    let mut b = be.alloc(x.len(), Category::Activations).unwrap();
+                    be.upload(b.d(), x).unwrap();
+                    b
+                };
+                let (inp_b, w_b, dout_b) = (buf(&inp), buf(&w), buf(&dout));
+                let mut out = be.alloc(rows * n, Category::Activations).unwrap();
+                let mut dinp = be.alloc(rows * k, Category::Activations).unwrap();
+                let mut dw = buf(&vec![0.0; k * n]);
+                let shape = MatmulShape {
+                    bf16: true,
+                    ..MatmulShape::new((rows, k, n), layout)
+                };
+                be.matmul_forward(MatmulForward {
+                    out: out.d(),
+                    inp: inp_b.s(),
+                    w: w_b.s(),
+                    bias: None,
+                    shape,
+                    accumulate: false,
+                });
+                be.matmul_backward(MatmulBackward {
+                    dinp: Some(dinp.d()),
+                    dw: Some(dw.d()),
+                    dbias: None,
+                    dout: dout_b.s(),
+                    inp: inp_b.s(),
+                    w: w_b.s(),
+                    shape,
+                });
+                // out = inp @ W; dinp = dout @ W^T; dW = inp^T @ dout (in W's layout)
+                let w_t = |w: &[f32]| match t {
+                    true => w.to_vec(),
+                    false => transpose(w, k, n),
+                };
+                let dw_of = |inp: &[f32], dout: &[f32]| {
+                    let d = product(&transpose(inp, rows, k), dout, (k, rows, n), false);
+                    match t {
+                        true => (0..n * k).map(|i| d[(i % k) * n + i / k]).collect(),
+                        false => d,
+                    }
+                };
+                let results = [
+                    (
+                        "out",
+                        be.to_host(out.s()).unwrap(),
+                        [
+                            product(&inp_r, &w_r, (rows, k, n), t),
+                            product(&inp, &w, (rows, k, n), t),
+                        ],
+                    ),
+                    (
+                        "dinp",
+                        be.to_host(dinp.s()).unwrap(),
+                        [
+                            product(&dout_r, &w_t(&w_r), (rows, n, k), false),
+                            product(&dout, &w_t(&w), (rows, n, k), false),
+                        ],
+                    ),
+                    (
+                        "dw",
+                        be.to_host(dw.s()).unwrap(),
+                        [dw_of(&inp_r, &dout_r), dw_of(&inp, &dout)],
+                    ),
+                ];
+                for (name, got, [rounded, given]) in &results {
+                    let (near, far) = (gap(got, rounded), gap(got, given));
+                    assert!(
+                        near <= 1e-5,
+                        "{what} {name}: {near:e} from the rounded operands' product"
+                    );
+                    assert!(far >= 1e-4, "{what} {name}: only {far:e} from the unrounded product: not rounded to bf16");
+                }
+            }
+        }
+    }
+}
+
+fn dataset() -> Dataset {
+    Dataset::load(None, TokenizerKind::Char).unwrap()
+}
+
+fn train_bf16(tag: &str) -> TrainSummary {
+    let ds = dataset();
+    let model = common::tiny_model(&ds);
+    let cfg = common::five_steps(&format!("bf16-products-{tag}"), 1);
+    let par = ParallelConfig {
+        strategy: StrategyKind::Ddp,
+        world_size: 2,
+        tp: 1,
+        recompute: false,
+        precision: Precision::Bf16,
+        pipeline: Default::default(),
+        offload: Default::default(),
+        offload_serial: false,
+    };
+    train_lm(Cpu::new, model, &ds, &cfg, par, 2, Wait::from_secs(60))
+        .unwrap_or_else(|e| panic!("{tag}: {e}"))
+}
+
+/// Five steps of ddp x2 in bf16 on the library's bf16 product against the
+/// same in fp32 arithmetic: the two sum the same exact products in another
+/// order, within the tolerance the strategies keep against single in bf16.
+#[test]
+fn training_on_a_bf16_product_follows_fp32_arithmetic_on_the_rounded_operands() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    for lib in with_bf16() {
+        on_bf16(None);
+        let fp32 = train_bf16("fp32");
+        on_bf16(Some(lib));
+        let native = train_bf16(lib.key());
+        assert_eq!(blas::choice().bf16, Some(lib));
+        common::assert_follows_within(
+            &fp32,
+            &native,
+            &format!("bf16 on {}", lib.name()),
+            common::BF16_TOL,
+        );
+    }
+}
