@@ -277,13 +277,23 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
         peak / 1e9
     );
     if let Some((flops, hw)) = &hardware {
+        let choice = distgpt::backend::cpu::blas::choice();
+        // bf16 units (AVX512-BF16's pairs, AMX's tiles) outrun the FMA peak
+        let bf16_units = par.precision == Precision::Bf16
+            && choice.bf16.is_some()
+            && distgpt::backend::cpu::blas::native_bf16();
         distgpt::outln!(
-            "MFU {:.1}% of the hardware's {:.0} GFLOP/s ({}{}); products on {}",
+            "MFU {:.1}% of the hardware's {:.0} GFLOP/s ({}{}); products on {}{}",
             100.0 * metrics::mfu(cfg.flops_per_token(t), tokens_per_s, *flops),
             flops / 1e9,
             hw.describe(),
             if processes > 1.0 { ", per process" } else { "" },
-            distgpt::backend::cpu::blas::choice().describe()
+            choice.describe(),
+            if bf16_units {
+                "; the layers' products ran on bf16 units, which this fp32 FMA peak does not count"
+            } else {
+                ""
+            }
         );
     }
     if let Some(note) = metrics::mfu_above_peak(mfu) {
