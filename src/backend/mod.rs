@@ -208,9 +208,10 @@ pub trait Kernels: Device {
     /// dst = src (the residual adds are fused into the projection matmuls,
     /// which accumulate onto a copy of the stream).
     fn copy(&self, dst: Dst<'_, Self>, src: Src<'_, Self>);
-    /// x rounded to the nearest bfloat16 (ties to even) in place, kept as
-    /// f32: the operands of a bf16 matmul (`--precision bf16`).
-    fn round_bf16(&self, x: Dst<'_, Self>);
+    /// dst = src rounded to the nearest bfloat16 (ties to even), kept as
+    /// f32, in one pass; dst rounded in place without `src`: the operands
+    /// of a bf16 matmul (`--precision bf16`).
+    fn round_bf16(&self, dst: Dst<'_, Self>, src: Option<Src<'_, Self>>);
     fn crossentropy_forward(&self, op: CrossEntropyForward<On<'_, Self>>);
     fn crossentropy_backward(&self, op: CrossEntropyBackward<On<'_, Self>>);
     fn adamw(&self, op: AdamWUpdate<On<'_, Self>>);

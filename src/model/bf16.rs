@@ -54,8 +54,7 @@ impl<B: Backend> Bf16Operands<B> {
     /// A rounded copy of `x` in `buf`.
     fn rounded<'s>(be: &B, buf: &'s mut Buf<B>, x: Src<'_, B>) -> Src<'s, B> {
         let mut r = buf.slice_mut(0..x.len());
-        be.copy(r.rb(), x);
-        be.round_bf16(r.rb());
+        be.round_bf16(r.rb(), Some(x));
         r.into_src()
     }
 }

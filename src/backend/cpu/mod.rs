@@ -216,8 +216,11 @@ impl Kernels for Cpu {
     fn copy(&self, dst: Dst<'_, Self>, src: Src<'_, Self>) {
         elementwise::copy(w(dst), r(src))
     }
-    fn round_bf16(&self, x: Dst<'_, Self>) {
-        elementwise::round_bf16(w(x))
+    fn round_bf16(&self, dst: Dst<'_, Self>, src: Option<Src<'_, Self>>) {
+        match src {
+            Some(src) => elementwise::round_bf16_from(w(dst), r(src)),
+            None => elementwise::round_bf16(w(dst)),
+        }
     }
     fn crossentropy_forward(&self, op: CrossEntropyForward<On<'_, Self>>) {
         crossentropy::crossentropy_forward(op.lower(&ToHost))

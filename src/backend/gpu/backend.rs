@@ -271,8 +271,10 @@ impl<R: Runtime> Kernels for Gpu<R> {
     fn copy(&self, dst: Dst<'_, Self>, src: Src<'_, Self>) {
         self.queue(|d| d.copy(view(dst.raw()), view(src.raw())))
     }
-    fn round_bf16(&self, x: Dst<'_, Self>) {
-        self.queue(|d| d.round_bf16(view(x.raw())))
+    fn round_bf16(&self, dst: Dst<'_, Self>, src: Option<Src<'_, Self>>) {
+        let dst = view(dst.raw());
+        let src = src.map_or(dst, |s| view(s.raw()));
+        self.queue(|d| d.round_bf16(dst, src))
     }
     fn crossentropy_forward(&self, op: CrossEntropyForward<On<'_, Self>>) {
         self.queue(|d| d.crossentropy_forward(op.lower(&ToRaw)))

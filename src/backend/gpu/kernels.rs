@@ -549,10 +549,10 @@ impl<R: Runtime> Queue<R> {
         self.launch(name, groups(src.len), &args)
     }
 
-    /// x rounded to bfloat16 in place (kept as f32).
-    pub fn round_bf16(&self, x: View) -> Result<(), GpuError> {
-        let args = [Arg::View(x), u32s("n", x.len)?];
-        self.launch("round_bf16", groups(x.len), &args)
+    /// dst = src rounded to bfloat16 (kept as f32); n = src.len. `dst` may
+    /// be `src` itself, to round in place.
+    pub fn round_bf16(&self, dst: View, src: View) -> Result<(), GpuError> {
+        self.pointwise("round_bf16", dst, src)
     }
 
     /// dst = value.

@@ -806,16 +806,38 @@ fn pointwise_kernels_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
         "ties to even, carry"
     );
     let t = putf(dev, &x);
-    dev.round_bf16(t.view()).unwrap();
+    dev.round_bf16(t.view(), t.view()).unwrap();
     let got = get(dev, &t);
     assert!(
         got.iter().zip(&x).any(|(g, x)| g != x),
         "rounding changed nothing"
     );
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    assert_eq!(bits(&got), bits(&want), "round_bf16, bit for bit");
+    assert_eq!(bits(&got), bits(&want), "round_bf16 in place, bit for bit");
+    // into another buffer, at offsets, its source left as it was
+    let (src, dst) = (
+        putf(dev, &[&[7.0], &x[..]].concat()),
+        putf(dev, &vec![0.0; x.len() + 2]),
+    );
+    let at = |v: View, off: usize| View {
+        off: v.off + off,
+        len: x.len(),
+        ..v
+    };
+    let (from, to) = (at(src.view(), 1), at(dst.view(), 2));
+    dev.round_bf16(to, from).unwrap();
+    assert_eq!(
+        bits(&get(dev, &dst)[2..]),
+        bits(&want),
+        "round_bf16 into dst, bit for bit"
+    );
+    assert_eq!(
+        bits(&get(dev, &src)[1..]),
+        bits(&x),
+        "round_bf16 left its source"
+    );
     let n = putf(dev, &[f32::NAN]);
-    dev.round_bf16(n.view()).unwrap();
+    dev.round_bf16(n.view(), n.view()).unwrap();
     assert!(get(dev, &n)[0].is_nan(), "NaN stays NaN");
 }
 

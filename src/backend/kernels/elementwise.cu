@@ -61,11 +61,13 @@ KERNEL void add_inplace(GLOBAL float* RESTRICT dst, unsigned dst_off,
 
 // x rounded to the nearest bfloat16 (ties to even), in place and kept as
 // float: a bf16 matmul operand (--precision bf16). NaN stays NaN.
-KERNEL void round_bf16(GLOBAL float* RESTRICT x, unsigned x_off, unsigned n) {
+// dst and src may be the same view (rounding in place): no RESTRICT.
+KERNEL void round_bf16(GLOBAL float* dst, unsigned dst_off,
+                       const GLOBAL float* src, unsigned src_off, unsigned n) {
     idx_t i = GLOBAL_ID(0);
     if (i >= n) return;
-    float v = x[x_off + i];
+    float v = src[src_off + i];
     unsigned bits = FLOAT_AS_UINT(v);
     unsigned rounded = v != v ? 0x7fc00000u : ((bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u);
-    x[x_off + i] = UINT_AS_FLOAT(rounded);
+    dst[dst_off + i] = UINT_AS_FLOAT(rounded);
 }

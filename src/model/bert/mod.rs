@@ -956,7 +956,7 @@ impl<B: Backend> Engine<B> {
                 });
                 if a.bf16.is_some() {
                     // The logits' gradient feeds only this matmul: rounded where it lies.
-                    be.round_bf16(lg.rb());
+                    be.round_bf16(lg.rb(), None);
                 }
                 let mut dt3 = a.dalt.slice_mut(0..btc);
                 let dbias = g.rb().slice(r(4));

@@ -490,7 +490,7 @@ impl<B: Backend> Engine<B> {
         });
         if a.bf16.is_some() {
             // The logits' gradient feeds only this matmul: rounded where it lies.
-            be.round_bf16(logits.rb());
+            be.round_bf16(logits.rb(), None);
         }
         let mut dtmp = a.dtmp.slice_mut(0..btc);
         let op = MatmulBackward {
