@@ -209,10 +209,20 @@ fn training_on_a_bf16_product_follows_fp32_arithmetic_on_the_rounded_operands() 
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
     for lib in with_bf16() {
         on_bf16(None);
+        let before = blas::bf16_products();
         let fp32 = train_bf16("fp32");
+        assert_eq!(blas::bf16_products(), before, "fp32 ran products in bf16");
         on_bf16(Some(lib));
         let native = train_bf16(lib.key());
         assert_eq!(blas::choice().bf16, Some(lib));
+        // the layer products of five steps on two ranks, at the least (the
+        // same bits as fp32 are possible: short sums in the same order)
+        let ran = blas::bf16_products() - before;
+        assert!(
+            ran >= 5 * 2 * 6,
+            "{ran} products on {}'s bf16 product",
+            lib.name()
+        );
         common::assert_follows_within(
             &fp32,
             &native,

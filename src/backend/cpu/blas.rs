@@ -133,7 +133,9 @@ impl Class {
 pub struct MatmulChoice {
     pub large: MatmulLib,
     pub small: MatmulLib,
-    #[serde(default)]
+    /// Left out when None, so a checkpoint index written before this part
+    /// existed serializes as it did and keeps its checksum.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bf16: Option<MatmulLib>,
 }
 
@@ -316,11 +318,24 @@ impl Pins {
 /// The environment's pins; a library named that cannot run here (or has
 /// no bf16 product, for `DISTGPT_MATMUL_BF16`) is an error.
 pub fn pinned() -> Result<Pins> {
-    pins(|name| {
-        std::env::var_os(name)
-            .filter(|v| !v.is_empty())
-            .map(|v| v.to_string_lossy().to_lowercase())
-    })
+    pins(env)
+}
+
+/// The variable `name`, lowercased, where it is set and not empty.
+fn env(name: &str) -> Option<String> {
+    std::env::var_os(name)
+        .filter(|v| !v.is_empty())
+        .map(|v| v.to_string_lossy().to_lowercase())
+}
+
+/// What each variable that parses pins, apart: a bad one pins nothing
+/// (the CLI reports it before anything runs) and leaves the other's pin.
+fn pins_apart(var: impl Fn(&str) -> Option<String>) -> Pins {
+    let only = |name: &str| pins(|v| (v == name).then(|| var(v)).flatten()).unwrap_or_default();
+    Pins {
+        classes: only("DISTGPT_MATMUL").classes,
+        bf16: only("DISTGPT_MATMUL_BF16").bf16,
+    }
 }
 
 /// The pins the variables `var` reads name.
@@ -385,7 +400,7 @@ pub fn force_choice(choice: MatmulChoice) {
 }
 
 fn decide(choice: MatmulChoice, force: bool) {
-    let choice = pinned().unwrap_or_default().over(choice);
+    let choice = pins_apart(env).over(choice);
     let usable = |lib: MatmulLib| match lib.available() {
         true => lib,
         false => MatmulLib::Gemm,
@@ -565,22 +580,14 @@ impl Operands {
         })
     }
 
-    /// The call on `gemm`, with the operands at `a` and `b` (the views'
-    /// own memory, or copies laid out alike).
-    fn call<T>(
-        &self,
-        gemm: Gemm<T>,
-        k: usize,
-        (a, b): (usize, usize),
-        alpha: f32,
-        beta: f32,
-    ) -> Call<T> {
+    /// The call on `gemm` with the views' own memory.
+    fn call(&self, gemm: Gemm<f32>, k: usize, alpha: f32, beta: f32) -> Call<f32> {
         let ((lhs, (ta, lda)), (rhs, (tb, ldb))) = (self.lhs, self.rhs);
         Call {
             gemm,
             k,
-            a: (ta, lda, a, lhs.row_stride),
-            b: (tb, ldb, b, rhs.col_stride),
+            a: (ta, lda, lhs.ptr as usize, lhs.row_stride),
+            b: (tb, ldb, rhs.ptr as usize, rhs.col_stride),
             c: (self.dst.ptr as usize, self.dst.row_stride),
             alpha,
             beta,
@@ -611,32 +618,146 @@ pub(super) unsafe fn sgemm(
         return false;
     };
     let beta = if accumulate { 1.0 } else { 0.0 };
-    let addresses = (ops.lhs.0.ptr as usize, ops.rhs.0.ptr as usize);
-    ops.call(l.sgemm, k, addresses, scale, beta)
+    ops.call(l.sgemm, k, scale, beta)
         .split(ops.m, ops.n, threads);
     true
 }
 
 thread_local! {
     /// The bf16 copies of a product's operands, kept for the next product
-    /// on this thread (as a BLAS keeps its packing buffers).
+    /// on this thread (as a BLAS keeps its packing buffers) up to
+    /// [`KEPT_BF16`] elements.
     static BF16_OPERANDS: std::cell::Cell<Vec<u16>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
-/// The elements `x` addresses as a `rows x cols` view: from its pointer to
-/// its last element, gaps included (None for a negative stride).
-fn span(x: Mat<*const f32>, rows: usize, cols: usize) -> Option<usize> {
-    if rows == 0 || cols == 0 {
-        return Some(0);
+/// Products this process ran on a library's bf16 product.
+static BF16_PRODUCTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many products this process has run in bf16 arithmetic.
+pub fn bf16_products() -> u64 {
+    BF16_PRODUCTS.load(Ordering::Relaxed)
+}
+
+/// Asks Linux, once, for the AMX tile state, which a process must hold
+/// before its first AMX instruction (else that instruction faults): MKL
+/// asks for it itself, an OpenBLAS bf16 kernel may not. Where the CPU or
+/// kernel has no AMX the request is refused, and nothing changes.
+fn request_amx() {
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    {
+        use std::ffi::c_long;
+        extern "C" {
+            fn syscall(number: c_long, ...) -> c_long;
+        }
+        const SYS_ARCH_PRCTL: c_long = 158;
+        const ARCH_REQ_XCOMP_PERM: c_long = 0x1023;
+        const XFEATURE_XTILEDATA: c_long = 18;
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        // SAFETY: arch_prctl with these arguments only changes which
+        // register state the kernel lets this process use.
+        ONCE.call_once(|| unsafe {
+            syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA);
+        });
     }
-    let last = (rows as isize - 1) * x.row_stride + (cols as isize - 1) * x.col_stride;
-    (x.row_stride >= 0 && x.col_stride >= 0).then_some(last as usize + 1)
+}
+
+/// Whether `lib`'s bf16 product computes what the `gemm` crate does on
+/// bf16 operands, on a small product in each operand layout, split over
+/// the pool: a library is timed for bf16 products (and may be chosen) only
+/// if it does, so a wrong kernel on a CPU this build was never tested on
+/// is dropped, not run.
+fn bf16_agrees(lib: MatmulLib) -> bool {
+    let (m, n, k) = (37, 29, 45);
+    let mut rng = crate::rng::Rng::new(13);
+    let mut draw = |len: usize| -> Vec<f32> {
+        (0..len)
+            .map(|_| super::round_to_bf16(rng.normal() as f32))
+            .collect()
+    };
+    let (a, b) = (draw(m * k), draw(k * n));
+    (0..4).all(|layout| {
+        let lhs = match layout & 1 != 0 {
+            true => Mat::new(a.as_ptr(), 1, m),
+            false => Mat::new(a.as_ptr(), k, 1),
+        };
+        let rhs = match layout & 2 != 0 {
+            true => Mat::new(b.as_ptr(), 1, k),
+            false => Mat::new(b.as_ptr(), n, 1),
+        };
+        let (mut want, mut got) = (vec![0.0f32; m * n], vec![0.0f32; m * n]);
+        let threads = rayon::current_num_threads();
+        // SAFETY: each buffer holds the elements its view addresses.
+        let ran = unsafe {
+            let (w, g) = (want.as_mut_ptr(), got.as_mut_ptr());
+            let shape = (m, n, k);
+            super::math::gemm_on(
+                MatmulLib::Gemm,
+                shape,
+                Mat::new(w, n, 1),
+                lhs,
+                rhs,
+                false,
+                1.0,
+                1,
+            );
+            gemm_bf16(lib, shape, Mat::new(g, n, 1), lhs, rhs, false, 1.0, threads)
+        };
+        let scale = want.iter().fold(1.0f32, |s, x| s.max(x.abs()));
+        ran && want
+            .iter()
+            .zip(&got)
+            .all(|(w, g)| (w - g).abs() <= 1e-5 * scale)
+    })
+}
+
+/// The most bf16 scratch a thread keeps between products (16 MiB): a
+/// larger one (a wide vocabulary's head) is freed after its product.
+const KEPT_BF16: usize = 1 << 23;
+
+/// A `rows x cols` view rounded to bfloat16 into `out` without gaps: its
+/// contiguous runs (rows, or columns where it is transposed) one after
+/// another, reading only the elements the view addresses. Returns the
+/// copy's row stride, column stride and leading dimension.
+///
+/// # Safety
+/// The view's elements are readable; it has a unit stride (`operand`).
+unsafe fn round_compact(
+    x: Mat<*const f32>,
+    rows: usize,
+    cols: usize,
+    out: &mut [u16],
+) -> (isize, isize, c_int) {
+    use super::decode::{Bf16, Element};
+    use rayon::prelude::*;
+    let by_rows = x.col_stride == 1;
+    let (runs, len, stride) = match by_rows {
+        true => (rows, cols, x.row_stride),
+        false => (cols, rows, x.col_stride),
+    };
+    let addr = x.ptr as usize;
+    out[..runs * len]
+        .par_chunks_mut(len)
+        .with_min_len((1 << 14) / len.max(1))
+        .enumerate()
+        .for_each(|(i, run)| {
+            // SAFETY: run i of the view: `len` elements from its start.
+            let from = unsafe {
+                std::slice::from_raw_parts((addr as *const f32).offset(i as isize * stride), len)
+            };
+            run.iter_mut()
+                .zip(from)
+                .for_each(|(t, &f)| *t = Bf16::from_f32(f).bits());
+        });
+    match by_rows {
+        true => (len as isize, 1, len as c_int),
+        false => (1, len as isize, len as c_int),
+    }
 }
 
 /// [`sgemm`] in bf16 arithmetic, on `lib`'s bf16 product: the operands are
-/// rounded to bfloat16 into this thread's scratch (laid out as they are),
-/// the products summed in fp32. Returns false, doing nothing, where `lib`
-/// has no bf16 product or cannot take the operands.
+/// rounded to bfloat16 into this thread's scratch, the products summed in
+/// fp32. Returns false, doing nothing, where `lib` has no bf16 product or
+/// cannot take the operands.
 ///
 /// # Safety
 /// As `math::gemm`.
@@ -654,37 +775,36 @@ pub(super) unsafe fn gemm_bf16(
     let Some(gemm) = loaded(lib).ok().and_then(|l| l.gemm_bf16) else {
         return false;
     };
-    let Some(ops) = Operands::of((m, n, k), dst, lhs, rhs) else {
+    request_amx();
+    BF16_PRODUCTS.fetch_add(1, Ordering::Relaxed);
+    let Some(ops) = Operands::of((m, n, k), dst, lhs, rhs).filter(|_| m * n * k > 0) else {
         return false;
     };
-    let (Some(a_len), Some(b_len)) = (span(ops.lhs.0, ops.m, k), span(ops.rhs.0, k, ops.n)) else {
-        return false;
-    };
-    use super::decode::{Bf16, Element};
-    use rayon::prelude::*;
+    let ((lhs, (ta, _)), (rhs, (tb, _))) = (ops.lhs, ops.rhs);
     let mut scratch = BF16_OPERANDS.take();
     scratch.clear();
-    scratch.resize(a_len + b_len, 0);
-    let (a, b) = scratch.split_at_mut(a_len);
-    for (to, from) in [(a, ops.lhs.0.ptr), (b, ops.rhs.0.ptr)] {
-        // SAFETY: the caller's views address `span` elements from `from`.
-        let from = unsafe { std::slice::from_raw_parts(from, to.len()) };
-        to.par_chunks_mut(1 << 16)
-            .zip(from.par_chunks(1 << 16))
-            .for_each(|(t, f)| {
-                t.iter_mut()
-                    .zip(f)
-                    .for_each(|(t, &f)| *t = Bf16::from_f32(f).bits())
-            });
+    scratch.resize(ops.m * k + k * ops.n, 0);
+    let (a, b) = scratch.split_at_mut(ops.m * k);
+    // SAFETY: the caller's views are readable (as math::gemm).
+    let ((a_row, _, lda), (_, b_col, ldb)) = unsafe {
+        (
+            round_compact(lhs, ops.m, k, a),
+            round_compact(rhs, k, ops.n, b),
+        )
+    };
+    let call = Call {
+        gemm,
+        k,
+        a: (ta, lda, a.as_ptr() as usize, a_row),
+        b: (tb, ldb, b.as_ptr() as usize, b_col),
+        c: (ops.dst.ptr as usize, ops.dst.row_stride),
+        alpha: scale,
+        beta: if accumulate { 1.0 } else { 0.0 },
+    };
+    call.split(ops.m, ops.n, threads);
+    if scratch.capacity() <= KEPT_BF16 {
+        BF16_OPERANDS.set(scratch);
     }
-    let beta = if accumulate { 1.0 } else { 0.0 };
-    let addresses = (
-        scratch.as_ptr() as usize,
-        scratch[a_len..].as_ptr() as usize,
-    );
-    ops.call(gemm, k, addresses, scale, beta)
-        .split(ops.m, ops.n, threads);
-    BF16_OPERANDS.set(scratch);
     true
 }
 
@@ -733,7 +853,8 @@ pub fn measure(reps: usize) -> (MatmulChoice, Vec<Timing>) {
             lib,
             large_flops: best(reps, || probe_large(lib, false)),
             small_flops: best(reps, || probe_small(lib)),
-            bf16_flops: (native && lib.has_bf16()).then(|| best(reps, || probe_large(lib, true))),
+            bf16_flops: (native && lib.has_bf16() && bf16_checked(lib))
+                .then(|| best(reps, || probe_large(lib, true))),
         })
         .collect();
     let large = fastest(&timings, |t| t.large_flops);
@@ -743,6 +864,18 @@ pub fn measure(reps: usize) -> (MatmulChoice, Vec<Timing>) {
         bf16: fastest_bf16(&timings, large),
     };
     (choice, timings)
+}
+
+/// [`bf16_agrees`], said on stderr when it does not.
+fn bf16_checked(lib: MatmulLib) -> bool {
+    let agrees = bf16_agrees(lib);
+    if !agrees {
+        crate::errln!(
+            "{}'s bf16 product disagrees with the gemm crate on this CPU: bf16 products stay in fp32",
+            lib.name()
+        );
+    }
+    agrees
 }
 
 /// The library whose bf16 product is fastest, if it beats the fp32
@@ -891,8 +1024,9 @@ mod tests {
     use super::*;
     use crate::rng::Rng;
 
-    /// Every product shape the kernels use, in each operand layout, with
-    /// and without accumulation, on one thread and split across two. With
+    /// Every product shape the kernels use, in each operand layout (each
+    /// with a leading dimension past its rows), with and without
+    /// accumulation, on one thread and split across two. With
     /// `bf16`, `lib`'s bf16 product on the operands as drawn against the
     /// crate's fp32 product on them rounded to bfloat16: the same exact
     /// products, summed in another order.
@@ -904,7 +1038,25 @@ mod tests {
                 let (lhs_t, rhs_t, dst_t) = (layout & 1 != 0, layout & 2 != 0, layout & 4 != 0);
                 let mut draw =
                     |len: usize| -> Vec<f32> { (0..len).map(|_| rng.normal() as f32).collect() };
-                let (a, b, c0) = (draw(m * k), draw(k * n), draw(m * n));
+                // operands with 3 NaN past each row of their storage: a
+                // product that read past the view would turn NaN
+                const PAD: usize = 3;
+                let mut padded = |rows: usize, cols: usize| -> Vec<f32> {
+                    let mut x = draw(rows * (cols + PAD));
+                    for row in x.chunks_mut(cols + PAD) {
+                        row[cols..].fill(f32::NAN);
+                    }
+                    x
+                };
+                let a = match lhs_t {
+                    true => padded(k, m),
+                    false => padded(m, k),
+                };
+                let b = match rhs_t {
+                    true => padded(n, k),
+                    false => padded(k, n),
+                };
+                let c0 = draw(m * n);
                 let rounded = |x: &[f32]| -> Vec<f32> {
                     let round = |v: f32| {
                         if bf16 {
@@ -918,12 +1070,12 @@ mod tests {
                 let (a_r, b_r) = (rounded(&a), rounded(&b));
                 let view = |a: &[f32], b: &[f32]| {
                     let lhs = match lhs_t {
-                        true => Mat::new(a.as_ptr(), 1, m),
-                        false => Mat::new(a.as_ptr(), k, 1),
+                        true => Mat::new(a.as_ptr(), 1, m + PAD),
+                        false => Mat::new(a.as_ptr(), k + PAD, 1),
                     };
                     let rhs = match rhs_t {
-                        true => Mat::new(b.as_ptr(), 1, k),
-                        false => Mat::new(b.as_ptr(), n, 1),
+                        true => Mat::new(b.as_ptr(), 1, k + PAD),
+                        false => Mat::new(b.as_ptr(), n + PAD, 1),
                     };
                     (lhs, rhs)
                 };
@@ -1001,7 +1153,24 @@ mod tests {
             .unwrap();
         for lib in here {
             pool.install(|| products_match_the_crate(lib, true));
+            assert!(pool.install(|| bf16_agrees(lib)), "{}'s check", lib.name());
         }
+    }
+
+    #[test]
+    fn a_choice_without_a_bf16_product_serializes_as_before_it_had_one() {
+        // a checkpoint's index checksums its JSON: an old index must
+        // serialize back byte for byte, or it no longer resumes
+        let old = r#"{"large":"openblas","small":"gemm"}"#;
+        let read: MatmulChoice = serde_json::from_str(old).unwrap();
+        assert_eq!(read.bf16, None);
+        assert_eq!(serde_json::to_string(&read).unwrap(), old);
+        let with = MatmulChoice {
+            bf16: Some(MatmulLib::Mkl),
+            ..read
+        };
+        let text = serde_json::to_string(&with).unwrap();
+        assert_eq!(serde_json::from_str::<MatmulChoice>(&text).unwrap(), with);
     }
 
     #[test]
@@ -1081,6 +1250,19 @@ mod tests {
         );
         let e = pins(env(&[("DISTGPT_MATMUL_BF16", "cublas")])).unwrap_err();
         assert!(e.to_string().contains("not a matmul library"), "{e}");
+        // a bad variable drops its own pin only
+        let both = env(&[
+            ("DISTGPT_MATMUL", "gemm"),
+            ("DISTGPT_MATMUL_BF16", "cublas"),
+        ]);
+        assert!(pins(both).is_err());
+        assert_eq!(
+            pins_apart(both).over(chosen),
+            MatmulChoice {
+                bf16: Some(MatmulLib::Mkl),
+                ..MatmulChoice::BUILT_IN
+            }
+        );
     }
 
     #[test]
