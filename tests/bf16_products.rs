@@ -25,20 +25,18 @@ use std::time::Duration as Wait;
 /// The tests force the process's choice in turn.
 static TURN: Mutex<()> = Mutex::new(());
 
-/// The libraries here with a bf16 product; CI names the ones it installed.
+/// The libraries here with a bf16 product (which ones CI installed, the
+/// blas unit tests check): none is an error where CI expects one.
 fn with_bf16() -> Vec<MatmulLib> {
     let here: Vec<MatmulLib> = MatmulLib::ALL
         .into_iter()
         .filter(|l| l.has_bf16())
         .collect();
-    if let Ok(want) = std::env::var("DISTGPT_EXPECT_BF16") {
-        let names: Vec<&str> = here.iter().map(|l| l.key()).collect();
-        assert_eq!(
-            names.join(","),
-            want,
-            "the libraries with a bf16 product here"
-        );
-    }
+    let expected = std::env::var_os("DISTGPT_EXPECT_BF16").is_some();
+    assert!(
+        !(here.is_empty() && expected),
+        "DISTGPT_EXPECT_BF16 is set, and no library with a bf16 product opens here"
+    );
     if here.is_empty() {
         eprintln!("no library with a bf16 product opens here (MKL's libmkl_rt on LD_LIBRARY_PATH)");
     }

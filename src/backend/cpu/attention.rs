@@ -35,6 +35,7 @@ unsafe fn scores(
     scale: f32,
 ) {
     gemm(
+        false,
         (rows, cols, hd),
         Mat::new(p, cols, 1),
         Mat::new(q, stride, 1),
@@ -176,6 +177,7 @@ fn forward_masked(out: &mut [f32], lse: &mut [f32], qkv: &[f32], s: AttnShape, m
                                 max[i] = new_max;
                             }
                             gemm(
+                                false,
                                 (rows, hd, kw),
                                 Mat::new(acc.as_mut_ptr(), hd, 1),
                                 Mat::new(pp as *const f32, kw, 1),
@@ -281,6 +283,7 @@ fn backward_masked(
                         let pc = pp as *const f32;
                         // dV[tile] += P^T dO[r0..r1]
                         gemm(
+                            false,
                             (kw, hd, rows),
                             Mat::new(dv.add(c0 * 3 * c), 3 * c, 1),
                             Mat::new(pc, kw, 1).t(),
@@ -291,6 +294,7 @@ fn backward_masked(
                         );
                         // dP = dO[r0..r1] V[tile]^T
                         gemm(
+                            false,
                             (rows, kw, hd),
                             Mat::new(dpp, kw, 1),
                             Mat::new(d_o_blk, c, 1),
@@ -310,6 +314,7 @@ fn backward_masked(
                         let ds = dpp as *const f32;
                         // dQ[r0..r1] += dS K[tile]
                         gemm(
+                            false,
                             (rows, hd, kw),
                             Mat::new(dq.add(r0 * 3 * c), 3 * c, 1),
                             Mat::new(ds, kw, 1),
@@ -320,6 +325,7 @@ fn backward_masked(
                         );
                         // dK[tile] += dS^T Q[r0..r1]
                         gemm(
+                            false,
                             (kw, hd, rows),
                             Mat::new(dk.add(c0 * 3 * c), 3 * c, 1),
                             Mat::new(ds, kw, 1).t(),

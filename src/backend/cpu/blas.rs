@@ -597,15 +597,18 @@ impl Operands {
 
 /// `dst = [dst +] scale * lhs @ rhs` on `lib` (not the `gemm` crate): one
 /// call on this thread when `threads` is 1, else the output split into
-/// row or column blocks, one rayon task each. Returns false, doing nothing,
-/// when the library is not here or an operand has no unit stride (the
-/// caller runs it on the crate).
+/// row or column blocks, one rayon task each. With `bf16`, on `lib`'s bf16
+/// product: the operands rounded to bfloat16 into this thread's scratch,
+/// the products summed in fp32. Returns false, doing nothing, when the
+/// library (or its bf16 product) is not here or an operand has no unit
+/// stride (the caller runs it on the crate).
 ///
 /// # Safety
 /// As `math::gemm`.
 #[allow(clippy::too_many_arguments)] // a BLAS call's own arguments
-pub(super) unsafe fn sgemm(
+pub(super) unsafe fn gemm(
     lib: MatmulLib,
+    bf16: bool,
     (m, n, k): (usize, usize, usize),
     dst: Mat<*mut f32>,
     lhs: Mat<*const f32>,
@@ -618,8 +621,41 @@ pub(super) unsafe fn sgemm(
         return false;
     };
     let beta = if accumulate { 1.0 } else { 0.0 };
-    ops.call(l.sgemm, k, scale, beta)
-        .split(ops.m, ops.n, threads);
+    if !bf16 {
+        ops.call(l.sgemm, k, scale, beta)
+            .split(ops.m, ops.n, threads);
+        return true;
+    }
+    let Some(gemm) = l.gemm_bf16.filter(|_| m * n * k > 0) else {
+        return false;
+    };
+    request_amx();
+    BF16_PRODUCTS.fetch_add(1, Ordering::Relaxed);
+    let ((lhs, (ta, _)), (rhs, (tb, _))) = (ops.lhs, ops.rhs);
+    let mut scratch = BF16_OPERANDS.take();
+    scratch.clear();
+    scratch.resize(ops.m * k + k * ops.n, 0);
+    let (a, b) = scratch.split_at_mut(ops.m * k);
+    // SAFETY: the caller's views are readable (as math::gemm).
+    let ((a_row, _, lda), (_, b_col, ldb)) = unsafe {
+        (
+            round_compact(lhs, ops.m, k, a),
+            round_compact(rhs, k, ops.n, b),
+        )
+    };
+    let call = Call {
+        gemm,
+        k,
+        a: (ta, lda, a.as_ptr() as usize, a_row),
+        b: (tb, ldb, b.as_ptr() as usize, b_col),
+        c: (ops.dst.ptr as usize, ops.dst.row_stride),
+        alpha: scale,
+        beta,
+    };
+    call.split(ops.m, ops.n, threads);
+    if scratch.capacity() <= KEPT_BF16 {
+        BF16_OPERANDS.set(scratch);
+    }
     true
 }
 
@@ -700,7 +736,17 @@ fn bf16_agrees(lib: MatmulLib) -> bool {
                 1.0,
                 1,
             );
-            gemm_bf16(lib, shape, Mat::new(g, n, 1), lhs, rhs, false, 1.0, threads)
+            gemm(
+                lib,
+                true,
+                shape,
+                Mat::new(g, n, 1),
+                lhs,
+                rhs,
+                false,
+                1.0,
+                threads,
+            )
         };
         let scale = want.iter().fold(1.0f32, |s, x| s.max(x.abs()));
         ran && want
@@ -752,60 +798,6 @@ unsafe fn round_compact(
         true => (len as isize, 1, len as c_int),
         false => (1, len as isize, len as c_int),
     }
-}
-
-/// [`sgemm`] in bf16 arithmetic, on `lib`'s bf16 product: the operands are
-/// rounded to bfloat16 into this thread's scratch, the products summed in
-/// fp32. Returns false, doing nothing, where `lib` has no bf16 product or
-/// cannot take the operands.
-///
-/// # Safety
-/// As `math::gemm`.
-#[allow(clippy::too_many_arguments)] // a BLAS call's own arguments
-pub(super) unsafe fn gemm_bf16(
-    lib: MatmulLib,
-    (m, n, k): (usize, usize, usize),
-    dst: Mat<*mut f32>,
-    lhs: Mat<*const f32>,
-    rhs: Mat<*const f32>,
-    accumulate: bool,
-    scale: f32,
-    threads: usize,
-) -> bool {
-    let Some(gemm) = loaded(lib).ok().and_then(|l| l.gemm_bf16) else {
-        return false;
-    };
-    request_amx();
-    BF16_PRODUCTS.fetch_add(1, Ordering::Relaxed);
-    let Some(ops) = Operands::of((m, n, k), dst, lhs, rhs).filter(|_| m * n * k > 0) else {
-        return false;
-    };
-    let ((lhs, (ta, _)), (rhs, (tb, _))) = (ops.lhs, ops.rhs);
-    let mut scratch = BF16_OPERANDS.take();
-    scratch.clear();
-    scratch.resize(ops.m * k + k * ops.n, 0);
-    let (a, b) = scratch.split_at_mut(ops.m * k);
-    // SAFETY: the caller's views are readable (as math::gemm).
-    let ((a_row, _, lda), (_, b_col, ldb)) = unsafe {
-        (
-            round_compact(lhs, ops.m, k, a),
-            round_compact(rhs, k, ops.n, b),
-        )
-    };
-    let call = Call {
-        gemm,
-        k,
-        a: (ta, lda, a.as_ptr() as usize, a_row),
-        b: (tb, ldb, b.as_ptr() as usize, b_col),
-        c: (ops.dst.ptr as usize, ops.dst.row_stride),
-        alpha: scale,
-        beta: if accumulate { 1.0 } else { 0.0 },
-    };
-    call.split(ops.m, ops.n, threads);
-    if scratch.capacity() <= KEPT_BF16 {
-        BF16_OPERANDS.set(scratch);
-    }
-    true
 }
 
 /// A BLAS operand for an `rows x cols` matrix: (transpose flag, leading
@@ -963,7 +955,7 @@ fn product_in(
     let dst = Mat::new(c.as_mut_ptr(), n, 1);
     // SAFETY: each buffer holds the elements its view addresses (asserted).
     unsafe {
-        if !(bf16 && gemm_bf16(lib, (m, n, k), dst, lhs, rhs, false, 1.0, threads)) {
+        if !(bf16 && gemm(lib, true, (m, n, k), dst, lhs, rhs, false, 1.0, threads)) {
             super::math::gemm_on(lib, (m, n, k), dst, lhs, rhs, false, 1.0, threads)
         }
     };
@@ -1091,7 +1083,7 @@ mod tests {
                         unsafe {
                             if bf16 {
                                 let ran =
-                                    gemm_bf16(on, shape, dst, lhs, rhs, accumulate, 0.5, threads);
+                                    gemm(on, true, shape, dst, lhs, rhs, accumulate, 0.5, threads);
                                 assert!(ran, "{} took no bf16 product", on.name());
                             } else {
                                 super::super::math::gemm_on(
@@ -1116,21 +1108,24 @@ mod tests {
         }
     }
 
-    #[test]
-    fn every_library_here_computes_what_the_gemm_crate_does() {
-        let here: Vec<MatmulLib> = MatmulLib::ALL
-            .into_iter()
-            .filter(|l| l.available())
-            .collect();
-        // CI names the libraries it installed (or none): each must open
-        if let Ok(want) = std::env::var("DISTGPT_EXPECT_MATMUL") {
+    /// The libraries here that `has`, which must be the ones CI names in
+    /// `expect` (it installed them), and a pool of two threads to run on.
+    fn here(has: fn(MatmulLib) -> bool, expect: &str) -> (Vec<MatmulLib>, rayon::ThreadPool) {
+        let here: Vec<MatmulLib> = MatmulLib::ALL.into_iter().filter(|&l| has(l)).collect();
+        if let Ok(want) = std::env::var(expect) {
             let names: Vec<&str> = here.iter().map(|l| l.key()).collect();
-            assert_eq!(names.join(","), want, "the matmul libraries that open here");
+            assert_eq!(names.join(","), want, "the libraries here ({expect})");
         }
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(2)
             .build()
             .unwrap();
+        (here, pool)
+    }
+
+    #[test]
+    fn every_library_here_computes_what_the_gemm_crate_does() {
+        let (here, pool) = here(MatmulLib::available, "DISTGPT_EXPECT_MATMUL");
         for lib in here.into_iter().filter(|&l| l != MatmulLib::Gemm) {
             pool.install(|| products_match_the_crate(lib, false));
         }
@@ -1138,19 +1133,7 @@ mod tests {
 
     #[test]
     fn every_bf16_product_here_sums_what_the_crate_does_on_rounded_operands() {
-        let here: Vec<MatmulLib> = MatmulLib::ALL
-            .into_iter()
-            .filter(|l| l.has_bf16())
-            .collect();
-        // CI names the libraries with one that it installed
-        if let Ok(want) = std::env::var("DISTGPT_EXPECT_BF16") {
-            let names: Vec<&str> = here.iter().map(|l| l.key()).collect();
-            assert_eq!(names.join(","), want, "the bf16 products that open here");
-        }
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap();
+        let (here, pool) = here(MatmulLib::has_bf16, "DISTGPT_EXPECT_BF16");
         for lib in here {
             pool.install(|| products_match_the_crate(lib, true));
             assert!(pool.install(|| bf16_agrees(lib)), "{}'s check", lib.name());

@@ -238,32 +238,16 @@ impl<T> Mat<T> {
 }
 
 /// `dst (m x n) = [dst +] scale * lhs (m x k) @ rhs (k x n)`, on the
-/// library chosen for its class (`blas`), else the `gemm` crate.
+/// library chosen for its class (`blas`), else the `gemm` crate. With
+/// `bf16` (operands rounded to bfloat16, `--precision bf16`), in bf16
+/// arithmetic on the library chosen for that where one is
+/// (`blas::current_bf16`), else in fp32 as without.
 ///
 /// # Safety
 /// Every element addressed through the three operands for the given sizes
 /// must lie inside live allocations, and `dst` must not alias `lhs` or `rhs`.
-pub unsafe fn gemm(
-    (m, n, k): (usize, usize, usize),
-    dst: Mat<*mut f32>,
-    lhs: Mat<*const f32>,
-    rhs: Mat<*const f32>,
-    accumulate: bool,
-    scale: f32,
-    threads: usize,
-) {
-    let lib = blas::current(blas::Class::of(m, n, k));
-    gemm_on(lib, (m, n, k), dst, lhs, rhs, accumulate, scale, threads)
-}
-
-/// [`gemm`] for operands rounded to bfloat16 (`--precision bf16`) when
-/// `bf16`: in bf16 arithmetic on the library chosen for that, where one is
-/// (`blas::current_bf16`), else in fp32 as [`gemm`].
-///
-/// # Safety
-/// As [`gemm`].
 #[allow(clippy::too_many_arguments)] // a BLAS call's own arguments
-pub unsafe fn gemm_bf16_or_fp32(
+pub unsafe fn gemm(
     bf16: bool,
     (m, n, k): (usize, usize, usize),
     dst: Mat<*mut f32>,
@@ -273,14 +257,16 @@ pub unsafe fn gemm_bf16_or_fp32(
     scale: f32,
     threads: usize,
 ) {
+    let shape = (m, n, k);
     let on_bf16 = || {
         let lib = blas::current_bf16()?;
-        blas::gemm_bf16(lib, (m, n, k), dst, lhs, rhs, accumulate, scale, threads).then_some(())
+        blas::gemm(lib, true, shape, dst, lhs, rhs, accumulate, scale, threads).then_some(())
     };
-    if bf16 && m > 0 && n > 0 && k > 0 && on_bf16().is_some() {
+    if bf16 && on_bf16().is_some() {
         return;
     }
-    gemm((m, n, k), dst, lhs, rhs, accumulate, scale, threads)
+    let lib = blas::current(blas::Class::of(m, n, k));
+    gemm_on(lib, shape, dst, lhs, rhs, accumulate, scale, threads)
 }
 
 /// [`gemm`] on `lib`, whatever is chosen (the `gemm` crate where `lib`
@@ -303,7 +289,17 @@ pub unsafe fn gemm_on(
         return;
     }
     if lib != blas::MatmulLib::Gemm
-        && blas::sgemm(lib, (m, n, k), dst, lhs, rhs, accumulate, scale, threads)
+        && blas::gemm(
+            lib,
+            false,
+            (m, n, k),
+            dst,
+            lhs,
+            rhs,
+            accumulate,
+            scale,
+            threads,
+        )
     {
         return;
     }

@@ -3,7 +3,7 @@
 //! Weights are either `InOut` (k x n, Hugging Face Conv1D: `out = inp @ w`)
 //! or `OutIn` (n x k, nn.Linear / the tied embedding: `out = inp @ w^T`).
 
-use super::math::{column_sums, gemm_bf16_or_fp32, Mat};
+use super::math::{column_sums, gemm, Mat};
 use crate::backend::ops::{Host, MatmulBackward, MatmulForward, MatmulShape};
 use crate::backend::COLUMN_CHUNK_ROWS;
 use rayon::prelude::*;
@@ -52,7 +52,7 @@ pub fn matmul_forward(op: MatmulForward<Host<'_>>) {
     let read_dst = accumulate || bias.is_some();
     // SAFETY: sizes were checked above; out does not alias inp or w.
     unsafe {
-        gemm_bf16_or_fp32(
+        gemm(
             bf16,
             (rows, n, k),
             Mat::new(out.as_mut_ptr(), n, 1),
@@ -78,7 +78,7 @@ fn backward_input(
     let threads = rayon::current_num_threads();
     // SAFETY: sizes were checked above; destinations are distinct buffers.
     unsafe {
-        gemm_bf16_or_fp32(
+        gemm(
             bf16,
             (rows, k, n),
             Mat::new(dinp.as_mut_ptr(), k, 1),
@@ -104,7 +104,7 @@ fn backward_weight(
     let threads = rayon::current_num_threads();
     // SAFETY: sizes were checked above; destinations are distinct buffers.
     unsafe {
-        gemm_bf16_or_fp32(
+        gemm(
             bf16,
             (k, n, rows),
             weight_mat(dw.as_mut_ptr(), layout, k, n),
