@@ -26,7 +26,9 @@ fn bf16_route(p: &distgpt::metrics::peak::Peak) -> String {
     } else if !MatmulLib::ALL.into_iter().any(|l| l.has_bf16()) {
         "no library with a bf16 product is here (MKL: PyPI's mkl, scripts/fetch-mkl)".into()
     } else if p.timings.iter().all(|t| t.bf16_flops.is_none()) {
-        "not timed yet (`distgpt devices --measure`)".into()
+        "none timed: a check against the gemm crate failed (said when measured), or an \
+         older measurement (`distgpt devices --measure`)"
+            .into()
     } else {
         "no bf16 product beat the fp32 library by 5%".into()
     };
