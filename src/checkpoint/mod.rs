@@ -55,7 +55,8 @@ struct MetaFile {
     int8: bool,
     /// [`state::checksum`] of `model.safetensors`.
     weights_checksum: String,
-    /// [`state::json_checksum`] of this file with this field empty.
+    /// [`state::json_checksum`] of this file with this field empty
+    /// (checked by [`state::stored_checksum`]).
     checksum: String,
 }
 
@@ -317,15 +318,15 @@ fn read_meta_file(dir: &Path) -> Result<(ModelMeta, String, bool)> {
         path: path.clone(),
         reason,
     };
-    let file: MetaFile =
-        serde_json::from_str(&text).map_err(|e| bad(format!("invalid model metadata: {e}")))?;
-    let sum = file.compute_checksum();
-    if sum != file.checksum {
+    let (sum, recorded) =
+        state::stored_checksum(&text).map_err(|e| bad(format!("invalid model metadata: {e}")))?;
+    if sum != recorded {
         return Err(bad(format!(
-            "checksum {sum} does not match the recorded {}: the file was edited or corrupted",
-            file.checksum
+            "checksum {sum} does not match the recorded {recorded}: the file was edited or corrupted"
         )));
     }
+    let file: MetaFile =
+        serde_json::from_str(&text).map_err(|e| bad(format!("invalid model metadata: {e}")))?;
     file.meta
         .config
         .validate()

@@ -31,7 +31,8 @@ const FORMAT: u32 = 2;
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Index {
     pub format: u32,
-    /// [`json_checksum`] of the index with this field empty.
+    /// [`json_checksum`] of the index with this field empty (checked by
+    /// [`stored_checksum`] against the file as stored).
     pub checksum: String,
     /// Optimizer steps completed.
     pub step: usize,
@@ -65,18 +66,12 @@ impl Index {
 
     /// Refuses an index whose numbers could not have been written by
     /// [`save`]: the segments must tile the model's layout exactly once.
+    /// Its checksum is checked before it is parsed ([`read_index`]).
     fn validate(&self) -> std::result::Result<(), String> {
         if self.format != FORMAT {
             return Err(format!(
                 "checkpoint format {} (this distgpt reads format {FORMAT})",
                 self.format
-            ));
-        }
-        let sum = self.compute_checksum();
-        if sum != self.checksum {
-            return Err(format!(
-                "index checksum {sum} does not match the recorded {}: the index was edited or corrupted",
-                self.checksum
             ));
         }
         self.model.validate().map_err(|e| e.to_string())?;
@@ -167,6 +162,23 @@ pub fn json_checksum<T: Serialize>(record: &T) -> String {
             .expect("json")
             .as_bytes(),
     )
+}
+
+/// The checksum a stored record should carry, and the one it records in
+/// its `checksum` field: [`json_checksum`] of the file's own JSON value
+/// with that field empty. Summing what was read, not the struct it parses
+/// into, keeps an old file's sum when a later distgpt adds a field that
+/// reads with a default (and would otherwise be serialized into the sum).
+pub fn stored_checksum(text: &str) -> std::result::Result<(String, String), String> {
+    let mut value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))?;
+    let field = value.get_mut("checksum").ok_or("no checksum is recorded")?;
+    let recorded = field
+        .as_str()
+        .ok_or("the recorded checksum is not a string")?
+        .to_string();
+    *field = serde_json::Value::String(String::new());
+    Ok((json_checksum(&value), recorded))
 }
 
 fn io<T>(path: &Path, r: std::io::Result<T>) -> Result<T> {
@@ -408,14 +420,19 @@ pub struct Loaded {
 pub fn read_index(dir: &Path) -> Result<Index> {
     let index_path = dir.join(INDEX);
     let text = io(&index_path, std::fs::read_to_string(&index_path))?;
-    let index: Index = serde_json::from_str(&text).map_err(|e| Error::Checkpoint {
+    let bad = |reason: String| Error::Checkpoint {
         path: index_path.clone(),
-        reason: format!("invalid index: {e}"),
-    })?;
-    index.validate().map_err(|reason| Error::Checkpoint {
-        path: index_path,
         reason,
-    })?;
+    };
+    let (sum, recorded) = stored_checksum(&text).map_err(|e| bad(format!("invalid index: {e}")))?;
+    if sum != recorded {
+        return Err(bad(format!(
+            "index checksum {sum} does not match the recorded {recorded}: the index was edited or corrupted"
+        )));
+    }
+    let index: Index =
+        serde_json::from_str(&text).map_err(|e| bad(format!("invalid index: {e}")))?;
+    index.validate().map_err(bad)?;
     Ok(index)
 }
 
@@ -503,4 +520,76 @@ pub fn load(dir: &Path) -> Result<Loaded> {
         m,
         v,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record as an older distgpt wrote it.
+    #[derive(Serialize)]
+    struct Before {
+        step: usize,
+        checksum: String,
+    }
+
+    /// The same record after a field was added that reads with a default.
+    #[derive(Clone, Serialize, Deserialize)]
+    struct After {
+        step: usize,
+        checksum: String,
+        #[serde(default)]
+        added: Option<u32>,
+    }
+
+    #[test]
+    fn a_file_written_before_a_field_was_added_keeps_its_checksum() {
+        let mut old = Before {
+            step: 7,
+            checksum: String::new(),
+        };
+        old.checksum = json_checksum(&old);
+        let text = serde_json::to_string_pretty(&old).unwrap();
+        let (sum, recorded) = stored_checksum(&text).unwrap();
+        assert_eq!(sum, recorded, "the old file's own sum");
+        // Summing the struct it now parses into (how indexes were checked
+        // until 2026-11-27) counts the new field's null and refuses it.
+        let now: After = serde_json::from_str(&text).unwrap();
+        let resummed = json_checksum(&After {
+            checksum: String::new(),
+            ..now
+        });
+        assert_ne!(resummed, recorded);
+
+        // What the new struct writes checks too, and an edit is caught.
+        let mut new = After {
+            step: 7,
+            checksum: String::new(),
+            added: Some(3),
+        };
+        new.checksum = json_checksum(&new);
+        let text = serde_json::to_string_pretty(&new).unwrap();
+        let (sum, recorded) = stored_checksum(&text).unwrap();
+        assert_eq!(sum, recorded);
+        let (sum, recorded) = stored_checksum(&text.replace("\"step\": 7", "\"step\": 8")).unwrap();
+        assert_ne!(sum, recorded);
+        let (sum, recorded) =
+            stored_checksum(&text.replace("\"added\": 3", "\"added\": 4")).unwrap();
+        assert_ne!(sum, recorded);
+    }
+
+    #[test]
+    fn a_record_without_a_checksum_is_named() {
+        assert_eq!(
+            stored_checksum("{\"step\": 7}").unwrap_err(),
+            "no checksum is recorded"
+        );
+        assert_eq!(
+            stored_checksum("{\"step\": 7, \"checksum\": 3}").unwrap_err(),
+            "the recorded checksum is not a string"
+        );
+        assert!(stored_checksum("{\"step\": ")
+            .unwrap_err()
+            .starts_with("invalid JSON"));
+    }
 }
