@@ -1000,7 +1000,12 @@ fn bad_numbers_and_outputs_over_inputs_are_refused_by_name() {
     let dir = run_dir("bad-numbers");
     let out = dir.join("run");
     let out_s = out.to_str().unwrap();
-    succeeded(train_tiny(out_s, &["--steps", "1"]));
+    succeeded(train_tiny(
+        out_s,
+        &["--steps", "1", "--checkpoint-every", "1"],
+    ));
+    let ckpt = out.join("checkpoints").join("step_00000001");
+    let ckpt = ckpt.to_str().unwrap().to_string();
     for (args, says) in [
         (vec!["eval", out_s, "--batch-size", "0"], "--batch-size"),
         (vec!["eval", out_s, "--seq-len", "0"], "--seq-len"),
@@ -1028,6 +1033,63 @@ fn bad_numbers_and_outputs_over_inputs_are_refused_by_name() {
         ),
         (vec!["quantize", out_s, "--out", out_s], "is the input"),
         (vec!["prune", out_s, "--out", out_s], "is the input"),
+        // a run's model replaced by a checkpoint's, or by a Hugging Face folder
+        (
+            vec!["export", &ckpt, "--out", out_s],
+            "holds a training run",
+        ),
+        (
+            vec!["checkpoint", "consolidate", &ckpt, "--out", out_s],
+            "holds a training run",
+        ),
+        // sizes that would allocate without end, and peaks MFU cannot divide by
+        (
+            vec!["bench", "--model", "tiny", "--grad-accum", "1000000000000"],
+            "--grad-accum",
+        ),
+        (
+            vec!["plan", "--model", "tiny", "--grad-accum", "1000000000000"],
+            "--grad-accum",
+        ),
+        (
+            vec![
+                "train",
+                "--model",
+                "tiny",
+                "--sample-tokens",
+                "1000000000000",
+            ],
+            "--sample-tokens",
+        ),
+        (vec!["--threads", "100000", "devices"], "--threads 100000"),
+        (
+            vec!["bench", "--model", "tiny", "--peak-tflops", "0"],
+            "--peak-tflops",
+        ),
+        (
+            vec!["train", "--model", "tiny", "--peak-tflops=-1"],
+            "--peak-tflops",
+        ),
+        (
+            vec!["bench", "--model", "tiny", "--peak-gflops", "nan"],
+            "--peak-gflops",
+        ),
+        (
+            vec![
+                "plan",
+                "--model",
+                "tiny",
+                "--device",
+                "custom",
+                "--intra-latency-us=-5",
+            ],
+            "--intra-latency-us",
+        ),
+        // --overwrite would empty the run --from-step means to resume
+        (
+            vec!["train", "--out", out_s, "--from-step", "1", "--overwrite"],
+            "--from-step",
+        ),
     ] {
         let o = distgpt(&args);
         let said = String::from_utf8_lossy(&o.stderr).to_string();

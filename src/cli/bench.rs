@@ -2,7 +2,7 @@
 //! category and communication volume and time, on synthetic tokens, for any
 //! strategy and world size, in the shape `bench/pytorch_reference.py` mirrors.
 
-use super::positive;
+use super::{micro_batches, positive, positive_rate};
 use super::{
     on_device, CommKind, DecodeWeightsArg, DeviceArgs, DeviceChoice, ModelArgs, ParallelArgs,
 };
@@ -29,7 +29,7 @@ pub struct BenchArgs {
     #[arg(long, value_parser = positive(), default_value_t = 16, help_heading = "Benchmark")]
     batch_size: usize,
     /// Micro-steps per optimizer step (a pipeline's micro-batches).
-    #[arg(long, default_value_t = 1, help_heading = "Benchmark")]
+    #[arg(long, value_parser = micro_batches(), default_value_t = 1, help_heading = "Benchmark")]
     grad_accum: usize,
     /// Tokens per sequence (default: the model's block size).
     #[arg(long, value_parser = positive(), help_heading = "Benchmark")]
@@ -43,7 +43,7 @@ pub struct BenchArgs {
     /// Peak TFLOP/s of the whole machine that MFU is stated against
     /// (default: measured once per device and thread count, kept in
     /// ~/.cache/distgpt/peak.json).
-    #[arg(long, help_heading = "Benchmark")]
+    #[arg(long, value_parser = positive_rate, help_heading = "Benchmark")]
     peak_tflops: Option<f64>,
     #[command(flatten)]
     old_peak: super::OldPeakGflops,

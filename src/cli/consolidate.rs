@@ -10,6 +10,9 @@ pub(super) struct ConsolidateArgs {
     /// Output directory (created; its model files are replaced).
     #[arg(long)]
     out: PathBuf,
+    /// Write into --out even when it is the input or holds a run.
+    #[arg(long)]
+    overwrite: bool,
 }
 
 /// Writes a checkpoint's model as a model directory (weights, then model.json).
@@ -36,6 +39,7 @@ pub(super) fn consolidate(
 
 /// `checkpoint consolidate`: a checkpoint's model as model files.
 pub(super) fn run_consolidate(a: ConsolidateArgs) -> Result<()> {
+    refuse_output_over_input(&a.checkpoint, &a.out, a.overwrite)?;
     let dir = checkpoint::state::latest(&a.checkpoint)?;
     let index = consolidate(&dir, &a.out, None)?;
     distgpt::outln!(

@@ -14,12 +14,16 @@ pub(super) struct ExportArgs {
     /// or a BERT's class).
     #[arg(long)]
     out: PathBuf,
+    /// Write into --out even when it is the input or holds a run.
+    #[arg(long)]
+    overwrite: bool,
 }
 
 /// `export`: a Hugging Face folder of a run, checkpoint or model folder,
 /// as the model's family writes one.
 pub(super) fn run_export(a: ExportArgs) -> Result<()> {
     let run = run_or_old_flag("export", a.run, a.old_run);
+    refuse_output_over_input(&run, &a.out, a.overwrite)?;
     let (meta, params) = checkpoint::read_model(&run)?;
     let model = &meta.config;
     let Some(hf) = model.registration().hf else {

@@ -57,6 +57,8 @@ pub enum Outcome {
 
 /// Exit status of a stopped run: EX_TEMPFAIL, "try again later" (resume it).
 pub const STOPPED_EXIT_CODE: u8 = 75;
+/// The most worker threads `--threads` takes (each is an OS thread with its stack).
+const MAX_THREADS: usize = 1024;
 
 #[derive(Parser)]
 #[command(name = "distgpt", version, about = "Train GPT-2-family models and compare parallel strategies", long_about = None)]
@@ -533,8 +535,8 @@ pub fn run() -> Result<Outcome> {
     }
     let cli = Cli::from_arg_matches(&matches)?;
     if let Some(n) = cli.threads {
-        if n == 0 {
-            bail!("--threads must be at least 1");
+        if n == 0 || n > MAX_THREADS {
+            bail!("--threads {n} must be between 1 and {MAX_THREADS}");
         }
         rayon::ThreadPoolBuilder::new()
             .num_threads(n)
@@ -600,7 +602,8 @@ struct OldPeakGflops {
         long = "peak-gflops",
         value_name = "GFLOPS",
         hide = true,
-        conflicts_with = "peak_tflops"
+        conflicts_with = "peak_tflops",
+        value_parser = positive_rate
     )]
     old_peak_gflops: Option<f64>,
 }
@@ -641,6 +644,31 @@ fn refuse_output_over_input(input: &Path, out: &Path, overwrite: bool) -> Result
 /// lengths, steps, tokens, ranks): one rule for every command that takes one.
 pub(crate) fn positive() -> clap::builder::RangedU64ValueParser<usize> {
     clap::builder::RangedU64ValueParser::new().range(1..=(1u64 << 40))
+}
+
+/// The parser of `--grad-accum`: 1 to [`distgpt::train::MAX_GRAD_ACCUM`]
+/// micro-batches a step.
+pub(crate) fn micro_batches() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::new().range(1..=distgpt::train::MAX_GRAD_ACCUM as u64)
+}
+
+/// The parser of a stated peak (`--peak-tflops`, `--peak-gflops`): a
+/// positive finite number, which MFU can be divided by.
+pub(crate) fn positive_rate(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        Ok(_) => Err(format!("{s} is not a positive number")),
+        Err(e) => Err(format!("{s}: {e}")),
+    }
+}
+
+/// The parser of a latency: a finite number, 0 or more.
+pub(crate) fn non_negative_rate(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        Ok(_) => Err(format!("{s} is not a number 0 or more")),
+        Err(e) => Err(format!("{s}: {e}")),
+    }
 }
 
 /// The command line parsed again with `train --config FILE`'s settings

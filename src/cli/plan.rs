@@ -2,7 +2,7 @@
 //! for a model, world size, device and network, from the analytic cost model
 //! in `distgpt::plan`, with the fastest layout that fits.
 
-use super::ModelArgs;
+use super::{micro_batches, non_negative_rate, positive, positive_rate, ModelArgs};
 use anyhow::{bail, Result};
 use clap::Args;
 use distgpt::plan::calibrate::{calibrate_cpu, Machine};
@@ -42,7 +42,7 @@ pub struct PlanArgs {
     #[arg(long, help_heading = "Plan")]
     seq_len: Option<usize>,
     /// Micro-batches per optimizer step.
-    #[arg(long, default_value_t = 1, help_heading = "Plan")]
+    #[arg(long, value_parser = micro_batches(), default_value_t = 1, help_heading = "Plan")]
     grad_accum: usize,
     /// What each rank computes on.
     #[arg(long, value_enum, default_value = "cpu", help_heading = "Plan")]
@@ -55,28 +55,28 @@ pub struct PlanArgs {
     #[arg(long, help_heading = "Plan")]
     efficiency: Option<f64>,
     /// Custom device: peak TFLOP/s per device at the chosen precision.
-    #[arg(long, help_heading = "Plan")]
+    #[arg(long, value_parser = positive_rate, help_heading = "Plan")]
     peak_tflops: Option<f64>,
     /// Custom device: memory per device in GB (default cpu: 24).
-    #[arg(long, help_heading = "Plan")]
+    #[arg(long, value_parser = positive_rate, help_heading = "Plan")]
     memory_gb: Option<f64>,
     /// Custom device: memory bandwidth in GB/s.
-    #[arg(long, help_heading = "Plan")]
+    #[arg(long, value_parser = positive_rate, help_heading = "Plan")]
     memory_bandwidth_gbs: Option<f64>,
     /// Ranks per node (custom network).
-    #[arg(long, help_heading = "Plan")]
+    #[arg(long, value_parser = positive(), help_heading = "Plan")]
     ranks_per_node: Option<usize>,
     /// Per-rank bandwidth within a node, GB/s.
-    #[arg(long, help_heading = "Plan")]
+    #[arg(long, value_parser = positive_rate, help_heading = "Plan")]
     intra_gbs: Option<f64>,
     /// Per-rank bandwidth across nodes, GB/s.
-    #[arg(long, help_heading = "Plan")]
+    #[arg(long, value_parser = positive_rate, help_heading = "Plan")]
     inter_gbs: Option<f64>,
     /// Per-message latency within a node, microseconds (the alpha of alpha + beta).
-    #[arg(long, help_heading = "Plan")]
+    #[arg(long, value_parser = non_negative_rate, help_heading = "Plan")]
     intra_latency_us: Option<f64>,
     /// Per-message latency across nodes, microseconds.
-    #[arg(long, help_heading = "Plan")]
+    #[arg(long, value_parser = non_negative_rate, help_heading = "Plan")]
     inter_latency_us: Option<f64>,
     /// A rank's link to host memory under offload (PCIe), GB/s each way
     /// (default a100: 25, h100: 50, custom: 25).

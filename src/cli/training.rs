@@ -41,7 +41,7 @@ pub(super) struct TrainArgs {
     #[arg(long, value_parser = positive(), help_heading = "Data")]
     seq_len: Option<usize>,
     /// Micro-batches per optimizer step.
-    #[arg(long, default_value_t = 1, help_heading = "Optimisation")]
+    #[arg(long, value_parser = micro_batches(), default_value_t = 1, help_heading = "Optimisation")]
     grad_accum: usize,
     /// Optimizer steps.
     #[arg(
@@ -88,8 +88,8 @@ pub(super) struct TrainArgs {
     /// every N steps: loss, learning rate, gradient norm, tokens/s, ETA (0: none).
     #[arg(long, default_value_t = 10, help_heading = "Output")]
     log_every: usize,
-    /// Tokens in the final sample.
-    #[arg(long, default_value_t = 500, help_heading = "Output")]
+    /// Tokens in the final sample (at most 65536; `generate` streams longer ones).
+    #[arg(long, default_value_t = 500, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=65536), help_heading = "Output")]
     sample_tokens: usize,
     /// Seed of the initial weights, the data order and the samples.
     #[arg(long, default_value_t = 1337, help_heading = "Optimisation")]
@@ -105,7 +105,7 @@ pub(super) struct TrainArgs {
     tensorboard: Option<PathBuf>,
     /// Peak TFLOP/s per rank that MFU is stated against (default: measured
     /// once per device and thread count, kept in ~/.cache/distgpt/peak.json).
-    #[arg(long, help_heading = "Output")]
+    #[arg(long, value_parser = positive_rate, help_heading = "Output")]
     peak_tflops: Option<f64>,
     #[command(flatten)]
     old_peak: super::OldPeakGflops,
@@ -128,7 +128,12 @@ pub(super) struct TrainArgs {
     resume: Option<PathBuf>,
     /// With --resume: continue from the checkpoint of this step instead of
     /// the newest (newer ones are moved to checkpoints/superseded/).
-    #[arg(long, requires = "resume", help_heading = "Checkpoints")]
+    #[arg(
+        long,
+        requires = "resume",
+        conflicts_with = "overwrite",
+        help_heading = "Checkpoints"
+    )]
     from_step: Option<usize>,
     /// Empty --out first if it holds another run (without it, a non-empty --out is refused).
     #[arg(long, conflicts_with = "resume", help_heading = "Output")]

@@ -45,6 +45,9 @@ pub enum Duration {
 
 /// The most optimizer steps a run may ask for.
 pub const MAX_STEPS: usize = 1_000_000_000;
+/// The most micro-batches a step may accumulate (`--grad-accum`): every
+/// one is a task of the step's program, planned before it runs.
+pub const MAX_GRAD_ACCUM: usize = 1 << 16;
 
 impl Duration {
     /// Optimizer steps for a split of `batches_per_epoch` micro-batches.
@@ -169,6 +172,12 @@ impl TrainConfig {
         let bad = |m: String| Err(Error::Config(m));
         if self.batch_size == 0 || self.grad_accum == 0 {
             return bad("--batch-size and --grad-accum must be at least 1".into());
+        }
+        if self.grad_accum > MAX_GRAD_ACCUM {
+            return bad(format!(
+                "--grad-accum {} is more than {MAX_GRAD_ACCUM} micro-batches a step",
+                self.grad_accum
+            ));
         }
         match self.duration {
             Duration::Steps(n) if n == 0 || n > MAX_STEPS => {
