@@ -652,22 +652,24 @@ pub(crate) fn micro_batches() -> clap::builder::RangedU64ValueParser<usize> {
     clap::builder::RangedU64ValueParser::new().range(1..=distgpt::train::MAX_GRAD_ACCUM as u64)
 }
 
-/// The parser of a stated peak (`--peak-tflops`, `--peak-gflops`): a
-/// positive finite number, which MFU can be divided by.
+/// The parser of a stated peak (`--peak-tflops`, `--peak-gflops`) or a
+/// bandwidth: a positive finite number, which can be divided by.
 pub(crate) fn positive_rate(s: &str) -> std::result::Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
-        Ok(_) => Err(format!("{s} is not a positive number")),
-        Err(e) => Err(format!("{s}: {e}")),
-    }
+    finite_number(s, false)
 }
 
 /// The parser of a latency: a finite number, 0 or more.
 pub(crate) fn non_negative_rate(s: &str) -> std::result::Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
-        Ok(_) => Err(format!("{s} is not a number 0 or more")),
-        Err(e) => Err(format!("{s}: {e}")),
+    finite_number(s, true)
+}
+
+/// A finite number above 0, or from 0 with `zero`.
+fn finite_number(s: &str, zero: bool) -> std::result::Result<f64, String> {
+    let v = s.parse::<f64>().map_err(|e| format!("{s}: {e}"))?;
+    match v.is_finite() && (v > 0.0 || (zero && v == 0.0)) {
+        true => Ok(v),
+        false if zero => Err(format!("{s} is not a number 0 or more")),
+        false => Err(format!("{s} is not a positive number")),
     }
 }
 
