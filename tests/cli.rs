@@ -1098,6 +1098,31 @@ fn bad_numbers_and_outputs_over_inputs_are_refused_by_name() {
             "{args:?}: {said}"
         );
     }
+    // data too short to evaluate on is refused before --overwrite empties the run
+    let six = dir.join("six.txt");
+    std::fs::write(&six, "abcabc").unwrap();
+    let o = distgpt(&[
+        "train",
+        "--model",
+        "tiny",
+        "--steps",
+        "1",
+        "--batch-size",
+        "1",
+        "--seq-len",
+        "2",
+        "--data",
+        six.to_str().unwrap(),
+        "--overwrite",
+        "--out",
+        out_s,
+    ]);
+    let said = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(
+        !o.status.success() && said.contains("the val split has 0 tokens"),
+        "{said}"
+    );
+    assert!(out.join("model.safetensors").exists() && out.join("checkpoints").exists());
     // a BERT classifier read at one position; SpamAssassin groups with no messages
     let (model, data) = tiny_bert_and_labelled_set(&dir);
     let empty = dir.join("package");

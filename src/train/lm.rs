@@ -24,6 +24,19 @@ pub struct LmTask<'a> {
     pub data: &'a Dataset,
 }
 
+/// The validation split's loader at `cfg`'s batch shape, in order (the
+/// same batches at every evaluation).
+pub(super) fn val_loader<'a>(data: &'a Dataset, cfg: &TrainConfig) -> Result<DataLoader<'a>> {
+    DataLoader::new(
+        &data.val,
+        "val",
+        cfg.batch_size,
+        cfg.seq_len,
+        cfg.seed,
+        false,
+    )
+}
+
 impl TrainStream for DataLoader<'_> {
     fn batches_per_epoch(&self) -> usize {
         DataLoader::batches_per_epoch(self)
@@ -104,15 +117,12 @@ impl<B: Backend> Task<B> for LmTask<'_> {
         batch.inputs.len()
     }
 
+    fn check_eval(&self, cfg: &TrainConfig) -> Result<()> {
+        val_loader(self.data, cfg).map(drop)
+    }
+
     fn evaluate(&self, strategy: &mut dyn Strategy, cfg: &TrainConfig) -> Result<Eval> {
-        let mut val = DataLoader::new(
-            &self.data.val,
-            "val",
-            cfg.batch_size,
-            cfg.seq_len,
-            cfg.seed,
-            false,
-        )?;
+        let mut val = val_loader(self.data, cfg)?;
         let n = cfg.eval_batches.clamp(1, val.batches_per_epoch());
         let batches = std::iter::from_fn(|| Some(val.next_batch()));
         let loss = mean_loss(batches, n, |b| strategy.eval_loss(b))?;

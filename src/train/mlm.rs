@@ -7,6 +7,7 @@
 //! validation batches' masks are fixed by the seed. The trained model is a
 //! Hugging Face `BertForMaskedLM` folder.
 
+use super::lm::val_loader;
 use super::task::{mean_loss, Eval, Task, TaskKind, TrainStream};
 use super::TrainConfig;
 use crate::backend::Backend;
@@ -122,9 +123,13 @@ impl<B: Backend> Task<B> for MlmTask<'_> {
         batch.inputs.len()
     }
 
+    fn check_eval(&self, cfg: &TrainConfig) -> Result<()> {
+        val_loader(self.data, cfg).map(drop)
+    }
+
     fn evaluate(&self, strategy: &mut dyn Strategy, cfg: &TrainConfig) -> Result<Eval> {
-        let (b, t) = (cfg.batch_size, cfg.seq_len);
-        let mut val = DataLoader::new(&self.data.val, "val", b, t, cfg.seed, false)?;
+        let b = cfg.batch_size;
+        let mut val = val_loader(self.data, cfg)?;
         let n = cfg.eval_batches.clamp(1, val.batches_per_epoch());
         // the same batches and masks at every evaluation
         let mut rng = Rng::new(cfg.seed ^ 0x5EED);

@@ -125,6 +125,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
                 model_cfg.block_size()
             )));
         }
+        task.check_eval(cfg)?;
         let lead = world.rank() == 0;
         // Ranks may have chosen different run directories (a default named by
         // the clock, a temporary directory per process): rank 0's wins.

@@ -97,6 +97,12 @@ pub trait Task<B: Backend>: Sync {
     fn tokens(&self, batch: &Batch) -> usize;
     /// **Collective.** The validation split's figures.
     fn evaluate(&self, strategy: &mut dyn Strategy, cfg: &TrainConfig) -> Result<Eval>;
+    /// Refuses a validation split that [`Task::evaluate`] could not read
+    /// at `cfg`'s batch shape (every run evaluates at its last step), before
+    /// a run directory is emptied or a step is trained.
+    fn check_eval(&self, _cfg: &TrainConfig) -> Result<()> {
+        Ok(())
+    }
     /// **Collective.** The test split's figures at the end, for a task
     /// that has one.
     fn test(&self, _strategy: &mut dyn Strategy, _cfg: &TrainConfig) -> Result<Option<Eval>> {
