@@ -172,7 +172,7 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
         .map(|hw| (hw.flops * processes, hw));
     let spec = BenchSpec {
         batch: b,
-        grad_accum: a.grad_accum.max(1),
+        grad_accum: a.grad_accum,
         seq_len: t,
         warmup: a.warmup,
         steps: a.steps,

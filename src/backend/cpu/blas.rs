@@ -133,8 +133,8 @@ impl Class {
 pub struct MatmulChoice {
     pub large: MatmulLib,
     pub small: MatmulLib,
-    /// Left out when None, so a checkpoint index written before this part
-    /// existed serializes as it did and keeps its checksum.
+    /// Left out when None, so files that record a choice (a checkpoint's
+    /// index, the peak cache) read as older versions wrote them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bf16: Option<MatmulLib>,
 }
@@ -1142,8 +1142,8 @@ mod tests {
 
     #[test]
     fn a_choice_without_a_bf16_product_serializes_as_before_it_had_one() {
-        // a checkpoint's index checksums its JSON: an old index must
-        // serialize back byte for byte, or it no longer resumes
+        // a choice without one is written as before it existed (indexes
+        // and the peak cache), and one with it reads back
         let old = r#"{"large":"openblas","small":"gemm"}"#;
         let read: MatmulChoice = serde_json::from_str(old).unwrap();
         assert_eq!(read.bf16, None);
