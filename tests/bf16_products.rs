@@ -1,10 +1,11 @@
-//! `--precision bf16` on a library's bf16 product (MKL's
-//! `cblas_gemm_bf16bf16f32`): the CPU backend's matmuls round their
-//! operands to bfloat16 and sum exact products in fp32, and training on it
-//! follows training in fp32 arithmetic on the same rounded operands. Runs
-//! where a library with a bf16 product opens (CI fetches MKL's wheel and
-//! sets `DISTGPT_EXPECT_BF16`); the choice of library is the process's, so
-//! this file is a process of its own and its tests take turns.
+//! `--precision bf16` on a bf16 product (distgpt's own AVX512-BF16 kernel
+//! where the CPU has it, MKL's `cblas_gemm_bf16bf16f32` where it opens):
+//! the CPU backend's matmuls round their operands to bfloat16 and sum exact
+//! products in fp32, and training on it follows training in fp32 arithmetic
+//! on the same rounded operands. Runs where a bf16 product is here (CI
+//! fetches MKL's wheel and sets `DISTGPT_EXPECT_BF16`); the choice of
+//! library is the process's, so this file is a process of its own and its
+//! tests take turns.
 
 #[allow(dead_code)] // the equivalence tests' helpers; this file needs the bf16 ones
 mod common;
@@ -25,8 +26,9 @@ use std::time::Duration as Wait;
 /// The tests force the process's choice in turn.
 static TURN: Mutex<()> = Mutex::new(());
 
-/// The libraries here with a bf16 product (which ones CI installed, the
-/// blas unit tests check): none is an error where CI expects one.
+/// The libraries here with a bf16 product (the built-in one by the CPU,
+/// which ones CI installed the blas unit tests check): none is an error
+/// where CI expects one.
 fn with_bf16() -> Vec<MatmulLib> {
     let here: Vec<MatmulLib> = MatmulLib::ALL
         .into_iter()
@@ -38,7 +40,12 @@ fn with_bf16() -> Vec<MatmulLib> {
         "DISTGPT_EXPECT_BF16 is set, and no library with a bf16 product opens here"
     );
     if here.is_empty() {
-        eprintln!("no library with a bf16 product opens here (MKL's libmkl_rt on LD_LIBRARY_PATH)");
+        eprintln!(
+            "no bf16 product here (no AVX512-BF16 for the built-in kernel; MKL's libmkl_rt on LD_LIBRARY_PATH)"
+        );
+    }
+    for lib in &here {
+        eprintln!("bf16 products on {}", lib.bf16_name());
     }
     here
 }

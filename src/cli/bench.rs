@@ -160,10 +160,10 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
     };
     let (peak, peak_source) = match (stated, &here) {
         (Some(p), _) => (p * 1e12, "--peak-tflops".to_string()),
-        (None, Some(h)) => (
-            h.flops * processes,
-            format!("{}; {}", h.matmul_name(), h.source),
-        ),
+        (None, Some(h)) => {
+            let (flops, name) = h.matmul_peak(par.precision == Precision::Bf16);
+            (flops * processes, format!("{name}; {}", h.source))
+        }
         (None, None) => unreachable!("measured when not stated"),
     };
     let hardware = here

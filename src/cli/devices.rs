@@ -19,7 +19,7 @@ pub struct DevicesArgs {
 fn bf16_route(p: &distgpt::metrics::peak::Peak) -> String {
     use distgpt::backend::cpu::blas::{self, MatmulLib};
     if let Some(lib) = p.matmul.and_then(|m| m.bf16) {
-        return format!("in bf16 arithmetic on {}", lib.name());
+        return format!("in bf16 arithmetic on {}", lib.bf16_name());
     }
     let why = if !blas::native_bf16() {
         "this CPU has no AVX512-BF16".to_string()
@@ -79,7 +79,13 @@ pub fn run(a: DevicesArgs) -> Result<()> {
                 let path = t.lib.path().map(|f| format!(" ({f})")).unwrap_or_default();
                 let bf16 = t
                     .bf16_flops
-                    .map(|f| format!(", bf16 layers {:6.1} GFLOP/s", f / 1e9))
+                    .map(|f| {
+                        let on = match t.lib.bf16_name() {
+                            same if same == t.lib.name() => String::new(),
+                            other => format!(" ({other})"),
+                        };
+                        format!(", bf16 layers{on} {:6.1} GFLOP/s", f / 1e9)
+                    })
                     .unwrap_or_default();
                 distgpt::outln!(
                     "  {:<10} layers {:6.1} GFLOP/s, attention blocks {:6.1} GFLOP/s{bf16}{path}",

@@ -94,6 +94,21 @@ impl Peak {
             None => "matmul".into(),
         }
     }
+
+    /// The matmul peak a run's MFU is stated against, and what it is of:
+    /// with `bf16` (`--precision bf16`) whose layer products run in bf16
+    /// arithmetic, that product's measured speed; else [`Peak::flops`].
+    pub fn matmul_peak(&self, bf16: bool) -> (f64, String) {
+        let on_bf16 = self.matmul.and_then(|m| m.bf16).filter(|_| bf16);
+        let timed = on_bf16.and_then(|lib| {
+            let t = self.timings.iter().find(|t| t.lib == lib)?;
+            Some((t.bf16_flops?, lib))
+        });
+        match timed {
+            Some((flops, lib)) => (flops, format!("best bf16 matmul, {}", lib.bf16_name())),
+            None => (self.flops, self.matmul_name()),
+        }
+    }
 }
 
 /// distgpt's cache directory: `$DISTGPT_CACHE_DIR`, else
@@ -270,6 +285,38 @@ pub fn of<B: Backend>(be: &B, fresh: bool) -> Peak {
 mod tests {
     use super::*;
     use std::cell::Cell;
+
+    #[test]
+    fn a_bf16_run_on_a_bf16_product_is_stated_against_that_products_speed() {
+        use crate::backend::cpu::blas::{MatmulLib, Timing};
+        let timing = |lib, bf16_flops| Timing {
+            lib,
+            large_flops: 400.0,
+            small_flops: 300.0,
+            bf16_flops,
+        };
+        let peak = |bf16| Peak {
+            flops: 400.0,
+            source: String::new(),
+            hardware: None,
+            matmul: Some(MatmulChoice {
+                bf16,
+                ..MatmulChoice::BUILT_IN
+            }),
+            timings: vec![
+                timing(MatmulLib::Gemm, Some(700.0)),
+                timing(MatmulLib::Mkl, Some(500.0)),
+            ],
+        };
+        let on_kernel = peak(Some(MatmulLib::Gemm));
+        let (flops, name) = on_kernel.matmul_peak(true);
+        assert_eq!(flops, 700.0);
+        assert!(name.contains("AVX512-BF16 kernel"), "{name}");
+        assert_eq!(peak(Some(MatmulLib::Mkl)).matmul_peak(true).0, 500.0);
+        // fp32 runs, and bf16 runs whose products stay in fp32
+        assert_eq!(on_kernel.matmul_peak(false).0, 400.0);
+        assert_eq!(peak(None).matmul_peak(true).0, 400.0);
+    }
 
     #[test]
     fn a_peak_is_measured_once_per_device_and_thread_count() {

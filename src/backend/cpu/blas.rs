@@ -9,14 +9,16 @@
 //! beside the MFU peak (`metrics::peak`) and set with [`set_choice`].
 //! `DISTGPT_MATMUL=gemm|openblas|blis|mkl` pins one for every class.
 //!
-//! `--precision bf16`'s products (operands already rounded to bfloat16) run
-//! in bf16 arithmetic on a library's bf16 product (MKL's
-//! `cblas_gemm_bf16bf16f32`, OpenBLAS's `cblas_sbgemm` where it was built
-//! with one) when the CPU has AVX512-BF16 (the library runs AMX itself
-//! where the CPU has that too) and the measurement finds it faster than
-//! the fp32 library; elsewhere they run in fp32, on the rounded values.
-//! Both sum exact products of bf16 values in fp32, so the two differ in
-//! rounding order only. `DISTGPT_MATMUL_BF16=mkl|openblas|fp32` pins it.
+//! `--precision bf16`'s products (operands rounded to bfloat16) run in
+//! bf16 arithmetic when the CPU has AVX512-BF16 and the measurement finds
+//! a bf16 product faster than the fp32 library: distgpt's own kernel
+//! (`dpbf16`, `vdpbf16ps`; the built-in's bf16 product), MKL's
+//! `cblas_gemm_bf16bf16f32` or OpenBLAS's `cblas_sbgemm` where it was built
+//! with one (a library runs AMX itself where the CPU has that too);
+//! elsewhere they run in fp32, on the rounded values. All sum exact
+//! products of bf16 values in fp32, so they differ in rounding order only.
+//! `DISTGPT_MATMUL_BF16=gemm|mkl|openblas|fp32` pins it (`gemm`: the
+//! built-in kernel).
 
 use super::attention::{BLOCK, KEYS};
 use super::math::Mat;
@@ -97,9 +99,22 @@ impl MatmulLib {
         self == MatmulLib::Gemm || loaded(self).is_ok()
     }
 
-    /// Whether this library is here and has a bf16 product.
+    /// Whether this library is here and has a bf16 product: the built-in
+    /// one (distgpt's own kernel, [`MatmulLib::bf16_name`]) where the CPU
+    /// has AVX512-BF16.
     pub fn has_bf16(self) -> bool {
-        loaded(self).is_ok_and(|l| l.gemm_bf16.is_some())
+        match self {
+            MatmulLib::Gemm => super::dpbf16::available(),
+            _ => loaded(self).is_ok_and(|l| l.gemm_bf16.is_some()),
+        }
+    }
+
+    /// What runs its bf16 product, as a user reads it.
+    pub fn bf16_name(self) -> &'static str {
+        match self {
+            MatmulLib::Gemm => "distgpt's AVX512-BF16 kernel",
+            lib => lib.name(),
+        }
     }
 
     /// The file the library was opened from, where it is one.
@@ -159,7 +174,7 @@ impl MatmulChoice {
             )
         };
         match self.bf16 {
-            Some(lib) => format!("{classes}, {} in bf16 (--precision bf16)", lib.name()),
+            Some(lib) => format!("{classes}, {} in bf16 (--precision bf16)", lib.bf16_name()),
             None => classes,
         }
     }
@@ -370,11 +385,16 @@ fn pins(var: impl Fn(&str) -> Option<String>) -> Result<Pins> {
             key => {
                 let lib = lib("DISTGPT_MATMUL_BF16", &v, key)?;
                 if !lib.has_bf16() {
+                    let why = match lib {
+                        MatmulLib::Gemm => "needs a CPU with AVX512-BF16",
+                        _ => {
+                            "has no bf16 product here (MKL's cblas_gemm_bf16bf16f32, \
+                              OpenBLAS's cblas_sbgemm)"
+                        }
+                    };
                     return Err(Error::Config(format!(
-                        "DISTGPT_MATMUL_BF16={v}: {} has no bf16 product here (MKL's \
-                         cblas_gemm_bf16bf16f32, OpenBLAS's cblas_sbgemm); fp32 runs them \
-                         on the rounded values",
-                        lib.name()
+                        "DISTGPT_MATMUL_BF16={v}: {} {why}; fp32 runs them on the rounded values",
+                        lib.bf16_name()
                     )));
                 }
                 Some(lib)
@@ -595,13 +615,13 @@ impl Operands {
     }
 }
 
-/// `dst = [dst +] scale * lhs @ rhs` on `lib` (not the `gemm` crate): one
-/// call on this thread when `threads` is 1, else the output split into
-/// row or column blocks, one rayon task each. With `bf16`, on `lib`'s bf16
-/// product: the operands rounded to bfloat16 into this thread's scratch,
-/// the products summed in fp32. Returns false, doing nothing, when the
-/// library (or its bf16 product) is not here or an operand has no unit
-/// stride (the caller runs it on the crate).
+/// `dst = [dst +] scale * lhs @ rhs` on `lib`: one call on this thread
+/// when `threads` is 1, else the output split into row or column blocks,
+/// one rayon task each. With `bf16`, on `lib`'s bf16 product (the built-in
+/// one: `dpbf16`): the operands rounded to bfloat16 into scratch, the
+/// products summed in fp32. Returns false, doing nothing, when the library
+/// (or its bf16 product) is not here, the `gemm` crate is asked for fp32,
+/// or an operand has no unit stride (the caller runs it on the crate).
 ///
 /// # Safety
 /// As `math::gemm`.
@@ -617,7 +637,17 @@ pub(super) unsafe fn gemm(
     scale: f32,
     threads: usize,
 ) -> bool {
-    let (Ok(l), Some(ops)) = (loaded(lib), Operands::of((m, n, k), dst, lhs, rhs)) else {
+    let shape = (m, n, k);
+    if bf16 && lib == MatmulLib::Gemm {
+        // SAFETY: as this function's
+        let ran = m * n * k > 0
+            && unsafe { super::dpbf16::gemm(shape, dst, lhs, rhs, accumulate, scale, threads) };
+        if ran {
+            BF16_PRODUCTS.fetch_add(1, Ordering::Relaxed);
+        }
+        return ran;
+    }
+    let (Ok(l), Some(ops)) = (loaded(lib), Operands::of(shape, dst, lhs, rhs)) else {
         return false;
     };
     let beta = if accumulate { 1.0 } else { 0.0 };
@@ -1108,13 +1138,16 @@ mod tests {
         }
     }
 
-    /// The libraries here that `has`, which must be the ones CI names in
-    /// `expect` (it installed them), and a pool of two threads to run on.
+    /// The libraries here that `has`, whose installed ones must be those
+    /// CI names in `expect` (the built-in one is here by the CPU, not by
+    /// what CI installed), and a pool of two threads to run on.
     fn here(has: fn(MatmulLib) -> bool, expect: &str) -> (Vec<MatmulLib>, rayon::ThreadPool) {
         let here: Vec<MatmulLib> = MatmulLib::ALL.into_iter().filter(|&l| has(l)).collect();
         if let Ok(want) = std::env::var(expect) {
-            let names: Vec<&str> = here.iter().map(|l| l.key()).collect();
-            assert_eq!(names.join(","), want, "the libraries here ({expect})");
+            let installed = |key: &&str| *key != MatmulLib::Gemm.key();
+            let names: Vec<&str> = here.iter().map(|l| l.key()).filter(installed).collect();
+            let want: Vec<&str> = want.split(',').filter(installed).collect();
+            assert_eq!(names, want, "the libraries here ({expect})");
         }
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(2)
@@ -1131,10 +1164,18 @@ mod tests {
         }
     }
 
+    /// Each bf16 product here, the built-in kernel where the CPU has
+    /// AVX512-BF16 (said on stderr: which ran is the CPU's to decide).
     #[test]
     fn every_bf16_product_here_sums_what_the_crate_does_on_rounded_operands() {
         let (here, pool) = here(MatmulLib::has_bf16, "DISTGPT_EXPECT_BF16");
+        assert_eq!(
+            MatmulLib::Gemm.has_bf16(),
+            native_bf16(),
+            "the built-in bf16 kernel"
+        );
         for lib in here {
+            eprintln!("bf16 products on {}", lib.bf16_name());
             pool.install(|| products_match_the_crate(lib, true));
             assert!(pool.install(|| bf16_agrees(lib)), "{}'s check", lib.name());
         }
@@ -1226,11 +1267,20 @@ mod tests {
                 ..chosen
             }
         );
-        let e = pins(env(&[("DISTGPT_MATMUL_BF16", "gemm")])).unwrap_err();
-        assert!(
-            e.to_string().contains("gemm crate has no bf16 product"),
-            "{e}"
-        );
+        // the built-in kernel: where the CPU has AVX512-BF16 only
+        match pins(env(&[("DISTGPT_MATMUL_BF16", "gemm")])) {
+            Ok(p) => {
+                assert!(native_bf16());
+                assert_eq!(p.over(chosen).bf16, Some(MatmulLib::Gemm));
+            }
+            Err(e) => {
+                assert!(!native_bf16(), "{e}");
+                assert!(
+                    e.to_string().contains("needs a CPU with AVX512-BF16"),
+                    "{e}"
+                );
+            }
+        }
         let e = pins(env(&[("DISTGPT_MATMUL_BF16", "cublas")])).unwrap_err();
         assert!(e.to_string().contains("not a matmul library"), "{e}");
         // a bad variable drops its own pin only

@@ -7,6 +7,7 @@ pub mod blas;
 pub(crate) mod check;
 pub(crate) mod crossentropy;
 mod decode;
+mod dpbf16;
 pub(crate) mod elementwise;
 pub(crate) mod encoder;
 pub mod hardware;
