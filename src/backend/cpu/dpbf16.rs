@@ -86,8 +86,9 @@ pub(super) unsafe fn gemm(
     let pairs = k.div_ceil(2);
     let (a_len, b_len) = (m.div_ceil(MR) * MR * pairs, n.div_ceil(NR) * NR * pairs);
     let mut packed = PACKED.take();
-    packed.clear();
-    packed.resize(a_len + b_len, 0);
+    if packed.len() < a_len + b_len {
+        packed.resize(a_len + b_len, 0);
+    }
     let (a, b) = packed.split_at_mut(a_len);
     // the right operand as its columns' rows: (n x k)
     #[cfg(target_arch = "x86_64")]
@@ -117,7 +118,10 @@ fn blocks(m: usize, n: usize) -> (usize, impl Fn(usize) -> (usize, usize) + Sync
 /// panels of `width` lanes: panel `q`, pair `p`, lane `l` is at
 /// `((q * pairs + p) * width + l)`, its low half element `2p` of the
 /// lane's row, its high half `2p + 1` (0 past k). Lanes past the last
-/// are left as they are (their sums are never stored).
+/// are left as they are (their sums are never stored). Where each lane's
+/// k is contiguous, a task packs a panel (transposing 16 lanes by 16 pairs
+/// in registers); where the lanes are, a task packs [`PACK_PAIRS`] pairs
+/// of every panel, so the source is read row after row.
 ///
 /// # Safety
 /// AVX512-BF16; `x`'s elements readable; `out` holds every panel.
@@ -129,29 +133,47 @@ unsafe fn pack(
     width: usize,
     threads: usize,
 ) {
-    use rayon::prelude::*;
     let pairs = k.div_ceil(2);
-    let addr = x.ptr as usize;
-    let panel = |(q, out): (usize, &mut [u32])| {
-        let x = Mat {
-            ptr: (addr as *const f32).offset((q * width) as isize * x.row_stride),
-            ..x
-        };
-        let valid = width.min(lanes - q * width);
-        // SAFETY: the panel's lanes are the view's rows q * width ..
-        unsafe {
-            if x.col_stride == 1 {
-                avx512::pack_along(out, x, valid, k, width)
-            } else {
-                avx512::pack_across(out, x, valid, k, width)
-            }
-        }
+    let panels = lanes.div_ceil(width);
+    debug_assert!(out.len() >= panels * pairs * width);
+    let (from, to) = (x.ptr as usize, out.as_mut_ptr() as usize);
+    let lane = |q: usize, p0: usize| Mat {
+        ptr: (from as *const f32)
+            .offset((q * width) as isize * x.row_stride + (2 * p0) as isize * x.col_stride),
+        ..x
     };
-    let len = pairs * width;
-    if threads > 1 {
-        out.par_chunks_mut(len).enumerate().for_each(panel);
+    let into = |q: usize, p0: usize| (to as *mut u32).add((q * pairs + p0) * width);
+    let valid = |q: usize| width.min(lanes - q * width);
+    if x.col_stride == 1 {
+        // SAFETY: panel q is its own part of `out`, read from its lanes
+        tasks(panels, threads, |q| unsafe {
+            avx512::pack_along(into(q, 0), lane(q, 0), valid(q), k, width)
+        });
     } else {
-        out.chunks_mut(len).enumerate().for_each(panel);
+        tasks(pairs.div_ceil(PACK_PAIRS), threads, |t| {
+            let p0 = t * PACK_PAIRS;
+            for q in 0..panels {
+                let n = PACK_PAIRS.min(pairs - p0);
+                // SAFETY: pairs p0.. of panel q are this task's, read from
+                // depths 2 p0.. of its lanes
+                unsafe {
+                    avx512::pack_across(into(q, p0), lane(q, p0), valid(q), (n, k - 2 * p0), width)
+                }
+            }
+        });
+    }
+}
+
+/// Pairs a task of [`pack`] takes across every panel.
+const PACK_PAIRS: usize = 8;
+
+/// `f(0..count)`, over the pool when `threads` is more than 1.
+fn tasks(count: usize, threads: usize, f: impl Fn(usize) + Sync + Send) {
+    use rayon::prelude::*;
+    if threads > 1 {
+        (0..count).into_par_iter().for_each(f);
+    } else {
+        (0..count).for_each(f);
     }
 }
 
@@ -170,7 +192,6 @@ unsafe fn multiply(
     scale: f32,
     threads: usize,
 ) {
-    use rayon::prelude::*;
     let (a, b, c) = (a.as_ptr() as usize, b.as_ptr() as usize, dst.ptr as usize);
     let ldc = dst.row_stride;
     let block = |(i0, q0): (usize, usize)| {
@@ -194,11 +215,7 @@ unsafe fn multiply(
         }
     };
     let (count, at) = blocks(m, n);
-    if threads > 1 {
-        (0..count).into_par_iter().map(at).for_each(block);
-    } else {
-        (0..count).map(at).for_each(block);
-    }
+    tasks(count, threads, |t| block(at(t)));
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -265,59 +282,127 @@ mod avx512 {
         }
     }
 
-    /// [`super::pack`]'s panel where each lane's k is contiguous: 32
-    /// floats of a lane make its next 16 pairs.
+    /// 16 pairs of each of 16 lanes made 16 lanes of each of 16 pairs:
+    /// `x[i]`'s element `j` to `x[j]`'s element `i`.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn transpose(x: &mut [__m512i; 16]) {
+        let mut t = [_mm512_setzero_si512(); 16];
+        for i in (0..16).step_by(2) {
+            t[i] = _mm512_unpacklo_epi32(x[i], x[i + 1]);
+            t[i + 1] = _mm512_unpackhi_epi32(x[i], x[i + 1]);
+        }
+        for i in (0..16).step_by(4) {
+            x[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+            x[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+            x[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+            x[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+        }
+        for h in [0, 8] {
+            for i in 0..4 {
+                t[h + i] = _mm512_shuffle_i32x4::<0x88>(x[h + i], x[h + i + 4]);
+                t[h + i + 4] = _mm512_shuffle_i32x4::<0xdd>(x[h + i], x[h + i + 4]);
+            }
+        }
+        for i in 0..8 {
+            x[i] = _mm512_shuffle_i32x4::<0x88>(t[i], t[i + 8]);
+            x[i + 8] = _mm512_shuffle_i32x4::<0xdd>(t[i], t[i + 8]);
+        }
+    }
+
+    /// [`super::pack`]'s panel (`valid` of its `width` lanes) where each
+    /// lane's k is contiguous: 32 floats of a lane make its next 16 pairs,
+    /// and 16 lanes' are transposed to 16 pairs' before they are stored.
     #[target_feature(enable = "avx512f,avx512bf16")]
     pub unsafe fn pack_along(
-        out: &mut [u32],
+        out: *mut u32,
         x: Mat<*const f32>,
         valid: usize,
         k: usize,
         width: usize,
     ) {
-        let mut pairs = [0u32; 16];
-        for l in 0..valid {
-            let row = x.ptr.offset(l as isize * x.row_stride);
+        let mut rows = [_mm512_setzero_si512(); 16];
+        for g in (0..valid).step_by(16) {
+            let lanes = (valid - g).min(16);
             for k0 in (0..k).step_by(32) {
                 let left = k - k0;
-                let lo = load(row.add(k0), left);
-                let hi = match left > 16 {
-                    true => load(row.add(k0 + 16), left - 16),
-                    false => _mm512_setzero_ps(),
-                };
-                let both: __m512i = transmute(_mm512_cvtne2ps_pbh(hi, lo));
-                _mm512_storeu_epi32(pairs.as_mut_ptr() as *mut i32, both);
-                for (t, &v) in pairs.iter().take(left.div_ceil(2).min(16)).enumerate() {
-                    *out.get_unchecked_mut((k0 / 2 + t) * width + l) = v;
+                for (l, row) in rows.iter_mut().enumerate() {
+                    *row = match l < lanes {
+                        true => {
+                            let at = x.ptr.offset((g + l) as isize * x.row_stride).add(k0);
+                            let hi = match left > 16 {
+                                true => load(at.add(16), left - 16),
+                                false => _mm512_setzero_ps(),
+                            };
+                            transmute(_mm512_cvtne2ps_pbh(hi, load(at, left)))
+                        }
+                        false => _mm512_setzero_si512(),
+                    };
+                }
+                transpose(&mut rows);
+                for (t, pair) in rows.iter().take(left.div_ceil(2).min(16)).enumerate() {
+                    let at = out.add((k0 / 2 + t) * width + g) as *mut i32;
+                    _mm512_mask_storeu_epi32(at, mask(lanes), *pair);
                 }
             }
         }
     }
 
-    /// [`super::pack`]'s panel where the lanes are contiguous: each pair
-    /// is two rows of 16 lanes, rounded and interleaved.
+    /// [`super::pack`]'s `pairs` pairs of a panel (`valid` of its `width`
+    /// lanes; `depth` elements of k left from the first) where the lanes
+    /// are contiguous: each pair is two rows of 16 lanes, rounded and
+    /// interleaved.
     #[target_feature(enable = "avx512f,avx512bf16")]
     pub unsafe fn pack_across(
-        out: &mut [u32],
+        out: *mut u32,
         x: Mat<*const f32>,
         valid: usize,
-        k: usize,
+        (pairs, depth): (usize, usize),
         width: usize,
     ) {
-        for p in 0..k.div_ceil(2) {
-            let depth = |d: usize| x.ptr.offset(d as isize * x.col_stride);
+        let at = |d: usize| x.ptr.offset(d as isize * x.col_stride);
+        for p in 0..pairs {
             for l0 in (0..valid).step_by(16) {
                 let n = (valid - l0).min(16);
-                let lo = _mm512_cvtneps_pbh(load(depth(2 * p).add(l0), n));
-                let hi = match 2 * p + 1 < k {
-                    true => _mm512_cvtneps_pbh(load(depth(2 * p + 1).add(l0), n)),
+                let lo = _mm512_cvtneps_pbh(load(at(2 * p).add(l0), n));
+                let hi = match 2 * p + 1 < depth {
+                    true => _mm512_cvtneps_pbh(load(at(2 * p + 1).add(l0), n)),
                     false => transmute::<__m256i, __m256bh>(_mm256_setzero_si256()),
                 };
                 let lo = _mm512_cvtepu16_epi32(transmute::<__m256bh, __m256i>(lo));
                 let hi = _mm512_cvtepu16_epi32(transmute::<__m256bh, __m256i>(hi));
                 let v = _mm512_or_si512(lo, _mm512_slli_epi32::<16>(hi));
-                let at = out.as_mut_ptr().add(p * width + l0) as *mut i32;
-                _mm512_mask_storeu_epi32(at, mask(n), v);
+                _mm512_mask_storeu_epi32(out.add(p * width + l0) as *mut i32, mask(n), v);
+            }
+        }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    #[test]
+    fn sixteen_lanes_of_sixteen_pairs_transpose() {
+        if !available() {
+            eprintln!("no AVX512-BF16 here: the kernel's transpose cannot run");
+            return;
+        }
+        let mut x = [[0u32; 16]; 16];
+        for (i, row) in x.iter_mut().enumerate() {
+            for (j, v) in row.iter_mut().enumerate() {
+                *v = (i * 16 + j) as u32;
+            }
+        }
+        // SAFETY: the CPU has AVX-512 (checked above)
+        let got: [[u32; 16]; 16] = unsafe {
+            let mut regs = x.map(|row| _mm512_loadu_epi32(row.as_ptr() as *const i32));
+            avx512::transpose(&mut regs);
+            regs.map(|r| std::mem::transmute(r))
+        };
+        for i in 0..16 {
+            for j in 0..16 {
+                assert_eq!(got[j][i], x[i][j], "[{i}][{j}]");
             }
         }
     }
