@@ -333,7 +333,7 @@ mod avx512 {
                                 true => load(at.add(16), left - 16),
                                 false => _mm512_setzero_ps(),
                             };
-                            transmute(_mm512_cvtne2ps_pbh(hi, load(at, left)))
+                            transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, load(at, left)))
                         }
                         false => _mm512_setzero_si512(),
                     };
