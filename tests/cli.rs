@@ -1213,6 +1213,99 @@ fn bad_numbers_and_outputs_over_inputs_are_refused_by_name() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A folder of shards keeps the tokenizer it was prepared with: `data
+/// prepare` does not add shards of another beside them (unless told to
+/// delete them first), `train --tokenizer` may not name another, and a run
+/// started from a model folder takes its shape and tokenizer from it.
+#[test]
+fn a_shard_folder_keeps_its_tokenizer_and_init_from_keeps_its_models_shape() {
+    let dir = run_dir("shard-tokenizer");
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = dir.join("t.txt");
+    std::fs::write(
+        &text,
+        "To be, or not to be, that is the question. ".repeat(200),
+    )
+    .unwrap();
+    let shards = dir.join("shards");
+    let (text_s, shards_s) = (text.to_str().unwrap(), shards.to_str().unwrap());
+    let prepare = |extra: &[&str]| {
+        let mut args = vec!["data", "prepare", "--input", text_s, "--out", shards_s];
+        args.extend_from_slice(extra);
+        distgpt(&args)
+    };
+    let refused = |o: Output, says: &str| {
+        let said = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(
+            !o.status.success() && said.contains(says) && !said.contains("panicked"),
+            "{says}: {said}"
+        );
+    };
+    succeeded(prepare(&[]));
+    refused(
+        prepare(&["--tokenizer", "gpt2"]),
+        "holds an earlier preparation (t_train_000000.bin, t_val_000000.bin, tokenizer.json)",
+    );
+    succeeded(prepare(&["--tokenizer", "gpt2", "--overwrite"]));
+    let bins = std::fs::read_dir(&shards)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "bin")
+        })
+        .count();
+    assert_eq!(bins, 2, "the old shards were deleted, the new ones written");
+    let spec = std::fs::read_to_string(shards.join("tokenizer.json")).unwrap();
+    assert!(spec.contains("\"gpt2\""), "{spec}");
+    refused(
+        distgpt(&["data", "prepare", "--input", text_s, "--out", text_s]),
+        "is a file",
+    );
+    let train = |extra: &[&str]| {
+        let out = dir.join("run");
+        let mut args = vec![
+            "train", "--data", shards_s, "--model", "tiny", "--steps", "1",
+        ];
+        args.extend_from_slice(&["--out", out.to_str().unwrap()]);
+        args.extend_from_slice(extra);
+        distgpt(&args)
+    };
+    refused(
+        train(&["--tokenizer", "char"]),
+        "holds shards of GPT-2 BPE (its tokenizer.json)",
+    );
+    std::fs::remove_file(shards.join("tokenizer.json")).unwrap();
+    refused(
+        train(&["--tokenizer", "char"]),
+        "(no tokenizer.json: GPT-2 BPE tokens, as llm.c writes them)",
+    );
+    // a model folder's shape and tokenizer are its own
+    let run = dir.join("tiny");
+    train_tiny(run.to_str().unwrap(), &["--steps", "1", "--quiet"]);
+    for flag in [
+        &["--n-layer", "3"][..],
+        &["--model", "gpt2"],
+        &["--tokenizer", "gpt2"],
+    ] {
+        let mut args = vec![
+            "train",
+            "--init-from",
+            run.to_str().unwrap(),
+            "--steps",
+            "1",
+        ];
+        args.extend_from_slice(flag);
+        refused(
+            distgpt(&args),
+            &format!("{} cannot be given with --init-from", flag[0]),
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Under mpirun the command a stop prints is the mpirun command that
 /// continues the run (with `--comm mpi` and the run's rank count), and it does.
 #[cfg(feature = "mpi")]

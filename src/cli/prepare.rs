@@ -1,10 +1,10 @@
 //! `distgpt data prepare` and `data prepare-spam`: token shards from text,
 //! and a labelled set from the SpamAssassin corpus.
 
-use anyhow::Result;
+use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use distgpt::data::{self, TokenizerKind};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Subcommand)]
 pub enum DataCommand {
@@ -26,6 +26,10 @@ pub struct PrepareArgs {
     /// Output directory for the shards and tokenizer.json.
     #[arg(long)]
     out: PathBuf,
+    /// Delete the token shards (*.bin) and tokenizer.json --out holds from an
+    /// earlier preparation first (without it, such a folder is refused).
+    #[arg(long)]
+    overwrite: bool,
 }
 
 #[derive(Args)]
@@ -41,6 +45,7 @@ pub struct PrepareSpamArgs {
 pub fn run(command: DataCommand) -> Result<()> {
     match command {
         DataCommand::Prepare(a) => {
+            clear_earlier(&a.out, a.overwrite)?;
             let (n_train, n_val) = data::prepare(a.input.as_deref(), a.tokenizer, &a.out)?;
             distgpt::outln!(
                 "wrote {} ({n_train} train tokens, {n_val} val tokens)",
@@ -54,6 +59,49 @@ pub fn run(command: DataCommand) -> Result<()> {
                 a.out.display()
             );
         }
+    }
+    Ok(())
+}
+
+/// Refuses an `--out` that is a file, or that holds token shards or a
+/// tokenizer.json (new shards would be read beside the old ones, and the
+/// old decoded with the new vocabulary); with `overwrite`, deletes those.
+fn clear_earlier(out: &Path, overwrite: bool) -> Result<()> {
+    if !out.exists() {
+        return Ok(());
+    }
+    if !out.is_dir() {
+        bail!(
+            "--out {} is a file: give a folder for the shards",
+            out.display()
+        );
+    }
+    let mut earlier: Vec<PathBuf> = std::fs::read_dir(out)
+        .with_context(|| format!("--out {}", out.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.is_file()
+                && (p.extension().is_some_and(|x| x == "bin")
+                    || p.file_name().is_some_and(|n| n == "tokenizer.json"))
+        })
+        .collect();
+    earlier.sort();
+    if earlier.is_empty() {
+        return Ok(());
+    }
+    if !overwrite {
+        let names: Vec<String> = earlier
+            .iter()
+            .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .collect();
+        bail!(
+            "--out {} holds an earlier preparation ({}): new shards beside them would be read together and decoded with the new tokenizer.json; give a new folder, or --overwrite to delete them first",
+            out.display(),
+            names.join(", ")
+        );
+    }
+    for p in &earlier {
+        std::fs::remove_file(p).with_context(|| format!("deleting {}", p.display()))?;
     }
     Ok(())
 }

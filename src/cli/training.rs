@@ -184,6 +184,43 @@ pub(super) const FIXED_ON_RESUME: [(&[&str], &str); 7] = [
     (&["init_from", "overwrite"], "a resumed run starts from its checkpoint"),
 ];
 
+/// Flags a run started with `--init-from` takes from the folder it starts from.
+const FIXED_BY_INIT: [&str; 6] = [
+    "model",
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "block_size",
+    "tokenizer",
+];
+
+/// Refuses `--tokenizer` naming another tokenizer than a shard folder's
+/// (its tokenizer.json, or GPT-2 BPE without one, as llm.c writes them).
+fn refuse_other_tokenizer(dir: &Path, ds: &Dataset, asked: TokenizerKind) -> Result<()> {
+    let theirs = ds.tokenizer.spec();
+    let same = matches!(
+        (asked, &theirs),
+        (
+            TokenizerKind::Char,
+            distgpt::data::TokenizerSpec::Char { .. }
+        ) | (TokenizerKind::Gpt2, distgpt::data::TokenizerSpec::Gpt2)
+    );
+    if !same {
+        let how = match dir.join("tokenizer.json").exists() {
+            true => "its tokenizer.json",
+            false => "no tokenizer.json: GPT-2 BPE tokens, as llm.c writes them",
+        };
+        bail!(
+            "--tokenizer {}: {} holds shards of {} ({how}); shards keep the tokenizer they were prepared with: leave --tokenizer out, or prepare the text again with `data prepare --tokenizer {}`",
+            asked.key(),
+            dir.display(),
+            distgpt::data::describe(&theirs),
+            asked.key()
+        );
+    }
+    Ok(())
+}
+
 /// Refuses the flags a resumed run takes from its record, each with why.
 pub(super) fn refuse_fixed_on_resume(given: &[String]) -> Result<()> {
     for (flags, why) in FIXED_ON_RESUME {
@@ -305,6 +342,13 @@ pub(super) fn new_run(a: &TrainArgs, given: &[String], task: TaskKind) -> Result
     let (data, seq_len, out_name) = match task {
         TaskKind::Lm => match &a.init_from {
             Some(dir) => {
+                if let Some(f) = FIXED_BY_INIT.iter().find(|f| set(f)) {
+                    bail!(
+                        "--{} cannot be given with --init-from: the model's shape and tokenizer are those of {} (its model.json)",
+                        f.replace('_', "-"),
+                        dir.display()
+                    );
+                }
                 let meta = checkpoint::read_any_meta(dir)?;
                 let ds = Dataset::load_for_model(a.data.as_deref(), &meta.tokenizer)?;
                 let model = meta.gpt2(dir)?;
@@ -313,6 +357,9 @@ pub(super) fn new_run(a: &TrainArgs, given: &[String], task: TaskKind) -> Result
             }
             None => {
                 let ds = Dataset::load(a.data.as_deref(), a.tokenizer)?;
+                if let Some(dir) = a.data.as_deref().filter(|d| set("tokenizer") && d.is_dir()) {
+                    refuse_other_tokenizer(dir, &ds, a.tokenizer)?;
+                }
                 let model = a.model.resolve(Some(ds.tokenizer.vocab_size()))?;
                 let seq = a.seq_len.unwrap_or(model.block_size);
                 (TaskData::Lm { model, ds }, seq, a.model.model.clone())

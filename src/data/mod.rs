@@ -29,6 +29,16 @@ pub enum TokenizerKind {
     Gpt2,
 }
 
+impl TokenizerKind {
+    /// As `--tokenizer` spells it.
+    pub fn key(self) -> &'static str {
+        match self {
+            TokenizerKind::Char => "char",
+            TokenizerKind::Gpt2 => "gpt2",
+        }
+    }
+}
+
 pub struct Dataset {
     pub name: String,
     pub tokenizer: Tokenizer,
@@ -90,7 +100,7 @@ impl TokenHash {
 }
 
 /// How a tokenizer is named in messages.
-fn describe(spec: &TokenizerSpec) -> String {
+pub fn describe(spec: &TokenizerSpec) -> String {
     match spec {
         TokenizerSpec::Char { chars } => {
             format!("a character vocabulary of {}", chars.chars().count())
