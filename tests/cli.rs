@@ -1303,6 +1303,33 @@ fn a_shard_folder_keeps_its_tokenizer_and_init_from_keeps_its_models_shape() {
             &format!("{} cannot be given with --init-from", flag[0]),
         );
     }
+    // and run.json repeats such a run, as a file's shape gives way to a
+    // command line's --init-from
+    let tuned = dir.join("tuned");
+    let tuned_s = tuned.to_str().unwrap();
+    let run_s = run.to_str().unwrap();
+    let from = ["train", "--init-from", run_s, "--steps", "1", "--quiet"];
+    succeeded(distgpt(&[&from[..], &["--out", tuned_s]].concat()));
+    let config = tuned.join("run.json");
+    let again = dir.join("again");
+    succeeded(distgpt(&[
+        "train",
+        "--config",
+        config.to_str().unwrap(),
+        "--out",
+        again.to_str().unwrap(),
+    ]));
+    let scratch = run.join("run.json");
+    let again = dir.join("again-from");
+    succeeded(distgpt(&[
+        "train",
+        "--config",
+        scratch.to_str().unwrap(),
+        "--init-from",
+        run_s,
+        "--out",
+        again.to_str().unwrap(),
+    ]));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

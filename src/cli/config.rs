@@ -65,6 +65,18 @@ fn toml_entries(file: &Path, text: &str) -> Result<Vec<(String, Value)>> {
     Ok(out)
 }
 
+/// Flags a language model started with `--init-from` takes from the folder
+/// it starts from: never written for such a run, and a file's dropped when
+/// `--init-from` is given on the command line.
+pub(super) const FIXED_BY_INIT: [&str; 6] = [
+    "model",
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "block_size",
+    "tokenizer",
+];
+
 /// Everything a run was trained with, as train's flags.
 fn record_entries(r: &RunRecord) -> Vec<(String, Value)> {
     let t = &r.train;
@@ -164,15 +176,20 @@ fn record_entries(r: &RunRecord) -> Vec<(String, Value)> {
         TaskKind::Mlm => &["tokenizer", "sample_every", "sample_tokens"],
         TaskKind::Classify => &["tokenizer", "sample_every", "sample_tokens", "eval_batches"],
     };
+    let from_folder: &[&str] = match t.init_from {
+        Some(_) => &FIXED_BY_INIT,
+        None => &[],
+    };
     out.into_iter()
-        .filter(|(k, _)| !lm_only.contains(k))
+        .filter(|(k, _)| !lm_only.contains(k) && !from_folder.contains(k))
         .map(|(k, v)| (k.to_string(), v))
         .collect()
 }
 
 /// The command-line arguments `file` stands for, leaving out the flags
 /// given on the command line (`given`, by id) and those that conflict with
-/// them (`--epochs` given drops the file's `steps`).
+/// them (`--epochs` given drops the file's `steps`, `--init-from` its model
+/// shape and tokenizer).
 pub fn file_args(file: &Path, train: &clap::Command, given: &[String]) -> Result<Vec<OsString>> {
     let text = read_bounded(file)?;
     let entries = if file.extension().is_some_and(|e| e == "json") {
@@ -229,7 +246,8 @@ pub fn file_args(file: &Path, train: &clap::Command, given: &[String]) -> Result
             );
         }
         taken.push(id.clone());
-        if is_given(&id) || conflicts.iter().any(|c| is_given(c)) {
+        let from_folder = is_given("init_from") && FIXED_BY_INIT.contains(&id.as_str());
+        if is_given(&id) || conflicts.iter().any(|c| is_given(c)) || from_folder {
             continue;
         }
         let flag = format!("--{}", arg.get_long().expect("a long flag"));

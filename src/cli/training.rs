@@ -184,16 +184,6 @@ pub(super) const FIXED_ON_RESUME: [(&[&str], &str); 7] = [
     (&["init_from", "overwrite"], "a resumed run starts from its checkpoint"),
 ];
 
-/// Flags a run started with `--init-from` takes from the folder it starts from.
-const FIXED_BY_INIT: [&str; 6] = [
-    "model",
-    "n_layer",
-    "n_head",
-    "n_embd",
-    "block_size",
-    "tokenizer",
-];
-
 /// Refuses `--tokenizer` naming another tokenizer than a shard folder's
 /// (its tokenizer.json, or GPT-2 BPE without one, as llm.c writes them).
 fn refuse_other_tokenizer(dir: &Path, ds: &Dataset, asked: TokenizerKind) -> Result<()> {
@@ -342,7 +332,7 @@ pub(super) fn new_run(a: &TrainArgs, given: &[String], task: TaskKind) -> Result
     let (data, seq_len, out_name) = match task {
         TaskKind::Lm => match &a.init_from {
             Some(dir) => {
-                if let Some(f) = FIXED_BY_INIT.iter().find(|f| set(f)) {
+                if let Some(f) = config::FIXED_BY_INIT.iter().find(|f| set(f)) {
                     bail!(
                         "--{} cannot be given with --init-from: the model's shape and tokenizer are those of {} (its model.json)",
                         f.replace('_', "-"),
