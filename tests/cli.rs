@@ -1333,6 +1333,58 @@ fn a_shard_folder_keeps_its_tokenizer_and_init_from_keeps_its_models_shape() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A Hugging Face folder whose config.json disagrees with its weights (a
+/// block the config does not have) or with its tokenizer (fewer characters
+/// than the vocabulary) is refused by name, not read in part.
+#[test]
+fn a_hugging_face_folder_that_disagrees_with_itself_is_refused() {
+    let dir = run_dir("hf-disagrees");
+    let run = dir.join("run");
+    train_tiny(run.to_str().unwrap(), &["--steps", "1", "--quiet"]);
+    let hf = dir.join("hf");
+    succeeded(distgpt(&[
+        "export",
+        run.to_str().unwrap(),
+        "--out",
+        hf.to_str().unwrap(),
+    ]));
+    let config = hf.join("config.json");
+    let original: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    succeeded(distgpt(&[
+        "generate",
+        hf.to_str().unwrap(),
+        "--tokens",
+        "2",
+    ]));
+    let edited = |edit: &dyn Fn(&mut serde_json::Value), says: &str| {
+        let mut j = original.clone();
+        edit(&mut j);
+        std::fs::write(&config, serde_json::to_string(&j).unwrap()).unwrap();
+        let o = distgpt(&["generate", hf.to_str().unwrap(), "--tokens", "2"]);
+        let said = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(
+            !o.status.success() && said.contains(says) && !said.contains("panicked"),
+            "{says}: {said}"
+        );
+    };
+    edited(
+        &|j| j["n_layer"] = serde_json::json!(1),
+        "tensor 'transformer.h.1.attn.c_attn.bias' (12 such) has no place in the model its config describes (1 layer)",
+    );
+    edited(
+        &|j| {
+            let chars = j["distgpt_tokenizer"]["chars"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            j["distgpt_tokenizer"]["chars"] = serde_json::json!(chars[1..]);
+        },
+        "characters, and vocab_size is",
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Under mpirun the command a stop prints is the mpirun command that
 /// continues the run (with `--comm mpi` and the run's rank count), and it does.
 #[cfg(feature = "mpi")]

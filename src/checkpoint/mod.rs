@@ -172,10 +172,27 @@ pub fn save_weights<B: Backend>(model: &Gpt2<B>, path: &Path) -> Result<String> 
     write_weights(&model.config.clone().into(), &params, path, false)
 }
 
+/// A tensor name with each run of digits made `#`: the kind of tensor,
+/// whichever block it belongs to.
+fn kind_of(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for c in name.chars() {
+        match c.is_ascii_digit() {
+            true if out.ends_with('#') => {}
+            true => out.push('#'),
+            false => out.push(c),
+        }
+    }
+    out
+}
+
 /// Reads every tensor of `config`'s layout from a safetensors file under
-/// the layout's names; extra tensors (e.g. `lm_head.weight`) are ignored.
-/// With `expected_checksum` the file must match it; every weight must be
-/// finite. The whole model's parameters, padding rows zero.
+/// the layout's names; extra tensors of other kinds (e.g. `lm_head.weight`)
+/// are ignored, but one of a kind the layout has under another number (a
+/// block past the config's `n_layer`) is an error: the config and the
+/// weights disagree. With `expected_checksum` the file must match it;
+/// every weight must be finite. The whole model's parameters, padding rows
+/// zero.
 pub fn read_weights(
     config: &ModelConfig,
     path: &Path,
@@ -197,6 +214,23 @@ pub fn read_weights(
     let st = SafeTensors::deserialize(&bytes)
         .map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
     let layout = config.layout(1);
+    let names: std::collections::HashSet<&str> =
+        layout.tensors.iter().map(|t| t.name.as_str()).collect();
+    let kinds: std::collections::HashSet<String> = names.iter().map(|n| kind_of(n)).collect();
+    let mut extra: Vec<String> = st
+        .names()
+        .into_iter()
+        .filter(|n| !names.contains(n.as_str()) && kinds.contains(&kind_of(n)))
+        .cloned()
+        .collect();
+    extra.sort();
+    if let Some(first) = extra.first() {
+        return Err(bad(format!(
+            "tensor '{first}' ({} such) has no place in the model its config describes ({}): the config and the weights disagree",
+            extra.len(),
+            crate::metrics::count(config.n_layer(), "layer")
+        )));
+    }
     let mut params = vec![0.0f32; layout.total()];
     for (t, (name, shape, r)) in layout.tensors.iter().zip(stored(config, &layout)) {
         let view = st

@@ -111,8 +111,17 @@ pub fn read_config(dir: &Path) -> Result<ModelMeta> {
     };
     config.validate()?;
     let tokenizer = match j.get("distgpt_tokenizer") {
-        Some(t) => serde_json::from_value(t.clone())
-            .map_err(|e| bad(format!("invalid distgpt_tokenizer: {e}")))?,
+        Some(t) => match serde_json::from_value(t.clone()) {
+            Ok(TokenizerSpec::Char { chars }) if chars.chars().count() != config.vocab_size => {
+                return Err(bad(format!(
+                    "distgpt_tokenizer has {} characters, and vocab_size is {}: each token is one character",
+                    chars.chars().count(),
+                    config.vocab_size
+                )))
+            }
+            Ok(spec) => spec,
+            Err(e) => return Err(bad(format!("invalid distgpt_tokenizer: {e}"))),
+        },
         None if config.vocab_size == crate::model::gpt2::config::GPT2_VOCAB => TokenizerSpec::Gpt2,
         None => {
             return Err(bad(format!(
