@@ -140,6 +140,23 @@ fn plan_says_why_tp_rows_are_missing_and_what_network_it_assumes() {
         text.contains("network: 8 ranks per node; within a node 450.0 GB/s per rank + 5.0 us"),
         "{text}"
     );
+    // a preset's latencies give way to the flags, as its bandwidths do
+    let out = succeeded(distgpt(&[
+        "plan",
+        "--device",
+        "h100",
+        "--model",
+        "tiny",
+        "--world-size",
+        "2",
+        "--intra-latency-us",
+        "7",
+        "--inter-latency-us",
+        "30",
+    ]));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("450.0 GB/s per rank + 7.0 us"), "{text}");
+    assert!(text.contains(" + 30.0 us"), "{text}");
 }
 
 #[test]

@@ -187,6 +187,12 @@ fn target(a: &PlanArgs, threads: usize) -> Result<(Device, Network, Option<Machi
         if let Some(x) = a.inter_gbs {
             net.inter_bandwidth = x * 1e9;
         }
+        if let Some(x) = a.intra_latency_us {
+            net.intra_latency_s = x * 1e-6;
+        }
+        if let Some(x) = a.inter_latency_us {
+            net.inter_latency_s = x * 1e-6;
+        }
     }
     if a.device == DeviceKind::Cpu && (a.pcie_gbs.is_some() || a.host_gbs.is_some()) {
         bail!("--pcie-gbs and --host-gbs price offload from a device's memory; --device cpu trains in host memory already");
