@@ -1029,6 +1029,8 @@ fn bad_numbers_and_outputs_over_inputs_are_refused_by_name() {
     ));
     let ckpt = out.join("checkpoints").join("step_00000001");
     let ckpt = ckpt.to_str().unwrap().to_string();
+    let a_file = dir.join("a-file").to_str().unwrap().to_string();
+    std::fs::write(&a_file, "not a folder").unwrap();
     for (args, says) in [
         (vec!["eval", out_s, "--batch-size", "0"], "--batch-size"),
         (vec!["eval", out_s, "--seq-len", "0"], "--seq-len"),
@@ -1056,6 +1058,19 @@ fn bad_numbers_and_outputs_over_inputs_are_refused_by_name() {
         ),
         (vec!["quantize", out_s, "--out", out_s], "is the input"),
         (vec!["prune", out_s, "--out", out_s], "is the input"),
+        // an --out that is a file, named as one
+        (
+            vec!["export", out_s, "--out", &a_file, "--overwrite"],
+            "is a file: the output is a model folder",
+        ),
+        (
+            vec!["quantize", out_s, "--out", &a_file],
+            "is a file: the output is a model folder",
+        ),
+        (
+            vec!["train", "--model", "tiny", "--steps", "1", "--out", &a_file],
+            "is a file: a run's --out is a folder",
+        ),
         // a run's model replaced by a checkpoint's, or by a Hugging Face folder
         (
             vec!["export", &ckpt, "--out", out_s],

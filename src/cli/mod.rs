@@ -619,9 +619,15 @@ impl OldPeakGflops {
     }
 }
 
-/// Refuses an output folder that is the input or holds a run (its model
-/// files would be replaced), unless `overwrite`.
+/// Refuses an output folder that is a file, or that is the input or holds
+/// a run (its model files would be replaced) unless `overwrite`.
 fn refuse_output_over_input(input: &Path, out: &Path, overwrite: bool) -> Result<()> {
+    if out.exists() && !out.is_dir() {
+        bail!(
+            "--out {} is a file: the output is a model folder",
+            out.display()
+        );
+    }
     if overwrite {
         return Ok(());
     }

@@ -173,6 +173,12 @@ pub fn lock(dir: &Path) -> Result<RunLock> {
     if !lead_process() {
         return Ok(RunLock { _file: None });
     }
+    if dir.exists() && !dir.is_dir() {
+        return Err(Error::Input(format!(
+            "{} is a file: a run's --out is a folder",
+            dir.display()
+        )));
+    }
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let path = dir.join(LOCK_FILE);
     let mut file = std::fs::OpenOptions::new()
