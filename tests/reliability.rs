@@ -667,17 +667,14 @@ fn every_shard_token_is_checked_and_data_must_match_the_model() {
         "{}",
         stderr(&eval)
     );
-    let tune = train(
-        &tmp("tune"),
-        &[
-            "--init-from",
-            model_dir.to_str().unwrap(),
-            "--data",
-            gpt2.to_str().unwrap(),
-            "--steps",
-            "1",
-        ],
-    );
+    // (no --model: a run from a model folder takes the folder's)
+    let tune = bin()
+        .args(["train", "--init-from", model_dir.to_str().unwrap()])
+        .args(["--data", gpt2.to_str().unwrap(), "--steps", "1"])
+        .args(["--batch-size", "4", "--seq-len", "32", "--quiet"])
+        .args(["--out", tmp("tune").to_str().unwrap()])
+        .output()
+        .unwrap();
     assert!(!tune.status.success());
     assert!(
         stderr(&tune).contains("tokenized with GPT-2"),
