@@ -9,7 +9,7 @@ use distgpt::backend::cpu::Cpu;
 use distgpt::backend::Device;
 use distgpt::checkpoint;
 use distgpt::checkpoint::state;
-use distgpt::data::{Dataset, TokenizerKind};
+use distgpt::data::{Dataset, TokenizerKind, TokenizerSpec};
 use distgpt::infer::kv::{DecodeWeights, Decoder};
 use distgpt::model::gpt2::config::BlockWidth;
 use distgpt::model::gpt2::BlockParam;
@@ -227,10 +227,18 @@ fn a_pruned_model_saves_loads_and_exports_in_the_dense_shape() {
     let (loss, logits) = outputs(&mut small);
     let dir = std::env::temp_dir().join(format!("distgpt-rows-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let tok = Dataset::load(None, TokenizerKind::Char)
+    // a character vocabulary of the model's size (the first characters of
+    // Shakespeare's), as config.json must record it
+    let tok = match Dataset::load(None, TokenizerKind::Char)
         .unwrap()
         .tokenizer
-        .spec();
+        .spec()
+    {
+        TokenizerSpec::Char { chars } => TokenizerSpec::Char {
+            chars: chars.chars().take(cfg.vocab_size).collect(),
+        },
+        other => panic!("a character vocabulary, not {other:?}"),
+    };
     checkpoint::save_model(&small, tok.clone(), &dir.join("own")).unwrap();
     let (mut back, meta) = checkpoint::load_model(Cpu::new(), &dir.join("own")).unwrap();
     assert_eq!(meta.config, small_cfg.into());
