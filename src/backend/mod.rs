@@ -212,6 +212,13 @@ pub trait Kernels: Device {
     /// f32, in one pass; dst rounded in place without `src`: the operands
     /// of a bf16 matmul (`--precision bf16`).
     fn round_bf16(&self, dst: Dst<'_, Self>, src: Option<Src<'_, Self>>);
+    /// Whether `matmul_forward` and `matmul_backward` round a bf16 shape's
+    /// operands to bfloat16 themselves (the CPU's products round them as
+    /// they pack them), so a caller passes them as they are instead of
+    /// copying them rounded with [`Kernels::round_bf16`] first.
+    fn matmul_rounds_bf16(&self) -> bool {
+        false
+    }
     fn crossentropy_forward(&self, op: CrossEntropyForward<On<'_, Self>>);
     fn crossentropy_backward(&self, op: CrossEntropyBackward<On<'_, Self>>);
     fn adamw(&self, op: AdamWUpdate<On<'_, Self>>);

@@ -1,9 +1,13 @@
 //! `--precision`: the matmuls' arithmetic, shared by every model family.
-//! With bf16, a matmul's input, weight and output gradient are copied into
-//! scratch and rounded to bfloat16 (products accumulated in fp32; a bias's
-//! gradient, a sum, from the fp32 output gradient); the
+//! With bf16, a matmul's input, weight and output gradient are rounded to
+//! bfloat16 (products accumulated in fp32; a bias's gradient, a sum, from
+//! the fp32 output gradient): copied into scratch and rounded, or, on a
+//! backend whose matmuls round a bf16 shape's operands themselves
+//! (`Kernels::matmul_rounds_bf16`: the CPU), passed as they are. The
 //! family routes its matmuls through [`matmul_forward`] and
-//! [`matmul_backward`], which pass straight to the backend in fp32.
+//! [`matmul_backward`], which pass straight to the backend in fp32. The
+//! scratch is allocated either way, so the memory a layout counts is one
+//! formula for every device (`plan` tallies it on the CPU).
 
 use super::alloc::ActAlloc;
 use crate::backend::{Backend, Buf, Category, MatmulBackward, MatmulForward, MatmulShape, On, Src};
@@ -51,8 +55,12 @@ impl<B: Backend> Bf16Operands<B> {
         })
     }
 
-    /// A rounded copy of `x` in `buf`.
-    fn rounded<'s>(be: &B, buf: &'s mut Buf<B>, x: Src<'_, B>) -> Src<'s, B> {
+    /// A rounded copy of `x` in `buf`, or `x` itself where the backend's
+    /// matmuls round it.
+    fn rounded<'s>(be: &B, buf: &'s mut Buf<B>, x: Src<'s, B>) -> Src<'s, B> {
+        if be.matmul_rounds_bf16() {
+            return x;
+        }
         let mut r = buf.slice_mut(0..x.len());
         be.round_bf16(r.rb(), Some(x));
         r.into_src()

@@ -666,18 +666,22 @@ pub(super) unsafe fn gemm(
     scratch.clear();
     scratch.resize(ops.m * k + k * ops.n, 0);
     let (a, b) = scratch.split_at_mut(ops.m * k);
+    use super::decode::{Bf16, Element};
+    let bits = |v: f32| Bf16::from_f32(v).bits();
     // SAFETY: the caller's views are readable (as math::gemm).
-    let ((a_row, _, lda), (_, b_col, ldb)) = unsafe {
+    let ((a_row, a_col), (b_row, b_col)) = unsafe {
         (
-            round_compact(lhs, ops.m, k, a),
-            round_compact(rhs, k, ops.n, b),
+            super::math::round_compact(lhs, (ops.m, k), a, bits),
+            super::math::round_compact(rhs, (k, ops.n), b, bits),
         )
     };
+    // a compact copy's leading dimension is its longer stride
+    let ld = |row: usize, col: usize| row.max(col) as c_int;
     let call = Call {
         gemm,
         k,
-        a: (ta, lda, a.as_ptr() as usize, a_row),
-        b: (tb, ldb, b.as_ptr() as usize, b_col),
+        a: (ta, ld(a_row, a_col), a.as_ptr() as usize, a_row as isize),
+        b: (tb, ld(b_row, b_col), b.as_ptr() as usize, b_col as isize),
         c: (ops.dst.ptr as usize, ops.dst.row_stride),
         alpha: scale,
         beta,
@@ -789,46 +793,6 @@ fn bf16_agrees(lib: MatmulLib) -> bool {
 /// The most bf16 scratch a thread keeps between products (16 MiB): a
 /// larger one (a wide vocabulary's head) is freed after its product.
 const KEPT_BF16: usize = 1 << 23;
-
-/// A `rows x cols` view rounded to bfloat16 into `out` without gaps: its
-/// contiguous runs (rows, or columns where it is transposed) one after
-/// another, reading only the elements the view addresses. Returns the
-/// copy's row stride, column stride and leading dimension.
-///
-/// # Safety
-/// The view's elements are readable; it has a unit stride (`operand`).
-unsafe fn round_compact(
-    x: Mat<*const f32>,
-    rows: usize,
-    cols: usize,
-    out: &mut [u16],
-) -> (isize, isize, c_int) {
-    use super::decode::{Bf16, Element};
-    use rayon::prelude::*;
-    let by_rows = x.col_stride == 1;
-    let (runs, len, stride) = match by_rows {
-        true => (rows, cols, x.row_stride),
-        false => (cols, rows, x.col_stride),
-    };
-    let addr = x.ptr as usize;
-    out[..runs * len]
-        .par_chunks_mut(len)
-        .with_min_len((1 << 14) / len.max(1))
-        .enumerate()
-        .for_each(|(i, run)| {
-            // SAFETY: run i of the view: `len` elements from its start.
-            let from = unsafe {
-                std::slice::from_raw_parts((addr as *const f32).offset(i as isize * stride), len)
-            };
-            run.iter_mut()
-                .zip(from)
-                .for_each(|(t, &f)| *t = Bf16::from_f32(f).bits());
-        });
-    match by_rows {
-        true => (len as isize, 1, len as c_int),
-        false => (1, len as isize, len as c_int),
-    }
-}
 
 /// A BLAS operand for an `rows x cols` matrix: (transpose flag, leading
 /// dimension), or None when neither stride is 1.

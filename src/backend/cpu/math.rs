@@ -239,9 +239,10 @@ impl<T> Mat<T> {
 
 /// `dst (m x n) = [dst +] scale * lhs (m x k) @ rhs (k x n)`, on the
 /// library chosen for its class (`blas`), else the `gemm` crate. With
-/// `bf16` (operands rounded to bfloat16, `--precision bf16`), in bf16
-/// arithmetic on the library chosen for that where one is
-/// (`blas::current_bf16`), else in fp32 as without.
+/// `bf16` (`--precision bf16`) on the operands rounded to bfloat16: in bf16
+/// arithmetic on the product chosen for that where one is
+/// (`blas::current_bf16`; it rounds them as it packs them), else in fp32 on
+/// copies rounded into this thread's scratch.
 ///
 /// # Safety
 /// Every element addressed through the three operands for the given sizes
@@ -262,11 +263,78 @@ pub unsafe fn gemm(
         let lib = blas::current_bf16()?;
         blas::gemm(lib, true, shape, dst, lhs, rhs, accumulate, scale, threads).then_some(())
     };
-    if bf16 && on_bf16().is_some() {
+    let lib = blas::current(blas::Class::of(m, n, k));
+    if !bf16 {
+        return gemm_on(lib, shape, dst, lhs, rhs, accumulate, scale, threads);
+    }
+    if on_bf16().is_some() {
         return;
     }
-    let lib = blas::current(blas::Class::of(m, n, k));
-    gemm_on(lib, shape, dst, lhs, rhs, accumulate, scale, threads)
+    let mut scratch = ROUNDED.take();
+    scratch.clear();
+    scratch.resize(m * k + k * n, 0.0);
+    let (a, b) = scratch.split_at_mut(m * k);
+    let round = |v: f32| super::round_to_bf16(v);
+    let (a_row, a_col) = round_compact(lhs, (m, k), a, round);
+    let (b_row, b_col) = round_compact(rhs, (k, n), b, round);
+    let lhs = Mat::new(a.as_ptr(), a_row, a_col);
+    let rhs = Mat::new(b.as_ptr(), b_row, b_col);
+    gemm_on(lib, shape, dst, lhs, rhs, accumulate, scale, threads);
+    if scratch.capacity() <= KEPT_ROUNDED {
+        ROUNDED.set(scratch);
+    }
+}
+
+thread_local! {
+    /// [`gemm`]'s rounded operands in fp32 arithmetic, kept for the next
+    /// product on this thread up to [`KEPT_ROUNDED`] elements.
+    static ROUNDED: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// The most rounded operands a thread keeps between products (32 MiB).
+const KEPT_ROUNDED: usize = 1 << 23;
+
+/// A `rows x cols` view, each element through `f` (a rounding), into `out`
+/// without gaps: its rows one after another, or its columns where it is
+/// stored by column (row stride 1), reading only the elements it
+/// addresses. Returns the copy's (row stride, column stride).
+///
+/// # Safety
+/// The view's elements are readable; `out` holds `rows * cols`.
+pub(super) unsafe fn round_compact<T: Send>(
+    x: Mat<*const f32>,
+    (rows, cols): (usize, usize),
+    out: &mut [T],
+    f: impl Fn(f32) -> T + Sync,
+) -> (usize, usize) {
+    use rayon::prelude::*;
+    let by_cols = x.row_stride == 1 && x.col_stride != 1;
+    let (runs, len, run_stride, step) = match by_cols {
+        true => (cols, rows, x.col_stride, x.row_stride),
+        false => (rows, cols, x.row_stride, x.col_stride),
+    };
+    let addr = x.ptr as usize;
+    out[..runs * len]
+        .par_chunks_mut(len.max(1))
+        .with_min_len((1 << 14) / len.max(1))
+        .enumerate()
+        .for_each(|(i, run)| {
+            let from = (addr as *const f32).offset(i as isize * run_stride);
+            if step == 1 {
+                // SAFETY: run i of the view: `len` elements from its start
+                let from = unsafe { std::slice::from_raw_parts(from, len) };
+                run.iter_mut().zip(from).for_each(|(t, &v)| *t = f(v));
+            } else {
+                for (j, t) in run.iter_mut().enumerate() {
+                    // SAFETY: element j of run i lies in the view
+                    *t = f(unsafe { *from.offset(j as isize * step) });
+                }
+            }
+        });
+    match by_cols {
+        true => (1, len),
+        false => (len, 1),
+    }
 }
 
 /// [`gemm`] on `lib`, whatever is chosen (the `gemm` crate where `lib`
