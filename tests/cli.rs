@@ -1056,6 +1056,10 @@ fn bad_numbers_and_outputs_over_inputs_are_refused_by_name() {
             ],
             "--comm-timeout",
         ),
+        (
+            vec!["train", "--model", "tiny", "--stop-after", "0"],
+            "--stop-after",
+        ),
         (vec!["quantize", out_s, "--out", out_s], "is the input"),
         (vec!["prune", out_s, "--out", out_s], "is the input"),
         // an --out that is a file, named as one
@@ -1181,6 +1185,20 @@ fn bad_numbers_and_outputs_over_inputs_are_refused_by_name() {
                 "1",
             ],
             "--seq-len 1 must be between 2",
+        ),
+        (
+            vec![
+                "train",
+                "--task",
+                "classify",
+                "--init-from",
+                model.to_str().unwrap(),
+                "--data",
+                data.to_str().unwrap(),
+                "--train-examples",
+                "100000",
+            ],
+            "training examples",
         ),
         (
             vec![

@@ -116,8 +116,8 @@ pub(super) fn prune_on<B: Backend>(be: B, a: &PruneArgs) -> Result<()> {
             ),
         };
         distgpt::outln!(
-            "{method} {:.0}% ({:.2}% gone, {} parameters): {loss}{}{speed}",
-            100.0 * l.target,
+            "{method} {} ({:.2}% gone, {} parameters): {loss}{}{speed}",
+            level_name(l.target),
             100.0 * l.sparsity,
             l.params,
             int8(l.val_loss_int8)
@@ -147,9 +147,9 @@ pub(super) fn prune_on<B: Backend>(be: B, a: &PruneArgs) -> Result<()> {
         };
         checkpoint::save_model(&m, meta.tokenizer.clone(), &dir)?;
         distgpt::outln!(
-            "wrote {} (the {:.0}% model: {})",
+            "wrote {} (the {} model: {})",
             dir.display(),
-            100.0 * cfg.levels.last().copied().unwrap_or(0.0),
+            level_name(cfg.levels.last().copied().unwrap_or(0.0)),
             m.config
         );
         runs.push(MethodRun {
@@ -172,4 +172,30 @@ pub(super) fn run_prune(a: PruneArgs) -> Result<()> {
     refuse_output_over_input(&a.run, &a.out, a.overwrite)?;
     on_device!(a.device, |be| prune_on(be, &a))?;
     Ok(())
+}
+
+/// A sparsity level as a percentage, with the decimals it needs (0.5:
+/// "50%", 0.999: "99.9%"), so no level below 1 reads as 100%.
+fn level_name(level: f64) -> String {
+    let pct = 100.0 * level;
+    let decimals = (0..7)
+        .find(|&d| {
+            let scale = 10f64.powi(d);
+            ((pct * scale).round() / scale - pct).abs() < 1e-9 || d == 6
+        })
+        .unwrap_or(6) as usize;
+    format!("{pct:.decimals$}%")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::level_name;
+
+    #[test]
+    fn a_level_is_named_with_the_decimals_it_needs() {
+        assert_eq!(level_name(0.5), "50%");
+        assert_eq!(level_name(0.999), "99.9%");
+        assert_eq!(level_name(0.12345), "12.345%");
+        assert_eq!(level_name(0.9999999), "99.99999%");
+    }
 }

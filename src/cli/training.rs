@@ -148,7 +148,7 @@ pub(super) struct TrainArgs {
     )]
     init_from: Option<PathBuf>,
     /// Stop (with a checkpoint) after this many steps of this invocation.
-    #[arg(long, help_heading = "Checkpoints")]
+    #[arg(long, value_parser = positive(), help_heading = "Checkpoints")]
     stop_after: Option<usize>,
     /// Testing aid: make this rank fail (with --fail-step).
     #[arg(long, requires = "fail_step", hide = true)]

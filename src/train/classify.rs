@@ -59,6 +59,13 @@ impl ClassifyTask {
             if n == 0 {
                 return Err(Error::Config("--train-examples must be at least 1".into()));
             }
+            let have = set.train.examples.len();
+            if n > have {
+                return Err(Error::Config(format!(
+                    "--train-examples {n}: {} has {have} training examples",
+                    data.display()
+                )));
+            }
             set.train.sample(n, seed);
         }
         if init_from.join("model.json").exists() && !init_from.join("config.json").exists() {
