@@ -1060,6 +1060,20 @@ fn bad_numbers_and_outputs_over_inputs_are_refused_by_name() {
             vec!["train", "--model", "tiny", "--stop-after", "0"],
             "--stop-after",
         ),
+        (
+            vec![
+                "bench",
+                "--model",
+                "tiny",
+                "--generate",
+                "4",
+                "--strategy",
+                "ddp",
+                "--world-size",
+                "2",
+            ],
+            "--generate times one rank's decoding",
+        ),
         (vec!["quantize", out_s, "--out", out_s], "is the input"),
         (vec!["prune", out_s, "--out", out_s], "is the input"),
         // an --out that is a file, named as one

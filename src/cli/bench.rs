@@ -128,6 +128,16 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let cfg = a.model.resolve_family(a.vocab_size)?;
     let (b, t) = (a.batch_size, a.seq_len.unwrap_or(cfg.block_size()));
     if let Some(tokens) = a.generate {
+        let p = &a.parallel;
+        if p.strategy != distgpt::parallel::StrategyKind::Single
+            || p.world_size != 1
+            || p.tp != 1
+            || p.pp != 1
+        {
+            anyhow::bail!(
+                "--generate times one rank's decoding: it takes no --strategy, --world-size, --tp or --pp (`distgpt generate --tp N` decodes tensor-parallel)"
+            );
+        }
         let Some(gpt) = cfg.get::<GptConfig>() else {
             anyhow::bail!(
                 "--generate needs a GPT-2 model: {} is an encoder",
