@@ -141,19 +141,9 @@ fn plan_says_why_tp_rows_are_missing_and_what_network_it_assumes() {
         "{text}"
     );
     // a preset's latencies give way to the flags, as its bandwidths do
-    let out = succeeded(distgpt(&[
-        "plan",
-        "--device",
-        "h100",
-        "--model",
-        "tiny",
-        "--world-size",
-        "2",
-        "--intra-latency-us",
-        "7",
-        "--inter-latency-us",
-        "30",
-    ]));
+    let line =
+        "plan --device h100 --model tiny --world-size 2 --intra-latency-us 7 --inter-latency-us 30";
+    let out = succeeded(distgpt(&line.split(' ').collect::<Vec<_>>()));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("450.0 GB/s per rank + 7.0 us"), "{text}");
     assert!(text.contains(" + 30.0 us"), "{text}");
@@ -1202,20 +1192,6 @@ fn bad_numbers_and_outputs_over_inputs_are_refused_by_name() {
         ),
         (
             vec![
-                "train",
-                "--task",
-                "classify",
-                "--init-from",
-                model.to_str().unwrap(),
-                "--data",
-                data.to_str().unwrap(),
-                "--train-examples",
-                "100000",
-            ],
-            "training examples",
-        ),
-        (
-            vec![
                 "data",
                 "prepare-spam",
                 "--input",
@@ -1233,6 +1209,13 @@ fn bad_numbers_and_outputs_over_inputs_are_refused_by_name() {
             "{args:?}: {said}"
         );
     }
+    // more training examples than the set has
+    let (model_s, data_s) = (model.to_str().unwrap(), data.to_str().unwrap());
+    let classify = format!("train --task classify --init-from {model_s} --data {data_s}");
+    let more = format!("{classify} --train-examples 100000");
+    let o = distgpt(&more.split(' ').collect::<Vec<_>>());
+    let said = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(said.contains("has 12 training examples"), "{said}");
     // a negative count in a config file is the flag's bad value, named
     let neg = dir.join("neg.toml");
     std::fs::write(&neg, "model = \"tiny\"\nsteps = -5\n").unwrap();
@@ -1374,26 +1357,18 @@ fn a_shard_folder_keeps_its_tokenizer_and_init_from_keeps_its_models_shape() {
     let run_s = run.to_str().unwrap();
     let from = ["train", "--init-from", run_s, "--steps", "1", "--quiet"];
     succeeded(distgpt(&[&from[..], &["--out", tuned_s]].concat()));
-    let config = tuned.join("run.json");
-    let again = dir.join("again");
-    succeeded(distgpt(&[
-        "train",
-        "--config",
-        config.to_str().unwrap(),
-        "--out",
-        again.to_str().unwrap(),
-    ]));
-    let scratch = run.join("run.json");
-    let again = dir.join("again-from");
-    succeeded(distgpt(&[
-        "train",
-        "--config",
-        scratch.to_str().unwrap(),
-        "--init-from",
-        run_s,
-        "--out",
-        again.to_str().unwrap(),
-    ]));
+    let repeat = |config: PathBuf, extra: &str, out: &str| {
+        let out = dir.join(out);
+        let line = format!(
+            "train --config {} {extra}--out {}",
+            config.display(),
+            out.display()
+        );
+        succeeded(distgpt(&line.split(' ').collect::<Vec<_>>()));
+    };
+    repeat(tuned.join("run.json"), "", "again");
+    let from_run = format!("--init-from {run_s} ");
+    repeat(run.join("run.json"), &from_run, "again-from");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -578,14 +578,8 @@ impl Operands {
         lhs: Mat<*const f32>,
         rhs: Mat<*const f32>,
     ) -> Option<Operands> {
-        // row-major C = A B needs C's columns contiguous; else C^T = B^T A^T
-        let (dst, lhs, rhs, m, n) = if dst.col_stride == 1 {
-            (dst, lhs, rhs, m, n)
-        } else if dst.row_stride == 1 {
-            (dst.t(), rhs.t(), lhs.t(), n, m)
-        } else {
-            return None;
-        };
+        // row-major C = A B needs C's rows contiguous
+        let (dst, lhs, rhs, (m, n)) = super::math::rows_contiguous((dst, lhs, rhs, (m, n)))?;
         let fits = |x: usize| c_int::try_from(x).is_ok();
         let ldc = dst.row_stride;
         if !(fits(m) && fits(n) && fits(k)) || ldc < n.max(1) as isize || !fits(ldc as usize) {

@@ -68,12 +68,8 @@ pub(super) unsafe fn gemm(
     scale: f32,
     threads: usize,
 ) -> bool {
-    // dst's rows must be contiguous; else dst^T = rhs^T lhs^T
-    let (dst, lhs, rhs, m, n) = if dst.col_stride == 1 {
-        (dst, lhs, rhs, m, n)
-    } else if dst.row_stride == 1 {
-        (dst.t(), rhs.t(), lhs.t(), n, m)
-    } else {
+    let Some((dst, lhs, rhs, (m, n))) = super::math::rows_contiguous((dst, lhs, rhs, (m, n)))
+    else {
         return false;
     };
     let unit = |x: Mat<*const f32>| x.col_stride == 1 || x.row_stride == 1;

@@ -399,6 +399,27 @@ pub unsafe fn gemm_on(
     );
 }
 
+/// A product's views and shape: (dst, lhs, rhs, (m, n)).
+pub(super) type Views = (
+    Mat<*mut f32>,
+    Mat<*const f32>,
+    Mat<*const f32>,
+    (usize, usize),
+);
+
+/// The product `dst (m x n) = lhs @ rhs` with `dst`'s rows contiguous:
+/// as given where its column stride is 1, else as `dst^T = rhs^T lhs^T`
+/// (`n x m`) where its row stride is; None where neither is.
+pub(super) fn rows_contiguous((dst, lhs, rhs, (m, n)): Views) -> Option<Views> {
+    if dst.col_stride == 1 {
+        Some((dst, lhs, rhs, (m, n)))
+    } else if dst.row_stride == 1 {
+        Some((dst.t(), rhs.t(), lhs.t(), (n, m)))
+    } else {
+        None
+    }
+}
+
 /// A raw pointer that may cross threads: kernels hand disjoint regions of
 /// one buffer to rayon tasks.
 #[derive(Clone, Copy)]
