@@ -1209,6 +1209,15 @@ fn bad_numbers_and_outputs_over_inputs_are_refused_by_name() {
             "{args:?}: {said}"
         );
     }
+    // a classifier of fewer positions than 128 runs at its own by default
+    let o = distgpt(&[
+        "eval",
+        model.to_str().unwrap(),
+        "--data",
+        three.to_str().unwrap(),
+    ]);
+    let said = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(o.status.success(), "{said}");
     // more training examples than the set has
     let (model_s, data_s) = (model.to_str().unwrap(), data.to_str().unwrap());
     let classify = format!("train --task classify --init-from {model_s} --data {data_s}");

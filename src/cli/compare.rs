@@ -59,7 +59,7 @@ pub struct CompareArgs {
     /// Global batches (sequences per micro-step, split across the data-parallel ranks), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "8,16,32")]
     batch_sizes: Vec<usize>,
-    /// Tokens per sequence (default 64; classify: at most, default 128).
+    /// Tokens per sequence (default 64; classify: at most, default 128 or the model's positions where fewer).
     #[arg(long)]
     seq_len: Option<usize>,
     /// Optimizer steps per run (instead of --epochs).
@@ -274,7 +274,9 @@ fn run_classify(a: CompareArgs, out_dir: PathBuf, threads: usize) -> Result<()> 
         bail!("--epochs {epochs}: --task classify trains whole epochs");
     }
     create_report_dir(&out_dir)?;
-    let seq_len = a.seq_len.unwrap_or(128);
+    let seq_len = a
+        .seq_len
+        .unwrap_or_else(|| distgpt::train::classify::default_seq_len(&init_from));
     let task = ClassifyTask::new(&init_from, &data, train_examples, seq_len, a.seed)?;
     let lr = a.lr.unwrap_or(5e-5);
     let matrix = ClassifyMatrix {

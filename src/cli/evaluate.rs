@@ -16,7 +16,7 @@ pub(super) struct EvalArgs {
     /// Sequences per batch.
     #[arg(long, value_parser = positive(), default_value_t = 8)]
     batch_size: usize,
-    /// Tokens per sequence (default: the model's block size).
+    /// Tokens per sequence (default: the model's block size; a BERT classifier: 128, or its positions where fewer).
     #[arg(long, value_parser = positive())]
     seq_len: Option<usize>,
     /// Batches to evaluate (0: the whole split).
@@ -90,7 +90,9 @@ pub(super) fn run_eval(a: EvalArgs, given: &[String]) -> Result<()> {
                 bail!("--{flag} is for language models: a BERT classifier is scored on the whole test split in fp32");
             }
         }
-        let t = a.seq_len.unwrap_or(128);
+        let t = a
+            .seq_len
+            .unwrap_or_else(|| train::classify::default_seq_len(&a.model));
         let s = on_device!(a.device, |be| train::classify::evaluate_folder(
             be,
             &a.model,

@@ -37,7 +37,7 @@ pub(super) struct TrainArgs {
     /// Global batch: sequences per micro-step, split across the data-parallel ranks.
     #[arg(long, value_parser = positive(), default_value_t = 32, help_heading = "Data")]
     batch_size: usize,
-    /// Tokens per sequence (default: the model's block size).
+    /// Tokens per sequence (default: the model's block size; BERT: 128, or a classifier's positions where fewer).
     #[arg(long, value_parser = positive(), help_heading = "Data")]
     seq_len: Option<usize>,
     /// Micro-batches per optimizer step.
@@ -374,7 +374,9 @@ pub(super) fn new_run(a: &TrainArgs, given: &[String], task: TaskKind) -> Result
             let (Some(init_from), Some(data)) = (&a.init_from, &a.data) else {
                 bail!("--task classify needs --init-from (a Hugging Face BERT folder, e.g. all-MiniLM-L6-v2's) and --data (a labelled set)");
             };
-            let seq = a.seq_len.unwrap_or(128);
+            let seq = a
+                .seq_len
+                .unwrap_or_else(|| train::classify::default_seq_len(init_from));
             let t =
                 train::classify::ClassifyTask::new(init_from, data, a.train_examples, seq, a.seed)?;
             (TaskData::Classify(t), seq, "classify".to_string())

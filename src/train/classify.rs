@@ -150,6 +150,17 @@ impl ClassifyTask {
     }
 }
 
+/// The sequence length a classifier of the BERT folder `dir` runs at
+/// unless `--seq-len` says: [`DEFAULT_SEQ_LEN`], or the model's positions
+/// where it has fewer (the default where the folder's config cannot be
+/// read: loading it then says why).
+pub fn default_seq_len(dir: &Path) -> usize {
+    hf::read_config(dir, None).map_or(DEFAULT_SEQ_LEN, |c| c.block_size.min(DEFAULT_SEQ_LEN))
+}
+
+/// A classifier's sequence length where its model has the positions.
+pub const DEFAULT_SEQ_LEN: usize = 128;
+
 /// Refuses a sequence length a classifier of `model` cannot take: at
 /// least `[CLS]` and `[SEP]`, at most its positions.
 fn check_seq_len(t: usize, model: &BertConfig) -> Result<()> {
