@@ -3,6 +3,7 @@
 
 use anyhow::Result;
 use clap::Args;
+use distgpt::backend::cpu::blas::MatmulLib;
 use distgpt::backend::cpu::Cpu;
 use distgpt::backend::Device;
 
@@ -17,7 +18,7 @@ pub struct DevicesArgs {
 
 /// Where `--precision bf16`'s products run, and why.
 fn bf16_route(p: &distgpt::metrics::peak::Peak) -> String {
-    use distgpt::backend::cpu::blas::{self, MatmulLib};
+    use distgpt::backend::cpu::blas;
     if let Some(lib) = p.matmul.and_then(|m| m.bf16) {
         return format!("in bf16 arithmetic on {}", lib.bf16_name());
     }
@@ -80,9 +81,10 @@ pub fn run(a: DevicesArgs) -> Result<()> {
                 let bf16 = t
                     .bf16_flops
                     .map(|f| {
-                        let on = match t.lib.bf16_name() {
-                            same if same == t.lib.name() => String::new(),
-                            other => format!(" ({other})"),
+                        // the built-in's bf16 product is not the gemm crate
+                        let on = match t.lib {
+                            MatmulLib::Gemm => format!(" ({})", t.lib.bf16_name()),
+                            _ => String::new(),
                         };
                         format!(", bf16 layers{on} {:6.1} GFLOP/s", f / 1e9)
                     })

@@ -177,14 +177,8 @@ pub(super) fn run_prune(a: PruneArgs) -> Result<()> {
 /// A sparsity level as a percentage, with the decimals it needs (0.5:
 /// "50%", 0.999: "99.9%"), so no level below 1 reads as 100%.
 fn level_name(level: f64) -> String {
-    let pct = 100.0 * level;
-    let decimals = (0..7)
-        .find(|&d| {
-            let scale = 10f64.powi(d);
-            ((pct * scale).round() / scale - pct).abs() < 1e-9 || d == 6
-        })
-        .unwrap_or(6) as usize;
-    format!("{pct:.decimals$}%")
+    let pct = format!("{:.6}", 100.0 * level);
+    format!("{}%", pct.trim_end_matches('0').trim_end_matches('.'))
 }
 
 #[cfg(test)]

@@ -632,10 +632,13 @@ pub(super) unsafe fn gemm(
     threads: usize,
 ) -> bool {
     let shape = (m, n, k);
+    if bf16 && m * n * k == 0 {
+        // nothing to multiply: the caller's fp32 route fills or keeps dst
+        return false;
+    }
     if bf16 && lib == MatmulLib::Gemm {
         // SAFETY: as this function's
-        let ran = m * n * k > 0
-            && unsafe { super::dpbf16::gemm(shape, dst, lhs, rhs, accumulate, scale, threads) };
+        let ran = unsafe { super::dpbf16::gemm(shape, dst, lhs, rhs, accumulate, scale, threads) };
         if ran {
             BF16_PRODUCTS.fetch_add(1, Ordering::Relaxed);
         }
@@ -650,48 +653,43 @@ pub(super) unsafe fn gemm(
             .split(ops.m, ops.n, threads);
         return true;
     }
-    let Some(gemm) = l.gemm_bf16.filter(|_| m * n * k > 0) else {
+    let Some(gemm) = l.gemm_bf16 else {
         return false;
     };
     request_amx();
     BF16_PRODUCTS.fetch_add(1, Ordering::Relaxed);
     let ((lhs, (ta, _)), (rhs, (tb, _))) = (ops.lhs, ops.rhs);
-    let mut scratch = BF16_OPERANDS.take();
-    scratch.clear();
-    scratch.resize(ops.m * k + k * ops.n, 0);
-    let (a, b) = scratch.split_at_mut(ops.m * k);
-    use super::decode::{Bf16, Element};
-    let bits = |v: f32| Bf16::from_f32(v).bits();
-    // SAFETY: the caller's views are readable (as math::gemm).
-    let ((a_row, a_col), (b_row, b_col)) = unsafe {
-        (
-            super::math::round_compact(lhs, (ops.m, k), a, bits),
-            super::math::round_compact(rhs, (k, ops.n), b, bits),
-        )
-    };
-    // a compact copy's leading dimension is its longer stride
-    let ld = |row: usize, col: usize| row.max(col) as c_int;
-    let call = Call {
-        gemm,
-        k,
-        a: (ta, ld(a_row, a_col), a.as_ptr() as usize, a_row as isize),
-        b: (tb, ld(b_row, b_col), b.as_ptr() as usize, b_col as isize),
-        c: (ops.dst.ptr as usize, ops.dst.row_stride),
-        alpha: scale,
-        beta,
-    };
-    call.split(ops.m, ops.n, threads);
-    if scratch.capacity() <= KEPT_BF16 {
-        BF16_OPERANDS.set(scratch);
-    }
+    super::math::with_scratch(&BF16_OPERANDS, ops.m * k + k * ops.n, |scratch| {
+        let (a, b) = scratch.split_at_mut(ops.m * k);
+        use super::decode::{Bf16, Element};
+        let bits = |v: f32| Bf16::from_f32(v).bits();
+        // SAFETY: the caller's views are readable (as math::gemm).
+        let ((a_row, a_col), (b_row, b_col)) = unsafe {
+            (
+                super::math::round_compact(lhs, (ops.m, k), a, bits),
+                super::math::round_compact(rhs, (k, ops.n), b, bits),
+            )
+        };
+        // a compact copy's leading dimension is its longer stride
+        let ld = |row: usize, col: usize| row.max(col) as c_int;
+        let call = Call {
+            gemm,
+            k,
+            a: (ta, ld(a_row, a_col), a.as_ptr() as usize, a_row as isize),
+            b: (tb, ld(b_row, b_col), b.as_ptr() as usize, b_col as isize),
+            c: (ops.dst.ptr as usize, ops.dst.row_stride),
+            alpha: scale,
+            beta,
+        };
+        // SAFETY: as this function's, on the copies
+        unsafe { call.split(ops.m, ops.n, threads) };
+    });
     true
 }
 
 thread_local! {
-    /// The bf16 copies of a product's operands, kept for the next product
-    /// on this thread (as a BLAS keeps its packing buffers) up to
-    /// [`KEPT_BF16`] elements.
-    static BF16_OPERANDS: std::cell::Cell<Vec<u16>> = const { std::cell::Cell::new(Vec::new()) };
+    /// The bf16 copies of a product's operands.
+    static BF16_OPERANDS: super::math::Scratch<u16> = const { super::math::Scratch::new(Vec::new()) };
 }
 
 /// Products this process ran on a library's bf16 product.
@@ -783,10 +781,6 @@ fn bf16_agrees(lib: MatmulLib) -> bool {
             .all(|(w, g)| (w - g).abs() <= 1e-5 * scale)
     })
 }
-
-/// The most bf16 scratch a thread keeps between products (16 MiB): a
-/// larger one (a wide vocabulary's head) is freed after its product.
-const KEPT_BF16: usize = 1 << 23;
 
 /// A BLAS operand for an `rows x cols` matrix: (transpose flag, leading
 /// dimension), or None when neither stride is 1.

@@ -40,14 +40,9 @@ pub fn available() -> bool {
 }
 
 thread_local! {
-    /// Packed operands, kept for the next product on this thread (as a
-    /// BLAS keeps its packing buffers) up to [`KEPT`] pairs.
-    static PACKED: std::cell::Cell<Vec<u32>> = const { std::cell::Cell::new(Vec::new()) };
+    /// The packed operands.
+    static PACKED: super::math::Scratch<u32> = const { super::math::Scratch::new(Vec::new()) };
 }
-
-/// The most packed pairs a thread keeps between products (16 MiB): a
-/// larger buffer (a wide vocabulary's head) is freed after its product.
-const KEPT: usize = 1 << 22;
 
 /// `dst (m x n) = [dst +] scale * lhs (m x k) @ rhs (k x n)` on bfloat16
 /// operands (rounded here) with fp32 sums, split over the pool when
@@ -57,7 +52,8 @@ const KEPT: usize = 1 << 22;
 ///
 /// # Safety
 /// As `math::gemm`: every element the views address for these sizes is
-/// inside a live allocation, and `dst` aliases neither operand.
+/// inside a live allocation, and `dst` aliases neither operand; k is at
+/// least 1 (no pair would overwrite `dst`).
 #[allow(clippy::too_many_arguments)] // a BLAS call's own arguments
 pub(super) unsafe fn gemm(
     (m, n, k): (usize, usize, usize),
@@ -76,28 +72,21 @@ pub(super) unsafe fn gemm(
     if !available() || !unit(lhs) || !unit(rhs) {
         return false;
     }
-    if m == 0 || n == 0 {
-        return true;
-    }
+    debug_assert!(k > 0, "an empty product: the caller's fp32 route fills dst");
     let pairs = k.div_ceil(2);
     let (a_len, b_len) = (m.div_ceil(MR) * MR * pairs, n.div_ceil(NR) * NR * pairs);
-    let mut packed = PACKED.take();
-    if packed.len() < a_len + b_len {
-        packed.resize(a_len + b_len, 0);
-    }
-    let (a, b) = packed.split_at_mut(a_len);
-    // the right operand as its columns' rows: (n x k)
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: the CPU has AVX512-BF16 (checked above); the views' elements
-    // are readable and their sizes are the product's.
-    unsafe {
-        pack(a, lhs, (m, k), MR, threads);
-        pack(b, rhs.t(), (n, k), NR, threads);
-        multiply(a, b, (m, n, pairs), dst, accumulate, scale, threads);
-    }
-    if packed.capacity() <= KEPT {
-        PACKED.set(packed);
-    }
+    super::math::with_scratch(&PACKED, a_len + b_len, |packed| {
+        let (a, b) = packed.split_at_mut(a_len);
+        // the right operand as its columns' rows: (n x k)
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU has AVX512-BF16 (checked above); the views'
+        // elements are readable and their sizes are the product's.
+        unsafe {
+            pack(a, lhs, (m, k), MR, threads);
+            pack(b, rhs.t(), (n, k), NR, threads);
+            multiply(a, b, (m, n, pairs), dst, accumulate, scale, threads);
+        }
+    });
     true
 }
 

@@ -270,29 +270,47 @@ pub unsafe fn gemm(
     if on_bf16().is_some() {
         return;
     }
-    let mut scratch = ROUNDED.take();
-    scratch.clear();
-    scratch.resize(m * k + k * n, 0.0);
-    let (a, b) = scratch.split_at_mut(m * k);
-    let round = |v: f32| super::round_to_bf16(v);
-    let (a_row, a_col) = round_compact(lhs, (m, k), a, round);
-    let (b_row, b_col) = round_compact(rhs, (k, n), b, round);
-    let lhs = Mat::new(a.as_ptr(), a_row, a_col);
-    let rhs = Mat::new(b.as_ptr(), b_row, b_col);
-    gemm_on(lib, shape, dst, lhs, rhs, accumulate, scale, threads);
-    if scratch.capacity() <= KEPT_ROUNDED {
-        ROUNDED.set(scratch);
-    }
+    with_scratch(&ROUNDED, m * k + k * n, |scratch| {
+        let (a, b) = scratch.split_at_mut(m * k);
+        let round = |v: f32| super::round_to_bf16(v);
+        let (a_row, a_col) = round_compact(lhs, (m, k), a, round);
+        let (b_row, b_col) = round_compact(rhs, (k, n), b, round);
+        let lhs = Mat::new(a.as_ptr(), a_row, a_col);
+        let rhs = Mat::new(b.as_ptr(), b_row, b_col);
+        gemm_on(lib, shape, dst, lhs, rhs, accumulate, scale, threads);
+    })
 }
 
 thread_local! {
-    /// [`gemm`]'s rounded operands in fp32 arithmetic, kept for the next
-    /// product on this thread up to [`KEPT_ROUNDED`] elements.
-    static ROUNDED: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    /// [`gemm`]'s rounded operands in fp32 arithmetic.
+    static ROUNDED: Scratch<f32> = const { Scratch::new(Vec::new()) };
 }
 
-/// The most rounded operands a thread keeps between products (32 MiB).
-const KEPT_ROUNDED: usize = 1 << 23;
+/// A thread's scratch for a product's operands, kept for its next product
+/// (as a BLAS keeps its packing buffers) up to [`KEPT_SCRATCH`] bytes and
+/// not counted: a larger one (a wide vocabulary's head) is freed after.
+pub(super) type Scratch<T> = std::cell::Cell<Vec<T>>;
+
+/// The most scratch a thread keeps between products (32 MiB).
+const KEPT_SCRATCH: usize = 32 << 20;
+
+/// `f` on `len` elements of this thread's `scratch` (their values left
+/// from an earlier product: `f` writes what it reads).
+pub(super) fn with_scratch<T: Copy + Default, R>(
+    scratch: &'static std::thread::LocalKey<Scratch<T>>,
+    len: usize,
+    f: impl FnOnce(&mut [T]) -> R,
+) -> R {
+    let mut buf = scratch.take();
+    if buf.len() < len {
+        buf.resize(len, T::default());
+    }
+    let out = f(&mut buf[..len]);
+    if buf.capacity() * std::mem::size_of::<T>() <= KEPT_SCRATCH {
+        scratch.set(buf);
+    }
+    out
+}
 
 /// A `rows x cols` view, each element through `f` (a rounding), into `out`
 /// without gaps: its rows one after another, or its columns where it is
