@@ -619,15 +619,18 @@ impl OldPeakGflops {
     }
 }
 
+/// Refuses an `--out` that is a regular file, where the output is `what`.
+fn refuse_file_out(out: &Path, what: &str) -> Result<()> {
+    if out.exists() && !out.is_dir() {
+        bail!("--out {} is a file: the output is {what}", out.display());
+    }
+    Ok(())
+}
+
 /// Refuses an output folder that is a file, or that is the input or holds
 /// a run (its model files would be replaced) unless `overwrite`.
 fn refuse_output_over_input(input: &Path, out: &Path, overwrite: bool) -> Result<()> {
-    if out.exists() && !out.is_dir() {
-        bail!(
-            "--out {} is a file: the output is a model folder",
-            out.display()
-        );
-    }
+    refuse_file_out(out, "a model folder")?;
     if overwrite {
         return Ok(());
     }

@@ -67,25 +67,13 @@ pub fn run(command: DataCommand) -> Result<()> {
 /// tokenizer.json (new shards would be read beside the old ones, and the
 /// old decoded with the new vocabulary); with `overwrite`, deletes those.
 fn clear_earlier(out: &Path, overwrite: bool) -> Result<()> {
+    super::refuse_file_out(out, "a folder of shards")?;
     if !out.exists() {
         return Ok(());
     }
-    if !out.is_dir() {
-        bail!(
-            "--out {} is a file: give a folder for the shards",
-            out.display()
-        );
-    }
-    let mut earlier: Vec<PathBuf> = std::fs::read_dir(out)
-        .with_context(|| format!("--out {}", out.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.is_file()
-                && (p.extension().is_some_and(|x| x == "bin")
-                    || p.file_name().is_some_and(|n| n == "tokenizer.json"))
-        })
-        .collect();
-    earlier.sort();
+    let spec = out.join("tokenizer.json");
+    let mut earlier = data::shard_files(out).with_context(|| format!("--out {}", out.display()))?;
+    earlier.extend(spec.is_file().then_some(spec));
     if earlier.is_empty() {
         return Ok(());
     }

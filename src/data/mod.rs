@@ -175,12 +175,7 @@ impl Dataset {
     }
 
     fn from_shards(dir: &Path) -> Result<Self> {
-        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-            .map_err(|e| Error::io(dir, e))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "bin"))
-            .collect();
-        files.sort();
+        let files = shard_files(dir)?;
         let named = |key: &str| -> Result<Split> {
             let parts = files
                 .iter()
@@ -281,6 +276,17 @@ fn read_text(source: Option<&Path>) -> Result<(String, std::borrow::Cow<'static,
             Ok((name, text.into()))
         }
     }
+}
+
+/// The token shards (`*.bin`) in `dir`, sorted.
+pub fn shard_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| Error::io(dir, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "bin"))
+        .collect();
+    files.sort();
+    Ok(files)
 }
 
 /// Writes `<name>_train_000000.bin`, `<name>_val_000000.bin` and
