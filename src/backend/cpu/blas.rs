@@ -1006,7 +1006,14 @@ mod tests {
     /// products, summed in another order.
     fn products_match_the_crate(lib: MatmulLib, bf16: bool) {
         let mut rng = Rng::new(7);
-        let shapes = [(5, 7, 9), (300, 200, 150), (64, 256, 64), (1000, 65, 384)];
+        let shapes = [
+            (5, 7, 9),
+            (300, 200, 150),
+            (64, 256, 64),
+            (1000, 65, 384),
+            (70, 90, 777),
+            (200, 40, 1001),
+        ];
         for (m, n, k) in shapes {
             for layout in 0..8 {
                 let (lhs_t, rhs_t, dst_t) = (layout & 1 != 0, layout & 2 != 0, layout & 4 != 0);

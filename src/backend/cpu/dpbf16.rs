@@ -7,9 +7,13 @@
 //! (to nearest even) as they are packed, in pairs along k, into panels: the
 //! left one in panels of [`MR`] rows, the right one in panels of [`NR`]
 //! columns, each panel pair by pair. A micro-kernel keeps an `MR x NR`
-//! block of sums in 24 registers over [`KC`] pairs at a time (its right
-//! panel's slice stays in L1, the left block's in L2) and adds it, scaled,
-//! to `dst`. Blocks of [`MC`] rows by [`NC`] panels are the rayon tasks.
+//! block of sums in 24 registers over up to [`KC`] pairs at a time (its
+//! right panel's slice stays in L1, the left block's in L2) and adds it,
+//! scaled, to `dst`. The smaller operand is packed whole up front; the
+//! larger one a block at a time by the rayon task that multiplies it
+//! ([`MC`] rows, or [`NC`] column panels, by a share of the other side),
+//! into a scratch that stays in cache, so it is never written out packed
+//! and read back.
 //! Every product of two bfloat16 is exact in fp32, so the result differs
 //! from fp32 arithmetic on the rounded operands in the order of its sums
 //! only.
@@ -21,17 +25,20 @@ const MR: usize = 12;
 /// Columns of the micro-kernel's block: two registers of 16 sums.
 const NR: usize = 32;
 /// Pairs of k a micro-kernel call sums before it adds to `dst`.
-const KC: usize = 128;
+const KC: usize = 192;
 /// Rows of a task's block (in micro-panels of [`MR`]).
 const MC: usize = 8 * MR;
-/// Column panels of a task's block.
+/// Column panels of a task's block where the left operand comes packed.
 const NC: usize = 8;
 
-/// Whether this CPU runs [`gemm`] (AVX512-BF16, and AVX-512F with it).
+/// Whether this CPU runs [`gemm`] (AVX512-BF16, and AVX-512F and BW with
+/// it).
 pub fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512bf16")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -40,8 +47,10 @@ pub fn available() -> bool {
 }
 
 thread_local! {
-    /// The packed operands.
+    /// The operand packed up front.
     static PACKED: super::math::Scratch<u32> = const { super::math::Scratch::new(Vec::new()) };
+    /// A task's block of the operand the tasks pack.
+    static BLOCK: super::math::Scratch<u32> = const { super::math::Scratch::new(Vec::new()) };
 }
 
 /// `dst (m x n) = [dst +] scale * lhs (m x k) @ rhs (k x n)` on bfloat16
@@ -73,84 +82,180 @@ pub(super) unsafe fn gemm(
         return false;
     }
     debug_assert!(k > 0, "an empty product: the caller's fp32 route fills dst");
+    // the larger operand is packed by the tasks a block at a time, the
+    // smaller one up front
+    let own = match m >= n {
+        true => Side::Left,
+        false => Side::Right,
+    };
     let pairs = k.div_ceil(2);
-    let (a_len, b_len) = (m.div_ceil(MR) * MR * pairs, n.div_ceil(NR) * NR * pairs);
-    super::math::with_scratch(&PACKED, a_len + b_len, |packed| {
-        let (a, b) = packed.split_at_mut(a_len);
-        // the right operand as its columns' rows: (n x k)
+    let shared = match own {
+        Side::Left => n.div_ceil(NR) * NR * pairs,
+        Side::Right => m.div_ceil(MR) * MR * pairs,
+    };
+    super::math::with_scratch(&PACKED, shared, |packed| {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the CPU has AVX512-BF16 (checked above); the views'
         // elements are readable and their sizes are the product's.
         unsafe {
-            pack(a, lhs, (m, k), MR, threads);
-            pack(b, rhs.t(), (n, k), NR, threads);
-            multiply(a, b, (m, n, pairs), dst, accumulate, scale, threads);
+            // the right operand as its columns' rows: (n x k)
+            let (lhs, rhs) = ((lhs, (m, MR)), (rhs.t(), (n, NR)));
+            let up_front = match own {
+                Side::Left => rhs,
+                Side::Right => lhs,
+            };
+            pack(packed, up_front, k, threads);
+            multiply(
+                (lhs, rhs, own, packed),
+                (m, n, k),
+                dst,
+                accumulate,
+                scale,
+                threads,
+            );
         }
     });
     true
 }
 
-/// The blocks of `dst` the tasks take, rows `MC` at a time by `NC` panels:
-/// how many, and block `t`'s first row and first panel.
-fn blocks(m: usize, n: usize) -> (usize, impl Fn(usize) -> (usize, usize) + Sync + Send) {
-    let cols = n.div_ceil(NR).div_ceil(NC);
-    (m.div_ceil(MC) * cols, move |t| {
-        (t / cols * MC, t % cols * NC)
+/// Which operand the tasks pack.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Left,
+    Right,
+}
+
+/// The blocks of `dst` the tasks take, as many of the packing side's
+/// blocks ([`MC`] rows, or [`NC`] column panels) a task as give each
+/// thread two tasks, by all of the other side unless that still leaves
+/// too few. How many, and block `t`'s first row, rows, first panel and
+/// panels.
+fn blocks(
+    (m, n): (usize, usize),
+    own: Side,
+    threads: usize,
+) -> (usize, impl Fn(usize) -> [usize; 4] + Sync + Send) {
+    let (row_blocks, panel_groups) = (m.div_ceil(MC), n.div_ceil(NR).div_ceil(NC));
+    // the other side's cuts: as few as leave each thread two tasks
+    let cuts = |mine: usize, other: usize| (2 * threads).div_ceil(mine).clamp(1, other);
+    let (rows, panels) = match own {
+        Side::Left => (
+            MC,
+            n.div_ceil(NR).div_ceil(cuts(row_blocks, panel_groups * NC)),
+        ),
+        Side::Right => (
+            m.div_ceil(cuts(panel_groups, m.div_ceil(MR))).div_ceil(MR) * MR,
+            NC,
+        ),
+    };
+    let cols = n.div_ceil(NR).div_ceil(panels);
+    (m.div_ceil(rows) * cols, move |t| {
+        let (i0, q0) = (t / cols * rows, t % cols * panels);
+        [i0, rows.min(m - i0), q0, panels.min(n.div_ceil(NR) - q0)]
     })
 }
 
-/// Packs `x` (`lanes x k`, a unit stride on one side) as bfloat16 pairs in
-/// panels of `width` lanes: panel `q`, pair `p`, lane `l` is at
-/// `((q * pairs + p) * width + l)`, its low half element `2p` of the
-/// lane's row, its high half `2p + 1` (0 past k). Lanes past the last
-/// are left as they are (their sums are never stored). Where each lane's
-/// k is contiguous, a task packs a panel (transposing 16 lanes by 16 pairs
-/// in registers); where the lanes are, a task packs [`PACK_PAIRS`] pairs
-/// of every panel, so the source is read row after row.
+/// Pairs of k a micro-kernel call sums: the product's pairs cut evenly
+/// into the fewest passes of at most [`KC`].
+fn depth(pairs: usize) -> usize {
+    pairs.div_ceil(pairs.div_ceil(KC))
+}
+
+/// Packs an operand up front, `x` (`lanes x k`, a unit stride on one side)
+/// in panels of `width` lanes with all `k` of it, over the pool: a task a
+/// panel where each lane's k is contiguous, else [`PACK_PAIRS`] pairs of
+/// every panel a task (so the source is read row after row).
 ///
 /// # Safety
 /// AVX512-BF16; `x`'s elements readable; `out` holds every panel.
 #[cfg(target_arch = "x86_64")]
 unsafe fn pack(
     out: &mut [u32],
-    x: Mat<*const f32>,
-    (lanes, k): (usize, usize),
-    width: usize,
+    (x, (lanes, width)): (Mat<*const f32>, (usize, usize)),
+    k: usize,
     threads: usize,
 ) {
     let pairs = k.div_ceil(2);
     let panels = lanes.div_ceil(width);
     debug_assert!(out.len() >= panels * pairs * width);
     let (from, to) = (x.ptr as usize, out.as_mut_ptr() as usize);
-    let lane = |q: usize, p0: usize| Mat {
+    let at = |lane: usize, p0: usize| Mat {
         ptr: (from as *const f32)
-            .offset((q * width) as isize * x.row_stride + (2 * p0) as isize * x.col_stride),
+            .offset(lane as isize * x.row_stride + (2 * p0) as isize * x.col_stride),
         ..x
     };
     let into = |q: usize, p0: usize| (to as *mut u32).add((q * pairs + p0) * width);
-    let valid = |q: usize| width.min(lanes - q * width);
     if x.col_stride == 1 {
         // SAFETY: panel q is its own part of `out`, read from its lanes
         tasks(panels, threads, |q| unsafe {
-            avx512::pack_along(into(q, 0), lane(q, 0), valid(q), k, width)
+            let lanes = width.min(lanes - q * width);
+            pack_panels(
+                into(q, 0),
+                pairs,
+                (at(q * width, 0), (lanes, k)),
+                (pairs, width),
+            )
         });
     } else {
-        tasks(pairs.div_ceil(PACK_PAIRS), threads, |t| {
+        // SAFETY: pairs p0.. of every panel are this task's
+        tasks(pairs.div_ceil(PACK_PAIRS), threads, |t| unsafe {
             let p0 = t * PACK_PAIRS;
-            for q in 0..panels {
-                let n = PACK_PAIRS.min(pairs - p0);
-                // SAFETY: pairs p0.. of panel q are this task's, read from
-                // depths 2 p0.. of its lanes
-                unsafe {
-                    avx512::pack_across(into(q, p0), lane(q, p0), valid(q), (n, k - 2 * p0), width)
-                }
-            }
+            let n = PACK_PAIRS.min(pairs - p0);
+            pack_panels(
+                into(0, p0),
+                pairs,
+                (at(0, p0), (lanes, k - 2 * p0)),
+                (n, width),
+            )
         });
     }
 }
 
-/// Pairs a task of [`pack`] takes across every panel.
+/// Pairs of k a task of [`pack`] takes across every panel.
 const PACK_PAIRS: usize = 8;
+
+/// Packs `pairs` pairs of `lanes` lanes of `x` (a unit stride on one
+/// side; `depth` elements of k left from its first) as bfloat16 pairs in
+/// panels of `width` lanes: panel `q`, pair `p`, lane `l` at
+/// `out + (q * stride + p) * width + l`, its low half element `2p` of the
+/// lane's row, its high half `2p + 1` (0 past `depth`). Lanes past the
+/// last are left as they are (their sums are never stored). Where each
+/// lane's k is contiguous a panel at a time (transposing 16 lanes by 16
+/// pairs in registers); where the lanes are, [`PACK_PAIRS`] pairs of
+/// every panel at a time, so rows are read whole.
+///
+/// # Safety
+/// AVX512-BF16; `x`'s elements readable; `out` holds every panel.
+#[cfg(target_arch = "x86_64")]
+unsafe fn pack_panels(
+    out: *mut u32,
+    stride: usize,
+    (x, (lanes, depth)): (Mat<*const f32>, (usize, usize)),
+    (pairs, width): (usize, usize),
+) {
+    let lane = |q: usize, p0: usize| Mat {
+        ptr: x
+            .ptr
+            .offset((q * width) as isize * x.row_stride + (2 * p0) as isize * x.col_stride),
+        ..x
+    };
+    let valid = |q: usize| width.min(lanes - q * width);
+    let panels = lanes.div_ceil(width);
+    if x.col_stride == 1 {
+        for q in 0..panels {
+            let out = out.add(q * stride * width);
+            avx512::pack_along(out, lane(q, 0), valid(q), (2 * pairs).min(depth), width);
+        }
+    } else {
+        for p0 in (0..pairs).step_by(PACK_PAIRS) {
+            let n = PACK_PAIRS.min(pairs - p0);
+            for q in 0..panels {
+                let out = out.add((q * stride + p0) * width);
+                avx512::pack_across(out, lane(q, p0), valid(q), (n, depth - 2 * p0), width);
+            }
+        }
+    }
+}
 
 /// `f(0..count)`, over the pool when `threads` is more than 1.
 fn tasks(count: usize, threads: usize, f: impl Fn(usize) + Sync + Send) {
@@ -162,45 +267,87 @@ fn tasks(count: usize, threads: usize, f: impl Fn(usize) + Sync + Send) {
     }
 }
 
-/// Every block of `dst` from the packed operands.
+/// An operand as packing reads it: its view (`lanes x k`) and its lanes and
+/// panels' width.
+type Operand = (Mat<*const f32>, (usize, usize));
+
+/// Every block of `dst`: the side `own` names packed by the task that
+/// needs it, its block's next pairs at a time, into its thread's scratch
+/// (where they stay in cache while the block is multiplied by them); the
+/// other packed up front into `packed` by [`pack`]. Each operand comes with
+/// its lanes and its panels' width.
 ///
 /// # Safety
-/// AVX512-BF16; `a` and `b` packed by [`pack`] for this product; `dst`
-/// addresses `m x n` writable floats with unit column stride.
+/// AVX512-BF16; the operands' elements readable with a unit stride on one
+/// side; `packed` as said; `dst` addresses `m x n` writable floats with
+/// unit column stride.
 #[cfg(target_arch = "x86_64")]
 unsafe fn multiply(
-    a: &[u32],
-    b: &[u32],
-    (m, n, pairs): (usize, usize, usize),
+    (lhs, rhs, own, packed): (Operand, Operand, Side, &[u32]),
+    (m, n, k): (usize, usize, usize),
     dst: Mat<*mut f32>,
     accumulate: bool,
     scale: f32,
     threads: usize,
 ) {
-    let (a, b, c) = (a.as_ptr() as usize, b.as_ptr() as usize, dst.ptr as usize);
-    let ldc = dst.row_stride;
-    let block = |(i0, q0): (usize, usize)| {
-        let rows = MC.min(m - i0);
-        let panels = NC.min(n.div_ceil(NR) - q0);
-        for p0 in (0..pairs).step_by(KC) {
-            let kc = KC.min(pairs - p0);
+    let pairs = k.div_ceil(2);
+    let kc = depth(pairs);
+    let (shared, c, ldc) = (packed.as_ptr() as usize, dst.ptr as usize, dst.row_stride);
+    // the views as addresses, which the tasks may share
+    let address = |x: Mat<*const f32>| (x.ptr as usize, x.row_stride, x.col_stride);
+    let (lhs, rhs) = ((address(lhs.0), lhs.1), (address(rhs.0), rhs.1));
+    let block = |[i0, rows, q0, panels]: [usize; 4], mine: &mut [u32]| {
+        let (micro, cols) = (rows.div_ceil(MR), (n - q0 * NR).min(panels * NR));
+        for p0 in (0..pairs).step_by(kc) {
+            let kc = kc.min(pairs - p0);
+            let (x, first, lanes, width) = match own {
+                Side::Left => (lhs.0, i0, rows, MR),
+                Side::Right => (rhs.0, q0 * NR, cols, NR),
+            };
+            let (from, row_stride, col_stride) = x;
+            let x = Mat {
+                ptr: (from as *const f32)
+                    .offset(first as isize * row_stride + (2 * p0) as isize * col_stride),
+                row_stride,
+                col_stride,
+            };
+            // SAFETY: this block's pairs p0.. into this task's scratch
+            unsafe { pack_panels(mine.as_mut_ptr(), kc, (x, (lanes, k - 2 * p0)), (kc, width)) };
+            let shared =
+                |unit: usize, width: usize| (shared as *const u32).add((unit * pairs + p0) * width);
+            // micro-panel u of the block's rows, panel q of its columns
+            let a = |u: usize| match own {
+                Side::Left => mine[u * MR * kc..].as_ptr(),
+                Side::Right => shared(i0 / MR + u, MR),
+            };
+            let b = |q: usize| match own {
+                Side::Left => shared(q0 + q, NR),
+                Side::Right => mine[q * NR * kc..].as_ptr(),
+            };
             let add = accumulate || p0 > 0;
-            for q in q0..q0 + panels {
-                let cols = NR.min(n - q * NR);
-                let bp = (b as *const u32).add((q * pairs + p0) * NR);
-                for i in (i0..i0 + rows).step_by(MR) {
-                    let ap = (a as *const u32).add((i / MR * pairs + p0) * MR);
-                    let cp = (c as *mut f32).offset(i as isize * ldc + (q * NR) as isize);
-                    // SAFETY: the block lies inside the packed panels and dst
-                    unsafe {
-                        avx512::kernel(kc, ap, bp, cp, ldc, (MR.min(m - i), cols), add, scale)
-                    };
+            let run = |u: usize, q: usize| {
+                let (i, j) = (i0 + u * MR, (q0 + q) * NR);
+                let cp = (c as *mut f32).offset(i as isize * ldc + j as isize);
+                let edge = (MR.min(m - i), NR.min(n - j));
+                // SAFETY: the block lies inside the packed panels and dst
+                unsafe { avx512::kernel(kc, a(u), b(q), cp, ldc, edge, add, scale) };
+            };
+            // a panel's pairs stay in L1 while the block's rows pass
+            for q in 0..panels {
+                for u in 0..micro {
+                    run(u, q)
                 }
             }
         }
     };
-    let (count, at) = blocks(m, n);
-    tasks(count, threads, |t| block(at(t)));
+    let (count, at) = blocks((m, n), own, threads);
+    let mine = match own {
+        Side::Left => MC * kc,
+        Side::Right => NC * NR * kc,
+    };
+    tasks(count, threads, |t| {
+        super::math::with_scratch(&BLOCK, mine, |mine| block(at(t), mine))
+    });
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -332,11 +479,11 @@ mod avx512 {
         }
     }
 
-    /// [`super::pack`]'s `pairs` pairs of a panel (`valid` of its `width`
-    /// lanes; `depth` elements of k left from the first) where the lanes
-    /// are contiguous: each pair is two rows of 16 lanes, rounded and
-    /// interleaved.
-    #[target_feature(enable = "avx512f,avx512bf16")]
+    /// [`super::pack_panels`]' `pairs` pairs of a panel (`valid` of its
+    /// `width` lanes; `depth` elements of k left from the first) where the
+    /// lanes are contiguous: each pair is two rows of 16 lanes, rounded
+    /// into one register and interleaved.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     pub unsafe fn pack_across(
         out: *mut u32,
         x: Mat<*const f32>,
@@ -344,18 +491,20 @@ mod avx512 {
         (pairs, depth): (usize, usize),
         width: usize,
     ) {
+        // element 2i of a pair's register is lane i of its low row, 2i + 1
+        // lane i of its high row (rounded, they are elements i and 16 + i)
+        let order: [u16; 32] = std::array::from_fn(|j| (j / 2 + 16 * (j % 2)) as u16);
+        let order = _mm512_loadu_epi16(order.as_ptr() as *const i16);
         let at = |d: usize| x.ptr.offset(d as isize * x.col_stride);
         for p in 0..pairs {
             for l0 in (0..valid).step_by(16) {
                 let n = (valid - l0).min(16);
-                let lo = _mm512_cvtneps_pbh(load(at(2 * p).add(l0), n));
                 let hi = match 2 * p + 1 < depth {
-                    true => _mm512_cvtneps_pbh(load(at(2 * p + 1).add(l0), n)),
-                    false => transmute::<__m256i, __m256bh>(_mm256_setzero_si256()),
+                    true => load(at(2 * p + 1).add(l0), n),
+                    false => _mm512_setzero_ps(),
                 };
-                let lo = _mm512_cvtepu16_epi32(transmute::<__m256bh, __m256i>(lo));
-                let hi = _mm512_cvtepu16_epi32(transmute::<__m256bh, __m256i>(hi));
-                let v = _mm512_or_si512(lo, _mm512_slli_epi32::<16>(hi));
+                let both = _mm512_cvtne2ps_pbh(hi, load(at(2 * p).add(l0), n));
+                let v = _mm512_permutexvar_epi16(order, transmute::<__m512bh, __m512i>(both));
                 _mm512_mask_storeu_epi32(out.add(p * width + l0) as *mut i32, mask(n), v);
             }
         }
