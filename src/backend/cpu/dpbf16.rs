@@ -125,33 +125,33 @@ enum Side {
     Right,
 }
 
-/// The blocks of `dst` the tasks take, as many of the packing side's
-/// blocks ([`MC`] rows, or [`NC`] column panels) a task as give each
-/// thread two tasks, by all of the other side unless that still leaves
-/// too few. How many, and block `t`'s first row, rows, first panel and
-/// panels.
+/// The blocks of `dst` the tasks take: the packing side cut in blocks of
+/// at most [`MC`] rows, or of at most [`NC`] column panels (in a multiple
+/// of `threads` blocks, so no thread waits on a last one), and the other
+/// side in as few cuts as give each thread two tasks. How many, and block
+/// `t`'s first row, rows, first panel and panels.
 fn blocks(
     (m, n): (usize, usize),
     own: Side,
     threads: usize,
 ) -> (usize, impl Fn(usize) -> [usize; 4] + Sync + Send) {
-    let (row_blocks, panel_groups) = (m.div_ceil(MC), n.div_ceil(NR).div_ceil(NC));
-    // the other side's cuts: as few as leave each thread two tasks
-    let cuts = |mine: usize, other: usize| (2 * threads).div_ceil(mine).clamp(1, other);
-    let (rows, panels) = match own {
-        Side::Left => (
-            MC,
-            n.div_ceil(NR).div_ceil(cuts(row_blocks, panel_groups * NC)),
-        ),
-        Side::Right => (
-            m.div_ceil(cuts(panel_groups, m.div_ceil(MR))).div_ceil(MR) * MR,
-            NC,
-        ),
+    let (micro, panels) = (m.div_ceil(MR), n.div_ceil(NR));
+    let others = |cuts: usize, most: usize| (2 * threads).div_ceil(cuts).min(most);
+    let (row_cuts, col_cuts) = match own {
+        Side::Left => {
+            let cuts = m.div_ceil(MC);
+            (cuts, others(cuts, panels))
+        }
+        Side::Right => {
+            let cuts = panels.div_ceil(NC).next_multiple_of(threads).min(panels);
+            (others(cuts, micro), cuts)
+        }
     };
-    let cols = n.div_ceil(NR).div_ceil(panels);
+    let (rows, per) = (micro.div_ceil(row_cuts) * MR, panels.div_ceil(col_cuts));
+    let cols = panels.div_ceil(per);
     (m.div_ceil(rows) * cols, move |t| {
-        let (i0, q0) = (t / cols * rows, t % cols * panels);
-        [i0, rows.min(m - i0), q0, panels.min(n.div_ceil(NR) - q0)]
+        let (i0, q0) = (t / cols * rows, t % cols * per);
+        [i0, rows.min(m - i0), q0, per.min(panels - q0)]
     })
 }
 
@@ -249,6 +249,16 @@ unsafe fn pack_panels(
     } else {
         for p0 in (0..pairs).step_by(PACK_PAIRS) {
             let n = PACK_PAIRS.min(pairs - p0);
+            // the next pairs' rows asked for ahead
+            let next = 2 * (p0 + PACK_PAIRS)..(2 * (p0 + 2 * PACK_PAIRS)).min(depth);
+            for d in next {
+                let row = x.ptr.offset(d as isize * x.col_stride);
+                for l in (0..lanes).step_by(16) {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                        row.add(l) as *const i8,
+                    );
+                }
+            }
             for q in 0..panels {
                 let out = out.add((q * stride + p0) * width);
                 avx512::pack_across(out, lane(q, p0), valid(q), (n, depth - 2 * p0), width);
