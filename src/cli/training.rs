@@ -161,12 +161,14 @@ pub(super) struct TrainArgs {
     fail_how: FaultKind,
 }
 
-/// Flags a resumed run refuses, each with why.
-pub(super) const FIXED_ON_RESUME: [(&[&str], &str); 7] = [
-    (
-        &["model", "n_layer", "n_head", "n_embd", "block_size", "data", "tokenizer"],
-        "the checkpoint holds this run's model trained on its data; to train those weights on something else start a new run with --init-from RUN",
-    ),
+/// Why a resumed run keeps its model and data.
+const MODEL_AND_DATA: &str = "the checkpoint holds this run's model trained on its data; to train those weights on something else start a new run with --init-from RUN";
+
+/// Flags a resumed run refuses, each with why: what `--init-from` fixes,
+/// and more.
+pub(super) const FIXED_ON_RESUME: [(&[&str], &str); 8] = [
+    (&config::FIXED_BY_INIT, MODEL_AND_DATA),
+    (&["data"], MODEL_AND_DATA),
     (
         &["batch_size", "seq_len", "grad_accum"],
         "the checkpoint's data position counts batches of the run's shape",
@@ -181,7 +183,10 @@ pub(super) const FIXED_ON_RESUME: [(&[&str], &str); 7] = [
         "the optimizer state was built with the run's settings",
     ),
     (&["out"], "a resumed run continues in its own directory"),
-    (&["init_from", "overwrite"], "a resumed run starts from its checkpoint"),
+    (
+        &["init_from", "overwrite"],
+        "a resumed run starts from its checkpoint",
+    ),
 ];
 
 /// Refuses `--tokenizer` naming another tokenizer than a shard folder's
@@ -931,5 +936,24 @@ mod tests {
         assert_eq!(shell_word("/tmp/hint dir"), "'/tmp/hint dir'");
         assert_eq!(shell_word("it's"), r"'it'\''s'");
         assert_eq!(shell_word(""), "''");
+    }
+
+    #[test]
+    fn a_resumed_run_refuses_what_init_from_fixes_and_its_data() {
+        let refused = |flag: &str| {
+            let e = refuse_fixed_on_resume(&[flag.to_string()]).unwrap_err();
+            e.to_string()
+        };
+        for flag in config::FIXED_BY_INIT.iter().chain(&["data"]) {
+            let said = refused(flag);
+            let want = format!("--{} cannot change when resuming", flag.replace('_', "-"));
+            assert!(said.starts_with(&want), "{said}");
+            assert!(
+                said.contains("holds this run's model trained on its data"),
+                "{said}"
+            );
+        }
+        assert!(refused("seed").contains("data order comes from its seed"));
+        assert!(refuse_fixed_on_resume(&["lr".to_string(), "epochs".to_string()]).is_ok());
     }
 }
