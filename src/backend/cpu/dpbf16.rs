@@ -24,11 +24,12 @@ use super::math::Mat;
 const MR: usize = 12;
 /// Columns of the micro-kernel's block: two registers of 16 sums.
 const NR: usize = 32;
-/// Pairs of k a micro-kernel call sums before it adds to `dst`.
+/// The most pairs of k a micro-kernel call sums before it adds to `dst`.
 const KC: usize = 192;
-/// Rows of a task's block (in micro-panels of [`MR`]).
+/// The most rows of a task's block where the tasks pack the left operand
+/// (in micro-panels of [`MR`]).
 const MC: usize = 8 * MR;
-/// Column panels of a task's block where the left operand comes packed.
+/// The most column panels of a task's block where they pack the right one.
 const NC: usize = 8;
 
 /// Whether this CPU runs [`gemm`] (AVX512-BF16, and AVX-512F and BW with
