@@ -1054,7 +1054,9 @@ mod tests {
                     };
                     (lhs, rhs)
                 };
-                for (accumulate, threads) in [(false, 1), (true, 1), (false, 2), (true, 2)] {
+                for (accumulate, threads) in
+                    [(false, 1), (true, 1), (false, 2), (true, 2), (true, 5)]
+                {
                     let run = |on: MatmulLib, (lhs, rhs), bf16: bool| {
                         let mut c = c0.clone();
                         let dst = match dst_t {
