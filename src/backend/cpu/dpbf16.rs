@@ -126,11 +126,12 @@ enum Side {
     Right,
 }
 
-/// The blocks of `dst` the tasks take: the packing side cut in blocks of
-/// at most [`MC`] rows, or of at most [`NC`] column panels (in a multiple
-/// of `threads` blocks, so no thread waits on a last one), and the other
-/// side in as few cuts as give each thread two tasks. How many, and block
-/// `t`'s first row, rows, first panel and panels.
+/// The blocks of `dst` the tasks take: the packing side cut evenly into
+/// blocks of at most [`MC`] rows, or of at most [`NC`] column panels (in a
+/// multiple of `threads` blocks where there are panels enough, so no thread
+/// waits on a last one), and the other side in as few cuts as give each
+/// thread two tasks. How many, and block `t`'s first row, rows, first
+/// panel and panels.
 fn blocks(
     (m, n): (usize, usize),
     own: Side,
@@ -148,11 +149,14 @@ fn blocks(
             (others(cuts, micro), cuts)
         }
     };
-    let (rows, per) = (micro.div_ceil(row_cuts) * MR, panels.div_ceil(col_cuts));
-    let cols = panels.div_ceil(per);
-    (m.div_ceil(rows) * cols, move |t| {
-        let (i0, q0) = (t / cols * rows, t % cols * per);
-        [i0, rows.min(m - i0), q0, per.min(panels - q0)]
+    // cut i of `units` in `cuts`: as even as whole units allow
+    let span = |i: usize, cuts: usize, units: usize| (i * units / cuts, (i + 1) * units / cuts);
+    (row_cuts * col_cuts, move |t| {
+        let ((u0, u1), (q0, q1)) = (
+            span(t / col_cuts, row_cuts, micro),
+            span(t % col_cuts, col_cuts, panels),
+        );
+        [u0 * MR, (u1 * MR).min(m) - u0 * MR, q0, q1 - q0]
     })
 }
 
@@ -549,6 +553,61 @@ mod tests {
             for j in 0..16 {
                 assert_eq!(got[j][i], x[i][j], "[{i}][{j}]");
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tiling {
+    use super::*;
+
+    /// The tasks' blocks cover the output once, each within the scratch
+    /// its task packs into (at most MC rows, or NC panels, on its side),
+    /// and the passes over k cover it once, each at most KC pairs.
+    #[test]
+    fn the_tasks_tile_the_output_once_within_their_scratch() {
+        let sizes: [usize; 11] = [1, 11, 12, 13, 95, 96, 97, 300, 385, 1000, 4096];
+        for (m, n) in sizes.iter().flat_map(|&m| sizes.map(|n| (m, n))) {
+            for threads in 1..=6 {
+                for own in [Side::Left, Side::Right] {
+                    let (micro, panels) = (m.div_ceil(MR), n.div_ceil(NR));
+                    let (count, at) = blocks((m, n), own, threads);
+                    let mut seen = vec![0u8; micro * panels];
+                    for t in 0..count {
+                        let [i0, rows, q0, per] = at(t);
+                        assert!(rows > 0 && per > 0, "{m}x{n} on {threads}: empty block {t}");
+                        assert!(i0 % MR == 0 && i0 + rows <= m && q0 + per <= panels);
+                        match own {
+                            Side::Left => assert!(rows <= MC, "{m}x{n} on {threads}: {rows} rows"),
+                            Side::Right => assert!(per <= NC, "{m}x{n} on {threads}: {per} panels"),
+                        }
+                        for u in i0 / MR..(i0 + rows).div_ceil(MR) {
+                            for q in q0..q0 + per {
+                                seen[u * panels + q] += 1;
+                            }
+                        }
+                    }
+                    assert!(
+                        seen.iter().all(|&s| s == 1),
+                        "{m}x{n} on {threads}: not tiled once"
+                    );
+                    if own == Side::Right && panels >= threads {
+                        assert_eq!(count % threads, 0, "{n} columns on {threads} threads");
+                    }
+                }
+            }
+        }
+        for pairs in [1, 2, 191, 192, 193, 384, 385, 2048] {
+            let kc = depth(pairs);
+            let passes = pairs.div_ceil(kc);
+            assert!(
+                kc <= KC && passes == pairs.div_ceil(KC),
+                "{pairs} pairs in {kc}"
+            );
+            assert!(
+                passes * kc - pairs < passes,
+                "{pairs} pairs cut unevenly into {kc}"
+            );
         }
     }
 }
