@@ -272,9 +272,8 @@ pub unsafe fn gemm(
     }
     with_scratch(&ROUNDED, m * k + k * n, |scratch| {
         let (a, b) = scratch.split_at_mut(m * k);
-        let round = |v: f32| super::round_to_bf16(v);
-        let (a_row, a_col) = round_compact(lhs, (m, k), a, round);
-        let (b_row, b_col) = round_compact(rhs, (k, n), b, round);
+        let (a_row, a_col) = round_compact(lhs, (m, k), a, super::round_to_bf16);
+        let (b_row, b_col) = round_compact(rhs, (k, n), b, super::round_to_bf16);
         let lhs = Mat::new(a.as_ptr(), a_row, a_col);
         let rhs = Mat::new(b.as_ptr(), b_row, b_col);
         gemm_on(lib, shape, dst, lhs, rhs, accumulate, scale, threads);
