@@ -44,9 +44,26 @@ fn run_model(
     grad_accum: usize,
     (recompute, precision): (bool, Precision),
 ) -> TrainSummary {
+    run_on(
+        model,
+        (strategy, world_size, tp),
+        grad_accum,
+        (recompute, precision),
+        2,
+    )
+}
+
+/// As [`run_model`], on `threads` threads.
+fn run_on(
+    model: distgpt::model::GptConfig,
+    (strategy, world_size, tp): (StrategyKind, usize, usize),
+    grad_accum: usize,
+    (recompute, precision): (bool, Precision),
+    threads: usize,
+) -> TrainSummary {
     let ds = dataset();
     let tag = format!(
-        "{strategy:?}-{world_size}-{tp}-{grad_accum}-{recompute}-{precision:?}-h{}",
+        "{strategy:?}-{world_size}-{tp}-{grad_accum}-{recompute}-{precision:?}-h{}-t{threads}",
         model.n_head
     );
     let cfg = common::five_steps(&tag, grad_accum);
@@ -60,7 +77,7 @@ fn run_model(
         offload: Default::default(),
         offload_serial: false,
     };
-    train_lm(Cpu::new, model, ds, &cfg, par, 2, Wait::from_secs(60))
+    train_lm(Cpu::new, model, ds, &cfg, par, threads, Wait::from_secs(60))
         .unwrap_or_else(|e| panic!("{tag}: {e}"))
 }
 
@@ -89,6 +106,20 @@ fn check(strategy: StrategyKind, worlds: &[usize]) {
         &run(strategy, 2, 1, 1, true),
         &format!("{strategy:?} with recomputation"),
     );
+}
+
+/// A rank on two threads runs its batch in two parts, a thread each
+/// (`model::parts`); on one thread, whole: the two follow each other.
+#[test]
+fn single_on_one_thread_matches_single_in_parts_on_two() {
+    let one = run_on(
+        common::tiny_model(dataset()),
+        (StrategyKind::Single, 1, 1),
+        1,
+        (false, Precision::Fp32),
+        1,
+    );
+    common::assert_follows(single(1, false), &one, "single on one thread");
 }
 
 #[test]

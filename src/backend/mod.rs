@@ -228,7 +228,8 @@ pub trait Kernels: Device {
     fn sum_squares(&self, x: Src<'_, Self>) -> Result<f64>;
 }
 
-/// Decoding: a few rows a step against packed weights and a KV cache.
+/// Decoding (a few rows a step against packed weights and a KV cache),
+/// and rows in parts side by side, decoding's and training's.
 pub trait Decode: Device {
     /// A weight matrix laid out for [`Decode::matmul_decode`].
     type Packed: Send + Sync;
@@ -258,6 +259,13 @@ pub trait Decode: Device {
     /// parameters in its matmuls (`GptConfig::matmul_params`): one (every
     /// operation over all rows) unless this backend finds otherwise faster.
     fn decode_parts(&self, _rows: usize, _matmul_params: usize) -> usize {
+        1
+    }
+    /// How many parts of its sequences a training batch of `rows` sequences
+    /// runs as, each through every operation on its own, side by side
+    /// ([`crate::model::parts::Parts`]): one unless this backend finds
+    /// otherwise faster.
+    fn batch_parts(&self, _rows: usize) -> usize {
         1
     }
     /// `f` of every part, side by side where this backend can run them so.

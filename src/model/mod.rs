@@ -9,6 +9,7 @@ pub mod bf16;
 pub mod family;
 pub mod gpt2;
 pub mod layout;
+pub mod parts;
 pub mod tp;
 pub mod unit;
 

@@ -100,7 +100,7 @@ pub struct UnitGrads<'a, B: Backend> {
 /// A model family's unit-by-unit forward and backward, holding the
 /// activations of one batch. Units run forward 0, 1, ... and backward in
 /// reverse; the last unit's forward computes the loss.
-pub trait UnitModel<B: Backend> {
+pub trait UnitModel<B: Backend>: Send {
     fn backend(&self) -> &B;
     /// This rank's layout (its tensor-parallel part).
     fn layout(&self) -> &ParamLayout;

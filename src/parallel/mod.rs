@@ -26,6 +26,8 @@ use crate::backend::{Backend, MemoryReport};
 use crate::comm::{Comm, CommStats};
 use crate::data::Batch;
 use crate::error::{Error, Result};
+use crate::model::parts::Parts;
+use crate::model::unit::UnitModel;
 use crate::model::{AdamWConfig, ModelConfig, Precision, TpPlace};
 use serde::{Deserialize, Serialize};
 
@@ -410,10 +412,24 @@ pub fn build<B: Backend + 'static>(
         rank: grid.coords(world.rank()).tp,
         size: grid.tp,
     };
+    let engine = || model.engine(backend.clone(), place, par.recompute, par.precision);
+    // a rank without stages or tensor parallelism runs its batch in the
+    // parts its backend finds fastest
+    let parts = match (par.pipeline.stages, par.pipeline.virtual_stages, grid.tp) {
+        (1, 1, 1) => backend.batch_parts(b / grid.dp),
+        _ => 1,
+    };
     // an engine per chunk of blocks this rank holds
-    let engines = (0..par.pipeline.virtual_stages)
-        .map(|_| model.engine(backend.clone(), place, par.recompute, par.precision))
-        .collect::<Result<_>>()?;
+    let engines = match parts {
+        1 => (0..par.pipeline.virtual_stages)
+            .map(|_| engine())
+            .collect::<Result<_>>()?,
+        n => {
+            let parts = (0..n).map(|_| engine()).collect::<Result<_>>()?;
+            let engine: Box<dyn UnitModel<B>> = Box::new(Parts::new(parts)?);
+            vec![engine]
+        }
+    };
     Ok(Box::new(Pipelined::new(
         engines,
         &model,

@@ -274,6 +274,11 @@ impl Decode for Cpu {
             false => 1,
         }
     }
+    /// A part a thread: two threads each running their own half of the
+    /// sequences measured faster than both sharing every operation.
+    fn batch_parts(&self, rows: usize) -> usize {
+        rayon::current_num_threads().min(rows).max(1)
+    }
     fn for_each_part<T: Send, R: Send>(
         &self,
         parts: &mut [T],
