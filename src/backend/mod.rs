@@ -261,11 +261,12 @@ pub trait Decode: Device {
     fn decode_parts(&self, _rows: usize, _matmul_params: usize) -> usize {
         1
     }
-    /// How many parts of its sequences a training batch of `rows` sequences
-    /// runs as, each through every operation on its own, side by side
-    /// ([`crate::model::parts::Parts`]): one unless this backend finds
-    /// otherwise faster.
-    fn batch_parts(&self, _rows: usize) -> usize {
+    /// How many parts of its sequences a training batch of `rows`
+    /// sequences of `t` tokens runs as, each through every operation on its
+    /// own, side by side ([`crate::model::parts::Parts`]), for a model
+    /// whose tokens each meet `params` parameters (its training FLOPs a
+    /// token over 6): one unless this backend finds otherwise faster.
+    fn batch_parts(&self, _rows: usize, _t: usize, _params: f64) -> usize {
         1
     }
     /// `f` of every part, side by side where this backend can run them so.

@@ -416,7 +416,7 @@ pub fn build<B: Backend + 'static>(
     // a rank without stages or tensor parallelism runs its batch in the
     // parts its backend finds fastest
     let parts = match (par.pipeline.stages, par.pipeline.virtual_stages, grid.tp) {
-        (1, 1, 1) => backend.batch_parts(b / grid.dp),
+        (1, 1, 1) => backend.batch_parts(b / grid.dp, t, model.flops_per_token(t) / 6.0),
         _ => 1,
     };
     // an engine per chunk of blocks this rank holds
