@@ -536,6 +536,7 @@ fn offload_moves_the_optimizer_to_the_host_as_planned_on<B: Backend>(gpu: B, kin
         batch: 8,
         seq_len: 32,
         grad_accum: 1,
+        cpu_threads: None,
     };
     let (optimizer, total) = (2, 5);
     for (par, offload) in offload_layouts() {

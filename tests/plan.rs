@@ -59,6 +59,7 @@ fn setup(cfg: &ModelConfig) -> (Workload, Device, Network, BenchSpec) {
         batch,
         seq_len,
         grad_accum: 1,
+        cpu_threads: Some(2),
     };
     let spec = BenchSpec {
         batch,
@@ -88,6 +89,12 @@ fn check_memory(cfg: &ModelConfig) {
                 })
                 .unwrap();
                 for (r, got) in ranks[0].iter().enumerate() {
+                    if world == 1 {
+                        // a batch in parts (2 threads): the parts' gradient
+                        // scratch, to the byte
+                        let want = plan::memory_plan(&w, par, Precision::Fp32).grads;
+                        assert_eq!(want, got.peak[1] as f64, "{cfg}: single's gradients");
+                    }
                     let measured = got.peak[5] as f64;
                     // a pipeline's ranks hold different stages; the plan's
                     // memory is the fullest stage's
@@ -233,6 +240,7 @@ fn gpt2_on_8_h100_is_within_2x_of_llm_c() {
         batch: 512,
         seq_len: 1024,
         grad_accum: 1,
+        cpu_threads: None,
     };
     let device = Device::datasheet("h100", Precision::Mixed, 0.4).unwrap();
     let net = Network::datasheet("h100").unwrap();

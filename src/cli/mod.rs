@@ -262,6 +262,13 @@ pub struct DeviceArgs {
     cuda_device: usize,
 }
 
+impl DeviceArgs {
+    /// The CPU backend (its thread ranks share this process's threads).
+    pub(super) fn is_cpu(&self) -> bool {
+        self.device == DeviceChoice::Cpu
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum DeviceChoice {
     Cpu,

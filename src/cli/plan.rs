@@ -226,6 +226,7 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
         batch: a.batch_size,
         seq_len,
         grad_accum: a.grad_accum,
+        cpu_threads: (a.device == DeviceKind::Cpu).then_some(threads),
     };
     let (mut device, net, machine) = target(&a, threads)?;
     let mut all = Vec::new();

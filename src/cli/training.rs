@@ -669,6 +669,7 @@ pub(super) fn check_memory(
     model: &ModelConfig,
     cfg: &TrainConfig,
     par: ParallelConfig,
+    cpu_threads: Option<usize>,
 ) -> Result<()> {
     let Some(free) = metrics::available_memory_bytes() else {
         return Ok(());
@@ -678,6 +679,7 @@ pub(super) fn check_memory(
         batch: cfg.batch_size,
         seq_len: cfg.seq_len,
         grad_accum: cfg.grad_accum,
+        cpu_threads,
     };
     let per_rank = distgpt::plan::memory_plan(&w, par, distgpt::plan::Precision::Fp32).total();
     // Each thread rank also holds a worker pool, communication slots and
@@ -776,7 +778,8 @@ pub(super) fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
     par.resolved().validate(&model, cfg.batch_size)?;
     par.pipeline.check_micro_batches(cfg.grad_accum)?;
     if a.parallel.comm == CommKind::Local {
-        check_memory(&model, cfg, par.resolved())?;
+        let cpu = a.device.is_cpu().then(rayon::current_num_threads);
+        check_memory(&model, cfg, par.resolved(), cpu)?;
     }
     handle_stop_signals()?;
     let threads = rayon::current_num_threads();

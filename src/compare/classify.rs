@@ -131,6 +131,7 @@ pub fn run(m: &ClassifyMatrix, multi: &MultiProgress) -> Result<ClassifyComparis
             batch: *batch,
             seq_len,
             grad_accum: 1,
+            cpu_threads: Some(m.threads),
         };
         outer.inc(1);
         super::run_done(&outer, &format!("{label} batch {batch}"), &s);

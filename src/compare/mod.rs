@@ -502,6 +502,7 @@ fn predict_cell(
         batch: cell.batch,
         seq_len,
         grad_accum,
+        cpu_threads: Some(machine.threads),
     };
     let p = plan::predict(
         &w,

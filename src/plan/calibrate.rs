@@ -179,6 +179,7 @@ fn calibration_shape(
             batch: b,
             seq_len: t,
             grad_accum: 1,
+            cpu_threads: None,
         };
         super::memory_plan(&w, ParallelConfig::single(), Precision::Fp32).total()
             * concurrent as f64

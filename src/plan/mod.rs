@@ -189,6 +189,11 @@ pub struct Workload {
     pub batch: usize,
     pub seq_len: usize,
     pub grad_accum: usize,
+    /// On a CPU, the threads its thread ranks share (None for a GPU): a
+    /// rank with two or more and without stages or tensor parallelism runs
+    /// its batch in parts, a gradient scratch for each part past the first
+    /// (`Decode::batch_parts`).
+    pub cpu_threads: Option<usize>,
 }
 
 /// Per-rank bytes by category, as `bench` reports them.
@@ -345,6 +350,23 @@ pub fn stage_memory_plan(
             mem.other = scratch + gb * z.head_padded as f64;
         }
     }
+    // a batch in parts: each part past the first sums a unit's gradient
+    // (its tied tensor's included) into scratch of the widest unit's size
+    let parts = match (w.cpu_threads, pipe.stages, pipe.virtual_stages, par.tp) {
+        (Some(threads), 1, 1, 1) => {
+            let rank_threads = (threads / par.world_size).max(1);
+            let params = m.flops_per_token(w.seq_len) / 6.0;
+            crate::backend::cpu::batch_parts(rank_threads, rows, params)
+        }
+        _ => 1,
+    };
+    let widest = layout
+        .units
+        .iter()
+        .map(|u| u.range.len() + u.tied.as_ref().map_or(0, |t| t.range.len()))
+        .max()
+        .unwrap_or(0);
+    mem.grads += gb * ((parts - 1) * widest) as f64;
     if par.precision == ModelPrecision::Bf16 {
         mem.activations += 4.0 * (bf16.0 - fp32.0);
         mem.other += 4.0 * (bf16.1 - fp32.1);
@@ -741,6 +763,7 @@ mod tests {
             batch: 64,
             seq_len: 1024,
             grad_accum: 1,
+            cpu_threads: None,
         };
         let (d, n) = h100();
         let gb = |s| {
@@ -786,6 +809,7 @@ mod tests {
             batch: 16,
             seq_len: 1024,
             grad_accum: 1,
+            cpu_threads: None,
         };
         let d = Device::datasheet("h100", Precision::Fp32, 0.4).unwrap();
         // a host update too fast to matter: the copies decide
@@ -849,6 +873,7 @@ mod tests {
             batch: 32,
             seq_len: 1024,
             grad_accum: 1,
+            cpu_threads: None,
         };
         let (d, n) = h100();
         let p = |strategy, recompute| {
@@ -884,6 +909,7 @@ mod tests {
             batch,
             seq_len: 1024,
             grad_accum: 4,
+            cpu_threads: None,
         }
     }
 
@@ -935,6 +961,7 @@ mod tests {
             batch: 32,
             seq_len: 1024,
             grad_accum: 32,
+            cpu_threads: None,
         };
         let best = recommended_on_a100s(&w, 32);
         assert!(best.pipeline.stages > 1, "{}", layout_name(&best));
@@ -944,6 +971,7 @@ mod tests {
             batch: 64,
             seq_len: 1024,
             grad_accum: 4,
+            cpu_threads: None,
         };
         let best = recommended_on_a100s(&small, 8);
         assert_eq!(best.pipeline.stages, 1, "{}", layout_name(&best));

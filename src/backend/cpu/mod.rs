@@ -78,6 +78,15 @@ const PARTS_MAX_PARAMS: usize = 16 << 20;
 /// 128 (1,024 / 124M) -1.5%, 4 x 128 (256) -7%.
 const PART_PARAMS_PER_TOKEN: f64 = 32_768.0;
 
+/// The parts a rank on `threads` threads runs a batch of `rows`
+/// sequences of `t` tokens in, for a model whose tokens each meet `params`
+/// parameters: a part a thread, each with at least a token for every
+/// [`PART_PARAMS_PER_TOKEN`] of them.
+pub fn batch_parts(threads: usize, (rows, t): (usize, usize), params: f64) -> usize {
+    let most = (rows * t) as f64 * PART_PARAMS_PER_TOKEN / params.max(1.0);
+    threads.min(rows).min(most as usize).max(1)
+}
+
 /// The host slice behind a CPU view.
 fn r<T>(s: Src<'_, Cpu, T>) -> &[T] {
     let v = s.raw();
@@ -284,14 +293,9 @@ impl Decode for Cpu {
             false => 1,
         }
     }
-    /// A part a thread, each with at least a token for every
-    /// [`PART_PARAMS_PER_TOKEN`] parameters a token meets.
+    /// [`batch_parts`] on this pool's threads.
     fn batch_parts(&self, rows: usize, t: usize, params: f64) -> usize {
-        let most = (rows * t) as f64 * PART_PARAMS_PER_TOKEN / params.max(1.0);
-        rayon::current_num_threads()
-            .min(rows)
-            .min(most as usize)
-            .max(1)
+        batch_parts(rayon::current_num_threads(), (rows, t), params)
     }
     fn for_each_part<T: Send, R: Send>(
         &self,
