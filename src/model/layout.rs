@@ -98,6 +98,13 @@ impl ParamLayout {
         self.tensors.iter().find(|t| t.name == name)
     }
 
+    /// The most gradient one unit's backward writes: its own slice and its
+    /// tied tensor's.
+    pub fn widest_unit_grad(&self) -> usize {
+        let unit = |u: &Unit| u.range.len() + u.tied.as_ref().map_or(0, |t| t.range.len());
+        self.units.iter().map(unit).max().unwrap_or(0)
+    }
+
     /// Block l (unit l + 1) as one contiguous slice: an FSDP unit, a DDP bucket.
     pub fn block(&self, l: usize) -> Range<usize> {
         self.unit(1 + l)

@@ -43,14 +43,7 @@ impl<B: Backend> Parts<B> {
         let Some(first) = parts.first() else {
             return Err(Error::Config("a batch in no parts".into()));
         };
-        let lay = first.layout();
-        // a unit's own slice and its tied tensor's, at most
-        let widest = lay
-            .units
-            .iter()
-            .map(|u| u.range.len() + u.tied.as_ref().map_or(0, |t| t.range.len()))
-            .max()
-            .unwrap_or(0);
+        let widest = first.layout().widest_unit_grad();
         let be = first.backend();
         let shadow = (1..parts.len())
             .map(|_| be.alloc(widest, Category::Grads))

@@ -154,6 +154,23 @@ impl ParallelConfig {
         }
     }
 
+    /// The parts a rank runs its batch of `rows` sequences of `t` tokens
+    /// in (`model::parts`): without pipeline stages or tensor parallelism,
+    /// what `ask` (its backend's `batch_parts`) says for the rows, `t` and
+    /// the parameters a token meets (the model's training FLOPs a token
+    /// over 6); one otherwise.
+    pub fn batch_parts(
+        &self,
+        model: &ModelConfig,
+        (rows, t): (usize, usize),
+        ask: impl FnOnce(usize, usize, f64) -> usize,
+    ) -> usize {
+        match (self.pipeline.stages, self.pipeline.virtual_stages, self.tp) {
+            (1, 1, 1) => ask(rows, t, model.flops_per_token(t) / 6.0),
+            _ => 1,
+        }
+    }
+
     /// Refuses impossible combinations before any work, saying what to change.
     pub fn validate(&self, model: &ModelConfig, global_batch: usize) -> Result<()> {
         let (w, tp, pp) = (self.world_size, self.tp, self.pipeline.stages);
@@ -413,12 +430,9 @@ pub fn build<B: Backend + 'static>(
         size: grid.tp,
     };
     let engine = || model.engine(backend.clone(), place, par.recompute, par.precision);
-    // a rank without stages or tensor parallelism runs its batch in the
-    // parts its backend finds fastest
-    let parts = match (par.pipeline.stages, par.pipeline.virtual_stages, grid.tp) {
-        (1, 1, 1) => backend.batch_parts(b / grid.dp, t, model.flops_per_token(t) / 6.0),
-        _ => 1,
-    };
+    let parts = par.batch_parts(&model, (b / grid.dp, t), |rows, t, params| {
+        backend.batch_parts(rows, t, params)
+    });
     // an engine per chunk of blocks this rank holds
     let engines = match parts {
         1 => (0..par.pipeline.virtual_stages)

@@ -352,20 +352,13 @@ pub fn stage_memory_plan(
     }
     // a batch in parts: each part past the first sums a unit's gradient
     // (its tied tensor's included) into scratch of the widest unit's size
-    let parts = match (w.cpu_threads, pipe.stages, pipe.virtual_stages, par.tp) {
-        (Some(threads), 1, 1, 1) => {
-            let rank_threads = (threads / par.world_size).max(1);
-            let params = m.flops_per_token(w.seq_len) / 6.0;
-            crate::backend::cpu::batch_parts(rank_threads, rows, params)
-        }
-        _ => 1,
-    };
-    let widest = layout
-        .units
-        .iter()
-        .map(|u| u.range.len() + u.tied.as_ref().map_or(0, |t| t.range.len()))
-        .max()
-        .unwrap_or(0);
+    let parts = w.cpu_threads.map_or(1, |threads| {
+        let rank_threads = (threads / par.world_size).max(1);
+        par.batch_parts(m, rows, |rows, t, params| {
+            crate::backend::cpu::batch_parts(rank_threads, (rows, t), params)
+        })
+    });
+    let widest = layout.widest_unit_grad();
     mem.grads += gb * ((parts - 1) * widest) as f64;
     if par.precision == ModelPrecision::Bf16 {
         mem.activations += 4.0 * (bf16.0 - fp32.0);
