@@ -1824,6 +1824,29 @@ fn counted_memory_accounts_for_the_processs_resident_memory() {
     }
 }
 
+/// A rank on two threads runs its batch in two parts, and bench says so;
+/// on one thread, or as one of two thread ranks on two, it does not.
+#[test]
+fn bench_says_when_a_rank_runs_its_batch_in_parts() {
+    for (threads, strategy, world, parts) in [
+        ("2", "single", "1", 2),
+        ("1", "single", "1", 1),
+        ("2", "ddp", "2", 1),
+    ] {
+        let mut args = vec!["--threads", threads, "bench", "--model", "tiny"];
+        args.extend(["--strategy", strategy, "--world-size", world]);
+        args.extend(["--batch-size", "4", "--seq-len", "16", "--steps", "1"]);
+        args.extend(["--warmup", "0", "--peak-tflops", "0.1"]);
+        let text = String::from_utf8_lossy(&succeeded(distgpt(&args)).stdout).to_string();
+        let says = text.contains("2 parts a rank");
+        assert_eq!(says, parts == 2, "{threads} threads, {strategy}: {text}");
+        args.push("--json");
+        let j: serde_json::Value =
+            serde_json::from_slice(&succeeded(distgpt(&args)).stdout).unwrap();
+        assert_eq!(j["parts"], parts, "{threads} threads, {strategy}: {j}");
+    }
+}
+
 /// One bench step of `model` at batch 4 x `seq`, no warm-up, at a stated peak (no probe).
 fn bench_one_step(model: &str, strategy: &str, world: &str, seq: &str, extra: &[&str]) -> Output {
     let mut args = vec![

@@ -238,7 +238,7 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
             "impl": "distgpt", "model": a.model.model_name(), "params": cfg.num_params(), "batch": b, "seq": t,
             "strategy": par.strategy, "world_size": par.world_size, "tp": resolved.tp, "pipeline": par.pipeline, "grad_accum": spec.grad_accum, "recompute": par.recompute, "precision": par.precision,
             "offload": par.offload, "offload_serial": par.offload_serial,
-            "threads": threads, "ms_per_step": step_s * 1e3, "tokens_per_s": tokens_per_s,
+            "threads": threads, "parts": ranks[0].parts, "ms_per_step": step_s * 1e3, "tokens_per_s": tokens_per_s,
             "tokens_per_s_per_rank": tokens_per_s / par.world_size as f64, "mfu": mfu, "peak_gflops": peak / 1e9,
             "mfu_hardware": hardware.as_ref().map(|(f, _)| metrics::mfu(cfg.flops_per_token(t), tokens_per_s, *f)),
             "hardware_peak_gflops": hardware.as_ref().map(|(f, _)| f / 1e9),
@@ -270,6 +270,10 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
             )),
             par.recompute.then(|| ", recompute".to_string()),
             (par.precision == Precision::Bf16).then(|| ", bf16".to_string()),
+            (ranks[0].parts > 1).then(|| format!(
+                ", {} a rank",
+                metrics::count(ranks[0].parts, "part")
+            )),
             (!par.offload.is_none()).then(|| format!(
                 ", offload {}{}",
                 par.offload,

@@ -45,6 +45,8 @@ pub struct RankBench {
     pub bubble: Option<f64>,
     /// This rank's forwards and backwards in the last timed step.
     pub timeline: Vec<Span>,
+    /// The parts this rank ran its batch in (`model::parts`).
+    pub parts: usize,
 }
 
 /// Every rank's timeline of the step just taken (collective; each rank of a
@@ -89,6 +91,9 @@ pub fn bench_rank<B: Backend + 'static>(
     world: &dyn Comm,
 ) -> Result<Vec<RankBench>> {
     let (b, t) = (spec.batch, spec.seq_len);
+    let parts = par.batch_parts(cfg, (b / par.resolved().dp(), t), |rows, t, params| {
+        backend.batch_parts(rows, t, params)
+    });
     let mut strategy = parallel::build(
         backend,
         cfg.clone(),
@@ -145,6 +150,7 @@ pub fn bench_rank<B: Backend + 'static>(
         c.seconds / all_steps,
         total / spec.steps.max(1) as f64,
         update / spec.steps.max(1) as f64,
+        parts as f64,
     ];
     let mut all_peaks = vec![0u64; peak.len() * world.size()];
     world.all_gather(&peak, &mut all_peaks)?;
@@ -163,6 +169,7 @@ pub fn bench_rank<B: Backend + 'static>(
             comm_s_per_step: t[1],
             step_s: t[2],
             update_s: t[3],
+            parts: t[4] as usize,
             bubble,
             timeline,
         })
