@@ -37,8 +37,8 @@ pub struct Parts<B: Backend> {
 }
 
 impl<B: Backend> Parts<B> {
-    /// `parts` engines of one family, the same layout and settings, at
-    /// least two.
+    /// `parts` engines of one family, the same layout and settings (at
+    /// least one).
     pub fn new(parts: Vec<Box<dyn UnitModel<B>>>) -> Result<Self> {
         let Some(first) = parts.first() else {
             return Err(Error::Config("a batch in no parts".into()));
