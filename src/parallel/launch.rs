@@ -7,6 +7,11 @@ use crate::comm::Comm;
 use crate::error::{Error, Result};
 use std::time::Duration;
 
+/// The worker threads each of `n` thread ranks gets of `threads`.
+pub fn rank_threads(threads: usize, n: usize) -> usize {
+    (threads / n.max(1)).max(1)
+}
+
 /// Runs `f` on `n` thread ranks (threads / n worker threads each) and returns
 /// their results in rank order, or the first failure.
 pub fn run_local<R: Send>(
@@ -16,7 +21,7 @@ pub fn run_local<R: Send>(
     f: impl Fn(Box<dyn Comm>) -> Result<R> + Sync,
 ) -> Result<Vec<R>> {
     let (world, comms) = local::world(n, timeout);
-    let per_rank = (threads / n).max(1);
+    let per_rank = rank_threads(threads, n);
     let results: Vec<Result<R>> = std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .into_iter()

@@ -230,7 +230,7 @@ pub fn calibrate_cpu(
     let concurrent = ranks.min(machine.threads);
     let (model, rank_batch, seq_len) =
         calibration_shape(asked, ((asked_batch / ranks).max(1), asked_seq), concurrent)?;
-    let rank_threads = (machine.threads / ranks).max(1);
+    let rank_threads = crate::parallel::launch::rank_threads(machine.threads, ranks);
     let oversubscribed = (ranks as f64 / machine.threads as f64).max(1.0);
     let par = ParallelConfig::single();
     // Small models are timed over more steps: their steps are short and noisy.

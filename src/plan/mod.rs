@@ -353,7 +353,7 @@ pub fn stage_memory_plan(
     // a batch in parts: each part past the first sums a unit's gradient
     // (its tied tensor's included) into scratch of the widest unit's size
     let parts = w.cpu_threads.map_or(1, |threads| {
-        let rank_threads = (threads / par.world_size).max(1);
+        let rank_threads = crate::parallel::launch::rank_threads(threads, par.world_size);
         par.batch_parts(m, rows, |rows, t, params| {
             crate::backend::cpu::batch_parts(rank_threads, (rows, t), params)
         })

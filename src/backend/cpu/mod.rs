@@ -73,9 +73,9 @@ const PARTS_MAX_PARAMS: usize = 16 << 20;
 /// its own copy of a unit's gradient, which pays while a part has tokens
 /// enough to amortize them. Measured on 2 threads (Zen 5), parts against
 /// both threads sharing every operation, tokens a part / parameters a
-/// token: shakespeare-char 16 x 256 (2,048 / 10.8M) +3%, in bf16 +4%;
-/// bert-minilm classify 32 x 128 (2,048 / ~21M) +2%; GPT-2 124M 16 x
-/// 128 (1,024 / 124M) -1.5%, 4 x 128 (256) -7%.
+/// token: shakespeare-char 16 x 256 (2,048 / 11.9M) +3-6%, in bf16 +4%;
+/// bert-minilm classify 32 x 128 (2,048 / 11.2M) +2%; GPT-2 124M 16 x
+/// 128 (1,024 / 126M) -1.5%, 4 x 128 (256) -7%.
 const PART_PARAMS_PER_TOKEN: f64 = 32_768.0;
 
 /// The parts a rank on `threads` threads runs a batch of `rows`
