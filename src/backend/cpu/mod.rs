@@ -137,7 +137,7 @@ impl Device for Cpu {
     }
     fn alloc_typed<T: Elem>(&self, len: usize, category: Category) -> Result<Buf<Self, T>> {
         Ok(Buf::new(
-            vec![T::default(); len],
+            crate::backend::memory::host_zeros(len),
             len,
             category,
             self.memory.clone(),
