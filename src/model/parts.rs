@@ -180,6 +180,9 @@ impl<B: Backend> UnitModel<B> for Parts<B> {
             p.set_units(units.clone());
         }
     }
+    fn batch_parts(&self) -> usize {
+        self.parts.len()
+    }
 }
 
 #[cfg(test)]

@@ -151,6 +151,10 @@ pub trait UnitModel<B: Backend>: Send {
     /// Runs only `units` from now on (a pipeline stage's), allocating
     /// activations for them alone.
     fn set_units(&mut self, units: Range<usize>);
+    /// How many parts it runs a batch in ([`super::parts::Parts`]).
+    fn batch_parts(&self) -> usize {
+        1
+    }
     /// Splits every backward in two from the next `begin` on (zero-bubble
     /// schedules): `backward_input` makes the gradient for the unit below
     /// and keeps what `backward_weight` later turns into the parameters'
@@ -232,6 +236,9 @@ impl<B: Backend, M: UnitModel<B> + ?Sized> UnitModel<B> for Box<M> {
     }
     fn set_units(&mut self, units: Range<usize>) {
         (**self).set_units(units)
+    }
+    fn batch_parts(&self) -> usize {
+        (**self).batch_parts()
     }
     fn split_backward(&mut self) -> Result<()> {
         (**self).split_backward()

@@ -329,6 +329,8 @@ pub trait Strategy {
     fn memory(&self) -> MemoryReport;
     /// This rank's communication so far, every group together.
     fn comm_stats(&self) -> CommStats;
+    /// How many parts this rank runs its batch in (`model::parts`).
+    fn batch_parts(&self) -> usize;
     /// The forwards and backwards of the last step's pipeline program
     /// (empty where the strategy runs no pipeline).
     fn timeline(&self) -> Vec<Span> {

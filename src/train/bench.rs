@@ -91,9 +91,6 @@ pub fn bench_rank<B: Backend + 'static>(
     world: &dyn Comm,
 ) -> Result<Vec<RankBench>> {
     let (b, t) = (spec.batch, spec.seq_len);
-    let parts = par.batch_parts(cfg, (b / par.resolved().dp(), t), |rows, t, params| {
-        backend.batch_parts(rows, t, params)
-    });
     let mut strategy = parallel::build(
         backend,
         cfg.clone(),
@@ -150,7 +147,7 @@ pub fn bench_rank<B: Backend + 'static>(
         c.seconds / all_steps,
         total / spec.steps.max(1) as f64,
         update / spec.steps.max(1) as f64,
-        parts as f64,
+        strategy.batch_parts() as f64,
     ];
     let mut all_peaks = vec![0u64; peak.len() * world.size()];
     world.all_gather(&peak, &mut all_peaks)?;

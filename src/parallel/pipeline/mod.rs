@@ -631,6 +631,10 @@ impl<B: Backend> Strategy for Pipelined<B> {
         r
     }
 
+    fn batch_parts(&self) -> usize {
+        self.engine().batch_parts()
+    }
+
     fn timeline(&self) -> Vec<Span> {
         // one stage (sharded data parallelism over tp) is no pipeline
         match self.pp.size() {
