@@ -11,6 +11,7 @@
 use super::math::{dot, exp, exp_shifted_sum, gemm, row_max, Mat, SendPtr};
 use crate::backend::ops::{AttentionBackward, AttentionDecode, AttentionForward, Host};
 use rayon::prelude::*;
+use std::ops::Range;
 
 /// Query rows per block.
 pub(super) const BLOCK: usize = 64;
@@ -258,11 +259,9 @@ fn backward_masked(
                 let (k, v) = (q.add(c), q.add(2 * c));
                 let dq = dqkv_ptr.get().add(bi * t * 3 * c + h * hd);
                 let (dk, dv) = (dq.add(c), dq.add(2 * c));
-                for tt in 0..t {
-                    std::ptr::write_bytes(dq.add(tt * 3 * c), 0, hd);
-                    std::ptr::write_bytes(dk.add(tt * 3 * c), 0, hd);
-                    std::ptr::write_bytes(dv.add(tt * 3 * c), 0, hd);
-                }
+                // keys 0..written hold a dK and dV row: a tile's product
+                // overwrites the rows past it instead of adding onto zeros
+                let mut written = 0;
                 let d_o = dout.as_ptr().add(bi * t * c + h * hd);
                 for r0 in (0..t).step_by(BLOCK) {
                     let r1 = (r0 + BLOCK).min(t);
@@ -281,17 +280,20 @@ fn backward_masked(
                             row[seen..].fill(0.0);
                         }
                         let pc = pp as *const f32;
+                        let tile = c0..c0 + kw;
                         // dV[tile] += P^T dO[r0..r1]
-                        gemm(
-                            false,
-                            (kw, hd, rows),
-                            Mat::new(dv.add(c0 * 3 * c), 3 * c, 1),
-                            Mat::new(pc, kw, 1).t(),
-                            Mat::new(d_o_blk, c, 1),
-                            true,
-                            1.0,
-                            1,
-                        );
+                        onto_written(written, tile.clone(), |keys, add| {
+                            gemm(
+                                false,
+                                (keys.len(), hd, rows),
+                                Mat::new(dv.add(keys.start * 3 * c), 3 * c, 1),
+                                Mat::new(pc.add(keys.start - c0), kw, 1).t(),
+                                Mat::new(d_o_blk, c, 1),
+                                add,
+                                1.0,
+                                1,
+                            )
+                        });
                         // dP = dO[r0..r1] V[tile]^T
                         gemm(
                             false,
@@ -312,33 +314,62 @@ fn backward_masked(
                             }
                         }
                         let ds = dpp as *const f32;
-                        // dQ[r0..r1] += dS K[tile]
+                        // dQ[r0..r1] += dS K[tile] (the first tile's sets it:
+                        // every query sees key 0)
                         gemm(
                             false,
                             (rows, hd, kw),
                             Mat::new(dq.add(r0 * 3 * c), 3 * c, 1),
                             Mat::new(ds, kw, 1),
                             Mat::new(k_tile, 3 * c, 1),
-                            true,
+                            c0 > 0,
                             1.0,
                             1,
                         );
                         // dK[tile] += dS^T Q[r0..r1]
-                        gemm(
-                            false,
-                            (kw, hd, rows),
-                            Mat::new(dk.add(c0 * 3 * c), 3 * c, 1),
-                            Mat::new(ds, kw, 1).t(),
-                            Mat::new(q_blk, 3 * c, 1),
-                            true,
-                            1.0,
-                            1,
-                        );
+                        written = onto_written(written, tile, |keys, add| {
+                            gemm(
+                                false,
+                                (keys.len(), hd, rows),
+                                Mat::new(dk.add(keys.start * 3 * c), 3 * c, 1),
+                                Mat::new(ds.add(keys.start - c0), kw, 1).t(),
+                                Mat::new(q_blk, 3 * c, 1),
+                                add,
+                                1.0,
+                                1,
+                            )
+                        });
                     }
+                }
+                // keys no query saw (past a sequence's length)
+                for tt in written..t {
+                    std::ptr::write_bytes(dk.add(tt * 3 * c), 0, hd);
+                    std::ptr::write_bytes(dv.add(tt * 3 * c), 0, hd);
                 }
             }
         },
     );
+}
+
+/// Runs a tile's product over its key rows `tile`: `product(keys, true)`
+/// adds onto the rows before `written` (those an earlier tile's product
+/// set), `product(keys, false)` overwrites the rest. Returns the rows
+/// written after it. Tiles come in key order from 0 in every query block,
+/// so `written` is never short of the tile's start.
+fn onto_written(
+    written: usize,
+    tile: Range<usize>,
+    mut product: impl FnMut(Range<usize>, bool),
+) -> usize {
+    debug_assert!(written >= tile.start);
+    let held = written.min(tile.end);
+    if held > tile.start {
+        product(tile.start..held, true);
+    }
+    if tile.end > held {
+        product(held..tile.end, false);
+    }
+    written.max(tile.end)
 }
 
 /// Shape of one decoding step: `b` rows, each attending over `len` cached
@@ -763,6 +794,21 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_tile_adds_onto_the_keys_written_and_sets_the_rest() {
+        let calls = |written, tile| {
+            let mut calls = Vec::new();
+            let after = onto_written(written, tile, |keys, add| calls.push((keys, add)));
+            (calls, after)
+        };
+        // with BLOCK == KEYS a tile is all old or all new; the split holds
+        // for any other tiling
+        assert_eq!(calls(64, 0..64), (vec![(0..64, true)], 64));
+        assert_eq!(calls(64, 64..128), (vec![(64..128, false)], 128));
+        assert_eq!(calls(10, 5..20), (vec![(5..10, true), (10..20, false)], 20));
+        assert_eq!(calls(30, 5..20), (vec![(5..20, true)], 30));
     }
 
     #[test]
