@@ -571,6 +571,40 @@ fn offload_moves_the_optimizer_to_the_host_as_planned_on<B: Backend>(gpu: B, kin
     }
 }
 
+/// --precision bf16 on a GPU copies each matmul's operands into rounded
+/// scratch: `plan` predicts the growth over fp32 within 10%.
+#[test]
+fn bf16_rounded_copies_are_planned_on_the_gpu() {
+    on_gpus!(bf16_rounded_copies_are_planned_on);
+}
+
+fn bf16_rounded_copies_are_planned_on<B: Backend>(gpu: B, kind: &str) {
+    use distgpt::plan::{self, Precision as PlanPrecision, Workload};
+    let cfg: distgpt::model::ModelConfig = common::tiny_model(dataset()).into();
+    let w = Workload {
+        model: cfg.clone(),
+        batch: 8,
+        seq_len: 32,
+        grad_accum: 1,
+        cpu_threads: None,
+    };
+    let total = 5;
+    let layouts = offload_layouts().into_iter();
+    for (par, _) in layouts.filter(|(_, offload)| *offload == Offload::Optimizer) {
+        let [fp32, bf16] = [Precision::Fp32, Precision::Bf16].map(|precision| {
+            let par = ParallelConfig { precision, ..par };
+            let planned = plan::stage_memory_plan(&w, par, PlanPrecision::Fp32, 0).total();
+            (planned, offload_peaks(&gpu, &cfg, par)[0].0[total] as f64)
+        });
+        let (want, got) = (bf16.0 - fp32.0, bf16.1 - fp32.1);
+        assert!(
+            got > 0.0 && (want - got).abs() <= 0.1 * got,
+            "{} on {kind} in bf16: planned {want:.0} more bytes than fp32, measured {got:.0} more",
+            plan::layout_name(&par)
+        );
+    }
+}
+
 /// Offload on the CPU, or of parameters a strategy does not shard, is
 /// refused with the reason (the layout is checked before the device).
 #[test]

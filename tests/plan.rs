@@ -126,8 +126,10 @@ fn check_memory(cfg: &ModelConfig) {
     );
 }
 
-/// --precision bf16 adds the matmul operands' rounded copies: the
-/// predicted growth over fp32 is the measured one.
+/// --precision bf16 on the CPU makes no rounded copies of the matmul
+/// operands (its matmuls round them as they multiply): it plans and
+/// measures fp32's bytes. (On a GPU the copies are planned as measured:
+/// tests/gpu.rs.)
 fn check_bf16_scratch(cfg: &ModelConfig) {
     let (w, device, net, spec) = setup(cfg);
     for world in [1, 2] {
@@ -148,7 +150,7 @@ fn check_bf16_scratch(cfg: &ModelConfig) {
             });
             let (want, got) = (bf16.0 - fp32.0, bf16.1 - fp32.1);
             assert!(
-                got > 0.0 && (want - got).abs() <= 0.1 * got,
+                want == 0.0 && got == 0.0,
                 "{} in bf16: predicted {want:.0} more bytes than fp32, measured {got:.0} more",
                 plan::layout_name(&par)
             );

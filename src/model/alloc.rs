@@ -46,6 +46,15 @@ impl<'a, B: Backend> ActAlloc<'a, B> {
         self.typed(len, Category::Activations)
     }
 
+    /// Whether `--precision bf16` copies its matmul operands into rounded
+    /// scratch: not where the backend's matmuls round them as they
+    /// multiply (`Kernels::matmul_rounds_bf16`: the CPU). A tally counts
+    /// the copies, as a GPU allocates them; `plan` leaves them out for a
+    /// CPU.
+    pub fn bf16_copies(&self) -> bool {
+        self.tally.is_some() || !self.be.matmul_rounds_bf16()
+    }
+
     /// Elements counted so far as (activations, other).
     pub fn counted(&self) -> (usize, usize) {
         self.tally.as_ref().map_or((0, 0), Cell::get)

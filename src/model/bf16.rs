@@ -6,8 +6,8 @@
 //! (`Kernels::matmul_rounds_bf16`: the CPU), passed as they are. The
 //! family routes its matmuls through [`matmul_forward`] and
 //! [`matmul_backward`], which pass straight to the backend in fp32. The
-//! scratch is allocated either way, so the memory a layout counts is one
-//! formula for every device (`plan` tallies it on the CPU).
+//! scratch is allocated only where the copies are made
+//! (`ActAlloc::bf16_copies`); `plan` tallies it and leaves it out for a CPU.
 
 use super::alloc::ActAlloc;
 use crate::backend::{Backend, Buf, Category, MatmulBackward, MatmulForward, MatmulShape, On, Src};
@@ -46,8 +46,13 @@ pub struct Bf16Operands<B: Backend> {
 
 impl<B: Backend> Bf16Operands<B> {
     /// Room for the largest input, weight and output gradient the model
-    /// rounds (in elements; weights count as `Other`, the rest as activations).
-    pub fn new(al: &ActAlloc<'_, B>, (inp, w, dout): (usize, usize, usize)) -> Result<Self> {
+    /// rounds (in elements; weights count as `Other`, the rest as
+    /// activations), or none where the backend's matmuls round them.
+    pub fn new(al: &ActAlloc<'_, B>, sizes: (usize, usize, usize)) -> Result<Self> {
+        let (inp, w, dout) = match al.bf16_copies() {
+            true => sizes,
+            false => (0, 0, 0),
+        };
         Ok(Bf16Operands {
             inp: al.acts(inp)?,
             w: al.typed(w, Category::Other)?,

@@ -192,7 +192,7 @@ pub struct Workload {
     /// On a CPU, the threads its thread ranks share (None for a GPU): a
     /// rank with two or more and without stages or tensor parallelism runs
     /// its batch in parts, a gradient scratch for each part past the first
-    /// (`Decode::batch_parts`).
+    /// (`Decode::batch_parts`), and bf16 runs no rounded operand copies.
     pub cpu_threads: Option<usize>,
 }
 
@@ -360,7 +360,9 @@ pub fn stage_memory_plan(
     });
     let widest = layout.widest_unit_grad();
     mem.grads += gb * ((parts - 1) * widest) as f64;
-    if par.precision == ModelPrecision::Bf16 {
+    // bf16's rounded copies of the matmul operands, which a CPU's matmuls
+    // make as they multiply instead (`ActAlloc::bf16_copies`)
+    if par.precision == ModelPrecision::Bf16 && w.cpu_threads.is_none() {
         mem.activations += 4.0 * (bf16.0 - fp32.0);
         mem.other += 4.0 * (bf16.1 - fp32.1);
     }
