@@ -521,6 +521,20 @@ fn offload_peaks<B: Backend>(
     ranks[0].iter().map(|r| (r.peak, r.host_peak)).collect()
 }
 
+/// The tiny model and the batch `offload_peaks` runs, as `plan` sees them
+/// on a GPU.
+fn planned_workload() -> (distgpt::model::ModelConfig, distgpt::plan::Workload) {
+    let cfg: distgpt::model::ModelConfig = common::tiny_model(dataset()).into();
+    let w = distgpt::plan::Workload {
+        model: cfg.clone(),
+        batch: 8,
+        seq_len: 32,
+        grad_accum: 1,
+        cpu_threads: None,
+    };
+    (cfg, w)
+}
+
 /// Offload moves the optimizer's bytes from the device to the host, byte
 /// for byte, and `plan` predicts both peaks within 10%.
 #[test]
@@ -529,15 +543,8 @@ fn offload_moves_the_optimizer_to_the_host_as_planned() {
 }
 
 fn offload_moves_the_optimizer_to_the_host_as_planned_on<B: Backend>(gpu: B, kind: &str) {
-    use distgpt::plan::{self, Precision as PlanPrecision, Workload};
-    let cfg: distgpt::model::ModelConfig = common::tiny_model(dataset()).into();
-    let w = Workload {
-        model: cfg.clone(),
-        batch: 8,
-        seq_len: 32,
-        grad_accum: 1,
-        cpu_threads: None,
-    };
+    use distgpt::plan::{self, Precision as PlanPrecision};
+    let (cfg, w) = planned_workload();
     let (optimizer, total) = (2, 5);
     for (par, offload) in offload_layouts() {
         let tag = format!("{} on {kind}", layout_tag(&par, offload));
@@ -579,15 +586,8 @@ fn bf16_rounded_copies_are_planned_on_the_gpu() {
 }
 
 fn bf16_rounded_copies_are_planned_on<B: Backend>(gpu: B, kind: &str) {
-    use distgpt::plan::{self, Precision as PlanPrecision, Workload};
-    let cfg: distgpt::model::ModelConfig = common::tiny_model(dataset()).into();
-    let w = Workload {
-        model: cfg.clone(),
-        batch: 8,
-        seq_len: 32,
-        grad_accum: 1,
-        cpu_threads: None,
-    };
+    use distgpt::plan::{self, Precision as PlanPrecision};
+    let (cfg, w) = planned_workload();
     let total = 5;
     let layouts = offload_layouts().into_iter();
     for (par, _) in layouts.filter(|(_, offload)| *offload == Offload::Optimizer) {
