@@ -521,18 +521,15 @@ fn offload_peaks<B: Backend>(
     ranks[0].iter().map(|r| (r.peak, r.host_peak)).collect()
 }
 
-/// The tiny model and the batch `offload_peaks` runs, as `plan` sees them
-/// on a GPU.
-fn planned_workload() -> (distgpt::model::ModelConfig, distgpt::plan::Workload) {
-    let cfg: distgpt::model::ModelConfig = common::tiny_model(dataset()).into();
-    let w = distgpt::plan::Workload {
-        model: cfg.clone(),
+/// `model` with the batch `offload_peaks` runs, as `plan` sees it on a GPU.
+fn planned(model: &distgpt::model::ModelConfig) -> distgpt::plan::Workload {
+    distgpt::plan::Workload {
+        model: model.clone(),
         batch: 8,
         seq_len: 32,
         grad_accum: 1,
         cpu_threads: None,
-    };
-    (cfg, w)
+    }
 }
 
 /// Offload moves the optimizer's bytes from the device to the host, byte
@@ -544,7 +541,8 @@ fn offload_moves_the_optimizer_to_the_host_as_planned() {
 
 fn offload_moves_the_optimizer_to_the_host_as_planned_on<B: Backend>(gpu: B, kind: &str) {
     use distgpt::plan::{self, Precision as PlanPrecision};
-    let (cfg, w) = planned_workload();
+    let cfg: distgpt::model::ModelConfig = common::tiny_model(dataset()).into();
+    let w = planned(&cfg);
     let (optimizer, total) = (2, 5);
     for (par, offload) in offload_layouts() {
         let tag = format!("{} on {kind}", layout_tag(&par, offload));
@@ -579,29 +577,43 @@ fn offload_moves_the_optimizer_to_the_host_as_planned_on<B: Backend>(gpu: B, kin
 }
 
 /// --precision bf16 on a GPU copies each matmul's operands into rounded
-/// scratch: `plan` predicts the growth over fp32 within 10%.
+/// scratch: `plan` predicts the growth over fp32 within 10%, for GPT-2 and
+/// for BERT.
 #[test]
 fn bf16_rounded_copies_are_planned_on_the_gpu() {
     on_gpus!(bf16_rounded_copies_are_planned_on);
 }
 
 fn bf16_rounded_copies_are_planned_on<B: Backend>(gpu: B, kind: &str) {
+    use distgpt::model::bert::{BertConfig, BertHead};
     use distgpt::plan::{self, Precision as PlanPrecision};
-    let (cfg, w) = planned_workload();
+    let bert = BertConfig {
+        n_layer: 2,
+        n_head: 4,
+        n_embd: 64,
+        n_inner: 256,
+        block_size: 32,
+        vocab_size: 200,
+        ..BertConfig::mini_lm(BertHead::Classify { labels: 3 })
+    };
     let total = 5;
-    let layouts = offload_layouts().into_iter();
-    for (par, _) in layouts.filter(|(_, offload)| *offload == Offload::Optimizer) {
-        let [fp32, bf16] = [Precision::Fp32, Precision::Bf16].map(|precision| {
-            let par = ParallelConfig { precision, ..par };
-            let planned = plan::stage_memory_plan(&w, par, PlanPrecision::Fp32, 0).total();
-            (planned, offload_peaks(&gpu, &cfg, par)[0].0[total] as f64)
-        });
-        let (want, got) = (bf16.0 - fp32.0, bf16.1 - fp32.1);
-        assert!(
-            got > 0.0 && (want - got).abs() <= 0.1 * got,
-            "{} on {kind} in bf16: planned {want:.0} more bytes than fp32, measured {got:.0} more",
-            plan::layout_name(&par)
-        );
+    for cfg in [common::tiny_model(dataset()).into(), bert.into()] {
+        let w = planned(&cfg);
+        let layouts = offload_layouts().into_iter();
+        for (par, _) in layouts.filter(|(_, offload)| *offload == Offload::Optimizer) {
+            let [fp32, bf16] = [Precision::Fp32, Precision::Bf16].map(|precision| {
+                let par = ParallelConfig { precision, ..par };
+                let planned = plan::stage_memory_plan(&w, par, PlanPrecision::Fp32, 0).total();
+                (planned, offload_peaks(&gpu, &cfg, par)[0].0[total] as f64)
+            });
+            let (want, got) = (bf16.0 - fp32.0, bf16.1 - fp32.1);
+            assert!(
+                got > 0.0 && (want - got).abs() <= 0.1 * got,
+                "{cfg} {} on {kind} in bf16: planned {want:.0} more bytes than fp32, measured \
+                 {got:.0} more",
+                plan::layout_name(&par)
+            );
+        }
     }
 }
 
