@@ -585,19 +585,11 @@ fn bf16_rounded_copies_are_planned_on_the_gpu() {
 }
 
 fn bf16_rounded_copies_are_planned_on<B: Backend>(gpu: B, kind: &str) {
-    use distgpt::model::bert::{BertConfig, BertHead};
+    use distgpt::model::bert::BertHead;
     use distgpt::plan::{self, Precision as PlanPrecision};
-    let bert = BertConfig {
-        n_layer: 2,
-        n_head: 4,
-        n_embd: 64,
-        n_inner: 256,
-        block_size: 32,
-        vocab_size: 200,
-        ..BertConfig::mini_lm(BertHead::Classify { labels: 3 })
-    };
+    let bert = common::small_bert(BertHead::Classify { labels: 3 });
     let total = 5;
-    for cfg in [common::tiny_model(dataset()).into(), bert.into()] {
+    for cfg in [common::tiny_model(dataset()).into(), bert] {
         let w = planned(&cfg);
         let layouts = offload_layouts().into_iter();
         for (par, _) in layouts.filter(|(_, offload)| *offload == Offload::Optimizer) {

@@ -4,8 +4,12 @@
 //! pipeline stage's. (Step times are compared by
 //! `distgpt compare`, not asserted in tests.)
 
+#[allow(dead_code)] // of the shared helpers, only the small BERT is for plan
+mod common;
+
+use common::small_bert;
 use distgpt::backend::cpu::Cpu;
-use distgpt::model::bert::{BertConfig, BertHead};
+use distgpt::model::bert::BertHead;
 use distgpt::model::{GptConfig, ModelConfig, Precision as EnginePrecision};
 use distgpt::parallel::{launch, Grid, ParallelConfig, StrategyKind};
 use distgpt::plan::{self, Device, Network, Precision, Workload};
@@ -23,26 +27,12 @@ fn model() -> GptConfig {
     }
 }
 
-/// A small BERT with `head`: 4 heads, so tp 2 and 4 split it.
-fn bert(head: BertHead) -> ModelConfig {
-    BertConfig {
-        n_layer: 2,
-        n_head: 4,
-        n_embd: 64,
-        n_inner: 256,
-        block_size: 32,
-        vocab_size: 200,
-        ..BertConfig::mini_lm(head)
-    }
-    .into()
-}
-
 #[test]
 fn predicted_peak_memory_is_within_10_percent_of_measured() {
     let models = [
         model().into(),
-        bert(BertHead::Mlm),
-        bert(BertHead::Classify { labels: 3 }),
+        small_bert(BertHead::Mlm),
+        small_bert(BertHead::Classify { labels: 3 }),
     ];
     for cfg in &models {
         check_memory(cfg);
@@ -166,7 +156,7 @@ fn check_bf16_scratch(cfg: &ModelConfig) {
 #[test]
 fn every_pipeline_stage_peaks_where_plan_says() {
     use distgpt::parallel::{Pipeline, Schedule};
-    let models: [ModelConfig; 2] = [model().into(), bert(BertHead::Mlm)];
+    let models: [ModelConfig; 2] = [model().into(), small_bert(BertHead::Mlm)];
     for cfg in &models {
         let (w, _, _, spec) = setup(cfg);
         let (w, spec) = (

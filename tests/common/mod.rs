@@ -1,9 +1,26 @@
 //! What the equivalence tests (threads and MPI) share: the tiny model, the
-//! five-step run every strategy must follow, and the comparison with `single`.
+//! five-step run every strategy must follow, and the comparison with
+//! `single`; and the small BERT the memory-plan checks run.
 
 use distgpt::data::Dataset;
-use distgpt::model::GptConfig;
+use distgpt::model::bert::{BertConfig, BertHead};
+use distgpt::model::{GptConfig, ModelConfig};
 use distgpt::train::{Duration, TrainConfig, TrainSummary};
+
+/// A small BERT with `head`: 4 heads, so tp 2 and 4 split it.
+#[allow(dead_code)] // the memory-plan checks use it, not every includer
+pub fn small_bert(head: BertHead) -> ModelConfig {
+    BertConfig {
+        n_layer: 2,
+        n_head: 4,
+        n_embd: 64,
+        n_inner: 256,
+        block_size: 32,
+        vocab_size: 200,
+        ..BertConfig::mini_lm(head)
+    }
+    .into()
+}
 
 /// The tiny preset with the dataset's vocabulary.
 pub fn tiny_model(ds: &Dataset) -> GptConfig {
