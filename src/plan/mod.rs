@@ -192,7 +192,8 @@ pub struct Workload {
     /// On a CPU, the threads its thread ranks share (None for a GPU): a
     /// rank with two or more and without stages or tensor parallelism runs
     /// its batch in parts, a gradient scratch for each part past the first
-    /// (`Decode::batch_parts`), and bf16 runs no rounded operand copies.
+    /// (`Decode::batch_parts`), and bf16 makes only the operand copies the
+    /// CPU's matmuls need (`Kernels::matmul_rounds_bf16`: none).
     pub cpu_threads: Option<usize>,
 }
 
@@ -360,9 +361,17 @@ pub fn stage_memory_plan(
     });
     let widest = layout.widest_unit_grad();
     mem.grads += gb * ((parts - 1) * widest) as f64;
-    // bf16's rounded copies of the matmul operands, which a CPU's matmuls
-    // make as they multiply instead (`ActAlloc::bf16_copies`)
-    if par.precision == ModelPrecision::Bf16 && w.cpu_threads.is_none() {
+    // bf16's rounded copies of the matmul operands (the tally counts them),
+    // which a backend whose matmuls round as they multiply never makes
+    // (`ActAlloc::bf16_copies`); a GPU's make them
+    let copies = match w.cpu_threads {
+        Some(_) => {
+            use crate::backend::Kernels;
+            !crate::backend::cpu::Cpu::new().matmul_rounds_bf16()
+        }
+        None => true,
+    };
+    if par.precision == ModelPrecision::Bf16 && copies {
         mem.activations += 4.0 * (bf16.0 - fp32.0);
         mem.other += 4.0 * (bf16.1 - fp32.1);
     }
