@@ -1,17 +1,18 @@
-//! Multi-head self-attention, flash-style: each (batch, head) task works
-//! through blocks of query rows and, within each, tiles of keys with an
-//! online softmax, so its scratch is a (BLOCK x KEYS) tile or two and a
-//! (BLOCK x head width) accumulator whatever T is (and T floats of row
-//! sums in the backward); it keeps
-//! only the row log-sum-exp for the backward, which recomputes the
-//! probabilities tile by tile. No (B, NH, T, T) tensor ever exists. The mask is causal (GPT-2) or a
-//! padding mask: every query of sequence b attends to its first `lens[b]`
-//! keys (an encoder's bidirectional attention, BERT's).
+//! Multi-head self-attention, flash-style, one (batch, head) a task. The
+//! forward works through blocks of query rows and, within each, tiles of
+//! keys with an online softmax, so its scratch is a (BLOCK x KEYS) tile and
+//! a (BLOCK x head width) accumulator whatever T is; it keeps only the row
+//! log-sum-exp for the backward. The backward goes key tile by key tile
+//! over the query rows that see it (in runs of at most [`ROWS`]),
+//! recomputing the probabilities from the log-sum-exp: its scratch is two
+//! (ROWS x KEYS) tiles and T floats of row sums. No (B, NH, T, T) tensor
+//! ever exists. The mask is causal (GPT-2) or a padding mask: every query
+//! of sequence b attends to its first `lens[b]` keys (an encoder's
+//! bidirectional attention, BERT's).
 
 use super::math::{dot, exp, exp_shifted_sum, gemm, row_max, Mat, SendPtr};
 use crate::backend::ops::{AttentionBackward, AttentionDecode, AttentionForward, Host};
 use rayon::prelude::*;
-use std::ops::Range;
 
 /// Query rows per block.
 pub(super) const BLOCK: usize = 64;
@@ -84,6 +85,22 @@ impl Mask<'_> {
         match self {
             Mask::Causal => row + 1,
             Mask::Lengths(lens) => lens[bi] as usize,
+        }
+    }
+
+    /// Keys some query of sequence bi (of t positions) sees.
+    fn keys(self, bi: usize, t: usize) -> usize {
+        match self {
+            Mask::Causal => t,
+            Mask::Lengths(lens) => lens[bi] as usize,
+        }
+    }
+
+    /// The first query row that sees key `key` (every later one does too).
+    fn first_query(self, key: usize) -> usize {
+        match self {
+            Mask::Causal => key,
+            Mask::Lengths(_) => 0,
         }
     }
 
@@ -222,29 +239,43 @@ impl Tiles {
     }
 }
 
-/// [`attention_backward`] under `mask`, given (dout, qkv, out, lse): for
-/// each block of query rows and each tile of its keys, the probabilities
-/// again from the kept log-sum-exp, then dV, dP, dS, dQ and dK of the tile.
+/// Query rows a backward product spans at most (for longer sequences a key
+/// tile's rows go in runs of this many): the probabilities and their
+/// gradient for a tile stay (ROWS x KEYS) whatever T is.
+const ROWS: usize = 256;
+
+/// [`attention_backward`] under `mask`, given (dout, qkv, out, lse).
 fn backward_masked(
+    dqkv: &mut [f32],
+    inputs: (&[f32], &[f32], &[f32], &[f32]),
+    s: AttnShape,
+    mask: Mask<'_>,
+) {
+    backward_in_runs(dqkv, inputs, s, mask, ROWS)
+}
+
+/// [`backward_masked`] with a key tile's query rows in runs of `run`: for
+/// each tile of keys, every query row that sees it (a run at a time) gets
+/// its probabilities again from the kept log-sum-exp, then dP, dS and its
+/// share of dQ; the tile's dV and dK are products over all those rows, so
+/// each is written once, by a product as deep as the rows that see it.
+fn backward_in_runs(
     dqkv: &mut [f32],
     (dout, qkv, out, lse): (&[f32], &[f32], &[f32], &[f32]),
     s: AttnShape,
     mask: Mask<'_>,
+    run: usize,
 ) {
     let AttnShape { b, t, c, nh } = s;
     let hd = s.head_dim();
     assert!(dqkv.len() >= b * t * 3 * c && dout.len() >= b * t * c && out.len() >= b * t * c);
+    assert!(run > 0);
     mask.check(b, t);
     let scale = 1.0 / (hd as f32).sqrt();
     let dqkv_ptr = SendPtr(dqkv.as_mut_ptr());
+    let tile = run.min(t) * KEYS;
     (0..b * nh).into_par_iter().for_each_init(
-        || {
-            (
-                vec![0.0f32; BLOCK * KEYS],
-                vec![0.0f32; BLOCK * KEYS],
-                vec![0.0f32; t],
-            )
-        },
+        || (vec![0.0f32; tile], vec![0.0f32; tile], vec![0.0f32; t]),
         |(p, dp, dsum), bh| {
             let (bi, h) = (bh / nh, bh % nh);
             let lse_row = &lse[bh * t..(bh + 1) * t];
@@ -259,19 +290,17 @@ fn backward_masked(
                 let (k, v) = (q.add(c), q.add(2 * c));
                 let dq = dqkv_ptr.get().add(bi * t * 3 * c + h * hd);
                 let (dk, dv) = (dq.add(c), dq.add(2 * c));
-                // keys 0..written hold a dK and dV row: a tile's product
-                // overwrites the rows past it instead of adding onto zeros
-                let mut written = 0;
                 let d_o = dout.as_ptr().add(bi * t * c + h * hd);
-                for r0 in (0..t).step_by(BLOCK) {
-                    let r1 = (r0 + BLOCK).min(t);
-                    let (rows, cols) = (r1 - r0, mask.cols(bi, r1));
-                    let (q_blk, d_o_blk) = (q.add(r0 * 3 * c), d_o.add(r0 * c));
-                    for c0 in (0..cols).step_by(KEYS) {
-                        let kw = KEYS.min(cols - c0);
-                        let (k_tile, v_tile) = (k.add(c0 * 3 * c), v.add(c0 * 3 * c));
+                let keys = mask.keys(bi, t);
+                for c0 in (0..keys).step_by(KEYS) {
+                    let kw = KEYS.min(keys - c0);
+                    let (k_tile, v_tile) = (k.add(c0 * 3 * c), v.add(c0 * 3 * c));
+                    let first = mask.first_query(c0);
+                    for r0 in (first..t).step_by(run) {
+                        let rows = run.min(t - r0);
+                        let (q_run, d_o_run) = (q.add(r0 * 3 * c), d_o.add(r0 * c));
                         let (pp, dpp) = (p.as_mut_ptr(), dp.as_mut_ptr());
-                        scores(pp, q_blk, k_tile, (rows, kw), hd, 3 * c, scale);
+                        scores(pp, q_run, k_tile, (rows, kw), hd, 3 * c, scale);
                         for i in 0..rows {
                             let row = &mut p[i * kw..(i + 1) * kw];
                             let seen = mask.valid(bi, r0 + i).saturating_sub(c0).min(kw);
@@ -279,27 +308,25 @@ fn backward_masked(
                             row[..seen].iter_mut().for_each(|x| *x = exp(*x - l));
                             row[seen..].fill(0.0);
                         }
-                        let pc = pp as *const f32;
-                        let tile = c0..c0 + kw;
-                        // dV[tile] += P^T dO[r0..r1]
-                        onto_written(written, tile.clone(), |keys, add| {
-                            gemm(
-                                false,
-                                (keys.len(), hd, rows),
-                                Mat::new(dv.add(keys.start * 3 * c), 3 * c, 1),
-                                Mat::new(pc.add(keys.start - c0), kw, 1).t(),
-                                Mat::new(d_o_blk, c, 1),
-                                add,
-                                1.0,
-                                1,
-                            )
-                        });
-                        // dP = dO[r0..r1] V[tile]^T
+                        // the tile's dV and dK: set by the first run, added to after
+                        let onto = r0 > first;
+                        // dV[tile] (+)= P^T dO[run]
+                        gemm(
+                            false,
+                            (kw, hd, rows),
+                            Mat::new(dv.add(c0 * 3 * c), 3 * c, 1),
+                            Mat::new(pp as *const f32, kw, 1).t(),
+                            Mat::new(d_o_run, c, 1),
+                            onto,
+                            1.0,
+                            1,
+                        );
+                        // dP = dO[run] V[tile]^T
                         gemm(
                             false,
                             (rows, kw, hd),
                             Mat::new(dpp, kw, 1),
-                            Mat::new(d_o_blk, c, 1),
+                            Mat::new(d_o_run, c, 1),
                             Mat::new(v_tile, 3 * c, 1).t(),
                             false,
                             1.0,
@@ -314,8 +341,8 @@ fn backward_masked(
                             }
                         }
                         let ds = dpp as *const f32;
-                        // dQ[r0..r1] += dS K[tile] (the first tile's sets it:
-                        // every query sees key 0)
+                        // dQ[run] += dS K[tile]; the first tile sets it (every
+                        // query sees key 0)
                         gemm(
                             false,
                             (rows, hd, kw),
@@ -326,50 +353,27 @@ fn backward_masked(
                             1.0,
                             1,
                         );
-                        // dK[tile] += dS^T Q[r0..r1]
-                        written = onto_written(written, tile, |keys, add| {
-                            gemm(
-                                false,
-                                (keys.len(), hd, rows),
-                                Mat::new(dk.add(keys.start * 3 * c), 3 * c, 1),
-                                Mat::new(ds.add(keys.start - c0), kw, 1).t(),
-                                Mat::new(q_blk, 3 * c, 1),
-                                add,
-                                1.0,
-                                1,
-                            )
-                        });
+                        // dK[tile] (+)= dS^T Q[run]
+                        gemm(
+                            false,
+                            (kw, hd, rows),
+                            Mat::new(dk.add(c0 * 3 * c), 3 * c, 1),
+                            Mat::new(ds, kw, 1).t(),
+                            Mat::new(q_run, 3 * c, 1),
+                            onto,
+                            1.0,
+                            1,
+                        );
                     }
                 }
                 // keys no query saw (past a sequence's length)
-                for tt in written..t {
+                for tt in keys..t {
                     std::ptr::write_bytes(dk.add(tt * 3 * c), 0, hd);
                     std::ptr::write_bytes(dv.add(tt * 3 * c), 0, hd);
                 }
             }
         },
     );
-}
-
-/// Runs a tile's product over its key rows `tile`: `product(keys, true)`
-/// adds onto the rows before `written` (those an earlier tile's product
-/// set), `product(keys, false)` overwrites the rest. Returns the rows
-/// written after it. Tiles come in key order from 0 in every query block,
-/// so `written` is never short of the tile's start.
-fn onto_written(
-    written: usize,
-    tile: Range<usize>,
-    mut product: impl FnMut(Range<usize>, bool),
-) -> usize {
-    debug_assert!(written >= tile.start);
-    let held = written.min(tile.end);
-    if held > tile.start {
-        product(tile.start..held, true);
-    }
-    if tile.end > held {
-        product(held..tile.end, false);
-    }
-    written.max(tile.end)
 }
 
 /// Shape of one decoding step: `b` rows, each attending over `len` cached
@@ -717,10 +721,14 @@ mod tests {
         let mut lse = vec![0.0; b * nh * t];
         forward_masked(&mut out, &mut lse, &qkv, s, mask);
         assert_close("out", &out, &reference_masked(&to64(&qkv), s, mask), 1e-5);
-        let mut dqkv = vec![f32::NAN; b * t * 3 * c];
-        backward_masked(&mut dqkv, (&probe, &qkv, &out, &lse), s, mask);
         let fd = finite_diff(&qkv, |x| probe_dot(&reference_masked(x, s, mask), &probe));
-        assert_close("dqkv", &dqkv, &fd, 1e-4);
+        // whole tiles of rows, and runs of 3 rows: a tile's dK and dV set by
+        // its first run and added to by the others
+        for run in [ROWS, 3] {
+            let mut dqkv = vec![f32::NAN; b * t * 3 * c];
+            backward_in_runs(&mut dqkv, (&probe, &qkv, &out, &lse), s, mask, run);
+            assert_close(&format!("dqkv, runs of {run}"), &dqkv, &fd, 1e-4);
+        }
     }
 
     #[test]
@@ -794,21 +802,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn a_tile_adds_onto_the_keys_written_and_sets_the_rest() {
-        let calls = |written, tile| {
-            let mut calls = Vec::new();
-            let after = onto_written(written, tile, |keys, add| calls.push((keys, add)));
-            (calls, after)
-        };
-        // with BLOCK == KEYS a tile is all old or all new; the split holds
-        // for any other tiling
-        assert_eq!(calls(64, 0..64), (vec![(0..64, true)], 64));
-        assert_eq!(calls(64, 64..128), (vec![(64..128, false)], 128));
-        assert_eq!(calls(10, 5..20), (vec![(5..10, true), (10..20, false)], 20));
-        assert_eq!(calls(30, 5..20), (vec![(5..20, true)], 30));
     }
 
     #[test]
