@@ -200,4 +200,57 @@ mod tests {
         let fb = |v: &[f64]| probe_dot(&reference(&x64, &w64, v, c), &probe);
         assert_close("db", &db, &finite_diff(&b, fb), 1e-4);
     }
+
+    #[test]
+    fn each_half_alone_adds_what_both_together_add() {
+        let (rows, c) = (130, 20);
+        let mut rng = Rng::new(4);
+        let x = randn(&mut rng, rows * c, 2.0);
+        let w = randn(&mut rng, c, 1.0);
+        let probe = randn(&mut rng, rows * c, 1.0);
+        let (mean, rstd): (Vec<f32>, Vec<f32>) = x
+            .chunks(c)
+            .map(|r| {
+                let mu = r.iter().sum::<f32>() / c as f32;
+                let var = r.iter().map(|v| (v - mu) * (v - mu)).sum::<f32>() / c as f32;
+                (mu, 1.0 / (var + 1e-5).sqrt())
+            })
+            .unzip();
+        // gradients already holding values: both halves add onto them
+        let base = randn(&mut rng, rows * c + 2 * c, 1.0);
+        let run = |input: bool, weight: bool| {
+            let mut g = base.clone();
+            let (dx, dwb) = g.split_at_mut(rows * c);
+            let (dw, db) = dwb.split_at_mut(c);
+            layernorm_backward(LayerNormBackward {
+                dinp: input.then_some(dx),
+                dwb: weight.then_some((dw, db)),
+                dout: &probe,
+                inp: &x,
+                w: &w,
+                mean: &mean,
+                rstd: &rstd,
+                c,
+            });
+            g
+        };
+        let both = run(true, true);
+        let (input, weight) = (run(true, false), run(false, true));
+        assert_eq!(&both[..rows * c], &input[..rows * c], "input half");
+        assert_eq!(
+            &base[rows * c..],
+            &input[rows * c..],
+            "input half left dw, db"
+        );
+        assert_eq!(&both[rows * c..], &weight[rows * c..], "weight half");
+        assert_eq!(
+            &base[..rows * c],
+            &weight[..rows * c],
+            "weight half left dinp"
+        );
+        assert!(
+            both.iter().zip(&base).all(|(a, b)| a != b),
+            "a gradient not added to"
+        );
+    }
 }
