@@ -242,7 +242,7 @@ impl Tiles {
 /// Query rows a backward product spans at most (for longer sequences a key
 /// tile's rows go in runs of this many): the probabilities and their
 /// gradient for a tile stay (ROWS x KEYS) whatever T is.
-const ROWS: usize = 256;
+pub(super) const ROWS: usize = 256;
 
 /// [`attention_backward`] under `mask`, given (dout, qkv, out, lse).
 fn backward_masked(

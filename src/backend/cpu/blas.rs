@@ -20,7 +20,7 @@
 //! `DISTGPT_MATMUL_BF16=gemm|mkl|openblas|fp32` pins it (`gemm`: the
 //! built-in kernel).
 
-use super::attention::{BLOCK, KEYS};
+use super::attention::{BLOCK, KEYS, ROWS};
 use super::math::Mat;
 use crate::error::{Error, Result};
 use libloading::Library;
@@ -957,20 +957,23 @@ fn probe_large(lib: MatmulLib, bf16: bool) -> (f64, f64) {
 fn probe_small(lib: MatmulLib) -> (f64, f64) {
     use rayon::prelude::*;
     let threads = rayon::current_num_threads();
-    // per tile, as attention runs them: the forward's scores (Q K^T) and
-    // P V, the backward's scores again, dV = P^T dO, dP = dO V^T, dQ = dS K
-    // and dK = dS^T Q
+    // as attention runs them: per query block and key tile, the forward's
+    // scores (Q K^T) and P V; per key tile and run of the query rows that
+    // see it (here 128 rows, the middle of a causal 256-token sequence's
+    // runs of 256 down to 64), the backward's scores again, dV = P^T dO,
+    // dP = dO V^T, dQ = dS K and dK = dS^T Q
     let (rows, keys, hd) = (BLOCK, KEYS, 64);
+    let run = ROWS / 2;
     let tile = [
         ((rows, keys, hd), (false, true)),
         ((rows, hd, keys), (false, false)),
-        ((rows, keys, hd), (false, true)),
-        ((keys, hd, rows), (true, false)),
-        ((rows, keys, hd), (false, true)),
-        ((rows, hd, keys), (false, false)),
-        ((keys, hd, rows), (true, false)),
+        ((run, keys, hd), (false, true)),
+        ((keys, hd, run), (true, false)),
+        ((run, keys, hd), (false, true)),
+        ((run, hd, keys), (false, false)),
+        ((keys, hd, run), (true, false)),
     ];
-    let size = rows.max(keys).max(hd).pow(2);
+    let size = rows.max(run).max(keys).max(hd).pow(2);
     let t0 = Instant::now();
     let flops: f64 = (0..threads)
         .into_par_iter()
