@@ -44,8 +44,8 @@ pub fn matmul_forward(op: MatmulForward<Host<'_>>) {
     // and onto one it starts after it, so that the product only writes that
     // output: read back tile by tile inside the product, a freshly written
     // bias cost the shakespeare-char step 1-2% more than this sequential
-    // pass. Each element is the product's sum plus the bias, rounded once,
-    // either way.
+    // pass. Only the rounding order can differ (and only where the product
+    // sums its depth in several blocks, the bias now added last).
     let add_bias = |out: &mut [f32]| {
         if let Some(b) = bias {
             out.par_chunks_mut(n)
