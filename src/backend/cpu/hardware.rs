@@ -1,6 +1,7 @@
 //! The CPU's hardware peak: cores x FMA units x vector lanes x 2 x clock.
 //! The lanes come from the instruction set the CPU reports (AVX-512: 16
-//! fp32, AVX2 with FMA: 8); the clock is measured by a chain of dependent
+//! fp32, AVX2 with FMA: 8; a build without the `avx512` feature, whose
+//! products cannot use AVX-512, counts AVX2's); the clock is measured by a chain of dependent
 //! register-to-register additions (one a cycle on current x86 cores; an
 //! addition of an immediate may be folded away at rename on recent Intel
 //! cores, a register's is not), since a virtual machine's reported MHz is
@@ -114,7 +115,8 @@ fn rates() -> Option<(&'static str, usize, f64, f64)> {
     // a loop is CHAINS FMAs: at most 2 units' worth a cycle
     const FMA_ITERS: u64 = TRIAL_CYCLES * 2 / x86::CHAINS as u64;
     const ADD_ITERS: u64 = TRIAL_CYCLES / x86::ADDS as u64;
-    let (isa, lanes, run): (_, _, fn(u64) -> f32) = if is_x86_feature_detected!("avx512f") {
+    let avx512 = cfg!(feature = "avx512") && is_x86_feature_detected!("avx512f");
+    let (isa, lanes, run): (_, _, fn(u64) -> f32) = if avx512 {
         // SAFETY: the CPU has AVX-512F.
         ("AVX-512", 16, |n| unsafe { x86::fma_loop_avx512(n) })
     } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {

@@ -124,9 +124,16 @@ impl Device for Cpu {
         mem.as_mut_ptr() as usize
     }
     fn name(&self) -> String {
+        // a build without the `avx512` feature says so: its runs and its
+        // kept peak (keyed by this name) are not the default build's
         format!(
-            "cpu ({})",
-            crate::metrics::count(rayon::current_num_threads(), "thread")
+            "cpu ({}{})",
+            crate::metrics::count(rayon::current_num_threads(), "thread"),
+            if cfg!(feature = "avx512") {
+                ""
+            } else {
+                ", fp32 on AVX2"
+            }
         )
     }
     fn clone_fresh(&self) -> Self {
