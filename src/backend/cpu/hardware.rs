@@ -1,11 +1,12 @@
 //! The CPU's hardware peak: cores x FMA units x vector lanes x 2 x clock.
 //! The lanes come from the instruction set the CPU reports (AVX-512: 16
 //! fp32, AVX2 with FMA: 8; a build without the `avx512` feature, whose
-//! products cannot use AVX-512, counts AVX2's); the clock is measured by a chain of dependent
-//! register-to-register additions (one a cycle on current x86 cores; an
-//! addition of an immediate may be folded away at rename on recent Intel
-//! cores, a register's is not), since a virtual machine's reported MHz is
-//! its time-stamp counter's, not the core's; the FMA units by an FMA loop
+//! products cannot use AVX-512, counts AVX2's); the clock is measured by a
+//! chain of dependent register-to-register additions (one a cycle on
+//! current x86 cores; an addition of an immediate may be folded away at
+//! rename on recent Intel cores, a register's is not), since a virtual
+//! machine's reported MHz is its time-stamp counter's, not the core's; the
+//! FMA units by an FMA loop
 //! with enough independent accumulators to keep every unit busy, divided
 //! by lanes x 2 x clock and rounded. A matmul cannot beat this figure; MFU
 //! against it says how much of the silicon a run used, MFU against the best
