@@ -216,9 +216,7 @@ pub trait Kernels: Device {
     /// operands to bfloat16 themselves (the CPU's products round them as
     /// they pack them), so a caller passes them as they are instead of
     /// copying them rounded with [`Kernels::round_bf16`] first.
-    fn matmul_rounds_bf16(&self) -> bool {
-        false
-    }
+    const MATMUL_ROUNDS_BF16: bool = false;
     fn crossentropy_forward(&self, op: CrossEntropyForward<On<'_, Self>>);
     fn crossentropy_backward(&self, op: CrossEntropyBackward<On<'_, Self>>);
     fn adamw(&self, op: AdamWUpdate<On<'_, Self>>);

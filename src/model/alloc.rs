@@ -48,11 +48,11 @@ impl<'a, B: Backend> ActAlloc<'a, B> {
 
     /// Whether `--precision bf16` copies its matmul operands into rounded
     /// scratch: not where the backend's matmuls round them as they
-    /// multiply (`Kernels::matmul_rounds_bf16`: the CPU). A tally counts
+    /// multiply (`Kernels::MATMUL_ROUNDS_BF16`: the CPU). A tally counts
     /// the copies, as a GPU allocates them; `plan` leaves them out for a
     /// CPU.
     pub fn bf16_copies(&self) -> bool {
-        self.tally.is_some() || !self.be.matmul_rounds_bf16()
+        self.tally.is_some() || !B::MATMUL_ROUNDS_BF16
     }
 
     /// Elements counted so far as (activations, other).

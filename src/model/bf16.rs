@@ -3,7 +3,7 @@
 //! bfloat16 (products accumulated in fp32; a bias's gradient, a sum, from
 //! the fp32 output gradient): copied into scratch and rounded, or, on a
 //! backend whose matmuls round a bf16 shape's operands themselves
-//! (`Kernels::matmul_rounds_bf16`: the CPU), passed as they are. The
+//! (`Kernels::MATMUL_ROUNDS_BF16`: the CPU), passed as they are. The
 //! family routes its matmuls through [`matmul_forward`] and
 //! [`matmul_backward`], which pass straight to the backend in fp32. The
 //! scratch is allocated only where the copies are made
@@ -63,7 +63,7 @@ impl<B: Backend> Bf16Operands<B> {
     /// A rounded copy of `x` in `buf`, or `x` itself where the backend's
     /// matmuls round it.
     fn rounded<'s>(be: &B, buf: &'s mut Buf<B>, x: Src<'s, B>) -> Src<'s, B> {
-        if be.matmul_rounds_bf16() {
+        if B::MATMUL_ROUNDS_BF16 {
             return x;
         }
         let mut r = buf.slice_mut(0..x.len());

@@ -9,6 +9,7 @@
 
 pub mod calibrate;
 
+use crate::backend::{cpu::Cpu, Kernels};
 use crate::model::{ModelConfig, Precision as ModelPrecision};
 use crate::parallel::{self, pipeline, Offload, ParallelConfig, Pipeline, Schedule, StrategyKind};
 use serde::Serialize;
@@ -193,7 +194,7 @@ pub struct Workload {
     /// rank with two or more and without stages or tensor parallelism runs
     /// its batch in parts, a gradient scratch for each part past the first
     /// (`Decode::batch_parts`), and bf16 makes only the operand copies the
-    /// CPU's matmuls need (`Kernels::matmul_rounds_bf16`: none).
+    /// CPU's matmuls need (`Kernels::MATMUL_ROUNDS_BF16`: none).
     pub cpu_threads: Option<usize>,
 }
 
@@ -364,13 +365,7 @@ pub fn stage_memory_plan(
     // bf16's rounded copies of the matmul operands (the tally counts them),
     // which a backend whose matmuls round as they multiply never makes
     // (`ActAlloc::bf16_copies`); a GPU's make them
-    let copies = match w.cpu_threads {
-        Some(_) => {
-            use crate::backend::Kernels;
-            !crate::backend::cpu::Cpu::new().matmul_rounds_bf16()
-        }
-        None => true,
-    };
+    let copies = w.cpu_threads.is_none() || !<Cpu as Kernels>::MATMUL_ROUNDS_BF16;
     if par.precision == ModelPrecision::Bf16 && copies {
         mem.activations += 4.0 * (bf16.0 - fp32.0);
         mem.other += 4.0 * (bf16.1 - fp32.1);

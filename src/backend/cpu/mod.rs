@@ -245,9 +245,7 @@ impl Kernels for Cpu {
     }
     /// Every route of `math::gemm` rounds a bf16 product's operands: the
     /// bf16 products as they pack them, fp32 arithmetic into scratch.
-    fn matmul_rounds_bf16(&self) -> bool {
-        true
-    }
+    const MATMUL_ROUNDS_BF16: bool = true;
     fn round_bf16(&self, dst: Dst<'_, Self>, src: Option<Src<'_, Self>>) {
         match src {
             Some(src) => elementwise::round_bf16_from(w(dst), r(src)),
