@@ -98,11 +98,17 @@ impl BertConfig {
     /// Training FLOPs per token at sequence length t: 6 per matmul weight
     /// (blocks, the head's dense layers, the MLM decoder tied to the word
     /// embeddings; embedding lookups excluded) plus attention's 12 * L * T * C,
-    /// as `GptConfig::flops_per_token` counts.
+    /// as `GptConfig::flops_per_token` counts. A classifier's last block runs
+    /// its attention output and feed-forward products on one row per
+    /// sequence, as its loss reads no other: those count once per sequence.
     pub fn flops_per_token(&self, t: usize) -> f64 {
         let (c, f) = (self.n_embd as f64, self.n_inner as f64);
         let block = 4.0 * c * c + 2.0 * c * f;
-        6.0 * self.n_layer as f64 * block
+        let unread = match self.head {
+            BertHead::Mlm => 0.0,
+            BertHead::Classify { .. } => (c * c + 2.0 * c * f) * (1.0 - 1.0 / t as f64),
+        };
+        6.0 * (self.n_layer as f64 * block - unread)
             + self.head_flops_per_token(t)
             + 12.0 * (self.n_layer * t * self.n_embd) as f64
     }

@@ -94,6 +94,22 @@ struct Acts<B: Backend> {
     dqkv: Buf<B>,
     /// `--precision bf16`'s rounded operands.
     bf16: Option<Bf16Operands<B>>,
+    /// Where this span runs a classifier's last block: its first-token rows.
+    first: Option<FirstRows<B>>,
+}
+
+/// A classifier's last block, run on the first-token rows alone after
+/// its attention (which reads every row's keys and values): the loss reads
+/// nothing else of its output. Per sequence: the block's input row, its
+/// attention output row, its output row before it goes into the residual
+/// stream, two gradients of (b, C) and the attention output's (b, C / tp).
+struct FirstRows<B: Backend> {
+    x: Buf<B>,
+    atty: Buf<B>,
+    out: Buf<B>,
+    d1: Buf<B>,
+    d2: Buf<B>,
+    datty: Buf<B>,
 }
 
 /// Per-rank widths under tensor parallelism.
@@ -206,6 +222,19 @@ impl<B: Backend> Acts<B> {
             dalt: a(rows * c)?,
             dbig: a(rows * d.fl.max(d.cl).max(c))?,
             dqkv: a(rows * 3 * d.cl)?,
+            first: match cfg.head {
+                BertHead::Classify { .. } if span.blocks.contains(&(cfg.n_layer - 1)) => {
+                    Some(FirstRows {
+                        x: a(b * c)?,
+                        atty: a(b * d.cl)?,
+                        out: a(b * c)?,
+                        d1: a(b * c)?,
+                        d2: a(b * c)?,
+                        datty: a(b * d.cl)?,
+                    })
+                }
+                _ => None,
+            },
             bf16: match precision {
                 Precision::Fp32 => None,
                 // the widest matmul input, weight and output gradient (the
@@ -223,6 +252,42 @@ impl<B: Backend> Acts<B> {
                 }
             },
         })
+    }
+}
+
+/// dst (b, w) = the first row of each of src's b sequences of t rows of w.
+fn gather_first<B: Backend>(
+    be: &B,
+    mut dst: Dst<'_, B>,
+    src: Src<'_, B>,
+    (b, t, w): (usize, usize, usize),
+) {
+    for i in 0..b {
+        be.copy(
+            dst.rb().slice(i * w..(i + 1) * w),
+            src.slice(i * t * w..(i * t + 1) * w),
+        );
+    }
+}
+
+/// The first row of each of dst's b sequences of t rows of w = (or +=,
+/// with `add`) src's row of that sequence.
+fn scatter_first<B: Backend>(
+    be: &B,
+    mut dst: Dst<'_, B>,
+    src: Src<'_, B>,
+    (b, t, w): (usize, usize, usize),
+    add: bool,
+) {
+    for i in 0..b {
+        let (to, from) = (
+            dst.rb().slice(i * t * w..(i * t + 1) * w),
+            src.slice(i * w..(i + 1) * w),
+        );
+        match add {
+            true => be.add_inplace(to, from),
+            false => be.copy(to, from),
+        }
     }
 }
 
@@ -295,6 +360,16 @@ impl<B: Backend> Engine<B> {
     fn shape(&self) -> (usize, usize) {
         let s = self.shape.as_ref().expect("begin() before the units");
         (s.b, s.t)
+    }
+
+    /// Whether block l runs on the first-token rows alone after its
+    /// attention ([`FirstRows`]): a classifier's last block in a forward
+    /// with targets. One without (outputs wanted) computes every row, so
+    /// that [`Engine::hidden`] is whole.
+    fn first_rows_only(&self, l: usize) -> bool {
+        l + 1 == self.config.n_layer
+            && self.acts.as_ref().is_some_and(|a| a.first.is_some())
+            && self.shape.as_ref().is_some_and(|s| s.has_targets)
     }
 
     /// The last forward's final hidden states (B*T, C), on the host.
@@ -486,6 +561,7 @@ impl<B: Backend> Engine<B> {
 
     /// Block l: resid[l] -> resid[l + 1].
     fn block_forward(&mut self, l: usize, p: Src<'_, B>, tp: Option<&dyn Comm>) -> Result<()> {
+        let first_only = self.first_rows_only(l);
         let (b, t) = self.shape();
         let Dims { c, cl, nhl, fl } = self.dims();
         let eps = self.config.layer_norm_eps;
@@ -529,9 +605,18 @@ impl<B: Backend> Engine<B> {
             lens: Some(a.lens.slice(0..b)),
             shape,
         });
-        let mut h = a.h.d().part(s, btc);
+        // after the attention: every row, or a classifier's first-token rows
+        let (n, x, atty) = match a.first.as_mut().filter(|_| first_only) {
+            Some(fr) => {
+                gather_first(be, fr.x.d(), x, (b, t, c));
+                gather_first(be, fr.atty.d(), atty.src(), (b, t, cl));
+                (b, fr.x.slice(0..b * c), fr.atty.slice(0..b * cl))
+            }
+            None => (rows, x, atty.src()),
+        };
+        let mut h = a.h.d().part(s, btc).first(n * c);
         let bf16 = &mut a.bf16;
-        let (w_out, shape) = (w(BlockParam::AttnOutW), (rows, cl, c));
+        let (w_out, shape) = (w(BlockParam::AttnOutW), (n, cl, c));
         tp::row_parallel(
             be,
             place,
@@ -544,7 +629,7 @@ impl<B: Backend> Engine<B> {
                     bf16.as_mut(),
                     MatmulForward {
                         out,
-                        inp: atty.src(),
+                        inp: atty,
                         w: w_out,
                         bias,
                         shape: MatmulShape::new(shape, ip),
@@ -553,18 +638,18 @@ impl<B: Backend> Engine<B> {
                 )
             },
         )?;
-        let mut h1 = a.h1.d().part(s, btc);
+        let mut h1 = a.h1.d().part(s, btc).first(n * c);
         be.layernorm_forward(LayerNormForward {
             out: h1.rb(),
-            mean: a.ln1_mean.d().part(s, rows),
-            rstd: a.ln1_rstd.d().part(s, rows),
+            mean: a.ln1_mean.d().part(s, rows).first(n),
+            rstd: a.ln1_rstd.d().part(s, rows).first(n),
             inp: h.src(),
             w: w(BlockParam::AttnLnW),
             b: w(BlockParam::AttnLnB),
             c,
             eps,
         });
-        let mut f = a.f.d().part(s, rows * fl);
+        let mut f = a.f.d().part(s, rows * fl).first(n * fl);
         let bi = Some(w(BlockParam::InterB));
         matmul_forward(
             be,
@@ -574,15 +659,15 @@ impl<B: Backend> Engine<B> {
                 inp: h1.src(),
                 w: w(BlockParam::InterW),
                 bias: bi,
-                shape: MatmulShape::new((rows, c, fl), ip),
+                shape: MatmulShape::new((n, c, fl), ip),
                 accumulate: false,
             },
         );
-        let mut g = a.g.d().part(s, rows * fl);
+        let mut g = a.g.d().part(s, rows * fl).first(n * fl);
         be.activation_forward(g.rb(), f.src(), Activation::GeluErf);
-        let mut o = a.o.d().part(s, btc);
+        let mut o = a.o.d().part(s, btc).first(n * c);
         let bf16 = &mut a.bf16;
-        let (w_out, shape) = (w(BlockParam::OutW), (rows, fl, c));
+        let (w_out, shape) = (w(BlockParam::OutW), (n, fl, c));
         tp::row_parallel(
             be,
             place,
@@ -601,16 +686,27 @@ impl<B: Backend> Engine<B> {
                 matmul_forward(be, bf16.as_mut(), op)
             },
         )?;
+        let mut top = hi.first(btc);
+        let mut fr = a.first.as_mut().filter(|_| first_only);
         be.layernorm_forward(LayerNormForward {
-            out: hi.first(btc),
-            mean: a.ln2_mean.d().part(s, rows),
-            rstd: a.ln2_rstd.d().part(s, rows),
+            out: match fr.as_mut() {
+                Some(fr) => fr.out.d(),
+                None => top.rb(),
+            },
+            mean: a.ln2_mean.d().part(s, rows).first(n),
+            rstd: a.ln2_rstd.d().part(s, rows).first(n),
             inp: o.src(),
             w: w(BlockParam::OutLnW),
             b: w(BlockParam::OutLnB),
             c,
             eps,
         });
+        if let Some(fr) = fr {
+            // the stream's other rows are never read: zeros, not an
+            // earlier batch's
+            be.fill(top.rb(), 0.0);
+            scatter_first(be, top, fr.out.s(), (b, t, c), false);
+        }
         Ok(())
     }
 
@@ -626,6 +722,7 @@ impl<B: Backend> Engine<B> {
         if self.recompute {
             self.block_forward(l, p, tp)?;
         }
+        let first_only = self.first_rows_only(l);
         let (b, t) = self.shape();
         let Dims { c, cl, nhl, fl } = self.dims();
         let (rows, s) = (b * t, self.slot(l));
@@ -638,23 +735,46 @@ impl<B: Backend> Engine<B> {
         let mut dres = a.dres.slice_mut(0..btc);
         let mut dalt = a.dalt.slice_mut(0..btc);
         let mut dbig = a.dbig.d();
+        // Above the attention, every row's gradients in dres and dalt, or
+        // the first-token rows' ([`FirstRows`]) in their own buffers: dy the
+        // gradient arriving at each LayerNorm's output, dx at its input.
+        let (n, mut dy, mut dx, atty_in, mut first_datty) =
+            match a.first.as_mut().filter(|_| first_only) {
+                Some(FirstRows {
+                    d1,
+                    d2,
+                    atty,
+                    datty,
+                    ..
+                }) => {
+                    gather_first(be, d1.d(), dres.src(), (b, t, c));
+                    (b, d1.d(), d2.d(), atty.slice(0..b * cl), Some(datty.d()))
+                }
+                None => (
+                    rows,
+                    dres.rb(),
+                    dalt.rb(),
+                    a.atty.s().part(s, rows * cl),
+                    None,
+                ),
+            };
         // d o = LN2'(d out)
-        be.fill(dalt.rb(), 0.0);
+        be.fill(dx.rb(), 0.0);
         let (dw, db) = g.rb().split2(r(BlockParam::OutLnW), r(BlockParam::OutLnB));
         be.layernorm_backward(LayerNormBackward {
-            dinp: Some(dalt.rb()),
+            dinp: Some(dx.rb()),
             dwb: Some((dw, db)),
-            dout: dres.src(),
-            inp: a.o.s().part(s, btc),
+            dout: dy.src(),
+            inp: a.o.s().part(s, btc).first(n * c),
             w: w(BlockParam::OutLnW),
-            mean: a.ln2_mean.s().part(s, rows),
-            rstd: a.ln2_rstd.s().part(s, rows),
+            mean: a.ln2_mean.s().part(s, rows).first(n),
+            rstd: a.ln2_rstd.s().part(s, rows).first(n),
             c,
         })?;
         // o = h1 + gelu(h1 Wi + bi) Wo2 + bo2
-        let mut dg = dbig.rb().first(rows * fl);
+        let mut dg = dbig.rb().first(n * fl);
         let (dw, db) = g.rb().split2(r(BlockParam::OutW), r(BlockParam::OutB));
-        let g_act = a.g.s().part(s, rows * fl);
+        let g_act = a.g.s().part(s, rows * fl).first(n * fl);
         matmul_backward(
             be,
             a.bf16.as_mut(),
@@ -662,72 +782,80 @@ impl<B: Backend> Engine<B> {
                 dinp: Some(dg.rb()),
                 dw: Some(dw),
                 dbias: Some(db),
-                dout: dalt.src(),
+                dout: dx.src(),
                 inp: g_act,
                 w: w(BlockParam::OutW),
-                shape: MatmulShape::new((rows, fl, c), ip),
+                shape: MatmulShape::new((n, fl, c), ip),
             },
             Dout::Round,
         );
         let (dw, db) = g.rb().split2(r(BlockParam::InterW), r(BlockParam::InterB));
         be.activation_backward(ActivationBackward {
             d: dg.rb(),
-            inp: a.f.s().part(s, rows * fl),
+            inp: a.f.s().part(s, rows * fl).first(n * fl),
             act: Activation::GeluErf,
             dbias: Some(db),
         });
-        let h1 = a.h1.s().part(s, btc);
+        let h1 = a.h1.s().part(s, btc).first(n * c);
         matmul_backward(
             be,
             a.bf16.as_mut(),
             MatmulBackward {
-                dinp: Some(dres.rb()),
+                dinp: Some(dy.rb()),
                 dw: Some(dw),
                 dbias: None,
                 dout: dg.src(),
                 inp: h1,
                 w: w(BlockParam::InterW),
-                shape: MatmulShape::new((rows, c, fl), ip),
+                shape: MatmulShape::new((n, c, fl), ip),
             },
             Dout::Round,
         );
-        tp::all_reduce(be, tp, dres.rb())?;
-        be.add_inplace(dres.rb(), dalt.src());
+        tp::all_reduce(be, tp, dy.rb())?;
+        be.add_inplace(dy.rb(), dx.src());
         // d h = LN1'(d h1)
-        be.fill(dalt.rb(), 0.0);
+        be.fill(dx.rb(), 0.0);
         let (dw, db) = g
             .rb()
             .split2(r(BlockParam::AttnLnW), r(BlockParam::AttnLnB));
         be.layernorm_backward(LayerNormBackward {
-            dinp: Some(dalt.rb()),
+            dinp: Some(dx.rb()),
             dwb: Some((dw, db)),
-            dout: dres.src(),
-            inp: a.h.s().part(s, btc),
+            dout: dy.src(),
+            inp: a.h.s().part(s, btc).first(n * c),
             w: w(BlockParam::AttnLnW),
-            mean: a.ln1_mean.s().part(s, rows),
-            rstd: a.ln1_rstd.s().part(s, rows),
+            mean: a.ln1_mean.s().part(s, rows).first(n),
+            rstd: a.ln1_rstd.s().part(s, rows).first(n),
             c,
         })?;
         // h = x + attention(x Wqkv + bqkv) Wo + bo
-        let mut datty = dbig.rb().first(rows * cl);
         let (dw, db) = g
             .rb()
             .split2(r(BlockParam::AttnOutW), r(BlockParam::AttnOutB));
-        let atty = a.atty.s().part(s, rows * cl);
+        let datty = match first_datty.as_mut() {
+            Some(d) => d.rb(),
+            None => dbig.rb().first(rows * cl),
+        };
         matmul_backward(
             be,
             a.bf16.as_mut(),
             MatmulBackward {
-                dinp: Some(datty.rb()),
+                dinp: Some(datty),
                 dw: Some(dw),
                 dbias: Some(db),
-                dout: dalt.src(),
-                inp: atty,
+                dout: dx.src(),
+                inp: atty_in,
                 w: w(BlockParam::AttnOutW),
-                shape: MatmulShape::new((rows, cl, c), ip),
+                shape: MatmulShape::new((n, cl, c), ip),
             },
             Dout::Round,
         );
+        let mut datty = dbig.rb().first(rows * cl);
+        if let Some(d) = first_datty {
+            // the other rows' outputs reached no loss
+            be.fill(datty.rb(), 0.0);
+            scatter_first(be, datty.rb(), d.into_src(), (b, t, cl), false);
+        }
         let mut dqkv = a.dqkv.slice_mut(0..3 * rows * cl);
         let shape = AttnShape {
             b,
@@ -739,7 +867,7 @@ impl<B: Backend> Engine<B> {
             dqkv: dqkv.rb(),
             dout: datty.src(),
             qkv: a.qkv.s().part(s, 3 * rows * cl),
-            out: atty,
+            out: a.atty.s().part(s, rows * cl),
             lse: a.lse.s().part(s, rows * nhl),
             lens: Some(a.lens.slice(0..b)),
             shape,
@@ -761,7 +889,10 @@ impl<B: Backend> Engine<B> {
             Dout::Round,
         );
         tp::all_reduce(be, tp, dres.rb())?;
-        be.add_inplace(dres, dalt.src());
+        match first_only {
+            true => scatter_first(be, dres, dx.src(), (b, t, c), true),
+            false => be.add_inplace(dres, dx.src()),
+        }
         Ok(())
     }
 
