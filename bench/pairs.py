@@ -33,6 +33,9 @@ WORKLOADS = {
     "bert-minilm-classify": (
         "--model bert-minilm --batch-size 32 --seq-len 128",
         "pytorch_bert_reference.py", "--model bert-minilm --batch-size 32 --seq-len 128"),
+    "bert-minilm-mlm": (
+        "--model bert-minilm-mlm --batch-size 32 --seq-len 128",
+        "pytorch_bert_reference.py", "--model bert-minilm-mlm --batch-size 32 --seq-len 128"),
     "shakespeare-char-single-bf16": (
         "--model shakespeare-char --batch-size 16 --precision bf16",
         "pytorch_reference.py", "--model shakespeare-char --batch-size 16 --torch-variants eager-bf16"),

@@ -13,7 +13,7 @@ use super::TrainConfig;
 use crate::backend::Backend;
 use crate::data::{Batch, DataLoader, Dataset, LoaderPosition, TokenizerSpec, IGNORE};
 use crate::error::{Error, Result};
-use crate::model::bert::{hf, BertConfig, BertHead};
+use crate::model::bert::{hf, BertConfig, BertHead, MASKED_PERCENT};
 use crate::model::ModelConfig;
 use crate::parallel::Strategy;
 use crate::rng::Rng;
@@ -183,7 +183,7 @@ pub fn mask_tokens(tokens: &[u32], mask: u32, vocab: usize, rng: &mut Rng) -> Ba
     let mut inputs = tokens.to_vec();
     let mut targets = vec![IGNORE; tokens.len()];
     for (i, &tok) in tokens.iter().enumerate() {
-        if rng.below(100) >= 15 {
+        if rng.below(100) >= MASKED_PERCENT {
             continue;
         }
         targets[i] = tok;

@@ -3,6 +3,10 @@
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 
+/// The percentage of tokens BERT's masking picks as masked-LM targets
+/// (`train::mlm::mask_tokens`, the synthetic batches).
+pub const MASKED_PERCENT: usize = 15;
+
 /// What the encoder is trained for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -113,11 +117,14 @@ impl BertConfig {
             + 12.0 * (self.n_layer * t * self.n_embd) as f64
     }
 
-    /// The head's share of `flops_per_token`.
+    /// The head's share of `flops_per_token`. The masked-LM head runs on
+    /// the rows with a target alone: [`MASKED_PERCENT`] of them on average.
     pub fn head_flops_per_token(&self, t: usize) -> f64 {
         let c = self.n_embd as f64;
         6.0 * match self.head {
-            BertHead::Mlm => c * c + c * self.padded_vocab() as f64,
+            BertHead::Mlm => {
+                (c * c + c * self.padded_vocab() as f64) * MASKED_PERCENT as f64 / 100.0
+            }
             // the pooler and classifier see one row per sequence
             BertHead::Classify { labels } => (c * c + c * labels as f64) / t as f64,
         }

@@ -1,7 +1,7 @@
 //! BERT as a registered family: its config's answers to what the rest of
 //! distgpt asks of a model, and its registration.
 
-use super::config::{BertConfig, BertHead, PRESETS};
+use super::config::{BertConfig, BertHead, MASKED_PERCENT, PRESETS};
 use super::{activation_elems, init_full, layout, Engine};
 use crate::backend::Backend;
 use crate::data::wordpiece::WordPiece;
@@ -110,7 +110,7 @@ impl Family for BertConfig {
         let targets = match self.head {
             BertHead::Classify { labels } => (0..b).map(|_| rng.below(labels) as u32).collect(),
             BertHead::Mlm => (0..b * t)
-                .map(|_| match rng.below(100) < 15 {
+                .map(|_| match rng.below(100) < MASKED_PERCENT {
                     true => rng.below(self.vocab_size) as u32,
                     false => IGNORE,
                 })

@@ -10,7 +10,7 @@ pub mod family;
 pub mod hf;
 pub mod layout;
 
-pub use config::{BertConfig, BertHead};
+pub use config::{BertConfig, BertHead, MASKED_PERCENT};
 pub use layout::BlockParam;
 
 use super::alloc::ActAlloc;
@@ -32,8 +32,16 @@ use crate::rng::Rng;
 
 /// The head's activations.
 enum HeadActs<B: Backend> {
-    /// transform dense out, its GELU, its LayerNorm (with mean, rstd), logits, losses.
+    /// transform dense out, its GELU, its LayerNorm (with mean, rstd),
+    /// logits, losses; in a forward with targets, of the rows with a
+    /// target alone ([`Shape::picked`]), gathered into `picked_x`, with a
+    /// zero row and a scratch row as the gather's and scatter's position
+    /// table.
     Mlm {
+        picked: Buf<B, u32>,
+        picked_x: Buf<B>,
+        zero_row: Buf<B>,
+        scratch_row: Buf<B>,
         t1: Buf<B>,
         t2: Buf<B>,
         t3: Buf<B>,
@@ -172,6 +180,10 @@ impl<B: Backend> Acts<B> {
         let (rows_h, b_h) = (h * rows, h * b);
         let head = match cfg.head {
             BertHead::Mlm => HeadActs::Mlm {
+                picked: al.typed(rows_h, Category::Activations)?,
+                picked_x: a(rows_h * c)?,
+                zero_row: a(h * c)?,
+                scratch_row: a(h * c)?,
                 t1: a(rows_h * c)?,
                 t2: a(rows_h * c)?,
                 t3: a(rows_h * c)?,
@@ -298,6 +310,9 @@ struct Shape {
     tokens: Vec<u32>,
     has_targets: bool,
     loss_terms: f32,
+    /// The masked-LM head's rows in a forward with targets: those with a
+    /// target (row 0 where none has), the only ones its loss reads.
+    picked: Option<Vec<u32>>,
 }
 
 /// BERT without its parameters: config, this rank's layout, the
@@ -393,8 +408,9 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    /// The last forward's logits: (B, labels), or (B*T, vocabulary) for the
-    /// masked-LM head, padding dropped.
+    /// The last forward's logits: (B, labels), or for the masked-LM head
+    /// (B*T, vocabulary), padding dropped, and after a forward with targets
+    /// only the rows with a target, in order (the head ran on no other).
     pub fn logits(&self) -> Result<Vec<f32>> {
         let (b, t) = self.shape();
         let a = self.acts.as_ref().expect("forward before logits");
@@ -404,7 +420,9 @@ impl<B: Backend> Engine<B> {
                 .to_host(logits.slice(0..b * self.config.classes())),
             HeadActs::Mlm { logits, .. } => {
                 let (v, vp) = (self.config.vocab_size, self.config.padded_vocab());
-                let all = self.backend.to_host(logits.slice(0..b * t * vp))?;
+                let picked = self.shape.as_ref().and_then(|s| s.picked.as_ref());
+                let rows = picked.map_or(b * t, Vec::len);
+                let all = self.backend.to_host(logits.slice(0..rows * vp))?;
                 Ok(all.chunks(vp).flat_map(|r| r[..v].to_vec()).collect())
             }
         }
@@ -912,6 +930,9 @@ impl<B: Backend> Engine<B> {
         let has_targets = self.shape.as_ref().is_some_and(|s| s.has_targets);
         let losses = match &mut a.head {
             HeadActs::Mlm {
+                picked,
+                picked_x,
+                zero_row,
                 t1,
                 t2,
                 t3,
@@ -919,57 +940,76 @@ impl<B: Backend> Engine<B> {
                 rstd,
                 logits,
                 losses,
+                ..
             } => {
                 let vp = cfg.padded_vocab();
                 let word = word.expect("the masked-LM head reads the word embeddings");
+                // the rows with a target (gathered: an embedding lookup of
+                // the stream's rows), or every row
+                let (n, x) = match self.shape.as_ref().and_then(|s| s.picked.as_ref()) {
+                    Some(chosen) => {
+                        let n = chosen.len();
+                        be.encoder_forward(EncoderForward {
+                            out: picked_x.slice_mut(0..n * c),
+                            tokens: picked.slice(0..n),
+                            wte: x,
+                            wpe: zero_row.s(),
+                            t: 1,
+                            c,
+                        });
+                        (n, picked_x.slice(0..n * c))
+                    }
+                    None => (rows, x),
+                };
+                let nc = n * c;
                 matmul_forward(
                     be,
                     a.bf16.as_mut(),
                     MatmulForward {
-                        out: t1.slice_mut(0..btc),
+                        out: t1.slice_mut(0..nc),
                         inp: x,
                         w: w(0),
                         bias: Some(w(1)),
-                        shape: MatmulShape::new((rows, c, c), ip),
+                        shape: MatmulShape::new((n, c, c), ip),
                         accumulate: false,
                     },
                 );
-                be.activation_forward(t2.slice_mut(0..btc), t1.slice(0..btc), Activation::GeluErf);
+                be.activation_forward(t2.slice_mut(0..nc), t1.slice(0..nc), Activation::GeluErf);
                 be.layernorm_forward(LayerNormForward {
-                    out: t3.slice_mut(0..btc),
-                    mean: mean.slice_mut(0..rows),
-                    rstd: rstd.slice_mut(0..rows),
-                    inp: t2.slice(0..btc),
+                    out: t3.slice_mut(0..nc),
+                    mean: mean.slice_mut(0..n),
+                    rstd: rstd.slice_mut(0..n),
+                    inp: t2.slice(0..nc),
                     w: w(2),
                     b: w(3),
                     c,
                     eps,
                 });
-                let mut lg = logits.slice_mut(0..rows * vp);
+                let mut lg = logits.slice_mut(0..n * vp);
                 matmul_forward(
                     be,
                     a.bf16.as_mut(),
                     MatmulForward {
                         out: lg.rb(),
-                        inp: t3.slice(0..btc),
+                        inp: t3.slice(0..nc),
                         w: word,
                         bias: Some(w(4)),
-                        shape: MatmulShape::new((rows, c, vp), WeightLayout::OutIn),
+                        shape: MatmulShape::new((n, c, vp), WeightLayout::OutIn),
                         accumulate: false,
                     },
                 );
                 if !has_targets {
                     return Ok(None);
                 }
-                let mut l = losses.slice_mut(0..rows);
+                let mut l = losses.slice_mut(0..n);
                 be.crossentropy_forward(CrossEntropyForward {
                     losses: l.rb(),
                     logits: lg.src(),
-                    targets: a.targets.slice(0..rows),
+                    targets: a.targets.slice(0..n),
                     v: cfg.vocab_size,
                     vp,
                 });
-                losses.slice(0..rows)
+                losses.slice(0..n)
             }
             HeadActs::Classify {
                 cls,
@@ -1064,6 +1104,9 @@ impl<B: Backend> Engine<B> {
         let mut g = g;
         match &mut a.head {
             HeadActs::Mlm {
+                picked,
+                picked_x,
+                scratch_row,
                 t1,
                 t2,
                 t3,
@@ -1073,14 +1116,20 @@ impl<B: Backend> Engine<B> {
                 ..
             } => {
                 let vp = cfg.padded_vocab();
+                let chosen = shape.picked.as_deref();
+                let (n, x) = match chosen {
+                    Some(chosen) => (chosen.len(), picked_x.slice(0..chosen.len() * c)),
+                    None => (rows, x),
+                };
+                let nc = n * c;
                 let (word, dword) = (
                     word.expect("the masked-LM head reads the word embeddings"),
                     dword.expect("the masked-LM head accumulates the word embeddings' gradient"),
                 );
-                let mut lg = logits.slice_mut(0..rows * vp);
+                let mut lg = logits.slice_mut(0..n * vp);
                 be.crossentropy_backward(CrossEntropyBackward {
                     logits: lg.rb(),
-                    targets: a.targets.slice(0..rows),
+                    targets: a.targets.slice(0..n),
                     v: cfg.vocab_size,
                     vp,
                     dloss,
@@ -1089,7 +1138,7 @@ impl<B: Backend> Engine<B> {
                     // The logits' gradient feeds only this matmul: rounded where it lies.
                     be.round_bf16(lg.rb(), None);
                 }
-                let mut dt3 = a.dalt.slice_mut(0..btc);
+                let mut dt3 = a.dalt.slice_mut(0..nc);
                 let dbias = g.rb().slice(r(4));
                 matmul_backward(
                     be,
@@ -1099,46 +1148,66 @@ impl<B: Backend> Engine<B> {
                         dw: Some(dword),
                         dbias: Some(dbias),
                         dout: lg.src(),
-                        inp: t3.slice(0..btc),
+                        inp: t3.slice(0..nc),
                         w: word,
-                        shape: MatmulShape::new((rows, c, vp), WeightLayout::OutIn),
+                        shape: MatmulShape::new((n, c, vp), WeightLayout::OutIn),
                     },
                     Dout::Rounded,
                 );
-                let mut dt2 = a.dbig.slice_mut(0..btc);
+                let mut dt2 = a.dbig.slice_mut(0..nc);
                 be.fill(dt2.rb(), 0.0);
                 let (dw, db) = g.rb().split2(r(2), r(3));
                 be.layernorm_backward(LayerNormBackward {
                     dinp: Some(dt2.rb()),
                     dwb: Some((dw, db)),
                     dout: dt3.src(),
-                    inp: t2.slice(0..btc),
+                    inp: t2.slice(0..nc),
                     w: w(2),
-                    mean: mean.slice(0..rows),
-                    rstd: rstd.slice(0..rows),
+                    mean: mean.slice(0..n),
+                    rstd: rstd.slice(0..n),
                     c,
                 })?;
                 let (dw, db) = g.rb().split2(r(0), r(1));
                 be.activation_backward(ActivationBackward {
                     d: dt2.rb(),
-                    inp: t1.slice(0..btc),
+                    inp: t1.slice(0..nc),
                     act: Activation::GeluErf,
                     dbias: Some(db),
                 });
+                // d x: into the stream's gradient, or for the picked rows
+                // alone, then added into theirs (zeros elsewhere)
+                let mut dres = a.dres.slice_mut(0..btc);
+                let dx = match chosen {
+                    Some(_) => dt3.rb(),
+                    None => dres.rb().first(nc),
+                };
                 matmul_backward(
                     be,
                     a.bf16.as_mut(),
                     MatmulBackward {
-                        dinp: Some(a.dres.slice_mut(0..btc)),
+                        dinp: Some(dx),
                         dw: Some(dw),
                         dbias: None,
                         dout: dt2.src(),
                         inp: x,
                         w: w(0),
-                        shape: MatmulShape::new((rows, c, c), ip),
+                        shape: MatmulShape::new((n, c, c), ip),
                     },
                     Dout::Round,
                 );
+                if let Some(chosen) = chosen {
+                    be.fill(dres.rb(), 0.0);
+                    be.fill(scratch_row.d(), 0.0);
+                    be.encoder_backward(EncoderBackward {
+                        dwte: dres,
+                        dwpe: scratch_row.d(),
+                        dout: dt3.src(),
+                        tokens: picked.slice(0..n),
+                        host_tokens: chosen,
+                        t: 1,
+                        c,
+                    });
+                }
             }
             HeadActs::Classify {
                 cls,
@@ -1243,7 +1312,28 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
         let a = self.acts.as_mut().expect("allocated above");
         let be = &self.backend;
         be.upload(a.tokens.slice_mut(0..rows), &batch.inputs)?;
-        if !batch.targets.is_empty() {
+        let mut picked = None;
+        if let HeadActs::Mlm {
+            picked: rows_buf,
+            zero_row,
+            ..
+        } = &mut a.head
+        {
+            if self.span.head && !batch.targets.is_empty() {
+                let mut chosen: Vec<u32> = (0..rows as u32)
+                    .filter(|&r| batch.targets[r as usize] != IGNORE)
+                    .collect();
+                if chosen.is_empty() {
+                    chosen.push(0);
+                }
+                let targets: Vec<u32> = chosen.iter().map(|&r| batch.targets[r as usize]).collect();
+                be.upload(rows_buf.slice_mut(0..chosen.len()), &chosen)?;
+                be.upload(a.targets.slice_mut(0..targets.len()), &targets)?;
+                be.fill(zero_row.d(), 0.0);
+                picked = Some(chosen);
+            }
+        }
+        if picked.is_none() && !batch.targets.is_empty() {
             be.upload(a.targets.slice_mut(0..batch.targets.len()), &batch.targets)?;
         }
         let lens = match batch.lens.is_empty() {
@@ -1262,6 +1352,7 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
             tokens: batch.inputs.clone(),
             has_targets: !batch.targets.is_empty(),
             loss_terms,
+            picked,
         });
         Ok(())
     }
