@@ -77,7 +77,7 @@ fn decoded_logits(model: &Gpt2<Cpu>, seq: &[u32], format: WeightFormat) -> Vec<V
     seq.iter()
         .enumerate()
         .map(|(pos, &t)| {
-            dec.step(&weights, &[t], pos, None).unwrap();
+            dec.step(&weights, &[t], pos, None, true).unwrap();
             dec.logits(0).unwrap()
         })
         .collect()
@@ -109,7 +109,7 @@ fn batch_logits(model: &Gpt2<Cpu>, format: WeightFormat, threads: usize) -> Vec<
         let mut out = Vec::new();
         for pos in 0..12 {
             let column: Vec<u32> = rows.iter().map(|r| r[pos]).collect();
-            dec.step(&weights, &column, pos, None).unwrap();
+            dec.step(&weights, &column, pos, None, true).unwrap();
             out.extend((0..5).map(|r| dec.logits(r).unwrap()));
         }
         out

@@ -208,7 +208,7 @@ fn assert_decodes_as_the_forward(model: &Gpt2<Cpu>, logits: &[f32], what: &str) 
     .unwrap();
     let mut dec = Decoder::new(Cpu::new(), cfg.clone(), place, 1, 8).unwrap();
     for (pos, &tok) in x[..8].iter().enumerate() {
-        dec.step(&weights, &[tok], pos, None).unwrap();
+        dec.step(&weights, &[tok], pos, None, true).unwrap();
         let want = &logits[pos * cfg.vocab_size..(pos + 1) * cfg.vocab_size];
         let got = dec.logits(0).unwrap();
         assert_close(&got, want, 1e-4, &format!("{what}, decoded {pos}"));

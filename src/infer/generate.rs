@@ -130,10 +130,15 @@ pub fn decode<B: Backend>(
             .iter()
             .map(|s| s.get(pos).copied().unwrap_or(0))
             .collect();
-        decoder.step(weights, &tokens, pos, tp)?;
+        // rows still inside their prompt sample nothing: a step where none
+        // samples skips the LM head
+        let samples: Vec<bool> = (0..n)
+            .map(|r| !done[r] && pos + 1 == seqs[r].len())
+            .collect();
+        decoder.step(weights, &tokens, pos, tp, samples.contains(&true))?;
         let mut next: Vec<u32> = (0..n)
             .map(|r| {
-                let sample = lead && !done[r] && pos + 1 == seqs[r].len();
+                let sample = lead && samples[r];
                 Ok(if sample {
                     sample_token(&decoder.logits(r)?, cfg, &mut rng)
                 } else {
@@ -354,18 +359,24 @@ mod tests {
         cfg.vocab_size = 50;
         let mut model = Gpt2::new(Cpu::new(), cfg).unwrap();
         model.init_weights(3).unwrap();
-        let prompts = vec![vec![1, 2, 3], vec![7]];
-        let got = generate(&model, &prompts, &greedy(12), None, |_, _| {}).unwrap();
-        for (p, g) in prompts.iter().zip(&got) {
-            // Reference: re-run the whole model on the growing sequence.
-            let mut seq = p.clone();
-            for _ in 0..12 {
-                model.forward(&seq, None, 1, seq.len()).unwrap();
-                let logits = model.logits(0, seq.len() - 1).unwrap();
-                let mut rng = Rng::new(0);
-                seq.push(sample_token(&logits, &greedy(1), &mut rng));
+        // the second set has steps where no row samples (the LM head
+        // skipped) and steps where one row samples inside the other's prompt
+        for prompts in [
+            vec![vec![1, 2, 3], vec![7]],
+            vec![vec![1, 2, 3, 4], vec![7, 9]],
+        ] {
+            let got = generate(&model, &prompts, &greedy(12), None, |_, _| {}).unwrap();
+            for (p, g) in prompts.iter().zip(&got) {
+                // Reference: re-run the whole model on the growing sequence.
+                let mut seq = p.clone();
+                for _ in 0..12 {
+                    model.forward(&seq, None, 1, seq.len()).unwrap();
+                    let logits = model.logits(0, seq.len() - 1).unwrap();
+                    let mut rng = Rng::new(0);
+                    seq.push(sample_token(&logits, &greedy(1), &mut rng));
+                }
+                assert_eq!(&seq[p.len()..], g.as_slice(), "prompts {prompts:?}");
             }
-            assert_eq!(&seq[p.len()..], g.as_slice());
         }
     }
 }
@@ -416,8 +427,8 @@ pub fn evaluate_decoded<B: Backend>(
         model.backend().in_pool(|| {
             for pos in 0..t {
                 let column: Vec<u32> = (0..rows).map(|r| inputs[r * t + pos]).collect();
-                dq.step(&asked, &column, pos, None)?;
-                df.step(&full, &column, pos, None)?;
+                dq.step(&asked, &column, pos, None, true)?;
+                df.step(&full, &column, pos, None, true)?;
                 for r in 0..rows {
                     let (q, f) = (dq.logits(r)?, df.logits(r)?);
                     let target = targets[r * t + pos] as usize;

@@ -125,6 +125,7 @@ struct StepIn<'s, 'w, B: Backend> {
     max_t: usize,
     weights: &'s DecodeWeights<'w, B>,
     pos: usize,
+    logits: bool,
 }
 
 impl<B: Backend> Decoder<B> {
@@ -168,13 +169,17 @@ impl<B: Backend> Decoder<B> {
     }
 
     /// Feeds `tokens` (one per row) at position `pos` through this rank's
-    /// weights. Afterwards tp rank 0's `logits` holds the next-token scores.
+    /// weights. Afterwards, with `logits`, tp rank 0's `logits` holds the
+    /// next-token scores; without (a step no row samples after: inside the
+    /// prompts), the final LayerNorm and the LM head are skipped and
+    /// `logits` is left as it was.
     pub fn step(
         &mut self,
         weights: &DecodeWeights<'_, B>,
         tokens: &[u32],
         pos: usize,
         tp: Option<&dyn Comm>,
+        logits: bool,
     ) -> Result<()> {
         let cfg = &self.config;
         let (b, v) = (self.b, cfg.vocab_size);
@@ -208,6 +213,7 @@ impl<B: Backend> Decoder<B> {
             max_t: self.max_t,
             weights,
             pos,
+            logits,
         };
         match self.parts.as_mut_slice() {
             [one] => one.step(&shared, tokens, tp),
@@ -379,6 +385,9 @@ impl<B: Backend> Part<B> {
             let p = (lay, l, params.slice(lay.block(l)));
             block::forward(be, &mut mode, io, p, (b, d), place)?;
             std::mem::swap(&mut self.x, &mut self.y);
+        }
+        if !at.logits {
+            return Ok(());
         }
         let lnf = params.slice(lay.final_norm());
         be.layernorm_forward(LayerNormForward {
