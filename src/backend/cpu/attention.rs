@@ -88,14 +88,6 @@ impl Mask<'_> {
         }
     }
 
-    /// Keys some query of sequence bi (of t positions) sees.
-    fn keys(self, bi: usize, t: usize) -> usize {
-        match self {
-            Mask::Causal => t,
-            Mask::Lengths(lens) => lens[bi] as usize,
-        }
-    }
-
     /// The first query row that sees key `key` (every later one does too).
     fn first_query(self, key: usize) -> usize {
         match self {
@@ -291,7 +283,9 @@ fn backward_in_runs(
                 let dq = dqkv_ptr.get().add(bi * t * 3 * c + h * hd);
                 let (dk, dv) = (dq.add(c), dq.add(2 * c));
                 let d_o = dout.as_ptr().add(bi * t * c + h * hd);
-                let keys = mask.keys(bi, t);
+                // the keys the sequence's last query block scores: every
+                // key some query sees
+                let keys = mask.cols(bi, t);
                 for c0 in (0..keys).step_by(KEYS) {
                     let kw = KEYS.min(keys - c0);
                     let (k_tile, v_tile) = (k.add(c0 * 3 * c), v.add(c0 * 3 * c));

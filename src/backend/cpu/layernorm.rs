@@ -207,15 +207,19 @@ mod tests {
         let mut rng = Rng::new(4);
         let x = randn(&mut rng, rows * c, 2.0);
         let w = randn(&mut rng, c, 1.0);
+        let b = randn(&mut rng, c, 1.0);
         let probe = randn(&mut rng, rows * c, 1.0);
-        let (mean, rstd): (Vec<f32>, Vec<f32>) = x
-            .chunks(c)
-            .map(|r| {
-                let mu = r.iter().sum::<f32>() / c as f32;
-                let var = r.iter().map(|v| (v - mu) * (v - mu)).sum::<f32>() / c as f32;
-                (mu, 1.0 / (var + 1e-5).sqrt())
-            })
-            .unzip();
+        let (mut out, mut mean, mut rstd) = (vec![0.0; rows * c], vec![0.0; rows], vec![0.0; rows]);
+        layernorm_forward(LayerNormForward {
+            out: &mut out,
+            mean: &mut mean,
+            rstd: &mut rstd,
+            inp: &x,
+            w: &w,
+            b: &b,
+            c,
+            eps: 1e-5,
+        });
         // gradients already holding values: both halves add onto them
         let base = randn(&mut rng, rows * c + 2 * c, 1.0);
         let run = |input: bool, weight: bool| {

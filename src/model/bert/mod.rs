@@ -1020,12 +1020,7 @@ impl<B: Backend> Engine<B> {
                 ..
             } => {
                 let labels = cfg.classes();
-                for i in 0..b {
-                    be.copy(
-                        cls.slice_mut(i * c..(i + 1) * c),
-                        x.slice(i * t * c..(i * t + 1) * c),
-                    );
-                }
+                gather_first(be, cls.d(), x, (b, t, c));
                 matmul_forward(
                     be,
                     a.bf16.as_mut(),
@@ -1266,12 +1261,7 @@ impl<B: Backend> Engine<B> {
                 );
                 let mut dres = a.dres.slice_mut(0..btc);
                 be.fill(dres.rb(), 0.0);
-                for i in 0..b {
-                    be.copy(
-                        dres.rb().slice(i * t * c..(i * t + 1) * c),
-                        dcls.slice(i * c..(i + 1) * c),
-                    );
-                }
+                scatter_first(be, dres, dcls.s(), (b, t, c), false);
             }
         }
         Ok(())
