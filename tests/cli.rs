@@ -56,6 +56,61 @@ fn generate_ends_its_output_with_a_newline_and_no_sample_means_no_frame() {
     ]));
     let text = String::from_utf8_lossy(&gen.stdout);
     assert!(text.starts_with('A') && text.ends_with('\n'), "{text:?}");
+    // the report times the first token apart from the rest
+    let said = String::from_utf8_lossy(&gen.stderr);
+    assert!(
+        said.contains("[5 tokens in ") && said.contains(", the first after "),
+        "{said}"
+    );
+}
+
+/// `bench --generate` with `--prompt-tokens`: the prompts go in before the
+/// first new token, which is timed apart; a prompt and its new tokens must
+/// fit the block, and the flag needs `--generate`.
+#[test]
+fn bench_generate_times_the_first_token_after_its_prompts() {
+    let bench = succeeded(distgpt(&[
+        "bench",
+        "--model",
+        "tiny",
+        "--generate",
+        "4",
+        "--prompt-tokens",
+        "40",
+        "--batch-size",
+        "2",
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--json",
+    ]));
+    let row: serde_json::Value = serde_json::from_slice(&bench.stdout).unwrap();
+    assert_eq!(row["prompt_tokens"].as_u64(), Some(40), "{row}");
+    assert_eq!(row["new_tokens"].as_u64(), Some(4), "{row}");
+    let (first, all) = (row["first_token_seconds"].as_f64(), row["seconds"].as_f64());
+    assert!(
+        first.zip(all).is_some_and(|(f, a)| f > 0.0 && f <= a),
+        "{row}"
+    );
+    for (args, said) in [
+        (
+            vec!["--generate", "30", "--prompt-tokens", "40"],
+            "--generate 30: a 40-token prompt leaves room for 1 to 24",
+        ),
+        (
+            vec!["--generate", "3", "--prompt-tokens", "0"],
+            "--prompt-tokens 0",
+        ),
+        (vec!["--prompt-tokens", "5"], "give --generate N with it"),
+    ] {
+        let out = distgpt(&[&["bench", "--model", "tiny"], args.as_slice()].concat());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(said),
+            "{args:?}: {err}"
+        );
+    }
 }
 
 #[test]

@@ -15,7 +15,8 @@ fn tensor_parallel_greedy_generation_matches_one_rank() {
     cfg.vocab_size = 60;
     let mut model = Gpt2::new(Cpu::new(), cfg.clone()).unwrap();
     model.init_weights(4).unwrap();
-    let prompts = vec![vec![3, 1, 4, 1, 5], vec![9, 2]];
+    // every prompt's first three positions go in one prefill, on both ranks
+    let prompts = vec![vec![3, 1, 4, 1, 5], vec![9, 2, 6, 5]];
     let sc = SampleConfig {
         max_new_tokens: 20,
         temperature: 0.0,

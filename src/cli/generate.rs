@@ -153,7 +153,10 @@ pub(super) fn run_generate(mut a: GenerateArgs) -> Result<()> {
     let stream = prompts.len() == 1;
     let mut stdout = std::io::stdout();
     let mut shown_prompt = false;
+    // when the first token came: after loading, packing and the prompts
+    let mut first_at = None;
     let mut show = |_: usize, tok: u32| {
+        first_at.get_or_insert_with(std::time::Instant::now);
         if stream {
             if !shown_prompt {
                 let _ = write!(stdout, "{}", a.prompt.first().map_or("", String::as_str));
@@ -184,9 +187,17 @@ pub(super) fn run_generate(mut a: GenerateArgs) -> Result<()> {
         }
     }
     let n: usize = out.iter().map(Vec::len).sum();
+    // the rate after the first token: decoding alone, without the load
+    let rate = match first_at.map(|t| t.elapsed().as_secs_f64()) {
+        Some(after) if n > 1 && after > 0.0 => format!(
+            ", the first after {:.2} s, then {:.1} tokens/s",
+            secs - after,
+            (n - 1) as f64 / after
+        ),
+        _ => String::new(),
+    };
     distgpt::errln!(
-        "[{n} tokens in {secs:.2} s: {:.1} tokens/s, {} prompt(s), tp {}, {} weights]",
-        n as f64 / secs,
+        "[{n} tokens in {secs:.2} s{rate}; {} prompt(s), tp {}, {} weights]",
         prompts.len(),
         tp,
         a.weights.format().name()

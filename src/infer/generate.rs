@@ -122,7 +122,17 @@ pub fn decode<B: Backend>(
     let mut new = vec![Vec::new(); n];
     let mut done: Vec<bool> = vec![cfg.max_new_tokens == 0; n];
     let lead = tp.is_none_or(|g| g.rank() == 0);
-    for pos in 0..max_t {
+    // every prompt's positions before the shortest one's last go through in
+    // one pass; the steps start at that last position, where it samples
+    let start = match done.iter().all(|&d| d) {
+        true => 0,
+        false => prompts.iter().map(Vec::len).min().unwrap_or(1) - 1,
+    };
+    if start > 0 {
+        let tokens: Vec<u32> = prompts.iter().flat_map(|p| &p[..start]).copied().collect();
+        decoder.prefill(weights, &tokens, start, tp)?;
+    }
+    for pos in start..max_t {
         if done.iter().all(|&d| d) {
             break;
         }
@@ -351,6 +361,82 @@ mod tests {
             ..greedy(1)
         };
         assert!((0..50).all(|_| sample_token(&logits, &nucleus, &mut rng) == 1));
+    }
+
+    /// A prompt's first positions fed in one prefill leave the caches a
+    /// step-by-step feed leaves: the next step's logits agree, for rows in
+    /// two parts, across attention's query blocks (64 rows), in every
+    /// weight format.
+    #[test]
+    fn a_prefill_leaves_the_caches_its_steps_would() {
+        let mut cfg = GptConfig::preset("tiny").unwrap();
+        (cfg.vocab_size, cfg.block_size) = (50, 160);
+        let mut model = Gpt2::new(Cpu::new(), cfg.clone()).unwrap();
+        model.init_weights(7).unwrap();
+        let (b, t) = (3, 150);
+        let mut rng = Rng::new(11);
+        let tokens: Vec<u32> = (0..b * (t + 1)).map(|_| rng.below(50) as u32).collect();
+        let row = |r: usize, p: usize| tokens[r * (t + 1) + p];
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        for format in [WeightFormat::F32, WeightFormat::Bf16, WeightFormat::Int8] {
+            let weights =
+                DecodeWeights::new(model.backend(), &cfg, WHOLE, model.params.s(), format).unwrap();
+            let next = |prefill: bool| {
+                pool.install(|| {
+                    let mut dec = Decoder::new(Cpu::new(), cfg.clone(), WHOLE, b, t + 1).unwrap();
+                    if prefill {
+                        let first: Vec<u32> = (0..b)
+                            .flat_map(|r| (0..t).map(move |p| row(r, p)))
+                            .collect();
+                        dec.prefill(&weights, &first, t, None).unwrap();
+                    } else {
+                        for p in 0..t {
+                            let at: Vec<u32> = (0..b).map(|r| row(r, p)).collect();
+                            dec.step(&weights, &at, p, None, false).unwrap();
+                        }
+                    }
+                    let last: Vec<u32> = (0..b).map(|r| row(r, t)).collect();
+                    dec.step(&weights, &last, t, None, true).unwrap();
+                    (0..b).map(|r| dec.logits(r).unwrap()).collect::<Vec<_>>()
+                })
+            };
+            let (stepped, prefilled) = (next(false), next(true));
+            for (r, (want, got)) in stepped.iter().zip(&prefilled).enumerate() {
+                let worst = want
+                    .iter()
+                    .zip(got)
+                    .map(|(w, g)| (w - g).abs() / w.abs().max(1.0))
+                    .fold(0.0f32, f32::max);
+                assert!(worst < 1e-5, "{format:?} row {r}: logits differ by {worst}");
+            }
+        }
+        let mut dec = Decoder::new(Cpu::new(), cfg.clone(), WHOLE, b, 8).unwrap();
+        let weights = DecodeWeights::new(
+            model.backend(),
+            &cfg,
+            WHOLE,
+            model.params.s(),
+            WeightFormat::F32,
+        )
+        .unwrap();
+        for (tokens, t) in [
+            (vec![1; 3 * 9], 9),
+            (vec![1; 5], 2),
+            (vec![], 0),
+            (vec![50; 6], 2),
+        ] {
+            let err = dec
+                .prefill(&weights, &tokens, t, None)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("prefill of") || err.contains("outside the vocabulary"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

@@ -4,8 +4,9 @@
 //! (each rank caches its own heads; the projections are all-reduced).
 
 use crate::backend::{
-    AttentionDecode, Backend, Buf, Category, DecodeShape, Dst, EncoderForward, LayerNormForward,
-    MatmulDecode, MatmulForward, MatmulShape, On, Src, WeightFormat, WeightLayout,
+    AttentionDecode, AttentionForward, AttnShape, Backend, Buf, Category, DecodeShape, Dst,
+    EncoderForward, LayerNormForward, MatmulDecode, MatmulForward, MatmulShape, On, Src,
+    WeightFormat, WeightLayout,
 };
 use crate::comm::Comm;
 use crate::error::{Error, Result};
@@ -98,6 +99,13 @@ struct Part<B: Backend> {
     tokens: Buf<B, u32>,
     kcache: Buf<B>,
     vcache: Buf<B>,
+    /// A step's activations: one position of each row.
+    acts: Acts<B>,
+    logits: Buf<B>,
+}
+
+/// The activations of a pass through the blocks, for some rows.
+struct Acts<B: Backend> {
     /// The residual stream, in and out of a block (swapped after each).
     x: Buf<B>,
     y: Buf<B>,
@@ -113,7 +121,30 @@ struct Part<B: Backend> {
     res2: Buf<B>,
     fch: Buf<B>,
     fch_gelu: Buf<B>,
-    logits: Buf<B>,
+}
+
+impl<B: Backend> Acts<B> {
+    /// For `rows` rows of the widest block on this tp rank.
+    fn new(backend: &B, config: &GptConfig, tp: TpPlace, rows: usize) -> Result<Self> {
+        let c = config.n_embd;
+        let BlockDims { cl, fl, .. } = config.widest(tp.size);
+        let a = |n: usize| backend.alloc(rows * n, Category::Activations);
+        Ok(Acts {
+            x: a(c)?,
+            y: a(c)?,
+            ln: a(c)?,
+            mean: a(1)?,
+            rstd: a(1)?,
+            ln2: a(c)?,
+            mean2: a(1)?,
+            rstd2: a(1)?,
+            qkv: a(3 * cl)?,
+            atty: a(cl)?,
+            res2: a(c)?,
+            fch: a(fl)?,
+            fch_gelu: a(fl)?,
+        })
+    }
 }
 
 /// What every part of a step shares.
@@ -181,30 +212,16 @@ impl<B: Backend> Decoder<B> {
         tp: Option<&dyn Comm>,
         logits: bool,
     ) -> Result<()> {
-        let cfg = &self.config;
-        let (b, v) = (self.b, cfg.vocab_size);
-        if pos >= self.max_t || tokens.len() != b {
+        if pos >= self.max_t || tokens.len() != self.b {
             return Err(Error::Input(format!(
-                "decode step at position {pos} with {} tokens (cache: {} positions, {b} rows)",
+                "decode step at position {pos} with {} tokens (cache: {} positions, {} rows)",
                 tokens.len(),
-                self.max_t
+                self.max_t,
+                self.b
             )));
         }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= v) {
-            return Err(Error::Input(format!(
-                "token id {bad} is outside the vocabulary of {v}"
-            )));
-        }
-        let lead = self.tp.rank == 0;
-        if weights.params.len() != self.layout.total()
-            || weights.blocks.len() != cfg.n_layer
-            || weights.lm_head.is_some() != lead
-        {
-            return Err(Error::Input(format!(
-                "decode weights were packed for another model or tp rank than this decoder's (tp rank {} of {})",
-                self.tp.rank, self.tp.size
-            )));
-        }
+        self.check(weights, tokens)?;
+        let cfg = &self.config;
         let shared = StepIn {
             backend: &self.backend,
             config: cfg,
@@ -227,6 +244,67 @@ impl<B: Backend> Decoder<B> {
         }
     }
 
+    /// Feeds the first `t` tokens of every row's prompt (`tokens`: `t` a
+    /// row, row after row) at positions 0..t in one pass, as `t` steps
+    /// without logits would: each block's products over every position at
+    /// once, attention causal among them. Decoding goes on with a step at
+    /// position `t`.
+    pub fn prefill(
+        &mut self,
+        weights: &DecodeWeights<'_, B>,
+        tokens: &[u32],
+        t: usize,
+        tp: Option<&dyn Comm>,
+    ) -> Result<()> {
+        if t == 0 || t > self.max_t || tokens.len() != self.b * t {
+            return Err(Error::Input(format!(
+                "prefill of {t} positions with {} tokens (cache: {} positions, {} rows)",
+                tokens.len(),
+                self.max_t,
+                self.b
+            )));
+        }
+        self.check(weights, tokens)?;
+        let shared = StepIn {
+            backend: &self.backend,
+            config: &self.config,
+            layout: &self.layout,
+            tp: self.tp,
+            max_t: self.max_t,
+            weights,
+            pos: 0,
+            logits: false,
+        };
+        // each part's pass spans the pool: one after another
+        for p in &mut self.parts {
+            let rows = p.first * t..(p.first + p.b) * t;
+            p.prefill(&shared, &tokens[rows], t, tp)?;
+        }
+        Ok(())
+    }
+
+    /// That `tokens` are in the vocabulary and `weights` were packed for
+    /// this decoder's model and tp rank.
+    fn check(&self, weights: &DecodeWeights<'_, B>, tokens: &[u32]) -> Result<()> {
+        let v = self.config.vocab_size;
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= v) {
+            return Err(Error::Input(format!(
+                "token id {bad} is outside the vocabulary of {v}"
+            )));
+        }
+        let lead = self.tp.rank == 0;
+        if weights.params.len() != self.layout.total()
+            || weights.blocks.len() != self.config.n_layer
+            || weights.lm_head.is_some() != lead
+        {
+            return Err(Error::Input(format!(
+                "decode weights were packed for another model or tp rank than this decoder's (tp rank {} of {})",
+                self.tp.rank, self.tp.size
+            )));
+        }
+        Ok(())
+    }
+
     /// Next-token logits of row r (padding dropped), copied to the host.
     pub fn logits(&self, r: usize) -> Result<Vec<f32>> {
         let part = self
@@ -240,17 +318,22 @@ impl<B: Backend> Decoder<B> {
     }
 }
 
-/// The decoding mode of GPT-2's block forward: one position a row, the
-/// block's matrices packed (qkv, attention projection, fc, fc projection),
-/// its keys and values appended to the cache at the step's position and
-/// attended against.
+/// The decoding mode of GPT-2's block forward: the block's matrices packed
+/// (qkv, attention projection, fc, fc projection), its keys and values
+/// written to the cache and attended against. A step is one position a
+/// row, appended at the shape's last position; a prefill is a prompt's
+/// first positions a row, attended causally among themselves.
 struct Decoding<'s, 'c, B: Backend> {
     be: &'s B,
     packed: &'s [B::Packed; 4],
     /// This block's caches: (rows, max_t, cl) each.
     kcache: Dst<'c, B>,
     vcache: Dst<'c, B>,
+    /// `len`: the positions cached after this pass.
     shape: DecodeShape,
+    /// A prefill's positions a row and its attention's log-sum-exp
+    /// scratch; `None` for a step.
+    prefill: Option<(usize, Dst<'c, B>)>,
 }
 
 impl<B: Backend> BlockMode<B> for Decoding<'_, '_, B> {
@@ -274,23 +357,40 @@ impl<B: Backend> BlockMode<B> for Decoding<'_, '_, B> {
     }
     fn attention(&mut self, atty: Dst<'_, B>, qkv: Src<'_, B>) {
         let DecodeShape {
-            b, len, c, max_t, ..
+            b,
+            len,
+            c,
+            nh,
+            max_t,
         } = self.shape;
+        // qkv's rows: t positions a row, the last at len - 1 (a step's t is 1)
+        let t = self.prefill.as_ref().map_or(1, |p| p.0);
         for r in 0..b {
-            let at = (r * max_t + len - 1) * c;
-            let row = qkv.slice(r * 3 * c..(r + 1) * 3 * c);
-            self.be
-                .copy(self.kcache.rb().slice(at..at + c), row.slice(c..2 * c));
-            self.be
-                .copy(self.vcache.rb().slice(at..at + c), row.slice(2 * c..3 * c));
+            for j in 0..t {
+                let at = (r * max_t + len - t + j) * c;
+                let row = qkv.slice((r * t + j) * 3 * c..(r * t + j + 1) * 3 * c);
+                self.be
+                    .copy(self.kcache.rb().slice(at..at + c), row.slice(c..2 * c));
+                self.be
+                    .copy(self.vcache.rb().slice(at..at + c), row.slice(2 * c..3 * c));
+            }
         }
-        self.be.attention_decode(AttentionDecode {
-            out: atty,
-            qkv,
-            kcache: self.kcache.src().first(b * max_t * c),
-            vcache: self.vcache.src().first(b * max_t * c),
-            shape: self.shape,
-        })
+        match &mut self.prefill {
+            None => self.be.attention_decode(AttentionDecode {
+                out: atty,
+                qkv,
+                kcache: self.kcache.src().first(b * max_t * c),
+                vcache: self.vcache.src().first(b * max_t * c),
+                shape: self.shape,
+            }),
+            Some((t, lse)) => self.be.attention_forward(AttentionForward {
+                out: atty,
+                lse: lse.rb(),
+                qkv,
+                lens: None,
+                shape: AttnShape { b, t: *t, c, nh },
+            }),
+        }
     }
 }
 
@@ -304,26 +404,14 @@ impl<B: Backend> Part<B> {
         b: usize,
         max_t: usize,
     ) -> Result<Self> {
-        let (c, l) = (config.n_embd, config.n_layer);
-        let BlockDims { cl, fl, .. } = config.widest(tp.size);
+        let l = config.n_layer;
+        let cl = config.widest(tp.size).cl;
         let a = |n: usize| backend.alloc(n, Category::Activations);
         Ok(Part {
             tokens: backend.alloc_typed(b, Category::Activations)?,
             kcache: a(l * b * max_t * cl)?,
             vcache: a(l * b * max_t * cl)?,
-            x: a(b * c)?,
-            y: a(b * c)?,
-            ln: a(b * c)?,
-            mean: a(b)?,
-            rstd: a(b)?,
-            ln2: a(b * c)?,
-            mean2: a(b)?,
-            rstd2: a(b)?,
-            qkv: a(b * 3 * cl)?,
-            atty: a(b * cl)?,
-            res2: a(b * c)?,
-            fch: a(b * fl)?,
-            fch_gelu: a(b * fl)?,
+            acts: Acts::new(backend, config, tp, b)?,
             logits: a(b * config.padded_vocab())?,
             first,
             b,
@@ -337,64 +425,22 @@ impl<B: Backend> Part<B> {
         tokens: &[u32],
         tp: Option<&dyn Comm>,
     ) -> Result<()> {
-        let (cfg, lay, weights, pos, max_t) = (at.config, at.layout, at.weights, at.pos, at.max_t);
+        let (cfg, lay, weights) = (at.config, at.layout, at.weights);
         let (b, c, vp) = (self.b, cfg.n_embd, cfg.padded_vocab());
         let be = at.backend;
-        // the block's tensor-parallel group and place
-        let place = (tp, at.tp);
-        let wide = cfg.widest(at.tp.size).cl;
-        let params = weights.params;
         be.upload(self.tokens.d(), tokens)?;
-        // Every row is at position `pos`: a one-position slice of wpe.
-        be.encoder_forward(EncoderForward {
-            out: self.x.d(),
-            tokens: self.tokens.s(),
-            wte: params.slice(lay.wte()),
-            wpe: params.slice(lay.wpe()).part(pos, c),
-            t: 1,
-            c,
-        });
-        for l in 0..cfg.n_layer {
-            let d = cfg.dims(l, at.tp.size);
-            let BlockDims { cl, nhl, fl, .. } = d;
-            let io = BlockIo {
-                x: self.x.s(),
-                out: self.y.d(),
-                ln1: [self.ln.d(), self.mean.d(), self.rstd.d()],
-                qkv: self.qkv.slice_mut(0..b * 3 * cl),
-                atty: self.atty.slice_mut(0..b * cl),
-                res2: self.res2.d(),
-                ln2: [self.ln2.d(), self.mean2.d(), self.rstd2.d()],
-                fch: self.fch.slice_mut(0..b * fl),
-                fch_gelu: self.fch_gelu.slice_mut(0..b * fl),
-            };
-            let cache = l * b * max_t * wide..(l * b * max_t + b * max_t) * wide;
-            let mut mode = Decoding {
-                be,
-                packed: &weights.blocks[l],
-                kcache: self.kcache.slice_mut(cache.clone()),
-                vcache: self.vcache.slice_mut(cache),
-                shape: DecodeShape {
-                    b,
-                    len: pos + 1,
-                    c: cl,
-                    nh: nhl,
-                    max_t,
-                },
-            };
-            let p = (lay, l, params.slice(lay.block(l)));
-            block::forward(be, &mut mode, io, p, (b, d), place)?;
-            std::mem::swap(&mut self.x, &mut self.y);
-        }
+        let caches = (&mut self.kcache, &mut self.vcache);
+        blocks(at, caches, (self.tokens.s(), b), &mut self.acts, None, tp)?;
         if !at.logits {
             return Ok(());
         }
-        let lnf = params.slice(lay.final_norm());
+        let acts = &mut self.acts;
+        let lnf = weights.params.slice(lay.final_norm());
         be.layernorm_forward(LayerNormForward {
-            out: self.ln.d(),
-            mean: self.mean.d(),
-            rstd: self.rstd.d(),
-            inp: self.x.s(),
+            out: acts.ln.d(),
+            mean: acts.mean.d(),
+            rstd: acts.rstd.d(),
+            inp: acts.x.s(),
             w: lnf.first(c),
             b: lnf.from(c),
             c,
@@ -403,7 +449,7 @@ impl<B: Backend> Part<B> {
         if let Some(head) = &weights.lm_head {
             be.matmul_decode(MatmulDecode {
                 out: self.logits.d(),
-                inp: self.ln.s(),
+                inp: acts.ln.s(),
                 w: head,
                 bias: None,
                 dims: (b, c, vp),
@@ -412,4 +458,92 @@ impl<B: Backend> Part<B> {
         }
         Ok(())
     }
+
+    /// [`Decoder::prefill`] for this part's rows (`tokens`, checked: `t`
+    /// positions a row, row after row).
+    fn prefill(
+        &mut self,
+        at: &StepIn<'_, '_, B>,
+        tokens: &[u32],
+        t: usize,
+        tp: Option<&dyn Comm>,
+    ) -> Result<()> {
+        let (be, cfg) = (at.backend, at.config);
+        let rows = self.b * t;
+        let mut ids = be.alloc_typed(rows, Category::Activations)?;
+        be.upload(ids.d(), tokens)?;
+        let mut acts = Acts::new(be, cfg, at.tp, rows)?;
+        let heads = cfg.widest(at.tp.size).nhl;
+        let mut lse = be.alloc(self.b * heads * t, Category::Activations)?;
+        let caches = (&mut self.kcache, &mut self.vcache);
+        let prefill = Some((t, &mut lse));
+        blocks(at, caches, (ids.s(), self.b), &mut acts, prefill, tp)
+    }
+}
+
+/// The embeddings of `b` rows' `tokens` through every block into `acts.x`,
+/// their keys and values into the (key, value) `caches`: a step's one
+/// position a row at `at.pos`, or a prefill's first `t` positions a row
+/// (with its attention's log-sum-exp scratch).
+fn blocks<B: Backend>(
+    at: &StepIn<'_, '_, B>,
+    (kcache, vcache): (&mut Buf<B>, &mut Buf<B>),
+    (tokens, b): (Src<'_, B, u32>, usize),
+    acts: &mut Acts<B>,
+    mut prefill: Option<(usize, &mut Buf<B>)>,
+    tp: Option<&dyn Comm>,
+) -> Result<()> {
+    let (cfg, lay, weights, max_t) = (at.config, at.layout, at.weights, at.max_t);
+    let (t, pos) = prefill.as_ref().map_or((1, at.pos), |p| (p.0, 0));
+    let c = cfg.n_embd;
+    let rows = b * t;
+    let be = at.backend;
+    // the block's tensor-parallel group and place
+    let place = (tp, at.tp);
+    let wide = cfg.widest(at.tp.size).cl;
+    let params = weights.params;
+    be.encoder_forward(EncoderForward {
+        out: acts.x.d(),
+        tokens,
+        wte: params.slice(lay.wte()),
+        wpe: params.slice(lay.wpe()).slice(pos * c..(pos + t) * c),
+        t,
+        c,
+    });
+    for l in 0..cfg.n_layer {
+        let d = cfg.dims(l, at.tp.size);
+        let BlockDims { cl, nhl, fl, .. } = d;
+        let io = BlockIo {
+            x: acts.x.s(),
+            out: acts.y.d(),
+            ln1: [acts.ln.d(), acts.mean.d(), acts.rstd.d()],
+            qkv: acts.qkv.slice_mut(0..rows * 3 * cl),
+            atty: acts.atty.slice_mut(0..rows * cl),
+            res2: acts.res2.d(),
+            ln2: [acts.ln2.d(), acts.mean2.d(), acts.rstd2.d()],
+            fch: acts.fch.slice_mut(0..rows * fl),
+            fch_gelu: acts.fch_gelu.slice_mut(0..rows * fl),
+        };
+        let cache = l * b * max_t * wide..(l * b * max_t + b * max_t) * wide;
+        let mut mode = Decoding {
+            be,
+            packed: &weights.blocks[l],
+            kcache: kcache.slice_mut(cache.clone()),
+            vcache: vcache.slice_mut(cache),
+            shape: DecodeShape {
+                b,
+                len: pos + t,
+                c: cl,
+                nh: nhl,
+                max_t,
+            },
+            prefill: prefill
+                .as_mut()
+                .map(|(t, lse)| (*t, lse.slice_mut(0..b * nhl * *t))),
+        };
+        let p = (lay, l, params.slice(lay.block(l)));
+        block::forward(be, &mut mode, io, p, (rows, d), place)?;
+        std::mem::swap(&mut acts.x, &mut acts.y);
+    }
+    Ok(())
 }
