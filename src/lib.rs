@@ -15,4 +15,6 @@ pub mod plan;
 pub mod plot;
 pub mod prune;
 pub mod rng;
+#[cfg(test)]
+mod testdir;
 pub mod train;

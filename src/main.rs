@@ -1,6 +1,9 @@
 //! The `distgpt` command.
 
 mod cli;
+#[cfg(test)]
+#[path = "testdir.rs"]
+mod testdir;
 
 use std::process::ExitCode;
 

@@ -177,20 +177,20 @@ pub fn plot(runs: &[PathBuf], out: &Path) -> Result<Vec<PathBuf>> {
 mod tests {
     use super::*;
 
-    /// A fresh directory `tag/my-run` under the system's temporary directory.
-    fn scratch(tag: &str) -> PathBuf {
-        let dir = std::env::temp_dir()
-            .join(format!("distgpt-plot-{tag}-{}", std::process::id()))
-            .join("my-run");
-        let _ = std::fs::remove_dir_all(&dir);
+    use crate::testdir::TestDir;
+
+    /// A fresh directory `my-run` in a test folder (removed with its guard).
+    fn scratch(tag: &str) -> (TestDir, PathBuf) {
+        let root = TestDir::new(&format!("plot-{tag}"));
+        let dir = root.path().join("my-run");
         std::fs::create_dir_all(&dir).unwrap();
-        dir
+        (root, dir)
     }
 
-    fn run_with(tag: &str, lines: &str) -> PathBuf {
-        let run = scratch(tag);
+    fn run_with(tag: &str, lines: &str) -> (TestDir, PathBuf) {
+        let (root, run) = scratch(tag);
         std::fs::write(run.join(METRICS_FILE), lines).unwrap();
-        run
+        (root, run)
     }
 
     const LINE: &str = r#"{"step":STEP,"epoch":0.1,"loss":LOSS,"grad_norm":1.5,"lr":0.001,"ms":10.0,"tokens_per_s":100.0,"mfu":0.1,"memory":{},"rank_peak_bytes":[],"comm":{}}"#;
@@ -204,7 +204,7 @@ mod tests {
     #[test]
     fn curves_keep_the_later_line_of_a_step_and_validation_points_only_where_logged() {
         let val = line(2, 3.0).replace(r#""grad_norm""#, r#""val_loss":3.5,"grad_norm""#);
-        let run = run_with(
+        let (_root, run) = run_with(
             "order",
             &(line(1, 4.0) + &line(2, 9.0) + &val + &line(3, 2.0)),
         );
@@ -220,12 +220,12 @@ mod tests {
 
     #[test]
     fn a_missing_or_corrupt_log_is_named() {
-        let e = Curves::read(&scratch("none")).err().unwrap().to_string();
+        let e = Curves::read(&scratch("none").1).err().unwrap().to_string();
         assert!(e.contains("has no metrics.jsonl"), "{e}");
-        let run = run_with("corrupt", &(line(1, 4.0) + "{\"step\": oops\n"));
+        let (_corrupt, run) = run_with("corrupt", &(line(1, 4.0) + "{\"step\": oops\n"));
         let e = Curves::read(&run).err().unwrap().to_string();
         assert!(e.contains("line 2: not a metrics record"), "{e}");
-        let run = run_with("empty", "");
+        let (_empty, run) = run_with("empty", "");
         let e = Curves::read(&run).err().unwrap().to_string();
         assert!(e.contains("records no step yet"), "{e}");
     }

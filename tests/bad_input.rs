@@ -1,5 +1,9 @@
 //! Bad input gets an error that names the problem: never a panic.
 
+#[path = "support/scratch.rs"]
+mod scratch;
+use scratch::scratch;
+
 use distgpt::backend::cpu::Cpu;
 use distgpt::checkpoint::{load_weights, save_weights};
 use distgpt::data::{shard, Dataset, TokenizerKind};
@@ -7,7 +11,7 @@ use distgpt::model::{Gpt2, GptConfig};
 use std::path::PathBuf;
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("distgpt-bad-{name}-{}", std::process::id()));
+    let d = scratch(&format!("bad-{name}"));
     std::fs::create_dir_all(&d).unwrap();
     d
 }

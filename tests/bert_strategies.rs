@@ -8,6 +8,10 @@
 //! Strategies drive BERT through the same model seam as GPT-2
 //! (`model::UnitModel`).
 
+#[path = "support/scratch.rs"]
+mod scratch;
+use scratch::scratch;
+
 use distgpt::backend::cpu::Cpu;
 use distgpt::data::{Batch, IGNORE};
 use distgpt::model::bert::{init_full, BertConfig, BertHead};
@@ -362,7 +366,7 @@ fn masked_lm_pretraining_on_shakespeare_lowers_the_validation_loss() {
         eval_batches: 4,
         sample_tokens: 0,
         seed: 1,
-        out_dir: std::env::temp_dir().join(format!("distgpt-mlm-{}", std::process::id())),
+        out_dir: scratch("mlm"),
         overwrite: true,
         keep_checkpoints: 1,
         ..TrainConfig::default()

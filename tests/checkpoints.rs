@@ -1,6 +1,10 @@
 //! Training-state checkpoints: bit-exact resume, resharding into another
 //! strategy and world size, and corruption that is detected, never loaded.
 
+#[path = "support/scratch.rs"]
+mod scratch;
+use scratch::scratch;
+
 use distgpt::backend::cpu::Cpu;
 use distgpt::checkpoint::state;
 use distgpt::data::{Dataset, TokenizerKind};
@@ -17,9 +21,7 @@ fn dataset() -> &'static Dataset {
 }
 
 fn out(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("distgpt-ckpt-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+    scratch(&format!("ckpt-{tag}"))
 }
 
 fn config(dir: &Path) -> TrainConfig {

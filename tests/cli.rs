@@ -142,7 +142,7 @@ fn errors_say_it_once_and_in_words() {
     let err = String::from_utf8_lossy(&missing.stderr);
     assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
 
-    let empty = std::env::temp_dir().join(format!("distgpt-empty-{}.txt", std::process::id()));
+    let empty = cli::scratch("empty.txt");
     std::fs::write(&empty, "\n").unwrap();
     let run = distgpt(&["train", "--data", empty.to_str().unwrap(), "--steps", "1"]);
     let err = String::from_utf8_lossy(&run.stderr);

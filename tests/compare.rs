@@ -2,6 +2,10 @@
 //! each cell keeps its repeats, and the report directory holds the tables
 //! (summary first) and every figure file; a stopped matrix writes a partial report.
 
+#[path = "support/scratch.rs"]
+mod scratch;
+use scratch::scratch;
+
 use distgpt::compare::{self, CompareSpec, Comparison, Layout};
 use distgpt::data::{Dataset, TokenizerKind};
 use distgpt::model::GptConfig;
@@ -163,7 +167,7 @@ fn compare_writes_the_report_and_strategies_match_single() {
 }
 
 fn tempfile_dir(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("distgpt-{name}-{}", std::process::id()));
+    let d = scratch(name);
     std::fs::create_dir_all(&d).unwrap();
     d
 }

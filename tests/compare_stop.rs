@@ -2,6 +2,10 @@
 //! run is left out and the matrix reports itself stopped. (Its own test
 //! binary: the stop flag is process-wide.)
 
+#[path = "support/scratch.rs"]
+mod scratch;
+use scratch::scratch;
+
 use distgpt::compare::{self, CompareSpec, Layout};
 use distgpt::data::{Dataset, TokenizerKind};
 use distgpt::model::GptConfig;
@@ -15,7 +19,7 @@ fn a_stopped_compare_keeps_only_finished_cells() {
     ds.train = ds.train.head(4096);
     let mut model = GptConfig::preset("tiny").unwrap();
     model.vocab_size = ds.tokenizer.vocab_size();
-    let dir = std::env::temp_dir().join(format!("distgpt-compare-stop-{}", std::process::id()));
+    let dir = scratch("compare-stop");
     let spec = CompareSpec {
         models: vec![("tiny".into(), model)],
         layouts: vec![Layout::Single, Layout::Ddp],

@@ -4,6 +4,10 @@
 //! its config, layout, engine and one registration call. Every layout
 //! drives it as it drives GPT-2 and BERT, and follows `single`.
 
+#[path = "support/scratch.rs"]
+mod scratch;
+use scratch::scratch;
+
 use distgpt::backend::cpu::Cpu;
 use distgpt::backend::{
     Activation, ActivationBackward, Backend, Buf, Category, CrossEntropyBackward,
@@ -528,7 +532,7 @@ fn a_family_registered_from_outside_trains_under_every_layout_as_single_does() {
     assert!(model.check_tp(2).is_err());
 
     // model files: written and read back through the family's description
-    let dir = std::env::temp_dir().join(format!("distgpt-toy-family-{}", std::process::id()));
+    let dir = scratch("toy-family");
     let params = model.init_full(1);
     let chars = TokenizerSpec::Char {
         chars: "abcdefghijklmnopqrstuvwxyz .".into(),
@@ -617,11 +621,7 @@ fn the_run_driver_trains_checkpoints_and_resumes_a_registered_family_bit_exactly
         vocab: ds.tokenizer.vocab_size(),
         ..Toy::preset()
     };
-    let dir = |name: &str| {
-        let d = std::env::temp_dir().join(format!("distgpt-toy-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        d
-    };
+    let dir = |name: &str| scratch(&format!("toy-{name}"));
     let par = ParallelConfig {
         strategy: StrategyKind::Fsdp,
         world_size: 2,

@@ -1,6 +1,10 @@
 //! A failing rank stops every other rank with an error naming it, well inside
 //! the timeout; impossible layouts are refused before any work.
 
+#[path = "support/scratch.rs"]
+mod scratch;
+use scratch::scratch;
+
 use distgpt::backend::cpu::Cpu;
 use distgpt::data::{Dataset, TokenizerKind};
 use distgpt::model::GptConfig;
@@ -10,8 +14,7 @@ use std::process::Command;
 use std::time::{Duration as Wait, Instant};
 
 fn tiny_run(fault: Option<Fault>) -> TrainConfig {
-    let out_dir = std::env::temp_dir().join(format!("distgpt-fault-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out_dir);
+    let out_dir = scratch("fault");
     TrainConfig {
         seq_len: 32,
         duration: Duration::Steps(6),
@@ -116,9 +119,7 @@ fn impossible_layouts_are_refused_with_what_to_change() {
 /// job's output and how long it took.
 #[cfg(feature = "mpi")]
 fn mpirun_with_a_fault(np: usize, extra: &[&str], rank: usize, how: &str) -> (bool, String, Wait) {
-    let out_dir =
-        std::env::temp_dir().join(format!("distgpt-mpi-fault-{}-{how}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out_dir);
+    let out_dir = scratch(&format!("mpi-fault-{how}"));
     let (np, rank) = (np.to_string(), rank.to_string());
     let t0 = Instant::now();
     let out = Command::new("mpirun")

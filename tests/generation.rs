@@ -1,6 +1,12 @@
 //! Generation with the KV cache under tensor parallelism follows the
 //! single-rank model token for token (greedy).
 
+#[cfg(feature = "mpi")]
+#[path = "support/scratch.rs"]
+mod scratch;
+#[cfg(feature = "mpi")]
+use scratch::scratch;
+
 use distgpt::backend::cpu::Cpu;
 use distgpt::backend::WeightFormat;
 use distgpt::infer::generate::{decode, evaluate_decoded, generate, SampleConfig};
@@ -252,8 +258,7 @@ fn decoded_evaluation_matches_the_forward_and_int8_agrees_with_fp32() {
 #[test]
 fn tensor_parallel_generation_over_mpi_matches_one_process() {
     use std::process::Command;
-    let run = std::env::temp_dir().join(format!("distgpt-mpi-generate-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&run);
+    let run = scratch("mpi-generate");
     let bin = env!("CARGO_BIN_EXE_distgpt");
     let trained = Command::new(bin)
         .args([

@@ -271,9 +271,7 @@ fn train_with_device_gpu_follows_the_cpus_losses() {
 
 fn train_with_device_gpu_follows_the_cpus_losses_on<B: Backend>(_: B, kind: &str) {
     let run = |device: &str| {
-        let out =
-            std::env::temp_dir().join(format!("distgpt-gpu-cli-{device}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&out);
+        let out = common::scratch(&format!("gpu-cli-{device}"));
         let status = std::process::Command::new(env!("CARGO_BIN_EXE_distgpt"))
             .stdout(std::process::Stdio::null())
             .args([

@@ -3,6 +3,10 @@
 //! and computed logits (scripts/check_hf_export.py, run by hand), and distgpt
 //! gives the same logits, also after importing the folder back.
 
+#[path = "support/scratch.rs"]
+mod scratch;
+use scratch::scratch;
+
 use distgpt::backend::cpu::Cpu;
 use distgpt::checkpoint::load_model;
 use distgpt::data::TokenizerSpec;
@@ -51,7 +55,7 @@ fn write_export_fixture() {
 #[test]
 fn exported_folder_matches_transformers_logits() {
     let (mut m, tk) = model();
-    let tmp = std::env::temp_dir().join(format!("distgpt-hf-export-{}", std::process::id()));
+    let tmp = scratch("hf-export");
     hf::export(&m, &tk, &tmp).unwrap();
     for f in ["config.json", "model.safetensors"] {
         let (a, b) = (

@@ -5,6 +5,10 @@
 //! smaller model that `bench --model` takes, `--sweep` times both methods,
 //! and a bad schedule is refused.
 
+#[path = "support/scratch.rs"]
+mod scratch;
+use scratch::scratch;
+
 use distgpt::backend::cpu::Cpu;
 use distgpt::checkpoint;
 use distgpt::data::{Dataset, TokenizerKind};
@@ -20,8 +24,7 @@ fn model_dir(tag: &str) -> (PathBuf, GptConfig) {
     cfg.vocab_size = ds.tokenizer.vocab_size();
     let mut m = Gpt2::new(Cpu::new(), cfg.clone()).unwrap();
     m.init_weights(3).unwrap();
-    let dir = std::env::temp_dir().join(format!("distgpt-prune-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = scratch(&format!("prune-{tag}"));
     checkpoint::save_model(&m, ds.tokenizer.spec(), &dir).unwrap();
     (dir, cfg)
 }

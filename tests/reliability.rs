@@ -4,6 +4,10 @@
 //! edited index or model file, mismatched data, ignored resume flags, bad
 //! numbers).
 
+#[path = "support/scratch.rs"]
+mod scratch;
+use scratch::scratch;
+
 use distgpt::backend::cpu::Cpu;
 use distgpt::checkpoint::{self, state};
 use distgpt::comm::Comm;
@@ -19,9 +23,7 @@ fn bin() -> Command {
 }
 
 fn tmp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("distgpt-rel-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+    scratch(&format!("rel-{tag}"))
 }
 
 /// `distgpt train` on the tiny model into `out`, with extra flags.

@@ -225,8 +225,7 @@ fn a_pruned_model_saves_loads_and_exports_in_the_dense_shape() {
     let mut small = Gpt2::new(Cpu::new(), small_cfg.clone()).unwrap();
     small.set_params(&small_params).unwrap();
     let (loss, logits) = outputs(&mut small);
-    let dir = std::env::temp_dir().join(format!("distgpt-rows-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = common::scratch("rows");
     // a character vocabulary of the model's size (the first characters of
     // Shakespeare's), as config.json must record it
     let tok = match Dataset::load(None, TokenizerKind::Char)

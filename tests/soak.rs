@@ -8,6 +8,10 @@
 
 #![cfg(unix)]
 
+#[path = "support/scratch.rs"]
+mod scratch;
+use scratch::scratch;
+
 #[path = "support/bert.rs"]
 mod bert;
 
@@ -49,9 +53,7 @@ impl Dice {
 }
 
 fn tmp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("distgpt-soak-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+    scratch(&format!("soak-{tag}"))
 }
 
 /// A soak's task: its flags, and the steps it trains.

@@ -1,6 +1,10 @@
 //! Training end to end on the embedded corpus, and weights that survive a
 //! save/load round trip.
 
+#[path = "support/scratch.rs"]
+mod scratch;
+use scratch::scratch;
+
 use distgpt::backend::cpu::Cpu;
 use distgpt::checkpoint;
 use distgpt::data::{Dataset, TokenizerKind};
@@ -43,9 +47,7 @@ fn single() -> ParallelConfig {
 }
 
 fn tmp(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("distgpt-test-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+    scratch(&format!("test-{name}"))
 }
 
 #[test]

@@ -198,7 +198,12 @@ pub fn read_weights(
     path: &Path,
     expected_checksum: Option<&str>,
 ) -> Result<Vec<f32>> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    // mapped, not read: the weights are copied once, into their places, and
+    // a model's worth of fresh pages is not zeroed first for the file
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    // SAFETY: the map is read-only; a weights file changed underneath a
+    // load is the user's to avoid, as with any memory-mapped input.
+    let bytes = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
     let bad = |reason: String| Error::Checkpoint {
         path: path.into(),
         reason,

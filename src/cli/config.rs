@@ -290,9 +290,8 @@ mod tests {
     }
 
     fn args_of(toml: &str, given: &[&str]) -> Result<Vec<String>> {
-        let dir = std::env::temp_dir().join(format!("distgpt-config-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join(format!("{}.toml", toml.len()));
+        let dir = crate::testdir::TestDir::new("config");
+        let file = dir.path().join("flags.toml");
         std::fs::write(&file, toml).unwrap();
         let given: Vec<String> = given.iter().map(|g| g.to_string()).collect();
         Ok(file_args(&file, &train(), &given)?

@@ -326,12 +326,12 @@ mod tests {
         let text: String = (0..70_000u32)
             .filter_map(|i| char::from_u32(0x4E00 + i))
             .collect();
-        let path = std::env::temp_dir().join(format!("distgpt-wide-{}.txt", std::process::id()));
+        let dir = crate::testdir::TestDir::new("wide");
+        let path = dir.path().join("wide.txt");
         std::fs::write(&path, &text).unwrap();
         let err = Dataset::load(Some(&path), TokenizerKind::Char)
             .err()
             .expect("a vocabulary past u16 is refused");
-        let _ = std::fs::remove_file(&path);
         assert!(err.to_string().contains("at most 65536"), "{err}");
     }
 

@@ -130,15 +130,12 @@ impl Shard {
 mod tests {
     use super::*;
 
-    fn tmpdir(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("distgpt-shard-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    }
+    use crate::testdir::TestDir;
 
     #[test]
     fn shard_round_trips_and_bad_headers_are_named() {
-        let d = tmpdir("rt");
+        let dir = TestDir::new("shard-rt");
+        let d = dir.path();
         let p = d.join("a.bin");
         write_shard(&p, &[1, 2, 65535, 7]).unwrap();
         let s = Shard::open(&p).unwrap();

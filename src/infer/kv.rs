@@ -1,7 +1,8 @@
 //! Incremental decoding with a KV cache: one token per row per step, each
 //! block's keys and values kept per position, so a step costs O(T) rather
-//! than a full forward. Works on a tensor-parallel part of the model too
-//! (each rank caches its own heads; the projections are all-reduced).
+//! than a full forward; a prompt's first positions go in one pass (a
+//! prefill). Works on a tensor-parallel part of the model too (each rank
+//! caches its own heads; the projections are all-reduced).
 
 use crate::backend::{
     AttentionDecode, AttentionForward, AttnShape, Backend, Buf, Category, DecodeShape, Dst,

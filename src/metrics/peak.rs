@@ -320,8 +320,9 @@ mod tests {
 
     #[test]
     fn a_peak_is_measured_once_per_device_and_thread_count() {
-        let dir = std::env::temp_dir().join(format!("distgpt-peak-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let root = crate::testdir::TestDir::new("peak");
+        // a folder the cache must make
+        let dir = root.path().join("cache");
         let file = dir.join(PEAK_FILE);
         let calls = Cell::new(0);
         let probe = |v: f64| {

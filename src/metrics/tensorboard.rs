@@ -390,8 +390,8 @@ mod tests {
 
     #[test]
     fn events_read_back_as_written_and_a_flipped_byte_is_caught() {
-        let dir = std::env::temp_dir().join(format!("distgpt-tb-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let root = crate::testdir::TestDir::new("tb");
+        let dir = root.path().join("events");
         let mut w = EventWriter::create(&dir).unwrap();
         w.text(0, "config", "`lr = 3e-3`").unwrap();
         w.scalars(5, &[("train/loss", 2.5), ("lr", 1e-3)]).unwrap();
@@ -421,6 +421,5 @@ mod tests {
         std::fs::write(&path, bytes).unwrap();
         let err = read_events(&path).unwrap_err().to_string();
         assert!(err.contains("data CRC mismatch"), "{err}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

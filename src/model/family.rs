@@ -579,11 +579,11 @@ mod tests {
 
     #[test]
     fn a_hugging_face_folder_is_read_by_the_family_its_model_type_names() {
-        let dir = std::env::temp_dir().join(format!("distgpt-hf-family-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let root = crate::testdir::TestDir::new("hf-family");
+        let dir = root.path();
         let with = |json: &str| {
             std::fs::write(dir.join("config.json"), json).unwrap();
-            hf_family(&dir).map(|r| r.name)
+            hf_family(dir).map(|r| r.name)
         };
         assert_eq!(with(r#"{"model_type": "bert"}"#).unwrap(), "BERT");
         assert_eq!(with(r#"{"model_type": "gpt2"}"#).unwrap(), "GPT-2");
@@ -591,7 +591,6 @@ mod tests {
         assert_eq!(with(r#"{"n_layer": 2}"#).unwrap(), "GPT-2");
         let err = with(r#"{"model_type": "llama"}"#).unwrap_err().to_string();
         assert!(err.contains("llama") && err.contains("gpt2, bert"), "{err}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -503,8 +503,8 @@ mod tests {
 
     #[test]
     fn runs_named_in_the_same_second_get_a_directory_each() {
-        let root = std::env::temp_dir().join(format!("distgpt-reserve-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
+        let scratch = crate::testdir::TestDir::new("reserve");
+        let root = scratch.path().join("runs");
         let dirs: Vec<PathBuf> = (0..3).map(|_| reserve(&root, "tiny-x", true)).collect();
         assert_eq!(
             dirs,
@@ -516,7 +516,6 @@ mod tests {
         // a rank that only looks takes the next free name and makes nothing
         assert_eq!(reserve(&root, "tiny-x", false), root.join("tiny-x-4"));
         assert!(!root.join("tiny-x-4").exists());
-        let _ = std::fs::remove_dir_all(&root);
     }
 
     /// run.json spells durations in lowercase, reads the Rust names older

@@ -29,13 +29,10 @@ pub fn tiny_model(ds: &Dataset) -> GptConfig {
     model
 }
 
-/// An absent directory under the system's temporary one (a new run refuses a
-/// non-empty `--out`, and a pid can come back from an earlier test run).
-fn fresh_dir(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(name);
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
+#[path = "../support/scratch.rs"]
+mod scratch;
+#[allow(unused_imports)] // not every includer writes files of its own
+pub use scratch::scratch;
 
 /// Five optimizer steps at global batch 12 x 32.
 pub fn five_steps(tag: &str, grad_accum: usize) -> TrainConfig {
@@ -48,7 +45,7 @@ pub fn five_steps(tag: &str, grad_accum: usize) -> TrainConfig {
         min_lr: 1e-4,
         warmup_steps: 2,
         seed: 11,
-        out_dir: fresh_dir(&format!("distgpt-eq-{tag}-{}", std::process::id())),
+        out_dir: scratch(&format!("eq-{tag}")),
         peak_flops: Some(1e11),
         ..TrainConfig::default()
     }

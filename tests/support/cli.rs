@@ -21,10 +21,12 @@ pub fn succeeded(out: Output) -> Output {
     out
 }
 
-/// An absent directory `distgpt-PREFIX-TAG-PID` under the system's
-/// temporary one (a new run refuses a non-empty `--out`).
+#[path = "scratch.rs"]
+mod scratch;
+pub use scratch::scratch;
+
+/// An absent directory `PREFIX-TAG` among the test process's files (a new
+/// run refuses a non-empty `--out`).
 pub fn fresh_dir(prefix: &str, tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("distgpt-{prefix}-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+    scratch(&format!("{prefix}-{tag}"))
 }

@@ -156,7 +156,8 @@ mod tests {
 
     #[test]
     fn a_wheel_layout_is_searched_and_versioned_names_match() {
-        let root = std::env::temp_dir().join(format!("distgpt-cudalibs-{}", std::process::id()));
+        let scratch = crate::testdir::TestDir::new("cudalibs");
+        let root = scratch.path();
         let lib = root.join("lib/python3.12/site-packages/nvidia/cuda_nvrtc/lib");
         std::fs::create_dir_all(&lib).unwrap();
         std::fs::write(lib.join("libnvrtc-builtins.so.12.8"), b"").unwrap();
@@ -185,9 +186,8 @@ mod tests {
         );
         assert_eq!(cuda13_hint(&dirs, "nvrtc"), "");
         assert_eq!(
-            site_packages(&root),
+            site_packages(root),
             [root.join("lib/python3.12/site-packages")]
         );
-        std::fs::remove_dir_all(&root).unwrap();
     }
 }

@@ -500,13 +500,12 @@ mod tests {
                 let bias = lay.tensor("cls.predictions.bias").unwrap().range();
                 p[bias.start + cfg.vocab_size..bias.end].fill(0.0);
             }
-            let dir = std::env::temp_dir()
-                .join(format!("distgpt-bert-hf-{}-{head:?}", std::process::id()));
+            let root = crate::testdir::TestDir::new(&format!("bert-hf-{head:?}"));
+            let dir = root.path().join("model");
             write_folder(&cfg, &p, None, &dir).unwrap();
             let (cfg2, back) = load_folder(&dir, None, 9).unwrap();
             assert_eq!(cfg2, cfg);
             assert_eq!(back, p, "{head:?}");
-            std::fs::remove_dir_all(&dir).unwrap();
         }
     }
 }
