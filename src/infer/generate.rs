@@ -422,20 +422,29 @@ mod tests {
             WeightFormat::F32,
         )
         .unwrap();
-        for (tokens, t) in [
-            (vec![1; 3 * 9], 9),
-            (vec![1; 5], 2),
-            (vec![], 0),
-            (vec![50; 6], 2),
+        for (tokens, t, said) in [
+            (
+                vec![1; 3 * 9],
+                9,
+                "positions 0..9 of 3 rows takes 27 tokens, got 27 (the cache holds 8",
+            ),
+            (
+                vec![1; 5],
+                2,
+                "positions 0..2 of 3 rows takes 6 tokens, got 5",
+            ),
+            (vec![], 0, "positions 0..0 of 3 rows"),
+            (
+                vec![50; 6],
+                2,
+                "token id 50 is outside the vocabulary of 50",
+            ),
         ] {
             let err = dec
                 .prefill(&weights, &tokens, t, None)
                 .unwrap_err()
                 .to_string();
-            assert!(
-                err.contains("prefill of") || err.contains("outside the vocabulary"),
-                "{err}"
-            );
+            assert!(err.contains(said), "{err}");
         }
     }
 

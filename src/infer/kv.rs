@@ -213,36 +213,7 @@ impl<B: Backend> Decoder<B> {
         tp: Option<&dyn Comm>,
         logits: bool,
     ) -> Result<()> {
-        if pos >= self.max_t || tokens.len() != self.b {
-            return Err(Error::Input(format!(
-                "decode step at position {pos} with {} tokens (cache: {} positions, {} rows)",
-                tokens.len(),
-                self.max_t,
-                self.b
-            )));
-        }
-        self.check(weights, tokens)?;
-        let cfg = &self.config;
-        let shared = StepIn {
-            backend: &self.backend,
-            config: cfg,
-            layout: &self.layout,
-            tp: self.tp,
-            max_t: self.max_t,
-            weights,
-            pos,
-            logits,
-        };
-        match self.parts.as_mut_slice() {
-            [one] => one.step(&shared, tokens, tp),
-            parts => self
-                .backend
-                .for_each_part(parts, |p| {
-                    p.step(&shared, &tokens[p.first..p.first + p.b], None)
-                })
-                .into_iter()
-                .collect(),
-        }
+        self.pass(weights, tokens, (pos, 1), tp, logits)
     }
 
     /// Feeds the first `t` tokens of every row's prompt (`tokens`: `t` a
@@ -257,12 +228,26 @@ impl<B: Backend> Decoder<B> {
         t: usize,
         tp: Option<&dyn Comm>,
     ) -> Result<()> {
-        if t == 0 || t > self.max_t || tokens.len() != self.b * t {
+        self.pass(weights, tokens, (0, t), tp, false)
+    }
+
+    /// [`Decoder::step`] where `t` is 1, else [`Decoder::prefill`] (from
+    /// position 0): positions `pos..pos + t` of every row.
+    fn pass(
+        &mut self,
+        weights: &DecodeWeights<'_, B>,
+        tokens: &[u32],
+        (pos, t): (usize, usize),
+        tp: Option<&dyn Comm>,
+        logits: bool,
+    ) -> Result<()> {
+        let (b, max_t) = (self.b, self.max_t);
+        if t == 0 || pos + t > max_t || tokens.len() != b * t {
             return Err(Error::Input(format!(
-                "prefill of {t} positions with {} tokens (cache: {} positions, {} rows)",
-                tokens.len(),
-                self.max_t,
-                self.b
+                "decoding positions {pos}..{} of {b} rows takes {} tokens, got {} (the cache holds {max_t} positions)",
+                pos + t,
+                b * t,
+                tokens.len()
             )));
         }
         self.check(weights, tokens)?;
@@ -271,17 +256,25 @@ impl<B: Backend> Decoder<B> {
             config: &self.config,
             layout: &self.layout,
             tp: self.tp,
-            max_t: self.max_t,
+            max_t,
             weights,
-            pos: 0,
-            logits: false,
+            pos,
+            logits,
         };
-        // each part's pass spans the pool: one after another
-        for p in &mut self.parts {
-            let rows = p.first * t..(p.first + p.b) * t;
-            p.prefill(&shared, &tokens[rows], t, tp)?;
+        match self.parts.as_mut_slice() {
+            [one] if t == 1 => one.step(&shared, tokens, tp),
+            parts if t == 1 => self
+                .backend
+                .for_each_part(parts, |p| {
+                    p.step(&shared, &tokens[p.first..p.first + p.b], None)
+                })
+                .into_iter()
+                .collect(),
+            // each part's prefill spans the pool: one after another
+            parts => parts.iter_mut().try_for_each(|p| {
+                p.prefill(&shared, &tokens[p.first * t..(p.first + p.b) * t], t, tp)
+            }),
         }
-        Ok(())
     }
 
     /// That `tokens` are in the vocabulary and `weights` were packed for
