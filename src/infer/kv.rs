@@ -22,6 +22,7 @@ use crate::model::{GptConfig, ParamLayout, TpPlace};
 /// computes logits, so only it packs the LM head.
 pub struct DecodeWeights<'a, B: Backend> {
     params: Src<'a, B>,
+    format: WeightFormat,
     /// Per block: qkv, attention projection, fc, fc projection.
     blocks: Vec<[B::Packed; 4]>,
     lm_head: Option<B::Packed>,
@@ -73,6 +74,7 @@ impl<'a, B: Backend> DecodeWeights<'a, B> {
             .transpose()?;
         Ok(DecodeWeights {
             params,
+            format,
             blocks,
             lm_head,
         })
@@ -316,10 +318,13 @@ impl<B: Backend> Decoder<B> {
 /// (qkv, attention projection, fc, fc projection), its keys and values
 /// written to the cache and attended against. A step is one position a
 /// row, appended at the shape's last position; a prefill is a prompt's
-/// first positions a row, attended causally among themselves.
+/// first positions a row, attended causally among themselves, its products
+/// on the training matmul where the weights are fp32 (their packing is for
+/// few rows; bf16 and int8 weights stay on theirs, to keep their format).
 struct Decoding<'s, 'c, B: Backend> {
     be: &'s B,
     packed: &'s [B::Packed; 4],
+    format: WeightFormat,
     /// This block's caches: (rows, max_t, cl) each.
     kcache: Dst<'c, B>,
     vcache: Dst<'c, B>,
@@ -332,6 +337,9 @@ struct Decoding<'s, 'c, B: Backend> {
 
 impl<B: Backend> BlockMode<B> for Decoding<'_, '_, B> {
     fn matmul(&mut self, which: BlockParam, op: MatmulForward<On<'_, B>>) {
+        if self.prefill.is_some() && self.format == WeightFormat::F32 {
+            return self.be.matmul_forward(op);
+        }
         let w = match which {
             BlockParam::QkvW => &self.packed[0],
             BlockParam::AttnProjW => &self.packed[1],
@@ -522,6 +530,7 @@ fn blocks<B: Backend>(
         let mut mode = Decoding {
             be,
             packed: &weights.blocks[l],
+            format: weights.format,
             kcache: kcache.slice_mut(cache.clone()),
             vcache: vcache.slice_mut(cache),
             shape: DecodeShape {
