@@ -489,8 +489,9 @@ pub struct DecodedEval {
 }
 
 /// Teacher-forced evaluation through the KV-cache decoder with the weights
-/// stored as `format`, beside the fp32 decoder on the same tokens: the
-/// validation loss of both and how often their next-token argmax agree.
+/// stored as `format`, beside the fp32 decoder on the same tokens (each
+/// batch one prefill that scores every position): the validation loss of
+/// both and how often their next-token argmax agree.
 /// `batches` yields (inputs, targets) of `rows` x `t` tokens.
 pub fn evaluate_decoded<B: Backend>(
     model: &Gpt2<B>,
@@ -519,27 +520,30 @@ pub fn evaluate_decoded<B: Backend>(
             )));
         }
         let (mut dq, mut df) = (decoder()?, decoder()?);
-        model.backend().in_pool(|| {
-            for pos in 0..t {
-                let column: Vec<u32> = (0..rows).map(|r| inputs[r * t + pos]).collect();
-                dq.step(&asked, &column, pos, None, true)?;
-                df.step(&full, &column, pos, None, true)?;
-                for r in 0..rows {
-                    let (q, f) = (dq.logits(r)?, df.logits(r)?);
-                    let target = targets[r * t + pos] as usize;
-                    if target >= q.len() {
-                        return Err(Error::Input(format!(
-                            "token {target} is outside the model's vocabulary of {}",
-                            q.len()
-                        )));
-                    }
-                    loss += cross_entropy(&q, target);
-                    loss_f32 += cross_entropy(&f, target);
-                    agree += usize::from(argmax(&q) == argmax(&f));
-                    n += 1;
-                }
+        // each (row, position)'s target, named where the model cannot score it
+        let target = |r: usize, pos: usize, vocab: usize| {
+            let target = targets[r * t + pos] as usize;
+            match target < vocab {
+                true => Ok(target),
+                false => Err(Error::Input(format!(
+                    "token {target} is outside the model's vocabulary of {vocab}"
+                ))),
             }
-            Ok(())
+        };
+        // the asked weights' most likely token at each, for the agreement
+        let mut top = vec![0usize; rows * t];
+        model.backend().in_pool(|| {
+            dq.prefill_logits(&asked, &inputs, t, &mut |r, pos, q| {
+                loss += cross_entropy(q, target(r, pos, q.len())?);
+                top[r * t + pos] = argmax(q);
+                n += 1;
+                Ok(())
+            })?;
+            df.prefill_logits(&full, &inputs, t, &mut |r, pos, f| {
+                loss_f32 += cross_entropy(f, target(r, pos, f.len())?);
+                agree += usize::from(top[r * t + pos] == argmax(f));
+                Ok(())
+            })
         })?;
     }
     let per = |x: f64| x / n.max(1) as f64;

@@ -150,6 +150,22 @@ impl<B: Backend> Acts<B> {
     }
 }
 
+/// What [`Decoder::prefill_logits`] calls with each (row, position) and
+/// its next-token logits.
+pub type Visit<'v> = dyn FnMut(usize, usize, &[f32]) -> Result<()> + 'v;
+
+/// Which next-token logits a pass computes.
+enum Scores<'a, 'v> {
+    None,
+    /// A step's, into the part's `logits`.
+    Last,
+    /// Every position's, handed to the visitor.
+    Every(&'a mut Visit<'v>),
+}
+
+/// Rows of logits a prefill scores at a time: at most this many bytes.
+const SCORED_BYTES: usize = 64 << 20;
+
 /// What every part of a step shares.
 struct StepIn<'s, 'w, B: Backend> {
     backend: &'s B,
@@ -215,7 +231,11 @@ impl<B: Backend> Decoder<B> {
         tp: Option<&dyn Comm>,
         logits: bool,
     ) -> Result<()> {
-        self.pass(weights, tokens, (pos, 1), tp, logits)
+        let scores = match logits {
+            true => Scores::Last,
+            false => Scores::None,
+        };
+        self.pass(weights, tokens, (pos, 1), tp, scores)
     }
 
     /// Feeds the first `t` tokens of every row's prompt (`tokens`: `t` a
@@ -230,18 +250,38 @@ impl<B: Backend> Decoder<B> {
         t: usize,
         tp: Option<&dyn Comm>,
     ) -> Result<()> {
-        self.pass(weights, tokens, (0, t), tp, false)
+        self.pass(weights, tokens, (0, t), tp, Scores::None)
     }
 
-    /// [`Decoder::step`] where `t` is 1, else [`Decoder::prefill`] (from
-    /// position 0): positions `pos..pos + t` of every row.
+    /// [`Decoder::prefill`] on a whole model (one tp rank) that also scores
+    /// every position: `visit(row, pos, logits)` sees the next-token logits
+    /// after each (padding dropped), a few rows' at a time in host memory.
+    pub fn prefill_logits(
+        &mut self,
+        weights: &DecodeWeights<'_, B>,
+        tokens: &[u32],
+        t: usize,
+        visit: &mut Visit<'_>,
+    ) -> Result<()> {
+        if self.tp.size != 1 {
+            return Err(Error::Input(format!(
+                "every position's logits need the whole model on one rank, not tp {}",
+                self.tp.size
+            )));
+        }
+        self.pass(weights, tokens, (0, t), None, Scores::Every(visit))
+    }
+
+    /// [`Decoder::step`] where `t` is 1 and not every position is scored,
+    /// else a prefill (from position 0): positions `pos..pos + t` of every
+    /// row, scored as `scores` says.
     fn pass(
         &mut self,
         weights: &DecodeWeights<'_, B>,
         tokens: &[u32],
         (pos, t): (usize, usize),
         tp: Option<&dyn Comm>,
-        logits: bool,
+        scores: Scores<'_, '_>,
     ) -> Result<()> {
         let (b, max_t) = (self.b, self.max_t);
         if t == 0 || pos + t > max_t || tokens.len() != b * t {
@@ -261,11 +301,15 @@ impl<B: Backend> Decoder<B> {
             max_t,
             weights,
             pos,
-            logits,
+            logits: !matches!(scores, Scores::None),
+        };
+        let (step, mut every) = match scores {
+            Scores::Every(visit) => (false, Some(visit)),
+            _ => (t == 1, None),
         };
         match self.parts.as_mut_slice() {
-            [one] if t == 1 => one.step(&shared, tokens, tp),
-            parts if t == 1 => self
+            [one] if step => one.step(&shared, tokens, tp),
+            parts if step => self
                 .backend
                 .for_each_part(parts, |p| {
                     p.step(&shared, &tokens[p.first..p.first + p.b], None)
@@ -274,7 +318,8 @@ impl<B: Backend> Decoder<B> {
                 .collect(),
             // each part's prefill spans the pool: one after another
             parts => parts.iter_mut().try_for_each(|p| {
-                p.prefill(&shared, &tokens[p.first * t..(p.first + p.b) * t], t, tp)
+                let rows = &tokens[p.first * t..(p.first + p.b) * t];
+                p.prefill(&shared, rows, t, tp, every.as_deref_mut())
             }),
         }
     }
@@ -427,48 +472,27 @@ impl<B: Backend> Part<B> {
         tokens: &[u32],
         tp: Option<&dyn Comm>,
     ) -> Result<()> {
-        let (cfg, lay, weights) = (at.config, at.layout, at.weights);
-        let (b, c, vp) = (self.b, cfg.n_embd, cfg.padded_vocab());
-        let be = at.backend;
+        let (be, b) = (at.backend, self.b);
         be.upload(self.tokens.d(), tokens)?;
         let caches = (&mut self.kcache, &mut self.vcache);
         blocks(at, caches, (self.tokens.s(), b), &mut self.acts, None, tp)?;
-        if !at.logits {
-            return Ok(());
-        }
-        let acts = &mut self.acts;
-        let lnf = weights.params.slice(lay.final_norm());
-        be.layernorm_forward(LayerNormForward {
-            out: acts.ln.d(),
-            mean: acts.mean.d(),
-            rstd: acts.rstd.d(),
-            inp: acts.x.s(),
-            w: lnf.first(c),
-            b: lnf.from(c),
-            c,
-            eps: LN_EPS,
-        });
-        if let Some(head) = &weights.lm_head {
-            be.matmul_decode(MatmulDecode {
-                out: self.logits.d(),
-                inp: acts.ln.s(),
-                w: head,
-                bias: None,
-                dims: (b, c, vp),
-                accumulate: false,
-            });
+        if at.logits {
+            final_norm(at, &mut self.acts);
+            lm_head(at, self.acts.ln.s(), self.logits.d(), b);
         }
         Ok(())
     }
 
     /// [`Decoder::prefill`] for this part's rows (`tokens`, checked: `t`
-    /// positions a row, row after row).
+    /// positions a row, row after row); with `every`, each position's
+    /// logits to it, a chunk of rows at a time.
     fn prefill(
         &mut self,
         at: &StepIn<'_, '_, B>,
         tokens: &[u32],
         t: usize,
         tp: Option<&dyn Comm>,
+        every: Option<&mut Visit<'_>>,
     ) -> Result<()> {
         let (be, cfg) = (at.backend, at.config);
         let rows = self.b * t;
@@ -479,7 +503,25 @@ impl<B: Backend> Part<B> {
         let mut lse = be.alloc(self.b * heads * t, Category::Activations)?;
         let caches = (&mut self.kcache, &mut self.vcache);
         let prefill = Some((t, &mut lse));
-        blocks(at, caches, (ids.s(), self.b), &mut acts, prefill, tp)
+        blocks(at, caches, (ids.s(), self.b), &mut acts, prefill, tp)?;
+        let Some(visit) = every else {
+            return Ok(());
+        };
+        final_norm(at, &mut acts);
+        let (c, v, vp) = (cfg.n_embd, cfg.vocab_size, cfg.padded_vocab());
+        let most = (SCORED_BYTES / (4 * vp)).clamp(1, rows);
+        let mut out = be.alloc(most * vp, Category::Activations)?;
+        for r0 in (0..rows).step_by(most) {
+            let n = most.min(rows - r0);
+            let inp = acts.ln.s().slice(r0 * c..(r0 + n) * c);
+            lm_head(at, inp, out.slice_mut(0..n * vp), n);
+            let host = be.to_host(out.s().first(n * vp))?;
+            for (i, row) in host.chunks_exact(vp).enumerate() {
+                let (r, pos) = ((r0 + i) / t, (r0 + i) % t);
+                visit(self.first + r, pos, &row[..v])?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -549,4 +591,35 @@ fn blocks<B: Backend>(
         std::mem::swap(&mut acts.x, &mut acts.y);
     }
     Ok(())
+}
+
+/// The final LayerNorm of `acts.x` (every row) into `acts.ln`.
+fn final_norm<B: Backend>(at: &StepIn<'_, '_, B>, acts: &mut Acts<B>) {
+    let c = at.config.n_embd;
+    let lnf = at.weights.params.slice(at.layout.final_norm());
+    at.backend.layernorm_forward(LayerNormForward {
+        out: acts.ln.d(),
+        mean: acts.mean.d(),
+        rstd: acts.rstd.d(),
+        inp: acts.x.s(),
+        w: lnf.first(c),
+        b: lnf.from(c),
+        c,
+        eps: LN_EPS,
+    });
+}
+
+/// `rows` rows' next-token logits (padded vocabulary) from their final
+/// LayerNorm's output `inp`, where this rank has the LM head (tp rank 0).
+fn lm_head<B: Backend>(at: &StepIn<'_, '_, B>, inp: Src<'_, B>, out: Dst<'_, B>, rows: usize) {
+    if let Some(head) = &at.weights.lm_head {
+        at.backend.matmul_decode(MatmulDecode {
+            out,
+            inp,
+            w: head,
+            bias: None,
+            dims: (rows, at.config.n_embd, at.config.padded_vocab()),
+            accumulate: false,
+        });
+    }
 }
