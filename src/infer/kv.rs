@@ -478,7 +478,7 @@ impl<B: Backend> Part<B> {
         blocks(at, caches, (self.tokens.s(), b), &mut self.acts, None, tp)?;
         if at.logits {
             final_norm(at, &mut self.acts);
-            lm_head(at, self.acts.ln.s(), self.logits.d(), b);
+            lm_head(at, (self.acts.ln.s(), self.logits.d()), b, false);
         }
         Ok(())
     }
@@ -514,7 +514,7 @@ impl<B: Backend> Part<B> {
         for r0 in (0..rows).step_by(most) {
             let n = most.min(rows - r0);
             let inp = acts.ln.s().slice(r0 * c..(r0 + n) * c);
-            lm_head(at, inp, out.slice_mut(0..n * vp), n);
+            lm_head(at, (inp, out.slice_mut(0..n * vp)), n, true);
             let host = be.to_host(out.s().first(n * vp))?;
             for (i, row) in host.chunks_exact(vp).enumerate() {
                 let (r, pos) = ((r0 + i) / t, (r0 + i) % t);
@@ -610,16 +610,36 @@ fn final_norm<B: Backend>(at: &StepIn<'_, '_, B>, acts: &mut Acts<B>) {
 }
 
 /// `rows` rows' next-token logits (padded vocabulary) from their final
-/// LayerNorm's output `inp`, where this rank has the LM head (tp rank 0).
-fn lm_head<B: Backend>(at: &StepIn<'_, '_, B>, inp: Src<'_, B>, out: Dst<'_, B>, rows: usize) {
-    if let Some(head) = &at.weights.lm_head {
-        at.backend.matmul_decode(MatmulDecode {
+/// LayerNorm's output `inp`, where this rank has the LM head (tp rank 0):
+/// a prefill's with fp32 weights on the training matmul (the tied
+/// embedding as it is), as `Decoding` runs its products, else on the
+/// packed head.
+fn lm_head<B: Backend>(
+    at: &StepIn<'_, '_, B>,
+    (inp, out): (Src<'_, B>, Dst<'_, B>),
+    rows: usize,
+    prefill: bool,
+) {
+    let Some(head) = &at.weights.lm_head else {
+        return;
+    };
+    let dims = (rows, at.config.n_embd, at.config.padded_vocab());
+    if prefill && at.weights.format == WeightFormat::F32 {
+        return at.backend.matmul_forward(MatmulForward {
             out,
             inp,
-            w: head,
+            w: at.weights.params.slice(at.layout.wte()),
             bias: None,
-            dims: (rows, at.config.n_embd, at.config.padded_vocab()),
+            shape: MatmulShape::new(dims, WeightLayout::OutIn),
             accumulate: false,
         });
     }
+    at.backend.matmul_decode(MatmulDecode {
+        out,
+        inp,
+        w: head,
+        bias: None,
+        dims,
+        accumulate: false,
+    });
 }
