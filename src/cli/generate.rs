@@ -174,6 +174,7 @@ pub(super) fn run_generate(mut a: GenerateArgs) -> Result<()> {
         return Ok(()); // an mpi rank other than 0
     };
     let secs = started.elapsed().as_secs_f64();
+    let after = first_at.map(|t| t.elapsed().as_secs_f64());
     if stream {
         if out[0].is_empty() {
             distgpt::out!("{}", a.prompt.first().map_or("", String::as_str));
@@ -188,7 +189,7 @@ pub(super) fn run_generate(mut a: GenerateArgs) -> Result<()> {
     }
     let n: usize = out.iter().map(Vec::len).sum();
     // the rate after the first token: decoding alone, without the load
-    let rate = match first_at.map(|t| t.elapsed().as_secs_f64()) {
+    let rate = match after {
         Some(after) if n > 1 && after > 0.0 => format!(
             ", the first after {:.2} s, then {:.1} tokens/s",
             secs - after,
