@@ -135,6 +135,30 @@ fn backward_weight(
     });
 }
 
+/// [`layernorm_forward`] of `x` (rows of `c`) into new vectors: its
+/// (out, mean, rstd), for tests.
+#[cfg(test)]
+pub(crate) fn forward_into_new(
+    x: &[f32],
+    (w, b): (&[f32], &[f32]),
+    c: usize,
+    eps: f32,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let rows = x.len() / c;
+    let (mut out, mut mean, mut rstd) = (vec![0.0; rows * c], vec![0.0; rows], vec![0.0; rows]);
+    layernorm_forward(LayerNormForward {
+        out: &mut out,
+        mean: &mut mean,
+        rstd: &mut rstd,
+        inp: x,
+        w,
+        b,
+        c,
+        eps,
+    });
+    (out, mean, rstd)
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::check::*;
@@ -163,17 +187,7 @@ mod tests {
         let b = randn(&mut rng, c, 1.0);
         let probe = randn(&mut rng, rows * c, 1.0);
 
-        let (mut out, mut mean, mut rstd) = (vec![0.0; rows * c], vec![0.0; rows], vec![0.0; rows]);
-        layernorm_forward(LayerNormForward {
-            out: &mut out,
-            mean: &mut mean,
-            rstd: &mut rstd,
-            inp: &x,
-            w: &w,
-            b: &b,
-            c,
-            eps: 1e-5,
-        });
+        let (out, mean, rstd) = forward_into_new(&x, (&w, &b), c, 1e-5);
         assert_close(
             "out",
             &out,
@@ -209,17 +223,7 @@ mod tests {
         let w = randn(&mut rng, c, 1.0);
         let b = randn(&mut rng, c, 1.0);
         let probe = randn(&mut rng, rows * c, 1.0);
-        let (mut out, mut mean, mut rstd) = (vec![0.0; rows * c], vec![0.0; rows], vec![0.0; rows]);
-        layernorm_forward(LayerNormForward {
-            out: &mut out,
-            mean: &mut mean,
-            rstd: &mut rstd,
-            inp: &x,
-            w: &w,
-            b: &b,
-            c,
-            eps: 1e-5,
-        });
+        let (_, mean, rstd) = forward_into_new(&x, (&w, &b), c, 1e-5);
         // gradients already holding values: both halves add onto them
         let base = randn(&mut rng, rows * c + 2 * c, 1.0);
         let run = |input: bool, weight: bool| {
