@@ -89,8 +89,9 @@ pub fn run(a: DevicesArgs) -> Result<()> {
                         format!(", bf16 layers{on} {:6.1} GFLOP/s", f / 1e9)
                     })
                     .unwrap_or_default();
+                let small = t.lib.small_kernel().map(|k| format!(" ({k})")).unwrap_or_default();
                 distgpt::outln!(
-                    "  {:<10} layers {:6.1} GFLOP/s, attention blocks {:6.1} GFLOP/s{bf16}{path}",
+                    "  {:<10} layers {:6.1} GFLOP/s, attention blocks{small} {:6.1} GFLOP/s{bf16}{path}",
                     t.lib.name(),
                     t.large_flops / 1e9,
                     t.small_flops / 1e9

@@ -841,6 +841,21 @@ mod tests {
     }
 
     #[test]
+    fn attention_on_the_tile_kernels_matches_finite_differences() {
+        // heads 32 wide and tiles of 48 keys: products on distgpt's tile
+        // kernels (math::gemm_on), the AVX-512 one where it runs for the
+        // heads' width and the AVX2 one for the tiles'
+        let s = AttnShape {
+            b: 1,
+            t: 48,
+            c: 32,
+            nh: 1,
+        };
+        check_spread(s, 21, Mask::Causal, 2.0);
+        check_spread(s, 22, Mask::Lengths(&[33]), 2.0);
+    }
+
+    #[test]
     fn attention_at_every_tile_edge_matches_finite_differences() {
         // sequences one short of, at and one past a tile's edge (past two:
         // the test above); one and three values a head; causal, and padded

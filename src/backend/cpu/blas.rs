@@ -117,6 +117,17 @@ impl MatmulLib {
         }
     }
 
+    /// What runs its attention blocks where that is not the library
+    /// itself: distgpt's tile kernel for the built-in, where the CPU has one.
+    pub fn small_kernel(self) -> Option<String> {
+        match self {
+            MatmulLib::Gemm => super::tile::Kernel::available()
+                .first()
+                .map(|k| format!("distgpt's {} tile kernel", k.name())),
+            _ => None,
+        }
+    }
+
     /// The file the library was opened from, where it is one.
     pub fn path(self) -> Option<&'static str> {
         loaded(self).ok().map(|l| l.path.as_str())

@@ -354,8 +354,10 @@ pub(super) unsafe fn round_compact<T: Send>(
     }
 }
 
-/// [`gemm`] on `lib`, whatever is chosen (the `gemm` crate where `lib`
-/// cannot take the operands or is not here).
+/// [`gemm`] on `lib`, whatever is chosen (the built-in where `lib` cannot
+/// take the operands or is not here). The built-in runs a `Small` product
+/// on one thread on distgpt's tile kernel ([`super::tile`]) where its width
+/// suits one, everything else on the `gemm` crate.
 ///
 /// # Safety
 /// As [`gemm`].
@@ -387,6 +389,25 @@ pub unsafe fn gemm_on(
         )
     {
         return;
+    }
+    if lib == blas::MatmulLib::Gemm
+        && threads <= 1
+        && blas::Class::of(m, n, k) == blas::Class::Small
+    {
+        let views = rows_contiguous((dst, lhs, rhs, (m, n)));
+        if let Some((dst, lhs, rhs, (m, n))) = views {
+            if let Some(kernel) = super::tile::Kernel::for_width(n) {
+                return super::tile::product_on(
+                    kernel,
+                    dst,
+                    lhs,
+                    rhs,
+                    (m, n, k),
+                    accumulate,
+                    scale,
+                );
+            }
+        }
     }
     let par = if threads > 1 {
         Parallelism::Rayon(threads)

@@ -15,6 +15,7 @@ pub mod int8;
 pub(crate) mod layernorm;
 pub mod math;
 pub(crate) mod matmul;
+mod tile;
 
 pub use adamw::AdamWStep;
 pub use attention::{AttnShape, DecodeShape, Mask};
