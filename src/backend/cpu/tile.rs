@@ -18,8 +18,8 @@
 use super::math::{with_scratch, Mat, Scratch};
 
 thread_local! {
-    /// A transposed right operand.
-    static TRANSPOSED: Scratch<f32> = const { Scratch::new(Vec::new()) };
+    /// A right operand copied into contiguous rows.
+    static RHS: Scratch<f32> = const { Scratch::new(Vec::new()) };
 }
 
 /// An instruction set's micro-kernel.
@@ -110,7 +110,7 @@ pub(super) unsafe fn product_on(
     accumulate: bool,
     scale: f32,
 ) {
-    debug_assert!(dst.col_stride == 1 && n.is_multiple_of(kernel.width()));
+    assert!(dst.col_stride == 1 && n.is_multiple_of(kernel.width()));
     if m == 0 || n == 0 {
         return;
     }
@@ -131,7 +131,7 @@ pub(super) unsafe fn product_on(
     if rhs.col_stride == 1 && rhs.row_stride as usize == n {
         return run(rhs.ptr, rhs.row_stride as usize);
     }
-    with_scratch(&TRANSPOSED, k * n, |b| {
+    with_scratch(&RHS, k * n, |b| {
         copy_rows(b, rhs, (k, n));
         run(b.as_ptr(), n)
     })
