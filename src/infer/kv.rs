@@ -79,6 +79,13 @@ impl<'a, B: Backend> DecodeWeights<'a, B> {
             lm_head,
         })
     }
+
+    /// Whether a prefill runs its products on the training matmul: with
+    /// fp32 weights, whose packing is for few rows (bf16 and int8 weights
+    /// stay on theirs, to keep their format).
+    fn dense_prefill(&self) -> bool {
+        self.format == WeightFormat::F32
+    }
 }
 
 /// A decoder: a batch's rows, run as one part or, where the backend finds
@@ -363,13 +370,13 @@ impl<B: Backend> Decoder<B> {
 /// (qkv, attention projection, fc, fc projection), its keys and values
 /// written to the cache and attended against. A step is one position a
 /// row, appended at the shape's last position; a prefill is a prompt's
-/// first positions a row, attended causally among themselves, its products
-/// on the training matmul where the weights are fp32 (their packing is for
-/// few rows; bf16 and int8 weights stay on theirs, to keep their format).
+/// first positions a row, attended causally among themselves.
 struct Decoding<'s, 'c, B: Backend> {
     be: &'s B,
     packed: &'s [B::Packed; 4],
-    format: WeightFormat,
+    /// A prefill's products on the training matmul
+    /// ([`DecodeWeights::dense_prefill`]), not on `packed`.
+    dense: bool,
     /// This block's caches: (rows, max_t, cl) each.
     kcache: Dst<'c, B>,
     vcache: Dst<'c, B>,
@@ -382,7 +389,7 @@ struct Decoding<'s, 'c, B: Backend> {
 
 impl<B: Backend> BlockMode<B> for Decoding<'_, '_, B> {
     fn matmul(&mut self, which: BlockParam, op: MatmulForward<On<'_, B>>) {
-        if self.prefill.is_some() && self.format == WeightFormat::F32 {
+        if self.dense {
             return self.be.matmul_forward(op);
         }
         let w = match which {
@@ -572,7 +579,7 @@ fn blocks<B: Backend>(
         let mut mode = Decoding {
             be,
             packed: &weights.blocks[l],
-            format: weights.format,
+            dense: prefill.is_some() && weights.dense_prefill(),
             kcache: kcache.slice_mut(cache.clone()),
             vcache: vcache.slice_mut(cache),
             shape: DecodeShape {
@@ -624,7 +631,7 @@ fn lm_head<B: Backend>(
         return;
     };
     let dims = (rows, at.config.n_embd, at.config.padded_vocab());
-    if prefill && at.weights.format == WeightFormat::F32 {
+    if prefill && at.weights.dense_prefill() {
         return at.backend.matmul_forward(MatmulForward {
             out,
             inp,
