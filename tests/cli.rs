@@ -9,13 +9,13 @@ mod bert;
 mod cli;
 
 use bert::tiny_bert_and_labelled_set;
-use cli::{distgpt, fresh_dir, succeeded};
+use cli::{distgpt, scratch, succeeded};
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
 /// An absent run directory for this test.
 fn run_dir(tag: &str) -> PathBuf {
-    fresh_dir("cli", tag)
+    scratch(&format!("cli-{tag}"))
 }
 
 /// `distgpt train` of the tiny model on 4 x 16 tokens into `out`, with

@@ -11,11 +11,11 @@ use std::collections::BTreeMap;
 #[path = "support/cli.rs"]
 mod cli;
 
-use cli::{distgpt, fresh_dir, succeeded};
+use cli::{distgpt, scratch, succeeded};
 use std::path::{Path, PathBuf};
 
 fn fresh(tag: &str) -> PathBuf {
-    fresh_dir("tb", tag)
+    scratch(&format!("tb-{tag}"))
 }
 
 /// Every scalar of the event files in `dir`, by tag, as (step, value).

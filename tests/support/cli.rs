@@ -1,6 +1,5 @@
 //! Running the `distgpt` binary from a test: what the command-line tests share.
 
-use std::path::PathBuf;
 use std::process::{Command, Output};
 
 /// `distgpt ARGS`, its output whatever its status.
@@ -24,9 +23,3 @@ pub fn succeeded(out: Output) -> Output {
 #[path = "scratch.rs"]
 mod scratch;
 pub use scratch::scratch;
-
-/// An absent directory `PREFIX-TAG` among the test process's files (a new
-/// run refuses a non-empty `--out`).
-pub fn fresh_dir(prefix: &str, tag: &str) -> PathBuf {
-    scratch(&format!("{prefix}-{tag}"))
-}
