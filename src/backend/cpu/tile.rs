@@ -114,26 +114,26 @@ pub(super) unsafe fn product_on(
     if m == 0 || n == 0 {
         return;
     }
-    let run = |b: *const f32, ldb: usize| {
+    let run = |b: *const f32| {
         let c = (dst.ptr, dst.row_stride as usize);
         let shape = (m, n, k);
         match kernel {
             #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
-            Kernel::Avx512 => x86::avx512::product(c, lhs, (b, ldb), shape, accumulate, scale),
+            Kernel::Avx512 => x86::avx512::product(c, lhs, b, shape, accumulate, scale),
             #[cfg(all(
                 target_arch = "x86_64",
                 target_feature = "avx2",
                 target_feature = "fma"
             ))]
-            Kernel::Avx2 => x86::avx2::product(c, lhs, (b, ldb), shape, accumulate, scale),
+            Kernel::Avx2 => x86::avx2::product(c, lhs, b, shape, accumulate, scale),
         }
     };
     if rhs.col_stride == 1 && rhs.row_stride as usize == n {
-        return run(rhs.ptr, rhs.row_stride as usize);
+        return run(rhs.ptr);
     }
     with_scratch(&RHS, k * n, |b| {
         copy_rows(b, rhs, (k, n));
-        run(b.as_ptr(), n)
+        run(b.as_ptr())
     })
 }
 
@@ -242,7 +242,7 @@ mod x86 {
                 pub const NR: usize = $nr;
                 const REGS: usize = NR / $lanes;
 
-                /// [`super::super::product_on`] with rhs's rows `ldb` apart
+                /// [`super::super::product_on`] with rhs's rows one after another
                 /// and dst's `ldc` apart (dst = (pointer, ldc)).
                 ///
                 /// # Safety
@@ -251,7 +251,7 @@ mod x86 {
                 pub unsafe fn product(
                     (c, ldc): (*mut f32, usize),
                     a: Mat<*const f32>,
-                    (b, ldb): (*const f32, usize),
+                    b: *const f32,
                     (m, n, k): (usize, usize, usize),
                     add: bool,
                     scale: f32,
@@ -272,7 +272,7 @@ mod x86 {
                                 &ap,
                                 a.col_stride,
                                 b.add(j0),
-                                ldb,
+                                n,
                                 k,
                                 add,
                                 scale,
