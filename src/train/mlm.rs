@@ -106,8 +106,21 @@ impl<B: Backend> Task<B> for MlmTask<'_> {
         self.data.fingerprint()
     }
 
+    /// A fresh initialisation by the seed, or `cfg.init_from`: a Hugging
+    /// Face `BertForMaskedLM` folder of this model (continued pretraining).
     fn initial_params(&self, cfg: &TrainConfig, _backend: &B) -> Result<Vec<f32>> {
-        Ok(ModelConfig::from(self.model.clone()).init_full(cfg.seed))
+        let Some(dir) = &cfg.init_from else {
+            return Ok(ModelConfig::from(self.model.clone()).init_full(cfg.seed));
+        };
+        let (model, params) = hf::load_folder(dir, Some(BertHead::Mlm), cfg.seed)?;
+        if model != self.model {
+            return Err(Error::Config(format!(
+                "{} holds a {model}, not the {} being trained",
+                dir.display(),
+                self.model
+            )));
+        }
+        Ok(params)
     }
 
     fn train_stream(&self, cfg: &TrainConfig) -> Result<Box<dyn TrainStream + '_>> {

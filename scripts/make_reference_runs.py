@@ -1,0 +1,460 @@
+#!/usr/bin/env python3
+"""Builds the reference-run fixtures (run by hand, never by CI; needs
+`pip install torch transformers safetensors tensorboard`).
+
+For each training task distgpt has (GPT-2 `lm`, BERT `mlm`, BERT
+`classify`), a few optimizer steps trained in PyTorch / `transformers` the
+way distgpt's run driver is specified to train them, written under
+tests/fixtures/reference_runs/<task>/:
+
+  init/        the starting weights, a Hugging Face folder distgpt's run
+               takes as `init_from` (a classifier's also holds vocab.txt)
+  final/       the weights after the last step, a Hugging Face folder
+  data         the text (lm, mlm) or the labelled set (classify: data/)
+  run.json     the hyper-parameters both sides train with
+  reference.safetensors
+               per step: the learning rate, the loss (the mean of the
+               step's micro-batch losses), the gradient norm before
+               clipping; every micro-batch's inputs, targets (-100: no
+               loss) and, for a classifier, its rows' lengths before
+               [PAD]; the validation loss after the last step (and a
+               classifier's validation and test loss, examples right of
+               all, and F1)
+
+Nothing here calls distgpt. What distgpt must do is restated from its
+specification, independently of its code: the SplitMix64 generator every
+order and mask is drawn from (src/rng.rs), the loader's windows and
+per-epoch shuffles (data/loader.rs: seed ^ epoch * 0xA24BAED4963EE407),
+BERT's masking (15% of positions predicted; of those 80% [MASK], 10% a
+random character, 10% unchanged; each step's masks from the seed, the step
+and the batch's place in the epoch), the classifier's epochs (examples
+shuffled by seed + epoch, [CLS] pieces [SEP] padded with [PAD], the last
+short batch filled with ignored [CLS] [SEP] rows), warmup then cosine decay,
+AdamW decaying 2-D tensors only, clipping the global norm. A bug distgpt
+shares across every layout (a lost padding length, a wrong masking split, an
+epoch left out of a shuffle's seed) trains other numbers than these.
+
+With --tensorboard: tests/fixtures/tensorboard/golden.tfevents, events
+written by tensorboard's own RecordWriter and protos (a file version, a
+scalar event, a text event, a session start, fixed wall times), which
+distgpt's writer must reproduce byte for byte.
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+import numpy as np
+import torch
+from safetensors.torch import save_file
+from transformers import (BertConfig, BertForMaskedLM, BertForSequenceClassification,
+                          BertTokenizer, GPT2Config, GPT2LMHeadModel)
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+OUT = os.path.join(FIXTURES, "reference_runs")
+M64 = (1 << 64) - 1
+IGNORE = -100
+VAL_FRACTION = 0.1
+MASKED_PERCENT = 15
+
+torch.set_num_threads(1)
+torch.use_deterministic_algorithms(True)
+
+
+class Rng:
+    """SplitMix64, as src/rng.rs specifies it."""
+
+    def __init__(self, seed):
+        self.state = (seed ^ 0x9E3779B97F4A7C15) & M64
+
+    def next_u64(self):
+        self.state = (self.state + 0x9E3779B97F4A7C15) & M64
+        z = self.state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+        return z ^ (z >> 31)
+
+    def uniform(self):
+        return (self.next_u64() >> 11) / float(1 << 53)
+
+    def below(self, n):
+        return int(self.uniform() * n) % max(n, 1)
+
+    def shuffle(self, items):
+        for i in range(len(items) - 1, 0, -1):
+            j = self.below(i + 1)
+            items[i], items[j] = items[j], items[i]
+
+
+def lr_at(h, step):
+    """Linear warmup, then cosine decay to min_lr over the run's steps, in f32."""
+    f = np.float32
+    if step < h["warmup"]:
+        return f(h["lr"]) * f(step + 1) / f(h["warmup"])
+    span = max(h["steps"] - h["warmup"], 1)
+    progress = min(f(step - h["warmup"]) / f(span), f(1.0))
+    cosine = f(0.5) * (f(1.0) + np.cos(f(math.pi) * f(progress), dtype=np.float32))
+    return f(h["min_lr"]) + cosine * (f(h["lr"]) - f(h["min_lr"]))
+
+
+class Windows:
+    """The language-model loader: windows of T+1 tokens at multiples of T,
+    each epoch in an order shuffled from (seed, epoch), whole batches only."""
+
+    def __init__(self, tokens, b, t, seed, shuffle):
+        self.tokens, self.b, self.t, self.seed, self.shuffle = tokens, b, t, seed, shuffle
+        self.n = (len(tokens) - 1) // t
+        assert self.n >= b
+        self.epoch, self.batch = 0, 0
+        self.reorder()
+
+    def reorder(self):
+        self.order = list(range(self.n))
+        if self.shuffle:
+            Rng(self.seed ^ ((self.epoch * 0xA24BAED4963EE407) & M64)).shuffle(self.order)
+
+    def next(self):
+        if self.batch >= self.n // self.b:
+            self.epoch, self.batch = self.epoch + 1, 0
+            self.reorder()
+        rows = self.order[self.batch * self.b:(self.batch + 1) * self.b]
+        self.batch += 1
+        t = self.t
+        x = [self.tokens[w * t:w * t + t] for w in rows]
+        y = [self.tokens[w * t + 1:w * t + t + 1] for w in rows]
+        return torch.tensor(x), torch.tensor(y)
+
+
+def mask_tokens(x, mask_id, chars, rng):
+    """BERT's masking: 15% predicted; 80% [MASK], 10% random, 10% kept."""
+    inputs, targets = x.clone(), torch.full_like(x, IGNORE)
+    flat_in, flat_t = inputs.view(-1), targets.view(-1)
+    for i, tok in enumerate(x.view(-1).tolist()):
+        if rng.below(100) >= MASKED_PERCENT:
+            continue
+        flat_t[i] = tok
+        r = rng.below(10)
+        if r < 8:
+            flat_in[i] = mask_id
+        elif r == 8:
+            flat_in[i] = rng.below(chars)
+    return inputs, targets
+
+
+def char_text():
+    with open(os.path.join(ROOT, "data", "shakespeare.txt"), encoding="utf-8") as f:
+        return f.read()[:2400]
+
+
+def char_data(text):
+    chars = sorted(set(text))
+    index = {c: i for i, c in enumerate(chars)}
+    tokens = [index[c] for c in text]
+    n_val = int(len(tokens) * VAL_FRACTION)
+    return chars, tokens[:len(tokens) - n_val], tokens[len(tokens) - n_val:]
+
+
+def optimizer(model, h):
+    params = [p for _, p in model.named_parameters()]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": h["weight_decay"]},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=h["lr"], betas=(h["beta1"], h["beta2"]), eps=h["eps"])
+
+
+def train(model, h, next_micro, loss_of):
+    """The run: per step, the mean of the micro-batch losses, gradients of
+    their mean, the global norm before clipping, then AdamW."""
+    opt = optimizer(model, h)
+    record = {"lr": [], "loss": [], "grad_norm": []}
+    batches = []
+    for step in range(h["steps"]):
+        lr = float(lr_at(h, step))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.zero_grad()
+        losses = []
+        for _ in range(h["grad_accum"]):
+            batch = next_micro(step)
+            batches.append(batch)
+            loss = loss_of(batch)
+            (loss / h["grad_accum"]).backward()
+            losses.append(loss.item())
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), h["grad_clip"])
+        opt.step()
+        record["lr"].append(lr)
+        record["loss"].append(sum(losses) / len(losses))
+        record["grad_norm"].append(norm.item())
+        print(f"  step {step + 1}: lr {lr:.6g} loss {record['loss'][-1]:.6f} grad norm {norm.item():.6f}")
+    return record, batches
+
+
+def tensors(record, batches):
+    out = {k: torch.tensor(v, dtype=torch.float32) for k, v in record.items()}
+    for i, batch in enumerate(batches):
+        for name, value in batch.items():
+            out[f"batch.{i}.{name}"] = value.to(torch.int32).contiguous()
+    return out
+
+
+def save(kind, model, h, ref, init_dir_files=()):
+    out = os.path.join(OUT, kind)
+    model.save_pretrained(os.path.join(out, "final"), safe_serialization=True)
+    for f in init_dir_files:
+        shutil.copy(os.path.join(out, "init", f), os.path.join(out, "final", f))
+    with open(os.path.join(out, "run.json"), "w") as f:
+        json.dump(h, f, indent=2)
+        f.write("\n")
+    save_file({k: v.contiguous() for k, v in ref.items()}, os.path.join(out, "reference.safetensors"))
+
+
+def fresh(kind):
+    out = os.path.join(OUT, kind)
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    return out
+
+
+def perturb(model, seed):
+    """Biases and LayerNorms off their initial 0 and 1, so a layout that
+    drops one moves the numbers."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            if p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+
+
+HYPER = {"lr": 3e-3, "min_lr": 3e-4, "warmup": 2, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8,
+         "weight_decay": 0.1, "grad_clip": 1.0, "seed": 7, "eval_batches": 2}
+
+
+def lm():
+    """GPT-2 on characters: 6 steps of 2 micro-batches of 4 x 16, into a second epoch."""
+    out = fresh("lm")
+    text = char_text()[:700]
+    with open(os.path.join(out, "text.txt"), "w", encoding="utf-8") as f:
+        f.write(text)
+    chars, train_tokens, val_tokens = char_data(text)
+    h = dict(HYPER, task="lm", batch_size=4, seq_len=16, grad_accum=2, steps=6)
+    torch.manual_seed(11)
+    cfg = GPT2Config(vocab_size=len(chars), n_positions=h["seq_len"], n_embd=32, n_layer=2, n_head=4,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, initializer_range=0.1, bos_token_id=0, eos_token_id=0,
+                     attn_implementation="eager")
+    # the character vocabulary, where distgpt reads a GPT-2 folder's tokenizer
+    cfg.distgpt_tokenizer = {"kind": "char", "chars": "".join(chars)}
+    model = GPT2LMHeadModel(cfg).float()
+    perturb(model, 12)
+    model.save_pretrained(os.path.join(out, "init"), safe_serialization=True)
+    loader = Windows(train_tokens, h["batch_size"], h["seq_len"], h["seed"], True)
+    assert loader.n // h["batch_size"] < h["steps"] * h["grad_accum"], "into a second epoch"
+
+    def micro(_step):
+        x, y = loader.next()
+        return {"inputs": x, "targets": y}
+
+    def loss_of(b):
+        logits = model(input_ids=b["inputs"]).logits
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), b["targets"].reshape(-1))
+
+    record, batches = train(model, h, micro, loss_of)
+    val = Windows(val_tokens, h["batch_size"], h["seq_len"], h["seed"], False)
+    with torch.no_grad():
+        n = min(h["eval_batches"], val.n // h["batch_size"])
+        losses = [loss_of(dict(zip(("inputs", "targets"), val.next()))).item() for _ in range(n)]
+    ref = tensors(record, batches)
+    ref["val_loss"] = torch.tensor([sum(losses) / n])
+    save("lm", model, h, ref)
+    print(f"lm: val loss {ref['val_loss'].item():.6f} -> {out}")
+
+
+def mlm():
+    """A BERT masked LM on characters: 10 steps of 4 x 16, masks per step, into a second epoch."""
+    out = fresh("mlm")
+    text = char_text()[:650]
+    with open(os.path.join(out, "text.txt"), "w", encoding="utf-8") as f:
+        f.write(text)
+    chars, train_tokens, val_tokens = char_data(text)
+    mask_id = len(chars)
+    h = dict(HYPER, task="mlm", batch_size=4, seq_len=16, grad_accum=1, steps=10)
+    torch.manual_seed(21)
+    cfg = BertConfig(vocab_size=len(chars) + 1, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=64, max_position_embeddings=h["seq_len"], type_vocab_size=2,
+                     hidden_act="gelu", layer_norm_eps=1e-12, hidden_dropout_prob=0.0,
+                     attention_probs_dropout_prob=0.0, initializer_range=0.1, attn_implementation="eager",
+                     # characters have no [PAD]: id 0 is a character, whose
+                     # embedding learns like any other's
+                     pad_token_id=None)
+    model = BertForMaskedLM(cfg).float()
+    perturb(model, 22)
+    model.save_pretrained(os.path.join(out, "init"), safe_serialization=True)
+    loader = Windows(train_tokens, h["batch_size"], h["seq_len"], h["seed"], True)
+    assert loader.n // h["batch_size"] < h["steps"], "the masks cross an epoch"
+
+    def micro(step):
+        # the key is the step and the loader's place before it takes the batch
+        key = (((step + 1) * 0x9E3779B97F4A7C15) & M64) ^ ((loader.batch << 40) & M64)
+        rng = Rng(h["seed"] ^ key)
+        x, _ = loader.next()
+        inputs, targets = mask_tokens(x, mask_id, len(chars), rng)
+        return {"inputs": inputs, "targets": targets}
+
+    def loss_of(b):
+        return model(input_ids=b["inputs"], labels=b["targets"].long()).loss
+
+    record, batches = train(model, h, micro, loss_of)
+    kept = sum(int(((b["inputs"] == b["targets"]) & (b["targets"] != IGNORE)).sum()) for b in batches)
+    shown = sum(int((b["inputs"] == mask_id).sum()) for b in batches)
+    print(f"  masked positions: {shown} [MASK], {kept} kept as they were")
+    val = Windows(val_tokens, h["batch_size"], h["seq_len"], h["seed"], False)
+    rng = Rng(h["seed"] ^ 0x5EED)
+    with torch.no_grad():
+        n = min(h["eval_batches"], val.n // h["batch_size"])
+        losses = []
+        for _ in range(n):
+            inputs, targets = mask_tokens(val.next()[0], mask_id, len(chars), rng)
+            losses.append(loss_of({"inputs": inputs, "targets": targets}).item())
+    ref = tensors(record, batches)
+    ref["val_loss"] = torch.tensor([sum(losses) / n])
+    save("mlm", model, h, ref)
+    print(f"mlm: val loss {ref['val_loss'].item():.6f} -> {out}")
+
+
+CLS_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "!", ",", ".", ":", "?", "a", "at", "cafe",
+             "call", "cheap", "click", "for", "free", "here", "lunch", "me", "meeting", "money", "noon",
+             "notes", "now", "offer", "pill", "##s", "re", "see", "the", "thanks", "today", "tomorrow",
+             "un", "##subscribe", "win", "you", "your", "prize", "agenda", "minutes", "deal", "buy"]
+CLS_TRAIN = [(1, "WIN free money now!!!"), (0, "Re: meeting at noon"),
+             (0, "See you at the Caf\u00e9 for lunch, thanks for the notes today!"), (0, "Call me"),
+             (1, "Click here to unsubscribe: cheap pills."), (1, "Free prize! Click now"),
+             (0, "Agenda for tomorrow's meeting, see the minutes"), (1, "Cheap deal: buy pills here, win"),
+             (0, "Thanks, lunch at the cafe?"), (1, "Your offer: free money, cheap pills, a prize for you now!")]
+CLS_VAL = [(0, "Meeting notes for today"), (1, "Win a free deal now"), (0, "See you at noon"),
+           (1, "Buy cheap, click here!"), (0, "Thanks for lunch")]
+CLS_TEST = [(1, "Free money, click"), (0, "The agenda for the meeting"), (1, "Cheap pills: your prize"),
+            (0, "Call me tomorrow at the cafe"), (0, "Notes: see the minutes"), (1, "Win now!!")]
+
+
+def classify():
+    """A BERT classifier fine-tuned on a labelled set: 6 steps of 4 x 12,
+    two epochs of 3 batches, the last of each padded with ignored rows."""
+    out = fresh("classify")
+    init, data = os.path.join(out, "init"), os.path.join(out, "data")
+    os.makedirs(data)
+    h = dict(HYPER, task="classify", batch_size=4, seq_len=12, grad_accum=1, steps=6, lr=1e-3, min_lr=1e-4)
+    torch.manual_seed(31)
+    cfg = BertConfig(vocab_size=len(CLS_VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=64, max_position_embeddings=16, type_vocab_size=2, hidden_act="gelu",
+                     layer_norm_eps=1e-12, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                     num_labels=2, initializer_range=0.2, attn_implementation="eager")
+    model = BertForSequenceClassification(cfg).float()
+    perturb(model, 32)
+    model.save_pretrained(init, safe_serialization=True)
+    vocab = os.path.join(init, "vocab.txt")
+    with open(vocab, "w") as f:
+        f.write("\n".join(CLS_VOCAB) + "\n")
+    with open(os.path.join(data, "labels.json"), "w") as f:
+        json.dump(["ham", "spam"], f)
+    for name, examples in {"train": CLS_TRAIN, "val": CLS_VAL, "test": CLS_TEST}.items():
+        with open(os.path.join(data, f"{name}.jsonl"), "w") as f:
+            for label, text in examples:
+                f.write(json.dumps({"label": label, "text": text}, ensure_ascii=False) + "\n")
+    tok = BertTokenizer(vocab, do_lower_case=True)
+    b, t = h["batch_size"], h["seq_len"]
+
+    def batches(examples, seed):
+        order = list(range(len(examples)))
+        if seed is not None:
+            Rng(seed).shuffle(order)
+        out = []
+        for at in range(0, len(order), b):
+            rows = [examples[i] for i in order[at:at + b]]
+            enc = tok([text for _, text in rows], padding="max_length", truncation=True, max_length=t,
+                      return_tensors="pt")
+            ids, mask = enc["input_ids"], enc["attention_mask"]
+            labels = torch.tensor([label for label, _ in rows])
+            fill = b - len(rows)
+            filler = torch.full((fill, t), tok.pad_token_id)
+            filler[:, 0], filler[:, 1] = tok.cls_token_id, tok.sep_token_id
+            out.append({"inputs": torch.cat([ids, filler]),
+                        "lens": torch.cat([mask.sum(1), torch.full((fill,), 2)]),
+                        "targets": torch.cat([labels, torch.full((fill,), IGNORE)])})
+        return out
+
+    per_epoch = -(-len(CLS_TRAIN) // b)
+    assert len(CLS_TRAIN) % b != 0 and h["steps"] == 2 * per_epoch
+    epochs = [batches(CLS_TRAIN, h["seed"] + e) for e in range(2)]
+    assert not all(torch.equal(x["inputs"], y["inputs"]) for x, y in zip(*epochs)), "epochs in one order"
+
+    def micro(step):
+        return epochs[step // per_epoch][step % per_epoch]
+
+    def attention(bt):
+        return (torch.arange(t)[None, :] < bt["lens"][:, None]).long()
+
+    def loss_of(bt):
+        return model(input_ids=bt["inputs"], attention_mask=attention(bt), labels=bt["targets"].long()).loss
+
+    record, used = train(model, h, micro, loss_of)
+    ref = tensors(record, used)
+    with torch.no_grad():
+        for split, examples in (("val", CLS_VAL), ("test", CLS_TEST)):
+            pairs, loss_sum, terms = [], 0.0, 0
+            for bt in batches(examples, None):
+                res = model(input_ids=bt["inputs"], attention_mask=attention(bt), labels=bt["targets"].long())
+                n = int((bt["targets"] != IGNORE).sum())
+                loss_sum, terms = loss_sum + res.loss.item() * n, terms + n
+                for row, target in zip(res.logits.argmax(-1).tolist(), bt["targets"].tolist()):
+                    if target != IGNORE:
+                        pairs.append((row, target))
+            tp = sum(p == 1 and y == 1 for p, y in pairs)
+            fp = sum(p == 1 and y == 0 for p, y in pairs)
+            fn = sum(p == 0 and y == 1 for p, y in pairs)
+            ref[f"{split}_loss"] = torch.tensor([loss_sum / terms])
+            right = sum(p == y for p, y in pairs)
+            ref[f"{split}_right"] = torch.tensor([right, len(pairs)], dtype=torch.int32)
+            ref[f"{split}_f1"] = torch.tensor([0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn)])
+            print(f"  {split}: loss {loss_sum / terms:.6f}, {right} of {len(pairs)} right, F1 {ref[f'{split}_f1'].item():.4f}")
+    save("classify", model, h, ref, ["vocab.txt"])
+    print(f"classify -> {out}")
+
+
+def tensorboard_golden():
+    from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, types_pb2
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    out = os.path.join(FIXTURES, "tensorboard")
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "golden.tfevents")
+    events = [event_pb2.Event(wall_time=1700000000.25, file_version="brain.Event:2")]
+    scalars = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag="train/loss", simple_value=2.5),
+                                         summary_pb2.Summary.Value(tag="train/lr", simple_value=1e-3)])
+    events.append(event_pb2.Event(wall_time=1700000001.5, step=3, summary=scalars))
+    text = summary_pb2.Summary.Value(
+        tag="sample", metadata=summary_pb2.SummaryMetadata(
+            plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="text")),
+        tensor=tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, string_val=["To be, or not to be".encode()]))
+    events.append(event_pb2.Event(wall_time=1700000002.75, step=3, summary=summary_pb2.Summary(value=[text])))
+    events.append(event_pb2.Event(wall_time=1700000003.0, step=4,
+                                  session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
+    with open(path, "wb") as f:
+        w = RecordWriter(f)
+        for ev in events:
+            w.write(ev.SerializeToString())
+        w.flush()
+    print(f"tensorboard: {len(events)} events, {os.path.getsize(path)} bytes -> {path}")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--only", choices=["lm", "mlm", "classify", "tensorboard"])
+    a = p.parse_args()
+    for name, make in (("lm", lm), ("mlm", mlm), ("classify", classify), ("tensorboard", tensorboard_golden)):
+        if a.only in (None, name):
+            make()
+
+
+if __name__ == "__main__":
+    main()
