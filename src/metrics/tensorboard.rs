@@ -123,6 +123,75 @@ fn now() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
+/// The bytes of the events the writer writes, at wall time `wall`, with
+/// their fields in field-number order (as protobuf's own serializers
+/// write them, so the bytes equal TensorBoard's writer's).
+mod event {
+    use super::*;
+
+    fn at(wall: f64, step: Option<usize>, body: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+        let mut ev = Vec::new();
+        pb::double(&mut ev, EV_WALL_TIME, wall);
+        if let Some(step) = step {
+            pb::int(&mut ev, EV_STEP, step as u64);
+        }
+        body(&mut ev);
+        ev
+    }
+
+    /// The file version record TensorBoard reads first.
+    pub fn file_version(wall: f64) -> Vec<u8> {
+        at(wall, None, |ev| {
+            pb::bytes(ev, EV_FILE_VERSION, b"brain.Event:2")
+        })
+    }
+
+    pub fn scalars(wall: f64, step: usize, values: &[(&str, f64)]) -> Vec<u8> {
+        let mut summary = Vec::new();
+        for (tag, v) in values {
+            let mut value = Vec::new();
+            pb::bytes(&mut value, VALUE_TAG, tag.as_bytes());
+            pb::float(&mut value, VALUE_SIMPLE, *v as f32);
+            pb::bytes(&mut summary, SUMMARY_VALUE, &value);
+        }
+        at(wall, Some(step), |ev| pb::bytes(ev, EV_SUMMARY, &summary))
+    }
+
+    pub fn text(wall: f64, step: usize, tag: &str, text: &str) -> Vec<u8> {
+        let mut tensor = Vec::new();
+        pb::int(&mut tensor, TENSOR_DTYPE, DT_STRING);
+        pb::bytes(&mut tensor, TENSOR_STRING_VAL, text.as_bytes());
+        let mut plugin = Vec::new();
+        pb::bytes(&mut plugin, PLUGIN_NAME, b"text");
+        let mut meta = Vec::new();
+        pb::bytes(&mut meta, META_PLUGIN, &plugin);
+        let mut value = Vec::new();
+        pb::bytes(&mut value, VALUE_TAG, tag.as_bytes());
+        pb::bytes(&mut value, VALUE_TENSOR, &tensor);
+        pb::bytes(&mut value, VALUE_METADATA, &meta);
+        let mut summary = Vec::new();
+        pb::bytes(&mut summary, SUMMARY_VALUE, &value);
+        at(wall, Some(step), |ev| pb::bytes(ev, EV_SUMMARY, &summary))
+    }
+
+    pub fn session_start(wall: f64, step: usize) -> Vec<u8> {
+        let mut log = Vec::new();
+        pb::int(&mut log, 1, SESSION_START);
+        at(wall, Some(step), |ev| pb::bytes(ev, EV_SESSION_LOG, &log))
+    }
+}
+
+/// A TFRecord frame around `data`.
+fn frame(data: &[u8]) -> Vec<u8> {
+    let len = (data.len() as u64).to_le_bytes();
+    let mut frame = Vec::with_capacity(data.len() + 16);
+    frame.extend_from_slice(&len);
+    frame.extend_from_slice(&masked_crc(&len).to_le_bytes());
+    frame.extend_from_slice(data);
+    frame.extend_from_slice(&masked_crc(data).to_le_bytes());
+    frame
+}
+
 impl EventWriter {
     /// A new event file in `dir` (made if missing), opened with the file
     /// version record TensorBoard reads first.
@@ -149,10 +218,7 @@ impl EventWriter {
             out: BufWriter::new(f),
             path,
         };
-        let mut ev = Vec::new();
-        pb::double(&mut ev, EV_WALL_TIME, now());
-        pb::bytes(&mut ev, EV_FILE_VERSION, b"brain.Event:2");
-        w.record(&ev)?;
+        w.record(&event::file_version(now()))?;
         Ok(w)
     }
 
@@ -161,61 +227,25 @@ impl EventWriter {
     }
 
     fn record(&mut self, data: &[u8]) -> Result<()> {
-        let len = (data.len() as u64).to_le_bytes();
-        let mut frame = Vec::with_capacity(data.len() + 16);
-        frame.extend_from_slice(&len);
-        frame.extend_from_slice(&masked_crc(&len).to_le_bytes());
-        frame.extend_from_slice(data);
-        frame.extend_from_slice(&masked_crc(data).to_le_bytes());
         self.out
-            .write_all(&frame)
+            .write_all(&frame(data))
             .map_err(|e| Error::io(&self.path, e))
-    }
-
-    fn event(&mut self, step: usize, body: impl FnOnce(&mut Vec<u8>)) -> Result<()> {
-        let mut ev = Vec::new();
-        pb::double(&mut ev, EV_WALL_TIME, now());
-        pb::int(&mut ev, EV_STEP, step as u64);
-        body(&mut ev);
-        self.record(&ev)
     }
 
     /// Scalars at `step`, one event.
     pub fn scalars(&mut self, step: usize, values: &[(&str, f64)]) -> Result<()> {
-        let mut summary = Vec::new();
-        for (tag, v) in values {
-            let mut value = Vec::new();
-            pb::bytes(&mut value, VALUE_TAG, tag.as_bytes());
-            pb::float(&mut value, VALUE_SIMPLE, *v as f32);
-            pb::bytes(&mut summary, SUMMARY_VALUE, &value);
-        }
-        self.event(step, |ev| pb::bytes(ev, EV_SUMMARY, &summary))
+        self.record(&event::scalars(now(), step, values))
     }
 
     /// Text (Markdown) under `tag` at `step`.
     pub fn text(&mut self, step: usize, tag: &str, text: &str) -> Result<()> {
-        let mut tensor = Vec::new();
-        pb::int(&mut tensor, TENSOR_DTYPE, DT_STRING);
-        pb::bytes(&mut tensor, TENSOR_STRING_VAL, text.as_bytes());
-        let mut plugin = Vec::new();
-        pb::bytes(&mut plugin, PLUGIN_NAME, b"text");
-        let mut meta = Vec::new();
-        pb::bytes(&mut meta, META_PLUGIN, &plugin);
-        let mut value = Vec::new();
-        pb::bytes(&mut value, VALUE_TAG, tag.as_bytes());
-        pb::bytes(&mut value, VALUE_METADATA, &meta);
-        pb::bytes(&mut value, VALUE_TENSOR, &tensor);
-        let mut summary = Vec::new();
-        pb::bytes(&mut summary, SUMMARY_VALUE, &value);
-        self.event(step, |ev| pb::bytes(ev, EV_SUMMARY, &summary))
+        self.record(&event::text(now(), step, tag, text))
     }
 
     /// A session start at `step`: TensorBoard drops the events of earlier
     /// files at `step` and after (those of a checkpoint's abandoned future).
     pub fn session_start(&mut self, step: usize) -> Result<()> {
-        let mut log = Vec::new();
-        pb::int(&mut log, 1, SESSION_START);
-        self.event(step, |ev| pb::bytes(ev, EV_SESSION_LOG, &log))
+        self.record(&event::session_start(now(), step))
     }
 
     /// Writes what is buffered, so a viewer sees it now.
@@ -421,5 +451,46 @@ mod tests {
         std::fs::write(&path, bytes).unwrap();
         let err = read_events(&path).unwrap_err().to_string();
         assert!(err.contains("data CRC mismatch"), "{err}");
+    }
+
+    /// Events written by TensorBoard's own writer (its RecordWriter and
+    /// protos; scripts/make_reference_runs.py --only tensorboard): ours, at
+    /// the same wall times, are the same bytes, frames and CRCs included,
+    /// and our reader reads theirs.
+    #[test]
+    fn events_are_the_bytes_tensorboards_own_writer_writes() {
+        let golden: &[u8] = include_bytes!("../../tests/fixtures/tensorboard/golden.tfevents");
+        let ours = [
+            event::file_version(1_700_000_000.25),
+            event::scalars(
+                1_700_000_001.5,
+                3,
+                &[("train/loss", 2.5), ("train/lr", 1e-3)],
+            ),
+            event::text(1_700_000_002.75, 3, "sample", "To be, or not to be"),
+            event::session_start(1_700_000_003.0, 4),
+        ]
+        .iter()
+        .flat_map(|e| frame(e))
+        .collect::<Vec<u8>>();
+        assert_eq!(ours, golden);
+        let root = crate::testdir::TestDir::new("tb-golden");
+        let path = root.path().join("events.out.tfevents.1700000000.golden");
+        std::fs::write(&path, golden).unwrap();
+        let events = read_events(&path).unwrap();
+        assert_eq!(events.len(), 4);
+        assert_eq!(events[0].file_version.as_deref(), Some("brain.Event:2"));
+        assert_eq!(
+            events[1].values,
+            vec![
+                ("train/loss".into(), Value::Scalar(2.5)),
+                ("train/lr".into(), Value::Scalar(1e-3))
+            ]
+        );
+        assert_eq!(
+            events[2].values,
+            vec![("sample".into(), Value::Text("To be, or not to be".into()))]
+        );
+        assert!(events[3].session_start && events[3].step == 4);
     }
 }
