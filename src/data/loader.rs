@@ -226,6 +226,48 @@ mod tests {
         }
     }
 
+    /// Each epoch's windows (by their first token / T), batch by batch.
+    fn epoch_orders(loader: &mut DataLoader, epochs: usize) -> Vec<Vec<u32>> {
+        let t = loader.t as u32;
+        (0..epochs)
+            .map(|_| {
+                (0..loader.batches_per_epoch())
+                    .flat_map(|_| {
+                        loader
+                            .next_batch()
+                            .inputs
+                            .chunks(t as usize)
+                            .map(|w| w[0] / t)
+                            .collect::<Vec<_>>()
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Every epoch visits each window once, and a shuffled loader visits
+    /// them in another order each epoch (the epoch is part of the seed).
+    #[test]
+    fn each_epoch_is_a_permutation_in_an_order_of_its_own() {
+        let s = split(241);
+        let mut shuffled = DataLoader::new(&s, "train", 3, 10, 9, true).unwrap();
+        let orders = epoch_orders(&mut shuffled, 4);
+        for (e, order) in orders.iter().enumerate() {
+            let mut sorted = order.clone();
+            sorted.sort();
+            assert_eq!(sorted, (0..24).collect::<Vec<u32>>(), "epoch {e}");
+        }
+        for a in 0..orders.len() {
+            for b in a + 1..orders.len() {
+                assert_ne!(orders[a], orders[b], "epochs {a} and {b} in one order");
+            }
+        }
+        let mut plain = DataLoader::new(&s, "val", 3, 10, 9, false).unwrap();
+        for order in epoch_orders(&mut plain, 2) {
+            assert_eq!(order, (0..24).collect::<Vec<u32>>());
+        }
+    }
+
     #[test]
     fn batches_are_deterministic_shifted_and_cover_an_epoch() {
         let s = split(101);

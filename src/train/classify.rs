@@ -493,6 +493,75 @@ impl From<Eval> for Scores {
 mod tests {
     use super::*;
 
+    /// The classifier's stream over several epochs: each epoch holds every
+    /// training example once (the short last batch filled with ignored
+    /// rows), and each epoch's order is its own (the epoch is part of the
+    /// shuffle's seed).
+    #[test]
+    fn each_epoch_is_a_permutation_in_an_order_of_its_own() {
+        let fixture =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/reference_runs/classify");
+        let t = 12;
+        let task =
+            ClassifyTask::new(&fixture.join("init"), &fixture.join("data"), None, t, 3).unwrap();
+        let examples = &task.set.train.examples;
+        let rows: Vec<Vec<u32>> = examples
+            .iter()
+            .map(|e| {
+                let mut ids = task.wp.encode_for_classifier(&e.text, t);
+                ids.resize(t, task.wp.pad);
+                ids
+            })
+            .collect();
+        for (i, r) in rows.iter().enumerate() {
+            assert_eq!(
+                rows.iter().filter(|s| *s == r).count(),
+                1,
+                "example {i} is not unique"
+            );
+        }
+        let cfg = TrainConfig {
+            batch_size: 4,
+            seq_len: t,
+            seed: 3,
+            ..TrainConfig::default()
+        };
+        let mut stream = Task::<crate::backend::cpu::Cpu>::train_stream(&task, &cfg).unwrap();
+        let per_epoch = stream.batches_per_epoch();
+        assert_eq!(per_epoch, examples.len().div_ceil(4));
+        let orders: Vec<Vec<usize>> = (0..4)
+            .map(|_| {
+                let mut order = Vec::new();
+                for _ in 0..per_epoch {
+                    let b = stream.next_batch(0);
+                    for (row, &label) in b.inputs.chunks(t).zip(&b.targets) {
+                        if label == IGNORE {
+                            assert_eq!(row[..2], [task.wp.cls, task.wp.sep]);
+                            continue;
+                        }
+                        let e = rows
+                            .iter()
+                            .position(|r| r == row)
+                            .expect("a training example");
+                        assert_eq!(label, examples[e].label);
+                        order.push(e);
+                    }
+                }
+                order
+            })
+            .collect();
+        for (e, order) in orders.iter().enumerate() {
+            let mut sorted = order.clone();
+            sorted.sort();
+            assert_eq!(sorted, (0..examples.len()).collect::<Vec<_>>(), "epoch {e}");
+        }
+        for a in 0..orders.len() {
+            for b in a + 1..orders.len() {
+                assert_ne!(orders[a], orders[b], "epochs {a} and {b} in one order");
+            }
+        }
+    }
+
     #[test]
     fn f1_is_the_positive_labels_for_two_labels_and_the_mean_otherwise() {
         // tp 2, fp 1, fn 1 for label 1: F1 = 4 / 6

@@ -217,18 +217,48 @@ pub fn mask_tokens(tokens: &[u32], mask: u32, vocab: usize, rng: &mut Rng) -> Ba
 mod tests {
     use super::*;
 
+    /// `count` of `n` draws is within 5 standard deviations of a binomial
+    /// with success probability `p` (a false alarm once in ~3.5 million).
+    fn binomial(what: &str, count: usize, n: usize, p: f64) {
+        let (mean, sd) = (n as f64 * p, (n as f64 * p * (1.0 - p)).sqrt());
+        assert!(
+            (count as f64 - mean).abs() <= 5.0 * sd,
+            "{what}: {count} of {n}, expected {mean:.0} +- {:.0} (5 sd)",
+            5.0 * sd
+        );
+    }
+
+    /// BERT's split, each share within binomial bounds: 15% of the
+    /// positions predicted; of those 80% shown as [MASK], 10% as a random
+    /// character (which is the original one time in `vocab`), 10% as they
+    /// were; the random ones drawn from every character, never [MASK].
     #[test]
-    fn masking_predicts_about_15_percent_mostly_behind_mask() {
-        let tokens: Vec<u32> = (0..20_000).map(|i| (i % 60) as u32).collect();
-        let b = mask_tokens(&tokens, 60, 60, &mut Rng::new(1));
+    fn masking_picks_15_percent_and_splits_them_80_10_10() {
+        let vocab = 60;
+        let tokens: Vec<u32> = (0..400_000).map(|i| (i * 7 % vocab) as u32).collect();
+        let b = mask_tokens(&tokens, vocab as u32, vocab, &mut Rng::new(1));
+        assert!((0..tokens.len()).all(|i| b.targets[i] == IGNORE || b.targets[i] == tokens[i]));
+        assert!((0..tokens.len()).all(|i| b.targets[i] != IGNORE || b.inputs[i] == tokens[i]));
         let picked: Vec<usize> = (0..tokens.len())
             .filter(|&i| b.targets[i] != IGNORE)
             .collect();
-        let share = picked.len() as f64 / tokens.len() as f64;
-        assert!((0.14..0.16).contains(&share), "{share}");
-        let masked = picked.iter().filter(|&&i| b.inputs[i] == 60).count() as f64;
-        assert!((0.77..0.83).contains(&(masked / picked.len() as f64)));
-        assert!(picked.iter().all(|&i| b.targets[i] == tokens[i]));
-        assert!((0..tokens.len()).all(|i| b.targets[i] != IGNORE || b.inputs[i] == tokens[i]));
+        let n = picked.len();
+        binomial("picked", n, tokens.len(), MASKED_PERCENT as f64 / 100.0);
+        let count = |f: &dyn Fn(usize) -> bool| picked.iter().filter(|&&i| f(i)).count();
+        let masked = count(&|i| b.inputs[i] == vocab as u32);
+        let kept = count(&|i| b.inputs[i] == tokens[i]);
+        let random = n - masked - kept;
+        let v = vocab as f64;
+        binomial("[MASK]", masked, n, 0.8);
+        binomial("kept", kept, n, 0.1 + 0.1 / v);
+        binomial("random", random, n, 0.1 * (1.0 - 1.0 / v));
+        let mut seen = vec![0usize; vocab + 1];
+        for &i in &picked {
+            if b.inputs[i] != tokens[i] && b.inputs[i] != vocab as u32 {
+                seen[b.inputs[i] as usize] += 1;
+            }
+        }
+        assert_eq!(seen[vocab], 0, "a random replacement drew [MASK]");
+        assert!(seen[..vocab].iter().all(|&c| c > 0), "{seen:?}");
     }
 }
