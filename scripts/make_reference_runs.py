@@ -34,7 +34,12 @@ AdamW decaying 2-D tensors only, clipping the global norm. A bug distgpt
 shares across every layout (a lost padding length, a wrong masking split, an
 epoch left out of a shuffle's seed) trains other numbers than these.
 
-With --tensorboard: tests/fixtures/tensorboard/golden.tfevents, events
+With --only llmc: tests/fixtures/llmc/golden_val_000000.bin, a token shard
+as llm.c's dev/data/data_common.py write_datafile writes one (a header of
+256 little-endian int32: magic 20240520, version 1, the token count; then
+the tokens as uint16), which distgpt's writer must reproduce byte for byte.
+
+With --only tensorboard: tests/fixtures/tensorboard/golden.tfevents, events
 written by tensorboard's own RecordWriter and protos (a file version, a
 scalar event, a text event, a session start, fixed wall times), which
 distgpt's writer must reproduce byte for byte.
@@ -447,11 +452,25 @@ def tensorboard_golden():
     print(f"tensorboard: {len(events)} events, {os.path.getsize(path)} bytes -> {path}")
 
 
+def llmc_golden():
+    out = os.path.join(FIXTURES, "llmc")
+    os.makedirs(out, exist_ok=True)
+    tokens = [(i * 7919) % 50257 for i in range(300)] + [0, 50256, 65535]
+    header = np.zeros(256, dtype=np.int32)
+    header[0], header[1], header[2] = 20240520, 1, len(tokens)
+    path = os.path.join(out, "golden_val_000000.bin")
+    with open(path, "wb") as f:
+        f.write(header.astype("<i4").tobytes())
+        f.write(np.array(tokens, dtype="<u2").tobytes())
+    print(f"llmc: {len(tokens)} tokens, {os.path.getsize(path)} bytes -> {path}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--only", choices=["lm", "mlm", "classify", "tensorboard"])
+    p.add_argument("--only", choices=["lm", "mlm", "classify", "llmc", "tensorboard"])
     a = p.parse_args()
-    for name, make in (("lm", lm), ("mlm", mlm), ("classify", classify), ("tensorboard", tensorboard_golden)):
+    for name, make in (("lm", lm), ("mlm", mlm), ("classify", classify), ("llmc", llmc_golden),
+                       ("tensorboard", tensorboard_golden)):
         if a.only in (None, name):
             make()
 

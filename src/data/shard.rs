@@ -132,6 +132,23 @@ mod tests {
 
     use crate::testdir::TestDir;
 
+    /// A shard as llm.c's own writer lays it out (scripts/make_reference_runs.py
+    /// --only llmc): ours of the same tokens is the same bytes, and ours reads it.
+    #[test]
+    fn shards_are_the_bytes_llm_c_writes() {
+        let golden: &[u8] = include_bytes!("../../tests/fixtures/llmc/golden_val_000000.bin");
+        let mut tokens: Vec<u32> = (0..300).map(|i| (i * 7919) % 50257).collect();
+        tokens.extend([0, 50256, 65535]);
+        let dir = TestDir::new("shard-golden");
+        let ours = dir.path().join("ours.bin");
+        write_shard(&ours, &tokens).unwrap();
+        assert_eq!(std::fs::read(&ours).unwrap(), golden);
+        let theirs = dir.path().join("theirs.bin");
+        std::fs::write(&theirs, golden).unwrap();
+        let s = Shard::open(&theirs).unwrap();
+        assert_eq!((0..s.len()).map(|i| s.get(i)).collect::<Vec<_>>(), tokens);
+    }
+
     #[test]
     fn shard_round_trips_and_bad_headers_are_named() {
         let dir = TestDir::new("shard-rt");
