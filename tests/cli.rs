@@ -342,6 +342,16 @@ fn a_config_file_sets_flags_the_command_line_overrides_and_run_json_repeats_a_ru
         !refused.status.success() && err.contains("resumed at step 2 with other settings"),
         "{err}"
     );
+    // so is one resumed in bf16: its first steps' matmuls were fp32
+    let f = stopped_and_resumed("config-f", &["--precision", "bf16"]);
+    let refused = distgpt(&["train", "--config", f.join("run.json").to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success()
+            && err.contains("resumed at step 2 with other settings")
+            && err.contains("--precision bf16 after fp32"),
+        "{err}"
+    );
 
     std::fs::write(&toml, "steps = 2\nbatch-size = \"four\"\n").unwrap();
     let bad = distgpt(&["train", "--config", config]);

@@ -77,6 +77,14 @@ pub(super) const FIXED_BY_INIT: [&str; 6] = [
     "tokenizer",
 ];
 
+/// A value's spelling on the command line.
+fn name(v: impl clap::ValueEnum) -> String {
+    v.to_possible_value()
+        .expect("every value has a name")
+        .get_name()
+        .into()
+}
+
 /// Everything a run was trained with, as train's flags.
 fn record_entries(r: &RunRecord) -> Vec<(String, Value)> {
     let t = &r.train;
@@ -102,15 +110,7 @@ fn record_entries(r: &RunRecord) -> Vec<(String, Value)> {
         (None, _) => {}
     }
     out.extend(vec![
-        (
-            "tokenizer",
-            Value::String(
-                clap::ValueEnum::to_possible_value(&t.tokenizer)
-                    .expect("every tokenizer has a name")
-                    .get_name()
-                    .into(),
-            ),
-        ),
+        ("tokenizer", Value::String(name(t.tokenizer))),
         ("batch_size", int(t.batch_size)),
         ("seq_len", int(t.seq_len)),
         ("grad_accum", int(t.grad_accum)),
@@ -140,15 +140,7 @@ fn record_entries(r: &RunRecord) -> Vec<(String, Value)> {
         ),
         ("virtual_stages", int(r.parallel.pipeline.virtual_stages)),
         ("recompute", Value::Boolean(r.parallel.recompute)),
-        (
-            "precision",
-            Value::String(
-                clap::ValueEnum::to_possible_value(&r.parallel.precision)
-                    .expect("every precision has a name")
-                    .get_name()
-                    .into(),
-            ),
-        ),
+        ("precision", Value::String(name(r.parallel.precision))),
         ("offload", Value::String(r.parallel.offload.to_string())),
         ("offload_serial", Value::Boolean(r.parallel.offload_serial)),
         ("quiet", Value::Boolean(!t.verbose)),
@@ -206,8 +198,13 @@ pub fn file_args(file: &Path, train: &clap::Command, given: &[String]) -> Result
             .windows(2)
             .find(|w| w[0].settings.is_none() || w[0].settings != w[1].settings)
         {
+            let (was, now) = (w[0].parallel.precision, w[1].parallel.precision);
+            let what = match was == now {
+                true => String::new(),
+                false => format!(" (--precision {} after {})", name(now), name(was)),
+            };
             bail!(
-                "{}: the run was resumed at step {} with other settings than its earlier steps trained with (or by a distgpt that did not record them), and run.json keeps only the newest: --config cannot repeat that run; continue it with `distgpt train --resume DIR`, or put the settings to repeat in a TOML file",
+                "{}: the run was resumed at step {} with other settings than its earlier steps trained with{what} (or by a distgpt that did not record them), and run.json keeps only the newest: --config cannot repeat that run; continue it with `distgpt train --resume DIR`, or put the settings to repeat in a TOML file",
                 file.display(),
                 w[1].from_step
             );

@@ -9,7 +9,7 @@ use crate::checkpoint::{state, write_atomic};
 use crate::error::{Error, Result};
 use crate::metrics::tensorboard::EventWriter;
 use crate::metrics::{CsvWriter, JsonlWriter, StepRecord};
-use crate::model::ModelConfig;
+use crate::model::{ModelConfig, Precision};
 use crate::parallel::ParallelConfig;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -51,8 +51,13 @@ pub struct Segment {
 
 /// A checksum of the settings that decide what a run computes: its
 /// configuration less what only changes what is shown (messages, log
-/// cadence, the peak MFU divides by, TensorBoard files).
-pub fn settings_checksum(t: &TrainConfig) -> String {
+/// cadence, the peak MFU divides by, TensorBoard files), and its matmuls'
+/// precision. The layout (strategy, ranks, tp, pp, recomputation,
+/// offload), the device and the CPU's matmul library are left out: each
+/// computes the same run to float tolerance, as resuming into another
+/// layout does (`tests/strategies.rs`, `tests/checkpoints.rs`); bf16
+/// rounds every matmul's operands, another run.
+pub fn settings_checksum(t: &TrainConfig, par: &ParallelConfig) -> String {
     let mut v = serde_json::to_value(TrainConfig {
         verbose: false,
         log_every: 0,
@@ -68,6 +73,11 @@ pub fn settings_checksum(t: &TrainConfig) -> String {
             .into_iter()
             .map(|(k, x)| (k[..1].to_uppercase() + &k[1..], x))
             .collect();
+    }
+    // fp32 adds nothing, so the checksums of runs recorded before
+    // precision counted still compare equal
+    if par.precision != Precision::Fp32 {
+        v["precision"] = serde_json::to_value(par.precision).expect("a precision serialises");
     }
     state::json_checksum(&v)
 }
@@ -437,7 +447,7 @@ fn write_record(dir: &Path, mut fresh: RunRecord, from_step: usize, to_step: usi
         parallel: fresh.parallel,
         device: fresh.device.clone(),
         started_unix: unix_now(),
-        settings: Some(settings_checksum(&fresh.train)),
+        settings: Some(settings_checksum(&fresh.train, &fresh.parallel)),
     });
     fresh.segments = segments;
     let json = serde_json::to_string_pretty(&fresh).expect("run record serialises");
@@ -537,9 +547,48 @@ mod tests {
         }
         // what the first spelling serialised to
         v["duration"] = serde_json::json!({"Steps": 5});
-        assert_eq!(settings_checksum(&cfg), state::json_checksum(&v));
+        assert_eq!(
+            settings_checksum(&cfg, &ParallelConfig::single()),
+            state::json_checksum(&v)
+        );
         let e: Duration = serde_json::from_str(r#"{"Epochs": 1.5}"#).unwrap();
         assert!(matches!(e, Duration::Epochs(x) if x == 1.5));
+    }
+
+    /// What decides the numbers moves the checksum (precision among them);
+    /// the layout, the outputs and the messages do not.
+    #[test]
+    fn the_settings_checksum_counts_precision_and_not_the_layout_or_outputs() {
+        use crate::parallel::{Offload, StrategyKind};
+        let cfg = TrainConfig::default();
+        let single = ParallelConfig::single();
+        let base = settings_checksum(&cfg, &single);
+        let bf16 = ParallelConfig {
+            precision: Precision::Bf16,
+            ..single
+        };
+        assert_ne!(settings_checksum(&cfg, &bf16), base);
+        let layout = ParallelConfig {
+            strategy: StrategyKind::Fsdp,
+            world_size: 4,
+            recompute: true,
+            offload: Offload::Optimizer,
+            ..single
+        };
+        assert_eq!(settings_checksum(&cfg, &layout), base);
+        let shown = TrainConfig {
+            tensorboard: Some("tb".into()),
+            verbose: true,
+            log_every: 7,
+            peak_flops: Some(1e12),
+            ..cfg.clone()
+        };
+        assert_eq!(settings_checksum(&shown, &single), base);
+        let lr = TrainConfig {
+            lr: cfg.lr / 2.0,
+            ..cfg.clone()
+        };
+        assert_ne!(settings_checksum(&lr, &single), base);
     }
 
     #[test]
