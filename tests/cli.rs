@@ -343,7 +343,31 @@ fn a_config_file_sets_flags_the_command_line_overrides_and_run_json_repeats_a_ru
         "{err}"
     );
     // so is one resumed in bf16: its first steps' matmuls were fp32
-    let f = stopped_and_resumed("config-f", &["--precision", "bf16"]);
+    let f = run_dir("config-f");
+    let stop = distgpt(&[
+        "train",
+        "--config",
+        replay.to_str().unwrap(),
+        "--out",
+        f.to_str().unwrap(),
+        "--stop-after",
+        "2",
+    ]);
+    assert_eq!(stop.status.code(), Some(75));
+    let resumed = distgpt(&[
+        "train",
+        "--resume",
+        f.to_str().unwrap(),
+        "--quiet",
+        "--precision",
+        "bf16",
+    ]);
+    let note = String::from_utf8_lossy(&resumed.stderr);
+    assert!(
+        resumed.status.success()
+            && note.contains("the steps to 2 trained with --precision fp32, the rest with bf16"),
+        "{note}"
+    );
     let refused = distgpt(&["train", "--config", f.join("run.json").to_str().unwrap()]);
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(

@@ -78,7 +78,7 @@ pub(super) const FIXED_BY_INIT: [&str; 6] = [
 ];
 
 /// A value's spelling on the command line.
-fn name(v: impl clap::ValueEnum) -> String {
+pub(super) fn name(v: impl clap::ValueEnum) -> String {
     v.to_possible_value()
         .expect("every value has a name")
         .get_name()

@@ -604,7 +604,13 @@ pub(super) fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<(Prepared, 
     if set("recompute") {
         par.recompute = mine.recompute;
     }
-    if set("precision") {
+    if set("precision") && mine.precision != par.precision {
+        distgpt::errln!(
+            "note: the steps to {} trained with --precision {}, the rest with {}: run.json records both, and --config cannot repeat the run",
+            index.step,
+            config::name(par.precision),
+            config::name(mine.precision)
+        );
         par.precision = mine.precision;
     }
     if set("pp") {
