@@ -444,6 +444,16 @@ pub fn write_folder(
         BertHead::Mlm => ("BertForMaskedLM", 2),
         BertHead::Classify { labels } => ("BertForSequenceClassification", labels),
     };
+    let vocab = vocab
+        .map(|v| std::fs::read(v).map_err(|e| Error::io(v, e)))
+        .transpose()?;
+    // [PAD]'s id in the vocabulary; none for characters, whose id 0 is a
+    // character (transformers freezes the input embedding of the pad id)
+    let pad = vocab.as_ref().and_then(|text| {
+        String::from_utf8_lossy(text)
+            .lines()
+            .position(|l| l.trim_end() == "[PAD]")
+    });
     let config = serde_json::json!({
         "architectures": [arch],
         "model_type": "bert",
@@ -458,14 +468,13 @@ pub fn write_folder(
         "layer_norm_eps": cfg.layer_norm_eps,
         "hidden_dropout_prob": 0.1,
         "attention_probs_dropout_prob": 0.1,
-        "pad_token_id": 0,
+        "pad_token_id": pad,
         "num_labels": labels,
         "position_embedding_type": "absolute",
         CHECKSUM_KEY: sum,
     });
-    if let Some(v) = vocab {
-        let text = std::fs::read(v).map_err(|e| Error::io(v, e))?;
-        write_atomic(&dir.join("vocab.txt"), &text)?;
+    if let Some(text) = &vocab {
+        write_atomic(&dir.join("vocab.txt"), text)?;
     }
     let text = serde_json::to_string_pretty(&config).expect("a JSON value serialises");
     write_atomic(&dir.join("config.json"), text.as_bytes())
@@ -506,6 +515,21 @@ mod tests {
             let (cfg2, back) = load_folder(&dir, None, 9).unwrap();
             assert_eq!(cfg2, cfg);
             assert_eq!(back, p, "{head:?}");
+            // characters have no [PAD]; a vocabulary names its own
+            let config = |dir: &Path| -> serde_json::Value {
+                serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+                    .unwrap()
+            };
+            assert_eq!(config(&dir)["pad_token_id"], serde_json::Value::Null);
+            let vocab = root.path().join("vocab.txt");
+            std::fs::write(&vocab, "[UNK]\n[PAD]\n[CLS]\n").unwrap();
+            let with = root.path().join("with-vocab");
+            write_folder(&cfg, &p, Some(&vocab), &with).unwrap();
+            assert_eq!(config(&with)["pad_token_id"], 1);
+            assert_eq!(
+                std::fs::read(with.join("vocab.txt")).unwrap(),
+                std::fs::read(&vocab).unwrap()
+            );
         }
     }
 }
