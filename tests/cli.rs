@@ -365,7 +365,8 @@ fn a_config_file_sets_flags_the_command_line_overrides_and_run_json_repeats_a_ru
     let note = String::from_utf8_lossy(&resumed.stderr);
     assert!(
         resumed.status.success()
-            && note.contains("the steps to 2 trained with --precision fp32, the rest with bf16"),
+            && note
+                .contains("steps 1-2 trained with --precision fp32, the steps from here with bf16"),
         "{note}"
     );
     let refused = distgpt(&["train", "--config", f.join("run.json").to_str().unwrap()]);
@@ -375,6 +376,40 @@ fn a_config_file_sets_flags_the_command_line_overrides_and_run_json_repeats_a_ru
             && err.contains("resumed at step 2 with other settings")
             && err.contains("--precision bf16 after fp32"),
         "{err}"
+    );
+    // a bf16 run resumed without --precision stays bf16, without a note,
+    // and run.json repeats it
+    let g = run_dir("config-g");
+    let stop = distgpt(&[
+        "train",
+        "--config",
+        replay.to_str().unwrap(),
+        "--out",
+        g.to_str().unwrap(),
+        "--precision",
+        "bf16",
+        "--stop-after",
+        "2",
+    ]);
+    assert_eq!(stop.status.code(), Some(75));
+    let resumed = distgpt(&["train", "--resume", g.to_str().unwrap(), "--quiet"]);
+    let note = String::from_utf8_lossy(&resumed.stderr);
+    assert!(
+        resumed.status.success() && !note.contains("--precision"),
+        "{note}"
+    );
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(g.join("run.json")).unwrap()).unwrap();
+    let precisions: Vec<&serde_json::Value> = record["segments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| &s["parallel"]["precision"])
+        .collect();
+    assert_eq!(precisions, [&serde_json::json!("bf16"); 2]);
+    assert_eq!(
+        record["segments"][0]["settings"],
+        record["segments"][1]["settings"]
     );
 
     std::fs::write(&toml, "steps = 2\nbatch-size = \"four\"\n").unwrap();

@@ -606,7 +606,7 @@ pub(super) fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<(Prepared, 
     }
     if set("precision") && mine.precision != par.precision {
         distgpt::errln!(
-            "note: the steps to {} trained with --precision {}, the rest with {}: run.json records both, and --config cannot repeat the run",
+            "note: steps 1-{} trained with --precision {}, the steps from here with {}: run.json records both, and --config cannot repeat the run",
             index.step,
             config::name(par.precision),
             config::name(mine.precision)
