@@ -15,7 +15,7 @@ tests/fixtures/reference_runs/<task>/:
   reference.safetensors
                per step: the learning rate, the loss (the mean of the
                step's micro-batch losses), the gradient norm before
-               clipping; every micro-batch's inputs, targets (-100: no
+               clipping, the epochs the data has advanced; every micro-batch's inputs, targets (-100: no
                loss) and, for a classifier, its rows' lengths before
                [PAD]; the validation loss after the last step (and a
                classifier's validation and test loss, examples right of
@@ -121,6 +121,9 @@ class Windows:
         if self.shuffle:
             Rng(self.seed ^ ((self.epoch * 0xA24BAED4963EE407) & M64)).shuffle(self.order)
 
+    def epochs(self):
+        return self.epoch + self.batch / (self.n // self.b)
+
     def next(self):
         if self.batch >= self.n // self.b:
             self.epoch, self.batch = self.epoch + 1, 0
@@ -169,11 +172,13 @@ def optimizer(model, h):
     return torch.optim.AdamW(groups, lr=h["lr"], betas=(h["beta1"], h["beta2"]), eps=h["eps"])
 
 
-def train(model, h, next_micro, loss_of):
+def train(model, h, next_micro, loss_of, epoch):
     """The run: per step, the mean of the micro-batch losses, gradients of
-    their mean, the global norm before clipping, then AdamW."""
+    their mean, the global norm before clipping, then AdamW; `epoch()` is
+    where the data stands after a step (whole epochs plus the share of
+    this one's batches taken)."""
     opt = optimizer(model, h)
-    record = {"lr": [], "loss": [], "grad_norm": []}
+    record = {"lr": [], "loss": [], "grad_norm": [], "epoch": []}
     batches = []
     for step in range(h["steps"]):
         lr = float(lr_at(h, step))
@@ -192,6 +197,7 @@ def train(model, h, next_micro, loss_of):
         record["lr"].append(lr)
         record["loss"].append(sum(losses) / len(losses))
         record["grad_norm"].append(norm.item())
+        record["epoch"].append(epoch())
         print(f"  step {step + 1}: lr {lr:.6g} loss {record['loss'][-1]:.6f} grad norm {norm.item():.6f}")
     return record, batches
 
@@ -243,7 +249,7 @@ def lm():
     with open(os.path.join(out, "text.txt"), "w", encoding="utf-8") as f:
         f.write(text)
     chars, train_tokens, val_tokens = char_data(text)
-    h = dict(HYPER, task="lm", batch_size=4, seq_len=16, grad_accum=2, steps=6)
+    h = dict(HYPER, task="lm", data="text", batch_size=4, seq_len=16, grad_accum=2, steps=6)
     torch.manual_seed(11)
     cfg = GPT2Config(vocab_size=len(chars), n_positions=h["seq_len"], n_embd=32, n_layer=2, n_head=4,
                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, initializer_range=0.1, bos_token_id=0, eos_token_id=0,
@@ -264,7 +270,7 @@ def lm():
         logits = model(input_ids=b["inputs"]).logits
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), b["targets"].reshape(-1))
 
-    record, batches = train(model, h, micro, loss_of)
+    record, batches = train(model, h, micro, loss_of, loader.epochs)
     val = Windows(val_tokens, h["batch_size"], h["seq_len"], h["seed"], False)
     with torch.no_grad():
         n = min(h["eval_batches"], val.n // h["batch_size"])
@@ -283,7 +289,7 @@ def mlm():
         f.write(text)
     chars, train_tokens, val_tokens = char_data(text)
     mask_id = len(chars)
-    h = dict(HYPER, task="mlm", batch_size=4, seq_len=16, grad_accum=1, steps=10)
+    h = dict(HYPER, task="mlm", data="text", batch_size=4, seq_len=16, grad_accum=1, steps=10)
     torch.manual_seed(21)
     cfg = BertConfig(vocab_size=len(chars) + 1, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                      intermediate_size=64, max_position_embeddings=h["seq_len"], type_vocab_size=2,
@@ -309,7 +315,7 @@ def mlm():
     def loss_of(b):
         return model(input_ids=b["inputs"], labels=b["targets"].long()).loss
 
-    record, batches = train(model, h, micro, loss_of)
+    record, batches = train(model, h, micro, loss_of, loader.epochs)
     kept = sum(int(((b["inputs"] == b["targets"]) & (b["targets"] != IGNORE)).sum()) for b in batches)
     shown = sum(int((b["inputs"] == mask_id).sum()) for b in batches)
     print(f"  masked positions: {shown} [MASK], {kept} kept as they were")
@@ -348,7 +354,8 @@ def classify():
     out = fresh("classify")
     init, data = os.path.join(out, "init"), os.path.join(out, "data")
     os.makedirs(data)
-    h = dict(HYPER, task="classify", batch_size=4, seq_len=12, grad_accum=1, steps=6, lr=1e-3, min_lr=1e-4)
+    h = dict(HYPER, task="classify", data="data", batch_size=4, seq_len=12, grad_accum=1, steps=6, lr=1e-3,
+             min_lr=1e-4)
     torch.manual_seed(31)
     cfg = BertConfig(vocab_size=len(CLS_VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                      intermediate_size=64, max_position_embeddings=16, type_vocab_size=2, hidden_act="gelu",
@@ -402,7 +409,14 @@ def classify():
     def loss_of(bt):
         return model(input_ids=bt["inputs"], attention_mask=attention(bt), labels=bt["targets"].long()).loss
 
-    record, used = train(model, h, micro, loss_of)
+    taken = [0]
+
+    def epoch():
+        taken[0] += h["grad_accum"]
+        whole = (taken[0] - 1) // per_epoch
+        return whole + (taken[0] - whole * per_epoch) / per_epoch
+
+    record, used = train(model, h, micro, loss_of, epoch)
     ref = tensors(record, used)
     with torch.no_grad():
         for split, examples in (("val", CLS_VAL), ("test", CLS_TEST)):

@@ -185,6 +185,33 @@ impl Reference {
                 norm[i]
             );
         }
+        let epoch = self.tensor("epoch");
+        for (i, r) in s.history.iter().enumerate() {
+            assert!(
+                (r.epoch - epoch[i] as f64).abs() <= 1e-6,
+                "step {}: the record says epoch {}, the data stands at {}",
+                i + 1,
+                r.epoch,
+                epoch[i]
+            );
+        }
+        assert!(
+            epoch.last().is_some_and(|&e| e > 1.0),
+            "the fixture stays in its first epoch"
+        );
+        // the run's record names the task and the data
+        let record = train::run_dir::read_record(&s.out_dir).unwrap();
+        assert_eq!(
+            record.task.to_string(),
+            self.hyper["task"].as_str().unwrap()
+        );
+        assert!(
+            record
+                .dataset
+                .contains(self.hyper["data"].as_str().unwrap()),
+            "run.json names the data {}",
+            record.dataset
+        );
         assert!(
             norm.iter().any(|&n| n > self.float("grad_clip")),
             "the reference clips at no step: clipping would go untested"
