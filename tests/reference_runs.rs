@@ -185,6 +185,28 @@ impl Reference {
                 norm[i]
             );
         }
+        // the tokens each step counts for throughput: a classifier's real
+        // tokens (its padding left out), every token otherwise
+        let accum = self.int("grad_accum");
+        for (i, r) in s.history.iter().enumerate() {
+            let want: f64 = (0..accum)
+                .map(|k| {
+                    let lens = format!("batch.{}.lens", i * accum + k);
+                    match self.has(&lens) {
+                        true => self.tensor(&lens).iter().sum::<f32>() as f64,
+                        false => self
+                            .tensor(&format!("batch.{}.inputs", i * accum + k))
+                            .len() as f64,
+                    }
+                })
+                .sum();
+            let got = r.tokens_per_s * r.ms / 1e3;
+            assert!(
+                (got - want).abs() <= 1e-6 * want,
+                "step {}: {got} tokens counted, {want} trained on",
+                i + 1
+            );
+        }
         let epoch = self.tensor("epoch");
         for (i, r) in s.history.iter().enumerate() {
             assert!(

@@ -713,6 +713,43 @@ fn every_shard_token_is_checked_and_data_must_match_the_model() {
         "{}",
         stderr(&resumed)
     );
+
+    // The same for a masked LM (its checkpoint records its data's
+    // fingerprint), and its val split too short to evaluate on is refused
+    // before a step is trained.
+    let mlm = |out: &Path, data: &Path, extra: &[&str]| {
+        bin()
+            .args(["train", "--task", "mlm", "--model", "bert-tiny"])
+            .args(["--batch-size", "4", "--seq-len", "32", "--quiet"])
+            .args(["--peak-tflops", "0.1", "--data", data.to_str().unwrap()])
+            .args(["--out", out.to_str().unwrap()])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let dir = tmp("changed-data-mlm");
+    let run = mlm(&dir, &file, &["--steps", "4", "--stop-after", "2"]);
+    assert_eq!(run.status.code(), Some(75), "{}", stderr(&run));
+    std::fs::write(&file, &distgpt::data::SHAKESPEARE[..200_000]).unwrap();
+    let resumed = bin()
+        .args(["train", "--resume", dir.to_str().unwrap(), "--quiet"])
+        .output()
+        .unwrap();
+    assert!(
+        !resumed.status.success() && stderr(&resumed).contains("other data"),
+        "{}",
+        stderr(&resumed)
+    );
+    let short = text.join("short.txt");
+    std::fs::write(&short, &distgpt::data::SHAKESPEARE[..300]).unwrap();
+    let dir = tmp("short-val-mlm");
+    let refused = mlm(&dir, &short, &["--steps", "2"]);
+    assert!(
+        !refused.status.success() && stderr(&refused).contains("the val split has"),
+        "{}",
+        stderr(&refused)
+    );
+    assert!(!dir.join("metrics.jsonl").exists(), "a step was trained");
 }
 
 #[test]
