@@ -277,6 +277,7 @@ def lm():
         losses = [loss_of(dict(zip(("inputs", "targets"), val.next()))).item() for _ in range(n)]
     ref = tensors(record, batches)
     ref["val_loss"] = torch.tensor([sum(losses) / n])
+    ref["val_examples"] = torch.tensor([n * h["batch_size"]], dtype=torch.int32)
     save("lm", model, h, ref)
     print(f"lm: val loss {ref['val_loss'].item():.6f} -> {out}")
 
@@ -329,6 +330,7 @@ def mlm():
             losses.append(loss_of({"inputs": inputs, "targets": targets}).item())
     ref = tensors(record, batches)
     ref["val_loss"] = torch.tensor([sum(losses) / n])
+    ref["val_examples"] = torch.tensor([n * h["batch_size"]], dtype=torch.int32)
     save("mlm", model, h, ref)
     print(f"mlm: val loss {ref['val_loss'].item():.6f} -> {out}")
 

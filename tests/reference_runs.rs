@@ -28,11 +28,11 @@ use distgpt::data::{Dataset, TokenizerKind, IGNORE};
 use distgpt::model::bert::{hf, BertHead};
 use distgpt::model::{AdamWConfig, ModelConfig};
 use distgpt::parallel::ParallelConfig;
-use distgpt::train::classify::ClassifyTask;
+use distgpt::train::classify::{self, ClassifyTask};
 use distgpt::train::lm::LmTask;
-use distgpt::train::mlm::MlmTask;
-use distgpt::train::{self, Duration, Task, TrainConfig, TrainStream, TrainSummary};
-use std::path::PathBuf;
+use distgpt::train::mlm::{self, MlmTask};
+use distgpt::train::{self, Duration, Eval, Task, TrainConfig, TrainStream, TrainSummary};
+use std::path::{Path, PathBuf};
 
 /// How far distgpt may be from the reference.
 struct Tolerance {
@@ -267,6 +267,11 @@ impl Reference {
             "{}: largest gaps: loss {worst_loss:.2e}, gradient norm {worst_norm:.2e} (relative), final weight {worst_weight:.2e} (in {tensor})",
             self.hyper["task"]
         );
+        // the model files the run wrote hold its final weights
+        assert!(
+            self.read_params(&s.out_dir) == s.params,
+            "the run's model files differ from its final weights"
+        );
         // the run moved the weights far past the tolerance: a step that did
         // nothing could not pass
         let init = self.initial_params();
@@ -281,16 +286,26 @@ impl Reference {
     }
 
     fn initial_params(&self) -> Vec<f32> {
-        let init = self.dir.join("init");
+        self.read_params(&self.dir.join("init"))
+    }
+
+    /// The weights in a model folder of this task's kind.
+    fn read_params(&self, dir: &Path) -> Vec<f32> {
+        let classifier = Some(BertHead::Classify { labels: 2 });
         match self.hyper["task"].as_str().unwrap() {
-            "lm" => checkpoint::read_model(&init).unwrap().1,
-            "mlm" => hf::load_folder(&init, Some(BertHead::Mlm), 0).unwrap().1,
-            _ => {
-                hf::load_folder(&init, Some(BertHead::Classify { labels: 2 }), 0)
-                    .unwrap()
-                    .1
-            }
+            "lm" => checkpoint::read_model(dir).unwrap().1,
+            "mlm" => hf::load_folder(dir, Some(BertHead::Mlm), 0).unwrap().1,
+            _ => hf::load_folder(dir, classifier, 0).unwrap().1,
         }
+    }
+
+    /// The validation figures after the last step: the loss, and the
+    /// examples it was taken over.
+    fn check_val(&self, val: Option<Eval>) {
+        let val = val.expect("the run evaluates at its last step");
+        self.check_eval_loss("val_loss", val.loss);
+        let examples = self.tensor("val_examples")[0] as usize;
+        assert_eq!(val.examples, examples, "validation examples");
     }
 
     fn check_eval_loss(&self, what: &str, got: f32) {
@@ -343,7 +358,7 @@ fn gpt2_language_model_trains_as_pytorch_does() {
     let s = run(&task, &r);
     let want = checkpoint::read_model(&r.dir.join("final")).unwrap().1;
     r.check_run(&Task::<Cpu>::model(&task), &s, &want);
-    r.check_eval_loss("val_loss", s.val_loss);
+    r.check_val(s.val);
 }
 
 #[test]
@@ -355,7 +370,11 @@ fn bert_masked_lm_trains_as_transformers_does() {
     let s = run(&task, &r);
     let (_, want) = hf::load_folder(&r.dir.join("final"), Some(BertHead::Mlm), 0).unwrap();
     r.check_run(&Task::<Cpu>::model(&task), &s, &want);
-    r.check_eval_loss("val_loss", s.val_loss);
+    r.check_val(s.val);
+    // `eval` of the reference's own final folder gives its validation loss
+    let cfg = r.config();
+    let folder = mlm::evaluate_folder(Cpu::new(), &r.dir.join("final"), &ds, &cfg, 2).unwrap();
+    r.check_val(Some(folder));
 }
 
 #[test]
@@ -385,4 +404,17 @@ fn bert_classifier_fine_tunes_as_transformers_does() {
         let got = eval.f1.unwrap();
         assert!((got - f1).abs() < 1e-6, "{split} F1 {got} vs {f1}");
     }
+    // `eval` of the reference's own final folder gives its test scores
+    let data = r.dir.join("data");
+    let shape = (cfg.batch_size, cfg.seq_len);
+    let scores =
+        classify::evaluate_folder(Cpu::new(), &r.dir.join("final"), &data, shape, 2).unwrap();
+    r.check_eval_loss("test_loss", scores.loss);
+    let right = r.tensor("test_right");
+    assert_eq!(scores.examples, right[1] as usize, "test examples");
+    assert_eq!(
+        scores.accuracy,
+        right[0] as f64 / right[1] as f64,
+        "test accuracy"
+    );
 }
