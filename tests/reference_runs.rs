@@ -70,6 +70,11 @@ impl Reference {
         }
     }
 
+    /// lm, mlm or classify.
+    fn task(&self) -> &str {
+        self.hyper["task"].as_str().unwrap()
+    }
+
     fn tensor(&self, name: &str) -> Vec<f32> {
         fixture::tensor(&self.bytes, name).1
     }
@@ -110,7 +115,7 @@ impl Reference {
             eval_batches: self.int("eval_batches"),
             seed: self.int("seed") as u64,
             init_from: Some(self.dir.join("init")),
-            out_dir: scratch::scratch(&format!("reference-{}", self.hyper["task"])),
+            out_dir: scratch::scratch(&format!("reference-{}", self.task())),
             peak_flops: Some(1e11),
             ..TrainConfig::default()
         }
@@ -223,10 +228,7 @@ impl Reference {
         );
         // the run's record names the task and the data
         let record = train::run_dir::read_record(&s.out_dir).unwrap();
-        assert_eq!(
-            record.task.to_string(),
-            self.hyper["task"].as_str().unwrap()
-        );
+        assert_eq!(record.task.to_string(), self.task());
         assert!(
             record
                 .dataset
@@ -265,7 +267,7 @@ impl Reference {
             .map_or("?", |t| t.name.as_str());
         eprintln!(
             "{}: largest gaps: loss {worst_loss:.2e}, gradient norm {worst_norm:.2e} (relative), final weight {worst_weight:.2e} (in {tensor})",
-            self.hyper["task"]
+            self.task()
         );
         // the model files the run wrote hold its final weights
         assert!(
@@ -292,7 +294,7 @@ impl Reference {
     /// The weights in a model folder of this task's kind.
     fn read_params(&self, dir: &Path) -> Vec<f32> {
         let classifier = Some(BertHead::Classify { labels: 2 });
-        match self.hyper["task"].as_str().unwrap() {
+        match self.task() {
             "lm" => checkpoint::read_model(dir).unwrap().1,
             "mlm" => hf::load_folder(dir, Some(BertHead::Mlm), 0).unwrap().1,
             _ => hf::load_folder(dir, classifier, 0).unwrap().1,
@@ -310,7 +312,7 @@ impl Reference {
 
     fn check_eval_loss(&self, what: &str, got: f32) {
         let want = self.tensor(what)[0];
-        eprintln!("{}: {what} {got} vs {want}", self.hyper["task"]);
+        eprintln!("{}: {what} {got} vs {want}", self.task());
         assert!(
             (got - want).abs() <= TOLERANCE.loss,
             "{what} {got} vs the reference's {want}"
@@ -375,6 +377,15 @@ fn bert_masked_lm_trains_as_transformers_does() {
     let cfg = r.config();
     let folder = mlm::evaluate_folder(Cpu::new(), &r.dir.join("final"), &ds, &cfg, 2).unwrap();
     r.check_val(Some(folder));
+    // and refuses a text of other characters, or a classifier's folder
+    let other = Dataset::load(Some(&r.dir.join("../lm/text.txt")), TokenizerKind::Char).unwrap();
+    assert_ne!(other.tokenizer.vocab_size(), ds.tokenizer.vocab_size());
+    let final_dir = r.dir.join("final");
+    let err = mlm::evaluate_folder(Cpu::new(), &final_dir, &other, &cfg, 2).unwrap_err();
+    assert!(err.to_string().contains("not a masked LM"), "{err}");
+    let classifier = r.dir.join("../classify/final");
+    let err = mlm::evaluate_folder(Cpu::new(), &classifier, &ds, &cfg, 2).unwrap_err();
+    assert!(err.to_string().contains("not a masked LM"), "{err}");
 }
 
 #[test]
