@@ -152,17 +152,20 @@ def mask_tokens(x, mask_id, chars, rng):
     return inputs, targets
 
 
-def char_text():
+def char_data(kind, length):
+    """The first `length` characters of the embedded Shakespeare, written as
+    the fixture's text.txt: its sorted character vocabulary and its train
+    and validation tokens (the last tenth)."""
+    out = fresh(kind)
     with open(os.path.join(ROOT, "data", "shakespeare.txt"), encoding="utf-8") as f:
-        return f.read()[:2400]
-
-
-def char_data(text):
+        text = f.read()[:length]
+    with open(os.path.join(out, "text.txt"), "w", encoding="utf-8") as f:
+        f.write(text)
     chars = sorted(set(text))
     index = {c: i for i, c in enumerate(chars)}
     tokens = [index[c] for c in text]
     n_val = int(len(tokens) * VAL_FRACTION)
-    return chars, tokens[:len(tokens) - n_val], tokens[len(tokens) - n_val:]
+    return out, chars, tokens[:len(tokens) - n_val], tokens[len(tokens) - n_val:]
 
 
 def optimizer(model, h):
@@ -244,11 +247,7 @@ HYPER = {"lr": 3e-3, "min_lr": 3e-4, "warmup": 2, "beta1": 0.9, "beta2": 0.95, "
 
 def lm():
     """GPT-2 on characters: 6 steps of 2 micro-batches of 4 x 16, into a second epoch."""
-    out = fresh("lm")
-    text = char_text()[:700]
-    with open(os.path.join(out, "text.txt"), "w", encoding="utf-8") as f:
-        f.write(text)
-    chars, train_tokens, val_tokens = char_data(text)
+    out, chars, train_tokens, val_tokens = char_data("lm", 700)
     h = dict(HYPER, task="lm", data="text", batch_size=4, seq_len=16, grad_accum=2, steps=6)
     torch.manual_seed(11)
     cfg = GPT2Config(vocab_size=len(chars), n_positions=h["seq_len"], n_embd=32, n_layer=2, n_head=4,
@@ -284,11 +283,7 @@ def lm():
 
 def mlm():
     """A BERT masked LM on characters: 10 steps of 4 x 16, masks per step, into a second epoch."""
-    out = fresh("mlm")
-    text = char_text()[:650]
-    with open(os.path.join(out, "text.txt"), "w", encoding="utf-8") as f:
-        f.write(text)
-    chars, train_tokens, val_tokens = char_data(text)
+    out, chars, train_tokens, val_tokens = char_data("mlm", 650)
     mask_id = len(chars)
     h = dict(HYPER, task="mlm", data="text", batch_size=4, seq_len=16, grad_accum=1, steps=10)
     torch.manual_seed(21)
