@@ -73,15 +73,6 @@ impl StageMap {
         StageMap { units, own, copy }
     }
 
-    fn copy_len(&self) -> usize {
-        self.copy.as_ref().map_or(0, |c| c.len())
-    }
-
-    /// Floats in the stage's whole buffers.
-    pub fn len(&self) -> usize {
-        self.copy_len() + self.own.len()
-    }
-
     /// Each piece's layout range: the copied unit, then the stage's units.
     fn pieces(&self, lay: &ParamLayout) -> Vec<Range<usize>> {
         let own = self.units.clone().map(|u| lay.units[u].range.clone());

@@ -460,12 +460,8 @@ impl<B: Backend> Pipelined<B> {
         let e = &ch.engine;
         let mut local = vec![0.0; e.layout().total()];
         shard_tp(full, e.whole_layout(), e.layout(), e.tp(), &mut local);
-        let mut mine = Vec::with_capacity(ch.map.len());
-        if let Some(cp) = &ch.map.copy {
-            mine.extend_from_slice(&local[cp.clone()]);
-        }
-        mine.extend_from_slice(&local[ch.map.own.clone()]);
-        mine
+        let copied = ch.map.copy.iter().flat_map(|cp| &local[cp.clone()]);
+        copied.chain(&local[ch.map.own.clone()]).copied().collect()
     }
 
     /// The local rows of a global batch with their loss terms per rank.
