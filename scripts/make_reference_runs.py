@@ -437,6 +437,10 @@ def classify():
     print(f"classify -> {out}")
 
 
+SOLILOQUY = ("To be, or not to be, that is the question: Whether 'tis nobler in the mind to suffer "
+             "The slings and arrows of outrageous fortune, Or to take arms against a sea of troubles")
+
+
 def tensorboard_golden():
     from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, types_pb2
     from tensorboard.summary.writer.record_writer import RecordWriter
@@ -451,8 +455,9 @@ def tensorboard_golden():
     text = summary_pb2.Summary.Value(
         tag="sample", metadata=summary_pb2.SummaryMetadata(
             plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="text")),
-        tensor=tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, string_val=["To be, or not to be".encode()]))
-    events.append(event_pb2.Event(wall_time=1700000002.75, step=3, summary=summary_pb2.Summary(value=[text])))
+        tensor=tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, string_val=[SOLILOQUY.encode()]))
+    # a step and lengths past 127: varints of more than one byte
+    events.append(event_pb2.Event(wall_time=1700000002.75, step=70000, summary=summary_pb2.Summary(value=[text])))
     events.append(event_pb2.Event(wall_time=1700000003.0, step=4,
                                   session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
     with open(path, "wb") as f:

@@ -444,6 +444,12 @@ mod tests {
             ]
         );
         assert!(events[3].session_start && events[3].step == 7);
+        // stamped with the wall clock
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        assert!(events.iter().all(|e| (now - e.wall_time).abs() < 600.0));
         assert_eq!(event_files(&dir).unwrap(), vec![path.clone()]);
         let mut bytes = std::fs::read(&path).unwrap();
         let at = bytes.len() - 6;
@@ -452,6 +458,10 @@ mod tests {
         let err = read_events(&path).unwrap_err().to_string();
         assert!(err.contains("data CRC mismatch"), "{err}");
     }
+
+    /// Longer than 127 bytes, as the golden file's step is past 127: their
+    /// varints take more than one byte.
+    const SOLILOQUY: &str = "To be, or not to be, that is the question: Whether 'tis nobler in the mind to suffer The slings and arrows of outrageous fortune, Or to take arms against a sea of troubles";
 
     /// Events written by TensorBoard's own writer (its RecordWriter and
     /// protos; scripts/make_reference_runs.py --only tensorboard): ours, at
@@ -467,7 +477,7 @@ mod tests {
                 3,
                 &[("train/loss", 2.5), ("train/lr", 1e-3)],
             ),
-            event::text(1_700_000_002.75, 3, "sample", "To be, or not to be"),
+            event::text(1_700_000_002.75, 70_000, "sample", SOLILOQUY),
             event::session_start(1_700_000_003.0, 4),
         ]
         .iter()
@@ -489,8 +499,9 @@ mod tests {
         );
         assert_eq!(
             events[2].values,
-            vec![("sample".into(), Value::Text("To be, or not to be".into()))]
+            vec![("sample".into(), Value::Text(SOLILOQUY.into()))]
         );
+        assert_eq!(events[2].step, 70_000);
         assert!(events[3].session_start && events[3].step == 4);
     }
 }
