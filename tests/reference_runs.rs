@@ -333,6 +333,21 @@ fn key_bias(name: &str, len: usize) -> std::ops::Range<usize> {
     }
 }
 
+/// The steps whose records carry a validation loss, and the test scores:
+/// a classifier evaluates at each epoch's end and scores its test split;
+/// the others evaluate at the last step only (no --eval-every), have no
+/// test split and, as encoders, no sample.
+fn check_evaluations(s: &TrainSummary, val_steps: &[usize], tested: bool) {
+    let evaluated: Vec<usize> = s
+        .history
+        .iter()
+        .filter(|r| r.val_loss.is_some())
+        .map(|r| r.step)
+        .collect();
+    assert_eq!(evaluated, val_steps, "the steps evaluated");
+    assert_eq!(s.test.is_some(), tested, "test scores");
+}
+
 /// Trains `task` as `reference` was, on one rank built by `parallel::build`.
 fn run(task: &dyn Task<Cpu>, reference: &Reference) -> TrainSummary {
     let cfg = reference.config();
@@ -361,6 +376,7 @@ fn gpt2_language_model_trains_as_pytorch_does() {
     let want = checkpoint::read_model(&r.dir.join("final")).unwrap().1;
     r.check_run(&Task::<Cpu>::model(&task), &s, &want);
     r.check_val(s.val);
+    check_evaluations(&s, &[6], false);
 }
 
 #[test]
@@ -373,6 +389,8 @@ fn bert_masked_lm_trains_as_transformers_does() {
     let (_, want) = hf::load_folder(&r.dir.join("final"), Some(BertHead::Mlm), 0).unwrap();
     r.check_run(&Task::<Cpu>::model(&task), &s, &want);
     r.check_val(s.val);
+    check_evaluations(&s, &[10], false);
+    assert!(s.sample.is_empty(), "an encoder samples nothing");
     // `eval` of the reference's own final folder gives its validation loss
     let cfg = r.config();
     let folder = mlm::evaluate_folder(Cpu::new(), &r.dir.join("final"), &ds, &cfg, 2).unwrap();
@@ -404,6 +422,8 @@ fn bert_classifier_fine_tunes_as_transformers_does() {
     let head = Some(BertHead::Classify { labels: 2 });
     let (_, want) = hf::load_folder(&r.dir.join("final"), head, 0).unwrap();
     r.check_run(&Task::<Cpu>::model(&task), &s, &want);
+    // two epochs of three batches
+    check_evaluations(&s, &[3, 6], true);
     for (split, eval) in [("val", s.val), ("test", s.test)] {
         let eval = eval.unwrap_or_else(|| panic!("no {split} scores"));
         r.check_eval_loss(&format!("{split}_loss"), eval.loss);
