@@ -211,6 +211,22 @@ impl<'a> DataLoader<'a> {
     }
 }
 
+/// Test aid: each epoch's order (of `n` windows or examples) is a
+/// permutation, and no two epochs share one.
+#[cfg(test)]
+pub(crate) fn assert_epochs_permute(orders: &[Vec<usize>], n: usize) {
+    for (e, order) in orders.iter().enumerate() {
+        let mut sorted = order.clone();
+        sorted.sort();
+        assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "epoch {e}");
+    }
+    for a in 0..orders.len() {
+        for b in a + 1..orders.len() {
+            assert_ne!(orders[a], orders[b], "epochs {a} and {b} in one order");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -222,8 +238,8 @@ mod tests {
     }
 
     /// Each epoch's windows (by their first token / T), batch by batch.
-    fn epoch_orders(loader: &mut DataLoader, epochs: usize) -> Vec<Vec<u32>> {
-        let t = loader.t as u32;
+    fn epoch_orders(loader: &mut DataLoader, epochs: usize) -> Vec<Vec<usize>> {
+        let t = loader.t;
         (0..epochs)
             .map(|_| {
                 (0..loader.batches_per_epoch())
@@ -231,8 +247,8 @@ mod tests {
                         loader
                             .next_batch()
                             .inputs
-                            .chunks(t as usize)
-                            .map(|w| w[0] / t)
+                            .chunks(t)
+                            .map(|w| w[0] as usize / t)
                             .collect::<Vec<_>>()
                     })
                     .collect()
@@ -247,20 +263,10 @@ mod tests {
         let s = split(241);
         assert!(!s.is_empty() && split(0).is_empty());
         let mut shuffled = DataLoader::new(&s, "train", 3, 10, 9, true).unwrap();
-        let orders = epoch_orders(&mut shuffled, 4);
-        for (e, order) in orders.iter().enumerate() {
-            let mut sorted = order.clone();
-            sorted.sort();
-            assert_eq!(sorted, (0..24).collect::<Vec<u32>>(), "epoch {e}");
-        }
-        for a in 0..orders.len() {
-            for b in a + 1..orders.len() {
-                assert_ne!(orders[a], orders[b], "epochs {a} and {b} in one order");
-            }
-        }
+        assert_epochs_permute(&epoch_orders(&mut shuffled, 4), 24);
         let mut plain = DataLoader::new(&s, "val", 3, 10, 9, false).unwrap();
         for order in epoch_orders(&mut plain, 2) {
-            assert_eq!(order, (0..24).collect::<Vec<u32>>());
+            assert_eq!(order, (0..24).collect::<Vec<_>>());
         }
     }
 

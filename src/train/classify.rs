@@ -550,16 +550,7 @@ mod tests {
                 order
             })
             .collect();
-        for (e, order) in orders.iter().enumerate() {
-            let mut sorted = order.clone();
-            sorted.sort();
-            assert_eq!(sorted, (0..examples.len()).collect::<Vec<_>>(), "epoch {e}");
-        }
-        for a in 0..orders.len() {
-            for b in a + 1..orders.len() {
-                assert_ne!(orders[a], orders[b], "epochs {a} and {b} in one order");
-            }
-        }
+        crate::data::loader::assert_epochs_permute(&orders, examples.len());
     }
 
     #[test]
