@@ -13,9 +13,9 @@
 //! Tolerances are measured gaps with headroom, not guesses (each test prints
 //! its own: `cargo test --test reference_runs -- --nocapture`). On an AMD
 //! EPYC (family 25 model 17, Zen 4, AVX-512) the largest gaps were: losses
-//! 2.4e-7 (lm), 4.8e-7 (mlm), 1.2e-7 (classify); gradient norms 2.4e-7
-//! relative; final weights 3.0e-6, 1.8e-6 and 4.9e-7. The tolerance, 2e-5,
-//! is about 7 times the largest; the one-line bugs these tests were
+//! 4.8e-7 (lm), 2.4e-7 (mlm), 1.8e-7 (classify); gradient norms 5.5e-7
+//! relative; final weights 1.8e-6, 9.7e-7 and 5.8e-6. The tolerance, 2e-5,
+//! is about 3.4 times the largest; the one-line bugs these tests were
 //! checked against move the numbers by 1e-4 to 1e-1.
 
 mod fixture;
@@ -376,7 +376,7 @@ fn gpt2_language_model_trains_as_pytorch_does() {
     let want = checkpoint::read_model(&r.dir.join("final")).unwrap().1;
     r.check_run(&Task::<Cpu>::model(&task), &s, &want);
     r.check_val(s.val);
-    check_evaluations(&s, &[6], false);
+    check_evaluations(&s, &[10], false);
 }
 
 #[test]
