@@ -10,7 +10,7 @@
 pub mod calibrate;
 
 use crate::backend::{cpu::Cpu, Kernels};
-use crate::model::{ModelConfig, Precision as ModelPrecision};
+use crate::model::{ModelConfig, ParamLayout, Precision as ModelPrecision};
 use crate::parallel::{self, pipeline, Offload, ParallelConfig, Pipeline, Schedule, StrategyKind};
 use serde::Serialize;
 
@@ -275,8 +275,21 @@ pub struct Prediction {
 /// One rank's bytes by category for `par` (assumed valid), as `parallel`
 /// allocates them: under a pipeline, the fullest stage's.
 pub fn memory_plan(w: &Workload, par: ParallelConfig, precision: Precision) -> MemoryPlan {
+    let par = par.resolved();
+    let layout = w.model.layout(par.tp);
+    let stages = par.pipeline.partition(&layout);
+    fullest_stage(w, par, precision, (&layout, &stages))
+}
+
+fn fullest_stage(
+    w: &Workload,
+    par: ParallelConfig,
+    precision: Precision,
+    units: (&ParamLayout, &[std::ops::Range<usize>]),
+) -> MemoryPlan {
+    let live = pipeline::in_flight(par.pipeline, w.grad_accum);
     (0..par.pipeline.stages.max(1))
-        .map(|s| stage_memory_plan(w, par, precision, s))
+        .map(|s| stage_memory(w, par, precision, units, (s, &live[s])))
         .max_by(|a, b| a.total().total_cmp(&b.total()))
         .expect("at least one stage")
 }
@@ -293,11 +306,23 @@ pub fn stage_memory_plan(
     s: usize,
 ) -> MemoryPlan {
     let par = par.resolved();
+    let layout = w.model.layout(par.tp);
+    let stages = par.pipeline.partition(&layout);
+    let live = pipeline::in_flight(par.pipeline, w.grad_accum);
+    stage_memory(w, par, precision, (&layout, &stages), (s, &live[s]))
+}
+
+/// [`stage_memory_plan`] for a resolved layout whose units, stages and
+/// micro-batches in flight are worked out already, once for all its stages.
+fn stage_memory(
+    w: &Workload,
+    par: ParallelConfig,
+    precision: Precision,
+    (layout, stages): (&ParamLayout, &[std::ops::Range<usize>]),
+    (s, live): (usize, &[usize]),
+) -> MemoryPlan {
     let pipe = par.pipeline;
     let m = &w.model;
-    let layout = m.layout(par.tp);
-    let stages = pipe.partition(&layout);
-    let live = pipeline::in_flight(pipe, s, w.grad_accum);
     let rows = (w.batch / par.dp(), w.seq_len);
     // each chunk's state, scratch and activation sets, summed; the update's
     // transient shard is one chunk's at a time
@@ -305,7 +330,7 @@ pub fn stage_memory_plan(
     let (mut fp32, mut bf16) = ((0.0, 0.0), (0.0, 0.0));
     for (c, &live) in live.iter().enumerate() {
         let vs = c * pipe.stages + s;
-        let zc = parallel::stage_sizes(&layout, &stages, vs, par.dp());
+        let zc = parallel::stage_sizes(layout, stages, vs, par.dp());
         z += zc;
         transient = transient.max(zc.shard);
         let split = pipe.schedule == Schedule::ZbH1;
@@ -401,14 +426,14 @@ pub fn predict(
     precision: Precision,
 ) -> Prediction {
     let par = par.resolved();
-    let mem = memory_plan(w, par, precision);
     let m = &w.model;
     let pipe = par.pipeline;
     let (world, tp, pp, v) = (par.world_size, par.tp, pipe.stages, pipe.virtual_stages);
     let dp = par.dp();
     let layout = m.layout(tp);
-    // a pipeline rank reduces and updates its own chunks' units (the largest rank's)
     let stages = pipe.partition(&layout);
+    let mem = fullest_stage(w, par, precision, (&layout, &stages));
+    // a pipeline rank reduces and updates its own chunks' units (the largest rank's)
     let largest = (0..pp)
         .map(|s| {
             let mut z = parallel::StageSizes::default();

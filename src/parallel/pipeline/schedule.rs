@@ -577,41 +577,13 @@ fn check_programs(pipe: Pipeline, m: usize, progs: &[Program]) -> std::result::R
 /// embeddings' lookup free). Returns each stage's unit range.
 pub fn partition(layout: &ParamLayout, p: usize) -> Vec<Range<usize>> {
     let n = layout.units.len();
-    let cost: Vec<f64> = layout
+    let cost: Vec<u64> = layout
         .units
         .iter()
-        .enumerate()
-        .map(|(u, unit)| match u {
-            0 => 0.0,
-            _ => (unit.range.len() + unit.tied.as_ref().map_or(0, |t| t.range.len())) as f64,
-        })
+        .map(|unit| (unit.range.len() + unit.tied.as_ref().map_or(0, |t| t.range.len())) as u64)
         .collect();
-    // blocks are units 1..n-1; stage k takes blocks [cut[k], cut[k+1])
-    let blocks = n - 2;
-    let sum = |a: usize, b: usize| -> f64 { cost[1 + a..1 + b].iter().sum() };
-    let extra = |k: usize| if k + 1 == p { cost[n - 1] } else { 0.0 };
-    // best[k][j]: least max cost of stages 0..=k over the first j blocks
-    let mut best = vec![vec![f64::INFINITY; blocks + 1]; p];
-    let mut from = vec![vec![0usize; blocks + 1]; p];
-    for (j, b) in best[0].iter_mut().enumerate().skip(1) {
-        *b = sum(0, j) + extra(0);
-    }
-    for k in 1..p {
-        for j in k + 1..=blocks {
-            for i in k..j {
-                let c = best[k - 1][i].max(sum(i, j) + extra(k));
-                if c < best[k][j] {
-                    best[k][j] = c;
-                    from[k][j] = i;
-                }
-            }
-        }
-    }
-    let mut cuts = vec![blocks; p + 1];
-    cuts[0] = 0;
-    for k in (1..p).rev() {
-        cuts[k] = from[k][cuts[k + 1]];
-    }
+    // blocks are units 1..n-1; the head's cost goes with the last stage
+    let cuts = split_blocks(&cost[1..n - 1], cost[n - 1], p);
     (0..p)
         .map(|k| {
             let lo = if k == 0 { 0 } else { 1 + cuts[k] };
@@ -621,24 +593,106 @@ pub fn partition(layout: &ParamLayout, p: usize) -> Vec<Range<usize>> {
         .collect()
 }
 
-/// Peak micro-batches each of rank s's chunks holds activations for at
-/// once (its engine keeps that many sets: spares are reused, not freed).
-pub fn in_flight(pipe: Pipeline, s: usize, m: usize) -> Vec<usize> {
-    let mut live = vec![0usize; pipe.virtual_stages];
-    let mut peak = live.clone();
-    // activations are held until the backward, under zb-h1 its weight half
-    let zb = pipe.schedule == Schedule::ZbH1;
-    for t in tasks(pipe, s, m) {
-        match t.pass {
-            Pass::Forward => {
-                live[t.chunk] += 1;
-                peak[t.chunk] = peak[t.chunk].max(live[t.chunk]);
+/// The cuts `0 = c_0 < c_1 < ... < c_p = blocks.len()` that give stage k
+/// blocks `c_k..c_(k+1)` (the last also `tail`) with the least largest
+/// stage cost; of equal splits, each cut as early as it can be.
+///
+/// A dynamic programme over (stages, blocks): `best[k][j]` is the least
+/// largest cost of stages 0..=k over the first j blocks, nondecreasing in j.
+/// Stage k's last cut i trades `best[k-1][i]` (rising in i) against the cost
+/// of blocks i..j (falling, every block costing something), so the best i
+/// is one of the two either side of where they cross, found by bisection:
+/// O(p n log n) where trying every i was O(p n^3) with the sums taken afresh
+/// (minutes for a 140-block model over every pipeline `plan` prices). The
+/// costs are whole numbers summed exactly, so ties break as they would.
+fn split_blocks(blocks: &[u64], tail: u64, p: usize) -> Vec<usize> {
+    let n = blocks.len();
+    let mut prefix = vec![0u64; n + 1];
+    for (i, c) in blocks.iter().enumerate() {
+        prefix[i + 1] = prefix[i] + c;
+    }
+    let sum = |a: usize, b: usize| prefix[b] - prefix[a];
+    let extra = |k: usize| if k + 1 == p { tail } else { 0 };
+    let mut best = vec![vec![u64::MAX; n + 1]; p];
+    let mut from = vec![vec![0usize; n + 1]; p];
+    for (j, b) in best[0].iter_mut().enumerate().skip(1) {
+        *b = sum(0, j) + extra(0);
+    }
+    for k in 1..p {
+        let (done, rest) = best.split_at_mut(k);
+        let prev = &done[k - 1];
+        for j in k + 1..=n {
+            let cost = |i: usize| prev[i].max(sum(i, j) + extra(k));
+            // the first i in k..j where the stages before outweigh this one
+            let (mut lo, mut hi) = (k, j);
+            while lo < hi {
+                let mid = (lo + hi) / 2;
+                if prev[mid] >= sum(mid, j) + extra(k) {
+                    hi = mid;
+                } else {
+                    lo = mid + 1;
+                }
             }
-            Pass::Backward if zb => {}
-            Pass::Backward | Pass::Weight => live[t.chunk] -= 1,
+            let mut at = (u64::MAX, 0);
+            for i in [lo.saturating_sub(1).max(k), lo.min(j - 1)] {
+                if cost(i) < at.0 {
+                    at = (cost(i), i);
+                }
+            }
+            (rest[0][j], from[k][j]) = at;
         }
     }
-    peak
+    let mut cuts = vec![n; p + 1];
+    cuts[0] = 0;
+    for k in (1..p).rev() {
+        cuts[k] = from[k][cuts[k + 1]];
+    }
+    cuts
+}
+
+/// Peak micro-batches each rank's chunks hold activations for at once
+/// (its engine keeps that many sets: spares are reused, not freed): rank
+/// s's chunk c is `in_flight(pipe, m)[s][c]`.
+///
+/// Past the warm-up every schedule but GPipe retires a micro-batch for each
+/// it starts, so the peak of `m` micro-batches is that of the first `4p`
+/// (a whole number of the interleaved schedule's groups of p): the cost of
+/// a plan does not grow with `--grad-accum`.
+pub fn in_flight(pipe: Pipeline, m: usize) -> Vec<Vec<usize>> {
+    let (p, v) = (pipe.stages, pipe.virtual_stages);
+    let steady = 4 * p;
+    match pipe.schedule {
+        Schedule::GPipe => vec![vec![m; v]; p],
+        _ if m > steady && m.is_multiple_of(p) => simulated_in_flight(pipe, steady),
+        _ if m > steady => simulated_in_flight(pipe, steady + m % p),
+        _ => simulated_in_flight(pipe, m),
+    }
+}
+
+/// [`in_flight`] by counting through each rank's tasks.
+fn simulated_in_flight(pipe: Pipeline, m: usize) -> Vec<Vec<usize>> {
+    // activations are held until the backward, under zb-h1 its weight half
+    let zb = pipe.schedule == Schedule::ZbH1;
+    let programs = match zb {
+        true => zb_h1(pipe.stages, m),
+        false => (0..pipe.stages).map(|s| tasks(pipe, s, m)).collect(),
+    };
+    let peak = |program: Vec<Task>| {
+        let mut live = vec![0usize; pipe.virtual_stages];
+        let mut peak = live.clone();
+        for t in program {
+            match t.pass {
+                Pass::Forward => {
+                    live[t.chunk] += 1;
+                    peak[t.chunk] = peak[t.chunk].max(live[t.chunk]);
+                }
+                Pass::Backward if zb => {}
+                Pass::Backward | Pass::Weight => live[t.chunk] -= 1,
+            }
+        }
+        peak
+    };
+    programs.into_iter().map(peak).collect()
 }
 
 /// A pass a stage ran, in seconds from its step's start.
@@ -723,7 +777,7 @@ mod tests {
                     }
                     let per_micro_batch = if zb { 3 } else { 2 };
                     assert_eq!(tasks.len(), per_micro_batch * m * v, "{pipe} s{s} m{m}");
-                    let per_chunk = in_flight(pipe, s, m);
+                    let per_chunk = in_flight(pipe, m).swap_remove(s);
                     match pipe.schedule {
                         Schedule::GPipe => assert_eq!(per_chunk, vec![m]),
                         Schedule::OneFOneB => assert_eq!(per_chunk, vec![(p - s).min(m)]),
@@ -850,5 +904,84 @@ mod tests {
         // at 2 stages the last takes fewer blocks
         let two = partition(&lay, 2);
         assert!(two[1].len() - 1 < two[0].len() - 1, "{two:?}");
+    }
+
+    #[test]
+    fn the_peak_in_flight_stops_growing_after_the_warm_up() {
+        for p in 1..=8 {
+            let mut pipes = vec![
+                Pipeline::new(p, Schedule::GPipe, 1),
+                Pipeline::new(p, Schedule::OneFOneB, 1),
+            ];
+            if p > 1 {
+                pipes.push(Pipeline::new(p, Schedule::ZbH1, 1));
+                pipes.extend((2..=3).map(|v| Pipeline::new(p, Schedule::Interleaved, v)));
+            }
+            for pipe in pipes {
+                for m in 1..=9 * p + 3 {
+                    if pipe.check_micro_batches(m).is_err() {
+                        continue;
+                    }
+                    assert_eq!(
+                        in_flight(pipe, m),
+                        simulated_in_flight(pipe, m),
+                        "{pipe} m{m}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The least largest stage by trying every last cut (the programme
+    /// `split_blocks` shortens), the earliest cut of equal ones.
+    fn split_every_way(blocks: &[u64], tail: u64, p: usize) -> Vec<usize> {
+        let n = blocks.len();
+        let sum = |a: usize, b: usize| blocks[a..b].iter().sum::<u64>();
+        let extra = |k: usize| if k + 1 == p { tail } else { 0 };
+        let mut best = vec![vec![u64::MAX; n + 1]; p];
+        let mut from = vec![vec![0usize; n + 1]; p];
+        for j in 1..=n {
+            best[0][j] = sum(0, j) + extra(0);
+        }
+        for k in 1..p {
+            for j in k + 1..=n {
+                for i in k..j {
+                    let c = best[k - 1][i].max(sum(i, j) + extra(k));
+                    if c < best[k][j] {
+                        (best[k][j], from[k][j]) = (c, i);
+                    }
+                }
+            }
+        }
+        let mut cuts = vec![n; p + 1];
+        cuts[0] = 0;
+        for k in (1..p).rev() {
+            cuts[k] = from[k][cuts[k + 1]];
+        }
+        cuts
+    }
+
+    #[test]
+    fn the_bisected_split_is_the_split_every_cut_tried_gives() {
+        let mut rng = crate::rng::Rng::new(5);
+        for case in 0..400 {
+            let n = 1 + rng.below(24);
+            // uniform blocks (ties everywhere), a few wide ones, or any
+            let blocks: Vec<u64> = (0..n)
+                .map(|_| match case % 3 {
+                    0 => 7,
+                    1 => [3, 3, 3, 40][rng.below(4)],
+                    _ => 1 + rng.below(50) as u64,
+                })
+                .collect();
+            let tail = [0, 5, 100][rng.below(3)];
+            for p in 1..=n {
+                assert_eq!(
+                    split_blocks(&blocks, tail, p),
+                    split_every_way(&blocks, tail, p),
+                    "{blocks:?} + {tail} over {p}"
+                );
+            }
+        }
     }
 }
