@@ -58,6 +58,10 @@ pub struct Figure {
     pub markers: bool,
     /// Start the y axis at zero.
     pub y_from_zero: bool,
+    /// Points only, no lines, on an x axis of any real values (ticked at
+    /// round numbers): a scatter of what is not a curve. Its last series
+    /// (a recommendation among the points) is ringed in black.
+    pub scatter: bool,
 }
 
 fn padded_range(lo: f64, hi: f64, from_zero: bool) -> (f64, f64) {
@@ -150,7 +154,10 @@ pub fn x_ticks(fig: &Figure) -> Vec<f64> {
         .collect();
     xs.sort_by(f64::total_cmp);
     xs.dedup();
-    if xs.len() <= MAX_MEASURED_TICKS {
+    if xs.len() <= MAX_MEASURED_TICKS && !fig.scatter {
+        return xs;
+    }
+    if xs.is_empty() {
         return xs;
     }
     let (lo, hi) = (xs[0], xs[xs.len() - 1]);
@@ -160,8 +167,14 @@ pub fn x_ticks(fig: &Figure) -> Vec<f64> {
         .iter()
         .map(|m| m * mag)
         .find(|&s| s >= rough)
-        .unwrap_or(10.0 * mag)
-        .max(1.0);
+        .unwrap_or(10.0 * mag);
+    // a whole-number axis never ticks between its values; a scatter's
+    // single value gets the one tick
+    let step = match fig.scatter {
+        true if hi > lo => step,
+        true => return xs,
+        false => step.max(1.0),
+    };
     let mut ticks = Vec::new();
     let mut t = (lo / step).ceil() * step;
     while t <= hi {
@@ -373,7 +386,7 @@ where
         .y_desc(&fig.y_label)
         .label_style((FONT, 15))
         .axis_desc_style((FONT, 17))
-        .x_label_formatter(&|v| tick(*v, true))
+        .x_label_formatter(&|v| tick(*v, !fig.scatter))
         .y_label_formatter(&|v| tick(*v, false))
         .y_labels(8)
         .light_line_style(RGBColor(235, 235, 235))
@@ -392,19 +405,21 @@ where
             (_, true) => 1,
         });
         let pts = s.points.iter().copied();
-        match dash {
-            // segment by segment: a wide polyline's mitred joins at sharp
-            // turns (a noisy loss curve) spike far past the points, over
-            // the axes and the title
-            Dash::Solid => chart.draw_series(
-                s.points
-                    .windows(2)
-                    .map(|w| PathElement::new(vec![w[0], w[1]], line)),
-            ),
-            Dash::Dashed => chart.draw_series(DashedLineSeries::new(pts, 10, 6, line)),
-            Dash::Dotted => chart.draw_series(DashedLineSeries::new(pts, 2, 6, line)),
+        if !fig.scatter {
+            match dash {
+                // segment by segment: a wide polyline's mitred joins at sharp
+                // turns (a noisy loss curve) spike far past the points, over
+                // the axes and the title
+                Dash::Solid => chart.draw_series(
+                    s.points
+                        .windows(2)
+                        .map(|w| PathElement::new(vec![w[0], w[1]], line)),
+                ),
+                Dash::Dashed => chart.draw_series(DashedLineSeries::new(pts, 10, 6, line)),
+                Dash::Dotted => chart.draw_series(DashedLineSeries::new(pts, 2, 6, line)),
+            }
+            .map_err(err)?;
         }
-        .map_err(err)?;
         let bar = color.stroke_width(2);
         // min-max over the repeats: a vertical bar with caps
         for (&(x, _), &(lo, hi)) in s.points.iter().zip(&s.ranges) {
@@ -417,25 +432,40 @@ where
                 }))
                 .map_err(err)?;
         }
-        if fig.markers {
+        let ringed = fig.scatter && i + 1 == fig.series.len();
+        let ring = |at| EmptyElement::at(at) + Circle::new((0, 0), 11, BLACK.stroke_width(3));
+        if ringed {
+            chart
+                .draw_series(s.points.iter().map(|&p| ring(p)))
+                .map_err(err)?;
+        }
+        if fig.markers || fig.scatter {
             with_marker!(shape, color, |m| chart
                 .draw_series(s.points.iter().map(|&p| m(p)))
                 .map_err(err))?;
         }
         let sample = vec![(8, y), (40, y)];
-        match dash {
-            Dash::Solid => legend.draw(&PathElement::new(sample, line)),
-            Dash::Dashed => legend
-                .draw(&PathElement::new(vec![(8, y), (18, y)], line))
-                .and(legend.draw(&PathElement::new(vec![(26, y), (40, y)], line))),
-            Dash::Dotted => legend
-                .draw(&PathElement::new(vec![(8, y), (10, y)], line))
-                .and(legend.draw(&PathElement::new(vec![(18, y), (20, y)], line)))
-                .and(legend.draw(&PathElement::new(vec![(28, y), (30, y)], line)))
-                .and(legend.draw(&PathElement::new(vec![(38, y), (40, y)], line))),
+        if !fig.scatter {
+            match dash {
+                Dash::Solid => legend.draw(&PathElement::new(sample, line)),
+                Dash::Dashed => legend
+                    .draw(&PathElement::new(vec![(8, y), (18, y)], line))
+                    .and(legend.draw(&PathElement::new(vec![(26, y), (40, y)], line))),
+                Dash::Dotted => legend
+                    .draw(&PathElement::new(vec![(8, y), (10, y)], line))
+                    .and(legend.draw(&PathElement::new(vec![(18, y), (20, y)], line)))
+                    .and(legend.draw(&PathElement::new(vec![(28, y), (30, y)], line)))
+                    .and(legend.draw(&PathElement::new(vec![(38, y), (40, y)], line))),
+            }
+            .map_err(err)?;
         }
-        .map_err(err)?;
-        if fig.markers {
+        if ringed {
+            let at = EmptyElement::at((24, y));
+            legend
+                .draw(&(at + Circle::new((0, 0), 11, BLACK.stroke_width(3))))
+                .map_err(err)?;
+        }
+        if fig.markers || fig.scatter {
             with_marker!(shape, color, |m| legend.draw(&m((24, y))).map_err(err))?;
         }
         // a long label wraps within the panel instead of running off the image
@@ -635,6 +665,7 @@ mod tests {
             series,
             markers: true,
             y_from_zero: false,
+            scatter: false,
         }
     }
 

@@ -106,6 +106,7 @@ pub fn figures(runs: &[Curves]) -> Vec<Figure> {
         series,
         markers,
         y_from_zero: false,
+        scatter: false,
     };
     let each = |value: fn(&Point) -> Option<f64>| -> Vec<Series> {
         runs.iter()

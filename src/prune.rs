@@ -773,6 +773,7 @@ pub fn write_report(dir: &Path, cfg: &SweepConfig, runs: &[MethodRun]) -> Result
             series,
             markers: true,
             y_from_zero,
+            scatter: false,
         };
     let mut figures = vec![figure(
         "prune_val_loss",

@@ -185,11 +185,21 @@ fn plan_says_why_tp_rows_are_missing_and_what_network_it_assumes() {
         "80",
         "--world-size",
         "1,2",
+        "--all",
     ]));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("note: tp x2 omitted: 5 heads are not divisible by 2"),
         "{text}"
+    );
+    // without --all, the kind of reason and where to find the rest
+    let line = "plan --device h100 --model tiny --n-head 5 --n-embd 80 --world-size 2";
+    let out = succeeded(distgpt(&line.split(' ').collect::<Vec<_>>()));
+    let brief = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        brief.contains("layouts left out (tp does not divide the heads; ")
+            && brief.contains("); --all lists every layout and why"),
+        "{brief}"
     );
     assert!(
         text.contains("network: 8 ranks per node; within a node 450.0 GB/s per rank + 5.0 us"),
@@ -202,6 +212,177 @@ fn plan_says_why_tp_rows_are_missing_and_what_network_it_assumes() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("450.0 GB/s per rank + 7.0 us"), "{text}");
     assert!(text.contains(" + 30.0 us"), "{text}");
+}
+
+#[test]
+fn plan_answers_a_trillion_parameters_on_131072_ranks_by_family_and_draws_them() {
+    let dir = run_dir("plan-1t");
+    let dir_s = dir.to_str().unwrap();
+    // 128 blocks of 25,600 (160 heads): 1.008 trillion parameters, refused
+    // before as more than 2^36; 131,072 ranks, refused past 4,096
+    let line = "plan --model gpt2 --device b200 --precision mixed --n-layer 128 --n-embd 25600 \
+                --n-head 160 --block-size 2048 --vocab-size 51200 --world-size 1024,131072 \
+                --batch-size 4096 --grad-accum 8 --recompute --plot";
+    let mut args: Vec<&str> = line.split_whitespace().collect();
+    args.push(dir_s);
+    let out = succeeded(distgpt(&args));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("(1.008T params, 128 layers x 25600 wide)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("on B200 (2250 TFLOP/s peak, 180 GB)"),
+        "{text}"
+    );
+    for world in [1024, 131072] {
+        let at = text
+            .find(&format!("world {world}: "))
+            .expect("each world answered");
+        let block: Vec<&str> = text[at..].lines().take_while(|l| !l.is_empty()).collect();
+        // a person's answer: the recommendation first, then at most one
+        // row a family (and its header), then what was left out
+        assert!(block[0].contains("; recommended: "), "{text}");
+        assert!(
+            block.len() <= 8,
+            "{} lines for world {world}:\n{text}",
+            block.len()
+        );
+        let rows = &block[2..];
+        assert_eq!(
+            rows.iter().filter(|r| r.ends_with("recommended")).count(),
+            1,
+            "{text}"
+        );
+        // a family with no valid layout has no row (pure data parallelism
+        // over 131,072 ranks: the batch of 4,096 does not divide)
+        let families = [
+            "ddp / zero / fsdp",
+            "+ tensor parallel",
+            "+ pipeline",
+            "+ tp + pipeline",
+            "+ offload",
+        ];
+        let family_rows = rows
+            .iter()
+            .filter(|r| families.iter().any(|f| r.trim_start().starts_with(f)));
+        assert!(family_rows.count() >= 4, "{text}");
+        // every other family says what loses it the recommendation
+        for r in rows
+            .iter()
+            .filter(|r| r.starts_with("  ") && !r.ends_with("recommended"))
+        {
+            if r.contains("left out") {
+                continue;
+            }
+            assert!(
+                r.contains("slower: ") || r.contains("does not fit in 180 GB"),
+                "{r}"
+            );
+        }
+        for ext in ["png", "svg"] {
+            let figure = dir.join(format!("plan-world-{world}.{ext}"));
+            assert!(
+                figure.metadata().map(|m| m.len() > 1000).unwrap_or(false),
+                "{}",
+                figure.display()
+            );
+        }
+    }
+    // --all lists every layout: far more rows
+    let mut all = args.clone();
+    all.truncate(all.len() - 2);
+    all.push("--all");
+    let every = succeeded(distgpt(&all));
+    let every = String::from_utf8_lossy(&every.stdout);
+    assert!(every.lines().count() > 10 * text.lines().count(), "{every}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn plan_prices_a_device_at_the_efficiency_a_run_measured() {
+    let out = run_dir("plan-efficiency");
+    let out_s = out.to_str().unwrap();
+    train_tiny(out_s, &["--steps", "5", "--log-every", "1"]);
+    // the median of steps 2 to 5's MFU, the first being warm-up
+    let text = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    let mut mfu: Vec<f64> = text
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["mfu"]
+                .as_f64()
+                .unwrap()
+        })
+        .skip(1)
+        .collect();
+    assert_eq!(mfu.len(), 4);
+    mfu.sort_by(f64::total_cmp);
+    let median = (mfu[1] + mfu[2]) / 2.0;
+    let plan = |extra: &[&str]| {
+        let mut args = vec![
+            "plan",
+            "--model",
+            "tiny",
+            "--device",
+            "h200",
+            "--world-size",
+            "2",
+        ];
+        args.extend_from_slice(extra);
+        distgpt(&args)
+    };
+    let o = succeeded(plan(&["--efficiency-from", out_s, "--json"]));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let eff = j["plans"][0]["efficiency"].as_f64().unwrap();
+    assert!(
+        (eff - median).abs() <= 1e-12 * median,
+        "{eff} vs the run's median {median}"
+    );
+    assert_eq!(j["device"]["efficiency"].as_f64().unwrap(), eff);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(said.contains("the median MFU of 4 steps of"), "{said}");
+    // the steps priced at it: the compute time scales as 1 / efficiency
+    let fixed = succeeded(plan(&["--efficiency", "0.4", "--json"]));
+    let k: serde_json::Value = serde_json::from_slice(&fixed.stdout).unwrap();
+    let compute = |v: &serde_json::Value| {
+        v["plans"][0]["predictions"][0]["time"]["compute_s"]
+            .as_f64()
+            .unwrap()
+    };
+    let ratio = compute(&j) / compute(&k);
+    assert!(
+        (ratio - 0.4 / eff).abs() <= 1e-9 * ratio,
+        "{ratio} vs {}",
+        0.4 / eff
+    );
+    // a run with one logged step has no step past the warm-up; a folder
+    // that is no run, and both efficiencies at once, are refused
+    let short = run_dir("plan-efficiency-short");
+    let short_s = short.to_str().unwrap();
+    train_tiny(short_s, &["--steps", "1"]);
+    for (extra, says) in [
+        (
+            vec!["--efficiency-from", short_s],
+            "logs 1 step: an efficiency needs two or more",
+        ),
+        (
+            vec!["--efficiency-from", "/nonexistent-run"],
+            "/nonexistent-run",
+        ),
+        (
+            vec!["--efficiency-from", out_s, "--efficiency", "0.5"],
+            "cannot be used with",
+        ),
+    ] {
+        let o = plan(&extra);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success() && err.contains(says),
+            "{extra:?}: {err}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&out);
+    let _ = std::fs::remove_dir_all(&short);
 }
 
 #[test]

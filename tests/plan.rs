@@ -254,3 +254,88 @@ fn gpt2_on_8_h100_is_within_2x_of_llm_c() {
         "{ms:.1} ms vs llm.c's ~140 ms"
     );
 }
+
+/// 204 blocks of 28,672 (224 heads of 128), a vocabulary of 51,200 and
+/// 2,048 positions: 2.014 trillion parameters, past GPT-3's 175B and the
+/// 1T configurations trained with Megatron.
+fn two_trillion() -> GptConfig {
+    GptConfig {
+        n_layer: 204,
+        n_head: 224,
+        n_embd: 28672,
+        block_size: 2048,
+        vocab_size: 51200,
+        blocks: Vec::new(),
+    }
+}
+
+#[test]
+fn a_two_trillion_parameter_model_on_131072_ranks_keeps_zeros_formula() {
+    let cfg = two_trillion();
+    // counted by hand: a block's 12 C^2 + 13 C (qkv, projection, fc, fc
+    // projection and their biases, two layer norms), the token and position
+    // embeddings (51,200 is a multiple of 64: no padding), the final norm
+    let (c, l) = (28672usize, 204usize);
+    let psi = l * (12 * c * c + 13 * c) + 51200 * c + 2048 * c + 2 * c;
+    assert_eq!(psi, 2_014_063_435_776);
+    let model: ModelConfig = cfg.into();
+    assert_eq!(model.num_params(), psi);
+    let world = 131072;
+    let w = Workload {
+        model,
+        batch: world,
+        seq_len: 2048,
+        grad_accum: 1,
+        cpu_threads: None,
+    };
+    let device = Device::datasheet("h100", Precision::Mixed, 0.4).unwrap();
+    let net = Network::datasheet("h100").unwrap();
+    let wp = plan::plan_world(&w, world, (&device, &net), Precision::Mixed, true);
+    let fsdp = wp
+        .predictions
+        .iter()
+        .find(|p| {
+            p.parallel.strategy == StrategyKind::Fsdp
+                && p.parallel.tp == 1
+                && p.parallel.pipeline.stages == 1
+                && !p.parallel.recompute
+        })
+        .expect("fsdp over every rank is a layout");
+    // ZeRO-3 at mixed precision: (2 + 2 + 12) psi / N bytes of model states
+    // a rank, 245.9 MB here; each of the 206 units is padded to a multiple
+    // of N, at most one element a rank each
+    let want = 16.0 * psi as f64 / world as f64;
+    let got = fsdp.memory.persistent_states();
+    assert!(
+        (got - want).abs() <= 16.0 * (l + 2) as f64,
+        "{got} bytes a rank vs ZeRO's {want}"
+    );
+    // nothing overflowed into nonsense anywhere
+    for p in wp.predictions.iter().chain(&wp.offloaded) {
+        let (m, t) = (&p.memory, &p.time);
+        for x in [
+            m.total(),
+            m.host.total(),
+            t.step_s(),
+            t.comm_bytes,
+            p.tokens_per_s,
+        ] {
+            assert!(
+                x.is_finite() && x >= 0.0,
+                "{}: {x}",
+                plan::layout_name(&p.parallel)
+            );
+        }
+        assert!(m.total() > 0.0 && t.step_s() > 0.0);
+    }
+    // every family has a best, and the recommendation is one of them
+    let families = wp.families(&w, &device);
+    assert_eq!(families.len(), 5, "{families:?}");
+    let rec = wp.recommended().expect("a layout fits on 131,072 H100s");
+    assert!(rec.fits);
+    assert_eq!(
+        families.iter().filter(|f| f.why == "recommended").count(),
+        1,
+        "{families:?}"
+    );
+}

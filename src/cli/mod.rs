@@ -143,8 +143,17 @@ impl ModelArgs {
 
     /// A GPT-2 or BERT preset with overrides and the given vocabulary, validated.
     pub fn resolve_family(&self, vocab_size: Option<usize>) -> Result<ModelConfig> {
+        let c = self.family_shape(vocab_size)?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// [`ModelArgs::resolve_family`] with the shape validated but not the
+    /// size: `plan` prices models far past what this machine would
+    /// allocate, and allocates none of them.
+    pub fn family_shape(&self, vocab_size: Option<usize>) -> Result<ModelConfig> {
         let Some(mut c) = BertConfig::preset(&self.model) else {
-            return Ok(self.resolve(vocab_size)?.into());
+            return Ok(self.gpt2_shape(vocab_size)?.into());
         };
         c.n_layer = self.n_layer.unwrap_or(c.n_layer);
         c.n_head = self.n_head.unwrap_or(c.n_head);
@@ -153,13 +162,19 @@ impl ModelArgs {
         }
         c.block_size = self.block_size.unwrap_or(c.block_size);
         c.vocab_size = vocab_size.unwrap_or(c.vocab_size);
-        c.validate()?;
+        c.validate_shape()?;
         Ok(c.into())
     }
 
     /// The preset with overrides (or a model folder's shape) and the given
     /// vocabulary, validated.
     pub fn resolve(&self, vocab_size: Option<usize>) -> Result<GptConfig> {
+        let c = self.gpt2_shape(vocab_size)?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    fn gpt2_shape(&self, vocab_size: Option<usize>) -> Result<GptConfig> {
         let folder = Path::new(&self.model);
         let mut c = match folder.is_dir() {
             true => {
@@ -184,7 +199,7 @@ impl ModelArgs {
         c.n_embd = self.n_embd.unwrap_or(c.n_embd);
         c.block_size = self.block_size.unwrap_or(c.block_size);
         c.vocab_size = vocab_size.unwrap_or(c.vocab_size);
-        c.validate()?;
+        c.validate_shape()?;
         Ok(c)
     }
 }

@@ -5,17 +5,30 @@
 use super::{micro_batches, non_negative_rate, positive, positive_rate, ModelArgs};
 use anyhow::{bail, Result};
 use clap::Args;
-use distgpt::plan::calibrate::{calibrate_cpu, Machine};
-use distgpt::plan::{self, Device, Network, Precision, Prediction, Workload};
+use distgpt::plan::calibrate::{calibrate_cpu, run_efficiency, Machine};
+use distgpt::plan::{self, Device, Network, Precision, Prediction, Workload, WorldPlan};
+use std::path::PathBuf;
+
+/// The largest world `plan` prices: 2^17 ranks, past the largest clusters
+/// trained on.
+const MAX_WORLD: usize = 1 << 17;
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum DeviceKind {
     /// This machine, measured by a calibration run (thread ranks share it).
     Cpu,
-    /// NVIDIA A100 SXM 80 GB (datasheet), NVLink 300 GB/s, 8 per node, 25 GB/s InfiniBand.
+    /// NVIDIA A100 SXM 80 GB: 156 TFLOP/s TF32, 312 bf16 (dense), 2.0 TB/s;
+    /// NVLink 300 GB/s each way, 8 per node, 25 GB/s InfiniBand (NVIDIA A100 datasheet).
     A100,
-    /// NVIDIA H100 SXM 80 GB (datasheet), NVLink 450 GB/s, 8 per node, 50 GB/s InfiniBand.
+    /// NVIDIA H100 SXM5 80 GB: 495 TFLOP/s TF32, 989 bf16 (dense), 3.35 TB/s;
+    /// NVLink 450 GB/s each way, 8 per node, 50 GB/s InfiniBand (NVIDIA H100 datasheet).
     H100,
+    /// NVIDIA H200 SXM 141 GB: 495 TFLOP/s TF32, 989 bf16 (dense), 4.8 TB/s;
+    /// NVLink 450 GB/s each way, 8 per node, 50 GB/s InfiniBand (NVIDIA H200 datasheet).
+    H200,
+    /// NVIDIA B200 (HGX, 1,000 W) 180 GB: 1,100 TFLOP/s TF32, 2,250 bf16 (dense), 8 TB/s;
+    /// NVLink 900 GB/s each way, 8 per node, 50 GB/s InfiniBand (NVIDIA HGX and DGX B200 datasheets).
+    B200,
     /// Your own: --peak-tflops, --memory-gb, --memory-bandwidth-gbs and the network flags.
     Custom,
 }
@@ -27,7 +40,7 @@ pub struct PlanArgs {
     /// Vocabulary size (default: the preset's; 65 for the char presets).
     #[arg(long, help_heading = "Plan")]
     vocab_size: Option<usize>,
-    /// World sizes to plan, comma-separated (1 to 4096).
+    /// World sizes to plan, comma-separated (1 to 131072).
     #[arg(
         long,
         value_delimiter = ',',
@@ -52,8 +65,12 @@ pub struct PlanArgs {
     #[arg(long, value_enum, default_value = "fp32", help_heading = "Plan")]
     precision: Precision,
     /// Fraction of the peak a step reaches (default: measured for cpu, 0.4 for GPUs).
-    #[arg(long, help_heading = "Plan")]
+    #[arg(long, help_heading = "Plan", conflicts_with = "efficiency_from")]
     efficiency: Option<f64>,
+    /// Take the efficiency a training run measured: the median MFU of the
+    /// steps RUN logged (a `train --device cuda` run of scripts/gpu_check.sh).
+    #[arg(long, value_name = "RUN", help_heading = "Plan")]
+    efficiency_from: Option<PathBuf>,
     /// Custom device: peak TFLOP/s per device at the chosen precision.
     #[arg(long, value_parser = positive_rate, help_heading = "Plan")]
     peak_tflops: Option<f64>,
@@ -79,7 +96,7 @@ pub struct PlanArgs {
     #[arg(long, value_parser = non_negative_rate, help_heading = "Plan")]
     inter_latency_us: Option<f64>,
     /// A rank's link to host memory under offload (PCIe), GB/s each way
-    /// (default a100: 25, h100: 50, custom: 25).
+    /// (default a100: 25, h100, h200 and b200: 50, custom: 25).
     #[arg(long, help_heading = "Plan")]
     pcie_gbs: Option<f64>,
     /// Host memory bandwidth a rank's AdamW update gets under offload, GB/s
@@ -89,9 +106,17 @@ pub struct PlanArgs {
     /// Also plan every layout with activation recomputation.
     #[arg(long, help_heading = "Plan")]
     recompute: bool,
+    /// List every layout priced (by default each family's best: data
+    /// parallel, + tp, + pp, + both, + offload).
+    #[arg(long, help_heading = "Plan")]
+    all: bool,
     /// Print JSON instead of tables.
     #[arg(long, help_heading = "Plan")]
     json: bool,
+    /// Draw step time against memory per rank for every layout that fits,
+    /// the recommendation marked: DIR/plan-world-N.png and .svg.
+    #[arg(long, value_name = "DIR", help_heading = "Plan")]
+    plot: Option<PathBuf>,
 }
 
 fn need(v: Option<f64>, flag: &str) -> Result<f64> {
@@ -105,7 +130,21 @@ fn need(v: Option<f64>, flag: &str) -> Result<f64> {
 /// The device and network the flags describe. For this CPU, also the
 /// measured machine: its step efficiency is calibrated per world size.
 fn target(a: &PlanArgs, threads: usize) -> Result<(Device, Network, Option<Machine>)> {
-    let eff = a.efficiency;
+    let eff = match &a.efficiency_from {
+        Some(run) => {
+            let m = run_efficiency(run)?;
+            distgpt::errln!(
+                "efficiency {:.1}% of the peak: the median MFU of {} of {} (trained on {}, against {:.0} TFLOP/s)",
+                100.0 * m.efficiency,
+                distgpt::metrics::count(m.steps, "step"),
+                run.display(),
+                m.device,
+                m.peak_flops / 1e12
+            );
+            Some(m.efficiency)
+        }
+        None => a.efficiency,
+    };
     if let Some(e) = eff {
         if !(e > 0.0 && e <= 1.0) {
             bail!("--efficiency must be in (0, 1], got {e}");
@@ -139,11 +178,12 @@ fn target(a: &PlanArgs, threads: usize) -> Result<(Device, Network, Option<Machi
             machine = Some(m);
             parts
         }
-        DeviceKind::A100 | DeviceKind::H100 => {
-            let name = if a.device == DeviceKind::A100 {
-                "a100"
-            } else {
-                "h100"
+        DeviceKind::A100 | DeviceKind::H100 | DeviceKind::H200 | DeviceKind::B200 => {
+            let name = match a.device {
+                DeviceKind::A100 => "a100",
+                DeviceKind::H100 => "h100",
+                DeviceKind::H200 => "h200",
+                _ => "b200",
             };
             (
                 Device::datasheet(name, a.precision, eff.unwrap_or(0.4)).expect("known datasheet"),
@@ -209,7 +249,7 @@ fn target(a: &PlanArgs, threads: usize) -> Result<(Device, Network, Option<Machi
 }
 
 pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
-    let model = a.model.resolve_family(a.vocab_size)?;
+    let model = a.model.family_shape(a.vocab_size)?;
     let block_size = model.block_size();
     let seq_len = a.seq_len.unwrap_or(block_size);
     if seq_len == 0 || seq_len > block_size {
@@ -218,8 +258,8 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
     if a.batch_size == 0 || a.grad_accum == 0 {
         bail!("--batch-size and --grad-accum must be at least 1");
     }
-    if let Some(&w) = a.world_size.iter().find(|&&w| w == 0 || w > 4096) {
-        bail!("world size {w} is outside 1..=4096");
+    if let Some(&w) = a.world_size.iter().find(|&&w| w == 0 || w > MAX_WORLD) {
+        bail!("world size {w} is outside 1..={MAX_WORLD}");
     }
     let w = Workload {
         model,
@@ -229,9 +269,13 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
         cpu_threads: (a.device == DeviceKind::Cpu).then_some(threads),
     };
     let (mut device, net, machine) = target(&a, threads)?;
-    let mut all = Vec::new();
+    if !a.json {
+        distgpt::outln!("{}", workload_line(&a, &w, &device));
+        distgpt::outln!("{}", network_line(&net));
+    }
+    let mut plans = Vec::new();
     for &world in &a.world_size {
-        if let (Some(m), None) = (&machine, a.efficiency) {
+        if let (Some(m), false) = (&machine, efficiency_given(&a)) {
             let cal = calibrate_cpu(m, &w.model, w.batch, w.seq_len, world)?;
             let (m, b, t) = &cal.measured;
             distgpt::errln!(
@@ -242,60 +286,48 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
             );
             device.efficiency = cal.efficiency;
         }
-        let mut preds: Vec<Prediction> = Vec::new();
-        for rc in if a.recompute {
-            vec![false, true]
-        } else {
-            vec![false]
-        } {
-            for par in plan::layouts(&w, world, rc) {
-                preds.push(plan::predict(&w, par, &device, &net, a.precision));
+        let wp = plan::plan_world(&w, world, (&device, &net), a.precision, a.recompute);
+        if !a.json {
+            // each world as it is priced
+            print_world(&a, &w, &device, &wp);
+        }
+        if let Some(dir) = &a.plot {
+            for path in plan::plot(dir, &w, &wp)? {
+                distgpt::errln!("wrote {}", path.display());
             }
         }
-        if preds.is_empty() {
-            distgpt::errln!(
-                "world size {world}: no layout fits the batch of {} (it must divide by the data-parallel size)",
-                w.batch
-            );
-        }
-        // where nothing fits on the device, the fastest layout that does with offload
-        let offload: Vec<Prediction> = match plan::recommend(&preds) {
-            None if !device.shared_by_ranks => preds
-                .iter()
-                .flat_map(|p| plan::offloaded(&p.parallel))
-                .map(|par| plan::predict(&w, par, &device, &net, a.precision))
-                .filter(|p| p.fits)
-                .collect(),
-            _ => Vec::new(),
-        };
-        let offload = plan::recommend(&offload).cloned();
-        all.push((
-            world,
-            device.efficiency,
-            preds,
-            plan::omitted(&w, world),
-            offload,
-        ));
+        plans.push(wp);
     }
     if a.json {
         let j = serde_json::json!({
             "workload": w, "device": device, "network": net, "precision": a.precision,
-            "plans": all.iter().map(|(world, eff, p, omitted, offload)| serde_json::json!({
-                "world_size": world, "efficiency": eff, "predictions": p, "omitted": omitted,
-                "recommended": plan::recommend(p).map(|r| plan::layout_name(&r.parallel)),
-                "fits_with_offload": offload,
+            "plans": plans.iter().map(|p| serde_json::json!({
+                "world_size": p.world_size, "efficiency": p.efficiency,
+                "predictions": p.predictions, "offloaded": p.offloaded,
+                "omitted": p.omitted.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                "recommended": p.recommended().map(|r| plan::layout_name(&r.parallel)),
+                "families": p.families(&w, &device).iter().map(|f| serde_json::json!({
+                    "family": f.family, "layout": plan::layout_name(&f.best.parallel),
+                    "prediction": f.best, "why": f.why,
+                })).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
         });
         distgpt::outln!("{j}");
-        return Ok(());
     }
-    distgpt::outln!(
+    Ok(())
+}
+
+/// Whether the flags set the efficiency (else this CPU's is measured).
+fn efficiency_given(a: &PlanArgs) -> bool {
+    a.efficiency.is_some() || a.efficiency_from.is_some()
+}
+
+/// The header: the model, the step and the device.
+fn workload_line(a: &PlanArgs, w: &Workload, device: &Device) -> String {
+    format!(
         "{} ({} params, {} layers x {} wide), global batch {} x {} tokens x {} accum, {} on {} ({} peak, {:.0} GB)",
         a.model.model_name(),
-        match w.model.num_params() as f64 {
-            n if n >= 1e9 => format!("{:.3}B", n / 1e9),
-            n => format!("{:.1}M", n / 1e6),
-        },
+        params(w.model.num_params() as f64),
         w.model.n_layer(),
         w.model.n_embd(),
         w.batch,
@@ -309,86 +341,197 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
             format!("{:.0} GFLOP/s", device.peak_flops / 1e9)
         },
         device.memory_bytes / 1e9
+    )
+}
+
+/// 124.4M, 7.463B, 1.007T.
+fn params(n: f64) -> String {
+    match n {
+        n if n >= 1e12 => format!("{:.3}T", n / 1e12),
+        n if n >= 1e9 => format!("{:.3}B", n / 1e9),
+        n => format!("{:.1}M", n / 1e6),
+    }
+}
+
+/// 1.2M, 34.5k, 950.
+fn rate(x: f64) -> String {
+    match x {
+        x if x >= 1e6 => format!("{:.2}M", x / 1e6),
+        x if x >= 1e4 => format!("{:.1}k", x / 1e3),
+        x => format!("{x:.0}"),
+    }
+}
+
+/// 45.2 us, 850.2 ms, 31.25 s, 1388 s.
+fn seconds(s: f64) -> String {
+    match s {
+        s if s >= 100.0 => format!("{s:.0} s"),
+        s if s >= 1.0 => format!("{s:.2} s"),
+        s if s >= 1e-3 => format!("{:.1} ms", s * 1e3),
+        s => format!("{:.1} us", s * 1e6),
+    }
+}
+
+/// Bytes in GB, or MB below one GB.
+fn bytes(b: f64) -> String {
+    match b {
+        b if b >= 1e9 => format!("{:.1} GB", b / 1e9),
+        b => format!("{:.1} MB", b / 1e6),
+    }
+}
+
+/// One world's answer: the recommendation, each family's best and why it
+/// loses (or with --all every layout), and what was left out.
+fn print_world(a: &PlanArgs, w: &Workload, device: &Device, wp: &WorldPlan) {
+    let world = wp.world_size;
+    distgpt::outln!();
+    let priced = wp.predictions.len() + wp.offloaded.len();
+    let head = format!(
+        "world {world}: {} priced at {:.0}% of the peak",
+        distgpt::metrics::count(priced, "layout"),
+        100.0 * wp.efficiency
     );
-    let largest = all
-        .iter()
-        .flat_map(|(_, _, p, _, _)| p.iter().map(|x| x.memory.total()))
-        .fold(0.0, f64::max);
+    match wp.recommended() {
+        Some(r) => distgpt::outln!(
+            "{head}; recommended: {} ({} a step, {} tokens/s, {} a rank)",
+            plan::layout_name(&r.parallel),
+            seconds(r.time.step_s()),
+            rate(r.tokens_per_s),
+            bytes(r.memory.total())
+        ),
+        None if priced > 0 => distgpt::outln!(
+            "{head}; nothing fits in {:.0} GB{}: try more ranks, --recompute or a smaller batch",
+            device.memory_bytes / 1e9,
+            if device.shared_by_ranks {
+                ""
+            } else {
+                ", even with offload"
+            }
+        ),
+        None => distgpt::outln!(
+            "{head}: no layout fits the batch of {} (it must divide by the data-parallel size)",
+            w.batch
+        ),
+    }
+    if a.all {
+        print_every_layout(wp);
+    } else if priced > 0 {
+        let rows: Vec<Vec<String>> = wp
+            .families(w, device)
+            .iter()
+            .map(|f| {
+                let p = &f.best;
+                vec![
+                    f.family.name().to_string(),
+                    plan::layout_name(&p.parallel),
+                    bytes(p.memory.total()),
+                    seconds(p.time.step_s()),
+                    rate(p.tokens_per_s),
+                    f.why.clone(),
+                ]
+            })
+            .collect();
+        let header = [
+            "family",
+            "its best layout",
+            "a rank",
+            "a step",
+            "tokens/s",
+            "",
+        ];
+        let widths: Vec<usize> = (0..header.len())
+            .map(|c| {
+                rows.iter()
+                    .map(|r| r[c].chars().count())
+                    .chain([header[c].len()])
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let line = |cells: Vec<&str>| {
+            let mut out = String::from(" ");
+            for (c, cell) in cells.iter().enumerate() {
+                let pad = " ".repeat(widths[c] - cell.chars().count());
+                // names left, figures right, the reason last as it is
+                out += &match c {
+                    0 | 1 => format!(" {cell}{pad} "),
+                    5 => format!("  {cell}"),
+                    _ => format!(" {pad}{cell} "),
+                };
+            }
+            out.trim_end().to_string()
+        };
+        distgpt::outln!("{}", line(header.to_vec()));
+        for r in &rows {
+            distgpt::outln!("{}", line(r.iter().map(String::as_str).collect()));
+        }
+    }
+    if a.all {
+        for note in &wp.omitted {
+            distgpt::outln!("note: {note}");
+        }
+    } else if !wp.omitted.is_empty() {
+        let n: usize = wp.omitted.iter().map(|o| o.layouts.len()).sum();
+        let mut kinds: Vec<&str> = Vec::new();
+        for o in &wp.omitted {
+            if !kinds.contains(&o.kind) {
+                kinds.push(o.kind);
+            }
+        }
+        distgpt::outln!(
+            "  {} left out ({}); --all lists every layout and why",
+            distgpt::metrics::count(n, "layout"),
+            kinds.join("; ")
+        );
+    }
+}
+
+/// Every layout priced, a row each, in the order priced.
+fn print_every_layout(wp: &WorldPlan) {
+    let all: Vec<&Prediction> = wp.predictions.iter().chain(&wp.offloaded).collect();
+    let largest = all.iter().map(|p| p.memory.total()).fold(0.0, f64::max);
     let (unit, scale) = if largest >= 1e9 {
         ("GB", 1e9)
     } else {
         ("MB", 1e6)
     };
-    distgpt::outln!("{}", network_line(&net));
-    distgpt::outln!("memory in {unit} (decimal) per rank; states = params + grads + optimizer kept between steps (fsdp's gathered units are in params and total)");
-    for (world, eff, preds, omitted, offload) in &all {
-        distgpt::outln!();
+    distgpt::outln!("memory in {unit} (decimal) per rank; states = params + grads + optimizer kept between steps (fsdp's gathered units are in params and total); host = offloaded to host memory");
+    distgpt::outln!(
+        "{:<44} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10} {:>12}  fits",
+        "layout",
+        "params",
+        "grads",
+        "optim",
+        "states",
+        "activ",
+        "total",
+        "host",
+        "compute ms",
+        "comm ms",
+        "optim ms",
+        "step ms",
+        "tokens/s"
+    );
+    for p in all {
+        let (m, t) = (&p.memory, &p.time);
         distgpt::outln!(
-            "{:<38} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10} {:>12}  fits",
-            format!("world {world} (eff {:.0}%)", 100.0 * eff),
-            "params",
-            "grads",
-            "optim",
-            "states",
-            "activ",
-            "total",
-            "compute ms",
-            "comm ms",
-            "optim ms",
-            "step ms",
-            "tokens/s"
+            "{:<44} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>12.0}  {}",
+            plan::layout_name(&p.parallel),
+            m.params / scale,
+            m.grads / scale,
+            m.optimizer / scale,
+            m.persistent_states() / scale,
+            m.activations / scale,
+            m.total() / scale,
+            m.host.total() / scale,
+            t.compute_s * 1e3,
+            t.comm_s * 1e3,
+            t.optimizer_s * 1e3,
+            t.step_s() * 1e3,
+            p.tokens_per_s,
+            if p.fits { "yes" } else { "NO" }
         );
-        for p in preds {
-            let (m, t) = (&p.memory, &p.time);
-            distgpt::outln!(
-                "{:<38} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>12.0}  {}",
-                plan::layout_name(&p.parallel),
-                m.params / scale,
-                m.grads / scale,
-                m.optimizer / scale,
-                m.persistent_states() / scale,
-                m.activations / scale,
-                m.total() / scale,
-                t.compute_s * 1e3,
-                t.comm_s * 1e3,
-                t.optimizer_s * 1e3,
-                t.step_s() * 1e3,
-                p.tokens_per_s,
-                if p.fits { "yes" } else { "NO" }
-            );
-        }
-        match plan::recommend(preds) {
-            Some(r) => distgpt::outln!(
-                "recommended on {world}: {} ({:.1} ms/step, {:.3} {unit} per rank)",
-                plan::layout_name(&r.parallel),
-                r.time.step_s() * 1e3,
-                r.memory.total() / scale
-            ),
-            None if !preds.is_empty() => distgpt::outln!(
-                "on {world}: nothing fits in {:.0} GB; try more ranks, --recompute{} or a smaller batch",
-                device.memory_bytes / 1e9,
-                if device.shared_by_ranks { "" } else { ", --offload" }
-            ),
-            None => {}
-        }
-        if let Some(p) = offload {
-            distgpt::outln!(
-                "with offload on {world}: {} fits: {:.3} {unit} on the device and {:.3} {unit} on the host per rank, \
-                 {:.1} ms/step ({:.1} ms of it the host's update and {:.0} MB a step over PCIe at {:.0} GB/s)",
-                plan::layout_name(&p.parallel),
-                p.memory.total() / scale,
-                p.memory.host.total() / scale,
-                p.time.step_s() * 1e3,
-                p.time.optimizer_s * 1e3,
-                p.time.pcie_bytes / 1e6,
-                net.pcie_bandwidth / 1e9
-            );
-        }
-        for note in omitted {
-            distgpt::outln!("note: {note}");
-        }
     }
-    Ok(())
 }
 
 /// The network assumptions behind the comm times, in one line.

@@ -205,6 +205,7 @@ fn figures(rows: &[ClassifyRow], model: &str) -> Vec<Figure> {
         series,
         markers,
         y_from_zero: zero,
+        scatter: false,
     };
     vec![
         fig(

@@ -79,6 +79,7 @@ pub fn figures(runs: &[&RunResult], suffix: &str, reference_batch: usize) -> Vec
         series,
         markers,
         y_from_zero: zero,
+        scatter: false,
     };
     let seq = runs.first().map_or(0, |r| r.seq_len);
     let reps = runs.iter().map(|r| r.repeats.len()).max().unwrap_or(1);

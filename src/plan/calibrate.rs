@@ -300,6 +300,57 @@ pub fn calibrate_cpu(
     })
 }
 
+/// The efficiency a training run reached: the median of its logged steps'
+/// MFU (against the hardware peak the run divided by), the first step left
+/// out as warm-up. `plan --efficiency-from RUN` prices a device at it, so a
+/// step distgpt measured on a GPU (`scripts/gpu_check.sh`) stands in for
+/// the assumed 0.4 of peak.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunEfficiency {
+    pub efficiency: f64,
+    /// The steps the median is over.
+    pub steps: usize,
+    /// What the run trained on (`cpu`, `opencl`, `cuda`).
+    pub device: String,
+    pub peak_flops: f64,
+}
+
+/// Reads a run directory's [`RunEfficiency`].
+pub fn run_efficiency(dir: &std::path::Path) -> Result<RunEfficiency> {
+    use crate::error::Error;
+    let record = crate::train::run_dir::read_record(dir)?;
+    let steps = crate::train::run_dir::read_metrics(dir)?;
+    let mut mfu: Vec<f64> = steps.iter().skip(1).map(|r| r.mfu).collect();
+    if mfu.is_empty() {
+        return Err(Error::Input(format!(
+            "{} logs {}: an efficiency needs two or more (the first is warm-up)",
+            dir.display(),
+            crate::metrics::count(steps.len(), "step")
+        )));
+    }
+    if let Some(bad) = mfu
+        .iter()
+        .find(|m| !(m.is_finite() && **m > 0.0 && **m <= 1.0))
+    {
+        return Err(Error::Input(format!(
+            "{} logs an MFU of {bad}: an efficiency is a fraction of the peak in (0, 1]",
+            dir.display()
+        )));
+    }
+    mfu.sort_by(f64::total_cmp);
+    let n = mfu.len();
+    let median = match n % 2 {
+        1 => mfu[n / 2],
+        _ => (mfu[n / 2 - 1] + mfu[n / 2]) / 2.0,
+    };
+    Ok(RunEfficiency {
+        efficiency: median,
+        steps: n,
+        device: record.device,
+        peak_flops: record.peak_flops,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

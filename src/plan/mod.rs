@@ -92,12 +92,17 @@ pub struct Device {
 }
 
 impl Device {
-    /// Datasheet figures (SXM, 80 GB, dense): `fp32` uses the TF32 tensor
-    /// cores, `mixed` BF16. The efficiency is the caller's to state.
+    /// Datasheet figures (SXM, dense: no 2:4 sparsity): `fp32` uses the
+    /// TF32 tensor cores, `mixed` BF16. The efficiency is the caller's to
+    /// state. Sources: NVIDIA's A100 (80 GB SXM), H100 (SXM5), H200 (SXM)
+    /// datasheets; B200 from the HGX B200 (1,000 W) datasheet and DGX
+    /// B200's 1,440 GB and 64 TB/s over its 8 GPUs.
     pub fn datasheet(name: &str, precision: Precision, efficiency: f64) -> Option<Device> {
-        let (fp32, bf16, bw) = match name {
-            "a100" => (156e12, 312e12, 2.039e12),
-            "h100" => (494.7e12, 989.4e12, 3.35e12),
+        let (fp32, bf16, memory, bw) = match name {
+            "a100" => (156e12, 312e12, 80e9, 2.039e12),
+            "h100" => (494.7e12, 989.4e12, 80e9, 3.35e12),
+            "h200" => (494.7e12, 989.4e12, 141e9, 4.8e12),
+            "b200" => (1100e12, 2250e12, 180e9, 8e12),
             _ => return None,
         };
         Some(Device {
@@ -107,7 +112,7 @@ impl Device {
                 Precision::Mixed => bf16,
             },
             efficiency,
-            memory_bytes: 80e9,
+            memory_bytes: memory,
             memory_bandwidth: bw,
             shared_by_ranks: false,
         })
@@ -129,13 +134,17 @@ pub struct Network {
 }
 
 impl Network {
-    /// NVLink within a node of 8 and one InfiniBand NIC per GPU across
-    /// nodes; PCIe 4.0 (A100) or 5.0 (H100) x16 to the host at about 80% of
-    /// its peak, and a two-socket host's memory bandwidth shared by 8 ranks.
+    /// NVLink within a node of 8 (each way: half the datasheet's
+    /// bidirectional 600, 900, 900 and 1,800 GB/s) and one InfiniBand NIC
+    /// per GPU across nodes (200 Gb/s for A100's DGX, 400 Gb/s ConnectX-7
+    /// for H100's, H200's and B200's); PCIe 4.0 (A100) or 5.0 x16 to the
+    /// host at about 80% of its peak, and a two-socket host's memory
+    /// bandwidth shared by 8 ranks.
     pub fn datasheet(device: &str) -> Option<Network> {
         let (nvlink, ib, pcie) = match device {
             "a100" => (300e9, 25e9, 25e9),
-            "h100" => (450e9, 50e9, 50e9),
+            "h100" | "h200" => (450e9, 50e9, 50e9),
+            "b200" => (900e9, 50e9, 50e9),
             _ => return None,
         };
         Some(Network {
@@ -672,50 +681,346 @@ fn valid(w: &Workload, p: &ParallelConfig) -> crate::error::Result<()> {
     p.pipeline.check_micro_batches(w.grad_accum)
 }
 
-/// One line per reason that layouts on `world` ranks were left out of
-/// [`layouts`]: "tp x2, ddp x4 (tp 2) omitted: 25 heads are not divisible by 2".
-pub fn omitted(w: &Workload, world: usize) -> Vec<String> {
+/// Layouts left out of [`layouts`] for one reason.
+#[derive(Clone, Debug, Serialize)]
+pub struct Omitted {
+    /// What kind of reason, in a few words: "tp does not divide the heads".
+    pub kind: &'static str,
+    pub reason: String,
+    pub layouts: Vec<String>,
+}
+
+impl std::fmt::Display for Omitted {
+    /// "tp x2, ddp x4 (tp 2) omitted: 25 heads are not divisible by 2".
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} omitted: {}", self.layouts.join(", "), self.reason)
+    }
+}
+
+/// The layouts on `world` ranks left out of [`layouts`], by reason.
+pub fn omitted(w: &Workload, world: usize) -> Vec<Omitted> {
     let (m, batch) = (&w.model, w.batch);
-    let mut by_reason: Vec<(String, Vec<String>)> = Vec::new();
+    let mut by_reason: Vec<Omitted> = Vec::new();
     for p in candidates(world, false) {
         if valid(w, &p).is_ok() {
             continue;
         }
-        let reason = if !m.n_head().is_multiple_of(p.tp) {
-            format!("{} heads are not divisible by {}", m.n_head(), p.tp)
+        let (kind, reason) = if !m.n_head().is_multiple_of(p.tp) {
+            (
+                "tp does not divide the heads",
+                format!("{} heads are not divisible by {}", m.n_head(), p.tp),
+            )
         } else if p.pipeline.stages > m.n_layer() {
-            format!(
-                "{} blocks cannot fill {} stages",
-                m.n_layer(),
-                p.pipeline.stages
+            (
+                "more stages than blocks",
+                format!(
+                    "{} blocks cannot fill {} stages",
+                    m.n_layer(),
+                    p.pipeline.stages
+                ),
             )
         } else if p.pipeline.stages * p.pipeline.virtual_stages > m.n_layer() {
-            format!(
-                "{} blocks cannot fill {} chunks",
-                m.n_layer(),
-                p.pipeline.stages * p.pipeline.virtual_stages
+            (
+                "more chunks than blocks",
+                format!(
+                    "{} blocks cannot fill {} chunks",
+                    m.n_layer(),
+                    p.pipeline.stages * p.pipeline.virtual_stages
+                ),
             )
         } else if !batch.is_multiple_of(p.dp()) {
-            format!(
-                "the batch of {batch} is not divisible by the data-parallel size {}",
-                p.dp()
+            (
+                "dp does not divide the batch",
+                format!(
+                    "the batch of {batch} is not divisible by the data-parallel size {}",
+                    p.dp()
+                ),
+            )
+        } else if p.pipeline.check_micro_batches(w.grad_accum).is_err() {
+            (
+                "interleaving needs a multiple of pp micro-batches",
+                valid(w, &p)
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default(),
             )
         } else {
-            match valid(w, &p) {
+            let why = match valid(w, &p) {
                 Err(crate::error::Error::Config(why)) => why,
                 other => other.err().map(|e| e.to_string()).unwrap_or_default(),
-            }
+            };
+            ("other", why)
         };
         let name = layout_name(&p);
-        match by_reason.iter_mut().find(|(r, _)| *r == reason) {
-            Some((_, names)) => names.push(name),
-            None => by_reason.push((reason, vec![name])),
+        match by_reason.iter_mut().find(|o| o.reason == reason) {
+            Some(o) => o.layouts.push(name),
+            None => by_reason.push(Omitted {
+                kind,
+                reason,
+                layouts: vec![name],
+            }),
         }
     }
     by_reason
+}
+
+/// Every layout priced on one world size.
+#[derive(Clone, Debug, Serialize)]
+pub struct WorldPlan {
+    pub world_size: usize,
+    /// The fraction of the device's peak a step was priced at.
+    pub efficiency: f64,
+    /// Every valid layout, on the device alone.
+    pub predictions: Vec<Prediction>,
+    /// Each of them with the optimizer (and fsdp's shards) offloaded to the
+    /// host: priced for devices with a host of their own (not thread ranks).
+    pub offloaded: Vec<Prediction>,
+    pub omitted: Vec<Omitted>,
+}
+
+/// Prices every layout of `world` ranks (with recomputation too, if asked).
+pub fn plan_world(
+    w: &Workload,
+    world: usize,
+    (device, net): (&Device, &Network),
+    precision: Precision,
+    recompute: bool,
+) -> WorldPlan {
+    use rayon::prelude::*;
+    // each layout priced on its own, on every thread
+    let price = |pars: Vec<ParallelConfig>| -> Vec<Prediction> {
+        pars.into_par_iter()
+            .map(|par| predict(w, par, device, net, precision))
+            .collect()
+    };
+    let recomputes = [false, true].into_iter().filter(|&rc| recompute || !rc);
+    let predictions = price(recomputes.flat_map(|rc| layouts(w, world, rc)).collect());
+    let offloaded = match device.shared_by_ranks {
+        true => Vec::new(),
+        false => price(predictions.iter().flat_map(|p| offloaded(&p.parallel)).collect()),
+    };
+    WorldPlan {
+        world_size: world,
+        efficiency: device.efficiency,
+        predictions,
+        offloaded,
+        omitted: omitted(w, world),
+    }
+}
+
+/// The layouts a person compares: data parallelism alone (ddp, ZeRO,
+/// fsdp), with tensor parallelism, with a pipeline, with both, and any of
+/// them with offload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LayoutFamily {
+    DataParallel,
+    TensorParallel,
+    Pipeline,
+    TensorAndPipeline,
+    Offload,
+}
+
+impl LayoutFamily {
+    pub const ALL: [LayoutFamily; 5] = [
+        LayoutFamily::DataParallel,
+        LayoutFamily::TensorParallel,
+        LayoutFamily::Pipeline,
+        LayoutFamily::TensorAndPipeline,
+        LayoutFamily::Offload,
+    ];
+
+    pub fn of(p: &ParallelConfig) -> LayoutFamily {
+        let r = p.resolved();
+        match (r.offload.is_none(), r.tp > 1, r.pipeline.stages > 1) {
+            (false, _, _) => LayoutFamily::Offload,
+            (true, false, false) => LayoutFamily::DataParallel,
+            (true, true, false) => LayoutFamily::TensorParallel,
+            (true, false, true) => LayoutFamily::Pipeline,
+            (true, true, true) => LayoutFamily::TensorAndPipeline,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            LayoutFamily::DataParallel => "ddp / zero / fsdp",
+            LayoutFamily::TensorParallel => "+ tensor parallel",
+            LayoutFamily::Pipeline => "+ pipeline",
+            LayoutFamily::TensorAndPipeline => "+ tp + pipeline",
+            LayoutFamily::Offload => "+ offload",
+        }
+    }
+}
+
+/// A family's best layout and why it is not the recommendation.
+#[derive(Clone, Debug, Serialize)]
+pub struct FamilyBest {
+    pub family: LayoutFamily,
+    /// The fastest that fits, or where none does the one nearest to fitting.
+    pub best: Prediction,
+    /// "recommended", or what loses it the recommendation: the memory it
+    /// needs, or the part of its step (bubble, communication, compute,
+    /// optimizer) that makes it slower.
+    pub why: String,
+}
+
+impl WorldPlan {
+    /// The fastest layout that fits, offloaded or not.
+    pub fn recommended(&self) -> Option<&Prediction> {
+        let all = self.predictions.iter().chain(&self.offloaded);
+        all.filter(|p| p.fits)
+            .min_by(|a, b| a.time.step_s().total_cmp(&b.time.step_s()))
+    }
+
+    /// Each family's best layout, in [`LayoutFamily::ALL`]'s order (those
+    /// with no valid layout left out).
+    pub fn families(&self, w: &Workload, device: &Device) -> Vec<FamilyBest> {
+        let rec = self.recommended();
+        let all = || self.predictions.iter().chain(&self.offloaded);
+        LayoutFamily::ALL
+            .into_iter()
+            .filter_map(|family| {
+                let members = || all().filter(|p| LayoutFamily::of(&p.parallel) == family);
+                let best = members()
+                    .filter(|p| p.fits)
+                    .min_by(|a, b| a.time.step_s().total_cmp(&b.time.step_s()))
+                    .or_else(|| {
+                        members().min_by(|a, b| a.memory.total().total_cmp(&b.memory.total()))
+                    })?;
+                let why = match rec {
+                    Some(r) if std::ptr::eq(r, best) => "recommended".to_string(),
+                    _ => why_not(w, device, best, rec),
+                };
+                Some(FamilyBest {
+                    family,
+                    best: best.clone(),
+                    why,
+                })
+            })
+            .collect()
+    }
+}
+
+/// Why `p` is not the recommendation `rec`: the memory it lacks, or the
+/// part of its step that grows most against `rec`'s.
+fn why_not(w: &Workload, device: &Device, p: &Prediction, rec: Option<&Prediction>) -> String {
+    let gb = |b: f64| b / 1e9;
+    let bytes = |b: f64| match b {
+        b if b >= 1e9 => format!("{:.1} GB", b / 1e9),
+        b => format!("{:.1} MB", b / 1e6),
+    };
+    if !p.fits {
+        return match device.shared_by_ranks {
+            true => format!(
+                "does not fit: {} ranks share {:.0} GB",
+                p.parallel.world_size,
+                gb(device.memory_bytes)
+            ),
+            false => format!("does not fit in {:.0} GB", gb(device.memory_bytes)),
+        };
+    }
+    let Some(r) = rec else {
+        return String::new();
+    };
+    let (a, b) = (&p.time, &r.time);
+    let slower = 100.0 * (a.step_s() / b.step_s() - 1.0);
+    let parts = [
+        ("compute", a.compute_s - b.compute_s),
+        ("comm", a.comm_s - b.comm_s),
+        ("optimizer", a.optimizer_s - b.optimizer_s),
+    ];
+    let (part, _) = parts
         .into_iter()
-        .map(|(reason, names)| format!("{} omitted: {reason}", names.join(", ")))
-        .collect()
+        .max_by(|x, y| x.1.total_cmp(&y.1))
+        .expect("three parts");
+    let pipe = p.parallel.resolved().pipeline;
+    let reason = match part {
+        "compute" if pipe.stages > 1 => format!(
+            "the pipeline's bubble: {:.0}% of the step idle",
+            100.0 * pipe.bubble(w.grad_accum)
+        ),
+        "compute" if p.parallel.recompute && !r.parallel.recompute => {
+            "recomputing the forward: a third more compute".to_string()
+        }
+        "compute" => "more compute a rank".to_string(),
+        "comm" => format!(
+            "communication: {} a rank a step, {}",
+            bytes(a.comm_bytes),
+            match a.comm_s {
+                t if t >= 1.0 => format!("{t:.1} s"),
+                t => format!("{:.0} ms", t * 1e3),
+            }
+        ),
+        _ if !p.parallel.offload.is_none() => format!(
+            "the host's update and {} a step over PCIe",
+            bytes(a.pcie_bytes)
+        ),
+        _ => "the optimizer's update".to_string(),
+    };
+    match slower {
+        s if s < 10.0 => format!("{s:.1}% slower: {reason}"),
+        s => format!("{s:.0}% slower: {reason}"),
+    }
+}
+
+/// Step time against memory a rank for every layout of `wp` that fits, a
+/// series a family and the recommendation marked:
+/// `dir/plan-world-N.png` and `.svg` (nothing where nothing fits).
+pub fn plot(
+    dir: &std::path::Path,
+    w: &Workload,
+    wp: &WorldPlan,
+) -> crate::error::Result<Vec<std::path::PathBuf>> {
+    use crate::figure::{Figure, Series};
+    // seconds where the steps take seconds, else milliseconds
+    let slowest = (wp.predictions.iter().chain(&wp.offloaded))
+        .filter(|p| p.fits)
+        .map(|p| p.time.step_s())
+        .fold(0.0, f64::max);
+    let (unit, scale) = if slowest >= 10.0 {
+        ("s", 1.0)
+    } else {
+        ("ms", 1e3)
+    };
+    let point = |p: &Prediction| (p.memory.total() / 1e9, p.time.step_s() * scale);
+    let mut series: Vec<Series> = LayoutFamily::ALL
+        .into_iter()
+        .filter_map(|family| {
+            let points: Vec<(f64, f64)> = (wp.predictions.iter().chain(&wp.offloaded))
+                .filter(|p| p.fits && LayoutFamily::of(&p.parallel) == family)
+                .map(point)
+                .collect();
+            (!points.is_empty()).then(|| Series {
+                label: family.name().to_string(),
+                points,
+                ranges: Vec::new(),
+            })
+        })
+        .collect();
+    let Some(r) = wp.recommended() else {
+        return Ok(Vec::new());
+    };
+    series.push(Series {
+        label: format!("recommended: {}", layout_name(&r.parallel)),
+        points: vec![point(r)],
+        ranges: Vec::new(),
+    });
+    std::fs::create_dir_all(dir).map_err(|e| crate::error::Error::io(dir, e))?;
+    let fig = Figure {
+        stem: format!("plan-world-{}", wp.world_size),
+        title: format!(
+            "{:.3}B parameters on {} ranks: the layouts that fit",
+            w.model.num_params() as f64 / 1e9,
+            wp.world_size
+        ),
+        x_label: "memory a rank (GB)".into(),
+        y_label: format!("step time ({unit})"),
+        series,
+        markers: true,
+        y_from_zero: false,
+        scatter: true,
+    };
+    crate::figure::write(dir, &fig)
 }
 
 /// The fastest prediction that fits, if any.
@@ -1048,6 +1353,14 @@ mod tests {
             .any(|l| l.contains("cannot fill 8 stages")));
     }
 
+    /// [`super::omitted`]'s lines, as `plan --all` prints them.
+    fn omitted(w: &Workload, world: usize) -> Vec<String> {
+        super::omitted(w, world)
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
     #[test]
     fn omitted_names_the_layouts_and_the_reason() {
         let mut gpt = GptConfig::preset("gpt2").unwrap();
@@ -1068,5 +1381,78 @@ mod tests {
             "{four:?}"
         );
         assert!(omitted(&work(&ModelConfig::preset("gpt2").unwrap(), 16), 4).is_empty());
+    }
+
+    #[test]
+    fn each_familys_best_is_its_fastest_that_fits_and_says_what_it_loses_by() {
+        let w = Workload {
+            model: zero_paper_model().into(),
+            batch: 64,
+            seq_len: 1024,
+            grad_accum: 4,
+            cpu_threads: None,
+        };
+        let (d, n) = h100();
+        for world in [8, 64] {
+            let wp = plan_world(&w, world, (&d, &n), Precision::Mixed, true);
+            let rec = wp.recommended().expect("a 7.5B model fits on 8 H100s");
+            let all: Vec<&Prediction> = wp.predictions.iter().chain(&wp.offloaded).collect();
+            let fastest = |ps: &mut dyn Iterator<Item = &&Prediction>| {
+                ps.filter(|p| p.fits)
+                    .map(|p| p.time.step_s())
+                    .fold(f64::INFINITY, f64::min)
+            };
+            assert_eq!(rec.time.step_s(), fastest(&mut all.iter()));
+            let families = wp.families(&w, &d);
+            assert_eq!(families.len(), 5);
+            for f in &families {
+                let members = || {
+                    all.iter()
+                        .filter(|p| LayoutFamily::of(&p.parallel) == f.family)
+                };
+                assert_eq!(LayoutFamily::of(&f.best.parallel), f.family);
+                let (p, r) = (&f.best.time, &rec.time);
+                match f.best.fits {
+                    true => assert_eq!(p.step_s(), fastest(&mut members())),
+                    false => {
+                        assert!(members().all(|q| !q.fits));
+                        assert_eq!(f.why, "does not fit in 80 GB");
+                        continue;
+                    }
+                }
+                if f.why == "recommended" {
+                    assert_eq!(p.step_s(), r.step_s());
+                    continue;
+                }
+                let slower = 100.0 * (p.step_s() / r.step_s() - 1.0);
+                let prefix = match slower < 10.0 {
+                    true => format!("{slower:.1}% slower: "),
+                    false => format!("{slower:.0}% slower: "),
+                };
+                assert!(f.why.starts_with(&prefix), "{} vs {prefix}", f.why);
+                // the reason names the part of the step that grew most
+                let grew = [
+                    p.compute_s - r.compute_s,
+                    p.comm_s - r.comm_s,
+                    p.optimizer_s - r.optimizer_s,
+                ];
+                let most = grew.iter().cloned().fold(f64::MIN, f64::max);
+                let part = grew.iter().position(|&g| g == most).unwrap();
+                let pipe = f.best.parallel.resolved().pipeline;
+                let said = &f.why[prefix.len()..];
+                match part {
+                    0 if pipe.stages > 1 => assert_eq!(
+                        said,
+                        format!(
+                            "the pipeline's bubble: {:.0}% of the step idle",
+                            100.0 * pipe.bubble(4)
+                        )
+                    ),
+                    0 => assert!(said.contains("compute"), "{said}"),
+                    1 => assert!(said.starts_with("communication: "), "{said}"),
+                    _ => assert!(said.contains("update"), "{said}"),
+                }
+            }
+        }
     }
 }

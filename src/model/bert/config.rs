@@ -158,8 +158,22 @@ impl BertConfig {
         }
     }
 
-    /// Refuses shapes the kernels cannot run.
+    /// Refuses shapes the kernels cannot run, and models past
+    /// [`MAX_PARAMS`](crate::model::family::MAX_PARAMS).
     pub fn validate(&self) -> Result<()> {
+        self.validate_shape()?;
+        match super::layout::layout_len(self) {
+            Some(n) if n <= crate::model::family::MAX_PARAMS => Ok(()),
+            _ => Err(Error::Config(format!(
+                "{self} is more than {} parameters",
+                crate::model::family::MAX_PARAMS
+            ))),
+        }
+    }
+
+    /// Refuses shapes the kernels cannot run, of any size whose count of
+    /// parameters fits a `usize`: what `plan` prices (it allocates nothing).
+    pub fn validate_shape(&self) -> Result<()> {
         let c = self;
         let dims = [
             c.n_layer,
@@ -188,12 +202,10 @@ impl BertConfig {
                 c.layer_norm_eps
             )));
         }
-        let params = super::layout::layout_len(c);
-        match params {
-            Some(n) if n <= crate::model::family::MAX_PARAMS => Ok(()),
-            _ => Err(Error::Config(format!(
-                "{c} is more than {} parameters",
-                crate::model::family::MAX_PARAMS
+        match super::layout::layout_len(c) {
+            Some(_) => Ok(()),
+            None => Err(Error::Config(format!(
+                "{c} has more parameters than can be counted"
             ))),
         }
     }

@@ -247,8 +247,23 @@ impl GptConfig {
         }
     }
 
-    /// Refuses shapes the kernels cannot run.
+    /// Refuses shapes the kernels cannot run, and models past
+    /// [`MAX_PARAMS`] (a bound on what a file can ask to allocate).
     pub fn validate(&self) -> Result<(), Error> {
+        self.validate_shape()?;
+        let c = self;
+        match c.checked_num_params() {
+            Some(n) if n <= MAX_PARAMS => Ok(()),
+            _ => Err(Error::Config(format!(
+                "{} layers x {} wide with a vocabulary of {} and {} positions is more than {MAX_PARAMS} parameters",
+                c.n_layer, c.n_embd, c.vocab_size, c.block_size
+            ))),
+        }
+    }
+
+    /// Refuses shapes the kernels cannot run, of any size whose count of
+    /// parameters fits a `usize`: what `plan` prices (it allocates nothing).
+    pub fn validate_shape(&self) -> Result<(), Error> {
         let c = self;
         if c.n_layer == 0
             || c.n_head == 0
@@ -291,9 +306,9 @@ impl GptConfig {
             )));
         }
         match c.checked_num_params() {
-            Some(n) if n <= MAX_PARAMS => Ok(()),
-            _ => Err(Error::Config(format!(
-                "{} layers x {} wide with a vocabulary of {} and {} positions is more than {MAX_PARAMS} parameters",
+            Some(_) => Ok(()),
+            None => Err(Error::Config(format!(
+                "{} layers x {} wide with a vocabulary of {} and {} positions has more parameters than can be counted",
                 c.n_layer, c.n_embd, c.vocab_size, c.block_size
             ))),
         }

@@ -940,8 +940,8 @@ mod tests {
         let extra = |k: usize| if k + 1 == p { tail } else { 0 };
         let mut best = vec![vec![u64::MAX; n + 1]; p];
         let mut from = vec![vec![0usize; n + 1]; p];
-        for j in 1..=n {
-            best[0][j] = sum(0, j) + extra(0);
+        for (j, b) in best[0].iter_mut().enumerate().skip(1) {
+            *b = sum(0, j) + extra(0);
         }
         for k in 1..p {
             for j in k + 1..=n {
