@@ -797,7 +797,12 @@ pub fn plan_world(
     let predictions = price(recomputes.flat_map(|rc| layouts(w, world, rc)).collect());
     let offloaded = match device.shared_by_ranks {
         true => Vec::new(),
-        false => price(predictions.iter().flat_map(|p| offloaded(&p.parallel)).collect()),
+        false => price(
+            predictions
+                .iter()
+                .flat_map(|p| offloaded(&p.parallel))
+                .collect(),
+        ),
     };
     WorldPlan {
         world_size: world,
