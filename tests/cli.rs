@@ -339,8 +339,20 @@ fn plan_prices_a_device_at_the_efficiency_a_run_measured() {
         "{eff} vs the run's median {median}"
     );
     assert_eq!(j["device"]["efficiency"].as_f64().unwrap(), eff);
-    let said = String::from_utf8_lossy(&o.stderr);
-    assert!(said.contains("the median MFU of 4 steps of"), "{said}");
+    // and says which efficiency it used, and where it came from
+    let o = succeeded(plan(&["--efficiency-from", out_s]));
+    let said = String::from_utf8_lossy(&o.stdout);
+    let line = format!(
+        "efficiency: {:.1}% of the peak, the median MFU of 4 steps of {out_s} (trained on cpu",
+        100.0 * eff
+    );
+    assert!(said.contains(&line), "{line}\n{said}");
+    let o = succeeded(plan(&[]));
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        said.contains("efficiency: 40.0% of the peak, assumed (--efficiency-from RUN"),
+        "{said}"
+    );
     // the steps priced at it: the compute time scales as 1 / efficiency
     let fixed = succeeded(plan(&["--efficiency", "0.4", "--json"]));
     let k: serde_json::Value = serde_json::from_slice(&fixed.stdout).unwrap();

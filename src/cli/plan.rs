@@ -127,23 +127,30 @@ fn need(v: Option<f64>, flag: &str) -> Result<f64> {
     }
 }
 
-/// The device and network the flags describe. For this CPU, also the
-/// measured machine: its step efficiency is calibrated per world size.
-fn target(a: &PlanArgs, threads: usize) -> Result<(Device, Network, Option<Machine>)> {
-    let eff = match &a.efficiency_from {
-        Some(run) => {
+/// The device and network the flags describe, and where the step's
+/// efficiency comes from, in words. For this CPU, also the measured
+/// machine: its step efficiency is calibrated per world size.
+fn target(a: &PlanArgs, threads: usize) -> Result<(Device, Network, Option<Machine>, String)> {
+    let (eff, source) = match (&a.efficiency_from, a.efficiency) {
+        (Some(run), _) => {
             let m = run_efficiency(run)?;
-            distgpt::errln!(
-                "efficiency {:.1}% of the peak: the median MFU of {} of {} (trained on {}, against {:.0} TFLOP/s)",
-                100.0 * m.efficiency,
+            let source = format!(
+                "the median MFU of {} of {} (trained on {}, against {:.0} TFLOP/s)",
                 distgpt::metrics::count(m.steps, "step"),
                 run.display(),
                 m.device,
                 m.peak_flops / 1e12
             );
-            Some(m.efficiency)
+            (Some(m.efficiency), source)
         }
-        None => a.efficiency,
+        (None, Some(e)) => (Some(e), "--efficiency".to_string()),
+        (None, None) if a.device == DeviceKind::Cpu => {
+            (None, "measured on this CPU for each world size".to_string())
+        }
+        (None, None) => (
+            None,
+            "assumed (--efficiency-from RUN takes what a run measured)".to_string(),
+        ),
     };
     if let Some(e) = eff {
         if !(e > 0.0 && e <= 1.0) {
@@ -245,7 +252,7 @@ fn target(a: &PlanArgs, threads: usize) -> Result<(Device, Network, Option<Machi
             net.host_bandwidth = need(Some(x), "--host-gbs")? * 1e9;
         }
     }
-    Ok((device, net, machine))
+    Ok((device, net, machine, source))
 }
 
 pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
@@ -268,10 +275,17 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
         grad_accum: a.grad_accum,
         cpu_threads: (a.device == DeviceKind::Cpu).then_some(threads),
     };
-    let (mut device, net, machine) = target(&a, threads)?;
+    let (mut device, net, machine, source) = target(&a, threads)?;
     if !a.json {
         distgpt::outln!("{}", workload_line(&a, &w, &device));
         distgpt::outln!("{}", network_line(&net));
+        match machine {
+            Some(_) if !efficiency_given(&a) => distgpt::outln!("efficiency: {source}"),
+            _ => distgpt::outln!(
+                "efficiency: {:.1}% of the peak, {source}",
+                100.0 * device.efficiency
+            ),
+        }
     }
     let mut plans = Vec::new();
     for &world in &a.world_size {
