@@ -424,6 +424,48 @@ fn bert_classifier_fine_tunes_as_transformers_does() {
     r.check_run(&Task::<Cpu>::model(&task), &s, &want);
     // two epochs of three batches
     check_evaluations(&s, &[3, 6], true);
+    // classify.json's epochs: each the mean of its steps' losses (the
+    // reference's), its steps' time and throughput, its evaluation
+    let epochs = classify::epoch_records(&s.history);
+    assert_eq!(epochs.iter().map(|e| e.epoch).collect::<Vec<_>>(), [1, 2]);
+    let loss = r.tensor("loss");
+    for (e, steps) in epochs.iter().zip([0..3, 3..6]) {
+        let want = loss[steps.clone()].iter().map(|&l| l as f64).sum::<f64>() / 3.0;
+        let got = e.train_loss as f64;
+        assert!(
+            (got - want).abs() <= TOLERANCE.loss as f64,
+            "epoch {}: train loss {got} vs {want}",
+            e.epoch
+        );
+        let h = &s.history[steps];
+        let seconds: f64 = h.iter().map(|r| r.ms / 1e3).sum();
+        assert!(
+            (e.seconds - seconds).abs() <= 1e-9 * seconds,
+            "epoch {} seconds",
+            e.epoch
+        );
+        let tokens: f64 = h.iter().map(|r| r.tokens_per_s * r.ms / 1e3).sum();
+        let rate = tokens / seconds;
+        assert!(
+            (e.tokens_per_s - rate).abs() <= 1e-9 * rate,
+            "epoch {} tokens/s",
+            e.epoch
+        );
+        let last = h.last().unwrap();
+        assert_eq!(Some(e.val.loss), last.val_loss);
+        assert_eq!(
+            (Some(e.val.accuracy), Some(e.val.f1)),
+            (last.val_accuracy, last.val_f1)
+        );
+    }
+    assert_eq!(epochs[1].val.loss, s.val.unwrap().loss);
+    // a tenth of the steps warm up unless asked: 6 steps -> 1, 20 epochs of 3 -> 6
+    assert_eq!(task.default_warmup(&cfg), 1);
+    let long = TrainConfig {
+        duration: Duration::Epochs(20.0),
+        ..cfg.clone()
+    };
+    assert_eq!(task.default_warmup(&long), 6);
     for (split, eval) in [("val", s.val), ("test", s.test)] {
         let eval = eval.unwrap_or_else(|| panic!("no {split} scores"));
         r.check_eval_loss(&format!("{split}_loss"), eval.loss);

@@ -347,4 +347,28 @@ mod tests {
         c.tokens(&tokens[1..]);
         assert_ne!(a.0, c.0);
     }
+
+    #[test]
+    fn token_hashes_tell_apart_sequences_one_token_apart() {
+        // 14 tokens: three whole words of four and two tokens of remainder;
+        // every position changed to every one of 40 values gives a hash of
+        // its own (a hash that drops bits, or a step, collides at once)
+        let base: Vec<u16> = (0..14u16).map(|t| t.wrapping_mul(9_973)).collect();
+        let mut seen = std::collections::HashSet::new();
+        let mut count = 0;
+        for at in 0..base.len() {
+            for v in 0..40u16 {
+                let mut t = base.clone();
+                t[at] = v.wrapping_mul(1_601).wrapping_add(7);
+                if t == base && at > 0 {
+                    continue;
+                }
+                let mut h = TokenHash::new();
+                h.tokens(&t);
+                count += 1;
+                seen.insert(h.0);
+            }
+        }
+        assert_eq!(seen.len(), count, "collisions among {count} sequences");
+    }
 }

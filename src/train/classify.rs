@@ -25,11 +25,6 @@ use std::path::{Path, PathBuf};
 /// The file beside a classifier's model with every epoch's figures.
 pub const SUMMARY_FILE: &str = "classify.json";
 
-/// A fine-tuning run's warmup unless one is asked for: a tenth of its steps.
-pub fn default_warmup(steps: usize) -> usize {
-    (steps / 10).max(1)
-}
-
 /// A pretrained encoder, its vocabulary and a labelled set.
 pub struct ClassifyTask {
     pub model: BertConfig,
@@ -101,11 +96,6 @@ impl ClassifyTask {
             data: data.to_path_buf(),
             fingerprint,
         })
-    }
-
-    /// The label names.
-    pub fn labels(&self) -> &[String] {
-        &self.set.labels
     }
 
     /// Batches of `b` in one pass over the training examples (the last
@@ -492,6 +482,22 @@ impl From<Eval> for Scores {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sequence_length_is_from_cls_and_sep_to_the_models_positions() {
+        let model = BertConfig::preset("bert-tiny").unwrap();
+        let n = model.block_size;
+        for ok in [2, 3, n - 1, n] {
+            assert!(check_seq_len(ok, &model).is_ok(), "{ok}");
+        }
+        for bad in [0, 1, n + 1, 10 * n] {
+            let e = check_seq_len(bad, &model).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("--seq-len {bad} must be between 2")),
+                "{e}"
+            );
+        }
+    }
 
     /// The classifier's stream over several epochs: each epoch holds every
     /// training example once (the short last batch filled with ignored
