@@ -270,4 +270,38 @@ mod tests {
         assert_eq!(split.examples.len(), 20);
         assert!((5..=15).contains(&spam), "{spam} of 20 are label 1");
     }
+
+    #[test]
+    fn the_split_key_is_fnv_1a() {
+        // the reference vectors of FNV-1a, 64 bits
+        assert_eq!(fnv1a(""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a("a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a("foobar"), 0x8594_4171_f739_67e8);
+    }
+
+    #[test]
+    fn a_set_is_two_labels_or_more_and_its_fingerprint_sees_every_example() {
+        let dir = crate::testdir::TestDir::new("labelled");
+        let write = |labels: &str, train: &str| {
+            std::fs::write(dir.path().join("labels.json"), labels).unwrap();
+            std::fs::write(dir.path().join("train.jsonl"), train).unwrap();
+            for split in ["val", "test"] {
+                let line = "{\"label\": 0, \"text\": \"hello\"}\n";
+                std::fs::write(dir.path().join(format!("{split}.jsonl")), line).unwrap();
+            }
+            LabelledSet::load(dir.path())
+        };
+        let one = write("[\"ham\"]", "{\"label\": 0, \"text\": \"a\"}\n");
+        let e = one.err().expect("one label is refused").to_string();
+        assert!(e.contains("names fewer than 2 labels"), "{e}");
+        let labels = "[\"ham\", \"spam\"]";
+        let a = write(labels, "{\"label\": 0, \"text\": \"a\"}\n").unwrap();
+        let b = write(labels, "{\"label\": 1, \"text\": \"a\"}\n").unwrap();
+        let c = write(labels, "{\"label\": 0, \"text\": \"b\"}\n").unwrap();
+        let a2 = write(labels, "{\"label\": 0, \"text\": \"a\"}\n").unwrap();
+        assert_eq!(a.fingerprint(), a2.fingerprint());
+        assert_eq!(a.fingerprint().len(), 16, "{}", a.fingerprint());
+        assert_ne!(a.fingerprint(), b.fingerprint());
+        assert_ne!(a.fingerprint(), c.fingerprint());
+    }
 }

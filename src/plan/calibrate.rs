@@ -205,8 +205,9 @@ fn calibration_shape(
     let need = bytes(&shape.0, shape.1, shape.2);
     if need > room {
         return Err(crate::error::Error::Config(format!(
-            "calibrating this CPU needs {:.1} GB for {concurrent} rank steps, and {:.1} GB is \
-             available: pass --efficiency to skip the calibration",
+            "calibrating this CPU needs {:.1} GB for {concurrent} rank steps, and it keeps within \
+             half of the {:.1} GB available (the rest is the system's): pass --efficiency to \
+             skip the calibration",
             need / 1e9,
             2.0 * room / 1e9
         )));
