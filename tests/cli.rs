@@ -1433,6 +1433,15 @@ fn bad_numbers_and_outputs_over_inputs_are_refused_by_name() {
             vec!["train", "--model", "tiny", "--peak-tflops=-1"],
             "--peak-tflops",
         ),
+        // a negative number after a space is the flag's value, not a flag
+        (
+            vec!["train", "--model", "tiny", "--lr", "-1"],
+            "--lr -1 must be a positive number",
+        ),
+        (
+            vec!["train", "--model", "tiny", "--comm-timeout", "1e300"],
+            "--comm-timeout 1e300 seconds is more than a duration can hold",
+        ),
         (
             vec!["bench", "--model", "tiny", "--peak-gflops", "nan"],
             "--peak-gflops",

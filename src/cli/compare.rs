@@ -80,7 +80,7 @@ pub struct CompareArgs {
     tokenizer: Option<TokenizerKind>,
     /// Peak learning rate of every run, then a cosine to lr / 10 (default
     /// 3e-3 after 10 warmup steps; classify: 5e-5 after 10% of the steps).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     lr: Option<f32>,
     /// Seed of the initial weights and the data order, the same for every run.
     #[arg(long, default_value_t = 1337)]

@@ -396,7 +396,7 @@ impl ParallelArgs {
         }
         std::time::Duration::try_from_secs_f64(self.comm_timeout).map_err(|_| {
             anyhow::anyhow!(
-                "--comm-timeout {} seconds is more than a duration can hold",
+                "--comm-timeout {:e} seconds is more than a duration can hold",
                 self.comm_timeout
             )
         })

@@ -50,7 +50,7 @@ pub(super) struct PruneArgs {
     #[arg(long, default_value_t = 0)]
     finetune_steps: usize,
     /// Fine-tuning learning rate (constant).
-    #[arg(long, default_value_t = 1e-4)]
+    #[arg(long, default_value_t = 1e-4, allow_negative_numbers = true)]
     lr: f32,
     /// Data: a text file or a shard directory (default: the embedded
     /// corpus): fine-tuning on its training split, evaluation on its validation split.

@@ -55,10 +55,15 @@ pub(super) struct TrainArgs {
     #[arg(long, help_heading = "Optimisation")]
     epochs: Option<f64>,
     /// Peak learning rate.
-    #[arg(long, default_value_t = 3e-3, help_heading = "Optimisation")]
+    #[arg(
+        long,
+        default_value_t = 3e-3,
+        help_heading = "Optimisation",
+        allow_negative_numbers = true
+    )]
     lr: f32,
     /// Final learning rate of the cosine decay (default: lr / 10).
-    #[arg(long, help_heading = "Optimisation")]
+    #[arg(long, help_heading = "Optimisation", allow_negative_numbers = true)]
     min_lr: Option<f32>,
     /// Linear warmup steps.
     #[arg(long, default_value_t = 50, help_heading = "Optimisation")]

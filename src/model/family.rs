@@ -186,8 +186,14 @@ pub fn hf_family(dir: &Path) -> Result<&'static Registration> {
         path: path.clone(),
         reason: format!("invalid JSON: {e}"),
     })?;
-    // a GPT-2 folder written before `model_type` was, or by hand
-    let kind = json["model_type"].as_str().unwrap_or("gpt2");
+    // a GPT-2 folder written before `model_type` was, or by hand; a
+    // `model_type` that is not a string names no family
+    let kind = match &json["model_type"] {
+        serde_json::Value::Null => "gpt2".to_string(),
+        serde_json::Value::String(k) => k.clone(),
+        other => other.to_string(),
+    };
+    let kind = kind.as_str();
     let families = families();
     families
         .iter()
@@ -591,6 +597,9 @@ mod tests {
         assert_eq!(with(r#"{"n_layer": 2}"#).unwrap(), "GPT-2");
         let err = with(r#"{"model_type": "llama"}"#).unwrap_err().to_string();
         assert!(err.contains("llama") && err.contains("gpt2, bert"), "{err}");
+        // a model_type that is no name is no GPT-2
+        let err = with(r#"{"model_type": 5}"#).unwrap_err().to_string();
+        assert!(err.contains("model_type is 5: distgpt reads gpt2, bert"), "{err}");
     }
 
     #[test]
