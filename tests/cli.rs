@@ -138,9 +138,19 @@ fn generate_and_eval_read_a_checkpoint_directory() {
 
 #[test]
 fn errors_say_it_once_and_in_words() {
-    let missing = distgpt(&["eval", "/nonexistent-distgpt-run"]);
-    let err = String::from_utf8_lossy(&missing.stderr);
-    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
+    // a missing run is named as such, once, by every command given one
+    // (not as the OS's error about a file inside it)
+    for args in [
+        &["eval", "/nonexistent-distgpt-run"][..],
+        &["generate", "/nonexistent-distgpt-run"],
+        &["train", "--resume", "/nonexistent-distgpt-run"],
+    ] {
+        let missing = distgpt(args);
+        let err = String::from_utf8_lossy(&missing.stderr);
+        let says = "/nonexistent-distgpt-run: no such directory: give a run directory";
+        assert_eq!(err.matches(says).count(), 1, "{args:?}: {err}");
+        assert!(!err.contains("model.json"), "{err}");
+    }
 
     let empty = cli::scratch("empty.txt");
     std::fs::write(&empty, "\n").unwrap();

@@ -393,9 +393,27 @@ fn checkpoint_instead(dir: &Path) -> Option<std::path::PathBuf> {
     state::latest(dir).ok()
 }
 
+/// Refuses a path that is no directory, in words (not as the OS error
+/// about a file inside it).
+pub(crate) fn existing_dir(dir: &Path) -> Result<()> {
+    match dir.is_dir() {
+        true => Ok(()),
+        false => Err(Error::Input(format!(
+            "{}: {}: give a run directory, a model folder or a checkpoint",
+            dir.display(),
+            if dir.exists() {
+                "not a directory"
+            } else {
+                "no such directory"
+            }
+        ))),
+    }
+}
+
 /// Config and tokenizer of a distgpt model directory, a Hugging Face folder,
 /// or a checkpoint (directory, or a run's newest).
 pub fn read_any_meta(dir: &Path) -> Result<ModelMeta> {
+    existing_dir(dir)?;
     if let Some(ckpt) = checkpoint_instead(dir) {
         let index = state::read_index(&ckpt)?;
         return Ok(ModelMeta {
@@ -415,6 +433,7 @@ pub fn read_any_meta(dir: &Path) -> Result<ModelMeta> {
 /// `model.safetensors`), or a training-state checkpoint (a `step_N`
 /// directory, or a run's newest when it has no model files yet).
 pub fn read_model(dir: &Path) -> Result<(ModelMeta, Vec<f32>)> {
+    existing_dir(dir)?;
     if let Some(ckpt) = checkpoint_instead(dir) {
         let loaded = state::load(&ckpt)?;
         let meta = ModelMeta {

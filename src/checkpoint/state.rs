@@ -397,6 +397,7 @@ pub fn supersede_after(run_dir: &Path, step: usize) -> Result<Vec<PathBuf>> {
 
 /// The newest complete checkpoint of a run, or a checkpoint directory itself.
 pub fn latest(path: &Path) -> Result<PathBuf> {
+    super::existing_dir(path)?;
     if path.join(INDEX).exists() {
         return Ok(path.to_path_buf());
     }

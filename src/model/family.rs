@@ -599,7 +599,10 @@ mod tests {
         assert!(err.contains("llama") && err.contains("gpt2, bert"), "{err}");
         // a model_type that is no name is no GPT-2
         let err = with(r#"{"model_type": 5}"#).unwrap_err().to_string();
-        assert!(err.contains("model_type is 5: distgpt reads gpt2, bert"), "{err}");
+        assert!(
+            err.contains("model_type is 5: distgpt reads gpt2, bert"),
+            "{err}"
+        );
     }
 
     #[test]
