@@ -527,6 +527,35 @@ pub fn load(dir: &Path) -> Result<Loaded> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn only_complete_step_directories_are_checkpoints() {
+        let run = crate::testdir::TestDir::new("list");
+        let root = run.path().join(DIR);
+        let make = |name: &str, index: bool| {
+            std::fs::create_dir_all(root.join(name)).unwrap();
+            if index {
+                std::fs::write(root.join(name).join(INDEX), "{}").unwrap();
+            }
+        };
+        assert!(
+            list(run.path()).unwrap().is_empty(),
+            "no checkpoints folder"
+        );
+        make("step_00000020", true);
+        make("step_00000010", true);
+        // a write cut short (no index), a folder of another name with one,
+        // and a step still being written under its temporary name
+        make("step_00000030", false);
+        make("notes", true);
+        make("step_00000040.tmp", true);
+        let names: Vec<String> = list(run.path())
+            .unwrap()
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["step_00000010", "step_00000020"]);
+    }
+
     /// A record as an older distgpt wrote it.
     #[derive(Serialize)]
     struct Before {
