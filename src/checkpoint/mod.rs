@@ -524,3 +524,60 @@ pub fn load_model_files<B: Backend>(backend: B, dir: &Path) -> Result<(Gpt2<B>, 
     model.set_params(&params)?;
     Ok((model, meta))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::GptConfig;
+
+    #[test]
+    fn tensors_the_model_has_no_kind_of_are_read_past_and_a_block_too_many_is_refused() {
+        let cfg: ModelConfig = GptConfig {
+            n_layer: 1,
+            n_head: 2,
+            n_embd: 8,
+            block_size: 8,
+            vocab_size: 16,
+            blocks: Vec::new(),
+        }
+        .into();
+        let layout = cfg.layout(1);
+        let params: Vec<f32> = (0..layout.total()).map(|i| i as f32 * 1e-3).collect();
+        let f32s = |x: &[f32]| x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
+        let model: Vec<_> = stored(&cfg, &layout)
+            .into_iter()
+            .map(|(name, shape, r)| (name, Dtype::F32, shape, f32s(&params[r])))
+            .collect();
+        let dir = crate::testdir::TestDir::new("extra-tensors");
+        let read = |tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)]| {
+            let path = dir.path().join("model.safetensors");
+            std::fs::write(&path, safetensors_bytes(tensors, &path).unwrap()).unwrap();
+            read_weights(&cfg, &path, None)
+        };
+        let plain = read(&model).unwrap();
+        // an older Hugging Face file's causal-mask buffer: no kind of ours
+        let mut with_mask = model.clone();
+        let mask = (
+            "transformer.h.0.attn.bias".to_string(),
+            Dtype::F32,
+            vec![1],
+            f32s(&[1.0]),
+        );
+        with_mask.push(mask);
+        assert_eq!(read(&with_mask).unwrap(), plain);
+        // a second block's norm, where the config has one block
+        let mut two = model;
+        let norm = (
+            "transformer.h.1.ln_1.weight".to_string(),
+            Dtype::F32,
+            vec![8],
+            f32s(&[1.0; 8]),
+        );
+        two.push(norm);
+        let e = read(&two).unwrap_err().to_string();
+        assert!(
+            e.contains("tensor 'transformer.h.1.ln_1.weight' (1 such) has no place"),
+            "{e}"
+        );
+    }
+}
