@@ -58,7 +58,7 @@ pub fn read_config(dir: &Path, head: Option<BertHead>) -> Result<BertConfig> {
     };
     let head = head.or(implied).ok_or_else(|| {
         bad(&format!(
-            "a {arch} has no head: say which (masked LM or a classifier)"
+            "a {arch} has no head (a masked LM's or a classifier's): fine-tune a classifier from it with `train --task classify --init-from DIR --data SET`; `eval` and `generate` read a BertForMaskedLM or BertForSequenceClassification folder"
         ))
     })?;
     let cfg = BertConfig {
@@ -483,6 +483,19 @@ pub fn write_folder(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_folder_without_a_head_says_how_to_get_one() {
+        let dir = crate::testdir::TestDir::new("headless");
+        let config = r#"{"model_type": "bert", "architectures": ["BertModel"]}"#;
+        std::fs::write(dir.path().join("config.json"), config).unwrap();
+        let e = read_config(dir.path(), None).unwrap_err().to_string();
+        assert!(e.contains("a BertModel has no head"), "{e}");
+        assert!(
+            e.contains("train --task classify --init-from DIR --data SET"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn a_written_folder_reads_back_to_the_same_parameters() {
