@@ -211,6 +211,15 @@ impl Reference {
                 "step {}: {got} tokens counted, {want} trained on",
                 i + 1
             );
+            // MFU: the model's FLOPs a token at those tokens/s over the
+            // stated peak (--peak-tflops 0.1)
+            let mfu = model.flops_per_token(self.int("seq_len")) * r.tokens_per_s / 1e11;
+            assert!(
+                (r.mfu - mfu).abs() <= 1e-9 * mfu,
+                "step {}: MFU {} vs {mfu}",
+                i + 1,
+                r.mfu
+            );
         }
         let epoch = self.tensor("epoch");
         for (i, r) in s.history.iter().enumerate() {
