@@ -872,9 +872,7 @@ pub struct FamilyBest {
 impl WorldPlan {
     /// The fastest layout that fits, offloaded or not.
     pub fn recommended(&self) -> Option<&Prediction> {
-        let all = self.predictions.iter().chain(&self.offloaded);
-        all.filter(|p| p.fits)
-            .min_by(|a, b| a.time.step_s().total_cmp(&b.time.step_s()))
+        recommend(self.predictions.iter().chain(&self.offloaded))
     }
 
     /// Each family's best layout, in [`LayoutFamily::ALL`]'s order (those
@@ -1029,9 +1027,11 @@ pub fn plot(
 }
 
 /// The fastest prediction that fits, if any.
-pub fn recommend(predictions: &[Prediction]) -> Option<&Prediction> {
+pub fn recommend<'a>(
+    predictions: impl IntoIterator<Item = &'a Prediction>,
+) -> Option<&'a Prediction> {
     predictions
-        .iter()
+        .into_iter()
         .filter(|p| p.fits)
         .min_by(|a, b| a.time.step_s().total_cmp(&b.time.step_s()))
 }
