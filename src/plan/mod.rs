@@ -974,8 +974,19 @@ pub fn plot(
     w: &Workload,
     wp: &WorldPlan,
 ) -> crate::error::Result<Vec<std::path::PathBuf>> {
+    let Some(fig) = figure_of(w, wp) else {
+        return Ok(Vec::new());
+    };
+    std::fs::create_dir_all(dir).map_err(|e| crate::error::Error::io(dir, e))?;
+    crate::figure::write(dir, &fig)
+}
+
+/// [`plot`]'s figure: a series a family of the layouts that fit (GB a
+/// rank, step time in seconds where a step takes ten or more, else
+/// milliseconds), the recommendation last; none where nothing fits.
+fn figure_of(w: &Workload, wp: &WorldPlan) -> Option<crate::figure::Figure> {
     use crate::figure::{Figure, Series};
-    // seconds where the steps take seconds, else milliseconds
+    let r = wp.recommended()?;
     let slowest = (wp.predictions.iter().chain(&wp.offloaded))
         .filter(|p| p.fits)
         .map(|p| p.time.step_s())
@@ -1000,16 +1011,12 @@ pub fn plot(
             })
         })
         .collect();
-    let Some(r) = wp.recommended() else {
-        return Ok(Vec::new());
-    };
     series.push(Series {
         label: format!("recommended: {}", layout_name(&r.parallel)),
         points: vec![point(r)],
         ranges: Vec::new(),
     });
-    std::fs::create_dir_all(dir).map_err(|e| crate::error::Error::io(dir, e))?;
-    let fig = Figure {
+    Some(Figure {
         stem: format!("plan-world-{}", wp.world_size),
         title: format!(
             "{:.3}B parameters on {} ranks: the layouts that fit",
@@ -1022,8 +1029,7 @@ pub fn plot(
         markers: true,
         y_from_zero: false,
         scatter: true,
-    };
-    crate::figure::write(dir, &fig)
+    })
 }
 
 /// The fastest prediction that fits, if any.
@@ -1459,5 +1465,49 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_figure_holds_every_layout_that_fits_where_it_stands() {
+        // steps of well under ten seconds: the figure in milliseconds
+        let w = Workload {
+            model: zero_paper_model().into(),
+            batch: 8,
+            seq_len: 256,
+            grad_accum: 1,
+            cpu_threads: None,
+        };
+        let (d, n) = h100();
+        let wp = plan_world(&w, 8, (&d, &n), Precision::Mixed, true);
+        let fig = figure_of(&w, &wp).expect("a layout fits");
+        let fits: Vec<&Prediction> = (wp.predictions.iter().chain(&wp.offloaded))
+            .filter(|p| p.fits)
+            .collect();
+        // seconds where some step takes ten or more, else milliseconds
+        let slowest = fits.iter().map(|p| p.time.step_s()).fold(0.0, f64::max);
+        let (unit, scale) = match slowest >= 10.0 {
+            true => ("s", 1.0),
+            false => ("ms", 1e3),
+        };
+        assert_eq!(fig.y_label, format!("step time ({unit})"));
+        assert_eq!(unit, "ms");
+        let (last, families) = fig.series.split_last().unwrap();
+        let points: usize = families.iter().map(|s| s.points.len()).sum();
+        assert_eq!(points, fits.len());
+        for p in &fits {
+            let at = (p.memory.total() / 1e9, p.time.step_s() * scale);
+            let label = LayoutFamily::of(&p.parallel).name();
+            let series = families.iter().find(|s| s.label == label).unwrap();
+            assert!(series.points.contains(&at), "{label}: {at:?}");
+        }
+        let r = wp.recommended().unwrap();
+        assert_eq!(
+            last.label,
+            format!("recommended: {}", layout_name(&r.parallel))
+        );
+        assert_eq!(
+            last.points,
+            [(r.memory.total() / 1e9, r.time.step_s() * scale)]
+        );
     }
 }
