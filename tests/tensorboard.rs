@@ -153,3 +153,60 @@ fn a_classifier_run_writes_its_validation_accuracy_and_f1() {
     assert_eq!(s["train/loss"], logged(&run, "loss"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// An event directory that cannot be made is refused before the run writes
+/// anything: a new run's directory stays empty (the same `--out` works
+/// next), and a resume leaves `run.json` as it was (a plain resume works next).
+#[test]
+fn an_event_directory_that_cannot_be_made_leaves_the_run_as_it_was() {
+    let dir = fresh("unmakeable");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (run, file) = (dir.join("run"), dir.join("a-file"));
+    std::fs::write(&file, "not a directory").unwrap();
+    let beneath = file.join("tb");
+    let (run_s, file_s, beneath_s) = (
+        run.to_str().unwrap(),
+        file.to_str().unwrap(),
+        beneath.to_str().unwrap(),
+    );
+    let mut args = vec!["train", "--model", "tiny", "--batch-size", "2"];
+    args.extend_from_slice(&["--seq-len", "8", "--steps", "2", "--sample-tokens", "0"]);
+    args.extend_from_slice(&["--quiet", "--peak-tflops", "0.1", "--out", run_s]);
+
+    let refused = distgpt(&[&args[..], &["--tensorboard", file_s]].concat());
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        err.contains(&format!("--tensorboard {file_s} is a file")),
+        "{err}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&run)
+        .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+        .unwrap_or_default();
+    assert!(
+        left.iter().all(|n| n.to_string_lossy().starts_with('.')),
+        "nothing of the run is written: {left:?}"
+    );
+    succeeded(distgpt(&args));
+
+    let record = std::fs::read(run.join("run.json")).unwrap();
+    let metrics = std::fs::read(run.join("metrics.jsonl")).unwrap();
+    let resume = ["train", "--resume", run_s, "--steps", "4", "--quiet"];
+    let refused = distgpt(&[&resume[..], &["--tensorboard", beneath_s]].concat());
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        err.contains(&format!(
+            "--tensorboard {beneath_s}: cannot make the directory"
+        )),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(run.join("run.json")).unwrap(),
+        record,
+        "run.json as it was"
+    );
+    assert_eq!(std::fs::read(run.join("metrics.jsonl")).unwrap(), metrics);
+    succeeded(distgpt(&resume));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -14,7 +14,7 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 
 /// One line of `metrics.jsonl`.
-#[derive(Clone, Debug, Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
 pub struct StepRecord {
     pub step: usize,
     pub epoch: f64,

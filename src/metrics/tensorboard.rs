@@ -196,7 +196,18 @@ impl EventWriter {
     /// A new event file in `dir` (made if missing), opened with the file
     /// version record TensorBoard reads first.
     pub fn create(dir: &Path) -> Result<EventWriter> {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        if dir.exists() && !dir.is_dir() {
+            return Err(Error::Input(format!(
+                "--tensorboard {} is a file: TensorBoard's event files go into a directory",
+                dir.display()
+            )));
+        }
+        std::fs::create_dir_all(dir).map_err(|e| {
+            Error::Input(format!(
+                "--tensorboard {}: cannot make the directory ({e})",
+                dir.display()
+            ))
+        })?;
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_string())
             .unwrap_or_else(|_| "localhost".into());
@@ -220,6 +231,19 @@ impl EventWriter {
         };
         w.record(&event::file_version(now()))?;
         Ok(w)
+    }
+
+    /// A writer onto an existing file (a test's `/dev/full`).
+    #[cfg(test)]
+    pub(crate) fn onto(path: &Path) -> Result<EventWriter> {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map_err(|e| Error::io(path, e))?;
+        Ok(EventWriter {
+            out: BufWriter::new(f),
+            path: path.into(),
+        })
     }
 
     pub fn path(&self) -> &Path {

@@ -99,6 +99,8 @@ struct Run<'a, B: Backend> {
     /// Every rank's peak memory row, as of the newest step.
     rank_peaks: Vec<u64>,
     stopped: bool,
+    /// Rank 0 could not write a step to `metrics.jsonl`: stop as a signal would.
+    record_failed: bool,
     /// The whole model after the last step.
     final_params: Option<Vec<f32>>,
 }
@@ -179,6 +181,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             val_last: None,
             rank_peaks: vec![0; 6 * world.size()],
             stopped: false,
+            record_failed: false,
             final_params: None,
             cfg,
         })
@@ -301,6 +304,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
         self.tokens += tokens;
         let mut stop = [u32::from(
             INTERRUPTED.load(Ordering::SeqCst)
+                || self.record_failed
                 || cfg.stop_after.is_some_and(|n| step + 1 - self.start >= n),
         )];
         self.world.all_reduce(&mut stop)?;
@@ -392,7 +396,15 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             comm: self.strategy.comm_stats(),
         };
         if let Some(logs) = self.logs.as_mut() {
-            logs.write(&record)?;
+            if let Err(e) = logs.write(&record) {
+                if !self.record_failed {
+                    metrics::say(
+                        &self.pb,
+                        &format!("{e}: the run stops after the next step with a checkpoint, as on SIGTERM"),
+                    );
+                }
+                self.record_failed = true;
+            }
         }
         self.history.push(record);
         self.pb

@@ -290,24 +290,37 @@ pub fn prepare_new(dir: &Path, overwrite: bool) -> Result<()> {
 }
 
 /// The per-step logs of a run: `metrics.jsonl` and `metrics.csv`, and
-/// TensorBoard event files where asked.
+/// TensorBoard event files where asked. `metrics.jsonl` is the run's
+/// record; the others are auxiliary: one that fails is warned about once
+/// and no longer written, so it never costs a step.
 pub struct StepLogs {
     jsonl: JsonlWriter,
-    csv: CsvWriter,
+    csv: Option<CsvWriter>,
     tensorboard: Option<EventWriter>,
     /// Held while the logs are open: the run's life.
     _lock: RunLock,
 }
 
 impl StepLogs {
+    /// Writes `record` to every log; an error only when `metrics.jsonl`
+    /// could not take it (the run should then stop with a checkpoint).
     pub fn write(&mut self, record: &StepRecord) -> Result<()> {
-        self.jsonl.write(record)?;
-        self.csv.write(record)?;
-        if let Some(tb) = &mut self.tensorboard {
-            tb.scalars(record.step, &tensorboard_scalars(record))?;
-            tb.flush()?;
+        if let Some(csv) = &mut self.csv {
+            if let Err(e) = csv.write(record) {
+                crate::errln!("warning: {e}; metrics.csv is no longer written (metrics.jsonl is)");
+                self.csv = None;
+            }
         }
-        Ok(())
+        if let Some(tb) = &mut self.tensorboard {
+            let written = tb
+                .scalars(record.step, &tensorboard_scalars(record))
+                .and_then(|()| tb.flush());
+            if let Err(e) = written {
+                crate::errln!("warning: {e}; TensorBoard events are no longer written (metrics.jsonl has every step)");
+                self.tensorboard = None;
+            }
+        }
+        self.jsonl.write(record)
     }
 }
 
@@ -349,6 +362,9 @@ const MIB: f64 = 1024.0 * 1024.0;
 /// `start..to_step` (a new run's empty directory, or a resumed run's with
 /// newer checkpoints set aside and the logs cut back to `start`), points
 /// `latest` at it when asked, writes `run.json` and opens the step logs.
+/// Every output is opened before anything of the run is written, so an
+/// output that cannot be made leaves a resumed run's record as it was and
+/// a new run's directory empty.
 pub fn open(
     dir: &Path,
     record: RunRecord,
@@ -361,7 +377,12 @@ pub fn open(
     let lock = lock(dir)?;
     if start == 0 {
         prepare_new(dir, cfg.overwrite)?;
-    } else {
+    }
+    let mut tensorboard = match &cfg.tensorboard {
+        Some(tb) => Some(EventWriter::create(tb)?),
+        None => None,
+    };
+    if start > 0 {
         // Checkpoints of a branch abandoned by resuming from an older one
         // must not count as newer than this branch's own.
         let moved = state::supersede_after(dir, start)?;
@@ -374,14 +395,6 @@ pub fn open(
         }
         truncate_metrics(dir, start)?;
     }
-    if cfg.link_latest {
-        // A convenience: failing to point it (say `latest` is a real
-        // directory) must not stop the run.
-        if let Err(e) = link_latest(dir) {
-            crate::errln!("warning: could not point the latest link at the run: {e}");
-        }
-    }
-    write_record(dir, record, start, to_step)?;
     let jsonl_path = dir.join(METRICS_FILE);
     let jsonl = if start > 0 {
         JsonlWriter::append(&jsonl_path)?
@@ -389,23 +402,25 @@ pub fn open(
         JsonlWriter::create(&jsonl_path)?
     };
     let csv = CsvWriter::open(&dir.join(METRICS_CSV), start > 0)?;
-    let tensorboard = match &cfg.tensorboard {
-        Some(tb) => {
-            let mut w = EventWriter::create(tb)?;
-            if start > 0 {
-                // TensorBoard drops the earlier files' steps after `start`
-                w.session_start(start + 1)?;
-            }
-            let config = std::fs::read_to_string(dir.join(RUN_FILE)).unwrap_or_default();
-            w.text(start, "config", &format!("```json\n{config}\n```"))?;
-            w.flush()?;
-            Some(w)
+    if cfg.link_latest {
+        // A convenience: failing to point it (say `latest` is a real
+        // directory) must not stop the run.
+        if let Err(e) = link_latest(dir) {
+            crate::errln!("warning: could not point the latest link at the run: {e}");
         }
-        None => None,
-    };
+    }
+    let config = write_record(dir, record, start, to_step)?;
+    if let Some(w) = &mut tensorboard {
+        if start > 0 {
+            // TensorBoard drops the earlier files' steps after `start`
+            w.session_start(start + 1)?;
+        }
+        w.text(start, "config", &format!("```json\n{config}\n```"))?;
+        w.flush()?;
+    }
     Ok(StepLogs {
         jsonl,
-        csv,
+        csv: Some(csv),
         tensorboard,
         _lock: lock,
     })
@@ -433,8 +448,14 @@ pub fn read_record(dir: &Path) -> Result<RunRecord> {
 }
 
 /// Writes `run.json` for an invocation starting at `from_step`: a new
-/// record, or the existing one with this invocation appended.
-fn write_record(dir: &Path, mut fresh: RunRecord, from_step: usize, to_step: usize) -> Result<()> {
+/// record, or the existing one with this invocation appended. Returns what
+/// it wrote.
+fn write_record(
+    dir: &Path,
+    mut fresh: RunRecord,
+    from_step: usize,
+    to_step: usize,
+) -> Result<String> {
     let mut segments = if from_step > 0 {
         read_record(dir).map(|r| r.segments).unwrap_or_default()
     } else {
@@ -451,7 +472,8 @@ fn write_record(dir: &Path, mut fresh: RunRecord, from_step: usize, to_step: usi
     });
     fresh.segments = segments;
     let json = serde_json::to_string_pretty(&fresh).expect("run record serialises");
-    write_atomic(&dir.join(RUN_FILE), json.as_bytes())
+    write_atomic(&dir.join(RUN_FILE), json.as_bytes())?;
+    Ok(json)
 }
 
 /// Keeps the records of steps up to `step` (a resume point) in
@@ -510,6 +532,41 @@ fn keep_lines(
 mod tests {
     use super::*;
     use crate::train::Duration;
+
+    #[test]
+    fn an_auxiliary_log_that_fails_is_dropped_and_the_record_is_not() {
+        let dir = crate::testdir::TestDir::new("aux-logs");
+        let full = Path::new("/dev/full");
+        let logs = |jsonl: &Path| StepLogs {
+            jsonl: JsonlWriter::append(jsonl).unwrap(),
+            csv: Some(CsvWriter::open(full, true).unwrap()),
+            tensorboard: Some(EventWriter::onto(full).unwrap()),
+            _lock: lock(dir.path()).unwrap(),
+        };
+        let record = |step| StepRecord {
+            step,
+            ..StepRecord::default()
+        };
+        let jsonl = dir.path().join(METRICS_FILE);
+        let mut l = logs(&jsonl);
+        for step in 1..=3 {
+            l.write(&record(step))
+                .expect("a full disk under an auxiliary log costs nothing");
+        }
+        assert!(l.csv.is_none() && l.tensorboard.is_none());
+        let steps: Vec<usize> = read_metrics(dir.path())
+            .unwrap()
+            .iter()
+            .map(|r| r.step)
+            .collect();
+        assert_eq!(steps, [1, 2, 3], "every step in the record");
+        drop(l);
+        let mut l = logs(full);
+        assert!(
+            l.write(&record(4)).is_err(),
+            "the record's own failure is reported"
+        );
+    }
 
     #[test]
     fn runs_named_in_the_same_second_get_a_directory_each() {
