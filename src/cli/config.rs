@@ -217,25 +217,28 @@ pub fn file_args(file: &Path, train: &clap::Command, given: &[String]) -> Result
     let mut args = Vec::new();
     let mut taken: Vec<String> = Vec::new();
     for (key, value) in entries {
-        let id = arg_id(&key);
+        let wanted = arg_id(&key);
+        // a flag by its name, or an old spelling kept as a hidden alias
+        // (`peak-gflops`); never a hidden testing aid
         let Some(arg) = train
             .get_arguments()
-            .find(|a| a.get_id() == id.as_str() && !a.is_hide_set() && a.get_long().is_some())
-            .filter(|_| id != "config")
+            .filter(|a| a.get_long().is_some() && a.get_id() != "config")
+            .filter(|a| !a.is_hide_set() || a.get_id().as_str().starts_with("old_"))
+            .find(|a| {
+                a.get_id() == wanted.as_str()
+                    || a.get_long().is_some_and(|l| arg_id(l) == wanted)
+            })
         else {
             bail!(
                 "{}: unknown setting `{key}` (the keys are train's flags, see `distgpt train --help`)",
                 file.display()
             );
         };
+        let id = arg.get_id().to_string();
         if taken.contains(&id) {
             bail!("{}: `{key}` is set twice", file.display());
         }
-        let conflicts: Vec<String> = train
-            .get_arg_conflicts_with(arg)
-            .iter()
-            .map(|a| a.get_id().to_string())
-            .collect();
+        let conflicts = conflicts_of(train, arg);
         if let Some(other) = taken.iter().find(|t| conflicts.contains(t)) {
             bail!(
                 "{}: `{key}` and `{other}` cannot both be set",
@@ -275,6 +278,23 @@ pub fn file_args(file: &Path, train: &clap::Command, given: &[String]) -> Result
     Ok(args)
 }
 
+/// The ids of the flags `arg` cannot be given with, whichever of the two
+/// declares the conflict (`--steps` declares it with `--epochs`).
+fn conflicts_of(train: &clap::Command, arg: &clap::Arg) -> Vec<String> {
+    let mut out: Vec<String> = train
+        .get_arg_conflicts_with(arg)
+        .iter()
+        .map(|a| a.get_id().to_string())
+        .collect();
+    for other in train.get_arguments() {
+        let declared = train.get_arg_conflicts_with(other);
+        if declared.iter().any(|a| a.get_id() == arg.get_id()) {
+            out.push(other.get_id().to_string());
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -305,6 +325,22 @@ mod tests {
         )
         .unwrap();
         assert_eq!(args, ["--model=tiny", "--lr=0.001", "--recompute"]);
+    }
+
+    #[test]
+    fn the_command_line_replaces_the_files_whole_group_of_exclusive_settings() {
+        // the conflict is declared on --steps, and holds from either side
+        let args = args_of("epochs = 2.0\nlr = 0.01\n", &["steps"]).unwrap();
+        assert_eq!(args, ["--lr=0.01"]);
+        let args = args_of("steps = 4\n", &["epochs"]).unwrap();
+        assert!(args.is_empty(), "{args:?}");
+        let args = args_of("peak-tflops = 0.5\n", &["old_peak_gflops"]).unwrap();
+        assert!(args.is_empty(), "{args:?}");
+        // an old spelling works in a file as on the command line
+        let args = args_of("peak-gflops = 500\n", &[]).unwrap();
+        assert_eq!(args, ["--peak-gflops=500"]);
+        let args = args_of("peak_gflops = 500\n", &["peak_tflops"]).unwrap();
+        assert!(args.is_empty(), "{args:?}");
     }
 
     #[test]
