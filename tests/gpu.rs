@@ -290,6 +290,26 @@ fn train_with_device_gpu_follows_the_cpus_losses_on<B: Backend>(_: B, kind: &str
             .unwrap();
         assert!(status.success(), "train --device {device} failed");
         let l = losses(&out);
+        // a bare resume trains on the device the run did
+        let resumed = std::process::Command::new(env!("CARGO_BIN_EXE_distgpt"))
+            .args(["train", "--resume"])
+            .arg(&out)
+            .args(["--steps", "9", "--quiet"])
+            .output()
+            .unwrap();
+        assert!(
+            resumed.status.success(),
+            "{}",
+            String::from_utf8_lossy(&resumed.stderr)
+        );
+        let record: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap()).unwrap();
+        let segments = record["segments"].as_array().unwrap();
+        assert_eq!(segments.len(), 2);
+        for s in segments {
+            let on = s["device"].as_str().unwrap();
+            assert!(on.starts_with(device), "a segment on {on}, not {device}");
+        }
         let _ = std::fs::remove_dir_all(&out);
         l
     };

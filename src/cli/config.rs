@@ -225,8 +225,7 @@ pub fn file_args(file: &Path, train: &clap::Command, given: &[String]) -> Result
             .filter(|a| a.get_long().is_some() && a.get_id() != "config")
             .filter(|a| !a.is_hide_set() || a.get_id().as_str().starts_with("old_"))
             .find(|a| {
-                a.get_id() == wanted.as_str()
-                    || a.get_long().is_some_and(|l| arg_id(l) == wanted)
+                a.get_id() == wanted.as_str() || a.get_long().is_some_and(|l| arg_id(l) == wanted)
             })
         else {
             bail!(

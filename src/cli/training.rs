@@ -635,6 +635,19 @@ pub(super) fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<(Prepared, 
     Ok((prepared, run_dir, index.step))
 }
 
+/// The kind of device the run in `run_dir` trained on last (its record
+/// names it as the backend does: `cpu (2 threads)`, `opencl (NAME)`).
+fn recorded_device(run_dir: &Path) -> Result<DeviceChoice> {
+    let named = train::run_dir::read_record(run_dir)?.device;
+    Ok(if named.starts_with("opencl") {
+        DeviceChoice::Opencl
+    } else if named.starts_with("cuda") {
+        DeviceChoice::Cuda
+    } else {
+        DeviceChoice::Cpu
+    })
+}
+
 /// Optimizer steps a prepared run trains in all.
 pub(super) fn total_steps(p: &Prepared) -> Result<usize> {
     let cfg = &p.cfg;
@@ -737,7 +750,7 @@ pub(super) fn handle_stop_signals() -> Result<()> {
 }
 
 /// `train`: a new run of any task, or a recorded run resumed, through the one run driver.
-pub(super) fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
+pub(super) fn run_train(mut a: TrainArgs, given: &[String]) -> Result<Outcome> {
     if let Some(p) = a.data.as_ref().filter(|p| !p.exists()) {
         bail!("data path {} does not exist", p.display());
     }
@@ -745,6 +758,9 @@ pub(super) fn run_train(a: TrainArgs, given: &[String]) -> Result<Outcome> {
         Some(_) => {
             let (prep, run_dir, step) = resumed_run(&a, given)?;
             refuse_task_flags(given, prep.data.kind())?;
+            if !given.iter().any(|g| g == "device") {
+                a.device.device = recorded_device(&run_dir)?;
+            }
             let ckpt = prep.cfg.resume.clone().expect("resuming");
             if step >= total_steps(&prep)? {
                 return finish_completed(&prep, &run_dir, &ckpt, step);
