@@ -1495,7 +1495,7 @@ fn bad_numbers_and_outputs_over_inputs_are_refused_by_name() {
     );
     let said = String::from_utf8_lossy(&o.stderr).to_string();
     assert!(
-        !o.status.success() && said.contains("the val split has 0 tokens"),
+        !o.status.success() && said.contains("too short to hold out a validation part"),
         "{said}"
     );
     assert!(out.join("model.safetensors").exists() && out.join("checkpoints").exists());
@@ -1506,6 +1506,16 @@ fn bad_numbers_and_outputs_over_inputs_are_refused_by_name() {
         std::fs::create_dir_all(empty.join("data").join(g)).unwrap();
     }
     let spam_out = dir.join("spam");
+    // a message a group: splits left empty
+    let one = dir.join("one-each");
+    for g in ["easy-ham-1", "easy-ham-2", "hard-ham-1", "spam-1", "spam-2"] {
+        let group = one.join("data").join(g);
+        std::fs::create_dir_all(&group).unwrap();
+        let msg = serde_json::json!({"id": format!("{g}-0"), "text": "Subject: hi\n\nbody"});
+        std::fs::write(group.join("0.json"), msg.to_string()).unwrap();
+    }
+    let letter = dir.join("letter.txt");
+    std::fs::write(&letter, "a").unwrap();
     // the fixture is a 3-way classifier: the same examples under 3 label names
     let three = dir.join("three");
     std::fs::create_dir_all(&three).unwrap();
@@ -1536,6 +1546,28 @@ fn bad_numbers_and_outputs_over_inputs_are_refused_by_name() {
                 spam_out.to_str().unwrap(),
             ],
             "holds no messages",
+        ),
+        (
+            vec![
+                "data",
+                "prepare-spam",
+                "--input",
+                one.to_str().unwrap(),
+                "--out",
+                spam_out.to_str().unwrap(),
+            ],
+            "each split needs at least one",
+        ),
+        (
+            vec![
+                "data",
+                "prepare",
+                "--input",
+                letter.to_str().unwrap(),
+                "--out",
+                spam_out.to_str().unwrap(),
+            ],
+            "too short to hold out a validation part",
         ),
     ] {
         let o = distgpt(&args);

@@ -223,6 +223,14 @@ pub fn prepare_spam_assassin(package: &Path, out: &Path) -> Result<[usize; 3]> {
             });
         }
     }
+    if splits.iter().any(Vec::is_empty) {
+        let [train, val, test] = splits.each_ref().map(Vec::len);
+        return Err(Error::Input(format!(
+            "{}: its {} messages split into {train} train, {val} validation and {test} test (by message id, about 80/10/10); each split needs at least one: give the whole corpus",
+            package.display(),
+            train + val + test
+        )));
+    }
     std::fs::create_dir_all(out)
         .map_err(|e| Error::Input(format!("cannot create {}: {e}", out.display())))?;
     for (name, examples) in ["train", "val", "test"].iter().zip(&splits) {

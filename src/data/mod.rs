@@ -18,6 +18,8 @@ pub const SHAKESPEARE: &str = include_str!("../../data/shakespeare.txt");
 
 /// Fraction of a text corpus held out for validation (its tail).
 pub const VAL_FRACTION: f64 = 0.1;
+/// The fewest tokens a split of a text may have: one to read, one to predict.
+pub const MIN_SPLIT_TOKENS: usize = 2;
 
 /// Which tokenizer to build for a text corpus.
 #[derive(
@@ -160,6 +162,14 @@ impl Dataset {
         let ids = tokenizer.encode(text)?;
         let tokens: Vec<u16> = ids.iter().map(|&t| t as u16).collect();
         let n_val = (tokens.len() as f64 * VAL_FRACTION) as usize;
+        if n_val < MIN_SPLIT_TOKENS {
+            return Err(Error::Input(format!(
+                "{name} is {} tokens long: too short to hold out a validation part ({}% of the text, and each part needs at least {MIN_SPLIT_TOKENS} tokens); give a text of at least {} tokens",
+                tokens.len(),
+                VAL_FRACTION * 100.0,
+                (MIN_SPLIT_TOKENS as f64 / VAL_FRACTION).ceil() as usize
+            )));
+        }
         let (train, val) = tokens.split_at(tokens.len() - n_val);
         Ok(Dataset {
             name: name.into(),
@@ -319,6 +329,30 @@ pub fn prepare(source: Option<&Path>, kind: TokenizerKind, out: &Path) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_text_too_short_to_hold_out_validation_tokens_is_refused() {
+        let dir = crate::testdir::TestDir::new("short");
+        let path = dir.path().join("short.txt");
+        for (text, refused) in [
+            ("a", true),
+            ("abcdefghijklmnopqrs", true),
+            ("abcdefghijklmnopqrst", false),
+        ] {
+            std::fs::write(&path, text).unwrap();
+            let ds = Dataset::load(Some(&path), TokenizerKind::Char);
+            match ds {
+                Err(e) => {
+                    assert!(refused, "{text:?}: {e}");
+                    assert!(e.to_string().contains("at least 20 tokens"), "{e}");
+                }
+                Ok(ds) => {
+                    assert!(!refused, "{text:?} is refused");
+                    assert_eq!(ds.val.len(), 2);
+                }
+            }
+        }
+    }
 
     #[test]
     fn a_vocabulary_past_16_bit_ids_is_refused_not_wrapped() {
