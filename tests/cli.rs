@@ -1298,6 +1298,20 @@ fn bert_model_folders_are_checked_on_load_and_repaired_on_resume() {
     );
     assert!(out.join("vocab.txt").exists());
     succeeded(eval());
+    // a run stopped while it scored its test split (after its final
+    // checkpoint and model files) is scored by --resume
+    let report = out.join("classify.json");
+    let scored: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    std::fs::remove_file(&report).unwrap();
+    let finished = succeeded(distgpt(&["train", "--resume", out_s]));
+    let text = String::from_utf8_lossy(&finished.stdout).to_string();
+    assert!(text.contains("scored it"), "{text}");
+    let again: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(again, scored, "the report the uninterrupted run wrote");
+    let said = String::from_utf8_lossy(&distgpt(&["train", "--resume", out_s]).stderr).to_string();
+    assert!(said.contains("nothing left to train"), "{said}");
     // one flipped exponent bit in the last float
     let mut flipped = good.clone();
     let at = flipped.len() - 1;

@@ -659,19 +659,18 @@ pub(super) fn total_steps(p: &Prepared) -> Result<usize> {
 
 /// Resuming a run whose final checkpoint exists: there is nothing to train,
 /// but its model files may be missing, cut short or stale (killed between
-/// the two); they are rewritten from that checkpoint.
+/// the two), and they are rewritten from that checkpoint; and a run stopped
+/// while it scored its test split is scored (on `device`) and reported.
 pub(super) fn finish_completed(
     p: &Prepared,
     run_dir: &Path,
     ckpt: &Path,
     step: usize,
+    device: &DeviceArgs,
 ) -> Result<Outcome> {
     let _lock = train::run_dir::lock(run_dir)?;
-    match checkpoint::verify_model_files(run_dir, &p.data.model()) {
-        Ok(()) => bail!(
-            "{} finished at step {step}: nothing left to train (extend it with --steps N, N > {step})",
-            run_dir.display()
-        ),
+    let rewritten = match checkpoint::verify_model_files(run_dir, &p.data.model()) {
+        Ok(()) => false,
         Err(why) => {
             let vocab = match &p.data {
                 TaskData::Classify(t) => Some(t.vocab_file()),
@@ -683,9 +682,40 @@ pub(super) fn finish_completed(
                 run_dir.display(),
                 ckpt.display()
             );
-            Ok(Outcome::Done)
+            true
         }
-    }
+    };
+    let unreported = p
+        .data
+        .with_task::<Cpu, _>(|task| task.report_file())
+        .filter(|f| !run_dir.join(f).exists());
+    let Some(report) = unreported else {
+        if rewritten {
+            return Ok(Outcome::Done);
+        }
+        bail!(
+            "{} finished at step {step}: nothing left to train (extend it with --steps N, N > {step})",
+            run_dir.display()
+        );
+    };
+    let params = checkpoint::state::load(ckpt)?.params;
+    let threads = rayon::current_num_threads();
+    let test = on_device!(device, |be| p.data.with_task(
+        |task| train::evaluate_params(be, task, &params, &p.cfg, threads, true)
+    ))?;
+    let history = train::run_dir::read_metrics(run_dir)?;
+    let layout = distgpt::plan::layout_name(&p.par);
+    p.data
+        .with_task::<Cpu, _>(|task| task.write_report(run_dir, &history, test, &layout))?;
+    distgpt::outln!(
+        "{} finished at step {step} but was stopped while scoring its test split: scored it (loss {:.4}{}) and wrote {}",
+        run_dir.display(),
+        test.loss,
+        test.accuracy
+            .map_or(String::new(), |a| format!(", accuracy {:.2}%", 100.0 * a)),
+        run_dir.join(report).display()
+    );
+    Ok(Outcome::Done)
 }
 
 /// Refuses thread ranks whose planned memory exceeds what this machine has free.
@@ -763,7 +793,7 @@ pub(super) fn run_train(mut a: TrainArgs, given: &[String]) -> Result<Outcome> {
             }
             let ckpt = prep.cfg.resume.clone().expect("resuming");
             if step >= total_steps(&prep)? {
-                return finish_completed(&prep, &run_dir, &ckpt, step);
+                return finish_completed(&prep, &run_dir, &ckpt, step, &a.device);
             }
             distgpt::errln!(
                 "resuming {} from {} as {} on {}",

@@ -305,6 +305,10 @@ impl<B: Backend> Task<B> for ClassifyTask {
         crate::checkpoint::write_atomic(&dir.join(SUMMARY_FILE), json.as_bytes())
     }
 
+    fn report_file(&self) -> Option<&'static str> {
+        Some(SUMMARY_FILE)
+    }
+
     fn model_files(&self) -> &'static str {
         "a Hugging Face BertForSequenceClassification folder: config.json, model.safetensors, vocab.txt"
     }

@@ -127,6 +127,12 @@ pub trait Task<B: Backend>: Sync {
     ) -> Result<()> {
         Ok(())
     }
+    /// The file [`Task::write_report`] writes into the run directory, for a
+    /// task that reports (a finished run without it was stopped while
+    /// scoring its test split).
+    fn report_file(&self) -> Option<&'static str> {
+        None
+    }
     /// A sample from the model, for a task that generates (empty otherwise).
     fn sample(&self, _backend: B, _params: &[f32], _tokens: usize, _seed: u64) -> Result<String> {
         Ok(String::new())
