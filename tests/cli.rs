@@ -2153,12 +2153,12 @@ fn bench_says_what_a_sharded_strategys_other_bytes_are() {
 #[test]
 fn the_first_run_says_it_measures_the_peak_and_later_runs_reuse_it() {
     let cache = run_dir("peak-cache");
-    let run = |tag: &str| {
+    let run = |out: &std::path::Path| {
         let out = Command::new(env!("CARGO_BIN_EXE_distgpt"))
             .env("DISTGPT_CACHE_DIR", &cache)
             .args(["--threads", "2", "train", "--model", "tiny", "--steps", "1"])
             .args(["--batch-size", "2", "--seq-len", "16", "--out"])
-            .arg(run_dir(tag))
+            .arg(out)
             .output()
             .unwrap();
         let out = succeeded(out);
@@ -2167,13 +2167,44 @@ fn the_first_run_says_it_measures_the_peak_and_later_runs_reuse_it() {
             String::from_utf8_lossy(&out.stdout).to_string(),
         )
     };
-    let (said, _) = run("peak-first");
+    let (said, _) = run(&run_dir("peak-first"));
     assert!(said.contains("measuring the peak of"), "{said}");
-    let (again, _) = run("peak-second");
+    let second = run_dir("peak-second");
+    let (again, _) = run(&second);
     assert!(!again.contains("measuring"), "{again}");
     // the run's header (on stderr without a terminal) names the peak
     if is_x86_feature_detected!("fma") {
         assert!(again.contains("(hardware: "), "{again}");
+        // one MFU: bench and devices state it against the peak train does
+        let distgpt_cached = |args: &[&str]| {
+            let out = Command::new(env!("CARGO_BIN_EXE_distgpt"))
+                .env("DISTGPT_CACHE_DIR", &cache)
+                .args(["--threads", "2"])
+                .args(args)
+                .output()
+                .unwrap();
+            succeeded(out).stdout
+        };
+        let record: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(second.join("run.json")).unwrap())
+                .unwrap();
+        let trained = record["peak_flops"].as_f64().unwrap() / 1e9;
+        let bench = distgpt_cached(&["bench", "--model", "tiny", "--steps", "1", "--json"]);
+        let j: serde_json::Value = serde_json::from_slice(&bench).unwrap();
+        let benched = j["peak_gflops"].as_f64().unwrap();
+        assert!(
+            (benched / trained - 1.0).abs() < 1e-9,
+            "{benched} vs {trained}"
+        );
+        assert_eq!(j["mfu"], j["mfu_hardware"], "{j}");
+        assert!(j["matmul_peak_gflops"].as_f64().unwrap() > 0.0, "{j}");
+        let devices = String::from_utf8(distgpt_cached(&["devices"])).unwrap();
+        assert!(
+            devices.contains(&format!(
+                "cpu hardware peak (what MFU is stated against): {trained:.0} GFLOP/s"
+            )),
+            "{devices}"
+        );
     }
 }
 
@@ -2252,4 +2283,46 @@ fn bench_one_step(model: &str, strategy: &str, world: &str, seq: &str, extra: &[
     ];
     args.extend_from_slice(extra);
     succeeded(distgpt(&args))
+}
+
+/// A second command's output into a folder that holds the first's results
+/// is refused by name, not mixed in or replaced, unless `--overwrite`.
+#[test]
+fn an_output_folder_holding_another_commands_results_is_refused() {
+    let dir = run_dir("outputs-held");
+    let run = dir.join("run");
+    let run_s = run.to_str().unwrap();
+    train_tiny(run_s, &["--steps", "2", "--quiet"]);
+    let out = dir.join("out");
+    let out_s = out.to_str().unwrap();
+    let commands: [&[&str]; 4] = [
+        &["quantize", run_s, "--out", out_s],
+        &["export", run_s, "--out", out_s],
+        &["checkpoint", "consolidate", run_s, "--out", out_s],
+        &["plot", run_s, "--out", out_s],
+    ];
+    succeeded(distgpt(commands[0]));
+    for args in commands {
+        let o = distgpt(args);
+        let said = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(
+            !o.status.success() && said.contains(&format!("--out {out_s} already holds")),
+            "{args:?}: {said}"
+        );
+        succeeded(distgpt(&[args, &["--overwrite"]].concat()));
+    }
+    // into a run's own folder: named as such
+    let o = distgpt(&["quantize", run_s, "--out", run_s]);
+    let said = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(said.contains("is the input"), "{said}");
+    let plans = dir.join("plans");
+    let plan = ["plan", "--model", "tiny", "--world-size", "2", "--plot"];
+    succeeded(distgpt(&[&plan[..], &[plans.to_str().unwrap()]].concat()));
+    let o = distgpt(&[&plan[..], &[plans.to_str().unwrap()]].concat());
+    let said = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(
+        said.contains("--plot") && said.contains("already holds"),
+        "{said}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

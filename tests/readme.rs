@@ -2,6 +2,9 @@
 //! flags and values as written (`--help` appended, so nothing trains), and
 //! the `plan` examples on datasheet devices run whole, as they are quick.
 
+#[path = "support/scratch.rs"]
+mod scratch;
+use scratch::scratch;
 use std::process::Command;
 
 /// The README's distgpt command lines: indented code, continuation lines
@@ -93,6 +96,10 @@ fn every_readme_command_parses_and_its_plans_run() {
                 .any(|w| w[0] == "--device" && ["a100", "h100", "custom"].contains(&w[1].as_str()));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_distgpt"));
         cmd.args(&args);
+        // what a plan writes (--plot plots/plan) goes to a folder of its own
+        let cwd = scratch(&format!("readme-line-{line}"));
+        std::fs::create_dir_all(&cwd).unwrap();
+        cmd.current_dir(&cwd);
         if !datasheet {
             cmd.arg("--help");
         }

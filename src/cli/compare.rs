@@ -98,11 +98,17 @@ pub struct CompareArgs {
     /// Report directory (default: reports/compare-<time>).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Write into --out even when it already holds files.
+    #[arg(long)]
+    overwrite: bool,
 }
 
 pub fn run(mut a: CompareArgs, threads: usize) -> Result<()> {
     if a.batch_sizes.contains(&0) || a.world_sizes.contains(&0) {
         bail!("--batch-sizes and --world-sizes must be at least 1");
+    }
+    if let Some(out) = &a.out {
+        super::claim_out(out, "--out", a.overwrite)?;
     }
     let out_dir = a.out.clone().unwrap_or_else(|| {
         let secs = std::time::SystemTime::now()

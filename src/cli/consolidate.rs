@@ -10,7 +10,7 @@ pub(super) struct ConsolidateArgs {
     /// Output directory (created; its model files are replaced).
     #[arg(long)]
     out: PathBuf,
-    /// Write into --out even when it is the input or holds a run.
+    /// Write into --out even when it is the input or already holds files.
     #[arg(long)]
     overwrite: bool,
 }

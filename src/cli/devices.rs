@@ -63,19 +63,24 @@ pub fn run(a: DevicesArgs) -> Result<()> {
     };
     match peak {
         Some(p) => {
-            distgpt::outln!(
-                "cpu peak for MFU: {:.1} GFLOP/s, {} ({})",
-                p.flops / 1e9,
-                p.matmul_name(),
-                p.source
-            );
-            if let Some(hw) = &p.hardware {
-                distgpt::outln!(
-                    "cpu hardware peak: {:.0} GFLOP/s = {}",
+            // MFU is stated against the hardware's peak where it is known;
+            // the best matmul is a probe of this machine's products
+            match &p.hardware {
+                Some(hw) => distgpt::outln!(
+                    "cpu hardware peak (what MFU is stated against): {:.0} GFLOP/s = {}",
                     hw.flops / 1e9,
                     hw.describe()
-                );
+                ),
+                None => distgpt::outln!(
+                    "cpu hardware peak: not known for this CPU; MFU is stated against the best matmul"
+                ),
             }
+            distgpt::outln!(
+                "cpu {}: {:.1} GFLOP/s ({})",
+                p.matmul_name(),
+                p.flops / 1e9,
+                p.source
+            );
             for t in &p.timings {
                 let path = t.lib.path().map(|f| format!(" ({f})")).unwrap_or_default();
                 let bf16 = t
@@ -100,7 +105,7 @@ pub fn run(a: DevicesArgs) -> Result<()> {
             distgpt::outln!("cpu bf16 products (--precision bf16): {}", bf16_route(&p));
         }
         None => distgpt::outln!(
-            "cpu peak for MFU: not measured yet (the first run measures it; `distgpt devices --measure` now)"
+            "cpu peaks: not measured yet (the first run measures them; `distgpt devices --measure` now)"
         ),
     }
     Ok(())

@@ -14,7 +14,7 @@ pub(super) struct ExportArgs {
     /// or a BERT's class).
     #[arg(long)]
     out: PathBuf,
-    /// Write into --out even when it is the input or holds a run.
+    /// Write into --out even when it is the input or already holds files.
     #[arg(long)]
     overwrite: bool,
 }

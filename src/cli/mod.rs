@@ -650,22 +650,53 @@ fn refuse_file_out(out: &Path, what: &str) -> Result<()> {
 }
 
 /// Refuses an output folder that is a file, or that is the input or holds
-/// a run (its model files would be replaced) unless `overwrite`.
+/// anything (another command's results would be replaced or mixed with
+/// the new ones) unless `overwrite`.
 fn refuse_output_over_input(input: &Path, out: &Path, overwrite: bool) -> Result<()> {
     refuse_file_out(out, "a model folder")?;
-    if overwrite {
-        return Ok(());
-    }
     let same = match (input.canonicalize(), out.canonicalize()) {
         (Ok(a), Ok(b)) => a == b,
         _ => false,
     };
-    let holds_run = train::run_dir::holds_a_run(out);
-    if same || holds_run {
+    if same && !overwrite {
         bail!(
-            "--out {} {}: its model files would be replaced; choose another --out, or pass --overwrite",
-            out.display(),
-            if same { "is the input" } else { "holds a training run" }
+            "--out {} is the input: its model files would be replaced; choose another --out, or pass --overwrite",
+            out.display()
+        );
+    }
+    claim_out(out, "--out", overwrite)
+}
+
+/// Refuses an output folder (given as `flag`) that already holds files,
+/// unless `overwrite`: one command's results never silently replace or
+/// mix with another's.
+fn claim_out(out: &Path, flag: &str, overwrite: bool) -> Result<()> {
+    if out.exists() && !out.is_dir() {
+        bail!("{flag} {} is a file: give a folder", out.display());
+    }
+    if overwrite {
+        return Ok(());
+    }
+    let mut held: Vec<String> = match std::fs::read_dir(out) {
+        Ok(d) => d
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    held.sort();
+    if let Some(first) = held.first() {
+        let what = match train::run_dir::holds_a_run(out) {
+            true => "a training run".to_string(),
+            false => format!(
+                "{} ({first}{})",
+                metrics::count(held.len(), "item"),
+                if held.len() > 1 { ", ..." } else { "" }
+            ),
+        };
+        bail!(
+            "{flag} {} already holds {what}: another command's results would be replaced or mixed with these; choose another {flag}, or pass --overwrite",
+            out.display()
         );
     }
     Ok(())

@@ -117,6 +117,9 @@ pub struct PlanArgs {
     /// the recommendation marked: DIR/plan-world-N.png and .svg.
     #[arg(long, value_name = "DIR", help_heading = "Plan")]
     plot: Option<PathBuf>,
+    /// Draw into --plot's folder even when it already holds files.
+    #[arg(long, requires = "plot", help_heading = "Plan")]
+    overwrite: bool,
 }
 
 fn need(v: Option<f64>, flag: &str) -> Result<f64> {
@@ -165,7 +168,7 @@ fn target(a: &PlanArgs, threads: usize) -> Result<(Device, Network, Option<Machi
             );
             let m = Machine::measure(threads)?;
             distgpt::errln!(
-                "  peak {:.0} GFLOP/s, AdamW {:.1} GB/s, all-reduce {:.1} GB/s + {:.1} us",
+                "  best matmul {:.0} GFLOP/s (steps are priced from it, not from the hardware's peak), AdamW {:.1} GB/s, all-reduce {:.1} GB/s + {:.1} us",
                 m.peak_flops / 1e9,
                 m.memory_bandwidth / 1e9,
                 m.comm_bandwidth / 1e9,
@@ -268,6 +271,9 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
     if let Some(&w) = a.world_size.iter().find(|&&w| w == 0 || w > MAX_WORLD) {
         bail!("world size {w} is outside 1..={MAX_WORLD}");
     }
+    if let Some(dir) = &a.plot {
+        super::claim_out(dir, "--plot", a.overwrite)?;
+    }
     let w = Workload {
         model,
         batch: a.batch_size,
@@ -277,12 +283,16 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
     };
     let (mut device, net, machine, source) = target(&a, threads)?;
     if !a.json {
-        distgpt::outln!("{}", workload_line(&a, &w, &device));
+        let peak_is = match machine {
+            Some(_) => "best matmul",
+            None => "peak",
+        };
+        distgpt::outln!("{}", workload_line(&a, &w, &device, peak_is));
         distgpt::outln!("{}", network_line(&net));
         match machine {
             Some(_) if !efficiency_given(&a) => distgpt::outln!("efficiency: {source}"),
             _ => distgpt::outln!(
-                "efficiency: {:.1}% of the peak, {source}",
+                "efficiency: {:.1}% of the {peak_is}, {source}",
                 100.0 * device.efficiency
             ),
         }
@@ -336,10 +346,11 @@ fn efficiency_given(a: &PlanArgs) -> bool {
     a.efficiency.is_some() || a.efficiency_from.is_some()
 }
 
-/// The header: the model, the step and the device.
-fn workload_line(a: &PlanArgs, w: &Workload, device: &Device) -> String {
+/// The header: the model, the step and the device (`peak_is`: what its
+/// FLOP/s are, a datasheet's peak or a measured best matmul).
+fn workload_line(a: &PlanArgs, w: &Workload, device: &Device, peak_is: &str) -> String {
     format!(
-        "{} ({} params, {} layers x {} wide), global batch {} x {} tokens x {} accum, {} on {} ({} peak, {:.0} GB)",
+        "{} ({} params, {} layers x {} wide), global batch {} x {} tokens x {} accum, {} on {} ({} {peak_is}, {:.0} GB)",
         a.model.model_name(),
         params(w.model.num_params() as f64),
         w.model.n_layer(),

@@ -12,9 +12,16 @@ pub struct PlotArgs {
     /// Output directory (default: RUN/plots for one run, ./plots for several).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Write into --out even when it already holds files (the default
+    /// RUN/plots is always redrawn).
+    #[arg(long)]
+    overwrite: bool,
 }
 
 pub fn run(a: PlotArgs) -> Result<()> {
+    if let Some(out) = &a.out {
+        super::claim_out(out, "--out", a.overwrite)?;
+    }
     let out = a.out.unwrap_or_else(|| match a.runs.as_slice() {
         [one] => one.join("plots"),
         _ => PathBuf::from("plots"),

@@ -40,6 +40,9 @@ pub struct PrepareSpamArgs {
     /// Output directory.
     #[arg(long)]
     out: PathBuf,
+    /// Write into --out even when it already holds files.
+    #[arg(long)]
+    overwrite: bool,
 }
 
 pub fn run(command: DataCommand) -> Result<()> {
@@ -53,6 +56,7 @@ pub fn run(command: DataCommand) -> Result<()> {
             );
         }
         DataCommand::PrepareSpam(a) => {
+            super::claim_out(&a.out, "--out", a.overwrite)?;
             let [train, val, test] = data::labelled::prepare_spam_assassin(&a.input, &a.out)?;
             distgpt::outln!(
                 "wrote {} ({train} train, {val} validation, {test} test messages)",

@@ -11,7 +11,7 @@ pub(super) struct PruneArgs {
     /// with --sweep one folder per method), prune.csv, prune.json and the figures.
     #[arg(long)]
     out: PathBuf,
-    /// Write into --out even when it is the input or holds a run.
+    /// Write into --out even when it is the input or already holds files.
     #[arg(long)]
     overwrite: bool,
     /// magnitude: single weights, the matrices keep their shapes; rows:

@@ -10,7 +10,7 @@ pub(super) struct QuantizeArgs {
     /// Output folder (model.safetensors and model.json).
     #[arg(long)]
     out: PathBuf,
-    /// Write into --out even when it is the input or holds a run.
+    /// Write into --out even when it is the input or already holds files.
     #[arg(long)]
     overwrite: bool,
 }
