@@ -2326,3 +2326,36 @@ fn an_output_folder_holding_another_commands_results_is_refused() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Several prompts each stop at the model's block, and the command says
+/// so when that leaves a prompt short of `--tokens` (one prompt slides on).
+#[test]
+fn prompts_cut_short_by_the_block_are_named() {
+    let dir = run_dir("prompts-at-the-block");
+    let run = dir.join("run");
+    let run_s = run.to_str().unwrap();
+    train_tiny(run_s, &["--steps", "1", "--quiet", "--sample-tokens", "0"]);
+    let block: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("model.json")).unwrap()).unwrap();
+    let block = block["config"]["block_size"].as_u64().unwrap() as usize;
+    let tokens = (block + 5).to_string();
+    let two = ["generate", run_s, "--prompt", "ab", "--prompt", "c"];
+    let o = succeeded(distgpt(&[&two[..], &["--tokens", &tokens]].concat()));
+    let said = String::from_utf8_lossy(&o.stderr).to_string();
+    for (r, p) in [(0, 2), (1, 1)] {
+        let note = format!(
+            "prompt {r} stopped at the model's block of {block} positions ({p} prompt + {} new tokens)",
+            block - p
+        );
+        assert!(said.contains(&note), "{said}");
+    }
+    let o = succeeded(distgpt(&[&two[..], &["--tokens", "3"]].concat()));
+    let said = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(!said.contains("stopped at"), "{said}");
+    let o = succeeded(distgpt(&[
+        "generate", run_s, "--prompt", "ab", "--tokens", &tokens,
+    ]));
+    let said = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(!said.contains("stopped at"), "one prompt slides on: {said}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

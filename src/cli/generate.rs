@@ -187,6 +187,17 @@ pub(super) fn run_generate(mut a: GenerateArgs) -> Result<()> {
             distgpt::outln!("--- {p:?} ---\n{p}{}", tk.decode(o));
         }
     }
+    let block = meta.config.block_size();
+    for (r, (p, o)) in prompts.iter().zip(&out).enumerate() {
+        if o.len() < a.tokens && p.len() + o.len() >= block {
+            distgpt::errln!(
+                "note: prompt {r} stopped at the model's block of {block} positions ({} prompt + {} new tokens), short of --tokens {}: only one prompt at a time, without --tp, slides its window on",
+                p.len(),
+                o.len(),
+                a.tokens
+            );
+        }
+    }
     let n: usize = out.iter().map(Vec::len).sum();
     // the rate after the first token: decoding alone, without the load
     let rate = match after {
