@@ -1,6 +1,8 @@
 //! Every command the README shows still parses: each one's subcommand,
 //! flags and values as written (`--help` appended, so nothing trains), and
-//! the `plan` examples on datasheet devices run whole, as they are quick.
+//! the `plan` examples on datasheet devices run whole, as they are quick;
+//! the README's sequences (resume, config files, the examples) run for real
+//! in order on tiny settings.
 
 #[path = "support/scratch.rs"]
 mod scratch;
@@ -118,4 +120,125 @@ fn every_readme_command_parses_and_its_plans_run() {
     }
     assert!(ran >= 3, "the plan examples ran ({ran})");
     eprintln!("{parsed} README commands parsed, {ran} plans run");
+}
+
+/// Flags counted in steps: the walk-through divides them by 100.
+const STEP_FLAGS: [&str; 7] = [
+    "--steps",
+    "--checkpoint-every",
+    "--stop-after",
+    "--from-step",
+    "--finetune-steps",
+    "--eval-every",
+    "--sample-every",
+];
+
+/// A README command on tiny settings: a new run trains the tiny model at 4
+/// x 16 tokens (its shape flags replaced), step counts are a hundredth,
+/// batches 4 sequences of 16 and evaluations 2 batches.
+fn on_tiny_settings(args: &[String]) -> Vec<String> {
+    let fresh_run = args[0] == "train" && !args.iter().any(|a| a == "--resume");
+    let dropped: &[&str] = match fresh_run {
+        true => &[
+            "--model",
+            "--n-layer",
+            "--n-head",
+            "--n-embd",
+            "--block-size",
+            "--batch-size",
+            "--seq-len",
+        ],
+        false => &[],
+    };
+    let mut out = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if dropped.contains(&a.as_str()) {
+            it.next();
+            continue;
+        }
+        out.push(a.clone());
+        let value = match a.as_str() {
+            f if STEP_FLAGS.contains(&f) => it.next().map(|v| {
+                let n: usize = v.parse().expect("a step count");
+                (n / 100).max(1).to_string()
+            }),
+            "--batch-size" => it.next().map(|_| "4".into()),
+            "--seq-len" => it.next().map(|_| "16".into()),
+            "--eval-batches" => it.next().map(|_| "2".into()),
+            _ => None,
+        };
+        out.extend(value);
+    }
+    if fresh_run {
+        out.extend(["--model", "tiny", "--batch-size", "4", "--seq-len", "16"].map(String::from));
+        out.extend(["--block-size", "16", "--sample-tokens", "0"].map(String::from));
+    }
+    if args[0] == "train" {
+        out.push("--quiet".into());
+    }
+    out
+}
+
+/// The README's sequences run for real, in order, on tiny settings: each
+/// block of commands in a folder of its own, so every command meets the
+/// files the block's earlier commands made (a resume finds its run, a
+/// config file its run.json, two outputs their own folders). Commands that
+/// name a placeholder or another machine (DIR, a folder from elsewhere,
+/// mpirun) are left out, and counted.
+#[test]
+fn the_readmes_sequences_run_in_order_on_tiny_settings() {
+    let commands = readme_commands();
+    let mut blocks: Vec<Vec<(usize, Vec<String>)>> = Vec::new();
+    for (line, args) in commands {
+        match blocks.last_mut() {
+            Some(b) if b.last().is_some_and(|(l, _)| l + 1 == line) => b.push((line, args)),
+            _ => blocks.push(vec![(line, args)]),
+        }
+    }
+    let anchors = [
+        "--resume runs/a --stop-after 500",
+        "--config runs/char/run.json",
+        "generate runs/latest",
+    ];
+    let placeholder = |a: &String| {
+        ["DIR", "FILE", "text.txt", "hf/gpt2-folder", "mpi"].contains(&a.as_str())
+            || a.contains("mpirun")
+    };
+    let (mut ran, mut left_out) = (0, Vec::new());
+    for anchor in anchors {
+        let block = blocks
+            .iter()
+            .find(|b| b.iter().any(|(_, a)| a.join(" ").contains(anchor)))
+            .unwrap_or_else(|| panic!("no README block with `{anchor}`"));
+        let cwd = scratch(&format!("readme-walk-{}", block[0].0));
+        std::fs::create_dir_all(&cwd).unwrap();
+        // the shipped config files, where a clone has them
+        let configs = concat!(env!("CARGO_MANIFEST_DIR"), "/configs");
+        std::os::unix::fs::symlink(configs, cwd.join("configs")).unwrap();
+        for (line, args) in block {
+            if args.iter().any(placeholder) {
+                left_out.push(*line);
+                continue;
+            }
+            let tiny = on_tiny_settings(args);
+            let out = Command::new(env!("CARGO_BIN_EXE_distgpt"))
+                .args(&tiny)
+                .current_dir(&cwd)
+                .output()
+                .unwrap();
+            // a run stopped by --stop-after exits 75, as one stopped by a signal
+            let stopped = tiny.iter().any(|a| a == "--stop-after") && out.status.code() == Some(75);
+            assert!(
+                out.status.success() || stopped,
+                "README.md line {line}, after the block's earlier lines: distgpt {}\n{}",
+                tiny.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            ran += 1;
+        }
+    }
+    assert!(ran >= 15, "{ran} commands ran");
+    assert!(left_out.len() <= 5, "left out: lines {left_out:?}");
+    eprintln!("{ran} README commands ran in order; left out lines {left_out:?}");
 }
