@@ -10,7 +10,7 @@ use crate::backend::Backend;
 use crate::data::TokenizerSpec;
 use crate::error::{Error, Result};
 use crate::model::{Gpt2, GptConfig, ModelConfig, ParamLayout};
-use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use safetensors::tensor::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::Path;
@@ -81,34 +81,82 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     write().map_err(|e| Error::io(path, e))
 }
 
-/// Serialises named f32 tensors (name, shape, values) to safetensors bytes;
-/// `path` only names the file in errors.
-fn f32_safetensors(tensors: &[(String, Vec<usize>, &[f32])], path: &Path) -> Result<Vec<u8>> {
-    let raw: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = tensors
-        .iter()
-        .map(|(n, s, x)| {
-            let bytes = x.iter().flat_map(|v| v.to_le_bytes()).collect();
-            (n.clone(), Dtype::F32, s.clone(), bytes)
-        })
-        .collect();
-    safetensors_bytes(&raw, path)
+/// A tensor's values for [`write_safetensors`]: f32s, written as
+/// little-endian bytes a chunk at a time (never copied whole), or bytes
+/// made already (int8 codes).
+pub(crate) enum Data<'a> {
+    F32(&'a [f32]),
+    Bytes(Vec<u8>),
 }
 
-/// Serialises named tensors (name, dtype, shape, little-endian bytes).
-fn safetensors_bytes(
-    tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)],
+impl Data<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Data::F32(x) => 4 * x.len(),
+            Data::Bytes(b) => b.len(),
+        }
+    }
+}
+
+/// Writes named tensors (name, dtype, shape, values) as a safetensors file
+/// at `path`, atomically and synced, streaming: the file's bytes are never
+/// all in memory at once (a checkpoint of params and both moments would
+/// otherwise cost twice its size at the end of a run). Returns the file's
+/// [`state::checksum`].
+pub(crate) fn write_safetensors(
     path: &Path,
-) -> Result<Vec<u8>> {
-    let bad = |e: safetensors::SafeTensorError| Error::Checkpoint {
-        path: path.into(),
-        reason: e.to_string(),
+    tensors: &[(String, Dtype, Vec<usize>, Data<'_>)],
+) -> Result<String> {
+    let mut header = serde_json::Map::new();
+    let mut offset = 0usize;
+    for (name, dtype, shape, data) in tensors {
+        let elements: usize = shape.iter().product();
+        assert_eq!(
+            elements * dtype.size(),
+            data.len(),
+            "{name}: shape and values agree"
+        );
+        let dtype = format!("{dtype:?}");
+        header.insert(
+            name.clone(),
+            serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + data.len()]}),
+        );
+        offset += data.len();
+    }
+    let mut head = serde_json::to_string(&header).expect("a header serialises");
+    // the data starts on an 8-byte boundary, as the format advises
+    while !head.len().is_multiple_of(8) {
+        head.push(' ');
+    }
+    let tmp = path.with_extension("tmp");
+    let mut sum = state::Checksum::new();
+    let write = |sum: &mut state::Checksum| -> std::io::Result<()> {
+        let mut f = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
+        let mut put = |bytes: &[u8]| {
+            sum.update(bytes);
+            f.write_all(bytes)
+        };
+        put(&(head.len() as u64).to_le_bytes())?;
+        put(head.as_bytes())?;
+        let mut chunk = Vec::with_capacity(1 << 16);
+        for (_, _, _, data) in tensors {
+            match data {
+                Data::F32(x) => {
+                    for part in x.chunks(1 << 14) {
+                        chunk.clear();
+                        chunk.extend(part.iter().flat_map(|v| v.to_le_bytes()));
+                        put(&chunk)?;
+                    }
+                }
+                Data::Bytes(b) => put(b)?,
+            }
+        }
+        let f = f.into_inner().map_err(|e| e.into_error())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
     };
-    let views = tensors
-        .iter()
-        .map(|(n, d, s, b)| TensorView::new(*d, s.clone(), b).map(|v| (n.clone(), v)))
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(bad)?;
-    safetensors::serialize(views, &None).map_err(bad)
+    write(&mut sum).map_err(|e| Error::io(path, e))?;
+    Ok(sum.hex())
 }
 
 /// The int8 scales' tensor beside block matrix `name`.
@@ -153,16 +201,18 @@ pub fn write_weights(
                 crate::backend::cpu::int8::quantize_columns(w, shape[0], shape[1]);
             let bytes = codes.iter().map(|&c| c as u8).collect();
             let scale_bytes = scales.iter().flat_map(|s| s.to_le_bytes()).collect();
-            tensors.push((scale_name(&name), Dtype::F32, vec![shape[1]], scale_bytes));
-            tensors.push((name, Dtype::I8, shape, bytes));
+            tensors.push((
+                scale_name(&name),
+                Dtype::F32,
+                vec![shape[1]],
+                Data::Bytes(scale_bytes),
+            ));
+            tensors.push((name, Dtype::I8, shape, Data::Bytes(bytes)));
         } else {
-            let bytes = w.iter().flat_map(|x| x.to_le_bytes()).collect();
-            tensors.push((name, Dtype::F32, shape, bytes));
+            tensors.push((name, Dtype::F32, shape, Data::F32(w)));
         }
     }
-    let bytes = safetensors_bytes(&tensors, path)?;
-    write_atomic(path, &bytes)?;
-    Ok(state::checksum(&bytes))
+    write_safetensors(path, &tensors)
 }
 
 /// Saves the weights as Hugging Face GPT-2 safetensors (the padded vocabulary
@@ -551,7 +601,11 @@ mod tests {
         let dir = crate::testdir::TestDir::new("extra-tensors");
         let read = |tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)]| {
             let path = dir.path().join("model.safetensors");
-            std::fs::write(&path, safetensors_bytes(tensors, &path).unwrap()).unwrap();
+            let data: Vec<_> = tensors
+                .iter()
+                .map(|(n, d, s, b)| (n.clone(), *d, s.clone(), Data::Bytes(b.clone())))
+                .collect();
+            write_safetensors(&path, &data).unwrap();
             read_weights(&cfg, &path, None)
         };
         let plain = read(&model).unwrap();

@@ -10,7 +10,7 @@
 //! refused instead of resuming a step never trained; a checkpoint holding a
 //! non-finite value is never published.
 
-use super::{f32_safetensors, write_atomic};
+use super::{write_atomic, write_safetensors, Data};
 use crate::backend::cpu::blas::{self, MatmulChoice};
 use crate::comm::Comm;
 use crate::data::{LoaderPosition, TokenizerSpec};
@@ -145,12 +145,35 @@ pub struct RankFile {
 
 /// FNV-1a, 64 bit: enough to catch truncation and flipped bytes.
 pub fn checksum(bytes: &[u8]) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    let mut sum = Checksum::new();
+    sum.update(bytes);
+    sum.hex()
+}
+
+/// [`checksum`] taken a piece at a time (of a file as it is written).
+pub struct Checksum(u64);
+
+impl Default for Checksum {
+    fn default() -> Self {
+        Self::new()
     }
-    format!("{h:016x}")
+}
+
+impl Checksum {
+    pub fn new() -> Self {
+        Checksum(0xcbf2_9ce4_8422_2325)
+    }
+
+    pub fn update(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 ^= b as u64;
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+
+    pub fn hex(&self) -> String {
+        format!("{:016x}", self.0)
+    }
 }
 
 /// [`checksum`] of a record's JSON value, whose keys are sorted: the sum
@@ -228,19 +251,18 @@ pub fn save(
     let ok = finite(&owned.params) && finite(&owned.m) && finite(&owned.v);
     if ok && !owned.segments.is_empty() {
         let n = owned.params.len();
-        let tensors: Vec<(String, Vec<usize>, &[f32])> = TENSORS
+        let tensors: Vec<_> = TENSORS
             .iter()
             .zip([&owned.params, &owned.m, &owned.v])
-            .map(|(t, x)| (t.to_string(), vec![n], x.as_slice()))
+            .map(|(t, x)| (t.to_string(), Dtype::F32, vec![n], Data::F32(x)))
             .collect();
-        let data = f32_safetensors(&tensors, &tmp)?;
         let file = format!("rank_{rank}.safetensors");
-        write_atomic(&tmp.join(&file), &data)?;
+        let sum = write_safetensors(&tmp.join(&file), &tensors)?;
         let meta = RankFile {
             file,
             segments: owned.segments.clone(),
             floats: n,
-            checksum: checksum(&data),
+            checksum: sum,
         };
         write_atomic(
             &tmp.join(format!("rank_{rank}.json")),

@@ -907,8 +907,12 @@ pub(super) fn report_run(
     distgpt::outln!("peak memory (rank 0): {}", metrics::memory_line(&s.memory));
     if let Some(rss) = metrics::peak_rss_bytes() {
         distgpt::outln!(
-            "peak RSS of rank 0's process: {} (its ranks with what the categories leave out: data, workspaces, thread stacks, the allocator)",
-            metrics::human_bytes(rss)
+            "peak RSS of rank 0's process: {}{} (its ranks with what the categories leave out: data, workspaces, thread stacks, the allocator)",
+            metrics::human_bytes(rss),
+            s.peak_rss_at_last_step.map_or(String::new(), |at| format!(
+                ", {} when the last step was done",
+                metrics::human_bytes(at)
+            ))
         );
     }
     if s.rank_peak_bytes.len() > 1 {

@@ -331,6 +331,10 @@ pub trait Strategy {
     fn comm_stats(&self) -> CommStats;
     /// How many parts this rank runs its batch in (`model::parts`).
     fn batch_parts(&self) -> usize;
+    /// Frees the activations kept between steps (the next step allocates
+    /// them afresh): a run's end writes its model files and checkpoint in
+    /// the room they held, within the training step's peak.
+    fn free_activations(&mut self);
     /// The forwards and backwards of the last step's pipeline program
     /// (empty where the strategy runs no pipeline).
     fn timeline(&self) -> Vec<Span> {
@@ -353,10 +357,7 @@ impl OwnedState {
     /// Appends the run of `len` elements at `global`, its values taken from
     /// the front of `p` and, when this state carries them, of the moments `mv`.
     fn push(&mut self, global: usize, len: usize, p: &[f32], mv: Option<[&[f32]; 2]>) {
-        match self.segments.last_mut() {
-            Some(last) if last.0 + last.1 == global => last.1 += len,
-            _ => self.segments.push((global, len)),
-        }
+        self.add_run(global, len);
         self.params.extend_from_slice(&p[..len]);
         if let Some([m, v]) = mv {
             self.m.extend_from_slice(&m[..len]);
@@ -364,8 +365,22 @@ impl OwnedState {
         }
     }
 
-    /// Appends another part's runs after this one's.
+    /// Records a run of `len` elements at `global` after the others
+    /// (joined to the last when they meet), its values added by the caller.
+    fn add_run(&mut self, global: usize, len: usize) {
+        match self.segments.last_mut() {
+            Some(last) if last.0 + last.1 == global => last.1 += len,
+            _ => self.segments.push((global, len)),
+        }
+    }
+
+    /// Appends another part's runs after this one's (taking its buffers
+    /// when this holds none).
     fn append(&mut self, o: OwnedState) {
+        if self.segments.is_empty() && self.params.is_empty() {
+            *self = o;
+            return;
+        }
         let moments = o.m.len() == o.params.len();
         let mut at = 0;
         for &(global, len) in &o.segments {

@@ -284,6 +284,9 @@ impl Fault {
 #[derive(Clone, Debug, Serialize)]
 pub struct TrainSummary {
     pub steps: usize,
+    /// The process's peak RSS when the last step was done, before the
+    /// model files and the final checkpoint (rank 0's; Linux only).
+    pub peak_rss_at_last_step: Option<u64>,
     pub first_loss: f32,
     pub final_loss: f32,
     /// The last validation loss (NaN if none).

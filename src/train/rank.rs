@@ -36,6 +36,8 @@ pub fn train_rank<B: Backend + 'static>(
         run.sample_if_due(step, &done)?;
         run.record(step, &done, val_loss)?;
         if done.is_last {
+            run.peak_rss_at_last_step = metrics::peak_rss_bytes();
+            run.strategy.free_activations();
             run.save_model()?;
         }
         run.checkpoint_if_due(step, &done)?;
@@ -101,8 +103,8 @@ struct Run<'a, B: Backend> {
     stopped: bool,
     /// Rank 0 could not write a step to `metrics.jsonl`: stop as a signal would.
     record_failed: bool,
-    /// The whole model after the last step.
-    final_params: Option<Vec<f32>>,
+    /// The process's peak RSS when the last step was done.
+    peak_rss_at_last_step: Option<u64>,
 }
 
 impl<'a, B: Backend + 'static> Run<'a, B> {
@@ -182,7 +184,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             rank_peaks: vec![0; 6 * world.size()],
             stopped: false,
             record_failed: false,
-            final_params: None,
+            peak_rss_at_last_step: None,
             cfg,
         })
     }
@@ -430,14 +432,14 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
 
     /// **Collective** (the whole model is gathered), then rank 0 writes the
     /// model files. They come before the final checkpoint: a run whose
-    /// final checkpoint exists is always readable.
+    /// final checkpoint exists is always readable. The gathered model is
+    /// not kept through the checkpoint ([`Run::finish`] gathers it again).
     fn save_model(&mut self) -> Result<()> {
         let full = self.strategy.full_params()?;
         if self.lead {
             self.task
                 .save_model(self.spare.clone_fresh(), &full, &self.cfg.out_dir)?;
         }
-        self.final_params = Some(full);
         Ok(())
     }
 
@@ -502,10 +504,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             true => Vec::new(),
             false => super::bench::gather_timelines(self.world, &mine)?,
         };
-        let params = self
-            .final_params
-            .take()
-            .expect("the last step saves the model");
+        let params = self.strategy.full_params()?;
         // a finished run's test split (a stopped run's waits for its end)
         let test = match self.stopped {
             true => None,
@@ -528,6 +527,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
         }
         Ok(Some(TrainSummary {
             steps: self.start + self.losses.len(),
+            peak_rss_at_last_step: self.peak_rss_at_last_step,
             first_loss: self.losses[0],
             final_loss: *self.losses.last().expect("at least one step"),
             val_loss: self.val_last.map_or(f32::NAN, |v| v.loss),

@@ -420,7 +420,8 @@ impl<B: Backend> Pipelined<B> {
         let local = ch.state.owned(ch.engine.backend(), r, moments)?;
         let tp = ch.engine.tp();
         let whole = ch.engine.whole_layout();
-        let mut st = OwnedState::default();
+        // (where in the whole layout, how many, where in `local`)
+        let mut runs = Vec::new();
         let mut base = 0;
         for &(start, n) in &local.segments {
             let run = start..start + n;
@@ -437,19 +438,34 @@ impl<B: Backend> Pipelined<B> {
                 for (full_at, len) in w.split.runs(&w.full_shape, tp.size, tp.rank) {
                     let (a, b) = (at.max(run.start), (at + len).min(run.end));
                     if a < b {
-                        let from = base + a - run.start;
-                        let mv = moments.then(|| [&local.m[from..], &local.v[from..]]);
-                        st.push(
-                            w.offset + full_at + a - at,
-                            b - a,
-                            &local.params[from..],
-                            mv,
-                        );
+                        runs.push((w.offset + full_at + a - at, b - a, base + a - run.start));
                     }
                     at += len;
                 }
             }
             base += n;
+        }
+        let mut st = OwnedState::default();
+        // Runs that take every value in the order the stage holds them make
+        // its buffers the checkpoint's as they are: no second copy of the
+        // parameters and moments at the end of a run.
+        let mut next = 0;
+        let in_order = runs.iter().all(|&(_, len, from)| {
+            let ok = from == next;
+            next += len;
+            ok
+        }) && next == local.params.len();
+        for &(global, len, from) in &runs {
+            match in_order {
+                true => st.add_run(global, len),
+                false => {
+                    let mv = moments.then(|| [&local.m[from..], &local.v[from..]]);
+                    st.push(global, len, &local.params[from..], mv);
+                }
+            }
+        }
+        if in_order {
+            (st.params, st.m, st.v) = (local.params, local.m, local.v);
         }
         Ok(st)
     }
@@ -629,6 +645,14 @@ impl<B: Backend> Strategy for Pipelined<B> {
 
     fn batch_parts(&self) -> usize {
         self.engine().batch_parts()
+    }
+
+    fn free_activations(&mut self) {
+        for ch in &mut self.chunks {
+            ch.spare.clear();
+            ch.in_flight.clear();
+            drop(ch.engine.stash());
+        }
     }
 
     fn timeline(&self) -> Vec<Span> {
