@@ -10,7 +10,7 @@ use crate::backend::Backend;
 use crate::data::TokenizerSpec;
 use crate::error::{Error, Result};
 use crate::model::{Gpt2, GptConfig, ModelConfig, ParamLayout};
-use safetensors::tensor::{Dtype, SafeTensors};
+use safetensors::tensor::{Dtype, SafeTensors, TensorInfo};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::Path;
@@ -107,24 +107,33 @@ pub(crate) fn write_safetensors(
     path: &Path,
     tensors: &[(String, Dtype, Vec<usize>, Data<'_>)],
 ) -> Result<String> {
-    let mut header = serde_json::Map::new();
+    // the safetensors crate's layout, byte for byte: by descending dtype,
+    // then name; a compact JSON header padded with spaces to 8 bytes
+    let mut order: Vec<&(String, Dtype, Vec<usize>, Data<'_>)> = tensors.iter().collect();
+    order.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut head = String::from("{");
     let mut offset = 0usize;
-    for (name, dtype, shape, data) in tensors {
+    for (i, (name, dtype, shape, data)) in order.iter().enumerate() {
         let elements: usize = shape.iter().product();
         assert_eq!(
             elements * dtype.size(),
             data.len(),
             "{name}: shape and values agree"
         );
-        let dtype = format!("{dtype:?}");
-        header.insert(
-            name.clone(),
-            serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + data.len()]}),
-        );
+        let info = TensorInfo {
+            dtype: *dtype,
+            shape: shape.clone(),
+            data_offsets: (offset, offset + data.len()),
+        };
+        if i > 0 {
+            head.push(',');
+        }
+        head.push_str(&serde_json::to_string(name).expect("a name serialises"));
+        head.push(':');
+        head.push_str(&serde_json::to_string(&info).expect("a header serialises"));
         offset += data.len();
     }
-    let mut head = serde_json::to_string(&header).expect("a header serialises");
-    // the data starts on an 8-byte boundary, as the format advises
+    head.push('}');
     while !head.len().is_multiple_of(8) {
         head.push(' ');
     }
@@ -139,7 +148,7 @@ pub(crate) fn write_safetensors(
         put(&(head.len() as u64).to_le_bytes())?;
         put(head.as_bytes())?;
         let mut chunk = Vec::with_capacity(1 << 16);
-        for (_, _, _, data) in tensors {
+        for (_, _, _, data) in &order {
             match data {
                 Data::F32(x) => {
                     for part in x.chunks(1 << 14) {
