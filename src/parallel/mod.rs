@@ -377,7 +377,7 @@ impl OwnedState {
     /// Appends another part's runs after this one's (taking its buffers
     /// when this holds none).
     fn append(&mut self, o: OwnedState) {
-        if self.segments.is_empty() && self.params.is_empty() {
+        if self.segments.is_empty() {
             *self = o;
             return;
         }
@@ -474,4 +474,30 @@ pub fn build<B: Backend + 'static>(
         adamw,
         (b, t),
     )?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OwnedState;
+
+    #[test]
+    fn runs_that_meet_are_one_segment_and_a_first_part_is_taken_whole() {
+        let mut a = OwnedState::default();
+        a.push(10, 2, &[1.0, 2.0], Some([&[3.0, 4.0], &[5.0, 6.0]]));
+        a.push(12, 1, &[7.0], Some([&[8.0], &[9.0]]));
+        a.push(20, 1, &[0.5], Some([&[0.25], &[0.125]]));
+        assert_eq!(a.segments, [(10, 3), (20, 1)]);
+        assert_eq!(a.params, [1.0, 2.0, 7.0, 0.5]);
+        assert_eq!(a.v, [5.0, 6.0, 9.0, 0.125]);
+        let mut whole = OwnedState::default();
+        whole.append(a.clone());
+        assert_eq!(whole.segments, a.segments);
+        assert_eq!((&whole.params, &whole.m), (&a.params, &a.m));
+        // a second part after the first: its runs appended, meeting ones joined
+        let mut b = OwnedState::default();
+        b.push(21, 1, &[1.5], Some([&[2.5], &[3.5]]));
+        whole.append(b);
+        assert_eq!(whole.segments, [(10, 3), (20, 2)]);
+        assert_eq!(whole.m, [3.0, 4.0, 8.0, 0.25, 2.5]);
+    }
 }
