@@ -1,7 +1,9 @@
 //! A run's end (its model files, the final checkpoint, the sample) fits in
 //! the memory its training steps held: the process's peak RSS after the run
-//! is within 10% of its peak when the last step was done. Its own test
-//! binary: the peak RSS is the process's, and no other test may share it.
+//! is within 10% of its peak when the last step was done; and a stage's
+//! state goes into its checkpoint without a second copy. Its own test
+//! binary, one test: the peak RSS is the process's, and no other test may
+//! share it.
 
 #[path = "support/scratch.rs"]
 mod scratch;
@@ -9,8 +11,9 @@ mod scratch;
 use distgpt::backend::cpu::Cpu;
 use distgpt::data::{Dataset, TokenizerKind};
 use distgpt::metrics::peak_rss_bytes;
-use distgpt::model::GptConfig;
-use distgpt::parallel::ParallelConfig;
+use distgpt::model::gpt2::init_full;
+use distgpt::model::{AdamWConfig, GptConfig};
+use distgpt::parallel::{self, launch, ParallelConfig};
 use distgpt::train::{train_lm, Duration, TrainConfig};
 
 #[test]
@@ -59,4 +62,43 @@ fn the_end_of_a_run_fits_in_the_memory_of_its_steps() {
         mib(s.memory.peak_bytes.params + s.memory.peak_bytes.grads + s.memory.peak_bytes.optimizer)
     );
     std::fs::remove_dir_all(&dir).unwrap();
+
+    // The checkpoint's part of a stage's state: one copy of params and
+    // both moments read from the buffers, moved (not copied again) into
+    // what the checkpoint writes. Measured from a reset peak (Linux's
+    // clear_refs 5) to the peak across `owned_state`.
+    let big = GptConfig {
+        n_layer: 4,
+        n_head: 4,
+        n_embd: 512,
+        block_size: 16,
+        vocab_size: 64,
+        blocks: Vec::new(),
+    };
+    let init = init_full(&big, 1);
+    let state_bytes = 3 * 4 * init.len() as u64;
+    let grew = launch::run_local(1, 2, std::time::Duration::from_secs(60), |world| {
+        let s = parallel::build(
+            Cpu::new(),
+            big.clone(),
+            ParallelConfig::single(),
+            world.as_ref(),
+            AdamWConfig::default(),
+            1,
+            16,
+        )?;
+        let before = distgpt::metrics::rss_bytes().unwrap();
+        std::fs::write("/proc/self/clear_refs", "5").expect("the peak RSS can be reset");
+        let owned = s.owned_state()?;
+        let peak = peak_rss_bytes().unwrap();
+        assert_eq!(owned.params.len(), init.len());
+        Ok(peak.saturating_sub(before))
+    })
+    .unwrap()[0];
+    assert!(
+        (grew as f64) < 1.5 * state_bytes as f64,
+        "owned_state grew the process by {:.1} MiB for {:.1} MiB of state (a second copy?)",
+        mib(grew),
+        mib(state_bytes)
+    );
 }
