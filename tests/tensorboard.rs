@@ -58,6 +58,10 @@ fn a_language_model_run_and_its_resume_write_event_files_of_its_step_records() {
     assert_eq!(files.len(), 1, "{files:?}");
     let events = read_events(&files[0]).unwrap();
     assert_eq!(events[0].file_version.as_deref(), Some("brain.Event:2"));
+    assert!(
+        !events.iter().any(|e| e.session_start),
+        "a new run's file starts no session (a resume's does)"
+    );
     let config = events
         .iter()
         .flat_map(|e| &e.values)
