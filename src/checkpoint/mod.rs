@@ -71,11 +71,20 @@ impl MetaFile {
 
 /// Writes `bytes` to `path` atomically: temporary file, fsync, rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_atomic_with(path, |f| f.write_all(bytes))
+}
+
+/// Writes what `fill` writes to `path` atomically (temporary file,
+/// buffered, fsync, rename), so a file can be written piece by piece.
+fn write_atomic_with(
+    path: &Path,
+    fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<()> {
     let tmp = path.with_extension("tmp");
     let write = || -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
+        let mut f = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
+        fill(&mut f)?;
+        f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
         std::fs::rename(&tmp, path)
     };
     write().map_err(|e| Error::io(path, e))
@@ -137,10 +146,8 @@ pub(crate) fn write_safetensors(
     while !head.len().is_multiple_of(8) {
         head.push(' ');
     }
-    let tmp = path.with_extension("tmp");
     let mut sum = state::Checksum::new();
-    let write = |sum: &mut state::Checksum| -> std::io::Result<()> {
-        let mut f = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
+    write_atomic_with(path, |f| {
         let mut put = |bytes: &[u8]| {
             sum.update(bytes);
             f.write_all(bytes)
@@ -160,11 +167,8 @@ pub(crate) fn write_safetensors(
                 Data::Bytes(b) => put(b)?,
             }
         }
-        let f = f.into_inner().map_err(|e| e.into_error())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    };
-    write(&mut sum).map_err(|e| Error::io(path, e))?;
+        Ok(())
+    })?;
     Ok(sum.hex())
 }
 

@@ -108,7 +108,7 @@ pub fn run(mut a: CompareArgs, threads: usize) -> Result<()> {
         bail!("--batch-sizes and --world-sizes must be at least 1");
     }
     if let Some(out) = &a.out {
-        super::claim_out(out, "--out", a.overwrite)?;
+        super::claim_out(out, "--out", "a report folder", a.overwrite)?;
     }
     let out_dir = a.out.clone().unwrap_or_else(|| {
         let secs = std::time::SystemTime::now()

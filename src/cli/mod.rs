@@ -641,10 +641,10 @@ impl OldPeakGflops {
     }
 }
 
-/// Refuses an `--out` that is a regular file, where the output is `what`.
-fn refuse_file_out(out: &Path, what: &str) -> Result<()> {
+/// Refuses an output (`flag`) that is a regular file, where the output is `what`.
+fn refuse_file_out(out: &Path, flag: &str, what: &str) -> Result<()> {
     if out.exists() && !out.is_dir() {
-        bail!("--out {} is a file: the output is {what}", out.display());
+        bail!("{flag} {} is a file: the output is {what}", out.display());
     }
     Ok(())
 }
@@ -653,27 +653,24 @@ fn refuse_file_out(out: &Path, what: &str) -> Result<()> {
 /// anything (another command's results would be replaced or mixed with
 /// the new ones) unless `overwrite`.
 fn refuse_output_over_input(input: &Path, out: &Path, overwrite: bool) -> Result<()> {
-    refuse_file_out(out, "a model folder")?;
     let same = match (input.canonicalize(), out.canonicalize()) {
         (Ok(a), Ok(b)) => a == b,
         _ => false,
     };
-    if same && !overwrite {
+    if same && !overwrite && out.is_dir() {
         bail!(
             "--out {} is the input: its model files would be replaced; choose another --out, or pass --overwrite",
             out.display()
         );
     }
-    claim_out(out, "--out", overwrite)
+    claim_out(out, "--out", "a model folder", overwrite)
 }
 
-/// Refuses an output folder (given as `flag`) that already holds files,
-/// unless `overwrite`: one command's results never silently replace or
-/// mix with another's.
-fn claim_out(out: &Path, flag: &str, overwrite: bool) -> Result<()> {
-    if out.exists() && !out.is_dir() {
-        bail!("{flag} {} is a file: give a folder", out.display());
-    }
+/// Refuses an output folder (given as `flag`, holding `what`) that is a
+/// file or already holds files, unless `overwrite`: one command's results
+/// never silently replace or mix with another's.
+fn claim_out(out: &Path, flag: &str, what: &str, overwrite: bool) -> Result<()> {
+    refuse_file_out(out, flag, what)?;
     if overwrite {
         return Ok(());
     }

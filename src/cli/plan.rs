@@ -272,7 +272,7 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
         bail!("world size {w} is outside 1..={MAX_WORLD}");
     }
     if let Some(dir) = &a.plot {
-        super::claim_out(dir, "--plot", a.overwrite)?;
+        super::claim_out(dir, "--plot", "a folder of figures", a.overwrite)?;
     }
     let w = Workload {
         model,

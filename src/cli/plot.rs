@@ -20,7 +20,7 @@ pub struct PlotArgs {
 
 pub fn run(a: PlotArgs) -> Result<()> {
     if let Some(out) = &a.out {
-        super::claim_out(out, "--out", a.overwrite)?;
+        super::claim_out(out, "--out", "a folder of figures", a.overwrite)?;
     }
     let out = a.out.unwrap_or_else(|| match a.runs.as_slice() {
         [one] => one.join("plots"),

@@ -56,7 +56,7 @@ pub fn run(command: DataCommand) -> Result<()> {
             );
         }
         DataCommand::PrepareSpam(a) => {
-            super::claim_out(&a.out, "--out", a.overwrite)?;
+            super::claim_out(&a.out, "--out", "a labelled set", a.overwrite)?;
             let [train, val, test] = data::labelled::prepare_spam_assassin(&a.input, &a.out)?;
             distgpt::outln!(
                 "wrote {} ({train} train, {val} validation, {test} test messages)",
@@ -71,7 +71,7 @@ pub fn run(command: DataCommand) -> Result<()> {
 /// tokenizer.json (new shards would be read beside the old ones, and the
 /// old decoded with the new vocabulary); with `overwrite`, deletes those.
 fn clear_earlier(out: &Path, overwrite: bool) -> Result<()> {
-    super::refuse_file_out(out, "a folder of shards")?;
+    super::refuse_file_out(out, "--out", "a folder of shards")?;
     if !out.exists() {
         return Ok(());
     }
