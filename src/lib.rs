@@ -7,7 +7,6 @@ pub mod compare;
 pub mod data;
 pub mod error;
 pub mod figure;
-pub mod infer;
 pub mod metrics;
 pub mod model;
 pub mod parallel;
@@ -15,6 +14,8 @@ pub mod plan;
 pub mod plot;
 pub mod prune;
 pub mod rng;
+pub mod sample;
+pub mod store;
 #[cfg(test)]
 mod testdir;
 pub mod train;

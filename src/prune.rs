@@ -15,12 +15,13 @@ use crate::comm::{local, Comm};
 use crate::data::{DataLoader, Dataset};
 use crate::error::{Error, Result};
 use crate::figure::{self, Figure, Series};
-use crate::infer::generate::{evaluate_decoded, generate_packed, SampleConfig};
-use crate::infer::kv::DecodeWeights;
-use crate::model::gpt2::config::{BlockDims, BlockWidth};
+use crate::model::gpt2::generate::{evaluate_decoded, generate_packed};
+use crate::model::gpt2::kv::DecodeWeights;
+use crate::model::gpt2::rows::{row_norms, shrink, KeptRows};
 use crate::model::gpt2::BlockParam;
 use crate::model::{AdamWConfig, Gpt2, GptConfig, ParamLayout, TpPlace};
 use crate::parallel::{self, ParallelConfig, StepConfig};
+use crate::sample::SampleConfig;
 use serde::Serialize;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -106,66 +107,6 @@ pub fn sparsity(params: &[f32], ranges: &[Range<usize>]) -> f64 {
     zeros as f64 / n.max(1) as f64
 }
 
-/// Which heads and MLP units of each block a row-pruned model keeps
-/// (indices into the model they are chosen from, increasing).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KeptRows {
-    pub heads: Vec<Vec<usize>>,
-    pub hidden: Vec<Vec<usize>>,
-}
-
-impl KeptRows {
-    /// The config of the model that keeps these rows of `cfg`.
-    pub fn config(&self, cfg: &GptConfig) -> GptConfig {
-        GptConfig {
-            blocks: (self.heads.iter().zip(&self.hidden))
-                .map(|(h, f)| BlockWidth {
-                    heads: h.len(),
-                    hidden: f.len(),
-                })
-                .collect(),
-            ..cfg.clone()
-        }
-    }
-}
-
-/// The L2 norm of every weight a head owns (its q, k and v columns and
-/// biases, its rows of the attention projection) and of every weight an
-/// MLP unit owns (its fc column and bias, its fc-projection row), per block.
-pub fn row_norms(cfg: &GptConfig, params: &[f32]) -> (Vec<Vec<f64>>, Vec<Vec<f64>>) {
-    let lay = ParamLayout::new(cfg);
-    let (c, d) = (cfg.n_embd, cfg.head_dim());
-    let sq = |x: &[f32]| x.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>();
-    let t = |l, p| &params[lay.block_param(l, p)];
-    (0..cfg.n_layer)
-        .map(|l| {
-            let BlockDims { cl: a, fl: f, .. } = cfg.dims(l, 1);
-            let (qkv_w, qkv_b) = (t(l, BlockParam::QkvW), t(l, BlockParam::QkvB));
-            let (proj, fc_w, fc_b) = (
-                t(l, BlockParam::AttnProjW),
-                t(l, BlockParam::FcW),
-                t(l, BlockParam::FcB),
-            );
-            let fc_proj = t(l, BlockParam::FcProjW);
-            let heads = (0..a / d)
-                .map(|h| {
-                    let cols =
-                        |row: &[f32]| (0..3).map(|g| sq(&row[g * a + h * d..][..d])).sum::<f64>();
-                    let w: f64 = qkv_w.chunks_exact(3 * a).map(cols).sum();
-                    (w + cols(qkv_b) + sq(&proj[h * d * c..(h + 1) * d * c])).sqrt()
-                })
-                .collect();
-            let units = (0..f)
-                .map(|j| {
-                    let col: f64 = (0..c).map(|r| (fc_w[r * f + j] as f64).powi(2)).sum();
-                    (col + (fc_b[j] as f64).powi(2) + sq(&fc_proj[j * c..(j + 1) * c])).sqrt()
-                })
-                .collect();
-            (heads, units)
-        })
-        .unzip()
-}
-
 /// The rows a `sparsity` fraction of row pruning keeps: in each block the
 /// heads and MLP units with the largest norms, `round((1 - sparsity) x` the
 /// dense count`)` of each kind per block (`Scope::Matrix`) or over all
@@ -210,118 +151,6 @@ pub fn select_rows(cfg: &GptConfig, params: &[f32], sparsity: f64, scope: Scope)
         heads: keep(&head_norms, cfg.n_head),
         hidden: keep(&unit_norms, 4 * cfg.n_embd),
     }
-}
-
-/// Copies block l of `src` (laid out for `from`) into `dst` (laid out for
-/// `to`), head `h` of the source to head `heads[h]` of the destination and
-/// unit `j` to `hidden[j]` (`None`: dropped); the rest of each tensor in
-/// `dst` is left as it is.
-fn place_block(
-    (from, src): (&GptConfig, &[f32]),
-    (to, dst): (&GptConfig, &mut [f32]),
-    l: usize,
-    (heads, hidden): (&[Option<usize>], &[Option<usize>]),
-) {
-    let (fl, tl) = (ParamLayout::new(from), ParamLayout::new(to));
-    let (c, d) = (from.n_embd, from.head_dim());
-    let (sa, sf) = (from.dims(l, 1).cl, from.dims(l, 1).fl);
-    let (ta, tf) = (to.dims(l, 1).cl, to.dims(l, 1).fl);
-    let s = |p| &src[fl.block_param(l, p)];
-    for p in [BlockParam::Ln1W, BlockParam::Ln1B, BlockParam::AttnProjB]
-        .into_iter()
-        .chain([BlockParam::Ln2W, BlockParam::Ln2B, BlockParam::FcProjB])
-    {
-        dst[tl.block_param(l, p)].copy_from_slice(s(p));
-    }
-    let (qkv_w, qkv_b) = (
-        tl.block_param(l, BlockParam::QkvW),
-        tl.block_param(l, BlockParam::QkvB),
-    );
-    let (proj, fc_w) = (
-        tl.block_param(l, BlockParam::AttnProjW),
-        tl.block_param(l, BlockParam::FcW),
-    );
-    let (fc_b, fc_proj) = (
-        tl.block_param(l, BlockParam::FcB),
-        tl.block_param(l, BlockParam::FcProjW),
-    );
-    for (h, th) in heads.iter().enumerate() {
-        let Some(th) = *th else { continue };
-        for r in 0..=c {
-            // rows 0..c of the weight, then the bias as row c
-            let (from_row, to_row) = match r < c {
-                true => (
-                    &s(BlockParam::QkvW)[r * 3 * sa..][..3 * sa],
-                    qkv_w.start + r * 3 * ta,
-                ),
-                false => (s(BlockParam::QkvB), qkv_b.start),
-            };
-            for g in 0..3 {
-                let at = to_row + g * ta + th * d;
-                dst[at..at + d].copy_from_slice(&from_row[g * sa + h * d..][..d]);
-            }
-        }
-        let at = proj.start + th * d * c;
-        dst[at..at + d * c].copy_from_slice(&s(BlockParam::AttnProjW)[h * d * c..][..d * c]);
-    }
-    for (j, tj) in hidden.iter().enumerate() {
-        let Some(tj) = *tj else { continue };
-        for r in 0..c {
-            dst[fc_w.start + r * tf + tj] = s(BlockParam::FcW)[r * sf + j];
-        }
-        dst[fc_b.start + tj] = s(BlockParam::FcB)[j];
-        let at = fc_proj.start + tj * c;
-        dst[at..at + c].copy_from_slice(&s(BlockParam::FcProjW)[j * c..][..c]);
-    }
-}
-
-/// The model that keeps only `kept` of `cfg`'s rows: its config and
-/// parameters (physically smaller matrices; everything else copied).
-pub fn shrink(cfg: &GptConfig, params: &[f32], kept: &KeptRows) -> (GptConfig, Vec<f32>) {
-    let small = kept.config(cfg);
-    let (from, to) = (ParamLayout::new(cfg), ParamLayout::new(&small));
-    let mut out = vec![0.0; to.total()];
-    let (emb, head) = (0, from.units.len() - 1);
-    for u in [emb, head] {
-        out[to.unit(u)].copy_from_slice(&params[from.unit(u)]);
-    }
-    for l in 0..cfg.n_layer {
-        let map = |kept: &[usize], n: usize| {
-            let mut m = vec![None; n];
-            kept.iter()
-                .enumerate()
-                .for_each(|(to, &from)| m[from] = Some(to));
-            m
-        };
-        let w = cfg.width(l);
-        let (heads, hidden) = (map(&kept.heads[l], w.heads), map(&kept.hidden[l], w.hidden));
-        place_block((cfg, params), (&small, &mut out), l, (&heads, &hidden));
-    }
-    (small, out)
-}
-
-/// A row-pruned model as the dense shape it came from: each block's heads
-/// and units first, the pruned ones zero (a zero head attends to zero
-/// values, a zero unit's GELU is zero), so it computes the same function
-/// in a shape every GPT-2 reader accepts.
-pub fn unshrink(cfg: &GptConfig, params: &[f32]) -> (GptConfig, Vec<f32>) {
-    let dense = cfg.dense();
-    let (from, to) = (ParamLayout::new(cfg), ParamLayout::new(&dense));
-    let mut out = vec![0.0; to.total()];
-    for u in [0, from.units.len() - 1] {
-        out[to.unit(u)].copy_from_slice(&params[from.unit(u)]);
-    }
-    for l in 0..cfg.n_layer {
-        let w = cfg.width(l);
-        let same = |n: usize| (0..n).map(Some).collect::<Vec<_>>();
-        place_block(
-            (cfg, params),
-            (&dense, &mut out),
-            l,
-            (&same(w.heads), &same(w.hidden)),
-        );
-    }
-    (dense, out)
 }
 
 /// What a pruning step removes.

@@ -5,8 +5,8 @@ mod scratch;
 use scratch::scratch;
 
 use distgpt::backend::cpu::Cpu;
-use distgpt::checkpoint::{load_weights, save_weights};
 use distgpt::data::{shard, Dataset, TokenizerKind};
+use distgpt::model::files::{load_weights, save_weights};
 use distgpt::model::{Gpt2, GptConfig};
 use std::path::PathBuf;
 

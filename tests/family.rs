@@ -537,10 +537,10 @@ fn a_family_registered_from_outside_trains_under_every_layout_as_single_does() {
     let chars = TokenizerSpec::Char {
         chars: "abcdefghijklmnopqrstuvwxyz .".into(),
     };
-    checkpoint::write_model(&model, &params, chars, &dir, false).unwrap();
+    distgpt::model::files::write_model(&model, &params, chars, &dir, false).unwrap();
     let (meta, back) = checkpoint::read_model(&dir).unwrap();
     assert_eq!((meta.config, back), (model.clone(), params));
-    checkpoint::verify_model_files(&dir, &model).unwrap();
+    distgpt::model::files::verify_model_files(&dir, &model).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
 
     for clip in [1.0, 0.0] {

@@ -9,10 +9,13 @@ use scratch::scratch;
 
 use distgpt::backend::cpu::Cpu;
 use distgpt::backend::WeightFormat;
-use distgpt::infer::generate::{decode, evaluate_decoded, generate, SampleConfig};
-use distgpt::infer::kv::{DecodeWeights, Decoder};
+use distgpt::model::gpt2::kv::{DecodeWeights, Decoder};
 use distgpt::model::{Engine, Gpt2, GptConfig, TpPlace};
 use distgpt::parallel::launch;
+use distgpt::{
+    model::gpt2::generate::{decode, evaluate_decoded, generate},
+    sample::SampleConfig,
+};
 use std::time::Duration;
 
 #[test]

@@ -11,11 +11,11 @@ use distgpt::backend::cpu::Cpu;
 use distgpt::backend::opencl::OpenCl;
 use distgpt::backend::Backend;
 use distgpt::data::{Dataset, TokenizerKind};
-use distgpt::infer::generate::{generate, SampleConfig};
 use distgpt::model::{AdamW, AdamWConfig, Gpt2, GptConfig, Precision, Segment};
 use distgpt::parallel::Offload;
 use distgpt::parallel::{ParallelConfig, Pipeline, Schedule, StrategyKind};
 use distgpt::train::{train_lm, TrainConfig, TrainSummary};
+use distgpt::{model::gpt2::generate::generate, sample::SampleConfig};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -621,7 +621,7 @@ fn bf16_rounded_copies_are_planned_on<B: Backend>(gpu: B, kind: &str) {
                 got > 0.0 && (want - got).abs() <= 0.1 * got,
                 "{cfg} {} on {kind} in bf16: planned {want:.0} more bytes than fp32, measured \
                  {got:.0} more",
-                plan::layout_name(&par)
+                par.layout_name()
             );
         }
     }

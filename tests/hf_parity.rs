@@ -6,7 +6,7 @@ mod fixture;
 
 use distgpt::backend::cpu::Cpu;
 use distgpt::backend::Device;
-use distgpt::checkpoint::load_weights;
+use distgpt::model::files::load_weights;
 use distgpt::model::{AdamW, AdamWConfig, Gpt2, GptConfig, Segment};
 use std::path::PathBuf;
 

@@ -95,7 +95,7 @@ fn check_memory(cfg: &ModelConfig) {
                     assert!(
                         off <= 0.10,
                         "{cfg}: {} rank {r}: predicted {want:.0} bytes, measured {measured:.0} ({:.1}% off)",
-                        plan::layout_name(&par),
+                        par.layout_name(),
                         100.0 * off
                     );
                 }
@@ -142,7 +142,7 @@ fn check_bf16_scratch(cfg: &ModelConfig) {
             assert!(
                 want == 0.0 && got == 0.0,
                 "{} in bf16: predicted {want:.0} more bytes than fp32, measured {got:.0} more",
-                plan::layout_name(&par)
+                par.layout_name()
             );
         }
     }
@@ -323,7 +323,7 @@ fn a_two_trillion_parameter_model_on_131072_ranks_keeps_zeros_formula() {
             assert!(
                 x.is_finite() && x >= 0.0,
                 "{}: {x}",
-                plan::layout_name(&p.parallel)
+                p.parallel.layout_name()
             );
         }
         assert!(m.total() > 0.0 && t.step_s() > 0.0);

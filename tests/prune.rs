@@ -25,7 +25,7 @@ fn model_dir(tag: &str) -> (PathBuf, GptConfig) {
     let mut m = Gpt2::new(Cpu::new(), cfg.clone()).unwrap();
     m.init_weights(3).unwrap();
     let dir = scratch(&format!("prune-{tag}"));
-    checkpoint::save_model(&m, ds.tokenizer.spec(), &dir).unwrap();
+    distgpt::model::files::save_model(&m, ds.tokenizer.spec(), &dir).unwrap();
     (dir, cfg)
 }
 

@@ -180,7 +180,7 @@ fn sigterm_and_a_double_sigint_stop_with_a_checkpoint_and_status_75() {
             *logged.last().unwrap(),
             "{tag}"
         );
-        checkpoint::load_model_files(Cpu::new(), &dir).unwrap();
+        distgpt::model::files::load_model_files(Cpu::new(), &dir).unwrap();
     }
 }
 
@@ -417,7 +417,7 @@ fn a_closed_stdout_does_not_lose_the_run() {
     drop(child.stdout.take()); // like `| head` exiting at once
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
-    checkpoint::load_model_files(Cpu::new(), &dir).unwrap();
+    distgpt::model::files::load_model_files(Cpu::new(), &dir).unwrap();
 }
 
 #[test]
@@ -426,13 +426,13 @@ fn a_run_killed_before_its_model_files_is_repaired_by_resume() {
     assert!(train(&dir, &["--steps", "3"]).status.success());
     let weights = std::fs::read(dir.join("model.safetensors")).unwrap();
     std::fs::remove_file(dir.join("model.json")).unwrap();
-    assert!(checkpoint::load_model_files(Cpu::new(), &dir).is_err());
+    assert!(distgpt::model::files::load_model_files(Cpu::new(), &dir).is_err());
     let resumed = bin()
         .args(["train", "--resume", dir.to_str().unwrap(), "--quiet"])
         .output()
         .unwrap();
     assert!(resumed.status.success(), "{}", stderr(&resumed));
-    checkpoint::load_model_files(Cpu::new(), &dir).unwrap();
+    distgpt::model::files::load_model_files(Cpu::new(), &dir).unwrap();
     assert!(std::fs::read(dir.join("model.safetensors")).unwrap() == weights);
     // A finished run with readable files says so and how to extend it.
     let again = bin()
@@ -599,7 +599,7 @@ fn edited_model_files_and_non_finite_weights_are_refused() {
     let mut v: serde_json::Value = serde_json::from_slice(&m0).unwrap();
     v["config"]["n_layer"] = 1_000_000_000u64.into();
     v["checksum"] = "".into();
-    let sum = state::checksum(serde_json::to_string_pretty(&v).unwrap().as_bytes());
+    let sum = distgpt::store::checksum(serde_json::to_string_pretty(&v).unwrap().as_bytes());
     v["checksum"] = sum.into();
     std::fs::write(&meta, serde_json::to_string_pretty(&v).unwrap()).unwrap();
     let err = checkpoint::load_model(Cpu::new(), &dir)
@@ -618,7 +618,7 @@ fn edited_model_files_and_non_finite_weights_are_refused() {
     p[7] = f32::NAN;
     model.set_params(&p).unwrap();
     let nan_dir = tmp("nan-model");
-    checkpoint::save_model(&model, meta_v.tokenizer, &nan_dir).unwrap();
+    distgpt::model::files::save_model(&model, meta_v.tokenizer, &nan_dir).unwrap();
     let err = checkpoint::load_model(Cpu::new(), &nan_dir)
         .err()
         .unwrap()
@@ -943,6 +943,6 @@ fn a_signal_to_mpirun_stops_every_rank_with_a_checkpoint() {
             *logged.last().unwrap(),
             "SIG{sig}: {err}"
         );
-        checkpoint::load_model_files(Cpu::new(), &dir).unwrap();
+        distgpt::model::files::load_model_files(Cpu::new(), &dir).unwrap();
     }
 }

@@ -10,12 +10,13 @@ use distgpt::backend::Device;
 use distgpt::checkpoint;
 use distgpt::checkpoint::state;
 use distgpt::data::{Dataset, TokenizerKind, TokenizerSpec};
-use distgpt::infer::kv::{DecodeWeights, Decoder};
 use distgpt::model::gpt2::config::BlockWidth;
+use distgpt::model::gpt2::kv::{DecodeWeights, Decoder};
+use distgpt::model::gpt2::rows::{shrink, KeptRows};
 use distgpt::model::gpt2::BlockParam;
 use distgpt::model::{Gpt2, GptConfig, ParamLayout, TpPlace};
 use distgpt::parallel::{ParallelConfig, Pipeline, Schedule, StrategyKind};
-use distgpt::prune::{select_rows, shrink, KeptRows, Scope};
+use distgpt::prune::{select_rows, Scope};
 use distgpt::train::{train_lm, TrainConfig, TrainSummary};
 use std::time::Duration as Wait;
 
@@ -238,7 +239,7 @@ fn a_pruned_model_saves_loads_and_exports_in_the_dense_shape() {
         },
         other => panic!("a character vocabulary, not {other:?}"),
     };
-    checkpoint::save_model(&small, tok.clone(), &dir.join("own")).unwrap();
+    distgpt::model::files::save_model(&small, tok.clone(), &dir.join("own")).unwrap();
     let (mut back, meta) = checkpoint::load_model(Cpu::new(), &dir.join("own")).unwrap();
     assert_eq!(meta.config, small_cfg.into());
     assert_eq!(back.params_host().unwrap(), small_params);

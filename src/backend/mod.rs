@@ -75,10 +75,11 @@ pub trait Device: Send + Sync + Sized + Clone + 'static {
     /// Another handle on the same device with counters of its own (for work
     /// that must not count against a rank, such as sampling on rank 0).
     fn clone_fresh(&self) -> Self;
-    /// The handle rank `world.rank()` trains with: a fresh one on this
-    /// device, or, for thread ranks of a device-native group (NCCL, one
-    /// GPU per rank), one on that rank's own device.
-    fn for_rank(&self, _world: &dyn crate::comm::Comm) -> Result<Self> {
+    /// The handle a rank trains with: a fresh one on this device, or, with
+    /// `own_device: Some(rank)` (thread ranks of a device-native group such
+    /// as NCCL's, one GPU per rank), one on that rank's own device
+    /// (`comm::backend_for` says which).
+    fn for_rank(&self, _own_device: Option<usize>) -> Result<Self> {
         Ok(self.clone_fresh())
     }
     /// The counters every buffer of this backend reports to.

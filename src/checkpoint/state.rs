@@ -10,13 +10,15 @@
 //! refused instead of resuming a step never trained; a checkpoint holding a
 //! non-finite value is never published.
 
-use super::{write_atomic, write_safetensors, Data};
 use crate::backend::cpu::blas::{self, MatmulChoice};
 use crate::comm::Comm;
 use crate::data::{LoaderPosition, TokenizerSpec};
 use crate::error::{Error, Result};
 use crate::model::ModelConfig;
 use crate::parallel::OwnedState;
+use crate::store::{
+    checksum, json_checksum, stored_checksum, write_atomic, write_safetensors, Data,
+};
 use safetensors::tensor::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -141,67 +143,6 @@ pub struct RankFile {
     pub floats: usize,
     /// FNV-1a 64 of the file's bytes, hex.
     pub checksum: String,
-}
-
-/// FNV-1a, 64 bit: enough to catch truncation and flipped bytes.
-pub fn checksum(bytes: &[u8]) -> String {
-    let mut sum = Checksum::new();
-    sum.update(bytes);
-    sum.hex()
-}
-
-/// [`checksum`] taken a piece at a time (of a file as it is written).
-pub struct Checksum(u64);
-
-impl Default for Checksum {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Checksum {
-    pub fn new() -> Self {
-        Checksum(0xcbf2_9ce4_8422_2325)
-    }
-
-    pub fn update(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 ^= b as u64;
-            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-
-    pub fn hex(&self) -> String {
-        format!("{:016x}", self.0)
-    }
-}
-
-/// [`checksum`] of a record's JSON value, whose keys are sorted: the sum
-/// does not depend on the order the fields are written in.
-pub fn json_checksum<T: Serialize>(record: &T) -> String {
-    let value = serde_json::to_value(record).expect("records serialise");
-    checksum(
-        serde_json::to_string_pretty(&value)
-            .expect("json")
-            .as_bytes(),
-    )
-}
-
-/// The checksum a stored record should carry, and the one it records in
-/// its `checksum` field: [`json_checksum`] of the file's own JSON value
-/// with that field empty. Summing what was read, not the struct it parses
-/// into, keeps an old file's sum when a later distgpt adds a field that
-/// reads with a default (and would otherwise be serialized into the sum).
-pub fn stored_checksum(text: &str) -> std::result::Result<(String, String), String> {
-    let mut value: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))?;
-    let field = value.get_mut("checksum").ok_or("no checksum is recorded")?;
-    let recorded = field
-        .as_str()
-        .ok_or("the recorded checksum is not a string")?
-        .to_string();
-    *field = serde_json::Value::String(String::new());
-    Ok((json_checksum(&value), recorded))
 }
 
 fn io<T>(path: &Path, r: std::io::Result<T>) -> Result<T> {
@@ -576,72 +517,5 @@ mod tests {
             .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
             .collect();
         assert_eq!(names, ["step_00000010", "step_00000020"]);
-    }
-
-    /// A record as an older distgpt wrote it.
-    #[derive(Serialize)]
-    struct Before {
-        step: usize,
-        checksum: String,
-    }
-
-    /// The same record after a field was added that reads with a default.
-    #[derive(Clone, Serialize, Deserialize)]
-    struct After {
-        step: usize,
-        checksum: String,
-        #[serde(default)]
-        added: Option<u32>,
-    }
-
-    #[test]
-    fn a_file_written_before_a_field_was_added_keeps_its_checksum() {
-        let mut old = Before {
-            step: 7,
-            checksum: String::new(),
-        };
-        old.checksum = json_checksum(&old);
-        let text = serde_json::to_string_pretty(&old).unwrap();
-        let (sum, recorded) = stored_checksum(&text).unwrap();
-        assert_eq!(sum, recorded, "the old file's own sum");
-        // Summing the struct it now parses into (how indexes were checked
-        // until 2026-11-27) counts the new field's null and refuses it.
-        let now: After = serde_json::from_str(&text).unwrap();
-        let resummed = json_checksum(&After {
-            checksum: String::new(),
-            ..now
-        });
-        assert_ne!(resummed, recorded);
-
-        // What the new struct writes checks too, and an edit is caught.
-        let mut new = After {
-            step: 7,
-            checksum: String::new(),
-            added: Some(3),
-        };
-        new.checksum = json_checksum(&new);
-        let text = serde_json::to_string_pretty(&new).unwrap();
-        let (sum, recorded) = stored_checksum(&text).unwrap();
-        assert_eq!(sum, recorded);
-        let (sum, recorded) = stored_checksum(&text.replace("\"step\": 7", "\"step\": 8")).unwrap();
-        assert_ne!(sum, recorded);
-        let (sum, recorded) =
-            stored_checksum(&text.replace("\"added\": 3", "\"added\": 4")).unwrap();
-        assert_ne!(sum, recorded);
-    }
-
-    #[test]
-    fn a_record_without_a_checksum_is_named() {
-        assert_eq!(
-            stored_checksum("{\"step\": 7}").unwrap_err(),
-            "no checksum is recorded"
-        );
-        assert_eq!(
-            stored_checksum("{\"step\": 7, \"checksum\": 3}").unwrap_err(),
-            "the recorded checksum is not a string"
-        );
-        assert!(stored_checksum("{\"step\": ")
-            .unwrap_err()
-            .starts_with("invalid JSON"));
     }
 }

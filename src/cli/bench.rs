@@ -80,8 +80,8 @@ fn run_generate<B: Backend>(
     cfg: &distgpt::model::GptConfig,
     tokens: usize,
 ) -> Result<()> {
-    use distgpt::infer::generate::{generate_packed, SampleConfig};
-    use distgpt::infer::kv::DecodeWeights;
+    use distgpt::model::gpt2::kv::DecodeWeights;
+    use distgpt::{model::gpt2::generate::generate_packed, sample::SampleConfig};
     let prompt = a.prompt_tokens;
     if prompt == 0 || prompt >= cfg.block_size {
         anyhow::bail!(
@@ -221,7 +221,13 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
         show: !a.json,
     };
     let Some(ranks) = a.parallel.launch(threads, &a.device, |world| {
-        bench_rank(be.for_rank(world)?, cfg, par, spec, world)
+        bench_rank(
+            distgpt::comm::backend_for(&be, world)?,
+            cfg,
+            par,
+            spec,
+            world,
+        )
     })?
     else {
         return Ok(());

@@ -136,8 +136,13 @@ pub(super) fn eval_on<B: Backend>(be: B, a: &EvalArgs) -> Result<()> {
         let format = a.weights.format();
         let mut model = distgpt::model::Gpt2::new(be, meta.gpt2(&a.model)?)?;
         model.set_params(&params)?;
-        let e =
-            distgpt::infer::generate::evaluate_decoded(&model, format, batches, a.batch_size, t)?;
+        let e = distgpt::model::gpt2::generate::evaluate_decoded(
+            &model,
+            format,
+            batches,
+            a.batch_size,
+            t,
+        )?;
         distgpt::outln!(
             "{}: val loss {:.4} with {} weights, {:.4} with fp32 ({:+.2}%); next-token top-1 agrees with fp32 at {:.2}% of {} positions ({n} batches of {} x {t} tokens from {})",
             a.model.display(),

@@ -92,7 +92,11 @@ pub(super) fn decode_on<B: Backend>(
                 (show.lock().expect("printer"))(r, t)
             }
         };
-        let out = generate(be.for_rank(comm)?, Some(comm), &mut on_token)?;
+        let out = generate(
+            distgpt::comm::backend_for(&be, comm)?,
+            Some(comm),
+            &mut on_token,
+        )?;
         Ok((out, comm.size()))
     };
     let timeout = std::time::Duration::from_secs(120);

@@ -329,9 +329,9 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
                 "world_size": p.world_size, "efficiency": p.efficiency,
                 "predictions": p.predictions, "offloaded": p.offloaded,
                 "omitted": p.omitted.iter().map(ToString::to_string).collect::<Vec<_>>(),
-                "recommended": p.recommended().map(|r| plan::layout_name(&r.parallel)),
+                "recommended": p.recommended().map(|r| r.parallel.layout_name()),
                 "families": p.families(&w, &device).iter().map(|f| serde_json::json!({
-                    "family": f.family, "layout": plan::layout_name(&f.best.parallel),
+                    "family": f.family, "layout": f.best.parallel.layout_name(),
                     "prediction": f.best, "why": f.why,
                 })).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
@@ -419,7 +419,7 @@ fn print_world(a: &PlanArgs, w: &Workload, device: &Device, wp: &WorldPlan) {
     match wp.recommended() {
         Some(r) => distgpt::outln!(
             "{head}; recommended: {} ({} a step, {} tokens/s, {} a rank)",
-            plan::layout_name(&r.parallel),
+            r.parallel.layout_name(),
             seconds(r.time.step_s()),
             rate(r.tokens_per_s),
             bytes(r.memory.total())
@@ -448,7 +448,7 @@ fn print_world(a: &PlanArgs, w: &Workload, device: &Device, wp: &WorldPlan) {
                 let p = &f.best;
                 vec![
                     f.family.name().to_string(),
-                    plan::layout_name(&p.parallel),
+                    p.parallel.layout_name(),
                     bytes(p.memory.total()),
                     seconds(p.time.step_s()),
                     rate(p.tokens_per_s),
@@ -541,7 +541,7 @@ fn print_every_layout(wp: &WorldPlan) {
         let (m, t) = (&p.memory, &p.time);
         distgpt::outln!(
             "{:<44} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>12.0}  {}",
-            plan::layout_name(&p.parallel),
+            p.parallel.layout_name(),
             m.params / scale,
             m.grads / scale,
             m.optimizer / scale,

@@ -145,7 +145,7 @@ pub(super) fn prune_on<B: Backend>(be: B, a: &PruneArgs) -> Result<()> {
             true => a.out.join(method.to_string()),
             false => a.out.clone(),
         };
-        checkpoint::save_model(&m, meta.tokenizer.clone(), &dir)?;
+        files::save_model(&m, meta.tokenizer.clone(), &dir)?;
         distgpt::outln!(
             "wrote {} (the {} model: {})",
             dir.display(),

@@ -19,9 +19,8 @@ pub(super) struct QuantizeArgs {
 pub(super) fn run_quantize(a: QuantizeArgs) -> Result<()> {
     refuse_output_over_input(&a.run, &a.out, a.overwrite)?;
     let (model, meta) = checkpoint::load_model(Cpu::new(), &a.run)?;
-    checkpoint::save_int8_model(&model, meta.tokenizer, &a.out)?;
-    let size =
-        |d: &Path| std::fs::metadata(d.join(checkpoint::WEIGHTS_FILE)).map_or(0, |m| m.len());
+    files::save_int8_model(&model, meta.tokenizer, &a.out)?;
+    let size = |d: &Path| std::fs::metadata(d.join(files::WEIGHTS_FILE)).map_or(0, |m| m.len());
     distgpt::outln!(
         "wrote {} (model.safetensors {}, block matrices in int8; fp32: {})",
         a.out.display(),

@@ -669,7 +669,7 @@ pub(super) fn finish_completed(
     device: &DeviceArgs,
 ) -> Result<Outcome> {
     let _lock = train::run_dir::lock(run_dir)?;
-    let rewritten = match checkpoint::verify_model_files(run_dir, &p.data.model()) {
+    let rewritten = match files::verify_model_files(run_dir, &p.data.model()) {
         Ok(()) => false,
         Err(why) => {
             let vocab = match &p.data {
@@ -704,7 +704,7 @@ pub(super) fn finish_completed(
         |task| train::evaluate_params(be, task, &params, &p.cfg, threads, true)
     ))?;
     let history = train::run_dir::read_metrics(run_dir)?;
-    let layout = distgpt::plan::layout_name(&p.par);
+    let layout = p.par.layout_name();
     p.data
         .with_task::<Cpu, _>(|task| task.write_report(run_dir, &history, test, &layout))?;
     distgpt::outln!(
@@ -849,7 +849,7 @@ pub(super) fn run_train(mut a: TrainArgs, given: &[String]) -> Result<Outcome> {
         threads,
         &a.device,
         |world| {
-            let be = be.for_rank(world)?;
+            let be = distgpt::comm::backend_for(&be, world)?;
             prep.data
                 .with_task(|task| train::train_rank(be, task, &prep.cfg, par, world))
         }

@@ -16,6 +16,7 @@ pub mod nccl;
 
 pub use elem::{Buf, BufMut, CommElem, DType};
 
+use crate::backend::Backend;
 use crate::error::Result;
 use serde::Serialize;
 use std::sync::Mutex;
@@ -65,6 +66,14 @@ pub enum Kind {
 }
 
 /// Counts a collective over `full_bytes` (the unsharded buffer) in `stats`.
+/// The backend handle rank `world.rank()` trains with: on its own device
+/// for thread ranks of a device-native group (NCCL, one GPU per rank), a
+/// fresh handle on `backend`'s device otherwise.
+pub fn backend_for<B: Backend>(backend: &B, world: &dyn Comm) -> Result<B> {
+    let own = world.device_native().is_some() && world.shared_threads().is_some();
+    backend.for_rank(own.then(|| world.rank()))
+}
+
 pub fn record(stats: &Mutex<CommStats>, kind: Kind, n: usize, full_bytes: usize, started: Instant) {
     let bytes = full_bytes as u64;
     let ring = |num: u64| {

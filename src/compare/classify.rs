@@ -10,10 +10,10 @@
 use super::figures::{self, Figure};
 use super::{layout_cells, loss_deviation, say_skipped, Layout, Spread};
 use crate::backend::cpu::Cpu;
-use crate::checkpoint::write_atomic;
 use crate::error::Result;
 use crate::parallel::StrategyKind;
 use crate::plan::{self, Precision, Workload};
+use crate::store::write_atomic;
 use crate::train::classify::{epoch_records, ClassifyTask, EpochRecord, Scores};
 use crate::train::{self, TrainConfig};
 use indicatif::MultiProgress;
@@ -94,7 +94,7 @@ pub fn run(m: &ClassifyMatrix, multi: &MultiProgress) -> Result<ClassifyComparis
     let mut stopped = false;
     let seq_len = m.base.seq_len;
     for (par, batch) in &cells {
-        let label = crate::plan::layout_name(par);
+        let label = par.layout_name();
         outer.set_message(format!("{label} batch {batch}"));
         let bar = multi.add(crate::metrics::progress_bar(0, "  run   "));
         let mut cfg = TrainConfig {

@@ -139,7 +139,7 @@ pub struct Cell {
 impl Cell {
     /// "fsdp x2", "single", "ddp x4 (tp 2)".
     pub fn label(&self) -> String {
-        plan::layout_name(&self.parallel)
+        self.parallel.layout_name()
     }
 }
 

@@ -2,9 +2,9 @@
 
 use super::figures::{self, Figure};
 use super::{CompareSpec, Comparison, RunResult, Spread};
-use crate::checkpoint::write_atomic;
 use crate::error::Result;
 use crate::parallel::StrategyKind;
+use crate::store::write_atomic;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 

@@ -111,7 +111,7 @@ impl LabelledSet {
                 text.push_str(&format!("{}\t{}\x1f", e.label, e.text));
             }
         }
-        crate::checkpoint::state::checksum(text.as_bytes())
+        crate::store::checksum(text.as_bytes())
     }
 }
 

@@ -33,6 +33,8 @@ pub enum Tokenizer {
 
 /// GPT-2's `<|endoftext|>`.
 pub const GPT2_EOT: u32 = 50256;
+/// The GPT-2 BPE vocabulary (`r50k_base`).
+pub const GPT2_VOCAB: usize = 50257;
 
 impl Tokenizer {
     /// A character vocabulary of every distinct character in `text`, sorted.
@@ -76,7 +78,7 @@ impl Tokenizer {
     pub fn vocab_size(&self) -> usize {
         match self {
             Tokenizer::Char { chars, .. } => chars.len(),
-            Tokenizer::Gpt2(_) => crate::model::gpt2::config::GPT2_VOCAB,
+            Tokenizer::Gpt2(_) => GPT2_VOCAB,
         }
     }
 

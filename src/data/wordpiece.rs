@@ -33,7 +33,7 @@ impl WordPiece {
     /// From the tokens in id order (a `vocab.txt`'s lines).
     pub fn new(tokens: Vec<String>) -> Result<Self> {
         let size = tokens.len();
-        let checksum = crate::checkpoint::state::checksum(tokens.join("\n").as_bytes());
+        let checksum = crate::store::checksum(tokens.join("\n").as_bytes());
         let vocab: HashMap<String, u32> = tokens
             .into_iter()
             .enumerate()

@@ -164,6 +164,40 @@ pub fn mfu_above_peak(mfu: f64) -> Option<String> {
     })
 }
 
+/// Seconds since the Unix epoch (0 on a clock before it).
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// `YYYYMMDD-HHMMSS` (UTC) of Unix seconds.
+pub fn timestamp(secs: u64) -> String {
+    // Days to a civil date (Howard Hinnant's algorithm).
+    let days = (secs / 86_400) as i64 + 719_468;
+    let era = days.div_euclid(146_097);
+    let doe = days - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let s = secs % 86_400;
+    format!(
+        "{year:04}{month:02}{day:02}-{:02}{:02}{:02}",
+        s / 3_600,
+        s / 60 % 60,
+        s % 60
+    )
+}
+
+/// `YYYY-MM-DD` (UTC) of Unix seconds.
+pub fn date(secs: u64) -> String {
+    let t = timestamp(secs);
+    format!("{}-{}-{}", &t[..4], &t[4..6], &t[6..8])
+}
+
 /// "1 rank", "2 ranks": a count with its noun in the number it needs.
 pub fn count(n: usize, noun: &str) -> String {
     match n {
@@ -327,6 +361,13 @@ macro_rules! errln {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timestamps_are_civil_utc() {
+        assert_eq!(timestamp(0), "19700101-000000");
+        assert_eq!(timestamp(951_782_400 + 3_723), "20000229-010203");
+        assert_eq!(timestamp(1_795_320_454), "20261122-040734");
+    }
 
     #[test]
     fn a_table_lines_up_cells_wider_than_their_heading() {

@@ -179,7 +179,7 @@ fn lookup(file: &Path, device: &str, host: &str, threads: usize) -> Option<(Peak
     let current = e.probe >= PROBE;
     let source = format!(
         "measured {}{}{} and kept in {}",
-        crate::train::run_dir::date(e.measured_unix),
+        super::date(e.measured_unix),
         if DEBUG_BUILD { " by a debug build" } else { "" },
         if current {
             ""
@@ -232,7 +232,7 @@ pub fn lookup_or_measure(
                 host,
                 threads,
                 flops,
-                measured_unix: crate::train::run_dir::unix_now(),
+                measured_unix: super::unix_now(),
                 hardware: probe.hardware.clone(),
                 matmul: probe.matmul,
                 timings: probe.timings.clone(),

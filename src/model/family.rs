@@ -14,8 +14,8 @@ use super::{bert, gpt2, Precision};
 use crate::backend::{Backend, WeightFormat};
 use crate::data::{Batch, TokenizerSpec};
 use crate::error::{Error, Result};
-use crate::infer::generate::SampleConfig;
 use crate::rng::Rng;
+use crate::sample::SampleConfig;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::any::Any;
 use std::fmt;
@@ -235,9 +235,9 @@ pub struct ModelFiles {
 pub const DISTGPT_FILES: ModelFiles = ModelFiles {
     what: "model.safetensors, model.json",
     write: |config, params, tokenizer, _, dir| {
-        crate::checkpoint::write_model(config, params, tokenizer.clone(), dir, false)
+        super::files::write_model(config, params, tokenizer.clone(), dir, false)
     },
-    read: |dir| Ok(crate::checkpoint::read_model_files(dir)?.0.config),
+    read: |dir| Ok(super::files::read_model_files(dir)?.0.config),
 };
 
 impl Registration {

@@ -7,6 +7,7 @@ pub mod alloc;
 pub mod bert;
 pub mod bf16;
 pub mod family;
+pub mod files;
 pub mod gpt2;
 pub mod layout;
 pub mod parts;

@@ -140,6 +140,37 @@ pub struct ParallelConfig {
 }
 
 impl ParallelConfig {
+    /// Short name of a layout: "fsdp x4", "ddp x8 (tp 2)".
+    pub fn layout_name(&self) -> String {
+        let p = self;
+        let r = p.resolved();
+        let rc = match (p.recompute, p.offload) {
+            (false, Offload::None) => String::new(),
+            (true, Offload::None) => " +recompute".into(),
+            (false, o) => format!(" +offload {o}"),
+            (true, o) => format!(" +recompute +offload {o}"),
+        };
+        if r.pipeline.stages == r.world_size && r.world_size > 1 {
+            return format!("pp x{} ({}){rc}", r.world_size, r.pipeline);
+        }
+        let s = p.strategy.to_string();
+        let base = if p.strategy == StrategyKind::Single {
+            s
+        } else {
+            format!("{s} x{}", p.world_size)
+        };
+        let mesh = if p.tp > 1 && p.strategy != StrategyKind::Tp {
+            format!(" (tp {})", p.tp)
+        } else {
+            String::new()
+        };
+        let pp = match p.pipeline.stages {
+            1 => String::new(),
+            k => format!(" (pp {k} {})", p.pipeline),
+        };
+        format!("{base}{mesh}{pp}{rc}")
+    }
+
     /// One rank holding the whole model in fp32 (evaluation, timing).
     pub fn single() -> Self {
         ParallelConfig {

@@ -751,7 +751,7 @@ pub fn omitted(w: &Workload, world: usize) -> Vec<Omitted> {
             };
             ("other", why)
         };
-        let name = layout_name(&p);
+        let name = p.layout_name();
         match by_reason.iter_mut().find(|o| o.reason == reason) {
             Some(o) => o.layouts.push(name),
             None => by_reason.push(Omitted {
@@ -1012,7 +1012,7 @@ fn figure_of(w: &Workload, wp: &WorldPlan) -> Option<crate::figure::Figure> {
         })
         .collect();
     series.push(Series {
-        label: format!("recommended: {}", layout_name(&r.parallel)),
+        label: format!("recommended: {}", r.parallel.layout_name()),
         points: vec![point(r)],
         ranges: Vec::new(),
     });
@@ -1040,36 +1040,6 @@ pub fn recommend<'a>(
         .into_iter()
         .filter(|p| p.fits)
         .min_by(|a, b| a.time.step_s().total_cmp(&b.time.step_s()))
-}
-
-/// Short name of a layout: "fsdp x4", "ddp x8 (tp 2)".
-pub fn layout_name(p: &ParallelConfig) -> String {
-    let r = p.resolved();
-    let rc = match (p.recompute, p.offload) {
-        (false, Offload::None) => String::new(),
-        (true, Offload::None) => " +recompute".into(),
-        (false, o) => format!(" +offload {o}"),
-        (true, o) => format!(" +recompute +offload {o}"),
-    };
-    if r.pipeline.stages == r.world_size && r.world_size > 1 {
-        return format!("pp x{} ({}){rc}", r.world_size, r.pipeline);
-    }
-    let s = p.strategy.to_string();
-    let base = if p.strategy == StrategyKind::Single {
-        s
-    } else {
-        format!("{s} x{}", p.world_size)
-    };
-    let mesh = if p.tp > 1 && p.strategy != StrategyKind::Tp {
-        format!(" (tp {})", p.tp)
-    } else {
-        String::new()
-    };
-    let pp = match p.pipeline.stages {
-        1 => String::new(),
-        k => format!(" (pp {k} {})", p.pipeline),
-    };
-    format!("{base}{mesh}{pp}{rc}")
 }
 
 #[cfg(test)]
@@ -1258,7 +1228,7 @@ mod tests {
         let m = ModelConfig::preset("gpt2").unwrap(); // 12 heads
         let names: Vec<String> = layouts(&work(&m, 16), 8, false)
             .iter()
-            .map(layout_name)
+            .map(|p| p.layout_name())
             .collect();
         assert!(names.contains(&"ddp x8 (tp 2)".to_string()), "{names:?}");
         assert!(names.contains(&"ddp x8 (tp 4)".to_string()), "{names:?}");
@@ -1304,7 +1274,7 @@ mod tests {
             cpu_threads: None,
         };
         let best = recommended_on_a100s(&w, 32);
-        assert!(best.pipeline.stages > 1, "{}", layout_name(&best));
+        assert!(best.pipeline.stages > 1, "{}", best.layout_name());
         // GPT-2 124M fits whole on a rank: a pipeline would only add its bubble
         let small = Workload {
             model: ModelConfig::preset("gpt2").unwrap(),
@@ -1314,7 +1284,7 @@ mod tests {
             cpu_threads: None,
         };
         let best = recommended_on_a100s(&small, 8);
-        assert_eq!(best.pipeline.stages, 1, "{}", layout_name(&best));
+        assert_eq!(best.pipeline.stages, 1, "{}", best.layout_name());
     }
 
     #[test]
@@ -1322,7 +1292,7 @@ mod tests {
         let m = ModelConfig::preset("gpt2").unwrap();
         let names: Vec<String> = layouts(&work(&m, 16), 8, false)
             .iter()
-            .map(layout_name)
+            .map(|p| p.layout_name())
             .collect();
         for want in [
             "fsdp x8 (tp 2)",
@@ -1503,7 +1473,7 @@ mod tests {
         let r = wp.recommended().unwrap();
         assert_eq!(
             last.label,
-            format!("recommended: {}", layout_name(&r.parallel))
+            format!("recommended: {}", r.parallel.layout_name())
         );
         assert_eq!(
             last.points,

@@ -302,7 +302,7 @@ impl<B: Backend> Task<B> for ClassifyTask {
             test: test.into(),
         };
         let json = serde_json::to_string_pretty(&report).expect("a report serialises");
-        crate::checkpoint::write_atomic(&dir.join(SUMMARY_FILE), json.as_bytes())
+        crate::store::write_atomic(&dir.join(SUMMARY_FILE), json.as_bytes())
     }
 
     fn report_file(&self) -> Option<&'static str> {

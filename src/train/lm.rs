@@ -12,10 +12,10 @@ use crate::backend::{Backend, WeightFormat};
 use crate::checkpoint;
 use crate::data::{Batch, DataLoader, Dataset, LoaderPosition, TokenizerSpec};
 use crate::error::{Error, Result};
-use crate::infer::generate::SampleConfig;
 use crate::model::family::Generation;
 use crate::model::ModelConfig;
 use crate::parallel::Strategy;
+use crate::sample::SampleConfig;
 use std::path::Path;
 
 /// A causal language model and its data.

@@ -371,7 +371,7 @@ pub fn evaluate_params<B: Backend + 'static>(
     let single = ParallelConfig::single();
     let model = task.model();
     let mut out = launch::run_local(1, threads, std::time::Duration::from_secs(600), |world| {
-        let be = backend.for_rank(world.as_ref())?;
+        let be = crate::comm::backend_for(&backend, world.as_ref())?;
         let mut s =
             crate::parallel::build(be, model.clone(), single, world.as_ref(), cfg.adamw, b, t)?;
         s.load_full(params)?;

@@ -521,7 +521,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
                 .sample(self.spare, &params, self.cfg.sample_tokens, self.cfg.seed)?;
         if let Some(test) = test {
             let history = run_dir::read_metrics(&self.cfg.out_dir)?;
-            let layout = crate::plan::layout_name(&self.par);
+            let layout = self.par.layout_name();
             self.task
                 .write_report(&self.cfg.out_dir, &history, test, &layout)?;
         }

@@ -5,12 +5,13 @@
 
 use super::task::TaskKind;
 use super::TrainConfig;
-use crate::checkpoint::{state, write_atomic};
+use crate::checkpoint::state;
 use crate::error::{Error, Result};
 use crate::metrics::tensorboard::EventWriter;
-use crate::metrics::{CsvWriter, JsonlWriter, StepRecord};
+use crate::metrics::{timestamp, unix_now, CsvWriter, JsonlWriter, StepRecord};
 use crate::model::{ModelConfig, Precision};
 use crate::parallel::ParallelConfig;
+use crate::store::{json_checksum, write_atomic};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -79,7 +80,7 @@ pub fn settings_checksum(t: &TrainConfig, par: &ParallelConfig) -> String {
     if par.precision != Precision::Fp32 {
         v["precision"] = serde_json::to_value(par.precision).expect("a precision serialises");
     }
-    state::json_checksum(&v)
+    json_checksum(&v)
 }
 
 pub const RUN_FILE: &str = "run.json";
@@ -87,39 +88,6 @@ pub const METRICS_FILE: &str = "metrics.jsonl";
 pub const METRICS_CSV: &str = "metrics.csv";
 /// The link beside default-named runs to the newest one.
 pub const LATEST: &str = "latest";
-
-pub fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
-/// `YYYYMMDD-HHMMSS` (UTC) of Unix seconds.
-fn timestamp(secs: u64) -> String {
-    // Days to a civil date (Howard Hinnant's algorithm).
-    let days = (secs / 86_400) as i64 + 719_468;
-    let era = days.div_euclid(146_097);
-    let doe = days - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let s = secs % 86_400;
-    format!(
-        "{year:04}{month:02}{day:02}-{:02}{:02}{:02}",
-        s / 3_600,
-        s / 60 % 60,
-        s % 60
-    )
-}
-
-/// `YYYY-MM-DD` (UTC) of Unix seconds.
-pub fn date(secs: u64) -> String {
-    let t = timestamp(secs);
-    format!("{}-{}-{}", &t[..4], &t[4..6], &t[6..8])
-}
 
 /// `runs/<model>-<YYYYMMDD-HHMMSS>`, with a suffix if that exists already.
 /// The directory is reserved by creating it (two runs started in the same
@@ -606,7 +574,7 @@ mod tests {
         v["duration"] = serde_json::json!({"Steps": 5});
         assert_eq!(
             settings_checksum(&cfg, &ParallelConfig::single()),
-            state::json_checksum(&v)
+            json_checksum(&v)
         );
         let e: Duration = serde_json::from_str(r#"{"Epochs": 1.5}"#).unwrap();
         assert!(matches!(e, Duration::Epochs(x) if x == 1.5));
@@ -646,12 +614,5 @@ mod tests {
             ..cfg.clone()
         };
         assert_ne!(settings_checksum(&lr, &single), base);
-    }
-
-    #[test]
-    fn timestamps_are_civil_utc() {
-        assert_eq!(timestamp(0), "19700101-000000");
-        assert_eq!(timestamp(951_782_400 + 3_723), "20000229-010203");
-        assert_eq!(timestamp(1_795_320_454), "20261122-040734");
     }
 }

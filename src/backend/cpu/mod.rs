@@ -127,9 +127,10 @@ impl Device for Cpu {
     fn name(&self) -> String {
         // a build without the `avx512` feature says so: its runs and its
         // kept peak (keyed by this name) are not the default build's
+        let threads = rayon::current_num_threads();
         format!(
-            "cpu ({}{})",
-            crate::metrics::count(rayon::current_num_threads(), "thread"),
+            "cpu ({threads} thread{}{})",
+            if threads == 1 { "" } else { "s" },
             if cfg!(feature = "avx512") {
                 ""
             } else {

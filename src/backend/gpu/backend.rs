@@ -14,7 +14,6 @@ use crate::backend::{
     EncoderBackward, EncoderForward, Kernels, LayerNormBackward, LayerNormForward, MatmulBackward,
     MatmulDecode, MatmulForward, MatmulShape, PeakProbe, WeightFormat, WeightLayout,
 };
-use crate::comm::Comm;
 use crate::error::{Error, Result};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -126,13 +125,13 @@ impl<R: Runtime> Device for Gpu<R> {
             memory: Arc::default(),
         }
     }
-    fn for_rank(&self, world: &dyn Comm) -> Result<Self> {
-        if world.device_native().is_none() || world.shared_threads().is_none() {
-            return Ok(self.clone_fresh());
+    fn for_rank(&self, own_device: Option<usize>) -> Result<Self> {
+        match own_device {
+            None => Ok(self.clone_fresh()),
+            // Thread ranks of an NCCL group: one device each, as the
+            // group's communicator was made.
+            Some(rank) => Gpu::open(R::device_of(self.index, rank).map_err(device_error)?),
         }
-        // Thread ranks of an NCCL group: one device each, as the group's
-        // communicator was made.
-        Gpu::open(R::device_of(self.index, world.rank()).map_err(device_error)?)
     }
     fn memory(&self) -> &Arc<MemoryStats> {
         &self.memory

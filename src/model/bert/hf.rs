@@ -6,9 +6,9 @@
 
 use super::config::{BertConfig, BertHead};
 use super::layout::{layout, BlockParam, EMBEDDINGS};
-use crate::checkpoint::state::checksum;
-use crate::checkpoint::write_atomic;
 use crate::error::{Error, Result};
+use crate::store::checksum;
+use crate::store::write_atomic;
 use safetensors::tensor::{Dtype, SafeTensors};
 use std::path::Path;
 

@@ -62,8 +62,7 @@ impl std::fmt::Display for GptConfig {
     }
 }
 
-/// The GPT-2 BPE vocabulary (`r50k_base`).
-pub const GPT2_VOCAB: usize = 50257;
+pub use crate::data::tokenizer::GPT2_VOCAB;
 
 /// Vocabulary of nanoGPT's character-level Tiny Shakespeare (bench default).
 pub const CHAR_VOCAB: usize = 65;

@@ -7,11 +7,11 @@ use super::{activation_elems, init_full, layout, Engine};
 use crate::backend::Backend;
 use crate::data::Batch;
 use crate::error::Result;
-use crate::infer::generate::generate_gpt2;
 use crate::model::family::{
     Family, FamilyDecoder, FamilyDims, FamilyEngine, Generation, HfFolder, Registration,
     DISTGPT_FILES,
 };
+use crate::model::gpt2::generate::generate_gpt2;
 use crate::model::layout::TensorSpec;
 use crate::model::{ParamLayout, Precision, Span, TpPlace, UnitModel};
 use crate::rng::Rng;

@@ -3,10 +3,11 @@
 //! reverse, so GPT-2 checkpoints made elsewhere can be fine-tuned here.
 
 use crate::backend::Backend;
-use crate::checkpoint::{read_weights, write_atomic, write_weights, ModelMeta, WEIGHTS_FILE};
 use crate::data::TokenizerSpec;
 use crate::error::{Error, Result};
+use crate::model::files::{read_weights, write_weights, ModelMeta, WEIGHTS_FILE};
 use crate::model::{Gpt2, GptConfig, ModelConfig};
+use crate::store::write_atomic;
 use serde_json::{json, Value};
 use std::path::Path;
 
@@ -15,7 +16,7 @@ pub const CONFIG_FILE: &str = "config.json";
 /// Writes `config.json` and `model.safetensors` into `dir`. The tokenizer is
 /// recorded under `distgpt_tokenizer`, a key `transformers` keeps and ignores.
 /// A row-pruned model is written in its dense shape, the pruned rows zero
-/// ([`crate::prune::unshrink`]): `transformers` has no per-layer widths.
+/// ([`super::rows::unshrink`]): `transformers` has no per-layer widths.
 pub fn export<B: Backend>(model: &Gpt2<B>, tokenizer: &TokenizerSpec, dir: &Path) -> Result<()> {
     export_params(&model.config, &model.params_host()?, tokenizer, dir)
 }
@@ -28,7 +29,7 @@ pub fn export_params(
     dir: &Path,
 ) -> Result<()> {
     if !c.blocks.is_empty() {
-        let (dense, params) = crate::prune::unshrink(c, params);
+        let (dense, params) = super::rows::unshrink(c, params);
         return export_params(&dense, &params, tokenizer, dir);
     }
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;

@@ -6,8 +6,11 @@
 pub mod block;
 pub mod config;
 pub mod family;
+pub mod generate;
 pub mod hf;
+pub mod kv;
 pub mod layout;
+pub mod rows;
 
 use super::alloc::ActAlloc;
 use super::bf16::Precision;

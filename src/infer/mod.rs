@@ -1,4 +1,0 @@
-//! Inference: sampling text from a model with a KV cache.
-
-pub mod generate;
-pub mod kv;

@@ -1,0 +1,481 @@
+//! Model weights on disk, for any family: safetensors under the layout's
+//! tensor names (GPT-2's are Hugging Face's) in the family's file shapes,
+//! with `model.json` (config + tokenizer) beside them, or a Hugging Face
+//! folder its family reads. `model.json` records the checksum of the
+//! weights file and of itself, so a flipped bit or an edited shape is
+//! refused on load, as are non-finite weights.
+
+use crate::backend::Backend;
+use crate::data::TokenizerSpec;
+use crate::error::{Error, Result};
+use crate::model::{Gpt2, GptConfig, ModelConfig, ParamLayout};
+use crate::store::{self, write_atomic, write_safetensors, Data};
+use safetensors::tensor::{Dtype, SafeTensors};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+pub const WEIGHTS_FILE: &str = "model.safetensors";
+pub const META_FILE: &str = "model.json";
+/// A Hugging Face folder's config.
+pub const HF_CONFIG: &str = "config.json";
+
+/// A model's shape (of any family) and tokenizer.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ModelMeta {
+    pub config: ModelConfig,
+    pub tokenizer: TokenizerSpec,
+}
+
+impl ModelMeta {
+    /// The GPT-2 this describes, for what runs GPT-2 only; another family
+    /// is named (`dir` in the error).
+    pub fn gpt2(&self, dir: &Path) -> Result<GptConfig> {
+        self.config
+            .get::<GptConfig>()
+            .cloned()
+            .ok_or_else(|| Error::Checkpoint {
+                path: dir.to_path_buf(),
+                reason: format!(
+                    "holds a {} model ({}): this reads GPT-2 models",
+                    self.config.family(),
+                    self.config
+                ),
+            })
+    }
+}
+
+/// What `model.json` holds.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct MetaFile {
+    #[serde(flatten)]
+    meta: ModelMeta,
+    /// The block matrices are stored in int8 (written by `distgpt quantize`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    int8: bool,
+    /// [`store::checksum`] of `model.safetensors`.
+    weights_checksum: String,
+    /// [`store::json_checksum`] of this file with this field empty
+    /// (checked by [`store::stored_checksum`]).
+    checksum: String,
+}
+
+impl MetaFile {
+    fn compute_checksum(&self) -> String {
+        store::json_checksum(&MetaFile {
+            checksum: String::new(),
+            ..self.clone()
+        })
+    }
+}
+
+/// The int8 scales' tensor beside block matrix `name`.
+fn scale_name(name: &str) -> String {
+    format!("{name}_scale")
+}
+
+/// Each tensor of `layout` as the model files store it: its name, its
+/// family's file shape (GPT-2's word embeddings without their padding
+/// rows, which are the trailing ones) and that many elements from its start.
+fn stored(
+    config: &ModelConfig,
+    layout: &ParamLayout,
+) -> Vec<(String, Vec<usize>, std::ops::Range<usize>)> {
+    layout
+        .tensors
+        .iter()
+        .map(|t| {
+            let shape = config.file_shape(t);
+            let start = t.range().start;
+            let len: usize = shape.iter().product();
+            (t.name.clone(), shape, start..start + len)
+        })
+        .collect()
+}
+
+/// Writes `params` (the whole model) as safetensors at `path`, the tensors
+/// the family stores in int8 so when `int8` (symmetric per output column,
+/// each with an F32 `<name>_scale`); returns the file's checksum.
+pub fn write_weights(
+    config: &ModelConfig,
+    params: &[f32],
+    path: &Path,
+    int8: bool,
+) -> Result<String> {
+    let layout = config.layout(1);
+    let mut tensors = Vec::new();
+    for (t, (name, shape, r)) in layout.tensors.iter().zip(stored(config, &layout)) {
+        let w = &params[r];
+        if int8 && config.int8_tensor(t) {
+            let (codes, scales) =
+                crate::backend::cpu::int8::quantize_columns(w, shape[0], shape[1]);
+            let bytes = codes.iter().map(|&c| c as u8).collect();
+            let scale_bytes = scales.iter().flat_map(|s| s.to_le_bytes()).collect();
+            tensors.push((
+                scale_name(&name),
+                Dtype::F32,
+                vec![shape[1]],
+                Data::Bytes(scale_bytes),
+            ));
+            tensors.push((name, Dtype::I8, shape, Data::Bytes(bytes)));
+        } else {
+            tensors.push((name, Dtype::F32, shape, Data::F32(w)));
+        }
+    }
+    write_safetensors(path, &tensors)
+}
+
+/// Saves the weights as Hugging Face GPT-2 safetensors (the padded vocabulary
+/// rows are dropped); returns the file's checksum.
+pub fn save_weights<B: Backend>(model: &Gpt2<B>, path: &Path) -> Result<String> {
+    let params = model.backend().read(model.params.s())?;
+    write_weights(&model.config.clone().into(), &params, path, false)
+}
+
+/// A tensor name with each run of digits made `#`: the kind of tensor,
+/// whichever block it belongs to.
+fn kind_of(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for c in name.chars() {
+        match c.is_ascii_digit() {
+            true if out.ends_with('#') => {}
+            true => out.push('#'),
+            false => out.push(c),
+        }
+    }
+    out
+}
+
+/// Reads every tensor of `config`'s layout from a safetensors file under
+/// the layout's names; extra tensors of other kinds (e.g. `lm_head.weight`)
+/// are ignored, but one of a kind the layout has under another number (a
+/// block past the config's `n_layer`) is an error: the config and the
+/// weights disagree. With `expected_checksum` the file must match it;
+/// every weight must be finite. The whole model's parameters, padding rows
+/// zero.
+pub fn read_weights(
+    config: &ModelConfig,
+    path: &Path,
+    expected_checksum: Option<&str>,
+) -> Result<Vec<f32>> {
+    // mapped, not read: the weights are copied once, into their places, and
+    // a model's worth of fresh pages is not zeroed first for the file
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    // SAFETY: the map is read-only; a weights file changed underneath a
+    // load is the user's to avoid, as with any memory-mapped input.
+    let bytes = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+    let bad = |reason: String| Error::Checkpoint {
+        path: path.into(),
+        reason,
+    };
+    if let Some(want) = expected_checksum {
+        let sum = store::checksum(&bytes);
+        if sum != want {
+            return Err(bad(format!(
+                "checksum {sum} does not match {want} recorded in {META_FILE}: the weights are corrupted or were replaced"
+            )));
+        }
+    }
+    let st = SafeTensors::deserialize(&bytes)
+        .map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
+    let layout = config.layout(1);
+    let names: std::collections::HashSet<&str> =
+        layout.tensors.iter().map(|t| t.name.as_str()).collect();
+    let kinds: std::collections::HashSet<String> = names.iter().map(|n| kind_of(n)).collect();
+    let mut extra: Vec<String> = st
+        .names()
+        .into_iter()
+        .filter(|n| !names.contains(n.as_str()) && kinds.contains(&kind_of(n)))
+        .cloned()
+        .collect();
+    extra.sort();
+    if let Some(first) = extra.first() {
+        return Err(bad(format!(
+            "tensor '{first}' ({} such) has no place in the model its config describes ({}): the config and the weights disagree",
+            extra.len(),
+            crate::metrics::count(config.n_layer(), "layer")
+        )));
+    }
+    let mut params = vec![0.0f32; layout.total()];
+    for (t, (name, shape, r)) in layout.tensors.iter().zip(stored(config, &layout)) {
+        let view = st
+            .tensor(&name)
+            .map_err(|_| bad(format!("missing tensor '{name}'")))?;
+        if view.shape() != shape.as_slice() {
+            return Err(bad(format!(
+                "tensor '{name}' has shape {:?}, expected {shape:?}",
+                view.shape(),
+            )));
+        }
+        let out = &mut params[r.clone()];
+        match view.dtype() {
+            Dtype::F32 => {
+                for (d, chunk) in out.iter_mut().zip(view.data().chunks_exact(4)) {
+                    *d = f32::from_le_bytes(chunk.try_into().expect("4 bytes"));
+                }
+            }
+            // int8 codes of a block matrix, times their column's scale.
+            Dtype::I8 if config.int8_tensor(t) => {
+                let scale = scale_name(&name);
+                let scales = st
+                    .tensor(&scale)
+                    .map_err(|_| bad(format!("int8 tensor '{name}' has no '{scale}'")))?;
+                if scales.dtype() != Dtype::F32 || scales.shape() != [shape[1]] {
+                    return Err(bad(format!(
+                        "'{scale}' must be F32 of shape [{}], not {:?} {:?}",
+                        shape[1],
+                        scales.dtype(),
+                        scales.shape()
+                    )));
+                }
+                let scales: Vec<f32> = scales
+                    .data()
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+                    .collect();
+                for (e, (d, &code)) in out.iter_mut().zip(view.data()).enumerate() {
+                    *d = code as i8 as f32 * scales[e % shape[1]];
+                }
+            }
+            other => {
+                return Err(bad(format!(
+                    "tensor '{name}' has dtype {other:?}, expected F32"
+                )))
+            }
+        }
+        if let Some(i) = params[r].iter().position(|x| !x.is_finite()) {
+            return Err(bad(format!(
+                "tensor '{name}' holds a non-finite weight at element {i}"
+            )));
+        }
+    }
+    Ok(params)
+}
+
+/// [`read_weights`] into a GPT-2.
+pub fn load_weights<B: Backend>(
+    model: &mut Gpt2<B>,
+    path: &Path,
+    expected_checksum: Option<&str>,
+) -> Result<()> {
+    let params = read_weights(&model.config.clone().into(), path, expected_checksum)?;
+    model.set_params(&params)
+}
+
+/// Saves weights and then `model.json` (which vouches for them) into a
+/// directory, each atomically: an interrupted save leaves a `model.json`
+/// that refuses the new weights, never one that accepts wrong ones. With
+/// `int8` the tensors the family marks are stored in int8 (the codes and
+/// scales `--weights int8` decodes with); loading gives them dequantized.
+pub fn write_model(
+    config: &ModelConfig,
+    params: &[f32],
+    tokenizer: TokenizerSpec,
+    dir: &Path,
+    int8: bool,
+) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let weights_checksum = write_weights(config, params, &dir.join(WEIGHTS_FILE), int8)?;
+    let mut file = MetaFile {
+        meta: ModelMeta {
+            config: config.clone(),
+            tokenizer,
+        },
+        int8,
+        weights_checksum,
+        checksum: String::new(),
+    };
+    file.checksum = file.compute_checksum();
+    let json = serde_json::to_string_pretty(&file).expect("meta serialises");
+    write_atomic(&dir.join(META_FILE), json.as_bytes())
+}
+
+/// [`write_model`] of a GPT-2.
+pub fn save_model<B: Backend>(model: &Gpt2<B>, tokenizer: TokenizerSpec, dir: &Path) -> Result<()> {
+    let params = model.params_host()?;
+    write_model(&model.config.clone().into(), &params, tokenizer, dir, false)
+}
+
+/// [`write_model`] of a GPT-2 with its blocks' weight matrices in int8:
+/// symmetric per output column, each with an fp32 `<name>_scale` tensor;
+/// embeddings, norms and biases stay fp32.
+pub fn save_int8_model<B: Backend>(
+    model: &Gpt2<B>,
+    tokenizer: TokenizerSpec,
+    dir: &Path,
+) -> Result<()> {
+    let params = model.params_host()?;
+    write_model(&model.config.clone().into(), &params, tokenizer, dir, true)
+}
+
+/// Reads and verifies `model.json`; returns it with the weights' checksum
+/// and whether they are stored in int8.
+fn read_meta_file(dir: &Path) -> Result<(ModelMeta, String, bool)> {
+    let path = dir.join(META_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let bad = |reason: String| Error::Checkpoint {
+        path: path.clone(),
+        reason,
+    };
+    let (sum, recorded) =
+        store::stored_checksum(&text).map_err(|e| bad(format!("invalid model metadata: {e}")))?;
+    if sum != recorded {
+        return Err(bad(format!(
+            "checksum {sum} does not match the recorded {recorded}: the file was edited or corrupted"
+        )));
+    }
+    let file: MetaFile =
+        serde_json::from_str(&text).map_err(|e| bad(format!("invalid model metadata: {e}")))?;
+    file.meta
+        .config
+        .validate()
+        .map_err(|e| bad(e.to_string()))?;
+    Ok((file.meta, file.weights_checksum, file.int8))
+}
+
+/// Config and tokenizer of model files: `model.json`, or a Hugging Face
+/// folder's config as its family reads it.
+pub fn read_files_meta(dir: &Path) -> Result<ModelMeta> {
+    if is_hf_folder(dir) {
+        let (config, tokenizer, _) = hf_import(dir)?;
+        return Ok(ModelMeta { config, tokenizer });
+    }
+    read_meta_file(dir).map(|(meta, ..)| meta)
+}
+
+/// Whether `dir` is a Hugging Face folder rather than a distgpt model directory.
+fn is_hf_folder(dir: &Path) -> bool {
+    !dir.join(META_FILE).exists() && dir.join(HF_CONFIG).exists()
+}
+
+/// Checks the model files in `dir` are `model`'s and readable: checksums
+/// that match, every weight finite (what a resume repairs when not).
+pub fn verify_model_files(dir: &Path, model: &crate::model::ModelConfig) -> Result<()> {
+    let bad = |found: String| Error::Checkpoint {
+        path: dir.to_path_buf(),
+        reason: format!("holds a model of {found}, not the run's {model}"),
+    };
+    let files = model
+        .registration()
+        .model_files
+        .ok_or_else(|| Error::Checkpoint {
+            path: dir.to_path_buf(),
+            reason: format!("the {} family writes no model files", model.family()),
+        })?;
+    let found = (files.read)(dir)?;
+    if &found != model {
+        return Err(bad(found.to_string()));
+    }
+    Ok(())
+}
+
+/// A Hugging Face folder, read by the family whose `model_type` it names.
+fn hf_import(dir: &Path) -> Result<(ModelConfig, TokenizerSpec, Vec<f32>)> {
+    let family = crate::model::family::hf_family(dir)?;
+    let hf = family.hf.expect("hf_family finds families with a folder");
+    (hf.import)(dir)
+}
+
+/// [`read_model`] from model files only (`model.json` + `model.safetensors`,
+/// or a Hugging Face folder), never from a checkpoint.
+pub fn read_model_files(dir: &Path) -> Result<(ModelMeta, Vec<f32>)> {
+    if is_hf_folder(dir) {
+        let (config, tokenizer, params) = hf_import(dir)?;
+        return Ok((ModelMeta { config, tokenizer }, params));
+    }
+    let (meta, checksum, int8) = read_meta_file(dir)?;
+    let weights = dir.join(WEIGHTS_FILE);
+    // A config asking for more than the file holds is refused before allocating it.
+    let c = &meta.config;
+    let layout = c.layout(1);
+    let stored: usize = layout
+        .tensors
+        .iter()
+        .map(|t| c.file_shape(t).iter().product::<usize>())
+        .sum();
+    // int8 files hold at least a byte per weight.
+    let need = if int8 { stored } else { 4 * stored } as u64;
+    let have = std::fs::metadata(&weights)
+        .map_err(|e| Error::io(&weights, e))?
+        .len();
+    if have < need {
+        return Err(Error::Checkpoint {
+            path: weights,
+            reason: format!(
+                "{have} bytes cannot hold the {need} bytes of weights of a {} x {} model: the file is truncated or the config is wrong",
+                c.n_layer(),
+                c.n_embd()
+            ),
+        });
+    }
+    let params = read_weights(c, &weights, Some(&checksum))?;
+    Ok((meta, params))
+}
+
+/// A GPT-2 from model files only (see [`read_model_files`]).
+pub fn load_model_files<B: Backend>(backend: B, dir: &Path) -> Result<(Gpt2<B>, ModelMeta)> {
+    let (meta, params) = read_model_files(dir)?;
+    let mut model = Gpt2::new(backend, meta.gpt2(dir)?)?;
+    model.set_params(&params)?;
+    Ok((model, meta))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::GptConfig;
+
+    #[test]
+    fn tensors_the_model_has_no_kind_of_are_read_past_and_a_block_too_many_is_refused() {
+        let cfg: ModelConfig = GptConfig {
+            n_layer: 1,
+            n_head: 2,
+            n_embd: 8,
+            block_size: 8,
+            vocab_size: 16,
+            blocks: Vec::new(),
+        }
+        .into();
+        let layout = cfg.layout(1);
+        let params: Vec<f32> = (0..layout.total()).map(|i| i as f32 * 1e-3).collect();
+        let f32s = |x: &[f32]| x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
+        let model: Vec<_> = stored(&cfg, &layout)
+            .into_iter()
+            .map(|(name, shape, r)| (name, Dtype::F32, shape, f32s(&params[r])))
+            .collect();
+        let dir = crate::testdir::TestDir::new("extra-tensors");
+        let read = |tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)]| {
+            let path = dir.path().join("model.safetensors");
+            let data: Vec<_> = tensors
+                .iter()
+                .map(|(n, d, s, b)| (n.clone(), *d, s.clone(), Data::Bytes(b.clone())))
+                .collect();
+            write_safetensors(&path, &data).unwrap();
+            read_weights(&cfg, &path, None)
+        };
+        let plain = read(&model).unwrap();
+        // an older Hugging Face file's causal-mask buffer: no kind of ours
+        let mut with_mask = model.clone();
+        let mask = (
+            "transformer.h.0.attn.bias".to_string(),
+            Dtype::F32,
+            vec![1],
+            f32s(&[1.0]),
+        );
+        with_mask.push(mask);
+        assert_eq!(read(&with_mask).unwrap(), plain);
+        // a second block's norm, where the config has one block
+        let mut two = model;
+        let norm = (
+            "transformer.h.1.ln_1.weight".to_string(),
+            Dtype::F32,
+            vec![8],
+            f32s(&[1.0; 8]),
+        );
+        two.push(norm);
+        let e = read(&two).unwrap_err().to_string();
+        assert!(
+            e.contains("tensor 'transformer.h.1.ln_1.weight' (1 such) has no place"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,246 @@
+//! Files below every model: atomic writes, streaming safetensors, and the
+//! checksums that model files, checkpoints and run records carry. Knows no
+//! model, no run and no training state.
+
+use crate::error::{Error, Result};
+use safetensors::tensor::{Dtype, TensorInfo};
+use serde::Serialize;
+use std::io::Write;
+use std::path::Path;
+
+/// Writes `bytes` to `path` atomically: temporary file, fsync, rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_atomic_with(path, |f| f.write_all(bytes))
+}
+
+/// Writes what `fill` writes to `path` atomically (temporary file,
+/// buffered, fsync, rename), so a file can be written piece by piece.
+pub fn write_atomic_with(
+    path: &Path,
+    fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    let write = || -> std::io::Result<()> {
+        let mut f = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
+        fill(&mut f)?;
+        f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().map_err(|e| Error::io(path, e))
+}
+
+/// A tensor's values for [`write_safetensors`]: f32s, written as
+/// little-endian bytes a chunk at a time (never copied whole), or bytes
+/// made already (int8 codes).
+pub enum Data<'a> {
+    F32(&'a [f32]),
+    Bytes(Vec<u8>),
+}
+
+impl Data<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Data::F32(x) => 4 * x.len(),
+            Data::Bytes(b) => b.len(),
+        }
+    }
+}
+
+/// Writes named tensors (name, dtype, shape, values) as a safetensors file
+/// at `path`, atomically and synced, streaming: the file's bytes are never
+/// all in memory at once (a checkpoint of params and both moments would
+/// otherwise cost twice its size at the end of a run). Returns the file's
+/// [`checksum`].
+pub fn write_safetensors(
+    path: &Path,
+    tensors: &[(String, Dtype, Vec<usize>, Data<'_>)],
+) -> Result<String> {
+    // the safetensors crate's layout, byte for byte: by descending dtype,
+    // then name; a compact JSON header padded with spaces to 8 bytes
+    let mut order: Vec<&(String, Dtype, Vec<usize>, Data<'_>)> = tensors.iter().collect();
+    order.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut head = String::from("{");
+    let mut offset = 0usize;
+    for (i, (name, dtype, shape, data)) in order.iter().enumerate() {
+        let elements: usize = shape.iter().product();
+        assert_eq!(
+            elements * dtype.size(),
+            data.len(),
+            "{name}: shape and values agree"
+        );
+        let info = TensorInfo {
+            dtype: *dtype,
+            shape: shape.clone(),
+            data_offsets: (offset, offset + data.len()),
+        };
+        if i > 0 {
+            head.push(',');
+        }
+        head.push_str(&serde_json::to_string(name).expect("a name serialises"));
+        head.push(':');
+        head.push_str(&serde_json::to_string(&info).expect("a header serialises"));
+        offset += data.len();
+    }
+    head.push('}');
+    while !head.len().is_multiple_of(8) {
+        head.push(' ');
+    }
+    let mut sum = Checksum::new();
+    write_atomic_with(path, |f| {
+        let mut put = |bytes: &[u8]| {
+            sum.update(bytes);
+            f.write_all(bytes)
+        };
+        put(&(head.len() as u64).to_le_bytes())?;
+        put(head.as_bytes())?;
+        let mut chunk = Vec::with_capacity(1 << 16);
+        for (_, _, _, data) in &order {
+            match data {
+                Data::F32(x) => {
+                    for part in x.chunks(1 << 14) {
+                        chunk.clear();
+                        chunk.extend(part.iter().flat_map(|v| v.to_le_bytes()));
+                        put(&chunk)?;
+                    }
+                }
+                Data::Bytes(b) => put(b)?,
+            }
+        }
+        Ok(())
+    })?;
+    Ok(sum.hex())
+}
+
+/// FNV-1a, 64 bit: enough to catch truncation and flipped bytes.
+pub fn checksum(bytes: &[u8]) -> String {
+    let mut sum = Checksum::new();
+    sum.update(bytes);
+    sum.hex()
+}
+
+/// [`checksum`] taken a piece at a time (of a file as it is written).
+pub struct Checksum(u64);
+
+impl Default for Checksum {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Checksum {
+    pub fn new() -> Self {
+        Checksum(0xcbf2_9ce4_8422_2325)
+    }
+
+    pub fn update(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 ^= b as u64;
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+
+    pub fn hex(&self) -> String {
+        format!("{:016x}", self.0)
+    }
+}
+
+/// [`checksum`] of a record's JSON value, whose keys are sorted: the sum
+/// does not depend on the order the fields are written in.
+pub fn json_checksum<T: Serialize>(record: &T) -> String {
+    let value = serde_json::to_value(record).expect("records serialise");
+    checksum(
+        serde_json::to_string_pretty(&value)
+            .expect("json")
+            .as_bytes(),
+    )
+}
+
+/// The checksum a stored record should carry, and the one it records in
+/// its `checksum` field: [`json_checksum`] of the file's own JSON value
+/// with that field empty. Summing what was read, not the struct it parses
+/// into, keeps an old file's sum when a later distgpt adds a field that
+/// reads with a default (and would otherwise be serialized into the sum).
+pub fn stored_checksum(text: &str) -> std::result::Result<(String, String), String> {
+    let mut value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))?;
+    let field = value.get_mut("checksum").ok_or("no checksum is recorded")?;
+    let recorded = field
+        .as_str()
+        .ok_or("the recorded checksum is not a string")?
+        .to_string();
+    *field = serde_json::Value::String(String::new());
+    Ok((json_checksum(&value), recorded))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+
+    /// A record as an older distgpt wrote it.
+    #[derive(Serialize)]
+    struct Before {
+        step: usize,
+        checksum: String,
+    }
+
+    /// The same record after a field was added that reads with a default.
+    #[derive(Clone, Serialize, Deserialize)]
+    struct After {
+        step: usize,
+        checksum: String,
+        #[serde(default)]
+        added: Option<u32>,
+    }
+
+    #[test]
+    fn a_file_written_before_a_field_was_added_keeps_its_checksum() {
+        let mut old = Before {
+            step: 7,
+            checksum: String::new(),
+        };
+        old.checksum = json_checksum(&old);
+        let text = serde_json::to_string_pretty(&old).unwrap();
+        let (sum, recorded) = stored_checksum(&text).unwrap();
+        assert_eq!(sum, recorded, "the old file's own sum");
+        // Summing the struct it now parses into (how indexes were checked
+        // until 2026-11-27) counts the new field's null and refuses it.
+        let now: After = serde_json::from_str(&text).unwrap();
+        let resummed = json_checksum(&After {
+            checksum: String::new(),
+            ..now
+        });
+        assert_ne!(resummed, recorded);
+
+        // What the new struct writes checks too, and an edit is caught.
+        let mut new = After {
+            step: 7,
+            checksum: String::new(),
+            added: Some(3),
+        };
+        new.checksum = json_checksum(&new);
+        let text = serde_json::to_string_pretty(&new).unwrap();
+        let (sum, recorded) = stored_checksum(&text).unwrap();
+        assert_eq!(sum, recorded);
+        let (sum, recorded) = stored_checksum(&text.replace("\"step\": 7", "\"step\": 8")).unwrap();
+        assert_ne!(sum, recorded);
+        let (sum, recorded) =
+            stored_checksum(&text.replace("\"added\": 3", "\"added\": 4")).unwrap();
+        assert_ne!(sum, recorded);
+    }
+
+    #[test]
+    fn a_record_without_a_checksum_is_named() {
+        assert_eq!(
+            stored_checksum("{\"step\": 7}").unwrap_err(),
+            "no checksum is recorded"
+        );
+        assert_eq!(
+            stored_checksum("{\"step\": 7, \"checksum\": 3}").unwrap_err(),
+            "the recorded checksum is not a string"
+        );
+        assert!(stored_checksum("{\"step\": ")
+            .unwrap_err()
+            .starts_with("invalid JSON"));
+    }
+}
