@@ -648,3 +648,65 @@ fn the_run_driver_trains_checkpoints_and_resumes_a_registered_family_bit_exactly
     assert_eq!(meta.config, ModelConfig::from(model));
     assert!(params == whole.params);
 }
+
+/// The path `distgpt train` takes: the `lm` task's spec builds the run
+/// from inputs (the model asked for, resolved with the data's vocabulary),
+/// and a resume makes the task again from the run's record.
+#[test]
+fn the_lm_task_spec_builds_and_resumes_a_registered_family_as_train_does() {
+    use distgpt::train::spec::TaskInputs;
+    use distgpt::train::{self as run, TaskData, TaskKind};
+    registered();
+    let toy = |vocab: Option<usize>| -> Result<ModelConfig> {
+        let preset = Toy::preset();
+        Ok(Toy {
+            vocab: vocab.unwrap_or(preset.vocab),
+            ..preset
+        }
+        .into())
+    };
+    let inputs = TaskInputs {
+        model: &toy,
+        init_from: None,
+        data: None,
+        tokenizer: TokenizerKind::Char,
+        tokenizer_given: false,
+        seq_len: None,
+        train_examples: None,
+        seed: 0,
+    };
+    let (data, seq) = TaskData::new(TaskKind::Lm, &inputs).unwrap();
+    assert_eq!(seq, Toy::preset().block_size);
+    let par = ParallelConfig {
+        strategy: StrategyKind::Zero2,
+        world_size: 2,
+        ..ParallelConfig::single()
+    };
+    let wait = Duration::from_secs(60);
+    let train = |data: &TaskData, cfg: &TrainConfig| {
+        data.with_task::<Cpu, _>(|task| run::train(Cpu::new, task, cfg, par, 2, wait))
+            .unwrap()
+    };
+    let whole = train(&data, &train_config(&scratch("toy-spec-whole"), 6));
+    let split = scratch("toy-spec-split");
+    train(
+        &data,
+        &TrainConfig {
+            stop_after: Some(3),
+            ..train_config(&split, 6)
+        },
+    );
+    let record = run::run_dir::read_record(&split).unwrap();
+    let ckpt = checkpoint::state::latest(&split).unwrap();
+    let index = checkpoint::state::read_index(&ckpt).unwrap();
+    let again = TaskData::from_record(&record, &index.tokenizer, &split).unwrap();
+    assert_eq!(again.model(), data.model());
+    let second = train(
+        &again,
+        &TrainConfig {
+            resume: Some(ckpt),
+            ..train_config(&split, 6)
+        },
+    );
+    assert!(second.params == whole.params, "final weights differ");
+}

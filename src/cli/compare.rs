@@ -5,10 +5,10 @@ use clap::Args;
 use distgpt::compare::classify::{self as classify_matrix, ClassifyMatrix};
 use distgpt::compare::{self, CompareSpec, Layout};
 use distgpt::data::{Dataset, TokenizerKind};
-use distgpt::model::{AdamWConfig, GptConfig};
+use distgpt::model::GptConfig;
 use distgpt::train::classify::ClassifyTask;
-use distgpt::train::Duration;
 use distgpt::train::TrainConfig;
+use distgpt::train::{Duration, TaskKind};
 use indicatif::MultiProgress;
 use std::path::{Path, PathBuf};
 
@@ -284,30 +284,31 @@ fn run_classify(a: CompareArgs, out_dir: PathBuf, threads: usize) -> Result<()> 
         .seq_len
         .unwrap_or_else(|| distgpt::train::classify::default_seq_len(&init_from));
     let task = ClassifyTask::new(&init_from, &data, train_examples, seq_len, a.seed)?;
-    let lr = a.lr.unwrap_or(5e-5);
+    let mut base = TrainConfig {
+        seq_len,
+        duration: Duration::Epochs(epochs),
+        grad_clip: 1.0,
+        seed: a.seed,
+        init_from: Some(init_from),
+        data: Some(data),
+        train_examples,
+        ..TrainConfig::default()
+    };
+    // `train --task classify`'s defaults (its lr, AdamW, validation at
+    // every epoch's end only), the lr when --lr is not given
+    TaskKind::Classify
+        .spec()
+        .apply_defaults(&mut base, |f| match f {
+            "lr" => a.lr.is_some(),
+            "steps" | "epochs" => true,
+            _ => false,
+        });
+    if let Some(lr) = a.lr {
+        (base.lr, base.min_lr) = (lr, lr / 10.0);
+    }
     let matrix = ClassifyMatrix {
         task,
-        base: TrainConfig {
-            seq_len,
-            duration: Duration::Epochs(epochs),
-            lr,
-            min_lr: lr / 10.0,
-            // BERT fine-tuning's usual AdamW, as `train --task classify` defaults
-            adamw: AdamWConfig {
-                beta2: 0.999,
-                weight_decay: 0.01,
-                ..AdamWConfig::default()
-            },
-            grad_clip: 1.0,
-            // validation at every epoch's end only
-            eval_every: 0,
-            sample_tokens: 0,
-            seed: a.seed,
-            init_from: Some(init_from),
-            data: Some(data),
-            train_examples,
-            ..TrainConfig::default()
-        },
+        base,
         layouts: a.strategies.clone(),
         world_sizes,
         batch_sizes,

@@ -162,18 +162,13 @@ fn record_entries(r: &RunRecord) -> Vec<(String, Value)> {
     if let Some(p) = t.peak_flops {
         out.push(("peak_tflops", float(p / 1e12)));
     }
-    // flags only language models have
-    let lm_only: &[&str] = match r.task {
-        TaskKind::Lm => &[],
-        TaskKind::Mlm => &["tokenizer", "sample_every", "sample_tokens"],
-        TaskKind::Classify => &["tokenizer", "sample_every", "sample_tokens", "eval_batches"],
-    };
+    let task = r.task.spec();
     let from_folder: &[&str] = match t.init_from {
         Some(_) => &FIXED_BY_INIT,
         None => &[],
     };
     out.into_iter()
-        .filter(|(k, _)| !lm_only.contains(k) && !from_folder.contains(k))
+        .filter(|(k, _)| task.has(k) && !from_folder.contains(k))
         .map(|(k, v)| (k.to_string(), v))
         .collect()
 }
@@ -368,7 +363,7 @@ mod tests {
                 let super::super::Command::Train(a) = cli.command else {
                     panic!("not train")
                 };
-                a.model.resolve(None).unwrap();
+                a.model.resolve_family(None).unwrap();
                 seen += 1;
             }
         }

@@ -37,7 +37,7 @@ use distgpt::model::files;
 use distgpt::model::{AdamWConfig, GptConfig, ModelConfig};
 use distgpt::parallel::{launch, ParallelConfig, StrategyKind};
 use distgpt::sample::SampleConfig;
-use distgpt::train::{self, Duration, Fault, FaultKind, TaskKind, TrainConfig};
+use distgpt::train::{self, Duration, Fault, FaultKind, TaskData, TaskKind, TrainConfig};
 use evaluate::{run_eval, EvalArgs};
 use export::{run_export, ExportArgs};
 use generate::{run_generate, GenerateArgs};
@@ -165,14 +165,6 @@ impl ModelArgs {
         c.vocab_size = vocab_size.unwrap_or(c.vocab_size);
         c.validate_shape()?;
         Ok(c.into())
-    }
-
-    /// The preset with overrides (or a model folder's shape) and the given
-    /// vocabulary, validated.
-    pub fn resolve(&self, vocab_size: Option<usize>) -> Result<GptConfig> {
-        let c = self.gpt2_shape(vocab_size)?;
-        c.validate()?;
-        Ok(c)
     }
 
     fn gpt2_shape(&self, vocab_size: Option<usize>) -> Result<GptConfig> {

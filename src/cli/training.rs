@@ -194,33 +194,6 @@ pub(super) const FIXED_ON_RESUME: [(&[&str], &str); 8] = [
     ),
 ];
 
-/// Refuses `--tokenizer` naming another tokenizer than a shard folder's
-/// (its tokenizer.json, or GPT-2 BPE without one, as llm.c writes them).
-fn refuse_other_tokenizer(dir: &Path, ds: &Dataset, asked: TokenizerKind) -> Result<()> {
-    let theirs = ds.tokenizer.spec();
-    let same = matches!(
-        (asked, &theirs),
-        (
-            TokenizerKind::Char,
-            distgpt::data::TokenizerSpec::Char { .. }
-        ) | (TokenizerKind::Gpt2, distgpt::data::TokenizerSpec::Gpt2)
-    );
-    if !same {
-        let how = match dir.join("tokenizer.json").exists() {
-            true => "its tokenizer.json",
-            false => "no tokenizer.json: GPT-2 BPE tokens, as llm.c writes them",
-        };
-        bail!(
-            "--tokenizer {}: {} holds shards of {} ({how}); shards keep the tokenizer they were prepared with: leave --tokenizer out, or prepare the text again with `data prepare --tokenizer {}`",
-            asked.key(),
-            dir.display(),
-            distgpt::data::describe(&theirs),
-            asked.key()
-        );
-    }
-    Ok(())
-}
-
 /// Refuses the flags a resumed run takes from its record, each with why.
 pub(super) fn refuse_fixed_on_resume(given: &[String]) -> Result<()> {
     for (flags, why) in FIXED_ON_RESUME {
@@ -249,85 +222,6 @@ pub(super) fn run_and_checkpoint(path: &Path) -> Result<(PathBuf, PathBuf)> {
     Ok((run, ckpt))
 }
 
-/// Flags only some tasks have, each with the tasks that refuse it and why.
-pub(super) const TASK_FLAGS: [(&str, &[TaskKind], &str); 5] = [
-    (
-        "sample_every",
-        &[TaskKind::Mlm, TaskKind::Classify],
-        "is for GPT-2 language models (an encoder does not generate)",
-    ),
-    (
-        "sample_tokens",
-        &[TaskKind::Mlm, TaskKind::Classify],
-        "is for GPT-2 language models (an encoder does not generate)",
-    ),
-    (
-        "eval_batches",
-        &[TaskKind::Classify],
-        "is for language models: a classifier is scored on its whole validation split",
-    ),
-    (
-        "tokenizer",
-        &[TaskKind::Mlm, TaskKind::Classify],
-        "is for GPT-2 language models: --task mlm pretrains on characters, --task classify reads the folder's vocab.txt",
-    ),
-    (
-        "train_examples",
-        &[TaskKind::Lm, TaskKind::Mlm],
-        "is for --task classify (a sample of a labelled set's training examples)",
-    ),
-];
-
-/// Refuses the flags `task` does not have, by name.
-pub(super) fn refuse_task_flags(given: &[String], task: TaskKind) -> Result<()> {
-    for (flag, refused, why) in TASK_FLAGS {
-        if refused.contains(&task) && given.iter().any(|g| g == flag) {
-            bail!("--{} {why}", flag.replace('_', "-"));
-        }
-    }
-    Ok(())
-}
-
-/// A task's data, read once and shared by every rank.
-pub(super) enum TaskData {
-    Lm { model: GptConfig, ds: Dataset },
-    Mlm { model: BertConfig, ds: Dataset },
-    Classify(train::classify::ClassifyTask),
-}
-
-impl TaskData {
-    fn kind(&self) -> TaskKind {
-        match self {
-            TaskData::Lm { .. } => TaskKind::Lm,
-            TaskData::Mlm { .. } => TaskKind::Mlm,
-            TaskData::Classify(_) => TaskKind::Classify,
-        }
-    }
-
-    fn model(&self) -> ModelConfig {
-        match self {
-            TaskData::Lm { model, .. } => model.clone().into(),
-            TaskData::Mlm { model, .. } => model.clone().into(),
-            TaskData::Classify(t) => t.model.clone().into(),
-        }
-    }
-
-    /// Calls `f` with the task.
-    fn with_task<B: Backend, R>(&self, f: impl FnOnce(&dyn train::Task<B>) -> R) -> R {
-        match self {
-            TaskData::Lm { model, ds } => f(&train::lm::LmTask {
-                model: model.clone().into(),
-                data: ds,
-            }),
-            TaskData::Mlm { model, ds } => f(&train::mlm::MlmTask {
-                model: model.clone(),
-                data: ds,
-            }),
-            TaskData::Classify(t) => f(t),
-        }
-    }
-}
-
 /// A run ready to launch: its task's data, configuration and layout.
 pub(super) struct Prepared {
     data: TaskData,
@@ -338,112 +232,65 @@ pub(super) struct Prepared {
 /// A new run from the flags, with its task's defaults where a flag is not given.
 pub(super) fn new_run(a: &TrainArgs, given: &[String], task: TaskKind) -> Result<Prepared> {
     let set = |flag: &str| given.iter().any(|g| g == flag);
-    let pick = |flag: &str, default: f32, value: f32| if set(flag) { value } else { default };
-    let (data, seq_len, out_name) = match task {
-        TaskKind::Lm => match &a.init_from {
-            Some(dir) => {
-                if let Some(f) = config::FIXED_BY_INIT.iter().find(|f| set(f)) {
-                    bail!(
-                        "--{} cannot be given with --init-from: the model's shape and tokenizer are those of {} (its model.json)",
-                        f.replace('_', "-"),
-                        dir.display()
-                    );
-                }
-                let meta = checkpoint::read_any_meta(dir)?;
-                let ds = Dataset::load_for_model(a.data.as_deref(), &meta.tokenizer)?;
-                let model = meta.gpt2(dir)?;
-                let seq = a.seq_len.unwrap_or(model.block_size);
-                (TaskData::Lm { model, ds }, seq, a.model.model.clone())
-            }
-            None => {
-                let ds = Dataset::load(a.data.as_deref(), a.tokenizer)?;
-                if let Some(dir) = a.data.as_deref().filter(|d| set("tokenizer") && d.is_dir()) {
-                    refuse_other_tokenizer(dir, &ds, a.tokenizer)?;
-                }
-                let model = a.model.resolve(Some(ds.tokenizer.vocab_size()))?;
-                let seq = a.seq_len.unwrap_or(model.block_size);
-                (TaskData::Lm { model, ds }, seq, a.model.model.clone())
-            }
-        },
-        TaskKind::Mlm => {
-            let family = a.model.resolve_family(None)?;
-            let Some(shape) = family.get::<BertConfig>().cloned() else {
-                bail!(
-                    "--task mlm trains a BERT: choose --model bert-tiny, bert-minilm or bert-base"
-                );
-            };
-            if a.init_from.is_some() {
-                bail!("--task mlm pretrains from scratch (no --init-from; --task classify fine-tunes a folder)");
-            }
-            let ds = Dataset::load(a.data.as_deref(), TokenizerKind::Char)?;
-            let seq = a.seq_len.unwrap_or(128);
-            let model = train::mlm::MlmTask::new(&shape, &ds, seq).model;
-            (TaskData::Mlm { model, ds }, seq, a.model.model.clone())
+    if let (Some(dir), Some(f)) = (&a.init_from, config::FIXED_BY_INIT.iter().find(|f| set(f))) {
+        if task == TaskKind::Lm {
+            bail!(
+                "--{} cannot be given with --init-from: the model's shape and tokenizer are those of {} (its model.json)",
+                f.replace('_', "-"),
+                dir.display()
+            );
         }
-        TaskKind::Classify => {
-            let (Some(init_from), Some(data)) = (&a.init_from, &a.data) else {
-                bail!("--task classify needs --init-from (a Hugging Face BERT folder, e.g. all-MiniLM-L6-v2's) and --data (a labelled set)");
-            };
-            let seq = a
-                .seq_len
-                .unwrap_or_else(|| train::classify::default_seq_len(init_from));
-            let t =
-                train::classify::ClassifyTask::new(init_from, data, a.train_examples, seq, a.seed)?;
-            (TaskData::Classify(t), seq, "classify".to_string())
-        }
+    }
+    let spec = task.spec();
+    let model = |vocab| {
+        a.model.resolve_family(vocab).map_err(|e| {
+            e.downcast::<distgpt::error::Error>()
+                .unwrap_or_else(|e| distgpt::error::Error::Config(format!("{e:#}")))
+        })
     };
-    let duration = match (a.epochs, task) {
-        (Some(e), _) => Duration::Epochs(e),
-        (None, TaskKind::Classify) if !set("steps") => Duration::Epochs(3.0),
-        (None, _) => Duration::Steps(a.steps),
+    let inputs = train::spec::TaskInputs {
+        model: &model,
+        init_from: a.init_from.as_deref(),
+        data: a.data.as_deref(),
+        tokenizer: a.tokenizer,
+        tokenizer_given: set("tokenizer"),
+        seq_len: a.seq_len,
+        train_examples: a.train_examples,
+        seed: a.seed,
     };
-    let bert = task != TaskKind::Lm;
-    let lr = match task {
-        TaskKind::Lm => a.lr,
-        TaskKind::Mlm => pick("lr", 1e-3, a.lr),
-        TaskKind::Classify => pick("lr", 5e-5, a.lr),
+    let (data, seq_len) = TaskData::new(task, &inputs)?;
+    let out_name = spec.run_name.unwrap_or(&a.model.model);
+    let duration = match a.epochs {
+        Some(e) => Duration::Epochs(e),
+        None => Duration::Steps(a.steps),
     };
-    let fine_tune = task == TaskKind::Classify;
     let mut cfg = TrainConfig {
         batch_size: a.batch_size,
         seq_len,
         grad_accum: a.grad_accum,
         duration,
-        lr,
-        min_lr: a.min_lr.unwrap_or(lr / 10.0),
+        lr: a.lr,
+        min_lr: a.min_lr.unwrap_or(a.lr / 10.0),
         warmup_steps: a.warmup,
         adamw: AdamWConfig {
             beta1: a.beta1,
-            beta2: if fine_tune {
-                pick("beta2", 0.999, a.beta2)
-            } else {
-                a.beta2
-            },
+            beta2: a.beta2,
             eps: 1e-8,
-            weight_decay: if fine_tune {
-                pick("weight_decay", 0.01, a.weight_decay)
-            } else {
-                a.weight_decay
-            },
+            weight_decay: a.weight_decay,
         },
         grad_clip: a.grad_clip,
-        // a classifier is scored at every epoch's end
-        eval_every: if fine_tune && !set("eval_every") {
-            0
-        } else {
-            a.eval_every
-        },
+        eval_every: a.eval_every,
         eval_batches: a.eval_batches,
         sample_every: a.sample_every,
         log_every: a.log_every,
-        sample_tokens: if bert { 0 } else { a.sample_tokens },
+        sample_tokens: a.sample_tokens,
         seed: a.seed,
         link_latest: a.out.is_none(),
         tensorboard: a.tensorboard.clone(),
         out_dir: a
             .out
             .clone()
-            .unwrap_or_else(|| train::default_run_dir(&out_name)),
+            .unwrap_or_else(|| train::default_run_dir(out_name)),
         peak_flops: a.old_peak.or_stated(a.peak_tflops).map(|t| t * 1e12),
         verbose: !a.quiet,
         fault: None,
@@ -456,13 +303,14 @@ pub(super) fn new_run(a: &TrainArgs, given: &[String], task: TaskKind) -> Result
         train_examples: a.train_examples,
         overwrite: a.overwrite,
         schedule_steps: None,
-        tokenizer: if bert {
-            TokenizerKind::Char
-        } else {
+        tokenizer: if spec.has("tokenizer") {
             a.tokenizer
+        } else {
+            TokenizerKind::Char
         },
         progress: None,
     };
+    spec.apply_defaults(&mut cfg, set);
     if let (TaskData::Classify(t), false) = (&data, set("warmup")) {
         cfg.warmup_steps = t.default_warmup(&cfg);
     }
@@ -514,43 +362,8 @@ pub(super) fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<(Prepared, 
             record.task
         );
     }
+    let data = TaskData::from_record(&record, &index.tokenizer, &run_dir)?;
     let mut cfg = record.train;
-    let data = match record.task {
-        TaskKind::Classify => {
-            let (Some(init_from), Some(data)) = (&cfg.init_from, &cfg.data) else {
-                bail!(
-                    "{}'s run record names no pretrained folder or labelled set",
-                    run_dir.display()
-                );
-            };
-            let t = train::classify::ClassifyTask::new(
-                init_from,
-                data,
-                cfg.train_examples,
-                cfg.seq_len,
-                cfg.seed,
-            )?;
-            TaskData::Classify(t)
-        }
-        kind => {
-            let ds = Dataset::load_for_model(cfg.data.as_deref(), &index.tokenizer)?;
-            let model = record.model;
-            match (kind, model.get::<GptConfig>(), model.get::<BertConfig>()) {
-                (TaskKind::Lm, Some(gpt), _) => TaskData::Lm {
-                    model: gpt.clone(),
-                    ds,
-                },
-                (TaskKind::Mlm, _, Some(bert)) => TaskData::Mlm {
-                    model: bert.clone(),
-                    ds,
-                },
-                _ => bail!(
-                    "{}'s run record names a --task {kind} run of a {model}",
-                    run_dir.display()
-                ),
-            }
-        }
-    };
     let set = |flag: &str| given.iter().any(|g| g == flag);
     if set("steps") {
         cfg.duration = Duration::Steps(a.steps);
@@ -787,7 +600,7 @@ pub(super) fn run_train(mut a: TrainArgs, given: &[String]) -> Result<Outcome> {
     let mut prep = match &a.resume {
         Some(_) => {
             let (prep, run_dir, step) = resumed_run(&a, given)?;
-            refuse_task_flags(given, prep.data.kind())?;
+            prep.data.kind().spec().refuse(given)?;
             if !given.iter().any(|g| g == "device") {
                 a.device.device = recorded_device(&run_dir)?;
             }
@@ -815,7 +628,7 @@ pub(super) fn run_train(mut a: TrainArgs, given: &[String]) -> Result<Outcome> {
                     a.model.model
                 );
             }
-            refuse_task_flags(given, task)?;
+            task.spec().refuse(given)?;
             new_run(&a, given, task)?
         }
     };

@@ -116,6 +116,32 @@ pub fn describe(spec: &TokenizerSpec) -> String {
 pub const MAX_VOCAB: usize = 1 << 16;
 
 impl Dataset {
+    /// Refuses `--tokenizer asked` where the shard folder `dir` this was
+    /// read from holds another tokenizer's tokens (its tokenizer.json, or
+    /// GPT-2 BPE without one, as llm.c writes them).
+    pub fn refuse_other_tokenizer(&self, dir: &Path, asked: TokenizerKind) -> Result<()> {
+        let theirs = self.tokenizer.spec();
+        let same = matches!(
+            (asked, &theirs),
+            (TokenizerKind::Char, TokenizerSpec::Char { .. })
+                | (TokenizerKind::Gpt2, TokenizerSpec::Gpt2)
+        );
+        if same {
+            return Ok(());
+        }
+        let how = match dir.join("tokenizer.json").exists() {
+            true => "its tokenizer.json",
+            false => "no tokenizer.json: GPT-2 BPE tokens, as llm.c writes them",
+        };
+        Err(Error::Config(format!(
+            "--tokenizer {}: {} holds shards of {} ({how}); shards keep the tokenizer they were prepared with: leave --tokenizer out, or prepare the text again with `data prepare --tokenizer {}`",
+            asked.key(),
+            dir.display(),
+            describe(&theirs),
+            asked.key()
+        )))
+    }
+
     /// `source` is `None` for the embedded corpus, a text file, or a
     /// directory of `*train*.bin` / `*val*.bin` shards (with `tokenizer.json`
     /// from `distgpt data prepare`; without it, GPT-2 tokens as llm.c writes).

@@ -15,6 +15,7 @@ pub mod mlm;
 mod rank;
 pub mod run_dir;
 pub mod schedule;
+pub mod spec;
 pub mod task;
 
 use crate::backend::{Backend, MemoryReport};
@@ -28,6 +29,7 @@ use crate::parallel::{launch, ParallelConfig, Strategy};
 pub use rank::train_rank;
 pub use run_dir::{default_run_dir, RunRecord};
 use serde::{Deserialize, Serialize};
+pub use spec::{TaskData, TaskSpec, TASKS};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 pub use task::{Eval, Task, TaskKind, TrainStream};

@@ -1,0 +1,395 @@
+//! Tasks as data, beside the families' registrations: what `train`, its
+//! `--config` files, `compare` and the library read of a task (the
+//! settings it has not, its defaults, what it trains) and a task's data
+//! read once and shared by every rank ([`TaskData`]), made anew from a run
+//! record on resume. A new task is a [`TaskKind`], its module's
+//! [`Task`](super::Task) and an entry of [`TASKS`].
+
+use super::classify::ClassifyTask;
+use super::lm::LmTask;
+use super::mlm::MlmTask;
+use super::task::{Task, TaskKind};
+use super::{Duration, RunRecord, TrainConfig};
+use crate::backend::Backend;
+use crate::data::{Dataset, TokenizerKind, TokenizerSpec};
+use crate::error::{Error, Result};
+use crate::model::bert::BertConfig;
+use crate::model::ModelConfig;
+use std::path::Path;
+
+/// A task's defaults where they differ from the flags' own.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TaskDefaults {
+    pub lr: Option<f32>,
+    pub beta2: Option<f32>,
+    pub weight_decay: Option<f32>,
+    /// Trains this many epochs when neither steps nor epochs are given.
+    pub epochs: Option<f64>,
+    /// Validates every this many steps (0: at each epoch's end only).
+    pub eval_every: Option<usize>,
+    /// Its sequence length when none is given (None: the model's own).
+    pub seq_len: Option<usize>,
+}
+
+/// What a new run of a task is made from: the command line's settings (or
+/// a library caller's).
+pub struct TaskInputs<'a> {
+    /// The model asked for (`--model` and its shape flags) with a
+    /// vocabulary of the given size (None: the preset's own).
+    pub model: &'a dyn Fn(Option<usize>) -> Result<ModelConfig>,
+    /// Weights to start from: a run, checkpoint or model folder.
+    pub init_from: Option<&'a Path>,
+    /// A text file, a folder of token shards, or a labelled set.
+    pub data: Option<&'a Path>,
+    pub tokenizer: TokenizerKind,
+    /// Whether the tokenizer was asked for (a shard folder keeps its own).
+    pub tokenizer_given: bool,
+    pub seq_len: Option<usize>,
+    pub train_examples: Option<usize>,
+    pub seed: u64,
+}
+
+/// What a task is to everything that is not its own module.
+pub struct TaskSpec {
+    pub kind: TaskKind,
+    /// What it trains, as a sentence's object ("a BERT").
+    pub trains: &'static str,
+    /// Whether it generates text (samples during training).
+    pub samples: bool,
+    /// Settings it has not (train's flags as their `snake_case` ids), each
+    /// with why, as `--flag why` says it.
+    pub refuses: &'static [(&'static str, &'static str)],
+    pub defaults: TaskDefaults,
+    /// A new run's default folder name (None: the model's name).
+    pub run_name: Option<&'static str>,
+    /// Its data, model and sequence length, made from a new run's inputs.
+    pub build: fn(&TaskInputs<'_>) -> Result<(TaskData, usize)>,
+}
+
+const NOT_A_GENERATOR: &str = "is for GPT-2 language models (an encoder does not generate)";
+
+/// Every task `train --task` offers.
+pub const TASKS: [TaskSpec; 3] = [
+    TaskSpec {
+        kind: TaskKind::Lm,
+        trains: "a causal language model (GPT-2, or any family registered as one)",
+        samples: true,
+        refuses: &[(
+            "train_examples",
+            "is for --task classify (a sample of a labelled set's training examples)",
+        )],
+        defaults: TaskDefaults {
+            lr: None,
+            beta2: None,
+            weight_decay: None,
+            epochs: None,
+            eval_every: None,
+            seq_len: None,
+        },
+        run_name: None,
+        build: build_lm,
+    },
+    TaskSpec {
+        kind: TaskKind::Mlm,
+        trains: "a BERT masked language model",
+        samples: false,
+        refuses: &[
+            ("sample_every", NOT_A_GENERATOR),
+            ("sample_tokens", NOT_A_GENERATOR),
+            (
+                "tokenizer",
+                "is for GPT-2 language models: --task mlm pretrains on characters",
+            ),
+            (
+                "train_examples",
+                "is for --task classify (a sample of a labelled set's training examples)",
+            ),
+        ],
+        defaults: TaskDefaults {
+            lr: Some(1e-3),
+            beta2: None,
+            weight_decay: None,
+            epochs: None,
+            eval_every: None,
+            seq_len: Some(MLM_SEQ_LEN),
+        },
+        run_name: None,
+        build: build_mlm,
+    },
+    TaskSpec {
+        kind: TaskKind::Classify,
+        trains: "a BERT sequence classifier",
+        samples: false,
+        refuses: &[
+            ("sample_every", NOT_A_GENERATOR),
+            ("sample_tokens", NOT_A_GENERATOR),
+            (
+                "eval_batches",
+                "is for language models: a classifier is scored on its whole validation split",
+            ),
+            (
+                "tokenizer",
+                "is for GPT-2 language models: --task classify reads the folder's vocab.txt",
+            ),
+        ],
+        // BERT fine-tuning's usual settings
+        defaults: TaskDefaults {
+            lr: Some(5e-5),
+            beta2: Some(0.999),
+            weight_decay: Some(0.01),
+            epochs: Some(3.0),
+            eval_every: Some(0),
+            seq_len: None,
+        },
+        run_name: Some("classify"),
+        build: build_classify,
+    },
+];
+
+/// A masked LM's sequence length when none is given.
+const MLM_SEQ_LEN: usize = 128;
+
+/// A causal language model of any family but BERT's: on a text or shards
+/// (`--tokenizer` checked against a shard folder's), or continuing the
+/// weights of `init_from` on its tokenizer.
+fn build_lm(i: &TaskInputs<'_>) -> Result<(TaskData, usize)> {
+    let (model, ds) = match i.init_from {
+        Some(dir) => {
+            let meta = crate::checkpoint::read_any_meta(dir)?;
+            let ds = Dataset::load_for_model(i.data, &meta.tokenizer)?;
+            (meta.config, ds)
+        }
+        None => {
+            let ds = Dataset::load(i.data, i.tokenizer)?;
+            if let Some(dir) = i.data.filter(|d| i.tokenizer_given && d.is_dir()) {
+                ds.refuse_other_tokenizer(dir, i.tokenizer)?;
+            }
+            ((i.model)(Some(ds.tokenizer.vocab_size()))?, ds)
+        }
+    };
+    if model.get::<BertConfig>().is_some() {
+        return Err(Error::Config(format!(
+            "{model} is a BERT: --task lm trains {}; --task mlm pretrains a BERT, --task classify fine-tunes one",
+            TaskKind::Lm.spec().trains
+        )));
+    }
+    let seq = i.seq_len.unwrap_or(model.block_size());
+    Ok((TaskData::Lm { model, ds }, seq))
+}
+
+/// A BERT masked LM from scratch on a text's characters.
+fn build_mlm(i: &TaskInputs<'_>) -> Result<(TaskData, usize)> {
+    let Some(shape) = (i.model)(None)?.get::<BertConfig>().cloned() else {
+        return Err(Error::Config(format!(
+            "--task mlm trains {}: choose --model bert-tiny, bert-minilm or bert-base",
+            TaskKind::Mlm.spec().trains
+        )));
+    };
+    if i.init_from.is_some() {
+        return Err(Error::Config(
+            "--task mlm pretrains from scratch (no --init-from; --task classify fine-tunes a folder)"
+                .into(),
+        ));
+    }
+    let ds = Dataset::load(i.data, TokenizerKind::Char)?;
+    let seq = i.seq_len.unwrap_or(MLM_SEQ_LEN);
+    let model = MlmTask::new(&shape, &ds, seq).model;
+    Ok((TaskData::Mlm { model, ds }, seq))
+}
+
+/// A BERT folder fine-tuned as a classifier of a labelled set.
+fn build_classify(i: &TaskInputs<'_>) -> Result<(TaskData, usize)> {
+    let (Some(init_from), Some(data)) = (i.init_from, i.data) else {
+        return Err(Error::Config(
+            "--task classify needs --init-from (a Hugging Face BERT folder, e.g. all-MiniLM-L6-v2's) and --data (a labelled set)".into(),
+        ));
+    };
+    let seq = i
+        .seq_len
+        .unwrap_or_else(|| super::classify::default_seq_len(init_from));
+    let t = ClassifyTask::new(init_from, data, i.train_examples, seq, i.seed)?;
+    Ok((TaskData::Classify(t), seq))
+}
+
+impl TaskKind {
+    /// This task's entry of [`TASKS`].
+    pub fn spec(self) -> &'static TaskSpec {
+        TASKS
+            .iter()
+            .find(|s| s.kind == self)
+            .expect("every task has a spec")
+    }
+}
+
+impl TaskSpec {
+    /// Refuses the first setting of `given` (flag ids) this task has not.
+    pub fn refuse(&self, given: &[String]) -> Result<()> {
+        match self
+            .refuses
+            .iter()
+            .find(|(f, _)| given.iter().any(|g| g == f))
+        {
+            Some((flag, why)) => Err(Error::Config(format!("--{} {why}", flag.replace('_', "-")))),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether this task has setting `flag` (an id of train's flags).
+    pub fn has(&self, flag: &str) -> bool {
+        !self.refuses.iter().any(|(f, _)| *f == flag)
+    }
+
+    /// `cfg` with this task's defaults where `given` (whether a flag was
+    /// given) says the setting was left to it; a task that does not
+    /// generate samples nothing.
+    pub fn apply_defaults(&self, cfg: &mut TrainConfig, given: impl Fn(&str) -> bool) {
+        let d = &self.defaults;
+        if let (Some(lr), false) = (d.lr, given("lr")) {
+            cfg.lr = lr;
+            if !given("min_lr") {
+                cfg.min_lr = lr / 10.0;
+            }
+        }
+        if let (Some(b), false) = (d.beta2, given("beta2")) {
+            cfg.adamw.beta2 = b;
+        }
+        if let (Some(w), false) = (d.weight_decay, given("weight_decay")) {
+            cfg.adamw.weight_decay = w;
+        }
+        if let (Some(e), false) = (d.epochs, given("steps") || given("epochs")) {
+            cfg.duration = Duration::Epochs(e);
+        }
+        if let (Some(n), false) = (d.eval_every, given("eval_every")) {
+            cfg.eval_every = n;
+        }
+        if !self.samples {
+            cfg.sample_tokens = 0;
+        }
+    }
+}
+
+/// A task's data, read once and shared by every rank.
+pub enum TaskData {
+    /// A causal language model of any family over a text.
+    Lm {
+        model: ModelConfig,
+        ds: Dataset,
+    },
+    Mlm {
+        model: BertConfig,
+        ds: Dataset,
+    },
+    Classify(ClassifyTask),
+}
+
+impl TaskData {
+    /// A new run's task of kind `kind` from `inputs`, with its sequence length.
+    pub fn new(kind: TaskKind, inputs: &TaskInputs<'_>) -> Result<(TaskData, usize)> {
+        (kind.spec().build)(inputs)
+    }
+
+    pub fn kind(&self) -> TaskKind {
+        match self {
+            TaskData::Lm { .. } => TaskKind::Lm,
+            TaskData::Mlm { .. } => TaskKind::Mlm,
+            TaskData::Classify(_) => TaskKind::Classify,
+        }
+    }
+
+    pub fn model(&self) -> ModelConfig {
+        match self {
+            TaskData::Lm { model, .. } => model.clone(),
+            TaskData::Mlm { model, .. } => model.clone().into(),
+            TaskData::Classify(t) => t.model.clone().into(),
+        }
+    }
+
+    /// Calls `f` with the task.
+    pub fn with_task<B: Backend, R>(&self, f: impl FnOnce(&dyn Task<B>) -> R) -> R {
+        match self {
+            TaskData::Lm { model, ds } => f(&LmTask {
+                model: model.clone(),
+                data: ds,
+            }),
+            TaskData::Mlm { model, ds } => f(&MlmTask {
+                model: model.clone(),
+                data: ds,
+            }),
+            TaskData::Classify(t) => f(t),
+        }
+    }
+
+    /// The task a run in `run_dir` trains, from its record and its
+    /// checkpoint's tokenizer: its data read again from where the record
+    /// says.
+    pub fn from_record(
+        record: &RunRecord,
+        tokenizer: &TokenizerSpec,
+        run_dir: &Path,
+    ) -> Result<TaskData> {
+        let cfg = &record.train;
+        let bad = |what: String| Error::Input(format!("{}'s run record {what}", run_dir.display()));
+        Ok(match record.task {
+            TaskKind::Classify => {
+                let (Some(init_from), Some(data)) = (&cfg.init_from, &cfg.data) else {
+                    return Err(bad("names no pretrained folder or labelled set".into()));
+                };
+                TaskData::Classify(ClassifyTask::new(
+                    init_from,
+                    data,
+                    cfg.train_examples,
+                    cfg.seq_len,
+                    cfg.seed,
+                )?)
+            }
+            TaskKind::Mlm => {
+                let Some(bert) = record.model.get::<BertConfig>() else {
+                    return Err(bad(format!("names a --task mlm run of a {}", record.model)));
+                };
+                let ds = Dataset::load_for_model(cfg.data.as_deref(), tokenizer)?;
+                TaskData::Mlm {
+                    model: bert.clone(),
+                    ds,
+                }
+            }
+            TaskKind::Lm => {
+                if record.model.get::<BertConfig>().is_some() {
+                    return Err(bad(format!("names a --task lm run of a {}", record.model)));
+                }
+                let ds = Dataset::load_for_model(cfg.data.as_deref(), tokenizer)?;
+                TaskData::Lm {
+                    model: record.model.clone(),
+                    ds,
+                }
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_task_has_one_spec_and_defaults_apply_only_where_no_flag_was_given() {
+        for kind in [TaskKind::Lm, TaskKind::Mlm, TaskKind::Classify] {
+            assert_eq!(kind.spec().kind, kind);
+        }
+        let classify = TaskKind::Classify.spec();
+        let mut cfg = TrainConfig::default();
+        classify.apply_defaults(&mut cfg, |_| false);
+        assert_eq!((cfg.lr, cfg.min_lr), (5e-5, 5e-6));
+        assert_eq!((cfg.adamw.beta2, cfg.adamw.weight_decay), (0.999, 0.01));
+        assert!(matches!(cfg.duration, Duration::Epochs(e) if e == 3.0));
+        assert_eq!((cfg.eval_every, cfg.sample_tokens), (0, 0));
+        let before = TrainConfig::default();
+        let mut given = TrainConfig::default();
+        classify.apply_defaults(&mut given, |f| f != "beta2");
+        assert_eq!(given.lr, before.lr);
+        assert_eq!(given.adamw.weight_decay, before.adamw.weight_decay);
+        assert_eq!(given.adamw.beta2, 0.999);
+        let e = classify.refuse(&["sample_every".into()]).unwrap_err();
+        assert!(e.to_string().contains("--sample-every is for GPT-2"), "{e}");
+        assert!(TaskKind::Lm.spec().refuse(&["sample_every".into()]).is_ok());
+    }
+}
