@@ -18,14 +18,15 @@ pub(super) struct QuantizeArgs {
 /// `quantize`: the model with its block matrices in int8.
 pub(super) fn run_quantize(a: QuantizeArgs) -> Result<()> {
     refuse_output_over_input(&a.run, &a.out, a.overwrite)?;
-    let (model, meta) = checkpoint::load_model(Cpu::new(), &a.run)?;
-    files::save_int8_model(&model, meta.tokenizer, &a.out)?;
+    let (meta, params) = checkpoint::read_model(&a.run)?;
+    meta.config.check_quantizes()?;
+    files::write_model(&meta.config, &params, meta.tokenizer, &a.out, true)?;
     let size = |d: &Path| std::fs::metadata(d.join(files::WEIGHTS_FILE)).map_or(0, |m| m.len());
     distgpt::outln!(
         "wrote {} (model.safetensors {}, block matrices in int8; fp32: {})",
         a.out.display(),
         metrics::human_bytes(size(&a.out)),
-        metrics::human_bytes(4 * model.config.num_params() as u64)
+        metrics::human_bytes(4 * meta.config.num_params() as u64)
     );
     Ok(())
 }

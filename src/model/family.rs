@@ -91,6 +91,12 @@ pub trait Family: fmt::Debug + fmt::Display + Send + Sync + 'static {
     fn int8_tensor(&self, _t: &TensorSpec) -> bool {
         false
     }
+    /// The same model with at most `n` blocks (what `plan`'s calibration
+    /// times in place of a model too large to time); None for a family
+    /// that cannot be cut, which is then timed whole.
+    fn with_layers(&self, _n: usize) -> Option<ModelConfig> {
+        None
+    }
     /// This config, to be downcast to the family's type.
     fn as_any(&self) -> &dyn Any;
 }
@@ -544,6 +550,23 @@ impl ModelConfig {
         self.0.int8_tensor(t)
     }
 
+    /// Refuses a family with no tensor `quantize` stores in int8, saying so.
+    pub fn check_quantizes(&self) -> Result<()> {
+        match self.layout(1).tensors.iter().any(|t| self.int8_tensor(t)) {
+            true => Ok(()),
+            false => Err(Error::Config(format!(
+                "{} models have no tensor stored in int8: quantize needs a family that marks some (GPT-2's block matrices)",
+                self.family()
+            ))),
+        }
+    }
+
+    /// The same model with at most `n` blocks, where the family can be
+    /// cut ([`Family::with_layers`]).
+    pub fn with_layers(&self, n: usize) -> Option<ModelConfig> {
+        self.0.with_layers(n)
+    }
+
     /// The unit-by-unit engine of tensor-parallel rank `tp`.
     pub fn engine<B: Backend>(
         &self,
@@ -582,6 +605,25 @@ impl ModelConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tools_ask_a_family_what_it_can_do() {
+        let gpt = ModelConfig::preset("gpt2").unwrap();
+        let bert = ModelConfig::preset("bert-minilm").unwrap();
+        // calibration's shallower model: each family cuts its own blocks
+        for m in [&gpt, &bert] {
+            let cut = m.with_layers(2).expect("a built-in family can be cut");
+            assert_eq!((cut.n_layer(), cut.n_embd()), (2, m.n_embd()), "{m}");
+            assert_eq!(cut.family(), m.family());
+        }
+        // quantize: GPT-2 marks its block matrices, BERT marks none
+        gpt.check_quantizes().unwrap();
+        let e = bert.check_quantizes().unwrap_err().to_string();
+        assert!(
+            e.contains("BERT models have no tensor stored in int8"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn a_hugging_face_folder_is_read_by_the_family_its_model_type_names() {

@@ -295,18 +295,6 @@ pub fn save_model<B: Backend>(model: &Gpt2<B>, tokenizer: TokenizerSpec, dir: &P
     write_model(&model.config.clone().into(), &params, tokenizer, dir, false)
 }
 
-/// [`write_model`] of a GPT-2 with its blocks' weight matrices in int8:
-/// symmetric per output column, each with an fp32 `<name>_scale` tensor;
-/// embeddings, norms and biases stay fp32.
-pub fn save_int8_model<B: Backend>(
-    model: &Gpt2<B>,
-    tokenizer: TokenizerSpec,
-    dir: &Path,
-) -> Result<()> {
-    let params = model.params_host()?;
-    write_model(&model.config.clone().into(), &params, tokenizer, dir, true)
-}
-
 /// Reads and verifies `model.json`; returns it with the weights' checksum
 /// and whether they are stored in int8.
 fn read_meta_file(dir: &Path) -> Result<(ModelMeta, String, bool)> {

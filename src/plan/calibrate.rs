@@ -146,22 +146,9 @@ fn local_comm(threads: usize) -> Result<(f64, f64)> {
 /// cores): a larger rank step is timed on a smaller shape of it.
 const STEP_FLOPS: f64 = 50e9;
 
-/// `model` with at most `n` blocks (a family this does not know, unchanged).
+/// `model` with at most `n` blocks (a family that cannot be cut, whole).
 fn with_blocks(model: &ModelConfig, n: usize) -> ModelConfig {
-    use crate::model::bert::BertConfig;
-    use crate::model::GptConfig;
-    if let Some(g) = model.get::<GptConfig>() {
-        let mut g = g.clone();
-        g.n_layer = g.n_layer.min(n);
-        g.blocks.truncate(g.n_layer);
-        return g.into();
-    }
-    if let Some(b) = model.get::<BertConfig>() {
-        let mut b = b.clone();
-        b.n_layer = b.n_layer.min(n);
-        return b.into();
-    }
-    model.clone()
+    model.with_layers(n).unwrap_or_else(|| model.clone())
 }
 
 /// The shape a rank's calibration step runs at: the asked one, or, while

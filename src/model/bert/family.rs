@@ -131,6 +131,11 @@ impl Family for BertConfig {
     ) -> (usize, usize) {
         activation_elems(self, tp, bt, (span, recompute), precision)
     }
+    fn with_layers(&self, n: usize) -> Option<ModelConfig> {
+        let mut b = self.clone();
+        b.n_layer = b.n_layer.min(n);
+        Some(b.into())
+    }
     fn as_any(&self) -> &dyn Any {
         self
     }

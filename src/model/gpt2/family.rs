@@ -13,6 +13,7 @@ use crate::model::family::{
 };
 use crate::model::gpt2::generate::generate_gpt2;
 use crate::model::layout::TensorSpec;
+use crate::model::ModelConfig;
 use crate::model::{ParamLayout, Precision, Span, TpPlace, UnitModel};
 use crate::rng::Rng;
 use std::any::Any;
@@ -105,6 +106,12 @@ impl Family for GptConfig {
     /// The blocks' weight matrices (embeddings, norms and biases stay fp32).
     fn int8_tensor(&self, t: &TensorSpec) -> bool {
         t.shape.len() == 2 && t.name.contains(".h.")
+    }
+    fn with_layers(&self, n: usize) -> Option<ModelConfig> {
+        let mut g = self.clone();
+        g.n_layer = g.n_layer.min(n);
+        g.blocks.truncate(g.n_layer);
+        Some(g.into())
     }
     fn as_any(&self) -> &dyn Any {
         self
