@@ -536,7 +536,10 @@ fn offload_peaks<B: Backend>(
             bench_rank(gpu.clone_fresh(), cfg, par, spec, c.as_ref())
         })
         .unwrap();
-    ranks[0].iter().map(|r| (r.peak, r.host_peak)).collect()
+    ranks[0]
+        .iter()
+        .map(|r| (r.peak.into(), r.host_peak.into()))
+        .collect()
 }
 
 /// `model` with the batch `offload_peaks` runs, as `plan` sees it on a GPU.

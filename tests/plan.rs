@@ -83,9 +83,9 @@ fn check_memory(cfg: &ModelConfig) {
                         // a batch in parts (2 threads): the parts' gradient
                         // scratch, to the byte
                         let want = plan::memory_plan(&w, par, Precision::Fp32).grads;
-                        assert_eq!(want, got.peak[1] as f64, "{cfg}: single's gradients");
+                        assert_eq!(want, got.peak.grads as f64, "{cfg}: single's gradients");
                     }
-                    let measured = got.peak[5] as f64;
+                    let measured = got.peak.total as f64;
                     // a pipeline's ranks hold different stages; the plan's
                     // memory is the fullest stage's
                     let stage = Grid::of(&par).coords(r).stage;
@@ -136,7 +136,7 @@ fn check_bf16_scratch(cfg: &ModelConfig) {
                     bench_rank(Cpu::new(), cfg, par, spec, c.as_ref())
                 })
                 .unwrap();
-                (predicted.memory.total(), ranks[0][0].peak[5] as f64)
+                (predicted.memory.total(), ranks[0][0].peak.total as f64)
             });
             let (want, got) = (bf16.0 - fp32.0, bf16.1 - fp32.1);
             assert!(
@@ -210,7 +210,7 @@ fn every_pipeline_stage_peaks_where_plan_says() {
                 for (r, got) in ranks[0].iter().enumerate() {
                     let stage = Grid::of(&par).coords(r).stage;
                     let want = plan::stage_memory_plan(&w, par, Precision::Fp32, stage).total();
-                    let measured = got.peak[5] as f64;
+                    let measured = got.peak.total as f64;
                     let off = (want - measured).abs() / measured;
                     assert!(
                         off <= 0.10,

@@ -75,18 +75,72 @@ pub struct CategoryBytes {
     pub other: u64,
 }
 
-impl MemoryReport {
-    /// Peak bytes as [params, grads, optimizer, activations, other, total].
-    pub fn peak_row(&self) -> [u64; 6] {
-        let p = &self.peak_bytes;
+/// A rank's peak bytes, by category and in all (the peaks need not have
+/// come at one moment: `total` is the peak of the sum). Written as the
+/// array `[params, grads, optimizer, activations, other, total]` in JSON
+/// and between ranks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(from = "[u64; 6]", into = "[u64; 6]")]
+pub struct PeakRow {
+    pub params: u64,
+    pub grads: u64,
+    pub optimizer: u64,
+    pub activations: u64,
+    pub other: u64,
+    pub total: u64,
+}
+
+impl From<[u64; 6]> for PeakRow {
+    fn from([params, grads, optimizer, activations, other, total]: [u64; 6]) -> Self {
+        PeakRow {
+            params,
+            grads,
+            optimizer,
+            activations,
+            other,
+            total,
+        }
+    }
+}
+
+impl From<PeakRow> for [u64; 6] {
+    fn from(p: PeakRow) -> Self {
         [
             p.params,
             p.grads,
             p.optimizer,
             p.activations,
             p.other,
-            self.peak_total_bytes,
+            p.total,
         ]
+    }
+}
+
+impl PeakRow {
+    /// Elements a row takes between ranks.
+    pub const LEN: usize = 6;
+
+    /// Rows from what an all-gather of [`PeakRow::LEN`] elements a rank gave.
+    pub fn rows(gathered: &[u64]) -> Vec<PeakRow> {
+        gathered
+            .chunks_exact(Self::LEN)
+            .map(|c| <[u64; 6]>::try_from(c).expect("six elements").into())
+            .collect()
+    }
+}
+
+impl MemoryReport {
+    /// This report's peaks.
+    pub fn peak_row(&self) -> PeakRow {
+        let p = &self.peak_bytes;
+        PeakRow {
+            params: p.params,
+            grads: p.grads,
+            optimizer: p.optimizer,
+            activations: p.activations,
+            other: p.other,
+            total: self.peak_total_bytes,
+        }
     }
 }
 

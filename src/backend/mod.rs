@@ -18,7 +18,7 @@ pub mod opencl;
 pub mod ops;
 
 pub use cpu::{AdamWStep, AttnShape, DecodeShape, WeightFormat, WeightLayout};
-pub use memory::{Buf, Category, Dst, MemoryReport, Pending, Pinned, RawView, Src};
+pub use memory::{Buf, Category, Dst, MemoryReport, PeakRow, Pending, Pinned, RawView, Src};
 pub use ops::{
     ActivationBackward, AdamWUpdate, AttentionBackward, AttentionDecode, AttentionForward,
     CrossEntropyBackward, CrossEntropyForward, EncoderBackward, EncoderForward, LayerNormBackward,

@@ -300,8 +300,8 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
             "rss_start_bytes": rss_start, "peak_rss_bytes": metrics::peak_rss_bytes(),
             "bubble": bubble, "bubble_formula": bubble.map(|_| formula),
             "ranks": ranks.iter().map(|r| serde_json::json!({
-                "peak_bytes": {"params": r.peak[0], "grads": r.peak[1], "optimizer": r.peak[2], "activations": r.peak[3], "other": r.peak[4], "total": r.peak[5]},
-                "host_peak_bytes": (!par.offload.is_none()).then(|| serde_json::json!({"params": r.host_peak[0], "grads": r.host_peak[1], "optimizer": r.host_peak[2], "total": r.host_peak[5]})),
+                "peak_bytes": {"params": r.peak.params, "grads": r.peak.grads, "optimizer": r.peak.optimizer, "activations": r.peak.activations, "other": r.peak.other, "total": r.peak.total},
+                "host_peak_bytes": (!par.offload.is_none()).then(|| serde_json::json!({"params": r.host_peak.params, "grads": r.host_peak.grads, "optimizer": r.host_peak.optimizer, "total": r.host_peak.total})),
                 "comm_bytes_per_step": r.comm_bytes_per_step, "comm_seconds_per_step": r.comm_s_per_step,
                 "update_seconds_per_step": r.update_s,
             })).collect::<Vec<_>>(),
@@ -390,17 +390,17 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
     for (r, x) in ranks.iter().enumerate() {
         distgpt::outln!(
             "rank {r}: peak {} = params {} + grads {} + optimizer {} + activations {} + other {} | comm {} / step, {:.1} ms / step | update {:.1} ms / step",
-            h(x.peak[5]),
-            h(x.peak[0]),
-            h(x.peak[1]),
-            h(x.peak[2]),
-            h(x.peak[3]),
-            h(x.peak[4]),
+            h(x.peak.total),
+            h(x.peak.params),
+            h(x.peak.grads),
+            h(x.peak.optimizer),
+            h(x.peak.activations),
+            h(x.peak.other),
             h(x.comm_bytes_per_step as u64),
             1e3 * x.comm_s_per_step,
             1e3 * x.update_s
         );
-        if r + 1 == ranks.len() && x.peak[4] > 0 {
+        if r + 1 == ranks.len() && x.peak.other > 0 {
             if let Some(what) = par.strategy.other_memory() {
                 distgpt::outln!("note: {what}");
             }
@@ -409,10 +409,10 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
             let p = &x.host_peak;
             distgpt::outln!(
                 "rank {r} host: peak {} = params {} + grads {} + optimizer {}",
-                h(p[5]),
-                h(p[0]),
-                h(p[1]),
-                h(p[2])
+                h(p.total),
+                h(p.params),
+                h(p.grads),
+                h(p.optimizer)
             );
         }
     }

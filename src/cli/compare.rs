@@ -206,7 +206,7 @@ pub fn run(mut a: CompareArgs, threads: usize) -> Result<()> {
                 format!("{} {}", r.model, r.label),
                 r.batch.to_string(),
                 format!("{:.0}", r.tokens_per_s),
-                format!("{:.2}", r.max_peak()[5] as f64 / 1048576.0),
+                format!("{:.2}", r.max_peak().total as f64 / 1048576.0),
                 format!("{:.1}", r.time_per_epoch_s),
                 format!("{:.4}", r.val_loss),
                 r.max_loss_deviation_from_single

@@ -733,11 +733,11 @@ pub(super) fn report_run(
         for (r, p) in s.rank_peak_bytes.iter().enumerate() {
             distgpt::outln!(
                 "rank {r}: peak {} (params {}, grads {}, optimizer {}, activations {}) | sent {} in {:.2} s of collectives",
-                h(p[5]),
-                h(p[0]),
-                h(p[1]),
-                h(p[2]),
-                h(p[3]),
+                h(p.total),
+                h(p.params),
+                h(p.grads),
+                h(p.optimizer),
+                h(p.activations),
                 h(s.rank_comm_bytes[r]),
                 s.rank_comm_seconds[r]
             );

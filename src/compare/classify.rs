@@ -10,6 +10,7 @@
 use super::figures::{self, Figure};
 use super::{layout_cells, loss_deviation, say_skipped, Layout, Spread};
 use crate::backend::cpu::Cpu;
+use crate::backend::PeakRow;
 use crate::error::Result;
 use crate::parallel::StrategyKind;
 use crate::plan::{self, Precision, Workload};
@@ -53,7 +54,7 @@ pub struct ClassifyRow {
     /// Mean seconds of optimizer steps per epoch (evaluation excluded).
     pub time_per_epoch_s: f64,
     /// Every rank's peak bytes: [params, grads, optimizer, activations, other, total].
-    pub rank_peak_bytes: Vec<[u64; 6]>,
+    pub rank_peak_bytes: Vec<PeakRow>,
     /// `plan`'s per-rank peak for full-length batches (fp32).
     pub predicted_peak_bytes: f64,
     pub epochs: Vec<EpochRecord>,
@@ -66,7 +67,11 @@ pub struct ClassifyRow {
 impl ClassifyRow {
     /// The largest rank's peak bytes.
     pub fn max_peak_total(&self) -> u64 {
-        self.rank_peak_bytes.iter().map(|p| p[5]).max().unwrap_or(0)
+        self.rank_peak_bytes
+            .iter()
+            .map(|p| p.total)
+            .max()
+            .unwrap_or(0)
     }
 }
 

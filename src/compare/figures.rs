@@ -112,7 +112,7 @@ pub fn figures(runs: &[&RunResult], suffix: &str, reference_batch: usize) -> Vec
             format!("{model}: peak memory of the largest rank"),
             &format!("global batch (sequences of {seq} tokens)"),
             "peak memory per rank (MiB)",
-            by_batch(runs, |r| Spread::exact(r.max_peak()[5] as f64 / MIB)),
+            by_batch(runs, |r| Spread::exact(r.max_peak().total as f64 / MIB)),
             true,
             true,
         ),

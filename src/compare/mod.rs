@@ -10,6 +10,7 @@ pub mod figures;
 pub mod report;
 
 use crate::backend::cpu::Cpu;
+use crate::backend::PeakRow;
 use crate::data::Dataset;
 use crate::error::{Error, Result};
 use crate::model::{GptConfig, ModelConfig};
@@ -317,7 +318,7 @@ pub struct RunResult {
     /// Every repeat's timings, in the order they ran.
     pub repeats: Vec<RepeatTiming>,
     /// Peak bytes of every rank: [params, grads, optimizer, activations, other, total].
-    pub rank_peak_bytes: Vec<[u64; 6]>,
+    pub rank_peak_bytes: Vec<PeakRow>,
     pub final_loss: f32,
     pub val_loss: f32,
     pub final_grad_norm: f32,
@@ -342,11 +343,11 @@ pub struct RunResult {
 
 impl RunResult {
     /// The rank with the largest peak total.
-    pub fn max_peak(&self) -> [u64; 6] {
+    pub fn max_peak(&self) -> PeakRow {
         self.rank_peak_bytes
             .iter()
             .copied()
-            .max_by_key(|p| p[5])
+            .max_by_key(|p| p.total)
             .unwrap_or_default()
     }
 
@@ -403,7 +404,7 @@ impl RunResult {
             p.seconds += r.ms / 1e3;
             p.peak_bytes = p
                 .peak_bytes
-                .max(r.rank_peak_bytes.iter().map(|x| x[5]).max().unwrap_or(0));
+                .max(r.rank_peak_bytes.iter().map(|x| x.total).max().unwrap_or(0));
             p.mean_grad_norm += r.grad_norm as f64;
             p.mean_loss += r.loss as f64;
             counts[e] += 1;

@@ -39,12 +39,12 @@ fn csv(results: &[RunResult]) -> String {
             r.repeats.len(),
             r.tokens_per_s_spread().min,
             r.tokens_per_s_spread().max,
-            p[0],
-            p[1],
-            p[2],
-            p[3],
-            p[4],
-            p[5],
+            p.params,
+            p.grads,
+            p.optimizer,
+            p.activations,
+            p.other,
+            p.total,
             r.final_loss,
             r.val_loss,
             r.final_grad_norm,
@@ -67,7 +67,7 @@ fn off(pred: f64, measured: f64) -> String {
 fn memory_prediction_exact(results: &[RunResult]) -> bool {
     results.iter().all(|r| {
         r.predicted.as_ref().is_none_or(|p| {
-            let m = r.max_peak()[5] as f64;
+            let m = r.max_peak().total as f64;
             (p.peak_bytes - m).abs() <= 0.005 * m
         })
     })
@@ -102,14 +102,14 @@ fn summary(done: &Comparison) -> String {
             r.model, r.label, r.batch, r.tokens_per_s
         );
     }
-    if let Some(r) = results.iter().min_by_key(|r| r.max_peak()[5]) {
+    if let Some(r) = results.iter().min_by_key(|r| r.max_peak().total) {
         let _ = writeln!(
             md,
             "- **Smallest peak memory per rank:** {} {} at batch {}: {:.2} MiB.",
             r.model,
             r.label,
             r.batch,
-            r.max_peak()[5] as f64 / MIB
+            r.max_peak().total as f64 / MIB
         );
     }
     let devs: Vec<f64> = results
@@ -186,7 +186,7 @@ fn markdown(
             t.min,
             t.max,
             r.tokens_per_s_per_rank,
-            r.max_peak()[5] as f64 / MIB,
+            r.max_peak().total as f64 / MIB,
             r.time_per_epoch_s,
             r.final_loss,
             r.val_loss,
@@ -247,7 +247,7 @@ fn markdown(
         }
         for r in results {
             if let Some(p) = &r.predicted {
-                let peak = r.max_peak()[5] as f64;
+                let peak = r.max_peak().total as f64;
                 let memory = if exact {
                     String::new()
                 } else {

@@ -4,7 +4,7 @@
 pub mod peak;
 pub mod tensorboard;
 
-use crate::backend::MemoryReport;
+use crate::backend::{MemoryReport, PeakRow};
 use crate::comm::CommStats;
 use crate::error::{Error, Result};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -37,7 +37,7 @@ pub struct StepRecord {
     /// Rank 0's memory counters.
     pub memory: MemoryReport,
     /// Peak bytes per rank: [params, grads, optimizer, activations, other, total].
-    pub rank_peak_bytes: Vec<Vec<u64>>,
+    pub rank_peak_bytes: Vec<PeakRow>,
     /// Rank 0's communication so far.
     pub comm: CommStats,
 }
@@ -127,7 +127,7 @@ impl CsvWriter {
             r.ms,
             r.tokens_per_s,
             r.mfu,
-            r.memory.peak_row()[5],
+            r.memory.peak_row().total,
             r.comm.total_bytes(),
             r.val_accuracy.map_or(String::new(), |v| v.to_string()),
             r.val_f1.map_or(String::new(), |v| v.to_string())

@@ -1,7 +1,7 @@
 //! Timed optimizer steps on synthetic tokens: what `distgpt bench` reports
 //! and what `plan`'s calibration measures, per rank.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, PeakRow};
 use crate::comm::Comm;
 use crate::error::Result;
 use crate::metrics;
@@ -33,10 +33,10 @@ pub struct RankBench {
     pub step_s: f64,
     /// Mean seconds of a timed step's optimizer update.
     pub update_s: f64,
-    /// Peak bytes: [params, grads, optimizer, activations, other, total].
-    pub peak: [u64; 6],
-    /// Peak bytes in host memory under offload, as `peak` (zeros without).
-    pub host_peak: [u64; 6],
+    /// Peak bytes.
+    pub peak: PeakRow,
+    /// Peak bytes in host memory under offload (zeros without).
+    pub host_peak: PeakRow,
     pub comm_bytes_per_step: f64,
     pub comm_s_per_step: f64,
     /// A pipeline's idle fraction over the timed steps, measured from every
@@ -141,7 +141,10 @@ pub fn bench_rank<B: Backend + 'static>(
         .as_ref()
         .map(|h| h.peak_row())
         .unwrap_or_default();
-    let peak: Vec<u64> = memory.peak_row().into_iter().chain(host).collect();
+    let peak: Vec<u64> = <[u64; PeakRow::LEN]>::from(memory.peak_row())
+        .into_iter()
+        .chain(<[u64; PeakRow::LEN]>::from(host))
+        .collect();
     let times = [
         c.total_bytes() as f64 / all_steps,
         c.seconds / all_steps,
@@ -160,8 +163,8 @@ pub fn bench_rank<B: Backend + 'static>(
         .zip(all_times.chunks(times.len()))
         .zip(timelines)
         .map(|((p, t), timeline)| RankBench {
-            peak: std::array::from_fn(|i| p[i]),
-            host_peak: std::array::from_fn(|i| p[6 + i]),
+            peak: PeakRow::rows(p)[0],
+            host_peak: PeakRow::rows(p)[1],
             comm_bytes_per_step: t[0],
             comm_s_per_step: t[1],
             step_s: t[2],

@@ -18,7 +18,7 @@ pub mod schedule;
 pub mod spec;
 pub mod task;
 
-use crate::backend::{Backend, MemoryReport};
+use crate::backend::{Backend, MemoryReport, PeakRow};
 use crate::checkpoint::state;
 use crate::comm::{Comm, CommStats};
 use crate::data::TokenizerKind;
@@ -302,8 +302,8 @@ pub struct TrainSummary {
     pub seconds: f64,
     /// Rank 0's memory counters.
     pub memory: MemoryReport,
-    /// Peak bytes of every rank: [params, grads, optimizer, activations, other, total].
-    pub rank_peak_bytes: Vec<[u64; 6]>,
+    /// Peak bytes of every rank.
+    pub rank_peak_bytes: Vec<PeakRow>,
     /// Rank 0's communication, by kind.
     pub comm: CommStats,
     /// Bytes sent and seconds spent in collectives, per rank.

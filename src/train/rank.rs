@@ -9,7 +9,7 @@ use super::schedule::LrSchedule;
 use super::task::{epochs_done, Eval, Task, TrainStream};
 use super::{agree_on_path, diverged, restore, TrainConfig, TrainSummary, INTERRUPTED, MAX_STEPS};
 use crate::backend::cpu::blas::{self, MatmulChoice, MatmulLib};
-use crate::backend::Backend;
+use crate::backend::{Backend, PeakRow};
 use crate::checkpoint::state;
 use crate::comm::Comm;
 use crate::error::{Error, Result};
@@ -181,7 +181,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             losses: Vec::new(),
             history: Vec::new(),
             val_last: None,
-            rank_peaks: vec![0; 6 * world.size()],
+            rank_peaks: vec![0; PeakRow::LEN * world.size()],
             stopped: false,
             record_failed: false,
             peak_rss_at_last_step: None,
@@ -370,8 +370,10 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
     /// writes the step's record and moves the progress bar (or, with no
     /// terminal, prints a line every `log_every` steps).
     fn record(&mut self, step: usize, done: &StepDone, val: Option<Eval>) -> Result<()> {
-        self.world
-            .all_gather(&self.strategy.memory().peak_row(), &mut self.rank_peaks)?;
+        self.world.all_gather(
+            &<[u64; PeakRow::LEN]>::from(self.strategy.memory().peak_row()),
+            &mut self.rank_peaks,
+        )?;
         if !self.lead {
             return Ok(());
         }
@@ -394,7 +396,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             tokens_per_s,
             mfu: self.mfu(tokens_per_s),
             memory: self.strategy.memory(),
-            rank_peak_bytes: self.rank_peaks.chunks(6).map(<[u64]>::to_vec).collect(),
+            rank_peak_bytes: PeakRow::rows(&self.rank_peaks),
             comm: self.strategy.comm_stats(),
         };
         if let Some(logs) = self.logs.as_mut() {
@@ -537,11 +539,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             mfu,
             seconds,
             memory,
-            rank_peak_bytes: self
-                .rank_peaks
-                .chunks(6)
-                .map(|c| std::array::from_fn(|i| c[i]))
-                .collect(),
+            rank_peak_bytes: PeakRow::rows(&self.rank_peaks),
             comm,
             rank_comm_bytes,
             rank_comm_seconds,
@@ -578,9 +576,7 @@ fn agree_on_peak<B: Backend>(
         && world.device_native().is_none();
     let stated = cfg.peak_flops;
     let mut source = String::from("--peak-tflops");
-    // [per rank, all ranks, the CPU's library for Large products, for
-    // Small, for bf16 products (-1: none)]
-    let mut agreed = [0.0f64; 5];
+    let mut wire = [0.0f64; AgreedPeak::WIRE];
     if world.rank() == 0 {
         // thread ranks share this process's threads: the peak (and the
         // library kept with it) is that of all of them
@@ -625,23 +621,56 @@ fn agree_on_peak<B: Backend>(
                 }
             }
         };
-        let m = blas::choice();
-        agreed = [
+        wire = AgreedPeak {
             per_rank,
             total,
+            matmul: blas::choice(),
+        }
+        .to_wire();
+    }
+    world.broadcast(&mut wire, 0)?;
+    let agreed = AgreedPeak::from_wire(wire);
+    // every rank on rank 0's library: no product of one run on another
+    blas::set_choice(agreed.matmul);
+    Ok((agreed.per_rank, agreed.total, source))
+}
+
+/// What rank 0 settles for every rank before a run: the peak FLOP/s per
+/// rank and of all ranks, and the CPU's matmul libraries.
+struct AgreedPeak {
+    per_rank: f64,
+    total: f64,
+    matmul: MatmulChoice,
+}
+
+impl AgreedPeak {
+    /// Elements of its broadcast.
+    const WIRE: usize = 5;
+
+    /// As broadcast: per rank, all ranks, the libraries of Large, Small
+    /// and bf16 products (-1: none).
+    fn to_wire(&self) -> [f64; Self::WIRE] {
+        let m = &self.matmul;
+        [
+            self.per_rank,
+            self.total,
             m.large.index() as f64,
             m.small.index() as f64,
             m.bf16.map_or(-1.0, |l| l.index() as f64),
-        ];
+        ]
     }
-    world.broadcast(&mut agreed, 0)?;
-    // every rank on rank 0's library: no product of one run on another
-    blas::set_choice(MatmulChoice {
-        large: MatmulLib::from_index(agreed[2] as usize),
-        small: MatmulLib::from_index(agreed[3] as usize),
-        bf16: (agreed[4] >= 0.0).then(|| MatmulLib::from_index(agreed[4] as usize)),
-    });
-    Ok((agreed[0], agreed[1], source))
+
+    fn from_wire([per_rank, total, large, small, bf16]: [f64; Self::WIRE]) -> Self {
+        AgreedPeak {
+            per_rank,
+            total,
+            matmul: MatmulChoice {
+                large: MatmulLib::from_index(large as usize),
+                small: MatmulLib::from_index(small as usize),
+                bf16: (bf16 >= 0.0).then(|| MatmulLib::from_index(bf16 as usize)),
+            },
+        }
+    }
 }
 
 /// `f` on `pool`'s threads, or on this one's.
@@ -649,5 +678,28 @@ fn in_pool<R: Send>(pool: Option<&rayon::ThreadPool>, f: impl FnOnce() -> R + Se
     match pool {
         Some(p) => p.install(f),
         None => f(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_agreed_peak_crosses_the_broadcast_whole() {
+        for bf16 in [None, Some(MatmulLib::Mkl)] {
+            let sent = AgreedPeak {
+                per_rank: 1.5e11,
+                total: 3e11,
+                matmul: MatmulChoice {
+                    large: MatmulLib::Blis,
+                    small: MatmulLib::OpenBlas,
+                    bf16,
+                },
+            };
+            let got = AgreedPeak::from_wire(sent.to_wire());
+            assert_eq!((got.per_rank, got.total), (sent.per_rank, sent.total));
+            assert_eq!(got.matmul, sent.matmul);
+        }
     }
 }
