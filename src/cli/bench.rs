@@ -249,12 +249,89 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
         ),
         _ => (mfu_of(peak), peak, peak_source.clone()),
     };
-    let resolved = par.resolved();
     let bubble = ranks[0].bubble;
     let timelines: Vec<Vec<distgpt::parallel::Span>> =
         ranks.iter().map(|r| r.timeline.clone()).collect();
     let formula = par.pipeline.expected_bubble(spec.grad_accum, &timelines);
+    let m = Measured {
+        a,
+        cfg,
+        par,
+        spec,
+        b,
+        t,
+        threads,
+        rss_start,
+        step_s,
+        tokens_per_s,
+        stated,
+        peak,
+        peak_source,
+        hardware,
+        mfu,
+        mfu_peak,
+        mfu_source,
+        bubble,
+        formula,
+        ranks,
+    };
     if let Some(dir) = &a.timeline {
+        m.draw_timeline(dir)?;
+    }
+    match a.json {
+        true => m.print_json(),
+        false => m.print_text(),
+    }
+    Ok(())
+}
+
+/// A bench's figures, as `bench_on` measured them, to be reported.
+struct Measured<'a> {
+    a: &'a BenchArgs,
+    cfg: &'a ModelConfig,
+    par: distgpt::parallel::ParallelConfig,
+    spec: BenchSpec,
+    b: usize,
+    t: usize,
+    threads: usize,
+    /// The process's RSS before any model.
+    rss_start: Option<u64>,
+    step_s: f64,
+    tokens_per_s: f64,
+    /// `--peak-tflops`, where given.
+    stated: Option<f64>,
+    /// The matmul probe's peak (or the stated one) and where it came from.
+    peak: f64,
+    peak_source: String,
+    /// The hardware's peak where it is known, with its description.
+    hardware: Option<(f64, distgpt::backend::cpu::hardware::HardwarePeak)>,
+    /// The MFU stated, and the peak it is against.
+    mfu: f64,
+    mfu_peak: f64,
+    mfu_source: String,
+    bubble: Option<f64>,
+    /// The schedule's bubble by its formula.
+    formula: f64,
+    ranks: Vec<distgpt::train::bench::RankBench>,
+}
+
+impl Measured<'_> {
+    /// The MFU against `flops`.
+    fn mfu_of(&self, flops: f64) -> f64 {
+        metrics::mfu(self.cfg.flops_per_token(self.t), self.tokens_per_s, flops)
+    }
+
+    /// `--timeline DIR`: the pipeline's schedule as every rank ran it.
+    fn draw_timeline(&self, dir: &std::path::Path) -> Result<()> {
+        let Measured {
+            a,
+            par,
+            spec,
+            bubble,
+            formula,
+            ref ranks,
+            ..
+        } = *self;
         if bubble.is_none() {
             anyhow::bail!("--timeline draws a pipeline's schedule: add --pp 2 or more");
         }
@@ -284,8 +361,34 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
         for path in distgpt::figure::write_timeline(dir, &tl)? {
             eprintln!("wrote {}", path.display());
         }
+        Ok(())
     }
-    if a.json {
+
+    /// `--json`: one line of every figure.
+    fn print_json(&self) {
+        let Measured {
+            a,
+            cfg,
+            par,
+            spec,
+            b,
+            t,
+            threads,
+            rss_start,
+            step_s,
+            tokens_per_s,
+            peak,
+            mfu,
+            mfu_peak,
+            ref mfu_source,
+            ref hardware,
+            bubble,
+            formula,
+            ref ranks,
+            ..
+        } = *self;
+        let resolved = par.resolved();
+        let mfu_of = |f| self.mfu_of(f);
         let j = serde_json::json!({
             "impl": "distgpt", "model": a.model.model_name(), "params": cfg.num_params(), "batch": b, "seq": t,
             "strategy": par.strategy, "world_size": par.world_size, "tp": resolved.tp, "pipeline": par.pipeline, "grad_accum": spec.grad_accum, "recompute": par.recompute, "precision": par.precision,
@@ -307,114 +410,141 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
             })).collect::<Vec<_>>(),
         });
         distgpt::outln!("{j}");
-        return Ok(());
     }
-    distgpt::outln!(
-        "distgpt {} ({} params) {} x {} (tp {}{}) batch {b} x {t}, {}: {:.1} ms/step, {:.0} tokens/s ({:.0} per rank), MFU {:.1}% of {:.0} GFLOP/s ({mfu_source})",
-        a.model.model_name(),
-        cfg.num_params(),
-        par.strategy,
-        par.world_size,
-        resolved.tp,
-        [
-            (par.pipeline.stages > 1).then(|| format!(
-                ", pp {} {}, {} micro-batches",
-                par.pipeline.stages, par.pipeline, spec.grad_accum
-            )),
-            par.recompute.then(|| ", recompute".to_string()),
-            (par.precision == Precision::Bf16).then(|| ", bf16".to_string()),
-            (ranks[0].parts > 1).then(|| format!(
-                ", {} a rank",
-                metrics::count(ranks[0].parts, "part")
-            )),
-            (!par.offload.is_none()).then(|| format!(
-                ", offload {}{}",
-                par.offload,
-                if par.offload_serial { " (serial)" } else { "" }
-            )),
-        ]
-        .into_iter()
-        .flatten()
-        .collect::<String>(),
-        metrics::count(threads, "thread"),
-        step_s * 1e3,
-        tokens_per_s,
-        tokens_per_s / par.world_size as f64,
-        100.0 * mfu,
-        mfu_peak / 1e9
-    );
-    if let (Some(_), None) = (&hardware, stated) {
-        let choice = distgpt::backend::cpu::blas::choice();
-        // bf16 units (AVX512-BF16's pairs, AMX's tiles) outrun the FMA peak
-        let bf16_units = par.precision == Precision::Bf16
-            && choice.bf16.is_some()
-            && distgpt::backend::cpu::blas::native_bf16();
+
+    /// The figures as text: the step, the peaks it is measured against,
+    /// the pipeline's bubble, memory and communication per rank.
+    fn print_text(&self) {
+        let Measured {
+            a,
+            cfg,
+            par,
+            spec,
+            b,
+            t,
+            threads,
+            rss_start,
+            step_s,
+            tokens_per_s,
+            stated,
+            peak,
+            ref peak_source,
+            ref hardware,
+            mfu,
+            mfu_peak,
+            ref mfu_source,
+            bubble,
+            formula,
+            ref ranks,
+        } = *self;
+        let resolved = par.resolved();
+        let mfu_of = |f| self.mfu_of(f);
         distgpt::outln!(
-            "the best matmul measured {:.0} GFLOP/s ({peak_source}); the step ran at {:.1}% of it (a probe of one product's shape, not a bound on a step){}",
-            peak / 1e9,
-            100.0 * mfu_of(peak),
-            if bf16_units {
-                "; the layers' products ran on bf16 units, which the fp32 FMA peak does not count"
-            } else {
-                ""
-            }
+            "distgpt {} ({} params) {} x {} (tp {}{}) batch {b} x {t}, {}: {:.1} ms/step, {:.0} tokens/s ({:.0} per rank), MFU {:.1}% of {:.0} GFLOP/s ({mfu_source})",
+            a.model.model_name(),
+            cfg.num_params(),
+            par.strategy,
+            par.world_size,
+            resolved.tp,
+            [
+                (par.pipeline.stages > 1).then(|| format!(
+                    ", pp {} {}, {} micro-batches",
+                    par.pipeline.stages, par.pipeline, spec.grad_accum
+                )),
+                par.recompute.then(|| ", recompute".to_string()),
+                (par.precision == Precision::Bf16).then(|| ", bf16".to_string()),
+                (ranks[0].parts > 1).then(|| format!(
+                    ", {} a rank",
+                    metrics::count(ranks[0].parts, "part")
+                )),
+                (!par.offload.is_none()).then(|| format!(
+                    ", offload {}{}",
+                    par.offload,
+                    if par.offload_serial { " (serial)" } else { "" }
+                )),
+            ]
+            .into_iter()
+            .flatten()
+            .collect::<String>(),
+            metrics::count(threads, "thread"),
+            step_s * 1e3,
+            tokens_per_s,
+            tokens_per_s / par.world_size as f64,
+            100.0 * mfu,
+            mfu_peak / 1e9
         );
-    }
-    if let Some(note) = metrics::mfu_above_peak(mfu) {
-        distgpt::errln!("note: {note}");
-    }
-    if let Some(b) = bubble {
-        distgpt::outln!(
-            "pipeline bubble: {:.1}% of the program idle, measured (mean over every rank and timed step); \
-             formula {} = {:.1}%",
-            100.0 * b,
-            match (par.pipeline.schedule, par.pipeline.virtual_stages) {
-                (distgpt::parallel::Schedule::ZbH1, _) => {
-                    "(p - 1)(F + B - W) / (m (F + B + W) + (p - 1)(F + B - W)) with the measured mean F, B, W"
-                        .to_string()
-                }
-                (_, 1) => "(p - 1) / (m + p - 1)".to_string(),
-                (_, v) => format!("(p - 1) / ({v} m + p - 1)"),
-            },
-            100.0 * formula
-        );
-    }
-    let h = metrics::human_bytes;
-    if let (Some(start), Some(peak)) = (rss_start, metrics::peak_rss_bytes()) {
-        distgpt::outln!(
-            "this process: peak RSS {}, {} above its start (its ranks' counted bytes with the loader, workspaces, thread stacks and allocator)",
-            h(peak),
-            h(peak.saturating_sub(start))
-        );
-    }
-    for (r, x) in ranks.iter().enumerate() {
-        distgpt::outln!(
-            "rank {r}: peak {} = params {} + grads {} + optimizer {} + activations {} + other {} | comm {} / step, {:.1} ms / step | update {:.1} ms / step",
-            h(x.peak.total),
-            h(x.peak.params),
-            h(x.peak.grads),
-            h(x.peak.optimizer),
-            h(x.peak.activations),
-            h(x.peak.other),
-            h(x.comm_bytes_per_step as u64),
-            1e3 * x.comm_s_per_step,
-            1e3 * x.update_s
-        );
-        if r + 1 == ranks.len() && x.peak.other > 0 {
-            if let Some(what) = par.strategy.other_memory() {
-                distgpt::outln!("note: {what}");
-            }
-        }
-        if !par.offload.is_none() {
-            let p = &x.host_peak;
+        if let (Some(_), None) = (&hardware, stated) {
+            let choice = distgpt::backend::cpu::blas::choice();
+            // bf16 units (AVX512-BF16's pairs, AMX's tiles) outrun the FMA peak
+            let bf16_units = par.precision == Precision::Bf16
+                && choice.bf16.is_some()
+                && distgpt::backend::cpu::blas::native_bf16();
             distgpt::outln!(
-                "rank {r} host: peak {} = params {} + grads {} + optimizer {}",
-                h(p.total),
-                h(p.params),
-                h(p.grads),
-                h(p.optimizer)
+                "the best matmul measured {:.0} GFLOP/s ({peak_source}); the step ran at {:.1}% of it (a probe of one product's shape, not a bound on a step){}",
+                peak / 1e9,
+                100.0 * mfu_of(peak),
+                if bf16_units {
+                    "; the layers' products ran on bf16 units, which the fp32 FMA peak does not count"
+                } else {
+                    ""
+                }
             );
         }
+        if let Some(note) = metrics::mfu_above_peak(mfu) {
+            distgpt::errln!("note: {note}");
+        }
+        if let Some(b) = bubble {
+            distgpt::outln!(
+                "pipeline bubble: {:.1}% of the program idle, measured (mean over every rank and timed step); \
+                 formula {} = {:.1}%",
+                100.0 * b,
+                match (par.pipeline.schedule, par.pipeline.virtual_stages) {
+                    (distgpt::parallel::Schedule::ZbH1, _) => {
+                        "(p - 1)(F + B - W) / (m (F + B + W) + (p - 1)(F + B - W)) with the measured mean F, B, W"
+                            .to_string()
+                    }
+                    (_, 1) => "(p - 1) / (m + p - 1)".to_string(),
+                    (_, v) => format!("(p - 1) / ({v} m + p - 1)"),
+                },
+                100.0 * formula
+            );
+        }
+        let h = metrics::human_bytes;
+        if let (Some(start), Some(peak)) = (rss_start, metrics::peak_rss_bytes()) {
+            distgpt::outln!(
+                "this process: peak RSS {}, {} above its start (its ranks' counted bytes with the loader, workspaces, thread stacks and allocator)",
+                h(peak),
+                h(peak.saturating_sub(start))
+            );
+        }
+        for (r, x) in ranks.iter().enumerate() {
+            distgpt::outln!(
+                "rank {r}: peak {} = params {} + grads {} + optimizer {} + activations {} + other {} | comm {} / step, {:.1} ms / step | update {:.1} ms / step",
+                h(x.peak.total),
+                h(x.peak.params),
+                h(x.peak.grads),
+                h(x.peak.optimizer),
+                h(x.peak.activations),
+                h(x.peak.other),
+                h(x.comm_bytes_per_step as u64),
+                1e3 * x.comm_s_per_step,
+                1e3 * x.update_s
+            );
+            if r + 1 == ranks.len() && x.peak.other > 0 {
+                if let Some(what) = par.strategy.other_memory() {
+                    distgpt::outln!("note: {what}");
+                }
+            }
+            if !par.offload.is_none() {
+                let p = &x.host_peak;
+                distgpt::outln!(
+                    "rank {r} host: peak {} = params {} + grads {} + optimizer {}",
+                    h(p.total),
+                    h(p.params),
+                    h(p.grads),
+                    h(p.optimizer)
+                );
+            }
+        }
     }
-    Ok(())
 }
