@@ -3,7 +3,8 @@
 //! them over views of a backend's buffers ([`On`]), the CPU's kernels over
 //! host slices ([`Host`]), a GPU runtime's over raw device views. A struct
 //! is generic over its [`Operands`], and `lower` converts one kind into
-//! another, operand by operand ([`Lower`]).
+//! another, operand by operand ([`Lower`]); both come from one list of
+//! fields in an `operation!` block.
 //!
 //! A backward's halves (zb-h1's input and weight halves) are which outputs
 //! are given; bf16 arithmetic is a field of the matmul.
@@ -40,54 +41,103 @@ pub trait Lower<A: Operands, B: Operands> {
     fn output<T: Elem>(&self, x: A::Out<T>) -> B::Out<T>;
 }
 
-/// out (rows, C) = wte[tokens] + wpe[row % t]; rows is `tokens.len()`.
-pub struct EncoderForward<O: Operands> {
-    pub out: O::Out<f32>,
-    pub tokens: O::In<u32>,
-    pub wte: O::In<f32>,
-    pub wpe: O::In<f32>,
-    pub t: usize,
-    pub c: usize,
+/// An operation's argument struct and its `lower`, from one list of
+/// fields, each of a kind: `input`/`output` (an operand of element type
+/// T), `maybe_input`/`maybe_output` (an operand that may be left out),
+/// `maybe_outputs2` (a pair of outputs that may be left out together) or
+/// `value` (anything else, copied as it is). A new operation is one such
+/// block here.
+macro_rules! operation {
+    (
+        $(#[$doc:meta])*
+        pub struct $name:ident<$($lt:lifetime,)? O $(, $g:ident)?> {
+            $($(#[$fdoc:meta])* $kind:ident $field:ident: $ty:ty,)*
+        }
+    ) => {
+        $(#[$doc])*
+        pub struct $name<$($lt,)? O: Operands $(, $g: ?Sized)?> {
+            $($(#[$fdoc])* pub $field: operation!(@type O $kind $ty),)*
+        }
+
+        impl<$($lt,)? A: Operands $(, $g: ?Sized)?> $name<$($lt,)? A $(, $g)?> {
+            /// The same operation over operands of kind `Z`, each converted by `f`.
+            pub fn lower<Z: Operands>(self, f: &impl Lower<A, Z>) -> $name<$($lt,)? Z $(, $g)?> {
+                $name {
+                    $($field: operation!(@lower f self.$field, $kind),)*
+                }
+            }
+        }
+    };
+    (@type $o:ident input $t:ty) => { $o::In<$t> };
+    (@type $o:ident output $t:ty) => { $o::Out<$t> };
+    (@type $o:ident maybe_input $t:ty) => { Option<$o::In<$t>> };
+    (@type $o:ident maybe_output $t:ty) => { Option<$o::Out<$t>> };
+    (@type $o:ident maybe_outputs2 $t:ty) => { Option<($o::Out<$t>, $o::Out<$t>)> };
+    (@type $o:ident value $t:ty) => { $t };
+    (@lower $f:ident $x:expr, input) => { $f.input($x) };
+    (@lower $f:ident $x:expr, output) => { $f.output($x) };
+    (@lower $f:ident $x:expr, maybe_input) => { $x.map(|v| $f.input(v)) };
+    (@lower $f:ident $x:expr, maybe_output) => { $x.map(|v| $f.output(v)) };
+    (@lower $f:ident $x:expr, maybe_outputs2) => { $x.map(|(a, b)| ($f.output(a), $f.output(b))) };
+    (@lower $f:ident $x:expr, value) => { $x };
 }
 
-/// dwte[tokens] += dout; dwpe[row % t] += dout. `host_tokens` is the host's
-/// copy of `tokens`, from which a device plans a deterministic scatter.
-pub struct EncoderBackward<'h, O: Operands> {
-    pub dwte: O::Out<f32>,
-    pub dwpe: O::Out<f32>,
-    pub dout: O::In<f32>,
-    pub tokens: O::In<u32>,
-    pub host_tokens: &'h [u32],
-    pub t: usize,
-    pub c: usize,
+operation! {
+    /// out (rows, C) = wte[tokens] + wpe[row % t]; rows is `tokens.len()`.
+    pub struct EncoderForward<O> {
+        output out: f32,
+        input tokens: u32,
+        input wte: f32,
+        input wpe: f32,
+        value t: usize,
+        value c: usize,
+    }
 }
 
-/// out, inp (rows, C); mean, rstd (rows), kept for the backward; eps inside
-/// the square root. rows is `mean.len()`.
-pub struct LayerNormForward<O: Operands> {
-    pub out: O::Out<f32>,
-    pub mean: O::Out<f32>,
-    pub rstd: O::Out<f32>,
-    pub inp: O::In<f32>,
-    pub w: O::In<f32>,
-    pub b: O::In<f32>,
-    pub c: usize,
-    pub eps: f32,
+operation! {
+    /// dwte[tokens] += dout; dwpe[row % t] += dout. `host_tokens` is the host's
+    /// copy of `tokens`, from which a device plans a deterministic scatter.
+    pub struct EncoderBackward<'h, O> {
+        output dwte: f32,
+        output dwpe: f32,
+        input dout: f32,
+        input tokens: u32,
+        value host_tokens: &'h [u32],
+        value t: usize,
+        value c: usize,
+    }
 }
 
-/// The gradients of [`LayerNormForward`]: dinp (rows, C) +=; dw, db (C) +=.
-/// A half is left out by leaving its outputs out: `dinp` None is the weight
-/// half, `dwb` None the input half.
-pub struct LayerNormBackward<O: Operands> {
-    pub dinp: Option<O::Out<f32>>,
-    /// dw and db.
-    pub dwb: Option<(O::Out<f32>, O::Out<f32>)>,
-    pub dout: O::In<f32>,
-    pub inp: O::In<f32>,
-    pub w: O::In<f32>,
-    pub mean: O::In<f32>,
-    pub rstd: O::In<f32>,
-    pub c: usize,
+operation! {
+    /// out, inp (rows, C); mean, rstd (rows), kept for the backward; eps inside
+    /// the square root. rows is `mean.len()`.
+    pub struct LayerNormForward<O> {
+        output out: f32,
+        output mean: f32,
+        output rstd: f32,
+        input inp: f32,
+        input w: f32,
+        input b: f32,
+        value c: usize,
+        value eps: f32,
+    }
+}
+
+operation! {
+    /// The gradients of [`LayerNormForward`]: dinp (rows, C) +=; dw, db (C) +=.
+    /// A half is left out by leaving its outputs out: `dinp` None is the weight
+    /// half, `dwb` None the input half.
+    pub struct LayerNormBackward<O> {
+        maybe_output dinp: f32,
+        /// dw and db.
+        maybe_outputs2 dwb: f32,
+        input dout: f32,
+        input inp: f32,
+        input w: f32,
+        input mean: f32,
+        input rstd: f32,
+        value c: usize,
+    }
 }
 
 /// A matmul's shape and arithmetic: inp (rows, k) @ W (k x n, in `layout`);
@@ -115,28 +165,32 @@ impl MatmulShape {
     }
 }
 
-/// out (rows, n) = [out +] inp (rows, k) @ W + bias.
-pub struct MatmulForward<O: Operands> {
-    pub out: O::Out<f32>,
-    pub inp: O::In<f32>,
-    pub w: O::In<f32>,
-    pub bias: Option<O::In<f32>>,
-    pub shape: MatmulShape,
-    /// Adds to `out` instead of overwriting it.
-    pub accumulate: bool,
+operation! {
+    /// out (rows, n) = [out +] inp (rows, k) @ W + bias.
+    pub struct MatmulForward<O> {
+        output out: f32,
+        input inp: f32,
+        input w: f32,
+        maybe_input bias: f32,
+        value shape: MatmulShape,
+        /// Adds to `out` instead of overwriting it.
+        value accumulate: bool,
+    }
 }
 
-/// The gradients of [`MatmulForward`]: dinp (rows, k) overwritten; dw
-/// (k x n) +=; dbias (n) +=. `dinp` None is the weight half (which never
-/// reads `w`), `dw` None the input half (which never reads `inp`).
-pub struct MatmulBackward<O: Operands> {
-    pub dinp: Option<O::Out<f32>>,
-    pub dw: Option<O::Out<f32>>,
-    pub dbias: Option<O::Out<f32>>,
-    pub dout: O::In<f32>,
-    pub inp: O::In<f32>,
-    pub w: O::In<f32>,
-    pub shape: MatmulShape,
+operation! {
+    /// The gradients of [`MatmulForward`]: dinp (rows, k) overwritten; dw
+    /// (k x n) +=; dbias (n) +=. `dinp` None is the weight half (which never
+    /// reads `w`), `dw` None the input half (which never reads `inp`).
+    pub struct MatmulBackward<O> {
+        maybe_output dinp: f32,
+        maybe_output dw: f32,
+        maybe_output dbias: f32,
+        input dout: f32,
+        input inp: f32,
+        input w: f32,
+        value shape: MatmulShape,
+    }
 }
 
 impl<'a, B: Device> MatmulBackward<On<'a, B>> {
@@ -160,250 +214,108 @@ impl<'a, B: Device> MatmulBackward<On<'a, B>> {
     }
 }
 
-/// d *= act'(inp), in place, any shape: a matmul's output gradient turned
-/// into its pre-activation's. With `dbias` (n), d and inp are (rows, n)
-/// and the bias gradient of the product that made inp is added in the same
-/// pass: dbias += colsum(d) after the multiply (in chunks of
-/// [`COLUMN_CHUNK_ROWS`](super::COLUMN_CHUNK_ROWS) rows, as `matmul_backward`
-/// sums a bias), instead of reading d again in the matmul's backward.
-pub struct ActivationBackward<O: Operands> {
-    pub d: O::Out<f32>,
-    pub inp: O::In<f32>,
-    pub act: Activation,
-    pub dbias: Option<O::Out<f32>>,
-}
-
-/// qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T). Causal without `lens`;
-/// with them bidirectional with padding: every query of sequence b attends
-/// to its first `lens[b]` keys (1..=T).
-pub struct AttentionForward<O: Operands> {
-    pub out: O::Out<f32>,
-    pub lse: O::Out<f32>,
-    pub qkv: O::In<f32>,
-    pub lens: Option<O::In<u32>>,
-    pub shape: AttnShape,
-}
-
-/// The gradient of [`AttentionForward`]: dqkv (B, T, 3C) overwritten.
-pub struct AttentionBackward<O: Operands> {
-    pub dqkv: O::Out<f32>,
-    pub dout: O::In<f32>,
-    pub qkv: O::In<f32>,
-    pub out: O::In<f32>,
-    pub lse: O::In<f32>,
-    pub lens: Option<O::In<u32>>,
-    pub shape: AttnShape,
-}
-
-/// losses (rows) from logits (rows, vp) whose first v columns are real; a
-/// row whose target is `data::IGNORE` has loss 0 (and gradient 0). rows is
-/// `targets.len()`.
-pub struct CrossEntropyForward<O: Operands> {
-    pub losses: O::Out<f32>,
-    pub logits: O::In<f32>,
-    pub targets: O::In<u32>,
-    pub v: usize,
-    pub vp: usize,
-}
-
-/// logits (rows, vp) -> dloss * d(sum of losses)/d logits, in place.
-pub struct CrossEntropyBackward<O: Operands> {
-    pub logits: O::Out<f32>,
-    pub targets: O::In<u32>,
-    pub v: usize,
-    pub vp: usize,
-    pub dloss: f32,
-}
-
-/// One AdamW update of a parameter slice and its moments.
-pub struct AdamWUpdate<O: Operands> {
-    pub param: O::Out<f32>,
-    pub grad: O::In<f32>,
-    pub m: O::Out<f32>,
-    pub v: O::Out<f32>,
-    pub step: super::AdamWStep,
-    /// 0 for tensors that are not decayed (biases, layernorms).
-    pub weight_decay: f32,
-}
-
-/// out (rows, n) = [out +] inp (rows, k) @ W + bias for few rows (one per
-/// sequence being decoded), W packed by `pack_decode_weight` (its layout
-/// and format are the packing's).
-pub struct MatmulDecode<'p, O: Operands, P: ?Sized> {
-    pub out: O::Out<f32>,
-    pub inp: O::In<f32>,
-    pub w: &'p P,
-    pub bias: Option<O::In<f32>>,
-    /// (rows, k, n).
-    pub dims: (usize, usize, usize),
-    pub accumulate: bool,
-}
-
-/// Decoding: qkv (b, 3c) queries against kcache, vcache (b, max_t, c) ->
-/// out (b, c).
-pub struct AttentionDecode<O: Operands> {
-    pub out: O::Out<f32>,
-    pub qkv: O::In<f32>,
-    pub kcache: O::In<f32>,
-    pub vcache: O::In<f32>,
-    pub shape: DecodeShape,
-}
-
-impl<A: Operands> EncoderForward<A> {
-    pub fn lower<B: Operands>(self, f: &impl Lower<A, B>) -> EncoderForward<B> {
-        EncoderForward {
-            out: f.output(self.out),
-            tokens: f.input(self.tokens),
-            wte: f.input(self.wte),
-            wpe: f.input(self.wpe),
-            t: self.t,
-            c: self.c,
-        }
+operation! {
+    /// d *= act'(inp), in place, any shape: a matmul's output gradient turned
+    /// into its pre-activation's. With `dbias` (n), d and inp are (rows, n)
+    /// and the bias gradient of the product that made inp is added in the same
+    /// pass: dbias += colsum(d) after the multiply (in chunks of
+    /// [`COLUMN_CHUNK_ROWS`](super::COLUMN_CHUNK_ROWS) rows, as `matmul_backward`
+    /// sums a bias), instead of reading d again in the matmul's backward.
+    pub struct ActivationBackward<O> {
+        output d: f32,
+        input inp: f32,
+        value act: Activation,
+        maybe_output dbias: f32,
     }
 }
 
-impl<'h, A: Operands> EncoderBackward<'h, A> {
-    pub fn lower<B: Operands>(self, f: &impl Lower<A, B>) -> EncoderBackward<'h, B> {
-        EncoderBackward {
-            dwte: f.output(self.dwte),
-            dwpe: f.output(self.dwpe),
-            dout: f.input(self.dout),
-            tokens: f.input(self.tokens),
-            host_tokens: self.host_tokens,
-            t: self.t,
-            c: self.c,
-        }
+operation! {
+    /// qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T). Causal without `lens`;
+    /// with them bidirectional with padding: every query of sequence b attends
+    /// to its first `lens[b]` keys (1..=T).
+    pub struct AttentionForward<O> {
+        output out: f32,
+        output lse: f32,
+        input qkv: f32,
+        maybe_input lens: u32,
+        value shape: AttnShape,
     }
 }
 
-impl<A: Operands> LayerNormForward<A> {
-    pub fn lower<B: Operands>(self, f: &impl Lower<A, B>) -> LayerNormForward<B> {
-        LayerNormForward {
-            out: f.output(self.out),
-            mean: f.output(self.mean),
-            rstd: f.output(self.rstd),
-            inp: f.input(self.inp),
-            w: f.input(self.w),
-            b: f.input(self.b),
-            c: self.c,
-            eps: self.eps,
-        }
+operation! {
+    /// The gradient of [`AttentionForward`]: dqkv (B, T, 3C) overwritten.
+    pub struct AttentionBackward<O> {
+        output dqkv: f32,
+        input dout: f32,
+        input qkv: f32,
+        input out: f32,
+        input lse: f32,
+        maybe_input lens: u32,
+        value shape: AttnShape,
     }
 }
 
-impl<A: Operands> LayerNormBackward<A> {
-    pub fn lower<B: Operands>(self, f: &impl Lower<A, B>) -> LayerNormBackward<B> {
-        LayerNormBackward {
-            dinp: self.dinp.map(|d| f.output(d)),
-            dwb: self.dwb.map(|(dw, db)| (f.output(dw), f.output(db))),
-            dout: f.input(self.dout),
-            inp: f.input(self.inp),
-            w: f.input(self.w),
-            mean: f.input(self.mean),
-            rstd: f.input(self.rstd),
-            c: self.c,
-        }
+operation! {
+    /// losses (rows) from logits (rows, vp) whose first v columns are real; a
+    /// row whose target is `data::IGNORE` has loss 0 (and gradient 0). rows is
+    /// `targets.len()`.
+    pub struct CrossEntropyForward<O> {
+        output losses: f32,
+        input logits: f32,
+        input targets: u32,
+        value v: usize,
+        value vp: usize,
     }
 }
 
-impl<A: Operands> MatmulForward<A> {
-    pub fn lower<B: Operands>(self, f: &impl Lower<A, B>) -> MatmulForward<B> {
-        MatmulForward {
-            out: f.output(self.out),
-            inp: f.input(self.inp),
-            w: f.input(self.w),
-            bias: self.bias.map(|b| f.input(b)),
-            shape: self.shape,
-            accumulate: self.accumulate,
-        }
+operation! {
+    /// logits (rows, vp) -> dloss * d(sum of losses)/d logits, in place.
+    pub struct CrossEntropyBackward<O> {
+        output logits: f32,
+        input targets: u32,
+        value v: usize,
+        value vp: usize,
+        value dloss: f32,
     }
 }
 
-impl<A: Operands> MatmulBackward<A> {
-    pub fn lower<B: Operands>(self, f: &impl Lower<A, B>) -> MatmulBackward<B> {
-        MatmulBackward {
-            dinp: self.dinp.map(|d| f.output(d)),
-            dw: self.dw.map(|d| f.output(d)),
-            dbias: self.dbias.map(|d| f.output(d)),
-            dout: f.input(self.dout),
-            inp: f.input(self.inp),
-            w: f.input(self.w),
-            shape: self.shape,
-        }
+operation! {
+    /// One AdamW update of a parameter slice and its moments.
+    pub struct AdamWUpdate<O> {
+        output param: f32,
+        input grad: f32,
+        output m: f32,
+        output v: f32,
+        value step: super::AdamWStep,
+        /// 0 for tensors that are not decayed (biases, layernorms).
+        value weight_decay: f32,
     }
 }
 
-impl<A: Operands> ActivationBackward<A> {
-    pub fn lower<B: Operands>(self, f: &impl Lower<A, B>) -> ActivationBackward<B> {
-        ActivationBackward {
-            d: f.output(self.d),
-            inp: f.input(self.inp),
-            act: self.act,
-            dbias: self.dbias.map(|d| f.output(d)),
-        }
+operation! {
+    /// out (rows, n) = [out +] inp (rows, k) @ W + bias for few rows (one per
+    /// sequence being decoded), W packed by `pack_decode_weight` (its layout
+    /// and format are the packing's).
+    pub struct MatmulDecode<'p, O, P> {
+        output out: f32,
+        input inp: f32,
+        value w: &'p P,
+        maybe_input bias: f32,
+        /// (rows, k, n).
+        value dims: (usize, usize, usize),
+        value accumulate: bool,
     }
 }
 
-impl<A: Operands> AttentionForward<A> {
-    pub fn lower<B: Operands>(self, f: &impl Lower<A, B>) -> AttentionForward<B> {
-        AttentionForward {
-            out: f.output(self.out),
-            lse: f.output(self.lse),
-            qkv: f.input(self.qkv),
-            lens: self.lens.map(|l| f.input(l)),
-            shape: self.shape,
-        }
-    }
-}
-
-impl<A: Operands> AttentionBackward<A> {
-    pub fn lower<B: Operands>(self, f: &impl Lower<A, B>) -> AttentionBackward<B> {
-        AttentionBackward {
-            dqkv: f.output(self.dqkv),
-            dout: f.input(self.dout),
-            qkv: f.input(self.qkv),
-            out: f.input(self.out),
-            lse: f.input(self.lse),
-            lens: self.lens.map(|l| f.input(l)),
-            shape: self.shape,
-        }
-    }
-}
-
-impl<A: Operands> CrossEntropyForward<A> {
-    pub fn lower<B: Operands>(self, f: &impl Lower<A, B>) -> CrossEntropyForward<B> {
-        CrossEntropyForward {
-            losses: f.output(self.losses),
-            logits: f.input(self.logits),
-            targets: f.input(self.targets),
-            v: self.v,
-            vp: self.vp,
-        }
-    }
-}
-
-impl<A: Operands> CrossEntropyBackward<A> {
-    pub fn lower<B: Operands>(self, f: &impl Lower<A, B>) -> CrossEntropyBackward<B> {
-        CrossEntropyBackward {
-            logits: f.output(self.logits),
-            targets: f.input(self.targets),
-            v: self.v,
-            vp: self.vp,
-            dloss: self.dloss,
-        }
-    }
-}
-
-impl<A: Operands> AdamWUpdate<A> {
-    pub fn lower<B: Operands>(self, f: &impl Lower<A, B>) -> AdamWUpdate<B> {
-        AdamWUpdate {
-            param: f.output(self.param),
-            grad: f.input(self.grad),
-            m: f.output(self.m),
-            v: f.output(self.v),
-            step: self.step,
-            weight_decay: self.weight_decay,
-        }
+operation! {
+    /// Decoding: qkv (b, 3c) queries against kcache, vcache (b, max_t, c) ->
+    /// out (b, c).
+    pub struct AttentionDecode<O> {
+        output out: f32,
+        input qkv: f32,
+        input kcache: f32,
+        input vcache: f32,
+        value shape: DecodeShape,
     }
 }
 
@@ -417,29 +329,6 @@ impl<'p, A: Operands, P: ?Sized> MatmulDecode<'p, A, P> {
             bias: self.bias,
             dims: self.dims,
             accumulate: self.accumulate,
-        }
-    }
-
-    pub fn lower<B: Operands>(self, f: &impl Lower<A, B>) -> MatmulDecode<'p, B, P> {
-        MatmulDecode {
-            out: f.output(self.out),
-            inp: f.input(self.inp),
-            w: self.w,
-            bias: self.bias.map(|b| f.input(b)),
-            dims: self.dims,
-            accumulate: self.accumulate,
-        }
-    }
-}
-
-impl<A: Operands> AttentionDecode<A> {
-    pub fn lower<B: Operands>(self, f: &impl Lower<A, B>) -> AttentionDecode<B> {
-        AttentionDecode {
-            out: f.output(self.out),
-            qkv: f.input(self.qkv),
-            kcache: f.input(self.kcache),
-            vcache: f.input(self.vcache),
-            shape: self.shape,
         }
     }
 }
