@@ -423,7 +423,6 @@ impl Measured<'_> {
             b,
             t,
             threads,
-            rss_start,
             step_s,
             tokens_per_s,
             stated,
@@ -436,6 +435,7 @@ impl Measured<'_> {
             bubble,
             formula,
             ref ranks,
+            ..
         } = *self;
         let resolved = par.resolved();
         let mfu_of = |f| self.mfu_of(f);
@@ -509,6 +509,17 @@ impl Measured<'_> {
                 100.0 * formula
             );
         }
+        self.print_memory();
+    }
+
+    /// The process's RSS, then each rank's peak bytes and communication.
+    fn print_memory(&self) {
+        let Measured {
+            par,
+            rss_start,
+            ref ranks,
+            ..
+        } = *self;
         let h = metrics::human_bytes;
         if let (Some(start), Some(peak)) = (rss_start, metrics::peak_rss_bytes()) {
             distgpt::outln!(
