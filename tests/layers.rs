@@ -64,10 +64,27 @@ fn code_of(text: &str) -> String {
     out
 }
 
-/// The crate's modules `code` names: the first segment after each
-/// `crate::` (or `distgpt::`, from the command), every item of a
-/// `crate::{a::x, b}` group. `$crate::` (a macro's own path) is not an import.
-fn named_modules(code: &str) -> Vec<String> {
+/// The module path of a file of `src/` (`src/model/gpt2/kv.rs` is
+/// `model::gpt2::kv`, a `mod.rs` its folder's).
+fn module_path(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).expect("under src");
+    let mut path: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_str().expect("utf-8 path").to_string())
+        .collect();
+    let last = path.pop().expect("a file");
+    if last != "mod.rs" {
+        path.push(last.trim_end_matches(".rs").to_string());
+    }
+    path
+}
+
+/// The crate's modules `code` (of the module at `path`) names: the first
+/// segment after each `crate::` (or `distgpt::`, from the command), every
+/// item of a `crate::{a::x, b}` group, and the segment a chain of
+/// `super::` reaches the crate's root with. `$crate::` (a macro's own
+/// path) is not an import.
+fn named_modules(code: &str, path: &[String]) -> Vec<String> {
     let ident = |s: &str| -> String {
         s.chars()
             .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
@@ -101,6 +118,20 @@ fn named_modules(code: &str) -> Vec<String> {
             } else {
                 found.push(ident(after));
             }
+        }
+    }
+    // super::super::x climbing to the root from a module `depth` deep
+    for (i, _) in code.match_indices("super::") {
+        if code[..i].ends_with("super::") {
+            continue; // counted from the chain's first
+        }
+        let mut rest = &code[i..];
+        let mut up = 0;
+        while let Some(r) = rest.strip_prefix("super::") {
+            (up, rest) = (up + 1, r.trim_start());
+        }
+        if up >= path.len() {
+            found.push(ident(rest));
         }
     }
     found.retain(|m| !m.is_empty() && m.chars().next().is_some_and(|c| c.is_ascii_lowercase()));
@@ -143,7 +174,7 @@ fn violations(root: &Path) -> Vec<String> {
             continue;
         };
         let code = code_of(&std::fs::read_to_string(&file).expect("readable source"));
-        let mut named = named_modules(&code);
+        let mut named = named_modules(&code, &module_path(&src, &file));
         named.sort();
         named.dedup();
         for m in named {
@@ -180,9 +211,15 @@ fn the_check_reads_groups_and_skips_comments_and_macro_paths() {
     let code = code_of(
         "use crate::{backend::{Backend, Dst}, data::Batch};\n\
          // use crate::train::x;\n\
-         /* crate::plan */ let e = $crate::errln!(); let p = crate::model::X; let q = distgpt::cli::y;",
+         /* crate::plan */ let e = $crate::errln!(); let p = crate::model::X; let q = distgpt::cli::y;\n\
+         use super::super::train::Task; use super::unit::UnitModel;",
     );
-    let mut named = named_modules(&code);
+    // in src/model/gpt2/kv.rs: two supers stay in model, three reach the root
+    let path = ["model", "gpt2", "kv"].map(String::from);
+    let mut named = named_modules(&code, &path);
     named.sort();
     assert_eq!(named, ["backend", "cli", "data", "model"]);
+    let mut named = named_modules(&code, &path[..2]);
+    named.sort();
+    assert_eq!(named, ["backend", "cli", "data", "model", "train"]);
 }
