@@ -1715,6 +1715,24 @@ fn a_shard_folder_keeps_its_tokenizer_and_init_from_keeps_its_models_shape() {
         train(&["--tokenizer", "char"]),
         "holds shards of GPT-2 BPE (its tokenizer.json)",
     );
+    // without --tokenizer the shards' own is taken (the default is not asked for)
+    let own = dir.join("own-tokenizer");
+    succeeded(distgpt(&[
+        "train",
+        "--data",
+        shards_s,
+        "--model",
+        "tiny",
+        "--steps",
+        "1",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--quiet",
+        "--out",
+        own.to_str().unwrap(),
+    ]));
     std::fs::remove_file(shards.join("tokenizer.json")).unwrap();
     refused(
         train(&["--tokenizer", "char"]),

@@ -391,5 +391,9 @@ mod tests {
         let e = classify.refuse(&["sample_every".into()]).unwrap_err();
         assert!(e.to_string().contains("--sample-every is for GPT-2"), "{e}");
         assert!(TaskKind::Lm.spec().refuse(&["sample_every".into()]).is_ok());
+        // what `--config RUN/run.json` writes of a run: only its task's settings
+        assert!(TaskKind::Lm.spec().has("tokenizer") && TaskKind::Lm.spec().has("sample_every"));
+        assert!(!TaskKind::Mlm.spec().has("tokenizer") && TaskKind::Mlm.spec().has("eval_batches"));
+        assert!(!classify.has("eval_batches") && classify.has("train_examples"));
     }
 }
