@@ -232,14 +232,13 @@ pub(super) struct Prepared {
 /// A new run from the flags, with its task's defaults where a flag is not given.
 pub(super) fn new_run(a: &TrainArgs, given: &[String], task: TaskKind) -> Result<Prepared> {
     let set = |flag: &str| given.iter().any(|g| g == flag);
-    if let (Some(dir), Some(f)) = (&a.init_from, config::FIXED_BY_INIT.iter().find(|f| set(f))) {
-        if task == TaskKind::Lm {
-            bail!(
-                "--{} cannot be given with --init-from: the model's shape and tokenizer are those of {} (its model.json)",
-                f.replace('_', "-"),
-                dir.display()
-            );
-        }
+    let fixed = config::FIXED_BY_INIT.iter().find(|f| set(f));
+    if let (TaskKind::Lm, Some(dir), Some(f)) = (task, &a.init_from, fixed) {
+        bail!(
+            "--{} cannot be given with --init-from: the model's shape and tokenizer are those of {} (its model.json)",
+            f.replace('_', "-"),
+            dir.display()
+        );
     }
     let spec = task.spec();
     let model = |vocab| {

@@ -146,11 +146,6 @@ fn local_comm(threads: usize) -> Result<(f64, f64)> {
 /// cores): a larger rank step is timed on a smaller shape of it.
 const STEP_FLOPS: f64 = 50e9;
 
-/// `model` with at most `n` blocks (a family that cannot be cut, whole).
-fn with_blocks(model: &ModelConfig, n: usize) -> ModelConfig {
-    model.with_layers(n).unwrap_or_else(|| model.clone())
-}
-
 /// The shape a rank's calibration step runs at: the asked one, or, while
 /// its step is over [`STEP_FLOPS`] or `concurrent` of them would take more
 /// than half the available memory, one row, then shorter sequences and
@@ -179,7 +174,7 @@ fn calibration_shape(
     let smaller = [
         |(m, _, t): (ModelConfig, usize, usize)| (m, 1, t),
         |(m, b, t): (ModelConfig, usize, usize)| (m, b, t.min(256)),
-        |(m, b, t): (ModelConfig, usize, usize)| (with_blocks(&m, 2), b, t),
+        |(m, b, t): (ModelConfig, usize, usize)| (m.with_layers(2).unwrap_or(m), b, t),
         |(m, b, t): (ModelConfig, usize, usize)| (m, b, t.min(128)),
         |(m, b, t): (ModelConfig, usize, usize)| (m, b, t.min(64)),
     ];

@@ -162,16 +162,19 @@ pub fn bench_rank<B: Backend + 'static>(
         .chunks(peak.len())
         .zip(all_times.chunks(times.len()))
         .zip(timelines)
-        .map(|((p, t), timeline)| RankBench {
-            peak: PeakRow::rows(p)[0],
-            host_peak: PeakRow::rows(p)[1],
-            comm_bytes_per_step: t[0],
-            comm_s_per_step: t[1],
-            step_s: t[2],
-            update_s: t[3],
-            parts: t[4] as usize,
-            bubble,
-            timeline,
+        .map(|((p, t), timeline)| {
+            let peaks = PeakRow::rows(p);
+            RankBench {
+                peak: peaks[0],
+                host_peak: peaks[1],
+                comm_bytes_per_step: t[0],
+                comm_s_per_step: t[1],
+                step_s: t[2],
+                update_s: t[3],
+                parts: t[4] as usize,
+                bubble,
+                timeline,
+            }
         })
         .collect())
 }

@@ -54,8 +54,6 @@ pub struct TaskSpec {
     pub kind: TaskKind,
     /// What it trains, as a sentence's object ("a BERT").
     pub trains: &'static str,
-    /// Whether it generates text (samples during training).
-    pub samples: bool,
     /// Settings it has not (train's flags as their `snake_case` ids), each
     /// with why, as `--flag why` says it.
     pub refuses: &'static [(&'static str, &'static str)],
@@ -73,7 +71,6 @@ pub const TASKS: [TaskSpec; 3] = [
     TaskSpec {
         kind: TaskKind::Lm,
         trains: "a causal language model (GPT-2, or any family registered as one)",
-        samples: true,
         refuses: &[(
             "train_examples",
             "is for --task classify (a sample of a labelled set's training examples)",
@@ -92,7 +89,6 @@ pub const TASKS: [TaskSpec; 3] = [
     TaskSpec {
         kind: TaskKind::Mlm,
         trains: "a BERT masked language model",
-        samples: false,
         refuses: &[
             ("sample_every", NOT_A_GENERATOR),
             ("sample_tokens", NOT_A_GENERATOR),
@@ -119,7 +115,6 @@ pub const TASKS: [TaskSpec; 3] = [
     TaskSpec {
         kind: TaskKind::Classify,
         trains: "a BERT sequence classifier",
-        samples: false,
         refuses: &[
             ("sample_every", NOT_A_GENERATOR),
             ("sample_tokens", NOT_A_GENERATOR),
@@ -167,7 +162,7 @@ fn build_lm(i: &TaskInputs<'_>) -> Result<(TaskData, usize)> {
             ((i.model)(Some(ds.tokenizer.vocab_size()))?, ds)
         }
     };
-    if model.get::<BertConfig>().is_some() {
+    if !causal_lm(&model) {
         return Err(Error::Config(format!(
             "{model} is a BERT: --task lm trains {}; --task mlm pretrains a BERT, --task classify fine-tunes one",
             TaskKind::Lm.spec().trains
@@ -175,6 +170,11 @@ fn build_lm(i: &TaskInputs<'_>) -> Result<(TaskData, usize)> {
     }
     let seq = i.seq_len.unwrap_or(model.block_size());
     Ok((TaskData::Lm { model, ds }, seq))
+}
+
+/// Whether the `lm` task trains `model`: any family but BERT's (an encoder).
+fn causal_lm(model: &ModelConfig) -> bool {
+    model.get::<BertConfig>().is_none()
 }
 
 /// A BERT masked LM from scratch on a text's characters.
@@ -262,7 +262,7 @@ impl TaskSpec {
         if let (Some(n), false) = (d.eval_every, given("eval_every")) {
             cfg.eval_every = n;
         }
-        if !self.samples {
+        if !self.has("sample_tokens") {
             cfg.sample_tokens = 0;
         }
     }
@@ -353,7 +353,7 @@ impl TaskData {
                 }
             }
             TaskKind::Lm => {
-                if record.model.get::<BertConfig>().is_some() {
+                if !causal_lm(&record.model) {
                     return Err(bad(format!("names a --task lm run of a {}", record.model)));
                 }
                 let ds = Dataset::load_for_model(cfg.data.as_deref(), tokenizer)?;
@@ -376,7 +376,10 @@ mod tests {
             assert_eq!(kind.spec().kind, kind);
         }
         let classify = TaskKind::Classify.spec();
-        let mut cfg = TrainConfig::default();
+        let mut cfg = TrainConfig {
+            eval_every: 50,
+            ..TrainConfig::default()
+        };
         classify.apply_defaults(&mut cfg, |_| false);
         assert_eq!((cfg.lr, cfg.min_lr), (5e-5, 5e-6));
         assert_eq!((cfg.adamw.beta2, cfg.adamw.weight_decay), (0.999, 0.01));
