@@ -16,6 +16,7 @@ pub mod gpu;
 pub mod memory;
 pub mod opencl;
 pub mod ops;
+pub mod threads;
 
 pub use cpu::{AdamWStep, AttnShape, DecodeShape, WeightFormat, WeightLayout};
 pub use memory::{Buf, Category, Dst, MemoryReport, PeakRow, Pending, Pinned, RawView, Src};
@@ -24,6 +25,7 @@ pub use ops::{
     CrossEntropyBackward, CrossEntropyForward, EncoderBackward, EncoderForward, LayerNormBackward,
     LayerNormForward, MatmulBackward, MatmulDecode, MatmulForward, MatmulShape, On,
 };
+pub use threads::Threads;
 
 /// Rows a column sum (a bias's gradient, layernorm's weight gradients)
 /// adds into one partial at a time, on every backend: each chunk's rows in
@@ -157,30 +159,16 @@ pub trait Device: Send + Sync + Sized + Clone + 'static {
     /// Waits for the queued work and reports the first device error since
     /// the last call (kernels are queued without a result, as on a GPU).
     fn synchronize(&self) -> Result<()>;
-    /// Peak FLOP/s of the device, measured on a GPT-2-shaped matmul; the
-    /// denominator of MFU.
-    fn measure_peak_flops(&self) -> f64 {
-        self.measure_peak().flops
-    }
-    /// The matmul peak with what else the probe learns on this device (on
-    /// the CPU: the hardware peak and the fastest matmul library).
-    fn measure_peak(&self) -> PeakProbe;
     /// Whether every rank runs on this one device (so the job's peak is the
     /// device's), rather than each rank on a peak of its own (CPU cores).
     fn ranks_share_device(&self) -> bool {
         false
     }
-}
-
-/// What a device's peak probe found: the best matmul's FLOP/s (MFU's
-/// denominator), and on the CPU the hardware peak and the library each
-/// class of product runs on, with every library's timings.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct PeakProbe {
-    pub flops: f64,
-    pub hardware: Option<cpu::hardware::HardwarePeak>,
-    pub matmul: Option<cpu::blas::MatmulChoice>,
-    pub timings: Vec<cpu::blas::Timing>,
+    /// How this backend's work meets the host's threads: whether rows run
+    /// in parts side by side, and where a decoding loop is issued from.
+    fn threads(&self) -> Threads {
+        Threads::Queue
+    }
 }
 
 /// The kernels the model runs layer by layer, each forward with its
@@ -227,8 +215,7 @@ pub trait Kernels: Device {
     fn sum_squares(&self, x: Src<'_, Self>) -> Result<f64>;
 }
 
-/// Decoding (a few rows a step against packed weights and a KV cache),
-/// and rows in parts side by side, decoding's and training's.
+/// Decoding: a few rows a step against packed weights and a KV cache.
 pub trait Decode: Device {
     /// A weight matrix laid out for [`Decode::matmul_decode`].
     type Packed: Send + Sync;
@@ -245,37 +232,6 @@ pub trait Decode: Device {
     ) -> Result<Self::Packed>;
     fn matmul_decode(&self, op: MatmulDecode<'_, On<'_, Self>, Self::Packed>);
     fn attention_decode(&self, op: AttentionDecode<On<'_, Self>>);
-    /// Runs `f`, a loop issuing many small operations (a decoding loop),
-    /// where this backend's operations are cheapest to issue: on the CPU,
-    /// on a worker of the thread pool, so each parallel operation starts
-    /// on the calling worker instead of being handed across threads.
-    fn in_pool<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        f()
-    }
-    /// How many parts of consecutive rows a decoding step of `rows` rows
-    /// runs as, each part through the whole model on its own
-    /// ([`Decode::for_each_part`]), for a model of `matmul_params`
-    /// parameters in its matmuls (`GptConfig::matmul_params`): one (every
-    /// operation over all rows) unless this backend finds otherwise faster.
-    fn decode_parts(&self, _rows: usize, _matmul_params: usize) -> usize {
-        1
-    }
-    /// How many parts of its sequences a training batch of `rows`
-    /// sequences of `t` tokens runs as, each through every operation on its
-    /// own, side by side ([`crate::model::parts::Parts`]), for a model
-    /// whose tokens each meet `params` parameters (its training FLOPs a
-    /// token over 6): one unless this backend finds otherwise faster.
-    fn batch_parts(&self, _rows: usize, _t: usize, _params: f64) -> usize {
-        1
-    }
-    /// `f` of every part, side by side where this backend can run them so.
-    fn for_each_part<T: Send, R: Send>(
-        &self,
-        parts: &mut [T],
-        f: impl Fn(&mut T) -> R + Sync,
-    ) -> Vec<R> {
-        parts.iter_mut().map(f).collect()
-    }
 }
 
 /// Whether `be`'s buffers are host memory (the CPU), where moving state

@@ -14,9 +14,10 @@
 
 use crate::backend::cpu::blas::{self, MatmulChoice, Timing};
 use crate::backend::cpu::hardware::HardwarePeak;
-use crate::backend::{Backend, PeakProbe};
+use crate::backend::{memory_is_host, Backend, Category, MatmulForward, MatmulShape, WeightLayout};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 /// The cache file's name in the cache directory.
 pub const PEAK_FILE: &str = "peak.json";
@@ -110,6 +111,80 @@ impl Peak {
             None => (self.flops, self.matmul_name()),
         }
     }
+}
+
+/// What a device's peak probe found: the best matmul's FLOP/s (MFU's
+/// denominator), and on the CPU the hardware peak and the library each
+/// class of product runs on, with every library's timings.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PeakProbe {
+    pub flops: f64,
+    pub hardware: Option<HardwarePeak>,
+    pub matmul: Option<MatmulChoice>,
+    pub timings: Vec<Timing>,
+}
+
+/// Measures `be`'s peak now, with no cache: on the host's CPU (a backend
+/// whose buffers are host memory) its matmul libraries timed on
+/// GPT-2-shaped products, the one the layers run on giving the matmul peak,
+/// and the hardware peak above the fastest of them; on another device the
+/// best of three GPT-2-small MLP products through its own matmul kernel.
+pub fn measure<B: Backend>(be: &B) -> PeakProbe {
+    if !memory_is_host(be).unwrap_or(false) {
+        return PeakProbe {
+            flops: matmul_flops(be),
+            ..PeakProbe::default()
+        };
+    }
+    let (matmul, timings) = blas::measure(3);
+    // the speed of the library the layers run on (the crate may keep
+    // them against one up to 5% faster)
+    let flops = timings
+        .iter()
+        .find(|t| t.lib == matmul.large)
+        .map_or(0.0, |t| t.large_flops);
+    let fastest = timings
+        .iter()
+        .map(|t| t.large_flops.max(t.small_flops))
+        .fold(0.0, f64::max);
+    PeakProbe {
+        flops,
+        hardware: crate::backend::cpu::hardware::measure_above(fastest),
+        matmul: Some(matmul),
+        timings,
+    }
+}
+
+/// Best of three GPT-2-small MLP products' FLOP/s on `be`'s own matmul
+/// kernel (NaN when one fails).
+fn matmul_flops<B: Backend>(be: &B) -> f64 {
+    // A GPT-2-small MLP product: (rows x 768) @ (768 x 3072).
+    let (rows, k, n) = (256, 768, 3072);
+    let bufs = (
+        be.clone_fresh().alloc(rows * n, Category::Other),
+        be.clone_fresh().alloc(rows * k, Category::Other),
+        be.clone_fresh().alloc(k * n, Category::Other),
+    );
+    let (Ok(mut out), Ok(inp), Ok(w)) = bufs else {
+        return f64::NAN;
+    };
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        be.matmul_forward(MatmulForward {
+            out: out.d(),
+            inp: inp.s(),
+            w: w.s(),
+            bias: None,
+            shape: MatmulShape::new((rows, k, n), WeightLayout::InOut),
+            accumulate: false,
+        });
+        if be.synchronize().is_err() {
+            return f64::NAN;
+        }
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    2.0 * (rows * k * n) as f64 / best
 }
 
 /// distgpt's cache directory: `$DISTGPT_CACHE_DIR`, else
@@ -277,7 +352,7 @@ pub fn of<B: Backend>(be: &B, fresh: bool) -> Peak {
         &be.name(),
         rayon::current_num_threads(),
         fresh,
-        || be.measure_peak(),
+        || measure(be),
     );
     adopt(Some(peak)).expect("a peak")
 }

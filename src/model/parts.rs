@@ -98,9 +98,11 @@ impl<B: Backend> UnitModel<B> for Parts<B> {
     ) -> Result<Option<f32>> {
         let be = self.parts[0].backend().clone();
         let (own, tied) = (p.own, p.tied);
-        let losses = be.for_each_part(&mut self.parts[..self.active], |part| {
-            part.forward(u, UnitParams { own, tied }, tp)
-        });
+        let losses = be
+            .threads()
+            .for_each_part(&mut self.parts[..self.active], |part| {
+                part.forward(u, UnitParams { own, tied }, tp)
+            });
         let mut loss: Option<f32> = None;
         for l in losses {
             if let Some(l) = l? {
@@ -142,7 +144,7 @@ impl<B: Backend> UnitModel<B> for Parts<B> {
         });
         let grads = std::iter::once(first).chain(others).map(Some);
         let mut jobs: Vec<_> = self.parts[..active].iter_mut().zip(grads).collect();
-        let done = be.for_each_part(&mut jobs, |(part, g)| {
+        let done = be.threads().for_each_part(&mut jobs, |(part, g)| {
             let g = g.take().expect("each part's gradient is taken once");
             part.backward(u, UnitParams { own, tied }, g, tp, loss_scale)
         });

@@ -187,7 +187,7 @@ impl ParallelConfig {
 
     /// The parts a rank runs its batch of `rows` sequences of `t` tokens
     /// in (`model::parts`): without pipeline stages or tensor parallelism,
-    /// what `ask` (its backend's `batch_parts`) says for the rows, `t` and
+    /// what `ask` (its backend's `Threads::batch_parts`) says for the rows, `t` and
     /// the parameters a token meets (the model's training FLOPs a token
     /// over 6); one otherwise.
     pub fn batch_parts(
@@ -479,7 +479,7 @@ pub fn build<B: Backend + 'static>(
     };
     let engine = || model.engine(backend.clone(), place, par.recompute, par.precision);
     let parts = par.batch_parts(&model, (b / grid.dp, t), |rows, t, params| {
-        backend.batch_parts(rows, t, params)
+        backend.threads().batch_parts(rows, t, params)
     });
     // an engine per chunk of blocks this rank holds
     let engines = match parts {

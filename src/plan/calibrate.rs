@@ -31,7 +31,7 @@ impl Machine {
         let (comm_bandwidth, comm_latency_s) = local_comm(threads)?;
         Ok(Machine {
             threads,
-            peak_flops: be.measure_peak_flops(),
+            peak_flops: crate::metrics::peak::measure(&be).flops,
             memory_bandwidth: adamw_bandwidth(&be, 16 << 20)?,
             comm_bandwidth,
             comm_latency_s,

@@ -202,7 +202,7 @@ pub struct Workload {
     /// On a CPU, the threads its thread ranks share (None for a GPU): a
     /// rank with two or more and without stages or tensor parallelism runs
     /// its batch in parts, a gradient scratch for each part past the first
-    /// (`Decode::batch_parts`), and bf16 makes only the operand copies the
+    /// (`Threads::batch_parts`), and bf16 makes only the operand copies the
     /// CPU's matmuls need (`Kernels::MATMUL_ROUNDS_BF16`: none).
     pub cpu_threads: Option<usize>,
 }
@@ -391,7 +391,7 @@ fn stage_memory(
     let parts = w.cpu_threads.map_or(1, |threads| {
         let rank_threads = crate::parallel::launch::rank_threads(threads, par.world_size);
         par.batch_parts(m, rows, |rows, t, params| {
-            crate::backend::cpu::batch_parts(rank_threads, (rows, t), params)
+            crate::backend::threads::pool_batch_parts(rank_threads, (rows, t), params)
         })
     });
     let widest = layout.widest_unit_grad();

@@ -28,7 +28,7 @@ use super::{
     Activation, ActivationBackward, AdamWUpdate, AttentionBackward, AttentionDecode,
     AttentionForward, CrossEntropyBackward, CrossEntropyForward, Decode, Device, Elem,
     EncoderBackward, EncoderForward, Kernels, LayerNormBackward, LayerNormForward, MatmulBackward,
-    MatmulDecode, MatmulForward, PeakProbe,
+    MatmulDecode, MatmulForward, Threads,
 };
 use crate::error::{Error, Result};
 use std::sync::Arc;
@@ -56,36 +56,6 @@ impl Cpu {
 pub(crate) fn product_tasks(rows: usize, k: usize, n: usize, panels: usize, grain: usize) -> usize {
     let most = (rayon::current_num_threads() * 4).min(panels);
     (rows.max(4) * k * n / grain).clamp(1, most.max(1))
-}
-
-/// The most matmul parameters a model may have for its decoding steps to
-/// run as one part of the rows a thread ([`Decode::decode_parts`]): then
-/// no operation is handed between threads, where a small model's hundreds
-/// of operations a step each cost a hand-over (2-3 µs); a larger model's
-/// matrices are read once a step for all rows instead of once a part. On
-/// the 2-core machine this was measured on (32 MiB L3), batch 12, parts
-/// against whole-batch operations: 0.8M parameters (the default model) fp32
-/// 1.27x, int8 1.64x; 10.6M 1.11x, 2.03x; 37.7M 0.95x, 0.79x; GPT-2 124M
-/// 0.95x, 0.83x.
-const PARTS_MAX_PARAMS: usize = 16 << 20;
-
-/// How many parameters a token of a batch's part may meet at most
-/// ([`Decode::batch_parts`]): each part reads every weight again and keeps
-/// its own copy of a unit's gradient, which pays while a part has tokens
-/// enough to amortize them. Measured on 2 threads (Zen 5), parts against
-/// both threads sharing every operation, tokens a part / parameters a
-/// token: shakespeare-char 16 x 256 (2,048 / 11.9M) +3-6%, in bf16 +4%;
-/// bert-minilm classify 32 x 128 (2,048 / 11.2M) +2%; GPT-2 124M 16 x
-/// 128 (1,024 / 126M) -1.5%, 4 x 128 (256) -7%.
-const PART_PARAMS_PER_TOKEN: f64 = 32_768.0;
-
-/// The parts a rank on `threads` threads runs a batch of `rows`
-/// sequences of `t` tokens in, for a model whose tokens each meet `params`
-/// parameters: a part a thread, each with at least a token for every
-/// [`PART_PARAMS_PER_TOKEN`] of them.
-pub fn batch_parts(threads: usize, (rows, t): (usize, usize), params: f64) -> usize {
-    let most = (rows * t) as f64 * PART_PARAMS_PER_TOKEN / params.max(1.0);
-    threads.min(rows).min(most as usize).max(1)
 }
 
 /// The host slice behind a CPU view.
@@ -171,24 +141,8 @@ impl Device for Cpu {
     fn synchronize(&self) -> Result<()> {
         Ok(())
     }
-    fn measure_peak(&self) -> PeakProbe {
-        let (matmul, timings) = blas::measure(3);
-        // the speed of the library the layers run on (the crate may keep
-        // them against one up to 5% faster)
-        let flops = timings
-            .iter()
-            .find(|t| t.lib == matmul.large)
-            .map_or(0.0, |t| t.large_flops);
-        let fastest = timings
-            .iter()
-            .map(|t| t.large_flops.max(t.small_flops))
-            .fold(0.0, f64::max);
-        PeakProbe {
-            flops,
-            hardware: hardware::measure_above(fastest),
-            matmul: Some(matmul),
-            timings,
-        }
+    fn threads(&self) -> Threads {
+        Threads::Pool
     }
 }
 
@@ -289,27 +243,5 @@ impl Decode for Cpu {
     }
     fn attention_decode(&self, op: AttentionDecode<On<'_, Self>>) {
         attention::attention_decode(op.lower(&ToHost))
-    }
-    fn in_pool<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        // a scope's body runs on a worker (this one, if it is one already)
-        rayon::scope(|_| f())
-    }
-    fn decode_parts(&self, rows: usize, matmul_params: usize) -> usize {
-        match matmul_params <= PARTS_MAX_PARAMS {
-            true => rayon::current_num_threads().min(rows),
-            false => 1,
-        }
-    }
-    /// [`batch_parts`] on this pool's threads.
-    fn batch_parts(&self, rows: usize, t: usize, params: f64) -> usize {
-        batch_parts(rayon::current_num_threads(), (rows, t), params)
-    }
-    fn for_each_part<T: Send, R: Send>(
-        &self,
-        parts: &mut [T],
-        f: impl Fn(&mut T) -> R + Sync,
-    ) -> Vec<R> {
-        use rayon::prelude::*;
-        parts.par_iter_mut().map(&f).collect()
     }
 }

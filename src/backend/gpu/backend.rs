@@ -12,11 +12,10 @@ use crate::backend::{
     Activation, ActivationBackward, AdamWUpdate, AttentionBackward, AttentionDecode,
     AttentionForward, CrossEntropyBackward, CrossEntropyForward, Decode, Device, Elem,
     EncoderBackward, EncoderForward, Kernels, LayerNormBackward, LayerNormForward, MatmulBackward,
-    MatmulDecode, MatmulForward, MatmulShape, PeakProbe, WeightFormat, WeightLayout,
+    MatmulDecode, MatmulForward, MatmulShape, WeightFormat, WeightLayout,
 };
 use crate::error::{Error, Result};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 pub struct Gpu<R: Runtime> {
     dev: Arc<Queue<R>>,
@@ -182,48 +181,9 @@ impl<R: Runtime> Device for Gpu<R> {
         self.check()?;
         self.dev.finish().map_err(device_error)
     }
-    fn measure_peak(&self) -> PeakProbe {
-        PeakProbe {
-            flops: self.matmul_flops(),
-            ..PeakProbe::default()
-        }
-    }
     fn ranks_share_device(&self) -> bool {
         // Thread ranks all use the one device this backend opened.
         true
-    }
-}
-
-impl<R: Runtime> Gpu<R> {
-    /// Best of three GPT-2-small MLP products' FLOP/s (NaN when one fails).
-    fn matmul_flops(&self) -> f64 {
-        // A GPT-2-small MLP product: (rows x 768) @ (768 x 3072).
-        let (rows, k, n) = (256, 768, 3072);
-        let bufs = (
-            self.clone_fresh().alloc(rows * n, Category::Other),
-            self.clone_fresh().alloc(rows * k, Category::Other),
-            self.clone_fresh().alloc(k * n, Category::Other),
-        );
-        let (Ok(mut out), Ok(inp), Ok(w)) = bufs else {
-            return f64::NAN;
-        };
-        let mut best = f64::INFINITY;
-        for _ in 0..3 {
-            let t0 = Instant::now();
-            self.matmul_forward(MatmulForward {
-                out: out.d(),
-                inp: inp.s(),
-                w: w.s(),
-                bias: None,
-                shape: MatmulShape::new((rows, k, n), WeightLayout::InOut),
-                accumulate: false,
-            });
-            if self.synchronize().is_err() {
-                return f64::NAN;
-            }
-            best = best.min(t0.elapsed().as_secs_f64());
-        }
-        2.0 * (rows * k * n) as f64 / best
     }
 }
 

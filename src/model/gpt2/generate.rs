@@ -213,7 +213,7 @@ pub fn generate_packed<B: Backend>(
             seed,
             ..*cfg
         };
-        let new = model.backend().in_pool(|| {
+        let new = model.backend().threads().in_pool(|| {
             decode(
                 &mut dec,
                 weights,
@@ -454,7 +454,7 @@ pub fn evaluate_decoded<B: Backend>(
         };
         // the asked weights' most likely token at each, for the agreement
         let mut top = vec![0usize; rows * t];
-        model.backend().in_pool(|| {
+        model.backend().threads().in_pool(|| {
             dq.prefill_logits(&asked, &inputs, t, &mut |r, pos, q| {
                 loss += cross_entropy(q, target(r, pos, q.len())?);
                 top[r * t + pos] = argmax(q);

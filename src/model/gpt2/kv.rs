@@ -89,7 +89,7 @@ impl<'a, B: Backend> DecodeWeights<'a, B> {
 }
 
 /// A decoder: a batch's rows, run as one part or, where the backend finds
-/// it faster ([`Decode::decode_parts`](crate::backend::Decode::decode_parts)), as several parts of consecutive
+/// it faster ([`Threads::decode_parts`](crate::backend::Threads::decode_parts)), as several parts of consecutive
 /// rows that step side by side, each through the whole model.
 pub struct Decoder<B: Backend> {
     config: GptConfig,
@@ -197,6 +197,7 @@ impl<B: Backend> Decoder<B> {
         // tensor-parallel ranks all-reduce inside a step: one part
         let parts = match tp.size {
             1 => backend
+                .threads()
                 .decode_parts(b, config.matmul_params())
                 .clamp(1, b.max(1)),
             _ => 1,
@@ -318,6 +319,7 @@ impl<B: Backend> Decoder<B> {
             [one] if step => one.step(&shared, tokens, tp),
             parts if step => self
                 .backend
+                .threads()
                 .for_each_part(parts, |p| {
                     p.step(&shared, &tokens[p.first..p.first + p.b], None)
                 })
