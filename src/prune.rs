@@ -4,54 +4,38 @@
 //! training step and per generated token, go into a table and figures.
 //! Embeddings, layernorms and the projections' biases are never pruned.
 //!
-//! Magnitude: the blocks' four weight matrices lose their smallest entries,
-//! per matrix or over all of them at once, held at zero while fine-tuning;
-//! the matrices keep their shapes, so this saves no time. Rows: whole
-//! attention heads and MLP units go, per block or over all blocks, and the
-//! model shrinks to per-block widths (`GptConfig::blocks`).
+//! A model of any family, asked of its family what it has: magnitude
+//! pruning needs its blocks' weight matrices (`Family::block_matrix`), row
+//! pruning a family whose blocks shrink (`Family::prune_rows`), int8 losses
+//! and token times its decoder; a family without one is refused in words.
+//!
+//! Magnitude: the blocks' weight matrices (GPT-2's four a block) lose
+//! their smallest entries, per matrix or over all of them at once, held at
+//! zero while fine-tuning; the matrices keep their shapes, so this saves no
+//! time. Rows: whole attention heads and MLP units go, per block or over
+//! all blocks, and the model shrinks to per-block widths
+//! (`GptConfig::blocks`).
 
 use crate::backend::{Backend, WeightFormat};
 use crate::comm::{local, Comm};
-use crate::data::{DataLoader, Dataset};
+use crate::data::{Batch, DataLoader, Dataset};
 use crate::error::{Error, Result};
 use crate::figure::{self, Figure, Series};
-use crate::model::gpt2::generate::{evaluate_decoded, generate_packed};
-use crate::model::gpt2::kv::DecodeWeights;
-use crate::model::gpt2::rows::{row_norms, shrink, KeptRows};
-use crate::model::gpt2::BlockParam;
-use crate::model::{AdamWConfig, Gpt2, GptConfig, ParamLayout, TpPlace};
+pub use crate::model::family::Scope;
+use crate::model::family::{DecodedRun, TimedGeneration};
+use crate::model::{AdamWConfig, ModelConfig, Precision, TpPlace, Whole};
 use crate::parallel::{self, ParallelConfig, StepConfig};
-use crate::sample::SampleConfig;
 use serde::Serialize;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// Where a sparsity target applies.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum Scope {
-    /// Each weight matrix (rows: each block) loses the same fraction.
-    Matrix,
-    /// One threshold over all the blocks' weight matrices (rows: heads and
-    /// MLP units) together.
-    Global,
-}
-
-/// The layout ranges pruning may zero: every block's qkv, attention
-/// projection, MLP and MLP projection weights.
-pub fn prunable(layout: &ParamLayout, n_layer: usize) -> Vec<Range<usize>> {
-    (0..n_layer)
-        .flat_map(|l| {
-            [
-                BlockParam::QkvW,
-                BlockParam::AttnProjW,
-                BlockParam::FcW,
-                BlockParam::FcProjW,
-            ]
-            .map(|p| layout.block_param(l, p))
-        })
-        .collect()
+/// A model being pruned: its shape and whole parameters, on the host, run
+/// on `backend`.
+pub struct Model<B> {
+    pub backend: B,
+    pub config: ModelConfig,
+    pub params: Vec<f32>,
 }
 
 /// Keep flags over the whole layout (true outside `ranges`): within each
@@ -105,52 +89,6 @@ pub fn sparsity(params: &[f32], ranges: &[Range<usize>]) -> f64 {
         )
     });
     zeros as f64 / n.max(1) as f64
-}
-
-/// The rows a `sparsity` fraction of row pruning keeps: in each block the
-/// heads and MLP units with the largest norms, `round((1 - sparsity) x` the
-/// dense count`)` of each kind per block (`Scope::Matrix`) or over all
-/// blocks together (`Scope::Global`); at least one head and one unit
-/// stays in every block. Ties go to the lower index.
-pub fn select_rows(cfg: &GptConfig, params: &[f32], sparsity: f64, scope: Scope) -> KeptRows {
-    let (head_norms, unit_norms) = row_norms(cfg, params);
-    let keep = |norms: &[Vec<f64>], dense: usize| -> Vec<Vec<usize>> {
-        let n = |total: usize| (((1.0 - sparsity) * total as f64).round() as usize).max(1);
-        let by_norm = |l: usize| {
-            let mut idx: Vec<usize> = (0..norms[l].len()).collect();
-            idx.sort_by(|&a, &b| norms[l][b].total_cmp(&norms[l][a]).then(a.cmp(&b)));
-            idx
-        };
-        let mut kept: Vec<Vec<usize>> = match scope {
-            Scope::Matrix => (0..norms.len())
-                .map(|l| by_norm(l).into_iter().take(n(dense)).collect())
-                .collect(),
-            Scope::Global => {
-                // each block's best row first, then the best of the rest
-                let mut kept: Vec<Vec<usize>> =
-                    (0..norms.len()).map(|l| vec![by_norm(l)[0]]).collect();
-                let mut rest: Vec<(usize, usize)> = (0..norms.len())
-                    .flat_map(|l| by_norm(l).into_iter().skip(1).map(move |i| (l, i)))
-                    .collect();
-                rest.sort_by(|&(la, a), &(lb, b)| {
-                    norms[lb][b]
-                        .total_cmp(&norms[la][a])
-                        .then((la, a).cmp(&(lb, b)))
-                });
-                let more = n(dense * norms.len()).saturating_sub(norms.len());
-                for (l, i) in rest.into_iter().take(more) {
-                    kept[l].push(i);
-                }
-                kept
-            }
-        };
-        kept.iter_mut().for_each(|k| k.sort_unstable());
-        kept
-    };
-    KeptRows {
-        heads: keep(&head_norms, cfg.n_head),
-        hidden: keep(&unit_norms, 4 * cfg.n_embd),
-    }
 }
 
 /// What a pruning step removes.
@@ -263,56 +201,60 @@ pub struct Level {
     pub speed: Option<Speed>,
 }
 
-/// The first `eval_batches` batches of the validation split, as (inputs, targets).
-fn val_batches(ds: &Dataset, cfg: &SweepConfig) -> Result<Vec<(Vec<u32>, Vec<u32>)>> {
+/// The first `eval_batches` batches of the validation split.
+fn val_batches(ds: &Dataset, cfg: &SweepConfig) -> Result<Vec<Batch>> {
     let mut val = DataLoader::new(&ds.val, "val", cfg.batch_size, cfg.seq_len, 0, false)?;
     let n = cfg.eval_batches.min(val.batches_per_epoch());
-    Ok((0..n)
-        .map(|_| {
-            let batch = val.next_batch();
-            (batch.inputs, batch.targets)
-        })
-        .collect())
+    Ok((0..n).map(|_| val.next_batch()).collect())
 }
 
-/// The mean validation loss over `eval_batches` batches of the validation split.
-pub fn val_loss<B: Backend>(model: &mut Gpt2<B>, ds: &Dataset, cfg: &SweepConfig) -> Result<f64> {
+/// The mean validation loss over `eval_batches` batches of the validation
+/// split, through the family's engine in fp32.
+pub fn val_loss<B: Backend>(model: &Model<B>, ds: &Dataset, cfg: &SweepConfig) -> Result<f64> {
+    let be = model.backend.clone_fresh();
+    let engine = model
+        .config
+        .engine(be, TpPlace::NONE, false, Precision::Fp32)?;
+    let mut whole = Whole::with_engine(engine)?;
+    whole.set_params(&model.params)?;
     let batches = val_batches(ds, cfg)?;
     let mut sum = 0.0;
-    for (inputs, targets) in &batches {
-        sum += model
-            .forward(inputs, Some(targets), cfg.batch_size, cfg.seq_len)?
-            .expect("targets given") as f64;
+    for batch in &batches {
+        let (bt, terms) = ((cfg.batch_size, cfg.seq_len), batch.loss_terms() as f32);
+        let loss = whole.run_forward(batch, bt, terms, None)?;
+        sum += loss.expect("targets given") as f64;
     }
     Ok(sum / batches.len() as f64)
 }
 
 /// The validation loss with the blocks' weights in int8, through the
-/// KV-cache decoder (as `eval --weights int8`), on the batches `val_loss` uses.
-pub fn val_loss_int8<B: Backend>(model: &Gpt2<B>, ds: &Dataset, cfg: &SweepConfig) -> Result<f64> {
+/// family's KV-cache decoder (as `eval --weights int8`), on the batches
+/// `val_loss` uses.
+pub fn val_loss_int8<B: Backend>(model: &Model<B>, ds: &Dataset, cfg: &SweepConfig) -> Result<f64> {
     let batches = val_batches(ds, cfg)?;
-    Ok(evaluate_decoded(
-        model,
-        WeightFormat::Int8,
-        batches,
-        cfg.batch_size,
-        cfg.seq_len,
-    )?
-    .loss)
+    let run = DecodedRun {
+        params: &model.params,
+        format: WeightFormat::Int8,
+        batches: batches.into_iter().map(|b| (b.inputs, b.targets)).collect(),
+        rows: cfg.batch_size,
+        t: cfg.seq_len,
+    };
+    let be = model.backend.clone_fresh();
+    Ok(model.config.evaluate_decoded(be, run, "prune --int8")?.loss)
 }
 
 /// A one-rank strategy holding `model`'s parameters, for fine-tuning and timing.
 fn single_rank<B: Backend>(
-    model: &Gpt2<B>,
+    model: &Model<B>,
     cfg: &SweepConfig,
     comm: &dyn Comm,
 ) -> Result<Box<dyn parallel::Strategy>> {
     let single = ParallelConfig::single();
-    let be = model.backend().clone_fresh();
+    let be = model.backend.clone_fresh();
     let (config, adamw) = (model.config.clone(), AdamWConfig::default());
     let (b, t) = (cfg.batch_size, cfg.seq_len);
     let mut strategy = parallel::build(be, config, single, comm, adamw, b, t)?;
-    strategy.load_full(&model.params_host()?)?;
+    strategy.load_full(&model.params)?;
     Ok(strategy)
 }
 
@@ -321,7 +263,7 @@ fn single_rank<B: Backend>(
 /// non-finite losses refused, AdamW), a fresh optimizer per level; with
 /// `keep`, the pruned entries go back to zero after each step.
 fn finetune<B: Backend>(
-    model: &mut Gpt2<B>,
+    model: &mut Model<B>,
     ds: &Dataset,
     cfg: &SweepConfig,
     keep: Option<&[bool]>,
@@ -347,15 +289,17 @@ fn finetune<B: Backend>(
             strategy.load_full(&p)?;
         }
     }
-    model.set_params(&strategy.full_params()?)
+    model.params = strategy.full_params()?;
+    Ok(())
 }
 
 /// Times `timing.steps` training steps one by one (after one untimed) on
 /// a copy of the model, and three greedy generations of `timing.tokens`
-/// tokens at batch 1 (fp32, and int8 when the sweep asks); each time is the
-/// median, so a step or a run that another process slowed does not count.
+/// tokens at batch 1 through the family's decoder (fp32, and int8 when the
+/// sweep asks); each time is the median, so a step or a run that another
+/// process slowed does not count.
 pub fn measure_speed<B: Backend>(
-    model: &Gpt2<B>,
+    model: &Model<B>,
     ds: &Dataset,
     cfg: &SweepConfig,
     timing: Timing,
@@ -375,29 +319,20 @@ pub fn measure_speed<B: Backend>(
         strategy.step(&[train.next_batch()], step)?;
         steps.push(1e3 * start.elapsed().as_secs_f64());
     }
-    let sample = SampleConfig {
-        max_new_tokens: timing.tokens.min(model.config.block_size - 1),
-        temperature: 0.0,
-        top_k: 0,
-        top_p: 1.0,
-        seed: cfg.seed,
-    };
     let per_token = |format| -> Result<f64> {
-        let weights = DecodeWeights::new(
-            model.backend(),
-            &model.config,
-            TpPlace::NONE,
-            model.params.s(),
+        let run = TimedGeneration {
+            params: &model.params,
             format,
-        )?;
-        let runs = (0..3)
-            .map(|_| {
-                let start = Instant::now();
-                let new = generate_packed(model, &weights, &[vec![0]], &sample, None, |_, _| {})?;
-                Ok(1e3 * start.elapsed().as_secs_f64() / new[0].len().max(1) as f64)
-            })
-            .collect::<Result<Vec<f64>>>()?;
-        Ok(median(runs))
+            prompts: &[vec![0]],
+            new_tokens: timing.tokens.min(model.config.block_size() - 1),
+            runs: 3,
+        };
+        let be = model.backend.clone_fresh();
+        let timed = model.config.time_generation(be, run, "prune's timing")?;
+        let runs = timed.runs.iter();
+        Ok(median(
+            runs.map(|&(s, _, n)| 1e3 * s / n.max(1) as f64).collect(),
+        ))
     };
     Ok(Speed {
         step_ms: median(steps),
@@ -416,25 +351,20 @@ fn median(mut v: Vec<f64>) -> f64 {
     (v[(n - 1) / 2] + v[n / 2]) / 2.0
 }
 
-/// The entries of the blocks' four weight matrices.
-fn matrix_entries(cfg: &GptConfig) -> usize {
-    let lay = ParamLayout::new(cfg);
-    prunable(&lay, cfg.n_layer).iter().map(|r| r.len()).sum()
+/// The entries of the blocks' weight matrices.
+fn matrix_entries(config: &ModelConfig) -> usize {
+    config.block_matrices().iter().map(Range::len).sum()
 }
 
 /// Level 0: the model as it is, evaluated (and timed) as every level is.
-pub fn dense_level<B: Backend>(
-    model: &mut Gpt2<B>,
-    ds: &Dataset,
-    cfg: &SweepConfig,
-) -> Result<Level> {
+pub fn dense_level<B: Backend>(model: &Model<B>, ds: &Dataset, cfg: &SweepConfig) -> Result<Level> {
     evaluated(model, ds, cfg, (0.0, 0.0, None))
 }
 
 /// The level `model` is at: its losses (`val_loss_pruned` before the
 /// fine-tuning, if there was one) and, when asked, its int8 loss and speed.
 fn evaluated<B: Backend>(
-    model: &mut Gpt2<B>,
+    model: &Model<B>,
     ds: &Dataset,
     cfg: &SweepConfig,
     (target, sparsity, val_loss_pruned): (f64, f64, Option<f64>),
@@ -460,47 +390,39 @@ fn evaluated<B: Backend>(
 /// Runs the schedule on `model` (left at the last level: with `rows` a
 /// smaller model), calling `report(level)` as each level finishes.
 pub fn sweep<B: Backend>(
-    model: &mut Gpt2<B>,
+    model: &mut Model<B>,
     ds: &Dataset,
     cfg: &SweepConfig,
     mut report: impl FnMut(&Level),
 ) -> Result<Vec<Level>> {
     cfg.validate()?;
-    let dense = model.config.dense();
+    let dense = matrix_entries(&model.config);
+    if dense == 0 {
+        return Err(Error::Config(format!(
+            "{} models mark no weight matrices in their blocks: prune needs a family that does (GPT-2's)",
+            model.config.family()
+        )));
+    }
     let mut levels = Vec::new();
     for (i, &target) in cfg.levels.iter().enumerate() {
-        let p = model.params_host()?;
         let keep = match cfg.method {
             Method::Magnitude => {
-                let keep = magnitude_mask(
-                    &p,
-                    &prunable(&model.layout, model.config.n_layer),
-                    target,
-                    cfg.scope,
-                );
-                let mut p = p;
-                apply(&mut p, &keep);
-                model.set_params(&p)?;
+                let ranges = model.config.block_matrices();
+                let keep = magnitude_mask(&model.params, &ranges, target, cfg.scope);
+                apply(&mut model.params, &keep);
                 Some(keep)
             }
             Method::Rows => {
-                let kept = select_rows(&model.config, &p, target, cfg.scope);
-                let (small, p) = shrink(&model.config, &p, &kept);
-                *model = Gpt2::new(model.backend().clone_fresh(), small)?;
-                model.set_params(&p)?;
+                let pruned = model.config.prune_rows(&model.params, target, cfg.scope)?;
+                (model.config, model.params) = pruned;
                 None
             }
         };
         let val_loss_pruned = val_loss(model, ds, cfg)?;
         finetune(model, ds, cfg, keep.as_deref(), i)?;
         let sparsity = match cfg.method {
-            Method::Magnitude => sparsity(
-                &model.params_host()?,
-                &prunable(&model.layout, model.config.n_layer),
-            ),
-            Method::Rows => {
-                1.0 - matrix_entries(&model.config) as f64 / matrix_entries(&dense) as f64
-            }
+            Method::Magnitude => sparsity(&model.params, &model.config.block_matrices()),
+            Method::Rows => 1.0 - matrix_entries(&model.config) as f64 / dense as f64,
         };
         let level = evaluated(model, ds, cfg, (target, sparsity, Some(val_loss_pruned)))?;
         report(&level);
@@ -672,9 +594,8 @@ mod tests {
         assert_eq!(&keep[..4], [false, false, false, true]);
     }
 
-    #[test]
-    fn bad_schedules_are_refused_in_words() {
-        let cfg = |levels: Vec<f64>| SweepConfig {
+    fn schedule(levels: Vec<f64>) -> SweepConfig {
+        SweepConfig {
             levels,
             method: Method::Magnitude,
             scope: Scope::Matrix,
@@ -686,7 +607,28 @@ mod tests {
             seed: 0,
             int8: false,
             timing: None,
+        }
+    }
+
+    #[test]
+    fn a_family_whose_blocks_mark_no_matrices_is_refused_in_words() {
+        let ds = Dataset::load(None, crate::data::TokenizerKind::Char).unwrap();
+        let mut bert = Model {
+            backend: crate::backend::cpu::Cpu::new(),
+            config: ModelConfig::preset("bert-tiny").unwrap(),
+            params: vec![],
         };
+        let e = sweep(&mut bert, &ds, &schedule(vec![0.5]), |_| {}).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("BERT models mark no weight matrices in their blocks"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn bad_schedules_are_refused_in_words() {
+        let cfg = schedule;
         let e = |l| cfg(l).validate().unwrap_err().to_string();
         assert!(e(vec![]).contains("at least one level"));
         assert!(e(vec![0.5, 1.0]).contains("below 1"));

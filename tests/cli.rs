@@ -111,6 +111,14 @@ fn bench_generate_times_the_first_token_after_its_prompts() {
             "{args:?}: {err}"
         );
     }
+    // a family with no decoder is asked, and says so
+    let out = distgpt(&["bench", "--model", "bert-tiny", "--generate", "3"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("bench --generate runs a causal language model's KV-cache decoder: BERT models have none"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -113,6 +113,7 @@ impl Family for Toy {
             n_layer: self.n_layer,
             n_embd: self.n_embd,
             n_head: 1,
+            vocab_size: self.vocab,
         }
     }
     fn check_tp(&self, tp: usize) -> Result<()> {

@@ -12,8 +12,9 @@ use scratch::scratch;
 use distgpt::backend::cpu::Cpu;
 use distgpt::checkpoint;
 use distgpt::data::{Dataset, TokenizerKind};
-use distgpt::model::{Gpt2, GptConfig};
-use distgpt::prune::prunable;
+use distgpt::model::gpt2::BlockParam;
+use distgpt::model::{Gpt2, GptConfig, ParamLayout};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -51,6 +52,21 @@ fn prune(model: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
 fn params(dir: &Path) -> (Vec<f32>, Gpt2<Cpu>) {
     let (m, _) = checkpoint::load_model(Cpu::new(), dir).unwrap();
     (m.params_host().unwrap(), m)
+}
+
+/// The ranges prune's magnitude method may zero, named here apart from the
+/// family's rule: every block's qkv, attention projection, MLP and MLP
+/// projection weights.
+fn prunable(layout: &ParamLayout, n_layer: usize) -> Vec<Range<usize>> {
+    let matrices = [
+        BlockParam::QkvW,
+        BlockParam::AttnProjW,
+        BlockParam::FcW,
+        BlockParam::FcProjW,
+    ];
+    (0..n_layer)
+        .flat_map(|l| matrices.map(|p| layout.block_param(l, p)))
+        .collect()
 }
 
 fn zeros(x: &[f32]) -> usize {

@@ -180,7 +180,7 @@ fn sigterm_and_a_double_sigint_stop_with_a_checkpoint_and_status_75() {
             *logged.last().unwrap(),
             "{tag}"
         );
-        distgpt::model::files::load_model_files(Cpu::new(), &dir).unwrap();
+        distgpt::model::files::read_model_files(&dir).unwrap();
     }
 }
 
@@ -417,7 +417,7 @@ fn a_closed_stdout_does_not_lose_the_run() {
     drop(child.stdout.take()); // like `| head` exiting at once
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
-    distgpt::model::files::load_model_files(Cpu::new(), &dir).unwrap();
+    distgpt::model::files::read_model_files(&dir).unwrap();
 }
 
 #[test]
@@ -426,13 +426,13 @@ fn a_run_killed_before_its_model_files_is_repaired_by_resume() {
     assert!(train(&dir, &["--steps", "3"]).status.success());
     let weights = std::fs::read(dir.join("model.safetensors")).unwrap();
     std::fs::remove_file(dir.join("model.json")).unwrap();
-    assert!(distgpt::model::files::load_model_files(Cpu::new(), &dir).is_err());
+    assert!(distgpt::model::files::read_model_files(&dir).is_err());
     let resumed = bin()
         .args(["train", "--resume", dir.to_str().unwrap(), "--quiet"])
         .output()
         .unwrap();
     assert!(resumed.status.success(), "{}", stderr(&resumed));
-    distgpt::model::files::load_model_files(Cpu::new(), &dir).unwrap();
+    distgpt::model::files::read_model_files(&dir).unwrap();
     assert!(std::fs::read(dir.join("model.safetensors")).unwrap() == weights);
     // A finished run with readable files says so and how to extend it.
     let again = bin()
@@ -943,6 +943,6 @@ fn a_signal_to_mpirun_stops_every_rank_with_a_checkpoint() {
             *logged.last().unwrap(),
             "SIG{sig}: {err}"
         );
-        distgpt::model::files::load_model_files(Cpu::new(), &dir).unwrap();
+        distgpt::model::files::read_model_files(&dir).unwrap();
     }
 }

@@ -12,11 +12,11 @@ use distgpt::checkpoint::state;
 use distgpt::data::{Dataset, TokenizerKind, TokenizerSpec};
 use distgpt::model::gpt2::config::BlockWidth;
 use distgpt::model::gpt2::kv::{DecodeWeights, Decoder};
-use distgpt::model::gpt2::rows::{shrink, KeptRows};
+use distgpt::model::gpt2::rows::{select_rows, shrink, KeptRows};
 use distgpt::model::gpt2::BlockParam;
 use distgpt::model::{Gpt2, GptConfig, ParamLayout, TpPlace};
 use distgpt::parallel::{ParallelConfig, Pipeline, Schedule, StrategyKind};
-use distgpt::prune::{select_rows, Scope};
+use distgpt::prune::Scope;
 use distgpt::train::{train_lm, TrainConfig, TrainSummary};
 use std::time::Duration as Wait;
 

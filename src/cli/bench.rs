@@ -10,9 +10,8 @@ use anyhow::Result;
 use clap::Args;
 use distgpt::backend::Backend;
 use distgpt::metrics;
-use distgpt::model::{GptConfig, ModelConfig, Precision};
+use distgpt::model::{ModelConfig, Precision};
 use distgpt::train::bench::{bench_rank, BenchSpec};
-use std::time::Instant;
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -72,69 +71,51 @@ pub struct BenchArgs {
     timeline: Option<std::path::PathBuf>,
 }
 
-/// Tokens/s of greedy KV-cache generation from a randomly initialised model;
-/// the weights are packed for decoding once, timed apart (like loading).
-fn run_generate<B: Backend>(
-    be: B,
-    a: &BenchArgs,
-    cfg: &distgpt::model::GptConfig,
-    tokens: usize,
-) -> Result<()> {
-    use distgpt::model::gpt2::kv::DecodeWeights;
-    use distgpt::{model::gpt2::generate::generate_packed, sample::SampleConfig};
-    let prompt = a.prompt_tokens;
-    if prompt == 0 || prompt >= cfg.block_size {
+/// Tokens/s of greedy KV-cache generation from a randomly initialised
+/// model of any family with a decoder; the weights are packed for decoding
+/// once, timed apart (like loading).
+fn run_generate<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, tokens: usize) -> Result<()> {
+    let (prompt, block) = (a.prompt_tokens, cfg.block_size());
+    if prompt == 0 || prompt >= block {
         anyhow::bail!(
-            "--prompt-tokens {prompt}: a prompt needs 1 to {} tokens in a block of {}",
-            cfg.block_size - 1,
-            cfg.block_size
+            "--prompt-tokens {prompt}: a prompt needs 1 to {} tokens in a block of {block}",
+            block - 1
         );
     }
-    if tokens == 0 || prompt + tokens > cfg.block_size {
+    if tokens == 0 || prompt + tokens > block {
         anyhow::bail!(
-            "--generate {tokens}: a {prompt}-token prompt leaves room for 1 to {} new tokens in a block of {}",
-            cfg.block_size - prompt,
-            cfg.block_size
+            "--generate {tokens}: a {prompt}-token prompt leaves room for 1 to {} new tokens in a block of {block}",
+            block - prompt
         );
     }
-    let mut model = distgpt::model::Gpt2::new(be, cfg.clone())?;
-    model.init_weights(1)?;
-    let t0 = Instant::now();
-    let place = distgpt::model::TpPlace { rank: 0, size: 1 };
-    let format = a.weights.format();
-    let weights = DecodeWeights::new(model.backend(), cfg, place, model.params.s(), format)?;
-    let pack_s = t0.elapsed().as_secs_f64();
+    let params = cfg.init_full(1);
+    let vocab = cfg.vocab_size();
     let prompts: Vec<Vec<u32>> = (0..a.batch_size)
-        .map(|r| {
-            (0..prompt)
-                .map(|i| ((r + 7 * i) % cfg.vocab_size) as u32)
-                .collect()
-        })
+        .map(|r| (0..prompt).map(|i| ((r + 7 * i) % vocab) as u32).collect())
         .collect();
-    let sc = SampleConfig {
-        max_new_tokens: tokens,
-        temperature: 0.0,
-        top_k: 0,
-        top_p: 1.0,
-        seed: 0,
+    let format = a.weights.format();
+    let run = distgpt::model::family::TimedGeneration {
+        params: &params,
+        format,
+        prompts: &prompts,
+        new_tokens: tokens,
+        runs: a.warmup + a.steps.max(1),
     };
+    let timing = cfg.time_generation(be, run, "bench --generate")?;
     // the fastest run, and its time to the first new token
-    let (mut best, mut first) = (f64::INFINITY, 0.0);
-    for _ in 0..a.warmup + a.steps.max(1) {
-        let t0 = Instant::now();
-        let mut first_at = None;
-        let out = generate_packed(&model, &weights, &prompts, &sc, None, |_, _| {
-            first_at.get_or_insert_with(|| t0.elapsed().as_secs_f64());
-        })?;
-        assert!(
-            out.iter().all(|o| o.len() == tokens),
-            "every row generates all its tokens"
-        );
-        let secs = t0.elapsed().as_secs_f64();
-        if secs < best {
-            (best, first) = (secs, first_at.unwrap_or(secs));
-        }
+    let (best, first, made) =
+        timing
+            .runs
+            .iter()
+            .copied()
+            .fold(
+                (f64::INFINITY, 0.0, tokens),
+                |b, r| if r.0 < b.0 { r } else { b },
+            );
+    if made != tokens {
+        anyhow::bail!("a row made {made} of its {tokens} new tokens: the decoder stopped early");
     }
+    let pack_s = timing.pack_seconds;
     let tokens_per_s = (a.batch_size * tokens) as f64 / best;
     if a.json {
         let j = serde_json::json!({"impl": "distgpt", "model": a.model.model_name(), "batch": a.batch_size, "new_tokens": tokens,
@@ -170,13 +151,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 "--generate times one rank's decoding: it takes no --strategy, --world-size, --tp or --pp (`distgpt generate --tp N` decodes tensor-parallel)"
             );
         }
-        let Some(gpt) = cfg.get::<GptConfig>() else {
-            anyhow::bail!(
-                "--generate needs a GPT-2 model: {} is an encoder",
-                a.model.model_name()
-            );
-        };
-        return on_device!(a.device, |be| run_generate(be, &a, gpt, tokens));
+        return on_device!(a.device, |be| run_generate(be, &a, &cfg, tokens));
     }
     on_device!(a.device, |be| bench_on(be, &a, &cfg, b, t))
 }

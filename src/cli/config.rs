@@ -6,7 +6,6 @@
 //! the file.
 
 use anyhow::{bail, Context, Result};
-use distgpt::model::GptConfig;
 use distgpt::train::run_dir::RunRecord;
 use distgpt::train::{Duration, TaskKind};
 use std::ffi::OsString;
@@ -92,22 +91,23 @@ fn record_entries(r: &RunRecord) -> Vec<(String, Value)> {
     let float = |v: f64| Value::Float(v);
     let mut out = vec![("task", Value::String(r.task.to_string()))];
     let m = &r.model;
-    match (m.get::<GptConfig>(), r.task) {
-        (Some(_), _) => out.extend([
+    match r.task {
+        // a language model's shape over the default preset
+        TaskKind::Lm => out.extend([
             ("n_layer", int(m.n_layer())),
             ("n_head", int(m.n_head())),
             ("n_embd", int(m.n_embd())),
             ("block_size", int(m.block_size())),
         ]),
         // a masked LM's shape over a BERT preset (its positions are --seq-len)
-        (None, TaskKind::Mlm) => out.extend([
+        TaskKind::Mlm => out.extend([
             ("model", Value::String("bert-tiny".into())),
             ("n_layer", int(m.n_layer())),
             ("n_head", int(m.n_head())),
             ("n_embd", int(m.n_embd())),
         ]),
         // a classifier's shape is its --init-from folder's
-        (None, _) => {}
+        TaskKind::Classify => {}
     }
     out.extend(vec![
         ("tokenizer", Value::String(name(t.tokenizer))),

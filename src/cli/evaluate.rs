@@ -115,7 +115,8 @@ pub(super) fn run_eval(a: EvalArgs, given: &[String]) -> Result<()> {
 }
 
 /// A language model's validation loss, of any family: through its engine
-/// in fp32, or (GPT-2) decoded with its weights stored as `--weights`.
+/// in fp32, or (a family with a decoder) decoded with its weights stored
+/// as `--weights`.
 pub(super) fn eval_on<B: Backend>(be: B, a: &EvalArgs) -> Result<()> {
     let (meta, params) = checkpoint::read_model(&a.model)?;
     let ds = Dataset::load_for_model(a.data.as_deref(), &meta.tokenizer)?;
@@ -134,15 +135,14 @@ pub(super) fn eval_on<B: Backend>(be: B, a: &EvalArgs) -> Result<()> {
             })
             .collect();
         let format = a.weights.format();
-        let mut model = distgpt::model::Gpt2::new(be, meta.gpt2(&a.model)?)?;
-        model.set_params(&params)?;
-        let e = distgpt::model::gpt2::generate::evaluate_decoded(
-            &model,
+        let run = distgpt::model::family::DecodedRun {
+            params: &params,
             format,
             batches,
-            a.batch_size,
+            rows: a.batch_size,
             t,
-        )?;
+        };
+        let e = meta.config.evaluate_decoded(be, run, "eval --weights")?;
         distgpt::outln!(
             "{}: val loss {:.4} with {} weights, {:.4} with fp32 ({:+.2}%); next-token top-1 agrees with fp32 at {:.2}% of {} positions ({n} batches of {} x {t} tokens from {})",
             a.model.display(),

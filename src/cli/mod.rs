@@ -32,9 +32,9 @@ use distgpt::comm::Comm;
 use distgpt::data::{self, Dataset, TokenizerKind};
 use distgpt::metrics;
 use distgpt::model::bert::BertConfig;
-use distgpt::model::family::Generation;
+use distgpt::model::family::{Generation, Reshape};
 use distgpt::model::files;
-use distgpt::model::{AdamWConfig, GptConfig, ModelConfig};
+use distgpt::model::{AdamWConfig, ModelConfig};
 use distgpt::parallel::{launch, ParallelConfig, StrategyKind};
 use distgpt::sample::SampleConfig;
 use distgpt::train::{self, Duration, Fault, FaultKind, TaskData, TaskKind, TrainConfig};
@@ -151,49 +151,28 @@ impl ModelArgs {
 
     /// [`ModelArgs::resolve_family`] with the shape validated but not the
     /// size: `plan` prices models far past what this machine would
-    /// allocate, and allocates none of them.
+    /// allocate, and allocates none of them. A preset of any family, or
+    /// the model of a folder (model files, a Hugging Face folder or a
+    /// checkpoint), which the shape flags do not change.
     pub fn family_shape(&self, vocab_size: Option<usize>) -> Result<ModelConfig> {
-        let Some(mut c) = BertConfig::preset(&self.model) else {
-            return Ok(self.gpt2_shape(vocab_size)?.into());
-        };
-        c.n_layer = self.n_layer.unwrap_or(c.n_layer);
-        c.n_head = self.n_head.unwrap_or(c.n_head);
-        if let Some(e) = self.n_embd {
-            (c.n_embd, c.n_inner) = (e, 4 * e);
-        }
-        c.block_size = self.block_size.unwrap_or(c.block_size);
-        c.vocab_size = vocab_size.unwrap_or(c.vocab_size);
-        c.validate_shape()?;
-        Ok(c.into())
-    }
-
-    fn gpt2_shape(&self, vocab_size: Option<usize>) -> Result<GptConfig> {
         let folder = Path::new(&self.model);
-        let mut c = match folder.is_dir() {
-            true => {
-                let shape = [self.n_layer, self.n_head, self.n_embd, self.block_size];
-                if shape.iter().any(Option::is_some) {
-                    bail!(
-                        "--n-layer, --n-head, --n-embd and --block-size change a preset, not the model read from {}",
-                        folder.display()
-                    );
-                }
-                checkpoint::read_any_meta(folder)?.gpt2(folder)?
-            }
-            false => match GptConfig::preset(&self.model) {
-                Ok(c) => c,
-                // name every family's presets (another family's preset is
-                // refused, saying its task, before a GPT-2 is resolved)
-                Err(e) => return Err(ModelConfig::preset(&self.model).err().unwrap_or(e).into()),
-            },
+        let given = [self.n_layer, self.n_head, self.n_embd, self.block_size];
+        let base = match folder.is_dir() {
+            true if given.iter().any(Option::is_some) => bail!(
+                "--n-layer, --n-head, --n-embd and --block-size change a preset, not the model read from {}",
+                folder.display()
+            ),
+            true => checkpoint::read_any_meta(folder)?.config,
+            false => ModelConfig::preset(&self.model)?,
         };
-        c.n_layer = self.n_layer.unwrap_or(c.n_layer);
-        c.n_head = self.n_head.unwrap_or(c.n_head);
-        c.n_embd = self.n_embd.unwrap_or(c.n_embd);
-        c.block_size = self.block_size.unwrap_or(c.block_size);
-        c.vocab_size = vocab_size.unwrap_or(c.vocab_size);
-        c.validate_shape()?;
-        Ok(c)
+        let changes = Reshape {
+            n_layer: self.n_layer,
+            n_head: self.n_head,
+            n_embd: self.n_embd,
+            block_size: self.block_size,
+            vocab_size,
+        };
+        Ok(base.reshaped(&changes)?)
     }
 }
 

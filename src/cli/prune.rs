@@ -1,4 +1,4 @@
-//! `prune`: a GPT-2 pruned level by level, with its report.
+//! `prune`: a model pruned level by level, with its report.
 
 use super::*;
 
@@ -78,8 +78,13 @@ pub(super) struct PruneArgs {
 
 pub(super) fn prune_on<B: Backend>(be: B, a: &PruneArgs) -> Result<()> {
     use distgpt::prune::{self, Level, Method, MethodRun, Timing};
-    let (mut model, meta) = checkpoint::load_model(be, &a.run)?;
+    let (meta, params) = checkpoint::read_model(&a.run)?;
     let ds = Dataset::load_for_model(a.data.as_deref(), &meta.tokenizer)?;
+    let model = prune::Model {
+        backend: be,
+        config: meta.config.clone(),
+        params,
+    };
     let mut cfg = prune::SweepConfig {
         levels: a.sparsity.clone(),
         method: a.method,
@@ -87,7 +92,7 @@ pub(super) fn prune_on<B: Backend>(be: B, a: &PruneArgs) -> Result<()> {
         finetune_steps: a.finetune_steps,
         lr: a.lr,
         batch_size: a.batch_size,
-        seq_len: a.seq_len.unwrap_or(model.config.block_size),
+        seq_len: a.seq_len.unwrap_or(model.config.block_size()),
         eval_batches: a.eval_batches,
         seed: a.seed,
         int8: a.int8,
@@ -123,18 +128,20 @@ pub(super) fn prune_on<B: Backend>(be: B, a: &PruneArgs) -> Result<()> {
             int8(l.val_loss_int8)
         )
     };
-    let dense = prune::dense_level(&mut model, &ds, &cfg)?;
+    let dense = prune::dense_level(&model, &ds, &cfg)?;
     say("dense", &dense);
     let methods = match a.sweep {
         true => vec![Method::Magnitude, Method::Rows],
         false => vec![a.method],
     };
-    let start = model.params_host()?;
     let mut runs = Vec::new();
     for method in methods {
         cfg.method = method;
-        let mut m = distgpt::model::Gpt2::new(model.backend().clone_fresh(), model.config.clone())?;
-        m.set_params(&start)?;
+        let mut m = prune::Model {
+            backend: model.backend.clone_fresh(),
+            config: model.config.clone(),
+            params: model.params.clone(),
+        };
         let pb = metrics::progress_bar(cfg.levels.len() as u64, &format!("prune ({method})"));
         let levels = prune::sweep(&mut m, &ds, &cfg, |l| {
             pb.suspend(|| say(&method.to_string(), l));
@@ -145,7 +152,7 @@ pub(super) fn prune_on<B: Backend>(be: B, a: &PruneArgs) -> Result<()> {
             true => a.out.join(method.to_string()),
             false => a.out.clone(),
         };
-        files::save_model(&m, meta.tokenizer.clone(), &dir)?;
+        files::write_model(&m.config, &m.params, meta.tokenizer.clone(), &dir, false)?;
         distgpt::outln!(
             "wrote {} (the {} model: {})",
             dir.display(),

@@ -42,6 +42,30 @@ pub struct FamilyDims {
     pub n_layer: usize,
     pub n_embd: usize,
     pub n_head: usize,
+    pub vocab_size: usize,
+}
+
+/// Changes to a model's shape (`--n-layer`, `--n-head`, `--n-embd`,
+/// `--block-size` and the data's vocabulary), each left as it is where
+/// None.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reshape {
+    pub n_layer: Option<usize>,
+    pub n_head: Option<usize>,
+    pub n_embd: Option<usize>,
+    pub block_size: Option<usize>,
+    pub vocab_size: Option<usize>,
+}
+
+/// Where a pruning sparsity applies (`prune --scope`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// Each weight matrix (rows: each block) loses the same fraction.
+    Matrix,
+    /// One threshold over all the blocks' weight matrices (rows: heads and
+    /// MLP units) together.
+    Global,
 }
 
 /// A model family's configuration: what the rest of distgpt asks of a model.
@@ -87,14 +111,25 @@ pub trait Family: fmt::Debug + fmt::Display + Send + Sync + 'static {
     fn file_shape(&self, t: &TensorSpec) -> Vec<usize> {
         t.shape.clone()
     }
-    /// Whether `quantize` stores tensor `t` in int8 (per output column).
-    fn int8_tensor(&self, _t: &TensorSpec) -> bool {
+    /// Whether tensor `t` is one of the blocks' weight matrices: what
+    /// `quantize` stores in int8 (per output column) and `prune` prunes.
+    fn block_matrix(&self, _t: &TensorSpec) -> bool {
         false
     }
-    /// The same model with at most `n` blocks (what `plan`'s calibration
-    /// times in place of a model too large to time); None for a family
-    /// that cannot be cut, which is then timed whole.
-    fn with_layers(&self, _n: usize) -> Option<ModelConfig> {
+    /// The model that keeps the rows (attention heads, MLP units) of its
+    /// blocks' matrices a `sparsity` fraction of row pruning keeps, and its
+    /// parameters; None for a family whose blocks cannot lose rows.
+    fn prune_rows(
+        &self,
+        _params: &[f32],
+        _sparsity: f64,
+        _scope: Scope,
+    ) -> Option<(ModelConfig, Vec<f32>)> {
+        None
+    }
+    /// The same model with `r`'s changes, its shape checked (not its
+    /// size); None for a family whose shape is fixed.
+    fn reshaped(&self, _r: &Reshape) -> Option<Result<ModelConfig>> {
         None
     }
     /// This config, to be downcast to the family's type.
@@ -129,15 +164,72 @@ pub struct Generation<'a> {
     pub on_token: &'a mut (dyn FnMut(usize, u32) + Send),
 }
 
+/// Teacher-forced evaluation through a family's decoder with its weights
+/// stored as `format`, beside fp32 weights on the same tokens: `batches`
+/// of (inputs, targets), each `rows` x `t` tokens.
+pub struct DecodedRun<'a> {
+    pub params: &'a [f32],
+    pub format: WeightFormat,
+    pub batches: Vec<(Vec<u32>, Vec<u32>)>,
+    pub rows: usize,
+    pub t: usize,
+}
+
+/// What a [`DecodedRun`] measured.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DecodedEval {
+    /// Mean cross-entropy of the targets with the weights as asked.
+    pub loss: f64,
+    /// The same with fp32 weights.
+    pub loss_f32: f64,
+    /// Positions whose most likely next token is the fp32 decoder's.
+    pub top1_agreement: f64,
+    pub tokens: usize,
+}
+
+/// Greedy generation timed: the weights stored as `format` packed once
+/// (timed apart, like loading), then `runs` generations of up to
+/// `new_tokens` tokens after each of `prompts`.
+pub struct TimedGeneration<'a> {
+    pub params: &'a [f32],
+    pub format: WeightFormat,
+    pub prompts: &'a [Vec<u32>],
+    pub new_tokens: usize,
+    pub runs: usize,
+}
+
+/// What a [`TimedGeneration`] measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenerationTiming {
+    /// Seconds packing the weights took.
+    pub pack_seconds: f64,
+    /// Each run: (seconds, seconds to the first new token, new tokens of
+    /// the first row).
+    pub runs: Vec<(f64, f64, usize)>,
+}
+
 /// A family that decodes (a causal language model), generic over the
-/// backend (registered through [`Registration::decoder_of`]).
+/// backend (registered through [`Registration::decoder_of`]): what
+/// `generate`, `eval --weights`, `bench --generate` and `prune` ask of it.
 pub trait FamilyDecoder: Family + Sized {
     /// Every prompt continued, on `backend`.
     fn generate<B: Backend>(&self, backend: B, run: Generation<'_>) -> Result<Vec<Vec<u32>>>;
+    /// The teacher-forced losses of the decoder, as `run` asks.
+    fn evaluate<B: Backend>(&self, backend: B, run: DecodedRun<'_>) -> Result<DecodedEval>;
+    /// Greedy generation timed, as `run` asks.
+    fn time<B: Backend>(&self, backend: B, run: TimedGeneration<'_>) -> Result<GenerationTiming>;
+}
+
+/// A job for a family's decoder, of any kind, with the slot its result
+/// goes into.
+pub enum DecodeJob<'a, 'o> {
+    Generate(Generation<'a>, &'o mut Option<Vec<Vec<u32>>>),
+    Evaluate(DecodedRun<'a>, &'o mut Option<DecodedEval>),
+    Time(TimedGeneration<'a>, &'o mut Option<GenerationTiming>),
 }
 
 /// A registered family's decoder on a backend, both erased.
-pub type DecodeFn = fn(&dyn Any, Box<dyn Any>, Generation<'_>) -> Result<Vec<Vec<u32>>>;
+pub type DecodeFn = fn(&dyn Any, Box<dyn Any>, DecodeJob<'_, '_>) -> Result<()>;
 
 /// The engine of a registered family on a backend, both erased: the
 /// family's config, the backend (boxed), rank, recomputation, precision.
@@ -343,16 +435,21 @@ fn erased_engine<F: FamilyEngine>(
 fn erased_decoder<F: FamilyDecoder>(
     config: &dyn Any,
     backend: Box<dyn Any>,
-    run: Generation<'_>,
-) -> Result<Vec<Vec<u32>>> {
-    struct Decode<'f, 'g, F>(&'f F, Generation<'g>);
-    impl<F: FamilyDecoder> OnBackend for Decode<'_, '_, F> {
-        type Out = Vec<Vec<u32>>;
-        fn run<B: Backend>(self, be: B) -> Result<Vec<Vec<u32>>> {
-            self.0.generate(be, self.1)
+    job: DecodeJob<'_, '_>,
+) -> Result<()> {
+    struct Decode<'f, 'g, 'o, F>(&'f F, DecodeJob<'g, 'o>);
+    impl<F: FamilyDecoder> OnBackend for Decode<'_, '_, '_, F> {
+        type Out = ();
+        fn run<B: Backend>(self, be: B) -> Result<()> {
+            match self.1 {
+                DecodeJob::Generate(run, out) => *out = Some(self.0.generate(be, run)?),
+                DecodeJob::Evaluate(run, out) => *out = Some(self.0.evaluate(be, run)?),
+                DecodeJob::Time(run, out) => *out = Some(self.0.time(be, run)?),
+            }
+            Ok(())
         }
     }
-    on_backend(backend, Decode(config_of::<F>(config), run))
+    on_backend(backend, Decode(config_of::<F>(config), job))
 }
 
 /// A model of one of the registered families. As JSON it is the family's
@@ -545,14 +642,39 @@ impl ModelConfig {
         self.0.file_shape(t)
     }
 
-    /// Whether `quantize` stores tensor `t` in int8.
-    pub fn int8_tensor(&self, t: &TensorSpec) -> bool {
-        self.0.int8_tensor(t)
+    /// Whether tensor `t` is one of the blocks' weight matrices (what
+    /// `quantize` stores in int8 and `prune` prunes).
+    pub fn block_matrix(&self, t: &TensorSpec) -> bool {
+        self.0.block_matrix(t)
+    }
+
+    /// The ranges of the whole layout the blocks' weight matrices hold.
+    pub fn block_matrices(&self) -> Vec<std::ops::Range<usize>> {
+        let layout = self.layout(1);
+        let matrices = layout.tensors.iter().filter(|t| self.block_matrix(t));
+        matrices.map(|t| t.range()).collect()
+    }
+
+    /// The model that keeps the rows a `sparsity` fraction of row pruning
+    /// keeps, with its parameters; refused, saying so, for a family whose
+    /// blocks cannot lose rows.
+    pub fn prune_rows(
+        &self,
+        params: &[f32],
+        sparsity: f64,
+        scope: Scope,
+    ) -> Result<(ModelConfig, Vec<f32>)> {
+        self.0.prune_rows(params, sparsity, scope).ok_or_else(|| {
+            Error::Config(format!(
+                "{} models cannot lose whole rows: prune --method rows needs a family whose blocks shrink (GPT-2's heads and MLP units); --method magnitude prunes single weights",
+                self.family()
+            ))
+        })
     }
 
     /// Refuses a family with no tensor `quantize` stores in int8, saying so.
     pub fn check_quantizes(&self) -> Result<()> {
-        match self.layout(1).tensors.iter().any(|t| self.int8_tensor(t)) {
+        match !self.block_matrices().is_empty() {
             true => Ok(()),
             false => Err(Error::Config(format!(
                 "{} models have no tensor stored in int8: quantize needs a family that marks some (GPT-2's block matrices)",
@@ -561,10 +683,35 @@ impl ModelConfig {
         }
     }
 
-    /// The same model with at most `n` blocks, where the family can be
-    /// cut ([`Family::with_layers`]).
+    /// The same model with `r`'s changes, its shape checked (not its
+    /// size: `plan` prices models it would not allocate); a family whose
+    /// shape is fixed is refused for any change.
+    pub fn reshaped(&self, r: &Reshape) -> Result<ModelConfig> {
+        if *r == Reshape::default() {
+            return Ok(self.clone());
+        }
+        self.0.reshaped(r).unwrap_or_else(|| {
+            Err(Error::Config(format!(
+                "{} models have a fixed shape: --n-layer, --n-head, --n-embd, --block-size and another vocabulary do not apply",
+                self.family()
+            )))
+        })
+    }
+
+    /// The same model with at most `n` blocks (what `plan`'s calibration
+    /// times in place of a model too large to time); None for a family
+    /// whose shape is fixed, which is then timed whole.
     pub fn with_layers(&self, n: usize) -> Option<ModelConfig> {
-        self.0.with_layers(n)
+        let fewer = Reshape {
+            n_layer: Some(n.min(self.n_layer())),
+            ..Reshape::default()
+        };
+        self.reshaped(&fewer).ok()
+    }
+
+    /// Tokens in its vocabulary.
+    pub fn vocab_size(&self) -> usize {
+        self.0.dims().vocab_size
     }
 
     /// The unit-by-unit engine of tensor-parallel rank `tp`.
@@ -588,6 +735,26 @@ impl ModelConfig {
             .map_err(|_| Error::Config(format!("the {} engine of another backend", self.family())))
     }
 
+    /// `job` run by the family's decoder on `backend`, its result in the
+    /// job's slot; the slot stays empty for a family with no decoder.
+    fn decode<B: Backend>(&self, backend: B, job: DecodeJob<'_, '_>) -> Result<()> {
+        match self.registration().decoder {
+            Some(decode) => decode(self.0.as_any(), Box::new(backend), job),
+            None => Ok(()),
+        }
+    }
+
+    /// A decoder's result, or the error of a family with none (naming the
+    /// tool that needed one).
+    fn decoded<T>(&self, out: Option<T>, tool: &str) -> Result<T> {
+        out.ok_or_else(|| {
+            Error::Config(format!(
+                "{tool} runs a causal language model's KV-cache decoder: {} models have none",
+                self.family()
+            ))
+        })
+    }
+
     /// `run`'s prompts continued by the family's decoder on `backend`; None
     /// for a family that has none.
     pub fn generate<B: Backend>(
@@ -595,10 +762,34 @@ impl ModelConfig {
         backend: B,
         run: Generation<'_>,
     ) -> Result<Option<Vec<Vec<u32>>>> {
-        match self.registration().decoder {
-            Some(decode) => decode(self.0.as_any(), Box::new(backend), run).map(Some),
-            None => Ok(None),
-        }
+        let mut out = None;
+        self.decode(backend, DecodeJob::Generate(run, &mut out))?;
+        Ok(out)
+    }
+
+    /// The family decoder's teacher-forced losses, as `run` asks (`tool`
+    /// names what asked, for a family with no decoder).
+    pub fn evaluate_decoded<B: Backend>(
+        &self,
+        backend: B,
+        run: DecodedRun<'_>,
+        tool: &str,
+    ) -> Result<DecodedEval> {
+        let mut out = None;
+        self.decode(backend, DecodeJob::Evaluate(run, &mut out))?;
+        self.decoded(out, tool)
+    }
+
+    /// The family decoder's greedy generation timed, as `run` asks.
+    pub fn time_generation<B: Backend>(
+        &self,
+        backend: B,
+        run: TimedGeneration<'_>,
+        tool: &str,
+    ) -> Result<GenerationTiming> {
+        let mut out = None;
+        self.decode(backend, DecodeJob::Time(run, &mut out))?;
+        self.decoded(out, tool)
     }
 }
 
@@ -616,13 +807,97 @@ mod tests {
             assert_eq!((cut.n_layer(), cut.n_embd()), (2, m.n_embd()), "{m}");
             assert_eq!(cut.family(), m.family());
         }
-        // quantize: GPT-2 marks its block matrices, BERT marks none
+        // quantize and prune: GPT-2 marks its blocks' four matrices, BERT
+        // marks none
+        let tiny = ModelConfig::preset("tiny").unwrap();
+        let named: Vec<String> = (tiny.layout(1).tensors.iter())
+            .filter(|t| tiny.block_matrix(t))
+            .map(|t| t.name.clone())
+            .collect();
+        let matrices = ["attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"];
+        let expected: Vec<String> = (0..tiny.n_layer())
+            .flat_map(|l| matrices.map(|m| format!("transformer.h.{l}.{m}.weight")))
+            .collect();
+        let mut sorted = named.clone();
+        sorted.sort();
+        let mut want = expected.clone();
+        want.sort();
+        assert_eq!(sorted, want);
+        assert_eq!(tiny.block_matrices().len(), 4 * tiny.n_layer());
+        assert!(bert.block_matrices().is_empty());
         gpt.check_quantizes().unwrap();
         let e = bert.check_quantizes().unwrap_err().to_string();
         assert!(
             e.contains("BERT models have no tensor stored in int8"),
             "{e}"
         );
+        // row pruning: GPT-2 shrinks, BERT is refused in words
+        let params = tiny.init_full(1);
+        let (small, kept) = tiny.prune_rows(&params, 0.5, Scope::Matrix).unwrap();
+        assert_eq!(kept.len(), small.num_params());
+        assert!(small.num_params() < tiny.num_params());
+        let e = bert.prune_rows(&[], 0.5, Scope::Global).unwrap_err();
+        assert!(
+            e.to_string().contains("BERT models cannot lose whole rows"),
+            "{e}"
+        );
+        // decoding: BERT has no decoder, and each tool says which it is
+        let be = crate::backend::cpu::Cpu::new();
+        let run = DecodedRun {
+            params: &[],
+            format: WeightFormat::F32,
+            batches: vec![],
+            rows: 1,
+            t: 1,
+        };
+        let e = bert.evaluate_decoded(be.clone(), run, "eval --weights");
+        let e = e.unwrap_err().to_string();
+        assert!(
+            e.contains("eval --weights runs a causal language model's KV-cache decoder: BERT models have none"),
+            "{e}"
+        );
+        let run = TimedGeneration {
+            params: &[],
+            format: WeightFormat::F32,
+            prompts: &[],
+            new_tokens: 1,
+            runs: 1,
+        };
+        let e = bert
+            .time_generation(be, run, "bench --generate")
+            .unwrap_err();
+        assert!(e.to_string().contains(": bench --generate runs"), "{e}");
+    }
+
+    #[test]
+    fn a_shape_is_changed_by_its_own_family() {
+        let bert = ModelConfig::preset("bert-minilm").unwrap();
+        let changes = Reshape {
+            n_layer: Some(2),
+            n_head: Some(2),
+            n_embd: Some(64),
+            block_size: Some(16),
+            vocab_size: Some(99),
+        };
+        let b = bert.reshaped(&changes).unwrap();
+        let b = b.get::<crate::model::bert::BertConfig>().unwrap();
+        let got = (b.n_layer, b.n_head, b.n_embd, b.n_inner, b.block_size);
+        assert_eq!((got, b.vocab_size), ((2, 2, 64, 256, 16), 99));
+        let gpt = ModelConfig::preset("tiny").unwrap();
+        let g = gpt.reshaped(&changes).unwrap();
+        let dims = (g.n_layer(), g.n_head(), g.n_embd(), g.block_size());
+        assert_eq!((dims, g.vocab_size()), ((2, 2, 64, 16), 99));
+        // nothing asked: the same model
+        assert_eq!(gpt.reshaped(&Reshape::default()).unwrap(), gpt);
+        // the shape is checked
+        let odd = Reshape {
+            n_head: Some(5),
+            ..Reshape::default()
+        };
+        assert!(gpt.reshaped(&odd).is_err());
+        assert!(bert.reshaped(&odd).is_err());
+        // calibration's cut: at most the model's blocks
+        assert_eq!(gpt.with_layers(99).unwrap(), gpt);
     }
 
     #[test]

@@ -105,7 +105,7 @@ pub fn write_weights(
     let mut tensors = Vec::new();
     for (t, (name, shape, r)) in layout.tensors.iter().zip(stored(config, &layout)) {
         let w = &params[r];
-        if int8 && config.int8_tensor(t) {
+        if int8 && config.block_matrix(t) {
             let (codes, scales) =
                 crate::backend::cpu::int8::quantize_columns(w, shape[0], shape[1]);
             let bytes = codes.iter().map(|&c| c as u8).collect();
@@ -214,7 +214,7 @@ pub fn read_weights(
                 }
             }
             // int8 codes of a block matrix, times their column's scale.
-            Dtype::I8 if config.int8_tensor(t) => {
+            Dtype::I8 if config.block_matrix(t) => {
                 let scale = scale_name(&name);
                 let scales = st
                     .tensor(&scale)
@@ -397,14 +397,6 @@ pub fn read_model_files(dir: &Path) -> Result<(ModelMeta, Vec<f32>)> {
     }
     let params = read_weights(c, &weights, Some(&checksum))?;
     Ok((meta, params))
-}
-
-/// A GPT-2 from model files only (see [`read_model_files`]).
-pub fn load_model_files<B: Backend>(backend: B, dir: &Path) -> Result<(Gpt2<B>, ModelMeta)> {
-    let (meta, params) = read_model_files(dir)?;
-    let mut model = Gpt2::new(backend, meta.gpt2(dir)?)?;
-    model.set_params(&params)?;
-    Ok((model, meta))
 }
 
 #[cfg(test)]

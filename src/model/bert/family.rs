@@ -7,7 +7,9 @@ use crate::backend::Backend;
 use crate::data::wordpiece::WordPiece;
 use crate::data::{Batch, TokenizerSpec, IGNORE};
 use crate::error::{Error, Result};
-use crate::model::family::{Family, FamilyDims, FamilyEngine, HfFolder, ModelFiles, Registration};
+use crate::model::family::{
+    Family, FamilyDims, FamilyEngine, HfFolder, ModelFiles, Registration, Reshape,
+};
 use crate::model::{ModelConfig, ParamLayout, Precision, Span, TpPlace, UnitModel};
 use crate::rng::Rng;
 use std::any::Any;
@@ -87,6 +89,7 @@ impl Family for BertConfig {
             n_layer: self.n_layer,
             n_embd: self.n_embd,
             n_head: self.n_head,
+            vocab_size: self.vocab_size,
         }
     }
     fn check_tp(&self, tp: usize) -> Result<()> {
@@ -131,10 +134,16 @@ impl Family for BertConfig {
     ) -> (usize, usize) {
         activation_elems(self, tp, bt, (span, recompute), precision)
     }
-    fn with_layers(&self, n: usize) -> Option<ModelConfig> {
+    fn reshaped(&self, r: &Reshape) -> Option<Result<ModelConfig>> {
         let mut b = self.clone();
-        b.n_layer = b.n_layer.min(n);
-        Some(b.into())
+        b.n_layer = r.n_layer.unwrap_or(b.n_layer);
+        b.n_head = r.n_head.unwrap_or(b.n_head);
+        if let Some(e) = r.n_embd {
+            (b.n_embd, b.n_inner) = (e, 4 * e);
+        }
+        b.block_size = r.block_size.unwrap_or(b.block_size);
+        b.vocab_size = r.vocab_size.unwrap_or(b.vocab_size);
+        Some(b.validate_shape().map(|()| b.into()))
     }
     fn as_any(&self) -> &dyn Any {
         self

@@ -8,10 +8,11 @@ use crate::backend::Backend;
 use crate::data::Batch;
 use crate::error::Result;
 use crate::model::family::{
-    Family, FamilyDecoder, FamilyDims, FamilyEngine, Generation, HfFolder, Registration,
-    DISTGPT_FILES,
+    DecodedEval, DecodedRun, Family, FamilyDecoder, FamilyDims, FamilyEngine, Generation,
+    GenerationTiming, HfFolder, Registration, Reshape, Scope, TimedGeneration, DISTGPT_FILES,
 };
-use crate::model::gpt2::generate::generate_gpt2;
+use crate::model::gpt2::generate::{evaluate_gpt2, generate_gpt2, time_gpt2};
+use crate::model::gpt2::rows::{select_rows, shrink};
 use crate::model::layout::TensorSpec;
 use crate::model::ModelConfig;
 use crate::model::{ParamLayout, Precision, Span, TpPlace, UnitModel};
@@ -68,6 +69,7 @@ impl Family for GptConfig {
             n_layer: self.n_layer,
             n_embd: self.n_embd,
             n_head: self.n_head,
+            vocab_size: self.vocab_size,
         }
     }
     fn check_tp(&self, tp: usize) -> Result<()> {
@@ -104,14 +106,29 @@ impl Family for GptConfig {
         }
     }
     /// The blocks' weight matrices (embeddings, norms and biases stay fp32).
-    fn int8_tensor(&self, t: &TensorSpec) -> bool {
+    fn block_matrix(&self, t: &TensorSpec) -> bool {
         t.shape.len() == 2 && t.name.contains(".h.")
     }
-    fn with_layers(&self, n: usize) -> Option<ModelConfig> {
+    fn prune_rows(
+        &self,
+        params: &[f32],
+        sparsity: f64,
+        scope: Scope,
+    ) -> Option<(ModelConfig, Vec<f32>)> {
+        let kept = select_rows(self, params, sparsity, scope);
+        let (small, params) = shrink(self, params, &kept);
+        Some((small.into(), params))
+    }
+    fn reshaped(&self, r: &Reshape) -> Option<Result<ModelConfig>> {
         let mut g = self.clone();
-        g.n_layer = g.n_layer.min(n);
+        g.n_layer = r.n_layer.unwrap_or(g.n_layer);
+        g.n_head = r.n_head.unwrap_or(g.n_head);
+        g.n_embd = r.n_embd.unwrap_or(g.n_embd);
+        g.block_size = r.block_size.unwrap_or(g.block_size);
+        g.vocab_size = r.vocab_size.unwrap_or(g.vocab_size);
+        // a pruned model's blocks keep their widths, the cut ones go
         g.blocks.truncate(g.n_layer);
-        Some(g.into())
+        Some(g.validate_shape().map(|()| g.into()))
     }
     fn as_any(&self) -> &dyn Any {
         self
@@ -121,6 +138,12 @@ impl Family for GptConfig {
 impl FamilyDecoder for GptConfig {
     fn generate<B: Backend>(&self, backend: B, run: Generation<'_>) -> Result<Vec<Vec<u32>>> {
         generate_gpt2(backend, self, run)
+    }
+    fn evaluate<B: Backend>(&self, backend: B, run: DecodedRun<'_>) -> Result<DecodedEval> {
+        evaluate_gpt2(backend, self, run)
+    }
+    fn time<B: Backend>(&self, backend: B, run: TimedGeneration<'_>) -> Result<GenerationTiming> {
+        time_gpt2(backend, self, run)
     }
 }
 

@@ -7,10 +7,13 @@ use super::kv::{DecodeWeights, Decoder};
 use crate::backend::{Backend, WeightFormat};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
-use crate::model::family::Generation;
+use crate::model::family::{
+    DecodedEval, DecodedRun, Generation, GenerationTiming, TimedGeneration,
+};
 use crate::model::{Engine, Gpt2, GptConfig, TpPlace};
 use crate::rng::Rng;
 use crate::sample::{argmax, sample_token, SampleConfig};
+use std::time::Instant;
 
 /// What the lead rank broadcasts for a row that takes no token at this
 /// position (a prompt still being read, or a finished row): no vocabulary
@@ -183,6 +186,54 @@ pub fn generate_gpt2<B: Backend>(
     )
 }
 
+/// GPT-2's teacher-forced decoder losses ([`evaluate_decoded`]) from its
+/// whole parameters, as its family's `FamilyDecoder::evaluate`.
+pub fn evaluate_gpt2<B: Backend>(
+    backend: B,
+    config: &GptConfig,
+    run: DecodedRun<'_>,
+) -> Result<DecodedEval> {
+    let mut model = Gpt2::new(backend, config.clone())?;
+    model.set_params(run.params)?;
+    evaluate_decoded(&model, run.format, run.batches, run.rows, run.t)
+}
+
+/// GPT-2's greedy generation timed from its whole parameters, as its
+/// family's `FamilyDecoder::time`: the weights packed once (timed apart),
+/// then each run's seconds, seconds to its first new token and the new
+/// tokens of its shortest row.
+pub fn time_gpt2<B: Backend>(
+    backend: B,
+    config: &GptConfig,
+    run: TimedGeneration<'_>,
+) -> Result<GenerationTiming> {
+    let mut model = Gpt2::new(backend, config.clone())?;
+    model.set_params(run.params)?;
+    let t0 = Instant::now();
+    let weights = DecodeWeights::new(model.backend(), config, WHOLE, model.params.s(), run.format)?;
+    let pack_seconds = t0.elapsed().as_secs_f64();
+    let greedy = SampleConfig {
+        max_new_tokens: run.new_tokens,
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        seed: 0,
+    };
+    let runs = (0..run.runs)
+        .map(|_| {
+            let t0 = Instant::now();
+            let mut first = None;
+            let out = generate_packed(&model, &weights, run.prompts, &greedy, None, |_, _| {
+                first.get_or_insert_with(|| t0.elapsed().as_secs_f64());
+            })?;
+            let secs = t0.elapsed().as_secs_f64();
+            let fewest = out.iter().map(Vec::len).min().unwrap_or(0);
+            Ok((secs, first.unwrap_or(secs), fewest))
+        })
+        .collect::<Result<_>>()?;
+    Ok(GenerationTiming { pack_seconds, runs })
+}
+
 /// [`generate`] with the model's weights already packed (to pack once for
 /// many generations).
 pub fn generate_packed<B: Backend>(
@@ -238,6 +289,80 @@ pub fn generate_packed<B: Backend>(
         context[0] = all[all.len() - block.div_ceil(2)..].to_vec();
         seed = seed.wrapping_add(1);
     }
+}
+
+/// Teacher-forced evaluation through the KV-cache decoder with the weights
+/// stored as `format`, beside the fp32 decoder on the same tokens (each
+/// batch one prefill that scores every position): the validation loss of
+/// both and how often their next-token argmax agree.
+/// `batches` yields (inputs, targets) of `rows` x `t` tokens.
+pub fn evaluate_decoded<B: Backend>(
+    model: &Gpt2<B>,
+    format: WeightFormat,
+    batches: impl IntoIterator<Item = (Vec<u32>, Vec<u32>)>,
+    rows: usize,
+    t: usize,
+) -> Result<DecodedEval> {
+    let pack = |f| DecodeWeights::new(model.backend(), &model.config, WHOLE, model.params.s(), f);
+    let (asked, full) = (pack(format)?, pack(WeightFormat::F32)?);
+    let decoder = || {
+        Decoder::new(
+            model.backend().clone_fresh(),
+            model.config.clone(),
+            WHOLE,
+            rows,
+            t,
+        )
+    };
+    let (mut loss, mut loss_f32, mut agree, mut n) = (0.0f64, 0.0f64, 0usize, 0usize);
+    for (inputs, targets) in batches {
+        if inputs.len() != rows * t || targets.len() != rows * t {
+            return Err(Error::Input(format!(
+                "a batch of {} tokens where {rows} x {t} were expected",
+                inputs.len()
+            )));
+        }
+        let (mut dq, mut df) = (decoder()?, decoder()?);
+        // each (row, position)'s target, named where the model cannot score it
+        let target = |r: usize, pos: usize, vocab: usize| {
+            let target = targets[r * t + pos] as usize;
+            match target < vocab {
+                true => Ok(target),
+                false => Err(Error::Input(format!(
+                    "token {target} is outside the model's vocabulary of {vocab}"
+                ))),
+            }
+        };
+        // the asked weights' most likely token at each, for the agreement
+        let mut top = vec![0usize; rows * t];
+        model.backend().threads().in_pool(|| {
+            dq.prefill_logits(&asked, &inputs, t, &mut |r, pos, q| {
+                loss += cross_entropy(q, target(r, pos, q.len())?);
+                top[r * t + pos] = argmax(q);
+                n += 1;
+                Ok(())
+            })?;
+            df.prefill_logits(&full, &inputs, t, &mut |r, pos, f| {
+                loss_f32 += cross_entropy(f, target(r, pos, f.len())?);
+                agree += usize::from(top[r * t + pos] == argmax(f));
+                Ok(())
+            })
+        })?;
+    }
+    let per = |x: f64| x / n.max(1) as f64;
+    Ok(DecodedEval {
+        loss: per(loss),
+        loss_f32: per(loss_f32),
+        top1_agreement: per(agree as f64),
+        tokens: n,
+    })
+}
+
+/// -log softmax(logits)[target], in f64.
+fn cross_entropy(logits: &[f32], target: usize) -> f64 {
+    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+    let sum: f64 = logits.iter().map(|&v| (v as f64 - max).exp()).sum();
+    max + sum.ln() - logits[target] as f64
 }
 
 #[cfg(test)]
@@ -396,90 +521,4 @@ mod tests {
             }
         }
     }
-}
-
-/// What [`evaluate_decoded`] measured.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct DecodedEval {
-    /// Mean cross-entropy of the targets with the weights as asked.
-    pub loss: f64,
-    /// The same with fp32 weights.
-    pub loss_f32: f64,
-    /// Positions whose most likely next token is the fp32 decoder's.
-    pub top1_agreement: f64,
-    pub tokens: usize,
-}
-
-/// Teacher-forced evaluation through the KV-cache decoder with the weights
-/// stored as `format`, beside the fp32 decoder on the same tokens (each
-/// batch one prefill that scores every position): the validation loss of
-/// both and how often their next-token argmax agree.
-/// `batches` yields (inputs, targets) of `rows` x `t` tokens.
-pub fn evaluate_decoded<B: Backend>(
-    model: &Gpt2<B>,
-    format: WeightFormat,
-    batches: impl IntoIterator<Item = (Vec<u32>, Vec<u32>)>,
-    rows: usize,
-    t: usize,
-) -> Result<DecodedEval> {
-    let pack = |f| DecodeWeights::new(model.backend(), &model.config, WHOLE, model.params.s(), f);
-    let (asked, full) = (pack(format)?, pack(WeightFormat::F32)?);
-    let decoder = || {
-        Decoder::new(
-            model.backend().clone_fresh(),
-            model.config.clone(),
-            WHOLE,
-            rows,
-            t,
-        )
-    };
-    let (mut loss, mut loss_f32, mut agree, mut n) = (0.0f64, 0.0f64, 0usize, 0usize);
-    for (inputs, targets) in batches {
-        if inputs.len() != rows * t || targets.len() != rows * t {
-            return Err(Error::Input(format!(
-                "a batch of {} tokens where {rows} x {t} were expected",
-                inputs.len()
-            )));
-        }
-        let (mut dq, mut df) = (decoder()?, decoder()?);
-        // each (row, position)'s target, named where the model cannot score it
-        let target = |r: usize, pos: usize, vocab: usize| {
-            let target = targets[r * t + pos] as usize;
-            match target < vocab {
-                true => Ok(target),
-                false => Err(Error::Input(format!(
-                    "token {target} is outside the model's vocabulary of {vocab}"
-                ))),
-            }
-        };
-        // the asked weights' most likely token at each, for the agreement
-        let mut top = vec![0usize; rows * t];
-        model.backend().threads().in_pool(|| {
-            dq.prefill_logits(&asked, &inputs, t, &mut |r, pos, q| {
-                loss += cross_entropy(q, target(r, pos, q.len())?);
-                top[r * t + pos] = argmax(q);
-                n += 1;
-                Ok(())
-            })?;
-            df.prefill_logits(&full, &inputs, t, &mut |r, pos, f| {
-                loss_f32 += cross_entropy(f, target(r, pos, f.len())?);
-                agree += usize::from(top[r * t + pos] == argmax(f));
-                Ok(())
-            })
-        })?;
-    }
-    let per = |x: f64| x / n.max(1) as f64;
-    Ok(DecodedEval {
-        loss: per(loss),
-        loss_f32: per(loss_f32),
-        top1_agreement: per(agree as f64),
-        tokens: n,
-    })
-}
-
-/// -log softmax(logits)[target], in f64.
-fn cross_entropy(logits: &[f32], target: usize) -> f64 {
-    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
-    let sum: f64 = logits.iter().map(|&v| (v as f64 - max).exp()).sum();
-    max + sum.ln() - logits[target] as f64
 }

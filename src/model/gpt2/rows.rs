@@ -1,10 +1,12 @@
 //! A GPT-2's rows (attention heads and MLP units) as units of their own:
 //! their norms, and the model that keeps some of them (`shrink`) or holds
 //! a row-pruned model in the dense shape it came from (`unshrink`, which
-//! its Hugging Face export writes). Which rows to keep is `prune`'s choice.
+//! its Hugging Face export writes), and which rows a sparsity keeps
+//! (`select_rows`, by their norms): GPT-2's answer to `prune --method rows`.
 
 use super::config::{BlockDims, BlockWidth};
 use super::BlockParam;
+use crate::model::family::Scope;
 use crate::model::{GptConfig, ParamLayout};
 
 /// Which heads and MLP units of each block a row-pruned model keeps
@@ -27,6 +29,52 @@ impl KeptRows {
                 .collect(),
             ..cfg.clone()
         }
+    }
+}
+
+/// The rows a `sparsity` fraction of row pruning keeps: in each block the
+/// heads and MLP units with the largest norms, `round((1 - sparsity) x` the
+/// dense count`)` of each kind per block (`Scope::Matrix`) or over all
+/// blocks together (`Scope::Global`); at least one head and one unit
+/// stays in every block. Ties go to the lower index.
+pub fn select_rows(cfg: &GptConfig, params: &[f32], sparsity: f64, scope: Scope) -> KeptRows {
+    let (head_norms, unit_norms) = row_norms(cfg, params);
+    let keep = |norms: &[Vec<f64>], dense: usize| -> Vec<Vec<usize>> {
+        let n = |total: usize| (((1.0 - sparsity) * total as f64).round() as usize).max(1);
+        let by_norm = |l: usize| {
+            let mut idx: Vec<usize> = (0..norms[l].len()).collect();
+            idx.sort_by(|&a, &b| norms[l][b].total_cmp(&norms[l][a]).then(a.cmp(&b)));
+            idx
+        };
+        let mut kept: Vec<Vec<usize>> = match scope {
+            Scope::Matrix => (0..norms.len())
+                .map(|l| by_norm(l).into_iter().take(n(dense)).collect())
+                .collect(),
+            Scope::Global => {
+                // each block's best row first, then the best of the rest
+                let mut kept: Vec<Vec<usize>> =
+                    (0..norms.len()).map(|l| vec![by_norm(l)[0]]).collect();
+                let mut rest: Vec<(usize, usize)> = (0..norms.len())
+                    .flat_map(|l| by_norm(l).into_iter().skip(1).map(move |i| (l, i)))
+                    .collect();
+                rest.sort_by(|&(la, a), &(lb, b)| {
+                    norms[lb][b]
+                        .total_cmp(&norms[la][a])
+                        .then((la, a).cmp(&(lb, b)))
+                });
+                let more = n(dense * norms.len()).saturating_sub(norms.len());
+                for (l, i) in rest.into_iter().take(more) {
+                    kept[l].push(i);
+                }
+                kept
+            }
+        };
+        kept.iter_mut().for_each(|k| k.sort_unstable());
+        kept
+    };
+    KeptRows {
+        heads: keep(&head_norms, cfg.n_head),
+        hidden: keep(&unit_norms, 4 * cfg.n_embd),
     }
 }
 
