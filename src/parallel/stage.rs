@@ -234,6 +234,29 @@ enum Optimizer<B: Backend> {
     Host(HostState),
 }
 
+/// Where a stage's gradient accumulates: the whole stage's (replicated;
+/// zero1, which reduce-scatters it into its slice at the step's end), or
+/// this rank's shard of it (zero2, fsdp: each unit's gradient is
+/// reduce-scattered into it as the unit's backward ends).
+enum Gradient<B: Backend> {
+    Whole(Buf<B>),
+    Shard(Buf<B>),
+}
+
+impl<B: Backend> Gradient<B> {
+    fn buf(&self) -> &Buf<B> {
+        match self {
+            Gradient::Whole(g) | Gradient::Shard(g) => g,
+        }
+    }
+
+    fn buf_mut(&mut self) -> &mut Buf<B> {
+        match self {
+            Gradient::Whole(g) | Gradient::Shard(g) => g,
+        }
+    }
+}
+
 /// Gradient scratch slots (zero2, fsdp): a piece's gradient before its
 /// reduce-scatter, and the head's while the tied piece's is in [BODY].
 /// zero1 and zero2 also pad a piece's gradient and gather parameters in [BODY].
@@ -247,11 +270,7 @@ pub struct StageState<B: Backend> {
     sharing: Sharing,
     pieces: Pieces,
     params: Params<B>,
-    /// The stage's whole gradient (replicated, zero1).
-    grads: Option<Buf<B>>,
-    /// This rank's shard of the reduced gradient (zero2, fsdp; zero1
-    /// reduces into its slice of `grads`).
-    g_shard: Option<Buf<B>>,
+    grad: Gradient<B>,
     scratch: Vec<Buf<B>>,
     rs_out: Option<Buf<B>>,
     /// Under offload, when each piece's reduced gradient is final (and can
@@ -311,9 +330,11 @@ impl<B: Backend> StageState<B> {
             },
             _ => Params::Whole(be.alloc(z.len, Category::Params)?),
         };
-        let grads = match sharing {
-            Sharing::Replicated | Sharing::Zero1 => Some(be.alloc(z.len, Category::Grads)?),
-            _ => None,
+        let grad = match sharing {
+            Sharing::Replicated | Sharing::Zero1 => {
+                Gradient::Whole(be.alloc(z.len, Category::Grads)?)
+            }
+            Sharing::Zero2 | Sharing::Fsdp => Gradient::Shard(be.alloc(z.shard, Category::Grads)?),
         };
         let mut scratch = Vec::new();
         if sharded {
@@ -323,9 +344,6 @@ impl<B: Backend> StageState<B> {
             scratch.push(be.alloc(z.head_padded, Category::Other)?);
         }
         Ok(StageState {
-            g_shard: matches!(sharing, Sharing::Zero2 | Sharing::Fsdp)
-                .then(|| be.alloc(z.shard, Category::Grads))
-                .transpose()?,
             rs_out: sharded
                 .then(|| be.alloc(z.max_shard, Category::Other))
                 .transpose()?,
@@ -337,7 +355,7 @@ impl<B: Backend> StageState<B> {
             tied_across: None,
             pieces,
             params,
-            grads,
+            grad,
             scratch,
         })
     }
@@ -358,9 +376,7 @@ impl<B: Backend> StageState<B> {
         if let Optimizer::Host(h) = &mut self.opt {
             h.forget_early();
         }
-        for g in self.grads.iter_mut().chain(self.g_shard.iter_mut()) {
-            be.fill(g.d(), 0.0);
-        }
+        be.fill(self.grad.buf_mut().d(), 0.0);
         self.received.iter_mut().for_each(|n| *n = 0);
         self.micro_batches = micro_batches;
     }
@@ -370,8 +386,8 @@ impl<B: Backend> StageState<B> {
     /// replicated stage with no other replica needs none), starts it down.
     fn count_gradient(&mut self, be: &B, k: usize, dp: &dyn Comm) -> Result<()> {
         self.received[k] += 1;
-        let reduced =
-            self.g_shard.is_some() || (self.sharing == Sharing::Replicated && dp.size() == 1);
+        let reduced = matches!(self.grad, Gradient::Shard(_))
+            || (self.sharing == Sharing::Replicated && dp.size() == 1);
         if reduced && self.received[k] == self.final_after[k] * self.micro_batches {
             self.start_download(be, k, dp.rank())?;
         }
@@ -391,12 +407,10 @@ impl<B: Backend> StageState<B> {
             true => self.pieces.shards.shard_at[k],
             false => at,
         };
-        let g = self.g_shard.as_ref().or(self.grads.as_ref());
-        match (&mut self.opt, g) {
-            (Optimizer::Host(h), Some(g)) => {
-                h.download_early(be, owned..owned + len, g.slice(at..at + len))
-            }
-            _ => Ok(()),
+        let g = self.grad.buf();
+        match &mut self.opt {
+            Optimizer::Host(h) => h.download_early(be, owned..owned + len, g.slice(at..at + len)),
+            Optimizer::Device(_) => Ok(()),
         }
     }
 
@@ -462,8 +476,8 @@ impl<B: Backend> StageState<B> {
     ) -> (UnitParams<'_, B>, UnitGrads<'_, B>) {
         let pc = &self.pieces;
         let (k, tied) = (pc.piece(u), pc.tied(lay, u));
-        let grads = match &mut self.grads {
-            Some(g) => match &tied {
+        let grads = match &mut self.grad {
+            Gradient::Whole(g) => match &tied {
                 Some((t, r)) => {
                     let tr = pc.buf(*t).start + r.start..pc.buf(*t).start + r.end;
                     let (tg, own) = g.d().split2(tr, pc.buf(k));
@@ -477,7 +491,7 @@ impl<B: Backend> StageState<B> {
                     tied: None,
                 },
             },
-            None => {
+            Gradient::Shard(_) => {
                 let slot = if tied.is_some() { HEAD } else { BODY };
                 be.fill(self.scratch[slot].slice_mut(0..pc.shards.padded(k)), 0.0);
                 if let Some((t, _)) = &tied {
@@ -519,7 +533,7 @@ impl<B: Backend> StageState<B> {
     ) -> Result<()> {
         let tied = self.pieces.tied(lay, u);
         let k = self.pieces.piece(u);
-        if self.grads.is_none() {
+        if let Gradient::Shard(_) = self.grad {
             let slot = if tied.is_some() { HEAD } else { BODY };
             self.reduce(dp, be, k, slot)?;
             if let Some((t, _)) = tied {
@@ -546,14 +560,15 @@ impl<B: Backend> StageState<B> {
             self.scratch[slot].slice(0..u.padded(k)),
             out.slice_mut(0..s),
         )?;
-        match (&mut self.g_shard, &mut self.grads) {
-            (Some(shard), _) => be.add_inplace(shard.slice_mut(u.shard_of(k)), out.slice(0..s)),
-            (None, Some(whole)) => {
+        match &mut self.grad {
+            Gradient::Shard(shard) => {
+                be.add_inplace(shard.slice_mut(u.shard_of(k)), out.slice(0..s))
+            }
+            Gradient::Whole(whole) => {
                 let (at, len) = self.pieces.mine(k, dp.rank());
                 let at = self.pieces.buf(k).start + at;
                 be.copy(whole.slice_mut(at..at + len), out.slice(0..len));
             }
-            (None, None) => unreachable!("a stage holds a gradient"),
         }
         Ok(())
     }
@@ -567,10 +582,9 @@ impl<B: Backend> StageState<B> {
             _ => pc.mine(k, r),
         };
         let global = pc.layout[k].start + start;
-        match (&self.g_shard, &self.grads) {
-            (Some(g), _) => (g, pc.shards.shard_at[k], global, len),
-            (None, Some(g)) => (g, pc.buf(k).start + start, global, len),
-            (None, None) => unreachable!("a stage holds a gradient"),
+        match &self.grad {
+            Gradient::Shard(g) => (g, pc.shards.shard_at[k], global, len),
+            Gradient::Whole(g) => (g, pc.buf(k).start + start, global, len),
         }
     }
 
@@ -585,7 +599,7 @@ impl<B: Backend> StageState<B> {
     ) -> Result<()> {
         match self.sharing {
             Sharing::Replicated => {
-                let g = self.grads.as_mut().expect("replicated");
+                let g = self.grad.buf_mut();
                 if dp.size() > 1 {
                     device::all_reduce(dp, be, g.d())?;
                 }
@@ -603,7 +617,7 @@ impl<B: Backend> StageState<B> {
             Sharing::Zero1 => {
                 for k in 0..self.pieces.layout.len() {
                     let (len, pad) = (self.pieces.len(k), self.pieces.shards.padded(k));
-                    let g = self.grads.as_ref().expect("zero1");
+                    let g = self.grad.buf();
                     be.copy(
                         self.scratch[BODY].slice_mut(0..len),
                         g.slice(self.pieces.buf(k)),
@@ -618,11 +632,7 @@ impl<B: Backend> StageState<B> {
         if let Some((group, k)) = tie {
             // the stages holding the tie shard it alike: slice for slice
             let (_, at, _, len) = self.my_grad(k, dp.rank());
-            let g = self
-                .g_shard
-                .as_mut()
-                .or(self.grads.as_mut())
-                .expect("a gradient");
+            let g = self.grad.buf_mut();
             device::all_reduce(group, be, g.slice_mut(at..at + len))?;
         }
         Ok(())
@@ -670,18 +680,15 @@ impl<B: Backend> StageState<B> {
         let pc = &self.pieces;
         let segs = segments(pc, self.sharing, r);
         // zero1's reduced slices, gathered into shard order for the update
-        let zero1_grads = match (self.sharing, &self.grads) {
-            (Sharing::Zero1, Some(whole)) => {
+        let zero1_grads = match (self.sharing, &self.grad) {
+            (Sharing::Zero1, Gradient::Whole(whole)) => {
                 let mut g = be.alloc(pc.shards.shard_total(), Category::Other)?;
                 pc.shards.shard_from(be, whole.s(), r, g.d());
                 Some(g)
             }
             _ => None,
         };
-        let grads = match (&zero1_grads, &self.g_shard, &self.grads) {
-            (Some(g), ..) | (None, Some(g), _) | (None, None, Some(g)) => g.s(),
-            (None, None, None) => unreachable!("a stage holds a gradient"),
-        };
+        let grads = zero1_grads.as_ref().unwrap_or(self.grad.buf()).s();
         let step = |opt: &mut Optimizer<B>, params: Option<Dst<'_, B>>| -> Result<()> {
             match (opt, params) {
                 (Optimizer::Device(o), Some(p)) => {
