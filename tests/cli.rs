@@ -884,6 +884,28 @@ fn a_stopped_fine_tuning_run_resumes_to_the_uninterrupted_runs_weights() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The language-model matrix takes any causal family's preset and refuses
+/// an encoder in words.
+#[test]
+fn compare_refuses_an_encoder_in_its_language_model_matrix() {
+    let dir = run_dir("compare-bert-lm");
+    let out = distgpt(&[
+        "compare",
+        "--models",
+        "bert-tiny",
+        "--quick",
+        "--out",
+        dir.join("report").to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("bert-tiny is a BERT: compare's language-model matrix trains causal language models"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn compare_runs_a_fine_tuning_matrix_that_follows_single() {
     let dir = run_dir("compare-classify");

@@ -21,7 +21,7 @@ fn compare_writes_the_report_and_strategies_match_single() {
     model.vocab_size = ds.tokenizer.vocab_size();
     let dir = tempfile_dir("compare");
     let spec = CompareSpec {
-        models: vec![("tiny".into(), model)],
+        models: vec![("tiny".into(), model.into())],
         layouts: vec![
             Layout::Single,
             Layout::Ddp,

@@ -21,7 +21,7 @@ fn a_stopped_compare_keeps_only_finished_cells() {
     model.vocab_size = ds.tokenizer.vocab_size();
     let dir = scratch("compare-stop");
     let spec = CompareSpec {
-        models: vec![("tiny".into(), model)],
+        models: vec![("tiny".into(), model.into())],
         layouts: vec![Layout::Single, Layout::Ddp],
         world_sizes: vec![2],
         batch_sizes: vec![4],

@@ -5,7 +5,8 @@ use clap::Args;
 use distgpt::compare::classify::{self as classify_matrix, ClassifyMatrix};
 use distgpt::compare::{self, CompareSpec, Layout};
 use distgpt::data::{Dataset, TokenizerKind};
-use distgpt::model::GptConfig;
+use distgpt::model::family::Reshape;
+use distgpt::model::ModelConfig;
 use distgpt::train::classify::ClassifyTask;
 use distgpt::train::TrainConfig;
 use distgpt::train::{Duration, TaskKind};
@@ -161,13 +162,19 @@ pub fn run(mut a: CompareArgs, threads: usize) -> Result<()> {
         .unwrap_or_else(|| vec!["shakespeare-char-small".into()]);
     let mut models = Vec::new();
     for name in &names {
-        let mut m = GptConfig::preset(name)?;
-        m.vocab_size = ds.tokenizer.vocab_size();
+        let vocab = Reshape {
+            vocab_size: Some(ds.tokenizer.vocab_size()),
+            ..Reshape::default()
+        };
+        let m = ModelConfig::preset(name)?.reshaped(&vocab)?;
         m.validate()?;
-        if seq_len == 0 || seq_len > m.block_size {
+        if !distgpt::train::spec::causal_lm(&m) {
+            bail!("{name} is a BERT: compare's language-model matrix trains causal language models; --task classify compares BERT fine-tuning");
+        }
+        if seq_len == 0 || seq_len > m.block_size() {
             bail!(
                 "--seq-len {seq_len} must be between 1 and {name}'s block size {}",
-                m.block_size
+                m.block_size()
             );
         }
         models.push((name.clone(), m));

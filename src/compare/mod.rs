@@ -13,7 +13,7 @@ use crate::backend::cpu::Cpu;
 use crate::backend::PeakRow;
 use crate::data::Dataset;
 use crate::error::{Error, Result};
-use crate::model::{GptConfig, ModelConfig};
+use crate::model::ModelConfig;
 use crate::parallel::{pipeline, ParallelConfig, Pipeline, Schedule, Span, StrategyKind};
 use crate::plan::calibrate::{calibrate_cpu, Calibration, Machine};
 use crate::plan::{self, Precision, Workload};
@@ -107,7 +107,7 @@ impl Layout {
 #[derive(Clone, Debug)]
 pub struct CompareSpec {
     /// (preset name, model) pairs.
-    pub models: Vec<(String, GptConfig)>,
+    pub models: Vec<(String, ModelConfig)>,
     pub layouts: Vec<Layout>,
     pub world_sizes: Vec<usize>,
     pub batch_sizes: Vec<usize>,
@@ -132,7 +132,7 @@ pub struct CompareSpec {
 #[derive(Clone, Debug)]
 pub struct Cell {
     pub model_name: String,
-    pub model: GptConfig,
+    pub model: ModelConfig,
     pub parallel: ParallelConfig,
     pub batch: usize,
 }
@@ -148,12 +148,11 @@ impl Cell {
 pub fn cells(spec: &CompareSpec) -> (Vec<Cell>, Vec<String>) {
     let (mut out, mut skipped) = (Vec::new(), Vec::new());
     for (name, model) in &spec.models {
-        let family = ModelConfig::from(model.clone());
         let (pairs, why) = layout_cells(
             name,
             (&spec.layouts, &spec.world_sizes, &spec.batch_sizes),
             |par, batch| {
-                par.validate(&family, batch)?;
+                par.validate(model, batch)?;
                 par.pipeline.check_micro_batches(spec.grad_accum)
             },
         );
@@ -492,7 +491,7 @@ fn predict_cell(
     (seq_len, grad_accum): (usize, usize),
 ) -> Result<Predicted> {
     let world = cell.parallel.world_size;
-    let model = ModelConfig::from(cell.model.clone());
+    let model = cell.model.clone();
     let key = |c: &Calibration| c.model == model && c.batch == cell.batch && c.ranks == world;
     if !calibrations.iter().any(key) {
         calibrations.push(calibrate_cpu(machine, &model, cell.batch, seq_len, world)?);
@@ -623,7 +622,7 @@ pub fn run(spec: &CompareSpec, ds: &Dataset, multi: &MultiProgress) -> Result<Co
                 ..TrainConfig::default()
             };
             let task = train::lm::LmTask {
-                model: cell.model.clone().into(),
+                model: cell.model.clone(),
                 data: ds,
             };
             let summary = train::train(

@@ -427,6 +427,9 @@ fn stage_memory(
 }
 
 /// Predicts one rank's memory and step time for `par` (assumed valid).
+/// Long by design: the cost model's terms (compute and the bubble, each
+/// group's collectives, offload traffic) in one place, each commented
+/// where it is added, so a term and its neighbours read together.
 pub fn predict(
     w: &Workload,
     par: ParallelConfig,

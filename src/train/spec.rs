@@ -173,7 +173,7 @@ fn build_lm(i: &TaskInputs<'_>) -> Result<(TaskData, usize)> {
 }
 
 /// Whether the `lm` task trains `model`: any family but BERT's (an encoder).
-fn causal_lm(model: &ModelConfig) -> bool {
+pub fn causal_lm(model: &ModelConfig) -> bool {
     model.get::<BertConfig>().is_none()
 }
 

@@ -578,6 +578,10 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Block l: resid[l] -> resid[l + 1].
+    /// Long by design: one layer's kernels in the order they run, each on
+    /// views of the same activation and gradient buffers (split into
+    /// functions, those views would be passed from one to the next); read
+    /// beside `transformers`' `Bert` modules, which it follows op by op.
     fn block_forward(&mut self, l: usize, p: Src<'_, B>, tp: Option<&dyn Comm>) -> Result<()> {
         let first_only = self.first_rows_only(l);
         let (b, t) = self.shape();
@@ -730,6 +734,10 @@ impl<B: Backend> Engine<B> {
 
     /// Block l's backward: the residual gradient in `dres` moves from
     /// resid[l + 1] to resid[l]; grads of its slice accumulate into `g`.
+    /// Long by design: one layer's kernels in the order they run, each on
+    /// views of the same activation and gradient buffers (split into
+    /// functions, those views would be passed from one to the next); read
+    /// beside `transformers`' `Bert` modules, which it follows op by op.
     fn block_backward(
         &mut self,
         l: usize,
@@ -915,6 +923,10 @@ impl<B: Backend> Engine<B> {
     }
 
     /// The head; the mean loss when the batch has targets.
+    /// Long by design: one layer's kernels in the order they run, each on
+    /// views of the same activation and gradient buffers (split into
+    /// functions, those views would be passed from one to the next); read
+    /// beside `transformers`' `Bert` modules, which it follows op by op.
     fn head_forward(&mut self, p: Src<'_, B>, word: Option<Src<'_, B>>) -> Result<Option<f32>> {
         let (b, t) = self.shape();
         let cfg = &self.config;
@@ -1071,6 +1083,10 @@ impl<B: Backend> Engine<B> {
 
     /// The head's backward for `loss_scale` times the mean loss: its grads
     /// (and the tied word embeddings') accumulate; `dres` gets d resid[L].
+    /// Long by design: one layer's kernels in the order they run, each on
+    /// views of the same activation and gradient buffers (split into
+    /// functions, those views would be passed from one to the next); read
+    /// beside `transformers`' `Bert` modules, which it follows op by op.
     fn head_backward(
         &mut self,
         p: Src<'_, B>,

@@ -523,6 +523,9 @@ impl<B: Backend> Engine<B> {
     /// Backward of block l: grads of its slice `p` accumulate into `g`; the
     /// residual gradient moves from resid[l + 1] to resid[l]. With
     /// recomputation the block's forward runs again first.
+    /// Long by design: the block's kernels in reverse order, each on views
+    /// of the same activation and gradient buffers (split into functions,
+    /// those views would be passed from one to the next).
     fn block_backward(
         &mut self,
         l: usize,
