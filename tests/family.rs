@@ -20,8 +20,8 @@ use distgpt::data::{Batch, Dataset, TokenizerKind, TokenizerSpec};
 use distgpt::error::{Error, Result};
 use distgpt::model::family::{self, Family, FamilyDims, FamilyEngine, Registration};
 use distgpt::model::{
-    AdamWConfig, ModelConfig, ParamLayout, Precision, Span, TpPlace, TpSplit, UnitGrads, UnitKind,
-    UnitModel, UnitParams,
+    AdamWConfig, ModelConfig, ParamLayout, Precision, SpanRun, TpPlace, TpSplit, UnitGrads,
+    UnitKind, UnitModel, UnitParams,
 };
 use distgpt::parallel::{self, launch, ParallelConfig, StepConfig, StrategyKind};
 use distgpt::rng::Rng;
@@ -148,7 +148,7 @@ impl Family for Toy {
         &self,
         _tp: usize,
         (b, t): (usize, usize),
-        _: (&Span, bool, bool),
+        _: &SpanRun,
         _: Precision,
     ) -> (usize, usize) {
         let (rows, l) = (b * t, self.n_layer);

@@ -9,7 +9,7 @@
 
 use super::layout::{ParamLayout, TensorSpec};
 use super::tp::TpPlace;
-use super::unit::{Span, UnitModel};
+use super::unit::{SpanRun, UnitModel};
 use super::{bert, gpt2, Precision};
 use crate::backend::{Backend, WeightFormat};
 use crate::data::{Batch, TokenizerSpec};
@@ -97,13 +97,13 @@ pub trait Family: fmt::Debug + fmt::Display + Send + Sync + 'static {
     /// A random batch of b x t of the family's kind (benchmarks).
     fn synthetic_batch(&self, rng: &mut Rng, b: usize, t: usize) -> Batch;
     /// Elements of (activations, other scratch) one of `tp` ranks allocates
-    /// for `bt` = (b sequences, t tokens) when its engine runs `span` =
-    /// (units, recomputing blocks, its backward split in two).
+    /// for `bt` = (b sequences, t tokens) when its engine runs as `run`
+    /// says.
     fn activation_elems(
         &self,
         tp: usize,
         bt: (usize, usize),
-        span: (&Span, bool, bool),
+        run: &SpanRun,
         precision: Precision,
     ) -> (usize, usize);
     /// The shape tensor `t` of its layout is stored with in model files
@@ -590,20 +590,17 @@ impl ModelConfig {
     }
 
     /// Elements of (activations, other scratch) one of `tp` tensor-parallel
-    /// ranks allocates for b sequences of t tokens when its engine runs
-    /// `units` only (a pipeline stage's; all of them for one stage): the
-    /// engine's own allocation, counted (`model::alloc`); its backward split
-    /// in two where `split` (`UnitModel::split_backward`).
-    pub fn stage_activation_elems(
+    /// ranks allocates for b sequences of t tokens when its engine runs as
+    /// `run` says (a pipeline stage's units; all of them for one stage):
+    /// the engine's own allocation, counted (`model::alloc`).
+    pub fn activation_elems(
         &self,
         tp: usize,
         bt: (usize, usize),
-        (units, recompute, split): (std::ops::Range<usize>, bool, bool),
+        run: &SpanRun,
         precision: Precision,
     ) -> (usize, usize) {
-        let span = Span::of_units(units, self.n_layer());
-        self.0
-            .activation_elems(tp, bt, (&span, recompute, split), precision)
+        self.0.activation_elems(tp, bt, run, precision)
     }
 
     /// Transformer blocks.

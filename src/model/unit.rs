@@ -40,6 +40,16 @@ pub struct Span {
     pub head: bool,
 }
 
+/// What an engine sizes its buffers for: the units it runs, whether it
+/// recomputes its blocks in the backward, and whether its backward is
+/// split in two (`UnitModel::split_backward`, the zb-h1 schedule's).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpanRun {
+    pub span: Span,
+    pub recompute: bool,
+    pub split: bool,
+}
+
 impl Span {
     /// Every unit of a model with `n_layer` blocks.
     pub fn all(n_layer: usize) -> Self {

@@ -497,11 +497,7 @@ pub fn build<B: Backend + 'static>(
         &model,
         (grid, groups),
         world,
-        (
-            par.pipeline,
-            stage::Sharing::of(par.strategy),
-            (par.offload, !par.offload_serial),
-        ),
+        &par,
         adamw,
         (b, t),
     )?))

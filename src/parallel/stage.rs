@@ -19,7 +19,7 @@
 //! shard.
 
 use super::offload::HostState;
-use super::{Offload, OwnedState, StrategyKind, Units};
+use super::{OwnedState, StrategyKind, Units};
 use crate::backend::cpu::Cpu;
 use crate::backend::{Backend, Buf, Category, Dst};
 use crate::comm::{device, Comm};
@@ -228,6 +228,16 @@ enum Params<B: Backend> {
     },
 }
 
+/// Where a rank's offloaded state goes (`--offload`): the host that holds
+/// and counts it, whether fsdp's parameter shards go too (`params`), and
+/// whether the copies overlap the backward.
+#[derive(Clone, Copy)]
+pub struct HostOffload<'a> {
+    pub host: &'a Cpu,
+    pub params: bool,
+    pub overlap: bool,
+}
+
 /// Where the AdamW update runs: on the device, or on the host (offload).
 enum Optimizer<B: Backend> {
     Device(AdamW<B>),
@@ -286,8 +296,8 @@ pub struct StageState<B: Backend> {
 }
 
 impl<B: Backend> StageState<B> {
-    /// The state of replica r of n; with `host` (any offload) the optimizer
-    /// on the host, counted there, copies overlapped when `overlap`.
+    /// The state of replica r of n; with `offload` the optimizer on its
+    /// host, counted there.
     pub fn new(
         be: &B,
         lay: &ParamLayout,
@@ -295,17 +305,17 @@ impl<B: Backend> StageState<B> {
         sharing: Sharing,
         (r, n): (usize, usize),
         adamw: AdamWConfig,
-        (offload, host, overlap): (Offload, Option<&Cpu>, bool),
+        offload: Option<HostOffload<'_>>,
     ) -> Result<Self> {
         let pieces = Pieces::new(lay, map, n);
         let z = pieces.sizes();
         let sharded = sharing != Sharing::Replicated;
         let opt_len = if sharded { z.shard } else { z.len };
-        let opt = match host {
-            Some(cpu) => {
+        let opt = match offload {
+            Some(HostOffload { host, overlap, .. }) => {
                 let segs = segments(&pieces, sharing, r);
                 let chunked = (opt_len, super::offload::CHUNK);
-                Optimizer::Host(HostState::new(be, cpu, chunked, &segs, adamw, overlap)?)
+                Optimizer::Host(HostState::new(be, host, chunked, &segs, adamw, overlap)?)
             }
             None => Optimizer::Device(AdamW::new(be, opt_len, adamw)?),
         };
@@ -318,7 +328,7 @@ impl<B: Backend> StageState<B> {
         }
         let params = match sharing {
             Sharing::Fsdp => Params::Sharded {
-                shard: (offload != Offload::Params)
+                shard: (!offload.is_some_and(|o| o.params))
                     .then(|| be.alloc(z.shard, Category::Params))
                     .transpose()?,
                 gathered: pieces

@@ -10,7 +10,7 @@
 pub mod calibrate;
 
 use crate::backend::{cpu::Cpu, Kernels};
-use crate::model::{ModelConfig, ParamLayout, Precision as ModelPrecision};
+use crate::model::{ModelConfig, ParamLayout, Precision as ModelPrecision, Span, SpanRun};
 use crate::parallel::{self, pipeline, Offload, ParallelConfig, Pipeline, Schedule, StrategyKind};
 use serde::Serialize;
 
@@ -343,10 +343,12 @@ fn stage_memory(
         z += zc;
         transient = transient.max(zc.shard);
         let split = pipe.schedule == Schedule::ZbH1;
-        let acts = |p| {
-            let units = (stages[vs].clone(), par.recompute, split);
-            m.stage_activation_elems(par.tp, rows, units, p)
+        let run = SpanRun {
+            span: Span::of_units(stages[vs].clone(), m.n_layer()),
+            recompute: par.recompute,
+            split,
         };
+        let acts = |p| m.activation_elems(par.tp, rows, &run, p);
         let (a, b) = (acts(ModelPrecision::Fp32), acts(ModelPrecision::Bf16));
         let live = live as f64;
         fp32 = (fp32.0 + live * a.0 as f64, fp32.1 + live * a.1 as f64);

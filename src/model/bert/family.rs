@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::model::family::{
     Family, FamilyDims, FamilyEngine, HfFolder, ModelFiles, Registration, Reshape,
 };
-use crate::model::{ModelConfig, ParamLayout, Precision, Span, TpPlace, UnitModel};
+use crate::model::{ModelConfig, ParamLayout, Precision, SpanRun, TpPlace, UnitModel};
 use crate::rng::Rng;
 use std::any::Any;
 
@@ -129,10 +129,10 @@ impl Family for BertConfig {
         &self,
         tp: usize,
         bt: (usize, usize),
-        (span, recompute, _): (&Span, bool, bool),
+        run: &SpanRun,
         precision: Precision,
     ) -> (usize, usize) {
-        activation_elems(self, tp, bt, (span, recompute), precision)
+        activation_elems(self, tp, bt, run, precision)
     }
     fn reshaped(&self, r: &Reshape) -> Option<Result<ModelConfig>> {
         let mut b = self.clone();

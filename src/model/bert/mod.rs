@@ -18,7 +18,7 @@ use super::bf16::{matmul_backward, matmul_forward, Bf16Operands, Dout, Precision
 use super::layout::ParamLayout;
 use super::tp;
 use super::tp::TpPlace;
-use super::unit::{Span, UnitGrads, UnitKind, UnitModel, UnitParams};
+use super::unit::{Span, SpanRun, UnitGrads, UnitKind, UnitModel, UnitParams};
 use crate::backend::{
     Activation, ActivationBackward, AttentionBackward, AttentionForward, AttnShape, Backend, Buf,
     Category, CrossEntropyBackward, CrossEntropyForward, Dst, EncoderBackward, EncoderForward,
@@ -148,17 +148,17 @@ pub fn activation_elems(
     cfg: &BertConfig,
     tp: usize,
     (b, t): (usize, usize),
-    (span, recompute): (&Span, bool),
+    run: &SpanRun,
     precision: Precision,
 ) -> (usize, usize) {
     let be = crate::backend::cpu::Cpu::new();
     let al = ActAlloc::tally(&be);
-    let slots = span.slots(recompute);
+    let slots = run.span.slots(run.recompute);
     Acts::new(
         &al,
         cfg,
         Dims::of(cfg, tp),
-        (span, slots, b * t, b),
+        (&run.span, slots, b * t, b),
         precision,
     )
     .expect("a tally allocates nothing");

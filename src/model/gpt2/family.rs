@@ -15,7 +15,7 @@ use crate::model::gpt2::generate::{evaluate_gpt2, generate_gpt2, time_gpt2};
 use crate::model::gpt2::rows::{select_rows, shrink};
 use crate::model::layout::TensorSpec;
 use crate::model::ModelConfig;
-use crate::model::{ParamLayout, Precision, Span, TpPlace, UnitModel};
+use crate::model::{ParamLayout, Precision, SpanRun, TpPlace, UnitModel};
 use crate::rng::Rng;
 use std::any::Any;
 
@@ -93,10 +93,10 @@ impl Family for GptConfig {
         &self,
         tp: usize,
         (b, t): (usize, usize),
-        span: (&Span, bool, bool),
+        run: &SpanRun,
         precision: Precision,
     ) -> (usize, usize) {
-        activation_elems(self, tp, b * t, span, precision)
+        activation_elems(self, tp, b * t, run, precision)
     }
     /// The word embeddings without their padding rows.
     fn file_shape(&self, t: &TensorSpec) -> Vec<usize> {

@@ -18,7 +18,7 @@ use super::bf16::{matmul_backward, matmul_forward, Bf16Operands, Dout};
 use super::layout::ParamLayout;
 use super::tp;
 use super::tp::TpPlace;
-use super::unit::{Span, UnitGrads, UnitKind, UnitModel, UnitParams, Whole};
+use super::unit::{Span, SpanRun, UnitGrads, UnitKind, UnitModel, UnitParams, Whole};
 use crate::backend::{
     Activation, ActivationBackward, AttentionBackward, AttentionForward, AttnShape, Backend, Buf,
     Category, CrossEntropyBackward, CrossEntropyForward, Dst, EncoderBackward, EncoderForward,
@@ -122,13 +122,13 @@ pub fn activation_elems(
     cfg: &GptConfig,
     tp: usize,
     rows: usize,
-    (span, recompute, split): (&Span, bool, bool),
+    run: &SpanRun,
     precision: Precision,
 ) -> (usize, usize) {
     let be = crate::backend::cpu::Cpu::new();
     let al = ActAlloc::tally(&be);
-    let slots = span.slots(recompute);
-    let shape = (span, slots, rows, split);
+    let slots = run.span.slots(run.recompute);
+    let shape = (&run.span, slots, rows, run.split);
     Activations::new(&al, cfg, cfg.widest(tp), shape, precision)
         .expect("a tally allocates nothing");
     al.counted()

@@ -25,8 +25,10 @@ pub use schedule::{
 use schedule::{makes, needs};
 
 use super::grid::{Grid, Groups};
-use super::stage::{Sharing, StageMap, StageState};
-use super::{check_finite, local_rows, Offload, OwnedState, StepConfig, StepStats, Strategy};
+use super::stage::{HostOffload, Sharing, StageMap, StageState};
+use super::{
+    check_finite, local_rows, Offload, OwnedState, ParallelConfig, StepConfig, StepStats, Strategy,
+};
 use crate::backend::cpu::Cpu;
 use crate::backend::{Backend, Device, MemoryReport};
 use crate::comm::{Comm, CommStats};
@@ -92,13 +94,13 @@ pub struct Pipelined<B: Backend> {
 
 impl<B: Backend> Pipelined<B> {
     /// Collective over `world` (it makes the tied-tensor groups). One
-    /// engine per chunk (`pipe.virtual_stages` of them).
+    /// engine per chunk (`par.pipeline.virtual_stages` of them).
     pub fn new(
         engines: Vec<Box<dyn UnitModel<B>>>,
         model: &ModelConfig,
         (grid, groups): (Grid, Groups),
         world: &dyn Comm,
-        (pipe, sharing, (offload, overlap)): (Pipeline, Sharing, (Offload, bool)),
+        par: &ParallelConfig,
         adamw: AdamWConfig,
         (b, t): (usize, usize),
     ) -> Result<Self> {
@@ -119,7 +121,13 @@ impl<B: Backend> Pipelined<B> {
         let tie_group = grid.stages_group(world, &ends)?;
         let mut chunks = Vec::new();
         let mut tie_piece = None;
-        let host = (!offload.is_none()).then(Cpu::new);
+        let (pipe, sharing) = (par.pipeline, Sharing::of(par.strategy));
+        let host = (!par.offload.is_none()).then(Cpu::new);
+        let offload = host.as_ref().map(|host| HostOffload {
+            host,
+            params: par.offload == Offload::Params,
+            overlap: !par.offload_serial,
+        });
         for (c, mut engine) in engines.into_iter().enumerate() {
             let stage = c * p + s;
             let map = StageMap::of(&lay, &stages, stage);
@@ -138,7 +146,7 @@ impl<B: Backend> Pipelined<B> {
                 sharing,
                 (dp.rank(), dp.size()),
                 adamw,
-                (offload, host.as_ref(), overlap),
+                offload,
             )?;
             if pipe.schedule == Schedule::ZbH1 {
                 engine.split_backward()?;
