@@ -1,5 +1,19 @@
 //! distgpt: GPT-2-family training on one device or many, llm.c style.
 
+/// `Display` for a `clap::ValueEnum`: the name the command line takes
+/// (`fsdp`, `zb-h1`), so a value prints as it is typed.
+#[macro_export]
+macro_rules! display_as_flag {
+    ($t:ty) => {
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                let value = clap::ValueEnum::to_possible_value(self);
+                f.write_str(value.expect("every value has a name").get_name())
+            }
+        }
+    };
+}
+
 pub mod backend;
 pub mod checkpoint;
 pub mod comm;

@@ -101,14 +101,7 @@ pub enum Method {
     Rows,
 }
 
-impl std::fmt::Display for Method {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Method::Magnitude => "magnitude",
-            Method::Rows => "rows",
-        })
-    }
-}
+crate::display_as_flag!(Method);
 
 /// How the speed of each level is measured (`prune --sweep`).
 #[derive(Clone, Copy, Debug, Serialize)]

@@ -235,15 +235,8 @@ impl<B: Device, T: Elem> Buf<B, T> {
 
     /// Elements `r`, read-only.
     pub fn slice(&self, r: Range<usize>) -> Src<'_, B, T> {
-        check_range(&r, self.len);
-        Src {
-            raw: RawView {
-                handle: B::handle(&self.mem),
-                off: r.start,
-                len: r.len(),
-            },
-            _borrow: PhantomData,
-        }
+        let handle = B::handle(&self.mem);
+        Src::at(RawView::whole(handle, self.len).sub(r))
     }
 
     /// All of the buffer, writable.
@@ -253,15 +246,8 @@ impl<B: Device, T: Elem> Buf<B, T> {
 
     /// Elements `r`, writable.
     pub fn slice_mut(&mut self, r: Range<usize>) -> Dst<'_, B, T> {
-        check_range(&r, self.len);
-        Dst {
-            raw: RawView {
-                handle: B::handle_mut(&mut self.mem),
-                off: r.start,
-                len: r.len(),
-            },
-            _borrow: PhantomData,
-        }
+        let handle = B::handle_mut(&mut self.mem);
+        Dst::at(RawView::whole(handle, self.len).sub(r))
     }
 }
 
@@ -272,15 +258,6 @@ impl<B: Device, T: Elem> Drop for Buf<B, T> {
     }
 }
 
-fn check_range(r: &Range<usize>, len: usize) {
-    assert!(
-        r.start <= r.end && r.end <= len,
-        "view {}..{} outside a buffer of {len}",
-        r.start,
-        r.end
-    );
-}
-
 /// Where a view points: the backend's handle of the whole buffer (a host
 /// pointer, a `cl_mem`, a device pointer) and an element range in it.
 #[derive(Clone, Copy, Debug)]
@@ -288,6 +265,75 @@ pub struct RawView {
     pub handle: usize,
     pub off: usize,
     pub len: usize,
+}
+
+impl RawView {
+    /// All `len` elements of the buffer behind `handle`.
+    fn whole(handle: usize, len: usize) -> RawView {
+        RawView {
+            handle,
+            off: 0,
+            len,
+        }
+    }
+
+    /// Elements `r` of this view; a range outside it panics.
+    fn sub(self, r: Range<usize>) -> RawView {
+        assert!(
+            r.start <= r.end && r.end <= self.len,
+            "view {}..{} outside a buffer of {}",
+            r.start,
+            r.end,
+            self.len
+        );
+        RawView {
+            handle: self.handle,
+            off: self.off + r.start,
+            len: r.len(),
+        }
+    }
+}
+
+/// What [`Src`] and [`Dst`] both offer: their length, the raw view, and
+/// views of their parts.
+macro_rules! view_methods {
+    ($view:ident) => {
+        impl<'a, B, T> $view<'a, B, T> {
+            fn at(raw: RawView) -> Self {
+                $view {
+                    raw,
+                    _borrow: PhantomData,
+                }
+            }
+
+            pub fn len(&self) -> usize {
+                self.raw.len
+            }
+
+            pub fn is_empty(&self) -> bool {
+                self.raw.len == 0
+            }
+
+            pub fn raw(&self) -> RawView {
+                self.raw
+            }
+
+            /// Elements `r` of this view.
+            pub fn slice(self, r: Range<usize>) -> Self {
+                Self::at(self.raw.sub(r))
+            }
+
+            /// The first `n` elements.
+            pub fn first(self, n: usize) -> Self {
+                self.slice(0..n)
+            }
+
+            /// Piece `i` of this view cut in pieces of `n`.
+            pub fn part(self, i: usize, n: usize) -> Self {
+                self.slice(i * n..(i + 1) * n)
+            }
+        }
+    };
 }
 
 /// What a [`Src`] holds on to: a shared borrow of `T`s of backend `B`.
@@ -309,45 +355,12 @@ impl<B, T> Clone for Src<'_, B, T> {
 
 impl<B, T> Copy for Src<'_, B, T> {}
 
+view_methods!(Src);
+
 impl<'a, B, T> Src<'a, B, T> {
-    pub fn len(&self) -> usize {
-        self.raw.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.raw.len == 0
-    }
-
-    pub fn raw(&self) -> RawView {
-        self.raw
-    }
-
-    /// Elements `r` of this view.
-    pub fn slice(self, r: Range<usize>) -> Src<'a, B, T> {
-        check_range(&r, self.raw.len);
-        Src {
-            raw: RawView {
-                handle: self.raw.handle,
-                off: self.raw.off + r.start,
-                len: r.len(),
-            },
-            _borrow: PhantomData,
-        }
-    }
-
-    /// The first `n` elements.
-    pub fn first(self, n: usize) -> Src<'a, B, T> {
-        self.slice(0..n)
-    }
-
     /// Elements from `at` on.
     pub fn from(self, at: usize) -> Src<'a, B, T> {
         self.slice(at..self.raw.len)
-    }
-
-    /// Piece `i` of this view cut in pieces of `n`.
-    pub fn part(self, i: usize, n: usize) -> Src<'a, B, T> {
-        self.slice(i * n..(i + 1) * n)
     }
 }
 
@@ -358,58 +371,13 @@ pub struct Dst<'a, B, T = f32> {
     _borrow: PhantomData<Exclusive<'a, B, T>>,
 }
 
+view_methods!(Dst);
+
 impl<'a, B, T> Dst<'a, B, T> {
-    pub fn len(&self) -> usize {
-        self.raw.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.raw.len == 0
-    }
-
-    pub fn raw(&self) -> RawView {
-        self.raw
-    }
-
-    /// Elements `r` of this view.
-    pub fn slice(self, r: Range<usize>) -> Dst<'a, B, T> {
-        check_range(&r, self.raw.len);
-        Dst {
-            raw: RawView {
-                handle: self.raw.handle,
-                off: self.raw.off + r.start,
-                len: r.len(),
-            },
-            _borrow: PhantomData,
-        }
-    }
-
-    /// The first `n` elements.
-    pub fn first(self, n: usize) -> Dst<'a, B, T> {
-        self.slice(0..n)
-    }
-
-    /// Piece `i` of this view cut in pieces of `n`.
-    pub fn part(self, i: usize, n: usize) -> Dst<'a, B, T> {
-        self.slice(i * n..(i + 1) * n)
-    }
-
     /// Two disjoint views: `..mid` and `mid..`.
     pub fn split_at(self, mid: usize) -> (Dst<'a, B, T>, Dst<'a, B, T>) {
-        let len = self.raw.len;
         let raw = self.raw;
-        (
-            Dst {
-                raw,
-                _borrow: PhantomData,
-            }
-            .slice(0..mid),
-            Dst {
-                raw,
-                _borrow: PhantomData,
-            }
-            .slice(mid..len),
-        )
+        (Dst::at(raw.sub(0..mid)), Dst::at(raw.sub(mid..raw.len)))
     }
 
     /// Two disjoint views at ranges `a` and `b` (`a` before `b`).
@@ -421,26 +389,17 @@ impl<'a, B, T> Dst<'a, B, T> {
 
     /// A shorter-lived view of the same elements, leaving this one usable after.
     pub fn rb(&mut self) -> Dst<'_, B, T> {
-        Dst {
-            raw: self.raw,
-            _borrow: PhantomData,
-        }
+        Dst::at(self.raw)
     }
 
     /// The same elements, read-only, for as long as this view is borrowed.
     pub fn src(&self) -> Src<'_, B, T> {
-        Src {
-            raw: self.raw,
-            _borrow: PhantomData,
-        }
+        Src::at(self.raw)
     }
 
     /// This view turned read-only for the rest of its lifetime.
     pub fn into_src(self) -> Src<'a, B, T> {
-        Src {
-            raw: self.raw,
-            _borrow: PhantomData,
-        }
+        Src::at(self.raw)
     }
 }
 

@@ -44,13 +44,7 @@ pub enum Layout {
     Zb,
 }
 
-impl std::fmt::Display for Layout {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        use clap::ValueEnum;
-        let name = self.to_possible_value().expect("every layout has a name");
-        f.write_str(name.get_name())
-    }
-}
+crate::display_as_flag!(Layout);
 
 impl Layout {
     pub const ALL: [Layout; 11] = [

@@ -76,14 +76,7 @@ impl StrategyKind {
     }
 }
 
-impl std::fmt::Display for StrategyKind {
-    /// The name the command line takes (`fsdp`, `zero1`).
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        use clap::ValueEnum;
-        let name = self.to_possible_value().expect("every strategy has a name");
-        f.write_str(name.get_name())
-    }
-}
+crate::display_as_flag!(StrategyKind);
 
 /// What of a rank's training state lives in host memory while it trains
 /// on a device (ZeRO-Offload; PyTorch FSDP's `CPUOffload`).
@@ -107,13 +100,7 @@ impl Offload {
     }
 }
 
-impl std::fmt::Display for Offload {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        use clap::ValueEnum;
-        let name = self.to_possible_value().expect("every offload has a name");
-        f.write_str(name.get_name())
-    }
-}
+crate::display_as_flag!(Offload);
 
 /// How the ranks are arranged.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]

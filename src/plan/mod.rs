@@ -25,15 +25,7 @@ pub enum Precision {
     Mixed,
 }
 
-impl std::fmt::Display for Precision {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        use clap::ValueEnum;
-        let name = self
-            .to_possible_value()
-            .expect("every precision has a name");
-        f.write_str(name.get_name())
-    }
-}
+crate::display_as_flag!(Precision);
 
 impl Precision {
     fn params_bytes(self) -> f64 {

@@ -30,15 +30,7 @@ pub enum TaskKind {
     Classify,
 }
 
-impl std::fmt::Display for TaskKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            TaskKind::Lm => "lm",
-            TaskKind::Mlm => "mlm",
-            TaskKind::Classify => "classify",
-        })
-    }
-}
+crate::display_as_flag!(TaskKind);
 
 /// An evaluation's figures: the loss (a language model's next-token loss,
 /// the masked-token loss, the classifier's) and, for a classifier, its

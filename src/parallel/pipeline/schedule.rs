@@ -45,16 +45,7 @@ pub enum Schedule {
     ZbH1,
 }
 
-impl std::fmt::Display for Schedule {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Schedule::GPipe => "gpipe",
-            Schedule::OneFOneB => "1f1b",
-            Schedule::Interleaved => "interleaved",
-            Schedule::ZbH1 => "zb-h1",
-        })
-    }
-}
+crate::display_as_flag!(Schedule);
 
 /// Pipeline stages and their schedule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
