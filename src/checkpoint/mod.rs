@@ -71,7 +71,6 @@ pub fn read_model(dir: &Path) -> Result<(ModelMeta, Vec<f32>)> {
 /// A GPT-2 from what [`read_model`] reads; another family is named.
 pub fn load_model<B: Backend>(backend: B, dir: &Path) -> Result<(Gpt2<B>, ModelMeta)> {
     let (meta, params) = read_model(dir)?;
-    let mut model = Gpt2::new(backend, meta.gpt2(dir)?)?;
-    model.set_params(&params)?;
+    let model = Gpt2::with_params(backend, meta.gpt2(dir)?, &params)?;
     Ok((model, meta))
 }

@@ -230,19 +230,32 @@ pub fn run(mut a: CompareArgs, threads: usize) -> Result<()> {
         "val loss",
         "dev vs single",
     ];
-    for line in distgpt::metrics::table(&header, &rows) {
+    let stopped = done
+        .stopped
+        .then_some((results.len(), done.planned_cells, "cells"));
+    finish(&header, &rows, &spec.out_dir, files.len(), stopped)
+}
+
+/// A matrix's close: its table, and where its report is, or (`stopped`:
+/// the rows done, those planned and what they are) that it stopped short.
+fn finish(
+    header: &[&str],
+    rows: &[Vec<String>],
+    out_dir: &Path,
+    files: usize,
+    stopped: Option<(usize, usize, &str)>,
+) -> Result<()> {
+    for line in distgpt::metrics::table(header, rows) {
         distgpt::outln!("{line}");
     }
-    let report = spec.out_dir.join("report.md");
-    if done.stopped {
+    let report = out_dir.join("report.md");
+    if let Some((done, planned, what)) = stopped {
         bail!(
-            "stopped after {} of {} cells: partial report in {}",
-            results.len(),
-            done.planned_cells,
+            "stopped after {done} of {planned} {what}: partial report in {}",
             report.display()
         );
     }
-    distgpt::outln!("report: {} ({} files)", report.display(), files.len());
+    distgpt::outln!("report: {} ({files} files)", report.display());
     Ok(())
 }
 
@@ -358,18 +371,8 @@ fn run_classify(a: CompareArgs, out_dir: PathBuf, threads: usize) -> Result<()> 
         "test acc",
         "dev vs single",
     ];
-    for line in distgpt::metrics::table(&header, &rows) {
-        distgpt::outln!("{line}");
-    }
-    let report = matrix.out_dir.join("report.md");
-    if done.stopped {
-        bail!(
-            "stopped after {} of {} runs: partial report in {}",
-            done.rows.len(),
-            done.planned_cells,
-            report.display()
-        );
-    }
-    distgpt::outln!("report: {} ({} files)", report.display(), files.len());
-    Ok(())
+    let stopped = done
+        .stopped
+        .then_some((done.rows.len(), done.planned_cells, "runs"));
+    finish(&header, &rows, &matrix.out_dir, files.len(), stopped)
 }

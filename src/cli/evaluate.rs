@@ -157,8 +157,9 @@ pub(super) fn eval_on<B: Backend>(be: B, a: &EvalArgs) -> Result<()> {
         );
         return Ok(());
     }
-    let whole = TpPlace { rank: 0, size: 1 };
-    let engine = meta.config.engine(be, whole, false, Precision::Fp32)?;
+    let engine = meta
+        .config
+        .engine(be, TpPlace::NONE, false, Precision::Fp32)?;
     let mut model = Whole::with_engine(engine)?;
     model.set_params(&params)?;
     let pb = metrics::progress_bar(n as u64, "eval");

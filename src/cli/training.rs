@@ -379,13 +379,13 @@ pub(super) fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<(Prepared, 
     }
     // The flags a resume may change, each taken when given.
     macro_rules! take_given {
-        ($($field:ident),*) => {$(
+        ($into:ident <- $from:expr; $($field:ident),*) => {$(
             if set(stringify!($field)) {
-                cfg.$field = a.$field;
+                $into.$field = $from.$field;
             }
         )*};
     }
-    take_given!(
+    take_given!(cfg <- a;
         grad_clip,
         eval_every,
         eval_batches,
@@ -412,15 +412,7 @@ pub(super) fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<(Prepared, 
         par.strategy = mine.strategy;
         par.tp = mine.tp;
     }
-    if set("world_size") {
-        par.world_size = mine.world_size;
-    }
-    if set("tp") {
-        par.tp = mine.tp;
-    }
-    if set("recompute") {
-        par.recompute = mine.recompute;
-    }
+    take_given!(par <- mine; world_size, tp, recompute, offload, offload_serial);
     if set("precision") && mine.precision != par.precision {
         distgpt::errln!(
             "note: steps 1-{} trained with --precision {}, the steps from here with {}: run.json records both, and --config cannot repeat the run",
@@ -436,12 +428,6 @@ pub(super) fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<(Prepared, 
     if set("schedule") || set("virtual_stages") {
         par.pipeline.schedule = mine.pipeline.schedule;
         par.pipeline.virtual_stages = mine.pipeline.virtual_stages;
-    }
-    if set("offload") {
-        par.offload = mine.offload;
-    }
-    if set("offload_serial") {
-        par.offload_serial = mine.offload_serial;
     }
     let prepared = Prepared { data, cfg, par };
     Ok((prepared, run_dir, index.step))

@@ -9,9 +9,31 @@
 //! backward (`all_reduce`).
 
 use super::layout::ParamLayout;
-use crate::backend::{Backend, Dst, Src};
+use crate::backend::{AttnShape, Backend, Dst, Src};
 use crate::comm::{device, Comm};
 use crate::error::Result;
+
+/// One block's widths on one of `tp` tensor-parallel ranks (any family): the residual
+/// width `c`, the attention width `cl` (`nhl` heads) and the MLP width `fl`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockDims {
+    pub c: usize,
+    pub cl: usize,
+    pub nhl: usize,
+    pub fl: usize,
+}
+
+impl BlockDims {
+    /// The attention's shape over b sequences of t tokens on this rank.
+    pub fn attn(self, b: usize, t: usize) -> AttnShape {
+        AttnShape {
+            b,
+            t,
+            c: self.cl,
+            nh: self.nhl,
+        }
+    }
+}
 
 /// How a tensor is divided among tensor-parallel ranks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -113,10 +113,6 @@ impl<B: Backend> Task<B> for LmTask<'_> {
         )?))
     }
 
-    fn tokens(&self, batch: &Batch) -> usize {
-        batch.inputs.len()
-    }
-
     fn check_eval(&self, cfg: &TrainConfig) -> Result<()> {
         val_loader(self.data, cfg).map(drop)
     }

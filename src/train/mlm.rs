@@ -132,10 +132,6 @@ impl<B: Backend> Task<B> for MlmTask<'_> {
         }))
     }
 
-    fn tokens(&self, batch: &Batch) -> usize {
-        batch.inputs.len()
-    }
-
     fn check_eval(&self, cfg: &TrainConfig) -> Result<()> {
         val_loader(self.data, cfg).map(drop)
     }

@@ -84,9 +84,12 @@ pub trait Task<B: Backend>: Sync {
     fn initial_params(&self, cfg: &TrainConfig, backend: &B) -> Result<Vec<f32>>;
     /// This rank's training stream for `cfg`'s batch shape and seed.
     fn train_stream(&self, cfg: &TrainConfig) -> Result<Box<dyn TrainStream + '_>>;
-    /// The tokens of a batch that count for throughput (a classifier's
-    /// real tokens, padding left out).
-    fn tokens(&self, batch: &Batch) -> usize;
+    /// The tokens of a batch that count for throughput: every input
+    /// token, unless the task says otherwise (a classifier's real tokens,
+    /// padding left out).
+    fn tokens(&self, batch: &Batch) -> usize {
+        batch.inputs.len()
+    }
     /// **Collective.** The validation split's figures.
     fn evaluate(&self, strategy: &mut dyn Strategy, cfg: &TrainConfig) -> Result<Eval>;
     /// Refuses a validation split that [`Task::evaluate`] could not read

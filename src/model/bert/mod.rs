@@ -17,11 +17,11 @@ use super::alloc::ActAlloc;
 use super::bf16::{matmul_backward, matmul_forward, Bf16Operands, Dout, Precision};
 use super::layout::ParamLayout;
 use super::tp;
-use super::tp::TpPlace;
+use super::tp::{BlockDims, TpPlace};
 use super::unit::{Span, SpanRun, UnitGrads, UnitKind, UnitModel, UnitParams};
 use crate::backend::{
-    Activation, ActivationBackward, AttentionBackward, AttentionForward, AttnShape, Backend, Buf,
-    Category, CrossEntropyBackward, CrossEntropyForward, Dst, EncoderBackward, EncoderForward,
+    Activation, ActivationBackward, AttentionBackward, AttentionForward, Backend, Buf, Category,
+    CrossEntropyBackward, CrossEntropyForward, Dst, EncoderBackward, EncoderForward,
     LayerNormBackward, LayerNormForward, MatmulBackward, MatmulForward, MatmulShape, Src,
     WeightLayout,
 };
@@ -120,24 +120,14 @@ struct FirstRows<B: Backend> {
     datty: Buf<B>,
 }
 
-/// Per-rank widths under tensor parallelism.
-#[derive(Clone, Copy)]
-struct Dims {
-    c: usize,
-    cl: usize,
-    nhl: usize,
-    fl: usize,
-}
-
-impl Dims {
-    fn of(cfg: &BertConfig, tp: usize) -> Dims {
-        let c = cfg.n_embd;
-        Dims {
-            c,
-            cl: c / tp,
-            nhl: cfg.n_head / tp,
-            fl: cfg.n_inner / tp,
-        }
+/// A block's widths on one of `tp` tensor-parallel ranks.
+fn block_dims(cfg: &BertConfig, tp: usize) -> BlockDims {
+    let c = cfg.n_embd;
+    BlockDims {
+        c,
+        cl: c / tp,
+        nhl: cfg.n_head / tp,
+        fl: cfg.n_inner / tp,
     }
 }
 
@@ -157,7 +147,7 @@ pub fn activation_elems(
     Acts::new(
         &al,
         cfg,
-        Dims::of(cfg, tp),
+        block_dims(cfg, tp),
         (&run.span, slots, b * t, b),
         precision,
     )
@@ -169,7 +159,7 @@ impl<B: Backend> Acts<B> {
     fn new(
         al: &ActAlloc<'_, B>,
         cfg: &BertConfig,
-        d: Dims,
+        d: BlockDims,
         (span, slots, rows, b): (&Span, usize, usize, usize),
         precision: Precision,
     ) -> Result<Self> {
@@ -364,8 +354,8 @@ impl<B: Backend> Engine<B> {
         })
     }
 
-    fn dims(&self) -> Dims {
-        Dims::of(&self.config, self.tp.size)
+    fn dims(&self) -> BlockDims {
+        block_dims(&self.config, self.tp.size)
     }
 
     fn slot(&self, l: usize) -> usize {
@@ -585,7 +575,8 @@ impl<B: Backend> Engine<B> {
     fn block_forward(&mut self, l: usize, p: Src<'_, B>, tp: Option<&dyn Comm>) -> Result<()> {
         let first_only = self.first_rows_only(l);
         let (b, t) = self.shape();
-        let Dims { c, cl, nhl, fl } = self.dims();
+        let d = self.dims();
+        let BlockDims { c, cl, nhl, fl } = d;
         let eps = self.config.layer_norm_eps;
         let (rows, s) = (b * t, self.slot(l));
         let btc = rows * c;
@@ -613,12 +604,7 @@ impl<B: Backend> Engine<B> {
             },
         );
         let mut atty = a.atty.d().part(s, rows * cl);
-        let shape = AttnShape {
-            b,
-            t,
-            c: cl,
-            nh: nhl,
-        };
+        let shape = d.attn(b, t);
         let lse = a.lse.d().part(s, rows * nhl);
         be.attention_forward(AttentionForward {
             out: atty.rb(),
@@ -750,7 +736,8 @@ impl<B: Backend> Engine<B> {
         }
         let first_only = self.first_rows_only(l);
         let (b, t) = self.shape();
-        let Dims { c, cl, nhl, fl } = self.dims();
+        let d = self.dims();
+        let BlockDims { c, cl, nhl, fl } = d;
         let (rows, s) = (b * t, self.slot(l));
         let btc = rows * c;
         let (be, lay) = (&self.backend, &self.layout);
@@ -883,12 +870,7 @@ impl<B: Backend> Engine<B> {
             scatter_first(be, datty.rb(), d.into_src(), (b, t, cl), false);
         }
         let mut dqkv = a.dqkv.slice_mut(0..3 * rows * cl);
-        let shape = AttnShape {
-            b,
-            t,
-            c: cl,
-            nh: nhl,
-        };
+        let shape = d.attn(b, t);
         be.attention_backward(AttentionBackward {
             dqkv: dqkv.rb(),
             dout: datty.src(),
@@ -1310,7 +1292,7 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
             self.acts = Some(Acts::new(
                 &ActAlloc::on(&self.backend),
                 &self.config,
-                Dims::of(&self.config, self.tp.size),
+                block_dims(&self.config, self.tp.size),
                 (&self.span, self.span.slots(self.recompute), rows, b),
                 self.precision,
             )?);

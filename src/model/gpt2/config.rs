@@ -2,6 +2,7 @@
 
 use crate::error::Error;
 use crate::model::family::MAX_PARAMS;
+pub use crate::model::tp::BlockDims;
 use serde::{Deserialize, Serialize};
 
 /// Shape of a GPT-2-family model. `vocab_size` is the real vocabulary; the
@@ -25,16 +26,6 @@ pub struct GptConfig {
 pub struct BlockWidth {
     pub heads: usize,
     pub hidden: usize,
-}
-
-/// One block's widths on one of `tp` tensor-parallel ranks: the residual
-/// width `c`, the attention width `cl` (`nhl` heads) and the MLP width `fl`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BlockDims {
-    pub c: usize,
-    pub cl: usize,
-    pub nhl: usize,
-    pub fl: usize,
 }
 
 impl std::fmt::Display for GptConfig {

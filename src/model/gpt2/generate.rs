@@ -126,15 +126,12 @@ fn generate_as<B: Backend>(
     let weights = DecodeWeights::new(
         model.backend(),
         &model.config,
-        WHOLE,
+        TpPlace::NONE,
         model.params.s(),
         format,
     )?;
     generate_packed(model, &weights, prompts, cfg, stop, on_token)
 }
-
-/// A whole model on one rank.
-const WHOLE: TpPlace = TpPlace { rank: 0, size: 1 };
 
 /// GPT-2's decoder (its family's [`FamilyDecoder`]): `run`'s prompts
 /// continued from its whole parameters on `backend`, stored as its format;
@@ -159,8 +156,7 @@ pub fn generate_gpt2<B: Backend>(
         on_token,
     } = run;
     let Some(tp) = tp.filter(|g| g.size() > 1) else {
-        let mut model = Gpt2::new(backend, config.clone())?;
-        model.set_params(params)?;
+        let model = Gpt2::with_params(backend, config.clone(), params)?;
         return generate_as(&model, format, prompts, cfg, stop, on_token);
     };
     let place = TpPlace {
@@ -193,8 +189,7 @@ pub fn evaluate_gpt2<B: Backend>(
     config: &GptConfig,
     run: DecodedRun<'_>,
 ) -> Result<DecodedEval> {
-    let mut model = Gpt2::new(backend, config.clone())?;
-    model.set_params(run.params)?;
+    let model = Gpt2::with_params(backend, config.clone(), run.params)?;
     evaluate_decoded(&model, run.format, run.batches, run.rows, run.t)
 }
 
@@ -207,10 +202,15 @@ pub fn time_gpt2<B: Backend>(
     config: &GptConfig,
     run: TimedGeneration<'_>,
 ) -> Result<GenerationTiming> {
-    let mut model = Gpt2::new(backend, config.clone())?;
-    model.set_params(run.params)?;
+    let model = Gpt2::with_params(backend, config.clone(), run.params)?;
     let t0 = Instant::now();
-    let weights = DecodeWeights::new(model.backend(), config, WHOLE, model.params.s(), run.format)?;
+    let weights = DecodeWeights::new(
+        model.backend(),
+        config,
+        TpPlace::NONE,
+        model.params.s(),
+        run.format,
+    )?;
     let pack_seconds = t0.elapsed().as_secs_f64();
     let greedy = SampleConfig {
         max_new_tokens: run.new_tokens,
@@ -255,7 +255,7 @@ pub fn generate_packed<B: Backend>(
         let mut dec = Decoder::new(
             model.backend().clone_fresh(),
             model.config.clone(),
-            WHOLE,
+            TpPlace::NONE,
             context.len(),
             max_t,
         )?;
@@ -303,13 +303,21 @@ pub fn evaluate_decoded<B: Backend>(
     rows: usize,
     t: usize,
 ) -> Result<DecodedEval> {
-    let pack = |f| DecodeWeights::new(model.backend(), &model.config, WHOLE, model.params.s(), f);
+    let pack = |f| {
+        DecodeWeights::new(
+            model.backend(),
+            &model.config,
+            TpPlace::NONE,
+            model.params.s(),
+            f,
+        )
+    };
     let (asked, full) = (pack(format)?, pack(WeightFormat::F32)?);
     let decoder = || {
         Decoder::new(
             model.backend().clone_fresh(),
             model.config.clone(),
-            WHOLE,
+            TpPlace::NONE,
             rows,
             t,
         )
@@ -429,11 +437,18 @@ mod tests {
             .build()
             .unwrap();
         for format in [WeightFormat::F32, WeightFormat::Bf16, WeightFormat::Int8] {
-            let weights =
-                DecodeWeights::new(model.backend(), &cfg, WHOLE, model.params.s(), format).unwrap();
+            let weights = DecodeWeights::new(
+                model.backend(),
+                &cfg,
+                TpPlace::NONE,
+                model.params.s(),
+                format,
+            )
+            .unwrap();
             let next = |prefill: bool| {
                 pool.install(|| {
-                    let mut dec = Decoder::new(Cpu::new(), cfg.clone(), WHOLE, b, t + 1).unwrap();
+                    let mut dec =
+                        Decoder::new(Cpu::new(), cfg.clone(), TpPlace::NONE, b, t + 1).unwrap();
                     if prefill {
                         let first: Vec<u32> = (0..b)
                             .flat_map(|r| (0..t).map(move |p| row(r, p)))
@@ -460,11 +475,11 @@ mod tests {
                 assert!(worst < 1e-5, "{format:?} row {r}: logits differ by {worst}");
             }
         }
-        let mut dec = Decoder::new(Cpu::new(), cfg.clone(), WHOLE, b, 8).unwrap();
+        let mut dec = Decoder::new(Cpu::new(), cfg.clone(), TpPlace::NONE, b, 8).unwrap();
         let weights = DecodeWeights::new(
             model.backend(),
             &cfg,
-            WHOLE,
+            TpPlace::NONE,
             model.params.s(),
             WeightFormat::F32,
         )

@@ -395,12 +395,7 @@ impl<B: Backend> Engine<B> {
             be: &self.backend,
             bf16: a.bf16.as_mut(),
             lse: a.lse.d().part(s, rows * wd.nhl).first(rows * nhl),
-            shape: AttnShape {
-                b,
-                t,
-                c: cl,
-                nh: nhl,
-            },
+            shape: d.attn(b, t),
         };
         let at = (&self.layout, l, p);
         block::forward(&self.backend, &mut mode, io, at, (rows, d), (tp, self.tp))
@@ -537,7 +532,8 @@ impl<B: Backend> Engine<B> {
             self.block_forward(l, p, tp)?;
         }
         let (b, t) = self.shape();
-        let (BlockDims { c, cl, nhl, fl }, wd) = (self.dims(l), self.widest());
+        let (d, wd) = (self.dims(l), self.widest());
+        let BlockDims { c, cl, nhl, fl } = d;
         let rows = b * t;
         let btc = rows * c;
         let (s, r) = (self.slot(l), self.span.resid(l));
@@ -619,12 +615,7 @@ impl<B: Backend> Engine<B> {
             out: a.atty.s().part(s, rows * wd.cl).first(rows * cl),
             lse: a.lse.s().part(s, rows * wd.nhl).first(rows * nhl),
             lens: None,
-            shape: AttnShape {
-                b,
-                t,
-                c: cl,
-                nh: nhl,
-            },
+            shape: d.attn(b, t),
         });
         let (dw, db) = weight_and_bias(&mut g, (lay, l), BlockParam::QkvW, BlockParam::QkvB);
         let op = MatmulBackward {
@@ -848,12 +839,7 @@ impl<B: Backend> Engine<B> {
             out: a.atty.s().part(s, rows * wd.cl).first(rows * cl),
             lse: a.lse.s().part(s, rows * wd.nhl).first(rows * nhl),
             lens: None,
-            shape: AttnShape {
-                b,
-                t,
-                c: cl,
-                nh: nhl,
-            },
+            shape: d.attn(b, t),
         });
         let (dqkv, mut dln1) = saved.rb().split2(at.dqkv.clone(), at.dln1.clone());
         let qkv = w(BlockParam::QkvW);
@@ -1152,6 +1138,13 @@ impl<B: Backend> Whole<B, Engine<B>> {
     /// A whole model with zero parameters (to be loaded or initialised).
     pub fn new(backend: B, config: GptConfig) -> Result<Self> {
         Self::with_engine(Engine::new(backend, config, TpPlace::NONE, false)?)
+    }
+
+    /// A whole model on `backend` holding `params`.
+    pub fn with_params(backend: B, config: GptConfig, params: &[f32]) -> Result<Self> {
+        let mut model = Self::new(backend, config)?;
+        model.set_params(params)?;
+        Ok(model)
     }
 
     pub fn backend(&self) -> &B {
