@@ -386,11 +386,7 @@ pub struct DecodeShape {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum HeadKernel {
     Portable,
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ))]
+    #[cfg(avx2_fma)]
     Avx2,
 }
 
@@ -398,11 +394,7 @@ impl HeadKernel {
     /// Every kernel this build can run for heads of `hd` values, fastest first.
     fn available(hd: usize) -> Vec<HeadKernel> {
         let mut out = Vec::new();
-        #[cfg(all(
-            target_arch = "x86_64",
-            target_feature = "avx2",
-            target_feature = "fma"
-        ))]
+        #[cfg(avx2_fma)]
         if hd.is_multiple_of(8) {
             out.push(HeadKernel::Avx2);
         }
@@ -438,11 +430,7 @@ impl HeadKernel {
             }
             // SAFETY: the build has AVX2 and FMA; hd is whole vectors
             // (`available`) and k holds len positions (sliced above).
-            #[cfg(all(
-                target_arch = "x86_64",
-                target_feature = "avx2",
-                target_feature = "fma"
-            ))]
+            #[cfg(avx2_fma)]
             HeadKernel::Avx2 => unsafe { x86::scores(scores, q, k, hd, stride, scale) },
         }
         for (h, (o, p)) in o
@@ -461,11 +449,7 @@ impl HeadKernel {
                     }
                 }
                 // SAFETY: as above, v holding len positions.
-                #[cfg(all(
-                    target_arch = "x86_64",
-                    target_feature = "avx2",
-                    target_feature = "fma"
-                ))]
+                #[cfg(avx2_fma)]
                 HeadKernel::Avx2 => unsafe { x86::weighted(o, p, v, stride) },
             }
             let inv = 1.0 / total;
@@ -538,11 +522,7 @@ fn attention_decode_by(
         );
 }
 
-#[cfg(all(
-    target_arch = "x86_64",
-    target_feature = "avx2",
-    target_feature = "fma"
-))]
+#[cfg(avx2_fma)]
 mod x86 {
     use std::arch::x86_64::*;
 

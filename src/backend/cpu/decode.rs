@@ -53,24 +53,13 @@ impl Bf16 {
 pub trait Element: Copy + Default + Send + Sync {
     fn from_f32(x: f32) -> Self;
     /// (Used by the portable product.)
-    #[cfg(any(
-        test,
-        not(all(
-            target_arch = "x86_64",
-            target_feature = "avx2",
-            target_feature = "fma"
-        ))
-    ))]
+    #[cfg(any(test, not(avx2_fma)))]
     fn to_f32(self) -> f32;
     /// Eight stored values from `p` as f32 lanes.
     ///
     /// # Safety
     /// `p` must point to eight readable values.
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ))]
+    #[cfg(avx2_fma)]
     unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
 }
 
@@ -78,22 +67,11 @@ impl Element for f32 {
     fn from_f32(x: f32) -> Self {
         x
     }
-    #[cfg(any(
-        test,
-        not(all(
-            target_arch = "x86_64",
-            target_feature = "avx2",
-            target_feature = "fma"
-        ))
-    ))]
+    #[cfg(any(test, not(avx2_fma)))]
     fn to_f32(self) -> f32 {
         self
     }
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ))]
+    #[cfg(avx2_fma)]
     #[inline(always)]
     unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
         std::arch::x86_64::_mm256_loadu_ps(p)
@@ -110,23 +88,12 @@ impl Element for Bf16 {
         let round = 0x7fff + ((bits >> 16) & 1);
         Bf16((bits.wrapping_add(round) >> 16) as u16)
     }
-    #[cfg(any(
-        test,
-        not(all(
-            target_arch = "x86_64",
-            target_feature = "avx2",
-            target_feature = "fma"
-        ))
-    ))]
+    #[cfg(any(test, not(avx2_fma)))]
     fn to_f32(self) -> f32 {
         f32::from_bits((self.0 as u32) << 16)
     }
     /// Widens eight u16 to u32 and shifts them into the high half.
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ))]
+    #[cfg(avx2_fma)]
     #[inline(always)]
     unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
         use std::arch::x86_64::*;
@@ -326,20 +293,12 @@ fn tile_product<T: Element, const R: usize>(
 ) {
     let depth = w.len() / PANEL;
     assert!(R <= ROWS && x.len() >= (R - 1) * k + i0 + depth);
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ))]
+    #[cfg(avx2_fma)]
     // SAFETY: bounds checked above; AVX2 + FMA are enabled for this build.
     unsafe {
         avx2::tile_product::<T, R>(tile, x.as_ptr().add(i0), k, w.as_ptr(), depth, ahead)
     }
-    #[cfg(not(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    )))]
+    #[cfg(not(avx2_fma))]
     {
         let _ = ahead;
         portable_tile_product::<T, R>(tile, x, k, i0, w);
@@ -348,14 +307,7 @@ fn tile_product<T: Element, const R: usize>(
 
 /// The same product in plain Rust (other targets, and the reference the
 /// vector path is tested against).
-#[cfg(any(
-    test,
-    not(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ))
-))]
+#[cfg(any(test, not(avx2_fma)))]
 fn portable_tile_product<T: Element, const R: usize>(
     tile: &mut [f32; ROWS * PANEL],
     x: &[f32],
@@ -374,11 +326,7 @@ fn portable_tile_product<T: Element, const R: usize>(
     }
 }
 
-#[cfg(all(
-    target_arch = "x86_64",
-    target_feature = "avx2",
-    target_feature = "fma"
-))]
+#[cfg(avx2_fma)]
 mod avx2 {
     use super::{Ahead, Element, PANEL, ROWS};
     use std::arch::x86_64::*;

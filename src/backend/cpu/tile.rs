@@ -27,11 +27,7 @@ thread_local! {
 pub(super) enum Kernel {
     #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
     Avx512,
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma"
-    ))]
+    #[cfg(avx2_fma)]
     Avx2,
 }
 
@@ -43,11 +39,7 @@ impl Kernel {
             let all = [
                 #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
                 (Kernel::Avx512, is_x86_feature_detected!("avx512f")),
-                #[cfg(all(
-                    target_arch = "x86_64",
-                    target_feature = "avx2",
-                    target_feature = "fma"
-                ))]
+                #[cfg(avx2_fma)]
                 (Kernel::Avx2, true),
             ];
             all.into_iter()
@@ -62,11 +54,7 @@ impl Kernel {
         match self {
             #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
             Kernel::Avx512 => "AVX-512",
-            #[cfg(all(
-                target_arch = "x86_64",
-                target_feature = "avx2",
-                target_feature = "fma"
-            ))]
+            #[cfg(avx2_fma)]
             Kernel::Avx2 => "AVX2",
         }
     }
@@ -76,11 +64,7 @@ impl Kernel {
         match self {
             #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
             Kernel::Avx512 => x86::avx512::NR,
-            #[cfg(all(
-                target_arch = "x86_64",
-                target_feature = "avx2",
-                target_feature = "fma"
-            ))]
+            #[cfg(avx2_fma)]
             Kernel::Avx2 => x86::avx2::NR,
         }
     }
@@ -120,11 +104,7 @@ pub(super) unsafe fn product_on(
         match kernel {
             #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
             Kernel::Avx512 => x86::avx512::product(c, lhs, b, shape, accumulate, scale),
-            #[cfg(all(
-                target_arch = "x86_64",
-                target_feature = "avx2",
-                target_feature = "fma"
-            ))]
+            #[cfg(avx2_fma)]
             Kernel::Avx2 => x86::avx2::product(c, lhs, b, shape, accumulate, scale),
         }
     };
