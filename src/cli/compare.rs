@@ -156,29 +156,8 @@ pub fn run(mut a: CompareArgs, threads: usize) -> Result<()> {
         }
         ds.train = ds.train.head(n);
     }
-    let names = a
-        .models
-        .clone()
-        .unwrap_or_else(|| vec!["shakespeare-char-small".into()]);
-    let mut models = Vec::new();
-    for name in &names {
-        let vocab = Reshape {
-            vocab_size: Some(ds.tokenizer.vocab_size()),
-            ..Reshape::default()
-        };
-        let m = ModelConfig::preset(name)?.reshaped(&vocab)?;
-        m.validate()?;
-        if !distgpt::train::spec::causal_lm(&m) {
-            bail!("{name} is a BERT: compare's language-model matrix trains causal language models; --task classify compares BERT fine-tuning");
-        }
-        if seq_len == 0 || seq_len > m.block_size() {
-            bail!(
-                "--seq-len {seq_len} must be between 1 and {name}'s block size {}",
-                m.block_size()
-            );
-        }
-        models.push((name.clone(), m));
-    }
+    let names = a.models.as_deref().unwrap_or(&[]);
+    let models = lm_models(names, ds.tokenizer.vocab_size(), seq_len)?;
     create_report_dir(&out_dir)?;
     let repeats = a
         .repeats
@@ -257,6 +236,38 @@ fn finish(
     }
     distgpt::outln!("report: {} ({files} files)", report.display());
     Ok(())
+}
+
+/// The language-model matrix's models: each preset (default
+/// shakespeare-char-small) with the data's vocabulary, a causal one whose
+/// block holds `seq_len` tokens.
+fn lm_models(names: &[String], vocab: usize, seq_len: usize) -> Result<Vec<(String, ModelConfig)>> {
+    let default = ["shakespeare-char-small".to_string()];
+    let names = if names.is_empty() {
+        &default[..]
+    } else {
+        names
+    };
+    let vocab = Reshape {
+        vocab_size: Some(vocab),
+        ..Reshape::default()
+    };
+    let mut models = Vec::new();
+    for name in names {
+        let m = ModelConfig::preset(name)?.reshaped(&vocab)?;
+        m.validate()?;
+        if !distgpt::train::spec::causal_lm(&m) {
+            bail!("{name} is a BERT: compare's language-model matrix trains causal language models; --task classify compares BERT fine-tuning");
+        }
+        if seq_len == 0 || seq_len > m.block_size() {
+            bail!(
+                "--seq-len {seq_len} must be between 1 and {name}'s block size {}",
+                m.block_size()
+            );
+        }
+        models.push((name.clone(), m));
+    }
+    Ok(models)
 }
 
 fn create_report_dir(dir: &Path) -> Result<()> {
