@@ -861,9 +861,62 @@ mod tests {
             runs: 1,
         };
         let e = bert
-            .time_generation(be, run, "bench --generate")
+            .time_generation(be.clone(), run, "bench --generate")
             .unwrap_err();
         assert!(e.to_string().contains(": bench --generate runs"), "{e}");
+        // GPT-2's decoder answers each job through the registry
+        let t = 6;
+        let run = DecodedRun {
+            params: &params,
+            format: WeightFormat::F32,
+            batches: vec![(vec![1; t], vec![2; t])],
+            rows: 1,
+            t,
+        };
+        let e = tiny.evaluate_decoded(be.clone(), run, "eval").unwrap();
+        assert_eq!((e.tokens, e.top1_agreement), (t, 1.0));
+        assert!(e.loss > 0.0 && (e.loss - e.loss_f32).abs() < 1e-9, "{e:?}");
+        let run = TimedGeneration {
+            params: &params,
+            format: WeightFormat::F32,
+            prompts: &[vec![1], vec![2, 3]],
+            new_tokens: 3,
+            runs: 2,
+        };
+        let timed = tiny.time_generation(be.clone(), run, "bench").unwrap();
+        assert_eq!(timed.runs.len(), 2);
+        assert!(timed.runs.iter().all(|&(s, first, n)| n == 3 && first <= s));
+        let sample = SampleConfig {
+            max_new_tokens: 4,
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 0,
+        };
+        let run = Generation {
+            params: &params,
+            prompts: &[vec![1, 2]],
+            sample: &sample,
+            stop: None,
+            format: WeightFormat::F32,
+            tp: None,
+            on_token: &mut |_, _| {},
+        };
+        let out = tiny
+            .generate(be.clone(), run)
+            .unwrap()
+            .expect("GPT-2 decodes");
+        assert_eq!(out[0].len(), 4);
+        let run = Generation {
+            params: &[],
+            prompts: &[vec![1]],
+            sample: &sample,
+            stop: None,
+            format: WeightFormat::F32,
+            tp: None,
+            on_token: &mut |_, _| {},
+        };
+        assert!(bert.generate(be, run).unwrap().is_none());
     }
 
     #[test]
