@@ -340,6 +340,25 @@ macro_rules! with_marker {
     }};
 }
 
+/// The smallest and largest x and y of every series' points and ranges
+/// (x0 > x1 when there are none).
+fn bounds(fig: &Figure) -> (f64, f64, f64, f64) {
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+    for s in &fig.series {
+        for &(x, y) in &s.points {
+            (x0, x1) = (x0.min(x), x1.max(x));
+            (y0, y1) = (y0.min(y), y1.max(y));
+        }
+        for &(lo, hi) in &s.ranges {
+            (y0, y1) = (y0.min(lo), y1.max(hi));
+        }
+    }
+    (x0, x1, y0, y1)
+}
+
+/// Draws `fig` on `root`. Long by design: series by series in one pass,
+/// each series' line, bars, markers and legend entry in its own style
+/// together, on one chart whose context holds the drawing area.
 fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, fig: &Figure) -> Result<()>
 where
     DB::ErrorType: 'static,
@@ -348,20 +367,9 @@ where
         |e: DrawingAreaErrorKind<DB::ErrorType>| Error::Input(format!("drawing {}: {e}", fig.stem));
     root.fill(&WHITE).map_err(err)?;
     let (plot, legend) = root.split_horizontally(WIDTH - LEGEND_WIDTH);
-    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
-    for s in &fig.series {
-        for &(x, y) in &s.points {
-            x0 = x0.min(x);
-            x1 = x1.max(x);
-            y0 = y0.min(y);
-            y1 = y1.max(y);
-        }
-        for &(lo, hi) in &s.ranges {
-            y0 = y0.min(lo);
-            y1 = y1.max(hi);
-        }
-    }
+    let (mut x0, mut x1, y0, y1) = bounds(fig);
     let notes = notes(fig, y1 - y0);
+    let (mut y0, mut y1) = (y0, y1);
     if x0 > x1 {
         (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
     }
@@ -444,20 +452,18 @@ where
                 .draw_series(s.points.iter().map(|&p| m(p)))
                 .map_err(err))?;
         }
-        let sample = vec![(8, y), (40, y)];
         if !fig.scatter {
-            match dash {
-                Dash::Solid => legend.draw(&PathElement::new(sample, line)),
-                Dash::Dashed => legend
-                    .draw(&PathElement::new(vec![(8, y), (18, y)], line))
-                    .and(legend.draw(&PathElement::new(vec![(26, y), (40, y)], line))),
-                Dash::Dotted => legend
-                    .draw(&PathElement::new(vec![(8, y), (10, y)], line))
-                    .and(legend.draw(&PathElement::new(vec![(18, y), (20, y)], line)))
-                    .and(legend.draw(&PathElement::new(vec![(28, y), (30, y)], line)))
-                    .and(legend.draw(&PathElement::new(vec![(38, y), (40, y)], line))),
+            // the line's sample: its dashes drawn as segments of 8..40
+            let segments: &[(i32, i32)] = match dash {
+                Dash::Solid => &[(8, 40)],
+                Dash::Dashed => &[(8, 18), (26, 40)],
+                Dash::Dotted => &[(8, 10), (18, 20), (28, 30), (38, 40)],
+            };
+            for &(a, b) in segments {
+                legend
+                    .draw(&PathElement::new(vec![(a, y), (b, y)], line))
+                    .map_err(err)?;
             }
-            .map_err(err)?;
         }
         if ringed {
             let at = EmptyElement::at((24, y));

@@ -130,10 +130,9 @@ fn need(v: Option<f64>, flag: &str) -> Result<f64> {
     }
 }
 
-/// The device and network the flags describe, and where the step's
-/// efficiency comes from, in words. For this CPU, also the measured
-/// machine: its step efficiency is calibrated per world size.
-fn target(a: &PlanArgs, threads: usize) -> Result<(Device, Network, Option<Machine>, String)> {
+/// The step efficiency the flags ask for (None: the CPU's measured, or a
+/// datasheet's assumed), and where it comes from, in words.
+fn efficiency(a: &PlanArgs) -> Result<(Option<f64>, String)> {
     let (eff, source) = match (&a.efficiency_from, a.efficiency) {
         (Some(run), _) => {
             let m = run_efficiency(run)?;
@@ -160,6 +159,14 @@ fn target(a: &PlanArgs, threads: usize) -> Result<(Device, Network, Option<Machi
             bail!("--efficiency must be in (0, 1], got {e}");
         }
     }
+    Ok((eff, source))
+}
+
+/// The device and network the flags describe, and where the step's
+/// efficiency comes from, in words. For this CPU, also the measured
+/// machine: its step efficiency is calibrated per world size.
+fn target(a: &PlanArgs, threads: usize) -> Result<(Device, Network, Option<Machine>, String)> {
+    let (eff, source) = efficiency(a)?;
     let mut machine = None;
     let (mut device, mut net) = match a.device {
         DeviceKind::Cpu => {
@@ -189,15 +196,10 @@ fn target(a: &PlanArgs, threads: usize) -> Result<(Device, Network, Option<Machi
             parts
         }
         DeviceKind::A100 | DeviceKind::H100 | DeviceKind::H200 | DeviceKind::B200 => {
-            let name = match a.device {
-                DeviceKind::A100 => "a100",
-                DeviceKind::H100 => "h100",
-                DeviceKind::H200 => "h200",
-                _ => "b200",
-            };
+            let name = super::config::name(a.device);
             (
-                Device::datasheet(name, a.precision, eff.unwrap_or(0.4)).expect("known datasheet"),
-                Network::datasheet(name).expect("known datasheet"),
+                Device::datasheet(&name, a.precision, eff.unwrap_or(0.4)).expect("known datasheet"),
+                Network::datasheet(&name).expect("known datasheet"),
             )
         }
         DeviceKind::Custom => (

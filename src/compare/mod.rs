@@ -524,6 +524,29 @@ fn estimate_s(spec: &CompareSpec, ds: &Dataset, cells: &[Cell], predicted: &[Pre
         .sum()
 }
 
+/// Says how many runs the matrix has and, with plan's predictions, about
+/// how long they will train.
+fn announce(spec: &CompareSpec, ds: &Dataset, cells: &[Cell], predicted: &[Predicted]) {
+    if predicted.is_empty() {
+        crate::errln!(
+            "{} runs ({} cells x {} repeats); no time estimate without plan's predictions (--no-predict)",
+            cells.len() * spec.repeats,
+            cells.len(),
+            spec.repeats
+        );
+    } else {
+        let secs = estimate_s(spec, ds, cells, predicted);
+        crate::errln!(
+            "{} runs ({} cells x {} repeats), estimated {:.0} min {:02.0} s of training (plan's step times; Ctrl-C stops and writes a partial report)",
+            cells.len() * spec.repeats,
+            cells.len(),
+            spec.repeats,
+            (secs / 60.0).floor(),
+            secs % 60.0
+        );
+    }
+}
+
 /// Runs every cell `spec.repeats` times (bars on `multi`), returning one row
 /// per cell and the calibrations used for the predictions. A signal stops
 /// after the current step; the cell it cut short is left out.
@@ -545,24 +568,7 @@ pub fn run(spec: &CompareSpec, ds: &Dataset, multi: &MultiProgress) -> Result<Co
         }
     }
     if spec.announce_estimate {
-        if predicted.is_empty() {
-            crate::errln!(
-                "{} runs ({} cells x {} repeats); no time estimate without plan's predictions (--no-predict)",
-                cells.len() * spec.repeats,
-                cells.len(),
-                spec.repeats
-            );
-        } else {
-            let secs = estimate_s(spec, ds, &cells, &predicted);
-            crate::errln!(
-                "{} runs ({} cells x {} repeats), estimated {:.0} min {:02.0} s of training (plan's step times; Ctrl-C stops and writes a partial report)",
-                cells.len() * spec.repeats,
-                cells.len(),
-                spec.repeats,
-                (secs / 60.0).floor(),
-                secs % 60.0
-            );
-        }
+        announce(spec, ds, &cells, &predicted);
     }
     let outer = multi.add(crate::metrics::progress_bar(
         (cells.len() * spec.repeats) as u64,

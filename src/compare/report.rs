@@ -147,6 +147,78 @@ fn summary(done: &Comparison) -> String {
     md
 }
 
+/// The report's section comparing `plan`'s predictions with the runs.
+fn predictions(
+    results: &[RunResult],
+    calibrations: &[crate::plan::calibrate::Calibration],
+) -> String {
+    let mut md = String::new();
+    let _ = writeln!(md, "\n## `plan`'s predictions against these runs\n");
+    if let Some(m) = calibrations.first().map(|c| &c.machine) {
+        let _ = writeln!(
+            md,
+            "This machine, measured before the runs: matmul peak {:.0} GFLOP/s, AdamW {:.1} GB/s, thread-rank all-reduce {:.1} GB/s + {:.0} us. \
+             Step efficiency, measured on one rank with its share of threads and batch:\n",
+            m.peak_flops / 1e9,
+            m.memory_bandwidth / 1e9,
+            m.comm_bandwidth / 1e9,
+            m.comm_latency_s * 1e6
+        );
+    }
+    for c in calibrations {
+        let _ = writeln!(
+            md,
+            "- {} params, global batch {} x {} on {}: {:.0}% (timed on {} params at {} x {} tokens a rank)",
+            c.model.num_params(),
+            c.batch,
+            c.seq_len,
+            crate::metrics::count(c.ranks, "rank"),
+            100.0 * c.efficiency,
+            c.measured.0.num_params(),
+            c.measured.1,
+            c.measured.2
+        );
+    }
+    let exact = memory_prediction_exact(results);
+    if exact {
+        let _ = writeln!(md, "\nPeak memory: the prediction is within 0.5% of the measured peak on every run, so only step times are compared.");
+        let _ = writeln!(
+            md,
+            "\n| model | strategy | batch | step ms measured (median) | predicted | error |"
+        );
+        let _ = writeln!(md, "|---|---|---:|---:|---:|---:|");
+    } else {
+        let _ = writeln!(md, "\n| model | strategy | batch | peak MiB measured | predicted | error | step ms measured (median) | predicted | error |");
+        let _ = writeln!(md, "|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    }
+    for r in results {
+        if let Some(p) = &r.predicted {
+            let peak = r.max_peak().total as f64;
+            let memory = if exact {
+                String::new()
+            } else {
+                format!(
+                    " {:.2} | {:.2} | {} |",
+                    peak / MIB,
+                    p.peak_bytes / MIB,
+                    off(p.peak_bytes, peak)
+                )
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} |{memory} {:.1} | {:.1} | {} |",
+                r.model,
+                r.label,
+                r.batch,
+                r.step_ms,
+                p.step_ms,
+                off(p.step_ms, r.step_ms)
+            );
+        }
+    }
+    md
+}
+
 fn markdown(
     spec: &CompareSpec,
     done: &Comparison,
@@ -207,69 +279,7 @@ fn markdown(
         let _ = writeln!(md, "\nMemory: {what}.");
     }
     if results.iter().any(|r| r.predicted.is_some()) {
-        let _ = writeln!(md, "\n## `plan`'s predictions against these runs\n");
-        if let Some(m) = calibrations.first().map(|c| &c.machine) {
-            let _ = writeln!(
-                md,
-                "This machine, measured before the runs: matmul peak {:.0} GFLOP/s, AdamW {:.1} GB/s, thread-rank all-reduce {:.1} GB/s + {:.0} us. \
-                 Step efficiency, measured on one rank with its share of threads and batch:\n",
-                m.peak_flops / 1e9,
-                m.memory_bandwidth / 1e9,
-                m.comm_bandwidth / 1e9,
-                m.comm_latency_s * 1e6
-            );
-        }
-        for c in calibrations {
-            let _ = writeln!(
-                md,
-                "- {} params, global batch {} x {} on {}: {:.0}% (timed on {} params at {} x {} tokens a rank)",
-                c.model.num_params(),
-                c.batch,
-                c.seq_len,
-                crate::metrics::count(c.ranks, "rank"),
-                100.0 * c.efficiency,
-                c.measured.0.num_params(),
-                c.measured.1,
-                c.measured.2
-            );
-        }
-        let exact = memory_prediction_exact(results);
-        if exact {
-            let _ = writeln!(md, "\nPeak memory: the prediction is within 0.5% of the measured peak on every run, so only step times are compared.");
-            let _ = writeln!(
-                md,
-                "\n| model | strategy | batch | step ms measured (median) | predicted | error |"
-            );
-            let _ = writeln!(md, "|---|---|---:|---:|---:|---:|");
-        } else {
-            let _ = writeln!(md, "\n| model | strategy | batch | peak MiB measured | predicted | error | step ms measured (median) | predicted | error |");
-            let _ = writeln!(md, "|---|---|---:|---:|---:|---:|---:|---:|---:|");
-        }
-        for r in results {
-            if let Some(p) = &r.predicted {
-                let peak = r.max_peak().total as f64;
-                let memory = if exact {
-                    String::new()
-                } else {
-                    format!(
-                        " {:.2} | {:.2} | {} |",
-                        peak / MIB,
-                        p.peak_bytes / MIB,
-                        off(p.peak_bytes, peak)
-                    )
-                };
-                let _ = writeln!(
-                    md,
-                    "| {} | {} | {} |{memory} {:.1} | {:.1} | {} |",
-                    r.model,
-                    r.label,
-                    r.batch,
-                    r.step_ms,
-                    p.step_ms,
-                    off(p.step_ms, r.step_ms)
-                );
-            }
-        }
+        md.push_str(&predictions(results, calibrations));
     }
     let _ = writeln!(md, "\n## Figures\n");
     for (title, file) in figure_files {

@@ -793,6 +793,7 @@ impl ModelConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::cpu::Cpu;
 
     #[test]
     fn tools_ask_a_family_what_it_can_do() {
@@ -839,7 +840,7 @@ mod tests {
             "{e}"
         );
         // decoding: BERT has no decoder, and each tool says which it is
-        let be = crate::backend::cpu::Cpu::new();
+        let be = Cpu::new();
         let run = DecodedRun {
             params: &[],
             format: WeightFormat::F32,
@@ -864,7 +865,12 @@ mod tests {
             .time_generation(be.clone(), run, "bench --generate")
             .unwrap_err();
         assert!(e.to_string().contains(": bench --generate runs"), "{e}");
-        // GPT-2's decoder answers each job through the registry
+    }
+
+    #[test]
+    fn gpt2_decodes_every_job_through_the_registry() {
+        let (tiny, be) = (ModelConfig::preset("tiny").unwrap(), Cpu::new());
+        let params = tiny.init_full(1);
         let t = 6;
         let run = DecodedRun {
             params: &params,
@@ -916,6 +922,7 @@ mod tests {
             tp: None,
             on_token: &mut |_, _| {},
         };
+        let bert = ModelConfig::preset("bert-minilm").unwrap();
         assert!(bert.generate(be, run).unwrap().is_none());
     }
 
