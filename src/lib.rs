@@ -2,7 +2,6 @@
 
 /// `Display` for a `clap::ValueEnum`: the name the command line takes
 /// (`fsdp`, `zb-h1`), so a value prints as it is typed.
-#[macro_export]
 macro_rules! display_as_flag {
     ($t:ty) => {
         impl std::fmt::Display for $t {
@@ -13,6 +12,7 @@ macro_rules! display_as_flag {
         }
     };
 }
+pub(crate) use display_as_flag;
 
 pub mod backend;
 pub mod checkpoint;

@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::figure::{self, Figure, Series};
 pub use crate::model::family::Scope;
 use crate::model::family::{DecodedRun, TimedGeneration};
-use crate::model::{AdamWConfig, ModelConfig, Precision, TpPlace, Whole};
+use crate::model::{AdamWConfig, ModelConfig};
 use crate::parallel::{self, ParallelConfig, StepConfig};
 use serde::Serialize;
 use std::ops::Range;
@@ -204,20 +204,10 @@ fn val_batches(ds: &Dataset, cfg: &SweepConfig) -> Result<Vec<Batch>> {
 /// The mean validation loss over `eval_batches` batches of the validation
 /// split, through the family's engine in fp32.
 pub fn val_loss<B: Backend>(model: &Model<B>, ds: &Dataset, cfg: &SweepConfig) -> Result<f64> {
-    let be = model.backend.clone_fresh();
-    let engine = model
+    let mut whole = model
         .config
-        .engine(be, TpPlace::NONE, false, Precision::Fp32)?;
-    let mut whole = Whole::with_engine(engine)?;
-    whole.set_params(&model.params)?;
-    let batches = val_batches(ds, cfg)?;
-    let mut sum = 0.0;
-    for batch in &batches {
-        let (bt, terms) = ((cfg.batch_size, cfg.seq_len), batch.loss_terms() as f32);
-        let loss = whole.run_forward(batch, bt, terms, None)?;
-        sum += loss.expect("targets given") as f64;
-    }
-    Ok(sum / batches.len() as f64)
+        .whole(model.backend.clone_fresh(), &model.params)?;
+    whole.mean_loss(val_batches(ds, cfg)?, (cfg.batch_size, cfg.seq_len))
 }
 
 /// The validation loss with the blocks' weights in int8, through the

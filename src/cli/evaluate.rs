@@ -1,7 +1,6 @@
 //! `distgpt eval`: a model's loss (and a classifier's accuracy and F1) on a split of its data, on any device and layout.
 
 use super::*;
-use distgpt::model::{Precision, TpPlace, Whole};
 
 #[derive(Args)]
 pub(super) struct EvalArgs {
@@ -157,23 +156,16 @@ pub(super) fn eval_on<B: Backend>(be: B, a: &EvalArgs) -> Result<()> {
         );
         return Ok(());
     }
-    let engine = meta
-        .config
-        .engine(be, TpPlace::NONE, false, Precision::Fp32)?;
-    let mut model = Whole::with_engine(engine)?;
-    model.set_params(&params)?;
     let pb = metrics::progress_bar(n as u64, "eval");
-    let mut sum = 0.0f64;
-    for _ in 0..n {
-        let batch = val.next_batch();
-        let terms = batch.loss_terms() as f32;
-        sum += model
-            .run_forward(&batch, (a.batch_size, t), terms, None)?
-            .expect("targets given") as f64;
+    let batches = (0..n).map(|_| {
         pb.inc(1);
-    }
+        val.next_batch()
+    });
+    let loss = meta
+        .config
+        .whole(be, &params)?
+        .mean_loss(batches, (a.batch_size, t))?;
     pb.finish_and_clear();
-    let loss = sum / n as f64;
     distgpt::outln!(
         "{}: val loss {loss:.4}, perplexity {:.2} ({n} batches of {} x {t} tokens from {})",
         a.model.display(),

@@ -9,7 +9,7 @@
 
 use super::layout::{ParamLayout, TensorSpec};
 use super::tp::TpPlace;
-use super::unit::{SpanRun, UnitModel};
+use super::unit::{SpanRun, UnitModel, Whole};
 use super::{bert, gpt2, Precision};
 use crate::backend::{Backend, WeightFormat};
 use crate::data::{Batch, TokenizerSpec};
@@ -732,6 +732,19 @@ impl ModelConfig {
             .map_err(|_| Error::Config(format!("the {} engine of another backend", self.family())))
     }
 
+    /// The whole model on `backend` in fp32 holding `params` (what an
+    /// evaluation runs).
+    pub fn whole<B: Backend>(
+        &self,
+        backend: B,
+        params: &[f32],
+    ) -> Result<Whole<B, Box<dyn UnitModel<B>>>> {
+        let engine = self.engine(backend, TpPlace::NONE, false, Precision::Fp32)?;
+        let mut whole = Whole::with_engine(engine)?;
+        whole.set_params(params)?;
+        Ok(whole)
+    }
+
     /// `job` run by the family's decoder on `backend`, its result in the
     /// job's slot; the slot stays empty for a family with no decoder.
     fn decode<B: Backend>(&self, backend: B, job: DecodeJob<'_, '_>) -> Result<()> {
@@ -881,7 +894,12 @@ mod tests {
         };
         let e = tiny.evaluate_decoded(be.clone(), run, "eval").unwrap();
         assert_eq!((e.tokens, e.top1_agreement), (t, 1.0));
-        assert!(e.loss > 0.0 && (e.loss - e.loss_f32).abs() < 1e-9, "{e:?}");
+        assert!((e.loss - e.loss_f32).abs() < 1e-9, "{e:?}");
+        // the decoder's loss is the training forward's on the same tokens
+        let batch = crate::data::Batch::lm(vec![1; t], vec![2; t]);
+        let mut whole = tiny.whole(be.clone(), &params).unwrap();
+        let forward = whole.mean_loss([batch], (1, t)).unwrap();
+        assert!((e.loss - forward).abs() < 1e-4, "{} vs {forward}", e.loss);
         let run = TimedGeneration {
             params: &params,
             format: WeightFormat::F32,

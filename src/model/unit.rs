@@ -326,6 +326,23 @@ impl<B: Backend, M: UnitModel<B>> Whole<B, M> {
         self.set_params(&local)
     }
 
+    /// The mean over `batches` (each b x t, with targets) of their losses.
+    pub fn mean_loss(
+        &mut self,
+        batches: impl IntoIterator<Item = Batch>,
+        bt: (usize, usize),
+    ) -> Result<f64> {
+        let (mut sum, mut n) = (0.0f64, 0usize);
+        for batch in batches {
+            let terms = batch.loss_terms() as f32;
+            let loss = self.run_forward(&batch, bt, terms, None)?.ok_or_else(|| {
+                crate::error::Error::Input("a batch without targets has no loss".into())
+            })?;
+            (sum, n) = (sum + loss as f64, n + 1);
+        }
+        Ok(sum / n.max(1) as f64)
+    }
+
     /// Runs every unit on a batch; the mean loss (over `loss_terms`) when it has targets.
     pub fn run_forward(
         &mut self,
