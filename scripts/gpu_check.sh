@@ -1,60 +1,82 @@
 #!/usr/bin/env bash
-# Everything about the cuda backend that needs an NVIDIA GPU, on a machine
-# that has one (CI here has none: it only compiles, lints and NVRTC-checks).
+# Everything about the cuda backend that needs an NVIDIA GPU, as one command
+# on a borrowed machine that has one (docs/gpu.md says how to read it):
 #
-#   1. every device kernel on cuda against its CPU twin (the unit tests of
-#      backend::gpu, which run on each runtime present);
-#   2. a whole training step, every strategy on thread ranks sharing the GPU,
-#      greedy generation and `train --device cuda`, against the CPU
-#      (tests/gpu.rs), and `--device cuda` finding the GPU (tests/cuda_cli.rs);
-#   3. every data-parallel strategy over NCCL (`--comm nccl`: under mpirun,
-#      one process per GPU, where Open MPI is there; else thread ranks of one
-#      process, one per GPU) following single-GPU training's losses;
-#   4. GPT-2 124M at T = 1024 side by side with PyTorch on the same GPU
-#      (eager fp32, eager with bf16 autocast, torch.compile with bf16), MFU
-#      against 989 TFLOP/s (H100 SXM dense bf16);
-#   5. what CPU offload costs there (--offload optimizer, overlapped: the
-#      gradient down on the copy stream during the backward and the copies
-#      beside the host's update; serial; and fsdp's --offload params).
+#   0. what the machine has: nvidia-smi, the file each CUDA library comes
+#      from (CUDA 13's standing in for CUDA 12's), `distgpt devices`;
+#   1. every device kernel against its CPU twin (the lib tests' `backend::`);
+#   2. a training step per strategy, generation, `train --device`, offload
+#      and its resume, against the CPU (tests/gpu.rs, tests/cuda_cli.rs);
+#   3. every data-parallel strategy over NCCL following single's losses
+#      (processes under mpirun where the binaries have MPI, else thread ranks);
+#   4. GPT-2 124M at T = 1024 beside PyTorch on the same GPU (eager fp32,
+#      eager bf16 autocast, torch.compile bf16), MFU against 989 TFLOP/s;
+#   5. what CPU offload costs there;
+#   6. with the time left, what 2 cores cannot show: the pipeline bubble at
+#      p = 4 and 8 against the schedule's formula, and ddp / fsdp / tp on 4,
+#      8 and 16 thread ranks of the machine's CPU.
 #
-#   scripts/gpu_check.sh [OUT]          build here, then check (OUT defaults
-#                                       to target/gpu-check)
-#   scripts/gpu_check.sh --pack DIR     only build: the release binary and the
-#                                       test binaries, stripped, into DIR
-#                                       (DISTGPT_GPU_FEATURES=cuda: no Open
-#                                       MPI needed where they run)
-#   DISTGPT_GPU_PREBUILT=DIR scripts/gpu_check.sh [OUT]
-#                                       check with DIR's binaries, for a GPU
-#                                       machine with no Rust or no network
+#   scripts/gpu_check.sh --pack DIR   build here; the binaries stripped and
+#                                     xz-compressed into DIR, at most 48 MiB
+#                                     (what travels, with the repository)
+#   DISTGPT_GPU_PREBUILT=DIR scripts/gpu_check.sh OUT
+#                                     the check, with DIR's binaries (a GPU
+#                                     machine with no Rust or no network)
+#   scripts/gpu_check.sh [OUT]        build here with cargo, then check
+#   scripts/gpu_check.sh --dry-run [OUT]
+#                                     the harness itself, with no GPU (CI):
+#                                     packs, copies the repository and the
+#                                     pack to a scratch folder as a borrowed
+#                                     machine receives them, and runs the
+#                                     check from there with OpenCL (PoCL)
+#                                     standing in for cuda and fake library
+#                                     folders for discovery; then again with
+#                                     faults planted (NCCL's folder missing,
+#                                     a test binary that hangs), which must
+#                                     be named with their steps while the
+#                                     later steps still run
 #
-# A failing step is reported and the next one still runs; the exit status is
-# 1 if any step failed. DISTGPT_GPU_STEP_TIMEOUT=S stops each step after S
-# seconds. Results go to OUT: paste them into BENCHMARKS.md. CUDA's libraries
-# come from the system or from pip wheels in DISTGPT_GPU_VENV (default
-# ~/.cache/distgpt-gpu-venv, made when missing and the network allows), or
-# from the python3 that already has PyTorch for CUDA. distgpt binds CUDA
-# 12's API; where only CUDA 13's NVRTC and cuBLAS are installed, they stand
-# in (their calls distgpt makes are unchanged) and the log says so.
+# OUT (default target/gpu-check) gets at most 8 files and no folders, each
+# written as its step runs: summary.txt (what this script says: each step's
+# verdict and figures), env.txt (step 0), kernels.txt, backend.txt,
+# nccl.txt, bench.txt, offload.txt, cpu.txt. Runs' own folders go to a
+# scratch folder. DISTGPT_GPU_BUDGET: seconds for the whole check (default
+# 540, inside one 9-minute command); DISTGPT_GPU_STEP_TIMEOUT: seconds for
+# one command of a step (default 240). A command past its limit is stopped
+# and named and the next one runs; a step the budget no longer covers is
+# named as not run. DISTGPT_GPU_STEPS=1,4 runs only those steps.
+# DISTGPT_GPU_LIB_DIRS (colon-separated) replaces the folders searched for
+# CUDA's libraries. Exit status: 1 if a step failed or did not run (step 6
+# excepted: it only uses time that is left), 2 with no GPU.
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+readonly pack_limit_mib=48
+readonly binaries=(distgpt lib gpu cuda_cli)
 
-# DISTGPT_GPU_FEATURES overrides (`cuda` packs binaries that need no libmpi).
-features=cuda
-if command -v mpirun >/dev/null && dpkg -s libopenmpi-dev >/dev/null 2>&1; then
-    features=cuda,mpi
-fi
-features="${DISTGPT_GPU_FEATURES:-$features}"
-
-if [[ "${1:-}" == "--pack" ]]; then
-    dir="${2:?usage: scripts/gpu_check.sh --pack DIR}"
-    set -e
-    mkdir -p "$dir"
-    cargo build --release --features "$features"
+# pack DIR [COMPRESS]: the release binary and the test binaries the check
+# runs, stripped (and xz-compressed unless COMPRESS is "raw") into DIR.
+# DISTGPT_GPU_PROFILE=dev packs the debug build (the dry run: CI has built
+# most of it); DISTGPT_GPU_FEATURES overrides the features (`cuda`: binaries
+# that need no libmpi where they run).
+pack() {
+    local dir=$1 compress=${2:-xz}
+    local features=cuda profile=${DISTGPT_GPU_PROFILE:-release}
+    if command -v mpirun >/dev/null && dpkg -s libopenmpi-dev >/dev/null 2>&1; then
+        features=cuda,mpi
+    fi
+    features="${DISTGPT_GPU_FEATURES:-$features}"
+    local cargo_profile=(--release) folder=release
+    if [[ $profile == dev ]]; then
+        cargo_profile=() folder=debug
+    fi
+    rm -rf "$dir" && mkdir -p "$dir" || return 1
+    cargo build "${cargo_profile[@]}" --features "$features" || return 1
     # The test binaries' names, from cargo's own report of what it built.
-    cargo test --release --features "$features" --no-run --lib --test gpu --test cuda_cli \
-        --message-format json 2>/dev/null |
+    local built
+    built=$(cargo test "${cargo_profile[@]}" --features "$features" --no-run --lib \
+        --test gpu --test cuda_cli --message-format json 2>/dev/null |
         python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -62,151 +84,390 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
         kind = m["target"]["kind"][0]
         print(("lib" if kind == "lib" else m["target"]["name"]) + " " + m["executable"])
-' | while read -r name exe; do
-        strip -o "$dir/$name" "$exe"
+') || return 1
+    built+=$'\n'"distgpt target/$folder/distgpt"
+    local name exe
+    while read -r name exe; do
+        strip -o "$dir/$name" "$exe" || return 1
+        if [[ $compress != raw ]]; then
+            xz -T0 -6 "$dir/$name" || return 1
+        fi
+    done <<<"$built"
+    for name in "${binaries[@]}"; do
+        if [[ ! -e "$dir/$name" && ! -e "$dir/$name.xz" ]]; then
+            echo "gpu_check: cargo built no $name binary" >&2
+            return 1
+        fi
     done
-    strip -o "$dir/distgpt" target/release/distgpt
     echo "$features" >"$dir/features"
-    echo "$root" >"$dir/built-in"
+    local bytes
+    bytes=$(du -cb "$dir" | tail -n 1 | cut -f 1)
     ls -l "$dir"
-    exit 0
-fi
-
-out="${1:-$root/target/gpu-check}"
-venv="${DISTGPT_GPU_VENV:-$HOME/.cache/distgpt-gpu-venv}"
-prebuilt="${DISTGPT_GPU_PREBUILT:-}"
-mkdir -p "$out"
-failed=()
-
-# Runs a step's command under the step timeout, if one is set.
-step() {
-    if [[ -n "${DISTGPT_GPU_STEP_TIMEOUT:-}" ]]; then
-        timeout "$DISTGPT_GPU_STEP_TIMEOUT" "$@"
-    else
-        "$@"
+    printf 'gpu_check: the pack is %.1f MiB (%s, --features %s)\n' \
+        "$(awk -v b="$bytes" 'BEGIN { print b / 1048576 }')" "$profile" "$features"
+    if ((bytes > pack_limit_mib * 1048576)); then
+        echo "gpu_check: the pack is over its $pack_limit_mib MiB" >&2
+        return 1
     fi
 }
 
-if ! nvidia-smi >"$out/nvidia-smi.txt" 2>&1; then
-    echo "gpu_check: no NVIDIA GPU here (nvidia-smi failed: $out/nvidia-smi.txt)" >&2
-    exit 2
-fi
-gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
-echo "== $gpus GPU(s): $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n 1)"
+# unpack DIR INTO: DIR's binaries, decompressed where they are .xz, in INTO.
+unpack() {
+    local dir=$1 into=$2 name
+    mkdir -p "$into"
+    for name in "${binaries[@]}"; do
+        if [[ -f "$dir/$name" ]]; then
+            cp "$dir/$name" "$into/$name"
+        elif [[ -f "$dir/$name.xz" ]]; then
+            if command -v xz >/dev/null; then
+                xz -dc "$dir/$name.xz" >"$into/$name"
+            else
+                python3 -c 'import lzma, shutil, sys
+shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$dir/$name.xz" "$into/$name"
+            fi || return 1
+        else
+            echo "gpu_check: $dir has no $name (nor $name.xz)" >&2
+            return 1
+        fi
+        chmod +x "$into/$name"
+    done
+}
 
-if python3 -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
-    py=python3
-    echo "== Python with PyTorch for CUDA: $(command -v python3) (torch $(python3 -c 'import torch; print(torch.__version__)'))"
-else
-    echo "== Python with PyTorch and CUDA's wheels (NVRTC, cuBLAS, NCCL) in $venv"
-    if [[ ! -x "$venv/bin/python" ]]; then
-        python3 -m venv "$venv"
+# dry_run OUT: the harness on a machine without a GPU (see the top).
+dry_run() {
+    local out=${1:-$root/target/gpu-check-dry}
+    local scratch machine fake ok=1
+    scratch=$(mktemp -d "${TMPDIR:-/tmp}/distgpt-gpu-dry.XXXXXX") || return 1
+    machine=$scratch/machine
+    rm -rf "$out" && mkdir -p "$out" "$machine"
+    local t0=$SECONDS
+    if [[ -n "${DISTGPT_GPU_PREBUILT:-}" ]]; then
+        cp -r "$DISTGPT_GPU_PREBUILT" "$machine/pack"
+    else
+        # CI's own builds: the debug profile, the cuda feature alone.
+        DISTGPT_GPU_PROFILE=${DISTGPT_GPU_PROFILE:-dev} DISTGPT_GPU_FEATURES=${DISTGPT_GPU_FEATURES:-cuda} \
+            pack "$machine/pack" || return 1
     fi
-    "$venv/bin/pip" install --quiet --disable-pip-version-check torch \
-        nvidia-cuda-nvrtc-cu12 nvidia-cublas-cu12 nvidia-nccl-cu12 ||
-        echo "gpu_check: pip could not install everything; going on with what is there"
-    py="$venv/bin/python"
+    echo "gpu_check --dry-run: packed in $((SECONDS - t0)) s"
+    # What the device tool sends: tracked files and untracked ones git does
+    # not ignore; nothing of the build tree.
+    git ls-files -z --cached --others --exclude-standard |
+        tar --null -T - -cf - | tar -xf - -C "$machine" || return 1
+    # Library folders laid out as such an image has them: the driver's,
+    # CUDA 13's wheel and NCCL's (empty files: found, never loaded).
+    fake=$scratch/libs
+    local site=$fake/venv/lib/python3.12/site-packages/nvidia
+    mkdir -p "$fake/driver" "$site/cu13/lib" "$site/nccl/lib"
+    touch "$fake/driver/libcuda.so.1" "$site/nccl/lib/libnccl.so.2"
+    touch "$site/cu13/lib/"{libnvrtc.so.13,libcublas.so.13,libcublasLt.so.13}
+    local dirs="$fake/driver:$site/cu13/lib:$site/nccl/lib"
+    # Bounded from outside too: a harness that failed to stop a hang fails.
+    local check=("$machine/scripts/gpu_check.sh")
+
+    t0=$SECONDS
+    DISTGPT_GPU_DRY=1 DISTGPT_GPU_LIB_DIRS=$dirs DISTGPT_GPU_PREBUILT="$machine/pack" \
+        timeout 1200 "${check[@]}" "$out/green" >"$out/green.log" 2>&1
+    local rc=$?
+    echo "gpu_check --dry-run: the check ran in $((SECONDS - t0)) s, exit $rc"
+    expect() { # expect WHAT FILE PATTERN: FILE matches PATTERN, else say WHAT
+        if ! grep -qE -- "$3" "$2" 2>/dev/null; then
+            echo "gpu_check --dry-run: FAILED: $1 (no /$3/ in $2)"
+            ok=0
+        fi
+    }
+    ((rc == 0)) || { echo "gpu_check --dry-run: FAILED: the check exited $rc"; ok=0; }
+    local files
+    files=$(find "$out/green" -mindepth 1 | wc -l)
+    if ((files > 8)) || find "$out/green" -mindepth 1 -type d | grep -q .; then
+        echo "gpu_check --dry-run: FAILED: OUT holds $files entries or a folder:"
+        ls -lR "$out/green"
+        ok=0
+    fi
+    expect "discovery names CUDA 13's NVRTC standing in" "$out/green/env.txt" \
+        "libnvrtc\.so\.12: CUDA 13's $site/cu13/lib/libnvrtc\.so\.13 stands in"
+    expect "discovery finds NCCL in the wheel's folder" "$out/green/env.txt" \
+        "libnccl\.so\.2: $site/nccl/lib/libnccl\.so\.2"
+    expect "the kernels ran" "$out/green/kernels.txt" "test result: ok\. [1-9]"
+    expect "the backend tests ran" "$out/green/backend.txt" "test result: ok\. [1-9]"
+    expect "every strategy followed single" "$out/green/nccl.txt" "fsdp .*: ok"
+    expect "the benchmark ran" "$out/green/bench.txt" "tokens/s"
+    expect "offload ran" "$out/green/offload.txt" "offload params"
+    expect "the CPU's measurements ran" "$out/green/cpu.txt" "pipeline bubble"
+    expect "the summary ends" "$out/green/summary.txt" "^== done"
+
+    # Faults planted: NCCL's folder gone, the tests/gpu.rs binary hanging.
+    rm -rf "$site/nccl" "$machine/pack/gpu.xz"
+    printf '#!/bin/sh\nexec sleep 3600\n' >"$machine/pack/gpu"
+    t0=$SECONDS
+    DISTGPT_GPU_DRY=1 DISTGPT_GPU_LIB_DIRS=$dirs DISTGPT_GPU_PREBUILT="$machine/pack" \
+        DISTGPT_GPU_STEPS=2,3,4 DISTGPT_GPU_STEP_TIMEOUT=15 \
+        timeout 300 "${check[@]}" "$out/planted" >"$out/planted.log" 2>&1
+    rc=$?
+    echo "gpu_check --dry-run: the planted check ran in $((SECONDS - t0)) s, exit $rc"
+    ((rc == 1)) || { echo "gpu_check --dry-run: FAILED: the planted check exited $rc, not 1"; ok=0; }
+    expect "the hang is stopped and named" "$out/planted/summary.txt" \
+        "stopped at its limit of 15 s: .*/gpu"
+    expect "step 2 is named as failed" "$out/planted/summary.txt" "FAILED: step 2 \(backend\)"
+    expect "the hang's step goes on to its next binary" "$out/planted/backend.txt" \
+        "test result: ok\. [1-9]"
+    expect "the missing library is named" "$out/planted/summary.txt" \
+        "FAILED: step 3 \(nccl\): cannot run: libnccl\.so\.2 not found"
+    expect "a later step still runs" "$out/planted/bench.txt" "tokens/s"
+    expect "the summary names both" "$out/planted/summary.txt" \
+        "failures in step 2 \(backend\), 3 \(nccl\)"
+    rm -rf "$scratch"
+    if ((ok)); then
+        echo "gpu_check --dry-run: the harness did everything asked of it (results in $out)"
+    else
+        echo "gpu_check --dry-run: see $out/green.log and $out/planted.log"
+        return 1
+    fi
+}
+
+case "${1:-}" in
+--pack)
+    pack "${2:?usage: scripts/gpu_check.sh --pack DIR}"
+    exit
+    ;;
+--dry-run)
+    dry_run "${2:-}"
+    exit
+    ;;
+esac
+
+# ---- the check ---------------------------------------------------------
+out="${1:-$root/target/gpu-check}"
+dry=${DISTGPT_GPU_DRY:-}
+budget=${DISTGPT_GPU_BUDGET:-540}
+limit=${DISTGPT_GPU_STEP_TIMEOUT:-240}
+start=$SECONDS
+failed=()
+cur=""
+
+# on N NAME WHAT: whether step N runs (DISTGPT_GPU_STEPS), announcing it.
+on() {
+    cur="$1 ($2)"
+    if [[ -n "${DISTGPT_GPU_STEPS:-}" && ",$DISTGPT_GPU_STEPS," != *",$1,"* ]]; then
+        return 1
+    fi
+    echo "== $1. $3 [$((SECONDS - start)) s]"
+}
+# fail [WHY]: the current step failed.
+fail() {
+    failed+=("$cur")
+    echo "   FAILED: step $cur${1:+: $1}"
+}
+# run FILE CMD...: one command of the current step, its output added to
+# OUT/FILE, stopped at the step's limit or at what is left of the budget.
+run() {
+    local file="$out/$1"
+    shift
+    local left=$((budget - (SECONDS - start)))
+    local lim=$((left < limit ? left : limit))
+    if ((lim < 10)); then
+        echo "   not run, the check's $budget s are spent: $*" | tee -a "$file"
+        return 125
+    fi
+    printf '\n$ %s\n' "$*" >>"$file"
+    timeout -k 5 "$lim" "$@" >>"$file" 2>&1
+    local rc=$?
+    if ((rc == 124 || rc == 137)); then
+        echo "   stopped at its limit of $lim s: $*" | tee -a "$file"
+    fi
+    return $rc
+}
+# results FILE PATTERN: the lines of OUT/FILE that carry results, indented.
+results() {
+    grep -E -- "$2" "$out/$1" | sed 's/^/   /'
+}
+
+# check: steps 0 to 6, saying what it does on stdout (the summary).
+check() {
+# ---- 0. the machine ----------------------------------------------------
+cur="0 (env)"
+echo "== 0. what this machine has"
+if [[ -n $dry ]]; then
+    echo "   dry run: no GPU; OpenCL (PoCL) stands in for cuda" | tee "$out/env.txt"
+elif ! nvidia-smi >"$out/env.txt" 2>&1; then
+    echo "gpu_check: no NVIDIA GPU here (nvidia-smi failed: $out/env.txt)"
+    return 2
+else
+    echo "   $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -n 1)"
 fi
-# distgpt looks for the wheels' libraries in the active environment.
+gpus=1
+if [[ -z $dry ]]; then
+    gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
+fi
+
+# Python: one with PyTorch for CUDA where the machine has it (for step 4);
+# else, on a machine with a network, a venv with PyTorch and CUDA's wheels.
+py=python3
+if [[ -z $dry ]] && ! python3 -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+    venv="${DISTGPT_GPU_VENV:-$HOME/.cache/distgpt-gpu-venv}"
+    echo "   no python3 with PyTorch for CUDA: trying $venv"
+    if [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"; then
+        "$venv/bin/pip" install --quiet --disable-pip-version-check torch \
+            nvidia-cuda-nvrtc-cu12 nvidia-cublas-cu12 nvidia-nccl-cu12 ||
+            echo "   pip could not install everything; going on with what is there"
+        py="$venv/bin/python"
+    fi
+fi
+# distgpt looks for pip's CUDA wheels in the active environment.
 VIRTUAL_ENV="$("$py" -c 'import sys; print(sys.prefix)')"
 export VIRTUAL_ENV
 
-# CUDA 13 standing in for 12: cudarc opens `libNAME.so` before `.so.12`, so
-# a folder of such links, first on the loader's path, hands it CUDA 13's.
-shim="$out/cuda13-shim"
-rm -rf "$shim"
-for lib in nvrtc cublasLt cublas; do
-    if ldconfig -p | grep -q "lib$lib\.so\.12 " ||
-        find /usr/local/cuda*/lib64 "$VIRTUAL_ENV"/lib/python3*/site-packages/nvidia/*/lib \
-            -maxdepth 1 -name "lib$lib.so.12*" 2>/dev/null | grep -q .; then
-        continue
+# Where CUDA's libraries are: the loader's cache, the driver's folder,
+# CUDA's install folders and the environment's wheels, most specific first.
+lib_dirs=()
+if [[ -n "${DISTGPT_GPU_LIB_DIRS:-}" ]]; then
+    IFS=: read -r -a lib_dirs <<<"$DISTGPT_GPU_LIB_DIRS"
+else
+    for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu \
+        /usr/lib64 /usr/local/cuda/lib64 /usr/local/cuda*/targets/*/lib \
+        "$VIRTUAL_ENV"/lib/python3*/site-packages/nvidia/*/lib; do
+        [[ -d $d ]] && lib_dirs+=("$d")
+    done
+fi
+searched="${lib_dirs[*]}"
+[[ -z "${DISTGPT_GPU_LIB_DIRS:-}" ]] && searched+=" and the loader's cache"
+# find_lib SONAME: the file the loader's cache or a searched folder has for
+# SONAME (itself, or a fuller version of it).
+find_lib() {
+    local f d
+    if [[ -z "${DISTGPT_GPU_LIB_DIRS:-}" ]]; then
+        f=$(ldconfig -p 2>/dev/null | awk -v n="$1" '$1 == n { print $NF; exit }')
+        [[ -n $f ]] && { echo "$f"; return 0; }
     fi
-    found=$( (ldconfig -p | awk -v n="lib$lib.so.13" '$1 == n { print $NF }'
-        find /usr/local/cuda*/lib64 /usr/local/cuda*/targets/*/lib \
-            "$VIRTUAL_ENV"/lib/python3*/site-packages/nvidia/*/lib \
-            -maxdepth 1 -name "lib$lib.so.13" 2>/dev/null) | head -n 1)
-    if [[ -n "$found" ]]; then
-        mkdir -p "$shim"
-        ln -sf "$found" "$shim/lib$lib.so"
-        # Its own folder too: NVRTC opens its builtins beside the link's path.
-        shim_dirs="${shim_dirs:-$shim}:$(dirname "$found")"
-        echo "== no lib$lib.so.12 here: CUDA 13's $found stands in"
+    for d in "${lib_dirs[@]}"; do
+        for f in "$d/$1" "$d/$1".*; do
+            [[ -f $f ]] && { echo "$f"; return 0; }
+        done
+    done
+    return 1
+}
+# CUDA 13 stands in for 12 where only it is there: cudarc opens `libNAME.so`
+# before `.so.12`, so a folder of such links first on the loader's path
+# hands it CUDA 13's (the calls distgpt makes are the same in both).
+shim="$work/cuda13"
+missing=()
+{
+    echo "== CUDA's libraries (searched: $searched)"
+    if f=$(find_lib libcuda.so.1); then
+        echo "libcuda.so.1: $f"
+    else
+        echo "libcuda.so.1: not found"
+        missing+=(libcuda.so.1)
     fi
-done
+    for lib in nvrtc cublasLt cublas; do
+        if f=$(find_lib "lib$lib.so.12"); then
+            echo "lib$lib.so.12: $f"
+        elif f=$(find_lib "lib$lib.so.13"); then
+            mkdir -p "$shim"
+            ln -sf "$f" "$shim/lib$lib.so"
+            # Its folder too: NVRTC opens its builtins beside the link's path.
+            shim_dirs="${shim_dirs:-$shim}:$(dirname "$f")"
+            echo "lib$lib.so.12: CUDA 13's $f stands in"
+        else
+            echo "lib$lib.so.12: not found (nor lib$lib.so.13)"
+            missing+=("lib$lib.so.12")
+        fi
+    done
+    if f=$(find_lib libnccl.so.2); then
+        echo "libnccl.so.2: $f"
+    else
+        echo "libnccl.so.2: not found"
+        missing+=(libnccl.so.2)
+    fi
+} >>"$out/env.txt"
+results env.txt '^lib'
 if [[ -n "${shim_dirs:-}" ]]; then
     export LD_LIBRARY_PATH="$shim_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
-
-if [[ -n "$prebuilt" ]]; then
-    features=$(cat "$prebuilt/features")
-    echo "== binaries built elsewhere, from $prebuilt (--features $features)"
-    # The test binaries read the repository, and run the CLI, at the paths
-    # cargo built them in: a link there, where that path is free.
-    built=$(cat "$prebuilt/built-in")
-    if [[ "$built" != "$root" && ! -e "$built" ]]; then
-        mkdir -p "$(dirname "$built")" && ln -s "$root" "$built"
-    fi
-    mkdir -p target/release
-    cp "$prebuilt/distgpt" target/release/distgpt
-else
-    echo "== build (--features $features)"
-    cargo build --release --features "$features" || exit 1
-fi
-# tests NAME: the command running one test binary (lib, gpu, cuda_cli), in cmd.
-tests() {
-    if [[ -n "$prebuilt" ]]; then
-        cmd=("$prebuilt/$1")
-    elif [[ $1 == lib ]]; then
-        cmd=(cargo test --release --features "$features" --lib --)
-    else
-        cmd=(cargo test --release --features "$features" --test "$1" --)
-    fi
+# needs LIB...: whether every LIB was found, else the step fails naming it.
+needs() {
+    local lib m
+    for lib in "$@"; do
+        for m in "${missing[@]}"; do
+            if [[ $m == "$lib" ]]; then
+                fail "cannot run: $lib not found (searched: $searched)"
+                return 1
+            fi
+        done
+    done
 }
-bin="$root/target/release/distgpt"
-"$bin" devices | tee "$out/devices.txt"
+cuda_libs=(libcuda.so.1 libnvrtc.so.12 libcublasLt.so.12 libcublas.so.12)
 
-echo "== 1. every kernel on cuda against the CPU"
-tests lib
-DISTGPT_REQUIRE_CUDA=1 step "${cmd[@]}" backend:: 2>&1 | tee "$out/kernels.txt" ||
-    failed+=("1 (kernels)")
-
-echo "== 2. a training step, every strategy, generation and train --device cuda against the CPU"
-for t in gpu cuda_cli; do
-    tests "$t"
-    DISTGPT_REQUIRE_CUDA=1 DISTGPT_HAVE_CUDA=1 step "${cmd[@]}" 2>&1 |
-        tee -a "$out/backend.txt" || failed+=("2 ($t)")
-done
-
-echo "== 3. every data-parallel strategy over NCCL against single-GPU training"
-np=1
-for n in 2 4 8; do
-    if ((n <= gpus)); then np=$n; fi
-done
-launch=()
-if [[ "$features" == *mpi* ]]; then
-    launch=(mpirun -np "$np")
-    if [[ $EUID -eq 0 ]]; then launch+=(--allow-run-as-root); fi
-    how="$np process(es) under mpirun"
-else
-    how="$np thread rank(s) of one process (no Open MPI)"
+# The binaries: built here, or the pack's.
+prebuilt="${DISTGPT_GPU_PREBUILT:-}"
+if [[ -z $prebuilt ]]; then
+    echo "   building here"
+    prebuilt=$work/pack
+    pack "$prebuilt" raw >>"$out/env.txt" 2>&1 || { echo "gpu_check: the build failed ($out/env.txt)"; return 1; }
 fi
-common=(train --device cuda --model tiny --steps 20 --batch-size 8 --eval-every 0
-    --sample-tokens 0 --quiet --overwrite)
-mkdir -p "$out/runs"
-: >"$out/nccl.txt"
-if ! step "$bin" "${common[@]}" --out "$out/runs/single" >"$out/runs/single.log" 2>&1; then
-    echo "single on cuda: the run failed ($out/runs/single.log)" | tee -a "$out/nccl.txt"
-    failed+=("3 (single)")
+unpack "$prebuilt" "$work/bin" || return 1
+features=$(cat "$prebuilt/features")
+bin=$work/bin/distgpt
+# The test binaries read the repository, and run the CLI, from here.
+export DISTGPT_TEST_ROOT=$root DISTGPT_TEST_BIN=$bin
+echo "   binaries from $prebuilt (--features $features)"
+run env.txt "$bin" devices
+results env.txt '^(cuda|opencl)'
+
+if [[ -n $dry ]]; then
+    dev=opencl require=DISTGPT_REQUIRE_OPENCL=1
+    gpt=(--model tiny) gpt_shape=(--batch-size 4 --seq-len 64) timing=(--steps 2 --warmup 1)
+    cpu_model=(--model tiny) worlds=(2) pipes=(2) peak=()
 else
-    for s in ddp zero1 zero2 fsdp; do
-        if ! step "${launch[@]}" "$bin" "${common[@]}" --comm nccl --strategy "$s" \
-            --world-size "$np" --out "$out/runs/$s" >"$out/runs/$s.log" 2>&1; then
-            echo "$s over NCCL: the run failed ($out/runs/$s.log)" | tee -a "$out/nccl.txt"
-            tail -n 5 "$out/runs/$s.log"
-            failed+=("3 ($s)")
-            continue
-        fi
-        "$py" - "$out/runs/single" "$out/runs/$s" "$s" "$how" <<'EOF' | tee -a "$out/nccl.txt" || failed+=("3 ($s)")
+    dev=cuda require=DISTGPT_REQUIRE_CUDA=1
+    gpt=(--model gpt2) gpt_shape=(--batch-size 8 --seq-len 1024) timing=(--steps 10 --warmup 3)
+    cpu_model=(--model shakespeare-char --n-embd 512 --n-head 16 --n-layer 8)
+    worlds=() pipes=() peak=(--peak-tflops 989)
+    for n in 4 8 16; do
+        if ((n <= $(nproc))); then worlds+=("$n"); fi
+    done
+    for p in 4 8; do
+        if ((p <= $(nproc))); then pipes+=("$p"); fi
+    done
+fi
+
+# ---- 1. kernels --------------------------------------------------------
+if on 1 kernels "every kernel on $dev against the CPU" && needs "${cuda_libs[@]}"; then
+    run kernels.txt env "$require" "$work/bin/lib" backend:: || fail
+    results kernels.txt '^test result'
+fi
+
+# ---- 2. a step per strategy --------------------------------------------
+if on 2 backend "a training step, every strategy, generation and train --device $dev against the CPU" &&
+    needs "${cuda_libs[@]}"; then
+    have=()
+    [[ -z $dry ]] && have=(DISTGPT_HAVE_CUDA=1)
+    ok=1
+    run backend.txt env "$require" "${have[@]}" "$work/bin/gpu" || ok=0
+    run backend.txt env "${have[@]}" "$work/bin/cuda_cli" || ok=0
+    ((ok)) || fail
+    results backend.txt '^test result'
+fi
+
+# ---- 3. data parallel over NCCL ----------------------------------------
+if on 3 nccl "every data-parallel strategy over NCCL against single" &&
+    needs "${cuda_libs[@]}" libnccl.so.2; then
+    launch=() comm=(--comm nccl) np=1
+    for n in 2 4 8; do
+        if ((n <= gpus)); then np=$n; fi
+    done
+    if [[ -n $dry ]]; then
+        comm=() np=2
+        how="2 thread ranks on OpenCL (a dry run: no NCCL)"
+    elif [[ "$features" == *mpi* ]] && command -v mpirun >/dev/null; then
+        launch=(mpirun -np "$np")
+        if [[ $EUID -eq 0 ]]; then launch+=(--allow-run-as-root); fi
+        how="$np process(es) under mpirun"
+    else
+        how="$np thread rank(s) of one process"
+    fi
+    common=(train --device "$dev" --model tiny --steps 20 --batch-size 8 --eval-every 0
+        --sample-tokens 0 --quiet --overwrite)
+    cat >"$work/follows.py" <<'EOF'
 import json, sys
 def losses(run):
     rows = (json.loads(l) for l in open(f"{run}/metrics.jsonl"))
@@ -214,35 +475,94 @@ def losses(run):
 a, b = losses(sys.argv[1]), losses(sys.argv[2])
 err = max((abs(x - y) / max(1.0, abs(x)) for x, y in zip(a, b)), default=float("inf"))
 ok = len(a) == len(b) == 20 and err <= 1e-4
-print(f"{sys.argv[3]} over NCCL on {sys.argv[4]}: {len(b)} steps, "
+print(f"{sys.argv[3]} on {sys.argv[4]}: {len(b)} steps, "
       f"largest relative loss difference to single {err:.2e}: {'ok' if ok else 'FAILED'}")
 sys.exit(0 if ok else 1)
 EOF
-    done
+    if ! run nccl.txt "$bin" "${common[@]}" --out "$work/runs/single"; then
+        fail "single on $dev did not run"
+    else
+        ok=1
+        for s in ddp zero1 zero2 fsdp; do
+            if run nccl.txt "${launch[@]}" "$bin" "${common[@]}" "${comm[@]}" --strategy "$s" \
+                --world-size "$np" --out "$work/runs/$s"; then
+                run nccl.txt "$py" "$work/follows.py" "$work/runs/single" "$work/runs/$s" \
+                    "$s" "$how" || ok=0
+            else
+                ok=0
+            fi
+        done
+        ((ok)) || fail
+    fi
+    results nccl.txt ' on .*: [0-9]+ steps'
 fi
 
-echo "== 4. GPT-2 124M, T = 1024, against PyTorch on this GPU"
-step "$py" bench/pytorch_reference.py --device cuda --model gpt2 --batch-size 8 \
-    --seq-len 1024 --steps 10 --warmup 3 --peak-tflops 989 \
-    --torch-variants eager,eager-bf16,compile-bf16 --distgpt "$bin" 2>&1 |
-    tee "$out/bench.txt" || failed+=("4 (bench)")
+# ---- 4. against PyTorch ------------------------------------------------
+if on 4 bench "${gpt[1]} at ${gpt_shape[*]} on $dev, beside PyTorch" && needs "${cuda_libs[@]}"; then
+    if [[ -z $dry ]] && "$py" -c 'import torch' 2>/dev/null; then
+        run bench.txt "$py" bench/pytorch_reference.py --device cuda "${gpt[@]}" "${gpt_shape[@]}" \
+            "${timing[@]}" --peak-tflops 989 --torch-variants eager,eager-bf16,compile-bf16 \
+            --distgpt "$bin" || fail
+    else
+        echo "   (no PyTorch for $dev here: distgpt alone)"
+        run bench.txt "$bin" bench --device "$dev" "${gpt[@]}" "${gpt_shape[@]}" "${timing[@]}" \
+            "${peak[@]}" || fail
+    fi
+    results bench.txt '(ms/step|ratio)'
+fi
 
-echo "== 5. CPU offload: GPT-2 124M on this GPU without it, with it, with the copies serial"
-# (tests/gpu.rs in step 2 already checked it against the run without offload,
-# its resume and its memory on this GPU; this is what it costs)
-: >"$out/offload.txt"
-for o in none optimizer "optimizer --offload-serial"; do
-    # shellcheck disable=SC2086
-    step "$bin" bench --device cuda --model gpt2 --batch-size 8 --seq-len 1024 --steps 10 \
-        --warmup 3 --peak-tflops 989 --offload $o 2>&1 | tee -a "$out/offload.txt" ||
-        failed+=("5 (--offload $o)")
-done
-step "$bin" bench --device cuda --model gpt2 --strategy fsdp --world-size "$gpus" --batch-size 8 \
-    --seq-len 1024 --steps 10 --warmup 3 --peak-tflops 989 --offload params 2>&1 |
-    tee -a "$out/offload.txt" || failed+=("5 (fsdp --offload params)")
+# ---- 5. offload --------------------------------------------------------
+if on 5 offload "CPU offload on $dev: without it, with it, with the copies serial" &&
+    needs "${cuda_libs[@]}"; then
+    # (step 2 checked it against the run without offload, its resume and its
+    # memory; this is what it costs)
+    ok=1
+    for o in none optimizer "optimizer --offload-serial"; do
+        # shellcheck disable=SC2086
+        run offload.txt "$bin" bench --device "$dev" "${gpt[@]}" "${gpt_shape[@]}" "${timing[@]}" \
+            "${peak[@]}" --offload $o || ok=0
+    done
+    run offload.txt "$bin" bench --device "$dev" "${gpt[@]}" --strategy fsdp --world-size "$gpus" \
+        "${gpt_shape[@]}" "${timing[@]}" "${peak[@]}" --offload params || ok=0
+    ((ok)) || fail
+    results offload.txt '^distgpt '
+fi
+
+# ---- 6. the machine's CPU ----------------------------------------------
+# Not a failure when the budget runs out first: it only uses what is left.
+if on 6 cpu "the pipeline bubble and thread ranks on $(nproc) CPU cores"; then
+    lscpu 2>/dev/null | grep -E '^(Model name|CPU\(s\)|Flags)' >>"$out/cpu.txt"
+    shape=(--threads "$(nproc)" --steps 3 --warmup 1)
+    for p in "${pipes[@]}"; do
+        for s in gpipe 1f1b; do
+            run cpu.txt "$bin" bench "${cpu_model[@]}" "${shape[@]}" --batch-size 8 \
+                --strategy ddp --world-size "$p" --pp "$p" --grad-accum $((2 * p)) --schedule "$s"
+        done
+    done
+    run cpu.txt "$bin" bench "${cpu_model[@]}" "${shape[@]}" --batch-size 32
+    for s in ddp fsdp tp; do
+        for n in "${worlds[@]}"; do
+            run cpu.txt "$bin" bench "${cpu_model[@]}" "${shape[@]}" --batch-size 32 \
+                --strategy "$s" --world-size "$n"
+        done
+    done
+    results cpu.txt '^(distgpt |pipeline bubble)'
+fi
 
 if ((${#failed[@]})); then
-    echo "== done, with failures in step ${failed[*]}: results in $out" >&2
-    exit 1
+    echo "== done in $((SECONDS - start)) s, with failures in step $(
+        IFS=,
+        sed 's/,/, /g' <<<"${failed[*]}"
+    ): results in $out"
+    return 1
 fi
-echo "== done: results in $out"
+echo "== done in $((SECONDS - start)) s: results in $out"
+}
+
+rm -rf "$out" && mkdir -p "$out" || exit 1
+work=$(mktemp -d "${TMPDIR:-/tmp}/distgpt-gpu-check.XXXXXX") || exit 1
+# Everything the check says goes to the summary as well, as it goes.
+check 2>&1 | tee "$out/summary.txt"
+rc=${PIPESTATUS[0]}
+rm -rf "$work"
+exit "$rc"

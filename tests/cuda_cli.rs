@@ -4,10 +4,14 @@
 //! a panic. On a machine with a GPU set DISTGPT_HAVE_CUDA=1 to skip the
 //! no-GPU expectations.
 
+#[allow(dead_code)] // only the binary's path
+#[path = "support/scratch.rs"]
+mod scratch;
+
 use std::process::{Command, Output};
 
 fn distgpt(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_distgpt"))
+    Command::new(scratch::distgpt_bin())
         .args(args)
         .output()
         .unwrap()
@@ -52,5 +56,22 @@ fn devices_lists_cuda_or_says_it_is_not_built_in() {
             cuda,
             ["cuda: not built in (rebuild with `--features cuda`)"]
         );
+        return;
+    }
+    // Which files the loader gave: none without a driver, every library
+    // (CUDA 13's where they stand in) on a machine with a GPU.
+    let libs = cuda
+        .iter()
+        .find_map(|l| l.strip_prefix("cuda libraries loaded: "))
+        .unwrap_or_else(|| panic!("no line of loaded libraries: {text}"));
+    if std::env::var("DISTGPT_HAVE_CUDA").as_deref() == Ok("1") {
+        for lib in [
+            "/libcuda.so",
+            "/libnvrtc.so",
+            "/libcublas.so",
+            "/libcublasLt.so",
+        ] {
+            assert!(libs.contains(lib), "{lib} not among the loaded: {libs}");
+        }
     }
 }

@@ -272,7 +272,7 @@ fn train_with_device_gpu_follows_the_cpus_losses() {
 fn train_with_device_gpu_follows_the_cpus_losses_on<B: Backend>(_: B, kind: &str) {
     let run = |device: &str| {
         let out = common::scratch(&format!("gpu-cli-{device}"));
-        let status = std::process::Command::new(env!("CARGO_BIN_EXE_distgpt"))
+        let status = std::process::Command::new(common::distgpt_bin())
             .stdout(std::process::Stdio::null())
             .args([
                 "train",
@@ -291,7 +291,7 @@ fn train_with_device_gpu_follows_the_cpus_losses_on<B: Backend>(_: B, kind: &str
         assert!(status.success(), "train --device {device} failed");
         let l = losses(&out);
         // a bare resume trains on the device the run did
-        let resumed = std::process::Command::new(env!("CARGO_BIN_EXE_distgpt"))
+        let resumed = std::process::Command::new(common::distgpt_bin())
             .args(["train", "--resume"])
             .arg(&out)
             .args(["--steps", "9", "--quiet"])
@@ -352,9 +352,7 @@ fn bert_step<B: Backend>(
 fn bert_step_matches_cpu_on<B: Backend>(be: B, name: &str) {
     use distgpt::data::{Batch, IGNORE};
     for kind in ["mlm", "cls"] {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/bert_tiny")
-            .join(kind);
+        let dir = common::repo().join("tests/fixtures/bert_tiny").join(kind);
         let (cfg, params) = distgpt::model::bert::hf::load_folder(&dir, None, 0).unwrap();
         let (b, t) = (3, 10);
         let mut rng = distgpt::rng::Rng::new(5);

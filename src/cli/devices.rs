@@ -53,7 +53,19 @@ pub fn run(a: DevicesArgs) -> Result<()> {
     distgpt::outln!("cpu: {}", cpu.name());
     list_gpus::<distgpt::backend::opencl::ClRuntime>();
     #[cfg(feature = "cuda")]
-    list_gpus::<distgpt::backend::cuda::CudaRuntime>();
+    {
+        list_gpus::<distgpt::backend::cuda::CudaRuntime>();
+        let libs = distgpt::backend::cuda::loaded_libraries();
+        let libs: Vec<String> = libs.iter().map(|p| p.display().to_string()).collect();
+        distgpt::outln!(
+            "cuda libraries loaded: {}",
+            if libs.is_empty() {
+                "none".to_string()
+            } else {
+                libs.join(", ")
+            }
+        );
+    }
     #[cfg(not(feature = "cuda"))]
     distgpt::outln!("cuda: not built in (rebuild with `--features cuda`)");
     let peak = if a.measure {

@@ -31,8 +31,8 @@ pub fn tiny_model(ds: &Dataset) -> GptConfig {
 
 #[path = "../support/scratch.rs"]
 mod scratch;
-#[allow(unused_imports)] // not every includer writes files of its own
-pub use scratch::scratch;
+#[allow(unused_imports)] // not every includer writes files or runs the CLI
+pub use scratch::{distgpt_bin, repo, scratch};
 
 /// Five optimizer steps at global batch 12 x 32.
 pub fn five_steps(tag: &str, grad_accum: usize) -> TrainConfig {

@@ -150,6 +150,38 @@ pub(super) fn preload() -> &'static [PathBuf] {
     })
 }
 
+/// The CUDA libraries this process has loaded, by the files the loader
+/// mapped (`/proc/self/maps`): what a search, a link or `LD_LIBRARY_PATH`
+/// resolved to, CUDA 13's copies where they stand in. Empty where /proc is
+/// not there.
+pub(super) fn loaded() -> Vec<PathBuf> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    loaded_in(&maps)
+}
+
+/// The CUDA libraries' files among a `/proc/PID/maps` listing, once each.
+fn loaded_in(maps: &str) -> Vec<PathBuf> {
+    const NAMES: [&str; 5] = [
+        "libcuda.",
+        "libnvrtc.",
+        "libnvrtc-builtins.",
+        "libcublas",
+        "libnccl.",
+    ];
+    let mut out: Vec<PathBuf> = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .map(PathBuf::from)
+        .filter(|p| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            NAMES.iter().any(|n| name.starts_with(n))
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -188,6 +220,33 @@ mod tests {
         assert_eq!(
             site_packages(root),
             [root.join("lib/python3.12/site-packages")]
+        );
+    }
+
+    #[test]
+    fn the_loaded_libraries_are_read_off_the_maps_once_each() {
+        let maps = "\
+7f00-7f10 r--p 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libcuda.so.580.159.04
+7f10-7f20 r-xp 00010000 08:01 1 /usr/lib/x86_64-linux-gnu/libcuda.so.580.159.04
+7f20-7f30 r--p 00000000 08:01 2 /usr/local/cuda/lib64/libnvrtc.so.13.0.88
+7f30-7f40 r--p 00000000 08:01 3 /venv/nvidia/cu13/lib/libcublasLt.so.13
+7f40-7f50 r--p 00000000 08:01 4 /venv/nvidia/nccl/lib/libnccl.so.2
+7f50-7f60 r--p 00000000 08:01 5 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f60-7f70 rw-p 00000000 00:00 0
+7f70-7f80 rw-p 00000000 00:00 0 [heap]
+";
+        let got: Vec<String> = loaded_in(maps)
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "/usr/lib/x86_64-linux-gnu/libcuda.so.580.159.04",
+                "/usr/local/cuda/lib64/libnvrtc.so.13.0.88",
+                "/venv/nvidia/cu13/lib/libcublasLt.so.13",
+                "/venv/nvidia/nccl/lib/libnccl.so.2",
+            ]
         );
     }
 }

@@ -76,6 +76,16 @@ fn check_libraries() -> Result<()> {
     Ok(())
 }
 
+/// The CUDA libraries' files this process loaded, having opened every one
+/// it can (the driver, NVRTC, cuBLAS, NCCL): what `distgpt devices` prints,
+/// so a machine's log says which copies ran.
+pub fn loaded_libraries() -> Vec<std::path::PathBuf> {
+    // Each check opens what it can; which failed is said where it matters.
+    let _ = check_libraries();
+    let _ = check_nccl();
+    libs::loaded()
+}
+
 /// How many GPUs the driver reports (no context is made).
 fn device_count() -> Result<usize> {
     check_driver()?;
