@@ -2152,7 +2152,7 @@ fn wrong_kind_inputs_say_what_they_are() {
                 "--data".into(),
                 s(&set),
             ],
-            "is a distgpt GPT-2 model (model.json), and --task classify fine-tunes a BERT",
+            "is a GPT-2 model, and --task classify trains a BERT: give --init-from a Hugging Face BERT folder",
         ),
         (
             vec![

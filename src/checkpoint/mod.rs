@@ -20,6 +20,14 @@ fn checkpoint_instead(dir: &Path) -> Option<std::path::PathBuf> {
     state::latest(dir).ok()
 }
 
+/// The folder [`read_model`] reads `dir`'s model from: `dir` itself, or
+/// the training-state checkpoint it stands for (a `step_N` directory, or a
+/// run's newest when the run has no model files yet). Files a task keeps
+/// beside the model (a BERT's `vocab.txt`) are there.
+pub fn model_dir(dir: &Path) -> std::path::PathBuf {
+    checkpoint_instead(dir).unwrap_or_else(|| dir.to_path_buf())
+}
+
 /// Refuses a path that is no directory, in words (not as the OS error
 /// about a file inside it).
 pub(crate) fn existing_dir(dir: &Path) -> Result<()> {

@@ -16,12 +16,15 @@ pub(super) struct ConsolidateArgs {
 }
 
 /// Writes a checkpoint's model as a model directory (weights, then model.json).
-/// A BERT classifier's folder gets `vocab` (its `vocab.txt`) when given.
+/// A BERT's folder gets `vocab` (its `vocab.txt`) when given, else the one
+/// the checkpoint keeps.
 pub(super) fn consolidate(
     checkpoint_dir: &Path,
     out: &Path,
     vocab: Option<&Path>,
 ) -> Result<checkpoint::state::Index> {
+    let kept = checkpoint_dir.join("vocab.txt");
+    let vocab = vocab.or(kept.exists().then_some(kept.as_path()));
     if out.extension().is_some_and(|e| e == "safetensors") {
         bail!(
             "--out {} names a file: give a directory (model.safetensors and model.json are written into it)",

@@ -30,20 +30,24 @@ pub(super) struct EvalArgs {
     device: DeviceArgs,
 }
 
-/// `eval` of a BERT masked LM (a `--task mlm` run or such a folder): the
-/// masked-token loss on the validation split of --data, or of the run's
-/// own data with its seed's masks.
-pub(super) fn eval_masked_lm(a: &EvalArgs, given: &[String]) -> Result<()> {
+/// `eval` of a BERT masked LM (a `--task mlm` run, one of its checkpoints,
+/// or such a folder): the masked-token loss on the validation split of
+/// --data, or of the run's own data with its seed's masks, tokenized as
+/// the model recorded.
+pub(super) fn eval_masked_lm(a: &EvalArgs, given: &[String], block: usize) -> Result<()> {
     if given.iter().any(|g| g == "weights") {
         bail!("--weights is for GPT-2 models: a BERT masked LM is evaluated in fp32");
     }
-    let record = train::run_dir::read_record(&a.model).ok();
+    let record = train::run_dir::read_record(&a.model).ok().or_else(|| {
+        a.model
+            .parent()?
+            .parent()
+            .and_then(|run| train::run_dir::read_record(run).ok())
+    });
     let data = a
         .data
         .clone()
         .or_else(|| record.as_ref().and_then(|r| r.train.data.clone()));
-    let ds = Dataset::load(data.as_deref(), TokenizerKind::Char)?;
-    let block = distgpt::model::bert::hf::read_config(&a.model, None)?.block_size;
     let cfg = TrainConfig {
         batch_size: a.batch_size,
         seq_len: a.seq_len.unwrap_or(block),
@@ -56,6 +60,8 @@ pub(super) fn eval_masked_lm(a: &EvalArgs, given: &[String]) -> Result<()> {
         ..TrainConfig::default()
     };
     let threads = rayon::current_num_threads();
+    // the model's own tokenizer: a character it never saw is an error
+    let ds = Dataset::load_with(data.as_deref(), train::mlm::recorded_tokenizer(&a.model)?)?;
     let e = on_device!(a.device, |be| train::mlm::evaluate_folder(
         be, &a.model, &ds, &cfg, threads
     ))?;
@@ -70,45 +76,52 @@ pub(super) fn eval_masked_lm(a: &EvalArgs, given: &[String]) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn run_eval(a: EvalArgs, given: &[String]) -> Result<()> {
-    if train::classify::is_bert_folder(&a.model)
-        && distgpt::model::bert::hf::read_config(&a.model, None)?.head
-            == distgpt::model::bert::BertHead::Mlm
-    {
-        return eval_masked_lm(&a, given);
-    }
-    if train::classify::is_bert_folder(&a.model) {
-        let Some(data) = &a.data else {
-            bail!(
-                "{} is a BERT classifier: give --data, a labelled set (its test split is scored)",
-                a.model.display()
-            );
-        };
-        for flag in ["batches", "weights"] {
-            if given.iter().any(|g| g == flag) {
-                bail!("--{flag} is for language models: a BERT classifier is scored on the whole test split in fp32");
-            }
-        }
-        let t = a
-            .seq_len
-            .unwrap_or_else(|| train::classify::default_seq_len(&a.model));
-        let s = on_device!(a.device, |be| train::classify::evaluate_folder(
-            be,
-            &a.model,
-            data,
-            (a.batch_size, t),
-            rayon::current_num_threads(),
-        ))?;
-        distgpt::outln!(
-            "{} on {}'s test split: loss {:.4}, accuracy {:.2}%, F1 {:.4} ({} examples)",
-            a.model.display(),
-            data.display(),
-            s.loss,
-            100.0 * s.accuracy,
-            s.f1,
-            s.examples
+/// `eval` of a BERT classifier: its test split's loss, accuracy and F1.
+fn eval_classifier(a: &EvalArgs, given: &[String], block: usize) -> Result<()> {
+    let Some(data) = &a.data else {
+        bail!(
+            "{} is a BERT classifier: give --data, a labelled set (its test split is scored)",
+            a.model.display()
         );
-        return Ok(());
+    };
+    for flag in ["batches", "weights"] {
+        if given.iter().any(|g| g == flag) {
+            bail!("--{flag} is for language models: a BERT classifier is scored on the whole test split in fp32");
+        }
+    }
+    let t = a
+        .seq_len
+        .unwrap_or(block.min(train::classify::DEFAULT_SEQ_LEN));
+    let s = on_device!(a.device, |be| train::classify::evaluate_folder(
+        be,
+        &a.model,
+        data,
+        (a.batch_size, t),
+        rayon::current_num_threads(),
+    ))?;
+    distgpt::outln!(
+        "{} on {}'s test split: loss {:.4}, accuracy {:.2}%, F1 {:.4} ({} examples)",
+        a.model.display(),
+        data.display(),
+        s.loss,
+        100.0 * s.accuracy,
+        s.f1,
+        s.examples
+    );
+    Ok(())
+}
+
+/// `eval`: what the folder's own records say it is (its family and, for a
+/// BERT, its head) decides what is measured, never what a GPT-2 run would be.
+pub(super) fn run_eval(a: EvalArgs, given: &[String]) -> Result<()> {
+    let meta = checkpoint::read_any_meta(&a.model)?;
+    if let Some(bert) = meta.config.get::<distgpt::model::bert::BertConfig>() {
+        return match bert.head {
+            distgpt::model::bert::BertHead::Mlm => eval_masked_lm(&a, given, bert.block_size),
+            distgpt::model::bert::BertHead::Classify { .. } => {
+                eval_classifier(&a, given, bert.block_size)
+            }
+        };
     }
     on_device!(a.device, |be| eval_on(be, &a))
 }

@@ -32,8 +32,8 @@ pub(super) fn run_export(a: ExportArgs) -> Result<()> {
             model.family()
         );
     };
-    // a BERT's vocabulary goes along where the run keeps it
-    let vocab = run.join("vocab.txt");
+    // a BERT's vocabulary goes along where the run or checkpoint keeps it
+    let vocab = checkpoint::model_dir(&run).join("vocab.txt");
     let vocab = vocab.exists().then_some(vocab.as_path());
     (hf.export)(model, &params, &meta.tokenizer, vocab, &a.out)?;
     distgpt::outln!(

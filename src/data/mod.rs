@@ -177,6 +177,26 @@ impl Dataset {
         Self::encode(&name, &text, Tokenizer::from_spec(tokenizer)?)
     }
 
+    /// A text encoded with `tokenizer` (None: the embedded corpus), or
+    /// shards, which must have been made with it.
+    pub fn load_with(source: Option<&Path>, tokenizer: Tokenizer) -> Result<Self> {
+        if let Some(dir) = source.filter(|p| p.is_dir()) {
+            let ds = Self::from_shards(dir)?;
+            let (theirs, ours) = (ds.tokenizer.spec(), tokenizer.spec());
+            if theirs != ours {
+                return Err(Error::Input(format!(
+                    "{}: the shards were tokenized with {}, the model uses {}: prepare the data with the model's tokenizer",
+                    dir.display(),
+                    describe(&theirs),
+                    describe(&ours)
+                )));
+            }
+            return Ok(ds);
+        }
+        let (name, text) = read_text(source)?;
+        Self::encode(&name, &text, tokenizer)
+    }
+
     fn encode(name: &str, text: &str, tokenizer: Tokenizer) -> Result<Self> {
         // tokens are held (and written to shards) as u16, as llm.c's format has them
         let vocab = tokenizer.vocab_size();
@@ -245,7 +265,7 @@ impl Dataset {
         } else {
             TokenizerSpec::Gpt2
         };
-        let tokenizer = Tokenizer::from_spec(&spec)?;
+        let tokenizer = Tokenizer::from_spec_in(&spec, dir)?;
         let (train, val) = (named("train")?, named("val")?);
         let vocab = tokenizer.vocab_size() as u32;
         for split in [&train, &val] {

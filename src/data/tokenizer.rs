@@ -1,5 +1,6 @@
-//! Tokenizers: `char` (vocabulary taken from a corpus, saved with the model)
-//! and `gpt2` (tiktoken's `r50k_base`, compiled in).
+//! Tokenizers: `char` (vocabulary taken from a corpus, saved with the model),
+//! `gpt2` (tiktoken's `r50k_base`, compiled in) and BERT's WordPiece (a
+//! `vocab.txt`, kept beside the model; `data::wordpiece`).
 
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -29,6 +30,7 @@ pub enum Tokenizer {
         index: HashMap<char, u32>,
     },
     Gpt2(Box<tiktoken_rs::CoreBPE>),
+    WordPiece(Box<super::wordpiece::WordPiece>),
 }
 
 /// GPT-2's `<|endoftext|>`.
@@ -46,6 +48,18 @@ impl Tokenizer {
         .expect("char spec always builds")
     }
 
+    /// The tokenizer `spec` records; a WordPiece vocabulary is read from the
+    /// `vocab.txt` in `dir` (a run, a checkpoint, a model or shard folder)
+    /// and checked against the record.
+    pub fn from_spec_in(spec: &TokenizerSpec, dir: &std::path::Path) -> Result<Self> {
+        match spec {
+            TokenizerSpec::WordPiece { .. } => Ok(Tokenizer::WordPiece(Box::new(
+                super::wordpiece::WordPiece::recorded_in(dir, spec)?,
+            ))),
+            _ => Self::from_spec(spec),
+        }
+    }
+
     pub fn from_spec(spec: &TokenizerSpec) -> Result<Self> {
         match spec {
             TokenizerSpec::Char { chars } => {
@@ -61,7 +75,7 @@ impl Tokenizer {
                 .map(|b| Tokenizer::Gpt2(Box::new(b)))
                 .map_err(|e| Error::Config(format!("cannot build the GPT-2 tokenizer: {e}"))),
             TokenizerSpec::WordPiece { tokens, .. } => Err(Error::Config(format!(
-                "a WordPiece vocabulary ({tokens} tokens) is read from a BERT folder's vocab.txt; language models use char or gpt2 tokens"
+                "a WordPiece vocabulary ({tokens} tokens) is read from the vocab.txt kept beside its model"
             ))),
         }
     }
@@ -72,6 +86,7 @@ impl Tokenizer {
                 chars: chars.iter().collect(),
             },
             Tokenizer::Gpt2(_) => TokenizerSpec::Gpt2,
+            Tokenizer::WordPiece(wp) => wp.spec(),
         }
     }
 
@@ -79,13 +94,14 @@ impl Tokenizer {
         match self {
             Tokenizer::Char { chars, .. } => chars.len(),
             Tokenizer::Gpt2(_) => GPT2_VOCAB,
+            Tokenizer::WordPiece(wp) => wp.vocab_size(),
         }
     }
 
     /// The end-of-text token, where the vocabulary has one.
     pub fn eot(&self) -> Option<u32> {
         match self {
-            Tokenizer::Char { .. } => None,
+            Tokenizer::Char { .. } | Tokenizer::WordPiece(_) => None,
             Tokenizer::Gpt2(_) => Some(GPT2_EOT),
         }
     }
@@ -103,6 +119,7 @@ impl Tokenizer {
                 })
                 .collect(),
             Tokenizer::Gpt2(bpe) => Ok(bpe.encode_ordinary(text)),
+            Tokenizer::WordPiece(wp) => Ok(wp.encode(text)),
         }
     }
 
@@ -117,6 +134,7 @@ impl Tokenizer {
                 Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
                 Err(_) => "\u{FFFD}".into(),
             },
+            Tokenizer::WordPiece(wp) => wp.decode(tokens),
         }
     }
 }

@@ -17,6 +17,8 @@ use unicode_normalization::UnicodeNormalization;
 /// A WordPiece vocabulary and its special tokens.
 pub struct WordPiece {
     vocab: HashMap<String, u32>,
+    /// The tokens in id order (a `vocab.txt`'s lines).
+    tokens: Vec<String>,
     pub unk: u32,
     pub cls: u32,
     pub sep: u32,
@@ -35,9 +37,9 @@ impl WordPiece {
         let size = tokens.len();
         let checksum = crate::store::checksum(tokens.join("\n").as_bytes());
         let vocab: HashMap<String, u32> = tokens
-            .into_iter()
+            .iter()
             .enumerate()
-            .map(|(i, t)| (t, i as u32))
+            .map(|(i, t)| (t.clone(), i as u32))
             .collect();
         let special = |t: &str| {
             vocab
@@ -52,6 +54,7 @@ impl WordPiece {
             pad: special("[PAD]")?,
             mask: special("[MASK]")?,
             vocab,
+            tokens,
             size,
             checksum,
         })
@@ -64,8 +67,57 @@ impl WordPiece {
         Self::new(text.lines().map(str::to_string).collect())
     }
 
+    /// The vocabulary in the one vocab.txt that `from_vocab_file` reads
+    /// that `dir` holds, checked against what a run or checkpoint recorded
+    /// of it (`spec`): another vocabulary is refused in words.
+    pub fn recorded_in(dir: &Path, spec: &crate::data::TokenizerSpec) -> Result<Self> {
+        let path = dir.join("vocab.txt");
+        let wp = Self::from_vocab_file(&path)?;
+        if &wp.spec() != spec {
+            return Err(Error::Input(format!(
+                "{} is not the WordPiece vocabulary this model was trained with ({}, \
+                 checksum {}; the model's: {}, checksum {})",
+                path.display(),
+                crate::data::describe(&wp.spec()),
+                wp.checksum,
+                crate::data::describe(spec),
+                match spec {
+                    crate::data::TokenizerSpec::WordPiece { checksum, .. } => checksum.as_str(),
+                    _ => "none",
+                }
+            )));
+        }
+        Ok(wp)
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.size
+    }
+
+    /// What `vocab.txt` holds: one token per line, in id order.
+    pub fn vocab_text(&self) -> String {
+        let mut text = self.tokens.join("\n");
+        text.push('\n');
+        text
+    }
+
+    /// The pieces of `ids` as text: a `##` piece joined to the one before
+    /// it, the others spaced (an id past the vocabulary is `[UNK]`).
+    pub fn decode(&self, ids: &[u32]) -> String {
+        let mut out = String::new();
+        for &id in ids {
+            let piece = self.tokens.get(id as usize).map_or("[UNK]", String::as_str);
+            match piece.strip_prefix("##") {
+                Some(rest) => out.push_str(rest),
+                None => {
+                    if !out.is_empty() {
+                        out.push(' ');
+                    }
+                    out.push_str(piece);
+                }
+            }
+        }
+        out
     }
 
     /// What a checkpoint records of the vocabulary: its size and checksum.
@@ -224,5 +276,30 @@ mod tests {
         );
         assert_eq!(wp.encode(&"a".repeat(101)), vec![1]);
         assert_eq!(wp.encode("\u{0}\u{7}  \t"), Vec::<u32>::new());
+        assert_eq!(
+            wp.decode(&[5, 6, 7, 8, 14, 15, 99]),
+            "unaffable hello running [UNK]"
+        );
+    }
+
+    #[test]
+    fn a_vocabulary_is_written_as_read_and_checked_against_its_record() {
+        let wp = vocab();
+        let dir = crate::testdir::TestDir::new("wordpiece");
+        std::fs::write(dir.path().join("vocab.txt"), wp.vocab_text()).unwrap();
+        let back = WordPiece::recorded_in(dir.path(), &wp.spec()).unwrap();
+        assert_eq!(back.vocab_text(), wp.vocab_text());
+        assert_eq!(back.encode("unaffable"), vec![5, 6, 7]);
+        // another vocabulary of the same size is refused, naming both
+        let other = wp.vocab_text().replace("hello", "howdy");
+        std::fs::write(dir.path().join("vocab.txt"), other).unwrap();
+        let err = WordPiece::recorded_in(dir.path(), &wp.spec())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("vocab.txt is not the WordPiece vocabulary"),
+            "{err}"
+        );
     }
 }

@@ -63,28 +63,10 @@ impl ClassifyTask {
             }
             set.train.sample(n, seed);
         }
-        if init_from.join("model.json").exists() && !init_from.join("config.json").exists() {
-            return Err(Error::Input(format!(
-                "{} is a distgpt GPT-2 model (model.json), and --task classify fine-tunes a \
-                 BERT: give --init-from a Hugging Face BERT folder (config.json, \
-                 model.safetensors, vocab.txt)",
-                init_from.display()
-            )));
-        }
-        let vocab_file = init_from.join("vocab.txt");
-        let wp = WordPiece::from_vocab_file(&vocab_file)?;
         let head = BertHead::Classify {
             labels: set.labels.len(),
         };
-        let (model, init) = hf::load_folder(init_from, Some(head), seed)?;
-        if wp.vocab_size() != model.vocab_size {
-            return Err(Error::Input(format!(
-                "{} has {} tokens but the model's vocabulary is {}",
-                vocab_file.display(),
-                wp.vocab_size(),
-                model.vocab_size
-            )));
-        }
+        let (model, init, wp, vocab_file) = pretrained_bert(init_from, head, seed, "classify")?;
         check_seq_len(seq_len, &model)?;
         let fingerprint = set.fingerprint();
         Ok(ClassifyTask {
@@ -145,7 +127,9 @@ impl ClassifyTask {
 /// where it has fewer (the default where the folder's config cannot be
 /// read: loading it then says why).
 pub fn default_seq_len(dir: &Path) -> usize {
-    hf::read_config(dir, None).map_or(DEFAULT_SEQ_LEN, |c| c.block_size.min(DEFAULT_SEQ_LEN))
+    crate::checkpoint::read_any_meta(dir).map_or(DEFAULT_SEQ_LEN, |m| {
+        m.config.block_size().min(DEFAULT_SEQ_LEN)
+    })
 }
 
 /// A classifier's sequence length where its model has the positions.
@@ -283,8 +267,12 @@ impl<B: Backend> Task<B> for ClassifyTask {
         true
     }
 
+    fn vocab(&self) -> Option<String> {
+        Some(self.wp.vocab_text())
+    }
+
     fn save_model(&self, _backend: B, params: &[f32], dir: &Path) -> Result<()> {
-        hf::write_folder(&self.model, params, Some(&self.vocab_file), dir)
+        hf::write_folder(&self.model, params, Some(&self.wp.vocab_text()), dir)
     }
 
     fn write_report(
@@ -382,6 +370,65 @@ pub fn score(
     ))
 }
 
+/// A BERT to start training from, under `head` whatever head it had (the
+/// tensors it lacks fresh from `seed`), with its WordPiece vocabulary and
+/// that vocabulary's file: a Hugging Face folder (`config.json`,
+/// `model.safetensors`, `vocab.txt`: all-MiniLM-L6-v2's, an export, a
+/// finished BERT run), or a BERT run's training-state checkpoint (a
+/// `step_N` directory, or a run's newest) with the vocabulary it recorded.
+/// `task` names the `--task` asking, for the errors.
+pub fn pretrained_bert(
+    dir: &Path,
+    head: BertHead,
+    seed: u64,
+    task: &str,
+) -> Result<(BertConfig, Vec<f32>, WordPiece, PathBuf)> {
+    let not_bert = |what: &str| {
+        Error::Input(format!(
+            "{} is {what}, and --task {task} trains a BERT: give --init-from a Hugging Face \
+             BERT folder (config.json, model.safetensors, vocab.txt), a BERT run or one of \
+             its checkpoints",
+            dir.display()
+        ))
+    };
+    if is_bert_folder(dir) {
+        let (model, params) = hf::load_folder(dir, Some(head), seed)?;
+        let vocab_file = dir.join("vocab.txt");
+        let wp = WordPiece::from_vocab_file(&vocab_file)?;
+        if wp.vocab_size() != model.vocab_size {
+            return Err(Error::Input(format!(
+                "{} has {} tokens but the model's vocabulary is {}",
+                vocab_file.display(),
+                wp.vocab_size(),
+                model.vocab_size
+            )));
+        }
+        return Ok((model, params, wp, vocab_file));
+    }
+    if dir.join("config.json").exists() {
+        return Err(not_bert("a Hugging Face folder of another family"));
+    }
+    let (meta, params) = crate::checkpoint::read_model(dir)?;
+    let Some(bert) = meta.config.get::<BertConfig>() else {
+        return Err(not_bert(&format!("a {} model", meta.config.family())));
+    };
+    let at = crate::checkpoint::model_dir(dir);
+    let wp = match &meta.tokenizer {
+        TokenizerSpec::WordPiece { .. } => WordPiece::recorded_in(&at, &meta.tokenizer)?,
+        other => {
+            return Err(Error::Input(format!(
+                "{} was trained on {}, not a WordPiece vocabulary: a BERT to start from \
+                 needs one (pretrain with --init-from a BERT folder, or on data prepared \
+                 with --tokenizer wordpiece)",
+                dir.display(),
+                crate::data::describe(other)
+            )))
+        }
+    };
+    let (model, params) = crate::model::bert::with_head(bert, &params, head, seed);
+    Ok((model, params, wp, at.join("vocab.txt")))
+}
+
 /// Whether `dir` is a Hugging Face BERT folder (its config's `model_type`
 /// names BERT's registration).
 pub fn is_bert_folder(dir: &std::path::Path) -> bool {
@@ -399,7 +446,14 @@ pub fn evaluate_folder<B: Backend + 'static>(
     threads: usize,
 ) -> Result<Scores> {
     let labels = LabelledSet::load(data)?.labels.len();
-    let found = hf::read_config(dir, None)?;
+    let meta = crate::checkpoint::read_any_meta(dir)?;
+    let Some(found) = meta.config.get::<BertConfig>() else {
+        return Err(Error::Input(format!(
+            "{} is a {}, not a BERT classifier",
+            dir.display(),
+            meta.config
+        )));
+    };
     if found.head != (BertHead::Classify { labels }) {
         return Err(Error::Input(format!(
             "{} is not a {labels}-way classifier ({found}) but {} names {labels} labels",

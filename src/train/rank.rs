@@ -463,7 +463,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             tokenizer: &self.task.tokenizer(),
             data: self.task.fingerprint(),
             keep: self.cfg.keep_checkpoints,
-            extra: None,
+            extra: self.task.vocab().map(|v| ("vocab.txt", v)),
         };
         state::save(
             &self.cfg.out_dir,

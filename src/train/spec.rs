@@ -11,9 +11,9 @@ use super::mlm::MlmTask;
 use super::task::{Task, TaskKind};
 use super::{Duration, RunRecord, TrainConfig};
 use crate::backend::Backend;
-use crate::data::{Dataset, TokenizerKind, TokenizerSpec};
+use crate::data::{Dataset, Tokenizer, TokenizerKind, TokenizerSpec};
 use crate::error::{Error, Result};
-use crate::model::bert::BertConfig;
+use crate::model::bert::{BertConfig, BertHead};
 use crate::model::ModelConfig;
 use std::path::Path;
 
@@ -94,7 +94,7 @@ pub const TASKS: [TaskSpec; 3] = [
             ("sample_tokens", NOT_A_GENERATOR),
             (
                 "tokenizer",
-                "is for GPT-2 language models: --task mlm pretrains on characters",
+                "is for GPT-2 language models: --task mlm tokenizes with its --init-from folder's vocab.txt, a shard folder's (`data prepare --tokenizer wordpiece`), or a plain text's characters",
             ),
             (
                 "train_examples",
@@ -177,22 +177,32 @@ pub fn causal_lm(model: &ModelConfig) -> bool {
     model.get::<BertConfig>().is_none()
 }
 
-/// A BERT masked LM from scratch on a text's characters.
+/// A BERT masked LM: continued pretraining of `--init-from` (a BERT
+/// folder, run or checkpoint, on its own WordPiece vocabulary), or from
+/// scratch on shards prepared with a WordPiece vocabulary or a plain text's
+/// characters.
 fn build_mlm(i: &TaskInputs<'_>) -> Result<(TaskData, usize)> {
+    let seq = i.seq_len.unwrap_or(MLM_SEQ_LEN);
+    if let Some(dir) = i.init_from {
+        let (model, _, wp, _) =
+            super::classify::pretrained_bert(dir, BertHead::Mlm, i.seed, "mlm")?;
+        if seq > model.block_size {
+            return Err(Error::Config(format!(
+                "--seq-len {seq}: {} has {} positions",
+                dir.display(),
+                model.block_size
+            )));
+        }
+        let ds = Dataset::load_with(i.data, Tokenizer::WordPiece(Box::new(wp)))?;
+        return Ok((TaskData::Mlm { model, ds }, seq));
+    }
     let Some(shape) = (i.model)(None)?.get::<BertConfig>().cloned() else {
         return Err(Error::Config(format!(
-            "--task mlm trains {}: choose --model bert-tiny, bert-minilm or bert-base",
+            "--task mlm trains {}: choose --model bert-tiny, bert-minilm or bert-base, or --init-from a BERT folder",
             TaskKind::Mlm.spec().trains
         )));
     };
-    if i.init_from.is_some() {
-        return Err(Error::Config(
-            "--task mlm pretrains from scratch (no --init-from; --task classify fine-tunes a folder)"
-                .into(),
-        ));
-    }
     let ds = Dataset::load(i.data, TokenizerKind::Char)?;
-    let seq = i.seq_len.unwrap_or(MLM_SEQ_LEN);
     let model = MlmTask::new(&shape, &ds, seq).model;
     Ok((TaskData::Mlm { model, ds }, seq))
 }
@@ -346,7 +356,12 @@ impl TaskData {
                 let Some(bert) = record.model.get::<BertConfig>() else {
                     return Err(bad(format!("names a --task mlm run of a {}", record.model)));
                 };
-                let ds = Dataset::load_for_model(cfg.data.as_deref(), tokenizer)?;
+                // a WordPiece vocabulary is kept in the run's checkpoints
+                let ckpt = crate::checkpoint::state::latest(run_dir)?;
+                let ds = Dataset::load_with(
+                    cfg.data.as_deref(),
+                    Tokenizer::from_spec_in(tokenizer, &ckpt)?,
+                )?;
                 TaskData::Mlm {
                     model: bert.clone(),
                     ds,

@@ -107,6 +107,12 @@ pub trait Task<B: Backend>: Sync {
     fn evaluates_each_epoch(&self) -> bool {
         false
     }
+    /// The vocabulary kept beside the model and in every checkpoint (a
+    /// BERT's `vocab.txt`), so each can be evaluated, exported or
+    /// fine-tuned alone; None where the model files record it.
+    fn vocab(&self) -> Option<String> {
+        None
+    }
     /// Writes the trained model as the task's folder (atomic, checksummed).
     fn save_model(&self, backend: B, params: &[f32], dir: &Path) -> Result<()>;
     /// What the model folder is, for the closing lines.

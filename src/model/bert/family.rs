@@ -61,7 +61,10 @@ fn write_folder(
     dir: &std::path::Path,
 ) -> Result<()> {
     let config = config.get::<BertConfig>().expect("a BERT config");
-    super::hf::write_folder(config, params, vocab, dir)
+    let vocab = vocab
+        .map(|v| std::fs::read_to_string(v).map_err(|e| Error::io(v, e)))
+        .transpose()?;
+    super::hf::write_folder(config, params, vocab.as_deref(), dir)
 }
 
 impl Family for BertConfig {

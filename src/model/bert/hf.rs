@@ -58,7 +58,7 @@ pub fn read_config(dir: &Path, head: Option<BertHead>) -> Result<BertConfig> {
     };
     let head = head.or(implied).ok_or_else(|| {
         bad(&format!(
-            "a {arch} has no head (a masked LM's or a classifier's): fine-tune a classifier from it with `train --task classify --init-from DIR --data SET`; `eval` and `generate` read a BertForMaskedLM or BertForSequenceClassification folder"
+            "a {arch} has no head (a masked LM's or a classifier's): fine-tune a classifier from it with `train --task classify --init-from DIR --data SET`, or pretrain it further with `train --task mlm --init-from DIR --data TEXT`; `eval` reads a BertForMaskedLM or BertForSequenceClassification folder"
         ))
     })?;
     let cfg = BertConfig {
@@ -191,6 +191,10 @@ pub fn read_weights(cfg: &BertConfig, st: &SafeTensors, init: Vec<f32>) -> Resul
         }
     }
     match cfg.head {
+        // A BertModel (all-MiniLM-L6-v2's folder) has no masked-LM head: it
+        // starts fresh from `init`, as transformers makes one; the decoder
+        // is the word embeddings either way.
+        BertHead::Mlm if find(st, "cls.predictions.transform.dense.weight")?.is_none() => {}
         BertHead::Mlm => {
             let t = "cls.predictions.transform.";
             put(
@@ -412,11 +416,14 @@ fn hf_tensors(cfg: &BertConfig, p: &[f32]) -> Vec<(String, Vec<usize>, Vec<f32>)
 
 /// Writes a Hugging Face folder `transformers` loads:
 /// `config.json` (`BertForMaskedLM` / `BertForSequenceClassification`),
-/// `model.safetensors`, and `vocab.txt` when `vocab` is given.
+/// `model.safetensors`, and, when `vocab` (a `vocab.txt`'s text) is given,
+/// the files `AutoTokenizer.from_pretrained` reads: `vocab.txt`,
+/// `tokenizer_config.json` (an uncased `BertTokenizer`) and
+/// `special_tokens_map.json`.
 pub fn write_folder(
     cfg: &BertConfig,
     params: &[f32],
-    vocab: Option<&Path>,
+    vocab: Option<&str>,
     dir: &Path,
 ) -> Result<()> {
     let io = |e: std::io::Error| Error::Input(format!("cannot write {}: {e}", dir.display()));
@@ -444,16 +451,9 @@ pub fn write_folder(
         BertHead::Mlm => ("BertForMaskedLM", 2),
         BertHead::Classify { labels } => ("BertForSequenceClassification", labels),
     };
-    let vocab = vocab
-        .map(|v| std::fs::read(v).map_err(|e| Error::io(v, e)))
-        .transpose()?;
     // [PAD]'s id in the vocabulary; none for characters, whose id 0 is a
     // character (transformers freezes the input embedding of the pad id)
-    let pad = vocab.as_ref().and_then(|text| {
-        String::from_utf8_lossy(text)
-            .lines()
-            .position(|l| l.trim_end() == "[PAD]")
-    });
+    let pad = vocab.and_then(|text| text.lines().position(|l| l.trim_end() == "[PAD]"));
     let config = serde_json::json!({
         "architectures": [arch],
         "model_type": "bert",
@@ -473,8 +473,33 @@ pub fn write_folder(
         "position_embedding_type": "absolute",
         CHECKSUM_KEY: sum,
     });
-    if let Some(text) = &vocab {
-        write_atomic(&dir.join("vocab.txt"), text)?;
+    if let Some(text) = vocab {
+        write_atomic(&dir.join("vocab.txt"), text.as_bytes())?;
+        let special = serde_json::json!({
+            "unk_token": "[UNK]",
+            "sep_token": "[SEP]",
+            "pad_token": "[PAD]",
+            "cls_token": "[CLS]",
+            "mask_token": "[MASK]",
+        });
+        let mut tokenizer = special.clone();
+        let extra = serde_json::json!({
+            "tokenizer_class": "BertTokenizer",
+            "do_lower_case": true,
+            "tokenize_chinese_chars": true,
+            "strip_accents": null,
+            "model_max_length": cfg.block_size,
+        });
+        for (k, v) in extra.as_object().expect("an object") {
+            tokenizer[k] = v.clone();
+        }
+        for (name, j) in [
+            ("tokenizer_config.json", tokenizer),
+            ("special_tokens_map.json", special),
+        ] {
+            let text = serde_json::to_string_pretty(&j).expect("JSON");
+            write_atomic(&dir.join(name), text.as_bytes())?;
+        }
     }
     let text = serde_json::to_string_pretty(&config).expect("a JSON value serialises");
     write_atomic(&dir.join("config.json"), text.as_bytes())
@@ -534,15 +559,26 @@ mod tests {
                     .unwrap()
             };
             assert_eq!(config(&dir)["pad_token_id"], serde_json::Value::Null);
-            let vocab = root.path().join("vocab.txt");
-            std::fs::write(&vocab, "[UNK]\n[PAD]\n[CLS]\n").unwrap();
+            let vocab = "[UNK]\n[PAD]\n[CLS]\n";
             let with = root.path().join("with-vocab");
-            write_folder(&cfg, &p, Some(&vocab), &with).unwrap();
+            write_folder(&cfg, &p, Some(vocab), &with).unwrap();
             assert_eq!(config(&with)["pad_token_id"], 1);
             assert_eq!(
-                std::fs::read(with.join("vocab.txt")).unwrap(),
-                std::fs::read(&vocab).unwrap()
+                std::fs::read_to_string(with.join("vocab.txt")).unwrap(),
+                vocab
             );
+            // what AutoTokenizer reads beside it: an uncased BertTokenizer
+            let json = |name: &str| -> serde_json::Value {
+                serde_json::from_str(&std::fs::read_to_string(with.join(name)).unwrap()).unwrap()
+            };
+            let tok = json("tokenizer_config.json");
+            assert_eq!(tok["tokenizer_class"], "BertTokenizer");
+            assert_eq!(
+                (&tok["do_lower_case"], &tok["mask_token"]),
+                (&true.into(), &"[MASK]".into())
+            );
+            assert_eq!(json("special_tokens_map.json")["cls_token"], "[CLS]");
+            assert!(!dir.join("tokenizer_config.json").exists());
         }
     }
 }

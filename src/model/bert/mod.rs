@@ -1414,6 +1414,32 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
 /// BERT's initialisation of the whole model (Hugging Face's
 /// `_init_weights`): N(0, 0.02) matrices and embeddings, zero biases, unit
 /// LayerNorms, zero padded vocabulary rows.
+/// The same encoder under another head: the tensors both heads have (the
+/// embeddings, every block, a pooler) carried over by name, the rest
+/// fresh from `seed` (a masked LM's head for a `BertModel`'s encoder, a
+/// classifier for a pretrained masked LM's).
+pub fn with_head(
+    cfg: &BertConfig,
+    params: &[f32],
+    head: BertHead,
+    seed: u64,
+) -> (BertConfig, Vec<f32>) {
+    let to = BertConfig {
+        head,
+        ..cfg.clone()
+    };
+    let (from_lay, to_lay) = (layout::layout(cfg, 1), layout::layout(&to, 1));
+    let mut out = init_full(&to, seed);
+    for t in &to_lay.tensors {
+        if let Some(f) = from_lay.tensor(&t.name) {
+            if f.full_shape == t.full_shape {
+                out[t.range()].copy_from_slice(&params[f.range()]);
+            }
+        }
+    }
+    (to, out)
+}
+
 pub fn init_full(cfg: &BertConfig, seed: u64) -> Vec<f32> {
     let layout = layout::layout(cfg, 1);
     let mut p = vec![0.0f32; layout.total()];
@@ -1432,4 +1458,41 @@ pub fn init_full(cfg: &BertConfig, seed: u64) -> Vec<f32> {
         .range();
     p[word.start + cfg.vocab_size * cfg.n_embd..word.end].fill(0.0);
     p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn another_head_keeps_the_encoder_and_starts_its_own_tensors_fresh() {
+        let mlm = BertConfig {
+            n_layer: 1,
+            n_head: 2,
+            n_embd: 8,
+            n_inner: 16,
+            block_size: 6,
+            type_vocab: 2,
+            vocab_size: 11,
+            layer_norm_eps: 1e-12,
+            head: BertHead::Mlm,
+        };
+        let params: Vec<f32> = (0..layout::layout(&mlm, 1).total())
+            .map(|i| i as f32)
+            .collect();
+        let head = BertHead::Classify { labels: 3 };
+        let (cls, out) = with_head(&mlm, &params, head, 5);
+        assert_eq!(cls.head, head);
+        let fresh = init_full(&cls, 5);
+        let (from, to) = (layout::layout(&mlm, 1), layout::layout(&cls, 1));
+        for t in &to.tensors {
+            let got = &out[t.range()];
+            match from.tensor(&t.name) {
+                Some(f) => assert_eq!(got, &params[f.range()], "{}", t.name),
+                None => assert_eq!(got, &fresh[t.range()], "{}", t.name),
+            }
+        }
+        assert!(to.tensor("classifier.weight").is_some());
+        assert!(from.tensor("classifier.weight").is_none());
+    }
 }

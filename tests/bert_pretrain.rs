@@ -1,0 +1,441 @@
+//! BERT pretraining that feeds fine-tuning, through the command line:
+//! continued masked-LM pretraining of a BERT folder on its own WordPiece
+//! vocabulary, whose run, checkpoints and exports each carry the vocabulary
+//! and tokenizer files, and each of which `--task classify` fine-tunes,
+//! `eval` scores as a masked LM and `export` writes whole; a resumed run
+//! equal to an uninterrupted one. And what a masked LM was silently wrong
+//! about: a checkpoint scored as a GPT-2, a character model scored on
+//! another text's characters, a batch with nothing masked, a classifier's
+//! checkpoint exported without its vocabulary, BERT errors that spoke of
+//! language models.
+
+#[path = "support/bert.rs"]
+mod bert;
+
+#[path = "support/cli.rs"]
+mod cli;
+
+use bert::tiny_bert_and_labelled_set;
+use cli::{distgpt, scratch, succeeded};
+use std::path::{Path, PathBuf};
+
+/// A small text in the tiny model's vocabulary (letters; the digits are
+/// [UNK]), long enough for a validation split of a few windows.
+fn text(dir: &Path) -> PathBuf {
+    let words = [
+        "good", "day", "sir", "buy", "cheap", "pills", "now", "fine", "tea",
+    ];
+    let body: Vec<String> = (0..400)
+        .map(|i| words[(i * 7 + i / 9) % words.len()].to_string())
+        .collect();
+    let path = dir.join("text.txt");
+    std::fs::write(&path, body.join(" ")).unwrap();
+    path
+}
+
+fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// `train --task mlm` of `init` on `data` for `steps` into `out`, with a
+/// checkpoint and an evaluation every 2 steps.
+fn pretrain(init: &Path, data: &Path, out: &Path, steps: &str) -> std::process::Output {
+    distgpt(&[
+        "train",
+        "--task",
+        "mlm",
+        "--init-from",
+        init.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--steps",
+        steps,
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--lr",
+        "1e-3",
+        "--checkpoint-every",
+        "2",
+        "--eval-every",
+        "2",
+        "--eval-batches",
+        "2",
+        "--quiet",
+        "--out",
+        out.to_str().unwrap(),
+    ])
+}
+
+/// The losses a run recorded, step by step.
+fn losses(run: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let j: serde_json::Value = serde_json::from_str(l).ok()?;
+            Some((j["step"].as_u64()?, j["loss"].as_f64()?))
+        })
+        .collect()
+}
+
+/// The `masked-token loss X` an `eval` printed.
+fn masked_loss(out: &std::process::Output) -> f64 {
+    let text = stdout(out);
+    let at = text
+        .find("masked-token loss ")
+        .unwrap_or_else(|| panic!("no masked-token loss in: {text}{}", stderr(out)));
+    text[at + 18..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn mlm_pretraining_feeds_fine_tuning_evaluation_and_export() {
+    let dir = scratch("pretrain-feeds");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (model, set) = tiny_bert_and_labelled_set(&dir);
+    let data = text(&dir);
+    let run = dir.join("mlm");
+    succeeded(pretrain(&model, &data, &run, "4"));
+    let vocab = std::fs::read_to_string(model.join("vocab.txt")).unwrap();
+    let lines = |p: &Path| -> Vec<String> {
+        std::fs::read_to_string(p)
+            .unwrap()
+            .lines()
+            .map(String::from)
+            .collect()
+    };
+    let want: Vec<String> = vocab.lines().map(String::from).collect();
+    let ckpt = run.join("checkpoints/step_00000002");
+    // the run and every checkpoint keep the vocabulary
+    for d in [&run, &ckpt, &run.join("checkpoints/step_00000004")] {
+        assert_eq!(lines(&d.join("vocab.txt")), want, "{}", d.display());
+    }
+    for f in ["tokenizer_config.json", "special_tokens_map.json"] {
+        assert!(run.join(f).exists(), "{f}");
+    }
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["architectures"][0], "BertForMaskedLM");
+    assert_eq!(config["pad_token_id"], 0);
+
+    // eval scores the run and its checkpoint as masked LMs, with the run's
+    // own masks: the figures it recorded at those steps
+    let recorded: Vec<(u64, f64)> = std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let j: serde_json::Value = serde_json::from_str(l).ok()?;
+            Some((j["step"].as_u64()?, j["val_loss"].as_f64()?))
+        })
+        .collect();
+    let val_at = |step| recorded.iter().find(|(s, _)| *s == step).unwrap().1;
+    let eval = |what: &Path| {
+        succeeded(distgpt(&[
+            "eval",
+            what.to_str().unwrap(),
+            "--batch-size",
+            "2",
+            "--seq-len",
+            "16",
+            "--batches",
+            "2",
+        ]))
+    };
+    assert!((masked_loss(&eval(&run)) - val_at(4)).abs() < 1e-3);
+    assert!((masked_loss(&eval(&ckpt)) - val_at(2)).abs() < 1e-3);
+
+    // an export of a checkpoint is a whole folder transformers reads
+    let exported = dir.join("exported");
+    succeeded(distgpt(&[
+        "export",
+        ckpt.to_str().unwrap(),
+        "--out",
+        exported.to_str().unwrap(),
+    ]));
+    assert_eq!(lines(&exported.join("vocab.txt")), want);
+    assert!(exported.join("tokenizer_config.json").exists());
+
+    // fine-tuning starts from the run, its checkpoint and the export
+    for (tag, from) in [("run", &run), ("ckpt", &ckpt), ("export", &exported)] {
+        let out = dir.join(format!("cls-{tag}"));
+        succeeded(distgpt(&[
+            "train",
+            "--task",
+            "classify",
+            "--init-from",
+            from.to_str().unwrap(),
+            "--data",
+            set.to_str().unwrap(),
+            "--steps",
+            "2",
+            "--batch-size",
+            "4",
+            "--seq-len",
+            "16",
+            "--quiet",
+            "--out",
+            out.to_str().unwrap(),
+        ]));
+        assert_eq!(lines(&out.join("vocab.txt")), want, "{tag}");
+    }
+}
+
+#[test]
+fn a_classifier_starts_from_the_pretrained_encoder_not_the_original() {
+    use distgpt::model::bert::{hf, layout::layout, BertHead};
+    use distgpt::train::classify::pretrained_bert;
+    let dir = scratch("pretrain-encoder");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (model, _) = tiny_bert_and_labelled_set(&dir);
+    let run = dir.join("mlm");
+    succeeded(pretrain(&model, &text(&dir), &run, "2"));
+    let head = BertHead::Classify { labels: 2 };
+    let (cfg, from_run, ..) = pretrained_bert(&run, head, 7, "classify").unwrap();
+    let (_, trained) = hf::load_folder(&run, None, 0).unwrap();
+    let (mlm_cfg, _) = hf::load_folder(&run, None, 0).unwrap();
+    let (_, original, ..) = pretrained_bert(&model, head, 7, "classify").unwrap();
+    let (lay, mlm_lay) = (layout(&cfg, 1), layout(&mlm_cfg, 1));
+    for name in [
+        "bert.embeddings.word_embeddings.weight",
+        "bert.encoder.layer.1.output.dense.weight",
+    ] {
+        let r = lay.tensor(name).unwrap().range();
+        let m = mlm_lay.tensor(name).unwrap().range();
+        assert_eq!(&from_run[r.clone()], &trained[m], "{name}");
+        assert_ne!(
+            &from_run[r.clone()],
+            &original[r],
+            "{name} is the original's"
+        );
+    }
+    // from a checkpoint, the same weights as from the folder written at the end
+    let ckpt = run.join("checkpoints/step_00000002");
+    let (_, from_ckpt, ..) = pretrained_bert(&ckpt, head, 7, "classify").unwrap();
+    assert_eq!(from_ckpt, from_run);
+}
+
+#[test]
+fn a_resumed_wordpiece_pretraining_equals_an_uninterrupted_one() {
+    let dir = scratch("pretrain-resume");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (model, _) = tiny_bert_and_labelled_set(&dir);
+    let data = text(&dir);
+    let whole = dir.join("whole");
+    succeeded(pretrain(&model, &data, &whole, "4"));
+    let parts = dir.join("parts");
+    succeeded(pretrain(&model, &data, &parts, "2"));
+    succeeded(distgpt(&[
+        "train",
+        "--resume",
+        parts.to_str().unwrap(),
+        "--steps",
+        "4",
+        "--quiet",
+    ]));
+    assert_eq!(losses(&parts), losses(&whole));
+    // a vocabulary swapped under the run is refused, not used
+    let ckpt = parts.join("checkpoints/step_00000004/vocab.txt");
+    let swapped = std::fs::read_to_string(&ckpt)
+        .unwrap()
+        .replace("##z", "##zz");
+    std::fs::write(&ckpt, swapped).unwrap();
+    let out = distgpt(&[
+        "train",
+        "--resume",
+        parts.to_str().unwrap(),
+        "--steps",
+        "6",
+        "--quiet",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("not the WordPiece vocabulary"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// A character-level masked LM of the embedded corpus's first part.
+fn char_mlm(dir: &Path) -> (PathBuf, PathBuf) {
+    let data = dir.join("chars.txt");
+    let text: String = distgpt::data::SHAKESPEARE.chars().take(6000).collect();
+    std::fs::write(&data, text).unwrap();
+    let run = dir.join("chars");
+    succeeded(distgpt(&[
+        "train",
+        "--task",
+        "mlm",
+        "--model",
+        "bert-tiny",
+        "--data",
+        data.to_str().unwrap(),
+        "--steps",
+        "4",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--checkpoint-every",
+        "2",
+        "--eval-every",
+        "2",
+        "--eval-batches",
+        "2",
+        "--quiet",
+        "--out",
+        run.to_str().unwrap(),
+    ]));
+    (run, data)
+}
+
+#[test]
+fn eval_of_a_masked_lm_checkpoint_is_its_masked_token_loss_never_a_gpt2_s() {
+    let dir = scratch("pretrain-eval-ckpt");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (run, _) = char_mlm(&dir);
+    let ckpt = run.join("checkpoints/step_00000002");
+    let out = succeeded(distgpt(&[
+        "eval",
+        ckpt.to_str().unwrap(),
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--batches",
+        "2",
+    ]));
+    assert!(!stdout(&out).contains("perplexity"), "{}", stdout(&out));
+    let recorded = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    let at2 = recorded
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|j| j["step"] == 2 && j["val_loss"].is_number())
+        .unwrap()["val_loss"]
+        .as_f64()
+        .unwrap();
+    assert!(
+        (masked_loss(&out) - at2).abs() < 1e-3,
+        "{} vs {at2}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn a_character_masked_lm_is_scored_only_on_its_own_characters() {
+    let dir = scratch("pretrain-eval-chars");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (run, data) = char_mlm(&dir);
+    // as many distinct characters, one of them new: refused, naming it
+    let text = std::fs::read_to_string(&data).unwrap();
+    let gone = text.chars().find(|c| c.is_ascii_lowercase()).unwrap();
+    let other = dir.join("other.txt");
+    std::fs::write(&other, text.replace(gone, "\u{e9}")).unwrap();
+    let out = distgpt(&[
+        "eval",
+        run.to_str().unwrap(),
+        "--data",
+        other.to_str().unwrap(),
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+    ]);
+    assert!(!out.status.success(), "{}", stdout(&out));
+    assert!(stderr(&out).contains("'\u{e9}'"), "{}", stderr(&out));
+    // its own text is scored with the recorded characters
+    succeeded(distgpt(&[
+        "eval",
+        run.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+    ]));
+}
+
+#[test]
+fn a_masked_lm_batch_always_has_something_to_predict() {
+    let dir = scratch("pretrain-nan");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (run, data) = char_mlm(&dir);
+    // one sequence of 8: nothing masked in a third of such batches before
+    let out = succeeded(distgpt(&[
+        "eval",
+        run.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--batch-size",
+        "1",
+        "--seq-len",
+        "8",
+        "--batches",
+        "0",
+    ]));
+    assert!(masked_loss(&out).is_finite(), "{}", stdout(&out));
+}
+
+#[test]
+fn a_classifier_checkpoint_exports_and_evaluates_as_a_classifier() {
+    let dir = scratch("pretrain-cls-ckpt");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (model, set) = tiny_bert_and_labelled_set(&dir);
+    let run = dir.join("cls");
+    succeeded(distgpt(&[
+        "train",
+        "--task",
+        "classify",
+        "--init-from",
+        model.to_str().unwrap(),
+        "--data",
+        set.to_str().unwrap(),
+        "--steps",
+        "2",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "16",
+        "--quiet",
+        "--out",
+        run.to_str().unwrap(),
+    ]));
+    let ckpt = run.join("checkpoints/step_00000002");
+    let exported = dir.join("exported");
+    succeeded(distgpt(&[
+        "export",
+        ckpt.to_str().unwrap(),
+        "--out",
+        exported.to_str().unwrap(),
+    ]));
+    assert!(exported.join("vocab.txt").exists());
+    // eval without a labelled set says what a classifier needs
+    let out = distgpt(&["eval", ckpt.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("is a BERT classifier: give --data"), "{err}");
+    assert!(!err.contains("language model"), "{err}");
+    // and with one, the checkpoint scores as the folder written at the end
+    let score = |what: &Path| {
+        let out = succeeded(distgpt(&[
+            "eval",
+            what.to_str().unwrap(),
+            "--data",
+            set.to_str().unwrap(),
+            "--seq-len",
+            "16",
+        ]));
+        stdout(&out).split(": ").nth(1).unwrap().to_string()
+    };
+    assert_eq!(score(&ckpt), score(&run));
+}
