@@ -439,3 +439,100 @@ fn a_classifier_checkpoint_exports_and_evaluates_as_a_classifier() {
     };
     assert_eq!(score(&ckpt), score(&run));
 }
+
+#[test]
+fn a_wordpiece_vocabulary_learned_from_a_text_pretrains_from_scratch() {
+    let dir = scratch("pretrain-learned");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (_, set) = tiny_bert_and_labelled_set(&dir);
+    let data = text(&dir);
+    let shards = dir.join("shards");
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let prepare = |extra: &[&str]| {
+        let mut args = vec![
+            "data".to_string(),
+            "prepare".into(),
+            "--input".into(),
+            s(&data),
+        ];
+        args.extend(["--out".into(), s(&shards)]);
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        distgpt(&args)
+    };
+    let out = prepare(&["--tokenizer", "char", "--vocab-size", "40"]);
+    assert!(
+        stderr(&out).contains("--vocab-size is for --tokenizer wordpiece"),
+        "{}",
+        stderr(&out)
+    );
+    succeeded(prepare(&["--tokenizer", "wordpiece", "--vocab-size", "45"]));
+    let vocab = std::fs::read_to_string(shards.join("vocab.txt")).unwrap();
+    assert_eq!(vocab.lines().count(), 45);
+    assert!(
+        vocab.starts_with("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n"),
+        "{vocab}"
+    );
+    // a BERT from scratch on them keeps that vocabulary
+    let run = dir.join("mlm");
+    succeeded(distgpt(&[
+        "train",
+        "--task",
+        "mlm",
+        "--model",
+        "bert-tiny",
+        "--data",
+        &s(&shards),
+        "--steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--quiet",
+        "--out",
+        &s(&run),
+    ]));
+    assert_eq!(
+        std::fs::read_to_string(run.join("vocab.txt")).unwrap(),
+        vocab
+    );
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["vocab_size"], 45);
+    // which fine-tunes
+    succeeded(distgpt(&[
+        "train",
+        "--task",
+        "classify",
+        "--init-from",
+        &s(&run),
+        "--data",
+        &s(&set),
+        "--steps",
+        "1",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "16",
+        "--quiet",
+        "--out",
+        &s(&dir.join("cls")),
+    ]));
+    // a causal language model is refused those shards, in words
+    let out = distgpt(&[
+        "train",
+        "--data",
+        &s(&shards),
+        "--steps",
+        "1",
+        "--out",
+        &s(&dir.join("lm")),
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("WordPiece vocabulary, which BERT's --task mlm reads"),
+        "{}",
+        stderr(&out)
+    );
+}

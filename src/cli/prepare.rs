@@ -20,9 +20,15 @@ pub struct PrepareArgs {
     /// A text file (default: the embedded Shakespeare corpus).
     #[arg(long)]
     input: Option<PathBuf>,
-    /// Tokenizer: char (a vocabulary of the text's characters) or gpt2 (BPE).
+    /// Tokenizer: char (a vocabulary of the text's characters), gpt2 (BPE),
+    /// or wordpiece (a BERT vocabulary of --vocab-size tokens learned from
+    /// the text, kept as vocab.txt: for `train --task mlm`).
     #[arg(long, value_enum, default_value = "char")]
-    tokenizer: TokenizerKind,
+    tokenizer: PrepareTokenizer,
+    /// With --tokenizer wordpiece: the vocabulary's size, BERT's special
+    /// tokens and every character of the text included.
+    #[arg(long, value_parser = super::positive())]
+    vocab_size: Option<usize>,
     /// Output directory for the shards and tokenizer.json.
     #[arg(long)]
     out: PathBuf,
@@ -31,6 +37,17 @@ pub struct PrepareArgs {
     #[arg(long)]
     overwrite: bool,
 }
+
+/// What `data prepare` tokenizes with.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum PrepareTokenizer {
+    Char,
+    Gpt2,
+    Wordpiece,
+}
+
+/// A learned WordPiece vocabulary's size unless --vocab-size says.
+const WORDPIECE_VOCAB: usize = 8000;
 
 #[derive(Args)]
 pub struct PrepareSpamArgs {
@@ -48,8 +65,20 @@ pub struct PrepareSpamArgs {
 pub fn run(command: DataCommand) -> Result<()> {
     match command {
         DataCommand::Prepare(a) => {
+            let input = a.input.as_deref();
+            let ds = match (a.tokenizer, a.vocab_size) {
+                (PrepareTokenizer::Wordpiece, size) => {
+                    let wp = data::learn_wordpiece(input, size.unwrap_or(WORDPIECE_VOCAB))?;
+                    data::Dataset::load_with(input, data::Tokenizer::WordPiece(Box::new(wp)))?
+                }
+                (_, Some(_)) => {
+                    bail!("--vocab-size is for --tokenizer wordpiece (a learned vocabulary)")
+                }
+                (PrepareTokenizer::Char, None) => data::Dataset::load(input, TokenizerKind::Char)?,
+                (PrepareTokenizer::Gpt2, None) => data::Dataset::load(input, TokenizerKind::Gpt2)?,
+            };
             clear_earlier(&a.out, a.overwrite)?;
-            let (n_train, n_val) = data::prepare(a.input.as_deref(), a.tokenizer, &a.out)?;
+            let (n_train, n_val) = data::write_shards(&ds, &a.out)?;
             distgpt::outln!(
                 "wrote {} ({n_train} train tokens, {n_val} val tokens)",
                 a.out.display()
@@ -75,9 +104,11 @@ fn clear_earlier(out: &Path, overwrite: bool) -> Result<()> {
     if !out.exists() {
         return Ok(());
     }
-    let spec = out.join("tokenizer.json");
     let mut earlier = data::shard_files(out).with_context(|| format!("--out {}", out.display()))?;
-    earlier.extend(spec.is_file().then_some(spec));
+    for name in ["tokenizer.json", "vocab.txt"] {
+        let p = out.join(name);
+        earlier.extend(p.is_file().then_some(p));
+    }
     if earlier.is_empty() {
         return Ok(());
     }

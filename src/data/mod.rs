@@ -345,10 +345,23 @@ pub fn shard_files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// Writes `<name>_train_000000.bin`, `<name>_val_000000.bin` and
-/// `tokenizer.json` into `out`; returns (train tokens, val tokens).
+/// Tokenizes a text (None: the embedded corpus) with `kind` into shards in
+/// `out` ([`write_shards`]); returns (train tokens, val tokens).
 pub fn prepare(source: Option<&Path>, kind: TokenizerKind, out: &Path) -> Result<(usize, usize)> {
-    let ds = Dataset::load(source, kind)?;
+    write_shards(&Dataset::load(source, kind)?, out)
+}
+
+/// A WordPiece vocabulary of `size` tokens learned from a text (None: the
+/// embedded corpus; [`wordpiece::learn`]).
+pub fn learn_wordpiece(source: Option<&Path>, size: usize) -> Result<wordpiece::WordPiece> {
+    let (_, text) = read_text(source)?;
+    wordpiece::learn(&text, size)
+}
+
+/// Writes `<name>_train_000000.bin`, `<name>_val_000000.bin`,
+/// `tokenizer.json` and, for a WordPiece vocabulary, its `vocab.txt` into
+/// `out`; returns (train tokens, val tokens).
+pub fn write_shards(ds: &Dataset, out: &Path) -> Result<(usize, usize)> {
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     let mut counts = [0usize; 2];
     for (i, (split, tag)) in [(&ds.train, "train"), (&ds.val, "val")]
@@ -365,6 +378,10 @@ pub fn prepare(source: Option<&Path>, kind: TokenizerKind, out: &Path) -> Result
             .collect();
         counts[i] = tokens.len();
         shard::write_shard(&out.join(format!("{}_{tag}_000000.bin", ds.name)), &tokens)?;
+    }
+    if let Tokenizer::WordPiece(wp) = &ds.tokenizer {
+        let vocab = out.join("vocab.txt");
+        std::fs::write(&vocab, wp.vocab_text()).map_err(|e| Error::io(&vocab, e))?;
     }
     let spec_path = out.join("tokenizer.json");
     let spec = serde_json::to_string_pretty(&ds.tokenizer.spec()).expect("spec serialises");

@@ -250,6 +250,165 @@ fn basic_tokens(text: &str) -> Vec<String> {
     out
 }
 
+/// BERT's special tokens, first in a learned vocabulary (ids 0 to 4).
+pub const SPECIAL: [&str; 5] = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"];
+
+/// Learns a WordPiece vocabulary of `size` tokens from `text` by the
+/// WordPiece training algorithm (Schuster and Nakajima; as Hugging Face's
+/// course states it): the words of BERT's basic tokenization, each split
+/// into its characters (`##` before every one but the first), then, until
+/// the vocabulary has `size` tokens, the adjacent pair (a, b) with the
+/// highest count(ab) / (count(a) count(b)) over the corpus is merged into
+/// one piece everywhere (ties: the more frequent pair, then the pair that
+/// sorts first, so the result is the same on every run). The vocabulary is
+/// the special tokens, every character of the corpus in both forms it
+/// takes (so no word of the corpus becomes `[UNK]`), then the merges in
+/// the order they were made. Fewer tokens result where nothing is left to
+/// merge; a `size` below the special tokens and the characters is refused.
+pub fn learn(text: &str, size: usize) -> Result<WordPiece> {
+    let mut counts: HashMap<String, u64> = HashMap::new();
+    for w in basic_tokens(text) {
+        *counts.entry(w).or_default() += 1;
+    }
+    let mut words: Vec<(String, u64)> = counts.into_iter().collect();
+    words.sort();
+    let mut names: Vec<String> = Vec::new();
+    let mut index: HashMap<String, u32> = HashMap::new();
+    let mut intern = |name: String, names: &mut Vec<String>| -> u32 {
+        *index.entry(name.clone()).or_insert_with(|| {
+            names.push(name);
+            names.len() as u32 - 1
+        })
+    };
+    // every character, as a word's first and as a continuation, sorted
+    let mut alphabet: Vec<String> = words
+        .iter()
+        .flat_map(|(w, _)| {
+            w.chars().enumerate().map(|(i, c)| match i {
+                0 => c.to_string(),
+                _ => format!("##{c}"),
+            })
+        })
+        .collect();
+    alphabet.sort();
+    alphabet.dedup();
+    if size < SPECIAL.len() + alphabet.len() {
+        return Err(Error::Config(format!(
+            "--vocab-size {size} cannot hold the {} special tokens and the text's {} \
+             characters (as first and as continuing pieces): give at least {}",
+            SPECIAL.len(),
+            alphabet.len(),
+            SPECIAL.len() + alphabet.len()
+        )));
+    }
+    for a in alphabet {
+        intern(a, &mut names);
+    }
+    let mut splits: Vec<Vec<u32>> = words
+        .iter()
+        .map(|(w, _)| {
+            w.chars()
+                .enumerate()
+                .map(|(i, c)| {
+                    let name = if i == 0 {
+                        c.to_string()
+                    } else {
+                        format!("##{c}")
+                    };
+                    intern(name, &mut names)
+                })
+                .collect()
+        })
+        .collect();
+    let mut merges = Merges::default();
+    for (i, (split, (_, n))) in splits.iter().zip(&words).enumerate() {
+        merges.add(i, split, *n as i64);
+    }
+    while SPECIAL.len() + names.len() < size {
+        let Some((a, b)) = merges.best(&names) else {
+            break;
+        };
+        let joined = format!(
+            "{}{}",
+            names[a as usize],
+            names[b as usize].trim_start_matches("##")
+        );
+        let ab = intern(joined, &mut names);
+        let mut touched = merges.words.remove(&(a, b)).unwrap_or_default();
+        touched.sort_unstable();
+        touched.dedup();
+        for w in touched {
+            let n = words[w].1 as i64;
+            merges.add(w, &splits[w], -n);
+            let old = std::mem::take(&mut splits[w]);
+            let mut new = Vec::with_capacity(old.len());
+            let mut i = 0;
+            while i < old.len() {
+                if i + 1 < old.len() && (old[i], old[i + 1]) == (a, b) {
+                    new.push(ab);
+                    i += 2;
+                } else {
+                    new.push(old[i]);
+                    i += 1;
+                }
+            }
+            merges.add(w, &new, n);
+            splits[w] = new;
+        }
+        // a piece two merges spell alike stays one token (`intern`)
+        merges.pairs.remove(&(a, b));
+    }
+    let tokens = SPECIAL.iter().map(|s| s.to_string()).chain(names).collect();
+    WordPiece::new(tokens)
+}
+
+/// The training state: how often each piece and each adjacent pair occurs
+/// over the corpus (weighted by the words' counts), and the words each
+/// pair occurs in (possibly more than are left: checked on merging).
+#[derive(Default)]
+struct Merges {
+    pieces: HashMap<u32, i64>,
+    pairs: HashMap<(u32, u32), i64>,
+    words: HashMap<(u32, u32), Vec<usize>>,
+}
+
+impl Merges {
+    /// Counts word `w`'s pieces and pairs `n` more times (less where negative).
+    fn add(&mut self, w: usize, split: &[u32], n: i64) {
+        for &p in split {
+            *self.pieces.entry(p).or_default() += n;
+        }
+        for pair in split.windows(2) {
+            let pair = (pair[0], pair[1]);
+            let c = self.pairs.entry(pair).or_default();
+            *c += n;
+            if *c <= 0 {
+                self.pairs.remove(&pair);
+            } else if n > 0 {
+                self.words.entry(pair).or_default().push(w);
+            }
+        }
+    }
+
+    /// The pair to merge next: the highest count(ab) / (count(a) count(b)),
+    /// then the higher count(ab), then the names that sort first.
+    fn best(&self, names: &[String]) -> Option<(u32, u32)> {
+        let score = |(a, b): (u32, u32), n: i64| {
+            n as f64 / (self.pieces[&a] as f64 * self.pieces[&b] as f64)
+        };
+        self.pairs
+            .iter()
+            .map(|(&pair, &n)| (pair, n, score(pair, n)))
+            .max_by(|x, y| {
+                x.2.total_cmp(&y.2).then(x.1.cmp(&y.1)).then_with(|| {
+                    let name = |p: (u32, u32)| (&names[p.0 as usize], &names[p.1 as usize]);
+                    name(y.0).cmp(&name(x.0))
+                })
+            })
+            .map(|(pair, ..)| pair)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -280,6 +439,86 @@ mod tests {
             wp.decode(&[5, 6, 7, 8, 14, 15, 99]),
             "unaffable hello running [UNK]"
         );
+    }
+
+    /// Hugging Face course's corpus: hug x10, pug x5, pun x12, bun x4, hugs x5.
+    fn course() -> String {
+        [
+            ("hug", 10),
+            ("pug", 5),
+            ("pun", 12),
+            ("bun", 4),
+            ("hugs", 5),
+        ]
+        .iter()
+        .flat_map(|&(w, n)| std::iter::repeat_n(w, n))
+        .collect::<Vec<_>>()
+        .join(" ")
+    }
+
+    #[test]
+    fn learning_merges_the_pair_most_frequent_for_its_parts() {
+        let tokens =
+            |wp: &WordPiece| -> Vec<String> { wp.vocab_text().lines().map(String::from).collect() };
+        // the specials, the alphabet in both forms, then the merges: the
+        // first is ##g ##s, 5 / (20 x 5) = 1/20, above every other pair's
+        // 1/36 (the course's own first merge)
+        let wp = learn(&course(), 13).unwrap();
+        assert_eq!(
+            tokens(&wp),
+            [
+                "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "##g", "##n", "##s", "##u", "b", "h",
+                "p", "##gs"
+            ]
+        );
+        // then a six-way tie at 1/36 goes to the most frequent pair, p ##u
+        // (17), and so on until every word is one piece and nothing is left
+        let wp = learn(&course(), 100).unwrap();
+        assert_eq!(tokens(&wp)[13], "pu");
+        for w in ["hug", "pug", "pun", "bun", "hugs"] {
+            assert_eq!(wp.encode(w).len(), 1, "{w}: {:?}", wp.encode(w));
+        }
+        assert!(wp.vocab_size() < 100, "{}", wp.vocab_size());
+        let err = learn(&course(), 11).err().unwrap().to_string();
+        assert!(err.contains("give at least 12"), "{err}");
+    }
+
+    #[test]
+    fn a_learned_vocabulary_covers_every_character_and_is_the_same_every_time() {
+        let text = "Élan, naïve café-goers! 世界 \"Quoth\" the raven; nevermore... 42 times, 4242.";
+        let corpus = text.repeat(3) + " " + &crate::data::SHAKESPEARE[..20_000];
+        let wp = learn(&corpus, 400).unwrap();
+        assert_eq!(wp.vocab_size(), 400);
+        // every word of the corpus encodes without [UNK], in fewer pieces
+        // than characters, and reads back as BERT's basic tokens
+        let ids = wp.encode(&corpus);
+        assert!(!ids.contains(&wp.unk));
+        let letters: usize = basic_tokens(&corpus)
+            .iter()
+            .map(|w| w.chars().count())
+            .sum();
+        assert!(
+            ids.len() < letters,
+            "{} pieces for {letters} characters",
+            ids.len()
+        );
+        let more = learn(&corpus, 800).unwrap();
+        assert!(
+            more.encode(&corpus).len() < ids.len(),
+            "more merges, fewer pieces"
+        );
+        assert_eq!(
+            wp.decode(&wp.encode(text)),
+            basic_tokens(text).join(" ").replace(" ##", "")
+        );
+        assert!(wp
+            .vocab_text()
+            .lines()
+            .any(|t| t.starts_with("##") && t.len() > 3));
+        // the same on every run, whatever order the hash maps visit pairs in
+        for _ in 0..3 {
+            assert_eq!(learn(&corpus, 400).unwrap().vocab_text(), wp.vocab_text());
+        }
     }
 
     #[test]

@@ -159,6 +159,13 @@ fn build_lm(i: &TaskInputs<'_>) -> Result<(TaskData, usize)> {
             if let Some(dir) = i.data.filter(|d| i.tokenizer_given && d.is_dir()) {
                 ds.refuse_other_tokenizer(dir, i.tokenizer)?;
             }
+            if let Tokenizer::WordPiece(_) = ds.tokenizer {
+                return Err(Error::Config(format!(
+                    "{} holds shards of a WordPiece vocabulary, which BERT's --task mlm reads: \
+                     --task lm trains on characters or GPT-2 BPE (`data prepare --tokenizer char|gpt2`)",
+                    ds.name
+                )));
+            }
             ((i.model)(Some(ds.tokenizer.vocab_size()))?, ds)
         }
     };
