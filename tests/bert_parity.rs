@@ -288,3 +288,40 @@ fn wordpiece_gives_the_hugging_face_tokenizers_ids() {
         assert_eq!(wp.encode(text), want, "{text:?}");
     }
 }
+
+#[test]
+fn pairs_encode_as_the_hugging_face_tokenizer_encodes_them() {
+    let Some(dir) = minilm::folder("pairs_encode_as_the_hugging_face_tokenizer_encodes_them")
+    else {
+        return;
+    };
+    let wp = WordPiece::from_vocab_file(&dir.join("vocab.txt")).unwrap();
+    let text = std::fs::read_to_string(fixtures().join("minilm/pairs.json")).unwrap();
+    let cases: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
+    assert!(cases.len() >= 50);
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let mut cut = 0;
+    for case in &cases {
+        let (a, b) = (
+            case["text"].as_str().unwrap(),
+            case["text_pair"].as_str().unwrap(),
+        );
+        let max = case["max_length"].as_u64().unwrap() as usize;
+        let (got, types) = wp.encode_pair(a, Some(b), max);
+        assert_eq!(got, ids(&case["input_ids"]), "{a:?} / {b:?} at {max}");
+        assert_eq!(
+            types,
+            ids(&case["token_type_ids"]),
+            "{a:?} / {b:?} at {max}"
+        );
+        cut += usize::from(got.len() == max);
+    }
+    // most cases are cut, from either side
+    assert!(cut * 2 > cases.len(), "{cut} of {} cut", cases.len());
+}

@@ -43,8 +43,14 @@ fn stderr(out: &std::process::Output) -> String {
 
 /// `train --task mlm` of `init` on `data` for `steps` into `out`, with a
 /// checkpoint and an evaluation every 2 steps.
-fn pretrain(init: &Path, data: &Path, out: &Path, steps: &str) -> std::process::Output {
-    distgpt(&[
+fn pretrain(
+    init: &Path,
+    data: &Path,
+    out: &Path,
+    steps: &str,
+    extra: &[&str],
+) -> std::process::Output {
+    let mut args = vec![
         "train",
         "--task",
         "mlm",
@@ -69,7 +75,9 @@ fn pretrain(init: &Path, data: &Path, out: &Path, steps: &str) -> std::process::
         "--quiet",
         "--out",
         out.to_str().unwrap(),
-    ])
+    ];
+    args.extend(extra);
+    distgpt(&args)
 }
 
 /// The losses a run recorded, step by step.
@@ -105,7 +113,7 @@ fn mlm_pretraining_feeds_fine_tuning_evaluation_and_export() {
     let (model, set) = tiny_bert_and_labelled_set(&dir);
     let data = text(&dir);
     let run = dir.join("mlm");
-    succeeded(pretrain(&model, &data, &run, "4"));
+    succeeded(pretrain(&model, &data, &run, "4", &[]));
     let vocab = std::fs::read_to_string(model.join("vocab.txt")).unwrap();
     let lines = |p: &Path| -> Vec<String> {
         std::fs::read_to_string(p)
@@ -198,7 +206,7 @@ fn a_classifier_starts_from_the_pretrained_encoder_not_the_original() {
     std::fs::create_dir_all(&dir).unwrap();
     let (model, _) = tiny_bert_and_labelled_set(&dir);
     let run = dir.join("mlm");
-    succeeded(pretrain(&model, &text(&dir), &run, "2"));
+    succeeded(pretrain(&model, &text(&dir), &run, "2", &[]));
     let head = BertHead::Classify { labels: 2 };
     let (cfg, from_run, ..) = pretrained_bert(&run, head, 7, "classify").unwrap();
     let (_, trained) = hf::load_folder(&run, None, 0).unwrap();
@@ -231,15 +239,15 @@ fn a_resumed_wordpiece_pretraining_equals_an_uninterrupted_one() {
     let (model, _) = tiny_bert_and_labelled_set(&dir);
     let data = text(&dir);
     let whole = dir.join("whole");
-    succeeded(pretrain(&model, &data, &whole, "4"));
+    succeeded(pretrain(&model, &data, &whole, "4", &[]));
+    // stopped after 2 of its 4 steps (exit 75), then resumed
     let parts = dir.join("parts");
-    succeeded(pretrain(&model, &data, &parts, "2"));
+    let stopped = pretrain(&model, &data, &parts, "4", &["--stop-after", "2"]);
+    assert_eq!(stopped.status.code(), Some(75), "{}", stderr(&stopped));
     succeeded(distgpt(&[
         "train",
         "--resume",
         parts.to_str().unwrap(),
-        "--steps",
-        "4",
         "--quiet",
     ]));
     assert_eq!(losses(&parts), losses(&whole));
@@ -535,4 +543,113 @@ fn a_wordpiece_vocabulary_learned_from_a_text_pretrains_from_scratch() {
         "{}",
         stderr(&out)
     );
+}
+
+/// A labelled set of sentence pairs: each prompt with its own reply
+/// (label 1) or another prompt's (label 0).
+fn pair_set(dir: &Path) -> PathBuf {
+    let prompts = [
+        "good day sir",
+        "buy cheap pills",
+        "fine tea now",
+        "day now sir",
+        "cheap tea",
+    ];
+    let replies = [
+        "good day to you",
+        "no pills thanks",
+        "tea is fine",
+        "now is good",
+        "buy it",
+    ];
+    let set = dir.join("pairs");
+    std::fs::create_dir_all(&set).unwrap();
+    let line = |i: usize| {
+        let p = i % prompts.len();
+        let (label, r) = match i % 2 {
+            0 => (1, p),
+            _ => (0, (p + 2) % replies.len()),
+        };
+        format!(
+            "{{\"label\":{label},\"text\":\"{}\",\"text_pair\":\"{}\"}}\n",
+            prompts[p], replies[r]
+        )
+    };
+    for (split, n) in [("train", 16), ("val", 6), ("test", 6)] {
+        let lines: String = (0..n).map(line).collect();
+        std::fs::write(set.join(format!("{split}.jsonl")), lines).unwrap();
+    }
+    std::fs::write(set.join("labels.json"), r#"["other","reply"]"#).unwrap();
+    set
+}
+
+#[test]
+fn pairs_fine_tune_alike_on_every_layout_resume_and_evaluate() {
+    let dir = scratch("pretrain-pairs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (model, _) = tiny_bert_and_labelled_set(&dir);
+    let set = pair_set(&dir);
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let fine_tune = |out: &Path, steps: &str, layout: &[&str]| {
+        let mut args: Vec<String> = [
+            "train",
+            "--task",
+            "classify",
+            "--init-from",
+            &s(&model),
+            "--data",
+            &s(&set),
+            "--steps",
+            steps,
+            "--batch-size",
+            "4",
+            "--seq-len",
+            "16",
+            "--quiet",
+            "--out",
+            &s(out),
+        ]
+        .map(String::from)
+        .to_vec();
+        args.extend(layout.iter().map(|a| a.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        distgpt(&args)
+    };
+    let single = dir.join("single");
+    succeeded(fine_tune(&single, "4", &[]));
+    let want = losses(&single);
+    assert_eq!(want.len(), 4);
+    for layout in [["--strategy", "ddp"], ["--strategy", "fsdp"]] {
+        let out = dir.join(layout[1]);
+        succeeded(fine_tune(
+            &out,
+            "4",
+            &[layout[0], layout[1], "--world-size", "2"],
+        ));
+        for ((s1, a), (s2, b)) in want.iter().zip(losses(&out)) {
+            assert_eq!(*s1, s2);
+            assert!(
+                (a - b).abs() <= 1e-5 * a.abs().max(1.0),
+                "{}: step {s1}: {a} vs {b}",
+                layout[1]
+            );
+        }
+    }
+    // stopped after 2 of its 4 steps (exit 75), then resumed, it ends as
+    // the uninterrupted run did
+    let parts = dir.join("parts");
+    let stopped = fine_tune(&parts, "4", &["--stop-after", "2"]);
+    assert_eq!(stopped.status.code(), Some(75), "{}", stderr(&stopped));
+    succeeded(distgpt(&["train", "--resume", &s(&parts), "--quiet"]));
+    assert_eq!(losses(&parts), want);
+    // eval scores the pairs' test split
+    let out = succeeded(distgpt(&[
+        "eval",
+        &s(&single),
+        "--data",
+        &s(&set),
+        "--seq-len",
+        "16",
+    ]));
+    assert!(stdout(&out).contains("accuracy"), "{}", stdout(&out));
 }

@@ -18,6 +18,10 @@ use std::path::Path;
 pub struct Example {
     pub label: u32,
     pub text: String,
+    /// A second text, for a pair (paraphrase, entailment, "is this the
+    /// reply"): encoded after the first as segment B.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_pair: Option<String>,
 }
 
 /// One split of a labelled set.
@@ -108,7 +112,11 @@ impl LabelledSet {
         for split in [&self.train, &self.val, &self.test] {
             text.push('\x1e');
             for e in &split.examples {
-                text.push_str(&format!("{}\t{}\x1f", e.label, e.text));
+                text.push_str(&format!("{}\t{}", e.label, e.text));
+                if let Some(pair) = &e.text_pair {
+                    text.push_str(&format!("\x1d{pair}"));
+                }
+                text.push('\x1f');
             }
         }
         crate::store::checksum(text.as_bytes())
@@ -116,7 +124,8 @@ impl LabelledSet {
 }
 
 impl Labelled {
-    /// Every example as `[CLS] pieces [SEP]` padded with [PAD] to `t`, in
+    /// Every example as `[CLS] pieces [SEP]` (a pair as `[CLS] A [SEP] B
+    /// [SEP]`, token types 0 then 1) padded with [PAD] (type 0) to `t`, in
     /// batches of `b` (shuffled by `seed` when given; the last, short batch
     /// is padded with ignored rows so every rank's share is whole).
     pub fn batches(&self, wp: &WordPiece, b: usize, t: usize, seed: Option<u64>) -> Vec<Batch> {
@@ -129,18 +138,21 @@ impl Labelled {
             .map(|idx| {
                 let mut batch = Batch::default();
                 for i in 0..b {
-                    let (ids, label) = match idx.get(i) {
+                    let ((ids, types), label) = match idx.get(i) {
                         Some(&e) => {
                             let ex = &self.examples[e];
-                            (wp.encode_for_classifier(&ex.text, t), ex.label)
+                            let pair = ex.text_pair.as_deref();
+                            (wp.encode_pair(&ex.text, pair, t), ex.label)
                         }
-                        None => (vec![wp.cls, wp.sep], IGNORE),
+                        None => ((vec![wp.cls, wp.sep], vec![0, 0]), IGNORE),
                     };
                     batch.lens.push(ids.len() as u32);
                     batch.inputs.extend(&ids);
                     batch
                         .inputs
                         .extend(std::iter::repeat_n(wp.pad, t - ids.len()));
+                    batch.types.extend(&types);
+                    batch.types.extend(std::iter::repeat_n(0, t - types.len()));
                     batch.targets.push(label);
                 }
                 batch
@@ -220,6 +232,7 @@ pub fn prepare_spam_assassin(package: &Path, out: &Path) -> Result<[usize; 3]> {
             splits[split].push(Example {
                 label,
                 text: subject_and_body(mail),
+                text_pair: None,
             });
         }
     }
@@ -258,6 +271,42 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_pair_is_batched_with_its_second_segment_typed_1_and_padding_0() {
+        let toks = [
+            "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "is", "this", "it", "yes", "no",
+        ];
+        let wp = WordPiece::new(toks.iter().map(|t| t.to_string()).collect()).unwrap();
+        let line = r#"{"label": 1, "text": "is this it", "text_pair": "yes"}"#;
+        let pair: Example = serde_json::from_str(line).unwrap();
+        let single: Example = serde_json::from_str(r#"{"label": 0, "text": "no"}"#).unwrap();
+        assert_eq!(single.text_pair, None);
+        let split = Labelled {
+            examples: vec![pair, single],
+        };
+        let b = &split.batches(&wp, 3, 8, None)[0];
+        // [CLS] is this it [SEP] yes [SEP] [PAD] | [CLS] no [SEP] ... | an ignored row
+        assert_eq!(&b.inputs[..8], &[2, 5, 6, 7, 3, 8, 3, 0]);
+        assert_eq!(&b.types[..8], &[0, 0, 0, 0, 0, 1, 1, 0]);
+        assert_eq!(&b.inputs[8..11], &[2, 9, 3]);
+        assert_eq!(&b.types[8..], &[0; 16]);
+        assert_eq!(b.lens, vec![7, 3, 2]);
+        assert_eq!(b.targets, vec![1, 0, IGNORE]);
+        // the pair is part of the data a checkpoint records
+        let set = |ex: Vec<Example>| LabelledSet {
+            labels: vec!["a".into(), "b".into()],
+            train: Labelled { examples: ex },
+            val: Labelled { examples: vec![] },
+            test: Labelled { examples: vec![] },
+        };
+        let mut other = split.examples.clone();
+        other[0].text_pair = Some("no".into());
+        assert_ne!(
+            set(split.examples.clone()).fingerprint(),
+            set(other).fingerprint()
+        );
+    }
+
+    #[test]
     fn subject_and_body_drop_the_other_headers() {
         let mail = "From: a@b\nSubject: Win money\nTo: c@d\n\nClick here.\n\nBye";
         assert_eq!(subject_and_body(mail), "Win money\nClick here.\n\nBye");
@@ -270,6 +319,7 @@ mod tests {
             .map(|i| Example {
                 label: u32::from(i >= 100),
                 text: format!("text {i}"),
+                text_pair: None,
             })
             .collect();
         let mut split = Labelled { examples };

@@ -150,6 +150,50 @@ impl WordPiece {
         ids
     }
 
+    /// A classifier's input and token types for `text`, or for the pair
+    /// `text`, `pair`: `[CLS] A [SEP]` (types 0) then `B [SEP]` (types 1),
+    /// cut to `max_len` as `transformers`' (fast) tokenizer cuts a pair
+    /// with `truncation="longest_first"`: of the r pieces there is room
+    /// for, the shorter keeps all of its own if they are at most r / 2 and
+    /// the longer the rest; else the shorter keeps r / 2 and the longer the
+    /// rest (A counts as the shorter when they are as long).
+    pub fn encode_pair(
+        &self,
+        text: &str,
+        pair: Option<&str>,
+        max_len: usize,
+    ) -> (Vec<u32>, Vec<u32>) {
+        // an empty second text is none, as transformers takes it
+        let Some(pair) = pair.filter(|p| !p.is_empty()) else {
+            let ids = self.encode_for_classifier(text, max_len);
+            let types = vec![0; ids.len()];
+            return (ids, types);
+        };
+        let (mut a, mut b) = (self.encode(text), self.encode(pair));
+        let room = max_len.saturating_sub(3);
+        if a.len() + b.len() > room {
+            let swap = a.len() > b.len();
+            let short = a.len().min(b.len());
+            let (short, long) = match short > room / 2 {
+                true => (room / 2, room - room / 2),
+                false => (short, room - short),
+            };
+            let (na, nb) = if swap { (long, short) } else { (short, long) };
+            a.truncate(na);
+            b.truncate(nb);
+        }
+        let mut ids = Vec::with_capacity(a.len() + b.len() + 3);
+        ids.push(self.cls);
+        ids.extend(&a);
+        ids.push(self.sep);
+        let first = ids.len();
+        ids.extend(&b);
+        ids.push(self.sep);
+        let mut types = vec![0; first];
+        types.resize(ids.len(), 1);
+        (ids, types)
+    }
+
     fn word_pieces(&self, word: &str, out: &mut Vec<u32>) {
         let chars: Vec<char> = word.chars().collect();
         if chars.len() > MAX_WORD {
@@ -446,6 +490,28 @@ mod tests {
             wp.decode(&[5, 6, 7, 8, 14, 15, 99]),
             "unaffable hello running [UNK]"
         );
+    }
+
+    #[test]
+    fn a_pair_is_two_segments_cut_from_the_longer_first() {
+        let wp = vocab();
+        // hello hello ! (3) and runnings , (4): [CLS] A [SEP] B [SEP]
+        let (ids, types) = wp.encode_pair("hello hello!", Some("runnings,"), 20);
+        assert_eq!(ids, vec![2, 8, 8, 9, 3, 14, 15, 16, 10, 3]);
+        assert_eq!(types, vec![0, 0, 0, 0, 0, 1, 1, 1, 1, 1]);
+        // 8 positions leave 5: the shorter, A (3), is over 5 / 2 and keeps
+        // 2, B the other 3; 7 positions leave 4: 2 each; 10 leave 7: A
+        // keeps its 3, B 4 (all of both); 9 leave 6: A 3, B 3
+        let (ids, types) = wp.encode_pair("hello hello!", Some("runnings,"), 8);
+        assert_eq!(ids, vec![2, 8, 8, 3, 14, 15, 16, 3]);
+        assert_eq!(types, vec![0, 0, 0, 0, 1, 1, 1, 1]);
+        let (ids, _) = wp.encode_pair("hello hello!", Some("runnings,"), 7);
+        assert_eq!(ids, vec![2, 8, 8, 3, 14, 15, 3]);
+        let (ids, _) = wp.encode_pair("runnings,", Some("hello hello!"), 9);
+        assert_eq!(ids, vec![2, 14, 15, 16, 3, 8, 8, 9, 3]);
+        // one text: as encode_for_classifier, every type 0
+        let (ids, types) = wp.encode_pair("hello hello hello", None, 4);
+        assert_eq!((ids, types), (vec![2, 8, 8, 3], vec![0; 4]));
     }
 
     /// Hugging Face course's corpus: hug x10, pug x5, pun x12, bun x4, hugs x5.
