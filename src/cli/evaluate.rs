@@ -34,7 +34,12 @@ pub(super) struct EvalArgs {
 /// or such a folder): the masked-token loss on the validation split of
 /// --data, or of the run's own data with its seed's masks, tokenized as
 /// the model recorded.
-pub(super) fn eval_masked_lm(a: &EvalArgs, given: &[String], block: usize) -> Result<()> {
+fn eval_masked_lm<B: Backend + 'static>(
+    be: B,
+    a: &EvalArgs,
+    given: &[String],
+    block: usize,
+) -> Result<()> {
     if given.iter().any(|g| g == "weights") {
         bail!("--weights is for GPT-2 models: a BERT masked LM is evaluated in fp32");
     }
@@ -62,9 +67,7 @@ pub(super) fn eval_masked_lm(a: &EvalArgs, given: &[String], block: usize) -> Re
     let threads = rayon::current_num_threads();
     // the model's own tokenizer: a character it never saw is an error
     let ds = Dataset::load_with(data.as_deref(), train::mlm::recorded_tokenizer(&a.model)?)?;
-    let e = on_device!(a.device, |be| train::mlm::evaluate_folder(
-        be, &a.model, &ds, &cfg, threads
-    ))?;
+    let e = train::mlm::evaluate_folder(be, &a.model, &ds, &cfg, threads)?;
     distgpt::outln!(
         "{} on {}'s validation split: masked-token loss {:.4} ({} sequences of {} tokens)",
         a.model.display(),
@@ -77,7 +80,12 @@ pub(super) fn eval_masked_lm(a: &EvalArgs, given: &[String], block: usize) -> Re
 }
 
 /// `eval` of a BERT classifier: its test split's loss, accuracy and F1.
-fn eval_classifier(a: &EvalArgs, given: &[String], block: usize) -> Result<()> {
+fn eval_classifier<B: Backend + 'static>(
+    be: B,
+    a: &EvalArgs,
+    given: &[String],
+    block: usize,
+) -> Result<()> {
     let Some(data) = &a.data else {
         bail!(
             "{} is a BERT classifier: give --data, a labelled set (its test split is scored)",
@@ -92,13 +100,13 @@ fn eval_classifier(a: &EvalArgs, given: &[String], block: usize) -> Result<()> {
     let t = a
         .seq_len
         .unwrap_or(block.min(train::classify::DEFAULT_SEQ_LEN));
-    let s = on_device!(a.device, |be| train::classify::evaluate_folder(
+    let s = train::classify::evaluate_folder(
         be,
         &a.model,
         data,
         (a.batch_size, t),
         rayon::current_num_threads(),
-    ))?;
+    )?;
     distgpt::outln!(
         "{} on {}'s test split: loss {:.4}, accuracy {:.2}%, F1 {:.4} ({} examples)",
         a.model.display(),
@@ -111,19 +119,25 @@ fn eval_classifier(a: &EvalArgs, given: &[String], block: usize) -> Result<()> {
     Ok(())
 }
 
-/// `eval`: what the folder's own records say it is (its family and, for a
-/// BERT, its head) decides what is measured, never what a GPT-2 run would be.
+/// `eval` on the device asked for (opened first: a device that cannot run
+/// is the error, whatever the folder).
 pub(super) fn run_eval(a: EvalArgs, given: &[String]) -> Result<()> {
+    on_device!(a.device, |be| eval_with(be, &a, given))
+}
+
+/// What the folder's own records say it is (its family and, for a BERT,
+/// its head) decides what is measured, never what a GPT-2 run would be.
+fn eval_with<B: Backend + 'static>(be: B, a: &EvalArgs, given: &[String]) -> Result<()> {
     let meta = checkpoint::read_any_meta(&a.model)?;
     if let Some(bert) = meta.config.get::<distgpt::model::bert::BertConfig>() {
         return match bert.head {
-            distgpt::model::bert::BertHead::Mlm => eval_masked_lm(&a, given, bert.block_size),
+            distgpt::model::bert::BertHead::Mlm => eval_masked_lm(be, a, given, bert.block_size),
             distgpt::model::bert::BertHead::Classify { .. } => {
-                eval_classifier(&a, given, bert.block_size)
+                eval_classifier(be, a, given, bert.block_size)
             }
         };
     }
-    on_device!(a.device, |be| eval_on(be, &a))
+    eval_on(be, a)
 }
 
 /// A language model's validation loss, of any family: through its engine

@@ -509,6 +509,15 @@ mod tests {
         assert_eq!(ids, vec![2, 8, 8, 3, 14, 15, 3]);
         let (ids, _) = wp.encode_pair("runnings,", Some("hello hello!"), 9);
         assert_eq!(ids, vec![2, 14, 15, 16, 3, 8, 8, 9, 3]);
+        // as long as each other (3 and 3) in 5: A is the shorter, B gets the odd one
+        let (ids, _) = wp.encode_pair("hello hello!", Some("runnings"), 8);
+        assert_eq!(ids, vec![2, 8, 8, 3, 14, 15, 16, 3]);
+        // the longer first: A (4) keeps 3 of 5, B (3) keeps 2
+        let (ids, _) = wp.encode_pair("runnings,", Some("hello hello!"), 8);
+        assert_eq!(ids, vec![2, 14, 15, 16, 3, 8, 8, 3]);
+        // an empty A leaves B all the room
+        let (ids, _) = wp.encode_pair("", Some("runnings,"), 6);
+        assert_eq!(ids, vec![2, 3, 14, 15, 16, 3]);
         // one text: as encode_for_classifier, every type 0
         let (ids, types) = wp.encode_pair("hello hello hello", None, 4);
         assert_eq!((ids, types), (vec![2, 8, 8, 3], vec![0; 4]));
