@@ -370,19 +370,18 @@ pub fn score(
     ))
 }
 
-/// A BERT to start training from, under `head` whatever head it had (the
-/// tensors it lacks fresh from `seed`), with its WordPiece vocabulary and
-/// that vocabulary's file: a Hugging Face folder (`config.json`,
-/// `model.safetensors`, `vocab.txt`: all-MiniLM-L6-v2's, an export, a
+/// A BERT's weights to start training from, under `head` whatever head it
+/// had (the tensors it lacks fresh from `seed`): a Hugging Face folder
+/// (`config.json`, `model.safetensors`: all-MiniLM-L6-v2's, an export, a
 /// finished BERT run), or a BERT run's training-state checkpoint (a
-/// `step_N` directory, or a run's newest) with the vocabulary it recorded.
-/// `task` names the `--task` asking, for the errors.
-pub fn pretrained_bert(
+/// `step_N` directory, or a run's newest). `task` names the `--task`
+/// asking, for the errors.
+pub fn pretrained_weights(
     dir: &Path,
     head: BertHead,
     seed: u64,
     task: &str,
-) -> Result<(BertConfig, Vec<f32>, WordPiece, PathBuf)> {
+) -> Result<(BertConfig, Vec<f32>)> {
     let not_bert = |what: &str| {
         Error::Input(format!(
             "{} is {what}, and --task {task} trains a BERT: give --init-from a Hugging Face \
@@ -392,18 +391,7 @@ pub fn pretrained_bert(
         ))
     };
     if is_bert_folder(dir) {
-        let (model, params) = hf::load_folder(dir, Some(head), seed)?;
-        let vocab_file = dir.join("vocab.txt");
-        let wp = WordPiece::from_vocab_file(&vocab_file)?;
-        if wp.vocab_size() != model.vocab_size {
-            return Err(Error::Input(format!(
-                "{} has {} tokens but the model's vocabulary is {}",
-                vocab_file.display(),
-                wp.vocab_size(),
-                model.vocab_size
-            )));
-        }
-        return Ok((model, params, wp, vocab_file));
+        return hf::load_folder(dir, Some(head), seed);
     }
     if dir.join("config.json").exists() {
         return Err(not_bert("a Hugging Face folder of another family"));
@@ -412,21 +400,46 @@ pub fn pretrained_bert(
     let Some(bert) = meta.config.get::<BertConfig>() else {
         return Err(not_bert(&format!("a {} model", meta.config.family())));
     };
+    Ok(crate::model::bert::with_head(bert, &params, head, seed))
+}
+
+/// [`pretrained_weights`] with the WordPiece vocabulary they were trained
+/// on and that vocabulary's file: a folder's `vocab.txt`, or the one a
+/// checkpoint keeps and records.
+pub fn pretrained_bert(
+    dir: &Path,
+    head: BertHead,
+    seed: u64,
+    task: &str,
+) -> Result<(BertConfig, Vec<f32>, WordPiece, PathBuf)> {
+    let (model, params) = pretrained_weights(dir, head, seed, task)?;
     let at = crate::checkpoint::model_dir(dir);
-    let wp = match &meta.tokenizer {
-        TokenizerSpec::WordPiece { .. } => WordPiece::recorded_in(&at, &meta.tokenizer)?,
-        other => {
-            return Err(Error::Input(format!(
-                "{} was trained on {}, not a WordPiece vocabulary: a BERT to start from \
-                 needs one (pretrain with --init-from a BERT folder, or on data prepared \
-                 with --tokenizer wordpiece)",
-                dir.display(),
-                crate::data::describe(other)
-            )))
+    let vocab_file = at.join("vocab.txt");
+    let wp = if is_bert_folder(dir) {
+        WordPiece::from_vocab_file(&vocab_file)?
+    } else {
+        match crate::checkpoint::read_any_meta(dir)?.tokenizer {
+            spec @ TokenizerSpec::WordPiece { .. } => WordPiece::recorded_in(&at, &spec)?,
+            other => {
+                return Err(Error::Input(format!(
+                    "{} was trained on {}, not a WordPiece vocabulary: a BERT to start from \
+                     needs one (pretrain with --init-from a BERT folder, or on data prepared \
+                     with --tokenizer wordpiece)",
+                    dir.display(),
+                    crate::data::describe(&other)
+                )))
+            }
         }
     };
-    let (model, params) = crate::model::bert::with_head(bert, &params, head, seed);
-    Ok((model, params, wp, at.join("vocab.txt")))
+    if wp.vocab_size() != model.vocab_size {
+        return Err(Error::Input(format!(
+            "{} has {} tokens but the model's vocabulary is {}",
+            vocab_file.display(),
+            wp.vocab_size(),
+            model.vocab_size
+        )));
+    }
+    Ok((model, params, wp, vocab_file))
 }
 
 /// Whether `dir` is a Hugging Face BERT folder (its config's `model_type`

@@ -136,7 +136,7 @@ impl<B: Backend> Task<B> for MlmTask<'_> {
             return Ok(ModelConfig::from(self.model.clone()).init_full(cfg.seed));
         };
         let (model, params, ..) =
-            super::classify::pretrained_bert(dir, BertHead::Mlm, cfg.seed, "mlm")?;
+            super::classify::pretrained_weights(dir, BertHead::Mlm, cfg.seed, "mlm")?;
         if model != self.model {
             return Err(Error::Config(format!(
                 "{} holds a {model}, not the {} being trained",
