@@ -80,6 +80,37 @@ fn pretrain(
     distgpt(&args)
 }
 
+/// `train --task classify` of `init` on the labelled set `set` for `steps`
+/// (4 x 16 tokens a batch) into `out`, with extra flags.
+fn fine_tune(
+    init: &Path,
+    set: &Path,
+    out: &Path,
+    steps: &str,
+    extra: &[&str],
+) -> std::process::Output {
+    let mut args = vec![
+        "train",
+        "--task",
+        "classify",
+        "--init-from",
+        init.to_str().unwrap(),
+        "--data",
+        set.to_str().unwrap(),
+        "--steps",
+        steps,
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "16",
+        "--quiet",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    distgpt(&args)
+}
+
 /// The losses a run recorded, step by step.
 fn losses(run: &Path) -> Vec<(u64, f64)> {
     std::fs::read_to_string(run.join("metrics.jsonl"))
@@ -176,24 +207,7 @@ fn mlm_pretraining_feeds_fine_tuning_evaluation_and_export() {
     // fine-tuning starts from the run, its checkpoint and the export
     for (tag, from) in [("run", &run), ("ckpt", &ckpt), ("export", &exported)] {
         let out = dir.join(format!("cls-{tag}"));
-        succeeded(distgpt(&[
-            "train",
-            "--task",
-            "classify",
-            "--init-from",
-            from.to_str().unwrap(),
-            "--data",
-            set.to_str().unwrap(),
-            "--steps",
-            "2",
-            "--batch-size",
-            "4",
-            "--seq-len",
-            "16",
-            "--quiet",
-            "--out",
-            out.to_str().unwrap(),
-        ]));
+        succeeded(fine_tune(from, &set, &out, "2", &[]));
         assert_eq!(lines(&out.join("vocab.txt")), want, "{tag}");
     }
 }
@@ -400,24 +414,7 @@ fn a_classifier_checkpoint_exports_and_evaluates_as_a_classifier() {
     std::fs::create_dir_all(&dir).unwrap();
     let (model, set) = tiny_bert_and_labelled_set(&dir);
     let run = dir.join("cls");
-    succeeded(distgpt(&[
-        "train",
-        "--task",
-        "classify",
-        "--init-from",
-        model.to_str().unwrap(),
-        "--data",
-        set.to_str().unwrap(),
-        "--steps",
-        "2",
-        "--batch-size",
-        "4",
-        "--seq-len",
-        "16",
-        "--quiet",
-        "--out",
-        run.to_str().unwrap(),
-    ]));
+    succeeded(fine_tune(&model, &set, &run, "2", &[]));
     let ckpt = run.join("checkpoints/step_00000002");
     let exported = dir.join("exported");
     succeeded(distgpt(&[
@@ -509,24 +506,7 @@ fn a_wordpiece_vocabulary_learned_from_a_text_pretrains_from_scratch() {
         serde_json::from_str(&std::fs::read_to_string(run.join("config.json")).unwrap()).unwrap();
     assert_eq!(config["vocab_size"], 45);
     // which fine-tunes
-    succeeded(distgpt(&[
-        "train",
-        "--task",
-        "classify",
-        "--init-from",
-        &s(&run),
-        "--data",
-        &s(&set),
-        "--steps",
-        "1",
-        "--batch-size",
-        "4",
-        "--seq-len",
-        "16",
-        "--quiet",
-        "--out",
-        &s(&dir.join("cls")),
-    ]));
+    succeeded(fine_tune(&run, &set, &dir.join("cls"), "1", &[]));
     // a causal language model is refused those shards, in words
     let out = distgpt(&[
         "train",
@@ -590,31 +570,8 @@ fn pairs_fine_tune_alike_on_every_layout_resume_and_evaluate() {
     let (model, _) = tiny_bert_and_labelled_set(&dir);
     let set = pair_set(&dir);
     let s = |p: &Path| p.to_str().unwrap().to_string();
-    let fine_tune = |out: &Path, steps: &str, layout: &[&str]| {
-        let mut args: Vec<String> = [
-            "train",
-            "--task",
-            "classify",
-            "--init-from",
-            &s(&model),
-            "--data",
-            &s(&set),
-            "--steps",
-            steps,
-            "--batch-size",
-            "4",
-            "--seq-len",
-            "16",
-            "--quiet",
-            "--out",
-            &s(out),
-        ]
-        .map(String::from)
-        .to_vec();
-        args.extend(layout.iter().map(|a| a.to_string()));
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        distgpt(&args)
-    };
+    let fine_tune =
+        |out: &Path, steps: &str, extra: &[&str]| fine_tune(&model, &set, out, steps, extra);
     let single = dir.join("single");
     succeeded(fine_tune(&single, "4", &[]));
     let want = losses(&single);

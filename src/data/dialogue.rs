@@ -178,11 +178,13 @@ pub fn prepare(convs: &[Conversation], out: &Path, seed: u64) -> Result<Prepared
     for c in convs.iter().filter(|c| c.utterances.len() >= 2) {
         splits[split_of(&c.id)].push(c);
     }
-    if splits.iter().any(Vec::is_empty) {
+    // a non-reply comes from another conversation of the split: two at least
+    if splits.iter().any(|s| s.len() < 2) {
         let [a, b, c] = splits.each_ref().map(Vec::len);
         return Err(Error::Input(format!(
             "{a} / {b} / {c} conversations of two utterances or more fall in train / val / \
-             test: too few to split by conversation"
+             test: too few to split by conversation (each split needs two, so a non-reply \
+             comes from another conversation)"
         )));
     }
     let mut prepared = Prepared {
@@ -338,5 +340,14 @@ mod tests {
         assert_eq!(convs[1].utterances, ["Hello How are you?", "fine"]);
         let err = read(&dir.path().join("nothing")).err().unwrap().to_string();
         assert!(err.contains("holds no dialogue corpus"), "{err}");
+        // a split of one conversation has no other to draw a non-reply from
+        let few = dir.path().join("few");
+        std::fs::create_dir_all(&few).unwrap();
+        cornell(&few, 12);
+        let err = prepare(&read(&few).unwrap(), &few.join("set"), 1)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("each split needs two"), "{err}");
     }
 }

@@ -135,7 +135,7 @@ impl<B: Backend> Task<B> for MlmTask<'_> {
         let Some(dir) = &cfg.init_from else {
             return Ok(ModelConfig::from(self.model.clone()).init_full(cfg.seed));
         };
-        let (model, params, ..) =
+        let (model, params) =
             super::classify::pretrained_weights(dir, BertHead::Mlm, cfg.seed, "mlm")?;
         if model != self.model {
             return Err(Error::Config(format!(
