@@ -2,12 +2,14 @@
 """Builds the BERT parity fixtures (run by hand, never by CI; needs
 `pip install torch transformers safetensors`).
 
-tests/fixtures/bert_tiny/{mlm,cls}/: a small random BertForMaskedLM and
-BertForSequenceClassification (3 labels), biases and LayerNorms perturbed,
-saved with save_pretrained; beside each, reference.safetensors holds the
-inputs (token ids, token types, attention mask with padding, labels with
--100 where no loss is taken), the logits, the mean loss and every
-parameter's gradient ("grad.<name>").
+tests/fixtures/bert_tiny/{mlm,cls,pretrain}/: a small random BertForMaskedLM,
+BertForSequenceClassification (3 labels) and BertForPreTraining, biases
+and LayerNorms perturbed, saved with save_pretrained; beside each,
+reference.safetensors holds the inputs (token ids, token types, attention
+mask with padding, labels with -100 where no loss is taken, pretraining's
+next_sentence_label), the logits (pretraining's: the next-sentence head's
+seq_relationship_logits), the mean loss (pretraining's: masked-LM plus
+next-sentence) and every parameter's gradient ("grad.<name>").
 
 tests/fixtures/bert_tiny/loader/: what distgpt's labelled-set loader must
 give. model/ is a smaller random BertForSequenceClassification (2 labels)
@@ -35,7 +37,8 @@ import sys
 os.environ["HF_HUB_OFFLINE"] = "1"
 import torch
 from safetensors.torch import save_file
-from transformers import (AutoTokenizer, BertConfig, BertForMaskedLM, BertForSequenceClassification,
+from transformers import (AutoTokenizer, BertConfig, BertForMaskedLM, BertForPreTraining,
+                          BertForSequenceClassification,
                           BertModel, BertTokenizer)
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures")
@@ -49,13 +52,14 @@ SENTENCES = [
 
 
 def tiny(kind: str) -> int:
-    torch.manual_seed(1 if kind == "mlm" else 2)
+    torch.manual_seed({"mlm": 1, "cls": 2, "pretrain": 4}[kind])
     cfg = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                      intermediate_size=64, max_position_embeddings=24, type_vocab_size=2,
                      hidden_act="gelu", layer_norm_eps=1e-12, hidden_dropout_prob=0.0,
                      attention_probs_dropout_prob=0.0, num_labels=3,
                      attn_implementation="eager")
-    model = (BertForMaskedLM(cfg) if kind == "mlm" else BertForSequenceClassification(cfg)).float()
+    model = {"mlm": BertForMaskedLM, "cls": BertForSequenceClassification,
+             "pretrain": BertForPreTraining}[kind](cfg).float()
     with torch.no_grad():
         for _, p in model.named_parameters():
             if p.dim() == 1:
@@ -70,22 +74,31 @@ def tiny(kind: str) -> int:
     mask = torch.zeros(B, T, dtype=torch.long)
     for i, n in enumerate(LENS):
         mask[i, :n] = 1
-    if kind == "mlm":
+    extra = {}
+    if kind in ("mlm", "pretrain"):
         labels = torch.randint(0, cfg.vocab_size, (B, T))
         labels[torch.rand(B, T) < 0.6] = -100
         labels[mask == 0] = -100
     else:
         labels = torch.tensor([0, 2, 1])
-    res = model(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels)
+    if kind == "pretrain":
+        # 0: the second segment follows the first, 1: it does not
+        extra["next_sentence_label"] = torch.tensor([0, 1, 1])
+    res = model(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels, **extra)
     res.loss.backward()
+    # the logits distgpt's engine gives: the classifier's, the masked LM's,
+    # or pretraining's next-sentence head's
+    logits = res.seq_relationship_logits if kind == "pretrain" else res.logits
     ref = {
         "input_ids": ids.to(torch.int32).contiguous(),
         "token_type_ids": types.to(torch.int32).contiguous(),
         "attention_mask": mask.to(torch.int32).contiguous(),
         "labels": labels.to(torch.int32).contiguous(),
-        "logits": res.logits.detach().contiguous(),
+        "logits": logits.detach().contiguous(),
         "loss": res.loss.detach().reshape(1),
     }
+    for name, x in extra.items():
+        ref[name] = x.to(torch.int32).contiguous()
     for n, p in model.named_parameters():
         if p.grad is not None:
             ref[f"grad.{n}"] = p.grad.detach().clone().contiguous()
@@ -215,10 +228,10 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--minilm", help="all-MiniLM-L6-v2's model folder")
     ap.add_argument("--spam", help="with --minilm: a prepared labelled set for the WordPiece fixture")
-    ap.add_argument("--only", choices=["mlm", "cls", "loader"],
-                    help="write this tiny fixture only (default: all three)")
+    ap.add_argument("--only", choices=["mlm", "cls", "pretrain", "loader"],
+                    help="write this tiny fixture only (default: all four)")
     args = ap.parse_args()
-    for kind in ["mlm", "cls"]:
+    for kind in ["mlm", "cls", "pretrain"]:
         if args.only in (None, kind):
             tiny(kind)
     if args.only in (None, "loader"):

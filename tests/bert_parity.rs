@@ -1,6 +1,6 @@
 //! BERT parity with Hugging Face `transformers` (fixtures from
-//! scripts/make_bert_fixture.py): a small random `BertForMaskedLM` and
-//! `BertForSequenceClassification` (logits, loss, every parameter's
+//! scripts/make_bert_fixture.py): a small random `BertForMaskedLM`,
+//! `BertForSequenceClassification` and `BertForPreTraining` (logits, loss, every parameter's
 //! gradient, with padding, token types and ignored labels), a classifier on
 //! the batches our labelled-set loader pads (against BertTokenizer's ids
 //! and transformers' logits under its attention mask), and the real
@@ -15,7 +15,7 @@ use distgpt::backend::cpu::Cpu;
 use distgpt::backend::Device;
 use distgpt::data::labelled::LabelledSet;
 use distgpt::data::wordpiece::WordPiece;
-use distgpt::data::{Batch, IGNORE};
+use distgpt::data::{Batch, LossTerms, IGNORE};
 use distgpt::model::bert::{hf, BertHead, Engine};
 use distgpt::model::{TpPlace, UnitModel, Whole};
 use safetensors::tensor::{SafeTensors, TensorView};
@@ -41,8 +41,8 @@ impl Reference {
         fixture::tensor(&self.0, name)
     }
 
-    /// A batch from input_ids, token_type_ids, attention_mask (as lengths)
-    /// and labels (-100 as IGNORE).
+    /// A batch from input_ids, token_type_ids, attention_mask (as lengths),
+    /// labels (-100 as IGNORE) and next_sentence_label where there is one.
     fn batch(&self) -> (Batch, usize, usize) {
         let (shape, ids) = self.tensor("input_ids");
         let (b, t) = (shape[0], shape[1]);
@@ -62,11 +62,16 @@ impl Reference {
             Err(_) => Vec::new(),
         };
         let u = |v: Vec<f32>| v.into_iter().map(|x| x as u32).collect();
+        let seq_targets = match self.st().tensor("next_sentence_label") {
+            Ok(_) => u(self.tensor("next_sentence_label").1),
+            Err(_) => Vec::new(),
+        };
         let batch = Batch {
             inputs: u(ids),
             targets,
             types: u(types),
             lens,
+            seq_targets,
         };
         (batch, b, t)
     }
@@ -106,10 +111,11 @@ fn check_tiny(kind: &str) {
     // every row's logits from a forward without targets
     let unlabelled = Batch {
         targets: Vec::new(),
+        seq_targets: Vec::new(),
         ..batch.clone()
     };
     assert!(m
-        .run_forward(&unlabelled, (b, t), 1.0, None)
+        .run_forward(&unlabelled, (b, t), LossTerms::of(1), None)
         .unwrap()
         .is_none());
     let want_logits = reference.tensor("logits").1;
@@ -117,7 +123,7 @@ fn check_tiny(kind: &str) {
     assert!(err <= 1e-4, "{kind}: logits max abs error {err}");
 
     let loss = m
-        .run_forward(&batch, (b, t), batch.loss_terms() as f32, None)
+        .run_forward(&batch, (b, t), batch.loss_terms(), None)
         .unwrap()
         .unwrap();
     let want_loss = reference.tensor("loss").1[0];
@@ -178,6 +184,15 @@ fn classifier_logits_loss_and_gradients_match_transformers() {
     check_tiny("cls");
 }
 
+/// `BertForPreTraining`: the masked-LM and next-sentence heads on one
+/// encoder, the loss the sum of their means, every gradient (the pooler's
+/// and `cls.seq_relationship`'s from the next-sentence loss, the word
+/// embeddings' from the lookup and the tied decoder).
+#[test]
+fn pretraining_logits_loss_and_gradients_match_transformers() {
+    check_tiny("pretrain");
+}
+
 /// The labelled-set loader against transformers, so that its padding is
 /// checked from outside: bert_tiny/loader's test split read by
 /// `LabelledSet::load`, cut by our WordPiece from the model folder's
@@ -221,7 +236,7 @@ fn classifier_on_the_labelled_set_loaders_batches_matches_transformers() {
         let targets = whole(&want_labels[i * b..][..b]);
         assert_eq!(batch.targets, targets, "batch {i}: labels");
         let loss = m
-            .run_forward(batch, (b, t), batch.loss_terms() as f32, None)
+            .run_forward(batch, (b, t), batch.loss_terms(), None)
             .unwrap()
             .unwrap();
         let err = max_err(
@@ -257,7 +272,8 @@ fn all_minilm_l6_v2_hidden_states_and_pooled_output_match_transformers() {
         batch.lens.iter().any(|&l| (l as usize) < t),
         "the fixture pads"
     );
-    m.run_forward(&batch, (b, t), 1.0, None).unwrap();
+    m.run_forward(&batch, (b, t), LossTerms::of(1), None)
+        .unwrap();
     let hidden = reference.tensor("last_hidden_state").1;
     let err = max_err(&m.engine.hidden().unwrap(), &hidden);
     assert!(err <= 1e-4, "last hidden state max abs error {err}");

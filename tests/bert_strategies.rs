@@ -1,6 +1,7 @@
 //! Every strategy follows `single` for BERT as it does for GPT-2: the same
 //! initial weights and global batches (padded sequences, token types,
-//! masked-LM targets with ignored positions, or one label per sequence),
+//! masked-LM targets with ignored positions, one label per sequence, or
+//! pretraining's both),
 //! five AdamW steps with clipping; per-step losses within 1e-5, gradient
 //! norms within 1e-5 of single's and final parameters within 1e-4 of the
 //! largest, on 2 and 4 thread ranks, with accumulation and recomputation;
@@ -40,7 +41,8 @@ fn model(head: BertHead) -> BertConfig {
 
 /// `accum` global micro-batches, the same every step (so the loss must
 /// fall): random tokens and types, lengths from 1 to T, a third of the real
-/// tokens masked for MLM (the rest ignored) or a label per sequence.
+/// tokens masked for MLM (the rest ignored) or a label per sequence, or
+/// for pretraining both (a next-sentence label per sequence).
 fn batches(cfg: &BertConfig, accum: usize) -> Vec<Batch> {
     let mut rng = Rng::new(7);
     (0..accum)
@@ -51,7 +53,7 @@ fn batches(cfg: &BertConfig, accum: usize) -> Vec<Batch> {
                 .collect();
             let types = (0..B * T).map(|_| rng.below(2) as u32).collect();
             let targets = match cfg.head {
-                BertHead::Mlm => (0..B * T)
+                BertHead::Mlm | BertHead::Pretrain => (0..B * T)
                     .map(|i| {
                         let real = (i % T) < lens[i / T] as usize;
                         match real && rng.below(3) == 0 {
@@ -62,11 +64,16 @@ fn batches(cfg: &BertConfig, accum: usize) -> Vec<Batch> {
                     .collect(),
                 BertHead::Classify { labels } => (0..B).map(|_| rng.below(labels) as u32).collect(),
             };
+            let seq_targets = match cfg.head {
+                BertHead::Pretrain => (0..B).map(|_| rng.below(2) as u32).collect(),
+                _ => Vec::new(),
+            };
             Batch {
                 inputs,
                 targets,
                 types,
                 lens,
+                seq_targets,
             }
         })
         .collect()
@@ -265,6 +272,11 @@ fn classifier_strategies_match_single_over_five_steps() {
     check_head(BertHead::Classify { labels: 3 });
 }
 
+#[test]
+fn pretraining_strategies_match_single_over_five_steps() {
+    check_head(BertHead::Pretrain);
+}
+
 /// With clipping off a wrong global norm moves no loss and no parameter,
 /// so only the reported norm can show it: every layout's norm is single's,
 /// a pipeline's with the masked-LM decoder's tied word embeddings (on the
@@ -273,7 +285,11 @@ fn classifier_strategies_match_single_over_five_steps() {
 fn every_layout_reports_singles_gradient_norm_with_clipping_off() {
     use distgpt::parallel::{Pipeline, Schedule};
     use StrategyKind::*;
-    for head in [BertHead::Mlm, BertHead::Classify { labels: 3 }] {
+    for head in [
+        BertHead::Mlm,
+        BertHead::Classify { labels: 3 },
+        BertHead::Pretrain,
+    ] {
         let cfg = model(head);
         let unclipped = |par| run_clipped(&cfg, par, 2, 0.0);
         let single = unclipped(par(Single, 1, 1, false));
@@ -300,7 +316,11 @@ fn every_layout_reports_singles_gradient_norm_with_clipping_off() {
 fn bf16_moves_bert_training_within_bf16_rounding_and_every_strategy_follows_single_in_bf16() {
     use distgpt::model::Precision;
     use StrategyKind::*;
-    for head in [BertHead::Mlm, BertHead::Classify { labels: 3 }] {
+    for head in [
+        BertHead::Mlm,
+        BertHead::Classify { labels: 3 },
+        BertHead::Pretrain,
+    ] {
         let cfg = model(head);
         let bf16 = |strategy, w, tp, recompute| {
             let par = ParallelConfig {

@@ -16,7 +16,7 @@ use distgpt::backend::{
 };
 use distgpt::checkpoint;
 use distgpt::comm::Comm;
-use distgpt::data::{Batch, Dataset, TokenizerKind, TokenizerSpec};
+use distgpt::data::{Batch, Dataset, LossTerms, TokenizerKind, TokenizerSpec};
 use distgpt::error::{Error, Result};
 use distgpt::model::family::{self, Family, FamilyDims, FamilyEngine, Registration};
 use distgpt::model::{
@@ -240,7 +240,8 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
     fn tp(&self) -> TpPlace {
         self.tp
     }
-    fn begin(&mut self, batch: &Batch, b: usize, t: usize, loss_terms: f32) -> Result<()> {
+    fn begin(&mut self, batch: &Batch, b: usize, t: usize, loss_terms: LossTerms) -> Result<()> {
+        let loss_terms = loss_terms.targets;
         let Toy {
             vocab,
             n_embd: c,

@@ -339,25 +339,25 @@ fn bert_step<B: Backend>(
     let mut m = Whole::with_engine(engine).unwrap();
     m.load_full(params).unwrap();
     m.zero_grads();
-    let terms = batch.loss_terms() as f32;
+    let terms = batch.loss_terms();
     let loss = m.run_forward(batch, (b, t), terms, None).unwrap().unwrap();
     let out = m.engine.outputs().unwrap();
     m.run_backward(1.0, None, |_, _, _| Ok(())).unwrap();
     (loss, out, m.backend().to_host(m.grads.s()).unwrap())
 }
 
-/// A BERT step (the tiny Hugging Face fixtures' weights; padding, token
-/// types, ignored targets) on the device equals the CPU's, in fp32 and in
+/// A BERT step (the tiny Hugging Face fixtures' weights: masked LM,
+/// classifier, pretraining; padding, token types, ignored targets) on the device equals the CPU's, in fp32 and in
 /// bf16: loss, outputs and every gradient.
 fn bert_step_matches_cpu_on<B: Backend>(be: B, name: &str) {
     use distgpt::data::{Batch, IGNORE};
-    for kind in ["mlm", "cls"] {
+    for kind in ["mlm", "cls", "pretrain"] {
         let dir = common::repo().join("tests/fixtures/bert_tiny").join(kind);
         let (cfg, params) = distgpt::model::bert::hf::load_folder(&dir, None, 0).unwrap();
         let (b, t) = (3, 10);
         let mut rng = distgpt::rng::Rng::new(5);
         let targets = match kind {
-            "mlm" => (0..b * t)
+            "mlm" | "pretrain" => (0..b * t)
                 .map(|i| match i % 3 {
                     0 => IGNORE,
                     _ => rng.below(cfg.vocab_size) as u32,
@@ -372,6 +372,10 @@ fn bert_step_matches_cpu_on<B: Backend>(be: B, name: &str) {
             targets,
             types: (0..b * t).map(|i| (i % 2) as u32).collect(),
             lens: vec![10, 7, 1],
+            seq_targets: match kind {
+                "pretrain" => vec![0, 1, 1],
+                _ => Vec::new(),
+            },
         };
         for precision in [Precision::Fp32, Precision::Bf16] {
             let want = bert_step(Cpu::new(), &cfg, &params, &batch, (b, t), precision);

@@ -131,7 +131,9 @@ fn eval_with<B: Backend + 'static>(be: B, a: &EvalArgs, given: &[String]) -> Res
     let meta = checkpoint::read_any_meta(&a.model)?;
     if let Some(bert) = meta.config.get::<distgpt::model::bert::BertConfig>() {
         return match bert.head {
-            distgpt::model::bert::BertHead::Mlm => eval_masked_lm(be, a, given, bert.block_size),
+            distgpt::model::bert::BertHead::Mlm | distgpt::model::bert::BertHead::Pretrain => {
+                eval_masked_lm(be, a, given, bert.block_size)
+            }
             distgpt::model::bert::BertHead::Classify { .. } => {
                 eval_classifier(be, a, given, bert.block_size)
             }

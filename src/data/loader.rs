@@ -84,13 +84,44 @@ pub struct DataLoader<'a> {
 /// classifier's labels). A target of [`IGNORE`] adds no loss (a token
 /// that was not masked for MLM). Encoders also take token types (B*T,
 /// empty: all 0) and each sequence's length before its padding (B, empty:
-/// no padding).
+/// no padding). BERT's pretraining adds a second target per sequence
+/// beside the per-token ones: whether its second segment follows the first
+/// (`seq_targets`, B; empty elsewhere).
 #[derive(Clone, Debug, Default)]
 pub struct Batch {
     pub inputs: Vec<u32>,
     pub targets: Vec<u32>,
     pub types: Vec<u32>,
     pub lens: Vec<u32>,
+    pub seq_targets: Vec<u32>,
+}
+
+/// What a batch's mean losses divide by: its targets and its
+/// per-sequence targets that are not [`IGNORE`] (a data-parallel rank's
+/// share of a global batch's, [`LossTerms::per_rank`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LossTerms {
+    pub targets: f32,
+    pub seq_targets: f32,
+}
+
+impl LossTerms {
+    /// Terms of `n` targets and no per-sequence ones.
+    pub fn of(n: usize) -> Self {
+        LossTerms {
+            targets: n as f32,
+            seq_targets: 0.0,
+        }
+    }
+
+    /// One of `n` ranks' share: each divides by the global count over n
+    /// and the ranks' gradients are averaged.
+    pub fn per_rank(self, n: usize) -> Self {
+        LossTerms {
+            targets: self.targets / n as f32,
+            seq_targets: self.seq_targets / n as f32,
+        }
+    }
 }
 
 /// The target id that adds no loss (PyTorch's `ignore_index`).
@@ -107,8 +138,12 @@ impl Batch {
     }
 
     /// The loss terms of the batch: targets that are not [`IGNORE`].
-    pub fn loss_terms(&self) -> usize {
-        self.targets.iter().filter(|&&x| x != IGNORE).count()
+    pub fn loss_terms(&self) -> LossTerms {
+        let count = |v: &[u32]| v.iter().filter(|&&x| x != IGNORE).count() as f32;
+        LossTerms {
+            targets: count(&self.targets),
+            seq_targets: count(&self.seq_targets),
+        }
     }
 
     /// Sequences `rows` of a batch of `b`.
@@ -125,6 +160,7 @@ impl Batch {
             targets: part(&self.targets),
             types: part(&self.types),
             lens: part(&self.lens),
+            seq_targets: part(&self.seq_targets),
         }
     }
 }

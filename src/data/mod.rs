@@ -8,7 +8,7 @@ pub mod shard;
 pub mod tokenizer;
 pub mod wordpiece;
 
-pub use loader::{Batch, DataLoader, LoaderPosition, Part, Split, IGNORE};
+pub use loader::{Batch, DataLoader, LoaderPosition, LossTerms, Part, Split, IGNORE};
 pub use tokenizer::{Tokenizer, TokenizerSpec};
 
 use crate::error::{Error, Result};

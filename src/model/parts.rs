@@ -20,7 +20,7 @@ use super::unit::{UnitGrads, UnitModel, UnitParams};
 use crate::backend::memory::{Buf, Category, Dst};
 use crate::backend::Backend;
 use crate::comm::Comm;
-use crate::data::Batch;
+use crate::data::{Batch, LossTerms};
 use crate::error::{Error, Result};
 use std::any::Any;
 use std::ops::Range;
@@ -74,7 +74,7 @@ impl<B: Backend> UnitModel<B> for Parts<B> {
     fn tp(&self) -> TpPlace {
         self.parts[0].tp()
     }
-    fn begin(&mut self, batch: &Batch, b: usize, t: usize, loss_terms: f32) -> Result<()> {
+    fn begin(&mut self, batch: &Batch, b: usize, t: usize, loss_terms: LossTerms) -> Result<()> {
         let n = self.parts.len().min(b).max(1);
         self.active = n;
         for (i, part) in self.parts[..n].iter_mut().enumerate() {
@@ -209,7 +209,8 @@ mod tests {
         // a gradient accumulated onto, as over micro-batches
         let held: Vec<f32> = (0..w.grads.len()).map(|i| (i % 7) as f32 * 0.01).collect();
         w.engine.backend().upload(w.grads.d(), &held).unwrap();
-        let terms = batch.loss_terms().max(b) as f32;
+        let mut terms = batch.loss_terms();
+        terms.targets = terms.targets.max(b as f32);
         let loss = w.run_forward(batch, (b, t), terms, None).unwrap();
         let outputs = w.outputs().unwrap();
         w.run_backward(0.5, None, |_, _, _| Ok(())).unwrap();

@@ -8,7 +8,7 @@ use super::layout::ParamLayout;
 use super::tp::TpPlace;
 use crate::backend::{Backend, Buf, Category, Dst, Src};
 use crate::comm::Comm;
-use crate::data::Batch;
+use crate::data::{Batch, LossTerms};
 use crate::error::Result;
 use std::any::Any;
 use std::ops::{Deref, DerefMut, Range};
@@ -118,10 +118,11 @@ pub trait UnitModel<B: Backend>: Send {
     fn whole_layout(&self) -> &ParamLayout;
     fn tp(&self) -> TpPlace;
     /// Checks a batch of `b` sequences of `t`, readies the activations and
-    /// copies it to the device. The mean loss divides the summed loss by
-    /// `loss_terms` (a data-parallel rank passes the global batch's count
-    /// over the group size, so ranks' means average to the global one).
-    fn begin(&mut self, batch: &Batch, b: usize, t: usize, loss_terms: f32) -> Result<()>;
+    /// copies it to the device. Each mean loss divides its summed loss by
+    /// its count of `loss_terms` (a data-parallel rank passes the global
+    /// batch's counts over the group size, so ranks' means average to the
+    /// global one).
+    fn begin(&mut self, batch: &Batch, b: usize, t: usize, loss_terms: LossTerms) -> Result<()>;
     /// The last forward's outputs on the host: the head's logits, padding
     /// dropped (a classifier's (B, labels), a language model's (B*T, V)).
     fn outputs(&self) -> Result<Vec<f32>>;
@@ -208,7 +209,7 @@ impl<B: Backend, M: UnitModel<B> + ?Sized> UnitModel<B> for Box<M> {
     fn tp(&self) -> TpPlace {
         (**self).tp()
     }
-    fn begin(&mut self, batch: &Batch, b: usize, t: usize, loss_terms: f32) -> Result<()> {
+    fn begin(&mut self, batch: &Batch, b: usize, t: usize, loss_terms: LossTerms) -> Result<()> {
         (**self).begin(batch, b, t, loss_terms)
     }
     fn outputs(&self) -> Result<Vec<f32>> {
@@ -334,7 +335,7 @@ impl<B: Backend, M: UnitModel<B>> Whole<B, M> {
     ) -> Result<f64> {
         let (mut sum, mut n) = (0.0f64, 0usize);
         for batch in batches {
-            let terms = batch.loss_terms() as f32;
+            let terms = batch.loss_terms();
             let loss = self.run_forward(&batch, bt, terms, None)?.ok_or_else(|| {
                 crate::error::Error::Input("a batch without targets has no loss".into())
             })?;
@@ -348,7 +349,7 @@ impl<B: Backend, M: UnitModel<B>> Whole<B, M> {
         &mut self,
         batch: &Batch,
         (b, t): (usize, usize),
-        loss_terms: f32,
+        loss_terms: LossTerms,
         tp: Option<&dyn Comm>,
     ) -> Result<Option<f32>> {
         let Whole { engine, params, .. } = self;

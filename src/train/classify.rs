@@ -350,7 +350,7 @@ pub fn score(
     let mut pairs = Vec::with_capacity(split.examples.len());
     let (mut loss_sum, mut terms) = (0.0f64, 0usize);
     for batch in split.batches(wp, b, t, None) {
-        let n = batch.loss_terms();
+        let n = batch.loss_terms().targets as usize;
         let (loss, logits) = strategy.eval_outputs(&batch)?;
         loss_sum += loss as f64 * n as f64;
         terms += n;

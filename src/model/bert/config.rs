@@ -17,6 +17,35 @@ pub enum BertHead {
     /// `BertForSequenceClassification`: the pooler (dense + tanh on the
     /// first token) and a linear classifier, one label per sequence.
     Classify { labels: usize },
+    /// `BertForPreTraining`: the masked-LM head and, on the pooler, the
+    /// two-way next-sentence head (`cls.seq_relationship`); the loss is
+    /// the masked-token mean plus the next-sentence mean.
+    Pretrain,
+}
+
+impl BertHead {
+    /// Whether the masked-LM head (tied to the word embeddings) is on.
+    pub fn has_mlm(self) -> bool {
+        matches!(self, BertHead::Mlm | BertHead::Pretrain)
+    }
+
+    /// The labels of the pooler's classifier, where there is one.
+    pub fn pooled_labels(self) -> Option<usize> {
+        match self {
+            BertHead::Mlm => None,
+            BertHead::Classify { labels } => Some(labels),
+            BertHead::Pretrain => Some(2),
+        }
+    }
+
+    /// Hugging Face's class for a model with this head.
+    pub fn architecture(self) -> &'static str {
+        match self {
+            BertHead::Mlm => "BertForMaskedLM",
+            BertHead::Classify { .. } => "BertForSequenceClassification",
+            BertHead::Pretrain => "BertForPreTraining",
+        }
+    }
 }
 
 /// Shape of a BERT encoder (Hugging Face `BertConfig`'s fields). The word
@@ -47,12 +76,13 @@ impl std::fmt::Display for BertConfig {
         match self.head {
             BertHead::Mlm => write!(f, "masked-LM head"),
             BertHead::Classify { labels } => write!(f, "{labels}-way classifier"),
+            BertHead::Pretrain => write!(f, "masked-LM and next-sentence heads"),
         }
     }
 }
 
 /// BERT shapes by name (classifier heads have 2 labels).
-pub const PRESETS: [(&str, &str); 5] = [
+pub const PRESETS: [(&str, &str); 6] = [
     (
         "bert-minilm",
         "all-MiniLM-L6-v2's encoder (6 x 384), a 2-way classifier, 22.7M",
@@ -66,6 +96,10 @@ pub const PRESETS: [(&str, &str); 5] = [
         "BERT-base (12 x 768), a 2-way classifier, 109M",
     ),
     ("bert-base-mlm", "BERT-base with the masked-LM head"),
+    (
+        "bert-base-pretrain",
+        "BERT-base with the masked-LM and next-sentence heads",
+    ),
     ("bert-tiny", "2 x 128, a 2-way classifier, for tests"),
 ];
 
@@ -86,6 +120,10 @@ impl BertConfig {
             "bert-base" => base,
             "bert-base-mlm" => BertConfig {
                 head: BertHead::Mlm,
+                ..base.clone()
+            },
+            "bert-base-pretrain" => BertConfig {
+                head: BertHead::Pretrain,
                 ..base
             },
             "bert-tiny" => BertConfig {
@@ -109,7 +147,7 @@ impl BertConfig {
         let (c, f) = (self.n_embd as f64, self.n_inner as f64);
         let block = 4.0 * c * c + 2.0 * c * f;
         let unread = match self.head {
-            BertHead::Mlm => 0.0,
+            BertHead::Mlm | BertHead::Pretrain => 0.0,
             BertHead::Classify { .. } => (c * c + 2.0 * c * f) * (1.0 - 1.0 / t as f64),
         };
         6.0 * (self.n_layer as f64 * block - unread)
@@ -121,13 +159,16 @@ impl BertConfig {
     /// the rows with a target alone: [`MASKED_PERCENT`] of them on average.
     pub fn head_flops_per_token(&self, t: usize) -> f64 {
         let c = self.n_embd as f64;
-        6.0 * match self.head {
-            BertHead::Mlm => {
-                (c * c + c * self.padded_vocab() as f64) * MASKED_PERCENT as f64 / 100.0
-            }
-            // the pooler and classifier see one row per sequence
-            BertHead::Classify { labels } => (c * c + c * labels as f64) / t as f64,
-        }
+        let mlm = match self.head.has_mlm() {
+            true => (c * c + c * self.padded_vocab() as f64) * MASKED_PERCENT as f64 / 100.0,
+            false => 0.0,
+        };
+        // the pooler and classifier see one row per sequence
+        let pooled = self
+            .head
+            .pooled_labels()
+            .map_or(0.0, |labels| (c * c + c * labels as f64) / t as f64);
+        6.0 * (mlm + pooled)
     }
 
     /// all-MiniLM-L6-v2's encoder (6 layers, 384 wide, 12 heads) with `head`.
@@ -150,10 +191,11 @@ impl BertConfig {
         self.vocab_size.div_ceil(64) * 64
     }
 
-    /// Classes the head predicts over: the vocabulary or the labels.
+    /// Classes the head's per-token or per-sequence targets range over:
+    /// the vocabulary (a masked LM's, pretraining's) or the labels.
     pub fn classes(&self) -> usize {
         match self.head {
-            BertHead::Mlm => self.vocab_size,
+            BertHead::Mlm | BertHead::Pretrain => self.vocab_size,
             BertHead::Classify { labels } => labels,
         }
     }

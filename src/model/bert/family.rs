@@ -108,23 +108,29 @@ impl Family for BertConfig {
         layout::layout(self, tp)
     }
     /// Token ids; a classifier's labels, or a masked LM's targets at 15% of
-    /// the positions, the rest ignored.
+    /// the positions, the rest ignored (and pretraining's next-sentence
+    /// labels beside them).
     fn synthetic_batch(&self, rng: &mut Rng, b: usize, t: usize) -> Batch {
         let inputs = (0..b * t)
             .map(|_| rng.below(self.vocab_size) as u32)
             .collect();
         let targets = match self.head {
             BertHead::Classify { labels } => (0..b).map(|_| rng.below(labels) as u32).collect(),
-            BertHead::Mlm => (0..b * t)
+            BertHead::Mlm | BertHead::Pretrain => (0..b * t)
                 .map(|_| match rng.below(100) < MASKED_PERCENT {
                     true => rng.below(self.vocab_size) as u32,
                     false => IGNORE,
                 })
                 .collect(),
         };
+        let seq_targets = match self.head {
+            BertHead::Pretrain => (0..b).map(|_| rng.below(2) as u32).collect(),
+            _ => Vec::new(),
+        };
         Batch {
             inputs,
             targets,
+            seq_targets,
             ..Batch::default()
         }
     }

@@ -1,11 +1,12 @@
 //! Hugging Face BERT folders in: `config.json` (`BertConfig`) and
 //! `model.safetensors` of a `BertModel` (names without `bert.`),
-//! `BertForMaskedLM` or `BertForSequenceClassification`. `nn.Linear`
+//! `BertForMaskedLM`, `BertForPreTraining` or
+//! `BertForSequenceClassification`. `nn.Linear`
 //! weights (out, in) are transposed to the layout's (in, out); query, key
 //! and value are joined into `qkv`.
 
 use super::config::{BertConfig, BertHead};
-use super::layout::{layout, BlockParam, EMBEDDINGS};
+use super::layout::{classifier_names, layout, BlockParam, EMBEDDINGS, HEAD_MLM};
 use crate::error::{Error, Result};
 use crate::store::checksum;
 use crate::store::write_atomic;
@@ -46,6 +47,7 @@ pub fn read_config(dir: &Path, head: Option<BertHead>) -> Result<BertConfig> {
     let arch = j["architectures"][0].as_str().unwrap_or("BertModel");
     let implied = match arch {
         "BertForMaskedLM" => Some(BertHead::Mlm),
+        "BertForPreTraining" => Some(BertHead::Pretrain),
         "BertForSequenceClassification" => {
             let labels = j["id2label"]
                 .as_object()
@@ -58,7 +60,7 @@ pub fn read_config(dir: &Path, head: Option<BertHead>) -> Result<BertConfig> {
     };
     let head = head.or(implied).ok_or_else(|| {
         bad(&format!(
-            "a {arch} has no head (a masked LM's or a classifier's): fine-tune a classifier from it with `train --task classify --init-from DIR --data SET`, or pretrain it further with `train --task mlm --init-from DIR --data TEXT`; `eval` reads a BertForMaskedLM or BertForSequenceClassification folder"
+            "a {arch} has no head (a masked LM's or a classifier's): fine-tune a classifier from it with `train --task classify --init-from DIR --data SET`, or pretrain it further with `train --task mlm --init-from DIR --data TEXT`; `eval` reads a BertForMaskedLM, BertForPreTraining or BertForSequenceClassification folder"
         ))
     })?;
     let cfg = BertConfig {
@@ -190,48 +192,38 @@ pub fn read_weights(cfg: &BertConfig, st: &SafeTensors, init: Vec<f32>) -> Resul
             put(&ours(bp), &need(st, &ours(bp), &shape)?);
         }
     }
-    match cfg.head {
-        // A BertModel (all-MiniLM-L6-v2's folder) has no masked-LM head: it
-        // starts fresh from `init`, as transformers makes one; the decoder
-        // is the word embeddings either way.
-        BertHead::Mlm if find(st, "cls.predictions.transform.dense.weight")?.is_none() => {}
-        BertHead::Mlm => {
-            let t = "cls.predictions.transform.";
-            put(
-                &format!("{t}dense.weight"),
-                &linear(&format!("{t}dense.weight"), c, c)?,
-            );
-            for n in ["dense.bias", "LayerNorm.weight", "LayerNorm.bias"] {
-                let name = format!("{t}{n}");
-                put(&name, &need(st, &name, &[c])?);
-            }
-            let bias = match find(st, "cls.predictions.bias")? {
-                Some(_) => need(st, "cls.predictions.bias", &[v])?,
-                None => need(st, "cls.predictions.decoder.bias", &[v])?,
-            };
-            put("cls.predictions.bias", &bias);
-            debug_assert!(vp >= v);
+    // A BertModel (all-MiniLM-L6-v2's folder) has no masked-LM head: it
+    // starts fresh from `init`, as transformers makes one; the decoder is
+    // the word embeddings either way.
+    if cfg.head.has_mlm() && find(st, HEAD_MLM[0])?.is_some() {
+        put(HEAD_MLM[0], &linear(HEAD_MLM[0], c, c)?);
+        for name in &HEAD_MLM[1..4] {
+            put(name, &need(st, name, &[c])?);
         }
-        BertHead::Classify { labels } => {
-            // A BertModel has a pooler and no classifier; fine-tuning starts the classifier fresh.
-            if find(st, "bert.pooler.dense.weight")?.is_some() {
-                put(
-                    "bert.pooler.dense.weight",
-                    &linear("bert.pooler.dense.weight", c, c)?,
-                );
-                put(
-                    "bert.pooler.dense.bias",
-                    &need(st, "bert.pooler.dense.bias", &[c])?,
-                );
-            }
-            // A classifier for another number of labels is replaced by a fresh one.
-            if find(st, "classifier.weight")?.is_some_and(|(s, _)| s == [labels, c]) {
-                put(
-                    "classifier.weight",
-                    &linear("classifier.weight", labels, c)?,
-                );
-                put("classifier.bias", &need(st, "classifier.bias", &[labels])?);
-            }
+        let bias = match find(st, HEAD_MLM[4])? {
+            Some(_) => need(st, HEAD_MLM[4], &[v])?,
+            None => need(st, "cls.predictions.decoder.bias", &[v])?,
+        };
+        put(HEAD_MLM[4], &bias);
+        debug_assert!(vp >= v);
+    }
+    if let Some(labels) = cfg.head.pooled_labels() {
+        // A BertModel has a pooler and no classifier: the classifier starts fresh.
+        if find(st, "bert.pooler.dense.weight")?.is_some() {
+            put(
+                "bert.pooler.dense.weight",
+                &linear("bert.pooler.dense.weight", c, c)?,
+            );
+            put(
+                "bert.pooler.dense.bias",
+                &need(st, "bert.pooler.dense.bias", &[c])?,
+            );
+        }
+        // A classifier for another number of labels is replaced by a fresh one.
+        let [w, b] = classifier_names(cfg.head);
+        if find(st, w)?.is_some_and(|(s, _)| s == [labels, c]) {
+            put(w, &linear(w, labels, c)?);
+            put(b, &need(st, b, &[labels])?);
         }
     }
     Ok(p)
@@ -372,44 +364,28 @@ fn hf_tensors(cfg: &BertConfig, p: &[f32]) -> Vec<(String, Vec<usize>, Vec<f32>)
             c,
         ));
     }
-    match cfg.head {
-        BertHead::Mlm => {
-            let t = "cls.predictions.transform.";
-            out.push(linear(
-                &format!("{t}dense.weight"),
-                &format!("{t}dense.weight"),
-                c,
-                c,
-            ));
-            for n in ["dense.bias", "LayerNorm.weight", "LayerNorm.bias"] {
-                let name = format!("{t}{n}");
-                out.push((name.clone(), vec![c], get(&name).to_vec()));
-            }
-            out.push((
-                "cls.predictions.bias".into(),
-                vec![v],
-                get("cls.predictions.bias")[..v].to_vec(),
-            ));
+    if cfg.head.has_mlm() {
+        out.push(linear(HEAD_MLM[0], HEAD_MLM[0], c, c));
+        for name in &HEAD_MLM[1..4] {
+            out.push((name.to_string(), vec![c], get(name).to_vec()));
         }
-        BertHead::Classify { labels } => {
-            out.push(linear(
-                "bert.pooler.dense.weight",
-                "bert.pooler.dense.weight",
-                c,
-                c,
-            ));
-            out.push((
-                "bert.pooler.dense.bias".into(),
-                vec![c],
-                get("bert.pooler.dense.bias").to_vec(),
-            ));
-            out.push(linear("classifier.weight", "classifier.weight", c, labels));
-            out.push((
-                "classifier.bias".into(),
-                vec![labels],
-                get("classifier.bias").to_vec(),
-            ));
-        }
+        out.push((HEAD_MLM[4].into(), vec![v], get(HEAD_MLM[4])[..v].to_vec()));
+    }
+    if let Some(labels) = cfg.head.pooled_labels() {
+        out.push(linear(
+            "bert.pooler.dense.weight",
+            "bert.pooler.dense.weight",
+            c,
+            c,
+        ));
+        out.push((
+            "bert.pooler.dense.bias".into(),
+            vec![c],
+            get("bert.pooler.dense.bias").to_vec(),
+        ));
+        let [w, b] = classifier_names(cfg.head);
+        out.push(linear(w, w, c, labels));
+        out.push((b.into(), vec![labels], get(b).to_vec()));
     }
     out
 }
@@ -447,10 +423,10 @@ pub fn write_folder(
     // cut short anywhere fails its check on load
     let sum = checksum(&data);
     write_atomic(&dir.join("model.safetensors"), &data)?;
-    let (arch, labels) = match cfg.head {
-        BertHead::Mlm => ("BertForMaskedLM", 2),
-        BertHead::Classify { labels } => ("BertForSequenceClassification", labels),
-    };
+    let (arch, labels) = (
+        cfg.head.architecture(),
+        cfg.head.pooled_labels().unwrap_or(2),
+    );
     // [PAD]'s id in the vocabulary; none for characters, whose id 0 is a
     // character (transformers freezes the input embedding of the pad id)
     let pad = vocab.and_then(|text| text.lines().position(|l| l.trim_end() == "[PAD]"));
@@ -524,7 +500,11 @@ mod tests {
 
     #[test]
     fn a_written_folder_reads_back_to_the_same_parameters() {
-        for head in [BertHead::Mlm, BertHead::Classify { labels: 3 }] {
+        for head in [
+            BertHead::Mlm,
+            BertHead::Classify { labels: 3 },
+            BertHead::Pretrain,
+        ] {
             let cfg = BertConfig {
                 n_layer: 2,
                 n_head: 2,
@@ -543,7 +523,7 @@ mod tests {
             let lay = layout(&cfg, 1);
             let word = lay.tensor(EMBEDDINGS[0]).unwrap().range();
             p[word.start + cfg.vocab_size * cfg.n_embd..word.end].fill(0.0);
-            if head == BertHead::Mlm {
+            if head.has_mlm() {
                 let bias = lay.tensor("cls.predictions.bias").unwrap().range();
                 p[bias.start + cfg.vocab_size..bias.end].fill(0.0);
             }

@@ -1,5 +1,5 @@
 //! BERT's parameter layout, under `BertForMaskedLM` /
-//! `BertForSequenceClassification` names where a tensor has one:
+//! `BertForSequenceClassification` / `BertForPreTraining` names where a tensor has one:
 //! `[word | position | token type | LN]` `[block 0] ... [block L-1]` `[head]`,
 //! each block
 //! `qkv.w qkv.b attn_out.w attn_out.b attn_ln.w attn_ln.b inter.w inter.b out.w out.b out_ln.w out_ln.b`.
@@ -101,6 +101,35 @@ pub const EMBEDDINGS: [&str; 5] = [
     "bert.embeddings.LayerNorm.bias",
 ];
 
+/// The masked-LM head's tensors, first in the head unit where it is on
+/// (the decoder is the tied word embeddings).
+pub const HEAD_MLM: [&str; 5] = [
+    "cls.predictions.transform.dense.weight",
+    "cls.predictions.transform.dense.bias",
+    "cls.predictions.transform.LayerNorm.weight",
+    "cls.predictions.transform.LayerNorm.bias",
+    "cls.predictions.bias",
+];
+
+/// The pooler's classifier (weight, bias) under `head`'s Hugging Face
+/// names: `BertForPreTraining`'s next-sentence head or a sequence
+/// classifier's.
+pub fn classifier_names(head: BertHead) -> [&'static str; 2] {
+    match head {
+        BertHead::Pretrain => ["cls.seq_relationship.weight", "cls.seq_relationship.bias"],
+        _ => ["classifier.weight", "classifier.bias"],
+    }
+}
+
+/// The index in the head unit of its first pooler tensor: after the
+/// masked-LM head's where that is on.
+pub fn pooler_index(head: BertHead) -> usize {
+    match head.has_mlm() {
+        true => HEAD_MLM.len(),
+        false => 0,
+    }
+}
+
 /// BERT's layout for one of `tp` tensor-parallel ranks.
 pub fn layout(cfg: &BertConfig, tp: usize) -> ParamLayout {
     let (c, f, rep) = (cfg.n_embd, cfg.n_inner, TpSplit::Replicated);
@@ -122,20 +151,21 @@ pub fn layout(cfg: &BertConfig, tp: usize) -> ParamLayout {
         }
     }
     b.unit("head");
-    match cfg.head {
-        BertHead::Mlm => b
-            .tensor("cls.predictions.transform.dense.weight", &[c, c], rep)
-            .tensor("cls.predictions.transform.dense.bias", &[c], rep)
-            .tensor("cls.predictions.transform.LayerNorm.weight", &[c], rep)
-            .tensor("cls.predictions.transform.LayerNorm.bias", &[c], rep)
-            .tensor("cls.predictions.bias", &[cfg.padded_vocab()], rep)
-            .tie(EMBEDDINGS[0]),
-        BertHead::Classify { labels } => b
-            .tensor("bert.pooler.dense.weight", &[c, c], rep)
+    if cfg.head.has_mlm() {
+        b.tensor(HEAD_MLM[0], &[c, c], rep)
+            .tensor(HEAD_MLM[1], &[c], rep)
+            .tensor(HEAD_MLM[2], &[c], rep)
+            .tensor(HEAD_MLM[3], &[c], rep)
+            .tensor(HEAD_MLM[4], &[cfg.padded_vocab()], rep)
+            .tie(EMBEDDINGS[0]);
+    }
+    if let Some(labels) = cfg.head.pooled_labels() {
+        let [w, bias] = classifier_names(cfg.head);
+        b.tensor("bert.pooler.dense.weight", &[c, c], rep)
             .tensor("bert.pooler.dense.bias", &[c], rep)
-            .tensor("classifier.weight", &[c, labels], rep)
-            .tensor("classifier.bias", &[labels], rep),
-    };
+            .tensor(w, &[c, labels], rep)
+            .tensor(bias, &[labels], rep);
+    }
     b.build()
 }
 
@@ -146,10 +176,15 @@ pub fn layout_len(cfg: &BertConfig) -> Option<usize> {
     let vp = (cfg.vocab_size as u128).div_ceil(64) * 64;
     let emb = (vp + cfg.block_size as u128 + cfg.type_vocab as u128 + 2) * c;
     let block = 4 * c * c + 2 * c * f + f + 9 * c;
-    let head = match cfg.head {
-        BertHead::Mlm => c * c + 3 * c + vp,
-        BertHead::Classify { labels } => c * c + c + (c + 1) * labels as u128,
+    let mlm = match cfg.head.has_mlm() {
+        true => c * c + 3 * c + vp,
+        false => 0,
     };
+    let pooled = cfg
+        .head
+        .pooled_labels()
+        .map_or(0, |labels| c * c + c + (c + 1) * labels as u128);
+    let head = mlm + pooled;
     let total = emb + cfg.n_layer as u128 * block + head;
     usize::try_from(total).ok()
 }
@@ -160,7 +195,11 @@ mod tests {
 
     #[test]
     fn units_tile_the_layout_and_the_mlm_head_ties_the_word_embeddings() {
-        for head in [BertHead::Mlm, BertHead::Classify { labels: 3 }] {
+        for head in [
+            BertHead::Mlm,
+            BertHead::Classify { labels: 3 },
+            BertHead::Pretrain,
+        ] {
             let mut cfg = BertConfig::mini_lm(head);
             cfg.n_layer = 2;
             let lay = layout(&cfg, 1);
@@ -174,9 +213,9 @@ mod tests {
             assert_eq!(end, lay.total());
             let tied = lay.units[3].tied.as_ref().map(|t| t.range.clone());
             let word = lay.tensor(EMBEDDINGS[0]).unwrap().range();
-            match head {
-                BertHead::Mlm => assert_eq!(tied, Some(word)),
-                BertHead::Classify { .. } => assert_eq!(tied, None),
+            match head.has_mlm() {
+                true => assert_eq!(tied, Some(word)),
+                false => assert_eq!(tied, None),
             }
         }
     }

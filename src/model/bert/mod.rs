@@ -11,6 +11,7 @@ pub mod hf;
 pub mod layout;
 
 pub use config::{BertConfig, BertHead, MASKED_PERCENT};
+use layout::pooler_index;
 pub use layout::BlockParam;
 
 use super::alloc::ActAlloc;
@@ -26,41 +27,50 @@ use crate::backend::{
     WeightLayout,
 };
 use crate::comm::Comm;
-use crate::data::{Batch, IGNORE};
+use crate::data::{Batch, LossTerms, IGNORE};
 use crate::error::{Error, Result};
 use crate::rng::Rng;
 
-/// The head's activations.
-enum HeadActs<B: Backend> {
-    /// transform dense out, its GELU, its LayerNorm (with mean, rstd),
-    /// logits, losses; in a forward with targets, of the rows with a
-    /// target alone ([`Shape::picked`]), gathered into `picked_x`, with a
-    /// zero row and a scratch row as the gather's and scatter's position
-    /// table.
-    Mlm {
-        picked: Buf<B, u32>,
-        picked_x: Buf<B>,
-        zero_row: Buf<B>,
-        scratch_row: Buf<B>,
-        t1: Buf<B>,
-        t2: Buf<B>,
-        t3: Buf<B>,
-        mean: Buf<B>,
-        rstd: Buf<B>,
-        logits: Buf<B>,
-        losses: Buf<B>,
-    },
-    /// first-token rows, pooler pre-activation and output, logits, losses,
-    /// and the backward's gradients of the first-token rows and the pooler.
-    Classify {
-        cls: Buf<B>,
-        pre: Buf<B>,
-        pooled: Buf<B>,
-        logits: Buf<B>,
-        losses: Buf<B>,
-        dcls: Buf<B>,
-        dpooled: Buf<B>,
-    },
+/// The masked-LM head's activations: transform dense out, its GELU, its
+/// LayerNorm (with mean, rstd), logits, losses; in a forward with targets,
+/// of the rows with a target alone ([`Shape::picked`]), gathered into
+/// `picked_x`, with their targets, and a zero row and a scratch row as the
+/// gather's and scatter's position table.
+struct MlmActs<B: Backend> {
+    picked: Buf<B, u32>,
+    targets: Buf<B, u32>,
+    picked_x: Buf<B>,
+    zero_row: Buf<B>,
+    scratch_row: Buf<B>,
+    t1: Buf<B>,
+    t2: Buf<B>,
+    t3: Buf<B>,
+    mean: Buf<B>,
+    rstd: Buf<B>,
+    logits: Buf<B>,
+    losses: Buf<B>,
+}
+
+/// The pooler and its classifier's activations (a sequence classifier's,
+/// or pretraining's next-sentence head): one label per sequence, the
+/// first-token rows, pooler pre-activation and output, logits, losses, and
+/// the backward's gradients of the first-token rows and the pooler.
+struct PooledActs<B: Backend> {
+    labels: Buf<B, u32>,
+    cls: Buf<B>,
+    pre: Buf<B>,
+    pooled: Buf<B>,
+    logits: Buf<B>,
+    losses: Buf<B>,
+    dcls: Buf<B>,
+    dpooled: Buf<B>,
+}
+
+/// The head's activations: the masked-LM head's, the pooler's, or both
+/// (`BertForPreTraining`).
+struct HeadActs<B: Backend> {
+    mlm: Option<MlmActs<B>>,
+    pooled: Option<PooledActs<B>>,
 }
 
 /// Activations of one batch of `rows` = B*T tokens (`b` sequences); the
@@ -69,7 +79,6 @@ struct Acts<B: Backend> {
     rows: usize,
     b: usize,
     tokens: Buf<B, u32>,
-    targets: Buf<B, u32>,
     lens: Buf<B, u32>,
     /// One-hot token types (rows, type_vocab).
     types: Buf<B>,
@@ -168,39 +177,42 @@ impl<B: Backend> Acts<B> {
         // the head's buffers only where the head runs
         let h = usize::from(span.head);
         let (rows_h, b_h) = (h * rows, h * b);
-        let head = match cfg.head {
-            BertHead::Mlm => HeadActs::Mlm {
-                picked: al.typed(rows_h, Category::Activations)?,
-                picked_x: a(rows_h * c)?,
-                zero_row: a(h * c)?,
-                scratch_row: a(h * c)?,
-                t1: a(rows_h * c)?,
-                t2: a(rows_h * c)?,
-                t3: a(rows_h * c)?,
-                mean: a(rows_h)?,
-                rstd: a(rows_h)?,
-                logits: a(rows_h * cfg.padded_vocab())?,
-                losses: a(rows_h)?,
+        let head = HeadActs {
+            mlm: match cfg.head.has_mlm() {
+                true => Some(MlmActs {
+                    picked: al.typed(rows_h, Category::Activations)?,
+                    targets: al.typed(rows_h, Category::Activations)?,
+                    picked_x: a(rows_h * c)?,
+                    zero_row: a(h * c)?,
+                    scratch_row: a(h * c)?,
+                    t1: a(rows_h * c)?,
+                    t2: a(rows_h * c)?,
+                    t3: a(rows_h * c)?,
+                    mean: a(rows_h)?,
+                    rstd: a(rows_h)?,
+                    logits: a(rows_h * cfg.padded_vocab())?,
+                    losses: a(rows_h)?,
+                }),
+                false => None,
             },
-            BertHead::Classify { labels } => HeadActs::Classify {
-                cls: a(b_h * c)?,
-                pre: a(b_h * c)?,
-                pooled: a(b_h * c)?,
-                logits: a(b_h * labels)?,
-                losses: a(b_h)?,
-                dcls: a(b_h * c)?,
-                dpooled: a(b_h * c)?,
+            pooled: match cfg.head.pooled_labels() {
+                Some(labels) => Some(PooledActs {
+                    labels: al.typed(b_h, Category::Activations)?,
+                    cls: a(b_h * c)?,
+                    pre: a(b_h * c)?,
+                    pooled: a(b_h * c)?,
+                    logits: a(b_h * labels)?,
+                    losses: a(b_h)?,
+                    dcls: a(b_h * c)?,
+                    dpooled: a(b_h * c)?,
+                }),
+                None => None,
             },
-        };
-        let targets = match cfg.head {
-            BertHead::Mlm => rows,
-            BertHead::Classify { .. } => b,
         };
         Ok(Acts {
             rows,
             b,
             tokens: al.typed(rows, Category::Activations)?,
-            targets: al.typed(targets, Category::Activations)?,
             lens: al.typed(b, Category::Activations)?,
             types: a(rows * cfg.type_vocab)?,
             emb: a(rows * c)?,
@@ -243,10 +255,8 @@ impl<B: Backend> Acts<B> {
                 // decoder's logits gradient is rounded where it lies)
                 Precision::Bf16 => {
                     let widest = c.max(d.fl).max(3 * d.cl);
-                    let w = match cfg.head {
-                        BertHead::Mlm => cfg.padded_vocab() * c,
-                        BertHead::Classify { labels } => labels * c,
-                    };
+                    let mlm = usize::from(cfg.head.has_mlm()) * cfg.padded_vocab() * c;
+                    let w = mlm.max(cfg.head.pooled_labels().unwrap_or(0) * c);
                     Some(Bf16Operands::new(
                         al,
                         (rows * widest, (c * widest).max(w), rows * widest),
@@ -299,7 +309,7 @@ struct Shape {
     t: usize,
     tokens: Vec<u32>,
     has_targets: bool,
-    loss_terms: f32,
+    loss_terms: LossTerms,
     /// The masked-LM head's rows in a forward with targets: those with a
     /// target (row 0 where none has), the only ones its loss reads.
     picked: Option<Vec<u32>>,
@@ -387,34 +397,49 @@ impl<B: Backend> Engine<B> {
             .to_host(a.resid.slice(top * btc..(top + 1) * btc))
     }
 
-    /// The last forward's pooled output (B, C), classifier head only.
+    /// The last forward's pooled output (B, C): a classifier's or
+    /// pretraining's (the masked-LM head alone has no pooler).
     pub fn pooled(&self) -> Result<Vec<f32>> {
         let (b, _) = self.shape();
-        match &self.acts.as_ref().expect("forward before pooled").head {
-            HeadActs::Classify { pooled, .. } => self
+        match &self
+            .acts
+            .as_ref()
+            .expect("forward before pooled")
+            .head
+            .pooled
+        {
+            Some(h) => self
                 .backend
-                .to_host(pooled.slice(0..b * self.config.n_embd)),
-            HeadActs::Mlm { .. } => Err(Error::Input("the masked-LM head has no pooler".into())),
+                .to_host(h.pooled.slice(0..b * self.config.n_embd)),
+            None => Err(Error::Input("the masked-LM head has no pooler".into())),
         }
     }
 
-    /// The last forward's logits: (B, labels), or for the masked-LM head
-    /// (B*T, vocabulary), padding dropped, and after a forward with targets
-    /// only the rows with a target, in order (the head ran on no other).
+    /// The last forward's logits: the pooler's classifier's (B, labels)
+    /// (pretraining's next-sentence head's (B, 2)), or the masked-LM
+    /// head's (B*T, vocabulary), padding dropped, and after a forward with
+    /// targets only the rows with a target, in order (the head ran on no
+    /// other).
     pub fn logits(&self) -> Result<Vec<f32>> {
         let (b, t) = self.shape();
         let a = self.acts.as_ref().expect("forward before logits");
-        match &a.head {
-            HeadActs::Classify { logits, .. } => self
-                .backend
-                .to_host(logits.slice(0..b * self.config.classes())),
-            HeadActs::Mlm { logits, .. } => {
+        match (&a.head.pooled, &a.head.mlm) {
+            (Some(h), _) => {
+                let labels = self
+                    .config
+                    .head
+                    .pooled_labels()
+                    .expect("a pooler has labels");
+                self.backend.to_host(h.logits.slice(0..b * labels))
+            }
+            (None, Some(m)) => {
                 let (v, vp) = (self.config.vocab_size, self.config.padded_vocab());
                 let picked = self.shape.as_ref().and_then(|s| s.picked.as_ref());
                 let rows = picked.map_or(b * t, Vec::len);
-                let all = self.backend.to_host(logits.slice(0..rows * vp))?;
+                let all = self.backend.to_host(m.logits.slice(0..rows * vp))?;
                 Ok(all.chunks(vp).flat_map(|r| r[..v].to_vec()).collect())
             }
+            (None, None) => unreachable!("every head has the masked-LM head or a pooler"),
         }
     }
 
@@ -464,9 +489,9 @@ impl<B: Backend> Engine<B> {
             )));
         }
         if !batch.targets.is_empty() {
-            let (want, what) = match cfg.head {
-                BertHead::Mlm => (b * t, "one per token (IGNORE where not masked)"),
-                BertHead::Classify { .. } => (b, "one label per sequence"),
+            let (want, what) = match cfg.head.has_mlm() {
+                true => (b * t, "one per token (IGNORE where not masked)"),
+                false => (b, "one label per sequence"),
             };
             if batch.targets.len() != want {
                 return Err(Error::Input(format!(
@@ -476,6 +501,28 @@ impl<B: Backend> Engine<B> {
             }
             Self::check_ids("target", &batch.targets, cfg.classes(), true)?;
         }
+        // pretraining's next-sentence labels: one per sequence beside the
+        // token targets, none elsewhere
+        let nsp = cfg.head == BertHead::Pretrain;
+        let want = if nsp && !batch.targets.is_empty() {
+            b
+        } else {
+            0
+        };
+        if batch.seq_targets.len() != want {
+            return Err(Error::Input(match nsp {
+                true => format!(
+                    "{} next-sentence labels for a batch of {b} with {} token targets: \
+                     pretraining takes one per sequence beside the token targets",
+                    batch.seq_targets.len(),
+                    batch.targets.len()
+                ),
+                false => {
+                    format!("next-sentence labels for a {cfg}, which has no next-sentence head")
+                }
+            }));
+        }
+        Self::check_ids("next-sentence label", &batch.seq_targets, 2, true)?;
         Ok(())
     }
 
@@ -921,146 +968,127 @@ impl<B: Backend> Engine<B> {
         let ip = WeightLayout::InOut;
         let a = self.acts.as_mut().expect("begun");
         let x = a.resid.s().part(self.span.resid(n_layer), btc);
-        let has_targets = self.shape.as_ref().is_some_and(|s| s.has_targets);
-        let losses = match &mut a.head {
-            HeadActs::Mlm {
-                picked,
-                picked_x,
-                zero_row,
-                t1,
-                t2,
-                t3,
-                mean,
-                rstd,
-                logits,
-                losses,
-                ..
-            } => {
-                let vp = cfg.padded_vocab();
-                let word = word.expect("the masked-LM head reads the word embeddings");
-                // the rows with a target (gathered: an embedding lookup of
-                // the stream's rows), or every row
-                let (n, x) = match self.shape.as_ref().and_then(|s| s.picked.as_ref()) {
-                    Some(chosen) => {
-                        let n = chosen.len();
-                        be.encoder_forward(EncoderForward {
-                            out: picked_x.slice_mut(0..n * c),
-                            tokens: picked.slice(0..n),
-                            wte: x,
-                            wpe: zero_row.s(),
-                            t: 1,
-                            c,
-                        });
-                        (n, picked_x.slice(0..n * c))
-                    }
-                    None => (rows, x),
-                };
-                let nc = n * c;
-                matmul_forward(
-                    be,
-                    a.bf16.as_mut(),
-                    MatmulForward {
-                        out: t1.slice_mut(0..nc),
-                        inp: x,
-                        w: w(0),
-                        bias: Some(w(1)),
-                        shape: MatmulShape::new((n, c, c), ip),
-                        accumulate: false,
-                    },
-                );
-                be.activation_forward(t2.slice_mut(0..nc), t1.slice(0..nc), Activation::GeluErf);
-                be.layernorm_forward(LayerNormForward {
-                    out: t3.slice_mut(0..nc),
-                    mean: mean.slice_mut(0..n),
-                    rstd: rstd.slice_mut(0..n),
-                    inp: t2.slice(0..nc),
-                    w: w(2),
-                    b: w(3),
-                    c,
-                    eps,
-                });
-                let mut lg = logits.slice_mut(0..n * vp);
-                matmul_forward(
-                    be,
-                    a.bf16.as_mut(),
-                    MatmulForward {
-                        out: lg.rb(),
-                        inp: t3.slice(0..nc),
-                        w: word,
-                        bias: Some(w(4)),
-                        shape: MatmulShape::new((n, c, vp), WeightLayout::OutIn),
-                        accumulate: false,
-                    },
-                );
-                if !has_targets {
-                    return Ok(None);
+        let shape = self.shape.as_ref().expect("begun");
+        let (has_targets, terms) = (shape.has_targets, shape.loss_terms);
+        let mut loss = 0.0f64;
+        if let Some(m) = &mut a.head.mlm {
+            let vp = cfg.padded_vocab();
+            let word = word.expect("the masked-LM head reads the word embeddings");
+            // the rows with a target (gathered: an embedding lookup of the
+            // stream's rows), or every row
+            let (n, x) = match shape.picked.as_ref() {
+                Some(chosen) => {
+                    let n = chosen.len();
+                    be.encoder_forward(EncoderForward {
+                        out: m.picked_x.slice_mut(0..n * c),
+                        tokens: m.picked.slice(0..n),
+                        wte: x,
+                        wpe: m.zero_row.s(),
+                        t: 1,
+                        c,
+                    });
+                    (n, m.picked_x.slice(0..n * c))
                 }
-                let mut l = losses.slice_mut(0..n);
+                None => (rows, x),
+            };
+            let nc = n * c;
+            matmul_forward(
+                be,
+                a.bf16.as_mut(),
+                MatmulForward {
+                    out: m.t1.slice_mut(0..nc),
+                    inp: x,
+                    w: w(0),
+                    bias: Some(w(1)),
+                    shape: MatmulShape::new((n, c, c), ip),
+                    accumulate: false,
+                },
+            );
+            be.activation_forward(
+                m.t2.slice_mut(0..nc),
+                m.t1.slice(0..nc),
+                Activation::GeluErf,
+            );
+            be.layernorm_forward(LayerNormForward {
+                out: m.t3.slice_mut(0..nc),
+                mean: m.mean.slice_mut(0..n),
+                rstd: m.rstd.slice_mut(0..n),
+                inp: m.t2.slice(0..nc),
+                w: w(2),
+                b: w(3),
+                c,
+                eps,
+            });
+            let mut lg = m.logits.slice_mut(0..n * vp);
+            matmul_forward(
+                be,
+                a.bf16.as_mut(),
+                MatmulForward {
+                    out: lg.rb(),
+                    inp: m.t3.slice(0..nc),
+                    w: word,
+                    bias: Some(w(4)),
+                    shape: MatmulShape::new((n, c, vp), WeightLayout::OutIn),
+                    accumulate: false,
+                },
+            );
+            if has_targets {
                 be.crossentropy_forward(CrossEntropyForward {
-                    losses: l.rb(),
+                    losses: m.losses.slice_mut(0..n),
                     logits: lg.src(),
-                    targets: a.targets.slice(0..n),
+                    targets: m.targets.slice(0..n),
                     v: cfg.vocab_size,
                     vp,
                 });
-                losses.slice(0..n)
+                loss += be.sum(m.losses.slice(0..n))? / terms.targets as f64;
             }
-            HeadActs::Classify {
-                cls,
-                pre,
-                pooled,
-                logits,
-                losses,
-                ..
-            } => {
-                let labels = cfg.classes();
-                gather_first(be, cls.d(), x, (b, t, c));
-                matmul_forward(
-                    be,
-                    a.bf16.as_mut(),
-                    MatmulForward {
-                        out: pre.slice_mut(0..b * c),
-                        inp: cls.slice(0..b * c),
-                        w: w(0),
-                        bias: Some(w(1)),
-                        shape: MatmulShape::new((b, c, c), ip),
-                        accumulate: false,
-                    },
-                );
-                be.activation_forward(
-                    pooled.slice_mut(0..b * c),
-                    pre.slice(0..b * c),
-                    Activation::Tanh,
-                );
-                let mut lg = logits.slice_mut(0..b * labels);
-                matmul_forward(
-                    be,
-                    a.bf16.as_mut(),
-                    MatmulForward {
-                        out: lg.rb(),
-                        inp: pooled.slice(0..b * c),
-                        w: w(2),
-                        bias: Some(w(3)),
-                        shape: MatmulShape::new((b, c, labels), ip),
-                        accumulate: false,
-                    },
-                );
-                if !has_targets {
-                    return Ok(None);
-                }
-                let mut l = losses.slice_mut(0..b);
+        }
+        if let Some(h) = &mut a.head.pooled {
+            let labels = cfg.head.pooled_labels().expect("a pooler has labels");
+            let i = pooler_index(cfg.head);
+            gather_first(be, h.cls.d(), x, (b, t, c));
+            matmul_forward(
+                be,
+                a.bf16.as_mut(),
+                MatmulForward {
+                    out: h.pre.slice_mut(0..b * c),
+                    inp: h.cls.slice(0..b * c),
+                    w: w(i),
+                    bias: Some(w(i + 1)),
+                    shape: MatmulShape::new((b, c, c), ip),
+                    accumulate: false,
+                },
+            );
+            be.activation_forward(
+                h.pooled.slice_mut(0..b * c),
+                h.pre.slice(0..b * c),
+                Activation::Tanh,
+            );
+            let mut lg = h.logits.slice_mut(0..b * labels);
+            matmul_forward(
+                be,
+                a.bf16.as_mut(),
+                MatmulForward {
+                    out: lg.rb(),
+                    inp: h.pooled.slice(0..b * c),
+                    w: w(i + 2),
+                    bias: Some(w(i + 3)),
+                    shape: MatmulShape::new((b, c, labels), ip),
+                    accumulate: false,
+                },
+            );
+            if has_targets {
                 be.crossentropy_forward(CrossEntropyForward {
-                    losses: l.rb(),
+                    losses: h.losses.slice_mut(0..b),
                     logits: lg.src(),
-                    targets: a.targets.slice(0..b),
+                    targets: h.labels.slice(0..b),
                     v: labels,
                     vp: labels,
                 });
-                losses.slice(0..b)
+                loss += be.sum(h.losses.slice(0..b))? / pooled_terms(cfg.head, terms) as f64;
             }
-        };
-        let terms = self.shape.as_ref().expect("begun").loss_terms;
-        Ok(Some((be.sum(losses)? / terms as f64) as f32))
+        }
+        Ok(has_targets.then_some(loss as f32))
     }
 
     /// The head's backward for `loss_scale` times the mean loss: its grads
@@ -1082,7 +1110,7 @@ impl<B: Backend> Engine<B> {
         if !shape.has_targets {
             return Err(Error::Input("backward needs a forward with targets".into()));
         }
-        let dloss = loss_scale / shape.loss_terms;
+        let terms = shape.loss_terms;
         let cfg = &self.config;
         let (c, n_layer) = (cfg.n_embd, cfg.n_layer);
         let rows = b * t;
@@ -1095,174 +1123,169 @@ impl<B: Backend> Engine<B> {
         let a = self.acts.as_mut().expect("begun");
         let x = a.resid.s().part(self.span.resid(n_layer), btc);
         let mut g = g;
-        match &mut a.head {
-            HeadActs::Mlm {
-                picked,
-                picked_x,
-                scratch_row,
-                t1,
-                t2,
-                t3,
-                mean,
-                rstd,
-                logits,
-                ..
-            } => {
-                let vp = cfg.padded_vocab();
-                let chosen = shape.picked.as_deref();
-                let (n, x) = match chosen {
-                    Some(chosen) => (chosen.len(), picked_x.slice(0..chosen.len() * c)),
-                    None => (rows, x),
-                };
-                let nc = n * c;
-                let (word, dword) = (
-                    word.expect("the masked-LM head reads the word embeddings"),
-                    dword.expect("the masked-LM head accumulates the word embeddings' gradient"),
-                );
-                let mut lg = logits.slice_mut(0..n * vp);
-                be.crossentropy_backward(CrossEntropyBackward {
-                    logits: lg.rb(),
-                    targets: a.targets.slice(0..n),
-                    v: cfg.vocab_size,
-                    vp,
-                    dloss,
-                });
-                if a.bf16.is_some() {
-                    // The logits' gradient feeds only this matmul: rounded where it lies.
-                    be.round_bf16(lg.rb(), None);
-                }
-                let mut dt3 = a.dalt.slice_mut(0..nc);
-                let dbias = g.rb().slice(r(4));
-                matmul_backward(
-                    be,
-                    a.bf16.as_mut(),
-                    MatmulBackward {
-                        dinp: Some(dt3.rb()),
-                        dw: Some(dword),
-                        dbias: Some(dbias),
-                        dout: lg.src(),
-                        inp: t3.slice(0..nc),
-                        w: word,
-                        shape: MatmulShape::new((n, c, vp), WeightLayout::OutIn),
-                    },
-                    Dout::Rounded,
-                );
-                let mut dt2 = a.dbig.slice_mut(0..nc);
-                be.fill(dt2.rb(), 0.0);
-                let (dw, db) = g.rb().split2(r(2), r(3));
-                be.layernorm_backward(LayerNormBackward {
-                    dinp: Some(dt2.rb()),
-                    dwb: Some((dw, db)),
-                    dout: dt3.src(),
-                    inp: t2.slice(0..nc),
-                    w: w(2),
-                    mean: mean.slice(0..n),
-                    rstd: rstd.slice(0..n),
-                    c,
-                })?;
-                let (dw, db) = g.rb().split2(r(0), r(1));
-                be.activation_backward(ActivationBackward {
-                    d: dt2.rb(),
-                    inp: t1.slice(0..nc),
-                    act: Activation::GeluErf,
-                    dbias: Some(db),
-                });
-                // d x: into the stream's gradient, or for the picked rows
-                // alone, then added into theirs (zeros elsewhere)
-                let mut dres = a.dres.slice_mut(0..btc);
-                let dx = match chosen {
-                    Some(_) => dt3.rb(),
-                    None => dres.rb().first(nc),
-                };
-                matmul_backward(
-                    be,
-                    a.bf16.as_mut(),
-                    MatmulBackward {
-                        dinp: Some(dx),
-                        dw: Some(dw),
-                        dbias: None,
-                        dout: dt2.src(),
-                        inp: x,
-                        w: w(0),
-                        shape: MatmulShape::new((n, c, c), ip),
-                    },
-                    Dout::Round,
-                );
-                if let Some(chosen) = chosen {
-                    be.fill(dres.rb(), 0.0);
-                    be.fill(scratch_row.d(), 0.0);
-                    be.encoder_backward(EncoderBackward {
-                        dwte: dres,
-                        dwpe: scratch_row.d(),
-                        dout: dt3.src(),
-                        tokens: picked.slice(0..n),
-                        host_tokens: chosen,
-                        t: 1,
-                        c,
-                    });
-                }
+        if let Some(m) = &mut a.head.mlm {
+            let vp = cfg.padded_vocab();
+            let chosen = shape.picked.as_deref();
+            let (n, x) = match chosen {
+                Some(chosen) => (chosen.len(), m.picked_x.slice(0..chosen.len() * c)),
+                None => (rows, x),
+            };
+            let nc = n * c;
+            let (word, dword) = (
+                word.expect("the masked-LM head reads the word embeddings"),
+                dword.expect("the masked-LM head accumulates the word embeddings' gradient"),
+            );
+            let mut lg = m.logits.slice_mut(0..n * vp);
+            be.crossentropy_backward(CrossEntropyBackward {
+                logits: lg.rb(),
+                targets: m.targets.slice(0..n),
+                v: cfg.vocab_size,
+                vp,
+                dloss: loss_scale / terms.targets,
+            });
+            if a.bf16.is_some() {
+                // The logits' gradient feeds only this matmul: rounded where it lies.
+                be.round_bf16(lg.rb(), None);
             }
-            HeadActs::Classify {
-                cls,
-                pre,
-                pooled,
-                logits,
-                dcls,
-                dpooled,
-                ..
-            } => {
-                let labels = cfg.classes();
-                let mut lg = logits.slice_mut(0..b * labels);
-                be.crossentropy_backward(CrossEntropyBackward {
-                    logits: lg.rb(),
-                    targets: a.targets.slice(0..b),
-                    v: labels,
-                    vp: labels,
-                    dloss,
-                });
-                let mut dp = dpooled.slice_mut(0..b * c);
-                let (dw, db) = g.rb().split2(r(2), r(3));
-                matmul_backward(
-                    be,
-                    a.bf16.as_mut(),
-                    MatmulBackward {
-                        dinp: Some(dp.rb()),
-                        dw: Some(dw),
-                        dbias: Some(db),
-                        dout: lg.src(),
-                        inp: pooled.slice(0..b * c),
-                        w: w(2),
-                        shape: MatmulShape::new((b, c, labels), ip),
-                    },
-                    Dout::Round,
-                );
-                let (dw, db) = g.rb().split2(r(0), r(1));
-                be.activation_backward(ActivationBackward {
-                    d: dp.rb(),
-                    inp: pre.slice(0..b * c),
-                    act: Activation::Tanh,
-                    dbias: Some(db),
-                });
-                matmul_backward(
-                    be,
-                    a.bf16.as_mut(),
-                    MatmulBackward {
-                        dinp: Some(dcls.slice_mut(0..b * c)),
-                        dw: Some(dw),
-                        dbias: None,
-                        dout: dp.src(),
-                        inp: cls.slice(0..b * c),
-                        w: w(0),
-                        shape: MatmulShape::new((b, c, c), ip),
-                    },
-                    Dout::Round,
-                );
-                let mut dres = a.dres.slice_mut(0..btc);
+            let mut dt3 = a.dalt.slice_mut(0..nc);
+            let dbias = g.rb().slice(r(4));
+            matmul_backward(
+                be,
+                a.bf16.as_mut(),
+                MatmulBackward {
+                    dinp: Some(dt3.rb()),
+                    dw: Some(dword),
+                    dbias: Some(dbias),
+                    dout: lg.src(),
+                    inp: m.t3.slice(0..nc),
+                    w: word,
+                    shape: MatmulShape::new((n, c, vp), WeightLayout::OutIn),
+                },
+                Dout::Rounded,
+            );
+            let mut dt2 = a.dbig.slice_mut(0..nc);
+            be.fill(dt2.rb(), 0.0);
+            let (dw, db) = g.rb().split2(r(2), r(3));
+            be.layernorm_backward(LayerNormBackward {
+                dinp: Some(dt2.rb()),
+                dwb: Some((dw, db)),
+                dout: dt3.src(),
+                inp: m.t2.slice(0..nc),
+                w: w(2),
+                mean: m.mean.slice(0..n),
+                rstd: m.rstd.slice(0..n),
+                c,
+            })?;
+            let (dw, db) = g.rb().split2(r(0), r(1));
+            be.activation_backward(ActivationBackward {
+                d: dt2.rb(),
+                inp: m.t1.slice(0..nc),
+                act: Activation::GeluErf,
+                dbias: Some(db),
+            });
+            // d x: into the stream's gradient, or for the picked rows
+            // alone, then added into theirs (zeros elsewhere)
+            let mut dres = a.dres.slice_mut(0..btc);
+            let dx = match chosen {
+                Some(_) => dt3.rb(),
+                None => dres.rb().first(nc),
+            };
+            matmul_backward(
+                be,
+                a.bf16.as_mut(),
+                MatmulBackward {
+                    dinp: Some(dx),
+                    dw: Some(dw),
+                    dbias: None,
+                    dout: dt2.src(),
+                    inp: x,
+                    w: w(0),
+                    shape: MatmulShape::new((n, c, c), ip),
+                },
+                Dout::Round,
+            );
+            if let Some(chosen) = chosen {
                 be.fill(dres.rb(), 0.0);
-                scatter_first(be, dres, dcls.s(), (b, t, c), false);
+                be.fill(m.scratch_row.d(), 0.0);
+                be.encoder_backward(EncoderBackward {
+                    dwte: dres,
+                    dwpe: m.scratch_row.d(),
+                    dout: dt3.src(),
+                    tokens: m.picked.slice(0..n),
+                    host_tokens: chosen,
+                    t: 1,
+                    c,
+                });
             }
         }
+        if let Some(h) = &mut a.head.pooled {
+            let labels = cfg.head.pooled_labels().expect("a pooler has labels");
+            let i = pooler_index(cfg.head);
+            let mut lg = h.logits.slice_mut(0..b * labels);
+            be.crossentropy_backward(CrossEntropyBackward {
+                logits: lg.rb(),
+                targets: h.labels.slice(0..b),
+                v: labels,
+                vp: labels,
+                dloss: loss_scale / pooled_terms(cfg.head, terms),
+            });
+            let mut dp = h.dpooled.slice_mut(0..b * c);
+            let (dw, db) = g.rb().split2(r(i + 2), r(i + 3));
+            matmul_backward(
+                be,
+                a.bf16.as_mut(),
+                MatmulBackward {
+                    dinp: Some(dp.rb()),
+                    dw: Some(dw),
+                    dbias: Some(db),
+                    dout: lg.src(),
+                    inp: h.pooled.slice(0..b * c),
+                    w: w(i + 2),
+                    shape: MatmulShape::new((b, c, labels), ip),
+                },
+                Dout::Round,
+            );
+            let (dw, db) = g.rb().split2(r(i), r(i + 1));
+            be.activation_backward(ActivationBackward {
+                d: dp.rb(),
+                inp: h.pre.slice(0..b * c),
+                act: Activation::Tanh,
+                dbias: Some(db),
+            });
+            matmul_backward(
+                be,
+                a.bf16.as_mut(),
+                MatmulBackward {
+                    dinp: Some(h.dcls.slice_mut(0..b * c)),
+                    dw: Some(dw),
+                    dbias: None,
+                    dout: dp.src(),
+                    inp: h.cls.slice(0..b * c),
+                    w: w(i),
+                    shape: MatmulShape::new((b, c, c), ip),
+                },
+                Dout::Round,
+            );
+            // the first-token rows' gradient: alone, or added to the
+            // masked-LM head's
+            let mut dres = a.dres.slice_mut(0..btc);
+            let beside_mlm = a.head.mlm.is_some();
+            if !beside_mlm {
+                be.fill(dres.rb(), 0.0);
+            }
+            scatter_first(be, dres, h.dcls.s(), (b, t, c), beside_mlm);
+        }
         Ok(())
+    }
+}
+
+/// What the pooler's classifier's mean loss divides by: a classifier's
+/// labels are the batch's targets, pretraining's next-sentence labels its
+/// per-sequence targets.
+fn pooled_terms(head: BertHead, terms: LossTerms) -> f32 {
+    match head {
+        BertHead::Pretrain => terms.seq_targets,
+        _ => terms.targets,
     }
 }
 
@@ -1283,7 +1306,7 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
         self.tp
     }
 
-    fn begin(&mut self, batch: &Batch, b: usize, t: usize, loss_terms: f32) -> Result<()> {
+    fn begin(&mut self, batch: &Batch, b: usize, t: usize, loss_terms: LossTerms) -> Result<()> {
         self.check(batch, b, t)?;
         let rows = b * t;
         let tv = self.config.type_vocab;
@@ -1301,13 +1324,8 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
         let be = &self.backend;
         be.upload(a.tokens.slice_mut(0..rows), &batch.inputs)?;
         let mut picked = None;
-        if let HeadActs::Mlm {
-            picked: rows_buf,
-            zero_row,
-            ..
-        } = &mut a.head
-        {
-            if self.span.head && !batch.targets.is_empty() {
+        if self.span.head && !batch.targets.is_empty() {
+            if let Some(m) = &mut a.head.mlm {
                 let mut chosen: Vec<u32> = (0..rows as u32)
                     .filter(|&r| batch.targets[r as usize] != IGNORE)
                     .collect();
@@ -1315,14 +1333,18 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
                     chosen.push(0);
                 }
                 let targets: Vec<u32> = chosen.iter().map(|&r| batch.targets[r as usize]).collect();
-                be.upload(rows_buf.slice_mut(0..chosen.len()), &chosen)?;
-                be.upload(a.targets.slice_mut(0..targets.len()), &targets)?;
-                be.fill(zero_row.d(), 0.0);
+                be.upload(m.picked.slice_mut(0..chosen.len()), &chosen)?;
+                be.upload(m.targets.slice_mut(0..targets.len()), &targets)?;
+                be.fill(m.zero_row.d(), 0.0);
                 picked = Some(chosen);
             }
-        }
-        if picked.is_none() && !batch.targets.is_empty() {
-            be.upload(a.targets.slice_mut(0..batch.targets.len()), &batch.targets)?;
+            if let Some(h) = &mut a.head.pooled {
+                let labels = match self.config.head {
+                    BertHead::Pretrain => &batch.seq_targets,
+                    _ => &batch.targets,
+                };
+                be.upload(h.labels.slice_mut(0..b), labels)?;
+            }
         }
         let lens = match batch.lens.is_empty() {
             true => vec![t as u32; b],
@@ -1411,9 +1433,6 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
     }
 }
 
-/// BERT's initialisation of the whole model (Hugging Face's
-/// `_init_weights`): N(0, 0.02) matrices and embeddings, zero biases, unit
-/// LayerNorms, zero padded vocabulary rows.
 /// The same encoder under another head: the tensors both heads have (the
 /// embeddings, every block, a pooler) carried over by name, the rest
 /// fresh from `seed` (a masked LM's head for a `BertModel`'s encoder, a
@@ -1440,6 +1459,9 @@ pub fn with_head(
     (to, out)
 }
 
+/// BERT's initialisation of the whole model (Hugging Face's
+/// `_init_weights`): N(0, 0.02) matrices and embeddings, zero biases, unit
+/// LayerNorms, zero padded vocabulary rows.
 pub fn init_full(cfg: &BertConfig, seed: u64) -> Vec<f32> {
     let layout = layout::layout(cfg, 1);
     let mut p = vec![0.0f32; layout.total()];

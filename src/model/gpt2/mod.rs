@@ -26,7 +26,7 @@ use crate::backend::{
     WeightLayout,
 };
 use crate::comm::Comm;
-use crate::data::Batch as DataBatch;
+use crate::data::{Batch as DataBatch, LossTerms};
 use crate::error::{Error, Result};
 use crate::rng::Rng;
 use block::{BlockIo, BlockMode};
@@ -994,9 +994,15 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
         self.tp
     }
 
-    fn begin(&mut self, batch: &DataBatch, b: usize, t: usize, loss_terms: f32) -> Result<()> {
+    fn begin(
+        &mut self,
+        batch: &DataBatch,
+        b: usize,
+        t: usize,
+        loss_terms: LossTerms,
+    ) -> Result<()> {
         let targets = (!batch.targets.is_empty()).then_some(&batch.targets[..]);
-        self.begin_lm(&batch.inputs, targets, (b, t), loss_terms)
+        self.begin_lm(&batch.inputs, targets, (b, t), loss_terms.targets)
     }
 
     fn outputs(&self) -> Result<Vec<f32>> {
@@ -1169,7 +1175,7 @@ impl<B: Backend> Whole<B, Engine<B>> {
             tokens.to_vec(),
             targets.map(<[u32]>::to_vec).unwrap_or_default(),
         );
-        self.run_forward(&batch, (b, t), (b * t) as f32, None)
+        self.run_forward(&batch, (b, t), LossTerms::of(b * t), None)
     }
 
     /// Accumulates into `grads` the gradient of `loss_scale * mean loss` of

@@ -32,7 +32,7 @@ use super::{
 use crate::backend::cpu::Cpu;
 use crate::backend::{Backend, Device, MemoryReport};
 use crate::comm::{Comm, CommStats};
-use crate::data::Batch;
+use crate::data::{Batch, LossTerms};
 use crate::error::{Error, Result};
 use crate::model::tp::{shard_tp, TpSplit};
 use crate::model::{AdamWConfig, ModelConfig, UnitModel};
@@ -199,7 +199,7 @@ impl<B: Backend> Pipelined<B> {
     }
 
     /// Readies chunk c's engine for a micro-batch, on spare activations if any.
-    fn begin(&mut self, c: usize, mb: &Batch, terms: f32) -> Result<()> {
+    fn begin(&mut self, c: usize, mb: &Batch, terms: LossTerms) -> Result<()> {
         let n = self.dp.size();
         let ch = &mut self.chunks[c];
         if let Some(s) = ch.spare.pop() {
@@ -309,7 +309,7 @@ impl<B: Backend> Pipelined<B> {
 
     /// Runs this rank's program for `mbs` local micro-batches; returns the
     /// sum of their losses (the last stage's; zero elsewhere).
-    fn run_program(&mut self, mbs: &[(Batch, f32)], loss_scale: f32) -> Result<f32> {
+    fn run_program(&mut self, mbs: &[(Batch, LossTerms)], loss_scale: f32) -> Result<f32> {
         let prog = self.program(mbs.len())?;
         let mut loss = 0.0f32;
         let len = mbs.first().map_or(0, |mb| self.boundary_len(&mb.0));
@@ -489,11 +489,11 @@ impl<B: Backend> Pipelined<B> {
     }
 
     /// The local rows of a global batch with their loss terms per rank.
-    fn local(&self, batch: &Batch) -> (Batch, f32) {
+    fn local(&self, batch: &Batch) -> (Batch, LossTerms) {
         let (r, n) = (self.dp.rank(), self.dp.size());
         (
             local_rows(batch, self.b, r, n),
-            batch.loss_terms() as f32 / n as f32,
+            batch.loss_terms().per_rank(n),
         )
     }
 }
@@ -506,7 +506,7 @@ impl<B: Backend> Strategy for Pipelined<B> {
         for ch in &mut self.chunks {
             ch.state.begin_step(&be, m);
         }
-        let mbs: Vec<(Batch, f32)> = micro_batches.iter().map(|mb| self.local(mb)).collect();
+        let mbs: Vec<(Batch, LossTerms)> = micro_batches.iter().map(|mb| self.local(mb)).collect();
         let mut loss = [self.run_program(&mbs, 1.0 / (m * n) as f32)?];
         for (c, ch) in self.chunks.iter_mut().enumerate() {
             let tie = match &self.tie {
