@@ -50,10 +50,22 @@ fn pretrain(
     steps: &str,
     extra: &[&str],
 ) -> std::process::Output {
+    pretrain_as("mlm", init, data, out, steps, extra)
+}
+
+/// [`pretrain`] as `task` (mlm, or pretrain: with next-sentence prediction).
+fn pretrain_as(
+    task: &str,
+    init: &Path,
+    data: &Path,
+    out: &Path,
+    steps: &str,
+    extra: &[&str],
+) -> std::process::Output {
     let mut args = vec![
         "train",
         "--task",
-        "mlm",
+        task,
         "--init-from",
         init.to_str().unwrap(),
         "--data",
@@ -282,6 +294,126 @@ fn a_resumed_wordpiece_pretraining_equals_an_uninterrupted_one() {
     assert!(!out.status.success());
     assert!(
         stderr(&out).contains("not the WordPiece vocabulary"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// The figure after `label ` in `text`.
+fn figure(text: &str, label: &str) -> f64 {
+    let at = text
+        .find(label)
+        .unwrap_or_else(|| panic!("no {label:?} in: {text}"));
+    text[at + label.len()..]
+        .split(|c: char| c.is_whitespace() || c == '%' || c == ',')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// BERT's pretraining with next-sentence prediction (`--task pretrain`):
+/// the run and its checkpoints are `BertForPreTraining` folders with the
+/// vocabulary; `eval` of the run, and of an exported checkpoint, gives the
+/// loss (masked-LM plus next-sentence) and the next-sentence accuracy the
+/// run recorded at that step; the run fine-tunes; a resumed run equals an
+/// uninterrupted one; characters (no `[CLS]` or `[SEP]`) are refused.
+#[test]
+fn next_sentence_pretraining_evaluates_as_recorded_resumes_and_feeds_fine_tuning() {
+    let dir = scratch("pretrain-nsp");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (model, set) = tiny_bert_and_labelled_set(&dir);
+    let data = text(&dir);
+    let run = dir.join("nsp");
+    succeeded(pretrain_as("pretrain", &model, &data, &run, "4", &[]));
+    let config = |d: &Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(d.join("config.json")).unwrap()).unwrap()
+    };
+    assert_eq!(config(&run)["architectures"][0], "BertForPreTraining");
+    assert!(run.join("vocab.txt").exists());
+    let recorded: Vec<(u64, f64, f64)> = std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let j: serde_json::Value = serde_json::from_str(l).ok()?;
+            let acc = j["val_accuracy"].as_f64()?;
+            Some((j["step"].as_u64()?, j["val_loss"].as_f64()?, acc))
+        })
+        .collect();
+    assert_eq!(recorded.iter().map(|r| r.0).collect::<Vec<_>>(), [2, 4]);
+    let eval = |what: &Path, step: u64| {
+        let mut args = vec![
+            "eval",
+            what.to_str().unwrap(),
+            "--batch-size",
+            "2",
+            "--seq-len",
+            "16",
+            "--batches",
+            "2",
+        ];
+        if !what.starts_with(&run) {
+            args.extend(["--data", data.to_str().unwrap()]);
+        }
+        let text = stdout(&succeeded(distgpt(&args)));
+        let (_, loss, acc) = recorded.iter().find(|r| r.0 == step).unwrap();
+        let got = figure(&text, "masked-LM + next-sentence loss ");
+        assert!(
+            (got - loss).abs() < 1e-3,
+            "{text}: loss {got} vs {loss} recorded"
+        );
+        let got = figure(&text, "next-sentence accuracy ");
+        assert!(
+            (got - 100.0 * acc).abs() < 1e-6,
+            "{text}: accuracy {got}% vs {acc}"
+        );
+    };
+    eval(&run, 4);
+    let exported = dir.join("exported");
+    succeeded(distgpt(&[
+        "export",
+        run.join("checkpoints/step_00000002").to_str().unwrap(),
+        "--out",
+        exported.to_str().unwrap(),
+    ]));
+    assert_eq!(config(&exported)["architectures"][0], "BertForPreTraining");
+    eval(&exported, 2);
+    succeeded(fine_tune(&run, &set, &dir.join("cls"), "2", &[]));
+    // stopped after 2 of its 4 steps (exit 75), then resumed
+    let parts = dir.join("parts");
+    let stopped = pretrain_as(
+        "pretrain",
+        &model,
+        &data,
+        &parts,
+        "4",
+        &["--stop-after", "2"],
+    );
+    assert_eq!(stopped.status.code(), Some(75), "{}", stderr(&stopped));
+    succeeded(distgpt(&[
+        "train",
+        "--resume",
+        parts.to_str().unwrap(),
+        "--quiet",
+    ]));
+    assert_eq!(losses(&parts), losses(&run));
+    // sentence pairs need [CLS] and [SEP]: a text's characters have neither
+    let out = distgpt(&[
+        "train",
+        "--task",
+        "pretrain",
+        "--model",
+        "bert-tiny",
+        "--data",
+        data.to_str().unwrap(),
+        "--steps",
+        "1",
+        "--out",
+        dir.join("chars").to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("--task pretrain makes sentence pairs as [CLS] A [SEP] B [SEP]"),
         "{}",
         stderr(&out)
     );

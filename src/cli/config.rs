@@ -100,7 +100,7 @@ fn record_entries(r: &RunRecord) -> Vec<(String, Value)> {
             ("block_size", int(m.block_size())),
         ]),
         // a masked LM's shape over a BERT preset (its positions are --seq-len)
-        TaskKind::Mlm => out.extend([
+        TaskKind::Mlm | TaskKind::Pretrain => out.extend([
             ("model", Value::String("bert-tiny".into())),
             ("n_layer", int(m.n_layer())),
             ("n_head", int(m.n_head())),

@@ -68,11 +68,20 @@ fn eval_masked_lm<B: Backend + 'static>(
     // the model's own tokenizer: a character it never saw is an error
     let ds = Dataset::load_with(data.as_deref(), train::mlm::recorded_tokenizer(&a.model)?)?;
     let e = train::mlm::evaluate_folder(be, &a.model, &ds, &cfg, threads)?;
+    // pretraining's figures: the sum of its two means, and the accuracy
+    let figures = match e.accuracy {
+        Some(acc) => format!(
+            "masked-LM + next-sentence loss {:.4}, next-sentence accuracy {:.2}%, F1 {:.4}",
+            e.loss,
+            100.0 * acc,
+            e.f1.unwrap_or(0.0)
+        ),
+        None => format!("masked-token loss {:.4}", e.loss),
+    };
     distgpt::outln!(
-        "{} on {}'s validation split: masked-token loss {:.4} ({} sequences of {} tokens)",
+        "{} on {}'s validation split: {figures} ({} sequences of {} tokens)",
         a.model.display(),
         ds.name,
-        e.loss,
         e.examples,
         cfg.seq_len
     );

@@ -677,6 +677,7 @@ pub(super) fn report_run(
     }
     let what = match prep.data.kind() {
         TaskKind::Mlm => "masked-token loss",
+        TaskKind::Pretrain => "masked-LM + next-sentence loss",
         _ => "loss",
     };
     let from = s.steps - s.losses.len();

@@ -45,6 +45,24 @@ impl Split {
         self.len() == 0
     }
 
+    /// `n` consecutive tokens from a place drawn by `rng`, every start
+    /// that fits within a part equally likely; None where no part holds `n`.
+    pub fn random_run(&self, n: usize, rng: &mut Rng) -> Option<Vec<u32>> {
+        let starts = |p: &Part| (p.len() + 1).saturating_sub(n);
+        let fits: usize = self.parts.iter().map(starts).sum();
+        if fits == 0 {
+            return None;
+        }
+        let mut k = rng.below(fits);
+        self.parts.iter().find_map(|p| match k < starts(p) {
+            true => Some((k..k + n).map(|i| p.get(i)).collect()),
+            false => {
+                k -= starts(p);
+                None
+            }
+        })
+    }
+
     /// The first `n` tokens (all of them when there are fewer), in memory.
     pub fn head(&self, n: usize) -> Split {
         let tokens = self

@@ -354,20 +354,29 @@ pub fn score(
         let (loss, logits) = strategy.eval_outputs(&batch)?;
         loss_sum += loss as f64 * n as f64;
         terms += n;
-        for (row, &target) in logits.chunks(labels).zip(&batch.targets) {
-            if target != IGNORE {
-                let best = (0..labels)
-                    .max_by(|&i, &j| row[i].total_cmp(&row[j]))
-                    .expect("at least two labels") as u32;
-                pairs.push((best, target));
-            }
-        }
+        pairs.extend(predicted(&logits, &batch.targets, labels));
     }
     Ok(Scores::of(
         &pairs,
         labels,
         (loss_sum / terms.max(1) as f64) as f32,
     ))
+}
+
+/// The (predicted, true) labels of the rows of a batch that have a target:
+/// each row's highest of its `labels` logits.
+pub fn predicted(logits: &[f32], targets: &[u32], labels: usize) -> Vec<(u32, u32)> {
+    logits
+        .chunks(labels)
+        .zip(targets)
+        .filter(|&(_, &target)| target != IGNORE)
+        .map(|(row, &target)| {
+            let best = (0..labels)
+                .max_by(|&i, &j| row[i].total_cmp(&row[j]))
+                .expect("at least two labels");
+            (best as u32, target)
+        })
+        .collect()
 }
 
 /// A BERT's weights to start training from, under `head` whatever head it

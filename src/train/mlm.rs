@@ -12,12 +12,22 @@
 //! the seed. The trained model is a Hugging Face `BertForMaskedLM` folder,
 //! with the WordPiece vocabulary and tokenizer files where there is one
 //! (in every checkpoint too), so it feeds `--task classify --init-from`.
+//!
+//! BERT's full pretraining (`train --task pretrain`, `BertForPreTraining`)
+//! adds next-sentence prediction on WordPiece tokens: each window is cut
+//! at a drawn token into `[CLS] A [SEP] B [SEP]`, B the tokens that follow
+//! A or, half the time, as many from a drawn place of the split; the loss
+//! is the masked-token mean plus the next-sentence mean, and evaluation
+//! reports the next-sentence accuracy beside it.
 
+use super::classify::{predicted, Scores};
 use super::lm::val_loader;
 use super::task::{mean_loss, Eval, Task, TaskKind, TrainStream};
 use super::TrainConfig;
 use crate::backend::Backend;
-use crate::data::{Batch, DataLoader, Dataset, LoaderPosition, Tokenizer, TokenizerSpec, IGNORE};
+use crate::data::{
+    Batch, DataLoader, Dataset, LoaderPosition, Split, Tokenizer, TokenizerSpec, IGNORE,
+};
 use crate::error::{Error, Result};
 use crate::model::bert::{hf, BertConfig, BertHead, MASKED_PERCENT};
 use crate::model::ModelConfig;
@@ -47,12 +57,46 @@ impl<'a> MlmTask<'a> {
         }
     }
 
+    /// The same with BERT's pretraining heads (masked LM and next-sentence
+    /// prediction, `BertForPreTraining`): `data` must be WordPiece tokens.
+    pub fn pretraining(self) -> Result<Self> {
+        if !matches!(self.data.tokenizer, Tokenizer::WordPiece(_)) {
+            return Err(Error::Config(format!(
+                "--task pretrain makes sentence pairs as [CLS] A [SEP] B [SEP]: {} is {}, with \
+                 no [CLS] or [SEP]; prepare WordPiece shards (`data prepare --tokenizer wordpiece`) \
+                 or give --init-from a BERT folder",
+                self.data.name,
+                crate::data::describe(&self.data.tokenizer.spec())
+            )));
+        }
+        Ok(MlmTask {
+            model: BertConfig {
+                head: BertHead::Pretrain,
+                ..self.model
+            },
+            data: self.data,
+        })
+    }
+
     /// The id of `[MASK]` and the ids a random replacement is drawn from
     /// (every token, as transformers draws them; every character).
     fn mask(&self) -> (u32, usize) {
         match &self.data.tokenizer {
             Tokenizer::WordPiece(wp) => (wp.mask, wp.vocab_size()),
             t => (t.vocab_size() as u32, t.vocab_size()),
+        }
+    }
+
+    /// Pretraining's sentence pairs, their unrelated segments drawn from
+    /// `split` (None for a masked LM alone).
+    fn pairs<'s>(&self, split: &'s Split) -> Option<Pairs<'s>> {
+        match (&self.data.tokenizer, self.model.head) {
+            (Tokenizer::WordPiece(wp), BertHead::Pretrain) => Some(Pairs {
+                split,
+                cls: wp.cls,
+                sep: wp.sep,
+            }),
+            _ => None,
         }
     }
 }
@@ -66,11 +110,75 @@ pub fn mlm_vocab(t: &Tokenizer) -> usize {
     }
 }
 
-/// The training windows, masked per step.
+/// What pretraining's sentence pairs are made of: the split an unrelated
+/// second segment is drawn from, and the ids of `[CLS]` and `[SEP]`.
+#[derive(Clone, Copy)]
+struct Pairs<'a> {
+    split: &'a Split,
+    cls: u32,
+    sep: u32,
+}
+
+impl Pairs<'_> {
+    /// Each window of t tokens as `[CLS] A [SEP] B [SEP]` (token types 0
+    /// up to A's `[SEP]`, 1 after): A its first k tokens (k drawn from 1 to
+    /// t - 4), B the t - 3 - k tokens that follow A (next-sentence label 0)
+    /// or, half the time, as many from a place drawn in the split (label 1).
+    /// Segments end at a drawn token, not at a sentence's end: the stream
+    /// keeps no sentence boundaries. Inputs, token types and labels.
+    fn cut(&self, windows: &[u32], t: usize, rng: &mut Rng) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
+        let body = t - 3;
+        let (mut inputs, mut types, mut labels) = (Vec::new(), Vec::new(), Vec::new());
+        for w in windows.chunks(t) {
+            let k = 1 + rng.below(body - 1);
+            let (second, label) = match rng.below(2) {
+                0 => (w[k..body].to_vec(), 0),
+                _ => {
+                    let other = self.split.random_run(body - k, rng);
+                    (other.expect("the split holds a window of t + 1 tokens"), 1)
+                }
+            };
+            inputs.push(self.cls);
+            inputs.extend_from_slice(&w[..k]);
+            inputs.push(self.sep);
+            inputs.extend(second);
+            inputs.push(self.sep);
+            types.extend(std::iter::repeat_n(0, k + 2));
+            types.extend(std::iter::repeat_n(1, body - k + 1));
+            labels.push(label);
+        }
+        (inputs, types, labels)
+    }
+}
+
+/// The examples a batch of windows of `t` tokens makes, drawn with `rng`:
+/// BERT's masking of every token, or for pretraining the windows cut into
+/// sentence pairs first and every token but `[CLS]` and `[SEP]` masked.
+fn examples(
+    windows: &[u32],
+    t: usize,
+    mask: (u32, usize),
+    pairs: Option<Pairs<'_>>,
+    rng: &mut Rng,
+) -> Batch {
+    let Some(p) = pairs else {
+        return mask_tokens(windows, &[], mask, rng);
+    };
+    let (inputs, types, labels) = p.cut(windows, t, rng);
+    Batch {
+        types,
+        seq_targets: labels,
+        ..mask_tokens(&inputs, &[p.cls, p.sep], mask, rng)
+    }
+}
+
+/// The training windows, made into examples per step.
 struct Masked<'a> {
     loader: DataLoader<'a>,
     seed: u64,
     mask: (u32, usize),
+    pairs: Option<Pairs<'a>>,
+    t: usize,
 }
 
 impl TrainStream for Masked<'_> {
@@ -89,14 +197,17 @@ impl TrainStream for Masked<'_> {
         let p = self.loader.position;
         let key = (step as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (p.batch as u64) << 40;
         let mut rng = Rng::new(self.seed ^ key);
-        let (mask, vocab) = self.mask;
-        mask_tokens(&self.loader.next_batch().inputs, mask, vocab, &mut rng)
+        let windows = self.loader.next_batch().inputs;
+        examples(&windows, self.t, self.mask, self.pairs, &mut rng)
     }
 }
 
 impl<B: Backend> Task<B> for MlmTask<'_> {
     fn kind(&self) -> TaskKind {
-        TaskKind::Mlm
+        match self.model.head {
+            BertHead::Pretrain => TaskKind::Pretrain,
+            _ => TaskKind::Mlm,
+        }
     }
 
     fn model(&self) -> ModelConfig {
@@ -113,8 +224,12 @@ impl<B: Backend> Task<B> for MlmTask<'_> {
             Tokenizer::WordPiece(_) => "WordPiece tokens",
             _ => "characters",
         };
+        let pairs = match self.model.head {
+            BertHead::Pretrain => "; sentence pairs, half of them unrelated",
+            _ => "",
+        };
         format!(
-            "{} ({} train / {} val {what}, 15% masked)",
+            "{} ({} train / {} val {what}, 15% masked{pairs})",
             ds.name,
             ds.train.len(),
             ds.val.len()
@@ -135,8 +250,9 @@ impl<B: Backend> Task<B> for MlmTask<'_> {
         let Some(dir) = &cfg.init_from else {
             return Ok(ModelConfig::from(self.model.clone()).init_full(cfg.seed));
         };
+        let task = Task::<B>::kind(self).to_string();
         let (model, params) =
-            super::classify::pretrained_weights(dir, BertHead::Mlm, cfg.seed, "mlm")?;
+            super::classify::pretrained_weights(dir, self.model.head, cfg.seed, &task)?;
         if model != self.model {
             return Err(Error::Config(format!(
                 "{} holds a {model}, not the {} being trained",
@@ -153,6 +269,8 @@ impl<B: Backend> Task<B> for MlmTask<'_> {
             loader: DataLoader::new(&self.data.train, "train", b, t, cfg.seed, true)?,
             seed: cfg.seed,
             mask: self.mask(),
+            pairs: self.pairs(&self.data.train),
+            t,
         }))
     }
 
@@ -160,21 +278,40 @@ impl<B: Backend> Task<B> for MlmTask<'_> {
         val_loader(self.data, cfg).map(drop)
     }
 
+    /// The masked-token loss on fixed validation batches; pretraining's
+    /// loss (masked-LM plus next-sentence) and next-sentence accuracy.
     fn evaluate(&self, strategy: &mut dyn Strategy, cfg: &TrainConfig) -> Result<Eval> {
-        let b = cfg.batch_size;
+        let (b, t) = (cfg.batch_size, cfg.seq_len);
         let mut val = val_loader(self.data, cfg)?;
         let n = cfg.eval_batches.clamp(1, val.batches_per_epoch());
-        // the same batches and masks at every evaluation
+        // the same batches, masks and pairs at every evaluation
         let mut rng = Rng::new(cfg.seed ^ 0x5EED);
-        let (mask, vocab) = self.mask();
+        let (mask, pairs) = (self.mask(), self.pairs(&self.data.val));
         let batches = std::iter::from_fn(|| {
-            Some(mask_tokens(&val.next_batch().inputs, mask, vocab, &mut rng))
+            let windows = val.next_batch().inputs;
+            Some(examples(&windows, t, mask, pairs, &mut rng))
         });
-        let loss = mean_loss(batches, n, |b| strategy.eval_loss(b))?;
+        if pairs.is_none() {
+            let loss = mean_loss(batches, n, |b| strategy.eval_loss(b))?;
+            return Ok(Eval {
+                loss,
+                examples: n * b,
+                ..Eval::default()
+            });
+        }
+        // the next-sentence head's predictions, scored as a classifier's
+        let mut pairs = Vec::with_capacity(n * b);
+        let loss = mean_loss(batches, n, |batch| {
+            let (loss, logits) = strategy.eval_outputs(batch)?;
+            pairs.extend(predicted(&logits, &batch.seq_targets, 2));
+            Ok(loss)
+        })?;
+        let s = Scores::of(&pairs, 2, loss);
         Ok(Eval {
             loss,
+            accuracy: Some(s.accuracy),
+            f1: Some(s.f1),
             examples: n * b,
-            ..Eval::default()
         })
     }
 
@@ -191,8 +328,11 @@ impl<B: Backend> Task<B> for MlmTask<'_> {
     }
 
     fn model_files(&self) -> &'static str {
-        match self.data.tokenizer {
-            Tokenizer::WordPiece(_) => {
+        match (&self.data.tokenizer, self.model.head) {
+            (Tokenizer::WordPiece(_), BertHead::Pretrain) => {
+                "a Hugging Face BertForPreTraining folder: config.json, model.safetensors, vocab.txt and the tokenizer's files"
+            }
+            (Tokenizer::WordPiece(_), _) => {
                 "a Hugging Face BertForMaskedLM folder: config.json, model.safetensors, vocab.txt and the tokenizer's files"
             }
             _ => "a Hugging Face BertForMaskedLM folder: config.json, model.safetensors (characters: no vocab.txt)",
@@ -241,7 +381,7 @@ pub fn evaluate_folder<B: Backend + 'static>(
     let (meta, params) = crate::checkpoint::read_model(dir)?;
     let vocab = mlm_vocab(&data.tokenizer);
     let model = match meta.config.get::<BertConfig>() {
-        Some(m) if m.head == BertHead::Mlm && m.vocab_size == vocab => m.clone(),
+        Some(m) if m.head.has_mlm() && m.vocab_size == vocab => m.clone(),
         _ => {
             return Err(Error::Input(format!(
                 "{} is a {}, not a masked LM over {}'s {} ({vocab} ids with [MASK])",
@@ -268,8 +408,14 @@ pub fn evaluate_folder<B: Backend + 'static>(
 }
 
 /// BERT's masking of a batch of token windows: `mask` is the id of
-/// `[MASK]`, `vocab` the ids a random replacement is drawn from.
-pub fn mask_tokens(tokens: &[u32], mask: u32, vocab: usize, rng: &mut Rng) -> Batch {
+/// `[MASK]` and how many ids a random replacement is drawn from; tokens
+/// in `fixed` (`[CLS]`, `[SEP]`) are never picked.
+pub fn mask_tokens(
+    tokens: &[u32],
+    fixed: &[u32],
+    (mask, vocab): (u32, usize),
+    rng: &mut Rng,
+) -> Batch {
     let mut inputs = tokens.to_vec();
     let mut targets = vec![IGNORE; tokens.len()];
     let mut pick = |i: usize, rng: &mut Rng| {
@@ -281,8 +427,11 @@ pub fn mask_tokens(tokens: &[u32], mask: u32, vocab: usize, rng: &mut Rng) -> Ba
             _ => tok,
         };
     };
+    let open: Vec<usize> = (0..tokens.len())
+        .filter(|&i| !fixed.contains(&tokens[i]))
+        .collect();
     let mut picked = 0;
-    for i in 0..tokens.len() {
+    for &i in &open {
         if rng.below(100) < MASKED_PERCENT {
             pick(i, rng);
             picked += 1;
@@ -290,8 +439,8 @@ pub fn mask_tokens(tokens: &[u32], mask: u32, vocab: usize, rng: &mut Rng) -> Ba
     }
     // a batch with nothing to predict would have no loss (0 / 0): one
     // position, drawn like the rest, is predicted
-    if picked == 0 && !tokens.is_empty() {
-        let i = rng.below(tokens.len());
+    if picked == 0 && !open.is_empty() {
+        let i = open[rng.below(open.len())];
         pick(i, rng);
     }
     Batch {
@@ -324,7 +473,7 @@ mod tests {
     fn masking_picks_15_percent_and_splits_them_80_10_10() {
         let vocab = 60;
         let tokens: Vec<u32> = (0..400_000).map(|i| (i * 7 % vocab) as u32).collect();
-        let b = mask_tokens(&tokens, vocab as u32, vocab, &mut Rng::new(1));
+        let b = mask_tokens(&tokens, &[], (vocab as u32, vocab), &mut Rng::new(1));
         assert!((0..tokens.len()).all(|i| b.targets[i] == IGNORE || b.targets[i] == tokens[i]));
         assert!((0..tokens.len()).all(|i| b.targets[i] != IGNORE || b.inputs[i] == tokens[i]));
         let picked: Vec<usize> = (0..tokens.len())
@@ -350,6 +499,65 @@ mod tests {
         assert!(seen[..vocab].iter().all(|&c| c > 0), "{seen:?}");
     }
 
+    /// Pretraining's pairs: `[CLS] A [SEP] B [SEP]` with token types 0
+    /// then 1 and no padding; label 0 where B is the window's next tokens,
+    /// 1 where B is a run of the split from elsewhere (drawn: not the
+    /// continuation), half each; the cut drawn over every place; `[CLS]`
+    /// and `[SEP]` never masked, every other position as before.
+    #[test]
+    fn pairs_are_cls_a_sep_b_sep_half_of_them_continuations() {
+        let (cls, sep, t) = (9000u32, 9001u32, 12usize);
+        // a split of distinct tokens, so that where B came from is plain
+        let split = Split {
+            parts: vec![crate::data::Part::Memory((0..5000).collect())],
+        };
+        let p = Pairs {
+            split: &split,
+            cls,
+            sep,
+        };
+        let mut rng = Rng::new(3);
+        let (b, mut labels, mut cuts) = (2000, [0usize; 2], vec![0usize; t]);
+        let windows: Vec<u32> = (0..b as u32)
+            .flat_map(|i| (0..t as u32).map(move |j| i * 2 + j))
+            .collect();
+        let (inputs, types, nsp) = p.cut(&windows, t, &mut rng);
+        assert_eq!((inputs.len(), types.len(), nsp.len()), (b * t, b * t, b));
+        for (i, ((x, ty), &label)) in inputs.chunks(t).zip(types.chunks(t)).zip(&nsp).enumerate() {
+            let w = &windows[i * t..(i + 1) * t];
+            let seps: Vec<usize> = (0..t).filter(|&j| x[j] == sep).collect();
+            assert_eq!((x[0], seps.len(), seps[1]), (cls, 2, t - 1), "{x:?}");
+            let k = seps[0] - 1;
+            cuts[k] += 1;
+            assert_eq!(&x[1..=k], &w[..k], "A is the window's start");
+            assert!(ty[..=k + 1].iter().all(|&y| y == 0) && ty[k + 2..].iter().all(|&y| y == 1));
+            let second = &x[k + 2..t - 1];
+            assert!(
+                second.windows(2).all(|p| p[1] == p[0] + 1),
+                "B is a run: {second:?}"
+            );
+            match label {
+                0 => assert_eq!(second, &w[k..t - 3], "label 0: B follows A"),
+                _ => assert_ne!(second[0], w[k], "label 1: B drawn elsewhere"),
+            }
+            labels[label as usize] += 1;
+        }
+        binomial("continuations", labels[0], b, 0.5);
+        // every cut from 1 to t - 4 tokens of A is drawn
+        assert!(
+            cuts[1..t - 3].iter().all(|&c| c > 0) && cuts[0] == 0,
+            "{cuts:?}"
+        );
+        let masked = mask_tokens(&inputs, &[cls, sep], (9002, 5000), &mut rng);
+        for (j, &x) in inputs.iter().enumerate() {
+            if x == cls || x == sep {
+                assert_eq!((masked.targets[j], masked.inputs[j]), (IGNORE, x));
+            }
+        }
+        let open = inputs.iter().filter(|&&x| x != cls && x != sep).count();
+        binomial("picked", masked.loss_terms().targets as usize, open, 0.15);
+    }
+
     /// A batch too short to be sure of a masked position still has one
     /// (else its loss is 0 / 0), drawn like the rest; longer batches are
     /// masked as before.
@@ -358,7 +566,7 @@ mod tests {
         let mut shown = [0usize; 3];
         for seed in 0..3000 {
             let tokens = [3u32, 1, 4, 1];
-            let b = mask_tokens(&tokens, 60, 60, &mut Rng::new(seed));
+            let b = mask_tokens(&tokens, &[], (60, 60), &mut Rng::new(seed));
             let picked: Vec<usize> = (0..4).filter(|&i| b.targets[i] != IGNORE).collect();
             assert!(!picked.is_empty(), "seed {seed}: nothing to predict");
             for i in picked {

@@ -67,7 +67,7 @@ pub struct TaskSpec {
 const NOT_A_GENERATOR: &str = "is for GPT-2 language models (an encoder does not generate)";
 
 /// Every task `train --task` offers.
-pub const TASKS: [TaskSpec; 3] = [
+pub const TASKS: [TaskSpec; 4] = [
     TaskSpec {
         kind: TaskKind::Lm,
         trains: "a causal language model (GPT-2, or any family registered as one)",
@@ -101,14 +101,7 @@ pub const TASKS: [TaskSpec; 3] = [
                 "is for --task classify (a sample of a labelled set's training examples)",
             ),
         ],
-        defaults: TaskDefaults {
-            lr: Some(1e-3),
-            beta2: None,
-            weight_decay: None,
-            epochs: None,
-            eval_every: None,
-            seq_len: Some(MLM_SEQ_LEN),
-        },
+        defaults: MASKED_DEFAULTS,
         run_name: None,
         build: build_mlm,
     },
@@ -139,7 +132,36 @@ pub const TASKS: [TaskSpec; 3] = [
         run_name: Some("classify"),
         build: build_classify,
     },
+    TaskSpec {
+        kind: TaskKind::Pretrain,
+        trains: "a BERT with masked-LM and next-sentence heads",
+        refuses: &[
+            ("sample_every", NOT_A_GENERATOR),
+            ("sample_tokens", NOT_A_GENERATOR),
+            (
+                "tokenizer",
+                "is for GPT-2 language models: --task pretrain tokenizes with its --init-from folder's vocab.txt or a shard folder's (`data prepare --tokenizer wordpiece`)",
+            ),
+            (
+                "train_examples",
+                "is for --task classify (a sample of a labelled set's training examples)",
+            ),
+        ],
+        defaults: MASKED_DEFAULTS,
+        run_name: None,
+        build: build_pretrain,
+    },
 ];
+
+/// The defaults of a masked LM and of BERT's pretraining.
+const MASKED_DEFAULTS: TaskDefaults = TaskDefaults {
+    lr: Some(1e-3),
+    beta2: None,
+    weight_decay: None,
+    epochs: None,
+    eval_every: None,
+    seq_len: Some(MLM_SEQ_LEN),
+};
 
 /// A masked LM's sequence length when none is given.
 const MLM_SEQ_LEN: usize = 128;
@@ -189,10 +211,34 @@ pub fn causal_lm(model: &ModelConfig) -> bool {
 /// scratch on shards prepared with a WordPiece vocabulary or a plain text's
 /// characters.
 fn build_mlm(i: &TaskInputs<'_>) -> Result<(TaskData, usize)> {
+    build_masked(i, BertHead::Mlm)
+}
+
+/// BERT's pretraining (masked LM and next-sentence prediction) as
+/// [`build_mlm`], on WordPiece tokens only.
+fn build_pretrain(i: &TaskInputs<'_>) -> Result<(TaskData, usize)> {
+    let (data, seq) = build_masked(i, BertHead::Pretrain)?;
+    if seq < PAIR_SEQ_LEN {
+        return Err(Error::Config(format!(
+            "--seq-len {seq}: --task pretrain needs at least {PAIR_SEQ_LEN} positions ([CLS] A [SEP] B [SEP], each segment a token or more)"
+        )));
+    }
+    Ok((data, seq))
+}
+
+/// The shortest sequence a sentence pair fits in.
+const PAIR_SEQ_LEN: usize = 5;
+
+/// A masked LM (`head` Mlm) or BERT's pretraining (Pretrain).
+fn build_masked(i: &TaskInputs<'_>, head: BertHead) -> Result<(TaskData, usize)> {
     let seq = i.seq_len.unwrap_or(MLM_SEQ_LEN);
+    let task = match head {
+        BertHead::Pretrain => TaskKind::Pretrain,
+        _ => TaskKind::Mlm,
+    };
     if let Some(dir) = i.init_from {
         let (model, _, wp, _) =
-            super::classify::pretrained_bert(dir, BertHead::Mlm, i.seed, "mlm")?;
+            super::classify::pretrained_bert(dir, head, i.seed, &task.to_string())?;
         if seq > model.block_size {
             return Err(Error::Config(format!(
                 "--seq-len {seq}: {} has {} positions",
@@ -205,12 +251,16 @@ fn build_mlm(i: &TaskInputs<'_>) -> Result<(TaskData, usize)> {
     }
     let Some(shape) = (i.model)(None)?.get::<BertConfig>().cloned() else {
         return Err(Error::Config(format!(
-            "--task mlm trains {}: choose --model bert-tiny, bert-minilm or bert-base, or --init-from a BERT folder",
-            TaskKind::Mlm.spec().trains
+            "--task {task} trains {}: choose --model bert-tiny, bert-minilm or bert-base, or --init-from a BERT folder",
+            task.spec().trains
         )));
     };
     let ds = Dataset::load(i.data, TokenizerKind::Char)?;
-    let model = MlmTask::new(&shape, &ds, seq).model;
+    let mlm = MlmTask::new(&shape, &ds, seq);
+    let model = match head {
+        BertHead::Pretrain => mlm.pretraining()?.model,
+        _ => mlm.model,
+    };
     Ok((TaskData::Mlm { model, ds }, seq))
 }
 
@@ -308,7 +358,10 @@ impl TaskData {
     pub fn kind(&self) -> TaskKind {
         match self {
             TaskData::Lm { .. } => TaskKind::Lm,
-            TaskData::Mlm { .. } => TaskKind::Mlm,
+            TaskData::Mlm { model, .. } => match model.head {
+                BertHead::Pretrain => TaskKind::Pretrain,
+                _ => TaskKind::Mlm,
+            },
             TaskData::Classify(_) => TaskKind::Classify,
         }
     }
@@ -359,9 +412,12 @@ impl TaskData {
                     cfg.seed,
                 )?)
             }
-            TaskKind::Mlm => {
+            TaskKind::Mlm | TaskKind::Pretrain => {
                 let Some(bert) = record.model.get::<BertConfig>() else {
-                    return Err(bad(format!("names a --task mlm run of a {}", record.model)));
+                    return Err(bad(format!(
+                        "names a --task {} run of a {}",
+                        record.task, record.model
+                    )));
                 };
                 // a WordPiece vocabulary is kept in the run's checkpoints
                 let ckpt = crate::checkpoint::state::latest(run_dir)?;
@@ -394,7 +450,12 @@ mod tests {
 
     #[test]
     fn every_task_has_one_spec_and_defaults_apply_only_where_no_flag_was_given() {
-        for kind in [TaskKind::Lm, TaskKind::Mlm, TaskKind::Classify] {
+        for kind in [
+            TaskKind::Lm,
+            TaskKind::Mlm,
+            TaskKind::Classify,
+            TaskKind::Pretrain,
+        ] {
             assert_eq!(kind.spec().kind, kind);
         }
         let classify = TaskKind::Classify.spec();

@@ -28,13 +28,17 @@ pub enum TaskKind {
     Mlm,
     /// A BERT sequence classifier.
     Classify,
+    /// A BERT pretrained as `BertForPreTraining`: masked-LM and
+    /// next-sentence prediction on WordPiece tokens.
+    Pretrain,
 }
 
 crate::display_as_flag!(TaskKind);
 
 /// An evaluation's figures: the loss (a language model's next-token loss,
-/// the masked-token loss, the classifier's) and, for a classifier, its
-/// accuracy and F1 over `examples` examples.
+/// the masked-token loss, the classifier's, pretraining's masked-LM plus
+/// next-sentence) and, for a classifier, its accuracy and F1 over
+/// `examples` examples (for pretraining, the next-sentence head's).
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
 pub struct Eval {
     pub loss: f32,
