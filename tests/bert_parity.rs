@@ -341,3 +341,89 @@ fn pairs_encode_as_the_hugging_face_tokenizer_encodes_them() {
     // most cases are cut, from either side
     assert!(cut * 2 > cases.len(), "{cut} of {} cut", cases.len());
 }
+
+/// The exported folders' texts: single sentences and pairs, in the loader
+/// fixture's vocabulary (words it lacks are [UNK]).
+const EXPORT_TEXTS: [(&str, Option<&str>); 3] = [
+    ("WIN free money now!!!", None),
+    ("Re: meeting at noon", Some("see you at the cafe")),
+    ("Call me", Some("thanks for the notes, see you tomorrow")),
+];
+
+/// The folders distgpt exports for each head, whose outputs transformers
+/// gives in tests/fixtures/bert_export (from `write_bert_export_fixture`
+/// and scripts/check_bert_export.py).
+const EXPORT_HEADS: [(&str, BertHead); 3] = [
+    ("cls", BertHead::Classify { labels: 2 }),
+    ("mlm", BertHead::Mlm),
+    ("pretrain", BertHead::Pretrain),
+];
+
+/// Writes tests/fixtures/bert_export/{cls,mlm,pretrain}/ with distgpt's
+/// exporter: the loader fixture's encoder (and vocabulary) under each head,
+/// every weight moved off its initialisation. Run by hand, then
+/// `python scripts/check_bert_export.py`.
+#[test]
+#[ignore]
+fn write_bert_export_fixture() {
+    let src = fixtures().join("bert_tiny/loader/model");
+    let vocab = std::fs::read_to_string(src.join("vocab.txt")).unwrap();
+    let (cfg, params) = hf::load_folder(&src, None, 0).unwrap();
+    for (name, head) in EXPORT_HEADS {
+        let (cfg, mut p) = distgpt::model::bert::with_head(&cfg, &params, head, 7);
+        let v = cfg.vocab_size * cfg.n_embd;
+        let lay = distgpt::model::bert::layout::layout(&cfg, 1);
+        let word = lay
+            .tensor("bert.embeddings.word_embeddings.weight")
+            .unwrap()
+            .range();
+        for (i, x) in p.iter_mut().enumerate() {
+            // the padded vocabulary rows stay zero, as an export has them
+            let padding = word.contains(&i) && i - word.start >= v;
+            if !padding {
+                *x += 0.05 * (i as f32 * 0.37).sin();
+            }
+        }
+        let bias = lay.tensor("cls.predictions.bias").map(|t| t.range());
+        if let Some(r) = bias {
+            p[r.start + cfg.vocab_size..r.end].fill(0.0);
+        }
+        let out = fixtures().join("bert_export").join(name);
+        hf::write_folder(&cfg, &p, Some(&vocab), &out).unwrap();
+    }
+}
+
+/// What distgpt exports for each head, read by `transformers` with
+/// `AutoTokenizer` and the head's `Auto*` class (scripts/check_bert_export.py
+/// wrote what they gave): the same ids for single texts and pairs, and the
+/// same logits (the classifier's, the masked LM's, the next-sentence
+/// head's) from distgpt's engine on the exported folder.
+#[test]
+fn exported_folders_give_transformers_auto_classes_the_same_ids_and_outputs() {
+    for (name, head) in EXPORT_HEADS {
+        let dir = fixtures().join("bert_export").join(name);
+        let reference = Reference::load(&dir.join("transformers.safetensors"));
+        let (batch, b, t) = reference.batch();
+        let wp = WordPiece::from_vocab_file(&dir.join("vocab.txt")).unwrap();
+        for (i, (text, pair)) in EXPORT_TEXTS.iter().enumerate() {
+            let (ids, types) = wp.encode_pair(text, *pair, t);
+            let n = batch.lens[i] as usize;
+            assert_eq!(
+                ids,
+                batch.inputs[i * t..i * t + n],
+                "{name}: ids of {text:?}"
+            );
+            assert_eq!(
+                types,
+                batch.types[i * t..i * t + n],
+                "{name}: types of {text:?}"
+            );
+        }
+        let mut m = model(&dir, None);
+        assert_eq!(m.engine.config.head, head);
+        m.run_forward(&batch, (b, t), LossTerms::of(1), None)
+            .unwrap();
+        let err = max_err(&m.engine.logits().unwrap(), &reference.tensor("logits").1);
+        assert!(err <= 1e-4, "{name}: logits max abs error {err}");
+    }
+}
