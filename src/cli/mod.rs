@@ -118,8 +118,8 @@ enum Command {
 #[command(next_help_heading = "Model")]
 pub struct ModelArgs {
     /// Model preset: gpt2, gpt2-medium, gpt2-large, gpt2-xl, shakespeare-char, shakespeare-char-small, tiny;
-    /// BERT's for `train --task mlm|classify`, `bench` and `plan`: bert-minilm, bert-minilm-mlm, bert-base,
-    /// bert-base-mlm, bert-tiny; or a GPT-2 model folder (a run, a checkpoint, `prune`'s output) for its
+    /// BERT's for `train --task mlm|pretrain|classify`, `bench` and `plan`: bert-minilm, bert-minilm-mlm, bert-base,
+    /// bert-base-mlm, bert-base-pretrain, bert-tiny; or a GPT-2 model folder (a run, a checkpoint, `prune`'s output) for its
     /// shape, per-block widths included.
     #[arg(long, default_value = "shakespeare-char-small")]
     model: String,

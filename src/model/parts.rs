@@ -252,8 +252,10 @@ mod tests {
         }
         let classify = ModelConfig::preset("bert-tiny").unwrap();
         parts_match_one_engine(classify, (4, 16), 2);
-        let mut mlm = BertConfig::preset("bert-tiny").unwrap();
-        mlm.head = BertHead::Mlm;
-        parts_match_one_engine(ModelConfig::from(mlm), (3, 16), 2);
+        for head in [BertHead::Mlm, BertHead::Pretrain] {
+            let mut bert = BertConfig::preset("bert-tiny").unwrap();
+            bert.head = head;
+            parts_match_one_engine(ModelConfig::from(bert), (3, 16), 2);
+        }
     }
 }
