@@ -68,9 +68,21 @@ struct PooledActs<B: Backend> {
 
 /// The head's activations: the masked-LM head's, the pooler's, or both
 /// (`BertForPreTraining`).
-struct HeadActs<B: Backend> {
-    mlm: Option<MlmActs<B>>,
-    pooled: Option<PooledActs<B>>,
+enum HeadActs<B: Backend> {
+    Mlm(MlmActs<B>),
+    Classify(PooledActs<B>),
+    Pretrain(MlmActs<B>, PooledActs<B>),
+}
+
+impl<B: Backend> HeadActs<B> {
+    /// The masked-LM head's and the pooler's activations, where the head has them.
+    fn parts(&mut self) -> (Option<&mut MlmActs<B>>, Option<&mut PooledActs<B>>) {
+        match self {
+            HeadActs::Mlm(m) => (Some(m), None),
+            HeadActs::Classify(p) => (None, Some(p)),
+            HeadActs::Pretrain(m, p) => (Some(m), Some(p)),
+        }
+    }
 }
 
 /// Activations of one batch of `rows` = B*T tokens (`b` sequences); the
@@ -177,37 +189,38 @@ impl<B: Backend> Acts<B> {
         // the head's buffers only where the head runs
         let h = usize::from(span.head);
         let (rows_h, b_h) = (h * rows, h * b);
-        let head = HeadActs {
-            mlm: match cfg.head.has_mlm() {
-                true => Some(MlmActs {
-                    picked: al.typed(rows_h, Category::Activations)?,
-                    targets: al.typed(rows_h, Category::Activations)?,
-                    picked_x: a(rows_h * c)?,
-                    zero_row: a(h * c)?,
-                    scratch_row: a(h * c)?,
-                    t1: a(rows_h * c)?,
-                    t2: a(rows_h * c)?,
-                    t3: a(rows_h * c)?,
-                    mean: a(rows_h)?,
-                    rstd: a(rows_h)?,
-                    logits: a(rows_h * cfg.padded_vocab())?,
-                    losses: a(rows_h)?,
-                }),
-                false => None,
-            },
-            pooled: match cfg.head.pooled_labels() {
-                Some(labels) => Some(PooledActs {
-                    labels: al.typed(b_h, Category::Activations)?,
-                    cls: a(b_h * c)?,
-                    pre: a(b_h * c)?,
-                    pooled: a(b_h * c)?,
-                    logits: a(b_h * labels)?,
-                    losses: a(b_h)?,
-                    dcls: a(b_h * c)?,
-                    dpooled: a(b_h * c)?,
-                }),
-                None => None,
-            },
+        let mlm = || -> Result<MlmActs<B>> {
+            Ok(MlmActs {
+                picked: al.typed(rows_h, Category::Activations)?,
+                targets: al.typed(rows_h, Category::Activations)?,
+                picked_x: a(rows_h * c)?,
+                zero_row: a(h * c)?,
+                scratch_row: a(h * c)?,
+                t1: a(rows_h * c)?,
+                t2: a(rows_h * c)?,
+                t3: a(rows_h * c)?,
+                mean: a(rows_h)?,
+                rstd: a(rows_h)?,
+                logits: a(rows_h * cfg.padded_vocab())?,
+                losses: a(rows_h)?,
+            })
+        };
+        let pooled = |labels: usize| -> Result<PooledActs<B>> {
+            Ok(PooledActs {
+                labels: al.typed(b_h, Category::Activations)?,
+                cls: a(b_h * c)?,
+                pre: a(b_h * c)?,
+                pooled: a(b_h * c)?,
+                logits: a(b_h * labels)?,
+                losses: a(b_h)?,
+                dcls: a(b_h * c)?,
+                dpooled: a(b_h * c)?,
+            })
+        };
+        let head = match cfg.head {
+            BertHead::Mlm => HeadActs::Mlm(mlm()?),
+            BertHead::Classify { labels } => HeadActs::Classify(pooled(labels)?),
+            BertHead::Pretrain => HeadActs::Pretrain(mlm()?, pooled(2)?),
         };
         Ok(Acts {
             rows,
@@ -401,17 +414,11 @@ impl<B: Backend> Engine<B> {
     /// pretraining's (the masked-LM head alone has no pooler).
     pub fn pooled(&self) -> Result<Vec<f32>> {
         let (b, _) = self.shape();
-        match &self
-            .acts
-            .as_ref()
-            .expect("forward before pooled")
-            .head
-            .pooled
-        {
-            Some(h) => self
+        match &self.acts.as_ref().expect("forward before pooled").head {
+            HeadActs::Classify(h) | HeadActs::Pretrain(_, h) => self
                 .backend
                 .to_host(h.pooled.slice(0..b * self.config.n_embd)),
-            None => Err(Error::Input("the masked-LM head has no pooler".into())),
+            HeadActs::Mlm(_) => Err(Error::Input("the masked-LM head has no pooler".into())),
         }
     }
 
@@ -423,8 +430,8 @@ impl<B: Backend> Engine<B> {
     pub fn logits(&self) -> Result<Vec<f32>> {
         let (b, t) = self.shape();
         let a = self.acts.as_ref().expect("forward before logits");
-        match (&a.head.pooled, &a.head.mlm) {
-            (Some(h), _) => {
+        match &a.head {
+            HeadActs::Classify(h) | HeadActs::Pretrain(_, h) => {
                 let labels = self
                     .config
                     .head
@@ -432,14 +439,13 @@ impl<B: Backend> Engine<B> {
                     .expect("a pooler has labels");
                 self.backend.to_host(h.logits.slice(0..b * labels))
             }
-            (None, Some(m)) => {
+            HeadActs::Mlm(m) => {
                 let (v, vp) = (self.config.vocab_size, self.config.padded_vocab());
                 let picked = self.shape.as_ref().and_then(|s| s.picked.as_ref());
                 let rows = picked.map_or(b * t, Vec::len);
                 let all = self.backend.to_host(m.logits.slice(0..rows * vp))?;
                 Ok(all.chunks(vp).flat_map(|r| r[..v].to_vec()).collect())
             }
-            (None, None) => unreachable!("every head has the masked-LM head or a pooler"),
         }
     }
 
@@ -971,7 +977,8 @@ impl<B: Backend> Engine<B> {
         let shape = self.shape.as_ref().expect("begun");
         let (has_targets, terms) = (shape.has_targets, shape.loss_terms);
         let mut loss = 0.0f64;
-        if let Some(m) = &mut a.head.mlm {
+        let (mlm, pooled) = a.head.parts();
+        if let Some(m) = mlm {
             let vp = cfg.padded_vocab();
             let word = word.expect("the masked-LM head reads the word embeddings");
             // the rows with a target (gathered: an embedding lookup of the
@@ -1043,7 +1050,7 @@ impl<B: Backend> Engine<B> {
                 loss += be.sum(m.losses.slice(0..n))? / terms.targets as f64;
             }
         }
-        if let Some(h) = &mut a.head.pooled {
+        if let Some(h) = pooled {
             let labels = cfg.head.pooled_labels().expect("a pooler has labels");
             let i = pooler_index(cfg.head);
             gather_first(be, h.cls.d(), x, (b, t, c));
@@ -1123,7 +1130,8 @@ impl<B: Backend> Engine<B> {
         let a = self.acts.as_mut().expect("begun");
         let x = a.resid.s().part(self.span.resid(n_layer), btc);
         let mut g = g;
-        if let Some(m) = &mut a.head.mlm {
+        let (mlm, pooled) = a.head.parts();
+        if let Some(m) = mlm {
             let vp = cfg.padded_vocab();
             let chosen = shape.picked.as_deref();
             let (n, x) = match chosen {
@@ -1218,7 +1226,7 @@ impl<B: Backend> Engine<B> {
                 });
             }
         }
-        if let Some(h) = &mut a.head.pooled {
+        if let Some(h) = pooled {
             let labels = cfg.head.pooled_labels().expect("a pooler has labels");
             let i = pooler_index(cfg.head);
             let mut lg = h.logits.slice_mut(0..b * labels);
@@ -1268,8 +1276,8 @@ impl<B: Backend> Engine<B> {
             );
             // the first-token rows' gradient: alone, or added to the
             // masked-LM head's
+            let beside_mlm = cfg.head.has_mlm();
             let mut dres = a.dres.slice_mut(0..btc);
-            let beside_mlm = a.head.mlm.is_some();
             if !beside_mlm {
                 be.fill(dres.rb(), 0.0);
             }
@@ -1325,7 +1333,8 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
         be.upload(a.tokens.slice_mut(0..rows), &batch.inputs)?;
         let mut picked = None;
         if self.span.head && !batch.targets.is_empty() {
-            if let Some(m) = &mut a.head.mlm {
+            let (mlm, pooled) = a.head.parts();
+            if let Some(m) = mlm {
                 let mut chosen: Vec<u32> = (0..rows as u32)
                     .filter(|&r| batch.targets[r as usize] != IGNORE)
                     .collect();
@@ -1338,7 +1347,7 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
                 be.fill(m.zero_row.d(), 0.0);
                 picked = Some(chosen);
             }
-            if let Some(h) = &mut a.head.pooled {
+            if let Some(h) = pooled {
                 let labels = match self.config.head {
                     BertHead::Pretrain => &batch.seq_targets,
                     _ => &batch.targets,
