@@ -214,18 +214,66 @@ pub fn stage_sizes(lay: &ParamLayout, stages: &[Range<usize>], s: usize, n: usiz
     Pieces::new(lay, &StageMap::of(lay, stages, s), n).sizes()
 }
 
-/// Where the parameters live.
+/// The parameters on the device.
 enum Params<B: Backend> {
     /// Replicated, zero1, zero2: the whole stage on every replica.
     Whole(Buf<B>),
-    /// fsdp: this rank's shard (none on the device under `--offload
-    /// params`: the host's master copy is the shard), the gather buffers
-    /// and which piece each holds.
-    Sharded {
-        shard: Option<Buf<B>>,
-        gathered: Vec<Buf<B>>,
-        held: Vec<Option<usize>>,
-    },
+    /// fsdp: this rank's shard and the gather buffers.
+    Sharded(Buf<B>, Gathered<B>),
+}
+
+/// fsdp's gather buffers and which piece each holds.
+struct Gathered<B: Backend> {
+    bufs: Vec<Buf<B>>,
+    held: Vec<Option<usize>>,
+}
+
+impl<B: Backend> Gathered<B> {
+    /// Forgets what the buffers hold (the parameters changed).
+    fn forget(&mut self) {
+        self.held.iter_mut().for_each(|h| *h = None);
+    }
+}
+
+/// The parameters and where their update runs. Each variant's optimizer
+/// comes first, so that it drops first: under offload it waits out the
+/// copies still reading the device buffers.
+enum Home<B: Backend> {
+    /// The parameters (whole, or fsdp's shard) on the device, updated
+    /// there or on the host (`--offload`).
+    Device(Optimizer<B>, Params<B>),
+    /// fsdp `--offload params`: the shard is the host's master copy, the
+    /// device keeps the gather buffers alone.
+    Host(HostState, Gathered<B>),
+}
+
+impl<B: Backend> Home<B> {
+    /// The host's state, under offload.
+    fn host(&mut self) -> Option<&mut HostState> {
+        match self {
+            Home::Device(Optimizer::Host(h), _) | Home::Host(h, _) => Some(h),
+            Home::Device(Optimizer::Device(_), _) => None,
+        }
+    }
+
+    /// fsdp's gather buffers.
+    fn gathered(&mut self) -> Option<&mut Gathered<B>> {
+        match self {
+            Home::Device(_, Params::Sharded(_, g)) | Home::Host(_, g) => Some(g),
+            Home::Device(_, Params::Whole(_)) => None,
+        }
+    }
+
+    /// Range r of piece k's parameters: in the whole stage, or in the
+    /// buffer it is gathered in.
+    fn at(&self, pc: &Pieces, k: usize, r: Range<usize>) -> crate::backend::Src<'_, B> {
+        match self {
+            Home::Device(_, Params::Whole(p)) => p.slice(pc.buf(k)).slice(r),
+            Home::Device(_, Params::Sharded(_, g)) | Home::Host(_, g) => {
+                g.bufs[pc.slot_of[k]].slice(r)
+            }
+        }
+    }
 }
 
 /// Where a rank's offloaded state goes (`--offload`): the host that holds
@@ -274,12 +322,11 @@ const BODY: usize = 0;
 const HEAD: usize = 1;
 
 pub struct StageState<B: Backend> {
-    // First, so it drops first: under offload it waits out the copies
-    // still reading the device buffers below.
-    opt: Optimizer<B>,
+    // First, so it drops first: under offload its optimizer waits out the
+    // copies still reading the device buffers below.
+    home: Home<B>,
     sharing: Sharing,
     pieces: Pieces,
-    params: Params<B>,
     grad: Gradient<B>,
     scratch: Vec<Buf<B>>,
     rs_out: Option<Buf<B>>,
@@ -319,6 +366,7 @@ impl<B: Backend> StageState<B> {
             }
             None => Optimizer::Device(AdamW::new(be, opt_len, adamw)?),
         };
+        let host_shard = sharing == Sharing::Fsdp && offload.is_some_and(|o| o.params);
         let mut final_after = vec![0; pieces.layout.len()];
         for u in map.units.clone() {
             final_after[pieces.piece(u)] += 1;
@@ -326,19 +374,23 @@ impl<B: Backend> StageState<B> {
                 final_after[t] += 1;
             }
         }
-        let params = match sharing {
-            Sharing::Fsdp => Params::Sharded {
-                shard: (!offload.is_some_and(|o| o.params))
-                    .then(|| be.alloc(z.shard, Category::Params))
-                    .transpose()?,
-                gathered: pieces
+        let gathered = || -> Result<Gathered<B>> {
+            Ok(Gathered {
+                bufs: pieces
                     .slots
                     .iter()
                     .map(|&n| be.alloc(n, Category::Params))
                     .collect::<Result<_>>()?,
                 held: vec![None; pieces.slots.len()],
-            },
-            _ => Params::Whole(be.alloc(z.len, Category::Params)?),
+            })
+        };
+        let home = match (opt, sharing) {
+            (Optimizer::Host(h), Sharing::Fsdp) if host_shard => Home::Host(h, gathered()?),
+            (opt, Sharing::Fsdp) => Home::Device(
+                opt,
+                Params::Sharded(be.alloc(z.shard, Category::Params)?, gathered()?),
+            ),
+            (opt, _) => Home::Device(opt, Params::Whole(be.alloc(z.len, Category::Params)?)),
         };
         let grad = match sharing {
             Sharing::Replicated | Sharing::Zero1 => {
@@ -357,14 +409,13 @@ impl<B: Backend> StageState<B> {
             rs_out: sharded
                 .then(|| be.alloc(z.max_shard, Category::Other))
                 .transpose()?,
-            opt,
+            home,
             sharing,
             received: vec![0; final_after.len()],
             final_after,
             micro_batches: 0,
             tied_across: None,
             pieces,
-            params,
             grad,
             scratch,
         })
@@ -383,7 +434,7 @@ impl<B: Backend> StageState<B> {
 
     /// Zeroes the gradient accumulators before a step of `micro_batches`.
     pub fn begin_step(&mut self, be: &B, micro_batches: usize) {
-        if let Optimizer::Host(h) = &mut self.opt {
+        if let Some(h) = self.home.host() {
             h.forget_early();
         }
         be.fill(self.grad.buf_mut().d(), 0.0);
@@ -418,9 +469,9 @@ impl<B: Backend> StageState<B> {
             false => at,
         };
         let g = self.grad.buf();
-        match &mut self.opt {
-            Optimizer::Host(h) => h.download_early(be, owned..owned + len, g.slice(at..at + len)),
-            Optimizer::Device(_) => Ok(()),
+        match self.home.host() {
+            Some(h) => h.download_early(be, owned..owned + len, g.slice(at..at + len)),
+            None => Ok(()),
         }
     }
 
@@ -435,39 +486,28 @@ impl<B: Backend> StageState<B> {
     }
 
     fn fetch(&mut self, dp: &dyn Comm, be: &B, k: usize) -> Result<()> {
-        let Params::Sharded {
-            shard,
-            gathered,
-            held,
-        } = &mut self.params
-        else {
-            return Ok(());
+        let (u, slot) = (&self.pieces.shards, self.pieces.slot_of[k]);
+        let (mine, gathered) = match &mut self.home {
+            Home::Device(_, Params::Whole(_)) => return Ok(()),
+            Home::Device(_, Params::Sharded(_, g)) | Home::Host(_, g) if g.held[slot] == Some(k) => {
+                return Ok(())
+            }
+            Home::Device(_, Params::Sharded(shard, g)) => (shard.slice(u.shard_of(k)), g),
+            Home::Host(h, g) => {
+                // the shard is on the host: up into the staging buffer first
+                let stage = self.rs_out.as_mut().expect("sharded");
+                h.upload(be, u.shard_of(k), stage.slice_mut(0..u.shard_len[k]))?;
+                (stage.slice(0..u.shard_len[k]), g)
+            }
         };
-        let slot = self.pieces.slot_of[k];
-        if held[slot] != Some(k) {
-            let u = &self.pieces.shards;
-            let mine = match (shard, &self.opt) {
-                (Some(shard), _) => shard.slice(u.shard_of(k)),
-                (None, Optimizer::Host(h)) => {
-                    // the shard is on the host: up into the staging buffer first
-                    let stage = self.rs_out.as_mut().expect("sharded");
-                    h.upload(be, u.shard_of(k), stage.slice_mut(0..u.shard_len[k]))?;
-                    stage.slice(0..u.shard_len[k])
-                }
-                (None, Optimizer::Device(_)) => unreachable!("a device shard without offload"),
-            };
-            device::all_gather(dp, be, mine, gathered[slot].slice_mut(0..u.padded(k)))?;
-            held[slot] = Some(k);
-        }
+        device::all_gather(dp, be, mine, gathered.bufs[slot].slice_mut(0..u.padded(k)))?;
+        gathered.held[slot] = Some(k);
         Ok(())
     }
 
     /// Unit u's parameters (gathered first under fsdp: `ready`).
     pub fn params(&self, lay: &ParamLayout, u: usize) -> UnitParams<'_, B> {
-        let at = |k: usize, r: Range<usize>| match &self.params {
-            Params::Whole(p) => p.slice(self.pieces.buf(k)).slice(r),
-            Params::Sharded { gathered, .. } => gathered[self.pieces.slot_of[k]].slice(r),
-        };
+        let at = |k: usize, r: Range<usize>| self.home.at(&self.pieces, k, r);
         let k = self.pieces.piece(u);
         UnitParams {
             own: at(k, 0..self.pieces.len(k)),
@@ -519,10 +559,7 @@ impl<B: Backend> StageState<B> {
                 }
             }
         };
-        let at = |k: usize, r: Range<usize>| match &self.params {
-            Params::Whole(p) => p.slice(pc.buf(k)).slice(r),
-            Params::Sharded { gathered, .. } => gathered[pc.slot_of[k]].slice(r),
-        };
+        let at = |k: usize, r: Range<usize>| self.home.at(pc, k, r);
         let params = UnitParams {
             own: at(k, 0..pc.len(k)),
             tied: tied.map(|(t, r)| at(t, r)),
@@ -699,30 +736,33 @@ impl<B: Backend> StageState<B> {
             _ => None,
         };
         let grads = zero1_grads.as_ref().unwrap_or(self.grad.buf()).s();
-        let step = |opt: &mut Optimizer<B>, params: Option<Dst<'_, B>>| -> Result<()> {
-            match (opt, params) {
-                (Optimizer::Device(o), Some(p)) => {
-                    o.update(be, p, grads, lay, &segs, lr, clip);
+        let step = |opt: &mut Optimizer<B>, params: Dst<'_, B>| -> Result<()> {
+            match opt {
+                Optimizer::Device(o) => {
+                    o.update(be, params, grads, lay, &segs, lr, clip);
                     Ok(())
                 }
-                (Optimizer::Host(h), p) => h.update(be, grads, p, lay, lr, clip),
-                (Optimizer::Device(_), None) => unreachable!("device parameters without offload"),
+                Optimizer::Host(h) => h.update(be, grads, Some(params), lay, lr, clip),
             }
         };
-        match (&mut self.params, self.sharing) {
-            (Params::Sharded { shard, held, .. }, _) => {
-                step(&mut self.opt, shard.as_mut().map(|s| s.d()))?;
-                held.iter_mut().for_each(|h| *h = None);
+        match (&mut self.home, self.sharing) {
+            (Home::Host(h, g), _) => {
+                h.update(be, grads, None, lay, lr, clip)?;
+                g.forget();
             }
-            (Params::Whole(p), Sharing::Replicated) => step(&mut self.opt, Some(p.d()))?,
-            (Params::Whole(p), _) => {
+            (Home::Device(opt, Params::Sharded(shard, g)), _) => {
+                step(opt, shard.d())?;
+                g.forget();
+            }
+            (Home::Device(opt, Params::Whole(p)), Sharing::Replicated) => step(opt, p.d())?,
+            (Home::Device(opt, Params::Whole(p)), _) => {
                 let u = &pc.shards;
                 let mut mine = be.alloc(u.shard_total(), Category::Other)?;
-                if let Optimizer::Device(_) = self.opt {
+                if let Optimizer::Device(_) = opt {
                     // the host's master copy is the update's input under offload
                     u.shard_from(be, p.s(), r, mine.d());
                 }
-                step(&mut self.opt, Some(mine.d()))?;
+                step(opt, mine.d())?;
                 let gather = &mut self.scratch[BODY];
                 for k in 0..pc.layout.len() {
                     device::all_gather(
@@ -750,27 +790,29 @@ impl<B: Backend> StageState<B> {
         if !self.sharded() && r != 0 {
             return Ok(out);
         }
-        let params = match (&self.params, &self.opt) {
-            (Params::Whole(p) | Params::Sharded { shard: Some(p), .. }, _) => be.read(p.s())?,
-            (Params::Sharded { shard: None, .. }, Optimizer::Host(h)) => Cow::Owned(h.params()),
-            (Params::Sharded { shard: None, .. }, Optimizer::Device(_)) => {
-                unreachable!("a device shard without offload")
+        let params = match &self.home {
+            Home::Device(_, Params::Whole(p) | Params::Sharded(p, _)) => be.read(p.s())?,
+            Home::Host(h, _) => Cow::Owned(h.params()),
+        };
+        let mv: Option<[Cow<'_, [f32]>; 2]> = match (moments, &self.home) {
+            (false, _) => None,
+            (true, Home::Device(Optimizer::Device(o), _)) => {
+                Some([be.read(o.m.s())?, be.read(o.v.s())?])
+            }
+            (true, Home::Device(Optimizer::Host(h), _) | Home::Host(h, _)) => {
+                Some(h.moments().map(Cow::Owned))
             }
         };
-        let mv: Option<[Cow<'_, [f32]>; 2]> = match (moments, &self.opt) {
-            (false, _) => None,
-            (true, Optimizer::Device(o)) => Some([be.read(o.m.s())?, be.read(o.v.s())?]),
-            (true, Optimizer::Host(h)) => Some(h.moments().map(Cow::Owned)),
-        };
+        let whole = matches!(self.home, Home::Device(_, Params::Whole(_)));
         for k in usize::from(pc.copied)..pc.layout.len() {
             // (offset in the piece, length, where the moments hold it, where the parameters do)
-            let (start, len, at_m, at_p) = match (self.sharded(), &self.params) {
+            let (start, len, at_m, at_p) = match (self.sharded(), whole) {
                 (false, _) => (0, pc.len(k), pc.buf(k).start, pc.buf(k).start),
-                (true, params) => {
+                (true, whole) => {
                     let (start, len) = pc.mine(k, r);
-                    let at_p = match params {
-                        Params::Whole(_) => pc.buf(k).start + start,
-                        Params::Sharded { .. } => pc.shards.shard_at[k],
+                    let at_p = match whole {
+                        true => pc.buf(k).start + start,
+                        false => pc.shards.shard_at[k],
                     };
                     (start, len, pc.shards.shard_at[k], at_p)
                 }
@@ -786,21 +828,21 @@ impl<B: Backend> StageState<B> {
 
     /// Loads the stage's whole parameters (`[copy | own units]`, host); replica r keeps its part.
     pub fn load_params(&mut self, be: &B, r: usize, whole: &[f32]) -> Result<()> {
-        if let Optimizer::Host(h) = &mut self.opt {
-            match self.sharing {
-                Sharing::Replicated => h.load_params(whole),
-                _ => h.load_params(&self.pieces.shards.shard_of_host(whole, r)),
-            }
+        let sharded = self.sharded();
+        let part = || match sharded {
+            true => Cow::Owned(self.pieces.shards.shard_of_host(whole, r)),
+            false => Cow::Borrowed(whole),
+        };
+        if let Some(h) = self.home.host() {
+            h.load_params(&part());
         }
-        match &mut self.params {
-            Params::Whole(p) => be.upload(p.d(), whole),
-            Params::Sharded { shard, held, .. } => {
-                held.iter_mut().for_each(|h| *h = None);
-                match shard {
-                    Some(s) => be.upload(s.d(), &self.pieces.shards.shard_of_host(whole, r)),
-                    None => Ok(()),
-                }
-            }
+        if let Some(g) = self.home.gathered() {
+            g.forget();
+        }
+        match &mut self.home {
+            Home::Device(_, Params::Whole(p)) => be.upload(p.d(), whole),
+            Home::Device(_, Params::Sharded(s, _)) => be.upload(s.d(), &part()),
+            Home::Host(..) => Ok(()),
         }
     }
 
@@ -811,12 +853,12 @@ impl<B: Backend> StageState<B> {
             false => x.to_vec(),
         };
         let (m, v) = (part(m), part(v));
-        match &mut self.opt {
-            Optimizer::Device(o) => {
+        match &mut self.home {
+            Home::Device(Optimizer::Device(o), _) => {
                 be.upload(o.m.d(), &m)?;
                 be.upload(o.v.d(), &v)
             }
-            Optimizer::Host(h) => {
+            Home::Device(Optimizer::Host(h), _) | Home::Host(h, _) => {
                 h.load_moments(&m, &v);
                 Ok(())
             }
@@ -825,9 +867,9 @@ impl<B: Backend> StageState<B> {
 
     /// Sets the optimizer's step count (a resumed run's).
     pub fn set_adam_step(&mut self, step: u32) {
-        match &mut self.opt {
-            Optimizer::Device(o) => o.step = step,
-            Optimizer::Host(h) => h.set_step(step),
+        match &mut self.home {
+            Home::Device(Optimizer::Device(o), _) => o.step = step,
+            Home::Device(Optimizer::Host(h), _) | Home::Host(h, _) => h.set_step(step),
         }
     }
 }
