@@ -489,7 +489,9 @@ impl<B: Backend> StageState<B> {
         let (u, slot) = (&self.pieces.shards, self.pieces.slot_of[k]);
         let (mine, gathered) = match &mut self.home {
             Home::Device(_, Params::Whole(_)) => return Ok(()),
-            Home::Device(_, Params::Sharded(_, g)) | Home::Host(_, g) if g.held[slot] == Some(k) => {
+            Home::Device(_, Params::Sharded(_, g)) | Home::Host(_, g)
+                if g.held[slot] == Some(k) =>
+            {
                 return Ok(())
             }
             Home::Device(_, Params::Sharded(shard, g)) => (shard.slice(u.shard_of(k)), g),
