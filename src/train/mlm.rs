@@ -101,6 +101,15 @@ impl<'a> MlmTask<'a> {
     }
 }
 
+/// The task that trains a BERT with `head` from text: BERT's pretraining
+/// for its pretraining heads, a masked LM's otherwise.
+pub fn task_of(head: BertHead) -> TaskKind {
+    match head {
+        BertHead::Pretrain => TaskKind::Pretrain,
+        _ => TaskKind::Mlm,
+    }
+}
+
 /// A masked LM's vocabulary over tokenizer `t`: WordPiece's own (it has
 /// `[MASK]`), or the characters and `[MASK]` after them.
 pub fn mlm_vocab(t: &Tokenizer) -> usize {
@@ -204,10 +213,7 @@ impl TrainStream for Masked<'_> {
 
 impl<B: Backend> Task<B> for MlmTask<'_> {
     fn kind(&self) -> TaskKind {
-        match self.model.head {
-            BertHead::Pretrain => TaskKind::Pretrain,
-            _ => TaskKind::Mlm,
-        }
+        task_of(self.model.head)
     }
 
     fn model(&self) -> ModelConfig {

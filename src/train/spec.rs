@@ -232,10 +232,7 @@ const PAIR_SEQ_LEN: usize = 5;
 /// A masked LM (`head` Mlm) or BERT's pretraining (Pretrain).
 fn build_masked(i: &TaskInputs<'_>, head: BertHead) -> Result<(TaskData, usize)> {
     let seq = i.seq_len.unwrap_or(MLM_SEQ_LEN);
-    let task = match head {
-        BertHead::Pretrain => TaskKind::Pretrain,
-        _ => TaskKind::Mlm,
-    };
+    let task = super::mlm::task_of(head);
     if let Some(dir) = i.init_from {
         let (model, _, wp, _) =
             super::classify::pretrained_bert(dir, head, i.seed, &task.to_string())?;
@@ -358,10 +355,7 @@ impl TaskData {
     pub fn kind(&self) -> TaskKind {
         match self {
             TaskData::Lm { .. } => TaskKind::Lm,
-            TaskData::Mlm { model, .. } => match model.head {
-                BertHead::Pretrain => TaskKind::Pretrain,
-                _ => TaskKind::Mlm,
-            },
+            TaskData::Mlm { model, .. } => super::mlm::task_of(model.head),
             TaskData::Classify(_) => TaskKind::Classify,
         }
     }
