@@ -675,11 +675,7 @@ pub(super) fn report_run(
     if prep.cfg.verbose && !s.sample.is_empty() {
         distgpt::outln!("--- sample ---\n{}\n--------------", s.sample);
     }
-    let what = match prep.data.kind() {
-        TaskKind::Mlm => "masked-token loss",
-        TaskKind::Pretrain => "masked-LM + next-sentence loss",
-        _ => "loss",
-    };
+    let what = prep.data.kind().spec().loss;
     let from = s.steps - s.losses.len();
     distgpt::outln!(
         "steps {from}..{} in {:.1} s | {what} {:.4} -> {:.4} | val loss {:.4} | {:.0} tokens/s, MFU {:.1}% (wall clock, evaluation included)",

@@ -333,7 +333,10 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
         }
         let v = self.task.evaluate(self.strategy.as_mut(), &self.cfg)?;
         let scores = match (v.accuracy, v.f1) {
-            (Some(a), Some(f1)) => format!(", accuracy {:.2}%, F1 {f1:.4}", 100.0 * a),
+            (Some(a), Some(f1)) => {
+                let of = self.task.kind().spec().scores_of;
+                format!(", {of}accuracy {:.2}%, F1 {f1:.4}", 100.0 * a)
+            }
             _ => String::new(),
         };
         self.note(&format!(

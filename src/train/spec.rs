@@ -60,6 +60,11 @@ pub struct TaskSpec {
     pub defaults: TaskDefaults,
     /// A new run's default folder name (None: the model's name).
     pub run_name: Option<&'static str>,
+    /// What its training loss is, in a run's summary.
+    pub loss: &'static str,
+    /// What its evaluation's accuracy and F1 score ("" for the task's
+    /// own labels).
+    pub scores_of: &'static str,
     /// Its data, model and sequence length, made from a new run's inputs.
     pub build: fn(&TaskInputs<'_>) -> Result<(TaskData, usize)>,
 }
@@ -84,6 +89,8 @@ pub const TASKS: [TaskSpec; 4] = [
             seq_len: None,
         },
         run_name: None,
+        loss: "loss",
+        scores_of: "",
         build: build_lm,
     },
     TaskSpec {
@@ -103,6 +110,8 @@ pub const TASKS: [TaskSpec; 4] = [
         ],
         defaults: MASKED_DEFAULTS,
         run_name: None,
+        loss: "masked-token loss",
+        scores_of: "",
         build: build_mlm,
     },
     TaskSpec {
@@ -130,6 +139,8 @@ pub const TASKS: [TaskSpec; 4] = [
             seq_len: None,
         },
         run_name: Some("classify"),
+        loss: "loss",
+        scores_of: "",
         build: build_classify,
     },
     TaskSpec {
@@ -149,6 +160,8 @@ pub const TASKS: [TaskSpec; 4] = [
         ],
         defaults: MASKED_DEFAULTS,
         run_name: None,
+        loss: "masked-LM + next-sentence loss",
+        scores_of: "next-sentence ",
         build: build_pretrain,
     },
 ];
