@@ -124,7 +124,8 @@ pub trait UnitModel<B: Backend>: Send {
     /// global one).
     fn begin(&mut self, batch: &Batch, b: usize, t: usize, loss_terms: LossTerms) -> Result<()>;
     /// The last forward's outputs on the host: the head's logits, padding
-    /// dropped (a classifier's (B, labels), a language model's (B*T, V)).
+    /// dropped (a classifier's (B, labels), a language model's (B*T, V),
+    /// BERT pretraining's next-sentence head's (B, 2)).
     fn outputs(&self) -> Result<Vec<f32>>;
     /// Unit u's forward; the last unit returns the mean loss when the batch
     /// has targets.
