@@ -252,3 +252,22 @@ impl BertConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each preset carries the head its name says: `-mlm` the masked LM's,
+    /// `-pretrain` BERT's pretraining heads, the rest a 2-way classifier.
+    #[test]
+    fn every_preset_has_the_head_its_name_says() {
+        for (name, _) in PRESETS {
+            let want = match name {
+                n if n.ends_with("-mlm") => BertHead::Mlm,
+                n if n.ends_with("-pretrain") => BertHead::Pretrain,
+                _ => BertHead::Classify { labels: 2 },
+            };
+            assert_eq!(BertConfig::preset(name).unwrap().head, want, "{name}");
+        }
+    }
+}
