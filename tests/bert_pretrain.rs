@@ -137,16 +137,7 @@ fn losses(run: &Path) -> Vec<(u64, f64)> {
 
 /// The `masked-token loss X` an `eval` printed.
 fn masked_loss(out: &std::process::Output) -> f64 {
-    let text = stdout(out);
-    let at = text
-        .find("masked-token loss ")
-        .unwrap_or_else(|| panic!("no masked-token loss in: {text}{}", stderr(out)));
-    text[at + 18..]
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap()
+    figure(&stdout(out), "masked-token loss ")
 }
 
 #[test]
