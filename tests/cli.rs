@@ -8,6 +8,9 @@ mod bert;
 #[path = "support/cli.rs"]
 mod cli;
 
+#[path = "support/profile.rs"]
+mod profile;
+
 use bert::tiny_bert_and_labelled_set;
 use cli::{distgpt, scratch, succeeded};
 use std::path::PathBuf;
@@ -61,6 +64,52 @@ fn generate_ends_its_output_with_a_newline_and_no_sample_means_no_frame() {
     assert!(
         said.contains("[5 tokens in ") && said.contains(", the first after "),
         "{said}"
+    );
+}
+
+/// `bench --profile` counts each kernel of the step as the model runs it,
+/// with the model's FLOPs, its times adding up to the step: a rank in two
+/// parts side by side, two thread ranks of ddp, and a pipeline.
+#[test]
+fn bench_profile_counts_the_models_kernels_and_flops() {
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_distgpt"));
+    for (extra, pp) in [
+        (vec![], 1.0),
+        (vec!["--strategy", "ddp", "--world-size", "2"], 1.0),
+        (
+            vec![
+                "--strategy",
+                "ddp",
+                "--pp",
+                "2",
+                "--world-size",
+                "2",
+                "--grad-accum",
+                "2",
+            ],
+            2.0,
+        ),
+    ] {
+        let row = profile::profiled_tiny_bench(&bin, &extra);
+        if extra.is_empty() {
+            assert_eq!(row["parts"].as_u64(), Some(2), "{row}");
+        }
+        profile::assert_profile_counts_tiny(&row, pp, &format!("{extra:?}"));
+    }
+    let text = succeeded(distgpt(&[
+        "bench",
+        "--model",
+        "tiny",
+        "--steps",
+        "1",
+        "--profile",
+    ]));
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("kernels (--profile)")
+            && text.contains("matmul_backward")
+            && text.contains("outside kernels"),
+        "{text}"
     );
 }
 

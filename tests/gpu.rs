@@ -7,6 +7,9 @@
 
 mod common;
 
+#[path = "support/profile.rs"]
+mod profile;
+
 use distgpt::backend::cpu::Cpu;
 use distgpt::backend::opencl::OpenCl;
 use distgpt::backend::Backend;
@@ -262,6 +265,19 @@ fn losses(run: &std::path::Path) -> Vec<f64> {
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter_map(|v| v.get("loss").and_then(serde_json::Value::as_f64))
         .collect()
+}
+
+/// `bench --profile` on a GPU: the queue finished around each kernel, each
+/// counted as the model runs it, with the model's FLOPs.
+#[test]
+fn bench_profile_on_a_gpu_counts_the_models_kernels() {
+    on_gpus!(bench_profile_on_a_gpu_counts_the_models_kernels_on);
+}
+
+fn bench_profile_on_a_gpu_counts_the_models_kernels_on<B: Backend>(_: B, kind: &str) {
+    let row = profile::profiled_tiny_bench(&common::distgpt_bin(), &["--device", kind]);
+    assert_eq!(row["parts"].as_u64(), Some(1), "{row}");
+    profile::assert_profile_counts_tiny(&row, 1.0, kind);
 }
 
 #[test]
@@ -532,6 +548,7 @@ fn offload_peaks<B: Backend>(
         warmup: 0,
         steps: 1,
         show: false,
+        profile: false,
     };
     let ranks =
         distgpt::parallel::launch::run_local(par.world_size, 2, Duration::from_secs(120), |c| {

@@ -58,6 +58,7 @@ fn setup(cfg: &ModelConfig) -> (Workload, Device, Network, BenchSpec) {
         warmup: 0,
         steps: 1,
         show: false,
+        profile: false,
     };
     (
         w,

@@ -16,6 +16,7 @@ pub mod gpu;
 pub mod memory;
 pub mod opencl;
 pub mod ops;
+pub mod profile;
 pub mod threads;
 
 pub use cpu::{AdamWStep, AttnShape, DecodeShape, WeightFormat, WeightLayout};

@@ -8,7 +8,7 @@ use super::{
 };
 use anyhow::Result;
 use clap::Args;
-use distgpt::backend::Backend;
+use distgpt::backend::{profile, Backend};
 use distgpt::metrics;
 use distgpt::model::{ModelConfig, Precision};
 use distgpt::train::bench::{bench_rank, BenchSpec};
@@ -65,6 +65,11 @@ pub struct BenchArgs {
     /// Weight storage for --generate.
     #[arg(long, value_enum, default_value = "f32", help_heading = "Benchmark")]
     weights: DecodeWeightsArg,
+    /// Time every kernel over the timed steps and print each one's share of
+    /// the step, its calls and its GFLOP/s (a GPU finishes its queue around
+    /// each kernel meanwhile, so its steps run slower than unprofiled ones).
+    #[arg(long, help_heading = "Benchmark")]
+    profile: bool,
     /// With --pp: draw the last timed step's pipeline timeline (every
     /// rank's forwards, backwards and idle time) as timeline.png and .svg in DIR.
     #[arg(long, value_name = "DIR", help_heading = "Benchmark")]
@@ -194,6 +199,7 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
         warmup: a.warmup,
         steps: a.steps,
         show: !a.json,
+        profile: a.profile,
     };
     let Some(ranks) = a.parallel.launch(threads, &a.device, |world| {
         bench_rank(
@@ -228,6 +234,13 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
     let timelines: Vec<Vec<distgpt::parallel::Span>> =
         ranks.iter().map(|r| r.timeline.clone()).collect();
     let formula = par.pipeline.expected_bubble(spec.grad_accum, &timelines);
+    // thread ranks share the process's profile; a rank under mpirun has its own
+    let ranks_here = if processes > 1.0 { 1 } else { par.world_size };
+    let kernels = a.profile.then(|| {
+        let totals = profile::snapshot();
+        let peak = mfu_peak / processes;
+        KernelShares::of(&totals, (spec.steps, ranks_here), step_s, peak)
+    });
     let m = Measured {
         a,
         cfg,
@@ -249,6 +262,7 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
         bubble,
         formula,
         ranks,
+        kernels,
     };
     if let Some(dir) = &a.timeline {
         m.draw_timeline(dir)?;
@@ -288,6 +302,97 @@ struct Measured<'a> {
     /// The schedule's bubble by its formula.
     formula: f64,
     ranks: Vec<distgpt::train::bench::RankBench>,
+    /// `--profile`: each kernel's share of the step.
+    kernels: Option<KernelShares>,
+}
+
+/// `--profile`'s figures: each kernel's wall time in a step of this
+/// process (its thread ranks', and a rank's batch parts', side by side),
+/// and what is left outside the kernels.
+struct KernelShares {
+    rows: Vec<KernelRow>,
+    step_s: f64,
+}
+
+struct KernelRow {
+    name: &'static str,
+    calls: f64,
+    seconds: f64,
+    /// Model FLOPs a second and their share of the peak, for the kernels
+    /// MFU counts.
+    rate: Option<(f64, f64)>,
+}
+
+impl KernelShares {
+    /// From the profile's totals over `steps` timed steps of the `ranks`
+    /// this process holds, against a step of `step_s` on the process's
+    /// `peak` FLOP/s: each kernel's time and FLOPs a step, its calls a rank.
+    fn of(
+        totals: &[profile::OpTotal],
+        (steps, ranks): (usize, usize),
+        step_s: f64,
+        peak: f64,
+    ) -> Self {
+        let rows = totals
+            .iter()
+            .map(|t| {
+                let seconds = t.seconds / steps as f64;
+                let flops = t.flops / steps as f64;
+                KernelRow {
+                    name: t.op.name(),
+                    calls: t.calls as f64 / (steps * ranks) as f64,
+                    seconds,
+                    rate: (flops > 0.0 && seconds > 0.0)
+                        .then(|| (flops / seconds, flops / seconds / peak)),
+                }
+            })
+            .collect();
+        KernelShares { rows, step_s }
+    }
+
+    /// The step's time outside every kernel: communication, host work,
+    /// waits.
+    fn outside_s(&self) -> f64 {
+        self.step_s - self.rows.iter().map(|r| r.seconds).sum::<f64>()
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let rows: Vec<_> = self
+            .rows
+            .iter()
+            .map(|r| {
+                serde_json::json!({"kernel": r.name, "calls_per_step": r.calls, "ms_per_step": 1e3 * r.seconds,
+                    "share": r.seconds / self.step_s, "gflops": r.rate.map(|x| x.0 / 1e9), "of_peak": r.rate.map(|x| x.1)})
+            })
+            .collect();
+        serde_json::json!({"kernels": rows, "outside_ms_per_step": 1e3 * self.outside_s(),
+            "outside_share": self.outside_s() / self.step_s})
+    }
+
+    fn print(&self) {
+        distgpt::outln!(
+            "kernels (--profile): wall time a step and its share, calls a rank and step, model GFLOP/s and their share of the peak:"
+        );
+        for r in &self.rows {
+            let rate = r
+                .rate
+                .map(|(f, p)| format!("{:>8.1} GFLOP/s {:>5.1}%", f / 1e9, 100.0 * p))
+                .unwrap_or_default();
+            distgpt::outln!(
+                "  {:<22} {:>9.2} ms {:>5.1}% {:>7.1} calls {rate}",
+                r.name,
+                1e3 * r.seconds,
+                100.0 * r.seconds / self.step_s,
+                r.calls
+            );
+        }
+        distgpt::outln!(
+            "  {:<22} {:>9.2} ms {:>5.1}% (communication, host work, waits)",
+            "outside kernels",
+            1e3 * self.outside_s(),
+            100.0 * self.outside_s() / self.step_s
+        );
+    }
 }
 
 impl Measured<'_> {
@@ -360,11 +465,12 @@ impl Measured<'_> {
             bubble,
             formula,
             ref ranks,
+            ref kernels,
             ..
         } = *self;
         let resolved = par.resolved();
         let mfu_of = |f| self.mfu_of(f);
-        let j = serde_json::json!({
+        let mut j = serde_json::json!({
             "impl": "distgpt", "model": a.model.model_name(), "params": cfg.num_params(), "batch": b, "seq": t,
             "strategy": par.strategy, "world_size": par.world_size, "tp": resolved.tp, "pipeline": par.pipeline, "grad_accum": spec.grad_accum, "recompute": par.recompute, "precision": par.precision,
             "offload": par.offload, "offload_serial": par.offload_serial,
@@ -384,6 +490,9 @@ impl Measured<'_> {
                 "update_seconds_per_step": r.update_s,
             })).collect::<Vec<_>>(),
         });
+        if let Some(k) = kernels {
+            j["profile"] = k.json();
+        }
         distgpt::outln!("{j}");
     }
 
@@ -485,6 +594,9 @@ impl Measured<'_> {
             );
         }
         self.print_memory();
+        if let Some(k) = &self.kernels {
+            k.print();
+        }
     }
 
     /// The process's RSS, then each rank's peak bytes and communication.

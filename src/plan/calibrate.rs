@@ -225,6 +225,7 @@ pub fn calibrate_cpu(
         warmup: if small { 2 } else { 1 },
         steps: if small { 5 } else { 2 },
         show: false,
+        profile: false,
     };
     // Every rank runs at once, each on its own, so they contend for memory
     // and caches as the real ranks do; no collective is involved. When ranks

@@ -1,7 +1,7 @@
 //! Timed optimizer steps on synthetic tokens: what `distgpt bench` reports
 //! and what `plan`'s calibration measures, per rank.
 
-use crate::backend::{Backend, PeakRow};
+use crate::backend::{profile, Backend, PeakRow};
 use crate::comm::Comm;
 use crate::error::Result;
 use crate::metrics;
@@ -24,6 +24,9 @@ pub struct BenchSpec {
     pub steps: usize,
     /// Progress bar on rank 0.
     pub show: bool,
+    /// Counts every kernel of the timed steps in the process's profile
+    /// (`backend::profile`), for [`crate::backend::profile::snapshot`] after.
+    pub profile: bool,
 }
 
 /// What one rank measured.
@@ -113,6 +116,11 @@ pub fn bench_rank<B: Backend + 'static>(
     for i in 0..spec.warmup + spec.steps {
         let mb: Vec<_> = (0..spec.grad_accum.max(1)).map(|_| batch()).collect();
         world.barrier()?;
+        if spec.profile && i == spec.warmup {
+            // every rank of the process is between these barriers: no kernel runs
+            profile::start();
+            world.barrier()?;
+        }
         let t0 = Instant::now();
         let stats = strategy.step(
             &mb,
@@ -133,6 +141,10 @@ pub fn bench_rank<B: Backend + 'static>(
         pb.inc(1);
     }
     pb.finish_and_clear();
+    if spec.profile {
+        world.barrier()?;
+        profile::stop();
+    }
     let c = strategy.comm_stats();
     let all_steps = (spec.warmup + spec.steps).max(1) as f64;
     let memory = strategy.memory();

@@ -24,6 +24,7 @@ pub use matmul::WeightLayout;
 
 use super::memory::{Buf, Category, Dst, MemoryStats, Src};
 use super::ops::{Host, Lower, On};
+use super::profile::{self, Op};
 use super::{
     Activation, ActivationBackward, AdamWUpdate, AttentionBackward, AttentionDecode,
     AttentionForward, CrossEntropyBackward, CrossEntropyForward, Decode, Device, Elem,
@@ -158,70 +159,108 @@ impl<'a> Lower<On<'a, Cpu>, Host<'a>> for ToHost {
     }
 }
 
+/// A CPU kernel, counted while the profile is on (nothing to wait for).
+fn cpu_timed<R>(op: Op, flops: f64, run: impl FnOnce() -> R) -> R {
+    profile::timed(op, flops, || (), run)
+}
+
 impl Kernels for Cpu {
     fn encoder_forward(&self, op: EncoderForward<On<'_, Self>>) {
-        encoder::encoder_forward(op.lower(&ToHost))
+        cpu_timed(Op::EncoderForward, 0.0, || {
+            encoder::encoder_forward(op.lower(&ToHost))
+        })
     }
     fn encoder_backward(&self, op: EncoderBackward<'_, On<'_, Self>>) {
-        encoder::encoder_backward(op.lower(&ToHost))
+        cpu_timed(Op::EncoderBackward, 0.0, || {
+            encoder::encoder_backward(op.lower(&ToHost))
+        })
     }
     fn layernorm_forward(&self, op: LayerNormForward<On<'_, Self>>) {
-        layernorm::layernorm_forward(op.lower(&ToHost))
+        cpu_timed(Op::LayerNormForward, 0.0, || {
+            layernorm::layernorm_forward(op.lower(&ToHost))
+        })
     }
     fn layernorm_backward(&self, op: LayerNormBackward<On<'_, Self>>) -> Result<()> {
-        layernorm::layernorm_backward(op.lower(&ToHost));
-        Ok(())
+        cpu_timed(Op::LayerNormBackward, 0.0, || {
+            layernorm::layernorm_backward(op.lower(&ToHost));
+            Ok(())
+        })
     }
     fn matmul_forward(&self, op: MatmulForward<On<'_, Self>>) {
-        matmul::matmul_forward(op.lower(&ToHost))
+        let flops = profile::matmul_flops(op.shape, 1);
+        cpu_timed(Op::MatmulForward, flops, || {
+            matmul::matmul_forward(op.lower(&ToHost))
+        })
     }
     fn matmul_backward(&self, op: MatmulBackward<On<'_, Self>>) {
-        matmul::matmul_backward(op.lower(&ToHost))
+        let flops = profile::matmul_flops(
+            op.shape,
+            op.dinp.is_some() as usize + op.dw.is_some() as usize,
+        );
+        cpu_timed(Op::MatmulBackward, flops, || {
+            matmul::matmul_backward(op.lower(&ToHost))
+        })
     }
     fn attention_forward(&self, op: AttentionForward<On<'_, Self>>) {
-        attention::attention_forward(op.lower(&ToHost))
+        let flops = profile::attention_flops(op.shape, false);
+        cpu_timed(Op::AttentionForward, flops, || {
+            attention::attention_forward(op.lower(&ToHost))
+        })
     }
     fn attention_backward(&self, op: AttentionBackward<On<'_, Self>>) {
-        attention::attention_backward(op.lower(&ToHost))
+        let flops = profile::attention_flops(op.shape, true);
+        cpu_timed(Op::AttentionBackward, flops, || {
+            attention::attention_backward(op.lower(&ToHost))
+        })
     }
     fn activation_forward(&self, out: Dst<'_, Self>, inp: Src<'_, Self>, act: Activation) {
-        elementwise::activation_forward(w(out), r(inp), act)
+        cpu_timed(Op::ActivationForward, 0.0, || {
+            elementwise::activation_forward(w(out), r(inp), act)
+        })
     }
     fn activation_backward(&self, op: ActivationBackward<On<'_, Self>>) {
-        elementwise::activation_backward(op.lower(&ToHost))
+        cpu_timed(Op::ActivationBackward, 0.0, || {
+            elementwise::activation_backward(op.lower(&ToHost))
+        })
     }
     fn fill(&self, dst: Dst<'_, Self>, value: f32) {
-        w(dst).fill(value)
+        cpu_timed(Op::Fill, 0.0, || w(dst).fill(value))
     }
     fn add_inplace(&self, dst: Dst<'_, Self>, src: Src<'_, Self>) {
-        elementwise::add_inplace(w(dst), r(src))
+        cpu_timed(Op::AddInplace, 0.0, || {
+            elementwise::add_inplace(w(dst), r(src))
+        })
     }
     fn copy(&self, dst: Dst<'_, Self>, src: Src<'_, Self>) {
-        elementwise::copy(w(dst), r(src))
+        cpu_timed(Op::Copy, 0.0, || elementwise::copy(w(dst), r(src)))
     }
     /// Every route of `math::gemm` rounds a bf16 product's operands: the
     /// bf16 products as they pack them, fp32 arithmetic into scratch.
     const MATMUL_ROUNDS_BF16: bool = true;
     fn round_bf16(&self, dst: Dst<'_, Self>, src: Option<Src<'_, Self>>) {
-        match src {
+        cpu_timed(Op::RoundBf16, 0.0, || match src {
             Some(src) => elementwise::round_bf16_from(w(dst), r(src)),
             None => elementwise::round_bf16(w(dst)),
-        }
+        })
     }
     fn crossentropy_forward(&self, op: CrossEntropyForward<On<'_, Self>>) {
-        crossentropy::crossentropy_forward(op.lower(&ToHost))
+        cpu_timed(Op::CrossEntropyForward, 0.0, || {
+            crossentropy::crossentropy_forward(op.lower(&ToHost))
+        })
     }
     fn crossentropy_backward(&self, op: CrossEntropyBackward<On<'_, Self>>) {
-        crossentropy::crossentropy_backward(op.lower(&ToHost))
+        cpu_timed(Op::CrossEntropyBackward, 0.0, || {
+            crossentropy::crossentropy_backward(op.lower(&ToHost))
+        })
     }
     fn adamw(&self, op: AdamWUpdate<On<'_, Self>>) {
-        adamw::adamw(op.lower(&ToHost))
+        cpu_timed(Op::AdamW, 0.0, || adamw::adamw(op.lower(&ToHost)))
     }
     fn sum(&self, x: Src<'_, Self>) -> Result<f64> {
-        Ok(r(x).iter().map(|&v| v as f64).sum())
+        cpu_timed(Op::Sum, 0.0, || Ok(r(x).iter().map(|&v| v as f64).sum()))
     }
     fn sum_squares(&self, x: Src<'_, Self>) -> Result<f64> {
-        Ok(elementwise::sum_squares(r(x)))
+        cpu_timed(Op::SumSquares, 0.0, || Ok(elementwise::sum_squares(r(x))))
     }
 }
 

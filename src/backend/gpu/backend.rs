@@ -8,6 +8,7 @@ use super::{DeviceMem, GpuError, Queue, Raw, Runtime, View};
 use crate::backend::cpu::round_to_bf16;
 use crate::backend::memory::{Buf, Category, Dst, MemoryStats, Pending, Pinned, RawView, Src};
 use crate::backend::ops::{Lower, On};
+use crate::backend::profile::{self, Op};
 use crate::backend::{
     Activation, ActivationBackward, AdamWUpdate, AttentionBackward, AttentionDecode,
     AttentionForward, CrossEntropyBackward, CrossEntropyForward, Decode, Device, Elem,
@@ -76,6 +77,18 @@ impl<R: Runtime> Gpu<R> {
                 *failure = Some(e.0);
             }
         }
+    }
+
+    /// [`Gpu::queue`] for a kernel the profile counts: while it is on, the
+    /// queue is finished before and after the launch (a failure to finish
+    /// is kept as a launch's is).
+    fn kernel(
+        &self,
+        (op, flops): (Op, f64),
+        launch: impl FnOnce(&Queue<R>) -> Result<(), GpuError>,
+    ) {
+        let finish = || self.queue(|d| d.finish());
+        profile::timed(op, flops, finish, || self.queue(launch))
     }
 
     /// The kept failure, if any, as an error (and cleared).
@@ -191,66 +204,106 @@ impl<R: Runtime> Device for Gpu<R> {
 /// kept for the next transfer or `synchronize`.
 impl<R: Runtime> Kernels for Gpu<R> {
     fn encoder_forward(&self, op: EncoderForward<On<'_, Self>>) {
-        self.queue(|d| d.encoder_forward(op.lower(&ToRaw)))
+        self.kernel((Op::EncoderForward, 0.0), |d| {
+            d.encoder_forward(op.lower(&ToRaw))
+        })
     }
     fn encoder_backward(&self, op: EncoderBackward<'_, On<'_, Self>>) {
-        self.queue(|d| d.encoder_backward(op.lower(&ToRaw)))
+        self.kernel((Op::EncoderBackward, 0.0), |d| {
+            d.encoder_backward(op.lower(&ToRaw))
+        })
     }
     fn layernorm_forward(&self, op: LayerNormForward<On<'_, Self>>) {
-        self.queue(|d| d.layernorm_forward(op.lower(&ToRaw)))
+        self.kernel((Op::LayerNormForward, 0.0), |d| {
+            d.layernorm_forward(op.lower(&ToRaw))
+        })
     }
     fn layernorm_backward(&self, op: LayerNormBackward<On<'_, Self>>) -> Result<()> {
-        self.queue(|d| d.layernorm_backward(op.lower(&ToRaw)));
+        self.kernel((Op::LayerNormBackward, 0.0), |d| {
+            d.layernorm_backward(op.lower(&ToRaw))
+        });
         Ok(())
     }
     fn matmul_forward(&self, op: MatmulForward<On<'_, Self>>) {
-        self.queue(|d| d.matmul_forward(op.lower(&ToRaw)))
+        let flops = profile::matmul_flops(op.shape, 1);
+        self.kernel((Op::MatmulForward, flops), |d| {
+            d.matmul_forward(op.lower(&ToRaw))
+        })
     }
     fn matmul_backward(&self, op: MatmulBackward<On<'_, Self>>) {
-        self.queue(|d| d.matmul_backward(op.lower(&ToRaw)))
+        let flops = profile::matmul_flops(
+            op.shape,
+            op.dinp.is_some() as usize + op.dw.is_some() as usize,
+        );
+        self.kernel((Op::MatmulBackward, flops), |d| {
+            d.matmul_backward(op.lower(&ToRaw))
+        })
     }
     fn attention_forward(&self, op: AttentionForward<On<'_, Self>>) {
-        self.queue(|d| d.attention_forward(op.lower(&ToRaw)))
+        let flops = profile::attention_flops(op.shape, false);
+        self.kernel((Op::AttentionForward, flops), |d| {
+            d.attention_forward(op.lower(&ToRaw))
+        })
     }
     fn attention_backward(&self, op: AttentionBackward<On<'_, Self>>) {
-        self.queue(|d| d.attention_backward(op.lower(&ToRaw)))
+        let flops = profile::attention_flops(op.shape, true);
+        self.kernel((Op::AttentionBackward, flops), |d| {
+            d.attention_backward(op.lower(&ToRaw))
+        })
     }
     fn activation_forward(&self, out: Dst<'_, Self>, inp: Src<'_, Self>, act: Activation) {
-        self.queue(|d| d.activation_forward(view(out.raw()), view(inp.raw()), act))
+        self.kernel((Op::ActivationForward, 0.0), |d| {
+            d.activation_forward(view(out.raw()), view(inp.raw()), act)
+        })
     }
     fn activation_backward(&self, op: ActivationBackward<On<'_, Self>>) {
-        self.queue(|d| d.activation_backward(op.lower(&ToRaw)))
+        self.kernel((Op::ActivationBackward, 0.0), |d| {
+            d.activation_backward(op.lower(&ToRaw))
+        })
     }
     fn fill(&self, dst: Dst<'_, Self>, value: f32) {
-        self.queue(|d| d.fill(view(dst.raw()), value))
+        self.kernel((Op::Fill, 0.0), |d| d.fill(view(dst.raw()), value))
     }
     fn add_inplace(&self, dst: Dst<'_, Self>, src: Src<'_, Self>) {
-        self.queue(|d| d.add_inplace(view(dst.raw()), view(src.raw())))
+        self.kernel((Op::AddInplace, 0.0), |d| {
+            d.add_inplace(view(dst.raw()), view(src.raw()))
+        })
     }
     fn copy(&self, dst: Dst<'_, Self>, src: Src<'_, Self>) {
-        self.queue(|d| d.copy(view(dst.raw()), view(src.raw())))
+        self.kernel((Op::Copy, 0.0), |d| {
+            d.copy(view(dst.raw()), view(src.raw()))
+        })
     }
     fn round_bf16(&self, dst: Dst<'_, Self>, src: Option<Src<'_, Self>>) {
         let dst = view(dst.raw());
         let src = src.map_or(dst, |s| view(s.raw()));
-        self.queue(|d| d.round_bf16(dst, src))
+        self.kernel((Op::RoundBf16, 0.0), |d| d.round_bf16(dst, src))
     }
     fn crossentropy_forward(&self, op: CrossEntropyForward<On<'_, Self>>) {
-        self.queue(|d| d.crossentropy_forward(op.lower(&ToRaw)))
+        self.kernel((Op::CrossEntropyForward, 0.0), |d| {
+            d.crossentropy_forward(op.lower(&ToRaw))
+        })
     }
     fn crossentropy_backward(&self, op: CrossEntropyBackward<On<'_, Self>>) {
-        self.queue(|d| d.crossentropy_backward(op.lower(&ToRaw)))
+        self.kernel((Op::CrossEntropyBackward, 0.0), |d| {
+            d.crossentropy_backward(op.lower(&ToRaw))
+        })
     }
     fn adamw(&self, op: AdamWUpdate<On<'_, Self>>) {
-        self.queue(|d| d.adamw(op.lower(&ToRaw)))
+        self.kernel((Op::AdamW, 0.0), |d| d.adamw(op.lower(&ToRaw)))
     }
     fn sum(&self, x: Src<'_, Self>) -> Result<f64> {
         self.check()?;
-        self.dev.sum(view(x.raw())).map_err(device_error)
+        let finish = || self.queue(|d| d.finish());
+        profile::timed(Op::Sum, 0.0, finish, || self.dev.sum(view(x.raw()))).map_err(device_error)
     }
     fn sum_squares(&self, x: Src<'_, Self>) -> Result<f64> {
         self.check()?;
-        self.dev.sum_squares(view(x.raw())).map_err(device_error)
+        let finish = || self.queue(|d| d.finish());
+        profile::timed(Op::SumSquares, 0.0, finish, || {
+            self.dev.sum_squares(view(x.raw()))
+        })
+        .map_err(device_error)
     }
 }
 

@@ -1,0 +1,339 @@
+//! Per-kernel timing (`distgpt bench --profile`): while it is on, every
+//! [`Kernels`](super::Kernels) call of this process adds its wall time, a
+//! call and the model FLOPs it stands for to its operation's counters. A
+//! device that queues its kernels (the GPU backends) finishes the queue
+//! before and after each one while it is on, so each kernel's time is its
+//! own. Off (the default), a kernel pays one relaxed load.
+//!
+//! The counters are the process's: thread ranks and a rank's batch parts
+//! (`model::parts`) add into the same ones, each from its own thread. Time
+//! is shared out as it passes: each moment goes in equal parts to the
+//! kernels running then, so the operations' times add up to the process's
+//! wall time in kernels, not to its thread time.
+
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// A kernel the profile counts: one per [`Kernels`](super::Kernels) method.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    EncoderForward,
+    EncoderBackward,
+    LayerNormForward,
+    LayerNormBackward,
+    MatmulForward,
+    MatmulBackward,
+    AttentionForward,
+    AttentionBackward,
+    ActivationForward,
+    ActivationBackward,
+    Fill,
+    AddInplace,
+    Copy,
+    RoundBf16,
+    CrossEntropyForward,
+    CrossEntropyBackward,
+    AdamW,
+    Sum,
+    SumSquares,
+}
+
+impl Op {
+    pub const ALL: [Op; 19] = [
+        Op::EncoderForward,
+        Op::EncoderBackward,
+        Op::LayerNormForward,
+        Op::LayerNormBackward,
+        Op::MatmulForward,
+        Op::MatmulBackward,
+        Op::AttentionForward,
+        Op::AttentionBackward,
+        Op::ActivationForward,
+        Op::ActivationBackward,
+        Op::Fill,
+        Op::AddInplace,
+        Op::Copy,
+        Op::RoundBf16,
+        Op::CrossEntropyForward,
+        Op::CrossEntropyBackward,
+        Op::AdamW,
+        Op::Sum,
+        Op::SumSquares,
+    ];
+
+    /// The name reports give it (the `Kernels` method's).
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::EncoderForward => "encoder_forward",
+            Op::EncoderBackward => "encoder_backward",
+            Op::LayerNormForward => "layernorm_forward",
+            Op::LayerNormBackward => "layernorm_backward",
+            Op::MatmulForward => "matmul_forward",
+            Op::MatmulBackward => "matmul_backward",
+            Op::AttentionForward => "attention_forward",
+            Op::AttentionBackward => "attention_backward",
+            Op::ActivationForward => "activation_forward",
+            Op::ActivationBackward => "activation_backward",
+            Op::Fill => "fill",
+            Op::AddInplace => "add_inplace",
+            Op::Copy => "copy",
+            Op::RoundBf16 => "round_bf16",
+            Op::CrossEntropyForward => "crossentropy_forward",
+            Op::CrossEntropyBackward => "crossentropy_backward",
+            Op::AdamW => "adamw",
+            Op::Sum => "sum",
+            Op::SumSquares => "sum_squares",
+        }
+    }
+}
+
+const OPS: usize = Op::ALL.len();
+
+/// A profile's counters; the process's are one static ([`start`],
+/// [`timed`], [`snapshot`]).
+pub struct Counters {
+    on: AtomicBool,
+    state: Mutex<State>,
+}
+
+struct State {
+    calls: [u64; OPS],
+    seconds: [f64; OPS],
+    flops: [f64; OPS],
+    /// The kernels running now, and since when the time was last shared out.
+    running: Vec<usize>,
+    since: Option<Instant>,
+}
+
+impl State {
+    /// Shares the time since the last change among the kernels running.
+    fn share(&mut self, now: Instant) {
+        if let Some(since) = self.since.filter(|_| !self.running.is_empty()) {
+            let each = (now - since).as_secs_f64() / self.running.len() as f64;
+            for &i in &self.running {
+                self.seconds[i] += each;
+            }
+        }
+        self.since = Some(now);
+    }
+}
+
+impl Counters {
+    pub const fn new() -> Self {
+        Counters {
+            on: AtomicBool::new(false),
+            state: Mutex::new(State {
+                calls: [0; OPS],
+                seconds: [0.0; OPS],
+                flops: [0.0; OPS],
+                running: Vec::new(),
+                since: None,
+            }),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Zeroes the counters and starts counting.
+    pub fn start(&self) {
+        let mut s = self.state();
+        (s.calls, s.seconds, s.flops) = ([0; OPS], [0.0; OPS], [0.0; OPS]);
+        self.on.store(true, Relaxed);
+    }
+
+    /// Stops counting; what was counted stays for [`Counters::snapshot`].
+    pub fn stop(&self) {
+        self.on.store(false, Relaxed);
+    }
+
+    /// Runs kernel `op` (`flops` model FLOPs) through `run`, counted while
+    /// on; `finish` waits for the device's queued work, and is called
+    /// before and after `run` only then.
+    pub fn timed<R>(&self, op: Op, flops: f64, finish: impl Fn(), run: impl FnOnce() -> R) -> R {
+        if !self.on.load(Relaxed) {
+            return run();
+        }
+        finish();
+        let i = op as usize;
+        {
+            let mut s = self.state();
+            s.share(Instant::now());
+            s.running.push(i);
+        }
+        let out = run();
+        finish();
+        let mut s = self.state();
+        s.share(Instant::now());
+        if let Some(at) = s.running.iter().position(|&r| r == i) {
+            s.running.swap_remove(at);
+        }
+        s.calls[i] += 1;
+        s.flops[i] += flops;
+        out
+    }
+
+    /// The kernels that ran since [`Counters::start`], most time first.
+    pub fn snapshot(&self) -> Vec<OpTotal> {
+        let s = self.state();
+        let mut out: Vec<OpTotal> = Op::ALL
+            .iter()
+            .map(|&op| {
+                let i = op as usize;
+                OpTotal {
+                    op,
+                    calls: s.calls[i],
+                    seconds: s.seconds[i],
+                    flops: s.flops[i],
+                }
+            })
+            .filter(|t| t.calls > 0)
+            .collect();
+        out.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+        out
+    }
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+static PROCESS: Counters = Counters::new();
+
+/// Zeroes the process's counters and starts counting. Call it where no
+/// kernel runs (between two barriers of every rank that shares the process).
+pub fn start() {
+    PROCESS.start()
+}
+
+/// Stops the process's counting.
+pub fn stop() {
+    PROCESS.stop()
+}
+
+/// A kernel of this process, counted while the profile is on
+/// ([`Counters::timed`]).
+pub fn timed<R>(op: Op, flops: f64, finish: impl Fn(), run: impl FnOnce() -> R) -> R {
+    PROCESS.timed(op, flops, finish, run)
+}
+
+/// The process's kernels since [`start`], most time first.
+pub fn snapshot() -> Vec<OpTotal> {
+    PROCESS.snapshot()
+}
+
+/// One kernel's totals since [`start`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OpTotal {
+    pub op: Op,
+    pub calls: u64,
+    /// Wall seconds: each moment of its calls shared with the kernels
+    /// running beside it.
+    pub seconds: f64,
+    /// Model FLOPs, counted as MFU counts them (attention's full T x T
+    /// scores, causal or not); zero for the kernels MFU does not count.
+    pub flops: f64,
+}
+
+/// Model FLOPs of a matmul of `shape` computing `products` of its
+/// rows x k x n products (1 forward; 0 to 2 for a backward's halves).
+pub fn matmul_flops(shape: super::MatmulShape, products: usize) -> f64 {
+    2.0 * (shape.rows * shape.k * shape.n * products) as f64
+}
+
+/// Model FLOPs of attention over `shape`: Q K^T and A V, each 2 B T^2 C,
+/// forward once, backward twice.
+pub fn attention_flops(shape: super::AttnShape, backward: bool) -> f64 {
+    let once = 4.0 * (shape.b * shape.t * shape.t * shape.c) as f64;
+    if backward {
+        2.0 * once
+    } else {
+        once
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_a_kernel_only_while_on_and_waits_around_it() {
+        let p = Counters::new();
+        let finished = std::cell::Cell::new(0);
+        let tick = || finished.set(finished.get() + 1);
+        p.timed(Op::Sum, 5.0, tick, || ());
+        assert_eq!(finished.get(), 0, "no waiting while off");
+        assert!(p.snapshot().is_empty(), "nothing counted while off");
+        p.start();
+        let got = p.timed(Op::SumSquares, 1e6, tick, || {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            7
+        });
+        p.timed(Op::SumSquares, 2e6, tick, || ());
+        p.timed(Op::Fill, 0.0, tick, || ());
+        p.stop();
+        p.timed(Op::Fill, 0.0, tick, || ());
+        assert_eq!(got, 7);
+        assert_eq!(
+            finished.get(),
+            6,
+            "the queue finished before and after each"
+        );
+        let s = p.snapshot();
+        assert_eq!(s.len(), 2, "{s:?}");
+        assert_eq!((s[0].op, s[0].calls, s[0].flops), (Op::SumSquares, 2, 3e6));
+        assert!(s[0].seconds >= 0.02 && s[0].seconds < 5.0, "{s:?}");
+        assert_eq!((s[1].op, s[1].calls), (Op::Fill, 1));
+        p.start();
+        assert!(p.snapshot().is_empty(), "start zeroes");
+        for (i, op) in Op::ALL.iter().enumerate() {
+            assert_eq!(*op as usize, i, "{}", op.name());
+        }
+    }
+
+    #[test]
+    fn kernels_side_by_side_share_their_wall_time() {
+        let p = Counters::new();
+        p.start();
+        let nap = || std::thread::sleep(std::time::Duration::from_millis(200));
+        let t0 = Instant::now();
+        std::thread::scope(|s| {
+            for op in [Op::Copy, Op::Copy, Op::Fill] {
+                let p = &p;
+                s.spawn(move || p.timed(op, 0.0, || (), nap));
+            }
+        });
+        let wall = t0.elapsed().as_secs_f64();
+        p.stop();
+        let s = p.snapshot();
+        assert_eq!(
+            (s[0].op, s[0].calls, s[1].op, s[1].calls),
+            (Op::Copy, 2, Op::Fill, 1)
+        );
+        // three 0.2 s calls side by side: their times add up to the wall
+        // time they ran in (not to 0.6 s), two thirds of it the copies'
+        let total = s[0].seconds + s[1].seconds;
+        assert!(total >= 0.2 && total <= wall, "{s:?} in {wall} s");
+        assert!(s[0].seconds > 1.5 * s[1].seconds, "{s:?}");
+    }
+
+    #[test]
+    fn flops_follow_the_mfu_count() {
+        use crate::backend::{AttnShape, MatmulShape, WeightLayout};
+        let m = MatmulShape::new((4, 8, 16), WeightLayout::InOut);
+        assert_eq!(matmul_flops(m, 1), 1024.0);
+        assert_eq!(matmul_flops(m, 2), 2048.0);
+        let s = AttnShape {
+            b: 2,
+            t: 8,
+            c: 16,
+            nh: 2,
+        };
+        assert_eq!(attention_flops(s, false), 8192.0);
+        assert_eq!(attention_flops(s, true), 16384.0);
+    }
+}
