@@ -4,7 +4,8 @@ BertForSequenceClassification or BertForMaskedLM, random weights, dropout
 off as distgpt has none), side by side with `distgpt bench`: random tokens,
 full-length sequences, AdamW, the given batch, sequence length and threads.
 Prints tokens/s of both, their ratio, and MFU for both against the peak
-and FLOPs per token `distgpt bench --json` states.
+and FLOPs per token `distgpt bench --json` states. With --compile the
+model runs under torch.compile (inductor; compiled in the warmup steps).
 
     python bench/pytorch_bert_reference.py --model bert-minilm --batch-size 32 \
         --seq-len 128 --threads 2 --distgpt target/release/distgpt
@@ -42,6 +43,7 @@ def torch_bench(args) -> float:
     rest = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": rest, "weight_decay": 0.0}], lr=1e-4, betas=(0.9, 0.95))
+    run = torch.compile(model) if args.compile else model
     b, t = args.batch_size, args.seq_len
     best = []
     for i in range(args.warmup + args.steps):
@@ -52,7 +54,7 @@ def torch_bench(args) -> float:
         else:
             labels = torch.randint(0, 2, (b,))
         t0 = time.perf_counter()
-        loss = model(input_ids=ids, labels=labels).loss
+        loss = run(input_ids=ids, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -72,6 +74,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"],
                     help="transformers' attention implementation")
+    ap.add_argument("--compile", action="store_true", help="run PyTorch's model under torch.compile")
     ap.add_argument("--distgpt", help="path of the distgpt binary to run side by side")
     args = ap.parse_args()
     ours = None
@@ -82,7 +85,8 @@ def main() -> int:
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         ours = json.loads(out.strip().splitlines()[-1])
     tps = torch_bench(args)
-    line = f"pytorch {torch.__version__} eager ({args.attn}) {args.model} batch {args.batch_size} x {args.seq_len}, {args.threads} threads: {tps:.0f} tokens/s"
+    mode = "compile" if args.compile else "eager"
+    line = f"pytorch {torch.__version__} {mode} ({args.attn}) {args.model} batch {args.batch_size} x {args.seq_len}, {args.threads} threads: {tps:.0f} tokens/s"
     if ours:
         peak, fpt = ours["peak_gflops"] * 1e9, ours["flops_per_token"]
         print(f"distgpt: {ours['tokens_per_s']:.0f} tokens/s, MFU {100 * ours['mfu']:.1f}% of {peak / 1e9:.0f} GFLOP/s")

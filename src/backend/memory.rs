@@ -127,6 +127,15 @@ impl PeakRow {
             .map(|c| <[u64; 6]>::try_from(c).expect("six elements").into())
             .collect()
     }
+
+    /// The row with the largest total (zeros for none): the job's
+    /// busiest rank.
+    pub fn largest(rows: &[PeakRow]) -> PeakRow {
+        rows.iter()
+            .copied()
+            .max_by_key(|p| p.total)
+            .unwrap_or_default()
+    }
 }
 
 impl MemoryReport {

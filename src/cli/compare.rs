@@ -363,7 +363,10 @@ fn run_classify(a: CompareArgs, out_dir: PathBuf, threads: usize) -> Result<()> 
                 r.label.clone(),
                 r.batch.to_string(),
                 format!("{:.0}", r.tokens_per_s),
-                format!("{:.1}", r.max_peak_total() as f64 / 1048576.0),
+                format!(
+                    "{:.1}",
+                    distgpt::backend::PeakRow::largest(&r.rank_peak_bytes).total as f64 / 1048576.0
+                ),
                 format!("{:.1}", r.time_per_epoch_s),
                 accs.join(" "),
                 format!("{:.2}%", 100.0 * r.test.accuracy),

@@ -85,25 +85,57 @@ macro_rules! typed_pair {
     };
 }
 
-pub(crate) use {typed, typed_pair};
+/// A [`Comm`](super::Comm)'s six typed-buffer methods (`all_reduce_buf`,
+/// `reduce_scatter_buf`, `all_gather_buf`, `broadcast_buf`, `send_buf`,
+/// `recv_buf`), each handing its slice to the implementation's generic
+/// `*_typed` method of the same name.
+macro_rules! typed_buf_methods {
+    () => {
+        fn all_reduce_buf(&self, buf: $crate::comm::BufMut<'_>) -> $crate::error::Result<()> {
+            $crate::comm::elem::typed!(BufMut, buf, b => self.all_reduce_typed(b))
+        }
+
+        fn reduce_scatter_buf(
+            &self,
+            input: $crate::comm::Buf<'_>,
+            out: $crate::comm::BufMut<'_>,
+        ) -> $crate::error::Result<()> {
+            $crate::comm::elem::typed_pair!("reduce_scatter", input, out, i, o => self.reduce_scatter_typed(i, o))
+        }
+
+        fn all_gather_buf(
+            &self,
+            input: $crate::comm::Buf<'_>,
+            out: $crate::comm::BufMut<'_>,
+        ) -> $crate::error::Result<()> {
+            $crate::comm::elem::typed_pair!("all_gather", input, out, i, o => self.all_gather_typed(i, o))
+        }
+
+        fn broadcast_buf(&self, buf: $crate::comm::BufMut<'_>, root: usize) -> $crate::error::Result<()> {
+            $crate::comm::elem::typed!(BufMut, buf, b => self.broadcast_typed(b, root))
+        }
+
+        fn send_buf(&self, buf: $crate::comm::Buf<'_>, to: usize) -> $crate::error::Result<()> {
+            $crate::comm::elem::typed!(Buf, buf, b => self.send_typed(b, to))
+        }
+
+        fn recv_buf(&self, buf: $crate::comm::BufMut<'_>, from: usize) -> $crate::error::Result<()> {
+            $crate::comm::elem::typed!(BufMut, buf, b => self.recv_typed(b, from))
+        }
+    };
+}
+
+pub(crate) use {typed, typed_buf_methods, typed_pair};
 
 impl Buf<'_> {
     pub fn dtype(&self) -> DType {
         typed!(Buf, self, s => elem_dtype(s))
-    }
-
-    pub fn size_bytes(&self) -> usize {
-        typed!(Buf, self, s => std::mem::size_of_val(*s))
     }
 }
 
 impl BufMut<'_> {
     pub fn dtype(&self) -> DType {
         typed!(BufMut, self, s => elem_dtype(s))
-    }
-
-    pub fn size_bytes(&self) -> usize {
-        typed!(BufMut, self, s => std::mem::size_of_val(&**s))
     }
 }
 

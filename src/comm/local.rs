@@ -6,8 +6,7 @@
 //! sees the mark (or its timeout) and returns an error naming the rank.
 //! Slots and messages hold a `Vec<T>` of the collective's element type.
 
-use super::elem::{typed, typed_pair};
-use super::{record, Buf, BufMut, Comm, CommElem, CommStats, DType, Kind};
+use super::{record, Comm, CommElem, CommStats, DType, Kind};
 use crate::error::{Error, Result};
 use std::any::{Any, TypeId};
 use std::collections::{HashMap, VecDeque};
@@ -411,29 +410,7 @@ impl Comm for LocalComm {
         self.shared_threads
     }
 
-    fn all_reduce_buf(&self, buf: BufMut<'_>) -> Result<()> {
-        typed!(BufMut, buf, b => self.all_reduce_typed(b))
-    }
-
-    fn reduce_scatter_buf(&self, input: Buf<'_>, out: BufMut<'_>) -> Result<()> {
-        typed_pair!("reduce_scatter", input, out, i, o => self.reduce_scatter_typed(i, o))
-    }
-
-    fn all_gather_buf(&self, input: Buf<'_>, out: BufMut<'_>) -> Result<()> {
-        typed_pair!("all_gather", input, out, i, o => self.all_gather_typed(i, o))
-    }
-
-    fn broadcast_buf(&self, buf: BufMut<'_>, root: usize) -> Result<()> {
-        typed!(BufMut, buf, b => self.broadcast_typed(b, root))
-    }
-
-    fn send_buf(&self, buf: Buf<'_>, to: usize) -> Result<()> {
-        typed!(Buf, buf, b => self.send_typed(b, to))
-    }
-
-    fn recv_buf(&self, buf: BufMut<'_>, from: usize) -> Result<()> {
-        typed!(BufMut, buf, b => self.recv_typed(b, from))
-    }
+    crate::comm::elem::typed_buf_methods!();
 
     fn barrier(&self) -> Result<()> {
         self.group.sync(self.rank, "barrier")
@@ -497,6 +474,7 @@ impl Comm for LocalComm {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::comm::{Buf, BufMut};
 
     fn run<R: Send>(n: usize, f: impl Fn(&dyn Comm) -> R + Sync) -> Vec<R> {
         let (_, comms) = world(n, Duration::from_secs(10));

@@ -6,7 +6,7 @@
 //! calls MPI_Abort, and mpirun names it. Each element type travels as its
 //! MPI datatype (MPI_FLOAT, MPI_DOUBLE, MPI_UINT32_T, ...).
 
-use super::elem::{typed, typed_pair};
+use super::elem::typed_pair;
 use super::{record, Buf, BufMut, Comm, CommElem, CommStats, Kind};
 use crate::error::{Error, Result};
 use mpi::collective::SystemOperation;
@@ -457,29 +457,7 @@ impl Comm for MpiComm {
         self.comm.size() as usize
     }
 
-    fn all_reduce_buf(&self, buf: BufMut<'_>) -> Result<()> {
-        typed!(BufMut, buf, b => self.all_reduce_typed(b))
-    }
-
-    fn reduce_scatter_buf(&self, input: Buf<'_>, out: BufMut<'_>) -> Result<()> {
-        typed_pair!("reduce_scatter", input, out, i, o => self.reduce_scatter_typed(i, o))
-    }
-
-    fn all_gather_buf(&self, input: Buf<'_>, out: BufMut<'_>) -> Result<()> {
-        typed_pair!("all_gather", input, out, i, o => self.all_gather_typed(i, o))
-    }
-
-    fn broadcast_buf(&self, buf: BufMut<'_>, root: usize) -> Result<()> {
-        typed!(BufMut, buf, b => self.broadcast_typed(b, root))
-    }
-
-    fn send_buf(&self, buf: Buf<'_>, to: usize) -> Result<()> {
-        typed!(Buf, buf, b => self.send_typed(b, to))
-    }
-
-    fn recv_buf(&self, buf: BufMut<'_>, from: usize) -> Result<()> {
-        typed!(BufMut, buf, b => self.recv_typed(b, from))
-    }
+    crate::comm::elem::typed_buf_methods!();
 
     fn send_recv_buf(&self, send: Buf<'_>, to: usize, recv: BufMut<'_>, from: usize) -> Result<()> {
         typed_pair!("send_recv", send, recv, s, r => self.send_recv_typed(s, to, r, from))

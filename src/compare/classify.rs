@@ -64,17 +64,6 @@ pub struct ClassifyRow {
     pub max_loss_deviation_from_single: Option<f64>,
 }
 
-impl ClassifyRow {
-    /// The largest rank's peak bytes.
-    pub fn max_peak_total(&self) -> u64 {
-        self.rank_peak_bytes
-            .iter()
-            .map(|p| p.total)
-            .max()
-            .unwrap_or(0)
-    }
-}
-
 /// What `run` produced: every finished cell, and whether a signal cut it short.
 pub struct ClassifyComparison {
     pub rows: Vec<ClassifyRow>,
@@ -267,7 +256,7 @@ fn figures(rows: &[ClassifyRow], model: &str) -> Vec<Figure> {
             &batch_axis,
             "peak memory per rank (MiB)",
             figures::series_by_batch(rows.iter().map(|r| {
-                let mib = r.max_peak_total() as f64 / MIB;
+                let mib = PeakRow::largest(&r.rank_peak_bytes).total as f64 / MIB;
                 (r.label.as_str(), r.batch, Spread::exact(mib))
             })),
             true,
@@ -343,7 +332,7 @@ fn markdown(
             r.tokens_per_s,
             r.step_ms,
             r.time_per_epoch_s,
-            r.max_peak_total() as f64 / MIB,
+            PeakRow::largest(&r.rank_peak_bytes).total as f64 / MIB,
             r.predicted_peak_bytes / MIB,
             accs.join(" / "),
             100.0 * r.test.accuracy,

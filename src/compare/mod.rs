@@ -337,11 +337,7 @@ pub struct RunResult {
 impl RunResult {
     /// The rank with the largest peak total.
     pub fn max_peak(&self) -> PeakRow {
-        self.rank_peak_bytes
-            .iter()
-            .copied()
-            .max_by_key(|p| p.total)
-            .unwrap_or_default()
+        PeakRow::largest(&self.rank_peak_bytes)
     }
 
     /// Tokens per second over the repeats.

@@ -4,8 +4,11 @@
 //! decodes, [`FamilyDecoder`], with a [`Registration`] (its name, how it is
 //! written in JSON, its presets, its model files, its Hugging Face folder):
 //! all in its own folder, listed once here ([`BUILTIN`]) or registered at
-//! run time ([`register`]). `parallel`, `train`, `checkpoint`, `plan` and
-//! `compare` hold a [`ModelConfig`] and ask it; they never name a family.
+//! run time ([`register`]). `parallel`, `plan`, `compare` and the run
+//! driver hold a [`ModelConfig`] and ask it, naming no family; the tasks
+//! that are BERT's (`train::mlm`, `train::classify`, `train::spec`'s rule
+//! that `lm` is not) and `checkpoint::load_model` name one
+//! (ARCHITECTURE.md says where).
 
 use super::layout::{ParamLayout, TensorSpec};
 use super::tp::TpPlace;

@@ -2,8 +2,9 @@
 //! moments, as a model family declares it: units (the embeddings, each
 //! block, the head), each a contiguous run of named tensors with their
 //! shapes, tensor-parallel splits and weight-decay flags, and the tensors a
-//! unit reads from an earlier one (a tied embedding). Strategies, checkpoints
-//! and `plan` work from this description and never name a family.
+//! unit reads from an earlier one (a tied embedding). Strategies, the
+//! training state and `plan` work from this description and never name a
+//! family.
 
 use std::ops::Range;
 
@@ -244,8 +245,11 @@ mod tests {
                 let local = declare(tp);
                 let lspec = local.tensor(&spec.name).unwrap();
                 assert_eq!(part.len(), lspec.range().len(), "{}", spec.name);
-                spec.split
-                    .unshard(&mut back, &part, &spec.full_shape, tp, r);
+                let mut at = 0;
+                for (full_at, len) in spec.split.runs(&spec.full_shape, tp, r) {
+                    back[full_at..full_at + len].copy_from_slice(&part[at..at + len]);
+                    at += len;
+                }
             }
             assert_eq!(back, data, "{}", spec.name);
         }

@@ -1,8 +1,8 @@
 //! Tensor parallelism (Megatron), written once for every family and for
 //! decoding: how each tensor is divided among the tp ranks (`TpSplit`),
-//! this rank's place (`TpPlace`), moving whole-model buffers to and from a
-//! rank's part (`shard_tp`, `unshard_tp`), and the one rule of the layers
-//! themselves: a column-parallel layer needs no communication forward, a
+//! this rank's place (`TpPlace`), a rank's part of a whole-model buffer
+//! (`shard_tp`; `TpSplit::runs` says where its elements lie in the whole),
+//! and the one rule of the layers themselves: a column-parallel layer needs no communication forward, a
 //! row-parallel one sums its ranks' partial products (`row_parallel`: tp
 //! rank 0 alone adds the residual and the replicated bias, so the sum is
 //! exact), and a column-parallel layer's input gradient is summed in the
@@ -11,7 +11,7 @@
 use super::layout::ParamLayout;
 use crate::backend::{AttnShape, Backend, Dst, Src};
 use crate::comm::{device, Comm};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// One block's widths on one of `tp` tensor-parallel ranks (any family): the residual
 /// width `c`, the attention width `cl` (`nhl` heads) and the MLP width `fl`.
@@ -55,22 +55,6 @@ impl TpSplit {
             out.extend_from_slice(&full[full_at..full_at + len])
         });
         out
-    }
-
-    /// Writes rank r's part back into the full tensor.
-    pub fn unshard(
-        self,
-        full: &mut [f32],
-        local: &[f32],
-        full_shape: &[usize],
-        tp: usize,
-        r: usize,
-    ) {
-        let mut at = 0;
-        self.for_each_run(full_shape, tp, r, |full_at, len| {
-            full[full_at..full_at + len].copy_from_slice(&local[at..at + len]);
-            at += len;
-        });
     }
 
     /// (offset in the full tensor, length) of each contiguous run of rank r's part, in local order.
@@ -120,23 +104,14 @@ pub fn shard_tp(
     }
 }
 
-/// Writes rank `tp`'s part (laid out as `local`) back into a whole-model buffer.
-pub fn unshard_tp(
-    local_buf: &[f32],
-    whole: &ParamLayout,
-    local: &ParamLayout,
-    tp: TpPlace,
-    full: &mut [f32],
-) {
-    for (w, l) in whole.tensors.iter().zip(&local.tensors) {
-        w.split.unshard(
-            &mut full[w.range()],
-            &local_buf[l.range()],
-            &w.full_shape,
-            tp.size,
-            tp.rank,
-        );
+/// Refuses a tensor-parallel size of 0 or one that does not divide `n_head`.
+pub fn check_heads(n_head: usize, tp: usize) -> Result<()> {
+    if tp == 0 || !n_head.is_multiple_of(tp) {
+        return Err(Error::Config(format!(
+            "n_head ({n_head}) is not divisible by the tensor-parallel size {tp}: choose --tp among the divisors of n_head"
+        )));
     }
+    Ok(())
 }
 
 /// Tensor-parallel placement of this rank.

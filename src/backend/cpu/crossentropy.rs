@@ -2,19 +2,23 @@
 //! padding, excluded from the softmax, the loss and the gradient. A row
 //! whose target is `data::IGNORE` has loss 0 and gradient 0.
 
-use super::math::{exp, row_max};
+use super::math::{exp, exp_shifted_sum, row_max, LANES};
 use crate::backend::ops::{CrossEntropyBackward, CrossEntropyForward, Host};
 use crate::data::IGNORE;
 use rayon::prelude::*;
 
-/// (max, sum of exp(x - max)) over a row.
+/// (max, sum of exp(x - max)) over a row, a vector of lanes at a time.
 fn row_max_sum(row: &[f32]) -> (f32, f32) {
     let max = row_max(row);
-    let mut acc = [0.0f32; 8];
-    for (i, &x) in row.iter().enumerate() {
-        acc[i % 8] += exp(x - max);
+    let mut lanes = [0.0f32; LANES];
+    let mut chunks = row.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for (l, &x) in lanes.iter_mut().zip(chunk) {
+            *l += exp(x - max);
+        }
     }
-    (max, acc.iter().sum())
+    let tail: f32 = chunks.remainder().iter().map(|&x| exp(x - max)).sum();
+    (max, lanes.iter().sum::<f32>() + tail)
 }
 
 /// losses (rows) = -log softmax(logits row)[target]; logits are (rows, vp).
@@ -56,9 +60,10 @@ pub fn crossentropy_backward(op: CrossEntropyBackward<Host<'_>>) {
             if tgt == IGNORE {
                 return row.fill(0.0);
             }
-            let (max, sum) = row_max_sum(&row[..v]);
-            let inv = dloss / sum;
-            row[..v].iter_mut().for_each(|x| *x = exp(*x - max) * inv);
+            // exp(x - max) written and summed in one pass, then scaled
+            let max = row_max(&row[..v]);
+            let inv = dloss / exp_shifted_sum(&mut row[..v], max);
+            row[..v].iter_mut().for_each(|x| *x *= inv);
             row[tgt as usize] -= dloss;
             row[v..].fill(0.0);
         });

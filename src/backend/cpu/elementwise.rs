@@ -68,6 +68,14 @@ pub fn activation_backward(op: ActivationBackward<Host<'_>>) {
     }
 }
 
+/// dst = value, in parallel chunks past one.
+pub fn fill(dst: &mut [f32], value: f32) {
+    if dst.len() <= CHUNK {
+        return dst.fill(value);
+    }
+    dst.par_chunks_mut(CHUNK).for_each(|d| d.fill(value));
+}
+
 /// dst = src.
 pub fn copy(dst: &mut [f32], src: &[f32]) {
     if src.len() <= CHUNK {

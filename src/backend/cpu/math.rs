@@ -51,7 +51,7 @@ pub fn exp(x: f32) -> f32 {
 
 /// Lanes the row reductions below keep, so they vectorise: a float
 /// reduction the compiler may not reorder runs one element at a time.
-const LANES: usize = 8;
+pub(crate) const LANES: usize = 8;
 
 /// The largest of xs (minus infinity for none).
 pub fn row_max(xs: &[f32]) -> f32 {

@@ -224,7 +224,7 @@ impl Kernels for Cpu {
         })
     }
     fn fill(&self, dst: Dst<'_, Self>, value: f32) {
-        cpu_timed(Op::Fill, 0.0, || w(dst).fill(value))
+        cpu_timed(Op::Fill, 0.0, || elementwise::fill(w(dst), value))
     }
     fn add_inplace(&self, dst: Dst<'_, Self>, src: Src<'_, Self>) {
         cpu_timed(Op::AddInplace, 0.0, || {

@@ -96,13 +96,7 @@ impl Family for BertConfig {
         }
     }
     fn check_tp(&self, tp: usize) -> Result<()> {
-        if !self.n_head.is_multiple_of(tp) {
-            return Err(Error::Config(format!(
-                "n_head ({}) is not divisible by the tensor-parallel size {tp}: choose --tp among the divisors of n_head",
-                self.n_head
-            )));
-        }
-        Ok(())
+        crate::model::tp::check_heads(self.n_head, tp)
     }
     fn layout(&self, tp: usize) -> ParamLayout {
         layout::layout(self, tp)

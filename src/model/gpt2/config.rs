@@ -218,12 +218,7 @@ impl GptConfig {
     /// Refuses a tensor-parallel size that does not divide every block's
     /// heads and MLP units.
     pub fn check_tp(&self, tp: usize) -> Result<(), Error> {
-        if tp == 0 || !self.n_head.is_multiple_of(tp) {
-            return Err(Error::Config(format!(
-                "n_head ({}) is not divisible by the tensor-parallel size {tp}: choose --tp among the divisors of n_head",
-                self.n_head
-            )));
-        }
+        crate::model::tp::check_heads(self.n_head, tp)?;
         match (0..self.n_layer).find(|&l| {
             let w = self.width(l);
             !(w.heads.is_multiple_of(tp) && w.hidden.is_multiple_of(tp))

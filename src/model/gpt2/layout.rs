@@ -150,14 +150,6 @@ impl ParamLayout {
     pub fn final_norm(&self) -> Range<usize> {
         self.head()
     }
-
-    pub fn lnf_w(&self) -> Range<usize> {
-        self.unit_tensor(self.units.len() - 1, 0)
-    }
-
-    pub fn lnf_b(&self) -> Range<usize> {
-        self.unit_tensor(self.units.len() - 1, 1)
-    }
 }
 
 #[cfg(test)]
@@ -178,11 +170,11 @@ mod tests {
             lay.block(0).start,
             lay.block_param(0, BlockParam::Ln1W).start
         );
-        assert_eq!(lay.block(1).end, lay.lnf_w().start);
+        assert_eq!(lay.block(1).end, lay.final_norm().start);
         assert_eq!(
             lay.block_param(1, BlockParam::FcProjB).end,
             lay.block(1).end
         );
-        assert_eq!(lay.lnf_b().end, lay.total());
+        assert_eq!(lay.final_norm().end, lay.total());
     }
 }
