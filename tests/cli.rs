@@ -96,6 +96,12 @@ fn bench_profile_counts_the_models_kernels_and_flops() {
         }
         profile::assert_profile_counts_tiny(&row, pp, &format!("{extra:?}"));
     }
+    let gen = distgpt(&["bench", "--model", "tiny", "--generate", "2", "--profile"]);
+    let err = String::from_utf8_lossy(&gen.stderr);
+    assert!(
+        !gen.status.success() && err.contains("--profile times the kernels of training steps"),
+        "{err}"
+    );
     let text = succeeded(distgpt(&[
         "bench",
         "--model",
@@ -108,7 +114,8 @@ fn bench_profile_counts_the_models_kernels_and_flops() {
     assert!(
         text.contains("kernels (--profile)")
             && text.contains("matmul_backward")
-            && text.contains("outside kernels"),
+            && text.contains("outside kernels")
+            && text.lines().all(|l| l == l.trim_end()),
         "{text}"
     );
 }

@@ -146,6 +146,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
         anyhow::bail!("--prompt-tokens sets --generate's prompts: give --generate N with it");
     }
     if let Some(tokens) = a.generate {
+        if a.profile {
+            anyhow::bail!("--profile times the kernels of training steps: leave out --generate");
+        }
         let p = &a.parallel;
         if p.strategy != distgpt::parallel::StrategyKind::Single
             || p.world_size != 1
@@ -376,10 +379,10 @@ impl KernelShares {
         for r in &self.rows {
             let rate = r
                 .rate
-                .map(|(f, p)| format!("{:>8.1} GFLOP/s {:>5.1}%", f / 1e9, 100.0 * p))
+                .map(|(f, p)| format!(" {:>8.1} GFLOP/s {:>5.1}%", f / 1e9, 100.0 * p))
                 .unwrap_or_default();
             distgpt::outln!(
-                "  {:<22} {:>9.2} ms {:>5.1}% {:>7.1} calls {rate}",
+                "  {:<22} {:>9.2} ms {:>5.1}% {:>7.1} calls{rate}",
                 r.name,
                 1e3 * r.seconds,
                 100.0 * r.seconds / self.step_s,
