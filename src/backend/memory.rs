@@ -552,6 +552,18 @@ impl Pinned {
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_largest_row_is_the_one_with_the_largest_total() {
+        let row = |params, total| PeakRow {
+            params,
+            total,
+            ..PeakRow::default()
+        };
+        let rows = [row(9, 5), row(1, 9), row(7, 7)];
+        assert_eq!(PeakRow::largest(&rows), row(1, 9));
+        assert_eq!(PeakRow::largest(&[]), PeakRow::default());
+    }
+
     /// The `AnonHugePages` of the mapping in `/proc/self/smaps` that holds
     /// `addr`, in KiB.
     #[cfg(target_os = "linux")]

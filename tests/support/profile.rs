@@ -67,5 +67,7 @@ pub fn assert_profile_counts_tiny(row: &serde_json::Value, pp: f64, what: &str) 
     let shares: f64 = kernels.iter().map(|k| k["share"].as_f64().unwrap()).sum();
     let outside = p["outside_share"].as_f64().unwrap();
     assert!((shares + outside - 1.0).abs() < 1e-9, "{what}: {p}");
-    assert!(shares > 0.5 && outside > -1e-9, "{what}: {p}");
+    // (a tiny model's ddp step can be mostly its all-reduce: no floor on
+    // the kernels' share beyond their being counted)
+    assert!(shares > 0.0 && outside > -1e-9, "{what}: {p}");
 }
