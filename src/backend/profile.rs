@@ -104,6 +104,9 @@ struct State {
     /// The kernels running now, and since when the time was last shared out.
     running: Vec<usize>,
     since: Option<Instant>,
+    /// When counting started, and how long it ran once stopped.
+    opened: Option<Instant>,
+    window: f64,
 }
 
 impl State {
@@ -129,6 +132,8 @@ impl Counters {
                 flops: [0.0; OPS],
                 running: Vec::new(),
                 since: None,
+                opened: None,
+                window: 0.0,
             }),
         }
     }
@@ -141,12 +146,21 @@ impl Counters {
     pub fn start(&self) {
         let mut s = self.state();
         (s.calls, s.seconds, s.flops) = ([0; OPS], [0.0; OPS], [0.0; OPS]);
+        (s.opened, s.window) = (Some(Instant::now()), 0.0);
         self.on.store(true, Relaxed);
     }
 
     /// Stops counting; what was counted stays for [`Counters::snapshot`].
     pub fn stop(&self) {
         self.on.store(false, Relaxed);
+        let mut s = self.state();
+        s.window = s.opened.map_or(0.0, |t| t.elapsed().as_secs_f64());
+    }
+
+    /// Seconds from [`Counters::start`] to [`Counters::stop`]: the wall
+    /// time every counted kernel ran within.
+    pub fn window(&self) -> f64 {
+        self.state().window
     }
 
     /// Runs kernel `op` (`flops` model FLOPs) through `run`, counted while
@@ -224,6 +238,11 @@ pub fn timed<R>(op: Op, flops: f64, finish: impl Fn(), run: impl FnOnce() -> R) 
 /// The process's kernels since [`start`], most time first.
 pub fn snapshot() -> Vec<OpTotal> {
     PROCESS.snapshot()
+}
+
+/// Seconds the process's profile counted for ([`Counters::window`]).
+pub fn window() -> f64 {
+    PROCESS.window()
 }
 
 /// One kernel's totals since [`start`].
@@ -318,6 +337,7 @@ mod tests {
         // the copy's 0.1 s shared with the fill, then the fill's alone
         let total = s[0].seconds + s[1].seconds;
         assert!(total >= 0.3 && total <= wall, "{s:?} in {wall} s");
+        assert!(p.window() >= wall, "{} s", p.window());
         assert!(s[0].seconds > 2.5 * s[1].seconds, "{s:?}");
     }
 

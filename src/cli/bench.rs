@@ -239,10 +239,14 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
     let formula = par.pipeline.expected_bubble(spec.grad_accum, &timelines);
     // thread ranks share the process's profile; a rank under mpirun has its own
     let ranks_here = if processes > 1.0 { 1 } else { par.world_size };
+    // a step of the profile is its window over the timed steps: the steps
+    // as the process ran them, with the barriers and batches between them
+    // (thread ranks' steps do not start together on a loaded machine)
     let kernels = a.profile.then(|| {
         let totals = profile::snapshot();
         let peak = mfu_peak / processes;
-        KernelShares::of(&totals, (spec.steps, ranks_here), step_s, peak)
+        let window_step = profile::window() / spec.steps as f64;
+        KernelShares::of(&totals, (spec.steps, ranks_here), window_step, peak)
     });
     let m = Measured {
         a,
@@ -328,8 +332,9 @@ struct KernelRow {
 
 impl KernelShares {
     /// From the profile's totals over `steps` timed steps of the `ranks`
-    /// this process holds, against a step of `step_s` on the process's
-    /// `peak` FLOP/s: each kernel's time and FLOPs a step, its calls a rank.
+    /// this process holds, against a step of `step_s` (the profile's window
+    /// a step) on the process's `peak` FLOP/s: each kernel's time and FLOPs
+    /// a step, its calls a rank.
     fn of(
         totals: &[profile::OpTotal],
         (steps, ranks): (usize, usize),
