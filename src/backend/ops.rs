@@ -83,7 +83,7 @@ macro_rules! operation {
 }
 
 operation! {
-    /// out (rows, C) = wte[tokens] + wpe[row % t]; rows is `tokens.len()`.
+    /// `out (rows, C) = wte[tokens] + wpe[row % t]`; rows is `tokens.len()`.
     pub struct EncoderForward<O> {
         output out: f32,
         input tokens: u32,
@@ -95,7 +95,7 @@ operation! {
 }
 
 operation! {
-    /// dwte[tokens] += dout; dwpe[row % t] += dout. `host_tokens` is the host's
+    /// `dwte[tokens] += dout; dwpe[row % t] += dout`. `host_tokens` is the host's
     /// copy of `tokens`, from which a device plans a deterministic scatter.
     pub struct EncoderBackward<'h, O> {
         output dwte: f32,

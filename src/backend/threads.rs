@@ -41,7 +41,7 @@ const PART_PARAMS_PER_TOKEN: f64 = 32_768.0;
 /// The parts a rank on `threads` threads runs a batch of `rows`
 /// sequences of `t` tokens in, for a model whose tokens each meet `params`
 /// parameters: a part a thread, each with at least a token for every
-/// [`PART_PARAMS_PER_TOKEN`] of them.
+/// `PART_PARAMS_PER_TOKEN` of them.
 pub fn pool_batch_parts(threads: usize, (rows, t): (usize, usize), params: f64) -> usize {
     let most = (rows * t) as f64 * PART_PARAMS_PER_TOKEN / params.max(1.0);
     threads.min(rows).min(most as usize).max(1)
@@ -64,7 +64,7 @@ impl Threads {
     /// runs as, each part through the whole model on its own
     /// ([`Threads::for_each_part`]), for a model of `matmul_params`
     /// parameters in its matmuls: a part a thread for a model up to
-    /// [`PARTS_MAX_PARAMS`] in a pool, else one (every operation over all
+    /// `PARTS_MAX_PARAMS` in a pool, else one (every operation over all
     /// rows).
     pub fn decode_parts(self, rows: usize, matmul_params: usize) -> usize {
         match self == Threads::Pool && matmul_params <= PARTS_MAX_PARAMS {

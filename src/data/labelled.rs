@@ -125,7 +125,7 @@ impl LabelledSet {
 
 impl Labelled {
     /// Every example as `[CLS] pieces [SEP]` (a pair as `[CLS] A [SEP] B
-    /// [SEP]`, token types 0 then 1) padded with [PAD] (type 0) to `t`, in
+    /// [SEP]`, token types 0 then 1) padded with `[PAD]` (type 0) to `t`, in
     /// batches of `b` (shuffled by `seed` when given; the last, short batch
     /// is padded with ignored rows so every rank's share is whole).
     pub fn batches(&self, wp: &WordPiece, b: usize, t: usize, seed: Option<u64>) -> Vec<Batch> {

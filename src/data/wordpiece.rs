@@ -128,7 +128,7 @@ impl WordPiece {
         }
     }
 
-    /// The ids of `text`'s pieces, without [CLS] / [SEP].
+    /// The ids of `text`'s pieces, without `[CLS]` / `[SEP]`.
     pub fn encode(&self, text: &str) -> Vec<u32> {
         let mut ids = Vec::new();
         for word in basic_tokens(text) {
@@ -137,7 +137,7 @@ impl WordPiece {
         ids
     }
 
-    /// `[CLS] pieces [SEP]`, cut to `max_len` (keeping the [SEP]), as a
+    /// `[CLS] pieces [SEP]`, cut to `max_len` (keeping the `[SEP]`), as a
     /// classifier takes a sequence.
     pub fn encode_for_classifier(&self, text: &str, max_len: usize) -> Vec<u32> {
         let mut ids = vec![self.cls];

@@ -59,7 +59,7 @@ pub struct Entry {
     /// Every CPU matmul library's speed.
     #[serde(default)]
     pub timings: Vec<Timing>,
-    /// The measurement's version ([`PROBE`]; 0 before it was kept).
+    /// The measurement's version (`PROBE`; 0 before it was kept).
     #[serde(default)]
     pub probe: u32,
     /// Measured by a debug build: read only by debug builds.

@@ -3,7 +3,7 @@
 //! batches), [`FamilyEngine`] (its unit-by-unit engine) and, when it
 //! decodes, [`FamilyDecoder`], with a [`Registration`] (its name, how it is
 //! written in JSON, its presets, its model files, its Hugging Face folder):
-//! all in its own folder, listed once here ([`BUILTIN`]) or registered at
+//! all in its own folder, listed once here (`BUILTIN`) or registered at
 //! run time ([`register`]). `parallel`, `plan`, `compare` and the run
 //! driver hold a [`ModelConfig`] and ask it, naming no family; the tasks
 //! that are BERT's (`train::mlm`, `train::classify`, `train::spec`'s rule

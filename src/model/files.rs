@@ -363,7 +363,7 @@ fn hf_import(dir: &Path) -> Result<(ModelConfig, TokenizerSpec, Vec<f32>)> {
     (hf.import)(dir)
 }
 
-/// [`read_model`] from model files only (`model.json` + `model.safetensors`,
+/// `checkpoint::read_model` from model files only (`model.json` + `model.safetensors`,
 /// or a Hugging Face folder), never from a checkpoint.
 pub fn read_model_files(dir: &Path) -> Result<(ModelMeta, Vec<f32>)> {
     if is_hf_folder(dir) {

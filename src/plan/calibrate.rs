@@ -201,7 +201,7 @@ fn calibration_shape(
 /// `model` at a global `batch` x `seq_len`: independent single-rank steps,
 /// each with its share of the threads and of the batch, run side by side;
 /// the time is stretched when ranks outnumber threads. A large rank step
-/// is timed on a smaller shape ([`calibration_shape`]); what runs and
+/// is timed on a smaller shape (`calibration_shape`); what runs and
 /// about how long it takes is said first, on stderr.
 pub fn calibrate_cpu(
     machine: &Machine,

@@ -3,7 +3,7 @@
 //! settings it has not, its defaults, what it trains) and a task's data
 //! read once and shared by every rank ([`TaskData`]), made anew from a run
 //! record on resume. A new task is a [`TaskKind`], its module's
-//! [`Task`](super::Task) and an entry of [`TASKS`].
+//! [`Task`] and an entry of [`TASKS`].
 
 use super::classify::ClassifyTask;
 use super::lm::LmTask;

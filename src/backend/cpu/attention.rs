@@ -67,7 +67,7 @@ impl AttnShape {
 pub enum Mask<'a> {
     /// Query i sees keys 0..=i.
     Causal,
-    /// Every query of sequence b sees keys 0..lens[b] (1 <= lens[b] <= T).
+    /// Every query of sequence b sees keys `0..lens[b]` (`1 <= lens[b] <= T`).
     Lengths(&'a [u32]),
 }
 

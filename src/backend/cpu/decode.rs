@@ -107,7 +107,7 @@ pub fn round_to_bf16(x: f32) -> f32 {
     f32::from_bits((Bf16::from_f32(x).0 as u32) << 16)
 }
 
-/// A weight matrix packed for [`matmul_decode`].
+/// A weight matrix packed for `matmul_decode`.
 pub enum PackedWeight {
     F32(HostBuf<f32>),
     Bf16(HostBuf<Bf16>),

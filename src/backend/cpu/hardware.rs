@@ -69,7 +69,7 @@ pub fn measure() -> Option<HardwarePeak> {
 /// below a product's speed.
 const RETRIES: usize = 4;
 
-/// The peak, measured again (up to [`RETRIES`] more times, a fifth of a
+/// The peak, measured again (up to `RETRIES` more times, a fifth of a
 /// second apart, the highest kept) while it reads below `fastest`: the
 /// FLOP/s of a product the same threads just ran, which no product can
 /// reach above the FMA units' peak.

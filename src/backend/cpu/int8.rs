@@ -436,7 +436,7 @@ enum Input {
 }
 
 /// out (rows, n) = [out +] x (rows, k) @ W + bias, in int8 with this CPU's
-/// kernel. One row against a matrix of [`STREAMED`] bytes or more (batch-1
+/// kernel. One row against a matrix of `STREAMED` bytes or more (batch-1
 /// decoding bound by reading the weights) takes the weight-only path: the
 /// codes are widened to f32 in registers and multiplied with the f32 input,
 /// so only the weights are quantized.

@@ -69,7 +69,7 @@ pub fn row_max(xs: &[f32]) -> f32 {
     lanes.iter().fold(tail, |a, &x| a.max(x))
 }
 
-/// xs[i] = exp(xs[i] - shift); returns their sum.
+/// `xs[i] = exp(xs[i] - shift)`; returns their sum.
 pub fn exp_shifted_sum(xs: &mut [f32], shift: f32) -> f32 {
     let mut lanes = [0.0f32; LANES];
     let mut chunks = xs.chunks_exact_mut(LANES);
@@ -354,13 +354,13 @@ pub(super) unsafe fn round_compact<T: Send>(
     }
 }
 
-/// [`gemm`] on `lib`, whatever is chosen (the built-in where `lib` cannot
+/// [`gemm()`] on `lib`, whatever is chosen (the built-in where `lib` cannot
 /// take the operands or is not here). The built-in runs a `Small` product
-/// on one thread on distgpt's tile kernel ([`super::tile`]) where its width
+/// on one thread on distgpt's tile kernel (`tile`) where its width
 /// suits one, everything else on the `gemm` crate.
 ///
 /// # Safety
-/// As [`gemm`].
+/// As [`gemm()`].
 #[allow(clippy::too_many_arguments)] // a BLAS call's own arguments
 pub unsafe fn gemm_on(
     lib: blas::MatmulLib,

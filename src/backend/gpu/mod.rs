@@ -40,7 +40,7 @@ pub struct View {
     pub len: usize,
 }
 
-/// Raw views of a runtime's buffers: the operands [`Queue`]'s kernels take.
+/// Raw views of a runtime's buffers: the operands `Queue`'s kernels take.
 pub struct Raw;
 
 impl crate::backend::ops::Operands for Raw {
@@ -123,7 +123,7 @@ pub type Waiter = Box<dyn FnOnce() -> Result<(), GpuError> + Send>;
 ///
 /// The transfers, launches and GEMMs are `unsafe`: they touch device memory
 /// through views and sizes they cannot check against what a kernel reads.
-/// [`Queue`]'s wrappers check every size first.
+/// `Queue`'s wrappers check every size first.
 pub trait Runtime: Send + Sync + Sized + 'static {
     /// `len` elements of device memory, released on drop, and only after
     /// the work queued before the drop has finished with it.

@@ -1,5 +1,5 @@
 //! GPT-2: forward and backward as explicit kernel calls, one unit at a time
-//! ([wte | wpe], each block, [ln_f]), on parameter slices the caller hands in.
+//! (`[wte | wpe]`, each block, `[ln_f]`), on parameter slices the caller hands in.
 //! `Engine` holds the activations; `Gpt2` adds the full parameter and
 //! gradient buffers for the strategies that keep them whole.
 
