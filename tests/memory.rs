@@ -145,3 +145,20 @@ fn zero1_sends_what_ddp_sends_not_half_as_much_again() {
         );
     }
 }
+
+/// zero1's and zero2's update works in scratch the rank holds from its
+/// first step on: nothing of category "other" is allocated for the update
+/// and freed after it (that cost zero1 a third of its update time).
+#[test]
+fn the_sharded_update_allocates_nothing_a_step() {
+    for strategy in [StrategyKind::Zero1, StrategyKind::Zero2] {
+        for (r, (m, _)) in one_step(strategy, 2).into_iter().enumerate() {
+            let (now, peak) = (m.current_bytes.other, m.peak_bytes.other);
+            assert!(peak > 0, "{strategy:?} rank {r}: no scratch counted");
+            assert_eq!(
+                now, peak,
+                "{strategy:?} rank {r}: {peak} bytes at the peak, {now} held after the step"
+            );
+        }
+    }
+}

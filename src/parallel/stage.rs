@@ -715,29 +715,46 @@ impl<B: Backend> StageState<B> {
         self.sharing != Sharing::Replicated
     }
 
+    /// Floats of scratch [`StageState::update`] takes: zero1's reduced
+    /// slices gathered into shard order, and (zero1, zero2) the shard of the
+    /// parameters it updates before gathering them back. Held by the rank
+    /// for every step (the largest of its chunks'), not allocated a step.
+    pub fn update_scratch(&self) -> usize {
+        let shard = self.pieces.shards.shard_total();
+        let grads = matches!(
+            (self.sharing, &self.grad),
+            (Sharing::Zero1, Gradient::Whole(_))
+        );
+        let params = self.sharing != Sharing::Replicated
+            && matches!(self.home, Home::Device(_, Params::Whole(_)));
+        (usize::from(grads) + usize::from(params)) * shard
+    }
+
     /// One AdamW update of what this rank owns (zero1, zero2: then the
-    /// parameters all-gathered back into every replica's whole copy).
+    /// parameters all-gathered back into every replica's whole copy), in
+    /// `scratch` of at least [`StageState::update_scratch`] floats (none
+    /// where that is 0).
     pub fn update(
         &mut self,
         dp: &dyn Comm,
         be: &B,
         lay: &ParamLayout,
-        lr: f32,
-        clip: f32,
+        (lr, clip): (f32, f32),
+        scratch: Option<Dst<'_, B>>,
     ) -> Result<()> {
         let r = dp.rank();
         let pc = &self.pieces;
         let segs = segments(pc, self.sharing, r);
+        let shard = pc.shards.shard_total();
         // zero1's reduced slices, gathered into shard order for the update
-        let zero1_grads = match (self.sharing, &self.grad) {
+        let (grads, mut mine) = match (self.sharing, &self.grad) {
             (Sharing::Zero1, Gradient::Whole(whole)) => {
-                let mut g = be.alloc(pc.shards.shard_total(), Category::Other)?;
-                pc.shards.shard_from(be, whole.s(), r, g.d());
-                Some(g)
+                let (mut g, rest) = scratch.expect("update_scratch's floats").split_at(shard);
+                pc.shards.shard_from(be, whole.s(), r, g.rb());
+                (g.into_src(), Some(rest))
             }
-            _ => None,
+            _ => (self.grad.buf().s(), scratch),
         };
-        let grads = zero1_grads.as_ref().unwrap_or(self.grad.buf()).s();
         let step = |opt: &mut Optimizer<B>, params: Dst<'_, B>| -> Result<()> {
             match opt {
                 Optimizer::Device(o) => {
@@ -759,18 +776,18 @@ impl<B: Backend> StageState<B> {
             (Home::Device(opt, Params::Whole(p)), Sharing::Replicated) => step(opt, p.d())?,
             (Home::Device(opt, Params::Whole(p)), _) => {
                 let u = &pc.shards;
-                let mut mine = be.alloc(u.shard_total(), Category::Other)?;
+                let mut mine = mine.take().expect("update_scratch's floats").first(shard);
                 if let Optimizer::Device(_) = opt {
                     // the host's master copy is the update's input under offload
-                    u.shard_from(be, p.s(), r, mine.d());
+                    u.shard_from(be, p.s(), r, mine.rb());
                 }
-                step(opt, mine.d())?;
+                step(opt, mine.rb())?;
                 let gather = &mut self.scratch[BODY];
                 for k in 0..pc.layout.len() {
                     device::all_gather(
                         dp,
                         be,
-                        mine.slice(u.shard_of(k)),
+                        mine.src().slice(u.shard_of(k)),
                         gather.slice_mut(0..u.padded(k)),
                     )?;
                     be.copy(p.slice_mut(pc.buf(k)), gather.slice(0..pc.len(k)));

@@ -326,7 +326,7 @@ fn stage_memory(
     let m = &w.model;
     let rows = (w.batch / par.dp(), w.seq_len);
     // each chunk's state, scratch and activation sets, summed; the update's
-    // transient shard is one chunk's at a time
+    // shard scratch is the largest chunk's (the rank's chunks share it)
     let (mut z, mut transient) = (parallel::StageSizes::default(), 0);
     let (mut fp32, mut bf16) = ((0.0, 0.0), (0.0, 0.0));
     for (c, &live) in live.iter().enumerate() {
@@ -357,7 +357,7 @@ fn stage_memory(
         ..MemoryPlan::default()
     };
     // as `parallel::stage` allocates: a padded piece's gradient scratch, the
-    // reduce-scatter's output, and zero1/zero2's transient parameter shard
+    // reduce-scatter's output, and zero1/zero2's update scratch (a shard)
     let scratch = gb * (z.max_padded + z.max_shard) as f64;
     match par.strategy {
         StrategyKind::Single | StrategyKind::Ddp | StrategyKind::Tp => {

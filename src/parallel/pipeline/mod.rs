@@ -30,7 +30,7 @@ use super::{
     check_finite, local_rows, Offload, OwnedState, ParallelConfig, StepConfig, StepStats, Strategy,
 };
 use crate::backend::cpu::Cpu;
-use crate::backend::{Backend, Device, MemoryReport};
+use crate::backend::{Backend, Buf, Category, Device, MemoryReport};
 use crate::comm::{Comm, CommStats};
 use crate::data::{Batch, LossTerms};
 use crate::error::{Error, Result};
@@ -69,6 +69,8 @@ impl<B: Backend> Chunk<B> {
 
 pub struct Pipelined<B: Backend> {
     chunks: Vec<Chunk<B>>,
+    /// [`StageState::update`]'s scratch, the largest chunk's.
+    update_scratch: Option<Buf<B>>,
     /// The pipeline (stage s is rank s), the data-parallel replicas of this
     /// stage, the tensor-parallel group.
     pp: Box<dyn Comm>,
@@ -172,8 +174,16 @@ impl<B: Backend> Pipelined<B> {
                 spare: Vec::new(),
             });
         }
+        // one update's scratch for every chunk (they update one at a time),
+        // counted against this rank from the start
+        let need = chunks.iter().map(|c| c.state.update_scratch()).max();
+        let update_scratch = match (need, chunks.first()) {
+            (Some(n), Some(c)) if n > 0 => Some(c.engine.backend().alloc(n, Category::Other)?),
+            _ => None,
+        };
         Ok(Pipelined {
             chunks,
+            update_scratch,
             pp,
             dp,
             tp,
@@ -521,12 +531,22 @@ impl<B: Backend> Strategy for Pipelined<B> {
         check_finite(loss, grad_norm)?;
         let clip = cfg.clip_scale(grad_norm);
         let t0 = Instant::now();
-        for ch in &mut self.chunks {
+        let Pipelined {
+            chunks,
+            dp,
+            update_scratch,
+            ..
+        } = self;
+        for ch in chunks {
             let lay = ch.engine.layout().clone();
-            // the engine's own handle: the update's transient shard counts against this rank
-            let counted = ch.engine.backend();
-            ch.state
-                .update(self.dp.as_ref(), counted, &lay, cfg.lr, clip)?;
+            let scratch = update_scratch.as_mut().map(|b| b.d());
+            ch.state.update(
+                dp.as_ref(),
+                ch.engine.backend(),
+                &lay,
+                (cfg.lr, clip),
+                scratch,
+            )?;
         }
         be.synchronize()?;
         Ok(StepStats {
