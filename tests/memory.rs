@@ -148,7 +148,10 @@ fn zero1_sends_what_ddp_sends_not_half_as_much_again() {
 
 /// zero1's and zero2's update works in scratch the rank holds from its
 /// first step on: nothing of category "other" is allocated for the update
-/// and freed after it (that cost zero1 a third of its update time).
+/// and freed after it (that cost zero1 a third of its update time). A
+/// replicated update takes none, fsdp's (on its own shard) none beyond
+/// its gradient scratch: zero2 holds one parameter shard (half its
+/// optimizer's bytes) more than fsdp.
 #[test]
 fn the_sharded_update_allocates_nothing_a_step() {
     for strategy in [StrategyKind::Zero1, StrategyKind::Zero2] {
@@ -160,5 +163,18 @@ fn the_sharded_update_allocates_nothing_a_step() {
                 "{strategy:?} rank {r}: {peak} bytes at the peak, {now} held after the step"
             );
         }
+    }
+    for (r, (m, _)) in one_step(StrategyKind::Ddp, 2).into_iter().enumerate() {
+        assert_eq!(m.peak_bytes.other, 0, "ddp rank {r}");
+    }
+    let zero2 = one_step(StrategyKind::Zero2, 2);
+    let fsdp = one_step(StrategyKind::Fsdp, 2);
+    for (r, ((z, _), (f, _))) in zero2.iter().zip(&fsdp).enumerate() {
+        let extra = z.peak_bytes.other - f.peak_bytes.other;
+        assert_eq!(
+            extra,
+            z.peak_bytes.optimizer / 2,
+            "rank {r}: zero2's other over fsdp's"
+        );
     }
 }
