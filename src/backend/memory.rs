@@ -389,9 +389,13 @@ impl<'a, B, T> Dst<'a, B, T> {
         (Dst::at(raw.sub(0..mid)), Dst::at(raw.sub(mid..raw.len)))
     }
 
-    /// Two disjoint views at ranges `a` and `b` (`a` before `b`).
+    /// Two disjoint views at ranges `a` and `b`, in either order.
     pub fn split2(self, a: Range<usize>, b: Range<usize>) -> (Dst<'a, B, T>, Dst<'a, B, T>) {
-        assert!(a.end <= b.start, "split2 needs disjoint, ordered ranges");
+        if b.end <= a.start {
+            let (b, a) = self.split2(b, a);
+            return (a, b);
+        }
+        assert!(a.end <= b.start, "split2 needs disjoint ranges");
         let (lo, hi) = self.split_at(b.start);
         (lo.slice(a), hi.slice(0..b.len()))
     }

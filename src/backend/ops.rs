@@ -193,27 +193,6 @@ operation! {
     }
 }
 
-impl<'a, B: Device> MatmulBackward<On<'a, B>> {
-    /// The input half alone: dinp (rows, k) = dout @ W^T, which reads no
-    /// forward input (`inp` is `dout`, unread).
-    pub fn input_half(
-        dinp: Dst<'a, B>,
-        dout: Src<'a, B>,
-        w: Src<'a, B>,
-        shape: MatmulShape,
-    ) -> Self {
-        MatmulBackward {
-            dinp: Some(dinp),
-            dw: None,
-            dbias: None,
-            dout,
-            inp: dout,
-            w,
-            shape,
-        }
-    }
-}
-
 operation! {
     /// d *= act'(inp), in place, any shape: a matmul's output gradient turned
     /// into its pre-activation's. With `dbias` (n), d and inp are (rows, n)

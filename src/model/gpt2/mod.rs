@@ -32,6 +32,7 @@ use crate::rng::Rng;
 use block::{BlockIo, BlockMode};
 use config::{BlockDims, GptConfig};
 pub use layout::BlockParam;
+use std::ops::Range;
 
 /// GPT-2's layernorm epsilon.
 pub const LN_EPS: f32 = 1e-5;
@@ -65,52 +66,79 @@ struct Activations<B: Backend> {
     losses: Buf<B>,
     /// Gradient of the residual stream (backward).
     dres: Buf<B>,
-    /// (rows, C) backward scratch.
-    dtmp: Buf<B>,
-    dqkv: Buf<B>,
-    dfch: Buf<B>,
+    /// The blocks' and the head's output gradients (`GradsAt`): a
+    /// block's worth of scratch for the whole backward, then, with the
+    /// backward split in two, what each block's input half and the final
+    /// norm's keep for the weight half.
+    dgrad: Buf<B>,
     /// `--precision bf16`'s rounded operands.
     bf16: Option<Bf16Operands<B>>,
-    /// With the backward split in two, the output gradients each block's
-    /// weight half reads (`Saved` per block, then the final norm's), kept
-    /// from the input half; empty otherwise.
-    saved: Buf<B>,
 }
 
-/// Where block slot s's saved output gradients sit in `saved`, per row:
-/// the residual gradient entering the block (`top`, for the MLP
-/// projection), after its MLP (`mid`, for the attention projection), the
-/// MLP's hidden gradient, the two norms' output gradients and the qkv one.
-struct Saved {
-    top: std::ops::Range<usize>,
-    mid: std::ops::Range<usize>,
-    dfch: std::ops::Range<usize>,
-    dln2: std::ops::Range<usize>,
-    dqkv: std::ops::Range<usize>,
-    dln1: std::ops::Range<usize>,
+/// Where a block's output gradients sit in `dgrad`: the residual
+/// gradient entering the block (`top`, for the MLP projection's weight)
+/// and after its MLP (`mid`, for the attention projection's), the MLP's
+/// hidden gradient, the two norms' output gradients, the attention
+/// output's and the qkv one. The whole backward uses the scratch at the
+/// start of `dgrad` for every block: it reads the residual gradient in
+/// place (`top` and `mid` empty), and the norms' and the attention output's
+/// gradients, each dead before the next, share one range. The split
+/// backward keeps each block's in its slot after the scratch, where the
+/// weight half finds them, and takes only the attention output's from the
+/// scratch.
+struct GradsAt {
+    top: Range<usize>,
+    mid: Range<usize>,
+    dfch: Range<usize>,
+    dln2: Range<usize>,
+    datty: Range<usize>,
+    dqkv: Range<usize>,
+    dln1: Range<usize>,
 }
 
-impl Saved {
-    /// Floats a block of widths `d` saves per row.
+impl GradsAt {
+    /// Floats of scratch per row, for blocks no wider than `d`.
+    fn scratch(d: BlockDims) -> usize {
+        d.fl + d.c + 3 * d.cl
+    }
+
+    /// Floats a block of widths `d` keeps per row when the backward is split.
     fn per_row(d: BlockDims) -> usize {
         4 * d.c + d.fl + 3 * d.cl
     }
 
-    /// The ranges of a block of widths `d` in slot `slot`, slots being
-    /// `wide` blocks' size apart.
-    fn of(wide: BlockDims, d: BlockDims, rows: usize, slot: usize) -> Saved {
-        let mut at = slot * rows * Saved::per_row(wide);
+    /// The whole backward's ranges for a block of widths `d`, in a scratch
+    /// sized for `wide` ones.
+    fn whole(wide: BlockDims, d: BlockDims, rows: usize) -> GradsAt {
+        let dln = rows * wide.fl..rows * (wide.fl + d.c);
+        let dqkv = rows * (wide.fl + wide.c);
+        GradsAt {
+            top: 0..0,
+            mid: 0..0,
+            dfch: 0..rows * d.fl,
+            dln2: dln.clone(),
+            datty: dln.start..dln.start + rows * d.cl,
+            dqkv: dqkv..dqkv + rows * 3 * d.cl,
+            dln1: dln,
+        }
+    }
+
+    /// The split backward's ranges for a block of widths `d` in slot
+    /// `slot`, slots being `wide` blocks' size apart.
+    fn saved(wide: BlockDims, d: BlockDims, rows: usize, slot: usize) -> GradsAt {
+        let mut at = rows * (GradsAt::scratch(wide) + slot * GradsAt::per_row(wide));
         let mut take = |n: usize| {
             at += rows * n;
             at - rows * n..at
         };
-        Saved {
+        GradsAt {
             top: take(d.c),
             mid: take(d.c),
             dfch: take(d.fl),
             dln2: take(d.c),
             dqkv: take(3 * d.cl),
             dln1: take(d.c),
+            datty: GradsAt::whole(wide, d, rows).datty,
         }
     }
 }
@@ -169,9 +197,8 @@ impl<B: Backend> Activations<B> {
             logits: a(h * rows * cfg.padded_vocab())?,
             losses: a(h * rows)?,
             dres: a(rows * c)?,
-            dtmp: a(rows * c)?,
-            dqkv: a(rows * 3 * d.cl)?,
-            dfch: a(rows * d.fl)?,
+            dgrad: a(rows
+                * (GradsAt::scratch(d) + usize::from(split) * (l * GradsAt::per_row(d) + h * c)))?,
             bf16: match precision {
                 Precision::Fp32 => None,
                 Precision::Bf16 => {
@@ -180,7 +207,6 @@ impl<B: Backend> Activations<B> {
                     Some(Bf16Operands::new(al, (rows * widest, w, rows * widest))?)
                 }
             },
-            saved: a(usize::from(split) * rows * (l * Saved::per_row(d) + h * c))?,
         })
     }
 }
@@ -196,14 +222,16 @@ struct Batch {
     loss_terms: f32,
 }
 
-/// The gradient views of a block's weight and bias (`g` is the block's gradient).
+/// The gradient views of a block's weight and bias, where the pass takes
+/// them (`g` is the block's gradient).
 fn weight_and_bias<'g, B>(
-    g: &'g mut Dst<'_, B>,
+    g: &'g mut Option<Dst<'_, B>>,
     (lay, l): (&ParamLayout, usize),
     w: BlockParam,
     b: BlockParam,
-) -> (Dst<'g, B>, Dst<'g, B>) {
-    g.rb().split2(lay.in_block(l, w), lay.in_block(l, b))
+) -> Option<(Dst<'g, B>, Dst<'g, B>)> {
+    let g = g.as_mut()?;
+    Some(g.rb().split2(lay.in_block(l, w), lay.in_block(l, b)))
 }
 
 /// The model without its parameters: config, this rank's layout, the
@@ -457,14 +485,16 @@ impl<B: Backend> Engine<B> {
             .to_host(a.logits.slice(row * vp..row * vp + self.config.vocab_size))
     }
 
-    /// Backward of the head for `loss_scale * mean loss`: dwte (Vp x C) and
-    /// dlnf ([w | b]) accumulate; starts the residual gradient. Consumes the logits.
+    /// Backward of the head for `loss_scale * mean loss`: the logits'
+    /// gradient (in place of the logits), the final norm's output gradient
+    /// and the residual gradient it starts. Given `grads` = (dwte, dlnf
+    /// `[w | b]`), they accumulate; without, this is the split backward's
+    /// input half, and `head_backward_weight` reads what it leaves.
     fn head_backward(
         &mut self,
         wte: Src<'_, B>,
         lnf: Src<'_, B>,
-        dwte: Dst<'_, B>,
-        dlnf: Dst<'_, B>,
+        grads: Option<(Dst<'_, B>, Dst<'_, B>)>,
         loss_scale: f32,
     ) -> Result<()> {
         let (b, t) = self.shape();
@@ -476,7 +506,10 @@ impl<B: Backend> Engine<B> {
             return Err(Error::Input("backward needs a forward with targets".into()));
         }
         let terms = self.batch.as_ref().expect("begun").loss_terms;
-        let top = self.span.resid(n_layer);
+        let (top, at) = (
+            self.span.resid(n_layer),
+            self.head_at(rows, grads.is_some()),
+        );
         let a = self.acts.as_mut().expect("begun");
         let mut logits = a.logits.slice_mut(0..rows * vp);
         be.crossentropy_backward(CrossEntropyBackward {
@@ -490,10 +523,11 @@ impl<B: Backend> Engine<B> {
             // The logits' gradient feeds only this matmul: rounded where it lies.
             be.round_bf16(logits.rb(), None);
         }
-        let mut dtmp = a.dtmp.slice_mut(0..btc);
+        let (dwte, dlnf) = grads.unzip();
+        let mut dln = a.dgrad.slice_mut(at);
         let op = MatmulBackward {
-            dinp: Some(dtmp.rb()),
-            dw: Some(dwte),
+            dinp: Some(dln.rb()),
+            dw: dwte,
             dbias: None,
             dout: logits.src(),
             inp: a.lnf.slice(0..btc),
@@ -505,8 +539,8 @@ impl<B: Backend> Engine<B> {
         be.fill(dres.rb(), 0.0);
         be.layernorm_backward(LayerNormBackward {
             dinp: Some(dres),
-            dwb: Some(dlnf.split_at(c)),
-            dout: dtmp.src(),
+            dwb: dlnf.map(|d| d.split_at(c)),
+            dout: dln.src(),
             inp: a.resid.s().part(top, btc),
             w: lnf.first(c),
             mean: a.lnf_mean.slice(0..rows),
@@ -515,9 +549,11 @@ impl<B: Backend> Engine<B> {
         })
     }
 
-    /// Backward of block l: grads of its slice `p` accumulate into `g`; the
-    /// residual gradient moves from resid[l + 1] to resid[l]. With
-    /// recomputation the block's forward runs again first.
+    /// Backward of block l: the residual gradient moves from resid[l + 1]
+    /// to resid[l]. Given `g`, the block's parameter gradients accumulate
+    /// into it, and with recomputation its forward runs again first;
+    /// without, this is the split backward's input half, which keeps the
+    /// output gradients `block_backward_weight` reads in the block's slot.
     /// Long by design: the block's kernels in reverse order, each on views
     /// of the same activation and gradient buffers (split into functions,
     /// those views would be passed from one to the next).
@@ -525,7 +561,7 @@ impl<B: Backend> Engine<B> {
         &mut self,
         l: usize,
         p: Src<'_, B>,
-        mut g: Dst<'_, B>,
+        mut g: Option<Dst<'_, B>>,
         tp: Option<&dyn Comm>,
     ) -> Result<()> {
         if self.recompute {
@@ -537,77 +573,84 @@ impl<B: Backend> Engine<B> {
         let rows = b * t;
         let btc = rows * c;
         let (s, r) = (self.slot(l), self.span.resid(l));
+        let at = match g {
+            Some(_) => GradsAt::whole(wd, d, rows),
+            None => GradsAt::saved(wd, d, rows, s),
+        };
         let (be, lay) = (&self.backend, &self.layout);
         let a = self.acts.as_mut().expect("begun");
         let w = |bp: BlockParam| p.slice(lay.in_block(l, bp));
-        let x = a.resid.s().part(r, btc);
-        let mut dres = a.dres.slice_mut(0..btc);
-        let mut dtmp = a.dtmp.slice_mut(0..btc);
-        let mut dfch = a.dfch.slice_mut(0..rows * fl);
         let io = |dims| MatmulShape::new(dims, WeightLayout::InOut);
-        let (dw, db) = weight_and_bias(&mut g, (lay, l), BlockParam::FcProjW, BlockParam::FcProjB);
+        let mut dres = a.dres.slice_mut(0..btc);
+        let mut dg = a.dgrad.d();
+        if g.is_none() {
+            be.copy(dg.rb().slice(at.top.clone()), dres.src());
+        }
+        let (dw, db) =
+            weight_and_bias(&mut g, (lay, l), BlockParam::FcProjW, BlockParam::FcProjB).unzip();
+        let mut dfch = dg.rb().slice(at.dfch.clone());
         let op = MatmulBackward {
             dinp: Some(dfch.rb()),
-            dw: Some(dw),
-            dbias: Some(db),
+            dw,
+            dbias: db,
             dout: dres.src(),
             inp: a.fch_gelu.s().part(s, rows * wd.fl).first(rows * fl),
             w: w(BlockParam::FcProjW),
             shape: io((rows, fl, c)),
         };
         matmul_backward(be, a.bf16.as_mut(), op, Dout::Round);
-        // GELU's backward adds the fc bias's gradient in the same pass
-        let (dw, db) = weight_and_bias(&mut g, (lay, l), BlockParam::FcW, BlockParam::FcB);
+        // GELU's backward adds the fc bias's gradient in the same pass (the
+        // weight half's product adds it)
+        let (dw, db) = weight_and_bias(&mut g, (lay, l), BlockParam::FcW, BlockParam::FcB).unzip();
         be.activation_backward(ActivationBackward {
-            d: dfch.rb(),
+            d: dfch,
             inp: a.fch.s().part(s, rows * wd.fl).first(rows * fl),
             act: Activation::GeluTanh,
-            dbias: Some(db),
+            dbias: db,
         });
+        let (dfch, mut dln2) = dg.rb().split2(at.dfch.clone(), at.dln2.clone());
         let op = MatmulBackward {
-            dinp: Some(dtmp.rb()),
-            dw: Some(dw),
+            dinp: Some(dln2.rb()),
+            dw,
             dbias: None,
-            dout: dfch.src(),
+            dout: dfch.into_src(),
             inp: a.ln2.s().part(s, btc),
             w: w(BlockParam::FcW),
             shape: io((rows, c, fl)),
         };
         matmul_backward(be, a.bf16.as_mut(), op, Dout::Round);
-        tp::all_reduce(be, tp, dtmp.rb())?;
+        tp::all_reduce(be, tp, dln2.rb())?;
         be.layernorm_backward(LayerNormBackward {
             dinp: Some(dres.rb()),
-            dwb: Some(weight_and_bias(
-                &mut g,
-                (lay, l),
-                BlockParam::Ln2W,
-                BlockParam::Ln2B,
-            )),
-            dout: dtmp.src(),
+            dwb: weight_and_bias(&mut g, (lay, l), BlockParam::Ln2W, BlockParam::Ln2B),
+            dout: dln2.src(),
             inp: a.res2.s().part(s, btc),
             w: w(BlockParam::Ln2W),
             mean: a.ln2_mean.s().part(s, rows),
             rstd: a.ln2_rstd.s().part(s, rows),
             c,
         })?;
-        let mut datty = dtmp.rb().first(rows * cl);
+        if g.is_none() {
+            be.copy(dg.rb().slice(at.mid.clone()), dres.src());
+        }
         let (dw, db) = weight_and_bias(
             &mut g,
             (lay, l),
             BlockParam::AttnProjW,
             BlockParam::AttnProjB,
-        );
+        )
+        .unzip();
+        let (mut datty, mut dqkv) = dg.rb().split2(at.datty.clone(), at.dqkv.clone());
         let op = MatmulBackward {
             dinp: Some(datty.rb()),
-            dw: Some(dw),
-            dbias: Some(db),
+            dw,
+            dbias: db,
             dout: dres.src(),
             inp: a.atty.s().part(s, rows * wd.cl).first(rows * cl),
             w: w(BlockParam::AttnProjW),
             shape: io((rows, cl, c)),
         };
         matmul_backward(be, a.bf16.as_mut(), op, Dout::Round);
-        let mut dqkv = a.dqkv.slice_mut(0..3 * rows * cl);
         be.attention_backward(AttentionBackward {
             dqkv: dqkv.rb(),
             dout: datty.src(),
@@ -617,34 +660,30 @@ impl<B: Backend> Engine<B> {
             lens: None,
             shape: d.attn(b, t),
         });
-        let (dw, db) = weight_and_bias(&mut g, (lay, l), BlockParam::QkvW, BlockParam::QkvB);
+        let (dqkv, mut dln1) = dg.rb().split2(at.dqkv.clone(), at.dln1.clone());
+        let (dw, db) =
+            weight_and_bias(&mut g, (lay, l), BlockParam::QkvW, BlockParam::QkvB).unzip();
         let op = MatmulBackward {
-            dinp: Some(dtmp.rb()),
-            dw: Some(dw),
-            dbias: Some(db),
-            dout: dqkv.src(),
+            dinp: Some(dln1.rb()),
+            dw,
+            dbias: db,
+            dout: dqkv.into_src(),
             inp: a.ln1.s().part(s, btc),
             w: w(BlockParam::QkvW),
             shape: io((rows, c, 3 * cl)),
         };
         matmul_backward(be, a.bf16.as_mut(), op, Dout::Round);
-        tp::all_reduce(be, tp, dtmp.rb())?;
+        tp::all_reduce(be, tp, dln1.rb())?;
         be.layernorm_backward(LayerNormBackward {
             dinp: Some(dres),
-            dwb: Some(weight_and_bias(
-                &mut g,
-                (lay, l),
-                BlockParam::Ln1W,
-                BlockParam::Ln1B,
-            )),
-            dout: dtmp.src(),
-            inp: x,
+            dwb: weight_and_bias(&mut g, (lay, l), BlockParam::Ln1W, BlockParam::Ln1B),
+            dout: dln1.src(),
+            inp: a.resid.s().part(r, btc),
             w: w(BlockParam::Ln1W),
             mean: a.ln1_mean.s().part(s, rows),
             rstd: a.ln1_rstd.s().part(s, rows),
             c,
-        })?;
-        Ok(())
+        })
     }
 
     /// Gradient of the [wte | wpe] unit from the residual gradient (accumulates into `demb`).
@@ -667,63 +706,15 @@ impl<B: Backend> Engine<B> {
         });
     }
 
-    /// The head's input half: the logits' gradient (left in the logits for
-    /// the weight half), the final norm's output gradient (saved) and the
-    /// residual gradient it starts.
-    fn head_backward_input(
-        &mut self,
-        wte: Src<'_, B>,
-        lnf: Src<'_, B>,
-        loss_scale: f32,
-    ) -> Result<()> {
-        let (b, t) = self.shape();
-        let cfg = &self.config;
-        let (c, n_layer, v, vp) = (cfg.n_embd, cfg.n_layer, cfg.vocab_size, cfg.padded_vocab());
-        let (rows, be) = (b * t, &self.backend);
-        let btc = rows * c;
-        if !self.batch.as_ref().is_some_and(|x| x.has_targets) {
-            return Err(Error::Input("backward needs a forward with targets".into()));
+    /// Where the final norm's output gradient sits in `dgrad`: in the
+    /// scratch for the whole backward, after the blocks' slots for the split one.
+    fn head_at(&self, rows: usize, whole: bool) -> Range<usize> {
+        let wd = self.widest();
+        if whole {
+            return GradsAt::whole(wd, wd, rows).dln2;
         }
-        let terms = self.batch.as_ref().expect("begun").loss_terms;
-        let (top, at) = (self.span.resid(n_layer), self.head_saved(rows));
-        let a = self.acts.as_mut().expect("begun");
-        let mut logits = a.logits.slice_mut(0..rows * vp);
-        let (targets, scale) = (a.targets.slice(0..rows), loss_scale / terms);
-        be.crossentropy_backward(CrossEntropyBackward {
-            logits: logits.rb(),
-            targets,
-            v,
-            vp,
-            dloss: scale,
-        });
-        let mut dlnf = a.saved.slice_mut(at);
-        be.matmul_backward(MatmulBackward {
-            dinp: Some(dlnf.rb()),
-            dw: None,
-            dbias: None,
-            dout: logits.src(),
-            inp: a.lnf.slice(0..btc),
-            w: wte,
-            shape: MatmulShape::new((rows, c, vp), WeightLayout::OutIn),
-        });
-        let mut dres = a.dres.slice_mut(0..btc);
-        be.fill(dres.rb(), 0.0);
-        be.layernorm_backward(LayerNormBackward {
-            dinp: Some(dres),
-            dwb: None,
-            dout: dlnf.src(),
-            inp: a.resid.s().part(top, btc),
-            w: lnf.first(c),
-            mean: a.lnf_mean.slice(0..rows),
-            rstd: a.lnf_rstd.slice(0..rows),
-            c,
-        })
-    }
-
-    /// Where the final norm's saved output gradient sits.
-    fn head_saved(&self, rows: usize) -> std::ops::Range<usize> {
-        let blocks = self.span.blocks.len() * rows * Saved::per_row(self.widest());
-        blocks..blocks + rows * self.config.n_embd
+        let at = rows * (GradsAt::scratch(wd) + self.span.blocks.len() * GradsAt::per_row(wd));
+        at..at + rows * self.config.n_embd
     }
 
     /// The head's weight half: dwte and dlnf from what the input half left.
@@ -739,7 +730,7 @@ impl<B: Backend> Engine<B> {
         let (c, n_layer, vp) = (cfg.n_embd, cfg.n_layer, cfg.padded_vocab());
         let (rows, be) = (b * t, &self.backend);
         let btc = rows * c;
-        let (top, at) = (self.span.resid(n_layer), self.head_saved(rows));
+        let (top, at) = (self.span.resid(n_layer), self.head_at(rows, false));
         let a = self.acts.as_ref().expect("begun");
         be.matmul_backward(MatmulBackward {
             dinp: None,
@@ -753,7 +744,7 @@ impl<B: Backend> Engine<B> {
         be.layernorm_backward(LayerNormBackward {
             dinp: None,
             dwb: Some(dlnf.split_at(c)),
-            dout: a.saved.slice(at),
+            dout: a.dgrad.slice(at),
             inp: a.resid.s().part(top, btc),
             w: lnf.first(c),
             mean: a.lnf_mean.slice(0..rows),
@@ -762,109 +753,10 @@ impl<B: Backend> Engine<B> {
         })
     }
 
-    /// Block l's input half: the residual gradient moves from resid[l + 1]
-    /// to resid[l]; the output gradients its weight half reads are saved.
-    fn block_backward_input(
-        &mut self,
-        l: usize,
-        p: Src<'_, B>,
-        tp: Option<&dyn Comm>,
-    ) -> Result<()> {
-        let (b, t) = self.shape();
-        let (d, wd) = (self.dims(l), self.widest());
-        let BlockDims { c, cl, nhl, fl } = d;
-        let rows = b * t;
-        let btc = rows * c;
-        let (s, r) = (self.slot(l), self.span.resid(l));
-        let (be, lay) = (&self.backend, &self.layout);
-        let a = self.acts.as_mut().expect("begun");
-        let w = |bp: BlockParam| p.slice(lay.in_block(l, bp));
-        let at = Saved::of(wd, d, rows, s);
-        let mut dres = a.dres.slice_mut(0..btc);
-        let mut saved = a.saved.d();
-        be.copy(saved.rb().slice(at.top.clone()), dres.src());
-        let io = |dims| MatmulShape::new(dims, WeightLayout::InOut);
-        {
-            let mut dfch = saved.rb().slice(at.dfch.clone());
-            let proj = w(BlockParam::FcProjW);
-            be.matmul_backward(MatmulBackward::input_half(
-                dfch.rb(),
-                dres.src(),
-                proj,
-                io((rows, fl, c)),
-            ));
-            let fch = a.fch.s().part(s, rows * wd.fl).first(rows * fl);
-            // the fc bias's gradient waits for the weight half
-            be.activation_backward(ActivationBackward {
-                d: dfch,
-                inp: fch,
-                act: Activation::GeluTanh,
-                dbias: None,
-            });
-        }
-        {
-            let (dfch, mut dln2) = saved.rb().split2(at.dfch.clone(), at.dln2.clone());
-            let fc = w(BlockParam::FcW);
-            be.matmul_backward(MatmulBackward::input_half(
-                dln2.rb(),
-                dfch.into_src(),
-                fc,
-                io((rows, c, fl)),
-            ));
-            tp::all_reduce(be, tp, dln2.rb())?;
-            be.layernorm_backward(LayerNormBackward {
-                dinp: Some(dres.rb()),
-                dwb: None,
-                dout: dln2.src(),
-                inp: a.res2.s().part(s, btc),
-                w: w(BlockParam::Ln2W),
-                mean: a.ln2_mean.s().part(s, rows),
-                rstd: a.ln2_rstd.s().part(s, rows),
-                c,
-            })?;
-        }
-        be.copy(saved.rb().slice(at.mid.clone()), dres.src());
-        let mut datty = a.dtmp.slice_mut(0..rows * cl);
-        let proj = w(BlockParam::AttnProjW);
-        be.matmul_backward(MatmulBackward::input_half(
-            datty.rb(),
-            dres.src(),
-            proj,
-            io((rows, cl, c)),
-        ));
-        be.attention_backward(AttentionBackward {
-            dqkv: saved.rb().slice(at.dqkv.clone()),
-            dout: datty.src(),
-            qkv: a.qkv.s().part(s, 3 * rows * wd.cl).first(3 * rows * cl),
-            out: a.atty.s().part(s, rows * wd.cl).first(rows * cl),
-            lse: a.lse.s().part(s, rows * wd.nhl).first(rows * nhl),
-            lens: None,
-            shape: d.attn(b, t),
-        });
-        let (dqkv, mut dln1) = saved.rb().split2(at.dqkv.clone(), at.dln1.clone());
-        let qkv = w(BlockParam::QkvW);
-        be.matmul_backward(MatmulBackward::input_half(
-            dln1.rb(),
-            dqkv.into_src(),
-            qkv,
-            io((rows, c, 3 * cl)),
-        ));
-        tp::all_reduce(be, tp, dln1.rb())?;
-        be.layernorm_backward(LayerNormBackward {
-            dinp: Some(dres),
-            dwb: None,
-            dout: dln1.src(),
-            inp: a.resid.s().part(r, btc),
-            w: w(BlockParam::Ln1W),
-            mean: a.ln1_mean.s().part(s, rows),
-            rstd: a.ln1_rstd.s().part(s, rows),
-            c,
-        })
-    }
-
     /// Block l's weight half: its parameters' gradients accumulate into
     /// `g` from the output gradients its input half saved.
-    fn block_backward_weight(&mut self, l: usize, p: Src<'_, B>, mut g: Dst<'_, B>) -> Result<()> {
+    fn block_backward_weight(&mut self, l: usize, p: Src<'_, B>, g: Dst<'_, B>) -> Result<()> {
+        let mut g = Some(g);
         let (b, t) = self.shape();
         let (d, wd) = (self.dims(l), self.widest());
         let BlockDims { c, cl, fl, .. } = d;
@@ -874,8 +766,8 @@ impl<B: Backend> Engine<B> {
         let (be, lay) = (&self.backend, &self.layout);
         let a = self.acts.as_ref().expect("begun");
         let w = |bp: BlockParam| p.slice(lay.in_block(l, bp));
-        let at = Saved::of(wd, d, rows, s);
-        let saved = |r: std::ops::Range<usize>| a.saved.slice(r);
+        let at = GradsAt::saved(wd, d, rows, s);
+        let saved = |r: Range<usize>| a.dgrad.slice(r);
         let matmuls = [
             (
                 BlockParam::FcProjW,
@@ -907,11 +799,11 @@ impl<B: Backend> Engine<B> {
             ),
         ];
         for (pw, pb, dout, inp, dims) in matmuls {
-            let (dw, db) = weight_and_bias(&mut g, (lay, l), pw, pb);
+            let (dw, db) = weight_and_bias(&mut g, (lay, l), pw, pb).unzip();
             be.matmul_backward(MatmulBackward {
                 dinp: None,
-                dw: Some(dw),
-                dbias: Some(db),
+                dw,
+                dbias: db,
                 dout: saved(dout.clone()),
                 inp,
                 w: w(pw),
@@ -939,7 +831,7 @@ impl<B: Backend> Engine<B> {
         for (pw, pb, dout, inp, mean, rstd) in norms {
             be.layernorm_backward(LayerNormBackward {
                 dinp: None,
-                dwb: Some(weight_and_bias(&mut g, (lay, l), pw, pb)),
+                dwb: weight_and_bias(&mut g, (lay, l), pw, pb),
                 dout: saved(dout.clone()),
                 inp,
                 w: w(pw),
@@ -1042,12 +934,11 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
     ) -> Result<()> {
         match UnitKind::of(u, self.config.n_layer) {
             UnitKind::Embeddings => self.embed_backward(g.own),
-            UnitKind::Block(l) => self.block_backward(l, p.own, g.own, tp)?,
+            UnitKind::Block(l) => self.block_backward(l, p.own, Some(g.own), tp)?,
             UnitKind::Head => self.head_backward(
                 p.tied.expect("the head reads wte"),
                 p.own,
-                g.tied.expect("the head accumulates dwte"),
-                g.own,
+                Some((g.tied.expect("the head accumulates dwte"), g.own)),
                 loss_scale,
             )?,
         }
@@ -1062,7 +953,7 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
         a.resid.slice_mut(r * btc..(r + 1) * btc)
     }
 
-    fn set_units(&mut self, units: std::ops::Range<usize>) {
+    fn set_units(&mut self, units: Range<usize>) {
         self.span = Span::of_units(units, self.config.n_layer);
         self.acts = None;
     }
@@ -1090,9 +981,9 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
         debug_assert!(self.split, "split_backward first");
         match UnitKind::of(u, self.config.n_layer) {
             UnitKind::Embeddings => Ok(()),
-            UnitKind::Block(l) => self.block_backward_input(l, p.own, tp),
+            UnitKind::Block(l) => self.block_backward(l, p.own, None, tp),
             UnitKind::Head => {
-                self.head_backward_input(p.tied.expect("the head reads wte"), p.own, loss_scale)
+                self.head_backward(p.tied.expect("the head reads wte"), p.own, None, loss_scale)
             }
         }
     }
