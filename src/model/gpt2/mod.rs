@@ -80,9 +80,10 @@ struct Activations<B: Backend> {
 /// and after its MLP (`mid`, for the attention projection's), the MLP's
 /// hidden gradient, the two norms' output gradients, the attention
 /// output's and the qkv one. The whole backward uses the scratch at the
-/// start of `dgrad` for every block: it reads the residual gradient in
-/// place (`top` and `mid` empty), and the norms' and the attention output's
-/// gradients, each dead before the next, share one range. The split
+/// start of `dgrad` for every block, each range reused once what it held
+/// is dead: it reads the residual gradient in place (`top` and `mid`
+/// empty), the norms' and the attention output's gradients share one
+/// range, and the MLP's hidden gradient and the qkv one another. The split
 /// backward keeps each block's in its slot after the scratch, where the
 /// weight half finds them, and takes only the attention output's from the
 /// scratch.
@@ -99,7 +100,7 @@ struct GradsAt {
 impl GradsAt {
     /// Floats of scratch per row, for blocks no wider than `d`.
     fn scratch(d: BlockDims) -> usize {
-        d.fl + d.c + 3 * d.cl
+        d.c + d.fl.max(3 * d.cl)
     }
 
     /// Floats a block of widths `d` keeps per row when the backward is split.
@@ -107,18 +108,16 @@ impl GradsAt {
         4 * d.c + d.fl + 3 * d.cl
     }
 
-    /// The whole backward's ranges for a block of widths `d`, in a scratch
-    /// sized for `wide` ones.
-    fn whole(wide: BlockDims, d: BlockDims, rows: usize) -> GradsAt {
-        let dln = rows * wide.fl..rows * (wide.fl + d.c);
-        let dqkv = rows * (wide.fl + wide.c);
+    /// The whole backward's ranges for a block of widths `d`.
+    fn whole(d: BlockDims, rows: usize) -> GradsAt {
+        let (dln, wide) = (0..rows * d.c, rows * d.c);
         GradsAt {
             top: 0..0,
             mid: 0..0,
-            dfch: 0..rows * d.fl,
+            dfch: wide..wide + rows * d.fl,
             dln2: dln.clone(),
-            datty: dln.start..dln.start + rows * d.cl,
-            dqkv: dqkv..dqkv + rows * 3 * d.cl,
+            datty: 0..rows * d.cl,
+            dqkv: wide..wide + rows * 3 * d.cl,
             dln1: dln,
         }
     }
@@ -138,7 +137,7 @@ impl GradsAt {
             dln2: take(d.c),
             dqkv: take(3 * d.cl),
             dln1: take(d.c),
-            datty: GradsAt::whole(wide, d, rows).datty,
+            datty: GradsAt::whole(d, rows).datty,
         }
     }
 }
@@ -574,7 +573,7 @@ impl<B: Backend> Engine<B> {
         let btc = rows * c;
         let (s, r) = (self.slot(l), self.span.resid(l));
         let at = match g {
-            Some(_) => GradsAt::whole(wd, d, rows),
+            Some(_) => GradsAt::whole(d, rows),
             None => GradsAt::saved(wd, d, rows, s),
         };
         let (be, lay) = (&self.backend, &self.layout);
@@ -711,7 +710,7 @@ impl<B: Backend> Engine<B> {
     fn head_at(&self, rows: usize, whole: bool) -> Range<usize> {
         let wd = self.widest();
         if whole {
-            return GradsAt::whole(wd, wd, rows).dln2;
+            return GradsAt::whole(wd, rows).dln2;
         }
         let at = rows * (GradsAt::scratch(wd) + self.span.blocks.len() * GradsAt::per_row(wd));
         at..at + rows * self.config.n_embd
@@ -1103,4 +1102,40 @@ pub fn init_full(cfg: &GptConfig, seed: u64) -> Vec<f32> {
     let wte = layout.wte();
     p[wte.start + cfg.vocab_size * cfg.n_embd..wte.end].fill(0.0);
     p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// GPT-2's activations counted by hand, per row (B x T tokens): the
+    /// residual stream at every block's edge; per block its two norms'
+    /// outputs and statistics, q|k|v, attention's output and log-sum-exp,
+    /// the residual between and the MLP's hidden state before and after
+    /// GELU; the head's norm, logits and losses; the backward's residual
+    /// gradient and its scratch (C, and the wider of the MLP's hidden
+    /// gradient and q|k|v's, which are never alive together). A split
+    /// backward keeps each block's output gradients (4C + 4C + 3C) and the
+    /// final norm's (C) besides.
+    #[test]
+    fn the_activations_are_the_buffers_the_backward_needs_and_no_more() {
+        let cfg = GptConfig::preset("tiny").unwrap();
+        let (l, c, nh, vp) = (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.padded_vocab());
+        let rows = 3 * 5;
+        let block = 2 * (c + 2) + 3 * c + c + nh + c + 2 * 4 * c;
+        let head = c + 2 + vp + 1;
+        let whole = (l + 1) * c + l * block + head + c + (c + 4 * c);
+        let saved = l * (4 * c + 4 * c + 3 * c) + c;
+        for (split, per_row) in [(false, whole), (true, whole + saved)] {
+            let run = SpanRun {
+                span: Span::all(l),
+                recompute: false,
+                split,
+            };
+            // tokens and targets are a row each
+            let want = (2 * rows + rows * per_row, 0);
+            let got = activation_elems(&cfg, 1, rows, &run, Precision::Fp32);
+            assert_eq!(got, want, "split {split}");
+        }
+    }
 }
