@@ -1112,30 +1112,45 @@ mod tests {
     /// residual stream at every block's edge; per block its two norms'
     /// outputs and statistics, q|k|v, attention's output and log-sum-exp,
     /// the residual between and the MLP's hidden state before and after
-    /// GELU; the head's norm, logits and losses; the backward's residual
-    /// gradient and its scratch (C, and the wider of the MLP's hidden
-    /// gradient and q|k|v's, which are never alive together). A split
-    /// backward keeps each block's output gradients (4C + 4C + 3C) and the
-    /// final norm's (C) besides.
+    /// GELU (each sized for the widest block); the head's norm, logits and
+    /// losses; the backward's residual gradient and its scratch (C, and the
+    /// wider of the MLP's hidden gradient and q|k|v's, which are never
+    /// alive together). A split backward keeps each block's output
+    /// gradients (4C + hidden + q|k|v) and the final norm's (C) besides.
+    /// Dense, and pruned to an MLP narrower than q|k|v.
     #[test]
     fn the_activations_are_the_buffers_the_backward_needs_and_no_more() {
-        let cfg = GptConfig::preset("tiny").unwrap();
-        let (l, c, nh, vp) = (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.padded_vocab());
-        let rows = 3 * 5;
-        let block = 2 * (c + 2) + 3 * c + c + nh + c + 2 * 4 * c;
-        let head = c + 2 + vp + 1;
-        let whole = (l + 1) * c + l * block + head + c + (c + 4 * c);
-        let saved = l * (4 * c + 4 * c + 3 * c) + c;
-        for (split, per_row) in [(false, whole), (true, whole + saved)] {
-            let run = SpanRun {
-                span: Span::all(l),
-                recompute: false,
-                split,
-            };
-            // tokens and targets are a row each
-            let want = (2 * rows + rows * per_row, 0);
-            let got = activation_elems(&cfg, 1, rows, &run, Precision::Fp32);
-            assert_eq!(got, want, "split {split}");
+        let dense = GptConfig::preset("tiny").unwrap();
+        let mut pruned = dense.clone();
+        pruned.blocks = vec![
+            config::BlockWidth {
+                heads: 2,
+                hidden: 16,
+            },
+            config::BlockWidth {
+                heads: 1,
+                hidden: 40,
+            },
+        ];
+        // (config, the widest block's q|k|v width / 3, heads, MLP width)
+        for (cfg, cl, nh, fl) in [(&dense, 32, 2, 128), (&pruned, 32, 2, 40)] {
+            let (l, c, vp) = (cfg.n_layer, cfg.n_embd, cfg.padded_vocab());
+            let rows = 3 * 5;
+            let block = 2 * (c + 2) + 3 * cl + cl + nh + c + 2 * fl;
+            let head = c + 2 + vp + 1;
+            let whole = (l + 1) * c + l * block + head + c + (c + fl.max(3 * cl));
+            let saved = l * (4 * c + fl + 3 * cl) + c;
+            for (split, per_row) in [(false, whole), (true, whole + saved)] {
+                let run = SpanRun {
+                    span: Span::all(l),
+                    recompute: false,
+                    split,
+                };
+                // tokens and targets are a row each
+                let want = (2 * rows + rows * per_row, 0);
+                let got = activation_elems(cfg, 1, rows, &run, Precision::Fp32);
+                assert_eq!(got, want, "{cfg}, split {split}");
+            }
         }
     }
 }
