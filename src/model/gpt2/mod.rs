@@ -598,8 +598,8 @@ impl<B: Backend> Engine<B> {
             shape: io((rows, fl, c)),
         };
         matmul_backward(be, a.bf16.as_mut(), op, Dout::Round);
-        // GELU's backward adds the fc bias's gradient in the same pass (the
-        // weight half's product adds it)
+        // GELU's backward adds the fc bias's gradient in the same pass (in
+        // a split backward, the weight half's product adds it)
         let (dw, db) = weight_and_bias(&mut g, (lay, l), BlockParam::FcW, BlockParam::FcB).unzip();
         be.activation_backward(ActivationBackward {
             d: dfch,
