@@ -80,11 +80,7 @@ fn logits_loss_and_gradients_match_transformers() {
     let mut model = loaded_model();
     let (b, t, tokens) = reference.ids("tokens");
     let (_, _, targets) = reference.ids("targets");
-    let loss = model
-        .forward(&tokens, Some(&targets), b, t)
-        .unwrap()
-        .unwrap();
-
+    model.forward(&tokens, Some(&targets), b, t).unwrap();
     let (_, want_logits) = reference.tensor("logits");
     let v = model.config.vocab_size;
     let mut max_err = 0.0f32;
@@ -97,6 +93,40 @@ fn logits_loss_and_gradients_match_transformers() {
         }
     }
     assert!(max_err <= 1e-4, "logits max abs error {max_err}");
+    check_loss_and_gradients(&reference, model);
+}
+
+/// `--recompute`'s head in chunks of 5 rows (the fixture's batch is
+/// more): the forward's loss, each parameter's gradient (dwte summed
+/// over the chunks) against `transformers` as the whole head's are; the
+/// logits of every row are not held, and reading them says so.
+#[test]
+fn a_head_in_chunks_of_rows_matches_transformers() {
+    let reference = Reference::load();
+    let mut model = loaded_model();
+    let (b, t, tokens) = reference.ids("tokens");
+    assert!(
+        b * t > 10,
+        "a batch of {b} x {t} makes fewer than three chunks"
+    );
+    model.engine.recompute = true;
+    model.engine.logits_budget = 5 * model.config.padded_vocab();
+    let (_, _, targets) = reference.ids("targets");
+    model.forward(&tokens, Some(&targets), b, t).unwrap();
+    let e = model.logits(0, 0).unwrap_err().to_string();
+    assert!(e.contains("holds the logits of 5 at a time"), "{e}");
+    check_loss_and_gradients(&reference, model);
+}
+
+/// The loss of the model's last forward and the gradients of its backward
+/// against the fixture's.
+fn check_loss_and_gradients(reference: &Reference, mut model: Gpt2<Cpu>) {
+    let (b, t, tokens) = reference.ids("tokens");
+    let (_, _, targets) = reference.ids("targets");
+    let loss = model
+        .forward(&tokens, Some(&targets), b, t)
+        .unwrap()
+        .unwrap();
     let want_loss = reference.tensor("loss").1[0];
     assert!(
         (loss - want_loss).abs() <= 1e-5,
@@ -105,6 +135,7 @@ fn logits_loss_and_gradients_match_transformers() {
 
     model.zero_grads();
     model.backward(1.0).unwrap();
+    let v = model.config.vocab_size;
     let grads = model.backend().to_host(model.grads.s()).unwrap();
     for spec in model.layout.tensors.clone() {
         let (_, want) = reference.tensor(&format!("grad.{}", spec.name));

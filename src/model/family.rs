@@ -86,6 +86,11 @@ pub trait Family: fmt::Debug + fmt::Display + Send + Sync + 'static {
     fn flops_per_token(&self, t: usize) -> f64;
     /// Training FLOPs per token that tensor parallelism does not split.
     fn unsplit_flops_per_token(&self, t: usize) -> f64;
+    /// The share of those FLOPs' forward that a recomputing engine runs
+    /// again in the backward, for `rows` tokens a micro-batch.
+    fn recomputed_unsplit_share(&self, _rows: usize) -> f64 {
+        0.0
+    }
     /// Its positions, blocks, width and heads.
     fn dims(&self) -> FamilyDims;
     /// Refuses a tensor-parallel size the family cannot split by.
@@ -573,6 +578,13 @@ impl ModelConfig {
     /// decoder, or its pooler and classifier, which see one row per sequence).
     pub fn unsplit_flops_per_token(&self, t: usize) -> f64 {
         self.0.unsplit_flops_per_token(t)
+    }
+
+    /// The share of the unsplit FLOPs' forward that `--recompute` runs
+    /// again in the backward, for `rows` tokens a micro-batch (GPT-2's
+    /// head beyond its first chunk of logits).
+    pub fn recomputed_unsplit_share(&self, rows: usize) -> f64 {
+        self.0.recomputed_unsplit_share(rows)
     }
 
     /// Parameters stored (padded vocabularies included).

@@ -457,9 +457,17 @@ pub fn predict(
     // Compute: the blocks are split over tp, the head is not.
     let head = m.unsplit_flops_per_token(w.seq_len);
     let blocks = m.flops_per_token(w.seq_len) - head;
-    let recompute = if par.recompute { blocks / 3.0 } else { 0.0 };
+    // --recompute runs each block's forward again, and a head's that
+    // keeps its logits in chunks, all but the last chunk's
+    let (blocks_again, head_again) = match par.recompute {
+        true => (
+            blocks / 3.0,
+            head / 3.0 * m.recomputed_unsplit_share(rows as usize),
+        ),
+        false => (0.0, 0.0),
+    };
     let tokens_rank = rows * w.grad_accum as f64;
-    let flops_rank = tokens_rank * ((blocks + recompute) / tp as f64 + head);
+    let flops_rank = tokens_rank * ((blocks + blocks_again) / tp as f64 + head + head_again);
     let share = if device.shared_by_ranks {
         world as f64
     } else {
@@ -1207,6 +1215,48 @@ mod tests {
         assert!(
             p(StrategyKind::Ddp, true).activations < p(StrategyKind::Ddp, false).activations / 5.0
         );
+    }
+
+    /// `--recompute` costs a forward of the blocks, and of GPT-2's head
+    /// where its logits run in chunks: over 16 x 1024 rows all but the
+    /// last of 50 chunks of 333 rows; none on 1 x 256 rows, one chunk.
+    #[test]
+    fn recompute_costs_the_blocks_forward_and_the_heads_chunks() {
+        let m = ModelConfig::preset("gpt2").unwrap();
+        let (head, all) = (m.unsplit_flops_per_token(1024), m.flops_per_token(1024));
+        let (d, n) = h100();
+        for (batch, seq_len, share) in [(16, 1024, 49.0 / 50.0), (1, 256, 0.0)] {
+            let w = Workload {
+                model: m.clone(),
+                batch,
+                seq_len,
+                grad_accum: 1,
+                cpu_threads: None,
+            };
+            let (head, all) = match seq_len {
+                1024 => (head, all),
+                _ => (m.unsplit_flops_per_token(256), m.flops_per_token(256)),
+            };
+            let compute = |recompute| {
+                let par = ParallelConfig {
+                    strategy: StrategyKind::Single,
+                    world_size: 1,
+                    tp: 1,
+                    recompute,
+                    precision: Default::default(),
+                    pipeline: Default::default(),
+                    offload: Default::default(),
+                    offload_serial: false,
+                };
+                predict(&w, par, &d, &n, Precision::Mixed).time.compute_s
+            };
+            let want = (all + (all - head) / 3.0 + head / 3.0 * share) / all;
+            let got = compute(true) / compute(false);
+            assert!(
+                (got - want).abs() < 1e-12,
+                "{batch} x {seq_len}: {got} vs {want}"
+            );
+        }
     }
 
     /// A workload of `m` with a global batch of `batch`, 4 micro-batches.

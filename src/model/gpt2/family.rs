@@ -63,6 +63,12 @@ impl Family for GptConfig {
         // the tied LM head
         6.0 * (self.padded_vocab() * self.n_embd) as f64
     }
+    fn recomputed_unsplit_share(&self, rows: usize) -> f64 {
+        // every chunk of logits but the last, which the forward keeps
+        let chunk = super::logits_rows(rows, self.padded_vocab(), true, super::LOGITS_CHUNK);
+        let n = rows.div_ceil(chunk) as f64;
+        (n - 1.0) / n
+    }
     fn dims(&self) -> FamilyDims {
         FamilyDims {
             block_size: self.block_size,

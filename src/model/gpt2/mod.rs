@@ -37,6 +37,22 @@ use std::ops::Range;
 /// GPT-2's layernorm epsilon.
 pub const LN_EPS: f32 = 1e-5;
 
+/// Logits a `--recompute` engine holds at once, in floats (64 MiB in fp32):
+/// beyond it the head runs in chunks of rows, never the whole (rows,
+/// vocabulary) tensor, GPT-2's largest activation.
+pub const LOGITS_CHUNK: usize = 1 << 24;
+
+/// Rows of logits the head holds at once: every row's, or when the blocks
+/// are recomputed at most `budget` floats' worth (one row at least). In
+/// chunks, the head's forward keeps only the last chunk's logits and its
+/// backward recomputes the others, chunk by chunk.
+fn logits_rows(rows: usize, vp: usize, recompute: bool, budget: usize) -> usize {
+    match recompute {
+        true => rows.min((budget / vp).max(1)),
+        false => rows,
+    }
+}
+
 /// Activations kept for the backward, plus its scratch, for `rows` = B*T
 /// tokens. Per-block buffers hold one slot per layer, or a single slot when
 /// blocks are recomputed in the backward.
@@ -156,7 +172,8 @@ pub fn activation_elems(
     let al = ActAlloc::tally(&be);
     let slots = run.span.slots(run.recompute);
     let shape = (&run.span, slots, rows, run.split);
-    Activations::new(&al, cfg, cfg.widest(tp), shape, precision)
+    let head = logits_rows(rows, cfg.padded_vocab(), run.recompute, LOGITS_CHUNK);
+    Activations::new(&al, cfg, cfg.widest(tp), shape, (head, precision))
         .expect("a tally allocates nothing");
     al.counted()
 }
@@ -167,7 +184,7 @@ impl<B: Backend> Activations<B> {
         cfg: &GptConfig,
         d: BlockDims,
         (span, slots, rows, split): (&Span, usize, usize, bool),
-        precision: Precision,
+        (logits_rows, precision): (usize, Precision),
     ) -> Result<Self> {
         let (l, c) = (span.blocks.len(), cfg.n_embd);
         let a = |n: usize| al.acts(n);
@@ -193,7 +210,7 @@ impl<B: Backend> Activations<B> {
             lnf: a(h * rows * c)?,
             lnf_mean: a(h * rows)?,
             lnf_rstd: a(h * rows)?,
-            logits: a(h * rows * cfg.padded_vocab())?,
+            logits: a(h * logits_rows * cfg.padded_vocab())?,
             losses: a(h * rows)?,
             dres: a(rows * c)?,
             dgrad: a(rows
@@ -207,6 +224,20 @@ impl<B: Backend> Activations<B> {
                 }
             },
         })
+    }
+
+    /// The tied LM head on the final norm's output rows `r`: their logits
+    /// at the start of `logits`.
+    fn head_logits(&mut self, be: &B, wte: Src<'_, B>, r: Range<usize>, (c, vp): (usize, usize)) {
+        let op = MatmulForward {
+            out: self.logits.slice_mut(0..r.len() * vp),
+            inp: self.lnf.slice(r.start * c..r.end * c),
+            w: wte,
+            bias: None,
+            shape: MatmulShape::new((r.len(), c, vp), WeightLayout::OutIn),
+            accumulate: false,
+        };
+        matmul_forward(be, self.bf16.as_mut(), op);
     }
 }
 
@@ -241,8 +272,12 @@ pub struct Engine<B: Backend> {
     whole: ParamLayout,
     pub backend: B,
     pub tp: TpPlace,
-    /// Keep only block inputs in the forward; recompute each block in the backward.
+    /// Keep only block inputs in the forward; recompute each block in the
+    /// backward, and the head's logits beyond `logits_budget` floats.
     pub recompute: bool,
+    /// Floats of logits a recomputing engine holds at once
+    /// ([`LOGITS_CHUNK`]; set before the first forward).
+    pub logits_budget: usize,
     precision: Precision,
     /// The units this engine runs (all, or a pipeline stage's).
     span: Span,
@@ -264,6 +299,7 @@ impl<B: Backend> Engine<B> {
             backend,
             tp,
             recompute,
+            logits_budget: LOGITS_CHUNK,
             precision: Precision::Fp32,
             span,
             split: false,
@@ -346,7 +382,7 @@ impl<B: Backend> Engine<B> {
                     rows,
                     self.split,
                 ),
-                self.precision,
+                (self.logits_rows(rows), self.precision),
             )?);
         }
         let a = self.acts.as_mut().expect("allocated above");
@@ -367,6 +403,26 @@ impl<B: Backend> Engine<B> {
     fn shape(&self) -> (usize, usize) {
         let b = self.batch.as_ref().expect("begin() before the units");
         (b.b, b.t)
+    }
+
+    /// Rows of logits this engine holds at once for a batch of `rows`.
+    fn logits_rows(&self, rows: usize) -> usize {
+        let vp = self.config.padded_vocab();
+        logits_rows(rows, vp, self.recompute, self.logits_budget)
+    }
+
+    /// The logits of every row of the last forward are held (not only a chunk's).
+    fn logits_kept(&self) -> Result<()> {
+        let (b, t) = self.shape();
+        let n = self.logits_rows(b * t);
+        match n < b * t {
+            true => Err(Error::Config(format!(
+                "a --recompute forward over {} rows holds the logits of {n} at a time, \
+                 not every row's: read logits without --recompute or with fewer rows",
+                b * t
+            ))),
+            false => Ok(()),
+        }
     }
 
     fn slot(&self, l: usize) -> usize {
@@ -429,6 +485,8 @@ impl<B: Backend> Engine<B> {
     }
 
     /// ln_f and the tied LM head; the mean loss when the batch has targets.
+    /// The head runs in chunks of [`Engine::logits_rows`] rows, keeping
+    /// the last chunk's logits (every row's when it is one chunk).
     fn head_forward(&mut self, wte: Src<'_, B>, lnf: Src<'_, B>) -> Result<Option<f32>> {
         let (b, t) = self.shape();
         let cfg = &self.config;
@@ -436,46 +494,46 @@ impl<B: Backend> Engine<B> {
         let (rows, be) = (b * t, &self.backend);
         let btc = rows * c;
         let top = self.span.resid(n_layer);
+        let chunk = self.logits_rows(rows);
+        let has_targets = self.batch.as_ref().is_some_and(|x| x.has_targets);
         let a = self.acts.as_mut().expect("begun");
-        let last = a.resid.s().part(top, btc);
-        let mut lnf_out = a.lnf.slice_mut(0..btc);
         be.layernorm_forward(LayerNormForward {
-            out: lnf_out.rb(),
+            out: a.lnf.slice_mut(0..btc),
             mean: a.lnf_mean.slice_mut(0..rows),
             rstd: a.lnf_rstd.slice_mut(0..rows),
-            inp: last,
+            inp: a.resid.s().part(top, btc),
             w: lnf.first(c),
             b: lnf.from(c),
             c,
             eps: LN_EPS,
         });
-        let mut logits = a.logits.slice_mut(0..rows * vp);
-        let op = MatmulForward {
-            out: logits.rb(),
-            inp: lnf_out.src(),
-            w: wte,
-            bias: None,
-            shape: MatmulShape::new((rows, c, vp), WeightLayout::OutIn),
-            accumulate: false,
-        };
-        matmul_forward(be, a.bf16.as_mut(), op);
-        if !self.batch.as_ref().is_some_and(|x| x.has_targets) {
+        if !has_targets {
+            // logits for reading, which only a forward in one chunk keeps
+            if chunk == rows {
+                a.head_logits(be, wte, 0..rows, (c, vp));
+            }
             return Ok(None);
         }
-        let mut losses = a.losses.slice_mut(0..rows);
-        be.crossentropy_forward(CrossEntropyForward {
-            losses: losses.rb(),
-            logits: logits.src(),
-            targets: a.targets.slice(0..rows),
-            v,
-            vp,
-        });
+        for r0 in (0..rows).step_by(chunk) {
+            let r = r0..rows.min(r0 + chunk);
+            a.head_logits(be, wte, r.clone(), (c, vp));
+            be.crossentropy_forward(CrossEntropyForward {
+                losses: a.losses.slice_mut(r.clone()),
+                logits: a.logits.slice(0..r.len() * vp),
+                targets: a.targets.slice(r),
+                v,
+                vp,
+            });
+        }
         let terms = self.batch.as_ref().expect("begun").loss_terms;
-        Ok(Some((be.sum(losses.src())? / terms as f64) as f32))
+        Ok(Some(
+            (be.sum(a.losses.slice(0..rows))? / terms as f64) as f32,
+        ))
     }
 
     /// Logits (vocab_size, padding dropped) at (batch row bi, position ti) of the last forward.
     pub fn logits(&self, bi: usize, ti: usize) -> Result<Vec<f32>> {
+        self.logits_kept()?;
         let batch = self.batch.as_ref().expect("forward before logits");
         let a = self.acts.as_ref().expect("forward before logits");
         let vp = self.config.padded_vocab();
@@ -509,37 +567,46 @@ impl<B: Backend> Engine<B> {
             self.span.resid(n_layer),
             self.head_at(rows, grads.is_some()),
         );
+        let chunk = self.logits_rows(rows);
         let a = self.acts.as_mut().expect("begun");
-        let mut logits = a.logits.slice_mut(0..rows * vp);
-        be.crossentropy_backward(CrossEntropyBackward {
-            logits: logits.rb(),
-            targets: a.targets.slice(0..rows),
-            v,
-            vp,
-            dloss: loss_scale / terms,
-        });
-        if a.bf16.is_some() {
-            // The logits' gradient feeds only this matmul: rounded where it lies.
-            be.round_bf16(logits.rb(), None);
+        let (mut dwte, dlnf) = grads.unzip();
+        // the last chunk's logits are the forward's; the others' again
+        let chunks: Vec<_> = (0..rows).step_by(chunk).collect();
+        for (i, &r0) in chunks.iter().enumerate().rev() {
+            let r = r0..rows.min(r0 + chunk);
+            if i + 1 < chunks.len() {
+                a.head_logits(be, wte, r.clone(), (c, vp));
+            }
+            let mut logits = a.logits.slice_mut(0..r.len() * vp);
+            be.crossentropy_backward(CrossEntropyBackward {
+                logits: logits.rb(),
+                targets: a.targets.slice(r.clone()),
+                v,
+                vp,
+                dloss: loss_scale / terms,
+            });
+            if a.bf16.is_some() {
+                // The logits' gradient feeds only this matmul: rounded where it lies.
+                be.round_bf16(logits.rb(), None);
+            }
+            let op = MatmulBackward {
+                dinp: Some(a.dgrad.slice_mut(at.start + r0 * c..at.start + r.end * c)),
+                dw: dwte.as_mut().map(|d| d.rb()),
+                dbias: None,
+                dout: logits.src(),
+                inp: a.lnf.slice(r0 * c..r.end * c),
+                w: wte,
+                shape: MatmulShape::new((r.len(), c, vp), WeightLayout::OutIn),
+            };
+            matmul_backward(be, a.bf16.as_mut(), op, Dout::Rounded);
         }
-        let (dwte, dlnf) = grads.unzip();
-        let mut dln = a.dgrad.slice_mut(at);
-        let op = MatmulBackward {
-            dinp: Some(dln.rb()),
-            dw: dwte,
-            dbias: None,
-            dout: logits.src(),
-            inp: a.lnf.slice(0..btc),
-            w: wte,
-            shape: MatmulShape::new((rows, c, vp), WeightLayout::OutIn),
-        };
-        matmul_backward(be, a.bf16.as_mut(), op, Dout::Rounded);
+        let dln = a.dgrad.slice(at);
         let mut dres = a.dres.slice_mut(0..btc);
         be.fill(dres.rb(), 0.0);
         be.layernorm_backward(LayerNormBackward {
             dinp: Some(dres),
             dwb: dlnf.map(|d| d.split_at(c)),
-            dout: dln.src(),
+            dout: dln,
             inp: a.resid.s().part(top, btc),
             w: lnf.first(c),
             mean: a.lnf_mean.slice(0..rows),
@@ -897,6 +964,7 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
     }
 
     fn outputs(&self) -> Result<Vec<f32>> {
+        self.logits_kept()?;
         let batch = self.batch.as_ref().expect("forward before outputs");
         let a = self.acts.as_ref().expect("forward before outputs");
         let (v, vp) = (self.config.vocab_size, self.config.padded_vocab());
@@ -1152,5 +1220,33 @@ mod tests {
                 assert_eq!(got, want, "{cfg}, split {split}");
             }
         }
+    }
+
+    /// GPT-2's vocabulary over 16 x 1024 rows: 3.3 GB of logits, of which
+    /// a recomputing engine holds one chunk of whole rows under
+    /// [`LOGITS_CHUNK`] floats (one layer, so recomputation changes no
+    /// block's slots).
+    #[test]
+    fn a_recomputing_head_holds_one_chunk_of_logits() {
+        let cfg = GptConfig {
+            n_layer: 1,
+            n_head: 1,
+            n_embd: 8,
+            block_size: 1024,
+            vocab_size: 50257,
+            blocks: Vec::new(),
+        };
+        let (rows, vp) = (16 * 1024, cfg.padded_vocab());
+        let elems = |recompute| {
+            let run = SpanRun {
+                span: Span::all(1),
+                recompute,
+                split: false,
+            };
+            activation_elems(&cfg, 1, rows, &run, Precision::Fp32).0
+        };
+        let chunk = LOGITS_CHUNK / vp;
+        assert_eq!(elems(false) - elems(true), (rows - chunk) * vp);
+        assert!(chunk * vp <= LOGITS_CHUNK && (chunk + 1) * vp > LOGITS_CHUNK);
     }
 }
