@@ -1219,13 +1219,13 @@ mod tests {
 
     /// `--recompute` costs a forward of the blocks, and of GPT-2's head
     /// where its logits run in chunks: over 16 x 1024 rows all but the
-    /// last of 50 chunks of 333 rows; none on 1 x 256 rows, one chunk.
+    /// last of 13 chunks of 1,334 rows; none on 1 x 256 rows, one chunk.
     #[test]
     fn recompute_costs_the_blocks_forward_and_the_heads_chunks() {
         let m = ModelConfig::preset("gpt2").unwrap();
         let (head, all) = (m.unsplit_flops_per_token(1024), m.flops_per_token(1024));
         let (d, n) = h100();
-        for (batch, seq_len, share) in [(16, 1024, 49.0 / 50.0), (1, 256, 0.0)] {
+        for (batch, seq_len, share) in [(16, 1024, 12.0 / 13.0), (1, 256, 0.0)] {
             let w = Workload {
                 model: m.clone(),
                 batch,

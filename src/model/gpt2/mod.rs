@@ -37,10 +37,10 @@ use std::ops::Range;
 /// GPT-2's layernorm epsilon.
 pub const LN_EPS: f32 = 1e-5;
 
-/// Logits a `--recompute` engine holds at once, in floats (64 MiB in fp32):
+/// Logits a `--recompute` engine holds at once, in floats (256 MiB in fp32):
 /// beyond it the head runs in chunks of rows, never the whole (rows,
 /// vocabulary) tensor, GPT-2's largest activation.
-pub const LOGITS_CHUNK: usize = 1 << 24;
+pub const LOGITS_CHUNK: usize = 1 << 26;
 
 /// Rows of logits the head holds at once: every row's, or when the blocks
 /// are recomputed at most `budget` floats' worth (one row at least). In
