@@ -202,7 +202,8 @@ pub struct ParallelArgs {
     /// chunk c of rank s is stage c x pp + s of pp x this many.
     #[arg(long)]
     virtual_stages: Option<usize>,
-    /// Recompute each block's activations in the backward instead of keeping them.
+    /// Recompute each block's activations in the backward instead of
+    /// keeping them (and GPT-2's logits past 256 MiB, in chunks of rows).
     #[arg(long)]
     recompute: bool,
     /// The matmuls' arithmetic: fp32, or bf16 operands with fp32
