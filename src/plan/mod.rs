@@ -1219,34 +1219,32 @@ mod tests {
 
     /// `--recompute` costs a forward of the blocks, and of GPT-2's head
     /// where its logits run in chunks: over 16 x 1024 rows all but the
-    /// last of 13 chunks of 1,334 rows; none on 1 x 256 rows, one chunk.
+    /// last of 13 chunks of 1,334 rows; none on 1 x 256 rows, one chunk;
+    /// none for BERT's masked-LM head, which is never recomputed.
     #[test]
     fn recompute_costs_the_blocks_forward_and_the_heads_chunks() {
-        let m = ModelConfig::preset("gpt2").unwrap();
-        let (head, all) = (m.unsplit_flops_per_token(1024), m.flops_per_token(1024));
         let (d, n) = h100();
-        for (batch, seq_len, share) in [(16, 1024, 12.0 / 13.0), (1, 256, 0.0)] {
+        for (model, batch, seq_len, share) in [
+            ("gpt2", 16, 1024, 12.0 / 13.0),
+            ("gpt2", 1, 256, 0.0),
+            ("bert-minilm-mlm", 32, 128, 0.0),
+        ] {
+            let m = ModelConfig::preset(model).unwrap();
+            let (head, all) = (
+                m.unsplit_flops_per_token(seq_len),
+                m.flops_per_token(seq_len),
+            );
             let w = Workload {
-                model: m.clone(),
+                model: m,
                 batch,
                 seq_len,
                 grad_accum: 1,
                 cpu_threads: None,
             };
-            let (head, all) = match seq_len {
-                1024 => (head, all),
-                _ => (m.unsplit_flops_per_token(256), m.flops_per_token(256)),
-            };
             let compute = |recompute| {
                 let par = ParallelConfig {
-                    strategy: StrategyKind::Single,
-                    world_size: 1,
-                    tp: 1,
                     recompute,
-                    precision: Default::default(),
-                    pipeline: Default::default(),
-                    offload: Default::default(),
-                    offload_serial: false,
+                    ..ParallelConfig::single()
                 };
                 predict(&w, par, &d, &n, Precision::Mixed).time.compute_s
             };
@@ -1254,7 +1252,7 @@ mod tests {
             let got = compute(true) / compute(false);
             assert!(
                 (got - want).abs() < 1e-12,
-                "{batch} x {seq_len}: {got} vs {want}"
+                "{model} {batch} x {seq_len}: {got} vs {want}"
             );
         }
     }
