@@ -96,7 +96,7 @@ fn one_step<B: Backend>(
     m.set_precision(precision);
     if chunked {
         m.engine.recompute = true;
-        m.engine.logits_budget = 7 * cfg.padded_vocab();
+        m.engine.set_logits_budget(7 * cfg.padded_vocab());
     }
     m.init_weights(5).unwrap();
     let (b, t) = (3, tokens.len() / 3);

@@ -80,7 +80,7 @@ fn logits_loss_and_gradients_match_transformers() {
     let mut model = loaded_model();
     let (b, t, tokens) = reference.ids("tokens");
     let (_, _, targets) = reference.ids("targets");
-    model.forward(&tokens, Some(&targets), b, t).unwrap();
+    let loss = model.forward(&tokens, Some(&targets), b, t).unwrap();
     let (_, want_logits) = reference.tensor("logits");
     let v = model.config.vocab_size;
     let mut max_err = 0.0f32;
@@ -93,7 +93,7 @@ fn logits_loss_and_gradients_match_transformers() {
         }
     }
     assert!(max_err <= 1e-4, "logits max abs error {max_err}");
-    check_loss_and_gradients(&reference, model);
+    check_loss_and_gradients(&reference, model, loss.unwrap());
 }
 
 /// `--recompute`'s head in chunks of 5 rows (the fixture's batch is
@@ -110,23 +110,18 @@ fn a_head_in_chunks_of_rows_matches_transformers() {
         "a batch of {b} x {t} makes fewer than three chunks"
     );
     model.engine.recompute = true;
-    model.engine.logits_budget = 5 * model.config.padded_vocab();
+    let budget = 5 * model.config.padded_vocab();
+    model.engine.set_logits_budget(budget);
     let (_, _, targets) = reference.ids("targets");
-    model.forward(&tokens, Some(&targets), b, t).unwrap();
+    let loss = model.forward(&tokens, Some(&targets), b, t).unwrap();
     let e = model.logits(0, 0).unwrap_err().to_string();
     assert!(e.contains("holds the logits of 5 at a time"), "{e}");
-    check_loss_and_gradients(&reference, model);
+    check_loss_and_gradients(&reference, model, loss.unwrap());
 }
 
-/// The loss of the model's last forward and the gradients of its backward
-/// against the fixture's.
-fn check_loss_and_gradients(reference: &Reference, mut model: Gpt2<Cpu>) {
-    let (b, t, tokens) = reference.ids("tokens");
-    let (_, _, targets) = reference.ids("targets");
-    let loss = model
-        .forward(&tokens, Some(&targets), b, t)
-        .unwrap()
-        .unwrap();
+/// The loss of the model's last forward (on the fixture's batch) and the
+/// gradients of its backward against the fixture's.
+fn check_loss_and_gradients(reference: &Reference, mut model: Gpt2<Cpu>, loss: f32) {
     let want_loss = reference.tensor("loss").1[0];
     assert!(
         (loss - want_loss).abs() <= 1e-5,

@@ -275,9 +275,8 @@ pub struct Engine<B: Backend> {
     /// Keep only block inputs in the forward; recompute each block in the
     /// backward, and the head's logits beyond `logits_budget` floats.
     pub recompute: bool,
-    /// Floats of logits a recomputing engine holds at once
-    /// ([`LOGITS_CHUNK`]; set before the first forward).
-    pub logits_budget: usize,
+    /// Floats of logits a recomputing engine holds at once ([`LOGITS_CHUNK`]).
+    logits_budget: usize,
     precision: Precision,
     /// The units this engine runs (all, or a pipeline stage's).
     span: Span,
@@ -312,6 +311,15 @@ impl<B: Backend> Engine<B> {
     pub fn set_precision(&mut self, precision: Precision) {
         if precision != self.precision {
             self.precision = precision;
+            self.acts = None;
+        }
+    }
+
+    /// Floats of logits a recomputing engine holds at once from the next
+    /// `begin` on ([`LOGITS_CHUNK`] unless set).
+    pub fn set_logits_budget(&mut self, floats: usize) {
+        if floats != self.logits_budget {
+            self.logits_budget = floats;
             self.acts = None;
         }
     }
@@ -571,10 +579,10 @@ impl<B: Backend> Engine<B> {
         let a = self.acts.as_mut().expect("begun");
         let (mut dwte, dlnf) = grads.unzip();
         // the last chunk's logits are the forward's; the others' again
-        let chunks: Vec<_> = (0..rows).step_by(chunk).collect();
-        for (i, &r0) in chunks.iter().enumerate().rev() {
-            let r = r0..rows.min(r0 + chunk);
-            if i + 1 < chunks.len() {
+        let last = (rows - 1) / chunk;
+        for i in (0..=last).rev() {
+            let (r0, r) = (i * chunk, i * chunk..rows.min((i + 1) * chunk));
+            if i < last {
                 a.head_logits(be, wte, r.clone(), (c, vp));
             }
             let mut logits = a.logits.slice_mut(0..r.len() * vp);
