@@ -1,29 +1,70 @@
 //! Pointwise kernels: activations, copy, add, squared norms.
 
-use super::math::{column_sums, gelu, gelu_erf, gelu_erf_grad, gelu_grad, tanh_exp};
+use super::math::{column_sums, gelu, gelu_erf, gelu_erf_grad, gelu_grad, tanh_exp, widest};
 use crate::backend::ops::{ActivationBackward, Host};
 use crate::backend::{Activation, COLUMN_CHUNK_ROWS};
 use rayon::prelude::*;
 
 const CHUNK: usize = 1 << 14;
 
-/// out = f(inp) for every element, in parallel chunks.
-fn map(out: &mut [f32], inp: &[f32], f: impl Fn(f32) -> f32 + Sync) {
+widest! {
+    /// out = act(inp) over one chunk.
+    fn activate(out: &mut [f32], inp: &[f32], act: Activation) {
+        let pairs = out.iter_mut().zip(inp);
+        match act {
+            Activation::GeluTanh => pairs.for_each(|(o, &x)| *o = gelu(x)),
+            Activation::GeluErf => pairs.for_each(|(o, &x)| *o = gelu_erf(x)),
+            Activation::Tanh => pairs.for_each(|(o, &x)| *o = tanh_exp(x)),
+        }
+    }
+}
+
+widest! {
+    /// d *= act'(x) over one chunk; where `p` is not empty (n wide), the
+    /// chunk is rows of n whose sums after the multiply are added to p.
+    fn scale_chunk(d: &mut [f32], x: &[f32], p: &mut [f32], act: Activation) {
+        #[inline(always)]
+        fn by(d: &mut [f32], x: &[f32], p: &mut [f32], f: impl Fn(f32) -> f32) {
+            if p.is_empty() {
+                return d.iter_mut().zip(x).for_each(|(d, &x)| *d *= f(x));
+            }
+            for (d, x) in d.chunks_exact_mut(p.len()).zip(x.chunks_exact(p.len())) {
+                for ((d, &x), p) in d.iter_mut().zip(x).zip(p.iter_mut()) {
+                    *d *= f(x);
+                    *p += *d;
+                }
+            }
+        }
+        match act {
+            Activation::GeluTanh => by(d, x, p, gelu_grad),
+            Activation::GeluErf => by(d, x, p, gelu_erf_grad),
+            Activation::Tanh => by(d, x, p, |x| {
+                let t = tanh_exp(x);
+                1.0 - t * t
+            }),
+        }
+    }
+}
+
+/// out = act(inp), any shape.
+pub fn activation_forward(out: &mut [f32], inp: &[f32], act: Activation) {
     out[..inp.len()]
         .par_chunks_mut(CHUNK)
         .zip(inp.par_chunks(CHUNK))
-        .for_each(|(o, x)| o.iter_mut().zip(x).for_each(|(o, &x)| *o = f(x)));
+        .for_each(|(o, x)| activate(o, x, act));
 }
 
-/// d *= f(inp) for every element; with `dbias` (n), d is (rows, n) and
-/// its column sums after the multiply are added to dbias in the same pass
-/// ([`column_sums`]' chunks).
-fn scale_by(d: &mut [f32], inp: &[f32], dbias: Option<&mut [f32]>, f: impl Fn(f32) -> f32 + Sync) {
+/// d *= act'(inp): turns d loss / d act(inp) into d loss / d inp, in
+/// place; with `dbias` (n), d is (rows, n) and the bias gradient of the
+/// product that made inp (d's column sums after the multiply) is added to
+/// dbias in the same pass ([`column_sums`]' chunks).
+pub fn activation_backward(op: ActivationBackward<Host<'_>>) {
+    let ActivationBackward { d, inp, act, dbias } = op;
     let d = &mut d[..inp.len()];
     let Some(db) = dbias.filter(|db| !db.is_empty()) else {
         d.par_chunks_mut(CHUNK)
             .zip(inp.par_chunks(CHUNK))
-            .for_each(|(d, x)| d.iter_mut().zip(x).for_each(|(d, &x)| *d *= f(x)));
+            .for_each(|(d, x)| scale_chunk(d, x, &mut [], act));
         return;
     };
     let n = db.len();
@@ -34,38 +75,7 @@ fn scale_by(d: &mut [f32], inp: &[f32], dbias: Option<&mut [f32]>, f: impl Fn(f3
     );
     let span = COLUMN_CHUNK_ROWS * n;
     let chunks = d.par_chunks_mut(span).zip(inp.par_chunks(span));
-    column_sums(&mut [db], chunks, |(d, x), p| {
-        for (d, x) in d.chunks_exact_mut(n).zip(x.chunks_exact(n)) {
-            for ((d, &x), p) in d.iter_mut().zip(x).zip(p.iter_mut()) {
-                *d *= f(x);
-                *p += *d;
-            }
-        }
-    });
-}
-
-/// out = act(inp), any shape.
-pub fn activation_forward(out: &mut [f32], inp: &[f32], act: Activation) {
-    match act {
-        Activation::GeluTanh => map(out, inp, gelu),
-        Activation::GeluErf => map(out, inp, gelu_erf),
-        Activation::Tanh => map(out, inp, tanh_exp),
-    }
-}
-
-/// d *= act'(inp): turns d loss / d act(inp) into d loss / d inp, in
-/// place; with `dbias`, the bias gradient of the product that made inp
-/// in the same pass.
-pub fn activation_backward(op: ActivationBackward<Host<'_>>) {
-    let ActivationBackward { d, inp, act, dbias } = op;
-    match act {
-        Activation::GeluTanh => scale_by(d, inp, dbias, gelu_grad),
-        Activation::GeluErf => scale_by(d, inp, dbias, gelu_erf_grad),
-        Activation::Tanh => scale_by(d, inp, dbias, |x| {
-            let t = tanh_exp(x);
-            1.0 - t * t
-        }),
-    }
+    column_sums(&mut [db], chunks, |(d, x), p| scale_chunk(d, x, p, act));
 }
 
 /// dst = value, in parallel chunks past one.
@@ -197,6 +207,66 @@ mod tests {
         assert_eq!(bits(&got[..x.len()]), bits(&want));
         assert_eq!(got[x.len()..], [0.0; 3], "past src's length: untouched");
         assert_ne!(bits(&want), bits(&x), "rounding changed nothing");
+    }
+
+    /// Each activation's kernels give, bit for bit, what its scalar
+    /// formulas give element by element in the kernel's order (the bias
+    /// gradient summed a chunk of rows at a time, the chunks then in
+    /// order), on whatever instruction set this CPU runs them: AVX-512's
+    /// copy (`widest!`) where it has it, the build's own elsewhere.
+    #[test]
+    fn activations_give_their_scalar_formulas_bits_on_every_instruction_set() {
+        let (rows, n) = (2 * COLUMN_CHUNK_ROWS + 3, 37);
+        type Scalar = fn(f32) -> f32;
+        let formulas: [(Activation, Scalar, Scalar); 3] = [
+            (Activation::GeluTanh, gelu, gelu_grad),
+            (Activation::GeluErf, gelu_erf, gelu_erf_grad),
+            (Activation::Tanh, tanh_exp, |x| {
+                1.0 - tanh_exp(x) * tanh_exp(x)
+            }),
+        ];
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (act, f, df) in formulas {
+            let mut rng = Rng::new(9);
+            // past one CHUNK, so the parallel chunks are exercised too
+            let x = randn(&mut rng, CHUNK + rows * n, 4.0);
+            let probe = randn(&mut rng, x.len(), 1.0);
+            let mut out = vec![0.0; x.len()];
+            activation_forward(&mut out, &x, act);
+            let want: Vec<f32> = x.iter().map(|&x| f(x)).collect();
+            assert_eq!(bits(&out), bits(&want), "{act:?} forward");
+            let mut d = probe.clone();
+            activation_backward(ActivationBackward {
+                d: &mut d,
+                inp: &x,
+                act,
+                dbias: None,
+            });
+            let want: Vec<f32> = x.iter().zip(&probe).map(|(&x, &p)| p * df(x)).collect();
+            assert_eq!(bits(&d), bits(&want), "{act:?} backward");
+            let (x, probe) = (&x[..rows * n], &probe[..rows * n]);
+            let (mut d, mut db) = (probe.to_vec(), vec![0.5f32; n]);
+            activation_backward(ActivationBackward {
+                d: &mut d,
+                inp: x,
+                act,
+                dbias: Some(&mut db),
+            });
+            let mut want_db = vec![0.5f32; n];
+            for chunk in want[..rows * n].chunks(COLUMN_CHUNK_ROWS * n) {
+                let mut part = vec![0.0f32; n];
+                for row in chunk.chunks(n) {
+                    part.iter_mut().zip(row).for_each(|(p, &v)| *p += v);
+                }
+                want_db.iter_mut().zip(&part).for_each(|(s, &p)| *s += p);
+            }
+            assert_eq!(
+                bits(&d),
+                bits(&want[..rows * n]),
+                "{act:?} backward with a bias"
+            );
+            assert_eq!(bits(&db), bits(&want_db), "{act:?} bias gradient");
+        }
     }
 
     #[test]

@@ -5,6 +5,54 @@ use super::blas;
 use gemm::Parallelism;
 use rayon::prelude::*;
 
+/// Whether this build and CPU run [`widest!`]'s AVX-512 copies: the
+/// `avx512` feature (as for the products) and AVX-512 F, BW, DQ and VL.
+pub fn avx512() -> bool {
+    #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
+    {
+        static HERE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *HERE.get_or_init(|| {
+            is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512dq")
+                && is_x86_feature_detected!("avx512vl")
+        })
+    }
+    #[cfg(not(all(target_arch = "x86_64", feature = "avx512")))]
+    false
+}
+
+/// `fn name(args) -> ret { body }` compiled twice from the one body: for
+/// the build's target (x86-64-v3: AVX2, 8 lanes) and for AVX-512 (16
+/// lanes), which runs where [`avx512`] says so. The compiler widens the
+/// loops it already vectorises and nothing else: both give the same bits
+/// (a float reduction keeps the order the code writes, whatever the
+/// width), so every result and test holds on either path. Only where it
+/// was measured to pay: the activations, whose arithmetic (an `exp` and a
+/// division an element) the build's 8 lanes leave as the bound. Layernorm
+/// ran slower so (a row of 384 at a time, its sums 8 lanes by design),
+/// and AdamW and the cross-entropy no faster (memory bound).
+macro_rules! widest {
+    ($(#[$attr:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+        $(#[$attr])*
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[inline(always)]
+            fn body($($arg: $ty),*) $(-> $ret)? $body
+            #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
+            if $crate::backend::cpu::math::avx512() {
+                #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
+                unsafe fn wide($($arg: $ty),*) $(-> $ret)? {
+                    body($($arg),*)
+                }
+                // SAFETY: the CPU has AVX-512 F, BW, DQ and VL.
+                return unsafe { wide($($arg),*) };
+            }
+            body($($arg),*)
+        }
+    };
+}
+pub(crate) use widest;
+
 /// a x b + c: one fused instruction (one rounding) where the build has FMA,
 /// a multiply and an add otherwise (`mul_add` without the instruction is a
 /// slow library call).
