@@ -10,7 +10,7 @@
 //! of sequence b attends to its first `lens[b]` keys (an encoder's
 //! bidirectional attention, BERT's).
 
-use super::math::{dot, exp, exp_shifted_sum, gemm, row_max, Mat, SendPtr};
+use super::math::{dot, exp, exp_shifted_sum, gemm, row_max, widest, Mat, SendPtr};
 use crate::backend::ops::{AttentionBackward, AttentionDecode, AttentionForward, Host};
 use rayon::prelude::*;
 
@@ -133,82 +133,97 @@ fn forward_masked(out: &mut [f32], lse: &mut [f32], qkv: &[f32], s: AttnShape, m
     let hd = s.head_dim();
     assert!(qkv.len() >= b * t * 3 * c && out.len() >= b * t * c && lse.len() >= b * nh * t);
     mask.check(b, t);
-    let scale = 1.0 / (hd as f32).sqrt();
     let out_ptr = SendPtr(out.as_mut_ptr());
     lse[..b * nh * t]
         .par_chunks_mut(t)
         .enumerate()
         .for_each_init(
             || Tiles::new(hd),
-            |tiles, (bh, lse_row)| {
-                let (bi, h) = (bh / nh, bh % nh);
-                let q = qkv[bi * t * 3 * c + h * hd..].as_ptr();
-                // SAFETY: q, k, v address rows of this batch inside qkv; the output
-                // region (batch bi, head h) belongs to this task alone.
-                unsafe {
-                    let (k, v) = (q.add(c), q.add(2 * c));
-                    let o = out_ptr.get().add(bi * t * c + h * hd);
-                    for r0 in (0..t).step_by(BLOCK) {
-                        let r1 = (r0 + BLOCK).min(t);
-                        let (rows, cols) = (r1 - r0, mask.cols(bi, r1));
-                        let Tiles { p, acc, max, sum } = tiles;
-                        max[..rows].fill(f32::NEG_INFINITY);
-                        sum[..rows].fill(0.0);
-                        acc[..rows * hd].fill(0.0);
-                        for c0 in (0..cols).step_by(KEYS) {
-                            let kw = KEYS.min(cols - c0);
-                            let pp = p.as_mut_ptr();
-                            scores(
-                                pp,
-                                q.add(r0 * 3 * c),
-                                k.add(c0 * 3 * c),
-                                (rows, kw),
-                                hd,
-                                3 * c,
-                                scale,
-                            );
-                            for i in 0..rows {
-                                let row = &mut p[i * kw..(i + 1) * kw];
-                                let seen = mask.valid(bi, r0 + i).saturating_sub(c0).min(kw);
-                                row[seen..].fill(0.0);
-                                if seen == 0 {
-                                    continue;
-                                }
-                                let new_max = max[i].max(row_max(&row[..seen]));
-                                let part = exp_shifted_sum(&mut row[..seen], new_max);
-                                if max[i] != f32::NEG_INFINITY && new_max != max[i] {
-                                    let shrink = exp(max[i] - new_max);
-                                    sum[i] *= shrink;
-                                    acc[i * hd..(i + 1) * hd]
-                                        .iter_mut()
-                                        .for_each(|x| *x *= shrink);
-                                }
-                                sum[i] += part;
-                                max[i] = new_max;
-                            }
-                            gemm(
-                                false,
-                                (rows, hd, kw),
-                                Mat::new(acc.as_mut_ptr(), hd, 1),
-                                Mat::new(pp as *const f32, kw, 1),
-                                Mat::new(v.add(c0 * 3 * c), 3 * c, 1),
-                                true,
-                                1.0,
-                                1,
-                            );
+            |tiles, (bh, lse_row)| forward_task(tiles, (bh, lse_row), (qkv, out_ptr), s, mask),
+        );
+}
+
+widest! {
+    /// One task of [`forward_masked`]: (batch, head) `bh`'s output and its
+    /// row of log-sum-exps.
+    fn forward_task(
+        tiles: &mut Tiles,
+        task: (usize, &mut [f32]),
+        io: (&[f32], SendPtr),
+        s: AttnShape,
+        mask: Mask<'_>,
+    ) {
+        let ((bh, lse_row), (qkv, out_ptr)) = (task, io);
+        let AttnShape { t, c, nh, .. } = s;
+        let hd = s.head_dim();
+        let scale = 1.0 / (hd as f32).sqrt();
+        let (bi, h) = (bh / nh, bh % nh);
+        let q = qkv[bi * t * 3 * c + h * hd..].as_ptr();
+        // SAFETY: q, k, v address rows of this batch inside qkv; the output
+        // region (batch bi, head h) belongs to this task alone.
+        unsafe {
+            let (k, v) = (q.add(c), q.add(2 * c));
+            let o = out_ptr.get().add(bi * t * c + h * hd);
+            for r0 in (0..t).step_by(BLOCK) {
+                let r1 = (r0 + BLOCK).min(t);
+                let (rows, cols) = (r1 - r0, mask.cols(bi, r1));
+                let Tiles { p, acc, max, sum } = tiles;
+                max[..rows].fill(f32::NEG_INFINITY);
+                sum[..rows].fill(0.0);
+                acc[..rows * hd].fill(0.0);
+                for c0 in (0..cols).step_by(KEYS) {
+                    let kw = KEYS.min(cols - c0);
+                    let pp = p.as_mut_ptr();
+                    scores(
+                        pp,
+                        q.add(r0 * 3 * c),
+                        k.add(c0 * 3 * c),
+                        (rows, kw),
+                        hd,
+                        3 * c,
+                        scale,
+                    );
+                    for i in 0..rows {
+                        let row = &mut p[i * kw..(i + 1) * kw];
+                        let seen = mask.valid(bi, r0 + i).saturating_sub(c0).min(kw);
+                        row[seen..].fill(0.0);
+                        if seen == 0 {
+                            continue;
                         }
-                        for i in 0..rows {
-                            lse_row[r0 + i] = max[i] + sum[i].ln();
-                            let inv = 1.0 / sum[i];
-                            let dst = std::slice::from_raw_parts_mut(o.add((r0 + i) * c), hd);
-                            for (d, &a) in dst.iter_mut().zip(&acc[i * hd..(i + 1) * hd]) {
-                                *d = a * inv;
-                            }
+                        let new_max = max[i].max(row_max(&row[..seen]));
+                        let part = exp_shifted_sum(&mut row[..seen], new_max);
+                        if max[i] != f32::NEG_INFINITY && new_max != max[i] {
+                            let shrink = exp(max[i] - new_max);
+                            sum[i] *= shrink;
+                            acc[i * hd..(i + 1) * hd]
+                                .iter_mut()
+                                .for_each(|x| *x *= shrink);
                         }
+                        sum[i] += part;
+                        max[i] = new_max;
+                    }
+                    gemm(
+                        false,
+                        (rows, hd, kw),
+                        Mat::new(acc.as_mut_ptr(), hd, 1),
+                        Mat::new(pp as *const f32, kw, 1),
+                        Mat::new(v.add(c0 * 3 * c), 3 * c, 1),
+                        true,
+                        1.0,
+                        1,
+                    );
+                }
+                for i in 0..rows {
+                    lse_row[r0 + i] = max[i] + sum[i].ln();
+                    let inv = 1.0 / sum[i];
+                    let dst = std::slice::from_raw_parts_mut(o.add((r0 + i) * c), hd);
+                    for (d, &a) in dst.iter_mut().zip(&acc[i * hd..(i + 1) * hd]) {
+                        *d = a * inv;
                     }
                 }
-            },
-        );
+            }
+        }
+    }
 }
 
 /// A forward task's scratch: a (BLOCK x KEYS) tile of probabilities, the
@@ -259,115 +274,132 @@ fn backward_in_runs(
     run: usize,
 ) {
     let AttnShape { b, t, c, nh } = s;
-    let hd = s.head_dim();
     assert!(dqkv.len() >= b * t * 3 * c && dout.len() >= b * t * c && out.len() >= b * t * c);
     assert!(run > 0);
     mask.check(b, t);
-    let scale = 1.0 / (hd as f32).sqrt();
     let dqkv_ptr = SendPtr(dqkv.as_mut_ptr());
     let tile = run.min(t) * KEYS;
     (0..b * nh).into_par_iter().for_each_init(
         || (vec![0.0f32; tile], vec![0.0f32; tile], vec![0.0f32; t]),
-        |(p, dp, dsum), bh| {
-            let (bi, h) = (bh / nh, bh % nh);
-            let lse_row = &lse[bh * t..(bh + 1) * t];
-            for (tt, d) in dsum.iter_mut().enumerate() {
-                let at = (bi * t + tt) * c + h * hd;
-                *d = dot(&dout[at..at + hd], &out[at..at + hd]);
-            }
-            // SAFETY: all pointers address batch bi inside their buffers; the
-            // gradient region (batch bi, head h) belongs to this task alone.
-            unsafe {
-                let q = qkv.as_ptr().add(bi * t * 3 * c + h * hd);
-                let (k, v) = (q.add(c), q.add(2 * c));
-                let dq = dqkv_ptr.get().add(bi * t * 3 * c + h * hd);
-                let (dk, dv) = (dq.add(c), dq.add(2 * c));
-                let d_o = dout.as_ptr().add(bi * t * c + h * hd);
-                // the keys the sequence's last query block scores: every
-                // key some query sees
-                let keys = mask.cols(bi, t);
-                for c0 in (0..keys).step_by(KEYS) {
-                    let kw = KEYS.min(keys - c0);
-                    let (k_tile, v_tile) = (k.add(c0 * 3 * c), v.add(c0 * 3 * c));
-                    let first = mask.first_query(c0);
-                    for r0 in (first..t).step_by(run) {
-                        let rows = run.min(t - r0);
-                        let (q_run, d_o_run) = (q.add(r0 * 3 * c), d_o.add(r0 * c));
-                        let (pp, dpp) = (p.as_mut_ptr(), dp.as_mut_ptr());
-                        scores(pp, q_run, k_tile, (rows, kw), hd, 3 * c, scale);
-                        for i in 0..rows {
-                            let row = &mut p[i * kw..(i + 1) * kw];
-                            let seen = mask.valid(bi, r0 + i).saturating_sub(c0).min(kw);
-                            let l = lse_row[r0 + i];
-                            row[..seen].iter_mut().for_each(|x| *x = exp(*x - l));
-                            row[seen..].fill(0.0);
-                        }
-                        // the tile's dV and dK: set by the first run, added to after
-                        let onto = r0 > first;
-                        // dV[tile] (+)= P^T dO[run]
-                        gemm(
-                            false,
-                            (kw, hd, rows),
-                            Mat::new(dv.add(c0 * 3 * c), 3 * c, 1),
-                            Mat::new(pp as *const f32, kw, 1).t(),
-                            Mat::new(d_o_run, c, 1),
-                            onto,
-                            1.0,
-                            1,
-                        );
-                        // dP = dO[run] V[tile]^T
-                        gemm(
-                            false,
-                            (rows, kw, hd),
-                            Mat::new(dpp, kw, 1),
-                            Mat::new(d_o_run, c, 1),
-                            Mat::new(v_tile, 3 * c, 1).t(),
-                            false,
-                            1.0,
-                            1,
-                        );
-                        for i in 0..rows {
-                            let d = dsum[r0 + i];
-                            let prow = &p[i * kw..(i + 1) * kw];
-                            let drow = &mut dp[i * kw..(i + 1) * kw];
-                            for (ds, &pp) in drow.iter_mut().zip(prow) {
-                                *ds = pp * (*ds - d) * scale;
-                            }
-                        }
-                        let ds = dpp as *const f32;
-                        // dQ[run] += dS K[tile]; the first tile sets it (every
-                        // query sees key 0)
-                        gemm(
-                            false,
-                            (rows, hd, kw),
-                            Mat::new(dq.add(r0 * 3 * c), 3 * c, 1),
-                            Mat::new(ds, kw, 1),
-                            Mat::new(k_tile, 3 * c, 1),
-                            c0 > 0,
-                            1.0,
-                            1,
-                        );
-                        // dK[tile] (+)= dS^T Q[run]
-                        gemm(
-                            false,
-                            (kw, hd, rows),
-                            Mat::new(dk.add(c0 * 3 * c), 3 * c, 1),
-                            Mat::new(ds, kw, 1).t(),
-                            Mat::new(q_run, 3 * c, 1),
-                            onto,
-                            1.0,
-                            1,
-                        );
-                    }
-                }
-                // keys no query saw (past a sequence's length)
-                for tt in keys..t {
-                    std::ptr::write_bytes(dk.add(tt * 3 * c), 0, hd);
-                    std::ptr::write_bytes(dv.add(tt * 3 * c), 0, hd);
-                }
-            }
-        },
+        |scratch, bh| backward_task(scratch, (bh, run), dqkv_ptr, (dout, qkv, out, lse), s, mask),
     );
+}
+
+widest! {
+    /// One task of [`backward_in_runs`]: (batch, head) `bh`'s share of
+    /// dqkv, its query rows in runs of `run`; `scratch` holds a run's
+    /// probabilities, their gradient and the rows' dO . O.
+    fn backward_task(
+        scratch: &mut (Vec<f32>, Vec<f32>, Vec<f32>),
+        task: (usize, usize),
+        dqkv_ptr: SendPtr,
+        inputs: (&[f32], &[f32], &[f32], &[f32]),
+        s: AttnShape,
+        mask: Mask<'_>,
+    ) {
+        let ((p, dp, dsum), (bh, run)) = (scratch, task);
+        let (dout, qkv, out, lse) = inputs;
+        let AttnShape { t, c, nh, .. } = s;
+        let hd = s.head_dim();
+        let scale = 1.0 / (hd as f32).sqrt();
+        let (bi, h) = (bh / nh, bh % nh);
+        let lse_row = &lse[bh * t..(bh + 1) * t];
+        for (tt, d) in dsum.iter_mut().enumerate() {
+            let at = (bi * t + tt) * c + h * hd;
+            *d = dot(&dout[at..at + hd], &out[at..at + hd]);
+        }
+        // SAFETY: all pointers address batch bi inside their buffers; the
+        // gradient region (batch bi, head h) belongs to this task alone.
+        unsafe {
+            let q = qkv.as_ptr().add(bi * t * 3 * c + h * hd);
+            let (k, v) = (q.add(c), q.add(2 * c));
+            let dq = dqkv_ptr.get().add(bi * t * 3 * c + h * hd);
+            let (dk, dv) = (dq.add(c), dq.add(2 * c));
+            let d_o = dout.as_ptr().add(bi * t * c + h * hd);
+            // the keys the sequence's last query block scores: every
+            // key some query sees
+            let keys = mask.cols(bi, t);
+            for c0 in (0..keys).step_by(KEYS) {
+                let kw = KEYS.min(keys - c0);
+                let (k_tile, v_tile) = (k.add(c0 * 3 * c), v.add(c0 * 3 * c));
+                let first = mask.first_query(c0);
+                for r0 in (first..t).step_by(run) {
+                    let rows = run.min(t - r0);
+                    let (q_run, d_o_run) = (q.add(r0 * 3 * c), d_o.add(r0 * c));
+                    let (pp, dpp) = (p.as_mut_ptr(), dp.as_mut_ptr());
+                    scores(pp, q_run, k_tile, (rows, kw), hd, 3 * c, scale);
+                    for i in 0..rows {
+                        let row = &mut p[i * kw..(i + 1) * kw];
+                        let seen = mask.valid(bi, r0 + i).saturating_sub(c0).min(kw);
+                        let l = lse_row[r0 + i];
+                        row[..seen].iter_mut().for_each(|x| *x = exp(*x - l));
+                        row[seen..].fill(0.0);
+                    }
+                    // the tile's dV and dK: set by the first run, added to after
+                    let onto = r0 > first;
+                    // dV[tile] (+)= P^T dO[run]
+                    gemm(
+                        false,
+                        (kw, hd, rows),
+                        Mat::new(dv.add(c0 * 3 * c), 3 * c, 1),
+                        Mat::new(pp as *const f32, kw, 1).t(),
+                        Mat::new(d_o_run, c, 1),
+                        onto,
+                        1.0,
+                        1,
+                    );
+                    // dP = dO[run] V[tile]^T
+                    gemm(
+                        false,
+                        (rows, kw, hd),
+                        Mat::new(dpp, kw, 1),
+                        Mat::new(d_o_run, c, 1),
+                        Mat::new(v_tile, 3 * c, 1).t(),
+                        false,
+                        1.0,
+                        1,
+                    );
+                    for i in 0..rows {
+                        let d = dsum[r0 + i];
+                        let prow = &p[i * kw..(i + 1) * kw];
+                        let drow = &mut dp[i * kw..(i + 1) * kw];
+                        for (ds, &pp) in drow.iter_mut().zip(prow) {
+                            *ds = pp * (*ds - d) * scale;
+                        }
+                    }
+                    let ds = dpp as *const f32;
+                    // dQ[run] += dS K[tile]; the first tile sets it (every
+                    // query sees key 0)
+                    gemm(
+                        false,
+                        (rows, hd, kw),
+                        Mat::new(dq.add(r0 * 3 * c), 3 * c, 1),
+                        Mat::new(ds, kw, 1),
+                        Mat::new(k_tile, 3 * c, 1),
+                        c0 > 0,
+                        1.0,
+                        1,
+                    );
+                    // dK[tile] (+)= dS^T Q[run]
+                    gemm(
+                        false,
+                        (kw, hd, rows),
+                        Mat::new(dk.add(c0 * 3 * c), 3 * c, 1),
+                        Mat::new(ds, kw, 1).t(),
+                        Mat::new(q_run, 3 * c, 1),
+                        onto,
+                        1.0,
+                        1,
+                    );
+                }
+            }
+            // keys no query saw (past a sequence's length)
+            for tt in keys..t {
+                std::ptr::write_bytes(dk.add(tt * 3 * c), 0, hd);
+                std::ptr::write_bytes(dv.add(tt * 3 * c), 0, hd);
+            }
+        }
+    }
 }
 
 /// Shape of one decoding step: `b` rows, each attending over `len` cached
@@ -637,6 +669,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::super::check::*;
+    use super::super::math::on_each_width;
     use super::*;
     use crate::rng::Rng;
 
@@ -673,6 +706,37 @@ mod tests {
             }
         }
         out
+    }
+
+    /// The attention's tasks give the same bits on every instruction set
+    /// this CPU runs them on (`widest!`): forward and backward, causal and
+    /// padded, over several row blocks and key tiles with ragged edges.
+    #[test]
+    fn attention_gives_the_same_bits_on_every_instruction_set() {
+        let s = AttnShape {
+            b: 2,
+            t: 150,
+            c: 64,
+            nh: 2,
+        };
+        let (n, lens) = (s.b * s.t * s.c, [150u32, 71]);
+        let mut rng = Rng::new(12);
+        let qkv = randn(&mut rng, 3 * n, 2.0);
+        let dout = randn(&mut rng, n, 1.0);
+        for mask in [Mask::Causal, Mask::Lengths(&lens)] {
+            let bits = on_each_width(|| {
+                let (mut out, mut lse) = (vec![0.0; n], vec![0.0; s.b * s.nh * s.t]);
+                forward_masked(&mut out, &mut lse, &qkv, s, mask);
+                let mut dqkv = vec![0.0; 3 * n];
+                backward_in_runs(&mut dqkv, (&dout, &qkv, &out, &lse), s, mask, 64);
+                [out, lse, dqkv]
+                    .concat()
+                    .iter()
+                    .map(|x| x.to_bits())
+                    .collect::<Vec<_>>()
+            });
+            assert!(bits.windows(2).all(|w| w[0] == w[1]), "{mask:?}");
+        }
     }
 
     fn check(s: AttnShape, seed: u64) {

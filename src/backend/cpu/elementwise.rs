@@ -146,6 +146,7 @@ pub fn sum_squares(x: &[f32]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::super::check::*;
+    use super::super::math::on_each_width;
     use super::*;
     use crate::rng::Rng;
 
@@ -212,8 +213,8 @@ mod tests {
     /// Each activation's kernels give, bit for bit, what its scalar
     /// formulas give element by element in the kernel's order (the bias
     /// gradient summed a chunk of rows at a time, the chunks then in
-    /// order), on whatever instruction set this CPU runs them: AVX-512's
-    /// copy (`widest!`) where it has it, the build's own elsewhere.
+    /// order), on every instruction set this CPU runs them on
+    /// (`widest!`: AVX-512's copy where it has it, and the build's own).
     #[test]
     fn activations_give_their_scalar_formulas_bits_on_every_instruction_set() {
         let (rows, n) = (2 * COLUMN_CHUNK_ROWS + 3, 37);
@@ -231,27 +232,8 @@ mod tests {
             // past one CHUNK, so the parallel chunks are exercised too
             let x = randn(&mut rng, CHUNK + rows * n, 4.0);
             let probe = randn(&mut rng, x.len(), 1.0);
-            let mut out = vec![0.0; x.len()];
-            activation_forward(&mut out, &x, act);
-            let want: Vec<f32> = x.iter().map(|&x| f(x)).collect();
-            assert_eq!(bits(&out), bits(&want), "{act:?} forward");
-            let mut d = probe.clone();
-            activation_backward(ActivationBackward {
-                d: &mut d,
-                inp: &x,
-                act,
-                dbias: None,
-            });
+            let want_out: Vec<f32> = x.iter().map(|&x| f(x)).collect();
             let want: Vec<f32> = x.iter().zip(&probe).map(|(&x, &p)| p * df(x)).collect();
-            assert_eq!(bits(&d), bits(&want), "{act:?} backward");
-            let (x, probe) = (&x[..rows * n], &probe[..rows * n]);
-            let (mut d, mut db) = (probe.to_vec(), vec![0.5f32; n]);
-            activation_backward(ActivationBackward {
-                d: &mut d,
-                inp: x,
-                act,
-                dbias: Some(&mut db),
-            });
             let mut want_db = vec![0.5f32; n];
             for chunk in want[..rows * n].chunks(COLUMN_CHUNK_ROWS * n) {
                 let mut part = vec![0.0f32; n];
@@ -260,12 +242,34 @@ mod tests {
                 }
                 want_db.iter_mut().zip(&part).for_each(|(s, &p)| *s += p);
             }
-            assert_eq!(
-                bits(&d),
-                bits(&want[..rows * n]),
-                "{act:?} backward with a bias"
-            );
-            assert_eq!(bits(&db), bits(&want_db), "{act:?} bias gradient");
+            for (width, [out, d, d_rows, db]) in on_each_width(|| {
+                let mut out = vec![0.0; x.len()];
+                activation_forward(&mut out, &x, act);
+                let mut d = probe.clone();
+                activation_backward(ActivationBackward {
+                    d: &mut d,
+                    inp: &x,
+                    act,
+                    dbias: None,
+                });
+                let (mut d_rows, mut db) = (probe[..rows * n].to_vec(), vec![0.5f32; n]);
+                activation_backward(ActivationBackward {
+                    d: &mut d_rows,
+                    inp: &x[..rows * n],
+                    act,
+                    dbias: Some(&mut db),
+                });
+                [out, d, d_rows, db]
+            })
+            .into_iter()
+            .enumerate()
+            {
+                let at = format!("{act:?}, instruction set {width}");
+                assert_eq!(bits(&out), bits(&want_out), "{at}: forward");
+                assert_eq!(bits(&d), bits(&want), "{at}: backward");
+                assert_eq!(bits(&d_rows), bits(&want[..rows * n]), "{at}: with a bias");
+                assert_eq!(bits(&db), bits(&want_db), "{at}: bias gradient");
+            }
         }
     }
 

@@ -8,6 +8,10 @@ use rayon::prelude::*;
 /// Whether this build and CPU run [`widest!`]'s AVX-512 copies: the
 /// `avx512` feature (as for the products) and AVX-512 F, BW, DQ and VL.
 pub fn avx512() -> bool {
+    #[cfg(test)]
+    if NARROW.load(std::sync::atomic::Ordering::Relaxed) {
+        return false;
+    }
     #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
     {
         static HERE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -22,16 +26,39 @@ pub fn avx512() -> bool {
     false
 }
 
+/// Tests: while set, [`widest!`] runs the build's own copy. Both copies
+/// give the same bits, so setting it changes no other test's results.
+#[cfg(test)]
+static NARROW: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Tests: `f` on every copy [`widest!`] can run here (AVX-512's where the
+/// CPU has it, then the build's own), one at a time.
+#[cfg(test)]
+pub(crate) fn on_each_width<R>(f: impl Fn() -> R) -> Vec<R> {
+    use std::sync::atomic::Ordering::Relaxed;
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _held = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut out = vec![];
+    if avx512() {
+        out.push(f());
+    }
+    NARROW.store(true, Relaxed);
+    out.push(f());
+    NARROW.store(false, Relaxed);
+    out
+}
+
 /// `fn name(args) -> ret { body }` compiled twice from the one body: for
 /// the build's target (x86-64-v3: AVX2, 8 lanes) and for AVX-512 (16
 /// lanes), which runs where [`avx512`] says so. The compiler widens the
 /// loops it already vectorises and nothing else: both give the same bits
 /// (a float reduction keeps the order the code writes, whatever the
 /// width), so every result and test holds on either path. Only where it
-/// was measured to pay: the activations, whose arithmetic (an `exp` and a
-/// division an element) the build's 8 lanes leave as the bound. Layernorm
-/// ran slower so (a row of 384 at a time, its sums 8 lanes by design),
-/// and AdamW and the cross-entropy no faster (memory bound).
+/// was measured to pay: the activations and the attention's tasks, whose
+/// arithmetic (an `exp` an element, and a division for GELU) the build's
+/// 8 lanes leave as the bound. Layernorm ran slower so (a row of 384 at a
+/// time, its sums 8 lanes by design), and AdamW and the cross-entropy no
+/// faster (memory bound).
 macro_rules! widest {
     ($(#[$attr:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
         $(#[$attr])*
@@ -102,6 +129,7 @@ pub fn exp(x: f32) -> f32 {
 pub(crate) const LANES: usize = 8;
 
 /// The largest of xs (minus infinity for none).
+#[inline]
 pub fn row_max(xs: &[f32]) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; LANES];
     let mut chunks = xs.chunks_exact(LANES);
@@ -117,21 +145,20 @@ pub fn row_max(xs: &[f32]) -> f32 {
     lanes.iter().fold(tail, |a, &x| a.max(x))
 }
 
-/// `xs[i] = exp(xs[i] - shift)`; returns their sum.
+/// `xs[i] = exp(xs[i] - shift)`; returns their sum. The exps are a loop of
+/// their own, which a wider instruction set widens ([`widest!`]); the sum
+/// keeps its eight lanes.
+#[inline]
 pub fn exp_shifted_sum(xs: &mut [f32], shift: f32) -> f32 {
+    xs.iter_mut().for_each(|x| *x = exp(*x - shift));
     let mut lanes = [0.0f32; LANES];
-    let mut chunks = xs.chunks_exact_mut(LANES);
+    let mut chunks = xs.chunks_exact(LANES);
     for chunk in &mut chunks {
         for (l, x) in lanes.iter_mut().zip(chunk) {
-            *x = exp(*x - shift);
             *l += *x;
         }
     }
-    let mut tail = 0.0;
-    for x in chunks.into_remainder() {
-        *x = exp(*x - shift);
-        tail += *x;
-    }
+    let tail = chunks.remainder().iter().fold(0.0, |t, &x| t + x);
     tail + lanes.iter().sum::<f32>()
 }
 
