@@ -124,9 +124,10 @@ operation! {
 }
 
 operation! {
-    /// The gradients of [`LayerNormForward`]: dinp (rows, C) +=; dw, db (C) +=.
-    /// A half is left out by leaving its outputs out: `dinp` None is the weight
-    /// half, `dwb` None the input half.
+    /// The gradients of [`LayerNormForward`]: dinp (rows, C) += (or =, without
+    /// `accumulate`: no zeroing pass first); dw, db (C) +=. A half is left
+    /// out by leaving its outputs out: `dinp` None is the weight half, `dwb`
+    /// None the input half.
     pub struct LayerNormBackward<O> {
         maybe_output dinp: f32,
         /// dw and db.
@@ -137,6 +138,7 @@ operation! {
         input mean: f32,
         input rstd: f32,
         value c: usize,
+        value accumulate: bool,
     }
 }
 

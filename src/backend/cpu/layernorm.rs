@@ -49,8 +49,9 @@ pub fn layernorm_forward(op: LayerNormForward<Host<'_>>) {
         });
 }
 
-/// dinp += d/dinp; dw += sum over rows of dout * norm; db += sum of dout;
-/// each half only when its outputs are given.
+/// dinp += d/dinp (dinp = d/dinp without `accumulate`); dw += sum over
+/// rows of dout * norm; db += sum of dout; each half only when its outputs
+/// are given.
 pub fn layernorm_backward(op: LayerNormBackward<Host<'_>>) {
     let LayerNormBackward {
         dinp,
@@ -61,24 +62,23 @@ pub fn layernorm_backward(op: LayerNormBackward<Host<'_>>) {
         mean,
         rstd,
         c,
+        accumulate,
     } = op;
     if let Some((dw, db)) = dwb {
         backward_weight(dw, db, dout, inp, mean, rstd, c);
     }
     if let Some(dinp) = dinp {
-        backward_input(dinp, dout, inp, w, mean, rstd, c);
+        backward_input(dinp, (dout, inp, w), (mean, rstd), c, accumulate);
     }
 }
 
-/// The input half of `layernorm_backward`: dinp += d/dinp, row by row.
+/// The input half of `layernorm_backward`: dinp (+)= d/dinp, row by row.
 fn backward_input(
     dinp: &mut [f32],
-    dout: &[f32],
-    inp: &[f32],
-    w: &[f32],
-    mean: &[f32],
-    rstd: &[f32],
+    (dout, inp, w): (&[f32], &[f32], &[f32]),
+    (mean, rstd): (&[f32], &[f32]),
     c: usize,
+    accumulate: bool,
 ) {
     let rows = mean.len();
     dinp[..rows * c]
@@ -101,7 +101,8 @@ fn backward_input(
                 let dnorm_norm_mean = acc.iter().sum::<f32>() * rs / c as f32;
                 for i in 0..c {
                     let norm = (x[i] - mu) * rs;
-                    di[i] += (dnorm[i] - dnorm_mean - norm * dnorm_norm_mean) * rs;
+                    let g = (dnorm[i] - dnorm_mean - norm * dnorm_norm_mean) * rs;
+                    di[i] = if accumulate { di[i] + g } else { g };
                 }
             },
         );
@@ -195,7 +196,8 @@ mod tests {
             1e-5,
         );
 
-        let (mut dx, mut dw, mut db) = (vec![0.0; rows * c], vec![0.0; c], vec![0.0; c]);
+        // without `accumulate`, dinp's old values (NaN here) are never read
+        let (mut dx, mut dw, mut db) = (vec![f32::NAN; rows * c], vec![0.0; c], vec![0.0; c]);
         layernorm_backward(LayerNormBackward {
             dinp: Some(&mut dx),
             dwb: Some((&mut dw, &mut db)),
@@ -205,6 +207,7 @@ mod tests {
             mean: &mean,
             rstd: &rstd,
             c,
+            accumulate: false,
         });
         let (x64, w64, b64) = (to64(&x), to64(&w), to64(&b));
         let fx = |v: &[f64]| probe_dot(&reference(v, &w64, &b64, c), &probe);
@@ -239,6 +242,7 @@ mod tests {
                 mean: &mean,
                 rstd: &rstd,
                 c,
+                accumulate: true,
             });
             g
         };

@@ -205,6 +205,7 @@ impl<R: Runtime> Queue<R> {
             mean,
             rstd,
             c,
+            accumulate,
         } = op;
         let rows = mean.len;
         for (what, v, n) in [
@@ -229,6 +230,7 @@ impl<R: Runtime> Queue<R> {
                 Arg::View(mean),
                 Arg::View(rstd),
                 u32s("c", c)?,
+                Arg::U32(accumulate as u32),
             ];
             self.launch("layernorm_backward", rows, &args)?;
         }

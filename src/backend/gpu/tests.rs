@@ -437,7 +437,9 @@ fn layernorm_backward_matches_cpu_and_is_deterministic() {
 
 fn layernorm_backward_matches_cpu_and_is_deterministic_on<R: Runtime>(dev: &Queue<R>) {
     let mut rng = Rng::new(4);
-    for (rows, c) in layernorm_shapes() {
+    let shapes = layernorm_shapes().into_iter();
+    // dinp added to, and dinp overwritten (its old values never read)
+    for ((rows, c), accumulate) in shapes.flat_map(|s| [(s, true), (s, false)]) {
         let x = randn(&mut rng, rows * c, 2.0);
         let w = randn(&mut rng, c, 1.0);
         let b = randn(&mut rng, c, 1.0);
@@ -458,6 +460,7 @@ fn layernorm_backward_matches_cpu_and_is_deterministic_on<R: Runtime>(dev: &Queu
             mean: &mean,
             rstd: &rstd,
             c,
+            accumulate,
         });
         let mut runs = Vec::new();
         for _ in 0..2 {
@@ -473,6 +476,7 @@ fn layernorm_backward_matches_cpu_and_is_deterministic_on<R: Runtime>(dev: &Queu
                 mean: md.view(),
                 rstd: rd.view(),
                 c,
+                accumulate,
             })
             .unwrap();
             runs.push((get(dev, &di), get(dev, &dwd), get(dev, &dbd)));
@@ -489,7 +493,7 @@ fn layernorm_backward_matches_cpu_and_is_deterministic_on<R: Runtime>(dev: &Queu
                 *m = rstd[r] * (g(i) + mean_g + xhat(i).abs() * mean_gx) + dinp0[r * c + i].abs();
             }
         }
-        let what = format!("layernorm_backward rows={rows} c={c}");
+        let what = format!("layernorm_backward rows={rows} c={c} accumulate={accumulate}");
         assert_close_sums(&format!("{what} dinp"), &runs[0].0, &dinp, &mag, c + 1);
         assert_close(&format!("{what} dw"), &runs[0].1, &dw);
         assert_close(&format!("{what} db"), &runs[0].2, &db);

@@ -32,14 +32,14 @@ KERNEL void layernorm_forward(GLOBAL float* RESTRICT out, unsigned out_off,
     }
 }
 
-// dinp (rows, c) += d loss / d inp; one workgroup per row.
+// dinp (rows, c) += d loss / d inp (= without accumulate); one workgroup per row.
 KERNEL void layernorm_backward(GLOBAL float* RESTRICT dinp, unsigned dinp_off,
                                const GLOBAL float* RESTRICT dout, unsigned dout_off,
                                const GLOBAL float* RESTRICT inp, unsigned inp_off,
                                const GLOBAL float* RESTRICT w, unsigned w_off,
                                const GLOBAL float* RESTRICT mean, unsigned mean_off,
                                const GLOBAL float* RESTRICT rstd, unsigned rstd_off,
-                               unsigned c) {
+                               unsigned c, unsigned accumulate) {
     SHARED float buf[BLOCK];
     unsigned row = GROUP_ID(0);
     int tid = LOCAL_ID(0);
@@ -61,7 +61,8 @@ KERNEL void layernorm_backward(GLOBAL float* RESTRICT dinp, unsigned dinp_off,
         // dn as its own statement: not fused into the subtraction below,
         // whose rounding rs (up to 1/sqrt(eps)) would amplify.
         float dn = d[j] * w[j];
-        di[j] += (dn - dnorm_mean - norm * dnorm_norm_mean) * rs;
+        float g = (dn - dnorm_mean - norm * dnorm_norm_mean) * rs;
+        di[j] = accumulate ? di[j] + g : g;
     }
 }
 

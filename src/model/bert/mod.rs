@@ -587,7 +587,6 @@ impl<B: Backend> Engine<B> {
         let (dtype, rest) = rest.split_at(r(2).len());
         let (dlnw, dlnb) = rest.split_at(r(3).len());
         let mut demb = a.dalt.slice_mut(0..rows * c);
-        be.fill(demb.rb(), 0.0);
         be.layernorm_backward(LayerNormBackward {
             dinp: Some(demb.rb()),
             dwb: Some((dlnw, dlnb)),
@@ -597,6 +596,7 @@ impl<B: Backend> Engine<B> {
             mean: a.emb_mean.slice(0..rows),
             rstd: a.emb_rstd.slice(0..rows),
             c,
+            accumulate: false,
         })?;
         be.encoder_backward(EncoderBackward {
             dwte: dword,
@@ -825,7 +825,6 @@ impl<B: Backend> Engine<B> {
                 ),
             };
         // d o = LN2'(d out)
-        be.fill(dx.rb(), 0.0);
         let (dw, db) = g.rb().split2(r(BlockParam::OutLnW), r(BlockParam::OutLnB));
         be.layernorm_backward(LayerNormBackward {
             dinp: Some(dx.rb()),
@@ -836,6 +835,7 @@ impl<B: Backend> Engine<B> {
             mean: a.ln2_mean.s().part(s, rows).first(n),
             rstd: a.ln2_rstd.s().part(s, rows).first(n),
             c,
+            accumulate: false,
         })?;
         // o = h1 + gelu(h1 Wi + bi) Wo2 + bo2
         let mut dg = dbig.rb().first(n * fl);
@@ -880,7 +880,6 @@ impl<B: Backend> Engine<B> {
         tp::all_reduce(be, tp, dy.rb())?;
         be.add_inplace(dy.rb(), dx.src());
         // d h = LN1'(d h1)
-        be.fill(dx.rb(), 0.0);
         let (dw, db) = g
             .rb()
             .split2(r(BlockParam::AttnLnW), r(BlockParam::AttnLnB));
@@ -893,6 +892,7 @@ impl<B: Backend> Engine<B> {
             mean: a.ln1_mean.s().part(s, rows).first(n),
             rstd: a.ln1_rstd.s().part(s, rows).first(n),
             c,
+            accumulate: false,
         })?;
         // h = x + attention(x Wqkv + bqkv) Wo + bo
         let (dw, db) = g
@@ -1172,7 +1172,6 @@ impl<B: Backend> Engine<B> {
                 Dout::Rounded,
             );
             let mut dt2 = a.dbig.slice_mut(0..nc);
-            be.fill(dt2.rb(), 0.0);
             let (dw, db) = g.rb().split2(r(2), r(3));
             be.layernorm_backward(LayerNormBackward {
                 dinp: Some(dt2.rb()),
@@ -1183,6 +1182,7 @@ impl<B: Backend> Engine<B> {
                 mean: m.mean.slice(0..n),
                 rstd: m.rstd.slice(0..n),
                 c,
+                accumulate: false,
             })?;
             let (dw, db) = g.rb().split2(r(0), r(1));
             be.activation_backward(ActivationBackward {

@@ -609,8 +609,7 @@ impl<B: Backend> Engine<B> {
             matmul_backward(be, a.bf16.as_mut(), op, Dout::Rounded);
         }
         let dln = a.dgrad.slice(at);
-        let mut dres = a.dres.slice_mut(0..btc);
-        be.fill(dres.rb(), 0.0);
+        let dres = a.dres.slice_mut(0..btc);
         be.layernorm_backward(LayerNormBackward {
             dinp: Some(dres),
             dwb: dlnf.map(|d| d.split_at(c)),
@@ -620,6 +619,7 @@ impl<B: Backend> Engine<B> {
             mean: a.lnf_mean.slice(0..rows),
             rstd: a.lnf_rstd.slice(0..rows),
             c,
+            accumulate: false,
         })
     }
 
@@ -703,6 +703,7 @@ impl<B: Backend> Engine<B> {
             mean: a.ln2_mean.s().part(s, rows),
             rstd: a.ln2_rstd.s().part(s, rows),
             c,
+            accumulate: true,
         })?;
         if g.is_none() {
             be.copy(dg.rb().slice(at.mid.clone()), dres.src());
@@ -757,6 +758,7 @@ impl<B: Backend> Engine<B> {
             mean: a.ln1_mean.s().part(s, rows),
             rstd: a.ln1_rstd.s().part(s, rows),
             c,
+            accumulate: true,
         })
     }
 
@@ -824,6 +826,7 @@ impl<B: Backend> Engine<B> {
             mean: a.lnf_mean.slice(0..rows),
             rstd: a.lnf_rstd.slice(0..rows),
             c,
+            accumulate: true,
         })
     }
 
@@ -912,6 +915,7 @@ impl<B: Backend> Engine<B> {
                 mean: mean.s().part(s, rows),
                 rstd: rstd.s().part(s, rows),
                 c,
+                accumulate: true,
             })?;
         }
         Ok(())
