@@ -7,7 +7,7 @@ use rayon::prelude::*;
 
 /// Whether this build and CPU run [`widest!`]'s AVX-512 copies: the
 /// `avx512` feature (as for the products) and AVX-512 F, BW, DQ and VL.
-pub fn avx512() -> bool {
+pub(crate) fn avx512() -> bool {
     #[cfg(test)]
     if NARROW.load(std::sync::atomic::Ordering::Relaxed) {
         return false;
@@ -146,7 +146,7 @@ pub fn row_max(xs: &[f32]) -> f32 {
 }
 
 /// `xs[i] = exp(xs[i] - shift)`; returns their sum. The exps are a loop of
-/// their own, which a wider instruction set widens ([`widest!`]); the sum
+/// their own, which a wider instruction set widens (`widest!`); the sum
 /// keeps its eight lanes.
 #[inline]
 pub fn exp_shifted_sum(xs: &mut [f32], shift: f32) -> f32 {
