@@ -5,9 +5,9 @@ use super::blas;
 use gemm::Parallelism;
 use rayon::prelude::*;
 
-/// Whether this build and CPU run [`widest!`]'s AVX-512 copies: the
+/// Whether this build and CPU run `widest!`'s AVX-512 copies: the
 /// `avx512` feature (as for the products) and AVX-512 F, BW, DQ and VL.
-pub(crate) fn avx512() -> bool {
+pub fn avx512() -> bool {
     #[cfg(test)]
     if NARROW.load(std::sync::atomic::Ordering::Relaxed) {
         return false;
