@@ -57,7 +57,8 @@ pub(crate) fn on_each_width<R>(f: impl Fn() -> R) -> Vec<R> {
 /// was measured to pay: the activations and the attention's tasks, whose
 /// arithmetic (an `exp` an element, and a division for GELU) the build's
 /// 8 lanes leave as the bound. Layernorm ran slower so (a row of 384 at a
-/// time, its sums 8 lanes by design), and AdamW and the cross-entropy no
+/// time, its sums 8 lanes by design; its backward, since rewritten in one
+/// pass for its sums, no faster), and AdamW and the cross-entropy no
 /// faster (memory bound).
 macro_rules! widest {
     ($(#[$attr:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
