@@ -245,6 +245,28 @@ fn without_a_terminal_a_log_line_every_n_steps_and_a_csv() {
     );
 }
 
+/// Where nothing fits, the advice names only what the command line has
+/// not tried already.
+#[test]
+fn plan_suggests_recompute_only_without_it() {
+    let line = "plan --model gpt2 --device h100 --world-size 1 --memory-gb 1";
+    let args: Vec<&str> = line.split(' ').collect();
+    let advice = |extra: &[&str]| {
+        let out = succeeded(distgpt(&[args.as_slice(), extra].concat()));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let at = text.find("nothing fits in 1 GB").expect(&text);
+        text[at..].lines().next().unwrap().to_string()
+    };
+    assert_eq!(
+        advice(&[]),
+        "nothing fits in 1 GB, even with offload: try more ranks, --recompute or a smaller batch"
+    );
+    assert_eq!(
+        advice(&["--recompute"]),
+        "nothing fits in 1 GB, even with offload: try more ranks or a smaller batch"
+    );
+}
+
 #[test]
 fn plan_says_why_tp_rows_are_missing_and_what_network_it_assumes() {
     let out = succeeded(distgpt(&[

@@ -427,13 +427,15 @@ fn print_world(a: &PlanArgs, w: &Workload, device: &Device, wp: &WorldPlan) {
             bytes(r.memory.total())
         ),
         None if priced > 0 => distgpt::outln!(
-            "{head}; nothing fits in {:.0} GB{}: try more ranks, --recompute or a smaller batch",
+            "{head}; nothing fits in {:.0} GB{}: try more ranks{} or a smaller batch",
             device.memory_bytes / 1e9,
             if device.shared_by_ranks {
                 ""
             } else {
                 ", even with offload"
-            }
+            },
+            // what the user has not tried yet
+            if a.recompute { "" } else { ", --recompute" }
         ),
         None => distgpt::outln!(
             "{head}: no layout fits the batch of {} (it must divide by the data-parallel size)",
