@@ -454,7 +454,7 @@ fn deviations(results: &mut [RunResult]) {
     }
 }
 
-/// Largest |a[i] - b[i]| over the steps both have.
+/// Largest |`a[i]` - `b[i]`| over the steps both have.
 fn loss_deviation(a: &[f32], b: &[f32]) -> f64 {
     a.iter()
         .zip(b)

@@ -558,7 +558,7 @@ fn attention_decode_by(
 mod x86 {
     use std::arch::x86_64::*;
 
-    /// Lane j: the sum of a[j]'s lanes.
+    /// Lane j: the sum of `a[j]`'s lanes.
     #[inline(always)]
     unsafe fn sums(a: [__m256; 8]) -> __m256 {
         let (h01, h23) = (_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
@@ -618,7 +618,7 @@ mod x86 {
         }
     }
 
-    /// o = the sum of p[t] v(t), up to 32 of o's values at a time held in
+    /// o = the sum of `p[t]` v(t), up to 32 of o's values at a time held in
     /// registers over every position (o's width a multiple of 8).
     ///
     /// # Safety

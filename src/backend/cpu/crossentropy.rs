@@ -21,7 +21,7 @@ fn row_max_sum(row: &[f32]) -> (f32, f32) {
     (max, lanes.iter().sum::<f32>() + tail)
 }
 
-/// losses (rows) = -log softmax(logits row)[target]; logits are (rows, vp).
+/// losses (rows) = -log `softmax(logits row)[target]`; logits are (rows, vp).
 pub fn crossentropy_forward(op: CrossEntropyForward<Host<'_>>) {
     let CrossEntropyForward {
         losses,

@@ -32,7 +32,7 @@ const MC: usize = 8 * MR;
 /// The most column panels of a task's block where they pack the right one.
 const NC: usize = 8;
 
-/// Whether this CPU runs [`gemm`] (AVX512-BF16, and AVX-512F and BW with
+/// Whether this CPU runs [`gemm()`] (AVX512-BF16, and AVX-512F and BW with
 /// it).
 pub fn available() -> bool {
     #[cfg(target_arch = "x86_64")]

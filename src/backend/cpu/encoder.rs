@@ -3,7 +3,7 @@
 use crate::backend::ops::{EncoderBackward, EncoderForward, Host};
 use rayon::prelude::*;
 
-/// out (B*T, C) = wte[tokens] + wpe[position]; tokens are (B*T), t is the sequence length.
+/// out (B*T, C) = `wte[tokens]` + `wpe[position]`; tokens are (B*T), t is the sequence length.
 pub fn encoder_forward(op: EncoderForward<Host<'_>>) {
     let EncoderForward {
         out,
@@ -26,7 +26,7 @@ pub fn encoder_forward(op: EncoderForward<Host<'_>>) {
         });
 }
 
-/// dwte[tokens] += dout; dwpe[position] += dout. Threads own column ranges,
+/// `dwte[tokens]` += dout; `dwpe[position]` += dout. Threads own column ranges,
 /// so repeated tokens never race.
 pub fn encoder_backward(op: EncoderBackward<'_, Host<'_>>) {
     let EncoderBackward {

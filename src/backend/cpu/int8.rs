@@ -812,7 +812,7 @@ mod x86 {
         )
     }
 
-    /// Rows' sums for columns 16 half..16 half + 16: out[r] = [lo[r] | hi[r]].
+    /// Rows' sums for columns 16 half..16 half + 16: `out[r]` = [`lo[r]` | `hi[r]`].
     #[inline(always)]
     unsafe fn store(
         out: &mut [i32],

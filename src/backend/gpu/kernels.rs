@@ -67,7 +67,7 @@ pub(super) fn u32s(what: &str, n: usize) -> Result<Arg, GpuError> {
 }
 
 impl<R: Runtime> Queue<R> {
-    /// out (rows, c) = wte[tokens] + wpe[row % t]; rows = tokens.len.
+    /// out (rows, c) = `wte[tokens]` + `wpe[row % t]`; rows = tokens.len.
     pub fn encoder_forward(&self, op: EncoderForward<Raw>) -> Result<(), GpuError> {
         let EncoderForward {
             out,
@@ -96,7 +96,7 @@ impl<R: Runtime> Queue<R> {
         self.launch("encoder_forward", groups(rows * c), &args)
     }
 
-    /// dwte[tokens] += dout; dwpe[row % t] += dout (rows = tokens.len), in a
+    /// `dwte[tokens]` += dout; `dwpe[row % t]` += dout (rows = tokens.len), in a
     /// fixed order: rows are grouped by token here on the host.
     pub fn encoder_backward(&self, op: EncoderBackward<'_, Raw>) -> Result<(), GpuError> {
         let EncoderBackward {

@@ -98,7 +98,7 @@ struct Acts<B: Backend> {
     emb: Buf<B>,
     emb_mean: Buf<B>,
     emb_rstd: Buf<B>,
-    /// resid[0] the embeddings' output, resid[l + 1] block l's.
+    /// `resid[0]` the embeddings' output, `resid[l + 1]` block l's.
     resid: Buf<B>,
     qkv: Buf<B>,
     atty: Buf<B>,
@@ -532,7 +532,7 @@ impl<B: Backend> Engine<B> {
         Ok(())
     }
 
-    /// Embeddings: resid[0] = LN(word[tok] + pos[t] + type[types]).
+    /// Embeddings: `resid[0]` = LN(`word[tok]` + `pos[t]` + `type[types]`).
     fn embed_forward(&mut self, p: Src<'_, B>) {
         let (b, t) = self.shape();
         let (c, tv, eps) = (
@@ -620,7 +620,7 @@ impl<B: Backend> Engine<B> {
         Ok(())
     }
 
-    /// Block l: resid[l] -> resid[l + 1].
+    /// Block l: `resid[l]` -> `resid[l + 1]`.
     /// Long by design: one layer's kernels in the order they run, each on
     /// views of the same activation and gradient buffers (split into
     /// functions, those views would be passed from one to the next); read
@@ -772,7 +772,7 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Block l's backward: the residual gradient in `dres` moves from
-    /// resid[l + 1] to resid[l]; grads of its slice accumulate into `g`.
+    /// `resid[l + 1]` to `resid[l]`; grads of its slice accumulate into `g`.
     /// Long by design: one layer's kernels in the order they run, each on
     /// views of the same activation and gradient buffers (split into
     /// functions, those views would be passed from one to the next); read
@@ -1099,7 +1099,7 @@ impl<B: Backend> Engine<B> {
     }
 
     /// The head's backward for `loss_scale` times the mean loss: its grads
-    /// (and the tied word embeddings') accumulate; `dres` gets d resid[L].
+    /// (and the tied word embeddings') accumulate; `dres` gets d `resid[L]`.
     /// Long by design: one layer's kernels in the order they run, each on
     /// views of the same activation and gradient buffers (split into
     /// functions, those views would be passed from one to the next); read

@@ -366,7 +366,7 @@ pub fn evaluate_decoded<B: Backend>(
     })
 }
 
-/// -log softmax(logits)[target], in f64.
+/// -log `softmax(logits)[target]`, in f64.
 fn cross_entropy(logits: &[f32], target: usize) -> f64 {
     let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
     let sum: f64 = logits.iter().map(|&v| (v as f64 - max).exp()).sum();

@@ -60,7 +60,7 @@ struct Activations<B: Backend> {
     rows: usize,
     tokens: Buf<B, u32>,
     targets: Buf<B, u32>,
-    /// Residual stream: block l reads resid[l] and writes resid[l + 1]; resid[0] is the embedding.
+    /// Residual stream: block l reads `resid[l]` and writes `resid[l + 1]`; `resid[0]` is the embedding.
     resid: Buf<B>,
     ln1: Buf<B>,
     ln1_mean: Buf<B>,
@@ -437,7 +437,7 @@ impl<B: Backend> Engine<B> {
         self.span.slot(l, self.recompute)
     }
 
-    /// resid[0] = wte[tokens] + wpe; `emb` is the [wte | wpe] unit.
+    /// `resid[0]` = `wte[tokens]` + wpe; `emb` is the [wte | wpe] unit.
     fn embed_forward(&mut self, emb: Src<'_, B>) {
         let (b, t) = self.shape();
         let c = self.config.n_embd;
@@ -453,7 +453,7 @@ impl<B: Backend> Engine<B> {
         });
     }
 
-    /// Block l: resid[l] -> resid[l + 1]; `p` is this rank's slice of the block.
+    /// Block l: `resid[l]` -> `resid[l + 1]`; `p` is this rank's slice of the block.
     fn block_forward(&mut self, l: usize, p: Src<'_, B>, tp: Option<&dyn Comm>) -> Result<()> {
         let (b, t) = self.shape();
         let (d, wd) = (self.dims(l), self.widest());
@@ -624,7 +624,7 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Backward of block l: the residual gradient moves from resid[l + 1]
-    /// to resid[l]. Given `g`, the block's parameter gradients accumulate
+    /// to `resid[l]`. Given `g`, the block's parameter gradients accumulate
     /// into it, and with recomputation its forward runs again first;
     /// without, this is the split backward's input half, which keeps the
     /// output gradients `block_backward_weight` reads in the block's slot.
