@@ -246,7 +246,7 @@ fn without_a_terminal_a_log_line_every_n_steps_and_a_csv() {
 }
 
 /// Where nothing fits, the advice names only what the command line has
-/// not tried already.
+/// not tried already; where no layout can run at all, it says why.
 #[test]
 fn plan_suggests_recompute_only_without_it() {
     let line = "plan --model gpt2 --device h100 --world-size 1 --memory-gb 1";
@@ -264,6 +264,17 @@ fn plan_suggests_recompute_only_without_it() {
     assert_eq!(
         advice(&["--recompute"]),
         "nothing fits in 1 GB, even with offload: try more ranks or a smaller batch"
+    );
+    // no layout at all (3 ranks cannot share a batch of 1): not a memory matter
+    let line = "plan --model tiny --device h100 --world-size 3 --batch-size 1";
+    let out = succeeded(distgpt(&line.split(' ').collect::<Vec<_>>()));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(
+            "world 3: 0 layouts priced at 40% of the peak: no layout fits the batch of 1 \
+             (it must divide by the data-parallel size)"
+        ),
+        "{text}"
     );
 }
 
