@@ -10,9 +10,9 @@ use scratch::scratch;
 
 use distgpt::backend::cpu::Cpu;
 use distgpt::backend::{
-    Activation, ActivationBackward, Backend, Buf, Category, CrossEntropyBackward,
-    CrossEntropyForward, Dst, EncoderBackward, EncoderForward, MatmulBackward, MatmulForward,
-    MatmulShape, WeightLayout,
+    Activation, ActivationBackward, ActivationForward, Backend, Buf, Category,
+    CrossEntropyBackward, CrossEntropyForward, Dst, EncoderBackward, EncoderForward,
+    MatmulBackward, MatmulForward, MatmulShape, WeightLayout,
 };
 use distgpt::checkpoint;
 use distgpt::comm::Comm;
@@ -332,11 +332,17 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                     out: h.rb(),
                     inp: x,
                     w: w1,
-                    bias: Some(b1),
+                    bias: None,
                     shape: io((rows, c, f)),
                     accumulate: false,
                 });
-                be.activation_forward(g.rb(), h.src(), Activation::GeluTanh);
+                // the first bias, added in the activation's pass
+                be.activation_forward(ActivationForward {
+                    out: g.rb(),
+                    inp: h.rb(),
+                    bias: Some(b1),
+                    act: Activation::GeluTanh,
+                });
                 be.matmul_forward(MatmulForward {
                     out,
                     inp: g.src(),

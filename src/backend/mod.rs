@@ -22,9 +22,10 @@ pub mod threads;
 pub use cpu::{AdamWStep, AttnShape, DecodeShape, WeightFormat, WeightLayout};
 pub use memory::{Buf, Category, Dst, MemoryReport, PeakRow, Pending, Pinned, RawView, Src};
 pub use ops::{
-    ActivationBackward, AdamWUpdate, AttentionBackward, AttentionDecode, AttentionForward,
-    CrossEntropyBackward, CrossEntropyForward, EncoderBackward, EncoderForward, LayerNormBackward,
-    LayerNormForward, MatmulBackward, MatmulDecode, MatmulForward, MatmulShape, On,
+    ActivationBackward, ActivationForward, AdamWUpdate, AttentionBackward, AttentionDecode,
+    AttentionForward, CrossEntropyBackward, CrossEntropyForward, EncoderBackward, EncoderForward,
+    LayerNormBackward, LayerNormForward, MatmulBackward, MatmulDecode, MatmulForward, MatmulShape,
+    On,
 };
 pub use threads::Threads;
 
@@ -187,8 +188,7 @@ pub trait Kernels: Device {
     fn matmul_backward(&self, op: MatmulBackward<On<'_, Self>>);
     fn attention_forward(&self, op: AttentionForward<On<'_, Self>>);
     fn attention_backward(&self, op: AttentionBackward<On<'_, Self>>);
-    /// out = act(inp), any shape.
-    fn activation_forward(&self, out: Dst<'_, Self>, inp: Src<'_, Self>, act: Activation);
+    fn activation_forward(&self, op: ActivationForward<On<'_, Self>>);
     /// d *= act'(inp), in place, and with `dbias` its column sums added.
     fn activation_backward(&self, op: ActivationBackward<On<'_, Self>>);
     /// dst = value.

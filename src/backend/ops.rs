@@ -196,6 +196,19 @@ operation! {
 }
 
 operation! {
+    /// out = act(inp), any shape. With `bias` (n), inp is (rows, n) and
+    /// gets the bias first, in place (the pre-activation the backward
+    /// reads): the bias of the product that wrote inp, added in the
+    /// activation's pass instead of a pass of its own.
+    pub struct ActivationForward<O> {
+        output out: f32,
+        output inp: f32,
+        maybe_input bias: f32,
+        value act: Activation,
+    }
+}
+
+operation! {
     /// d *= act'(inp), in place, any shape: a matmul's output gradient turned
     /// into its pre-activation's. With `dbias` (n), d and inp are (rows, n)
     /// and the bias gradient of the product that made inp is added in the same

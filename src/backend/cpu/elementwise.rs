@@ -1,20 +1,32 @@
 //! Pointwise kernels: activations, copy, add, squared norms.
 
 use super::math::{column_sums, gelu, gelu_erf, gelu_erf_grad, gelu_grad, tanh_exp, widest};
-use crate::backend::ops::{ActivationBackward, Host};
+use crate::backend::ops::{ActivationBackward, ActivationForward, Host};
 use crate::backend::{Activation, COLUMN_CHUNK_ROWS};
 use rayon::prelude::*;
 
 const CHUNK: usize = 1 << 14;
 
 widest! {
-    /// out = act(inp) over one chunk.
-    fn activate(out: &mut [f32], inp: &[f32], act: Activation) {
-        let pairs = out.iter_mut().zip(inp);
+    /// out = act(inp) over one chunk; where `b` is not empty (n wide), the
+    /// chunk is rows of n, each first added b in place.
+    fn activate(out: &mut [f32], inp: &mut [f32], b: &[f32], act: Activation) {
+        #[inline(always)]
+        fn by(out: &mut [f32], inp: &mut [f32], b: &[f32], f: impl Fn(f32) -> f32) {
+            if b.is_empty() {
+                return out.iter_mut().zip(&*inp).for_each(|(o, &x)| *o = f(x));
+            }
+            for (o, x) in out.chunks_exact_mut(b.len()).zip(inp.chunks_exact_mut(b.len())) {
+                for ((o, x), &b) in o.iter_mut().zip(x).zip(b) {
+                    *x += b;
+                    *o = f(*x);
+                }
+            }
+        }
         match act {
-            Activation::GeluTanh => pairs.for_each(|(o, &x)| *o = gelu(x)),
-            Activation::GeluErf => pairs.for_each(|(o, &x)| *o = gelu_erf(x)),
-            Activation::Tanh => pairs.for_each(|(o, &x)| *o = tanh_exp(x)),
+            Activation::GeluTanh => by(out, inp, b, gelu),
+            Activation::GeluErf => by(out, inp, b, gelu_erf),
+            Activation::Tanh => by(out, inp, b, tanh_exp),
         }
     }
 }
@@ -46,12 +58,32 @@ widest! {
     }
 }
 
-/// out = act(inp), any shape.
-pub fn activation_forward(out: &mut [f32], inp: &[f32], act: Activation) {
+/// out = act(inp), any shape; with a bias (n), inp is (rows, n) and gets
+/// it first, in place ([`ActivationForward`]).
+pub fn activation_forward(op: ActivationForward<Host<'_>>) {
+    let ActivationForward {
+        out,
+        inp,
+        bias,
+        act,
+    } = op;
+    let b = bias.unwrap_or_default();
+    // chunks of whole rows where there is a bias, about CHUNK elements
+    let span = match b.len() {
+        0 => CHUNK,
+        n => {
+            assert!(
+                inp.len().is_multiple_of(n),
+                "activation of {} elements in rows of {n}",
+                inp.len()
+            );
+            n * CHUNK.div_ceil(n)
+        }
+    };
     out[..inp.len()]
-        .par_chunks_mut(CHUNK)
-        .zip(inp.par_chunks(CHUNK))
-        .for_each(|(o, x)| activate(o, x, act));
+        .par_chunks_mut(span)
+        .zip(inp.par_chunks_mut(span))
+        .for_each(|(o, x)| activate(o, x, b, act));
 }
 
 /// d *= act'(inp): turns d loss / d act(inp) into d loss / d inp, in
@@ -234,6 +266,13 @@ mod tests {
             let probe = randn(&mut rng, x.len(), 1.0);
             let want_out: Vec<f32> = x.iter().map(|&x| f(x)).collect();
             let want: Vec<f32> = x.iter().zip(&probe).map(|(&x, &p)| p * df(x)).collect();
+            let b = randn(&mut rng, n, 1.0);
+            let want_z: Vec<f32> = x[..rows * n]
+                .iter()
+                .enumerate()
+                .map(|(i, &x)| x + b[i % n])
+                .collect();
+            let want_out_b: Vec<f32> = want_z.iter().map(|&z| f(z)).collect();
             let mut want_db = vec![0.5f32; n];
             for chunk in want[..rows * n].chunks(COLUMN_CHUNK_ROWS * n) {
                 let mut part = vec![0.0f32; n];
@@ -242,9 +281,22 @@ mod tests {
                 }
                 want_db.iter_mut().zip(&part).for_each(|(s, &p)| *s += p);
             }
-            for (width, [out, d, d_rows, db]) in on_each_width(|| {
-                let mut out = vec![0.0; x.len()];
-                activation_forward(&mut out, &x, act);
+            for (width, [out, z, out_b, d, d_rows, db]) in on_each_width(|| {
+                let (mut out, mut x_in) = (vec![0.0; x.len()], x.clone());
+                activation_forward(ActivationForward {
+                    out: &mut out,
+                    inp: &mut x_in,
+                    bias: None,
+                    act,
+                });
+                assert_eq!(bits(&x_in), bits(&x), "no bias: the input is left");
+                let (mut out_b, mut z) = (vec![0.0; rows * n], x[..rows * n].to_vec());
+                activation_forward(ActivationForward {
+                    out: &mut out_b,
+                    inp: &mut z,
+                    bias: Some(&b),
+                    act,
+                });
                 let mut d = probe.clone();
                 activation_backward(ActivationBackward {
                     d: &mut d,
@@ -259,13 +311,15 @@ mod tests {
                     act,
                     dbias: Some(&mut db),
                 });
-                [out, d, d_rows, db]
+                [out, z, out_b, d, d_rows, db]
             })
             .into_iter()
             .enumerate()
             {
                 let at = format!("{act:?}, instruction set {width}");
                 assert_eq!(bits(&out), bits(&want_out), "{at}: forward");
+                assert_eq!(bits(&z), bits(&want_z), "{at}: a bias added in place");
+                assert_eq!(bits(&out_b), bits(&want_out_b), "{at}: forward with a bias");
                 assert_eq!(bits(&d), bits(&want), "{at}: backward");
                 assert_eq!(bits(&d_rows), bits(&want[..rows * n]), "{at}: with a bias");
                 assert_eq!(bits(&db), bits(&want_db), "{at}: bias gradient");
@@ -280,7 +334,12 @@ mod tests {
             let x = randn(&mut rng, 257, 3.0);
             let probe = randn(&mut rng, 257, 1.0);
             let mut out = vec![0.0; 257];
-            activation_forward(&mut out, &x, act);
+            activation_forward(ActivationForward {
+                out: &mut out,
+                inp: &mut x.clone(),
+                bias: None,
+                act,
+            });
             let want: Vec<f64> = to64(&x).into_iter().map(f).collect();
             assert_close(&format!("{act:?} out"), &out, &want, 1e-6);
             let mut d = probe.clone();
@@ -298,8 +357,9 @@ mod tests {
         }
     }
 
-    /// The fused bias gradient: for z = x + b (b broadcast over rows of n)
-    /// and loss = probe . act(z), d loss / d b by finite differences, over
+    /// The fused bias: for z = x + b (b broadcast over rows of n), act(z)
+    /// against f64, z as the forward leaves it in place, and for loss =
+    /// probe . act(z) d loss / d b by finite differences, over
     /// rows that span three chunks (the last short), added onto a dbias
     /// that was not zero; d itself as the unfused pass leaves it.
     #[test]
@@ -311,7 +371,17 @@ mod tests {
             let b = randn(&mut rng, n, 0.5);
             let probe = randn(&mut rng, rows * n, 1.0);
             let start = randn(&mut rng, n, 1.0);
-            let z: Vec<f32> = x.iter().enumerate().map(|(i, &x)| x + b[i % n]).collect();
+            let (mut out, mut z) = (vec![0.0; rows * n], x.clone());
+            activation_forward(ActivationForward {
+                out: &mut out,
+                inp: &mut z,
+                bias: Some(&b),
+                act,
+            });
+            let want: Vec<f64> = (0..rows * n)
+                .map(|i| f(x[i] as f64 + b[i % n] as f64))
+                .collect();
+            assert_close(&format!("{act:?} out with a bias"), &out, &want, 1e-6);
             let (mut d, mut db) = (probe.clone(), start.clone());
             activation_backward(ActivationBackward {
                 d: &mut d,

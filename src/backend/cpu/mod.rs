@@ -26,7 +26,7 @@ use super::memory::{Buf, Category, Dst, MemoryStats, Src};
 use super::ops::{Host, Lower, On};
 use super::profile::{self, Op};
 use super::{
-    Activation, ActivationBackward, AdamWUpdate, AttentionBackward, AttentionDecode,
+    ActivationBackward, ActivationForward, AdamWUpdate, AttentionBackward, AttentionDecode,
     AttentionForward, CrossEntropyBackward, CrossEntropyForward, Decode, Device, Elem,
     EncoderBackward, EncoderForward, Kernels, LayerNormBackward, LayerNormForward, MatmulBackward,
     MatmulDecode, MatmulForward, Threads,
@@ -213,9 +213,9 @@ impl Kernels for Cpu {
             attention::attention_backward(op.lower(&ToHost))
         })
     }
-    fn activation_forward(&self, out: Dst<'_, Self>, inp: Src<'_, Self>, act: Activation) {
+    fn activation_forward(&self, op: ActivationForward<On<'_, Self>>) {
         cpu_timed(Op::ActivationForward, 0.0, || {
-            elementwise::activation_forward(w(out), r(inp), act)
+            elementwise::activation_forward(op.lower(&ToHost))
         })
     }
     fn activation_backward(&self, op: ActivationBackward<On<'_, Self>>) {

@@ -10,7 +10,7 @@ use crate::backend::memory::{Buf, Category, Dst, MemoryStats, Pending, Pinned, R
 use crate::backend::ops::{Lower, On};
 use crate::backend::profile::{self, Op};
 use crate::backend::{
-    Activation, ActivationBackward, AdamWUpdate, AttentionBackward, AttentionDecode,
+    ActivationBackward, ActivationForward, AdamWUpdate, AttentionBackward, AttentionDecode,
     AttentionForward, CrossEntropyBackward, CrossEntropyForward, Decode, Device, Elem,
     EncoderBackward, EncoderForward, Kernels, LayerNormBackward, LayerNormForward, MatmulBackward,
     MatmulDecode, MatmulForward, MatmulShape, WeightFormat, WeightLayout,
@@ -251,9 +251,9 @@ impl<R: Runtime> Kernels for Gpu<R> {
             d.attention_backward(op.lower(&ToRaw))
         })
     }
-    fn activation_forward(&self, out: Dst<'_, Self>, inp: Src<'_, Self>, act: Activation) {
+    fn activation_forward(&self, op: ActivationForward<On<'_, Self>>) {
         self.kernel((Op::ActivationForward, 0.0), |d| {
-            d.activation_forward(view(out.raw()), view(inp.raw()), act)
+            d.activation_forward(op.lower(&ToRaw))
         })
     }
     fn activation_backward(&self, op: ActivationBackward<On<'_, Self>>) {

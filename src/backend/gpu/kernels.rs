@@ -5,9 +5,9 @@
 
 use super::{u32_arg, Arg, DeviceMem, Gemm, GpuError, Operand, Queue, Raw, Runtime, View, BLOCK};
 use crate::backend::ops::{
-    ActivationBackward, AdamWUpdate, CrossEntropyBackward, CrossEntropyForward, EncoderBackward,
-    EncoderForward, LayerNormBackward, LayerNormForward, MatmulBackward, MatmulForward,
-    MatmulShape,
+    ActivationBackward, ActivationForward, AdamWUpdate, CrossEntropyBackward, CrossEntropyForward,
+    EncoderBackward, EncoderForward, LayerNormBackward, LayerNormForward, MatmulBackward,
+    MatmulForward, MatmulShape,
 };
 use crate::backend::{Activation, WeightLayout, COLUMN_CHUNK_ROWS};
 
@@ -496,19 +496,33 @@ impl<R: Runtime> Queue<R> {
         unsafe { self.rt.sgemm(g) }
     }
 
-    /// out = act(inp), n = inp.len.
-    pub fn activation_forward(
-        &self,
-        out: View,
-        inp: View,
-        act: Activation,
-    ) -> Result<(), GpuError> {
-        let name = match act {
-            Activation::GeluTanh => "gelu_forward",
-            Activation::GeluErf => "gelu_erf_forward",
-            Activation::Tanh => "tanh_forward",
-        };
-        self.pointwise(name, out, inp)
+    /// out = act(inp), n = inp.len; with a bias (cols), added to inp
+    /// first, in place ([`ActivationForward`]).
+    pub fn activation_forward(&self, op: ActivationForward<Raw>) -> Result<(), GpuError> {
+        let ActivationForward {
+            out,
+            inp,
+            bias,
+            act,
+        } = op;
+        need("activation_forward", out, inp.len)?;
+        let cols = bias.map_or(0, |b| b.len);
+        if cols > 0 && !inp.len.is_multiple_of(cols) {
+            return Err(GpuError(format!(
+                "activation of {} elements in rows of {cols}",
+                inp.len
+            )));
+        }
+        let args = [
+            Arg::View(out),
+            Arg::View(inp),
+            // without a bias, any view: the kernel does not read it
+            Arg::View(bias.unwrap_or(out)),
+            u32s("n", inp.len)?,
+            u32s("bias", cols)?,
+            Arg::U32(act_code(Some(act))),
+        ];
+        self.launch("activation_forward", groups(inp.len), &args)
     }
 
     /// d *= act'(inp), in place (n = inp.len); with `dbias`, its column

@@ -12,9 +12,9 @@ use crate::backend::cpu::check::randn;
 use crate::backend::cpu::{adamw, crossentropy, elementwise, encoder, layernorm, matmul};
 use crate::backend::opencl::ClRuntime;
 use crate::backend::ops::{
-    ActivationBackward, AdamWUpdate, CrossEntropyBackward, CrossEntropyForward, EncoderBackward,
-    EncoderForward, LayerNormBackward, LayerNormForward, MatmulBackward, MatmulForward,
-    MatmulShape,
+    ActivationBackward, ActivationForward, AdamWUpdate, CrossEntropyBackward, CrossEntropyForward,
+    EncoderBackward, EncoderForward, LayerNormBackward, LayerNormForward, MatmulBackward,
+    MatmulForward, MatmulShape,
 };
 use crate::backend::Elem;
 use crate::backend::{Activation, AdamWStep, WeightLayout};
@@ -732,10 +732,47 @@ fn pointwise_kernels_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
         let xd = putf(dev, &x);
         for act in [Activation::GeluTanh, Activation::GeluErf, Activation::Tanh] {
             let mut want = vec![0.0; n];
-            elementwise::activation_forward(&mut want, &x, act);
+            elementwise::activation_forward(ActivationForward {
+                out: &mut want,
+                inp: &mut x.clone(),
+                bias: None,
+                act,
+            });
             let o = putf(dev, &vec![0.0; n]);
-            dev.activation_forward(o.view(), xd.view(), act).unwrap();
+            dev.activation_forward(ActivationForward {
+                out: o.view(),
+                inp: xd.view(),
+                bias: None,
+                act,
+            })
+            .unwrap();
             assert_close(&format!("{act:?} forward n={n}"), &get(dev, &o), &want);
+            assert_eq!(
+                get(dev, &xd),
+                x,
+                "{act:?} forward n={n}: no bias, inp is left"
+            );
+            // with a bias: rows of a width that divides n (1 where n is prime)
+            let cols = (2..=7).rev().find(|c| n % c == 0).unwrap_or(1);
+            let bias = randn(&mut rng, cols, 1.0);
+            let (mut want, mut want_z) = (vec![0.0; n], x.clone());
+            elementwise::activation_forward(ActivationForward {
+                out: &mut want,
+                inp: &mut want_z,
+                bias: Some(&bias),
+                act,
+            });
+            let (z, bd) = (putf(dev, &x), putf(dev, &bias));
+            dev.activation_forward(ActivationForward {
+                out: o.view(),
+                inp: z.view(),
+                bias: Some(bd.view()),
+                act,
+            })
+            .unwrap();
+            let at = format!("{act:?} forward with a bias of {cols}, n={n}");
+            assert_eq!(get(dev, &z), want_z, "{at}: the biased input");
+            assert_close(&at, &get(dev, &o), &want);
 
             let mut want = d0.clone();
             elementwise::activation_backward(ActivationBackward {

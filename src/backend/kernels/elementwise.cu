@@ -1,30 +1,20 @@
 // Pointwise kernels over n elements, one thread per element.
 
-// out = gelu(inp), tanh approximation (GPT-2's gelu_new).
-KERNEL void gelu_forward(GLOBAL float* RESTRICT out, unsigned out_off,
-                         const GLOBAL float* RESTRICT inp, unsigned inp_off, unsigned n) {
+// out = act(inp) (prelude.h's numbers); with cols > 0, inp is (n / cols,
+// cols) and gets bias (cols) first, in place: a product's bias added in the
+// activation's pass.
+KERNEL void activation_forward(GLOBAL float* RESTRICT out, unsigned out_off,
+                               GLOBAL float* RESTRICT inp, unsigned inp_off,
+                               const GLOBAL float* RESTRICT bias, unsigned bias_off,
+                               unsigned n, unsigned cols, unsigned act) {
     idx_t i = GLOBAL_ID(0);
     if (i >= n) return;
     float x = inp[inp_off + i];
-    float u = GELU_SCALE * (x + GELU_CUBE * x * x * x);
-    out[out_off + i] = 0.5f * x * (1.0f + gelu_tanh(u));
-}
-
-// out = gelu(inp), exact: x * Phi(x) (BERT's gelu).
-KERNEL void gelu_erf_forward(GLOBAL float* RESTRICT out, unsigned out_off,
-                             const GLOBAL float* RESTRICT inp, unsigned inp_off, unsigned n) {
-    idx_t i = GLOBAL_ID(0);
-    if (i >= n) return;
-    float x = inp[inp_off + i];
-    out[out_off + i] = 0.5f * x * (1.0f + erff(x * 0.7071067812f));
-}
-
-// out = tanh(inp).
-KERNEL void tanh_forward(GLOBAL float* RESTRICT out, unsigned out_off,
-                         const GLOBAL float* RESTRICT inp, unsigned inp_off, unsigned n) {
-    idx_t i = GLOBAL_ID(0);
-    if (i >= n) return;
-    out[out_off + i] = gelu_tanh(inp[inp_off + i]);
+    if (cols > 0) {
+        x += bias[bias_off + i % cols];
+        inp[inp_off + i] = x;
+    }
+    out[out_off + i] = activation(act, x);
 }
 
 // d *= act'(inp), in place.

@@ -139,6 +139,20 @@ DEVICE float gelu_tanh(float u) {
 #define ACT_GELU_ERF 2u
 #define ACT_TANH 3u
 
+// act(x); x for ACT_NONE.
+DEVICE float activation(unsigned act, float x) {
+    if (act == ACT_GELU_TANH) {
+        return 0.5f * x * (1.0f + gelu_tanh(GELU_SCALE * (x + GELU_CUBE * x * x * x)));
+    }
+    if (act == ACT_GELU_ERF) {
+        return 0.5f * x * (1.0f + erff(x * 0.7071067812f));
+    }
+    if (act == ACT_TANH) {
+        return gelu_tanh(x);
+    }
+    return x;
+}
+
 // d act(x) / dx; 1 for ACT_NONE.
 DEVICE float activation_grad(unsigned act, float x) {
     if (act == ACT_GELU_TANH) {

@@ -21,10 +21,10 @@ use super::tp;
 use super::tp::{BlockDims, TpPlace};
 use super::unit::{Span, SpanRun, UnitGrads, UnitKind, UnitModel, UnitParams};
 use crate::backend::{
-    Activation, ActivationBackward, AttentionBackward, AttentionForward, Backend, Buf, Category,
-    CrossEntropyBackward, CrossEntropyForward, Dst, EncoderBackward, EncoderForward,
-    LayerNormBackward, LayerNormForward, MatmulBackward, MatmulForward, MatmulShape, Src,
-    WeightLayout,
+    Activation, ActivationBackward, ActivationForward, AttentionBackward, AttentionForward,
+    Backend, Buf, Category, CrossEntropyBackward, CrossEntropyForward, Dst, EncoderBackward,
+    EncoderForward, LayerNormBackward, LayerNormForward, MatmulBackward, MatmulForward,
+    MatmulShape, Src, WeightLayout,
 };
 use crate::comm::Comm;
 use crate::data::{Batch, LossTerms, IGNORE};
@@ -711,7 +711,6 @@ impl<B: Backend> Engine<B> {
             eps,
         });
         let mut f = a.f.d().part(s, rows * fl).first(n * fl);
-        let bi = Some(w(BlockParam::InterB));
         matmul_forward(
             be,
             a.bf16.as_mut(),
@@ -719,13 +718,18 @@ impl<B: Backend> Engine<B> {
                 out: f.rb(),
                 inp: h1.src(),
                 w: w(BlockParam::InterW),
-                bias: bi,
+                bias: None,
                 shape: MatmulShape::new((n, c, fl), ip),
                 accumulate: false,
             },
         );
         let mut g = a.g.d().part(s, rows * fl).first(n * fl);
-        be.activation_forward(g.rb(), f.src(), Activation::GeluErf);
+        be.activation_forward(ActivationForward {
+            out: g.rb(),
+            inp: f.rb(),
+            bias: Some(w(BlockParam::InterB)),
+            act: Activation::GeluErf,
+        });
         let mut o = a.o.d().part(s, btc).first(n * c);
         let bf16 = &mut a.bf16;
         let (w_out, shape) = (w(BlockParam::OutW), (n, fl, c));
@@ -1006,16 +1010,17 @@ impl<B: Backend> Engine<B> {
                     out: m.t1.slice_mut(0..nc),
                     inp: x,
                     w: w(0),
-                    bias: Some(w(1)),
+                    bias: None,
                     shape: MatmulShape::new((n, c, c), ip),
                     accumulate: false,
                 },
             );
-            be.activation_forward(
-                m.t2.slice_mut(0..nc),
-                m.t1.slice(0..nc),
-                Activation::GeluErf,
-            );
+            be.activation_forward(ActivationForward {
+                out: m.t2.slice_mut(0..nc),
+                inp: m.t1.slice_mut(0..nc),
+                bias: Some(w(1)),
+                act: Activation::GeluErf,
+            });
             be.layernorm_forward(LayerNormForward {
                 out: m.t3.slice_mut(0..nc),
                 mean: m.mean.slice_mut(0..n),
@@ -1061,16 +1066,17 @@ impl<B: Backend> Engine<B> {
                     out: h.pre.slice_mut(0..b * c),
                     inp: h.cls.slice(0..b * c),
                     w: w(i),
-                    bias: Some(w(i + 1)),
+                    bias: None,
                     shape: MatmulShape::new((b, c, c), ip),
                     accumulate: false,
                 },
             );
-            be.activation_forward(
-                h.pooled.slice_mut(0..b * c),
-                h.pre.slice(0..b * c),
-                Activation::Tanh,
-            );
+            be.activation_forward(ActivationForward {
+                out: h.pooled.slice_mut(0..b * c),
+                inp: h.pre.slice_mut(0..b * c),
+                bias: Some(w(i + 1)),
+                act: Activation::Tanh,
+            });
             let mut lg = h.logits.slice_mut(0..b * labels);
             matmul_forward(
                 be,

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! x -> ln1 -> qkv -> attention -> x + proj  = res2
-//! res2 -> ln2 -> fc -> gelu -> res2 + fcproj = out
+//! res2 -> ln2 -> fc -> gelu -> res2 + fcproj = out   (fc's bias added in gelu's pass)
 //! ```
 //!
 //! What differs is a [`BlockMode`]: training runs whole sequences on the
@@ -11,7 +11,10 @@
 //! few-row products, and attends against a KV cache.
 
 use super::{BlockParam, LN_EPS};
-use crate::backend::{Activation, Backend, Dst, LayerNormForward, MatmulForward, MatmulShape, On};
+use crate::backend::{
+    Activation, ActivationForward, Backend, Dst, LayerNormForward, MatmulForward,
+};
+use crate::backend::{MatmulShape, On};
 use crate::backend::{Src, WeightLayout};
 use crate::comm::Comm;
 use crate::error::Result;
@@ -120,12 +123,18 @@ pub fn forward<B: Backend>(
         out: fch.rb(),
         inp: ln2.src(),
         w: w(BlockParam::FcW),
-        bias: Some(w(BlockParam::FcB)),
+        bias: None,
         shape: io_shape((rows, c, fl)),
         accumulate: false,
     };
     mode.matmul(BlockParam::FcW, op);
-    be.activation_forward(fch_gelu.rb(), fch.src(), Activation::GeluTanh);
+    // fc's bias, added in the GELU's pass
+    be.activation_forward(ActivationForward {
+        out: fch_gelu.rb(),
+        inp: fch.rb(),
+        bias: Some(w(BlockParam::FcB)),
+        act: Activation::GeluTanh,
+    });
     tp::row_parallel(
         be,
         place,
