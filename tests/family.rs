@@ -336,10 +336,10 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                     shape: io((rows, c, f)),
                     accumulate: false,
                 });
-                // the first bias, added in the activation's pass
+                // the first bias, added in the activation's passes
                 be.activation_forward(ActivationForward {
                     out: g.rb(),
-                    inp: h.rb(),
+                    inp: h.src(),
                     bias: Some(b1),
                     act: Activation::GeluTanh,
                 });
@@ -420,7 +420,7 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                 });
             }
             UnitKind::Block(l) => {
-                let [w1, _, w2, _] = parts.clone().unwrap().map(|r| p.own.slice(r));
+                let [w1, b1, w2, _] = parts.clone().unwrap().map(|r| p.own.slice(r));
                 let [r1, rb1, r2, rb2] = parts.unwrap();
                 let mut gd = g.own;
                 let (dw2, db2) = gd.rb().split2(r2, rb2);
@@ -438,6 +438,7 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                 be.activation_backward(ActivationBackward {
                     d: a.dg.d(),
                     inp: h,
+                    bias: Some(b1),
                     act: Activation::GeluTanh,
                     dbias: Some(db1),
                 });

@@ -196,28 +196,29 @@ operation! {
 }
 
 operation! {
-    /// out = act(inp), any shape. With `bias` (n), inp is (rows, n) and
-    /// gets the bias first, in place (the pre-activation the backward
-    /// reads): the bias of the product that wrote inp, added in the
-    /// activation's pass instead of a pass of its own.
+    /// out = act(inp + bias), any shape; with `bias` (n), inp is (rows, n).
+    /// The bias of the product that wrote inp, added in the activation's
+    /// pass instead of one of its own, and never stored: the backward
+    /// adds it again ([`ActivationBackward`]).
     pub struct ActivationForward<O> {
         output out: f32,
-        output inp: f32,
+        input inp: f32,
         maybe_input bias: f32,
         value act: Activation,
     }
 }
 
 operation! {
-    /// d *= act'(inp), in place, any shape: a matmul's output gradient turned
-    /// into its pre-activation's. With `dbias` (n), d and inp are (rows, n)
-    /// and the bias gradient of the product that made inp is added in the same
+    /// d *= act'(inp + bias), in place, any shape: a matmul's output
+    /// gradient turned into its pre-activation's, the bias given as to the
+    /// forward. With `dbias` (n), d and inp are (rows, n) and the bias gradient of the product that made inp is added in the same
     /// pass: dbias += colsum(d) after the multiply (in chunks of
     /// [`COLUMN_CHUNK_ROWS`](super::COLUMN_CHUNK_ROWS) rows, as `matmul_backward`
     /// sums a bias), instead of reading d again in the matmul's backward.
     pub struct ActivationBackward<O> {
         output d: f32,
         input inp: f32,
+        maybe_input bias: f32,
         value act: Activation,
         maybe_output dbias: f32,
     }

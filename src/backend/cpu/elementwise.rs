@@ -9,17 +9,16 @@ const CHUNK: usize = 1 << 14;
 
 widest! {
     /// out = act(inp) over one chunk; where `b` is not empty (n wide), the
-    /// chunk is rows of n, each first added b in place.
-    fn activate(out: &mut [f32], inp: &mut [f32], b: &[f32], act: Activation) {
+    /// chunk is rows of n and out = act(inp + b).
+    fn activate(out: &mut [f32], inp: &[f32], b: &[f32], act: Activation) {
         #[inline(always)]
-        fn by(out: &mut [f32], inp: &mut [f32], b: &[f32], f: impl Fn(f32) -> f32) {
+        fn by(out: &mut [f32], inp: &[f32], b: &[f32], f: impl Fn(f32) -> f32) {
             if b.is_empty() {
-                return out.iter_mut().zip(&*inp).for_each(|(o, &x)| *o = f(x));
+                return out.iter_mut().zip(inp).for_each(|(o, &x)| *o = f(x));
             }
-            for (o, x) in out.chunks_exact_mut(b.len()).zip(inp.chunks_exact_mut(b.len())) {
-                for ((o, x), &b) in o.iter_mut().zip(x).zip(b) {
-                    *x += b;
-                    *o = f(*x);
+            for (o, x) in out.chunks_exact_mut(b.len()).zip(inp.chunks_exact(b.len())) {
+                for ((o, &x), &b) in o.iter_mut().zip(x).zip(b) {
+                    *o = f(x + b);
                 }
             }
         }
@@ -32,25 +31,30 @@ widest! {
 }
 
 widest! {
-    /// d *= act'(x) over one chunk; where `p` is not empty (n wide), the
-    /// chunk is rows of n whose sums after the multiply are added to p.
-    fn scale_chunk(d: &mut [f32], x: &[f32], p: &mut [f32], act: Activation) {
+    /// d *= act'(x) over one chunk; where `b` is not empty (n wide), the
+    /// chunk is rows of n and d *= act'(x + b), and where `p` is not empty
+    /// too (n wide), the rows' sums after the multiply are added to p.
+    fn scale_chunk(d: &mut [f32], x: &[f32], b: &[f32], p: &mut [f32], act: Activation) {
         #[inline(always)]
-        fn by(d: &mut [f32], x: &[f32], p: &mut [f32], f: impl Fn(f32) -> f32) {
-            if p.is_empty() {
+        fn by(d: &mut [f32], x: &[f32], b: &[f32], p: &mut [f32], f: impl Fn(f32) -> f32) {
+            if b.is_empty() {
                 return d.iter_mut().zip(x).for_each(|(d, &x)| *d *= f(x));
             }
-            for (d, x) in d.chunks_exact_mut(p.len()).zip(x.chunks_exact(p.len())) {
-                for ((d, &x), p) in d.iter_mut().zip(x).zip(p.iter_mut()) {
-                    *d *= f(x);
+            for (d, x) in d.chunks_exact_mut(b.len()).zip(x.chunks_exact(b.len())) {
+                if p.is_empty() {
+                    d.iter_mut().zip(x).zip(b).for_each(|((d, &x), &b)| *d *= f(x + b));
+                    continue;
+                }
+                for (((d, &x), &b), p) in d.iter_mut().zip(x).zip(b).zip(p.iter_mut()) {
+                    *d *= f(x + b);
                     *p += *d;
                 }
             }
         }
         match act {
-            Activation::GeluTanh => by(d, x, p, gelu_grad),
-            Activation::GeluErf => by(d, x, p, gelu_erf_grad),
-            Activation::Tanh => by(d, x, p, |x| {
+            Activation::GeluTanh => by(d, x, b, p, gelu_grad),
+            Activation::GeluErf => by(d, x, b, p, gelu_erf_grad),
+            Activation::Tanh => by(d, x, b, p, |x| {
                 let t = tanh_exp(x);
                 1.0 - t * t
             }),
@@ -58,8 +62,19 @@ widest! {
     }
 }
 
-/// out = act(inp), any shape; with a bias (n), inp is (rows, n) and gets
-/// it first, in place ([`ActivationForward`]).
+/// The row width of an activation's bias (0 without one), checked
+/// against the `len` elements it is added to.
+fn bias_width(bias: Option<&[f32]>, len: usize) -> usize {
+    let n = bias.map_or(0, <[f32]>::len);
+    assert!(
+        n == 0 || len.is_multiple_of(n),
+        "activation of {len} elements in rows of {n}"
+    );
+    n
+}
+
+/// out = act(inp + bias), any shape; with a bias (n), inp is (rows, n)
+/// ([`ActivationForward`]).
 pub fn activation_forward(op: ActivationForward<Host<'_>>) {
     let ActivationForward {
         out,
@@ -67,47 +82,55 @@ pub fn activation_forward(op: ActivationForward<Host<'_>>) {
         bias,
         act,
     } = op;
-    let b = bias.unwrap_or_default();
-    // chunks of whole rows where there is a bias, about CHUNK elements
-    let span = match b.len() {
+    // whole rows a chunk where there is a bias, about CHUNK elements
+    let span = match bias_width(bias, inp.len()) {
         0 => CHUNK,
-        n => {
-            assert!(
-                inp.len().is_multiple_of(n),
-                "activation of {} elements in rows of {n}",
-                inp.len()
-            );
-            n * CHUNK.div_ceil(n)
-        }
+        n => n * CHUNK.div_ceil(n),
     };
+    let b = bias.unwrap_or_default();
     out[..inp.len()]
         .par_chunks_mut(span)
-        .zip(inp.par_chunks_mut(span))
+        .zip(inp.par_chunks(span))
         .for_each(|(o, x)| activate(o, x, b, act));
 }
 
-/// d *= act'(inp): turns d loss / d act(inp) into d loss / d inp, in
-/// place; with `dbias` (n), d is (rows, n) and the bias gradient of the
-/// product that made inp (d's column sums after the multiply) is added to
-/// dbias in the same pass ([`column_sums`]' chunks).
+/// d *= act'(inp + bias): turns d loss / d act(inp + bias) into d loss /
+/// d inp, in place; with `dbias` (n), d is (rows, n) and the bias gradient
+/// of the product that made inp (d's column sums after the multiply) is
+/// added to dbias in the same pass ([`column_sums`]' chunks).
 pub fn activation_backward(op: ActivationBackward<Host<'_>>) {
-    let ActivationBackward { d, inp, act, dbias } = op;
+    let ActivationBackward {
+        d,
+        inp,
+        bias,
+        act,
+        dbias,
+    } = op;
     let d = &mut d[..inp.len()];
+    let n = bias_width(bias, inp.len());
     let Some(db) = dbias.filter(|db| !db.is_empty()) else {
-        d.par_chunks_mut(CHUNK)
-            .zip(inp.par_chunks(CHUNK))
-            .for_each(|(d, x)| scale_chunk(d, x, &mut [], act));
+        let span = if n == 0 { CHUNK } else { n * CHUNK.div_ceil(n) };
+        let b = bias.unwrap_or_default();
+        d.par_chunks_mut(span)
+            .zip(inp.par_chunks(span))
+            .for_each(|(d, x)| scale_chunk(d, x, b, &mut [], act));
         return;
     };
-    let n = db.len();
-    assert!(
-        inp.len().is_multiple_of(n),
-        "activation gradient of {} elements in rows of {n}",
-        inp.len()
-    );
+    // a bias of zeros where none is given: act' is even at zero, so
+    // x + 0 (-0 made +0) changes no factor
+    let zeros;
+    let b = match bias {
+        Some(b) => b,
+        None => {
+            zeros = vec![0.0; db.len()];
+            &zeros
+        }
+    };
+    let n = bias_width(Some(b), inp.len());
+    assert_eq!(n, db.len(), "an activation's bias and its gradient");
     let span = COLUMN_CHUNK_ROWS * n;
     let chunks = d.par_chunks_mut(span).zip(inp.par_chunks(span));
-    column_sums(&mut [db], chunks, |(d, x), p| scale_chunk(d, x, p, act));
+    column_sums(&mut [db], chunks, |(d, x), p| scale_chunk(d, x, b, p, act));
 }
 
 /// dst = value, in parallel chunks past one.
@@ -243,10 +266,11 @@ mod tests {
     }
 
     /// Each activation's kernels give, bit for bit, what its scalar
-    /// formulas give element by element in the kernel's order (the bias
-    /// gradient summed a chunk of rows at a time, the chunks then in
-    /// order), on every instruction set this CPU runs them on
-    /// (`widest!`: AVX-512's copy where it has it, and the build's own).
+    /// formulas give element by element in the kernel's order (x + b
+    /// first where there is a bias; the bias gradient summed a chunk of
+    /// rows at a time, the chunks then in order), on every instruction set
+    /// this CPU runs them on (`widest!`: AVX-512's copy where it has it,
+    /// and the build's own).
     #[test]
     fn activations_give_their_scalar_formulas_bits_on_every_instruction_set() {
         let (rows, n) = (2 * COLUMN_CHUNK_ROWS + 3, 37);
@@ -259,70 +283,86 @@ mod tests {
             }),
         ];
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let col_sums = |d: &[f32]| {
+            let mut sums = vec![0.5f32; n];
+            for chunk in d.chunks(COLUMN_CHUNK_ROWS * n) {
+                let mut part = vec![0.0f32; n];
+                for row in chunk.chunks(n) {
+                    part.iter_mut().zip(row).for_each(|(p, &v)| *p += v);
+                }
+                sums.iter_mut().zip(&part).for_each(|(s, &p)| *s += p);
+            }
+            sums
+        };
         for (act, f, df) in formulas {
             let mut rng = Rng::new(9);
             // past one CHUNK, so the parallel chunks are exercised too
             let x = randn(&mut rng, CHUNK + rows * n, 4.0);
             let probe = randn(&mut rng, x.len(), 1.0);
-            let want_out: Vec<f32> = x.iter().map(|&x| f(x)).collect();
-            let want: Vec<f32> = x.iter().zip(&probe).map(|(&x, &p)| p * df(x)).collect();
             let b = randn(&mut rng, n, 1.0);
-            let want_z: Vec<f32> = x[..rows * n]
-                .iter()
-                .enumerate()
-                .map(|(i, &x)| x + b[i % n])
-                .collect();
-            let want_out_b: Vec<f32> = want_z.iter().map(|&z| f(z)).collect();
-            let mut want_db = vec![0.5f32; n];
-            for chunk in want[..rows * n].chunks(COLUMN_CHUNK_ROWS * n) {
-                let mut part = vec![0.0f32; n];
-                for row in chunk.chunks(n) {
-                    part.iter_mut().zip(row).for_each(|(p, &v)| *p += v);
-                }
-                want_db.iter_mut().zip(&part).for_each(|(s, &p)| *s += p);
-            }
-            for (width, [out, z, out_b, d, d_rows, db]) in on_each_width(|| {
-                let (mut out, mut x_in) = (vec![0.0; x.len()], x.clone());
-                activation_forward(ActivationForward {
-                    out: &mut out,
-                    inp: &mut x_in,
-                    bias: None,
-                    act,
-                });
-                assert_eq!(bits(&x_in), bits(&x), "no bias: the input is left");
-                let (mut out_b, mut z) = (vec![0.0; rows * n], x[..rows * n].to_vec());
-                activation_forward(ActivationForward {
-                    out: &mut out_b,
-                    inp: &mut z,
-                    bias: Some(&b),
-                    act,
-                });
-                let mut d = probe.clone();
-                activation_backward(ActivationBackward {
-                    d: &mut d,
-                    inp: &x,
-                    act,
-                    dbias: None,
-                });
-                let (mut d_rows, mut db) = (probe[..rows * n].to_vec(), vec![0.5f32; n]);
-                activation_backward(ActivationBackward {
-                    d: &mut d_rows,
-                    inp: &x[..rows * n],
-                    act,
-                    dbias: Some(&mut db),
-                });
-                [out, z, out_b, d, d_rows, db]
-            })
-            .into_iter()
-            .enumerate()
+            let z: Vec<f32> = (0..rows * n).map(|i| x[i] + b[i % n]).collect();
+            let want_out: Vec<f32> = x.iter().map(|&x| f(x)).collect();
+            let want_out_b: Vec<f32> = z.iter().map(|&z| f(z)).collect();
+            let want: Vec<f32> = x.iter().zip(&probe).map(|(&x, &p)| p * df(x)).collect();
+            let want_b: Vec<f32> = z.iter().zip(&probe).map(|(&z, &p)| p * df(z)).collect();
+            let (want_db, want_db_b) = (col_sums(&want[..rows * n]), col_sums(&want_b));
+            let runs = on_each_width(|| {
+                let (x, probe) = (&x[..], &probe[..]);
+                let forward = |len, bias| {
+                    let mut out = vec![0.0; len];
+                    let inp = &x[..len];
+                    activation_forward(ActivationForward {
+                        out: &mut out,
+                        inp,
+                        bias,
+                        act,
+                    });
+                    out
+                };
+                let backward = |len, bias, with_db: bool| {
+                    let (mut d, mut db) = (probe[..len].to_vec(), vec![0.5f32; n]);
+                    activation_backward(ActivationBackward {
+                        d: &mut d,
+                        inp: &x[..len],
+                        bias,
+                        act,
+                        dbias: with_db.then_some(&mut db[..]),
+                    });
+                    [d, db]
+                };
+                let [d_b, db_b] = backward(rows * n, Some(&b[..]), true);
+                let [d_rows, db] = backward(rows * n, None, true);
+                [
+                    forward(x.len(), None),
+                    forward(rows * n, Some(&b[..])),
+                    backward(x.len(), None, false)[0].clone(),
+                    backward(rows * n, Some(&b[..]), false)[0].clone(),
+                    d_b,
+                    db_b,
+                    d_rows,
+                    db,
+                ]
+            });
+            for (width, [out, out_b, d, d_b_only, d_b, db_b, d_rows, db]) in
+                runs.into_iter().enumerate()
             {
                 let at = format!("{act:?}, instruction set {width}");
                 assert_eq!(bits(&out), bits(&want_out), "{at}: forward");
-                assert_eq!(bits(&z), bits(&want_z), "{at}: a bias added in place");
-                assert_eq!(bits(&out_b), bits(&want_out_b), "{at}: forward with a bias");
+                assert_eq!(bits(&out_b), bits(&want_out_b), "{at}: forward, a bias");
                 assert_eq!(bits(&d), bits(&want), "{at}: backward");
-                assert_eq!(bits(&d_rows), bits(&want[..rows * n]), "{at}: with a bias");
-                assert_eq!(bits(&db), bits(&want_db), "{at}: bias gradient");
+                assert_eq!(bits(&d_b_only), bits(&want_b), "{at}: backward, a bias");
+                assert_eq!(
+                    bits(&d_b),
+                    bits(&want_b),
+                    "{at}: backward, a bias and its gradient"
+                );
+                assert_eq!(bits(&db_b), bits(&want_db_b), "{at}: the bias's gradient");
+                assert_eq!(
+                    bits(&d_rows),
+                    bits(&want[..rows * n]),
+                    "{at}: bias gradient only"
+                );
+                assert_eq!(bits(&db), bits(&want_db), "{at}: a gradient without a bias");
             }
         }
     }
@@ -336,7 +376,7 @@ mod tests {
             let mut out = vec![0.0; 257];
             activation_forward(ActivationForward {
                 out: &mut out,
-                inp: &mut x.clone(),
+                inp: &x,
                 bias: None,
                 act,
             });
@@ -346,6 +386,7 @@ mod tests {
             activation_backward(ActivationBackward {
                 d: &mut d,
                 inp: &x,
+                bias: None,
                 act,
                 dbias: None,
             });
@@ -358,12 +399,12 @@ mod tests {
     }
 
     /// The fused bias: for z = x + b (b broadcast over rows of n), act(z)
-    /// against f64, z as the forward leaves it in place, and for loss =
-    /// probe . act(z) d loss / d b by finite differences, over
-    /// rows that span three chunks (the last short), added onto a dbias
-    /// that was not zero; d itself as the unfused pass leaves it.
+    /// against f64, and for loss = probe . act(z) the gradients of x and b
+    /// by finite differences, over rows that span three chunks (the last
+    /// short), dbias added onto one that was not zero; d the same with
+    /// and without dbias.
     #[test]
-    fn a_fused_bias_gradient_matches_finite_differences() {
+    fn a_fused_bias_matches_f64_and_finite_differences() {
         let (rows, n) = (2 * COLUMN_CHUNK_ROWS + 5, 7);
         for (act, f) in references() {
             let mut rng = Rng::new(8);
@@ -371,10 +412,10 @@ mod tests {
             let b = randn(&mut rng, n, 0.5);
             let probe = randn(&mut rng, rows * n, 1.0);
             let start = randn(&mut rng, n, 1.0);
-            let (mut out, mut z) = (vec![0.0; rows * n], x.clone());
+            let mut out = vec![0.0; rows * n];
             activation_forward(ActivationForward {
                 out: &mut out,
-                inp: &mut z,
+                inp: &x,
                 bias: Some(&b),
                 act,
             });
@@ -385,24 +426,33 @@ mod tests {
             let (mut d, mut db) = (probe.clone(), start.clone());
             activation_backward(ActivationBackward {
                 d: &mut d,
-                inp: &z,
+                inp: &x,
+                bias: Some(&b),
                 act,
                 dbias: Some(&mut db),
             });
-            let fd = finite_diff(&b, |bv| {
-                let o: Vec<f64> = (0..rows * n).map(|i| f(x[i] as f64 + bv[i % n])).collect();
+            let loss = |x: &[f64], b: &[f64]| {
+                let o: Vec<f64> = (0..rows * n).map(|i| f(x[i] + b[i % n])).collect();
                 probe_dot(&o, &probe)
-            });
-            let want: Vec<f64> = fd.iter().zip(&start).map(|(g, &s)| g + s as f64).collect();
+            };
+            let fd_b = finite_diff(&b, |bv| loss(&to64(&x), bv));
+            let want: Vec<f64> = fd_b
+                .iter()
+                .zip(&start)
+                .map(|(g, &s)| g + s as f64)
+                .collect();
             assert_close(&format!("{act:?} dbias"), &db, &want, 1e-4);
+            let fd_x = finite_diff(&x, |xv| loss(xv, &to64(&b)));
+            assert_close(&format!("{act:?} dx"), &d, &fd_x, 1e-4);
             let mut plain = probe.clone();
             activation_backward(ActivationBackward {
                 d: &mut plain,
-                inp: &z,
+                inp: &x,
+                bias: Some(&b),
                 act,
                 dbias: None,
             });
-            assert_eq!(d, plain, "{act:?}: d differs from the unfused pass");
+            assert_eq!(d, plain, "{act:?}: d differs without dbias");
         }
     }
 

@@ -41,6 +41,17 @@ fn groups(n: usize) -> usize {
     n.div_ceil(BLOCK)
 }
 
+/// The row width of an activation's bias (0 without one), checked
+/// against the `len` elements it is added to.
+fn bias_cols(bias: Option<View>, len: usize) -> Result<usize, GpuError> {
+    match bias.map_or(0, |b| b.len) {
+        n if n > 0 && !len.is_multiple_of(n) => Err(GpuError(format!(
+            "activation of {len} elements in rows of {n}"
+        ))),
+        n => Ok(n),
+    }
+}
+
 /// An activation as the kernels number it (ACT_* in prelude.h).
 fn act_code(act: Option<Activation>) -> u32 {
     match act {
@@ -337,7 +348,7 @@ impl<R: Runtime> Queue<R> {
             self.matmul_backward_weight(dw, dout, inp, shape)?;
         }
         match dbias {
-            Some(db) => self.bias_backward(db, (dout, dout, None), (shape.rows, shape.n)),
+            Some(db) => self.bias_backward(db, (dout, dout, None, None), (shape.rows, shape.n)),
             None => Ok(()),
         }
     }
@@ -437,16 +448,19 @@ impl<R: Runtime> Queue<R> {
     }
 
     /// dbias (n) += colsum(d) for d (rows, n); with an activation, after
-    /// d *= act'(inp) in place, in the same pass.
+    /// d *= act'(inp [+ bias]) in place, in the same pass.
     fn bias_backward(
         &self,
         db: View,
-        (d, inp, act): (View, View, Option<Activation>),
+        (d, inp, bias, act): (View, View, Option<View>, Option<Activation>),
         (rows, n): (usize, usize),
     ) -> Result<(), GpuError> {
         need("bias gradient: output gradient", d, rows * n)?;
         need("bias gradient: activation input", inp, rows * n)?;
         need("bias gradient", db, n)?;
+        if let Some(b) = bias {
+            need("activation bias", b, n)?;
+        }
         if rows == 0 || n == 0 {
             return Ok(());
         }
@@ -456,6 +470,9 @@ impl<R: Runtime> Queue<R> {
             Arg::View(partials.view()),
             Arg::View(d),
             Arg::View(inp),
+            // without a bias, any view: the kernel does not read it
+            Arg::View(bias.unwrap_or(inp)),
+            Arg::U32(bias.is_some().into()),
             u32s("rows", rows)?,
             u32s("n", n)?,
             u32s("chunks", chunks)?,
@@ -496,8 +513,7 @@ impl<R: Runtime> Queue<R> {
         unsafe { self.rt.sgemm(g) }
     }
 
-    /// out = act(inp), n = inp.len; with a bias (cols), added to inp
-    /// first, in place ([`ActivationForward`]).
+    /// out = act(inp [+ bias]), n = inp.len ([`ActivationForward`]).
     pub fn activation_forward(&self, op: ActivationForward<Raw>) -> Result<(), GpuError> {
         let ActivationForward {
             out,
@@ -506,46 +522,44 @@ impl<R: Runtime> Queue<R> {
             act,
         } = op;
         need("activation_forward", out, inp.len)?;
-        let cols = bias.map_or(0, |b| b.len);
-        if cols > 0 && !inp.len.is_multiple_of(cols) {
-            return Err(GpuError(format!(
-                "activation of {} elements in rows of {cols}",
-                inp.len
-            )));
+        self.activation("activation_forward", (out, inp, bias), act)
+    }
+
+    /// d *= act'(inp [+ bias]), in place (n = inp.len); with `dbias`, its
+    /// column sums added in the same pass ([`ActivationBackward`]).
+    pub fn activation_backward(&self, op: ActivationBackward<Raw>) -> Result<(), GpuError> {
+        let ActivationBackward {
+            d,
+            inp,
+            bias,
+            act,
+            dbias,
+        } = op;
+        if let Some(db) = dbias.filter(|db| db.len > 0) {
+            let cols = bias_cols(bias.or(Some(db)), inp.len)?;
+            return self.bias_backward(db, (d, inp, bias, Some(act)), (inp.len / cols, cols));
         }
+        need("activation_backward", d, inp.len)?;
+        self.activation("activation_backward", (d, inp, bias), act)
+    }
+
+    /// An activation kernel over (out, inp, bias), n = inp.len.
+    fn activation(
+        &self,
+        name: &str,
+        (out, inp, bias): (View, View, Option<View>),
+        act: Activation,
+    ) -> Result<(), GpuError> {
         let args = [
             Arg::View(out),
             Arg::View(inp),
             // without a bias, any view: the kernel does not read it
-            Arg::View(bias.unwrap_or(out)),
+            Arg::View(bias.unwrap_or(inp)),
             u32s("n", inp.len)?,
-            u32s("bias", cols)?,
+            u32s("bias", bias_cols(bias, inp.len)?)?,
             Arg::U32(act_code(Some(act))),
         ];
-        self.launch("activation_forward", groups(inp.len), &args)
-    }
-
-    /// d *= act'(inp), in place (n = inp.len); with `dbias`, its column
-    /// sums added in the same pass ([`ActivationBackward`]).
-    pub fn activation_backward(&self, op: ActivationBackward<Raw>) -> Result<(), GpuError> {
-        let ActivationBackward { d, inp, act, dbias } = op;
-        if let Some(db) = dbias.filter(|db| db.len > 0) {
-            if !inp.len.is_multiple_of(db.len) {
-                return Err(GpuError(format!(
-                    "activation gradient of {} elements in rows of {}",
-                    inp.len, db.len
-                )));
-            }
-            return self.bias_backward(db, (d, inp, Some(act)), (inp.len / db.len, db.len));
-        }
-        need("activation_backward", d, inp.len)?;
-        let args = [
-            Arg::View(d),
-            Arg::View(inp),
-            u32s("n", inp.len)?,
-            Arg::U32(act_code(Some(act))),
-        ];
-        self.launch("activation_backward", groups(inp.len), &args)
+        self.launch(name, groups(inp.len), &args)
     }
 
     /// dst = src; n = src.len.

@@ -668,33 +668,42 @@ fn fused_bias_gradients_match_cpu() {
     on_gpus!(fused_bias_gradients_match_cpu_on);
 }
 
-/// An activation's backward with the bias gradient in the same pass: d as
-/// the CPU leaves it, and dbias (added onto a start) within the rounding of
-/// its sums, over rows that end inside a chunk and on a chunk's edge.
+/// An activation's backward with the bias gradient in the same pass (with
+/// and without the bias itself, added to the input first): d as the CPU
+/// leaves it, and dbias (added onto a start) within the rounding of its
+/// sums, over rows that end inside a chunk and on a chunk's edge.
 fn fused_bias_gradients_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
     let mut rng = Rng::new(9);
     let chunk = crate::backend::COLUMN_CHUNK_ROWS;
     for (rows, n) in [(1, 1), (3, 5), (chunk, 3), (2 * chunk + 5, 7)] {
-        for act in [Activation::GeluTanh, Activation::GeluErf, Activation::Tanh] {
+        for (act, biased) in [Activation::GeluTanh, Activation::GeluErf, Activation::Tanh]
+            .into_iter()
+            .flat_map(|a| [(a, false), (a, true)])
+        {
             let x = randn(&mut rng, rows * n, 2.0);
             let d0 = randn(&mut rng, rows * n, 1.0);
             let db0 = randn(&mut rng, n, 1.0);
+            let bias = randn(&mut rng, n, 1.0);
+            let b = biased.then_some(&bias[..]);
             let (mut want, mut want_db) = (d0.clone(), db0.clone());
             elementwise::activation_backward(ActivationBackward {
                 d: &mut want,
                 inp: &x,
+                bias: b,
                 act,
                 dbias: Some(&mut want_db),
             });
             let (d, xd, db) = (putf(dev, &d0), putf(dev, &x), putf(dev, &db0));
+            let bd = putf(dev, &bias);
             dev.activation_backward(ActivationBackward {
                 d: d.view(),
                 inp: xd.view(),
+                bias: biased.then(|| bd.view()),
                 act,
                 dbias: Some(db.view()),
             })
             .unwrap();
-            let what = format!("{act:?} rows={rows} n={n}");
+            let what = format!("{act:?} rows={rows} n={n} bias={biased}");
             assert_close(&format!("{what} d"), &get(dev, &d), &want);
             let mut mag: Vec<f32> = db0.iter().map(|v| v.abs()).collect();
             for row in want.chunks_exact(n) {
@@ -730,66 +739,49 @@ fn pointwise_kernels_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
         let x = randn(&mut rng, n, 3.0);
         let d0 = randn(&mut rng, n, 1.0);
         let xd = putf(dev, &x);
+        // a bias: rows of a width that divides n (1 where n is prime)
+        let cols = (2..=7).rev().find(|c| n % c == 0).unwrap_or(1);
+        let bias = randn(&mut rng, cols, 1.0);
+        let bd = putf(dev, &bias);
         for act in [Activation::GeluTanh, Activation::GeluErf, Activation::Tanh] {
-            let mut want = vec![0.0; n];
-            elementwise::activation_forward(ActivationForward {
-                out: &mut want,
-                inp: &mut x.clone(),
-                bias: None,
-                act,
-            });
-            let o = putf(dev, &vec![0.0; n]);
-            dev.activation_forward(ActivationForward {
-                out: o.view(),
-                inp: xd.view(),
-                bias: None,
-                act,
-            })
-            .unwrap();
-            assert_close(&format!("{act:?} forward n={n}"), &get(dev, &o), &want);
-            assert_eq!(
-                get(dev, &xd),
-                x,
-                "{act:?} forward n={n}: no bias, inp is left"
-            );
-            // with a bias: rows of a width that divides n (1 where n is prime)
-            let cols = (2..=7).rev().find(|c| n % c == 0).unwrap_or(1);
-            let bias = randn(&mut rng, cols, 1.0);
-            let (mut want, mut want_z) = (vec![0.0; n], x.clone());
-            elementwise::activation_forward(ActivationForward {
-                out: &mut want,
-                inp: &mut want_z,
-                bias: Some(&bias),
-                act,
-            });
-            let (z, bd) = (putf(dev, &x), putf(dev, &bias));
-            dev.activation_forward(ActivationForward {
-                out: o.view(),
-                inp: z.view(),
-                bias: Some(bd.view()),
-                act,
-            })
-            .unwrap();
-            let at = format!("{act:?} forward with a bias of {cols}, n={n}");
-            assert_eq!(get(dev, &z), want_z, "{at}: the biased input");
-            assert_close(&at, &get(dev, &o), &want);
+            for (b, bv) in [(None, None), (Some(&bias[..]), Some(bd.view()))] {
+                let at = format!("{act:?} n={n} bias={:?}", b.map(<[f32]>::len));
+                let mut want = vec![0.0; n];
+                elementwise::activation_forward(ActivationForward {
+                    out: &mut want,
+                    inp: &x,
+                    bias: b,
+                    act,
+                });
+                let o = putf(dev, &vec![0.0; n]);
+                dev.activation_forward(ActivationForward {
+                    out: o.view(),
+                    inp: xd.view(),
+                    bias: bv,
+                    act,
+                })
+                .unwrap();
+                assert_close(&format!("{at} forward"), &get(dev, &o), &want);
 
-            let mut want = d0.clone();
-            elementwise::activation_backward(ActivationBackward {
-                d: &mut want,
-                inp: &x,
-                act,
-                dbias: None,
-            });
-            let d = putf(dev, &d0);
-            dev.activation_backward(ActivationBackward {
-                d: d.view(),
-                inp: xd.view(),
-                act,
-                dbias: None,
-            })
-            .unwrap();
-            assert_close(&format!("{act:?} backward n={n}"), &get(dev, &d), &want);
+                let mut want = d0.clone();
+                elementwise::activation_backward(ActivationBackward {
+                    d: &mut want,
+                    inp: &x,
+                    bias: b,
+                    act,
+                    dbias: None,
+                });
+                let d = putf(dev, &d0);
+                dev.activation_backward(ActivationBackward {
+                    d: d.view(),
+                    inp: xd.view(),
+                    bias: bv,
+                    act,
+                    dbias: None,
+                })
+                .unwrap();
+                assert_close(&format!("{at} backward"), &get(dev, &d), &want);
+            }
         }
 
         let c = putf(dev, &vec![0.0; n]);

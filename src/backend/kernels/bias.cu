@@ -13,17 +13,19 @@ KERNEL void bias_forward(GLOBAL float* RESTRICT out, unsigned out_off,
 // partials (chunks, n) = column sums of d (rows, n) over the rows
 // chunk * chunk_rows .. of each chunk, rows in order; one thread per
 // (chunk, column). With an activation (act, prelude.h) each element is
-// first turned into its pre-activation's gradient, d *= act'(inp), and
-// written back: the activation's backward and the bias gradient in one
-// pass; with ACT_NONE d is only read (and inp not at all). Reduced by
+// first turned into its pre-activation's gradient, d *= act'(inp [+ bias]
+// where has_bias), and written back: the activation's backward and the
+// bias gradient in one pass; with ACT_NONE d is only read (and inp and
+// bias not at all). Reduced by
 // bias_backward_sum in chunk order: no atomics, a fixed order (the CPU's),
 // and chunks * n threads where one per column left the GPU idle (a
 // 768-wide bias over 8192 rows: 3 workgroups).
 KERNEL void bias_backward_partials(GLOBAL float* RESTRICT partials, unsigned partials_off,
                                    GLOBAL float* d, unsigned d_off,
                                    const GLOBAL float* inp, unsigned inp_off,
-                                   unsigned rows, unsigned n, unsigned chunks,
-                                   unsigned chunk_rows, unsigned act) {
+                                   const GLOBAL float* bias, unsigned bias_off,
+                                   unsigned has_bias, unsigned rows, unsigned n,
+                                   unsigned chunks, unsigned chunk_rows, unsigned act) {
     idx_t i = GLOBAL_ID(0);
     if (i >= (idx_t)chunks * n) return;
     unsigned chunk = (unsigned)(i / n), j = (unsigned)(i % n);
@@ -33,7 +35,9 @@ KERNEL void bias_backward_partials(GLOBAL float* RESTRICT partials, unsigned par
         idx_t at = (idx_t)r * n + j;
         float v = d[d_off + at];
         if (act != ACT_NONE) {
-            v *= activation_grad(act, inp[inp_off + at]);
+            float x = inp[inp_off + at];
+            if (has_bias) x += bias[bias_off + j];
+            v *= activation_grad(act, x);
             d[d_off + at] = v;
         }
         acc += v;

@@ -1,29 +1,29 @@
 // Pointwise kernels over n elements, one thread per element.
 
 // out = act(inp) (prelude.h's numbers); with cols > 0, inp is (n / cols,
-// cols) and gets bias (cols) first, in place: a product's bias added in the
+// cols) and out = act(inp + bias): a product's bias added in the
 // activation's pass.
 KERNEL void activation_forward(GLOBAL float* RESTRICT out, unsigned out_off,
-                               GLOBAL float* RESTRICT inp, unsigned inp_off,
+                               const GLOBAL float* RESTRICT inp, unsigned inp_off,
                                const GLOBAL float* RESTRICT bias, unsigned bias_off,
                                unsigned n, unsigned cols, unsigned act) {
     idx_t i = GLOBAL_ID(0);
     if (i >= n) return;
     float x = inp[inp_off + i];
-    if (cols > 0) {
-        x += bias[bias_off + i % cols];
-        inp[inp_off + i] = x;
-    }
+    if (cols > 0) x += bias[bias_off + i % cols];
     out[out_off + i] = activation(act, x);
 }
 
-// d *= act'(inp), in place.
+// d *= act'(inp), in place; with cols > 0, d *= act'(inp + bias) (as above).
 KERNEL void activation_backward(GLOBAL float* RESTRICT d, unsigned d_off,
-                                const GLOBAL float* RESTRICT inp, unsigned inp_off, unsigned n,
-                                unsigned act) {
+                                const GLOBAL float* RESTRICT inp, unsigned inp_off,
+                                const GLOBAL float* RESTRICT bias, unsigned bias_off,
+                                unsigned n, unsigned cols, unsigned act) {
     idx_t i = GLOBAL_ID(0);
     if (i >= n) return;
-    d[d_off + i] *= activation_grad(act, inp[inp_off + i]);
+    float x = inp[inp_off + i];
+    if (cols > 0) x += bias[bias_off + i % cols];
+    d[d_off + i] *= activation_grad(act, x);
 }
 
 // dst = src.

@@ -726,7 +726,7 @@ impl<B: Backend> Engine<B> {
         let mut g = a.g.d().part(s, rows * fl).first(n * fl);
         be.activation_forward(ActivationForward {
             out: g.rb(),
-            inp: f.rb(),
+            inp: f.src(),
             bias: Some(w(BlockParam::InterB)),
             act: Activation::GeluErf,
         });
@@ -863,6 +863,7 @@ impl<B: Backend> Engine<B> {
         be.activation_backward(ActivationBackward {
             d: dg.rb(),
             inp: a.f.s().part(s, rows * fl).first(n * fl),
+            bias: Some(w(BlockParam::InterB)),
             act: Activation::GeluErf,
             dbias: Some(db),
         });
@@ -1017,7 +1018,7 @@ impl<B: Backend> Engine<B> {
             );
             be.activation_forward(ActivationForward {
                 out: m.t2.slice_mut(0..nc),
-                inp: m.t1.slice_mut(0..nc),
+                inp: m.t1.slice(0..nc),
                 bias: Some(w(1)),
                 act: Activation::GeluErf,
             });
@@ -1073,7 +1074,7 @@ impl<B: Backend> Engine<B> {
             );
             be.activation_forward(ActivationForward {
                 out: h.pooled.slice_mut(0..b * c),
-                inp: h.pre.slice_mut(0..b * c),
+                inp: h.pre.slice(0..b * c),
                 bias: Some(w(i + 1)),
                 act: Activation::Tanh,
             });
@@ -1194,6 +1195,7 @@ impl<B: Backend> Engine<B> {
             be.activation_backward(ActivationBackward {
                 d: dt2.rb(),
                 inp: m.t1.slice(0..nc),
+                bias: Some(w(1)),
                 act: Activation::GeluErf,
                 dbias: Some(db),
             });
@@ -1263,6 +1265,7 @@ impl<B: Backend> Engine<B> {
             be.activation_backward(ActivationBackward {
                 d: dp.rb(),
                 inp: h.pre.slice(0..b * c),
+                bias: Some(w(i + 1)),
                 act: Activation::Tanh,
                 dbias: Some(db),
             });

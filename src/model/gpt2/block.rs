@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! x -> ln1 -> qkv -> attention -> x + proj  = res2
-//! res2 -> ln2 -> fc -> gelu -> res2 + fcproj = out   (fc's bias added in gelu's pass)
+//! res2 -> ln2 -> fc -> gelu -> res2 + fcproj = out   (fc's bias added in gelu's passes)
 //! ```
 //!
 //! What differs is a [`BlockMode`]: training runs whole sequences on the
@@ -128,10 +128,10 @@ pub fn forward<B: Backend>(
         accumulate: false,
     };
     mode.matmul(BlockParam::FcW, op);
-    // fc's bias, added in the GELU's pass
+    // fc's bias, added in the GELU's pass (and again in its backward)
     be.activation_forward(ActivationForward {
         out: fch_gelu.rb(),
-        inp: fch.rb(),
+        inp: fch.src(),
         bias: Some(w(BlockParam::FcB)),
         act: Activation::GeluTanh,
     });

@@ -679,6 +679,7 @@ impl<B: Backend> Engine<B> {
         be.activation_backward(ActivationBackward {
             d: dfch,
             inp: a.fch.s().part(s, rows * wd.fl).first(rows * fl),
+            bias: Some(w(BlockParam::FcB)),
             act: Activation::GeluTanh,
             dbias: db,
         });
