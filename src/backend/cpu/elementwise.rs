@@ -73,6 +73,15 @@ fn bias_width(bias: Option<&[f32]>, len: usize) -> usize {
     n
 }
 
+/// The elements a task takes: about [`CHUNK`], in whole rows of a bias n
+/// wide (n = 0: none).
+fn span(n: usize) -> usize {
+    match n {
+        0 => CHUNK,
+        n => n * CHUNK.div_ceil(n),
+    }
+}
+
 /// out = act(inp + bias), any shape; with a bias (n), inp is (rows, n)
 /// ([`ActivationForward`]).
 pub fn activation_forward(op: ActivationForward<Host<'_>>) {
@@ -82,11 +91,7 @@ pub fn activation_forward(op: ActivationForward<Host<'_>>) {
         bias,
         act,
     } = op;
-    // whole rows a chunk where there is a bias, about CHUNK elements
-    let span = match bias_width(bias, inp.len()) {
-        0 => CHUNK,
-        n => n * CHUNK.div_ceil(n),
-    };
+    let span = span(bias_width(bias, inp.len()));
     let b = bias.unwrap_or_default();
     out[..inp.len()]
         .par_chunks_mut(span)
@@ -109,15 +114,15 @@ pub fn activation_backward(op: ActivationBackward<Host<'_>>) {
     let d = &mut d[..inp.len()];
     let n = bias_width(bias, inp.len());
     let Some(db) = dbias.filter(|db| !db.is_empty()) else {
-        let span = if n == 0 { CHUNK } else { n * CHUNK.div_ceil(n) };
+        let span = span(n);
         let b = bias.unwrap_or_default();
         d.par_chunks_mut(span)
             .zip(inp.par_chunks(span))
             .for_each(|(d, x)| scale_chunk(d, x, b, &mut [], act));
         return;
     };
-    // a bias of zeros where none is given: act' is even at zero, so
-    // x + 0 (-0 made +0) changes no factor
+    // a bias of zeros where none is given: x + 0 only turns -0 into +0,
+    // where every act' has the same value
     let zeros;
     let b = match bias {
         Some(b) => b,

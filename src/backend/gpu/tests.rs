@@ -771,17 +771,37 @@ fn pointwise_kernels_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
                     act,
                     dbias: None,
                 });
-                let d = putf(dev, &d0);
-                dev.activation_backward(ActivationBackward {
-                    d: d.view(),
-                    inp: xd.view(),
-                    bias: bv,
-                    act,
-                    dbias: None,
-                })
-                .unwrap();
-                assert_close(&format!("{at} backward"), &get(dev, &d), &want);
+                // an empty bias gradient is none
+                let empty = View {
+                    len: 0,
+                    ..bd.view()
+                };
+                for dbias in [None, Some(empty)] {
+                    let d = putf(dev, &d0);
+                    dev.activation_backward(ActivationBackward {
+                        d: d.view(),
+                        inp: xd.view(),
+                        bias: bv,
+                        act,
+                        dbias,
+                    })
+                    .unwrap();
+                    let at = format!("{at} backward, dbias {:?}", dbias.map(|v| v.len));
+                    assert_close(&at, &get(dev, &d), &want);
+                }
             }
+        }
+        if n > 1 {
+            // a bias whose rows cannot hold the n elements
+            let wide = putf(dev, &vec![0.0; n + 1]);
+            let op = |bias| ActivationForward {
+                out: xd.view(),
+                inp: xd.view(),
+                bias: Some(bias),
+                act: Activation::Tanh,
+            };
+            let err = dev.activation_forward(op(wide.view())).unwrap_err();
+            assert!(err.0.contains("in rows of"), "n={n}: {err:?}");
         }
 
         let c = putf(dev, &vec![0.0; n]);
