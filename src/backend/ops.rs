@@ -211,7 +211,8 @@ operation! {
 operation! {
     /// d *= act'(inp + bias), in place, any shape: a matmul's output
     /// gradient turned into its pre-activation's, the bias given as to the
-    /// forward. With `dbias` (n), d and inp are (rows, n) and the bias gradient of the product that made inp is added in the same
+    /// forward. With `dbias` (n), d and inp are (rows, n) and the bias
+    /// gradient of the product that made inp is added in the same
     /// pass: dbias += colsum(d) after the multiply (in chunks of
     /// [`COLUMN_CHUNK_ROWS`](super::COLUMN_CHUNK_ROWS) rows, as `matmul_backward`
     /// sums a bias), instead of reading d again in the matmul's backward.
