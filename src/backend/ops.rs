@@ -195,6 +195,29 @@ operation! {
     }
 }
 
+/// The width of an activation's bias (0: none) over its `len` inputs, or
+/// why its rows cannot hold them: the one rule every backend checks an
+/// [`ActivationForward`]'s and an [`ActivationBackward`]'s bias by (where a
+/// backward has both a bias and its gradient, `grad` is the gradient's
+/// width, which must be the bias's).
+pub fn activation_bias_width(
+    len: usize,
+    bias: Option<usize>,
+    grad: Option<usize>,
+) -> Result<usize, String> {
+    let n = bias.or(grad).unwrap_or(0);
+    if grad.is_some_and(|g| g != n) {
+        return Err(format!(
+            "an activation's bias of {n} and its gradient of {}",
+            grad.unwrap_or(0)
+        ));
+    }
+    if n > 0 && !len.is_multiple_of(n) {
+        return Err(format!("activation of {len} elements in rows of {n}"));
+    }
+    Ok(n)
+}
+
 operation! {
     /// out = act(inp + bias), any shape; with `bias` (n), inp is (rows, n).
     /// The bias of the product that wrote inp, added in the activation's
@@ -326,5 +349,29 @@ impl<'p, A: Operands, P: ?Sized> MatmulDecode<'p, A, P> {
             dims: self.dims,
             accumulate: self.accumulate,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::activation_bias_width as width;
+
+    #[test]
+    fn an_activations_bias_must_tile_its_input_and_match_its_gradient() {
+        assert_eq!(width(12, None, None), Ok(0));
+        assert_eq!(width(12, Some(4), None), Ok(4));
+        assert_eq!(width(12, None, Some(3)), Ok(3));
+        assert_eq!(width(12, Some(6), Some(6)), Ok(6));
+        assert_eq!(width(0, Some(5), None), Ok(5));
+        let err = |r: Result<usize, String>| r.unwrap_err();
+        assert_eq!(
+            err(width(12, Some(5), None)),
+            "activation of 12 elements in rows of 5"
+        );
+        assert_eq!(
+            err(width(12, None, Some(5))),
+            "activation of 12 elements in rows of 5"
+        );
+        assert!(err(width(12, Some(6), Some(4))).contains("bias of 6 and its gradient of 4"));
     }
 }

@@ -1,7 +1,7 @@
 //! Pointwise kernels: activations, copy, add, squared norms.
 
 use super::math::{column_sums, gelu, gelu_erf, gelu_erf_grad, gelu_grad, tanh_exp, widest};
-use crate::backend::ops::{ActivationBackward, ActivationForward, Host};
+use crate::backend::ops::{activation_bias_width, ActivationBackward, ActivationForward, Host};
 use crate::backend::{Activation, COLUMN_CHUNK_ROWS};
 use rayon::prelude::*;
 
@@ -62,15 +62,9 @@ widest! {
     }
 }
 
-/// The row width of an activation's bias (0 without one), checked
-/// against the `len` elements it is added to.
-fn bias_width(bias: Option<&[f32]>, len: usize) -> usize {
-    let n = bias.map_or(0, <[f32]>::len);
-    assert!(
-        n == 0 || len.is_multiple_of(n),
-        "activation of {len} elements in rows of {n}"
-    );
-    n
+/// [`activation_bias_width`], whose refusal is a caller's bug here.
+fn bias_width(len: usize, bias: Option<&[f32]>, grad: Option<usize>) -> usize {
+    activation_bias_width(len, bias.map(<[f32]>::len), grad).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The elements a task takes: about [`CHUNK`], in whole rows of a bias n
@@ -91,7 +85,7 @@ pub fn activation_forward(op: ActivationForward<Host<'_>>) {
         bias,
         act,
     } = op;
-    let span = span(bias_width(bias, inp.len()));
+    let span = span(bias_width(inp.len(), bias, None));
     let b = bias.unwrap_or_default();
     out[..inp.len()]
         .par_chunks_mut(span)
@@ -112,9 +106,8 @@ pub fn activation_backward(op: ActivationBackward<Host<'_>>) {
         dbias,
     } = op;
     let d = &mut d[..inp.len()];
-    let n = bias_width(bias, inp.len());
     let Some(db) = dbias.filter(|db| !db.is_empty()) else {
-        let span = span(n);
+        let span = span(bias_width(inp.len(), bias, None));
         let b = bias.unwrap_or_default();
         d.par_chunks_mut(span)
             .zip(inp.par_chunks(span))
@@ -131,8 +124,7 @@ pub fn activation_backward(op: ActivationBackward<Host<'_>>) {
             &zeros
         }
     };
-    let n = bias_width(Some(b), inp.len());
-    assert_eq!(n, db.len(), "an activation's bias and its gradient");
+    let n = bias_width(inp.len(), Some(b), Some(db.len()));
     let span = COLUMN_CHUNK_ROWS * n;
     let chunks = d.par_chunks_mut(span).zip(inp.par_chunks(span));
     column_sums(&mut [db], chunks, |(d, x), p| scale_chunk(d, x, b, p, act));

@@ -5,9 +5,9 @@
 
 use super::{u32_arg, Arg, DeviceMem, Gemm, GpuError, Operand, Queue, Raw, Runtime, View, BLOCK};
 use crate::backend::ops::{
-    ActivationBackward, ActivationForward, AdamWUpdate, CrossEntropyBackward, CrossEntropyForward,
-    EncoderBackward, EncoderForward, LayerNormBackward, LayerNormForward, MatmulBackward,
-    MatmulForward, MatmulShape,
+    activation_bias_width, ActivationBackward, ActivationForward, AdamWUpdate,
+    CrossEntropyBackward, CrossEntropyForward, EncoderBackward, EncoderForward, LayerNormBackward,
+    LayerNormForward, MatmulBackward, MatmulForward, MatmulShape,
 };
 use crate::backend::{Activation, WeightLayout, COLUMN_CHUNK_ROWS};
 
@@ -41,15 +41,9 @@ fn groups(n: usize) -> usize {
     n.div_ceil(BLOCK)
 }
 
-/// The row width of an activation's bias (0 without one), checked
-/// against the `len` elements it is added to.
-fn bias_cols(bias: Option<View>, len: usize) -> Result<usize, GpuError> {
-    match bias.map_or(0, |b| b.len) {
-        n if n > 0 && !len.is_multiple_of(n) => Err(GpuError(format!(
-            "activation of {len} elements in rows of {n}"
-        ))),
-        n => Ok(n),
-    }
+/// [`activation_bias_width`] over views.
+fn bias_cols(len: usize, bias: Option<View>, grad: Option<View>) -> Result<usize, GpuError> {
+    activation_bias_width(len, bias.map(|b| b.len), grad.map(|g| g.len)).map_err(GpuError)
 }
 
 /// An activation as the kernels number it (ACT_* in prelude.h).
@@ -536,7 +530,7 @@ impl<R: Runtime> Queue<R> {
             dbias,
         } = op;
         if let Some(db) = dbias.filter(|db| db.len > 0) {
-            let cols = bias_cols(bias.or(Some(db)), inp.len)?;
+            let cols = bias_cols(inp.len, bias, Some(db))?;
             return self.bias_backward(db, (d, inp, bias, Some(act)), (inp.len / cols, cols));
         }
         need("activation_backward", d, inp.len)?;
@@ -556,7 +550,7 @@ impl<R: Runtime> Queue<R> {
             // without a bias, any view: the kernel does not read it
             Arg::View(bias.unwrap_or(inp)),
             u32s("n", inp.len)?,
-            u32s("bias", bias_cols(bias, inp.len)?)?,
+            u32s("bias", bias_cols(inp.len, bias, None)?)?,
             Arg::U32(act_code(Some(act))),
         ];
         self.launch(name, groups(inp.len), &args)

@@ -802,6 +802,20 @@ fn pointwise_kernels_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
             };
             let err = dev.activation_forward(op(wide.view())).unwrap_err();
             assert!(err.0.contains("in rows of"), "n={n}: {err:?}");
+            // a bias gradient of another width than the bias
+            let err = dev
+                .activation_backward(ActivationBackward {
+                    d: xd.view(),
+                    inp: xd.view(),
+                    bias: Some(bd.view()),
+                    act: Activation::Tanh,
+                    dbias: Some(View {
+                        len: cols + 1,
+                        ..wide.view()
+                    }),
+                })
+                .unwrap_err();
+            assert!(err.0.contains("and its gradient"), "n={n}: {err:?}");
         }
 
         let c = putf(dev, &vec![0.0; n]);
