@@ -1,14 +1,14 @@
 //! Multi-head self-attention, flash-style, one (batch, head) a task. The
 //! forward works through blocks of query rows and, within each, tiles of
-//! keys with an online softmax, so its scratch is a (BLOCK x [`forward_keys`]) tile and
-//! a (BLOCK x head width) accumulator whatever T is; it keeps only the row
-//! log-sum-exp for the backward. The backward goes key tile by key tile
-//! over the query rows that see it (in runs of at most [`ROWS`]),
-//! recomputing the probabilities from the log-sum-exp: its scratch is two
-//! (ROWS x KEYS) tiles and T floats of row sums. No (B, NH, T, T) tensor
-//! ever exists. The mask is causal (GPT-2) or a padding mask: every query
-//! of sequence b attends to its first `lens[b]` keys (an encoder's
-//! bidirectional attention, BERT's).
+//! keys with an online softmax, so its scratch is a (BLOCK x
+//! [`forward_keys`]) tile and a (BLOCK x head width) accumulator whatever
+//! T is; it keeps only the row log-sum-exp for the backward. The backward
+//! goes key tile by key tile over the query rows that see it (in runs of
+//! at most [`ROWS`]), recomputing the probabilities from the log-sum-exp:
+//! its scratch is two (ROWS x KEYS) tiles and T floats of row sums. No
+//! (B, NH, T, T) tensor ever exists. The mask is causal (GPT-2) or a
+//! padding mask: every query of sequence b attends to its first `lens[b]`
+//! keys (an encoder's bidirectional attention, BERT's).
 
 use super::math::{dot, exp, exp_shifted_sum, gemm, row_max, widest, Mat, SendPtr};
 use crate::backend::ops::{AttentionBackward, AttentionDecode, AttentionForward, Host};
@@ -138,8 +138,8 @@ pub fn attention_backward(op: AttentionBackward<Host<'_>>) {
 }
 
 /// [`attention_forward`] under `mask`: for each block of query rows, the
-/// keys in tiles of [`forward_keys`] with an online softmax (a running max and sum
-/// per row; the output so far rescaled when a tile raises the max).
+/// keys in tiles of [`forward_keys`] with an online softmax (a running max
+/// and sum per row; the output so far rescaled when a tile raises the max).
 fn forward_masked(out: &mut [f32], lse: &mut [f32], qkv: &[f32], s: AttnShape, mask: Mask<'_>) {
     let AttnShape { b, t, c, nh } = s;
     let hd = s.head_dim();
@@ -239,8 +239,9 @@ widest! {
     }
 }
 
-/// A forward task's scratch: a (BLOCK x [`forward_keys`]) tile of probabilities, the
-/// (BLOCK x hd) output accumulator and its rows' running max and sum.
+/// A forward task's scratch: a (BLOCK x [`forward_keys`]) tile of
+/// probabilities, the (BLOCK x hd) output accumulator and its rows' running
+/// max and sum.
 struct Tiles {
     p: Vec<f32>,
     acc: Vec<f32>,
