@@ -869,6 +869,16 @@ mod tests {
         );
     }
 
+    /// The forward's tiles as measured fastest: 128 keys for heads
+    /// narrower than 64 (BERT-MiniLM's 32), 64 for GPT-2's heads of 64 and
+    /// wider ones. Any width gives the same answers, so only this sees it.
+    #[test]
+    fn heads_narrower_than_64_take_forward_tiles_of_128_keys() {
+        for (hd, keys) in [(1, 128), (32, 128), (63, 128), (64, 64), (128, 64)] {
+            assert_eq!(forward_keys(hd), keys, "head width {hd}");
+        }
+    }
+
     #[test]
     fn attention_over_several_key_tiles_matches_finite_differences() {
         // three forward key tiles (and five of the backward's), the last
