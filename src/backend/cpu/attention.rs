@@ -21,8 +21,8 @@ pub(super) const KEYS: usize = 64;
 /// Key columns a forward tile of a head `hd` wide holds: a head narrower
 /// than 64 takes tiles twice as wide, so each row's softmax and the P V
 /// product run over more keys at a time (BERT-MiniLM's heads of 32 at T
-/// 128: the forward 10% faster than in tiles of 64 inside a step; GPT-2's
-/// heads of 64 were no faster in wider ones).
+/// 128: the forward 10-12% faster than in tiles of 64 inside a step;
+/// GPT-2's heads of 64 were no faster in wider ones).
 fn forward_keys(hd: usize) -> usize {
     if hd < 64 {
         2 * KEYS
@@ -168,7 +168,7 @@ widest! {
         let ((bh, lse_row), (qkv, out_ptr)) = (task, io);
         let AttnShape { t, c, nh, .. } = s;
         let hd = s.head_dim();
-        let scale = 1.0 / (hd as f32).sqrt();
+        let (scale, keys) = (1.0 / (hd as f32).sqrt(), forward_keys(hd));
         let (bi, h) = (bh / nh, bh % nh);
         let q = qkv[bi * t * 3 * c + h * hd..].as_ptr();
         // SAFETY: q, k, v address rows of this batch inside qkv; the output
@@ -183,7 +183,6 @@ widest! {
                 max[..rows].fill(f32::NEG_INFINITY);
                 sum[..rows].fill(0.0);
                 acc[..rows * hd].fill(0.0);
-                let keys = forward_keys(hd);
                 for c0 in (0..cols).step_by(keys) {
                     let kw = keys.min(cols - c0);
                     let pp = p.as_mut_ptr();
