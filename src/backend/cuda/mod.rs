@@ -80,9 +80,22 @@ fn check_libraries() -> Result<()> {
 /// it can (the driver, NVRTC, cuBLAS, NCCL): what `distgpt devices` prints,
 /// so a machine's log says which copies ran.
 pub fn loaded_libraries() -> Vec<std::path::PathBuf> {
-    // Each check opens what it can; which failed is said where it matters.
-    let _ = check_libraries();
-    let _ = check_nccl();
+    // The checks' `is_culib_present` opens a library and closes it again, so
+    // each one found is opened as the backend opens it for work (cudarc's
+    // `culib`, which keeps it); which was not found is said where it matters.
+    // SAFETY: each `culib` runs only after its library was found (it panics
+    // where none is); opening runs only the libraries' initialisers.
+    if check_libraries().is_ok() {
+        unsafe {
+            cudarc::nvrtc::sys::culib();
+            cudarc::cublas::sys::culib();
+        }
+    }
+    if check_nccl().is_ok() {
+        unsafe {
+            cudarc::nccl::sys::culib();
+        }
+    }
     libs::loaded()
 }
 
