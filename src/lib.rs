@@ -14,6 +14,33 @@ macro_rules! display_as_flag {
 }
 pub(crate) use display_as_flag;
 
+/// An enum whose variants each carry a name: the enum, `ALL` (every
+/// variant, in order) and `name()` from one list of `Variant = "name"`.
+macro_rules! named_enum {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $enum:ident { $($(#[$vmeta:meta])* $variant:ident = $name:literal,)* }
+        $(#[$fnmeta:meta])*
+        fn name
+    ) => {
+        $(#[$meta])*
+        $vis enum $enum { $($(#[$vmeta])* $variant,)* }
+
+        impl $enum {
+            /// Every variant, in order.
+            pub const ALL: [$enum; [$($name),*].len()] = [$($enum::$variant),*];
+
+            $(#[$fnmeta])*
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($enum::$variant => $name,)*
+                }
+            }
+        }
+    };
+}
+pub(crate) use named_enum;
+
 pub mod backend;
 pub mod checkpoint;
 pub mod comm;

@@ -12,34 +12,18 @@ use std::ops::{Deref, DerefMut, Range};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// What a buffer holds, for the per-category memory report.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Category {
-    Params,
-    Grads,
-    Optimizer,
-    Activations,
-    Other,
-}
-
-impl Category {
-    pub const ALL: [Category; 5] = [
-        Category::Params,
-        Category::Grads,
-        Category::Optimizer,
-        Category::Activations,
-        Category::Other,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Category::Params => "params",
-            Category::Grads => "grads",
-            Category::Optimizer => "optimizer",
-            Category::Activations => "activations",
-            Category::Other => "other",
-        }
+crate::named_enum! {
+    /// What a buffer holds, for the per-category memory report.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Category {
+        Params = "params",
+        Grads = "grads",
+        Optimizer = "optimizer",
+        Activations = "activations",
+        Other = "other",
     }
+    /// As the memory report names it.
+    fn name
 }
 
 /// Live counters shared by a backend and every buffer it allocated.

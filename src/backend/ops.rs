@@ -352,6 +352,40 @@ impl<'p, A: Operands, P: ?Sized> MatmulDecode<'p, A, P> {
     }
 }
 
+/// `Kernels`' methods that take one operation struct, written once for every
+/// backend: each passes `$run!` itself, its own name (the backend's function
+/// of that name does the work), the profile's `Op`, the operation's
+/// floating-point work (what MFU counts: only products) and the operation.
+macro_rules! struct_kernels {
+    ($run:ident) => {
+        struct_kernels! { @each $run op;
+            encoder_forward(EncoderForward<On<'_, Self>>) EncoderForward 0.0;
+            encoder_backward(EncoderBackward<'_, On<'_, Self>>) EncoderBackward 0.0;
+            layernorm_forward(LayerNormForward<On<'_, Self>>) LayerNormForward 0.0;
+            matmul_forward(MatmulForward<On<'_, Self>>) MatmulForward
+                profile::matmul_flops(op.shape, 1);
+            matmul_backward(MatmulBackward<On<'_, Self>>) MatmulBackward
+                profile::matmul_flops(op.shape, op.dinp.is_some() as usize + op.dw.is_some() as usize);
+            attention_forward(AttentionForward<On<'_, Self>>) AttentionForward
+                profile::attention_flops(op.shape, false);
+            attention_backward(AttentionBackward<On<'_, Self>>) AttentionBackward
+                profile::attention_flops(op.shape, true);
+            activation_forward(ActivationForward<On<'_, Self>>) ActivationForward 0.0;
+            activation_backward(ActivationBackward<On<'_, Self>>) ActivationBackward 0.0;
+            crossentropy_forward(CrossEntropyForward<On<'_, Self>>) CrossEntropyForward 0.0;
+            crossentropy_backward(CrossEntropyBackward<On<'_, Self>>) CrossEntropyBackward 0.0;
+            adamw(AdamWUpdate<On<'_, Self>>) AdamW 0.0;
+        }
+    };
+    (@each $run:ident $op:ident; $($name:ident($ty:ty) $kind:ident $flops:expr;)*) => {$(
+        fn $name(&self, $op: $ty) {
+            let flops = $flops;
+            $run!(self, $name, Op::$kind, flops, $op)
+        }
+    )*};
+}
+pub(crate) use struct_kernels;
+
 #[cfg(test)]
 mod tests {
     use super::activation_bias_width as width;

@@ -15,77 +15,32 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::Instant;
 
-/// A kernel the profile counts: one per [`Kernels`](super::Kernels) method.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Op {
-    EncoderForward,
-    EncoderBackward,
-    LayerNormForward,
-    LayerNormBackward,
-    MatmulForward,
-    MatmulBackward,
-    AttentionForward,
-    AttentionBackward,
-    ActivationForward,
-    ActivationBackward,
-    Fill,
-    AddInplace,
-    Copy,
-    RoundBf16,
-    CrossEntropyForward,
-    CrossEntropyBackward,
-    AdamW,
-    Sum,
-    SumSquares,
-}
-
-impl Op {
-    pub const ALL: [Op; 19] = [
-        Op::EncoderForward,
-        Op::EncoderBackward,
-        Op::LayerNormForward,
-        Op::LayerNormBackward,
-        Op::MatmulForward,
-        Op::MatmulBackward,
-        Op::AttentionForward,
-        Op::AttentionBackward,
-        Op::ActivationForward,
-        Op::ActivationBackward,
-        Op::Fill,
-        Op::AddInplace,
-        Op::Copy,
-        Op::RoundBf16,
-        Op::CrossEntropyForward,
-        Op::CrossEntropyBackward,
-        Op::AdamW,
-        Op::Sum,
-        Op::SumSquares,
-    ];
-
-    /// The name reports give it (the `Kernels` method's).
-    pub fn name(self) -> &'static str {
-        match self {
-            Op::EncoderForward => "encoder_forward",
-            Op::EncoderBackward => "encoder_backward",
-            Op::LayerNormForward => "layernorm_forward",
-            Op::LayerNormBackward => "layernorm_backward",
-            Op::MatmulForward => "matmul_forward",
-            Op::MatmulBackward => "matmul_backward",
-            Op::AttentionForward => "attention_forward",
-            Op::AttentionBackward => "attention_backward",
-            Op::ActivationForward => "activation_forward",
-            Op::ActivationBackward => "activation_backward",
-            Op::Fill => "fill",
-            Op::AddInplace => "add_inplace",
-            Op::Copy => "copy",
-            Op::RoundBf16 => "round_bf16",
-            Op::CrossEntropyForward => "crossentropy_forward",
-            Op::CrossEntropyBackward => "crossentropy_backward",
-            Op::AdamW => "adamw",
-            Op::Sum => "sum",
-            Op::SumSquares => "sum_squares",
-        }
+crate::named_enum! {
+    /// A kernel the profile counts: one per [`Kernels`](super::Kernels) method.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Op {
+        EncoderForward = "encoder_forward",
+        EncoderBackward = "encoder_backward",
+        LayerNormForward = "layernorm_forward",
+        LayerNormBackward = "layernorm_backward",
+        MatmulForward = "matmul_forward",
+        MatmulBackward = "matmul_backward",
+        AttentionForward = "attention_forward",
+        AttentionBackward = "attention_backward",
+        ActivationForward = "activation_forward",
+        ActivationBackward = "activation_backward",
+        Fill = "fill",
+        AddInplace = "add_inplace",
+        Copy = "copy",
+        RoundBf16 = "round_bf16",
+        CrossEntropyForward = "crossentropy_forward",
+        CrossEntropyBackward = "crossentropy_backward",
+        AdamW = "adamw",
+        Sum = "sum",
+        SumSquares = "sum_squares",
     }
+    /// The name reports give it (the `Kernels` method's).
+    fn name
 }
 
 const OPS: usize = Op::ALL.len();

@@ -30,34 +30,21 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;
 
-/// A matmul implementation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum MatmulLib {
-    Gemm,
-    OpenBlas,
-    Blis,
-    Mkl,
+crate::named_enum! {
+    /// A matmul implementation.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    pub enum MatmulLib {
+        Gemm = "gemm crate",
+        OpenBlas = "OpenBLAS",
+        Blis = "BLIS",
+        Mkl = "MKL",
+    }
+    /// As a user reads it.
+    fn name
 }
 
 impl MatmulLib {
-    pub const ALL: [MatmulLib; 4] = [
-        MatmulLib::Gemm,
-        MatmulLib::OpenBlas,
-        MatmulLib::Blis,
-        MatmulLib::Mkl,
-    ];
-
-    /// As a user reads it.
-    pub fn name(self) -> &'static str {
-        match self {
-            MatmulLib::Gemm => "gemm crate",
-            MatmulLib::OpenBlas => "OpenBLAS",
-            MatmulLib::Blis => "BLIS",
-            MatmulLib::Mkl => "MKL",
-        }
-    }
-
     /// As `DISTGPT_MATMUL` spells it.
     pub fn key(self) -> &'static str {
         match self {

@@ -23,8 +23,15 @@ pub use decode::{round_to_bf16, PackedWeight, WeightFormat};
 pub use matmul::WeightLayout;
 
 use super::memory::{Buf, Category, Dst, MemoryStats, Src};
-use super::ops::{Host, Lower, On};
+use super::ops::{struct_kernels, Host, Lower, On};
 use super::profile::{self, Op};
+use adamw::adamw;
+use attention::{attention_backward, attention_forward};
+use crossentropy::{crossentropy_backward, crossentropy_forward};
+use elementwise::{activation_backward, activation_forward};
+use encoder::{encoder_backward, encoder_forward};
+use layernorm::layernorm_forward;
+use matmul::{matmul_backward, matmul_forward};
 use super::{
     ActivationBackward, ActivationForward, AdamWUpdate, AttentionBackward, AttentionDecode,
     AttentionForward, CrossEntropyBackward, CrossEntropyForward, Decode, Device, Elem,
@@ -164,63 +171,19 @@ fn cpu_timed<R>(op: Op, flops: f64, run: impl FnOnce() -> R) -> R {
     profile::timed(op, flops, || (), run)
 }
 
+/// A struct kernel on the host: the module function of its name, timed.
+macro_rules! on_host {
+    ($self:ident, $name:ident, $kind:expr, $flops:expr, $op:ident) => {
+        cpu_timed($kind, $flops, || $name($op.lower(&ToHost)))
+    };
+}
+
 impl Kernels for Cpu {
-    fn encoder_forward(&self, op: EncoderForward<On<'_, Self>>) {
-        cpu_timed(Op::EncoderForward, 0.0, || {
-            encoder::encoder_forward(op.lower(&ToHost))
-        })
-    }
-    fn encoder_backward(&self, op: EncoderBackward<'_, On<'_, Self>>) {
-        cpu_timed(Op::EncoderBackward, 0.0, || {
-            encoder::encoder_backward(op.lower(&ToHost))
-        })
-    }
-    fn layernorm_forward(&self, op: LayerNormForward<On<'_, Self>>) {
-        cpu_timed(Op::LayerNormForward, 0.0, || {
-            layernorm::layernorm_forward(op.lower(&ToHost))
-        })
-    }
+    struct_kernels!(on_host);
     fn layernorm_backward(&self, op: LayerNormBackward<On<'_, Self>>) -> Result<()> {
         cpu_timed(Op::LayerNormBackward, 0.0, || {
             layernorm::layernorm_backward(op.lower(&ToHost));
             Ok(())
-        })
-    }
-    fn matmul_forward(&self, op: MatmulForward<On<'_, Self>>) {
-        let flops = profile::matmul_flops(op.shape, 1);
-        cpu_timed(Op::MatmulForward, flops, || {
-            matmul::matmul_forward(op.lower(&ToHost))
-        })
-    }
-    fn matmul_backward(&self, op: MatmulBackward<On<'_, Self>>) {
-        let flops = profile::matmul_flops(
-            op.shape,
-            op.dinp.is_some() as usize + op.dw.is_some() as usize,
-        );
-        cpu_timed(Op::MatmulBackward, flops, || {
-            matmul::matmul_backward(op.lower(&ToHost))
-        })
-    }
-    fn attention_forward(&self, op: AttentionForward<On<'_, Self>>) {
-        let flops = profile::attention_flops(op.shape, false);
-        cpu_timed(Op::AttentionForward, flops, || {
-            attention::attention_forward(op.lower(&ToHost))
-        })
-    }
-    fn attention_backward(&self, op: AttentionBackward<On<'_, Self>>) {
-        let flops = profile::attention_flops(op.shape, true);
-        cpu_timed(Op::AttentionBackward, flops, || {
-            attention::attention_backward(op.lower(&ToHost))
-        })
-    }
-    fn activation_forward(&self, op: ActivationForward<On<'_, Self>>) {
-        cpu_timed(Op::ActivationForward, 0.0, || {
-            elementwise::activation_forward(op.lower(&ToHost))
-        })
-    }
-    fn activation_backward(&self, op: ActivationBackward<On<'_, Self>>) {
-        cpu_timed(Op::ActivationBackward, 0.0, || {
-            elementwise::activation_backward(op.lower(&ToHost))
         })
     }
     fn fill(&self, dst: Dst<'_, Self>, value: f32) {
@@ -242,19 +205,6 @@ impl Kernels for Cpu {
             Some(src) => elementwise::round_bf16_from(w(dst), r(src)),
             None => elementwise::round_bf16(w(dst)),
         })
-    }
-    fn crossentropy_forward(&self, op: CrossEntropyForward<On<'_, Self>>) {
-        cpu_timed(Op::CrossEntropyForward, 0.0, || {
-            crossentropy::crossentropy_forward(op.lower(&ToHost))
-        })
-    }
-    fn crossentropy_backward(&self, op: CrossEntropyBackward<On<'_, Self>>) {
-        cpu_timed(Op::CrossEntropyBackward, 0.0, || {
-            crossentropy::crossentropy_backward(op.lower(&ToHost))
-        })
-    }
-    fn adamw(&self, op: AdamWUpdate<On<'_, Self>>) {
-        cpu_timed(Op::AdamW, 0.0, || adamw::adamw(op.lower(&ToHost)))
     }
     fn sum(&self, x: Src<'_, Self>) -> Result<f64> {
         cpu_timed(Op::Sum, 0.0, || Ok(r(x).iter().map(|&v| v as f64).sum()))

@@ -7,7 +7,7 @@
 use super::{DeviceMem, GpuError, Queue, Raw, Runtime, View};
 use crate::backend::cpu::round_to_bf16;
 use crate::backend::memory::{Buf, Category, Dst, MemoryStats, Pending, Pinned, RawView, Src};
-use crate::backend::ops::{Lower, On};
+use crate::backend::ops::{struct_kernels, Lower, On};
 use crate::backend::profile::{self, Op};
 use crate::backend::{
     ActivationBackward, ActivationForward, AdamWUpdate, AttentionBackward, AttentionDecode,
@@ -200,66 +200,22 @@ impl<R: Runtime> Device for Gpu<R> {
     }
 }
 
+/// A struct kernel queued: the device's method of its name.
+macro_rules! queued {
+    ($self:ident, $name:ident, $kind:expr, $flops:expr, $op:ident) => {
+        $self.kernel(($kind, $flops), |d| d.$name($op.lower(&ToRaw)))
+    };
+}
+
 /// Every kernel queued with its operands lowered to raw views; a failure is
 /// kept for the next transfer or `synchronize`.
 impl<R: Runtime> Kernels for Gpu<R> {
-    fn encoder_forward(&self, op: EncoderForward<On<'_, Self>>) {
-        self.kernel((Op::EncoderForward, 0.0), |d| {
-            d.encoder_forward(op.lower(&ToRaw))
-        })
-    }
-    fn encoder_backward(&self, op: EncoderBackward<'_, On<'_, Self>>) {
-        self.kernel((Op::EncoderBackward, 0.0), |d| {
-            d.encoder_backward(op.lower(&ToRaw))
-        })
-    }
-    fn layernorm_forward(&self, op: LayerNormForward<On<'_, Self>>) {
-        self.kernel((Op::LayerNormForward, 0.0), |d| {
-            d.layernorm_forward(op.lower(&ToRaw))
-        })
-    }
+    struct_kernels!(queued);
     fn layernorm_backward(&self, op: LayerNormBackward<On<'_, Self>>) -> Result<()> {
         self.kernel((Op::LayerNormBackward, 0.0), |d| {
             d.layernorm_backward(op.lower(&ToRaw))
         });
         Ok(())
-    }
-    fn matmul_forward(&self, op: MatmulForward<On<'_, Self>>) {
-        let flops = profile::matmul_flops(op.shape, 1);
-        self.kernel((Op::MatmulForward, flops), |d| {
-            d.matmul_forward(op.lower(&ToRaw))
-        })
-    }
-    fn matmul_backward(&self, op: MatmulBackward<On<'_, Self>>) {
-        let flops = profile::matmul_flops(
-            op.shape,
-            op.dinp.is_some() as usize + op.dw.is_some() as usize,
-        );
-        self.kernel((Op::MatmulBackward, flops), |d| {
-            d.matmul_backward(op.lower(&ToRaw))
-        })
-    }
-    fn attention_forward(&self, op: AttentionForward<On<'_, Self>>) {
-        let flops = profile::attention_flops(op.shape, false);
-        self.kernel((Op::AttentionForward, flops), |d| {
-            d.attention_forward(op.lower(&ToRaw))
-        })
-    }
-    fn attention_backward(&self, op: AttentionBackward<On<'_, Self>>) {
-        let flops = profile::attention_flops(op.shape, true);
-        self.kernel((Op::AttentionBackward, flops), |d| {
-            d.attention_backward(op.lower(&ToRaw))
-        })
-    }
-    fn activation_forward(&self, op: ActivationForward<On<'_, Self>>) {
-        self.kernel((Op::ActivationForward, 0.0), |d| {
-            d.activation_forward(op.lower(&ToRaw))
-        })
-    }
-    fn activation_backward(&self, op: ActivationBackward<On<'_, Self>>) {
-        self.kernel((Op::ActivationBackward, 0.0), |d| {
-            d.activation_backward(op.lower(&ToRaw))
-        })
     }
     fn fill(&self, dst: Dst<'_, Self>, value: f32) {
         self.kernel((Op::Fill, 0.0), |d| d.fill(view(dst.raw()), value))
@@ -278,19 +234,6 @@ impl<R: Runtime> Kernels for Gpu<R> {
         let dst = view(dst.raw());
         let src = src.map_or(dst, |s| view(s.raw()));
         self.kernel((Op::RoundBf16, 0.0), |d| d.round_bf16(dst, src))
-    }
-    fn crossentropy_forward(&self, op: CrossEntropyForward<On<'_, Self>>) {
-        self.kernel((Op::CrossEntropyForward, 0.0), |d| {
-            d.crossentropy_forward(op.lower(&ToRaw))
-        })
-    }
-    fn crossentropy_backward(&self, op: CrossEntropyBackward<On<'_, Self>>) {
-        self.kernel((Op::CrossEntropyBackward, 0.0), |d| {
-            d.crossentropy_backward(op.lower(&ToRaw))
-        })
-    }
-    fn adamw(&self, op: AdamWUpdate<On<'_, Self>>) {
-        self.kernel((Op::AdamW, 0.0), |d| d.adamw(op.lower(&ToRaw)))
     }
     fn sum(&self, x: Src<'_, Self>) -> Result<f64> {
         self.check()?;
