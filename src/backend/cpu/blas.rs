@@ -729,43 +729,12 @@ fn bf16_agrees(lib: MatmulLib) -> bool {
             .collect()
     };
     let (a, b) = (draw(m * k), draw(k * n));
+    let threads = rayon::current_num_threads();
     (0..4).all(|layout| {
-        let lhs = match layout & 1 != 0 {
-            true => Mat::new(a.as_ptr(), 1, m),
-            false => Mat::new(a.as_ptr(), k, 1),
-        };
-        let rhs = match layout & 2 != 0 {
-            true => Mat::new(b.as_ptr(), 1, k),
-            false => Mat::new(b.as_ptr(), n, 1),
-        };
+        let (shape, layouts) = ((m, n, k), (layout & 1 != 0, layout & 2 != 0));
         let (mut want, mut got) = (vec![0.0f32; m * n], vec![0.0f32; m * n]);
-        let threads = rayon::current_num_threads();
-        // SAFETY: each buffer holds the elements its view addresses.
-        let ran = unsafe {
-            let (w, g) = (want.as_mut_ptr(), got.as_mut_ptr());
-            let shape = (m, n, k);
-            super::math::gemm_on(
-                MatmulLib::Gemm,
-                shape,
-                Mat::new(w, n, 1),
-                lhs,
-                rhs,
-                false,
-                1.0,
-                1,
-            );
-            gemm(
-                lib,
-                true,
-                shape,
-                Mat::new(g, n, 1),
-                lhs,
-                rhs,
-                false,
-                1.0,
-                threads,
-            )
-        };
+        product_in(MatmulLib::Gemm, shape, layouts, 1, (&a, &b, &mut want), false);
+        let (_, ran) = product_in(lib, shape, layouts, threads, (&a, &b, &mut got), true);
         let scale = want.iter().fold(1.0f32, |s, x| s.max(x.abs()));
         ran && want
             .iter()
@@ -901,12 +870,12 @@ fn product(
     let b = vec![0.25f32; k * n];
     let mut c = vec![0.0f32; m * n];
     let t0 = Instant::now();
-    let flops = product_in(lib, (m, n, k), layouts, threads, (&a, &b, &mut c), bf16);
+    let (flops, _) = product_in(lib, (m, n, k), layouts, threads, (&a, &b, &mut c), bf16);
     (flops, t0.elapsed().as_secs_f64())
 }
 
 /// [`product`] on the given buffers (at least m x k, k x n and m x n
-/// floats), untimed; returns its FLOPs.
+/// floats), untimed; returns its FLOPs and whether the bf16 product ran.
 fn product_in(
     lib: MatmulLib,
     (m, n, k): (usize, usize, usize),
@@ -914,7 +883,7 @@ fn product_in(
     threads: usize,
     (a, b, c): (&[f32], &[f32], &mut [f32]),
     bf16: bool,
-) -> f64 {
+) -> (f64, bool) {
     assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
     let lhs = if lhs_t {
         Mat::new(a.as_ptr(), 1, m)
@@ -928,13 +897,13 @@ fn product_in(
     };
     let dst = Mat::new(c.as_mut_ptr(), n, 1);
     // SAFETY: each buffer holds the elements its view addresses (asserted).
-    unsafe {
-        if !(bf16 && gemm(lib, true, (m, n, k), dst, lhs, rhs, false, 1.0, threads)) {
-            super::math::gemm_on(lib, (m, n, k), dst, lhs, rhs, false, 1.0, threads)
-        }
-    };
+    let ran = bf16 && unsafe { gemm(lib, true, (m, n, k), dst, lhs, rhs, false, 1.0, threads) };
+    if !ran {
+        // SAFETY: as above.
+        unsafe { super::math::gemm_on(lib, (m, n, k), dst, lhs, rhs, false, 1.0, threads) }
+    }
     std::hint::black_box(&c);
-    2.0 * (m * n * k) as f64
+    (2.0 * (m * n * k) as f64, ran)
 }
 
 fn probe_large(lib: MatmulLib, bf16: bool) -> (f64, f64) {
@@ -979,7 +948,7 @@ fn probe_small(lib: MatmulLib) -> (f64, f64) {
             let (a, b, mut c) = (vec![0.5f32; size], vec![0.25f32; size], vec![0.0f32; size]);
             (0..32)
                 .flat_map(|_| tile)
-                .map(|(shape, layouts)| product_in(lib, shape, layouts, 1, (&a, &b, &mut c), false))
+                .map(|(shape, layouts)| product_in(lib, shape, layouts, 1, (&a, &b, &mut c), false).0)
                 .sum::<f64>()
         })
         .sum();

@@ -93,22 +93,6 @@ impl Kernel {
         }
     }
 
-    /// Every kernel `f` can run, fastest first.
-    pub fn available(f: Features) -> Vec<Kernel> {
-        let mut out = Vec::new();
-        if f.avx512_vnni {
-            out.push(Kernel::Avx512Vnni);
-        }
-        if f.avx_vnni {
-            out.push(Kernel::AvxVnni);
-        }
-        if f.avx2 {
-            out.push(Kernel::Avx2);
-        }
-        out.push(Kernel::Portable);
-        out
-    }
-
     /// The kernel for this CPU (detected once).
     pub fn here() -> Kernel {
         static HERE: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
@@ -293,23 +277,6 @@ impl Int8Weight {
         }
     }
 
-    /// Code of row i, column j.
-    fn code(&self, i: usize, j: usize) -> i8 {
-        let (p, c, groups) = (j / PANEL, j % PANEL, self.k.div_ceil(GROUP));
-        self.data[(p * groups + i / GROUP) * GROUP_BYTES + c * GROUP + i % GROUP]
-    }
-
-    /// What W holds after quantization (its codes times their scales), k x n.
-    pub fn dequantized(&self) -> Vec<f32> {
-        let mut out = vec![0.0; self.k * self.n];
-        for i in 0..self.k {
-            for j in 0..self.n {
-                out[i * self.n + j] = self.code(i, j) as f32 * self.scales[j];
-            }
-        }
-        out
-    }
-
     /// Panel p's codes.
     fn panel(&self, p: usize) -> &[i8] {
         let len = self.k.div_ceil(GROUP) * GROUP_BYTES;
@@ -368,26 +335,6 @@ impl Int8Rows {
     fn rows(&self, r0: usize, nr: usize) -> &[u8] {
         &self.codes[r0 * self.stride..(r0 + nr) * self.stride]
     }
-}
-
-/// sums (rows x panels*32) = the exact i32 products of every row's codes
-/// with every column, by `kernel` (which this CPU must have).
-pub fn products(kernel: Kernel, x: &Int8Rows, w: &Int8Weight, rows: usize) -> Vec<i32> {
-    let panels = w.n.div_ceil(PANEL);
-    let width = panels * PANEL;
-    let mut sums = vec![0i32; rows * width];
-    let mut tile = vec![0i32; rows * PANEL];
-    for p in 0..panels {
-        panel_sums(kernel, &mut tile, x, w, p, rows);
-        let excess = excess(kernel, w, p);
-        for r in 0..rows {
-            let row = &mut sums[r * width + p * PANEL..][..PANEL];
-            for ((s, &t), &e) in row.iter_mut().zip(&tile[r * PANEL..]).zip(&excess) {
-                *s = t - e;
-            }
-        }
-    }
-    sums
 }
 
 /// tile (rows x 32) = every row's codes times panel p's columns, exact but
@@ -567,7 +514,7 @@ fn panel_product(kernel: Kernel, out: &mut [i32], x: &[u8], stride: usize, panel
     assert_eq!(panel.len(), stride * PANEL);
     match kernel {
         Kernel::Portable => portable(out, x, stride, panel, nr),
-        // SAFETY: bounds checked above; `Kernel::best`/`available` offer a
+        // SAFETY: bounds checked above; `Kernel::best` offers a
         // kernel only when the CPU has its instructions.
         #[cfg(target_arch = "x86_64")]
         Kernel::Avx512Vnni => unsafe { x86::avx512_vnni(out, x, stride, panel, nr) },
@@ -833,6 +780,63 @@ mod x86 {
 mod tests {
     use super::*;
     use crate::rng::Rng;
+
+    impl Kernel {
+    /// Every kernel `f` can run, fastest first.
+    pub fn available(f: Features) -> Vec<Kernel> {
+        let mut out = Vec::new();
+        if f.avx512_vnni {
+            out.push(Kernel::Avx512Vnni);
+        }
+        if f.avx_vnni {
+            out.push(Kernel::AvxVnni);
+        }
+        if f.avx2 {
+            out.push(Kernel::Avx2);
+        }
+        out.push(Kernel::Portable);
+        out
+    }
+    }
+
+    impl Int8Weight {
+    /// Code of row i, column j.
+    fn code(&self, i: usize, j: usize) -> i8 {
+        let (p, c, groups) = (j / PANEL, j % PANEL, self.k.div_ceil(GROUP));
+        self.data[(p * groups + i / GROUP) * GROUP_BYTES + c * GROUP + i % GROUP]
+    }
+
+    /// What W holds after quantization (its codes times their scales), k x n.
+    pub fn dequantized(&self) -> Vec<f32> {
+        let mut out = vec![0.0; self.k * self.n];
+        for i in 0..self.k {
+            for j in 0..self.n {
+                out[i * self.n + j] = self.code(i, j) as f32 * self.scales[j];
+            }
+        }
+        out
+    }
+    }
+
+    /// sums (rows x panels*32) = the exact i32 products of every row's codes
+    /// with every column, by `kernel` (which this CPU must have).
+    pub fn products(kernel: Kernel, x: &Int8Rows, w: &Int8Weight, rows: usize) -> Vec<i32> {
+        let panels = w.n.div_ceil(PANEL);
+        let width = panels * PANEL;
+        let mut sums = vec![0i32; rows * width];
+        let mut tile = vec![0i32; rows * PANEL];
+        for p in 0..panels {
+            panel_sums(kernel, &mut tile, x, w, p, rows);
+            let excess = excess(kernel, w, p);
+            for r in 0..rows {
+                let row = &mut sums[r * width + p * PANEL..][..PANEL];
+                for ((s, &t), &e) in row.iter_mut().zip(&tile[r * PANEL..]).zip(&excess) {
+                    *s = t - e;
+                }
+            }
+        }
+        sums
+    }
 
     fn random(n: usize, seed: u64) -> Vec<f32> {
         let mut rng = Rng::new(seed);
