@@ -733,7 +733,14 @@ fn bf16_agrees(lib: MatmulLib) -> bool {
     (0..4).all(|layout| {
         let (shape, layouts) = ((m, n, k), (layout & 1 != 0, layout & 2 != 0));
         let (mut want, mut got) = (vec![0.0f32; m * n], vec![0.0f32; m * n]);
-        product_in(MatmulLib::Gemm, shape, layouts, 1, (&a, &b, &mut want), false);
+        product_in(
+            MatmulLib::Gemm,
+            shape,
+            layouts,
+            1,
+            (&a, &b, &mut want),
+            false,
+        );
         let (_, ran) = product_in(lib, shape, layouts, threads, (&a, &b, &mut got), true);
         let scale = want.iter().fold(1.0f32, |s, x| s.max(x.abs()));
         ran && want
@@ -948,7 +955,9 @@ fn probe_small(lib: MatmulLib) -> (f64, f64) {
             let (a, b, mut c) = (vec![0.5f32; size], vec![0.25f32; size], vec![0.0f32; size]);
             (0..32)
                 .flat_map(|_| tile)
-                .map(|(shape, layouts)| product_in(lib, shape, layouts, 1, (&a, &b, &mut c), false).0)
+                .map(|(shape, layouts)| {
+                    product_in(lib, shape, layouts, 1, (&a, &b, &mut c), false).0
+                })
                 .sum::<f64>()
         })
         .sum();

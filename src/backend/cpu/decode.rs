@@ -6,6 +6,7 @@
 //! pass, which spreads the memory traffic evenly over the arithmetic.
 
 use super::int8::{matmul_int8, Int8Weight};
+use super::math::SendPtr;
 use super::matmul::WeightLayout;
 use super::product_tasks;
 use crate::backend::memory::{Category, HostBuf, MemoryStats};
@@ -179,22 +180,6 @@ fn pack<T: Element>(dst: &mut [T], w: &[f32], layout: WeightLayout, k: usize, n:
         });
 }
 
-/// A raw output pointer the panel tasks share; each writes its own columns.
-#[derive(Clone, Copy)]
-pub(super) struct OutPtr(pub(super) *mut f32);
-// SAFETY: tasks write disjoint column ranges of the output.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// # Safety
-    /// `[offset, offset + len)` must lie inside the output and be written by
-    /// the caller's task alone.
-    pub(super) unsafe fn slice<'a>(&self, offset: usize, len: usize) -> &'a mut [f32] {
-        std::slice::from_raw_parts_mut(self.0.add(offset), len)
-    }
-}
-
 /// out (rows, n) = [out +] inp (rows, k) @ W + bias.
 pub fn matmul_decode(op: MatmulDecode<'_, Host<'_>, PackedWeight>) {
     match op.w {
@@ -218,7 +203,7 @@ fn packed_product<T: Element>(op: MatmulDecode<'_, Host<'_>, [T]>) {
     assert!(packed.len() >= packed_len(k, n) && bias.is_none_or(|b| b.len() >= n));
     let panels = n.div_ceil(PANEL);
     let tasks = product_tasks(rows, k, n, panels, GRAIN);
-    let dst = &OutPtr(out.as_mut_ptr());
+    let dst = &SendPtr(out.as_mut_ptr());
     let groups = rows.div_ceil(ROWS);
     (0..tasks).into_par_iter().for_each(|t| {
         // One PANEL-wide accumulator tile per row, ROWS rows per register tile.

@@ -4,7 +4,7 @@
 //! scaled back to f32. Four kernels compute the same integers, chosen at run
 //! time by what the CPU has: AVX-512 VNNI, AVX-VNNI, AVX2, or plain Rust.
 
-use super::decode::OutPtr;
+use super::math::SendPtr;
 use super::product_tasks;
 use crate::backend::memory::{Category, HostBuf, MemoryStats};
 use crate::backend::ops::{Host, MatmulDecode};
@@ -406,7 +406,7 @@ pub fn matmul_int8(op: MatmulDecode<'_, Host<'_>, Int8Weight>) {
     } else {
         Input::Int8(Int8Rows::new(x, rows, k, kernel))
     };
-    let dst = &OutPtr(out.as_mut_ptr());
+    let dst = &SendPtr(out.as_mut_ptr());
     // a contiguous run of panels a task: the kernels' prefetches run ahead
     // along it
     let panels = n.div_ceil(PANEL);
@@ -782,40 +782,40 @@ mod tests {
     use crate::rng::Rng;
 
     impl Kernel {
-    /// Every kernel `f` can run, fastest first.
-    pub fn available(f: Features) -> Vec<Kernel> {
-        let mut out = Vec::new();
-        if f.avx512_vnni {
-            out.push(Kernel::Avx512Vnni);
+        /// Every kernel `f` can run, fastest first.
+        pub fn available(f: Features) -> Vec<Kernel> {
+            let mut out = Vec::new();
+            if f.avx512_vnni {
+                out.push(Kernel::Avx512Vnni);
+            }
+            if f.avx_vnni {
+                out.push(Kernel::AvxVnni);
+            }
+            if f.avx2 {
+                out.push(Kernel::Avx2);
+            }
+            out.push(Kernel::Portable);
+            out
         }
-        if f.avx_vnni {
-            out.push(Kernel::AvxVnni);
-        }
-        if f.avx2 {
-            out.push(Kernel::Avx2);
-        }
-        out.push(Kernel::Portable);
-        out
-    }
     }
 
     impl Int8Weight {
-    /// Code of row i, column j.
-    fn code(&self, i: usize, j: usize) -> i8 {
-        let (p, c, groups) = (j / PANEL, j % PANEL, self.k.div_ceil(GROUP));
-        self.data[(p * groups + i / GROUP) * GROUP_BYTES + c * GROUP + i % GROUP]
-    }
-
-    /// What W holds after quantization (its codes times their scales), k x n.
-    pub fn dequantized(&self) -> Vec<f32> {
-        let mut out = vec![0.0; self.k * self.n];
-        for i in 0..self.k {
-            for j in 0..self.n {
-                out[i * self.n + j] = self.code(i, j) as f32 * self.scales[j];
-            }
+        /// Code of row i, column j.
+        fn code(&self, i: usize, j: usize) -> i8 {
+            let (p, c, groups) = (j / PANEL, j % PANEL, self.k.div_ceil(GROUP));
+            self.data[(p * groups + i / GROUP) * GROUP_BYTES + c * GROUP + i % GROUP]
         }
-        out
-    }
+
+        /// What W holds after quantization (its codes times their scales), k x n.
+        pub fn dequantized(&self) -> Vec<f32> {
+            let mut out = vec![0.0; self.k * self.n];
+            for i in 0..self.k {
+                for j in 0..self.n {
+                    out[i * self.n + j] = self.code(i, j) as f32 * self.scales[j];
+                }
+            }
+            out
+        }
     }
 
     /// sums (rows x panels*32) = the exact i32 products of every row's codes

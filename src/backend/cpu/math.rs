@@ -546,6 +546,15 @@ impl SendPtr {
     pub fn get(self) -> *mut f32 {
         self.0
     }
+
+    /// `len` elements from `offset`.
+    ///
+    /// # Safety
+    /// They must lie inside the buffer and be written by the caller's task
+    /// alone.
+    pub(super) unsafe fn slice<'a>(&self, offset: usize, len: usize) -> &'a mut [f32] {
+        std::slice::from_raw_parts_mut(self.0.add(offset), len)
+    }
 }
 
 #[cfg(test)]

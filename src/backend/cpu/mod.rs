@@ -25,13 +25,6 @@ pub use matmul::WeightLayout;
 use super::memory::{Buf, Category, Dst, MemoryStats, Src};
 use super::ops::{struct_kernels, Host, Lower, On};
 use super::profile::{self, Op};
-use adamw::adamw;
-use attention::{attention_backward, attention_forward};
-use crossentropy::{crossentropy_backward, crossentropy_forward};
-use elementwise::{activation_backward, activation_forward};
-use encoder::{encoder_backward, encoder_forward};
-use layernorm::layernorm_forward;
-use matmul::{matmul_backward, matmul_forward};
 use super::{
     ActivationBackward, ActivationForward, AdamWUpdate, AttentionBackward, AttentionDecode,
     AttentionForward, CrossEntropyBackward, CrossEntropyForward, Decode, Device, Elem,
@@ -39,6 +32,13 @@ use super::{
     MatmulDecode, MatmulForward, Threads,
 };
 use crate::error::{Error, Result};
+use adamw::adamw;
+use attention::{attention_backward, attention_forward};
+use crossentropy::{crossentropy_backward, crossentropy_forward};
+use elementwise::{activation_backward, activation_forward};
+use encoder::{encoder_backward, encoder_forward};
+use layernorm::layernorm_forward;
+use matmul::{matmul_backward, matmul_forward};
 use std::sync::Arc;
 
 /// The CPU device; rayon's global pool decides the thread count. Its
