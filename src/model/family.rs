@@ -84,10 +84,13 @@ pub trait Family: fmt::Debug + fmt::Display + Send + Sync + 'static {
     fn init_full(&self, seed: u64) -> Vec<f32>;
     /// Training FLOPs per token at sequence length t (the MFU numerator).
     fn flops_per_token(&self, t: usize) -> f64;
-    /// Training FLOPs per token that tensor parallelism does not split.
+    /// Training FLOPs per token that tensor parallelism does not split (the
+    /// replicated head: GPT-2's tied LM head; BERT's MLM transform and
+    /// decoder, or its pooler and classifier, which see one row per sequence).
     fn unsplit_flops_per_token(&self, t: usize) -> f64;
     /// The share of those FLOPs' forward that a recomputing engine runs
-    /// again in the backward, for `rows` tokens a micro-batch.
+    /// again in the backward, for `rows` tokens a micro-batch (GPT-2's
+    /// head beyond its first chunk of logits).
     fn recomputed_unsplit_share(&self, _rows: usize) -> f64 {
         0.0
     }
@@ -102,11 +105,14 @@ pub trait Family: fmt::Debug + fmt::Display + Send + Sync + 'static {
     }
     /// The parameter layout of one of `tp` tensor-parallel ranks.
     fn layout(&self, tp: usize) -> ParamLayout;
-    /// A random batch of b x t of the family's kind (benchmarks).
+    /// A random batch of b x t of the family's kind (benchmarks): next
+    /// tokens; a BERT classifier's labels; a masked LM's targets at 15% of
+    /// the positions, the rest ignored.
     fn synthetic_batch(&self, rng: &mut Rng, b: usize, t: usize) -> Batch;
     /// Elements of (activations, other scratch) one of `tp` ranks allocates
     /// for `bt` = (b sequences, t tokens) when its engine runs as `run`
-    /// says.
+    /// says (a pipeline stage's units; all of them for one stage): the
+    /// engine's own allocation, counted (`model::alloc`).
     fn activation_elems(
         &self,
         tp: usize,
@@ -472,6 +478,14 @@ impl<F: Family> From<F> for ModelConfig {
     }
 }
 
+/// The family's own methods ([`Family`]), called on the config.
+impl std::ops::Deref for ModelConfig {
+    type Target = dyn Family;
+    fn deref(&self) -> &dyn Family {
+        &*self.0
+    }
+}
+
 impl fmt::Display for ModelConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.fmt(f)
@@ -548,43 +562,9 @@ impl ModelConfig {
         self.0.as_any().downcast_ref()
     }
 
-    /// The family this model belongs to.
-    pub fn registration(&self) -> &'static Registration {
-        self.0.registration()
-    }
-
     /// The family's name, as users know it.
     pub fn family(&self) -> &'static str {
         self.registration().name
-    }
-
-    /// Refuses shapes the family cannot build.
-    pub fn validate(&self) -> Result<()> {
-        self.0.validate()
-    }
-
-    /// The family's initialisation of the whole model.
-    pub fn init_full(&self, seed: u64) -> Vec<f32> {
-        self.0.init_full(seed)
-    }
-
-    /// Training FLOPs per token at sequence length t (the MFU numerator).
-    pub fn flops_per_token(&self, t: usize) -> f64 {
-        self.0.flops_per_token(t)
-    }
-
-    /// Training FLOPs per token that tensor parallelism does not split (the
-    /// replicated head: GPT-2's tied LM head; BERT's MLM transform and
-    /// decoder, or its pooler and classifier, which see one row per sequence).
-    pub fn unsplit_flops_per_token(&self, t: usize) -> f64 {
-        self.0.unsplit_flops_per_token(t)
-    }
-
-    /// The share of the unsplit FLOPs' forward that `--recompute` runs
-    /// again in the backward, for `rows` tokens a micro-batch (GPT-2's
-    /// head beyond its first chunk of logits).
-    pub fn recomputed_unsplit_share(&self, rows: usize) -> f64 {
-        self.0.recomputed_unsplit_share(rows)
     }
 
     /// Parameters stored (padded vocabularies included).
@@ -595,27 +575,6 @@ impl ModelConfig {
     /// Positions the model has.
     pub fn block_size(&self) -> usize {
         self.0.dims().block_size
-    }
-
-    /// A random batch of b x t of the family's kind (benchmarks): next
-    /// tokens; a BERT classifier's labels; a masked LM's targets at 15% of
-    /// the positions, the rest ignored.
-    pub fn synthetic_batch(&self, rng: &mut Rng, b: usize, t: usize) -> Batch {
-        self.0.synthetic_batch(rng, b, t)
-    }
-
-    /// Elements of (activations, other scratch) one of `tp` tensor-parallel
-    /// ranks allocates for b sequences of t tokens when its engine runs as
-    /// `run` says (a pipeline stage's units; all of them for one stage):
-    /// the engine's own allocation, counted (`model::alloc`).
-    pub fn activation_elems(
-        &self,
-        tp: usize,
-        bt: (usize, usize),
-        run: &SpanRun,
-        precision: Precision,
-    ) -> (usize, usize) {
-        self.0.activation_elems(tp, bt, run, precision)
     }
 
     /// Transformer blocks.
@@ -631,33 +590,6 @@ impl ModelConfig {
     /// Attention heads (tensor parallelism splits them).
     pub fn n_head(&self) -> usize {
         self.0.dims().n_head
-    }
-
-    /// Refuses a tensor-parallel size the family cannot split by.
-    pub fn check_tp(&self, tp: usize) -> Result<()> {
-        self.0.check_tp(tp)
-    }
-
-    /// Whether the family's engine splits a backward into its input and
-    /// weight halves (`UnitModel::split_backward`, the zb-h1 schedule's need).
-    pub fn splits_backward(&self) -> bool {
-        self.0.splits_backward()
-    }
-
-    /// The parameter layout of one of `tp` tensor-parallel ranks.
-    pub fn layout(&self, tp: usize) -> ParamLayout {
-        self.0.layout(tp)
-    }
-
-    /// The shape tensor `t` is stored with in model files.
-    pub fn file_shape(&self, t: &TensorSpec) -> Vec<usize> {
-        self.0.file_shape(t)
-    }
-
-    /// Whether tensor `t` is one of the blocks' weight matrices (what
-    /// `quantize` stores in int8 and `prune` prunes).
-    pub fn block_matrix(&self, t: &TensorSpec) -> bool {
-        self.0.block_matrix(t)
     }
 
     /// The ranges of the whole layout the blocks' weight matrices hold.
