@@ -93,6 +93,63 @@ impl Span {
     }
 }
 
+/// The [`UnitModel`] methods an engine answers from the fields both
+/// families' engines have (`backend`, `layout`, `whole`, `tp`, `config`,
+/// `span`, `acts`, its `shape()`), written once: invoked inside the
+/// engine's `impl UnitModel`, with its activations' type and the field
+/// holding the current batch's shape, which a stash takes with them.
+macro_rules! engine_plumbing {
+    ($acts:ty, $state:ident: $state_ty:ty, $who:literal) => {
+        fn backend(&self) -> &B {
+            &self.backend
+        }
+
+        fn layout(&self) -> &$crate::model::ParamLayout {
+            &self.layout
+        }
+
+        fn whole_layout(&self) -> &$crate::model::ParamLayout {
+            &self.whole
+        }
+
+        fn tp(&self) -> $crate::model::TpPlace {
+            self.tp
+        }
+
+        fn boundary(&mut self, u: usize) -> $crate::backend::Dst<'_, B> {
+            let (b, t) = self.shape();
+            let btc = b * t * self.config.n_embd;
+            let r = self.span.resid(u - 1);
+            let a = self.acts.as_mut().expect("begun");
+            a.resid.slice_mut(r * btc..(r + 1) * btc)
+        }
+
+        fn set_units(&mut self, units: std::ops::Range<usize>) {
+            self.span = $crate::model::Span::of_units(units, self.config.n_layer);
+            self.acts = None;
+        }
+
+        fn boundary_grad(&mut self) -> $crate::backend::Dst<'_, B> {
+            let (b, t) = self.shape();
+            let btc = b * t * self.config.n_embd;
+            self.acts.as_mut().expect("begun").dres.slice_mut(0..btc)
+        }
+
+        fn stash(&mut self) -> Box<dyn std::any::Any> {
+            Box::new((self.acts.take(), self.$state.take()))
+        }
+
+        fn restore(&mut self, stashed: Box<dyn std::any::Any>) {
+            let (acts, state) = *stashed
+                .downcast::<(Option<$acts>, Option<$state_ty>)>()
+                .expect($who);
+            self.acts = acts;
+            self.$state = state;
+        }
+    };
+}
+pub(crate) use engine_plumbing;
+
 /// A unit's parameters: its own slice and, where it reads one, the tied
 /// tensor of an earlier unit.
 pub struct UnitParams<'a, B: Backend> {

@@ -19,7 +19,7 @@ use super::bf16::{matmul_backward, matmul_forward, Bf16Operands, Dout, Precision
 use super::layout::ParamLayout;
 use super::tp;
 use super::tp::{BlockDims, TpPlace};
-use super::unit::{Span, SpanRun, UnitGrads, UnitKind, UnitModel, UnitParams};
+use super::unit::{engine_plumbing, Span, SpanRun, UnitGrads, UnitKind, UnitModel, UnitParams};
 use crate::backend::{
     Activation, ActivationBackward, ActivationForward, AttentionBackward, AttentionForward,
     Backend, Buf, Category, CrossEntropyBackward, CrossEntropyForward, Dst, EncoderBackward,
@@ -1307,21 +1307,7 @@ fn pooled_terms(head: BertHead, terms: LossTerms) -> f32 {
 }
 
 impl<B: Backend> UnitModel<B> for Engine<B> {
-    fn backend(&self) -> &B {
-        &self.backend
-    }
-
-    fn layout(&self) -> &ParamLayout {
-        &self.layout
-    }
-
-    fn whole_layout(&self) -> &ParamLayout {
-        &self.whole
-    }
-
-    fn tp(&self) -> TpPlace {
-        self.tp
-    }
+    engine_plumbing!(Acts<B>, shape: Shape, "a BERT engine's own stash");
 
     fn begin(&mut self, batch: &Batch, b: usize, t: usize, loss_terms: LossTerms) -> Result<()> {
         self.check(batch, b, t)?;
@@ -1417,37 +1403,6 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
             UnitKind::Head => self.head_backward(p.own, p.tied, g.own, g.tied, loss_scale)?,
         }
         Ok(())
-    }
-
-    fn boundary(&mut self, u: usize) -> Dst<'_, B> {
-        let (b, t) = self.shape();
-        let btc = b * t * self.config.n_embd;
-        let r = self.span.resid(u - 1);
-        let a = self.acts.as_mut().expect("begun");
-        a.resid.slice_mut(r * btc..(r + 1) * btc)
-    }
-
-    fn set_units(&mut self, units: std::ops::Range<usize>) {
-        self.span = Span::of_units(units, self.config.n_layer);
-        self.acts = None;
-    }
-
-    fn boundary_grad(&mut self) -> Dst<'_, B> {
-        let (b, t) = self.shape();
-        let btc = b * t * self.config.n_embd;
-        self.acts.as_mut().expect("begun").dres.slice_mut(0..btc)
-    }
-
-    fn stash(&mut self) -> Box<dyn std::any::Any> {
-        Box::new((self.acts.take(), self.shape.take()))
-    }
-
-    fn restore(&mut self, stashed: Box<dyn std::any::Any>) {
-        let (acts, shape) = *stashed
-            .downcast::<(Option<Acts<B>>, Option<Shape>)>()
-            .expect("a BERT engine's own stash");
-        self.acts = acts;
-        self.shape = shape;
     }
 }
 

@@ -18,7 +18,9 @@ use super::bf16::{matmul_backward, matmul_forward, Bf16Operands, Dout};
 use super::layout::ParamLayout;
 use super::tp;
 use super::tp::TpPlace;
-use super::unit::{Span, SpanRun, UnitGrads, UnitKind, UnitModel, UnitParams, Whole};
+use super::unit::{
+    engine_plumbing, Span, SpanRun, UnitGrads, UnitKind, UnitModel, UnitParams, Whole,
+};
 use crate::backend::{
     Activation, ActivationBackward, AttentionBackward, AttentionForward, AttnShape, Backend, Buf,
     Category, CrossEntropyBackward, CrossEntropyForward, Dst, EncoderBackward, EncoderForward,
@@ -949,21 +951,7 @@ impl<B: Backend> BlockMode<B> for Training<'_, '_, B> {
 }
 
 impl<B: Backend> UnitModel<B> for Engine<B> {
-    fn backend(&self) -> &B {
-        &self.backend
-    }
-
-    fn layout(&self) -> &ParamLayout {
-        &self.layout
-    }
-
-    fn whole_layout(&self) -> &ParamLayout {
-        &self.whole
-    }
-
-    fn tp(&self) -> TpPlace {
-        self.tp
-    }
+    engine_plumbing!(Activations<B>, batch: Batch, "a GPT-2 engine's own stash");
 
     fn begin(
         &mut self,
@@ -1025,19 +1013,6 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
         Ok(())
     }
 
-    fn boundary(&mut self, u: usize) -> Dst<'_, B> {
-        let (b, t) = self.shape();
-        let btc = b * t * self.config.n_embd;
-        let r = self.span.resid(u - 1);
-        let a = self.acts.as_mut().expect("begun");
-        a.resid.slice_mut(r * btc..(r + 1) * btc)
-    }
-
-    fn set_units(&mut self, units: Range<usize>) {
-        self.span = Span::of_units(units, self.config.n_layer);
-        self.acts = None;
-    }
-
     fn split_backward(&mut self) -> Result<()> {
         if self.recompute || self.precision != Precision::Fp32 {
             return Err(Error::Config(
@@ -1087,24 +1062,6 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
                 g.own,
             ),
         }
-    }
-
-    fn boundary_grad(&mut self) -> Dst<'_, B> {
-        let (b, t) = self.shape();
-        let btc = b * t * self.config.n_embd;
-        self.acts.as_mut().expect("begun").dres.slice_mut(0..btc)
-    }
-
-    fn stash(&mut self) -> Box<dyn std::any::Any> {
-        Box::new((self.acts.take(), self.batch.take()))
-    }
-
-    fn restore(&mut self, stashed: Box<dyn std::any::Any>) {
-        let (acts, batch) = *stashed
-            .downcast::<(Option<Activations<B>>, Option<Batch>)>()
-            .expect("a GPT-2 engine's own stash");
-        self.acts = acts;
-        self.batch = batch;
     }
 }
 
