@@ -6,10 +6,10 @@
 //! and value are joined into `qkv`.
 
 use super::config::{BertConfig, BertHead};
-use super::layout::{classifier_names, layout, BlockParam, EMBEDDINGS, HEAD_MLM};
+use super::layout::{classifier_names, layout, EMBEDDINGS, HEAD_MLM};
 use crate::error::{Error, Result};
-use crate::store::checksum;
-use crate::store::write_atomic;
+use crate::model::layout::TensorSpec;
+use crate::store::{checksum, write_atomic, write_safetensors, Data};
 use safetensors::tensor::{Dtype, SafeTensors};
 use std::path::Path;
 
@@ -17,10 +17,7 @@ use std::path::Path;
 /// architecture implies (a `BertModel` implies none, so it must be given).
 pub fn read_config(dir: &Path, head: Option<BertHead>) -> Result<BertConfig> {
     let path = dir.join("config.json");
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| Error::Input(format!("cannot read {}: {e}", path.display())))?;
-    let j: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| Error::Input(format!("{} is not JSON: {e}", path.display())))?;
+    let j = read_json(dir)?;
     let bad = |what: &str| Error::Input(format!("{}: {what}", path.display()));
     if j["model_type"].as_str() != Some("bert") {
         return Err(bad("model_type is not \"bert\""));
@@ -78,16 +75,14 @@ pub fn read_config(dir: &Path, head: Option<BertHead>) -> Result<BertConfig> {
     Ok(cfg)
 }
 
-/// The block tensors stored as they are (no transpose, no join).
-const PLAIN: [BlockParam; 7] = [
-    BlockParam::AttnOutB,
-    BlockParam::AttnLnW,
-    BlockParam::AttnLnB,
-    BlockParam::InterB,
-    BlockParam::OutB,
-    BlockParam::OutLnW,
-    BlockParam::OutLnB,
-];
+/// A folder's `config.json`, parsed.
+fn read_json(dir: &Path) -> Result<serde_json::Value> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| Error::Input(format!("cannot read {}: {e}", path.display())))?;
+    serde_json::from_str(&text)
+        .map_err(|e| Error::Input(format!("{} is not JSON: {e}", path.display())))
+}
 
 /// A tensor of the file as f32 with its shape, under `name` or, for a
 /// `BertModel`'s file, `name` without its `bert.` prefix.
@@ -135,95 +130,97 @@ fn transpose(w: &[f32], out: usize, inp: usize) -> Vec<f32> {
     t
 }
 
+/// Where a Hugging Face tensor sits in one of the layout's: under `hf`,
+/// of `shape` (the padded vocabulary's rows left out), it fills columns
+/// `at..at + cols` of every row of the layout's tensor viewed as rows of
+/// `width` (`qkv` holds query, key and value side by side); an `nn.Linear`
+/// weight (out, in) is the transpose of the layout's (in, out).
+struct Stored {
+    hf: String,
+    shape: Vec<usize>,
+    linear: bool,
+    at: usize,
+    cols: usize,
+    width: usize,
+}
+
+/// The Hugging Face tensors layout tensor `t` is stored as: the mapping
+/// both reading and writing a folder follow.
+fn stored(cfg: &BertConfig, t: &TensorSpec) -> Vec<Stored> {
+    let linear = t.full_shape.len() == 2 && !EMBEDDINGS.contains(&t.name.as_str());
+    let mut shape = t.full_shape.clone();
+    if t.name == EMBEDDINGS[0] || t.name == HEAD_MLM[4] {
+        shape[0] = cfg.vocab_size;
+    }
+    let width = *t.full_shape.last().expect("a shape");
+    let one = |hf: String, shape: Vec<usize>, at: usize| {
+        let cols = *shape.last().expect("a shape");
+        let shape = match linear {
+            true => vec![cols, shape[0]],
+            false => shape,
+        };
+        Stored {
+            hf,
+            shape,
+            linear,
+            at,
+            cols,
+            width,
+        }
+    };
+    match t.name.split_once("attention.self.qkv") {
+        Some((block, kind)) => {
+            let c = cfg.n_embd;
+            let part = |g: usize, name: &str| {
+                let mut s = shape.clone();
+                *s.last_mut().expect("a shape") = c;
+                one(format!("{block}attention.self.{name}{kind}"), s, g * c)
+            };
+            ["query", "key", "value"]
+                .iter()
+                .enumerate()
+                .map(|(g, name)| part(g, name))
+                .collect()
+        }
+        None => vec![one(t.name.clone(), shape, 0)],
+    }
+}
+
 /// The whole model's parameters from a Hugging Face state dict, starting
 /// from `init` (BERT's initialisation) for the head tensors a file may
-/// lack: a `BertModel`'s classifier, or its pooler under an MLM head (a
-/// classifier for another number of labels counts as lacking).
+/// lack: a `BertModel`'s masked-LM head (the decoder is the word
+/// embeddings either way) or classifier, or its pooler under an MLM head
+/// (a classifier for another number of labels counts as lacking).
 pub fn read_weights(cfg: &BertConfig, st: &SafeTensors, init: Vec<f32>) -> Result<Vec<f32>> {
     let lay = layout(cfg, 1);
     let mut p = init;
-    let (c, f, vp, v) = (cfg.n_embd, cfg.n_inner, cfg.padded_vocab(), cfg.vocab_size);
-    let mut put = |name: &str, data: &[f32]| {
-        let r = lay.tensor(name).expect("declared").range();
-        p[r.start..r.start + data.len()].copy_from_slice(data);
-    };
-    put(EMBEDDINGS[0], &need(st, EMBEDDINGS[0], &[v, c])?);
-    put(
-        EMBEDDINGS[1],
-        &need(st, EMBEDDINGS[1], &[cfg.block_size, c])?,
-    );
-    put(
-        EMBEDDINGS[2],
-        &need(st, EMBEDDINGS[2], &[cfg.type_vocab, c])?,
-    );
-    put(EMBEDDINGS[3], &need(st, EMBEDDINGS[3], &[c])?);
-    put(EMBEDDINGS[4], &need(st, EMBEDDINGS[4], &[c])?);
-    let linear = |name: &str, out: usize, inp: usize| -> Result<Vec<f32>> {
-        Ok(transpose(&need(st, name, &[out, inp])?, out, inp))
-    };
-    for l in 0..cfg.n_layer {
-        let hf = |s: &str| format!("bert.encoder.layer.{l}.{s}");
-        let ours = |bp: BlockParam| format!("bert.encoder.layer.{l}.{}", bp.name());
-        let (mut qkv_w, mut qkv_b) = (vec![0.0; c * 3 * c], Vec::with_capacity(3 * c));
-        for (g, part) in ["query", "key", "value"].iter().enumerate() {
-            let w = linear(&hf(&format!("attention.self.{part}.weight")), c, c)?;
-            for i in 0..c {
-                qkv_w[i * 3 * c + g * c..i * 3 * c + (g + 1) * c]
-                    .copy_from_slice(&w[i * c..(i + 1) * c]);
-            }
-            qkv_b.extend(need(st, &hf(&format!("attention.self.{part}.bias")), &[c])?);
-        }
-        put(&ours(BlockParam::QkvW), &qkv_w);
-        put(&ours(BlockParam::QkvB), &qkv_b);
-        put(
-            &ours(BlockParam::AttnOutW),
-            &linear(&hf("attention.output.dense.weight"), c, c)?,
-        );
-        put(
-            &ours(BlockParam::InterW),
-            &linear(&hf("intermediate.dense.weight"), f, c)?,
-        );
-        put(
-            &ours(BlockParam::OutW),
-            &linear(&hf("output.dense.weight"), c, f)?,
-        );
-        for bp in PLAIN {
-            let shape = bp.shape(c, f);
-            put(&ours(bp), &need(st, &ours(bp), &shape)?);
-        }
-    }
-    // A BertModel (all-MiniLM-L6-v2's folder) has no masked-LM head: it
-    // starts fresh from `init`, as transformers makes one; the decoder is
-    // the word embeddings either way.
-    if cfg.head.has_mlm() && find(st, HEAD_MLM[0])?.is_some() {
-        put(HEAD_MLM[0], &linear(HEAD_MLM[0], c, c)?);
-        for name in &HEAD_MLM[1..4] {
-            put(name, &need(st, name, &[c])?);
-        }
-        let bias = match find(st, HEAD_MLM[4])? {
-            Some(_) => need(st, HEAD_MLM[4], &[v])?,
-            None => need(st, "cls.predictions.decoder.bias", &[v])?,
+    let classifier = classifier_names(cfg.head)[0];
+    // whether the file has the head part the tensor belongs to, decided at
+    // the part's first tensor; the embeddings and blocks must be there
+    let mut present = true;
+    for t in &lay.tensors {
+        let parts = stored(cfg, t);
+        present = match t.name.as_str() {
+            n if n == HEAD_MLM[0] || n == "bert.pooler.dense.weight" => find(st, n)?.is_some(),
+            n if n == classifier => find(st, n)?.is_some_and(|(s, _)| s == parts[0].shape),
+            _ => present,
         };
-        put(HEAD_MLM[4], &bias);
-        debug_assert!(vp >= v);
-    }
-    if let Some(labels) = cfg.head.pooled_labels() {
-        // A BertModel has a pooler and no classifier: the classifier starts fresh.
-        if find(st, "bert.pooler.dense.weight")?.is_some() {
-            put(
-                "bert.pooler.dense.weight",
-                &linear("bert.pooler.dense.weight", c, c)?,
-            );
-            put(
-                "bert.pooler.dense.bias",
-                &need(st, "bert.pooler.dense.bias", &[c])?,
-            );
+        if !present {
+            continue;
         }
-        // A classifier for another number of labels is replaced by a fresh one.
-        let [w, b] = classifier_names(cfg.head);
-        if find(st, w)?.is_some_and(|(s, _)| s == [labels, c]) {
-            put(w, &linear(w, labels, c)?);
-            put(b, &need(st, b, &[labels])?);
+        for s in parts {
+            let name = match t.name == HEAD_MLM[4] && find(st, HEAD_MLM[4])?.is_none() {
+                true => "cls.predictions.decoder.bias",
+                false => &s.hf,
+            };
+            let mut data = need(st, name, &s.shape)?;
+            if s.linear {
+                data = transpose(&data, s.shape[0], s.shape[1]);
+            }
+            for (i, row) in data.chunks(s.cols).enumerate() {
+                let start = t.offset + i * s.width + s.at;
+                p[start..start + s.cols].copy_from_slice(row);
+            }
         }
     }
     Ok(p)
@@ -289,103 +286,27 @@ const CHECKSUM_KEY: &str = "distgpt_weights_checksum";
 /// The weights' checksum a folder distgpt wrote records (None for one
 /// written elsewhere).
 fn recorded_checksum(dir: &Path) -> Result<Option<String>> {
-    let path = dir.join("config.json");
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| Error::Input(format!("cannot read {}: {e}", path.display())))?;
-    let j: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| Error::Input(format!("{} is not JSON: {e}", path.display())))?;
-    Ok(j[CHECKSUM_KEY].as_str().map(str::to_string))
+    Ok(read_json(dir)?[CHECKSUM_KEY].as_str().map(str::to_string))
 }
 
+/// The Hugging Face tensors of the whole model's parameters `p`, by
+/// [`stored`]: (name, shape, values).
 fn hf_tensors(cfg: &BertConfig, p: &[f32]) -> Vec<(String, Vec<usize>, Vec<f32>)> {
     let lay = layout(cfg, 1);
-    let (c, f, v) = (cfg.n_embd, cfg.n_inner, cfg.vocab_size);
-    let get = |name: &str| &p[lay.tensor(name).expect("declared").range()];
     let mut out = Vec::new();
-    let mut plain = |name: &str, shape: Vec<usize>| {
-        let n: usize = shape.iter().product();
-        out.push((name.to_string(), shape, get(name)[..n].to_vec()));
-    };
-    plain(EMBEDDINGS[0], vec![v, c]);
-    plain(EMBEDDINGS[1], vec![cfg.block_size, c]);
-    plain(EMBEDDINGS[2], vec![cfg.type_vocab, c]);
-    plain(EMBEDDINGS[3], vec![c]);
-    plain(EMBEDDINGS[4], vec![c]);
-    for l in 0..cfg.n_layer {
-        let ours = |bp: BlockParam| format!("bert.encoder.layer.{l}.{}", bp.name());
-        for bp in PLAIN {
-            plain(&ours(bp), bp.shape(c, f));
+    for t in &lay.tensors {
+        for s in stored(cfg, t) {
+            let rows = s.shape.iter().product::<usize>() / s.cols;
+            let at = |i: usize| t.offset + i * s.width + s.at;
+            let data: Vec<f32> = (0..rows)
+                .flat_map(|i| p[at(i)..at(i) + s.cols].iter().copied())
+                .collect();
+            let data = match s.linear {
+                true => transpose(&data, rows, s.cols),
+                false => data,
+            };
+            out.push((s.hf, s.shape, data));
         }
-    }
-    let linear = |name: &str, hf: &str, inp: usize, outw: usize| {
-        (
-            hf.to_string(),
-            vec![outw, inp],
-            transpose(get(name), inp, outw),
-        )
-    };
-    for l in 0..cfg.n_layer {
-        let ours = |bp: BlockParam| format!("bert.encoder.layer.{l}.{}", bp.name());
-        let hf = |s: &str| format!("bert.encoder.layer.{l}.{s}");
-        let (qkv_w, qkv_b) = (get(&ours(BlockParam::QkvW)), get(&ours(BlockParam::QkvB)));
-        for (g, part) in ["query", "key", "value"].iter().enumerate() {
-            let mut w = vec![0.0; c * c];
-            for i in 0..c {
-                w[i * c..(i + 1) * c]
-                    .copy_from_slice(&qkv_w[i * 3 * c + g * c..i * 3 * c + (g + 1) * c]);
-            }
-            out.push((
-                hf(&format!("attention.self.{part}.weight")),
-                vec![c, c],
-                transpose(&w, c, c),
-            ));
-            out.push((
-                hf(&format!("attention.self.{part}.bias")),
-                vec![c],
-                qkv_b[g * c..(g + 1) * c].to_vec(),
-            ));
-        }
-        out.push(linear(
-            &ours(BlockParam::AttnOutW),
-            &hf("attention.output.dense.weight"),
-            c,
-            c,
-        ));
-        out.push(linear(
-            &ours(BlockParam::InterW),
-            &hf("intermediate.dense.weight"),
-            c,
-            f,
-        ));
-        out.push(linear(
-            &ours(BlockParam::OutW),
-            &hf("output.dense.weight"),
-            f,
-            c,
-        ));
-    }
-    if cfg.head.has_mlm() {
-        out.push(linear(HEAD_MLM[0], HEAD_MLM[0], c, c));
-        for name in &HEAD_MLM[1..4] {
-            out.push((name.to_string(), vec![c], get(name).to_vec()));
-        }
-        out.push((HEAD_MLM[4].into(), vec![v], get(HEAD_MLM[4])[..v].to_vec()));
-    }
-    if let Some(labels) = cfg.head.pooled_labels() {
-        out.push(linear(
-            "bert.pooler.dense.weight",
-            "bert.pooler.dense.weight",
-            c,
-            c,
-        ));
-        out.push((
-            "bert.pooler.dense.bias".into(),
-            vec![c],
-            get("bert.pooler.dense.bias").to_vec(),
-        ));
-        let [w, b] = classifier_names(cfg.head);
-        out.push(linear(w, w, c, labels));
-        out.push((b.into(), vec![labels], get(b).to_vec()));
     }
     out
 }
@@ -405,24 +326,13 @@ pub fn write_folder(
     let io = |e: std::io::Error| Error::Input(format!("cannot write {}: {e}", dir.display()));
     std::fs::create_dir_all(dir).map_err(io)?;
     let tensors = hf_tensors(cfg, params);
-    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
-        .into_iter()
-        .map(|(n, s, d)| (n, s, d.iter().flat_map(|x| x.to_le_bytes()).collect()))
-        .collect();
-    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = bytes
+    let tensors: Vec<_> = tensors
         .iter()
-        .map(|(n, s, b)| {
-            let view = safetensors::tensor::TensorView::new(Dtype::F32, s.clone(), b)
-                .expect("shape and bytes agree");
-            (n.clone(), view)
-        })
+        .map(|(n, s, d)| (n.clone(), Dtype::F32, s.clone(), Data::F32(d)))
         .collect();
-    let data = safetensors::serialize(views, &None)
-        .map_err(|e| Error::Input(format!("cannot serialise the weights: {e}")))?;
     // the weights first, then the config that vouches for them: a folder
     // cut short anywhere fails its check on load
-    let sum = checksum(&data);
-    write_atomic(&dir.join("model.safetensors"), &data)?;
+    let sum = write_safetensors(&dir.join("model.safetensors"), &tensors)?;
     let (arch, labels) = (
         cfg.head.architecture(),
         cfg.head.pooled_labels().unwrap_or(2),
