@@ -20,6 +20,31 @@ use std::time::Instant;
 /// reaches u32::MAX.
 const NO_TOKEN: u32 = u32::MAX;
 
+impl<B: Backend> Gpt2<B> {
+    /// This whole model's weights packed for its decoder as `format`.
+    fn decode_weights(&self, format: WeightFormat) -> Result<DecodeWeights<'_, B>> {
+        DecodeWeights::new(
+            self.backend(),
+            &self.config,
+            TpPlace::NONE,
+            self.params.s(),
+            format,
+        )
+    }
+
+    /// A decoder of this whole model for `b` rows of up to `max_t`
+    /// positions, on a fresh handle of its backend.
+    fn decoder(&self, b: usize, max_t: usize) -> Result<Decoder<B>> {
+        Decoder::new(
+            self.backend().clone_fresh(),
+            self.config.clone(),
+            TpPlace::NONE,
+            b,
+            max_t,
+        )
+    }
+}
+
 /// Continues every prompt by up to `max_new_tokens`, stopping a row at
 /// `stop` (not emitted) or when the cache is full; `on_token(row, token)`
 /// sees each new token as it is made. Returns the new tokens of each row.
@@ -123,13 +148,7 @@ fn generate_as<B: Backend>(
     stop: Option<u32>,
     on_token: impl FnMut(usize, u32) + Send,
 ) -> Result<Vec<Vec<u32>>> {
-    let weights = DecodeWeights::new(
-        model.backend(),
-        &model.config,
-        TpPlace::NONE,
-        model.params.s(),
-        format,
-    )?;
+    let weights = model.decode_weights(format)?;
     generate_packed(model, &weights, prompts, cfg, stop, on_token)
 }
 
@@ -204,13 +223,7 @@ pub fn time_gpt2<B: Backend>(
 ) -> Result<GenerationTiming> {
     let model = Gpt2::with_params(backend, config.clone(), run.params)?;
     let t0 = Instant::now();
-    let weights = DecodeWeights::new(
-        model.backend(),
-        config,
-        TpPlace::NONE,
-        model.params.s(),
-        run.format,
-    )?;
+    let weights = model.decode_weights(run.format)?;
     let pack_seconds = t0.elapsed().as_secs_f64();
     let greedy = SampleConfig {
         max_new_tokens: run.new_tokens,
@@ -252,13 +265,7 @@ pub fn generate_packed<B: Backend>(
         let longest = context.iter().map(Vec::len).max().unwrap_or(0);
         let want = cfg.max_new_tokens - out[0].len();
         let max_t = longest.saturating_add(want).min(block).max(1);
-        let mut dec = Decoder::new(
-            model.backend().clone_fresh(),
-            model.config.clone(),
-            TpPlace::NONE,
-            context.len(),
-            max_t,
-        )?;
+        let mut dec = model.decoder(context.len(), max_t)?;
         let window = SampleConfig {
             max_new_tokens: want,
             seed,
@@ -303,25 +310,9 @@ pub fn evaluate_decoded<B: Backend>(
     rows: usize,
     t: usize,
 ) -> Result<DecodedEval> {
-    let pack = |f| {
-        DecodeWeights::new(
-            model.backend(),
-            &model.config,
-            TpPlace::NONE,
-            model.params.s(),
-            f,
-        )
-    };
+    let pack = |f| model.decode_weights(f);
     let (asked, full) = (pack(format)?, pack(WeightFormat::F32)?);
-    let decoder = || {
-        Decoder::new(
-            model.backend().clone_fresh(),
-            model.config.clone(),
-            TpPlace::NONE,
-            rows,
-            t,
-        )
-    };
+    let decoder = || model.decoder(rows, t);
     let (mut loss, mut loss_f32, mut agree, mut n) = (0.0f64, 0.0f64, 0usize, 0usize);
     for (inputs, targets) in batches {
         if inputs.len() != rows * t || targets.len() != rows * t {
@@ -437,14 +428,7 @@ mod tests {
             .build()
             .unwrap();
         for format in [WeightFormat::F32, WeightFormat::Bf16, WeightFormat::Int8] {
-            let weights = DecodeWeights::new(
-                model.backend(),
-                &cfg,
-                TpPlace::NONE,
-                model.params.s(),
-                format,
-            )
-            .unwrap();
+            let weights = model.decode_weights(format).unwrap();
             let next = |prefill: bool| {
                 pool.install(|| {
                     let mut dec =
@@ -476,14 +460,7 @@ mod tests {
             }
         }
         let mut dec = Decoder::new(Cpu::new(), cfg.clone(), TpPlace::NONE, b, 8).unwrap();
-        let weights = DecodeWeights::new(
-            model.backend(),
-            &cfg,
-            TpPlace::NONE,
-            model.params.s(),
-            WeightFormat::F32,
-        )
-        .unwrap();
+        let weights = model.decode_weights(WeightFormat::F32).unwrap();
         for (tokens, t, said) in [
             (
                 vec![1; 3 * 9],
