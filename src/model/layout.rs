@@ -99,6 +99,29 @@ impl ParamLayout {
         self.tensors.iter().find(|t| t.name == name)
     }
 
+    /// A whole model's initialisation (this layout for one rank): in
+    /// layout order, every 2-D tensor drawn N(0, `std(name)`) from one
+    /// generator seeded `seed`, the 1-D weights (LayerNorms') one, the
+    /// biases zero; then the rows of the first tensor (the word
+    /// embeddings) past `vocab`, a padded vocabulary's, zero.
+    pub fn init(&self, seed: u64, vocab: usize, std: impl Fn(&str) -> f64) -> Vec<f32> {
+        let mut p = vec![0.0f32; self.total()];
+        let mut rng = crate::rng::Rng::new(seed);
+        for t in &self.tensors {
+            let p = &mut p[t.range()];
+            match t.shape.len() {
+                2 => p
+                    .iter_mut()
+                    .for_each(|x| *x = (rng.normal() * std(&t.name)) as f32),
+                _ if t.name.ends_with(".weight") => p.fill(1.0),
+                _ => {}
+            }
+        }
+        let word = &self.tensors[0];
+        p[word.offset + vocab * word.shape[1]..word.range().end].fill(0.0);
+        p
+    }
+
     /// The most gradient one unit's backward writes: its own slice and its
     /// tied tensor's.
     pub fn widest_unit_grad(&self) -> usize {

@@ -29,7 +29,6 @@ use crate::backend::{
 use crate::comm::Comm;
 use crate::data::{Batch, LossTerms, IGNORE};
 use crate::error::{Error, Result};
-use crate::rng::Rng;
 
 /// The masked-LM head's activations: transform dense out, its GELU, its
 /// LayerNorm (with mean, rstd), logits, losses; in a forward with targets,
@@ -1436,23 +1435,7 @@ pub fn with_head(
 /// `_init_weights`): N(0, 0.02) matrices and embeddings, zero biases, unit
 /// LayerNorms, zero padded vocabulary rows.
 pub fn init_full(cfg: &BertConfig, seed: u64) -> Vec<f32> {
-    let layout = layout::layout(cfg, 1);
-    let mut p = vec![0.0f32; layout.total()];
-    let mut rng = Rng::new(seed);
-    for t in &layout.tensors {
-        let p = &mut p[t.range()];
-        if t.name.ends_with("LayerNorm.weight") {
-            p.fill(1.0);
-        } else if t.full_shape.len() == 2 {
-            p.iter_mut().for_each(|x| *x = (rng.normal() * 0.02) as f32);
-        }
-    }
-    let word = layout
-        .tensor(layout::EMBEDDINGS[0])
-        .expect("declared")
-        .range();
-    p[word.start + cfg.vocab_size * cfg.n_embd..word.end].fill(0.0);
-    p
+    layout::layout(cfg, 1).init(seed, cfg.vocab_size, |_| 0.02)
 }
 
 #[cfg(test)]

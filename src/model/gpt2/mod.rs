@@ -30,7 +30,6 @@ use crate::backend::{
 use crate::comm::Comm;
 use crate::data::{Batch as DataBatch, LossTerms};
 use crate::error::{Error, Result};
-use crate::rng::Rng;
 use block::{BlockIo, BlockMode};
 use config::{BlockDims, GptConfig};
 pub use layout::BlockParam;
@@ -1117,29 +1116,12 @@ impl<B: Backend> Whole<B, Engine<B>> {
 /// projections scaled by 1/sqrt(2L), zero biases, unit layernorms, zero
 /// padded vocabulary rows. Every strategy shards this same tensor.
 pub fn init_full(cfg: &GptConfig, seed: u64) -> Vec<f32> {
-    let layout = ParamLayout::new(cfg);
-    let mut p = vec![0.0f32; layout.total()];
-    let mut rng = Rng::new(seed);
     let proj_std = 0.02 / (2.0 * cfg.n_layer as f64).sqrt();
-    for t in &layout.tensors {
-        let p = &mut p[t.range()];
-        if t.name.ends_with("ln_1.weight")
-            || t.name.ends_with("ln_2.weight")
-            || t.name.ends_with("ln_f.weight")
-        {
-            p.fill(1.0);
-        } else if t.shape.len() == 2 {
-            let std = if t.name.ends_with("c_proj.weight") {
-                proj_std
-            } else {
-                0.02
-            };
-            p.iter_mut().for_each(|x| *x = (rng.normal() * std) as f32);
-        }
-    }
-    let wte = layout.wte();
-    p[wte.start + cfg.vocab_size * cfg.n_embd..wte.end].fill(0.0);
-    p
+    let std = |name: &str| match name.ends_with("c_proj.weight") {
+        true => proj_std,
+        false => 0.02,
+    };
+    ParamLayout::new(cfg).init(seed, cfg.vocab_size, std)
 }
 
 #[cfg(test)]
