@@ -218,12 +218,10 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
     };
     let step_s = ranks.iter().map(|r| r.step_s).fold(0.0, f64::max);
     let tokens_per_s = (b * t * spec.grad_accum) as f64 / step_s;
-    let mfu_of = |flops: f64| metrics::mfu(cfg.flops_per_token(t), tokens_per_s, flops);
     // One MFU, as train states it: against the hardware's peak where it is
     // known (or the stated one); the matmul probe is shown as what it is.
-    let (mfu, mfu_peak, mfu_source) = match (&hardware, stated) {
+    let (mfu_peak, mfu_source) = match (&hardware, stated) {
         (Some((flops, hw)), None) => (
-            mfu_of(*flops),
             *flops,
             format!(
                 "the hardware's: {}{}",
@@ -231,7 +229,7 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
                 if processes > 1.0 { ", per process" } else { "" }
             ),
         ),
-        _ => (mfu_of(peak), peak, peak_source.clone()),
+        _ => (peak, peak_source.clone()),
     };
     let bubble = ranks[0].bubble;
     let timelines: Vec<Vec<distgpt::parallel::Span>> =
@@ -263,7 +261,6 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
         peak,
         peak_source,
         hardware,
-        mfu,
         mfu_peak,
         mfu_source,
         bubble,
@@ -301,8 +298,7 @@ struct Measured<'a> {
     peak_source: String,
     /// The hardware's peak where it is known, with its description.
     hardware: Option<(f64, distgpt::backend::cpu::hardware::HardwarePeak)>,
-    /// The MFU stated, and the peak it is against.
-    mfu: f64,
+    /// The peak the MFU stated is against, and where it came from.
     mfu_peak: f64,
     mfu_source: String,
     bubble: Option<f64>,
@@ -409,23 +405,20 @@ impl Measured<'_> {
         metrics::mfu(self.cfg.flops_per_token(self.t), self.tokens_per_s, flops)
     }
 
+    /// The MFU stated: against `mfu_peak`.
+    fn mfu(&self) -> f64 {
+        self.mfu_of(self.mfu_peak)
+    }
+
     /// `--timeline DIR`: the pipeline's schedule as every rank ran it.
     fn draw_timeline(&self, dir: &std::path::Path) -> Result<()> {
-        let Measured {
-            a,
-            par,
-            spec,
-            bubble,
-            formula,
-            ref ranks,
-            ..
-        } = *self;
-        if bubble.is_none() {
+        let (par, Some(bubble)) = (self.par, self.bubble) else {
             anyhow::bail!("--timeline draws a pipeline's schedule: add --pp 2 or more");
-        }
+        };
         std::fs::create_dir_all(dir)
             .map_err(|e| anyhow::anyhow!("--timeline {}: {e}", dir.display()))?;
-        let rows = ranks
+        let rows = self
+            .ranks
             .iter()
             .enumerate()
             .map(|(r, x)| {
@@ -435,14 +428,14 @@ impl Measured<'_> {
             .collect();
         let title = format!(
             "{} {} x{}, pp {} {}, {} micro-batches: bubble {:.1}% measured, {:.1}% by formula",
-            a.model.model_name(),
+            self.a.model.model_name(),
             par.strategy,
             par.world_size,
             par.pipeline.stages,
             par.pipeline,
-            spec.grad_accum,
-            100.0 * bubble.unwrap_or(0.0),
-            100.0 * formula
+            self.spec.grad_accum,
+            100.0 * bubble,
+            100.0 * self.formula
         );
         let stem = "timeline".to_string();
         let tl = distgpt::figure::Timeline { stem, title, rows };
@@ -454,51 +447,28 @@ impl Measured<'_> {
 
     /// `--json`: one line of every figure.
     fn print_json(&self) {
-        let Measured {
-            a,
-            cfg,
-            par,
-            spec,
-            b,
-            t,
-            threads,
-            rss_start,
-            step_s,
-            tokens_per_s,
-            peak,
-            mfu,
-            mfu_peak,
-            ref mfu_source,
-            ref hardware,
-            bubble,
-            formula,
-            ref ranks,
-            ref kernels,
-            ..
-        } = *self;
-        let resolved = par.resolved();
-        let mfu_of = |f| self.mfu_of(f);
+        let (cfg, par, peak) = (self.cfg, self.par, self.peak);
         let mut j = serde_json::json!({
-            "impl": "distgpt", "model": a.model.model_name(), "params": cfg.num_params(), "batch": b, "seq": t,
-            "strategy": par.strategy, "world_size": par.world_size, "tp": resolved.tp, "pipeline": par.pipeline, "grad_accum": spec.grad_accum, "recompute": par.recompute, "precision": par.precision,
+            "impl": "distgpt", "model": self.a.model.model_name(), "params": cfg.num_params(), "batch": self.b, "seq": self.t,
+            "strategy": par.strategy, "world_size": par.world_size, "tp": par.resolved().tp, "pipeline": par.pipeline, "grad_accum": self.spec.grad_accum, "recompute": par.recompute, "precision": par.precision,
             "offload": par.offload, "offload_serial": par.offload_serial,
-            "threads": threads, "parts": ranks[0].parts, "ms_per_step": step_s * 1e3, "tokens_per_s": tokens_per_s,
-            "tokens_per_s_per_rank": tokens_per_s / par.world_size as f64, "mfu": mfu, "peak_gflops": mfu_peak / 1e9, "peak_source": mfu_source,
-            "mfu_matmul": mfu_of(peak), "matmul_peak_gflops": peak / 1e9,
-            "mfu_hardware": hardware.as_ref().map(|(f, _)| mfu_of(*f)),
-            "hardware_peak_gflops": hardware.as_ref().map(|(f, _)| f / 1e9),
+            "threads": self.threads, "parts": self.ranks[0].parts, "ms_per_step": self.step_s * 1e3, "tokens_per_s": self.tokens_per_s,
+            "tokens_per_s_per_rank": self.tokens_per_s / par.world_size as f64, "mfu": self.mfu(), "peak_gflops": self.mfu_peak / 1e9, "peak_source": self.mfu_source,
+            "mfu_matmul": self.mfu_of(peak), "matmul_peak_gflops": peak / 1e9,
+            "mfu_hardware": self.hardware.as_ref().map(|(f, _)| self.mfu_of(*f)),
+            "hardware_peak_gflops": self.hardware.as_ref().map(|(f, _)| f / 1e9),
             "matmul": distgpt::backend::cpu::blas::choice().describe(),
-            "flops_per_token": cfg.flops_per_token(t),
-            "rss_start_bytes": rss_start, "peak_rss_bytes": metrics::peak_rss_bytes(),
-            "bubble": bubble, "bubble_formula": bubble.map(|_| formula),
-            "ranks": ranks.iter().map(|r| serde_json::json!({
+            "flops_per_token": cfg.flops_per_token(self.t),
+            "rss_start_bytes": self.rss_start, "peak_rss_bytes": metrics::peak_rss_bytes(),
+            "bubble": self.bubble, "bubble_formula": self.bubble.map(|_| self.formula),
+            "ranks": self.ranks.iter().map(|r| serde_json::json!({
                 "peak_bytes": {"params": r.peak.params, "grads": r.peak.grads, "optimizer": r.peak.optimizer, "activations": r.peak.activations, "other": r.peak.other, "total": r.peak.total},
                 "host_peak_bytes": (!par.offload.is_none()).then(|| serde_json::json!({"params": r.host_peak.params, "grads": r.host_peak.grads, "optimizer": r.host_peak.optimizer, "total": r.host_peak.total})),
                 "comm_bytes_per_step": r.comm_bytes_per_step, "comm_seconds_per_step": r.comm_s_per_step,
                 "update_seconds_per_step": r.update_s,
             })).collect::<Vec<_>>(),
         });
-        if let Some(k) = kernels {
+        if let Some(k) = &self.kernels {
             j["profile"] = k.json();
         }
         distgpt::outln!("{j}");
@@ -507,41 +477,19 @@ impl Measured<'_> {
     /// The figures as text: the step, the peaks it is measured against,
     /// the pipeline's bubble, memory and communication per rank.
     fn print_text(&self) {
-        let Measured {
-            a,
-            cfg,
-            par,
-            spec,
-            b,
-            t,
-            threads,
-            step_s,
-            tokens_per_s,
-            stated,
-            peak,
-            ref peak_source,
-            ref hardware,
-            mfu,
-            mfu_peak,
-            ref mfu_source,
-            bubble,
-            formula,
-            ref ranks,
-            ..
-        } = *self;
-        let resolved = par.resolved();
-        let mfu_of = |f| self.mfu_of(f);
+        let (a, cfg, par, b, t) = (self.a, self.cfg, self.par, self.b, self.t);
+        let (ranks, mfu) = (&self.ranks, self.mfu());
         distgpt::outln!(
-            "distgpt {} ({} params) {} x {} (tp {}{}) batch {b} x {t}, {}: {:.1} ms/step, {:.0} tokens/s ({:.0} per rank), MFU {:.1}% of {:.0} GFLOP/s ({mfu_source})",
+            "distgpt {} ({} params) {} x {} (tp {}{}) batch {b} x {t}, {}: {:.1} ms/step, {:.0} tokens/s ({:.0} per rank), MFU {:.1}% of {:.0} GFLOP/s ({})",
             a.model.model_name(),
             cfg.num_params(),
             par.strategy,
             par.world_size,
-            resolved.tp,
+            par.resolved().tp,
             [
                 (par.pipeline.stages > 1).then(|| format!(
                     ", pp {} {}, {} micro-batches",
-                    par.pipeline.stages, par.pipeline, spec.grad_accum
+                    par.pipeline.stages, par.pipeline, self.spec.grad_accum
                 )),
                 par.recompute.then(|| ", recompute".to_string()),
                 (par.precision == Precision::Bf16).then(|| ", bf16".to_string()),
@@ -558,23 +506,25 @@ impl Measured<'_> {
             .into_iter()
             .flatten()
             .collect::<String>(),
-            metrics::count(threads, "thread"),
-            step_s * 1e3,
-            tokens_per_s,
-            tokens_per_s / par.world_size as f64,
+            metrics::count(self.threads, "thread"),
+            self.step_s * 1e3,
+            self.tokens_per_s,
+            self.tokens_per_s / par.world_size as f64,
             100.0 * mfu,
-            mfu_peak / 1e9
+            self.mfu_peak / 1e9,
+            self.mfu_source
         );
-        if let (Some(_), None) = (&hardware, stated) {
+        if let (Some(_), None) = (&self.hardware, self.stated) {
             let choice = distgpt::backend::cpu::blas::choice();
             // bf16 units (AVX512-BF16's pairs, AMX's tiles) outrun the FMA peak
             let bf16_units = par.precision == Precision::Bf16
                 && choice.bf16.is_some()
                 && distgpt::backend::cpu::blas::native_bf16();
             distgpt::outln!(
-                "the best matmul measured {:.0} GFLOP/s ({peak_source}); the step ran at {:.1}% of it (a probe of one product's shape, not a bound on a step){}",
-                peak / 1e9,
-                100.0 * mfu_of(peak),
+                "the best matmul measured {:.0} GFLOP/s ({}); the step ran at {:.1}% of it (a probe of one product's shape, not a bound on a step){}",
+                self.peak / 1e9,
+                self.peak_source,
+                100.0 * self.mfu_of(self.peak),
                 if bf16_units {
                     "; the layers' products ran on bf16 units, which the fp32 FMA peak does not count"
                 } else {
@@ -585,7 +535,7 @@ impl Measured<'_> {
         if let Some(note) = metrics::mfu_above_peak(mfu) {
             distgpt::errln!("note: {note}");
         }
-        if let Some(b) = bubble {
+        if let Some(b) = self.bubble {
             distgpt::outln!(
                 "pipeline bubble: {:.1}% of the program idle, measured (mean over every rank and timed step); \
                  formula {} = {:.1}%",
@@ -598,7 +548,7 @@ impl Measured<'_> {
                     (_, 1) => "(p - 1) / (m + p - 1)".to_string(),
                     (_, v) => format!("(p - 1) / ({v} m + p - 1)"),
                 },
-                100.0 * formula
+                100.0 * self.formula
             );
         }
         self.print_memory();
@@ -609,14 +559,9 @@ impl Measured<'_> {
 
     /// The process's RSS, then each rank's peak bytes and communication.
     fn print_memory(&self) {
-        let Measured {
-            par,
-            rss_start,
-            ref ranks,
-            ..
-        } = *self;
+        let (par, ranks) = (self.par, &self.ranks);
         let h = metrics::human_bytes;
-        if let (Some(start), Some(peak)) = (rss_start, metrics::peak_rss_bytes()) {
+        if let (Some(start), Some(peak)) = (self.rss_start, metrics::peak_rss_bytes()) {
             distgpt::outln!(
                 "this process: peak RSS {}, {} above its start (its ranks' counted bytes with the loader, workspaces, thread stacks and allocator)",
                 h(peak),
