@@ -64,6 +64,42 @@ pub struct Figure {
     pub scatter: bool,
 }
 
+impl Series {
+    /// A series of `points` without ranges.
+    pub fn new(label: impl Into<String>, points: Vec<(f64, f64)>) -> Self {
+        Series {
+            label: label.into(),
+            points,
+            ranges: Vec::new(),
+        }
+    }
+}
+
+impl Figure {
+    /// A line chart (not a scatter) of `series`, written as `stem`, with
+    /// `markers` on every point and its y axis `y_from_zero` or not.
+    pub fn lines(
+        stem: impl Into<String>,
+        title: impl Into<String>,
+        x_label: &str,
+        y_label: &str,
+        series: Vec<Series>,
+        markers: bool,
+        y_from_zero: bool,
+    ) -> Self {
+        Figure {
+            stem: stem.into(),
+            title: title.into(),
+            x_label: x_label.into(),
+            y_label: y_label.into(),
+            series,
+            markers,
+            y_from_zero,
+            scatter: false,
+        }
+    }
+}
+
 fn padded_range(lo: f64, hi: f64, from_zero: bool) -> (f64, f64) {
     let lo = if from_zero { 0.0 } else { lo };
     let span = (hi - lo).abs().max(hi.abs() * 1e-3).max(1e-9);

@@ -71,15 +71,11 @@ impl Curves {
     }
 
     fn series(&self, value: impl Fn(&Point) -> Option<f64>) -> Series {
-        Series {
-            label: self.label.clone(),
-            points: self
-                .points
-                .iter()
-                .filter_map(|p| value(p).map(|v| (p.step as f64, v)))
-                .collect(),
-            ranges: Vec::new(),
-        }
+        let points = self
+            .points
+            .iter()
+            .filter_map(|p| value(p).map(|v| (p.step as f64, v)));
+        Series::new(self.label.clone(), points.collect())
     }
 }
 
@@ -98,15 +94,8 @@ fn distinct_labels(runs: &mut [Curves]) {
 /// The four figures of `runs`, and for classifiers the validation accuracy
 /// and F1 (evaluated at every epoch's end).
 pub fn figures(runs: &[Curves]) -> Vec<Figure> {
-    let fig = |stem: &str, title: &str, y: &str, series: Vec<Series>, markers| Figure {
-        stem: stem.into(),
-        title: title.into(),
-        x_label: "optimizer step".into(),
-        y_label: y.into(),
-        series,
-        markers,
-        y_from_zero: false,
-        scatter: false,
+    let fig = |stem: &str, title: &str, y: &str, series: Vec<Series>, markers| {
+        Figure::lines(stem, title, "optimizer step", y, series, markers, false)
     };
     let each = |value: fn(&Point) -> Option<f64>| -> Vec<Series> {
         runs.iter()

@@ -461,13 +461,11 @@ pub fn write_report(dir: &Path, cfg: &SweepConfig, runs: &[MethodRun]) -> Result
         Scope::Matrix => "per block",
         Scope::Global => "global",
     };
-    let series = |label: String, levels: &[Level], f: &dyn Fn(&Level) -> Option<f64>| Series {
-        label,
-        points: levels
+    let series = |label: String, levels: &[Level], f: &dyn Fn(&Level) -> Option<f64>| {
+        let points = levels
             .iter()
-            .filter_map(|l| Some(((100.0 * l.target).round(), f(l)?)))
-            .collect(),
-        ranges: Vec::new(),
+            .filter_map(|l| Some(((100.0 * l.target).round(), f(l)?)));
+        Series::new(label, points.collect())
     };
     let mut losses = Vec::new();
     let (mut steps, mut tokens) = (Vec::new(), Vec::new());
@@ -498,17 +496,10 @@ pub fn write_report(dir: &Path, cfg: &SweepConfig, runs: &[MethodRun]) -> Result
         }
     }
     let methods: Vec<String> = runs.iter().map(|r| r.method.to_string()).collect();
-    let figure =
-        |stem: &str, title: String, y_label: &str, series: Vec<Series>, y_from_zero| Figure {
-            stem: stem.into(),
-            title,
-            x_label: "target sparsity of the blocks' weight matrices (%)".into(),
-            y_label: y_label.into(),
-            series,
-            markers: true,
-            y_from_zero,
-            scatter: false,
-        };
+    let figure = |stem: &str, title: String, y_label: &str, series: Vec<Series>, y_from_zero| {
+        let x_label = "target sparsity of the blocks' weight matrices (%)";
+        Figure::lines(stem, title, x_label, y_label, series, true, y_from_zero)
+    };
     let mut figures = vec![figure(
         "prune_val_loss",
         format!(

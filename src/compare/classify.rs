@@ -174,14 +174,9 @@ fn figures(rows: &[ClassifyRow], model: &str) -> Vec<Figure> {
     let per_epoch = |value: fn(&EpochRecord) -> f64| {
         at_ref
             .iter()
-            .map(|r| figures::Series {
-                label: r.label.clone(),
-                points: r
-                    .epochs
-                    .iter()
-                    .map(|e| (e.epoch as f64, value(e)))
-                    .collect(),
-                ranges: Vec::new(),
+            .map(|r| {
+                let points = r.epochs.iter().map(|e| (e.epoch as f64, value(e)));
+                figures::Series::new(r.label.clone(), points.collect())
             })
             .collect()
     };
@@ -191,18 +186,8 @@ fn figures(rows: &[ClassifyRow], model: &str) -> Vec<Figure> {
         .fold(0.0, f64::max);
     let seq = rows.first().map_or(0, |r| r.seq_len);
     let batch_axis = format!("global batch (sequences of up to {seq} tokens)");
-    let fig = |stem: &str, title: String, x: &str, y: &str, series, markers, zero| Figure {
-        stem: stem.into(),
-        title,
-        x_label: x.into(),
-        y_label: y.into(),
-        series,
-        markers,
-        y_from_zero: zero,
-        scatter: false,
-    };
     vec![
-        fig(
+        Figure::lines(
             "accuracy_per_epoch",
             format!("{model}: validation accuracy after each epoch (batch {reference})"),
             "epoch",
@@ -211,7 +196,7 @@ fn figures(rows: &[ClassifyRow], model: &str) -> Vec<Figure> {
             true,
             false,
         ),
-        fig(
+        Figure::lines(
             "f1_per_epoch",
             format!("{model}: validation F1 after each epoch (batch {reference})"),
             "epoch",
@@ -220,7 +205,7 @@ fn figures(rows: &[ClassifyRow], model: &str) -> Vec<Figure> {
             true,
             false,
         ),
-        fig(
+        Figure::lines(
             "val_loss_per_epoch",
             format!("{model}: validation loss after each epoch (batch {reference})"),
             "epoch",
@@ -229,7 +214,7 @@ fn figures(rows: &[ClassifyRow], model: &str) -> Vec<Figure> {
             true,
             false,
         ),
-        fig(
+        Figure::lines(
             "time_per_epoch",
             format!("{model}: training time per epoch (batch {reference})"),
             "epoch",
@@ -238,7 +223,7 @@ fn figures(rows: &[ClassifyRow], model: &str) -> Vec<Figure> {
             true,
             true,
         ),
-        fig(
+        Figure::lines(
             "throughput_vs_batch",
             format!("{model}: fine-tuning throughput"),
             &batch_axis,
@@ -250,7 +235,7 @@ fn figures(rows: &[ClassifyRow], model: &str) -> Vec<Figure> {
             true,
             true,
         ),
-        fig(
+        Figure::lines(
             "memory_vs_batch",
             format!("{model}: peak memory of the largest rank"),
             &batch_axis,
@@ -262,7 +247,7 @@ fn figures(rows: &[ClassifyRow], model: &str) -> Vec<Figure> {
             true,
             true,
         ),
-        fig(
+        Figure::lines(
             "loss_curves",
             format!("{model}: training loss, batch {reference} (max |dev| from single {dev:.1e})"),
             "optimizer step",

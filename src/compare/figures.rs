@@ -44,14 +44,9 @@ pub fn series_by_batch<'a>(
 /// Series of a per-epoch value, one per run.
 fn by_epoch(runs: &[&RunResult], value: impl Fn(&super::EpochPoint) -> f64) -> Vec<Series> {
     runs.iter()
-        .map(|r| Series {
-            label: r.label.clone(),
-            points: r
-                .per_epoch
-                .iter()
-                .map(|p| (p.epoch as f64, value(p)))
-                .collect(),
-            ranges: Vec::new(),
+        .map(|r| {
+            let points = r.per_epoch.iter().map(|p| (p.epoch as f64, value(p)));
+            Series::new(r.label.clone(), points.collect())
         })
         .collect()
 }
@@ -71,16 +66,6 @@ pub fn figures(runs: &[&RunResult], suffix: &str, reference_batch: usize) -> Vec
         .iter()
         .filter_map(|r| r.max_loss_deviation_from_single)
         .fold(0.0, f64::max);
-    let fig = |stem: &str, title: String, x: &str, y: &str, series, markers, zero| Figure {
-        stem: format!("{stem}{suffix}"),
-        title,
-        x_label: x.into(),
-        y_label: y.into(),
-        series,
-        markers,
-        y_from_zero: zero,
-        scatter: false,
-    };
     let seq = runs.first().map_or(0, |r| r.seq_len);
     let reps = runs.iter().map(|r| r.repeats.len()).max().unwrap_or(1);
     let median = if reps > 1 {
@@ -89,8 +74,8 @@ pub fn figures(runs: &[&RunResult], suffix: &str, reference_batch: usize) -> Vec
         String::new()
     };
     vec![
-        fig(
-            "throughput_vs_batch",
+        Figure::lines(
+            format!("throughput_vs_batch{suffix}"),
             format!("{model}: training throughput{median}"),
             &format!("global batch (sequences of {seq} tokens)"),
             "throughput (tokens/s, all ranks)",
@@ -98,8 +83,8 @@ pub fn figures(runs: &[&RunResult], suffix: &str, reference_batch: usize) -> Vec
             true,
             true,
         ),
-        fig(
-            "step_time_vs_batch",
+        Figure::lines(
+            format!("step_time_vs_batch{suffix}"),
             format!("{model}: time per optimizer step{median}"),
             &format!("global batch (sequences of {seq} tokens)"),
             "step time (ms)",
@@ -107,8 +92,8 @@ pub fn figures(runs: &[&RunResult], suffix: &str, reference_batch: usize) -> Vec
             true,
             true,
         ),
-        fig(
-            "memory_vs_batch",
+        Figure::lines(
+            format!("memory_vs_batch{suffix}"),
             format!("{model}: peak memory of the largest rank"),
             &format!("global batch (sequences of {seq} tokens)"),
             "peak memory per rank (MiB)",
@@ -116,8 +101,8 @@ pub fn figures(runs: &[&RunResult], suffix: &str, reference_batch: usize) -> Vec
             true,
             true,
         ),
-        fig(
-            "time_per_epoch",
+        Figure::lines(
+            format!("time_per_epoch{suffix}"),
             format!("{model}: training time per epoch (batch {reference_batch})"),
             "epoch",
             "time (s, optimizer steps only)",
@@ -125,8 +110,8 @@ pub fn figures(runs: &[&RunResult], suffix: &str, reference_batch: usize) -> Vec
             true,
             true,
         ),
-        fig(
-            "memory_per_epoch",
+        Figure::lines(
+            format!("memory_per_epoch{suffix}"),
             format!("{model}: peak memory per rank by epoch (batch {reference_batch})"),
             "epoch",
             "peak memory per rank (MiB)",
@@ -134,8 +119,8 @@ pub fn figures(runs: &[&RunResult], suffix: &str, reference_batch: usize) -> Vec
             true,
             true,
         ),
-        fig(
-            "grad_norm_per_epoch",
+        Figure::lines(
+            format!("grad_norm_per_epoch{suffix}"),
             format!("{model}: mean gradient norm per epoch (batch {reference_batch})"),
             "epoch",
             "global gradient norm (before clipping)",
@@ -143,8 +128,8 @@ pub fn figures(runs: &[&RunResult], suffix: &str, reference_batch: usize) -> Vec
             true,
             false,
         ),
-        fig(
-            "loss_curves",
+        Figure::lines(
+            format!("loss_curves{suffix}"),
             format!(
                 "{model}: training loss, batch {reference_batch} (max |dev| from single {dev:.1e})"
             ),
@@ -162,13 +147,9 @@ pub fn figures(runs: &[&RunResult], suffix: &str, reference_batch: usize) -> Vec
 
 /// A run's training loss against the optimizer step (from 1).
 pub fn loss_series(label: &str, losses: &[f32]) -> Series {
-    Series {
-        label: label.to_string(),
-        points: losses
-            .iter()
-            .enumerate()
-            .map(|(i, &l)| ((i + 1) as f64, l as f64))
-            .collect(),
-        ranges: Vec::new(),
-    }
+    let points = losses
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| ((i + 1) as f64, l as f64));
+    Series::new(label, points.collect())
 }

@@ -1009,18 +1009,11 @@ fn figure_of(w: &Workload, wp: &WorldPlan) -> Option<crate::figure::Figure> {
                 .filter(|p| p.fits && LayoutFamily::of(&p.parallel) == family)
                 .map(point)
                 .collect();
-            (!points.is_empty()).then(|| Series {
-                label: family.name().to_string(),
-                points,
-                ranges: Vec::new(),
-            })
+            (!points.is_empty()).then(|| Series::new(family.name(), points))
         })
         .collect();
-    series.push(Series {
-        label: format!("recommended: {}", r.parallel.layout_name()),
-        points: vec![point(r)],
-        ranges: Vec::new(),
-    });
+    let label = format!("recommended: {}", r.parallel.layout_name());
+    series.push(Series::new(label, vec![point(r)]));
     Some(Figure {
         stem: format!("plan-world-{}", wp.world_size),
         title: format!(
