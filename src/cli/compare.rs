@@ -224,7 +224,7 @@ fn finish(
     files: usize,
     stopped: Option<(usize, usize, &str)>,
 ) -> Result<()> {
-    for line in distgpt::metrics::table(header, rows) {
+    for line in distgpt::metrics::table(header, rows, &[0]) {
         distgpt::outln!("{line}");
     }
     let report = out_dir.join("report.md");

@@ -6,7 +6,7 @@ use super::{micro_batches, non_negative_rate, positive, positive_rate, ModelArgs
 use anyhow::{bail, Result};
 use clap::Args;
 use distgpt::plan::calibrate::{calibrate_cpu, run_efficiency, Machine};
-use distgpt::plan::{self, Device, Network, Precision, Prediction, Workload, WorldPlan};
+use distgpt::plan::{self, bytes, Device, Network, Precision, Prediction, Workload, WorldPlan};
 use std::path::PathBuf;
 
 /// The largest world `plan` prices: 2^17 ranks, past the largest clusters
@@ -399,14 +399,6 @@ fn seconds(s: f64) -> String {
     }
 }
 
-/// Bytes in GB, or MB below one GB.
-fn bytes(b: f64) -> String {
-    match b {
-        b if b >= 1e9 => format!("{:.1} GB", b / 1e9),
-        b => format!("{:.1} MB", b / 1e6),
-    }
-}
-
 /// One world's answer: the recommendation, each family's best and why it
 /// loses (or with --all every layout), and what was left out.
 fn print_world(a: &PlanArgs, w: &Workload, device: &Device, wp: &WorldPlan) {
@@ -456,7 +448,7 @@ fn print_world(a: &PlanArgs, w: &Workload, device: &Device, wp: &WorldPlan) {
                     bytes(p.memory.total()),
                     seconds(p.time.step_s()),
                     rate(p.tokens_per_s),
-                    f.why.clone(),
+                    format!(" {}", f.why),
                 ]
             })
             .collect();
@@ -468,31 +460,9 @@ fn print_world(a: &PlanArgs, w: &Workload, device: &Device, wp: &WorldPlan) {
             "tokens/s",
             "",
         ];
-        let widths: Vec<usize> = (0..header.len())
-            .map(|c| {
-                rows.iter()
-                    .map(|r| r[c].chars().count())
-                    .chain([header[c].len()])
-                    .max()
-                    .unwrap_or(0)
-            })
-            .collect();
-        let line = |cells: Vec<&str>| {
-            let mut out = String::from(" ");
-            for (c, cell) in cells.iter().enumerate() {
-                let pad = " ".repeat(widths[c] - cell.chars().count());
-                // names left, figures right, the reason last as it is
-                out += &match c {
-                    0 | 1 => format!(" {cell}{pad} "),
-                    5 => format!("  {cell}"),
-                    _ => format!(" {pad}{cell} "),
-                };
-            }
-            out.trim_end().to_string()
-        };
-        distgpt::outln!("{}", line(header.to_vec()));
-        for r in &rows {
-            distgpt::outln!("{}", line(r.iter().map(String::as_str).collect()));
+        // names left, figures right, the reason last as it is, a space further
+        for line in distgpt::metrics::table(&header, &rows, &[0, 1, 5]) {
+            distgpt::outln!("  {line}");
         }
     }
     if a.all {

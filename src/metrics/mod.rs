@@ -42,55 +42,21 @@ pub struct StepRecord {
     pub comm: CommStats,
 }
 
-/// Appends records as JSON Lines.
-pub struct JsonlWriter {
+/// A log of a line a record, each flushed as it is written: JSON Lines
+/// (`metrics.jsonl`) or the scalars of each step as CSV (`metrics.csv`
+/// beside it, for spreadsheets and plotting tools).
+pub struct LineWriter {
     out: BufWriter<File>,
     path: std::path::PathBuf,
 }
 
-impl JsonlWriter {
-    pub fn create(path: &Path) -> Result<Self> {
-        let f = File::create(path).map_err(|e| Error::io(path, e))?;
-        Ok(JsonlWriter {
-            out: BufWriter::new(f),
-            path: path.into(),
-        })
-    }
-
-    /// Appends to an existing file (a resumed run).
-    pub fn append(path: &Path) -> Result<Self> {
-        let f = std::fs::OpenOptions::new()
-            .append(true)
-            .create(true)
-            .open(path)
-            .map_err(|e| Error::io(path, e))?;
-        Ok(JsonlWriter {
-            out: BufWriter::new(f),
-            path: path.into(),
-        })
-    }
-
-    pub fn write<T: Serialize>(&mut self, record: &T) -> Result<()> {
-        let line = serde_json::to_string(record).expect("records serialise");
-        writeln!(self.out, "{line}")
-            .and_then(|_| self.out.flush())
-            .map_err(|e| Error::io(&self.path, e))
-    }
-}
-
-/// The scalars of each step as CSV (`metrics.csv` beside `metrics.jsonl`),
-/// for spreadsheets and plotting tools.
-pub struct CsvWriter {
-    out: BufWriter<File>,
-    path: std::path::PathBuf,
-}
-
-impl CsvWriter {
-    pub const HEADER: &'static str =
+impl LineWriter {
+    pub const CSV_HEADER: &'static str =
         "step,epoch,loss,val_loss,grad_norm,lr,ms,tokens_per_s,mfu,peak_bytes,comm_bytes,val_accuracy,val_f1";
 
-    /// A new file with the header, or (`append`) the end of an existing one.
-    pub fn open(path: &Path, append: bool) -> Result<Self> {
+    /// A new file starting with `header` (where given), or (`append`) the
+    /// end of an existing one.
+    pub fn open(path: &Path, append: bool, header: Option<&str>) -> Result<Self> {
         let fresh = !append || !path.exists();
         let f = std::fs::OpenOptions::new()
             .append(!fresh)
@@ -99,12 +65,12 @@ impl CsvWriter {
             .create(true)
             .open(path)
             .map_err(|e| Error::io(path, e))?;
-        let mut w = CsvWriter {
+        let mut w = LineWriter {
             out: BufWriter::new(f),
             path: path.into(),
         };
-        if fresh {
-            w.line(Self::HEADER)?;
+        if let (true, Some(header)) = (fresh, header) {
+            w.line(header)?;
         }
         Ok(w)
     }
@@ -115,7 +81,13 @@ impl CsvWriter {
             .map_err(|e| Error::io(&self.path, e))
     }
 
-    pub fn write(&mut self, r: &StepRecord) -> Result<()> {
+    /// Appends `record` as a line of JSON.
+    pub fn json<T: Serialize>(&mut self, record: &T) -> Result<()> {
+        self.line(&serde_json::to_string(record).expect("records serialise"))
+    }
+
+    /// Appends `r`'s scalars as a line of CSV under `CSV_HEADER`.
+    pub fn csv(&mut self, r: &StepRecord) -> Result<()> {
         let line = format!(
             "{},{:.6},{},{},{},{:e},{:.3},{:.1},{:.4},{},{},{},{}",
             r.step,
@@ -222,9 +194,9 @@ pub fn human_bytes(bytes: u64) -> String {
     }
 }
 
-/// A table as lines: each column as wide as its widest cell, the first
-/// left-aligned, the others right-aligned, two spaces between.
-pub fn table(header: &[&str], rows: &[Vec<String>]) -> Vec<String> {
+/// A table as lines: each column as wide as its widest cell, those in
+/// `left` left-aligned, the others right-aligned, two spaces between.
+pub fn table(header: &[&str], rows: &[Vec<String>], left: &[usize]) -> Vec<String> {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -235,9 +207,10 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> Vec<String> {
         let mut out = String::new();
         for (i, (cell, w)) in cells.zip(&widths).enumerate() {
             let pad = " ".repeat(w - cell.chars().count());
-            match i {
-                0 => out += &format!("{cell}{pad}"),
-                _ => out += &format!("  {pad}{cell}"),
+            let gap = if i == 0 { "" } else { "  " };
+            match left.contains(&i) {
+                true => out += &format!("{gap}{cell}{pad}"),
+                false => out += &format!("{gap}{pad}{cell}"),
             }
         }
         out.trim_end().to_string()
@@ -375,12 +348,22 @@ mod tests {
             vec!["a long label that is wider".to_string(), "7".into()],
             vec!["b".into(), "12345678901".into()],
         ];
-        let lines = table(&["strategy", "tokens/s"], &rows);
+        let lines = table(&["strategy", "tokens/s"], &rows, &[0]);
         assert_eq!(
             lines,
             [
                 "strategy                       tokens/s",
                 "a long label that is wider            7",
+                "b                           12345678901",
+            ]
+        );
+        // a column named in `left` pads on its right (and trims at the end)
+        let lines = table(&["strategy", "tokens/s"], &rows, &[0, 1]);
+        assert_eq!(
+            lines,
+            [
+                "strategy                    tokens/s",
+                "a long label that is wider  7",
                 "b                           12345678901",
             ]
         );

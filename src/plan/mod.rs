@@ -909,14 +909,18 @@ impl WorldPlan {
     }
 }
 
+/// Bytes in GB, or MB below one GB.
+pub fn bytes(b: f64) -> String {
+    match b {
+        b if b >= 1e9 => format!("{:.1} GB", b / 1e9),
+        b => format!("{:.1} MB", b / 1e6),
+    }
+}
+
 /// Why `p` is not the recommendation `rec`: the memory it lacks, or the
 /// part of its step that grows most against `rec`'s.
 fn why_not(w: &Workload, device: &Device, p: &Prediction, rec: Option<&Prediction>) -> String {
     let gb = |b: f64| b / 1e9;
-    let bytes = |b: f64| match b {
-        b if b >= 1e9 => format!("{:.1} GB", b / 1e9),
-        b => format!("{:.1} MB", b / 1e6),
-    };
     if !p.fits {
         return match device.shared_by_ranks {
             true => format!(

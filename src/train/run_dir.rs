@@ -8,7 +8,7 @@ use super::TrainConfig;
 use crate::checkpoint::state;
 use crate::error::{Error, Result};
 use crate::metrics::tensorboard::EventWriter;
-use crate::metrics::{timestamp, unix_now, CsvWriter, JsonlWriter, StepRecord};
+use crate::metrics::{timestamp, unix_now, LineWriter, StepRecord};
 use crate::model::{ModelConfig, Precision};
 use crate::parallel::ParallelConfig;
 use crate::store::{json_checksum, write_atomic};
@@ -262,8 +262,8 @@ pub fn prepare_new(dir: &Path, overwrite: bool) -> Result<()> {
 /// record; the others are auxiliary: one that fails is warned about once
 /// and no longer written, so it never costs a step.
 pub struct StepLogs {
-    jsonl: JsonlWriter,
-    csv: Option<CsvWriter>,
+    jsonl: LineWriter,
+    csv: Option<LineWriter>,
     tensorboard: Option<EventWriter>,
     /// Held while the logs are open: the run's life.
     _lock: RunLock,
@@ -274,7 +274,7 @@ impl StepLogs {
     /// could not take it (the run should then stop with a checkpoint).
     pub fn write(&mut self, record: &StepRecord) -> Result<()> {
         if let Some(csv) = &mut self.csv {
-            if let Err(e) = csv.write(record) {
+            if let Err(e) = csv.csv(record) {
                 crate::errln!("warning: {e}; metrics.csv is no longer written (metrics.jsonl is)");
                 self.csv = None;
             }
@@ -288,7 +288,7 @@ impl StepLogs {
                 self.tensorboard = None;
             }
         }
-        self.jsonl.write(record)
+        self.jsonl.json(record)
     }
 }
 
@@ -363,13 +363,9 @@ pub fn open(
         }
         truncate_metrics(dir, start)?;
     }
-    let jsonl_path = dir.join(METRICS_FILE);
-    let jsonl = if start > 0 {
-        JsonlWriter::append(&jsonl_path)?
-    } else {
-        JsonlWriter::create(&jsonl_path)?
-    };
-    let csv = CsvWriter::open(&dir.join(METRICS_CSV), start > 0)?;
+    let jsonl = LineWriter::open(&dir.join(METRICS_FILE), start > 0, None)?;
+    let header = Some(LineWriter::CSV_HEADER);
+    let csv = LineWriter::open(&dir.join(METRICS_CSV), start > 0, header)?;
     if cfg.link_latest {
         // A convenience: failing to point it (say `latest` is a real
         // directory) must not stop the run.
@@ -459,7 +455,7 @@ fn truncate_metrics(dir: &Path, step: usize) -> Result<()> {
     let csv = dir.join(METRICS_CSV);
     let header = std::fs::read_to_string(&csv).unwrap_or_default();
     let columns = header.lines().next().unwrap_or_default().split(',').count();
-    let now = crate::metrics::CsvWriter::HEADER.split(',').count();
+    let now = LineWriter::CSV_HEADER.split(',').count();
     let csv_step = |line: &str| {
         let fields: Vec<&str> = line.split(',').collect();
         (fields.len() == columns || fields.len() == now)
@@ -506,8 +502,8 @@ mod tests {
         let dir = crate::testdir::TestDir::new("aux-logs");
         let full = Path::new("/dev/full");
         let logs = |jsonl: &Path| StepLogs {
-            jsonl: JsonlWriter::append(jsonl).unwrap(),
-            csv: Some(CsvWriter::open(full, true).unwrap()),
+            jsonl: LineWriter::open(jsonl, true, None).unwrap(),
+            csv: Some(LineWriter::open(full, true, Some(LineWriter::CSV_HEADER)).unwrap()),
             tensorboard: Some(EventWriter::onto(full).unwrap()),
             _lock: lock(dir.path()).unwrap(),
         };
