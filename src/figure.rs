@@ -565,6 +565,26 @@ pub struct Timeline {
     pub rows: Vec<(String, Vec<Span>)>,
 }
 
+impl Timeline {
+    /// A row for each rank's spans, named by the rank and its stage in `grid`.
+    pub fn of_ranks<'a>(
+        stem: String,
+        title: String,
+        grid: &crate::parallel::Grid,
+        ranks: impl IntoIterator<Item = &'a Vec<Span>>,
+    ) -> Self {
+        let rows = ranks
+            .into_iter()
+            .enumerate()
+            .map(|(r, spans)| {
+                let stage = grid.coords(r).stage;
+                (format!("rank {r} (stage {stage})"), spans.clone())
+            })
+            .collect();
+        Timeline { stem, title, rows }
+    }
+}
+
 const FORWARD: RGBColor = RGBColor(31, 119, 180);
 const BACKWARD: RGBColor = RGBColor(255, 127, 14);
 const WEIGHT: RGBColor = RGBColor(44, 160, 44);

@@ -417,15 +417,6 @@ impl Measured<'_> {
         };
         std::fs::create_dir_all(dir)
             .map_err(|e| anyhow::anyhow!("--timeline {}: {e}", dir.display()))?;
-        let rows = self
-            .ranks
-            .iter()
-            .enumerate()
-            .map(|(r, x)| {
-                let stage = distgpt::parallel::Grid::of(&par).coords(r).stage;
-                (format!("rank {r} (stage {stage})"), x.timeline.clone())
-            })
-            .collect();
         let title = format!(
             "{} {} x{}, pp {} {}, {} micro-batches: bubble {:.1}% measured, {:.1}% by formula",
             self.a.model.model_name(),
@@ -437,8 +428,9 @@ impl Measured<'_> {
             100.0 * bubble,
             100.0 * self.formula
         );
-        let stem = "timeline".to_string();
-        let tl = distgpt::figure::Timeline { stem, title, rows };
+        let grid = distgpt::parallel::Grid::of(&par);
+        let timelines = self.ranks.iter().map(|x| &x.timeline);
+        let tl = distgpt::figure::Timeline::of_ranks("timeline".into(), title, &grid, timelines);
         for path in distgpt::figure::write_timeline(dir, &tl)? {
             eprintln!("wrote {}", path.display());
         }

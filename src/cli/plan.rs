@@ -227,23 +227,19 @@ fn target(a: &PlanArgs, threads: usize) -> Result<(Device, Network, Option<Machi
         device.efficiency = e;
     }
     if a.device != DeviceKind::Custom {
-        if let Some(x) = a.memory_gb {
-            device.memory_bytes = x * 1e9;
-        }
         if let Some(x) = a.ranks_per_node {
             net.ranks_per_node = x;
         }
-        if let Some(x) = a.intra_gbs {
-            net.intra_bandwidth = x * 1e9;
-        }
-        if let Some(x) = a.inter_gbs {
-            net.inter_bandwidth = x * 1e9;
-        }
-        if let Some(x) = a.intra_latency_us {
-            net.intra_latency_s = x * 1e-6;
-        }
-        if let Some(x) = a.inter_latency_us {
-            net.inter_latency_s = x * 1e-6;
+        for (given, figure, unit) in [
+            (a.memory_gb, &mut device.memory_bytes, 1e9),
+            (a.intra_gbs, &mut net.intra_bandwidth, 1e9),
+            (a.inter_gbs, &mut net.inter_bandwidth, 1e9),
+            (a.intra_latency_us, &mut net.intra_latency_s, 1e-6),
+            (a.inter_latency_us, &mut net.inter_latency_s, 1e-6),
+        ] {
+            if let Some(x) = given {
+                *figure = x * unit;
+            }
         }
     }
     if a.device == DeviceKind::Cpu && (a.pcie_gbs.is_some() || a.host_gbs.is_some()) {

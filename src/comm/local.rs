@@ -281,19 +281,18 @@ fn sum_slots<T: CommElem>(slots: &[&[T]], range: std::ops::Range<usize>, out: &m
 
 /// The collectives over one element type; the `Comm` impl dispatches on the tag.
 impl LocalComm {
+    /// Counts a call over `full_bytes` that began at `t0` in this rank's stats.
+    fn count(&self, kind: Kind, full_bytes: usize, t0: Instant) {
+        record(&self.stats, kind, self.size(), full_bytes, t0);
+    }
+
     fn all_reduce_typed<T: CommElem>(&self, buf: &mut [T]) -> Result<()> {
         let t0 = Instant::now();
         let n = buf.len();
         self.group.deposit(self.rank, buf);
         self.group
             .read_all(self.rank, "all_reduce", |slots| sum_slots(slots, 0..n, buf))?;
-        record(
-            &self.stats,
-            Kind::AllReduce,
-            self.size(),
-            size_of_val(buf),
-            t0,
-        );
+        self.count(Kind::AllReduce, size_of_val(buf), t0);
         Ok(())
     }
 
@@ -305,13 +304,7 @@ impl LocalComm {
         self.group.exchange(r, "reduce_scatter", input, |slots| {
             sum_slots(slots, r * n..(r + 1) * n, out)
         })?;
-        record(
-            &self.stats,
-            Kind::ReduceScatter,
-            self.size(),
-            size_of_val(input),
-            t0,
-        );
+        self.count(Kind::ReduceScatter, size_of_val(input), t0);
         Ok(())
     }
 
@@ -325,13 +318,7 @@ impl LocalComm {
                     out[i * n..(i + 1) * n].copy_from_slice(s);
                 }
             })?;
-        record(
-            &self.stats,
-            Kind::AllGather,
-            self.size(),
-            size_of_val(out),
-            t0,
-        );
+        self.count(Kind::AllGather, size_of_val(out), t0);
         Ok(())
     }
 
@@ -344,13 +331,7 @@ impl LocalComm {
                 buf.copy_from_slice(slots[root])
             }
         })?;
-        record(
-            &self.stats,
-            Kind::Broadcast,
-            self.size(),
-            size_of_val(buf),
-            t0,
-        );
+        self.count(Kind::Broadcast, size_of_val(buf), t0);
         Ok(())
     }
 
@@ -363,7 +344,7 @@ impl LocalComm {
             .push_back((T::DTYPE, Box::new(buf.to_vec())));
         self.group.cv.notify_all();
         drop(st);
-        record(&self.stats, Kind::P2p, self.size(), size_of_val(buf), t0);
+        self.count(Kind::P2p, size_of_val(buf), t0);
         Ok(())
     }
 

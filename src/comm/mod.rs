@@ -65,7 +65,6 @@ pub enum Kind {
     P2p,
 }
 
-/// Counts a collective over `full_bytes` (the unsharded buffer) in `stats`.
 /// The backend handle rank `world.rank()` trains with: on its own device
 /// for thread ranks of a device-native group (NCCL, one GPU per rank), a
 /// fresh handle on `backend`'s device otherwise.
@@ -74,6 +73,7 @@ pub fn backend_for<B: Backend>(backend: &B, world: &dyn Comm) -> Result<B> {
     backend.for_rank(own.then(|| world.rank()))
 }
 
+/// Counts a collective over `full_bytes` (the unsharded buffer) in `stats`.
 pub fn record(stats: &Mutex<CommStats>, kind: Kind, n: usize, full_bytes: usize, started: Instant) {
     let bytes = full_bytes as u64;
     let ring = |num: u64| {

@@ -325,9 +325,8 @@ pub fn write(spec: &CompareSpec, done: &Comparison, command: &str) -> Result<Vec
             pp: r.pipeline.stages.max(1),
             tp: r.tp.max(1),
         };
-        let stage_of = |rank: usize| grid.coords(rank).stage;
-        let tl = crate::figure::Timeline {
-            stem: format!(
+        let tl = crate::figure::Timeline::of_ranks(
+            format!(
                 "timeline-{}-{}-x{}-{}-b{}",
                 r.model,
                 r.strategy,
@@ -335,7 +334,7 @@ pub fn write(spec: &CompareSpec, done: &Comparison, command: &str) -> Result<Vec
                 r.pipeline.to_string().replace(' ', "-"),
                 r.batch
             ),
-            title: format!(
+            format!(
                 "{} {}, batch {}: bubble {:.1}% measured, {:.1}% by formula",
                 r.model,
                 r.label,
@@ -343,18 +342,9 @@ pub fn write(spec: &CompareSpec, done: &Comparison, command: &str) -> Result<Vec
                 100.0 * r.bubble.unwrap_or(f64::NAN),
                 100.0 * r.bubble_formula.unwrap_or(f64::NAN)
             ),
-            rows: r
-                .timelines
-                .iter()
-                .enumerate()
-                .map(|(rank, spans)| {
-                    (
-                        format!("rank {rank} (stage {})", stage_of(rank)),
-                        spans.clone(),
-                    )
-                })
-                .collect(),
-        };
+            &grid,
+            &r.timelines,
+        );
         written.extend(crate::figure::write_timeline(dir, &tl)?);
         figure_files.push((tl.title.clone(), format!("{}.png", tl.stem)));
     }

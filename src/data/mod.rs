@@ -162,17 +162,7 @@ impl Dataset {
     /// tokenizer, and shards must have been made with it.
     pub fn load_for_model(source: Option<&Path>, tokenizer: &TokenizerSpec) -> Result<Self> {
         if let Some(dir) = source.filter(|p| p.is_dir()) {
-            let ds = Self::from_shards(dir)?;
-            let theirs = ds.tokenizer.spec();
-            if &theirs != tokenizer {
-                return Err(Error::Input(format!(
-                    "{}: the shards were tokenized with {}, the model uses {}: prepare the data with the model's tokenizer",
-                    dir.display(),
-                    describe(&theirs),
-                    describe(tokenizer)
-                )));
-            }
-            return Ok(ds);
+            return Self::shards_made_with(dir, tokenizer);
         }
         let (name, text) = read_text(source)?;
         Self::encode(&name, &text, Tokenizer::from_spec(tokenizer)?)
@@ -182,20 +172,25 @@ impl Dataset {
     /// shards, which must have been made with it.
     pub fn load_with(source: Option<&Path>, tokenizer: Tokenizer) -> Result<Self> {
         if let Some(dir) = source.filter(|p| p.is_dir()) {
-            let ds = Self::from_shards(dir)?;
-            let (theirs, ours) = (ds.tokenizer.spec(), tokenizer.spec());
-            if theirs != ours {
-                return Err(Error::Input(format!(
-                    "{}: the shards were tokenized with {}, the model uses {}: prepare the data with the model's tokenizer",
-                    dir.display(),
-                    describe(&theirs),
-                    describe(&ours)
-                )));
-            }
-            return Ok(ds);
+            return Self::shards_made_with(dir, &tokenizer.spec());
         }
         let (name, text) = read_text(source)?;
         Self::encode(&name, &text, tokenizer)
+    }
+
+    /// The shards in `dir`, which must have been made with `tokenizer`.
+    fn shards_made_with(dir: &Path, tokenizer: &TokenizerSpec) -> Result<Self> {
+        let ds = Self::from_shards(dir)?;
+        let theirs = ds.tokenizer.spec();
+        if &theirs != tokenizer {
+            return Err(Error::Input(format!(
+                "{}: the shards were tokenized with {}, the model uses {}: prepare the data with the model's tokenizer",
+                dir.display(),
+                describe(&theirs),
+                describe(tokenizer)
+            )));
+        }
+        Ok(ds)
     }
 
     fn encode(name: &str, text: &str, tokenizer: Tokenizer) -> Result<Self> {

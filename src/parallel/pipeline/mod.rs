@@ -18,11 +18,11 @@
 
 mod schedule;
 
+use schedule::link;
 pub use schedule::{
     ideal_run, in_flight, measured_bubble, partition, programs, tasks, zb_h1_bubble, Exchange,
     Message, Pass, Pipeline, Program, Schedule, Span, Step, Task,
 };
-use schedule::{makes, needs};
 
 use super::grid::{Grid, Groups};
 use super::stage::{HostOffload, Sharing, StageMap, StageState};
@@ -354,7 +354,7 @@ impl<B: Backend> Pipelined<B> {
                     continue;
                 }
             };
-            let input = needs(&task, s, pipe).map(|(_, msg)| take(&mut inbox, msg));
+            let input = link(&task, s, pipe, false).map(|(_, msg)| take(&mut inbox, msg));
             let (c, i) = (task.chunk, task.micro_batch);
             let start = t0.elapsed().as_secs_f64();
             let output = match task.pass {
@@ -372,7 +372,7 @@ impl<B: Backend> Pipelined<B> {
                     y
                 }
             };
-            if let Some((_, msg)) = makes(&task, s, pipe) {
+            if let Some((_, msg)) = link(&task, s, pipe, true) {
                 outbox.push((
                     msg,
                     output.expect("a task with a successor makes its input"),

@@ -314,38 +314,24 @@ fn stage_of(t: &Task, s: usize, p: usize) -> usize {
     t.chunk * p + s
 }
 
-/// What a task of rank s receives before it runs: (sender, message).
-pub(super) fn needs(t: &Task, s: usize, pipe: Pipeline) -> Option<(usize, Message)> {
-    let (p, last) = (pipe.stages, pipe.stages * pipe.virtual_stages - 1);
-    let into = stage_of(t, s, p);
-    let from = match t.pass {
-        Pass::Forward if into > 0 => into - 1,
-        Pass::Backward if into < last => into + 1,
-        _ => return None,
-    };
-    let m = Message {
-        into,
-        gradient: t.pass == Pass::Backward,
-        micro_batch: t.micro_batch,
-    };
-    Some((from % p, m))
-}
-
-/// What a task of rank s sends when it is done: (receiver, message).
-pub(super) fn makes(t: &Task, s: usize, pipe: Pipeline) -> Option<(usize, Message)> {
+/// The message a task of rank s receives before it runs (`makes` false:
+/// its sender and the message) or sends when it is done (its receiver and
+/// the message): a forward's input comes from the virtual stage below and
+/// its output goes up, a backward's gradients the other way.
+pub(super) fn link(t: &Task, s: usize, pipe: Pipeline, makes: bool) -> Option<(usize, Message)> {
     let (p, last) = (pipe.stages, pipe.stages * pipe.virtual_stages - 1);
     let vs = stage_of(t, s, p);
-    let into = match t.pass {
-        Pass::Forward if vs < last => vs + 1,
-        Pass::Backward if vs > 0 => vs - 1,
+    let other = match (t.pass, makes) {
+        (Pass::Forward, false) | (Pass::Backward, true) if vs > 0 => vs - 1,
+        (Pass::Forward, true) | (Pass::Backward, false) if vs < last => vs + 1,
         _ => return None,
     };
     let m = Message {
-        into,
+        into: if makes { other } else { vs },
         gradient: t.pass == Pass::Backward,
         micro_batch: t.micro_batch,
     };
-    Some((into % p, m))
+    Some((other % p, m))
 }
 
 /// Every rank's tasks run on an ideal machine (a chunk's forward takes 1,
@@ -362,7 +348,7 @@ pub fn ideal_run(pipe: Pipeline, m: usize) -> Vec<Vec<(Task, u64, u64)>> {
         let mut moved = false;
         for s in 0..p {
             while let Some(t) = progs[s].get(at[s]) {
-                let ready = match needs(t, s, pipe) {
+                let ready = match link(t, s, pipe, false) {
                     None => 0,
                     Some((_, msg)) => match made.iter().find(|(x, _)| *x == msg) {
                         Some(&(_, at)) => at,
@@ -371,7 +357,7 @@ pub fn ideal_run(pipe: Pipeline, m: usize) -> Vec<Vec<(Task, u64, u64)>> {
                 };
                 let start = clock[s].max(ready);
                 clock[s] = start + cost(pipe, t.pass);
-                if let Some((_, msg)) = makes(t, s, pipe) {
+                if let Some((_, msg)) = link(t, s, pipe, true) {
                     made.push((msg, clock[s]));
                 }
                 out[s].push((*t, start, clock[s]));
@@ -413,7 +399,7 @@ pub fn programs(pipe: Pipeline, m: usize) -> Result<Vec<Program>> {
         .enumerate()
         .flat_map(|(s, run)| {
             run.iter()
-                .filter_map(move |(t, _, end)| makes(t, s, pipe).map(|(_, msg)| (msg, *end)))
+                .filter_map(move |(t, _, end)| link(t, s, pipe, true).map(|(_, msg)| (msg, *end)))
         })
         .collect();
     let when = |msg: &Message| made.iter().find(|(x, _)| x == msg).expect("made").1;
@@ -424,10 +410,10 @@ pub fn programs(pipe: Pipeline, m: usize) -> Result<Vec<Program>> {
             // (key, send?, partner, message), in the shared order
             let mut comms: Vec<((u64, Message), bool, usize, Message)> = Vec::new();
             for (t, _, end) in run {
-                if let Some((to, msg)) = makes(t, s, pipe) {
+                if let Some((to, msg)) = link(t, s, pipe, true) {
                     comms.push(((*end, msg), true, to, msg));
                 }
-                if let Some((from, msg)) = needs(t, s, pipe) {
+                if let Some((from, msg)) = link(t, s, pipe, false) {
                     comms.push(((when(&msg), msg), false, from, msg));
                 }
             }
@@ -486,12 +472,12 @@ fn check_programs(pipe: Pipeline, m: usize, progs: &[Program]) -> std::result::R
                     got.extend(e.recv.map(|x| x.1));
                 }
                 Step::Run(t) => {
-                    if let Some((_, msg)) = needs(t, s, pipe) {
+                    if let Some((_, msg)) = link(t, s, pipe, false) {
                         if !got.contains(&msg) {
                             return Err(format!("rank {s} runs {t:?} before receiving {msg:?}"));
                         }
                     }
-                    if let Some((_, msg)) = makes(t, s, pipe) {
+                    if let Some((_, msg)) = link(t, s, pipe, true) {
                         if sent.contains(&msg) {
                             return Err(format!("rank {s} sends {msg:?} before making it"));
                         }
