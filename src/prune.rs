@@ -18,6 +18,7 @@
 
 use crate::backend::{Backend, WeightFormat};
 use crate::comm::{local, Comm};
+use crate::compare::Spread;
 use crate::data::{Batch, DataLoader, Dataset};
 use crate::error::{Error, Result};
 use crate::figure::{self, Figure, Series};
@@ -313,25 +314,16 @@ pub fn measure_speed<B: Backend>(
         let be = model.backend.clone_fresh();
         let timed = model.config.time_generation(be, run, "prune's timing")?;
         let runs = timed.runs.iter();
-        Ok(median(
-            runs.map(|&(s, _, n)| 1e3 * s / n.max(1) as f64).collect(),
-        ))
+        Ok(Spread::of(runs.map(|&(s, _, n)| 1e3 * s / n.max(1) as f64)).median)
     };
     Ok(Speed {
-        step_ms: median(steps),
+        step_ms: Spread::of(steps).median,
         token_ms: per_token(WeightFormat::F32)?,
         token_ms_int8: cfg
             .int8
             .then(|| per_token(WeightFormat::Int8))
             .transpose()?,
     })
-}
-
-/// The middle value (the mean of the two middle ones for an even count).
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    (v[(n - 1) / 2] + v[n / 2]) / 2.0
 }
 
 /// The entries of the blocks' weight matrices.

@@ -70,16 +70,18 @@ pub struct TaskSpec {
 }
 
 const NOT_A_GENERATOR: &str = "is for GPT-2 language models (an encoder does not generate)";
+/// `--train-examples`, which only classifiers take.
+const CLASSIFY_ONLY: (&str, &str) = (
+    "train_examples",
+    "is for --task classify (a sample of a labelled set's training examples)",
+);
 
 /// Every task `train --task` offers.
 pub const TASKS: [TaskSpec; 4] = [
     TaskSpec {
         kind: TaskKind::Lm,
         trains: "a causal language model (GPT-2, or any family registered as one)",
-        refuses: &[(
-            "train_examples",
-            "is for --task classify (a sample of a labelled set's training examples)",
-        )],
+        refuses: &[CLASSIFY_ONLY],
         defaults: TaskDefaults {
             lr: None,
             beta2: None,
@@ -103,10 +105,7 @@ pub const TASKS: [TaskSpec; 4] = [
                 "tokenizer",
                 "is for GPT-2 language models: --task mlm tokenizes with its --init-from folder's vocab.txt, a shard folder's (`data prepare --tokenizer wordpiece`), or a plain text's characters",
             ),
-            (
-                "train_examples",
-                "is for --task classify (a sample of a labelled set's training examples)",
-            ),
+            CLASSIFY_ONLY,
         ],
         defaults: MASKED_DEFAULTS,
         run_name: None,
@@ -153,10 +152,7 @@ pub const TASKS: [TaskSpec; 4] = [
                 "tokenizer",
                 "is for GPT-2 language models: --task pretrain tokenizes with its --init-from folder's vocab.txt or a shard folder's (`data prepare --tokenizer wordpiece`)",
             ),
-            (
-                "train_examples",
-                "is for --task classify (a sample of a labelled set's training examples)",
-            ),
+            CLASSIFY_ONLY,
         ],
         defaults: MASKED_DEFAULTS,
         run_name: None,
