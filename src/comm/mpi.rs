@@ -19,47 +19,23 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// The calls the watchdog watches; a health message carries `Call as u64 + 1`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Call {
-    AllReduce,
-    ReduceScatter,
-    AllGather,
-    Broadcast,
-    Send,
-    Recv,
-    SendRecv,
-    Barrier,
-    Split,
-}
-
-impl Call {
-    const ALL: [Call; 9] = [
-        Call::AllReduce,
-        Call::ReduceScatter,
-        Call::AllGather,
-        Call::Broadcast,
-        Call::Send,
-        Call::Recv,
-        Call::SendRecv,
-        Call::Barrier,
-        Call::Split,
-    ];
-
-    fn name(self) -> &'static str {
-        match self {
-            Call::AllReduce => "all_reduce",
-            Call::ReduceScatter => "reduce_scatter",
-            Call::AllGather => "all_gather",
-            Call::Broadcast => "broadcast",
-            Call::Send => "send",
-            Call::Recv => "recv",
-            Call::SendRecv => "send_recv",
-            Call::Barrier => "barrier",
-            Call::Split => "split",
-        }
+crate::named_enum! {
+    /// The calls the watchdog watches; a health message carries `Call as u64 + 1`.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Call {
+        AllReduce = "all_reduce",
+        ReduceScatter = "reduce_scatter",
+        AllGather = "all_gather",
+        Broadcast = "broadcast",
+        Send = "send",
+        Recv = "recv",
+        SendRecv = "send_recv",
+        Barrier = "barrier",
+        Split = "split",
     }
+    fn name
 }
+
 /// Health messages between watchdog threads: a question, and its answer.
 const ASK: i32 = 1;
 const ANSWER: i32 = 2;

@@ -47,20 +47,6 @@ pub enum Layout {
 crate::display_as_flag!(Layout);
 
 impl Layout {
-    pub const ALL: [Layout; 11] = [
-        Layout::Single,
-        Layout::Ddp,
-        Layout::Zero1,
-        Layout::Zero2,
-        Layout::Fsdp,
-        Layout::Tp,
-        Layout::Mesh,
-        Layout::Pp,
-        Layout::Gpipe,
-        Layout::Interleaved,
-        Layout::Zb,
-    ];
-
     /// The parallel configuration on `world` ranks (single ignores the world size).
     fn parallel(self, world: usize) -> ParallelConfig {
         let (strategy, world, tp) = match self {

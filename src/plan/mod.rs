@@ -818,28 +818,24 @@ pub fn plan_world(
     }
 }
 
-/// The layouts a person compares: data parallelism alone (ddp, ZeRO,
-/// fsdp), with tensor parallelism, with a pipeline, with both, and any of
-/// them with offload.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum LayoutFamily {
-    DataParallel,
-    TensorParallel,
-    Pipeline,
-    TensorAndPipeline,
-    Offload,
+crate::named_enum! {
+    /// The layouts a person compares: data parallelism alone (ddp, ZeRO,
+    /// fsdp), with tensor parallelism, with a pipeline, with both, and any of
+    /// them with offload.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+    #[serde(rename_all = "kebab-case")]
+    pub enum LayoutFamily {
+        DataParallel = "ddp / zero / fsdp",
+        TensorParallel = "+ tensor parallel",
+        Pipeline = "+ pipeline",
+        TensorAndPipeline = "+ tp + pipeline",
+        Offload = "+ offload",
+    }
+    /// As `plan` prints it.
+    fn name
 }
 
 impl LayoutFamily {
-    pub const ALL: [LayoutFamily; 5] = [
-        LayoutFamily::DataParallel,
-        LayoutFamily::TensorParallel,
-        LayoutFamily::Pipeline,
-        LayoutFamily::TensorAndPipeline,
-        LayoutFamily::Offload,
-    ];
-
     pub fn of(p: &ParallelConfig) -> LayoutFamily {
         let r = p.resolved();
         match (r.offload.is_none(), r.tp > 1, r.pipeline.stages > 1) {
@@ -848,16 +844,6 @@ impl LayoutFamily {
             (true, true, false) => LayoutFamily::TensorParallel,
             (true, false, true) => LayoutFamily::Pipeline,
             (true, true, true) => LayoutFamily::TensorAndPipeline,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            LayoutFamily::DataParallel => "ddp / zero / fsdp",
-            LayoutFamily::TensorParallel => "+ tensor parallel",
-            LayoutFamily::Pipeline => "+ pipeline",
-            LayoutFamily::TensorAndPipeline => "+ tp + pipeline",
-            LayoutFamily::Offload => "+ offload",
         }
     }
 }
