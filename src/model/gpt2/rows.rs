@@ -115,92 +115,90 @@ pub fn row_norms(cfg: &GptConfig, params: &[f32]) -> (Vec<Vec<f64>>, Vec<Vec<f64
         .unzip()
 }
 
-/// Copies block l of `src` (laid out for `from`) into `dst` (laid out for
-/// `to`), head `h` of the source to head `heads[h]` of the destination and
-/// unit `j` to `hidden[j]` (`None`: dropped); the rest of each tensor in
-/// `dst` is left as it is.
-fn place_block(
+/// `to`'s parameters from `src` (laid out for `from`): the embeddings and
+/// head copied, and in each block l head `h` of the source placed as head
+/// `rows(l)[0][h]` of the destination and unit `j` as unit `rows(l)[1][j]`
+/// (`None`: dropped); the rest of each tensor zero.
+fn place(
     (from, src): (&GptConfig, &[f32]),
-    (to, dst): (&GptConfig, &mut [f32]),
-    l: usize,
-    (heads, hidden): (&[Option<usize>], &[Option<usize>]),
-) {
-    let (fl, tl) = (ParamLayout::new(from), ParamLayout::new(to));
+    to: GptConfig,
+    rows: impl Fn(usize) -> [Vec<Option<usize>>; 2],
+) -> (GptConfig, Vec<f32>) {
+    let (fl, tl) = (ParamLayout::new(from), ParamLayout::new(&to));
+    let mut dst = vec![0.0; tl.total()];
+    for u in [0, fl.units.len() - 1] {
+        dst[tl.unit(u)].copy_from_slice(&src[fl.unit(u)]);
+    }
     let (c, d) = (from.n_embd, from.head_dim());
-    let (sa, sf) = (from.dims(l, 1).cl, from.dims(l, 1).fl);
-    let (ta, tf) = (to.dims(l, 1).cl, to.dims(l, 1).fl);
-    let s = |p| &src[fl.block_param(l, p)];
-    for p in [BlockParam::Ln1W, BlockParam::Ln1B, BlockParam::AttnProjB]
-        .into_iter()
-        .chain([BlockParam::Ln2W, BlockParam::Ln2B, BlockParam::FcProjB])
-    {
-        dst[tl.block_param(l, p)].copy_from_slice(s(p));
-    }
-    let (qkv_w, qkv_b) = (
-        tl.block_param(l, BlockParam::QkvW),
-        tl.block_param(l, BlockParam::QkvB),
-    );
-    let (proj, fc_w) = (
-        tl.block_param(l, BlockParam::AttnProjW),
-        tl.block_param(l, BlockParam::FcW),
-    );
-    let (fc_b, fc_proj) = (
-        tl.block_param(l, BlockParam::FcB),
-        tl.block_param(l, BlockParam::FcProjW),
-    );
-    for (h, th) in heads.iter().enumerate() {
-        let Some(th) = *th else { continue };
-        for r in 0..=c {
-            // rows 0..c of the weight, then the bias as row c
-            let (from_row, to_row) = match r < c {
-                true => (
-                    &s(BlockParam::QkvW)[r * 3 * sa..][..3 * sa],
-                    qkv_w.start + r * 3 * ta,
-                ),
-                false => (s(BlockParam::QkvB), qkv_b.start),
-            };
-            for g in 0..3 {
-                let at = to_row + g * ta + th * d;
-                dst[at..at + d].copy_from_slice(&from_row[g * sa + h * d..][..d]);
+    for l in 0..from.n_layer {
+        let [heads, hidden] = rows(l);
+        let (sa, sf) = (from.dims(l, 1).cl, from.dims(l, 1).fl);
+        let (ta, tf) = (to.dims(l, 1).cl, to.dims(l, 1).fl);
+        let s = |p| &src[fl.block_param(l, p)];
+        for p in [BlockParam::Ln1W, BlockParam::Ln1B, BlockParam::AttnProjB]
+            .into_iter()
+            .chain([BlockParam::Ln2W, BlockParam::Ln2B, BlockParam::FcProjB])
+        {
+            dst[tl.block_param(l, p)].copy_from_slice(s(p));
+        }
+        let (qkv_w, qkv_b) = (
+            tl.block_param(l, BlockParam::QkvW),
+            tl.block_param(l, BlockParam::QkvB),
+        );
+        let (proj, fc_w) = (
+            tl.block_param(l, BlockParam::AttnProjW),
+            tl.block_param(l, BlockParam::FcW),
+        );
+        let (fc_b, fc_proj) = (
+            tl.block_param(l, BlockParam::FcB),
+            tl.block_param(l, BlockParam::FcProjW),
+        );
+        for (h, th) in heads.iter().enumerate() {
+            let Some(th) = *th else { continue };
+            for r in 0..=c {
+                // rows 0..c of the weight, then the bias as row c
+                let (from_row, to_row) = match r < c {
+                    true => (
+                        &s(BlockParam::QkvW)[r * 3 * sa..][..3 * sa],
+                        qkv_w.start + r * 3 * ta,
+                    ),
+                    false => (s(BlockParam::QkvB), qkv_b.start),
+                };
+                for g in 0..3 {
+                    let at = to_row + g * ta + th * d;
+                    dst[at..at + d].copy_from_slice(&from_row[g * sa + h * d..][..d]);
+                }
             }
+            let at = proj.start + th * d * c;
+            dst[at..at + d * c].copy_from_slice(&s(BlockParam::AttnProjW)[h * d * c..][..d * c]);
         }
-        let at = proj.start + th * d * c;
-        dst[at..at + d * c].copy_from_slice(&s(BlockParam::AttnProjW)[h * d * c..][..d * c]);
-    }
-    for (j, tj) in hidden.iter().enumerate() {
-        let Some(tj) = *tj else { continue };
-        for r in 0..c {
-            dst[fc_w.start + r * tf + tj] = s(BlockParam::FcW)[r * sf + j];
+        for (j, tj) in hidden.iter().enumerate() {
+            let Some(tj) = *tj else { continue };
+            for r in 0..c {
+                dst[fc_w.start + r * tf + tj] = s(BlockParam::FcW)[r * sf + j];
+            }
+            dst[fc_b.start + tj] = s(BlockParam::FcB)[j];
+            let at = fc_proj.start + tj * c;
+            dst[at..at + c].copy_from_slice(&s(BlockParam::FcProjW)[j * c..][..c]);
         }
-        dst[fc_b.start + tj] = s(BlockParam::FcB)[j];
-        let at = fc_proj.start + tj * c;
-        dst[at..at + c].copy_from_slice(&s(BlockParam::FcProjW)[j * c..][..c]);
     }
+    (to, dst)
 }
 
 /// The model that keeps only `kept` of `cfg`'s rows: its config and
 /// parameters (physically smaller matrices; everything else copied).
 pub fn shrink(cfg: &GptConfig, params: &[f32], kept: &KeptRows) -> (GptConfig, Vec<f32>) {
-    let small = kept.config(cfg);
-    let (from, to) = (ParamLayout::new(cfg), ParamLayout::new(&small));
-    let mut out = vec![0.0; to.total()];
-    let (emb, head) = (0, from.units.len() - 1);
-    for u in [emb, head] {
-        out[to.unit(u)].copy_from_slice(&params[from.unit(u)]);
-    }
-    for l in 0..cfg.n_layer {
-        let map = |kept: &[usize], n: usize| {
-            let mut m = vec![None; n];
-            kept.iter()
-                .enumerate()
-                .for_each(|(to, &from)| m[from] = Some(to));
-            m
-        };
+    let map = |kept: &[usize], n: usize| {
+        let mut m = vec![None; n];
+        kept.iter()
+            .enumerate()
+            .for_each(|(to, &from)| m[from] = Some(to));
+        m
+    };
+    place((cfg, params), kept.config(cfg), |l| {
         let w = cfg.width(l);
-        let (heads, hidden) = (map(&kept.heads[l], w.heads), map(&kept.hidden[l], w.hidden));
-        place_block((cfg, params), (&small, &mut out), l, (&heads, &hidden));
-    }
-    (small, out)
+        [map(&kept.heads[l], w.heads), map(&kept.hidden[l], w.hidden)]
+    })
 }
 
 /// A row-pruned model as the dense shape it came from: each block's heads
@@ -208,21 +206,9 @@ pub fn shrink(cfg: &GptConfig, params: &[f32], kept: &KeptRows) -> (GptConfig, V
 /// values, a zero unit's GELU is zero), so it computes the same function
 /// in a shape every GPT-2 reader accepts.
 pub fn unshrink(cfg: &GptConfig, params: &[f32]) -> (GptConfig, Vec<f32>) {
-    let dense = cfg.dense();
-    let (from, to) = (ParamLayout::new(cfg), ParamLayout::new(&dense));
-    let mut out = vec![0.0; to.total()];
-    for u in [0, from.units.len() - 1] {
-        out[to.unit(u)].copy_from_slice(&params[from.unit(u)]);
-    }
-    for l in 0..cfg.n_layer {
+    let same = |n: usize| (0..n).map(Some).collect();
+    place((cfg, params), cfg.dense(), |l| {
         let w = cfg.width(l);
-        let same = |n: usize| (0..n).map(Some).collect::<Vec<_>>();
-        place_block(
-            (cfg, params),
-            (&dense, &mut out),
-            l,
-            (&same(w.heads), &same(w.hidden)),
-        );
-    }
-    (dense, out)
+        [same(w.heads), same(w.hidden)]
+    })
 }
