@@ -15,7 +15,9 @@ use layout::pooler_index;
 pub use layout::BlockParam;
 
 use super::alloc::ActAlloc;
-use super::bf16::{matmul_backward, matmul_forward, Bf16Operands, Dout, Precision};
+use super::bf16::{
+    linear, linear_backward, matmul_backward, matmul_forward, Bf16Operands, Dout, Precision,
+};
 use super::layout::ParamLayout;
 use super::tp;
 use super::tp::{BlockDims, TpPlace};
@@ -643,17 +645,12 @@ impl<B: Backend> Engine<B> {
         let mut qkv = a.qkv.d().part(s, 3 * rows * cl);
         let ip = WeightLayout::InOut;
         let bqkv = Some(w(BlockParam::QkvB));
-        matmul_forward(
+        linear(
             be,
             a.bf16.as_mut(),
-            MatmulForward {
-                out: qkv.rb(),
-                inp: x,
-                w: w(BlockParam::QkvW),
-                bias: bqkv,
-                shape: MatmulShape::new((rows, c, 3 * cl), ip),
-                accumulate: false,
-            },
+            (qkv.rb(), x),
+            (w(BlockParam::QkvW), bqkv),
+            (rows, c, 3 * cl),
         );
         let mut atty = a.atty.d().part(s, rows * cl);
         let shape = d.attn(b, t);
@@ -710,17 +707,12 @@ impl<B: Backend> Engine<B> {
             eps,
         });
         let mut f = a.f.d().part(s, rows * fl).first(n * fl);
-        matmul_forward(
+        linear(
             be,
             a.bf16.as_mut(),
-            MatmulForward {
-                out: f.rb(),
-                inp: h1.src(),
-                w: w(BlockParam::InterW),
-                bias: None,
-                shape: MatmulShape::new((n, c, fl), ip),
-                accumulate: false,
-            },
+            (f.rb(), h1.src()),
+            (w(BlockParam::InterW), None),
+            (n, c, fl),
         );
         let mut g = a.g.d().part(s, rows * fl).first(n * fl);
         be.activation_forward(ActivationForward {
@@ -800,7 +792,6 @@ impl<B: Backend> Engine<B> {
         let a = self.acts.as_mut().expect("begun");
         let w = |bp: BlockParam| p.slice(lay.in_unit(1, bp as usize));
         let r = |bp: BlockParam| lay.in_unit(1, bp as usize);
-        let ip = WeightLayout::InOut;
         let mut dres = a.dres.slice_mut(0..btc);
         let mut dalt = a.dalt.slice_mut(0..btc);
         let mut dbig = a.dbig.d();
@@ -844,19 +835,12 @@ impl<B: Backend> Engine<B> {
         let mut dg = dbig.rb().first(n * fl);
         let (dw, db) = g.rb().split2(r(BlockParam::OutW), r(BlockParam::OutB));
         let g_act = a.g.s().part(s, rows * fl).first(n * fl);
-        matmul_backward(
+        linear_backward(
             be,
             a.bf16.as_mut(),
-            MatmulBackward {
-                dinp: Some(dg.rb()),
-                dw: Some(dw),
-                dbias: Some(db),
-                dout: dx.src(),
-                inp: g_act,
-                w: w(BlockParam::OutW),
-                shape: MatmulShape::new((n, fl, c), ip),
-            },
-            Dout::Round,
+            (dg.rb(), Some(dw), Some(db)),
+            (dx.src(), g_act, w(BlockParam::OutW)),
+            (n, fl, c),
         );
         let (dw, db) = g.rb().split2(r(BlockParam::InterW), r(BlockParam::InterB));
         be.activation_backward(ActivationBackward {
@@ -867,19 +851,12 @@ impl<B: Backend> Engine<B> {
             dbias: Some(db),
         });
         let h1 = a.h1.s().part(s, btc).first(n * c);
-        matmul_backward(
+        linear_backward(
             be,
             a.bf16.as_mut(),
-            MatmulBackward {
-                dinp: Some(dy.rb()),
-                dw: Some(dw),
-                dbias: None,
-                dout: dg.src(),
-                inp: h1,
-                w: w(BlockParam::InterW),
-                shape: MatmulShape::new((n, c, fl), ip),
-            },
-            Dout::Round,
+            (dy.rb(), Some(dw), None),
+            (dg.src(), h1, w(BlockParam::InterW)),
+            (n, c, fl),
         );
         tp::all_reduce(be, tp, dy.rb())?;
         be.add_inplace(dy.rb(), dx.src());
@@ -906,19 +883,12 @@ impl<B: Backend> Engine<B> {
             Some(d) => d.rb(),
             None => dbig.rb().first(rows * cl),
         };
-        matmul_backward(
+        linear_backward(
             be,
             a.bf16.as_mut(),
-            MatmulBackward {
-                dinp: Some(datty),
-                dw: Some(dw),
-                dbias: Some(db),
-                dout: dx.src(),
-                inp: atty_in,
-                w: w(BlockParam::AttnOutW),
-                shape: MatmulShape::new((n, cl, c), ip),
-            },
-            Dout::Round,
+            (datty, Some(dw), Some(db)),
+            (dx.src(), atty_in, w(BlockParam::AttnOutW)),
+            (n, cl, c),
         );
         let mut datty = dbig.rb().first(rows * cl);
         if let Some(d) = first_datty {
@@ -939,19 +909,12 @@ impl<B: Backend> Engine<B> {
         });
         let (dw, db) = g.rb().split2(r(BlockParam::QkvW), r(BlockParam::QkvB));
         let x = a.resid.s().part(self.span.resid(l), btc);
-        matmul_backward(
+        linear_backward(
             be,
             a.bf16.as_mut(),
-            MatmulBackward {
-                dinp: Some(dres.rb()),
-                dw: Some(dw),
-                dbias: Some(db),
-                dout: dqkv.src(),
-                inp: x,
-                w: w(BlockParam::QkvW),
-                shape: MatmulShape::new((rows, c, 3 * cl), ip),
-            },
-            Dout::Round,
+            (dres.rb(), Some(dw), Some(db)),
+            (dqkv.src(), x, w(BlockParam::QkvW)),
+            (rows, c, 3 * cl),
         );
         tp::all_reduce(be, tp, dres.rb())?;
         match first_only {
@@ -975,7 +938,6 @@ impl<B: Backend> Engine<B> {
         let u = n_layer + 1;
         let (be, lay) = (&self.backend, &self.layout);
         let w = |i: usize| p.slice(lay.in_unit(u, i));
-        let ip = WeightLayout::InOut;
         let a = self.acts.as_mut().expect("begun");
         let x = a.resid.s().part(self.span.resid(n_layer), btc);
         let shape = self.shape.as_ref().expect("begun");
@@ -1003,17 +965,12 @@ impl<B: Backend> Engine<B> {
                 None => (rows, x),
             };
             let nc = n * c;
-            matmul_forward(
+            linear(
                 be,
                 a.bf16.as_mut(),
-                MatmulForward {
-                    out: m.t1.slice_mut(0..nc),
-                    inp: x,
-                    w: w(0),
-                    bias: None,
-                    shape: MatmulShape::new((n, c, c), ip),
-                    accumulate: false,
-                },
+                (m.t1.slice_mut(0..nc), x),
+                (w(0), None),
+                (n, c, c),
             );
             be.activation_forward(ActivationForward {
                 out: m.t2.slice_mut(0..nc),
@@ -1059,17 +1016,12 @@ impl<B: Backend> Engine<B> {
             let labels = cfg.head.pooled_labels().expect("a pooler has labels");
             let i = pooler_index(cfg.head);
             gather_first(be, h.cls.d(), x, (b, t, c));
-            matmul_forward(
+            linear(
                 be,
                 a.bf16.as_mut(),
-                MatmulForward {
-                    out: h.pre.slice_mut(0..b * c),
-                    inp: h.cls.slice(0..b * c),
-                    w: w(i),
-                    bias: None,
-                    shape: MatmulShape::new((b, c, c), ip),
-                    accumulate: false,
-                },
+                (h.pre.slice_mut(0..b * c), h.cls.slice(0..b * c)),
+                (w(i), None),
+                (b, c, c),
             );
             be.activation_forward(ActivationForward {
                 out: h.pooled.slice_mut(0..b * c),
@@ -1078,17 +1030,12 @@ impl<B: Backend> Engine<B> {
                 act: Activation::Tanh,
             });
             let mut lg = h.logits.slice_mut(0..b * labels);
-            matmul_forward(
+            linear(
                 be,
                 a.bf16.as_mut(),
-                MatmulForward {
-                    out: lg.rb(),
-                    inp: h.pooled.slice(0..b * c),
-                    w: w(i + 2),
-                    bias: Some(w(i + 3)),
-                    shape: MatmulShape::new((b, c, labels), ip),
-                    accumulate: false,
-                },
+                (lg.rb(), h.pooled.slice(0..b * c)),
+                (w(i + 2), Some(w(i + 3))),
+                (b, c, labels),
             );
             if has_targets {
                 be.crossentropy_forward(CrossEntropyForward {
@@ -1132,7 +1079,6 @@ impl<B: Backend> Engine<B> {
         let (be, lay) = (&self.backend, &self.layout);
         let w = |i: usize| p.slice(lay.in_unit(u, i));
         let r = |i: usize| lay.in_unit(u, i);
-        let ip = WeightLayout::InOut;
         let a = self.acts.as_mut().expect("begun");
         let x = a.resid.s().part(self.span.resid(n_layer), btc);
         let mut g = g;
@@ -1205,19 +1151,12 @@ impl<B: Backend> Engine<B> {
                 Some(_) => dt3.rb(),
                 None => dres.rb().first(nc),
             };
-            matmul_backward(
+            linear_backward(
                 be,
                 a.bf16.as_mut(),
-                MatmulBackward {
-                    dinp: Some(dx),
-                    dw: Some(dw),
-                    dbias: None,
-                    dout: dt2.src(),
-                    inp: x,
-                    w: w(0),
-                    shape: MatmulShape::new((n, c, c), ip),
-                },
-                Dout::Round,
+                (dx, Some(dw), None),
+                (dt2.src(), x, w(0)),
+                (n, c, c),
             );
             if let Some(chosen) = chosen {
                 be.fill(dres.rb(), 0.0);
@@ -1246,19 +1185,12 @@ impl<B: Backend> Engine<B> {
             });
             let mut dp = h.dpooled.slice_mut(0..b * c);
             let (dw, db) = g.rb().split2(r(i + 2), r(i + 3));
-            matmul_backward(
+            linear_backward(
                 be,
                 a.bf16.as_mut(),
-                MatmulBackward {
-                    dinp: Some(dp.rb()),
-                    dw: Some(dw),
-                    dbias: Some(db),
-                    dout: lg.src(),
-                    inp: h.pooled.slice(0..b * c),
-                    w: w(i + 2),
-                    shape: MatmulShape::new((b, c, labels), ip),
-                },
-                Dout::Round,
+                (dp.rb(), Some(dw), Some(db)),
+                (lg.src(), h.pooled.slice(0..b * c), w(i + 2)),
+                (b, c, labels),
             );
             let (dw, db) = g.rb().split2(r(i), r(i + 1));
             be.activation_backward(ActivationBackward {
@@ -1268,19 +1200,12 @@ impl<B: Backend> Engine<B> {
                 act: Activation::Tanh,
                 dbias: Some(db),
             });
-            matmul_backward(
+            linear_backward(
                 be,
                 a.bf16.as_mut(),
-                MatmulBackward {
-                    dinp: Some(h.dcls.slice_mut(0..b * c)),
-                    dw: Some(dw),
-                    dbias: None,
-                    dout: dp.src(),
-                    inp: h.cls.slice(0..b * c),
-                    w: w(i),
-                    shape: MatmulShape::new((b, c, c), ip),
-                },
-                Dout::Round,
+                (h.dcls.slice_mut(0..b * c), Some(dw), None),
+                (dp.src(), h.cls.slice(0..b * c), w(i)),
+                (b, c, c),
             );
             // the first-token rows' gradient: alone, or added to the
             // masked-LM head's

@@ -14,7 +14,7 @@ pub mod rows;
 
 use super::alloc::ActAlloc;
 use super::bf16::Precision;
-use super::bf16::{matmul_backward, matmul_forward, Bf16Operands, Dout};
+use super::bf16::{linear_backward, matmul_backward, matmul_forward, Bf16Operands, Dout};
 use super::layout::ParamLayout;
 use super::tp;
 use super::tp::TpPlace;
@@ -655,7 +655,6 @@ impl<B: Backend> Engine<B> {
         let (be, lay) = (&self.backend, &self.layout);
         let a = self.acts.as_mut().expect("begun");
         let w = |bp: BlockParam| p.slice(lay.in_block(l, bp));
-        let io = |dims| MatmulShape::new(dims, WeightLayout::InOut);
         let mut dres = a.dres.slice_mut(0..btc);
         let mut dg = a.dgrad.d();
         if g.is_none() {
@@ -664,16 +663,17 @@ impl<B: Backend> Engine<B> {
         let (dw, db) =
             weight_and_bias(&mut g, (lay, l), BlockParam::FcProjW, BlockParam::FcProjB).unzip();
         let mut dfch = dg.rb().slice(at.dfch.clone());
-        let op = MatmulBackward {
-            dinp: Some(dfch.rb()),
-            dw,
-            dbias: db,
-            dout: dres.src(),
-            inp: a.fch_gelu.s().part(s, rows * wd.fl).first(rows * fl),
-            w: w(BlockParam::FcProjW),
-            shape: io((rows, fl, c)),
-        };
-        matmul_backward(be, a.bf16.as_mut(), op, Dout::Round);
+        linear_backward(
+            be,
+            a.bf16.as_mut(),
+            (dfch.rb(), dw, db),
+            (
+                dres.src(),
+                a.fch_gelu.s().part(s, rows * wd.fl).first(rows * fl),
+                w(BlockParam::FcProjW),
+            ),
+            (rows, fl, c),
+        );
         // GELU's backward adds the fc bias's gradient in the same pass (in
         // a split backward, the weight half's product adds it)
         let (dw, db) = weight_and_bias(&mut g, (lay, l), BlockParam::FcW, BlockParam::FcB).unzip();
@@ -685,16 +685,13 @@ impl<B: Backend> Engine<B> {
             dbias: db,
         });
         let (dfch, mut dln2) = dg.rb().split2(at.dfch.clone(), at.dln2.clone());
-        let op = MatmulBackward {
-            dinp: Some(dln2.rb()),
-            dw,
-            dbias: None,
-            dout: dfch.into_src(),
-            inp: a.ln2.s().part(s, btc),
-            w: w(BlockParam::FcW),
-            shape: io((rows, c, fl)),
-        };
-        matmul_backward(be, a.bf16.as_mut(), op, Dout::Round);
+        linear_backward(
+            be,
+            a.bf16.as_mut(),
+            (dln2.rb(), dw, None),
+            (dfch.into_src(), a.ln2.s().part(s, btc), w(BlockParam::FcW)),
+            (rows, c, fl),
+        );
         tp::all_reduce(be, tp, dln2.rb())?;
         be.layernorm_backward(LayerNormBackward {
             dinp: Some(dres.rb()),
@@ -718,16 +715,17 @@ impl<B: Backend> Engine<B> {
         )
         .unzip();
         let (mut datty, mut dqkv) = dg.rb().split2(at.datty.clone(), at.dqkv.clone());
-        let op = MatmulBackward {
-            dinp: Some(datty.rb()),
-            dw,
-            dbias: db,
-            dout: dres.src(),
-            inp: a.atty.s().part(s, rows * wd.cl).first(rows * cl),
-            w: w(BlockParam::AttnProjW),
-            shape: io((rows, cl, c)),
-        };
-        matmul_backward(be, a.bf16.as_mut(), op, Dout::Round);
+        linear_backward(
+            be,
+            a.bf16.as_mut(),
+            (datty.rb(), dw, db),
+            (
+                dres.src(),
+                a.atty.s().part(s, rows * wd.cl).first(rows * cl),
+                w(BlockParam::AttnProjW),
+            ),
+            (rows, cl, c),
+        );
         be.attention_backward(AttentionBackward {
             dqkv: dqkv.rb(),
             dout: datty.src(),
@@ -740,16 +738,13 @@ impl<B: Backend> Engine<B> {
         let (dqkv, mut dln1) = dg.rb().split2(at.dqkv.clone(), at.dln1.clone());
         let (dw, db) =
             weight_and_bias(&mut g, (lay, l), BlockParam::QkvW, BlockParam::QkvB).unzip();
-        let op = MatmulBackward {
-            dinp: Some(dln1.rb()),
-            dw,
-            dbias: db,
-            dout: dqkv.into_src(),
-            inp: a.ln1.s().part(s, btc),
-            w: w(BlockParam::QkvW),
-            shape: io((rows, c, 3 * cl)),
-        };
-        matmul_backward(be, a.bf16.as_mut(), op, Dout::Round);
+        linear_backward(
+            be,
+            a.bf16.as_mut(),
+            (dln1.rb(), dw, db),
+            (dqkv.into_src(), a.ln1.s().part(s, btc), w(BlockParam::QkvW)),
+            (rows, c, 3 * cl),
+        );
         tp::all_reduce(be, tp, dln1.rb())?;
         be.layernorm_backward(LayerNormBackward {
             dinp: Some(dres),
