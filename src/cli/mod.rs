@@ -541,27 +541,20 @@ pub fn run() -> Result<Outcome> {
     // a library pinned by name must open here, or nothing runs
     distgpt::backend::cpu::blas::pinned()?;
     let done = |r: Result<()>| r.map(|()| Outcome::Done);
+    // the flags given to train or eval on the command line (or --config)
+    let given = matches
+        .subcommand()
+        .map(|(_, m)| given_flags(m))
+        .unwrap_or_default();
     match cli.command {
-        Command::Train(a) => {
-            let given = matches
-                .subcommand_matches("train")
-                .map(given_flags)
-                .unwrap_or_default();
-            run_train(*a, &given)
-        }
+        Command::Train(a) => run_train(*a, &given),
         Command::Generate(a) => done(run_generate(a)),
         Command::Data(c) => done(prepare::run(c)),
         Command::Bench(a) => done(bench::run(a)),
         Command::Compare(a) => done(compare::run(*a, rayon::current_num_threads())),
         Command::Plan(a) => done(plan::run(*a, rayon::current_num_threads())),
         Command::Export(a) => done(run_export(a)),
-        Command::Eval(a) => {
-            let given = matches
-                .subcommand_matches("eval")
-                .map(given_flags)
-                .unwrap_or_default();
-            done(run_eval(a, &given))
-        }
+        Command::Eval(a) => done(run_eval(a, &given)),
         Command::Quantize(a) => done(run_quantize(a)),
         Command::Prune(a) => done(run_prune(a)),
         Command::Devices(a) => done(devices::run(a)),
