@@ -9,10 +9,9 @@
 //! not (0), one of each per turn, split 80/10/10 **by conversation** (a hash
 //! of its id), so no conversation is in two splits.
 
-use super::labelled::Example;
+use super::labelled::{split_of, write_set, Example};
 use crate::error::{Error, Result};
 use crate::rng::Rng;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// A conversation: its id and its utterances in order (a speaker's
@@ -149,16 +148,6 @@ fn read_cornell(lines: &Path, convs: &Path) -> Result<Vec<Conversation>> {
     Ok(out)
 }
 
-/// Which split a conversation is in (0 train, 1 val, 2 test: 80/10/10),
-/// from its id alone.
-fn split_of(id: &str) -> usize {
-    match super::labelled::fnv1a(id) % 10 {
-        0 => 1,
-        1 => 2,
-        _ => 0,
-    }
-}
-
 /// What `prepare` wrote: conversations and examples per split, and the
 /// pretraining text's utterances.
 pub struct Prepared {
@@ -204,9 +193,8 @@ pub fn prepare(convs: &[Conversation], out: &Path, seed: u64) -> Result<Prepared
     let path = out.join("text.txt");
     crate::store::write_atomic(&path, text.as_bytes())?;
     let mut rng = Rng::new(seed);
-    for (s, name) in ["train", "val", "test"].iter().enumerate() {
-        let split = &splits[s];
-        let mut examples = Vec::new();
+    let mut sets: [Vec<Example>; 3] = Default::default();
+    for (split, examples) in splits.iter().zip(&mut sets) {
         for (ci, c) in split.iter().enumerate() {
             for w in c.utterances.windows(2) {
                 examples.push(Example {
@@ -224,18 +212,9 @@ pub fn prepare(convs: &[Conversation], out: &Path, seed: u64) -> Result<Prepared
                 });
             }
         }
-        prepared.examples[s] = examples.len();
-        let path = out.join(format!("{name}.jsonl"));
-        let mut f =
-            std::io::BufWriter::new(std::fs::File::create(&path).map_err(|e| Error::io(&path, e))?);
-        for e in &examples {
-            let line = serde_json::to_string(e).expect("an example serialises");
-            writeln!(f, "{line}").map_err(|e| Error::io(&path, e))?;
-        }
-        f.flush().map_err(|e| Error::io(&path, e))?;
     }
-    let labels = out.join("labels.json");
-    std::fs::write(&labels, r#"["other","reply"]"#).map_err(|e| Error::io(&labels, e))?;
+    prepared.examples = sets.each_ref().map(Vec::len);
+    write_set(out, &sets, &["other", "reply"])?;
     Ok(prepared)
 }
 

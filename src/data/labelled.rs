@@ -11,7 +11,6 @@ use super::{Batch, IGNORE};
 use crate::error::{Error, Result};
 use crate::rng::Rng;
 use serde::{Deserialize, Serialize};
-use std::io::Write;
 use std::path::Path;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -182,6 +181,32 @@ pub(crate) fn fnv1a(s: &str) -> u64 {
     })
 }
 
+/// Which split an example keyed `key` is in (0 train, 1 val, 2 test:
+/// about 80/10/10), from its key alone.
+pub(super) fn split_of(key: &str) -> usize {
+    match fnv1a(key) % 10 {
+        0 => 1,
+        1 => 2,
+        _ => 0,
+    }
+}
+
+/// Writes a labelled set into `out`: `train.jsonl`, `val.jsonl` and
+/// `test.jsonl` (one example a line, each file atomically) and
+/// `labels.json` (the names of the labels 0, 1, ...).
+pub(super) fn write_set(out: &Path, splits: &[Vec<Example>; 3], labels: &[&str]) -> Result<()> {
+    for (name, examples) in ["train", "val", "test"].iter().zip(splits) {
+        crate::store::write_atomic_with(&out.join(format!("{name}.jsonl")), |f| {
+            examples.iter().try_for_each(|ex| {
+                serde_json::to_writer(&mut *f, ex).expect("an example serialises");
+                f.write_all(b"\n")
+            })
+        })?;
+    }
+    let labels = serde_json::to_string(labels).expect("names serialise");
+    crate::store::write_atomic(&out.join("labels.json"), labels.as_bytes())
+}
+
 /// Writes `out/{train,val,test}.jsonl` and `labels.json` from the
 /// unpacked npm package (its `package/` directory or the one holding
 /// `data/`); returns the examples per split.
@@ -224,12 +249,7 @@ pub fn prepare_spam_assassin(package: &Path, out: &Path) -> Result<[usize; 3]> {
             let (Some(id), Some(mail)) = (msg["id"].as_str(), msg["text"].as_str()) else {
                 return Err(Error::Input(format!("{}: no id or text", f.display())));
             };
-            let split = match fnv1a(&format!("{group}/{id}")) % 10 {
-                0 => 1,
-                1 => 2,
-                _ => 0,
-            };
-            splits[split].push(Example {
+            splits[split_of(&format!("{group}/{id}"))].push(Example {
                 label,
                 text: subject_and_body(mail),
                 text_pair: None,
@@ -246,23 +266,7 @@ pub fn prepare_spam_assassin(package: &Path, out: &Path) -> Result<[usize; 3]> {
     }
     std::fs::create_dir_all(out)
         .map_err(|e| Error::Input(format!("cannot create {}: {e}", out.display())))?;
-    for (name, examples) in ["train", "val", "test"].iter().zip(&splits) {
-        let path = out.join(format!("{name}.jsonl"));
-        let mut w = std::io::BufWriter::new(
-            std::fs::File::create(&path)
-                .map_err(|e| Error::Input(format!("cannot write {}: {e}", path.display())))?,
-        );
-        for ex in examples {
-            serde_json::to_writer(&mut w, ex).expect("an example serialises");
-            w.write_all(b"\n")
-                .map_err(|e| Error::Input(format!("cannot write {}: {e}", path.display())))?;
-        }
-        w.flush()
-            .map_err(|e| Error::Input(format!("cannot write {}: {e}", path.display())))?;
-    }
-    let labels = serde_json::to_string(&["ham", "spam"]).expect("names serialise");
-    std::fs::write(out.join("labels.json"), labels)
-        .map_err(|e| Error::Input(format!("cannot write labels.json: {e}")))?;
+    write_set(out, &splits, &["ham", "spam"])?;
     Ok(splits.map(|s| s.len()))
 }
 

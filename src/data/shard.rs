@@ -4,7 +4,6 @@
 use crate::error::{Error, Result};
 use memmap2::Mmap;
 use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 pub const MAGIC: i32 = 20240520;
@@ -27,21 +26,14 @@ pub fn write_shard(path: &Path, tokens: &[u32]) -> Result<()> {
             tokens.len()
         ))
     })?;
-    let mut bytes = Vec::with_capacity(HEADER_BYTES + 2 * tokens.len());
-    header
-        .iter()
-        .for_each(|h| bytes.extend_from_slice(&h.to_le_bytes()));
-    tokens
-        .iter()
-        .for_each(|&t| bytes.extend_from_slice(&(t as u16).to_le_bytes()));
-    let tmp = path.with_extension("bin.tmp");
-    let write = || -> std::io::Result<()> {
-        let mut f = File::create(&tmp)?;
-        f.write_all(&bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    };
-    write().map_err(|e| Error::io(path, e))
+    crate::store::write_atomic_with(path, |f| {
+        header
+            .iter()
+            .try_for_each(|h| f.write_all(&h.to_le_bytes()))?;
+        tokens
+            .iter()
+            .try_for_each(|&t| f.write_all(&(t as u16).to_le_bytes()))
+    })
 }
 
 /// A memory-mapped, validated shard.
