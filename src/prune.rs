@@ -18,10 +18,10 @@
 
 use crate::backend::{Backend, WeightFormat};
 use crate::comm::{local, Comm};
-use crate::compare::Spread;
 use crate::data::{Batch, DataLoader, Dataset};
 use crate::error::{Error, Result};
 use crate::figure::{self, Figure, Series};
+use crate::metrics::Spread;
 pub use crate::model::family::Scope;
 use crate::model::family::{DecodedRun, TimedGeneration};
 use crate::model::{AdamWConfig, ModelConfig};

@@ -9,6 +9,8 @@ pub mod classify;
 pub mod figures;
 pub mod report;
 
+pub use crate::metrics::Spread;
+
 use crate::backend::cpu::Cpu;
 use crate::backend::PeakRow;
 use crate::data::Dataset;
@@ -224,54 +226,6 @@ pub struct RepeatTiming {
     /// Mean over the steps after the first (which allocates).
     pub step_ms: f64,
     pub tokens_per_s: f64,
-}
-
-/// Median and range of a value over a cell's repeats.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-pub struct Spread {
-    pub median: f64,
-    pub min: f64,
-    pub max: f64,
-}
-
-impl Spread {
-    /// The median (mean of the middle two for an even count), min and max; NaN when empty.
-    pub fn of(values: impl IntoIterator<Item = f64>) -> Spread {
-        let mut v: Vec<f64> = values.into_iter().collect();
-        v.sort_by(f64::total_cmp);
-        let n = v.len();
-        if n == 0 {
-            return Spread {
-                median: f64::NAN,
-                min: f64::NAN,
-                max: f64::NAN,
-            };
-        }
-        let median = if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        };
-        Spread {
-            median,
-            min: v[0],
-            max: v[n - 1],
-        }
-    }
-
-    /// A value that does not vary.
-    pub fn exact(v: f64) -> Spread {
-        Spread {
-            median: v,
-            min: v,
-            max: v,
-        }
-    }
-
-    /// (max - min) / median, in percent.
-    pub fn range_percent(&self) -> f64 {
-        100.0 * (self.max - self.min) / self.median
-    }
 }
 
 /// One row of the report.
