@@ -12,39 +12,29 @@ use super::config::{BertConfig, BertHead};
 use crate::model::layout::ParamLayout;
 use crate::model::tp::TpSplit;
 
-/// The tensors of one encoder block, in layout order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BlockParam {
-    QkvW,
-    QkvB,
-    AttnOutW,
-    AttnOutB,
-    AttnLnW,
-    AttnLnB,
-    InterW,
-    InterB,
-    OutW,
-    OutB,
-    OutLnW,
-    OutLnB,
+crate::named_enum! {
+    /// The tensors of one encoder block, in layout order.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum BlockParam {
+        QkvW = "attention.self.qkv.weight",
+        QkvB = "attention.self.qkv.bias",
+        AttnOutW = "attention.output.dense.weight",
+        AttnOutB = "attention.output.dense.bias",
+        AttnLnW = "attention.output.LayerNorm.weight",
+        AttnLnB = "attention.output.LayerNorm.bias",
+        InterW = "intermediate.dense.weight",
+        InterB = "intermediate.dense.bias",
+        OutW = "output.dense.weight",
+        OutB = "output.dense.bias",
+        OutLnW = "output.LayerNorm.weight",
+        OutLnB = "output.LayerNorm.bias",
+    }
+    /// The name inside `bert.encoder.layer.{i}.` (`qkv` is ours: Hugging
+    /// Face keeps `attention.self.{query,key,value}`).
+    fn name
 }
 
 impl BlockParam {
-    pub const ALL: [BlockParam; 12] = [
-        BlockParam::QkvW,
-        BlockParam::QkvB,
-        BlockParam::AttnOutW,
-        BlockParam::AttnOutB,
-        BlockParam::AttnLnW,
-        BlockParam::AttnLnB,
-        BlockParam::InterW,
-        BlockParam::InterB,
-        BlockParam::OutW,
-        BlockParam::OutB,
-        BlockParam::OutLnW,
-        BlockParam::OutLnB,
-    ];
-
     /// Whole shape for width c and MLP width f.
     pub fn shape(self, c: usize, f: usize) -> Vec<usize> {
         use BlockParam::*;
@@ -68,26 +58,6 @@ impl BlockParam {
             InterW | InterB => TpSplit::Cols { groups: 1 },
             AttnOutW | OutW => TpSplit::Rows,
             _ => TpSplit::Replicated,
-        }
-    }
-
-    /// The name inside `bert.encoder.layer.{i}.` (`qkv` is ours: Hugging
-    /// Face keeps `attention.self.{query,key,value}`).
-    pub fn name(self) -> &'static str {
-        use BlockParam::*;
-        match self {
-            QkvW => "attention.self.qkv.weight",
-            QkvB => "attention.self.qkv.bias",
-            AttnOutW => "attention.output.dense.weight",
-            AttnOutB => "attention.output.dense.bias",
-            AttnLnW => "attention.output.LayerNorm.weight",
-            AttnLnB => "attention.output.LayerNorm.bias",
-            InterW => "intermediate.dense.weight",
-            InterB => "intermediate.dense.bias",
-            OutW => "output.dense.weight",
-            OutB => "output.dense.bias",
-            OutLnW => "output.LayerNorm.weight",
-            OutLnB => "output.LayerNorm.bias",
         }
     }
 }

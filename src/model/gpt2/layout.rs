@@ -12,39 +12,28 @@ use std::ops::Range;
 /// The word embeddings' name (tied to the LM head).
 pub const WTE: &str = "transformer.wte.weight";
 
-/// The tensors of one transformer block, in layout order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BlockParam {
-    Ln1W,
-    Ln1B,
-    QkvW,
-    QkvB,
-    AttnProjW,
-    AttnProjB,
-    Ln2W,
-    Ln2B,
-    FcW,
-    FcB,
-    FcProjW,
-    FcProjB,
+crate::named_enum! {
+    /// The tensors of one transformer block, in layout order.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum BlockParam {
+        Ln1W = "ln_1.weight",
+        Ln1B = "ln_1.bias",
+        QkvW = "attn.c_attn.weight",
+        QkvB = "attn.c_attn.bias",
+        AttnProjW = "attn.c_proj.weight",
+        AttnProjB = "attn.c_proj.bias",
+        Ln2W = "ln_2.weight",
+        Ln2B = "ln_2.bias",
+        FcW = "mlp.c_fc.weight",
+        FcB = "mlp.c_fc.bias",
+        FcProjW = "mlp.c_proj.weight",
+        FcProjB = "mlp.c_proj.bias",
+    }
+    /// The Hugging Face name inside `transformer.h.{i}.`.
+    fn name
 }
 
 impl BlockParam {
-    pub const ALL: [BlockParam; 12] = [
-        BlockParam::Ln1W,
-        BlockParam::Ln1B,
-        BlockParam::QkvW,
-        BlockParam::QkvB,
-        BlockParam::AttnProjW,
-        BlockParam::AttnProjB,
-        BlockParam::Ln2W,
-        BlockParam::Ln2B,
-        BlockParam::FcW,
-        BlockParam::FcB,
-        BlockParam::FcProjW,
-        BlockParam::FcProjB,
-    ];
-
     /// Shape in a block of widths `d` (residual, attention, MLP).
     pub fn shape(self, d: BlockDims) -> Vec<usize> {
         use BlockParam::*;
@@ -71,25 +60,6 @@ impl BlockParam {
             _ => TpSplit::Replicated,
         }
     }
-
-    /// The Hugging Face name inside `transformer.h.{i}.`.
-    pub fn hf_name(self) -> &'static str {
-        use BlockParam::*;
-        match self {
-            Ln1W => "ln_1.weight",
-            Ln1B => "ln_1.bias",
-            QkvW => "attn.c_attn.weight",
-            QkvB => "attn.c_attn.bias",
-            AttnProjW => "attn.c_proj.weight",
-            AttnProjB => "attn.c_proj.bias",
-            Ln2W => "ln_2.weight",
-            Ln2B => "ln_2.bias",
-            FcW => "mlp.c_fc.weight",
-            FcB => "mlp.c_fc.bias",
-            FcProjW => "mlp.c_proj.weight",
-            FcProjB => "mlp.c_proj.bias",
-        }
-    }
 }
 
 /// GPT-2's layout for one of `tp` tensor-parallel ranks (`tp` divides
@@ -104,7 +74,7 @@ pub fn layout(cfg: &GptConfig, tp: usize) -> ParamLayout {
         b.unit(format!("block {l}"));
         for p in BlockParam::ALL {
             b.tensor(
-                format!("transformer.h.{l}.{}", p.hf_name()),
+                format!("transformer.h.{l}.{}", p.name()),
                 &p.shape(cfg.dims(l, 1)),
                 p.tp_split(),
             );
