@@ -73,58 +73,6 @@ pub fn matmul_forward(op: MatmulForward<Host<'_>>) {
     }
 }
 
-/// dinp = dout @ W^T (overwritten): the input half of `matmul_backward`.
-fn backward_input(
-    dinp: &mut [f32],
-    dout: &[f32],
-    w: &[f32],
-    layout: WeightLayout,
-    (rows, k, n): (usize, usize, usize),
-    bf16: bool,
-) {
-    assert!(dinp.len() >= rows * k && dout.len() >= rows * n && w.len() >= k * n);
-    let threads = rayon::current_num_threads();
-    // SAFETY: sizes were checked above; destinations are distinct buffers.
-    unsafe {
-        gemm(
-            bf16,
-            (rows, k, n),
-            Mat::new(dinp.as_mut_ptr(), k, 1),
-            Mat::new(dout.as_ptr(), n, 1),
-            weight_mat(w.as_ptr(), layout, k, n).t(),
-            false,
-            1.0,
-            threads,
-        );
-    }
-}
-
-/// dw += inp^T @ dout: the weight product of `matmul_backward`.
-fn backward_weight(
-    dw: &mut [f32],
-    dout: &[f32],
-    inp: &[f32],
-    layout: WeightLayout,
-    (rows, k, n): (usize, usize, usize),
-    bf16: bool,
-) {
-    assert!(dout.len() >= rows * n && inp.len() >= rows * k && dw.len() >= k * n);
-    let threads = rayon::current_num_threads();
-    // SAFETY: sizes were checked above; destinations are distinct buffers.
-    unsafe {
-        gemm(
-            bf16,
-            (k, n, rows),
-            weight_mat(dw.as_mut_ptr(), layout, k, n),
-            Mat::new(inp.as_ptr(), k, 1).t(),
-            Mat::new(dout.as_ptr(), n, 1),
-            true,
-            1.0,
-            threads,
-        );
-    }
-}
-
 /// dinp = dout @ W^T (overwritten); dw += inp^T @ dout; dbias +=
 /// colsum(dout); each half only when its outputs are given.
 pub fn matmul_backward(op: MatmulBackward<Host<'_>>) {
@@ -137,15 +85,42 @@ pub fn matmul_backward(op: MatmulBackward<Host<'_>>) {
         w,
         shape,
     } = op;
-    let dims = (shape.rows, shape.k, shape.n);
+    let (rows, k, n, layout) = (shape.rows, shape.k, shape.n, shape.layout);
+    let threads = rayon::current_num_threads();
     if let Some(dinp) = dinp {
-        backward_input(dinp, dout, w, shape.layout, dims, shape.bf16);
+        assert!(dinp.len() >= rows * k && dout.len() >= rows * n && w.len() >= k * n);
+        // SAFETY: sizes were checked above; destinations are distinct buffers.
+        unsafe {
+            gemm(
+                shape.bf16,
+                (rows, k, n),
+                Mat::new(dinp.as_mut_ptr(), k, 1),
+                Mat::new(dout.as_ptr(), n, 1),
+                weight_mat(w.as_ptr(), layout, k, n).t(),
+                false,
+                1.0,
+                threads,
+            );
+        }
     }
     if let Some(dw) = dw {
-        backward_weight(dw, dout, inp, shape.layout, dims, shape.bf16);
+        assert!(dout.len() >= rows * n && inp.len() >= rows * k && dw.len() >= k * n);
+        // SAFETY: sizes were checked above; destinations are distinct buffers.
+        unsafe {
+            gemm(
+                shape.bf16,
+                (k, n, rows),
+                weight_mat(dw.as_mut_ptr(), layout, k, n),
+                Mat::new(inp.as_ptr(), k, 1).t(),
+                Mat::new(dout.as_ptr(), n, 1),
+                true,
+                1.0,
+                threads,
+            );
+        }
     }
     if let Some(db) = dbias {
-        bias_backward(db, &dout[..shape.rows * shape.n], shape.n);
+        bias_backward(db, &dout[..rows * n], n);
     }
 }
 

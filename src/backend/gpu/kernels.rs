@@ -311,11 +311,7 @@ impl<R: Runtime> Queue<R> {
             n: rows,
             k,
             a: weight(w, layout, k, n, false),
-            b: Operand {
-                view: inp,
-                transpose: false,
-                ld: k,
-            },
+            b: operand(inp, false, k),
             beta,
             c: out,
             ldc: n,
@@ -335,110 +331,65 @@ impl<R: Runtime> Queue<R> {
             w,
             shape,
         } = op;
+        let MatmulShape {
+            rows,
+            k,
+            n,
+            layout,
+            bf16,
+        } = shape;
         if let Some(dinp) = dinp {
-            self.matmul_backward_input(dinp, dout, w, shape)?;
-        }
-        if let Some(dw) = dw {
-            self.matmul_backward_weight(dw, dout, inp, shape)?;
-        }
-        match dbias {
-            Some(db) => self.bias_backward(db, (dout, dout, None, None), (shape.rows, shape.n)),
-            None => Ok(()),
-        }
-    }
-
-    /// The input half of `matmul_backward`: dinp (rows, k) overwritten.
-    fn matmul_backward_input(
-        &self,
-        dinp: View,
-        dout: View,
-        w: View,
-        shape: MatmulShape,
-    ) -> Result<(), GpuError> {
-        let MatmulShape {
-            rows,
-            k,
-            n,
-            layout,
-            bf16,
-        } = shape;
-        need("matmul_backward dinp", dinp, rows * k)?;
-        need("matmul_backward dout", dout, rows * n)?;
-        need("matmul_backward w", w, k * n)?;
-        // dinp^T (k x rows) = W @ dout^T.
-        self.gemm(Gemm {
-            m: k,
-            n: rows,
-            k: n,
-            a: weight(w, layout, k, n, true),
-            b: Operand {
-                view: dout,
-                transpose: false,
-                ld: n,
-            },
-            beta: 0.0,
-            c: dinp,
-            ldc: k,
-            bf16,
-        })
-    }
-
-    /// The weight product of `matmul_backward`: dw (as W) +=.
-    fn matmul_backward_weight(
-        &self,
-        dw: View,
-        dout: View,
-        inp: View,
-        shape: MatmulShape,
-    ) -> Result<(), GpuError> {
-        let MatmulShape {
-            rows,
-            k,
-            n,
-            layout,
-            bf16,
-        } = shape;
-        need("matmul_backward dout", dout, rows * n)?;
-        need("matmul_backward inp", inp, rows * k)?;
-        need("matmul_backward dw", dw, k * n)?;
-        let (dout_cm, inp_cm) = (
-            |transpose| Operand {
-                view: dout,
-                transpose,
-                ld: n,
-            },
-            |transpose| Operand {
-                view: inp,
-                transpose,
-                ld: k,
-            },
-        );
-        self.gemm(match layout {
-            // dw (k, n) += inp^T @ dout: column-major dw^T (n x k) += dout^T @ inp.
-            WeightLayout::InOut => Gemm {
-                m: n,
-                n: k,
-                k: rows,
-                a: dout_cm(false),
-                b: inp_cm(true),
-                beta: 1.0,
-                c: dw,
-                ldc: n,
-                bf16,
-            },
-            // dw (n, k) += dout^T @ inp: column-major dw^T (k x n) += inp^T @ dout.
-            WeightLayout::OutIn => Gemm {
+            need("matmul_backward dinp", dinp, rows * k)?;
+            need("matmul_backward dout", dout, rows * n)?;
+            need("matmul_backward w", w, k * n)?;
+            // dinp^T (k x rows) = W @ dout^T.
+            self.gemm(Gemm {
                 m: k,
-                n,
-                k: rows,
-                a: inp_cm(false),
-                b: dout_cm(true),
-                beta: 1.0,
-                c: dw,
+                n: rows,
+                k: n,
+                a: weight(w, layout, k, n, true),
+                b: operand(dout, false, n),
+                beta: 0.0,
+                c: dinp,
                 ldc: k,
                 bf16,
-            },
-        })
+            })?;
+        }
+        if let Some(dw) = dw {
+            need("matmul_backward dout", dout, rows * n)?;
+            need("matmul_backward inp", inp, rows * k)?;
+            need("matmul_backward dw", dw, k * n)?;
+            self.gemm(match layout {
+                // dw (k, n) += inp^T @ dout: column-major dw^T (n x k) += dout^T @ inp.
+                WeightLayout::InOut => Gemm {
+                    m: n,
+                    n: k,
+                    k: rows,
+                    a: operand(dout, false, n),
+                    b: operand(inp, true, k),
+                    beta: 1.0,
+                    c: dw,
+                    ldc: n,
+                    bf16,
+                },
+                // dw (n, k) += dout^T @ inp: column-major dw^T (k x n) += inp^T @ dout.
+                WeightLayout::OutIn => Gemm {
+                    m: k,
+                    n,
+                    k: rows,
+                    a: operand(inp, false, k),
+                    b: operand(dout, true, n),
+                    beta: 1.0,
+                    c: dw,
+                    ldc: k,
+                    bf16,
+                },
+            })?;
+        }
+        match dbias {
+            Some(db) => self.bias_backward(db, (dout, dout, None, None), (rows, n)),
+            None => Ok(()),
+        }
     }
 
     /// dbias (n) += colsum(d) for d (rows, n); with an activation, after
@@ -702,11 +653,12 @@ fn weight(w: View, layout: WeightLayout, k: usize, n: usize, for_dinp: bool) -> 
         WeightLayout::OutIn => (false, k),
     };
     // The forward wants W_eff^T (n x k); the backward to dinp wants W_eff (k x n).
-    Operand {
-        view: w,
-        transpose: stored_is_transposed == for_dinp,
-        ld,
-    }
+    operand(w, stored_is_transposed == for_dinp, ld)
+}
+
+/// `view` as a column-major GEMM operand with leading dimension `ld`.
+fn operand(view: View, transpose: bool, ld: usize) -> Operand {
+    Operand { view, transpose, ld }
 }
 
 fn check_vocab(v: usize, vp: usize) -> Result<(), GpuError> {
