@@ -9,7 +9,7 @@
 //! backward (`all_reduce`).
 
 use super::layout::ParamLayout;
-use crate::backend::{AttnShape, Backend, Dst, Src};
+use crate::backend::{AttnShape, Backend, Dst, MatmulForward, MatmulShape, On, Src};
 use crate::comm::{device, Comm};
 use crate::error::{Error, Result};
 
@@ -137,23 +137,30 @@ pub fn all_reduce<B: Backend>(be: &B, tp: Option<&dyn Comm>, buf: Dst<'_, B>) ->
 }
 
 /// A row-parallel layer and the residual it feeds: `out = residual +
-/// input x W + bias`, where this rank holds rows of `W` (and the matching
-/// columns of its input). `product(out, bias, accumulate)` writes (or adds,
-/// when `accumulate`) this rank's partial product, plus `bias` if given:
-/// tp rank 0 alone starts from the residual and adds the replicated bias,
-/// then the all-reduce sums every rank's part in.
-pub fn row_parallel<'a, B: Backend>(
+/// inp x w + bias`, where this rank holds rows of `w` (and the matching
+/// columns of its input). `matmul` runs this rank's partial product (adding
+/// to `out` when it accumulates), plus the bias if given: tp rank 0 alone
+/// starts from the residual and adds the replicated bias, then the
+/// all-reduce sums every rank's part in.
+pub fn row_parallel<B: Backend>(
     be: &B,
     (tp, place): (Option<&dyn Comm>, TpPlace),
-    mut out: Dst<'_, B>,
-    residual: Src<'_, B>,
-    bias: Src<'a, B>,
-    product: impl FnOnce(Dst<'_, B>, Option<Src<'a, B>>, bool),
+    (mut out, residual): (Dst<'_, B>, Src<'_, B>),
+    (inp, w, bias): (Src<'_, B>, Src<'_, B>, Src<'_, B>),
+    shape: MatmulShape,
+    matmul: impl FnOnce(MatmulForward<On<'_, B>>),
 ) -> Result<()> {
     let lead = place.rank == 0;
     if lead {
         be.copy(out.rb(), residual);
     }
-    product(out.rb(), lead.then_some(bias), lead);
+    matmul(MatmulForward {
+        out: out.rb(),
+        inp,
+        w,
+        bias: lead.then_some(bias),
+        shape,
+        accumulate: lead,
+    });
     all_reduce(be, tp, out)
 }

@@ -673,27 +673,13 @@ impl<B: Backend> Engine<B> {
         };
         let mut h = a.h.d().part(s, btc).first(n * c);
         let bf16 = &mut a.bf16;
-        let (w_out, shape) = (w(BlockParam::AttnOutW), (n, cl, c));
         tp::row_parallel(
             be,
             place,
-            h.rb(),
-            x,
-            w(BlockParam::AttnOutB),
-            |out, bias, acc| {
-                matmul_forward(
-                    be,
-                    bf16.as_mut(),
-                    MatmulForward {
-                        out,
-                        inp: atty,
-                        w: w_out,
-                        bias,
-                        shape: MatmulShape::new(shape, ip),
-                        accumulate: acc,
-                    },
-                )
-            },
+            (h.rb(), x),
+            (atty, w(BlockParam::AttnOutW), w(BlockParam::AttnOutB)),
+            MatmulShape::new((n, cl, c), ip),
+            |op| matmul_forward(be, bf16.as_mut(), op),
         )?;
         let mut h1 = a.h1.d().part(s, btc).first(n * c);
         be.layernorm_forward(LayerNormForward {
@@ -723,24 +709,13 @@ impl<B: Backend> Engine<B> {
         });
         let mut o = a.o.d().part(s, btc).first(n * c);
         let bf16 = &mut a.bf16;
-        let (w_out, shape) = (w(BlockParam::OutW), (n, fl, c));
         tp::row_parallel(
             be,
             place,
-            o.rb(),
-            h1.src(),
-            w(BlockParam::OutB),
-            |out, bias, acc| {
-                let op = MatmulForward {
-                    out,
-                    inp: g.src(),
-                    w: w_out,
-                    bias,
-                    shape: MatmulShape::new(shape, ip),
-                    accumulate: acc,
-                };
-                matmul_forward(be, bf16.as_mut(), op)
-            },
+            (o.rb(), h1.src()),
+            (g.src(), w(BlockParam::OutW), w(BlockParam::OutB)),
+            MatmulShape::new((n, fl, c), ip),
+            |op| matmul_forward(be, bf16.as_mut(), op),
         )?;
         let mut top = hi.first(btc);
         let mut fr = a.first.as_mut().filter(|_| first_only);

@@ -94,20 +94,10 @@ pub fn forward<B: Backend>(
     tp::row_parallel(
         be,
         place,
-        res2.rb(),
-        x,
-        w(BlockParam::AttnProjB),
-        |out, bias, accumulate| {
-            let op = MatmulForward {
-                out,
-                inp: atty.src(),
-                w: w(BlockParam::AttnProjW),
-                bias,
-                shape: io_shape((rows, cl, c)),
-                accumulate,
-            };
-            mode.matmul(BlockParam::AttnProjW, op)
-        },
+        (res2.rb(), x),
+        (atty.src(), w(BlockParam::AttnProjW), w(BlockParam::AttnProjB)),
+        io_shape((rows, cl, c)),
+        |op| mode.matmul(BlockParam::AttnProjW, op),
     )?;
     be.layernorm_forward(LayerNormForward {
         out: ln2.rb(),
@@ -138,19 +128,9 @@ pub fn forward<B: Backend>(
     tp::row_parallel(
         be,
         place,
-        out,
-        res2.src(),
-        w(BlockParam::FcProjB),
-        |out, bias, accumulate| {
-            let op = MatmulForward {
-                out,
-                inp: fch_gelu.src(),
-                w: w(BlockParam::FcProjW),
-                bias,
-                shape: io_shape((rows, fl, c)),
-                accumulate,
-            };
-            mode.matmul(BlockParam::FcProjW, op)
-        },
+        (out, res2.src()),
+        (fch_gelu.src(), w(BlockParam::FcProjW), w(BlockParam::FcProjB)),
+        io_shape((rows, fl, c)),
+        |op| mode.matmul(BlockParam::FcProjW, op),
     )
 }
