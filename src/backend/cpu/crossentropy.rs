@@ -2,7 +2,7 @@
 //! padding, excluded from the softmax, the loss and the gradient. A row
 //! whose target is `data::IGNORE` has loss 0 and gradient 0.
 
-use super::math::{exp, exp_shifted_sum, lanes, row_max};
+use super::math::{exp, exp_shifted_sum, row_max, LANES};
 use crate::backend::ops::{CrossEntropyBackward, CrossEntropyForward, Host};
 use crate::data::IGNORE;
 use rayon::prelude::*;
@@ -10,8 +10,14 @@ use rayon::prelude::*;
 /// (max, sum of exp(x - max)) over a row, a vector of lanes at a time.
 fn row_max_sum(row: &[f32]) -> (f32, f32) {
     let max = row_max(row);
-    let (lanes, rest) = lanes(row, 0.0, |l, x| l + exp(x - max));
-    let tail: f32 = rest.iter().map(|&x| exp(x - max)).sum();
+    let mut lanes = [0.0f32; LANES];
+    let mut chunks = row.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for (l, &x) in lanes.iter_mut().zip(chunk) {
+            *l += exp(x - max);
+        }
+    }
+    let tail: f32 = chunks.remainder().iter().map(|&x| exp(x - max)).sum();
     (max, lanes.iter().sum::<f32>() + tail)
 }
 

@@ -1,6 +1,6 @@
 //! Pointwise kernels: activations, copy, add, squared norms.
 
-use super::math::{column_sums, gelu, gelu_erf, gelu_erf_grad, gelu_grad, lanes, tanh_exp, widest};
+use super::math::{column_sums, gelu, gelu_erf, gelu_erf_grad, gelu_grad, tanh_exp, widest};
 use crate::backend::ops::{activation_bias_width, ActivationBackward, ActivationForward, Host};
 use crate::backend::{Activation, COLUMN_CHUNK_ROWS};
 use rayon::prelude::*;
@@ -182,8 +182,14 @@ pub fn add_inplace(dst: &mut [f32], src: &[f32]) {
 pub fn sum_squares(x: &[f32]) -> f64 {
     x.par_chunks(CHUNK)
         .map(|c| {
-            let (acc, rest) = lanes(c, 0.0, |l, v| l + v * v);
-            let tail: f32 = rest.iter().map(|v| v * v).sum();
+            let mut acc = [0.0f32; 8];
+            let it = c.chunks_exact(8);
+            let tail: f32 = it.remainder().iter().map(|v| v * v).sum();
+            for v in it {
+                for i in 0..8 {
+                    acc[i] += v[i] * v[i];
+                }
+            }
             acc.iter().map(|&a| a as f64).sum::<f64>() + tail as f64
         })
         .sum()

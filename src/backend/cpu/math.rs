@@ -127,32 +127,22 @@ pub fn exp(x: f32) -> f32 {
 
 /// Lanes the row reductions below keep, so they vectorise: a float
 /// reduction the compiler may not reorder runs one element at a time.
-const LANES: usize = 8;
-
-/// `xs` folded into LANES lanes from `init`, lane i taking `step(lane, x)`
-/// for every x at i mod LANES; returns the lanes and the tail short of a
-/// whole chunk, which each caller folds in its own order.
-#[inline(always)]
-pub(crate) fn lanes(
-    xs: &[f32],
-    init: f32,
-    step: impl Fn(f32, f32) -> f32,
-) -> ([f32; LANES], &[f32]) {
-    let mut lanes = [init; LANES];
-    let mut chunks = xs.chunks_exact(LANES);
-    for chunk in &mut chunks {
-        for (l, &x) in lanes.iter_mut().zip(chunk) {
-            *l = step(*l, x);
-        }
-    }
-    (lanes, chunks.remainder())
-}
+pub(crate) const LANES: usize = 8;
 
 /// The largest of xs (minus infinity for none).
 #[inline]
 pub fn row_max(xs: &[f32]) -> f32 {
-    let (lanes, rest) = lanes(xs, f32::NEG_INFINITY, |l, x| if x > l { x } else { l });
-    let tail = rest.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut chunks = xs.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for (l, &x) in lanes.iter_mut().zip(chunk) {
+            *l = if x > *l { x } else { *l };
+        }
+    }
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(f32::NEG_INFINITY, |a, &x| a.max(x));
     lanes.iter().fold(tail, |a, &x| a.max(x))
 }
 
@@ -162,8 +152,14 @@ pub fn row_max(xs: &[f32]) -> f32 {
 #[inline]
 pub fn exp_shifted_sum(xs: &mut [f32], shift: f32) -> f32 {
     xs.iter_mut().for_each(|x| *x = exp(*x - shift));
-    let (lanes, rest) = lanes(xs, 0.0, |l, x| l + x);
-    let tail = rest.iter().fold(0.0, |t, &x| t + x);
+    let mut lanes = [0.0f32; LANES];
+    let mut chunks = xs.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for (l, x) in lanes.iter_mut().zip(chunk) {
+            *l += *x;
+        }
+    }
+    let tail = chunks.remainder().iter().fold(0.0, |t, &x| t + x);
     tail + lanes.iter().sum::<f32>()
 }
 
@@ -257,7 +253,14 @@ pub fn column_sums<T: Send>(
 /// Sum with eight independent lanes, so it vectorises.
 #[inline]
 pub fn sum(xs: &[f32]) -> f32 {
-    let (acc, tail) = lanes(xs, 0.0, |l, x| l + x);
+    let mut acc = [0.0f32; 8];
+    let chunks = xs.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for i in 0..8 {
+            acc[i] += c[i];
+        }
+    }
     acc.iter().sum::<f32>() + tail.iter().sum::<f32>()
 }
 
