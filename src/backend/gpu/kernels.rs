@@ -658,7 +658,11 @@ fn weight(w: View, layout: WeightLayout, k: usize, n: usize, for_dinp: bool) -> 
 
 /// `view` as a column-major GEMM operand with leading dimension `ld`.
 fn operand(view: View, transpose: bool, ld: usize) -> Operand {
-    Operand { view, transpose, ld }
+    Operand {
+        view,
+        transpose,
+        ld,
+    }
 }
 
 fn check_vocab(v: usize, vp: usize) -> Result<(), GpuError> {

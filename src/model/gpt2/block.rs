@@ -95,7 +95,11 @@ pub fn forward<B: Backend>(
         be,
         place,
         (res2.rb(), x),
-        (atty.src(), w(BlockParam::AttnProjW), w(BlockParam::AttnProjB)),
+        (
+            atty.src(),
+            w(BlockParam::AttnProjW),
+            w(BlockParam::AttnProjB),
+        ),
         io_shape((rows, cl, c)),
         |op| mode.matmul(BlockParam::AttnProjW, op),
     )?;
@@ -129,7 +133,11 @@ pub fn forward<B: Backend>(
         be,
         place,
         (out, res2.src()),
-        (fch_gelu.src(), w(BlockParam::FcProjW), w(BlockParam::FcProjB)),
+        (
+            fch_gelu.src(),
+            w(BlockParam::FcProjW),
+            w(BlockParam::FcProjB),
+        ),
         io_shape((rows, fl, c)),
         |op| mode.matmul(BlockParam::FcProjW, op),
     )
