@@ -239,6 +239,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn init_draws_the_matrices_and_sets_layernorm_weights_biases_and_padded_rows() {
+        let layout = ParamLayout::builder(1)
+            .unit("embeddings")
+            .tensor("wte.weight", &[8, 4], TpSplit::Replicated)
+            .unit("block")
+            .tensor("ln.weight", &[4], TpSplit::Replicated)
+            .tensor("ln.bias", &[4], TpSplit::Replicated)
+            .tensor("proj.weight", &[4, 4], TpSplit::Replicated)
+            .build();
+        let std = |name: &str| if name == "proj.weight" { 10.0 } else { 0.02 };
+        // a vocabulary of 6 padded to 8 rows
+        let p = layout.init(5, 6, std);
+        let of = |name: &str| {
+            let t = layout.tensors.iter().find(|t| t.name == name).unwrap();
+            &p[t.range()]
+        };
+        // one generator, in layout order: the word rows, then the projection
+        let mut rng = crate::rng::Rng::new(5);
+        let mut draw = |n: usize, std: f64| -> Vec<f32> {
+            (0..n).map(|_| (rng.normal() * std) as f32).collect()
+        };
+        let words = draw(32, 0.02);
+        assert_eq!(&of("wte.weight")[..24], &words[..24]);
+        assert_eq!(&of("wte.weight")[24..], &[0.0; 8]);
+        assert_eq!(of("ln.weight"), &[1.0; 4]);
+        assert_eq!(of("ln.bias"), &[0.0; 4]);
+        assert_eq!(of("proj.weight"), &draw(16, 10.0)[..]);
+    }
+
+    #[test]
     fn tp_shards_cover_each_tensor_exactly_once() {
         let declare = |tp| {
             ParamLayout::builder(tp)
