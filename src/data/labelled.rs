@@ -275,6 +275,44 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_spam_corpus_is_written_as_a_labelled_set_split_by_message() {
+        let dir = crate::testdir::TestDir::new("prepare-spam");
+        let package = dir.path().join("package");
+        let groups = ["easy-ham-1", "easy-ham-2", "hard-ham-1", "spam-1", "spam-2"];
+        for (g, group) in groups.iter().enumerate() {
+            let data = package.join("data").join(group);
+            std::fs::create_dir_all(&data).unwrap();
+            for i in 0..12 {
+                let mail = format!("From: x\nSubject: s{g} {i}\n\nbody {g} {i}");
+                let msg = serde_json::json!({"id": format!("m{i}"), "text": mail});
+                std::fs::write(data.join(format!("{i:02}.json")), msg.to_string()).unwrap();
+            }
+        }
+        let out = dir.path().join("out");
+        let counts = prepare_spam_assassin(&package, &out).unwrap();
+        let set = LabelledSet::load(&out).unwrap();
+        assert_eq!(set.labels, ["ham", "spam"]);
+        let splits = [&set.train, &set.val, &set.test];
+        assert_eq!(counts, splits.map(|s| s.examples.len()));
+        assert_eq!(counts.iter().sum::<usize>(), 60);
+        for (split, examples) in splits.iter().enumerate() {
+            for ex in &examples.examples {
+                // "s{g} {i}\nbody {g} {i}": its group, its id, its split
+                let (g, i) = ex.text[1..]
+                    .split_once('\n')
+                    .unwrap()
+                    .0
+                    .split_once(' ')
+                    .unwrap();
+                let (g, i): (usize, usize) = (g.parse().unwrap(), i.parse().unwrap());
+                assert_eq!(ex.text, format!("s{g} {i}\nbody {g} {i}"));
+                assert_eq!(ex.label, u32::from(g >= 3), "{}", ex.text);
+                assert_eq!(split_of(&format!("{}/m{i}", groups[g])), split);
+            }
+        }
+    }
+
+    #[test]
     fn a_pair_is_batched_with_its_second_segment_typed_1_and_padding_0() {
         let toks = [
             "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "is", "this", "it", "yes", "no",
