@@ -110,9 +110,10 @@ pub trait Family: fmt::Debug + fmt::Display + Send + Sync + 'static {
     /// the positions, the rest ignored.
     fn synthetic_batch(&self, rng: &mut Rng, b: usize, t: usize) -> Batch;
     /// Elements of (activations, other scratch) one of `tp` ranks allocates
-    /// for `bt` = (b sequences, t tokens) when its engine runs as `run`
-    /// says (a pipeline stage's units; all of them for one stage): the
-    /// engine's own allocation, counted (`model::alloc`).
+    /// for micro-batches of `bt` = (b sequences, t tokens) when its engine
+    /// runs as `run` says (a pipeline stage's units, all of them for one
+    /// stage; its micro-batches in flight): the engine's own allocation,
+    /// counted (`model::alloc`).
     fn activation_elems(
         &self,
         tp: usize,

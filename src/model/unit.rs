@@ -41,13 +41,15 @@ pub struct Span {
 }
 
 /// What an engine sizes its buffers for: the units it runs, whether it
-/// recomputes its blocks in the backward, and whether its backward is
-/// split in two (`UnitModel::split_backward`, the zb-h1 schedule's).
+/// recomputes its blocks in the backward, whether its backward is split
+/// in two (`UnitModel::split_backward`, the zb-h1 schedule's), and how
+/// many micro-batches it holds at once (a pipeline schedule's in flight).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SpanRun {
     pub span: Span,
     pub recompute: bool,
     pub split: bool,
+    pub in_flight: usize,
 }
 
 impl Span {
@@ -86,6 +88,13 @@ impl Span {
         }
     }
 
+    /// Copies of the residual stream a micro-batch keeps for the backward:
+    /// every block's input and the span's output; recomputed without the
+    /// head, the output (sent on at once) is not kept.
+    pub fn kept_resid(&self, recompute: bool) -> usize {
+        self.blocks.len() + usize::from(!recompute || self.head)
+    }
+
     /// Where the residual stream entering block l (l = the last block + 1:
     /// the head's input) sits among the span's `blocks + 1` copies.
     pub fn resid(&self, l: usize) -> usize {
@@ -95,11 +104,10 @@ impl Span {
 
 /// The [`UnitModel`] methods an engine answers from the fields both
 /// families' engines have (`backend`, `layout`, `whole`, `tp`, `config`,
-/// `span`, `acts`, its `shape()`), written once: invoked inside the
-/// engine's `impl UnitModel`, with its activations' type and the field
-/// holding the current batch's shape, which a stash takes with them.
+/// `acts`, its `shape()`), written once: invoked inside the engine's
+/// `impl UnitModel`.
 macro_rules! engine_plumbing {
-    ($acts:ty, $state:ident: $state_ty:ty, $who:literal) => {
+    () => {
         fn backend(&self) -> &B {
             &self.backend
         }
@@ -116,35 +124,10 @@ macro_rules! engine_plumbing {
             self.tp
         }
 
-        fn boundary(&mut self, u: usize) -> $crate::backend::Dst<'_, B> {
-            let (b, t) = self.shape();
-            let btc = b * t * self.config.n_embd;
-            let r = self.span.resid(u - 1);
-            let a = self.acts.as_mut().expect("begun");
-            a.resid.slice_mut(r * btc..(r + 1) * btc)
-        }
-
-        fn set_units(&mut self, units: std::ops::Range<usize>) {
-            self.span = $crate::model::Span::of_units(units, self.config.n_layer);
-            self.acts = None;
-        }
-
         fn boundary_grad(&mut self) -> $crate::backend::Dst<'_, B> {
             let (b, t) = self.shape();
             let btc = b * t * self.config.n_embd;
             self.acts.as_mut().expect("begun").dres.slice_mut(0..btc)
-        }
-
-        fn stash(&mut self) -> Box<dyn std::any::Any> {
-            Box::new((self.acts.take(), self.$state.take()))
-        }
-
-        fn restore(&mut self, stashed: Box<dyn std::any::Any>) {
-            let (acts, state) = *stashed
-                .downcast::<(Option<$acts>, Option<$state_ty>)>()
-                .expect($who);
-            self.acts = acts;
-            self.$state = state;
         }
     };
 }

@@ -339,12 +339,12 @@ fn stage_memory(
             span: Span::of_units(stages[vs].clone(), m.n_layer()),
             recompute: par.recompute,
             split,
+            in_flight: live,
         };
         let acts = |p| m.activation_elems(par.tp, rows, &run, p);
         let (a, b) = (acts(ModelPrecision::Fp32), acts(ModelPrecision::Bf16));
-        let live = live as f64;
-        fp32 = (fp32.0 + live * a.0 as f64, fp32.1 + live * a.1 as f64);
-        bf16 = (bf16.0 + live * b.0 as f64, bf16.1 + live * b.1 as f64);
+        fp32 = (fp32.0 + a.0 as f64, fp32.1 + a.1 as f64);
+        bf16 = (bf16.0 + b.0 as f64, bf16.1 + b.1 as f64);
     }
     let (pb, gb, ob) = (
         precision.params_bytes(),
@@ -599,9 +599,19 @@ pub fn predict(
     }
 }
 
+/// The divisors of `n`, ascending: 2,520's 48, 131,072's 18.
+fn divisors(n: usize) -> Vec<usize> {
+    let small: Vec<usize> = (1..)
+        .take_while(|d| d * d <= n)
+        .filter(|d| n.is_multiple_of(*d))
+        .collect();
+    let large = small.iter().rev().map(|d| n / d).filter(|&q| q * q != n);
+    small.iter().copied().chain(large).collect()
+}
+
 /// Every layout distgpt knows on `world` ranks, valid or not: single
 /// (world 1); ddp, zero1, zero2, fsdp and tp over the whole world; then
-/// every power-of-two grid of tp and pp degrees: each data-parallel
+/// every grid of tp and pp degrees that divide the world: each data-parallel
 /// strategy over the remaining replicas (at least two), or tp alone, or a
 /// pipeline alone; each pipeline as 1f1b, interleaved with two chunks a
 /// rank and zb-h1.
@@ -624,14 +634,8 @@ fn candidates(world: usize, recompute: bool) -> Vec<ParallelConfig> {
     }
     let mut out: Vec<ParallelConfig> = [Ddp, Zero1, Zero2, Fsdp].map(|s| mk(s, 1, 1)).to_vec();
     out.push(mk(Tp, world, 1));
-    let degrees = |n: usize| {
-        (0..usize::BITS)
-            .map(|k| 1usize << k)
-            .take_while(move |&d| d <= n)
-            .filter(move |&d| n.is_multiple_of(d))
-    };
-    for pp in degrees(world) {
-        for tp in degrees(world / pp) {
+    for pp in divisors(world) {
+        for tp in divisors(world / pp) {
             let dp = world / (pp * tp);
             match dp {
                 1 if tp == 1 => out.push(mk(Ddp, 1, pp)),
@@ -1267,6 +1271,122 @@ mod tests {
             "12 heads do not split 8 ways: {names:?}"
         );
         assert_eq!(layouts(&work(&m, 16), 1, false).len(), 1);
+    }
+
+    #[test]
+    fn divisors_are_every_factor_once_in_order() {
+        assert_eq!(divisors(1), [1]);
+        assert_eq!(divisors(12), [1, 2, 3, 4, 6, 12]);
+        assert_eq!(divisors(36), [1, 2, 3, 4, 6, 9, 12, 18, 36]);
+        assert_eq!(divisors(2520).len(), 48);
+        assert_eq!(divisors(1 << 17).len(), 18);
+    }
+
+    #[test]
+    fn a_world_of_twelve_lays_out_every_grid_whose_degrees_divide_it() {
+        // Counted by hand. 12's divisors: 1, 2, 3, 4, 6, 12.
+        // - over the whole world: ddp, zero1, zero2, fsdp and tp x12: 5;
+        // - a pipeline alone, pp 12: 1;
+        // - tp with a pipeline, pp x tp = 12, both above 1: (2, 6), (3, 4),
+        //   (4, 3), (6, 2): 4;
+        // - the four data-parallel strategies over each grid with pp x tp
+        //   in {2, 3, 4, 6}: 2 + 2 + 3 + 4 = 11 grids, 44 layouts;
+        // - every pipeline among them (1 + 4 + 4 x 7 = 33) again
+        //   interleaved and as zb-h1: 66.
+        let all = candidates(12, false);
+        assert_eq!(all.len(), 5 + 1 + 4 + 44 + 66);
+        let has = |strategy, tp, pp| {
+            all.iter().any(|p| {
+                let r = p.resolved();
+                (p.strategy, r.tp, r.pipeline.stages) == (strategy, tp, pp)
+            })
+        };
+        assert!(has(StrategyKind::Zero1, 3, 2), "dp 2 x tp 3 x pp 2");
+        assert!(has(StrategyKind::Fsdp, 1, 3), "dp 4 x pp 3");
+        assert!(has(StrategyKind::Tp, 3, 4), "tp 3 x pp 4");
+        assert!(has(StrategyKind::Ddp, 6, 1), "dp 2 x tp 6");
+        // 12 heads and 12 blocks: every grid runs GPT-2 on a batch of 12 in
+        // 12 micro-batches, but for the 24 chunks interleaving pp 12 asks
+        let gpt2 = Workload {
+            grad_accum: 12,
+            ..work(&ModelConfig::preset("gpt2").unwrap(), 12)
+        };
+        assert_eq!(layouts(&gpt2, 12, false).len(), all.len() - 1);
+    }
+
+    #[test]
+    fn a_530b_model_on_315_nodes_of_8_gets_a_layout_with_35_stages() {
+        // Megatron-Turing NLG's shape: 105 blocks 20,480 wide, 128 heads,
+        // on 2,520 A100s laid out as dp 9 x tp 8 x pp 35
+        let mt_nlg = GptConfig {
+            n_layer: 105,
+            n_head: 128,
+            n_embd: 20480,
+            block_size: 2048,
+            vocab_size: 50257,
+            blocks: Vec::new(),
+        };
+        // a sequence a replica each micro-step, 2,304 a step
+        let w = Workload {
+            model: ModelConfig::from(mt_nlg),
+            batch: 9,
+            seq_len: 2048,
+            grad_accum: 256,
+            cpu_threads: None,
+        };
+        let device = Device::datasheet("a100", Precision::Mixed, 0.4).unwrap();
+        let net = Network::datasheet("a100").unwrap();
+        let wp = plan_world(&w, 2520, (&device, &net), Precision::Mixed, true);
+        let priced = wp.predictions.iter().find(|p| {
+            let r = p.parallel.resolved();
+            (r.dp(), r.tp, r.pipeline.stages) == (9, 8, 35)
+        });
+        assert!(priced.is_some(), "dp 9 x tp 8 x pp 35 is not priced");
+        assert!(wp.recommended().is_some(), "no layout recommended");
+    }
+
+    /// Megatron's GPT 1T (Narayanan et al. 2021) on 3,072 80-GB GPUs as
+    /// dp 6 x tp 8 x pp 64, 1F1B, one sequence a micro-batch, recomputed:
+    /// the first stage holds 64 micro-batches, each keeping its blocks'
+    /// inputs in 16 bits (Korthikanti et al. 2022: 2 bytes a token and
+    /// channel a block, 13.4 GB for 2 blocks), and fits.
+    #[test]
+    fn gpt_1t_recomputed_keeps_only_its_blocks_inputs_and_fits_in_80_gb() {
+        let gpt_1t = GptConfig {
+            n_layer: 128,
+            n_head: 160,
+            n_embd: 25600,
+            block_size: 2048,
+            vocab_size: 50257,
+            blocks: Vec::new(),
+        };
+        let w = Workload {
+            model: ModelConfig::from(gpt_1t),
+            batch: 6,
+            seq_len: 2048,
+            grad_accum: 512,
+            cpu_threads: None,
+        };
+        let par = ParallelConfig {
+            strategy: StrategyKind::Zero1,
+            world_size: 3072,
+            tp: 8,
+            recompute: true,
+            precision: Default::default(),
+            pipeline: Pipeline::new(64, Schedule::OneFOneB, 1),
+            offload: Default::default(),
+            offload_serial: false,
+        };
+        let (blocks, c) = (2.0, 25600.0);
+        let by_hand = 64.0 * blocks * 2048.0 * c * 2.0;
+        let mem = memory_plan(&w, par, Precision::Mixed);
+        assert!(
+            (by_hand..by_hand * 1.1).contains(&mem.activations),
+            "{} of activations, {} by hand",
+            bytes(mem.activations),
+            bytes(by_hand)
+        );
+        assert!(mem.total() < 80e9, "{}", bytes(mem.total()));
     }
 
     /// The fastest fitting layout for `w` on `world` A100s, with and without recomputation.

@@ -154,8 +154,9 @@ fn block_dims(cfg: &BertConfig, tp: usize) -> BlockDims {
 }
 
 /// Elements of the activations one of `tp` tensor-parallel ranks allocates
-/// for b sequences of t tokens: `Acts::new` run against a tally, so the
-/// count is the allocation's own.
+/// for `run.in_flight` micro-batches of b sequences of t tokens, each its
+/// own set: `Acts::new` run against a tally, so the count is the
+/// allocation's own.
 pub fn activation_elems(
     cfg: &BertConfig,
     tp: usize,
@@ -174,7 +175,8 @@ pub fn activation_elems(
         precision,
     )
     .expect("a tally allocates nothing");
-    al.counted()
+    let (a, o) = al.counted();
+    (run.in_flight * a, run.in_flight * o)
 }
 
 impl<B: Backend> Acts<B> {
@@ -1206,7 +1208,32 @@ fn pooled_terms(head: BertHead, terms: LossTerms) -> f32 {
 }
 
 impl<B: Backend> UnitModel<B> for Engine<B> {
-    engine_plumbing!(Acts<B>, shape: Shape, "a BERT engine's own stash");
+    engine_plumbing!();
+
+    fn boundary(&mut self, u: usize) -> Dst<'_, B> {
+        let (b, t) = self.shape();
+        let btc = b * t * self.config.n_embd;
+        let r = self.span.resid(u - 1);
+        let a = self.acts.as_mut().expect("begun");
+        a.resid.slice_mut(r * btc..(r + 1) * btc)
+    }
+
+    fn set_units(&mut self, units: std::ops::Range<usize>) {
+        self.span = Span::of_units(units, self.config.n_layer);
+        self.acts = None;
+    }
+
+    /// A micro-batch's activations, whole (recomputed blocks included).
+    fn stash(&mut self) -> Box<dyn std::any::Any> {
+        Box::new((self.acts.take(), self.shape.take()))
+    }
+
+    fn restore(&mut self, stashed: Box<dyn std::any::Any>) {
+        let (acts, shape) = *stashed
+            .downcast::<(Option<Acts<B>>, Option<Shape>)>()
+            .expect("a BERT engine's own stash");
+        (self.acts, self.shape) = (acts, shape);
+    }
 
     fn begin(&mut self, batch: &Batch, b: usize, t: usize, loss_terms: LossTerms) -> Result<()> {
         self.check(batch, b, t)?;

@@ -33,6 +33,7 @@ use crate::error::{Error, Result};
 use block::{BlockIo, BlockMode};
 use config::{BlockDims, GptConfig};
 pub use layout::BlockParam;
+use std::any::Any;
 use std::ops::Range;
 
 /// GPT-2's layernorm epsilon.
@@ -54,15 +55,34 @@ fn logits_rows(rows: usize, vp: usize, recompute: bool, budget: usize) -> usize 
     }
 }
 
-/// Activations kept for the backward, plus its scratch, for `rows` = B*T
-/// tokens. Per-block buffers hold one slot per layer, or a single slot when
-/// blocks are recomputed in the backward.
-struct Activations<B: Backend> {
+/// What one micro-batch keeps from its forward to its backward, for
+/// `rows` = B*T tokens: its tokens, the residual stream at the blocks'
+/// inputs, and where the head runs its norm, logits and losses. A pipeline
+/// holds one of these per micro-batch in flight.
+struct Kept<B: Backend> {
     rows: usize,
     tokens: Buf<B, u32>,
     targets: Buf<B, u32>,
-    /// Residual stream: block l reads `resid[l]` and writes `resid[l + 1]`; `resid[0]` is the embedding.
+    /// Residual stream: block l reads `resid[l]` and writes `resid[l + 1]`;
+    /// `resid[0]` is the embedding. Under recomputation a stage without the
+    /// head keeps only its blocks' inputs: its output is `Activations::out`.
     resid: Buf<B>,
+    lnf: Buf<B>,
+    lnf_mean: Buf<B>,
+    lnf_rstd: Buf<B>,
+    logits: Buf<B>,
+    losses: Buf<B>,
+}
+
+/// The blocks' activations and the backward's scratch, for `rows` = B*T
+/// tokens. Per-block buffers hold one slot per layer, kept per micro-batch
+/// with its [`Kept`]; or, when blocks are recomputed in the backward, a
+/// single slot the micro-batches share.
+struct Activations<B: Backend> {
+    rows: usize,
+    /// The stage's output (the residual stream leaving its last block),
+    /// where a recomputing stage without the head does not keep it.
+    out: Buf<B>,
     ln1: Buf<B>,
     ln1_mean: Buf<B>,
     ln1_rstd: Buf<B>,
@@ -76,11 +96,6 @@ struct Activations<B: Backend> {
     ln2_rstd: Buf<B>,
     fch: Buf<B>,
     fch_gelu: Buf<B>,
-    lnf: Buf<B>,
-    lnf_mean: Buf<B>,
-    lnf_rstd: Buf<B>,
-    logits: Buf<B>,
-    losses: Buf<B>,
     /// Gradient of the residual stream (backward).
     dres: Buf<B>,
     /// The blocks' and the head's output gradients (`GradsAt`): a
@@ -90,6 +105,42 @@ struct Activations<B: Backend> {
     dgrad: Buf<B>,
     /// `--precision bf16`'s rounded operands.
     bf16: Option<Bf16Operands<B>>,
+}
+
+/// Residual copy `r` of a micro-batch ([`Span::resid`]) among the `kept`
+/// ones, or past them the stage's output `out`.
+fn resid<'a, B: Backend>(kept: &'a Buf<B>, out: &'a Buf<B>, r: usize, btc: usize) -> Src<'a, B> {
+    match (r + 1) * btc <= kept.len() {
+        true => kept.s().part(r, btc),
+        false => out.s().first(btc),
+    }
+}
+
+/// [`resid`], to write.
+fn resid_mut<'a, B: Backend>(
+    kept: &'a mut Buf<B>,
+    out: &'a mut Buf<B>,
+    r: usize,
+    btc: usize,
+) -> Dst<'a, B> {
+    match (r + 1) * btc <= kept.len() {
+        true => kept.d().part(r, btc),
+        false => out.d().first(btc),
+    }
+}
+
+/// Residual copies `r` and `r + 1`: a block's input and the output it writes.
+fn resid_io<'a, B: Backend>(
+    kept: &'a mut Buf<B>,
+    out: &'a mut Buf<B>,
+    r: usize,
+    btc: usize,
+) -> (Src<'a, B>, Dst<'a, B>) {
+    if (r + 2) * btc <= kept.len() {
+        let (lo, hi) = kept.d().split_at((r + 1) * btc);
+        return (lo.into_src().from(r * btc), hi.first(btc));
+    }
+    (kept.s().part(r, btc), out.d().first(btc))
 }
 
 /// Where a block's output gradients sit in `dgrad`: the residual
@@ -160,8 +211,11 @@ impl GradsAt {
 }
 
 /// Elements of the activations (and of `other` scratch) one rank of tp
-/// size `tp` allocates for `rows` = B x T tokens: `Activations::new` run
-/// against a tally, so the count is the allocation's own.
+/// size `tp` allocates for `run.in_flight` micro-batches of `rows` = B x T
+/// tokens each: what each keeps ([`Kept`]) and the blocks' activations
+/// and scratch, a set per micro-batch or, recomputed, one set they share.
+/// `Kept::new` and `Activations::new` run against a tally, so the count is
+/// the allocation's own.
 pub fn activation_elems(
     cfg: &GptConfig,
     tp: usize,
@@ -170,13 +224,71 @@ pub fn activation_elems(
     precision: Precision,
 ) -> (usize, usize) {
     let be = crate::backend::cpu::Cpu::new();
-    let al = ActAlloc::tally(&be);
     let slots = run.span.slots(run.recompute);
     let shape = (&run.span, slots, rows, run.split);
     let head = logits_rows(rows, cfg.padded_vocab(), run.recompute, LOGITS_CHUNK);
-    Activations::new(&al, cfg, cfg.widest(tp), shape, (head, precision))
+    let (blocks, kept) = (ActAlloc::tally(&be), ActAlloc::tally(&be));
+    Activations::new(
+        &blocks,
+        cfg,
+        cfg.widest(tp),
+        shape,
+        (run.recompute, precision),
+    )
+    .expect("a tally allocates nothing");
+    Kept::new(&kept, cfg, (&run.span, run.recompute), (rows, head))
         .expect("a tally allocates nothing");
-    al.counted()
+    let sets = if run.recompute { 1 } else { run.in_flight };
+    let ((a, o), (ka, ko)) = (blocks.counted(), kept.counted());
+    (sets * a + run.in_flight * ka, sets * o + run.in_flight * ko)
+}
+
+impl<B: Backend> Kept<B> {
+    /// A micro-batch's kept buffers: the residual stream at each block's
+    /// input (and the stage's output, unless recomputing without the
+    /// head), and the head's `logits_rows` rows of logits where it runs.
+    fn new(
+        al: &ActAlloc<'_, B>,
+        cfg: &GptConfig,
+        (span, recompute): (&Span, bool),
+        (rows, logits_rows): (usize, usize),
+    ) -> Result<Self> {
+        let c = cfg.n_embd;
+        let a = |n: usize| al.acts(n);
+        let h = usize::from(span.head);
+        Ok(Kept {
+            rows,
+            tokens: al.typed(rows, Category::Activations)?,
+            targets: al.typed(rows, Category::Activations)?,
+            resid: a(span.kept_resid(recompute) * rows * c)?,
+            lnf: a(h * rows * c)?,
+            lnf_mean: a(h * rows)?,
+            lnf_rstd: a(h * rows)?,
+            logits: a(h * logits_rows * cfg.padded_vocab())?,
+            losses: a(h * rows)?,
+        })
+    }
+
+    /// The tied LM head on the final norm's output rows `r`: their logits
+    /// at the start of `logits`.
+    fn head_logits(
+        &mut self,
+        be: &B,
+        bf16: Option<&mut Bf16Operands<B>>,
+        wte: Src<'_, B>,
+        r: Range<usize>,
+        (c, vp): (usize, usize),
+    ) {
+        let op = MatmulForward {
+            out: self.logits.slice_mut(0..r.len() * vp),
+            inp: self.lnf.slice(r.start * c..r.end * c),
+            w: wte,
+            bias: None,
+            shape: MatmulShape::new((r.len(), c, vp), WeightLayout::OutIn),
+            accumulate: false,
+        };
+        matmul_forward(be, bf16, op);
+    }
 }
 
 impl<B: Backend> Activations<B> {
@@ -185,17 +297,15 @@ impl<B: Backend> Activations<B> {
         cfg: &GptConfig,
         d: BlockDims,
         (span, slots, rows, split): (&Span, usize, usize, bool),
-        (logits_rows, precision): (usize, Precision),
+        (recompute, precision): (bool, Precision),
     ) -> Result<Self> {
         let (l, c) = (span.blocks.len(), cfg.n_embd);
         let a = |n: usize| al.acts(n);
-        // the final LayerNorm, logits and losses only where the head runs
         let h = usize::from(span.head);
+        let out = usize::from(span.kept_resid(recompute) == l);
         Ok(Activations {
             rows,
-            tokens: al.typed(rows, Category::Activations)?,
-            targets: al.typed(rows, Category::Activations)?,
-            resid: a((l + 1) * rows * c)?,
+            out: a(out * rows * c)?,
             ln1: a(slots * rows * c)?,
             ln1_mean: a(slots * rows)?,
             ln1_rstd: a(slots * rows)?,
@@ -208,11 +318,6 @@ impl<B: Backend> Activations<B> {
             ln2_rstd: a(slots * rows)?,
             fch: a(slots * rows * d.fl)?,
             fch_gelu: a(slots * rows * d.fl)?,
-            lnf: a(h * rows * c)?,
-            lnf_mean: a(h * rows)?,
-            lnf_rstd: a(h * rows)?,
-            logits: a(h * logits_rows * cfg.padded_vocab())?,
-            losses: a(h * rows)?,
             dres: a(rows * c)?,
             dgrad: a(rows
                 * (GradsAt::scratch(d) + usize::from(split) * (l * GradsAt::per_row(d) + h * c)))?,
@@ -225,20 +330,6 @@ impl<B: Backend> Activations<B> {
                 }
             },
         })
-    }
-
-    /// The tied LM head on the final norm's output rows `r`: their logits
-    /// at the start of `logits`.
-    fn head_logits(&mut self, be: &B, wte: Src<'_, B>, r: Range<usize>, (c, vp): (usize, usize)) {
-        let op = MatmulForward {
-            out: self.logits.slice_mut(0..r.len() * vp),
-            inp: self.lnf.slice(r.start * c..r.end * c),
-            w: wte,
-            bias: None,
-            shape: MatmulShape::new((r.len(), c, vp), WeightLayout::OutIn),
-            accumulate: false,
-        };
-        matmul_forward(be, self.bf16.as_mut(), op);
     }
 }
 
@@ -265,6 +356,14 @@ fn weight_and_bias<'g, B>(
     Some(g.rb().split2(lay.in_block(l, w), lay.in_block(l, b)))
 }
 
+/// A micro-batch set aside by `stash`: what it keeps, the blocks'
+/// activations where they are its own (not recomputed), and its batch.
+type Stashed<B> = (
+    Option<Kept<B>>,
+    Option<Option<Activations<B>>>,
+    Option<Batch>,
+);
+
 /// The model without its parameters: config, this rank's layout, the
 /// activations, and the unit-by-unit forward and backward.
 pub struct Engine<B: Backend> {
@@ -284,6 +383,8 @@ pub struct Engine<B: Backend> {
     /// Each backward runs as an input half and a weight half (`split_backward`).
     split: bool,
     acts: Option<Activations<B>>,
+    /// What the current micro-batch keeps for its backward.
+    kept: Option<Kept<B>>,
     batch: Option<Batch>,
 }
 
@@ -304,6 +405,7 @@ impl<B: Backend> Engine<B> {
             span,
             split: false,
             acts: None,
+            kept: None,
             batch: None,
         })
     }
@@ -321,7 +423,7 @@ impl<B: Backend> Engine<B> {
     pub fn set_logits_budget(&mut self, floats: usize) {
         if floats != self.logits_budget {
             self.logits_budget = floats;
-            self.acts = None;
+            self.kept = None;
         }
     }
 
@@ -379,25 +481,34 @@ impl<B: Backend> Engine<B> {
             self.check_tokens("target", tg)?;
         }
         let rows = b * t;
+        let al = ActAlloc::on(&self.backend);
         if self.acts.as_ref().is_none_or(|a| a.rows < rows) {
             self.acts = None; // free before allocating the larger set
+            let shape = (
+                &self.span,
+                self.span.slots(self.recompute),
+                rows,
+                self.split,
+            );
+            let how = (self.recompute, self.precision);
             self.acts = Some(Activations::new(
-                &ActAlloc::on(&self.backend),
+                &al,
                 &self.config,
                 self.widest(),
-                (
-                    &self.span,
-                    self.span.slots(self.recompute),
-                    rows,
-                    self.split,
-                ),
-                (self.logits_rows(rows), self.precision),
+                shape,
+                how,
             )?);
         }
-        let a = self.acts.as_mut().expect("allocated above");
-        self.backend.upload(a.tokens.slice_mut(0..rows), tokens)?;
+        if self.kept.as_ref().is_none_or(|k| k.rows < rows) {
+            self.kept = None;
+            let what = (&self.span, self.recompute);
+            let head = (rows, self.logits_rows(rows));
+            self.kept = Some(Kept::new(&al, &self.config, what, head)?);
+        }
+        let k = self.kept.as_mut().expect("allocated above");
+        self.backend.upload(k.tokens.slice_mut(0..rows), tokens)?;
         if let Some(tg) = targets {
-            self.backend.upload(a.targets.slice_mut(0..rows), tg)?;
+            self.backend.upload(k.targets.slice_mut(0..rows), tg)?;
         }
         self.batch = Some(Batch {
             b,
@@ -443,10 +554,13 @@ impl<B: Backend> Engine<B> {
         let (b, t) = self.shape();
         let c = self.config.n_embd;
         let (wte_len, rows) = (self.config.padded_vocab() * c, b * t);
-        let a = self.acts.as_mut().expect("begun");
+        let (k, a) = (
+            self.kept.as_mut().expect("begun"),
+            self.acts.as_mut().expect("begun"),
+        );
         self.backend.encoder_forward(EncoderForward {
-            out: a.resid.slice_mut(0..rows * c),
-            tokens: a.tokens.slice(0..rows),
+            out: resid_mut(&mut k.resid, &mut a.out, 0, rows * c),
+            tokens: k.tokens.slice(0..rows),
             wte: emb.first(wte_len),
             wpe: emb.from(wte_len),
             t,
@@ -462,11 +576,14 @@ impl<B: Backend> Engine<B> {
         let rows = b * t;
         let btc = rows * c;
         let (s, r) = (self.slot(l), self.span.resid(l));
-        let a = self.acts.as_mut().expect("begun");
-        let (lo, hi) = a.resid.d().split_at((r + 1) * btc);
+        let (k, a) = (
+            self.kept.as_mut().expect("begun"),
+            self.acts.as_mut().expect("begun"),
+        );
+        let (x, out) = resid_io(&mut k.resid, &mut a.out, r, btc);
         let io = BlockIo {
-            x: lo.into_src().from(r * btc),
-            out: hi.first(btc),
+            x,
+            out,
             ln1: [
                 a.ln1.d().part(s, btc),
                 a.ln1_mean.d().part(s, rows),
@@ -505,12 +622,16 @@ impl<B: Backend> Engine<B> {
         let top = self.span.resid(n_layer);
         let chunk = self.logits_rows(rows);
         let has_targets = self.batch.as_ref().is_some_and(|x| x.has_targets);
-        let a = self.acts.as_mut().expect("begun");
+        let (k, a) = (
+            self.kept.as_mut().expect("begun"),
+            self.acts.as_mut().expect("begun"),
+        );
+        let mut bf16 = a.bf16.as_mut();
         be.layernorm_forward(LayerNormForward {
-            out: a.lnf.slice_mut(0..btc),
-            mean: a.lnf_mean.slice_mut(0..rows),
-            rstd: a.lnf_rstd.slice_mut(0..rows),
-            inp: a.resid.s().part(top, btc),
+            out: k.lnf.slice_mut(0..btc),
+            mean: k.lnf_mean.slice_mut(0..rows),
+            rstd: k.lnf_rstd.slice_mut(0..rows),
+            inp: resid(&k.resid, &a.out, top, btc),
             w: lnf.first(c),
             b: lnf.from(c),
             c,
@@ -519,24 +640,24 @@ impl<B: Backend> Engine<B> {
         if !has_targets {
             // logits for reading, which only a forward in one chunk keeps
             if chunk == rows {
-                a.head_logits(be, wte, 0..rows, (c, vp));
+                k.head_logits(be, bf16, wte, 0..rows, (c, vp));
             }
             return Ok(None);
         }
         for r0 in (0..rows).step_by(chunk) {
             let r = r0..rows.min(r0 + chunk);
-            a.head_logits(be, wte, r.clone(), (c, vp));
+            k.head_logits(be, bf16.as_deref_mut(), wte, r.clone(), (c, vp));
             be.crossentropy_forward(CrossEntropyForward {
-                losses: a.losses.slice_mut(r.clone()),
-                logits: a.logits.slice(0..r.len() * vp),
-                targets: a.targets.slice(r),
+                losses: k.losses.slice_mut(r.clone()),
+                logits: k.logits.slice(0..r.len() * vp),
+                targets: k.targets.slice(r),
                 v,
                 vp,
             });
         }
         let terms = self.batch.as_ref().expect("begun").loss_terms;
         Ok(Some(
-            (be.sum(a.losses.slice(0..rows))? / terms as f64) as f32,
+            (be.sum(k.losses.slice(0..rows))? / terms as f64) as f32,
         ))
     }
 
@@ -544,11 +665,11 @@ impl<B: Backend> Engine<B> {
     pub fn logits(&self, bi: usize, ti: usize) -> Result<Vec<f32>> {
         self.logits_kept()?;
         let batch = self.batch.as_ref().expect("forward before logits");
-        let a = self.acts.as_ref().expect("forward before logits");
+        let k = self.kept.as_ref().expect("forward before logits");
         let vp = self.config.padded_vocab();
         let row = bi * batch.t + ti;
         self.backend
-            .to_host(a.logits.slice(row * vp..row * vp + self.config.vocab_size))
+            .to_host(k.logits.slice(row * vp..row * vp + self.config.vocab_size))
     }
 
     /// Backward of the head for `loss_scale * mean loss`: the logits'
@@ -577,19 +698,22 @@ impl<B: Backend> Engine<B> {
             self.head_at(rows, grads.is_some()),
         );
         let chunk = self.logits_rows(rows);
-        let a = self.acts.as_mut().expect("begun");
+        let (k, a) = (
+            self.kept.as_mut().expect("begun"),
+            self.acts.as_mut().expect("begun"),
+        );
         let (mut dwte, dlnf) = grads.unzip();
         // the last chunk's logits are the forward's; the others' again
         let last = (rows - 1) / chunk;
         for i in (0..=last).rev() {
             let (r0, r) = (i * chunk, i * chunk..rows.min((i + 1) * chunk));
             if i < last {
-                a.head_logits(be, wte, r.clone(), (c, vp));
+                k.head_logits(be, a.bf16.as_mut(), wte, r.clone(), (c, vp));
             }
-            let mut logits = a.logits.slice_mut(0..r.len() * vp);
+            let mut logits = k.logits.slice_mut(0..r.len() * vp);
             be.crossentropy_backward(CrossEntropyBackward {
                 logits: logits.rb(),
-                targets: a.targets.slice(r.clone()),
+                targets: k.targets.slice(r.clone()),
                 v,
                 vp,
                 dloss: loss_scale / terms,
@@ -603,7 +727,7 @@ impl<B: Backend> Engine<B> {
                 dw: dwte.as_mut().map(|d| d.rb()),
                 dbias: None,
                 dout: logits.src(),
-                inp: a.lnf.slice(r0 * c..r.end * c),
+                inp: k.lnf.slice(r0 * c..r.end * c),
                 w: wte,
                 shape: MatmulShape::new((r.len(), c, vp), WeightLayout::OutIn),
             };
@@ -615,10 +739,10 @@ impl<B: Backend> Engine<B> {
             dinp: Some(dres),
             dwb: dlnf.map(|d| d.split_at(c)),
             dout: dln,
-            inp: a.resid.s().part(top, btc),
+            inp: resid(&k.resid, &a.out, top, btc),
             w: lnf.first(c),
-            mean: a.lnf_mean.slice(0..rows),
-            rstd: a.lnf_rstd.slice(0..rows),
+            mean: k.lnf_mean.slice(0..rows),
+            rstd: k.lnf_rstd.slice(0..rows),
             c,
             accumulate: false,
         })
@@ -653,7 +777,10 @@ impl<B: Backend> Engine<B> {
             None => GradsAt::saved(wd, d, rows, s),
         };
         let (be, lay) = (&self.backend, &self.layout);
-        let a = self.acts.as_mut().expect("begun");
+        let (k, a) = (
+            self.kept.as_ref().expect("begun"),
+            self.acts.as_mut().expect("begun"),
+        );
         let w = |bp: BlockParam| p.slice(lay.in_block(l, bp));
         let mut dres = a.dres.slice_mut(0..btc);
         let mut dg = a.dgrad.d();
@@ -750,7 +877,7 @@ impl<B: Backend> Engine<B> {
             dinp: Some(dres),
             dwb: weight_and_bias(&mut g, (lay, l), BlockParam::Ln1W, BlockParam::Ln1B),
             dout: dln1.src(),
-            inp: a.resid.s().part(r, btc),
+            inp: k.resid.s().part(r, btc),
             w: w(BlockParam::Ln1W),
             mean: a.ln1_mean.s().part(s, rows),
             rstd: a.ln1_rstd.s().part(s, rows),
@@ -765,14 +892,17 @@ impl<B: Backend> Engine<B> {
         let c = self.config.n_embd;
         let wte_len = self.config.padded_vocab() * c;
         let batch = self.batch.as_ref().expect("begun");
-        let a = self.acts.as_ref().expect("begun");
+        let (k, a) = (
+            self.kept.as_ref().expect("begun"),
+            self.acts.as_ref().expect("begun"),
+        );
         let rows = batch.tokens.len();
         let (dwte, dwpe) = demb.split_at(wte_len);
         self.backend.encoder_backward(EncoderBackward {
             dwte,
             dwpe,
             dout: a.dres.slice(0..rows * c),
-            tokens: a.tokens.slice(0..rows),
+            tokens: k.tokens.slice(0..rows),
             host_tokens: &batch.tokens,
             t,
             c,
@@ -804,13 +934,16 @@ impl<B: Backend> Engine<B> {
         let (rows, be) = (b * t, &self.backend);
         let btc = rows * c;
         let (top, at) = (self.span.resid(n_layer), self.head_at(rows, false));
-        let a = self.acts.as_ref().expect("begun");
+        let (k, a) = (
+            self.kept.as_ref().expect("begun"),
+            self.acts.as_ref().expect("begun"),
+        );
         be.matmul_backward(MatmulBackward {
             dinp: None,
             dw: Some(dwte),
             dbias: None,
-            dout: a.logits.slice(0..rows * vp),
-            inp: a.lnf.slice(0..btc),
+            dout: k.logits.slice(0..rows * vp),
+            inp: k.lnf.slice(0..btc),
             w: wte,
             shape: MatmulShape::new((rows, c, vp), WeightLayout::OutIn),
         });
@@ -818,10 +951,10 @@ impl<B: Backend> Engine<B> {
             dinp: None,
             dwb: Some(dlnf.split_at(c)),
             dout: a.dgrad.slice(at),
-            inp: a.resid.s().part(top, btc),
+            inp: resid(&k.resid, &a.out, top, btc),
             w: lnf.first(c),
-            mean: a.lnf_mean.slice(0..rows),
-            rstd: a.lnf_rstd.slice(0..rows),
+            mean: k.lnf_mean.slice(0..rows),
+            rstd: k.lnf_rstd.slice(0..rows),
             c,
             accumulate: true,
         })
@@ -838,7 +971,10 @@ impl<B: Backend> Engine<B> {
         let btc = rows * c;
         let (s, r) = (self.slot(l), self.span.resid(l));
         let (be, lay) = (&self.backend, &self.layout);
-        let a = self.acts.as_ref().expect("begun");
+        let (k, a) = (
+            self.kept.as_ref().expect("begun"),
+            self.acts.as_ref().expect("begun"),
+        );
         let w = |bp: BlockParam| p.slice(lay.in_block(l, bp));
         let at = GradsAt::saved(wd, d, rows, s);
         let saved = |r: Range<usize>| a.dgrad.slice(r);
@@ -897,7 +1033,7 @@ impl<B: Backend> Engine<B> {
                 BlockParam::Ln1W,
                 BlockParam::Ln1B,
                 &at.dln1,
-                a.resid.s().part(r, btc),
+                k.resid.s().part(r, btc),
                 &a.ln1_mean,
                 &a.ln1_rstd,
             ),
@@ -945,7 +1081,41 @@ impl<B: Backend> BlockMode<B> for Training<'_, '_, B> {
 }
 
 impl<B: Backend> UnitModel<B> for Engine<B> {
-    engine_plumbing!(Activations<B>, batch: Batch, "a GPT-2 engine's own stash");
+    engine_plumbing!();
+
+    fn boundary(&mut self, u: usize) -> Dst<'_, B> {
+        let (b, t) = self.shape();
+        let btc = b * t * self.config.n_embd;
+        let r = self.span.resid(u - 1);
+        let (k, a) = (
+            self.kept.as_mut().expect("begun"),
+            self.acts.as_mut().expect("begun"),
+        );
+        resid_mut(&mut k.resid, &mut a.out, r, btc)
+    }
+
+    fn set_units(&mut self, units: Range<usize>) {
+        self.span = Span::of_units(units, self.config.n_layer);
+        (self.acts, self.kept) = (None, None);
+    }
+
+    /// The micro-batch's kept buffers and batch; under recomputation the
+    /// blocks' activations and scratch stay, shared with the next one.
+    fn stash(&mut self) -> Box<dyn Any> {
+        let acts = (!self.recompute).then(|| self.acts.take());
+        let stashed: Stashed<B> = (self.kept.take(), acts, self.batch.take());
+        Box::new(stashed)
+    }
+
+    fn restore(&mut self, stashed: Box<dyn Any>) {
+        let (kept, acts, batch) = *stashed
+            .downcast::<Stashed<B>>()
+            .expect("a GPT-2 engine's own stash");
+        (self.kept, self.batch) = (kept, batch);
+        if let Some(acts) = acts {
+            self.acts = acts;
+        }
+    }
 
     fn begin(
         &mut self,
@@ -961,11 +1131,11 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
     fn outputs(&self) -> Result<Vec<f32>> {
         self.logits_kept()?;
         let batch = self.batch.as_ref().expect("forward before outputs");
-        let a = self.acts.as_ref().expect("forward before outputs");
+        let k = self.kept.as_ref().expect("forward before outputs");
         let (v, vp) = (self.config.vocab_size, self.config.padded_vocab());
         let all = self
             .backend
-            .to_host(a.logits.slice(0..batch.b * batch.t * vp))?;
+            .to_host(k.logits.slice(0..batch.b * batch.t * vp))?;
         Ok(all.chunks(vp).flat_map(|r| r[..v].to_vec()).collect())
     }
 
@@ -1160,6 +1330,7 @@ mod tests {
                     span: Span::all(l),
                     recompute: false,
                     split,
+                    in_flight: 1,
                 };
                 // tokens and targets are a row each
                 let want = (2 * rows + rows * per_row, 0);
@@ -1167,6 +1338,36 @@ mod tests {
                 assert_eq!(got, want, "{cfg}, split {split}");
             }
         }
+    }
+
+    /// Each micro-batch in flight on a recomputing stage costs its tokens,
+    /// its targets and its blocks' inputs (the stage's output is sent on,
+    /// and the head's stage keeps its own input and head buffers), counted
+    /// by hand; without recomputation it costs its blocks' whole
+    /// activations and scratch too.
+    #[test]
+    fn a_recomputing_stage_keeps_its_blocks_inputs_per_micro_batch() {
+        let cfg = GptConfig::preset("tiny").unwrap();
+        let (c, rows) = (cfg.n_embd, 4 * 8);
+        let elems = |span: &Span, recompute, in_flight| {
+            let run = SpanRun {
+                span: span.clone(),
+                recompute,
+                split: false,
+                in_flight,
+            };
+            activation_elems(&cfg, 1, rows, &run, Precision::Fp32).0
+        };
+        let first = Span::of_units(0..2, cfg.n_layer); // embeddings and block 0
+        assert_eq!(first.blocks.len(), 1);
+        let each = |span: &Span, recompute| elems(span, recompute, 5) - elems(span, recompute, 4);
+        assert_eq!(each(&first, true), rows * (2 + c));
+        assert!(each(&first, false) > rows * (2 + 2 * c) + rows * 3 * c);
+        // the head's stage keeps block 1's input, the head's input, its
+        // norm (C and 2 statistics), its logits and losses
+        let last = Span::of_units(2..cfg.n_layer + 2, cfg.n_layer);
+        let vp = cfg.padded_vocab();
+        assert_eq!(each(&last, true), rows * (2 + 2 * c + c + 2 + vp + 1));
     }
 
     /// GPT-2's vocabulary over 16 x 1024 rows: 3.3 GB of logits, of which
@@ -1189,6 +1390,7 @@ mod tests {
                 span: Span::all(1),
                 recompute,
                 split: false,
+                in_flight: 1,
             };
             activation_elems(&cfg, 1, rows, &run, Precision::Fp32).0
         };
