@@ -312,6 +312,11 @@ fn plan_says_why_tp_rows_are_missing_and_what_network_it_assumes() {
         text.contains("network: 8 ranks per node; within a node 450.0 GB/s per rank + 5.0 us"),
         "{text}"
     );
+    assert!(
+        text.contains("activations: 4 bytes an element, a set for each micro-batch a stage holds")
+            && text.contains("every block's kept for the backward"),
+        "{text}"
+    );
     // a preset's latencies give way to the flags, as its bandwidths do
     let line =
         "plan --device h100 --model tiny --world-size 2 --intra-latency-us 7 --inter-latency-us 30";

@@ -287,6 +287,7 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
         };
         distgpt::outln!("{}", workload_line(&a, &w, &device, peak_is));
         distgpt::outln!("{}", network_line(&net));
+        distgpt::outln!("{}", activation_line(&a));
         match machine {
             Some(_) if !efficiency_given(&a) => distgpt::outln!("efficiency: {source}"),
             _ => distgpt::outln!(
@@ -530,6 +531,23 @@ fn print_every_layout(wp: &WorldPlan) {
 }
 
 /// The network assumptions behind the comm times, in one line.
+/// The rule activations are priced by: their element size, the sets a
+/// pipeline stage holds, and what a recomputed block keeps.
+fn activation_line(a: &PlanArgs) -> String {
+    let rule = match a.recompute {
+        true => {
+            "priced as they are and recomputed, where a micro-batch keeps only its blocks' \
+                 inputs and a stage one block's working set"
+        }
+        false => "every block's kept for the backward (--recompute keeps only the blocks' inputs)",
+    };
+    format!(
+        "activations: {} bytes an element, a set for each micro-batch a stage holds \
+         (1f1b: p - s on stage s of p; gpipe: all); {rule}",
+        a.precision.activation_bytes()
+    )
+}
+
 fn network_line(net: &Network) -> String {
     let link = |bw: f64, lat: f64| {
         format!(

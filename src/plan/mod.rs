@@ -57,7 +57,8 @@ impl Precision {
         }
     }
 
-    fn activation_bytes(self) -> f64 {
+    /// Bytes an activation element takes.
+    pub fn activation_bytes(self) -> f64 {
         self.params_bytes()
     }
 
