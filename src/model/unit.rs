@@ -102,12 +102,56 @@ impl Span {
     }
 }
 
+/// Residual copy `r` of a micro-batch ([`Span::resid`]) among the `kept`
+/// ones, or past them the stage's output `out`.
+pub(crate) fn resid<'a, B: Backend>(
+    kept: &'a Buf<B>,
+    out: &'a Buf<B>,
+    r: usize,
+    btc: usize,
+) -> Src<'a, B> {
+    match (r + 1) * btc <= kept.len() {
+        true => kept.s().part(r, btc),
+        false => out.s().first(btc),
+    }
+}
+
+/// [`resid`], to write.
+pub(crate) fn resid_mut<'a, B: Backend>(
+    kept: &'a mut Buf<B>,
+    out: &'a mut Buf<B>,
+    r: usize,
+    btc: usize,
+) -> Dst<'a, B> {
+    match (r + 1) * btc <= kept.len() {
+        true => kept.d().part(r, btc),
+        false => out.d().first(btc),
+    }
+}
+
+/// Residual copies `r` and `r + 1`: a block's input and the output it writes.
+pub(crate) fn resid_io<'a, B: Backend>(
+    kept: &'a mut Buf<B>,
+    out: &'a mut Buf<B>,
+    r: usize,
+    btc: usize,
+) -> (Src<'a, B>, Dst<'a, B>) {
+    if (r + 2) * btc <= kept.len() {
+        let (lo, hi) = kept.d().split_at((r + 1) * btc);
+        return (lo.into_src().from(r * btc), hi.first(btc));
+    }
+    (kept.s().part(r, btc), out.d().first(btc))
+}
+
 /// The [`UnitModel`] methods an engine answers from the fields both
 /// families' engines have (`backend`, `layout`, `whole`, `tp`, `config`,
-/// `acts`, its `shape()`), written once: invoked inside the engine's
-/// `impl UnitModel`.
+/// `span`, `recompute`, `acts`, `kept`, its `shape()`), written once:
+/// invoked inside the engine's `impl UnitModel`, with its blocks'
+/// activations' type, its kept buffers' type (each with `resid`, the
+/// activations with `out` and `dres`) and the field holding the current
+/// batch's shape, which a stash takes with them.
 macro_rules! engine_plumbing {
-    () => {
+    ($acts:ty, $kept:ty, $state:ident: $state_ty:ty, $who:literal) => {
         fn backend(&self) -> &B {
             &self.backend
         }
@@ -124,10 +168,42 @@ macro_rules! engine_plumbing {
             self.tp
         }
 
+        fn boundary(&mut self, u: usize) -> $crate::backend::Dst<'_, B> {
+            let (b, t) = self.shape();
+            let btc = b * t * self.config.n_embd;
+            let r = self.span.resid(u - 1);
+            let k = self.kept.as_mut().expect("begun");
+            let a = self.acts.as_mut().expect("begun");
+            $crate::model::unit::resid_mut(&mut k.resid, &mut a.out, r, btc)
+        }
+
+        fn set_units(&mut self, units: std::ops::Range<usize>) {
+            self.span = $crate::model::Span::of_units(units, self.config.n_layer);
+            (self.acts, self.kept) = (None, None);
+        }
+
         fn boundary_grad(&mut self) -> $crate::backend::Dst<'_, B> {
             let (b, t) = self.shape();
             let btc = b * t * self.config.n_embd;
             self.acts.as_mut().expect("begun").dres.slice_mut(0..btc)
+        }
+
+        /// The micro-batch's kept buffers and shape, and its blocks'
+        /// activations unless recomputed (then they stay, shared with the
+        /// next micro-batch).
+        fn stash(&mut self) -> Box<dyn std::any::Any> {
+            let acts = (!self.recompute).then(|| self.acts.take());
+            Box::new((self.kept.take(), acts, self.$state.take()))
+        }
+
+        fn restore(&mut self, stashed: Box<dyn std::any::Any>) {
+            let (kept, acts, state) = *stashed
+                .downcast::<(Option<$kept>, Option<Option<$acts>>, Option<$state_ty>)>()
+                .expect($who);
+            (self.kept, self.$state) = (kept, state);
+            if let Some(acts) = acts {
+                self.acts = acts;
+            }
         }
     };
 }

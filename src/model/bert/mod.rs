@@ -21,7 +21,10 @@ use super::bf16::{
 use super::layout::ParamLayout;
 use super::tp;
 use super::tp::{BlockDims, TpPlace};
-use super::unit::{engine_plumbing, Span, SpanRun, UnitGrads, UnitKind, UnitModel, UnitParams};
+use super::unit::{
+    engine_plumbing, resid, resid_io, resid_mut, Span, SpanRun, UnitGrads, UnitKind, UnitModel,
+    UnitParams,
+};
 use crate::backend::{
     Activation, ActivationBackward, ActivationForward, AttentionBackward, AttentionForward,
     Backend, Buf, Category, CrossEntropyBackward, CrossEntropyForward, Dst, EncoderBackward,
@@ -86,9 +89,11 @@ impl<B: Backend> HeadActs<B> {
     }
 }
 
-/// Activations of one batch of `rows` = B*T tokens (`b` sequences); the
-/// per-block ones hold a slot per layer, or one under recomputation.
-struct Acts<B: Backend> {
+/// What one micro-batch of `rows` = B*T tokens (`b` sequences) keeps
+/// from its forward to its backward: its inputs, the embeddings' own
+/// activations, the residual stream at its blocks' inputs and the head's
+/// activations. A pipeline holds one of these per micro-batch in flight.
+struct Kept<B: Backend> {
     rows: usize,
     b: usize,
     tokens: Buf<B, u32>,
@@ -99,8 +104,22 @@ struct Acts<B: Backend> {
     emb: Buf<B>,
     emb_mean: Buf<B>,
     emb_rstd: Buf<B>,
-    /// `resid[0]` the embeddings' output, `resid[l + 1]` block l's.
+    /// `resid[0]` the embeddings' output, `resid[l + 1]` block l's. Under
+    /// recomputation a stage without the head keeps only its blocks'
+    /// inputs: its output is `Acts::out`.
     resid: Buf<B>,
+    head: HeadActs<B>,
+}
+
+/// The blocks' activations and the backward's scratch for `rows` = B*T
+/// tokens (`b` sequences); the per-block ones hold a slot per layer, kept
+/// per micro-batch with its [`Kept`], or one the micro-batches share under
+/// recomputation.
+struct Acts<B: Backend> {
+    rows: usize,
+    b: usize,
+    /// The stage's output, where a recomputing stage without the head does not keep it.
+    out: Buf<B>,
     qkv: Buf<B>,
     atty: Buf<B>,
     lse: Buf<B>,
@@ -116,7 +135,6 @@ struct Acts<B: Backend> {
     o: Buf<B>,
     ln2_mean: Buf<B>,
     ln2_rstd: Buf<B>,
-    head: HeadActs<B>,
     /// The residual stream's gradient, a second (rows, C), the widest scratch, dqkv.
     dres: Buf<B>,
     dalt: Buf<B>,
@@ -165,29 +183,36 @@ pub fn activation_elems(
     precision: Precision,
 ) -> (usize, usize) {
     let be = crate::backend::cpu::Cpu::new();
-    let al = ActAlloc::tally(&be);
     let slots = run.span.slots(run.recompute);
+    let (blocks, kept) = (ActAlloc::tally(&be), ActAlloc::tally(&be));
+    let shape = (&run.span, slots, b * t, b);
     Acts::new(
-        &al,
+        &blocks,
         cfg,
         block_dims(cfg, tp),
-        (&run.span, slots, b * t, b),
-        precision,
+        shape,
+        (run.recompute, precision),
     )
     .expect("a tally allocates nothing");
-    let (a, o) = al.counted();
-    (run.in_flight * a, run.in_flight * o)
+    Kept::new(&kept, cfg, (&run.span, run.recompute), (b * t, b))
+        .expect("a tally allocates nothing");
+    let sets = if run.recompute { 1 } else { run.in_flight };
+    let ((a, o), (ka, ko)) = (blocks.counted(), kept.counted());
+    (sets * a + run.in_flight * ka, sets * o + run.in_flight * ko)
 }
 
-impl<B: Backend> Acts<B> {
+impl<B: Backend> Kept<B> {
+    /// A micro-batch's kept buffers: its inputs, the embeddings'
+    /// activations, the residual stream at each block's input (and the
+    /// stage's output, unless recomputing without the head), and the
+    /// head's where it runs.
     fn new(
         al: &ActAlloc<'_, B>,
         cfg: &BertConfig,
-        d: BlockDims,
-        (span, slots, rows, b): (&Span, usize, usize, usize),
-        precision: Precision,
+        (span, recompute): (&Span, bool),
+        (rows, b): (usize, usize),
     ) -> Result<Self> {
-        let (l, c) = (span.blocks.len(), cfg.n_embd);
+        let c = cfg.n_embd;
         let a = |n: usize| al.acts(n);
         // the head's buffers only where the head runs
         let h = usize::from(span.head);
@@ -225,7 +250,7 @@ impl<B: Backend> Acts<B> {
             BertHead::Classify { labels } => HeadActs::Classify(pooled(labels)?),
             BertHead::Pretrain => HeadActs::Pretrain(mlm()?, pooled(2)?),
         };
-        Ok(Acts {
+        Ok(Kept {
             rows,
             b,
             tokens: al.typed(rows, Category::Activations)?,
@@ -234,7 +259,27 @@ impl<B: Backend> Acts<B> {
             emb: a(rows * c)?,
             emb_mean: a(rows)?,
             emb_rstd: a(rows)?,
-            resid: a((l + 1) * rows * c)?,
+            resid: a(span.kept_resid(recompute) * rows * c)?,
+            head,
+        })
+    }
+}
+
+impl<B: Backend> Acts<B> {
+    fn new(
+        al: &ActAlloc<'_, B>,
+        cfg: &BertConfig,
+        d: BlockDims,
+        (span, slots, rows, b): (&Span, usize, usize, usize),
+        (recompute, precision): (bool, Precision),
+    ) -> Result<Self> {
+        let (l, c) = (span.blocks.len(), cfg.n_embd);
+        let a = |n: usize| al.acts(n);
+        let out = usize::from(span.kept_resid(recompute) == l);
+        Ok(Acts {
+            rows,
+            b,
+            out: a(out * rows * c)?,
             qkv: a(slots * rows * 3 * d.cl)?,
             atty: a(slots * rows * d.cl)?,
             lse: a(slots * rows * d.nhl)?,
@@ -247,7 +292,6 @@ impl<B: Backend> Acts<B> {
             o: a(slots * rows * c)?,
             ln2_mean: a(slots * rows)?,
             ln2_rstd: a(slots * rows)?,
-            head,
             dres: a(rows * c)?,
             dalt: a(rows * c)?,
             dbig: a(rows * d.fl.max(d.cl).max(c))?,
@@ -344,6 +388,8 @@ pub struct Engine<B: Backend> {
     /// The units this engine runs (all, or a pipeline stage's).
     span: Span,
     acts: Option<Acts<B>>,
+    /// What the current micro-batch keeps for its backward.
+    kept: Option<Kept<B>>,
     shape: Option<Shape>,
 }
 
@@ -376,6 +422,7 @@ impl<B: Backend> Engine<B> {
             precision,
             span,
             acts: None,
+            kept: None,
             shape: None,
         })
     }
@@ -408,16 +455,19 @@ impl<B: Backend> Engine<B> {
         let (b, t) = self.shape();
         let btc = b * t * self.config.n_embd;
         let top = self.span.resid(self.config.n_layer);
-        let a = self.acts.as_ref().expect("forward before hidden");
-        self.backend
-            .to_host(a.resid.slice(top * btc..(top + 1) * btc))
+        let (k, a) = (self.kept.as_ref(), self.acts.as_ref());
+        let (k, a) = (
+            k.expect("forward before hidden"),
+            a.expect("forward before hidden"),
+        );
+        self.backend.to_host(resid(&k.resid, &a.out, top, btc))
     }
 
     /// The last forward's pooled output (B, C): a classifier's or
     /// pretraining's (the masked-LM head alone has no pooler).
     pub fn pooled(&self) -> Result<Vec<f32>> {
         let (b, _) = self.shape();
-        match &self.acts.as_ref().expect("forward before pooled").head {
+        match &self.kept.as_ref().expect("forward before pooled").head {
             HeadActs::Classify(h) | HeadActs::Pretrain(_, h) => self
                 .backend
                 .to_host(h.pooled.slice(0..b * self.config.n_embd)),
@@ -432,8 +482,8 @@ impl<B: Backend> Engine<B> {
     /// other).
     pub fn logits(&self) -> Result<Vec<f32>> {
         let (b, t) = self.shape();
-        let a = self.acts.as_ref().expect("forward before logits");
-        match &a.head {
+        let k = self.kept.as_ref().expect("forward before logits");
+        match &k.head {
             HeadActs::Classify(h) | HeadActs::Pretrain(_, h) => {
                 let labels = self
                     .config
@@ -546,11 +596,12 @@ impl<B: Backend> Engine<B> {
         let rows = b * t;
         let lay = &self.layout;
         let w = |i: usize| p.slice(lay.in_unit(0, i));
-        let (be, a) = (&self.backend, self.acts.as_mut().expect("begun"));
-        let mut emb = a.emb.slice_mut(0..rows * c);
+        let (be, k) = (&self.backend, self.kept.as_mut().expect("begun"));
+        let a = self.acts.as_mut().expect("begun");
+        let mut emb = k.emb.slice_mut(0..rows * c);
         be.encoder_forward(EncoderForward {
             out: emb.rb(),
-            tokens: a.tokens.slice(0..rows),
+            tokens: k.tokens.slice(0..rows),
             wte: w(0),
             wpe: w(1),
             t,
@@ -559,16 +610,16 @@ impl<B: Backend> Engine<B> {
         // the token types' one-hot rows times their embeddings, added on
         be.matmul_forward(MatmulForward {
             out: emb.rb(),
-            inp: a.types.slice(0..rows * tv),
+            inp: k.types.slice(0..rows * tv),
             w: w(2),
             bias: None,
             shape: MatmulShape::new((rows, tv, c), WeightLayout::InOut),
             accumulate: true,
         });
         be.layernorm_forward(LayerNormForward {
-            out: a.resid.slice_mut(0..rows * c),
-            mean: a.emb_mean.slice_mut(0..rows),
-            rstd: a.emb_rstd.slice_mut(0..rows),
+            out: resid_mut(&mut k.resid, &mut a.out, 0, rows * c),
+            mean: k.emb_mean.slice_mut(0..rows),
+            rstd: k.emb_rstd.slice_mut(0..rows),
             inp: emb.src(),
             w: w(3),
             b: w(4),
@@ -584,6 +635,7 @@ impl<B: Backend> Engine<B> {
         let lay = &self.layout;
         let r = |i: usize| lay.in_unit(0, i);
         let (be, a) = (&self.backend, self.acts.as_mut().expect("begun"));
+        let k = self.kept.as_ref().expect("begun");
         let shape = self.shape.as_ref().expect("begun");
         let (dword, rest) = g.split_at(r(0).len());
         let (dpos, rest) = rest.split_at(r(1).len());
@@ -594,10 +646,10 @@ impl<B: Backend> Engine<B> {
             dinp: Some(demb.rb()),
             dwb: Some((dlnw, dlnb)),
             dout: a.dres.slice(0..rows * c),
-            inp: a.emb.slice(0..rows * c),
+            inp: k.emb.slice(0..rows * c),
             w: p.slice(r(3)),
-            mean: a.emb_mean.slice(0..rows),
-            rstd: a.emb_rstd.slice(0..rows),
+            mean: k.emb_mean.slice(0..rows),
+            rstd: k.emb_rstd.slice(0..rows),
             c,
             accumulate: false,
         })?;
@@ -605,7 +657,7 @@ impl<B: Backend> Engine<B> {
             dwte: dword,
             dwpe: dpos,
             dout: demb.src(),
-            tokens: a.tokens.slice(0..rows),
+            tokens: k.tokens.slice(0..rows),
             host_tokens: &shape.tokens,
             t,
             c,
@@ -616,7 +668,7 @@ impl<B: Backend> Engine<B> {
             dw: Some(dtype),
             dbias: None,
             dout: demb.src(),
-            inp: a.types.slice(0..rows * tv),
+            inp: k.types.slice(0..rows * tv),
             w: p.slice(r(2)),
             shape: MatmulShape::new((rows, tv, c), WeightLayout::InOut),
         });
@@ -637,13 +689,15 @@ impl<B: Backend> Engine<B> {
         let (rows, s) = (b * t, self.slot(l));
         let btc = rows * c;
         let (be, lay) = (&self.backend, &self.layout);
-        let a = self.acts.as_mut().expect("begun");
+        let (k, a) = (
+            self.kept.as_mut().expect("begun"),
+            self.acts.as_mut().expect("begun"),
+        );
         let w = |bp: BlockParam| p.slice(lay.in_unit(1, bp as usize));
         // the attention output and the FFN output are row-parallel under tensor parallelism
         let place = (tp, self.tp);
         let r = self.span.resid(l);
-        let (lo, hi) = a.resid.d().split_at((r + 1) * btc);
-        let x = lo.into_src().from(r * btc);
+        let (x, hi) = resid_io(&mut k.resid, &mut a.out, r, btc);
         let mut qkv = a.qkv.d().part(s, 3 * rows * cl);
         let ip = WeightLayout::InOut;
         let bqkv = Some(w(BlockParam::QkvB));
@@ -661,7 +715,7 @@ impl<B: Backend> Engine<B> {
             out: atty.rb(),
             lse,
             qkv: qkv.src(),
-            lens: Some(a.lens.slice(0..b)),
+            lens: Some(k.lens.slice(0..b)),
             shape,
         });
         // after the attention: every row, or a classifier's first-token rows
@@ -719,7 +773,7 @@ impl<B: Backend> Engine<B> {
             MatmulShape::new((n, fl, c), ip),
             |op| matmul_forward(be, bf16.as_mut(), op),
         )?;
-        let mut top = hi.first(btc);
+        let mut top = hi;
         let mut fr = a.first.as_mut().filter(|_| first_only);
         be.layernorm_forward(LayerNormForward {
             out: match fr.as_mut() {
@@ -766,7 +820,10 @@ impl<B: Backend> Engine<B> {
         let (rows, s) = (b * t, self.slot(l));
         let btc = rows * c;
         let (be, lay) = (&self.backend, &self.layout);
-        let a = self.acts.as_mut().expect("begun");
+        let (k, a) = (
+            self.kept.as_ref().expect("begun"),
+            self.acts.as_mut().expect("begun"),
+        );
         let w = |bp: BlockParam| p.slice(lay.in_unit(1, bp as usize));
         let r = |bp: BlockParam| lay.in_unit(1, bp as usize);
         let mut dres = a.dres.slice_mut(0..btc);
@@ -881,11 +938,11 @@ impl<B: Backend> Engine<B> {
             qkv: a.qkv.s().part(s, 3 * rows * cl),
             out: a.atty.s().part(s, rows * cl),
             lse: a.lse.s().part(s, rows * nhl),
-            lens: Some(a.lens.slice(0..b)),
+            lens: Some(k.lens.slice(0..b)),
             shape,
         });
         let (dw, db) = g.rb().split2(r(BlockParam::QkvW), r(BlockParam::QkvB));
-        let x = a.resid.s().part(self.span.resid(l), btc);
+        let x = k.resid.s().part(self.span.resid(l), btc);
         linear_backward(
             be,
             a.bf16.as_mut(),
@@ -915,12 +972,15 @@ impl<B: Backend> Engine<B> {
         let u = n_layer + 1;
         let (be, lay) = (&self.backend, &self.layout);
         let w = |i: usize| p.slice(lay.in_unit(u, i));
-        let a = self.acts.as_mut().expect("begun");
-        let x = a.resid.s().part(self.span.resid(n_layer), btc);
+        let (k, a) = (
+            self.kept.as_mut().expect("begun"),
+            self.acts.as_mut().expect("begun"),
+        );
+        let x = resid(&k.resid, &a.out, self.span.resid(n_layer), btc);
         let shape = self.shape.as_ref().expect("begun");
         let (has_targets, terms) = (shape.has_targets, shape.loss_terms);
         let mut loss = 0.0f64;
-        let (mlm, pooled) = a.head.parts();
+        let (mlm, pooled) = k.head.parts();
         if let Some(m) = mlm {
             let vp = cfg.padded_vocab();
             let word = word.expect("the masked-LM head reads the word embeddings");
@@ -1056,10 +1116,13 @@ impl<B: Backend> Engine<B> {
         let (be, lay) = (&self.backend, &self.layout);
         let w = |i: usize| p.slice(lay.in_unit(u, i));
         let r = |i: usize| lay.in_unit(u, i);
-        let a = self.acts.as_mut().expect("begun");
-        let x = a.resid.s().part(self.span.resid(n_layer), btc);
+        let (k, a) = (
+            self.kept.as_mut().expect("begun"),
+            self.acts.as_mut().expect("begun"),
+        );
+        let x = resid(&k.resid, &a.out, self.span.resid(n_layer), btc);
         let mut g = g;
-        let (mlm, pooled) = a.head.parts();
+        let (mlm, pooled) = k.head.parts();
         if let Some(m) = mlm {
             let vp = cfg.padded_vocab();
             let chosen = shape.picked.as_deref();
@@ -1208,48 +1271,26 @@ fn pooled_terms(head: BertHead, terms: LossTerms) -> f32 {
 }
 
 impl<B: Backend> UnitModel<B> for Engine<B> {
-    engine_plumbing!();
-
-    fn boundary(&mut self, u: usize) -> Dst<'_, B> {
-        let (b, t) = self.shape();
-        let btc = b * t * self.config.n_embd;
-        let r = self.span.resid(u - 1);
-        let a = self.acts.as_mut().expect("begun");
-        a.resid.slice_mut(r * btc..(r + 1) * btc)
-    }
-
-    fn set_units(&mut self, units: std::ops::Range<usize>) {
-        self.span = Span::of_units(units, self.config.n_layer);
-        self.acts = None;
-    }
-
-    /// A micro-batch's activations, whole (recomputed blocks included).
-    fn stash(&mut self) -> Box<dyn std::any::Any> {
-        Box::new((self.acts.take(), self.shape.take()))
-    }
-
-    fn restore(&mut self, stashed: Box<dyn std::any::Any>) {
-        let (acts, shape) = *stashed
-            .downcast::<(Option<Acts<B>>, Option<Shape>)>()
-            .expect("a BERT engine's own stash");
-        (self.acts, self.shape) = (acts, shape);
-    }
+    engine_plumbing!(Acts<B>, Kept<B>, shape: Shape, "a BERT engine's own stash");
 
     fn begin(&mut self, batch: &Batch, b: usize, t: usize, loss_terms: LossTerms) -> Result<()> {
         self.check(batch, b, t)?;
         let rows = b * t;
         let tv = self.config.type_vocab;
+        let al = ActAlloc::on(&self.backend);
         if self.acts.as_ref().is_none_or(|a| a.rows < rows || a.b < b) {
             self.acts = None; // free before allocating the larger set
-            self.acts = Some(Acts::new(
-                &ActAlloc::on(&self.backend),
-                &self.config,
-                block_dims(&self.config, self.tp.size),
-                (&self.span, self.span.slots(self.recompute), rows, b),
-                self.precision,
-            )?);
+            let shape = (&self.span, self.span.slots(self.recompute), rows, b);
+            let d = block_dims(&self.config, self.tp.size);
+            let how = (self.recompute, self.precision);
+            self.acts = Some(Acts::new(&al, &self.config, d, shape, how)?);
         }
-        let a = self.acts.as_mut().expect("allocated above");
+        if self.kept.as_ref().is_none_or(|k| k.rows < rows || k.b < b) {
+            self.kept = None;
+            let what = (&self.span, self.recompute);
+            self.kept = Some(Kept::new(&al, &self.config, what, (rows, b))?);
+        }
+        let a = self.kept.as_mut().expect("allocated above");
         let be = &self.backend;
         be.upload(a.tokens.slice_mut(0..rows), &batch.inputs)?;
         let mut picked = None;
@@ -1368,6 +1409,32 @@ pub fn init_full(cfg: &BertConfig, seed: u64) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each micro-batch in flight on a recomputing stage without the head
+    /// costs its inputs (tokens, lengths, one-hot types), the embeddings'
+    /// sum and statistics and its blocks' inputs, counted by hand; without
+    /// recomputation its blocks' whole activations and scratch too.
+    #[test]
+    fn a_recomputing_stage_keeps_its_blocks_inputs_per_micro_batch() {
+        let cfg = BertConfig::preset("bert-tiny").unwrap();
+        let (b, t, c, tv) = (2, 8, cfg.n_embd, cfg.type_vocab);
+        let rows = b * t;
+        let first = Span::of_units(0..2, cfg.n_layer); // embeddings and block 0
+        assert_eq!((first.blocks.len(), first.head), (1, false));
+        let elems = |recompute, in_flight| {
+            let run = SpanRun {
+                span: first.clone(),
+                recompute,
+                split: false,
+                in_flight,
+            };
+            activation_elems(&cfg, 1, (b, t), &run, Precision::Fp32).0
+        };
+        let each = |recompute| elems(recompute, 3) - elems(recompute, 2);
+        let inputs = rows + b + rows * tv;
+        assert_eq!(each(true), inputs + rows * (c + 2) + rows * c);
+        assert!(each(false) > each(true) + rows * 3 * c);
+    }
 
     #[test]
     fn another_head_keeps_the_encoder_and_starts_its_own_tensors_fresh() {

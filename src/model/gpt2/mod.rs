@@ -19,7 +19,8 @@ use super::layout::ParamLayout;
 use super::tp;
 use super::tp::TpPlace;
 use super::unit::{
-    engine_plumbing, Span, SpanRun, UnitGrads, UnitKind, UnitModel, UnitParams, Whole,
+    engine_plumbing, resid, resid_io, resid_mut, Span, SpanRun, UnitGrads, UnitKind, UnitModel,
+    UnitParams, Whole,
 };
 use crate::backend::{
     Activation, ActivationBackward, AttentionBackward, AttentionForward, AttnShape, Backend, Buf,
@@ -33,7 +34,6 @@ use crate::error::{Error, Result};
 use block::{BlockIo, BlockMode};
 use config::{BlockDims, GptConfig};
 pub use layout::BlockParam;
-use std::any::Any;
 use std::ops::Range;
 
 /// GPT-2's layernorm epsilon.
@@ -105,42 +105,6 @@ struct Activations<B: Backend> {
     dgrad: Buf<B>,
     /// `--precision bf16`'s rounded operands.
     bf16: Option<Bf16Operands<B>>,
-}
-
-/// Residual copy `r` of a micro-batch ([`Span::resid`]) among the `kept`
-/// ones, or past them the stage's output `out`.
-fn resid<'a, B: Backend>(kept: &'a Buf<B>, out: &'a Buf<B>, r: usize, btc: usize) -> Src<'a, B> {
-    match (r + 1) * btc <= kept.len() {
-        true => kept.s().part(r, btc),
-        false => out.s().first(btc),
-    }
-}
-
-/// [`resid`], to write.
-fn resid_mut<'a, B: Backend>(
-    kept: &'a mut Buf<B>,
-    out: &'a mut Buf<B>,
-    r: usize,
-    btc: usize,
-) -> Dst<'a, B> {
-    match (r + 1) * btc <= kept.len() {
-        true => kept.d().part(r, btc),
-        false => out.d().first(btc),
-    }
-}
-
-/// Residual copies `r` and `r + 1`: a block's input and the output it writes.
-fn resid_io<'a, B: Backend>(
-    kept: &'a mut Buf<B>,
-    out: &'a mut Buf<B>,
-    r: usize,
-    btc: usize,
-) -> (Src<'a, B>, Dst<'a, B>) {
-    if (r + 2) * btc <= kept.len() {
-        let (lo, hi) = kept.d().split_at((r + 1) * btc);
-        return (lo.into_src().from(r * btc), hi.first(btc));
-    }
-    (kept.s().part(r, btc), out.d().first(btc))
 }
 
 /// Where a block's output gradients sit in `dgrad`: the residual
@@ -355,14 +319,6 @@ fn weight_and_bias<'g, B>(
     let g = g.as_mut()?;
     Some(g.rb().split2(lay.in_block(l, w), lay.in_block(l, b)))
 }
-
-/// A micro-batch set aside by `stash`: what it keeps, the blocks'
-/// activations where they are its own (not recomputed), and its batch.
-type Stashed<B> = (
-    Option<Kept<B>>,
-    Option<Option<Activations<B>>>,
-    Option<Batch>,
-);
 
 /// The model without its parameters: config, this rank's layout, the
 /// activations, and the unit-by-unit forward and backward.
@@ -1081,41 +1037,7 @@ impl<B: Backend> BlockMode<B> for Training<'_, '_, B> {
 }
 
 impl<B: Backend> UnitModel<B> for Engine<B> {
-    engine_plumbing!();
-
-    fn boundary(&mut self, u: usize) -> Dst<'_, B> {
-        let (b, t) = self.shape();
-        let btc = b * t * self.config.n_embd;
-        let r = self.span.resid(u - 1);
-        let (k, a) = (
-            self.kept.as_mut().expect("begun"),
-            self.acts.as_mut().expect("begun"),
-        );
-        resid_mut(&mut k.resid, &mut a.out, r, btc)
-    }
-
-    fn set_units(&mut self, units: Range<usize>) {
-        self.span = Span::of_units(units, self.config.n_layer);
-        (self.acts, self.kept) = (None, None);
-    }
-
-    /// The micro-batch's kept buffers and batch; under recomputation the
-    /// blocks' activations and scratch stay, shared with the next one.
-    fn stash(&mut self) -> Box<dyn Any> {
-        let acts = (!self.recompute).then(|| self.acts.take());
-        let stashed: Stashed<B> = (self.kept.take(), acts, self.batch.take());
-        Box::new(stashed)
-    }
-
-    fn restore(&mut self, stashed: Box<dyn Any>) {
-        let (kept, acts, batch) = *stashed
-            .downcast::<Stashed<B>>()
-            .expect("a GPT-2 engine's own stash");
-        (self.kept, self.batch) = (kept, batch);
-        if let Some(acts) = acts {
-            self.acts = acts;
-        }
-    }
+    engine_plumbing!(Activations<B>, Kept<B>, batch: Batch, "a GPT-2 engine's own stash");
 
     fn begin(
         &mut self,
