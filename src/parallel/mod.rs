@@ -322,7 +322,10 @@ impl StepConfig {
     }
 }
 
-/// One rank's part of a training strategy. Every method is collective.
+/// One rank's part of a training strategy. Training, evaluation and
+/// loading parameters or state are collective: every rank of the world
+/// calls them together. Reading this rank's state, counters and timeline,
+/// and freeing its activations, are its own.
 pub trait Strategy {
     /// Forward and backward over every global micro-batch (this rank takes
     /// its rows), then one optimizer update.

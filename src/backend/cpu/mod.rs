@@ -41,8 +41,10 @@ use layernorm::layernorm_forward;
 use matmul::{matmul_backward, matmul_forward};
 use std::sync::Arc;
 
-/// The CPU device; rayon's global pool decides the thread count. Its
-/// buffers are host vectors, so views are plain slices.
+/// The CPU device; the rayon pool it runs in decides the thread count:
+/// the global one, or the pool each thread rank installs for itself
+/// (`parallel::launch`). Its buffers are host vectors, so views are plain
+/// slices.
 #[derive(Clone, Default)]
 pub struct Cpu {
     memory: Arc<MemoryStats>,
