@@ -144,7 +144,7 @@ impl Dataset {
     }
 
     /// `source` is `None` for the embedded corpus, a text file, or a
-    /// directory of `*train*.bin` / `*val*.bin` shards (with `tokenizer.json`
+    /// directory of `<name>_train[_<n>].bin` / `<name>_val[_<n>].bin` shards (with `tokenizer.json`
     /// from `distgpt data prepare`; without it, GPT-2 tokens as llm.c writes).
     pub fn load(source: Option<&Path>, kind: TokenizerKind) -> Result<Self> {
         if let Some(dir) = source.filter(|p| p.is_dir()) {
@@ -227,27 +227,37 @@ impl Dataset {
     }
 
     fn from_shards(dir: &Path) -> Result<Self> {
-        let files = shard_files(dir)?;
-        let named = |key: &str| -> Result<Split> {
+        let (mut train_files, mut val_files) = (Vec::new(), Vec::new());
+        for p in shard_files(dir)? {
+            match shard_split(&p) {
+                Some("train") => train_files.push(p),
+                Some("val") => val_files.push(p),
+                _ => {
+                    return Err(Error::Input(format!(
+                        "{}: a shard's name must say its split as `data prepare` and llm.c \
+                         write them, `<name>_train.bin` or `<name>_val.bin`, each optionally \
+                         followed by `_<number>`: rename the file or move it out of the folder",
+                        p.display()
+                    )))
+                }
+            }
+        }
+        let named = |key: &str, files: &[PathBuf]| -> Result<Split> {
             let parts = files
                 .iter()
-                .filter(|p| {
-                    p.file_name()
-                        .is_some_and(|n| n.to_string_lossy().contains(key))
-                })
                 .map(|p| shard::Shard::open(p).map(Part::Mapped))
                 .collect::<Result<Vec<_>>>()?;
             if parts.is_empty() && dir.join("labels.json").exists() {
                 return Err(Error::Input(format!(
                     "{} is a labelled set (labels.json, train/val/test.jsonl), which a \
                      classifier reads: a language model reads a text file or a directory of \
-                     *train*.bin / *val*.bin token shards",
+                     *_train_*.bin / *_val_*.bin token shards",
                     dir.display()
                 )));
             }
             if parts.is_empty() {
                 return Err(Error::Input(format!(
-                    "{}: no *{key}*.bin shard in this directory",
+                    "{}: no <name>_{key}[_<number>].bin shard in this directory",
                     dir.display()
                 )));
             }
@@ -262,7 +272,7 @@ impl Dataset {
             TokenizerSpec::Gpt2
         };
         let tokenizer = Tokenizer::from_spec_in(&spec, dir)?;
-        let (train, val) = (named("train")?, named("val")?);
+        let (train, val) = (named("train", &train_files)?, named("val", &val_files)?);
         let vocab = tokenizer.vocab_size() as u32;
         for split in [&train, &val] {
             for part in &split.parts {
@@ -327,6 +337,20 @@ fn read_text(source: Option<&Path>) -> Result<(String, std::borrow::Cow<'static,
                 .map_or("text".into(), |s| s.to_string_lossy().into_owned());
             Ok((name, text.into()))
         }
+    }
+}
+
+/// The split named in a shard's file name, `<name>_<split>.bin` or
+/// `<name>_<split>_<number>.bin` as `data prepare` and llm.c write them:
+/// the word in that place, never a word that merely contains it (a corpus
+/// named `train` or `interval` names no split).
+fn shard_split(path: &Path) -> Option<&str> {
+    let stem = path.file_stem()?.to_str()?;
+    let mut words = stem.rsplit('_');
+    let last = words.next()?;
+    match !last.is_empty() && last.bytes().all(|b| b.is_ascii_digit()) {
+        true => words.next(),
+        false => Some(last),
     }
 }
 
@@ -426,6 +450,49 @@ mod tests {
             .err()
             .expect("a vocabulary past u16 is refused");
         assert!(err.to_string().contains("at most 65536"), "{err}");
+    }
+
+    #[test]
+    fn a_corpus_splits_the_same_whatever_its_file_is_named() {
+        // a name that holds "train" or "val" once put every shard in one split
+        let dir = crate::testdir::TestDir::new("split-names");
+        let mut counts = Vec::new();
+        for name in ["corpus", "train", "interval", "val"] {
+            let input = dir.path().join(format!("{name}.txt"));
+            std::fs::write(&input, &SHAKESPEARE[..2_000]).unwrap();
+            let out = dir.path().join(name);
+            let written = prepare(Some(&input), TokenizerKind::Char, &out).unwrap();
+            let back = Dataset::load(Some(&out), TokenizerKind::Char).unwrap();
+            assert_eq!((back.train.len(), back.val.len()), written, "{name}.txt");
+            counts.push(written);
+        }
+        assert!(counts.iter().all(|&c| c == counts[0]), "{counts:?}");
+    }
+
+    #[test]
+    fn a_shard_split_is_the_word_in_its_place_in_the_name() {
+        for (name, split) in [
+            ("fineweb_train_000001.bin", Some("train")),
+            ("fineweb_val_000000.bin", Some("val")),
+            ("tiny_shakespeare_val.bin", Some("val")),
+            ("TinyStories_train.bin", Some("train")),
+            ("val_train_000000.bin", Some("train")),
+            ("train_val_000000.bin", Some("val")),
+            ("interval_train_000000.bin", Some("train")),
+            ("trainval_000000.bin", Some("trainval")),
+            ("weights.bin", Some("weights")),
+        ] {
+            assert_eq!(shard_split(Path::new(name)), split, "{name}");
+        }
+        let dir = crate::testdir::TestDir::new("split-unnamed");
+        shard::write_shard(&dir.path().join("x_train_000000.bin"), &[1, 2, 3]).unwrap();
+        shard::write_shard(&dir.path().join("x_val_000000.bin"), &[1, 2, 3]).unwrap();
+        shard::write_shard(&dir.path().join("x_valid_000000.bin"), &[1, 2, 3]).unwrap();
+        let err = Dataset::load(Some(dir.path()), TokenizerKind::Gpt2)
+            .err()
+            .expect("a shard that names no split is refused")
+            .to_string();
+        assert!(err.contains("x_valid_000000.bin"), "{err}");
     }
 
     #[test]
