@@ -109,7 +109,15 @@ pub fn describe(spec: &TokenizerSpec) -> String {
             format!("a character vocabulary of {}", chars.chars().count())
         }
         TokenizerSpec::Gpt2 => "GPT-2 BPE".into(),
-        TokenizerSpec::WordPiece { tokens, .. } => format!("a WordPiece vocabulary of {tokens}"),
+        TokenizerSpec::WordPiece {
+            tokens, normalizer, ..
+        } => match normalizer.is_uncased() {
+            true => format!("a WordPiece vocabulary of {tokens}"),
+            false => format!(
+                "a WordPiece vocabulary of {tokens} ({})",
+                normalizer.describe()
+            ),
+        },
     }
 }
 

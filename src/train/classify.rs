@@ -272,7 +272,7 @@ impl<B: Backend> Task<B> for ClassifyTask {
     }
 
     fn save_model(&self, _backend: B, params: &[f32], dir: &Path) -> Result<()> {
-        hf::write_folder(&self.model, params, Some(&self.wp.vocab_text()), dir)
+        hf::write_folder(&self.model, params, Some(&self.wp), dir)
     }
 
     fn write_report(
@@ -425,7 +425,7 @@ pub fn pretrained_bert(
     let at = crate::checkpoint::model_dir(dir);
     let vocab_file = at.join("vocab.txt");
     let wp = if is_bert_folder(dir) {
-        WordPiece::from_vocab_file(&vocab_file)?
+        WordPiece::from_folder(&at)?
     } else {
         match crate::checkpoint::read_any_meta(dir)?.tokenizer {
             spec @ TokenizerSpec::WordPiece { .. } => WordPiece::recorded_in(&at, &spec)?,

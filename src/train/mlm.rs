@@ -329,8 +329,11 @@ impl<B: Backend> Task<B> for MlmTask<'_> {
     }
 
     fn save_model(&self, _backend: B, params: &[f32], dir: &Path) -> Result<()> {
-        let vocab = Task::<B>::vocab(self);
-        hf::write_folder(&self.model, params, vocab.as_deref(), dir)
+        let vocab = match &self.data.tokenizer {
+            Tokenizer::WordPiece(wp) => Some(wp.as_ref()),
+            _ => None,
+        };
+        hf::write_folder(&self.model, params, vocab, dir)
     }
 
     fn model_files(&self) -> &'static str {

@@ -7,6 +7,7 @@
 
 use super::config::{BertConfig, BertHead};
 use super::layout::{classifier_names, layout, EMBEDDINGS, HEAD_MLM};
+use crate::data::wordpiece::WordPiece;
 use crate::error::{Error, Result};
 use crate::model::layout::TensorSpec;
 use crate::store::{checksum, write_atomic, write_safetensors, Data};
@@ -313,14 +314,14 @@ fn hf_tensors(cfg: &BertConfig, p: &[f32]) -> Vec<(String, Vec<usize>, Vec<f32>)
 
 /// Writes a Hugging Face folder `transformers` loads:
 /// `config.json` (`BertForMaskedLM` / `BertForSequenceClassification`),
-/// `model.safetensors`, and, when `vocab` (a `vocab.txt`'s text) is given,
-/// the files `AutoTokenizer.from_pretrained` reads: `vocab.txt`,
-/// `tokenizer_config.json` (an uncased `BertTokenizer`) and
-/// `special_tokens_map.json`.
+/// `model.safetensors`, and, when `vocab` is given, the files
+/// `AutoTokenizer.from_pretrained` reads: `vocab.txt`,
+/// `tokenizer_config.json` (a `BertTokenizer` normalizing as `vocab` does)
+/// and `special_tokens_map.json`.
 pub fn write_folder(
     cfg: &BertConfig,
     params: &[f32],
-    vocab: Option<&str>,
+    vocab: Option<&WordPiece>,
     dir: &Path,
 ) -> Result<()> {
     let io = |e: std::io::Error| Error::Input(format!("cannot write {}: {e}", dir.display()));
@@ -339,7 +340,7 @@ pub fn write_folder(
     );
     // [PAD]'s id in the vocabulary; none for characters, whose id 0 is a
     // character (transformers freezes the input embedding of the pad id)
-    let pad = vocab.and_then(|text| text.lines().position(|l| l.trim_end() == "[PAD]"));
+    let pad = vocab.map(|wp| wp.pad);
     let config = serde_json::json!({
         "architectures": [arch],
         "model_type": "bert",
@@ -359,8 +360,9 @@ pub fn write_folder(
         "position_embedding_type": "absolute",
         CHECKSUM_KEY: sum,
     });
-    if let Some(text) = vocab {
-        write_atomic(&dir.join("vocab.txt"), text.as_bytes())?;
+    if let Some(wp) = vocab {
+        write_atomic(&dir.join("vocab.txt"), wp.vocab_text().as_bytes())?;
+        let normalizer = wp.normalizer();
         let special = serde_json::json!({
             "unk_token": "[UNK]",
             "sep_token": "[SEP]",
@@ -371,9 +373,9 @@ pub fn write_folder(
         let mut tokenizer = special.clone();
         let extra = serde_json::json!({
             "tokenizer_class": "BertTokenizer",
-            "do_lower_case": true,
-            "tokenize_chinese_chars": true,
-            "strip_accents": null,
+            "do_lower_case": normalizer.lowercase,
+            "tokenize_chinese_chars": normalizer.chinese_chars,
+            "strip_accents": normalizer.strip_accents,
             "model_max_length": cfg.block_size,
         });
         for (k, v) in extra.as_object().expect("an object") {
@@ -449,9 +451,10 @@ mod tests {
                     .unwrap()
             };
             assert_eq!(config(&dir)["pad_token_id"], serde_json::Value::Null);
-            let vocab = "[UNK]\n[PAD]\n[CLS]\n";
+            let vocab = "[UNK]\n[PAD]\n[CLS]\n[SEP]\n[MASK]\n";
+            let wp = WordPiece::new(vocab.lines().map(String::from).collect()).unwrap();
             let with = root.path().join("with-vocab");
-            write_folder(&cfg, &p, Some(vocab), &with).unwrap();
+            write_folder(&cfg, &p, Some(&wp), &with).unwrap();
             assert_eq!(config(&with)["pad_token_id"], 1);
             assert_eq!(
                 std::fs::read_to_string(with.join("vocab.txt")).unwrap(),
