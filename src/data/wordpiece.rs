@@ -201,6 +201,12 @@ impl WordPiece {
         self.size
     }
 
+    /// The checksum of the tokens in id order, as [`WordPiece::spec`]
+    /// records it.
+    pub fn checksum(&self) -> &str {
+        &self.checksum
+    }
+
     /// What `vocab.txt` holds: one token per line, in id order.
     pub fn vocab_text(&self) -> String {
         let mut text = self.tokens.join("\n");

@@ -425,7 +425,7 @@ pub fn pretrained_bert(
     let at = crate::checkpoint::model_dir(dir);
     let vocab_file = at.join("vocab.txt");
     let wp = if is_bert_folder(dir) {
-        WordPiece::from_folder(&at)?
+        hf::read_vocab(&at)?
     } else {
         match crate::checkpoint::read_any_meta(dir)?.tokenizer {
             spec @ TokenizerSpec::WordPiece { .. } => WordPiece::recorded_in(&at, &spec)?,

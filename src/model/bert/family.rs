@@ -39,7 +39,7 @@ pub static FAMILY: Registration = Registration {
         import: |dir| {
             let (config, params) = super::hf::load_folder(dir, None, 0)?;
             let tokenizer = match dir.join("vocab.txt").exists() {
-                true => WordPiece::from_folder(dir)?.spec(),
+                true => super::hf::read_vocab(dir)?.spec(),
                 // a folder without its vocabulary: only its size is known
                 false => TokenizerSpec::WordPiece {
                     tokens: config.vocab_size,

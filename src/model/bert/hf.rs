@@ -290,6 +290,32 @@ fn recorded_checksum(dir: &Path) -> Result<Option<String>> {
     Ok(read_json(dir)?[CHECKSUM_KEY].as_str().map(str::to_string))
 }
 
+/// The key of `config.json` under which distgpt records, beside the
+/// weights', the checksum of the vocabulary written with them
+/// ([`WordPiece::checksum`]).
+const VOCAB_CHECKSUM_KEY: &str = "distgpt_vocab_checksum";
+
+/// A BERT folder's WordPiece tokenizer ([`WordPiece::from_folder`]),
+/// checked against the vocabulary checksum its `config.json` records where
+/// distgpt wrote the folder: weights read with another vocabulary's ids
+/// would run and be wrong.
+pub fn read_vocab(dir: &Path) -> Result<WordPiece> {
+    let wp = WordPiece::from_folder(dir)?;
+    if let Some(want) = read_json(dir)?[VOCAB_CHECKSUM_KEY].as_str() {
+        if wp.checksum() != want {
+            return Err(Error::Input(format!(
+                "{}: checksum {} does not match {want} recorded beside the weights in {}: \
+                 the vocabulary was replaced or is not this model's; put back the vocab.txt \
+                 the folder was written with",
+                dir.join("vocab.txt").display(),
+                wp.checksum(),
+                dir.join("config.json").display()
+            )));
+        }
+    }
+    Ok(wp)
+}
+
 /// The Hugging Face tensors of the whole model's parameters `p`, by
 /// [`stored`]: (name, shape, values).
 fn hf_tensors(cfg: &BertConfig, p: &[f32]) -> Vec<(String, Vec<usize>, Vec<f32>)> {
@@ -341,7 +367,7 @@ pub fn write_folder(
     // [PAD]'s id in the vocabulary; none for characters, whose id 0 is a
     // character (transformers freezes the input embedding of the pad id)
     let pad = vocab.map(|wp| wp.pad);
-    let config = serde_json::json!({
+    let mut config = serde_json::json!({
         "architectures": [arch],
         "model_type": "bert",
         "vocab_size": cfg.vocab_size,
@@ -362,6 +388,7 @@ pub fn write_folder(
     });
     if let Some(wp) = vocab {
         write_atomic(&dir.join("vocab.txt"), wp.vocab_text().as_bytes())?;
+        config[VOCAB_CHECKSUM_KEY] = wp.checksum().into();
         let normalizer = wp.normalizer();
         let special = serde_json::json!({
             "unk_token": "[UNK]",
@@ -408,6 +435,41 @@ mod tests {
             e.contains("train --task classify --init-from DIR --data SET"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_vocabulary_replaced_beside_the_weights_is_refused_naming_it() {
+        let cfg = BertConfig {
+            n_layer: 1,
+            n_head: 2,
+            n_embd: 8,
+            n_inner: 12,
+            block_size: 5,
+            type_vocab: 2,
+            vocab_size: 8,
+            layer_norm_eps: 1e-12,
+            head: BertHead::Mlm,
+        };
+        let p = super::super::init_full(&cfg, 4);
+        let tokens = [
+            "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "yes", "no", "maybe",
+        ];
+        let wp = WordPiece::new(tokens.map(String::from).to_vec()).unwrap();
+        let dir = crate::testdir::TestDir::new("bert-vocab-swap");
+        write_folder(&cfg, &p, Some(&wp), dir.path()).unwrap();
+        let import = super::super::family::FAMILY.hf.unwrap().import;
+        let (_, spec, _) = import(dir.path()).unwrap();
+        assert_eq!(spec, wp.spec());
+        // the same size, two tokens swapped: every id of "yes" and "no" would be wrong
+        let swapped = wp.vocab_text().replace("yes\nno", "no\nyes");
+        std::fs::write(dir.path().join("vocab.txt"), swapped).unwrap();
+        for err in [read_vocab(dir.path()).err(), import(dir.path()).err()] {
+            let err = err.expect("a replaced vocabulary is refused").to_string();
+            assert!(
+                err.contains("vocab.txt: checksum") && err.contains("config.json"),
+                "{err}"
+            );
+        }
     }
 
     #[test]
@@ -472,6 +534,7 @@ mod tests {
             );
             assert_eq!(json("special_tokens_map.json")["cls_token"], "[CLS]");
             assert!(!dir.join("tokenizer_config.json").exists());
+            assert_eq!(read_vocab(&with).unwrap().vocab_text(), vocab);
         }
     }
 }
