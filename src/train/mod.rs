@@ -369,6 +369,7 @@ pub fn evaluate_params<B: Backend + 'static>(
     threads: usize,
     test: bool,
 ) -> Result<Eval> {
+    task.check_eval(cfg)?;
     let (b, t) = (cfg.batch_size, cfg.seq_len);
     let single = ParallelConfig::single();
     let model = task.model();
