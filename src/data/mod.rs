@@ -121,6 +121,37 @@ pub fn describe(spec: &TokenizerSpec) -> String {
     }
 }
 
+/// Two tokenizers that differ, each described so that the difference
+/// shows: where [`describe`] says the same of both, what inside them
+/// differs is added (a vocabulary's checksum, a character one has and the
+/// other lacks), so a refusal never reads "400 vs 400".
+pub fn describe_apart(a: &TokenizerSpec, b: &TokenizerSpec) -> [String; 2] {
+    let (da, db) = (describe(a), describe(b));
+    if da != db {
+        return [da, db];
+    }
+    match (a, b) {
+        (
+            TokenizerSpec::WordPiece { checksum: ca, .. },
+            TokenizerSpec::WordPiece { checksum: cb, .. },
+        ) => [
+            format!("{da}, checksum {ca}"),
+            format!("{db}, checksum {cb}"),
+        ],
+        (TokenizerSpec::Char { chars: ca }, TokenizerSpec::Char { chars: cb }) => {
+            let side = |d: &str, ours: &str, theirs: &str| match ours
+                .chars()
+                .find(|&c| !theirs.contains(c))
+            {
+                Some(c) => format!("{d}, {c:?} among them"),
+                None => format!("{d}, in another order"),
+            };
+            [side(&da, ca, cb), side(&db, cb, ca)]
+        }
+        _ => [da, db],
+    }
+}
+
 /// The largest vocabulary a dataset can hold: token ids are u16.
 pub const MAX_VOCAB: usize = 1 << 16;
 
@@ -191,11 +222,10 @@ impl Dataset {
         let ds = Self::from_shards(dir)?;
         let theirs = ds.tokenizer.spec();
         if &theirs != tokenizer {
+            let [theirs, ours] = describe_apart(&theirs, tokenizer);
             return Err(Error::Input(format!(
-                "{}: the shards were tokenized with {}, the model uses {}: prepare the data with the model's tokenizer",
+                "{}: the shards were tokenized with {theirs}, the model uses {ours}: prepare the data with the model's tokenizer",
                 dir.display(),
-                describe(&theirs),
-                describe(tokenizer)
             )));
         }
         Ok(ds)
@@ -475,6 +505,40 @@ mod tests {
             counts.push(written);
         }
         assert!(counts.iter().all(|&c| c == counts[0]), "{counts:?}");
+    }
+
+    #[test]
+    fn a_refusal_names_what_differs_between_tokenizers_described_alike() {
+        // shards of one WordPiece vocabulary read for a model of another of
+        // the same size (two tokens swapped): once "400 ... 400"
+        let dir = crate::testdir::TestDir::new("apart");
+        let text = dir.path().join("text.txt");
+        std::fs::write(&text, &SHAKESPEARE[..5_000]).unwrap();
+        let ours = learn_wordpiece(Some(&text), 150).unwrap();
+        let mut tokens: Vec<String> = ours.vocab_text().lines().map(String::from).collect();
+        tokens.swap(20, 21);
+        let theirs = wordpiece::WordPiece::new(tokens).unwrap();
+        let sums = [ours.checksum().to_string(), theirs.checksum().to_string()];
+        assert_eq!(describe(&ours.spec()), describe(&theirs.spec()));
+        let ds = Dataset::load_with(Some(&text), Tokenizer::WordPiece(Box::new(ours))).unwrap();
+        let shards = dir.path().join("shards");
+        write_shards(&ds, &shards).unwrap();
+        let err = Dataset::load_with(Some(&shards), Tokenizer::WordPiece(Box::new(theirs)))
+            .err()
+            .expect("another vocabulary is refused")
+            .to_string();
+        assert!(
+            err.contains(&sums[0]) && err.contains(&sums[1]),
+            "{err} does not name {sums:?}"
+        );
+        // character vocabularies of as many characters: one each lacks
+        let spec = |chars: &str| TokenizerSpec::Char {
+            chars: chars.into(),
+        };
+        let [a, b] = describe_apart(&spec("abc"), &spec("abd"));
+        assert!(a.contains("'c'") && b.contains("'d'"), "{a} / {b}");
+        let [a, b] = describe_apart(&spec("ab"), &TokenizerSpec::Gpt2);
+        assert_eq!((a, b), (describe(&spec("ab")), "GPT-2 BPE".to_string()));
     }
 
     #[test]

@@ -181,17 +181,11 @@ impl WordPiece {
         };
         let wp = Self::from_vocab_file(path)?.with_normalizer(normalizer);
         if &wp.spec() != spec {
+            let [file, model] = crate::data::describe_apart(&wp.spec(), spec);
             return Err(Error::Input(format!(
-                "{} is not the WordPiece vocabulary this model was trained with ({}, \
-                 checksum {}; the model's: {}, checksum {})",
+                "{} is not the WordPiece vocabulary this model was trained with ({file}; the \
+                 model's: {model})",
                 path.display(),
-                crate::data::describe(&wp.spec()),
-                wp.checksum,
-                crate::data::describe(spec),
-                match spec {
-                    crate::data::TokenizerSpec::WordPiece { checksum, .. } => checksum.as_str(),
-                    _ => "none",
-                }
             )));
         }
         Ok(wp)

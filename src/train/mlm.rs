@@ -418,12 +418,11 @@ pub fn evaluate_folder<B: Backend + 'static>(
     };
     if let Ok(recorded) = recorded_tokenizer(dir) {
         if recorded.spec() != data.tokenizer.spec() {
+            let [then, now] = crate::data::describe_apart(&recorded.spec(), &data.tokenizer.spec());
             return Err(Error::Input(format!(
-                "{} was trained on {}, but {} is tokenized with {}",
+                "{} was trained on {then}, but {} is tokenized with {now}",
                 dir.display(),
-                crate::data::describe(&recorded.spec()),
                 data.name,
-                crate::data::describe(&data.tokenizer.spec())
             )));
         }
     }
