@@ -155,8 +155,10 @@ impl WordPiece {
     fn from_vocab_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| Error::Input(format!("cannot read {}: {e}", path.display())))?;
-        Self::new(text.lines().map(str::to_string).collect())
-            .map_err(|e| Error::Input(format!("{}: {e}", path.display())))
+        Self::new(text.lines().map(str::to_string).collect()).map_err(|e| match e {
+            Error::Input(why) => Error::Input(format!("{}: {why}", path.display())),
+            other => other,
+        })
     }
 
     /// A Hugging Face folder's tokenizer: its `vocab.txt`, normalized as
@@ -845,5 +847,17 @@ mod tests {
             err.contains("vocab.txt is not the WordPiece vocabulary"),
             "{err}"
         );
+        // a file without a special token is named, once
+        let short = wp.vocab_text().replace("[MASK]\n", "");
+        std::fs::write(dir.path().join("vocab.txt"), short).unwrap();
+        let err = WordPiece::from_folder(dir.path())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("vocab.txt: the WordPiece vocabulary has no [MASK]"),
+            "{err}"
+        );
+        assert_eq!(err.matches("bad input").count(), 1, "{err}");
     }
 }
