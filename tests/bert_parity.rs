@@ -205,7 +205,7 @@ fn classifier_on_the_labelled_set_loaders_batches_matches_transformers() {
     let dir = fixtures().join("bert_tiny/loader");
     let reference = Reference::load(&dir.join("reference.safetensors"));
     let set = LabelledSet::load(&dir.join("data")).unwrap();
-    let wp = WordPiece::from_vocab_file(&dir.join("model/vocab.txt")).unwrap();
+    let wp = WordPiece::from_folder(&dir.join("model")).unwrap();
     let mut m = model(&dir.join("model"), None);
     assert_eq!(m.engine.config.vocab_size, wp.vocab_size());
     let (shape, ids) = reference.tensor("input_ids");
@@ -289,7 +289,7 @@ fn wordpiece_gives_the_hugging_face_tokenizers_ids() {
     let Some(dir) = minilm::folder("wordpiece_gives_the_hugging_face_tokenizers_ids") else {
         return;
     };
-    let wp = WordPiece::from_vocab_file(&dir.join("vocab.txt")).unwrap();
+    let wp = WordPiece::from_folder(&dir).unwrap();
     let text = std::fs::read_to_string(fixtures().join("minilm/wordpiece.json")).unwrap();
     let cases: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
     assert!(cases.len() >= 30);
@@ -311,7 +311,7 @@ fn pairs_encode_as_the_hugging_face_tokenizer_encodes_them() {
     else {
         return;
     };
-    let wp = WordPiece::from_vocab_file(&dir.join("vocab.txt")).unwrap();
+    let wp = WordPiece::from_folder(&dir).unwrap();
     let text = std::fs::read_to_string(fixtures().join("minilm/pairs.json")).unwrap();
     let cases: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
     assert!(cases.len() >= 50);
@@ -367,7 +367,7 @@ const EXPORT_HEADS: [(&str, BertHead); 3] = [
 #[ignore]
 fn write_bert_export_fixture() {
     let src = fixtures().join("bert_tiny/loader/model");
-    let vocab = std::fs::read_to_string(src.join("vocab.txt")).unwrap();
+    let vocab = WordPiece::from_folder(&src).unwrap();
     let (cfg, params) = hf::load_folder(&src, None, 0).unwrap();
     for (name, head) in EXPORT_HEADS {
         let (cfg, mut p) = distgpt::model::bert::with_head(&cfg, &params, head, 7);
@@ -404,7 +404,7 @@ fn exported_folders_give_transformers_auto_classes_the_same_ids_and_outputs() {
         let dir = fixtures().join("bert_export").join(name);
         let reference = Reference::load(&dir.join("transformers.safetensors"));
         let (batch, b, t) = reference.batch();
-        let wp = WordPiece::from_vocab_file(&dir.join("vocab.txt")).unwrap();
+        let wp = WordPiece::from_folder(&dir).unwrap();
         for (i, (text, pair)) in EXPORT_TEXTS.iter().enumerate() {
             let (ids, types) = wp.encode_pair(text, *pair, t);
             let n = batch.lens[i] as usize;

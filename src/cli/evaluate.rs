@@ -38,7 +38,7 @@ fn eval_masked_lm<B: Backend + 'static>(
     be: B,
     a: &EvalArgs,
     given: &[String],
-    block: usize,
+    bert: &distgpt::model::bert::BertConfig,
 ) -> Result<()> {
     if given.iter().any(|g| g == "weights") {
         bail!("--weights is for GPT-2 models: a BERT masked LM is evaluated in fp32");
@@ -55,7 +55,7 @@ fn eval_masked_lm<B: Backend + 'static>(
         .or_else(|| record.as_ref().and_then(|r| r.train.data.clone()));
     let cfg = TrainConfig {
         batch_size: a.batch_size,
-        seq_len: a.seq_len.unwrap_or(block),
+        seq_len: a.seq_len.unwrap_or(bert.block_size),
         eval_batches: if a.batches == 0 {
             usize::MAX
         } else {
@@ -64,6 +64,8 @@ fn eval_masked_lm<B: Backend + 'static>(
         seed: record.map_or(1337, |r| r.train.seed),
         ..TrainConfig::default()
     };
+    // before the data is read and tokenized
+    train::mlm::check_seq_len(bert.head, cfg.seq_len)?;
     let threads = rayon::current_num_threads();
     // the model's own tokenizer: a character it never saw is an error
     let ds = Dataset::load_with(data.as_deref(), train::mlm::recorded_tokenizer(&a.model)?)?;
@@ -141,7 +143,7 @@ fn eval_with<B: Backend + 'static>(be: B, a: &EvalArgs, given: &[String]) -> Res
     if let Some(bert) = meta.config.get::<distgpt::model::bert::BertConfig>() {
         return match bert.head {
             distgpt::model::bert::BertHead::Mlm | distgpt::model::bert::BertHead::Pretrain => {
-                eval_masked_lm(be, a, given, bert.block_size)
+                eval_masked_lm(be, a, given, bert)
             }
             distgpt::model::bert::BertHead::Classify { .. } => {
                 eval_classifier(be, a, given, bert.block_size)

@@ -104,6 +104,15 @@ impl LabelledSet {
         })
     }
 
+    /// Whether any example of any split is a sentence pair (a second text
+    /// that is not empty).
+    pub fn has_pairs(&self) -> bool {
+        [&self.train, &self.val, &self.test]
+            .iter()
+            .flat_map(|s| &s.examples)
+            .any(|e| e.text_pair.as_deref().is_some_and(|p| !p.is_empty()))
+    }
+
     /// A checksum of the labels and every split's examples in order (after
     /// any sampling): a checkpoint's record of the data it was trained on.
     pub fn fingerprint(&self) -> String {

@@ -109,7 +109,46 @@ pub fn describe(spec: &TokenizerSpec) -> String {
             format!("a character vocabulary of {}", chars.chars().count())
         }
         TokenizerSpec::Gpt2 => "GPT-2 BPE".into(),
-        TokenizerSpec::WordPiece { tokens, .. } => format!("a WordPiece vocabulary of {tokens}"),
+        TokenizerSpec::WordPiece {
+            tokens, normalizer, ..
+        } => match normalizer.is_uncased() {
+            true => format!("a WordPiece vocabulary of {tokens}"),
+            false => format!(
+                "a WordPiece vocabulary of {tokens} ({})",
+                normalizer.describe()
+            ),
+        },
+    }
+}
+
+/// Two tokenizers that differ, each described so that the difference
+/// shows: where [`describe`] says the same of both, what inside them
+/// differs is added (a vocabulary's checksum, a character one has and the
+/// other lacks), so a refusal never reads "400 vs 400".
+pub fn describe_apart(a: &TokenizerSpec, b: &TokenizerSpec) -> [String; 2] {
+    let (da, db) = (describe(a), describe(b));
+    if da != db {
+        return [da, db];
+    }
+    match (a, b) {
+        (
+            TokenizerSpec::WordPiece { checksum: ca, .. },
+            TokenizerSpec::WordPiece { checksum: cb, .. },
+        ) => [
+            format!("{da}, checksum {ca}"),
+            format!("{db}, checksum {cb}"),
+        ],
+        (TokenizerSpec::Char { chars: ca }, TokenizerSpec::Char { chars: cb }) => {
+            let side = |d: &str, ours: &str, theirs: &str| match ours
+                .chars()
+                .find(|&c| !theirs.contains(c))
+            {
+                Some(c) => format!("{d}, {c:?} among them"),
+                None => format!("{d}, in another order"),
+            };
+            [side(&da, ca, cb), side(&db, cb, ca)]
+        }
+        _ => [da, db],
     }
 }
 
@@ -144,7 +183,7 @@ impl Dataset {
     }
 
     /// `source` is `None` for the embedded corpus, a text file, or a
-    /// directory of `*train*.bin` / `*val*.bin` shards (with `tokenizer.json`
+    /// directory of `<name>_train[_<n>].bin` / `<name>_val[_<n>].bin` shards (with `tokenizer.json`
     /// from `distgpt data prepare`; without it, GPT-2 tokens as llm.c writes).
     pub fn load(source: Option<&Path>, kind: TokenizerKind) -> Result<Self> {
         if let Some(dir) = source.filter(|p| p.is_dir()) {
@@ -183,11 +222,10 @@ impl Dataset {
         let ds = Self::from_shards(dir)?;
         let theirs = ds.tokenizer.spec();
         if &theirs != tokenizer {
+            let [theirs, ours] = describe_apart(&theirs, tokenizer);
             return Err(Error::Input(format!(
-                "{}: the shards were tokenized with {}, the model uses {}: prepare the data with the model's tokenizer",
+                "{}: the shards were tokenized with {theirs}, the model uses {ours}: prepare the data with the model's tokenizer",
                 dir.display(),
-                describe(&theirs),
-                describe(tokenizer)
             )));
         }
         Ok(ds)
@@ -227,27 +265,37 @@ impl Dataset {
     }
 
     fn from_shards(dir: &Path) -> Result<Self> {
-        let files = shard_files(dir)?;
-        let named = |key: &str| -> Result<Split> {
+        let (mut train_files, mut val_files) = (Vec::new(), Vec::new());
+        for p in shard_files(dir)? {
+            match shard_split(&p) {
+                Some("train") => train_files.push(p),
+                Some("val") => val_files.push(p),
+                _ => {
+                    return Err(Error::Input(format!(
+                        "{}: a shard's name must say its split as `data prepare` and llm.c \
+                         write them, `<name>_train.bin` or `<name>_val.bin`, each optionally \
+                         followed by `_<number>`: rename the file or move it out of the folder",
+                        p.display()
+                    )))
+                }
+            }
+        }
+        let named = |key: &str, files: &[PathBuf]| -> Result<Split> {
             let parts = files
                 .iter()
-                .filter(|p| {
-                    p.file_name()
-                        .is_some_and(|n| n.to_string_lossy().contains(key))
-                })
                 .map(|p| shard::Shard::open(p).map(Part::Mapped))
                 .collect::<Result<Vec<_>>>()?;
             if parts.is_empty() && dir.join("labels.json").exists() {
                 return Err(Error::Input(format!(
                     "{} is a labelled set (labels.json, train/val/test.jsonl), which a \
                      classifier reads: a language model reads a text file or a directory of \
-                     *train*.bin / *val*.bin token shards",
+                     *_train_*.bin / *_val_*.bin token shards",
                     dir.display()
                 )));
             }
             if parts.is_empty() {
                 return Err(Error::Input(format!(
-                    "{}: no *{key}*.bin shard in this directory",
+                    "{}: no <name>_{key}[_<number>].bin shard in this directory",
                     dir.display()
                 )));
             }
@@ -262,7 +310,7 @@ impl Dataset {
             TokenizerSpec::Gpt2
         };
         let tokenizer = Tokenizer::from_spec_in(&spec, dir)?;
-        let (train, val) = (named("train")?, named("val")?);
+        let (train, val) = (named("train", &train_files)?, named("val", &val_files)?);
         let vocab = tokenizer.vocab_size() as u32;
         for split in [&train, &val] {
             for part in &split.parts {
@@ -327,6 +375,20 @@ fn read_text(source: Option<&Path>) -> Result<(String, std::borrow::Cow<'static,
                 .map_or("text".into(), |s| s.to_string_lossy().into_owned());
             Ok((name, text.into()))
         }
+    }
+}
+
+/// The split named in a shard's file name, `<name>_<split>.bin` or
+/// `<name>_<split>_<number>.bin` as `data prepare` and llm.c write them:
+/// the word in that place, never a word that merely contains it (a corpus
+/// named `train` or `interval` names no split).
+fn shard_split(path: &Path) -> Option<&str> {
+    let stem = path.file_stem()?.to_str()?;
+    let mut words = stem.rsplit('_');
+    let last = words.next()?;
+    match !last.is_empty() && last.bytes().all(|b| b.is_ascii_digit()) {
+        true => words.next(),
+        false => Some(last),
     }
 }
 
@@ -426,6 +488,83 @@ mod tests {
             .err()
             .expect("a vocabulary past u16 is refused");
         assert!(err.to_string().contains("at most 65536"), "{err}");
+    }
+
+    #[test]
+    fn a_corpus_splits_the_same_whatever_its_file_is_named() {
+        // a name that holds "train" or "val" once put every shard in one split
+        let dir = crate::testdir::TestDir::new("split-names");
+        let mut counts = Vec::new();
+        for name in ["corpus", "train", "interval", "val"] {
+            let input = dir.path().join(format!("{name}.txt"));
+            std::fs::write(&input, &SHAKESPEARE[..2_000]).unwrap();
+            let out = dir.path().join(name);
+            let written = prepare(Some(&input), TokenizerKind::Char, &out).unwrap();
+            let back = Dataset::load(Some(&out), TokenizerKind::Char).unwrap();
+            assert_eq!((back.train.len(), back.val.len()), written, "{name}.txt");
+            counts.push(written);
+        }
+        assert!(counts.iter().all(|&c| c == counts[0]), "{counts:?}");
+    }
+
+    #[test]
+    fn a_refusal_names_what_differs_between_tokenizers_described_alike() {
+        // shards of one WordPiece vocabulary read for a model of another of
+        // the same size (two tokens swapped): once "400 ... 400"
+        let dir = crate::testdir::TestDir::new("apart");
+        let text = dir.path().join("text.txt");
+        std::fs::write(&text, &SHAKESPEARE[..5_000]).unwrap();
+        let ours = learn_wordpiece(Some(&text), 150).unwrap();
+        let mut tokens: Vec<String> = ours.vocab_text().lines().map(String::from).collect();
+        tokens.swap(20, 21);
+        let theirs = wordpiece::WordPiece::new(tokens).unwrap();
+        let sums = [ours.checksum().to_string(), theirs.checksum().to_string()];
+        assert_eq!(describe(&ours.spec()), describe(&theirs.spec()));
+        let ds = Dataset::load_with(Some(&text), Tokenizer::WordPiece(Box::new(ours))).unwrap();
+        let shards = dir.path().join("shards");
+        write_shards(&ds, &shards).unwrap();
+        let err = Dataset::load_with(Some(&shards), Tokenizer::WordPiece(Box::new(theirs)))
+            .err()
+            .expect("another vocabulary is refused")
+            .to_string();
+        assert!(
+            err.contains(&sums[0]) && err.contains(&sums[1]),
+            "{err} does not name {sums:?}"
+        );
+        // character vocabularies of as many characters: one each lacks
+        let spec = |chars: &str| TokenizerSpec::Char {
+            chars: chars.into(),
+        };
+        let [a, b] = describe_apart(&spec("abc"), &spec("abd"));
+        assert!(a.contains("'c'") && b.contains("'d'"), "{a} / {b}");
+        let [a, b] = describe_apart(&spec("ab"), &TokenizerSpec::Gpt2);
+        assert_eq!((a, b), (describe(&spec("ab")), "GPT-2 BPE".to_string()));
+    }
+
+    #[test]
+    fn a_shard_split_is_the_word_in_its_place_in_the_name() {
+        for (name, split) in [
+            ("fineweb_train_000001.bin", Some("train")),
+            ("fineweb_val_000000.bin", Some("val")),
+            ("tiny_shakespeare_val.bin", Some("val")),
+            ("TinyStories_train.bin", Some("train")),
+            ("val_train_000000.bin", Some("train")),
+            ("train_val_000000.bin", Some("val")),
+            ("interval_train_000000.bin", Some("train")),
+            ("trainval_000000.bin", Some("trainval")),
+            ("weights.bin", Some("weights")),
+        ] {
+            assert_eq!(shard_split(Path::new(name)), split, "{name}");
+        }
+        let dir = crate::testdir::TestDir::new("split-unnamed");
+        shard::write_shard(&dir.path().join("x_train_000000.bin"), &[1, 2, 3]).unwrap();
+        shard::write_shard(&dir.path().join("x_val_000000.bin"), &[1, 2, 3]).unwrap();
+        shard::write_shard(&dir.path().join("x_valid_000000.bin"), &[1, 2, 3]).unwrap();
+        let err = Dataset::load(Some(dir.path()), TokenizerKind::Gpt2)
+            .err()
+            .expect("a shard that names no split is refused")
+            .to_string();
+        assert!(err.contains("x_valid_000000.bin"), "{err}");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! `gpt2` (tiktoken's `r50k_base`, compiled in) and BERT's WordPiece (a
 //! `vocab.txt`, kept beside the model; `data::wordpiece`).
 
+use super::wordpiece::Normalizer;
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -17,10 +18,14 @@ pub enum TokenizerSpec {
     Gpt2,
     /// A BERT folder's WordPiece vocabulary (`vocab.txt`, which it is read
     /// from): its size and checksum, so a checkpoint names the vocabulary
-    /// it was trained with.
+    /// it was trained with, and how text is normalized before it is cut
+    /// (recorded where it is not BERT uncased's, so older records read the
+    /// same).
     WordPiece {
         tokens: usize,
         checksum: String,
+        #[serde(default, skip_serializing_if = "Normalizer::is_uncased")]
+        normalizer: Normalizer,
     },
 }
 

@@ -1,18 +1,97 @@
-//! BERT's WordPiece tokenizer (uncased), as Hugging Face's `BertTokenizer`
-//! does it: clean the text (drop control characters, whitespace to spaces),
-//! space out CJK ideographs, split on whitespace, lowercase, strip accents
-//! (NFD, combining marks dropped), split off punctuation, then cut each word
-//! into the longest vocabulary pieces from the left (`##` marks a piece
-//! inside a word); a word that cannot be cut, or longer than 100
-//! characters, is `[UNK]`. Punctuation is ASCII's and the Unicode
-//! punctuation of Latin-1, General Punctuation, CJK Symbols and the
-//! fullwidth forms; other scripts' punctuation stays inside its word.
+//! BERT's WordPiece tokenizer, as Hugging Face's `BertTokenizer` (the
+//! `tokenizers` library's `BertNormalizer`, `BertPreTokenizer` and
+//! `WordPiece`) does it: clean the text (drop NUL, U+FFFD and every
+//! character of a category C*, whitespace to spaces), space out CJK
+//! ideographs, strip accents (NFD, then drop the nonspacing marks, Mn: not
+//! the spacing ones, Mc, that Indic scripts write vowels with), lowercase,
+//! split on whitespace and split off punctuation (ASCII's and every Unicode
+//! category P*), then cut each word into the longest vocabulary pieces from
+//! the left (`##` marks a piece inside a word); a word that cannot be cut,
+//! or longer than 100 characters, is `[UNK]`. A folder's
+//! `tokenizer_config.json` says which of those steps a model takes
+//! ([`Normalizer`]).
 
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::path::Path;
-use unicode_normalization::char::is_combining_mark;
+use unicode_general_category::{get_general_category, GeneralCategory};
 use unicode_normalization::UnicodeNormalization;
+
+/// Which of BERT's normalizing steps a vocabulary's model was trained
+/// with, as `tokenizer_config.json` names them (`do_lower_case`,
+/// `strip_accents`, `tokenize_chinese_chars`): lowercase; strip accents
+/// (where unset, as lowercasing does); space out CJK ideographs. The
+/// default is BERT uncased's, and `transformers`' for a folder that does
+/// not say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Normalizer {
+    pub lowercase: bool,
+    pub strip_accents: Option<bool>,
+    pub chinese_chars: bool,
+}
+
+impl Default for Normalizer {
+    fn default() -> Self {
+        Normalizer {
+            lowercase: true,
+            strip_accents: None,
+            chinese_chars: true,
+        }
+    }
+}
+
+impl Normalizer {
+    /// BERT uncased's steps (what a record without a normalizer means).
+    pub fn is_uncased(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// As `dir`'s `tokenizer_config.json` says; the default without one.
+    pub fn of_folder(dir: &Path) -> Result<Self> {
+        let path = dir.join("tokenizer_config.json");
+        if !path.exists() {
+            return Ok(Self::default());
+        }
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        let json: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| Error::Input(format!("{}: {e}", path.display())))?;
+        let flag = |key: &str| -> Result<Option<bool>> {
+            match json.get(key) {
+                None | Some(serde_json::Value::Null) => Ok(None),
+                Some(serde_json::Value::Bool(b)) => Ok(Some(*b)),
+                Some(other) => Err(Error::Input(format!(
+                    "{}: {key} is {other}; it must be true, false or null",
+                    path.display()
+                ))),
+            }
+        };
+        let default = Self::default();
+        Ok(Normalizer {
+            lowercase: flag("do_lower_case")?.unwrap_or(default.lowercase),
+            strip_accents: flag("strip_accents")?,
+            chinese_chars: flag("tokenize_chinese_chars")?.unwrap_or(default.chinese_chars),
+        })
+    }
+
+    /// How messages name the steps.
+    pub fn describe(&self) -> String {
+        let strip = self.strip_accents.unwrap_or(self.lowercase);
+        format!(
+            "{}, accents {}, CJK ideographs {}",
+            if self.lowercase {
+                "lowercased"
+            } else {
+                "cased"
+            },
+            if strip { "stripped" } else { "kept" },
+            if self.chinese_chars {
+                "spaced"
+            } else {
+                "not spaced"
+            }
+        )
+    }
+}
 
 /// A WordPiece vocabulary and its special tokens.
 pub struct WordPiece {
@@ -27,6 +106,7 @@ pub struct WordPiece {
     size: usize,
     /// Checksum of the tokens in id order (see [`WordPiece::spec`]).
     checksum: String,
+    normalizer: Normalizer,
 }
 
 const MAX_WORD: usize = 100;
@@ -57,34 +137,57 @@ impl WordPiece {
             tokens,
             size,
             checksum,
+            normalizer: Normalizer::default(),
         })
     }
 
-    /// From a `vocab.txt` (one token per line, line i is id i).
-    pub fn from_vocab_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::Input(format!("cannot read {}: {e}", path.display())))?;
-        Self::new(text.lines().map(str::to_string).collect())
+    /// The same vocabulary, its text normalized by `normalizer`'s steps.
+    pub fn with_normalizer(self, normalizer: Normalizer) -> Self {
+        WordPiece { normalizer, ..self }
     }
 
-    /// The vocabulary in the one vocab.txt that `from_vocab_file` reads
-    /// that `dir` holds, checked against what a run or checkpoint recorded
-    /// of it (`spec`): another vocabulary is refused in words.
+    pub fn normalizer(&self) -> Normalizer {
+        self.normalizer
+    }
+
+    /// From a `vocab.txt` (one token per line, line i is id i), BERT
+    /// uncased's normalizer.
+    fn from_vocab_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Input(format!("cannot read {}: {e}", path.display())))?;
+        Self::new(text.lines().map(str::to_string).collect()).map_err(|e| match e {
+            Error::Input(why) => Error::Input(format!("{}: {why}", path.display())),
+            other => other,
+        })
+    }
+
+    /// A Hugging Face folder's tokenizer: its `vocab.txt`, normalized as
+    /// its `tokenizer_config.json` says ([`Normalizer::of_folder`]).
+    pub fn from_folder(dir: &Path) -> Result<Self> {
+        let normalizer = Normalizer::of_folder(dir)?;
+        Ok(Self::from_vocab_file(&dir.join("vocab.txt"))?.with_normalizer(normalizer))
+    }
+
+    /// The vocabulary in `dir`'s vocab.txt, checked against what a run or
+    /// checkpoint recorded of it (`spec`), normalized as recorded: another
+    /// vocabulary is refused in words.
     pub fn recorded_in(dir: &Path, spec: &crate::data::TokenizerSpec) -> Result<Self> {
-        let path = dir.join("vocab.txt");
-        let wp = Self::from_vocab_file(&path)?;
+        Self::recorded_at(&dir.join("vocab.txt"), spec)
+    }
+
+    /// [`WordPiece::recorded_in`] of the vocabulary file `path`.
+    pub fn recorded_at(path: &Path, spec: &crate::data::TokenizerSpec) -> Result<Self> {
+        let normalizer = match spec {
+            crate::data::TokenizerSpec::WordPiece { normalizer, .. } => *normalizer,
+            _ => Normalizer::default(),
+        };
+        let wp = Self::from_vocab_file(path)?.with_normalizer(normalizer);
         if &wp.spec() != spec {
+            let [file, model] = crate::data::describe_apart(&wp.spec(), spec);
             return Err(Error::Input(format!(
-                "{} is not the WordPiece vocabulary this model was trained with ({}, \
-                 checksum {}; the model's: {}, checksum {})",
+                "{} is not the WordPiece vocabulary this model was trained with ({file}; the \
+                 model's: {model})",
                 path.display(),
-                crate::data::describe(&wp.spec()),
-                wp.checksum,
-                crate::data::describe(spec),
-                match spec {
-                    crate::data::TokenizerSpec::WordPiece { checksum, .. } => checksum.as_str(),
-                    _ => "none",
-                }
             )));
         }
         Ok(wp)
@@ -92,6 +195,12 @@ impl WordPiece {
 
     pub fn vocab_size(&self) -> usize {
         self.size
+    }
+
+    /// The checksum of the tokens in id order, as [`WordPiece::spec`]
+    /// records it.
+    pub fn checksum(&self) -> &str {
+        &self.checksum
     }
 
     /// What `vocab.txt` holds: one token per line, in id order.
@@ -120,18 +229,20 @@ impl WordPiece {
         out
     }
 
-    /// What a checkpoint records of the vocabulary: its size and checksum.
+    /// What a checkpoint records of the vocabulary: its size, checksum and
+    /// normalizer.
     pub fn spec(&self) -> crate::data::TokenizerSpec {
         crate::data::TokenizerSpec::WordPiece {
             tokens: self.size,
             checksum: self.checksum.clone(),
+            normalizer: self.normalizer,
         }
     }
 
     /// The ids of `text`'s pieces, without `[CLS]` / `[SEP]`.
     pub fn encode(&self, text: &str) -> Vec<u32> {
         let mut ids = Vec::new();
-        for word in basic_tokens(text) {
+        for word in basic_tokens(text, self.normalizer) {
             self.word_pieces(&word, &mut ids);
         }
         ids
@@ -229,8 +340,19 @@ impl WordPiece {
     }
 }
 
-fn is_control(c: char) -> bool {
-    !matches!(c, '\t' | '\n' | '\r') && c.is_control()
+/// A character the cleaning drops: NUL, U+FFFD, and every category C*
+/// (controls, formats such as zero-width joiners, private use, unassigned)
+/// but the tab and line breaks, which are whitespace.
+fn is_dropped(c: char) -> bool {
+    use GeneralCategory::*;
+    match c {
+        '\t' | '\n' | '\r' => false,
+        '\u{fffd}' => true,
+        _ => matches!(
+            get_general_category(c),
+            Control | Format | Surrogate | PrivateUse | Unassigned
+        ),
+    }
 }
 
 fn is_cjk(c: char) -> bool {
@@ -239,29 +361,33 @@ fn is_cjk(c: char) -> bool {
         | 0x2B740..=0x2B81F | 0x2B820..=0x2CEAF | 0xF900..=0xFAFF | 0x2F800..=0x2FA1F)
 }
 
+/// ASCII's punctuation and symbols, and every Unicode punctuation category.
 fn is_punctuation(c: char) -> bool {
-    if c.is_ascii_punctuation() {
-        return true;
-    }
-    matches!(c as u32,
-        0xA1 | 0xA7 | 0xAB | 0xB6 | 0xB7 | 0xBB | 0xBF
-        | 0x2010..=0x2027 | 0x2030..=0x2043 | 0x2045..=0x2051 | 0x2053..=0x205E
-        | 0x3001..=0x3003 | 0x3008..=0x3011 | 0x3014..=0x301F | 0x3030 | 0x303D
-        | 0xFF01..=0xFF03 | 0xFF05..=0xFF0A | 0xFF0C..=0xFF0F | 0xFF1A | 0xFF1B
-        | 0xFF1F | 0xFF20 | 0xFF3B..=0xFF3D | 0xFF3F | 0xFF5B | 0xFF5D | 0xFF5F..=0xFF65)
+    use GeneralCategory::*;
+    c.is_ascii_punctuation()
+        || matches!(
+            get_general_category(c),
+            ConnectorPunctuation
+                | DashPunctuation
+                | OpenPunctuation
+                | ClosePunctuation
+                | InitialPunctuation
+                | FinalPunctuation
+                | OtherPunctuation
+        )
 }
 
-/// BERT's basic tokenization: words and punctuation marks, lowercased and
-/// without accents.
-fn basic_tokens(text: &str) -> Vec<String> {
+/// BERT's basic tokenization: words and punctuation marks, normalized by
+/// `normalizer`'s steps.
+fn basic_tokens(text: &str, normalizer: Normalizer) -> Vec<String> {
     let mut spaced = String::with_capacity(text.len());
     for c in text.chars() {
-        if c == '\0' || c == '\u{fffd}' || is_control(c) {
+        if is_dropped(c) {
             continue;
         }
         if c.is_whitespace() {
             spaced.push(' ');
-        } else if is_cjk(c) {
+        } else if normalizer.chinese_chars && is_cjk(c) {
             spaced.push(' ');
             spaced.push(c);
             spaced.push(' ');
@@ -269,13 +395,20 @@ fn basic_tokens(text: &str) -> Vec<String> {
             spaced.push(c);
         }
     }
+    let strip = normalizer.strip_accents.unwrap_or(normalizer.lowercase);
     let mut out = Vec::new();
     for word in spaced.split_whitespace() {
-        let plain: String = word
-            .to_lowercase()
-            .nfd()
-            .filter(|&c| !is_combining_mark(c))
-            .collect();
+        let mut plain = word.to_string();
+        if strip {
+            plain = plain
+                .nfd()
+                .filter(|&c| get_general_category(c) != GeneralCategory::NonspacingMark)
+                .collect();
+        }
+        if normalizer.lowercase {
+            // character by character, as `tokenizers` lowercases: no final sigma
+            plain = plain.chars().flat_map(char::to_lowercase).collect();
+        }
         let mut cur = String::new();
         for c in plain.chars() {
             if is_punctuation(c) {
@@ -315,7 +448,7 @@ pub const SPECIAL: [&str; 5] = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"];
 /// merge; a `size` below the special tokens and the characters is refused.
 pub fn learn(text: &str, size: usize) -> Result<WordPiece> {
     let mut counts: HashMap<String, u64> = HashMap::new();
-    for w in basic_tokens(text) {
+    for w in basic_tokens(text, Normalizer::default()) {
         *counts.entry(w).or_default() += 1;
     }
     let mut words: Vec<(String, u64)> = counts.into_iter().collect();
@@ -578,7 +711,7 @@ mod tests {
         // than characters, and reads back as BERT's basic tokens
         let ids = wp.encode(&corpus);
         assert!(!ids.contains(&wp.unk));
-        let letters: usize = basic_tokens(&corpus)
+        let letters: usize = basic_tokens(&corpus, Normalizer::default())
             .iter()
             .map(|w| w.chars().count())
             .sum();
@@ -594,7 +727,9 @@ mod tests {
         );
         assert_eq!(
             wp.decode(&wp.encode(text)),
-            basic_tokens(text).join(" ").replace(" ##", "")
+            basic_tokens(text, Normalizer::default())
+                .join(" ")
+                .replace(" ##", "")
         );
         assert!(wp
             .vocab_text()
@@ -604,6 +739,93 @@ mod tests {
         for _ in 0..3 {
             assert_eq!(learn(&corpus, 400).unwrap().vocab_text(), wp.vocab_text());
         }
+    }
+
+    /// tests/fixtures/wordpiece (scripts/make_wordpiece_fixture.py):
+    /// `transformers`' ids of texts in many scripts, cased and uncased.
+    #[test]
+    fn every_script_gives_the_ids_transformers_gives_cased_and_uncased() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wordpiece");
+        let text = std::fs::read_to_string(dir.join("ids.json")).unwrap();
+        let fixture: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let cases = fixture["cases"].as_array().unwrap();
+        assert!(cases.len() >= 14);
+        let cased = Normalizer {
+            lowercase: false,
+            ..Normalizer::default()
+        };
+        let mut wrong = Vec::new();
+        for (name, normalizer) in [("uncased", Normalizer::default()), ("cased", cased)] {
+            // the fixture folder has no tokenizer_config.json: uncased
+            let wp = WordPiece::from_folder(&dir)
+                .unwrap()
+                .with_normalizer(normalizer);
+            for case in cases {
+                let text = case["text"].as_str().unwrap();
+                let want: Vec<u32> = case[name]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_u64().unwrap() as u32)
+                    .collect();
+                let ours = wp.encode(text);
+                let differing = ours.len().abs_diff(want.len())
+                    + ours.iter().zip(&want).filter(|(a, b)| a != b).count();
+                if differing > 0 {
+                    wrong.push(format!(
+                        "{name} {text:?}: {differing} ids differ\n ours   {ours:?}\n theirs {want:?}"
+                    ));
+                }
+            }
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    }
+
+    #[test]
+    fn a_folder_tokenizes_as_its_tokenizer_config_says() {
+        let toks = [
+            "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "Café", "Cafe", "café", "cafe", "世界",
+            "世", "界",
+        ];
+        let dir = crate::testdir::TestDir::new("wordpiece-config");
+        let vocab: Vec<String> = toks.iter().map(|s| s.to_string()).collect();
+        std::fs::write(dir.path().join("vocab.txt"), vocab.join("\n")).unwrap();
+        let config = dir.path().join("tokenizer_config.json");
+        let ids = |json: Option<&str>| {
+            match json {
+                Some(j) => std::fs::write(&config, j).unwrap(),
+                None => std::fs::remove_file(&config).unwrap_or(()),
+            }
+            WordPiece::from_folder(dir.path())
+                .map(|wp| (wp.encode("Café 世界"), wp.spec()))
+                .map_err(|e| e.to_string())
+        };
+        let uncased = ids(None).unwrap();
+        assert_eq!(uncased.0, [8, 10, 11]);
+        assert_eq!(ids(Some(r#"{"do_lower_case": true}"#)).unwrap(), uncased);
+        let cased = ids(Some(r#"{"do_lower_case": false}"#)).unwrap();
+        assert_eq!(cased.0, [5, 10, 11]);
+        let stripped = r#"{"do_lower_case": false, "strip_accents": true}"#;
+        assert_eq!(ids(Some(stripped)).unwrap().0, [6, 10, 11]);
+        let accents = r#"{"do_lower_case": true, "strip_accents": false}"#;
+        assert_eq!(ids(Some(accents)).unwrap().0, [7, 10, 11]);
+        let whole = r#"{"tokenize_chinese_chars": false}"#;
+        assert_eq!(ids(Some(whole)).unwrap().0, [8, 9]);
+        // the record tells a cased vocabulary from the same one uncased,
+        // and reads as before where it is uncased
+        assert_ne!(cased.1, uncased.1);
+        let record = serde_json::to_string(&uncased.1).unwrap();
+        assert!(!record.contains("normalizer"), "{record}");
+        let record = serde_json::to_string(&cased.1).unwrap();
+        let back: crate::data::TokenizerSpec = serde_json::from_str(&record).unwrap();
+        assert_eq!(back, cased.1);
+        let wp = WordPiece::recorded_in(dir.path(), &cased.1).unwrap();
+        assert_eq!(wp.encode("Café"), [5]);
+        let err = ids(Some(r#"{"do_lower_case": "no"}"#)).unwrap_err();
+        assert!(
+            err.contains("tokenizer_config.json") && err.contains("do_lower_case"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -625,5 +847,17 @@ mod tests {
             err.contains("vocab.txt is not the WordPiece vocabulary"),
             "{err}"
         );
+        // a file without a special token is named, once
+        let short = wp.vocab_text().replace("[MASK]\n", "");
+        std::fs::write(dir.path().join("vocab.txt"), short).unwrap();
+        let err = WordPiece::from_folder(dir.path())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("vocab.txt: the WordPiece vocabulary has no [MASK]"),
+            "{err}"
+        );
+        assert_eq!(err.matches("bad input").count(), 1, "{err}");
     }
 }

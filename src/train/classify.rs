@@ -67,7 +67,7 @@ impl ClassifyTask {
             labels: set.labels.len(),
         };
         let (model, init, wp, vocab_file) = pretrained_bert(init_from, head, seed, "classify")?;
-        check_seq_len(seq_len, &model)?;
+        check_seq_len(seq_len, &model, set.has_pairs())?;
         let fingerprint = set.fingerprint();
         Ok(ClassifyTask {
             model,
@@ -136,11 +136,16 @@ pub fn default_seq_len(dir: &Path) -> usize {
 pub const DEFAULT_SEQ_LEN: usize = 128;
 
 /// Refuses a sequence length a classifier of `model` cannot take: at
-/// least `[CLS]` and `[SEP]`, at most its positions.
-fn check_seq_len(t: usize, model: &BertConfig) -> Result<()> {
-    if t < 2 || t > model.block_size {
+/// least `[CLS]` and `[SEP]` (and a second `[SEP]` for a set of sentence
+/// `pairs`), at most its positions.
+fn check_seq_len(t: usize, model: &BertConfig, pairs: bool) -> Result<()> {
+    let (least, what) = match pairs {
+        true => (3, "[CLS] A [SEP] B [SEP] of a set of sentence pairs"),
+        false => (2, "[CLS] and [SEP]"),
+    };
+    if t < least || t > model.block_size {
         return Err(Error::Config(format!(
-            "--seq-len {t} must be between 2 ([CLS] and [SEP]) and the model's {} positions",
+            "--seq-len {t} must be between {least} ({what}) and the model's {} positions",
             model.block_size
         )));
     }
@@ -272,7 +277,7 @@ impl<B: Backend> Task<B> for ClassifyTask {
     }
 
     fn save_model(&self, _backend: B, params: &[f32], dir: &Path) -> Result<()> {
-        hf::write_folder(&self.model, params, Some(&self.wp.vocab_text()), dir)
+        hf::write_folder(&self.model, params, Some(&self.wp), dir)
     }
 
     fn write_report(
@@ -425,7 +430,7 @@ pub fn pretrained_bert(
     let at = crate::checkpoint::model_dir(dir);
     let vocab_file = at.join("vocab.txt");
     let wp = if is_bert_folder(dir) {
-        WordPiece::from_vocab_file(&vocab_file)?
+        hf::read_vocab(&at)?
     } else {
         match crate::checkpoint::read_any_meta(dir)?.tokenizer {
             spec @ TokenizerSpec::WordPiece { .. } => WordPiece::recorded_in(&at, &spec)?,
@@ -568,15 +573,59 @@ mod tests {
         let model = BertConfig::preset("bert-tiny").unwrap();
         let n = model.block_size;
         for ok in [2, 3, n - 1, n] {
-            assert!(check_seq_len(ok, &model).is_ok(), "{ok}");
+            assert!(check_seq_len(ok, &model, false).is_ok(), "{ok}");
         }
         for bad in [0, 1, n + 1, 10 * n] {
-            let e = check_seq_len(bad, &model).unwrap_err().to_string();
+            let e = check_seq_len(bad, &model, false).unwrap_err().to_string();
             assert!(
                 e.contains(&format!("--seq-len {bad} must be between 2")),
                 "{e}"
             );
         }
+        // a pair needs a second [SEP]
+        assert!(check_seq_len(3, &model, true).is_ok());
+        let e = check_seq_len(2, &model, true).unwrap_err().to_string();
+        assert!(e.contains("--seq-len 2 must be between 3"), "{e}");
+    }
+
+    /// A set of sentence pairs scored at 2 positions, which hold `[CLS]`
+    /// and `[SEP]` but not the pair's second `[SEP]`, is refused in words
+    /// (it once panicked on "capacity overflow" padding the rows).
+    #[test]
+    fn a_set_of_pairs_is_not_scored_at_fewer_positions_than_a_pair() {
+        let tokens = [
+            "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "is", "it", "yes", "no",
+        ];
+        let wp = WordPiece::new(tokens.map(String::from).to_vec()).unwrap();
+        let cfg = BertConfig {
+            vocab_size: wp.vocab_size(),
+            block_size: 16,
+            head: BertHead::Classify { labels: 2 },
+            ..BertConfig::preset("bert-tiny").unwrap()
+        };
+        let dir = crate::testdir::TestDir::new("pairs-seq");
+        let model = dir.path().join("model");
+        hf::write_folder(
+            &cfg,
+            &crate::model::bert::init_full(&cfg, 1),
+            Some(&wp),
+            &model,
+        )
+        .unwrap();
+        let data = dir.path().join("data");
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::write(data.join("labels.json"), r#"["no", "yes"]"#).unwrap();
+        let pairs = "{\"label\": 1, \"text\": \"is it\", \"text_pair\": \"yes\"}\n\
+                     {\"label\": 0, \"text\": \"is it\", \"text_pair\": \"no\"}\n";
+        for split in ["train", "val", "test"] {
+            std::fs::write(data.join(format!("{split}.jsonl")), pairs).unwrap();
+        }
+        let cpu = crate::backend::cpu::Cpu::new;
+        let err = evaluate_folder(cpu(), &model, &data, (2, 2), 1)
+            .expect_err("refused")
+            .to_string();
+        assert!(err.contains("--seq-len 2 must be between 3"), "{err}");
+        assert!(evaluate_folder(cpu(), &model, &data, (2, 3), 1).is_ok());
     }
 
     /// The classifier's stream over several epochs: each epoch holds every

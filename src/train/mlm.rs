@@ -110,6 +110,20 @@ pub fn task_of(head: BertHead) -> TaskKind {
     }
 }
 
+/// The shortest sequence a sentence pair fits in.
+const PAIR_SEQ_LEN: usize = 5;
+
+/// Refuses a sequence length a model with `head` cannot be trained or
+/// evaluated at: pretraining's sentence pairs need [`PAIR_SEQ_LEN`].
+pub fn check_seq_len(head: BertHead, seq: usize) -> Result<()> {
+    if head == BertHead::Pretrain && seq < PAIR_SEQ_LEN {
+        return Err(Error::Config(format!(
+            "--seq-len {seq}: BERT's pretraining needs at least {PAIR_SEQ_LEN} positions ([CLS] A [SEP] B [SEP], each segment a token or more)"
+        )));
+    }
+    Ok(())
+}
+
 /// A masked LM's vocabulary over tokenizer `t`: WordPiece's own (it has
 /// `[MASK]`), or the characters and `[MASK]` after them.
 pub fn mlm_vocab(t: &Tokenizer) -> usize {
@@ -281,6 +295,7 @@ impl<B: Backend> Task<B> for MlmTask<'_> {
     }
 
     fn check_eval(&self, cfg: &TrainConfig) -> Result<()> {
+        check_seq_len(self.model.head, cfg.seq_len)?;
         val_loader(self.data, cfg).map(drop)
     }
 
@@ -329,8 +344,11 @@ impl<B: Backend> Task<B> for MlmTask<'_> {
     }
 
     fn save_model(&self, _backend: B, params: &[f32], dir: &Path) -> Result<()> {
-        let vocab = Task::<B>::vocab(self);
-        hf::write_folder(&self.model, params, vocab.as_deref(), dir)
+        let vocab = match &self.data.tokenizer {
+            Tokenizer::WordPiece(wp) => Some(wp.as_ref()),
+            _ => None,
+        };
+        hf::write_folder(&self.model, params, vocab, dir)
     }
 
     fn model_files(&self) -> &'static str {
@@ -400,12 +418,11 @@ pub fn evaluate_folder<B: Backend + 'static>(
     };
     if let Ok(recorded) = recorded_tokenizer(dir) {
         if recorded.spec() != data.tokenizer.spec() {
+            let [then, now] = crate::data::describe_apart(&recorded.spec(), &data.tokenizer.spec());
             return Err(Error::Input(format!(
-                "{} was trained on {}, but {} is tokenized with {}",
+                "{} was trained on {then}, but {} is tokenized with {now}",
                 dir.display(),
-                crate::data::describe(&recorded.spec()),
                 data.name,
-                crate::data::describe(&data.tokenizer.spec())
             )));
         }
     }
@@ -459,6 +476,53 @@ pub fn mask_tokens(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pretraining folder evaluated at fewer positions than a sentence
+    /// pair takes is refused in words (it once panicked on an overflow).
+    #[test]
+    fn a_pretraining_folder_is_not_evaluated_at_fewer_positions_than_a_pair() {
+        let tokens = [
+            "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "to", "be", "or", "not",
+        ];
+        let wp = crate::data::wordpiece::WordPiece::new(tokens.map(String::from).to_vec()).unwrap();
+        let cfg = BertConfig {
+            vocab_size: wp.vocab_size(),
+            block_size: 16,
+            head: BertHead::Pretrain,
+            ..BertConfig::preset("bert-tiny").unwrap()
+        };
+        let dir = crate::testdir::TestDir::new("pretrain-seq");
+        let model = dir.path().join("model");
+        hf::write_folder(
+            &cfg,
+            &crate::model::bert::init_full(&cfg, 1),
+            Some(&wp),
+            &model,
+        )
+        .unwrap();
+        let text = dir.path().join("text.txt");
+        std::fs::write(&text, "to be or not to be ".repeat(40)).unwrap();
+        let ds = Dataset::load_with(Some(&text), Tokenizer::WordPiece(Box::new(wp))).unwrap();
+        for t in 1..=5 {
+            let train = TrainConfig {
+                batch_size: 2,
+                seq_len: t,
+                eval_batches: 1,
+                ..TrainConfig::default()
+            };
+            let e = evaluate_folder(crate::backend::cpu::Cpu::new(), &model, &ds, &train, 1);
+            match t {
+                5 => assert!(e.is_ok(), "{t}: {:?}", e.err().map(|e| e.to_string())),
+                _ => {
+                    let err = e.expect_err("refused").to_string();
+                    assert!(
+                        err.contains(&format!("--seq-len {t}")) && err.contains("at least 5"),
+                        "{err}"
+                    );
+                }
+            }
+        }
+    }
 
     /// `count` of `n` draws is within 5 standard deviations of a binomial
     /// with success probability `p` (a false alarm once in ~3.5 million).

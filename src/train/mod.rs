@@ -369,6 +369,7 @@ pub fn evaluate_params<B: Backend + 'static>(
     threads: usize,
     test: bool,
 ) -> Result<Eval> {
+    task.check_eval(cfg)?;
     let (b, t) = (cfg.batch_size, cfg.seq_len);
     let single = ParallelConfig::single();
     let model = task.model();
@@ -450,7 +451,18 @@ fn restore<B: Backend>(
             ckpt.index.model
         )));
     }
-    if ckpt.index.tokenizer != task.tokenizer() || ckpt.index.data != task.fingerprint() {
+    // each refusal names what differs: tokenizers alike can hash their
+    // data alike, and data alike can be cut by other tokenizers
+    if ckpt.index.tokenizer != task.tokenizer() {
+        let [then, now] = crate::data::describe_apart(&ckpt.index.tokenizer, &task.tokenizer());
+        return Err(bad(format!(
+            "was trained on other data than {}: tokenized with {then}, where this run's is \
+             tokenized with {now}; resume with the run's own data and tokenizer, or start a new \
+             run with --init-from",
+            task.data_name(),
+        )));
+    }
+    if ckpt.index.data != task.fingerprint() {
         return Err(bad(format!(
             "was trained on other data than {} (fingerprint {} vs {}): resume with the run's own data, or start a new run with --init-from",
             task.data_name(),

@@ -227,16 +227,9 @@ fn build_mlm(i: &TaskInputs<'_>) -> Result<(TaskData, usize)> {
 /// [`build_mlm`], on WordPiece tokens only.
 fn build_pretrain(i: &TaskInputs<'_>) -> Result<(TaskData, usize)> {
     let (data, seq) = build_masked(i, BertHead::Pretrain)?;
-    if seq < PAIR_SEQ_LEN {
-        return Err(Error::Config(format!(
-            "--seq-len {seq}: --task pretrain needs at least {PAIR_SEQ_LEN} positions ([CLS] A [SEP] B [SEP], each segment a token or more)"
-        )));
-    }
+    super::mlm::check_seq_len(BertHead::Pretrain, seq)?;
     Ok((data, seq))
 }
-
-/// The shortest sequence a sentence pair fits in.
-const PAIR_SEQ_LEN: usize = 5;
 
 /// A masked LM (`head` Mlm) or BERT's pretraining (Pretrain).
 fn build_masked(i: &TaskInputs<'_>, head: BertHead) -> Result<(TaskData, usize)> {

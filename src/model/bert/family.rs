@@ -4,9 +4,9 @@
 use super::config::{BertConfig, BertHead, MASKED_PERCENT, PRESETS};
 use super::{activation_elems, init_full, layout, Engine};
 use crate::backend::Backend;
-use crate::data::wordpiece::WordPiece;
+use crate::data::wordpiece::{Normalizer, WordPiece};
 use crate::data::{Batch, TokenizerSpec, IGNORE};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::model::family::{
     Family, FamilyDims, FamilyEngine, HfFolder, ModelFiles, Registration, Reshape,
 };
@@ -38,13 +38,13 @@ pub static FAMILY: Registration = Registration {
         export: write_folder,
         import: |dir| {
             let (config, params) = super::hf::load_folder(dir, None, 0)?;
-            let vocab = dir.join("vocab.txt");
-            let tokenizer = match vocab.exists() {
-                true => WordPiece::from_vocab_file(&vocab)?.spec(),
+            let tokenizer = match dir.join("vocab.txt").exists() {
+                true => super::hf::read_vocab(dir)?.spec(),
                 // a folder without its vocabulary: only its size is known
                 false => TokenizerSpec::WordPiece {
                     tokens: config.vocab_size,
                     checksum: String::new(),
+                    normalizer: Normalizer::of_folder(dir)?,
                 },
             };
             Ok((config.into(), tokenizer, params))
@@ -52,19 +52,20 @@ pub static FAMILY: Registration = Registration {
     }),
 };
 
-/// Writes a BERT as a Hugging Face folder (with its `vocab.txt` where given).
+/// Writes a BERT as a Hugging Face folder (with its `vocab.txt` where
+/// given, which must be the vocabulary `tokenizer` records).
 fn write_folder(
     config: &ModelConfig,
     params: &[f32],
-    _: &TokenizerSpec,
+    tokenizer: &TokenizerSpec,
     vocab: Option<&std::path::Path>,
     dir: &std::path::Path,
 ) -> Result<()> {
     let config = config.get::<BertConfig>().expect("a BERT config");
     let vocab = vocab
-        .map(|v| std::fs::read_to_string(v).map_err(|e| Error::io(v, e)))
+        .map(|v| WordPiece::recorded_at(v, tokenizer))
         .transpose()?;
-    super::hf::write_folder(config, params, vocab.as_deref(), dir)
+    super::hf::write_folder(config, params, vocab.as_ref(), dir)
 }
 
 impl Family for BertConfig {

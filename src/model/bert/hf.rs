@@ -7,6 +7,7 @@
 
 use super::config::{BertConfig, BertHead};
 use super::layout::{classifier_names, layout, EMBEDDINGS, HEAD_MLM};
+use crate::data::wordpiece::WordPiece;
 use crate::error::{Error, Result};
 use crate::model::layout::TensorSpec;
 use crate::store::{checksum, write_atomic, write_safetensors, Data};
@@ -289,6 +290,32 @@ fn recorded_checksum(dir: &Path) -> Result<Option<String>> {
     Ok(read_json(dir)?[CHECKSUM_KEY].as_str().map(str::to_string))
 }
 
+/// The key of `config.json` under which distgpt records, beside the
+/// weights', the checksum of the vocabulary written with them
+/// ([`WordPiece::checksum`]).
+const VOCAB_CHECKSUM_KEY: &str = "distgpt_vocab_checksum";
+
+/// A BERT folder's WordPiece tokenizer ([`WordPiece::from_folder`]),
+/// checked against the vocabulary checksum its `config.json` records where
+/// distgpt wrote the folder: weights read with another vocabulary's ids
+/// would run and be wrong.
+pub fn read_vocab(dir: &Path) -> Result<WordPiece> {
+    let wp = WordPiece::from_folder(dir)?;
+    if let Some(want) = read_json(dir)?[VOCAB_CHECKSUM_KEY].as_str() {
+        if wp.checksum() != want {
+            return Err(Error::Input(format!(
+                "{}: checksum {} does not match {want} recorded beside the weights in {}: \
+                 the vocabulary was replaced or is not this model's; put back the vocab.txt \
+                 the folder was written with",
+                dir.join("vocab.txt").display(),
+                wp.checksum(),
+                dir.join("config.json").display()
+            )));
+        }
+    }
+    Ok(wp)
+}
+
 /// The Hugging Face tensors of the whole model's parameters `p`, by
 /// [`stored`]: (name, shape, values).
 fn hf_tensors(cfg: &BertConfig, p: &[f32]) -> Vec<(String, Vec<usize>, Vec<f32>)> {
@@ -313,14 +340,14 @@ fn hf_tensors(cfg: &BertConfig, p: &[f32]) -> Vec<(String, Vec<usize>, Vec<f32>)
 
 /// Writes a Hugging Face folder `transformers` loads:
 /// `config.json` (`BertForMaskedLM` / `BertForSequenceClassification`),
-/// `model.safetensors`, and, when `vocab` (a `vocab.txt`'s text) is given,
-/// the files `AutoTokenizer.from_pretrained` reads: `vocab.txt`,
-/// `tokenizer_config.json` (an uncased `BertTokenizer`) and
-/// `special_tokens_map.json`.
+/// `model.safetensors`, and, when `vocab` is given, the files
+/// `AutoTokenizer.from_pretrained` reads: `vocab.txt`,
+/// `tokenizer_config.json` (a `BertTokenizer` normalizing as `vocab` does)
+/// and `special_tokens_map.json`.
 pub fn write_folder(
     cfg: &BertConfig,
     params: &[f32],
-    vocab: Option<&str>,
+    vocab: Option<&WordPiece>,
     dir: &Path,
 ) -> Result<()> {
     let io = |e: std::io::Error| Error::Input(format!("cannot write {}: {e}", dir.display()));
@@ -339,8 +366,8 @@ pub fn write_folder(
     );
     // [PAD]'s id in the vocabulary; none for characters, whose id 0 is a
     // character (transformers freezes the input embedding of the pad id)
-    let pad = vocab.and_then(|text| text.lines().position(|l| l.trim_end() == "[PAD]"));
-    let config = serde_json::json!({
+    let pad = vocab.map(|wp| wp.pad);
+    let mut config = serde_json::json!({
         "architectures": [arch],
         "model_type": "bert",
         "vocab_size": cfg.vocab_size,
@@ -359,8 +386,10 @@ pub fn write_folder(
         "position_embedding_type": "absolute",
         CHECKSUM_KEY: sum,
     });
-    if let Some(text) = vocab {
-        write_atomic(&dir.join("vocab.txt"), text.as_bytes())?;
+    if let Some(wp) = vocab {
+        write_atomic(&dir.join("vocab.txt"), wp.vocab_text().as_bytes())?;
+        config[VOCAB_CHECKSUM_KEY] = wp.checksum().into();
+        let normalizer = wp.normalizer();
         let special = serde_json::json!({
             "unk_token": "[UNK]",
             "sep_token": "[SEP]",
@@ -371,9 +400,9 @@ pub fn write_folder(
         let mut tokenizer = special.clone();
         let extra = serde_json::json!({
             "tokenizer_class": "BertTokenizer",
-            "do_lower_case": true,
-            "tokenize_chinese_chars": true,
-            "strip_accents": null,
+            "do_lower_case": normalizer.lowercase,
+            "tokenize_chinese_chars": normalizer.chinese_chars,
+            "strip_accents": normalizer.strip_accents,
             "model_max_length": cfg.block_size,
         });
         for (k, v) in extra.as_object().expect("an object") {
@@ -406,6 +435,41 @@ mod tests {
             e.contains("train --task classify --init-from DIR --data SET"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_vocabulary_replaced_beside_the_weights_is_refused_naming_it() {
+        let cfg = BertConfig {
+            n_layer: 1,
+            n_head: 2,
+            n_embd: 8,
+            n_inner: 12,
+            block_size: 5,
+            type_vocab: 2,
+            vocab_size: 8,
+            layer_norm_eps: 1e-12,
+            head: BertHead::Mlm,
+        };
+        let p = super::super::init_full(&cfg, 4);
+        let tokens = [
+            "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "yes", "no", "maybe",
+        ];
+        let wp = WordPiece::new(tokens.map(String::from).to_vec()).unwrap();
+        let dir = crate::testdir::TestDir::new("bert-vocab-swap");
+        write_folder(&cfg, &p, Some(&wp), dir.path()).unwrap();
+        let import = super::super::family::FAMILY.hf.unwrap().import;
+        let (_, spec, _) = import(dir.path()).unwrap();
+        assert_eq!(spec, wp.spec());
+        // the same size, two tokens swapped: every id of "yes" and "no" would be wrong
+        let swapped = wp.vocab_text().replace("yes\nno", "no\nyes");
+        std::fs::write(dir.path().join("vocab.txt"), swapped).unwrap();
+        for err in [read_vocab(dir.path()).err(), import(dir.path()).err()] {
+            let err = err.expect("a replaced vocabulary is refused").to_string();
+            assert!(
+                err.contains("vocab.txt: checksum") && err.contains("config.json"),
+                "{err}"
+            );
+        }
     }
 
     #[test]
@@ -449,9 +513,10 @@ mod tests {
                     .unwrap()
             };
             assert_eq!(config(&dir)["pad_token_id"], serde_json::Value::Null);
-            let vocab = "[UNK]\n[PAD]\n[CLS]\n";
+            let vocab = "[UNK]\n[PAD]\n[CLS]\n[SEP]\n[MASK]\n";
+            let wp = WordPiece::new(vocab.lines().map(String::from).collect()).unwrap();
             let with = root.path().join("with-vocab");
-            write_folder(&cfg, &p, Some(vocab), &with).unwrap();
+            write_folder(&cfg, &p, Some(&wp), &with).unwrap();
             assert_eq!(config(&with)["pad_token_id"], 1);
             assert_eq!(
                 std::fs::read_to_string(with.join("vocab.txt")).unwrap(),
@@ -469,6 +534,7 @@ mod tests {
             );
             assert_eq!(json("special_tokens_map.json")["cls_token"], "[CLS]");
             assert!(!dir.join("tokenizer_config.json").exists());
+            assert_eq!(read_vocab(&with).unwrap().vocab_text(), vocab);
         }
     }
 }
