@@ -1,18 +1,70 @@
-//! Every command the README shows still parses: each one's subcommand,
-//! flags and values as written (`--help` appended, so nothing trains), and
-//! the `plan` examples on datasheet devices run whole, as they are quick;
-//! the README's sequences (resume, config files, the examples) run for real
-//! in order on tiny settings.
+//! Every command README.md and docs/*.md show still parses: each one's
+//! subcommand, flags and values as written (`--help` appended, so nothing
+//! trains), and the `plan` examples on datasheet devices run whole, as they
+//! are quick. Five sequences run for real in order on tiny settings: the
+//! README's tour, docs/checkpoints.md's resume, docs/usage.md's config files
+//! and examples, docs/compression.md's pruning. Every other command (the
+//! strategies, pipelines, offload, `compare`, BERT, the GPU and MPI lines,
+//! the command list) is only parsed.
 
 #[path = "support/scratch.rs"]
 mod scratch;
 use scratch::scratch;
 use std::process::Command;
 
-/// The README's distgpt command lines: indented code, continuation lines
+/// Where a command is shown: a file (`README.md`, `docs/plan.md`) and its line.
+#[derive(Clone, Debug, PartialEq)]
+struct At {
+    file: String,
+    line: usize,
+}
+
+impl std::fmt::Display for At {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} line {}", self.file, self.line)
+    }
+}
+
+impl At {
+    /// A folder name for what the command writes.
+    fn folder(&self) -> String {
+        let stem = self.file.trim_end_matches(".md").replace('/', "-");
+        format!("{stem}-{}", self.line)
+    }
+}
+
+/// README.md, then docs/*.md in name order.
+fn doc_files() -> Vec<String> {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let mut docs: Vec<String> = std::fs::read_dir(format!("{root}/docs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".md"))
+        .map(|name| format!("docs/{name}"))
+        .collect();
+    docs.sort();
+    std::iter::once("README.md".to_string())
+        .chain(docs)
+        .collect()
+}
+
+/// The distgpt command lines of README.md and docs/*.md.
+fn doc_commands() -> Vec<(At, Vec<String>)> {
+    doc_files()
+        .into_iter()
+        .flat_map(|file| commands_in(&file))
+        .collect()
+}
+
+/// A file's distgpt command lines: indented code, continuation lines
 /// joined, comments dropped, as the arguments after `distgpt`.
-fn readme_commands() -> Vec<(usize, Vec<String>)> {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+fn commands_in(file: &str) -> Vec<(At, Vec<String>)> {
+    let path = format!("{}/{file}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(path).unwrap();
+    let at = |line| At {
+        file: file.to_string(),
+        line,
+    };
     let mut out = Vec::new();
     let mut pending: Option<(usize, String)> = None;
     for (n, line) in text.lines().enumerate() {
@@ -20,12 +72,12 @@ fn readme_commands() -> Vec<(usize, Vec<String>)> {
             pending = None;
             continue;
         };
-        let (at, joined) = match pending.take() {
-            Some((at, head)) => (at, format!("{head} {}", code.trim())),
+        let (at_line, joined) = match pending.take() {
+            Some((at_line, head)) => (at_line, format!("{head} {}", code.trim())),
             None => (n + 1, code.trim().to_string()),
         };
         if let Some(head) = joined.strip_suffix('\\') {
-            pending = Some((at, head.trim_end().to_string()));
+            pending = Some((at_line, head.trim_end().to_string()));
             continue;
         }
         let command = joined.split(" #").next().unwrap_or("").trim();
@@ -39,7 +91,7 @@ fn readme_commands() -> Vec<(usize, Vec<String>)> {
             }
             _ => continue,
         };
-        out.push((at, words(args)));
+        out.push((at(at_line), words(args)));
     }
     out
 }
@@ -80,12 +132,12 @@ fn words(s: &str) -> Vec<String> {
 }
 
 #[test]
-fn every_readme_command_parses_and_its_plans_run() {
-    let commands = readme_commands();
+fn every_documented_command_parses_and_its_plans_run() {
+    let commands = doc_commands();
     assert!(commands.len() > 40, "found {} commands", commands.len());
     let (mut parsed, mut ran) = (0, 0);
-    for (line, args) in commands {
-        // a --config file the README names but does not ship is read before parsing
+    for (at, args) in commands {
+        // a --config file a document names but the repository does not ship is read before parsing
         if let Some(i) = args.iter().position(|a| a == "--config") {
             let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(&args[i + 1]);
             if !file.exists() {
@@ -99,7 +151,7 @@ fn every_readme_command_parses_and_its_plans_run() {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_distgpt"));
         cmd.args(&args);
         // what a plan writes (--plot plots/plan) goes to a folder of its own
-        let cwd = scratch(&format!("readme-line-{line}"));
+        let cwd = scratch(&format!("readme-{}", at.folder()));
         std::fs::create_dir_all(&cwd).unwrap();
         cmd.current_dir(&cwd);
         if !datasheet {
@@ -108,7 +160,7 @@ fn every_readme_command_parses_and_its_plans_run() {
         let out = cmd.output().unwrap();
         assert!(
             out.status.success(),
-            "README.md line {line}: distgpt {}\n{}",
+            "{at}: distgpt {}\n{}",
             args.join(" "),
             String::from_utf8_lossy(&out.stderr)
         );
@@ -119,7 +171,7 @@ fn every_readme_command_parses_and_its_plans_run() {
         }
     }
     assert!(ran >= 3, "the plan examples ran ({ran})");
-    eprintln!("{parsed} README commands parsed, {ran} plans run");
+    eprintln!("{parsed} documented commands parsed, {ran} plans run");
 }
 
 /// Flags counted in steps: the walk-through divides them by 100.
@@ -133,7 +185,7 @@ const STEP_FLAGS: [&str; 7] = [
     "--sample-every",
 ];
 
-/// A README command on tiny settings: a new run trains the tiny model at 4
+/// A documented command on tiny settings: a new run trains the tiny model at 4
 /// x 16 tokens (its shape flags replaced), step counts are a hundredth,
 /// batches 4 sequences of 16 and evaluations 2 batches.
 fn on_tiny_settings(args: &[String]) -> Vec<String> {
@@ -180,26 +232,32 @@ fn on_tiny_settings(args: &[String]) -> Vec<String> {
     out
 }
 
-/// The README's sequences run for real, in order, on tiny settings: each
+/// The documents' sequences run for real, in order, on tiny settings: each
 /// block of commands in a folder of its own, so every command meets the
 /// files the block's earlier commands made (a resume finds its run, a
 /// config file its run.json, two outputs their own folders). Commands that
 /// name a placeholder or another machine (DIR, a folder from elsewhere,
 /// mpirun) are left out, and counted.
 #[test]
-fn the_readmes_sequences_run_in_order_on_tiny_settings() {
-    let commands = readme_commands();
-    let mut blocks: Vec<Vec<(usize, Vec<String>)>> = Vec::new();
-    for (line, args) in commands {
+fn the_documented_sequences_run_in_order_on_tiny_settings() {
+    let commands = doc_commands();
+    let mut blocks: Vec<Vec<(At, Vec<String>)>> = Vec::new();
+    for (at, args) in commands {
+        let next = |b: &Vec<(At, Vec<String>)>| {
+            b.last()
+                .is_some_and(|(l, _)| l.file == at.file && l.line + 1 == at.line)
+        };
         match blocks.last_mut() {
-            Some(b) if b.last().is_some_and(|(l, _)| l + 1 == line) => b.push((line, args)),
-            _ => blocks.push(vec![(line, args)]),
+            Some(b) if next(b) => b.push((at, args)),
+            _ => blocks.push(vec![(at, args)]),
         }
     }
     let anchors = [
+        "--out runs/tour",
         "--resume runs/a --stop-after 500",
         "--config runs/char/run.json",
         "generate runs/latest",
+        "prune runs/latest --out pruned ",
     ];
     let placeholder = |a: &String| {
         ["DIR", "FILE", "text.txt", "hf/gpt2-folder", "mpi"].contains(&a.as_str())
@@ -209,16 +267,19 @@ fn the_readmes_sequences_run_in_order_on_tiny_settings() {
     for anchor in anchors {
         let block = blocks
             .iter()
-            .find(|b| b.iter().any(|(_, a)| a.join(" ").contains(anchor)))
-            .unwrap_or_else(|| panic!("no README block with `{anchor}`"));
-        let cwd = scratch(&format!("readme-walk-{}", block[0].0));
+            .find(|b| {
+                b.iter()
+                    .any(|(_, a)| format!("{} ", a.join(" ")).contains(anchor))
+            })
+            .unwrap_or_else(|| panic!("no block of README.md or docs/ with `{anchor}`"));
+        let cwd = scratch(&format!("readme-walk-{}", block[0].0.folder()));
         std::fs::create_dir_all(&cwd).unwrap();
         // the shipped config files, where a clone has them
         let configs = concat!(env!("CARGO_MANIFEST_DIR"), "/configs");
         std::os::unix::fs::symlink(configs, cwd.join("configs")).unwrap();
-        for (line, args) in block {
+        for (at, args) in block {
             if args.iter().any(placeholder) {
-                left_out.push(*line);
+                left_out.push(at.to_string());
                 continue;
             }
             let tiny = on_tiny_settings(args);
@@ -231,7 +292,7 @@ fn the_readmes_sequences_run_in_order_on_tiny_settings() {
             let stopped = tiny.iter().any(|a| a == "--stop-after") && out.status.code() == Some(75);
             assert!(
                 out.status.success() || stopped,
-                "README.md line {line}, after the block's earlier lines: distgpt {}\n{}",
+                "{at}, after the block's earlier lines: distgpt {}\n{}",
                 tiny.join(" "),
                 String::from_utf8_lossy(&out.stderr)
             );
@@ -239,6 +300,6 @@ fn the_readmes_sequences_run_in_order_on_tiny_settings() {
         }
     }
     assert!(ran >= 15, "{ran} commands ran");
-    assert!(left_out.len() <= 5, "left out: lines {left_out:?}");
-    eprintln!("{ran} README commands ran in order; left out lines {left_out:?}");
+    assert!(left_out.len() <= 5, "left out: {left_out:?}");
+    eprintln!("{ran} documented commands ran in order; left out {left_out:?}");
 }
