@@ -176,7 +176,7 @@ impl GradsAt {
 
 /// Elements of the activations (and of `other` scratch) one rank of tp
 /// size `tp` allocates for `run.in_flight` micro-batches of `rows` = B x T
-/// tokens each: what each keeps ([`Kept`]) and the blocks' activations
+/// tokens each: what each keeps (`Kept`) and the blocks' activations
 /// and scratch, a set per micro-batch or, recomputed, one set they share.
 /// `Kept::new` and `Activations::new` run against a tally, so the count is
 /// the allocation's own.
