@@ -975,6 +975,24 @@ fn a_stopped_fine_tuning_run_resumes_to_the_uninterrupted_runs_weights() {
         said.contains("--seed cannot change when resuming"),
         "{said}"
     );
+    // extended and stopped before it scores again: its model changed, so
+    // the record of the earlier model is gone, and --resume writes the new one
+    let extend = |extra: &[&str]| {
+        let mut args = vec!["train", "--task", "classify", "--resume"];
+        args.extend([whole.to_str().unwrap(), "--quiet", "--steps", "8"]);
+        args.extend_from_slice(extra);
+        distgpt(&args)
+    };
+    let stopped = extend(&["--stop-after", "1"]);
+    assert_eq!(stopped.status.code(), Some(75), "{stopped:?}");
+    assert!(weights(&whole) != weights(&dir.join("stop3")));
+    assert!(
+        !whole.join("classify.json").exists(),
+        "classify.json of 6 steps kept beside the model of 7"
+    );
+    succeeded(extend(&[]));
+    let extended = summary(&whole);
+    assert!(extended["test"]["loss"] != summary(&dir.join("stop3"))["test"]["loss"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
