@@ -946,3 +946,80 @@ fn a_signal_to_mpirun_stops_every_rank_with_a_checkpoint() {
         distgpt::model::files::read_model_files(&dir).unwrap();
     }
 }
+
+/// A run.json repeated from another directory trains on the run's own
+/// data: the path is recorded absolute, an older record's relative one is
+/// found beside the run, and data that changed since is refused by its
+/// fingerprint, as a resume refuses it.
+#[test]
+fn a_run_repeated_by_its_run_json_from_elsewhere_trains_on_its_own_data() {
+    let dir = tmp("config-elsewhere");
+    let elsewhere = dir.join("elsewhere");
+    std::fs::create_dir_all(dir.join("data")).unwrap();
+    std::fs::create_dir_all(elsewhere.join("data")).unwrap();
+    let words = ["the", "cat", "sat", "on", "a", "mat", "and", "dog"];
+    let text = |n: usize, k: usize| -> String {
+        (0..n)
+            .map(|i| words[(i * k + i / 7) % 8])
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    std::fs::write(dir.join("data/a.txt"), text(3000, 3)).unwrap();
+    // another file by the same relative name in the other directory
+    std::fs::write(elsewhere.join("data/a.txt"), text(2000, 5)).unwrap();
+    let run = |cwd: &Path, args: &[&str]| {
+        bin()
+            .current_dir(cwd)
+            .args(args)
+            .args(["--quiet", "--peak-tflops", "0.1"])
+            .output()
+            .unwrap()
+    };
+    let args = [
+        "train",
+        "--model",
+        "tiny",
+        "--data",
+        "data/a.txt",
+        "--steps",
+        "2",
+    ];
+    let shape = ["--batch-size", "4", "--seq-len", "32", "--out", "run"];
+    let first = run(&dir, &[&args[..], &shape[..]].concat());
+    assert!(first.status.success(), "{}", stderr(&first));
+    let recorded = |run: &Path| -> serde_json::Value {
+        let text = std::fs::read_to_string(run.join("run.json")).unwrap();
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()["train"]["data"].clone()
+    };
+    let own = std::fs::canonicalize(dir.join("data/a.txt")).unwrap();
+    assert_eq!(
+        recorded(&dir.join("run")),
+        own.to_str().unwrap(),
+        "recorded absolute"
+    );
+    // a record written before paths were absolute
+    let path = dir.join("run/run.json");
+    let old = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace(own.to_str().unwrap(), "data/a.txt");
+    std::fs::write(&path, old).unwrap();
+    let repeated = run(
+        &elsewhere,
+        &["train", "--config", "../run/run.json", "--out", "../again"],
+    );
+    assert!(repeated.status.success(), "{}", stderr(&repeated));
+    assert_eq!(recorded(&dir.join("again")), own.to_str().unwrap());
+    // the run's data changed since: refused by its fingerprint
+    std::fs::write(dir.join("data/a.txt"), text(3000, 5)).unwrap();
+    let refused = run(
+        &elsewhere,
+        &["train", "--config", "../run/run.json", "--out", "../third"],
+    );
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("other data"),
+        "{}",
+        stderr(&refused)
+    );
+    assert!(!dir.join("third").exists());
+}
