@@ -339,7 +339,16 @@ pub(super) fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<(Prepared, 
     } else {
         let ckpt = match a.from_step {
             Some(n) => checkpoint::state::at_step(path, n)?,
-            None => checkpoint::state::latest(path)?,
+            None => checkpoint::state::latest(path).map_err(|e| {
+                match train::run_dir::holds_nothing_to_keep(path) {
+                    Ok(true) if path.join(train::run_dir::RUN_FILE).exists() => anyhow::anyhow!(
+                        "{0}: no complete checkpoint to resume from: the run was stopped before its first was written; start it again in its place with `distgpt train --config {1} --out {0}`",
+                        path.display(),
+                        path.join(train::run_dir::RUN_FILE).display()
+                    ),
+                    _ => e.into(),
+                }
+            })?,
         };
         (path.clone(), ckpt)
     };

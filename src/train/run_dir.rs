@@ -219,6 +219,14 @@ pub fn holds_a_run(dir: &Path) -> bool {
         .any(|f| dir.join(f).exists())
 }
 
+/// Whether the run in `dir` has no complete checkpoint, none set aside and
+/// no model weights: nothing a new run in its place would lose.
+pub fn holds_nothing_to_keep(dir: &Path) -> Result<bool> {
+    Ok(state::list(dir)?.is_empty()
+        && !dir.join(state::DIR).join("superseded").exists()
+        && !dir.join("model.safetensors").exists())
+}
+
 /// Makes `dir` ready for a new run: it must be absent or empty, unless
 /// `overwrite` and it holds a run, which is then emptied.
 pub fn prepare_new(dir: &Path, overwrite: bool) -> Result<()> {
@@ -231,8 +239,17 @@ pub fn prepare_new(dir: &Path, overwrite: bool) -> Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(Error::io(dir, e)),
     };
+    // a run stopped before its first checkpoint was complete has nothing
+    // to resume or keep: a new run takes its place
+    let restart = !overwrite && holds_a_run(dir) && holds_nothing_to_keep(dir)?;
+    if restart {
+        crate::errln!(
+            "{} holds a run stopped before its first checkpoint was complete (nothing to resume, no model files): starting a new run in its place",
+            dir.display()
+        );
+    }
     if !entries.is_empty() {
-        if !overwrite {
+        if !overwrite && !restart {
             return Err(Error::Input(format!(
                 "{} is not empty{}: continue that run with `--resume {0}`, choose a new --out, or pass --overwrite to empty it first",
                 dir.display(),
