@@ -1489,6 +1489,66 @@ fn bert_model_folders_are_checked_on_load_and_repaired_on_resume() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A negative number is read as the flag's value and refused by its range
+/// (never "unexpected argument"), a sparsity as given; an absurd depth is
+/// refused by plan at once; a WordPiece vocabulary smaller than asked is
+/// said to be.
+#[test]
+fn negative_numbers_absurd_depths_and_short_vocabularies_are_said_up_front() {
+    let dir = run_dir("negative-numbers");
+    let refused = |args: &[&str], says: &[&str]| {
+        let started = std::time::Instant::now();
+        let o = distgpt(args);
+        let said = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(!o.status.success(), "{args:?}");
+        assert!(!said.contains("unexpected argument"), "{args:?}: {said}");
+        for s in says {
+            assert!(said.contains(s), "{args:?}: {said}");
+        }
+        assert!(started.elapsed().as_secs() < 20, "{args:?}");
+    };
+    refused(&["plan", "--batch-size", "-4"], &["-4 is not in 1..="]);
+    refused(
+        &["plan", "--world-size", "1,-2"],
+        &["-2 is not in 1..=131072"],
+    );
+    refused(&["plan", "--n-layer", "-4"], &["-4 is not in"]);
+    refused(&["plan", "--n-layer", "100000"], &["at most 1024"]);
+    refused(&["generate", "--tokens", "-4"], &["-4 is not in 1..="]);
+    refused(&["generate", "--top-k", "-4"], &["-4 is not in 0..="]);
+    let missing = dir.join("no-such-run");
+    let missing = missing.to_str().unwrap();
+    let pruned = dir.join("pruned");
+    let pruned = pruned.to_str().unwrap();
+    refused(
+        &["prune", missing, "--out", pruned, "--sparsity", "-0.1"],
+        &["sparsity -0.1 must be above 0"],
+    );
+    refused(
+        &["prune", missing, "--out", pruned, "--finetune-steps", "-4"],
+        &["-4 is not in 0..="],
+    );
+    let text = dir.join("small.txt");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(&text, "the cat sat on the mat. ".repeat(200)).unwrap();
+    let shards = dir.join("shards");
+    let prepared = succeeded(distgpt(&[
+        "data",
+        "prepare",
+        "--input",
+        text.to_str().unwrap(),
+        "--tokenizer",
+        "wordpiece",
+        "--vocab-size",
+        "60000",
+        "--out",
+        shards.to_str().unwrap(),
+    ]));
+    let said = String::from_utf8_lossy(&prepared.stderr).to_string();
+    assert!(said.contains("fewer than the --vocab-size 60000"), "{said}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Bad numbers get a clear error naming the flag, never a panic; an
 /// output folder over its input is refused.
 #[test]
