@@ -1549,6 +1549,56 @@ fn negative_numbers_absurd_depths_and_short_vocabularies_are_said_up_front() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A masked LM on a plain text is character-level and says so; a
+/// classifier started from it is refused naming what it was trained on,
+/// not with the OS's word for a missing vocab.txt.
+#[test]
+fn a_character_level_masked_lm_says_so_and_cannot_start_a_classifier() {
+    let dir = run_dir("char-mlm");
+    let (_, labelled) = tiny_bert_and_labelled_set(&dir);
+    let text = dir.join("small.txt");
+    std::fs::write(&text, "the cat sat on the mat. ".repeat(400)).unwrap();
+    let mlm = dir.join("mlm");
+    let trained = succeeded(distgpt(&[
+        "train",
+        "--task",
+        "mlm",
+        "--model",
+        "bert-tiny",
+        "--data",
+        text.to_str().unwrap(),
+        "--steps",
+        "1",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--quiet",
+        "--out",
+        mlm.to_str().unwrap(),
+    ]));
+    let said = String::from_utf8_lossy(&trained.stderr).to_string();
+    assert!(said.contains("characters are the tokens"), "{said}");
+    let refused = distgpt(&[
+        "train",
+        "--task",
+        "classify",
+        "--init-from",
+        mlm.to_str().unwrap(),
+        "--data",
+        labelled.to_str().unwrap(),
+        "--out",
+        dir.join("cls").to_str().unwrap(),
+    ]);
+    let said = String::from_utf8_lossy(&refused.stderr).to_string();
+    assert!(!refused.status.success());
+    assert!(
+        said.contains("holds no vocab.txt (it was trained on") && !said.contains("os error"),
+        "{said}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Bad numbers get a clear error naming the flag, never a panic; an
 /// output folder over its input is refused.
 #[test]

@@ -255,6 +255,13 @@ fn build_masked(i: &TaskInputs<'_>, head: BertHead) -> Result<(TaskData, usize)>
         )));
     };
     let ds = Dataset::load(i.data, TokenizerKind::Char)?;
+    if let TokenizerSpec::Char { chars } = ds.tokenizer.spec() {
+        crate::errln!(
+            "note: --task {task} on {}: no WordPiece vocabulary (no --init-from, and not a folder of `data prepare --tokenizer wordpiece`), so its {} characters are the tokens, and the model can start only another character-level run",
+            ds.name,
+            chars.chars().count()
+        );
+    }
     let mlm = MlmTask::new(&shape, &ds, seq);
     let model = match head {
         BertHead::Pretrain => mlm.pretraining()?.model,
