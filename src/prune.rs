@@ -369,6 +369,17 @@ fn evaluated<B: Backend>(
     })
 }
 
+/// Refuses a family whose blocks mark no weight matrices to prune (BERT's).
+pub fn check_family(config: &ModelConfig) -> Result<()> {
+    if matrix_entries(config) == 0 {
+        return Err(Error::Config(format!(
+            "{} models mark no weight matrices in their blocks: prune needs a family that does (GPT-2's)",
+            config.family()
+        )));
+    }
+    Ok(())
+}
+
 /// Runs the schedule on `model` (left at the last level: with `rows` a
 /// smaller model), calling `report(level)` as each level finishes.
 pub fn sweep<B: Backend>(
@@ -378,13 +389,8 @@ pub fn sweep<B: Backend>(
     mut report: impl FnMut(&Level),
 ) -> Result<Vec<Level>> {
     cfg.validate()?;
+    check_family(&model.config)?;
     let dense = matrix_entries(&model.config);
-    if dense == 0 {
-        return Err(Error::Config(format!(
-            "{} models mark no weight matrices in their blocks: prune needs a family that does (GPT-2's)",
-            model.config.family()
-        )));
-    }
     let mut levels = Vec::new();
     for (i, &target) in cfg.levels.iter().enumerate() {
         let keep = match cfg.method {

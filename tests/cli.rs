@@ -1596,6 +1596,29 @@ fn a_character_level_masked_lm_says_so_and_cannot_start_a_classifier() {
         said.contains("holds no vocab.txt (it was trained on") && !said.contains("os error"),
         "{said}"
     );
+    // prune and a language model from it name the family, not a vocabulary
+    let pruned = dir.join("pruned");
+    let refused = distgpt(&[
+        "prune",
+        mlm.to_str().unwrap(),
+        "--out",
+        pruned.to_str().unwrap(),
+    ]);
+    let said = String::from_utf8_lossy(&refused.stderr).to_string();
+    assert!(
+        said.contains("BERT models mark no weight matrices"),
+        "{said}"
+    );
+    let lm = dir.join("lm");
+    let refused = distgpt(&[
+        "train",
+        "--init-from",
+        mlm.to_str().unwrap(),
+        "--out",
+        lm.to_str().unwrap(),
+    ]);
+    let said = String::from_utf8_lossy(&refused.stderr).to_string();
+    assert!(said.contains("holds a BERT"), "{said}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -79,6 +79,8 @@ pub(super) struct PruneArgs {
 pub(super) fn prune_on<B: Backend>(be: B, a: &PruneArgs) -> Result<()> {
     use distgpt::prune::{self, Level, Method, MethodRun, Timing};
     let (meta, params) = checkpoint::read_model(&a.run)?;
+    // before its data, which an encoder's tokenizer would misname
+    prune::check_family(&meta.config)?;
     let ds = Dataset::load_for_model(a.data.as_deref(), &meta.tokenizer)?;
     let model = prune::Model {
         backend: be,

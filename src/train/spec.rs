@@ -182,6 +182,15 @@ fn build_lm(i: &TaskInputs<'_>) -> Result<(TaskData, usize)> {
     let (model, ds) = match i.init_from {
         Some(dir) => {
             let meta = crate::checkpoint::read_any_meta(dir)?;
+            // said before its tokenizer is, whose words are an encoder's
+            if !causal_lm(&meta.config) {
+                return Err(Error::Config(format!(
+                    "{} holds a BERT ({}): --task lm trains {}; --task mlm continues its pretraining, --task classify fine-tunes it",
+                    dir.display(),
+                    meta.config,
+                    TaskKind::Lm.spec().trains
+                )));
+            }
             let ds = Dataset::load_for_model(i.data, &meta.tokenizer)?;
             (meta.config, ds)
         }
