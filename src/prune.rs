@@ -137,21 +137,28 @@ pub struct SweepConfig {
     pub timing: Option<Timing>,
 }
 
+/// Refuses sparsity levels that are not a rising list within (0, 1), each
+/// named as given.
+pub fn check_levels(levels: &[f64]) -> Result<()> {
+    let bad = |m: String| Err(Error::Config(m));
+    if levels.is_empty() {
+        return bad("--sparsity needs at least one level".into());
+    }
+    if let Some(s) = levels.iter().find(|s| !(**s > 0.0 && **s < 1.0)) {
+        return bad(format!("sparsity {s} must be above 0 and below 1"));
+    }
+    if levels.windows(2).any(|w| w[1] <= w[0]) {
+        return bad(format!(
+            "sparsity levels {levels:?} must increase: each level prunes the previous one further"
+        ));
+    }
+    Ok(())
+}
+
 impl SweepConfig {
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Config(m));
-        if self.levels.is_empty() {
-            return bad("--sparsity needs at least one level".into());
-        }
-        if let Some(s) = self.levels.iter().find(|s| !(**s > 0.0 && **s < 1.0)) {
-            return bad(format!("sparsity {s} must be above 0 and below 1"));
-        }
-        if self.levels.windows(2).any(|w| w[1] <= w[0]) {
-            return bad(format!(
-                "sparsity levels {:?} must increase: each level prunes the previous one further",
-                self.levels
-            ));
-        }
+        check_levels(&self.levels)?;
         if !(self.lr > 0.0 && self.lr.is_finite()) {
             return bad(format!("--lr {} must be a positive number", self.lr));
         }
@@ -362,6 +369,17 @@ fn evaluated<B: Backend>(
     })
 }
 
+/// Refuses a family whose blocks mark no weight matrices to prune (BERT's).
+pub fn check_family(config: &ModelConfig) -> Result<()> {
+    if matrix_entries(config) == 0 {
+        return Err(Error::Config(format!(
+            "{} models mark no weight matrices in their blocks: prune needs a family that does (GPT-2's)",
+            config.family()
+        )));
+    }
+    Ok(())
+}
+
 /// Runs the schedule on `model` (left at the last level: with `rows` a
 /// smaller model), calling `report(level)` as each level finishes.
 pub fn sweep<B: Backend>(
@@ -371,13 +389,8 @@ pub fn sweep<B: Backend>(
     mut report: impl FnMut(&Level),
 ) -> Result<Vec<Level>> {
     cfg.validate()?;
+    check_family(&model.config)?;
     let dense = matrix_entries(&model.config);
-    if dense == 0 {
-        return Err(Error::Config(format!(
-            "{} models mark no weight matrices in their blocks: prune needs a family that does (GPT-2's)",
-            model.config.family()
-        )));
-    }
     let mut levels = Vec::new();
     for (i, &target) in cfg.levels.iter().enumerate() {
         let keep = match cfg.method {

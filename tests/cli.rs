@@ -975,6 +975,24 @@ fn a_stopped_fine_tuning_run_resumes_to_the_uninterrupted_runs_weights() {
         said.contains("--seed cannot change when resuming"),
         "{said}"
     );
+    // extended and stopped before it scores again: its model changed, so
+    // the record of the earlier model is gone, and --resume writes the new one
+    let extend = |extra: &[&str]| {
+        let mut args = vec!["train", "--task", "classify", "--resume"];
+        args.extend([whole.to_str().unwrap(), "--quiet", "--steps", "8"]);
+        args.extend_from_slice(extra);
+        distgpt(&args)
+    };
+    let stopped = extend(&["--stop-after", "1"]);
+    assert_eq!(stopped.status.code(), Some(75), "{stopped:?}");
+    assert!(weights(&whole) != weights(&dir.join("stop3")));
+    assert!(
+        !whole.join("classify.json").exists(),
+        "classify.json of 6 steps kept beside the model of 7"
+    );
+    succeeded(extend(&[]));
+    let extended = summary(&whole);
+    assert!(extended["test"]["loss"] != summary(&dir.join("stop3"))["test"]["loss"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -1468,6 +1486,139 @@ fn bert_model_folders_are_checked_on_load_and_repaired_on_resume() {
     std::fs::write(out.join("config.json"), config.to_string()).unwrap();
     let said = String::from_utf8_lossy(&eval().stderr).to_string();
     assert!(said.contains("cannot hold"), "{said}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A negative number is read as the flag's value and refused by its range
+/// (never "unexpected argument"), a sparsity as given; an absurd depth is
+/// refused by plan at once; a WordPiece vocabulary smaller than asked is
+/// said to be.
+#[test]
+fn negative_numbers_absurd_depths_and_short_vocabularies_are_said_up_front() {
+    let dir = run_dir("negative-numbers");
+    let refused = |args: &[&str], says: &[&str]| {
+        let started = std::time::Instant::now();
+        let o = distgpt(args);
+        let said = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(!o.status.success(), "{args:?}");
+        assert!(!said.contains("unexpected argument"), "{args:?}: {said}");
+        for s in says {
+            assert!(said.contains(s), "{args:?}: {said}");
+        }
+        assert!(started.elapsed().as_secs() < 20, "{args:?}");
+    };
+    refused(&["plan", "--batch-size", "-4"], &["-4 is not in 1..="]);
+    refused(
+        &["plan", "--world-size", "1,-2"],
+        &["-2 is not in 1..=131072"],
+    );
+    refused(&["plan", "--n-layer", "-4"], &["-4 is not in"]);
+    refused(&["plan", "--n-layer", "100000"], &["at most 1024"]);
+    refused(&["generate", "--tokens", "-4"], &["-4 is not in 1..="]);
+    refused(&["generate", "--top-k", "-4"], &["-4 is not in 0..="]);
+    let missing = dir.join("no-such-run");
+    let missing = missing.to_str().unwrap();
+    let pruned = dir.join("pruned");
+    let pruned = pruned.to_str().unwrap();
+    refused(
+        &["prune", missing, "--out", pruned, "--sparsity", "-0.1"],
+        &["sparsity -0.1 must be above 0"],
+    );
+    refused(
+        &["prune", missing, "--out", pruned, "--finetune-steps", "-4"],
+        &["-4 is not in 0..="],
+    );
+    let text = dir.join("small.txt");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(&text, "the cat sat on the mat. ".repeat(200)).unwrap();
+    let shards = dir.join("shards");
+    let prepared = succeeded(distgpt(&[
+        "data",
+        "prepare",
+        "--input",
+        text.to_str().unwrap(),
+        "--tokenizer",
+        "wordpiece",
+        "--vocab-size",
+        "60000",
+        "--out",
+        shards.to_str().unwrap(),
+    ]));
+    let said = String::from_utf8_lossy(&prepared.stderr).to_string();
+    assert!(said.contains("fewer than the --vocab-size 60000"), "{said}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A masked LM on a plain text is character-level and says so; a
+/// classifier started from it is refused naming what it was trained on,
+/// not with the OS's word for a missing vocab.txt.
+#[test]
+fn a_character_level_masked_lm_says_so_and_cannot_start_a_classifier() {
+    let dir = run_dir("char-mlm");
+    let (_, labelled) = tiny_bert_and_labelled_set(&dir);
+    let text = dir.join("small.txt");
+    std::fs::write(&text, "the cat sat on the mat. ".repeat(400)).unwrap();
+    let mlm = dir.join("mlm");
+    let trained = succeeded(distgpt(&[
+        "train",
+        "--task",
+        "mlm",
+        "--model",
+        "bert-tiny",
+        "--data",
+        text.to_str().unwrap(),
+        "--steps",
+        "1",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--quiet",
+        "--out",
+        mlm.to_str().unwrap(),
+    ]));
+    let said = String::from_utf8_lossy(&trained.stderr).to_string();
+    assert!(said.contains("characters are the tokens"), "{said}");
+    let refused = distgpt(&[
+        "train",
+        "--task",
+        "classify",
+        "--init-from",
+        mlm.to_str().unwrap(),
+        "--data",
+        labelled.to_str().unwrap(),
+        "--out",
+        dir.join("cls").to_str().unwrap(),
+    ]);
+    let said = String::from_utf8_lossy(&refused.stderr).to_string();
+    assert!(!refused.status.success());
+    assert!(
+        said.contains("holds no vocab.txt (it was trained on") && !said.contains("os error"),
+        "{said}"
+    );
+    // prune and a language model from it name the family, not a vocabulary
+    let pruned = dir.join("pruned");
+    let refused = distgpt(&[
+        "prune",
+        mlm.to_str().unwrap(),
+        "--out",
+        pruned.to_str().unwrap(),
+    ]);
+    let said = String::from_utf8_lossy(&refused.stderr).to_string();
+    assert!(
+        said.contains("BERT models mark no weight matrices"),
+        "{said}"
+    );
+    let lm = dir.join("lm");
+    let refused = distgpt(&[
+        "train",
+        "--init-from",
+        mlm.to_str().unwrap(),
+        "--out",
+        lm.to_str().unwrap(),
+    ]);
+    let said = String::from_utf8_lossy(&refused.stderr).to_string();
+    assert!(said.contains("holds a BERT"), "{said}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

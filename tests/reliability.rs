@@ -946,3 +946,156 @@ fn a_signal_to_mpirun_stops_every_rank_with_a_checkpoint() {
         distgpt::model::files::read_model_files(&dir).unwrap();
     }
 }
+
+/// A run.json repeated from another directory trains on the run's own
+/// data: the path is recorded absolute, an older record's relative one is
+/// found beside the run, and data that changed since is refused by its
+/// fingerprint, as a resume refuses it.
+#[test]
+fn a_run_repeated_by_its_run_json_from_elsewhere_trains_on_its_own_data() {
+    let dir = tmp("config-elsewhere");
+    let elsewhere = dir.join("elsewhere");
+    std::fs::create_dir_all(dir.join("data")).unwrap();
+    std::fs::create_dir_all(elsewhere.join("data")).unwrap();
+    let words = ["the", "cat", "sat", "on", "a", "mat", "and", "dog"];
+    let text = |n: usize, k: usize| -> String {
+        (0..n)
+            .map(|i| words[(i * k + i / 7) % 8])
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    std::fs::write(dir.join("data/a.txt"), text(3000, 3)).unwrap();
+    // another file by the same relative name in the other directory
+    std::fs::write(elsewhere.join("data/a.txt"), text(2000, 5)).unwrap();
+    let run = |cwd: &Path, args: &[&str]| {
+        bin()
+            .current_dir(cwd)
+            .args(args)
+            .args(["--quiet", "--peak-tflops", "0.1"])
+            .output()
+            .unwrap()
+    };
+    let args = [
+        "train",
+        "--model",
+        "tiny",
+        "--data",
+        "data/a.txt",
+        "--steps",
+        "2",
+    ];
+    let shape = ["--batch-size", "4", "--seq-len", "32", "--out", "run"];
+    let first = run(&dir, &[&args[..], &shape[..]].concat());
+    assert!(first.status.success(), "{}", stderr(&first));
+    let recorded = |run: &Path| -> serde_json::Value {
+        let text = std::fs::read_to_string(run.join("run.json")).unwrap();
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()["train"]["data"].clone()
+    };
+    let own = std::fs::canonicalize(dir.join("data/a.txt")).unwrap();
+    assert_eq!(
+        recorded(&dir.join("run")),
+        own.to_str().unwrap(),
+        "recorded absolute"
+    );
+    // a record written before paths were absolute
+    let path = dir.join("run/run.json");
+    let old = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace(own.to_str().unwrap(), "data/a.txt");
+    std::fs::write(&path, old).unwrap();
+    let repeated = run(
+        &elsewhere,
+        &["train", "--config", "../run/run.json", "--out", "../again"],
+    );
+    assert!(repeated.status.success(), "{}", stderr(&repeated));
+    assert_eq!(recorded(&dir.join("again")), own.to_str().unwrap());
+    // the run's data changed since: refused by its fingerprint
+    std::fs::write(dir.join("data/a.txt"), text(3000, 5)).unwrap();
+    let refused = run(
+        &elsewhere,
+        &["train", "--config", "../run/run.json", "--out", "../third"],
+    );
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("other data"),
+        "{}",
+        stderr(&refused)
+    );
+    assert!(!dir.join("third").exists());
+}
+
+/// A run killed while it wrote its only checkpoint has nothing to resume:
+/// `--resume` says how to start it again, and a new run with its `--out`
+/// takes its place without --overwrite, saying what it found.
+#[test]
+fn a_run_stopped_before_its_first_checkpoint_starts_again_in_its_place() {
+    let out = tmp("no-complete-checkpoint");
+    let first = train(&out, &["--steps", "1"]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    // as a kill during the first checkpoint's write leaves it
+    std::fs::remove_dir_all(out.join("checkpoints")).unwrap();
+    std::fs::create_dir_all(out.join("checkpoints/step_00000001.tmp")).unwrap();
+    std::fs::remove_file(out.join("model.safetensors")).unwrap();
+    let resumed = bin()
+        .args(["train", "--resume", out.to_str().unwrap(), "--quiet"])
+        .output()
+        .unwrap();
+    assert!(!resumed.status.success());
+    assert!(
+        stderr(&resumed).contains("start it again"),
+        "{}",
+        stderr(&resumed)
+    );
+    let again = train(&out, &["--steps", "1"]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert!(
+        stderr(&again).contains("in its place"),
+        "{}",
+        stderr(&again)
+    );
+    assert_eq!(state::list(&out).unwrap().len(), 1);
+    // a run with a complete checkpoint is still refused
+    let refused = train(&out, &["--steps", "1"]);
+    assert!(
+        stderr(&refused).contains("--resume"),
+        "{}",
+        stderr(&refused)
+    );
+}
+
+/// A `data prepare` stopped before its tokenizer.json leaves a folder that
+/// `train` refuses in words, not one read as llm.c's GPT-2 BPE shards.
+#[test]
+fn an_unfinished_data_prepare_is_refused_not_read_as_gpt2() {
+    let dir = tmp("unfinished-prepare");
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = dir.join("t.txt");
+    let words = ["the", "cat", "sat", "on", "a", "mat", "and", "dog"];
+    let body: Vec<&str> = (0..3000).map(|i| words[(i * 3 + i / 7) % 8]).collect();
+    std::fs::write(&text, body.join(" ")).unwrap();
+    let shards = dir.join("shards");
+    // a vocab.txt that cannot be written, as a full disk refuses it
+    std::fs::create_dir_all(shards.join("vocab.txt")).unwrap();
+    let prepare = |extra: &[&str]| {
+        bin()
+            .args(["data", "prepare", "--input", text.to_str().unwrap()])
+            .args(["--tokenizer", "wordpiece", "--vocab-size", "200"])
+            .args(["--out", shards.to_str().unwrap()])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    assert!(!prepare(&[]).status.success());
+    assert!(!shards.join("tokenizer.json").exists());
+    let read = train(
+        &dir.join("run"),
+        &["--steps", "1", "--data", shards.to_str().unwrap()],
+    );
+    assert!(!read.status.success());
+    assert!(stderr(&read).contains("unfinished"), "{}", stderr(&read));
+    std::fs::remove_dir(shards.join("vocab.txt")).unwrap();
+    let redone = prepare(&["--overwrite"]);
+    assert!(redone.status.success(), "{}", stderr(&redone));
+    assert!(shards.join("tokenizer.json").exists());
+    assert!(!shards.join("prepare.unfinished").exists());
+}

@@ -84,6 +84,58 @@ pub(super) fn name(v: impl clap::ValueEnum) -> String {
         .into()
 }
 
+/// A run.json's record (`text`), its paths resolved against its folder.
+fn read_run_json(file: &Path, text: &str) -> Result<RunRecord> {
+    let mut record: RunRecord = serde_json::from_str(text).with_context(|| {
+        format!(
+            "{} is not a run.json written by `distgpt train`",
+            file.display()
+        )
+    })?;
+    record.resolve_paths(run_folder(file));
+    Ok(record)
+}
+
+/// The folder of a run's `run.json`.
+fn run_folder(file: &Path) -> &Path {
+    file.parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+}
+
+/// A run repeated from its run.json (`file`) on the data that file names
+/// must train on the data the run trained on: its fingerprint (`data`, of
+/// the data at `path`) is compared with the run's newest checkpoint's, as
+/// a resume compares it. Other data given on the command line, or a run
+/// with no checkpoint, is not compared.
+pub fn check_recorded_data(file: &Path, path: Option<&Path>, data: &str) -> Result<()> {
+    if file.extension().is_none_or(|e| e != "json") {
+        return Ok(());
+    }
+    let record = read_run_json(file, &read_bounded(file)?)?;
+    let recorded = record
+        .train
+        .data
+        .map(|p| std::fs::canonicalize(&p).unwrap_or(p));
+    if recorded.as_deref() != path {
+        return Ok(());
+    }
+    let Ok(ckpt) = distgpt::checkpoint::state::latest(run_folder(file)) else {
+        return Ok(());
+    };
+    let index = distgpt::checkpoint::state::read_index(&ckpt)?;
+    if index.data != data {
+        bail!(
+            "{}: the run trained on other data than {} holds now (fingerprint {} in {}, {data} now): pass the run's data with --data, or train on this data with a TOML config",
+            file.display(),
+            path.map_or("the embedded text".into(), |p| p.display().to_string()),
+            index.data,
+            ckpt.display()
+        );
+    }
+    Ok(())
+}
+
 /// Everything a run was trained with, as train's flags.
 fn record_entries(r: &RunRecord) -> Vec<(String, Value)> {
     let t = &r.train;
@@ -180,12 +232,7 @@ fn record_entries(r: &RunRecord) -> Vec<(String, Value)> {
 pub fn file_args(file: &Path, train: &clap::Command, given: &[String]) -> Result<Vec<OsString>> {
     let text = read_bounded(file)?;
     let entries = if file.extension().is_some_and(|e| e == "json") {
-        let record: RunRecord = serde_json::from_str(&text).with_context(|| {
-            format!(
-                "{} is not a run.json written by `distgpt train`",
-                file.display()
-            )
-        })?;
+        let record = read_run_json(file, &text)?;
         // run.json holds the newest invocation's settings: a run resumed
         // with others cannot be repeated from them
         if let Some(w) = record

@@ -21,7 +21,7 @@ pub(super) struct GenerateArgs {
     #[arg(long, default_value_t = 0.8)]
     temperature: f32,
     /// Sample among the k most likely tokens (0: all).
-    #[arg(long, default_value_t = 40)]
+    #[arg(long, value_parser = super::non_negative(), default_value_t = 40)]
     top_k: usize,
     /// Sample among the most likely tokens whose probabilities sum to p (1: all).
     #[arg(long, default_value_t = 1.0)]

@@ -76,6 +76,8 @@ enum Command {
     /// Train a model (with no arguments: a Shakespeare character model on the embedded corpus).
     Train(Box<TrainArgs>),
     /// Sample text from a trained run directory.
+    // negative numbers are values, refused by their ranges
+    #[command(allow_negative_numbers = true)]
     Generate(GenerateArgs),
     /// Prepare data.
     #[command(subcommand)]
@@ -87,6 +89,8 @@ enum Command {
     Compare(Box<compare::CompareArgs>),
     /// Predict per-rank memory and step time of every strategy for a model,
     /// world size, device and network, and recommend the fastest that fits.
+    // negative numbers are values, refused by their ranges
+    #[command(allow_negative_numbers = true)]
     Plan(Box<plan::PlanArgs>),
     /// Write a run's model as a Hugging Face folder (config.json + model.safetensors).
     Export(ExportArgs),
@@ -99,6 +103,8 @@ enum Command {
     /// while fine-tuning) or whole heads and MLP units (the model shrinks);
     /// the last level's model and a report of validation loss (and, timed,
     /// step and token time) vs sparsity (table and figures).
+    // negative numbers are values, refused by their ranges
+    #[command(allow_negative_numbers = true)]
     Prune(PruneArgs),
     /// Validation loss and perplexity of a model (a run directory or a Hugging Face folder).
     Eval(EvalArgs),
@@ -124,16 +130,16 @@ pub struct ModelArgs {
     #[arg(long, default_value = "shakespeare-char-small")]
     model: String,
     /// Transformer blocks (overrides the preset's).
-    #[arg(long)]
+    #[arg(long, value_parser = non_negative())]
     n_layer: Option<usize>,
     /// Attention heads per block (must divide --n-embd).
-    #[arg(long)]
+    #[arg(long, value_parser = non_negative())]
     n_head: Option<usize>,
     /// Width of the residual stream (embedding size).
-    #[arg(long)]
+    #[arg(long, value_parser = non_negative())]
     n_embd: Option<usize>,
     /// Maximum sequence length (positions).
-    #[arg(long)]
+    #[arg(long, value_parser = non_negative())]
     block_size: Option<usize>,
 }
 
@@ -667,14 +673,29 @@ fn claim_out(out: &Path, flag: &str, what: &str, overwrite: bool) -> Result<()> 
 
 /// The parser of a count that must be at least 1 (batch sizes, sequence
 /// lengths, steps, tokens, ranks): one rule for every command that takes one.
-pub(crate) fn positive() -> clap::builder::RangedU64ValueParser<usize> {
-    clap::builder::RangedU64ValueParser::new().range(1..=(1u64 << 40))
+pub(crate) fn positive() -> impl clap::builder::TypedValueParser<Value = usize> {
+    count(1, 1 << 40)
+}
+
+/// A count from 0, for flags where 0 means none or all (or is refused
+/// later, in words of its own).
+pub(crate) fn non_negative() -> impl clap::builder::TypedValueParser<Value = usize> {
+    count(0, 1 << 40)
+}
+
+/// A count from `min` to `max`, read as a signed number so that a negative one
+/// is refused by its range rather than misread as a flag.
+pub(crate) fn count(min: i64, max: i64) -> impl clap::builder::TypedValueParser<Value = usize> {
+    use clap::builder::TypedValueParser;
+    clap::builder::RangedI64ValueParser::<i64>::new()
+        .range(min..=max)
+        .map(|v| v as usize)
 }
 
 /// The parser of `--grad-accum`: 1 to [`distgpt::train::MAX_GRAD_ACCUM`]
 /// micro-batches a step.
-pub(crate) fn micro_batches() -> clap::builder::RangedU64ValueParser<usize> {
-    clap::builder::RangedU64ValueParser::new().range(1..=distgpt::train::MAX_GRAD_ACCUM as u64)
+pub(crate) fn micro_batches() -> impl clap::builder::TypedValueParser<Value = usize> {
+    count(1, distgpt::train::MAX_GRAD_ACCUM as i64)
 }
 
 /// The parser of a stated peak (`--peak-tflops`, `--peak-gflops`) or a

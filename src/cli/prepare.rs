@@ -139,7 +139,7 @@ fn clear_earlier(out: &Path, overwrite: bool) -> Result<()> {
         return Ok(());
     }
     let mut earlier = data::shard_files(out).with_context(|| format!("--out {}", out.display()))?;
-    for name in ["tokenizer.json", "vocab.txt"] {
+    for name in ["tokenizer.json", "vocab.txt", data::UNFINISHED] {
         let p = out.join(name);
         earlier.extend(p.is_file().then_some(p));
     }

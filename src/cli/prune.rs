@@ -32,11 +32,11 @@ pub(super) struct PruneArgs {
     measure: bool,
     /// Training steps timed one by one per level (after one untimed); the
     /// median counts.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, value_parser = non_negative(), default_value_t = 10)]
     time_steps: usize,
     /// Tokens generated at batch 1 in each of three timed runs per level
     /// (at most the block size less one); the median run counts.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, value_parser = non_negative(), default_value_t = 128)]
     time_tokens: usize,
     /// Sparsity levels, increasing, each a fraction of the weights pruned
     /// (one level, or a schedule such as 0.1,0.3,0.5,0.7,0.9).
@@ -47,7 +47,7 @@ pub(super) struct PruneArgs {
     #[arg(long, value_enum, default_value = "matrix")]
     scope: distgpt::prune::Scope,
     /// Fine-tuning steps after each pruning (AdamW, gradients clipped at 1).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, value_parser = non_negative(), default_value_t = 0)]
     finetune_steps: usize,
     /// Fine-tuning learning rate (constant).
     #[arg(long, default_value_t = 1e-4, allow_negative_numbers = true)]
@@ -63,7 +63,7 @@ pub(super) struct PruneArgs {
     #[arg(long, value_parser = positive())]
     seq_len: Option<usize>,
     /// Validation batches per evaluation.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, value_parser = non_negative(), default_value_t = 20)]
     eval_batches: usize,
     /// Seed of the fine-tuning data order.
     #[arg(long, default_value_t = 1337)]
@@ -79,6 +79,8 @@ pub(super) struct PruneArgs {
 pub(super) fn prune_on<B: Backend>(be: B, a: &PruneArgs) -> Result<()> {
     use distgpt::prune::{self, Level, Method, MethodRun, Timing};
     let (meta, params) = checkpoint::read_model(&a.run)?;
+    // before its data, which an encoder's tokenizer would misname
+    prune::check_family(&meta.config)?;
     let ds = Dataset::load_for_model(a.data.as_deref(), &meta.tokenizer)?;
     let model = prune::Model {
         backend: be,
@@ -176,6 +178,7 @@ pub(super) fn prune_on<B: Backend>(be: B, a: &PruneArgs) -> Result<()> {
 /// `prune`: the model pruned level by level (weights or whole heads and MLP
 /// units), on any device, with its report.
 pub(super) fn run_prune(a: PruneArgs) -> Result<()> {
+    distgpt::prune::check_levels(&a.sparsity)?;
     refuse_output_over_input(&a.run, &a.out, a.overwrite)?;
     on_device!(a.device, |be| prune_on(be, &a))?;
     Ok(())

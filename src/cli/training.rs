@@ -297,8 +297,9 @@ pub(super) fn new_run(a: &TrainArgs, given: &[String], task: TaskKind) -> Result
         keep_checkpoints: a.keep_checkpoints,
         resume: None,
         stop_after: None,
-        init_from: a.init_from.clone(),
-        data: a.data.clone(),
+        // absolute, so run.json names the same files from any directory
+        init_from: a.init_from.as_deref().map(absolute),
+        data: a.data.as_deref().map(absolute),
         train_examples: a.train_examples,
         overwrite: a.overwrite,
         schedule_steps: None,
@@ -338,7 +339,16 @@ pub(super) fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<(Prepared, 
     } else {
         let ckpt = match a.from_step {
             Some(n) => checkpoint::state::at_step(path, n)?,
-            None => checkpoint::state::latest(path)?,
+            None => checkpoint::state::latest(path).map_err(|e| {
+                match train::run_dir::holds_nothing_to_keep(path) {
+                    Ok(true) if path.join(train::run_dir::RUN_FILE).exists() => anyhow::anyhow!(
+                        "{0}: no complete checkpoint to resume from: the run was stopped before its first was written; start it again in its place with `distgpt train --config {1} --out {0}`",
+                        path.display(),
+                        path.join(train::run_dir::RUN_FILE).display()
+                    ),
+                    _ => e.into(),
+                }
+            })?,
         };
         (path.clone(), ckpt)
     };
@@ -444,6 +454,14 @@ fn recorded_device(run_dir: &Path) -> Result<DeviceChoice> {
     } else {
         DeviceChoice::Cpu
     })
+}
+
+/// `p` from the root (links and `..` resolved where it exists), or as
+/// given where the current directory is unknown.
+fn absolute(p: &Path) -> PathBuf {
+    std::fs::canonicalize(p)
+        .or_else(|_| std::path::absolute(p))
+        .unwrap_or_else(|_| p.to_path_buf())
 }
 
 /// Optimizer steps a prepared run trains in all.
@@ -614,7 +632,14 @@ pub(super) fn run_train(mut a: TrainArgs, given: &[String]) -> Result<Outcome> {
                 );
             }
             task.spec().refuse(given)?;
-            new_run(&a, given, task)?
+            let prep = new_run(&a, given, task)?;
+            if let Some(file) = &a.config {
+                let data = prep
+                    .data
+                    .with_task::<Cpu, _>(|t| t.fingerprint().to_string());
+                config::check_recorded_data(file, prep.cfg.data.as_deref(), &data)?;
+            }
+            prep
         }
     };
     let cfg = &mut prep.cfg;

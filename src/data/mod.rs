@@ -265,6 +265,13 @@ impl Dataset {
     }
 
     fn from_shards(dir: &Path) -> Result<Self> {
+        if dir.join(UNFINISHED).exists() {
+            return Err(Error::Input(format!(
+                "{}: an unfinished `distgpt data prepare` ({} is there: it was stopped, or ran out of disk, before its tokenizer.json was written); prepare it again with --overwrite",
+                dir.display(),
+                UNFINISHED
+            )));
+        }
         let (mut train_files, mut val_files) = (Vec::new(), Vec::new());
         for p in shard_files(dir)? {
             match shard_split(&p) {
@@ -416,11 +423,20 @@ pub fn learn_wordpiece(source: Option<&Path>, size: usize) -> Result<wordpiece::
     wordpiece::learn(&text, size)
 }
 
+/// The file a folder of shards holds while `data prepare` writes it.
+pub const UNFINISHED: &str = "prepare.unfinished";
+
 /// Writes `<name>_train_000000.bin`, `<name>_val_000000.bin`,
 /// `tokenizer.json` and, for a WordPiece vocabulary, its `vocab.txt` into
-/// `out`; returns (train tokens, val tokens).
+/// `out`, each atomically and [`UNFINISHED`] until all are; returns (train
+/// tokens, val tokens).
 pub fn write_shards(ds: &Dataset, out: &Path) -> Result<(usize, usize)> {
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    // Shards without a tokenizer.json are llm.c's GPT-2 BPE: until the
+    // folder is whole, this file says it is not.
+    let unfinished = out.join(UNFINISHED);
+    let why = "distgpt data prepare is writing this folder\n";
+    std::fs::write(&unfinished, why).map_err(|e| Error::io(&unfinished, e))?;
     let mut counts = [0usize; 2];
     for (i, (split, tag)) in [(&ds.train, "train"), (&ds.val, "val")]
         .into_iter()
@@ -438,12 +454,11 @@ pub fn write_shards(ds: &Dataset, out: &Path) -> Result<(usize, usize)> {
         shard::write_shard(&out.join(format!("{}_{tag}_000000.bin", ds.name)), &tokens)?;
     }
     if let Tokenizer::WordPiece(wp) = &ds.tokenizer {
-        let vocab = out.join("vocab.txt");
-        std::fs::write(&vocab, wp.vocab_text()).map_err(|e| Error::io(&vocab, e))?;
+        crate::store::write_atomic(&out.join("vocab.txt"), wp.vocab_text().as_bytes())?;
     }
-    let spec_path = out.join("tokenizer.json");
     let spec = serde_json::to_string_pretty(&ds.tokenizer.spec()).expect("spec serialises");
-    std::fs::write(&spec_path, spec).map_err(|e| Error::io(&spec_path, e))?;
+    crate::store::write_atomic(&out.join("tokenizer.json"), spec.as_bytes())?;
+    std::fs::remove_file(&unfinished).map_err(|e| Error::io(&unfinished, e))?;
     Ok((counts[0], counts[1]))
 }
 

@@ -442,14 +442,26 @@ pub const SPECIAL: [&str; 5] = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"];
 /// pairs seen once, and left "here" in four pieces at 8,000 tokens of
 /// Shakespeare). Ties go to the more frequent pair, then the pair that
 /// sorts first, so the result is the same on every run. The vocabulary is
-/// the special tokens, every character of the corpus in both forms it
-/// takes (so no word of the corpus becomes `[UNK]`), then the merges in
-/// the order they were made. Fewer tokens result where nothing is left to
-/// merge; a `size` below the special tokens and the characters is refused.
+/// the special tokens, every character of the corpus's words in both forms
+/// it takes (so no word of the corpus becomes `[UNK]` but one longer than
+/// [`MAX_WORD`], which is not learned from), then the merges in the order
+/// they were made. Fewer tokens result where nothing is left to merge (a
+/// note says so); a `size` below the special tokens and the characters is
+/// refused, and so is a text without a word to learn from.
 pub fn learn(text: &str, size: usize) -> Result<WordPiece> {
     let mut counts: HashMap<String, u64> = HashMap::new();
+    // a longer word is one [UNK] however it is split: nothing to learn
     for w in basic_tokens(text, Normalizer::default()) {
-        *counts.entry(w).or_default() += 1;
+        if w.chars().count() <= MAX_WORD {
+            *counts.entry(w).or_default() += 1;
+        }
+    }
+    if counts.is_empty() {
+        return Err(Error::Input(format!(
+            "the text has no word of at most {MAX_WORD} characters (the longest WordPiece \
+             encodes; a longer one is a single [UNK]): nothing to learn a vocabulary from; \
+             give a text of words separated by spaces"
+        )));
     }
     let mut words: Vec<(String, u64)> = counts.into_iter().collect();
     words.sort();
@@ -539,6 +551,13 @@ pub fn learn(text: &str, size: usize) -> Result<WordPiece> {
         // a piece two merges spell alike stays one token (`intern`)
         merges.pairs.remove(&(a, b));
     }
+    if SPECIAL.len() + names.len() < size {
+        crate::errln!(
+            "note: the text's words give {} pieces: the vocabulary learned has {} tokens, fewer than the --vocab-size {size} asked",
+            names.len(),
+            SPECIAL.len() + names.len()
+        );
+    }
     let tokens = SPECIAL.iter().map(|s| s.to_string()).chain(names).collect();
     WordPiece::new(tokens)
 }
@@ -603,6 +622,14 @@ mod tests {
             ",", "cafe", "世", "界", "run", "##ning", "##s",
         ];
         WordPiece::new(toks.iter().map(|s| s.to_string()).collect()).unwrap()
+    }
+
+    #[test]
+    fn a_text_without_a_word_wordpiece_encodes_is_refused_before_learning() {
+        let started = std::time::Instant::now();
+        let err = learn(&"x".repeat(200_000), 100).err().unwrap().to_string();
+        assert!(err.contains("no word of at most 100"), "{err}");
+        assert!(started.elapsed().as_secs() < 5);
     }
 
     #[test]

@@ -430,6 +430,23 @@ pub fn pretrained_bert(
     let at = crate::checkpoint::model_dir(dir);
     let vocab_file = at.join("vocab.txt");
     let wp = if is_bert_folder(dir) {
+        if !vocab_file.exists() {
+            // a run of distgpt's own says what it tokenized with instead
+            let used = crate::checkpoint::state::latest(dir)
+                .and_then(|c| crate::checkpoint::state::read_index(&c))
+                .map_or(String::new(), |i| {
+                    format!(
+                        " (it was trained on {})",
+                        crate::data::describe(&i.tokenizer)
+                    )
+                });
+            return Err(Error::Input(format!(
+                "{} holds no vocab.txt{used}: a BERT to start from needs its WordPiece \
+                 vocabulary; pretrain with --init-from a BERT folder, or on data prepared with \
+                 --tokenizer wordpiece",
+                dir.display()
+            )));
+        }
         hf::read_vocab(&at)?
     } else {
         match crate::checkpoint::read_any_meta(dir)?.tokenizer {

@@ -439,9 +439,21 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
     /// model files. They come before the final checkpoint: a run whose
     /// final checkpoint exists is always readable. The gathered model is
     /// not kept through the checkpoint ([`Run::finish`] gathers it again).
+    /// The task's report of an earlier model (a finished run extended) is
+    /// removed first: a run stopped before it reports again has none, and
+    /// `--resume` scores it, rather than keeping figures of another model.
     fn save_model(&mut self) -> Result<()> {
         let full = self.strategy.full_params()?;
         if self.lead {
+            if let Some(report) = self.task.report_file() {
+                let path = self.cfg.out_dir.join(report);
+                match std::fs::remove_file(&path) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(Error::io(&path, e))
+                    }
+                    _ => {}
+                }
+            }
             self.task
                 .save_model(self.spare.clone_fresh(), &full, &self.cfg.out_dir)?;
         }

@@ -219,6 +219,14 @@ pub fn holds_a_run(dir: &Path) -> bool {
         .any(|f| dir.join(f).exists())
 }
 
+/// Whether the run in `dir` has no complete checkpoint, none set aside and
+/// no model weights: nothing a new run in its place would lose.
+pub fn holds_nothing_to_keep(dir: &Path) -> Result<bool> {
+    Ok(state::list(dir)?.is_empty()
+        && !dir.join(state::DIR).join("superseded").exists()
+        && !dir.join("model.safetensors").exists())
+}
+
 /// Makes `dir` ready for a new run: it must be absent or empty, unless
 /// `overwrite` and it holds a run, which is then emptied.
 pub fn prepare_new(dir: &Path, overwrite: bool) -> Result<()> {
@@ -231,8 +239,17 @@ pub fn prepare_new(dir: &Path, overwrite: bool) -> Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(Error::io(dir, e)),
     };
+    // a run stopped before its first checkpoint was complete has nothing
+    // to resume or keep: a new run takes its place
+    let restart = !overwrite && holds_a_run(dir) && holds_nothing_to_keep(dir)?;
+    if restart {
+        crate::errln!(
+            "{} holds a run stopped before its first checkpoint was complete (nothing to resume, no model files): starting a new run in its place",
+            dir.display()
+        );
+    }
     if !entries.is_empty() {
-        if !overwrite {
+        if !overwrite && !restart {
             return Err(Error::Input(format!(
                 "{} is not empty{}: continue that run with `--resume {0}`, choose a new --out, or pass --overwrite to empty it first",
                 dir.display(),
@@ -401,14 +418,40 @@ pub fn read_metrics(dir: &Path) -> Result<Vec<StepRecord>> {
         .collect())
 }
 
-/// Reads `run.json`.
+/// Reads `run.json`, its data and init-from paths resolved
+/// ([`RunRecord::resolve_paths`]).
 pub fn read_record(dir: &Path) -> Result<RunRecord> {
     let path = dir.join(RUN_FILE);
     let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-    serde_json::from_str(&text).map_err(|e| Error::Checkpoint {
+    let mut record: RunRecord = serde_json::from_str(&text).map_err(|e| Error::Checkpoint {
         path,
         reason: format!("invalid run record: {e}"),
-    })
+    })?;
+    record.resolve_paths(dir);
+    Ok(record)
+}
+
+impl RunRecord {
+    /// Resolves the data and init-from paths of a record in `run_dir`.
+    /// Runs record them absolute; older records hold them as given,
+    /// relative to a directory they do not name, and each is taken where it
+    /// exists beside the run or above it, else as given (the current
+    /// directory). Whichever file that finds, the data's fingerprint is
+    /// still compared with the run's before it trains.
+    pub fn resolve_paths(&mut self, run_dir: &Path) {
+        let run_dir = std::path::absolute(run_dir).unwrap_or_else(|_| run_dir.to_path_buf());
+        for p in [&mut self.train.data, &mut self.train.init_from]
+            .into_iter()
+            .flatten()
+        {
+            if p.is_relative() {
+                let found = run_dir.ancestors().map(|d| d.join(&p)).find(|c| c.exists());
+                if let Some(found) = found {
+                    *p = std::fs::canonicalize(&found).unwrap_or(found);
+                }
+            }
+        }
+    }
 }
 
 /// Writes `run.json` for an invocation starting at `from_step`: a new

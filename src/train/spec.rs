@@ -182,6 +182,15 @@ fn build_lm(i: &TaskInputs<'_>) -> Result<(TaskData, usize)> {
     let (model, ds) = match i.init_from {
         Some(dir) => {
             let meta = crate::checkpoint::read_any_meta(dir)?;
+            // said before its tokenizer is, whose words are an encoder's
+            if !causal_lm(&meta.config) {
+                return Err(Error::Config(format!(
+                    "{} holds a BERT ({}): --task lm trains {}; --task mlm continues its pretraining, --task classify fine-tunes it",
+                    dir.display(),
+                    meta.config,
+                    TaskKind::Lm.spec().trains
+                )));
+            }
             let ds = Dataset::load_for_model(i.data, &meta.tokenizer)?;
             (meta.config, ds)
         }
@@ -255,6 +264,13 @@ fn build_masked(i: &TaskInputs<'_>, head: BertHead) -> Result<(TaskData, usize)>
         )));
     };
     let ds = Dataset::load(i.data, TokenizerKind::Char)?;
+    if let TokenizerSpec::Char { chars } = ds.tokenizer.spec() {
+        crate::errln!(
+            "note: --task {task} on {}: no WordPiece vocabulary (no --init-from, and not a folder of `data prepare --tokenizer wordpiece`), so its {} characters are the tokens, and the model can start only another character-level run",
+            ds.name,
+            chars.chars().count()
+        );
+    }
     let mlm = MlmTask::new(&shape, &ds, seq);
     let model = match head {
         BertHead::Pretrain => mlm.pretraining()?.model,
