@@ -52,6 +52,17 @@ pub struct SpanRun {
     pub in_flight: usize,
 }
 
+impl SpanRun {
+    /// Elements (activations, other) of the micro-batches in flight, from
+    /// one set of the blocks' buffers and one micro-batch's kept ones: the
+    /// blocks' a set each, or recomputed one set they share.
+    pub fn in_flight_elems(&self, blocks: (usize, usize), kept: (usize, usize)) -> (usize, usize) {
+        let sets = if self.recompute { 1 } else { self.in_flight };
+        let n = self.in_flight;
+        (sets * blocks.0 + n * kept.0, sets * blocks.1 + n * kept.1)
+    }
+}
+
 impl Span {
     /// Every unit of a model with `n_layer` blocks.
     pub fn all(n_layer: usize) -> Self {

@@ -202,9 +202,7 @@ pub fn activation_elems(
     .expect("a tally allocates nothing");
     Kept::new(&kept, cfg, (&run.span, run.recompute), (rows, head))
         .expect("a tally allocates nothing");
-    let sets = if run.recompute { 1 } else { run.in_flight };
-    let ((a, o), (ka, ko)) = (blocks.counted(), kept.counted());
-    (sets * a + run.in_flight * ka, sets * o + run.in_flight * ko)
+    run.in_flight_elems(blocks.counted(), kept.counted())
 }
 
 impl<B: Backend> Kept<B> {
