@@ -444,7 +444,7 @@ pub const SPECIAL: [&str; 5] = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"];
 /// sorts first, so the result is the same on every run. The vocabulary is
 /// the special tokens, every character of the corpus's words in both forms
 /// it takes (so no word of the corpus becomes `[UNK]` but one longer than
-/// [`MAX_WORD`], which is not learned from), then the merges in the order
+/// `MAX_WORD`, which is not learned from), then the merges in the order
 /// they were made. Fewer tokens result where nothing is left to merge (a
 /// note says so); a `size` below the special tokens and the characters is
 /// refused, and so is a text without a word to learn from.

@@ -114,7 +114,7 @@ pub fn task_of(head: BertHead) -> TaskKind {
 const PAIR_SEQ_LEN: usize = 5;
 
 /// Refuses a sequence length a model with `head` cannot be trained or
-/// evaluated at: pretraining's sentence pairs need [`PAIR_SEQ_LEN`].
+/// evaluated at: pretraining's sentence pairs need `PAIR_SEQ_LEN`.
 pub fn check_seq_len(head: BertHead, seq: usize) -> Result<()> {
     if head == BertHead::Pretrain && seq < PAIR_SEQ_LEN {
         return Err(Error::Config(format!(
