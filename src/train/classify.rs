@@ -614,21 +614,9 @@ mod tests {
             "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "is", "it", "yes", "no",
         ];
         let wp = WordPiece::new(tokens.map(String::from).to_vec()).unwrap();
-        let cfg = BertConfig {
-            vocab_size: wp.vocab_size(),
-            block_size: 16,
-            head: BertHead::Classify { labels: 2 },
-            ..BertConfig::preset("bert-tiny").unwrap()
-        };
         let dir = crate::testdir::TestDir::new("pairs-seq");
         let model = dir.path().join("model");
-        hf::write_folder(
-            &cfg,
-            &crate::model::bert::init_full(&cfg, 1),
-            Some(&wp),
-            &model,
-        )
-        .unwrap();
+        hf::write_tiny(&wp, BertHead::Classify { labels: 2 }, &model);
         let data = dir.path().join("data");
         std::fs::create_dir_all(&data).unwrap();
         std::fs::write(data.join("labels.json"), r#"["no", "yes"]"#).unwrap();

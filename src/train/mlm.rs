@@ -485,21 +485,9 @@ mod tests {
             "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "to", "be", "or", "not",
         ];
         let wp = crate::data::wordpiece::WordPiece::new(tokens.map(String::from).to_vec()).unwrap();
-        let cfg = BertConfig {
-            vocab_size: wp.vocab_size(),
-            block_size: 16,
-            head: BertHead::Pretrain,
-            ..BertConfig::preset("bert-tiny").unwrap()
-        };
         let dir = crate::testdir::TestDir::new("pretrain-seq");
         let model = dir.path().join("model");
-        hf::write_folder(
-            &cfg,
-            &crate::model::bert::init_full(&cfg, 1),
-            Some(&wp),
-            &model,
-        )
-        .unwrap();
+        hf::write_tiny(&wp, BertHead::Pretrain, &model);
         let text = dir.path().join("text.txt");
         std::fs::write(&text, "to be or not to be ".repeat(40)).unwrap();
         let ds = Dataset::load_with(Some(&text), Tokenizer::WordPiece(Box::new(wp))).unwrap();

@@ -420,6 +420,19 @@ pub fn write_folder(
     write_atomic(&dir.join("config.json"), text.as_bytes())
 }
 
+/// A bert-tiny folder with `head`, sized for `wp`'s vocabulary and 16
+/// positions, freshly initialised, written to `dir` (tests).
+#[cfg(test)]
+pub(crate) fn write_tiny(wp: &WordPiece, head: super::BertHead, dir: &Path) {
+    let cfg = BertConfig {
+        vocab_size: wp.vocab_size(),
+        block_size: 16,
+        head,
+        ..BertConfig::preset("bert-tiny").unwrap()
+    };
+    write_folder(&cfg, &super::init_full(&cfg, 1), Some(wp), dir).unwrap();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
