@@ -9,9 +9,10 @@ use scratch::scratch;
 
 use distgpt::backend::cpu::Cpu;
 use distgpt::checkpoint::load_model;
-use distgpt::data::TokenizerSpec;
+use distgpt::data::{Tokenizer, TokenizerSpec};
 use distgpt::model::gpt2::hf;
 use distgpt::model::{Gpt2, GptConfig};
+use distgpt::store::checksum;
 use safetensors::SafeTensors;
 use std::path::PathBuf;
 
@@ -88,4 +89,102 @@ fn exported_folder_matches_transformers_logits() {
         assert_eq!(got.len(), want.len());
         assert!(err <= 1e-4, "logits differ from transformers' by {err}");
     }
+}
+
+/// Texts a tokenizer export is checked on: verse, whitespace of every kind,
+/// contractions and numbers (GPT-2's pre-tokenizer splits them), accents,
+/// other scripts, emoji with joiners.
+const TEXTS: [&str; 6] = [
+    "ROMEO.\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n",
+    "  leading spaces,\ttabs\tand\n\n\nblank lines;   runs   of spaces  \n",
+    "don't we'll I'm they're You'VE 1234567 3.14 $5.00 #hash @user (a) [b] {c}",
+    "Élan naïve café-goers — «quoted» ¿Qué? Straße",
+    "日本語のテキスト Привет, мир! مرحبا नमस्ते",
+    "emoji 🦀👍🏽 👨\u{200d}👩\u{200d}👧 and\u{a0}nbsp\u{200b}zero width",
+];
+
+/// The tokenizers each kind of GPT-2 export carries: GPT-2's BPE, and a
+/// character vocabulary of every character of the texts.
+fn tokenizer_kinds() -> [(&'static str, TokenizerSpec); 2] {
+    let chars: std::collections::BTreeSet<char> = TEXTS.concat().chars().collect();
+    [
+        ("gpt2", TokenizerSpec::Gpt2),
+        (
+            "char",
+            TokenizerSpec::Char {
+                chars: chars.into_iter().collect(),
+            },
+        ),
+    ]
+}
+
+/// A GPT-2 export of each kind into `dir/KIND`, through the exporter.
+fn export_tokenizers(dir: &std::path::Path) {
+    for (kind, spec) in tokenizer_kinds() {
+        let vocab_size = Tokenizer::from_spec(&spec).unwrap().vocab_size();
+        let cfg = GptConfig {
+            n_layer: 1,
+            n_head: 1,
+            n_embd: 4,
+            block_size: 8,
+            vocab_size,
+            blocks: Vec::new(),
+        };
+        let m = Gpt2::new(Cpu::new(), cfg).unwrap();
+        hf::export(&m, &spec, &dir.join(kind)).unwrap();
+    }
+}
+
+#[test]
+#[ignore = "writes target/tmp/tokenizer-exports; run by hand before scripts/make_tokenizer_fixture.py"]
+fn write_tokenizer_exports() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("tokenizer-exports");
+    export_tokenizers(&dir);
+    std::fs::write(
+        dir.join("texts.json"),
+        serde_json::to_string(&TEXTS).unwrap(),
+    )
+    .unwrap();
+}
+
+/// `AutoTokenizer.from_pretrained` on an export gives distgpt's own ids:
+/// the files exported now are the ones `transformers` loaded to make the
+/// fixture (their sums), and its ids over the texts are distgpt's.
+#[test]
+fn exported_tokenizers_give_transformers_the_same_ids() {
+    let text = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf_tokenizer/ids.json"),
+    )
+    .unwrap();
+    let fixture: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        fixture["texts"],
+        serde_json::json!(TEXTS),
+        "re-make the fixture"
+    );
+    let tmp = scratch("hf-tokenizers");
+    export_tokenizers(&tmp);
+    for (kind, spec) in tokenizer_kinds() {
+        let want = &fixture["exports"][kind];
+        let sums = want["fnv1a"].as_object().unwrap();
+        assert!(sums.contains_key("tokenizer.json"), "{kind}: {sums:?}");
+        for (name, sum) in sums {
+            let bytes = std::fs::read(tmp.join(kind).join(name)).unwrap();
+            assert_eq!(
+                checksum(&bytes),
+                sum.as_str().unwrap(),
+                "{kind}/{name} is not the file transformers loaded"
+            );
+        }
+        let tk = Tokenizer::from_spec(&spec).unwrap();
+        for (t, ids) in TEXTS.iter().zip(want["ids"].as_array().unwrap()) {
+            let ids: Vec<u32> = serde_json::from_value(ids.clone()).unwrap();
+            assert_eq!(tk.encode(t).unwrap(), ids, "{kind}: {t:?}");
+        }
+    }
+    // a character vocabulary has no end of text: generate() must not stop
+    // at its id 0
+    let config = std::fs::read_to_string(tmp.join("char/config.json")).unwrap();
+    let config: serde_json::Value = serde_json::from_str(&config).unwrap();
+    assert!(config["eos_token_id"].is_null(), "{config}");
 }

@@ -36,11 +36,16 @@ pub(super) fn run_export(a: ExportArgs) -> Result<()> {
     let vocab = checkpoint::model_dir(&run).join("vocab.txt");
     let vocab = vocab.exists().then_some(vocab.as_path());
     (hf.export)(model, &params, &meta.tokenizer, vocab, &a.out)?;
+    let mut files: Vec<String> = std::fs::read_dir(&a.out)
+        .map_err(|e| anyhow::anyhow!("cannot list {}: {e}", a.out.display()))?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect();
+    files.sort();
     distgpt::outln!(
-        "wrote {} (a Hugging Face {} folder: config.json, model.safetensors{})",
+        "wrote {} (a Hugging Face {} folder: {})",
         a.out.display(),
         model.family(),
-        if vocab.is_some() { ", vocab.txt" } else { "" }
+        files.join(", ")
     );
     Ok(())
 }

@@ -40,6 +40,8 @@ pub enum Tokenizer {
 
 /// GPT-2's `<|endoftext|>`.
 pub const GPT2_EOT: u32 = 50256;
+/// Its text.
+const EOT_TEXT: &str = "<|endoftext|>";
 /// The GPT-2 BPE vocabulary (`r50k_base`).
 pub const GPT2_VOCAB: usize = 50257;
 
@@ -141,6 +143,171 @@ impl Tokenizer {
             },
             Tokenizer::WordPiece(wp) => wp.decode(tokens),
         }
+    }
+}
+
+/// GPT-2's byte-to-character map (`bytes_to_unicode`): printable bytes stand
+/// for themselves, the rest for U+0100 onward in byte order, so every token
+/// of its `vocab.json` and `merges.txt` is printable and has no space.
+fn gpt2_byte_chars() -> [char; 256] {
+    let mut map = ['\0'; 256];
+    let mut next = 256;
+    for (b, slot) in map.iter_mut().enumerate() {
+        *slot = match b {
+            0x21..=0x7E | 0xA1..=0xAC | 0xAE..=0xFF => char::from(b as u8),
+            _ => {
+                next += 1;
+                char::from_u32(next - 1).expect("U+0100..U+0143 are characters")
+            }
+        };
+    }
+    map
+}
+
+/// `r50k_base` as `transformers` spells GPT-2's BPE: each token's bytes
+/// (rank order) and, for every token past the 256 bytes, the merge that
+/// makes it. A token's merge is found by running the merges of lower rank
+/// over its bytes, which leaves exactly two parts.
+fn gpt2_tokens_and_merges(bpe: &tiktoken_rs::CoreBPE) -> (Vec<Vec<u8>>, Vec<(usize, usize)>) {
+    let tokens: Vec<Vec<u8>> = (0..GPT2_EOT)
+        .map(|r| {
+            bpe.decode_bytes(&[r])
+                .expect("every rank below 50256 is a token")
+        })
+        .collect();
+    let rank: HashMap<&[u8], usize> = tokens
+        .iter()
+        .enumerate()
+        .map(|(r, t)| (t.as_slice(), r))
+        .collect();
+    let merges = (256..tokens.len())
+        .map(|r| {
+            let bytes = &tokens[r];
+            // the parts as the ends of their ranges of `bytes`
+            let mut ends: Vec<usize> = (1..=bytes.len()).collect();
+            while ends.len() > 2 {
+                let (mut best, mut at) = (r, 0);
+                for i in 0..ends.len() - 1 {
+                    let start = if i == 0 { 0 } else { ends[i - 1] };
+                    match rank.get(&bytes[start..ends[i + 1]]) {
+                        Some(&k) if k < best => (best, at) = (k, i),
+                        _ => {}
+                    }
+                }
+                assert!(best < r, "token {r} is not made by lower merges");
+                ends.remove(at);
+            }
+            (ends[0], r)
+        })
+        .collect();
+    (tokens, merges)
+}
+
+impl Tokenizer {
+    /// The files `transformers`' `AutoTokenizer.from_pretrained` reads to
+    /// give this tokenizer's ids: GPT-2's `vocab.json`, `merges.txt` and
+    /// `tokenizer.json` (byte-level BPE, `<|endoftext|>` its special token);
+    /// a character vocabulary as a `tokenizer.json` whose BPE has no merges,
+    /// so each character is its own token. `max_len` is the model's
+    /// context. A WordPiece vocabulary has none here: BERT's folder writes
+    /// its own `vocab.txt`.
+    pub fn hf_files(&self, max_len: usize) -> Vec<(&'static str, String)> {
+        let json = |v: serde_json::Value| serde_json::to_string_pretty(&v).expect("JSON");
+        // the model, tokenizer_config.json, the files only GPT-2 has, and
+        // its byte-level pre-tokenizer and decoder
+        let (model, config, extra, byte_level) = match self {
+            Tokenizer::WordPiece(_) => return Vec::new(),
+            Tokenizer::Char { chars, .. } => {
+                let vocab: serde_json::Map<_, _> = chars
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| (c.to_string(), i.into()))
+                    .collect();
+                let model = serde_json::json!({
+                    "type": "BPE", "dropout": null, "unk_token": null,
+                    "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                    "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                    "vocab": vocab, "merges": [],
+                });
+                let config = serde_json::json!({
+                    "tokenizer_class": "PreTrainedTokenizerFast",
+                    "model_max_length": max_len,
+                    "clean_up_tokenization_spaces": false,
+                });
+                (model, config, Vec::new(), None)
+            }
+            Tokenizer::Gpt2(bpe) => {
+                let map = gpt2_byte_chars();
+                let spell = |b: &[u8]| b.iter().map(|&x| map[x as usize]).collect::<String>();
+                let (tokens, merges) = gpt2_tokens_and_merges(bpe);
+                let mut vocab: serde_json::Map<_, _> = tokens
+                    .iter()
+                    .enumerate()
+                    .map(|(r, t)| (spell(t), r.into()))
+                    .collect();
+                vocab.insert(EOT_TEXT.into(), GPT2_EOT.into());
+                let merges: Vec<String> = merges
+                    .iter()
+                    .map(|&(cut, r)| {
+                        let t = &tokens[r];
+                        format!("{} {}", spell(&t[..cut]), spell(&t[cut..]))
+                    })
+                    .collect();
+                let byte_level = serde_json::json!({
+                    "type": "ByteLevel", "add_prefix_space": false,
+                    "trim_offsets": true, "use_regex": true,
+                });
+                let model = serde_json::json!({
+                    "type": "BPE", "dropout": null, "unk_token": null,
+                    "continuing_subword_prefix": "", "end_of_word_suffix": "",
+                    "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                    "vocab": vocab, "merges": merges,
+                });
+                let config = serde_json::json!({
+                    "tokenizer_class": "GPT2Tokenizer",
+                    "model_max_length": max_len,
+                    "add_prefix_space": false,
+                    "clean_up_tokenization_spaces": false,
+                    "bos_token": EOT_TEXT, "eos_token": EOT_TEXT, "unk_token": EOT_TEXT,
+                });
+                let extra = vec![
+                    ("vocab.json", json(model["vocab"].clone())),
+                    (
+                        "merges.txt",
+                        format!("#version: 0.2\n{}\n", merges.join("\n")),
+                    ),
+                    (
+                        "special_tokens_map.json",
+                        json(serde_json::json!({
+                            "bos_token": EOT_TEXT, "eos_token": EOT_TEXT, "unk_token": EOT_TEXT,
+                        })),
+                    ),
+                ];
+                (model, config, extra, Some(byte_level))
+            }
+        };
+        let added = match self {
+            Tokenizer::Gpt2(_) => serde_json::json!([{
+                "id": GPT2_EOT, "content": EOT_TEXT, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": true, "special": true,
+            }]),
+            _ => serde_json::json!([]),
+        };
+        let (pre, decoder) = match byte_level {
+            Some(b) => (b.clone(), b),
+            None => (serde_json::Value::Null, serde_json::json!({"type": "Fuse"})),
+        };
+        let tokenizer = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null,
+            "added_tokens": added, "normalizer": null, "pre_tokenizer": pre,
+            "post_processor": null, "decoder": decoder, "model": model,
+        });
+        let mut files = vec![
+            ("tokenizer.json", json(tokenizer)),
+            ("tokenizer_config.json", json(config)),
+        ];
+        files.extend(extra);
+        files
     }
 }
 

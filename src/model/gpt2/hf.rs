@@ -1,9 +1,10 @@
-//! Hugging Face interop: a folder with `config.json` (GPT2Config fields) and
-//! `model.safetensors` that `GPT2LMHeadModel.from_pretrained` loads, and the
+//! Hugging Face interop: a folder with `config.json` (GPT2Config fields),
+//! `model.safetensors` and the tokenizer's files, which
+//! `GPT2LMHeadModel.from_pretrained` and `AutoTokenizer` load, and the
 //! reverse, so GPT-2 checkpoints made elsewhere can be fine-tuned here.
 
 use crate::backend::Backend;
-use crate::data::TokenizerSpec;
+use crate::data::{Tokenizer, TokenizerSpec};
 use crate::error::{Error, Result};
 use crate::model::files::{read_weights, write_weights, ModelMeta, WEIGHTS_FILE};
 use crate::model::{Gpt2, GptConfig, ModelConfig};
@@ -13,8 +14,9 @@ use std::path::Path;
 
 pub const CONFIG_FILE: &str = "config.json";
 
-/// Writes `config.json` and `model.safetensors` into `dir`. The tokenizer is
-/// recorded under `distgpt_tokenizer`, a key `transformers` keeps and ignores.
+/// Writes `config.json`, `model.safetensors` and the tokenizer's files
+/// ([`Tokenizer::hf_files`]) into `dir`. The tokenizer is also recorded
+/// under `distgpt_tokenizer`, a key `transformers` keeps and ignores.
 /// A row-pruned model is written in its dense shape, the pruned rows zero
 /// ([`super::rows::unshrink`]): `transformers` has no per-layer widths.
 pub fn export<B: Backend>(model: &Gpt2<B>, tokenizer: &TokenizerSpec, dir: &Path) -> Result<()> {
@@ -33,9 +35,11 @@ pub fn export_params(
         return export_params(&dense, &params, tokenizer, dir);
     }
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    // a character vocabulary has no end of text: its id 0 is a character
+    // (often the newline), which `generate()` would stop at
     let eos = match tokenizer {
-        TokenizerSpec::Gpt2 => crate::data::tokenizer::GPT2_EOT as usize,
-        TokenizerSpec::Char { .. } => 0,
+        TokenizerSpec::Gpt2 => Some(crate::data::tokenizer::GPT2_EOT),
+        TokenizerSpec::Char { .. } => None,
         TokenizerSpec::WordPiece { .. } => {
             return Err(Error::Config(
                 "a GPT-2 folder records char or gpt2 tokens, not a WordPiece vocabulary".into(),
@@ -65,6 +69,9 @@ pub fn export_params(
         "distgpt_tokenizer": tokenizer,
     });
     write_weights(&c.clone().into(), params, &dir.join(WEIGHTS_FILE), false)?;
+    for (name, text) in Tokenizer::from_spec(tokenizer)?.hf_files(c.block_size) {
+        write_atomic(&dir.join(name), text.as_bytes())?;
+    }
     write_atomic(
         &dir.join(CONFIG_FILE),
         serde_json::to_string_pretty(&config)
