@@ -389,7 +389,7 @@ fn write_bert_export_fixture() {
             p[r.start + cfg.vocab_size..r.end].fill(0.0);
         }
         let out = fixtures().join("bert_export").join(name);
-        hf::write_folder(&cfg, &p, Some(&vocab), &out).unwrap();
+        hf::write_folder(&cfg, &p, Some(&vocab), &[], &out).unwrap();
     }
 }
 

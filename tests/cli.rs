@@ -13,7 +13,7 @@ mod profile;
 
 use bert::tiny_bert_and_labelled_set;
 use cli::{distgpt, scratch, succeeded};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// An absent run directory for this test.
@@ -865,6 +865,49 @@ fn bert_fine_tuning_writes_a_classifier_that_eval_scores() {
         assert!(
             std::fs::read(out.join(f)).unwrap() == std::fs::read(exported.join(f)).unwrap(),
             "{f}"
+        );
+    }
+    // the label names go along, for transformers' pipelines (id2label), in
+    // the export and in a folder consolidated from a checkpoint
+    let consolidated = dir.join("consolidated");
+    let newest = std::fs::read_dir(out.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .max()
+        .unwrap();
+    succeeded(distgpt(&[
+        "checkpoint",
+        "consolidate",
+        newest.to_str().unwrap(),
+        "--out",
+        consolidated.to_str().unwrap(),
+    ]));
+    for folder in [&exported, &consolidated] {
+        let config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(folder.join("config.json")).unwrap())
+                .unwrap();
+        assert_eq!(
+            config["id2label"],
+            serde_json::json!({"0": "ham", "1": "spam"}),
+            "{}",
+            folder.display()
+        );
+        assert_eq!(config["label2id"], serde_json::json!({"ham": 0, "spam": 1}));
+    }
+    // a set whose names are the other way round is not scored by id
+    let swapped = dir.join("swapped");
+    std::fs::create_dir_all(&swapped).unwrap();
+    for f in ["train.jsonl", "val.jsonl", "test.jsonl"] {
+        std::fs::copy(Path::new(data).join(f), swapped.join(f)).unwrap();
+    }
+    std::fs::write(swapped.join("labels.json"), r#"["spam","ham"]"#).unwrap();
+    for model in [out_s, exported.to_str().unwrap()] {
+        let said = distgpt(&["eval", model, "--data", swapped.to_str().unwrap()]);
+        let said = String::from_utf8_lossy(&said.stderr).to_string();
+        assert!(
+            said.contains(r#"was trained on the labels ["ham", "spam"]"#)
+                && said.contains(r#"names ["spam", "ham"]"#),
+            "{said}"
         );
     }
     // Evaluation flags of language models are refused for a classifier.

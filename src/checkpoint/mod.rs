@@ -54,6 +54,7 @@ pub fn read_any_meta(dir: &Path) -> Result<ModelMeta> {
         return Ok(ModelMeta {
             config: index.model,
             tokenizer: index.tokenizer,
+            labels: index.labels,
         });
     }
     read_files_meta(dir)
@@ -70,6 +71,7 @@ pub fn read_model(dir: &Path) -> Result<(ModelMeta, Vec<f32>)> {
         let meta = ModelMeta {
             config: loaded.index.model,
             tokenizer: loaded.index.tokenizer,
+            labels: loaded.index.labels,
         };
         return Ok((meta, loaded.params));
     }

@@ -47,6 +47,9 @@ pub struct Index {
     pub params_total: usize,
     pub model: ModelConfig,
     pub tokenizer: TokenizerSpec,
+    /// A classifier's label names, in id order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub labels: Vec<String>,
     /// [`crate::data::Dataset::fingerprint`] of the data trained on.
     pub data: String,
     pub files: Vec<RankFile>,
@@ -159,6 +162,8 @@ pub struct SaveInfo<'a> {
     pub params_total: usize,
     pub model: &'a ModelConfig,
     pub tokenizer: &'a TokenizerSpec,
+    /// A classifier's label names (none for other tasks).
+    pub labels: &'a [String],
     pub data: &'a str,
     /// Complete checkpoints to keep; older ones are removed.
     pub keep: usize,
@@ -248,6 +253,7 @@ pub fn save(
             params_total: info.params_total,
             model: info.model.clone(),
             tokenizer: info.tokenizer.clone(),
+            labels: info.labels.to_vec(),
             data: info.data.to_string(),
             files,
             cpu_matmul: Some(blas::choice()),

@@ -1,6 +1,7 @@
 //! `checkpoint consolidate`: a checkpoint's model as its family's model files.
 
 use super::*;
+use distgpt::model::files::ModelMeta;
 
 #[derive(Args)]
 pub(super) struct ConsolidateArgs {
@@ -36,7 +37,12 @@ pub(super) fn consolidate(
     let Some(files) = model.registration().model_files else {
         bail!("the {} family writes no model files", model.family());
     };
-    (files.write)(model, &state.params, &state.index.tokenizer, vocab, out)?;
+    let meta = ModelMeta {
+        config: model.clone(),
+        tokenizer: state.index.tokenizer.clone(),
+        labels: state.index.labels.clone(),
+    };
+    (files.write)(&meta, &state.params, vocab, out)?;
     Ok(state.index)
 }
 

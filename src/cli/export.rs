@@ -35,7 +35,7 @@ pub(super) fn run_export(a: ExportArgs) -> Result<()> {
     // a BERT's vocabulary goes along where the run or checkpoint keeps it
     let vocab = checkpoint::model_dir(&run).join("vocab.txt");
     let vocab = vocab.exists().then_some(vocab.as_path());
-    (hf.export)(model, &params, &meta.tokenizer, vocab, &a.out)?;
+    (hf.export)(&meta, &params, vocab, &a.out)?;
     let mut files: Vec<String> = std::fs::read_dir(&a.out)
         .map_err(|e| anyhow::anyhow!("cannot list {}: {e}", a.out.display()))?
         .filter_map(|e| e.ok()?.file_name().into_string().ok())

@@ -10,12 +10,13 @@
 //! that `lm` is not) and `checkpoint::load_model` name one
 //! (ARCHITECTURE.md says where).
 
+use super::files::ModelMeta;
 use super::layout::{ParamLayout, TensorSpec};
 use super::tp::TpPlace;
 use super::unit::{SpanRun, UnitModel, Whole};
 use super::{bert, gpt2, Precision};
 use crate::backend::{Backend, WeightFormat};
-use crate::data::{Batch, TokenizerSpec};
+use crate::data::Batch;
 use crate::error::{Error, Result};
 use crate::rng::Rng;
 use crate::sample::SampleConfig;
@@ -275,8 +276,8 @@ pub struct Registration {
     pub hf: Option<HfFolder>,
 }
 
-/// Reads a folder: the model's config, its tokenizer and whole parameters.
-pub type ReadFolder = fn(&Path) -> Result<(ModelConfig, TokenizerSpec, Vec<f32>)>;
+/// Reads a folder: the model's description and whole parameters.
+pub type ReadFolder = fn(&Path) -> Result<(ModelMeta, Vec<f32>)>;
 
 /// A family's Hugging Face folder: `config.json` and `model.safetensors`
 /// under `transformers`' names, which `from_pretrained` loads.
@@ -327,9 +328,10 @@ pub fn hf_family(dir: &Path) -> Result<&'static Registration> {
         })
 }
 
-/// Writes a model's whole parameters into a folder, with the tokenizer
-/// (and a vocabulary file, where the family keeps one beside its weights).
-pub type WriteFiles = fn(&ModelConfig, &[f32], &TokenizerSpec, Option<&Path>, &Path) -> Result<()>;
+/// Writes a model's whole parameters into a folder, with what describes
+/// them (tokenizer, label names) and a vocabulary file, where the family
+/// keeps one beside its weights.
+pub type WriteFiles = fn(&ModelMeta, &[f32], Option<&Path>, &Path) -> Result<()>;
 
 /// How a family's model is written as files, and read back.
 #[derive(Clone, Copy)]
@@ -347,8 +349,8 @@ pub struct ModelFiles {
 /// the layout's names and `model.json` (`checkpoint::write_model`).
 pub const DISTGPT_FILES: ModelFiles = ModelFiles {
     what: "model.safetensors, model.json",
-    write: |config, params, tokenizer, _, dir| {
-        super::files::write_model(config, params, tokenizer.clone(), dir, false)
+    write: |meta, params, _, dir| {
+        super::files::write_model(&meta.config, params, meta.tokenizer.clone(), dir, false)
     },
     read: |dir| Ok(super::files::read_model_files(dir)?.0.config),
 };

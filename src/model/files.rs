@@ -19,11 +19,14 @@ pub const META_FILE: &str = "model.json";
 /// A Hugging Face folder's config.
 pub const HF_CONFIG: &str = "config.json";
 
-/// A model's shape (of any family) and tokenizer.
+/// A model's shape (of any family), tokenizer, and the names of its output
+/// labels where it is a classifier that knows them.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ModelMeta {
     pub config: ModelConfig,
     pub tokenizer: TokenizerSpec,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub labels: Vec<String>,
 }
 
 impl ModelMeta {
@@ -279,6 +282,7 @@ pub fn write_model(
         meta: ModelMeta {
             config: config.clone(),
             tokenizer,
+            labels: Vec::new(),
         },
         int8,
         weights_checksum,
@@ -324,8 +328,7 @@ fn read_meta_file(dir: &Path) -> Result<(ModelMeta, String, bool)> {
 /// folder's config as its family reads it.
 pub fn read_files_meta(dir: &Path) -> Result<ModelMeta> {
     if is_hf_folder(dir) {
-        let (config, tokenizer, _) = hf_import(dir)?;
-        return Ok(ModelMeta { config, tokenizer });
+        return hf_import(dir).map(|(meta, _)| meta);
     }
     read_meta_file(dir).map(|(meta, ..)| meta)
 }
@@ -357,7 +360,7 @@ pub fn verify_model_files(dir: &Path, model: &crate::model::ModelConfig) -> Resu
 }
 
 /// A Hugging Face folder, read by the family whose `model_type` it names.
-fn hf_import(dir: &Path) -> Result<(ModelConfig, TokenizerSpec, Vec<f32>)> {
+fn hf_import(dir: &Path) -> Result<(ModelMeta, Vec<f32>)> {
     let family = crate::model::family::hf_family(dir)?;
     let hf = family.hf.expect("hf_family finds families with a folder");
     (hf.import)(dir)
@@ -367,8 +370,7 @@ fn hf_import(dir: &Path) -> Result<(ModelConfig, TokenizerSpec, Vec<f32>)> {
 /// or a Hugging Face folder), never from a checkpoint.
 pub fn read_model_files(dir: &Path) -> Result<(ModelMeta, Vec<f32>)> {
     if is_hf_folder(dir) {
-        let (config, tokenizer, params) = hf_import(dir)?;
-        return Ok((ModelMeta { config, tokenizer }, params));
+        return hf_import(dir);
     }
     let (meta, checksum, int8) = read_meta_file(dir)?;
     let weights = dir.join(WEIGHTS_FILE);

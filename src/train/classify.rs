@@ -276,8 +276,12 @@ impl<B: Backend> Task<B> for ClassifyTask {
         Some(self.wp.vocab_text())
     }
 
+    fn labels(&self) -> &[String] {
+        &self.set.labels
+    }
+
     fn save_model(&self, _backend: B, params: &[f32], dir: &Path) -> Result<()> {
-        hf::write_folder(&self.model, params, Some(&self.wp), dir)
+        hf::write_folder(&self.model, params, Some(&self.wp), &self.set.labels, dir)
     }
 
     fn write_report(
@@ -489,8 +493,19 @@ pub fn evaluate_folder<B: Backend + 'static>(
     (b, t): (usize, usize),
     threads: usize,
 ) -> Result<Scores> {
-    let labels = LabelledSet::load(data)?.labels.len();
+    let names = LabelledSet::load(data)?.labels;
+    let labels = names.len();
     let meta = crate::checkpoint::read_any_meta(dir)?;
+    if !meta.labels.is_empty() && meta.labels != names {
+        return Err(Error::Input(format!(
+            "{} was trained on the labels {:?} and {} names {:?}: its scores would count \
+             a prediction right by id, whatever the names say (give it a set labelled as it was)",
+            dir.display(),
+            meta.labels,
+            data.display(),
+            names
+        )));
+    }
     let Some(found) = meta.config.get::<BertConfig>() else {
         return Err(Error::Input(format!(
             "{} is a {}, not a BERT classifier",

@@ -13,6 +13,7 @@ use crate::checkpoint;
 use crate::data::{Batch, DataLoader, Dataset, LoaderPosition, TokenizerSpec};
 use crate::error::{Error, Result};
 use crate::model::family::Generation;
+use crate::model::files::ModelMeta;
 use crate::model::ModelConfig;
 use crate::parallel::Strategy;
 use crate::sample::SampleConfig;
@@ -133,7 +134,12 @@ impl<B: Backend> Task<B> for LmTask<'_> {
     fn save_model(&self, _backend: B, params: &[f32], dir: &Path) -> Result<()> {
         match self.model.registration().model_files {
             Some(files) => {
-                (files.write)(&self.model, params, &self.data.tokenizer.spec(), None, dir)
+                let meta = ModelMeta {
+                    config: self.model.clone(),
+                    tokenizer: self.data.tokenizer.spec(),
+                    labels: Vec::new(),
+                };
+                (files.write)(&meta, params, None, dir)
             }
             None => Ok(()),
         }

@@ -348,7 +348,7 @@ impl<B: Backend> Task<B> for MlmTask<'_> {
             Tokenizer::WordPiece(wp) => Some(wp.as_ref()),
             _ => None,
         };
-        hf::write_folder(&self.model, params, vocab, dir)
+        hf::write_folder(&self.model, params, vocab, &[], dir)
     }
 
     fn model_files(&self) -> &'static str {

@@ -476,6 +476,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             params_total: self.model_cfg.num_params(),
             model: &self.model_cfg,
             tokenizer: &self.task.tokenizer(),
+            labels: self.task.labels(),
             data: self.task.fingerprint(),
             keep: self.cfg.keep_checkpoints,
             extra: self.task.vocab().map(|v| ("vocab.txt", v)),

@@ -117,6 +117,11 @@ pub trait Task<B: Backend>: Sync {
     fn vocab(&self) -> Option<String> {
         None
     }
+    /// The names of a classifier's labels in id order, recorded with the
+    /// model (`id2label`) and in every checkpoint; none for other tasks.
+    fn labels(&self) -> &[String] {
+        &[]
+    }
     /// Writes the trained model as the task's folder (atomic, checksummed).
     fn save_model(&self, backend: B, params: &[f32], dir: &Path) -> Result<()>;
     /// What the model folder is, for the closing lines.

@@ -10,6 +10,7 @@ use crate::error::Result;
 use crate::model::family::{
     Family, FamilyDims, FamilyEngine, HfFolder, ModelFiles, Registration, Reshape,
 };
+use crate::model::files::ModelMeta;
 use crate::model::{ModelConfig, ParamLayout, Precision, SpanRun, TpPlace, UnitModel};
 use crate::rng::Rng;
 use std::any::Any;
@@ -47,25 +48,29 @@ pub static FAMILY: Registration = Registration {
                     normalizer: Normalizer::of_folder(dir)?,
                 },
             };
-            Ok((config.into(), tokenizer, params))
+            let meta = ModelMeta {
+                config: config.into(),
+                tokenizer,
+                labels: super::hf::label_names(dir)?,
+            };
+            Ok((meta, params))
         },
     }),
 };
 
 /// Writes a BERT as a Hugging Face folder (with its `vocab.txt` where
-/// given, which must be the vocabulary `tokenizer` records).
+/// given, which must be the vocabulary `meta` records).
 fn write_folder(
-    config: &ModelConfig,
+    meta: &ModelMeta,
     params: &[f32],
-    tokenizer: &TokenizerSpec,
     vocab: Option<&std::path::Path>,
     dir: &std::path::Path,
 ) -> Result<()> {
-    let config = config.get::<BertConfig>().expect("a BERT config");
+    let config = meta.config.get::<BertConfig>().expect("a BERT config");
     let vocab = vocab
-        .map(|v| WordPiece::recorded_at(v, tokenizer))
+        .map(|v| WordPiece::recorded_at(v, &meta.tokenizer))
         .transpose()?;
-    super::hf::write_folder(config, params, vocab.as_ref(), dir)
+    super::hf::write_folder(config, params, vocab.as_ref(), &meta.labels, dir)
 }
 
 impl Family for BertConfig {

@@ -76,6 +76,36 @@ pub fn read_config(dir: &Path, head: Option<BertHead>) -> Result<BertConfig> {
     Ok(cfg)
 }
 
+/// A classifier folder's label names in id order (its `id2label`), none
+/// where it has no such map or only `transformers`' defaults (`LABEL_0`,
+/// `LABEL_1`, ...), which name nothing.
+pub fn label_names(dir: &Path) -> Result<Vec<String>> {
+    let j = read_json(dir)?;
+    let Some(map) = j["id2label"].as_object() else {
+        return Ok(Vec::new());
+    };
+    let bad = || {
+        Error::Input(format!(
+            "{}: id2label is not a map of the ids 0..{} to names",
+            dir.join("config.json").display(),
+            map.len()
+        ))
+    };
+    let names = (0..map.len())
+        .map(|i| {
+            map.get(&i.to_string())
+                .and_then(|v| v.as_str())
+                .map(str::to_string)
+        })
+        .collect::<Option<Vec<String>>>()
+        .ok_or_else(bad)?;
+    let default = names
+        .iter()
+        .enumerate()
+        .all(|(i, n)| *n == format!("LABEL_{i}"));
+    Ok(if default { Vec::new() } else { names })
+}
+
 /// A folder's `config.json`, parsed.
 fn read_json(dir: &Path) -> Result<serde_json::Value> {
     let path = dir.join("config.json");
@@ -348,6 +378,7 @@ pub fn write_folder(
     cfg: &BertConfig,
     params: &[f32],
     vocab: Option<&WordPiece>,
+    labels: &[String],
     dir: &Path,
 ) -> Result<()> {
     let io = |e: std::io::Error| Error::Input(format!("cannot write {}: {e}", dir.display()));
@@ -360,7 +391,7 @@ pub fn write_folder(
     // the weights first, then the config that vouches for them: a folder
     // cut short anywhere fails its check on load
     let sum = write_safetensors(&dir.join("model.safetensors"), &tensors)?;
-    let (arch, labels) = (
+    let (arch, n_labels) = (
         cfg.head.architecture(),
         cfg.head.pooled_labels().unwrap_or(2),
     );
@@ -382,10 +413,26 @@ pub fn write_folder(
         "hidden_dropout_prob": 0.1,
         "attention_probs_dropout_prob": 0.1,
         "pad_token_id": pad,
-        "num_labels": labels,
+        "num_labels": n_labels,
         "position_embedding_type": "absolute",
         CHECKSUM_KEY: sum,
     });
+    if !labels.is_empty() {
+        if cfg.head.pooled_labels() != Some(labels.len()) {
+            return Err(Error::Config(format!(
+                "{} label names for a {cfg}",
+                labels.len()
+            )));
+        }
+        let id2label: serde_json::Map<_, _> = (labels.iter().enumerate())
+            .map(|(i, l)| (i.to_string(), l.as_str().into()))
+            .collect();
+        let label2id: serde_json::Map<_, _> = (labels.iter().enumerate())
+            .map(|(i, l)| (l.clone(), i.into()))
+            .collect();
+        config["id2label"] = id2label.into();
+        config["label2id"] = label2id.into();
+    }
     if let Some(wp) = vocab {
         write_atomic(&dir.join("vocab.txt"), wp.vocab_text().as_bytes())?;
         config[VOCAB_CHECKSUM_KEY] = wp.checksum().into();
@@ -430,7 +477,7 @@ pub(crate) fn write_tiny(wp: &WordPiece, head: super::BertHead, dir: &Path) {
         head,
         ..BertConfig::preset("bert-tiny").unwrap()
     };
-    write_folder(&cfg, &super::init_full(&cfg, 1), Some(wp), dir).unwrap();
+    write_folder(&cfg, &super::init_full(&cfg, 1), Some(wp), &[], dir).unwrap();
 }
 
 #[cfg(test)]
@@ -469,7 +516,7 @@ mod tests {
         ];
         let wp = WordPiece::new(tokens.map(String::from).to_vec()).unwrap();
         let dir = crate::testdir::TestDir::new("bert-vocab-swap");
-        write_folder(&cfg, &p, Some(&wp), dir.path()).unwrap();
+        write_folder(&cfg, &p, Some(&wp), &[], dir.path()).unwrap();
         let import = super::super::family::FAMILY.hf.unwrap().import;
         let (_, spec, _) = import(dir.path()).unwrap();
         assert_eq!(spec, wp.spec());
@@ -516,7 +563,7 @@ mod tests {
             }
             let root = crate::testdir::TestDir::new(&format!("bert-hf-{head:?}"));
             let dir = root.path().join("model");
-            write_folder(&cfg, &p, None, &dir).unwrap();
+            write_folder(&cfg, &p, None, &[], &dir).unwrap();
             let (cfg2, back) = load_folder(&dir, None, 9).unwrap();
             assert_eq!(cfg2, cfg);
             assert_eq!(back, p, "{head:?}");
@@ -529,7 +576,7 @@ mod tests {
             let vocab = "[UNK]\n[PAD]\n[CLS]\n[SEP]\n[MASK]\n";
             let wp = WordPiece::new(vocab.lines().map(String::from).collect()).unwrap();
             let with = root.path().join("with-vocab");
-            write_folder(&cfg, &p, Some(&wp), &with).unwrap();
+            write_folder(&cfg, &p, Some(&wp), &[], &with).unwrap();
             assert_eq!(config(&with)["pad_token_id"], 1);
             assert_eq!(
                 std::fs::read_to_string(with.join("vocab.txt")).unwrap(),

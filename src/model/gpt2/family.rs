@@ -35,9 +35,9 @@ pub static FAMILY: Registration = Registration {
     model_files: Some(DISTGPT_FILES),
     hf: Some(HfFolder {
         model_type: "gpt2",
-        export: |config, params, tokenizer, _, dir| {
-            let config = config.get::<GptConfig>().expect("a GPT-2 config");
-            super::hf::export_params(config, params, tokenizer, dir)
+        export: |meta, params, _, dir| {
+            let config = meta.config.get::<GptConfig>().expect("a GPT-2 config");
+            super::hf::export_params(config, params, &meta.tokenizer, dir)
         },
         import: super::hf::import,
     }),

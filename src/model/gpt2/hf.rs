@@ -7,7 +7,7 @@ use crate::backend::Backend;
 use crate::data::{Tokenizer, TokenizerSpec};
 use crate::error::{Error, Result};
 use crate::model::files::{read_weights, write_weights, ModelMeta, WEIGHTS_FILE};
-use crate::model::{Gpt2, GptConfig, ModelConfig};
+use crate::model::{Gpt2, GptConfig};
 use crate::store::write_atomic;
 use serde_json::{json, Value};
 use std::path::Path;
@@ -141,12 +141,13 @@ pub fn read_config(dir: &Path) -> Result<ModelMeta> {
     Ok(ModelMeta {
         config: config.into(),
         tokenizer,
+        labels: Vec::new(),
     })
 }
 
 /// A Hugging Face GPT-2 folder: its config, tokenizer and whole parameters.
-pub fn import(dir: &Path) -> Result<(ModelConfig, TokenizerSpec, Vec<f32>)> {
+pub fn import(dir: &Path) -> Result<(ModelMeta, Vec<f32>)> {
     let meta = read_config(dir)?;
     let params = read_weights(&meta.config, &dir.join(WEIGHTS_FILE), None)?;
-    Ok((meta.config, meta.tokenizer, params))
+    Ok((meta, params))
 }
