@@ -137,7 +137,7 @@ fn start_long_run(dir: &Path, extra: &[&str], steps: usize) -> std::process::Chi
         .args(["--seq-len", "32", "--quiet", "--peak-tflops", "0.1"])
         .args(["--out", dir.to_str().unwrap()])
         .args(extra)
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -182,6 +182,34 @@ fn sigterm_and_a_double_sigint_stop_with_a_checkpoint_and_status_75() {
         );
         distgpt::model::files::read_model_files(&dir).unwrap();
     }
+}
+
+/// A stop checkpoints and exits within a step: it neither evaluates (a
+/// validation pass of a million batches is asked for here) nor samples
+/// (65,536 tokens), which a normal end does; the closing line says the run
+/// has no validation figure yet.
+#[cfg(unix)]
+#[test]
+fn a_stop_checkpoints_without_evaluating_or_sampling() {
+    let dir = tmp("quick-stop");
+    let slow_end = ["--eval-batches", "1000000", "--sample-tokens", "65536"];
+    let child = start_long_run(&dir, &slow_end, 3);
+    let t0 = Instant::now();
+    signal(child.id(), "TERM");
+    let out = child.wait_with_output().unwrap();
+    let waited = t0.elapsed();
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    assert!(waited < Duration::from_secs(30), "stopped in {waited:?}");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("| not evaluated yet |"), "{said}");
+    let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert!(last["val_loss"].is_null(), "{last}");
+    let ckpt = state::latest(&dir).unwrap();
+    assert_eq!(
+        state::load(&ckpt).unwrap().index.step as u64,
+        last["step"].as_u64().unwrap()
+    );
 }
 
 /// Two processes on one run directory: while a run trains, a second

@@ -702,13 +702,18 @@ pub(super) fn report_run(
     }
     let what = prep.data.kind().spec().loss;
     let from = s.steps - s.losses.len();
+    // a run stopped before its first evaluation has none (a stop does not
+    // evaluate)
+    let val = match s.val {
+        Some(v) => format!("val loss {:.4}", v.loss),
+        None => "not evaluated yet".into(),
+    };
     distgpt::outln!(
-        "steps {from}..{} in {:.1} s | {what} {:.4} -> {:.4} | val loss {:.4} | {:.0} tokens/s, MFU {:.1}% (wall clock, evaluation included)",
+        "steps {from}..{} in {:.1} s | {what} {:.4} -> {:.4} | {val} | {:.0} tokens/s, MFU {:.1}% (wall clock, evaluation included)",
         s.steps,
         s.seconds,
         s.first_loss,
         s.final_loss,
-        s.val_loss,
         s.tokens_per_s,
         100.0 * s.mfu
     );

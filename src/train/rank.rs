@@ -324,11 +324,14 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
     }
 
     /// **Collective.** The validation figures every `eval_every` steps, at
-    /// an epoch's end for a task that asks, and at the last.
+    /// an epoch's end for a task that asks, and at the last; never on a
+    /// stop, which checkpoints at once (a scheduler's grace period is
+    /// seconds, a validation pass can be minutes).
     fn evaluate_if_due(&mut self, step: usize, done: &StepDone) -> Result<Option<Eval>> {
         let every = self.cfg.eval_every;
         let epoch_end = done.epoch_ended && self.task.evaluates_each_epoch();
-        if !(done.is_last || epoch_end || (every > 0 && (step + 1).is_multiple_of(every))) {
+        let due = done.is_last || epoch_end || (every > 0 && (step + 1).is_multiple_of(every));
+        if !due || done.stopping {
             return Ok(None);
         }
         let v = self.task.evaluate(self.strategy.as_mut(), &self.cfg)?;
@@ -534,9 +537,13 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
         let tokens_per_s = self.tokens as f64 / seconds;
         let mfu = self.mfu(tokens_per_s);
         drop(self.strategy);
-        let sample =
-            self.task
-                .sample(self.spare, &params, self.cfg.sample_tokens, self.cfg.seed)?;
+        // a stopped run samples at its end, not on the way out
+        let sample = match self.stopped {
+            true => String::new(),
+            false => {
+                (self.task).sample(self.spare, &params, self.cfg.sample_tokens, self.cfg.seed)?
+            }
+        };
         if let Some(test) = test {
             let history = run_dir::read_metrics(&self.cfg.out_dir)?;
             let layout = self.par.layout_name();
