@@ -102,7 +102,7 @@ fn bench_profile_counts_the_models_kernels_and_flops() {
         !gen.status.success() && err.contains("--profile times the kernels of training steps"),
         "{err}"
     );
-    let text = succeeded(distgpt(&[
+    let out = succeeded(distgpt(&[
         "bench",
         "--model",
         "tiny",
@@ -110,7 +110,13 @@ fn bench_profile_counts_the_models_kernels_and_flops() {
         "1",
         "--profile",
     ]));
-    let text = String::from_utf8_lossy(&text.stdout);
+    // a first line before the work, on stderr (--json's stdout is its row)
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.starts_with("bench: tiny ") && said.contains("1 timed steps"),
+        "{said}"
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("kernels (--profile)")
             && text.contains("matmul_backward")
@@ -224,7 +230,7 @@ fn errors_say_it_once_and_in_words() {
 }
 
 #[test]
-fn without_a_terminal_a_log_line_every_n_steps_and_a_csv() {
+fn without_a_terminal_a_log_line_at_the_first_step_then_every_n_and_a_csv() {
     let dir = run_dir("log");
     let train = train_tiny(
         dir.to_str().unwrap(),
@@ -232,11 +238,13 @@ fn without_a_terminal_a_log_line_every_n_steps_and_a_csv() {
     );
     let err = String::from_utf8_lossy(&train.stderr);
     let lines: Vec<&str> = err.lines().filter(|l| l.contains("ETA")).collect();
-    assert_eq!(lines.len(), 2, "{err}");
-    assert!(
-        lines[0].starts_with("step     5/12: loss ") && lines[0].contains("tokens/s"),
-        "{err}"
-    );
+    assert_eq!(lines.len(), 3, "{err}");
+    for (line, step) in lines.iter().zip(["1", "5", "10"]) {
+        assert!(
+            line.starts_with(&format!("step {step:>5}/12: loss ")) && line.contains("tokens/s"),
+            "{err}"
+        );
+    }
     let csv = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
     assert_eq!(csv.lines().count(), 13, "{csv}");
     assert!(

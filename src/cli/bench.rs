@@ -170,6 +170,17 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
     let par = a.parallel.config();
     par.resolved().validate(cfg, b)?;
     let threads = rayon::current_num_threads();
+    // a sign of life before minutes of work (stderr: --json's stdout is one line)
+    if distgpt::train::run_dir::lead_process() {
+        distgpt::errln!(
+            "bench: {} {cfg}, batch {b} x {t}, {} x{}: {} warm-up and {} timed steps",
+            a.model.model_name(),
+            par.strategy,
+            par.world_size,
+            a.warmup,
+            a.steps
+        );
+    }
     // Measured here with every thread of this process: the whole machine for
     // thread ranks, one rank's share under mpirun (hence the scaling).
     let processes = match a.parallel.comm {

@@ -420,7 +420,10 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
         self.pb
             .set_message(format!("loss {:.4} | {tokens_per_s:.0} tok/s", done.loss));
         let every = self.cfg.log_every;
-        if self.pb.is_hidden() && every > 0 && (step + 1).is_multiple_of(every) {
+        // a log without a bar: the run's first step (a sign of life and the
+        // first speed), then every `log_every`
+        let due = step == self.start || (step + 1).is_multiple_of(every);
+        if self.pb.is_hidden() && every > 0 && due {
             let finished = step + 1 - self.start;
             let eta_s = self.started.elapsed().as_secs_f64() / finished as f64
                 * (self.steps - step - 1) as f64;

@@ -100,8 +100,8 @@ pub fn default_run_dir(model: &str) -> PathBuf {
 
 /// Whether this process leads its job: any process outside mpirun, rank 0
 /// under it (Open MPI, MPICH or PMIx). The lead alone creates and locks run
-/// directories.
-fn lead_process() -> bool {
+/// directories and says what a command is starting.
+pub fn lead_process() -> bool {
     ["OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"]
         .iter()
         .find_map(|k| std::env::var(k).ok())
