@@ -222,6 +222,21 @@ fn errors_say_it_once_and_in_words() {
         assert!(!err.contains("model.json"), "{err}");
     }
 
+    // a checkpoint named as it is not is told the names its run has
+    let run = run_dir("missing-checkpoint");
+    train_tiny(
+        run.to_str().unwrap(),
+        &["--steps", "4", "--checkpoint-every", "2"],
+    );
+    let wrong = run.join("checkpoints/step_2");
+    let err = distgpt(&["eval", wrong.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&err.stderr);
+    assert!(
+        err.contains("step_2: no such checkpoint (")
+            && err.contains("checkpoints holds step_00000002, step_00000004)"),
+        "{err}"
+    );
+
     let empty = cli::scratch("empty.txt");
     std::fs::write(&empty, "\n").unwrap();
     let run = distgpt(&["train", "--data", empty.to_str().unwrap(), "--steps", "1"]);
@@ -842,16 +857,8 @@ fn bert_fine_tuning_writes_a_classifier_that_eval_scores() {
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("classify.json")).unwrap()).unwrap();
     assert_eq!(summary["epochs"].as_array().unwrap().len(), 2);
-    let eval = distgpt(&[
-        "eval",
-        out_s,
-        "--data",
-        data,
-        "--batch-size",
-        "4",
-        "--seq-len",
-        "12",
-    ]);
+    // the labelled set the run recorded is scored unless another is given
+    let eval = distgpt(&["eval", out_s, "--batch-size", "4", "--seq-len", "12"]);
     let text = String::from_utf8_lossy(&succeeded(eval).stdout).to_string();
     let acc = format!(
         "accuracy {:.2}%",

@@ -29,20 +29,48 @@ pub fn model_dir(dir: &Path) -> std::path::PathBuf {
 }
 
 /// Refuses a path that is no directory, in words (not as the OS error
-/// about a file inside it).
+/// about a file inside it); a missing checkpoint is told those its run
+/// has (their names are `step_` and eight digits).
 pub(crate) fn existing_dir(dir: &Path) -> Result<()> {
-    match dir.is_dir() {
-        true => Ok(()),
-        false => Err(Error::Input(format!(
-            "{}: {}: give a run directory, a model folder or a checkpoint",
-            dir.display(),
-            if dir.exists() {
-                "not a directory"
-            } else {
-                "no such directory"
-            }
-        ))),
+    if dir.is_dir() {
+        return Ok(());
     }
+    let what = if dir.exists() {
+        "not a directory".to_string()
+    } else {
+        let parent =
+            (dir.parent()).filter(|p| p.is_dir() && p.file_name().is_some_and(|n| n == state::DIR));
+        let mut there: Vec<String> = parent
+            .and_then(|p| std::fs::read_dir(p).ok())
+            .into_iter()
+            .flatten()
+            .filter_map(|e| {
+                let e = e.ok()?;
+                let name = e.file_name().into_string().ok()?;
+                let done = name.starts_with("step_") && !name.ends_with(".tmp");
+                (e.path().is_dir() && done).then_some(name)
+            })
+            .collect();
+        there.sort();
+        match (parent, there.len()) {
+            (Some(p), 1..=12) => format!(
+                "no such checkpoint ({} holds {})",
+                p.display(),
+                there.join(", ")
+            ),
+            (Some(p), n @ 13..) => format!(
+                "no such checkpoint ({} holds {n}, from {} to {})",
+                p.display(),
+                there[0],
+                there[n - 1]
+            ),
+            _ => "no such directory".to_string(),
+        }
+    };
+    Err(Error::Input(format!(
+        "{}: {what}: give a run directory, a model folder or a checkpoint",
+        dir.display()
+    )))
 }
 
 /// Config and tokenizer of a distgpt model directory, a Hugging Face folder,

@@ -9,7 +9,8 @@ pub(super) struct EvalArgs {
     #[arg(value_name = "RUN")]
     model: PathBuf,
     /// Data: a text file or a shard directory (default: the embedded corpus); its validation split is used.
-    /// For a BERT classifier: a labelled set, whose test split is scored (accuracy, F1).
+    /// For a BERT classifier: a labelled set, whose test split is scored (accuracy, F1);
+    /// default: the one its run trained on.
     #[arg(long)]
     data: Option<PathBuf>,
     /// Sequences per batch.
@@ -30,6 +31,15 @@ pub(super) struct EvalArgs {
     device: DeviceArgs,
 }
 
+/// The record of the run `model` is, or whose checkpoint it is (none for
+/// a folder from elsewhere).
+fn run_record(model: &Path) -> Option<train::RunRecord> {
+    train::run_dir::read_record(model).ok().or_else(|| {
+        let run = model.parent()?.parent()?;
+        train::run_dir::read_record(run).ok()
+    })
+}
+
 /// `eval` of a BERT masked LM (a `--task mlm` run, one of its checkpoints,
 /// or such a folder): the masked-token loss on the validation split of
 /// --data, or of the run's own data with its seed's masks, tokenized as
@@ -43,12 +53,7 @@ fn eval_masked_lm<B: Backend + 'static>(
     if given.iter().any(|g| g == "weights") {
         bail!("--weights is for GPT-2 models: a BERT masked LM is evaluated in fp32");
     }
-    let record = train::run_dir::read_record(&a.model).ok().or_else(|| {
-        a.model
-            .parent()?
-            .parent()
-            .and_then(|run| train::run_dir::read_record(run).ok())
-    });
+    let record = run_record(&a.model);
     let data = a
         .data
         .clone()
@@ -97,9 +102,11 @@ fn eval_classifier<B: Backend + 'static>(
     given: &[String],
     block: usize,
 ) -> Result<()> {
-    let Some(data) = &a.data else {
+    // the labelled set the run recorded, unless another is given
+    let recorded = run_record(&a.model).and_then(|r| r.train.data);
+    let Some(data) = a.data.as_ref().or(recorded.as_ref()) else {
         bail!(
-            "{} is a BERT classifier: give --data, a labelled set (its test split is scored)",
+            "{} is a BERT classifier without a run record naming its data: give --data, a labelled set (its test split is scored)",
             a.model.display()
         );
     };

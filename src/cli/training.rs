@@ -269,7 +269,7 @@ pub(super) fn new_run(a: &TrainArgs, given: &[String], task: TaskKind) -> Result
         grad_accum: a.grad_accum,
         duration,
         lr: a.lr,
-        min_lr: a.min_lr.unwrap_or(a.lr / 10.0),
+        min_lr: a.min_lr.unwrap_or(train::default_min_lr(a.lr)),
         warmup_steps: a.warmup,
         adamw: AdamWConfig {
             beta1: a.beta1,
@@ -382,7 +382,7 @@ pub(super) fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<(Prepared, 
     }
     if set("lr") {
         cfg.lr = a.lr;
-        cfg.min_lr = a.lr / 10.0;
+        cfg.min_lr = train::default_min_lr(a.lr);
     }
     if let Some(m) = a.min_lr {
         cfg.min_lr = m;

@@ -117,14 +117,9 @@ impl Tokenizer {
         match self {
             Tokenizer::Char { index, .. } => text
                 .chars()
-                .map(|ch| {
-                    index.get(&ch).copied().ok_or_else(|| {
-                        Error::Input(format!(
-                            "character {ch:?} is not in this model's character vocabulary"
-                        ))
-                    })
-                })
-                .collect(),
+                .map(|ch| index.get(&ch).copied())
+                .collect::<Option<Vec<u32>>>()
+                .ok_or_else(|| unknown_characters(text, index)),
             Tokenizer::Gpt2(bpe) => Ok(bpe.encode_ordinary(text)),
             Tokenizer::WordPiece(wp) => Ok(wp.encode(text)),
         }
@@ -144,6 +139,37 @@ impl Tokenizer {
             Tokenizer::WordPiece(wp) => wp.decode(tokens),
         }
     }
+}
+
+/// Where a text leaves a character vocabulary: the first character it
+/// lacks, by line and column, and how many others.
+fn unknown_characters(text: &str, index: &HashMap<char, u32>) -> Error {
+    let mut unknown: Vec<char> = text.chars().filter(|c| !index.contains_key(c)).collect();
+    let first = unknown[0];
+    let (mut line, mut column) = (1, 1);
+    for c in text.chars().take_while(|&c| c != first) {
+        (line, column) = if c == '\n' {
+            (line + 1, 1)
+        } else {
+            (line, column + 1)
+        };
+    }
+    unknown.sort_unstable();
+    unknown.dedup();
+    let others = match unknown.len() - 1 {
+        0 => String::new(),
+        n => format!(
+            " (and {n} other character{} it lacks: {})",
+            if n == 1 { "" } else { "s" },
+            (unknown.iter().filter(|&&c| c != first).take(10))
+                .map(|c| format!("{c:?}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        ),
+    };
+    Error::Input(format!(
+        "character {first:?} at line {line}, column {column} is not in this model's character vocabulary{others}: a character model reads only the characters it was trained on"
+    ))
 }
 
 /// GPT-2's byte-to-character map (`bytes_to_unicode`): printable bytes stand
@@ -329,6 +355,13 @@ mod tests {
         let ids = t.encode("not to be").unwrap();
         assert_eq!(t.decode(&ids), "not to be");
         let err = t.encode("nut").unwrap_err().to_string();
-        assert!(err.contains("'u'"), "{err}");
+        assert!(err.contains("'u' at line 1, column 2"), "{err}");
+        let t = Tokenizer::char_from_corpus("to be\nor not");
+        let err = t.encode("to be\nor zot, yea").unwrap_err().to_string();
+        assert!(
+            err.contains("'z' at line 2, column 4")
+                && err.contains("(and 3 other characters it lacks: ',' 'a' 'y')"),
+            "{err}"
+        );
     }
 }

@@ -168,6 +168,14 @@ impl Default for TrainConfig {
     }
 }
 
+/// `--min-lr` unless given: a tenth of `--lr` as written, the float
+/// nearest it (`--lr 1e-3` gives 0.0001; a tenth of the float 1e-3 is
+/// 0.000100000005).
+pub fn default_min_lr(lr: f32) -> f32 {
+    let written: f64 = lr.to_string().parse().expect("a float reads back");
+    (written / 10.0) as f32
+}
+
 impl TrainConfig {
     /// Refuses numbers that would train wrongly or not at all, naming the flag.
     pub fn validate(&self) -> Result<()> {
@@ -481,6 +489,18 @@ fn restore<B: Backend>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_min_lr_is_a_tenth_of_the_rate_as_written() {
+        for (lr, min) in [
+            (1e-3, "0.0001"),
+            (6e-4, "0.00006"),
+            (3e-4, "0.00003"),
+            (1.0, "0.1"),
+        ] {
+            assert_eq!(default_min_lr(lr).to_string(), min);
+        }
+    }
     use std::time::Duration;
 
     #[test]

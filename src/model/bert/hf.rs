@@ -518,8 +518,8 @@ mod tests {
         let dir = crate::testdir::TestDir::new("bert-vocab-swap");
         write_folder(&cfg, &p, Some(&wp), &[], dir.path()).unwrap();
         let import = super::super::family::FAMILY.hf.unwrap().import;
-        let (_, spec, _) = import(dir.path()).unwrap();
-        assert_eq!(spec, wp.spec());
+        let (meta, _) = import(dir.path()).unwrap();
+        assert_eq!(meta.tokenizer, wp.spec());
         // the same size, two tokens swapped: every id of "yes" and "no" would be wrong
         let swapped = wp.vocab_text().replace("yes\nno", "no\nyes");
         std::fs::write(dir.path().join("vocab.txt"), swapped).unwrap();
