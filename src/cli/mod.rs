@@ -92,7 +92,7 @@ enum Command {
     // negative numbers are values, refused by their ranges
     #[command(allow_negative_numbers = true)]
     Plan(Box<plan::PlanArgs>),
-    /// Write a run's model as a Hugging Face folder (config.json + model.safetensors).
+    /// Write a run's model as a Hugging Face folder (config.json, model.safetensors and the tokenizer's files).
     Export(ExportArgs),
     /// Write a run's model with the blocks' weight matrices in int8 (per
     /// output column, fp32 scales): a model folder that generate, eval and
@@ -526,9 +526,52 @@ enum CheckpointCommand {
     Consolidate(ConsolidateArgs),
 }
 
+/// Each command's example, which its help leads with ("" for the top
+/// level); every one parses (`every_command_leads_its_help_with_an_example_that_parses`).
+const EXAMPLES: [(&str, &str); 18] = [
+    ("", "distgpt train\n  distgpt generate runs/latest --prompt ROMEO. --tokens 200\n  distgpt bench --model gpt2 --strategy fsdp --world-size 2\n  distgpt plan --model gpt2-xl --world-size 64 --device h100"),
+    ("train", "distgpt train --model gpt2 --data input.txt --strategy zero2 --world-size 4 --steps 2000"),
+    ("generate", "distgpt generate runs/latest --prompt ROMEO. --tokens 200"),
+    ("data", "distgpt data prepare --input input.txt --tokenizer gpt2 --out data/mine"),
+    ("data prepare", "distgpt data prepare --input input.txt --tokenizer gpt2 --out data/mine"),
+    ("data prepare-spam", "distgpt data prepare-spam --input spam-assassin/package --out data/spam"),
+    ("data prepare-dialogue", "distgpt data prepare-dialogue --input chitchat_dataset --out data/chitchat"),
+    ("bench", "distgpt bench --model gpt2 --strategy fsdp --world-size 2 --steps 5"),
+    ("compare", "distgpt compare --strategies single,ddp,fsdp --world-sizes 2 --steps 200 --out runs/compare"),
+    ("plan", "distgpt plan --model gpt2-xl --world-size 64 --device h100"),
+    ("export", "distgpt export runs/latest --out hf/mine"),
+    ("quantize", "distgpt quantize runs/latest --out models/int8"),
+    ("prune", "distgpt prune runs/latest --sparsity 0.5 --finetune-steps 200 --out models/pruned"),
+    ("eval", "distgpt eval runs/latest"),
+    ("checkpoint", "distgpt checkpoint consolidate runs/latest/checkpoints/step_00000200 --out models/a"),
+    ("checkpoint consolidate", "distgpt checkpoint consolidate runs/latest/checkpoints/step_00000200 --out models/a"),
+    ("plot", "distgpt plot runs/a runs/b --out plots/ab"),
+    ("devices", "distgpt devices"),
+];
+
+/// The command line's parser, each command's help led by its example.
+fn command() -> clap::Command {
+    let mut cli = Cli::command();
+    for (path, example) in EXAMPLES {
+        let lead = format!(
+            "Example{}:\n  {example}",
+            if path.is_empty() { "s" } else { "" }
+        );
+        let mut names = path.split_whitespace();
+        cli = match (names.next(), names.next()) {
+            (None, _) => cli.before_help(lead),
+            (Some(c), None) => cli.mut_subcommand(c, |c| c.before_help(lead)),
+            (Some(c), Some(sub)) => {
+                cli.mut_subcommand(c, |c| c.mut_subcommand(sub, |s| s.before_help(lead)))
+            }
+        };
+    }
+    cli
+}
+
 /// Parses the command line and runs the command.
 pub fn run() -> Result<Outcome> {
-    let mut matches = Cli::command().get_matches();
+    let mut matches = command().get_matches();
     if let Some(train) = matches.subcommand_matches("train") {
         if let Some(file) = train.get_one::<PathBuf>("config").cloned() {
             matches = with_config_file(&file, &given_flags(train))?;
@@ -772,6 +815,42 @@ mod tests {
                 out.push(name.clone());
             }
             undocumented(sub, &name, out);
+        }
+    }
+
+    /// Every command's help (and the top level's) starts with an example,
+    /// and every example is a command line that parses.
+    #[test]
+    fn every_command_leads_its_help_with_an_example_that_parses() {
+        fn walk(cmd: &clap::Command, path: &str, out: &mut Vec<(String, String)>) {
+            for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+                let name = format!("{path} {}", sub.get_name()).trim().to_string();
+                let help = sub.clone().render_help().to_string();
+                out.push((name.clone(), help));
+                walk(sub, &name, out);
+            }
+        }
+        let mut cli = command();
+        let mut helps = vec![(String::new(), cli.render_help().to_string())];
+        walk(&cli, "", &mut helps);
+        for (path, help) in &helps {
+            assert!(
+                help.starts_with("Example"),
+                "`distgpt {path} --help`:\n{help}"
+            );
+        }
+        assert_eq!(helps.len(), EXAMPLES.len(), "a command without an example");
+        for (path, example) in EXAMPLES {
+            for line in example.lines() {
+                let argv = line.split_whitespace();
+                let parsed = command().try_get_matches_from(argv);
+                assert!(parsed.is_ok(), "{path}: {line}: {:?}", parsed.err());
+                let words: Vec<&str> = line.split_whitespace().collect();
+                assert!(
+                    path.is_empty() || words[1..].join(" ").starts_with(path),
+                    "{line}"
+                );
+            }
         }
     }
 
