@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """tests/fixtures/hf_tokenizer/ids.json: the ids `transformers`'
 `AutoTokenizer` gives over a set of texts for each kind of GPT-2 export
-distgpt writes (GPT-2's byte-level BPE, and a character vocabulary), with
+distgpt writes (GPT-2's byte-level BPE, a character vocabulary, and a
+BERT's WordPiece uncased and cased), with
 the SHA-256 of every tokenizer file it loaded. Made once; the Rust test
 re-exports, checks the files are the ones loaded here, and checks distgpt's
 own ids against these. No model is downloaded; torch is not needed.
@@ -11,7 +12,7 @@ own ids against these. No model is downloaded; torch is not needed.
     /tmp/venv79/bin/python scripts/make_tokenizer_fixture.py
 
 The texts are in the Rust test (tests/hf_export.rs writes them beside the
-exports as texts.json); this script checks that every text decodes back.
+exports as texts.json); this script checks that every GPT-2 text decodes back.
 """
 import json
 import os
@@ -49,7 +50,8 @@ def main() -> int:
                     files[name] = fnv1a(f.read())
         tok = AutoTokenizer.from_pretrained(folder)
         ids = [tok.encode(t, add_special_tokens=False) for t in texts]
-        for t, i in zip(texts, ids):
+        # WordPiece is lossy (case, accents, spaces): only GPT-2's are checked
+        for t, i in zip(texts if not kind.startswith("bert") else [], ids):
             back = tok.decode(i)
             if back != t:
                 print(f"{kind}: {t!r} decodes as {back!r}", file=sys.stderr)

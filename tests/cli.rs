@@ -193,7 +193,7 @@ fn generate_and_eval_read_a_checkpoint_directory() {
     succeeded(distgpt(&[
         "generate", step2, "--tokens", "4", "--prompt", "A",
     ]));
-    succeeded(distgpt(&[
+    let eval = succeeded(distgpt(&[
         "eval",
         step2,
         "--batches",
@@ -201,6 +201,12 @@ fn generate_and_eval_read_a_checkpoint_directory() {
         "--seq-len",
         "16",
     ]));
+    // without a terminal, a line before the work says what it is
+    let said = String::from_utf8_lossy(&eval.stderr);
+    assert!(
+        said.starts_with("eval: 2 batches of 8 x 16 tokens from "),
+        "{said}"
+    );
     // A run without model files (still training, or stopped by SIGKILL): its newest checkpoint.
     std::fs::remove_file(dir.join("model.json")).unwrap();
     succeeded(distgpt(&["eval", out, "--batches", "2", "--seq-len", "16"]));

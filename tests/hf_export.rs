@@ -9,7 +9,9 @@ use scratch::scratch;
 
 use distgpt::backend::cpu::Cpu;
 use distgpt::checkpoint::load_model;
+use distgpt::data::wordpiece::{Normalizer, WordPiece};
 use distgpt::data::{Tokenizer, TokenizerSpec};
+use distgpt::model::bert::{self, BertConfig, BertHead};
 use distgpt::model::gpt2::hf;
 use distgpt::model::{Gpt2, GptConfig};
 use distgpt::store::checksum;
@@ -118,8 +120,31 @@ fn tokenizer_kinds() -> [(&'static str, TokenizerSpec); 2] {
     ]
 }
 
-/// A GPT-2 export of each kind into `dir/KIND`, through the exporter.
+/// The committed WordPiece fixture's vocabulary (528 tokens of many
+/// scripts), normalized as BERT uncased or cased.
+fn wordpieces() -> [(&'static str, WordPiece); 2] {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/wordpiece/vocab.txt");
+    let tokens = std::fs::read_to_string(path).unwrap();
+    let wp = || WordPiece::new(tokens.lines().map(String::from).collect()).unwrap();
+    let cased = Normalizer {
+        lowercase: false,
+        ..Normalizer::default()
+    };
+    [("bert", wp()), ("bert-cased", wp().with_normalizer(cased))]
+}
+
+/// An export of each kind into `dir/KIND`, through the exporters: a GPT-2
+/// of each tokenizer, and a BERT masked LM of each normalizer.
 fn export_tokenizers(dir: &std::path::Path) {
+    for (kind, wp) in wordpieces() {
+        let cfg = BertConfig {
+            vocab_size: wp.vocab_size(),
+            head: BertHead::Mlm,
+            ..BertConfig::preset("bert-tiny").unwrap()
+        };
+        let params = bert::init_full(&cfg, 1);
+        bert::hf::write_folder(&cfg, &params, Some(&wp), &[], &dir.join(kind)).unwrap();
+    }
     for (kind, spec) in tokenizer_kinds() {
         let vocab_size = Tokenizer::from_spec(&spec).unwrap().vocab_size();
         let cfg = GptConfig {
@@ -180,6 +205,17 @@ fn exported_tokenizers_give_transformers_the_same_ids() {
         for (t, ids) in TEXTS.iter().zip(want["ids"].as_array().unwrap()) {
             let ids: Vec<u32> = serde_json::from_value(ids.clone()).unwrap();
             assert_eq!(tk.encode(t).unwrap(), ids, "{kind}: {t:?}");
+        }
+    }
+    for (kind, wp) in wordpieces() {
+        let want = &fixture["exports"][kind];
+        for (name, sum) in want["fnv1a"].as_object().unwrap() {
+            let bytes = std::fs::read(tmp.join(kind).join(name)).unwrap();
+            assert_eq!(checksum(&bytes), sum.as_str().unwrap(), "{kind}/{name}");
+        }
+        for (t, ids) in TEXTS.iter().zip(want["ids"].as_array().unwrap()) {
+            let ids: Vec<u32> = serde_json::from_value(ids.clone()).unwrap();
+            assert_eq!(wp.encode(t), ids, "{kind}: {t:?}");
         }
     }
     // a character vocabulary has no end of text: generate() must not stop

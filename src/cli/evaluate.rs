@@ -204,6 +204,14 @@ pub(super) fn eval_on<B: Backend>(be: B, a: &EvalArgs) -> Result<()> {
         return Ok(());
     }
     let pb = metrics::progress_bar(n as u64, "eval");
+    // without a terminal the bar is hidden: a line says what is under way
+    if pb.is_hidden() {
+        distgpt::errln!(
+            "eval: {n} batches of {} x {t} tokens from {}",
+            a.batch_size,
+            ds.name
+        );
+    }
     let batches = (0..n).map(|_| {
         pb.inc(1);
         val.next_batch()
