@@ -256,8 +256,8 @@ fn the_documented_sequences_run_in_order_on_tiny_settings() {
         "--out runs/tour",
         "--resume runs/a --stop-after 500",
         "--config runs/char/run.json",
-        "generate runs/latest",
-        "prune runs/latest --out pruned ",
+        "generate runs/char-usage",
+        "prune runs/char --out pruned ",
     ];
     let placeholder = |a: &String| {
         ["DIR", "FILE", "text.txt", "hf/gpt2-folder", "mpi"].contains(&a.as_str())

@@ -177,7 +177,8 @@ pub fn run(mut a: CompareArgs, threads: usize) -> Result<()> {
         threads,
         predict: !a.no_predict,
         repeats,
-        announce_estimate: !a.quick,
+        // a sign of life before minutes of training, --quick too
+        announce_estimate: true,
     };
     super::training::handle_stop_signals()?;
     let multi = MultiProgress::new();
