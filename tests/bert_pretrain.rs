@@ -547,11 +547,16 @@ fn a_classifier_checkpoint_exports_and_evaluates_as_a_classifier() {
         exported.to_str().unwrap(),
     ]));
     assert!(exported.join("vocab.txt").exists());
-    // eval without a labelled set says what a classifier needs
-    let out = distgpt(&["eval", ckpt.to_str().unwrap()]);
+    // eval without a labelled set scores the one its run recorded; a
+    // folder with no run record says what a classifier needs
+    succeeded(distgpt(&["eval", ckpt.to_str().unwrap()]));
+    let out = distgpt(&["eval", exported.to_str().unwrap()]);
     assert!(!out.status.success());
     let err = stderr(&out);
-    assert!(err.contains("is a BERT classifier: give --data"), "{err}");
+    assert!(
+        err.contains("is a BERT classifier without a run record naming its data: give --data"),
+        "{err}"
+    );
     assert!(!err.contains("language model"), "{err}");
     // and with one, the checkpoint scores as the folder written at the end
     let score = |what: &Path| {

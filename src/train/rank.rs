@@ -324,14 +324,17 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
     }
 
     /// **Collective.** The validation figures every `eval_every` steps, at
-    /// an epoch's end for a task that asks, and at the last; never on a
-    /// stop, which checkpoints at once (a scheduler's grace period is
-    /// seconds, a validation pass can be minutes).
+    /// an epoch's end for a task that asks, and at the run's end. A stop
+    /// adds none (it checkpoints at once: a scheduler's grace period is
+    /// seconds, a validation pass can be minutes); one that lands where an
+    /// evaluation was due anyway keeps it, so the run's records are the
+    /// uninterrupted run's.
     fn evaluate_if_due(&mut self, step: usize, done: &StepDone) -> Result<Option<Eval>> {
         let every = self.cfg.eval_every;
         let epoch_end = done.epoch_ended && self.task.evaluates_each_epoch();
-        let due = done.is_last || epoch_end || (every > 0 && (step + 1).is_multiple_of(every));
-        if !due || done.stopping {
+        let cadence = every > 0 && (step + 1).is_multiple_of(every);
+        let at_end = done.is_last && !done.stopping;
+        if !(at_end || epoch_end || cadence) {
             return Ok(None);
         }
         let v = self.task.evaluate(self.strategy.as_mut(), &self.cfg)?;
