@@ -1078,7 +1078,8 @@ fn wait_until(what: &str, ready: impl Fn() -> bool) {
 /// A classifier signalled while it scores: the record beside the model is
 /// of that model or absent. A finished run (scored at 2 steps) extended to
 /// 6 and stopped by SIGTERM as it scores step 4's validation split keeps no
-/// classify.json of the earlier model, and --resume scores the new one; a
+/// classify.json of the earlier model, and --resume (from a checkpoint
+/// that records the set as the release before did) scores the new one; a
 /// SIGTERM while it scores the test split at the end lets it finish, its
 /// classify.json the model on disk's (what eval says of it). Both end on
 /// the uninterrupted run's figures.
@@ -1147,6 +1148,12 @@ fn a_classifier_signalled_while_it_scores_keeps_no_record_of_another_model() {
         !out.join("classify.json").exists(),
         "classify.json of 2 steps kept beside the model of {stopped}"
     );
+    // its checkpoint as the release before recorded the set (separators,
+    // no lengths): still the run's own data, resumed
+    let set = distgpt::data::labelled::LabelledSet::load(Path::new(data)).unwrap();
+    let old = set.fingerprint_before_lengths();
+    assert_ne!(old, set.fingerprint());
+    edit_index(&state::latest(&out).unwrap(), |i| i.data = old, true);
     // the last step's checkpoint written: the test split is being scored
     let child = resume(&out, &[]).spawn().unwrap();
     wait_until("step 6 was not checkpointed", || step() == 6);
