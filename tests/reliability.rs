@@ -1077,7 +1077,7 @@ fn wait_until(what: &str, ready: impl Fn() -> bool) {
 
 /// A classifier signalled while it scores: the record beside the model is
 /// of that model or absent. A finished run (scored at 2 steps) extended to
-/// 6 and stopped by SIGTERM as it scores step 4's validation split keeps no
+/// 8 and stopped by SIGTERM as it scores step 4's validation split keeps no
 /// classify.json of the earlier model, and --resume (from a checkpoint
 /// that records the set as the release before did) scores the new one; a
 /// SIGTERM while it scores the test split at the end lets it finish, its
@@ -1124,7 +1124,7 @@ fn a_classifier_signalled_while_it_scores_keeps_no_record_of_another_model() {
     };
     let whole = dir.join("whole");
     fine_tune(&whole);
-    let o = resume(&whole, &["--steps", "6"]).output().unwrap();
+    let o = resume(&whole, &["--steps", "8"]).output().unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     let out = dir.join("term");
     fine_tune(&out);
@@ -1137,13 +1137,13 @@ fn a_classifier_signalled_while_it_scores_keeps_no_record_of_another_model() {
     let logged =
         || std::fs::read_to_string(out.join("metrics.jsonl")).map_or(0, |s| s.lines().count());
     // step 3 logged: step 4 trains (milliseconds), then is scored
-    let child = resume(&out, &["--steps", "6"]).spawn().unwrap();
+    let child = resume(&out, &["--steps", "8"]).spawn().unwrap();
     wait_until("step 3 was not logged", || logged() >= 3);
     signal(child.id(), "TERM");
     let o = child.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(75), "{}", stderr(&o));
     let stopped = step();
-    assert!((4..6).contains(&stopped), "stopped at step {stopped}");
+    assert!((4..8).contains(&stopped), "stopped at step {stopped}");
     assert!(
         !out.join("classify.json").exists(),
         "classify.json of 2 steps kept beside the model of {stopped}"
@@ -1156,14 +1156,14 @@ fn a_classifier_signalled_while_it_scores_keeps_no_record_of_another_model() {
     edit_index(&state::latest(&out).unwrap(), |i| i.data = old, true);
     // the last step's checkpoint written: the test split is being scored
     let child = resume(&out, &[]).spawn().unwrap();
-    wait_until("step 6 was not checkpointed", || step() == 6);
+    wait_until("step 8 was not checkpointed", || step() == 8);
     signal(child.id(), "TERM");
     let o = child.wait_with_output().unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     let (a, b) = (report(&whole), report(&out));
     assert_eq!(a["test"], b["test"]);
-    assert_eq!(a["epochs"].as_array().unwrap().len(), 6);
-    for e in 0..6 {
+    assert_eq!(a["epochs"].as_array().unwrap().len(), 8);
+    for e in 0..8 {
         assert_eq!(a["epochs"][e]["train_loss"], b["epochs"][e]["train_loss"]);
         assert_eq!(a["epochs"][e]["val"], b["epochs"][e]["val"]);
     }
