@@ -647,7 +647,7 @@ pub fn learn(text: &str, size: usize) -> Result<WordPiece> {
             splits[w] = new;
         }
         // a piece two merges spell alike stays one token (`intern`)
-        merges.pairs.remove(&(a, b));
+        merges.forget((a, b));
     }
     if SPECIAL.len() + names.len() < size {
         crate::errln!(
@@ -661,12 +661,19 @@ pub fn learn(text: &str, size: usize) -> Result<WordPiece> {
 }
 
 /// The training state: how often each piece and each adjacent pair occurs
-/// over the corpus (weighted by the words' counts), and the words each
-/// pair occurs in (possibly more than are left: checked on merging).
+/// over the corpus (weighted by the words' counts), the pairs by count,
+/// and the words each pair occurs in (possibly more than are left: checked
+/// on merging).
 #[derive(Default)]
 struct Merges {
     pieces: HashMap<u32, i64>,
+    /// The pieces' counts together.
+    total: i64,
     pairs: HashMap<(u32, u32), i64>,
+    /// (count, pair) of every pair in `pairs`: [`Merges::best`] reads
+    /// them from the most frequent down and stops where no pair left can
+    /// gain as much as the best so far.
+    by_count: std::collections::BTreeSet<(i64, (u32, u32))>,
     words: HashMap<(u32, u32), Vec<usize>>,
 }
 
@@ -676,37 +683,67 @@ impl Merges {
         for &p in split {
             *self.pieces.entry(p).or_default() += n;
         }
+        self.total += n * split.len() as i64;
         for pair in split.windows(2) {
             let pair = (pair[0], pair[1]);
             let c = self.pairs.entry(pair).or_default();
+            self.by_count.remove(&(*c, pair));
             *c += n;
             if *c <= 0 {
                 self.pairs.remove(&pair);
-            } else if n > 0 {
-                self.words.entry(pair).or_default().push(w);
+            } else {
+                self.by_count.insert((*c, pair));
+                if n > 0 {
+                    self.words.entry(pair).or_default().push(w);
+                }
             }
+        }
+    }
+
+    /// Forgets `pair` (merged: none is left to merge again).
+    fn forget(&mut self, pair: (u32, u32)) {
+        if let Some(c) = self.pairs.remove(&pair) {
+            self.by_count.remove(&(c, pair));
         }
     }
 
     /// The pair to merge next: the highest likelihood gain, count(ab)
     /// ln(count(ab) n / (count(a) count(b))), then the higher count(ab),
-    /// then the names that sort first.
+    /// then the names that sort first. A pair seen c times gains at most
+    /// c ln(n / c) (each of its pieces is seen at least c times), which
+    /// falls with c below n / e: read from the most frequent down, the
+    /// pairs past the first whose bound is under the best gain found
+    /// cannot win, and are not scored (scoring every pair at every merge
+    /// took minutes for a vocabulary of tens of thousands).
     fn best(&self, names: &[String]) -> Option<(u32, u32)> {
-        let total: i64 = self.pieces.values().sum();
+        let total = self.total as f64;
         let score = |(a, b): (u32, u32), n: i64| {
             let (n, fa, fb) = (n as f64, self.pieces[&a] as f64, self.pieces[&b] as f64);
-            n * (n * total as f64 / (fa * fb)).ln()
+            n * (n * total / (fa * fb)).ln()
         };
-        self.pairs
-            .iter()
-            .map(|(&pair, &n)| (pair, n, score(pair, n)))
-            .max_by(|x, y| {
-                x.2.total_cmp(&y.2).then(x.1.cmp(&y.1)).then_with(|| {
-                    let name = |p: (u32, u32)| (&names[p.0 as usize], &names[p.1 as usize]);
-                    name(y.0).cmp(&name(x.0))
-                })
-            })
-            .map(|(pair, ..)| pair)
+        let name = |p: (u32, u32)| (&names[p.0 as usize], &names[p.1 as usize]);
+        let mut best: Option<((u32, u32), i64, f64)> = None;
+        for &(n, pair) in self.by_count.iter().rev() {
+            if let Some((_, _, top)) = best {
+                let c = n as f64;
+                let bound = c * (total / c).ln();
+                // a margin for rounding: the bound and a score are computed apart
+                if c < total / std::f64::consts::E && bound + 1e-9 * (bound.abs() + 1.0) < top {
+                    break;
+                }
+            }
+            let x = (pair, n, score(pair, n));
+            let wins = best.is_none_or(|y| {
+                x.2.total_cmp(&y.2)
+                    .then(x.1.cmp(&y.1))
+                    .then_with(|| name(y.0).cmp(&name(x.0)))
+                    .is_gt()
+            });
+            if wins {
+                best = Some(x);
+            }
+        }
+        best.map(|(pair, ..)| pair)
     }
 }
 
