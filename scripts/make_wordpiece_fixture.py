@@ -3,7 +3,8 @@
 into WordPiece ids, cased and uncased, with a small vocabulary this script
 writes (vocab.txt) from the basic tokens `transformers` itself makes of the
 text. Every script's letters, accents and vowel signs, Unicode punctuation
-of every class, symbols, control and zero-width characters. Made once; the
+of every class, symbols, control and zero-width characters, and special
+tokens written in the text. Made once; the
 tests read the JSON and never need Python; no model is downloaded.
 
     python3 -m venv /tmp/venv79 && /tmp/venv79/bin/pip install transformers
@@ -62,6 +63,10 @@ TEXTS = [
     "\ufb01nance \uff21\uff22\uff23 \u2460\u2461 \u00bd \u2167 \u1e9b\u0323",
     # a word past 100 characters is [UNK]; the word after it is not
     "x" * 101 + " after " + "\u00e9" * 100 + " end",
+    # special tokens written in the text are kept whole, only as written
+    # (case and all); the text on each side of one is tokenized alone
+    "hello[SEP]world [CLS]Stra\u00dfe[MASK] x[UNK]y [PAD] [sep] [ SEP ] [Mask] [[MASK]] "
+    "na\u00efve[SEP]\u0301 \u4e16\u754c[SEP]\u754c xx[MASK]yy [CLS][SEP] \u00c9[UNK]\u00e9 end[",
 ]
 
 

@@ -874,6 +874,24 @@ fn bert_fine_tuning_writes_a_classifier_that_eval_scores() {
         text.contains(&acc),
         "eval said {text:?}, training said {acc}"
     );
+    // without --seq-len, at the run's own 12 (the model has 24 positions,
+    // where this set scores otherwise); another --seq-len names the run's
+    let figures =
+        |text: &str| text[text.find("loss ").unwrap()..text.find(" (").unwrap()].to_string();
+    let eval_at = |extra: &[&str]| {
+        let mut args = vec!["eval", out_s, "--data", data, "--batch-size", "4"];
+        args.extend_from_slice(extra);
+        String::from_utf8_lossy(&succeeded(distgpt(&args)).stdout).to_string()
+    };
+    let own = eval_at(&[]);
+    assert_eq!(figures(&own), figures(&text), "{own}");
+    assert!(own.contains("at --seq-len 12)"), "{own}");
+    let longer = eval_at(&["--seq-len", "24"]);
+    assert_ne!(figures(&longer), figures(&text), "{longer}");
+    assert!(
+        longer.contains("at --seq-len 24; its run trained and scored at --seq-len 12"),
+        "{longer}"
+    );
     // export writes the classifier's folder anew, the same weights and vocabulary
     let exported = dir.join("exported");
     succeeded(distgpt(&[
@@ -1551,6 +1569,58 @@ fn bert_model_folders_are_checked_on_load_and_repaired_on_resume() {
     let said = String::from_utf8_lossy(&eval().stderr).to_string();
     assert!(said.contains("cannot hold"), "{said}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every command's --seed is a whole number from 0 to 2^64 - 1: a negative
+/// or overflowing one is refused by that range, by name, as other numbers
+/// are (never "unexpected argument" or a bare parse error); the largest
+/// still reads.
+#[test]
+fn a_seed_out_of_range_is_refused_by_its_range_on_every_command() {
+    let dir = run_dir("seeds");
+    let missing = dir.join("no-such-run");
+    let missing = missing.to_str().unwrap();
+    let out = dir.join("out");
+    let out = out.to_str().unwrap();
+    let commands: [&[&str]; 5] = [
+        &["train", "--out", out],
+        &["generate", missing],
+        &["prune", missing, "--out", out],
+        &["compare", "--out", out],
+        &["data", "prepare-dialogue", "--input", missing, "--out", out],
+    ];
+    for command in commands {
+        for (seed, says) in [
+            ("-1", "-1 is not in 0..=18446744073709551615"),
+            (
+                "18446744073709551616",
+                "18446744073709551616 is not in 0..=18446744073709551615",
+            ),
+            ("1e3", "1e3 is not a whole number"),
+        ] {
+            let mut args = command.to_vec();
+            args.extend(["--seed", seed]);
+            let o = distgpt(&args);
+            let said = String::from_utf8_lossy(&o.stderr).to_string();
+            assert_eq!(o.status.code(), Some(2), "{args:?}: {said}");
+            assert!(
+                said.contains(&format!(
+                    "invalid value '{seed}' for '--seed <SEED>': {says}"
+                )),
+                "{args:?}: {said}"
+            );
+        }
+        // the largest seed reads (and --help after it then prints the help)
+        let mut args = command.to_vec();
+        args.extend(["--seed", "18446744073709551615", "--help"]);
+        let o = distgpt(&args);
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    assert!(!std::path::Path::new(out).exists(), "nothing was written");
 }
 
 /// A negative number is read as the flag's value and refused by its range

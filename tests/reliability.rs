@@ -8,6 +8,9 @@
 mod scratch;
 use scratch::scratch;
 
+#[path = "support/bert.rs"]
+mod bert;
+
 use distgpt::backend::cpu::Cpu;
 use distgpt::checkpoint::{self, state};
 use distgpt::comm::Comm;
@@ -1090,6 +1093,123 @@ fn a_run_stopped_before_its_first_checkpoint_starts_again_in_its_place() {
         stderr(&refused).contains("--resume"),
         "{}",
         stderr(&refused)
+    );
+}
+
+/// Waits (a minute at most) until `ready` says so, naming `what` if not.
+fn wait_until(what: &str, ready: impl Fn() -> bool) {
+    let t0 = Instant::now();
+    while !ready() {
+        assert!(t0.elapsed() < Duration::from_secs(60), "{what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A classifier signalled while it scores: the record beside the model is
+/// of that model or absent. A finished run (scored at 2 steps) extended to
+/// 8 and stopped by SIGTERM as it scores step 4's validation split keeps no
+/// classify.json of the earlier model, and --resume (from a checkpoint
+/// that records the set as the release before did) scores the new one; a
+/// SIGTERM while it scores the test split at the end lets it finish, its
+/// classify.json the model on disk's (what eval says of it). Both end on
+/// the uninterrupted run's figures.
+#[cfg(unix)]
+#[test]
+fn a_classifier_signalled_while_it_scores_keeps_no_record_of_another_model() {
+    let dir = tmp("classify-term");
+    let (model, data) = bert::tiny_bert_and_labelled_set(&dir);
+    // 4 training examples: a step an epoch, each epoch scored on 4,000
+    for (split, n) in [("train", 4), ("val", 4000), ("test", 4000)] {
+        let lines: String = (0..n)
+            .map(|i| {
+                let text = ["good day sir", "buy cheap pills now"][i % 2];
+                format!("{{\"label\":{},\"text\":\"{text} {i}\"}}\n", i % 2)
+            })
+            .collect();
+        std::fs::write(data.join(format!("{split}.jsonl")), lines).unwrap();
+    }
+    let (model, data) = (model.to_str().unwrap(), data.to_str().unwrap());
+    let fine_tune = |out: &Path| {
+        let o = bin()
+            .args(["train", "--task", "classify", "--init-from", model])
+            .args(["--data", data, "--epochs", "2", "--batch-size", "4"])
+            .args(["--seq-len", "12", "--lr", "1e-3", "--quiet"])
+            .args(["--out", out.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+    };
+    let resume = |out: &Path, extra: &[&str]| {
+        let mut c = bin();
+        c.args(["train", "--task", "classify", "--quiet", "--resume"])
+            .arg(out)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        c
+    };
+    let report = |out: &Path| -> serde_json::Value {
+        let text = std::fs::read_to_string(out.join("classify.json")).unwrap();
+        serde_json::from_str(&text).unwrap()
+    };
+    let whole = dir.join("whole");
+    fine_tune(&whole);
+    let o = resume(&whole, &["--steps", "8"]).output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = dir.join("term");
+    fine_tune(&out);
+    assert!(out.join("classify.json").exists());
+    let step = || {
+        state::latest(&out)
+            .and_then(|c| state::read_index(&c))
+            .map_or(0, |i| i.step)
+    };
+    let logged =
+        || std::fs::read_to_string(out.join("metrics.jsonl")).map_or(0, |s| s.lines().count());
+    // step 3 logged: step 4 trains (milliseconds), then is scored
+    let child = resume(&out, &["--steps", "8"]).spawn().unwrap();
+    wait_until("step 3 was not logged", || logged() >= 3);
+    signal(child.id(), "TERM");
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(75), "{}", stderr(&o));
+    let stopped = step();
+    assert!((4..8).contains(&stopped), "stopped at step {stopped}");
+    assert!(
+        !out.join("classify.json").exists(),
+        "classify.json of 2 steps kept beside the model of {stopped}"
+    );
+    // its checkpoint as the release before recorded the set (separators,
+    // no lengths): still the run's own data, resumed
+    let set = distgpt::data::labelled::LabelledSet::load(Path::new(data)).unwrap();
+    let old = set.fingerprint_before_lengths();
+    assert_ne!(old, set.fingerprint());
+    edit_index(&state::latest(&out).unwrap(), |i| i.data = old, true);
+    // the last step's checkpoint written: the test split is being scored
+    let child = resume(&out, &[]).spawn().unwrap();
+    wait_until("step 8 was not checkpointed", || step() == 8);
+    signal(child.id(), "TERM");
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (a, b) = (report(&whole), report(&out));
+    assert_eq!(a["test"], b["test"]);
+    assert_eq!(a["epochs"].as_array().unwrap().len(), 8);
+    for e in 0..8 {
+        assert_eq!(a["epochs"][e]["train_loss"], b["epochs"][e]["train_loss"]);
+        assert_eq!(a["epochs"][e]["val"], b["epochs"][e]["val"]);
+    }
+    let eval = bin()
+        .args(["eval", out.to_str().unwrap(), "--data", data])
+        .args(["--batch-size", "4"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&eval.stdout).to_string();
+    let loss = b["test"]["loss"].as_f64().unwrap();
+    assert!(said.contains(&format!("loss {loss:.4},")), "{said}");
+    let o = resume(&out, &[]).output().unwrap();
+    assert!(
+        stderr(&o).contains("nothing left to train"),
+        "{}",
+        stderr(&o)
     );
 }
 

@@ -84,7 +84,7 @@ pub struct CompareArgs {
     #[arg(long, allow_negative_numbers = true)]
     lr: Option<f32>,
     /// Seed of the initial weights and the data order, the same for every run.
-    #[arg(long, default_value_t = 1337)]
+    #[arg(long, value_parser = super::seed, allow_negative_numbers = true, default_value_t = 1337)]
     seed: u64,
     /// Validation batches at the end of each run (lm; default 8).
     #[arg(long)]

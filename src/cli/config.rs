@@ -104,11 +104,16 @@ fn run_folder(file: &Path) -> &Path {
 }
 
 /// A run repeated from its run.json (`file`) on the data that file names
-/// must train on the data the run trained on: its fingerprint (`data`, of
-/// the data at `path`) is compared with the run's newest checkpoint's, as
-/// a resume compares it. Other data given on the command line, or a run
-/// with no checkpoint, is not compared.
-pub fn check_recorded_data(file: &Path, path: Option<&Path>, data: &str) -> Result<()> {
+/// must train on the data the run trained on: the run's newest
+/// checkpoint's fingerprint is compared with the data at `path`, as a
+/// resume compares it (`trained_on` answers whether a recorded fingerprint
+/// is of that data, and gives the data's own). Other data given on the
+/// command line, or a run with no checkpoint, is not compared.
+pub fn check_recorded_data(
+    file: &Path,
+    path: Option<&Path>,
+    trained_on: impl FnOnce(&str) -> (bool, String),
+) -> Result<()> {
     if file.extension().is_none_or(|e| e != "json") {
         return Ok(());
     }
@@ -124,7 +129,8 @@ pub fn check_recorded_data(file: &Path, path: Option<&Path>, data: &str) -> Resu
         return Ok(());
     };
     let index = distgpt::checkpoint::state::read_index(&ckpt)?;
-    if index.data != data {
+    let (same, data) = trained_on(&index.data);
+    if !same {
         bail!(
             "{}: the run trained on other data than {} holds now (fingerprint {} in {}, {data} now): pass the run's data with --data, or train on this data with a TOML config",
             file.display(),

@@ -16,7 +16,7 @@ pub(super) struct EvalArgs {
     /// Sequences per batch.
     #[arg(long, value_parser = positive(), default_value_t = 8)]
     batch_size: usize,
-    /// Tokens per sequence (default: the model's block size; a BERT classifier: 128, or its positions where fewer).
+    /// Tokens per sequence (default: the model's block size; a BERT classifier: its run's own, else 128, or its positions where fewer).
     #[arg(long, value_parser = positive())]
     seq_len: Option<usize>,
     /// Batches to evaluate (0: the whole split).
@@ -95,7 +95,18 @@ fn eval_masked_lm<B: Backend + 'static>(
     Ok(())
 }
 
-/// `eval` of a BERT classifier: its test split's loss, accuracy and F1.
+/// The record of the run `model` is, or is a checkpoint of.
+fn run_record(model: &Path) -> Option<train::run_dir::RunRecord> {
+    train::run_dir::read_record(model).ok().or_else(|| {
+        model
+            .parent()?
+            .parent()
+            .and_then(|run| train::run_dir::read_record(run).ok())
+    })
+}
+
+/// `eval` of a BERT classifier: its test split's loss, accuracy and F1, at
+/// the sequence length its run trained and scored at unless --seq-len says.
 fn eval_classifier<B: Backend + 'static>(
     be: B,
     a: &EvalArgs,
@@ -115,9 +126,17 @@ fn eval_classifier<B: Backend + 'static>(
             bail!("--{flag} is for language models: a BERT classifier is scored on the whole test split in fp32");
         }
     }
+    let recorded = run_record(&a.model)
+        .filter(|r| r.task == TaskKind::Classify)
+        .map(|r| r.train.seq_len);
     let t = a
         .seq_len
+        .or(recorded)
         .unwrap_or(block.min(train::classify::DEFAULT_SEQ_LEN));
+    let other = match recorded {
+        Some(r) if r != t => format!("; its run trained and scored at --seq-len {r}"),
+        _ => String::new(),
+    };
     let s = train::classify::evaluate_folder(
         be,
         &a.model,
@@ -126,7 +145,7 @@ fn eval_classifier<B: Backend + 'static>(
         rayon::current_num_threads(),
     )?;
     distgpt::outln!(
-        "{} on {}'s test split: loss {:.4}, accuracy {:.2}%, F1 {:.4} ({} examples)",
+        "{} on {}'s test split: loss {:.4}, accuracy {:.2}%, F1 {:.4} ({} examples at --seq-len {t}{other})",
         a.model.display(),
         data.display(),
         s.loss,

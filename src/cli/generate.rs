@@ -27,7 +27,7 @@ pub(super) struct GenerateArgs {
     #[arg(long, default_value_t = 1.0)]
     top_p: f32,
     /// Seed of the sampling.
-    #[arg(long, default_value_t = 42)]
+    #[arg(long, value_parser = super::seed, allow_negative_numbers = true, default_value_t = 42)]
     seed: u64,
     /// Tensor-parallel ranks to split the model over (heads and MLP columns):
     /// threads here, or with --comm mpi every process mpirun starts.

@@ -741,6 +741,20 @@ pub(crate) fn micro_batches() -> impl clap::builder::TypedValueParser<Value = us
     count(1, distgpt::train::MAX_GRAD_ACCUM as i64)
 }
 
+/// The parser of a `--seed`: a whole number from 0 to `u64::MAX`, read
+/// as given (with `allow_negative_numbers` on the flag) so that a negative
+/// or overflowing one is refused by its range, as a count is.
+pub(crate) fn seed(s: &str) -> std::result::Result<u64, String> {
+    let digits = s.strip_prefix(['-', '+']).unwrap_or(s);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("{s} is not a whole number"));
+    }
+    match s.parse::<u64>() {
+        Ok(v) => Ok(v),
+        Err(_) => Err(format!("{s} is not in 0..={}", u64::MAX)),
+    }
+}
+
 /// The parser of a stated peak (`--peak-tflops`, `--peak-gflops`) or a
 /// bandwidth: a positive finite number, which can be divided by.
 pub(crate) fn positive_rate(s: &str) -> std::result::Result<f64, String> {

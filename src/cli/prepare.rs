@@ -30,7 +30,7 @@ pub struct PrepareDialogueArgs {
     #[arg(long)]
     out: PathBuf,
     /// Seed of the non-replies drawn from other conversations.
-    #[arg(long, default_value_t = 1337)]
+    #[arg(long, value_parser = super::seed, allow_negative_numbers = true, default_value_t = 1337)]
     seed: u64,
     /// Write into --out even when it already holds files.
     #[arg(long)]

@@ -66,7 +66,7 @@ pub(super) struct PruneArgs {
     #[arg(long, value_parser = non_negative(), default_value_t = 20)]
     eval_batches: usize,
     /// Seed of the fine-tuning data order.
-    #[arg(long, default_value_t = 1337)]
+    #[arg(long, value_parser = super::seed, allow_negative_numbers = true, default_value_t = 1337)]
     seed: u64,
     /// Also evaluate the dense model and every level with int8 weights
     /// (CPU), reported beside their fp32 losses.

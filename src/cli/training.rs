@@ -97,7 +97,7 @@ pub(super) struct TrainArgs {
     #[arg(long, default_value_t = 500, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=65536), help_heading = "Output")]
     sample_tokens: usize,
     /// Seed of the initial weights, the data order and the samples.
-    #[arg(long, default_value_t = 1337, help_heading = "Optimisation")]
+    #[arg(long, value_parser = super::seed, allow_negative_numbers = true, default_value_t = 1337, help_heading = "Optimisation")]
     seed: u64,
     /// Run directory for metrics.jsonl, run.json, checkpoints and the weights
     /// (default: runs/<model>-<YYYYMMDD-HHMMSS>, with runs/latest pointing at it).
@@ -634,10 +634,11 @@ pub(super) fn run_train(mut a: TrainArgs, given: &[String]) -> Result<Outcome> {
             task.spec().refuse(given)?;
             let prep = new_run(&a, given, task)?;
             if let Some(file) = &a.config {
-                let data = prep
-                    .data
-                    .with_task::<Cpu, _>(|t| t.fingerprint().to_string());
-                config::check_recorded_data(file, prep.cfg.data.as_deref(), &data)?;
+                config::check_recorded_data(file, prep.cfg.data.as_deref(), |recorded| {
+                    prep.data.with_task::<Cpu, _>(|t| {
+                        (t.trained_on(recorded), t.fingerprint().to_string())
+                    })
+                })?;
             }
             prep
         }

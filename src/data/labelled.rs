@@ -13,7 +13,10 @@ use crate::rng::Rng;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
+/// One line of a split. A key it does not name is refused, not ignored: a
+/// misspelt `text_pair` would otherwise train pairs as single texts.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Example {
     pub label: u32,
     pub text: String,
@@ -115,7 +118,41 @@ impl LabelledSet {
 
     /// A checksum of the labels and every split's examples in order (after
     /// any sampling): a checkpoint's record of the data it was trained on.
+    /// Every count, label name, text and second text is prefixed by its
+    /// length, so no two sets read alike: the pair (A, B) is not the text
+    /// "A\x1dB". An empty second text is none, as it is encoded.
     pub fn fingerprint(&self) -> String {
+        let mut sum = crate::store::Checksum::new();
+        let field = |bytes: &[u8], sum: &mut crate::store::Checksum| {
+            sum.update(&(bytes.len() as u64).to_le_bytes());
+            sum.update(bytes);
+        };
+        sum.update(&(self.labels.len() as u64).to_le_bytes());
+        for l in &self.labels {
+            field(l.as_bytes(), &mut sum);
+        }
+        for split in [&self.train, &self.val, &self.test] {
+            sum.update(&(split.examples.len() as u64).to_le_bytes());
+            for e in &split.examples {
+                sum.update(&e.label.to_le_bytes());
+                field(e.text.as_bytes(), &mut sum);
+                match e.text_pair.as_deref().filter(|p| !p.is_empty()) {
+                    Some(pair) => {
+                        sum.update(&[1]);
+                        field(pair.as_bytes(), &mut sum);
+                    }
+                    None => sum.update(&[0]),
+                }
+            }
+        }
+        sum.hex()
+    }
+
+    /// The fingerprint runs recorded before [`LabelledSet::fingerprint`]
+    /// prefixed lengths (separators between fields, so a pair (A, B) read
+    /// as the text "A\x1dB"): a checkpoint that recorded it was trained on
+    /// this set, or on one that differs from it only so.
+    pub fn fingerprint_before_lengths(&self) -> String {
         let mut text = self.labels.join("\t");
         for split in [&self.train, &self.val, &self.test] {
             text.push('\x1e');
@@ -354,6 +391,62 @@ mod tests {
         assert_ne!(
             set(split.examples.clone()).fingerprint(),
             set(other).fingerprint()
+        );
+    }
+
+    #[test]
+    fn a_key_an_example_does_not_have_is_refused_naming_file_line_and_key() {
+        let dir = crate::testdir::TestDir::new("labelled-keys");
+        std::fs::write(dir.path().join("labels.json"), r#"["no", "yes"]"#).unwrap();
+        let good = "{\"label\": 1, \"text\": \"a\", \"text_pair\": \"b\"}\n";
+        for split in ["train", "val", "test"] {
+            std::fs::write(dir.path().join(format!("{split}.jsonl")), good).unwrap();
+        }
+        assert!(LabelledSet::load(dir.path()).unwrap().has_pairs());
+        for key in ["text_piar", "textpair", "id"] {
+            let line = format!("{{\"label\": 0, \"text\": \"a\", \"{key}\": \"b\"}}\n");
+            std::fs::write(dir.path().join("val.jsonl"), format!("{good}\n{line}")).unwrap();
+            let e = LabelledSet::load(dir.path()).err().expect(key).to_string();
+            assert!(
+                e.contains("val.jsonl line 3") && e.contains(&format!("unknown field `{key}`")),
+                "{e}"
+            );
+            assert!(e.contains("`text_pair`"), "the keys it may hold: {e}");
+        }
+    }
+
+    #[test]
+    fn a_pair_and_a_text_holding_the_old_separator_have_two_fingerprints() {
+        let set = |text: &str, text_pair: Option<&str>| LabelledSet {
+            labels: vec!["a".into(), "b".into()],
+            train: Labelled {
+                examples: vec![Example {
+                    label: 0,
+                    text: text.into(),
+                    text_pair: text_pair.map(String::from),
+                }],
+            },
+            val: Labelled { examples: vec![] },
+            test: Labelled { examples: vec![] },
+        };
+        let pair = set("A", Some("B"));
+        let joined = set("A\x1dB", None);
+        assert_ne!(pair.fingerprint(), joined.fingerprint());
+        // the fingerprint before lengths could not tell them apart
+        assert_eq!(
+            pair.fingerprint_before_lengths(),
+            joined.fingerprint_before_lengths()
+        );
+        // nor a label's name from the text after it
+        let moved = LabelledSet {
+            labels: vec!["a".into(), "b\t0\tA".into()],
+            ..set("", None)
+        };
+        assert_ne!(moved.fingerprint(), set("A", None).fingerprint());
+        // an empty second text is none, as it is encoded
+        assert_eq!(
+            set("A", Some("")).fingerprint(),
+            set("A", None).fingerprint()
         );
     }
 

@@ -7,10 +7,12 @@
 //! split on whitespace and split off punctuation (ASCII's and every Unicode
 //! category P*), then cut each word into the longest vocabulary pieces from
 //! the left (`##` marks a piece inside a word); a word that cannot be cut,
-//! or longer than 100 characters, is `[UNK]`. A folder's
-//! `tokenizer_config.json` says which of those steps a model takes
+//! or longer than 100 characters, is `[UNK]`; a special token written in
+//! the text is kept whole. A folder's `tokenizer_config.json` (or, without
+//! one, its `tokenizer.json`) says which of those steps a model takes
 //! ([`Normalizer`]).
 
+use super::MAX_VOCAB;
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::path::Path;
@@ -46,30 +48,64 @@ impl Normalizer {
         *self == Self::default()
     }
 
-    /// As `dir`'s `tokenizer_config.json` says; the default without one.
+    /// As `dir`'s `tokenizer_config.json` says; where it has none, as its
+    /// `tokenizer.json`'s `BertNormalizer` says (what `AutoTokenizer`
+    /// reads then); the default without either.
     pub fn of_folder(dir: &Path) -> Result<Self> {
-        let path = dir.join("tokenizer_config.json");
-        if !path.exists() {
-            return Ok(Self::default());
+        let config = dir.join("tokenizer_config.json");
+        let tokenizer = dir.join("tokenizer.json");
+        if config.exists() {
+            Self::of_config(&config)
+        } else if tokenizer.exists() {
+            Self::of_tokenizer_json(&tokenizer)
+        } else {
+            Ok(Self::default())
         }
-        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-        let json: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| Error::Input(format!("{}: {e}", path.display())))?;
-        let flag = |key: &str| -> Result<Option<bool>> {
-            match json.get(key) {
-                None | Some(serde_json::Value::Null) => Ok(None),
-                Some(serde_json::Value::Bool(b)) => Ok(Some(*b)),
-                Some(other) => Err(Error::Input(format!(
-                    "{}: {key} is {other}; it must be true, false or null",
-                    path.display()
-                ))),
-            }
-        };
+    }
+
+    /// As a `tokenizer_config.json` says (`do_lower_case`,
+    /// `strip_accents`, `tokenize_chinese_chars`).
+    fn of_config(path: &Path) -> Result<Self> {
+        let json = read_json(path)?;
         let default = Self::default();
         Ok(Normalizer {
-            lowercase: flag("do_lower_case")?.unwrap_or(default.lowercase),
-            strip_accents: flag("strip_accents")?,
-            chinese_chars: flag("tokenize_chinese_chars")?.unwrap_or(default.chinese_chars),
+            lowercase: json_flag(&json, "do_lower_case", path)?.unwrap_or(default.lowercase),
+            strip_accents: json_flag(&json, "strip_accents", path)?,
+            chinese_chars: json_flag(&json, "tokenize_chinese_chars", path)?
+                .unwrap_or(default.chinese_chars),
+        })
+    }
+
+    /// As a Hugging Face `tokenizer.json`'s `normalizer` says, which must
+    /// be BERT's (`BertNormalizer`: `lowercase`, `strip_accents`,
+    /// `handle_chinese_chars`, and `clean_text`, which this tokenizer always
+    /// does); a file without a `model` is not Hugging Face's and says
+    /// nothing.
+    fn of_tokenizer_json(path: &Path) -> Result<Self> {
+        let json = read_json(path)?;
+        if json.get("model").is_none() {
+            return Ok(Self::default());
+        }
+        let normalizer = &json["normalizer"];
+        let kind = normalizer["type"].as_str();
+        let clean = json_flag(normalizer, "clean_text", path)?;
+        if kind != Some("BertNormalizer") || clean == Some(false) {
+            let what = match kind {
+                Some("BertNormalizer") => "a BertNormalizer with clean_text false".to_string(),
+                Some(other) => format!("a {other}"),
+                None => format!("{normalizer}"),
+            };
+            return Err(Error::Input(format!(
+                "{}: its normalizer is {what}; a BERT's WordPiece here normalizes as                  BertNormalizer (clean_text true): write a tokenizer_config.json beside it                  (do_lower_case, strip_accents, tokenize_chinese_chars) to say which steps it takes",
+                path.display()
+            )));
+        }
+        let default = Self::default();
+        Ok(Normalizer {
+            lowercase: json_flag(normalizer, "lowercase", path)?.unwrap_or(default.lowercase),
+            strip_accents: json_flag(normalizer, "strip_accents", path)?,
+            chinese_chars: json_flag(normalizer, "handle_chinese_chars", path)?
+                .unwrap_or(default.chinese_chars),
         })
     }
 
@@ -90,6 +126,24 @@ impl Normalizer {
                 "not spaced"
             }
         )
+    }
+}
+
+/// A JSON file of a tokenizer's settings.
+fn read_json(path: &Path) -> Result<serde_json::Value> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    serde_json::from_str(&text).map_err(|e| Error::Input(format!("{}: {e}", path.display())))
+}
+
+/// `json`'s `key` of the file `path`: true, false, or unset (absent or null).
+fn json_flag(json: &serde_json::Value, key: &str, path: &Path) -> Result<Option<bool>> {
+    match json.get(key) {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::Bool(b)) => Ok(Some(*b)),
+        Some(other) => Err(Error::Input(format!(
+            "{}: {key} is {other}; it must be true, false or null",
+            path.display()
+        ))),
     }
 }
 
@@ -162,7 +216,7 @@ impl WordPiece {
     }
 
     /// A Hugging Face folder's tokenizer: its `vocab.txt`, normalized as
-    /// its `tokenizer_config.json` says ([`Normalizer::of_folder`]).
+    /// the folder says ([`Normalizer::of_folder`]).
     pub fn from_folder(dir: &Path) -> Result<Self> {
         let normalizer = Normalizer::of_folder(dir)?;
         Ok(Self::from_vocab_file(&dir.join("vocab.txt"))?.with_normalizer(normalizer))
@@ -239,13 +293,37 @@ impl WordPiece {
         }
     }
 
-    /// The ids of `text`'s pieces, without `[CLS]` / `[SEP]`.
+    /// The ids of `text`'s pieces, without `[CLS]` / `[SEP]` around them.
+    /// A special token written in the text ([`SPECIAL`], exactly so: case
+    /// and all) is its own id, as `transformers` keeps its special tokens
+    /// whole; the text on each side of one is tokenized alone.
     pub fn encode(&self, text: &str) -> Vec<u32> {
+        let specials = [self.pad, self.unk, self.cls, self.sep, self.mask];
         let mut ids = Vec::new();
-        for word in basic_tokens(text, self.normalizer) {
-            self.word_pieces(&word, &mut ids);
+        let mut start = 0;
+        for (at, _) in text.match_indices('[') {
+            if at < start {
+                continue;
+            }
+            let found = SPECIAL
+                .iter()
+                .zip(specials)
+                .find(|(t, _)| text[at..].starts_with(**t));
+            if let Some((token, id)) = found {
+                self.encode_words(&text[start..at], &mut ids);
+                ids.push(id);
+                start = at + token.len();
+            }
         }
+        self.encode_words(&text[start..], &mut ids);
         ids
+    }
+
+    /// The pieces of the words of a text without special tokens.
+    fn encode_words(&self, text: &str, ids: &mut Vec<u32>) {
+        for word in basic_tokens(text, self.normalizer) {
+            self.word_pieces(&word, ids);
+        }
     }
 
     /// `[CLS] pieces [SEP]`, cut to `max_len` (keeping the `[SEP]`), as a
@@ -447,8 +525,18 @@ pub const SPECIAL: [&str; 5] = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"];
 /// `MAX_WORD`, which is not learned from), then the merges in the order
 /// they were made. Fewer tokens result where nothing is left to merge (a
 /// note says so); a `size` below the special tokens and the characters is
-/// refused, and so is a text without a word to learn from.
+/// refused, and so is a text without a word to learn from. A `size` past
+/// [`MAX_VOCAB`] (16-bit token ids) is refused before the text is read,
+/// and so is a text with more characters than that holds: no vocabulary
+/// of either could be used, and each merge scans every pair of pieces,
+/// so learning one took minutes before it was refused.
 pub fn learn(text: &str, size: usize) -> Result<WordPiece> {
+    if size > MAX_VOCAB {
+        return Err(Error::Config(format!(
+            "--vocab-size {size}: token ids are stored as 16-bit numbers (llm.c's shard \
+             format), which hold at most {MAX_VOCAB} tokens"
+        )));
+    }
     let mut counts: HashMap<String, u64> = HashMap::new();
     // a longer word is one [UNK] however it is split: nothing to learn
     for w in basic_tokens(text, Normalizer::default()) {
@@ -485,6 +573,16 @@ pub fn learn(text: &str, size: usize) -> Result<WordPiece> {
         .collect();
     alphabet.sort();
     alphabet.dedup();
+    if SPECIAL.len() + alphabet.len() > MAX_VOCAB {
+        return Err(Error::Input(format!(
+            "the text's {} characters (as first and as continuing pieces) and the {} special \
+             tokens are more than the {MAX_VOCAB} tokens 16-bit token ids hold: no WordPiece \
+             vocabulary learned from it fits; give a text with fewer distinct characters, or \
+             prepare it with --tokenizer gpt2",
+            alphabet.len(),
+            SPECIAL.len()
+        )));
+    }
     if size < SPECIAL.len() + alphabet.len() {
         return Err(Error::Config(format!(
             "--vocab-size {size} cannot hold the {} special tokens and the text's {} \
@@ -549,7 +647,7 @@ pub fn learn(text: &str, size: usize) -> Result<WordPiece> {
             splits[w] = new;
         }
         // a piece two merges spell alike stays one token (`intern`)
-        merges.pairs.remove(&(a, b));
+        merges.forget((a, b));
     }
     if SPECIAL.len() + names.len() < size {
         crate::errln!(
@@ -563,12 +661,19 @@ pub fn learn(text: &str, size: usize) -> Result<WordPiece> {
 }
 
 /// The training state: how often each piece and each adjacent pair occurs
-/// over the corpus (weighted by the words' counts), and the words each
-/// pair occurs in (possibly more than are left: checked on merging).
+/// over the corpus (weighted by the words' counts), the pairs by count,
+/// and the words each pair occurs in (possibly more than are left: checked
+/// on merging).
 #[derive(Default)]
 struct Merges {
     pieces: HashMap<u32, i64>,
+    /// The pieces' counts together.
+    total: i64,
     pairs: HashMap<(u32, u32), i64>,
+    /// (count, pair) of every pair in `pairs`: [`Merges::best`] reads
+    /// them from the most frequent down and stops where no pair left can
+    /// gain as much as the best so far.
+    by_count: std::collections::BTreeSet<(i64, (u32, u32))>,
     words: HashMap<(u32, u32), Vec<usize>>,
 }
 
@@ -578,37 +683,67 @@ impl Merges {
         for &p in split {
             *self.pieces.entry(p).or_default() += n;
         }
+        self.total += n * split.len() as i64;
         for pair in split.windows(2) {
             let pair = (pair[0], pair[1]);
             let c = self.pairs.entry(pair).or_default();
+            self.by_count.remove(&(*c, pair));
             *c += n;
             if *c <= 0 {
                 self.pairs.remove(&pair);
-            } else if n > 0 {
-                self.words.entry(pair).or_default().push(w);
+            } else {
+                self.by_count.insert((*c, pair));
+                if n > 0 {
+                    self.words.entry(pair).or_default().push(w);
+                }
             }
+        }
+    }
+
+    /// Forgets `pair` (merged: none is left to merge again).
+    fn forget(&mut self, pair: (u32, u32)) {
+        if let Some(c) = self.pairs.remove(&pair) {
+            self.by_count.remove(&(c, pair));
         }
     }
 
     /// The pair to merge next: the highest likelihood gain, count(ab)
     /// ln(count(ab) n / (count(a) count(b))), then the higher count(ab),
-    /// then the names that sort first.
+    /// then the names that sort first. A pair seen c times gains at most
+    /// c ln(n / c) (each of its pieces is seen at least c times), which
+    /// falls with c below n / e: read from the most frequent down, the
+    /// pairs past the first whose bound is under the best gain found
+    /// cannot win, and are not scored (scoring every pair at every merge
+    /// took minutes for a vocabulary of tens of thousands).
     fn best(&self, names: &[String]) -> Option<(u32, u32)> {
-        let total: i64 = self.pieces.values().sum();
+        let total = self.total as f64;
         let score = |(a, b): (u32, u32), n: i64| {
             let (n, fa, fb) = (n as f64, self.pieces[&a] as f64, self.pieces[&b] as f64);
-            n * (n * total as f64 / (fa * fb)).ln()
+            n * (n * total / (fa * fb)).ln()
         };
-        self.pairs
-            .iter()
-            .map(|(&pair, &n)| (pair, n, score(pair, n)))
-            .max_by(|x, y| {
-                x.2.total_cmp(&y.2).then(x.1.cmp(&y.1)).then_with(|| {
-                    let name = |p: (u32, u32)| (&names[p.0 as usize], &names[p.1 as usize]);
-                    name(y.0).cmp(&name(x.0))
-                })
-            })
-            .map(|(pair, ..)| pair)
+        let name = |p: (u32, u32)| (&names[p.0 as usize], &names[p.1 as usize]);
+        let mut best: Option<((u32, u32), i64, f64)> = None;
+        for &(n, pair) in self.by_count.iter().rev() {
+            if let Some((_, _, top)) = best {
+                let c = n as f64;
+                let bound = c * (total / c).ln();
+                // a margin for rounding: the bound and a score are computed apart
+                if c < total / std::f64::consts::E && bound + 1e-9 * (bound.abs() + 1.0) < top {
+                    break;
+                }
+            }
+            let x = (pair, n, score(pair, n));
+            let wins = best.is_none_or(|y| {
+                x.2.total_cmp(&y.2)
+                    .then(x.1.cmp(&y.1))
+                    .then_with(|| name(y.0).cmp(&name(x.0)))
+                    .is_gt()
+            });
+            if wins {
+                best = Some(x);
+            }
+        }
+        best.map(|(pair, ..)| pair)
     }
 }
 
@@ -630,6 +765,32 @@ mod tests {
         let err = learn(&"x".repeat(200_000), 100).err().unwrap().to_string();
         assert!(err.contains("no word of at most 100"), "{err}");
         assert!(started.elapsed().as_secs() < 5);
+    }
+
+    /// More tokens than 16-bit ids hold, asked for or needed for the
+    /// text's characters, are refused at once: learning them ran merges
+    /// for minutes before the shards refused the result.
+    #[test]
+    fn a_vocabulary_past_16_bit_ids_is_refused_before_learning() {
+        let started = std::time::Instant::now();
+        let err = learn(&course(), MAX_VOCAB + 1).err().unwrap().to_string();
+        assert!(
+            err.contains("--vocab-size 65537") && err.contains("at most 65536 tokens"),
+            "{err}"
+        );
+        // 66,000 ideographs, each a word of its own: 66,005 tokens at least
+        let text: String = (0x3400..0x4DC0)
+            .chain(0x4E00..0xA000)
+            .chain(0x20000..)
+            .filter_map(char::from_u32)
+            .take(66_000)
+            .collect();
+        let err = learn(&text, MAX_VOCAB).err().unwrap().to_string();
+        assert!(
+            err.contains("text's 66000 characters") && err.contains("more than the 65536"),
+            "{err}"
+        );
+        assert!(started.elapsed().as_secs() < 10);
     }
 
     #[test]
@@ -776,7 +937,7 @@ mod tests {
         let text = std::fs::read_to_string(dir.join("ids.json")).unwrap();
         let fixture: serde_json::Value = serde_json::from_str(&text).unwrap();
         let cases = fixture["cases"].as_array().unwrap();
-        assert!(cases.len() >= 14);
+        assert!(cases.len() >= 15);
         let cased = Normalizer {
             lowercase: false,
             ..Normalizer::default()
@@ -853,6 +1014,72 @@ mod tests {
             err.contains("tokenizer_config.json") && err.contains("do_lower_case"),
             "{err}"
         );
+    }
+
+    /// A folder with tokenizer.json and no tokenizer_config.json
+    /// normalizes as its BertNormalizer says: what `transformers`'
+    /// AutoTokenizer (5.24) made of "Hello Café 世界" from such folders,
+    /// each saved by BertTokenizer with the steps named and its
+    /// tokenizer_config.json removed.
+    #[test]
+    fn a_folder_with_only_tokenizer_json_normalizes_as_its_bert_normalizer() {
+        let toks = [
+            "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello", "Hello", "cafe", "café", "Café",
+            "Cafe", "世界", "世", "界",
+        ];
+        let dir = crate::testdir::TestDir::new("wordpiece-tokenizer-json");
+        std::fs::write(dir.path().join("vocab.txt"), toks.join("\n")).unwrap();
+        let encode = |normalizer: &str| {
+            let json =
+                format!(r#"{{"model": {{"type": "WordPiece"}}, "normalizer": {normalizer}}}"#);
+            std::fs::write(dir.path().join("tokenizer.json"), json).unwrap();
+            WordPiece::from_folder(dir.path())
+                .map(|wp| {
+                    wp.encode("Hello Café 世界")
+                        .iter()
+                        .map(|&i| toks[i as usize])
+                        .collect::<Vec<_>>()
+                })
+                .map_err(|e| e.to_string())
+        };
+        let bert = |lower: &str, strip: &str, cjk: &str| {
+            format!(
+                r#"{{"type": "BertNormalizer", "clean_text": true, "handle_chinese_chars": {cjk}, "strip_accents": {strip}, "lowercase": {lower}}}"#
+            )
+        };
+        assert_eq!(
+            encode(&bert("false", "null", "true")).unwrap(),
+            ["Hello", "Café", "世", "界"]
+        );
+        assert_eq!(
+            encode(&bert("true", "false", "true")).unwrap(),
+            ["hello", "café", "世", "界"]
+        );
+        assert_eq!(
+            encode(&bert("false", "true", "false")).unwrap(),
+            ["Hello", "Cafe", "世界"]
+        );
+        assert_eq!(
+            encode(&bert("true", "null", "true")).unwrap(),
+            ["hello", "cafe", "世", "界"]
+        );
+        // a tokenizer_config.json, where there is one, says
+        std::fs::write(dir.path().join("tokenizer_config.json"), "{}").unwrap();
+        assert_eq!(
+            encode(&bert("false", "null", "true")).unwrap(),
+            ["hello", "cafe", "世", "界"]
+        );
+        std::fs::remove_file(dir.path().join("tokenizer_config.json")).unwrap();
+        // other normalizers are refused, by name
+        let err = encode(r#"{"type": "Lowercase"}"#).unwrap_err();
+        assert!(
+            err.contains("tokenizer.json: its normalizer is a Lowercase"),
+            "{err}"
+        );
+        let err = encode("null").unwrap_err();
+        assert!(err.contains("its normalizer is null"), "{err}");
+        let err = encode(&bert("\"yes\"", "null", "true")).unwrap_err();
+        assert!(err.contains("lowercase is \"yes\""), "{err}");
     }
 
     #[test]

@@ -235,6 +235,12 @@ impl<B: Backend> Task<B> for ClassifyTask {
         &self.fingerprint
     }
 
+    /// A run before the set's fingerprint prefixed lengths recorded it
+    /// otherwise; it is still resumed on its own set.
+    fn trained_on(&self, recorded: &str) -> bool {
+        recorded == self.fingerprint || recorded == self.set.fingerprint_before_lengths()
+    }
+
     fn initial_params(&self, _cfg: &TrainConfig, _backend: &B) -> Result<Vec<f32>> {
         Ok(self.init.clone())
     }
@@ -646,6 +652,22 @@ mod tests {
             .to_string();
         assert!(err.contains("--seq-len 2 must be between 3"), "{err}");
         assert!(evaluate_folder(cpu(), &model, &data, (2, 3), 1).is_ok());
+    }
+
+    /// A run recorded its set's fingerprint before lengths were part of it
+    /// (8c6c16355039b0ce: what `train --task classify` at 8feae7d wrote in
+    /// its checkpoint's index.json for this fixture): it is still its data.
+    #[test]
+    fn a_fingerprint_recorded_before_lengths_is_still_the_sets() {
+        let fixture =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/reference_runs/classify");
+        let task =
+            ClassifyTask::new(&fixture.join("init"), &fixture.join("data"), None, 12, 3).unwrap();
+        let task: &dyn Task<crate::backend::cpu::Cpu> = &task;
+        assert_ne!(task.fingerprint(), "8c6c16355039b0ce");
+        assert!(task.trained_on("8c6c16355039b0ce"));
+        assert!(task.trained_on(task.fingerprint()));
+        assert!(!task.trained_on("8c6c16355039b0cf"));
     }
 
     /// The classifier's stream over several epochs: each epoch holds every

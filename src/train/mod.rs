@@ -470,7 +470,7 @@ fn restore<B: Backend>(
             task.data_name(),
         )));
     }
-    if ckpt.index.data != task.fingerprint() {
+    if !task.trained_on(&ckpt.index.data) {
         return Err(bad(format!(
             "was trained on other data than {} (fingerprint {} vs {}): resume with the run's own data, or start a new run with --init-from",
             task.data_name(),

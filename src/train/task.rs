@@ -83,6 +83,12 @@ pub trait Task<B: Backend>: Sync {
     /// tokenizer and the data's fingerprint.
     fn tokenizer(&self) -> TokenizerSpec;
     fn fingerprint(&self) -> &str;
+    /// Whether `recorded`, a checkpoint's fingerprint of its data, is of
+    /// this task's data: [`Task::fingerprint`], or what an older version
+    /// recorded of the same data.
+    fn trained_on(&self, recorded: &str) -> bool {
+        recorded == self.fingerprint()
+    }
     /// The whole model a new run starts from (a fresh initialisation by
     /// `cfg.seed`, or pretrained weights).
     fn initial_params(&self, cfg: &TrainConfig, backend: &B) -> Result<Vec<f32>>;
