@@ -95,16 +95,6 @@ fn eval_masked_lm<B: Backend + 'static>(
     Ok(())
 }
 
-/// The record of the run `model` is, or is a checkpoint of.
-fn run_record(model: &Path) -> Option<train::run_dir::RunRecord> {
-    train::run_dir::read_record(model).ok().or_else(|| {
-        model
-            .parent()?
-            .parent()
-            .and_then(|run| train::run_dir::read_record(run).ok())
-    })
-}
-
 /// `eval` of a BERT classifier: its test split's loss, accuracy and F1, at
 /// the sequence length its run trained and scored at unless --seq-len says.
 fn eval_classifier<B: Backend + 'static>(
@@ -113,9 +103,10 @@ fn eval_classifier<B: Backend + 'static>(
     given: &[String],
     block: usize,
 ) -> Result<()> {
-    // the labelled set the run recorded, unless another is given
-    let recorded = run_record(&a.model).and_then(|r| r.train.data);
-    let Some(data) = a.data.as_ref().or(recorded.as_ref()) else {
+    // the labelled set and sequence length the run recorded, unless given
+    let record = run_record(&a.model).filter(|r| r.task == TaskKind::Classify);
+    let recorded_data = record.as_ref().and_then(|r| r.train.data.clone());
+    let Some(data) = a.data.as_ref().or(recorded_data.as_ref()) else {
         bail!(
             "{} is a BERT classifier without a run record naming its data: give --data, a labelled set (its test split is scored)",
             a.model.display()
@@ -126,9 +117,7 @@ fn eval_classifier<B: Backend + 'static>(
             bail!("--{flag} is for language models: a BERT classifier is scored on the whole test split in fp32");
         }
     }
-    let recorded = run_record(&a.model)
-        .filter(|r| r.task == TaskKind::Classify)
-        .map(|r| r.train.seq_len);
+    let recorded = record.map(|r| r.train.seq_len);
     let t = a
         .seq_len
         .or(recorded)
