@@ -62,6 +62,26 @@ const TINY: Shape = Shape {
     vocab_rows: 128.0,
 };
 
+/// `bert-tiny`: 2 blocks of 2 heads, 128 wide, F 512, a 2-way classifier.
+const BERT_TINY: Shape = Shape {
+    layers: 2.0,
+    width: 128.0,
+    hidden: 512.0,
+    vocab_rows: 30_528.0,
+};
+
+/// The matmul weights a token of bert-tiny's classifier meets at t
+/// positions (BERT's count has no biases or layer norms): query, key,
+/// value and output (4C^2) and the feed-forward (2CF) of each block but
+/// the last, whose query, key and value run on every row (the first row
+/// attends to them all) and output and feed-forward on the first row
+/// alone, as the pooler (C x C) and classifier (C x 2) do.
+fn bert_tiny_classifier_weights(t: f64) -> f64 {
+    let (l, c, f) = (BERT_TINY.layers, BERT_TINY.width, BERT_TINY.hidden);
+    let last = 3.0 * c * c + (c * c + 2.0 * c * f) / t;
+    (l - 1.0) * (4.0 * c * c + 2.0 * c * f) + last + (c * c + 2.0 * c) / t
+}
+
 /// GPT-2's parameters a token meets: per block ln_1 (2C), c_attn (C x 3C
 /// and 3C), attn.c_proj (C x C and C), ln_2 (2C), mlp.c_fc (C x 4C and
 /// 4C), mlp.c_proj (4C x C and C); ln_f (2C); the token embedding once,
@@ -170,21 +190,9 @@ fn bench_prints_palms_flops_and_the_mfu_they_give_for_every_family() {
         check(&row, palm_flops(blocks + head, &bert, t), what);
     }
 
-    // bert-tiny's classifier (2 x 128, F 512, 2 labels): its last block's
-    // query, key and value run on every row (the first row attends to
-    // them all), its output and feed-forward on the first row alone, as
-    // the pooler (C x C) and classifier (C x 2) do
-    let (l, c, f) = (2.0, 128.0, 512.0);
-    let tiny_bert = Shape {
-        layers: l,
-        width: c,
-        hidden: f,
-        vocab_rows: 30_528.0,
-    };
-    let last = 3.0 * c * c + (c * c + 2.0 * c * f) / t;
-    let weights = (l - 1.0) * (4.0 * c * c + 2.0 * c * f) + last + (c * c + 2.0 * c) / t;
     let row = bench(&["--model", "bert-tiny"], 16, &[]);
-    check(&row, palm_flops(weights, &tiny_bert, t), "bert classify");
+    let want = palm_flops(bert_tiny_classifier_weights(t), &BERT_TINY, t);
+    check(&row, want, "bert classify");
 }
 
 /// The kernels' own products, counted by `bench --profile` from the shapes
@@ -212,15 +220,13 @@ fn the_kernels_products_add_up_to_the_hand_count() {
         "gpt2 tiny's kernels",
     );
 
-    let (l, c, f, t) = (2.0, 128.0, 512.0, 16.0);
-    let last = 3.0 * c * c + (c * c + 2.0 * c * f) / t;
-    let weights = (l - 1.0) * (4.0 * c * c + 2.0 * c * f) + last + (c * c + 2.0 * c) / t;
     // and one product the count leaves out as a lookup: the token types'
     // one-hot rows times their embeddings (2 x C), forward and the
     // weight's gradient (the one-hot input has none)
+    let (c, t) = (BERT_TINY.width, 16.0);
     let types = 2.0 * 2.0 * c + 2.0 * 2.0 * c;
     let row = bench(&["--model", "bert-tiny"], 16, &["--profile"]);
-    let want = 6.0 * weights + 12.0 * l * c * t + types;
+    let want = palm_flops(bert_tiny_classifier_weights(t), &BERT_TINY, t) + types;
     close(kernel_flops(&row), want, "bert classify's kernels");
 }
 
