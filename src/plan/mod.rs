@@ -521,10 +521,16 @@ pub fn predict(
             acc * ga(g_bytes + tied_again, calls + 1) + ga(p_bytes, calls),
             dpf * (acc * (g_bytes + tied_again) + p_bytes),
         ),
-        StrategyKind::Fsdp => (
-            acc * (2.0 * ga(p_bytes, calls) + ga(g_bytes + tied_again, calls + 1)),
-            acc * dpf * (2.0 * p_bytes + g_bytes + tied_again),
-        ),
+        StrategyKind::Fsdp => {
+            let gathered = match pp {
+                1 => pb * fsdp_gathered(&layout, w.grad_accum, dp),
+                _ => acc * 2.0 * p_bytes,
+            };
+            (
+                ga(gathered, 2 * calls * w.grad_accum) + acc * ga(g_bytes + tied_again, calls + 1),
+                dpf * (gathered + acc * (g_bytes + tied_again)),
+            )
+        }
     };
     let stream = rows * m.n_embd() as f64 * precision.activation_bytes();
     if pp > 1 {
@@ -625,6 +631,29 @@ pub fn predict(
         time,
         tokens_per_s,
     }
+}
+
+/// Elements an fsdp rank of one stage gathers a step over `acc`
+/// micro-batches: each unit for its forward and again for its backward
+/// (ZeRO-3's 2 x acc), less what a gather buffer still holds. The unit a
+/// tied tensor lives in has a buffer of its own and is gathered once a
+/// step; the others share one, where the last unit stays from its forward
+/// to its backward and the first from one micro-batch's backward to the
+/// next's forward. Each is padded to a multiple of the `dp` ranks.
+fn fsdp_gathered(layout: &ParamLayout, acc: usize, dp: usize) -> f64 {
+    let padded = |u: &crate::model::layout::Unit| u.range.len().div_ceil(dp) * dp;
+    let tied = layout.units.iter().find_map(|u| u.tied.as_ref());
+    let shared: Vec<usize> = (layout.units.iter().enumerate())
+        .filter(|(i, _)| tied.is_none_or(|t| t.unit != *i))
+        .map(|(_, u)| padded(u))
+        .collect();
+    let (first, last) = match (shared.first(), shared.last()) {
+        (Some(&f), Some(&l)) => (f as f64, l as f64),
+        _ => (0.0, 0.0),
+    };
+    let once = tied.map_or(0, |t| padded(&layout.units[t.unit])) as f64;
+    let a = acc as f64;
+    once + a * (2.0 * shared.iter().sum::<usize>() as f64 - last) - (a - 1.0) * first
 }
 
 /// The divisors of `n`, ascending: 2,520's 48, 131,072's 18.
