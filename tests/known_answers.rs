@@ -416,3 +416,79 @@ fn each_strategys_volume_is_the_papers_and_what_thread_ranks_send() {
     // but interleaved (4 blocks in 4 stages have no second chunk)
     assert_eq!(checked.len(), 15, "{checked:?}");
 }
+
+/// Megatron-LM's all-reduces for a BERT classifier over tp 2, whose last
+/// block runs on one row a sequence after its attention: there the
+/// attention output's and feed-forward's forward all-reduces (and their
+/// second run under recomputation) and the feed-forward's input-gradient
+/// all-reduce carry b rows, not b s; only the query, key and value's
+/// input gradient carries every row. `plan`'s figure and what the two
+/// thread ranks send against it (besides the step's scalars).
+#[test]
+fn a_classifiers_last_block_reduces_one_row_a_sequence_under_tp() {
+    use distgpt::model::bert::{BertConfig, BertHead};
+    let (l, c) = (2.0, 64.0);
+    let cfg: ModelConfig = BertConfig {
+        n_layer: 2,
+        n_head: 4,
+        n_embd: 64,
+        n_inner: 256,
+        block_size: 32,
+        vocab_size: 200,
+        ..BertConfig::mini_lm(BertHead::Classify { labels: 3 })
+    }
+    .into();
+    let (b, t, acc) = (8usize, 32usize, 2usize);
+    let w = Workload {
+        model: cfg.clone(),
+        batch: b,
+        seq_len: t,
+        grad_accum: acc,
+        cpu_threads: None,
+    };
+    let device = Device::datasheet("h100", Precision::Fp32, 0.5).unwrap();
+    let net = Network::datasheet("h100").unwrap();
+    let spec = BenchSpec {
+        batch: b,
+        grad_accum: acc,
+        seq_len: t,
+        warmup: 0,
+        steps: 1,
+        show: false,
+        profile: false,
+    };
+    let (every_row, one_row) = ((b * t) as f64 * c * 4.0, b as f64 * c * 4.0);
+    // a ring all-reduce over 2 ranks sends 2 (2 - 1) / 2 of the buffer
+    let mut checked = 0;
+    let layouts = [false, true].map(|recompute| plan::layouts(&w, 2, recompute));
+    for par in layouts.into_iter().flatten() {
+        if par.resolved().tp != 2 {
+            continue;
+        }
+        let (per_layer, last_one_row) = match par.recompute {
+            true => (6.0, 5.0),
+            false => (4.0, 3.0),
+        };
+        let a_micro_batch = (l - 1.0) * per_layer * every_row + every_row + last_one_row * one_row;
+        let want = acc as f64 * a_micro_batch;
+        let planned = plan::predict(&w, par, &device, &net, Precision::Fp32)
+            .time
+            .comm_bytes;
+        close(planned, want, &par.layout_name());
+        let ranks = launch::run_local(2, 2, Duration::from_secs(120), |comm| {
+            bench_rank(Cpu::new(), &cfg, par, spec, comm.as_ref())
+        })
+        .unwrap();
+        let sent = ranks[0]
+            .iter()
+            .map(|r| r.comm_bytes_per_step)
+            .fold(0.0, f64::max);
+        assert!(
+            (want..want + 256.0).contains(&sent),
+            "{}: the busiest rank sent {sent}, {want} by hand",
+            par.layout_name()
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 2, "tp x2, with and without recomputation");
+}

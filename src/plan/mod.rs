@@ -563,9 +563,11 @@ pub fn predict(
     if tp > 1 {
         // Megatron's f/g: two all-reduces of the (rows, C) stream per layer
         // forward, two backward, two more when the forward is recomputed.
+        // (a classifier's last block makes some on one row a sequence)
         let per_layer = if par.recompute { 6 } else { 4 };
         let n = per_layer * m.n_layer().div_ceil(pp);
-        let bytes = n as f64 * stream;
+        let one_row = m.last_block_one_row_reduces(par.recompute) as f64;
+        let bytes = n as f64 * stream - one_row * stream * (1.0 - 1.0 / w.seq_len as f64);
         comm_s += acc * collective_s(Collective::AllReduce, tp, bytes, n, tp_link);
         comm_bytes += acc * 2.0 * (tp as f64 - 1.0) / tp as f64 * bytes;
     }
