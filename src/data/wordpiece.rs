@@ -889,6 +889,42 @@ mod tests {
         assert!(err.contains("give at least 12"), "{err}");
     }
 
+    /// A corpus on which the likelihood rule, frequency alone (BPE's rule)
+    /// and the course's score each merge a different pair first, worked
+    /// out by hand. Words: "a" x60, "ab" x20, "xq" x10, "zk" x1; pieces
+    /// a 80, ##b 20, x 10, ##q 10, z 1, ##k 1 (n = 122); pairs a ##b 20,
+    /// x ##q 10, z ##k 1.
+    /// - frequency: a ##b (20 times);
+    /// - the course's count(ab) / (count(a) count(b)): a ##b 20 / 1,600 =
+    ///   0.0125, x ##q 10 / 100 = 0.1, z ##k 1 / 1 = 1: z ##k;
+    /// - the gain count(ab) ln(count(ab) n / (count(a) count(b))): a ##b
+    ///   20 ln(2,440 / 1,600) = 8.44, x ##q 10 ln(1,220 / 100) = 25.0,
+    ///   z ##k ln 122 = 4.80: x ##q.
+    ///
+    /// Then, of 112 pieces, a ##b gains 20 ln(2,240 / 1,600) = 6.73 and
+    /// z ##k ln 112 = 4.72: ab; then z ##k (ln 92). Frequency would have
+    /// merged ab, xq, zk; the course's score zk, xq, ab.
+    #[test]
+    fn the_likelihood_rule_merges_neither_the_most_frequent_nor_the_courses_pair() {
+        let corpus = [("a", 60), ("ab", 20), ("xq", 10), ("zk", 1)]
+            .iter()
+            .flat_map(|&(w, n)| std::iter::repeat_n(w, n))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let learned = |size| -> Vec<String> {
+            let wp = learn(&corpus, size).unwrap();
+            wp.vocab_text()
+                .lines()
+                .skip(SPECIAL.len())
+                .map(String::from)
+                .collect()
+        };
+        let alphabet = ["##b", "##k", "##q", "a", "x", "z"];
+        assert_eq!(learned(11), alphabet);
+        assert_eq!(learned(12)[6..], ["xq"]);
+        assert_eq!(learned(14)[6..], ["xq", "ab", "zk"]);
+    }
+
     #[test]
     fn a_learned_vocabulary_covers_every_character_and_is_the_same_every_time() {
         let text = "Élan, naïve café-goers! 世界 \"Quoth\" the raven; nevermore... 42 times, 4242.";

@@ -95,6 +95,14 @@ pub trait Family: fmt::Debug + fmt::Display + Send + Sync + 'static {
     fn recomputed_unsplit_share(&self, _rows: usize) -> f64 {
         0.0
     }
+    /// Of a tensor-parallel block's all-reduces of its (rows, C) stream
+    /// (two forward, two backward, two more when the forward is
+    /// recomputed), how many the last block makes on one row a sequence
+    /// instead of every row (BERT's classifier's: all but its query, key
+    /// and value's input gradient).
+    fn last_block_one_row_reduces(&self, _recompute: bool) -> usize {
+        0
+    }
     /// Its positions, blocks, width and heads.
     fn dims(&self) -> FamilyDims;
     /// Refuses a tensor-parallel size the family cannot split by.

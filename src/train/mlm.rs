@@ -477,6 +477,75 @@ pub fn mask_tokens(
 mod tests {
     use super::*;
 
+    /// No token of the validation split reaches a training batch, on each
+    /// task that trains on text (a language model's windows, a masked LM's,
+    /// pretraining's sentence pairs, whose unrelated halves are drawn from
+    /// a split) and each way a split is made (a text's last tenth, and
+    /// shards named by their split). The text's training part is made of
+    /// words the validation part never uses, so a token is its split's.
+    #[test]
+    fn no_validation_token_reaches_a_training_batch_or_pair() {
+        use crate::backend::cpu::Cpu;
+        use crate::data::wordpiece::{WordPiece, SPECIAL};
+        let (train_words, val_words) = (["to", "be", "or", "not"], ["is", "question"]);
+        let vocab = || {
+            let tokens = SPECIAL.iter().chain(&train_words).chain(&val_words);
+            WordPiece::new(tokens.map(|t| t.to_string()).collect()).unwrap()
+        };
+        let wp = vocab();
+        let val_ids: Vec<u32> = val_words.iter().map(|w| wp.encode(w)[0]).collect();
+        // 900 tokens, then 100: the validation split is the last tenth
+        let text = "to be or not ".repeat(225) + &"is question ".repeat(50);
+        let dir = crate::testdir::TestDir::new("no-val-in-train");
+        let (file, shards) = (dir.path().join("text.txt"), dir.path().join("shards"));
+        std::fs::write(&file, text).unwrap();
+        let tokenizer = || Tokenizer::WordPiece(Box::new(vocab()));
+        let from_text = Dataset::load_with(Some(&file), tokenizer()).unwrap();
+        crate::data::write_shards(&from_text, &shards).unwrap();
+        let from_shards = Dataset::load_with(Some(&shards), tokenizer()).unwrap();
+        let cfg = TrainConfig {
+            batch_size: 4,
+            seq_len: 8,
+            ..TrainConfig::default()
+        };
+        let shape = BertConfig::preset("bert-tiny").unwrap();
+        for ds in [&from_text, &from_shards] {
+            assert_eq!((ds.train.len(), ds.val.len()), (900, 100));
+            let lm = super::super::lm::LmTask {
+                model: crate::model::GptConfig::preset("tiny").unwrap().into(),
+                data: ds,
+            };
+            let mlm = MlmTask::new(&shape, ds, cfg.seq_len);
+            let pretrain = MlmTask::new(&shape, ds, cfg.seq_len).pretraining().unwrap();
+            let tasks: [&dyn Task<Cpu>; 3] = [&lm, &mlm, &pretrain];
+            for task in tasks {
+                let mut stream = task.train_stream(&cfg).unwrap();
+                // two epochs: every window, and some 200 pairs, half of
+                // them with a drawn second segment
+                for step in 0..2 * stream.batches_per_epoch() {
+                    let b = stream.next_batch(step);
+                    let seen: Vec<u32> = match task.kind() {
+                        // a window's tokens and the tokens that follow them
+                        TaskKind::Lm => b.inputs.iter().chain(&b.targets).copied().collect(),
+                        // a masked position's token is its target (its
+                        // input may be [MASK] or any token of the vocabulary)
+                        _ => (b.inputs.iter().zip(&b.targets))
+                            .map(|(&x, &y)| if y == IGNORE { x } else { y })
+                            .collect(),
+                    };
+                    for x in seen {
+                        assert!(
+                            !val_ids.contains(&x),
+                            "{}: validation token {x} ({}) in step {step}'s batch",
+                            task.kind(),
+                            wp.decode(&[x])
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     /// A pretraining folder evaluated at fewer positions than a sentence
     /// pair takes is refused in words (it once panicked on an overflow).
     #[test]

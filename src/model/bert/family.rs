@@ -92,6 +92,12 @@ impl Family for BertConfig {
     fn unsplit_flops_per_token(&self, t: usize) -> f64 {
         self.head_flops_per_token(t)
     }
+    fn last_block_one_row_reduces(&self, recompute: bool) -> usize {
+        match self.head {
+            BertHead::Classify { .. } => 3 + 2 * usize::from(recompute),
+            BertHead::Mlm | BertHead::Pretrain => 0,
+        }
+    }
     fn dims(&self) -> FamilyDims {
         FamilyDims {
             block_size: self.block_size,

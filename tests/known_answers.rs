@@ -1,0 +1,494 @@
+//! Figures the tool prints against answers worked out here by hand from
+//! the architecture and the published formulas, never from distgpt's own
+//! functions, so a wrong term that every path shares still fails: FLOPs a
+//! token and MFU (PaLM's count, as llm.c and nanoGPT take it) through
+//! `bench --json` and the kernels' own counts, `plan`'s compute term, and
+//! each strategy's communication volume (the ZeRO and Megatron-LM papers'
+//! ring volumes) against `plan` and against what thread ranks send.
+
+use distgpt::backend::cpu::Cpu;
+use distgpt::model::{GptConfig, ModelConfig};
+use distgpt::parallel::{launch, StrategyKind};
+use distgpt::plan::{self, Device, Network, Precision, Workload};
+use distgpt::train::bench::{bench_rank, BenchSpec};
+use std::process::Command;
+use std::time::Duration;
+
+/// `distgpt` with `args`, its JSON line.
+fn json_of(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_distgpt"))
+        .args(args)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{args:?}: {err}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// One timed step of `bench --json` at batch 2 against a stated peak of
+/// 1 TFLOP/s (no peak measured).
+fn bench(model: &[&str], seq: usize, extra: &[&str]) -> serde_json::Value {
+    let seq = seq.to_string();
+    let mut args = vec!["bench", "--json", "--steps", "1", "--warmup", "0"];
+    args.extend(["--batch-size", "2", "--seq-len", &seq, "--peak-tflops", "1"]);
+    args.extend(model);
+    args.extend(extra);
+    json_of(&args)
+}
+
+fn close(got: f64, want: f64, what: &str) {
+    assert!(
+        (got - want).abs() <= 1e-9 * want.abs(),
+        "{what}: {got} printed, {want} by hand"
+    );
+}
+
+/// A shape, as the presets and flags state it.
+struct Shape {
+    layers: f64,
+    width: f64,
+    /// The feed-forward's hidden width.
+    hidden: f64,
+    /// The vocabulary's rows: llm.c pads GPT-2's, distgpt pads both
+    /// families' to a multiple of 64.
+    vocab_rows: f64,
+}
+
+/// `tiny`: 2 blocks of 2 heads, 32 wide, 65 characters (128 rows).
+const TINY: Shape = Shape {
+    layers: 2.0,
+    width: 32.0,
+    hidden: 128.0,
+    vocab_rows: 128.0,
+};
+
+/// `bert-tiny`: 2 blocks of 2 heads, 128 wide, F 512, a 2-way classifier.
+const BERT_TINY: Shape = Shape {
+    layers: 2.0,
+    width: 128.0,
+    hidden: 512.0,
+    vocab_rows: 30_528.0,
+};
+
+/// The matmul weights a token of bert-tiny's classifier meets at t
+/// positions (BERT's count has no biases or layer norms): query, key,
+/// value and output (4C^2) and the feed-forward (2CF) of each block but
+/// the last, whose query, key and value run on every row (the first row
+/// attends to them all) and output and feed-forward on the first row
+/// alone, as the pooler (C x C) and classifier (C x 2) do.
+fn bert_tiny_classifier_weights(t: f64) -> f64 {
+    let (l, c, f) = (BERT_TINY.layers, BERT_TINY.width, BERT_TINY.hidden);
+    let last = 3.0 * c * c + (c * c + 2.0 * c * f) / t;
+    (l - 1.0) * (4.0 * c * c + 2.0 * c * f) + last + (c * c + 2.0 * c) / t
+}
+
+/// GPT-2's parameters a token meets: per block ln_1 (2C), c_attn (C x 3C
+/// and 3C), attn.c_proj (C x C and C), ln_2 (2C), mlp.c_fc (C x 4C and
+/// 4C), mlp.c_proj (4C x C and C); ln_f (2C); the token embedding once,
+/// as the tied LM head. The position embedding is a lookup, not counted.
+fn gpt2_params_met(s: &Shape) -> f64 {
+    let c = s.width;
+    let block = 2.0 * c
+        + (3.0 * c * c + 3.0 * c)
+        + (c * c + c)
+        + 2.0 * c
+        + (c * s.hidden + s.hidden)
+        + (s.hidden * c + c);
+    s.layers * block + 2.0 * c + s.vocab_rows * c
+}
+
+/// Training FLOPs a token at sequence length t by PaLM's appendix B (llm.c's
+/// and nanoGPT's `estimate_mfu`): 6N (2 a multiply-add forward, 4
+/// backward) plus 12 L H Q T for the attention scores and their use
+/// (QK^T and AV, H Q = C, without causal savings).
+fn palm_flops(params_met: f64, s: &Shape, t: f64) -> f64 {
+    6.0 * params_met + 12.0 * s.layers * s.width * t
+}
+
+/// GPT-2 small at 1,024 tokens: the published 124,439,808 parameters
+/// (Hugging Face's count, vocabulary 50,257) padded to 50,304 rows as
+/// llm.c and nanoGPT pad them, less the 1,024 x 768 position embedding:
+/// 123,689,472 met a token, 855,383,040 FLOPs.
+#[test]
+fn gpt2_small_costs_palms_flops_a_token() {
+    let (c, t) = (768.0, 1024.0);
+    let met = 124_439_808.0 + 47.0 * c - 1024.0 * c;
+    let gpt2 = Shape {
+        layers: 12.0,
+        width: c,
+        hidden: 4.0 * c,
+        vocab_rows: 50_304.0,
+    };
+    assert_eq!(
+        gpt2_params_met(&gpt2),
+        met,
+        "the hand count of the parameters"
+    );
+    let want = palm_flops(met, &gpt2, t);
+    assert_eq!(want, 855_383_040.0);
+    let model: ModelConfig = GptConfig::preset("gpt2").unwrap().into();
+    close(model.flops_per_token(1024), want, "gpt2's FLOPs a token");
+}
+
+/// `bench --json`'s FLOPs a token and MFU for GPT-2 (`tiny`) and each BERT
+/// head, against PaLM's count written out for the shape: the figure
+/// printed, and the MFU it gives at the printed tokens/s and peak.
+#[test]
+fn bench_prints_palms_flops_and_the_mfu_they_give_for_every_family() {
+    let check = |row: &serde_json::Value, want: f64, what: &str| {
+        close(row["flops_per_token"].as_f64().unwrap(), want, what);
+        let ms = row["ms_per_step"].as_f64().unwrap();
+        let tokens = row["batch"].as_f64().unwrap() * row["seq"].as_f64().unwrap();
+        let tokens_per_s = row["tokens_per_s"].as_f64().unwrap();
+        close(
+            tokens_per_s,
+            tokens / (ms / 1e3),
+            &format!("{what}: tokens/s"),
+        );
+        let peak = row["peak_gflops"].as_f64().unwrap() * 1e9;
+        assert_eq!(peak, 1e12, "{what}: the stated peak");
+        close(
+            row["mfu"].as_f64().unwrap(),
+            want * tokens_per_s / peak,
+            &format!("{what}: MFU"),
+        );
+    };
+    let t = 32.0;
+    let row = bench(&["--model", "tiny"], 32, &[]);
+    check(
+        &row,
+        palm_flops(gpt2_params_met(&TINY), &TINY, t),
+        "gpt2 tiny",
+    );
+
+    // BERT counts its matmul weights alone (no biases or layer norms):
+    // per block query, key, value and output (4C^2) and the feed-forward
+    // (2CF), and attention's 12 L T C.
+    let small = ["--n-layer", "1", "--n-head", "2", "--n-embd", "64"];
+    let bert = Shape {
+        layers: 1.0,
+        width: 64.0,
+        hidden: 256.0,
+        // --vocab-size 1000, padded to 1,024 rows
+        vocab_rows: 1024.0,
+    };
+    let (c, f, t) = (bert.width, bert.hidden, 16.0);
+    let blocks = bert.layers * (4.0 * c * c + 2.0 * c * f);
+    // the masked-LM head (transform C x C, decoder C x V tied) runs on the
+    // 15% of positions BERT masks
+    let mlm = 0.15 * (c * c + c * bert.vocab_rows);
+    // the pooler (C x C) and next-sentence classifier (C x 2) on one row
+    // of each sequence
+    let nsp = (c * c + c * 2.0) / t;
+    for (preset, head, what) in [
+        ("bert-minilm-mlm", mlm, "bert mlm"),
+        ("bert-base-pretrain", mlm + nsp, "bert pretrain"),
+    ] {
+        let mut model = vec!["--model", preset, "--vocab-size", "1000"];
+        model.extend(small);
+        let row = bench(&model, 16, &[]);
+        check(&row, palm_flops(blocks + head, &bert, t), what);
+    }
+
+    let row = bench(&["--model", "bert-tiny"], 16, &[]);
+    let want = palm_flops(bert_tiny_classifier_weights(t), &BERT_TINY, t);
+    check(&row, want, "bert classify");
+}
+
+/// The kernels' own products, counted by `bench --profile` from the shapes
+/// each matmul and attention call ran on, a token: GPT-2's matmul weights
+/// (the hand count without its bias and layer-norm vectors: 12 C^2 a
+/// block and the LM head's V x C) 6 times each, and attention's 12 L T C;
+/// bert-tiny's classifier, whose count has no vectors.
+#[test]
+fn the_kernels_products_add_up_to_the_hand_count() {
+    let kernel_flops = |row: &serde_json::Value| -> f64 {
+        let kernels = row["profile"]["kernels"].as_array().expect("a profile");
+        let flops: f64 = kernels
+            .iter()
+            .filter_map(|k| Some(k["gflops"].as_f64()? * k["ms_per_step"].as_f64()? * 1e6))
+            .sum();
+        flops / (row["batch"].as_f64().unwrap() * row["seq"].as_f64().unwrap())
+    };
+    let t = 32.0;
+    let c = TINY.width;
+    let matmuls = TINY.layers * (3.0 * c * c + c * c + 2.0 * c * TINY.hidden) + TINY.vocab_rows * c;
+    let row = bench(&["--model", "tiny"], 32, &["--profile"]);
+    close(
+        kernel_flops(&row),
+        palm_flops(matmuls, &TINY, t),
+        "gpt2 tiny's kernels",
+    );
+
+    // and one product the count leaves out as a lookup: the token types'
+    // one-hot rows times their embeddings (2 x C), forward and the
+    // weight's gradient (the one-hot input has none)
+    let (c, t) = (BERT_TINY.width, 16.0);
+    let types = 2.0 * 2.0 * c + 2.0 * 2.0 * c;
+    let row = bench(&["--model", "bert-tiny"], 16, &["--profile"]);
+    let want = palm_flops(bert_tiny_classifier_weights(t), &BERT_TINY, t) + types;
+    close(kernel_flops(&row), want, "bert classify's kernels");
+}
+
+/// `plan --json`'s compute term for `tiny` on a stated device (100
+/// TFLOP/s at 50%): each data-parallel rank's share of the batch at PaLM's
+/// count, and under tensor parallelism the blocks split over the group
+/// and the LM head (6 V C) not.
+#[test]
+fn plan_prices_compute_at_palms_flops() {
+    let device = [
+        "--device",
+        "custom",
+        "--peak-tflops",
+        "100",
+        "--efficiency",
+        "0.5",
+        "--memory-gb",
+        "80",
+        "--memory-bandwidth-gbs",
+        "2000",
+        "--intra-gbs",
+        "400",
+        "--inter-gbs",
+        "50",
+    ];
+    let mut args = vec!["plan", "--json", "--all", "--model", "tiny"];
+    args.extend([
+        "--world-size",
+        "1,2",
+        "--batch-size",
+        "8",
+        "--seq-len",
+        "32",
+    ]);
+    args.extend(device);
+    let j = json_of(&args);
+    let (b, t) = (8.0, 32.0);
+    let flops = palm_flops(gpt2_params_met(&TINY), &TINY, t);
+    let head = 6.0 * TINY.vocab_rows * TINY.width;
+    let mut checked = 0;
+    for p in j["plans"].as_array().unwrap() {
+        for pred in p["predictions"].as_array().unwrap() {
+            let par = &pred["parallel"];
+            let world = par["world_size"].as_f64().unwrap();
+            let tp = par["tp"].as_f64().unwrap();
+            if par["pipeline"]["stages"] != 1 || par["recompute"] == true {
+                continue;
+            }
+            let dp = world / tp;
+            let a_token = (flops - head) / tp + head;
+            let want = b / dp * t * a_token / (100e12 * 0.5);
+            let got = pred["time"]["compute_s"].as_f64().unwrap();
+            close(got, want, &format!("compute of {par}"));
+            checked += 1;
+        }
+    }
+    // single; ddp, zero1, zero2, fsdp and tp on 2
+    assert_eq!(checked, 6, "{j}");
+}
+
+/// Bytes a rank sends a step, by the papers' ring volumes for a 4-block
+/// GPT-2 (64 wide, 65 characters: 210,304 fp32 parameters) at 2
+/// micro-batches of 8 x 32: ddp's all-reduce 2(n-1)/n P; ZeRO-1's
+/// reduce-scatter of the gradient and all-gather of the parameters,
+/// (n-1)/n P each; ZeRO-2's reduce-scatter each micro-batch; FSDP's two
+/// all-gathers (forward, backward) and a reduce-scatter each micro-batch
+/// (ZeRO-3's 3x); Megatron-LM's 4 all-reduces a layer and micro-batch of
+/// the (b s, h) activations (f and g, forward and backward); a pipeline's
+/// activation sent forward and its gradient sent back across each stage
+/// boundary a micro-batch. Two terms come from the tied embedding (the
+/// LM head reads the token embedding): under ZeRO-2 and FSDP the head's
+/// backward reduce-scatters the embeddings unit with its share, and the
+/// embeddings' own backward again; in a pipeline the first and last
+/// stages all-reduce its gradient. `plan` prices these; what thread ranks
+/// send in a real step is checked against them too (besides the step's
+/// scalars: the loss and the gradient's norm, under 256 bytes). FSDP
+/// gathers less than ZeRO-3's two a micro-batch, as written out below.
+#[test]
+fn each_strategys_volume_is_the_papers_and_what_thread_ranks_send() {
+    let cfg: ModelConfig = GptConfig {
+        n_layer: 4,
+        n_head: 4,
+        n_embd: 64,
+        block_size: 32,
+        vocab_size: 65,
+        blocks: Vec::new(),
+    }
+    .into();
+    let (b, t, acc) = (8usize, 32usize, 2usize);
+    let w = Workload {
+        model: cfg.clone(),
+        batch: b,
+        seq_len: t,
+        grad_accum: acc,
+        cpu_threads: None,
+    };
+    let device = Device::datasheet("h100", Precision::Fp32, 0.5).unwrap();
+    let net = Network::datasheet("h100").unwrap();
+    let (l, c) = (4.0, 64.0);
+    // in fp32 bytes: the embeddings unit (token embedding of 128 rows,
+    // position embedding of 32), each block, the head (ln_f)
+    let embeddings = 4.0 * (128.0 * c + 32.0 * c);
+    let block = 4.0 * (12.0 * c * c + 13.0 * c);
+    let head = 4.0 * 2.0 * c;
+    let p = embeddings + l * block + head;
+    assert_eq!(p, 4.0 * 210_304.0);
+    let stream = (b * t) as f64 * c * 4.0;
+    let spec = BenchSpec {
+        batch: b,
+        grad_accum: acc,
+        seq_len: t,
+        warmup: 0,
+        steps: 1,
+        show: false,
+        profile: false,
+    };
+    let a = acc as f64;
+    let (mut checked, mut wrong) = (Vec::new(), Vec::new());
+    for world in [2, 4] {
+        let n = world as f64;
+        let ring = (n - 1.0) / n;
+        for par in plan::layouts(&w, world, false) {
+            let r = par.resolved();
+            let (tp, pp) = (r.tp, r.pipeline.stages);
+            // (the plan's, the run's)
+            let want = if par.dp() == world {
+                // FSDP keeps the tied embeddings in a buffer of their own
+                // (gathered once a step) and gathers the rest into one
+                // shared buffer, each block forward and backward and the
+                // head forward (it stays there for its backward), but block
+                // 0, which stays from one micro-batch's backward to the
+                // next's forward: less than ZeRO-3's 2 x acc gathers
+                let gathered = embeddings + a * (2.0 * l * block + head) - (a - 1.0) * block;
+                match r.strategy {
+                    StrategyKind::Ddp => 2.0 * ring * p,
+                    StrategyKind::Zero1 => ring * p + ring * p,
+                    StrategyKind::Zero2 => a * ring * (p + embeddings) + ring * p,
+                    StrategyKind::Fsdp => ring * gathered + a * ring * (p + embeddings),
+                    s => panic!("{s} over {world} data-parallel ranks"),
+                }
+            } else if tp == world {
+                a * 4.0 * l * 2.0 * ring * stream
+            } else if pp == world {
+                // each of a rank's chunks sends forward but from the last
+                // stage and backward but from the first; the ranks of those
+                // two all-reduce the embeddings' gradient between them
+                let v = r.pipeline.virtual_stages;
+                let last = pp * v - 1;
+                (0..pp)
+                    .map(|s| {
+                        let sends: usize = (0..v)
+                            .map(|k| k * pp + s)
+                            .map(|stage| usize::from(stage != last) + usize::from(stage != 0))
+                            .sum();
+                        let tie = if s == 0 || s == pp - 1 {
+                            embeddings
+                        } else {
+                            0.0
+                        };
+                        a * sends as f64 * stream + tie
+                    })
+                    .fold(0.0, f64::max)
+            } else {
+                continue;
+            };
+            let predicted = plan::predict(&w, par, &device, &net, Precision::Fp32);
+            let ranks = launch::run_local(world, 2, Duration::from_secs(120), |comm| {
+                bench_rank(Cpu::new(), &cfg, par, spec, comm.as_ref())
+            })
+            .unwrap();
+            let sent = ranks[0]
+                .iter()
+                .map(|r| r.comm_bytes_per_step)
+                .fold(0.0, f64::max);
+            let planned = predicted.time.comm_bytes;
+            if (planned - want).abs() > 1e-9 * want || !(want..want + 256.0).contains(&sent) {
+                wrong.push(format!(
+                    "{}: planned {planned} and the busiest rank sent {sent}, {want} by hand",
+                    par.layout_name()
+                ));
+            }
+            checked.push(par.layout_name());
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    // on 2: ddp, zero1, zero2, fsdp, tp, three pipelines; on 4: those
+    // but interleaved (4 blocks in 4 stages have no second chunk)
+    assert_eq!(checked.len(), 15, "{checked:?}");
+}
+
+/// Megatron-LM's all-reduces for a BERT classifier over tp 2, whose last
+/// block runs on one row a sequence after its attention: there the
+/// attention output's and feed-forward's forward all-reduces (and their
+/// second run under recomputation) and the feed-forward's input-gradient
+/// all-reduce carry b rows, not b s; only the query, key and value's
+/// input gradient carries every row. `plan`'s figure and what the two
+/// thread ranks send against it (besides the step's scalars).
+#[test]
+fn a_classifiers_last_block_reduces_one_row_a_sequence_under_tp() {
+    use distgpt::model::bert::{BertConfig, BertHead};
+    let (l, c) = (2.0, 64.0);
+    let cfg: ModelConfig = BertConfig {
+        n_layer: 2,
+        n_head: 4,
+        n_embd: 64,
+        n_inner: 256,
+        block_size: 32,
+        vocab_size: 200,
+        ..BertConfig::mini_lm(BertHead::Classify { labels: 3 })
+    }
+    .into();
+    let (b, t, acc) = (8usize, 32usize, 2usize);
+    let w = Workload {
+        model: cfg.clone(),
+        batch: b,
+        seq_len: t,
+        grad_accum: acc,
+        cpu_threads: None,
+    };
+    let device = Device::datasheet("h100", Precision::Fp32, 0.5).unwrap();
+    let net = Network::datasheet("h100").unwrap();
+    let spec = BenchSpec {
+        batch: b,
+        grad_accum: acc,
+        seq_len: t,
+        warmup: 0,
+        steps: 1,
+        show: false,
+        profile: false,
+    };
+    let (every_row, one_row) = ((b * t) as f64 * c * 4.0, b as f64 * c * 4.0);
+    // a ring all-reduce over 2 ranks sends 2 (2 - 1) / 2 of the buffer
+    let mut checked = 0;
+    let layouts = [false, true].map(|recompute| plan::layouts(&w, 2, recompute));
+    for par in layouts.into_iter().flatten() {
+        if par.resolved().tp != 2 {
+            continue;
+        }
+        let (per_layer, last_one_row) = match par.recompute {
+            true => (6.0, 5.0),
+            false => (4.0, 3.0),
+        };
+        let a_micro_batch = (l - 1.0) * per_layer * every_row + every_row + last_one_row * one_row;
+        let want = acc as f64 * a_micro_batch;
+        let planned = plan::predict(&w, par, &device, &net, Precision::Fp32)
+            .time
+            .comm_bytes;
+        close(planned, want, &par.layout_name());
+        let ranks = launch::run_local(2, 2, Duration::from_secs(120), |comm| {
+            bench_rank(Cpu::new(), &cfg, par, spec, comm.as_ref())
+        })
+        .unwrap();
+        let sent = ranks[0]
+            .iter()
+            .map(|r| r.comm_bytes_per_step)
+            .fold(0.0, f64::max);
+        assert!(
+            (want..want + 256.0).contains(&sent),
+            "{}: the busiest rank sent {sent}, {want} by hand",
+            par.layout_name()
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 2, "tp x2, with and without recomputation");
+}
