@@ -6,6 +6,9 @@
 //! each strategy's communication volume (the ZeRO and Megatron-LM papers'
 //! ring volumes) against `plan` and against what thread ranks send.
 
+#[allow(dead_code)] // of the shared helpers, only the small BERT is used here
+mod common;
+
 use distgpt::backend::cpu::Cpu;
 use distgpt::model::{GptConfig, ModelConfig};
 use distgpt::parallel::{launch, StrategyKind};
@@ -287,6 +290,38 @@ fn plan_prices_compute_at_palms_flops() {
     assert_eq!(checked, 6, "{j}");
 }
 
+/// The workload of `cfg` at `b` x `t` with `acc` micro-batches, and the
+/// H100 (fp32, half its peak) and its network that `plan` prices it on.
+fn priced_on_h100(
+    cfg: &ModelConfig,
+    b: usize,
+    t: usize,
+    acc: usize,
+) -> (Workload, Device, Network) {
+    let w = Workload {
+        model: cfg.clone(),
+        batch: b,
+        seq_len: t,
+        grad_accum: acc,
+        cpu_threads: None,
+    };
+    let device = Device::datasheet("h100", Precision::Fp32, 0.5).unwrap();
+    (w, device, Network::datasheet("h100").unwrap())
+}
+
+/// One timed step of `acc` micro-batches of `b` x `t`, quietly.
+fn one_step(b: usize, t: usize, acc: usize) -> BenchSpec {
+    BenchSpec {
+        batch: b,
+        grad_accum: acc,
+        seq_len: t,
+        warmup: 0,
+        steps: 1,
+        show: false,
+        profile: false,
+    }
+}
+
 /// Bytes a rank sends a step, by the papers' ring volumes for a 4-block
 /// GPT-2 (64 wide, 65 characters: 210,304 fp32 parameters) at 2
 /// micro-batches of 8 x 32: ddp's all-reduce 2(n-1)/n P; ZeRO-1's
@@ -316,15 +351,7 @@ fn each_strategys_volume_is_the_papers_and_what_thread_ranks_send() {
     }
     .into();
     let (b, t, acc) = (8usize, 32usize, 2usize);
-    let w = Workload {
-        model: cfg.clone(),
-        batch: b,
-        seq_len: t,
-        grad_accum: acc,
-        cpu_threads: None,
-    };
-    let device = Device::datasheet("h100", Precision::Fp32, 0.5).unwrap();
-    let net = Network::datasheet("h100").unwrap();
+    let (w, device, net) = priced_on_h100(&cfg, b, t, acc);
     let (l, c) = (4.0, 64.0);
     // in fp32 bytes: the embeddings unit (token embedding of 128 rows,
     // position embedding of 32), each block, the head (ln_f)
@@ -334,15 +361,7 @@ fn each_strategys_volume_is_the_papers_and_what_thread_ranks_send() {
     let p = embeddings + l * block + head;
     assert_eq!(p, 4.0 * 210_304.0);
     let stream = (b * t) as f64 * c * 4.0;
-    let spec = BenchSpec {
-        batch: b,
-        grad_accum: acc,
-        seq_len: t,
-        warmup: 0,
-        steps: 1,
-        show: false,
-        profile: false,
-    };
+    let spec = one_step(b, t, acc);
     let a = acc as f64;
     let (mut checked, mut wrong) = (Vec::new(), Vec::new());
     for world in [2, 4] {
@@ -426,37 +445,12 @@ fn each_strategys_volume_is_the_papers_and_what_thread_ranks_send() {
 /// thread ranks send against it (besides the step's scalars).
 #[test]
 fn a_classifiers_last_block_reduces_one_row_a_sequence_under_tp() {
-    use distgpt::model::bert::{BertConfig, BertHead};
+    use distgpt::model::bert::BertHead;
     let (l, c) = (2.0, 64.0);
-    let cfg: ModelConfig = BertConfig {
-        n_layer: 2,
-        n_head: 4,
-        n_embd: 64,
-        n_inner: 256,
-        block_size: 32,
-        vocab_size: 200,
-        ..BertConfig::mini_lm(BertHead::Classify { labels: 3 })
-    }
-    .into();
+    let cfg = common::small_bert(BertHead::Classify { labels: 3 });
     let (b, t, acc) = (8usize, 32usize, 2usize);
-    let w = Workload {
-        model: cfg.clone(),
-        batch: b,
-        seq_len: t,
-        grad_accum: acc,
-        cpu_threads: None,
-    };
-    let device = Device::datasheet("h100", Precision::Fp32, 0.5).unwrap();
-    let net = Network::datasheet("h100").unwrap();
-    let spec = BenchSpec {
-        batch: b,
-        grad_accum: acc,
-        seq_len: t,
-        warmup: 0,
-        steps: 1,
-        show: false,
-        profile: false,
-    };
+    let (w, device, net) = priced_on_h100(&cfg, b, t, acc);
+    let spec = one_step(b, t, acc);
     let (every_row, one_row) = ((b * t) as f64 * c * 4.0, b as f64 * c * 4.0);
     // a ring all-reduce over 2 ranks sends 2 (2 - 1) / 2 of the buffer
     let mut checked = 0;
