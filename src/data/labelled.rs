@@ -98,6 +98,16 @@ impl LabelledSet {
                 path.display()
             )));
         }
+        // a name given twice leaves an export's label2id one entry short
+        for (i, name) in labels.iter().enumerate() {
+            if labels[..i].contains(name) {
+                return Err(Error::Input(format!(
+                    "{} names {name:?} twice: each label needs a name of its own (an export's \
+                     label2id maps a name to one id)",
+                    path.display()
+                )));
+            }
+        }
         let n = labels.len();
         Ok(LabelledSet {
             train: read_split(dir, "train", n)?,
@@ -413,6 +423,33 @@ mod tests {
             );
             assert!(e.contains("`text_pair`"), "the keys it may hold: {e}");
         }
+    }
+
+    #[test]
+    fn a_label_name_given_twice_is_refused() {
+        // two labels of one name leave an export's label2id one entry short:
+        // transformers would map the name to the last id only
+        let dir = crate::testdir::TestDir::new("labelled-names");
+        let good = "{\"label\": 1, \"text\": \"a\"}\n";
+        for split in ["train", "val", "test"] {
+            std::fs::write(dir.path().join(format!("{split}.jsonl")), good).unwrap();
+        }
+        for (names, says) in [
+            (r#"["spam", "spam"]"#, "\"spam\" twice"),
+            (r#"["ham", "spam", "ham"]"#, "\"ham\" twice"),
+        ] {
+            std::fs::write(dir.path().join("labels.json"), names).unwrap();
+            let e = LabelledSet::load(dir.path())
+                .err()
+                .expect(names)
+                .to_string();
+            assert!(e.contains("labels.json") && e.contains(says), "{e}");
+        }
+        std::fs::write(dir.path().join("labels.json"), r#"["ham", "spam"]"#).unwrap();
+        assert_eq!(
+            LabelledSet::load(dir.path()).unwrap().labels,
+            ["ham", "spam"]
+        );
     }
 
     #[test]
