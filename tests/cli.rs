@@ -1623,6 +1623,39 @@ fn a_seed_out_of_range_is_refused_by_its_range_on_every_command() {
     assert!(!std::path::Path::new(out).exists(), "nothing was written");
 }
 
+/// train, eval, data prepare, quantize and bench read a negative number as
+/// the flag's value too, refused by its range or its type, never as
+/// "unexpected argument '-5'" (plan, generate and prune already did).
+#[test]
+fn a_negative_number_is_a_value_on_train_eval_prepare_quantize_and_bench() {
+    let dir = run_dir("negative-everywhere");
+    let missing = dir.join("no-such-run");
+    let missing = missing.to_str().unwrap();
+    let out = dir.join("out");
+    let out = out.to_str().unwrap();
+    let commands: [&[&str]; 7] = [
+        &["train", "--out", out, "--steps", "-5"],
+        &["train", "--out", out, "--batch-size", "-2"],
+        &["eval", missing, "--batches", "-1"],
+        &["eval", missing, "--seq-len", "-8"],
+        &["data", "prepare", "--out", out, "--vocab-size", "-5"],
+        &["quantize", missing, "--out", out, "--threads", "-1"],
+        &["bench", "--steps", "-3"],
+    ];
+    for args in commands {
+        let o = distgpt(args);
+        let said = String::from_utf8_lossy(&o.stderr).to_string();
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {said}");
+        let value = args.last().unwrap();
+        assert!(!said.contains("unexpected argument"), "{args:?}: {said}");
+        assert!(
+            said.contains(&format!("invalid value '{value}'")),
+            "{args:?}: {said}"
+        );
+    }
+    assert!(!std::path::Path::new(out).exists(), "nothing was written");
+}
+
 /// A negative number is read as the flag's value and refused by its range
 /// (never "unexpected argument"), a sparsity as given; an absurd depth is
 /// refused by plan at once; a WordPiece vocabulary smaller than asked is
