@@ -1623,6 +1623,54 @@ fn a_seed_out_of_range_is_refused_by_its_range_on_every_command() {
     assert!(!std::path::Path::new(out).exists(), "nothing was written");
 }
 
+/// A shard folder without tokenizer.json is read as llm.c's GPT-2 BPE
+/// shards, and says so: `data prepare` always writes one, so a folder
+/// that lost it (character ids read as GPT-2's) is not trained on
+/// without a word.
+#[test]
+fn shards_without_a_tokenizer_json_are_said_to_be_read_as_gpt2() {
+    let dir = run_dir("no-tokenizer-json");
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = dir.join("small.txt");
+    std::fs::write(&text, "the cat sat on the mat. ".repeat(200)).unwrap();
+    let shards = dir.join("shards");
+    succeeded(distgpt(&[
+        "data",
+        "prepare",
+        "--input",
+        text.to_str().unwrap(),
+        "--out",
+        shards.to_str().unwrap(),
+    ]));
+    std::fs::remove_file(shards.join("tokenizer.json")).unwrap();
+    let run = dir.join("run");
+    let o = succeeded(distgpt(&[
+        "train",
+        "--model",
+        "tiny",
+        "--data",
+        shards.to_str().unwrap(),
+        "--steps",
+        "1",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--eval-batches",
+        "1",
+        "--threads",
+        "1",
+        "--out",
+        run.to_str().unwrap(),
+    ]));
+    let said = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(
+        said.contains("no tokenizer.json") && said.contains("GPT-2 BPE"),
+        "{said}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// train, eval, data prepare, quantize and bench read a negative number as
 /// the flag's value too, refused by its range or its type, never as
 /// "unexpected argument '-5'" (plan, generate and prune already did).
