@@ -1623,6 +1623,61 @@ fn a_seed_out_of_range_is_refused_by_its_range_on_every_command() {
     assert!(!std::path::Path::new(out).exists(), "nothing was written");
 }
 
+/// `eval RUN` of a language model scores the data its run trained on, as a
+/// masked LM's and a classifier's do: not the embedded corpus (which a
+/// character model of another text cannot even read).
+#[test]
+fn eval_of_a_language_model_reads_the_data_its_run_trained_on() {
+    let dir = run_dir("eval-recorded-data");
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = dir.join("cats.txt");
+    std::fs::write(&text, "the cat sat on the mat. ".repeat(200)).unwrap();
+    let run = dir.join("run");
+    let run_s = run.to_str().unwrap();
+    succeeded(distgpt(&[
+        "train",
+        "--model",
+        "tiny",
+        "--data",
+        text.to_str().unwrap(),
+        "--steps",
+        "1",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--eval-batches",
+        "1",
+        "--threads",
+        "1",
+        "--quiet",
+        "--out",
+        run_s,
+    ]));
+    let own = succeeded(distgpt(&[
+        "eval",
+        run_s,
+        "--batches",
+        "2",
+        "--seq-len",
+        "16",
+    ]));
+    let given = succeeded(distgpt(&[
+        "eval",
+        run_s,
+        "--batches",
+        "2",
+        "--seq-len",
+        "16",
+        "--data",
+        text.to_str().unwrap(),
+    ]));
+    let said = String::from_utf8_lossy(&own.stdout).to_string();
+    assert!(said.contains("tokens from cats)"), "{said}");
+    assert_eq!(said, String::from_utf8_lossy(&given.stdout));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A shard folder without tokenizer.json is read as llm.c's GPT-2 BPE
 /// shards, and says so: `data prepare` always writes one, so a folder
 /// that lost it (character ids read as GPT-2's) is not trained on
