@@ -1675,6 +1675,15 @@ fn eval_of_a_language_model_reads_the_data_its_run_trained_on() {
     let said = String::from_utf8_lossy(&own.stdout).to_string();
     assert!(said.contains("tokens from cats)"), "{said}");
     assert_eq!(said, String::from_utf8_lossy(&given.stdout));
+    // recorded data that is gone is said to be, and --data named
+    std::fs::remove_file(&text).unwrap();
+    let gone = distgpt(&["eval", run_s, "--batches", "2", "--seq-len", "16"]);
+    let said = String::from_utf8_lossy(&gone.stderr).to_string();
+    assert!(!gone.status.success());
+    assert!(
+        said.contains("no longer there") && said.contains("--data"),
+        "{said}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

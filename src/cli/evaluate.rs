@@ -178,6 +178,13 @@ pub(super) fn eval_on<B: Backend>(be: B, a: &EvalArgs) -> Result<()> {
         .data
         .clone()
         .or_else(|| run_record(&a.model).and_then(|r| r.train.data));
+    if let Some(gone) = data.as_ref().filter(|d| a.data.is_none() && !d.exists()) {
+        bail!(
+            "{} trained on {}, which is no longer there (its run.json records it): give --data",
+            a.model.display(),
+            gone.display()
+        );
+    }
     let ds = Dataset::load_for_model(data.as_deref(), &meta.tokenizer)?;
     let t = a.seq_len.unwrap_or(meta.config.block_size());
     let mut val = distgpt::data::DataLoader::new(&ds.val, "val", a.batch_size, t, 0, false)?;
