@@ -1623,6 +1623,151 @@ fn a_seed_out_of_range_is_refused_by_its_range_on_every_command() {
     assert!(!std::path::Path::new(out).exists(), "nothing was written");
 }
 
+/// `eval RUN` of a language model scores the data its run trained on, as a
+/// masked LM's and a classifier's do: not the embedded corpus (which a
+/// character model of another text cannot even read).
+#[test]
+fn eval_of_a_language_model_reads_the_data_its_run_trained_on() {
+    let dir = run_dir("eval-recorded-data");
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = dir.join("cats.txt");
+    std::fs::write(&text, "the cat sat on the mat. ".repeat(200)).unwrap();
+    let run = dir.join("run");
+    let run_s = run.to_str().unwrap();
+    succeeded(distgpt(&[
+        "train",
+        "--model",
+        "tiny",
+        "--data",
+        text.to_str().unwrap(),
+        "--steps",
+        "1",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--eval-batches",
+        "1",
+        "--threads",
+        "1",
+        "--quiet",
+        "--out",
+        run_s,
+    ]));
+    let own = succeeded(distgpt(&[
+        "eval",
+        run_s,
+        "--batches",
+        "2",
+        "--seq-len",
+        "16",
+    ]));
+    let given = succeeded(distgpt(&[
+        "eval",
+        run_s,
+        "--batches",
+        "2",
+        "--seq-len",
+        "16",
+        "--data",
+        text.to_str().unwrap(),
+    ]));
+    let said = String::from_utf8_lossy(&own.stdout).to_string();
+    assert!(said.contains("tokens from cats)"), "{said}");
+    assert_eq!(said, String::from_utf8_lossy(&given.stdout));
+    // recorded data that is gone is said to be, and --data named
+    std::fs::remove_file(&text).unwrap();
+    let gone = distgpt(&["eval", run_s, "--batches", "2", "--seq-len", "16"]);
+    let said = String::from_utf8_lossy(&gone.stderr).to_string();
+    assert!(!gone.status.success());
+    assert!(
+        said.contains("no longer there") && said.contains("--data"),
+        "{said}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A shard folder without tokenizer.json is read as llm.c's GPT-2 BPE
+/// shards, and says so: `data prepare` always writes one, so a folder
+/// that lost it (character ids read as GPT-2's) is not trained on
+/// without a word.
+#[test]
+fn shards_without_a_tokenizer_json_are_said_to_be_read_as_gpt2() {
+    let dir = run_dir("no-tokenizer-json");
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = dir.join("small.txt");
+    std::fs::write(&text, "the cat sat on the mat. ".repeat(200)).unwrap();
+    let shards = dir.join("shards");
+    succeeded(distgpt(&[
+        "data",
+        "prepare",
+        "--input",
+        text.to_str().unwrap(),
+        "--out",
+        shards.to_str().unwrap(),
+    ]));
+    std::fs::remove_file(shards.join("tokenizer.json")).unwrap();
+    let run = dir.join("run");
+    let o = succeeded(distgpt(&[
+        "train",
+        "--model",
+        "tiny",
+        "--data",
+        shards.to_str().unwrap(),
+        "--steps",
+        "1",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--eval-batches",
+        "1",
+        "--threads",
+        "1",
+        "--out",
+        run.to_str().unwrap(),
+    ]));
+    let said = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(
+        said.contains("no tokenizer.json") && said.contains("GPT-2 BPE"),
+        "{said}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// train, eval, data prepare, quantize and bench read a negative number as
+/// the flag's value too, refused by its range or its type, never as
+/// "unexpected argument '-5'" (plan, generate and prune already did).
+#[test]
+fn a_negative_number_is_a_value_on_train_eval_prepare_quantize_and_bench() {
+    let dir = run_dir("negative-everywhere");
+    let missing = dir.join("no-such-run");
+    let missing = missing.to_str().unwrap();
+    let out = dir.join("out");
+    let out = out.to_str().unwrap();
+    let commands: [&[&str]; 7] = [
+        &["train", "--out", out, "--steps", "-5"],
+        &["train", "--out", out, "--batch-size", "-2"],
+        &["eval", missing, "--batches", "-1"],
+        &["eval", missing, "--seq-len", "-8"],
+        &["data", "prepare", "--out", out, "--vocab-size", "-5"],
+        &["quantize", missing, "--out", out, "--threads", "-1"],
+        &["bench", "--steps", "-3"],
+    ];
+    for args in commands {
+        let o = distgpt(args);
+        let said = String::from_utf8_lossy(&o.stderr).to_string();
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {said}");
+        let value = args.last().unwrap();
+        assert!(!said.contains("unexpected argument"), "{args:?}: {said}");
+        assert!(
+            said.contains(&format!("invalid value '{value}'")),
+            "{args:?}: {said}"
+        );
+    }
+    assert!(!std::path::Path::new(out).exists(), "nothing was written");
+}
+
 /// A negative number is read as the flag's value and refused by its range
 /// (never "unexpected argument"), a sparsity as given; an absurd depth is
 /// refused by plan at once; a WordPiece vocabulary smaller than asked is

@@ -8,7 +8,7 @@ pub(super) struct EvalArgs {
     /// GPT-2 folder, or a BERT classifier folder (`train --task classify`'s output).
     #[arg(value_name = "RUN")]
     model: PathBuf,
-    /// Data: a text file or a shard directory (default: the embedded corpus); its validation split is used.
+    /// Data: a text file or a shard directory (default: the data its run trained on, else the embedded corpus); its validation split is used.
     /// For a BERT classifier: a labelled set, whose test split is scored (accuracy, F1);
     /// default: the one its run trained on.
     #[arg(long)]
@@ -173,7 +173,19 @@ fn eval_with<B: Backend + 'static>(be: B, a: &EvalArgs, given: &[String]) -> Res
 /// as `--weights`.
 pub(super) fn eval_on<B: Backend>(be: B, a: &EvalArgs) -> Result<()> {
     let (meta, params) = checkpoint::read_model(&a.model)?;
-    let ds = Dataset::load_for_model(a.data.as_deref(), &meta.tokenizer)?;
+    // the data the run trained on unless given, as a BERT's eval reads it
+    let data = a
+        .data
+        .clone()
+        .or_else(|| run_record(&a.model).and_then(|r| r.train.data));
+    if let Some(gone) = data.as_ref().filter(|d| a.data.is_none() && !d.exists()) {
+        bail!(
+            "{} trained on {}, which is no longer there (its run.json records it): give --data",
+            a.model.display(),
+            gone.display()
+        );
+    }
+    let ds = Dataset::load_for_model(data.as_deref(), &meta.tokenizer)?;
     let t = a.seq_len.unwrap_or(meta.config.block_size());
     let mut val = distgpt::data::DataLoader::new(&ds.val, "val", a.batch_size, t, 0, false)?;
     let n = if a.batches == 0 {

@@ -74,6 +74,8 @@ pub struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Train a model (with no arguments: a Shakespeare character model on the embedded corpus).
+    // negative numbers are values, refused by their ranges
+    #[command(allow_negative_numbers = true)]
     Train(Box<TrainArgs>),
     /// Sample text from a trained run directory.
     // negative numbers are values, refused by their ranges
@@ -83,6 +85,8 @@ enum Command {
     #[command(subcommand)]
     Data(DataCommand),
     /// Measure training throughput, MFU and peak memory on synthetic tokens.
+    // negative numbers are values, refused by their ranges
+    #[command(allow_negative_numbers = true)]
     Bench(bench::BenchArgs),
     /// Train a matrix of strategies x world sizes x batch sizes and write a
     /// report: results.json/.csv, report.md and PNG/SVG figures.
@@ -93,10 +97,14 @@ enum Command {
     #[command(allow_negative_numbers = true)]
     Plan(Box<plan::PlanArgs>),
     /// Write a run's model as a Hugging Face folder (config.json, model.safetensors and the tokenizer's files).
+    // negative numbers are values, refused by their ranges
+    #[command(allow_negative_numbers = true)]
     Export(ExportArgs),
     /// Write a run's model with the blocks' weight matrices in int8 (per
     /// output column, fp32 scales): a model folder that generate, eval and
     /// export read (decode it with --weights int8).
+    // negative numbers are values, refused by their ranges
+    #[command(allow_negative_numbers = true)]
     Quantize(QuantizeArgs),
     /// Pruning of the blocks in an iterative schedule (prune, fine-tune,
     /// evaluate; next level): single weights by magnitude (held at zero
@@ -107,6 +115,8 @@ enum Command {
     #[command(allow_negative_numbers = true)]
     Prune(PruneArgs),
     /// Validation loss and perplexity of a model (a run directory or a Hugging Face folder).
+    // negative numbers are values, refused by their ranges
+    #[command(allow_negative_numbers = true)]
     Eval(EvalArgs),
     /// Training-state checkpoints.
     #[command(subcommand)]

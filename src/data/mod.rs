@@ -314,6 +314,12 @@ impl Dataset {
             serde_json::from_str(&text)
                 .map_err(|e| Error::Input(format!("{}: {e}", spec_path.display())))?
         } else {
+            // llm.c's shards carry none; `data prepare` always writes one
+            crate::errln!(
+                "note: {} has no tokenizer.json: its shards are read as GPT-2 BPE ids (llm.c's); \
+                 a folder of `data prepare` that lost it needs it back",
+                dir.display()
+            );
             TokenizerSpec::Gpt2
         };
         let tokenizer = Tokenizer::from_spec_in(&spec, dir)?;

@@ -242,7 +242,8 @@ impl<B: Backend> Task<B> for MlmTask<'_> {
         let ds = self.data;
         let what = match ds.tokenizer {
             Tokenizer::WordPiece(_) => "WordPiece tokens",
-            _ => "characters",
+            Tokenizer::Gpt2(_) => "GPT-2 BPE tokens",
+            Tokenizer::Char { .. } => "characters",
         };
         let pairs = match self.model.head {
             BertHead::Pretrain => "; sentence pairs, half of them unrelated",
@@ -359,6 +360,7 @@ impl<B: Backend> Task<B> for MlmTask<'_> {
             (Tokenizer::WordPiece(_), _) => {
                 "a Hugging Face BertForMaskedLM folder: config.json, model.safetensors, vocab.txt and the tokenizer's files"
             }
+            (Tokenizer::Gpt2(_), _) => "a Hugging Face BertForMaskedLM folder: config.json, model.safetensors (GPT-2 BPE ids: no vocab.txt)",
             _ => "a Hugging Face BertForMaskedLM folder: config.json, model.safetensors (characters: no vocab.txt)",
         }
     }
@@ -578,6 +580,24 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// A masked LM on GPT-2 BPE shards is described by what its tokens
+    /// are, never as characters (its folder has no vocabulary a BERT reads).
+    #[test]
+    fn a_masked_lm_on_gpt2_tokens_is_not_described_as_characters() {
+        let dir = crate::testdir::TestDir::new("mlm-gpt2-words");
+        let text = dir.path().join("text.txt");
+        std::fs::write(&text, "to be or not to be ".repeat(40)).unwrap();
+        let gpt2 = Tokenizer::from_spec(&TokenizerSpec::Gpt2).unwrap();
+        let ds = Dataset::load_with(Some(&text), gpt2).unwrap();
+        let task = MlmTask::new(&BertConfig::preset("bert-tiny").unwrap(), &ds, 16);
+        let summary = <MlmTask as Task<crate::backend::cpu::Cpu>>::data_summary(&task);
+        let files = <MlmTask as Task<crate::backend::cpu::Cpu>>::model_files(&task);
+        for said in [summary.as_str(), files] {
+            assert!(!said.contains("character"), "{said}");
+            assert!(said.contains("GPT-2 BPE"), "{said}");
         }
     }
 

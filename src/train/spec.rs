@@ -271,6 +271,12 @@ fn build_masked(i: &TaskInputs<'_>, head: BertHead) -> Result<(TaskData, usize)>
             chars.chars().count()
         );
     }
+    if ds.tokenizer.spec() == TokenizerSpec::Gpt2 && head != BertHead::Pretrain {
+        crate::errln!(
+            "note: --task {task} on {}: GPT-2 BPE shards, so GPT-2's ids are the tokens ([MASK] one past them); the model's folder holds no vocabulary a BERT tokenizer reads (no vocab.txt)",
+            ds.name
+        );
+    }
     let mlm = MlmTask::new(&shape, &ds, seq);
     let model = match head {
         BertHead::Pretrain => mlm.pretraining()?.model,
