@@ -40,6 +40,24 @@ fn run_record(model: &Path) -> Option<train::RunRecord> {
     })
 }
 
+/// `--data`, else the data `record` (the model's run) trained on; a
+/// recorded file that is gone is refused naming it, not as the OS's
+/// "No such file".
+fn data_of(a: &EvalArgs, record: Option<&train::RunRecord>) -> Result<Option<PathBuf>> {
+    if a.data.is_some() {
+        return Ok(a.data.clone());
+    }
+    let recorded = record.and_then(|r| r.train.data.clone());
+    if let Some(gone) = recorded.as_ref().filter(|d| !d.exists()) {
+        bail!(
+            "{} trained on {}, which is no longer there (its run.json records it): give --data",
+            a.model.display(),
+            gone.display()
+        );
+    }
+    Ok(recorded)
+}
+
 /// `eval` of a BERT masked LM (a `--task mlm` run, one of its checkpoints,
 /// or such a folder): the masked-token loss on the validation split of
 /// --data, or of the run's own data with its seed's masks, tokenized as
@@ -54,10 +72,7 @@ fn eval_masked_lm<B: Backend + 'static>(
         bail!("--weights is for GPT-2 models: a BERT masked LM is evaluated in fp32");
     }
     let record = run_record(&a.model);
-    let data = a
-        .data
-        .clone()
-        .or_else(|| record.as_ref().and_then(|r| r.train.data.clone()));
+    let data = data_of(a, record.as_ref())?;
     let cfg = TrainConfig {
         batch_size: a.batch_size,
         seq_len: a.seq_len.unwrap_or(bert.block_size),
@@ -105,8 +120,7 @@ fn eval_classifier<B: Backend + 'static>(
 ) -> Result<()> {
     // the labelled set and sequence length the run recorded, unless given
     let record = run_record(&a.model).filter(|r| r.task == TaskKind::Classify);
-    let recorded_data = record.as_ref().and_then(|r| r.train.data.clone());
-    let Some(data) = a.data.as_ref().or(recorded_data.as_ref()) else {
+    let Some(data) = data_of(a, record.as_ref())? else {
         bail!(
             "{} is a BERT classifier without a run record naming its data: give --data, a labelled set (its test split is scored)",
             a.model.display()
@@ -129,7 +143,7 @@ fn eval_classifier<B: Backend + 'static>(
     let s = train::classify::evaluate_folder(
         be,
         &a.model,
-        data,
+        &data,
         (a.batch_size, t),
         rayon::current_num_threads(),
     )?;
@@ -174,17 +188,7 @@ fn eval_with<B: Backend + 'static>(be: B, a: &EvalArgs, given: &[String]) -> Res
 pub(super) fn eval_on<B: Backend>(be: B, a: &EvalArgs) -> Result<()> {
     let (meta, params) = checkpoint::read_model(&a.model)?;
     // the data the run trained on unless given, as a BERT's eval reads it
-    let data = a
-        .data
-        .clone()
-        .or_else(|| run_record(&a.model).and_then(|r| r.train.data));
-    if let Some(gone) = data.as_ref().filter(|d| a.data.is_none() && !d.exists()) {
-        bail!(
-            "{} trained on {}, which is no longer there (its run.json records it): give --data",
-            a.model.display(),
-            gone.display()
-        );
-    }
+    let data = data_of(a, run_record(&a.model).as_ref())?;
     let ds = Dataset::load_for_model(data.as_deref(), &meta.tokenizer)?;
     let t = a.seq_len.unwrap_or(meta.config.block_size());
     let mut val = distgpt::data::DataLoader::new(&ds.val, "val", a.batch_size, t, 0, false)?;
