@@ -19,7 +19,7 @@ mod units;
 
 pub use grid::Grid;
 pub use pipeline::{Pipeline, Pipelined, Schedule, Span};
-pub use stage::{stage_sizes, StageSizes};
+pub use stage::{fsdp_gathered, stage_sizes, StageSizes};
 pub use units::Units;
 
 use crate::backend::{Backend, MemoryReport};

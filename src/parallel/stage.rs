@@ -19,6 +19,7 @@
 //! shard.
 
 use super::offload::HostState;
+use super::pipeline::{Pass, Pipeline, Task};
 use super::{OwnedState, StrategyKind, Units};
 use crate::backend::cpu::Cpu;
 use crate::backend::{Backend, Buf, Category, Dst};
@@ -212,6 +213,52 @@ impl Pieces {
 /// The sizes `StageState` allocates for stage s of `stages` over n replicas.
 pub fn stage_sizes(lay: &ParamLayout, stages: &[Range<usize>], s: usize, n: usize) -> StageSizes {
     Pieces::new(lay, &StageMap::of(lay, stages, s), n).sizes()
+}
+
+/// Elements rank `s` of a pipeline's stages all-gathers in a step under
+/// fsdp over `n` replicas, as its `tasks` run (`ranks_tasks`): before
+/// each unit runs (forward, backward and zb-h1's weight half), its piece
+/// and the piece holding a tied tensor it reads, unless the piece's
+/// gather buffer still holds it. Each chunk has its buffers; a step starts
+/// with them empty (the update changed the parameters).
+pub fn fsdp_gathered(
+    lay: &ParamLayout,
+    stages: &[Range<usize>],
+    pipe: Pipeline,
+    s: usize,
+    n: usize,
+    tasks: &[Task],
+) -> usize {
+    let chunks: Vec<(StageMap, Pieces)> = (0..pipe.virtual_stages)
+        .map(|c| StageMap::of(lay, stages, c * pipe.stages + s))
+        .map(|map| {
+            let p = Pieces::new(lay, &map, n);
+            (map, p)
+        })
+        .collect();
+    let mut held: Vec<Vec<Option<usize>>> = chunks
+        .iter()
+        .map(|(_, p)| vec![None; p.slots.len()])
+        .collect();
+    let mut gathered = 0;
+    for task in tasks {
+        let (map, p) = &chunks[task.chunk];
+        let units: Vec<usize> = match task.pass {
+            Pass::Forward => map.units.clone().collect(),
+            Pass::Backward | Pass::Weight => map.units.clone().rev().collect(),
+        };
+        for u in units {
+            let tied = p.tied(lay, u).map(|(k, _)| k);
+            for k in std::iter::once(p.piece(u)).chain(tied) {
+                let slot = &mut held[task.chunk][p.slot_of[k]];
+                if *slot != Some(k) {
+                    *slot = Some(k);
+                    gathered += p.shards.padded(k);
+                }
+            }
+        }
+    }
+    gathered
 }
 
 /// The parameters on the device.

@@ -440,8 +440,8 @@ pub fn predict(
     let layout = m.layout(tp);
     let stages = pipe.partition(&layout);
     let mem = fullest_stage(w, par, precision, (&layout, &stages));
-    // a pipeline rank reduces and updates its own chunks' units (the largest rank's)
-    let largest = (0..pp)
+    // a pipeline rank reduces and updates its own chunks' units
+    let sizes: Vec<parallel::StageSizes> = (0..pp)
         .map(|s| {
             let mut z = parallel::StageSizes::default();
             for c in 0..v {
@@ -449,7 +449,11 @@ pub fn predict(
             }
             z
         })
+        .collect();
+    let largest = sizes
+        .iter()
         .max_by_key(|z| z.len)
+        .copied()
         .unwrap_or_default();
     let psi = largest.len as f64;
     let (pb, gb) = (precision.params_bytes(), precision.grads_bytes());
@@ -494,72 +498,84 @@ pub fn predict(
         }
         _ => v,
     };
-    let g_bytes = gb * psi;
-    let p_bytes = pb * psi;
     let ar =
         |bytes: f64, calls: usize| collective_s(Collective::AllReduce, dp, bytes, calls, dp_link);
     let ga = |bytes: f64, calls: usize| collective_s(Collective::Gather, dp, bytes, calls, dp_link);
     let dpf = (dp as f64 - 1.0) / dp as f64;
     // the unit a tied tensor lives in (GPT-2's and BERT's word embedding,
-    // read again by the head), which the head's backward reduces with its
-    // share under zero2 and fsdp, a second time each micro-batch
+    // read again by the head); without a pipeline one rank holds both, and
+    // the head's backward reduces it with its share under zero2 and fsdp,
+    // a second time each micro-batch
     let tied_len = layout
         .units
         .iter()
         .find_map(|u| u.tied.as_ref())
         .map_or(0, |t| layout.units[t.unit].range.len()) as f64;
-    let tied_again = gb * tied_len;
-    let (mut comm_s, mut comm_bytes) = match par.strategy {
-        StrategyKind::Single | StrategyKind::Ddp | StrategyKind::Tp => {
-            (ar(g_bytes, calls), 2.0 * dpf * g_bytes)
-        }
-        StrategyKind::Zero1 => (
-            ga(g_bytes, calls) + ga(p_bytes, calls),
-            dpf * (g_bytes + p_bytes),
-        ),
-        StrategyKind::Zero2 => (
-            acc * ga(g_bytes + tied_again, calls + 1) + ga(p_bytes, calls),
-            dpf * (acc * (g_bytes + tied_again) + p_bytes),
-        ),
-        StrategyKind::Fsdp => {
-            let gathered = match pp {
-                1 => pb * fsdp_gathered(&layout, w.grad_accum, dp),
-                _ => acc * 2.0 * p_bytes,
-            };
-            (
-                ga(gathered, 2 * calls * w.grad_accum) + acc * ga(g_bytes + tied_again, calls + 1),
-                dpf * (gathered + acc * (g_bytes + tied_again)),
-            )
-        }
-    };
+    let tied_again = if pp == 1 { gb * tied_len } else { 0.0 };
     let stream = rows * m.n_embd() as f64 * precision.activation_bytes();
-    if pp > 1 {
-        // each micro-batch's activation forward and gradient backward
-        // across a stage boundary, once per chunk when interleaved: a
-        // rank sends both ways from each chunk but the first stage's
-        // (backward) and the last's (forward). The ranks holding those
-        // two also sum the tied unit's gradient (each its shard of it
-        // where the gradient is sharded). The busiest rank is priced.
-        let (bw, lat) = net.link(pp, strides.stage);
-        let p2p = |chunks: usize| acc * chunks as f64 * (stream / bw + lat);
-        let sharded = matches!(
-            par.strategy,
-            StrategyKind::Zero1 | StrategyKind::Zero2 | StrategyKind::Fsdp
-        );
-        let tie = gb * tied_len / if sharded { dp as f64 } else { 1.0 };
-        let tie_link = net.link(2, strides.stage * (pp - 1));
-        let end = (
-            p2p(2 * v - 1) + collective_s(Collective::AllReduce, 2, tie, 1, tie_link),
-            acc * (2 * v - 1) as f64 * stream + tie,
-        );
-        let inner = match pp {
-            2 => (0.0, 0.0),
-            _ => (p2p(2 * v), acc * (2 * v) as f64 * stream),
+    let tasks = match par.strategy {
+        StrategyKind::Fsdp => parallel::pipeline::ranks_tasks(pipe, w.grad_accum),
+        _ => Vec::new(),
+    };
+    // each stage's rank: (seconds, bytes) it communicates a step
+    let stage_comm = |s: usize| {
+        let g_bytes = gb * sizes[s].len as f64;
+        let p_bytes = pb * sizes[s].len as f64;
+        let mut comm = match par.strategy {
+            StrategyKind::Single | StrategyKind::Ddp | StrategyKind::Tp => {
+                (ar(g_bytes, calls), 2.0 * dpf * g_bytes)
+            }
+            StrategyKind::Zero1 => (
+                ga(g_bytes, calls) + ga(p_bytes, calls),
+                dpf * (g_bytes + p_bytes),
+            ),
+            StrategyKind::Zero2 => (
+                acc * ga(g_bytes + tied_again, calls + 1) + ga(p_bytes, calls),
+                dpf * (acc * (g_bytes + tied_again) + p_bytes),
+            ),
+            StrategyKind::Fsdp => {
+                let elems = parallel::fsdp_gathered(&layout, &stages, pipe, s, dp, &tasks[s]);
+                let gathered = pb * elems as f64;
+                (
+                    ga(gathered, 2 * calls * w.grad_accum)
+                        + acc * ga(g_bytes + tied_again, calls + 1),
+                    dpf * (gathered + acc * (g_bytes + tied_again)),
+                )
+            }
         };
-        let (s, bytes) = if inner.1 > end.1 { inner } else { end };
-        comm_s += s;
-        comm_bytes += bytes;
-    }
+        if pp > 1 {
+            // each micro-batch's activation forward and gradient backward
+            // across a stage boundary, once per chunk when interleaved: a
+            // rank sends both ways from each chunk but the first stage's
+            // (backward) and the last's (forward). The ranks holding those
+            // two also sum the tied unit's gradient (each its shard of it
+            // where the gradient is sharded).
+            let (bw, lat) = net.link(pp, strides.stage);
+            let p2p = |chunks: usize| acc * chunks as f64 * (stream / bw + lat);
+            let sharded = matches!(
+                par.strategy,
+                StrategyKind::Zero1 | StrategyKind::Zero2 | StrategyKind::Fsdp
+            );
+            let tie = gb * tied_len / if sharded { dp as f64 } else { 1.0 };
+            let tie_link = net.link(2, strides.stage * (pp - 1));
+            let (s, bytes) = match s == 0 || s == pp - 1 {
+                true => (
+                    p2p(2 * v - 1) + collective_s(Collective::AllReduce, 2, tie, 1, tie_link),
+                    acc * (2 * v - 1) as f64 * stream + tie,
+                ),
+                false => (p2p(2 * v), acc * (2 * v) as f64 * stream),
+            };
+            comm.0 += s;
+            comm.1 += bytes;
+        }
+        comm
+    };
+    // the busiest rank is priced
+    let (mut comm_s, mut comm_bytes) = (0..pp)
+        .map(stage_comm)
+        .fold((0.0, 0.0), |(s, b), (s2, b2)| {
+            (f64::max(s, s2), f64::max(b, b2))
+        });
     if tp > 1 {
         // Megatron's f/g: two all-reduces of the (rows, C) stream per layer
         // forward, two backward, two more when the forward is recomputed.
@@ -633,29 +649,6 @@ pub fn predict(
         time,
         tokens_per_s,
     }
-}
-
-/// Elements an fsdp rank of one stage gathers a step over `acc`
-/// micro-batches: each unit for its forward and again for its backward
-/// (ZeRO-3's 2 x acc), less what a gather buffer still holds. The unit a
-/// tied tensor lives in has a buffer of its own and is gathered once a
-/// step; the others share one, where the last unit stays from its forward
-/// to its backward and the first from one micro-batch's backward to the
-/// next's forward. Each is padded to a multiple of the `dp` ranks.
-fn fsdp_gathered(layout: &ParamLayout, acc: usize, dp: usize) -> f64 {
-    let padded = |u: &crate::model::layout::Unit| u.range.len().div_ceil(dp) * dp;
-    let tied = layout.units.iter().find_map(|u| u.tied.as_ref());
-    let shared: Vec<usize> = (layout.units.iter().enumerate())
-        .filter(|(i, _)| tied.is_none_or(|t| t.unit != *i))
-        .map(|(_, u)| padded(u))
-        .collect();
-    let (first, last) = match (shared.first(), shared.last()) {
-        (Some(&f), Some(&l)) => (f as f64, l as f64),
-        _ => (0.0, 0.0),
-    };
-    let once = tied.map_or(0, |t| padded(&layout.units[t.unit])) as f64;
-    let a = acc as f64;
-    once + a * (2.0 * shared.iter().sum::<usize>() as f64 - last) - (a - 1.0) * first
 }
 
 /// The divisors of `n`, ascending: 2,520's 48, 131,072's 18.

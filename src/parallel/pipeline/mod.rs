@@ -20,8 +20,8 @@ mod schedule;
 
 use schedule::link;
 pub use schedule::{
-    ideal_run, in_flight, measured_bubble, partition, programs, tasks, zb_h1_bubble, Exchange,
-    Message, Pass, Pipeline, Program, Schedule, Span, Step, Task,
+    ideal_run, in_flight, measured_bubble, partition, programs, ranks_tasks, tasks, zb_h1_bubble,
+    Exchange, Message, Pass, Pipeline, Program, Schedule, Span, Step, Task,
 };
 
 use super::grid::{Grid, Groups};

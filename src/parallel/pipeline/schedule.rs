@@ -179,6 +179,14 @@ pub struct Task {
     pub micro_batch: usize,
 }
 
+/// Every rank's tasks, in order, for m micro-batches.
+pub fn ranks_tasks(pipe: Pipeline, m: usize) -> Vec<Vec<Task>> {
+    match pipe.schedule {
+        Schedule::ZbH1 => zb_h1(pipe.stages, m),
+        _ => (0..pipe.stages).map(|s| tasks(pipe, s, m)).collect(),
+    }
+}
+
 /// Rank s's tasks, in order, for m micro-batches.
 pub fn tasks(pipe: Pipeline, s: usize, m: usize) -> Vec<Task> {
     let (p, v) = (pipe.stages, pipe.virtual_stages);
