@@ -526,3 +526,206 @@ fn a_classifiers_last_block_reduces_one_row_a_sequence_under_tp() {
     }
     assert_eq!(checked, 2, "tp x2, with and without recomputation");
 }
+
+/// `plan`'s update and offload terms for the 4-block GPT-2 of the volumes'
+/// test (210,304 fp32 parameters) over 2 data-parallel ranks on an H100,
+/// against AdamW's traffic counted by hand: the update reads each
+/// parameter it owns, its gradient and both moments and writes the
+/// parameter and the moments, 7 x 4 = 28 bytes, at the HBM3's 3.35 TB/s;
+/// offloaded (ZeRO-Offload), the gradient goes down and the parameter
+/// comes back over PCIe (4 + 4 bytes, 50 GB/s), the host keeps an fp32
+/// copy of the parameter, the gradient and both moments (4 + 4 + 8) and
+/// runs the 28 bytes at its 50 GB/s; fsdp's `--offload params` sends its
+/// shard up for each gather instead (a forward and a backward each
+/// micro-batch). With `--offload-serial` the copies and the host's update
+/// add up. A rank's tokens a second are its step's tokens over the sum of
+/// compute, communication and update.
+#[test]
+fn plan_prices_the_update_and_offload_as_adamw_moves_its_bytes() {
+    use distgpt::parallel::{Offload, ParallelConfig};
+    let cfg: ModelConfig = GptConfig {
+        n_layer: 4,
+        n_head: 4,
+        n_embd: 64,
+        block_size: 32,
+        vocab_size: 65,
+        blocks: Vec::new(),
+    }
+    .into();
+    let (b, t, acc) = (8usize, 32usize, 2usize);
+    let (w, device, net) = priced_on_h100(&cfg, b, t, acc);
+    let p = 210_304.0;
+    let (hbm, pcie, host) = (3.35e12, 50e9, 50e9);
+    let mut checked = Vec::new();
+    for par in plan::layouts(&w, 2, false) {
+        if par.dp() != 2 {
+            continue;
+        }
+        // every unit of this model has an even length: a shard is half
+        let owned = match par.strategy {
+            StrategyKind::Ddp => p,
+            _ => p / 2.0,
+        };
+        let mut variants = vec![par];
+        variants.extend(plan::offloaded(&par).into_iter().map(|o| ParallelConfig {
+            offload_serial: true,
+            ..o
+        }));
+        for v in variants {
+            let got = plan::predict(&w, v, &device, &net, Precision::Fp32);
+            let name = format!("{} offload {:?}", v.layout_name(), v.offload);
+            let update_host = owned * 28.0 / host;
+            let (optimizer_s, pcie_bytes) = match v.offload {
+                Offload::None => (owned * 28.0 / hbm, 0.0),
+                Offload::Optimizer => ((owned * 8.0) / pcie + update_host, owned * 8.0),
+                Offload::Params => {
+                    let moved = owned * 4.0 + acc as f64 * 2.0 * owned * 4.0;
+                    (moved / pcie + update_host, moved)
+                }
+            };
+            close(
+                got.time.optimizer_s,
+                optimizer_s,
+                &format!("{name}: optimizer_s"),
+            );
+            close(
+                got.time.pcie_bytes,
+                pcie_bytes,
+                &format!("{name}: pcie_bytes"),
+            );
+            let h = &got.memory.host;
+            let on_host = match v.offload {
+                Offload::None => [0.0; 3],
+                _ => [4.0 * owned, 4.0 * owned, 8.0 * owned],
+            };
+            for (what, got, want) in [
+                ("params", h.params, on_host[0]),
+                ("grads", h.grads, on_host[1]),
+                ("optimizer", h.optimizer, on_host[2]),
+            ] {
+                assert!(
+                    (got - want).abs() <= 1e-9 * want,
+                    "{name}: host {what} {got}, {want} by hand"
+                );
+            }
+            let step = got.time.compute_s + got.time.comm_s + got.time.optimizer_s;
+            close(
+                got.tokens_per_s,
+                (b * t * acc) as f64 / step,
+                &format!("{name}: tokens/s"),
+            );
+            checked.push(name);
+        }
+    }
+    // ddp, zero1, zero2 (each also offloaded) and fsdp (also its params)
+    assert_eq!(checked.len(), 9, "{checked:?}");
+}
+
+/// `plan --json` on a 6.66-billion-parameter GPT-2 (32 blocks 4,096 wide,
+/// 51,200 words, 1,024 positions: 12 L C^2 + 13 L C + (V + T) C + 2 C =
+/// 6,658,072,576 parameters) over 64 H100s of 80 GB in mixed precision:
+/// data parallelism's model states are the ZeRO paper's 16 bytes a
+/// parameter (106.5 GB), which do not fit; a layout fits when its rank's
+/// bytes do; the recommendation is the fastest layout that fits; each
+/// plan is priced at the `--efficiency` asked for, which scales its
+/// compute time.
+#[test]
+fn plan_fits_what_the_memory_holds_and_recommends_the_fastest_that_fits() {
+    let psi = 12.0 * 32.0 * 4096.0f64.powi(2)
+        + 13.0 * 32.0 * 4096.0
+        + (51_200.0 + 1_024.0) * 4096.0
+        + 2.0 * 4096.0;
+    assert_eq!(psi, 6_658_072_576.0);
+    let args = |efficiency: &str| {
+        let mut a = vec!["plan", "--json", "--model", "gpt2", "--device", "h100"];
+        a.extend([
+            "--precision",
+            "mixed",
+            "--n-layer",
+            "32",
+            "--n-embd",
+            "4096",
+        ]);
+        a.extend([
+            "--n-head",
+            "32",
+            "--block-size",
+            "1024",
+            "--vocab-size",
+            "51200",
+        ]);
+        a.extend([
+            "--world-size",
+            "64",
+            "--batch-size",
+            "64",
+            "--efficiency",
+            efficiency,
+        ]);
+        json_of(&a)
+    };
+    let (j, slower) = (args("0.4"), args("0.2"));
+    let plan = &j["plans"][0];
+    assert_eq!(plan["efficiency"], 0.4);
+    assert_eq!(slower["plans"][0]["efficiency"], 0.2);
+    let f = |p: &serde_json::Value, k: &str| p[k].as_f64().unwrap();
+    // every layout priced, then each offloaded
+    let rows_of = |j: &serde_json::Value| {
+        let plan = &j["plans"][0];
+        let mut rows = plan["predictions"].as_array().unwrap().clone();
+        rows.extend(plan["offloaded"].as_array().unwrap().iter().cloned());
+        rows
+    };
+    let (rows, mut fastest, mut ddp_seen) = (rows_of(&j), None::<(f64, String)>, false);
+    for (p, q) in rows.iter().zip(rows_of(&slower)) {
+        let name = format!("{}", p["parallel"]);
+        let m = &p["memory"];
+        let device_bytes: f64 = [
+            "params",
+            "grads",
+            "optimizer",
+            "activations",
+            "gathered",
+            "other",
+        ]
+        .iter()
+        .map(|k| f(m, k))
+        .sum();
+        assert_eq!(
+            p["fits"].as_bool().unwrap(),
+            device_bytes <= 80e9,
+            "{name}: {device_bytes} bytes"
+        );
+        let states = f(m, "params") + f(m, "grads") + f(m, "optimizer");
+        let par = &p["parallel"];
+        if par["strategy"] == "ddp"
+            && par["tp"] == 1
+            && par["pipeline"]["stages"] == 1
+            && par["offload"].is_null()
+        {
+            close(states, 16.0 * psi, &format!("{name}: model states"));
+            assert!(!p["fits"].as_bool().unwrap(), "{name} fits");
+            ddp_seen = true;
+        }
+        let time = &p["time"];
+        let step = f(time, "compute_s") + f(time, "comm_s") + f(time, "optimizer_s");
+        close(
+            f(p, "tokens_per_s"),
+            64.0 * 1024.0 / step,
+            &format!("{name}: tokens/s"),
+        );
+        close(
+            f(&q["time"], "compute_s"),
+            2.0 * f(time, "compute_s"),
+            &format!("{name}: compute at half the efficiency"),
+        );
+        if p["fits"].as_bool().unwrap() && fastest.as_ref().is_none_or(|(s, _)| step < *s) {
+            let r: distgpt::parallel::ParallelConfig =
+                serde_json::from_value(p["parallel"].clone()).unwrap();
+            fastest = Some((step, r.layout_name()));
+        }
+    }
+    assert!(ddp_seen, "no ddp x64 among {} layouts", rows.len());
+    let (_, best) = fastest.expect("a layout that fits");
+    assert_eq!(plan["recommended"], best.as_str());
+}
