@@ -502,6 +502,42 @@ fn figure_after(text: &str, label: &str) -> f64 {
         .unwrap_or_else(|e| panic!("{label:?} in {text}: {e}"))
 }
 
+/// A copy of model folder `from` in `to`, each tensor of its
+/// `model.safetensors` (fp32) as `set(name, elements)` says where it says.
+fn folder_with(
+    from: &std::path::Path,
+    to: &std::path::Path,
+    set: impl Fn(&str, usize) -> Option<Vec<f32>>,
+) {
+    use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+    std::fs::create_dir_all(to).unwrap();
+    for f in std::fs::read_dir(from).unwrap() {
+        let f = f.unwrap().path();
+        if f.is_file() && f.file_name().unwrap() != "model.safetensors" {
+            std::fs::copy(&f, to.join(f.file_name().unwrap())).unwrap();
+        }
+    }
+    let bytes = std::fs::read(from.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, v)| {
+            let data = match set(&name, v.shape().iter().product()) {
+                Some(x) => x.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                None => v.data().to_vec(),
+            };
+            (name, v.shape().to_vec(), data)
+        })
+        .collect();
+    let views = tensors.iter().map(|(name, shape, data)| {
+        let view = TensorView::new(Dtype::F32, shape.clone(), data).unwrap();
+        (name.clone(), view)
+    });
+    let out = safetensors::serialize(views, &None).unwrap();
+    std::fs::write(to.join("model.safetensors"), out).unwrap();
+}
+
 /// transformers' own `BertForPreTraining` (tests/fixtures/bert_tiny/pretrain,
 /// made by scripts/make_bert_fixture.py; 99 ids) with its two heads set so
 /// that what they say is known whatever the encoder computes: the masked-LM
@@ -511,42 +547,19 @@ fn figure_after(text: &str, label: &str) -> f64 {
 /// (every pair's logits (0, beta)). Tensors named as transformers names
 /// them, with a vocabulary of letters and their continuations.
 fn pretraining_folder_with_known_heads(dir: &std::path::Path, beta: f32) -> std::path::PathBuf {
-    use safetensors::tensor::{Dtype, SafeTensors, TensorView};
     let fixture =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/bert_tiny/pretrain");
     let model = dir.join(format!("pretrain-beta{beta}"));
-    std::fs::create_dir_all(&model).unwrap();
-    std::fs::copy(fixture.join("config.json"), model.join("config.json")).unwrap();
-    let bytes = std::fs::read(fixture.join("model.safetensors")).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let f32s = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
-    let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = st
-        .tensors()
-        .into_iter()
-        .map(|(name, v)| {
-            let n = v.shape().iter().product::<usize>();
-            let data = match name.as_str() {
-                "cls.predictions.transform.LayerNorm.weight"
-                | "cls.predictions.transform.LayerNorm.bias"
-                | "cls.predictions.bias"
-                | "cls.seq_relationship.weight" => f32s(&vec![0.0; n]),
-                "cls.seq_relationship.bias" => f32s(&[0.0, beta]),
-                _ => v.data().to_vec(),
-            };
-            (name, v.shape().to_vec(), data)
-        })
-        .collect();
-    let views = tensors.iter().map(|(name, shape, data)| {
-        (
-            name.clone(),
-            TensorView::new(Dtype::F32, shape.clone(), data).unwrap(),
-        )
+    folder_with(&fixture, &model, |name, n| match name {
+        "cls.predictions.transform.LayerNorm.weight"
+        | "cls.predictions.transform.LayerNorm.bias"
+        | "cls.predictions.bias"
+        | "cls.seq_relationship.weight" => Some(vec![0.0; n]),
+        "cls.seq_relationship.bias" => Some(vec![0.0, beta]),
+        _ => None,
     });
-    std::fs::write(
-        model.join("model.safetensors"),
-        safetensors::serialize(views, &None).unwrap(),
-    )
-    .unwrap();
+    // the fixture's folder holds its reference beside the model
+    let _ = std::fs::remove_file(model.join("reference.safetensors"));
     let mut vocab: Vec<String> = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
         .map(String::from)
         .to_vec();
@@ -830,5 +843,207 @@ fn metrics_record_the_zero_papers_model_states_and_the_rings_volumes() {
                 );
             }
         }
+    }
+}
+
+/// `bench --json` as a child whose resources the OS reports when it is
+/// reaped: its JSON line and the OS's count of its peak resident set
+/// (`wait4`'s `ru_maxrss`, KiB on Linux), in bytes.
+fn bench_with_the_os_peak(args: &[&str]) -> (serde_json::Value, u64) {
+    use std::io::Read;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_distgpt"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: rusage is plain data; wait4 writes it and the status, for
+    // the child this process spawned and has not reaped
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let reaped = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(reaped, pid, "wait4: {}", std::io::Error::last_os_error());
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{args:?} exited with {status}"
+    );
+    (
+        serde_json::from_str(&out).unwrap(),
+        usage.ru_maxrss as u64 * 1024,
+    )
+}
+
+/// `bench --json`'s resident memory against the OS's own count: the peak
+/// printed (read from /proc as the bench ends) is the peak the kernel
+/// reports for the process once it has exited, to the pages its exit may
+/// touch (under 2 MiB); it holds the start and every rank's counted peak
+/// (a model of 6.3 M parameters: 16 bytes each in model states over two
+/// ranks). The times have no outside count: they are checked against
+/// their definitions, parts of the step: a single rank spends none in
+/// collectives, and a rank's collectives and update together take no
+/// longer than its step.
+#[test]
+fn bench_prints_the_peak_resident_set_the_os_counts_and_times_within_the_step() {
+    let mut args = vec!["bench", "--json", "--steps", "2", "--warmup", "0"];
+    args.extend(["--batch-size", "2", "--seq-len", "32", "--peak-tflops", "1"]);
+    args.extend(["--model", "tiny", "--n-embd", "512", "--n-head", "2"]);
+    let (single, _) = bench_with_the_os_peak(&args);
+    let rank = &single["ranks"][0];
+    assert_eq!(rank["comm_seconds_per_step"], 0.0, "{single}");
+    assert_eq!(rank["comm_bytes_per_step"], 0.0, "{single}");
+    args.extend(["--strategy", "ddp", "--world-size", "2"]);
+    let (j, os_peak) = bench_with_the_os_peak(&args);
+    let bytes = |v: &serde_json::Value| v.as_u64().unwrap_or_else(|| panic!("{j}"));
+    let printed = bytes(&j["peak_rss_bytes"]);
+    let start = bytes(&j["rss_start_bytes"]);
+    let mib = 1024 * 1024;
+    assert!(
+        printed <= os_peak && os_peak - printed < 2 * mib,
+        "peak RSS {printed} printed, {os_peak} by the OS"
+    );
+    let ranks = j["ranks"].as_array().unwrap();
+    let counted: u64 = ranks.iter().map(|r| bytes(&r["peak_bytes"]["total"])).sum();
+    assert!(
+        counted > 2 * 16 * 6_000_000 && start + counted <= printed,
+        "start {start} and the ranks' {counted} counted, {printed} peak"
+    );
+    let step_s = j["ms_per_step"].as_f64().unwrap() / 1e3;
+    for r in ranks {
+        let comm = r["comm_seconds_per_step"].as_f64().unwrap();
+        let update = r["update_seconds_per_step"].as_f64().unwrap();
+        assert!(
+            comm > 0.0 && update > 0.0 && comm + update <= step_s,
+            "a rank's collectives {comm} s and update {update} s in a step of {step_s} s"
+        );
+    }
+}
+
+/// `eval --weights`' figures: "val loss X with F weights, Y with fp32
+/// (+Z%); next-token top-1 agrees with fp32 at A% of N positions".
+struct DecodedFigures {
+    loss: f64,
+    loss_f32: f64,
+    change_percent: f64,
+    agreement: f64,
+    positions: f64,
+}
+
+fn eval_weights(folder: &std::path::Path, text: &std::path::Path, weights: &str) -> DecodedFigures {
+    let args = [
+        "eval",
+        folder.to_str().unwrap(),
+        "--weights",
+        weights,
+        "--data",
+        text.to_str().unwrap(),
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "16",
+        "--batches",
+        "2",
+    ];
+    let out = Command::new(env!("CARGO_BIN_EXE_distgpt"))
+        .args(args)
+        .output()
+        .unwrap();
+    let line = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    DecodedFigures {
+        loss: figure_after(&line, "val loss "),
+        loss_f32: figure_after(&line, "weights, "),
+        change_percent: figure_after(&line, "fp32 ("),
+        agreement: figure_after(&line, "agrees with fp32 at ") / 100.0,
+        positions: figure_after(&line, "% of "),
+    }
+}
+
+/// `eval --weights bf16` and `int8` of PyTorch's reference GPT-2 run
+/// (tests/fixtures/reference_runs/lm, scripts/make_reference_runs.py) on
+/// its validation split, 2 batches of 4 x 16: the fp32 loss beside the
+/// other weights' is PyTorch's; the change is the two losses' ratio less
+/// one; the agreement is a count of the 2 x 4 x 16 = 128 positions (the
+/// share printed, to 0.005%, times 128 an integer). And the same model
+/// with ln_f's gain and bias 0: the head sees 0, so every logit is 0 in
+/// any format, every position's loss ln V (V the 57 characters of the
+/// text, counted here, not the 64 rows the vocabulary is padded to) and
+/// every position agrees.
+#[test]
+fn eval_weights_gives_pytorchs_fp32_loss_and_agreement_over_every_position() {
+    let reference =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/reference_runs/lm");
+    let text = reference.join("text.txt");
+    // PyTorch's val_loss in reference.safetensors
+    let bytes = std::fs::read(reference.join("reference.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let val = st.tensor("val_loss").unwrap();
+    let pytorch = f32::from_le_bytes(val.data()[..4].try_into().unwrap()) as f64;
+    let positions = 2.0 * 4.0 * 16.0;
+    let within = |got: f64, want: f64, half_unit: f64, what: &str| {
+        assert!(
+            (got - want).abs() <= half_unit + 1e-6,
+            "{what}: {got} printed, {want} by hand"
+        );
+    };
+    for weights in ["bf16", "int8"] {
+        let e = eval_weights(&reference.join("final"), &text, weights);
+        within(
+            e.loss_f32,
+            pytorch,
+            5e-5,
+            &format!("{weights}: the fp32 loss"),
+        );
+        within(
+            e.change_percent,
+            100.0 * (e.loss / e.loss_f32 - 1.0),
+            5e-3 + 100.0 * 1e-4 / e.loss_f32,
+            &format!("{weights}: the change"),
+        );
+        assert_eq!(e.positions, positions, "{weights}: positions");
+        let agreeing = e.agreement * positions;
+        assert!(
+            (agreeing - agreeing.round()).abs() <= 5e-5 * positions && e.agreement > 0.9,
+            "{weights}: {} of {positions} positions agree",
+            agreeing
+        );
+    }
+
+    let chars = std::fs::read_to_string(&text).unwrap();
+    let v = chars
+        .chars()
+        .collect::<std::collections::BTreeSet<_>>()
+        .len();
+    assert_eq!(v, 57, "the text's characters");
+    let blind = scratch::scratch("lm-blind-head");
+    folder_with(&reference.join("final"), &blind, |name, n| {
+        name.starts_with("transformer.ln_f.").then(|| vec![0.0; n])
+    });
+    for weights in ["bf16", "int8"] {
+        let e = eval_weights(&blind, &text, weights);
+        let uniform = (v as f64).ln();
+        within(
+            e.loss,
+            uniform,
+            5e-5,
+            &format!("{weights}: uniform logits' loss"),
+        );
+        within(e.loss_f32, uniform, 5e-5, "fp32: uniform logits' loss");
+        assert_eq!(
+            (e.agreement, e.positions),
+            (1.0, positions),
+            "{weights}: all agree"
+        );
     }
 }
