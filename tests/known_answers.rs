@@ -892,7 +892,7 @@ fn bench_with_the_os_peak(args: &[&str]) -> (serde_json::Value, u64) {
 /// longer than its step.
 #[test]
 fn bench_prints_the_peak_resident_set_the_os_counts_and_times_within_the_step() {
-    let mut args = vec!["bench", "--json", "--steps", "2", "--warmup", "0"];
+    let mut args = vec!["bench", "--json", "--steps", "2", "--warmup", "1"];
     args.extend(["--batch-size", "2", "--seq-len", "32", "--peak-tflops", "1"]);
     args.extend(["--model", "tiny", "--n-embd", "512", "--n-head", "2"]);
     let (single, _) = bench_with_the_os_peak(&args);
