@@ -9,10 +9,8 @@
 //! `eval`'s pretraining and `--weights` figures on models whose answer is
 //! known (and PyTorch's loss); `bench`'s peak RSS against the OS's count.
 
-#[allow(dead_code)] // of the shared helpers, only the small BERT is used here
+#[allow(dead_code)] // of the shared helpers, only the small BERT and scratch are used here
 mod common;
-#[path = "support/scratch.rs"]
-mod scratch;
 
 use distgpt::backend::cpu::Cpu;
 use distgpt::model::{GptConfig, ModelConfig};
@@ -586,7 +584,7 @@ fn pretraining_folder_with_known_heads(dir: &std::path::Path, beta: f32) -> std:
 /// positive). The pairs are the same in each (the seed fixes them).
 #[test]
 fn pretrainings_eval_scores_known_heads_as_their_definitions_say() {
-    let dir = scratch::scratch("pretrain-known-heads");
+    let dir = common::scratch("pretrain-known-heads");
     std::fs::create_dir_all(&dir).unwrap();
     let words = [
         "good", "day", "sir", "buy", "cheap", "pills", "now", "fine", "tea",
@@ -706,7 +704,7 @@ const TINY_PARAMS: f64 = (128.0 + 64.0) * 32.0 + 2.0 * (12.0 * 32.0 * 32.0 + 13.
 /// `metrics.jsonl` of a `train` of `tiny` for 2 steps of 4 x 16 under
 /// `strategy` on `world` thread ranks, evaluated on 2 batches at the end.
 fn metrics_of_train(strategy: &str, world: usize) -> Vec<serde_json::Value> {
-    let out = scratch::scratch(&format!("metrics-{strategy}-{world}"));
+    let out = common::scratch(&format!("metrics-{strategy}-{world}"));
     let world = world.to_string();
     let args = [
         "train",
@@ -854,6 +852,8 @@ fn metrics_record_the_zero_papers_model_states_and_the_rings_volumes() {
 /// (`wait4`'s `ru_maxrss`, KiB on Linux), in bytes.
 fn bench_with_the_os_peak(args: &[&str]) -> (serde_json::Value, u64) {
     use std::io::Read;
+    // reaped below by wait4 (Child::wait would consume its resource usage)
+    #[allow(clippy::zombie_processes)]
     let mut child = Command::new(env!("CARGO_BIN_EXE_distgpt"))
         .args(args)
         .stdout(std::process::Stdio::piped())
@@ -1030,7 +1030,7 @@ fn eval_weights_gives_pytorchs_fp32_loss_and_agreement_over_every_position() {
         .collect::<std::collections::BTreeSet<_>>()
         .len();
     assert_eq!(v, 57, "the text's characters");
-    let blind = scratch::scratch("lm-blind-head");
+    let blind = common::scratch("lm-blind-head");
     folder_with(&reference.join("final"), &blind, |name, n| {
         name.starts_with("transformer.ln_f.").then(|| vec![0.0; n])
     });
