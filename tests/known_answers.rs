@@ -4,9 +4,12 @@
 //! token and MFU (PaLM's count, as llm.c and nanoGPT take it) through
 //! `bench --json` and the kernels' own counts, `plan`'s compute term, and
 //! each strategy's communication volume (the ZeRO and Megatron-LM papers'
-//! ring volumes) against `plan` and against what thread ranks send.
+//! ring volumes) against `plan` and against what thread ranks send; the
+//! model states and volumes `metrics.jsonl` records (ZeRO's 16 Psi, sharded);
+//! `eval`'s pretraining and `--weights` figures on models whose answer is
+//! known (and PyTorch's loss); `bench`'s peak RSS against the OS's count.
 
-#[allow(dead_code)] // of the shared helpers, only the small BERT is used here
+#[allow(dead_code)] // of the shared helpers, only the small BERT and scratch are used here
 mod common;
 
 use distgpt::backend::cpu::Cpu;
@@ -728,4 +731,566 @@ fn plan_fits_what_the_memory_holds_and_recommends_the_fastest_that_fits() {
     assert!(ddp_seen, "no ddp x64 among {} layouts", rows.len());
     let (_, best) = fastest.expect("a layout that fits");
     assert_eq!(plan["recommended"], best.as_str());
+}
+
+/// The number after `label` in `text` (a `%` or `,` ends it).
+fn figure_after(text: &str, label: &str) -> f64 {
+    let at = text
+        .find(label)
+        .unwrap_or_else(|| panic!("no {label:?} in: {text}"));
+    text[at + label.len()..]
+        .split(|c: char| c.is_whitespace() || c == '%' || c == ',' || c == '(')
+        .find(|s| !s.is_empty())
+        .unwrap()
+        .parse()
+        .unwrap_or_else(|e| panic!("{label:?} in {text}: {e}"))
+}
+
+/// A copy of model folder `from` in `to`, each tensor of its
+/// `model.safetensors` (fp32) as `set(name, elements)` says where it says.
+fn folder_with(
+    from: &std::path::Path,
+    to: &std::path::Path,
+    set: impl Fn(&str, usize) -> Option<Vec<f32>>,
+) {
+    use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+    std::fs::create_dir_all(to).unwrap();
+    for f in std::fs::read_dir(from).unwrap() {
+        let f = f.unwrap().path();
+        if f.is_file() && f.file_name().unwrap() != "model.safetensors" {
+            std::fs::copy(&f, to.join(f.file_name().unwrap())).unwrap();
+        }
+    }
+    let bytes = std::fs::read(from.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, v)| {
+            let data = match set(&name, v.shape().iter().product()) {
+                Some(x) => x.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                None => v.data().to_vec(),
+            };
+            (name, v.shape().to_vec(), data)
+        })
+        .collect();
+    let views = tensors.iter().map(|(name, shape, data)| {
+        let view = TensorView::new(Dtype::F32, shape.clone(), data).unwrap();
+        (name.clone(), view)
+    });
+    let out = safetensors::serialize(views, &None).unwrap();
+    std::fs::write(to.join("model.safetensors"), out).unwrap();
+}
+
+/// transformers' own `BertForPreTraining` (tests/fixtures/bert_tiny/pretrain,
+/// made by scripts/make_bert_fixture.py; 99 ids) with its two heads set so
+/// that what they say is known whatever the encoder computes: the masked-LM
+/// transform's LayerNorm gain and bias 0 (its output is 0, so a masked
+/// position's logits are the decoder's bias, 0 too: uniform over the 99
+/// ids) and the next-sentence classifier's weight 0 and bias (0, `beta`)
+/// (every pair's logits (0, beta)). Tensors named as transformers names
+/// them, with a vocabulary of letters and their continuations.
+fn pretraining_folder_with_known_heads(dir: &std::path::Path, beta: f32) -> std::path::PathBuf {
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/bert_tiny/pretrain");
+    let model = dir.join(format!("pretrain-beta{beta}"));
+    folder_with(&fixture, &model, |name, n| match name {
+        "cls.predictions.transform.LayerNorm.weight"
+        | "cls.predictions.transform.LayerNorm.bias"
+        | "cls.predictions.bias"
+        | "cls.seq_relationship.weight" => Some(vec![0.0; n]),
+        "cls.seq_relationship.bias" => Some(vec![0.0, beta]),
+        _ => None,
+    });
+    // the fixture's folder holds its reference beside the model
+    let _ = std::fs::remove_file(model.join("reference.safetensors"));
+    let mut vocab: Vec<String> = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+        .map(String::from)
+        .to_vec();
+    vocab.extend(('a'..='z').map(|c| c.to_string()));
+    vocab.extend(('a'..='z').map(|c| format!("##{c}")));
+    vocab.extend((0..99 - vocab.len()).map(|i| format!("w{i}")));
+    std::fs::write(model.join("vocab.txt"), vocab.join("\n")).unwrap();
+    model
+}
+
+/// `eval` of a pretraining model (masked LM + next sentence) whose heads
+/// say known things: the loss is ln 99 (uniform over the vocabulary at
+/// every masked position) plus the next-sentence mean, ln 2 where the
+/// classifier's logits are (0, 0). With logits (0, b) for every pair the
+/// next-sentence loss is (1 - q) ln(1 + e^b) + q ln(1 + e^-b), q the
+/// share of pairs whose label is 1 (B not A's continuation), so q is read
+/// from the printed loss; every pair is predicted 1 for b > 0, so the
+/// accuracy is q and the F1 (scikit-learn's for two labels: of label 1,
+/// 2 tp / (2 tp + fp + fn), tp = q n, fp = (1 - q) n, fn = 0) 2q / (1 + q);
+/// for b < 0 every pair is predicted 0: accuracy 1 - q and F1 0 (no true
+/// positive). The pairs are the same in each (the seed fixes them).
+#[test]
+fn pretrainings_eval_scores_known_heads_as_their_definitions_say() {
+    let dir = common::scratch("pretrain-known-heads");
+    std::fs::create_dir_all(&dir).unwrap();
+    let words = [
+        "good", "day", "sir", "buy", "cheap", "pills", "now", "fine", "tea",
+    ];
+    let body: Vec<&str> = (0..2000)
+        .map(|i| words[(i * 7 + i / 9) % words.len()])
+        .collect();
+    let text = dir.join("text.txt");
+    std::fs::write(&text, body.join(" ")).unwrap();
+    let eval = |beta: f32| -> String {
+        let model = pretraining_folder_with_known_heads(&dir, beta);
+        let args = [
+            "eval",
+            model.to_str().unwrap(),
+            "--data",
+            text.to_str().unwrap(),
+            "--batch-size",
+            "4",
+            "--seq-len",
+            "16",
+            "--batches",
+            "8",
+        ];
+        let out = Command::new(env!("CARGO_BIN_EXE_distgpt"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // printed to 4 places (the loss, F1) and 2 of a percent (accuracy)
+    let near = |got: f64, want: f64, places: f64, what: &str, text: &str| {
+        assert!(
+            (got - want).abs() <= 0.5 * 10f64.powf(-places) + 1e-6,
+            "{what}: {got} printed, {want} by hand, in: {text}"
+        );
+    };
+    let mlm = 99f64.ln();
+    let loss = "masked-LM + next-sentence loss ";
+    let text0 = eval(0.0);
+    near(
+        figure_after(&text0, loss),
+        mlm + 2f64.ln(),
+        4.0,
+        "loss at (0, 0)",
+        &text0,
+    );
+    // "(32 sequences of 16 tokens)"
+    let n: usize = text0
+        .rsplit_once('(')
+        .and_then(|(_, r)| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count of pairs in: {text0}"));
+    assert_eq!(n, 4 * 8, "4 x 8 pairs scored: {text0}");
+
+    let b = 2.0f64;
+    let softplus = |x: f64| (1.0 + x.exp()).ln();
+    let text_pos = eval(b as f32);
+    let nsp = figure_after(&text_pos, loss) - mlm;
+    // (1 - q) softplus(b) + q softplus(-b), and softplus(b) - softplus(-b) = b
+    let q = (softplus(b) - nsp) / b;
+    let ones = (q * n as f64).round();
+    assert!(
+        (q * n as f64 - ones).abs() < 0.05 && ones > 0.0 && ones < n as f64,
+        "q = {q} of {n} pairs from the loss, in: {text_pos}"
+    );
+    let q = ones / n as f64;
+    near(
+        figure_after(&text_pos, "next-sentence accuracy ") / 100.0,
+        q,
+        4.0,
+        "accuracy, every pair predicted 1",
+        &text_pos,
+    );
+    near(
+        figure_after(&text_pos, "F1 "),
+        2.0 * q / (1.0 + q),
+        4.0,
+        "F1, every pair predicted 1",
+        &text_pos,
+    );
+
+    let text_neg = eval(-b as f32);
+    let want = mlm + (1.0 - q) * softplus(-b) + q * softplus(b);
+    near(
+        figure_after(&text_neg, loss),
+        want,
+        4.0,
+        "loss at (0, -b)",
+        &text_neg,
+    );
+    near(
+        figure_after(&text_neg, "next-sentence accuracy ") / 100.0,
+        1.0 - q,
+        4.0,
+        "accuracy, every pair predicted 0",
+        &text_neg,
+    );
+    assert_eq!(
+        figure_after(&text_neg, "F1 "),
+        0.0,
+        "no true positive: {text_neg}"
+    );
+}
+
+/// `tiny`'s fp32 parameters as a run trains it on the embedded corpus (65
+/// characters, 128 rows) at its block size of 64: the token and position
+/// embeddings (128 + 64 rows of 32), each block's 12 C^2 + 13 C (c_attn C x
+/// 3C and 3C, attn.c_proj C x C and C, mlp C x 4C, 4C, 4C x C, C, two
+/// norms 2C each), ln_f's 2C.
+const TINY_PARAMS: f64 = (128.0 + 64.0) * 32.0 + 2.0 * (12.0 * 32.0 * 32.0 + 13.0 * 32.0) + 64.0;
+
+/// `metrics.jsonl` of a `train` of `tiny` for 2 steps of 4 x 16 under
+/// `strategy` on `world` thread ranks, evaluated on 2 batches at the end.
+fn metrics_of_train(strategy: &str, world: usize) -> Vec<serde_json::Value> {
+    let out = common::scratch(&format!("metrics-{strategy}-{world}"));
+    let world = world.to_string();
+    let args = [
+        "train",
+        "--model",
+        "tiny",
+        "--strategy",
+        strategy,
+        "--world-size",
+        &world,
+        "--steps",
+        "2",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "16",
+        "--eval-every",
+        "0",
+        "--eval-batches",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    let run = Command::new(env!("CARGO_BIN_EXE_distgpt"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Each step's `memory` (rank 0's counters), `rank_peak_bytes` (each rank's
+/// [params, grads, optimizer, activations, other, total]) and `comm` (rank
+/// 0's bytes so far) in `metrics.jsonl`, against the ZeRO paper's model
+/// states in fp32 with AdamW's two moments (4 + 4 + 8 bytes a parameter,
+/// the sharded ones over N) and the rings' volumes a step, for Psi =
+/// `TINY_PARAMS` by hand: ddp all-reduces the gradient, 2 (N-1)/N 4 Psi;
+/// ZeRO-1 and -2 reduce-scatter it and all-gather the parameters, (N-1)/N
+/// 4 Psi each, ZeRO-2 reduce-scattering the tied embeddings unit a second
+/// time (the head's backward); FSDP gathers the embeddings unit once, each
+/// block forward and backward and ln_f, and holds the embeddings and one
+/// block gathered beside its shard; its evaluation at the last step
+/// gathers the embeddings once and each block and ln_f a batch. Besides:
+/// the scalars (the loss, the gradient's norm, the evaluation's sums,
+/// under 256 bytes a step) in the all-reduces.
+/// Activations and scratch have no outside count; the total is the peak
+/// of the sum, so at most the categories' peaks added.
+#[test]
+fn metrics_record_the_zero_papers_model_states_and_the_rings_volumes() {
+    let psi = TINY_PARAMS;
+    assert_eq!(psi, 31_616.0, "tiny's parameters by hand");
+    let (c, l) = (32.0, 2.0);
+    let embeddings = 4.0 * (128.0 + 64.0) * c;
+    let block = 4.0 * (12.0 * c * c + 13.0 * c);
+    let ln_f = 4.0 * 2.0 * c;
+    let p = 4.0 * psi;
+    let as_u64 = |v: &serde_json::Value| v.as_u64().unwrap() as f64;
+    for world in [2usize, 4] {
+        let n = world as f64;
+        let ring = (n - 1.0) / n;
+        // [params, grads, optimizer] a rank; all-reduce, reduce-scatter and
+        // all-gather bytes a step
+        let cases = [
+            ("ddp", [p, p, 2.0 * p], [2.0 * ring * p, 0.0, 0.0]),
+            ("zero1", [p, p, 2.0 * p / n], [0.0, ring * p, ring * p]),
+            (
+                "zero2",
+                [p, p / n, 2.0 * p / n],
+                [0.0, ring * (p + embeddings), ring * p],
+            ),
+            (
+                "fsdp",
+                [p / n + embeddings + block, p / n, 2.0 * p / n],
+                [
+                    0.0,
+                    ring * (p + embeddings),
+                    ring * (embeddings + 2.0 * l * block + ln_f),
+                ],
+            ),
+        ];
+        for (strategy, states, volumes) in cases {
+            let what = format!("{strategy} x{world}");
+            let records = metrics_of_train(strategy, world);
+            assert_eq!(records.len(), 2, "{what}: a record a step");
+            for r in &records {
+                let step = r["step"].as_u64().unwrap() as f64;
+                let rows = r["rank_peak_bytes"].as_array().unwrap();
+                assert_eq!(rows.len(), world, "{what}: a row a rank");
+                for (rank, row) in rows.iter().enumerate() {
+                    let row: Vec<f64> = row.as_array().unwrap().iter().map(as_u64).collect();
+                    assert_eq!(
+                        row[..3],
+                        states,
+                        "{what} step {step} rank {rank}: params, grads, optimizer"
+                    );
+                    let parts: f64 = row[..5].iter().sum();
+                    assert!(
+                        row[5] <= parts && row[5] >= row[..3].iter().sum::<f64>(),
+                        "{what} step {step} rank {rank}: total {} of {row:?}",
+                        row[5]
+                    );
+                }
+                let m = &r["memory"];
+                let peak = &m["peak_bytes"];
+                let mine = ["params", "grads", "optimizer"].map(|k| as_u64(&peak[k]));
+                assert_eq!(mine, states, "{what} step {step}: rank 0's memory");
+                assert_eq!(as_u64(&m["peak_total_bytes"]), as_u64(&rows[0][5]));
+                let comm = &r["comm"];
+                let sent = [
+                    "all_reduce_bytes",
+                    "reduce_scatter_bytes",
+                    "all_gather_bytes",
+                ]
+                .map(|k| as_u64(&comm[k]));
+                let mut want = volumes.map(|v| step * v);
+                if strategy == "fsdp" && r["val_loss"].is_number() {
+                    want[2] += ring * (embeddings + 2.0 * (l * block + ln_f));
+                }
+                for (k, (got, want)) in sent.iter().zip(want).enumerate() {
+                    // the scalars go in the all-reduces
+                    let scalars = if k == 0 { 256.0 * step } else { 0.0 };
+                    assert!(
+                        (want..=want + scalars).contains(got),
+                        "{what} step {step}: {comm} sent, {volumes:?} a step by hand"
+                    );
+                }
+                assert_eq!(
+                    as_u64(&comm["p2p_bytes"]) + as_u64(&comm["broadcast_bytes"]),
+                    0.0
+                );
+            }
+        }
+    }
+}
+
+/// `bench --json` as a child whose resources the OS reports when it is
+/// reaped: its JSON line and the OS's count of its peak resident set
+/// (`wait4`'s `ru_maxrss`, KiB on Linux), in bytes.
+fn bench_with_the_os_peak(args: &[&str]) -> (serde_json::Value, u64) {
+    use std::io::Read;
+    // reaped below by wait4 (Child::wait would consume its resource usage)
+    #[allow(clippy::zombie_processes)]
+    let mut child = Command::new(env!("CARGO_BIN_EXE_distgpt"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: rusage is plain data; wait4 writes it and the status, for
+    // the child this process spawned and has not reaped
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let reaped = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(reaped, pid, "wait4: {}", std::io::Error::last_os_error());
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{args:?} exited with {status}"
+    );
+    (
+        serde_json::from_str(&out).unwrap(),
+        usage.ru_maxrss as u64 * 1024,
+    )
+}
+
+/// `bench --json`'s resident memory against the OS's own count: the peak
+/// printed (read from /proc as the bench ends) is the peak the kernel
+/// reports for the process once it has exited, to the pages its exit may
+/// touch (under 2 MiB); it holds the start and every rank's counted peak
+/// (a model of 6.3 M parameters: 16 bytes each in model states over two
+/// ranks). The times have no outside count: they are checked against
+/// their definitions, parts of the step: a single rank spends none in
+/// collectives, and a rank's collectives and update together take no
+/// longer than its step.
+#[test]
+fn bench_prints_the_peak_resident_set_the_os_counts_and_times_within_the_step() {
+    let mut args = vec!["bench", "--json", "--steps", "2", "--warmup", "1"];
+    args.extend(["--batch-size", "2", "--seq-len", "32", "--peak-tflops", "1"]);
+    args.extend(["--model", "tiny", "--n-embd", "512", "--n-head", "2"]);
+    let (single, _) = bench_with_the_os_peak(&args);
+    let rank = &single["ranks"][0];
+    assert_eq!(rank["comm_seconds_per_step"], 0.0, "{single}");
+    assert_eq!(rank["comm_bytes_per_step"], 0.0, "{single}");
+    args.extend(["--strategy", "ddp", "--world-size", "2"]);
+    let (j, os_peak) = bench_with_the_os_peak(&args);
+    let bytes = |v: &serde_json::Value| v.as_u64().unwrap_or_else(|| panic!("{j}"));
+    let printed = bytes(&j["peak_rss_bytes"]);
+    let start = bytes(&j["rss_start_bytes"]);
+    let mib = 1024 * 1024;
+    assert!(
+        printed <= os_peak && os_peak - printed < 2 * mib,
+        "peak RSS {printed} printed, {os_peak} by the OS"
+    );
+    let ranks = j["ranks"].as_array().unwrap();
+    let counted: u64 = ranks.iter().map(|r| bytes(&r["peak_bytes"]["total"])).sum();
+    assert!(
+        counted > 2 * 16 * 6_000_000 && start + counted <= printed,
+        "start {start} and the ranks' {counted} counted, {printed} peak"
+    );
+    let step_s = j["ms_per_step"].as_f64().unwrap() / 1e3;
+    for r in ranks {
+        let comm = r["comm_seconds_per_step"].as_f64().unwrap();
+        let update = r["update_seconds_per_step"].as_f64().unwrap();
+        assert!(
+            comm > 0.0 && update > 0.0 && comm + update <= step_s,
+            "a rank's collectives {comm} s and update {update} s in a step of {step_s} s"
+        );
+    }
+}
+
+/// `eval --weights`' figures: "val loss X with F weights, Y with fp32
+/// (+Z%); next-token top-1 agrees with fp32 at A% of N positions".
+struct DecodedFigures {
+    loss: f64,
+    loss_f32: f64,
+    change_percent: f64,
+    agreement: f64,
+    positions: f64,
+}
+
+fn eval_weights(folder: &std::path::Path, text: &std::path::Path, weights: &str) -> DecodedFigures {
+    let args = [
+        "eval",
+        folder.to_str().unwrap(),
+        "--weights",
+        weights,
+        "--data",
+        text.to_str().unwrap(),
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "16",
+        "--batches",
+        "2",
+    ];
+    let out = Command::new(env!("CARGO_BIN_EXE_distgpt"))
+        .args(args)
+        .output()
+        .unwrap();
+    let line = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    DecodedFigures {
+        loss: figure_after(&line, "val loss "),
+        loss_f32: figure_after(&line, "weights, "),
+        change_percent: figure_after(&line, "fp32 ("),
+        agreement: figure_after(&line, "agrees with fp32 at ") / 100.0,
+        positions: figure_after(&line, "% of "),
+    }
+}
+
+/// `eval --weights bf16` and `int8` of PyTorch's reference GPT-2 run
+/// (tests/fixtures/reference_runs/lm, scripts/make_reference_runs.py) on
+/// its validation split, 2 batches of 4 x 16: the fp32 loss beside the
+/// other weights' is PyTorch's; the change is the two losses' ratio less
+/// one; the agreement is a count of the 2 x 4 x 16 = 128 positions (the
+/// share printed, to 0.005%, times 128 an integer). And the same model
+/// with ln_f's gain and bias 0: the head sees 0, so every logit is 0 in
+/// any format, every position's loss ln V (V the 57 characters of the
+/// text, counted here, not the 64 rows the vocabulary is padded to) and
+/// every position agrees.
+#[test]
+fn eval_weights_gives_pytorchs_fp32_loss_and_agreement_over_every_position() {
+    let reference =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/reference_runs/lm");
+    let text = reference.join("text.txt");
+    // PyTorch's val_loss in reference.safetensors
+    let bytes = std::fs::read(reference.join("reference.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let val = st.tensor("val_loss").unwrap();
+    let pytorch = f32::from_le_bytes(val.data()[..4].try_into().unwrap()) as f64;
+    let positions = 2.0 * 4.0 * 16.0;
+    let within = |got: f64, want: f64, half_unit: f64, what: &str| {
+        assert!(
+            (got - want).abs() <= half_unit + 1e-6,
+            "{what}: {got} printed, {want} by hand"
+        );
+    };
+    for weights in ["bf16", "int8"] {
+        let e = eval_weights(&reference.join("final"), &text, weights);
+        within(
+            e.loss_f32,
+            pytorch,
+            5e-5,
+            &format!("{weights}: the fp32 loss"),
+        );
+        within(
+            e.change_percent,
+            100.0 * (e.loss / e.loss_f32 - 1.0),
+            5e-3 + 100.0 * 1e-4 / e.loss_f32,
+            &format!("{weights}: the change"),
+        );
+        assert_eq!(e.positions, positions, "{weights}: positions");
+        let agreeing = e.agreement * positions;
+        assert!(
+            (agreeing - agreeing.round()).abs() <= 5e-5 * positions
+                && (0.9..=1.0).contains(&e.agreement),
+            "{weights}: {} of {positions} positions agree",
+            agreeing
+        );
+    }
+
+    let chars = std::fs::read_to_string(&text).unwrap();
+    let v = chars
+        .chars()
+        .collect::<std::collections::BTreeSet<_>>()
+        .len();
+    assert_eq!(v, 57, "the text's characters");
+    let blind = common::scratch("lm-blind-head");
+    folder_with(&reference.join("final"), &blind, |name, n| {
+        name.starts_with("transformer.ln_f.").then(|| vec![0.0; n])
+    });
+    for weights in ["bf16", "int8"] {
+        let e = eval_weights(&blind, &text, weights);
+        let uniform = (v as f64).ln();
+        within(
+            e.loss,
+            uniform,
+            5e-5,
+            &format!("{weights}: uniform logits' loss"),
+        );
+        within(e.loss_f32, uniform, 5e-5, "fp32: uniform logits' loss");
+        assert_eq!(
+            (e.agreement, e.positions),
+            (1.0, positions),
+            "{weights}: all agree"
+        );
+    }
 }

@@ -92,7 +92,11 @@ pub fn record(stats: &Mutex<CommStats>, kind: Kind, n: usize, full_bytes: usize,
         Kind::P2p => s.p2p_bytes += bytes,
     }
     s.calls += 1;
-    s.seconds += started.elapsed().as_secs_f64();
+    // a group of one neither sends nor waits: its call's time is no
+    // communication (a single rank's step spent none in collectives)
+    if n > 1 {
+        s.seconds += started.elapsed().as_secs_f64();
+    }
 }
 
 /// One process group. Buffers arrive tagged with their element type

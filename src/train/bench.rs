@@ -2,7 +2,7 @@
 //! and what `plan`'s calibration measures, per rank.
 
 use crate::backend::{profile, Backend, PeakRow};
-use crate::comm::Comm;
+use crate::comm::{Comm, CommStats};
 use crate::error::Result;
 use crate::metrics;
 use crate::model::{AdamWConfig, ModelConfig};
@@ -40,6 +40,8 @@ pub struct RankBench {
     pub peak: PeakRow,
     /// Peak bytes in host memory under offload (zeros without).
     pub host_peak: PeakRow,
+    /// Bytes sent and seconds spent in collectives, a timed step's mean
+    /// (the warm-up's left out, as from `step_s`).
     pub comm_bytes_per_step: f64,
     pub comm_s_per_step: f64,
     /// A pipeline's idle fraction over the timed steps, measured from every
@@ -112,6 +114,7 @@ pub fn bench_rank<B: Backend + 'static>(
         indicatif::ProgressBar::hidden()
     };
     let (mut total, mut update) = (0.0, 0.0);
+    let mut before = CommStats::default();
     let (mut bubbles, mut timelines) = (Vec::new(), Vec::new());
     for i in 0..spec.warmup + spec.steps {
         let mb: Vec<_> = (0..spec.grad_accum.max(1)).map(|_| batch()).collect();
@@ -120,6 +123,10 @@ pub fn bench_rank<B: Backend + 'static>(
             // every rank of the process is between these barriers: no kernel runs
             profile::start();
             world.barrier()?;
+        }
+        if i == spec.warmup {
+            // the timed steps' collectives, as their time is the timed steps'
+            before = strategy.comm_stats();
         }
         let t0 = Instant::now();
         let stats = strategy.step(
@@ -146,7 +153,7 @@ pub fn bench_rank<B: Backend + 'static>(
         profile::stop();
     }
     let c = strategy.comm_stats();
-    let all_steps = (spec.warmup + spec.steps).max(1) as f64;
+    let timed = spec.steps.max(1) as f64;
     let memory = strategy.memory();
     let host = memory
         .host
@@ -158,8 +165,8 @@ pub fn bench_rank<B: Backend + 'static>(
         .chain(<[u64; PeakRow::LEN]>::from(host))
         .collect();
     let times = [
-        c.total_bytes() as f64 / all_steps,
-        c.seconds / all_steps,
+        (c.total_bytes() - before.total_bytes()) as f64 / timed,
+        (c.seconds - before.seconds) / timed,
         total / spec.steps.max(1) as f64,
         update / spec.steps.max(1) as f64,
         strategy.batch_parts() as f64,
