@@ -1294,3 +1294,123 @@ fn eval_weights_gives_pytorchs_fp32_loss_and_agreement_over_every_position() {
         );
     }
 }
+
+/// `bench --json`'s rates and peaks on two data-parallel thread ranks of
+/// `tiny`, with no peak stated: each MFU is PaLM's FLOPs a token by hand x
+/// the printed tokens/s over its peak (the matmul probe's, whose FLOPs
+/// `blas::tests::the_large_probe_counts_an_mlp_layers_three_products`
+/// counts by hand, and the hardware's); a rank's tokens/s is the step's
+/// tokens over its time, shared by the two. Then `--profile` against a
+/// stated 1 TFLOP/s: a kernel's
+/// share of the peak is its GFLOP/s over 1,000, and the kernels' shares
+/// and the time outside them make up the step.
+#[test]
+fn bench_prints_its_peaks_rates_and_shares_as_their_definitions_say() {
+    let field = |row: &serde_json::Value, k: &str| {
+        row[k].as_f64().unwrap_or_else(|| panic!("{k} in {row}"))
+    };
+    let mut args = vec!["bench", "--json", "--steps", "1", "--warmup", "0"];
+    args.extend(["--batch-size", "2", "--seq-len", "32", "--model", "tiny"]);
+    args.extend(["--strategy", "ddp", "--world-size", "2"]);
+    let row = json_of(&args);
+    let flops = palm_flops(gpt2_params_met(&TINY), &TINY, 32.0);
+    let tokens_per_s = field(&row, "tokens_per_s");
+    close(
+        tokens_per_s,
+        2.0 * 32.0 / (field(&row, "ms_per_step") / 1e3),
+        "tokens/s",
+    );
+    close(
+        field(&row, "tokens_per_s_per_rank"),
+        tokens_per_s / 2.0,
+        "tokens/s a rank",
+    );
+    let matmul = field(&row, "matmul_peak_gflops") * 1e9;
+    close(
+        field(&row, "mfu_matmul"),
+        flops * tokens_per_s / matmul,
+        "MFU against the matmul probe",
+    );
+    if cfg!(target_arch = "x86_64") {
+        let hardware = field(&row, "hardware_peak_gflops") * 1e9;
+        close(
+            field(&row, "mfu_hardware"),
+            flops * tokens_per_s / hardware,
+            "MFU against the hardware",
+        );
+    }
+
+    let row = bench(&["--model", "tiny"], 32, &["--profile"]);
+    let profile = &row["profile"];
+    let kernels = profile["kernels"].as_array().expect("a profile");
+    let mut shares = field(profile, "outside_share");
+    let mut ms = field(profile, "outside_ms_per_step");
+    for k in kernels {
+        shares += field(k, "share");
+        ms += field(k, "ms_per_step");
+        if let Some(gflops) = k["gflops"].as_f64() {
+            close(
+                field(k, "of_peak"),
+                gflops / 1000.0,
+                "a kernel's share of the peak",
+            );
+        }
+    }
+    assert!((shares - 1.0).abs() < 1e-9, "the shares add up to {shares}");
+    for k in kernels {
+        close(
+            field(k, "share"),
+            field(k, "ms_per_step") / ms,
+            "a kernel's share",
+        );
+    }
+    assert!(kernels.iter().any(|k| k["gflops"].is_number()));
+}
+
+/// A pipeline's measured bubble, against its definition over the spans
+/// each rank ran (a forward and a backward a micro-batch: 2m spans): the
+/// share of the stages' time between the first span's start and the last
+/// one's end in which they ran none.
+#[test]
+fn a_pipelines_bubble_is_the_idle_share_of_the_ranks_spans() {
+    let cfg: ModelConfig = GptConfig {
+        n_layer: 2,
+        n_head: 2,
+        n_embd: 32,
+        block_size: 32,
+        vocab_size: 65,
+        blocks: Vec::new(),
+    }
+    .into();
+    let (b, t, m) = (4usize, 32usize, 4usize);
+    let (w, _, _) = priced_on_h100(&cfg, b, t, m);
+    let par = plan::layouts(&w, 2, false)
+        .into_iter()
+        .find(|p| p.pipeline.stages == 2 && p.pipeline.schedule == Schedule::OneFOneB)
+        .expect("pp 2 1f1b");
+    let ranks = launch::run_local(2, 1, Duration::from_secs(120), |comm| {
+        bench_rank(Cpu::new(), &cfg, par, one_step(b, t, m), comm.as_ref())
+    })
+    .unwrap();
+    // every rank's figures, as rank 0 gathered them
+    let ranks = &ranks[0];
+    let spans: Vec<_> = ranks.iter().flat_map(|r| r.timeline.iter()).collect();
+    for r in ranks {
+        assert_eq!(
+            r.timeline.len(),
+            2 * m,
+            "a forward and a backward a micro-batch"
+        );
+    }
+    let start = spans.iter().map(|s| s.start).fold(f64::INFINITY, f64::min);
+    let end = spans.iter().map(|s| s.end).fold(0.0, f64::max);
+    let busy: f64 = spans.iter().map(|s| s.end - s.start).sum();
+    let idle = 1.0 - busy / (2.0 * (end - start));
+    for r in ranks {
+        let bubble = r.bubble.expect("a pipeline's bubble");
+        assert!(
+            (bubble - idle).abs() < 1e-9 && bubble > 0.0 && bubble < 1.0,
+            "bubble {bubble} printed, {idle} from the spans"
+        );
+    }
+}

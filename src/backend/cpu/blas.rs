@@ -1090,6 +1090,18 @@ mod tests {
         (here, pool)
     }
 
+    /// The matmul peak `bench` states MFU against is the probe's FLOPs over
+    /// its time: an MLP layer's forward, input and weight gradients (2 x
+    /// rows x C x 4C each) at 384 wide over 4,096 rows and 768 over 1,024,
+    /// counted here by hand.
+    #[test]
+    fn the_large_probe_counts_an_mlp_layers_three_products() {
+        let mlp = |rows: f64, c: f64| 3.0 * 2.0 * rows * c * 4.0 * c;
+        let want = mlp(4096.0, 384.0) + mlp(1024.0, 768.0);
+        assert_eq!(want, 28_991_029_248.0);
+        assert_eq!(probe_large(MatmulLib::Gemm, false).0, want);
+    }
+
     #[test]
     fn every_library_here_computes_what_the_gemm_crate_does() {
         let (here, pool) = here(MatmulLib::available, "DISTGPT_EXPECT_MATMUL");
