@@ -1300,7 +1300,8 @@ fn eval_weights_gives_pytorchs_fp32_loss_and_agreement_over_every_position() {
 /// the printed tokens/s over its peak (the matmul probe's, whose FLOPs
 /// `blas::tests::the_large_probe_counts_an_mlp_layers_three_products`
 /// counts by hand, and the hardware's); a rank's tokens/s is the step's
-/// tokens over its time, shared by the two. Then `--profile` against a
+/// tokens over its time, shared by the two; each rank's model states are
+/// ZeRO's. Then `--profile` against a
 /// stated 1 TFLOP/s: a kernel's
 /// share of the peak is its GFLOP/s over 1,000, and the kernels' shares
 /// and the time outside them make up the step.
@@ -1325,6 +1326,13 @@ fn bench_prints_its_peaks_rates_and_shares_as_their_definitions_say() {
         tokens_per_s / 2.0,
         "tokens/s a rank",
     );
+    // each replica's model states: ZeRO's (4 + 4 + 8) Psi in fp32
+    for rank in row["ranks"].as_array().unwrap() {
+        let peak = &rank["peak_bytes"];
+        let states = [4.0, 4.0, 8.0].map(|k| k * TINY_PARAMS);
+        let got = ["params", "grads", "optimizer"].map(|k| field(peak, k));
+        assert_eq!(got, states, "a ddp rank's peak model states");
+    }
     let matmul = field(&row, "matmul_peak_gflops") * 1e9;
     close(
         field(&row, "mfu_matmul"),
