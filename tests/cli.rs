@@ -155,6 +155,15 @@ fn bench_generate_times_the_first_token_after_its_prompts() {
         first.zip(all).is_some_and(|(f, a)| f > 0.0 && f <= a),
         "{row}"
     );
+    // tokens a second by their definition: every row's new tokens, 2 rows
+    // of 4 asked on the command line, over the run's seconds
+    let rate = row["tokens_per_s"].as_f64().unwrap();
+    let by_hand = (2 * 4) as f64 / all.unwrap();
+    assert!(
+        (rate - by_hand).abs() <= 1e-9 * by_hand,
+        "tokens/s: {rate} printed, {by_hand} by hand (2 x 4 tokens in {} s)",
+        all.unwrap()
+    );
     for (args, said) in [
         (
             vec!["--generate", "30", "--prompt-tokens", "40"],

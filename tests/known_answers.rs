@@ -166,6 +166,14 @@ fn bench_prints_palms_flops_and_the_mfu_they_give_for_every_family() {
         palm_flops(gpt2_params_met(&TINY), &TINY, t),
         "gpt2 tiny",
     );
+    // a step of 2 micro-batches trains on 2 x 2 x 32 tokens in its ms
+    let row = bench(&["--model", "tiny"], 32, &["--grad-accum", "2"]);
+    let ms = row["ms_per_step"].as_f64().unwrap();
+    close(
+        row["tokens_per_s"].as_f64().unwrap(),
+        (2 * 2 * 32) as f64 / (ms / 1e3),
+        "gpt2 tiny --grad-accum 2: tokens/s",
+    );
 
     // BERT counts its matmul weights alone (no biases or layer norms):
     // per block query, key, value and output (4C^2) and the feed-forward

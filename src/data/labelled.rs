@@ -333,6 +333,34 @@ pub fn prepare_spam_assassin(package: &Path, out: &Path) -> Result<[usize; 3]> {
 mod tests {
     use super::*;
 
+    /// A key's split is FNV-1a 64's hash of it mod 10 (0 val, 1 test, the
+    /// rest train): the hash gives the published test vectors (Noll's
+    /// `test_fnv.c`), and 20,000 keys fall 80/10/10 as the module says,
+    /// each within 5 standard deviations of its binomial count.
+    #[test]
+    fn keys_split_80_10_10_by_their_fnv1a_hash() {
+        assert_eq!(fnv1a(""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a("a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a("foobar"), 0x8594_4171_f739_67e8);
+        let n = 20_000;
+        let mut counts = [0usize; 3];
+        for i in 0..n {
+            counts[split_of(&format!("spam_2/m{i}"))] += 1;
+        }
+        for (split, (count, p)) in ["train", "val", "test"]
+            .iter()
+            .zip(counts.iter().zip([0.8, 0.1, 0.1]))
+        {
+            // 80%: 16,000 +- 283 (5 sd); 10%: 2,000 +- 212
+            let (mean, sd) = (n as f64 * p, (n as f64 * p * (1.0 - p)).sqrt());
+            assert!(
+                (*count as f64 - mean).abs() <= 5.0 * sd,
+                "{split}: {count} of {n} keys, expected {mean} +- {:.0} (5 sd)",
+                5.0 * sd
+            );
+        }
+    }
+
     #[test]
     fn the_spam_corpus_is_written_as_a_labelled_set_split_by_message() {
         let dir = crate::testdir::TestDir::new("prepare-spam");

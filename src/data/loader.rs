@@ -291,6 +291,49 @@ mod tests {
         }
     }
 
+    /// A run of n tokens starts at any of a part's L - n + 1 places: parts
+    /// of 3 and 5 tokens hold 1 + 3 runs of 3 (0 1 2; 10 11 12, 11 12 13
+    /// and 12 13 14, which ends at its part's last token), each drawn a
+    /// quarter of the time; a part of exactly n tokens is one run, not none.
+    #[test]
+    fn a_run_starts_at_every_place_it_fits_the_last_included() {
+        let split = Split {
+            parts: vec![
+                Part::Memory(vec![0, 1, 2]),
+                Part::Memory(vec![10, 11, 12, 13, 14]),
+            ],
+        };
+        let mut rng = Rng::new(7);
+        let n = 40_000;
+        let mut counts = std::collections::BTreeMap::new();
+        for _ in 0..n {
+            let run = split.random_run(3, &mut rng).expect("runs of 3 fit");
+            *counts.entry(run).or_insert(0usize) += 1;
+        }
+        let runs: Vec<&Vec<u32>> = counts.keys().collect();
+        assert_eq!(
+            runs,
+            [
+                vec![0, 1, 2],
+                vec![10, 11, 12],
+                vec![11, 12, 13],
+                vec![12, 13, 14]
+            ]
+            .iter()
+            .collect::<Vec<_>>(),
+            "{counts:?}"
+        );
+        // a quarter each: 10,000 +- 433 (5 sd)
+        for (run, &c) in &counts {
+            assert!((c as f64 - 10_000.0).abs() <= 433.0, "{run:?}: {c} of {n}");
+        }
+        let whole = Split {
+            parts: vec![Part::Memory(vec![4, 5])],
+        };
+        assert_eq!(whole.random_run(2, &mut rng), Some(vec![4, 5]));
+        assert_eq!(whole.random_run(3, &mut rng), None);
+    }
+
     /// Each epoch's windows (by their first token / T), batch by batch.
     fn epoch_orders(loader: &mut DataLoader, epochs: usize) -> Vec<Vec<usize>> {
         let t = loader.t;
