@@ -1430,3 +1430,79 @@ fn a_pipelines_bubble_is_the_idle_share_of_the_ranks_spans() {
         );
     }
 }
+
+/// `plan`'s communication time over pp 2 x dp 2 (the volumes' 4-block
+/// GPT-2, 1f1b, on one node of H100s: every ring on NVLink's 450 GB/s
+/// with 5 us a hop), by the alpha-beta model of a ring (Patarasuk and
+/// Yuan): an all-reduce over n ranks 2(n-1)/n of its bytes at the link's
+/// bandwidth and 2(n-1) hops a call, a reduce-scatter or all-gather half
+/// that. A replica's gradient all-reduce is one call; a sharded stage
+/// reduces and gathers unit by unit, its 3 units of the model's 6 (4
+/// blocks, the embeddings and the head), zero2's and fsdp's reduce-scatter
+/// one call more a micro-batch for the tie. Each stage sends one
+/// activation or gradient a micro-batch (1 hop), and the two stages
+/// all-reduce the tied embeddings' gradient (their shard of it where
+/// sharded). The busiest stage is priced.
+#[test]
+fn plan_times_a_pipelines_collectives_by_the_alpha_beta_ring() {
+    let cfg: ModelConfig = GptConfig {
+        n_layer: 4,
+        n_head: 4,
+        n_embd: 64,
+        block_size: 32,
+        vocab_size: 65,
+        blocks: Vec::new(),
+    }
+    .into();
+    let (b, t, acc) = (8usize, 32usize, 2usize);
+    let (w, device, net) = priced_on_h100(&cfg, b, t, acc);
+    let (bw, alpha, a) = (450e9, 5e-6, acc as f64);
+    let c = 64.0;
+    let embeddings = 4.0 * (128.0 + 32.0) * c;
+    let block = 4.0 * (12.0 * c * c + 13.0 * c);
+    let head = 4.0 * 2.0 * c;
+    // over 2 ranks: an all-reduce sends its bytes once, 2 hops a call; a
+    // reduce-scatter or all-gather half, 1 hop a call
+    let all_reduce = |bytes: f64, calls: f64| bytes / bw + 2.0 * alpha * calls;
+    let gather = |bytes: f64, calls: f64| bytes / 2.0 / bw + alpha * calls;
+    let half_batch = (b / 2 * t) as f64 * c * 4.0;
+    let mut checked = 0;
+    for par in plan::layouts(&w, 4, false) {
+        let r = par.resolved();
+        let pipe = r.pipeline;
+        if r.tp != 1 || pipe.stages != 2 || pipe.schedule != Schedule::OneFOneB {
+            continue;
+        }
+        let sharded = r.strategy != StrategyKind::Ddp;
+        let tie = if sharded {
+            embeddings / 2.0
+        } else {
+            embeddings
+        };
+        let stage = embeddings + 2.0 * block;
+        // (the stage's bytes, the elements fsdp gathers: see the volumes' test)
+        let ranks = [
+            (stage, 4.0 * embeddings),
+            (stage + head, embeddings + 2.0 * head),
+        ];
+        let want = ranks
+            .map(|(q, gathered)| {
+                let dp = match r.strategy {
+                    StrategyKind::Ddp => all_reduce(q, 1.0),
+                    StrategyKind::Zero1 => gather(q, 3.0) + gather(q, 3.0),
+                    StrategyKind::Zero2 => a * gather(q, 4.0) + gather(q, 3.0),
+                    StrategyKind::Fsdp => {
+                        gather(gathered + 7.0 * block, 2.0 * 3.0 * a) + a * gather(q, 4.0)
+                    }
+                    s => panic!("{s}"),
+                };
+                dp + a * (half_batch / bw + alpha) + all_reduce(tie, 1.0)
+            })
+            .into_iter()
+            .fold(0.0, f64::max);
+        let got = plan::predict(&w, par, &device, &net, Precision::Fp32);
+        close(got.time.comm_s, want, &par.layout_name());
+        checked += 1;
+    }
+    assert_eq!(checked, 4, "ddp, zero1, zero2 and fsdp");
+}
