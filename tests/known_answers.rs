@@ -320,6 +320,20 @@ fn priced_on_h100(
     (w, device, Network::datasheet("h100").unwrap())
 }
 
+/// A 4-block GPT-2, 64 wide with 4 heads over 65 characters (210,304
+/// fp32 parameters), at 2 micro-batches of 8 x 32.
+fn four_block_gpt2() -> (ModelConfig, (usize, usize, usize)) {
+    let cfg = GptConfig {
+        n_layer: 4,
+        n_head: 4,
+        n_embd: 64,
+        block_size: 32,
+        vocab_size: 65,
+        blocks: Vec::new(),
+    };
+    (cfg.into(), (8, 32, 2))
+}
+
 /// One timed step of `acc` micro-batches of `b` x `t`, quietly.
 fn one_step(b: usize, t: usize, acc: usize) -> BenchSpec {
     BenchSpec {
@@ -352,16 +366,7 @@ fn one_step(b: usize, t: usize, acc: usize) -> BenchSpec {
 /// gathers less than ZeRO-3's two a micro-batch, as written out below.
 #[test]
 fn each_strategys_volume_is_the_papers_and_what_thread_ranks_send() {
-    let cfg: ModelConfig = GptConfig {
-        n_layer: 4,
-        n_head: 4,
-        n_embd: 64,
-        block_size: 32,
-        vocab_size: 65,
-        blocks: Vec::new(),
-    }
-    .into();
-    let (b, t, acc) = (8usize, 32usize, 2usize);
+    let (cfg, (b, t, acc)) = four_block_gpt2();
     let (w, device, net) = priced_on_h100(&cfg, b, t, acc);
     let (l, c) = (4.0, 64.0);
     // in fp32 bytes: the embeddings unit (token embedding of 128 rows,
@@ -554,16 +559,7 @@ fn a_classifiers_last_block_reduces_one_row_a_sequence_under_tp() {
 #[test]
 fn plan_prices_the_update_and_offload_as_adamw_moves_its_bytes() {
     use distgpt::parallel::{Offload, ParallelConfig};
-    let cfg: ModelConfig = GptConfig {
-        n_layer: 4,
-        n_head: 4,
-        n_embd: 64,
-        block_size: 32,
-        vocab_size: 65,
-        blocks: Vec::new(),
-    }
-    .into();
-    let (b, t, acc) = (8usize, 32usize, 2usize);
+    let (cfg, (b, t, acc)) = four_block_gpt2();
     let (w, device, net) = priced_on_h100(&cfg, b, t, acc);
     let p = 210_304.0;
     let (hbm, pcie, host) = (3.35e12, 50e9, 50e9);
@@ -1445,16 +1441,7 @@ fn a_pipelines_bubble_is_the_idle_share_of_the_ranks_spans() {
 /// sharded). The busiest stage is priced.
 #[test]
 fn plan_times_a_pipelines_collectives_by_the_alpha_beta_ring() {
-    let cfg: ModelConfig = GptConfig {
-        n_layer: 4,
-        n_head: 4,
-        n_embd: 64,
-        block_size: 32,
-        vocab_size: 65,
-        blocks: Vec::new(),
-    }
-    .into();
-    let (b, t, acc) = (8usize, 32usize, 2usize);
+    let (cfg, (b, t, acc)) = four_block_gpt2();
     let (w, device, net) = priced_on_h100(&cfg, b, t, acc);
     let (bw, alpha, a) = (450e9, 5e-6, acc as f64);
     let c = 64.0;
