@@ -20,15 +20,20 @@ use distgpt::train::bench::{bench_rank, BenchSpec};
 use std::process::Command;
 use std::time::Duration;
 
-/// `distgpt` with `args`, its JSON line.
-fn json_of(args: &[&str]) -> serde_json::Value {
+/// `distgpt` with `args`, which must succeed: its standard output.
+fn stdout_of(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_distgpt"))
         .args(args)
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{args:?}: {err}");
-    serde_json::from_slice(&out.stdout).unwrap()
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `distgpt` with `args`, its JSON line.
+fn json_of(args: &[&str]) -> serde_json::Value {
+    serde_json::from_str(&stdout_of(args)).unwrap()
 }
 
 /// One timed step of `bench --json` at batch 2 against a stated peak of
@@ -855,16 +860,7 @@ fn pretrainings_eval_scores_known_heads_as_their_definitions_say() {
             "--batches",
             "8",
         ];
-        let out = Command::new(env!("CARGO_BIN_EXE_distgpt"))
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
+        stdout_of(&args)
     };
     // printed to 4 places (the loss, F1) and 2 of a percent (accuracy)
     let near = |got: f64, want: f64, places: f64, what: &str, text: &str| {
@@ -974,15 +970,7 @@ fn metrics_of_train(strategy: &str, world: usize) -> Vec<serde_json::Value> {
         "--out",
         out.to_str().unwrap(),
     ];
-    let run = Command::new(env!("CARGO_BIN_EXE_distgpt"))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        run.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    stdout_of(&args);
     std::fs::read_to_string(out.join("metrics.jsonl"))
         .unwrap()
         .lines()
@@ -1201,16 +1189,7 @@ fn eval_weights(folder: &std::path::Path, text: &std::path::Path, weights: &str)
         "--batches",
         "2",
     ];
-    let out = Command::new(env!("CARGO_BIN_EXE_distgpt"))
-        .args(args)
-        .output()
-        .unwrap();
-    let line = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let line = stdout_of(&args);
     DecodedFigures {
         loss: figure_after(&line, "val loss "),
         loss_f32: figure_after(&line, "weights, "),
