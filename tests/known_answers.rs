@@ -14,7 +14,7 @@ mod common;
 
 use distgpt::backend::cpu::Cpu;
 use distgpt::model::{GptConfig, ModelConfig};
-use distgpt::parallel::{launch, Schedule, StrategyKind};
+use distgpt::parallel::{launch, ParallelConfig, Schedule, StrategyKind};
 use distgpt::plan::{self, Device, Network, Precision, Workload};
 use distgpt::train::bench::{bench_rank, BenchSpec};
 use std::process::Command;
@@ -325,6 +325,18 @@ fn priced_on_h100(
     (w, device, Network::datasheet("h100").unwrap())
 }
 
+/// The bytes the busiest of `par`'s thread ranks sends in a step of `spec`.
+fn busiest_rank_sends(cfg: &ModelConfig, par: ParallelConfig, spec: BenchSpec) -> f64 {
+    let ranks = launch::run_local(par.world_size, 2, Duration::from_secs(120), |comm| {
+        bench_rank(Cpu::new(), cfg, par, spec, comm.as_ref())
+    })
+    .unwrap();
+    ranks[0]
+        .iter()
+        .map(|r| r.comm_bytes_per_step)
+        .fold(0.0, f64::max)
+}
+
 /// A 4-block GPT-2, 64 wide with 4 heads over 65 characters (210,304
 /// fp32 parameters), at 2 micro-batches of 8 x 32.
 fn four_block_gpt2() -> (ModelConfig, (usize, usize, usize)) {
@@ -471,14 +483,7 @@ fn each_strategys_volume_is_the_papers_and_what_thread_ranks_send() {
                 continue;
             };
             let predicted = plan::predict(&w, par, &device, &net, Precision::Fp32);
-            let ranks = launch::run_local(world, 2, Duration::from_secs(120), |comm| {
-                bench_rank(Cpu::new(), &cfg, par, spec, comm.as_ref())
-            })
-            .unwrap();
-            let sent = ranks[0]
-                .iter()
-                .map(|r| r.comm_bytes_per_step)
-                .fold(0.0, f64::max);
+            let sent = busiest_rank_sends(&cfg, par, spec);
             let planned = predicted.time.comm_bytes;
             let want = if want.is_nan() { planned } else { want };
             if (planned - want).abs() > 1e-9 * want || !(want..want + 256.0).contains(&sent) {
@@ -530,14 +535,7 @@ fn a_classifiers_last_block_reduces_one_row_a_sequence_under_tp() {
             .time
             .comm_bytes;
         close(planned, want, &par.layout_name());
-        let ranks = launch::run_local(2, 2, Duration::from_secs(120), |comm| {
-            bench_rank(Cpu::new(), &cfg, par, spec, comm.as_ref())
-        })
-        .unwrap();
-        let sent = ranks[0]
-            .iter()
-            .map(|r| r.comm_bytes_per_step)
-            .fold(0.0, f64::max);
+        let sent = busiest_rank_sends(&cfg, par, spec);
         assert!(
             (want..want + 256.0).contains(&sent),
             "{}: the busiest rank sent {sent}, {want} by hand",
@@ -563,7 +561,7 @@ fn a_classifiers_last_block_reduces_one_row_a_sequence_under_tp() {
 /// compute, communication and update.
 #[test]
 fn plan_prices_the_update_and_offload_as_adamw_moves_its_bytes() {
-    use distgpt::parallel::{Offload, ParallelConfig};
+    use distgpt::parallel::Offload;
     let (cfg, (b, t, acc)) = four_block_gpt2();
     let (w, device, net) = priced_on_h100(&cfg, b, t, acc);
     let p = 210_304.0;
