@@ -424,10 +424,11 @@ pub const HUGE_PAGE: usize = 2 << 20;
 
 /// A zeroed host vector. One that spans a whole huge page asks Linux to
 /// back it with transparent huge pages (`madvise(MADV_HUGEPAGE)`) before
-/// anything touches it: the zeroed allocation is fresh, untouched memory,
-/// so its pages fault in huge where the system leaves the choice to the
+/// anything touches it: a fresh zeroed allocation is untouched memory, so
+/// its pages fault in huge where the system leaves the choice to the
 /// program (`/sys/kernel/mm/transparent_hugepage/enabled` = `madvise`, the
-/// usual default). A training step streams through hundreds of MiB of
+/// usual default) and has free 2 MiB pages to give; memory the allocator
+/// reuses was touched already and keeps its 4 KiB pages. A training step streams through hundreds of MiB of
 /// activations and the update through every parameter and moment: on
 /// 4 KiB pages the translation misses cost a step 0.6% (a 10M-parameter
 /// model) to 3.5% (GPT-2 124M; BENCHMARKS.md).
@@ -552,10 +553,10 @@ mod tests {
         assert_eq!(PeakRow::largest(&[]), PeakRow::default());
     }
 
-    /// The `AnonHugePages` of the mapping in `/proc/self/smaps` that holds
-    /// `addr`, in KiB.
+    /// The value of `field` (`AnonHugePages`, `VmFlags`) for the mapping
+    /// in `/proc/self/smaps` that holds `addr`.
     #[cfg(target_os = "linux")]
-    fn huge_kib_at(addr: usize) -> usize {
+    fn smaps_field_at(addr: usize, field: &str) -> String {
         let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
         let mut inside = false;
         for line in smaps.lines() {
@@ -568,33 +569,33 @@ mod tests {
                     continue;
                 }
             }
-            if let Some(kib) = line.strip_prefix("AnonHugePages:").filter(|_| inside) {
-                return kib.trim().trim_end_matches("kB").trim().parse().unwrap();
+            let value = line.strip_prefix(field).and_then(|l| l.strip_prefix(':'));
+            if let Some(value) = value.filter(|_| inside) {
+                return value.trim().to_string();
             }
         }
         panic!("no mapping holds {addr:#x}")
     }
 
+    /// The advice is what the code controls: the mapping that holds a large
+    /// buffer's middle carries `hg` (`MADV_HUGEPAGE`). Whether the kernel
+    /// then finds free 2 MiB pages depends on the machine's fragmentation
+    /// (CI once got none), so the pages themselves are reported, not
+    /// asserted.
     #[cfg(target_os = "linux")]
     #[test]
-    fn large_host_buffers_fault_in_as_huge_pages() {
-        let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
-            .unwrap_or_default();
-        if !mode.contains("[madvise]") && !mode.contains("[always]") {
-            eprintln!(
-                "transparent huge pages are off here ({}): skipped",
-                mode.trim()
-            );
-            return;
-        }
+    fn large_host_buffers_ask_for_huge_pages() {
         let mut v: Vec<f32> = host_zeros(4 * HUGE_PAGE / 4);
         v.iter_mut().for_each(|x| *x = 1.0);
         let middle = v.as_ptr() as usize + std::mem::size_of_val(&v[..]) / 2;
-        let huge = huge_kib_at(middle);
+        let flags = smaps_field_at(middle, "VmFlags");
         assert!(
-            huge >= HUGE_PAGE / 1024,
-            "an 8 MiB buffer got {huge} KiB of huge pages (mode {})",
-            mode.trim()
+            flags.split_whitespace().any(|f| f == "hg"),
+            "an 8 MiB buffer's mapping was not advised huge (VmFlags: {flags})"
+        );
+        eprintln!(
+            "an 8 MiB buffer holds {} of huge pages",
+            smaps_field_at(middle, "AnonHugePages")
         );
     }
 
