@@ -123,15 +123,16 @@ fn a_bf16_matmul_rounds_its_operands_and_sums_exact_products() {
                     bf16: true,
                     ..MatmulShape::new((rows, k, n), layout)
                 };
-                be.matmul_forward(MatmulForward {
+                be.run(MatmulForward {
                     out: out.d(),
                     inp: inp_b.s(),
                     w: w_b.s(),
                     bias: None,
                     shape,
                     accumulate: false,
-                });
-                be.matmul_backward(MatmulBackward {
+                })
+                .unwrap();
+                be.run(MatmulBackward {
                     dinp: Some(dinp.d()),
                     dw: Some(dw.d()),
                     dbias: None,
@@ -139,7 +140,8 @@ fn a_bf16_matmul_rounds_its_operands_and_sums_exact_products() {
                     inp: inp_b.s(),
                     w: w_b.s(),
                     shape,
-                });
+                })
+                .unwrap();
                 // out = inp @ W; dinp = dout @ W^T; dW = inp^T @ dout (in W's layout)
                 let w_t = |w: &[f32]| match t {
                     true => w.to_vec(),

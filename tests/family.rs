@@ -312,14 +312,14 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
         let (b, t, terms, has_targets) = a.shape;
         let rows = b * t;
         match UnitKind::of(u, nl) {
-            UnitKind::Embeddings => be.encoder_forward(EncoderForward {
+            UnitKind::Embeddings => be.run(EncoderForward {
                 out: a.resid.slice_mut(0..rows * c),
                 tokens: a.tokens.s(),
                 wte: p.own.first(v * c),
                 wpe: p.own.from(v * c),
                 t,
                 c,
-            }),
+            })?,
             UnitKind::Block(l) => {
                 let [w1, b1, w2, b2] = parts.unwrap().map(|r| p.own.slice(r));
                 let (lo, hi) = a.resid.d().split_at((l + 1) * rows * c);
@@ -328,14 +328,14 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                 let mut h = a.h.slice_mut(l * rows * f..(l + 1) * rows * f);
                 let mut g = a.g.slice_mut(l * rows * f..(l + 1) * rows * f);
                 let io = |dims| MatmulShape::new(dims, WeightLayout::InOut);
-                be.matmul_forward(MatmulForward {
+                be.run(MatmulForward {
                     out: h.rb(),
                     inp: x,
                     w: w1,
                     bias: None,
                     shape: io((rows, c, f)),
                     accumulate: false,
-                });
+                })?;
                 // the first bias, added in the activation's passes
                 be.activation_forward(ActivationForward {
                     out: g.rb(),
@@ -343,24 +343,24 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                     bias: Some(b1),
                     act: Activation::GeluTanh,
                 });
-                be.matmul_forward(MatmulForward {
+                be.run(MatmulForward {
                     out,
                     inp: g.src(),
                     w: w2,
                     bias: Some(b2),
                     shape: io((rows, f, c)),
                     accumulate: true,
-                });
+                })?;
             }
             UnitKind::Head => {
-                be.matmul_forward(MatmulForward {
+                be.run(MatmulForward {
                     out: a.logits.d(),
                     inp: a.resid.slice(nl * rows * c..(nl + 1) * rows * c),
                     w: p.own,
                     bias: None,
                     shape: MatmulShape::new((rows, c, v), WeightLayout::InOut),
                     accumulate: false,
-                });
+                })?;
                 if !has_targets {
                     return Ok(None);
                 }
@@ -409,7 +409,7 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                     vp: v,
                     dloss: loss_scale / terms,
                 });
-                be.matmul_backward(MatmulBackward {
+                be.run(MatmulBackward {
                     dinp: Some(a.dres.d()),
                     dw: Some(g.own),
                     dbias: None,
@@ -417,14 +417,14 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                     inp: a.resid.slice(nl * rows * c..(nl + 1) * rows * c),
                     w: p.own,
                     shape: io((rows, c, v)),
-                });
+                })?;
             }
             UnitKind::Block(l) => {
                 let [w1, b1, w2, _] = parts.clone().unwrap().map(|r| p.own.slice(r));
                 let [r1, rb1, r2, rb2] = parts.unwrap();
                 let mut gd = g.own;
                 let (dw2, db2) = gd.rb().split2(r2, rb2);
-                be.matmul_backward(MatmulBackward {
+                be.run(MatmulBackward {
                     dinp: Some(a.dg.d()),
                     dw: Some(dw2),
                     dbias: Some(db2),
@@ -432,7 +432,7 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                     inp: a.g.slice(l * rows * f..(l + 1) * rows * f),
                     w: w2,
                     shape: io((rows, f, c)),
-                });
+                })?;
                 let h = a.h.slice(l * rows * f..(l + 1) * rows * f);
                 let (dw1, db1) = gd.split2(r1, rb1);
                 be.activation_backward(ActivationBackward {
@@ -442,7 +442,7 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                     act: Activation::GeluTanh,
                     dbias: Some(db1),
                 });
-                be.matmul_backward(MatmulBackward {
+                be.run(MatmulBackward {
                     dinp: Some(a.dtmp.d()),
                     dw: Some(dw1),
                     dbias: None,
@@ -450,12 +450,12 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                     inp: a.resid.slice(l * rows * c..(l + 1) * rows * c),
                     w: w1,
                     shape: io((rows, c, f)),
-                });
+                })?;
                 be.add_inplace(a.dres.d(), a.dtmp.s());
             }
             UnitKind::Embeddings => {
                 let (dwte, dwpe) = g.own.split_at(v * c);
-                be.encoder_backward(EncoderBackward {
+                be.run(EncoderBackward {
                     dwte,
                     dwpe,
                     dout: a.dres.s(),
@@ -463,7 +463,7 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                     host_tokens: &a.host_tokens,
                     t,
                     c,
-                });
+                })?;
             }
         }
         Ok(())

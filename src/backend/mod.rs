@@ -19,13 +19,13 @@ pub mod ops;
 pub mod profile;
 pub mod threads;
 
-pub use cpu::{AdamWStep, AttnShape, DecodeShape, WeightFormat, WeightLayout};
+pub use cpu::{AdamWStep, AttnShape, DecodeShape, WeightFormat};
 pub use memory::{Buf, Category, Dst, MemoryReport, PeakRow, Pending, Pinned, RawView, Src};
 pub use ops::{
     ActivationBackward, ActivationForward, AdamWUpdate, AttentionBackward, AttentionDecode,
     AttentionForward, CrossEntropyBackward, CrossEntropyForward, EncoderBackward, EncoderForward,
-    LayerNormBackward, LayerNormForward, MatmulBackward, MatmulDecode, MatmulForward, MatmulShape,
-    On,
+    Kernel, LayerNormBackward, LayerNormForward, MatmulBackward, MatmulDecode, MatmulForward,
+    MatmulShape, On, WeightLayout,
 };
 pub use threads::Threads;
 
@@ -178,14 +178,9 @@ pub trait Device: Send + Sync + Sized + Clone + 'static {
 /// accumulate (`+=`) into parameter gradients and into `dinp` unless the
 /// struct says "overwritten".
 pub trait Kernels: Device {
-    fn encoder_forward(&self, op: EncoderForward<On<'_, Self>>);
-    fn encoder_backward(&self, op: EncoderBackward<'_, On<'_, Self>>);
-    fn layernorm_forward(&self, op: LayerNormForward<On<'_, Self>>);
-    /// A backend may run a half cheaper than the whole; where it cannot
-    /// skip one, it writes the left-out outputs into scratch.
-    fn layernorm_backward(&self, op: LayerNormBackward<On<'_, Self>>) -> Result<()>;
-    fn matmul_forward(&self, op: MatmulForward<On<'_, Self>>);
-    fn matmul_backward(&self, op: MatmulBackward<On<'_, Self>>);
+    /// Any [`Kernel`]: its shape checked (an error names the kernel and the
+    /// operand too short), then run, timed while the profile is on.
+    fn run<'a, K: Kernel<On<'a, Self>>>(&self, op: K) -> Result<()>;
     fn attention_forward(&self, op: AttentionForward<On<'_, Self>>);
     fn attention_backward(&self, op: AttentionBackward<On<'_, Self>>);
     fn activation_forward(&self, op: ActivationForward<On<'_, Self>>);

@@ -79,12 +79,12 @@ pub fn matmul_forward<B: Backend>(
     be: &B,
     bf16: Option<&mut Bf16Operands<B>>,
     op: MatmulForward<On<'_, B>>,
-) {
+) -> Result<()> {
     let Some(ops) = bf16 else {
-        return be.matmul_forward(op);
+        return be.run(op);
     };
     let MatmulShape { rows, k, n, .. } = op.shape;
-    be.matmul_forward(MatmulForward {
+    be.run(MatmulForward {
         inp: Bf16Operands::rounded(be, &mut ops.inp, op.inp.first(rows * k)),
         w: Bf16Operands::rounded(be, &mut ops.w, op.w.first(k * n)),
         shape: MatmulShape {
@@ -92,7 +92,8 @@ pub fn matmul_forward<B: Backend>(
             ..op.shape
         },
         ..op
-    });
+    })?;
+    Ok(())
 }
 
 /// [`matmul_forward`] of `inp` (rows, k) by a weight `w` (k, n) stored
@@ -103,7 +104,7 @@ pub fn linear<B: Backend>(
     (out, inp): (Dst<'_, B>, Src<'_, B>),
     (w, bias): (Src<'_, B>, Option<Src<'_, B>>),
     dims: (usize, usize, usize),
-) {
+) -> Result<()> {
     let shape = MatmulShape::new(dims, WeightLayout::InOut);
     let accumulate = false;
     matmul_forward(
@@ -135,23 +136,23 @@ pub fn matmul_backward<B: Backend>(
     bf16: Option<&mut Bf16Operands<B>>,
     op: MatmulBackward<On<'_, B>>,
     how: Dout,
-) {
+) -> Result<()> {
     let Some(ops) = bf16 else {
-        return be.matmul_backward(op);
+        return be.run(op);
     };
     let MatmulShape { rows, k, n, .. } = op.shape;
     let MatmulBackward { dbias, .. } = op;
     if let Some(dbias) = dbias {
         // a bias's gradient is a sum, not a product: from the fp32 output
         // gradient, as an activation's backward sums it when fused
-        be.matmul_backward(MatmulBackward {
+        be.run(MatmulBackward {
             dinp: None,
             dw: None,
             dbias: Some(dbias),
             ..op
-        });
+        })?;
     }
-    be.matmul_backward(MatmulBackward {
+    be.run(MatmulBackward {
         dbias: None,
         dout: match how {
             Dout::Round => Bf16Operands::rounded(be, &mut ops.dout, op.dout.first(rows * n)),
@@ -164,7 +165,8 @@ pub fn matmul_backward<B: Backend>(
             ..op.shape
         },
         ..op
-    });
+    })?;
+    Ok(())
 }
 
 /// [`matmul_backward`] of [`linear`], the output gradient rounded here
@@ -177,7 +179,7 @@ pub fn linear_backward<B: Backend>(
     (dinp, dw, dbias): (Dst<'_, B>, Option<Dst<'_, B>>, Option<Dst<'_, B>>),
     (dout, inp, w): (Src<'_, B>, Src<'_, B>, Src<'_, B>),
     dims: (usize, usize, usize),
-) {
+) -> Result<()> {
     let dinp = Some(dinp);
     let shape = MatmulShape::new(dims, WeightLayout::InOut);
     let op = MatmulBackward {

@@ -148,7 +148,7 @@ pub fn row_parallel<B: Backend>(
     (mut out, residual): (Dst<'_, B>, Src<'_, B>),
     (inp, w, bias): (Src<'_, B>, Src<'_, B>, Src<'_, B>),
     shape: MatmulShape,
-    matmul: impl FnOnce(MatmulForward<On<'_, B>>),
+    matmul: impl FnOnce(MatmulForward<On<'_, B>>) -> Result<()>,
 ) -> Result<()> {
     let lead = place.rank == 0;
     if lead {
@@ -161,6 +161,6 @@ pub fn row_parallel<B: Backend>(
         bias: lead.then_some(bias),
         shape,
         accumulate: lead,
-    });
+    })?;
     all_reduce(be, tp, out)
 }

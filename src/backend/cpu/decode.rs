@@ -7,10 +7,10 @@
 
 use super::int8::{matmul_int8, Int8Weight};
 use super::math::SendPtr;
-use super::matmul::WeightLayout;
 use super::product_tasks;
 use crate::backend::memory::{Category, HostBuf, MemoryStats};
 use crate::backend::ops::{Host, MatmulDecode};
+use crate::backend::WeightLayout;
 use rayon::prelude::*;
 use std::sync::Arc;
 

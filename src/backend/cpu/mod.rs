@@ -9,36 +9,30 @@ pub(crate) mod crossentropy;
 mod decode;
 mod dpbf16;
 pub(crate) mod elementwise;
-pub(crate) mod encoder;
 pub mod hardware;
 pub mod int8;
-pub(crate) mod layernorm;
 pub mod math;
-pub(crate) mod matmul;
 mod tile;
 
 pub use adamw::AdamWStep;
 pub use attention::{AttnShape, DecodeShape, Mask};
 pub use decode::{round_to_bf16, PackedWeight, WeightFormat};
-pub use matmul::WeightLayout;
+
+use super::WeightLayout;
 
 use super::memory::{Buf, Category, Dst, MemoryStats, Src};
-use super::ops::{struct_kernels, Host, Lower, On};
+use super::ops::{checked, struct_kernels, Host, Kernel, Lower, On};
 use super::profile::{self, Op};
 use super::{
     ActivationBackward, ActivationForward, AdamWUpdate, AttentionBackward, AttentionDecode,
-    AttentionForward, CrossEntropyBackward, CrossEntropyForward, Decode, Device, Elem,
-    EncoderBackward, EncoderForward, Kernels, LayerNormBackward, LayerNormForward, MatmulBackward,
-    MatmulDecode, MatmulForward, Threads,
+    AttentionForward, CrossEntropyBackward, CrossEntropyForward, Decode, Device, Elem, Kernels,
+    MatmulDecode, Threads,
 };
 use crate::error::{Error, Result};
 use adamw::adamw;
 use attention::{attention_backward, attention_forward};
 use crossentropy::{crossentropy_backward, crossentropy_forward};
 use elementwise::{activation_backward, activation_forward};
-use encoder::{encoder_backward, encoder_forward};
-use layernorm::layernorm_forward;
-use matmul::{matmul_backward, matmul_forward};
 use std::sync::Arc;
 
 /// The CPU device; the rayon pool it runs in decides the thread count:
@@ -181,13 +175,12 @@ macro_rules! on_host {
 }
 
 impl Kernels for Cpu {
-    struct_kernels!(on_host);
-    fn layernorm_backward(&self, op: LayerNormBackward<On<'_, Self>>) -> Result<()> {
-        cpu_timed(Op::LayerNormBackward, 0.0, || {
-            layernorm::layernorm_backward(op.lower(&ToHost));
-            Ok(())
-        })
+    fn run<'a, K: Kernel<On<'a, Self>>>(&self, op: K) -> Result<()> {
+        checked(&op)?;
+        cpu_timed(K::OP, op.flops(), || op.cpu(&ToHost));
+        Ok(())
     }
+    struct_kernels!(on_host);
     fn fill(&self, dst: Dst<'_, Self>, value: f32) {
         cpu_timed(Op::Fill, 0.0, || elementwise::fill(w(dst), value))
     }

@@ -7,12 +7,11 @@
 use super::{DeviceMem, GpuError, Queue, Raw, Runtime, View};
 use crate::backend::cpu::round_to_bf16;
 use crate::backend::memory::{Buf, Category, Dst, MemoryStats, Pending, Pinned, RawView, Src};
-use crate::backend::ops::{struct_kernels, Lower, On};
+use crate::backend::ops::{checked, struct_kernels, Kernel, Lower, On};
 use crate::backend::profile::{self, Op};
 use crate::backend::{
     ActivationBackward, ActivationForward, AdamWUpdate, AttentionBackward, AttentionDecode,
-    AttentionForward, CrossEntropyBackward, CrossEntropyForward, Decode, Device, Elem,
-    EncoderBackward, EncoderForward, Kernels, LayerNormBackward, LayerNormForward, MatmulBackward,
+    AttentionForward, CrossEntropyBackward, CrossEntropyForward, Decode, Device, Elem, Kernels,
     MatmulDecode, MatmulForward, MatmulShape, WeightFormat, WeightLayout,
 };
 use crate::error::{Error, Result};
@@ -210,13 +209,12 @@ macro_rules! queued {
 /// Every kernel queued with its operands lowered to raw views; a failure is
 /// kept for the next transfer or `synchronize`.
 impl<R: Runtime> Kernels for Gpu<R> {
-    struct_kernels!(queued);
-    fn layernorm_backward(&self, op: LayerNormBackward<On<'_, Self>>) -> Result<()> {
-        self.kernel((Op::LayerNormBackward, 0.0), |d| {
-            d.layernorm_backward(op.lower(&ToRaw))
-        });
+    fn run<'a, K: Kernel<On<'a, Self>>>(&self, op: K) -> Result<()> {
+        let checked = checked(&op)?;
+        self.kernel((K::OP, op.flops()), |d| op.gpu(d, &ToRaw, checked));
         Ok(())
     }
+    struct_kernels!(queued);
     fn fill(&self, dst: Dst<'_, Self>, value: f32) {
         self.kernel((Op::Fill, 0.0), |d| d.fill(view(dst.raw()), value))
     }
@@ -290,14 +288,18 @@ impl<R: Runtime> Decode for Gpu<R> {
             dims,
             accumulate,
         } = op;
-        self.matmul_forward(MatmulForward {
+        let queued = self.run(MatmulForward {
             out,
             inp,
             w: w.w.s(),
             bias,
             shape: MatmulShape::new(dims, w.layout),
             accumulate,
-        })
+        });
+        if let Err(e) = queued {
+            // kept for the next transfer or sync, as a launch's failure is
+            self.queue(|_| Err(GpuError(e.to_string())));
+        }
     }
     fn attention_decode(&self, op: AttentionDecode<On<'_, Self>>) {
         self.queue(|d| d.attention_decode(op.lower(&ToRaw)))

@@ -5,9 +5,8 @@
 
 use super::{u32_arg, Arg, DeviceMem, Gemm, GpuError, Operand, Queue, Raw, Runtime, View, BLOCK};
 use crate::backend::ops::{
-    activation_bias_width, ActivationBackward, ActivationForward, AdamWUpdate,
-    CrossEntropyBackward, CrossEntropyForward, EncoderBackward, EncoderForward, LayerNormBackward,
-    LayerNormForward, MatmulBackward, MatmulForward, MatmulShape,
+    activation_bias_width, checked, ActivationBackward, ActivationForward, AdamWUpdate, AsIs,
+    CrossEntropyBackward, CrossEntropyForward, Kernel,
 };
 use crate::backend::{Activation, WeightLayout, COLUMN_CHUNK_ROWS};
 
@@ -37,7 +36,7 @@ pub fn program_source() -> String {
 }
 
 /// Workgroups for one thread per element of `n`.
-fn groups(n: usize) -> usize {
+pub(crate) fn groups(n: usize) -> usize {
     n.div_ceil(BLOCK)
 }
 
@@ -67,334 +66,39 @@ pub(super) fn need(what: &str, view: View, n: usize) -> Result<(), GpuError> {
     Ok(())
 }
 
-pub(super) fn u32s(what: &str, n: usize) -> Result<Arg, GpuError> {
+pub(crate) fn u32s(what: &str, n: usize) -> Result<Arg, GpuError> {
     Ok(Arg::U32(u32_arg(what, n)?))
 }
 
 impl<R: Runtime> Queue<R> {
-    /// out (rows, c) = `wte[tokens]` + `wpe[row % t]`; rows = tokens.len.
-    pub fn encoder_forward(&self, op: EncoderForward<Raw>) -> Result<(), GpuError> {
-        let EncoderForward {
-            out,
-            tokens,
-            wte,
-            wpe,
-            t,
-            c,
-        } = op;
-        let rows = tokens.len;
-        need("encoder_forward out", out, rows * c)?;
-        need("encoder_forward wpe", wpe, t.min(rows) * c)?;
-        check_t(t)?;
-        if rows == 0 || c == 0 {
-            return Ok(());
-        }
+    /// Any [`Kernel`] over raw views: checked, then queued.
+    pub fn run<K: Kernel<Raw>>(&self, op: K) -> Result<(), GpuError> {
+        let checked = checked(&op).map_err(|e| GpuError(e.to_string()))?;
+        op.gpu(self, &AsIs, checked)
+    }
+
+    /// out (rows, n) = bias per row, or += bias with `accumulate`: where a
+    /// product's bias goes before the product adds onto it.
+    pub(crate) fn bias_forward(
+        &self,
+        out: View,
+        bias: View,
+        (rows, n): (usize, usize),
+        accumulate: bool,
+    ) -> Result<(), GpuError> {
         let args = [
             Arg::View(out),
-            Arg::View(tokens),
-            Arg::View(wte),
-            Arg::View(wpe),
+            Arg::View(bias),
             u32s("rows", rows)?,
-            u32s("t", t)?,
-            u32s("c", c)?,
+            u32s("n", n)?,
+            Arg::U32(accumulate as u32),
         ];
-        self.launch("encoder_forward", groups(rows * c), &args)
-    }
-
-    /// `dwte[tokens]` += dout; `dwpe[row % t]` += dout (rows = tokens.len), in a
-    /// fixed order: rows are grouped by token here on the host.
-    pub fn encoder_backward(&self, op: EncoderBackward<'_, Raw>) -> Result<(), GpuError> {
-        let EncoderBackward {
-            dwte,
-            dwpe,
-            dout,
-            host_tokens: tokens,
-            t,
-            c,
-            ..
-        } = op;
-        let rows = tokens.len();
-        need("encoder_backward dout", dout, rows * c)?;
-        need("encoder_backward dwpe", dwpe, t.min(rows) * c)?;
-        check_t(t)?;
-        if rows == 0 || c == 0 {
-            return Ok(());
-        }
-        if let Some(&tok) = tokens.iter().max() {
-            need("encoder_backward dwte", dwte, (tok as usize + 1) * c)?;
-        }
-        // CSR of rows by token: order (rows), starts (n_tok + 1), toks (n_tok).
-        let mut order: Vec<u32> = (0..u32_arg("rows", rows)?).collect();
-        order.sort_by_key(|&r| tokens[r as usize]); // stable: rows ascend within a token
-        let (mut starts, mut toks) = (Vec::new(), Vec::new());
-        for (s, &r) in order.iter().enumerate() {
-            let tok = tokens[r as usize];
-            if toks.last() != Some(&tok) {
-                toks.push(tok);
-                starts.push(s as u32);
-            }
-        }
-        starts.push(rows as u32);
-        let n_tok = toks.len();
-        let mut csr = order;
-        csr.extend_from_slice(&starts);
-        csr.extend_from_slice(&toks);
-        let mem = self.alloc::<u32>(csr.len())?;
-        self.write(mem.view(), &csr)?;
-        let args = [
-            Arg::View(dwte),
-            Arg::View(dout),
-            Arg::View(mem.view_range(0..rows)),
-            Arg::View(mem.view_range(rows..rows + n_tok + 1)),
-            Arg::View(mem.view_range(rows + n_tok + 1..csr.len())),
-            u32s("distinct tokens", n_tok)?,
-            u32s("c", c)?,
-        ];
-        self.launch("encoder_backward_wte", groups(n_tok * c), &args)?;
-        // With rows < t, positions past the last row get nothing: only
-        // min(t, rows) positions are touched, each by its one row.
-        let positions = t.min(rows);
-        let args = [
-            Arg::View(dwpe),
-            Arg::View(dout),
-            u32s("rows", rows)?,
-            u32s("t", positions)?,
-            u32s("c", c)?,
-        ];
-        // `mem` may be dropped with the kernels still queued: runtimes free
-        // memory in queue order (`Runtime::Mem`).
-        self.launch("encoder_backward_wpe", groups(positions * c), &args)
-    }
-
-    /// out, inp (rows, c); mean, rstd (rows) overwritten; w, b (c).
-    pub fn layernorm_forward(&self, op: LayerNormForward<Raw>) -> Result<(), GpuError> {
-        let LayerNormForward {
-            out,
-            mean,
-            rstd,
-            inp,
-            w,
-            b,
-            c,
-            eps,
-        } = op;
-        let rows = mean.len;
-        need("layernorm_forward out", out, rows * c)?;
-        need("layernorm_forward inp", inp, rows * c)?;
-        need("layernorm_forward mean", mean, rows)?;
-        need("layernorm_forward rstd", rstd, rows)?;
-        need("layernorm_forward w", w, c)?;
-        need("layernorm_forward b", b, c)?;
-        let args = [
-            Arg::View(out),
-            Arg::View(mean),
-            Arg::View(rstd),
-            Arg::View(inp),
-            Arg::View(w),
-            Arg::View(b),
-            u32s("c", c)?,
-            Arg::F32(eps),
-        ];
-        self.launch("layernorm_forward", rows, &args)
-    }
-
-    /// dinp (rows, c) +=; dw, db (c) += (per-chunk partials, then a
-    /// fixed-order sum); each half only when its outputs are given.
-    pub fn layernorm_backward(&self, op: LayerNormBackward<Raw>) -> Result<(), GpuError> {
-        let LayerNormBackward {
-            dinp,
-            dwb,
-            dout,
-            inp,
-            w,
-            mean,
-            rstd,
-            c,
-            accumulate,
-        } = op;
-        let rows = mean.len;
-        for (what, v, n) in [
-            ("dout", dout, rows * c),
-            ("inp", inp, rows * c),
-            ("w", w, c),
-            ("mean", mean, rows),
-            ("rstd", rstd, rows),
-        ] {
-            need(&format!("layernorm_backward {what}"), v, n)?;
-        }
-        if rows == 0 || c == 0 {
-            return Ok(());
-        }
-        if let Some(dinp) = dinp {
-            need("layernorm_backward dinp", dinp, rows * c)?;
-            let args = [
-                Arg::View(dinp),
-                Arg::View(dout),
-                Arg::View(inp),
-                Arg::View(w),
-                Arg::View(mean),
-                Arg::View(rstd),
-                u32s("c", c)?,
-                Arg::U32(accumulate as u32),
-            ];
-            self.launch("layernorm_backward", rows, &args)?;
-        }
-        let Some((dw, db)) = dwb else {
-            return Ok(());
-        };
-        need("layernorm_backward dw", dw, c)?;
-        need("layernorm_backward db", db, c)?;
-        let chunks = rows.div_ceil(COLUMN_CHUNK_ROWS);
-        let partials = self.alloc::<f32>(chunks * 2 * c)?;
-        let args = [
-            Arg::View(partials.view()),
-            Arg::View(dout),
-            Arg::View(inp),
-            Arg::View(mean),
-            Arg::View(rstd),
-            u32s("rows", rows)?,
-            u32s("c", c)?,
-            u32s("chunks", chunks)?,
-            u32s("chunk rows", COLUMN_CHUNK_ROWS)?,
-        ];
-        self.launch("layernorm_backward_partials", groups(chunks * c), &args)?;
-        let args = [
-            Arg::View(dw),
-            Arg::View(db),
-            Arg::View(partials.view()),
-            u32s("chunks", chunks)?,
-            u32s("c", c)?,
-        ];
-        self.launch("layernorm_backward_params", groups(c), &args)
-    }
-
-    /// out (rows, n) = [out +] inp (rows, k) @ W + bias; W is (k, n) for
-    /// `InOut`, (n, k) for `OutIn`.
-    pub fn matmul_forward(&self, op: MatmulForward<Raw>) -> Result<(), GpuError> {
-        let MatmulForward {
-            out,
-            inp,
-            w,
-            bias,
-            shape,
-            accumulate,
-        } = op;
-        let MatmulShape {
-            rows,
-            k,
-            n,
-            layout,
-            bf16,
-        } = shape;
-        need("matmul_forward out", out, rows * n)?;
-        need("matmul_forward inp", inp, rows * k)?;
-        need("matmul_forward w", w, k * n)?;
-        if let Some(b) = bias {
-            need("matmul_forward bias", b, n)?;
-            let args = [
-                Arg::View(out),
-                Arg::View(b),
-                u32s("rows", rows)?,
-                u32s("n", n)?,
-                Arg::U32(accumulate as u32),
-            ];
-            self.launch("bias_forward", groups(rows * n), &args)?;
-        }
-        // Row-major out (rows, n) is column-major out^T (n x rows) = W^T @ inp^T.
-        let beta = if accumulate || bias.is_some() {
-            1.0
-        } else {
-            0.0
-        };
-        self.gemm(Gemm {
-            m: n,
-            n: rows,
-            k,
-            a: weight(w, layout, k, n, false),
-            b: operand(inp, false, k),
-            beta,
-            c: out,
-            ldc: n,
-            bf16,
-        })
-    }
-
-    /// dinp (rows, k) overwritten; dw (as W) +=; dbias (n) += colsum(dout);
-    /// each half only when its outputs are given.
-    pub fn matmul_backward(&self, op: MatmulBackward<Raw>) -> Result<(), GpuError> {
-        let MatmulBackward {
-            dinp,
-            dw,
-            dbias,
-            dout,
-            inp,
-            w,
-            shape,
-        } = op;
-        let MatmulShape {
-            rows,
-            k,
-            n,
-            layout,
-            bf16,
-        } = shape;
-        if let Some(dinp) = dinp {
-            need("matmul_backward dinp", dinp, rows * k)?;
-            need("matmul_backward dout", dout, rows * n)?;
-            need("matmul_backward w", w, k * n)?;
-            // dinp^T (k x rows) = W @ dout^T.
-            self.gemm(Gemm {
-                m: k,
-                n: rows,
-                k: n,
-                a: weight(w, layout, k, n, true),
-                b: operand(dout, false, n),
-                beta: 0.0,
-                c: dinp,
-                ldc: k,
-                bf16,
-            })?;
-        }
-        if let Some(dw) = dw {
-            need("matmul_backward dout", dout, rows * n)?;
-            need("matmul_backward inp", inp, rows * k)?;
-            need("matmul_backward dw", dw, k * n)?;
-            self.gemm(match layout {
-                // dw (k, n) += inp^T @ dout: column-major dw^T (n x k) += dout^T @ inp.
-                WeightLayout::InOut => Gemm {
-                    m: n,
-                    n: k,
-                    k: rows,
-                    a: operand(dout, false, n),
-                    b: operand(inp, true, k),
-                    beta: 1.0,
-                    c: dw,
-                    ldc: n,
-                    bf16,
-                },
-                // dw (n, k) += dout^T @ inp: column-major dw^T (k x n) += inp^T @ dout.
-                WeightLayout::OutIn => Gemm {
-                    m: k,
-                    n,
-                    k: rows,
-                    a: operand(inp, false, k),
-                    b: operand(dout, true, n),
-                    beta: 1.0,
-                    c: dw,
-                    ldc: k,
-                    bf16,
-                },
-            })?;
-        }
-        match dbias {
-            Some(db) => self.bias_backward(db, (dout, dout, None, None), (rows, n)),
-            None => Ok(()),
-        }
+        self.launch("bias_forward", groups(rows * n), &args)
     }
 
     /// dbias (n) += colsum(d) for d (rows, n); with an activation, after
     /// d *= act'(inp [+ bias]) in place, in the same pass.
-    fn bias_backward(
+    pub(crate) fn bias_backward(
         &self,
         db: View,
         (d, inp, bias, act): (View, View, Option<View>, Option<Activation>),
@@ -436,7 +140,7 @@ impl<R: Runtime> Queue<R> {
 
     /// c (m x n, column-major, ldc = m) per `g`, with empty sizes handled
     /// here (CLBlast rejects them).
-    fn gemm(&self, g: Gemm) -> Result<(), GpuError> {
+    pub(crate) fn gemm(&self, g: Gemm) -> Result<(), GpuError> {
         if g.m == 0 || g.n == 0 {
             return Ok(());
         }
@@ -454,7 +158,7 @@ impl<R: Runtime> Queue<R> {
             return Ok(());
         }
         // SAFETY: the callers checked every operand view against the sizes
-        // and leading dimensions of `g` (`need`).
+        // and leading dimensions of `g` (`need`, a `Kernel`'s check).
         unsafe { self.rt.sgemm(g) }
     }
 
@@ -645,7 +349,13 @@ impl<R: Runtime> Queue<R> {
 
 /// W as a column-major GEMM operand standing for W_eff (k x n, what the
 /// math calls W: `out = inp @ W_eff`), or for W_eff^T when `for_dinp`.
-fn weight(w: View, layout: WeightLayout, k: usize, n: usize, for_dinp: bool) -> Operand {
+pub(crate) fn weight_operand(
+    w: View,
+    layout: WeightLayout,
+    k: usize,
+    n: usize,
+    for_dinp: bool,
+) -> Operand {
     // InOut stores W_eff row-major: column-major it is W_eff^T (n x k), ld n.
     // OutIn stores W_eff^T row-major: column-major it is W_eff (k x n), ld k.
     let (stored_is_transposed, ld) = match layout {
@@ -657,7 +367,7 @@ fn weight(w: View, layout: WeightLayout, k: usize, n: usize, for_dinp: bool) -> 
 }
 
 /// `view` as a column-major GEMM operand with leading dimension `ld`.
-fn operand(view: View, transpose: bool, ld: usize) -> Operand {
+pub(crate) fn operand(view: View, transpose: bool, ld: usize) -> Operand {
     Operand {
         view,
         transpose,
@@ -670,15 +380,6 @@ fn check_vocab(v: usize, vp: usize) -> Result<(), GpuError> {
         return Err(GpuError(format!(
             "cross-entropy: need 0 < v <= vp, got v = {v}, vp = {vp}"
         )));
-    }
-    Ok(())
-}
-
-fn check_t(t: usize) -> Result<(), GpuError> {
-    if t == 0 {
-        return Err(GpuError(
-            "encoder: sequence length t must be positive".into(),
-        ));
     }
     Ok(())
 }

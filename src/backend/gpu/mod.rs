@@ -16,6 +16,7 @@ mod tests;
 
 pub use backend::{Gpu, PackedGpu};
 pub use kernels::program_source;
+pub(crate) use kernels::{groups, operand, u32s, weight_operand};
 
 use crate::backend::Elem;
 use std::ops::Range;
@@ -38,6 +39,12 @@ pub struct View {
     pub mem: u64,
     pub off: usize,
     pub len: usize,
+}
+
+impl crate::backend::ops::Extent for View {
+    fn extent(&self) -> usize {
+        self.len
+    }
 }
 
 /// Raw views of a runtime's buffers: the operands `Queue`'s kernels take.
@@ -208,8 +215,9 @@ pub trait Runtime: Send + Sync + Sized + 'static {
 
 /// A device's in-order queue with the model's kernels: the runtime plus the
 /// kernel wrappers of `kernels.rs` and `attention.rs`, which check shapes
-/// and launch.
-pub(crate) struct Queue<R: Runtime> {
+/// and launch, and the launches of the [`Kernel`](crate::backend::ops::Kernel)s
+/// in `ops/`, run after their check.
+pub struct Queue<R: Runtime> {
     rt: R,
 }
 
@@ -256,13 +264,14 @@ impl<R: Runtime> Queue<R> {
         unsafe { self.rt.read_start(src, dst) }
     }
 
-    fn launch(&self, name: &str, groups: usize, args: &[Arg]) -> Result<(), GpuError> {
+    pub(crate) fn launch(&self, name: &str, groups: usize, args: &[Arg]) -> Result<(), GpuError> {
         if groups == 0 {
             return Ok(());
         }
         // SAFETY: every wrapper in kernels.rs and attention.rs checks its
-        // views against the sizes it passes (`need`) and passes the kernel's
-        // parameter types, in order.
+        // views against the sizes it passes (`need`), every `Kernel`'s
+        // launch runs after its check (`Checked`), and each passes the
+        // kernel's parameter types, in order.
         unsafe { self.rt.launch(name, groups, args) }
     }
 }

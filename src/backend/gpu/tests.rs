@@ -9,12 +9,13 @@
 
 use super::{kernel_names, program_source, DeviceMem, Queue, Runtime, View, BLOCK};
 use crate::backend::cpu::check::randn;
-use crate::backend::cpu::{adamw, crossentropy, elementwise, encoder, layernorm, matmul};
+use crate::backend::cpu::{adamw, crossentropy, elementwise};
 use crate::backend::opencl::ClRuntime;
+use crate::backend::ops::layernorm;
 use crate::backend::ops::{
-    ActivationBackward, ActivationForward, AdamWUpdate, CrossEntropyBackward, CrossEntropyForward,
-    EncoderBackward, EncoderForward, LayerNormBackward, LayerNormForward, MatmulBackward,
-    MatmulForward, MatmulShape,
+    ActivationBackward, ActivationForward, AdamWUpdate, AsIs, CrossEntropyBackward,
+    CrossEntropyForward, EncoderBackward, EncoderForward, Host, Kernel, LayerNormBackward,
+    LayerNormForward, MatmulBackward, MatmulForward, MatmulShape,
 };
 use crate::backend::Elem;
 use crate::backend::{Activation, AdamWStep, WeightLayout};
@@ -308,17 +309,18 @@ fn encoder_forward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
         let wte = randn(&mut rng, vocab * c, 1.0);
         let wpe = randn(&mut rng, t * c, 1.0);
         let mut want = vec![0.0; b * t * c];
-        encoder::encoder_forward(EncoderForward {
+        (EncoderForward::<Host> {
             out: &mut want,
             tokens: &toks,
             wte: &wte,
             wpe: &wpe,
             t,
             c,
-        });
+        })
+        .cpu(&AsIs);
         let out = putf(dev, &vec![7.0; b * t * c]);
         let (tk, e, p) = (putu(dev, &toks), putf(dev, &wte), putf(dev, &wpe));
-        dev.encoder_forward(EncoderForward {
+        dev.run(EncoderForward {
             out: out.view(),
             tokens: tk.view(),
             wte: e.view(),
@@ -348,7 +350,7 @@ fn encoder_backward_matches_cpu_and_is_deterministic_on<R: Runtime>(dev: &Queue<
         let dwte0 = randn(&mut rng, vocab * c, 1.0);
         let dwpe0 = randn(&mut rng, t * c, 1.0);
         let (mut dwte, mut dwpe) = (dwte0.clone(), dwpe0.clone());
-        encoder::encoder_backward(EncoderBackward {
+        (EncoderBackward::<Host> {
             dwte: &mut dwte,
             dwpe: &mut dwpe,
             dout: &dout,
@@ -356,12 +358,13 @@ fn encoder_backward_matches_cpu_and_is_deterministic_on<R: Runtime>(dev: &Queue<
             host_tokens: &toks,
             t,
             c,
-        });
+        })
+        .cpu(&AsIs);
         let mut runs = Vec::new();
         for _ in 0..2 {
             let (e, p, d) = (putf(dev, &dwte0), putf(dev, &dwpe0), putf(dev, &dout));
             let tokens = putu(dev, &toks);
-            dev.encoder_backward(EncoderBackward {
+            dev.run(EncoderBackward {
                 dwte: e.view(),
                 dwpe: p.view(),
                 dout: d.view(),
@@ -409,7 +412,7 @@ fn layernorm_forward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
             putf(dev, &vec![0.0; rows]),
         );
         let (xd, wd, bd) = (putf(dev, &x), putf(dev, &w), putf(dev, &b));
-        dev.layernorm_forward(LayerNormForward {
+        dev.run(LayerNormForward {
             out: o.view(),
             mean: m.view(),
             rstd: r.view(),
@@ -451,7 +454,7 @@ fn layernorm_backward_matches_cpu_and_is_deterministic_on<R: Runtime>(dev: &Queu
         );
         let (_, mean, rstd) = layernorm::forward_into_new(&x, (&w, &b), c, 1e-5);
         let (mut dinp, mut dw, mut db) = (dinp0.clone(), dw0.clone(), db0.clone());
-        layernorm::layernorm_backward(LayerNormBackward {
+        (LayerNormBackward::<Host> {
             dinp: Some(&mut dinp),
             dwb: Some((&mut dw, &mut db)),
             dout: &dout,
@@ -461,13 +464,14 @@ fn layernorm_backward_matches_cpu_and_is_deterministic_on<R: Runtime>(dev: &Queu
             rstd: &rstd,
             c,
             accumulate,
-        });
+        })
+        .cpu(&AsIs);
         let mut runs = Vec::new();
         for _ in 0..2 {
             let (di, dwd, dbd) = (putf(dev, &dinp0), putf(dev, &dw0), putf(dev, &db0));
             let (dd, xd, wd) = (putf(dev, &dout), putf(dev, &x), putf(dev, &w));
             let (md, rd) = (putf(dev, &mean), putf(dev, &rstd));
-            dev.layernorm_backward(LayerNormBackward {
+            dev.run(LayerNormBackward {
                 dinp: Some(di.view()),
                 dwb: Some((dwd.view(), dbd.view())),
                 dout: dd.view(),
@@ -544,14 +548,15 @@ fn matmul_forward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
                 let out0 = randn(&mut rng, rows * n, 1.0);
                 let mut want = out0.clone();
                 let b = with_bias.then_some(&bias[..]);
-                matmul::matmul_forward(MatmulForward {
+                (MatmulForward::<Host> {
                     out: &mut want,
                     inp: &inp,
                     w: &w,
                     bias: b,
                     shape: MatmulShape::new((rows, k, n), layout),
                     accumulate,
-                });
+                })
+                .cpu(&AsIs);
                 let (o, i, wd, bd) = (
                     putf(dev, &out0),
                     putf(dev, &inp),
@@ -559,7 +564,7 @@ fn matmul_forward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
                     putf(dev, &bias),
                 );
                 let bv = with_bias.then(|| bd.view());
-                dev.matmul_forward(MatmulForward {
+                dev.run(MatmulForward {
                     out: o.view(),
                     inp: i.view(),
                     w: wd.view(),
@@ -606,7 +611,7 @@ fn matmul_backward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
                 // dinp is overwritten: start from something else.
                 let (mut dinp, mut dw, mut db) = (vec![0.0; rows * k], dw0.clone(), db0.clone());
                 let dbias = with_bias.then_some(&mut db[..]);
-                matmul::matmul_backward(MatmulBackward {
+                (MatmulBackward::<Host> {
                     dinp: Some(&mut dinp),
                     dw: Some(&mut dw),
                     dbias,
@@ -614,12 +619,13 @@ fn matmul_backward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
                     inp: &inp,
                     w: &w,
                     shape: MatmulShape::new((rows, k, n), layout),
-                });
+                })
+                .cpu(&AsIs);
                 // The sums' magnitudes: the same products of absolute values.
                 let abs = |v: &[f32]| v.iter().map(|x| x.abs()).collect::<Vec<f32>>();
                 let (mut mag_di, mut mag_dw, mut mag_db) =
                     (vec![0.0; rows * k], abs(&dw0), abs(&db0));
-                matmul::matmul_backward(MatmulBackward {
+                (MatmulBackward::<Host> {
                     dinp: Some(&mut mag_di),
                     dw: Some(&mut mag_dw),
                     dbias: Some(&mut mag_db),
@@ -627,13 +633,14 @@ fn matmul_backward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
                     inp: &abs(&inp),
                     w: &abs(&w),
                     shape: MatmulShape::new((rows, k, n), layout),
-                });
+                })
+                .cpu(&AsIs);
                 let terms = rows.max(k).max(n) + 1;
                 let di = putf(dev, &vec![9.0; rows * k]);
                 let (dwd, dbd, dd) = (putf(dev, &dw0), putf(dev, &db0), putf(dev, &dout));
                 let (i, wd) = (putf(dev, &inp), putf(dev, &w));
                 let bv = with_bias.then(|| dbd.view());
-                dev.matmul_backward(MatmulBackward {
+                dev.run(MatmulBackward {
                     dinp: Some(di.view()),
                     dw: Some(dwd.view()),
                     dbias: bv,

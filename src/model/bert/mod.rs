@@ -584,7 +584,7 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Embeddings: `resid[0]` = LN(`word[tok]` + `pos[t]` + `type[types]`).
-    fn embed_forward(&mut self, p: Src<'_, B>) {
+    fn embed_forward(&mut self, p: Src<'_, B>) -> Result<()> {
         let (b, t) = self.shape();
         let (c, tv, eps) = (
             self.config.n_embd,
@@ -597,24 +597,24 @@ impl<B: Backend> Engine<B> {
         let (be, k) = (&self.backend, self.kept.as_mut().expect("begun"));
         let a = self.acts.as_mut().expect("begun");
         let mut emb = k.emb.slice_mut(0..rows * c);
-        be.encoder_forward(EncoderForward {
+        be.run(EncoderForward {
             out: emb.rb(),
             tokens: k.tokens.slice(0..rows),
             wte: w(0),
             wpe: w(1),
             t,
             c,
-        });
+        })?;
         // the token types' one-hot rows times their embeddings, added on
-        be.matmul_forward(MatmulForward {
+        be.run(MatmulForward {
             out: emb.rb(),
             inp: k.types.slice(0..rows * tv),
             w: w(2),
             bias: None,
             shape: MatmulShape::new((rows, tv, c), WeightLayout::InOut),
             accumulate: true,
-        });
-        be.layernorm_forward(LayerNormForward {
+        })?;
+        be.run(LayerNormForward {
             out: resid_mut(&mut k.resid, &mut a.out, 0, rows * c),
             mean: k.emb_mean.slice_mut(0..rows),
             rstd: k.emb_rstd.slice_mut(0..rows),
@@ -623,7 +623,7 @@ impl<B: Backend> Engine<B> {
             b: w(4),
             c,
             eps,
-        });
+        })
     }
 
     fn embed_backward(&mut self, p: Src<'_, B>, g: Dst<'_, B>) -> Result<()> {
@@ -640,7 +640,7 @@ impl<B: Backend> Engine<B> {
         let (dtype, rest) = rest.split_at(r(2).len());
         let (dlnw, dlnb) = rest.split_at(r(3).len());
         let mut demb = a.dalt.slice_mut(0..rows * c);
-        be.layernorm_backward(LayerNormBackward {
+        be.run(LayerNormBackward {
             dinp: Some(demb.rb()),
             dwb: Some((dlnw, dlnb)),
             dout: a.dres.slice(0..rows * c),
@@ -651,7 +651,7 @@ impl<B: Backend> Engine<B> {
             c,
             accumulate: false,
         })?;
-        be.encoder_backward(EncoderBackward {
+        be.run(EncoderBackward {
             dwte: dword,
             dwpe: dpos,
             dout: demb.src(),
@@ -659,9 +659,9 @@ impl<B: Backend> Engine<B> {
             host_tokens: &shape.tokens,
             t,
             c,
-        });
+        })?;
         // the one-hot token types need no gradient: the weight half alone
-        be.matmul_backward(MatmulBackward {
+        be.run(MatmulBackward {
             dinp: None,
             dw: Some(dtype),
             dbias: None,
@@ -669,7 +669,7 @@ impl<B: Backend> Engine<B> {
             inp: k.types.slice(0..rows * tv),
             w: p.slice(r(2)),
             shape: MatmulShape::new((rows, tv, c), WeightLayout::InOut),
-        });
+        })?;
         Ok(())
     }
 
@@ -705,7 +705,7 @@ impl<B: Backend> Engine<B> {
             (qkv.rb(), x),
             (w(BlockParam::QkvW), bqkv),
             (rows, c, 3 * cl),
-        );
+        )?;
         let mut atty = a.atty.d().part(s, rows * cl);
         let shape = d.attn(b, t);
         let lse = a.lse.d().part(s, rows * nhl);
@@ -736,7 +736,7 @@ impl<B: Backend> Engine<B> {
             |op| matmul_forward(be, bf16.as_mut(), op),
         )?;
         let mut h1 = a.h1.d().part(s, btc).first(n * c);
-        be.layernorm_forward(LayerNormForward {
+        be.run(LayerNormForward {
             out: h1.rb(),
             mean: a.ln1_mean.d().part(s, rows).first(n),
             rstd: a.ln1_rstd.d().part(s, rows).first(n),
@@ -745,7 +745,7 @@ impl<B: Backend> Engine<B> {
             b: w(BlockParam::AttnLnB),
             c,
             eps,
-        });
+        })?;
         let mut f = a.f.d().part(s, rows * fl).first(n * fl);
         linear(
             be,
@@ -753,7 +753,7 @@ impl<B: Backend> Engine<B> {
             (f.rb(), h1.src()),
             (w(BlockParam::InterW), None),
             (n, c, fl),
-        );
+        )?;
         let mut g = a.g.d().part(s, rows * fl).first(n * fl);
         be.activation_forward(ActivationForward {
             out: g.rb(),
@@ -773,7 +773,7 @@ impl<B: Backend> Engine<B> {
         )?;
         let mut top = hi;
         let mut fr = a.first.as_mut().filter(|_| first_only);
-        be.layernorm_forward(LayerNormForward {
+        be.run(LayerNormForward {
             out: match fr.as_mut() {
                 Some(fr) => fr.out.d(),
                 None => top.rb(),
@@ -785,7 +785,7 @@ impl<B: Backend> Engine<B> {
             b: w(BlockParam::OutLnB),
             c,
             eps,
-        });
+        })?;
         if let Some(fr) = fr {
             // the stream's other rows are never read: zeros, not an
             // earlier batch's
@@ -852,7 +852,7 @@ impl<B: Backend> Engine<B> {
             };
         // d o = LN2'(d out)
         let (dw, db) = g.rb().split2(r(BlockParam::OutLnW), r(BlockParam::OutLnB));
-        be.layernorm_backward(LayerNormBackward {
+        be.run(LayerNormBackward {
             dinp: Some(dx.rb()),
             dwb: Some((dw, db)),
             dout: dy.src(),
@@ -873,7 +873,7 @@ impl<B: Backend> Engine<B> {
             (dg.rb(), Some(dw), Some(db)),
             (dx.src(), g_act, w(BlockParam::OutW)),
             (n, fl, c),
-        );
+        )?;
         let (dw, db) = g.rb().split2(r(BlockParam::InterW), r(BlockParam::InterB));
         be.activation_backward(ActivationBackward {
             d: dg.rb(),
@@ -889,14 +889,14 @@ impl<B: Backend> Engine<B> {
             (dy.rb(), Some(dw), None),
             (dg.src(), h1, w(BlockParam::InterW)),
             (n, c, fl),
-        );
+        )?;
         tp::all_reduce(be, tp, dy.rb())?;
         be.add_inplace(dy.rb(), dx.src());
         // d h = LN1'(d h1)
         let (dw, db) = g
             .rb()
             .split2(r(BlockParam::AttnLnW), r(BlockParam::AttnLnB));
-        be.layernorm_backward(LayerNormBackward {
+        be.run(LayerNormBackward {
             dinp: Some(dx.rb()),
             dwb: Some((dw, db)),
             dout: dy.src(),
@@ -921,7 +921,7 @@ impl<B: Backend> Engine<B> {
             (datty, Some(dw), Some(db)),
             (dx.src(), atty_in, w(BlockParam::AttnOutW)),
             (n, cl, c),
-        );
+        )?;
         let mut datty = dbig.rb().first(rows * cl);
         if let Some(d) = first_datty {
             // the other rows' outputs reached no loss
@@ -947,7 +947,7 @@ impl<B: Backend> Engine<B> {
             (dres.rb(), Some(dw), Some(db)),
             (dqkv.src(), x, w(BlockParam::QkvW)),
             (rows, c, 3 * cl),
-        );
+        )?;
         tp::all_reduce(be, tp, dres.rb())?;
         match first_only {
             true => scatter_first(be, dres, dx.src(), (b, t, c), true),
@@ -987,14 +987,14 @@ impl<B: Backend> Engine<B> {
             let (n, x) = match shape.picked.as_ref() {
                 Some(chosen) => {
                     let n = chosen.len();
-                    be.encoder_forward(EncoderForward {
+                    be.run(EncoderForward {
                         out: m.picked_x.slice_mut(0..n * c),
                         tokens: m.picked.slice(0..n),
                         wte: x,
                         wpe: m.zero_row.s(),
                         t: 1,
                         c,
-                    });
+                    })?;
                     (n, m.picked_x.slice(0..n * c))
                 }
                 None => (rows, x),
@@ -1006,14 +1006,14 @@ impl<B: Backend> Engine<B> {
                 (m.t1.slice_mut(0..nc), x),
                 (w(0), None),
                 (n, c, c),
-            );
+            )?;
             be.activation_forward(ActivationForward {
                 out: m.t2.slice_mut(0..nc),
                 inp: m.t1.slice(0..nc),
                 bias: Some(w(1)),
                 act: Activation::GeluErf,
             });
-            be.layernorm_forward(LayerNormForward {
+            be.run(LayerNormForward {
                 out: m.t3.slice_mut(0..nc),
                 mean: m.mean.slice_mut(0..n),
                 rstd: m.rstd.slice_mut(0..n),
@@ -1022,7 +1022,7 @@ impl<B: Backend> Engine<B> {
                 b: w(3),
                 c,
                 eps,
-            });
+            })?;
             let mut lg = m.logits.slice_mut(0..n * vp);
             matmul_forward(
                 be,
@@ -1035,7 +1035,7 @@ impl<B: Backend> Engine<B> {
                     shape: MatmulShape::new((n, c, vp), WeightLayout::OutIn),
                     accumulate: false,
                 },
-            );
+            )?;
             if has_targets {
                 be.crossentropy_forward(CrossEntropyForward {
                     losses: m.losses.slice_mut(0..n),
@@ -1057,7 +1057,7 @@ impl<B: Backend> Engine<B> {
                 (h.pre.slice_mut(0..b * c), h.cls.slice(0..b * c)),
                 (w(i), None),
                 (b, c, c),
-            );
+            )?;
             be.activation_forward(ActivationForward {
                 out: h.pooled.slice_mut(0..b * c),
                 inp: h.pre.slice(0..b * c),
@@ -1071,7 +1071,7 @@ impl<B: Backend> Engine<B> {
                 (lg.rb(), h.pooled.slice(0..b * c)),
                 (w(i + 2), Some(w(i + 3))),
                 (b, c, labels),
-            );
+            )?;
             if has_targets {
                 be.crossentropy_forward(CrossEntropyForward {
                     losses: h.losses.slice_mut(0..b),
@@ -1160,10 +1160,10 @@ impl<B: Backend> Engine<B> {
                     shape: MatmulShape::new((n, c, vp), WeightLayout::OutIn),
                 },
                 Dout::Rounded,
-            );
+            )?;
             let mut dt2 = a.dbig.slice_mut(0..nc);
             let (dw, db) = g.rb().split2(r(2), r(3));
-            be.layernorm_backward(LayerNormBackward {
+            be.run(LayerNormBackward {
                 dinp: Some(dt2.rb()),
                 dwb: Some((dw, db)),
                 dout: dt3.src(),
@@ -1195,11 +1195,11 @@ impl<B: Backend> Engine<B> {
                 (dx, Some(dw), None),
                 (dt2.src(), x, w(0)),
                 (n, c, c),
-            );
+            )?;
             if let Some(chosen) = chosen {
                 be.fill(dres.rb(), 0.0);
                 be.fill(m.scratch_row.d(), 0.0);
-                be.encoder_backward(EncoderBackward {
+                be.run(EncoderBackward {
                     dwte: dres,
                     dwpe: m.scratch_row.d(),
                     dout: dt3.src(),
@@ -1207,7 +1207,7 @@ impl<B: Backend> Engine<B> {
                     host_tokens: chosen,
                     t: 1,
                     c,
-                });
+                })?;
             }
         }
         if let Some(h) = pooled {
@@ -1229,7 +1229,7 @@ impl<B: Backend> Engine<B> {
                 (dp.rb(), Some(dw), Some(db)),
                 (lg.src(), h.pooled.slice(0..b * c), w(i + 2)),
                 (b, c, labels),
-            );
+            )?;
             let (dw, db) = g.rb().split2(r(i), r(i + 1));
             be.activation_backward(ActivationBackward {
                 d: dp.rb(),
@@ -1244,7 +1244,7 @@ impl<B: Backend> Engine<B> {
                 (h.dcls.slice_mut(0..b * c), Some(dw), None),
                 (dp.src(), h.cls.slice(0..b * c), w(i)),
                 (b, c, c),
-            );
+            )?;
             // the first-token rows' gradient: alone, or added to the
             // masked-LM head's
             let beside_mlm = cfg.head.has_mlm();
@@ -1347,7 +1347,7 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
         tp: Option<&dyn Comm>,
     ) -> Result<Option<f32>> {
         match UnitKind::of(u, self.config.n_layer) {
-            UnitKind::Embeddings => self.embed_forward(p.own),
+            UnitKind::Embeddings => self.embed_forward(p.own)?,
             UnitKind::Block(l) => self.block_forward(l, p.own, tp)?,
             UnitKind::Head => return self.head_forward(p.own, p.tied),
         }

@@ -41,7 +41,7 @@ pub struct BlockIo<'a, B: Backend> {
 /// How a block's matmuls and attention run.
 pub trait BlockMode<B: Backend> {
     /// `op`, whose weight is block parameter `which` (`op.w` its view).
-    fn matmul(&mut self, which: BlockParam, op: MatmulForward<On<'_, B>>);
+    fn matmul(&mut self, which: BlockParam, op: MatmulForward<On<'_, B>>) -> Result<()>;
     /// atty (rows, cl) from qkv (rows, 3 cl).
     fn attention(&mut self, atty: Dst<'_, B>, qkv: Src<'_, B>);
 }
@@ -70,7 +70,7 @@ pub fn forward<B: Backend>(
         mut fch,
         mut fch_gelu,
     } = io;
-    be.layernorm_forward(LayerNormForward {
+    be.run(LayerNormForward {
         out: ln1.rb(),
         mean: mean1,
         rstd: rstd1,
@@ -79,7 +79,7 @@ pub fn forward<B: Backend>(
         b: w(BlockParam::Ln1B),
         c,
         eps: LN_EPS,
-    });
+    })?;
     let op = MatmulForward {
         out: qkv.rb(),
         inp: ln1.src(),
@@ -88,7 +88,7 @@ pub fn forward<B: Backend>(
         shape: io_shape((rows, c, 3 * cl)),
         accumulate: false,
     };
-    mode.matmul(BlockParam::QkvW, op);
+    mode.matmul(BlockParam::QkvW, op)?;
     mode.attention(atty.rb(), qkv.src());
     // the two projections are row-parallel under tensor parallelism
     tp::row_parallel(
@@ -103,7 +103,7 @@ pub fn forward<B: Backend>(
         io_shape((rows, cl, c)),
         |op| mode.matmul(BlockParam::AttnProjW, op),
     )?;
-    be.layernorm_forward(LayerNormForward {
+    be.run(LayerNormForward {
         out: ln2.rb(),
         mean: mean2,
         rstd: rstd2,
@@ -112,7 +112,7 @@ pub fn forward<B: Backend>(
         b: w(BlockParam::Ln2B),
         c,
         eps: LN_EPS,
-    });
+    })?;
     let op = MatmulForward {
         out: fch.rb(),
         inp: ln2.src(),
@@ -121,7 +121,7 @@ pub fn forward<B: Backend>(
         shape: io_shape((rows, c, fl)),
         accumulate: false,
     };
-    mode.matmul(BlockParam::FcW, op);
+    mode.matmul(BlockParam::FcW, op)?;
     // fc's bias, added in the GELU's pass (and again in its backward)
     be.activation_forward(ActivationForward {
         out: fch_gelu.rb(),

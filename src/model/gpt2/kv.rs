@@ -390,9 +390,9 @@ struct Decoding<'s, 'c, B: Backend> {
 }
 
 impl<B: Backend> BlockMode<B> for Decoding<'_, '_, B> {
-    fn matmul(&mut self, which: BlockParam, op: MatmulForward<On<'_, B>>) {
+    fn matmul(&mut self, which: BlockParam, op: MatmulForward<On<'_, B>>) -> Result<()> {
         if self.dense {
-            return self.be.matmul_forward(op);
+            return self.be.run(op);
         }
         let w = match which {
             BlockParam::QkvW => &self.packed[0],
@@ -409,7 +409,8 @@ impl<B: Backend> BlockMode<B> for Decoding<'_, '_, B> {
             bias: op.bias,
             dims: (rows, k, n),
             accumulate: op.accumulate,
-        })
+        });
+        Ok(())
     }
     fn attention(&mut self, atty: Dst<'_, B>, qkv: Src<'_, B>) {
         let DecodeShape {
@@ -486,8 +487,8 @@ impl<B: Backend> Part<B> {
         let caches = (&mut self.kcache, &mut self.vcache);
         blocks(at, caches, (self.tokens.s(), b), &mut self.acts, None, tp)?;
         if at.logits {
-            final_norm(at, &mut self.acts);
-            lm_head(at, (self.acts.ln.s(), self.logits.d()), b, false);
+            final_norm(at, &mut self.acts)?;
+            lm_head(at, (self.acts.ln.s(), self.logits.d()), b, false)?;
         }
         Ok(())
     }
@@ -516,14 +517,14 @@ impl<B: Backend> Part<B> {
         let Some(visit) = every else {
             return Ok(());
         };
-        final_norm(at, &mut acts);
+        final_norm(at, &mut acts)?;
         let (c, v, vp) = (cfg.n_embd, cfg.vocab_size, cfg.padded_vocab());
         let most = (SCORED_BYTES / (4 * vp)).clamp(1, rows);
         let mut out = be.alloc(most * vp, Category::Activations)?;
         for r0 in (0..rows).step_by(most) {
             let n = most.min(rows - r0);
             let inp = acts.ln.s().slice(r0 * c..(r0 + n) * c);
-            lm_head(at, (inp, out.slice_mut(0..n * vp)), n, true);
+            lm_head(at, (inp, out.slice_mut(0..n * vp)), n, true)?;
             let host = be.to_host(out.s().first(n * vp))?;
             for (i, row) in host.chunks_exact(vp).enumerate() {
                 let (r, pos) = ((r0 + i) / t, (r0 + i) % t);
@@ -555,14 +556,14 @@ fn blocks<B: Backend>(
     let place = (tp, at.tp);
     let wide = cfg.widest(at.tp.size).cl;
     let params = weights.params;
-    be.encoder_forward(EncoderForward {
+    be.run(EncoderForward {
         out: acts.x.d(),
         tokens,
         wte: params.slice(lay.wte()),
         wpe: params.slice(lay.wpe()).slice(pos * c..(pos + t) * c),
         t,
         c,
-    });
+    })?;
     for l in 0..cfg.n_layer {
         let d = cfg.dims(l, at.tp.size);
         let BlockDims { cl, nhl, fl, .. } = d;
@@ -603,10 +604,10 @@ fn blocks<B: Backend>(
 }
 
 /// The final LayerNorm of `acts.x` (every row) into `acts.ln`.
-fn final_norm<B: Backend>(at: &StepIn<'_, '_, B>, acts: &mut Acts<B>) {
+fn final_norm<B: Backend>(at: &StepIn<'_, '_, B>, acts: &mut Acts<B>) -> Result<()> {
     let c = at.config.n_embd;
     let lnf = at.weights.params.slice(at.layout.final_norm());
-    at.backend.layernorm_forward(LayerNormForward {
+    at.backend.run(LayerNormForward {
         out: acts.ln.d(),
         mean: acts.mean.d(),
         rstd: acts.rstd.d(),
@@ -615,7 +616,7 @@ fn final_norm<B: Backend>(at: &StepIn<'_, '_, B>, acts: &mut Acts<B>) {
         b: lnf.from(c),
         c,
         eps: LN_EPS,
-    });
+    })
 }
 
 /// `rows` rows' next-token logits (padded vocabulary) from their final
@@ -628,13 +629,13 @@ fn lm_head<B: Backend>(
     (inp, out): (Src<'_, B>, Dst<'_, B>),
     rows: usize,
     prefill: bool,
-) {
+) -> Result<()> {
     let Some(head) = &at.weights.lm_head else {
-        return;
+        return Ok(());
     };
     let dims = (rows, at.config.n_embd, at.config.padded_vocab());
     if prefill && at.weights.dense_prefill() {
-        return at.backend.matmul_forward(MatmulForward {
+        return at.backend.run(MatmulForward {
             out,
             inp,
             w: at.weights.params.slice(at.layout.wte()),
@@ -651,4 +652,5 @@ fn lm_head<B: Backend>(
         dims,
         accumulate: false,
     });
+    Ok(())
 }

@@ -240,7 +240,7 @@ impl<B: Backend> Kept<B> {
         wte: Src<'_, B>,
         r: Range<usize>,
         (c, vp): (usize, usize),
-    ) {
+    ) -> Result<()> {
         let op = MatmulForward {
             out: self.logits.slice_mut(0..r.len() * vp),
             inp: self.lnf.slice(r.start * c..r.end * c),
@@ -249,7 +249,7 @@ impl<B: Backend> Kept<B> {
             shape: MatmulShape::new((r.len(), c, vp), WeightLayout::OutIn),
             accumulate: false,
         };
-        matmul_forward(be, bf16, op);
+        matmul_forward(be, bf16, op)
     }
 }
 
@@ -504,7 +504,7 @@ impl<B: Backend> Engine<B> {
     }
 
     /// `resid[0]` = `wte[tokens]` + wpe; `emb` is the [wte | wpe] unit.
-    fn embed_forward(&mut self, emb: Src<'_, B>) {
+    fn embed_forward(&mut self, emb: Src<'_, B>) -> Result<()> {
         let (b, t) = self.shape();
         let c = self.config.n_embd;
         let (wte_len, rows) = (self.config.padded_vocab() * c, b * t);
@@ -512,14 +512,14 @@ impl<B: Backend> Engine<B> {
             self.kept.as_mut().expect("begun"),
             self.acts.as_mut().expect("begun"),
         );
-        self.backend.encoder_forward(EncoderForward {
+        self.backend.run(EncoderForward {
             out: resid_mut(&mut k.resid, &mut a.out, 0, rows * c),
             tokens: k.tokens.slice(0..rows),
             wte: emb.first(wte_len),
             wpe: emb.from(wte_len),
             t,
             c,
-        });
+        })
     }
 
     /// Block l: `resid[l]` -> `resid[l + 1]`; `p` is this rank's slice of the block.
@@ -581,7 +581,7 @@ impl<B: Backend> Engine<B> {
             self.acts.as_mut().expect("begun"),
         );
         let mut bf16 = a.bf16.as_mut();
-        be.layernorm_forward(LayerNormForward {
+        be.run(LayerNormForward {
             out: k.lnf.slice_mut(0..btc),
             mean: k.lnf_mean.slice_mut(0..rows),
             rstd: k.lnf_rstd.slice_mut(0..rows),
@@ -590,17 +590,17 @@ impl<B: Backend> Engine<B> {
             b: lnf.from(c),
             c,
             eps: LN_EPS,
-        });
+        })?;
         if !has_targets {
             // logits for reading, which only a forward in one chunk keeps
             if chunk == rows {
-                k.head_logits(be, bf16, wte, 0..rows, (c, vp));
+                k.head_logits(be, bf16, wte, 0..rows, (c, vp))?;
             }
             return Ok(None);
         }
         for r0 in (0..rows).step_by(chunk) {
             let r = r0..rows.min(r0 + chunk);
-            k.head_logits(be, bf16.as_deref_mut(), wte, r.clone(), (c, vp));
+            k.head_logits(be, bf16.as_deref_mut(), wte, r.clone(), (c, vp))?;
             be.crossentropy_forward(CrossEntropyForward {
                 losses: k.losses.slice_mut(r.clone()),
                 logits: k.logits.slice(0..r.len() * vp),
@@ -662,7 +662,7 @@ impl<B: Backend> Engine<B> {
         for i in (0..=last).rev() {
             let (r0, r) = (i * chunk, i * chunk..rows.min((i + 1) * chunk));
             if i < last {
-                k.head_logits(be, a.bf16.as_mut(), wte, r.clone(), (c, vp));
+                k.head_logits(be, a.bf16.as_mut(), wte, r.clone(), (c, vp))?;
             }
             let mut logits = k.logits.slice_mut(0..r.len() * vp);
             be.crossentropy_backward(CrossEntropyBackward {
@@ -685,11 +685,11 @@ impl<B: Backend> Engine<B> {
                 w: wte,
                 shape: MatmulShape::new((r.len(), c, vp), WeightLayout::OutIn),
             };
-            matmul_backward(be, a.bf16.as_mut(), op, Dout::Rounded);
+            matmul_backward(be, a.bf16.as_mut(), op, Dout::Rounded)?;
         }
         let dln = a.dgrad.slice(at);
         let dres = a.dres.slice_mut(0..btc);
-        be.layernorm_backward(LayerNormBackward {
+        be.run(LayerNormBackward {
             dinp: Some(dres),
             dwb: dlnf.map(|d| d.split_at(c)),
             dout: dln,
@@ -754,7 +754,7 @@ impl<B: Backend> Engine<B> {
                 w(BlockParam::FcProjW),
             ),
             (rows, fl, c),
-        );
+        )?;
         // GELU's backward adds the fc bias's gradient in the same pass (in
         // a split backward, the weight half's product adds it)
         let (dw, db) = weight_and_bias(&mut g, (lay, l), BlockParam::FcW, BlockParam::FcB).unzip();
@@ -772,9 +772,9 @@ impl<B: Backend> Engine<B> {
             (dln2.rb(), dw, None),
             (dfch.into_src(), a.ln2.s().part(s, btc), w(BlockParam::FcW)),
             (rows, c, fl),
-        );
+        )?;
         tp::all_reduce(be, tp, dln2.rb())?;
-        be.layernorm_backward(LayerNormBackward {
+        be.run(LayerNormBackward {
             dinp: Some(dres.rb()),
             dwb: weight_and_bias(&mut g, (lay, l), BlockParam::Ln2W, BlockParam::Ln2B),
             dout: dln2.src(),
@@ -806,7 +806,7 @@ impl<B: Backend> Engine<B> {
                 w(BlockParam::AttnProjW),
             ),
             (rows, cl, c),
-        );
+        )?;
         be.attention_backward(AttentionBackward {
             dqkv: dqkv.rb(),
             dout: datty.src(),
@@ -825,9 +825,9 @@ impl<B: Backend> Engine<B> {
             (dln1.rb(), dw, db),
             (dqkv.into_src(), a.ln1.s().part(s, btc), w(BlockParam::QkvW)),
             (rows, c, 3 * cl),
-        );
+        )?;
         tp::all_reduce(be, tp, dln1.rb())?;
-        be.layernorm_backward(LayerNormBackward {
+        be.run(LayerNormBackward {
             dinp: Some(dres),
             dwb: weight_and_bias(&mut g, (lay, l), BlockParam::Ln1W, BlockParam::Ln1B),
             dout: dln1.src(),
@@ -841,7 +841,7 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Gradient of the [wte | wpe] unit from the residual gradient (accumulates into `demb`).
-    fn embed_backward(&mut self, demb: Dst<'_, B>) {
+    fn embed_backward(&mut self, demb: Dst<'_, B>) -> Result<()> {
         let (_, t) = self.shape();
         let c = self.config.n_embd;
         let wte_len = self.config.padded_vocab() * c;
@@ -852,7 +852,7 @@ impl<B: Backend> Engine<B> {
         );
         let rows = batch.tokens.len();
         let (dwte, dwpe) = demb.split_at(wte_len);
-        self.backend.encoder_backward(EncoderBackward {
+        self.backend.run(EncoderBackward {
             dwte,
             dwpe,
             dout: a.dres.slice(0..rows * c),
@@ -860,7 +860,7 @@ impl<B: Backend> Engine<B> {
             host_tokens: &batch.tokens,
             t,
             c,
-        });
+        })
     }
 
     /// Where the final norm's output gradient sits in `dgrad`: in the
@@ -892,7 +892,7 @@ impl<B: Backend> Engine<B> {
             self.kept.as_ref().expect("begun"),
             self.acts.as_ref().expect("begun"),
         );
-        be.matmul_backward(MatmulBackward {
+        be.run(MatmulBackward {
             dinp: None,
             dw: Some(dwte),
             dbias: None,
@@ -900,8 +900,8 @@ impl<B: Backend> Engine<B> {
             inp: k.lnf.slice(0..btc),
             w: wte,
             shape: MatmulShape::new((rows, c, vp), WeightLayout::OutIn),
-        });
-        be.layernorm_backward(LayerNormBackward {
+        })?;
+        be.run(LayerNormBackward {
             dinp: None,
             dwb: Some(dlnf.split_at(c)),
             dout: a.dgrad.slice(at),
@@ -964,7 +964,7 @@ impl<B: Backend> Engine<B> {
         ];
         for (pw, pb, dout, inp, dims) in matmuls {
             let (dw, db) = weight_and_bias(&mut g, (lay, l), pw, pb).unzip();
-            be.matmul_backward(MatmulBackward {
+            be.run(MatmulBackward {
                 dinp: None,
                 dw,
                 dbias: db,
@@ -972,7 +972,7 @@ impl<B: Backend> Engine<B> {
                 inp,
                 w: w(pw),
                 shape: MatmulShape::new(dims, WeightLayout::InOut),
-            });
+            })?;
         }
         let norms = [
             (
@@ -993,7 +993,7 @@ impl<B: Backend> Engine<B> {
             ),
         ];
         for (pw, pb, dout, inp, mean, rstd) in norms {
-            be.layernorm_backward(LayerNormBackward {
+            be.run(LayerNormBackward {
                 dinp: None,
                 dwb: weight_and_bias(&mut g, (lay, l), pw, pb),
                 dout: saved(dout.clone()),
@@ -1020,7 +1020,7 @@ struct Training<'s, 'a, B: Backend> {
 }
 
 impl<B: Backend> BlockMode<B> for Training<'_, '_, B> {
-    fn matmul(&mut self, _: BlockParam, op: MatmulForward<On<'_, B>>) {
+    fn matmul(&mut self, _: BlockParam, op: MatmulForward<On<'_, B>>) -> Result<()> {
         matmul_forward(self.be, self.bf16.as_deref_mut(), op)
     }
     fn attention(&mut self, atty: Dst<'_, B>, qkv: Src<'_, B>) {
@@ -1067,7 +1067,7 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
         tp: Option<&dyn Comm>,
     ) -> Result<Option<f32>> {
         match UnitKind::of(u, self.config.n_layer) {
-            UnitKind::Embeddings => self.embed_forward(p.own),
+            UnitKind::Embeddings => self.embed_forward(p.own)?,
             UnitKind::Block(l) => self.block_forward(l, p.own, tp)?,
             UnitKind::Head => {
                 return self.head_forward(p.tied.expect("the head reads wte"), p.own);
@@ -1085,7 +1085,7 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
         loss_scale: f32,
     ) -> Result<()> {
         match UnitKind::of(u, self.config.n_layer) {
-            UnitKind::Embeddings => self.embed_backward(g.own),
+            UnitKind::Embeddings => self.embed_backward(g.own)?,
             UnitKind::Block(l) => self.block_backward(l, p.own, Some(g.own), tp)?,
             UnitKind::Head => self.head_backward(
                 p.tied.expect("the head reads wte"),
@@ -1135,7 +1135,7 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
     ) -> Result<()> {
         match UnitKind::of(u, self.config.n_layer) {
             UnitKind::Embeddings => {
-                self.embed_backward(g.own);
+                self.embed_backward(g.own)?;
                 Ok(())
             }
             UnitKind::Block(l) => self.block_backward_weight(l, p.own, g.own),

@@ -1,10 +1,14 @@
-//! Matmul with fused bias, forward and backward, on the `gemm` crate.
+//! Matmul with fused bias, forward and backward, as kernels: the `gemm`
+//! crate's products (`cpu::math::gemm`) on the CPU, the runtime's BLAS on
+//! a GPU.
 //!
 //! Weights are either `InOut` (k x n, Hugging Face Conv1D: `out = inp @ w`)
 //! or `OutIn` (n x k, nn.Linear / the tied embedding: `out = inp @ w^T`).
 
-use super::math::{column_sums, gemm, Mat};
-use crate::backend::ops::{Host, MatmulBackward, MatmulForward, MatmulShape};
+use super::{need, Checked, Host, Kernel, Lower, Operands};
+use crate::backend::cpu::math::{column_sums, gemm, Mat};
+use crate::backend::gpu::{operand, weight_operand, Gemm, GpuError, Queue, Raw, Runtime};
+use crate::backend::profile::{matmul_flops, Op};
 use crate::backend::COLUMN_CHUNK_ROWS;
 use rayon::prelude::*;
 
@@ -12,6 +16,226 @@ use rayon::prelude::*;
 pub enum WeightLayout {
     InOut,
     OutIn,
+}
+
+/// A matmul's shape and arithmetic: inp (rows, k) @ W (k x n, in `layout`);
+/// `bf16` when the operands hold bfloat16 values (rounded by
+/// `round_bf16`), which a device with bf16 matrix units runs there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatmulShape {
+    pub rows: usize,
+    pub k: usize,
+    pub n: usize,
+    pub layout: WeightLayout,
+    pub bf16: bool,
+}
+
+impl MatmulShape {
+    /// An fp32 product of `(rows, k, n)` in `layout`.
+    pub fn new((rows, k, n): (usize, usize, usize), layout: WeightLayout) -> Self {
+        MatmulShape {
+            rows,
+            k,
+            n,
+            layout,
+            bf16: false,
+        }
+    }
+}
+
+operation! {
+    /// out (rows, n) = [out +] inp (rows, k) @ W + bias.
+    pub struct MatmulForward<O> {
+        output out: f32,
+        input inp: f32,
+        input w: f32,
+        maybe_input bias: f32,
+        value shape: MatmulShape,
+        /// Adds to `out` instead of overwriting it.
+        value accumulate: bool,
+    }
+}
+
+operation! {
+    /// The gradients of [`MatmulForward`]: dinp (rows, k) overwritten; dw
+    /// (k x n) +=; dbias (n) +=. `dinp` None is the weight half (which never
+    /// reads `w`), `dw` None the input half (which never reads `inp`).
+    pub struct MatmulBackward<O> {
+        maybe_output dinp: f32,
+        maybe_output dw: f32,
+        maybe_output dbias: f32,
+        input dout: f32,
+        input inp: f32,
+        input w: f32,
+        value shape: MatmulShape,
+    }
+}
+
+impl<O: Operands> Kernel<O> for MatmulForward<O> {
+    const OP: Op = Op::MatmulForward;
+
+    fn check(&self) -> Result<(), String> {
+        let MatmulShape { rows, k, n, .. } = self.shape;
+        need("out", &self.out, rows * n)?;
+        need("inp", &self.inp, rows * k)?;
+        need("w", &self.w, k * n)?;
+        match &self.bias {
+            Some(b) => need("bias", b, n),
+            None => Ok(()),
+        }
+    }
+
+    fn flops(&self) -> f64 {
+        matmul_flops(self.shape, 1)
+    }
+
+    fn cpu<'a>(self, host: &impl Lower<O, Host<'a>>) {
+        forward(self.lower(host))
+    }
+
+    /// The bias first (copied, or added where the product accumulates),
+    /// then the product onto it.
+    fn gpu<R: Runtime>(
+        self,
+        q: &Queue<R>,
+        raw: &impl Lower<O, Raw>,
+        _: Checked,
+    ) -> Result<(), GpuError> {
+        let MatmulForward {
+            out,
+            inp,
+            w,
+            bias,
+            shape,
+            accumulate,
+        } = self.lower(raw);
+        let MatmulShape {
+            rows,
+            k,
+            n,
+            layout,
+            bf16,
+        } = shape;
+        if let Some(b) = bias {
+            q.bias_forward(out, b, (rows, n), accumulate)?;
+        }
+        // Row-major out (rows, n) is column-major out^T (n x rows) = W^T @ inp^T.
+        q.gemm(Gemm {
+            m: n,
+            n: rows,
+            k,
+            a: weight_operand(w, layout, k, n, false),
+            b: operand(inp, false, k),
+            beta: if accumulate || bias.is_some() {
+                1.0
+            } else {
+                0.0
+            },
+            c: out,
+            ldc: n,
+            bf16,
+        })
+    }
+}
+
+impl<O: Operands> Kernel<O> for MatmulBackward<O> {
+    const OP: Op = Op::MatmulBackward;
+
+    fn check(&self) -> Result<(), String> {
+        let MatmulShape { rows, k, n, .. } = self.shape;
+        need("dout", &self.dout, rows * n)?;
+        if let Some(dinp) = &self.dinp {
+            need("dinp", dinp, rows * k)?;
+            need("w", &self.w, k * n)?;
+        }
+        if let Some(dw) = &self.dw {
+            need("inp", &self.inp, rows * k)?;
+            need("dw", dw, k * n)?;
+        }
+        match &self.dbias {
+            Some(db) => need("dbias", db, n),
+            None => Ok(()),
+        }
+    }
+
+    fn flops(&self) -> f64 {
+        let products = self.dinp.is_some() as usize + self.dw.is_some() as usize;
+        matmul_flops(self.shape, products)
+    }
+
+    fn cpu<'a>(self, host: &impl Lower<O, Host<'a>>) {
+        backward(self.lower(host))
+    }
+
+    fn gpu<R: Runtime>(
+        self,
+        q: &Queue<R>,
+        raw: &impl Lower<O, Raw>,
+        _: Checked,
+    ) -> Result<(), GpuError> {
+        let MatmulBackward {
+            dinp,
+            dw,
+            dbias,
+            dout,
+            inp,
+            w,
+            shape,
+        } = self.lower(raw);
+        let MatmulShape {
+            rows,
+            k,
+            n,
+            layout,
+            bf16,
+        } = shape;
+        if let Some(dinp) = dinp {
+            // dinp^T (k x rows) = W @ dout^T.
+            q.gemm(Gemm {
+                m: k,
+                n: rows,
+                k: n,
+                a: weight_operand(w, layout, k, n, true),
+                b: operand(dout, false, n),
+                beta: 0.0,
+                c: dinp,
+                ldc: k,
+                bf16,
+            })?;
+        }
+        if let Some(dw) = dw {
+            q.gemm(match layout {
+                // dw (k, n) += inp^T @ dout: column-major dw^T (n x k) += dout^T @ inp.
+                WeightLayout::InOut => Gemm {
+                    m: n,
+                    n: k,
+                    k: rows,
+                    a: operand(dout, false, n),
+                    b: operand(inp, true, k),
+                    beta: 1.0,
+                    c: dw,
+                    ldc: n,
+                    bf16,
+                },
+                // dw (n, k) += dout^T @ inp: column-major dw^T (k x n) += inp^T @ dout.
+                WeightLayout::OutIn => Gemm {
+                    m: k,
+                    n,
+                    k: rows,
+                    a: operand(inp, false, k),
+                    b: operand(dout, true, n),
+                    beta: 1.0,
+                    c: dw,
+                    ldc: k,
+                    bf16,
+                },
+            })?;
+        }
+        match dbias {
+            Some(db) => q.bias_backward(db, (dout, dout, None, None), (rows, n)),
+            None => Ok(()),
+        }
+    }
 }
 
 fn weight_mat<T>(w: T, layout: WeightLayout, k: usize, n: usize) -> Mat<T> {
@@ -22,7 +246,7 @@ fn weight_mat<T>(w: T, layout: WeightLayout, k: usize, n: usize) -> Mat<T> {
 }
 
 /// out (rows, n) = [out +] inp (rows, k) @ W + bias.
-pub fn matmul_forward(op: MatmulForward<Host<'_>>) {
+fn forward(op: MatmulForward<Host<'_>>) {
     let MatmulForward {
         out,
         inp,
@@ -75,7 +299,7 @@ pub fn matmul_forward(op: MatmulForward<Host<'_>>) {
 
 /// dinp = dout @ W^T (overwritten); dw += inp^T @ dout; dbias +=
 /// colsum(dout); each half only when its outputs are given.
-pub fn matmul_backward(op: MatmulBackward<Host<'_>>) {
+fn backward(op: MatmulBackward<Host<'_>>) {
     let MatmulBackward {
         dinp,
         dw,
@@ -143,8 +367,8 @@ fn bias_backward(db: &mut [f32], dout: &[f32], n: usize) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::check::*;
     use super::*;
+    use crate::backend::cpu::check::*;
     use crate::rng::Rng;
 
     fn reference(
@@ -185,7 +409,7 @@ mod tests {
 
             // NaN: a product that read its output first would keep it
             let mut out = vec![f32::NAN; rows * n];
-            matmul_forward(MatmulForward {
+            forward(MatmulForward {
                 out: &mut out,
                 inp: &inp,
                 w: &w,
@@ -199,7 +423,7 @@ mod tests {
             let mut dinp = vec![0.0; rows * k];
             let mut dw = vec![0.0; k * n];
             let mut db = vec![0.0; n];
-            matmul_backward(MatmulBackward {
+            backward(MatmulBackward {
                 dinp: Some(&mut dinp),
                 dw: Some(&mut dw),
                 dbias: Some(&mut db),
@@ -229,7 +453,7 @@ mod tests {
         let b = randn(&mut rng, n, 1.0);
         let base = randn(&mut rng, rows * n, 1.0);
         let mut out = base.clone();
-        matmul_forward(MatmulForward {
+        forward(MatmulForward {
             out: &mut out,
             inp: &inp,
             w: &w,

@@ -1,16 +1,185 @@
-//! LayerNorm over the last dimension, forward and backward; eps is the
-//! model's (GPT-2 1e-5, BERT 1e-12).
+//! LayerNorm over the last dimension, forward and backward, as kernels
+//! (`kernels/layernorm.cu` on a GPU); eps is the model's (GPT-2 1e-5, BERT
+//! 1e-12).
 
-use super::math::{column_sums, sum};
-use crate::backend::ops::{Host, LayerNormBackward, LayerNormForward};
+use super::{need, Checked, Extent, Host, Kernel, Lower, Operands};
+use crate::backend::cpu::math::{column_sums, sum};
+use crate::backend::gpu::{groups, u32s, Arg, DeviceMem, GpuError, Queue, Raw, Runtime};
+use crate::backend::profile::Op;
 use crate::backend::COLUMN_CHUNK_ROWS;
 use rayon::prelude::*;
+
+operation! {
+    /// out, inp (rows, C); mean, rstd (rows), kept for the backward; eps inside
+    /// the square root. rows is `mean.len()`.
+    pub struct LayerNormForward<O> {
+        output out: f32,
+        output mean: f32,
+        output rstd: f32,
+        input inp: f32,
+        input w: f32,
+        input b: f32,
+        value c: usize,
+        value eps: f32,
+    }
+}
+
+operation! {
+    /// The gradients of [`LayerNormForward`]: dinp (rows, C) += (or =, without
+    /// `accumulate`: no zeroing pass first); dw, db (C) +=. A half is left
+    /// out by leaving its outputs out: `dinp` None is the weight half, `dwb`
+    /// None the input half.
+    pub struct LayerNormBackward<O> {
+        maybe_output dinp: f32,
+        /// dw and db.
+        maybe_outputs2 dwb: f32,
+        input dout: f32,
+        input inp: f32,
+        input w: f32,
+        input mean: f32,
+        input rstd: f32,
+        value c: usize,
+        value accumulate: bool,
+    }
+}
+
+impl<O: Operands> Kernel<O> for LayerNormForward<O> {
+    const OP: Op = Op::LayerNormForward;
+
+    fn check(&self) -> Result<(), String> {
+        let (rows, c) = (self.mean.extent(), self.c);
+        need("out", &self.out, rows * c)?;
+        need("inp", &self.inp, rows * c)?;
+        need("rstd", &self.rstd, rows)?;
+        need("w", &self.w, c)?;
+        need("b", &self.b, c)
+    }
+
+    fn cpu<'a>(self, host: &impl Lower<O, Host<'a>>) {
+        forward(self.lower(host))
+    }
+
+    fn gpu<R: Runtime>(
+        self,
+        q: &Queue<R>,
+        raw: &impl Lower<O, Raw>,
+        _: Checked,
+    ) -> Result<(), GpuError> {
+        let LayerNormForward {
+            out,
+            mean,
+            rstd,
+            inp,
+            w,
+            b,
+            c,
+            eps,
+        } = self.lower(raw);
+        let args = [
+            Arg::View(out),
+            Arg::View(mean),
+            Arg::View(rstd),
+            Arg::View(inp),
+            Arg::View(w),
+            Arg::View(b),
+            u32s("c", c)?,
+            Arg::F32(eps),
+        ];
+        q.launch("layernorm_forward", mean.len, &args)
+    }
+}
+
+impl<O: Operands> Kernel<O> for LayerNormBackward<O> {
+    const OP: Op = Op::LayerNormBackward;
+
+    fn check(&self) -> Result<(), String> {
+        let (rows, c) = (self.mean.extent(), self.c);
+        need("dout", &self.dout, rows * c)?;
+        need("inp", &self.inp, rows * c)?;
+        need("w", &self.w, c)?;
+        need("rstd", &self.rstd, rows)?;
+        if let Some(dinp) = &self.dinp {
+            need("dinp", dinp, rows * c)?;
+        }
+        if let Some((dw, db)) = &self.dwb {
+            need("dw", dw, c)?;
+            need("db", db, c)?;
+        }
+        Ok(())
+    }
+
+    fn cpu<'a>(self, host: &impl Lower<O, Host<'a>>) {
+        backward(self.lower(host))
+    }
+
+    /// dinp row by row; dw, db as per-chunk partials, then a fixed-order sum.
+    fn gpu<R: Runtime>(
+        self,
+        q: &Queue<R>,
+        raw: &impl Lower<O, Raw>,
+        _: Checked,
+    ) -> Result<(), GpuError> {
+        let LayerNormBackward {
+            dinp,
+            dwb,
+            dout,
+            inp,
+            w,
+            mean,
+            rstd,
+            c,
+            accumulate,
+        } = self.lower(raw);
+        let rows = mean.len;
+        if rows == 0 || c == 0 {
+            return Ok(());
+        }
+        if let Some(dinp) = dinp {
+            let args = [
+                Arg::View(dinp),
+                Arg::View(dout),
+                Arg::View(inp),
+                Arg::View(w),
+                Arg::View(mean),
+                Arg::View(rstd),
+                u32s("c", c)?,
+                Arg::U32(accumulate as u32),
+            ];
+            q.launch("layernorm_backward", rows, &args)?;
+        }
+        let Some((dw, db)) = dwb else {
+            return Ok(());
+        };
+        let chunks = rows.div_ceil(COLUMN_CHUNK_ROWS);
+        let partials = q.alloc::<f32>(chunks * 2 * c)?;
+        let args = [
+            Arg::View(partials.view()),
+            Arg::View(dout),
+            Arg::View(inp),
+            Arg::View(mean),
+            Arg::View(rstd),
+            u32s("rows", rows)?,
+            u32s("c", c)?,
+            u32s("chunks", chunks)?,
+            u32s("chunk rows", COLUMN_CHUNK_ROWS)?,
+        ];
+        q.launch("layernorm_backward_partials", groups(chunks * c), &args)?;
+        let args = [
+            Arg::View(dw),
+            Arg::View(db),
+            Arg::View(partials.view()),
+            u32s("chunks", chunks)?,
+            u32s("c", c)?,
+        ];
+        q.launch("layernorm_backward_params", groups(c), &args)
+    }
+}
 
 /// Values a task normalizes at least: fewer cost more to hand over than to do.
 const GRAIN: usize = 1 << 13;
 
 /// inp, out are (rows, c); mean, rstd are (rows) and kept for the backward.
-pub fn layernorm_forward(op: LayerNormForward<Host<'_>>) {
+fn forward(op: LayerNormForward<Host<'_>>) {
     let LayerNormForward {
         out,
         mean,
@@ -52,7 +221,7 @@ pub fn layernorm_forward(op: LayerNormForward<Host<'_>>) {
 /// dinp += d/dinp (dinp = d/dinp without `accumulate`); dw += sum over
 /// rows of dout * norm; db += sum of dout; each half only when its outputs
 /// are given.
-pub fn layernorm_backward(op: LayerNormBackward<Host<'_>>) {
+fn backward(op: LayerNormBackward<Host<'_>>) {
     let LayerNormBackward {
         dinp,
         dwb,
@@ -72,7 +241,7 @@ pub fn layernorm_backward(op: LayerNormBackward<Host<'_>>) {
     }
 }
 
-/// The input half of `layernorm_backward`: dinp (+)= d/dinp, row by row.
+/// The input half of the backward: dinp (+)= d/dinp, row by row.
 /// One pass gathers a row's two sums (of dnorm = dout * w, and of dnorm
 /// times x - mean) in eight lanes, a second writes its gradient; dnorm is
 /// recomputed rather than stored (the same product, so the same bits).
@@ -120,7 +289,7 @@ fn backward_input(
         });
 }
 
-/// The weight half of `layernorm_backward`: dw += sum over rows of dout *
+/// The weight half of the backward: dw += sum over rows of dout *
 /// norm, db += sum of dout, in [`column_sums`]' chunks (a fixed order,
 /// whatever rayon's schedule).
 fn backward_weight(
@@ -148,7 +317,7 @@ fn backward_weight(
     });
 }
 
-/// [`layernorm_forward`] of `x` (rows of `c`) into new vectors: its
+/// [`forward`] of `x` (rows of `c`) into new vectors: its
 /// (out, mean, rstd), for tests.
 #[cfg(test)]
 pub(crate) fn forward_into_new(
@@ -159,7 +328,7 @@ pub(crate) fn forward_into_new(
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let rows = x.len() / c;
     let (mut out, mut mean, mut rstd) = (vec![0.0; rows * c], vec![0.0; rows], vec![0.0; rows]);
-    layernorm_forward(LayerNormForward {
+    forward(LayerNormForward {
         out: &mut out,
         mean: &mut mean,
         rstd: &mut rstd,
@@ -174,8 +343,8 @@ pub(crate) fn forward_into_new(
 
 #[cfg(test)]
 mod tests {
-    use super::super::check::*;
     use super::*;
+    use crate::backend::cpu::check::*;
     use crate::rng::Rng;
 
     fn reference(x: &[f64], w: &[f64], b: &[f64], c: usize) -> Vec<f64> {
@@ -210,7 +379,7 @@ mod tests {
 
         // without `accumulate`, dinp's old values (NaN here) are never read
         let (mut dx, mut dw, mut db) = (vec![f32::NAN; rows * c], vec![0.0; c], vec![0.0; c]);
-        layernorm_backward(LayerNormBackward {
+        backward(LayerNormBackward {
             dinp: Some(&mut dx),
             dwb: Some((&mut dw, &mut db)),
             dout: &probe,
@@ -245,7 +414,7 @@ mod tests {
             let mut g = base.clone();
             let (dx, dwb) = g.split_at_mut(rows * c);
             let (dw, db) = dwb.split_at_mut(c);
-            layernorm_backward(LayerNormBackward {
+            backward(LayerNormBackward {
                 dinp: input.then_some(dx),
                 dwb: weight.then_some((dw, db)),
                 dout: &probe,

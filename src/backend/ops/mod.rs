@@ -1,22 +1,119 @@
-//! The arguments of the kernels, one struct an operation, written once for
-//! every level that runs it: the [`Kernels`](super::Kernels) trait takes
-//! them over views of a backend's buffers ([`On`]), the CPU's kernels over
-//! host slices ([`Host`]), a GPU runtime's over raw device views. A struct
-//! is generic over its [`Operands`], and `lower` converts one kind into
-//! another, operand by operand ([`Lower`]); both come from one list of
-//! fields in an `operation!` block.
+//! The kernels, one struct an operation, written once for every level that
+//! runs it: the [`Kernels`](super::Kernels) trait takes them over views of
+//! a backend's buffers ([`On`]), the CPU's kernels over host slices
+//! ([`Host`]), a GPU runtime's over raw device views. A struct is generic
+//! over its [`Operands`], and `lower` converts one kind into another,
+//! operand by operand ([`Lower`]); both come from one list of fields in an
+//! `operation!` block.
+//!
+//! A kernel that is a [`Kernel`] lives in one file here (`layernorm.rs`,
+//! `matmul.rs`) beside its source in `kernels/`: its structs, the one shape
+//! check every backend runs, the work MFU counts, the CPU's body and the
+//! GPU's launch; `Kernels::run` runs any of them.
 //!
 //! A backward's halves (zb-h1's input and weight halves) are which outputs
 //! are given; bf16 arithmetic is a field of the matmul.
 
+pub use encoder::{EncoderBackward, EncoderForward};
+pub use layernorm::{LayerNormBackward, LayerNormForward};
+pub use matmul::{MatmulBackward, MatmulForward, MatmulShape, WeightLayout};
+
+use super::gpu::{GpuError, Queue, Raw, Runtime};
 use super::memory::{Dst, Src};
-use super::{Activation, AttnShape, DecodeShape, Device, Elem, WeightLayout};
+use super::profile::Op;
+use super::{Activation, AttnShape, DecodeShape, Device, Elem};
 use std::marker::PhantomData;
+
+/// How many elements an operand holds, whatever its kind.
+pub trait Extent {
+    fn extent(&self) -> usize;
+}
+
+impl<B, T> Extent for Src<'_, B, T> {
+    fn extent(&self) -> usize {
+        self.len()
+    }
+}
+
+impl<B, T> Extent for Dst<'_, B, T> {
+    fn extent(&self) -> usize {
+        self.len()
+    }
+}
+
+impl<T> Extent for &[T] {
+    fn extent(&self) -> usize {
+        self.len()
+    }
+}
+
+impl<T> Extent for &mut [T] {
+    fn extent(&self) -> usize {
+        self.len()
+    }
+}
 
 /// What an operation's inputs (`In`) and outputs (`Out`) are.
 pub trait Operands {
-    type In<T: Elem>;
-    type Out<T: Elem>;
+    type In<T: Elem>: Extent;
+    type Out<T: Elem>: Extent;
+}
+
+/// An operation's argument struct over operands `O` as a kernel: the shape
+/// check every backend runs before it, the floating-point work MFU counts
+/// (only products), the CPU's body and the GPU's launch. A new kernel is a
+/// file in `ops/` with its impls, its source in `kernels/` and its line in
+/// the profile's `Op` list.
+pub trait Kernel<O: Operands>: Sized {
+    /// The profile's counter.
+    const OP: Op;
+    /// Why the operands cannot hold the shape, if they cannot.
+    fn check(&self) -> Result<(), String>;
+    fn flops(&self) -> f64 {
+        0.0
+    }
+    /// Runs on the host, its operands lowered by `host`.
+    fn cpu<'a>(self, host: &impl Lower<O, Host<'a>>);
+    /// Queues the launch on `queue`, its operands lowered by `raw`; only
+    /// after [`Kernel::check`] passed (`Checked`), which is what makes the
+    /// launch's views hold what the kernel reads and writes.
+    fn gpu<R: Runtime>(
+        self,
+        queue: &Queue<R>,
+        raw: &impl Lower<O, Raw>,
+        checked: Checked,
+    ) -> Result<(), GpuError>;
+}
+
+/// Operands as they are: a kernel run over the kind it was built over.
+pub struct AsIs;
+
+impl<O: Operands> Lower<O, O> for AsIs {
+    fn input<T: Elem>(&self, x: O::In<T>) -> O::In<T> {
+        x
+    }
+    fn output<T: Elem>(&self, x: O::Out<T>) -> O::Out<T> {
+        x
+    }
+}
+
+/// Proof that a [`Kernel::check`] passed; only [`checked`] makes one.
+pub struct Checked(());
+
+/// `op`'s check, as the error every backend reports.
+pub fn checked<O: Operands, K: Kernel<O>>(op: &K) -> crate::error::Result<Checked> {
+    op.check()
+        .map_err(|e| crate::error::Error::Device(format!("{}: {e}", K::OP.name())))?;
+    Ok(Checked(()))
+}
+
+/// Errors unless operand `what` holds at least `n` elements.
+pub fn need(what: &str, x: &impl Extent, n: usize) -> Result<(), String> {
+    let have = x.extent();
+    if have < n {
+        return Err(format!("{what}: view of {have} elements, need {n}"));
+    }
+    Ok(())
 }
 
 /// Views of backend `B`'s buffers: what [`Kernels`](super::Kernels) takes.
@@ -82,118 +179,9 @@ macro_rules! operation {
     (@lower $f:ident $x:expr, value) => { $x };
 }
 
-operation! {
-    /// `out (rows, C) = wte[tokens] + wpe[row % t]`; rows is `tokens.len()`.
-    pub struct EncoderForward<O> {
-        output out: f32,
-        input tokens: u32,
-        input wte: f32,
-        input wpe: f32,
-        value t: usize,
-        value c: usize,
-    }
-}
-
-operation! {
-    /// `dwte[tokens] += dout; dwpe[row % t] += dout`. `host_tokens` is the host's
-    /// copy of `tokens`, from which a device plans a deterministic scatter.
-    pub struct EncoderBackward<'h, O> {
-        output dwte: f32,
-        output dwpe: f32,
-        input dout: f32,
-        input tokens: u32,
-        value host_tokens: &'h [u32],
-        value t: usize,
-        value c: usize,
-    }
-}
-
-operation! {
-    /// out, inp (rows, C); mean, rstd (rows), kept for the backward; eps inside
-    /// the square root. rows is `mean.len()`.
-    pub struct LayerNormForward<O> {
-        output out: f32,
-        output mean: f32,
-        output rstd: f32,
-        input inp: f32,
-        input w: f32,
-        input b: f32,
-        value c: usize,
-        value eps: f32,
-    }
-}
-
-operation! {
-    /// The gradients of [`LayerNormForward`]: dinp (rows, C) += (or =, without
-    /// `accumulate`: no zeroing pass first); dw, db (C) +=. A half is left
-    /// out by leaving its outputs out: `dinp` None is the weight half, `dwb`
-    /// None the input half.
-    pub struct LayerNormBackward<O> {
-        maybe_output dinp: f32,
-        /// dw and db.
-        maybe_outputs2 dwb: f32,
-        input dout: f32,
-        input inp: f32,
-        input w: f32,
-        input mean: f32,
-        input rstd: f32,
-        value c: usize,
-        value accumulate: bool,
-    }
-}
-
-/// A matmul's shape and arithmetic: inp (rows, k) @ W (k x n, in `layout`);
-/// `bf16` when the operands hold bfloat16 values (rounded by
-/// `round_bf16`), which a device with bf16 matrix units runs there.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MatmulShape {
-    pub rows: usize,
-    pub k: usize,
-    pub n: usize,
-    pub layout: WeightLayout,
-    pub bf16: bool,
-}
-
-impl MatmulShape {
-    /// An fp32 product of `(rows, k, n)` in `layout`.
-    pub fn new((rows, k, n): (usize, usize, usize), layout: WeightLayout) -> Self {
-        MatmulShape {
-            rows,
-            k,
-            n,
-            layout,
-            bf16: false,
-        }
-    }
-}
-
-operation! {
-    /// out (rows, n) = [out +] inp (rows, k) @ W + bias.
-    pub struct MatmulForward<O> {
-        output out: f32,
-        input inp: f32,
-        input w: f32,
-        maybe_input bias: f32,
-        value shape: MatmulShape,
-        /// Adds to `out` instead of overwriting it.
-        value accumulate: bool,
-    }
-}
-
-operation! {
-    /// The gradients of [`MatmulForward`]: dinp (rows, k) overwritten; dw
-    /// (k x n) +=; dbias (n) +=. `dinp` None is the weight half (which never
-    /// reads `w`), `dw` None the input half (which never reads `inp`).
-    pub struct MatmulBackward<O> {
-        maybe_output dinp: f32,
-        maybe_output dw: f32,
-        maybe_output dbias: f32,
-        input dout: f32,
-        input inp: f32,
-        input w: f32,
-        value shape: MatmulShape,
-    }
-}
+pub(crate) mod encoder;
+pub(crate) mod layernorm;
+pub(crate) mod matmul;
 
 /// The width of an activation's bias (0: none) over its `len` inputs, or
 /// why its rows cannot hold them: the one rule every backend checks an
@@ -359,13 +347,6 @@ impl<'p, A: Operands, P: ?Sized> MatmulDecode<'p, A, P> {
 macro_rules! struct_kernels {
     ($run:ident) => {
         struct_kernels! { @each $run op;
-            encoder_forward(EncoderForward<On<'_, Self>>) EncoderForward 0.0;
-            encoder_backward(EncoderBackward<'_, On<'_, Self>>) EncoderBackward 0.0;
-            layernorm_forward(LayerNormForward<On<'_, Self>>) LayerNormForward 0.0;
-            matmul_forward(MatmulForward<On<'_, Self>>) MatmulForward
-                profile::matmul_flops(op.shape, 1);
-            matmul_backward(MatmulBackward<On<'_, Self>>) MatmulBackward
-                profile::matmul_flops(op.shape, op.dinp.is_some() as usize + op.dw.is_some() as usize);
             attention_forward(AttentionForward<On<'_, Self>>) AttentionForward
                 profile::attention_flops(op.shape, false);
             attention_backward(AttentionBackward<On<'_, Self>>) AttentionBackward
