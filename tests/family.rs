@@ -337,12 +337,12 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                     accumulate: false,
                 })?;
                 // the first bias, added in the activation's passes
-                be.activation_forward(ActivationForward {
+                be.run(ActivationForward {
                     out: g.rb(),
                     inp: h.src(),
                     bias: Some(b1),
                     act: Activation::GeluTanh,
-                });
+                })?;
                 be.run(MatmulForward {
                     out,
                     inp: g.src(),
@@ -364,13 +364,13 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                 if !has_targets {
                     return Ok(None);
                 }
-                be.crossentropy_forward(CrossEntropyForward {
+                be.run(CrossEntropyForward {
                     losses: a.losses.d(),
                     logits: a.logits.s(),
                     targets: a.targets.s(),
                     v,
                     vp: v,
-                });
+                })?;
                 return Ok(Some((be.sum(a.losses.s())? / terms as f64) as f32));
             }
         }
@@ -402,13 +402,13 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
         let io = |dims| MatmulShape::new(dims, WeightLayout::InOut);
         match UnitKind::of(u, nl) {
             UnitKind::Head => {
-                be.crossentropy_backward(CrossEntropyBackward {
+                be.run(CrossEntropyBackward {
                     logits: a.logits.d(),
                     targets: a.targets.s(),
                     v,
                     vp: v,
                     dloss: loss_scale / terms,
-                });
+                })?;
                 be.run(MatmulBackward {
                     dinp: Some(a.dres.d()),
                     dw: Some(g.own),
@@ -435,13 +435,13 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                 })?;
                 let h = a.h.slice(l * rows * f..(l + 1) * rows * f);
                 let (dw1, db1) = gd.split2(r1, rb1);
-                be.activation_backward(ActivationBackward {
+                be.run(ActivationBackward {
                     d: a.dg.d(),
                     inp: h,
                     bias: Some(b1),
                     act: Activation::GeluTanh,
                     dbias: Some(db1),
-                });
+                })?;
                 be.run(MatmulBackward {
                     dinp: Some(a.dtmp.d()),
                     dw: Some(dw1),

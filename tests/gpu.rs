@@ -112,7 +112,8 @@ fn one_step<B: Backend>(
     let whole = Segment::whole(m.layout.total());
     let lay = m.layout.clone();
     let be = m.backend().clone_fresh();
-    opt.update(&be, m.params.d(), m.grads.s(), &lay, &whole, 1e-3, 0.5);
+    opt.update(&be, m.params.d(), m.grads.s(), &lay, &whole, 1e-3, 0.5)
+        .unwrap();
     be.synchronize().unwrap();
     [vec![loss], logits, grads, m.params_host().unwrap()]
 }

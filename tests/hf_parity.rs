@@ -180,7 +180,8 @@ fn adamw_steps_match_torch_adamw() {
             &Segment::whole(model.engine.layout.total()),
             1e-2,
             1.0,
-        );
+        )
+        .unwrap();
     }
     let params = model.params_host().unwrap();
     for spec in &model.layout.tensors {

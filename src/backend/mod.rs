@@ -19,13 +19,13 @@ pub mod ops;
 pub mod profile;
 pub mod threads;
 
-pub use cpu::{AdamWStep, AttnShape, DecodeShape, WeightFormat};
+pub use cpu::{AttnShape, DecodeShape, WeightFormat};
 pub use memory::{Buf, Category, Dst, MemoryReport, PeakRow, Pending, Pinned, RawView, Src};
 pub use ops::{
-    ActivationBackward, ActivationForward, AdamWUpdate, AttentionBackward, AttentionDecode,
-    AttentionForward, CrossEntropyBackward, CrossEntropyForward, EncoderBackward, EncoderForward,
-    Kernel, LayerNormBackward, LayerNormForward, MatmulBackward, MatmulDecode, MatmulForward,
-    MatmulShape, On, WeightLayout,
+    ActivationBackward, ActivationForward, AdamWStep, AdamWUpdate, AttentionBackward,
+    AttentionDecode, AttentionForward, CrossEntropyBackward, CrossEntropyForward, EncoderBackward,
+    EncoderForward, Kernel, LayerNormBackward, LayerNormForward, MatmulBackward, MatmulDecode,
+    MatmulForward, MatmulShape, On, WeightLayout,
 };
 pub use threads::Threads;
 
@@ -181,11 +181,6 @@ pub trait Kernels: Device {
     /// Any [`Kernel`]: its shape checked (an error names the kernel and the
     /// operand too short), then run, timed while the profile is on.
     fn run<'a, K: Kernel<On<'a, Self>>>(&self, op: K) -> Result<()>;
-    fn attention_forward(&self, op: AttentionForward<On<'_, Self>>);
-    fn attention_backward(&self, op: AttentionBackward<On<'_, Self>>);
-    fn activation_forward(&self, op: ActivationForward<On<'_, Self>>);
-    /// d *= act'(inp), in place, and with `dbias` its column sums added.
-    fn activation_backward(&self, op: ActivationBackward<On<'_, Self>>);
     /// dst = value.
     fn fill(&self, dst: Dst<'_, Self>, value: f32);
     /// dst += src.
@@ -202,9 +197,6 @@ pub trait Kernels: Device {
     /// they pack them), so a caller passes them as they are instead of
     /// copying them rounded with [`Kernels::round_bf16`] first.
     const MATMUL_ROUNDS_BF16: bool = false;
-    fn crossentropy_forward(&self, op: CrossEntropyForward<On<'_, Self>>);
-    fn crossentropy_backward(&self, op: CrossEntropyBackward<On<'_, Self>>);
-    fn adamw(&self, op: AdamWUpdate<On<'_, Self>>);
     /// Sum in f64 (the loss over a batch's rows).
     fn sum(&self, x: Src<'_, Self>) -> Result<f64>;
     /// Sum of squares in f64.

@@ -57,7 +57,7 @@ impl<B: Backend> AdamW<B> {
         segments: &[Segment],
         lr: f32,
         grad_scale: f32,
-    ) {
+    ) -> Result<()> {
         self.step += 1;
         let c = self.config;
         let hyper = AdamWStep {
@@ -76,16 +76,17 @@ impl<B: Backend> AdamW<B> {
                     continue;
                 }
                 let local = seg.local + start - seg.global..seg.local + end - seg.global;
-                backend.adamw(AdamWUpdate {
+                backend.run(AdamWUpdate {
                     param: params.rb().slice(local.clone()),
                     grad: grads.slice(local.clone()),
                     m: self.m.slice_mut(local.clone()),
                     v: self.v.slice_mut(local),
                     step: hyper,
                     weight_decay: if t.decay { c.weight_decay } else { 0.0 },
-                });
+                })?;
             }
         }
+        Ok(())
     }
 }
 

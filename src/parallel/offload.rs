@@ -271,7 +271,7 @@ impl HostState {
         if !*overlap {
             for ch in chunks.iter_mut() {
                 down(ch)?;
-                apply(ch);
+                apply(ch)?;
                 up(ch, &mut out)?;
             }
             return Ok(());
@@ -298,7 +298,7 @@ impl HostState {
                 Ok(())
             });
             for ch in from_mover {
-                apply(ch);
+                apply(ch)?;
                 if to_mover.send(ch).is_err() {
                     break;
                 }
@@ -357,7 +357,8 @@ mod tests {
             let mut g = cpu.alloc(len, Category::Grads).unwrap();
             for gs in &grads {
                 cpu.upload(g.d(), gs).unwrap();
-                opt.update(&cpu, p.d(), g.s(), &lay, segs, 1e-2, 0.5);
+                opt.update(&cpu, p.d(), g.s(), &lay, segs, 1e-2, 0.5)
+                    .unwrap();
             }
             let want = cpu.to_host(p.s()).unwrap();
             for (chunk, overlap) in [(1000, true), (1000, false), (len, true), (777, true)] {

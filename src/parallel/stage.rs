@@ -804,10 +804,7 @@ impl<B: Backend> StageState<B> {
         };
         let step = |opt: &mut Optimizer<B>, params: Dst<'_, B>| -> Result<()> {
             match opt {
-                Optimizer::Device(o) => {
-                    o.update(be, params, grads, lay, &segs, lr, clip);
-                    Ok(())
-                }
+                Optimizer::Device(o) => o.update(be, params, grads, lay, &segs, lr, clip),
                 Optimizer::Host(h) => h.update(be, grads, Some(params), lay, lr, clip),
             }
         };

@@ -3,7 +3,8 @@
 //! thread-rank collectives' bandwidth and latency.
 
 use super::{Device, Network, Precision};
-use crate::backend::cpu::{AdamWStep, Cpu};
+use crate::backend::cpu::Cpu;
+use crate::backend::AdamWStep;
 use crate::backend::{AdamWUpdate, Buf, Category, Device as _, Kernels as _};
 use crate::error::Result;
 use crate::model::ModelConfig;
@@ -102,14 +103,14 @@ fn adamw_bandwidth(be: &Cpu, n: usize) -> Result<f64> {
             step,
             grad_scale: 1.0,
         };
-        be.adamw(AdamWUpdate {
+        be.run(AdamWUpdate {
             param: p.d(),
             grad: g.s(),
             m: m.d(),
             v: v.d(),
             step: s,
             weight_decay: 0.1,
-        });
+        })?;
         best = best.min(t0.elapsed().as_secs_f64());
     }
     std::hint::black_box(&p);

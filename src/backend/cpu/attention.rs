@@ -11,7 +11,7 @@
 //! keys (an encoder's bidirectional attention, BERT's).
 
 use super::math::{dot, exp, exp_shifted_sum, gemm, row_max, widest, Mat, SendPtr};
-use crate::backend::ops::{AttentionBackward, AttentionDecode, AttentionForward, Host};
+use crate::backend::ops::{AttentionDecode, Host};
 use rayon::prelude::*;
 
 /// Query rows per block.
@@ -115,32 +115,17 @@ impl Mask<'_> {
     }
 }
 
-/// qkv is (B, T, 3C) = [q | k | v] per token; out is (B, T, C); lse is
-/// (B, NH, T); causal without `lens`.
-pub fn attention_forward(op: AttentionForward<Host<'_>>) {
-    let mask = op.lens.map_or(Mask::Causal, Mask::Lengths);
-    forward_masked(op.out, op.lse, op.qkv, op.shape, mask)
-}
-
-/// dqkv (B, T, 3C) is overwritten with the gradient given dout (B, T, C).
-pub fn attention_backward(op: AttentionBackward<Host<'_>>) {
-    let mask = op.lens.map_or(Mask::Causal, Mask::Lengths);
-    let AttentionBackward {
-        dqkv,
-        dout,
-        qkv,
-        out,
-        lse,
-        shape,
-        ..
-    } = op;
-    backward_masked(dqkv, (dout, qkv, out, lse), shape, mask)
-}
-
-/// [`attention_forward`] under `mask`: for each block of query rows, the
+/// The attention forward under `mask` (qkv is (B, T, 3C) = [q | k | v]
+/// per token; out is (B, T, C); lse is (B, NH, T)): for each block of query rows, the
 /// keys in tiles of [`forward_keys`] with an online softmax (a running max
 /// and sum per row; the output so far rescaled when a tile raises the max).
-fn forward_masked(out: &mut [f32], lse: &mut [f32], qkv: &[f32], s: AttnShape, mask: Mask<'_>) {
+pub(crate) fn forward_masked(
+    out: &mut [f32],
+    lse: &mut [f32],
+    qkv: &[f32],
+    s: AttnShape,
+    mask: Mask<'_>,
+) {
     let AttnShape { b, t, c, nh } = s;
     let hd = s.head_dim();
     assert!(qkv.len() >= b * t * 3 * c && out.len() >= b * t * c && lse.len() >= b * nh * t);
@@ -264,8 +249,9 @@ impl Tiles {
 /// gradient for a tile stay (ROWS x KEYS) whatever T is.
 pub(super) const ROWS: usize = 256;
 
-/// [`attention_backward`] under `mask`, given (dout, qkv, out, lse).
-fn backward_masked(
+/// The attention backward under `mask`, given (dout, qkv, out, lse): dqkv
+/// (B, T, 3C) overwritten.
+pub(crate) fn backward_masked(
     dqkv: &mut [f32],
     inputs: (&[f32], &[f32], &[f32], &[f32]),
     s: AttnShape,

@@ -1,11 +1,9 @@
 //! fp32 CPU backend: `gemm` crate matmuls and rayon-parallel kernels.
 
-pub(crate) mod adamw;
 pub(crate) mod attention;
 pub mod blas;
 #[cfg(test)]
 pub(crate) mod check;
-pub(crate) mod crossentropy;
 mod decode;
 mod dpbf16;
 pub(crate) mod elementwise;
@@ -14,25 +12,16 @@ pub mod int8;
 pub mod math;
 mod tile;
 
-pub use adamw::AdamWStep;
 pub use attention::{AttnShape, DecodeShape, Mask};
 pub use decode::{round_to_bf16, PackedWeight, WeightFormat};
 
 use super::WeightLayout;
 
 use super::memory::{Buf, Category, Dst, MemoryStats, Src};
-use super::ops::{checked, struct_kernels, Host, Kernel, Lower, On};
+use super::ops::{checked, Host, Kernel, Lower, On};
 use super::profile::{self, Op};
-use super::{
-    ActivationBackward, ActivationForward, AdamWUpdate, AttentionBackward, AttentionDecode,
-    AttentionForward, CrossEntropyBackward, CrossEntropyForward, Decode, Device, Elem, Kernels,
-    MatmulDecode, Threads,
-};
+use super::{AttentionDecode, Decode, Device, Elem, Kernels, MatmulDecode, Threads};
 use crate::error::{Error, Result};
-use adamw::adamw;
-use attention::{attention_backward, attention_forward};
-use crossentropy::{crossentropy_backward, crossentropy_forward};
-use elementwise::{activation_backward, activation_forward};
 use std::sync::Arc;
 
 /// The CPU device; the rayon pool it runs in decides the thread count:
@@ -167,20 +156,12 @@ fn cpu_timed<R>(op: Op, flops: f64, run: impl FnOnce() -> R) -> R {
     profile::timed(op, flops, || (), run)
 }
 
-/// A struct kernel on the host: the module function of its name, timed.
-macro_rules! on_host {
-    ($self:ident, $name:ident, $kind:expr, $flops:expr, $op:ident) => {
-        cpu_timed($kind, $flops, || $name($op.lower(&ToHost)))
-    };
-}
-
 impl Kernels for Cpu {
     fn run<'a, K: Kernel<On<'a, Self>>>(&self, op: K) -> Result<()> {
         checked(&op)?;
         cpu_timed(K::OP, op.flops(), || op.cpu(&ToHost));
         Ok(())
     }
-    struct_kernels!(on_host);
     fn fill(&self, dst: Dst<'_, Self>, value: f32) {
         cpu_timed(Op::Fill, 0.0, || elementwise::fill(w(dst), value))
     }

@@ -5,16 +5,16 @@
 
 use super::kernels::{need, u32s};
 use super::{Arg, GpuError, Queue, Raw, Runtime, View};
-use crate::backend::ops::{AttentionBackward, AttentionDecode, AttentionForward};
-use crate::backend::{AttnShape, DecodeShape};
+use crate::backend::ops::AttentionDecode;
+use crate::backend::DecodeShape;
 
 /// Largest head dim the kernels support: `ATT_HD_MAX` in attention.cu.
-const HD_MAX: usize = 64;
+pub(crate) const HD_MAX: usize = 64;
 /// Rows of one (batch, head) a workgroup owns: `ATT_ROWS` in attention.cu.
-const ROWS: usize = 32;
+pub(crate) const ROWS: usize = 32;
 
 /// The head dim of `nh` heads over `c` channels, if the kernels support it.
-fn head_dim(c: usize, nh: usize) -> Result<usize, GpuError> {
+pub(crate) fn head_dim(c: usize, nh: usize) -> Result<usize, GpuError> {
     if nh == 0 || !c.is_multiple_of(nh) || c / nh == 0 || c / nh > HD_MAX {
         return Err(GpuError(format!(
             "attention: c = {c} over nh = {nh} heads must give a whole head dim \
@@ -26,85 +26,14 @@ fn head_dim(c: usize, nh: usize) -> Result<usize, GpuError> {
 
 /// The kernels' mask arguments: the lens view (any view when causal: the
 /// kernels read it only under a padding mask) and the causal flag.
-fn mask_args(lens: Option<View>, b: usize, any: View) -> Result<[Arg; 2], GpuError> {
-    Ok(match lens {
-        Some(l) => {
-            need("attention lens", l, b)?;
-            [Arg::View(l), u32s("causal", 0)?]
-        }
-        None => [Arg::View(any), u32s("causal", 1)?],
-    })
+pub(crate) fn mask_args(lens: Option<View>, any: View) -> [Arg; 2] {
+    match lens {
+        Some(l) => [Arg::View(l), Arg::U32(0)],
+        None => [Arg::View(any), Arg::U32(1)],
+    }
 }
 
 impl<R: Runtime> Queue<R> {
-    /// out (B, T, C) and lse (B, NH, T) from qkv (B, T, 3C) = [q | k | v]
-    /// per token; causal, or with `lens` (B) the keys each sequence has.
-    pub fn attention_forward(&self, op: AttentionForward<Raw>) -> Result<(), GpuError> {
-        let AttentionForward {
-            out,
-            lse,
-            qkv,
-            lens,
-            shape,
-        } = op;
-        let AttnShape { b, t, c, nh } = shape;
-        head_dim(c, nh)?;
-        need("attention_forward out", out, b * t * c)?;
-        need("attention_forward lse", lse, b * nh * t)?;
-        need("attention_forward qkv", qkv, b * t * 3 * c)?;
-        let mask = mask_args(lens, b, qkv)?;
-        let args = [
-            Arg::View(out),
-            Arg::View(lse),
-            Arg::View(qkv),
-            u32s("t", t)?,
-            u32s("c", c)?,
-            u32s("nh", nh)?,
-            mask[0],
-            mask[1],
-        ];
-        self.launch("attention_forward", t.div_ceil(ROWS) * b * nh, &args)
-    }
-
-    /// dqkv (B, T, 3C) overwritten with the gradient given dout (B, T, C),
-    /// from the forward's qkv, out and lse.
-    pub fn attention_backward(&self, op: AttentionBackward<Raw>) -> Result<(), GpuError> {
-        let AttentionBackward {
-            dqkv,
-            dout,
-            qkv,
-            out,
-            lse,
-            lens,
-            shape,
-        } = op;
-        let AttnShape { b, t, c, nh } = shape;
-        head_dim(c, nh)?;
-        need("attention_backward dqkv", dqkv, b * t * 3 * c)?;
-        need("attention_backward dout", dout, b * t * c)?;
-        need("attention_backward qkv", qkv, b * t * 3 * c)?;
-        need("attention_backward out", out, b * t * c)?;
-        need("attention_backward lse", lse, b * nh * t)?;
-        let mask = mask_args(lens, b, qkv)?;
-        let args = [
-            Arg::View(dqkv),
-            Arg::View(dout),
-            Arg::View(qkv),
-            Arg::View(out),
-            Arg::View(lse),
-            u32s("t", t)?,
-            u32s("c", c)?,
-            u32s("nh", nh)?,
-            mask[0],
-            mask[1],
-        ];
-        // Two passes writing disjoint parts of dqkv: workgroups owning keys
-        // (dk, dv), then workgroups owning queries (dq).
-        let groups = t.div_ceil(ROWS) * b * nh;
-        self.launch("attention_backward_dkdv", groups, &args)?;
-        self.launch("attention_backward_dq", groups, &args)
-    }
-
     /// out (b, c) from one query per row of qkv (b, 3c) against positions
     /// [0, len) of kcache, vcache (b, max_t, c).
     pub fn attention_decode(&self, op: AttentionDecode<Raw>) -> Result<(), GpuError> {
@@ -153,6 +82,8 @@ mod tests {
     use super::*;
     use crate::backend::cpu::attention;
     use crate::backend::cpu::check::randn;
+    use crate::backend::ops::{AsIs, AttentionBackward, AttentionForward, Host, Kernel};
+    use crate::backend::AttnShape;
     use crate::rng::Rng;
 
     #[test]
@@ -209,13 +140,14 @@ mod tests {
                 let AttnShape { b, t, c, nh } = s;
                 let qkv = randn(&mut rng, b * t * 3 * c, 1.0);
                 let (mut out, mut lse) = (vec![0.0; b * t * c], vec![0.0; b * nh * t]);
-                attention::attention_forward(AttentionForward {
+                (AttentionForward::<Host> {
                     out: &mut out,
                     lse: &mut lse,
                     qkv: &qkv,
                     lens: lens.as_deref(),
                     shape: s,
-                });
+                })
+                .cpu(&AsIs);
                 let (o, l) = (
                     putf(dev, &vec![7.0; out.len()]),
                     putf(dev, &vec![7.0; lse.len()]),
@@ -223,7 +155,7 @@ mod tests {
                 let q = putf(dev, &qkv);
                 let ld = lens.as_ref().map(|x| putu(dev, x));
                 let lv = ld.as_ref().map(|x| x.view());
-                dev.attention_forward(AttentionForward {
+                dev.run(AttentionForward {
                     out: o.view(),
                     lse: l.view(),
                     qkv: q.view(),
@@ -260,15 +192,16 @@ mod tests {
                 let qkv = randn(&mut rng, b * t * 3 * c, 2.0);
                 let dout = randn(&mut rng, b * t * c, 1.0);
                 let (mut out, mut lse) = (vec![0.0; b * t * c], vec![0.0; b * nh * t]);
-                attention::attention_forward(AttentionForward {
+                (AttentionForward::<Host> {
                     out: &mut out,
                     lse: &mut lse,
                     qkv: &qkv,
                     lens: lens.as_deref(),
                     shape: s,
-                });
+                })
+                .cpu(&AsIs);
                 let mut want = vec![0.0; qkv.len()];
-                attention::attention_backward(AttentionBackward {
+                (AttentionBackward::<Host> {
                     dqkv: &mut want,
                     dout: &dout,
                     qkv: &qkv,
@@ -276,7 +209,8 @@ mod tests {
                     lse: &lse,
                     lens: lens.as_deref(),
                     shape: s,
-                });
+                })
+                .cpu(&AsIs);
                 let (q, d, o, l) = (
                     putf(dev, &qkv),
                     putf(dev, &dout),
@@ -288,7 +222,7 @@ mod tests {
                 let mut runs = Vec::new();
                 for _ in 0..2 {
                     let g = putf(dev, &randn(&mut rng, qkv.len(), 1.0));
-                    dev.attention_backward(AttentionBackward {
+                    dev.run(AttentionBackward {
                         dqkv: g.view(),
                         dout: d.view(),
                         qkv: q.view(),
@@ -384,7 +318,7 @@ mod tests {
             nh: 2,
         };
         let err = dev
-            .attention_forward(AttentionForward {
+            .run(AttentionForward {
                 out: m.view(),
                 lse: m.view(),
                 qkv: m.view(),
@@ -395,7 +329,7 @@ mod tests {
         assert!(err.to_string().contains("1 to 64"), "{err}");
         let s = AttnShape { c: 7, nh: 2, ..s };
         assert!(dev
-            .attention_forward(AttentionForward {
+            .run(AttentionForward {
                 out: m.view(),
                 lse: m.view(),
                 qkv: m.view(),

@@ -7,12 +7,11 @@
 use super::{DeviceMem, GpuError, Queue, Raw, Runtime, View};
 use crate::backend::cpu::round_to_bf16;
 use crate::backend::memory::{Buf, Category, Dst, MemoryStats, Pending, Pinned, RawView, Src};
-use crate::backend::ops::{checked, struct_kernels, Kernel, Lower, On};
+use crate::backend::ops::{checked, Kernel, Lower, On};
 use crate::backend::profile::{self, Op};
 use crate::backend::{
-    ActivationBackward, ActivationForward, AdamWUpdate, AttentionBackward, AttentionDecode,
-    AttentionForward, CrossEntropyBackward, CrossEntropyForward, Decode, Device, Elem, Kernels,
-    MatmulDecode, MatmulForward, MatmulShape, WeightFormat, WeightLayout,
+    AttentionDecode, Decode, Device, Elem, Kernels, MatmulDecode, MatmulForward, MatmulShape,
+    WeightFormat, WeightLayout,
 };
 use crate::error::{Error, Result};
 use std::sync::{Arc, Mutex};
@@ -199,13 +198,6 @@ impl<R: Runtime> Device for Gpu<R> {
     }
 }
 
-/// A struct kernel queued: the device's method of its name.
-macro_rules! queued {
-    ($self:ident, $name:ident, $kind:expr, $flops:expr, $op:ident) => {
-        $self.kernel(($kind, $flops), |d| d.$name($op.lower(&ToRaw)))
-    };
-}
-
 /// Every kernel queued with its operands lowered to raw views; a failure is
 /// kept for the next transfer or `synchronize`.
 impl<R: Runtime> Kernels for Gpu<R> {
@@ -214,7 +206,6 @@ impl<R: Runtime> Kernels for Gpu<R> {
         self.kernel((K::OP, op.flops()), |d| op.gpu(d, &ToRaw, checked));
         Ok(())
     }
-    struct_kernels!(queued);
     fn fill(&self, dst: Dst<'_, Self>, value: f32) {
         self.kernel((Op::Fill, 0.0), |d| d.fill(view(dst.raw()), value))
     }

@@ -4,10 +4,7 @@
 //! OpenCL C and CUDA; GEMMs go to the runtime's BLAS (CLBlast, cuBLAS).
 
 use super::{u32_arg, Arg, DeviceMem, Gemm, GpuError, Operand, Queue, Raw, Runtime, View, BLOCK};
-use crate::backend::ops::{
-    activation_bias_width, checked, ActivationBackward, ActivationForward, AdamWUpdate, AsIs,
-    CrossEntropyBackward, CrossEntropyForward, Kernel,
-};
+use crate::backend::ops::{checked, AsIs, Kernel};
 use crate::backend::{Activation, WeightLayout, COLUMN_CHUNK_ROWS};
 
 const PRELUDE: &str = include_str!("../kernels/prelude.h");
@@ -40,13 +37,8 @@ pub(crate) fn groups(n: usize) -> usize {
     n.div_ceil(BLOCK)
 }
 
-/// [`activation_bias_width`] over views.
-fn bias_cols(len: usize, bias: Option<View>, grad: Option<View>) -> Result<usize, GpuError> {
-    activation_bias_width(len, bias.map(|b| b.len), grad.map(|g| g.len)).map_err(GpuError)
-}
-
 /// An activation as the kernels number it (ACT_* in prelude.h).
-fn act_code(act: Option<Activation>) -> u32 {
+pub(crate) fn act_code(act: Option<Activation>) -> u32 {
     match act {
         None => 0,
         Some(Activation::GeluTanh) => 1,
@@ -162,55 +154,6 @@ impl<R: Runtime> Queue<R> {
         unsafe { self.rt.sgemm(g) }
     }
 
-    /// out = act(inp [+ bias]), n = inp.len ([`ActivationForward`]).
-    pub fn activation_forward(&self, op: ActivationForward<Raw>) -> Result<(), GpuError> {
-        let ActivationForward {
-            out,
-            inp,
-            bias,
-            act,
-        } = op;
-        need("activation_forward", out, inp.len)?;
-        self.activation("activation_forward", (out, inp, bias), act)
-    }
-
-    /// d *= act'(inp [+ bias]), in place (n = inp.len); with `dbias`, its
-    /// column sums added in the same pass ([`ActivationBackward`]).
-    pub fn activation_backward(&self, op: ActivationBackward<Raw>) -> Result<(), GpuError> {
-        let ActivationBackward {
-            d,
-            inp,
-            bias,
-            act,
-            dbias,
-        } = op;
-        if let Some(db) = dbias.filter(|db| db.len > 0) {
-            let cols = bias_cols(inp.len, bias, Some(db))?;
-            return self.bias_backward(db, (d, inp, bias, Some(act)), (inp.len / cols, cols));
-        }
-        need("activation_backward", d, inp.len)?;
-        self.activation("activation_backward", (d, inp, bias), act)
-    }
-
-    /// An activation kernel over (out, inp, bias), n = inp.len.
-    fn activation(
-        &self,
-        name: &str,
-        (out, inp, bias): (View, View, Option<View>),
-        act: Activation,
-    ) -> Result<(), GpuError> {
-        let args = [
-            Arg::View(out),
-            Arg::View(inp),
-            // without a bias, any view: the kernel does not read it
-            Arg::View(bias.unwrap_or(inp)),
-            u32s("n", inp.len)?,
-            u32s("bias", bias_cols(inp.len, bias, None)?)?,
-            Arg::U32(act_code(Some(act))),
-        ];
-        self.launch(name, groups(inp.len), &args)
-    }
-
     /// dst = src; n = src.len.
     pub fn copy(&self, dst: View, src: View) -> Result<(), GpuError> {
         self.pointwise("copy", dst, src)
@@ -238,87 +181,6 @@ impl<R: Runtime> Queue<R> {
     pub fn fill(&self, dst: View, value: f32) -> Result<(), GpuError> {
         let args = [Arg::View(dst), u32s("n", dst.len)?, Arg::F32(value)];
         self.launch("fill", groups(dst.len), &args)
-    }
-
-    /// losses (rows) = cross-entropy of logits (rows, vp) whose first v
-    /// columns are real; rows = targets.len.
-    pub fn crossentropy_forward(&self, op: CrossEntropyForward<Raw>) -> Result<(), GpuError> {
-        let CrossEntropyForward {
-            losses,
-            logits,
-            targets,
-            v,
-            vp,
-        } = op;
-        let rows = targets.len;
-        check_vocab(v, vp)?;
-        need("crossentropy_forward losses", losses, rows)?;
-        need("crossentropy_forward logits", logits, rows * vp)?;
-        let args = [
-            Arg::View(losses),
-            Arg::View(logits),
-            Arg::View(targets),
-            u32s("v", v)?,
-            u32s("vp", vp)?,
-        ];
-        self.launch("crossentropy_forward", rows, &args)
-    }
-
-    /// logits (rows, vp) become dloss * d(sum of losses)/d logits in place,
-    /// padding columns 0; rows = targets.len.
-    pub fn crossentropy_backward(&self, op: CrossEntropyBackward<Raw>) -> Result<(), GpuError> {
-        let CrossEntropyBackward {
-            logits,
-            targets,
-            v,
-            vp,
-            dloss,
-        } = op;
-        let rows = targets.len;
-        check_vocab(v, vp)?;
-        need("crossentropy_backward logits", logits, rows * vp)?;
-        let args = [
-            Arg::View(logits),
-            Arg::View(targets),
-            u32s("v", v)?,
-            u32s("vp", vp)?,
-            Arg::F32(dloss),
-        ];
-        self.launch("crossentropy_backward_inplace", rows, &args)
-    }
-
-    /// One AdamWUpdate update of param and its moments m, v from grad (all param.len).
-    pub fn adamw(&self, op: AdamWUpdate<Raw>) -> Result<(), GpuError> {
-        let AdamWUpdate {
-            param,
-            grad,
-            m,
-            v,
-            step,
-            weight_decay,
-        } = op;
-        let n = param.len;
-        need("adamw grad", grad, n)?;
-        need("adamw m", m, n)?;
-        need("adamw v", v, n)?;
-        // The same constants, in f32, as cpu::adamw.
-        let bc1 = 1.0 - step.beta1.powi(step.step as i32);
-        let bc2_sqrt = (1.0 - step.beta2.powi(step.step as i32)).sqrt();
-        let args = [
-            Arg::View(param),
-            Arg::View(grad),
-            Arg::View(m),
-            Arg::View(v),
-            u32s("n", n)?,
-            Arg::F32(step.beta1),
-            Arg::F32(step.beta2),
-            Arg::F32(step.eps),
-            Arg::F32(step.lr / bc1),
-            Arg::F32(1.0 - step.lr * weight_decay),
-            Arg::F32(bc2_sqrt),
-            Arg::F32(step.grad_scale),
-        ];
-        self.launch("adamw", groups(n), &args)
     }
 
     /// Sum of squares of x, in f64 (reproducible).
@@ -373,13 +235,4 @@ pub(crate) fn operand(view: View, transpose: bool, ld: usize) -> Operand {
         transpose,
         ld,
     }
-}
-
-fn check_vocab(v: usize, vp: usize) -> Result<(), GpuError> {
-    if v == 0 || v > vp {
-        return Err(GpuError(format!(
-            "cross-entropy: need 0 < v <= vp, got v = {v}, vp = {vp}"
-        )));
-    }
-    Ok(())
 }

@@ -14,9 +14,10 @@ mod kernels;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use attention::{head_dim, mask_args, ROWS as ATT_ROWS};
 pub use backend::{Gpu, PackedGpu};
 pub use kernels::program_source;
-pub(crate) use kernels::{groups, operand, u32s, weight_operand};
+pub(crate) use kernels::{act_code, groups, operand, u32s, weight_operand};
 
 use crate::backend::Elem;
 use std::ops::Range;

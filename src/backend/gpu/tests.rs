@@ -7,9 +7,9 @@
 //! DISTGPT_OCL_TINY=1 shrinks the shapes for Oclgrind
 //! (scripts/oclgrind-check.sh).
 
-use super::{kernel_names, program_source, DeviceMem, Queue, Runtime, View, BLOCK};
+use super::{kernel_names, program_source, DeviceMem, Queue, Raw, Runtime, View, BLOCK};
 use crate::backend::cpu::check::randn;
-use crate::backend::cpu::{adamw, crossentropy, elementwise};
+use crate::backend::cpu::elementwise;
 use crate::backend::opencl::ClRuntime;
 use crate::backend::ops::layernorm;
 use crate::backend::ops::{
@@ -248,6 +248,24 @@ fn views_too_short_are_errors_on<R: Runtime>(dev: &Queue<R>) {
     assert!(err.to_string().contains("need 6"), "{err}");
     let mut host = [0.0f32; 3];
     assert!(dev.read(a.view(), &mut host).is_err());
+    // a kernel's own check, the one the CPU runs: rows 2 of c 3 need 6
+    let err = dev
+        .run(LayerNormForward::<Raw> {
+            out: a.view_range(0..5),
+            mean: a.view_range(0..2),
+            rstd: a.view_range(2..4),
+            inp: a.view(),
+            w: a.view(),
+            b: a.view(),
+            c: 3,
+            eps: 1e-5,
+        })
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("layernorm_forward: out: view of 5 elements, need 6"),
+        "{err}"
+    );
 }
 
 /// A copy started on the copy queue lands what the kernels queued before
@@ -693,16 +711,17 @@ fn fused_bias_gradients_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
             let bias = randn(&mut rng, n, 1.0);
             let b = biased.then_some(&bias[..]);
             let (mut want, mut want_db) = (d0.clone(), db0.clone());
-            elementwise::activation_backward(ActivationBackward {
+            (ActivationBackward::<Host> {
                 d: &mut want,
                 inp: &x,
                 bias: b,
                 act,
                 dbias: Some(&mut want_db),
-            });
+            })
+            .cpu(&AsIs);
             let (d, xd, db) = (putf(dev, &d0), putf(dev, &x), putf(dev, &db0));
             let bd = putf(dev, &bias);
-            dev.activation_backward(ActivationBackward {
+            dev.run(ActivationBackward {
                 d: d.view(),
                 inp: xd.view(),
                 bias: biased.then(|| bd.view()),
@@ -754,14 +773,15 @@ fn pointwise_kernels_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
             for (b, bv) in [(None, None), (Some(&bias[..]), Some(bd.view()))] {
                 let at = format!("{act:?} n={n} bias={:?}", b.map(<[f32]>::len));
                 let mut want = vec![0.0; n];
-                elementwise::activation_forward(ActivationForward {
+                (ActivationForward::<Host> {
                     out: &mut want,
                     inp: &x,
                     bias: b,
                     act,
-                });
+                })
+                .cpu(&AsIs);
                 let o = putf(dev, &vec![0.0; n]);
-                dev.activation_forward(ActivationForward {
+                dev.run(ActivationForward {
                     out: o.view(),
                     inp: xd.view(),
                     bias: bv,
@@ -771,13 +791,14 @@ fn pointwise_kernels_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
                 assert_close(&format!("{at} forward"), &get(dev, &o), &want);
 
                 let mut want = d0.clone();
-                elementwise::activation_backward(ActivationBackward {
+                (ActivationBackward::<Host> {
                     d: &mut want,
                     inp: &x,
                     bias: b,
                     act,
                     dbias: None,
-                });
+                })
+                .cpu(&AsIs);
                 // an empty bias gradient is none
                 let empty = View {
                     len: 0,
@@ -785,7 +806,7 @@ fn pointwise_kernels_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
                 };
                 for dbias in [None, Some(empty)] {
                     let d = putf(dev, &d0);
-                    dev.activation_backward(ActivationBackward {
+                    dev.run(ActivationBackward {
                         d: d.view(),
                         inp: xd.view(),
                         bias: bv,
@@ -807,11 +828,11 @@ fn pointwise_kernels_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
                 bias: Some(bias),
                 act: Activation::Tanh,
             };
-            let err = dev.activation_forward(op(wide.view())).unwrap_err();
+            let err = dev.run(op(wide.view())).unwrap_err();
             assert!(err.0.contains("in rows of"), "n={n}: {err:?}");
             // a bias gradient of another width than the bias
             let err = dev
-                .activation_backward(ActivationBackward {
+                .run(ActivationBackward {
                     d: xd.view(),
                     inp: xd.view(),
                     bias: Some(bd.view()),
@@ -925,19 +946,20 @@ fn crossentropy_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
             targets[rows / 2] = crate::data::IGNORE; // no loss, no gradient
         }
         let mut losses = vec![0.0; rows];
-        crossentropy::crossentropy_forward(CrossEntropyForward {
+        (CrossEntropyForward::<Host> {
             losses: &mut losses,
             logits: &logits,
             targets: &targets,
             v,
             vp,
-        });
+        })
+        .cpu(&AsIs);
         let (l, lg, tg) = (
             putf(dev, &vec![0.0; rows]),
             putf(dev, &logits),
             putu(dev, &targets),
         );
-        dev.crossentropy_forward(CrossEntropyForward {
+        dev.run(CrossEntropyForward {
             losses: l.view(),
             logits: lg.view(),
             targets: tg.view(),
@@ -950,14 +972,15 @@ fn crossentropy_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
 
         let dloss = 1.0 / rows as f32;
         let mut want = logits.clone();
-        crossentropy::crossentropy_backward(CrossEntropyBackward {
+        (CrossEntropyBackward::<Host> {
             logits: &mut want,
             targets: &targets,
             v,
             vp,
             dloss,
-        });
-        dev.crossentropy_backward(CrossEntropyBackward {
+        })
+        .cpu(&AsIs);
+        dev.run(CrossEntropyBackward {
             logits: lg.view(),
             targets: tg.view(),
             v,
@@ -992,21 +1015,22 @@ fn adamw_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
     let m0 = randn(&mut rng, n, 0.1);
     let v0: Vec<f32> = randn(&mut rng, n, 0.1).iter().map(|x| x * x).collect();
     let (mut p, mut m, mut v) = (p0.clone(), m0.clone(), v0.clone());
-    adamw::adamw(AdamWUpdate {
+    (AdamWUpdate::<Host> {
         param: &mut p,
         grad: &g,
         m: &mut m,
         v: &mut v,
         step,
         weight_decay: 0.1,
-    });
+    })
+    .cpu(&AsIs);
     let (pd, gd, md, vd) = (
         putf(dev, &p0),
         putf(dev, &g),
         putf(dev, &m0),
         putf(dev, &v0),
     );
-    dev.adamw(AdamWUpdate {
+    dev.run(AdamWUpdate {
         param: pd.view(),
         grad: gd.view(),
         m: md.view(),

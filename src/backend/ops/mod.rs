@@ -14,6 +14,10 @@
 //! A backward's halves (zb-h1's input and weight halves) are which outputs
 //! are given; bf16 arithmetic is a field of the matmul.
 
+pub use activation::{activation_bias_width, ActivationBackward, ActivationForward};
+pub use adamw::{AdamWStep, AdamWUpdate};
+pub use attention::{AttentionBackward, AttentionForward};
+pub use crossentropy::{CrossEntropyBackward, CrossEntropyForward};
 pub use encoder::{EncoderBackward, EncoderForward};
 pub use layernorm::{LayerNormBackward, LayerNormForward};
 pub use matmul::{MatmulBackward, MatmulForward, MatmulShape, WeightLayout};
@@ -21,7 +25,7 @@ pub use matmul::{MatmulBackward, MatmulForward, MatmulShape, WeightLayout};
 use super::gpu::{GpuError, Queue, Raw, Runtime};
 use super::memory::{Dst, Src};
 use super::profile::Op;
-use super::{Activation, AttnShape, DecodeShape, Device, Elem};
+use super::{DecodeShape, Device, Elem};
 use std::marker::PhantomData;
 
 /// How many elements an operand holds, whatever its kind.
@@ -179,125 +183,13 @@ macro_rules! operation {
     (@lower $f:ident $x:expr, value) => { $x };
 }
 
+pub(crate) mod activation;
+pub(crate) mod adamw;
+pub(crate) mod attention;
+pub(crate) mod crossentropy;
 pub(crate) mod encoder;
 pub(crate) mod layernorm;
 pub(crate) mod matmul;
-
-/// The width of an activation's bias (0: none) over its `len` inputs, or
-/// why its rows cannot hold them: the one rule every backend checks an
-/// [`ActivationForward`]'s and an [`ActivationBackward`]'s bias by (where a
-/// backward has both a bias and its gradient, `grad` is the gradient's
-/// width, which must be the bias's).
-pub fn activation_bias_width(
-    len: usize,
-    bias: Option<usize>,
-    grad: Option<usize>,
-) -> Result<usize, String> {
-    let n = bias.or(grad).unwrap_or(0);
-    if grad.is_some_and(|g| g != n) {
-        return Err(format!(
-            "an activation's bias of {n} and its gradient of {}",
-            grad.unwrap_or(0)
-        ));
-    }
-    if n > 0 && !len.is_multiple_of(n) {
-        return Err(format!("activation of {len} elements in rows of {n}"));
-    }
-    Ok(n)
-}
-
-operation! {
-    /// out = act(inp + bias), any shape; with `bias` (n), inp is (rows, n).
-    /// The bias of the product that wrote inp, added in the activation's
-    /// pass instead of one of its own, and never stored: the backward
-    /// adds it again ([`ActivationBackward`]).
-    pub struct ActivationForward<O> {
-        output out: f32,
-        input inp: f32,
-        maybe_input bias: f32,
-        value act: Activation,
-    }
-}
-
-operation! {
-    /// d *= act'(inp + bias), in place, any shape: a matmul's output
-    /// gradient turned into its pre-activation's, the bias given as to the
-    /// forward. With `dbias` (n), d and inp are (rows, n) and the bias
-    /// gradient of the product that made inp is added in the same
-    /// pass: dbias += colsum(d) after the multiply (in chunks of
-    /// [`COLUMN_CHUNK_ROWS`](super::COLUMN_CHUNK_ROWS) rows, as `matmul_backward`
-    /// sums a bias), instead of reading d again in the matmul's backward.
-    pub struct ActivationBackward<O> {
-        output d: f32,
-        input inp: f32,
-        maybe_input bias: f32,
-        value act: Activation,
-        maybe_output dbias: f32,
-    }
-}
-
-operation! {
-    /// qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T). Causal without `lens`;
-    /// with them bidirectional with padding: every query of sequence b attends
-    /// to its first `lens[b]` keys (1..=T).
-    pub struct AttentionForward<O> {
-        output out: f32,
-        output lse: f32,
-        input qkv: f32,
-        maybe_input lens: u32,
-        value shape: AttnShape,
-    }
-}
-
-operation! {
-    /// The gradient of [`AttentionForward`]: dqkv (B, T, 3C) overwritten.
-    pub struct AttentionBackward<O> {
-        output dqkv: f32,
-        input dout: f32,
-        input qkv: f32,
-        input out: f32,
-        input lse: f32,
-        maybe_input lens: u32,
-        value shape: AttnShape,
-    }
-}
-
-operation! {
-    /// losses (rows) from logits (rows, vp) whose first v columns are real; a
-    /// row whose target is `data::IGNORE` has loss 0 (and gradient 0). rows is
-    /// `targets.len()`.
-    pub struct CrossEntropyForward<O> {
-        output losses: f32,
-        input logits: f32,
-        input targets: u32,
-        value v: usize,
-        value vp: usize,
-    }
-}
-
-operation! {
-    /// logits (rows, vp) -> dloss * d(sum of losses)/d logits, in place.
-    pub struct CrossEntropyBackward<O> {
-        output logits: f32,
-        input targets: u32,
-        value v: usize,
-        value vp: usize,
-        value dloss: f32,
-    }
-}
-
-operation! {
-    /// One AdamW update of a parameter slice and its moments.
-    pub struct AdamWUpdate<O> {
-        output param: f32,
-        input grad: f32,
-        output m: f32,
-        output v: f32,
-        value step: super::AdamWStep,
-        /// 0 for tensors that are not decayed (biases, layernorms).
-        value weight_decay: f32,
-    }
-}
 
 operation! {
     /// out (rows, n) = [out +] inp (rows, k) @ W + bias for few rows (one per
@@ -340,53 +232,59 @@ impl<'p, A: Operands, P: ?Sized> MatmulDecode<'p, A, P> {
     }
 }
 
-/// `Kernels`' methods that take one operation struct, written once for every
-/// backend: each passes `$run!` itself, its own name (the backend's function
-/// of that name does the work), the profile's `Op`, the operation's
-/// floating-point work (what MFU counts: only products) and the operation.
-macro_rules! struct_kernels {
-    ($run:ident) => {
-        struct_kernels! { @each $run op;
-            attention_forward(AttentionForward<On<'_, Self>>) AttentionForward
-                profile::attention_flops(op.shape, false);
-            attention_backward(AttentionBackward<On<'_, Self>>) AttentionBackward
-                profile::attention_flops(op.shape, true);
-            activation_forward(ActivationForward<On<'_, Self>>) ActivationForward 0.0;
-            activation_backward(ActivationBackward<On<'_, Self>>) ActivationBackward 0.0;
-            crossentropy_forward(CrossEntropyForward<On<'_, Self>>) CrossEntropyForward 0.0;
-            crossentropy_backward(CrossEntropyBackward<On<'_, Self>>) CrossEntropyBackward 0.0;
-            adamw(AdamWUpdate<On<'_, Self>>) AdamW 0.0;
-        }
-    };
-    (@each $run:ident $op:ident; $($name:ident($ty:ty) $kind:ident $flops:expr;)*) => {$(
-        fn $name(&self, $op: $ty) {
-            let flops = $flops;
-            $run!(self, $name, Op::$kind, flops, $op)
-        }
-    )*};
-}
-pub(crate) use struct_kernels;
-
 #[cfg(test)]
 mod tests {
-    use super::activation_bias_width as width;
+    use super::*;
+    use crate::backend::cpu::Cpu;
+    use crate::backend::{Category, Kernels};
 
+    /// Every backend runs a kernel's one check first: a view too short for
+    /// the shape is an error naming the kernel and the operand, where the
+    /// CPU's body would have panicked (or, in AdamW, updated only the
+    /// elements every operand has) and a GPU's launch would have read past
+    /// it.
     #[test]
-    fn an_activations_bias_must_tile_its_input_and_match_its_gradient() {
-        assert_eq!(width(12, None, None), Ok(0));
-        assert_eq!(width(12, Some(4), None), Ok(4));
-        assert_eq!(width(12, None, Some(3)), Ok(3));
-        assert_eq!(width(12, Some(6), Some(6)), Ok(6));
-        assert_eq!(width(0, Some(5), None), Ok(5));
-        let err = |r: Result<usize, String>| r.unwrap_err();
-        assert_eq!(
-            err(width(12, Some(5), None)),
-            "activation of 12 elements in rows of 5"
+    fn a_view_too_short_for_the_shape_is_an_error_naming_kernel_and_operand() {
+        let be = Cpu::new();
+        let buf = |n| be.alloc(n, Category::Other).unwrap();
+        let (mut out, inp, mut w) = (buf(6), buf(6), buf(5));
+        let err = be
+            .run(MatmulForward {
+                out: out.d(),
+                inp: inp.s(),
+                w: w.s(),
+                bias: None,
+                shape: MatmulShape::new((2, 3, 3), WeightLayout::InOut),
+                accumulate: false,
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("matmul_forward: w: view of 5 elements, need 9"),
+            "{err}"
         );
-        assert_eq!(
-            err(width(12, None, Some(5))),
-            "activation of 12 elements in rows of 5"
+        let (mut stats, mut m) = (buf(2), buf(6));
+        let err = be
+            .run(AdamWUpdate {
+                param: m.d(),
+                grad: inp.s(),
+                m: w.d(),
+                v: stats.d(),
+                step: AdamWStep {
+                    lr: 0.1,
+                    beta1: 0.9,
+                    beta2: 0.999,
+                    eps: 1e-8,
+                    step: 1,
+                    grad_scale: 1.0,
+                },
+                weight_decay: 0.0,
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("adamw: m: view of 5 elements, need 6"),
+            "{err}"
         );
-        assert!(err(width(12, Some(6), Some(4))).contains("bias of 6 and its gradient of 4"));
     }
 }

@@ -709,13 +709,13 @@ impl<B: Backend> Engine<B> {
         let mut atty = a.atty.d().part(s, rows * cl);
         let shape = d.attn(b, t);
         let lse = a.lse.d().part(s, rows * nhl);
-        be.attention_forward(AttentionForward {
+        be.run(AttentionForward {
             out: atty.rb(),
             lse,
             qkv: qkv.src(),
             lens: Some(k.lens.slice(0..b)),
             shape,
-        });
+        })?;
         // after the attention: every row, or a classifier's first-token rows
         let (n, x, atty) = match a.first.as_mut().filter(|_| first_only) {
             Some(fr) => {
@@ -755,12 +755,12 @@ impl<B: Backend> Engine<B> {
             (n, c, fl),
         )?;
         let mut g = a.g.d().part(s, rows * fl).first(n * fl);
-        be.activation_forward(ActivationForward {
+        be.run(ActivationForward {
             out: g.rb(),
             inp: f.src(),
             bias: Some(w(BlockParam::InterB)),
             act: Activation::GeluErf,
-        });
+        })?;
         let mut o = a.o.d().part(s, btc).first(n * c);
         let bf16 = &mut a.bf16;
         tp::row_parallel(
@@ -875,13 +875,13 @@ impl<B: Backend> Engine<B> {
             (n, fl, c),
         )?;
         let (dw, db) = g.rb().split2(r(BlockParam::InterW), r(BlockParam::InterB));
-        be.activation_backward(ActivationBackward {
+        be.run(ActivationBackward {
             d: dg.rb(),
             inp: a.f.s().part(s, rows * fl).first(n * fl),
             bias: Some(w(BlockParam::InterB)),
             act: Activation::GeluErf,
             dbias: Some(db),
-        });
+        })?;
         let h1 = a.h1.s().part(s, btc).first(n * c);
         linear_backward(
             be,
@@ -930,7 +930,7 @@ impl<B: Backend> Engine<B> {
         }
         let mut dqkv = a.dqkv.slice_mut(0..3 * rows * cl);
         let shape = d.attn(b, t);
-        be.attention_backward(AttentionBackward {
+        be.run(AttentionBackward {
             dqkv: dqkv.rb(),
             dout: datty.src(),
             qkv: a.qkv.s().part(s, 3 * rows * cl),
@@ -938,7 +938,7 @@ impl<B: Backend> Engine<B> {
             lse: a.lse.s().part(s, rows * nhl),
             lens: Some(k.lens.slice(0..b)),
             shape,
-        });
+        })?;
         let (dw, db) = g.rb().split2(r(BlockParam::QkvW), r(BlockParam::QkvB));
         let x = k.resid.s().part(self.span.resid(l), btc);
         linear_backward(
@@ -1007,12 +1007,12 @@ impl<B: Backend> Engine<B> {
                 (w(0), None),
                 (n, c, c),
             )?;
-            be.activation_forward(ActivationForward {
+            be.run(ActivationForward {
                 out: m.t2.slice_mut(0..nc),
                 inp: m.t1.slice(0..nc),
                 bias: Some(w(1)),
                 act: Activation::GeluErf,
-            });
+            })?;
             be.run(LayerNormForward {
                 out: m.t3.slice_mut(0..nc),
                 mean: m.mean.slice_mut(0..n),
@@ -1037,13 +1037,13 @@ impl<B: Backend> Engine<B> {
                 },
             )?;
             if has_targets {
-                be.crossentropy_forward(CrossEntropyForward {
+                be.run(CrossEntropyForward {
                     losses: m.losses.slice_mut(0..n),
                     logits: lg.src(),
                     targets: m.targets.slice(0..n),
                     v: cfg.vocab_size,
                     vp,
-                });
+                })?;
                 loss += be.sum(m.losses.slice(0..n))? / terms.targets as f64;
             }
         }
@@ -1058,12 +1058,12 @@ impl<B: Backend> Engine<B> {
                 (w(i), None),
                 (b, c, c),
             )?;
-            be.activation_forward(ActivationForward {
+            be.run(ActivationForward {
                 out: h.pooled.slice_mut(0..b * c),
                 inp: h.pre.slice(0..b * c),
                 bias: Some(w(i + 1)),
                 act: Activation::Tanh,
-            });
+            })?;
             let mut lg = h.logits.slice_mut(0..b * labels);
             linear(
                 be,
@@ -1073,13 +1073,13 @@ impl<B: Backend> Engine<B> {
                 (b, c, labels),
             )?;
             if has_targets {
-                be.crossentropy_forward(CrossEntropyForward {
+                be.run(CrossEntropyForward {
                     losses: h.losses.slice_mut(0..b),
                     logits: lg.src(),
                     targets: h.labels.slice(0..b),
                     v: labels,
                     vp: labels,
-                });
+                })?;
                 loss += be.sum(h.losses.slice(0..b))? / pooled_terms(cfg.head, terms) as f64;
             }
         }
@@ -1134,13 +1134,13 @@ impl<B: Backend> Engine<B> {
                 dword.expect("the masked-LM head accumulates the word embeddings' gradient"),
             );
             let mut lg = m.logits.slice_mut(0..n * vp);
-            be.crossentropy_backward(CrossEntropyBackward {
+            be.run(CrossEntropyBackward {
                 logits: lg.rb(),
                 targets: m.targets.slice(0..n),
                 v: cfg.vocab_size,
                 vp,
                 dloss: loss_scale / terms.targets,
-            });
+            })?;
             if a.bf16.is_some() {
                 // The logits' gradient feeds only this matmul: rounded where it lies.
                 be.round_bf16(lg.rb(), None);
@@ -1175,13 +1175,13 @@ impl<B: Backend> Engine<B> {
                 accumulate: false,
             })?;
             let (dw, db) = g.rb().split2(r(0), r(1));
-            be.activation_backward(ActivationBackward {
+            be.run(ActivationBackward {
                 d: dt2.rb(),
                 inp: m.t1.slice(0..nc),
                 bias: Some(w(1)),
                 act: Activation::GeluErf,
                 dbias: Some(db),
-            });
+            })?;
             // d x: into the stream's gradient, or for the picked rows
             // alone, then added into theirs (zeros elsewhere)
             let mut dres = a.dres.slice_mut(0..btc);
@@ -1214,13 +1214,13 @@ impl<B: Backend> Engine<B> {
             let labels = cfg.head.pooled_labels().expect("a pooler has labels");
             let i = pooler_index(cfg.head);
             let mut lg = h.logits.slice_mut(0..b * labels);
-            be.crossentropy_backward(CrossEntropyBackward {
+            be.run(CrossEntropyBackward {
                 logits: lg.rb(),
                 targets: h.labels.slice(0..b),
                 v: labels,
                 vp: labels,
                 dloss: loss_scale / pooled_terms(cfg.head, terms),
-            });
+            })?;
             let mut dp = h.dpooled.slice_mut(0..b * c);
             let (dw, db) = g.rb().split2(r(i + 2), r(i + 3));
             linear_backward(
@@ -1231,13 +1231,13 @@ impl<B: Backend> Engine<B> {
                 (b, c, labels),
             )?;
             let (dw, db) = g.rb().split2(r(i), r(i + 1));
-            be.activation_backward(ActivationBackward {
+            be.run(ActivationBackward {
                 d: dp.rb(),
                 inp: h.pre.slice(0..b * c),
                 bias: Some(w(i + 1)),
                 act: Activation::Tanh,
                 dbias: Some(db),
-            });
+            })?;
             linear_backward(
                 be,
                 a.bf16.as_mut(),

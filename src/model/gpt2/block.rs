@@ -43,7 +43,7 @@ pub trait BlockMode<B: Backend> {
     /// `op`, whose weight is block parameter `which` (`op.w` its view).
     fn matmul(&mut self, which: BlockParam, op: MatmulForward<On<'_, B>>) -> Result<()>;
     /// atty (rows, cl) from qkv (rows, 3 cl).
-    fn attention(&mut self, atty: Dst<'_, B>, qkv: Src<'_, B>);
+    fn attention(&mut self, atty: Dst<'_, B>, qkv: Src<'_, B>) -> Result<()>;
 }
 
 /// Block `l`'s forward: `io.out` from `io.x`; `p` is this rank's slice of
@@ -89,7 +89,7 @@ pub fn forward<B: Backend>(
         accumulate: false,
     };
     mode.matmul(BlockParam::QkvW, op)?;
-    mode.attention(atty.rb(), qkv.src());
+    mode.attention(atty.rb(), qkv.src())?;
     // the two projections are row-parallel under tensor parallelism
     tp::row_parallel(
         be,
@@ -123,12 +123,12 @@ pub fn forward<B: Backend>(
     };
     mode.matmul(BlockParam::FcW, op)?;
     // fc's bias, added in the GELU's pass (and again in its backward)
-    be.activation_forward(ActivationForward {
+    be.run(ActivationForward {
         out: fch_gelu.rb(),
         inp: fch.src(),
         bias: Some(w(BlockParam::FcB)),
         act: Activation::GeluTanh,
-    });
+    })?;
     tp::row_parallel(
         be,
         place,

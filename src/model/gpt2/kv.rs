@@ -412,7 +412,7 @@ impl<B: Backend> BlockMode<B> for Decoding<'_, '_, B> {
         });
         Ok(())
     }
-    fn attention(&mut self, atty: Dst<'_, B>, qkv: Src<'_, B>) {
+    fn attention(&mut self, atty: Dst<'_, B>, qkv: Src<'_, B>) -> Result<()> {
         let DecodeShape {
             b,
             len,
@@ -433,14 +433,17 @@ impl<B: Backend> BlockMode<B> for Decoding<'_, '_, B> {
             }
         }
         match &mut self.prefill {
-            None => self.be.attention_decode(AttentionDecode {
-                out: atty,
-                qkv,
-                kcache: self.kcache.src().first(b * max_t * c),
-                vcache: self.vcache.src().first(b * max_t * c),
-                shape: self.shape,
-            }),
-            Some((t, lse)) => self.be.attention_forward(AttentionForward {
+            None => {
+                self.be.attention_decode(AttentionDecode {
+                    out: atty,
+                    qkv,
+                    kcache: self.kcache.src().first(b * max_t * c),
+                    vcache: self.vcache.src().first(b * max_t * c),
+                    shape: self.shape,
+                });
+                Ok(())
+            }
+            Some((t, lse)) => self.be.run(AttentionForward {
                 out: atty,
                 lse: lse.rb(),
                 qkv,

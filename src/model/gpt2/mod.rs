@@ -601,13 +601,13 @@ impl<B: Backend> Engine<B> {
         for r0 in (0..rows).step_by(chunk) {
             let r = r0..rows.min(r0 + chunk);
             k.head_logits(be, bf16.as_deref_mut(), wte, r.clone(), (c, vp))?;
-            be.crossentropy_forward(CrossEntropyForward {
+            be.run(CrossEntropyForward {
                 losses: k.losses.slice_mut(r.clone()),
                 logits: k.logits.slice(0..r.len() * vp),
                 targets: k.targets.slice(r),
                 v,
                 vp,
-            });
+            })?;
         }
         let terms = self.batch.as_ref().expect("begun").loss_terms;
         Ok(Some(
@@ -665,13 +665,13 @@ impl<B: Backend> Engine<B> {
                 k.head_logits(be, a.bf16.as_mut(), wte, r.clone(), (c, vp))?;
             }
             let mut logits = k.logits.slice_mut(0..r.len() * vp);
-            be.crossentropy_backward(CrossEntropyBackward {
+            be.run(CrossEntropyBackward {
                 logits: logits.rb(),
                 targets: k.targets.slice(r.clone()),
                 v,
                 vp,
                 dloss: loss_scale / terms,
-            });
+            })?;
             if a.bf16.is_some() {
                 // The logits' gradient feeds only this matmul: rounded where it lies.
                 be.round_bf16(logits.rb(), None);
@@ -758,13 +758,13 @@ impl<B: Backend> Engine<B> {
         // GELU's backward adds the fc bias's gradient in the same pass (in
         // a split backward, the weight half's product adds it)
         let (dw, db) = weight_and_bias(&mut g, (lay, l), BlockParam::FcW, BlockParam::FcB).unzip();
-        be.activation_backward(ActivationBackward {
+        be.run(ActivationBackward {
             d: dfch,
             inp: a.fch.s().part(s, rows * wd.fl).first(rows * fl),
             bias: Some(w(BlockParam::FcB)),
             act: Activation::GeluTanh,
             dbias: db,
-        });
+        })?;
         let (dfch, mut dln2) = dg.rb().split2(at.dfch.clone(), at.dln2.clone());
         linear_backward(
             be,
@@ -807,7 +807,7 @@ impl<B: Backend> Engine<B> {
             ),
             (rows, cl, c),
         )?;
-        be.attention_backward(AttentionBackward {
+        be.run(AttentionBackward {
             dqkv: dqkv.rb(),
             dout: datty.src(),
             qkv: a.qkv.s().part(s, 3 * rows * wd.cl).first(3 * rows * cl),
@@ -815,7 +815,7 @@ impl<B: Backend> Engine<B> {
             lse: a.lse.s().part(s, rows * wd.nhl).first(rows * nhl),
             lens: None,
             shape: d.attn(b, t),
-        });
+        })?;
         let (dqkv, mut dln1) = dg.rb().split2(at.dqkv.clone(), at.dln1.clone());
         let (dw, db) =
             weight_and_bias(&mut g, (lay, l), BlockParam::QkvW, BlockParam::QkvB).unzip();
@@ -1023,8 +1023,8 @@ impl<B: Backend> BlockMode<B> for Training<'_, '_, B> {
     fn matmul(&mut self, _: BlockParam, op: MatmulForward<On<'_, B>>) -> Result<()> {
         matmul_forward(self.be, self.bf16.as_deref_mut(), op)
     }
-    fn attention(&mut self, atty: Dst<'_, B>, qkv: Src<'_, B>) {
-        self.be.attention_forward(AttentionForward {
+    fn attention(&mut self, atty: Dst<'_, B>, qkv: Src<'_, B>) -> Result<()> {
+        self.be.run(AttentionForward {
             out: atty,
             lse: self.lse.rb(),
             qkv,

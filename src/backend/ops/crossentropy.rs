@@ -1,11 +1,122 @@
 //! Fused softmax + cross-entropy over a padded vocabulary: columns v..vp are
 //! padding, excluded from the softmax, the loss and the gradient. A row
 //! whose target is `data::IGNORE` has loss 0 and gradient 0.
+//!
+//! As kernels: `kernels/crossentropy.cu` on a GPU.
 
-use super::math::{exp, exp_shifted_sum, row_max, LANES};
-use crate::backend::ops::{CrossEntropyBackward, CrossEntropyForward, Host};
+use super::{need, Checked, Extent, Host, Kernel, Lower, Operands};
+use crate::backend::cpu::math::{exp, exp_shifted_sum, row_max, LANES};
+use crate::backend::gpu::{u32s, Arg, GpuError, Queue, Raw, Runtime};
+use crate::backend::profile::Op;
 use crate::data::IGNORE;
 use rayon::prelude::*;
+
+operation! {
+    /// losses (rows) from logits (rows, vp) whose first v columns are real; a
+    /// row whose target is `data::IGNORE` has loss 0 (and gradient 0). rows is
+    /// `targets.len()`.
+    pub struct CrossEntropyForward<O> {
+        output losses: f32,
+        input logits: f32,
+        input targets: u32,
+        value v: usize,
+        value vp: usize,
+    }
+}
+
+operation! {
+    /// logits (rows, vp) -> dloss * d(sum of losses)/d logits, in place.
+    pub struct CrossEntropyBackward<O> {
+        output logits: f32,
+        input targets: u32,
+        value v: usize,
+        value vp: usize,
+        value dloss: f32,
+    }
+}
+
+/// A vocabulary of `v` real columns in rows of `vp`.
+fn check_vocab(v: usize, vp: usize) -> Result<(), String> {
+    if v == 0 || v > vp {
+        return Err(format!("need 0 < v <= vp, got v = {v}, vp = {vp}"));
+    }
+    Ok(())
+}
+
+impl<O: Operands> Kernel<O> for CrossEntropyForward<O> {
+    const OP: Op = Op::CrossEntropyForward;
+
+    fn check(&self) -> Result<(), String> {
+        let rows = self.targets.extent();
+        check_vocab(self.v, self.vp)?;
+        need("losses", &self.losses, rows)?;
+        need("logits", &self.logits, rows * self.vp)
+    }
+
+    fn cpu<'a>(self, host: &impl Lower<O, Host<'a>>) {
+        forward(self.lower(host))
+    }
+
+    fn gpu<R: Runtime>(
+        self,
+        q: &Queue<R>,
+        raw: &impl Lower<O, Raw>,
+        _: Checked,
+    ) -> Result<(), GpuError> {
+        let CrossEntropyForward {
+            losses,
+            logits,
+            targets,
+            v,
+            vp,
+        } = self.lower(raw);
+        let args = [
+            Arg::View(losses),
+            Arg::View(logits),
+            Arg::View(targets),
+            u32s("v", v)?,
+            u32s("vp", vp)?,
+        ];
+        q.launch("crossentropy_forward", targets.len, &args)
+    }
+}
+
+impl<O: Operands> Kernel<O> for CrossEntropyBackward<O> {
+    const OP: Op = Op::CrossEntropyBackward;
+
+    fn check(&self) -> Result<(), String> {
+        check_vocab(self.v, self.vp)?;
+        need("logits", &self.logits, self.targets.extent() * self.vp)
+    }
+
+    fn cpu<'a>(self, host: &impl Lower<O, Host<'a>>) {
+        backward(self.lower(host))
+    }
+
+    /// Padding columns' gradients 0.
+    fn gpu<R: Runtime>(
+        self,
+        q: &Queue<R>,
+        raw: &impl Lower<O, Raw>,
+        _: Checked,
+    ) -> Result<(), GpuError> {
+        let CrossEntropyBackward {
+            logits,
+            targets,
+            v,
+            vp,
+            dloss,
+        } = self.lower(raw);
+        let args = [
+            Arg::View(logits),
+            Arg::View(targets),
+            u32s("v", v)?,
+            u32s("vp", vp)?,
+            Arg::F32(dloss),
+        ];
+        q.launch("crossentropy_backward_inplace", targets.len, &args)
+    }
+}
 
 /// (max, sum of exp(x - max)) over a row, a vector of lanes at a time.
 fn row_max_sum(row: &[f32]) -> (f32, f32) {
@@ -22,7 +133,7 @@ fn row_max_sum(row: &[f32]) -> (f32, f32) {
 }
 
 /// losses (rows) = -log `softmax(logits row)[target]`; logits are (rows, vp).
-pub fn crossentropy_forward(op: CrossEntropyForward<Host<'_>>) {
+fn forward(op: CrossEntropyForward<Host<'_>>) {
     let CrossEntropyForward {
         losses,
         logits,
@@ -45,7 +156,7 @@ pub fn crossentropy_forward(op: CrossEntropyForward<Host<'_>>) {
 
 /// logits (rows, vp) become d loss / d logits in place, where the loss is
 /// `dloss * sum of row losses`: (softmax - onehot) * dloss, padding zeroed.
-pub fn crossentropy_backward(op: CrossEntropyBackward<Host<'_>>) {
+fn backward(op: CrossEntropyBackward<Host<'_>>) {
     let CrossEntropyBackward {
         logits,
         targets,
@@ -71,8 +182,8 @@ pub fn crossentropy_backward(op: CrossEntropyBackward<Host<'_>>) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::check::*;
     use super::*;
+    use crate::backend::cpu::check::*;
     use crate::rng::Rng;
 
     fn reference(logits: &[f64], targets: &[u32], v: usize, vp: usize) -> Vec<f64> {
@@ -98,7 +209,7 @@ mod tests {
         let mut rng = Rng::new(8);
         let logits = randn(&mut rng, targets.len() * vp, 2.0);
         let mut losses = vec![0.0; targets.len()];
-        crossentropy_forward(CrossEntropyForward {
+        forward(CrossEntropyForward {
             losses: &mut losses,
             logits: &logits,
             targets: &targets,
@@ -114,7 +225,7 @@ mod tests {
 
         let dloss = 0.25f32;
         let mut d = logits.clone();
-        crossentropy_backward(CrossEntropyBackward {
+        backward(CrossEntropyBackward {
             logits: &mut d,
             targets: &targets,
             v,

@@ -1,9 +1,75 @@
-//! AdamWUpdate on a slice of the flat parameter buffer (torch.optim.AdamWUpdate's update,
-//! decoupled weight decay).
+//! AdamW on a slice of the flat parameter buffer (torch.optim.AdamW's
+//! update, decoupled weight decay), as a kernel (`kernels/adamw.cu` on a
+//! GPU).
 
-use crate::backend::ops::{AdamWUpdate, Host};
+use super::{need, Checked, Extent, Host, Kernel, Lower, Operands};
+use crate::backend::gpu::{groups, u32s, Arg, GpuError, Queue, Raw, Runtime};
+use crate::backend::profile::Op;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
+
+operation! {
+    /// One AdamW update of a parameter slice and its moments.
+    pub struct AdamWUpdate<O> {
+        output param: f32,
+        input grad: f32,
+        output m: f32,
+        output v: f32,
+        value step: AdamWStep,
+        /// 0 for tensors that are not decayed (biases, layernorms).
+        value weight_decay: f32,
+    }
+}
+
+impl<O: Operands> Kernel<O> for AdamWUpdate<O> {
+    const OP: Op = Op::AdamW;
+
+    fn check(&self) -> Result<(), String> {
+        let n = self.param.extent();
+        need("grad", &self.grad, n)?;
+        need("m", &self.m, n)?;
+        need("v", &self.v, n)
+    }
+
+    fn cpu<'a>(self, host: &impl Lower<O, Host<'a>>) {
+        update(self.lower(host))
+    }
+
+    fn gpu<R: Runtime>(
+        self,
+        q: &Queue<R>,
+        raw: &impl Lower<O, Raw>,
+        _: Checked,
+    ) -> Result<(), GpuError> {
+        let AdamWUpdate {
+            param,
+            grad,
+            m,
+            v,
+            step,
+            weight_decay,
+        } = self.lower(raw);
+        let n = param.len;
+        // The same constants, in f32, as the CPU's.
+        let bc1 = 1.0 - step.beta1.powi(step.step as i32);
+        let bc2_sqrt = (1.0 - step.beta2.powi(step.step as i32)).sqrt();
+        let args = [
+            Arg::View(param),
+            Arg::View(grad),
+            Arg::View(m),
+            Arg::View(v),
+            u32s("n", n)?,
+            Arg::F32(step.beta1),
+            Arg::F32(step.beta2),
+            Arg::F32(step.eps),
+            Arg::F32(step.lr / bc1),
+            Arg::F32(1.0 - step.lr * weight_decay),
+            Arg::F32(bc2_sqrt),
+            Arg::F32(step.grad_scale),
+        ];
+        q.launch("adamw", groups(n), &args)
+    }
+}
 
 /// Optimizer hyper-parameters of one step; `step` counts from 1.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]
@@ -20,7 +86,7 @@ pub struct AdamWStep {
 
 /// Updates param, m, v in place from grad; `weight_decay` is 0 for tensors
 /// that are not decayed (biases, layernorms).
-pub fn adamw(op: AdamWUpdate<Host<'_>>) {
+fn update(op: AdamWUpdate<Host<'_>>) {
     let AdamWUpdate {
         param,
         grad,
@@ -67,7 +133,7 @@ mod tests {
         let mut p = vec![1.0f32, -2.0, 0.5];
         let g = vec![0.3f32, -0.1, 0.0];
         let (mut m, mut v) = (vec![0.0; 3], vec![0.0; 3]);
-        adamw(AdamWUpdate {
+        update(AdamWUpdate {
             param: &mut p,
             grad: &g,
             m: &mut m,

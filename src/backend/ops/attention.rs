@@ -1,0 +1,177 @@
+//! Self-attention, forward and backward, as kernels: the flash-style
+//! tiles of `cpu::attention` on the CPU and of `kernels/attention.cu` on a
+//! GPU (the row log-sum-exp kept for the backward, no (T x T) buffer, no
+//! atomics), causal or with a padding mask (each sequence's key count in
+//! `lens`).
+
+use super::{need, Checked, Host, Kernel, Lower, Operands};
+use crate::backend::cpu::attention::{backward_masked, forward_masked, Mask};
+use crate::backend::gpu::{
+    head_dim, mask_args, u32s, Arg, GpuError, Queue, Raw, Runtime, ATT_ROWS,
+};
+use crate::backend::profile::{attention_flops, Op};
+use crate::backend::AttnShape;
+
+operation! {
+    /// qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T). Causal without `lens`;
+    /// with them bidirectional with padding: every query of sequence b attends
+    /// to its first `lens[b]` keys (1..=T).
+    pub struct AttentionForward<O> {
+        output out: f32,
+        output lse: f32,
+        input qkv: f32,
+        maybe_input lens: u32,
+        value shape: AttnShape,
+    }
+}
+
+operation! {
+    /// The gradient of [`AttentionForward`]: dqkv (B, T, 3C) overwritten.
+    pub struct AttentionBackward<O> {
+        output dqkv: f32,
+        input dout: f32,
+        input qkv: f32,
+        input out: f32,
+        input lse: f32,
+        maybe_input lens: u32,
+        value shape: AttnShape,
+    }
+}
+
+/// Why `shape` and `lens` cannot be attended over, if they cannot: whole
+/// heads, and each sequence's key count in 1..=T.
+fn check_shape<O: Operands>(shape: AttnShape, lens: &Option<O::In<u32>>) -> Result<(), String> {
+    let AttnShape { b, c, nh, .. } = shape;
+    if nh == 0 || !c.is_multiple_of(nh) {
+        return Err(format!("c = {c} is not whole heads of nh = {nh}"));
+    }
+    match lens {
+        Some(l) => need("lens", l, b),
+        None => Ok(()),
+    }
+}
+
+/// The CPU's mask: causal without `lens`.
+fn host_mask(lens: Option<&[u32]>) -> Mask<'_> {
+    lens.map_or(Mask::Causal, Mask::Lengths)
+}
+
+impl<O: Operands> Kernel<O> for AttentionForward<O> {
+    const OP: Op = Op::AttentionForward;
+
+    fn check(&self) -> Result<(), String> {
+        let AttnShape { b, t, c, nh } = self.shape;
+        check_shape::<O>(self.shape, &self.lens)?;
+        need("out", &self.out, b * t * c)?;
+        need("lse", &self.lse, b * nh * t)?;
+        need("qkv", &self.qkv, b * t * 3 * c)
+    }
+
+    fn flops(&self) -> f64 {
+        attention_flops(self.shape, false)
+    }
+
+    fn cpu<'a>(self, host: &impl Lower<O, Host<'a>>) {
+        let op = self.lower(host);
+        forward_masked(op.out, op.lse, op.qkv, op.shape, host_mask(op.lens))
+    }
+
+    fn gpu<R: Runtime>(
+        self,
+        q: &Queue<R>,
+        raw: &impl Lower<O, Raw>,
+        _: Checked,
+    ) -> Result<(), GpuError> {
+        let AttentionForward {
+            out,
+            lse,
+            qkv,
+            lens,
+            shape,
+        } = self.lower(raw);
+        let AttnShape { b, t, c, nh } = shape;
+        head_dim(c, nh)?;
+        let mask = mask_args(lens, qkv);
+        let args = [
+            Arg::View(out),
+            Arg::View(lse),
+            Arg::View(qkv),
+            u32s("t", t)?,
+            u32s("c", c)?,
+            u32s("nh", nh)?,
+            mask[0],
+            mask[1],
+        ];
+        q.launch("attention_forward", t.div_ceil(ATT_ROWS) * b * nh, &args)
+    }
+}
+
+impl<O: Operands> Kernel<O> for AttentionBackward<O> {
+    const OP: Op = Op::AttentionBackward;
+
+    fn check(&self) -> Result<(), String> {
+        let AttnShape { b, t, c, nh } = self.shape;
+        check_shape::<O>(self.shape, &self.lens)?;
+        need("dqkv", &self.dqkv, b * t * 3 * c)?;
+        need("dout", &self.dout, b * t * c)?;
+        need("qkv", &self.qkv, b * t * 3 * c)?;
+        need("out", &self.out, b * t * c)?;
+        need("lse", &self.lse, b * nh * t)
+    }
+
+    fn flops(&self) -> f64 {
+        attention_flops(self.shape, true)
+    }
+
+    fn cpu<'a>(self, host: &impl Lower<O, Host<'a>>) {
+        let AttentionBackward {
+            dqkv,
+            dout,
+            qkv,
+            out,
+            lse,
+            lens,
+            shape,
+        } = self.lower(host);
+        backward_masked(dqkv, (dout, qkv, out, lse), shape, host_mask(lens))
+    }
+
+    /// Two passes writing disjoint parts of dqkv: workgroups owning keys
+    /// (dk, dv), then workgroups owning queries (dq).
+    fn gpu<R: Runtime>(
+        self,
+        q: &Queue<R>,
+        raw: &impl Lower<O, Raw>,
+        _: Checked,
+    ) -> Result<(), GpuError> {
+        let AttentionBackward {
+            dqkv,
+            dout,
+            qkv,
+            out,
+            lse,
+            lens,
+            shape,
+        } = self.lower(raw);
+        let AttnShape { b, t, c, nh } = shape;
+        head_dim(c, nh)?;
+        let mask = mask_args(lens, qkv);
+        let args = [
+            Arg::View(dqkv),
+            Arg::View(dout),
+            Arg::View(qkv),
+            Arg::View(out),
+            Arg::View(lse),
+            u32s("t", t)?,
+            u32s("c", c)?,
+            u32s("nh", nh)?,
+            mask[0],
+            mask[1],
+        ];
+        // Two passes writing disjoint parts of dqkv: workgroups owning keys
+        // (dk, dv), then workgroups owning queries (dq).
+        let groups = t.div_ceil(ATT_ROWS) * b * nh;
+        q.launch("attention_backward_dkdv", groups, &args)?;
+        q.launch("attention_backward_dq", groups, &args)
+    }
+}
