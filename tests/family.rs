@@ -52,8 +52,6 @@ static TOY: Registration = Registration {
             .map(Into::into)
             .map_err(|e| e.to_string())
     },
-    engine: Registration::engine_of::<Toy>(),
-    decoder: None,
     model_files: Some(family::DISTGPT_FILES),
     hf: None,
 };

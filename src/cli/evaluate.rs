@@ -162,7 +162,17 @@ fn eval_classifier<B: Backend + 'static>(
 /// `eval` on the device asked for (opened first: a device that cannot run
 /// is the error, whatever the folder).
 pub(super) fn run_eval(a: EvalArgs, given: &[String]) -> Result<()> {
-    on_device!(a.device, |be| eval_with(be, &a, given))
+    a.device.run(Eval(&a, given))
+}
+
+/// [`eval_with`] on the backend `--device` chooses.
+struct Eval<'a>(&'a EvalArgs, &'a [String]);
+
+impl OnBackend for Eval<'_> {
+    type Out = Result<()>;
+    fn run<B: Backend>(self, be: B) -> Result<()> {
+        eval_with(be, self.0, self.1)
+    }
 }
 
 /// What the folder's own records say it is (its family and, for a BERT,

@@ -43,6 +43,23 @@ pub(super) struct GenerateArgs {
     device: DeviceArgs,
 }
 
+/// [`decode_on`] on the backend `--device` chooses.
+struct Decode<'a, S>(
+    &'a GenerateArgs,
+    &'a data::Tokenizer,
+    &'a [Vec<u32>],
+    &'a SampleConfig,
+    &'a mut S,
+);
+
+impl<S: FnMut(usize, u32) + Send> OnBackend for Decode<'_, S> {
+    type Out = Result<Option<(Vec<Vec<u32>>, usize)>>;
+    fn run<B: Backend>(self, be: B) -> Self::Out {
+        let Decode(a, tk, prompts, cfg, show) = self;
+        decode_on(be, a, tk, prompts, cfg, show)
+    }
+}
+
 /// Decodes on backend `be`: whole on this rank, or split over tp ranks
 /// (threads or mpirun processes). None on mpi ranks other than 0.
 pub(super) fn decode_on<B: Backend>(
@@ -125,7 +142,7 @@ impl GenerateArgs {
 pub(super) fn run_generate(mut a: GenerateArgs) -> Result<()> {
     a.run = Some(run_or_old_flag("generate", a.run.take(), a.old_run.take()));
     let meta = checkpoint::read_any_meta(a.run())?;
-    if meta.config.registration().decoder.is_none() {
+    if !meta.config.decodes() {
         bail!(
             "{} holds a {} model ({}), which does not generate text: generate reads causal language models (GPT-2)",
             a.run().display(),
@@ -171,10 +188,7 @@ pub(super) fn run_generate(mut a: GenerateArgs) -> Result<()> {
         }
     };
     let started = std::time::Instant::now();
-    let Some((out, tp)) = on_device!(a.device, |be| decode_on(
-        be, &a, &tk, &prompts, &cfg, &mut show
-    ))?
-    else {
+    let Some((out, tp)) = a.device.run(Decode(&a, &tk, &prompts, &cfg, &mut show))? else {
         return Ok(()); // an mpi rank other than 0
     };
     let secs = started.elapsed().as_secs_f64();

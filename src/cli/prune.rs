@@ -180,8 +180,17 @@ pub(super) fn prune_on<B: Backend>(be: B, a: &PruneArgs) -> Result<()> {
 pub(super) fn run_prune(a: PruneArgs) -> Result<()> {
     distgpt::prune::check_levels(&a.sparsity)?;
     refuse_output_over_input(&a.run, &a.out, a.overwrite)?;
-    on_device!(a.device, |be| prune_on(be, &a))?;
-    Ok(())
+    a.device.run(Prune(&a))
+}
+
+/// [`prune_on`] on the backend `--device` chooses.
+struct Prune<'a>(&'a PruneArgs);
+
+impl OnBackend for Prune<'_> {
+    type Out = Result<()>;
+    fn run<B: Backend>(self, be: B) -> Result<()> {
+        prune_on(be, self.0)
+    }
 }
 
 /// A sparsity level as a percentage, with the decimals it needs (0.5:

@@ -26,8 +26,6 @@ pub static FAMILY: Registration = Registration {
             .map(Into::into)
             .map_err(|e| e.to_string())
     },
-    engine: Registration::engine_of::<BertConfig>(),
-    decoder: None,
     // a Hugging Face folder: config.json, model.safetensors (and vocab.txt)
     model_files: Some(ModelFiles {
         what: "a Hugging Face folder: config.json, model.safetensors",

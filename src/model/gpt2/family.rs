@@ -30,8 +30,6 @@ pub static FAMILY: Registration = Registration {
             .map(Into::into)
             .map_err(|e| e.to_string())
     },
-    engine: Registration::engine_of::<GptConfig>(),
-    decoder: Some(Registration::decoder_of::<GptConfig>()),
     model_files: Some(DISTGPT_FILES),
     hf: Some(HfFolder {
         model_type: "gpt2",
@@ -141,14 +139,14 @@ impl Family for GptConfig {
     }
 }
 
-impl FamilyDecoder for GptConfig {
-    fn generate<B: Backend>(&self, backend: B, run: Generation<'_>) -> Result<Vec<Vec<u32>>> {
+impl<B: Backend> FamilyDecoder<B> for GptConfig {
+    fn generate(&self, backend: B, run: Generation<'_>) -> Result<Vec<Vec<u32>>> {
         generate_gpt2(backend, self, run)
     }
-    fn evaluate<B: Backend>(&self, backend: B, run: DecodedRun<'_>) -> Result<DecodedEval> {
+    fn evaluate(&self, backend: B, run: DecodedRun<'_>) -> Result<DecodedEval> {
         evaluate_gpt2(backend, self, run)
     }
-    fn time<B: Backend>(&self, backend: B, run: TimedGeneration<'_>) -> Result<GenerationTiming> {
+    fn time(&self, backend: B, run: TimedGeneration<'_>) -> Result<GenerationTiming> {
         time_gpt2(backend, self, run)
     }
 }
@@ -164,5 +162,8 @@ impl FamilyEngine for GptConfig {
         let mut e = Engine::new(backend, self.clone(), tp, recompute)?;
         e.set_precision(precision);
         Ok(Box::new(e))
+    }
+    fn decoder<B: Backend>(&self) -> Option<&dyn FamilyDecoder<B>> {
+        Some(self)
     }
 }
