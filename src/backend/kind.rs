@@ -49,7 +49,7 @@ pub trait Make<P: PerBackend> {
     fn make<B: Backend>(&self) -> P::On<B>;
 }
 
-/// A `P::On<B>` for each backend `B` there is, found by type ([`Each::get`]).
+/// A `P::On<B>` for each backend `B` there is, found by type ([`Listed::of`]).
 pub struct Each<P: PerBackend> {
     cpu: P::On<Cpu>,
     opencl: P::On<OpenCl>,
@@ -67,15 +67,11 @@ impl<P: PerBackend> Each<P> {
             cuda: m.make(),
         }
     }
-
-    /// The value of backend `B`.
-    pub fn get<B: Backend>(&self) -> &P::On<B> {
-        B::of(self)
-    }
 }
 
 /// A backend's place in [`Each`] (every [`Backend`] has one).
 pub trait Listed: Sized {
+    /// The value of this backend.
     fn of<P: PerBackend>(each: &Each<P>) -> &P::On<Self>
     where
         Self: Backend;

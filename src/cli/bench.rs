@@ -104,7 +104,7 @@ fn run_generate<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, tokens: usi
         new_tokens: tokens,
         runs: a.warmup + a.steps.max(1),
     };
-    let timing = cfg.time_generation(be, run, "bench --generate")?;
+    let timing = cfg.decoder("bench --generate")?.time(be, run)?;
     // the fastest run, and its time to the first new token
     let (best, first, made) =
         timing
@@ -160,8 +160,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     a.device.run(Bench(&a, &cfg))
 }
 
-/// [`run_generate`] (with --generate) or [`bench_on`] on the backend
-/// `--device` chooses.
+/// `bench` on a backend: [`run_generate`] with --generate, else [`bench_on`].
 struct Bench<'a>(&'a BenchArgs, &'a ModelConfig);
 
 impl OnBackend for Bench<'_> {

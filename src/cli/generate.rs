@@ -43,7 +43,7 @@ pub(super) struct GenerateArgs {
     device: DeviceArgs,
 }
 
-/// [`decode_on`] on the backend `--device` chooses.
+/// [`decode_on`]'s arguments, tokenizer, prompts, sampling and printer.
 struct Decode<'a, S>(
     &'a GenerateArgs,
     &'a data::Tokenizer,
@@ -55,20 +55,15 @@ struct Decode<'a, S>(
 impl<S: FnMut(usize, u32) + Send> OnBackend for Decode<'_, S> {
     type Out = Result<Option<(Vec<Vec<u32>>, usize)>>;
     fn run<B: Backend>(self, be: B) -> Self::Out {
-        let Decode(a, tk, prompts, cfg, show) = self;
-        decode_on(be, a, tk, prompts, cfg, show)
+        decode_on(be, self)
     }
 }
 
 /// Decodes on backend `be`: whole on this rank, or split over tp ranks
 /// (threads or mpirun processes). None on mpi ranks other than 0.
-pub(super) fn decode_on<B: Backend>(
+fn decode_on<B: Backend, S: FnMut(usize, u32) + Send>(
     be: B,
-    a: &GenerateArgs,
-    tk: &data::Tokenizer,
-    prompts: &[Vec<u32>],
-    cfg: &SampleConfig,
-    show: &mut (impl FnMut(usize, u32) + Send),
+    Decode(a, tk, prompts, cfg, show): Decode<'_, S>,
 ) -> Result<Option<(Vec<Vec<u32>>, usize)>> {
     let format = a.weights.format();
     // the whole model on the host; each rank takes its share
@@ -84,12 +79,7 @@ pub(super) fn decode_on<B: Backend>(
             tp,
             on_token,
         };
-        model.generate(be, run)?.ok_or_else(|| {
-            distgpt::error::Error::Config(format!(
-                "a {} model does not generate text",
-                model.family()
-            ))
-        })
+        model.decoder("generate")?.generate(be, run)
     };
     if a.tp <= 1 && a.comm == CommKind::Local {
         return Ok(Some((generate(be, None, &mut *show)?, 1)));

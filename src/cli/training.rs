@@ -677,8 +677,7 @@ pub(super) fn run_train(mut a: TrainArgs, given: &[String]) -> Result<Outcome> {
     report_run(prep, &s, &resume)
 }
 
-/// The test split of a run's task scored with `params` on the backend
-/// `--device` chooses.
+/// A run's test split scored with `params` on the backend `--device` chooses.
 struct ScoreTest<'a>(&'a Prepared, &'a [f32]);
 
 impl OnBackend for ScoreTest<'_> {

@@ -1,29 +1,31 @@
 //! Model families as data. A family is a config type implementing
 //! [`Family`] (its shape, layout, initialisation, costs and synthetic
-//! batches), [`FamilyEngine`] (its unit-by-unit engine) and, when it
-//! decodes, [`FamilyDecoder`], with a [`Registration`] (its name, how it is
-//! written in JSON, its presets, its model files, its Hugging Face folder):
-//! all in its own folder, listed once here (`BUILTIN`) or registered at
-//! run time ([`register`]). `parallel`, `plan`, `compare` and the run
-//! driver hold a [`ModelConfig`] and ask it, naming no family; the tasks
-//! that are BERT's (`train::mlm`, `train::classify`, `train::spec`'s rule
-//! that `lm` is not) and `checkpoint::load_model` name one
-//! (ARCHITECTURE.md says where).
+//! batches) and [`FamilyEngine`] (its unit-by-unit engine and, when it
+//! decodes, its [`FamilyDecoder`]), with a [`Registration`] (its name, JSON
+//! key, whether it is causal, presets, model files and Hugging Face
+//! folder): all in its own folder, listed once here (`BUILTIN`) or
+//! registered at run time ([`register`]). `parallel`, `plan`, `compare` and
+//! the run driver hold a [`ModelConfig`] and ask it, naming no family;
+//! BERT's tasks (`train::mlm`, `train::classify`) take its config from
+//! [`Family::bert`], the `lm` task any causal family, and
+//! `checkpoint::load_model` GPT-2's from [`Family::gpt2`] (ARCHITECTURE.md
+//! says where).
 
+use super::bert::{self, BertConfig};
 use super::files::ModelMeta;
+use super::gpt2::{self, config::GptConfig};
 use super::layout::{ParamLayout, TensorSpec};
 use super::tp::TpPlace;
 use super::unit::{SpanRun, UnitModel, Whole};
-use super::{bert, gpt2, Precision};
+use super::Precision;
 use crate::backend::cpu::Cpu;
-use crate::backend::kind::{Each, Make, PerBackend};
+use crate::backend::kind::{Each, Listed, Make, PerBackend};
 use crate::backend::{Backend, WeightFormat};
 use crate::data::Batch;
 use crate::error::{Error, Result};
 use crate::rng::Rng;
 use crate::sample::SampleConfig;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use std::any::Any;
 use std::fmt;
 use std::path::Path;
 use std::sync::{Arc, RwLock};
@@ -158,8 +160,16 @@ pub trait Family: fmt::Debug + fmt::Display + Send + Sync + 'static {
     fn reshaped(&self, _r: &Reshape) -> Option<Result<ModelConfig>> {
         None
     }
-    /// This config, to be downcast to the family's type.
-    fn as_any(&self) -> &dyn Any;
+    /// This model as GPT-2, for what runs GPT-2 only; None for another
+    /// family.
+    fn gpt2(&self) -> Option<&GptConfig> {
+        None
+    }
+    /// This model as a BERT encoder, for the tasks that train BERT's heads
+    /// on one (mlm, pretrain, classify); None for another family.
+    fn bert(&self) -> Option<&BertConfig> {
+        None
+    }
 }
 
 /// A family's engine and decoder, generic over the backend (what a
@@ -274,12 +284,10 @@ impl PerBackend for OnEach {
     type On<B: Backend> = Arc<dyn FamilyOn<B>>;
 }
 
-/// Makes a [`FamilyOn`] of each backend from one config.
-struct Shared<F>(Arc<F>);
-
-impl<F: FamilyEngine> Make<OnEach> for Shared<F> {
+/// One config shared as the [`FamilyOn`] of each backend.
+impl<F: FamilyEngine> Make<OnEach> for Arc<F> {
     fn make<B: Backend>(&self) -> Arc<dyn FamilyOn<B>> {
-        self.0.clone()
+        self.clone()
     }
 }
 
@@ -291,6 +299,9 @@ pub struct Registration {
     /// None for the one family written bare (GPT-2, as every file written
     /// before there were families has it).
     pub key: Option<&'static str>,
+    /// Whether its models are causal language models (each position sees
+    /// those before it), which `--task lm` trains; an encoder's are not.
+    pub causal: bool,
     /// Its presets' names, for `--model` and its errors.
     pub presets: fn() -> Vec<&'static str>,
     /// A preset by name, or None for a name that is not this family's.
@@ -423,7 +434,7 @@ pub struct ModelConfig {
 impl<F: FamilyEngine> From<F> for ModelConfig {
     fn from(f: F) -> Self {
         let f = Arc::new(f);
-        let on = Arc::new(Each::new(Shared(f.clone())));
+        let on = Arc::new(Each::new(f.clone()));
         ModelConfig { family: f, on }
     }
 }
@@ -505,11 +516,6 @@ impl ModelConfig {
             "unknown model preset '{name}' (known: {})",
             known.join("; ")
         )))
-    }
-
-    /// The family's own config, when it is of type `F`.
-    pub fn get<F: Family>(&self) -> Option<&F> {
-        self.family.as_any().downcast_ref()
     }
 
     /// The family's name, as users know it.
@@ -616,7 +622,7 @@ impl ModelConfig {
         recompute: bool,
         precision: Precision,
     ) -> Result<Box<dyn UnitModel<B>>> {
-        (self.on.get::<B>()).engine(backend, tp, recompute, precision)
+        B::of(&self.on).engine(backend, tp, recompute, precision)
     }
 
     /// The whole model on `backend` in fp32 holding `params` (what an
@@ -632,15 +638,15 @@ impl ModelConfig {
         Ok(whole)
     }
 
-    /// Whether the family decodes (has a [`FamilyDecoder`]).
+    /// Whether the family decodes (on every backend alike).
     pub fn decodes(&self) -> bool {
-        self.on.get::<Cpu>().decoder().is_some()
+        Cpu::of(&self.on).decoder().is_some()
     }
 
     /// The family's decoder on `B`, or the error of a family with none
     /// (naming the tool that needed one).
-    fn decoder<B: Backend>(&self, tool: &str) -> Result<&dyn FamilyDecoder<B>> {
-        self.on.get::<B>().decoder().ok_or_else(|| {
+    pub fn decoder<B: Backend>(&self, tool: &str) -> Result<&dyn FamilyDecoder<B>> {
+        B::of(&self.on).decoder().ok_or_else(|| {
             Error::Config(format!(
                 "{tool} runs a causal language model's KV-cache decoder: {} models have none",
                 self.family()
@@ -655,29 +661,8 @@ impl ModelConfig {
         backend: B,
         run: Generation<'_>,
     ) -> Result<Option<Vec<Vec<u32>>>> {
-        let decoder = self.on.get::<B>().decoder();
+        let decoder = B::of(&self.on).decoder();
         decoder.map(|d| d.generate(backend, run)).transpose()
-    }
-
-    /// The family decoder's teacher-forced losses, as `run` asks (`tool`
-    /// names what asked, for a family with no decoder).
-    pub fn evaluate_decoded<B: Backend>(
-        &self,
-        backend: B,
-        run: DecodedRun<'_>,
-        tool: &str,
-    ) -> Result<DecodedEval> {
-        self.decoder(tool)?.evaluate(backend, run)
-    }
-
-    /// The family decoder's greedy generation timed, as `run` asks.
-    pub fn time_generation<B: Backend>(
-        &self,
-        backend: B,
-        run: TimedGeneration<'_>,
-        tool: &str,
-    ) -> Result<GenerationTiming> {
-        self.decoder(tool)?.time(backend, run)
     }
 }
 
@@ -738,7 +723,9 @@ mod tests {
             rows: 1,
             t: 1,
         };
-        let e = bert.evaluate_decoded(be.clone(), run, "eval --weights");
+        let e = bert
+            .decoder("eval --weights")
+            .map(|d| d.evaluate(be.clone(), run));
         let e = e.unwrap_err().to_string();
         assert!(
             e.contains("eval --weights runs a causal language model's KV-cache decoder: BERT models have none"),
@@ -752,7 +739,8 @@ mod tests {
             runs: 1,
         };
         let e = bert
-            .time_generation(be.clone(), run, "bench --generate")
+            .decoder("bench --generate")
+            .and_then(|d| d.time(be.clone(), run))
             .unwrap_err();
         assert!(e.to_string().contains(": bench --generate runs"), "{e}");
     }
@@ -769,7 +757,8 @@ mod tests {
             rows: 1,
             t,
         };
-        let e = tiny.evaluate_decoded(be.clone(), run, "eval").unwrap();
+        let e = tiny.decoder("eval").unwrap().evaluate(be.clone(), run);
+        let e = e.unwrap();
         assert_eq!((e.tokens, e.top1_agreement), (t, 1.0));
         assert!((e.loss - e.loss_f32).abs() < 1e-9, "{e:?}");
         // the decoder's loss is the training forward's on the same tokens
@@ -784,7 +773,8 @@ mod tests {
             new_tokens: 3,
             runs: 2,
         };
-        let timed = tiny.time_generation(be.clone(), run, "bench").unwrap();
+        let timed = tiny.decoder("bench").unwrap().time(be.clone(), run);
+        let timed = timed.unwrap();
         assert_eq!(timed.runs.len(), 2);
         assert!(timed.runs.iter().all(|&(s, first, n)| n == 3 && first <= s));
         let sample = SampleConfig {
@@ -832,7 +822,7 @@ mod tests {
             vocab_size: Some(99),
         };
         let b = bert.reshaped(&changes).unwrap();
-        let b = b.get::<crate::model::bert::BertConfig>().unwrap();
+        let b = b.bert().unwrap();
         let got = (b.n_layer, b.n_head, b.n_embd, b.n_inner, b.block_size);
         assert_eq!((got, b.vocab_size), ((2, 2, 64, 256, 16), 99));
         let gpt = ModelConfig::preset("tiny").unwrap();

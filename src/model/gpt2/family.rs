@@ -17,12 +17,12 @@ use crate::model::layout::TensorSpec;
 use crate::model::ModelConfig;
 use crate::model::{ParamLayout, Precision, SpanRun, TpPlace, UnitModel};
 use crate::rng::Rng;
-use std::any::Any;
 
 /// GPT-2, written bare in JSON (as every file before families has it).
 pub static FAMILY: Registration = Registration {
     name: "GPT-2",
     key: None,
+    causal: true,
     presets: || PRESETS.iter().map(|p| p.name).collect(),
     preset: |name| GptConfig::preset(name).ok().map(Into::into),
     from_json: |json| {
@@ -34,7 +34,7 @@ pub static FAMILY: Registration = Registration {
     hf: Some(HfFolder {
         model_type: "gpt2",
         export: |meta, params, _, dir| {
-            let config = meta.config.get::<GptConfig>().expect("a GPT-2 config");
+            let config = meta.config.gpt2().expect("a GPT-2 config");
             super::hf::export_params(config, params, &meta.tokenizer, dir)
         },
         import: super::hf::import,
@@ -134,8 +134,8 @@ impl Family for GptConfig {
         g.blocks.truncate(g.n_layer);
         Some(g.validate_shape().map(|()| g.into()))
     }
-    fn as_any(&self) -> &dyn Any {
-        self
+    fn gpt2(&self) -> Option<&GptConfig> {
+        Some(self)
     }
 }
 
