@@ -231,7 +231,11 @@ pub fn val_loss_int8<B: Backend>(model: &Model<B>, ds: &Dataset, cfg: &SweepConf
         t: cfg.seq_len,
     };
     let be = model.backend.clone_fresh();
-    Ok(model.config.evaluate_decoded(be, run, "prune --int8")?.loss)
+    Ok(model
+        .config
+        .decoder("prune --int8")?
+        .evaluate(be, run)?
+        .loss)
 }
 
 /// A one-rank strategy holding `model`'s parameters, for fine-tuning and timing.
@@ -319,7 +323,7 @@ pub fn measure_speed<B: Backend>(
             runs: 3,
         };
         let be = model.backend.clone_fresh();
-        let timed = model.config.time_generation(be, run, "prune's timing")?;
+        let timed = model.config.decoder("prune's timing")?.time(be, run)?;
         let runs = timed.runs.iter();
         Ok(Spread::of(runs.map(|&(s, _, n)| 1e3 * s / n.max(1) as f64)).median)
     };

@@ -45,6 +45,7 @@ struct Toy {
 static TOY: Registration = Registration {
     name: "toy MLP",
     key: Some("toy_mlp"),
+    causal: true,
     presets: || vec!["toy-mlp"],
     preset: |name| (name == "toy-mlp").then(|| Toy::preset().into()),
     from_json: |j| {
@@ -52,8 +53,6 @@ static TOY: Registration = Registration {
             .map(Into::into)
             .map_err(|e| e.to_string())
     },
-    engine: Registration::engine_of::<Toy>(),
-    decoder: None,
     model_files: Some(family::DISTGPT_FILES),
     hf: None,
 };
@@ -154,9 +153,6 @@ impl Family for Toy {
         let (rows, l) = (b * t, self.n_layer);
         let acts = rows * (2 + (l + 1) * self.n_embd + 2 * l * self.n_hidden + self.vocab + 1);
         (acts, rows * (2 * self.n_embd + self.n_hidden))
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 

@@ -558,7 +558,7 @@ fn an_edited_or_crafted_checkpoint_index_is_refused_without_panicking() {
         (
             "huge model",
             Box::new(|i| {
-                let mut c = i.model.get::<GptConfig>().expect("a GPT-2 run").clone();
+                let mut c = i.model.gpt2().expect("a GPT-2 run").clone();
                 c.n_layer = 1 << 40;
                 i.model = c.into();
             }),

@@ -13,6 +13,7 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod gpu;
+pub mod kind;
 pub mod memory;
 pub mod opencl;
 pub mod ops;
@@ -20,6 +21,7 @@ pub mod profile;
 pub mod threads;
 
 pub use cpu::{AttnShape, DecodeShape, WeightFormat};
+pub use kind::{on, DeviceKind, OnBackend};
 pub use memory::{Buf, Category, Dst, MemoryReport, PeakRow, Pending, Pinned, RawView, Src};
 pub use ops::{
     ActivationBackward, ActivationForward, AdamWStep, AdamWUpdate, AttentionBackward,
@@ -229,7 +231,8 @@ pub fn memory_is_host<B: Device>(be: &B) -> Result<bool> {
     Ok(be.host(probe.s()).is_some())
 }
 
-/// A device with its kernels and decoding: what the model is generic over.
-pub trait Backend: Device + Kernels + Decode {}
+/// A device with its kernels and decoding, one of those there are
+/// ([`kind`]): what the model is generic over.
+pub trait Backend: Device + Kernels + Decode + kind::Listed {}
 
-impl<B: Device + Kernels + Decode> Backend for B {}
+impl<B: Device + Kernels + Decode + kind::Listed> Backend for B {}

@@ -109,6 +109,12 @@ pub fn read_model(dir: &Path) -> Result<(ModelMeta, Vec<f32>)> {
 /// A GPT-2 from what [`read_model`] reads; another family is named.
 pub fn load_model<B: Backend>(backend: B, dir: &Path) -> Result<(Gpt2<B>, ModelMeta)> {
     let (meta, params) = read_model(dir)?;
-    let model = Gpt2::with_params(backend, meta.gpt2(dir)?, &params)?;
+    let (config, family) = (&meta.config, meta.config.family());
+    let Some(gpt2) = config.gpt2() else {
+        let reason = format!("holds a {family} model ({config}): this reads GPT-2 models");
+        let path = dir.to_path_buf();
+        return Err(Error::Checkpoint { path, reason });
+    };
+    let model = Gpt2::with_params(backend, gpt2.clone(), &params)?;
     Ok((model, meta))
 }

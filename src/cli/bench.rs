@@ -3,12 +3,10 @@
 //! strategy and world size, in the shape `bench/pytorch_reference.py` mirrors.
 
 use super::{micro_batches, positive, positive_rate};
-use super::{
-    on_device, CommKind, DecodeWeightsArg, DeviceArgs, DeviceChoice, ModelArgs, ParallelArgs,
-};
+use super::{CommKind, DecodeWeightsArg, DeviceArgs, ModelArgs, ParallelArgs};
 use anyhow::Result;
 use clap::Args;
-use distgpt::backend::{profile, Backend};
+use distgpt::backend::{profile, Backend, OnBackend};
 use distgpt::metrics;
 use distgpt::model::{ModelConfig, Precision};
 use distgpt::train::bench::{bench_rank, BenchSpec};
@@ -106,7 +104,7 @@ fn run_generate<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, tokens: usi
         new_tokens: tokens,
         runs: a.warmup + a.steps.max(1),
     };
-    let timing = cfg.time_generation(be, run, "bench --generate")?;
+    let timing = cfg.decoder("bench --generate")?.time(be, run)?;
     // the fastest run, and its time to the first new token
     let (best, first, made) =
         timing
@@ -141,11 +139,10 @@ fn run_generate<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, tokens: usi
 
 pub fn run(a: BenchArgs) -> Result<()> {
     let cfg = a.model.resolve_family(a.vocab_size)?;
-    let (b, t) = (a.batch_size, a.seq_len.unwrap_or(cfg.block_size()));
     if a.generate.is_none() && a.prompt_tokens != 1 {
         anyhow::bail!("--prompt-tokens sets --generate's prompts: give --generate N with it");
     }
-    if let Some(tokens) = a.generate {
+    if a.generate.is_some() {
         if a.profile {
             anyhow::bail!("--profile times the kernels of training steps: leave out --generate");
         }
@@ -159,12 +156,26 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 "--generate times one rank's decoding: it takes no --strategy, --world-size, --tp or --pp (`distgpt generate --tp N` decodes tensor-parallel)"
             );
         }
-        return on_device!(a.device, |be| run_generate(be, &a, &cfg, tokens));
     }
-    on_device!(a.device, |be| bench_on(be, &a, &cfg, b, t))
+    a.device.run(Bench(&a, &cfg))
 }
 
-fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: usize) -> Result<()> {
+/// `bench` on a backend: [`run_generate`] with --generate, else [`bench_on`].
+struct Bench<'a>(&'a BenchArgs, &'a ModelConfig);
+
+impl OnBackend for Bench<'_> {
+    type Out = Result<()>;
+    fn run<B: Backend>(self, be: B) -> Result<()> {
+        let Bench(a, cfg) = self;
+        match a.generate {
+            Some(tokens) => run_generate(be, a, cfg, tokens),
+            None => bench_on(be, a, cfg),
+        }
+    }
+}
+
+fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig) -> Result<()> {
+    let (b, t) = (a.batch_size, a.seq_len.unwrap_or(cfg.block_size()));
     // the process before any model: what the counted categories add to
     let rss_start = metrics::rss_bytes();
     let par = a.parallel.config();

@@ -257,8 +257,8 @@ fn lm_models(names: &[String], vocab: usize, seq_len: usize) -> Result<Vec<(Stri
     for name in names {
         let m = ModelConfig::preset(name)?.reshaped(&vocab)?;
         m.validate()?;
-        if !distgpt::train::spec::causal_lm(&m) {
-            bail!("{name} is a BERT: compare's language-model matrix trains causal language models; --task classify compares BERT fine-tuning");
+        if !m.registration().causal {
+            bail!("{name} is a {}: compare's language-model matrix trains causal language models; --task classify compares BERT fine-tuning", m.family());
         }
         if seq_len == 0 || seq_len > m.block_size() {
             bail!(

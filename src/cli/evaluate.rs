@@ -1,6 +1,7 @@
 //! `distgpt eval`: a model's loss (and a classifier's accuracy and F1) on a split of its data, on any device and layout.
 
 use super::*;
+use distgpt::model::bert::BertHead;
 
 #[derive(Args)]
 pub(super) struct EvalArgs {
@@ -162,24 +163,27 @@ fn eval_classifier<B: Backend + 'static>(
 /// `eval` on the device asked for (opened first: a device that cannot run
 /// is the error, whatever the folder).
 pub(super) fn run_eval(a: EvalArgs, given: &[String]) -> Result<()> {
-    on_device!(a.device, |be| eval_with(be, &a, given))
+    a.device.run(Eval(&a, given))
 }
 
-/// What the folder's own records say it is (its family and, for a BERT,
-/// its head) decides what is measured, never what a GPT-2 run would be.
-fn eval_with<B: Backend + 'static>(be: B, a: &EvalArgs, given: &[String]) -> Result<()> {
-    let meta = checkpoint::read_any_meta(&a.model)?;
-    if let Some(bert) = meta.config.get::<distgpt::model::bert::BertConfig>() {
-        return match bert.head {
-            distgpt::model::bert::BertHead::Mlm | distgpt::model::bert::BertHead::Pretrain => {
-                eval_masked_lm(be, a, given, bert)
-            }
-            distgpt::model::bert::BertHead::Classify { .. } => {
-                eval_classifier(be, a, given, bert.block_size)
-            }
+/// `eval` on a backend: what the folder's own records say it is (its
+/// family and, for a BERT, its head) decides what is measured, never what
+/// a GPT-2 run would be.
+struct Eval<'a>(&'a EvalArgs, &'a [String]);
+
+impl OnBackend for Eval<'_> {
+    type Out = Result<()>;
+    fn run<B: Backend>(self, be: B) -> Result<()> {
+        let Eval(a, given) = self;
+        let meta = checkpoint::read_any_meta(&a.model)?;
+        let Some(bert) = meta.config.bert() else {
+            return eval_on(be, a);
         };
+        match bert.head {
+            BertHead::Mlm | BertHead::Pretrain => eval_masked_lm(be, a, given, bert),
+            BertHead::Classify { .. } => eval_classifier(be, a, given, bert.block_size),
+        }
     }
-    eval_on(be, a)
 }
 
 /// A language model's validation loss, of any family: through its engine
@@ -212,7 +216,7 @@ pub(super) fn eval_on<B: Backend>(be: B, a: &EvalArgs) -> Result<()> {
             rows: a.batch_size,
             t,
         };
-        let e = meta.config.evaluate_decoded(be, run, "eval --weights")?;
+        let e = meta.config.decoder("eval --weights")?.evaluate(be, run)?;
         distgpt::outln!(
             "{}: val loss {:.4} with {} weights, {:.4} with fp32 ({:+.2}%); next-token top-1 agrees with fp32 at {:.2}% of {} positions ({n} batches of {} x {t} tokens from {})",
             a.model.display(),

@@ -43,15 +43,27 @@ pub(super) struct GenerateArgs {
     device: DeviceArgs,
 }
 
+/// [`decode_on`]'s arguments, tokenizer, prompts, sampling and printer.
+struct Decode<'a, S>(
+    &'a GenerateArgs,
+    &'a data::Tokenizer,
+    &'a [Vec<u32>],
+    &'a SampleConfig,
+    &'a mut S,
+);
+
+impl<S: FnMut(usize, u32) + Send> OnBackend for Decode<'_, S> {
+    type Out = Result<Option<(Vec<Vec<u32>>, usize)>>;
+    fn run<B: Backend>(self, be: B) -> Self::Out {
+        decode_on(be, self)
+    }
+}
+
 /// Decodes on backend `be`: whole on this rank, or split over tp ranks
 /// (threads or mpirun processes). None on mpi ranks other than 0.
-pub(super) fn decode_on<B: Backend>(
+fn decode_on<B: Backend, S: FnMut(usize, u32) + Send>(
     be: B,
-    a: &GenerateArgs,
-    tk: &data::Tokenizer,
-    prompts: &[Vec<u32>],
-    cfg: &SampleConfig,
-    show: &mut (impl FnMut(usize, u32) + Send),
+    Decode(a, tk, prompts, cfg, show): Decode<'_, S>,
 ) -> Result<Option<(Vec<Vec<u32>>, usize)>> {
     let format = a.weights.format();
     // the whole model on the host; each rank takes its share
@@ -67,12 +79,7 @@ pub(super) fn decode_on<B: Backend>(
             tp,
             on_token,
         };
-        model.generate(be, run)?.ok_or_else(|| {
-            distgpt::error::Error::Config(format!(
-                "a {} model does not generate text",
-                model.family()
-            ))
-        })
+        model.decoder("generate")?.generate(be, run)
     };
     if a.tp <= 1 && a.comm == CommKind::Local {
         return Ok(Some((generate(be, None, &mut *show)?, 1)));
@@ -125,7 +132,7 @@ impl GenerateArgs {
 pub(super) fn run_generate(mut a: GenerateArgs) -> Result<()> {
     a.run = Some(run_or_old_flag("generate", a.run.take(), a.old_run.take()));
     let meta = checkpoint::read_any_meta(a.run())?;
-    if meta.config.registration().decoder.is_none() {
+    if !meta.config.decodes() {
         bail!(
             "{} holds a {} model ({}), which does not generate text: generate reads causal language models (GPT-2)",
             a.run().display(),
@@ -171,10 +178,7 @@ pub(super) fn run_generate(mut a: GenerateArgs) -> Result<()> {
         }
     };
     let started = std::time::Instant::now();
-    let Some((out, tp)) = on_device!(a.device, |be| decode_on(
-        be, &a, &tk, &prompts, &cfg, &mut show
-    ))?
-    else {
+    let Some((out, tp)) = a.device.run(Decode(&a, &tk, &prompts, &cfg, &mut show))? else {
         return Ok(()); // an mpi rank other than 0
     };
     let secs = started.elapsed().as_secs_f64();

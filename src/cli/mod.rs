@@ -26,7 +26,7 @@ use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand}
 use consolidate::{consolidate, run_consolidate, ConsolidateArgs};
 use devices::DevicesArgs;
 use distgpt::backend::cpu::Cpu;
-use distgpt::backend::Backend;
+use distgpt::backend::{Backend, DeviceKind, OnBackend};
 use distgpt::checkpoint;
 use distgpt::comm::Comm;
 use distgpt::data::{self, Dataset, TokenizerKind};
@@ -254,7 +254,7 @@ pub struct DeviceArgs {
     /// on the CPU, where it is slow but exercises every device kernel);
     /// cuda: an NVIDIA GPU (needs a build with `--features cuda`).
     #[arg(long, value_enum, default_value = "cpu")]
-    device: DeviceChoice,
+    device: DeviceKind,
     /// With --device opencl: which device, counted across platforms as
     /// `distgpt devices` lists them.
     #[arg(long, default_value_t = 0)]
@@ -269,58 +269,23 @@ pub struct DeviceArgs {
 impl DeviceArgs {
     /// The CPU backend (its thread ranks share this process's threads).
     pub(super) fn is_cpu(&self) -> bool {
-        self.device == DeviceChoice::Cpu
+        self.device == DeviceKind::Cpu
+    }
+
+    /// `op` run on the backend `--device` chooses (a cuda device under
+    /// mpirun offset by the process's local rank).
+    pub(super) fn run<R, O: OnBackend<Out = Result<R>>>(&self, op: O) -> Result<R> {
+        let index = match self.device {
+            DeviceKind::Cpu => 0,
+            DeviceKind::Opencl => self.opencl_device,
+            #[cfg(feature = "cuda")]
+            DeviceKind::Cuda => rank_gpu(self.cuda_device)?,
+            #[cfg(not(feature = "cuda"))]
+            DeviceKind::Cuda => self.cuda_device,
+        };
+        distgpt::backend::on(self.device, index, op)?
     }
 }
-
-#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum DeviceChoice {
-    Cpu,
-    Opencl,
-    Cuda,
-}
-
-/// Evaluates `$body` with `$be` bound to the backend `$dev` chooses (each
-/// arm instantiates the body for its own backend type).
-macro_rules! on_device {
-    ($dev:expr, |$be:ident| $body:expr) => {
-        match $dev.device {
-            DeviceChoice::Cpu => {
-                let $be = distgpt::backend::cpu::Cpu::new();
-                $body
-            }
-            DeviceChoice::Opencl => {
-                let $be = distgpt::backend::opencl::OpenCl::open($dev.opencl_device)?;
-                $body
-            }
-            DeviceChoice::Cuda => $crate::cli::cuda_arm!($dev, $be, $body),
-        }
-    };
-}
-pub(crate) use on_device;
-
-/// `on_device!`'s cuda arm: the cuda backend on `--cuda-device`.
-#[cfg(feature = "cuda")]
-macro_rules! cuda_arm {
-    ($dev:expr, $be:ident, $body:expr) => {{
-        let $be = distgpt::backend::cuda::Cuda::open($crate::cli::rank_gpu($dev.cuda_device)?)?;
-        $body
-    }};
-}
-
-/// `on_device!`'s cuda arm in a build without the `cuda` feature: an error
-/// that says how to rebuild.
-#[cfg(not(feature = "cuda"))]
-macro_rules! cuda_arm {
-    ($dev:expr, $be:ident, $body:expr) => {
-        return Err(distgpt::error::Error::Device(format!(
-            "--device cuda (device {}) needs CUDA support: rebuild with `cargo build --release --features cuda`",
-            $dev.cuda_device
-        ))
-        .into())
-    };
-}
-pub(crate) use cuda_arm;
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum CommKind {
@@ -436,7 +401,7 @@ fn nccl_launch<R: Send>(
     device: &DeviceArgs,
     f: impl Fn(&dyn Comm) -> distgpt::error::Result<R> + Sync,
 ) -> Result<Option<R>> {
-    if device.device != DeviceChoice::Cuda {
+    if device.device != DeviceKind::Cuda {
         bail!("--comm nccl moves GPU buffers: it needs --device cuda");
     }
     if under_mpirun() {

@@ -76,103 +76,110 @@ pub(super) struct PruneArgs {
     device: DeviceArgs,
 }
 
-pub(super) fn prune_on<B: Backend>(be: B, a: &PruneArgs) -> Result<()> {
-    use distgpt::prune::{self, Level, Method, MethodRun, Timing};
-    let (meta, params) = checkpoint::read_model(&a.run)?;
-    // before its data, which an encoder's tokenizer would misname
-    prune::check_family(&meta.config)?;
-    let ds = Dataset::load_for_model(a.data.as_deref(), &meta.tokenizer)?;
-    let model = prune::Model {
-        backend: be,
-        config: meta.config.clone(),
-        params,
-    };
-    let mut cfg = prune::SweepConfig {
-        levels: a.sparsity.clone(),
-        method: a.method,
-        scope: a.scope,
-        finetune_steps: a.finetune_steps,
-        lr: a.lr,
-        batch_size: a.batch_size,
-        seq_len: a.seq_len.unwrap_or(model.config.block_size()),
-        eval_batches: a.eval_batches,
-        seed: a.seed,
-        int8: a.int8,
-        timing: (a.sweep || a.measure).then_some(Timing {
-            steps: a.time_steps,
-            tokens: a.time_tokens,
-        }),
-    };
-    cfg.validate()?;
-    let say = |method: &str, l: &Level| {
-        let int8 = |x: Option<f64>| x.map_or(String::new(), |v| format!(", {v:.4} in int8"));
-        let speed = l.speed.map_or(String::new(), |s| {
-            let int8 = s
-                .token_ms_int8
-                .map_or(String::new(), |v| format!(", {v:.2} in int8"));
-            format!(
-                "; {:.1} ms/step, {:.2} ms/token{int8}",
-                s.step_ms, s.token_ms
+/// `prune` on a backend.
+struct Prune<'a>(&'a PruneArgs);
+
+impl OnBackend for Prune<'_> {
+    type Out = Result<()>;
+    fn run<B: Backend>(self, be: B) -> Result<()> {
+        let a = self.0;
+        use distgpt::prune::{self, Level, Method, MethodRun, Timing};
+        let (meta, params) = checkpoint::read_model(&a.run)?;
+        // before its data, which an encoder's tokenizer would misname
+        prune::check_family(&meta.config)?;
+        let ds = Dataset::load_for_model(a.data.as_deref(), &meta.tokenizer)?;
+        let model = prune::Model {
+            backend: be,
+            config: meta.config.clone(),
+            params,
+        };
+        let mut cfg = prune::SweepConfig {
+            levels: a.sparsity.clone(),
+            method: a.method,
+            scope: a.scope,
+            finetune_steps: a.finetune_steps,
+            lr: a.lr,
+            batch_size: a.batch_size,
+            seq_len: a.seq_len.unwrap_or(model.config.block_size()),
+            eval_batches: a.eval_batches,
+            seed: a.seed,
+            int8: a.int8,
+            timing: (a.sweep || a.measure).then_some(Timing {
+                steps: a.time_steps,
+                tokens: a.time_tokens,
+            }),
+        };
+        cfg.validate()?;
+        let say = |method: &str, l: &Level| {
+            let int8 = |x: Option<f64>| x.map_or(String::new(), |v| format!(", {v:.4} in int8"));
+            let speed = l.speed.map_or(String::new(), |s| {
+                let int8 = s
+                    .token_ms_int8
+                    .map_or(String::new(), |v| format!(", {v:.2} in int8"));
+                format!(
+                    "; {:.1} ms/step, {:.2} ms/token{int8}",
+                    s.step_ms, s.token_ms
+                )
+            });
+            let loss = match l.target {
+                0.0 => format!("val loss {:.4}", l.val_loss),
+                _ => format!(
+                    "val loss {:.4} right after pruning, {:.4} after {} fine-tuning steps",
+                    l.val_loss_pruned, l.val_loss, cfg.finetune_steps
+                ),
+            };
+            distgpt::outln!(
+                "{method} {} ({:.2}% gone, {} parameters): {loss}{}{speed}",
+                level_name(l.target),
+                100.0 * l.sparsity,
+                l.params,
+                int8(l.val_loss_int8)
             )
-        });
-        let loss = match l.target {
-            0.0 => format!("val loss {:.4}", l.val_loss),
-            _ => format!(
-                "val loss {:.4} right after pruning, {:.4} after {} fine-tuning steps",
-                l.val_loss_pruned, l.val_loss, cfg.finetune_steps
-            ),
         };
+        let dense = prune::dense_level(&model, &ds, &cfg)?;
+        say("dense", &dense);
+        let methods = match a.sweep {
+            true => vec![Method::Magnitude, Method::Rows],
+            false => vec![a.method],
+        };
+        let mut runs = Vec::new();
+        for method in methods {
+            cfg.method = method;
+            let mut m = prune::Model {
+                backend: model.backend.clone_fresh(),
+                config: model.config.clone(),
+                params: model.params.clone(),
+            };
+            let pb = metrics::progress_bar(cfg.levels.len() as u64, &format!("prune ({method})"));
+            let levels = prune::sweep(&mut m, &ds, &cfg, |l| {
+                pb.suspend(|| say(&method.to_string(), l));
+                pb.inc(1);
+            })?;
+            pb.finish_and_clear();
+            let dir = match a.sweep {
+                true => a.out.join(method.to_string()),
+                false => a.out.clone(),
+            };
+            files::write_model(&m.config, &m.params, meta.tokenizer.clone(), &dir, false)?;
+            distgpt::outln!(
+                "wrote {} (the {} model: {})",
+                dir.display(),
+                level_name(cfg.levels.last().copied().unwrap_or(0.0)),
+                m.config
+            );
+            runs.push(MethodRun {
+                method,
+                levels: std::iter::once(dense.clone()).chain(levels).collect(),
+            });
+        }
+        let written = prune::write_report(&a.out, &cfg, &runs)?;
         distgpt::outln!(
-            "{method} {} ({:.2}% gone, {} parameters): {loss}{}{speed}",
-            level_name(l.target),
-            100.0 * l.sparsity,
-            l.params,
-            int8(l.val_loss_int8)
-        )
-    };
-    let dense = prune::dense_level(&model, &ds, &cfg)?;
-    say("dense", &dense);
-    let methods = match a.sweep {
-        true => vec![Method::Magnitude, Method::Rows],
-        false => vec![a.method],
-    };
-    let mut runs = Vec::new();
-    for method in methods {
-        cfg.method = method;
-        let mut m = prune::Model {
-            backend: model.backend.clone_fresh(),
-            config: model.config.clone(),
-            params: model.params.clone(),
-        };
-        let pb = metrics::progress_bar(cfg.levels.len() as u64, &format!("prune ({method})"));
-        let levels = prune::sweep(&mut m, &ds, &cfg, |l| {
-            pb.suspend(|| say(&method.to_string(), l));
-            pb.inc(1);
-        })?;
-        pb.finish_and_clear();
-        let dir = match a.sweep {
-            true => a.out.join(method.to_string()),
-            false => a.out.clone(),
-        };
-        files::write_model(&m.config, &m.params, meta.tokenizer.clone(), &dir, false)?;
-        distgpt::outln!(
-            "wrote {} (the {} model: {})",
-            dir.display(),
-            level_name(cfg.levels.last().copied().unwrap_or(0.0)),
-            m.config
+            "wrote {} report files into {}",
+            written.len(),
+            a.out.display()
         );
-        runs.push(MethodRun {
-            method,
-            levels: std::iter::once(dense.clone()).chain(levels).collect(),
-        });
+        Ok(())
     }
-    let written = prune::write_report(&a.out, &cfg, &runs)?;
-    distgpt::outln!(
-        "wrote {} report files into {}",
-        written.len(),
-        a.out.display()
-    );
-    Ok(())
 }
 
 /// `prune`: the model pruned level by level (weights or whole heads and MLP
@@ -180,8 +187,7 @@ pub(super) fn prune_on<B: Backend>(be: B, a: &PruneArgs) -> Result<()> {
 pub(super) fn run_prune(a: PruneArgs) -> Result<()> {
     distgpt::prune::check_levels(&a.sparsity)?;
     refuse_output_over_input(&a.run, &a.out, a.overwrite)?;
-    on_device!(a.device, |be| prune_on(be, &a))?;
-    Ok(())
+    a.device.run(Prune(&a))
 }
 
 /// A sparsity level as a percentage, with the decimals it needs (0.5:

@@ -445,14 +445,14 @@ pub(super) fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<(Prepared, 
 
 /// The kind of device the run in `run_dir` trained on last (its record
 /// names it as the backend does: `cpu (2 threads)`, `opencl (NAME)`).
-fn recorded_device(run_dir: &Path) -> Result<DeviceChoice> {
+fn recorded_device(run_dir: &Path) -> Result<DeviceKind> {
     let named = train::run_dir::read_record(run_dir)?.device;
     Ok(if named.starts_with("opencl") {
-        DeviceChoice::Opencl
+        DeviceKind::Opencl
     } else if named.starts_with("cuda") {
-        DeviceChoice::Cuda
+        DeviceKind::Cuda
     } else {
-        DeviceChoice::Cpu
+        DeviceKind::Cpu
     })
 }
 
@@ -515,10 +515,7 @@ pub(super) fn finish_completed(
         );
     };
     let params = checkpoint::state::load(ckpt)?.params;
-    let threads = rayon::current_num_threads();
-    let test = on_device!(device, |be| p.data.with_task(
-        |task| train::evaluate_params(be, task, &params, &p.cfg, threads, true)
-    ))?;
+    let test = device.run(ScoreTest(p, &params))?;
     let history = train::run_dir::read_metrics(run_dir)?;
     let layout = p.par.layout_name();
     p.data
@@ -663,22 +660,12 @@ pub(super) fn run_train(mut a: TrainArgs, given: &[String]) -> Result<Outcome> {
         check_memory(&model, cfg, par.resolved(), cpu)?;
     }
     handle_stop_signals()?;
-    let threads = rayon::current_num_threads();
     let launcher = ParallelArgs {
         world_size: par.world_size,
         ..a.parallel.clone()
     };
     let prep = &prep;
-    let Some(s) = on_device!(a.device, |be| launcher.launch(
-        threads,
-        &a.device,
-        |world| {
-            let be = distgpt::comm::backend_for(&be, world)?;
-            prep.data
-                .with_task(|task| train::train_rank(be, task, &prep.cfg, par, world))
-        }
-    ))?
-    .flatten() else {
+    let Some(s) = a.device.run(Launch(prep, &launcher, &a.device))?.flatten() else {
         let stopped = train::INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst);
         return Ok(if stopped {
             Outcome::Stopped
@@ -688,6 +675,33 @@ pub(super) fn run_train(mut a: TrainArgs, given: &[String]) -> Result<Outcome> {
     };
     let resume = resume_command(&s.out_dir, &launcher, &a.device);
     report_run(prep, &s, &resume)
+}
+
+/// A run's test split scored with `params` on the backend `--device` chooses.
+struct ScoreTest<'a>(&'a Prepared, &'a [f32]);
+
+impl OnBackend for ScoreTest<'_> {
+    type Out = Result<train::Eval>;
+    fn run<B: Backend>(self, be: B) -> Result<train::Eval> {
+        let (ScoreTest(p, params), threads) = (self, rayon::current_num_threads());
+        Ok(p.data
+            .with_task(|task| train::evaluate_params(be, task, params, &p.cfg, threads, true))?)
+    }
+}
+
+/// A run's ranks launched as `--comm` says on the backend `--device`
+/// chooses: rank 0's summary (None on the other MPI ranks, or stopped).
+struct Launch<'a>(&'a Prepared, &'a ParallelArgs, &'a DeviceArgs);
+
+impl OnBackend for Launch<'_> {
+    type Out = Result<Option<Option<train::TrainSummary>>>;
+    fn run<B: Backend>(self, be: B) -> Self::Out {
+        let Launch(prep, launcher, device) = self;
+        launcher.launch(rayon::current_num_threads(), device, |world| {
+            let be = distgpt::comm::backend_for(&be, world)?;
+            (prep.data).with_task(|task| train::train_rank(be, task, &prep.cfg, prep.par, world))
+        })
+    }
 }
 
 /// The closing lines of a run (rank 0's summary); `resume` is the command
@@ -787,9 +801,9 @@ pub(super) fn resume_command(dir: &Path, par: &ParallelArgs, device: &DeviceArgs
         CommKind::Nccl => words.extend(["--comm".into(), "nccl".into()]),
     }
     let ordinal = match device.device {
-        DeviceChoice::Cpu => None,
-        DeviceChoice::Opencl => Some(("opencl", "--opencl-device", device.opencl_device)),
-        DeviceChoice::Cuda => Some(("cuda", "--cuda-device", device.cuda_device)),
+        DeviceKind::Cpu => None,
+        DeviceKind::Opencl => Some(("opencl", "--opencl-device", device.opencl_device)),
+        DeviceKind::Cuda => Some(("cuda", "--cuda-device", device.cuda_device)),
     };
     if let Some((name, flag, n)) = ordinal {
         words.extend(["--device".into(), name.into()]);

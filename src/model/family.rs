@@ -1,27 +1,31 @@
 //! Model families as data. A family is a config type implementing
 //! [`Family`] (its shape, layout, initialisation, costs and synthetic
-//! batches), [`FamilyEngine`] (its unit-by-unit engine) and, when it
-//! decodes, [`FamilyDecoder`], with a [`Registration`] (its name, how it is
-//! written in JSON, its presets, its model files, its Hugging Face folder):
-//! all in its own folder, listed once here (`BUILTIN`) or registered at
-//! run time ([`register`]). `parallel`, `plan`, `compare` and the run
-//! driver hold a [`ModelConfig`] and ask it, naming no family; the tasks
-//! that are BERT's (`train::mlm`, `train::classify`, `train::spec`'s rule
-//! that `lm` is not) and `checkpoint::load_model` name one
-//! (ARCHITECTURE.md says where).
+//! batches) and [`FamilyEngine`] (its unit-by-unit engine and, when it
+//! decodes, its [`FamilyDecoder`]), with a [`Registration`] (its name, JSON
+//! key, whether it is causal, presets, model files and Hugging Face
+//! folder): all in its own folder, listed once here (`BUILTIN`) or
+//! registered at run time ([`register`]). `parallel`, `plan`, `compare` and
+//! the run driver hold a [`ModelConfig`] and ask it, naming no family;
+//! BERT's tasks (`train::mlm`, `train::classify`) take its config from
+//! [`Family::bert`], the `lm` task any causal family, and
+//! `checkpoint::load_model` GPT-2's from [`Family::gpt2`] (ARCHITECTURE.md
+//! says where).
 
+use super::bert::{self, BertConfig};
 use super::files::ModelMeta;
+use super::gpt2::{self, config::GptConfig};
 use super::layout::{ParamLayout, TensorSpec};
 use super::tp::TpPlace;
 use super::unit::{SpanRun, UnitModel, Whole};
-use super::{bert, gpt2, Precision};
+use super::Precision;
+use crate::backend::cpu::Cpu;
+use crate::backend::kind::{Each, Listed, Make, PerBackend};
 use crate::backend::{Backend, WeightFormat};
 use crate::data::Batch;
 use crate::error::{Error, Result};
 use crate::rng::Rng;
 use crate::sample::SampleConfig;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use std::any::Any;
 use std::fmt;
 use std::path::Path;
 use std::sync::{Arc, RwLock};
@@ -156,12 +160,20 @@ pub trait Family: fmt::Debug + fmt::Display + Send + Sync + 'static {
     fn reshaped(&self, _r: &Reshape) -> Option<Result<ModelConfig>> {
         None
     }
-    /// This config, to be downcast to the family's type.
-    fn as_any(&self) -> &dyn Any;
+    /// This model as GPT-2, for what runs GPT-2 only; None for another
+    /// family.
+    fn gpt2(&self) -> Option<&GptConfig> {
+        None
+    }
+    /// This model as a BERT encoder, for the tasks that train BERT's heads
+    /// on one (mlm, pretrain, classify); None for another family.
+    fn bert(&self) -> Option<&BertConfig> {
+        None
+    }
 }
 
-/// A family's engine, generic over the backend (registered through
-/// [`Registration::engine_of`]).
+/// A family's engine and decoder, generic over the backend (what a
+/// [`ModelConfig`] made from the family's config builds on each backend).
 pub trait FamilyEngine: Family + Sized {
     /// The unit-by-unit engine of tensor-parallel rank `tp`.
     fn engine<B: Backend>(
@@ -171,6 +183,10 @@ pub trait FamilyEngine: Family + Sized {
         recompute: bool,
         precision: Precision,
     ) -> Result<Box<dyn UnitModel<B>>>;
+    /// Its decoder, for a family that generates (a causal language model).
+    fn decoder<B: Backend>(&self) -> Option<&dyn FamilyDecoder<B>> {
+        None
+    }
 }
 
 /// What a generation asks of a family's decoder: the whole model's
@@ -232,32 +248,48 @@ pub struct GenerationTiming {
     pub runs: Vec<(f64, f64, usize)>,
 }
 
-/// A family that decodes (a causal language model), generic over the
-/// backend (registered through [`Registration::decoder_of`]): what
-/// `generate`, `eval --weights`, `bench --generate` and `prune` ask of it.
-pub trait FamilyDecoder: Family + Sized {
+/// A family's decoder on backend `B` (a causal language model's, with a
+/// KV cache): what `generate`, `eval --weights`, `bench --generate` and
+/// `prune` ask of it.
+pub trait FamilyDecoder<B: Backend> {
     /// Every prompt continued, on `backend`.
-    fn generate<B: Backend>(&self, backend: B, run: Generation<'_>) -> Result<Vec<Vec<u32>>>;
+    fn generate(&self, backend: B, run: Generation<'_>) -> Result<Vec<Vec<u32>>>;
     /// The teacher-forced losses of the decoder, as `run` asks.
-    fn evaluate<B: Backend>(&self, backend: B, run: DecodedRun<'_>) -> Result<DecodedEval>;
+    fn evaluate(&self, backend: B, run: DecodedRun<'_>) -> Result<DecodedEval>;
     /// Greedy generation timed, as `run` asks.
-    fn time<B: Backend>(&self, backend: B, run: TimedGeneration<'_>) -> Result<GenerationTiming>;
+    fn time(&self, backend: B, run: TimedGeneration<'_>) -> Result<GenerationTiming>;
 }
 
-/// A job for a family's decoder, of any kind, with the slot its result
-/// goes into.
-pub enum DecodeJob<'a, 'o> {
-    Generate(Generation<'a>, &'o mut Option<Vec<Vec<u32>>>),
-    Evaluate(DecodedRun<'a>, &'o mut Option<DecodedEval>),
-    Time(TimedGeneration<'a>, &'o mut Option<GenerationTiming>),
+/// A family's [`FamilyEngine`] on backend `B`, its config's type erased.
+trait FamilyOn<B: Backend>: Send + Sync {
+    fn engine(&self, be: B, tp: TpPlace, recompute: bool, p: Precision) -> EngineResult<B>;
+    fn decoder(&self) -> Option<&dyn FamilyDecoder<B>>;
 }
 
-/// A registered family's decoder on a backend, both erased.
-pub type DecodeFn = fn(&dyn Any, Box<dyn Any>, DecodeJob<'_, '_>) -> Result<()>;
+type EngineResult<B> = Result<Box<dyn UnitModel<B>>>;
 
-/// The engine of a registered family on a backend, both erased: the
-/// family's config, the backend (boxed), rank, recomputation, precision.
-pub type EngineFn = fn(&dyn Any, Box<dyn Any>, TpPlace, bool, Precision) -> Result<Box<dyn Any>>;
+impl<F: FamilyEngine, B: Backend> FamilyOn<B> for F {
+    fn engine(&self, be: B, tp: TpPlace, recompute: bool, p: Precision) -> EngineResult<B> {
+        FamilyEngine::engine(self, be, tp, recompute, p)
+    }
+    fn decoder(&self) -> Option<&dyn FamilyDecoder<B>> {
+        FamilyEngine::decoder(self)
+    }
+}
+
+/// A family's [`FamilyOn`] of each backend.
+struct OnEach;
+
+impl PerBackend for OnEach {
+    type On<B: Backend> = Arc<dyn FamilyOn<B>>;
+}
+
+/// One config shared as the [`FamilyOn`] of each backend.
+impl<F: FamilyEngine> Make<OnEach> for Arc<F> {
+    fn make<B: Backend>(&self) -> Arc<dyn FamilyOn<B>> {
+        self.clone()
+    }
+}
 
 /// What a family registers.
 pub struct Registration {
@@ -267,16 +299,15 @@ pub struct Registration {
     /// None for the one family written bare (GPT-2, as every file written
     /// before there were families has it).
     pub key: Option<&'static str>,
+    /// Whether its models are causal language models (each position sees
+    /// those before it), which `--task lm` trains; an encoder's are not.
+    pub causal: bool,
     /// Its presets' names, for `--model` and its errors.
     pub presets: fn() -> Vec<&'static str>,
     /// A preset by name, or None for a name that is not this family's.
     pub preset: fn(&str) -> Option<ModelConfig>,
     /// A config from its JSON (as [`Family::to_json`] wrote it).
     pub from_json: fn(serde_json::Value) -> std::result::Result<ModelConfig, String>,
-    /// Its engine: [`Registration::engine_of`].
-    pub engine: EngineFn,
-    /// Its decoder, for a family that generates: [`Registration::decoder_of`].
-    pub decoder: Option<DecodeFn>,
     /// The model files a run of it writes; None for a family that writes
     /// none.
     pub model_files: Option<ModelFiles>,
@@ -363,18 +394,6 @@ pub const DISTGPT_FILES: ModelFiles = ModelFiles {
     read: |dir| Ok(super::files::read_model_files(dir)?.0.config),
 };
 
-impl Registration {
-    /// The engine of family `F`, on every backend there is.
-    pub const fn engine_of<F: FamilyEngine>() -> EngineFn {
-        erased_engine::<F>
-    }
-
-    /// The decoder of family `F`, on every backend there is.
-    pub const fn decoder_of<F: FamilyDecoder>() -> DecodeFn {
-        erased_decoder::<F>
-    }
-}
-
 /// Adds a family to those [`ModelConfig`] knows; refuses a name or JSON key
 /// already taken.
 pub fn register(family: &'static Registration) -> Result<()> {
@@ -403,89 +422,20 @@ pub fn families() -> Vec<&'static Registration> {
         .collect()
 }
 
-/// Work to run on a backend of a type known only at run time.
-trait OnBackend {
-    type Out;
-    fn run<B: Backend>(self, backend: B) -> Result<Self::Out>;
-}
-
-/// Runs `op` on `backend`, tried as each kind of backend there is (the
-/// backends are a closed set; families are not).
-fn on_backend<O: OnBackend>(backend: Box<dyn Any>, op: O) -> Result<O::Out> {
-    let backend = match backend.downcast::<crate::backend::cpu::Cpu>() {
-        Ok(be) => return op.run(*be),
-        Err(be) => be,
-    };
-    #[cfg(feature = "cuda")]
-    let backend = match backend.downcast::<crate::backend::cuda::Cuda>() {
-        Ok(be) => return op.run(*be),
-        Err(be) => be,
-    };
-    match backend.downcast::<crate::backend::opencl::OpenCl>() {
-        Ok(be) => op.run(*be),
-        Err(_) => Err(Error::Config(
-            "a family's engine runs on the cpu, opencl and cuda backends only".into(),
-        )),
-    }
-}
-
-/// The family's config of type `F` behind `config`.
-fn config_of<F: Family>(config: &dyn Any) -> &F {
-    config
-        .downcast_ref::<F>()
-        .expect("a family registers the functions of its own config type")
-}
-
-/// [`EngineFn`] of family `F`.
-fn erased_engine<F: FamilyEngine>(
-    config: &dyn Any,
-    backend: Box<dyn Any>,
-    tp: TpPlace,
-    recompute: bool,
-    precision: Precision,
-) -> Result<Box<dyn Any>> {
-    struct Build<'f, F>(&'f F, TpPlace, bool, Precision);
-    impl<F: FamilyEngine> OnBackend for Build<'_, F> {
-        type Out = Box<dyn Any>;
-        fn run<B: Backend>(self, be: B) -> Result<Box<dyn Any>> {
-            let Build(f, tp, recompute, precision) = self;
-            Ok(Box::new(f.engine(be, tp, recompute, precision)?))
-        }
-    }
-    let op = Build(config_of::<F>(config), tp, recompute, precision);
-    on_backend(backend, op)
-}
-
-/// [`DecodeFn`] of family `F`.
-fn erased_decoder<F: FamilyDecoder>(
-    config: &dyn Any,
-    backend: Box<dyn Any>,
-    job: DecodeJob<'_, '_>,
-) -> Result<()> {
-    struct Decode<'f, 'g, 'o, F>(&'f F, DecodeJob<'g, 'o>);
-    impl<F: FamilyDecoder> OnBackend for Decode<'_, '_, '_, F> {
-        type Out = ();
-        fn run<B: Backend>(self, be: B) -> Result<()> {
-            match self.1 {
-                DecodeJob::Generate(run, out) => *out = Some(self.0.generate(be, run)?),
-                DecodeJob::Evaluate(run, out) => *out = Some(self.0.evaluate(be, run)?),
-                DecodeJob::Time(run, out) => *out = Some(self.0.time(be, run)?),
-            }
-            Ok(())
-        }
-    }
-    on_backend(backend, Decode(config_of::<F>(config), job))
-}
-
 /// A model of one of the registered families. As JSON it is the family's
 /// config under the family's key (`{"bert": {...}}`), a GPT-2 its bare
 /// config (as every checkpoint index and run record before BERT has it).
 #[derive(Clone)]
-pub struct ModelConfig(Arc<dyn Family>);
+pub struct ModelConfig {
+    family: Arc<dyn Family>,
+    on: Arc<Each<OnEach>>,
+}
 
-impl<F: Family> From<F> for ModelConfig {
+impl<F: FamilyEngine> From<F> for ModelConfig {
     fn from(f: F) -> Self {
-        ModelConfig(Arc::new(f))
+        let f = Arc::new(f);
+        let on = Arc::new(Each::new(f.clone()));
+        ModelConfig { family: f, on }
     }
 }
 
@@ -493,32 +443,32 @@ impl<F: Family> From<F> for ModelConfig {
 impl std::ops::Deref for ModelConfig {
     type Target = dyn Family;
     fn deref(&self) -> &dyn Family {
-        &*self.0
+        &*self.family
     }
 }
 
 impl fmt::Display for ModelConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
+        self.family.fmt(f)
     }
 }
 
 impl fmt::Debug for ModelConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
+        self.family.fmt(f)
     }
 }
 
 impl PartialEq for ModelConfig {
     fn eq(&self, other: &Self) -> bool {
         std::ptr::eq(self.registration(), other.registration())
-            && self.0.to_json() == other.0.to_json()
+            && self.family.to_json() == other.family.to_json()
     }
 }
 
 impl Serialize for ModelConfig {
     fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        let json = self.0.to_json();
+        let json = self.family.to_json();
         match self.registration().key {
             Some(key) => serde_json::json!({ key: json }).serialize(s),
             None => json.serialize(s),
@@ -568,11 +518,6 @@ impl ModelConfig {
         )))
     }
 
-    /// The family's own config, when it is of type `F`.
-    pub fn get<F: Family>(&self) -> Option<&F> {
-        self.0.as_any().downcast_ref()
-    }
-
     /// The family's name, as users know it.
     pub fn family(&self) -> &'static str {
         self.registration().name
@@ -585,22 +530,22 @@ impl ModelConfig {
 
     /// Positions the model has.
     pub fn block_size(&self) -> usize {
-        self.0.dims().block_size
+        self.family.dims().block_size
     }
 
     /// Transformer blocks.
     pub fn n_layer(&self) -> usize {
-        self.0.dims().n_layer
+        self.family.dims().n_layer
     }
 
     /// Width of the residual stream.
     pub fn n_embd(&self) -> usize {
-        self.0.dims().n_embd
+        self.family.dims().n_embd
     }
 
     /// Attention heads (tensor parallelism splits them).
     pub fn n_head(&self) -> usize {
-        self.0.dims().n_head
+        self.family.dims().n_head
     }
 
     /// The ranges of the whole layout the blocks' weight matrices hold.
@@ -619,7 +564,7 @@ impl ModelConfig {
         sparsity: f64,
         scope: Scope,
     ) -> Result<(ModelConfig, Vec<f32>)> {
-        self.0.prune_rows(params, sparsity, scope).ok_or_else(|| {
+        self.family.prune_rows(params, sparsity, scope).ok_or_else(|| {
             Error::Config(format!(
                 "{} models cannot lose whole rows: prune --method rows needs a family whose blocks shrink (GPT-2's heads and MLP units); --method magnitude prunes single weights",
                 self.family()
@@ -645,7 +590,7 @@ impl ModelConfig {
         if *r == Reshape::default() {
             return Ok(self.clone());
         }
-        self.0.reshaped(r).unwrap_or_else(|| {
+        self.family.reshaped(r).unwrap_or_else(|| {
             Err(Error::Config(format!(
                 "{} models have a fixed shape: --n-layer, --n-head, --n-embd, --block-size and another vocabulary do not apply",
                 self.family()
@@ -666,7 +611,7 @@ impl ModelConfig {
 
     /// Tokens in its vocabulary.
     pub fn vocab_size(&self) -> usize {
-        self.0.dims().vocab_size
+        self.family.dims().vocab_size
     }
 
     /// The unit-by-unit engine of tensor-parallel rank `tp`.
@@ -677,17 +622,7 @@ impl ModelConfig {
         recompute: bool,
         precision: Precision,
     ) -> Result<Box<dyn UnitModel<B>>> {
-        let engine = (self.registration().engine)(
-            self.0.as_any(),
-            Box::new(backend),
-            tp,
-            recompute,
-            precision,
-        )?;
-        engine
-            .downcast::<Box<dyn UnitModel<B>>>()
-            .map(|e| *e)
-            .map_err(|_| Error::Config(format!("the {} engine of another backend", self.family())))
+        B::of(&self.on).engine(backend, tp, recompute, precision)
     }
 
     /// The whole model on `backend` in fp32 holding `params` (what an
@@ -703,19 +638,15 @@ impl ModelConfig {
         Ok(whole)
     }
 
-    /// `job` run by the family's decoder on `backend`, its result in the
-    /// job's slot; the slot stays empty for a family with no decoder.
-    fn decode<B: Backend>(&self, backend: B, job: DecodeJob<'_, '_>) -> Result<()> {
-        match self.registration().decoder {
-            Some(decode) => decode(self.0.as_any(), Box::new(backend), job),
-            None => Ok(()),
-        }
+    /// Whether the family decodes (on every backend alike).
+    pub fn decodes(&self) -> bool {
+        Cpu::of(&self.on).decoder().is_some()
     }
 
-    /// A decoder's result, or the error of a family with none (naming the
-    /// tool that needed one).
-    fn decoded<T>(&self, out: Option<T>, tool: &str) -> Result<T> {
-        out.ok_or_else(|| {
+    /// The family's decoder on `B`, or the error of a family with none
+    /// (naming the tool that needed one).
+    pub fn decoder<B: Backend>(&self, tool: &str) -> Result<&dyn FamilyDecoder<B>> {
+        B::of(&self.on).decoder().ok_or_else(|| {
             Error::Config(format!(
                 "{tool} runs a causal language model's KV-cache decoder: {} models have none",
                 self.family()
@@ -730,41 +661,14 @@ impl ModelConfig {
         backend: B,
         run: Generation<'_>,
     ) -> Result<Option<Vec<Vec<u32>>>> {
-        let mut out = None;
-        self.decode(backend, DecodeJob::Generate(run, &mut out))?;
-        Ok(out)
-    }
-
-    /// The family decoder's teacher-forced losses, as `run` asks (`tool`
-    /// names what asked, for a family with no decoder).
-    pub fn evaluate_decoded<B: Backend>(
-        &self,
-        backend: B,
-        run: DecodedRun<'_>,
-        tool: &str,
-    ) -> Result<DecodedEval> {
-        let mut out = None;
-        self.decode(backend, DecodeJob::Evaluate(run, &mut out))?;
-        self.decoded(out, tool)
-    }
-
-    /// The family decoder's greedy generation timed, as `run` asks.
-    pub fn time_generation<B: Backend>(
-        &self,
-        backend: B,
-        run: TimedGeneration<'_>,
-        tool: &str,
-    ) -> Result<GenerationTiming> {
-        let mut out = None;
-        self.decode(backend, DecodeJob::Time(run, &mut out))?;
-        self.decoded(out, tool)
+        let decoder = B::of(&self.on).decoder();
+        decoder.map(|d| d.generate(backend, run)).transpose()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::Cpu;
 
     #[test]
     fn tools_ask_a_family_what_it_can_do() {
@@ -819,7 +723,9 @@ mod tests {
             rows: 1,
             t: 1,
         };
-        let e = bert.evaluate_decoded(be.clone(), run, "eval --weights");
+        let e = bert
+            .decoder("eval --weights")
+            .map(|d| d.evaluate(be.clone(), run));
         let e = e.unwrap_err().to_string();
         assert!(
             e.contains("eval --weights runs a causal language model's KV-cache decoder: BERT models have none"),
@@ -833,7 +739,8 @@ mod tests {
             runs: 1,
         };
         let e = bert
-            .time_generation(be.clone(), run, "bench --generate")
+            .decoder("bench --generate")
+            .and_then(|d| d.time(be.clone(), run))
             .unwrap_err();
         assert!(e.to_string().contains(": bench --generate runs"), "{e}");
     }
@@ -850,7 +757,8 @@ mod tests {
             rows: 1,
             t,
         };
-        let e = tiny.evaluate_decoded(be.clone(), run, "eval").unwrap();
+        let e = tiny.decoder("eval").unwrap().evaluate(be.clone(), run);
+        let e = e.unwrap();
         assert_eq!((e.tokens, e.top1_agreement), (t, 1.0));
         assert!((e.loss - e.loss_f32).abs() < 1e-9, "{e:?}");
         // the decoder's loss is the training forward's on the same tokens
@@ -865,7 +773,8 @@ mod tests {
             new_tokens: 3,
             runs: 2,
         };
-        let timed = tiny.time_generation(be.clone(), run, "bench").unwrap();
+        let timed = tiny.decoder("bench").unwrap().time(be.clone(), run);
+        let timed = timed.unwrap();
         assert_eq!(timed.runs.len(), 2);
         assert!(timed.runs.iter().all(|&(s, first, n)| n == 3 && first <= s));
         let sample = SampleConfig {
@@ -913,7 +822,7 @@ mod tests {
             vocab_size: Some(99),
         };
         let b = bert.reshaped(&changes).unwrap();
-        let b = b.get::<crate::model::bert::BertConfig>().unwrap();
+        let b = b.bert().unwrap();
         let got = (b.n_layer, b.n_head, b.n_embd, b.n_inner, b.block_size);
         assert_eq!((got, b.vocab_size), ((2, 2, 64, 256, 16), 99));
         let gpt = ModelConfig::preset("tiny").unwrap();

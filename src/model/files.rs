@@ -8,7 +8,7 @@
 use crate::backend::Backend;
 use crate::data::TokenizerSpec;
 use crate::error::{Error, Result};
-use crate::model::{Gpt2, GptConfig, ModelConfig, ParamLayout};
+use crate::model::{Gpt2, ModelConfig, ParamLayout};
 use crate::store::{self, write_atomic, write_safetensors, Data};
 use safetensors::tensor::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
@@ -27,24 +27,6 @@ pub struct ModelMeta {
     pub tokenizer: TokenizerSpec,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub labels: Vec<String>,
-}
-
-impl ModelMeta {
-    /// The GPT-2 this describes, for what runs GPT-2 only; another family
-    /// is named (`dir` in the error).
-    pub fn gpt2(&self, dir: &Path) -> Result<GptConfig> {
-        self.config
-            .get::<GptConfig>()
-            .cloned()
-            .ok_or_else(|| Error::Checkpoint {
-                path: dir.to_path_buf(),
-                reason: format!(
-                    "holds a {} model ({}): this reads GPT-2 models",
-                    self.config.family(),
-                    self.config
-                ),
-            })
-    }
 }
 
 /// What `model.json` holds.

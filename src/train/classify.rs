@@ -421,7 +421,7 @@ pub fn pretrained_weights(
         return Err(not_bert("a Hugging Face folder of another family"));
     }
     let (meta, params) = crate::checkpoint::read_model(dir)?;
-    let Some(bert) = meta.config.get::<BertConfig>() else {
+    let Some(bert) = meta.config.bert() else {
         return Err(not_bert(&format!("a {} model", meta.config.family())));
     };
     Ok(crate::model::bert::with_head(bert, &params, head, seed))
@@ -512,7 +512,7 @@ pub fn evaluate_folder<B: Backend + 'static>(
             names
         )));
     }
-    let Some(found) = meta.config.get::<BertConfig>() else {
+    let Some(found) = meta.config.bert() else {
         return Err(Error::Input(format!(
             "{} is a {}, not a BERT classifier",
             dir.display(),

@@ -406,7 +406,7 @@ pub fn evaluate_folder<B: Backend + 'static>(
 ) -> Result<Eval> {
     let (meta, params) = crate::checkpoint::read_model(dir)?;
     let vocab = mlm_vocab(&data.tokenizer);
-    let model = match meta.config.get::<BertConfig>() {
+    let model = match meta.config.bert() {
         Some(m) if m.head.has_mlm() && m.vocab_size == vocab => m.clone(),
         _ => {
             return Err(Error::Input(format!(

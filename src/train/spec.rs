@@ -183,10 +183,11 @@ fn build_lm(i: &TaskInputs<'_>) -> Result<(TaskData, usize)> {
         Some(dir) => {
             let meta = crate::checkpoint::read_any_meta(dir)?;
             // said before its tokenizer is, whose words are an encoder's
-            if !causal_lm(&meta.config) {
+            if !meta.config.registration().causal {
                 return Err(Error::Config(format!(
-                    "{} holds a BERT ({}): --task lm trains {}; --task mlm continues its pretraining, --task classify fine-tunes it",
+                    "{} holds a {} ({}): --task lm trains {}; --task mlm continues its pretraining, --task classify fine-tunes it",
                     dir.display(),
+                    meta.config.family(),
                     meta.config,
                     TaskKind::Lm.spec().trains
                 )));
@@ -209,19 +210,15 @@ fn build_lm(i: &TaskInputs<'_>) -> Result<(TaskData, usize)> {
             ((i.model)(Some(ds.tokenizer.vocab_size()))?, ds)
         }
     };
-    if !causal_lm(&model) {
+    if !model.registration().causal {
         return Err(Error::Config(format!(
-            "{model} is a BERT: --task lm trains {}; --task mlm pretrains a BERT, --task classify fine-tunes one",
+            "{model} is a {}: --task lm trains {}; --task mlm pretrains a BERT, --task classify fine-tunes one",
+            model.family(),
             TaskKind::Lm.spec().trains
         )));
     }
     let seq = i.seq_len.unwrap_or(model.block_size());
     Ok((TaskData::Lm { model, ds }, seq))
-}
-
-/// Whether the `lm` task trains `model`: any family but BERT's (an encoder).
-pub fn causal_lm(model: &ModelConfig) -> bool {
-    model.get::<BertConfig>().is_none()
 }
 
 /// A BERT masked LM: continued pretraining of `--init-from` (a BERT
@@ -257,7 +254,7 @@ fn build_masked(i: &TaskInputs<'_>, head: BertHead) -> Result<(TaskData, usize)>
         let ds = Dataset::load_with(i.data, Tokenizer::WordPiece(Box::new(wp)))?;
         return Ok((TaskData::Mlm { model, ds }, seq));
     }
-    let Some(shape) = (i.model)(None)?.get::<BertConfig>().cloned() else {
+    let Some(shape) = (i.model)(None)?.bert().cloned() else {
         return Err(Error::Config(format!(
             "--task {task} trains {}: choose --model bert-tiny, bert-minilm or bert-base, or --init-from a BERT folder",
             task.spec().trains
@@ -431,7 +428,7 @@ impl TaskData {
                 )?)
             }
             TaskKind::Mlm | TaskKind::Pretrain => {
-                let Some(bert) = record.model.get::<BertConfig>() else {
+                let Some(bert) = record.model.bert() else {
                     return Err(bad(format!(
                         "names a --task {} run of a {}",
                         record.task, record.model
@@ -449,7 +446,7 @@ impl TaskData {
                 }
             }
             TaskKind::Lm => {
-                if !causal_lm(&record.model) {
+                if !record.model.registration().causal {
                     return Err(bad(format!("names a --task lm run of a {}", record.model)));
                 }
                 let ds = Dataset::load_for_model(cfg.data.as_deref(), tokenizer)?;

@@ -13,12 +13,12 @@ use crate::model::family::{
 use crate::model::files::ModelMeta;
 use crate::model::{ModelConfig, ParamLayout, Precision, SpanRun, TpPlace, UnitModel};
 use crate::rng::Rng;
-use std::any::Any;
 
 /// BERT, written as `{"bert": {...}}` in JSON.
 pub static FAMILY: Registration = Registration {
     name: "BERT",
     key: Some("bert"),
+    causal: false,
     presets: || PRESETS.iter().map(|p| p.0).collect(),
     preset: |name| BertConfig::preset(name).map(Into::into),
     from_json: |json| {
@@ -26,8 +26,6 @@ pub static FAMILY: Registration = Registration {
             .map(Into::into)
             .map_err(|e| e.to_string())
     },
-    engine: Registration::engine_of::<BertConfig>(),
-    decoder: None,
     // a Hugging Face folder: config.json, model.safetensors (and vocab.txt)
     model_files: Some(ModelFiles {
         what: "a Hugging Face folder: config.json, model.safetensors",
@@ -66,7 +64,7 @@ fn write_folder(
     vocab: Option<&std::path::Path>,
     dir: &std::path::Path,
 ) -> Result<()> {
-    let config = meta.config.get::<BertConfig>().expect("a BERT config");
+    let config = meta.config.bert().expect("a BERT config");
     let vocab = vocab
         .map(|v| WordPiece::recorded_at(v, &meta.tokenizer))
         .transpose()?;
@@ -160,8 +158,8 @@ impl Family for BertConfig {
         b.vocab_size = r.vocab_size.unwrap_or(b.vocab_size);
         Some(b.validate_shape().map(|()| b.into()))
     }
-    fn as_any(&self) -> &dyn Any {
-        self
+    fn bert(&self) -> Option<&BertConfig> {
+        Some(self)
     }
 }
 
@@ -173,12 +171,7 @@ impl FamilyEngine for BertConfig {
         recompute: bool,
         precision: Precision,
     ) -> Result<Box<dyn UnitModel<B>>> {
-        Ok(Box::new(Engine::new(
-            backend,
-            self.clone(),
-            tp,
-            recompute,
-            precision,
-        )?))
+        let engine = Engine::new(backend, self.clone(), tp, recompute, precision)?;
+        Ok(Box::new(engine))
     }
 }

@@ -17,12 +17,12 @@ use crate::model::layout::TensorSpec;
 use crate::model::ModelConfig;
 use crate::model::{ParamLayout, Precision, SpanRun, TpPlace, UnitModel};
 use crate::rng::Rng;
-use std::any::Any;
 
 /// GPT-2, written bare in JSON (as every file before families has it).
 pub static FAMILY: Registration = Registration {
     name: "GPT-2",
     key: None,
+    causal: true,
     presets: || PRESETS.iter().map(|p| p.name).collect(),
     preset: |name| GptConfig::preset(name).ok().map(Into::into),
     from_json: |json| {
@@ -30,13 +30,11 @@ pub static FAMILY: Registration = Registration {
             .map(Into::into)
             .map_err(|e| e.to_string())
     },
-    engine: Registration::engine_of::<GptConfig>(),
-    decoder: Some(Registration::decoder_of::<GptConfig>()),
     model_files: Some(DISTGPT_FILES),
     hf: Some(HfFolder {
         model_type: "gpt2",
         export: |meta, params, _, dir| {
-            let config = meta.config.get::<GptConfig>().expect("a GPT-2 config");
+            let config = meta.config.gpt2().expect("a GPT-2 config");
             super::hf::export_params(config, params, &meta.tokenizer, dir)
         },
         import: super::hf::import,
@@ -136,19 +134,19 @@ impl Family for GptConfig {
         g.blocks.truncate(g.n_layer);
         Some(g.validate_shape().map(|()| g.into()))
     }
-    fn as_any(&self) -> &dyn Any {
-        self
+    fn gpt2(&self) -> Option<&GptConfig> {
+        Some(self)
     }
 }
 
-impl FamilyDecoder for GptConfig {
-    fn generate<B: Backend>(&self, backend: B, run: Generation<'_>) -> Result<Vec<Vec<u32>>> {
+impl<B: Backend> FamilyDecoder<B> for GptConfig {
+    fn generate(&self, backend: B, run: Generation<'_>) -> Result<Vec<Vec<u32>>> {
         generate_gpt2(backend, self, run)
     }
-    fn evaluate<B: Backend>(&self, backend: B, run: DecodedRun<'_>) -> Result<DecodedEval> {
+    fn evaluate(&self, backend: B, run: DecodedRun<'_>) -> Result<DecodedEval> {
         evaluate_gpt2(backend, self, run)
     }
-    fn time<B: Backend>(&self, backend: B, run: TimedGeneration<'_>) -> Result<GenerationTiming> {
+    fn time(&self, backend: B, run: TimedGeneration<'_>) -> Result<GenerationTiming> {
         time_gpt2(backend, self, run)
     }
 }
@@ -164,5 +162,8 @@ impl FamilyEngine for GptConfig {
         let mut e = Engine::new(backend, self.clone(), tp, recompute)?;
         e.set_precision(precision);
         Ok(Box::new(e))
+    }
+    fn decoder<B: Backend>(&self) -> Option<&dyn FamilyDecoder<B>> {
+        Some(self)
     }
 }
