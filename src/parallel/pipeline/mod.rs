@@ -180,8 +180,7 @@ impl<B: Backend> Pipelined<B> {
                 slots: Vec::new(),
             });
         }
-        // one update's scratch for every chunk (they update one at a time),
-        // counted against this rank from the start
+        // one update's scratch for all chunks (they update in turn), counted from the start
         let need = chunks.iter().map(|c| c.state.update_scratch()).max();
         let update_scratch = match (need, chunks.first()) {
             (Some(n), Some(c)) if n > 0 => Some(c.engine.backend().alloc(n, Category::Other)?),
