@@ -10,9 +10,9 @@
 //! (BENCHMARKS.md, issue 31): the threads meet at every operation and
 //! their memory-heavy phases coincide. Parts keep the layout, the
 //! checkpoints and every strategy as they are; only a pipeline's stage
-//! boundaries, which hold the whole batch's stream, have no place in it,
-//! so `parallel::build` makes parts only for a rank without pipeline
-//! stages or tensor parallelism.
+//! boundaries, which hold the whole batch's stream, have no place in it
+//! (it is no `StageModel`), so `parallel::build` makes parts only for a
+//! rank without pipeline stages or tensor parallelism.
 
 use super::unit::{EngineCore, UnitGrads, UnitModel, UnitParams};
 use crate::backend::memory::{Buf, Category};

@@ -253,10 +253,9 @@ impl<K, A, S> Held<K, A, S> {
     }
 
     pub fn set_batch(&mut self, batch: S) {
-        let at = self.at;
-        self.batch
-            .resize_with(self.batch.len().max(at + 1), || None);
-        self.batch[at] = Some(batch);
+        let n = self.batch.len().max(self.at + 1);
+        self.batch.resize_with(n, || None);
+        self.batch[self.at] = Some(batch);
     }
 
     /// Frees what the micro-batches hold (the shared activations stay).
