@@ -289,9 +289,9 @@ pub struct UnitGrads<'a, B: Backend> {
     pub tied: Option<Dst<'a, B>>,
 }
 
-/// A model family's unit-by-unit forward and backward, holding the
-/// activations of one batch. Units run forward 0, 1, ... and backward in
-/// reverse; the last unit's forward computes the loss.
+/// A model family's unit-by-unit forward and backward, holding a batch's
+/// activations (a batch a slot, `hold`). Units run forward 0, 1, ... and
+/// backward in reverse; the last unit's forward computes the loss.
 pub trait UnitModel<B: Backend>: Send {
     fn core(&self) -> &EngineCore<B>;
     fn backend(&self) -> &B {
