@@ -20,14 +20,13 @@ use distgpt::data::{Batch, Dataset, LossTerms, TokenizerKind, TokenizerSpec};
 use distgpt::error::{Error, Result};
 use distgpt::model::family::{self, Family, FamilyDims, FamilyEngine, Registration};
 use distgpt::model::{
-    AdamWConfig, ModelConfig, ParamLayout, Precision, SpanRun, TpPlace, TpSplit, UnitGrads,
-    UnitKind, UnitModel, UnitParams,
+    AdamWConfig, EngineCore, ModelConfig, ParamLayout, Precision, SpanRun, StageModel, TpPlace,
+    TpSplit, UnitGrads, UnitKind, UnitModel, UnitParams,
 };
 use distgpt::parallel::{self, launch, ParallelConfig, StepConfig, StrategyKind};
 use distgpt::rng::Rng;
 use distgpt::train::{train_lm, Duration as Steps, TrainConfig};
 use serde::{Deserialize, Serialize};
-use std::any::Any;
 use std::ops::Range;
 use std::time::Duration;
 
@@ -166,11 +165,15 @@ impl FamilyEngine for Toy {
     ) -> Result<Box<dyn UnitModel<B>>> {
         let layout = self.layout(1);
         Ok(Box::new(ToyEngine {
-            be: backend,
+            core: EngineCore {
+                backend,
+                whole: layout.clone(),
+                layout,
+                tp,
+            },
             cfg: self.clone(),
-            layout,
-            tp,
-            acts: None,
+            slots: Vec::new(),
+            at: 0,
         }))
     }
 }
@@ -195,20 +198,26 @@ struct Acts<B: Backend> {
 }
 
 struct ToyEngine<B: Backend> {
-    be: B,
+    core: EngineCore<B>,
     cfg: Toy,
-    layout: ParamLayout,
-    tp: TpPlace,
-    acts: Option<Acts<B>>,
+    /// Each slot's activations (`UnitModel::hold`) and the slot held.
+    slots: Vec<Option<Acts<B>>>,
+    at: usize,
 }
 
 impl<B: Backend> ToyEngine<B> {
+    fn slot(&mut self) -> &mut Option<Acts<B>> {
+        if self.slots.len() <= self.at {
+            self.slots.resize_with(self.at + 1, || None);
+        }
+        &mut self.slots[self.at]
+    }
     fn acts(&mut self) -> &mut Acts<B> {
-        self.acts.as_mut().expect("begun")
+        self.slot().as_mut().expect("begun")
     }
     /// Block l's w1, b1, w2, b2 within its unit.
     fn parts(&self, l: usize) -> [Range<usize>; 4] {
-        let lay = &self.layout;
+        let lay = &self.core.layout;
         let start = lay.unit(l + 1).start;
         let t = |name: String| {
             let r = lay.tensors.iter().find(|t| t.name == name).unwrap().range();
@@ -224,17 +233,8 @@ impl<B: Backend> ToyEngine<B> {
 }
 
 impl<B: Backend> UnitModel<B> for ToyEngine<B> {
-    fn backend(&self) -> &B {
-        &self.be
-    }
-    fn layout(&self) -> &ParamLayout {
-        &self.layout
-    }
-    fn whole_layout(&self) -> &ParamLayout {
-        &self.layout
-    }
-    fn tp(&self) -> TpPlace {
-        self.tp
+    fn core(&self) -> &EngineCore<B> {
+        &self.core
     }
     fn begin(&mut self, batch: &Batch, b: usize, t: usize, loss_terms: LossTerms) -> Result<()> {
         let loss_terms = loss_terms.targets;
@@ -251,13 +251,13 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
         }
         let has_targets = !batch.targets.is_empty();
         if self
-            .acts
+            .slot()
             .as_ref()
             .is_none_or(|a| (a.shape.0, a.shape.1) != (b, t))
         {
-            let be = &self.be;
+            let be = self.core.backend.clone();
             let a = |n: usize| be.alloc(n, Category::Activations);
-            self.acts = Some(Acts {
+            *self.slot() = Some(Acts {
                 shape: (b, t, loss_terms, has_targets),
                 host_tokens: Vec::new(),
                 tokens: be.alloc_typed(rows, Category::Activations)?,
@@ -272,7 +272,7 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                 dg: a(rows * f)?,
             });
         }
-        let be = self.be.clone();
+        let be = self.core.backend.clone();
         let acts = self.acts();
         acts.shape = (b, t, loss_terms, has_targets);
         acts.host_tokens = batch.inputs.clone();
@@ -283,8 +283,8 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
         Ok(())
     }
     fn outputs(&self) -> Result<Vec<f32>> {
-        let a = self.acts.as_ref().expect("begun");
-        self.be.to_host(a.logits.s())
+        let a = self.slots[self.at].as_ref().expect("begun");
+        self.core.backend.to_host(a.logits.s())
     }
     fn forward(
         &mut self,
@@ -303,8 +303,8 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
             UnitKind::Block(l) => Some(self.parts(l)),
             _ => None,
         };
-        let be = self.be.clone();
-        let a = self.acts.as_mut().expect("begun");
+        let be = self.core.backend.clone();
+        let a = self.acts();
         let (b, t, terms, has_targets) = a.shape;
         let rows = b * t;
         match UnitKind::of(u, nl) {
@@ -391,8 +391,8 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
             UnitKind::Block(l) => Some(self.parts(l)),
             _ => None,
         };
-        let be = self.be.clone();
-        let a = self.acts.as_mut().expect("begun");
+        let be = self.core.backend.clone();
+        let a = self.acts();
         let (b, t, terms, _) = a.shape;
         let rows = b * t;
         let io = |dims| MatmulShape::new(dims, WeightLayout::InOut);
@@ -464,6 +464,18 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
         }
         Ok(())
     }
+    fn hold(&mut self, slot: usize) {
+        self.at = slot;
+    }
+    fn free_activations(&mut self) {
+        self.slots.clear();
+    }
+    fn as_stage(&mut self) -> Result<&mut dyn StageModel<B>> {
+        Ok(self)
+    }
+}
+
+impl<B: Backend> StageModel<B> for ToyEngine<B> {
     fn boundary(&mut self, u: usize) -> Dst<'_, B> {
         let c = self.cfg.n_embd;
         let a = self.acts();
@@ -472,12 +484,6 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
     }
     fn boundary_grad(&mut self) -> Dst<'_, B> {
         self.acts().dres.d()
-    }
-    fn stash(&mut self) -> Box<dyn Any> {
-        Box::new(self.acts.take())
-    }
-    fn restore(&mut self, stashed: Box<dyn Any>) {
-        self.acts = *stashed.downcast().expect("this engine's own");
     }
     fn set_units(&mut self, _units: Range<usize>) {}
 }

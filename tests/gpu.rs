@@ -108,9 +108,9 @@ fn one_step<B: Backend>(
     m.zero_grads();
     m.backward(1.0).unwrap();
     let grads = m.backend().to_host(m.grads.s()).unwrap();
-    let mut opt = AdamW::new(m.backend(), m.layout.total(), AdamWConfig::default()).unwrap();
-    let whole = Segment::whole(m.layout.total());
-    let lay = m.layout.clone();
+    let mut opt = AdamW::new(m.backend(), m.core.layout.total(), AdamWConfig::default()).unwrap();
+    let whole = Segment::whole(m.core.layout.total());
+    let lay = m.core.layout.clone();
     let be = m.backend().clone_fresh();
     opt.update(&be, m.params.d(), m.grads.s(), &lay, &whole, 1e-3, 0.5)
         .unwrap();

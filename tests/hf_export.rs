@@ -33,10 +33,10 @@ fn model() -> (Gpt2<Cpu>, TokenizerSpec) {
         blocks: Vec::new(),
     };
     let mut m = Gpt2::new(Cpu::new(), cfg).unwrap();
-    let mut p: Vec<f32> = (0..m.layout.total())
+    let mut p: Vec<f32> = (0..m.core.layout.total())
         .map(|i| (((i as u64 * 2_654_435_761) % 1000) as f32 / 1000.0 - 0.5) * 0.2)
         .collect();
-    let wte = m.layout.wte();
+    let wte = m.core.layout.wte();
     let real = wte.start + 40 * 32;
     p[real..wte.end].fill(0.0);
     m.set_params(&p).unwrap();

@@ -62,6 +62,7 @@ fn loaded_model() -> Gpt2<Cpu> {
 /// The model's slice for a tensor, with the padded vocabulary rows cut off.
 fn real_rows<'a>(model: &Gpt2<Cpu>, buf: &'a [f32], name: &str) -> &'a [f32] {
     let t = model
+        .core
         .layout
         .tensors
         .iter()
@@ -132,7 +133,7 @@ fn check_loss_and_gradients(reference: &Reference, mut model: Gpt2<Cpu>, loss: f
     model.backward(1.0).unwrap();
     let v = model.config.vocab_size;
     let grads = model.backend().to_host(model.grads.s()).unwrap();
-    for spec in model.layout.tensors.clone() {
+    for spec in model.core.layout.tensors.clone() {
         let (_, want) = reference.tensor(&format!("grad.{}", spec.name));
         let got = real_rows(&model, &grads, &spec.name);
         let scale = want.iter().fold(0.0f32, |m, x| m.max(x.abs()));
@@ -146,7 +147,7 @@ fn check_loss_and_gradients(reference: &Reference, mut model: Gpt2<Cpu>, loss: f
             spec.name
         );
     }
-    let wte = model.layout.wte();
+    let wte = model.core.layout.wte();
     assert!(grads[wte.start + v * model.config.n_embd..wte.end]
         .iter()
         .all(|&g| g == 0.0));
@@ -156,8 +157,8 @@ fn check_loss_and_gradients(reference: &Reference, mut model: Gpt2<Cpu>, loss: f
 fn adamw_steps_match_torch_adamw() {
     let reference = Reference::load();
     let mut model = loaded_model();
-    let mut grads = vec![0.0; model.layout.total()];
-    for spec in model.layout.tensors.clone() {
+    let mut grads = vec![0.0; model.core.layout.total()];
+    for spec in model.core.layout.tensors.clone() {
         let (_, g) = reference.tensor(&format!("grad.{}", spec.name));
         let r = spec.range();
         grads[r.start..r.start + g.len()].copy_from_slice(&g);
@@ -170,21 +171,21 @@ fn adamw_steps_match_torch_adamw() {
         eps: 1e-8,
         weight_decay: 0.1,
     };
-    let mut opt = AdamW::new(&be, model.layout.total(), config).unwrap();
+    let mut opt = AdamW::new(&be, model.core.layout.total(), config).unwrap();
     for _ in 0..3 {
         opt.update(
             &be,
             model.params.d(),
             model.grads.s(),
-            &model.engine.layout,
-            &Segment::whole(model.engine.layout.total()),
+            &model.engine.core.layout,
+            &Segment::whole(model.engine.core.layout.total()),
             1e-2,
             1.0,
         )
         .unwrap();
     }
     let params = model.params_host().unwrap();
-    for spec in &model.layout.tensors {
+    for spec in &model.core.layout.tensors {
         let (_, want) = reference.tensor(&format!("adamw.{}", spec.name));
         let got = real_rows(&model, &params, &spec.name);
         let err = got

@@ -77,7 +77,7 @@ fn zeros(x: &[f32]) -> usize {
 fn every_level_prunes_its_fraction_and_fine_tuning_keeps_the_zeros() {
     let (dir, cfg) = model_dir("levels");
     let (before, m) = params(&dir);
-    let ranges = prunable(&m.layout, cfg.n_layer);
+    let ranges = prunable(&m.core.layout, cfg.n_layer);
     let out = dir.join("pruned");
     let run = prune(
         &dir,
@@ -172,7 +172,7 @@ fn global_scope_prunes_the_fraction_of_all_matrices_together() {
         assert!((f[5] / f[4] - 1.0).abs() < 0.05, "{csv}");
     }
     let (after, m) = params(&out);
-    let ranges = prunable(&m.layout, cfg.n_layer);
+    let ranges = prunable(&m.core.layout, cfg.n_layer);
     let total: usize = ranges.iter().map(|r| r.len()).sum();
     let z: usize = ranges.iter().map(|r| zeros(&after[r.clone()])).sum();
     assert_eq!(z, (0.5 * total as f64).round() as usize);

@@ -112,7 +112,7 @@ pub trait Family: fmt::Debug + fmt::Display + Send + Sync + 'static {
     /// Refuses a tensor-parallel size the family cannot split by.
     fn check_tp(&self, tp: usize) -> Result<()>;
     /// Whether the engine splits a backward into its input and weight
-    /// halves (`UnitModel::split_backward`, the zb-h1 schedule's need).
+    /// halves (`StageModel::split_backward`, the zb-h1 schedule's need).
     fn splits_backward(&self) -> bool {
         false
     }

@@ -21,4 +21,6 @@ pub use gpt2::config::GptConfig;
 pub use gpt2::{Engine, Gpt2};
 pub use layout::ParamLayout;
 pub use tp::{TpPlace, TpSplit};
-pub use unit::{Span, SpanRun, UnitGrads, UnitKind, UnitModel, UnitParams, Whole};
+pub use unit::{
+    EngineCore, Span, SpanRun, StageModel, UnitGrads, UnitKind, UnitModel, UnitParams, Whole,
+};

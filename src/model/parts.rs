@@ -10,27 +10,26 @@
 //! (BENCHMARKS.md, issue 31): the threads meet at every operation and
 //! their memory-heavy phases coincide. Parts keep the layout, the
 //! checkpoints and every strategy as they are; only a pipeline's stage
-//! boundaries, which hold the whole batch's stream, have no place in it,
-//! so `parallel::build` makes parts only for a rank without pipeline
-//! stages or tensor parallelism.
+//! boundaries, which hold the whole batch's stream, have no place in it
+//! (it is no `StageModel`), so `parallel::build` makes parts only for a
+//! rank without pipeline stages or tensor parallelism.
 
-use super::layout::ParamLayout;
-use super::tp::TpPlace;
-use super::unit::{UnitGrads, UnitModel, UnitParams};
-use crate::backend::memory::{Buf, Category, Dst};
+use super::unit::{EngineCore, UnitGrads, UnitModel, UnitParams};
+use crate::backend::memory::{Buf, Category};
 use crate::backend::Backend;
 use crate::comm::Comm;
 use crate::data::{Batch, LossTerms};
 use crate::error::{Error, Result};
-use std::any::Any;
 use std::ops::Range;
 
 /// Several engines of one family, each running a part of the batch's
 /// sequences (see the module comment).
 pub struct Parts<B: Backend> {
     parts: Vec<Box<dyn UnitModel<B>>>,
-    /// How many parts the current batch has rows for (the first ones).
-    active: usize,
+    /// How many parts each slot's batch has rows for (the first ones).
+    active: Vec<usize>,
+    /// The slot held ([`UnitModel::hold`]).
+    at: usize,
     /// Part i's gradient of the unit running backward, for i >= 1 (part 0
     /// accumulates into the caller's), sized for the largest unit.
     shadow: Vec<Buf<B>>,
@@ -49,7 +48,8 @@ impl<B: Backend> Parts<B> {
             .map(|_| be.alloc(widest, Category::Grads))
             .collect::<Result<_>>()?;
         Ok(Parts {
-            active: parts.len(),
+            active: vec![parts.len()],
+            at: 0,
             parts,
             shadow,
         })
@@ -62,21 +62,13 @@ impl<B: Backend> Parts<B> {
 }
 
 impl<B: Backend> UnitModel<B> for Parts<B> {
-    fn backend(&self) -> &B {
-        self.parts[0].backend()
-    }
-    fn layout(&self) -> &ParamLayout {
-        self.parts[0].layout()
-    }
-    fn whole_layout(&self) -> &ParamLayout {
-        self.parts[0].whole_layout()
-    }
-    fn tp(&self) -> TpPlace {
-        self.parts[0].tp()
+    fn core(&self) -> &EngineCore<B> {
+        self.parts[0].core()
     }
     fn begin(&mut self, batch: &Batch, b: usize, t: usize, loss_terms: LossTerms) -> Result<()> {
         let n = self.parts.len().min(b).max(1);
-        self.active = n;
+        self.active.resize(self.active.len().max(self.at + 1), 0);
+        self.active[self.at] = n;
         for (i, part) in self.parts[..n].iter_mut().enumerate() {
             let rows = Self::rows(b, i, n);
             part.begin(&batch.rows(b, rows.clone()), rows.len(), t, loss_terms)?;
@@ -85,7 +77,7 @@ impl<B: Backend> UnitModel<B> for Parts<B> {
     }
     fn outputs(&self) -> Result<Vec<f32>> {
         let mut out = Vec::new();
-        for part in &self.parts[..self.active] {
+        for part in &self.parts[..self.active[self.at]] {
             out.extend(part.outputs()?);
         }
         Ok(out)
@@ -100,7 +92,7 @@ impl<B: Backend> UnitModel<B> for Parts<B> {
         let (own, tied) = (p.own, p.tied);
         let losses = be
             .threads()
-            .for_each_part(&mut self.parts[..self.active], |part| {
+            .for_each_part(&mut self.parts[..self.active[self.at]], |part| {
                 part.forward(u, UnitParams { own, tied }, tp)
             });
         let mut loss: Option<f32> = None;
@@ -126,7 +118,7 @@ impl<B: Backend> UnitModel<B> for Parts<B> {
             tied: mut g_tied,
         } = g;
         let (own_len, tied_len) = (g_own.len(), g_tied.as_ref().map_or(0, |d| d.len()));
-        let active = self.active;
+        let active = self.active[self.at];
         // part 0 into the caller's gradient, the others each into their
         // zeroed scratch
         let first = UnitGrads {
@@ -158,29 +150,12 @@ impl<B: Backend> UnitModel<B> for Parts<B> {
         }
         Ok(())
     }
-    fn boundary(&mut self, _u: usize) -> Dst<'_, B> {
-        unreachable!("a batch in parts runs without pipeline stages (parallel::build)")
+    fn hold(&mut self, slot: usize) {
+        self.at = slot;
+        self.parts.iter_mut().for_each(|p| p.hold(slot));
     }
-    fn boundary_grad(&mut self) -> Dst<'_, B> {
-        unreachable!("a batch in parts runs without pipeline stages (parallel::build)")
-    }
-    fn stash(&mut self) -> Box<dyn Any> {
-        let stashed: Vec<Box<dyn Any>> = self.parts.iter_mut().map(|p| p.stash()).collect();
-        Box::new((stashed, self.active))
-    }
-    fn restore(&mut self, stashed: Box<dyn Any>) {
-        let (stashed, active) = *stashed
-            .downcast::<(Vec<Box<dyn Any>>, usize)>()
-            .expect("what this engine stashed");
-        for (p, s) in self.parts.iter_mut().zip(stashed) {
-            p.restore(s);
-        }
-        self.active = active;
-    }
-    fn set_units(&mut self, units: Range<usize>) {
-        for p in &mut self.parts {
-            p.set_units(units.clone());
-        }
+    fn free_activations(&mut self) {
+        self.parts.iter_mut().for_each(|p| p.free_activations());
     }
     fn batch_parts(&self) -> usize {
         self.parts.len()
@@ -195,7 +170,7 @@ mod tests {
     use crate::backend::Device;
     use crate::model::bert::{BertConfig, BertHead};
     use crate::model::unit::Whole;
-    use crate::model::{ModelConfig, Precision};
+    use crate::model::{ModelConfig, Precision, TpPlace};
     use crate::rng::Rng;
 
     /// A forward and a backward of `batch`: (loss, gradient, outputs).

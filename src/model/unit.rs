@@ -10,7 +10,6 @@ use crate::backend::{Backend, Buf, Category, Dst, Src};
 use crate::comm::Comm;
 use crate::data::{Batch, LossTerms};
 use crate::error::Result;
-use std::any::Any;
 use std::ops::{Deref, DerefMut, Range};
 
 /// What unit u is in a family laid out as embeddings, `n_layer` blocks,
@@ -42,7 +41,7 @@ pub struct Span {
 
 /// What an engine sizes its buffers for: the units it runs, whether it
 /// recomputes its blocks in the backward, whether its backward is split
-/// in two (`UnitModel::split_backward`, the zb-h1 schedule's), and how
+/// in two (`StageModel::split_backward`, the zb-h1 schedule's), and how
 /// many micro-batches it holds at once (a pipeline schedule's in flight).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SpanRun {
@@ -154,71 +153,127 @@ pub(crate) fn resid_io<'a, B: Backend>(
     (kept.s().part(r, btc), out.d().first(btc))
 }
 
-/// The [`UnitModel`] methods an engine answers from the fields both
-/// families' engines have (`backend`, `layout`, `whole`, `tp`, `config`,
-/// `span`, `recompute`, `acts`, `kept`, its `shape()`), written once:
-/// invoked inside the engine's `impl UnitModel`, with its blocks'
-/// activations' type, its kept buffers' type (each with `resid`, the
-/// activations with `out` and `dres`) and the field holding the current
-/// batch's shape, which a stash takes with them.
-macro_rules! engine_plumbing {
-    ($acts:ty, $kept:ty, $state:ident: $state_ty:ty, $who:literal) => {
-        fn backend(&self) -> &B {
-            &self.backend
-        }
-
-        fn layout(&self) -> &$crate::model::ParamLayout {
-            &self.layout
-        }
-
-        fn whole_layout(&self) -> &$crate::model::ParamLayout {
-            &self.whole
-        }
-
-        fn tp(&self) -> $crate::model::TpPlace {
-            self.tp
-        }
-
-        fn boundary(&mut self, u: usize) -> $crate::backend::Dst<'_, B> {
-            let (b, t) = self.shape();
-            let btc = b * t * self.config.n_embd;
-            let r = self.span.resid(u - 1);
-            let k = self.kept.as_mut().expect("begun");
-            let a = self.acts.as_mut().expect("begun");
-            $crate::model::unit::resid_mut(&mut k.resid, &mut a.out, r, btc)
-        }
-
-        fn set_units(&mut self, units: std::ops::Range<usize>) {
-            self.span = $crate::model::Span::of_units(units, self.config.n_layer);
-            (self.acts, self.kept) = (None, None);
-        }
-
-        fn boundary_grad(&mut self) -> $crate::backend::Dst<'_, B> {
-            let (b, t) = self.shape();
-            let btc = b * t * self.config.n_embd;
-            self.acts.as_mut().expect("begun").dres.slice_mut(0..btc)
-        }
-
-        /// The micro-batch's kept buffers and shape, and its blocks'
-        /// activations unless recomputed (then they stay, shared with the
-        /// next micro-batch).
-        fn stash(&mut self) -> Box<dyn std::any::Any> {
-            let acts = (!self.recompute).then(|| self.acts.take());
-            Box::new((self.kept.take(), acts, self.$state.take()))
-        }
-
-        fn restore(&mut self, stashed: Box<dyn std::any::Any>) {
-            let (kept, acts, state) = *stashed
-                .downcast::<(Option<$kept>, Option<Option<$acts>>, Option<$state_ty>)>()
-                .expect($who);
-            (self.kept, self.$state) = (kept, state);
-            if let Some(acts) = acts {
-                self.acts = acts;
-            }
-        }
-    };
+/// What every family's engine holds besides its config and activations:
+/// the backend, this rank's layout (its tensor-parallel part), the whole
+/// model's, and its tensor-parallel place.
+pub struct EngineCore<B: Backend> {
+    pub backend: B,
+    pub layout: ParamLayout,
+    pub whole: ParamLayout,
+    pub tp: TpPlace,
 }
-pub(crate) use engine_plumbing;
+
+/// The activations an engine holds, a set per micro-batch slot
+/// ([`UnitModel::hold`]): each slot's kept buffers `K` and batch `S`, and
+/// the blocks' activations `A`, a set per slot or, when the blocks are
+/// recomputed, one set the slots share. A slot allocates at its first
+/// `begin` and keeps its buffers for the next micro-batch it holds, so an
+/// engine holds as many sets as its pipeline keeps micro-batches in flight.
+pub(crate) struct Held<K, A, S> {
+    kept: Vec<Option<K>>,
+    acts: Vec<Option<A>>,
+    batch: Vec<Option<S>>,
+    at: usize,
+    shared: bool,
+}
+
+const BEGUN: &str = "begin() before the units";
+
+/// Readies slot `at` of `v`: what `make` makes unless it holds one that
+/// `fits` (one that does not is freed first).
+fn ready<T>(
+    v: &mut Vec<Option<T>>,
+    at: usize,
+    fits: impl FnOnce(&T) -> bool,
+    make: impl FnOnce() -> Result<T>,
+) -> Result<&mut T> {
+    v.resize_with(v.len().max(at + 1), || None);
+    let held = v[at].take().filter(fits);
+    Ok(v[at].insert(held.map_or_else(make, Ok)?))
+}
+
+impl<K, A, S> Held<K, A, S> {
+    /// Nothing held yet; `shared`: the slots share one set of activations.
+    pub fn new(shared: bool) -> Self {
+        Held {
+            kept: Vec::new(),
+            acts: Vec::new(),
+            batch: Vec::new(),
+            at: 0,
+            shared,
+        }
+    }
+
+    /// The slot whose activations the current one runs on.
+    fn acts_at(&self) -> usize {
+        self.at * usize::from(!self.shared)
+    }
+
+    pub fn hold(&mut self, slot: usize) {
+        self.at = slot;
+    }
+
+    pub fn kept(&self) -> &K {
+        self.kept[self.at].as_ref().expect(BEGUN)
+    }
+
+    pub fn acts(&self) -> &A {
+        self.acts[self.acts_at()].as_ref().expect(BEGUN)
+    }
+
+    pub fn batch(&self) -> &S {
+        self.batch[self.at].as_ref().expect(BEGUN)
+    }
+
+    /// The current slot's kept buffers, activations and batch.
+    pub fn get_mut(&mut self) -> (&mut K, &mut A, &S) {
+        let (at, a) = (self.at, self.acts_at());
+        let (kept, batch) = (self.kept[at].as_mut(), self.batch[at].as_ref());
+        let acts = self.acts[a].as_mut().expect(BEGUN);
+        (kept.expect(BEGUN), acts, batch.expect(BEGUN))
+    }
+
+    /// Readies the current slot's activations.
+    pub fn ready_acts(
+        &mut self,
+        fits: impl FnOnce(&A) -> bool,
+        make: impl FnOnce() -> Result<A>,
+    ) -> Result<()> {
+        let a = self.acts_at();
+        ready(&mut self.acts, a, fits, make).map(|_| ())
+    }
+
+    /// Readies the current slot's kept buffers.
+    pub fn ready_kept(
+        &mut self,
+        fits: impl FnOnce(&K) -> bool,
+        make: impl FnOnce() -> Result<K>,
+    ) -> Result<&mut K> {
+        ready(&mut self.kept, self.at, fits, make)
+    }
+
+    pub fn set_batch(&mut self, batch: S) {
+        let n = self.batch.len().max(self.at + 1);
+        self.batch.resize_with(n, || None);
+        self.batch[self.at] = Some(batch);
+    }
+
+    /// Frees what the micro-batches hold (the shared activations stay).
+    pub fn release(&mut self) {
+        (self.kept, self.batch) = (Vec::new(), Vec::new());
+        if !self.shared {
+            self.acts = Vec::new();
+        }
+    }
+
+    /// Frees every activation (the next `begin` sizes them afresh).
+    pub fn clear(&mut self) {
+        *self = Held {
+            at: self.at,
+            ..Held::new(self.shared)
+        };
+    }
+}
 
 /// A unit's parameters: its own slice and, where it reads one, the tied
 /// tensor of an earlier unit.
@@ -234,16 +289,25 @@ pub struct UnitGrads<'a, B: Backend> {
     pub tied: Option<Dst<'a, B>>,
 }
 
-/// A model family's unit-by-unit forward and backward, holding the
-/// activations of one batch. Units run forward 0, 1, ... and backward in
-/// reverse; the last unit's forward computes the loss.
+/// A model family's unit-by-unit forward and backward, holding a batch's
+/// activations (a batch a slot, `hold`). Units run forward 0, 1, ... and
+/// backward in reverse; the last unit's forward computes the loss.
 pub trait UnitModel<B: Backend>: Send {
-    fn backend(&self) -> &B;
+    fn core(&self) -> &EngineCore<B>;
+    fn backend(&self) -> &B {
+        &self.core().backend
+    }
     /// This rank's layout (its tensor-parallel part).
-    fn layout(&self) -> &ParamLayout;
+    fn layout(&self) -> &ParamLayout {
+        &self.core().layout
+    }
     /// The whole model's layout.
-    fn whole_layout(&self) -> &ParamLayout;
-    fn tp(&self) -> TpPlace;
+    fn whole_layout(&self) -> &ParamLayout {
+        &self.core().whole
+    }
+    fn tp(&self) -> TpPlace {
+        self.core().tp
+    }
     /// Checks a batch of `b` sequences of `t`, readies the activations and
     /// copies it to the device. Each mean loss divides its summed loss by
     /// its count of `loss_terms` (a data-parallel rank passes the global
@@ -272,6 +336,29 @@ pub trait UnitModel<B: Backend>: Send {
         tp: Option<&dyn Comm>,
         loss_scale: f32,
     ) -> Result<()>;
+    /// Holds the activations of the batches begun from now on, and runs
+    /// the units on them, in slot `slot` (slot 0 until told): a
+    /// pipeline stage keeps a slot per micro-batch in flight.
+    fn hold(&mut self, slot: usize);
+    /// Frees the activations the slots hold; the next `begin` allocates afresh.
+    fn free_activations(&mut self);
+    /// How many parts it runs a batch in ([`super::parts::Parts`]).
+    fn batch_parts(&self) -> usize {
+        1
+    }
+    /// This engine as a pipeline stage's (a batch in parts runs without
+    /// stages: `parallel::build`).
+    fn as_stage(&mut self) -> Result<&mut dyn StageModel<B>> {
+        Err(crate::error::Error::Config(
+            "this engine runs no pipeline stage".into(),
+        ))
+    }
+}
+
+/// What only a pipeline stage asks of an engine: the residual stream at
+/// its boundaries, the units it runs and, for zero-bubble schedules, each
+/// backward in two halves.
+pub trait StageModel<B: Backend>: UnitModel<B> {
     /// The residual stream entering unit u (u >= 1) for the current batch,
     /// (B*T, C): a pipeline stage writes the activation it receives here
     /// before running unit u, or reads unit u - 1's output here to send it.
@@ -281,19 +368,9 @@ pub trait UnitModel<B: Backend>: Send {
     /// stage without the head writes the gradient it receives here before
     /// its backward and sends what its first unit's backward leaves.
     fn boundary_grad(&mut self) -> Dst<'_, B>;
-    /// Takes the current batch's activations and shape out of the engine
-    /// (a pipeline stage holding several micro-batches in flight); the
-    /// engine allocates afresh at the next `begin` unless one is restored.
-    fn stash(&mut self) -> Box<dyn Any>;
-    /// Puts back what [`UnitModel::stash`] took (this engine's own).
-    fn restore(&mut self, stashed: Box<dyn Any>);
     /// Runs only `units` from now on (a pipeline stage's), allocating
     /// activations for them alone.
     fn set_units(&mut self, units: Range<usize>);
-    /// How many parts it runs a batch in ([`super::parts::Parts`]).
-    fn batch_parts(&self) -> usize {
-        1
-    }
     /// Splits every backward in two from the next `begin` on (zero-bubble
     /// schedules): `backward_input` makes the gradient for the unit below
     /// and keeps what `backward_weight` later turns into the parameters'
@@ -325,17 +402,8 @@ pub trait UnitModel<B: Backend>: Send {
 }
 
 impl<B: Backend, M: UnitModel<B> + ?Sized> UnitModel<B> for Box<M> {
-    fn backend(&self) -> &B {
-        (**self).backend()
-    }
-    fn layout(&self) -> &ParamLayout {
-        (**self).layout()
-    }
-    fn whole_layout(&self) -> &ParamLayout {
-        (**self).whole_layout()
-    }
-    fn tp(&self) -> TpPlace {
-        (**self).tp()
+    fn core(&self) -> &EngineCore<B> {
+        (**self).core()
     }
     fn begin(&mut self, batch: &Batch, b: usize, t: usize, loss_terms: LossTerms) -> Result<()> {
         (**self).begin(batch, b, t, loss_terms)
@@ -361,43 +429,17 @@ impl<B: Backend, M: UnitModel<B> + ?Sized> UnitModel<B> for Box<M> {
     ) -> Result<()> {
         (**self).backward(u, p, g, tp, loss_scale)
     }
-    fn boundary(&mut self, u: usize) -> Dst<'_, B> {
-        (**self).boundary(u)
+    fn hold(&mut self, slot: usize) {
+        (**self).hold(slot)
     }
-    fn boundary_grad(&mut self) -> Dst<'_, B> {
-        (**self).boundary_grad()
-    }
-    fn stash(&mut self) -> Box<dyn Any> {
-        (**self).stash()
-    }
-    fn restore(&mut self, stashed: Box<dyn Any>) {
-        (**self).restore(stashed)
-    }
-    fn set_units(&mut self, units: Range<usize>) {
-        (**self).set_units(units)
+    fn free_activations(&mut self) {
+        (**self).free_activations()
     }
     fn batch_parts(&self) -> usize {
         (**self).batch_parts()
     }
-    fn split_backward(&mut self) -> Result<()> {
-        (**self).split_backward()
-    }
-    fn backward_input(
-        &mut self,
-        u: usize,
-        p: UnitParams<'_, B>,
-        tp: Option<&dyn Comm>,
-        loss_scale: f32,
-    ) -> Result<()> {
-        (**self).backward_input(u, p, tp, loss_scale)
-    }
-    fn backward_weight(
-        &mut self,
-        u: usize,
-        p: UnitParams<'_, B>,
-        g: UnitGrads<'_, B>,
-    ) -> Result<()> {
-        (**self).backward_weight(u, p, g)
+    fn as_stage(&mut self) -> Result<&mut dyn StageModel<B>> {
+        (**self).as_stage()
     }
 }
 

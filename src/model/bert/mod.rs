@@ -18,12 +18,11 @@ use super::alloc::ActAlloc;
 use super::bf16::{
     linear, linear_backward, matmul_backward, matmul_forward, Bf16Operands, Dout, Precision,
 };
-use super::layout::ParamLayout;
 use super::tp;
 use super::tp::{BlockDims, TpPlace};
 use super::unit::{
-    engine_plumbing, resid, resid_io, resid_mut, Span, SpanRun, UnitGrads, UnitKind, UnitModel,
-    UnitParams,
+    resid, resid_io, resid_mut, EngineCore, Held, Span, SpanRun, StageModel, UnitGrads, UnitKind,
+    UnitModel, UnitParams,
 };
 use crate::backend::{
     Activation, ActivationBackward, ActivationForward, AttentionBackward, AttentionForward,
@@ -34,6 +33,7 @@ use crate::backend::{
 use crate::comm::Comm;
 use crate::data::{Batch, LossTerms, IGNORE};
 use crate::error::{Error, Result};
+use std::ops::Range;
 
 /// The masked-LM head's activations: transform dense out, its GELU, its
 /// LayerNorm (with mean, rstd), logits, losses; in a forward with targets,
@@ -377,18 +377,12 @@ struct Shape {
 /// activations and the unit-by-unit forward and backward.
 pub struct Engine<B: Backend> {
     pub config: BertConfig,
-    layout: ParamLayout,
-    whole: ParamLayout,
-    backend: B,
-    tp: TpPlace,
+    core: EngineCore<B>,
     recompute: bool,
     precision: Precision,
     /// The units this engine runs (all, or a pipeline stage's).
     span: Span,
-    acts: Option<Acts<B>>,
-    /// What the current micro-batch keeps for its backward.
-    kept: Option<Kept<B>>,
-    shape: Option<Shape>,
+    held: Held<Kept<B>, Acts<B>, Shape>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -411,22 +405,22 @@ impl<B: Backend> Engine<B> {
         }
         let span = Span::all(config.n_layer);
         Ok(Engine {
-            layout: layout::layout(&config, tp.size),
-            whole: layout::layout(&config, 1),
+            core: EngineCore {
+                layout: layout::layout(&config, tp.size),
+                whole: layout::layout(&config, 1),
+                backend,
+                tp,
+            },
             config,
-            backend,
-            tp,
             recompute,
             precision,
             span,
-            acts: None,
-            kept: None,
-            shape: None,
+            held: Held::new(recompute),
         })
     }
 
     fn dims(&self) -> BlockDims {
-        block_dims(&self.config, self.tp.size)
+        block_dims(&self.config, self.core.tp.size)
     }
 
     fn slot(&self, l: usize) -> usize {
@@ -434,7 +428,7 @@ impl<B: Backend> Engine<B> {
     }
 
     fn shape(&self) -> (usize, usize) {
-        let s = self.shape.as_ref().expect("begin() before the units");
+        let s = self.held.batch();
         (s.b, s.t)
     }
 
@@ -444,8 +438,8 @@ impl<B: Backend> Engine<B> {
     /// that [`Engine::hidden`] is whole.
     fn first_rows_only(&self, l: usize) -> bool {
         l + 1 == self.config.n_layer
-            && self.acts.as_ref().is_some_and(|a| a.first.is_some())
-            && self.shape.as_ref().is_some_and(|s| s.has_targets)
+            && self.held.acts().first.is_some()
+            && self.held.batch().has_targets
     }
 
     /// The last forward's final hidden states (B*T, C), on the host.
@@ -453,21 +447,17 @@ impl<B: Backend> Engine<B> {
         let (b, t) = self.shape();
         let btc = b * t * self.config.n_embd;
         let top = self.span.resid(self.config.n_layer);
-        let (k, a) = (self.kept.as_ref(), self.acts.as_ref());
-        let (k, a) = (
-            k.expect("forward before hidden"),
-            a.expect("forward before hidden"),
-        );
-        self.backend.to_host(resid(&k.resid, &a.out, top, btc))
+        let (k, a) = (self.held.kept(), self.held.acts());
+        self.backend().to_host(resid(&k.resid, &a.out, top, btc))
     }
 
     /// The last forward's pooled output (B, C): a classifier's or
     /// pretraining's (the masked-LM head alone has no pooler).
     pub fn pooled(&self) -> Result<Vec<f32>> {
         let (b, _) = self.shape();
-        match &self.kept.as_ref().expect("forward before pooled").head {
+        match &self.held.kept().head {
             HeadActs::Classify(h) | HeadActs::Pretrain(_, h) => self
-                .backend
+                .backend()
                 .to_host(h.pooled.slice(0..b * self.config.n_embd)),
             HeadActs::Mlm(_) => Err(Error::Input("the masked-LM head has no pooler".into())),
         }
@@ -480,7 +470,7 @@ impl<B: Backend> Engine<B> {
     /// other).
     pub fn logits(&self) -> Result<Vec<f32>> {
         let (b, t) = self.shape();
-        let k = self.kept.as_ref().expect("forward before logits");
+        let k = self.held.kept();
         match &k.head {
             HeadActs::Classify(h) | HeadActs::Pretrain(_, h) => {
                 let labels = self
@@ -488,13 +478,13 @@ impl<B: Backend> Engine<B> {
                     .head
                     .pooled_labels()
                     .expect("a pooler has labels");
-                self.backend.to_host(h.logits.slice(0..b * labels))
+                self.backend().to_host(h.logits.slice(0..b * labels))
             }
             HeadActs::Mlm(m) => {
                 let (v, vp) = (self.config.vocab_size, self.config.padded_vocab());
-                let picked = self.shape.as_ref().and_then(|s| s.picked.as_ref());
+                let picked = self.held.batch().picked.as_ref();
                 let rows = picked.map_or(b * t, Vec::len);
-                let all = self.backend.to_host(m.logits.slice(0..rows * vp))?;
+                let all = self.backend().to_host(m.logits.slice(0..rows * vp))?;
                 Ok(all.chunks(vp).flat_map(|r| r[..v].to_vec()).collect())
             }
         }
@@ -592,10 +582,9 @@ impl<B: Backend> Engine<B> {
             self.config.layer_norm_eps,
         );
         let rows = b * t;
-        let lay = &self.layout;
+        let lay = &self.core.layout;
         let w = |i: usize| p.slice(lay.in_unit(0, i));
-        let (be, k) = (&self.backend, self.kept.as_mut().expect("begun"));
-        let a = self.acts.as_mut().expect("begun");
+        let (be, (k, a, _)) = (&self.core.backend, self.held.get_mut());
         let mut emb = k.emb.slice_mut(0..rows * c);
         be.run(EncoderForward {
             out: emb.rb(),
@@ -630,11 +619,9 @@ impl<B: Backend> Engine<B> {
         let (b, t) = self.shape();
         let (c, tv) = (self.config.n_embd, self.config.type_vocab);
         let rows = b * t;
-        let lay = &self.layout;
+        let lay = &self.core.layout;
         let r = |i: usize| lay.in_unit(0, i);
-        let (be, a) = (&self.backend, self.acts.as_mut().expect("begun"));
-        let k = self.kept.as_ref().expect("begun");
-        let shape = self.shape.as_ref().expect("begun");
+        let (be, (k, a, shape)) = (&self.core.backend, self.held.get_mut());
         let (dword, rest) = g.split_at(r(0).len());
         let (dpos, rest) = rest.split_at(r(1).len());
         let (dtype, rest) = rest.split_at(r(2).len());
@@ -686,14 +673,11 @@ impl<B: Backend> Engine<B> {
         let eps = self.config.layer_norm_eps;
         let (rows, s) = (b * t, self.slot(l));
         let btc = rows * c;
-        let (be, lay) = (&self.backend, &self.layout);
-        let (k, a) = (
-            self.kept.as_mut().expect("begun"),
-            self.acts.as_mut().expect("begun"),
-        );
+        let (be, lay) = (&self.core.backend, &self.core.layout);
+        let (k, a, _) = self.held.get_mut();
         let w = |bp: BlockParam| p.slice(lay.in_unit(1, bp as usize));
         // the attention output and the FFN output are row-parallel under tensor parallelism
-        let place = (tp, self.tp);
+        let place = (tp, self.core.tp);
         let r = self.span.resid(l);
         let (x, hi) = resid_io(&mut k.resid, &mut a.out, r, btc);
         let mut qkv = a.qkv.d().part(s, 3 * rows * cl);
@@ -817,11 +801,8 @@ impl<B: Backend> Engine<B> {
         let BlockDims { c, cl, nhl, fl } = d;
         let (rows, s) = (b * t, self.slot(l));
         let btc = rows * c;
-        let (be, lay) = (&self.backend, &self.layout);
-        let (k, a) = (
-            self.kept.as_ref().expect("begun"),
-            self.acts.as_mut().expect("begun"),
-        );
+        let (be, lay) = (&self.core.backend, &self.core.layout);
+        let (k, a, _) = self.held.get_mut();
         let w = |bp: BlockParam| p.slice(lay.in_unit(1, bp as usize));
         let r = |bp: BlockParam| lay.in_unit(1, bp as usize);
         let mut dres = a.dres.slice_mut(0..btc);
@@ -968,14 +949,10 @@ impl<B: Backend> Engine<B> {
         let rows = b * t;
         let btc = rows * c;
         let u = n_layer + 1;
-        let (be, lay) = (&self.backend, &self.layout);
+        let (be, lay) = (&self.core.backend, &self.core.layout);
         let w = |i: usize| p.slice(lay.in_unit(u, i));
-        let (k, a) = (
-            self.kept.as_mut().expect("begun"),
-            self.acts.as_mut().expect("begun"),
-        );
+        let (k, a, shape) = self.held.get_mut();
         let x = resid(&k.resid, &a.out, self.span.resid(n_layer), btc);
-        let shape = self.shape.as_ref().expect("begun");
         let (has_targets, terms) = (shape.has_targets, shape.loss_terms);
         let mut loss = 0.0f64;
         let (mlm, pooled) = k.head.parts();
@@ -1101,7 +1078,7 @@ impl<B: Backend> Engine<B> {
         loss_scale: f32,
     ) -> Result<()> {
         let (b, t) = self.shape();
-        let shape = self.shape.as_ref().expect("begun");
+        let shape = self.held.batch();
         if !shape.has_targets {
             return Err(Error::Input("backward needs a forward with targets".into()));
         }
@@ -1111,13 +1088,10 @@ impl<B: Backend> Engine<B> {
         let rows = b * t;
         let btc = rows * c;
         let u = n_layer + 1;
-        let (be, lay) = (&self.backend, &self.layout);
+        let (be, lay) = (&self.core.backend, &self.core.layout);
         let w = |i: usize| p.slice(lay.in_unit(u, i));
         let r = |i: usize| lay.in_unit(u, i);
-        let (k, a) = (
-            self.kept.as_mut().expect("begun"),
-            self.acts.as_mut().expect("begun"),
-        );
+        let (k, a, shape) = self.held.get_mut();
         let x = resid(&k.resid, &a.out, self.span.resid(n_layer), btc);
         let mut g = g;
         let (mlm, pooled) = k.head.parts();
@@ -1269,27 +1243,23 @@ fn pooled_terms(head: BertHead, terms: LossTerms) -> f32 {
 }
 
 impl<B: Backend> UnitModel<B> for Engine<B> {
-    engine_plumbing!(Acts<B>, Kept<B>, shape: Shape, "a BERT engine's own stash");
+    fn core(&self) -> &EngineCore<B> {
+        &self.core
+    }
 
     fn begin(&mut self, batch: &Batch, b: usize, t: usize, loss_terms: LossTerms) -> Result<()> {
         self.check(batch, b, t)?;
         let rows = b * t;
         let tv = self.config.type_vocab;
-        let al = ActAlloc::on(&self.backend);
-        if self.acts.as_ref().is_none_or(|a| a.rows < rows || a.b < b) {
-            self.acts = None; // free before allocating the larger set
-            let shape = (&self.span, self.span.slots(self.recompute), rows, b);
-            let d = block_dims(&self.config, self.tp.size);
-            let how = (self.recompute, self.precision);
-            self.acts = Some(Acts::new(&al, &self.config, d, shape, how)?);
-        }
-        if self.kept.as_ref().is_none_or(|k| k.rows < rows || k.b < b) {
-            self.kept = None;
-            let what = (&self.span, self.recompute);
-            self.kept = Some(Kept::new(&al, &self.config, what, (rows, b))?);
-        }
-        let a = self.kept.as_mut().expect("allocated above");
-        let be = &self.backend;
+        let be = &self.core.backend;
+        let al = ActAlloc::on(be);
+        let shape = (&self.span, self.span.slots(self.recompute), rows, b);
+        let (d, how) = (self.dims(), (self.recompute, self.precision));
+        let make = || Acts::new(&al, &self.config, d, shape, how);
+        self.held.ready_acts(|a| a.rows >= rows && a.b >= b, make)?;
+        let what = (&self.span, self.recompute);
+        let make = || Kept::new(&al, &self.config, what, (rows, b));
+        let a = self.held.ready_kept(|k| k.rows >= rows && k.b >= b, make)?;
         be.upload(a.tokens.slice_mut(0..rows), &batch.inputs)?;
         let mut picked = None;
         if self.span.head && !batch.targets.is_empty() {
@@ -1325,7 +1295,7 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
             row[batch.types.get(i).copied().unwrap_or(0) as usize] = 1.0;
         }
         be.upload(a.types.slice_mut(0..rows * tv), &onehot)?;
-        self.shape = Some(Shape {
+        self.held.set_batch(Shape {
             b,
             t,
             tokens: batch.inputs.clone(),
@@ -1368,6 +1338,38 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
             UnitKind::Head => self.head_backward(p.own, p.tied, g.own, g.tied, loss_scale)?,
         }
         Ok(())
+    }
+
+    fn hold(&mut self, slot: usize) {
+        self.held.hold(slot);
+    }
+
+    fn free_activations(&mut self) {
+        self.held.release();
+    }
+
+    fn as_stage(&mut self) -> Result<&mut dyn StageModel<B>> {
+        Ok(self)
+    }
+}
+
+impl<B: Backend> StageModel<B> for Engine<B> {
+    fn boundary(&mut self, u: usize) -> Dst<'_, B> {
+        let (b, t) = self.shape();
+        let (k, a, _) = self.held.get_mut();
+        let r = self.span.resid(u - 1);
+        resid_mut(&mut k.resid, &mut a.out, r, b * t * self.config.n_embd)
+    }
+
+    fn boundary_grad(&mut self) -> Dst<'_, B> {
+        let (b, t) = self.shape();
+        let (_, a, _) = self.held.get_mut();
+        a.dres.slice_mut(0..b * t * self.config.n_embd)
+    }
+
+    fn set_units(&mut self, units: Range<usize>) {
+        self.span = Span::of_units(units, self.config.n_layer);
+        self.held.clear();
     }
 }
 

@@ -19,8 +19,8 @@ use super::layout::ParamLayout;
 use super::tp;
 use super::tp::TpPlace;
 use super::unit::{
-    engine_plumbing, resid, resid_io, resid_mut, Span, SpanRun, UnitGrads, UnitKind, UnitModel,
-    UnitParams, Whole,
+    resid, resid_io, resid_mut, EngineCore, Held, Span, SpanRun, StageModel, UnitGrads, UnitKind,
+    UnitModel, UnitParams, Whole,
 };
 use crate::backend::{
     Activation, ActivationBackward, AttentionBackward, AttentionForward, AttnShape, Backend, Buf,
@@ -322,10 +322,7 @@ fn weight_and_bias<'g, B>(
 /// activations, and the unit-by-unit forward and backward.
 pub struct Engine<B: Backend> {
     pub config: GptConfig,
-    pub layout: ParamLayout,
-    whole: ParamLayout,
-    pub backend: B,
-    pub tp: TpPlace,
+    pub core: EngineCore<B>,
     /// Keep only block inputs in the forward; recompute each block in the
     /// backward, and the head's logits beyond `logits_budget` floats.
     pub recompute: bool,
@@ -336,10 +333,7 @@ pub struct Engine<B: Backend> {
     span: Span,
     /// Each backward runs as an input half and a weight half (`split_backward`).
     split: bool,
-    acts: Option<Activations<B>>,
-    /// What the current micro-batch keeps for its backward.
-    kept: Option<Kept<B>>,
-    batch: Option<Batch>,
+    held: Held<Kept<B>, Activations<B>, Batch>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -348,19 +342,19 @@ impl<B: Backend> Engine<B> {
         config.check_tp(tp.size)?;
         let span = Span::all(config.n_layer);
         Ok(Engine {
-            layout: ParamLayout::new_tp(&config, tp.size),
-            whole: ParamLayout::new(&config),
+            core: EngineCore {
+                layout: ParamLayout::new_tp(&config, tp.size),
+                whole: ParamLayout::new(&config),
+                backend,
+                tp,
+            },
             config,
-            backend,
-            tp,
             recompute,
             logits_budget: LOGITS_CHUNK,
             precision: Precision::Fp32,
             span,
             split: false,
-            acts: None,
-            kept: None,
-            batch: None,
+            held: Held::new(recompute),
         })
     }
 
@@ -368,7 +362,7 @@ impl<B: Backend> Engine<B> {
     pub fn set_precision(&mut self, precision: Precision) {
         if precision != self.precision {
             self.precision = precision;
-            self.acts = None;
+            self.held.clear();
         }
     }
 
@@ -377,18 +371,18 @@ impl<B: Backend> Engine<B> {
     pub fn set_logits_budget(&mut self, floats: usize) {
         if floats != self.logits_budget {
             self.logits_budget = floats;
-            self.kept = None;
+            self.held.clear();
         }
     }
 
     /// Block l's widths on this rank.
     fn dims(&self, l: usize) -> BlockDims {
-        self.config.dims(l, self.tp.size)
+        self.config.dims(l, self.core.tp.size)
     }
 
     /// The widths per-block buffers are sized for.
     fn widest(&self) -> BlockDims {
-        self.config.widest(self.tp.size)
+        self.config.widest(self.core.tp.size)
     }
 
     fn check_tokens(&self, what: &str, ids: &[u32]) -> Result<()> {
@@ -435,36 +429,20 @@ impl<B: Backend> Engine<B> {
             self.check_tokens("target", tg)?;
         }
         let rows = b * t;
-        let al = ActAlloc::on(&self.backend);
-        if self.acts.as_ref().is_none_or(|a| a.rows < rows) {
-            self.acts = None; // free before allocating the larger set
-            let shape = (
-                &self.span,
-                self.span.slots(self.recompute),
-                rows,
-                self.split,
-            );
-            let how = (self.recompute, self.precision);
-            self.acts = Some(Activations::new(
-                &al,
-                &self.config,
-                self.widest(),
-                shape,
-                how,
-            )?);
-        }
-        if self.kept.as_ref().is_none_or(|k| k.rows < rows) {
-            self.kept = None;
-            let what = (&self.span, self.recompute);
-            let head = (rows, self.logits_rows(rows));
-            self.kept = Some(Kept::new(&al, &self.config, what, head)?);
-        }
-        let k = self.kept.as_mut().expect("allocated above");
-        self.backend.upload(k.tokens.slice_mut(0..rows), tokens)?;
+        let (be, slots) = (&self.core.backend, self.span.slots(self.recompute));
+        let al = ActAlloc::on(be);
+        let shape = (&self.span, slots, rows, self.split);
+        let (how, wd) = ((self.recompute, self.precision), self.widest());
+        let make = || Activations::new(&al, &self.config, wd, shape, how);
+        self.held.ready_acts(|a| a.rows >= rows, make)?;
+        let (what, head) = ((&self.span, self.recompute), (rows, self.logits_rows(rows)));
+        let make = || Kept::new(&al, &self.config, what, head);
+        let k = self.held.ready_kept(|k| k.rows >= rows, make)?;
+        be.upload(k.tokens.slice_mut(0..rows), tokens)?;
         if let Some(tg) = targets {
-            self.backend.upload(k.targets.slice_mut(0..rows), tg)?;
+            be.upload(k.targets.slice_mut(0..rows), tg)?;
         }
-        self.batch = Some(Batch {
+        self.held.set_batch(Batch {
             b,
             t,
             tokens: tokens.to_vec(),
@@ -475,7 +453,7 @@ impl<B: Backend> Engine<B> {
     }
 
     fn shape(&self) -> (usize, usize) {
-        let b = self.batch.as_ref().expect("begin() before the units");
+        let b = self.held.batch();
         (b.b, b.t)
     }
 
@@ -508,11 +486,8 @@ impl<B: Backend> Engine<B> {
         let (b, t) = self.shape();
         let c = self.config.n_embd;
         let (wte_len, rows) = (self.config.padded_vocab() * c, b * t);
-        let (k, a) = (
-            self.kept.as_mut().expect("begun"),
-            self.acts.as_mut().expect("begun"),
-        );
-        self.backend.run(EncoderForward {
+        let (k, a, _) = self.held.get_mut();
+        self.core.backend.run(EncoderForward {
             out: resid_mut(&mut k.resid, &mut a.out, 0, rows * c),
             tokens: k.tokens.slice(0..rows),
             wte: emb.first(wte_len),
@@ -530,10 +505,7 @@ impl<B: Backend> Engine<B> {
         let rows = b * t;
         let btc = rows * c;
         let (s, r) = (self.slot(l), self.span.resid(l));
-        let (k, a) = (
-            self.kept.as_mut().expect("begun"),
-            self.acts.as_mut().expect("begun"),
-        );
+        let (k, a, _) = self.held.get_mut();
         let (x, out) = resid_io(&mut k.resid, &mut a.out, r, btc);
         let io = BlockIo {
             x,
@@ -554,14 +526,15 @@ impl<B: Backend> Engine<B> {
             fch: a.fch.d().part(s, rows * wd.fl).first(rows * fl),
             fch_gelu: a.fch_gelu.d().part(s, rows * wd.fl).first(rows * fl),
         };
+        let EngineCore { backend: be, .. } = &self.core;
         let mut mode = Training {
-            be: &self.backend,
+            be,
             bf16: a.bf16.as_mut(),
             lse: a.lse.d().part(s, rows * wd.nhl).first(rows * nhl),
             shape: d.attn(b, t),
         };
-        let at = (&self.layout, l, p);
-        block::forward(&self.backend, &mut mode, io, at, (rows, d), (tp, self.tp))
+        let at = (&self.core.layout, l, p);
+        block::forward(be, &mut mode, io, at, (rows, d), (tp, self.core.tp))
     }
 
     /// ln_f and the tied LM head; the mean loss when the batch has targets.
@@ -571,15 +544,11 @@ impl<B: Backend> Engine<B> {
         let (b, t) = self.shape();
         let cfg = &self.config;
         let (c, n_layer, v, vp) = (cfg.n_embd, cfg.n_layer, cfg.vocab_size, cfg.padded_vocab());
-        let (rows, be) = (b * t, &self.backend);
+        let (rows, be) = (b * t, &self.core.backend);
         let btc = rows * c;
         let top = self.span.resid(n_layer);
         let chunk = self.logits_rows(rows);
-        let has_targets = self.batch.as_ref().is_some_and(|x| x.has_targets);
-        let (k, a) = (
-            self.kept.as_mut().expect("begun"),
-            self.acts.as_mut().expect("begun"),
-        );
+        let (k, a, batch) = self.held.get_mut();
         let mut bf16 = a.bf16.as_mut();
         be.run(LayerNormForward {
             out: k.lnf.slice_mut(0..btc),
@@ -591,7 +560,7 @@ impl<B: Backend> Engine<B> {
             c,
             eps: LN_EPS,
         })?;
-        if !has_targets {
+        if !batch.has_targets {
             // logits for reading, which only a forward in one chunk keeps
             if chunk == rows {
                 k.head_logits(be, bf16, wte, 0..rows, (c, vp))?;
@@ -609,20 +578,18 @@ impl<B: Backend> Engine<B> {
                 vp,
             })?;
         }
-        let terms = self.batch.as_ref().expect("begun").loss_terms;
         Ok(Some(
-            (be.sum(k.losses.slice(0..rows))? / terms as f64) as f32,
+            (be.sum(k.losses.slice(0..rows))? / batch.loss_terms as f64) as f32,
         ))
     }
 
     /// Logits (vocab_size, padding dropped) at (batch row bi, position ti) of the last forward.
     pub fn logits(&self, bi: usize, ti: usize) -> Result<Vec<f32>> {
         self.logits_kept()?;
-        let batch = self.batch.as_ref().expect("forward before logits");
-        let k = self.kept.as_ref().expect("forward before logits");
+        let (k, batch) = (self.held.kept(), self.held.batch());
         let vp = self.config.padded_vocab();
         let row = bi * batch.t + ti;
-        self.backend
+        self.backend()
             .to_host(k.logits.slice(row * vp..row * vp + self.config.vocab_size))
     }
 
@@ -641,21 +608,17 @@ impl<B: Backend> Engine<B> {
         let (b, t) = self.shape();
         let cfg = &self.config;
         let (c, n_layer, v, vp) = (cfg.n_embd, cfg.n_layer, cfg.vocab_size, cfg.padded_vocab());
-        let (rows, be) = (b * t, &self.backend);
+        let (rows, be) = (b * t, &self.core.backend);
         let btc = rows * c;
-        if !self.batch.as_ref().is_some_and(|x| x.has_targets) {
+        if !self.held.batch().has_targets {
             return Err(Error::Input("backward needs a forward with targets".into()));
         }
-        let terms = self.batch.as_ref().expect("begun").loss_terms;
         let (top, at) = (
             self.span.resid(n_layer),
             self.head_at(rows, grads.is_some()),
         );
         let chunk = self.logits_rows(rows);
-        let (k, a) = (
-            self.kept.as_mut().expect("begun"),
-            self.acts.as_mut().expect("begun"),
-        );
+        let (k, a, batch) = self.held.get_mut();
         let (mut dwte, dlnf) = grads.unzip();
         // the last chunk's logits are the forward's; the others' again
         let last = (rows - 1) / chunk;
@@ -670,7 +633,7 @@ impl<B: Backend> Engine<B> {
                 targets: k.targets.slice(r.clone()),
                 v,
                 vp,
-                dloss: loss_scale / terms,
+                dloss: loss_scale / batch.loss_terms,
             })?;
             if a.bf16.is_some() {
                 // The logits' gradient feeds only this matmul: rounded where it lies.
@@ -730,11 +693,8 @@ impl<B: Backend> Engine<B> {
             Some(_) => GradsAt::whole(d, rows),
             None => GradsAt::saved(wd, d, rows, s),
         };
-        let (be, lay) = (&self.backend, &self.layout);
-        let (k, a) = (
-            self.kept.as_ref().expect("begun"),
-            self.acts.as_mut().expect("begun"),
-        );
+        let (be, lay) = (&self.core.backend, &self.core.layout);
+        let (k, a, _) = self.held.get_mut();
         let w = |bp: BlockParam| p.slice(lay.in_block(l, bp));
         let mut dres = a.dres.slice_mut(0..btc);
         let mut dg = a.dgrad.d();
@@ -845,14 +805,10 @@ impl<B: Backend> Engine<B> {
         let (_, t) = self.shape();
         let c = self.config.n_embd;
         let wte_len = self.config.padded_vocab() * c;
-        let batch = self.batch.as_ref().expect("begun");
-        let (k, a) = (
-            self.kept.as_ref().expect("begun"),
-            self.acts.as_ref().expect("begun"),
-        );
+        let (k, a, batch) = self.held.get_mut();
         let rows = batch.tokens.len();
         let (dwte, dwpe) = demb.split_at(wte_len);
-        self.backend.run(EncoderBackward {
+        self.core.backend.run(EncoderBackward {
             dwte,
             dwpe,
             dout: a.dres.slice(0..rows * c),
@@ -885,13 +841,10 @@ impl<B: Backend> Engine<B> {
         let (b, t) = self.shape();
         let cfg = &self.config;
         let (c, n_layer, vp) = (cfg.n_embd, cfg.n_layer, cfg.padded_vocab());
-        let (rows, be) = (b * t, &self.backend);
+        let (rows, be) = (b * t, &self.core.backend);
         let btc = rows * c;
         let (top, at) = (self.span.resid(n_layer), self.head_at(rows, false));
-        let (k, a) = (
-            self.kept.as_ref().expect("begun"),
-            self.acts.as_ref().expect("begun"),
-        );
+        let (k, a) = (self.held.kept(), self.held.acts());
         be.run(MatmulBackward {
             dinp: None,
             dw: Some(dwte),
@@ -924,11 +877,8 @@ impl<B: Backend> Engine<B> {
         let rows = b * t;
         let btc = rows * c;
         let (s, r) = (self.slot(l), self.span.resid(l));
-        let (be, lay) = (&self.backend, &self.layout);
-        let (k, a) = (
-            self.kept.as_ref().expect("begun"),
-            self.acts.as_ref().expect("begun"),
-        );
+        let (be, lay) = (&self.core.backend, &self.core.layout);
+        let (k, a) = (self.held.kept(), self.held.acts());
         let w = |bp: BlockParam| p.slice(lay.in_block(l, bp));
         let at = GradsAt::saved(wd, d, rows, s);
         let saved = |r: Range<usize>| a.dgrad.slice(r);
@@ -1035,7 +985,9 @@ impl<B: Backend> BlockMode<B> for Training<'_, '_, B> {
 }
 
 impl<B: Backend> UnitModel<B> for Engine<B> {
-    engine_plumbing!(Activations<B>, Kept<B>, batch: Batch, "a GPT-2 engine's own stash");
+    fn core(&self) -> &EngineCore<B> {
+        &self.core
+    }
 
     fn begin(
         &mut self,
@@ -1050,11 +1002,10 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
 
     fn outputs(&self) -> Result<Vec<f32>> {
         self.logits_kept()?;
-        let batch = self.batch.as_ref().expect("forward before outputs");
-        let k = self.kept.as_ref().expect("forward before outputs");
+        let (k, batch) = (self.held.kept(), self.held.batch());
         let (v, vp) = (self.config.vocab_size, self.config.padded_vocab());
         let all = self
-            .backend
+            .backend()
             .to_host(k.logits.slice(0..batch.b * batch.t * vp))?;
         Ok(all.chunks(vp).flat_map(|r| r[..v].to_vec()).collect())
     }
@@ -1097,6 +1048,38 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
         Ok(())
     }
 
+    fn hold(&mut self, slot: usize) {
+        self.held.hold(slot);
+    }
+
+    fn free_activations(&mut self) {
+        self.held.release();
+    }
+
+    fn as_stage(&mut self) -> Result<&mut dyn StageModel<B>> {
+        Ok(self)
+    }
+}
+
+impl<B: Backend> StageModel<B> for Engine<B> {
+    fn boundary(&mut self, u: usize) -> Dst<'_, B> {
+        let (b, t) = self.shape();
+        let (k, a, _) = self.held.get_mut();
+        let r = self.span.resid(u - 1);
+        resid_mut(&mut k.resid, &mut a.out, r, b * t * self.config.n_embd)
+    }
+
+    fn boundary_grad(&mut self) -> Dst<'_, B> {
+        let (b, t) = self.shape();
+        let (_, a, _) = self.held.get_mut();
+        a.dres.slice_mut(0..b * t * self.config.n_embd)
+    }
+
+    fn set_units(&mut self, units: Range<usize>) {
+        self.span = Span::of_units(units, self.config.n_layer);
+        self.held.clear();
+    }
+
     fn split_backward(&mut self) -> Result<()> {
         if self.recompute || self.precision != Precision::Fp32 {
             return Err(Error::Config(
@@ -1106,7 +1089,7 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
             ));
         }
         self.split = true;
-        self.acts = None;
+        self.held.clear();
         Ok(())
     }
 
@@ -1166,7 +1149,7 @@ impl<B: Backend> Whole<B, Engine<B>> {
     }
 
     pub fn backend(&self) -> &B {
-        &self.engine.backend
+        &self.engine.core.backend
     }
 
     /// GPT-2 initialisation of this rank's parameters.

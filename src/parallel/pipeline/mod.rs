@@ -12,9 +12,9 @@
 //! pipeline: single, ddp, zero1, zero2, fsdp and tp are one stage.
 //!
 //! `schedule` makes each rank's program (its passes and messages, checked
-//! before the first step); `Pipelined` runs it. A chunk holds a
-//! micro-batch's activations by stashing its engine's (`UnitModel::stash`);
-//! the engine sizes them for the chunk's units alone (`set_units`).
+//! before the first step); `Pipelined` runs it. A chunk's engine holds each
+//! micro-batch in flight in a slot of its own (`UnitModel::hold`), sized
+//! for the chunk's units alone (`StageModel::set_units`).
 
 mod schedule;
 
@@ -36,7 +36,6 @@ use crate::data::{Batch, LossTerms};
 use crate::error::{Error, Result};
 use crate::model::tp::{shard_tp, TpSplit};
 use crate::model::{AdamWConfig, ModelConfig, UnitModel};
-use std::any::Any;
 use std::time::Instant;
 
 /// One of a rank's virtual stages (a run of contiguous units; one a rank
@@ -48,22 +47,28 @@ struct Chunk<B: Backend> {
     engine: Box<dyn UnitModel<B>>,
     map: StageMap,
     state: StageState<B>,
-    /// Activations of micro-batches in flight (by micro-batch) and spare ones.
-    in_flight: Vec<(usize, Box<dyn Any>)>,
-    spare: Vec<Box<dyn Any>>,
+    /// The micro-batch in flight in each of the engine's slots (none: free).
+    slots: Vec<Option<usize>>,
 }
 
 impl<B: Backend> Chunk<B> {
-    /// Puts micro-batch `mb`'s stashed activations back into the engine;
-    /// `order` says which pass must have stashed them.
-    fn resume(&mut self, mb: usize, order: &str) {
-        let at = self
-            .in_flight
-            .iter()
-            .position(|(i, _)| *i == mb)
-            .expect(order);
-        let (_, acts) = self.in_flight.remove(at);
-        self.engine.restore(acts);
+    /// Holds micro-batch `mb` in the engine's first free slot.
+    fn take_slot(&mut self, mb: usize) {
+        let at = self.slots.iter().position(Option::is_none);
+        let at = at.unwrap_or(self.slots.len());
+        self.slots.resize(self.slots.len().max(at + 1), None);
+        self.slots[at] = Some(mb);
+        self.engine.hold(at);
+    }
+
+    /// Runs the engine on micro-batch `mb`'s slot, which it frees when
+    /// `done`; `order` says which pass must have taken it.
+    fn resume(&mut self, mb: usize, order: &str, done: bool) {
+        let at = self.slots.iter().position(|&i| i == Some(mb)).expect(order);
+        self.engine.hold(at);
+        if done {
+            self.slots[at] = None;
+        }
     }
 }
 
@@ -151,7 +156,7 @@ impl<B: Backend> Pipelined<B> {
                 offload,
             )?;
             if pipe.schedule == Schedule::ZbH1 {
-                engine.split_backward()?;
+                engine.as_stage()?.split_backward()?;
             }
             if let Some((a, z, owner)) = tied_ends.filter(|&(a, z, _)| stage == a || stage == z) {
                 // the owner's unit, or the reader's copy of it (piece 0)
@@ -164,18 +169,18 @@ impl<B: Backend> Pipelined<B> {
                 state.set_tied_across(k);
                 tie_piece = Some((c, k));
             }
-            engine.set_units(map.units.clone());
+            if map.units.len() < lay.units.len() {
+                engine.as_stage()?.set_units(map.units.clone());
+            }
             chunks.push(Chunk {
                 stage,
                 engine,
                 map,
                 state,
-                in_flight: Vec::new(),
-                spare: Vec::new(),
+                slots: Vec::new(),
             });
         }
-        // one update's scratch for every chunk (they update one at a time),
-        // counted against this rank from the start
+        // one update's scratch for all chunks (they update in turn), counted from the start
         let need = chunks.iter().map(|c| c.state.update_scratch()).max();
         let update_scratch = match (need, chunks.first()) {
             (Some(n), Some(c)) if n > 0 => Some(c.engine.backend().alloc(n, Category::Other)?),
@@ -208,14 +213,10 @@ impl<B: Backend> Pipelined<B> {
         self.chunks[0].engine.as_ref()
     }
 
-    /// Readies chunk c's engine for a micro-batch, on spare activations if any.
+    /// Readies chunk c's engine for a micro-batch in the slot it holds.
     fn begin(&mut self, c: usize, mb: &Batch, terms: LossTerms) -> Result<()> {
         let n = self.dp.size();
-        let ch = &mut self.chunks[c];
-        if let Some(s) = ch.spare.pop() {
-            ch.engine.restore(s);
-        }
-        ch.engine.begin(mb, self.b / n, self.t, terms)
+        self.chunks[c].engine.begin(mb, self.b / n, self.t, terms)
     }
 
     /// Chunk c's units forward on the begun micro-batch from the activation
@@ -232,7 +233,7 @@ impl<B: Backend> Pipelined<B> {
         let be = ch.engine.backend().clone_fresh();
         let units = ch.map.units.clone();
         if let Some(x) = input {
-            be.upload(ch.engine.boundary(units.start), &x)?;
+            be.upload(ch.engine.as_stage()?.boundary(units.start), &x)?;
         }
         let lay = ch.engine.layout().clone();
         let mut loss = None;
@@ -243,7 +244,7 @@ impl<B: Backend> Pipelined<B> {
         }
         let out = match last {
             true => None,
-            false => Some(be.to_host(ch.engine.boundary(units.end).into_src())?),
+            false => Some(be.to_host(ch.engine.as_stage()?.boundary(units.end).into_src())?),
         };
         Ok((loss, out))
     }
@@ -262,17 +263,19 @@ impl<B: Backend> Pipelined<B> {
         let Pipelined { chunks, dp, tp, .. } = self;
         let ch = &mut chunks[c];
         let be = ch.engine.backend().clone_fresh();
-        ch.resume(mb, "a forward before its backward");
+        let split = self.pipe.schedule == Schedule::ZbH1;
+        ch.resume(mb, "a forward before its backward", !split);
         if let Some(g) = grad {
-            be.upload(ch.engine.boundary_grad(), &g)?;
+            be.upload(ch.engine.as_stage()?.boundary_grad(), &g)?;
         }
         let lay = ch.engine.layout().clone();
-        let split = self.pipe.schedule == Schedule::ZbH1;
         for u in ch.map.units.clone().rev() {
             ch.state.ready(dp.as_ref(), &be, &lay, u)?;
             if split {
                 let p = ch.state.params(&lay, u);
-                ch.engine.backward_input(u, p, tp.as_deref(), loss_scale)?;
+                ch.engine
+                    .as_stage()?
+                    .backward_input(u, p, tp.as_deref(), loss_scale)?;
                 continue;
             }
             let (p, g) = ch.state.unit(&be, &lay, u);
@@ -281,12 +284,8 @@ impl<B: Backend> Pipelined<B> {
         }
         let out = match ch.stage {
             0 => None,
-            _ => Some(be.to_host(ch.engine.boundary_grad().into_src())?),
+            _ => Some(be.to_host(ch.engine.as_stage()?.boundary_grad().into_src())?),
         };
-        match split {
-            true => ch.in_flight.push((mb, ch.engine.stash())),
-            false => ch.spare.push(ch.engine.stash()),
-        }
         Ok(out)
     }
 
@@ -295,15 +294,14 @@ impl<B: Backend> Pipelined<B> {
         let Pipelined { chunks, dp, .. } = self;
         let ch = &mut chunks[c];
         let be = ch.engine.backend().clone_fresh();
-        ch.resume(mb, "an input half before its weight half");
+        ch.resume(mb, "an input half before its weight half", true);
         let lay = ch.engine.layout().clone();
         for u in ch.map.units.clone().rev() {
             ch.state.ready(dp.as_ref(), &be, &lay, u)?;
             let (p, g) = ch.state.unit(&be, &lay, u);
-            ch.engine.backward_weight(u, p, g)?;
+            ch.engine.as_stage()?.backward_weight(u, p, g)?;
             ch.state.backward_done(dp.as_ref(), &be, &lay, u)?;
         }
-        ch.spare.push(ch.engine.stash());
         Ok(())
     }
 
@@ -364,11 +362,10 @@ impl<B: Backend> Pipelined<B> {
                     None
                 }
                 Pass::Forward => {
+                    self.chunks[c].take_slot(i);
                     self.begin(c, &mbs[i].0, mbs[i].1)?;
                     let (l, y) = self.run_forward(c, input)?;
                     loss += l.unwrap_or(0.0);
-                    let ch = &mut self.chunks[c];
-                    ch.in_flight.push((i, ch.engine.stash()));
                     y
                 }
             };
@@ -571,14 +568,14 @@ impl<B: Backend> Strategy for Pipelined<B> {
                     Some(x)
                 }
             };
+            // between steps every slot is free: the evaluation takes the first
+            self.chunks[c].engine.hold(0);
             self.begin(c, &mb.0, mb.1)?;
             let (l, y) = self.run_forward(c, input)?;
             loss += l.unwrap_or(0.0);
             if let Some(y) = y {
                 self.pp.send(&y, (vs + 1) % p)?;
             }
-            let ch = &mut self.chunks[c];
-            ch.spare.push(ch.engine.stash());
         }
         let mut loss = [loss];
         self.dp.all_reduce(&mut loss)?;
@@ -589,13 +586,7 @@ impl<B: Backend> Strategy for Pipelined<B> {
         let loss = self.eval_loss(batch)?;
         let last = self.virtual_stages() - 1;
         let mine = match self.chunks.last_mut().filter(|ch| ch.stage == last) {
-            Some(ch) => {
-                let s = ch.spare.pop().expect("the evaluation's activations");
-                ch.engine.restore(s);
-                let out = ch.engine.outputs()?;
-                ch.spare.push(ch.engine.stash());
-                out
-            }
+            Some(ch) => ch.engine.outputs()?,
             None => Vec::new(),
         };
         let mut all = vec![0.0; mine.len() * self.dp.size()];
@@ -677,9 +668,8 @@ impl<B: Backend> Strategy for Pipelined<B> {
 
     fn free_activations(&mut self) {
         for ch in &mut self.chunks {
-            ch.spare.clear();
-            ch.in_flight.clear();
-            drop(ch.engine.stash());
+            ch.slots.clear();
+            ch.engine.free_activations();
         }
     }
 
