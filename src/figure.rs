@@ -392,15 +392,23 @@ fn bounds(fig: &Figure) -> (f64, f64, f64, f64) {
     (x0, x1, y0, y1)
 }
 
-/// Draws `fig` on `root`. Long by design: series by series in one pass,
-/// each series' line, bars, markers and legend entry in its own style
-/// together, on one chart whose context holds the drawing area.
+/// A drawing failure of figure `stem`, as the error it is reported by.
+fn failed<DB: DrawingBackend>(
+    stem: &str,
+) -> impl Fn(DrawingAreaErrorKind<DB::ErrorType>) -> Error + Copy + '_
+where
+    DB::ErrorType: 'static,
+{
+    move |e| Error::Input(format!("drawing {stem}: {e}"))
+}
+
+/// Draws `fig` on `root`: series by series, each series' line, bars,
+/// markers and legend entry in its own style, then the notes.
 fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, fig: &Figure) -> Result<()>
 where
     DB::ErrorType: 'static,
 {
-    let err =
-        |e: DrawingAreaErrorKind<DB::ErrorType>| Error::Input(format!("drawing {}: {e}", fig.stem));
+    let err = failed::<DB>(&fig.stem);
     root.fill(&WHITE).map_err(err)?;
     let (plot, legend) = root.split_horizontally(WIDTH - LEGEND_WIDTH);
     let (mut x0, mut x1, y0, y1) = bounds(fig);
@@ -488,42 +496,76 @@ where
                 .draw_series(s.points.iter().map(|&p| m(p)))
                 .map_err(err))?;
         }
-        if !fig.scatter {
-            // the line's sample: its dashes drawn as segments of 8..40
-            let segments: &[(i32, i32)] = match dash {
-                Dash::Solid => &[(8, 40)],
-                Dash::Dashed => &[(8, 18), (26, 40)],
-                Dash::Dotted => &[(8, 10), (18, 20), (28, 30), (38, 40)],
-            };
-            for &(a, b) in segments {
-                legend
-                    .draw(&PathElement::new(vec![(a, y), (b, y)], line))
-                    .map_err(err)?;
-            }
-        }
-        if ringed {
-            let at = EmptyElement::at((24, y));
-            legend
-                .draw(&(at + Circle::new((0, 0), 11, BLACK.stroke_width(3))))
-                .map_err(err)?;
-        }
-        if fig.markers || fig.scatter {
-            with_marker!(shape, color, |m| legend.draw(&m((24, y))).map_err(err))?;
-        }
-        // a long label wraps within the panel instead of running off the image
-        let parts = wrap(&s.label, LABEL_CHARS);
-        for (k, part) in parts.iter().enumerate() {
-            legend
-                .draw(&Text::new(
-                    part.as_str(),
-                    (48, y - 9 + 18 * k as i32),
-                    (FONT, 15),
-                ))
-                .map_err(err)?;
-        }
-        y += 26 + 18 * (parts.len() as i32 - 1);
+        y = legend_entry(&legend, fig, i, s, line, y)?;
     }
-    y += 10;
+    legend_notes(&legend, fig, &notes, y + 10)?;
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// Series `i`'s legend entry at height `y`: its line's sample, ring and
+/// marker, and its label wrapped; the height of the next.
+fn legend_entry<DB: DrawingBackend>(
+    legend: &DrawingArea<DB, Shift>,
+    fig: &Figure,
+    i: usize,
+    s: &Series,
+    line: ShapeStyle,
+    y: i32,
+) -> Result<i32>
+where
+    DB::ErrorType: 'static,
+{
+    let err = failed::<DB>(&fig.stem);
+    let (color, shape, dash) = style(i);
+    let ringed = fig.scatter && i + 1 == fig.series.len();
+    if !fig.scatter {
+        // the line's sample: its dashes drawn as segments of 8..40
+        let segments: &[(i32, i32)] = match dash {
+            Dash::Solid => &[(8, 40)],
+            Dash::Dashed => &[(8, 18), (26, 40)],
+            Dash::Dotted => &[(8, 10), (18, 20), (28, 30), (38, 40)],
+        };
+        for &(a, b) in segments {
+            legend
+                .draw(&PathElement::new(vec![(a, y), (b, y)], line))
+                .map_err(err)?;
+        }
+    }
+    if ringed {
+        let at = EmptyElement::at((24, y));
+        legend
+            .draw(&(at + Circle::new((0, 0), 11, BLACK.stroke_width(3))))
+            .map_err(err)?;
+    }
+    if fig.markers || fig.scatter {
+        with_marker!(shape, color, |m| legend.draw(&m((24, y))).map_err(err))?;
+    }
+    // a long label wraps within the panel instead of running off the image
+    let parts = wrap(&s.label, LABEL_CHARS);
+    for (k, part) in parts.iter().enumerate() {
+        legend
+            .draw(&Text::new(
+                part.as_str(),
+                (48, y - 9 + 18 * k as i32),
+                (FONT, 15),
+            ))
+            .map_err(err)?;
+    }
+    Ok(y + 26 + 18 * (parts.len() as i32 - 1))
+}
+
+/// The figure's notes under the legend, from height `y`.
+fn legend_notes<DB: DrawingBackend>(
+    legend: &DrawingArea<DB, Shift>,
+    fig: &Figure,
+    notes: &[String],
+    mut y: i32,
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let err = failed::<DB>(&fig.stem);
     for line in notes.iter().flat_map(|n| wrap(n, 30)) {
         legend
             .draw(&Text::new(
@@ -534,7 +576,6 @@ where
             .map_err(err)?;
         y += 19;
     }
-    root.present().map_err(err)?;
     Ok(())
 }
 
@@ -589,12 +630,23 @@ const FORWARD: RGBColor = RGBColor(31, 119, 180);
 const BACKWARD: RGBColor = RGBColor(255, 127, 14);
 const WEIGHT: RGBColor = RGBColor(44, 160, 44);
 
+/// A pass's color, darker for a later chunk of `chunks`.
+fn shade(pass: Pass, chunk: usize, chunks: usize) -> RGBColor {
+    let RGBColor(r, g, b) = match pass {
+        Pass::Forward => FORWARD,
+        Pass::Backward => BACKWARD,
+        Pass::Weight => WEIGHT,
+    };
+    let k = 1.0 - 0.45 * chunk as f64 / (chunks.max(2) - 1) as f64;
+    let f = |x: u8| (x as f64 * k) as u8;
+    RGBColor(f(r), f(g), f(b))
+}
+
 fn draw_timeline<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, tl: &Timeline) -> Result<()>
 where
     DB::ErrorType: 'static,
 {
-    let err =
-        |e: DrawingAreaErrorKind<DB::ErrorType>| Error::Input(format!("drawing {}: {e}", tl.stem));
+    let err = failed::<DB>(&tl.stem);
     root.fill(&WHITE).map_err(err)?;
     let spans = || tl.rows.iter().flat_map(|(_, s)| s);
     let t0 = spans().map(|s| s.start).fold(f64::MAX, f64::min).min(0.0);
@@ -626,16 +678,7 @@ where
         .draw()
         .map_err(err)?;
     let chunks = spans().map(|s| s.chunk + 1).max().unwrap_or(1);
-    let shade = |pass: Pass, chunk: usize| {
-        let RGBColor(r, g, b) = match pass {
-            Pass::Forward => FORWARD,
-            Pass::Backward => BACKWARD,
-            Pass::Weight => WEIGHT,
-        };
-        let k = 1.0 - 0.45 * chunk as f64 / (chunks.max(2) - 1) as f64;
-        let f = |x: u8| (x as f64 * k) as u8;
-        RGBColor(f(r), f(g), f(b))
-    };
+    let shade = |pass: Pass, chunk: usize| shade(pass, chunk, chunks);
     for (i, (_, row)) in tl.rows.iter().enumerate() {
         let (lo, hi) = ((n - 1 - i) as f64 + 0.15, (n - i) as f64 - 0.15);
         for s in row {
