@@ -196,24 +196,7 @@ pub fn save(
     let finite = |x: &[f32]| x.iter().all(|v| v.is_finite());
     let ok = finite(&owned.params) && finite(&owned.m) && finite(&owned.v);
     if ok && !owned.segments.is_empty() {
-        let n = owned.params.len();
-        let tensors: Vec<_> = TENSORS
-            .iter()
-            .zip([&owned.params, &owned.m, &owned.v])
-            .map(|(t, x)| (t.to_string(), Dtype::F32, vec![n], Data::F32(x)))
-            .collect();
-        let file = format!("rank_{rank}.safetensors");
-        let sum = write_safetensors(&tmp.join(&file), &tensors)?;
-        let meta = RankFile {
-            file,
-            segments: owned.segments.clone(),
-            floats: n,
-            checksum: sum,
-        };
-        write_atomic(
-            &tmp.join(format!("rank_{rank}.json")),
-            serde_json::to_string(&meta).expect("json").as_bytes(),
-        )?;
+        write_part(&tmp, rank, owned)?;
     }
     world.barrier_after_io()?;
     // Every rank is here now, so this is quick: a non-finite value anywhere
@@ -230,53 +213,84 @@ pub fn save(
         )));
     }
     if rank == 0 {
-        let mut files = Vec::new();
-        for r in 0..world.size() {
-            let p = tmp.join(format!("rank_{r}.json"));
-            if p.exists() {
-                let text = io(&p, std::fs::read_to_string(&p))?;
-                files.push(serde_json::from_str(&text).map_err(|e| Error::Checkpoint {
-                    path: p.clone(),
-                    reason: e.to_string(),
-                })?);
-            }
-        }
-        let mut index = Index {
-            format: FORMAT,
-            checksum: String::new(),
-            step: info.step,
-            adam_step: info.adam_step,
-            loader: info.loader,
-            world_size: world.size(),
-            strategy: info.strategy.to_string(),
-            tp: info.tp,
-            params_total: info.params_total,
-            model: info.model.clone(),
-            tokenizer: info.tokenizer.clone(),
-            labels: info.labels.to_vec(),
-            data: info.data.to_string(),
-            files,
-            cpu_matmul: Some(blas::choice()),
-        };
-        index.checksum = index.compute_checksum();
-        if let Some((name, text)) = &info.extra {
-            write_atomic(&tmp.join(name), text.as_bytes())?;
-        }
-        write_atomic(
-            &tmp.join(INDEX),
-            serde_json::to_string_pretty(&index)
-                .expect("json")
-                .as_bytes(),
-        )?;
-        if done.exists() {
-            io(&done, std::fs::remove_dir_all(&done))?;
-        }
-        io(&done, std::fs::rename(&tmp, &done))?;
-        io(&root, std::fs::File::open(&root).and_then(|d| d.sync_all()))?;
-        prune(&root, info.keep)?;
+        publish(&root, &tmp, &done, info, world.size())?;
     }
     world.barrier_after_io()?;
     Ok(done)
+}
+
+/// This rank's part of the state: its params and moments as one
+/// safetensors file, and what they hold (`rank_R.json`).
+fn write_part(tmp: &Path, rank: usize, owned: &OwnedState) -> Result<()> {
+    let n = owned.params.len();
+    let tensors: Vec<_> = TENSORS
+        .iter()
+        .zip([&owned.params, &owned.m, &owned.v])
+        .map(|(t, x)| (t.to_string(), Dtype::F32, vec![n], Data::F32(x)))
+        .collect();
+    let file = format!("rank_{rank}.safetensors");
+    let sum = write_safetensors(&tmp.join(&file), &tensors)?;
+    let meta = RankFile {
+        file,
+        segments: owned.segments.clone(),
+        floats: n,
+        checksum: sum,
+    };
+    write_atomic(
+        &tmp.join(format!("rank_{rank}.json")),
+        serde_json::to_string(&meta).expect("json").as_bytes(),
+    )
+}
+
+/// Rank 0, every part written: the index over the ranks' parts, then
+/// `tmp` renamed to `done` in `root`, and the oldest checkpoints past
+/// `keep` pruned.
+fn publish(root: &Path, tmp: &Path, done: &Path, info: &SaveInfo, world_size: usize) -> Result<()> {
+    let mut files = Vec::new();
+    for r in 0..world_size {
+        let p = tmp.join(format!("rank_{r}.json"));
+        if p.exists() {
+            let text = io(&p, std::fs::read_to_string(&p))?;
+            files.push(serde_json::from_str(&text).map_err(|e| Error::Checkpoint {
+                path: p.clone(),
+                reason: e.to_string(),
+            })?);
+        }
+    }
+    let mut index = Index {
+        format: FORMAT,
+        checksum: String::new(),
+        step: info.step,
+        adam_step: info.adam_step,
+        loader: info.loader,
+        world_size,
+        strategy: info.strategy.to_string(),
+        tp: info.tp,
+        params_total: info.params_total,
+        model: info.model.clone(),
+        tokenizer: info.tokenizer.clone(),
+        labels: info.labels.to_vec(),
+        data: info.data.to_string(),
+        files,
+        cpu_matmul: Some(blas::choice()),
+    };
+    index.checksum = index.compute_checksum();
+    if let Some((name, text)) = &info.extra {
+        write_atomic(&tmp.join(name), text.as_bytes())?;
+    }
+    write_atomic(
+        &tmp.join(INDEX),
+        serde_json::to_string_pretty(&index)
+            .expect("json")
+            .as_bytes(),
+    )?;
+    if done.exists() {
+        io(done, std::fs::remove_dir_all(done))?;
+    }
+    io(done, std::fs::rename(tmp, done))?;
+    io(root, std::fs::File::open(root).and_then(|d| d.sync_all()))?;
+    prune(root, info.keep)?;
+    Ok(())
 }
 
 /// Complete checkpoints (`step_N/` with an index), oldest first.
