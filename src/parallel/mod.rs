@@ -322,10 +322,11 @@ impl StepConfig {
     }
 }
 
-/// One rank's part of a training strategy. Training, evaluation and
-/// loading parameters or state are collective: every rank of the world
-/// calls them together. Reading this rank's state, counters and timeline,
-/// and freeing its activations, are its own.
+/// One rank's part of a training strategy. Training (`step`), evaluation
+/// (`eval_loss`, `eval_outputs`) and `full_params` are collective: every
+/// rank of the world calls them together. Loading parameters or state
+/// (each rank takes its part of the whole), reading this rank's state,
+/// counters and timeline, and freeing its activations, are its own.
 pub trait Strategy {
     /// Forward and backward over every global micro-batch (this rank takes
     /// its rows), then one optimizer update.
