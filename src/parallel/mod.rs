@@ -19,7 +19,7 @@ mod units;
 
 pub use grid::Grid;
 pub use pipeline::{Pipeline, Pipelined, Schedule, Span};
-pub use stage::{fsdp_gathered, stage_sizes, StageSizes};
+pub use stage::{fsdp_gathered, stage_sizes, Sharing, StageSizes};
 pub use units::Units;
 
 use crate::backend::{Backend, MemoryReport};
@@ -51,6 +51,16 @@ pub enum StrategyKind {
 }
 
 impl StrategyKind {
+    /// What its data-parallel replicas shard.
+    pub fn sharing(self) -> Sharing {
+        match self {
+            StrategyKind::Single | StrategyKind::Ddp | StrategyKind::Tp => Sharing::Replicated,
+            StrategyKind::Zero1 => Sharing::Zero1,
+            StrategyKind::Zero2 => Sharing::Zero2,
+            StrategyKind::Fsdp => Sharing::Fsdp,
+        }
+    }
+
     /// What the memory reports' "other" bytes are under this strategy, where
     /// it has any: buffers sized by the largest unit, not by the model, so
     /// on a small model they can outweigh what sharding saves.

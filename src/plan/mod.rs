@@ -11,7 +11,9 @@ pub mod calibrate;
 
 use crate::backend::{cpu::Cpu, Kernels};
 use crate::model::{ModelConfig, ParamLayout, Precision as ModelPrecision, Span, SpanRun};
-use crate::parallel::{self, pipeline, Offload, ParallelConfig, Pipeline, Schedule, StrategyKind};
+use crate::parallel::{
+    self, pipeline, Offload, ParallelConfig, Pipeline, Schedule, Sharing, StrategyKind,
+};
 use serde::Serialize;
 
 /// Bytes per element of each kind of state.
@@ -360,21 +362,22 @@ fn stage_memory(
     // as `parallel::stage` allocates: a padded piece's gradient scratch, the
     // reduce-scatter's output, and zero1/zero2's update scratch (a shard)
     let scratch = gb * (z.max_padded + z.max_shard) as f64;
-    match par.strategy {
-        StrategyKind::Single | StrategyKind::Ddp | StrategyKind::Tp => {
+    let sharing = par.strategy.sharing();
+    match sharing {
+        Sharing::Replicated => {
             (mem.params, mem.grads, mem.optimizer) = (pb * len, gb * len, ob * len);
         }
-        StrategyKind::Zero1 => {
+        Sharing::Zero1 => {
             // the gradient reduced into this rank's slice of the whole one,
             // copied out with the parameters' slice for the update
             (mem.params, mem.grads, mem.optimizer) = (pb * len, gb * len, ob * shard);
             mem.other = scratch + (pb + gb) * transient as f64;
         }
-        StrategyKind::Zero2 => {
+        Sharing::Zero2 => {
             (mem.params, mem.grads, mem.optimizer) = (pb * len, gb * shard, ob * shard);
             mem.other = scratch + gb * z.head_padded as f64 + pb * transient as f64;
         }
-        StrategyKind::Fsdp => {
+        Sharing::Fsdp => {
             mem.gathered = pb * z.gathered as f64;
             (mem.params, mem.grads, mem.optimizer) =
                 (pb * shard + mem.gathered, gb * shard, ob * shard);
@@ -403,10 +406,7 @@ fn stage_memory(
         // the moments move to the host beside an fp32 master copy of what
         // the rank updates (in the optimizer's K under mixed precision) and
         // a staging copy of its reduced gradient
-        let owned = match par.strategy {
-            StrategyKind::Single | StrategyKind::Ddp | StrategyKind::Tp => len,
-            _ => shard,
-        };
+        let owned = if sharing.sharded() { shard } else { len };
         mem.host = HostMemory {
             params: precision.host_master_bytes() * owned,
             grads: 4.0 * owned,
@@ -492,11 +492,11 @@ pub fn predict(
     let tp_link = net.link(tp, strides.tp);
     // a replicated stage all-reduces its gradient in one call a chunk; a
     // sharded one reduces and gathers unit by unit
-    let calls = match par.strategy {
-        StrategyKind::Zero1 | StrategyKind::Zero2 | StrategyKind::Fsdp => {
-            layout.units.len().div_ceil(pp)
-        }
-        _ => v,
+    let sharing = par.strategy.sharing();
+    let calls = if sharing.sharded() {
+        layout.units.len().div_ceil(pp)
+    } else {
+        v
     };
     let ar =
         |bytes: f64, calls: usize| collective_s(Collective::AllReduce, dp, bytes, calls, dp_link);
@@ -513,27 +513,25 @@ pub fn predict(
         .map_or(0, |t| layout.units[t.unit].range.len()) as f64;
     let tied_again = if pp == 1 { gb * tied_len } else { 0.0 };
     let stream = rows * m.n_embd() as f64 * precision.activation_bytes();
-    let tasks = match par.strategy {
-        StrategyKind::Fsdp => parallel::pipeline::ranks_tasks(pipe, w.grad_accum),
+    let tasks = match sharing {
+        Sharing::Fsdp => parallel::pipeline::ranks_tasks(pipe, w.grad_accum),
         _ => Vec::new(),
     };
     // each stage's rank: (seconds, bytes) it communicates a step
     let stage_comm = |s: usize| {
         let g_bytes = gb * sizes[s].len as f64;
         let p_bytes = pb * sizes[s].len as f64;
-        let mut comm = match par.strategy {
-            StrategyKind::Single | StrategyKind::Ddp | StrategyKind::Tp => {
-                (ar(g_bytes, calls), 2.0 * dpf * g_bytes)
-            }
-            StrategyKind::Zero1 => (
+        let mut comm = match sharing {
+            Sharing::Replicated => (ar(g_bytes, calls), 2.0 * dpf * g_bytes),
+            Sharing::Zero1 => (
                 ga(g_bytes, calls) + ga(p_bytes, calls),
                 dpf * (g_bytes + p_bytes),
             ),
-            StrategyKind::Zero2 => (
+            Sharing::Zero2 => (
                 acc * ga(g_bytes + tied_again, calls + 1) + ga(p_bytes, calls),
                 dpf * (acc * (g_bytes + tied_again) + p_bytes),
             ),
-            StrategyKind::Fsdp => {
+            Sharing::Fsdp => {
                 let elems = parallel::fsdp_gathered(&layout, &stages, pipe, s, dp, &tasks[s]);
                 let gathered = pb * elems as f64;
                 (
@@ -552,11 +550,7 @@ pub fn predict(
             // where the gradient is sharded).
             let (bw, lat) = net.link(pp, strides.stage);
             let p2p = |chunks: usize| acc * chunks as f64 * (stream / bw + lat);
-            let sharded = matches!(
-                par.strategy,
-                StrategyKind::Zero1 | StrategyKind::Zero2 | StrategyKind::Fsdp
-            );
-            let tie = gb * tied_len / if sharded { dp as f64 } else { 1.0 };
+            let tie = gb * tied_len / if sharing.sharded() { dp as f64 } else { 1.0 };
             let tie_link = net.link(2, strides.stage * (pp - 1));
             let (s, bytes) = match s == 0 || s == pp - 1 {
                 true => (
@@ -587,9 +581,10 @@ pub fn predict(
         comm_s += acc * collective_s(Collective::AllReduce, tp, bytes, n, tp_link);
         comm_bytes += acc * 2.0 * (tp as f64 - 1.0) / tp as f64 * bytes;
     }
-    let owned = match par.strategy {
-        StrategyKind::Zero1 | StrategyKind::Zero2 | StrategyKind::Fsdp => largest.shard as f64,
-        _ => psi,
+    let owned = if sharing.sharded() {
+        largest.shard as f64
+    } else {
+        psi
     };
     let (optimizer_s, pcie_bytes) = match par.offload {
         Offload::None => (
@@ -612,10 +607,10 @@ pub fn predict(
             // for the update. zero1 and an all-reduced replica's cross
             // after the step's collectives, beside the update.
             let early = !par.offload_serial
-                && match par.strategy {
-                    StrategyKind::Zero2 | StrategyKind::Fsdp => true,
-                    StrategyKind::Zero1 => false,
-                    _ => dp == 1,
+                && match sharing {
+                    Sharing::Zero2 | Sharing::Fsdp => true,
+                    Sharing::Zero1 => false,
+                    Sharing::Replicated => dp == 1,
                 };
             let down_s = down / net.pcie_bandwidth;
             let down_left = match early {
