@@ -306,10 +306,11 @@ pub(super) fn new_run(a: &TrainArgs, given: &[String], task: TaskKind) -> Result
 }
 
 /// The run recorded in a run directory, set to continue from one of its
-/// checkpoints, with the flags a resume may change applied. Returns it with
-/// the run directory and the checkpoint's step.
-pub(super) fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<(Prepared, PathBuf, usize)> {
-    let path = a.resume.as_ref().expect("resuming");
+/// checkpoints (in `cfg.out_dir`, from `cfg.resume`), with the flags a
+/// resume may change applied, on its own kind of device unless --device is
+/// given. Returns it with the checkpoint's step.
+pub(super) fn resumed_run(a: &mut TrainArgs, given: &[String]) -> Result<(Prepared, usize)> {
+    let path = a.resume.clone().expect("resuming");
     refuse_fixed_on_resume(given)?;
     if a.from_step.is_some() && path.join("index.json").exists() {
         bail!(
@@ -317,7 +318,7 @@ pub(super) fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<(Prepared, 
             path.display()
         );
     }
-    let found = train::resume::find(path, a.from_step)?;
+    let found = train::resume::find(&path, a.from_step)?;
     if let Some(t) = a.task.filter(|&t| t != found.record.task) {
         bail!(
             "--task {t}: {} is a --task {} run",
@@ -325,22 +326,26 @@ pub(super) fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<(Prepared, 
             found.record.task
         );
     }
-    let (dir, step) = (found.dir.clone(), found.index.step);
-    let prepared = found.prepare(&a.settings(), a.parallel.config(), given)?;
-    Ok((prepared, dir, step))
+    if !given.iter().any(|g| g == "device") {
+        a.device.device = recorded_device(&found.record.device);
+    }
+    let step = found.index.step;
+    Ok((
+        found.prepare(&a.settings(), a.parallel.config(), given)?,
+        step,
+    ))
 }
 
-/// The kind of device the run in `run_dir` trained on last (its record
-/// names it as the backend does: `cpu (2 threads)`, `opencl (NAME)`).
-fn recorded_device(run_dir: &Path) -> Result<DeviceChoice> {
-    let named = train::run_dir::read_record(run_dir)?.device;
-    Ok(if named.starts_with("opencl") {
+/// The kind of device a run record names (as the backend does: `cpu (2
+/// threads)`, `opencl (NAME)`).
+fn recorded_device(named: &str) -> DeviceChoice {
+    if named.starts_with("opencl") {
         DeviceChoice::Opencl
     } else if named.starts_with("cuda") {
         DeviceChoice::Cuda
     } else {
         DeviceChoice::Cpu
-    })
+    }
 }
 
 /// `p` from the root (links and `..` resolved where it exists), or as
@@ -355,13 +360,8 @@ fn absolute(p: &Path) -> PathBuf {
 /// but its model files may be missing, cut short or stale (killed between
 /// the two), and they are rewritten from that checkpoint; and a run stopped
 /// while it scored its test split is scored (on `device`) and reported.
-pub(super) fn finish_completed(
-    p: &Prepared,
-    run_dir: &Path,
-    ckpt: &Path,
-    step: usize,
-    device: &DeviceArgs,
-) -> Result<Outcome> {
+pub(super) fn finish_completed(p: &Prepared, step: usize, device: &DeviceArgs) -> Result<Outcome> {
+    let (run_dir, ckpt) = (&p.cfg.out_dir, p.cfg.resume.as_deref().expect("resuming"));
     let _lock = train::run_dir::lock(run_dir)?;
     let rewritten = match files::verify_model_files(run_dir, &p.data.model()) {
         Ok(()) => false,
@@ -480,19 +480,15 @@ pub(super) fn run_train(mut a: TrainArgs, given: &[String]) -> Result<Outcome> {
     }
     let mut prep = match &a.resume {
         Some(_) => {
-            let (prep, run_dir, step) = resumed_run(&a, given)?;
+            let (prep, step) = resumed_run(&mut a, given)?;
             prep.data.kind().spec().refuse(given)?;
-            if !given.iter().any(|g| g == "device") {
-                a.device.device = recorded_device(&run_dir)?;
-            }
-            let ckpt = prep.cfg.resume.clone().expect("resuming");
             if step >= prep.total_steps()? {
-                return finish_completed(&prep, &run_dir, &ckpt, step, &a.device);
+                return finish_completed(&prep, step, &a.device);
             }
             distgpt::errln!(
                 "resuming {} from {} as {} on {}",
-                run_dir.display(),
-                ckpt.display(),
+                prep.cfg.out_dir.display(),
+                prep.cfg.resume.as_deref().expect("resuming").display(),
                 prep.par.strategy,
                 metrics::count(prep.par.world_size, "rank")
             );

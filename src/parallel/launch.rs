@@ -106,11 +106,8 @@ fn nccl_mpi_launch<R>(
 ) -> Result<Option<R>> {
     let comm = crate::comm::mpi::MpiComm::init(timeout)?;
     let group = rank_gpu(base)
-        .and_then(|gpu| crate::comm::nccl::NcclComm::new(comm.split(0, comm.rank())?, gpu));
-    let group = match group {
-        Ok(g) => g,
-        Err(e) => comm.abort(&e.to_string()),
-    };
+        .and_then(|gpu| crate::comm::nccl::NcclComm::new(comm.split(0, comm.rank())?, gpu))
+        .unwrap_or_else(|e| comm.abort(&e.to_string()));
     match f(&group) {
         Ok(r) => Ok((comm.rank() == 0).then_some(r)),
         Err(e) => comm.abort(&e.to_string()),

@@ -669,10 +669,8 @@ fn candidates(world: usize, recompute: bool) -> Vec<ParallelConfig> {
         world_size: world,
         tp,
         recompute,
-        precision: Default::default(),
         pipeline,
-        offload: Default::default(),
-        offload_serial: false,
+        ..ParallelConfig::single()
     };
     let mk =
         |strategy, tp, stages| with(strategy, tp, Pipeline::new(stages, Default::default(), 1));
@@ -1119,12 +1117,7 @@ mod tests {
             let par = ParallelConfig {
                 strategy: s,
                 world_size: 64,
-                tp: 1,
-                recompute: false,
-                precision: Default::default(),
-                pipeline: Default::default(),
-                offload: Default::default(),
-                offload_serial: false,
+                ..ParallelConfig::single()
             };
             predict(&w, par, &d, &n, Precision::Mixed)
                 .memory
@@ -1229,12 +1222,8 @@ mod tests {
             let par = ParallelConfig {
                 strategy,
                 world_size: 32,
-                tp: 1,
                 recompute,
-                precision: Default::default(),
-                pipeline: Default::default(),
-                offload: Default::default(),
-                offload_serial: false,
+                ..ParallelConfig::single()
             };
             predict(&w, par, &d, &n, Precision::Mixed).memory
         };
@@ -1419,10 +1408,8 @@ mod tests {
             world_size: 3072,
             tp: 8,
             recompute: true,
-            precision: Default::default(),
             pipeline: Pipeline::new(64, Schedule::OneFOneB, 1),
-            offload: Default::default(),
-            offload_serial: false,
+            ..ParallelConfig::single()
         };
         let (blocks, c) = (2.0, 25600.0);
         let by_hand = 64.0 * blocks * 2048.0 * c * 2.0;

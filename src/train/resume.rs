@@ -54,14 +54,11 @@ pub struct Resumption {
 /// read (its checkpoints change under a reader).
 pub fn find(path: &Path, from_step: Option<usize>) -> Result<Resumption> {
     let (dir, ckpt) = match (path.join("index.json").exists(), from_step) {
-        (true, _) => match path.parent().and_then(Path::parent) {
-            Some(run) => (run.to_path_buf(), path.to_path_buf()),
-            None => {
-                return Err(Error::Input(
-                    "a checkpoint directory lives in RUN/checkpoints/".into(),
-                ))
-            }
-        },
+        (true, _) => {
+            let lives = || Error::Input("a checkpoint directory lives in RUN/checkpoints/".into());
+            let run = path.parent().and_then(Path::parent).ok_or_else(lives)?;
+            (run.to_path_buf(), path.to_path_buf())
+        }
         (false, Some(n)) => (path.to_path_buf(), state::at_step(path, n)?),
         (false, None) => (path.to_path_buf(), latest_of_run(path)?),
     };
