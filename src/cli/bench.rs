@@ -213,7 +213,7 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, b: usize, t: us
         show: !a.json,
         profile: a.profile,
     };
-    let Some(ranks) = a.parallel.launch(threads, &a.device, |world| {
+    let Some(ranks) = a.parallel.launch(&a.device)?.run(|world| {
         bench_rank(
             distgpt::comm::backend_for(&be, world)?,
             cfg,

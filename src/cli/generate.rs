@@ -102,7 +102,6 @@ pub(super) fn decode_on<B: Backend>(
     let how = Launch {
         comm: a.comm,
         world_size: a.tp,
-        threads: rayon::current_num_threads(),
         timeout: std::time::Duration::from_secs(120),
         cuda_device: a.device.cuda(),
     };

@@ -364,23 +364,14 @@ impl ParallelArgs {
         })
     }
 
-    /// Runs `f` on every rank: threads here, or this process's rank under
-    /// mpirun (on `device`'s GPU with --comm nccl). Returns rank 0's result
-    /// (None on the other MPI ranks).
-    fn launch<R: Send>(
-        &self,
-        threads: usize,
-        device: &DeviceArgs,
-        f: impl Fn(&dyn Comm) -> distgpt::error::Result<R> + Sync,
-    ) -> Result<Option<R>> {
-        let how = Launch {
+    /// Where and how the ranks start (on `device`'s GPU with --comm nccl).
+    fn launch(&self, device: &DeviceArgs) -> Result<Launch> {
+        Ok(Launch {
             comm: self.comm,
             world_size: self.world_size,
-            threads,
             timeout: self.timeout()?,
             cuda_device: device.cuda(),
-        };
-        Ok(how.run(f)?)
+        })
     }
 }
 

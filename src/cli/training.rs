@@ -537,21 +537,16 @@ pub(super) fn run_train(mut a: TrainArgs, given: &[String]) -> Result<Outcome> {
         check_memory(&model, cfg, par.resolved(), cpu)?;
     }
     handle_stop_signals()?;
-    let threads = rayon::current_num_threads();
     let launcher = ParallelArgs {
         world_size: par.world_size,
         ..a.parallel.clone()
     };
     let prep = &prep;
-    let Some(s) = on_device!(a.device, |be| launcher.launch(
-        threads,
-        &a.device,
-        |world| {
-            let be = distgpt::comm::backend_for(&be, world)?;
-            prep.data
-                .with_task(|task| train::train_rank(be, task, &prep.cfg, par, world))
-        }
-    ))?
+    let Some(s) = on_device!(a.device, |be| launcher.launch(&a.device)?.run(|world| {
+        let be = distgpt::comm::backend_for(&be, world)?;
+        prep.data
+            .with_task(|task| train::train_rank(be, task, &prep.cfg, par, world))
+    }))?
     .flatten() else {
         let stopped = train::INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst);
         return Ok(if stopped {
@@ -655,10 +650,8 @@ pub(super) fn resume_command(dir: &Path, par: &ParallelArgs, device: &DeviceArgs
         "--resume".into(),
         shell_word(&dir.display().to_string()),
     ];
-    match par.comm {
-        CommKind::Local => {}
-        CommKind::Mpi => words.extend(["--comm".into(), "mpi".into()]),
-        CommKind::Nccl => words.extend(["--comm".into(), "nccl".into()]),
+    if par.comm != CommKind::Local {
+        words.extend(["--comm".into(), par.comm.to_string()]);
     }
     let ordinal = match device.device {
         DeviceChoice::Cpu => None,

@@ -150,16 +150,10 @@ pub fn layout_cells(
 ) -> (Vec<(ParallelConfig, usize)>, Vec<String>) {
     let (mut out, mut skipped) = (Vec::new(), Vec::new());
     for &layout in layouts {
-        let worlds: &[usize] = if layout == Layout::Single {
-            &[1]
-        } else {
-            world_sizes
-        };
         // one rank of a parallel strategy is `single` again
-        for &world in worlds
-            .iter()
-            .filter(|&&w| w > 1 || layout == Layout::Single)
-        {
+        let single = layout == Layout::Single;
+        let worlds = world_sizes.iter().copied().filter(|&w| w > 1 && !single);
+        for world in worlds.chain(single.then_some(1)) {
             if layout == Layout::Mesh && world < 4 {
                 skipped.push(format!(
                     "{name} mesh x{world}: a dp x tp 2 mesh needs a world of at least 4"

@@ -21,13 +21,14 @@ pub enum CommKind {
     Nccl,
 }
 
+crate::display_as_flag!(CommKind);
+
 /// Where and how a command's ranks start.
 pub struct Launch {
     pub comm: CommKind,
-    /// Thread ranks to start (under mpirun, mpirun's processes are the ranks).
+    /// Thread ranks to start, sharing this pool's threads (under mpirun,
+    /// mpirun's processes are the ranks).
     pub world_size: usize,
-    /// Worker threads the thread ranks share.
-    pub threads: usize,
     /// How long a collective may wait for the other ranks.
     pub timeout: Duration,
     /// The first GPU with --device cuda (None on another device).
@@ -51,7 +52,8 @@ impl Launch {
         &self,
         f: impl Fn(Box<dyn Comm>) -> Result<R> + Sync,
     ) -> Result<Option<R>> {
-        let mut out = run_local(self.world_size, self.threads, self.timeout, f)?;
+        let threads = rayon::current_num_threads();
+        let mut out = run_local(self.world_size, threads, self.timeout, f)?;
         Ok(Some(out.swap_remove(0)))
     }
 
