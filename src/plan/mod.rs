@@ -337,11 +337,10 @@ fn stage_memory(
         let zc = parallel::stage_sizes(layout, stages, vs, par.dp());
         z += zc;
         transient = transient.max(zc.shard);
-        let split = pipe.schedule == Schedule::ZbH1;
         let run = SpanRun {
             span: Span::of_units(stages[vs].clone(), m.n_layer()),
             recompute: par.recompute,
-            split,
+            split: pipe.schedule == Schedule::ZbH1,
             in_flight: live,
         };
         let acts = |p| m.activation_elems(par.tp, rows, &run, p);
@@ -349,11 +348,8 @@ fn stage_memory(
         fp32 = (fp32.0 + a.0 as f64, fp32.1 + a.1 as f64);
         bf16 = (bf16.0 + b.0 as f64, bf16.1 + b.1 as f64);
     }
-    let (pb, gb, ob) = (
-        precision.params_bytes(),
-        precision.grads_bytes(),
-        precision.optimizer_bytes(),
-    );
+    let (pb, gb) = (precision.params_bytes(), precision.grads_bytes());
+    let ob = precision.optimizer_bytes();
     let (len, shard) = (z.len as f64, z.shard as f64);
     let mut mem = MemoryPlan {
         activations: fp32.0 * precision.activation_bytes(),
@@ -392,8 +388,7 @@ fn stage_memory(
             crate::backend::threads::pool_batch_parts(rank_threads, (rows, t), params)
         })
     });
-    let widest = layout.widest_unit_grad();
-    mem.grads += gb * ((parts - 1) * widest) as f64;
+    mem.grads += gb * ((parts - 1) * layout.widest_unit_grad()) as f64;
     // bf16's rounded copies of the matmul operands (the tally counts them),
     // which a backend whose matmuls round as they multiply never makes
     // (`ActAlloc::bf16_copies`); a GPU's make them
