@@ -211,22 +211,14 @@ pub fn run_local<R: Send>(
             })
             .collect()
     });
-    // Report the rank that failed first rather than the peers that noticed it.
-    let mut out = Vec::with_capacity(n);
-    let mut first_err = None;
-    for r in results {
-        match r {
-            Ok(v) => out.push(v),
-            Err(e) => {
-                let is_origin = !e.to_string().contains("aborted: rank");
-                if first_err.is_none() || is_origin {
-                    first_err = Some(e);
-                }
-            }
-        }
-    }
-    match first_err {
-        Some(e) => Err(e),
-        None => Ok(out),
+    // Report the rank that failed rather than the peers that noticed it.
+    let (ok, failed): (Vec<_>, Vec<_>) = results.into_iter().partition(Result::is_ok);
+    let mut errs: Vec<Error> = failed.into_iter().filter_map(Result::err).collect();
+    let origin = errs
+        .iter()
+        .rposition(|e| !e.to_string().contains("aborted: rank"));
+    match errs.is_empty() {
+        true => Ok(ok.into_iter().flatten().collect()),
+        false => Err(errs.swap_remove(origin.unwrap_or(0))),
     }
 }
