@@ -6,14 +6,24 @@ use scratch::scratch;
 
 use distgpt::backend::cpu::Cpu;
 use distgpt::data::{shard, Dataset, TokenizerKind};
-use distgpt::model::files::{load_weights, save_weights};
+use distgpt::model::files::{read_weights, write_weights};
 use distgpt::model::{Gpt2, GptConfig};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 fn tmp(name: &str) -> PathBuf {
     let d = scratch(&format!("bad-{name}"));
     std::fs::create_dir_all(&d).unwrap();
     d
+}
+
+/// The model's weights as Hugging Face GPT-2 safetensors.
+fn save_weights(m: &Gpt2<Cpu>, path: &Path) -> distgpt::error::Result<String> {
+    write_weights(&m.config.clone().into(), &m.params_host()?, path, false)
+}
+
+/// A safetensors file's weights into `m`.
+fn load_weights(m: &mut Gpt2<Cpu>, path: &Path, sum: Option<&str>) -> distgpt::error::Result<()> {
+    m.set_params(&read_weights(&m.config.clone().into(), path, sum)?)
 }
 
 fn tiny() -> Gpt2<Cpu> {

@@ -6,7 +6,7 @@ mod fixture;
 
 use distgpt::backend::cpu::Cpu;
 use distgpt::backend::Device;
-use distgpt::model::files::load_weights;
+use distgpt::model::files::read_weights;
 use distgpt::model::{AdamW, AdamWConfig, Gpt2, GptConfig, Segment};
 use std::path::PathBuf;
 
@@ -55,7 +55,9 @@ impl Reference {
 
 fn loaded_model() -> Gpt2<Cpu> {
     let mut model = Gpt2::new(Cpu::new(), hf_config()).unwrap();
-    load_weights(&mut model, &fixture_dir().join("model.safetensors"), None).unwrap();
+    let file = fixture_dir().join("model.safetensors");
+    let params = read_weights(&model.config.clone().into(), &file, None).unwrap();
+    model.set_params(&params).unwrap();
     model
 }
 

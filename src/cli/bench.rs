@@ -3,7 +3,7 @@
 //! strategy and world size, in the shape `bench/pytorch_reference.py` mirrors.
 
 use super::{micro_batches, positive, positive_rate};
-use super::{CommKind, DecodeWeightsArg, DeviceArgs, ModelArgs, ParallelArgs};
+use super::{CommKind, DeviceArgs, ModelArgs, ParallelArgs, WeightFormat};
 use anyhow::Result;
 use clap::Args;
 use distgpt::backend::{profile, Backend, OnBackend};
@@ -62,7 +62,7 @@ pub struct BenchArgs {
     prompt_tokens: usize,
     /// Weight storage for --generate.
     #[arg(long, value_enum, default_value = "f32", help_heading = "Benchmark")]
-    weights: DecodeWeightsArg,
+    weights: WeightFormat,
     /// Time every kernel over the timed steps and print each one's share of
     /// the step, its calls and its GFLOP/s (a GPU finishes its queue around
     /// each kernel meanwhile, so its steps run slower than unprofiled ones).
@@ -96,7 +96,7 @@ fn run_generate<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, tokens: usi
     let prompts: Vec<Vec<u32>> = (0..a.batch_size)
         .map(|r| (0..prompt).map(|i| ((r + 7 * i) % vocab) as u32).collect())
         .collect();
-    let format = a.weights.format();
+    let format = a.weights;
     let run = distgpt::model::family::TimedGeneration {
         params: &params,
         format,
@@ -226,7 +226,7 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig) -> Result<()> {
         show: !a.json,
         profile: a.profile,
     };
-    let Some(ranks) = a.parallel.launch(threads, &a.device, |world| {
+    let Some(ranks) = a.parallel.launch(&a.device)?.run(|world| {
         bench_rank(
             distgpt::comm::backend_for(&be, world)?,
             cfg,

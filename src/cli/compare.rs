@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use distgpt::compare::classify::{self as classify_matrix, ClassifyMatrix};
+use distgpt::compare::classify::{self as classify_matrix, ClassifyMatrix, ClassifyRow};
 use distgpt::compare::{self, CompareSpec, Layout};
 use distgpt::data::{Dataset, TokenizerKind};
 use distgpt::model::family::Reshape;
@@ -185,8 +185,14 @@ pub fn run(mut a: CompareArgs, threads: usize) -> Result<()> {
     let done = compare::run(&spec, &ds, &multi)?;
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let files = compare::report::write(&spec, &done, &command)?;
-    let results = &done.results;
-    let rows: Vec<Vec<String>> = results
+    let (header, rows) = lm_table(&done.results);
+    let stopped = done.stopped.then_some((done.planned_cells, "cells"));
+    finish(&header, &rows, &spec.out_dir, files.len(), stopped)
+}
+
+/// The language-model matrix's table: a row a run.
+fn lm_table(results: &[compare::RunResult]) -> ([&'static str; 7], Vec<Vec<String>>) {
+    let rows = results
         .iter()
         .map(|r| {
             vec![
@@ -210,28 +216,26 @@ pub fn run(mut a: CompareArgs, threads: usize) -> Result<()> {
         "val loss",
         "dev vs single",
     ];
-    let stopped = done
-        .stopped
-        .then_some((results.len(), done.planned_cells, "cells"));
-    finish(&header, &rows, &spec.out_dir, files.len(), stopped)
+    (header, rows)
 }
 
 /// A matrix's close: its table, and where its report is, or (`stopped`:
-/// the rows done, those planned and what they are) that it stopped short.
+/// the rows planned and what they are) that it stopped short.
 fn finish(
     header: &[&str],
     rows: &[Vec<String>],
     out_dir: &Path,
     files: usize,
-    stopped: Option<(usize, usize, &str)>,
+    stopped: Option<(usize, &str)>,
 ) -> Result<()> {
     for line in distgpt::metrics::table(header, rows, &[0]) {
         distgpt::outln!("{line}");
     }
     let report = out_dir.join("report.md");
-    if let Some((done, planned, what)) = stopped {
+    if let Some((planned, what)) = stopped {
         bail!(
-            "stopped after {done} of {planned} {what}: partial report in {}",
+            "stopped after {} of {planned} {what}: partial report in {}",
+            rows.len(),
             report.display()
         );
     }
@@ -351,8 +355,14 @@ fn run_classify(a: CompareArgs, out_dir: PathBuf, threads: usize) -> Result<()> 
     let done = classify_matrix::run(&matrix, &MultiProgress::new())?;
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let files = classify_matrix::write(&matrix, &done, &command)?;
-    let rows: Vec<Vec<String>> = done
-        .rows
+    let (header, rows) = classify_table(&done.rows);
+    let stopped = done.stopped.then_some((done.planned_cells, "runs"));
+    finish(&header, &rows, &matrix.out_dir, files.len(), stopped)
+}
+
+/// The fine-tuning matrix's table: a row a run.
+fn classify_table(rows: &[ClassifyRow]) -> ([&'static str; 8], Vec<Vec<String>>) {
+    let rows = rows
         .iter()
         .map(|r| {
             let accs: Vec<String> = r
@@ -386,8 +396,5 @@ fn run_classify(a: CompareArgs, out_dir: PathBuf, threads: usize) -> Result<()> 
         "test acc",
         "dev vs single",
     ];
-    let stopped = done
-        .stopped
-        .then_some((done.rows.len(), done.planned_cells, "runs"));
-    finish(&header, &rows, &matrix.out_dir, files.len(), stopped)
+    (header, rows)
 }

@@ -6,6 +6,8 @@
 //! the file.
 
 use anyhow::{bail, Context, Result};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory};
 use distgpt::train::run_dir::RunRecord;
 use distgpt::train::{Duration, TaskKind};
 use std::ffi::OsString;
@@ -340,6 +342,43 @@ fn conflicts_of(train: &clap::Command, arg: &clap::Arg) -> Vec<String> {
         }
     }
     out
+}
+
+/// The command line parsed again with `train --config FILE`'s settings
+/// inserted after `train`, less those the command line gives itself.
+pub(super) fn with_config_file(file: &Path, given: &[String]) -> Result<ArgMatches> {
+    let mut cli = super::Cli::command();
+    cli.build();
+    let train = cli.find_subcommand("train").expect("a train command");
+    let settings = file_args(file, train, given)?;
+    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let at = 1
+        + argv
+            .iter()
+            .skip(1)
+            .position(|a| a == "train")
+            .expect("parsed as train")
+        + 1;
+    argv.splice(at..at, settings);
+    super::Cli::command()
+        .try_get_matches_from(argv)
+        .map_err(|e| {
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or_default();
+            anyhow::anyhow!(
+                "{} (a setting from {})",
+                first.trim_start_matches("error: "),
+                file.display()
+            )
+        })
+}
+
+/// The ids of the flags given on the command line (not defaults).
+pub(super) fn given_flags(m: &ArgMatches) -> Vec<String> {
+    m.ids()
+        .filter(|id| m.value_source(id.as_str()) == Some(ValueSource::CommandLine))
+        .map(|id| id.as_str().to_string())
+        .collect()
 }
 
 #[cfg(test)]

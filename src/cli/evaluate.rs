@@ -27,7 +27,7 @@ pub(super) struct EvalArgs {
     /// int8 run the KV-cache decoder (as `generate` does) beside an fp32
     /// one, and also report how often their next-token choices agree.
     #[arg(long, value_enum, default_value = "f32")]
-    weights: DecodeWeightsArg,
+    weights: WeightFormat,
     #[command(flatten)]
     device: DeviceArgs,
 }
@@ -201,14 +201,14 @@ pub(super) fn eval_on<B: Backend>(be: B, a: &EvalArgs) -> Result<()> {
     } else {
         a.batches.min(val.batches_per_epoch())
     };
-    if a.weights != DecodeWeightsArg::F32 {
+    if a.weights != WeightFormat::F32 {
         let batches: Vec<(Vec<u32>, Vec<u32>)> = (0..n)
             .map(|_| {
                 let b = val.next_batch();
                 (b.inputs, b.targets)
             })
             .collect();
-        let format = a.weights.format();
+        let format = a.weights;
         let run = distgpt::model::family::DecodedRun {
             params: &params,
             format,

@@ -38,7 +38,7 @@ pub(super) struct GenerateArgs {
     comm: CommKind,
     /// Weight storage while decoding.
     #[arg(long, value_enum, default_value = "f32")]
-    weights: DecodeWeightsArg,
+    weights: WeightFormat,
     #[command(flatten)]
     device: DeviceArgs,
 }
@@ -65,7 +65,7 @@ fn decode_on<B: Backend, S: FnMut(usize, u32) + Send>(
     be: B,
     Decode(a, tk, prompts, cfg, show): Decode<'_, S>,
 ) -> Result<Option<(Vec<Vec<u32>>, usize)>> {
-    let format = a.weights.format();
+    let format = a.weights;
     // the whole model on the host; each rank takes its share
     let (meta, params) = checkpoint::read_model(a.run())?;
     let model = &meta.config;
@@ -106,20 +106,14 @@ fn decode_on<B: Backend, S: FnMut(usize, u32) + Send>(
         )?;
         Ok((out, comm.size()))
     };
-    let timeout = std::time::Duration::from_secs(120);
-    Ok(match a.comm {
-        CommKind::Local => {
-            let threads = rayon::current_num_threads();
-            let mut outs = launch::run_local(a.tp, threads, timeout, |c| decode_rank(c.as_ref()))?;
-            Some(outs.swap_remove(0))
-        }
-        // Only rank 0 reports.
-        CommKind::Mpi => mpi_launch(timeout, decode_rank)?,
-        CommKind::Nccl => {
-            let threads = rayon::current_num_threads();
-            nccl_launch(timeout, (a.tp, threads), &a.device, decode_rank)?
-        }
-    })
+    let how = Launch {
+        comm: a.comm,
+        world_size: a.tp,
+        timeout: std::time::Duration::from_secs(120),
+        cuda_device: a.device.cuda(),
+    };
+    // Only rank 0 reports.
+    Ok(how.run(decode_rank)?)
 }
 
 impl GenerateArgs {
@@ -220,7 +214,7 @@ pub(super) fn run_generate(mut a: GenerateArgs) -> Result<()> {
         "[{n} tokens in {secs:.2} s{rate}; {} prompt(s), tp {}, {} weights]",
         prompts.len(),
         tp,
-        a.weights.format().name()
+        a.weights.name()
     );
     Ok(())
 }

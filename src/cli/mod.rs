@@ -1,9 +1,10 @@
 //! Command-line interface: clap commands turned into library configs. This
-//! file holds the command tree, the arguments several commands share (model,
-//! layout, device) and the launch of ranks; each command's own arguments and
-//! work live in its file (`training`, `evaluate`, `generate`, `export`,
-//! `quantize`, `prune`, `consolidate`, `bench`, `compare`, `plan`, `plot`,
-//! `devices`, `prepare`; `config` reads `train --config`).
+//! file holds the command tree and the arguments several commands share
+//! (model, layout, device); each command's own arguments and work live in
+//! its file (`training`, `evaluate`, `generate`, `export`, `quantize`,
+//! `prune`, `consolidate`, `bench`, `compare`, `plan`, `plot`, `devices`,
+//! `prepare`; `config` reads `train --config`, `help` leads each command's
+//! help with its example).
 
 mod bench;
 mod compare;
@@ -13,6 +14,7 @@ mod devices;
 mod evaluate;
 mod export;
 mod generate;
+mod help;
 mod plan;
 mod plot;
 mod prepare;
@@ -21,12 +23,11 @@ mod quantize;
 mod training;
 
 use anyhow::{bail, Context, Result};
-use clap::parser::ValueSource;
-use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use clap::{Args, FromArgMatches, Parser, Subcommand};
 use consolidate::{consolidate, run_consolidate, ConsolidateArgs};
 use devices::DevicesArgs;
 use distgpt::backend::cpu::Cpu;
-use distgpt::backend::{Backend, DeviceKind, OnBackend};
+use distgpt::backend::{Backend, DeviceKind, OnBackend, WeightFormat};
 use distgpt::checkpoint;
 use distgpt::comm::Comm;
 use distgpt::data::{self, Dataset, TokenizerKind};
@@ -35,7 +36,8 @@ use distgpt::model::bert::BertConfig;
 use distgpt::model::family::{Generation, Reshape};
 use distgpt::model::files;
 use distgpt::model::{AdamWConfig, ModelConfig};
-use distgpt::parallel::{launch, ParallelConfig, StrategyKind};
+use distgpt::parallel::launch::{self, CommKind, Launch};
+use distgpt::parallel::{ParallelConfig, StrategyKind};
 use distgpt::sample::SampleConfig;
 use distgpt::train::{self, Duration, Fault, FaultKind, TaskData, TaskKind, TrainConfig};
 use evaluate::{run_eval, EvalArgs};
@@ -279,47 +281,16 @@ impl DeviceArgs {
             DeviceKind::Cpu => 0,
             DeviceKind::Opencl => self.opencl_device,
             #[cfg(feature = "cuda")]
-            DeviceKind::Cuda => rank_gpu(self.cuda_device)?,
+            DeviceKind::Cuda => distgpt::parallel::launch::rank_gpu(self.cuda_device)?,
             #[cfg(not(feature = "cuda"))]
             DeviceKind::Cuda => self.cuda_device,
         };
         distgpt::backend::on(self.device, index, op)?
     }
-}
 
-#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum CommKind {
-    /// Ranks are threads of this process.
-    Local,
-    /// Ranks are processes started by mpirun (Open MPI).
-    Mpi,
-    /// One rank per GPU (--device cuda), NCCL for GPU buffers: thread
-    /// ranks here (--features cuda), or processes under mpirun with MPI for
-    /// what is on the host (--features mpi,cuda).
-    Nccl,
-}
-
-/// How `generate` (and `bench --generate`) store the weights they stream.
-#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum DecodeWeightsArg {
-    /// The model's fp32 weights: the same logits as the training forward.
-    F32,
-    /// Rounded to bfloat16 once: half the bytes per token, logits within
-    /// bf16 rounding of fp32 (arithmetic stays fp32).
-    Bf16,
-    /// int8 per output column with fp32 scales, the activations quantized
-    /// per token: a quarter of the bytes, int8 x int8 products (VNNI, AVX2
-    /// or portable, as the CPU has them; CPU only).
-    Int8,
-}
-
-impl DecodeWeightsArg {
-    fn format(self) -> distgpt::backend::WeightFormat {
-        match self {
-            DecodeWeightsArg::F32 => distgpt::backend::WeightFormat::F32,
-            DecodeWeightsArg::Bf16 => distgpt::backend::WeightFormat::Bf16,
-            DecodeWeightsArg::Int8 => distgpt::backend::WeightFormat::Int8,
-        }
+    /// The first GPU with --device cuda.
+    fn cuda(&self) -> Option<usize> {
+        (self.device == DeviceKind::Cuda).then_some(self.cuda_device)
     }
 }
 
@@ -356,142 +327,15 @@ impl ParallelArgs {
         })
     }
 
-    /// Runs `f` on every rank: threads here, or this process's rank under
-    /// mpirun (on `device`'s GPU with --comm nccl). Returns rank 0's result
-    /// (None on the other MPI ranks).
-    fn launch<R: Send>(
-        &self,
-        threads: usize,
-        device: &DeviceArgs,
-        f: impl Fn(&dyn Comm) -> distgpt::error::Result<R> + Sync,
-    ) -> Result<Option<R>> {
-        let timeout = self.timeout()?;
-        match self.comm {
-            CommKind::Local => {
-                let mut out =
-                    launch::run_local(self.world_size, threads, timeout, |c| f(c.as_ref()))?;
-                Ok(Some(out.swap_remove(0)))
-            }
-            CommKind::Mpi => mpi_launch(timeout, f),
-            CommKind::Nccl => nccl_launch(timeout, (self.world_size, threads), device, f),
-        }
+    /// Where and how the ranks start (on `device`'s GPU with --comm nccl).
+    fn launch(&self, device: &DeviceArgs) -> Result<Launch> {
+        Ok(Launch {
+            comm: self.comm,
+            world_size: self.world_size,
+            timeout: self.timeout()?,
+            cuda_device: device.cuda(),
+        })
     }
-}
-
-#[cfg(feature = "mpi")]
-fn mpi_launch<R>(
-    timeout: std::time::Duration,
-    f: impl Fn(&dyn Comm) -> distgpt::error::Result<R>,
-) -> Result<Option<R>> {
-    let comm = distgpt::comm::mpi::MpiComm::init(timeout)?;
-    match f(&comm) {
-        Ok(r) => Ok((comm.rank() == 0).then_some(r)),
-        Err(e) => comm.abort(&e.to_string()),
-    }
-}
-
-/// `--comm nccl`: under mpirun the MPI ranks, one process per GPU;
-/// otherwise `world_size` thread ranks, rank r on GPU `--cuda-device` + r,
-/// their NCCL id shared through the thread group. Rank 0's result (None
-/// on the other MPI ranks).
-#[cfg(feature = "cuda")]
-fn nccl_launch<R: Send>(
-    timeout: std::time::Duration,
-    (world_size, threads): (usize, usize),
-    device: &DeviceArgs,
-    f: impl Fn(&dyn Comm) -> distgpt::error::Result<R> + Sync,
-) -> Result<Option<R>> {
-    if device.device != DeviceKind::Cuda {
-        bail!("--comm nccl moves GPU buffers: it needs --device cuda");
-    }
-    if under_mpirun() {
-        return nccl_mpi_launch(timeout, device, f);
-    }
-    let mut out = launch::run_local(world_size, threads, timeout, |c| {
-        let gpu = cuda_device_of(device.cuda_device, c.rank())?;
-        f(&distgpt::comm::nccl::NcclComm::new(c, gpu)?)
-    })?;
-    Ok(Some(out.swap_remove(0)))
-}
-
-#[cfg(not(feature = "cuda"))]
-fn nccl_launch<R: Send>(
-    _: std::time::Duration,
-    _: (usize, usize),
-    _: &DeviceArgs,
-    _: impl Fn(&dyn Comm) -> distgpt::error::Result<R> + Sync,
-) -> Result<Option<R>> {
-    bail!("--comm nccl needs a build with CUDA: `cargo build --release --features cuda` (and `mpi` for mpirun)")
-}
-
-/// Whether this process is one of mpirun's (Open MPI, MPICH or PMIx).
-fn under_mpirun() -> bool {
-    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"]
-        .iter()
-        .any(|k| std::env::var_os(k).is_some())
-}
-
-/// As `mpi_launch`, with an NCCL group over the MPI ranks on this rank's GPU.
-#[cfg(all(feature = "mpi", feature = "cuda"))]
-fn nccl_mpi_launch<R>(
-    timeout: std::time::Duration,
-    device: &DeviceArgs,
-    f: impl Fn(&dyn Comm) -> distgpt::error::Result<R>,
-) -> Result<Option<R>> {
-    let comm = distgpt::comm::mpi::MpiComm::init(timeout)?;
-    let group = rank_gpu(device.cuda_device)
-        .and_then(|gpu| distgpt::comm::nccl::NcclComm::new(comm.split(0, comm.rank())?, gpu));
-    let group = match group {
-        Ok(g) => g,
-        Err(e) => comm.abort(&e.to_string()),
-    };
-    match f(&group) {
-        Ok(r) => Ok((comm.rank() == 0).then_some(r)),
-        Err(e) => comm.abort(&e.to_string()),
-    }
-}
-
-#[cfg(all(feature = "cuda", not(feature = "mpi")))]
-fn nccl_mpi_launch<R>(
-    _: std::time::Duration,
-    _: &DeviceArgs,
-    _: impl Fn(&dyn Comm) -> distgpt::error::Result<R>,
-) -> Result<Option<R>> {
-    bail!("--comm nccl under mpirun needs a build with MPI: `cargo build --release --features mpi,cuda`")
-}
-
-/// The GPU of this process: `base` plus its local rank under mpirun (Open
-/// MPI's, MPICH's or Slurm's), wrapping around the GPUs there are; `base`
-/// outside mpirun.
-#[cfg(feature = "cuda")]
-fn rank_gpu(base: usize) -> distgpt::error::Result<usize> {
-    let local = [
-        "OMPI_COMM_WORLD_LOCAL_RANK",
-        "MPI_LOCALRANKID",
-        "SLURM_LOCALID",
-    ]
-    .iter()
-    .find_map(|k| std::env::var(k).ok()?.parse::<usize>().ok());
-    match local {
-        Some(local) => cuda_device_of(base, local),
-        None => Ok(base),
-    }
-}
-
-/// Rank `rank`'s GPU counting from `base` (`Runtime::device_of`).
-#[cfg(feature = "cuda")]
-fn cuda_device_of(base: usize, rank: usize) -> distgpt::error::Result<usize> {
-    use distgpt::backend::gpu::Runtime;
-    distgpt::backend::cuda::CudaRuntime::device_of(base, rank)
-        .map_err(|e| distgpt::error::Error::Device(e.0))
-}
-
-#[cfg(not(feature = "mpi"))]
-fn mpi_launch<R>(
-    _: std::time::Duration,
-    _: impl Fn(&dyn Comm) -> distgpt::error::Result<R>,
-) -> Result<Option<R>> {
-    bail!("this distgpt was built without MPI: rebuild with `cargo build --release --features mpi` (needs libopenmpi-dev and libclang-dev)")
 }
 
 #[derive(Subcommand)]
@@ -501,55 +345,12 @@ enum CheckpointCommand {
     Consolidate(ConsolidateArgs),
 }
 
-/// Each command's example, which its help leads with ("" for the top
-/// level); every one parses (`every_command_leads_its_help_with_an_example_that_parses`).
-const EXAMPLES: [(&str, &str); 18] = [
-    ("", "distgpt train\n  distgpt generate runs/latest --prompt ROMEO. --tokens 200\n  distgpt bench --model gpt2 --strategy fsdp --world-size 2\n  distgpt plan --model gpt2-xl --world-size 64 --device h100"),
-    ("train", "distgpt train --model gpt2 --data input.txt --strategy zero2 --world-size 4 --steps 2000"),
-    ("generate", "distgpt generate runs/latest --prompt ROMEO. --tokens 200"),
-    ("data", "distgpt data prepare --input input.txt --tokenizer gpt2 --out data/mine"),
-    ("data prepare", "distgpt data prepare --input input.txt --tokenizer gpt2 --out data/mine"),
-    ("data prepare-spam", "distgpt data prepare-spam --input spam-assassin/package --out data/spam"),
-    ("data prepare-dialogue", "distgpt data prepare-dialogue --input chitchat_dataset --out data/chitchat"),
-    ("bench", "distgpt bench --model gpt2 --strategy fsdp --world-size 2 --steps 5"),
-    ("compare", "distgpt compare --strategies single,ddp,fsdp --world-sizes 2 --steps 200 --out runs/compare"),
-    ("plan", "distgpt plan --model gpt2-xl --world-size 64 --device h100"),
-    ("export", "distgpt export runs/latest --out hf/mine"),
-    ("quantize", "distgpt quantize runs/latest --out models/int8"),
-    ("prune", "distgpt prune runs/latest --sparsity 0.5 --finetune-steps 200 --out models/pruned"),
-    ("eval", "distgpt eval runs/latest"),
-    ("checkpoint", "distgpt checkpoint consolidate runs/latest/checkpoints/step_00000200 --out models/a"),
-    ("checkpoint consolidate", "distgpt checkpoint consolidate runs/latest/checkpoints/step_00000200 --out models/a"),
-    ("plot", "distgpt plot runs/a runs/b --out plots/ab"),
-    ("devices", "distgpt devices"),
-];
-
-/// The command line's parser, each command's help led by its example.
-fn command() -> clap::Command {
-    let mut cli = Cli::command();
-    for (path, example) in EXAMPLES {
-        let lead = format!(
-            "Example{}:\n  {example}",
-            if path.is_empty() { "s" } else { "" }
-        );
-        let mut names = path.split_whitespace();
-        cli = match (names.next(), names.next()) {
-            (None, _) => cli.before_help(lead),
-            (Some(c), None) => cli.mut_subcommand(c, |c| c.before_help(lead)),
-            (Some(c), Some(sub)) => {
-                cli.mut_subcommand(c, |c| c.mut_subcommand(sub, |s| s.before_help(lead)))
-            }
-        };
-    }
-    cli
-}
-
 /// Parses the command line and runs the command.
 pub fn run() -> Result<Outcome> {
-    let mut matches = command().get_matches();
+    let mut matches = help::command().get_matches();
     if let Some(train) = matches.subcommand_matches("train") {
         if let Some(file) = train.get_one::<PathBuf>("config").cloned() {
-            matches = with_config_file(&file, &given_flags(train))?;
+            matches = config::with_config_file(&file, &config::given_flags(train))?;
         }
     }
     let cli = Cli::from_arg_matches(&matches)?;
@@ -568,7 +369,7 @@ pub fn run() -> Result<Outcome> {
     // the flags given to train or eval on the command line (or --config)
     let given = matches
         .subcommand()
-        .map(|(_, m)| given_flags(m))
+        .map(|(_, m)| config::given_flags(m))
         .unwrap_or_default();
     match cli.command {
         Command::Train(a) => run_train(*a, &given),
@@ -748,131 +549,5 @@ fn finite_number(s: &str, zero: bool) -> std::result::Result<f64, String> {
         true => Ok(v),
         false if zero => Err(format!("{s} is not a number 0 or more")),
         false => Err(format!("{s} is not a positive number")),
-    }
-}
-
-/// The command line parsed again with `train --config FILE`'s settings
-/// inserted after `train`, less those the command line gives itself.
-fn with_config_file(file: &Path, given: &[String]) -> Result<ArgMatches> {
-    let mut cli = Cli::command();
-    cli.build();
-    let train = cli.find_subcommand("train").expect("a train command");
-    let settings = config::file_args(file, train, given)?;
-    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    let at = 1
-        + argv
-            .iter()
-            .skip(1)
-            .position(|a| a == "train")
-            .expect("parsed as train")
-        + 1;
-    argv.splice(at..at, settings);
-    Cli::command().try_get_matches_from(argv).map_err(|e| {
-        let text = e.to_string();
-        let first = text.lines().next().unwrap_or_default();
-        anyhow::anyhow!(
-            "{} (a setting from {})",
-            first.trim_start_matches("error: "),
-            file.display()
-        )
-    })
-}
-
-/// The ids of the flags given on the command line (not defaults).
-fn given_flags(m: &ArgMatches) -> Vec<String> {
-    m.ids()
-        .filter(|id| m.value_source(id.as_str()) == Some(ValueSource::CommandLine))
-        .map(|id| id.as_str().to_string())
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Every visible flag and command without a help line, as "command --flag".
-    fn undocumented(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
-        for a in cmd.get_arguments() {
-            let builtin = ["help", "version"].contains(&a.get_id().as_str());
-            if !a.is_hide_set() && !builtin && a.get_help().is_none() {
-                out.push(format!("{path} --{}", a.get_id()));
-            }
-        }
-        for sub in cmd.get_subcommands() {
-            let name = format!("{path} {}", sub.get_name());
-            if sub.get_about().is_none() && sub.get_name() != "help" {
-                out.push(name.clone());
-            }
-            undocumented(sub, &name, out);
-        }
-    }
-
-    /// Every command's help (and the top level's) starts with an example,
-    /// and every example is a command line that parses.
-    #[test]
-    fn every_command_leads_its_help_with_an_example_that_parses() {
-        fn walk(cmd: &clap::Command, path: &str, out: &mut Vec<(String, String)>) {
-            for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
-                let name = format!("{path} {}", sub.get_name()).trim().to_string();
-                let help = sub.clone().render_help().to_string();
-                out.push((name.clone(), help));
-                walk(sub, &name, out);
-            }
-        }
-        let mut cli = command();
-        let mut helps = vec![(String::new(), cli.render_help().to_string())];
-        walk(&cli, "", &mut helps);
-        for (path, help) in &helps {
-            assert!(
-                help.starts_with("Example"),
-                "`distgpt {path} --help`:\n{help}"
-            );
-        }
-        assert_eq!(helps.len(), EXAMPLES.len(), "a command without an example");
-        for (path, example) in EXAMPLES {
-            for line in example.lines() {
-                let argv = line.split_whitespace();
-                let parsed = command().try_get_matches_from(argv);
-                assert!(parsed.is_ok(), "{path}: {line}: {:?}", parsed.err());
-                let words: Vec<&str> = line.split_whitespace().collect();
-                assert!(
-                    path.is_empty() || words[1..].join(" ").starts_with(path),
-                    "{line}"
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn every_flag_and_command_has_a_help_line() {
-        let mut missing = Vec::new();
-        undocumented(&Cli::command(), "distgpt", &mut missing);
-        assert!(missing.is_empty(), "no help line: {missing:?}");
-    }
-
-    #[test]
-    fn test_only_flags_are_hidden_and_zero3_is_fsdp() {
-        let help = Cli::command()
-            .find_subcommand_mut("train")
-            .expect("train")
-            .render_long_help()
-            .to_string();
-        assert!(!help.contains("--fail-rank") && !help.contains("--fail-step"));
-        for heading in [
-            "Model",
-            "Data",
-            "Optimisation",
-            "Parallelism",
-            "Checkpoints",
-            "Output",
-        ] {
-            assert!(help.contains(&format!("{heading}:")), "no {heading} group");
-        }
-        let cli = Cli::try_parse_from(["distgpt", "train", "--strategy", "zero3"]).expect("zero3");
-        let Command::Train(a) = cli.command else {
-            panic!("not train")
-        };
-        assert_eq!(a.parallel.strategy, StrategyKind::Fsdp);
-        assert_eq!(StrategyKind::Fsdp.to_string(), "fsdp");
     }
 }

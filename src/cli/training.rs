@@ -3,6 +3,7 @@
 //! driver, and reported.
 
 use super::*;
+use distgpt::train::Prepared;
 
 #[derive(Args)]
 pub(super) struct TrainArgs {
@@ -166,6 +167,49 @@ pub(super) struct TrainArgs {
     fail_how: FaultKind,
 }
 
+impl TrainArgs {
+    /// The run settings the flags give: a new run's before its task's
+    /// defaults and its data's, what a resume takes of them.
+    fn settings(&self) -> TrainConfig {
+        TrainConfig {
+            batch_size: self.batch_size,
+            grad_accum: self.grad_accum,
+            duration: match self.epochs {
+                Some(e) => Duration::Epochs(e),
+                None => Duration::Steps(self.steps),
+            },
+            lr: self.lr,
+            min_lr: self.min_lr.unwrap_or(train::default_min_lr(self.lr)),
+            warmup_steps: self.warmup,
+            adamw: AdamWConfig {
+                beta1: self.beta1,
+                beta2: self.beta2,
+                eps: 1e-8,
+                weight_decay: self.weight_decay,
+            },
+            grad_clip: self.grad_clip,
+            eval_every: self.eval_every,
+            eval_batches: self.eval_batches,
+            sample_every: self.sample_every,
+            log_every: self.log_every,
+            sample_tokens: self.sample_tokens,
+            seed: self.seed,
+            link_latest: self.out.is_none(),
+            tensorboard: self.tensorboard.clone(),
+            peak_flops: self.old_peak.or_stated(self.peak_tflops).map(|t| t * 1e12),
+            verbose: !self.quiet,
+            checkpoint_every: self.checkpoint_every,
+            keep_checkpoints: self.keep_checkpoints,
+            // absolute, so run.json names the same files from any directory
+            init_from: self.init_from.as_deref().map(absolute),
+            data: self.data.as_deref().map(absolute),
+            train_examples: self.train_examples,
+            overwrite: self.overwrite,
+            ..TrainConfig::default()
+        }
+    }
+}
+
 /// Why a resumed run keeps its model and data.
 const MODEL_AND_DATA: &str = "the checkpoint holds this run's model trained on its data; to train those weights on something else start a new run with --init-from RUN";
 
@@ -207,28 +251,6 @@ pub(super) fn refuse_fixed_on_resume(given: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// (run directory, checkpoint) of a run directory (its newest checkpoint)
-/// or of one of its checkpoints.
-pub(super) fn run_and_checkpoint(path: &Path) -> Result<(PathBuf, PathBuf)> {
-    let ckpt = checkpoint::state::latest(path)?;
-    let run = match ckpt == path {
-        true => path
-            .parent()
-            .and_then(Path::parent)
-            .context("a checkpoint directory lives in RUN/checkpoints/")?
-            .to_path_buf(),
-        false => path.to_path_buf(),
-    };
-    Ok((run, ckpt))
-}
-
-/// A run ready to launch: its task's data, configuration and layout.
-pub(super) struct Prepared {
-    data: TaskData,
-    cfg: TrainConfig,
-    par: ParallelConfig,
-}
-
 /// A new run from the flags, with its task's defaults where a flag is not given.
 pub(super) fn new_run(a: &TrainArgs, given: &[String], task: TaskKind) -> Result<Prepared> {
     let set = |flag: &str| given.iter().any(|g| g == flag);
@@ -259,56 +281,18 @@ pub(super) fn new_run(a: &TrainArgs, given: &[String], task: TaskKind) -> Result
     };
     let (data, seq_len) = TaskData::new(task, &inputs)?;
     let out_name = spec.run_name.unwrap_or(&a.model.model);
-    let duration = match a.epochs {
-        Some(e) => Duration::Epochs(e),
-        None => Duration::Steps(a.steps),
-    };
     let mut cfg = TrainConfig {
-        batch_size: a.batch_size,
         seq_len,
-        grad_accum: a.grad_accum,
-        duration,
-        lr: a.lr,
-        min_lr: a.min_lr.unwrap_or(train::default_min_lr(a.lr)),
-        warmup_steps: a.warmup,
-        adamw: AdamWConfig {
-            beta1: a.beta1,
-            beta2: a.beta2,
-            eps: 1e-8,
-            weight_decay: a.weight_decay,
-        },
-        grad_clip: a.grad_clip,
-        eval_every: a.eval_every,
-        eval_batches: a.eval_batches,
-        sample_every: a.sample_every,
-        log_every: a.log_every,
-        sample_tokens: a.sample_tokens,
-        seed: a.seed,
-        link_latest: a.out.is_none(),
-        tensorboard: a.tensorboard.clone(),
         out_dir: a
             .out
             .clone()
             .unwrap_or_else(|| train::default_run_dir(out_name)),
-        peak_flops: a.old_peak.or_stated(a.peak_tflops).map(|t| t * 1e12),
-        verbose: !a.quiet,
-        fault: None,
-        checkpoint_every: a.checkpoint_every,
-        keep_checkpoints: a.keep_checkpoints,
-        resume: None,
-        stop_after: None,
-        // absolute, so run.json names the same files from any directory
-        init_from: a.init_from.as_deref().map(absolute),
-        data: a.data.as_deref().map(absolute),
-        train_examples: a.train_examples,
-        overwrite: a.overwrite,
-        schedule_steps: None,
         tokenizer: if spec.has("tokenizer") {
             a.tokenizer
         } else {
             TokenizerKind::Char
         },
-        progress: None,
+        ..a.settings()
     };
     spec.apply_defaults(&mut cfg, set);
     if let (TaskData::Classify(t), false) = (&data, set("warmup")) {
@@ -322,138 +306,46 @@ pub(super) fn new_run(a: &TrainArgs, given: &[String], task: TaskKind) -> Result
 }
 
 /// The run recorded in a run directory, set to continue from one of its
-/// checkpoints, with the flags a resume may change applied. Returns it with
-/// the run directory and the checkpoint's step.
-pub(super) fn resumed_run(a: &TrainArgs, given: &[String]) -> Result<(Prepared, PathBuf, usize)> {
-    let path = a.resume.as_ref().expect("resuming");
+/// checkpoints (in `cfg.out_dir`, from `cfg.resume`), with the flags a
+/// resume may change applied, on its own kind of device unless --device is
+/// given. Returns it with the checkpoint's step.
+pub(super) fn resumed_run(a: &mut TrainArgs, given: &[String]) -> Result<(Prepared, usize)> {
+    let path = a.resume.clone().expect("resuming");
     refuse_fixed_on_resume(given)?;
-    // A checkpoint directory (RUN/checkpoints/step_N) or a run directory.
-    let (run_dir, ckpt) = if path.join("index.json").exists() {
-        if a.from_step.is_some() {
-            bail!(
-                "--from-step picks a checkpoint of a run directory; {} is already one checkpoint",
-                path.display()
-            );
-        }
-        run_and_checkpoint(path)?
-    } else {
-        let ckpt = match a.from_step {
-            Some(n) => checkpoint::state::at_step(path, n)?,
-            None => checkpoint::state::latest(path).map_err(|e| {
-                match train::run_dir::holds_nothing_to_keep(path) {
-                    Ok(true) if path.join(train::run_dir::RUN_FILE).exists() => anyhow::anyhow!(
-                        "{0}: no complete checkpoint to resume from: the run was stopped before its first was written; start it again in its place with `distgpt train --config {1} --out {0}`",
-                        path.display(),
-                        path.join(train::run_dir::RUN_FILE).display()
-                    ),
-                    _ => e.into(),
-                }
-            })?,
-        };
-        (path.clone(), ckpt)
-    };
-    // a run another process is training is refused before any of its
-    // files is read (its checkpoints change under a reader)
-    drop(train::run_dir::lock(&run_dir)?);
-    let index = checkpoint::state::read_index(&ckpt)?;
-    if !run_dir.join(train::run_dir::RUN_FILE).exists() {
+    if a.from_step.is_some() && path.join("index.json").exists() {
         bail!(
-            "{} has checkpoints but no {}: it was written by a distgpt whose BERT runs kept no run record, and cannot be resumed; `distgpt checkpoint consolidate {0}` recovers its weights",
-            run_dir.display(),
-            train::run_dir::RUN_FILE
+            "--from-step picks a checkpoint of a run directory; {} is already one checkpoint",
+            path.display()
         );
     }
-    let record = train::run_dir::read_record(&run_dir)?;
-    if let Some(t) = a.task.filter(|&t| t != record.task) {
+    let found = train::resume::find(&path, a.from_step)?;
+    if let Some(t) = a.task.filter(|&t| t != found.record.task) {
         bail!(
             "--task {t}: {} is a --task {} run",
-            run_dir.display(),
-            record.task
+            found.dir.display(),
+            found.record.task
         );
     }
-    let data = TaskData::from_record(&record, &index.tokenizer, &run_dir)?;
-    let mut cfg = record.train;
-    let set = |flag: &str| given.iter().any(|g| g == flag);
-    if set("steps") {
-        cfg.duration = Duration::Steps(a.steps);
+    if !given.iter().any(|g| g == "device") {
+        a.device.device = recorded_device(&found.record.device);
     }
-    if let Some(e) = a.epochs {
-        cfg.duration = Duration::Epochs(e);
-    }
-    if set("lr") {
-        cfg.lr = a.lr;
-        cfg.min_lr = train::default_min_lr(a.lr);
-    }
-    if let Some(m) = a.min_lr {
-        cfg.min_lr = m;
-    }
-    // The flags a resume may change, each taken when given.
-    macro_rules! take_given {
-        ($into:ident <- $from:expr; $($field:ident),*) => {$(
-            if set(stringify!($field)) {
-                $into.$field = $from.$field;
-            }
-        )*};
-    }
-    take_given!(cfg <- a;
-        grad_clip,
-        eval_every,
-        eval_batches,
-        sample_every,
-        log_every,
-        sample_tokens,
-        checkpoint_every,
-        keep_checkpoints
-    );
-    if set("tensorboard") {
-        cfg.tensorboard = a.tensorboard.clone();
-    }
-    if set("peak_tflops") || set("old_peak_gflops") {
-        cfg.peak_flops = a.old_peak.or_stated(a.peak_tflops).map(|t| t * 1e12);
-    }
-    cfg.verbose = !a.quiet;
-    cfg.resume = Some(ckpt);
-    cfg.out_dir = run_dir.clone();
-    // The run's own layout unless one is asked for: resuming into the same
-    // layout is bit-exact, into another only within float tolerance.
-    let mut par = record.parallel;
-    let mine = a.parallel.config();
-    if set("strategy") {
-        par.strategy = mine.strategy;
-        par.tp = mine.tp;
-    }
-    take_given!(par <- mine; world_size, tp, recompute, offload, offload_serial);
-    if set("precision") && mine.precision != par.precision {
-        distgpt::errln!(
-            "note: steps 1-{} trained with --precision {}, the steps from here with {}: run.json records both, and --config cannot repeat the run",
-            index.step,
-            config::name(par.precision),
-            config::name(mine.precision)
-        );
-        par.precision = mine.precision;
-    }
-    if set("pp") {
-        par.pipeline.stages = mine.pipeline.stages;
-    }
-    if set("schedule") || set("virtual_stages") {
-        par.pipeline.schedule = mine.pipeline.schedule;
-        par.pipeline.virtual_stages = mine.pipeline.virtual_stages;
-    }
-    let prepared = Prepared { data, cfg, par };
-    Ok((prepared, run_dir, index.step))
+    let step = found.index.step;
+    Ok((
+        found.prepare(&a.settings(), a.parallel.config(), given)?,
+        step,
+    ))
 }
 
-/// The kind of device the run in `run_dir` trained on last (its record
-/// names it as the backend does: `cpu (2 threads)`, `opencl (NAME)`).
-fn recorded_device(run_dir: &Path) -> Result<DeviceKind> {
-    let named = train::run_dir::read_record(run_dir)?.device;
-    Ok(if named.starts_with("opencl") {
+/// The kind of device a run record names (as the backend does: `cpu (2
+/// threads)`, `opencl (NAME)`).
+fn recorded_device(named: &str) -> DeviceKind {
+    if named.starts_with("opencl") {
         DeviceKind::Opencl
     } else if named.starts_with("cuda") {
         DeviceKind::Cuda
     } else {
         DeviceKind::Cpu
-    })
+    }
 }
 
 /// `p` from the root (links and `..` resolved where it exists), or as
@@ -464,26 +356,12 @@ fn absolute(p: &Path) -> PathBuf {
         .unwrap_or_else(|_| p.to_path_buf())
 }
 
-/// Optimizer steps a prepared run trains in all.
-pub(super) fn total_steps(p: &Prepared) -> Result<usize> {
-    let cfg = &p.cfg;
-    let stream = p.data.with_task::<Cpu, _>(|task| -> Result<usize> {
-        Ok(task.train_stream(cfg)?.batches_per_epoch())
-    })?;
-    Ok(cfg.duration.steps(stream, cfg.grad_accum))
-}
-
 /// Resuming a run whose final checkpoint exists: there is nothing to train,
 /// but its model files may be missing, cut short or stale (killed between
 /// the two), and they are rewritten from that checkpoint; and a run stopped
 /// while it scored its test split is scored (on `device`) and reported.
-pub(super) fn finish_completed(
-    p: &Prepared,
-    run_dir: &Path,
-    ckpt: &Path,
-    step: usize,
-    device: &DeviceArgs,
-) -> Result<Outcome> {
+pub(super) fn finish_completed(p: &Prepared, step: usize, device: &DeviceArgs) -> Result<Outcome> {
+    let (run_dir, ckpt) = (&p.cfg.out_dir, p.cfg.resume.as_deref().expect("resuming"));
     let _lock = train::run_dir::lock(run_dir)?;
     let rewritten = match files::verify_model_files(run_dir, &p.data.model()) {
         Ok(()) => false,
@@ -599,19 +477,15 @@ pub(super) fn run_train(mut a: TrainArgs, given: &[String]) -> Result<Outcome> {
     }
     let mut prep = match &a.resume {
         Some(_) => {
-            let (prep, run_dir, step) = resumed_run(&a, given)?;
+            let (prep, step) = resumed_run(&mut a, given)?;
             prep.data.kind().spec().refuse(given)?;
-            if !given.iter().any(|g| g == "device") {
-                a.device.device = recorded_device(&run_dir)?;
-            }
-            let ckpt = prep.cfg.resume.clone().expect("resuming");
-            if step >= total_steps(&prep)? {
-                return finish_completed(&prep, &run_dir, &ckpt, step, &a.device);
+            if step >= prep.total_steps()? {
+                return finish_completed(&prep, step, &a.device);
             }
             distgpt::errln!(
                 "resuming {} from {} as {} on {}",
-                run_dir.display(),
-                ckpt.display(),
+                prep.cfg.out_dir.display(),
+                prep.cfg.resume.as_deref().expect("resuming").display(),
                 prep.par.strategy,
                 metrics::count(prep.par.world_size, "rank")
             );
@@ -665,7 +539,7 @@ pub(super) fn run_train(mut a: TrainArgs, given: &[String]) -> Result<Outcome> {
         ..a.parallel.clone()
     };
     let prep = &prep;
-    let Some(s) = a.device.run(Launch(prep, &launcher, &a.device))?.flatten() else {
+    let Some(s) = a.device.run(TrainOn(prep, &launcher, &a.device))?.flatten() else {
         let stopped = train::INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst);
         return Ok(if stopped {
             Outcome::Stopped
@@ -691,16 +565,17 @@ impl OnBackend for ScoreTest<'_> {
 
 /// A run's ranks launched as `--comm` says on the backend `--device`
 /// chooses: rank 0's summary (None on the other MPI ranks, or stopped).
-struct Launch<'a>(&'a Prepared, &'a ParallelArgs, &'a DeviceArgs);
+struct TrainOn<'a>(&'a Prepared, &'a ParallelArgs, &'a DeviceArgs);
 
-impl OnBackend for Launch<'_> {
+impl OnBackend for TrainOn<'_> {
     type Out = Result<Option<Option<train::TrainSummary>>>;
     fn run<B: Backend>(self, be: B) -> Self::Out {
-        let Launch(prep, launcher, device) = self;
-        launcher.launch(rayon::current_num_threads(), device, |world| {
+        let TrainOn(prep, launcher, device) = self;
+        let ran = launcher.launch(device)?.run(|world| {
             let be = distgpt::comm::backend_for(&be, world)?;
             (prep.data).with_task(|task| train::train_rank(be, task, &prep.cfg, prep.par, world))
-        })
+        });
+        Ok(ran?)
     }
 }
 
@@ -795,10 +670,8 @@ pub(super) fn resume_command(dir: &Path, par: &ParallelArgs, device: &DeviceArgs
         "--resume".into(),
         shell_word(&dir.display().to_string()),
     ];
-    match par.comm {
-        CommKind::Local => {}
-        CommKind::Mpi => words.extend(["--comm".into(), "mpi".into()]),
-        CommKind::Nccl => words.extend(["--comm".into(), "nccl".into()]),
+    if par.comm != CommKind::Local {
+        words.extend(["--comm".into(), par.comm.to_string()]);
     }
     let ordinal = match device.device {
         DeviceKind::Cpu => None,
@@ -811,7 +684,7 @@ pub(super) fn resume_command(dir: &Path, par: &ParallelArgs, device: &DeviceArgs
             words.extend([flag.into(), n.to_string()]);
         }
     }
-    if par.comm != CommKind::Local && under_mpirun() {
+    if par.comm != CommKind::Local && launch::under_mpirun() {
         words.splice(
             0..0,
             ["mpirun".into(), "-np".into(), par.world_size.to_string()],

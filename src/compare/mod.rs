@@ -49,38 +49,30 @@ pub enum Layout {
 crate::display_as_flag!(Layout);
 
 impl Layout {
-    /// The parallel configuration on `world` ranks (single ignores the world size).
+    /// The parallel configuration on `world` ranks (single ignores the
+    /// world size): a strategy, its tensor-parallel degree, and the
+    /// schedule of its 2-stage pipeline where it has one.
     fn parallel(self, world: usize) -> ParallelConfig {
-        let (strategy, world, tp) = match self {
-            Layout::Single => (StrategyKind::Single, 1, 1),
-            Layout::Ddp => (StrategyKind::Ddp, world, 1),
-            Layout::Zero1 => (StrategyKind::Zero1, world, 1),
-            Layout::Zero2 => (StrategyKind::Zero2, world, 1),
-            Layout::Fsdp => (StrategyKind::Fsdp, world, 1),
-            Layout::Tp => (StrategyKind::Tp, world, world),
-            Layout::Mesh | Layout::Pp | Layout::Gpipe | Layout::Interleaved | Layout::Zb => (
-                StrategyKind::Ddp,
-                world,
-                1 + (self == Layout::Mesh) as usize,
-            ),
+        use StrategyKind::*;
+        let (strategy, tp, pipe) = match self {
+            Layout::Single => (Single, 1, None),
+            Layout::Ddp => (Ddp, 1, None),
+            Layout::Zero1 => (Zero1, 1, None),
+            Layout::Zero2 => (Zero2, 1, None),
+            Layout::Fsdp => (Fsdp, 1, None),
+            Layout::Tp => (Tp, world, None),
+            Layout::Mesh => (Ddp, 2, None),
+            Layout::Pp => (Ddp, 1, Some(Schedule::OneFOneB)),
+            Layout::Gpipe => (Ddp, 1, Some(Schedule::GPipe)),
+            Layout::Interleaved => (Ddp, 1, Some(Schedule::Interleaved)),
+            Layout::Zb => (Ddp, 1, Some(Schedule::ZbH1)),
         };
-        let schedule = match self {
-            Layout::Gpipe => Schedule::GPipe,
-            Layout::Interleaved => Schedule::Interleaved,
-            Layout::Zb => Schedule::ZbH1,
-            _ => Schedule::OneFOneB,
-        };
-        let pipelined = [Layout::Pp, Layout::Gpipe, Layout::Interleaved, Layout::Zb];
-        let stages = if pipelined.contains(&self) { 2 } else { 1 };
         ParallelConfig {
             strategy,
-            world_size: world,
+            world_size: if strategy == Single { 1 } else { world },
             tp,
-            recompute: false,
-            precision: Default::default(),
-            pipeline: Pipeline::new(stages, schedule, 2),
-            offload: Default::default(),
-            offload_serial: false,
+            pipeline: Pipeline::new(1 + pipe.is_some() as usize, pipe.unwrap_or_default(), 2),
+            ..ParallelConfig::single()
         }
     }
 }
@@ -158,16 +150,10 @@ pub fn layout_cells(
 ) -> (Vec<(ParallelConfig, usize)>, Vec<String>) {
     let (mut out, mut skipped) = (Vec::new(), Vec::new());
     for &layout in layouts {
-        let worlds: &[usize] = if layout == Layout::Single {
-            &[1]
-        } else {
-            world_sizes
-        };
         // one rank of a parallel strategy is `single` again
-        for &world in worlds
-            .iter()
-            .filter(|&&w| w > 1 || layout == Layout::Single)
-        {
+        let single = layout == Layout::Single;
+        let worlds = world_sizes.iter().copied().filter(|&w| w > 1 && !single);
+        for world in worlds.chain(single.then_some(1)) {
             if layout == Layout::Mesh && world < 4 {
                 skipped.push(format!(
                     "{name} mesh x{world}: a dp x tp 2 mesh needs a world of at least 4"

@@ -37,6 +37,7 @@ pub enum Precision {
     /// their reduction and every other kernel stay fp32.
     Bf16,
 }
+crate::display_as_flag!(Precision);
 
 /// `--precision bf16`'s scratch: the rounded copies of one matmul's input,
 /// weight and output gradient.

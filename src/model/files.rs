@@ -109,13 +109,6 @@ pub fn write_weights(
     write_safetensors(path, &tensors)
 }
 
-/// Saves the weights as Hugging Face GPT-2 safetensors (the padded vocabulary
-/// rows are dropped); returns the file's checksum.
-pub fn save_weights<B: Backend>(model: &Gpt2<B>, path: &Path) -> Result<String> {
-    let params = model.backend().read(model.params.s())?;
-    write_weights(&model.config.clone().into(), &params, path, false)
-}
-
 /// A tensor name with each run of digits made `#`: the kind of tensor,
 /// whichever block it belongs to.
 fn kind_of(name: &str) -> String {
@@ -234,16 +227,6 @@ pub fn read_weights(
         }
     }
     Ok(params)
-}
-
-/// [`read_weights`] into a GPT-2.
-pub fn load_weights<B: Backend>(
-    model: &mut Gpt2<B>,
-    path: &Path,
-    expected_checksum: Option<&str>,
-) -> Result<()> {
-    let params = read_weights(&model.config.clone().into(), path, expected_checksum)?;
-    model.set_params(&params)
 }
 
 /// Saves weights and then `model.json` (which vouches for them) into a

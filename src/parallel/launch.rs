@@ -1,11 +1,161 @@
 //! Starting ranks: N threads of this process over `comm::local`, each with
-//! its own share of the cores. A rank that errors or panics marks the world
-//! failed, so the others stop with an error naming it.
+//! its own share of the cores, or this process's rank under mpirun (MPI,
+//! and NCCL on its GPU). A thread rank that errors or panics marks the
+//! world failed, so the others stop with an error naming it.
 
 use crate::comm::local;
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 use std::time::Duration;
+
+/// How the ranks run (`--comm`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CommKind {
+    /// Ranks are threads of this process.
+    Local,
+    /// Ranks are processes started by mpirun (Open MPI).
+    Mpi,
+    /// One rank per GPU (--device cuda), NCCL for GPU buffers: thread
+    /// ranks here (--features cuda), or processes under mpirun with MPI for
+    /// what is on the host (--features mpi,cuda).
+    Nccl,
+}
+
+crate::display_as_flag!(CommKind);
+
+/// Where and how a command's ranks start.
+pub struct Launch {
+    pub comm: CommKind,
+    /// Thread ranks to start, sharing this pool's threads (under mpirun,
+    /// mpirun's processes are the ranks).
+    pub world_size: usize,
+    /// How long a collective may wait for the other ranks.
+    pub timeout: Duration,
+    /// The first GPU with --device cuda (None on another device).
+    pub cuda_device: Option<usize>,
+}
+
+impl Launch {
+    /// Runs `f` on every rank: threads here, or this process's rank under
+    /// mpirun (on its GPU with [`CommKind::Nccl`]). Returns rank 0's result
+    /// (None on the other MPI ranks).
+    pub fn run<R: Send>(&self, f: impl Fn(&dyn Comm) -> Result<R> + Sync) -> Result<Option<R>> {
+        match self.comm {
+            CommKind::Local => self.threads_of(|c| f(c.as_ref())),
+            CommKind::Mpi => mpi_launch(self.timeout, f),
+            CommKind::Nccl => self.nccl(f),
+        }
+    }
+
+    /// Rank 0's result of `f` on `world_size` thread ranks.
+    fn threads_of<R: Send>(
+        &self,
+        f: impl Fn(Box<dyn Comm>) -> Result<R> + Sync,
+    ) -> Result<Option<R>> {
+        let threads = rayon::current_num_threads();
+        let mut out = run_local(self.world_size, threads, self.timeout, f)?;
+        Ok(Some(out.swap_remove(0)))
+    }
+
+    /// `--comm nccl`: under mpirun the MPI ranks, one process per GPU;
+    /// otherwise `world_size` thread ranks, rank r on GPU `cuda_device` + r,
+    /// their NCCL id shared through the thread group.
+    #[cfg(feature = "cuda")]
+    fn nccl<R: Send>(&self, f: impl Fn(&dyn Comm) -> Result<R> + Sync) -> Result<Option<R>> {
+        let Some(base) = self.cuda_device else {
+            return Err(Error::Config(
+                "--comm nccl moves GPU buffers: it needs --device cuda".into(),
+            ));
+        };
+        if under_mpirun() {
+            return nccl_mpi_launch(self.timeout, base, f);
+        }
+        self.threads_of(|c| {
+            let gpu = cuda_device_of(base, c.rank())?;
+            f(&crate::comm::nccl::NcclComm::new(c, gpu)?)
+        })
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn nccl<R: Send>(&self, _: impl Fn(&dyn Comm) -> Result<R> + Sync) -> Result<Option<R>> {
+        Err(Error::Config("--comm nccl needs a build with CUDA: `cargo build --release --features cuda` (and `mpi` for mpirun)".into()))
+    }
+}
+
+/// This process's rank of mpirun's world: rank 0's result of `f`, None on
+/// the others; a failed rank stops the job.
+#[cfg(feature = "mpi")]
+fn mpi_launch<R>(timeout: Duration, f: impl Fn(&dyn Comm) -> Result<R>) -> Result<Option<R>> {
+    let comm = crate::comm::mpi::MpiComm::init(timeout)?;
+    match f(&comm) {
+        Ok(r) => Ok((comm.rank() == 0).then_some(r)),
+        Err(e) => comm.abort(&e.to_string()),
+    }
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi_launch<R>(_: Duration, _: impl Fn(&dyn Comm) -> Result<R>) -> Result<Option<R>> {
+    Err(Error::Config("this distgpt was built without MPI: rebuild with `cargo build --release --features mpi` (needs libopenmpi-dev and libclang-dev)".into()))
+}
+
+/// As `mpi_launch`, with an NCCL group over the MPI ranks on this rank's
+/// GPU (`base` plus its local rank).
+#[cfg(all(feature = "mpi", feature = "cuda"))]
+fn nccl_mpi_launch<R>(
+    timeout: Duration,
+    base: usize,
+    f: impl Fn(&dyn Comm) -> Result<R>,
+) -> Result<Option<R>> {
+    let comm = crate::comm::mpi::MpiComm::init(timeout)?;
+    let group = rank_gpu(base)
+        .and_then(|gpu| crate::comm::nccl::NcclComm::new(comm.split(0, comm.rank())?, gpu))
+        .unwrap_or_else(|e| comm.abort(&e.to_string()));
+    match f(&group) {
+        Ok(r) => Ok((comm.rank() == 0).then_some(r)),
+        Err(e) => comm.abort(&e.to_string()),
+    }
+}
+
+#[cfg(all(feature = "cuda", not(feature = "mpi")))]
+fn nccl_mpi_launch<R>(
+    _: Duration,
+    _: usize,
+    _: impl Fn(&dyn Comm) -> Result<R>,
+) -> Result<Option<R>> {
+    Err(Error::Config("--comm nccl under mpirun needs a build with MPI: `cargo build --release --features mpi,cuda`".into()))
+}
+
+/// Whether this process is one of mpirun's (Open MPI, MPICH or PMIx).
+pub fn under_mpirun() -> bool {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"]
+        .iter()
+        .any(|k| std::env::var_os(k).is_some())
+}
+
+/// The GPU of this process: `base` plus its local rank under mpirun (Open
+/// MPI's, MPICH's or Slurm's), wrapping around the GPUs there are; `base`
+/// outside mpirun.
+#[cfg(feature = "cuda")]
+pub fn rank_gpu(base: usize) -> Result<usize> {
+    let local = [
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "MPI_LOCALRANKID",
+        "SLURM_LOCALID",
+    ]
+    .iter()
+    .find_map(|k| std::env::var(k).ok()?.parse::<usize>().ok());
+    match local {
+        Some(local) => cuda_device_of(base, local),
+        None => Ok(base),
+    }
+}
+
+/// Rank `rank`'s GPU counting from `base` (`Runtime::device_of`).
+#[cfg(feature = "cuda")]
+fn cuda_device_of(base: usize, rank: usize) -> Result<usize> {
+    use crate::backend::gpu::Runtime;
+    crate::backend::cuda::CudaRuntime::device_of(base, rank).map_err(|e| Error::Device(e.0))
+}
 
 /// The worker threads each of `n` thread ranks gets of `threads`.
 pub fn rank_threads(threads: usize, n: usize) -> usize {
@@ -61,22 +211,14 @@ pub fn run_local<R: Send>(
             })
             .collect()
     });
-    // Report the rank that failed first rather than the peers that noticed it.
-    let mut out = Vec::with_capacity(n);
-    let mut first_err = None;
-    for r in results {
-        match r {
-            Ok(v) => out.push(v),
-            Err(e) => {
-                let is_origin = !e.to_string().contains("aborted: rank");
-                if first_err.is_none() || is_origin {
-                    first_err = Some(e);
-                }
-            }
-        }
-    }
-    match first_err {
-        Some(e) => Err(e),
-        None => Ok(out),
+    // Report the rank that failed rather than the peers that noticed it.
+    let (ok, failed): (Vec<_>, Vec<_>) = results.into_iter().partition(Result::is_ok);
+    let mut errs: Vec<Error> = failed.into_iter().filter_map(Result::err).collect();
+    let origin = errs
+        .iter()
+        .rposition(|e| !e.to_string().contains("aborted: rank"));
+    match errs.is_empty() {
+        true => Ok(ok.into_iter().flatten().collect()),
+        false => Err(errs.swap_remove(origin.unwrap_or(0))),
     }
 }

@@ -19,7 +19,7 @@ mod units;
 
 pub use grid::Grid;
 pub use pipeline::{Pipeline, Pipelined, Schedule, Span};
-pub use stage::{fsdp_gathered, stage_sizes, StageSizes};
+pub use stage::{fsdp_gathered, stage_sizes, Sharing, StageSizes};
 pub use units::Units;
 
 use crate::backend::{Backend, MemoryReport};
@@ -51,6 +51,16 @@ pub enum StrategyKind {
 }
 
 impl StrategyKind {
+    /// What its data-parallel replicas shard.
+    pub fn sharing(self) -> Sharing {
+        match self {
+            StrategyKind::Single | StrategyKind::Ddp | StrategyKind::Tp => Sharing::Replicated,
+            StrategyKind::Zero1 => Sharing::Zero1,
+            StrategyKind::Zero2 => Sharing::Zero2,
+            StrategyKind::Fsdp => Sharing::Fsdp,
+        }
+    }
+
     /// What the memory reports' "other" bytes are under this strategy, where
     /// it has any: buffers sized by the largest unit, not by the model, so
     /// on a small model they can outweigh what sharding saves.
@@ -322,10 +332,11 @@ impl StepConfig {
     }
 }
 
-/// One rank's part of a training strategy. Training, evaluation and
-/// loading parameters or state are collective: every rank of the world
-/// calls them together. Reading this rank's state, counters and timeline,
-/// and freeing its activations, are its own.
+/// One rank's part of a training strategy. Training (`step`), evaluation
+/// (`eval_loss`, `eval_outputs`) and `full_params` are collective: every
+/// rank of the world calls them together. Loading parameters or state
+/// (each rank takes its part of the whole), reading this rank's state,
+/// counters and timeline, and freeing its activations, are its own.
 pub trait Strategy {
     /// Forward and backward over every global micro-batch (this rank takes
     /// its rows), then one optimizer update.

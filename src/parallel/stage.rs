@@ -20,7 +20,7 @@
 
 use super::offload::HostState;
 use super::pipeline::{Pass, Pipeline, Task};
-use super::{OwnedState, StrategyKind, Units};
+use super::{OwnedState, Units};
 use crate::backend::cpu::Cpu;
 use crate::backend::{Backend, Buf, Category, Dst};
 use crate::comm::{device, Comm};
@@ -30,23 +30,24 @@ use crate::model::{AdamW, AdamWConfig, ParamLayout, Segment, UnitGrads, UnitPara
 use std::borrow::Cow;
 use std::ops::Range;
 
-/// How a stage's data-parallel replicas share its state.
+/// How a stage's data-parallel replicas share its state: what ZeRO shards
+/// ([`super::StrategyKind::sharing`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Sharing {
+    /// Nothing: every replica holds it all (single, ddp, tp).
     Replicated,
+    /// The optimizer's moments.
     Zero1,
+    /// + the gradients.
     Zero2,
+    /// + the parameters (ZeRO-3).
     Fsdp,
 }
 
 impl Sharing {
-    pub fn of(kind: StrategyKind) -> Self {
-        match kind {
-            StrategyKind::Single | StrategyKind::Ddp | StrategyKind::Tp => Sharing::Replicated,
-            StrategyKind::Zero1 => Sharing::Zero1,
-            StrategyKind::Zero2 => Sharing::Zero2,
-            StrategyKind::Fsdp => Sharing::Fsdp,
-        }
+    /// Whether each replica holds a shard of anything.
+    pub fn sharded(self) -> bool {
+        self != Sharing::Replicated
     }
 }
 
@@ -403,7 +404,7 @@ impl<B: Backend> StageState<B> {
     ) -> Result<Self> {
         let pieces = Pieces::new(lay, map, n);
         let z = pieces.sizes();
-        let sharded = sharing != Sharing::Replicated;
+        let sharded = sharing.sharded();
         let opt_len = if sharded { z.shard } else { z.len };
         let opt = match offload {
             Some(HostOffload { host, overlap, .. }) => {
@@ -759,7 +760,7 @@ impl<B: Backend> StageState<B> {
 
     /// Whether the gradient is sharded over the replicas (its norm is summed over them).
     pub fn sharded(&self) -> bool {
-        self.sharing != Sharing::Replicated
+        self.sharing.sharded()
     }
 
     /// Floats of scratch [`StageState::update`] takes: zero1's reduced
@@ -772,8 +773,8 @@ impl<B: Backend> StageState<B> {
             (self.sharing, &self.grad),
             (Sharing::Zero1, Gradient::Whole(_))
         );
-        let params = self.sharing != Sharing::Replicated
-            && matches!(self.home, Home::Device(_, Params::Whole(_)));
+        let params =
+            self.sharing.sharded() && matches!(self.home, Home::Device(_, Params::Whole(_)));
         (usize::from(grads) + usize::from(params)) * shard
     }
 

@@ -11,7 +11,9 @@ pub mod calibrate;
 
 use crate::backend::{cpu::Cpu, Kernels};
 use crate::model::{ModelConfig, ParamLayout, Precision as ModelPrecision, Span, SpanRun};
-use crate::parallel::{self, pipeline, Offload, ParallelConfig, Pipeline, Schedule, StrategyKind};
+use crate::parallel::{
+    self, pipeline, Offload, ParallelConfig, Pipeline, Schedule, Sharing, StrategyKind,
+};
 use serde::Serialize;
 
 /// Bytes per element of each kind of state.
@@ -335,11 +337,10 @@ fn stage_memory(
         let zc = parallel::stage_sizes(layout, stages, vs, par.dp());
         z += zc;
         transient = transient.max(zc.shard);
-        let split = pipe.schedule == Schedule::ZbH1;
         let run = SpanRun {
             span: Span::of_units(stages[vs].clone(), m.n_layer()),
             recompute: par.recompute,
-            split,
+            split: pipe.schedule == Schedule::ZbH1,
             in_flight: live,
         };
         let acts = |p| m.activation_elems(par.tp, rows, &run, p);
@@ -347,11 +348,8 @@ fn stage_memory(
         fp32 = (fp32.0 + a.0 as f64, fp32.1 + a.1 as f64);
         bf16 = (bf16.0 + b.0 as f64, bf16.1 + b.1 as f64);
     }
-    let (pb, gb, ob) = (
-        precision.params_bytes(),
-        precision.grads_bytes(),
-        precision.optimizer_bytes(),
-    );
+    let (pb, gb) = (precision.params_bytes(), precision.grads_bytes());
+    let ob = precision.optimizer_bytes();
     let (len, shard) = (z.len as f64, z.shard as f64);
     let mut mem = MemoryPlan {
         activations: fp32.0 * precision.activation_bytes(),
@@ -360,21 +358,22 @@ fn stage_memory(
     // as `parallel::stage` allocates: a padded piece's gradient scratch, the
     // reduce-scatter's output, and zero1/zero2's update scratch (a shard)
     let scratch = gb * (z.max_padded + z.max_shard) as f64;
-    match par.strategy {
-        StrategyKind::Single | StrategyKind::Ddp | StrategyKind::Tp => {
+    let sharing = par.strategy.sharing();
+    match sharing {
+        Sharing::Replicated => {
             (mem.params, mem.grads, mem.optimizer) = (pb * len, gb * len, ob * len);
         }
-        StrategyKind::Zero1 => {
+        Sharing::Zero1 => {
             // the gradient reduced into this rank's slice of the whole one,
             // copied out with the parameters' slice for the update
             (mem.params, mem.grads, mem.optimizer) = (pb * len, gb * len, ob * shard);
             mem.other = scratch + (pb + gb) * transient as f64;
         }
-        StrategyKind::Zero2 => {
+        Sharing::Zero2 => {
             (mem.params, mem.grads, mem.optimizer) = (pb * len, gb * shard, ob * shard);
             mem.other = scratch + gb * z.head_padded as f64 + pb * transient as f64;
         }
-        StrategyKind::Fsdp => {
+        Sharing::Fsdp => {
             mem.gathered = pb * z.gathered as f64;
             (mem.params, mem.grads, mem.optimizer) =
                 (pb * shard + mem.gathered, gb * shard, ob * shard);
@@ -389,8 +388,7 @@ fn stage_memory(
             crate::backend::threads::pool_batch_parts(rank_threads, (rows, t), params)
         })
     });
-    let widest = layout.widest_unit_grad();
-    mem.grads += gb * ((parts - 1) * widest) as f64;
+    mem.grads += gb * ((parts - 1) * layout.widest_unit_grad()) as f64;
     // bf16's rounded copies of the matmul operands (the tally counts them),
     // which a backend whose matmuls round as they multiply never makes
     // (`ActAlloc::bf16_copies`); a GPU's make them
@@ -403,10 +401,7 @@ fn stage_memory(
         // the moments move to the host beside an fp32 master copy of what
         // the rank updates (in the optimizer's K under mixed precision) and
         // a staging copy of its reduced gradient
-        let owned = match par.strategy {
-            StrategyKind::Single | StrategyKind::Ddp | StrategyKind::Tp => len,
-            _ => shard,
-        };
+        let owned = if sharing.sharded() { shard } else { len };
         mem.host = HostMemory {
             params: precision.host_master_bytes() * owned,
             grads: 4.0 * owned,
@@ -492,11 +487,11 @@ pub fn predict(
     let tp_link = net.link(tp, strides.tp);
     // a replicated stage all-reduces its gradient in one call a chunk; a
     // sharded one reduces and gathers unit by unit
-    let calls = match par.strategy {
-        StrategyKind::Zero1 | StrategyKind::Zero2 | StrategyKind::Fsdp => {
-            layout.units.len().div_ceil(pp)
-        }
-        _ => v,
+    let sharing = par.strategy.sharing();
+    let calls = if sharing.sharded() {
+        layout.units.len().div_ceil(pp)
+    } else {
+        v
     };
     let ar =
         |bytes: f64, calls: usize| collective_s(Collective::AllReduce, dp, bytes, calls, dp_link);
@@ -513,27 +508,25 @@ pub fn predict(
         .map_or(0, |t| layout.units[t.unit].range.len()) as f64;
     let tied_again = if pp == 1 { gb * tied_len } else { 0.0 };
     let stream = rows * m.n_embd() as f64 * precision.activation_bytes();
-    let tasks = match par.strategy {
-        StrategyKind::Fsdp => parallel::pipeline::ranks_tasks(pipe, w.grad_accum),
+    let tasks = match sharing {
+        Sharing::Fsdp => parallel::pipeline::ranks_tasks(pipe, w.grad_accum),
         _ => Vec::new(),
     };
     // each stage's rank: (seconds, bytes) it communicates a step
     let stage_comm = |s: usize| {
         let g_bytes = gb * sizes[s].len as f64;
         let p_bytes = pb * sizes[s].len as f64;
-        let mut comm = match par.strategy {
-            StrategyKind::Single | StrategyKind::Ddp | StrategyKind::Tp => {
-                (ar(g_bytes, calls), 2.0 * dpf * g_bytes)
-            }
-            StrategyKind::Zero1 => (
+        let mut comm = match sharing {
+            Sharing::Replicated => (ar(g_bytes, calls), 2.0 * dpf * g_bytes),
+            Sharing::Zero1 => (
                 ga(g_bytes, calls) + ga(p_bytes, calls),
                 dpf * (g_bytes + p_bytes),
             ),
-            StrategyKind::Zero2 => (
+            Sharing::Zero2 => (
                 acc * ga(g_bytes + tied_again, calls + 1) + ga(p_bytes, calls),
                 dpf * (acc * (g_bytes + tied_again) + p_bytes),
             ),
-            StrategyKind::Fsdp => {
+            Sharing::Fsdp => {
                 let elems = parallel::fsdp_gathered(&layout, &stages, pipe, s, dp, &tasks[s]);
                 let gathered = pb * elems as f64;
                 (
@@ -552,11 +545,7 @@ pub fn predict(
             // where the gradient is sharded).
             let (bw, lat) = net.link(pp, strides.stage);
             let p2p = |chunks: usize| acc * chunks as f64 * (stream / bw + lat);
-            let sharded = matches!(
-                par.strategy,
-                StrategyKind::Zero1 | StrategyKind::Zero2 | StrategyKind::Fsdp
-            );
-            let tie = gb * tied_len / if sharded { dp as f64 } else { 1.0 };
+            let tie = gb * tied_len / if sharing.sharded() { dp as f64 } else { 1.0 };
             let tie_link = net.link(2, strides.stage * (pp - 1));
             let (s, bytes) = match s == 0 || s == pp - 1 {
                 true => (
@@ -587,9 +576,10 @@ pub fn predict(
         comm_s += acc * collective_s(Collective::AllReduce, tp, bytes, n, tp_link);
         comm_bytes += acc * 2.0 * (tp as f64 - 1.0) / tp as f64 * bytes;
     }
-    let owned = match par.strategy {
-        StrategyKind::Zero1 | StrategyKind::Zero2 | StrategyKind::Fsdp => largest.shard as f64,
-        _ => psi,
+    let owned = if sharing.sharded() {
+        largest.shard as f64
+    } else {
+        psi
     };
     let (optimizer_s, pcie_bytes) = match par.offload {
         Offload::None => (
@@ -612,10 +602,10 @@ pub fn predict(
             // for the update. zero1 and an all-reduced replica's cross
             // after the step's collectives, beside the update.
             let early = !par.offload_serial
-                && match par.strategy {
-                    StrategyKind::Zero2 | StrategyKind::Fsdp => true,
-                    StrategyKind::Zero1 => false,
-                    _ => dp == 1,
+                && match sharing {
+                    Sharing::Zero2 | Sharing::Fsdp => true,
+                    Sharing::Zero1 => false,
+                    Sharing::Replicated => dp == 1,
                 };
             let down_s = down / net.pcie_bandwidth;
             let down_left = match early {
@@ -674,10 +664,8 @@ fn candidates(world: usize, recompute: bool) -> Vec<ParallelConfig> {
         world_size: world,
         tp,
         recompute,
-        precision: Default::default(),
         pipeline,
-        offload: Default::default(),
-        offload_serial: false,
+        ..ParallelConfig::single()
     };
     let mk =
         |strategy, tp, stages| with(strategy, tp, Pipeline::new(stages, Default::default(), 1));
@@ -1124,12 +1112,7 @@ mod tests {
             let par = ParallelConfig {
                 strategy: s,
                 world_size: 64,
-                tp: 1,
-                recompute: false,
-                precision: Default::default(),
-                pipeline: Default::default(),
-                offload: Default::default(),
-                offload_serial: false,
+                ..ParallelConfig::single()
             };
             predict(&w, par, &d, &n, Precision::Mixed)
                 .memory
@@ -1234,12 +1217,8 @@ mod tests {
             let par = ParallelConfig {
                 strategy,
                 world_size: 32,
-                tp: 1,
                 recompute,
-                precision: Default::default(),
-                pipeline: Default::default(),
-                offload: Default::default(),
-                offload_serial: false,
+                ..ParallelConfig::single()
             };
             predict(&w, par, &d, &n, Precision::Mixed).memory
         };
@@ -1424,10 +1403,8 @@ mod tests {
             world_size: 3072,
             tp: 8,
             recompute: true,
-            precision: Default::default(),
             pipeline: Pipeline::new(64, Schedule::OneFOneB, 1),
-            offload: Default::default(),
-            offload_serial: false,
+            ..ParallelConfig::single()
         };
         let (blocks, c) = (2.0, 25600.0);
         let by_hand = 64.0 * blocks * 2048.0 * c * 2.0;

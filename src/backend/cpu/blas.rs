@@ -3,10 +3,12 @@
 //! where the machine has them, opened at run time (a build never needs
 //! them; `libopenblas0`, `libblis4`, PyPI's `mkl` through LD_LIBRARY_PATH).
 //!
-//! A library runs single-threaded inside rayon tasks: one pool, never two
-//! fighting over the cores. Which library runs a product is chosen per
-//! [`Class`] by timing each candidate ([`measure`]); the choice is kept
-//! beside the MFU peak (`metrics::peak`) and set with [`set_choice`].
+//! A library runs single-threaded inside rayon tasks, in the pool of the
+//! rank that calls it (each thread rank installs its own, with its share
+//! of the cores): no library's threads fighting rayon's for them. Which
+//! library runs a product is chosen per [`Class`] by timing each candidate
+//! ([`measure`]); the choice is kept beside the MFU peak (`metrics::peak`)
+//! and set with [`set_choice`].
 //! `DISTGPT_MATMUL=gemm|openblas|blis|mkl` pins one for every class.
 //!
 //! `--precision bf16`'s products (operands rounded to bfloat16) run in

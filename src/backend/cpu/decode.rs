@@ -14,17 +14,18 @@ use crate::backend::WeightLayout;
 use rayon::prelude::*;
 use std::sync::Arc;
 
-/// How packed decoding weights are stored.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// How packed decoding weights are stored (`generate --weights`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum WeightFormat {
-    /// The model's own fp32 weights, results as the training forward's.
+    /// The model's fp32 weights: the same logits as the training forward.
     #[default]
     F32,
-    /// bfloat16 (fp32 rounded to 8 mantissa bits): half the bytes to
-    /// stream per token; the arithmetic stays fp32.
+    /// Rounded to bfloat16 once: half the bytes per token, logits within
+    /// bf16 rounding of fp32 (arithmetic stays fp32).
     Bf16,
-    /// int8 per output column (symmetric, fp32 scales), the input quantized
-    /// per row as it comes; int8 x int8 products summed in i32 (CPU only).
+    /// int8 per output column with fp32 scales, the activations quantized
+    /// per token: a quarter of the bytes, int8 x int8 products (VNNI, AVX2
+    /// or portable, as the CPU has them; CPU only).
     Int8,
 }
 

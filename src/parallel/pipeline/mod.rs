@@ -25,7 +25,7 @@ pub use schedule::{
 };
 
 use super::grid::{Grid, Groups};
-use super::stage::{HostOffload, Sharing, StageMap, StageState};
+use super::stage::{HostOffload, StageMap, StageState};
 use super::{
     check_finite, local_rows, Offload, OwnedState, ParallelConfig, StepConfig, StepStats, Strategy,
 };
@@ -128,7 +128,7 @@ impl<B: Backend> Pipelined<B> {
         let tie_group = grid.stages_group(world, &ends)?;
         let mut chunks = Vec::new();
         let mut tie_piece = None;
-        let (pipe, sharing) = (par.pipeline, Sharing::of(par.strategy));
+        let (pipe, sharing) = (par.pipeline, par.strategy.sharing());
         let host = (!par.offload.is_none()).then(Cpu::new);
         let offload = host.as_ref().map(|host| HostOffload {
             host,

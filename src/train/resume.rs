@@ -1,0 +1,161 @@
+//! A run ready to launch ([`Prepared`]), and a recorded run resumed: the
+//! run directory and checkpoint that `--resume` names found, the run's
+//! record read back, and the settings a resume may change taken from the
+//! command line's.
+
+use super::run_dir::{self, RunRecord, RUN_FILE};
+use super::{TaskData, TrainConfig};
+use crate::backend::cpu::Cpu;
+use crate::checkpoint::state;
+use crate::error::{Error, Result};
+use crate::parallel::ParallelConfig;
+use std::path::{Path, PathBuf};
+
+/// A run ready to launch: its task's data, configuration and layout.
+pub struct Prepared {
+    pub data: TaskData,
+    pub cfg: TrainConfig,
+    pub par: ParallelConfig,
+}
+
+impl Prepared {
+    /// Optimizer steps it trains in all.
+    pub fn total_steps(&self) -> Result<usize> {
+        let cfg = &self.cfg;
+        let stream = self.data.with_task::<Cpu, _>(|task| -> Result<usize> {
+            Ok(task.train_stream(cfg)?.batches_per_epoch())
+        })?;
+        Ok(cfg.duration.steps(stream, cfg.grad_accum))
+    }
+}
+
+/// The newest checkpoint of the run in `dir`, or why there is none.
+fn latest_of_run(dir: &Path) -> Result<PathBuf> {
+    state::latest(dir).map_err(|e| match run_dir::holds_nothing_to_keep(dir) {
+        Ok(true) if dir.join(RUN_FILE).exists() => Error::Checkpoint {
+            path: dir.to_path_buf(),
+            reason: format!("no complete checkpoint to resume from: the run was stopped before its first was written; start it again in its place with `distgpt train --config {} --out {}`", dir.join(RUN_FILE).display(), dir.display()),
+        },
+        _ => e,
+    })
+}
+
+/// A recorded run found to continue from one of its checkpoints.
+pub struct Resumption {
+    pub dir: PathBuf,
+    pub ckpt: PathBuf,
+    pub index: state::Index,
+    pub record: RunRecord,
+}
+
+/// The run `path` names: a checkpoint directory (RUN/checkpoints/step_N),
+/// or a run directory's newest checkpoint (that of `from_step` when given).
+/// Refuses a run another process is training before any of its files is
+/// read (its checkpoints change under a reader).
+pub fn find(path: &Path, from_step: Option<usize>) -> Result<Resumption> {
+    let (dir, ckpt) = match (path.join("index.json").exists(), from_step) {
+        (true, _) => {
+            let lives = || Error::Input("a checkpoint directory lives in RUN/checkpoints/".into());
+            let run = path.parent().and_then(Path::parent).ok_or_else(lives)?;
+            (run.to_path_buf(), path.to_path_buf())
+        }
+        (false, Some(n)) => (path.to_path_buf(), state::at_step(path, n)?),
+        (false, None) => (path.to_path_buf(), latest_of_run(path)?),
+    };
+    drop(run_dir::lock(&dir)?);
+    let index = state::read_index(&ckpt)?;
+    if !dir.join(RUN_FILE).exists() {
+        let reason = format!("has checkpoints but no {RUN_FILE}: it was written by a distgpt whose BERT runs kept no run record, and cannot be resumed; `distgpt checkpoint consolidate {}` recovers its weights", dir.display());
+        return Err(Error::Checkpoint { path: dir, reason });
+    }
+    let record = run_dir::read_record(&dir)?;
+    Ok(Resumption {
+        dir,
+        ckpt,
+        index,
+        record,
+    })
+}
+
+/// `from` into `into` when `given`.
+fn take<T: Clone>(given: bool, into: &mut T, from: &T) {
+    if given {
+        *into = from.clone();
+    }
+}
+
+/// The settings of `f` a resume may change into `c`, where `set`.
+fn take_settings(c: &mut TrainConfig, f: &TrainConfig, set: impl Fn(&str) -> bool) {
+    take(set("steps") || set("epochs"), &mut c.duration, &f.duration);
+    take(set("lr"), &mut c.lr, &f.lr);
+    take(set("lr") || set("min_lr"), &mut c.min_lr, &f.min_lr);
+    take(set("grad_clip"), &mut c.grad_clip, &f.grad_clip);
+    take(set("eval_every"), &mut c.eval_every, &f.eval_every);
+    take(set("eval_batches"), &mut c.eval_batches, &f.eval_batches);
+    take(set("sample_every"), &mut c.sample_every, &f.sample_every);
+    take(set("log_every"), &mut c.log_every, &f.log_every);
+    take(set("sample_tokens"), &mut c.sample_tokens, &f.sample_tokens);
+    let every = set("checkpoint_every");
+    take(every, &mut c.checkpoint_every, &f.checkpoint_every);
+    let keep = set("keep_checkpoints");
+    take(keep, &mut c.keep_checkpoints, &f.keep_checkpoints);
+    take(set("tensorboard"), &mut c.tensorboard, &f.tensorboard);
+    let peak = set("peak_tflops") || set("old_peak_gflops");
+    take(peak, &mut c.peak_flops, &f.peak_flops);
+    c.verbose = f.verbose;
+}
+
+/// The layout of `m` a resume may change into `p`, where `set`; `step`
+/// is the checkpoint's, for the note that the precision changes.
+fn take_layout(
+    p: &mut ParallelConfig,
+    m: &ParallelConfig,
+    set: impl Fn(&str) -> bool,
+    step: usize,
+) {
+    take(set("strategy"), &mut p.strategy, &m.strategy);
+    take(set("strategy") || set("tp"), &mut p.tp, &m.tp);
+    take(set("world_size"), &mut p.world_size, &m.world_size);
+    take(set("recompute"), &mut p.recompute, &m.recompute);
+    take(set("offload"), &mut p.offload, &m.offload);
+    take(
+        set("offload_serial"),
+        &mut p.offload_serial,
+        &m.offload_serial,
+    );
+    if set("precision") && m.precision != p.precision {
+        crate::errln!(
+            "note: steps 1-{step} trained with --precision {}, the steps from here with {}: run.json records both, and --config cannot repeat the run",
+            p.precision,
+            m.precision
+        );
+        p.precision = m.precision;
+    }
+    take(set("pp"), &mut p.pipeline.stages, &m.pipeline.stages);
+    let (schedule, pm) = (set("schedule") || set("virtual_stages"), &m.pipeline);
+    take(schedule, &mut p.pipeline.schedule, &pm.schedule);
+    take(schedule, &mut p.pipeline.virtual_stages, &pm.virtual_stages);
+}
+
+impl Resumption {
+    /// The run as recorded, set to continue from the checkpoint, with the
+    /// settings a resume may change that `given` names (train's flags as
+    /// their `snake_case` ids) taken from `flags` and `layout`, the command
+    /// line's. Its own layout unless one is asked for: resuming into the
+    /// same layout is bit-exact, into another only within float tolerance.
+    pub fn prepare(
+        self,
+        flags: &TrainConfig,
+        layout: ParallelConfig,
+        given: &[String],
+    ) -> Result<Prepared> {
+        let set = |flag: &str| given.iter().any(|g| g == flag);
+        let data = TaskData::from_record(&self.record, &self.index.tokenizer, &self.dir)?;
+        let (mut cfg, mut par) = (self.record.train, self.record.parallel);
+        take_settings(&mut cfg, flags, set);
+        take_layout(&mut par, &layout, set, self.index.step);
+        cfg.resume = Some(self.ckpt);
+        cfg.out_dir = self.dir;
+        Ok(Prepared { data, cfg, par })
+    }
+}
