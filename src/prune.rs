@@ -430,19 +430,16 @@ pub struct MethodRun {
     pub levels: Vec<Level>,
 }
 
-/// Writes `prune.csv` and `prune.json` (config and every method's levels)
-/// and the figures (PNG and SVG) into `dir`: validation loss vs sparsity,
-/// and with timing, time per training step and per generated token.
-pub fn write_report(dir: &Path, cfg: &SweepConfig, runs: &[MethodRun]) -> Result<Vec<PathBuf>> {
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+/// `prune.csv`: a row a method and level.
+fn csv(runs: &[MethodRun]) -> String {
     let opt = |x: Option<f64>| x.map_or(String::new(), |v| v.to_string());
-    let mut csv = String::from(
+    let mut out = String::from(
         "method,target,sparsity,params,val_loss_pruned,val_loss,val_loss_int8,step_ms,token_ms,token_ms_int8\n",
     );
     for run in runs {
         for l in &run.levels {
             let sp = l.speed;
-            csv += &format!(
+            out += &format!(
                 "{},{},{},{},{},{},{},{},{},{}\n",
                 run.method,
                 l.target,
@@ -457,8 +454,16 @@ pub fn write_report(dir: &Path, cfg: &SweepConfig, runs: &[MethodRun]) -> Result
             );
         }
     }
+    out
+}
+
+/// Writes `prune.csv` and `prune.json` (config and every method's levels)
+/// and the figures (PNG and SVG) into `dir`: validation loss vs sparsity,
+/// and with timing, time per training step and per generated token.
+pub fn write_report(dir: &Path, cfg: &SweepConfig, runs: &[MethodRun]) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let csv_path = dir.join("prune.csv");
-    std::fs::write(&csv_path, csv).map_err(|e| Error::io(&csv_path, e))?;
+    std::fs::write(&csv_path, csv(runs)).map_err(|e| Error::io(&csv_path, e))?;
     let json = serde_json::json!({ "config": cfg, "runs": runs });
     let json_path = dir.join("prune.json");
     std::fs::write(
