@@ -537,22 +537,7 @@ pub fn learn(text: &str, size: usize) -> Result<WordPiece> {
              format), which hold at most {MAX_VOCAB} tokens"
         )));
     }
-    let mut counts: HashMap<String, u64> = HashMap::new();
-    // a longer word is one [UNK] however it is split: nothing to learn
-    for w in basic_tokens(text, Normalizer::default()) {
-        if w.chars().count() <= MAX_WORD {
-            *counts.entry(w).or_default() += 1;
-        }
-    }
-    if counts.is_empty() {
-        return Err(Error::Input(format!(
-            "the text has no word of at most {MAX_WORD} characters (the longest WordPiece \
-             encodes; a longer one is a single [UNK]): nothing to learn a vocabulary from; \
-             give a text of words separated by spaces"
-        )));
-    }
-    let mut words: Vec<(String, u64)> = counts.into_iter().collect();
-    words.sort();
+    let words = word_counts(text)?;
     let mut names: Vec<String> = Vec::new();
     let mut index: HashMap<String, u32> = HashMap::new();
     let mut intern = |name: String, names: &mut Vec<String>| -> u32 {
@@ -564,12 +549,7 @@ pub fn learn(text: &str, size: usize) -> Result<WordPiece> {
     // every character, as a word's first and as a continuation, sorted
     let mut alphabet: Vec<String> = words
         .iter()
-        .flat_map(|(w, _)| {
-            w.chars().enumerate().map(|(i, c)| match i {
-                0 => c.to_string(),
-                _ => format!("##{c}"),
-            })
-        })
+        .flat_map(|(w, _)| w.chars().enumerate().map(|(i, c)| piece(i, c)))
         .collect();
     alphabet.sort();
     alphabet.dedup();
@@ -598,17 +578,8 @@ pub fn learn(text: &str, size: usize) -> Result<WordPiece> {
     let mut splits: Vec<Vec<u32>> = words
         .iter()
         .map(|(w, _)| {
-            w.chars()
-                .enumerate()
-                .map(|(i, c)| {
-                    let name = if i == 0 {
-                        c.to_string()
-                    } else {
-                        format!("##{c}")
-                    };
-                    intern(name, &mut names)
-                })
-                .collect()
+            let pieces = w.chars().enumerate().map(|(i, c)| piece(i, c));
+            pieces.map(|name| intern(name, &mut names)).collect()
         })
         .collect();
     let mut merges = Merges::default();
@@ -631,18 +602,7 @@ pub fn learn(text: &str, size: usize) -> Result<WordPiece> {
         for w in touched {
             let n = words[w].1 as i64;
             merges.add(w, &splits[w], -n);
-            let old = std::mem::take(&mut splits[w]);
-            let mut new = Vec::with_capacity(old.len());
-            let mut i = 0;
-            while i < old.len() {
-                if i + 1 < old.len() && (old[i], old[i + 1]) == (a, b) {
-                    new.push(ab);
-                    i += 2;
-                } else {
-                    new.push(old[i]);
-                    i += 1;
-                }
-            }
+            let new = merged(&splits[w], a, b, ab);
             merges.add(w, &new, n);
             splits[w] = new;
         }
@@ -658,6 +618,52 @@ pub fn learn(text: &str, size: usize) -> Result<WordPiece> {
     }
     let tokens = SPECIAL.iter().map(|s| s.to_string()).chain(names).collect();
     WordPiece::new(tokens)
+}
+
+/// Character `c` at place `i` of a word as a piece: a word's first as it
+/// is, a continuation with `##`.
+fn piece(i: usize, c: char) -> String {
+    match i {
+        0 => c.to_string(),
+        _ => format!("##{c}"),
+    }
+}
+
+/// How often each word of at most [`MAX_WORD`] characters occurs, sorted
+/// (a longer word is one [UNK] however it is split: nothing to learn).
+fn word_counts(text: &str) -> Result<Vec<(String, u64)>> {
+    let mut counts: HashMap<String, u64> = HashMap::new();
+    for w in basic_tokens(text, Normalizer::default()) {
+        if w.chars().count() <= MAX_WORD {
+            *counts.entry(w).or_default() += 1;
+        }
+    }
+    if counts.is_empty() {
+        return Err(Error::Input(format!(
+            "the text has no word of at most {MAX_WORD} characters (the longest WordPiece \
+             encodes; a longer one is a single [UNK]): nothing to learn a vocabulary from; \
+             give a text of words separated by spaces"
+        )));
+    }
+    let mut words: Vec<(String, u64)> = counts.into_iter().collect();
+    words.sort();
+    Ok(words)
+}
+
+/// `split` with each adjacent (a, b), left to right, replaced by `ab`.
+fn merged(split: &[u32], a: u32, b: u32, ab: u32) -> Vec<u32> {
+    let mut new = Vec::with_capacity(split.len());
+    let mut i = 0;
+    while i < split.len() {
+        if i + 1 < split.len() && (split[i], split[i + 1]) == (a, b) {
+            new.push(ab);
+            i += 2;
+        } else {
+            new.push(split[i]);
+            i += 1;
+        }
+    }
+    new
 }
 
 /// The training state: how often each piece and each adjacent pair occurs
