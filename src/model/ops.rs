@@ -5,8 +5,9 @@
 
 use super::bf16::{matmul_backward, matmul_forward, Bf16Operands, Dout};
 use crate::backend::{
-    Activation, ActivationBackward, ActivationForward, Backend, Buf, Dst, LayerNormBackward,
-    LayerNormForward, MatmulBackward, MatmulForward, MatmulShape, Src, WeightLayout,
+    Activation, ActivationBackward, ActivationForward, Backend, Buf, CrossEntropyBackward,
+    CrossEntropyForward, Dst, LayerNormBackward, LayerNormForward, MatmulBackward, MatmulForward,
+    MatmulShape, On, Src, WeightLayout,
 };
 use crate::error::Result;
 use std::ops::Range;
@@ -26,6 +27,12 @@ impl<'a, B: Backend> Stats<'a, B> {
     /// Slot `s`'s statistics of `rows` rows, in buffers holding a slot per layer.
     pub fn slot(mean: &'a Buf<B>, rstd: &'a Buf<B>, s: usize, rows: usize) -> Self {
         let (mean, rstd) = (mean.s().part(s, rows), rstd.s().part(s, rows));
+        Stats { mean, rstd }
+    }
+
+    /// The first `n` rows' statistics.
+    pub fn first(self, n: usize) -> Self {
+        let (mean, rstd) = (self.mean.first(n), self.rstd.first(n));
         Stats { mean, rstd }
     }
 }
@@ -152,6 +159,11 @@ impl<'s, B: Backend, P: Copy> Ops<'s, B, P> {
             shape,
             accumulate: false,
         };
+        self.matmul(op)
+    }
+
+    /// [`matmul_forward`]: `op`, with bf16 operands where the pass rounds them.
+    pub fn matmul(&mut self, op: MatmulForward<On<'_, B>>) -> Result<()> {
         matmul_forward(self.be, self.bf16.as_deref_mut(), op)
     }
 
@@ -190,6 +202,45 @@ impl<'s, B: Backend, P: Copy> Ops<'s, B, P> {
             Some(_) => matmul_backward(self.be, self.bf16.as_deref_mut(), op, Dout::Round),
             None => self.be.run(op),
         }
+    }
+
+    /// Cross-entropy of `logits` (rows, vp; the first `v` real) against
+    /// `targets`, one loss a row.
+    pub fn ce(
+        &self,
+        losses: Dst<'_, B>,
+        logits: Src<'_, B>,
+        targets: Src<'_, B, u32>,
+        v: usize,
+        vp: usize,
+    ) -> Result<()> {
+        let op = CrossEntropyForward {
+            losses,
+            logits,
+            targets,
+            v,
+            vp,
+        };
+        self.be.run(op)
+    }
+
+    /// [`Ops::ce`]'s backward for `dloss` a row's loss: the logits' gradient in their place.
+    pub fn ce_back(
+        &self,
+        logits: Dst<'_, B>,
+        targets: Src<'_, B, u32>,
+        v: usize,
+        vp: usize,
+        dloss: f32,
+    ) -> Result<()> {
+        let op = CrossEntropyBackward {
+            logits,
+            targets,
+            v,
+            vp,
+            dloss,
+        };
+        self.be.run(op)
     }
 
     /// `act` of `inp` plus bias `b` into `out`.
