@@ -52,10 +52,10 @@ pub struct Ops<'s, B: Backend, P> {
     pub be: &'s B,
     pub bf16: Option<&'s mut Bf16Operands<B>>,
     pub c: usize,
-    pub eps: f32,
-    pub p: Src<'s, B>,
+    eps: f32,
+    p: Src<'s, B>,
     pub g: Option<Dst<'s, B>>,
-    pub at: &'s dyn Fn(P) -> Range<usize>,
+    at: &'s dyn Fn(P) -> Range<usize>,
 }
 
 impl<'s, B: Backend, P: Copy> Ops<'s, B, P> {
@@ -169,8 +169,9 @@ impl<'s, B: Backend, P: Copy> Ops<'s, B, P> {
 
     /// [`Ops::linear`]'s backward, its output gradient rounded here
     /// ([`Dout::Round`]): `dinp` overwritten; `w`'s gradient (and `b`'s,
-    /// where given) accumulated where the pass takes gradients, or, given
-    /// no `dinp`, the weight half alone.
+    /// where given) accumulated where the pass takes gradients; given no
+    /// `dinp`, the split backward's weight half alone, its operands
+    /// passed as they are (no bf16 copies, as that half always ran).
     pub fn linear_back(
         &mut self,
         dinp: Option<Dst<'_, B>>,
