@@ -10,9 +10,7 @@
 //! (`ActAlloc::bf16_copies`); `plan` tallies it and leaves it out for a CPU.
 
 use super::alloc::ActAlloc;
-use crate::backend::{
-    Backend, Buf, Category, Dst, MatmulBackward, MatmulForward, MatmulShape, On, Src, WeightLayout,
-};
+use crate::backend::{Backend, Buf, Category, MatmulBackward, MatmulForward, MatmulShape, On, Src};
 use crate::error::Result;
 
 /// The arithmetic of the matmuls.
@@ -97,31 +95,6 @@ pub fn matmul_forward<B: Backend>(
     Ok(())
 }
 
-/// [`matmul_forward`] of `inp` (rows, k) by a weight `w` (k, n) stored
-/// (in, out), plus `bias` where given, into `out` (overwritten).
-pub fn linear<B: Backend>(
-    be: &B,
-    bf16: Option<&mut Bf16Operands<B>>,
-    (out, inp): (Dst<'_, B>, Src<'_, B>),
-    (w, bias): (Src<'_, B>, Option<Src<'_, B>>),
-    dims: (usize, usize, usize),
-) -> Result<()> {
-    let shape = MatmulShape::new(dims, WeightLayout::InOut);
-    let accumulate = false;
-    matmul_forward(
-        be,
-        bf16,
-        MatmulForward {
-            out,
-            inp,
-            w,
-            bias,
-            shape,
-            accumulate,
-        },
-    )
-}
-
 /// How `matmul_backward` gets the output gradient in bf16: copied and
 /// rounded, or already rounded in place by the caller (the logits').
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -168,29 +141,4 @@ pub fn matmul_backward<B: Backend>(
         ..op
     })?;
     Ok(())
-}
-
-/// [`matmul_backward`] of [`linear`], the output gradient rounded here
-/// ([`Dout::Round`]): `dinp` overwritten, `dw` (None: the input half of
-/// a split backward) and `dbias` (where the product had a bias)
-/// accumulated.
-pub fn linear_backward<B: Backend>(
-    be: &B,
-    bf16: Option<&mut Bf16Operands<B>>,
-    (dinp, dw, dbias): (Dst<'_, B>, Option<Dst<'_, B>>, Option<Dst<'_, B>>),
-    (dout, inp, w): (Src<'_, B>, Src<'_, B>, Src<'_, B>),
-    dims: (usize, usize, usize),
-) -> Result<()> {
-    let dinp = Some(dinp);
-    let shape = MatmulShape::new(dims, WeightLayout::InOut);
-    let op = MatmulBackward {
-        dinp,
-        dw,
-        dbias,
-        dout,
-        inp,
-        w,
-        shape,
-    };
-    matmul_backward(be, bf16, op, Dout::Round)
 }

@@ -191,28 +191,8 @@ pub fn read_weights(
                     *d = f32::from_le_bytes(chunk.try_into().expect("4 bytes"));
                 }
             }
-            // int8 codes of a block matrix, times their column's scale.
             Dtype::I8 if config.block_matrix(t) => {
-                let scale = scale_name(&name);
-                let scales = st
-                    .tensor(&scale)
-                    .map_err(|_| bad(format!("int8 tensor '{name}' has no '{scale}'")))?;
-                if scales.dtype() != Dtype::F32 || scales.shape() != [shape[1]] {
-                    return Err(bad(format!(
-                        "'{scale}' must be F32 of shape [{}], not {:?} {:?}",
-                        shape[1],
-                        scales.dtype(),
-                        scales.shape()
-                    )));
-                }
-                let scales: Vec<f32> = scales
-                    .data()
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
-                    .collect();
-                for (e, (d, &code)) in out.iter_mut().zip(view.data()).enumerate() {
-                    *d = code as i8 as f32 * scales[e % shape[1]];
-                }
+                dequantize(&st, &name, view.data(), shape[1], out).map_err(bad)?
             }
             other => {
                 return Err(bad(format!(
@@ -227,6 +207,37 @@ pub fn read_weights(
         }
     }
     Ok(params)
+}
+
+/// Int8 `codes` of block matrix `name` (`cols` columns), times their
+/// column's scale (the file's tensor `scale_name(name)`), into `out`.
+fn dequantize(
+    st: &SafeTensors,
+    name: &str,
+    codes: &[u8],
+    cols: usize,
+    out: &mut [f32],
+) -> std::result::Result<(), String> {
+    let scale = scale_name(name);
+    let scales = st
+        .tensor(&scale)
+        .map_err(|_| format!("int8 tensor '{name}' has no '{scale}'"))?;
+    if scales.dtype() != Dtype::F32 || scales.shape() != [cols] {
+        return Err(format!(
+            "'{scale}' must be F32 of shape [{cols}], not {:?} {:?}",
+            scales.dtype(),
+            scales.shape()
+        ));
+    }
+    let scales: Vec<f32> = scales
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+        .collect();
+    for (e, (d, &code)) in out.iter_mut().zip(codes).enumerate() {
+        *d = code as i8 as f32 * scales[e % cols];
+    }
+    Ok(())
 }
 
 /// Saves weights and then `model.json` (which vouches for them) into a

@@ -10,6 +10,7 @@ pub mod family;
 pub mod files;
 pub mod gpt2;
 pub mod layout;
+pub mod ops;
 pub mod parts;
 pub mod tp;
 pub mod unit;

@@ -434,37 +434,45 @@ pub fn write_folder(
         config["label2id"] = label2id.into();
     }
     if let Some(wp) = vocab {
-        write_atomic(&dir.join("vocab.txt"), wp.vocab_text().as_bytes())?;
+        write_tokenizer(wp, cfg.block_size, dir)?;
         config[VOCAB_CHECKSUM_KEY] = wp.checksum().into();
-        let normalizer = wp.normalizer();
-        let special = serde_json::json!({
-            "unk_token": "[UNK]",
-            "sep_token": "[SEP]",
-            "pad_token": "[PAD]",
-            "cls_token": "[CLS]",
-            "mask_token": "[MASK]",
-        });
-        let mut tokenizer = special.clone();
-        let extra = serde_json::json!({
-            "tokenizer_class": "BertTokenizer",
-            "do_lower_case": normalizer.lowercase,
-            "tokenize_chinese_chars": normalizer.chinese_chars,
-            "strip_accents": normalizer.strip_accents,
-            "model_max_length": cfg.block_size,
-        });
-        for (k, v) in extra.as_object().expect("an object") {
-            tokenizer[k] = v.clone();
-        }
-        for (name, j) in [
-            ("tokenizer_config.json", tokenizer),
-            ("special_tokens_map.json", special),
-        ] {
-            let text = serde_json::to_string_pretty(&j).expect("JSON");
-            write_atomic(&dir.join(name), text.as_bytes())?;
-        }
     }
     let text = serde_json::to_string_pretty(&config).expect("a JSON value serialises");
     write_atomic(&dir.join("config.json"), text.as_bytes())
+}
+
+/// The files `AutoTokenizer.from_pretrained` reads for `wp`: `vocab.txt`,
+/// `tokenizer_config.json` (a `BertTokenizer` normalizing as `wp` does,
+/// for `block_size` positions) and `special_tokens_map.json`.
+fn write_tokenizer(wp: &WordPiece, block_size: usize, dir: &Path) -> Result<()> {
+    write_atomic(&dir.join("vocab.txt"), wp.vocab_text().as_bytes())?;
+    let normalizer = wp.normalizer();
+    let special = serde_json::json!({
+        "unk_token": "[UNK]",
+        "sep_token": "[SEP]",
+        "pad_token": "[PAD]",
+        "cls_token": "[CLS]",
+        "mask_token": "[MASK]",
+    });
+    let mut tokenizer = special.clone();
+    let extra = serde_json::json!({
+        "tokenizer_class": "BertTokenizer",
+        "do_lower_case": normalizer.lowercase,
+        "tokenize_chinese_chars": normalizer.chinese_chars,
+        "strip_accents": normalizer.strip_accents,
+        "model_max_length": block_size,
+    });
+    for (k, v) in extra.as_object().expect("an object") {
+        tokenizer[k] = v.clone();
+    }
+    for (name, j) in [
+        ("tokenizer_config.json", tokenizer),
+        ("special_tokens_map.json", special),
+    ] {
+        let text = serde_json::to_string_pretty(&j).expect("JSON");
+        write_atomic(&dir.join(name), text.as_bytes())?;
+    }
+    Ok(())
 }
 
 /// A bert-tiny folder with `head`, sized for `wp`'s vocabulary and 16

@@ -15,9 +15,8 @@ use layout::pooler_index;
 pub use layout::BlockParam;
 
 use super::alloc::ActAlloc;
-use super::bf16::{
-    linear, linear_backward, matmul_backward, matmul_forward, Bf16Operands, Dout, Precision,
-};
+use super::bf16::{matmul_backward, Bf16Operands, Dout, Precision};
+use super::ops::{io, Dinp, Ops, Stats};
 use super::tp;
 use super::tp::{BlockDims, TpPlace};
 use super::unit::{
@@ -25,8 +24,7 @@ use super::unit::{
     UnitModel, UnitParams,
 };
 use crate::backend::{
-    Activation, ActivationBackward, ActivationForward, AttentionBackward, AttentionForward,
-    Backend, Buf, Category, CrossEntropyBackward, CrossEntropyForward, Dst, EncoderBackward,
+    Activation, AttentionBackward, AttentionForward, Backend, Buf, Category, Dst, EncoderBackward,
     EncoderForward, LayerNormBackward, LayerNormForward, MatmulBackward, MatmulForward,
     MatmulShape, Src, WeightLayout,
 };
@@ -86,6 +84,70 @@ impl<B: Backend> HeadActs<B> {
             HeadActs::Classify(p) => (None, Some(p)),
             HeadActs::Pretrain(m, p) => (Some(m), Some(p)),
         }
+    }
+}
+
+impl<B: Backend> PooledActs<B> {
+    /// `head`'s pooler over the first-token rows of `x` (b sequences of
+    /// t) and its classifier: the logits, and with `targets` the summed loss.
+    fn forward(
+        &mut self,
+        ops: &mut Ops<'_, B, usize>,
+        x: Src<'_, B>,
+        b: usize,
+        t: usize,
+        head: BertHead,
+        targets: bool,
+    ) -> Result<Option<f64>> {
+        let labels = head.pooled_labels().expect("a pooler has labels");
+        let (i, be, c) = (pooler_index(head), ops.be, ops.c);
+        let bc = b * c;
+        gather_first(be, self.cls.d(), x, (b, t, c));
+        let (pre, cls) = (self.pre.slice_mut(0..bc), self.cls.slice(0..bc));
+        ops.linear(pre, cls, i, None, io(b, c, c))?;
+        let (pooled, pre) = (self.pooled.slice_mut(0..bc), self.pre.slice(0..bc));
+        ops.act(pooled, pre, i + 1, Activation::Tanh)?;
+        let mut lg = self.logits.slice_mut(0..b * labels);
+        let (pooled, shape) = (self.pooled.slice(0..bc), io(b, c, labels));
+        ops.linear(lg.rb(), pooled, i + 2, Some(i + 3), shape)?;
+        if !targets {
+            return Ok(None);
+        }
+        let (losses, at) = (self.losses.slice_mut(0..b), self.labels.slice(0..b));
+        ops.ce(losses, lg.src(), at, labels, labels)?;
+        Ok(Some(be.sum(self.losses.slice(0..b))?))
+    }
+
+    /// [`PooledActs::forward`]'s backward for `dloss` a sequence's loss:
+    /// its gradients accumulate (in `ops`); `dres` gets the first-token
+    /// rows' input gradient, added on beside a masked-LM head (to its
+    /// gradient), alone (zeros elsewhere) without.
+    fn backward(
+        &mut self,
+        ops: &mut Ops<'_, B, usize>,
+        mut dres: Dst<'_, B>,
+        b: usize,
+        t: usize,
+        head: BertHead,
+        dloss: f32,
+    ) -> Result<()> {
+        let labels = head.pooled_labels().expect("a pooler has labels");
+        let (i, be, c) = (pooler_index(head), ops.be, ops.c);
+        let bc = b * c;
+        let mut lg = self.logits.slice_mut(0..b * labels);
+        ops.ce_back(lg.rb(), self.labels.slice(0..b), labels, labels, dloss)?;
+        let mut dp = self.dpooled.slice_mut(0..bc);
+        let (pooled, shape) = (self.pooled.slice(0..bc), io(b, c, labels));
+        ops.linear_back(Some(dp.rb()), lg.src(), pooled, i + 2, Some(i + 3), shape)?;
+        ops.act_back(dp.rb(), self.pre.slice(0..bc), i + 1, Activation::Tanh)?;
+        let (dcls, cls) = (self.dcls.slice_mut(0..bc), self.cls.slice(0..bc));
+        ops.linear_back(Some(dcls), dp.src(), cls, i, None, io(b, c, c))?;
+        let beside_mlm = head.has_mlm();
+        if !beside_mlm {
+            be.fill(dres.rb(), 0.0);
+        }
+        scatter_first(be, dres, self.dcls.s(), (b, t, c), beside_mlm);
+        Ok(())
     }
 }
 
@@ -666,6 +728,7 @@ impl<B: Backend> Engine<B> {
     /// functions, those views would be passed from one to the next); read
     /// beside `transformers`' `Bert` modules, which it follows op by op.
     fn block_forward(&mut self, l: usize, p: Src<'_, B>, tp: Option<&dyn Comm>) -> Result<()> {
+        use BlockParam::*;
         let first_only = self.first_rows_only(l);
         let (b, t) = self.shape();
         let d = self.dims();
@@ -675,30 +738,21 @@ impl<B: Backend> Engine<B> {
         let btc = rows * c;
         let (be, lay) = (&self.core.backend, &self.core.layout);
         let (k, a, _) = self.held.get_mut();
-        let w = |bp: BlockParam| p.slice(lay.in_unit(1, bp as usize));
+        let pos = |bp: BlockParam| lay.in_unit(1, bp as usize);
+        let mut ops = Ops::new(be, a.bf16.as_mut(), c, eps, p, None, &pos);
         // the attention output and the FFN output are row-parallel under tensor parallelism
         let place = (tp, self.core.tp);
         let r = self.span.resid(l);
         let (x, hi) = resid_io(&mut k.resid, &mut a.out, r, btc);
         let mut qkv = a.qkv.d().part(s, 3 * rows * cl);
-        let ip = WeightLayout::InOut;
-        let bqkv = Some(w(BlockParam::QkvB));
-        linear(
-            be,
-            a.bf16.as_mut(),
-            (qkv.rb(), x),
-            (w(BlockParam::QkvW), bqkv),
-            (rows, c, 3 * cl),
-        )?;
+        ops.linear(qkv.rb(), x, QkvW, Some(QkvB), io(rows, c, 3 * cl))?;
         let mut atty = a.atty.d().part(s, rows * cl);
-        let shape = d.attn(b, t);
-        let lse = a.lse.d().part(s, rows * nhl);
         be.run(AttentionForward {
             out: atty.rb(),
-            lse,
+            lse: a.lse.d().part(s, rows * nhl),
             qkv: qkv.src(),
             lens: Some(k.lens.slice(0..b)),
-            shape,
+            shape: d.attn(b, t),
         })?;
         // after the attention: every row, or a classifier's first-token rows
         let (n, x, atty) = match a.first.as_mut().filter(|_| first_only) {
@@ -710,66 +764,31 @@ impl<B: Backend> Engine<B> {
             None => (rows, x, atty.src()),
         };
         let mut h = a.h.d().part(s, btc).first(n * c);
-        let bf16 = &mut a.bf16;
-        tp::row_parallel(
-            be,
-            place,
-            (h.rb(), x),
-            (atty, w(BlockParam::AttnOutW), w(BlockParam::AttnOutB)),
-            MatmulShape::new((n, cl, c), ip),
-            |op| matmul_forward(be, bf16.as_mut(), op),
-        )?;
+        let proj = (atty, ops.w(AttnOutW), ops.w(AttnOutB));
+        let shape = io(n, cl, c);
+        tp::row_parallel(be, place, (h.rb(), x), proj, shape, |op| ops.matmul(op))?;
         let mut h1 = a.h1.d().part(s, btc).first(n * c);
-        be.run(LayerNormForward {
-            out: h1.rb(),
-            mean: a.ln1_mean.d().part(s, rows).first(n),
-            rstd: a.ln1_rstd.d().part(s, rows).first(n),
-            inp: h.src(),
-            w: w(BlockParam::AttnLnW),
-            b: w(BlockParam::AttnLnB),
-            c,
-            eps,
-        })?;
+        let mean = a.ln1_mean.d().part(s, rows).first(n);
+        let rstd = a.ln1_rstd.d().part(s, rows).first(n);
+        ops.ln(h1.rb(), mean, rstd, h.src(), AttnLnW, AttnLnB)?;
         let mut f = a.f.d().part(s, rows * fl).first(n * fl);
-        linear(
-            be,
-            a.bf16.as_mut(),
-            (f.rb(), h1.src()),
-            (w(BlockParam::InterW), None),
-            (n, c, fl),
-        )?;
+        ops.linear(f.rb(), h1.src(), InterW, None, io(n, c, fl))?;
         let mut g = a.g.d().part(s, rows * fl).first(n * fl);
-        be.run(ActivationForward {
-            out: g.rb(),
-            inp: f.src(),
-            bias: Some(w(BlockParam::InterB)),
-            act: Activation::GeluErf,
-        })?;
+        ops.act(g.rb(), f.src(), InterB, Activation::GeluErf)?;
         let mut o = a.o.d().part(s, btc).first(n * c);
-        let bf16 = &mut a.bf16;
-        tp::row_parallel(
-            be,
-            place,
-            (o.rb(), h1.src()),
-            (g.src(), w(BlockParam::OutW), w(BlockParam::OutB)),
-            MatmulShape::new((n, fl, c), ip),
-            |op| matmul_forward(be, bf16.as_mut(), op),
-        )?;
+        let (proj, shape) = ((g.src(), ops.w(OutW), ops.w(OutB)), io(n, fl, c));
+        tp::row_parallel(be, place, (o.rb(), h1.src()), proj, shape, |op| {
+            ops.matmul(op)
+        })?;
         let mut top = hi;
         let mut fr = a.first.as_mut().filter(|_| first_only);
-        be.run(LayerNormForward {
-            out: match fr.as_mut() {
-                Some(fr) => fr.out.d(),
-                None => top.rb(),
-            },
-            mean: a.ln2_mean.d().part(s, rows).first(n),
-            rstd: a.ln2_rstd.d().part(s, rows).first(n),
-            inp: o.src(),
-            w: w(BlockParam::OutLnW),
-            b: w(BlockParam::OutLnB),
-            c,
-            eps,
-        })?;
+        let out = match fr.as_mut() {
+            Some(fr) => fr.out.d(),
+            None => top.rb(),
+        };
+        let mean = a.ln2_mean.d().part(s, rows).first(n);
+        let rstd = a.ln2_rstd.d().part(s, rows).first(n);
+        ops.ln(out, mean, rstd, o.src(), OutLnW, OutLnB)?;
         if let Some(fr) = fr {
             // the stream's other rows are never read: zeros, not an
             // earlier batch's
@@ -789,120 +808,56 @@ impl<B: Backend> Engine<B> {
         &mut self,
         l: usize,
         p: Src<'_, B>,
-        mut g: Dst<'_, B>,
+        g: Dst<'_, B>,
         tp: Option<&dyn Comm>,
     ) -> Result<()> {
+        use BlockParam::*;
         if self.recompute {
             self.block_forward(l, p, tp)?;
         }
-        let first_only = self.first_rows_only(l);
-        let (b, t) = self.shape();
-        let d = self.dims();
+        let ((b, t), eps) = (self.shape(), self.config.layer_norm_eps);
+        let (d, first_only) = (self.dims(), self.first_rows_only(l));
         let BlockDims { c, cl, nhl, fl } = d;
-        let (rows, s) = (b * t, self.slot(l));
-        let btc = rows * c;
+        let (rows, s, btc) = (b * t, self.slot(l), b * t * c);
         let (be, lay) = (&self.core.backend, &self.core.layout);
         let (k, a, _) = self.held.get_mut();
-        let w = |bp: BlockParam| p.slice(lay.in_unit(1, bp as usize));
-        let r = |bp: BlockParam| lay.in_unit(1, bp as usize);
-        let mut dres = a.dres.slice_mut(0..btc);
-        let mut dalt = a.dalt.slice_mut(0..btc);
-        let mut dbig = a.dbig.d();
-        // Above the attention, every row's gradients in dres and dalt, or
-        // the first-token rows' ([`FirstRows`]) in their own buffers: dy the
-        // gradient arriving at each LayerNorm's output, dx at its input.
+        let pos = |bp: BlockParam| lay.in_unit(1, bp as usize);
+        let mut ops = Ops::new(be, a.bf16.as_mut(), c, eps, p, Some(g), &pos);
+        let (mut dres, mut dalt) = (a.dres.slice_mut(0..btc), a.dalt.slice_mut(0..btc));
+        let (mut dbig, atty) = (a.dbig.d(), a.atty.s().part(s, rows * cl));
+        // Above the attention, every row's gradients (dres, dalt) or the first-token rows'
+        // ([`FirstRows`]): dy arriving at each LayerNorm's output, dx at its input.
         let (n, mut dy, mut dx, atty_in, mut first_datty) =
             match a.first.as_mut().filter(|_| first_only) {
-                Some(FirstRows {
-                    d1,
-                    d2,
-                    atty,
-                    datty,
-                    ..
-                }) => {
-                    gather_first(be, d1.d(), dres.src(), (b, t, c));
-                    (b, d1.d(), d2.d(), atty.slice(0..b * cl), Some(datty.d()))
+                Some(fr) => {
+                    gather_first(be, fr.d1.d(), dres.src(), (b, t, c));
+                    let first_atty = fr.atty.slice(0..b * cl);
+                    (b, fr.d1.d(), fr.d2.d(), first_atty, Some(fr.datty.d()))
                 }
-                None => (
-                    rows,
-                    dres.rb(),
-                    dalt.rb(),
-                    a.atty.s().part(s, rows * cl),
-                    None,
-                ),
+                None => (rows, dres.rb(), dalt.rb(), atty, None),
             };
+        let kept = |m, r| Stats::slot(m, r, s, rows).first(n);
+        let cut = |x, w: usize| Buf::s(x).part(s, rows * w).first(n * w);
         // d o = LN2'(d out)
-        let (dw, db) = g.rb().split2(r(BlockParam::OutLnW), r(BlockParam::OutLnB));
-        be.run(LayerNormBackward {
-            dinp: Some(dx.rb()),
-            dwb: Some((dw, db)),
-            dout: dy.src(),
-            inp: a.o.s().part(s, btc).first(n * c),
-            w: w(BlockParam::OutLnW),
-            mean: a.ln2_mean.s().part(s, rows).first(n),
-            rstd: a.ln2_rstd.s().part(s, rows).first(n),
-            c,
-            accumulate: false,
-        })?;
+        let (o, kept2) = (cut(&a.o, c), kept(&a.ln2_mean, &a.ln2_rstd));
+        ops.ln_back(Dinp::Set(dx.rb()), dy.src(), o, kept2, OutLnW, OutLnB)?;
         // o = h1 + gelu(h1 Wi + bi) Wo2 + bo2
         let mut dg = dbig.rb().first(n * fl);
-        let (dw, db) = g.rb().split2(r(BlockParam::OutW), r(BlockParam::OutB));
-        let g_act = a.g.s().part(s, rows * fl).first(n * fl);
-        linear_backward(
-            be,
-            a.bf16.as_mut(),
-            (dg.rb(), Some(dw), Some(db)),
-            (dx.src(), g_act, w(BlockParam::OutW)),
-            (n, fl, c),
-        )?;
-        let (dw, db) = g.rb().split2(r(BlockParam::InterW), r(BlockParam::InterB));
-        be.run(ActivationBackward {
-            d: dg.rb(),
-            inp: a.f.s().part(s, rows * fl).first(n * fl),
-            bias: Some(w(BlockParam::InterB)),
-            act: Activation::GeluErf,
-            dbias: Some(db),
-        })?;
-        let h1 = a.h1.s().part(s, btc).first(n * c);
-        linear_backward(
-            be,
-            a.bf16.as_mut(),
-            (dy.rb(), Some(dw), None),
-            (dg.src(), h1, w(BlockParam::InterW)),
-            (n, c, fl),
-        )?;
+        let (g_act, shape) = (cut(&a.g, fl), io(n, fl, c));
+        ops.linear_back(Some(dg.rb()), dx.src(), g_act, OutW, Some(OutB), shape)?;
+        ops.act_back(dg.rb(), cut(&a.f, fl), InterB, Activation::GeluErf)?;
+        let h1 = cut(&a.h1, c);
+        ops.linear_back(Some(dy.rb()), dg.src(), h1, InterW, None, io(n, c, fl))?;
         tp::all_reduce(be, tp, dy.rb())?;
         be.add_inplace(dy.rb(), dx.src());
         // d h = LN1'(d h1)
-        let (dw, db) = g
-            .rb()
-            .split2(r(BlockParam::AttnLnW), r(BlockParam::AttnLnB));
-        be.run(LayerNormBackward {
-            dinp: Some(dx.rb()),
-            dwb: Some((dw, db)),
-            dout: dy.src(),
-            inp: a.h.s().part(s, btc).first(n * c),
-            w: w(BlockParam::AttnLnW),
-            mean: a.ln1_mean.s().part(s, rows).first(n),
-            rstd: a.ln1_rstd.s().part(s, rows).first(n),
-            c,
-            accumulate: false,
-        })?;
+        let (h, kept1) = (cut(&a.h, c), kept(&a.ln1_mean, &a.ln1_rstd));
+        ops.ln_back(Dinp::Set(dx.rb()), dy.src(), h, kept1, AttnLnW, AttnLnB)?;
         // h = x + attention(x Wqkv + bqkv) Wo + bo
-        let (dw, db) = g
-            .rb()
-            .split2(r(BlockParam::AttnOutW), r(BlockParam::AttnOutB));
-        let datty = match first_datty.as_mut() {
-            Some(d) => d.rb(),
-            None => dbig.rb().first(rows * cl),
-        };
-        linear_backward(
-            be,
-            a.bf16.as_mut(),
-            (datty, Some(dw), Some(db)),
-            (dx.src(), atty_in, w(BlockParam::AttnOutW)),
-            (n, cl, c),
-        )?;
+        let every = dbig.rb().first(rows * cl);
+        let datty = first_datty.as_mut().map_or(every, |d| d.rb());
+        let (dout, shape) = (dx.src(), io(n, cl, c));
+        ops.linear_back(Some(datty), dout, atty_in, AttnOutW, Some(AttnOutB), shape)?;
         let mut datty = dbig.rb().first(rows * cl);
         if let Some(d) = first_datty {
             // the other rows' outputs reached no loss
@@ -910,25 +865,18 @@ impl<B: Backend> Engine<B> {
             scatter_first(be, datty.rb(), d.into_src(), (b, t, cl), false);
         }
         let mut dqkv = a.dqkv.slice_mut(0..3 * rows * cl);
-        let shape = d.attn(b, t);
         be.run(AttentionBackward {
             dqkv: dqkv.rb(),
             dout: datty.src(),
             qkv: a.qkv.s().part(s, 3 * rows * cl),
-            out: a.atty.s().part(s, rows * cl),
+            out: atty,
             lse: a.lse.s().part(s, rows * nhl),
             lens: Some(k.lens.slice(0..b)),
-            shape,
+            shape: d.attn(b, t),
         })?;
-        let (dw, db) = g.rb().split2(r(BlockParam::QkvW), r(BlockParam::QkvB));
         let x = k.resid.s().part(self.span.resid(l), btc);
-        linear_backward(
-            be,
-            a.bf16.as_mut(),
-            (dres.rb(), Some(dw), Some(db)),
-            (dqkv.src(), x, w(BlockParam::QkvW)),
-            (rows, c, 3 * cl),
-        )?;
+        let shape = io(rows, c, 3 * cl);
+        ops.linear_back(Some(dres.rb()), dqkv.src(), x, QkvW, Some(QkvB), shape)?;
         tp::all_reduce(be, tp, dres.rb())?;
         match first_only {
             true => scatter_first(be, dres, dx.src(), (b, t, c), true),
@@ -950,8 +898,9 @@ impl<B: Backend> Engine<B> {
         let btc = rows * c;
         let u = n_layer + 1;
         let (be, lay) = (&self.core.backend, &self.core.layout);
-        let w = |i: usize| p.slice(lay.in_unit(u, i));
         let (k, a, shape) = self.held.get_mut();
+        let pos = |i: usize| lay.in_unit(u, i);
+        let mut ops = Ops::new(be, a.bf16.as_mut(), c, eps, p, None, &pos);
         let x = resid(&k.resid, &a.out, self.span.resid(n_layer), btc);
         let (has_targets, terms) = (shape.has_targets, shape.loss_terms);
         let mut loss = 0.0f64;
@@ -977,87 +926,33 @@ impl<B: Backend> Engine<B> {
                 None => (rows, x),
             };
             let nc = n * c;
-            linear(
-                be,
-                a.bf16.as_mut(),
-                (m.t1.slice_mut(0..nc), x),
-                (w(0), None),
-                (n, c, c),
-            )?;
-            be.run(ActivationForward {
-                out: m.t2.slice_mut(0..nc),
-                inp: m.t1.slice(0..nc),
-                bias: Some(w(1)),
-                act: Activation::GeluErf,
-            })?;
-            be.run(LayerNormForward {
-                out: m.t3.slice_mut(0..nc),
-                mean: m.mean.slice_mut(0..n),
-                rstd: m.rstd.slice_mut(0..n),
-                inp: m.t2.slice(0..nc),
-                w: w(2),
-                b: w(3),
-                c,
-                eps,
-            })?;
+            ops.linear(m.t1.slice_mut(0..nc), x, 0, None, io(n, c, c))?;
+            let (t2, t1) = (m.t2.slice_mut(0..nc), m.t1.slice(0..nc));
+            ops.act(t2, t1, 1, Activation::GeluErf)?;
+            let (t3, mean, rstd) = (
+                m.t3.slice_mut(0..nc),
+                m.mean.slice_mut(0..n),
+                m.rstd.slice_mut(0..n),
+            );
+            ops.ln(t3, mean, rstd, m.t2.slice(0..nc), 2, 3)?;
             let mut lg = m.logits.slice_mut(0..n * vp);
-            matmul_forward(
-                be,
-                a.bf16.as_mut(),
-                MatmulForward {
-                    out: lg.rb(),
-                    inp: m.t3.slice(0..nc),
-                    w: word,
-                    bias: Some(w(4)),
-                    shape: MatmulShape::new((n, c, vp), WeightLayout::OutIn),
-                    accumulate: false,
-                },
-            )?;
+            ops.matmul(MatmulForward {
+                out: lg.rb(),
+                inp: m.t3.slice(0..nc),
+                w: word,
+                bias: Some(ops.w(4)),
+                shape: MatmulShape::new((n, c, vp), WeightLayout::OutIn),
+                accumulate: false,
+            })?;
             if has_targets {
-                be.run(CrossEntropyForward {
-                    losses: m.losses.slice_mut(0..n),
-                    logits: lg.src(),
-                    targets: m.targets.slice(0..n),
-                    v: cfg.vocab_size,
-                    vp,
-                })?;
+                let (losses, targets) = (m.losses.slice_mut(0..n), m.targets.slice(0..n));
+                ops.ce(losses, lg.src(), targets, cfg.vocab_size, vp)?;
                 loss += be.sum(m.losses.slice(0..n))? / terms.targets as f64;
             }
         }
         if let Some(h) = pooled {
-            let labels = cfg.head.pooled_labels().expect("a pooler has labels");
-            let i = pooler_index(cfg.head);
-            gather_first(be, h.cls.d(), x, (b, t, c));
-            linear(
-                be,
-                a.bf16.as_mut(),
-                (h.pre.slice_mut(0..b * c), h.cls.slice(0..b * c)),
-                (w(i), None),
-                (b, c, c),
-            )?;
-            be.run(ActivationForward {
-                out: h.pooled.slice_mut(0..b * c),
-                inp: h.pre.slice(0..b * c),
-                bias: Some(w(i + 1)),
-                act: Activation::Tanh,
-            })?;
-            let mut lg = h.logits.slice_mut(0..b * labels);
-            linear(
-                be,
-                a.bf16.as_mut(),
-                (lg.rb(), h.pooled.slice(0..b * c)),
-                (w(i + 2), Some(w(i + 3))),
-                (b, c, labels),
-            )?;
-            if has_targets {
-                be.run(CrossEntropyForward {
-                    losses: h.losses.slice_mut(0..b),
-                    logits: lg.src(),
-                    targets: h.labels.slice(0..b),
-                    v: labels,
-                    vp: labels,
-                })?;
-                loss += be.sum(h.losses.slice(0..b))? / pooled_terms(cfg.head, terms) as f64;
+            if let Some(sum) = h.forward(&mut ops, x, b, t, cfg.head, has_targets)? {
+                loss += sum / pooled_terms(cfg.head, terms) as f64;
             }
         }
         Ok(has_targets.then_some(loss as f32))
@@ -1078,98 +973,56 @@ impl<B: Backend> Engine<B> {
         loss_scale: f32,
     ) -> Result<()> {
         let (b, t) = self.shape();
-        let shape = self.held.batch();
-        if !shape.has_targets {
+        if !self.held.batch().has_targets {
             return Err(Error::Input("backward needs a forward with targets".into()));
         }
-        let terms = shape.loss_terms;
         let cfg = &self.config;
-        let (c, n_layer) = (cfg.n_embd, cfg.n_layer);
-        let rows = b * t;
-        let btc = rows * c;
-        let u = n_layer + 1;
+        let (c, n_layer, eps) = (cfg.n_embd, cfg.n_layer, cfg.layer_norm_eps);
+        let (rows, btc, u, vp) = (b * t, b * t * c, n_layer + 1, cfg.padded_vocab());
         let (be, lay) = (&self.core.backend, &self.core.layout);
-        let w = |i: usize| p.slice(lay.in_unit(u, i));
-        let r = |i: usize| lay.in_unit(u, i);
         let (k, a, shape) = self.held.get_mut();
+        let pos = |i: usize| lay.in_unit(u, i);
+        let mut ops = Ops::new(be, a.bf16.as_mut(), c, eps, p, Some(g), &pos);
         let x = resid(&k.resid, &a.out, self.span.resid(n_layer), btc);
-        let mut g = g;
         let (mlm, pooled) = k.head.parts();
         if let Some(m) = mlm {
-            let vp = cfg.padded_vocab();
             let chosen = shape.picked.as_deref();
             let (n, x) = match chosen {
                 Some(chosen) => (chosen.len(), m.picked_x.slice(0..chosen.len() * c)),
                 None => (rows, x),
             };
             let nc = n * c;
-            let (word, dword) = (
-                word.expect("the masked-LM head reads the word embeddings"),
-                dword.expect("the masked-LM head accumulates the word embeddings' gradient"),
-            );
+            let word = word.expect("the masked-LM head reads the word embeddings");
+            let dword =
+                dword.expect("the masked-LM head accumulates the word embeddings' gradient");
             let mut lg = m.logits.slice_mut(0..n * vp);
-            be.run(CrossEntropyBackward {
-                logits: lg.rb(),
-                targets: m.targets.slice(0..n),
-                v: cfg.vocab_size,
-                vp,
-                dloss: loss_scale / terms.targets,
-            })?;
-            if a.bf16.is_some() {
+            let dloss = loss_scale / shape.loss_terms.targets;
+            ops.ce_back(lg.rb(), m.targets.slice(0..n), cfg.vocab_size, vp, dloss)?;
+            if ops.bf16.is_some() {
                 // The logits' gradient feeds only this matmul: rounded where it lies.
                 be.round_bf16(lg.rb(), None);
             }
             let mut dt3 = a.dalt.slice_mut(0..nc);
-            let dbias = g.rb().slice(r(4));
-            matmul_backward(
-                be,
-                a.bf16.as_mut(),
-                MatmulBackward {
-                    dinp: Some(dt3.rb()),
-                    dw: Some(dword),
-                    dbias: Some(dbias),
-                    dout: lg.src(),
-                    inp: m.t3.slice(0..nc),
-                    w: word,
-                    shape: MatmulShape::new((n, c, vp), WeightLayout::OutIn),
-                },
-                Dout::Rounded,
-            )?;
+            let dbias = ops.g.as_mut().map(|g| g.rb().slice(pos(4)));
+            let op = MatmulBackward {
+                dinp: Some(dt3.rb()),
+                dw: Some(dword),
+                dbias,
+                dout: lg.src(),
+                inp: m.t3.slice(0..nc),
+                w: word,
+                shape: MatmulShape::new((n, c, vp), WeightLayout::OutIn),
+            };
+            matmul_backward(be, ops.bf16.as_deref_mut(), op, Dout::Rounded)?;
             let mut dt2 = a.dbig.slice_mut(0..nc);
-            let (dw, db) = g.rb().split2(r(2), r(3));
-            be.run(LayerNormBackward {
-                dinp: Some(dt2.rb()),
-                dwb: Some((dw, db)),
-                dout: dt3.src(),
-                inp: m.t2.slice(0..nc),
-                w: w(2),
-                mean: m.mean.slice(0..n),
-                rstd: m.rstd.slice(0..n),
-                c,
-                accumulate: false,
-            })?;
-            let (dw, db) = g.rb().split2(r(0), r(1));
-            be.run(ActivationBackward {
-                d: dt2.rb(),
-                inp: m.t1.slice(0..nc),
-                bias: Some(w(1)),
-                act: Activation::GeluErf,
-                dbias: Some(db),
-            })?;
+            let (t2, kept) = (m.t2.slice(0..nc), Stats::slot(&m.mean, &m.rstd, 0, n));
+            ops.ln_back(Dinp::Set(dt2.rb()), dt3.src(), t2, kept, 2, 3)?;
+            ops.act_back(dt2.rb(), m.t1.slice(0..nc), 1, Activation::GeluErf)?;
             // d x: into the stream's gradient, or for the picked rows
             // alone, then added into theirs (zeros elsewhere)
             let mut dres = a.dres.slice_mut(0..btc);
-            let dx = match chosen {
-                Some(_) => dt3.rb(),
-                None => dres.rb().first(nc),
-            };
-            linear_backward(
-                be,
-                a.bf16.as_mut(),
-                (dx, Some(dw), None),
-                (dt2.src(), x, w(0)),
-                (n, c, c),
-            )?;
+            let dx = chosen.map_or(dres.rb().first(nc), |_| dt3.rb());
+            ops.linear_back(Some(dx), dt2.src(), x, 0, None, io(n, c, c))?;
             if let Some(chosen) = chosen {
                 be.fill(dres.rb(), 0.0);
                 be.fill(m.scratch_row.d(), 0.0);
@@ -1185,48 +1038,8 @@ impl<B: Backend> Engine<B> {
             }
         }
         if let Some(h) = pooled {
-            let labels = cfg.head.pooled_labels().expect("a pooler has labels");
-            let i = pooler_index(cfg.head);
-            let mut lg = h.logits.slice_mut(0..b * labels);
-            be.run(CrossEntropyBackward {
-                logits: lg.rb(),
-                targets: h.labels.slice(0..b),
-                v: labels,
-                vp: labels,
-                dloss: loss_scale / pooled_terms(cfg.head, terms),
-            })?;
-            let mut dp = h.dpooled.slice_mut(0..b * c);
-            let (dw, db) = g.rb().split2(r(i + 2), r(i + 3));
-            linear_backward(
-                be,
-                a.bf16.as_mut(),
-                (dp.rb(), Some(dw), Some(db)),
-                (lg.src(), h.pooled.slice(0..b * c), w(i + 2)),
-                (b, c, labels),
-            )?;
-            let (dw, db) = g.rb().split2(r(i), r(i + 1));
-            be.run(ActivationBackward {
-                d: dp.rb(),
-                inp: h.pre.slice(0..b * c),
-                bias: Some(w(i + 1)),
-                act: Activation::Tanh,
-                dbias: Some(db),
-            })?;
-            linear_backward(
-                be,
-                a.bf16.as_mut(),
-                (h.dcls.slice_mut(0..b * c), Some(dw), None),
-                (dp.src(), h.cls.slice(0..b * c), w(i)),
-                (b, c, c),
-            )?;
-            // the first-token rows' gradient: alone, or added to the
-            // masked-LM head's
-            let beside_mlm = cfg.head.has_mlm();
-            let mut dres = a.dres.slice_mut(0..btc);
-            if !beside_mlm {
-                be.fill(dres.rb(), 0.0);
-            }
-            scatter_first(be, dres, h.dcls.s(), (b, t, c), beside_mlm);
+            let dloss = loss_scale / pooled_terms(cfg.head, shape.loss_terms);
+            h.backward(&mut ops, a.dres.slice_mut(0..btc), b, t, cfg.head, dloss)?;
         }
         Ok(())
     }

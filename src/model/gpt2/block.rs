@@ -11,14 +11,11 @@
 //! few-row products, and attends against a KV cache.
 
 use super::{BlockParam, LN_EPS};
-use crate::backend::{
-    Activation, ActivationForward, Backend, Dst, LayerNormForward, MatmulForward,
-};
-use crate::backend::{MatmulShape, On};
-use crate::backend::{Src, WeightLayout};
+use crate::backend::{Activation, Backend, Dst, MatmulForward, On, Src};
 use crate::comm::Comm;
 use crate::error::Result;
 use crate::model::gpt2::config::BlockDims;
+use crate::model::ops::{io, Ops};
 use crate::model::tp::{self, TpPlace};
 use crate::model::ParamLayout;
 
@@ -51,14 +48,16 @@ pub trait BlockMode<B: Backend> {
 pub fn forward<B: Backend>(
     be: &B,
     mode: &mut impl BlockMode<B>,
-    io: BlockIo<'_, B>,
+    bufs: BlockIo<'_, B>,
     (lay, l, p): (&ParamLayout, usize, Src<'_, B>),
     (rows, d): (usize, BlockDims),
     place: (Option<&dyn Comm>, TpPlace),
 ) -> Result<()> {
     let BlockDims { c, cl, fl, .. } = d;
-    let w = |bp: BlockParam| p.slice(lay.in_block(l, bp));
-    let io_shape = |dims| MatmulShape::new(dims, WeightLayout::InOut);
+    use BlockParam::*;
+    let at = |bp: BlockParam| lay.in_block(l, bp);
+    let ops = Ops::new(be, None, c, LN_EPS, p, None, &at);
+    let w = |bp: BlockParam| ops.w(bp);
     let BlockIo {
         x,
         out,
@@ -69,76 +68,37 @@ pub fn forward<B: Backend>(
         ln2: [mut ln2, mean2, rstd2],
         mut fch,
         mut fch_gelu,
-    } = io;
-    be.run(LayerNormForward {
-        out: ln1.rb(),
-        mean: mean1,
-        rstd: rstd1,
-        inp: x,
-        w: w(BlockParam::Ln1W),
-        b: w(BlockParam::Ln1B),
-        c,
-        eps: LN_EPS,
-    })?;
+    } = bufs;
+    ops.ln(ln1.rb(), mean1, rstd1, x, Ln1W, Ln1B)?;
     let op = MatmulForward {
         out: qkv.rb(),
         inp: ln1.src(),
-        w: w(BlockParam::QkvW),
-        bias: Some(w(BlockParam::QkvB)),
-        shape: io_shape((rows, c, 3 * cl)),
+        w: w(QkvW),
+        bias: Some(w(QkvB)),
+        shape: io(rows, c, 3 * cl),
         accumulate: false,
     };
-    mode.matmul(BlockParam::QkvW, op)?;
+    mode.matmul(QkvW, op)?;
     mode.attention(atty.rb(), qkv.src())?;
     // the two projections are row-parallel under tensor parallelism
-    tp::row_parallel(
-        be,
-        place,
-        (res2.rb(), x),
-        (
-            atty.src(),
-            w(BlockParam::AttnProjW),
-            w(BlockParam::AttnProjB),
-        ),
-        io_shape((rows, cl, c)),
-        |op| mode.matmul(BlockParam::AttnProjW, op),
-    )?;
-    be.run(LayerNormForward {
-        out: ln2.rb(),
-        mean: mean2,
-        rstd: rstd2,
-        inp: res2.src(),
-        w: w(BlockParam::Ln2W),
-        b: w(BlockParam::Ln2B),
-        c,
-        eps: LN_EPS,
+    let proj = (atty.src(), w(AttnProjW), w(AttnProjB));
+    tp::row_parallel(be, place, (res2.rb(), x), proj, io(rows, cl, c), |op| {
+        mode.matmul(AttnProjW, op)
     })?;
+    ops.ln(ln2.rb(), mean2, rstd2, res2.src(), Ln2W, Ln2B)?;
     let op = MatmulForward {
         out: fch.rb(),
         inp: ln2.src(),
-        w: w(BlockParam::FcW),
+        w: w(FcW),
         bias: None,
-        shape: io_shape((rows, c, fl)),
+        shape: io(rows, c, fl),
         accumulate: false,
     };
-    mode.matmul(BlockParam::FcW, op)?;
+    mode.matmul(FcW, op)?;
     // fc's bias, added in the GELU's pass (and again in its backward)
-    be.run(ActivationForward {
-        out: fch_gelu.rb(),
-        inp: fch.src(),
-        bias: Some(w(BlockParam::FcB)),
-        act: Activation::GeluTanh,
-    })?;
-    tp::row_parallel(
-        be,
-        place,
-        (out, res2.src()),
-        (
-            fch_gelu.src(),
-            w(BlockParam::FcProjW),
-            w(BlockParam::FcProjB),
-        ),
-        io_shape((rows, fl, c)),
-        |op| mode.matmul(BlockParam::FcProjW, op),
-    )
+    ops.act(fch_gelu.rb(), fch.src(), FcB, Activation::GeluTanh)?;
+    let proj = (fch_gelu.src(), w(FcProjW), w(FcProjB));
+    tp::row_parallel(be, place, (out, res2.src()), proj, io(rows, fl, c), |op| {
+        mode.matmul(FcProjW, op)
+    })
 }

@@ -14,8 +14,9 @@ pub mod rows;
 
 use super::alloc::ActAlloc;
 use super::bf16::Precision;
-use super::bf16::{linear_backward, matmul_backward, matmul_forward, Bf16Operands, Dout};
+use super::bf16::{matmul_backward, matmul_forward, Bf16Operands, Dout};
 use super::layout::ParamLayout;
+use super::ops::{io, Dinp, Ops, Stats};
 use super::tp;
 use super::tp::TpPlace;
 use super::unit::{
@@ -23,8 +24,8 @@ use super::unit::{
     UnitModel, UnitParams, Whole,
 };
 use crate::backend::{
-    Activation, ActivationBackward, AttentionBackward, AttentionForward, AttnShape, Backend, Buf,
-    Category, CrossEntropyBackward, CrossEntropyForward, Dst, EncoderBackward, EncoderForward,
+    Activation, AttentionBackward, AttentionForward, AttnShape, Backend, Buf, Category,
+    CrossEntropyBackward, CrossEntropyForward, Dst, EncoderBackward, EncoderForward,
     LayerNormBackward, LayerNormForward, MatmulBackward, MatmulForward, MatmulShape, On, Src,
     WeightLayout,
 };
@@ -304,18 +305,6 @@ struct Batch {
     has_targets: bool,
     /// What the summed loss is divided by.
     loss_terms: f32,
-}
-
-/// The gradient views of a block's weight and bias, where the pass takes
-/// them (`g` is the block's gradient).
-fn weight_and_bias<'g, B>(
-    g: &'g mut Option<Dst<'_, B>>,
-    (lay, l): (&ParamLayout, usize),
-    w: BlockParam,
-    b: BlockParam,
-) -> Option<(Dst<'g, B>, Dst<'g, B>)> {
-    let g = g.as_mut()?;
-    Some(g.rb().split2(lay.in_block(l, w), lay.in_block(l, b)))
 }
 
 /// The model without its parameters: config, this rank's layout, the
@@ -677,9 +666,10 @@ impl<B: Backend> Engine<B> {
         &mut self,
         l: usize,
         p: Src<'_, B>,
-        mut g: Option<Dst<'_, B>>,
+        g: Option<Dst<'_, B>>,
         tp: Option<&dyn Comm>,
     ) -> Result<()> {
+        use BlockParam::*;
         if self.recompute {
             self.block_forward(l, p, tp)?;
         }
@@ -689,115 +679,63 @@ impl<B: Backend> Engine<B> {
         let rows = b * t;
         let btc = rows * c;
         let (s, r) = (self.slot(l), self.span.resid(l));
-        let at = match g {
-            Some(_) => GradsAt::whole(d, rows),
-            None => GradsAt::saved(wd, d, rows, s),
+        let (split, at) = match g {
+            Some(_) => (false, GradsAt::whole(d, rows)),
+            None => (true, GradsAt::saved(wd, d, rows, s)),
         };
         let (be, lay) = (&self.core.backend, &self.core.layout);
         let (k, a, _) = self.held.get_mut();
-        let w = |bp: BlockParam| p.slice(lay.in_block(l, bp));
+        let pos = |bp: BlockParam| lay.in_block(l, bp);
+        let mut ops = Ops::new(be, a.bf16.as_mut(), c, LN_EPS, p, g, &pos);
+        let kept = |m, r| Stats::slot(m, r, s, rows);
         let mut dres = a.dres.slice_mut(0..btc);
         let mut dg = a.dgrad.d();
-        if g.is_none() {
+        if split {
             be.copy(dg.rb().slice(at.top.clone()), dres.src());
         }
-        let (dw, db) =
-            weight_and_bias(&mut g, (lay, l), BlockParam::FcProjW, BlockParam::FcProjB).unzip();
         let mut dfch = dg.rb().slice(at.dfch.clone());
-        linear_backward(
-            be,
-            a.bf16.as_mut(),
-            (dfch.rb(), dw, db),
-            (
-                dres.src(),
-                a.fch_gelu.s().part(s, rows * wd.fl).first(rows * fl),
-                w(BlockParam::FcProjW),
-            ),
-            (rows, fl, c),
-        )?;
+        let fch_gelu = a.fch_gelu.s().part(s, rows * wd.fl).first(rows * fl);
+        let (dinp, shape) = (Some(dfch.rb()), io(rows, fl, c));
+        ops.linear_back(dinp, dres.src(), fch_gelu, FcProjW, Some(FcProjB), shape)?;
         // GELU's backward adds the fc bias's gradient in the same pass (in
         // a split backward, the weight half's product adds it)
-        let (dw, db) = weight_and_bias(&mut g, (lay, l), BlockParam::FcW, BlockParam::FcB).unzip();
-        be.run(ActivationBackward {
-            d: dfch,
-            inp: a.fch.s().part(s, rows * wd.fl).first(rows * fl),
-            bias: Some(w(BlockParam::FcB)),
-            act: Activation::GeluTanh,
-            dbias: db,
-        })?;
+        let fch = a.fch.s().part(s, rows * wd.fl).first(rows * fl);
+        ops.act_back(dfch, fch, FcB, Activation::GeluTanh)?;
         let (dfch, mut dln2) = dg.rb().split2(at.dfch.clone(), at.dln2.clone());
-        linear_backward(
-            be,
-            a.bf16.as_mut(),
-            (dln2.rb(), dw, None),
-            (dfch.into_src(), a.ln2.s().part(s, btc), w(BlockParam::FcW)),
-            (rows, c, fl),
-        )?;
+        let (ln2, shape) = (a.ln2.s().part(s, btc), io(rows, c, fl));
+        ops.linear_back(Some(dln2.rb()), dfch.into_src(), ln2, FcW, None, shape)?;
         tp::all_reduce(be, tp, dln2.rb())?;
-        be.run(LayerNormBackward {
-            dinp: Some(dres.rb()),
-            dwb: weight_and_bias(&mut g, (lay, l), BlockParam::Ln2W, BlockParam::Ln2B),
-            dout: dln2.src(),
-            inp: a.res2.s().part(s, btc),
-            w: w(BlockParam::Ln2W),
-            mean: a.ln2_mean.s().part(s, rows),
-            rstd: a.ln2_rstd.s().part(s, rows),
-            c,
-            accumulate: true,
-        })?;
-        if g.is_none() {
+        let (res2, kept2) = (a.res2.s().part(s, btc), kept(&a.ln2_mean, &a.ln2_rstd));
+        ops.ln_back(Dinp::Add(dres.rb()), dln2.src(), res2, kept2, Ln2W, Ln2B)?;
+        if split {
             be.copy(dg.rb().slice(at.mid.clone()), dres.src());
         }
-        let (dw, db) = weight_and_bias(
-            &mut g,
-            (lay, l),
-            BlockParam::AttnProjW,
-            BlockParam::AttnProjB,
-        )
-        .unzip();
         let (mut datty, mut dqkv) = dg.rb().split2(at.datty.clone(), at.dqkv.clone());
-        linear_backward(
-            be,
-            a.bf16.as_mut(),
-            (datty.rb(), dw, db),
-            (
-                dres.src(),
-                a.atty.s().part(s, rows * wd.cl).first(rows * cl),
-                w(BlockParam::AttnProjW),
-            ),
-            (rows, cl, c),
-        )?;
+        let atty = a.atty.s().part(s, rows * wd.cl).first(rows * cl);
+        let (dinp, shape) = (Some(datty.rb()), io(rows, cl, c));
+        ops.linear_back(dinp, dres.src(), atty, AttnProjW, Some(AttnProjB), shape)?;
         be.run(AttentionBackward {
             dqkv: dqkv.rb(),
             dout: datty.src(),
             qkv: a.qkv.s().part(s, 3 * rows * wd.cl).first(3 * rows * cl),
-            out: a.atty.s().part(s, rows * wd.cl).first(rows * cl),
+            out: atty,
             lse: a.lse.s().part(s, rows * wd.nhl).first(rows * nhl),
             lens: None,
             shape: d.attn(b, t),
         })?;
         let (dqkv, mut dln1) = dg.rb().split2(at.dqkv.clone(), at.dln1.clone());
-        let (dw, db) =
-            weight_and_bias(&mut g, (lay, l), BlockParam::QkvW, BlockParam::QkvB).unzip();
-        linear_backward(
-            be,
-            a.bf16.as_mut(),
-            (dln1.rb(), dw, db),
-            (dqkv.into_src(), a.ln1.s().part(s, btc), w(BlockParam::QkvW)),
-            (rows, c, 3 * cl),
+        let (ln1, shape) = (a.ln1.s().part(s, btc), io(rows, c, 3 * cl));
+        ops.linear_back(
+            Some(dln1.rb()),
+            dqkv.into_src(),
+            ln1,
+            QkvW,
+            Some(QkvB),
+            shape,
         )?;
         tp::all_reduce(be, tp, dln1.rb())?;
-        be.run(LayerNormBackward {
-            dinp: Some(dres),
-            dwb: weight_and_bias(&mut g, (lay, l), BlockParam::Ln1W, BlockParam::Ln1B),
-            dout: dln1.src(),
-            inp: k.resid.s().part(r, btc),
-            w: w(BlockParam::Ln1W),
-            mean: a.ln1_mean.s().part(s, rows),
-            rstd: a.ln1_rstd.s().part(s, rows),
-            c,
-            accumulate: true,
-        })
+        let (x, kept1) = (k.resid.s().part(r, btc), kept(&a.ln1_mean, &a.ln1_rstd));
+        ops.ln_back(Dinp::Add(dres), dln1.src(), x, kept1, Ln1W, Ln1B)
     }
 
     /// Gradient of the [wte | wpe] unit from the residual gradient (accumulates into `demb`).
@@ -870,7 +808,7 @@ impl<B: Backend> Engine<B> {
     /// Block l's weight half: its parameters' gradients accumulate into
     /// `g` from the output gradients its input half saved.
     fn block_backward_weight(&mut self, l: usize, p: Src<'_, B>, g: Dst<'_, B>) -> Result<()> {
-        let mut g = Some(g);
+        use BlockParam::*;
         let (b, t) = self.shape();
         let (d, wd) = (self.dims(l), self.widest());
         let BlockDims { c, cl, fl, .. } = d;
@@ -879,83 +817,25 @@ impl<B: Backend> Engine<B> {
         let (s, r) = (self.slot(l), self.span.resid(l));
         let (be, lay) = (&self.core.backend, &self.core.layout);
         let (k, a) = (self.held.kept(), self.held.acts());
-        let w = |bp: BlockParam| p.slice(lay.in_block(l, bp));
+        let pos = |bp: BlockParam| lay.in_block(l, bp);
+        let mut ops = Ops::new(be, None, c, LN_EPS, p, Some(g), &pos);
         let at = GradsAt::saved(wd, d, rows, s);
-        let saved = |r: Range<usize>| a.dgrad.slice(r);
-        let matmuls = [
-            (
-                BlockParam::FcProjW,
-                BlockParam::FcProjB,
-                &at.top,
-                a.fch_gelu.s().part(s, rows * wd.fl).first(rows * fl),
-                (rows, fl, c),
-            ),
-            (
-                BlockParam::FcW,
-                BlockParam::FcB,
-                &at.dfch,
-                a.ln2.s().part(s, btc),
-                (rows, c, fl),
-            ),
-            (
-                BlockParam::AttnProjW,
-                BlockParam::AttnProjB,
-                &at.mid,
-                a.atty.s().part(s, rows * wd.cl).first(rows * cl),
-                (rows, cl, c),
-            ),
-            (
-                BlockParam::QkvW,
-                BlockParam::QkvB,
-                &at.dqkv,
-                a.ln1.s().part(s, btc),
-                (rows, c, 3 * cl),
-            ),
-        ];
-        for (pw, pb, dout, inp, dims) in matmuls {
-            let (dw, db) = weight_and_bias(&mut g, (lay, l), pw, pb).unzip();
-            be.run(MatmulBackward {
-                dinp: None,
-                dw,
-                dbias: db,
-                dout: saved(dout.clone()),
-                inp,
-                w: w(pw),
-                shape: MatmulShape::new(dims, WeightLayout::InOut),
-            })?;
-        }
-        let norms = [
-            (
-                BlockParam::Ln2W,
-                BlockParam::Ln2B,
-                &at.dln2,
-                a.res2.s().part(s, btc),
-                &a.ln2_mean,
-                &a.ln2_rstd,
-            ),
-            (
-                BlockParam::Ln1W,
-                BlockParam::Ln1B,
-                &at.dln1,
-                k.resid.s().part(r, btc),
-                &a.ln1_mean,
-                &a.ln1_rstd,
-            ),
-        ];
-        for (pw, pb, dout, inp, mean, rstd) in norms {
-            be.run(LayerNormBackward {
-                dinp: None,
-                dwb: weight_and_bias(&mut g, (lay, l), pw, pb),
-                dout: saved(dout.clone()),
-                inp,
-                w: w(pw),
-                mean: mean.s().part(s, rows),
-                rstd: rstd.s().part(s, rows),
-                c,
-                accumulate: true,
-            })?;
-        }
-        Ok(())
+        let saved = |r: &Range<usize>| a.dgrad.slice(r.clone());
+        let kept = |m, r| Stats::slot(m, r, s, rows);
+        let fch_gelu = a.fch_gelu.s().part(s, rows * wd.fl).first(rows * fl);
+        let atty = a.atty.s().part(s, rows * wd.cl).first(rows * cl);
+        let (ln2, ln1) = (a.ln2.s().part(s, btc), a.ln1.s().part(s, btc));
+        let top = (saved(&at.top), io(rows, fl, c));
+        ops.linear_back(None, top.0, fch_gelu, FcProjW, Some(FcProjB), top.1)?;
+        ops.linear_back(None, saved(&at.dfch), ln2, FcW, Some(FcB), io(rows, c, fl))?;
+        let mid = (saved(&at.mid), io(rows, cl, c));
+        ops.linear_back(None, mid.0, atty, AttnProjW, Some(AttnProjB), mid.1)?;
+        let dqkv = (saved(&at.dqkv), io(rows, c, 3 * cl));
+        ops.linear_back(None, dqkv.0, ln1, QkvW, Some(QkvB), dqkv.1)?;
+        let (res2, kept2) = (a.res2.s().part(s, btc), kept(&a.ln2_mean, &a.ln2_rstd));
+        ops.ln_back(Dinp::Skip, saved(&at.dln2), res2, kept2, Ln2W, Ln2B)?;
+        let (x, kept1) = (k.resid.s().part(r, btc), kept(&a.ln1_mean, &a.ln1_rstd));
+        ops.ln_back(Dinp::Skip, saved(&at.dln1), x, kept1, Ln1W, Ln1B)
     }
 }
 

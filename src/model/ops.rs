@@ -1,0 +1,276 @@
+//! A unit's kernel calls, one line each: [`Ops`] binds what every call in
+//! a block or head shares (the backend, the `--precision bf16` scratch,
+//! the LayerNorm width and eps, the unit's weights and gradients and where
+//! each parameter lies in them), so the passes read as the model's layers.
+
+use super::bf16::{matmul_backward, matmul_forward, Bf16Operands, Dout};
+use crate::backend::{
+    Activation, ActivationBackward, ActivationForward, Backend, Buf, CrossEntropyBackward,
+    CrossEntropyForward, Dst, LayerNormBackward, LayerNormForward, MatmulBackward, MatmulForward,
+    MatmulShape, On, Src, WeightLayout,
+};
+use crate::error::Result;
+use std::ops::Range;
+
+/// A product of `(rows, k)` by a weight stored (in, out), (k, n).
+pub fn io(rows: usize, k: usize, n: usize) -> MatmulShape {
+    MatmulShape::new((rows, k, n), WeightLayout::InOut)
+}
+
+/// A LayerNorm's per-row mean and rstd, kept from its forward for its backward.
+pub struct Stats<'a, B> {
+    pub mean: Src<'a, B>,
+    pub rstd: Src<'a, B>,
+}
+
+impl<'a, B: Backend> Stats<'a, B> {
+    /// Slot `s`'s statistics of `rows` rows, in buffers holding a slot per layer.
+    pub fn slot(mean: &'a Buf<B>, rstd: &'a Buf<B>, s: usize, rows: usize) -> Self {
+        let (mean, rstd) = (mean.s().part(s, rows), rstd.s().part(s, rows));
+        Stats { mean, rstd }
+    }
+
+    /// The first `n` rows' statistics.
+    pub fn first(self, n: usize) -> Self {
+        let (mean, rstd) = (self.mean.first(n), self.rstd.first(n));
+        Stats { mean, rstd }
+    }
+}
+
+/// Where a LayerNorm's backward puts its input gradient: overwritten,
+/// added on (into a residual's gradient), or nowhere (the weight half).
+pub enum Dinp<'a, B> {
+    Set(Dst<'a, B>),
+    Add(Dst<'a, B>),
+    Skip,
+}
+
+/// One unit's kernels on parameters named `P`: `p` the unit's weights,
+/// `g` its gradients where the pass takes them (they accumulate), `at`
+/// where a parameter lies in both.
+pub struct Ops<'s, B: Backend, P> {
+    pub be: &'s B,
+    pub bf16: Option<&'s mut Bf16Operands<B>>,
+    pub c: usize,
+    eps: f32,
+    p: Src<'s, B>,
+    pub g: Option<Dst<'s, B>>,
+    at: &'s dyn Fn(P) -> Range<usize>,
+}
+
+impl<'s, B: Backend, P: Copy> Ops<'s, B, P> {
+    /// A unit's kernels: LayerNorms of width `c` (eps `eps`), bf16
+    /// matmuls where `bf16` holds the scratch.
+    pub fn new(
+        be: &'s B,
+        bf16: Option<&'s mut Bf16Operands<B>>,
+        c: usize,
+        eps: f32,
+        p: Src<'s, B>,
+        g: Option<Dst<'s, B>>,
+        at: &'s dyn Fn(P) -> Range<usize>,
+    ) -> Self {
+        Ops {
+            be,
+            bf16,
+            c,
+            eps,
+            p,
+            g,
+            at,
+        }
+    }
+
+    /// Parameter `x`.
+    pub fn w(&self, x: P) -> Src<'s, B> {
+        self.p.slice((self.at)(x))
+    }
+
+    /// LayerNorm (weight `w`, bias `b`) of `inp` into `out`, keeping `mean` and `rstd`.
+    pub fn ln(
+        &self,
+        out: Dst<'_, B>,
+        mean: Dst<'_, B>,
+        rstd: Dst<'_, B>,
+        inp: Src<'_, B>,
+        w: P,
+        b: P,
+    ) -> Result<()> {
+        let (w, b, c, eps) = (self.w(w), self.w(b), self.c, self.eps);
+        self.be.run(LayerNormForward {
+            out,
+            mean,
+            rstd,
+            inp,
+            w,
+            b,
+            c,
+            eps,
+        })
+    }
+
+    /// [`Ops::ln`]'s backward: the input gradient as `dinp` says; `w`'s
+    /// and `b`'s where the pass takes gradients.
+    pub fn ln_back(
+        &mut self,
+        dinp: Dinp<'_, B>,
+        dout: Src<'_, B>,
+        inp: Src<'_, B>,
+        kept: Stats<'_, B>,
+        w: P,
+        b: P,
+    ) -> Result<()> {
+        let (wv, c, at) = (self.w(w), self.c, self.at);
+        let (dinp, accumulate) = match dinp {
+            Dinp::Set(d) => (Some(d), false),
+            Dinp::Add(d) => (Some(d), true),
+            Dinp::Skip => (None, true),
+        };
+        let dwb = self.g.as_mut().map(|g| g.rb().split2(at(w), at(b)));
+        let Stats { mean, rstd } = kept;
+        self.be.run(LayerNormBackward {
+            dinp,
+            dwb,
+            dout,
+            inp,
+            w: wv,
+            mean,
+            rstd,
+            c,
+            accumulate,
+        })
+    }
+
+    /// [`matmul_forward`] of `inp` by weight `w` plus bias `b` where given, into `out`.
+    pub fn linear(
+        &mut self,
+        out: Dst<'_, B>,
+        inp: Src<'_, B>,
+        w: P,
+        b: Option<P>,
+        shape: MatmulShape,
+    ) -> Result<()> {
+        let (w, bias) = (self.w(w), b.map(|b| self.w(b)));
+        let op = MatmulForward {
+            out,
+            inp,
+            w,
+            bias,
+            shape,
+            accumulate: false,
+        };
+        self.matmul(op)
+    }
+
+    /// [`matmul_forward`]: `op`, with bf16 operands where the pass rounds them.
+    pub fn matmul(&mut self, op: MatmulForward<On<'_, B>>) -> Result<()> {
+        matmul_forward(self.be, self.bf16.as_deref_mut(), op)
+    }
+
+    /// [`Ops::linear`]'s backward, its output gradient rounded here
+    /// ([`Dout::Round`]): `dinp` overwritten; `w`'s gradient (and `b`'s,
+    /// where given) accumulated where the pass takes gradients; given no
+    /// `dinp`, the split backward's weight half alone, its operands
+    /// passed as they are (no bf16 copies, as that half always ran).
+    pub fn linear_back(
+        &mut self,
+        dinp: Option<Dst<'_, B>>,
+        dout: Src<'_, B>,
+        inp: Src<'_, B>,
+        w: P,
+        b: Option<P>,
+        shape: MatmulShape,
+    ) -> Result<()> {
+        let (wv, at) = (self.w(w), self.at);
+        let (dw, dbias) = match (self.g.as_mut(), b) {
+            (None, _) => (None, None),
+            (Some(g), None) => (Some(g.rb().slice(at(w))), None),
+            (Some(g), Some(b)) => {
+                let (dw, db) = g.rb().split2(at(w), at(b));
+                (Some(dw), Some(db))
+            }
+        };
+        let op = MatmulBackward {
+            dinp,
+            dw,
+            dbias,
+            dout,
+            inp,
+            w: wv,
+            shape,
+        };
+        match op.dinp {
+            Some(_) => matmul_backward(self.be, self.bf16.as_deref_mut(), op, Dout::Round),
+            None => self.be.run(op),
+        }
+    }
+
+    /// Cross-entropy of `logits` (rows, vp; the first `v` real) against
+    /// `targets`, one loss a row.
+    pub fn ce(
+        &self,
+        losses: Dst<'_, B>,
+        logits: Src<'_, B>,
+        targets: Src<'_, B, u32>,
+        v: usize,
+        vp: usize,
+    ) -> Result<()> {
+        let op = CrossEntropyForward {
+            losses,
+            logits,
+            targets,
+            v,
+            vp,
+        };
+        self.be.run(op)
+    }
+
+    /// [`Ops::ce`]'s backward for `dloss` a row's loss: the logits' gradient in their place.
+    pub fn ce_back(
+        &self,
+        logits: Dst<'_, B>,
+        targets: Src<'_, B, u32>,
+        v: usize,
+        vp: usize,
+        dloss: f32,
+    ) -> Result<()> {
+        let op = CrossEntropyBackward {
+            logits,
+            targets,
+            v,
+            vp,
+            dloss,
+        };
+        self.be.run(op)
+    }
+
+    /// `act` of `inp` plus bias `b` into `out`.
+    pub fn act(&self, out: Dst<'_, B>, inp: Src<'_, B>, b: P, act: Activation) -> Result<()> {
+        let bias = Some(self.w(b));
+        self.be.run(ActivationForward {
+            out,
+            inp,
+            bias,
+            act,
+        })
+    }
+
+    /// [`Ops::act`]'s backward in place in `d`; `b`'s gradient where the pass takes gradients.
+    pub fn act_back(
+        &mut self,
+        d: Dst<'_, B>,
+        inp: Src<'_, B>,
+        b: P,
+        act: Activation,
+    ) -> Result<()> {
+        let (bias, at) = (Some(self.w(b)), (self.at)(b));
+        let dbias = self.g.as_mut().map(|g| g.rb().slice(at));
+        self.be.run(ActivationBackward {
+            d,
+            inp,
+            bias,
+            act,
+            dbias,
+        })
+    }
+}
