@@ -7,7 +7,7 @@ use crate::error::Result;
 use crate::metrics;
 use crate::model::{AdamWConfig, ModelConfig};
 use crate::parallel::pipeline::Pass;
-use crate::parallel::{self, pipeline, ParallelConfig, Span, StepConfig};
+use crate::parallel::{self, pipeline, ParallelConfig, Span, StepConfig, Strategy};
 use crate::rng::Rng;
 use std::time::Instant;
 
@@ -113,9 +113,7 @@ pub fn bench_rank<B: Backend + 'static>(
     } else {
         indicatif::ProgressBar::hidden()
     };
-    let (mut total, mut update) = (0.0, 0.0);
-    let mut before = CommStats::default();
-    let (mut bubbles, mut timelines) = (Vec::new(), Vec::new());
+    let mut timed = Timed::default();
     for i in 0..spec.warmup + spec.steps {
         let mb: Vec<_> = (0..spec.grad_accum.max(1)).map(|_| batch()).collect();
         world.barrier()?;
@@ -126,7 +124,7 @@ pub fn bench_rank<B: Backend + 'static>(
         }
         if i == spec.warmup {
             // the timed steps' collectives, as their time is the timed steps'
-            before = strategy.comm_stats();
+            timed.before = strategy.comm_stats();
         }
         let t0 = Instant::now();
         let stats = strategy.step(
@@ -137,12 +135,14 @@ pub fn bench_rank<B: Backend + 'static>(
             },
         )?;
         if i >= spec.warmup {
-            total += t0.elapsed().as_secs_f64();
-            update += stats.update_s;
+            timed.total += t0.elapsed().as_secs_f64();
+            timed.update += stats.update_s;
             let mine = strategy.timeline();
             if !mine.is_empty() {
-                timelines = gather_timelines(world, &mine)?;
-                bubbles.extend(pipeline::measured_bubble(&timelines));
+                timed.timelines = gather_timelines(world, &mine)?;
+                timed
+                    .bubbles
+                    .extend(pipeline::measured_bubble(&timed.timelines));
             }
         }
         pb.inc(1);
@@ -152,8 +152,31 @@ pub fn bench_rank<B: Backend + 'static>(
         world.barrier()?;
         profile::stop();
     }
+    every_rank(strategy.as_ref(), world, spec.steps, timed)
+}
+
+/// What this rank's timed steps measured: their seconds and their
+/// updates', the collectives' counters before them, and a pipeline's
+/// bubbles and last timelines.
+#[derive(Default)]
+struct Timed {
+    total: f64,
+    update: f64,
+    before: CommStats,
+    bubbles: Vec<f64>,
+    timelines: Vec<Vec<Span>>,
+}
+
+/// Every rank's measurements from `steps` timed steps (collective): each
+/// rank's peak memory, collectives and times, gathered.
+fn every_rank(
+    strategy: &dyn Strategy,
+    world: &dyn Comm,
+    steps: usize,
+    timed: Timed,
+) -> Result<Vec<RankBench>> {
     let c = strategy.comm_stats();
-    let timed = spec.steps.max(1) as f64;
+    let steps = steps.max(1) as f64;
     let memory = strategy.memory();
     let host = memory
         .host
@@ -165,17 +188,19 @@ pub fn bench_rank<B: Backend + 'static>(
         .chain(<[u64; PeakRow::LEN]>::from(host))
         .collect();
     let times = [
-        (c.total_bytes() - before.total_bytes()) as f64 / timed,
-        (c.seconds - before.seconds) / timed,
-        total / spec.steps.max(1) as f64,
-        update / spec.steps.max(1) as f64,
+        (c.total_bytes() - timed.before.total_bytes()) as f64 / steps,
+        (c.seconds - timed.before.seconds) / steps,
+        timed.total / steps,
+        timed.update / steps,
         strategy.batch_parts() as f64,
     ];
     let mut all_peaks = vec![0u64; peak.len() * world.size()];
     world.all_gather(&peak, &mut all_peaks)?;
     let mut all_times = vec![0f64; times.len() * world.size()];
     world.all_gather(&times, &mut all_times)?;
+    let bubbles = &timed.bubbles;
     let bubble = (!bubbles.is_empty()).then(|| bubbles.iter().sum::<f64>() / bubbles.len() as f64);
+    let mut timelines = timed.timelines;
     timelines.resize(world.size(), Vec::new());
     Ok(all_peaks
         .chunks(peak.len())

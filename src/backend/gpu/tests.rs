@@ -858,8 +858,19 @@ fn pointwise_kernels_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
         let want: Vec<f32> = d0.iter().zip(&x).map(|(a, b)| a + b).collect();
         assert_eq!(get(dev, &a), want, "add_inplace n={n}");
     }
-    // Ties (to even, both ways), a carry into the exponent, the largest
-    // finite values, infinities, NaN, subnormals and zeros, then random values.
+}
+
+/// `round_bf16` gives the CPU's bits: ties (to even, both ways), a carry
+/// into the exponent, the largest finite values, infinities, NaN,
+/// subnormals and zeros, then random values; in place and into another
+/// buffer at offsets.
+#[test]
+fn round_bf16_matches_cpu_bit_for_bit() {
+    on_gpus!(round_bf16_matches_cpu_bit_for_bit_on);
+}
+
+fn round_bf16_matches_cpu_bit_for_bit_on<R: Runtime>(dev: &Queue<R>) {
+    let mut rng = Rng::new(7);
     let mut x = vec![
         f32::from_bits(0x3f80_8000),
         f32::from_bits(0x3f81_8000),
