@@ -399,7 +399,11 @@ impl<B: Backend> BlockMode<B> for Decoding<'_, '_, B> {
             BlockParam::AttnProjW => &self.packed[1],
             BlockParam::FcW => &self.packed[2],
             BlockParam::FcProjW => &self.packed[3],
-            other => unreachable!("{other:?} is not a block matrix"),
+            other => {
+                return Err(Error::Config(format!(
+                    "{other:?} is not a block matrix: no packed weight to decode with"
+                )))
+            }
         };
         let MatmulShape { rows, k, n, .. } = op.shape;
         self.be.matmul_decode(MatmulDecode {

@@ -831,7 +831,7 @@ mod tests {
         let at = sends(&swapped[0]);
         let (Step::Swap(a), Step::Swap(b)) = (swapped[0].steps[at[0]], swapped[0].steps[at[1]])
         else {
-            unreachable!()
+            panic!("rank 0's sends are swaps")
         };
         swapped[0].steps[at[0]] = Step::Swap(Exchange { send: b.send, ..a });
         swapped[0].steps[at[1]] = Step::Swap(Exchange { send: a.send, ..b });
@@ -844,7 +844,7 @@ mod tests {
         let mut stuck = programs(gpipe, 2).unwrap();
         let at = sends(&stuck[0])[1];
         let Step::Swap(e) = stuck[0].steps[at] else {
-            unreachable!()
+            panic!("rank 0's second send is a swap")
         };
         assert!(
             e.recv.is_some(),
