@@ -178,11 +178,10 @@ pub(super) fn run_generate(mut a: GenerateArgs) -> Result<()> {
     let secs = started.elapsed().as_secs_f64();
     let after = first_at.map(|t| t.elapsed().as_secs_f64());
     if stream {
-        if out[0].is_empty() {
-            distgpt::out!("{}", a.prompt.first().map_or("", String::as_str));
-        }
-        // The streamed text ends with a newline, like any command's output.
-        distgpt::outln!();
+        // The streamed text ends with a newline, like any command's output;
+        // with nothing generated, the prompt is all there was to stream.
+        let prompt = a.prompt.first().map_or("", String::as_str);
+        distgpt::outln!("{}", if out[0].is_empty() { prompt } else { "" });
     }
     if !stream {
         for (p, o) in a.prompt.iter().zip(&out) {

@@ -312,16 +312,6 @@ macro_rules! outln {
     }};
 }
 
-/// `print!` (flushed) that shrugs off a closed stdout.
-#[macro_export]
-macro_rules! out {
-    ($($t:tt)*) => {{
-        use std::io::Write as _;
-        let mut o = std::io::stdout();
-        let _ = write!(o, $($t)*).and_then(|_| o.flush());
-    }};
-}
-
 /// `eprintln!` that shrugs off a closed stderr.
 #[macro_export]
 macro_rules! errln {
