@@ -217,14 +217,17 @@ pub trait Runtime: Send + Sync + Sized + 'static {
 /// A device's in-order queue with the model's kernels: the runtime plus the
 /// kernel wrappers of `kernels.rs` and `attention.rs`, which check shapes
 /// and launch, and the launches of the [`Kernel`](crate::backend::ops::Kernel)s
-/// in `ops/`, run after their check.
+/// in `ops/`, run after their check. Public only as the type
+/// `Kernel::gpu` names: no one outside the crate can open one.
 pub struct Queue<R: Runtime> {
     rt: R,
 }
 
 impl<R: Runtime> Queue<R> {
-    /// Opens device `index` of runtime `R`.
-    pub fn open(index: usize) -> Result<Self, GpuError> {
+    /// Opens device `index` of runtime `R`. Only the crate opens one (a
+    /// [`Gpu`] holds it): its methods take raw views, which code outside
+    /// could make point anywhere.
+    pub(crate) fn open(index: usize) -> Result<Self, GpuError> {
         Ok(Queue {
             rt: R::open(index)?,
         })

@@ -1,15 +1,16 @@
 //! The kernels, one struct an operation, written once for every level that
-//! runs it: the [`Kernels`](super::Kernels) trait takes them over views of
-//! a backend's buffers ([`On`]), the CPU's kernels over host slices
-//! ([`Host`]), a GPU runtime's over raw device views. A struct is generic
-//! over its [`Operands`], and `lower` converts one kind into another,
-//! operand by operand ([`Lower`]); both come from one list of fields in an
-//! `operation!` block.
+//! runs it: [`Kernels::run`](super::Kernels::run) takes them over views of
+//! a backend's buffers ([`On`]), the CPU's bodies over host slices
+//! ([`Host`]), a GPU runtime's launches over raw device views. A struct is
+//! generic over its [`Operands`], and `lower` converts one kind into
+//! another, operand by operand ([`Lower`]); both come from one list of
+//! fields in an `operation!` block.
 //!
-//! A kernel that is a [`Kernel`] lives in one file here (`layernorm.rs`,
-//! `matmul.rs`) beside its source in `kernels/`: its structs, the one shape
-//! check every backend runs, the work MFU counts, the CPU's body and the
-//! GPU's launch; `Kernels::run` runs any of them.
+//! Each training kernel is a [`Kernel`] in one file here (`layernorm.rs`,
+//! `matmul.rs`, `attention.rs`, ...) beside its source in `kernels/`: its
+//! structs, the one shape check every backend runs, the work MFU counts,
+//! the CPU's body and the GPU's launch. The decoding operations
+//! ([`MatmulDecode`], [`AttentionDecode`]) are [`Decode`](super::Decode)'s.
 //!
 //! A backward's halves (zb-h1's input and weight halves) are which outputs
 //! are given; bf16 arithmetic is a field of the matmul.
