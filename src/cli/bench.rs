@@ -6,9 +6,11 @@ use super::{micro_batches, positive, positive_rate};
 use super::{CommKind, DeviceArgs, ModelArgs, ParallelArgs, WeightFormat};
 use anyhow::Result;
 use clap::Args;
+use distgpt::backend::cpu::hardware::HardwarePeak;
 use distgpt::backend::{profile, Backend, OnBackend};
-use distgpt::metrics;
+use distgpt::metrics::{self, peak};
 use distgpt::model::{ModelConfig, Precision};
+use distgpt::parallel::ParallelConfig;
 use distgpt::train::bench::{bench_rank, BenchSpec};
 
 #[derive(Args)]
@@ -174,14 +176,9 @@ impl OnBackend for Bench<'_> {
     }
 }
 
-fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig) -> Result<()> {
-    let (b, t) = (a.batch_size, a.seq_len.unwrap_or(cfg.block_size()));
-    // the process before any model: what the counted categories add to
-    let rss_start = metrics::rss_bytes();
-    let par = a.parallel.config();
-    par.resolved().validate(cfg, b)?;
-    let threads = rayon::current_num_threads();
-    // a sign of life before minutes of work (stderr: --json's stdout is one line)
+/// A sign of life before minutes of work, from the lead process (on
+/// stderr: `--json`'s stdout is one line).
+fn announce(a: &BenchArgs, cfg: &ModelConfig, par: &ParallelConfig, b: usize, t: usize) {
     if distgpt::train::run_dir::lead_process() {
         distgpt::errln!(
             "bench: {} {cfg}, batch {b} x {t}, {} x{}: {} warm-up and {} timed steps",
@@ -192,31 +189,51 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig) -> Result<()> {
             a.steps
         );
     }
+}
+
+/// The peak MFU is stated against and where it comes from, and the
+/// hardware's where it is known, each times `processes`: `--peak-tflops`
+/// where given, else this machine's best matmul (measured, or kept from a
+/// measurement). Stated or not, the kept peak names the hardware's and the
+/// CPU's matmul library (and its products run on that library from now on).
+fn peaks<B: Backend>(
+    be: &B,
+    stated: Option<f64>,
+    bf16: bool,
+    processes: f64,
+) -> (f64, String, Option<(f64, HardwarePeak)>) {
+    let (here, peak, source) = match stated {
+        Some(p) => (peak::cached(be), p * 1e12, "--peak-tflops".to_string()),
+        None => {
+            let h = peak::of(be, false);
+            let (flops, name) = h.matmul_peak(bf16);
+            let source = format!("{name}; {}", h.source);
+            (Some(h), flops * processes, source)
+        }
+    };
+    let hardware = here
+        .and_then(|h| h.hardware)
+        .map(|hw| (hw.flops * processes, hw));
+    (peak, source, hardware)
+}
+
+fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig) -> Result<()> {
+    let (b, t) = (a.batch_size, a.seq_len.unwrap_or(cfg.block_size()));
+    // the process before any model: what the counted categories add to
+    let rss_start = metrics::rss_bytes();
+    let par = a.parallel.config();
+    par.resolved().validate(cfg, b)?;
+    let threads = rayon::current_num_threads();
+    announce(a, cfg, &par, b, t);
     // Measured here with every thread of this process: the whole machine for
     // thread ranks, one rank's share under mpirun (hence the scaling).
     let processes = match a.parallel.comm {
         CommKind::Mpi | CommKind::Nccl => par.world_size as f64,
         CommKind::Local => 1.0,
     };
-    // Stated or not, the kept peak names the hardware's and the CPU's
-    // matmul library (and its products run on that library from now on).
     let stated = a.old_peak.or_stated(a.peak_tflops);
-    let here = match stated {
-        Some(_) => distgpt::metrics::peak::cached(&be),
-        None => Some(distgpt::metrics::peak::of(&be, false)),
-    };
-    let (peak, peak_source) = match (stated, &here) {
-        (Some(p), _) => (p * 1e12, "--peak-tflops".to_string()),
-        (None, Some(h)) => {
-            let (flops, name) = h.matmul_peak(par.precision == Precision::Bf16);
-            (flops * processes, format!("{name}; {}", h.source))
-        }
-        (None, None) => unreachable!("measured when not stated"),
-    };
-    let hardware = here
-        .as_ref()
-        .and_then(|h| h.hardware.clone())
-        .map(|hw| (hw.flops * processes, hw));
+    let bf16 = par.precision == Precision::Bf16;
+    let (peak, peak_source, hardware) = peaks(&be, stated, bf16, processes);
     let spec = BenchSpec {
         batch: b,
         grad_accum: a.grad_accum,
@@ -304,7 +321,7 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig) -> Result<()> {
 struct Measured<'a> {
     a: &'a BenchArgs,
     cfg: &'a ModelConfig,
-    par: distgpt::parallel::ParallelConfig,
+    par: ParallelConfig,
     spec: BenchSpec,
     b: usize,
     t: usize,
@@ -319,7 +336,7 @@ struct Measured<'a> {
     peak: f64,
     peak_source: String,
     /// The hardware's peak where it is known, with its description.
-    hardware: Option<(f64, distgpt::backend::cpu::hardware::HardwarePeak)>,
+    hardware: Option<(f64, HardwarePeak)>,
     /// The peak the MFU stated is against, and where it came from.
     mfu_peak: f64,
     mfu_source: String,
