@@ -469,6 +469,27 @@ fn announce(spec: &CompareSpec, ds: &Dataset, cells: &[Cell], predicted: &[Predi
     }
 }
 
+/// The folder of `cell`'s run `repeat` (of `repeats`) under the report's
+/// `runs/`: model, strategy, world, tp and batch, and its pipeline and
+/// repeat where it has them.
+fn run_name(cell: &Cell, repeat: usize, repeats: usize) -> String {
+    let par = &cell.parallel;
+    let mut name = format!(
+        "{}-{}-x{}-tp{}-b{}",
+        cell.model_name, par.strategy, par.world_size, par.tp, cell.batch
+    );
+    if par.pipeline.stages > 1 {
+        name.push_str(&format!(
+            "-pp{}-{}",
+            par.pipeline.stages, par.pipeline.schedule
+        ));
+    }
+    if repeats > 1 {
+        name.push_str(&format!("-r{}", repeat + 1));
+    }
+    name
+}
+
 /// Runs every cell `spec.repeats` times (bars on `multi`), returning one row
 /// per cell and the calibrations used for the predictions. A signal stops
 /// after the current step; the cell it cut short is left out.
@@ -510,21 +531,7 @@ pub fn run(spec: &CompareSpec, ds: &Dataset, multi: &MultiProgress) -> Result<Co
                 spec.repeats
             ));
             let bar = multi.add(crate::metrics::progress_bar(1, "  run   "));
-            let mut name = format!(
-                "{}-{}-x{}-tp{}-b{}",
-                cell.model_name,
-                cell.parallel.strategy,
-                cell.parallel.world_size,
-                cell.parallel.tp,
-                cell.batch
-            );
-            let pipe = cell.parallel.pipeline;
-            if pipe.stages > 1 {
-                name.push_str(&format!("-pp{}-{}", pipe.stages, pipe.schedule));
-            }
-            if spec.repeats > 1 {
-                name.push_str(&format!("-r{}", repeat + 1));
-            }
+            let name = run_name(cell, repeat, spec.repeats);
             let cfg = TrainConfig {
                 batch_size: cell.batch,
                 seq_len: spec.seq_len,
