@@ -416,6 +416,72 @@ fn stage_memory(
     mem
 }
 
+/// What a rank's update moves: the parameters it owns, in `precision`,
+/// and the micro-batches a step (each gathers again under `--offload
+/// params`).
+struct Update {
+    owned: f64,
+    precision: Precision,
+    micro_batches: f64,
+}
+
+/// The update's seconds outside the step's compute (`compute_s`), and the
+/// bytes it moves over PCIe, on the device or offloaded as `par` says;
+/// `share` ranks share the device's bandwidth.
+fn update_cost(
+    par: &ParallelConfig,
+    u: Update,
+    device: &Device,
+    net: &Network,
+    share: f64,
+    compute_s: f64,
+) -> (f64, f64) {
+    let pb = u.precision.params_bytes();
+    match par.offload {
+        Offload::None => (
+            u.owned * u.precision.update_traffic_bytes() / (device.memory_bandwidth / share),
+            0.0,
+        ),
+        offload => {
+            // the gradient down and the parameters up, or under --offload
+            // params the shard up for each of fsdp's gathers (a forward
+            // and a backward per micro-batch), outside the update
+            let down = u.owned * u.precision.grads_bytes();
+            let (up, gathers) = match offload {
+                Offload::Params => (0.0, u.micro_batches * 2.0 * u.owned * pb),
+                _ => (u.owned * pb, 0.0),
+            };
+            // overlapped, the gradient starts down during the backward
+            // (two thirds of the compute) where it is final there: zero2
+            // and fsdp after each reduce-scatter, one replica's after its
+            // last micro-batch; only what outlasts the backward is left
+            // for the update. zero1 and an all-reduced replica's cross
+            // after the step's collectives, beside the update.
+            let early = !par.offload_serial
+                && match par.strategy.sharing() {
+                    Sharing::Zero2 | Sharing::Fsdp => true,
+                    Sharing::Zero1 => false,
+                    Sharing::Replicated => par.dp() == 1,
+                };
+            let down_s = down / net.pcie_bandwidth;
+            let down_left = match early {
+                true => (down_s - compute_s * 2.0 / 3.0).max(0.0),
+                false => down_s,
+            };
+            let copies = down_left + up / net.pcie_bandwidth;
+            let update = u.owned * u.precision.update_traffic_bytes() / net.host_bandwidth;
+            let overlapped = match par.offload_serial {
+                true => copies + update,
+                false => copies.max(update),
+            };
+            (
+                overlapped + gathers / net.pcie_bandwidth,
+                down + up + gathers,
+            )
+        }
+    }
+}
+
 /// Predicts one rank's memory and step time for `par` (assumed valid).
 /// Long by design: the cost model's terms (compute and the bubble, each
 /// group's collectives, offload traffic) in one place, each commented
@@ -581,49 +647,18 @@ pub fn predict(
     } else {
         psi
     };
-    let (optimizer_s, pcie_bytes) = match par.offload {
-        Offload::None => (
-            owned * precision.update_traffic_bytes() / (device.memory_bandwidth / share),
-            0.0,
-        ),
-        offload => {
-            // the gradient down and the parameters up, or under --offload
-            // params the shard up for each of fsdp's gathers (a forward
-            // and a backward per micro-batch), outside the update
-            let down = owned * gb;
-            let (up, gathers) = match offload {
-                Offload::Params => (0.0, acc * 2.0 * owned * pb),
-                _ => (owned * pb, 0.0),
-            };
-            // overlapped, the gradient starts down during the backward
-            // (two thirds of the compute) where it is final there: zero2
-            // and fsdp after each reduce-scatter, one replica's after its
-            // last micro-batch; only what outlasts the backward is left
-            // for the update. zero1 and an all-reduced replica's cross
-            // after the step's collectives, beside the update.
-            let early = !par.offload_serial
-                && match sharing {
-                    Sharing::Zero2 | Sharing::Fsdp => true,
-                    Sharing::Zero1 => false,
-                    Sharing::Replicated => dp == 1,
-                };
-            let down_s = down / net.pcie_bandwidth;
-            let down_left = match early {
-                true => (down_s - compute_s * 2.0 / 3.0).max(0.0),
-                false => down_s,
-            };
-            let copies = down_left + up / net.pcie_bandwidth;
-            let update = owned * precision.update_traffic_bytes() / net.host_bandwidth;
-            let overlapped = match par.offload_serial {
-                true => copies + update,
-                false => copies.max(update),
-            };
-            (
-                overlapped + gathers / net.pcie_bandwidth,
-                down + up + gathers,
-            )
-        }
-    };
+    let (optimizer_s, pcie_bytes) = update_cost(
+        &par,
+        Update {
+            owned,
+            precision,
+            micro_batches: acc,
+        },
+        device,
+        net,
+        share,
+        compute_s,
+    );
     let time = TimePlan {
         compute_s,
         comm_s,
