@@ -607,6 +607,31 @@ pub(crate) fn run_done(outer: &indicatif::ProgressBar, what: &str, s: &train::Tr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::GptConfig;
+    use crate::parallel::pipeline::{Pipeline, Schedule};
+
+    /// A run's folder names its model, strategy, world, tp and batch, and
+    /// its pipeline and repeat where it has them: no two runs of a matrix
+    /// share one (each run replaces what its folder held).
+    #[test]
+    fn each_runs_folder_names_what_sets_it_apart() {
+        let cell = |parallel| Cell {
+            model_name: "tiny".into(),
+            model: GptConfig::preset("tiny").unwrap().into(),
+            parallel,
+            batch: 8,
+        };
+        let single = cell(ParallelConfig::single());
+        assert_eq!(run_name(&single, 0, 1), "tiny-single-x1-tp1-b8");
+        assert_eq!(run_name(&single, 1, 3), "tiny-single-x1-tp1-b8-r2");
+        let piped = cell(ParallelConfig {
+            world_size: 4,
+            tp: 2,
+            pipeline: Pipeline::new(2, Schedule::GPipe, 1),
+            ..ParallelConfig::single()
+        });
+        assert_eq!(run_name(&piped, 0, 1), "tiny-single-x4-tp2-b8-pp2-gpipe");
+    }
 
     #[test]
     fn spread_is_the_median_and_range_of_the_repeats() {
