@@ -4,7 +4,7 @@
 //! OpenCL C and CUDA; GEMMs go to the runtime's BLAS (CLBlast, cuBLAS).
 
 use super::{u32_arg, Arg, DeviceMem, Gemm, GpuError, Operand, Queue, Raw, Runtime, View, BLOCK};
-use crate::backend::ops::{checked, AsIs, Kernel};
+use crate::backend::ops::{self, checked, AsIs, Kernel};
 use crate::backend::{Activation, WeightLayout, COLUMN_CHUNK_ROWS};
 
 const PRELUDE: &str = include_str!("../kernels/prelude.h");
@@ -47,15 +47,10 @@ pub(crate) fn act_code(act: Option<Activation>) -> u32 {
     }
 }
 
-/// Errors unless `view` holds at least `n` elements.
+/// Errors unless `view` holds at least `n` elements ([`ops::need`]'s rule,
+/// for the wrappers that are not yet a `Kernel`).
 pub(super) fn need(what: &str, view: View, n: usize) -> Result<(), GpuError> {
-    if view.len < n {
-        return Err(GpuError(format!(
-            "{what}: view of {} elements, need {n}",
-            view.len
-        )));
-    }
-    Ok(())
+    ops::need(what, &view, n).map_err(GpuError)
 }
 
 pub(crate) fn u32s(what: &str, n: usize) -> Result<Arg, GpuError> {
