@@ -351,6 +351,30 @@ fn four_block_gpt2() -> (ModelConfig, (usize, usize, usize)) {
     (cfg.into(), (8, 32, 2))
 }
 
+/// bench's collectives a step are its timed steps' alone: after a warm-up
+/// step, each of two timed steps of ddp x2 (`distgpt bench`) sends the
+/// ring all-reduce of the gradient, 2 (n - 1) / n of its 4 bytes a
+/// parameter, as one step alone does (not the warm-up's bytes too, nor the
+/// last step's over two); plus the step's few scalars (its loss), under
+/// 256 bytes, as in `each_strategys_volume_is_the_papers_and_what_thread_ranks_send`.
+#[test]
+fn bench_counts_the_collectives_of_its_timed_steps_alone() {
+    let want = 2.0 * 0.5 * 4.0 * TINY_PARAMS;
+    for (steps, warmup) in [("1", "0"), ("2", "1")] {
+        let mut args = vec!["bench", "--json", "--steps", steps, "--warmup", warmup];
+        args.extend(["--batch-size", "2", "--seq-len", "32", "--peak-tflops", "1"]);
+        args.extend(["--model", "tiny", "--strategy", "ddp", "--world-size", "2"]);
+        let j = json_of(&args);
+        for r in j["ranks"].as_array().unwrap() {
+            let got = r["comm_bytes_per_step"].as_f64().unwrap();
+            assert!(
+                (want..want + 256.0).contains(&got),
+                "{warmup} warm-up, {steps} timed: {got} bytes a step, {want} by hand"
+            );
+        }
+    }
+}
+
 /// One timed step of `acc` micro-batches of `b` x `t`, quietly.
 fn one_step(b: usize, t: usize, acc: usize) -> BenchSpec {
     BenchSpec {
