@@ -223,6 +223,9 @@ pub struct CudaRuntime {
     // Fields drop in order: functions and the handle before the stream and context.
     kernels: HashMap<String, CudaFunction>,
     blas: Mutex<Blas>,
+    /// The bf16 copies of a GEMM's two operands under `--precision bf16`,
+    /// kept for the next GEMM (`to_bf16`).
+    bf16_scratch: Mutex<[Option<Mem<u32>>; 2]>,
     stream: Arc<CudaStream>,
     /// Where `read_start` copies, beside `stream`.
     copier: Arc<CudaStream>,
@@ -246,19 +249,32 @@ fn blas_int(what: &str, n: usize) -> Result<c_int> {
 
 impl CudaRuntime {
     /// `op`'s stored matrix (rows x cols column-major, leading dimension
-    /// `ld`) as bf16 values in a fresh buffer of 16-bit elements (two per
-    /// 32-bit word), with the same leading dimension.
-    fn to_bf16(&self, op: Operand, rows: usize, cols: usize) -> Result<Mem<u32>> {
+    /// `ld`) as bf16 values (two per 32-bit word, the same leading
+    /// dimension) in `scratch` when it is large enough, else in a new buffer
+    /// that takes its place: GEMMs of one shape neither allocate nor clear.
+    fn to_bf16(
+        &self,
+        op: Operand,
+        rows: usize,
+        cols: usize,
+        scratch: Option<Mem<u32>>,
+    ) -> Result<Mem<u32>> {
         let n = op.ld * (cols - 1) + rows;
-        let mem = self.alloc::<u32>(n.div_ceil(2))?;
+        let mem = match scratch {
+            Some(mem) if mem.len >= n.div_ceil(2) => mem,
+            // A smaller buffer is freed in stream order, after the kernels
+            // queued before it.
+            _ => self.alloc::<u32>(n.div_ceil(2))?,
+        };
         let src = View { len: n, ..op.view };
         let args = [
             Arg::View(mem.view()),
             Arg::View(src),
             Arg::U32(u32_arg("n", n)?),
         ];
-        // SAFETY: `mem` holds n 16-bit values; `src` is the operand's view
-        // (checked by `need` against its matrix) cut to the n elements read.
+        // SAFETY: `mem` holds at least n 16-bit values; `src` is the
+        // operand's view (checked by `need` against its matrix) cut to the n
+        // elements read.
         unsafe { self.launch("to_bf16_bits", n.div_ceil(BLOCK), &args)? };
         Ok(mem)
     }
@@ -279,8 +295,11 @@ impl CudaRuntime {
         } else {
             (g.k, g.n)
         };
-        let a = self.to_bf16(g.a, ar, ac)?;
-        let b = self.to_bf16(g.b, br, bc)?;
+        // Held until the GEMM is queued: another thread's GEMM would
+        // rewrite the operands before this one reads them.
+        let mut scratch = self.bf16_scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let a = self.to_bf16(g.a, ar, ac, scratch[0].take())?;
+        let b = self.to_bf16(g.b, br, bc, scratch[1].take())?;
         let (alpha, beta) = (1.0f32, g.beta);
         let (bf16, f32_) = (cudaDataType::CUDA_R_16BF, cudaDataType::CUDA_R_32F);
         self.bind()?;
@@ -288,8 +307,8 @@ impl CudaRuntime {
         // SAFETY: `a` and `b` hold the operands' bf16 values with their
         // leading dimensions, `c` the fp32 output the caller checked; alpha
         // and beta are host scalars read during the call; the buffers are
-        // freed in stream order after it.
-        unsafe {
+        // rewritten or freed only in stream order after it.
+        let done = unsafe {
             blas::gemm_ex(
                 handle.0,
                 blas_op(g.a.transpose),
@@ -317,7 +336,9 @@ impl CudaRuntime {
                 "cublasGemmEx bf16 (m={}, n={}, k={}) failed: {e}",
                 g.m, g.n, g.k
             ))
-        })
+        });
+        *scratch = [Some(a), Some(b)];
+        done
     }
 
     fn bind(&self) -> Result<()> {
@@ -415,6 +436,7 @@ impl Runtime for CudaRuntime {
         Ok(CudaRuntime {
             kernels,
             blas: Mutex::new(blas),
+            bf16_scratch: Mutex::new([None, None]),
             stream,
             copier,
             ctx,
