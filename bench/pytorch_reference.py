@@ -11,7 +11,12 @@ With --distgpt PATH it runs `PATH bench` with the same arguments first and print
 both and their ratio. With --device cuda both run on the GPU (distgpt's cuda
 backend, PyTorch's CUDA); --torch-variants picks PyTorch's rows (eager,
 compile = torch.compile, and either in bf16 autocast) and --peak-tflops the
-peak MFU is stated against.
+peak MFU is stated against. --distgpt-precision fp32,bf16 runs distgpt in
+each (`bench --precision`); --repeat N makes every figure a median of N
+runs: N distgpt processes, N windows of --steps timed steps of each
+PyTorch row (after one warm-up: torch.compile compiles once). A distgpt
+run that fails is named, PyTorch's rows still come, and the exit status
+is 1.
 
     python bench/pytorch_reference.py --model shakespeare-char --batch-size 16 \
         --threads 2 --distgpt target/release/distgpt
@@ -19,7 +24,7 @@ peak MFU is stated against.
         --threads 2 --strategy fsdp --world-size 2 --distgpt target/release/distgpt
     python bench/pytorch_reference.py --device cuda --model gpt2 --batch-size 8 \
         --peak-tflops 989 --torch-variants eager,eager-bf16,compile-bf16 \
-        --distgpt target/release/distgpt
+        --distgpt-precision fp32,bf16 --repeat 3 --distgpt target/release/distgpt
 """
 import argparse
 import json
@@ -31,6 +36,8 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from runs import distgpt_rows, line, median_row, ratio_lines
 
 PRESETS = {  # layers, heads, width, block, vocab (as distgpt's presets)
     "gpt2": (12, 12, 768, 1024, 50257),
@@ -112,7 +119,7 @@ def run_torch(args, rank=0, world=1, variant="eager"):
                             lr=1e-4, betas=(0.9, 0.95), eps=1e-8)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     times = []
-    for i in range(args.warmup + args.steps):
+    for i in range(args.warmup + args.steps * args.repeat):
         x = torch.randint(0, cfg[4], (local_b, t), device=dev)
         y = torch.randint(0, cfg[4], (local_b, t), device=dev)
         if world > 1:
@@ -128,15 +135,16 @@ def run_torch(args, rank=0, world=1, variant="eager"):
         sync()
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
-    mean = sum(times) / len(times)
+    # --repeat's windows of --steps steps, each one run
+    means = [sum(w) / len(w) for w in (times[i:i + args.steps] for i in range(0, len(times), args.steps))]
     if world > 1:
-        m = torch.tensor([mean])
+        m = torch.tensor(means)
         torch.distributed.all_reduce(m, op=torch.distributed.ReduceOp.MAX)
-        mean = m.item()
-    tps = args.batch_size * t / mean
+        means = m.tolist()
     name = f"pytorch {torch.__version__} {variant}" + (f" {args.strategy} x{world}" if world > 1 else "")
-    return {"impl": name, "ms_per_step": mean * 1e3,
-            "tokens_per_s": tps, "flops_per_token": flops_per_token(GPT(*cfg), cfg, t)}
+    fpt = flops_per_token(GPT(*cfg), cfg, t)
+    return median_row([{"impl": name, "ms_per_step": mean * 1e3, "tokens_per_s": args.batch_size * t / mean,
+                        "flops_per_token": fpt} for mean in means])
 
 
 def _linear_from_conv1d(model):
@@ -231,7 +239,13 @@ def main():
                     help="also run PyTorch's generation with quantize_dynamic int8 linear layers")
     ap.add_argument("--torch-bf16", action="store_true",
                     help="also run PyTorch's generation in bfloat16 (slow on CPUs without bf16 instructions)")
+    ap.add_argument("--distgpt-precision", default="fp32",
+                    help="distgpt's rows, comma-separated `bench --precision`s: fp32, bf16")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="each training figure the median of this many runs")
     args = ap.parse_args()
+    if args.repeat < 1:
+        ap.error("--repeat is 1 or more")
     if args.generate:
         rows = []
         if args.distgpt:
@@ -256,24 +270,24 @@ def main():
         return 0
     rows = []
     peak = None
+    failures = []
     if args.distgpt:
         cmd = [args.distgpt, "--threads", str(args.threads), "bench", "--model", args.model,
                "--batch-size", str(args.batch_size), "--steps", str(args.steps),
-               "--warmup", str(args.warmup), "--json",
+               "--warmup", str(args.warmup),
                "--strategy", args.strategy, "--world-size", str(args.world_size),
                "--device", args.device]
         if args.seq_len:
             cmd += ["--seq-len", str(args.seq_len)]
         if args.peak_tflops:
             cmd += ["--peak-tflops", str(args.peak_tflops)]
-        run = subprocess.run(cmd, capture_output=True, text=True)
-        if run.returncode == 0:
-            d = json.loads(run.stdout)
-            peak = d["peak_gflops"] * 1e9
-            rows.append(d)
-        else:  # PyTorch's rows still come: they are the baseline to mend against
-            print(f"distgpt bench failed ({' '.join(cmd)}):\n{run.stderr.strip()}", flush=True)
-            args.distgpt = None
+        precisions = [p.strip() for p in args.distgpt_precision.split(",") if p.strip()]
+        rows, failures = distgpt_rows(cmd, precisions, args.repeat)
+        # PyTorch's rows still come: they are the baseline to mend against
+        for f in failures:
+            print(f, flush=True)
+        if rows:
+            peak = rows[0]["peak_gflops"] * 1e9
     if args.peak_tflops:
         peak = args.peak_tflops * 1e12
     if args.device == "cuda" and args.world_size > 1:
@@ -283,15 +297,12 @@ def main():
         if v not in ("eager", "compile", "eager-bf16", "compile-bf16"):
             ap.error(f"unknown --torch-variants entry {v!r}")
     def show(r):  # each row as soon as it is measured: a slow compile loses none
-        mfu = f", MFU {100 * r['flops_per_token'] * r['tokens_per_s'] / peak:.1f}%" if peak else ""
-        mem = r.get("memory", {}).get("peak_total_bytes")
-        mem = f", peak {mem / 2**20:.0f} MiB (accounted)" if mem else ""
         where = f"{args.threads} threads" if args.device == "cpu" else args.device
-        print(f"{r['impl']:<28} {args.model} {args.batch_size}x{args.seq_len or PRESETS[args.model][3]}"
-              f" {where}: {r['ms_per_step']:.1f} ms/step, {r['tokens_per_s']:.0f} tokens/s{mfu}{mem}",
-              flush=True)
+        shape = f"{args.model} {args.batch_size}x{args.seq_len or PRESETS[args.model][3]}"
+        print(line(r, shape, where, peak), flush=True)
     for r in rows:
         show(r)
+    ours = len(rows)
     if args.world_size > 1:
         rows.append(run_torch_distributed(args))
         show(rows[-1])
@@ -299,12 +310,12 @@ def main():
         for v in variants:
             rows.append(run_torch(args, variant=v))
             show(rows[-1])
-    if args.distgpt:
+    if ours:
         source = (f"stated peak {args.peak_tflops:g} TFLOP/s" if args.peak_tflops
                   else f"peak {peak / 1e9:.0f} GFLOP/s: distgpt's best matmul here")
-        for r in rows[1:]:
-            print(f"ratio distgpt / {r['impl']}: {rows[0]['tokens_per_s'] / r['tokens_per_s']:.2f}x ({source})")
-    return 0
+        for r in ratio_lines(rows[:ours], rows[ours:], source):
+            print(r)
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 """Compile every kernel source as CUDA: NVRTC (through ctypes) to PTX for
-compute_90a, then ptxas to sm_90a, printing each kernel's registers and
-shared memory. Any NVRTC or ptxas diagnostic, warning included, fails.
+compute_90a, then ptxas to sm_90a, printing each kernel's registers,
+shared memory, stack frame and spills (`ptxas -v`) as a table, also written
+to OUT_DIR/ptxas.tsv. Any NVRTC or ptxas diagnostic, warning included,
+fails, and so does any spill (ptxas's --warn-on-spills, and the table's
+own count, so that a spill fails even if ptxas stops warning of it).
 
 Usage: cuda_check.py KERNEL_DIR OUT_DIR (run by scripts/cuda-check, which
 provides the venv with the NVIDIA wheels).
@@ -80,13 +83,14 @@ class Nvrtc:
 
 
 def ptxas_report(text):
-    """Per kernel: (registers, shared memory bytes, spill stores, spill loads)."""
+    """Per kernel: registers, shared memory, stack frame, spill stores and
+    spill loads (bytes but the registers)."""
     kernels, current = {}, None
     for line in text.splitlines():
         m = re.search(r"Compiling entry function '(\w+)'", line)
         if m:
             current = m.group(1)
-            kernels[current] = {"regs": 0, "smem": 0, "spill_st": 0, "spill_ld": 0}
+            kernels[current] = {"regs": 0, "smem": 0, "stack": 0, "spill_st": 0, "spill_ld": 0}
             continue
         if current is None:
             continue
@@ -95,6 +99,9 @@ def ptxas_report(text):
             kernels[current]["regs"] = int(m.group(1))
             m = re.search(r"(\d+) bytes smem", line)
             kernels[current]["smem"] = int(m.group(1)) if m else 0
+        m = re.search(r"(\d+) bytes stack frame", line)
+        if m:
+            kernels[current]["stack"] = int(m.group(1))
         m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
         if m:
             kernels[current]["spill_st"] = int(m.group(1))
@@ -114,7 +121,9 @@ def main():
     include = package_dir(nvidia.cuda_runtime) / "include"
     options = NVRTC_OPTIONS + [f"--include-path={include}"]
     print(f"NVRTC {nvrtc.version}, {ptxas}, sm_{ARCH}")
-    print(f"{'file':<20} {'kernel':<36} {'regs':>5} {'smem B':>7} {'spill':>6}")
+    header = f"{'file':<20} {'kernel':<36} {'regs':>5} {'smem B':>7} {'stack B':>7} {'spill B':>7}"
+    print(header)
+    table = ["file\tkernel\tregisters\tsmem_bytes\tstack_bytes\tspill_store_bytes\tspill_load_bytes"]
     failed = []
     # Each file twice: the portable path OpenCL tests, and the CUDA-only fast
     # paths behind DISTGPT_CUDA_FAST.
@@ -145,18 +154,25 @@ def main():
         if run.returncode != 0 or problems:
             print(f"{label}: ptxas failed (status {run.returncode}):\n{text}")
             failed.append(label)
-            continue
+        # the table's rows even then: a spill is counted where ptxas told it
         kernels = ptxas_report(text)
-        if not kernels:
+        if not kernels and label not in failed:
             print(f"{label}: no kernels found")
             failed.append(label)
         for name, k in kernels.items():
             spill = k["spill_st"] + k["spill_ld"]
-            print(f"{label:<20} {name:<36} {k['regs']:>5} {k['smem']:>7} {spill:>6}")
+            mark = "  SPILLS" if spill else ""
+            print(f"{label:<20} {name:<36} {k['regs']:>5} {k['smem']:>7} {k['stack']:>7} {spill:>7}{mark}")
+            table.append("\t".join(str(x) for x in (label, name, k["regs"], k["smem"], k["stack"],
+                                                    k["spill_st"], k["spill_ld"])))
+            if spill:
+                failed.append(f"{label} ({name} spills {spill} bytes)")
+    (out_dir / "ptxas.tsv").write_text("\n".join(table) + "\n")
     if failed:
         sys.exit(f"cuda-check: FAILED: {', '.join(sorted(set(failed)))}")
-    print(f"cuda-check: {len(sources)} files compiled for sm_{ARCH} without diagnostics,"
-          " portable and with the CUDA-only fast paths (-DDISTGPT_CUDA_FAST)")
+    print(f"cuda-check: {len(sources)} files, {len(table) - 1} kernels compiled for sm_{ARCH} without"
+          " diagnostics or spills, portable and with the CUDA-only fast paths (-DDISTGPT_CUDA_FAST);"
+          f" the table is in {out_dir / 'ptxas.tsv'}")
 
 
 if __name__ == "__main__":

@@ -3,14 +3,18 @@
 # on a borrowed machine that has one (docs/gpu.md says how to read it):
 #
 #   0. what the machine has: nvidia-smi, the file each CUDA library comes
-#      from (CUDA 13's standing in for CUDA 12's), `distgpt devices`;
+#      from (CUDA 13's standing in for CUDA 12's), cuDNN's libraries, CUDA's
+#      headers, ptxas and nvcc, `distgpt devices`;
 #   1. every device kernel against its CPU twin (the lib tests' `backend::`);
 #   2. a training step per strategy, generation, `train --device`, offload
 #      and its resume, against the CPU (tests/gpu.rs, tests/cuda_cli.rs);
 #   3. every data-parallel strategy over NCCL following single's losses
 #      (processes under mpirun where the binaries have MPI, else thread ranks);
-#   4. GPT-2 124M at T = 1024 beside PyTorch on the same GPU (eager fp32,
-#      eager bf16 autocast, torch.compile bf16), MFU against 989 TFLOP/s;
+#   4. GPT-2 124M at 8 x 1024 in fp32 and bf16 beside PyTorch on the same
+#      GPU (eager fp32, eager bf16 autocast, torch.compile bf16), each figure
+#      the median of 3 runs, MFU against 989 TFLOP/s; bf16's step kernel by
+#      kernel (`bench --profile`); BERT-MiniLM at 32 x 128 in fp32 and bf16
+#      beside transformers eager fp32 and bf16 autocast;
 #   5. what CPU offload costs there;
 #   6. with the time left, what 2 cores cannot show: the pipeline bubble at
 #      p = 4 and 8 against the schedule's formula, and ddp / fsdp / tp on 4,
@@ -45,13 +49,15 @@
 # one command of a step (default 240). A command past its limit is stopped
 # and named and the next one runs; a step the budget no longer covers is
 # named as not run. DISTGPT_GPU_STEPS=1,4 runs only those steps.
+# DISTGPT_GPU_REPEAT: the runs each of step 4's figures is the median of
+# (default 3).
 # DISTGPT_GPU_LIB_DIRS (colon-separated) replaces the folders searched for
 # CUDA's libraries. Exit status: 1 if a step failed or did not run (step 6
 # excepted: it only uses time that is left), 2 with no GPU.
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
+cd "$root" || exit 1
 readonly pack_limit_mib=48
 readonly binaries=(distgpt lib gpu cuda_cli)
 
@@ -154,13 +160,18 @@ dry_run() {
     git ls-files -z --cached --others --exclude-standard |
         tar --null -T - -cf - | tar -xf - -C "$machine" || return 1
     # Library folders laid out as such an image has them: the driver's,
-    # CUDA 13's wheel and NCCL's (empty files: found, never loaded).
+    # CUDA 13's wheel, NCCL's and cuDNN's (empty files: found, never
+    # loaded), two of CUDA's headers and a ptxas that only tells its version.
     fake=$scratch/libs
     local site=$fake/venv/lib/python3.12/site-packages/nvidia
-    mkdir -p "$fake/driver" "$site/cu13/lib" "$site/nccl/lib"
+    mkdir -p "$fake/driver" "$site/cu13/lib" "$site/cu13/include" "$site/cu13/bin" \
+        "$site/nccl/lib" "$site/cudnn/lib"
     touch "$fake/driver/libcuda.so.1" "$site/nccl/lib/libnccl.so.2"
     touch "$site/cu13/lib/"{libnvrtc.so.13,libcublas.so.13,libcublasLt.so.13}
-    local dirs="$fake/driver:$site/cu13/lib:$site/nccl/lib"
+    touch "$site/cudnn/lib/"{libcudnn.so.9,libcudnn_graph.so.9} "$site/cu13/include/"{cuda_runtime.h,cuda_bf16.h}
+    printf '#!/bin/sh\necho "Cuda compilation tools, release 13.0, V13.0.88"\n' >"$site/cu13/bin/ptxas"
+    chmod +x "$site/cu13/bin/ptxas"
+    local dirs="$fake/driver:$site/cu13/lib:$site/nccl/lib:$site/cudnn/lib"
     # Bounded from outside too: a harness that failed to stop a hang fails.
     local check=("$machine/scripts/gpu_check.sh")
 
@@ -187,10 +198,23 @@ dry_run() {
         "libnvrtc\.so\.12: CUDA 13's $site/cu13/lib/libnvrtc\.so\.13 stands in"
     expect "discovery finds NCCL in the wheel's folder" "$out/green/env.txt" \
         "libnccl\.so\.2: $site/nccl/lib/libnccl\.so\.2"
+    expect "cuDNN's libraries are listed" "$out/green/env.txt" "^cudnn: .*/cudnn/lib/libcudnn_graph\.so\.9$"
+    expect "a header found is named" "$out/green/env.txt" "^header cuda_bf16\.h: .*/cu13/include/cuda_bf16\.h$"
+    expect "a header missing is named" "$out/green/env.txt" "^header mma\.h: not found$"
+    expect "ptxas's version is read" "$out/green/env.txt" "^tool ptxas: .*/cu13/bin/ptxas \(V13\.0\.88\)$"
+    expect "step 0's summary line" "$out/green/summary.txt" \
+        "cuDNN: 2 libcudnn\* file\(s\); headers: cuda_runtime\.h cuda_bf16\.h \(not found: cublasLt\.h mma\.h cudnn\.h\); compilers: ptxas V13\.0\.88"
     expect "the kernels ran" "$out/green/kernels.txt" "test result: ok\. [1-9]"
     expect "the backend tests ran" "$out/green/backend.txt" "test result: ok\. [1-9]"
     expect "every strategy followed single" "$out/green/nccl.txt" "fsdp .*: ok"
     expect "the benchmark ran" "$out/green/bench.txt" "tokens/s"
+    expect "GPT-2's fp32 figure is a median of 3" "$out/green/summary.txt" \
+        "^   distgpt  .* tiny 4x64 opencl: .* ms/step, .* tokens/s.*\(median of 3: "
+    expect "GPT-2's bf16 figure is a median of 3" "$out/green/summary.txt" \
+        "^   distgpt bf16 .* tiny 4x64 opencl: .*\(median of 3: "
+    expect "bf16's kernel table" "$out/green/summary.txt" "^   kernels \(--profile\)"
+    expect "BERT's fp32 figure" "$out/green/summary.txt" "^   distgpt  .* bert-tiny 4x16 opencl: .*\(median of 3: "
+    expect "BERT's bf16 figure" "$out/green/summary.txt" "^   distgpt bf16 .* bert-tiny 4x16 opencl: .*\(median of 3: "
     expect "offload ran" "$out/green/offload.txt" "offload params"
     expect "the CPU's measurements ran" "$out/green/cpu.txt" "pipeline bubble"
     expect "the summary ends" "$out/green/summary.txt" "^== done"
@@ -200,7 +224,7 @@ dry_run() {
     printf '#!/bin/sh\nexec sleep 3600\n' >"$machine/pack/gpu"
     t0=$SECONDS
     DISTGPT_GPU_DRY=1 DISTGPT_GPU_LIB_DIRS=$dirs DISTGPT_GPU_PREBUILT="$machine/pack" \
-        DISTGPT_GPU_STEPS=2,3,4 DISTGPT_GPU_STEP_TIMEOUT=15 \
+        DISTGPT_GPU_STEPS=2,3,4 DISTGPT_GPU_STEP_TIMEOUT=15 DISTGPT_GPU_REPEAT=1 \
         timeout 300 "${check[@]}" "$out/planted" >"$out/planted.log" 2>&1
     rc=$?
     echo "gpu_check --dry-run: the planted check ran in $((SECONDS - t0)) s, exit $rc"
@@ -240,6 +264,7 @@ out="${1:-$root/target/gpu-check}"
 dry=${DISTGPT_GPU_DRY:-}
 budget=${DISTGPT_GPU_BUDGET:-540}
 limit=${DISTGPT_GPU_STEP_TIMEOUT:-240}
+repeat=${DISTGPT_GPU_REPEAT:-3}
 start=$SECONDS
 failed=()
 cur=""
@@ -380,6 +405,85 @@ missing=()
     fi
 } >>"$out/env.txt"
 results env.txt '^lib'
+
+# What the next kernels could build on: cuDNN (its attention), CUDA's
+# headers (NVRTC with cuda_bf16.h or mma.h) and ptxas / nvcc (`ptxas -v`'s
+# registers and spills there). Looked for beside each library folder
+# (its ../include and ../bin), and, unless DISTGPT_GPU_LIB_DIRS is set,
+# in CUDA's install folders, the system's, PyTorch's wheels and PATH.
+inc_dirs=() tool_dirs=()
+for d in "${lib_dirs[@]}"; do
+    inc_dirs+=("$(dirname "$d")/include") tool_dirs+=("$(dirname "$d")/bin")
+done
+if [[ -z "${DISTGPT_GPU_LIB_DIRS:-}" ]]; then
+    inc_dirs+=(/usr/local/cuda/include /usr/local/cuda*/targets/*/include /usr/include
+        "$VIRTUAL_ENV"/lib/python3*/site-packages/nvidia/*/include)
+    tool_dirs+=(/usr/local/cuda/bin /usr/local/cuda*/bin "$VIRTUAL_ENV"/lib/python3*/site-packages/nvidia/*/bin
+        "$VIRTUAL_ENV"/lib/python3*/site-packages/triton/backends/nvidia/bin)
+    IFS=: read -r -a path_dirs <<<"$PATH"
+    tool_dirs+=("${path_dirs[@]}")
+fi
+cudnn=() headers=() tools=()
+{
+    echo "== cuDNN, CUDA's headers, ptxas and nvcc"
+    declare -A seen=()
+    cands=()
+    if [[ -z "${DISTGPT_GPU_LIB_DIRS:-}" ]]; then
+        mapfile -t cands < <(ldconfig -p 2>/dev/null | awk '$1 ~ /^libcudnn/ { print $NF }')
+    fi
+    for d in "${lib_dirs[@]}"; do
+        cands+=("$d"/libcudnn*)
+    done
+    for f in "${cands[@]}"; do
+        [[ -e $f ]] || continue
+        f=$(readlink -f "$f")
+        [[ -n "${seen[$f]:-}" ]] && continue
+        seen[$f]=1
+        echo "cudnn: $f"
+        cudnn+=("$f")
+    done
+    ((${#cudnn[@]})) || echo "cudnn: no libcudnn* found"
+    for h in cuda_runtime.h cublasLt.h cuda_bf16.h mma.h cudnn.h cudnn_version.h; do
+        found=""
+        for d in "${inc_dirs[@]}"; do
+            if [[ -f $d/$h ]]; then
+                found=$d/$h
+                break
+            fi
+        done
+        echo "header $h: ${found:-not found}"
+        [[ -n $found ]] && headers+=("$h")
+        if [[ $h == cudnn_version.h && -n $found ]]; then
+            v=$(awk '$1 == "#define" && $2 ~ /^CUDNN_(MAJOR|MINOR|PATCHLEVEL)$/ { printf "%s%s", s, $3; s = "." }' "$found")
+            echo "cudnn version (cudnn_version.h): ${v:-unread}"
+            cudnn_version=$v
+        fi
+    done
+    for t in ptxas nvcc; do
+        n=0
+        for d in "${tool_dirs[@]}"; do
+            f=$d/$t
+            [[ -x $f && ! -d $f ]] || continue
+            f=$(readlink -f "$f")
+            [[ -n "${seen[$f]:-}" ]] && continue
+            seen[$f]=1
+            v=$(timeout 10 "$f" --version 2>&1 | grep -oE 'V[0-9][0-9.]*' | tail -n 1)
+            echo "tool $t: $f (${v:-version unread})"
+            tools+=("$t ${v:-?}")
+            n=$((n + 1))
+        done
+        ((n)) || echo "tool $t: not found"
+    done
+} >>"$out/env.txt"
+missing_h=()
+for h in cuda_runtime.h cublasLt.h cuda_bf16.h mma.h cudnn.h; do
+    [[ " ${headers[*]} " == *" $h "* ]] || missing_h+=("$h")
+done
+compilers=$(printf '%s, ' "${tools[@]}")
+compilers=${compilers%, }
+echo "   cuDNN: ${#cudnn[@]} libcudnn* file(s)${cudnn_version:+, version $cudnn_version};" \
+    "headers: ${headers[*]:-none}${missing_h[*]:+ (not found: ${missing_h[*]})};" \
+    "compilers: ${compilers:-none} (env.txt)"
 if [[ -n "${shim_dirs:-}" ]]; then
     export LD_LIBRARY_PATH="$shim_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
@@ -416,10 +520,12 @@ results env.txt '^(cuda|opencl)'
 if [[ -n $dry ]]; then
     dev=opencl require=DISTGPT_REQUIRE_OPENCL=1
     gpt=(--model tiny) gpt_shape=(--batch-size 4 --seq-len 64) timing=(--steps 2 --warmup 1)
+    bert=(--model bert-tiny) bert_shape=(--batch-size 4 --seq-len 16)
     cpu_model=(--model tiny) worlds=(2) pipes=(2) peak=()
 else
     dev=cuda require=DISTGPT_REQUIRE_CUDA=1
     gpt=(--model gpt2) gpt_shape=(--batch-size 8 --seq-len 1024) timing=(--steps 10 --warmup 3)
+    bert=(--model bert-minilm) bert_shape=(--batch-size 32 --seq-len 128)
     cpu_model=(--model shakespeare-char --n-embd 512 --n-head 16 --n-layer 8)
     worlds=() pipes=() peak=(--peak-tflops 989)
     for n in 4 8 16; do
@@ -498,17 +604,34 @@ EOF
 fi
 
 # ---- 4. against PyTorch ------------------------------------------------
-if on 4 bench "${gpt[1]} at ${gpt_shape[*]} on $dev, beside PyTorch" && needs "${cuda_libs[@]}"; then
+# Each figure the median of $repeat runs (distgpt: processes; PyTorch:
+# windows of the timed steps); then bf16's step kernel by kernel (one
+# profiled run: it runs slower than unprofiled steps); then BERT.
+if on 4 bench "${gpt[1]} at ${gpt_shape[*]} and ${bert[1]} at ${bert_shape[*]} on $dev, fp32 and bf16, beside PyTorch" &&
+    needs "${cuda_libs[@]}"; then
+    ok=1
+    both=(--distgpt-precision "fp32,bf16" --repeat "$repeat")
     if [[ -z $dry ]] && "$py" -c 'import torch' 2>/dev/null; then
         run bench.txt "$py" bench/pytorch_reference.py --device cuda "${gpt[@]}" "${gpt_shape[@]}" \
             "${timing[@]}" --peak-tflops 989 --torch-variants eager,eager-bf16,compile-bf16 \
-            --distgpt "$bin" || fail
+            "${both[@]}" --distgpt "$bin" || ok=0
     else
         echo "   (no PyTorch for $dev here: distgpt alone)"
-        run bench.txt "$bin" bench --device "$dev" "${gpt[@]}" "${gpt_shape[@]}" "${timing[@]}" \
-            "${peak[@]}" || fail
+        run bench.txt "$py" bench/runs.py --repeat "$repeat" --precision fp32,bf16 -- \
+            "$bin" bench --device "$dev" "${gpt[@]}" "${gpt_shape[@]}" "${timing[@]}" "${peak[@]}" || ok=0
     fi
-    results bench.txt '(ms/step|ratio)'
+    run bench.txt "$bin" bench --device "$dev" "${gpt[@]}" "${gpt_shape[@]}" "${timing[@]}" \
+        "${peak[@]}" --precision bf16 --profile || ok=0
+    if [[ -z $dry ]] && "$py" -c 'import torch' 2>/dev/null; then
+        run bench.txt "$py" bench/pytorch_bert_reference.py --device cuda "${bert[@]}" "${bert_shape[@]}" \
+            "${timing[@]}" --peak-tflops 989 --torch-variants eager,eager-bf16 "${both[@]}" \
+            --distgpt "$bin" || ok=0
+    else
+        run bench.txt "$py" bench/runs.py --repeat "$repeat" --precision fp32,bf16 -- \
+            "$bin" bench --device "$dev" "${bert[@]}" "${bert_shape[@]}" "${timing[@]}" "${peak[@]}" || ok=0
+    fi
+    ((ok)) || fail
+    results bench.txt '(ms/step|^ratio |^kernels |^  |^distgpt bench failed)'
 fi
 
 # ---- 5. offload --------------------------------------------------------
