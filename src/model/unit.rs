@@ -55,7 +55,7 @@ pub struct SpanRun {
 
 impl SpanRun {
     /// One micro-batch's run of `span`: what an engine sizes a slot's
-    /// buffers for ([`Held`] keeps a set a slot).
+    /// buffers for (`Held` keeps a set a slot).
     pub fn one(span: &Span, recompute: bool, split: bool) -> Self {
         SpanRun {
             span: span.clone(),
