@@ -215,7 +215,7 @@ pub fn val_loss<B: Backend>(model: &Model<B>, ds: &Dataset, cfg: &SweepConfig) -
     let mut whole = model
         .config
         .whole(model.backend.clone_fresh(), &model.params)?;
-    whole.mean_loss(val_batches(ds, cfg)?, (cfg.batch_size, cfg.seq_len))
+    whole.mean_loss(val_batches(ds, cfg)?, cfg.batch_size, cfg.seq_len)
 }
 
 /// The validation loss with the blocks' weights in int8, through the

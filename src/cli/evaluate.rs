@@ -247,7 +247,7 @@ pub(super) fn eval_on<B: Backend>(be: B, a: &EvalArgs) -> Result<()> {
     let loss = meta
         .config
         .whole(be, &params)?
-        .mean_loss(batches, (a.batch_size, t))?;
+        .mean_loss(batches, a.batch_size, t)?;
     pb.finish_and_clear();
     distgpt::outln!(
         "{}: val loss {loss:.4}, perplexity {:.2} ({n} batches of {} x {t} tokens from {})",

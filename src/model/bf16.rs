@@ -49,15 +49,12 @@ impl<B: Backend> Bf16Operands<B> {
     /// Room for the largest input, weight and output gradient the model
     /// rounds (in elements; weights count as `Other`, the rest as
     /// activations), or none where the backend's matmuls round them.
-    pub fn new(al: &ActAlloc<'_, B>, sizes: (usize, usize, usize)) -> Result<Self> {
-        let (inp, w, dout) = match al.bf16_copies() {
-            true => sizes,
-            false => (0, 0, 0),
-        };
+    pub fn new(al: &ActAlloc<'_, B>, inp: usize, w: usize, dout: usize) -> Result<Self> {
+        let n = usize::from(al.bf16_copies());
         Ok(Bf16Operands {
-            inp: al.acts(inp)?,
-            w: al.typed(w, Category::Other)?,
-            dout: al.acts(dout)?,
+            inp: al.acts(n * inp)?,
+            w: al.typed(n * w, Category::Other)?,
+            dout: al.acts(n * dout)?,
         })
     }
 

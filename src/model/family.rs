@@ -764,7 +764,7 @@ mod tests {
         // the decoder's loss is the training forward's on the same tokens
         let batch = crate::data::Batch::lm(vec![1; t], vec![2; t]);
         let mut whole = tiny.whole(be.clone(), &params).unwrap();
-        let forward = whole.mean_loss([batch], (1, t)).unwrap();
+        let forward = whole.mean_loss([batch], 1, t).unwrap();
         assert!((e.loss - forward).abs() < 1e-4, "{} vs {forward}", e.loss);
         let run = TimedGeneration {
             params: &params,

@@ -178,7 +178,8 @@ mod tests {
         w: &mut Whole<Cpu, M>,
         full: &[f32],
         batch: &Batch,
-        (b, t): (usize, usize),
+        b: usize,
+        t: usize,
     ) -> (f32, Vec<f32>, Vec<f32>) {
         w.load_full(full).unwrap();
         // a gradient accumulated onto, as over micro-batches
@@ -196,7 +197,7 @@ mod tests {
     /// One engine on a batch of `b` and `n` engines in parts of it agree:
     /// the loss, every parameter's gradient (the tied ones' included,
     /// accumulated onto what the buffer held) and the outputs.
-    fn parts_match_one_engine(model: ModelConfig, (b, t): (usize, usize), n: usize) {
+    fn parts_match_one_engine(model: ModelConfig, b: usize, t: usize, n: usize) {
         let engine = || {
             model
                 .engine(Cpu::new(), TpPlace::NONE, false, Precision::Fp32)
@@ -207,8 +208,8 @@ mod tests {
         let mut one = Whole::with_engine(engine()).unwrap();
         let parts = Parts::new((0..n).map(|_| engine()).collect()).unwrap();
         let mut parts = Whole::with_engine(parts).unwrap();
-        let (loss, grads, outputs) = run(&mut one, &full, &batch, (b, t));
-        let (p_loss, p_grads, p_outputs) = run(&mut parts, &full, &batch, (b, t));
+        let (loss, grads, outputs) = run(&mut one, &full, &batch, b, t);
+        let (p_loss, p_grads, p_outputs) = run(&mut parts, &full, &batch, b, t);
         let what = format!("{} in {n} parts of {b}", model.family());
         assert_close(&format!("{what}: loss"), &[p_loss], &[loss as f64], 1e-5);
         let want: Vec<f64> = grads.iter().map(|&g| g as f64).collect();
@@ -223,14 +224,14 @@ mod tests {
         let gpt2 = ModelConfig::preset("tiny").unwrap();
         // even, uneven (1 + 2 and 1 + 1 + 2 rows), fewer rows than parts
         for (b, n) in [(4, 2), (3, 2), (4, 3), (1, 2)] {
-            parts_match_one_engine(gpt2.clone(), (b, 16), n);
+            parts_match_one_engine(gpt2.clone(), b, 16, n);
         }
         let classify = ModelConfig::preset("bert-tiny").unwrap();
-        parts_match_one_engine(classify, (4, 16), 2);
+        parts_match_one_engine(classify, 4, 16, 2);
         for head in [BertHead::Mlm, BertHead::Pretrain] {
             let mut bert = BertConfig::preset("bert-tiny").unwrap();
             bert.head = head;
-            parts_match_one_engine(ModelConfig::from(bert), (3, 16), 2);
+            parts_match_one_engine(ModelConfig::from(bert), 3, 16, 2);
         }
     }
 }

@@ -124,6 +124,30 @@ pub struct TpPlace {
 impl TpPlace {
     /// No tensor parallelism.
     pub const NONE: TpPlace = TpPlace { rank: 0, size: 1 };
+
+    /// This place in group `comm`.
+    pub fn in_group(self, comm: Option<&dyn Comm>) -> TpGroup<'_> {
+        TpGroup { comm, place: self }
+    }
+}
+
+/// A layer's tensor-parallel group (none without tensor parallelism) and
+/// this rank's place in it.
+#[derive(Clone, Copy)]
+pub struct TpGroup<'a> {
+    pub comm: Option<&'a dyn Comm>,
+    pub place: TpPlace,
+}
+
+/// A row-parallel layer and the residual it feeds: `out = residual +
+/// inp x w + bias`, where this rank holds rows of `w` (and the matching
+/// columns of its input).
+pub struct RowParallel<'a, B: Backend> {
+    pub out: Dst<'a, B>,
+    pub residual: Src<'a, B>,
+    pub inp: Src<'a, B>,
+    pub w: Src<'a, B>,
+    pub bias: Src<'a, B>,
 }
 
 /// Completes a sum whose parts the tp ranks hold (a row-parallel layer's
@@ -136,31 +160,28 @@ pub fn all_reduce<B: Backend>(be: &B, tp: Option<&dyn Comm>, buf: Dst<'_, B>) ->
     }
 }
 
-/// A row-parallel layer and the residual it feeds: `out = residual +
-/// inp x w + bias`, where this rank holds rows of `w` (and the matching
-/// columns of its input). `matmul` runs this rank's partial product (adding
-/// to `out` when it accumulates), plus the bias if given: tp rank 0 alone
-/// starts from the residual and adds the replicated bias, then the
-/// all-reduce sums every rank's part in.
+/// Runs `layer` in group `tp`: `matmul` runs this rank's partial product
+/// (adding to `out` when it accumulates), plus the bias if given: tp rank
+/// 0 alone starts from the residual and adds the replicated bias, then
+/// the all-reduce sums every rank's part in.
 pub fn row_parallel<B: Backend>(
     be: &B,
-    (tp, place): (Option<&dyn Comm>, TpPlace),
-    (mut out, residual): (Dst<'_, B>, Src<'_, B>),
-    (inp, w, bias): (Src<'_, B>, Src<'_, B>, Src<'_, B>),
+    tp: TpGroup<'_>,
+    layer: RowParallel<'_, B>,
     shape: MatmulShape,
     matmul: impl FnOnce(MatmulForward<On<'_, B>>) -> Result<()>,
 ) -> Result<()> {
-    let lead = place.rank == 0;
+    let (lead, mut out) = (tp.place.rank == 0, layer.out);
     if lead {
-        be.copy(out.rb(), residual);
+        be.copy(out.rb(), layer.residual);
     }
     matmul(MatmulForward {
         out: out.rb(),
-        inp,
-        w,
-        bias: lead.then_some(bias),
+        inp: layer.inp,
+        w: layer.w,
+        bias: lead.then_some(layer.bias),
         shape,
         accumulate: lead,
     })?;
-    all_reduce(be, tp, out)
+    all_reduce(be, tp.comm, out)
 }

@@ -4,12 +4,14 @@
 //! parameter slices the caller hands in. Strategies drive any family
 //! through this trait alone, gathering, reducing and sharding unit by unit.
 
+use super::alloc::ActAlloc;
 use super::layout::ParamLayout;
 use super::tp::TpPlace;
+use crate::backend::cpu::Cpu;
 use crate::backend::{Backend, Buf, Category, Dst, Src};
 use crate::comm::Comm;
-use crate::data::{Batch, LossTerms};
-use crate::error::Result;
+use crate::data::{Batch, LossTerms, IGNORE};
+use crate::error::{Error, Result};
 use std::ops::{Deref, DerefMut, Range};
 
 /// What unit u is in a family laid out as embeddings, `n_layer` blocks,
@@ -52,13 +54,34 @@ pub struct SpanRun {
 }
 
 impl SpanRun {
+    /// One micro-batch's run of `span`: what an engine sizes a slot's
+    /// buffers for (`Held` keeps a set a slot).
+    pub fn one(span: &Span, recompute: bool, split: bool) -> Self {
+        SpanRun {
+            span: span.clone(),
+            recompute,
+            split,
+            in_flight: 1,
+        }
+    }
+
     /// Elements (activations, other) of the micro-batches in flight, from
-    /// one set of the blocks' buffers and one micro-batch's kept ones: the
+    /// one set of the blocks' buffers (what `blocks` allocates) and one
+    /// micro-batch's kept ones (`kept`'s), each run against a tally: the
     /// blocks' a set each, or recomputed one set they share.
-    pub fn in_flight_elems(&self, blocks: (usize, usize), kept: (usize, usize)) -> (usize, usize) {
+    pub(crate) fn in_flight_elems<A, K>(
+        &self,
+        blocks: impl FnOnce(&ActAlloc<'_, Cpu>) -> Result<A>,
+        kept: impl FnOnce(&ActAlloc<'_, Cpu>) -> Result<K>,
+    ) -> (usize, usize) {
+        let be = Cpu::new();
+        let (b, k) = (ActAlloc::tally(&be), ActAlloc::tally(&be));
+        blocks(&b).expect("a tally allocates nothing");
+        kept(&k).expect("a tally allocates nothing");
+        let ((b_acts, b_other), (k_acts, k_other)) = (b.counted(), k.counted());
         let sets = if self.recompute { 1 } else { self.in_flight };
         let n = self.in_flight;
-        (sets * blocks.0 + n * kept.0, sets * blocks.1 + n * kept.1)
+        (sets * b_acts + n * k_acts, sets * b_other + n * k_other)
     }
 }
 
@@ -109,6 +132,36 @@ impl Span {
     /// the head's input) sits among the span's `blocks + 1` copies.
     pub fn resid(&self, l: usize) -> usize {
         l - self.blocks.start
+    }
+}
+
+/// Refuses a batch of `tokens` that is not `b` sequences of `t`, `t` from
+/// 1 to the model's `block_size`.
+pub(crate) fn check_batch(tokens: &[u32], b: usize, t: usize, block_size: usize) -> Result<()> {
+    if t == 0 || t > block_size {
+        return Err(Error::Input(format!(
+            "sequence length {t} must be between 1 and the model's block size {block_size}"
+        )));
+    }
+    match tokens.len() == b * t {
+        true => Ok(()),
+        false => Err(Error::Input(format!(
+            "got {} tokens for a batch of {b} x {t}",
+            tokens.len()
+        ))),
+    }
+}
+
+/// Refuses `what` ids (token ids, types, targets) not below `limit`;
+/// with `ignore`, [`IGNORE`] marks an id to pass over.
+pub(crate) fn check_ids(what: &str, ids: &[u32], limit: usize, ignore: bool) -> Result<()> {
+    let bad = |&x: &u32| x as usize >= limit && !(ignore && x == IGNORE);
+    match ids.iter().position(bad) {
+        Some(i) => Err(Error::Input(format!(
+            "{what} {} at position {i} is not below {limit}",
+            ids[i]
+        ))),
+        None => Ok(()),
     }
 }
 
@@ -349,9 +402,7 @@ pub trait UnitModel<B: Backend>: Send {
     /// This engine as a pipeline stage's (a batch in parts runs without
     /// stages: `parallel::build`).
     fn as_stage(&mut self) -> Result<&mut dyn StageModel<B>> {
-        Err(crate::error::Error::Config(
-            "this engine runs no pipeline stage".into(),
-        ))
+        Err(Error::Config("this engine runs no pipeline stage".into()))
     }
 }
 
@@ -376,7 +427,7 @@ pub trait StageModel<B: Backend>: UnitModel<B> {
     /// and keeps what `backward_weight` later turns into the parameters'
     /// gradients. A family that cannot says so.
     fn split_backward(&mut self) -> Result<()> {
-        Err(crate::error::Error::Config(
+        Err(Error::Config(
             "this model family cannot split its backward into input and weight halves".into(),
         ))
     }
@@ -501,14 +552,15 @@ impl<B: Backend, M: UnitModel<B>> Whole<B, M> {
     pub fn mean_loss(
         &mut self,
         batches: impl IntoIterator<Item = Batch>,
-        bt: (usize, usize),
+        b: usize,
+        t: usize,
     ) -> Result<f64> {
         let (mut sum, mut n) = (0.0f64, 0usize);
         for batch in batches {
             let terms = batch.loss_terms();
-            let loss = self.run_forward(&batch, bt, terms, None)?.ok_or_else(|| {
-                crate::error::Error::Input("a batch without targets has no loss".into())
-            })?;
+            let loss = self
+                .run_forward(&batch, (b, t), terms, None)?
+                .ok_or_else(|| Error::Input("a batch without targets has no loss".into()))?;
             (sum, n) = (sum + loss as f64, n + 1);
         }
         Ok(sum / n.max(1) as f64)

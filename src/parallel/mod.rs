@@ -190,7 +190,8 @@ impl ParallelConfig {
     pub fn batch_parts(
         &self,
         model: &ModelConfig,
-        (rows, t): (usize, usize),
+        rows: usize,
+        t: usize,
         ask: impl FnOnce(usize, usize, f64) -> usize,
     ) -> usize {
         match (self.pipeline.stages, self.pipeline.virtual_stages, self.tp) {
@@ -473,13 +474,12 @@ pub fn build<B: Backend + 'static>(
         )));
     }
     let grid = Grid::of(&par);
-    let groups = grid.groups(world)?;
     let place = TpPlace {
         rank: grid.coords(world.rank()).tp,
         size: grid.tp,
     };
     let engine = || model.engine(backend.clone(), place, par.recompute, par.precision);
-    let parts = par.batch_parts(&model, (b / grid.dp, t), |rows, t, params| {
+    let parts = par.batch_parts(&model, b / grid.dp, t, |rows, t, params| {
         backend.threads().batch_parts(rows, t, params)
     });
     // an engine per chunk of blocks this rank holds
@@ -494,13 +494,7 @@ pub fn build<B: Backend + 'static>(
         }
     };
     Ok(Box::new(Pipelined::new(
-        engines,
-        &model,
-        (grid, groups),
-        world,
-        &par,
-        adamw,
-        (b, t),
+        engines, &model, world, &par, adamw, b, t,
     )?))
 }
 

@@ -71,7 +71,8 @@ impl HostState {
     pub fn new<B: Backend>(
         be: &B,
         cpu: &Cpu,
-        (len, chunk): (usize, usize),
+        len: usize,
+        chunk: usize,
         segments: &[Segment],
         adamw: AdamWConfig,
         overlap: bool,
@@ -366,7 +367,8 @@ mod tests {
                 let mut h = HostState::new(
                     &cpu,
                     &cpu,
-                    (len, chunk),
+                    len,
+                    chunk,
                     segs,
                     AdamWConfig::default(),
                     overlap,

@@ -391,17 +391,18 @@ pub struct StageState<B: Backend> {
 }
 
 impl<B: Backend> StageState<B> {
-    /// The state of replica r of n; with `offload` the optimizer on its
-    /// host, counted there.
+    /// The state of this rank's replica among `dp`'s; with `offload` the
+    /// optimizer on its host, counted there.
     pub fn new(
         be: &B,
         lay: &ParamLayout,
         map: &StageMap,
         sharing: Sharing,
-        (r, n): (usize, usize),
+        dp: &dyn Comm,
         adamw: AdamWConfig,
         offload: Option<HostOffload<'_>>,
     ) -> Result<Self> {
+        let (r, n) = (dp.rank(), dp.size());
         let pieces = Pieces::new(lay, map, n);
         let z = pieces.sizes();
         let sharded = sharing.sharded();
@@ -409,8 +410,9 @@ impl<B: Backend> StageState<B> {
         let opt = match offload {
             Some(HostOffload { host, overlap, .. }) => {
                 let segs = segments(&pieces, sharing, r);
-                let chunked = (opt_len, super::offload::CHUNK);
-                Optimizer::Host(HostState::new(be, host, chunked, &segs, adamw, overlap)?)
+                let chunk = super::offload::CHUNK;
+                let state = HostState::new(be, host, opt_len, chunk, &segs, adamw, overlap)?;
+                Optimizer::Host(state)
             }
             None => Optimizer::Device(AdamW::new(be, opt_len, adamw)?),
         };
@@ -787,7 +789,8 @@ impl<B: Backend> StageState<B> {
         dp: &dyn Comm,
         be: &B,
         lay: &ParamLayout,
-        (lr, clip): (f32, f32),
+        lr: f32,
+        clip: f32,
         scratch: Option<Dst<'_, B>>,
     ) -> Result<()> {
         let r = dp.rank();

@@ -384,7 +384,7 @@ fn stage_memory(
     // (its tied tensor's included) into scratch of the widest unit's size
     let parts = w.cpu_threads.map_or(1, |threads| {
         let rank_threads = crate::parallel::launch::rank_threads(threads, par.world_size);
-        par.batch_parts(m, rows, |rows, t, params| {
+        par.batch_parts(m, rows.0, rows.1, |rows, t, params| {
             crate::backend::threads::pool_batch_parts(rank_threads, (rows, t), params)
         })
     });

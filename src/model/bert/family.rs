@@ -141,11 +141,11 @@ impl Family for BertConfig {
     fn activation_elems(
         &self,
         tp: usize,
-        bt: (usize, usize),
+        (b, t): (usize, usize),
         run: &SpanRun,
         precision: Precision,
     ) -> (usize, usize) {
-        activation_elems(self, tp, bt, run, precision)
+        activation_elems(self, tp, b, t, run, precision)
     }
     fn reshaped(&self, r: &Reshape) -> Option<Result<ModelConfig>> {
         let mut b = self.clone();

@@ -18,10 +18,10 @@ use super::alloc::ActAlloc;
 use super::bf16::{matmul_backward, Bf16Operands, Dout, Precision};
 use super::ops::{io, Dinp, Ops, Stats};
 use super::tp;
-use super::tp::{BlockDims, TpPlace};
+use super::tp::{BlockDims, RowParallel, TpPlace};
 use super::unit::{
-    resid, resid_io, resid_mut, EngineCore, Held, Span, SpanRun, StageModel, UnitGrads, UnitKind,
-    UnitModel, UnitParams,
+    check_batch, check_ids, resid, resid_io, resid_mut, EngineCore, Held, Span, SpanRun,
+    StageModel, UnitGrads, UnitKind, UnitModel, UnitParams,
 };
 use crate::backend::{
     Activation, AttentionBackward, AttentionForward, Backend, Buf, Category, Dst, EncoderBackward,
@@ -102,7 +102,7 @@ impl<B: Backend> PooledActs<B> {
         let labels = head.pooled_labels().expect("a pooler has labels");
         let (i, be, c) = (pooler_index(head), ops.be, ops.c);
         let bc = b * c;
-        gather_first(be, self.cls.d(), x, (b, t, c));
+        gather_first(be, self.cls.d(), x, b, t, c);
         let (pre, cls) = (self.pre.slice_mut(0..bc), self.cls.slice(0..bc));
         ops.linear(pre, cls, i, None, io(b, c, c))?;
         let (pooled, pre) = (self.pooled.slice_mut(0..bc), self.pre.slice(0..bc));
@@ -146,7 +146,7 @@ impl<B: Backend> PooledActs<B> {
         if !beside_mlm {
             be.fill(dres.rb(), 0.0);
         }
-        scatter_first(be, dres, self.dcls.s(), (b, t, c), beside_mlm);
+        scatter_first(be, dres, self.dcls.s(), b, t, c, beside_mlm);
         Ok(())
     }
 }
@@ -240,25 +240,15 @@ fn block_dims(cfg: &BertConfig, tp: usize) -> BlockDims {
 pub fn activation_elems(
     cfg: &BertConfig,
     tp: usize,
-    (b, t): (usize, usize),
+    b: usize,
+    t: usize,
     run: &SpanRun,
     precision: Precision,
 ) -> (usize, usize) {
-    let be = crate::backend::cpu::Cpu::new();
-    let slots = run.span.slots(run.recompute);
-    let (blocks, kept) = (ActAlloc::tally(&be), ActAlloc::tally(&be));
-    let shape = (&run.span, slots, b * t, b);
-    Acts::new(
-        &blocks,
-        cfg,
-        block_dims(cfg, tp),
-        shape,
-        (run.recompute, precision),
+    run.in_flight_elems(
+        |al| Acts::new(al, cfg, block_dims(cfg, tp), run, b * t, b, precision),
+        |al| Kept::new(al, cfg, run, b * t, b),
     )
-    .expect("a tally allocates nothing");
-    Kept::new(&kept, cfg, (&run.span, run.recompute), (b * t, b))
-        .expect("a tally allocates nothing");
-    run.in_flight_elems(blocks.counted(), kept.counted())
 }
 
 impl<B: Backend> Kept<B> {
@@ -269,10 +259,11 @@ impl<B: Backend> Kept<B> {
     fn new(
         al: &ActAlloc<'_, B>,
         cfg: &BertConfig,
-        (span, recompute): (&Span, bool),
-        (rows, b): (usize, usize),
+        run: &SpanRun,
+        rows: usize,
+        b: usize,
     ) -> Result<Self> {
-        let c = cfg.n_embd;
+        let (c, span) = (cfg.n_embd, &run.span);
         let a = |n: usize| al.acts(n);
         // the head's buffers only where the head runs
         let h = usize::from(span.head);
@@ -319,7 +310,7 @@ impl<B: Backend> Kept<B> {
             emb: a(rows * c)?,
             emb_mean: a(rows)?,
             emb_rstd: a(rows)?,
-            resid: a(span.kept_resid(recompute) * rows * c)?,
+            resid: a(span.kept_resid(run.recompute) * rows * c)?,
             head,
         })
     }
@@ -330,12 +321,15 @@ impl<B: Backend> Acts<B> {
         al: &ActAlloc<'_, B>,
         cfg: &BertConfig,
         d: BlockDims,
-        (span, slots, rows, b): (&Span, usize, usize, usize),
-        (recompute, precision): (bool, Precision),
+        run: &SpanRun,
+        rows: usize,
+        b: usize,
+        precision: Precision,
     ) -> Result<Self> {
+        let (span, slots) = (&run.span, run.span.slots(run.recompute));
         let (l, c) = (span.blocks.len(), cfg.n_embd);
         let a = |n: usize| al.acts(n);
-        let out = usize::from(span.kept_resid(recompute) == l);
+        let out = usize::from(span.kept_resid(run.recompute) == l);
         Ok(Acts {
             rows,
             b,
@@ -377,10 +371,8 @@ impl<B: Backend> Acts<B> {
                     let widest = c.max(d.fl).max(3 * d.cl);
                     let mlm = usize::from(cfg.head.has_mlm()) * cfg.padded_vocab() * c;
                     let w = mlm.max(cfg.head.pooled_labels().unwrap_or(0) * c);
-                    Some(Bf16Operands::new(
-                        al,
-                        (rows * widest, (c * widest).max(w), rows * widest),
-                    )?)
+                    let w = (c * widest).max(w);
+                    Some(Bf16Operands::new(al, rows * widest, w, rows * widest)?)
                 }
             },
         })
@@ -392,7 +384,9 @@ fn gather_first<B: Backend>(
     be: &B,
     mut dst: Dst<'_, B>,
     src: Src<'_, B>,
-    (b, t, w): (usize, usize, usize),
+    b: usize,
+    t: usize,
+    w: usize,
 ) {
     for i in 0..b {
         be.copy(
@@ -408,7 +402,9 @@ fn scatter_first<B: Backend>(
     be: &B,
     mut dst: Dst<'_, B>,
     src: Src<'_, B>,
-    (b, t, w): (usize, usize, usize),
+    b: usize,
+    t: usize,
+    w: usize,
     add: bool,
 ) {
     for i in 0..b {
@@ -552,34 +548,10 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    fn check_ids(what: &str, ids: &[u32], limit: usize, ignore: bool) -> Result<()> {
-        match ids
-            .iter()
-            .position(|&x| x as usize >= limit && !(ignore && x == IGNORE))
-        {
-            Some(i) => Err(Error::Input(format!(
-                "{what} {} at position {i} is not below {limit}",
-                ids[i]
-            ))),
-            None => Ok(()),
-        }
-    }
-
     fn check(&self, batch: &Batch, b: usize, t: usize) -> Result<()> {
         let cfg = &self.config;
-        if t == 0 || t > cfg.block_size {
-            return Err(Error::Input(format!(
-                "sequence length {t} must be between 1 and the model's {} positions",
-                cfg.block_size
-            )));
-        }
-        if batch.inputs.len() != b * t {
-            return Err(Error::Input(format!(
-                "got {} tokens for a batch of {b} x {t}",
-                batch.inputs.len()
-            )));
-        }
-        Self::check_ids("token id", &batch.inputs, cfg.vocab_size, false)?;
+        check_batch(&batch.inputs, b, t, cfg.block_size)?;
+        check_ids("token id", &batch.inputs, cfg.vocab_size, false)?;
         if !batch.types.is_empty() {
             if batch.types.len() != b * t {
                 return Err(Error::Input(format!(
@@ -588,7 +560,7 @@ impl<B: Backend> Engine<B> {
                     b * t
                 )));
             }
-            Self::check_ids("token type", &batch.types, cfg.type_vocab, false)?;
+            check_ids("token type", &batch.types, cfg.type_vocab, false)?;
         }
         if !batch.lens.is_empty()
             && (batch.lens.len() != b || batch.lens.iter().any(|&l| l == 0 || l as usize > t))
@@ -608,7 +580,7 @@ impl<B: Backend> Engine<B> {
                     batch.targets.len()
                 )));
             }
-            Self::check_ids("target", &batch.targets, cfg.classes(), true)?;
+            check_ids("target", &batch.targets, cfg.classes(), true)?;
         }
         // pretraining's next-sentence labels: one per sequence beside the
         // token targets, none elsewhere
@@ -631,7 +603,7 @@ impl<B: Backend> Engine<B> {
                 }
             }));
         }
-        Self::check_ids("next-sentence label", &batch.seq_targets, 2, true)?;
+        check_ids("next-sentence label", &batch.seq_targets, 2, true)?;
         Ok(())
     }
 
@@ -741,7 +713,7 @@ impl<B: Backend> Engine<B> {
         let pos = |bp: BlockParam| lay.in_unit(1, bp as usize);
         let mut ops = Ops::new(be, a.bf16.as_mut(), c, eps, p, None, &pos);
         // the attention output and the FFN output are row-parallel under tensor parallelism
-        let place = (tp, self.core.tp);
+        let tp = self.core.tp.in_group(tp);
         let r = self.span.resid(l);
         let (x, hi) = resid_io(&mut k.resid, &mut a.out, r, btc);
         let mut qkv = a.qkv.d().part(s, 3 * rows * cl);
@@ -757,16 +729,21 @@ impl<B: Backend> Engine<B> {
         // after the attention: every row, or a classifier's first-token rows
         let (n, x, atty) = match a.first.as_mut().filter(|_| first_only) {
             Some(fr) => {
-                gather_first(be, fr.x.d(), x, (b, t, c));
-                gather_first(be, fr.atty.d(), atty.src(), (b, t, cl));
+                gather_first(be, fr.x.d(), x, b, t, c);
+                gather_first(be, fr.atty.d(), atty.src(), b, t, cl);
                 (b, fr.x.slice(0..b * c), fr.atty.slice(0..b * cl))
             }
             None => (rows, x, atty.src()),
         };
         let mut h = a.h.d().part(s, btc).first(n * c);
-        let proj = (atty, ops.w(AttnOutW), ops.w(AttnOutB));
-        let shape = io(n, cl, c);
-        tp::row_parallel(be, place, (h.rb(), x), proj, shape, |op| ops.matmul(op))?;
+        let proj = RowParallel {
+            out: h.rb(),
+            residual: x,
+            inp: atty,
+            w: ops.w(AttnOutW),
+            bias: ops.w(AttnOutB),
+        };
+        tp::row_parallel(be, tp, proj, io(n, cl, c), |op| ops.matmul(op))?;
         let mut h1 = a.h1.d().part(s, btc).first(n * c);
         let mean = a.ln1_mean.d().part(s, rows).first(n);
         let rstd = a.ln1_rstd.d().part(s, rows).first(n);
@@ -776,10 +753,14 @@ impl<B: Backend> Engine<B> {
         let mut g = a.g.d().part(s, rows * fl).first(n * fl);
         ops.act(g.rb(), f.src(), InterB, Activation::GeluErf)?;
         let mut o = a.o.d().part(s, btc).first(n * c);
-        let (proj, shape) = ((g.src(), ops.w(OutW), ops.w(OutB)), io(n, fl, c));
-        tp::row_parallel(be, place, (o.rb(), h1.src()), proj, shape, |op| {
-            ops.matmul(op)
-        })?;
+        let proj = RowParallel {
+            out: o.rb(),
+            residual: h1.src(),
+            inp: g.src(),
+            w: ops.w(OutW),
+            bias: ops.w(OutB),
+        };
+        tp::row_parallel(be, tp, proj, io(n, fl, c), |op| ops.matmul(op))?;
         let mut top = hi;
         let mut fr = a.first.as_mut().filter(|_| first_only);
         let out = match fr.as_mut() {
@@ -793,7 +774,7 @@ impl<B: Backend> Engine<B> {
             // the stream's other rows are never read: zeros, not an
             // earlier batch's
             be.fill(top.rb(), 0.0);
-            scatter_first(be, top, fr.out.s(), (b, t, c), false);
+            scatter_first(be, top, fr.out.s(), b, t, c, false);
         }
         Ok(())
     }
@@ -830,7 +811,7 @@ impl<B: Backend> Engine<B> {
         let (n, mut dy, mut dx, atty_in, mut first_datty) =
             match a.first.as_mut().filter(|_| first_only) {
                 Some(fr) => {
-                    gather_first(be, fr.d1.d(), dres.src(), (b, t, c));
+                    gather_first(be, fr.d1.d(), dres.src(), b, t, c);
                     let first_atty = fr.atty.slice(0..b * cl);
                     (b, fr.d1.d(), fr.d2.d(), first_atty, Some(fr.datty.d()))
                 }
@@ -862,7 +843,7 @@ impl<B: Backend> Engine<B> {
         if let Some(d) = first_datty {
             // the other rows' outputs reached no loss
             be.fill(datty.rb(), 0.0);
-            scatter_first(be, datty.rb(), d.into_src(), (b, t, cl), false);
+            scatter_first(be, datty.rb(), d.into_src(), b, t, cl, false);
         }
         let mut dqkv = a.dqkv.slice_mut(0..3 * rows * cl);
         be.run(AttentionBackward {
@@ -879,7 +860,7 @@ impl<B: Backend> Engine<B> {
         ops.linear_back(Some(dres.rb()), dqkv.src(), x, QkvW, Some(QkvB), shape)?;
         tp::all_reduce(be, tp, dres.rb())?;
         match first_only {
-            true => scatter_first(be, dres, dx.src(), (b, t, c), true),
+            true => scatter_first(be, dres, dx.src(), b, t, c, true),
             false => be.add_inplace(dres, dx.src()),
         }
         Ok(())
@@ -1066,12 +1047,10 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
         let tv = self.config.type_vocab;
         let be = &self.core.backend;
         let al = ActAlloc::on(be);
-        let shape = (&self.span, self.span.slots(self.recompute), rows, b);
-        let (d, how) = (self.dims(), (self.recompute, self.precision));
-        let make = || Acts::new(&al, &self.config, d, shape, how);
+        let (d, run) = (self.dims(), SpanRun::one(&self.span, self.recompute, false));
+        let make = || Acts::new(&al, &self.config, d, &run, rows, b, self.precision);
         self.held.ready_acts(|a| a.rows >= rows && a.b >= b, make)?;
-        let what = (&self.span, self.recompute);
-        let make = || Kept::new(&al, &self.config, what, (rows, b));
+        let make = || Kept::new(&al, &self.config, &run, rows, b);
         let a = self.held.ready_kept(|k| k.rows >= rows && k.b >= b, make)?;
         be.upload(a.tokens.slice_mut(0..rows), &batch.inputs)?;
         let mut picked = None;
@@ -1241,7 +1220,7 @@ mod tests {
                 split: false,
                 in_flight,
             };
-            activation_elems(&cfg, 1, (b, t), &run, Precision::Fp32).0
+            activation_elems(&cfg, 1, b, t, &run, Precision::Fp32).0
         };
         let each = |recompute| elems(recompute, 3) - elems(recompute, 2);
         let inputs = rows + b + rows * tv;

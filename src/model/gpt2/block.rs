@@ -12,11 +12,10 @@
 
 use super::{BlockParam, LN_EPS};
 use crate::backend::{Activation, Backend, Dst, MatmulForward, On, Src};
-use crate::comm::Comm;
 use crate::error::Result;
 use crate::model::gpt2::config::BlockDims;
 use crate::model::ops::{io, Ops};
-use crate::model::tp::{self, TpPlace};
+use crate::model::tp::{self, RowParallel, TpGroup};
 use crate::model::ParamLayout;
 
 /// Block `l`'s buffers for `rows` rows: its input and output on the
@@ -43,16 +42,25 @@ pub trait BlockMode<B: Backend> {
     fn attention(&mut self, atty: Dst<'_, B>, qkv: Src<'_, B>) -> Result<()>;
 }
 
-/// Block `l`'s forward: `io.out` from `io.x`; `p` is this rank's slice of
-/// the block (in `lay`), `place` its tensor-parallel group and place.
+/// Block `l` of `lay`, as this rank's slice `p` of its parameters.
+pub struct BlockParams<'a, B: Backend> {
+    pub lay: &'a ParamLayout,
+    pub l: usize,
+    pub p: Src<'a, B>,
+}
+
+/// A block's forward on `rows` rows of widths `d`: `io.out` from `io.x`,
+/// in tensor-parallel group `tp`.
 pub fn forward<B: Backend>(
     be: &B,
     mode: &mut impl BlockMode<B>,
     bufs: BlockIo<'_, B>,
-    (lay, l, p): (&ParamLayout, usize, Src<'_, B>),
-    (rows, d): (usize, BlockDims),
-    place: (Option<&dyn Comm>, TpPlace),
+    params: BlockParams<'_, B>,
+    rows: usize,
+    d: BlockDims,
+    tp: TpGroup<'_>,
 ) -> Result<()> {
+    let BlockParams { lay, l, p } = params;
     let BlockDims { c, cl, fl, .. } = d;
     use BlockParam::*;
     let at = |bp: BlockParam| lay.in_block(l, bp);
@@ -81,8 +89,14 @@ pub fn forward<B: Backend>(
     mode.matmul(QkvW, op)?;
     mode.attention(atty.rb(), qkv.src())?;
     // the two projections are row-parallel under tensor parallelism
-    let proj = (atty.src(), w(AttnProjW), w(AttnProjB));
-    tp::row_parallel(be, place, (res2.rb(), x), proj, io(rows, cl, c), |op| {
+    let proj = RowParallel {
+        out: res2.rb(),
+        residual: x,
+        inp: atty.src(),
+        w: w(AttnProjW),
+        bias: w(AttnProjB),
+    };
+    tp::row_parallel(be, tp, proj, io(rows, cl, c), |op| {
         mode.matmul(AttnProjW, op)
     })?;
     ops.ln(ln2.rb(), mean2, rstd2, res2.src(), Ln2W, Ln2B)?;
@@ -97,8 +111,12 @@ pub fn forward<B: Backend>(
     mode.matmul(FcW, op)?;
     // fc's bias, added in the GELU's pass (and again in its backward)
     ops.act(fch_gelu.rb(), fch.src(), FcB, Activation::GeluTanh)?;
-    let proj = (fch_gelu.src(), w(FcProjW), w(FcProjB));
-    tp::row_parallel(be, place, (out, res2.src()), proj, io(rows, fl, c), |op| {
-        mode.matmul(FcProjW, op)
-    })
+    let proj = RowParallel {
+        out,
+        residual: res2.src(),
+        inp: fch_gelu.src(),
+        w: w(FcProjW),
+        bias: w(FcProjB),
+    };
+    tp::row_parallel(be, tp, proj, io(rows, fl, c), |op| mode.matmul(FcProjW, op))
 }

@@ -11,7 +11,7 @@ use crate::backend::{
 };
 use crate::comm::Comm;
 use crate::error::{Error, Result};
-use crate::model::gpt2::block::{self, BlockIo, BlockMode};
+use crate::model::gpt2::block::{self, BlockIo, BlockMode, BlockParams};
 use crate::model::gpt2::config::BlockDims;
 use crate::model::gpt2::{BlockParam, LN_EPS};
 use crate::model::{GptConfig, ParamLayout, TpPlace};
@@ -243,7 +243,7 @@ impl<B: Backend> Decoder<B> {
             true => Scores::Last,
             false => Scores::None,
         };
-        self.pass(weights, tokens, (pos, 1), tp, scores)
+        self.pass(weights, tokens, pos, 1, tp, scores)
     }
 
     /// Feeds the first `t` tokens of every row's prompt (`tokens`: `t` a
@@ -258,7 +258,7 @@ impl<B: Backend> Decoder<B> {
         t: usize,
         tp: Option<&dyn Comm>,
     ) -> Result<()> {
-        self.pass(weights, tokens, (0, t), tp, Scores::None)
+        self.pass(weights, tokens, 0, t, tp, Scores::None)
     }
 
     /// [`Decoder::prefill`] on a whole model (one tp rank) that also scores
@@ -277,7 +277,7 @@ impl<B: Backend> Decoder<B> {
                 self.tp.size
             )));
         }
-        self.pass(weights, tokens, (0, t), None, Scores::Every(visit))
+        self.pass(weights, tokens, 0, t, None, Scores::Every(visit))
     }
 
     /// [`Decoder::step`] where `t` is 1 and not every position is scored,
@@ -287,7 +287,8 @@ impl<B: Backend> Decoder<B> {
         &mut self,
         weights: &DecodeWeights<'_, B>,
         tokens: &[u32],
-        (pos, t): (usize, usize),
+        pos: usize,
+        t: usize,
         tp: Option<&dyn Comm>,
         scores: Scores<'_, '_>,
     ) -> Result<()> {
@@ -491,11 +492,11 @@ impl<B: Backend> Part<B> {
     ) -> Result<()> {
         let (be, b) = (at.backend, self.b);
         be.upload(self.tokens.d(), tokens)?;
-        let caches = (&mut self.kcache, &mut self.vcache);
-        blocks(at, caches, (self.tokens.s(), b), &mut self.acts, None, tp)?;
+        let (k, v) = (&mut self.kcache, &mut self.vcache);
+        blocks(at, k, v, self.tokens.s(), &mut self.acts, None, tp)?;
         if at.logits {
             final_norm(at, &mut self.acts)?;
-            lm_head(at, (self.acts.ln.s(), self.logits.d()), b, false)?;
+            lm_head(at, self.acts.ln.s(), self.logits.d(), b, false)?;
         }
         Ok(())
     }
@@ -518,9 +519,8 @@ impl<B: Backend> Part<B> {
         let mut acts = Acts::new(be, cfg, at.tp, rows)?;
         let heads = cfg.widest(at.tp.size).nhl;
         let mut lse = be.alloc(self.b * heads * t, Category::Activations)?;
-        let caches = (&mut self.kcache, &mut self.vcache);
-        let prefill = Some((t, &mut lse));
-        blocks(at, caches, (ids.s(), self.b), &mut acts, prefill, tp)?;
+        let (k, v) = (&mut self.kcache, &mut self.vcache);
+        blocks(at, k, v, ids.s(), &mut acts, Some((t, &mut lse)), tp)?;
         let Some(visit) = every else {
             return Ok(());
         };
@@ -531,7 +531,7 @@ impl<B: Backend> Part<B> {
         for r0 in (0..rows).step_by(most) {
             let n = most.min(rows - r0);
             let inp = acts.ln.s().slice(r0 * c..(r0 + n) * c);
-            lm_head(at, (inp, out.slice_mut(0..n * vp)), n, true)?;
+            lm_head(at, inp, out.slice_mut(0..n * vp), n, true)?;
             let host = be.to_host(out.s().first(n * vp))?;
             for (i, row) in host.chunks_exact(vp).enumerate() {
                 let (r, pos) = ((r0 + i) / t, (r0 + i) % t);
@@ -542,25 +542,26 @@ impl<B: Backend> Part<B> {
     }
 }
 
-/// The embeddings of `b` rows' `tokens` through every block into `acts.x`,
-/// their keys and values into the (key, value) `caches`: a step's one
-/// position a row at `at.pos`, or a prefill's first `t` positions a row
-/// (with its attention's log-sum-exp scratch).
+/// The embeddings of `tokens` through every block into `acts.x`, their
+/// keys and values into `kcache` and `vcache`: a step's one position a row
+/// at `at.pos`, or a prefill's first `t` positions a row (with its
+/// attention's log-sum-exp scratch), row after row.
 fn blocks<B: Backend>(
     at: &StepIn<'_, '_, B>,
-    (kcache, vcache): (&mut Buf<B>, &mut Buf<B>),
-    (tokens, b): (Src<'_, B, u32>, usize),
+    kcache: &mut Buf<B>,
+    vcache: &mut Buf<B>,
+    tokens: Src<'_, B, u32>,
     acts: &mut Acts<B>,
     mut prefill: Option<(usize, &mut Buf<B>)>,
     tp: Option<&dyn Comm>,
 ) -> Result<()> {
     let (cfg, lay, weights, max_t) = (at.config, at.layout, at.weights, at.max_t);
     let (t, pos) = prefill.as_ref().map_or((1, at.pos), |p| (p.0, 0));
+    let b = tokens.len() / t;
     let c = cfg.n_embd;
     let rows = b * t;
     let be = at.backend;
-    // the block's tensor-parallel group and place
-    let place = (tp, at.tp);
+    let tp = at.tp.in_group(tp);
     let wide = cfg.widest(at.tp.size).cl;
     let params = weights.params;
     be.run(EncoderForward {
@@ -603,8 +604,8 @@ fn blocks<B: Backend>(
                 .as_mut()
                 .map(|(t, lse)| (*t, lse.slice_mut(0..b * nhl * *t))),
         };
-        let p = (lay, l, params.slice(lay.block(l)));
-        block::forward(be, &mut mode, io, p, (rows, d), place)?;
+        let p = params.slice(lay.block(l));
+        block::forward(be, &mut mode, io, BlockParams { lay, l, p }, rows, d, tp)?;
         std::mem::swap(&mut acts.x, &mut acts.y);
     }
     Ok(())
@@ -633,7 +634,8 @@ fn final_norm<B: Backend>(at: &StepIn<'_, '_, B>, acts: &mut Acts<B>) -> Result<
 /// packed head.
 fn lm_head<B: Backend>(
     at: &StepIn<'_, '_, B>,
-    (inp, out): (Src<'_, B>, Dst<'_, B>),
+    inp: Src<'_, B>,
+    out: Dst<'_, B>,
     rows: usize,
     prefill: bool,
 ) -> Result<()> {

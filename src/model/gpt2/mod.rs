@@ -20,8 +20,8 @@ use super::ops::{io, Dinp, Ops, Stats};
 use super::tp;
 use super::tp::TpPlace;
 use super::unit::{
-    resid, resid_io, resid_mut, EngineCore, Held, Span, SpanRun, StageModel, UnitGrads, UnitKind,
-    UnitModel, UnitParams, Whole,
+    check_batch, check_ids, resid, resid_io, resid_mut, EngineCore, Held, Span, SpanRun,
+    StageModel, UnitGrads, UnitKind, UnitModel, UnitParams, Whole,
 };
 use crate::backend::{
     Activation, AttentionBackward, AttentionForward, AttnShape, Backend, Buf, Category,
@@ -32,7 +32,7 @@ use crate::backend::{
 use crate::comm::Comm;
 use crate::data::{Batch as DataBatch, LossTerms};
 use crate::error::{Error, Result};
-use block::{BlockIo, BlockMode};
+use block::{BlockIo, BlockMode, BlockParams};
 use config::{BlockDims, GptConfig};
 pub use layout::BlockParam;
 use std::ops::Range;
@@ -188,22 +188,11 @@ pub fn activation_elems(
     run: &SpanRun,
     precision: Precision,
 ) -> (usize, usize) {
-    let be = crate::backend::cpu::Cpu::new();
-    let slots = run.span.slots(run.recompute);
-    let shape = (&run.span, slots, rows, run.split);
     let head = logits_rows(rows, cfg.padded_vocab(), run.recompute, LOGITS_CHUNK);
-    let (blocks, kept) = (ActAlloc::tally(&be), ActAlloc::tally(&be));
-    Activations::new(
-        &blocks,
-        cfg,
-        cfg.widest(tp),
-        shape,
-        (run.recompute, precision),
+    run.in_flight_elems(
+        |al| Activations::new(al, cfg, cfg.widest(tp), run, rows, precision),
+        |al| Kept::new(al, cfg, run, rows, head),
     )
-    .expect("a tally allocates nothing");
-    Kept::new(&kept, cfg, (&run.span, run.recompute), (rows, head))
-        .expect("a tally allocates nothing");
-    run.in_flight_elems(blocks.counted(), kept.counted())
 }
 
 impl<B: Backend> Kept<B> {
@@ -213,17 +202,18 @@ impl<B: Backend> Kept<B> {
     fn new(
         al: &ActAlloc<'_, B>,
         cfg: &GptConfig,
-        (span, recompute): (&Span, bool),
-        (rows, logits_rows): (usize, usize),
+        run: &SpanRun,
+        rows: usize,
+        logits_rows: usize,
     ) -> Result<Self> {
-        let c = cfg.n_embd;
+        let (c, span) = (cfg.n_embd, &run.span);
         let a = |n: usize| al.acts(n);
         let h = usize::from(span.head);
         Ok(Kept {
             rows,
             tokens: al.typed(rows, Category::Activations)?,
             targets: al.typed(rows, Category::Activations)?,
-            resid: a(span.kept_resid(recompute) * rows * c)?,
+            resid: a(span.kept_resid(run.recompute) * rows * c)?,
             lnf: a(h * rows * c)?,
             lnf_mean: a(h * rows)?,
             lnf_rstd: a(h * rows)?,
@@ -240,7 +230,8 @@ impl<B: Backend> Kept<B> {
         bf16: Option<&mut Bf16Operands<B>>,
         wte: Src<'_, B>,
         r: Range<usize>,
-        (c, vp): (usize, usize),
+        c: usize,
+        vp: usize,
     ) -> Result<()> {
         let op = MatmulForward {
             out: self.logits.slice_mut(0..r.len() * vp),
@@ -259,13 +250,15 @@ impl<B: Backend> Activations<B> {
         al: &ActAlloc<'_, B>,
         cfg: &GptConfig,
         d: BlockDims,
-        (span, slots, rows, split): (&Span, usize, usize, bool),
-        (recompute, precision): (bool, Precision),
+        run: &SpanRun,
+        rows: usize,
+        precision: Precision,
     ) -> Result<Self> {
+        let (span, slots) = (&run.span, run.span.slots(run.recompute));
         let (l, c) = (span.blocks.len(), cfg.n_embd);
         let a = |n: usize| al.acts(n);
         let h = usize::from(span.head);
-        let out = usize::from(span.kept_resid(recompute) == l);
+        let out = usize::from(span.kept_resid(run.recompute) == l);
         Ok(Activations {
             rows,
             out: a(out * rows * c)?,
@@ -283,13 +276,14 @@ impl<B: Backend> Activations<B> {
             fch_gelu: a(slots * rows * d.fl)?,
             dres: a(rows * c)?,
             dgrad: a(rows
-                * (GradsAt::scratch(d) + usize::from(split) * (l * GradsAt::per_row(d) + h * c)))?,
+                * (GradsAt::scratch(d)
+                    + usize::from(run.split) * (l * GradsAt::per_row(d) + h * c)))?,
             bf16: match precision {
                 Precision::Fp32 => None,
                 Precision::Bf16 => {
                     let (c, widest) = (c, c.max(d.fl).max(3 * d.cl));
                     let w = (c * widest).max(cfg.padded_vocab() * c);
-                    Some(Bf16Operands::new(al, (rows * widest, w, rows * widest))?)
+                    Some(Bf16Operands::new(al, rows * widest, w, rows * widest)?)
                 }
             },
         })
@@ -374,39 +368,19 @@ impl<B: Backend> Engine<B> {
         self.config.widest(self.core.tp.size)
     }
 
-    fn check_tokens(&self, what: &str, ids: &[u32]) -> Result<()> {
-        let v = self.config.vocab_size;
-        match ids.iter().position(|&x| x as usize >= v) {
-            Some(i) => Err(Error::Input(format!(
-                "{what} id {} at position {i} is outside the vocabulary of {v}",
-                ids[i]
-            ))),
-            None => Ok(()),
-        }
-    }
-
     /// Checks a batch, readies the activations for it and copies its tokens
     /// (and targets) to the device; the mean loss divides by `loss_terms`.
     fn begin_lm(
         &mut self,
         tokens: &[u32],
         targets: Option<&[u32]>,
-        (b, t): (usize, usize),
+        b: usize,
+        t: usize,
         loss_terms: f32,
     ) -> Result<()> {
-        let bs = self.config.block_size;
-        if t == 0 || t > bs {
-            return Err(Error::Input(format!(
-                "sequence length {t} must be between 1 and the model's block size {bs}"
-            )));
-        }
-        if tokens.len() != b * t {
-            return Err(Error::Input(format!(
-                "got {} tokens for a batch of {b} x {t}",
-                tokens.len()
-            )));
-        }
-        self.check_tokens("token", tokens)?;
+        let v = self.config.vocab_size;
+        check_batch(tokens, b, t, self.config.block_size)?;
+        check_ids("token id", tokens, v, false)?;
         if let Some(tg) = targets {
             if tg.len() != tokens.len() {
                 return Err(Error::Input(format!(
@@ -415,17 +389,16 @@ impl<B: Backend> Engine<B> {
                     tokens.len()
                 )));
             }
-            self.check_tokens("target", tg)?;
+            check_ids("target id", tg, v, false)?;
         }
         let rows = b * t;
-        let (be, slots) = (&self.core.backend, self.span.slots(self.recompute));
+        let be = &self.core.backend;
         let al = ActAlloc::on(be);
-        let shape = (&self.span, slots, rows, self.split);
-        let (how, wd) = ((self.recompute, self.precision), self.widest());
-        let make = || Activations::new(&al, &self.config, wd, shape, how);
+        let (wd, head) = (self.widest(), self.logits_rows(rows));
+        let run = SpanRun::one(&self.span, self.recompute, self.split);
+        let make = || Activations::new(&al, &self.config, wd, &run, rows, self.precision);
         self.held.ready_acts(|a| a.rows >= rows, make)?;
-        let (what, head) = ((&self.span, self.recompute), (rows, self.logits_rows(rows)));
-        let make = || Kept::new(&al, &self.config, what, head);
+        let make = || Kept::new(&al, &self.config, &run, rows, head);
         let k = self.held.ready_kept(|k| k.rows >= rows, make)?;
         be.upload(k.tokens.slice_mut(0..rows), tokens)?;
         if let Some(tg) = targets {
@@ -522,8 +495,8 @@ impl<B: Backend> Engine<B> {
             lse: a.lse.d().part(s, rows * wd.nhl).first(rows * nhl),
             shape: d.attn(b, t),
         };
-        let at = (&self.core.layout, l, p);
-        block::forward(be, &mut mode, io, at, (rows, d), (tp, self.core.tp))
+        let (lay, tp) = (&self.core.layout, self.core.tp.in_group(tp));
+        block::forward(be, &mut mode, io, BlockParams { lay, l, p }, rows, d, tp)
     }
 
     /// ln_f and the tied LM head; the mean loss when the batch has targets.
@@ -552,13 +525,13 @@ impl<B: Backend> Engine<B> {
         if !batch.has_targets {
             // logits for reading, which only a forward in one chunk keeps
             if chunk == rows {
-                k.head_logits(be, bf16, wte, 0..rows, (c, vp))?;
+                k.head_logits(be, bf16, wte, 0..rows, c, vp)?;
             }
             return Ok(None);
         }
         for r0 in (0..rows).step_by(chunk) {
             let r = r0..rows.min(r0 + chunk);
-            k.head_logits(be, bf16.as_deref_mut(), wte, r.clone(), (c, vp))?;
+            k.head_logits(be, bf16.as_deref_mut(), wte, r.clone(), c, vp)?;
             be.run(CrossEntropyForward {
                 losses: k.losses.slice_mut(r.clone()),
                 logits: k.logits.slice(0..r.len() * vp),
@@ -614,7 +587,7 @@ impl<B: Backend> Engine<B> {
         for i in (0..=last).rev() {
             let (r0, r) = (i * chunk, i * chunk..rows.min((i + 1) * chunk));
             if i < last {
-                k.head_logits(be, a.bf16.as_mut(), wte, r.clone(), (c, vp))?;
+                k.head_logits(be, a.bf16.as_mut(), wte, r.clone(), c, vp)?;
             }
             let mut logits = k.logits.slice_mut(0..r.len() * vp);
             be.run(CrossEntropyBackward {
@@ -877,7 +850,7 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
         loss_terms: LossTerms,
     ) -> Result<()> {
         let targets = (!batch.targets.is_empty()).then_some(&batch.targets[..]);
-        self.begin_lm(&batch.inputs, targets, (b, t), loss_terms.targets)
+        self.begin_lm(&batch.inputs, targets, b, t, loss_terms.targets)
     }
 
     fn outputs(&self) -> Result<Vec<f32>> {

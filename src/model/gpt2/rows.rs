@@ -120,7 +120,8 @@ pub fn row_norms(cfg: &GptConfig, params: &[f32]) -> (Vec<Vec<f64>>, Vec<Vec<f64
 /// `rows(l)[0][h]` of the destination and unit `j` as unit `rows(l)[1][j]`
 /// (`None`: dropped); the rest of each tensor zero.
 fn place(
-    (from, src): (&GptConfig, &[f32]),
+    from: &GptConfig,
+    src: &[f32],
     to: GptConfig,
     rows: impl Fn(usize) -> [Vec<Option<usize>>; 2],
 ) -> (GptConfig, Vec<f32>) {
@@ -195,7 +196,7 @@ pub fn shrink(cfg: &GptConfig, params: &[f32], kept: &KeptRows) -> (GptConfig, V
             .for_each(|(to, &from)| m[from] = Some(to));
         m
     };
-    place((cfg, params), kept.config(cfg), |l| {
+    place(cfg, params, kept.config(cfg), |l| {
         let w = cfg.width(l);
         [map(&kept.heads[l], w.heads), map(&kept.hidden[l], w.hidden)]
     })
@@ -207,7 +208,7 @@ pub fn shrink(cfg: &GptConfig, params: &[f32], kept: &KeptRows) -> (GptConfig, V
 /// in a shape every GPT-2 reader accepts.
 pub fn unshrink(cfg: &GptConfig, params: &[f32]) -> (GptConfig, Vec<f32>) {
     let same = |n: usize| (0..n).map(Some).collect();
-    place((cfg, params), cfg.dense(), |l| {
+    place(cfg, params, cfg.dense(), |l| {
         let w = cfg.width(l);
         [same(w.heads), same(w.hidden)]
     })

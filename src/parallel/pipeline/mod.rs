@@ -100,18 +100,20 @@ pub struct Pipelined<B: Backend> {
 }
 
 impl<B: Backend> Pipelined<B> {
-    /// Collective over `world` (it makes the tied-tensor groups). One
-    /// engine per chunk (`par.pipeline.virtual_stages` of them).
+    /// Collective over `world` (it makes this rank's groups and the
+    /// tied-tensor groups). One engine per chunk
+    /// (`par.pipeline.virtual_stages` of them); batches of `b` x `t`.
     pub fn new(
         engines: Vec<Box<dyn UnitModel<B>>>,
         model: &ModelConfig,
-        (grid, groups): (Grid, Groups),
         world: &dyn Comm,
         par: &ParallelConfig,
         adamw: AdamWConfig,
-        (b, t): (usize, usize),
+        b: usize,
+        t: usize,
     ) -> Result<Self> {
-        let Groups { pp, dp, tp } = groups;
+        let grid = Grid::of(par);
+        let Groups { pp, dp, tp } = grid.groups(world)?;
         let (s, p) = (pp.rank(), pp.size());
         let lay = engines[0].layout().clone();
         let stages = partition(&lay, p * engines.len());
@@ -146,15 +148,8 @@ impl<B: Backend> Pipelined<B> {
                     )));
                 }
             }
-            let mut state = StageState::new(
-                engine.backend(),
-                &lay,
-                &map,
-                sharing,
-                (dp.rank(), dp.size()),
-                adamw,
-                offload,
-            )?;
+            let be = engine.backend();
+            let mut state = StageState::new(be, &lay, &map, sharing, dp.as_ref(), adamw, offload)?;
             if pipe.schedule == Schedule::ZbH1 {
                 engine.as_stage()?.split_backward()?;
             }
@@ -541,7 +536,8 @@ impl<B: Backend> Strategy for Pipelined<B> {
                 dp.as_ref(),
                 ch.engine.backend(),
                 &lay,
-                (cfg.lr, clip),
+                cfg.lr,
+                clip,
                 scratch,
             )?;
         }
