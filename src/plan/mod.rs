@@ -156,16 +156,14 @@ impl Network {
 
     /// The link a ring over `n` ranks placed `stride` apart runs on.
     fn link(&self, n: usize, stride: usize) -> Link {
-        if n * stride <= self.ranks_per_node {
-            Link {
-                bandwidth: self.intra_bandwidth,
-                latency_s: self.intra_latency_s,
-            }
+        let (bandwidth, latency_s) = if n * stride <= self.ranks_per_node {
+            (self.intra_bandwidth, self.intra_latency_s)
         } else {
-            Link {
-                bandwidth: self.inter_bandwidth,
-                latency_s: self.inter_latency_s,
-            }
+            (self.inter_bandwidth, self.inter_latency_s)
+        };
+        Link {
+            bandwidth,
+            latency_s,
         }
     }
 }
@@ -192,15 +190,11 @@ pub fn collective_s(kind: Collective, n: usize, bytes: f64, calls: usize, link: 
     if n <= 1 || bytes == 0.0 {
         return 0.0;
     }
-    let Link {
-        bandwidth: bw,
-        latency_s: alpha,
-    } = link;
     let hops = match kind {
         Collective::AllReduce => 2.0,
         Collective::Gather => 1.0,
     } * (n - 1) as f64;
-    hops / n as f64 * bytes / bw + hops * alpha * calls as f64
+    hops / n as f64 * bytes / link.bandwidth + hops * link.latency_s * calls as f64
 }
 
 /// The training step being planned.
@@ -767,11 +761,9 @@ impl<'a> CommCost<'a> {
         let (pp, v, dp) = (par.pipeline.stages, par.pipeline.virtual_stages, par.dp());
         let acc = self.w.grad_accum as f64;
         let gb = self.precision.grads_bytes();
-        let Link {
-            bandwidth: bw,
-            latency_s: lat,
-        } = self.net.link(pp, self.strides.stage);
-        let p2p = |chunks: usize| acc * chunks as f64 * (self.stream / bw + lat);
+        let link = self.net.link(pp, self.strides.stage);
+        let p2p =
+            |chunks: usize| acc * chunks as f64 * (self.stream / link.bandwidth + link.latency_s);
         let shards = if par.strategy.sharing().sharded() {
             dp as f64
         } else {

@@ -726,12 +726,8 @@ fn request_amx() {
 /// if it does, so a wrong kernel on a CPU this build was never tested on
 /// is dropped, not run.
 fn bf16_agrees(lib: MatmulLib) -> bool {
-    let dims = Dims {
-        m: 37,
-        n: 29,
-        k: 45,
-    };
-    let Dims { m, n, k } = dims;
+    let (m, n, k) = (37, 29, 45);
+    let dims = Dims { m, n, k };
     let mut rng = crate::rng::Rng::new(13);
     let mut draw = |len: usize| -> Vec<f32> {
         (0..len)
