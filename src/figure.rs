@@ -346,34 +346,21 @@ fn style(i: usize) -> (RGBColor, Marker, Dash) {
     )
 }
 
-/// Runs `$body` with `$m` bound to a function from a point to the marker
-/// `$shape` centred there, sized in pixels (one concrete element type per shape).
-macro_rules! with_marker {
-    ($shape:expr, $color:expr, |$m:ident| $body:expr) => {{
-        let c: RGBColor = $color;
-        match $shape {
-            Marker::Dot => {
-                let $m = |at| EmptyElement::at(at) + Circle::new((0, 0), 4, c.filled());
-                $body
-            }
-            Marker::Triangle => {
-                let $m = |at| EmptyElement::at(at) + TriangleMarker::new((0, 0), 6, c.filled());
-                $body
-            }
-            Marker::Square => {
-                let $m = |at| EmptyElement::at(at) + Rectangle::new([(-4, -4), (4, 4)], c.filled());
-                $body
-            }
-            Marker::Cross => {
-                let $m = |at| EmptyElement::at(at) + Cross::new((0, 0), 5, c.stroke_width(2));
-                $body
-            }
-            Marker::Ring => {
-                let $m = |at| EmptyElement::at(at) + Circle::new((0, 0), 5, c.stroke_width(2));
-                $body
-            }
-        }
-    }};
+/// The marker `shape` in color `c` centred at `at`, sized in pixels (each
+/// shape is its own element type: boxed, they draw as one).
+fn marker<'a, DB: DrawingBackend + 'a, C: Clone + 'a>(
+    shape: Marker,
+    c: RGBColor,
+    at: C,
+) -> DynElement<'a, DB, C> {
+    let at = EmptyElement::at(at);
+    match shape {
+        Marker::Dot => (at + Circle::new((0, 0), 4, c.filled())).into_dyn(),
+        Marker::Triangle => (at + TriangleMarker::new((0, 0), 6, c.filled())).into_dyn(),
+        Marker::Square => (at + Rectangle::new([(-4, -4), (4, 4)], c.filled())).into_dyn(),
+        Marker::Cross => (at + Cross::new((0, 0), 5, c.stroke_width(2))).into_dyn(),
+        Marker::Ring => (at + Circle::new((0, 0), 5, c.stroke_width(2))).into_dyn(),
+    }
 }
 
 /// The smallest and largest x and y of every series' points and ranges
@@ -492,9 +479,10 @@ where
                 .map_err(err)?;
         }
         if fig.markers || fig.scatter {
-            with_marker!(shape, color, |m| chart
-                .draw_series(s.points.iter().map(|&p| m(p)))
-                .map_err(err))?;
+            let area = chart.plotting_area();
+            for &p in &s.points {
+                area.draw(&marker(shape, color, p)).map_err(err)?;
+            }
         }
         y = legend_entry(&legend, fig, i, s, line, y)?;
     }
@@ -539,7 +527,7 @@ where
             .map_err(err)?;
     }
     if fig.markers || fig.scatter {
-        with_marker!(shape, color, |m| legend.draw(&m((24, y))).map_err(err))?;
+        legend.draw(&marker(shape, color, (24, y))).map_err(err)?;
     }
     // a long label wraps within the panel instead of running off the image
     let parts = wrap(&s.label, LABEL_CHARS);

@@ -344,23 +344,40 @@ fn matrix_entries(config: &ModelConfig) -> usize {
 
 /// Level 0: the model as it is, evaluated (and timed) as every level is.
 pub fn dense_level<B: Backend>(model: &Model<B>, ds: &Dataset, cfg: &SweepConfig) -> Result<Level> {
-    evaluated(model, ds, cfg, (0.0, 0.0, None))
+    evaluated(model, ds, cfg, None)
 }
 
-/// The level `model` is at: its losses (`val_loss_pruned` before the
-/// fine-tuning, if there was one) and, when asked, its int8 loss and speed.
+/// A pruned level as its fine-tuning leaves it: the fraction it was
+/// pruned to, the fraction gone, and its loss before the fine-tuning.
+struct Pruned {
+    target: f64,
+    sparsity: f64,
+    val_loss: f64,
+}
+
+/// The level `model` is at: its losses (the same twice where it was not
+/// `pruned`) and, when asked, its int8 loss and speed.
 fn evaluated<B: Backend>(
     model: &Model<B>,
     ds: &Dataset,
     cfg: &SweepConfig,
-    (target, sparsity, val_loss_pruned): (f64, f64, Option<f64>),
+    pruned: Option<Pruned>,
 ) -> Result<Level> {
     let val_loss = val_loss(model, ds, cfg)?;
+    let Pruned {
+        target,
+        sparsity,
+        val_loss: val_loss_pruned,
+    } = pruned.unwrap_or(Pruned {
+        target: 0.0,
+        sparsity: 0.0,
+        val_loss,
+    });
     Ok(Level {
         target,
         sparsity,
         params: model.config.num_params(),
-        val_loss_pruned: val_loss_pruned.unwrap_or(val_loss),
+        val_loss_pruned,
         val_loss,
         val_loss_int8: cfg
             .int8
@@ -416,7 +433,12 @@ pub fn sweep<B: Backend>(
             Method::Magnitude => sparsity(&model.params, &model.config.block_matrices()),
             Method::Rows => 1.0 - matrix_entries(&model.config) as f64 / dense as f64,
         };
-        let level = evaluated(model, ds, cfg, (target, sparsity, Some(val_loss_pruned)))?;
+        let pruned = Pruned {
+            target,
+            sparsity,
+            val_loss: val_loss_pruned,
+        };
+        let level = evaluated(model, ds, cfg, Some(pruned))?;
         report(&level);
         levels.push(level);
     }

@@ -339,7 +339,7 @@ fn a_two_trillion_parameter_model_on_131072_ranks_keeps_zeros_formula() {
     };
     let device = Device::datasheet("h100", Precision::Mixed, 0.4).unwrap();
     let net = Network::datasheet("h100").unwrap();
-    let wp = plan::plan_world(&w, world, (&device, &net), Precision::Mixed, true);
+    let wp = plan::plan_world(&w, world, &device, &net, Precision::Mixed, true);
     let fsdp = wp
         .predictions
         .iter()

@@ -488,9 +488,9 @@ fn bert_classifier_fine_tunes_as_transformers_does() {
     }
     // `eval` of the reference's own final folder gives its test scores
     let data = r.dir.join("data");
-    let shape = (cfg.batch_size, cfg.seq_len);
+    let (b, t) = (cfg.batch_size, cfg.seq_len);
     let scores =
-        classify::evaluate_folder(Cpu::new(), &r.dir.join("final"), &data, shape, 2).unwrap();
+        classify::evaluate_folder(Cpu::new(), &r.dir.join("final"), &data, b, t, 2).unwrap();
     r.check_eval_loss("test_loss", scores.loss);
     let right = r.tensor("test_right");
     assert_eq!(scores.examples, right[1] as usize, "test examples");

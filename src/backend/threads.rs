@@ -42,7 +42,7 @@ const PART_PARAMS_PER_TOKEN: f64 = 32_768.0;
 /// sequences of `t` tokens in, for a model whose tokens each meet `params`
 /// parameters: a part a thread, each with at least a token for every
 /// `PART_PARAMS_PER_TOKEN` of them.
-pub fn pool_batch_parts(threads: usize, (rows, t): (usize, usize), params: f64) -> usize {
+pub fn pool_batch_parts(threads: usize, rows: usize, t: usize, params: f64) -> usize {
     let most = (rows * t) as f64 * PART_PARAMS_PER_TOKEN / params.max(1.0);
     threads.min(rows).min(most as usize).max(1)
 }
@@ -80,7 +80,7 @@ impl Threads {
     /// token over 6): [`pool_batch_parts`] on the pool's threads, else one.
     pub fn batch_parts(self, rows: usize, t: usize, params: f64) -> usize {
         match self {
-            Threads::Pool => pool_batch_parts(rayon::current_num_threads(), (rows, t), params),
+            Threads::Pool => pool_batch_parts(rayon::current_num_threads(), rows, t, params),
             Threads::Queue => 1,
         }
     }

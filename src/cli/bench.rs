@@ -283,7 +283,7 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig) -> Result<()> {
         let totals = profile::snapshot();
         let peak = mfu_peak / processes;
         let window_step = profile::window() / spec.steps as f64;
-        KernelShares::of(&totals, (spec.steps, ranks_here), window_step, peak)
+        KernelShares::of(&totals, spec.steps, ranks_here, window_step, peak)
     });
     let m = Measured {
         a,
@@ -370,12 +370,7 @@ impl KernelShares {
     /// this process holds, against a step of `step_s` (the profile's window
     /// a step) on the process's `peak` FLOP/s: each kernel's time and FLOPs
     /// a step, its calls a rank.
-    fn of(
-        totals: &[profile::OpTotal],
-        (steps, ranks): (usize, usize),
-        step_s: f64,
-        peak: f64,
-    ) -> Self {
+    fn of(totals: &[profile::OpTotal], steps: usize, ranks: usize, step_s: f64, peak: f64) -> Self {
         let rows = totals
             .iter()
             .map(|t| {

@@ -145,7 +145,8 @@ fn eval_classifier<B: Backend + 'static>(
         be,
         &a.model,
         &data,
-        (a.batch_size, t),
+        a.batch_size,
+        t,
         rayon::current_num_threads(),
     )?;
     distgpt::outln!(

@@ -316,7 +316,7 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
             );
             device.efficiency = cal.efficiency;
         }
-        let wp = plan::plan_world(&w, world, (&device, &net), a.precision, a.recompute);
+        let wp = plan::plan_world(&w, world, &device, &net, a.precision, a.recompute);
         if !a.json {
             // each world as it is priced
             print_world(&a, &w, &device, &wp);

@@ -79,7 +79,9 @@ pub fn run(m: &ClassifyMatrix, multi: &MultiProgress) -> Result<ClassifyComparis
     let name = m.task.data_name();
     let (cells, skipped) = layout_cells(
         &name,
-        (&m.layouts, &m.world_sizes, &m.batch_sizes),
+        &m.layouts,
+        &m.world_sizes,
+        &m.batch_sizes,
         |par, batch| par.validate(&model.clone().into(), batch),
     );
     say_skipped(&skipped, cells.is_empty())?;

@@ -124,7 +124,9 @@ pub fn cells(spec: &CompareSpec) -> (Vec<Cell>, Vec<String>) {
     for (name, model) in &spec.models {
         let (pairs, why) = layout_cells(
             name,
-            (&spec.layouts, &spec.world_sizes, &spec.batch_sizes),
+            &spec.layouts,
+            &spec.world_sizes,
+            &spec.batch_sizes,
             |par, batch| {
                 par.validate(model, batch)?;
                 par.pipeline.check_micro_batches(spec.grad_accum)
@@ -145,7 +147,9 @@ pub fn cells(spec: &CompareSpec) -> (Vec<Cell>, Vec<String>) {
 /// batches) that `valid` accepts, and a line for each one skipped.
 pub fn layout_cells(
     name: &str,
-    (layouts, world_sizes, batch_sizes): (&[Layout], &[usize], &[usize]),
+    layouts: &[Layout],
+    world_sizes: &[usize],
+    batch_sizes: &[usize],
     valid: impl Fn(ParallelConfig, usize) -> Result<()>,
 ) -> (Vec<(ParallelConfig, usize)>, Vec<String>) {
     let (mut out, mut skipped) = (Vec::new(), Vec::new());
@@ -279,7 +283,8 @@ impl RunResult {
     /// One row from a cell's repeats (at least one).
     fn from_summaries(
         cell: &Cell,
-        (seq_len, accum): (usize, usize),
+        seq_len: usize,
+        accum: usize,
         summaries: &[TrainSummary],
     ) -> Self {
         let tokens = (cell.batch * seq_len * accum) as f64;
@@ -404,7 +409,8 @@ fn predict_cell(
     machine: &Machine,
     calibrations: &mut Vec<Calibration>,
     cell: &Cell,
-    (seq_len, grad_accum): (usize, usize),
+    seq_len: usize,
+    grad_accum: usize,
 ) -> Result<Predicted> {
     let world = cell.parallel.world_size;
     let model = cell.model.clone();
@@ -506,7 +512,8 @@ pub fn run(spec: &CompareSpec, ds: &Dataset, multi: &MultiProgress) -> Result<Co
                 &machine,
                 &mut calibrations,
                 cell,
-                (spec.seq_len, spec.grad_accum),
+                spec.seq_len,
+                spec.grad_accum,
             )?);
         }
     }
@@ -572,7 +579,7 @@ pub fn run(spec: &CompareSpec, ds: &Dataset, multi: &MultiProgress) -> Result<Co
             run_done(&outer, &what, &summary);
             summaries.push(summary);
         }
-        let mut row = RunResult::from_summaries(cell, (spec.seq_len, spec.grad_accum), &summaries);
+        let mut row = RunResult::from_summaries(cell, spec.seq_len, spec.grad_accum, &summaries);
         row.predicted = predicted.get(i).cloned();
         results.push(row);
     }

@@ -607,7 +607,7 @@ pub fn learn(text: &str, size: usize) -> Result<WordPiece> {
             splits[w] = new;
         }
         // a piece two merges spell alike stays one token (`intern`)
-        merges.forget((a, b));
+        merges.forget(a, b);
     }
     if SPECIAL.len() + names.len() < size {
         crate::errln!(
@@ -706,8 +706,9 @@ impl Merges {
         }
     }
 
-    /// Forgets `pair` (merged: none is left to merge again).
-    fn forget(&mut self, pair: (u32, u32)) {
+    /// Forgets the pair `a b` (merged: none is left to merge again).
+    fn forget(&mut self, a: u32, b: u32) {
+        let pair = (a, b);
         if let Some(c) = self.pairs.remove(&pair) {
             self.by_count.remove(&(c, pair));
         }

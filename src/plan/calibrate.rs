@@ -153,7 +153,8 @@ const STEP_FLOPS: f64 = 50e9;
 /// two blocks (the efficiency of the same widths, scaled to the model).
 fn calibration_shape(
     model: &ModelConfig,
-    (rank_batch, seq_len): (usize, usize),
+    rank_batch: usize,
+    seq_len: usize,
     concurrent: usize,
 ) -> Result<(ModelConfig, usize, usize)> {
     let bytes = |m: &ModelConfig, b: usize, t: usize| {
@@ -213,7 +214,7 @@ pub fn calibrate_cpu(
 ) -> Result<Calibration> {
     let concurrent = ranks.min(machine.threads);
     let (model, rank_batch, seq_len) =
-        calibration_shape(asked, ((asked_batch / ranks).max(1), asked_seq), concurrent)?;
+        calibration_shape(asked, (asked_batch / ranks).max(1), asked_seq, concurrent)?;
     let rank_threads = crate::parallel::launch::rank_threads(machine.threads, ranks);
     let oversubscribed = (ranks as f64 / machine.threads as f64).max(1.0);
     let par = ParallelConfig::single();
@@ -345,7 +346,7 @@ mod tests {
     #[test]
     fn a_large_step_is_calibrated_on_a_small_shape() {
         let gpt2 = ModelConfig::preset("gpt2").unwrap();
-        let (m, b, t) = calibration_shape(&gpt2, (8, 1024), 2).unwrap();
+        let (m, b, t) = calibration_shape(&gpt2, 8, 1024, 2).unwrap();
         assert!(m.flops_per_token(t) * (b * t) as f64 <= STEP_FLOPS);
         assert!(
             (m.n_layer(), b, t) == (2, 1, 128),
@@ -353,7 +354,7 @@ mod tests {
             m.n_layer()
         );
         let tiny = ModelConfig::preset("tiny").unwrap();
-        let (m, b, t) = calibration_shape(&tiny, (4, 32), 2).unwrap();
+        let (m, b, t) = calibration_shape(&tiny, 4, 32, 2).unwrap();
         assert!(m == tiny && (b, t) == (4, 32));
     }
 }

@@ -15,6 +15,7 @@ use crate::parallel::{
     self, pipeline, Offload, ParallelConfig, Pipeline, Schedule, Sharing, StrategyKind,
 };
 use serde::Serialize;
+use std::ops::Range;
 
 /// Bytes per element of each kind of state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -153,14 +154,25 @@ impl Network {
         })
     }
 
-    /// (bandwidth, latency) of a ring over `n` ranks placed `stride` apart.
-    fn link(&self, n: usize, stride: usize) -> (f64, f64) {
-        if n * stride <= self.ranks_per_node {
+    /// The link a ring over `n` ranks placed `stride` apart runs on.
+    fn link(&self, n: usize, stride: usize) -> Link {
+        let (bandwidth, latency_s) = if n * stride <= self.ranks_per_node {
             (self.intra_bandwidth, self.intra_latency_s)
         } else {
             (self.inter_bandwidth, self.inter_latency_s)
+        };
+        Link {
+            bandwidth,
+            latency_s,
         }
     }
+}
+
+/// One link of a ring: bytes/s per rank (1 / beta) and seconds a hop (alpha).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Link {
+    pub bandwidth: f64,
+    pub latency_s: f64,
 }
 
 /// A ring collective's shape.
@@ -174,16 +186,15 @@ pub enum Collective {
 
 /// Seconds of one ring collective over `n` ranks moving `bytes` (the whole
 /// buffer), issued as `calls` equal pieces.
-pub fn collective_s(kind: Collective, n: usize, bytes: f64, calls: usize, link: (f64, f64)) -> f64 {
+pub fn collective_s(kind: Collective, n: usize, bytes: f64, calls: usize, link: Link) -> f64 {
     if n <= 1 || bytes == 0.0 {
         return 0.0;
     }
-    let (bw, alpha) = link;
     let hops = match kind {
         Collective::AllReduce => 2.0,
         Collective::Gather => 1.0,
     } * (n - 1) as f64;
-    hops / n as f64 * bytes / bw + hops * alpha * calls as f64
+    hops / n as f64 * bytes / link.bandwidth + hops * link.latency_s * calls as f64
 }
 
 /// The training step being planned.
@@ -282,18 +293,20 @@ pub fn memory_plan(w: &Workload, par: ParallelConfig, precision: Precision) -> M
     let par = par.resolved();
     let layout = w.model.layout(par.tp);
     let stages = par.pipeline.partition(&layout);
-    fullest_stage(w, par, precision, (&layout, &stages))
+    fullest_stage(w, par, precision, &layout, &stages)
 }
 
+/// The [`stage_memory`] of the stage that needs the most.
 fn fullest_stage(
     w: &Workload,
     par: ParallelConfig,
     precision: Precision,
-    units: (&ParamLayout, &[std::ops::Range<usize>]),
+    layout: &ParamLayout,
+    stages: &[Range<usize>],
 ) -> MemoryPlan {
     let live = pipeline::in_flight(par.pipeline, w.grad_accum);
     (0..par.pipeline.stages.max(1))
-        .map(|s| stage_memory(w, par, precision, units, (s, &live[s])))
+        .map(|s| stage_memory(w, par, precision, layout, stages, s, &live[s]))
         .max_by(|a, b| a.total().total_cmp(&b.total()))
         .expect("at least one stage")
 }
@@ -313,17 +326,20 @@ pub fn stage_memory_plan(
     let layout = w.model.layout(par.tp);
     let stages = par.pipeline.partition(&layout);
     let live = pipeline::in_flight(par.pipeline, w.grad_accum);
-    stage_memory(w, par, precision, (&layout, &stages), (s, &live[s]))
+    stage_memory(w, par, precision, &layout, &stages, s, &live[s])
 }
 
 /// [`stage_memory_plan`] for a resolved layout whose units, stages and
-/// micro-batches in flight are worked out already, once for all its stages.
+/// micro-batches in flight (`live`, a count for each of stage `s`'s
+/// chunks) are worked out already, once for all its stages.
 fn stage_memory(
     w: &Workload,
     par: ParallelConfig,
     precision: Precision,
-    (layout, stages): (&ParamLayout, &[std::ops::Range<usize>]),
-    (s, live): (usize, &[usize]),
+    layout: &ParamLayout,
+    stages: &[Range<usize>],
+    s: usize,
+    live: &[usize],
 ) -> MemoryPlan {
     let pipe = par.pipeline;
     let m = &w.model;
@@ -385,7 +401,7 @@ fn stage_memory(
     let parts = w.cpu_threads.map_or(1, |threads| {
         let rank_threads = crate::parallel::launch::rank_threads(threads, par.world_size);
         par.batch_parts(m, rows.0, rows.1, |rows, t, params| {
-            crate::backend::threads::pool_batch_parts(rank_threads, (rows, t), params)
+            crate::backend::threads::pool_batch_parts(rank_threads, rows, t, params)
         })
     });
     mem.grads += gb * ((parts - 1) * layout.widest_unit_grad()) as f64;
@@ -482,10 +498,9 @@ fn update_cost(
     }
 }
 
-/// Predicts one rank's memory and step time for `par` (assumed valid).
-/// Long by design: the cost model's terms (compute and the bubble, each
-/// group's collectives, offload traffic) in one place, each commented
-/// where it is added, so a term and its neighbours read together.
+/// Predicts one rank's memory and step time for `par` (assumed valid):
+/// the fullest stage's bytes, and a step as its compute (stretched by the
+/// pipeline's bubble), the busiest rank's communication and the update.
 pub fn predict(
     w: &Workload,
     par: ParallelConfig,
@@ -494,33 +509,66 @@ pub fn predict(
     precision: Precision,
 ) -> Prediction {
     let par = par.resolved();
-    let m = &w.model;
-    let pipe = par.pipeline;
-    let (world, tp, pp, v) = (par.world_size, par.tp, pipe.stages, pipe.virtual_stages);
-    let dp = par.dp();
-    let layout = m.layout(tp);
-    let stages = pipe.partition(&layout);
-    let mem = fullest_stage(w, par, precision, (&layout, &stages));
-    // a pipeline rank reduces and updates its own chunks' units
-    let sizes: Vec<parallel::StageSizes> = (0..pp)
-        .map(|s| {
-            let mut z = parallel::StageSizes::default();
-            for c in 0..v {
-                z += parallel::stage_sizes(&layout, &stages, c * pp + s, dp);
-            }
-            z
-        })
-        .collect();
+    let layout = w.model.layout(par.tp);
+    let stages = par.pipeline.partition(&layout);
+    let mem = fullest_stage(w, par, precision, &layout, &stages);
+    // ranks on one device (a CPU's thread ranks) share its peak, its
+    // bandwidth and its memory
+    let share = if device.shared_by_ranks {
+        par.world_size as f64
+    } else {
+        1.0
+    };
+    let compute_s = compute_s(w, &par, device, share);
+    let sizes = rank_sizes(&par, &layout, &stages);
+    let comm = CommCost::new(w, &par, net, precision, &layout, &stages).busiest_rank(&sizes);
+    // the update of the rank that owns the most
     let largest = sizes
         .iter()
         .max_by_key(|z| z.len)
         .copied()
         .unwrap_or_default();
-    let psi = largest.len as f64;
-    let (pb, gb) = (precision.params_bytes(), precision.grads_bytes());
-    let rows = (w.batch / dp * w.seq_len) as f64;
+    let owned = if par.strategy.sharing().sharded() {
+        largest.shard as f64
+    } else {
+        largest.len as f64
+    };
+    let (optimizer_s, pcie_bytes) = update_cost(
+        &par,
+        Update {
+            owned,
+            precision,
+            micro_batches: w.grad_accum as f64,
+        },
+        device,
+        net,
+        share,
+        compute_s,
+    );
+    let time = TimePlan {
+        compute_s,
+        comm_s: comm.s,
+        optimizer_s,
+        comm_bytes: comm.bytes,
+        pcie_bytes,
+    };
+    let tokens_per_s = (w.batch * w.seq_len * w.grad_accum) as f64 / time.step_s();
+    Prediction {
+        parallel: par,
+        fits: mem.total() * share <= device.memory_bytes,
+        memory: mem,
+        time,
+        tokens_per_s,
+    }
+}
 
-    // Compute: the blocks are split over tp, the head is not.
+/// Seconds of a rank's compute a step on a device whose peak `share`
+/// ranks share: the blocks split over tp, the head not, stretched by the
+/// pipeline's bubble.
+fn compute_s(w: &Workload, par: &ParallelConfig, device: &Device, share: f64) -> f64 {
+    let m = &w.model;
+    let pipe = par.pipeline;
+    let rows = (w.batch / par.dp() * w.seq_len) as f64;
     let head = m.unsplit_flops_per_token(w.seq_len);
     let blocks = m.flops_per_token(w.seq_len) - head;
     // --recompute runs each block's forward again, and a head's that
@@ -533,56 +581,152 @@ pub fn predict(
         false => (0.0, 0.0),
     };
     let tokens_rank = rows * w.grad_accum as f64;
-    let flops_rank = tokens_rank * ((blocks + blocks_again) / tp as f64 + head + head_again);
-    let share = if device.shared_by_ranks {
-        world as f64
-    } else {
-        1.0
-    };
+    let flops_rank = tokens_rank * ((blocks + blocks_again) / par.tp as f64 + head + head_again);
     // a pipeline splits the work over its stages and idles in the bubble:
     // (m + p - 1) micro-batch slots per step for m micro-batches of work,
     // a v-th of the p - 1 when interleaved
-    let acc = w.grad_accum as f64;
-    let bubble = 1.0 / ((1.0 - pipe.bubble(w.grad_accum)) * pp as f64);
-    let compute_s = flops_rank * bubble / (device.peak_flops / share * device.efficiency);
+    let bubble = 1.0 / ((1.0 - pipe.bubble(w.grad_accum)) * pipe.stages as f64);
+    flops_rank * bubble / (device.peak_flops / share * device.efficiency)
+}
 
-    // Communication: as the stages issue it, each group's ring placed as the
-    // grid lays its ranks out.
-    let strides = parallel::Grid::of(&par).strides();
-    let dp_link = net.link(dp, strides.dp);
-    let tp_link = net.link(tp, strides.tp);
-    // a replicated stage all-reduces its gradient in one call a chunk; a
-    // sharded one reduces and gathers unit by unit
-    let sharing = par.strategy.sharing();
-    let calls = if sharing.sharded() {
-        layout.units.len().div_ceil(pp)
-    } else {
-        v
-    };
-    let ar =
-        |bytes: f64, calls: usize| collective_s(Collective::AllReduce, dp, bytes, calls, dp_link);
-    let ga = |bytes: f64, calls: usize| collective_s(Collective::Gather, dp, bytes, calls, dp_link);
-    let dpf = (dp as f64 - 1.0) / dp as f64;
-    // the unit a tied tensor lives in (GPT-2's and BERT's word embedding,
-    // read again by the head); without a pipeline one rank holds both, and
-    // the head's backward reduces it with its share under zero2 and fsdp,
-    // a second time each micro-batch
-    let tied_len = layout
-        .units
-        .iter()
-        .find_map(|u| u.tied.as_ref())
-        .map_or(0, |t| layout.units[t.unit].range.len()) as f64;
-    let tied_again = if pp == 1 { gb * tied_len } else { 0.0 };
-    let stream = rows * m.n_embd() as f64 * precision.activation_bytes();
-    let tasks = match sharing {
-        Sharing::Fsdp => parallel::pipeline::ranks_tasks(pipe, w.grad_accum),
-        _ => Vec::new(),
-    };
-    // each stage's rank: (seconds, bytes) it communicates a step
-    let stage_comm = |s: usize| {
-        let g_bytes = gb * sizes[s].len as f64;
-        let p_bytes = pb * sizes[s].len as f64;
-        let mut comm = match sharing {
+/// Each pipeline rank's state sizes: a rank reduces and updates its own
+/// chunks' units.
+fn rank_sizes(
+    par: &ParallelConfig,
+    layout: &ParamLayout,
+    stages: &[Range<usize>],
+) -> Vec<parallel::StageSizes> {
+    let (pp, v) = (par.pipeline.stages, par.pipeline.virtual_stages);
+    (0..pp)
+        .map(|s| {
+            let mut z = parallel::StageSizes::default();
+            for c in 0..v {
+                z += parallel::stage_sizes(layout, stages, c * pp + s, par.dp());
+            }
+            z
+        })
+        .collect()
+}
+
+/// Seconds and bytes a rank communicates a step.
+#[derive(Clone, Copy, Debug, Default)]
+struct Traffic {
+    s: f64,
+    bytes: f64,
+}
+
+impl std::ops::AddAssign for Traffic {
+    fn add_assign(&mut self, other: Traffic) {
+        self.s += other.s;
+        self.bytes += other.bytes;
+    }
+}
+
+/// A step's communication as the stages issue it, each group's ring
+/// placed as the grid lays its ranks out.
+struct CommCost<'a> {
+    w: &'a Workload,
+    par: &'a ParallelConfig,
+    net: &'a Network,
+    precision: Precision,
+    layout: &'a ParamLayout,
+    stages: &'a [Range<usize>],
+    strides: parallel::grid::Coords,
+    /// Under fsdp, each stage's schedule (its gathers follow it).
+    tasks: Vec<Vec<pipeline::Task>>,
+    /// The elements of the unit a tied tensor lives in (GPT-2's and
+    /// BERT's word embedding, read again by the head).
+    tied_len: f64,
+    /// Bytes of a micro-batch's (rows, C) activation stream.
+    stream: f64,
+}
+
+impl<'a> CommCost<'a> {
+    fn new(
+        w: &'a Workload,
+        par: &'a ParallelConfig,
+        net: &'a Network,
+        precision: Precision,
+        layout: &'a ParamLayout,
+        stages: &'a [Range<usize>],
+    ) -> Self {
+        let rows = (w.batch / par.dp() * w.seq_len) as f64;
+        let tied_len = layout
+            .units
+            .iter()
+            .find_map(|u| u.tied.as_ref())
+            .map_or(0, |t| layout.units[t.unit].range.len()) as f64;
+        CommCost {
+            w,
+            par,
+            net,
+            precision,
+            layout,
+            stages,
+            strides: parallel::Grid::of(par).strides(),
+            tasks: match par.strategy.sharing() {
+                Sharing::Fsdp => parallel::pipeline::ranks_tasks(par.pipeline, w.grad_accum),
+                _ => Vec::new(),
+            },
+            tied_len,
+            stream: rows * w.model.n_embd() as f64 * precision.activation_bytes(),
+        }
+    }
+
+    /// The busiest rank's traffic (each of its seconds and bytes the
+    /// largest of any stage's): its replicas' collectives, its sends to
+    /// the stages beside it, and the blocks' tensor-parallel all-reduces.
+    fn busiest_rank(&self, sizes: &[parallel::StageSizes]) -> Traffic {
+        let pp = self.par.pipeline.stages;
+        let mut busiest = (0..pp)
+            .map(|s| {
+                let mut t = self.data_parallel(s, &sizes[s]);
+                if pp > 1 {
+                    t += self.pipeline(s);
+                }
+                t
+            })
+            .fold(Traffic::default(), |a, b| Traffic {
+                s: f64::max(a.s, b.s),
+                bytes: f64::max(a.bytes, b.bytes),
+            });
+        if self.par.tp > 1 {
+            busiest += self.tensor_parallel();
+        }
+        busiest
+    }
+
+    /// Stage `s`'s collectives over its `dp` replicas, for its state `z`.
+    fn data_parallel(&self, s: usize, z: &parallel::StageSizes) -> Traffic {
+        let (w, par) = (self.w, self.par);
+        let (pipe, dp) = (par.pipeline, par.dp());
+        let (pb, gb) = (self.precision.params_bytes(), self.precision.grads_bytes());
+        let acc = w.grad_accum as f64;
+        // a replicated stage all-reduces its gradient in one call a chunk; a
+        // sharded one reduces and gathers unit by unit
+        let sharing = par.strategy.sharing();
+        let calls = if sharing.sharded() {
+            self.layout.units.len().div_ceil(pipe.stages)
+        } else {
+            pipe.virtual_stages
+        };
+        let link = self.net.link(dp, self.strides.dp);
+        let ar =
+            |bytes: f64, calls: usize| collective_s(Collective::AllReduce, dp, bytes, calls, link);
+        let ga =
+            |bytes: f64, calls: usize| collective_s(Collective::Gather, dp, bytes, calls, link);
+        let dpf = (dp as f64 - 1.0) / dp as f64;
+        // without a pipeline one rank holds the tied unit and the head, and
+        // the head's backward reduces it with its share under zero2 and
+        // fsdp, a second time each micro-batch
+        let tied_again = if pipe.stages == 1 {
+            gb * self.tied_len
+        } else {
+            0.0
+        };
+        let g_bytes = gb * z.len as f64;
+        let p_bytes = pb * z.len as f64;
+        let (s, bytes) = match sharing {
             Sharing::Replicated => (ar(g_bytes, calls), 2.0 * dpf * g_bytes),
             Sharing::Zero1 => (
                 ga(g_bytes, calls) + ga(p_bytes, calls),
@@ -593,7 +737,8 @@ pub fn predict(
                 dpf * (acc * (g_bytes + tied_again) + p_bytes),
             ),
             Sharing::Fsdp => {
-                let elems = parallel::fsdp_gathered(&layout, &stages, pipe, s, dp, &tasks[s]);
+                let elems =
+                    parallel::fsdp_gathered(self.layout, self.stages, pipe, s, dp, &self.tasks[s]);
                 let gathered = pb * elems as f64;
                 (
                     ga(gathered, 2 * calls * w.grad_accum)
@@ -602,77 +747,55 @@ pub fn predict(
                 )
             }
         };
-        if pp > 1 {
-            // each micro-batch's activation forward and gradient backward
-            // across a stage boundary, once per chunk when interleaved: a
-            // rank sends both ways from each chunk but the first stage's
-            // (backward) and the last's (forward). The ranks holding those
-            // two also sum the tied unit's gradient (each its shard of it
-            // where the gradient is sharded).
-            let (bw, lat) = net.link(pp, strides.stage);
-            let p2p = |chunks: usize| acc * chunks as f64 * (stream / bw + lat);
-            let tie = gb * tied_len / if sharing.sharded() { dp as f64 } else { 1.0 };
-            let tie_link = net.link(2, strides.stage * (pp - 1));
-            let (s, bytes) = match s == 0 || s == pp - 1 {
-                true => (
-                    p2p(2 * v - 1) + collective_s(Collective::AllReduce, 2, tie, 1, tie_link),
-                    acc * (2 * v - 1) as f64 * stream + tie,
-                ),
-                false => (p2p(2 * v), acc * (2 * v) as f64 * stream),
-            };
-            comm.0 += s;
-            comm.1 += bytes;
-        }
-        comm
-    };
-    // the busiest rank is priced
-    let (mut comm_s, mut comm_bytes) = (0..pp)
-        .map(stage_comm)
-        .fold((0.0, 0.0), |(s, b), (s2, b2)| {
-            (f64::max(s, s2), f64::max(b, b2))
-        });
-    if tp > 1 {
-        // Megatron's f/g: two all-reduces of the (rows, C) stream per layer
-        // forward, two backward, two more when the forward is recomputed.
-        // (a classifier's last block makes some on one row a sequence)
+        Traffic { s, bytes }
+    }
+
+    /// Stage `s`'s sends across its stage boundaries: each micro-batch's
+    /// activation forward and gradient backward, once per chunk when
+    /// interleaved: a rank sends both ways from each chunk but the first
+    /// stage's (backward) and the last's (forward). The ranks holding
+    /// those two also sum the tied unit's gradient (each its shard of it
+    /// where the gradient is sharded).
+    fn pipeline(&self, s: usize) -> Traffic {
+        let par = self.par;
+        let (pp, v, dp) = (par.pipeline.stages, par.pipeline.virtual_stages, par.dp());
+        let acc = self.w.grad_accum as f64;
+        let gb = self.precision.grads_bytes();
+        let link = self.net.link(pp, self.strides.stage);
+        let p2p =
+            |chunks: usize| acc * chunks as f64 * (self.stream / link.bandwidth + link.latency_s);
+        let shards = if par.strategy.sharing().sharded() {
+            dp as f64
+        } else {
+            1.0
+        };
+        let tie = gb * self.tied_len / shards;
+        let tie_link = self.net.link(2, self.strides.stage * (pp - 1));
+        let (s, bytes) = match s == 0 || s == pp - 1 {
+            true => (
+                p2p(2 * v - 1) + collective_s(Collective::AllReduce, 2, tie, 1, tie_link),
+                acc * (2 * v - 1) as f64 * self.stream + tie,
+            ),
+            false => (p2p(2 * v), acc * (2 * v) as f64 * self.stream),
+        };
+        Traffic { s, bytes }
+    }
+
+    /// Megatron's f/g: two all-reduces of the (rows, C) stream per layer
+    /// forward, two backward, two more when the forward is recomputed (a
+    /// classifier's last block makes some on one row a sequence).
+    fn tensor_parallel(&self) -> Traffic {
+        let (w, par, m) = (self.w, self.par, &self.w.model);
+        let (tp, acc, stream) = (par.tp, w.grad_accum as f64, self.stream);
         let per_layer = if par.recompute { 6 } else { 4 };
-        let n = per_layer * m.n_layer().div_ceil(pp);
+        let n = per_layer * m.n_layer().div_ceil(par.pipeline.stages);
         let one_row = m.last_block_one_row_reduces(par.recompute) as f64;
         let bytes = n as f64 * stream - one_row * stream * (1.0 - 1.0 / w.seq_len as f64);
-        comm_s += acc * collective_s(Collective::AllReduce, tp, bytes, n, tp_link);
-        comm_bytes += acc * 2.0 * (tp as f64 - 1.0) / tp as f64 * bytes;
-    }
-    let owned = if sharing.sharded() {
-        largest.shard as f64
-    } else {
-        psi
-    };
-    let (optimizer_s, pcie_bytes) = update_cost(
-        &par,
-        Update {
-            owned,
-            precision,
-            micro_batches: acc,
-        },
-        device,
-        net,
-        share,
-        compute_s,
-    );
-    let time = TimePlan {
-        compute_s,
-        comm_s,
-        optimizer_s,
-        comm_bytes,
-        pcie_bytes,
-    };
-    let tokens_per_s = (w.batch * w.seq_len * w.grad_accum) as f64 / time.step_s();
-    Prediction {
-        parallel: par,
-        fits: mem.total() * share <= device.memory_bytes,
-        memory: mem,
-        time,
-        tokens_per_s,
+        let link = self.net.link(tp, self.strides.tp);
+        Traffic {
+            s: acc * collective_s(Collective::AllReduce, tp, bytes, n, link),
+            bytes: acc * 2.0 * (tp as f64 - 1.0) / tp as f64 * bytes,
+        }
     }
 }
 
@@ -866,7 +989,8 @@ pub struct WorldPlan {
 pub fn plan_world(
     w: &Workload,
     world: usize,
-    (device, net): (&Device, &Network),
+    device: &Device,
+    net: &Network,
     precision: Precision,
     recompute: bool,
 ) -> WorldPlan {
@@ -1230,7 +1354,10 @@ mod tests {
 
     #[test]
     fn ring_costs_follow_the_alpha_beta_formulas() {
-        let link = (1e9, 1e-5);
+        let link = Link {
+            bandwidth: 1e9,
+            latency_s: 1e-5,
+        };
         let ar = collective_s(Collective::AllReduce, 4, 4e9, 1, link);
         assert!((ar - (1.5 * 4.0 + 6.0 * 1e-5)).abs() < 1e-9, "{ar}");
         let ag = collective_s(Collective::Gather, 4, 4e9, 2, link);
@@ -1402,7 +1529,7 @@ mod tests {
         };
         let device = Device::datasheet("a100", Precision::Mixed, 0.4).unwrap();
         let net = Network::datasheet("a100").unwrap();
-        let wp = plan_world(&w, 2520, (&device, &net), Precision::Mixed, true);
+        let wp = plan_world(&w, 2520, &device, &net, Precision::Mixed, true);
         let priced = wp.predictions.iter().find(|p| {
             let r = p.parallel.resolved();
             (r.dp(), r.tp, r.pipeline.stages) == (9, 8, 35)
@@ -1587,7 +1714,7 @@ mod tests {
         };
         let (d, n) = h100();
         for world in [8, 64] {
-            let wp = plan_world(&w, world, (&d, &n), Precision::Mixed, true);
+            let wp = plan_world(&w, world, &d, &n, Precision::Mixed, true);
             let rec = wp.recommended().expect("a 7.5B model fits on 8 H100s");
             let all: Vec<&Prediction> = wp.predictions.iter().chain(&wp.offloaded).collect();
             let fastest = |ps: &mut dyn Iterator<Item = &&Prediction>| {
@@ -1660,7 +1787,7 @@ mod tests {
             cpu_threads: None,
         };
         let (d, n) = h100();
-        let wp = plan_world(&w, 8, (&d, &n), Precision::Mixed, true);
+        let wp = plan_world(&w, 8, &d, &n, Precision::Mixed, true);
         let fig = figure_of(&w, &wp).expect("a layout fits");
         let fits: Vec<&Prediction> = (wp.predictions.iter().chain(&wp.offloaded))
             .filter(|p| p.fits)

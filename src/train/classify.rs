@@ -107,12 +107,8 @@ impl ClassifyTask {
     }
 
     fn scores(&self, s: &mut dyn Strategy, split: &Labelled, cfg: &TrainConfig) -> Result<Eval> {
-        let sc = score(
-            s,
-            split,
-            &self.wp,
-            (cfg.batch_size, cfg.seq_len, self.set.labels.len()),
-        )?;
+        let labels = self.set.labels.len();
+        let sc = score(s, split, &self.wp, cfg.batch_size, cfg.seq_len, labels)?;
         Ok(Eval {
             loss: sc.loss,
             accuracy: Some(sc.accuracy),
@@ -360,7 +356,9 @@ pub fn score(
     strategy: &mut dyn Strategy,
     split: &Labelled,
     wp: &WordPiece,
-    (b, t, labels): (usize, usize, usize),
+    b: usize,
+    t: usize,
+    labels: usize,
 ) -> Result<Scores> {
     let mut pairs = Vec::with_capacity(split.examples.len());
     let (mut loss_sum, mut terms) = (0.0f64, 0usize);
@@ -496,7 +494,8 @@ pub fn evaluate_folder<B: Backend + 'static>(
     backend: B,
     dir: &std::path::Path,
     data: &std::path::Path,
-    (b, t): (usize, usize),
+    b: usize,
+    t: usize,
     threads: usize,
 ) -> Result<Scores> {
     let names = LabelledSet::load(data)?.labels;
@@ -647,11 +646,11 @@ mod tests {
             std::fs::write(data.join(format!("{split}.jsonl")), pairs).unwrap();
         }
         let cpu = crate::backend::cpu::Cpu::new;
-        let err = evaluate_folder(cpu(), &model, &data, (2, 2), 1)
+        let err = evaluate_folder(cpu(), &model, &data, 2, 2, 1)
             .expect_err("refused")
             .to_string();
         assert!(err.contains("--seq-len 2 must be between 3"), "{err}");
-        assert!(evaluate_folder(cpu(), &model, &data, (2, 3), 1).is_ok());
+        assert!(evaluate_folder(cpu(), &model, &data, 2, 3, 1).is_ok());
     }
 
     /// A run recorded its set's fingerprint before lengths were part of it

@@ -80,10 +80,16 @@ impl<'a> MlmTask<'a> {
 
     /// The id of `[MASK]` and the ids a random replacement is drawn from
     /// (every token, as transformers draws them; every character).
-    fn mask(&self) -> (u32, usize) {
+    fn mask(&self) -> MaskIds {
         match &self.data.tokenizer {
-            Tokenizer::WordPiece(wp) => (wp.mask, wp.vocab_size()),
-            t => (t.vocab_size() as u32, t.vocab_size()),
+            Tokenizer::WordPiece(wp) => MaskIds {
+                mask: wp.mask,
+                vocab: wp.vocab_size(),
+            },
+            t => MaskIds {
+                mask: t.vocab_size() as u32,
+                vocab: t.vocab_size(),
+            },
         }
     }
 
@@ -180,7 +186,7 @@ impl Pairs<'_> {
 fn examples(
     windows: &[u32],
     t: usize,
-    mask: (u32, usize),
+    mask: MaskIds,
     pairs: Option<Pairs<'_>>,
     rng: &mut Rng,
 ) -> Batch {
@@ -199,7 +205,7 @@ fn examples(
 struct Masked<'a> {
     loader: DataLoader<'a>,
     seed: u64,
-    mask: (u32, usize),
+    mask: MaskIds,
     pairs: Option<Pairs<'a>>,
     t: usize,
 }
@@ -432,15 +438,18 @@ pub fn evaluate_folder<B: Backend + 'static>(
     super::evaluate_params(backend, &task, &params, cfg, threads, false)
 }
 
-/// BERT's masking of a batch of token windows: `mask` is the id of
-/// `[MASK]` and how many ids a random replacement is drawn from; tokens
-/// in `fixed` (`[CLS]`, `[SEP]`) are never picked.
-pub fn mask_tokens(
-    tokens: &[u32],
-    fixed: &[u32],
-    (mask, vocab): (u32, usize),
-    rng: &mut Rng,
-) -> Batch {
+/// What masking a token writes: the id of `[MASK]`, and how many ids a
+/// random replacement is drawn from.
+#[derive(Clone, Copy, Debug)]
+pub struct MaskIds {
+    pub mask: u32,
+    pub vocab: usize,
+}
+
+/// BERT's masking of a batch of token windows with `ids`; tokens in
+/// `fixed` (`[CLS]`, `[SEP]`) are never picked.
+pub fn mask_tokens(tokens: &[u32], fixed: &[u32], ids: MaskIds, rng: &mut Rng) -> Batch {
+    let MaskIds { mask, vocab } = ids;
     let mut inputs = tokens.to_vec();
     let mut targets = vec![IGNORE; tokens.len()];
     let mut pick = |i: usize, rng: &mut Rng| {
@@ -620,7 +629,11 @@ mod tests {
     fn masking_picks_15_percent_and_splits_them_80_10_10() {
         let vocab = 60;
         let tokens: Vec<u32> = (0..400_000).map(|i| (i * 7 % vocab) as u32).collect();
-        let b = mask_tokens(&tokens, &[], (vocab as u32, vocab), &mut Rng::new(1));
+        let ids = MaskIds {
+            mask: vocab as u32,
+            vocab,
+        };
+        let b = mask_tokens(&tokens, &[], ids, &mut Rng::new(1));
         assert!((0..tokens.len()).all(|i| b.targets[i] == IGNORE || b.targets[i] == tokens[i]));
         assert!((0..tokens.len()).all(|i| b.targets[i] != IGNORE || b.inputs[i] == tokens[i]));
         let picked: Vec<usize> = (0..tokens.len())
@@ -695,7 +708,11 @@ mod tests {
             cuts[1..t - 3].iter().all(|&c| c > 0) && cuts[0] == 0,
             "{cuts:?}"
         );
-        let masked = mask_tokens(&inputs, &[cls, sep], (9002, 5000), &mut rng);
+        let ids = MaskIds {
+            mask: 9002,
+            vocab: 5000,
+        };
+        let masked = mask_tokens(&inputs, &[cls, sep], ids, &mut rng);
         for (j, &x) in inputs.iter().enumerate() {
             if x == cls || x == sep {
                 assert_eq!((masked.targets[j], masked.inputs[j]), (IGNORE, x));
@@ -713,7 +730,11 @@ mod tests {
         let mut shown = [0usize; 3];
         for seed in 0..3000 {
             let tokens = [3u32, 1, 4, 1];
-            let b = mask_tokens(&tokens, &[], (60, 60), &mut Rng::new(seed));
+            let ids = MaskIds {
+                mask: 60,
+                vocab: 60,
+            };
+            let b = mask_tokens(&tokens, &[], ids, &mut Rng::new(seed));
             let picked: Vec<usize> = (0..4).filter(|&i| b.targets[i] != IGNORE).collect();
             assert!(!picked.is_empty(), "seed {seed}: nothing to predict");
             for i in picked {

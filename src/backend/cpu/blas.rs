@@ -23,11 +23,12 @@
 //! built-in kernel).
 
 use super::attention::{BLOCK, KEYS, ROWS};
-use super::math::Mat;
+use super::math::{Dims, Mat, Views};
 use crate::error::{Error, Result};
 use libloading::Library;
 use serde::{Deserialize, Serialize};
 use std::ffi::c_int;
+use std::ops::Range;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -499,14 +500,15 @@ impl<T> Clone for Call<T> {
 impl<T> Copy for Call<T> {}
 
 impl<T> Call<T> {
-    /// The output's rows `m0..m0 + rows` and columns `n0..n0 + cols`.
+    /// The output's block of `rows` and `cols`.
     ///
     /// # Safety
     /// The block lies inside the product the call was made for.
-    unsafe fn run(&self, (m0, rows): (usize, usize), (n0, cols): (usize, usize)) {
+    unsafe fn run(&self, rows: Range<usize>, cols: Range<usize>) {
         let (ta, lda, a, a_row) = self.a;
         let (tb, ldb, b, b_col) = self.b;
         let (c, c_row) = self.c;
+        let (m0, n0) = (rows.start, cols.start);
         let a = (a as *const T).offset(m0 as isize * a_row);
         let b = (b as *const T).offset(n0 as isize * b_col);
         let c = (c as *mut f32).offset(m0 as isize * c_row + n0 as isize);
@@ -514,8 +516,8 @@ impl<T> Call<T> {
             ROW_MAJOR,
             ta,
             tb,
-            rows as c_int,
-            cols as c_int,
+            rows.len() as c_int,
+            cols.len() as c_int,
             self.k as c_int,
             self.alpha,
             a,
@@ -535,19 +537,19 @@ impl<T> Call<T> {
     /// As [`Call::run`] for the whole product.
     unsafe fn split(&self, m: usize, n: usize, threads: usize) {
         if threads <= 1 || m.max(n) < 32 {
-            return self.run((0, m), (0, n));
+            return self.run(0..m, 0..n);
         }
         let (along_m, part) = split(m, n, threads);
         let len = if along_m { m } else { n };
         use rayon::prelude::*;
         (0..len.div_ceil(part)).into_par_iter().for_each(|i| {
-            let span = (i * part, part.min(len - i * part));
+            let span = i * part..(i * part + part.min(len - i * part));
             // SAFETY: the blocks tile the output without overlap.
             unsafe {
                 if along_m {
-                    self.run(span, (0, n))
+                    self.run(span, 0..n)
                 } else {
-                    self.run((0, m), span)
+                    self.run(0..m, span)
                 }
             }
         });
@@ -566,14 +568,15 @@ struct Operands {
 
 impl Operands {
     /// None where an operand has no unit stride or a size overflows a C int.
-    fn of(
-        (m, n, k): (usize, usize, usize),
-        dst: Mat<*mut f32>,
-        lhs: Mat<*const f32>,
-        rhs: Mat<*const f32>,
-    ) -> Option<Operands> {
+    fn of(views: Views) -> Option<Operands> {
         // row-major C = A B needs C's rows contiguous
-        let (dst, lhs, rhs, (m, n)) = super::math::rows_contiguous((dst, lhs, rhs, (m, n)))?;
+        let Views {
+            dst,
+            lhs,
+            rhs,
+            dims,
+        } = views.rows_contiguous()?;
+        let Dims { m, n, k } = dims;
         let fits = |x: usize| c_int::try_from(x).is_ok();
         let ldc = dst.row_stride;
         if !(fits(m) && fits(n) && fits(k)) || ldc < n.max(1) as isize || !fits(ldc as usize) {
@@ -617,7 +620,7 @@ impl Operands {
 pub(super) unsafe fn gemm(
     lib: MatmulLib,
     bf16: bool,
-    (m, n, k): (usize, usize, usize),
+    dims: Dims,
     dst: Mat<*mut f32>,
     lhs: Mat<*const f32>,
     rhs: Mat<*const f32>,
@@ -625,20 +628,20 @@ pub(super) unsafe fn gemm(
     scale: f32,
     threads: usize,
 ) -> bool {
-    let shape = (m, n, k);
+    let Dims { m, n, k } = dims;
     if bf16 && m * n * k == 0 {
         // nothing to multiply: the caller's fp32 route fills or keeps dst
         return false;
     }
     if bf16 && lib == MatmulLib::Gemm {
         // SAFETY: as this function's
-        let ran = unsafe { super::dpbf16::gemm(shape, dst, lhs, rhs, accumulate, scale, threads) };
+        let ran = unsafe { super::dpbf16::gemm(dims, dst, lhs, rhs, accumulate, scale, threads) };
         if ran {
             BF16_PRODUCTS.fetch_add(1, Ordering::Relaxed);
         }
         return ran;
     }
-    let (Ok(l), Some(ops)) = (loaded(lib), Operands::of(shape, dst, lhs, rhs)) else {
+    let (Ok(l), Some(ops)) = (loaded(lib), Operands::of(Views::of(dims, dst, lhs, rhs))) else {
         return false;
     };
     let beta = if accumulate { 1.0 } else { 0.0 };
@@ -660,8 +663,8 @@ pub(super) unsafe fn gemm(
         // SAFETY: the caller's views are readable (as math::gemm).
         let ((a_row, a_col), (b_row, b_col)) = unsafe {
             (
-                super::math::round_compact(lhs, (ops.m, k), a, bits),
-                super::math::round_compact(rhs, (k, ops.n), b, bits),
+                super::math::round_compact(lhs, ops.m, k, a, bits),
+                super::math::round_compact(rhs, k, ops.n, b, bits),
             )
         };
         // a compact copy's leading dimension is its longer stride
@@ -724,6 +727,7 @@ fn request_amx() {
 /// is dropped, not run.
 fn bf16_agrees(lib: MatmulLib) -> bool {
     let (m, n, k) = (37, 29, 45);
+    let dims = Dims { m, n, k };
     let mut rng = crate::rng::Rng::new(13);
     let mut draw = |len: usize| -> Vec<f32> {
         (0..len)
@@ -733,17 +737,14 @@ fn bf16_agrees(lib: MatmulLib) -> bool {
     let (a, b) = (draw(m * k), draw(k * n));
     let threads = rayon::current_num_threads();
     (0..4).all(|layout| {
-        let (shape, layouts) = ((m, n, k), (layout & 1 != 0, layout & 2 != 0));
+        let probe = Probe {
+            dims,
+            lhs_t: layout & 1 != 0,
+            rhs_t: layout & 2 != 0,
+        };
         let (mut want, mut got) = (vec![0.0f32; m * n], vec![0.0f32; m * n]);
-        product_in(
-            MatmulLib::Gemm,
-            shape,
-            layouts,
-            1,
-            (&a, &b, &mut want),
-            false,
-        );
-        let (_, ran) = product_in(lib, shape, layouts, threads, (&a, &b, &mut got), true);
+        product_in(MatmulLib::Gemm, probe, 1, &a, &b, &mut want, false);
+        let (_, ran) = product_in(lib, probe, threads, &a, &b, &mut got, true);
         let scale = want.iter().fold(1.0f32, |s, x| s.max(x.abs()));
         ran && want
             .iter()
@@ -865,21 +866,51 @@ fn best(reps: usize, probe: impl Fn() -> (f64, f64)) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// Runs `dst (m x n) = lhs @ rhs` on `lib` (its bf16 product if `bf16`)
-/// with the given operand layouts on fresh buffers and `threads` threads;
-/// returns FLOPs and seconds.
-fn product(
-    lib: MatmulLib,
-    (m, n, k): (usize, usize, usize),
-    layouts: (bool, bool),
-    threads: usize,
-    bf16: bool,
-) -> (f64, f64) {
+/// A product the probes time: its sizes, and whether each operand is
+/// stored transposed (`lhs_t`: `k x m`, `rhs_t`: `n x k`).
+#[derive(Clone, Copy)]
+struct Probe {
+    dims: Dims,
+    lhs_t: bool,
+    rhs_t: bool,
+}
+
+impl Probe {
+    /// `m x k @ k x n`, both operands stored as they are read.
+    fn of(m: usize, n: usize, k: usize) -> Probe {
+        Probe {
+            dims: Dims { m, n, k },
+            lhs_t: false,
+            rhs_t: false,
+        }
+    }
+
+    /// The same product on the left operand stored transposed.
+    fn lhs_t(self) -> Probe {
+        Probe {
+            lhs_t: true,
+            ..self
+        }
+    }
+
+    /// The same product on the right operand stored transposed.
+    fn rhs_t(self) -> Probe {
+        Probe {
+            rhs_t: true,
+            ..self
+        }
+    }
+}
+
+/// Runs `probe` on `lib` (its bf16 product if `bf16`) on fresh buffers
+/// and `threads` threads; returns FLOPs and seconds.
+fn product(lib: MatmulLib, probe: Probe, threads: usize, bf16: bool) -> (f64, f64) {
+    let Dims { m, n, k } = probe.dims;
     let a = vec![0.5f32; m * k];
     let b = vec![0.25f32; k * n];
     let mut c = vec![0.0f32; m * n];
     let t0 = Instant::now();
-    let (flops, _) = product_in(lib, (m, n, k), layouts, threads, (&a, &b, &mut c), bf16);
+    let (flops, _) = product_in(lib, probe, threads, &a, &b, &mut c, bf16);
     (flops, t0.elapsed().as_secs_f64())
 }
 
@@ -887,12 +918,15 @@ fn product(
 /// floats), untimed; returns its FLOPs and whether the bf16 product ran.
 fn product_in(
     lib: MatmulLib,
-    (m, n, k): (usize, usize, usize),
-    (lhs_t, rhs_t): (bool, bool),
+    probe: Probe,
     threads: usize,
-    (a, b, c): (&[f32], &[f32], &mut [f32]),
+    a: &[f32],
+    b: &[f32],
+    c: &mut [f32],
     bf16: bool,
 ) -> (f64, bool) {
+    let Probe { dims, lhs_t, rhs_t } = probe;
+    let Dims { m, n, k } = dims;
     assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
     let lhs = if lhs_t {
         Mat::new(a.as_ptr(), 1, m)
@@ -906,10 +940,10 @@ fn product_in(
     };
     let dst = Mat::new(c.as_mut_ptr(), n, 1);
     // SAFETY: each buffer holds the elements its view addresses (asserted).
-    let ran = bf16 && unsafe { gemm(lib, true, (m, n, k), dst, lhs, rhs, false, 1.0, threads) };
+    let ran = bf16 && unsafe { gemm(lib, true, dims, dst, lhs, rhs, false, 1.0, threads) };
     if !ran {
         // SAFETY: as above.
-        unsafe { super::math::gemm_on(lib, (m, n, k), dst, lhs, rhs, false, 1.0, threads) }
+        unsafe { super::math::gemm_on(lib, dims, dst, lhs, rhs, false, 1.0, threads) }
     }
     std::hint::black_box(&c);
     (2.0 * (m * n * k) as f64, ran)
@@ -922,9 +956,9 @@ fn probe_large(lib: MatmulLib, bf16: bool) -> (f64, f64) {
         .flat_map(|(rows, c)| {
             let h = 4 * c;
             [
-                product(lib, (rows, h, c), (false, false), threads, bf16), // forward
-                product(lib, (rows, c, h), (false, true), threads, bf16),  // input gradient
-                product(lib, (c, h, rows), (true, false), threads, bf16),  // weight gradient
+                product(lib, Probe::of(rows, h, c), threads, bf16), // forward
+                product(lib, Probe::of(rows, c, h).rhs_t(), threads, bf16), // input gradient
+                product(lib, Probe::of(c, h, rows).lhs_t(), threads, bf16), // weight gradient
             ]
         })
         .fold((0.0, 0.0), |(f, s), (g, t)| (f + g, s + t))
@@ -941,13 +975,13 @@ fn probe_small(lib: MatmulLib) -> (f64, f64) {
     let (rows, keys, hd) = (BLOCK, KEYS, 64);
     let run = ROWS / 2;
     let tile = [
-        ((rows, keys, hd), (false, true)),
-        ((rows, hd, keys), (false, false)),
-        ((run, keys, hd), (false, true)),
-        ((keys, hd, run), (true, false)),
-        ((run, keys, hd), (false, true)),
-        ((run, hd, keys), (false, false)),
-        ((keys, hd, run), (true, false)),
+        Probe::of(rows, keys, hd).rhs_t(),
+        Probe::of(rows, hd, keys),
+        Probe::of(run, keys, hd).rhs_t(),
+        Probe::of(keys, hd, run).lhs_t(),
+        Probe::of(run, keys, hd).rhs_t(),
+        Probe::of(run, hd, keys),
+        Probe::of(keys, hd, run).lhs_t(),
     ];
     let size = rows.max(run).max(keys).max(hd).pow(2);
     let t0 = Instant::now();
@@ -957,14 +991,12 @@ fn probe_small(lib: MatmulLib) -> (f64, f64) {
             let (a, b, mut c) = (vec![0.5f32; size], vec![0.25f32; size], vec![0.0f32; size]);
             (0..32)
                 .flat_map(|_| tile)
-                .map(|(shape, layouts)| {
-                    product_in(lib, shape, layouts, 1, (&a, &b, &mut c), false).0
-                })
+                .map(|probe| product_in(lib, probe, 1, &a, &b, &mut c, false).0)
                 .sum::<f64>()
         })
         .sum();
     let s = t0.elapsed().as_secs_f64();
-    let (f3, s3) = product(lib, (2048, 65, 384), (false, true), threads, false); // a char head
+    let (f3, s3) = product(lib, Probe::of(2048, 65, 384).rhs_t(), threads, false); // a char head
     (flops + f3, s + s3)
 }
 
@@ -1044,16 +1076,16 @@ mod tests {
                             true => Mat::new(c.as_mut_ptr(), 1, m),
                             false => Mat::new(c.as_mut_ptr(), n, 1),
                         };
-                        let shape = (m, n, k);
+                        let dims = Dims { m, n, k };
                         // SAFETY: each buffer holds what its view addresses.
                         unsafe {
                             if bf16 {
                                 let ran =
-                                    gemm(on, true, shape, dst, lhs, rhs, accumulate, 0.5, threads);
+                                    gemm(on, true, dims, dst, lhs, rhs, accumulate, 0.5, threads);
                                 assert!(ran, "{} took no bf16 product", on.name());
                             } else {
                                 super::super::math::gemm_on(
-                                    on, shape, dst, lhs, rhs, accumulate, 0.5, threads,
+                                    on, dims, dst, lhs, rhs, accumulate, 0.5, threads,
                                 )
                             }
                         };
@@ -1275,7 +1307,7 @@ mod tests {
         unsafe {
             super::super::math::gemm_on(
                 choice.large,
-                (2, 2, 2),
+                Dims { m: 2, n: 2, k: 2 },
                 Mat::new(x.as_mut_ptr(), 2, 1),
                 Mat::new(one.as_ptr(), 2, 1),
                 Mat::new(one.as_ptr(), 2, 1),

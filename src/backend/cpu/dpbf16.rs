@@ -18,7 +18,7 @@
 //! from fp32 arithmetic on the rounded operands in the order of its sums
 //! only.
 
-use super::math::Mat;
+use super::math::{Dims, Mat, Views};
 
 /// Rows of the micro-kernel's block (one broadcast pair each).
 const MR: usize = 12;
@@ -66,7 +66,7 @@ thread_local! {
 /// least 1 (no pair would overwrite `dst`).
 #[allow(clippy::too_many_arguments)] // a BLAS call's own arguments
 pub(super) unsafe fn gemm(
-    (m, n, k): (usize, usize, usize),
+    dims: Dims,
     dst: Mat<*mut f32>,
     lhs: Mat<*const f32>,
     rhs: Mat<*const f32>,
@@ -74,10 +74,16 @@ pub(super) unsafe fn gemm(
     scale: f32,
     threads: usize,
 ) -> bool {
-    let Some((dst, lhs, rhs, (m, n))) = super::math::rows_contiguous((dst, lhs, rhs, (m, n)))
+    let Some(Views {
+        dst,
+        lhs,
+        rhs,
+        dims,
+    }) = Views::of(dims, dst, lhs, rhs).rows_contiguous()
     else {
         return false;
     };
+    let Dims { m, n, k } = dims;
     let unit = |x: Mat<*const f32>| x.col_stride == 1 || x.row_stride == 1;
     if !available() || !unit(lhs) || !unit(rhs) {
         return false;
@@ -100,20 +106,21 @@ pub(super) unsafe fn gemm(
         // elements are readable and their sizes are the product's.
         unsafe {
             // the right operand as its columns' rows: (n x k)
-            let (lhs, rhs) = ((lhs, (m, MR)), (rhs.t(), (n, NR)));
+            let rhs = rhs.t();
             let up_front = match own {
-                Side::Left => rhs,
-                Side::Right => lhs,
+                Side::Left => Operand {
+                    x: rhs,
+                    lanes: n,
+                    width: NR,
+                },
+                Side::Right => Operand {
+                    x: lhs,
+                    lanes: m,
+                    width: MR,
+                },
             };
             pack(packed, up_front, k, threads);
-            multiply(
-                (lhs, rhs, own, packed),
-                (m, n, k),
-                dst,
-                accumulate,
-                scale,
-                threads,
-            );
+            multiply(lhs, rhs, own, packed, dims, dst, accumulate, scale, threads);
         }
     });
     true
@@ -133,7 +140,8 @@ enum Side {
 /// thread two tasks. How many, and block `t`'s first row, rows, first
 /// panel and panels.
 fn blocks(
-    (m, n): (usize, usize),
+    m: usize,
+    n: usize,
     own: Side,
     threads: usize,
 ) -> (usize, impl Fn(usize) -> [usize; 4] + Sync + Send) {
@@ -166,20 +174,24 @@ fn depth(pairs: usize) -> usize {
     pairs.div_ceil(pairs.div_ceil(KC))
 }
 
-/// Packs an operand up front, `x` (`lanes x k`, a unit stride on one side)
-/// in panels of `width` lanes with all `k` of it, over the pool: a task a
-/// panel where each lane's k is contiguous, else [`PACK_PAIRS`] pairs of
-/// every panel a task (so the source is read row after row).
+/// An operand as packing reads it: its view (`lanes x k`, a unit stride
+/// on one side), its lanes, and the width of the panels they go in.
+#[derive(Clone, Copy)]
+struct Operand {
+    x: Mat<*const f32>,
+    lanes: usize,
+    width: usize,
+}
+
+/// Packs an operand up front in panels with all `k` of it, over the pool:
+/// a task a panel where each lane's k is contiguous, else [`PACK_PAIRS`]
+/// pairs of every panel a task (so the source is read row after row).
 ///
 /// # Safety
-/// AVX512-BF16; `x`'s elements readable; `out` holds every panel.
+/// AVX512-BF16; the operand's elements readable; `out` holds every panel.
 #[cfg(target_arch = "x86_64")]
-unsafe fn pack(
-    out: &mut [u32],
-    (x, (lanes, width)): (Mat<*const f32>, (usize, usize)),
-    k: usize,
-    threads: usize,
-) {
+unsafe fn pack(out: &mut [u32], operand: Operand, k: usize, threads: usize) {
+    let Operand { x, lanes, width } = operand;
     let pairs = k.div_ceil(2);
     let panels = lanes.div_ceil(width);
     debug_assert!(out.len() >= panels * pairs * width);
@@ -194,24 +206,14 @@ unsafe fn pack(
         // SAFETY: panel q is its own part of `out`, read from its lanes
         tasks(panels, threads, |q| unsafe {
             let lanes = width.min(lanes - q * width);
-            pack_panels(
-                into(q, 0),
-                pairs,
-                (at(q * width, 0), (lanes, k)),
-                (pairs, width),
-            )
+            pack_panels(into(q, 0), pairs, at(q * width, 0), lanes, k, pairs, width)
         });
     } else {
         // SAFETY: pairs p0.. of every panel are this task's
         tasks(pairs.div_ceil(PACK_PAIRS), threads, |t| unsafe {
             let p0 = t * PACK_PAIRS;
             let n = PACK_PAIRS.min(pairs - p0);
-            pack_panels(
-                into(0, p0),
-                pairs,
-                (at(0, p0), (lanes, k - 2 * p0)),
-                (n, width),
-            )
+            pack_panels(into(0, p0), pairs, at(0, p0), lanes, k - 2 * p0, n, width)
         });
     }
 }
@@ -235,8 +237,11 @@ const PACK_PAIRS: usize = 8;
 unsafe fn pack_panels(
     out: *mut u32,
     stride: usize,
-    (x, (lanes, depth)): (Mat<*const f32>, (usize, usize)),
-    (pairs, width): (usize, usize),
+    x: Mat<*const f32>,
+    lanes: usize,
+    depth: usize,
+    pairs: usize,
+    width: usize,
 ) {
     let lane = |q: usize, p0: usize| Mat {
         ptr: x
@@ -266,7 +271,7 @@ unsafe fn pack_panels(
             }
             for q in 0..panels {
                 let out = out.add((q * stride + p0) * width);
-                avx512::pack_across(out, lane(q, p0), valid(q), (n, depth - 2 * p0), width);
+                avx512::pack_across(out, lane(q, p0), valid(q), n, depth - 2 * p0, width);
             }
         }
     }
@@ -282,42 +287,43 @@ fn tasks(count: usize, threads: usize, f: impl Fn(usize) + Sync + Send) {
     }
 }
 
-/// An operand as packing reads it: its view (`lanes x k`) and its lanes and
-/// panels' width.
-type Operand = (Mat<*const f32>, (usize, usize));
-
 /// Every block of `dst`: the side `own` names packed by the task that
 /// needs it, its block's next pairs at a time, into its thread's scratch
 /// (where they stay in cache while the block is multiplied by them); the
-/// other packed up front into `packed` by [`pack`]. Each operand comes with
-/// its lanes and its panels' width.
+/// other packed up front into `packed` by [`pack`]. `lhs` is `m x k`,
+/// `rhs` the right operand's columns' rows (`n x k`).
 ///
 /// # Safety
 /// AVX512-BF16; the operands' elements readable with a unit stride on one
 /// side; `packed` as said; `dst` addresses `m x n` writable floats with
 /// unit column stride.
 #[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)] // a BLAS call's own arguments
 unsafe fn multiply(
-    (lhs, rhs, own, packed): (Operand, Operand, Side, &[u32]),
-    (m, n, k): (usize, usize, usize),
+    lhs: Mat<*const f32>,
+    rhs: Mat<*const f32>,
+    own: Side,
+    packed: &[u32],
+    dims: Dims,
     dst: Mat<*mut f32>,
     accumulate: bool,
     scale: f32,
     threads: usize,
 ) {
+    let Dims { m, n, k } = dims;
     let pairs = k.div_ceil(2);
     let kc = depth(pairs);
     let (shared, c, ldc) = (packed.as_ptr() as usize, dst.ptr as usize, dst.row_stride);
     // the views as addresses, which the tasks may share
     let address = |x: Mat<*const f32>| (x.ptr as usize, x.row_stride, x.col_stride);
-    let (lhs, rhs) = ((address(lhs.0), lhs.1), (address(rhs.0), rhs.1));
+    let (lhs, rhs) = (address(lhs), address(rhs));
     let block = |[i0, rows, q0, panels]: [usize; 4], mine: &mut [u32]| {
         let (micro, cols) = (rows.div_ceil(MR), (n - q0 * NR).min(panels * NR));
         for p0 in (0..pairs).step_by(kc) {
             let kc = kc.min(pairs - p0);
             let (x, first, lanes, width) = match own {
-                Side::Left => (lhs.0, i0, rows, MR),
-                Side::Right => (rhs.0, q0 * NR, cols, NR),
+                Side::Left => (lhs, i0, rows, MR),
+                Side::Right => (rhs, q0 * NR, cols, NR),
             };
             let (from, row_stride, col_stride) = x;
             let x = Mat {
@@ -327,7 +333,7 @@ unsafe fn multiply(
                 col_stride,
             };
             // SAFETY: this block's pairs p0.. into this task's scratch
-            unsafe { pack_panels(mine.as_mut_ptr(), kc, (x, (lanes, k - 2 * p0)), (kc, width)) };
+            unsafe { pack_panels(mine.as_mut_ptr(), kc, x, lanes, k - 2 * p0, kc, width) };
             let shared =
                 |unit: usize, width: usize| (shared as *const u32).add((unit * pairs + p0) * width);
             // micro-panel u of the block's rows, panel q of its columns
@@ -343,9 +349,9 @@ unsafe fn multiply(
             let run = |u: usize, q: usize| {
                 let (i, j) = (i0 + u * MR, (q0 + q) * NR);
                 let cp = (c as *mut f32).offset(i as isize * ldc + j as isize);
-                let edge = (MR.min(m - i), NR.min(n - j));
+                let (rows, cols) = (MR.min(m - i), NR.min(n - j));
                 // SAFETY: the block lies inside the packed panels and dst
-                unsafe { avx512::kernel(kc, a(u), b(q), cp, ldc, edge, add, scale) };
+                unsafe { avx512::kernel(kc, a(u), b(q), cp, ldc, rows, cols, add, scale) };
             };
             // a panel's pairs stay in L1 while the block's rows pass
             for q in 0..panels {
@@ -355,7 +361,7 @@ unsafe fn multiply(
             }
         }
     };
-    let (count, at) = blocks((m, n), own, threads);
+    let (count, at) = blocks(m, n, own, threads);
     let mine = match own {
         Side::Left => MC * kc,
         Side::Right => NC * NR * kc,
@@ -387,7 +393,8 @@ mod avx512 {
         b: *const u32,
         c: *mut f32,
         ldc: isize,
-        (rows, cols): (usize, usize),
+        rows: usize,
+        cols: usize,
         add: bool,
         scale: f32,
     ) {
@@ -503,7 +510,8 @@ mod avx512 {
         out: *mut u32,
         x: Mat<*const f32>,
         valid: usize,
-        (pairs, depth): (usize, usize),
+        pairs: usize,
+        depth: usize,
         width: usize,
     ) {
         // element 2i of a pair's register is lane i of its low row, 2i + 1
@@ -571,7 +579,7 @@ mod tiling {
             for threads in 1..=6 {
                 for own in [Side::Left, Side::Right] {
                     let (micro, panels) = (m.div_ceil(MR), n.div_ceil(NR));
-                    let (count, at) = blocks((m, n), own, threads);
+                    let (count, at) = blocks(m, n, own, threads);
                     let mut seen = vec![0u8; micro * panels];
                     for t in 0..count {
                         let [i0, rows, q0, per] = at(t);

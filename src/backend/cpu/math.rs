@@ -285,6 +285,14 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
+/// A product's sizes: `dst (m x n) = lhs (m x k) @ rhs (k x n)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dims {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+}
+
 /// A row-major-or-strided matrix operand: element (i, j) is at
 /// `ptr + i * row_stride + j * col_stride`.
 #[derive(Clone, Copy)]
@@ -334,25 +342,25 @@ pub unsafe fn gemm(
     scale: f32,
     threads: usize,
 ) {
-    let shape = (m, n, k);
+    let dims = Dims { m, n, k };
     let on_bf16 = || {
         let lib = blas::current_bf16()?;
-        blas::gemm(lib, true, shape, dst, lhs, rhs, accumulate, scale, threads).then_some(())
+        blas::gemm(lib, true, dims, dst, lhs, rhs, accumulate, scale, threads).then_some(())
     };
     let lib = blas::current(blas::Class::of(m, n, k));
     if !bf16 {
-        return gemm_on(lib, shape, dst, lhs, rhs, accumulate, scale, threads);
+        return gemm_on(lib, dims, dst, lhs, rhs, accumulate, scale, threads);
     }
     if on_bf16().is_some() {
         return;
     }
     with_scratch(&ROUNDED, m * k + k * n, |scratch| {
         let (a, b) = scratch.split_at_mut(m * k);
-        let (a_row, a_col) = round_compact(lhs, (m, k), a, super::round_to_bf16);
-        let (b_row, b_col) = round_compact(rhs, (k, n), b, super::round_to_bf16);
+        let (a_row, a_col) = round_compact(lhs, m, k, a, super::round_to_bf16);
+        let (b_row, b_col) = round_compact(rhs, k, n, b, super::round_to_bf16);
         let lhs = Mat::new(a.as_ptr(), a_row, a_col);
         let rhs = Mat::new(b.as_ptr(), b_row, b_col);
-        gemm_on(lib, shape, dst, lhs, rhs, accumulate, scale, threads);
+        gemm_on(lib, dims, dst, lhs, rhs, accumulate, scale, threads);
     })
 }
 
@@ -396,7 +404,8 @@ pub(super) fn with_scratch<T: Copy + Default, R>(
 /// The view's elements are readable; `out` holds `rows * cols`.
 pub(super) unsafe fn round_compact<T: Send>(
     x: Mat<*const f32>,
-    (rows, cols): (usize, usize),
+    rows: usize,
+    cols: usize,
     out: &mut [T],
     f: impl Fn(f32) -> T + Sync,
 ) -> (usize, usize) {
@@ -440,7 +449,7 @@ pub(super) unsafe fn round_compact<T: Send>(
 #[allow(clippy::too_many_arguments)] // a BLAS call's own arguments
 pub unsafe fn gemm_on(
     lib: blas::MatmulLib,
-    (m, n, k): (usize, usize, usize),
+    dims: Dims,
     dst: Mat<*mut f32>,
     lhs: Mat<*const f32>,
     rhs: Mat<*const f32>,
@@ -448,21 +457,12 @@ pub unsafe fn gemm_on(
     scale: f32,
     threads: usize,
 ) {
+    let Dims { m, n, k } = dims;
     if m == 0 || n == 0 {
         return;
     }
     if lib != blas::MatmulLib::Gemm
-        && blas::gemm(
-            lib,
-            false,
-            (m, n, k),
-            dst,
-            lhs,
-            rhs,
-            accumulate,
-            scale,
-            threads,
-        )
+        && blas::gemm(lib, false, dims, dst, lhs, rhs, accumulate, scale, threads)
     {
         return;
     }
@@ -470,18 +470,16 @@ pub unsafe fn gemm_on(
         && threads <= 1
         && blas::Class::of(m, n, k) == blas::Class::Small
     {
-        let views = rows_contiguous((dst, lhs, rhs, (m, n)));
-        if let Some((dst, lhs, rhs, (m, n))) = views {
-            if let Some(kernel) = super::tile::Kernel::for_width(n) {
-                return super::tile::product_on(
-                    kernel,
-                    dst,
-                    lhs,
-                    rhs,
-                    (m, n, k),
-                    accumulate,
-                    scale,
-                );
+        let views = Views::of(dims, dst, lhs, rhs).rows_contiguous();
+        if let Some(Views {
+            dst,
+            lhs,
+            rhs,
+            dims,
+        }) = views
+        {
+            if let Some(kernel) = super::tile::Kernel::for_width(dims.n) {
+                return super::tile::product_on(kernel, dst, lhs, rhs, dims, accumulate, scale);
             }
         }
     }
@@ -513,24 +511,51 @@ pub unsafe fn gemm_on(
     );
 }
 
-/// A product's views and shape: (dst, lhs, rhs, (m, n)).
-pub(super) type Views = (
-    Mat<*mut f32>,
-    Mat<*const f32>,
-    Mat<*const f32>,
-    (usize, usize),
-);
+/// A product's views with its sizes: `dst = lhs @ rhs`.
+#[derive(Clone, Copy)]
+pub(super) struct Views {
+    pub dst: Mat<*mut f32>,
+    pub lhs: Mat<*const f32>,
+    pub rhs: Mat<*const f32>,
+    pub dims: Dims,
+}
 
-/// The product `dst (m x n) = lhs @ rhs` with `dst`'s rows contiguous:
-/// as given where its column stride is 1, else as `dst^T = rhs^T lhs^T`
-/// (`n x m`) where its row stride is; None where neither is.
-pub(super) fn rows_contiguous((dst, lhs, rhs, (m, n)): Views) -> Option<Views> {
-    if dst.col_stride == 1 {
-        Some((dst, lhs, rhs, (m, n)))
-    } else if dst.row_stride == 1 {
-        Some((dst.t(), rhs.t(), lhs.t(), (n, m)))
-    } else {
-        None
+impl Views {
+    pub fn of(dims: Dims, dst: Mat<*mut f32>, lhs: Mat<*const f32>, rhs: Mat<*const f32>) -> Self {
+        Views {
+            dst,
+            lhs,
+            rhs,
+            dims,
+        }
+    }
+
+    /// The same product with `dst`'s rows contiguous: as given where its
+    /// column stride is 1, else as `dst^T = rhs^T lhs^T` (`n x m`) where
+    /// its row stride is; None where neither is.
+    pub fn rows_contiguous(self) -> Option<Views> {
+        let Views {
+            dst,
+            lhs,
+            rhs,
+            dims,
+        } = self;
+        if dst.col_stride == 1 {
+            Some(self)
+        } else if dst.row_stride == 1 {
+            Some(Views {
+                dst: dst.t(),
+                lhs: rhs.t(),
+                rhs: lhs.t(),
+                dims: Dims {
+                    m: dims.n,
+                    n: dims.m,
+                    k: dims.k,
+                },
+            })
+        } else {
+            None
+        }
     }
 }
 

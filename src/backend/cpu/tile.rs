@@ -15,7 +15,7 @@
 //! AVX-512F) takes widths that are multiples of 32, AVX2 + FMA multiples of
 //! 16; the `gemm` crate runs the rest.
 
-use super::math::{with_scratch, Mat, Scratch};
+use super::math::{with_scratch, Dims, Mat, Scratch};
 
 thread_local! {
     /// A right operand copied into contiguous rows.
@@ -90,29 +90,29 @@ pub(super) unsafe fn product_on(
     dst: Mat<*mut f32>,
     lhs: Mat<*const f32>,
     rhs: Mat<*const f32>,
-    (m, n, k): (usize, usize, usize),
+    dims: Dims,
     accumulate: bool,
     scale: f32,
 ) {
+    let Dims { m, n, k } = dims;
     assert!(dst.col_stride == 1 && n.is_multiple_of(kernel.width()));
     if m == 0 || n == 0 {
         return;
     }
     let run = |b: *const f32| {
-        let c = (dst.ptr, dst.row_stride as usize);
-        let shape = (m, n, k);
+        let (c, ldc) = (dst.ptr, dst.row_stride as usize);
         match kernel {
             #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
-            Kernel::Avx512 => x86::avx512::product(c, lhs, b, shape, accumulate, scale),
+            Kernel::Avx512 => x86::avx512::product(c, ldc, lhs, b, dims, accumulate, scale),
             #[cfg(avx2_fma)]
-            Kernel::Avx2 => x86::avx2::product(c, lhs, b, shape, accumulate, scale),
+            Kernel::Avx2 => x86::avx2::product(c, ldc, lhs, b, dims, accumulate, scale),
         }
     };
     if rhs.col_stride == 1 && rhs.row_stride as usize == n {
         return run(rhs.ptr);
     }
     with_scratch(&RHS, k * n, |b| {
-        copy_rows(b, rhs, (k, n));
+        copy_rows(b, rhs, k, n);
         run(b.as_ptr())
     })
 }
@@ -123,7 +123,7 @@ pub(super) unsafe fn product_on(
 ///
 /// # Safety
 /// x addresses rows x cols readable elements; out holds rows * cols.
-pub(super) unsafe fn copy_rows(out: &mut [f32], x: Mat<*const f32>, (rows, cols): (usize, usize)) {
+pub(super) unsafe fn copy_rows(out: &mut [f32], x: Mat<*const f32>, rows: usize, cols: usize) {
     let at = |i: usize, j: usize| {
         x.ptr
             .offset(i as isize * x.row_stride + j as isize * x.col_stride)
@@ -213,7 +213,7 @@ mod x86 {
         ($isa:ident, $feature:literal, $reg:ty, $lanes:literal, $mr:literal, $nr:literal,
          $zero:ident, $set1:ident, $load:ident, $store:ident, $fmadd:ident, $mul:ident, $add:ident) => {
             pub mod $isa {
-                use super::super::Mat;
+                use super::super::{Dims, Mat};
                 use std::arch::x86_64::*;
 
                 /// Rows of the block (one broadcast each per step of k).
@@ -223,19 +223,21 @@ mod x86 {
                 const REGS: usize = NR / $lanes;
 
                 /// [`super::super::product_on`] with rhs's rows one after another
-                /// and dst's `ldc` apart (dst = (pointer, ldc)).
+                /// and dst's (at `c`) `ldc` apart.
                 ///
                 /// # Safety
                 /// The CPU has the instruction set; as `product_on`.
                 #[target_feature(enable = $feature)]
                 pub unsafe fn product(
-                    (c, ldc): (*mut f32, usize),
+                    c: *mut f32,
+                    ldc: usize,
                     a: Mat<*const f32>,
                     b: *const f32,
-                    (m, n, k): (usize, usize, usize),
+                    dims: Dims,
                     add: bool,
                     scale: f32,
                 ) {
+                    let Dims { m, n, k } = dims;
                     for i0 in (0..m).step_by(MR) {
                         let rows = (m - i0).min(MR);
                         // a last block of fewer rows reads its last row again
@@ -396,7 +398,7 @@ mod tests {
                             Mat::new(c.as_mut_ptr(), ldc, 1),
                             lhs,
                             rhs,
-                            (m, n, k),
+                            Dims { m, n, k },
                             add,
                             scale,
                         )
@@ -453,7 +455,7 @@ mod tests {
             unsafe {
                 super::super::math::gemm_on(
                     MatmulLib::Gemm,
-                    (m, n, k),
+                    Dims { m, n, k },
                     dst,
                     lhs,
                     rhs,

@@ -80,11 +80,7 @@ impl<R: Runtime> Gpu<R> {
     /// [`Gpu::queue`] for a kernel the profile counts: while it is on, the
     /// queue is finished before and after the launch (a failure to finish
     /// is kept as a launch's is).
-    fn kernel(
-        &self,
-        (op, flops): (Op, f64),
-        launch: impl FnOnce(&Queue<R>) -> Result<(), GpuError>,
-    ) {
+    fn kernel(&self, op: Op, flops: f64, launch: impl FnOnce(&Queue<R>) -> Result<(), GpuError>) {
         let finish = || self.queue(|d| d.finish());
         profile::timed(op, flops, finish, || self.queue(launch))
     }
@@ -203,26 +199,24 @@ impl<R: Runtime> Device for Gpu<R> {
 impl<R: Runtime> Kernels for Gpu<R> {
     fn run<'a, K: Kernel<On<'a, Self>>>(&self, op: K) -> Result<()> {
         let checked = checked(&op)?;
-        self.kernel((K::OP, op.flops()), |d| op.gpu(d, &ToRaw, checked));
+        self.kernel(K::OP, op.flops(), |d| op.gpu(d, &ToRaw, checked));
         Ok(())
     }
     fn fill(&self, dst: Dst<'_, Self>, value: f32) {
-        self.kernel((Op::Fill, 0.0), |d| d.fill(view(dst.raw()), value))
+        self.kernel(Op::Fill, 0.0, |d| d.fill(view(dst.raw()), value))
     }
     fn add_inplace(&self, dst: Dst<'_, Self>, src: Src<'_, Self>) {
-        self.kernel((Op::AddInplace, 0.0), |d| {
+        self.kernel(Op::AddInplace, 0.0, |d| {
             d.add_inplace(view(dst.raw()), view(src.raw()))
         })
     }
     fn copy(&self, dst: Dst<'_, Self>, src: Src<'_, Self>) {
-        self.kernel((Op::Copy, 0.0), |d| {
-            d.copy(view(dst.raw()), view(src.raw()))
-        })
+        self.kernel(Op::Copy, 0.0, |d| d.copy(view(dst.raw()), view(src.raw())))
     }
     fn round_bf16(&self, dst: Dst<'_, Self>, src: Option<Src<'_, Self>>) {
         let dst = view(dst.raw());
         let src = src.map_or(dst, |s| view(s.raw()));
-        self.kernel((Op::RoundBf16, 0.0), |d| d.round_bf16(dst, src))
+        self.kernel(Op::RoundBf16, 0.0, |d| d.round_bf16(dst, src))
     }
     fn sum(&self, x: Src<'_, Self>) -> Result<f64> {
         self.check()?;
