@@ -248,18 +248,10 @@ fn blas_int(what: &str, n: usize) -> Result<c_int> {
 }
 
 impl CudaRuntime {
-    /// `op`'s stored matrix (rows x cols column-major, leading dimension
-    /// `ld`) as bf16 values (two per 32-bit word, the same leading
-    /// dimension) in `scratch` when it is large enough, else in a new buffer
+    /// `op`'s first `n` stored elements (its span in a GEMM) rounded to
+    /// bf16 (two per 32-bit word, so the same leading dimension) in `scratch` when it is large enough, else in a new buffer
     /// that takes its place: GEMMs of one shape neither allocate nor clear.
-    fn to_bf16(
-        &self,
-        op: Operand,
-        rows: usize,
-        cols: usize,
-        scratch: Option<Mem<u32>>,
-    ) -> Result<Mem<u32>> {
-        let n = op.ld * (cols - 1) + rows;
+    fn to_bf16(&self, op: Operand, n: usize, scratch: Option<Mem<u32>>) -> Result<Mem<u32>> {
         let mem = match scratch {
             Some(mem) if mem.len >= n.div_ceil(2) => mem,
             // A smaller buffer is freed in stream order, after the kernels
@@ -275,31 +267,22 @@ impl CudaRuntime {
         // SAFETY: `mem` holds at least n 16-bit values; `src` is the
         // operand's view (checked by `need` against its matrix) cut to the n
         // elements read.
-        unsafe { self.launch("to_bf16_bits", n.div_ceil(BLOCK), &args)? };
+        unsafe { self.launch("to_bf16", n.div_ceil(BLOCK), &args)? };
         Ok(mem)
     }
 
-    /// `g` on the tensor cores: bf16 operands (exact: they hold bf16
-    /// values), fp32 accumulation and output (cublasGemmEx).
+    /// `g` on the tensor cores: its operands rounded to bf16 on the way
+    /// (`to_bf16`), fp32 accumulation and output (cublasGemmEx).
     ///
     /// # Safety
     /// As `Runtime::sgemm`.
     unsafe fn gemm_bf16(&self, g: Gemm) -> Result<()> {
-        let (ar, ac) = if g.a.transpose {
-            (g.k, g.m)
-        } else {
-            (g.m, g.k)
-        };
-        let (br, bc) = if g.b.transpose {
-            (g.n, g.k)
-        } else {
-            (g.k, g.n)
-        };
+        let [a_span, b_span] = g.spans();
         // Held until the GEMM is queued: another thread's GEMM would
         // rewrite the operands before this one reads them.
         let mut scratch = self.bf16_scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let a = self.to_bf16(g.a, ar, ac, scratch[0].take())?;
-        let b = self.to_bf16(g.b, br, bc, scratch[1].take())?;
+        let a = self.to_bf16(g.a, a_span, scratch[0].take())?;
+        let b = self.to_bf16(g.b, b_span, scratch[1].take())?;
         let (alpha, beta) = (1.0f32, g.beta);
         let (bf16, f32_) = (cudaDataType::CUDA_R_16BF, cudaDataType::CUDA_R_32F);
         self.bind()?;

@@ -117,10 +117,22 @@ pub struct Gemm {
     pub beta: f32,
     pub c: View,
     pub ldc: usize,
-    /// `a` and `b` hold bfloat16 values (rounded by `round_bf16`): a runtime
-    /// with bf16 matrix units (cuBLAS) may run them there, with the same
-    /// products and fp32 accumulation; others run SGEMM on them as they are.
+    /// The products take `a` and `b` rounded to bfloat16 (ties to even, as
+    /// `round_bf16`), accumulated in fp32: cuBLAS rounds them into bf16
+    /// copies for its tensor cores, OpenCL into fp32 copies for SGEMM.
     pub bf16: bool,
+}
+
+impl Gemm {
+    /// The elements `a` and `b` span in their views, from element 0 to the
+    /// last one the product reads.
+    pub fn spans(&self) -> [usize; 2] {
+        let span = |op: Operand, rows: usize, cols: usize| match op.transpose {
+            false => op.ld * (cols - 1) + rows,
+            true => op.ld * (rows - 1) + cols,
+        };
+        [span(self.a, self.m, self.k), span(self.b, self.k, self.n)]
+    }
 }
 
 /// What waits for a copy [`Runtime::read_start`] queued.

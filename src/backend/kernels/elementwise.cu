@@ -56,8 +56,5 @@ KERNEL void round_bf16(GLOBAL float* dst, unsigned dst_off,
                        const GLOBAL float* src, unsigned src_off, unsigned n) {
     idx_t i = GLOBAL_ID(0);
     if (i >= n) return;
-    float v = src[src_off + i];
-    unsigned bits = FLOAT_AS_UINT(v);
-    unsigned rounded = v != v ? 0x7fc00000u : ((bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u);
-    dst[dst_off + i] = UINT_AS_FLOAT(rounded);
+    dst[dst_off + i] = UINT_AS_FLOAT(bf16_round_bits(src[src_off + i]));
 }

@@ -121,6 +121,14 @@ DEVICE float block_max(SHARED_PTR float* buf, float v) {
 }
 #endif
 
+// v's bits rounded to the nearest bfloat16 (ties to even), still as a
+// float's 32 bits (the low 16 zero); NaN stays a (quiet) NaN. The CPU's
+// round_to_bf16, for round_bf16 and the GEMMs' bf16 operands alike.
+DEVICE unsigned bf16_round_bits(float v) {
+    unsigned bits = FLOAT_AS_UINT(v);
+    return v != v ? 0x7fc00000u : ((bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u);
+}
+
 // Activations, shared by their pointwise kernels (elementwise.cu) and the bias
 // gradient that runs an activation's backward in its pass (bias.cu).
 #define GELU_SCALE 0.7978845608f  // sqrt(2 / pi)

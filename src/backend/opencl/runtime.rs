@@ -5,8 +5,8 @@
 
 use super::clblast::Clblast;
 use crate::backend::gpu::{
-    kernel_names, program_source, u32_arg, Arg, DeviceMem, Gemm, GpuError, Runtime, View, Waiter,
-    BLOCK,
+    kernel_names, program_source, u32_arg, Arg, DeviceMem, Gemm, GpuError, Operand, Runtime, View,
+    Waiter, BLOCK,
 };
 use crate::backend::Elem;
 use opencl3::command_queue::{enqueue_read_buffer, enqueue_write_buffer, CommandQueue};
@@ -55,6 +55,9 @@ pub struct ClRuntime {
     kernels: Mutex<HashMap<String, Kernel>>,
     _program: Program,
     blas: Clblast,
+    /// The rounded copies of a bf16 GEMM's two operands (`sgemm`), kept for
+    /// the next one.
+    bf16_scratch: Mutex<[Option<Mem<f32>>; 2]>,
     queue: CommandQueue,
     /// Where `read_start` copies, beside `queue`.
     copier: CommandQueue,
@@ -137,6 +140,7 @@ impl Runtime for ClRuntime {
             kernels: Mutex::new(kernels),
             _program: program,
             blas,
+            bf16_scratch: Mutex::new([None, None]),
             queue,
             copier,
             _context: context,
@@ -267,7 +271,60 @@ impl Runtime for ClRuntime {
     }
 
     unsafe fn sgemm(&self, g: Gemm) -> Result<(), GpuError> {
-        self.blas.sgemm(self.queue.get(), g)
+        if !g.bf16 {
+            return self.blas.sgemm(self.queue.get(), g);
+        }
+        // CLBlast has no bf16 GEMM: its SGEMM over the operands rounded to
+        // bf16 and kept as floats makes the products cuBLAS's bf16 GEMM
+        // makes. Held until the GEMM is queued, as the copies are shared.
+        let mut scratch = self.bf16_scratch.lock().unwrap_or_else(|p| p.into_inner());
+        let [a_span, b_span] = g.spans();
+        let a = self.rounded(g.a.view, a_span, scratch[0].take())?;
+        let b = self.rounded(g.b.view, b_span, scratch[1].take())?;
+        let done = self.blas.sgemm(
+            self.queue.get(),
+            Gemm {
+                a: Operand {
+                    view: a.view(),
+                    ..g.a
+                },
+                b: Operand {
+                    view: b.view(),
+                    ..g.b
+                },
+                ..g
+            },
+        );
+        *scratch = [Some(a), Some(b)];
+        done
+    }
+}
+
+impl ClRuntime {
+    /// `src`'s first `n` elements rounded to bf16 (`round_bf16`) in
+    /// `scratch` when it is large enough, else in a new buffer that takes
+    /// its place.
+    ///
+    /// # Safety
+    /// `src` is a view of a live buffer of this runtime with `n` elements.
+    unsafe fn rounded(
+        &self,
+        src: View,
+        n: usize,
+        scratch: Option<Mem<f32>>,
+    ) -> Result<Mem<f32>, GpuError> {
+        let mem = match scratch {
+            Some(mem) if mem.len >= n => mem,
+            _ => self.alloc::<f32>(n)?,
+        };
+        let args = [
+            Arg::View(mem.view()),
+            Arg::View(View { len: n, ..src }),
+            Arg::U32(u32_arg("n", n)?),
+        ];
+        // SAFETY: `mem` holds at least n floats, `src` n (the caller's word).
+        unsafe { self.launch("round_bf16", n.div_ceil(BLOCK), &args)? };
+        Ok(mem)
     }
 }
 
