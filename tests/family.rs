@@ -142,16 +142,9 @@ impl Family for Toy {
         let mut ids = || (0..b * t).map(|_| rng.below(self.vocab) as u32).collect();
         Batch::lm(ids(), ids())
     }
-    fn activation_elems(
-        &self,
-        _tp: usize,
-        (b, t): (usize, usize),
-        _: &SpanRun,
-        _: Precision,
-    ) -> (usize, usize) {
+    fn activation_elems(&self, _tp: usize, b: usize, t: usize, _: &SpanRun) -> usize {
         let (rows, l) = (b * t, self.n_layer);
-        let acts = rows * (2 + (l + 1) * self.n_embd + 2 * l * self.n_hidden + self.vocab + 1);
-        (acts, rows * (2 * self.n_embd + self.n_hidden))
+        rows * (2 + (l + 1) * self.n_embd + 2 * l * self.n_hidden + self.vocab + 1)
     }
 }
 

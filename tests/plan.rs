@@ -119,8 +119,7 @@ fn check_memory(cfg: &ModelConfig) {
 
 /// --precision bf16 on the CPU makes no rounded copies of the matmul
 /// operands (its matmuls round them as they multiply): it plans and
-/// measures fp32's bytes. (On a GPU the copies are planned as measured:
-/// tests/gpu.rs.)
+/// measures fp32's bytes. (On a GPU too: tests/gpu.rs.)
 fn check_bf16_scratch(cfg: &ModelConfig) {
     let (w, device, net, spec) = setup(cfg);
     for world in [1, 2] {

@@ -194,11 +194,6 @@ pub trait Kernels: Device {
     /// f32, in one pass; dst rounded in place without `src`: the operands
     /// of a bf16 matmul (`--precision bf16`).
     fn round_bf16(&self, dst: Dst<'_, Self>, src: Option<Src<'_, Self>>);
-    /// Whether `matmul_forward` and `matmul_backward` round a bf16 shape's
-    /// operands to bfloat16 themselves (the CPU's products round them as
-    /// they pack them), so a caller passes them as they are instead of
-    /// copying them rounded with [`Kernels::round_bf16`] first.
-    const MATMUL_ROUNDS_BF16: bool = false;
     /// Sum in f64 (the loss over a batch's rows).
     fn sum(&self, x: Src<'_, Self>) -> Result<f64>;
     /// Sum of squares in f64.

@@ -122,18 +122,12 @@ pub trait Family: fmt::Debug + fmt::Display + Send + Sync + 'static {
     /// tokens; a BERT classifier's labels; a masked LM's targets at 15% of
     /// the positions, the rest ignored.
     fn synthetic_batch(&self, rng: &mut Rng, b: usize, t: usize) -> Batch;
-    /// Elements of (activations, other scratch) one of `tp` ranks allocates
-    /// for micro-batches of `bt` = (b sequences, t tokens) when its engine
+    /// Elements of the activations one of `tp` ranks allocates
+    /// for micro-batches of b sequences of t tokens when its engine
     /// runs as `run` says (a pipeline stage's units, all of them for one
     /// stage; its micro-batches in flight): the engine's own allocation,
     /// counted (`model::alloc`).
-    fn activation_elems(
-        &self,
-        tp: usize,
-        bt: (usize, usize),
-        run: &SpanRun,
-        precision: Precision,
-    ) -> (usize, usize);
+    fn activation_elems(&self, tp: usize, b: usize, t: usize, run: &SpanRun) -> usize;
     /// The shape tensor `t` of its layout is stored with in model files
     /// (its trailing rows may be padding the files leave out).
     fn file_shape(&self, t: &TensorSpec) -> Vec<usize> {

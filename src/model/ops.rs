@@ -1,9 +1,9 @@
 //! A unit's kernel calls, one line each: [`Ops`] binds what every call in
-//! a block or head shares (the backend, the `--precision bf16` scratch,
+//! a block or head shares (the backend, whether matmuls run in bf16,
 //! the LayerNorm width and eps, the unit's weights and gradients and where
 //! each parameter lies in them), so the passes read as the model's layers.
 
-use super::bf16::{matmul_backward, matmul_forward, Bf16Operands, Dout};
+use super::bf16::{matmul_backward, matmul_forward};
 use crate::backend::{
     Activation, ActivationBackward, ActivationForward, Backend, Buf, CrossEntropyBackward,
     CrossEntropyForward, Dst, LayerNormBackward, LayerNormForward, MatmulBackward, MatmulForward,
@@ -50,7 +50,7 @@ pub enum Dinp<'a, B> {
 /// where a parameter lies in both.
 pub struct Ops<'s, B: Backend, P> {
     pub be: &'s B,
-    pub bf16: Option<&'s mut Bf16Operands<B>>,
+    pub bf16: bool,
     pub c: usize,
     eps: f32,
     p: Src<'s, B>,
@@ -60,10 +60,10 @@ pub struct Ops<'s, B: Backend, P> {
 
 impl<'s, B: Backend, P: Copy> Ops<'s, B, P> {
     /// A unit's kernels: LayerNorms of width `c` (eps `eps`), bf16
-    /// matmuls where `bf16` holds the scratch.
+    /// matmuls where `bf16`.
     pub fn new(
         be: &'s B,
-        bf16: Option<&'s mut Bf16Operands<B>>,
+        bf16: bool,
         c: usize,
         eps: f32,
         p: Src<'s, B>,
@@ -162,16 +162,15 @@ impl<'s, B: Backend, P: Copy> Ops<'s, B, P> {
         self.matmul(op)
     }
 
-    /// [`matmul_forward`]: `op`, with bf16 operands where the pass rounds them.
+    /// [`matmul_forward`]: `op`, its products in bf16 where the pass's are.
     pub fn matmul(&mut self, op: MatmulForward<On<'_, B>>) -> Result<()> {
-        matmul_forward(self.be, self.bf16.as_deref_mut(), op)
+        matmul_forward(self.be, self.bf16, op)
     }
 
-    /// [`Ops::linear`]'s backward, its output gradient rounded here
-    /// ([`Dout::Round`]): `dinp` overwritten; `w`'s gradient (and `b`'s,
-    /// where given) accumulated where the pass takes gradients; given no
-    /// `dinp`, the split backward's weight half alone, its operands
-    /// passed as they are (no bf16 copies, as that half always ran).
+    /// [`Ops::linear`]'s backward, its products in bf16 where the pass's
+    /// are: `dinp` overwritten; `w`'s gradient (and `b`'s, where given)
+    /// accumulated where the pass takes gradients; given no `dinp`, the
+    /// split backward's weight half alone, in fp32 (as it always ran).
     pub fn linear_back(
         &mut self,
         dinp: Option<Dst<'_, B>>,
@@ -200,7 +199,7 @@ impl<'s, B: Backend, P: Copy> Ops<'s, B, P> {
             shape,
         };
         match op.dinp {
-            Some(_) => matmul_backward(self.be, self.bf16.as_deref_mut(), op, Dout::Round),
+            Some(_) => matmul_backward(self.be, self.bf16, op),
             None => self.be.run(op),
         }
     }

@@ -65,7 +65,7 @@ impl SpanRun {
         }
     }
 
-    /// Elements (activations, other) of the micro-batches in flight, from
+    /// Elements of the activations of the micro-batches in flight, from
     /// one set of the blocks' buffers (what `blocks` allocates) and one
     /// micro-batch's kept ones (`kept`'s), each run against a tally: the
     /// blocks' a set each, or recomputed one set they share.
@@ -73,15 +73,13 @@ impl SpanRun {
         &self,
         blocks: impl FnOnce(&ActAlloc<'_, Cpu>) -> Result<A>,
         kept: impl FnOnce(&ActAlloc<'_, Cpu>) -> Result<K>,
-    ) -> (usize, usize) {
+    ) -> usize {
         let be = Cpu::new();
         let (b, k) = (ActAlloc::tally(&be), ActAlloc::tally(&be));
         blocks(&b).expect("a tally allocates nothing");
         kept(&k).expect("a tally allocates nothing");
-        let ((b_acts, b_other), (k_acts, k_other)) = (b.counted(), k.counted());
         let sets = if self.recompute { 1 } else { self.in_flight };
-        let n = self.in_flight;
-        (sets * b_acts + n * k_acts, sets * b_other + n * k_other)
+        sets * b.counted() + self.in_flight * k.counted()
     }
 }
 

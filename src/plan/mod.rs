@@ -9,8 +9,7 @@
 
 pub mod calibrate;
 
-use crate::backend::{cpu::Cpu, Kernels};
-use crate::model::{ModelConfig, ParamLayout, Precision as ModelPrecision, Span, SpanRun};
+use crate::model::{ModelConfig, ParamLayout, Span, SpanRun};
 use crate::parallel::{
     self, pipeline, Offload, ParallelConfig, Pipeline, Schedule, Sharing, StrategyKind,
 };
@@ -208,8 +207,7 @@ pub struct Workload {
     /// On a CPU, the threads its thread ranks share (None for a GPU): a
     /// rank with two or more and without stages or tensor parallelism runs
     /// its batch in parts, a gradient scratch for each part past the first
-    /// (`Threads::batch_parts`), and bf16 makes only the operand copies the
-    /// CPU's matmuls need (`Kernels::MATMUL_ROUNDS_BF16`: none).
+    /// (`Threads::batch_parts`).
     pub cpu_threads: Option<usize>,
 }
 
@@ -347,7 +345,7 @@ fn stage_memory(
     // each chunk's state, scratch and activation sets, summed; the update's
     // shard scratch is the largest chunk's (the rank's chunks share it)
     let (mut z, mut transient) = (parallel::StageSizes::default(), 0);
-    let (mut fp32, mut bf16) = ((0.0, 0.0), (0.0, 0.0));
+    let mut acts = 0.0;
     for (c, &live) in live.iter().enumerate() {
         let vs = c * pipe.stages + s;
         let zc = parallel::stage_sizes(layout, stages, vs, par.dp());
@@ -359,16 +357,13 @@ fn stage_memory(
             split: pipe.schedule == Schedule::ZbH1,
             in_flight: live,
         };
-        let acts = |p| m.activation_elems(par.tp, rows, &run, p);
-        let (a, b) = (acts(ModelPrecision::Fp32), acts(ModelPrecision::Bf16));
-        fp32 = (fp32.0 + a.0 as f64, fp32.1 + a.1 as f64);
-        bf16 = (bf16.0 + b.0 as f64, bf16.1 + b.1 as f64);
+        acts += m.activation_elems(par.tp, rows.0, rows.1, &run) as f64;
     }
     let (pb, gb) = (precision.params_bytes(), precision.grads_bytes());
     let ob = precision.optimizer_bytes();
     let (len, shard) = (z.len as f64, z.shard as f64);
     let mut mem = MemoryPlan {
-        activations: fp32.0 * precision.activation_bytes(),
+        activations: acts * precision.activation_bytes(),
         ..MemoryPlan::default()
     };
     // as `parallel::stage` allocates: a padded piece's gradient scratch, the
@@ -405,14 +400,6 @@ fn stage_memory(
         })
     });
     mem.grads += gb * ((parts - 1) * layout.widest_unit_grad()) as f64;
-    // bf16's rounded copies of the matmul operands (the tally counts them),
-    // which a backend whose matmuls round as they multiply never makes
-    // (`ActAlloc::bf16_copies`); a GPU's make them
-    let copies = w.cpu_threads.is_none() || !<Cpu as Kernels>::MATMUL_ROUNDS_BF16;
-    if par.precision == ModelPrecision::Bf16 && copies {
-        mem.activations += 4.0 * (bf16.0 - fp32.0);
-        mem.other += 4.0 * (bf16.1 - fp32.1);
-    }
     if !par.offload.is_none() {
         // the moments move to the host beside an fp32 master copy of what
         // the rank updates (in the optimizer's K under mixed precision) and

@@ -173,9 +173,6 @@ impl Kernels for Cpu {
     fn copy(&self, dst: Dst<'_, Self>, src: Src<'_, Self>) {
         cpu_timed(Op::Copy, 0.0, || elementwise::copy(w(dst), r(src)))
     }
-    /// Every route of `math::gemm` rounds a bf16 product's operands: the
-    /// bf16 products as they pack them, fp32 arithmetic into scratch.
-    const MATMUL_ROUNDS_BF16: bool = true;
     fn round_bf16(&self, dst: Dst<'_, Self>, src: Option<Src<'_, Self>>) {
         cpu_timed(Op::RoundBf16, 0.0, || match src {
             Some(src) => elementwise::round_bf16_from(w(dst), r(src)),

@@ -197,8 +197,6 @@ impl<R: Runtime> Device for Gpu<R> {
 /// Every kernel queued with its operands lowered to raw views; a failure is
 /// kept for the next transfer or `synchronize`.
 impl<R: Runtime> Kernels for Gpu<R> {
-    const MATMUL_ROUNDS_BF16: bool = true;
-
     fn run<'a, K: Kernel<On<'a, Self>>>(&self, op: K) -> Result<()> {
         let checked = checked(&op)?;
         self.kernel(K::OP, op.flops(), |d| op.gpu(d, &ToRaw, checked));

@@ -138,14 +138,8 @@ impl Family for BertConfig {
             ..Batch::default()
         }
     }
-    fn activation_elems(
-        &self,
-        tp: usize,
-        (b, t): (usize, usize),
-        run: &SpanRun,
-        precision: Precision,
-    ) -> (usize, usize) {
-        activation_elems(self, tp, b, t, run, precision)
+    fn activation_elems(&self, tp: usize, b: usize, t: usize, run: &SpanRun) -> usize {
+        activation_elems(self, tp, b, t, run)
     }
     fn reshaped(&self, r: &Reshape) -> Option<Result<ModelConfig>> {
         let mut b = self.clone();

@@ -15,7 +15,7 @@ use layout::pooler_index;
 pub use layout::BlockParam;
 
 use super::alloc::ActAlloc;
-use super::bf16::{matmul_backward, Bf16Operands, Dout, Precision};
+use super::bf16::{matmul_backward, Precision};
 use super::ops::{io, Dinp, Ops, Stats};
 use super::tp;
 use super::tp::{BlockDims, RowParallel, TpPlace};
@@ -24,7 +24,7 @@ use super::unit::{
     StageModel, UnitGrads, UnitKind, UnitModel, UnitParams,
 };
 use crate::backend::{
-    Activation, AttentionBackward, AttentionForward, Backend, Buf, Category, Dst, EncoderBackward,
+    Activation, AttentionBackward, AttentionForward, Backend, Buf, Dst, EncoderBackward,
     EncoderForward, LayerNormBackward, LayerNormForward, MatmulBackward, MatmulForward,
     MatmulShape, Src, WeightLayout,
 };
@@ -202,8 +202,8 @@ struct Acts<B: Backend> {
     dalt: Buf<B>,
     dbig: Buf<B>,
     dqkv: Buf<B>,
-    /// `--precision bf16`'s rounded operands.
-    bf16: Option<Bf16Operands<B>>,
+    /// Whether the matmuls' products are bf16's (`--precision bf16`).
+    bf16: bool,
     /// Where this span runs a classifier's last block: its first-token rows.
     first: Option<FirstRows<B>>,
 }
@@ -236,17 +236,10 @@ fn block_dims(cfg: &BertConfig, tp: usize) -> BlockDims {
 /// Elements of the activations one of `tp` tensor-parallel ranks allocates
 /// for `run.in_flight` micro-batches of b sequences of t tokens, each its
 /// own set: `Acts::new` run against a tally, so the count is the
-/// allocation's own.
-pub fn activation_elems(
-    cfg: &BertConfig,
-    tp: usize,
-    b: usize,
-    t: usize,
-    run: &SpanRun,
-    precision: Precision,
-) -> (usize, usize) {
+/// allocation's own (the same in either precision).
+pub fn activation_elems(cfg: &BertConfig, tp: usize, b: usize, t: usize, run: &SpanRun) -> usize {
     run.in_flight_elems(
-        |al| Acts::new(al, cfg, block_dims(cfg, tp), run, b * t, b, precision),
+        |al| Acts::new(al, cfg, block_dims(cfg, tp), run, b * t, b, Precision::Fp32),
         |al| Kept::new(al, cfg, run, b * t, b),
     )
 }
@@ -270,8 +263,8 @@ impl<B: Backend> Kept<B> {
         let (rows_h, b_h) = (h * rows, h * b);
         let mlm = || -> Result<MlmActs<B>> {
             Ok(MlmActs {
-                picked: al.typed(rows_h, Category::Activations)?,
-                targets: al.typed(rows_h, Category::Activations)?,
+                picked: al.typed(rows_h)?,
+                targets: al.typed(rows_h)?,
                 picked_x: a(rows_h * c)?,
                 zero_row: a(h * c)?,
                 scratch_row: a(h * c)?,
@@ -286,7 +279,7 @@ impl<B: Backend> Kept<B> {
         };
         let pooled = |labels: usize| -> Result<PooledActs<B>> {
             Ok(PooledActs {
-                labels: al.typed(b_h, Category::Activations)?,
+                labels: al.typed(b_h)?,
                 cls: a(b_h * c)?,
                 pre: a(b_h * c)?,
                 pooled: a(b_h * c)?,
@@ -304,8 +297,8 @@ impl<B: Backend> Kept<B> {
         Ok(Kept {
             rows,
             b,
-            tokens: al.typed(rows, Category::Activations)?,
-            lens: al.typed(b, Category::Activations)?,
+            tokens: al.typed(rows)?,
+            lens: al.typed(b)?,
             types: a(rows * cfg.type_vocab)?,
             emb: a(rows * c)?,
             emb_mean: a(rows)?,
@@ -363,18 +356,7 @@ impl<B: Backend> Acts<B> {
                 }
                 _ => None,
             },
-            bf16: match precision {
-                Precision::Fp32 => None,
-                // the widest matmul input, weight and output gradient (the
-                // decoder's logits gradient is rounded where it lies)
-                Precision::Bf16 => {
-                    let widest = c.max(d.fl).max(3 * d.cl);
-                    let mlm = usize::from(cfg.head.has_mlm()) * cfg.padded_vocab() * c;
-                    let w = mlm.max(cfg.head.pooled_labels().unwrap_or(0) * c);
-                    let w = (c * widest).max(w);
-                    Some(Bf16Operands::new(al, rows * widest, w, rows * widest)?)
-                }
-            },
+            bf16: precision == Precision::Bf16,
         })
     }
 }
@@ -711,7 +693,7 @@ impl<B: Backend> Engine<B> {
         let (be, lay) = (&self.core.backend, &self.core.layout);
         let (k, a, _) = self.held.get_mut();
         let pos = |bp: BlockParam| lay.in_unit(1, bp as usize);
-        let mut ops = Ops::new(be, a.bf16.as_mut(), c, eps, p, None, &pos);
+        let mut ops = Ops::new(be, a.bf16, c, eps, p, None, &pos);
         // the attention output and the FFN output are row-parallel under tensor parallelism
         let tp = self.core.tp.in_group(tp);
         let r = self.span.resid(l);
@@ -803,7 +785,7 @@ impl<B: Backend> Engine<B> {
         let (be, lay) = (&self.core.backend, &self.core.layout);
         let (k, a, _) = self.held.get_mut();
         let pos = |bp: BlockParam| lay.in_unit(1, bp as usize);
-        let mut ops = Ops::new(be, a.bf16.as_mut(), c, eps, p, Some(g), &pos);
+        let mut ops = Ops::new(be, a.bf16, c, eps, p, Some(g), &pos);
         let (mut dres, mut dalt) = (a.dres.slice_mut(0..btc), a.dalt.slice_mut(0..btc));
         let (mut dbig, atty) = (a.dbig.d(), a.atty.s().part(s, rows * cl));
         // Above the attention, every row's gradients (dres, dalt) or the first-token rows'
@@ -881,7 +863,7 @@ impl<B: Backend> Engine<B> {
         let (be, lay) = (&self.core.backend, &self.core.layout);
         let (k, a, shape) = self.held.get_mut();
         let pos = |i: usize| lay.in_unit(u, i);
-        let mut ops = Ops::new(be, a.bf16.as_mut(), c, eps, p, None, &pos);
+        let mut ops = Ops::new(be, a.bf16, c, eps, p, None, &pos);
         let x = resid(&k.resid, &a.out, self.span.resid(n_layer), btc);
         let (has_targets, terms) = (shape.has_targets, shape.loss_terms);
         let mut loss = 0.0f64;
@@ -963,7 +945,7 @@ impl<B: Backend> Engine<B> {
         let (be, lay) = (&self.core.backend, &self.core.layout);
         let (k, a, shape) = self.held.get_mut();
         let pos = |i: usize| lay.in_unit(u, i);
-        let mut ops = Ops::new(be, a.bf16.as_mut(), c, eps, p, Some(g), &pos);
+        let mut ops = Ops::new(be, a.bf16, c, eps, p, Some(g), &pos);
         let x = resid(&k.resid, &a.out, self.span.resid(n_layer), btc);
         let (mlm, pooled) = k.head.parts();
         if let Some(m) = mlm {
@@ -979,8 +961,9 @@ impl<B: Backend> Engine<B> {
             let mut lg = m.logits.slice_mut(0..n * vp);
             let dloss = loss_scale / shape.loss_terms.targets;
             ops.ce_back(lg.rb(), m.targets.slice(0..n), cfg.vocab_size, vp, dloss)?;
-            if ops.bf16.is_some() {
-                // The logits' gradient feeds only this matmul: rounded where it lies.
+            if ops.bf16 {
+                // The logits' gradient rounded where it lies, so the decoder
+                // bias's gradient sums it rounded (as it always has).
                 be.round_bf16(lg.rb(), None);
             }
             let mut dt3 = a.dalt.slice_mut(0..nc);
@@ -994,7 +977,7 @@ impl<B: Backend> Engine<B> {
                 w: word,
                 shape: MatmulShape::new((n, c, vp), WeightLayout::OutIn),
             };
-            matmul_backward(be, ops.bf16.as_deref_mut(), op, Dout::Rounded)?;
+            matmul_backward(be, ops.bf16, op)?;
             let mut dt2 = a.dbig.slice_mut(0..nc);
             let (t2, kept) = (m.t2.slice(0..nc), Stats::slot(&m.mean, &m.rstd, 0, n));
             ops.ln_back(Dinp::Set(dt2.rb()), dt3.src(), t2, kept, 2, 3)?;
@@ -1220,7 +1203,7 @@ mod tests {
                 split: false,
                 in_flight,
             };
-            activation_elems(&cfg, 1, b, t, &run, Precision::Fp32).0
+            activation_elems(&cfg, 1, b, t, &run)
         };
         let each = |recompute| elems(recompute, 3) - elems(recompute, 2);
         let inputs = rows + b + rows * tv;

@@ -6,7 +6,7 @@
 //! ```
 //!
 //! What differs is a [`BlockMode`]: training runs whole sequences on the
-//! weights as they are (bf16 operands when asked) and keeps what the
+//! weights as they are (bf16 products when asked) and keeps what the
 //! backward reads; decoding runs one position a row on weights packed for
 //! few-row products, and attends against a KV cache.
 
@@ -64,7 +64,7 @@ pub fn forward<B: Backend>(
     let BlockDims { c, cl, fl, .. } = d;
     use BlockParam::*;
     let at = |bp: BlockParam| lay.in_block(l, bp);
-    let ops = Ops::new(be, None, c, LN_EPS, p, None, &at);
+    let ops = Ops::new(be, false, c, LN_EPS, p, None, &at);
     let w = |bp: BlockParam| ops.w(bp);
     let BlockIo {
         x,

@@ -93,14 +93,8 @@ impl Family for GptConfig {
         };
         Batch::lm(ids(), ids())
     }
-    fn activation_elems(
-        &self,
-        tp: usize,
-        (b, t): (usize, usize),
-        run: &SpanRun,
-        precision: Precision,
-    ) -> (usize, usize) {
-        activation_elems(self, tp, b * t, run, precision)
+    fn activation_elems(&self, tp: usize, b: usize, t: usize, run: &SpanRun) -> usize {
+        activation_elems(self, tp, b * t, run)
     }
     /// The word embeddings without their padding rows.
     fn file_shape(&self, t: &TensorSpec) -> Vec<usize> {

@@ -14,7 +14,7 @@ pub mod rows;
 
 use super::alloc::ActAlloc;
 use super::bf16::Precision;
-use super::bf16::{matmul_backward, matmul_forward, Bf16Operands, Dout};
+use super::bf16::{matmul_backward, matmul_forward};
 use super::layout::ParamLayout;
 use super::ops::{io, Dinp, Ops, Stats};
 use super::tp;
@@ -24,10 +24,9 @@ use super::unit::{
     StageModel, UnitGrads, UnitKind, UnitModel, UnitParams, Whole,
 };
 use crate::backend::{
-    Activation, AttentionBackward, AttentionForward, AttnShape, Backend, Buf, Category,
-    CrossEntropyBackward, CrossEntropyForward, Dst, EncoderBackward, EncoderForward,
-    LayerNormBackward, LayerNormForward, MatmulBackward, MatmulForward, MatmulShape, On, Src,
-    WeightLayout,
+    Activation, AttentionBackward, AttentionForward, AttnShape, Backend, Buf, CrossEntropyBackward,
+    CrossEntropyForward, Dst, EncoderBackward, EncoderForward, LayerNormBackward, LayerNormForward,
+    MatmulBackward, MatmulForward, MatmulShape, On, Src, WeightLayout,
 };
 use crate::comm::Comm;
 use crate::data::{Batch as DataBatch, LossTerms};
@@ -104,8 +103,8 @@ struct Activations<B: Backend> {
     /// backward split in two, what each block's input half and the final
     /// norm's keep for the weight half.
     dgrad: Buf<B>,
-    /// `--precision bf16`'s rounded operands.
-    bf16: Option<Bf16Operands<B>>,
+    /// Whether the matmuls' products are bf16's (`--precision bf16`).
+    bf16: bool,
 }
 
 /// Where a block's output gradients sit in `dgrad`: the residual
@@ -175,22 +174,16 @@ impl GradsAt {
     }
 }
 
-/// Elements of the activations (and of `other` scratch) one rank of tp
+/// Elements of the activations one rank of tp
 /// size `tp` allocates for `run.in_flight` micro-batches of `rows` = B x T
 /// tokens each: what each keeps (`Kept`) and the blocks' activations
 /// and scratch, a set per micro-batch or, recomputed, one set they share.
 /// `Kept::new` and `Activations::new` run against a tally, so the count is
-/// the allocation's own.
-pub fn activation_elems(
-    cfg: &GptConfig,
-    tp: usize,
-    rows: usize,
-    run: &SpanRun,
-    precision: Precision,
-) -> (usize, usize) {
+/// the allocation's own (the same in either precision).
+pub fn activation_elems(cfg: &GptConfig, tp: usize, rows: usize, run: &SpanRun) -> usize {
     let head = logits_rows(rows, cfg.padded_vocab(), run.recompute, LOGITS_CHUNK);
     run.in_flight_elems(
-        |al| Activations::new(al, cfg, cfg.widest(tp), run, rows, precision),
+        |al| Activations::new(al, cfg, cfg.widest(tp), run, rows, Precision::Fp32),
         |al| Kept::new(al, cfg, run, rows, head),
     )
 }
@@ -211,8 +204,8 @@ impl<B: Backend> Kept<B> {
         let h = usize::from(span.head);
         Ok(Kept {
             rows,
-            tokens: al.typed(rows, Category::Activations)?,
-            targets: al.typed(rows, Category::Activations)?,
+            tokens: al.typed(rows)?,
+            targets: al.typed(rows)?,
             resid: a(span.kept_resid(run.recompute) * rows * c)?,
             lnf: a(h * rows * c)?,
             lnf_mean: a(h * rows)?,
@@ -227,7 +220,7 @@ impl<B: Backend> Kept<B> {
     fn head_logits(
         &mut self,
         be: &B,
-        bf16: Option<&mut Bf16Operands<B>>,
+        bf16: bool,
         wte: Src<'_, B>,
         r: Range<usize>,
         c: usize,
@@ -278,14 +271,7 @@ impl<B: Backend> Activations<B> {
             dgrad: a(rows
                 * (GradsAt::scratch(d)
                     + usize::from(run.split) * (l * GradsAt::per_row(d) + h * c)))?,
-            bf16: match precision {
-                Precision::Fp32 => None,
-                Precision::Bf16 => {
-                    let (c, widest) = (c, c.max(d.fl).max(3 * d.cl));
-                    let w = (c * widest).max(cfg.padded_vocab() * c);
-                    Some(Bf16Operands::new(al, rows * widest, w, rows * widest)?)
-                }
-            },
+            bf16: precision == Precision::Bf16,
         })
     }
 }
@@ -491,7 +477,7 @@ impl<B: Backend> Engine<B> {
         let EngineCore { backend: be, .. } = &self.core;
         let mut mode = Training {
             be,
-            bf16: a.bf16.as_mut(),
+            bf16: a.bf16,
             lse: a.lse.d().part(s, rows * wd.nhl).first(rows * nhl),
             shape: d.attn(b, t),
         };
@@ -511,7 +497,7 @@ impl<B: Backend> Engine<B> {
         let top = self.span.resid(n_layer);
         let chunk = self.logits_rows(rows);
         let (k, a, batch) = self.held.get_mut();
-        let mut bf16 = a.bf16.as_mut();
+        let bf16 = a.bf16;
         be.run(LayerNormForward {
             out: k.lnf.slice_mut(0..btc),
             mean: k.lnf_mean.slice_mut(0..rows),
@@ -531,7 +517,7 @@ impl<B: Backend> Engine<B> {
         }
         for r0 in (0..rows).step_by(chunk) {
             let r = r0..rows.min(r0 + chunk);
-            k.head_logits(be, bf16.as_deref_mut(), wte, r.clone(), c, vp)?;
+            k.head_logits(be, bf16, wte, r.clone(), c, vp)?;
             be.run(CrossEntropyForward {
                 losses: k.losses.slice_mut(r.clone()),
                 logits: k.logits.slice(0..r.len() * vp),
@@ -587,7 +573,7 @@ impl<B: Backend> Engine<B> {
         for i in (0..=last).rev() {
             let (r0, r) = (i * chunk, i * chunk..rows.min((i + 1) * chunk));
             if i < last {
-                k.head_logits(be, a.bf16.as_mut(), wte, r.clone(), c, vp)?;
+                k.head_logits(be, a.bf16, wte, r.clone(), c, vp)?;
             }
             let mut logits = k.logits.slice_mut(0..r.len() * vp);
             be.run(CrossEntropyBackward {
@@ -597,10 +583,6 @@ impl<B: Backend> Engine<B> {
                 vp,
                 dloss: loss_scale / batch.loss_terms,
             })?;
-            if a.bf16.is_some() {
-                // The logits' gradient feeds only this matmul: rounded where it lies.
-                be.round_bf16(logits.rb(), None);
-            }
             let op = MatmulBackward {
                 dinp: Some(a.dgrad.slice_mut(at.start + r0 * c..at.start + r.end * c)),
                 dw: dwte.as_mut().map(|d| d.rb()),
@@ -610,7 +592,7 @@ impl<B: Backend> Engine<B> {
                 w: wte,
                 shape: MatmulShape::new((r.len(), c, vp), WeightLayout::OutIn),
             };
-            matmul_backward(be, a.bf16.as_mut(), op, Dout::Rounded)?;
+            matmul_backward(be, a.bf16, op)?;
         }
         let dln = a.dgrad.slice(at);
         let dres = a.dres.slice_mut(0..btc);
@@ -659,7 +641,7 @@ impl<B: Backend> Engine<B> {
         let (be, lay) = (&self.core.backend, &self.core.layout);
         let (k, a, _) = self.held.get_mut();
         let pos = |bp: BlockParam| lay.in_block(l, bp);
-        let mut ops = Ops::new(be, a.bf16.as_mut(), c, LN_EPS, p, g, &pos);
+        let mut ops = Ops::new(be, a.bf16, c, LN_EPS, p, g, &pos);
         let kept = |m, r| Stats::slot(m, r, s, rows);
         let mut dres = a.dres.slice_mut(0..btc);
         let mut dg = a.dgrad.d();
@@ -791,7 +773,7 @@ impl<B: Backend> Engine<B> {
         let (be, lay) = (&self.core.backend, &self.core.layout);
         let (k, a) = (self.held.kept(), self.held.acts());
         let pos = |bp: BlockParam| lay.in_block(l, bp);
-        let mut ops = Ops::new(be, None, c, LN_EPS, p, Some(g), &pos);
+        let mut ops = Ops::new(be, false, c, LN_EPS, p, Some(g), &pos);
         let at = GradsAt::saved(wd, d, rows, s);
         let saved = |r: &Range<usize>| a.dgrad.slice(r.clone());
         let kept = |m, r| Stats::slot(m, r, s, rows);
@@ -813,18 +795,18 @@ impl<B: Backend> Engine<B> {
 }
 
 /// The training mode of the block forward: whole sequences of `shape`,
-/// the weights as they are (bf16 operands when `bf16` holds their
-/// scratch), attention's log-sum-exp kept in `lse` for the backward.
+/// the weights as they are (bf16 products where `bf16`),
+/// attention's log-sum-exp kept in `lse` for the backward.
 struct Training<'s, 'a, B: Backend> {
     be: &'s B,
-    bf16: Option<&'s mut Bf16Operands<B>>,
+    bf16: bool,
     lse: Dst<'a, B>,
     shape: AttnShape,
 }
 
 impl<B: Backend> BlockMode<B> for Training<'_, '_, B> {
     fn matmul(&mut self, _: BlockParam, op: MatmulForward<On<'_, B>>) -> Result<()> {
-        matmul_forward(self.be, self.bf16.as_deref_mut(), op)
+        matmul_forward(self.be, self.bf16, op)
     }
     fn attention(&mut self, atty: Dst<'_, B>, qkv: Src<'_, B>) -> Result<()> {
         self.be.run(AttentionForward {
@@ -1089,8 +1071,8 @@ mod tests {
                     in_flight: 1,
                 };
                 // tokens and targets are a row each
-                let want = (2 * rows + rows * per_row, 0);
-                let got = activation_elems(cfg, 1, rows, &run, Precision::Fp32);
+                let want = 2 * rows + rows * per_row;
+                let got = activation_elems(cfg, 1, rows, &run);
                 assert_eq!(got, want, "{cfg}, split {split}");
             }
         }
@@ -1112,7 +1094,7 @@ mod tests {
                 split: false,
                 in_flight,
             };
-            activation_elems(&cfg, 1, rows, &run, Precision::Fp32).0
+            activation_elems(&cfg, 1, rows, &run)
         };
         let first = Span::of_units(0..2, cfg.n_layer); // embeddings and block 0
         assert_eq!(first.blocks.len(), 1);
@@ -1148,7 +1130,7 @@ mod tests {
                 split: false,
                 in_flight: 1,
             };
-            activation_elems(&cfg, 1, rows, &run, Precision::Fp32).0
+            activation_elems(&cfg, 1, rows, &run)
         };
         let chunk = LOGITS_CHUNK / vp;
         assert_eq!(elems(false) - elems(true), (rows - chunk) * vp);
