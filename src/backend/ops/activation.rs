@@ -8,7 +8,6 @@ use crate::backend::cpu::math::{
     column_sums, gelu, gelu_erf, gelu_erf_grad, gelu_grad, tanh_exp, widest,
 };
 use crate::backend::gpu::{act_code, groups, u32s, Arg, GpuError, Queue, Raw, Runtime, View};
-use crate::backend::profile::Op;
 use crate::backend::{Activation, COLUMN_CHUNK_ROWS};
 use rayon::prelude::*;
 
@@ -66,7 +65,7 @@ operation! {
 }
 
 impl<O: Operands> Kernel<O> for ActivationForward<O> {
-    const OP: Op = Op::ActivationForward;
+    const NAME: &'static str = "activation_forward";
 
     fn check(&self) -> Result<(), String> {
         let n = self.inp.extent();
@@ -95,7 +94,7 @@ impl<O: Operands> Kernel<O> for ActivationForward<O> {
 }
 
 impl<O: Operands> Kernel<O> for ActivationBackward<O> {
-    const OP: Op = Op::ActivationBackward;
+    const NAME: &'static str = "activation_backward";
 
     fn check(&self) -> Result<(), String> {
         let n = self.inp.extent();

@@ -4,7 +4,6 @@
 
 use super::{need, Checked, Extent, Host, Kernel, Lower, Operands};
 use crate::backend::gpu::{groups, u32s, Arg, GpuError, Queue, Raw, Runtime};
-use crate::backend::profile::Op;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -22,7 +21,7 @@ operation! {
 }
 
 impl<O: Operands> Kernel<O> for AdamWUpdate<O> {
-    const OP: Op = Op::AdamW;
+    const NAME: &'static str = "adamw";
 
     fn check(&self) -> Result<(), String> {
         let n = self.param.extent();

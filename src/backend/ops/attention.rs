@@ -9,7 +9,7 @@ use crate::backend::cpu::attention::{backward_masked, forward_masked, Mask};
 use crate::backend::gpu::{
     head_dim, mask_args, u32s, Arg, GpuError, Queue, Raw, Runtime, ATT_ROWS,
 };
-use crate::backend::profile::{attention_flops, Op};
+use crate::backend::profile::attention_flops;
 use crate::backend::AttnShape;
 
 operation! {
@@ -57,7 +57,7 @@ fn host_mask(lens: Option<&[u32]>) -> Mask<'_> {
 }
 
 impl<O: Operands> Kernel<O> for AttentionForward<O> {
-    const OP: Op = Op::AttentionForward;
+    const NAME: &'static str = "attention_forward";
 
     fn check(&self) -> Result<(), String> {
         let AttnShape { b, t, c, nh } = self.shape;
@@ -107,7 +107,7 @@ impl<O: Operands> Kernel<O> for AttentionForward<O> {
 }
 
 impl<O: Operands> Kernel<O> for AttentionBackward<O> {
-    const OP: Op = Op::AttentionBackward;
+    const NAME: &'static str = "attention_backward";
 
     fn check(&self) -> Result<(), String> {
         let AttnShape { b, t, c, nh } = self.shape;

@@ -7,7 +7,6 @@
 use super::{need, Checked, Extent, Host, Kernel, Lower, Operands};
 use crate::backend::cpu::math::{exp, exp_shifted_sum, row_max, LANES};
 use crate::backend::gpu::{u32s, Arg, GpuError, Queue, Raw, Runtime};
-use crate::backend::profile::Op;
 use crate::data::IGNORE;
 use rayon::prelude::*;
 
@@ -44,7 +43,7 @@ fn check_vocab(v: usize, vp: usize) -> Result<(), String> {
 }
 
 impl<O: Operands> Kernel<O> for CrossEntropyForward<O> {
-    const OP: Op = Op::CrossEntropyForward;
+    const NAME: &'static str = "crossentropy_forward";
 
     fn check(&self) -> Result<(), String> {
         let rows = self.targets.extent();
@@ -82,7 +81,7 @@ impl<O: Operands> Kernel<O> for CrossEntropyForward<O> {
 }
 
 impl<O: Operands> Kernel<O> for CrossEntropyBackward<O> {
-    const OP: Op = Op::CrossEntropyBackward;
+    const NAME: &'static str = "crossentropy_backward";
 
     fn check(&self) -> Result<(), String> {
         check_vocab(self.v, self.vp)?;

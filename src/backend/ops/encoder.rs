@@ -4,7 +4,6 @@
 use super::{need, Checked, Extent, Host, Kernel, Lower, Operands};
 use crate::backend::cpu::math::SendPtr;
 use crate::backend::gpu::{groups, u32_arg, u32s, Arg, DeviceMem, GpuError, Queue, Raw, Runtime};
-use crate::backend::profile::Op;
 use rayon::prelude::*;
 
 operation! {
@@ -42,7 +41,7 @@ fn check_t(t: usize) -> Result<(), String> {
 }
 
 impl<O: Operands> Kernel<O> for EncoderForward<O> {
-    const OP: Op = Op::EncoderForward;
+    const NAME: &'static str = "encoder_forward";
 
     fn check(&self) -> Result<(), String> {
         let (rows, t, c) = (self.tokens.extent(), self.t, self.c);
@@ -84,7 +83,7 @@ impl<O: Operands> Kernel<O> for EncoderForward<O> {
 }
 
 impl<O: Operands> Kernel<O> for EncoderBackward<'_, O> {
-    const OP: Op = Op::EncoderBackward;
+    const NAME: &'static str = "encoder_backward";
 
     fn check(&self) -> Result<(), String> {
         let (rows, t, c) = (self.host_tokens.len(), self.t, self.c);

@@ -5,7 +5,6 @@
 use super::{need, Checked, Extent, Host, Kernel, Lower, Operands};
 use crate::backend::cpu::math::{column_sums, sum};
 use crate::backend::gpu::{groups, u32s, Arg, DeviceMem, GpuError, Queue, Raw, Runtime};
-use crate::backend::profile::Op;
 use crate::backend::COLUMN_CHUNK_ROWS;
 use rayon::prelude::*;
 
@@ -44,7 +43,7 @@ operation! {
 }
 
 impl<O: Operands> Kernel<O> for LayerNormForward<O> {
-    const OP: Op = Op::LayerNormForward;
+    const NAME: &'static str = "layernorm_forward";
 
     fn check(&self) -> Result<(), String> {
         let (rows, c) = (self.mean.extent(), self.c);
@@ -90,7 +89,7 @@ impl<O: Operands> Kernel<O> for LayerNormForward<O> {
 }
 
 impl<O: Operands> Kernel<O> for LayerNormBackward<O> {
-    const OP: Op = Op::LayerNormBackward;
+    const NAME: &'static str = "layernorm_backward";
 
     fn check(&self) -> Result<(), String> {
         let (rows, c) = (self.mean.extent(), self.c);

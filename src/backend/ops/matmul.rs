@@ -8,7 +8,7 @@
 use super::{need, Checked, Host, Kernel, Lower, Operands};
 use crate::backend::cpu::math::{column_sums, gemm, Mat};
 use crate::backend::gpu::{operand, weight_operand, Gemm, GpuError, Queue, Raw, Runtime};
-use crate::backend::profile::{matmul_flops, Op};
+use crate::backend::profile::matmul_flops;
 use crate::backend::COLUMN_CHUNK_ROWS;
 use rayon::prelude::*;
 
@@ -72,7 +72,7 @@ operation! {
 }
 
 impl<O: Operands> Kernel<O> for MatmulForward<O> {
-    const OP: Op = Op::MatmulForward;
+    const NAME: &'static str = "matmul_forward";
 
     fn check(&self) -> Result<(), String> {
         let MatmulShape { rows, k, n, .. } = self.shape;
@@ -139,7 +139,7 @@ impl<O: Operands> Kernel<O> for MatmulForward<O> {
 }
 
 impl<O: Operands> Kernel<O> for MatmulBackward<O> {
-    const OP: Op = Op::MatmulBackward;
+    const NAME: &'static str = "matmul_backward";
 
     fn check(&self) -> Result<(), String> {
         let MatmulShape { rows, k, n, .. } = self.shape;
