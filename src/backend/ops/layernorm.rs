@@ -2,9 +2,9 @@
 //! (`kernels/layernorm.cu` on a GPU); eps is the model's (GPT-2 1e-5, BERT
 //! 1e-12).
 
-use super::{need, Checked, Extent, Host, Kernel, Lower, Operands};
+use super::{need, Checked, Extent, Host, Kernel, Lower, Operands, Queued};
 use crate::backend::cpu::math::{column_sums, sum};
-use crate::backend::gpu::{groups, u32s, Arg, DeviceMem, GpuError, Queue, Raw, Runtime};
+use crate::backend::gpu::{groups, u32s, Arg, DeviceMem, Queue, Raw, Runtime};
 use crate::backend::COLUMN_CHUNK_ROWS;
 use rayon::prelude::*;
 
@@ -58,33 +58,19 @@ impl<O: Operands> Kernel<O> for LayerNormForward<O> {
         forward(self.lower(host))
     }
 
-    fn gpu<R: Runtime>(
-        self,
-        q: &Queue<R>,
-        raw: &impl Lower<O, Raw>,
-        _: Checked,
-    ) -> Result<(), GpuError> {
-        let LayerNormForward {
-            out,
-            mean,
-            rstd,
-            inp,
-            w,
-            b,
-            c,
-            eps,
-        } = self.lower(raw);
+    fn gpu<R: Runtime>(self, q: &Queue<R>, raw: &impl Lower<O, Raw>, _: Checked) -> Queued {
+        let op = self.lower(raw);
         let args = [
-            Arg::View(out),
-            Arg::View(mean),
-            Arg::View(rstd),
-            Arg::View(inp),
-            Arg::View(w),
-            Arg::View(b),
-            u32s("c", c)?,
-            Arg::F32(eps),
+            Arg::View(op.out),
+            Arg::View(op.mean),
+            Arg::View(op.rstd),
+            Arg::View(op.inp),
+            Arg::View(op.w),
+            Arg::View(op.b),
+            u32s("c", op.c)?,
+            Arg::F32(op.eps),
         ];
-        q.launch("layernorm_forward", mean.len, &args)
+        q.launch("layernorm_forward", op.mean.len, &args)
     }
 }
 
@@ -112,51 +98,36 @@ impl<O: Operands> Kernel<O> for LayerNormBackward<O> {
     }
 
     /// dinp row by row; dw, db as per-chunk partials, then a fixed-order sum.
-    fn gpu<R: Runtime>(
-        self,
-        q: &Queue<R>,
-        raw: &impl Lower<O, Raw>,
-        _: Checked,
-    ) -> Result<(), GpuError> {
-        let LayerNormBackward {
-            dinp,
-            dwb,
-            dout,
-            inp,
-            w,
-            mean,
-            rstd,
-            c,
-            accumulate,
-        } = self.lower(raw);
-        let rows = mean.len;
+    fn gpu<R: Runtime>(self, q: &Queue<R>, raw: &impl Lower<O, Raw>, _: Checked) -> Queued {
+        let op = self.lower(raw);
+        let (rows, c) = (op.mean.len, op.c);
         if rows == 0 || c == 0 {
             return Ok(());
         }
-        if let Some(dinp) = dinp {
+        if let Some(dinp) = op.dinp {
             let args = [
                 Arg::View(dinp),
-                Arg::View(dout),
-                Arg::View(inp),
-                Arg::View(w),
-                Arg::View(mean),
-                Arg::View(rstd),
+                Arg::View(op.dout),
+                Arg::View(op.inp),
+                Arg::View(op.w),
+                Arg::View(op.mean),
+                Arg::View(op.rstd),
                 u32s("c", c)?,
-                Arg::U32(accumulate as u32),
+                Arg::U32(op.accumulate as u32),
             ];
             q.launch("layernorm_backward", rows, &args)?;
         }
-        let Some((dw, db)) = dwb else {
+        let Some((dw, db)) = op.dwb else {
             return Ok(());
         };
         let chunks = rows.div_ceil(COLUMN_CHUNK_ROWS);
         let partials = q.alloc::<f32>(chunks * 2 * c)?;
         let args = [
             Arg::View(partials.view()),
-            Arg::View(dout),
-            Arg::View(inp),
-            Arg::View(mean),
-            Arg::View(rstd),
+            Arg::View(op.dout),
+            Arg::View(op.inp),
+            Arg::View(op.mean),
+            Arg::View(op.rstd),
             u32s("rows", rows)?,
             u32s("c", c)?,
             u32s("chunks", chunks)?,

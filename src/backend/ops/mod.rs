@@ -78,8 +78,11 @@ pub trait Kernel<O: Operands>: Sized {
         queue: &Queue<R>,
         raw: &impl Lower<O, Raw>,
         checked: Checked,
-    ) -> Result<(), GpuError>;
+    ) -> Queued;
 }
+
+/// What a GPU launch returns: whether it was queued.
+pub type Queued = Result<(), GpuError>;
 
 /// Operands as they are: a kernel run over the kind it was built over.
 pub struct AsIs;
