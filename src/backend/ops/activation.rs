@@ -79,7 +79,7 @@ impl<O: Operands> Kernel<O> for ActivationForward<O> {
 
     fn gpu<R: Runtime>(self, q: &Queue<R>, raw: &impl Lower<O, Raw>, _: Checked) -> Queued {
         let op = self.lower(raw);
-        launch(q, "activation_forward", (op.out, op.inp, op.bias), op.act)
+        launch(q, "activation_forward", op.out, op.inp, op.bias, op.act)
     }
 }
 
@@ -109,7 +109,7 @@ impl<O: Operands> Kernel<O> for ActivationBackward<O> {
                 (op.inp.len / cols, cols),
             );
         }
-        launch(q, "activation_backward", (op.d, op.inp, op.bias), op.act)
+        launch(q, "activation_backward", op.d, op.inp, op.bias, op.act)
     }
 }
 
@@ -117,7 +117,9 @@ impl<O: Operands> Kernel<O> for ActivationBackward<O> {
 fn launch<R: Runtime>(
     q: &Queue<R>,
     name: &str,
-    (out, inp, bias): (View, View, Option<View>),
+    out: View,
+    inp: View,
+    bias: Option<View>,
     act: Activation,
 ) -> Queued {
     let cols = bias.map_or(0, |b| b.len);

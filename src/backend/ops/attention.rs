@@ -5,7 +5,7 @@
 //! `lens`).
 
 use super::{need, Checked, Host, Kernel, Lower, Operands, Queued};
-use crate::backend::cpu::attention::{backward_masked, forward_masked, Mask};
+use crate::backend::cpu::attention::{backward_masked, forward_masked, Mask, Saved};
 use crate::backend::gpu::{head_dim, mask_args, u32s, Arg, Queue, Raw, Runtime, View, ATT_ROWS};
 use crate::backend::profile::attention_flops;
 use crate::backend::AttnShape;
@@ -99,16 +99,14 @@ impl<O: Operands> Kernel<O> for AttentionBackward<O> {
     }
 
     fn cpu<'a>(self, host: &impl Lower<O, Host<'a>>) {
-        let AttentionBackward {
-            dqkv,
-            dout,
-            qkv,
-            out,
-            lse,
-            lens,
-            shape,
-        } = self.lower(host);
-        backward_masked(dqkv, (dout, qkv, out, lse), shape, host_mask(lens))
+        let op = self.lower(host);
+        let saved = Saved {
+            dout: op.dout,
+            qkv: op.qkv,
+            out: op.out,
+            lse: op.lse,
+        };
+        backward_masked(op.dqkv, saved, op.shape, host_mask(op.lens))
     }
 
     /// Two passes writing disjoint parts of dqkv: workgroups owning keys

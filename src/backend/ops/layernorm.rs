@@ -191,23 +191,12 @@ fn forward(op: LayerNormForward<Host<'_>>) {
 /// dinp += d/dinp (dinp = d/dinp without `accumulate`); dw += sum over
 /// rows of dout * norm; db += sum of dout; each half only when its outputs
 /// are given.
-fn backward(op: LayerNormBackward<Host<'_>>) {
-    let LayerNormBackward {
-        dinp,
-        dwb,
-        dout,
-        inp,
-        w,
-        mean,
-        rstd,
-        c,
-        accumulate,
-    } = op;
-    if let Some((dw, db)) = dwb {
-        backward_weight(dw, db, dout, inp, mean, rstd, c);
+fn backward(mut op: LayerNormBackward<Host<'_>>) {
+    if let Some((dw, db)) = op.dwb.take() {
+        backward_weight(dw, db, &op);
     }
-    if let Some(dinp) = dinp {
-        backward_input(dinp, (dout, inp, w), (mean, rstd), c, accumulate);
+    if let Some(dinp) = op.dinp.take() {
+        backward_input(dinp, &op);
     }
 }
 
@@ -218,15 +207,9 @@ fn backward(op: LayerNormBackward<Host<'_>>) {
 /// In zipped iterators it runs in half the time that indexed loops over a
 /// scratch row took (`bench --profile`, default run: 34 → 17.5 ms a step
 /// for both halves).
-fn backward_input(
-    dinp: &mut [f32],
-    (dout, inp, w): (&[f32], &[f32], &[f32]),
-    (mean, rstd): (&[f32], &[f32]),
-    c: usize,
-    accumulate: bool,
-) {
-    let rows = mean.len();
-    let w = &w[..c];
+fn backward_input(dinp: &mut [f32], op: &LayerNormBackward<Host<'_>>) {
+    let (dout, inp, mean, rstd, c) = (op.dout, op.inp, op.mean, op.rstd, op.c);
+    let (rows, w, accumulate) = (mean.len(), &op.w[..c], op.accumulate);
     let body = c - c % 8;
     dinp[..rows * c]
         .par_chunks_mut(c)
@@ -262,15 +245,8 @@ fn backward_input(
 /// The weight half of the backward: dw += sum over rows of dout *
 /// norm, db += sum of dout, in [`column_sums`]' chunks (a fixed order,
 /// whatever rayon's schedule).
-fn backward_weight(
-    dw: &mut [f32],
-    db: &mut [f32],
-    dout: &[f32],
-    inp: &[f32],
-    mean: &[f32],
-    rstd: &[f32],
-    c: usize,
-) {
+fn backward_weight(dw: &mut [f32], db: &mut [f32], op: &LayerNormBackward<Host<'_>>) {
+    let (dout, inp, mean, rstd, c) = (op.dout, op.inp, op.mean, op.rstd, op.c);
     let rows = mean.len();
     let chunks = (0..rows).into_par_iter().step_by(COLUMN_CHUNK_ROWS);
     column_sums(&mut [&mut dw[..c], &mut db[..c]], chunks, |r0, part| {
