@@ -26,7 +26,8 @@ struct State {
     /// Every kernel counted since the process began, in the order first
     /// seen ([`Counters::start`] zeroes them).
     totals: Vec<OpTotal>,
-    /// The kernels running now (their places in `totals`), and since when the time was last shared out.
+    /// The kernels running now (their places in `totals`), and since when
+    /// the time was last shared out.
     running: Vec<usize>,
     since: Option<Instant>,
     /// When counting started, and how long it ran once stopped.
