@@ -23,12 +23,14 @@ pub mod threads;
 pub use cpu::{AttnShape, DecodeShape, WeightFormat};
 pub use kind::{on, DeviceKind, OnBackend};
 pub use memory::{Buf, Category, Dst, MemoryReport, PeakRow, Pending, Pinned, RawView, Src};
-pub use ops::{
-    ActivationBackward, ActivationForward, AdamWStep, AdamWUpdate, AttentionBackward,
-    AttentionDecode, AttentionForward, CrossEntropyBackward, CrossEntropyForward, EncoderBackward,
-    EncoderForward, Kernel, LayerNormBackward, LayerNormForward, MatmulBackward, MatmulDecode,
-    MatmulForward, MatmulShape, On, WeightLayout,
-};
+pub use ops::activation::{ActivationBackward, ActivationForward};
+pub use ops::adamw::{AdamWStep, AdamWUpdate};
+pub use ops::attention::{AttentionBackward, AttentionForward};
+pub use ops::crossentropy::{CrossEntropyBackward, CrossEntropyForward};
+pub use ops::encoder::{EncoderBackward, EncoderForward};
+pub use ops::layernorm::{LayerNormBackward, LayerNormForward};
+pub use ops::matmul::{MatmulBackward, MatmulForward, MatmulShape, WeightLayout};
+pub use ops::{AttentionDecode, Kernel, MatmulDecode, On};
 pub use threads::Threads;
 
 /// Rows a column sum (a bias's gradient, layernorm's weight gradients)

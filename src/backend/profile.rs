@@ -15,36 +15,6 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::Instant;
 
-crate::named_enum! {
-    /// A kernel the profile counts: one per [`Kernels`](super::Kernels) method.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-    pub enum Op {
-        EncoderForward = "encoder_forward",
-        EncoderBackward = "encoder_backward",
-        LayerNormForward = "layernorm_forward",
-        LayerNormBackward = "layernorm_backward",
-        MatmulForward = "matmul_forward",
-        MatmulBackward = "matmul_backward",
-        AttentionForward = "attention_forward",
-        AttentionBackward = "attention_backward",
-        ActivationForward = "activation_forward",
-        ActivationBackward = "activation_backward",
-        Fill = "fill",
-        AddInplace = "add_inplace",
-        Copy = "copy",
-        RoundBf16 = "round_bf16",
-        CrossEntropyForward = "crossentropy_forward",
-        CrossEntropyBackward = "crossentropy_backward",
-        AdamW = "adamw",
-        Sum = "sum",
-        SumSquares = "sum_squares",
-    }
-    /// The name reports give it (the `Kernels` method's).
-    fn name
-}
-
-const OPS: usize = Op::ALL.len();
-
 /// A profile's counters; the process's are one static ([`start`],
 /// [`timed`], [`snapshot`]).
 pub struct Counters {
@@ -53,10 +23,11 @@ pub struct Counters {
 }
 
 struct State {
-    calls: [u64; OPS],
-    seconds: [f64; OPS],
-    flops: [f64; OPS],
-    /// The kernels running now, and since when the time was last shared out.
+    /// Every kernel counted since the process began, in the order first
+    /// seen ([`Counters::start`] zeroes them).
+    totals: Vec<OpTotal>,
+    /// The kernels running now (their places in `totals`), and since when
+    /// the time was last shared out.
     running: Vec<usize>,
     since: Option<Instant>,
     /// When counting started, and how long it ran once stopped.
@@ -70,10 +41,24 @@ impl State {
         if let Some(since) = self.since.filter(|_| !self.running.is_empty()) {
             let each = (now - since).as_secs_f64() / self.running.len() as f64;
             for &i in &self.running {
-                self.seconds[i] += each;
+                self.totals[i].seconds += each;
             }
         }
         self.since = Some(now);
+    }
+
+    /// Where kernel `name` is counted, a new place the first time.
+    fn place(&mut self, name: &'static str) -> usize {
+        if let Some(i) = self.totals.iter().position(|t| t.name == name) {
+            return i;
+        }
+        self.totals.push(OpTotal {
+            name,
+            calls: 0,
+            seconds: 0.0,
+            flops: 0.0,
+        });
+        self.totals.len() - 1
     }
 }
 
@@ -82,9 +67,7 @@ impl Counters {
         Counters {
             on: AtomicBool::new(false),
             state: Mutex::new(State {
-                calls: [0; OPS],
-                seconds: [0.0; OPS],
-                flops: [0.0; OPS],
+                totals: Vec::new(),
                 running: Vec::new(),
                 since: None,
                 opened: None,
@@ -100,7 +83,9 @@ impl Counters {
     /// Zeroes the counters and starts counting.
     pub fn start(&self) {
         let mut s = self.state();
-        (s.calls, s.seconds, s.flops) = ([0; OPS], [0.0; OPS], [0.0; OPS]);
+        for t in &mut s.totals {
+            (t.calls, t.seconds, t.flops) = (0, 0.0, 0.0);
+        }
         (s.opened, s.window) = (Some(Instant::now()), 0.0);
         self.on.store(true, Relaxed);
     }
@@ -118,20 +103,27 @@ impl Counters {
         self.state().window
     }
 
-    /// Runs kernel `op` (`flops` model FLOPs) through `run`, counted while
-    /// on; `finish` waits for the device's queued work, and is called
+    /// Runs kernel `name` (`flops` model FLOPs) through `run`, counted
+    /// while on; `finish` waits for the device's queued work, and is called
     /// before and after `run` only then.
-    pub fn timed<R>(&self, op: Op, flops: f64, finish: impl Fn(), run: impl FnOnce() -> R) -> R {
+    pub fn timed<R>(
+        &self,
+        name: &'static str,
+        flops: f64,
+        finish: impl Fn(),
+        run: impl FnOnce() -> R,
+    ) -> R {
         if !self.on.load(Relaxed) {
             return run();
         }
         finish();
-        let i = op as usize;
-        {
+        let i = {
             let mut s = self.state();
             s.share(Instant::now());
+            let i = s.place(name);
             s.running.push(i);
-        }
+            i
+        };
         let out = run();
         finish();
         let mut s = self.state();
@@ -139,27 +131,15 @@ impl Counters {
         if let Some(at) = s.running.iter().position(|&r| r == i) {
             s.running.swap_remove(at);
         }
-        s.calls[i] += 1;
-        s.flops[i] += flops;
+        s.totals[i].calls += 1;
+        s.totals[i].flops += flops;
         out
     }
 
     /// The kernels that ran since [`Counters::start`], most time first.
     pub fn snapshot(&self) -> Vec<OpTotal> {
         let s = self.state();
-        let mut out: Vec<OpTotal> = Op::ALL
-            .iter()
-            .map(|&op| {
-                let i = op as usize;
-                OpTotal {
-                    op,
-                    calls: s.calls[i],
-                    seconds: s.seconds[i],
-                    flops: s.flops[i],
-                }
-            })
-            .filter(|t| t.calls > 0)
-            .collect();
+        let mut out: Vec<OpTotal> = s.totals.iter().filter(|t| t.calls > 0).copied().collect();
         out.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
         out
     }
@@ -186,8 +166,8 @@ pub fn stop() {
 
 /// A kernel of this process, counted while the profile is on
 /// ([`Counters::timed`]).
-pub fn timed<R>(op: Op, flops: f64, finish: impl Fn(), run: impl FnOnce() -> R) -> R {
-    PROCESS.timed(op, flops, finish, run)
+pub fn timed<R>(name: &'static str, flops: f64, finish: impl Fn(), run: impl FnOnce() -> R) -> R {
+    PROCESS.timed(name, flops, finish, run)
 }
 
 /// The process's kernels since [`start`], most time first.
@@ -203,7 +183,9 @@ pub fn window() -> f64 {
 /// One kernel's totals since [`start`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct OpTotal {
-    pub op: Op,
+    /// A [`Kernel`](super::Kernel)'s own name, or a
+    /// [`Kernels`](super::Kernels) method's.
+    pub name: &'static str,
     pub calls: u64,
     /// Wall seconds: each moment of its calls shared with the kernels
     /// running beside it.
@@ -239,18 +221,18 @@ mod tests {
         let p = Counters::new();
         let finished = std::cell::Cell::new(0);
         let tick = || finished.set(finished.get() + 1);
-        p.timed(Op::Sum, 5.0, tick, || ());
+        p.timed("sum", 5.0, tick, || ());
         assert_eq!(finished.get(), 0, "no waiting while off");
         assert!(p.snapshot().is_empty(), "nothing counted while off");
         p.start();
-        let got = p.timed(Op::SumSquares, 1e6, tick, || {
+        let got = p.timed("sum_squares", 1e6, tick, || {
             std::thread::sleep(std::time::Duration::from_millis(20));
             7
         });
-        p.timed(Op::SumSquares, 2e6, tick, || ());
-        p.timed(Op::Fill, 0.0, tick, || ());
+        p.timed("sum_squares", 2e6, tick, || ());
+        p.timed("fill", 0.0, tick, || ());
         p.stop();
-        p.timed(Op::Fill, 0.0, tick, || ());
+        p.timed("fill", 0.0, tick, || ());
         assert_eq!(got, 7);
         assert_eq!(
             finished.get(),
@@ -259,14 +241,11 @@ mod tests {
         );
         let s = p.snapshot();
         assert_eq!(s.len(), 2, "{s:?}");
-        assert_eq!((s[0].op, s[0].calls, s[0].flops), (Op::SumSquares, 2, 3e6));
+        assert_eq!((s[0].name, s[0].calls, s[0].flops), ("sum_squares", 2, 3e6));
         assert!(s[0].seconds >= 0.02 && s[0].seconds < 5.0, "{s:?}");
-        assert_eq!((s[1].op, s[1].calls), (Op::Fill, 1));
+        assert_eq!((s[1].name, s[1].calls), ("fill", 1));
         p.start();
         assert!(p.snapshot().is_empty(), "start zeroes");
-        for (i, op) in Op::ALL.iter().enumerate() {
-            assert_eq!(*op as usize, i, "{}", op.name());
-        }
     }
 
     #[test]
@@ -276,7 +255,7 @@ mod tests {
         let nap = |ms| move || std::thread::sleep(std::time::Duration::from_millis(ms));
         let t0 = Instant::now();
         std::thread::scope(|s| {
-            for (op, ms) in [(Op::Fill, 300), (Op::Copy, 100)] {
+            for (op, ms) in [("fill", 300), ("copy", 100)] {
                 let p = &p;
                 s.spawn(move || p.timed(op, 0.0, || (), nap(ms)));
             }
@@ -285,8 +264,8 @@ mod tests {
         p.stop();
         let s = p.snapshot();
         assert_eq!(
-            (s[0].op, s[0].calls, s[1].op, s[1].calls),
-            (Op::Fill, 1, Op::Copy, 1)
+            (s[0].name, s[0].calls, s[1].name, s[1].calls),
+            ("fill", 1, "copy", 1)
         );
         // their times add up to the wall time they ran in (not to 0.4 s):
         // the copy's 0.1 s shared with the fill, then the fill's alone

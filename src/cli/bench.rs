@@ -377,7 +377,7 @@ impl KernelShares {
                 let seconds = t.seconds / steps as f64;
                 let flops = t.flops / steps as f64;
                 KernelRow {
-                    name: t.op.name(),
+                    name: t.name,
                     calls: t.calls as f64 / (steps * ranks) as f64,
                     seconds,
                     rate: (flops > 0.0 && seconds > 0.0)

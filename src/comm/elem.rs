@@ -49,25 +49,52 @@ pub enum BufMut<'a> {
     U8(&'a mut [u8]),
 }
 
-/// Runs `$body` with `$s` bound to the typed slice inside a [`Buf`] or
-/// [`BufMut`] (`$kind`), once per element type, so generic code sees `[T]`.
+/// The one place a [`Buf`]'s or [`BufMut`]'s tag meets its type, so generic
+/// code sees `[T]`:
+/// - `typed!(Kind, buf, s => body)`: `body` with `s` bound to the typed
+///   slice inside `buf`, a [`Buf`] or [`BufMut`] (`Kind`), once per type;
+/// - `typed!(pair "what", input, out, i, o => body)`: the same for an input
+///   [`Buf`] and an output [`BufMut`] that must hold the same type (a
+///   mismatch is an error naming `what`);
+/// - `typed!(comm_methods)`: a [`Comm`](super::Comm)'s six typed-buffer
+///   methods (`all_reduce_buf`, `reduce_scatter_buf`, `all_gather_buf`,
+///   `broadcast_buf`, `send_buf`, `recv_buf`), each handing its slices to
+///   the implementation's generic `*_typed` method of the same name.
 macro_rules! typed {
-    ($kind:ident, $buf:expr, $s:ident => $body:expr) => {
-        match $buf {
-            $crate::comm::$kind::F32($s) => $body,
-            $crate::comm::$kind::F64($s) => $body,
-            $crate::comm::$kind::U32($s) => $body,
-            $crate::comm::$kind::U64($s) => $body,
-            $crate::comm::$kind::I64($s) => $body,
-            $crate::comm::$kind::U8($s) => $body,
+    (comm_methods) => {
+        fn all_reduce_buf(&self, buf: $crate::comm::BufMut<'_>) -> $crate::error::Result<()> {
+            $crate::comm::elem::typed!(BufMut, buf, b => self.all_reduce_typed(b))
+        }
+
+        fn reduce_scatter_buf(
+            &self,
+            input: $crate::comm::Buf<'_>,
+            out: $crate::comm::BufMut<'_>,
+        ) -> $crate::error::Result<()> {
+            $crate::comm::elem::typed!(pair "reduce_scatter", input, out, i, o => self.reduce_scatter_typed(i, o))
+        }
+
+        fn all_gather_buf(
+            &self,
+            input: $crate::comm::Buf<'_>,
+            out: $crate::comm::BufMut<'_>,
+        ) -> $crate::error::Result<()> {
+            $crate::comm::elem::typed!(pair "all_gather", input, out, i, o => self.all_gather_typed(i, o))
+        }
+
+        fn broadcast_buf(&self, buf: $crate::comm::BufMut<'_>, root: usize) -> $crate::error::Result<()> {
+            $crate::comm::elem::typed!(BufMut, buf, b => self.broadcast_typed(b, root))
+        }
+
+        fn send_buf(&self, buf: $crate::comm::Buf<'_>, to: usize) -> $crate::error::Result<()> {
+            $crate::comm::elem::typed!(Buf, buf, b => self.send_typed(b, to))
+        }
+
+        fn recv_buf(&self, buf: $crate::comm::BufMut<'_>, from: usize) -> $crate::error::Result<()> {
+            $crate::comm::elem::typed!(BufMut, buf, b => self.recv_typed(b, from))
         }
     };
-}
-
-/// [`typed!`] for an input [`Buf`] and an output [`BufMut`] that must hold
-/// the same type; a mismatch is an error.
-macro_rules! typed_pair {
-    ($what:expr, $input:expr, $out:expr, $i:ident, $o:ident => $body:expr) => {
+    (pair $what:literal, $input:expr, $out:expr, $i:ident, $o:ident => $body:expr) => {
         match ($input, $out) {
             ($crate::comm::Buf::F32($i), $crate::comm::BufMut::F32($o)) => $body,
             ($crate::comm::Buf::F64($i), $crate::comm::BufMut::F64($o)) => $body,
@@ -83,49 +110,19 @@ macro_rules! typed_pair {
             ))),
         }
     };
-}
-
-/// A [`Comm`](super::Comm)'s six typed-buffer methods (`all_reduce_buf`,
-/// `reduce_scatter_buf`, `all_gather_buf`, `broadcast_buf`, `send_buf`,
-/// `recv_buf`), each handing its slice to the implementation's generic
-/// `*_typed` method of the same name.
-macro_rules! typed_buf_methods {
-    () => {
-        fn all_reduce_buf(&self, buf: $crate::comm::BufMut<'_>) -> $crate::error::Result<()> {
-            $crate::comm::elem::typed!(BufMut, buf, b => self.all_reduce_typed(b))
-        }
-
-        fn reduce_scatter_buf(
-            &self,
-            input: $crate::comm::Buf<'_>,
-            out: $crate::comm::BufMut<'_>,
-        ) -> $crate::error::Result<()> {
-            $crate::comm::elem::typed_pair!("reduce_scatter", input, out, i, o => self.reduce_scatter_typed(i, o))
-        }
-
-        fn all_gather_buf(
-            &self,
-            input: $crate::comm::Buf<'_>,
-            out: $crate::comm::BufMut<'_>,
-        ) -> $crate::error::Result<()> {
-            $crate::comm::elem::typed_pair!("all_gather", input, out, i, o => self.all_gather_typed(i, o))
-        }
-
-        fn broadcast_buf(&self, buf: $crate::comm::BufMut<'_>, root: usize) -> $crate::error::Result<()> {
-            $crate::comm::elem::typed!(BufMut, buf, b => self.broadcast_typed(b, root))
-        }
-
-        fn send_buf(&self, buf: $crate::comm::Buf<'_>, to: usize) -> $crate::error::Result<()> {
-            $crate::comm::elem::typed!(Buf, buf, b => self.send_typed(b, to))
-        }
-
-        fn recv_buf(&self, buf: $crate::comm::BufMut<'_>, from: usize) -> $crate::error::Result<()> {
-            $crate::comm::elem::typed!(BufMut, buf, b => self.recv_typed(b, from))
+    ($kind:ident, $buf:expr, $s:ident => $body:expr) => {
+        match $buf {
+            $crate::comm::$kind::F32($s) => $body,
+            $crate::comm::$kind::F64($s) => $body,
+            $crate::comm::$kind::U32($s) => $body,
+            $crate::comm::$kind::U64($s) => $body,
+            $crate::comm::$kind::I64($s) => $body,
+            $crate::comm::$kind::U8($s) => $body,
         }
     };
 }
 
-pub(crate) use {typed, typed_buf_methods, typed_pair};
+pub(crate) use typed;
 
 impl Buf<'_> {
     pub fn dtype(&self) -> DType {

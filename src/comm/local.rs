@@ -391,7 +391,7 @@ impl Comm for LocalComm {
         self.shared_threads
     }
 
-    crate::comm::elem::typed_buf_methods!();
+    crate::comm::elem::typed!(comm_methods);
 
     fn barrier(&self) -> Result<()> {
         self.group.sync(self.rank, "barrier")

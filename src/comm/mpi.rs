@@ -6,7 +6,7 @@
 //! calls MPI_Abort, and mpirun names it. Each element type travels as its
 //! MPI datatype (MPI_FLOAT, MPI_DOUBLE, MPI_UINT32_T, ...).
 
-use super::elem::typed_pair;
+use super::elem::typed;
 use super::{record, Buf, BufMut, Comm, CommElem, CommStats, Kind};
 use crate::error::{Error, Result};
 use mpi::collective::SystemOperation;
@@ -433,10 +433,10 @@ impl Comm for MpiComm {
         self.comm.size() as usize
     }
 
-    crate::comm::elem::typed_buf_methods!();
+    crate::comm::elem::typed!(comm_methods);
 
     fn send_recv_buf(&self, send: Buf<'_>, to: usize, recv: BufMut<'_>, from: usize) -> Result<()> {
-        typed_pair!("send_recv", send, recv, s, r => self.send_recv_typed(s, to, r, from))
+        typed!(pair "send_recv", send, recv, s, r => self.send_recv_typed(s, to, r, from))
     }
 
     fn barrier(&self) -> Result<()> {

@@ -13,6 +13,7 @@
 use super::math::{dot, exp, exp_shifted_sum, gemm, row_max, widest, Mat, SendPtr};
 use crate::backend::ops::{AttentionDecode, Host};
 use rayon::prelude::*;
+use std::ops::Range;
 
 /// Query rows per block.
 pub(super) const BLOCK: usize = 64;
@@ -34,28 +35,40 @@ fn forward_keys(hd: usize) -> usize {
 /// microsecond, below which handing it to another thread costs more.
 const DECODE_GRAIN: usize = 1 << 15;
 
-/// p (rows x cols) = scale * Q (rows x hd) K (cols x hd)^T, Q and K rows `stride` apart.
-///
-/// # Safety
-/// q and k must address `rows` and `cols` rows of `hd` floats at `stride`;
-/// p must hold rows * cols floats.
-unsafe fn scores(
-    p: *mut f32,
-    q: *const f32,
-    k: *const f32,
-    (rows, cols): (usize, usize),
+/// A head's columns: `hd` of them in rows `stride` apart (3C in qkv), its
+/// scores scaled by `scale` (1 / sqrt(hd)).
+#[derive(Clone, Copy)]
+struct HeadCols {
     hd: usize,
     stride: usize,
     scale: f32,
-) {
+}
+
+impl HeadCols {
+    fn of(s: AttnShape) -> Self {
+        let hd = s.head_dim();
+        HeadCols {
+            hd,
+            stride: 3 * s.c,
+            scale: 1.0 / (hd as f32).sqrt(),
+        }
+    }
+}
+
+/// p (rows x cols) = scale * Q (rows x hd) K (cols x hd)^T, of head `h`.
+///
+/// # Safety
+/// q and k must address `rows` and `cols` rows of `h.hd` floats at
+/// `h.stride`; p must hold rows * cols floats.
+unsafe fn scores(p: *mut f32, q: *const f32, k: *const f32, rows: usize, cols: usize, h: HeadCols) {
     gemm(
         false,
-        (rows, cols, hd),
+        (rows, cols, h.hd),
         Mat::new(p, cols, 1),
-        Mat::new(q, stride, 1),
-        Mat::new(k, stride, 1).t(),
+        Mat::new(q, h.stride, 1),
+        Mat::new(k, h.stride, 1).t(),
         false,
-        scale,
+        h.scale,
         1,
     );
 }
@@ -136,7 +149,7 @@ pub(crate) fn forward_masked(
         .enumerate()
         .for_each_init(
             || Tiles::new(hd),
-            |tiles, (bh, lse_row)| forward_task(tiles, (bh, lse_row), (qkv, out_ptr), s, mask),
+            |tiles, (bh, lse_row)| forward_task(tiles, bh, lse_row, qkv, out_ptr, s, mask),
         );
 }
 
@@ -145,15 +158,16 @@ widest! {
     /// row of log-sum-exps.
     fn forward_task(
         tiles: &mut Tiles,
-        task: (usize, &mut [f32]),
-        io: (&[f32], SendPtr),
+        bh: usize,
+        lse_row: &mut [f32],
+        qkv: &[f32],
+        out_ptr: SendPtr,
         s: AttnShape,
         mask: Mask<'_>,
     ) {
-        let ((bh, lse_row), (qkv, out_ptr)) = (task, io);
         let AttnShape { t, c, nh, .. } = s;
-        let hd = s.head_dim();
-        let (scale, keys) = (1.0 / (hd as f32).sqrt(), forward_keys(hd));
+        let head = HeadCols::of(s);
+        let (hd, keys) = (head.hd, forward_keys(head.hd));
         let (bi, h) = (bh / nh, bh % nh);
         let q = qkv[bi * t * 3 * c + h * hd..].as_ptr();
         // SAFETY: q, k, v address rows of this batch inside qkv; the output
@@ -171,15 +185,7 @@ widest! {
                 for c0 in (0..cols).step_by(keys) {
                     let kw = keys.min(cols - c0);
                     let pp = p.as_mut_ptr();
-                    scores(
-                        pp,
-                        q.add(r0 * 3 * c),
-                        k.add(c0 * 3 * c),
-                        (rows, kw),
-                        hd,
-                        3 * c,
-                        scale,
-                    );
+                    scores(pp, q.add(r0 * 3 * c), k.add(c0 * 3 * c), rows, kw, head);
                     for i in 0..rows {
                         let row = &mut p[i * kw..(i + 1) * kw];
                         let seen = mask.valid(bi, r0 + i).saturating_sub(c0).min(kw);
@@ -249,15 +255,19 @@ impl Tiles {
 /// gradient for a tile stay (ROWS x KEYS) whatever T is.
 pub(super) const ROWS: usize = 256;
 
-/// The attention backward under `mask`, given (dout, qkv, out, lse): dqkv
-/// (B, T, 3C) overwritten.
-pub(crate) fn backward_masked(
-    dqkv: &mut [f32],
-    inputs: (&[f32], &[f32], &[f32], &[f32]),
-    s: AttnShape,
-    mask: Mask<'_>,
-) {
-    backward_in_runs(dqkv, inputs, s, mask, ROWS)
+/// What the attention backward reads: dout (B, T, C), and the forward's
+/// qkv (B, T, 3C), out (B, T, C) and lse (B, NH, T).
+#[derive(Clone, Copy)]
+pub(crate) struct Saved<'a> {
+    pub dout: &'a [f32],
+    pub qkv: &'a [f32],
+    pub out: &'a [f32],
+    pub lse: &'a [f32],
+}
+
+/// The attention backward under `mask`: dqkv (B, T, 3C) overwritten.
+pub(crate) fn backward_masked(dqkv: &mut [f32], saved: Saved<'_>, s: AttnShape, mask: Mask<'_>) {
+    backward_in_runs(dqkv, saved, s, mask, ROWS)
 }
 
 /// [`backward_masked`] with a key tile's query rows in runs of `run`: for
@@ -265,139 +275,202 @@ pub(crate) fn backward_masked(
 /// its probabilities again from the kept log-sum-exp, then dP, dS and its
 /// share of dQ; the tile's dV and dK are products over all those rows, so
 /// each is written once, by a product as deep as the rows that see it.
-fn backward_in_runs(
-    dqkv: &mut [f32],
-    (dout, qkv, out, lse): (&[f32], &[f32], &[f32], &[f32]),
-    s: AttnShape,
-    mask: Mask<'_>,
-    run: usize,
-) {
+fn backward_in_runs(dqkv: &mut [f32], saved: Saved<'_>, s: AttnShape, mask: Mask<'_>, run: usize) {
     let AttnShape { b, t, c, nh } = s;
+    let Saved { dout, out, .. } = saved;
     assert!(dqkv.len() >= b * t * 3 * c && dout.len() >= b * t * c && out.len() >= b * t * c);
     assert!(run > 0);
     mask.check(b, t);
     let dqkv_ptr = SendPtr(dqkv.as_mut_ptr());
     let tile = run.min(t) * KEYS;
     (0..b * nh).into_par_iter().for_each_init(
-        || (vec![0.0f32; tile], vec![0.0f32; tile], vec![0.0f32; t]),
-        |scratch, bh| backward_task(scratch, (bh, run), dqkv_ptr, (dout, qkv, out, lse), s, mask),
+        || Scratch {
+            p: vec![0.0; tile],
+            dp: vec![0.0; tile],
+            dsum: vec![0.0; t],
+        },
+        |scratch, bh| backward_task(scratch, bh, run, dqkv_ptr, saved, s, mask),
     );
+}
+
+/// A backward task's scratch: a run's probabilities and their gradient
+/// (`run` x KEYS), and its head's dO . O for every row (T).
+struct Scratch {
+    p: Vec<f32>,
+    dp: Vec<f32>,
+    dsum: Vec<f32>,
 }
 
 widest! {
     /// One task of [`backward_in_runs`]: (batch, head) `bh`'s share of
-    /// dqkv, its query rows in runs of `run`; `scratch` holds a run's
-    /// probabilities, their gradient and the rows' dO . O.
+    /// dqkv, its query rows in runs of `run`.
     fn backward_task(
-        scratch: &mut (Vec<f32>, Vec<f32>, Vec<f32>),
-        task: (usize, usize),
+        scratch: &mut Scratch,
+        bh: usize,
+        run: usize,
         dqkv_ptr: SendPtr,
-        inputs: (&[f32], &[f32], &[f32], &[f32]),
+        saved: Saved<'_>,
         s: AttnShape,
         mask: Mask<'_>,
     ) {
-        let ((p, dp, dsum), (bh, run)) = (scratch, task);
-        let (dout, qkv, out, lse) = inputs;
         let AttnShape { t, c, nh, .. } = s;
-        let hd = s.head_dim();
-        let scale = 1.0 / (hd as f32).sqrt();
-        let (bi, h) = (bh / nh, bh % nh);
-        let lse_row = &lse[bh * t..(bh + 1) * t];
+        let cols = HeadCols::of(s);
+        let (bi, h, hd) = (bh / nh, bh % nh, cols.hd);
+        let Scratch { p, dp, dsum } = scratch;
         for (tt, d) in dsum.iter_mut().enumerate() {
             let at = (bi * t + tt) * c + h * hd;
-            *d = dot(&dout[at..at + hd], &out[at..at + hd]);
+            *d = dot(&saved.dout[at..at + hd], &saved.out[at..at + hd]);
         }
         // SAFETY: all pointers address batch bi inside their buffers; the
         // gradient region (batch bi, head h) belongs to this task alone.
         unsafe {
-            let q = qkv.as_ptr().add(bi * t * 3 * c + h * hd);
-            let (k, v) = (q.add(c), q.add(2 * c));
-            let dq = dqkv_ptr.get().add(bi * t * 3 * c + h * hd);
-            let (dk, dv) = (dq.add(c), dq.add(2 * c));
-            let d_o = dout.as_ptr().add(bi * t * c + h * hd);
+            let head = Head {
+                q: saved.qkv.as_ptr().add(bi * t * 3 * c + h * hd),
+                d_o: saved.dout.as_ptr().add(bi * t * c + h * hd),
+                dq: dqkv_ptr.get().add(bi * t * 3 * c + h * hd),
+                c,
+                cols,
+                lse: &saved.lse[bh * t..(bh + 1) * t],
+                dsum,
+            };
             // the keys the sequence's last query block scores: every
             // key some query sees
             let keys = mask.cols(bi, t);
             for c0 in (0..keys).step_by(KEYS) {
-                let kw = KEYS.min(keys - c0);
-                let (k_tile, v_tile) = (k.add(c0 * 3 * c), v.add(c0 * 3 * c));
+                let tile = c0..keys.min(c0 + KEYS);
                 let first = mask.first_query(c0);
                 for r0 in (first..t).step_by(run) {
-                    let rows = run.min(t - r0);
-                    let (q_run, d_o_run) = (q.add(r0 * 3 * c), d_o.add(r0 * c));
-                    let (pp, dpp) = (p.as_mut_ptr(), dp.as_mut_ptr());
-                    scores(pp, q_run, k_tile, (rows, kw), hd, 3 * c, scale);
-                    for i in 0..rows {
-                        let row = &mut p[i * kw..(i + 1) * kw];
-                        let seen = mask.valid(bi, r0 + i).saturating_sub(c0).min(kw);
-                        let l = lse_row[r0 + i];
-                        row[..seen].iter_mut().for_each(|x| *x = exp(*x - l));
-                        row[seen..].fill(0.0);
-                    }
-                    // the tile's dV and dK: set by the first run, added to after
-                    let onto = r0 > first;
-                    // dV[tile] (+)= P^T dO[run]
-                    gemm(
-                        false,
-                        (kw, hd, rows),
-                        Mat::new(dv.add(c0 * 3 * c), 3 * c, 1),
-                        Mat::new(pp as *const f32, kw, 1).t(),
-                        Mat::new(d_o_run, c, 1),
-                        onto,
-                        1.0,
-                        1,
-                    );
-                    // dP = dO[run] V[tile]^T
-                    gemm(
-                        false,
-                        (rows, kw, hd),
-                        Mat::new(dpp, kw, 1),
-                        Mat::new(d_o_run, c, 1),
-                        Mat::new(v_tile, 3 * c, 1).t(),
-                        false,
-                        1.0,
-                        1,
-                    );
-                    for i in 0..rows {
-                        let d = dsum[r0 + i];
-                        let prow = &p[i * kw..(i + 1) * kw];
-                        let drow = &mut dp[i * kw..(i + 1) * kw];
-                        for (ds, &pp) in drow.iter_mut().zip(prow) {
-                            *ds = pp * (*ds - d) * scale;
-                        }
-                    }
-                    let ds = dpp as *const f32;
-                    // dQ[run] += dS K[tile]; the first tile sets it (every
-                    // query sees key 0)
-                    gemm(
-                        false,
-                        (rows, hd, kw),
-                        Mat::new(dq.add(r0 * 3 * c), 3 * c, 1),
-                        Mat::new(ds, kw, 1),
-                        Mat::new(k_tile, 3 * c, 1),
-                        c0 > 0,
-                        1.0,
-                        1,
-                    );
-                    // dK[tile] (+)= dS^T Q[run]
-                    gemm(
-                        false,
-                        (kw, hd, rows),
-                        Mat::new(dk.add(c0 * 3 * c), 3 * c, 1),
-                        Mat::new(ds, kw, 1).t(),
-                        Mat::new(q_run, 3 * c, 1),
-                        onto,
-                        1.0,
-                        1,
-                    );
+                    let rows = r0..t.min(r0 + run);
+                    let seen = |r| mask.valid(bi, r).saturating_sub(c0).min(tile.len());
+                    head.probabilities(p, tile.clone(), rows.clone(), seen);
+                    head.gradients(p, dp, tile.clone(), rows, r0 > first);
                 }
             }
             // keys no query saw (past a sequence's length)
             for tt in keys..t {
-                std::ptr::write_bytes(dk.add(tt * 3 * c), 0, hd);
-                std::ptr::write_bytes(dv.add(tt * 3 * c), 0, hd);
+                std::ptr::write_bytes(head.dq.add(c + tt * 3 * c), 0, hd);
+                std::ptr::write_bytes(head.dq.add(2 * c + tt * 3 * c), 0, hd);
             }
         }
+    }
+}
+
+/// A backward task's (batch, head): where its rows start in qkv, dO and
+/// dqkv, and the rows' log-sum-exps and dO . O.
+struct Head<'a> {
+    q: *const f32,
+    d_o: *const f32,
+    dq: *mut f32,
+    c: usize,
+    cols: HeadCols,
+    lse: &'a [f32],
+    dsum: &'a [f32],
+}
+
+impl Head<'_> {
+    /// p (rows x tile) = the probabilities of query `rows` over key `tile`,
+    /// again from the kept log-sum-exps; a row's keys past the `seen(row)`
+    /// first of the tile are 0.
+    ///
+    /// # Safety
+    /// The head's pointers address T rows; p holds rows x tile floats.
+    #[inline(always)]
+    unsafe fn probabilities(
+        &self,
+        p: &mut [f32],
+        tile: Range<usize>,
+        rows: Range<usize>,
+        seen: impl Fn(usize) -> usize,
+    ) {
+        let (kw, stride) = (tile.len(), self.cols.stride);
+        let (q_run, k_tile) = (
+            self.q.add(rows.start * stride),
+            self.q.add(self.c + tile.start * stride),
+        );
+        scores(p.as_mut_ptr(), q_run, k_tile, rows.len(), kw, self.cols);
+        for (i, r) in rows.enumerate() {
+            let row = &mut p[i * kw..(i + 1) * kw];
+            let (seen, l) = (seen(r), self.lse[r]);
+            row[..seen].iter_mut().for_each(|x| *x = exp(*x - l));
+            row[seen..].fill(0.0);
+        }
+    }
+
+    /// From the probabilities `p` of query `rows` over key `tile`: the
+    /// tile's dV and dK (set, or added `onto` what earlier runs wrote), dP
+    /// and dS in `dp`, and the rows' share of dQ.
+    ///
+    /// # Safety
+    /// As [`Head::probabilities`]; no other task writes this head's rows of
+    /// dqkv.
+    #[inline(always)]
+    unsafe fn gradients(
+        &self,
+        p: &[f32],
+        dp: &mut [f32],
+        tile: Range<usize>,
+        rows: Range<usize>,
+        onto: bool,
+    ) {
+        let (c, hd, stride, scale) = (self.c, self.cols.hd, self.cols.stride, self.cols.scale);
+        let (kw, n, c0, r0) = (tile.len(), rows.len(), tile.start, rows.start);
+        let (k_tile, v_tile) = (self.q.add(c + c0 * stride), self.q.add(2 * c + c0 * stride));
+        let (q_run, d_o_run) = (self.q.add(r0 * stride), self.d_o.add(r0 * c));
+        let (pp, dpp) = (p.as_ptr(), dp.as_mut_ptr());
+        // dV[tile] (+)= P^T dO[run]
+        gemm(
+            false,
+            (kw, hd, n),
+            Mat::new(self.dq.add(2 * c + c0 * stride), stride, 1),
+            Mat::new(pp, kw, 1).t(),
+            Mat::new(d_o_run, c, 1),
+            onto,
+            1.0,
+            1,
+        );
+        // dP = dO[run] V[tile]^T
+        gemm(
+            false,
+            (n, kw, hd),
+            Mat::new(dpp, kw, 1),
+            Mat::new(d_o_run, c, 1),
+            Mat::new(v_tile, stride, 1).t(),
+            false,
+            1.0,
+            1,
+        );
+        for i in 0..n {
+            let d = self.dsum[r0 + i];
+            let prow = &p[i * kw..(i + 1) * kw];
+            let drow = &mut dp[i * kw..(i + 1) * kw];
+            for (ds, &pp) in drow.iter_mut().zip(prow) {
+                *ds = pp * (*ds - d) * scale;
+            }
+        }
+        let ds = dpp as *const f32;
+        // dQ[run] += dS K[tile]; the first tile sets it (every query sees
+        // key 0)
+        gemm(
+            false,
+            (n, hd, kw),
+            Mat::new(self.dq.add(r0 * stride), stride, 1),
+            Mat::new(ds, kw, 1),
+            Mat::new(k_tile, stride, 1),
+            c0 > 0,
+            1.0,
+            1,
+        );
+        // dK[tile] (+)= dS^T Q[run]
+        gemm(
+            false,
+            (kw, hd, n),
+            Mat::new(self.dq.add(c + c0 * stride), stride, 1),
+            Mat::new(ds, kw, 1).t(),
+            Mat::new(q_run, stride, 1),
+            onto,
+            1.0,
+            1,
+        );
     }
 }
 
@@ -410,6 +483,14 @@ pub struct DecodeShape {
     pub c: usize,
     pub nh: usize,
     pub max_t: usize,
+}
+
+/// A decoding task's cached keys and values: positions 0..len.
+#[derive(Clone, Copy)]
+struct Cache<'a> {
+    k: &'a [f32],
+    v: &'a [f32],
+    len: usize,
 }
 
 /// How a decoding task computes one head: with AVX2 + FMA where the build
@@ -436,16 +517,11 @@ impl HeadKernel {
 
     /// For each of `heads` heads of `hd` values side by side: o = softmax(scale
     /// q . k(t), t < len) weighted sum of v(t), with position t's keys and
-    /// values `stride` floats after position t - 1's; `scores` is heads x len
-    /// floats of scratch.
-    fn heads(
-        self,
-        o: &mut [f32],
-        (q, k, v): (&[f32], &[f32], &[f32]),
-        (hd, stride, len): (usize, usize, usize),
-        scale: f32,
-        scores: &mut [f32],
-    ) {
+    /// values `stride` floats after position t - 1's (`cols`, `cache`);
+    /// `scores` is heads x len floats of scratch.
+    fn heads(self, o: &mut [f32], q: &[f32], cache: Cache<'_>, cols: HeadCols, scores: &mut [f32]) {
+        let HeadCols { hd, stride, scale } = cols;
+        let Cache { k, v, len } = cache;
         let width = o.len();
         assert!(len > 0 && q.len() == width && width.is_multiple_of(hd));
         let used = (len - 1) * stride + width;
@@ -521,7 +597,12 @@ fn attention_decode_by(
         max_t,
     } = s;
     let hd = c / nh;
-    let scale = 1.0 / (hd as f32).sqrt();
+    // position t's keys and values are a row of the cache, c wide
+    let cols = HeadCols {
+        hd,
+        stride: c,
+        scale: 1.0 / (hd as f32).sqrt(),
+    };
     assert!(len <= max_t && kcache.len() >= b * max_t * c && out.len() >= b * c);
     assert!(vcache.len() >= b * max_t * c && qkv.len() >= b * 3 * c);
     if len == 0 {
@@ -547,8 +628,12 @@ fn attention_decode_by(
                 let (r, h0) = (task / split, (task % split) * heads);
                 let q = &qkv[r * 3 * c + h0 * hd..][..heads * hd];
                 let at = r * max_t * c + h0 * hd;
-                let (k, v) = (&kcache[at..], &vcache[at..]);
-                kernel.heads(o, (q, k, v), (hd, c, len), scale, scores);
+                let cache = Cache {
+                    k: &kcache[at..],
+                    v: &vcache[at..],
+                    len,
+                };
+                kernel.heads(o, q, cache, cols, scores);
             },
         );
 }
@@ -727,7 +812,13 @@ mod tests {
                 let (mut out, mut lse) = (vec![0.0; n], vec![0.0; s.b * s.nh * s.t]);
                 forward_masked(&mut out, &mut lse, &qkv, s, mask);
                 let mut dqkv = vec![0.0; 3 * n];
-                backward_in_runs(&mut dqkv, (&dout, &qkv, &out, &lse), s, mask, 64);
+                let saved = Saved {
+                    dout: &dout,
+                    qkv: &qkv,
+                    out: &out,
+                    lse: &lse,
+                };
+                backward_in_runs(&mut dqkv, saved, s, mask, 64);
                 [out, lse, dqkv]
                     .concat()
                     .iter()
@@ -763,7 +854,13 @@ mod tests {
         // its first run and added to by the others
         for run in [ROWS, 3] {
             let mut dqkv = vec![f32::NAN; b * t * 3 * c];
-            backward_in_runs(&mut dqkv, (&probe, &qkv, &out, &lse), s, mask, run);
+            let saved = Saved {
+                dout: &probe,
+                qkv: &qkv,
+                out: &out,
+                lse: &lse,
+            };
+            backward_in_runs(&mut dqkv, saved, s, mask, run);
             assert_close(&format!("dqkv, runs of {run}"), &dqkv, &fd, 1e-4);
         }
     }

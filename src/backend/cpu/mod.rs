@@ -19,7 +19,7 @@ use super::WeightLayout;
 
 use super::memory::{Buf, Category, Dst, MemoryStats, Src};
 use super::ops::{checked, Host, Kernel, Lower, On};
-use super::profile::{self, Op};
+use super::profile;
 use super::{AttentionDecode, Decode, Device, Elem, Kernels, MatmulDecode, Threads};
 use crate::error::{Error, Result};
 use std::sync::Arc;
@@ -152,38 +152,38 @@ impl<'a> Lower<On<'a, Cpu>, Host<'a>> for ToHost {
 }
 
 /// A CPU kernel, counted while the profile is on (nothing to wait for).
-fn cpu_timed<R>(op: Op, flops: f64, run: impl FnOnce() -> R) -> R {
-    profile::timed(op, flops, || (), run)
+fn cpu_timed<R>(name: &'static str, flops: f64, run: impl FnOnce() -> R) -> R {
+    profile::timed(name, flops, || (), run)
 }
 
 impl Kernels for Cpu {
     fn run<'a, K: Kernel<On<'a, Self>>>(&self, op: K) -> Result<()> {
         checked(&op)?;
-        cpu_timed(K::OP, op.flops(), || op.cpu(&ToHost));
+        cpu_timed(K::NAME, op.flops(), || op.cpu(&ToHost));
         Ok(())
     }
     fn fill(&self, dst: Dst<'_, Self>, value: f32) {
-        cpu_timed(Op::Fill, 0.0, || elementwise::fill(w(dst), value))
+        cpu_timed("fill", 0.0, || elementwise::fill(w(dst), value))
     }
     fn add_inplace(&self, dst: Dst<'_, Self>, src: Src<'_, Self>) {
-        cpu_timed(Op::AddInplace, 0.0, || {
+        cpu_timed("add_inplace", 0.0, || {
             elementwise::add_inplace(w(dst), r(src))
         })
     }
     fn copy(&self, dst: Dst<'_, Self>, src: Src<'_, Self>) {
-        cpu_timed(Op::Copy, 0.0, || elementwise::copy(w(dst), r(src)))
+        cpu_timed("copy", 0.0, || elementwise::copy(w(dst), r(src)))
     }
     fn round_bf16(&self, dst: Dst<'_, Self>, src: Option<Src<'_, Self>>) {
-        cpu_timed(Op::RoundBf16, 0.0, || match src {
+        cpu_timed("round_bf16", 0.0, || match src {
             Some(src) => elementwise::round_bf16_from(w(dst), r(src)),
             None => elementwise::round_bf16(w(dst)),
         })
     }
     fn sum(&self, x: Src<'_, Self>) -> Result<f64> {
-        cpu_timed(Op::Sum, 0.0, || Ok(r(x).iter().map(|&v| v as f64).sum()))
+        cpu_timed("sum", 0.0, || Ok(r(x).iter().map(|&v| v as f64).sum()))
     }
     fn sum_squares(&self, x: Src<'_, Self>) -> Result<f64> {
-        cpu_timed(Op::SumSquares, 0.0, || Ok(elementwise::sum_squares(r(x))))
+        cpu_timed("sum_squares", 0.0, || Ok(elementwise::sum_squares(r(x))))
     }
 }
 

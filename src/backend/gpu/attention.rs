@@ -82,8 +82,9 @@ mod tests {
     use super::*;
     use crate::backend::cpu::attention;
     use crate::backend::cpu::check::randn;
-    use crate::backend::ops::{AsIs, AttentionBackward, AttentionForward, Host, Kernel};
+    use crate::backend::ops::{AsIs, Host, Kernel};
     use crate::backend::AttnShape;
+    use crate::backend::{AttentionBackward, AttentionForward};
     use crate::rng::Rng;
 
     #[test]

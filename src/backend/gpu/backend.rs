@@ -8,7 +8,7 @@ use super::{DeviceMem, GpuError, Queue, Raw, Runtime, View};
 use crate::backend::cpu::round_to_bf16;
 use crate::backend::memory::{Buf, Category, Dst, MemoryStats, Pending, Pinned, RawView, Src};
 use crate::backend::ops::{checked, Kernel, Lower, On};
-use crate::backend::profile::{self, Op};
+use crate::backend::profile;
 use crate::backend::{
     AttentionDecode, Decode, Device, Elem, Kernels, MatmulDecode, MatmulForward, MatmulShape,
     WeightFormat, WeightLayout,
@@ -80,9 +80,14 @@ impl<R: Runtime> Gpu<R> {
     /// [`Gpu::queue`] for a kernel the profile counts: while it is on, the
     /// queue is finished before and after the launch (a failure to finish
     /// is kept as a launch's is).
-    fn kernel(&self, op: Op, flops: f64, launch: impl FnOnce(&Queue<R>) -> Result<(), GpuError>) {
+    fn kernel(
+        &self,
+        name: &'static str,
+        flops: f64,
+        launch: impl FnOnce(&Queue<R>) -> Result<(), GpuError>,
+    ) {
         let finish = || self.queue(|d| d.finish());
-        profile::timed(op, flops, finish, || self.queue(launch))
+        profile::timed(name, flops, finish, || self.queue(launch))
     }
 
     /// The kept failure, if any, as an error (and cleared).
@@ -199,34 +204,34 @@ impl<R: Runtime> Device for Gpu<R> {
 impl<R: Runtime> Kernels for Gpu<R> {
     fn run<'a, K: Kernel<On<'a, Self>>>(&self, op: K) -> Result<()> {
         let checked = checked(&op)?;
-        self.kernel(K::OP, op.flops(), |d| op.gpu(d, &ToRaw, checked));
+        self.kernel(K::NAME, op.flops(), |d| op.gpu(d, &ToRaw, checked));
         Ok(())
     }
     fn fill(&self, dst: Dst<'_, Self>, value: f32) {
-        self.kernel(Op::Fill, 0.0, |d| d.fill(view(dst.raw()), value))
+        self.kernel("fill", 0.0, |d| d.fill(view(dst.raw()), value))
     }
     fn add_inplace(&self, dst: Dst<'_, Self>, src: Src<'_, Self>) {
-        self.kernel(Op::AddInplace, 0.0, |d| {
+        self.kernel("add_inplace", 0.0, |d| {
             d.add_inplace(view(dst.raw()), view(src.raw()))
         })
     }
     fn copy(&self, dst: Dst<'_, Self>, src: Src<'_, Self>) {
-        self.kernel(Op::Copy, 0.0, |d| d.copy(view(dst.raw()), view(src.raw())))
+        self.kernel("copy", 0.0, |d| d.copy(view(dst.raw()), view(src.raw())))
     }
     fn round_bf16(&self, dst: Dst<'_, Self>, src: Option<Src<'_, Self>>) {
         let dst = view(dst.raw());
         let src = src.map_or(dst, |s| view(s.raw()));
-        self.kernel(Op::RoundBf16, 0.0, |d| d.round_bf16(dst, src))
+        self.kernel("round_bf16", 0.0, |d| d.round_bf16(dst, src))
     }
     fn sum(&self, x: Src<'_, Self>) -> Result<f64> {
         self.check()?;
         let finish = || self.queue(|d| d.finish());
-        profile::timed(Op::Sum, 0.0, finish, || self.dev.sum(view(x.raw()))).map_err(device_error)
+        profile::timed("sum", 0.0, finish, || self.dev.sum(view(x.raw()))).map_err(device_error)
     }
     fn sum_squares(&self, x: Src<'_, Self>) -> Result<f64> {
         self.check()?;
         let finish = || self.queue(|d| d.finish());
-        profile::timed(Op::SumSquares, 0.0, finish, || {
+        profile::timed("sum_squares", 0.0, finish, || {
             self.dev.sum_squares(view(x.raw()))
         })
         .map_err(device_error)

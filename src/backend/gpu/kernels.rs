@@ -7,29 +7,13 @@ use super::{u32_arg, Arg, DeviceMem, Gemm, GpuError, Operand, Queue, Raw, Runtim
 use crate::backend::ops::{self, checked, AsIs, Kernel};
 use crate::backend::{Activation, WeightLayout, COLUMN_CHUNK_ROWS};
 
-const PRELUDE: &str = include_str!("../kernels/prelude.h");
-const SOURCES: [&str; 8] = [
-    include_str!("../kernels/encoder.cu"),
-    include_str!("../kernels/layernorm.cu"),
-    include_str!("../kernels/bias.cu"),
-    include_str!("../kernels/elementwise.cu"),
-    include_str!("../kernels/crossentropy.cu"),
-    include_str!("../kernels/adamw.cu"),
-    include_str!("../kernels/reduce.cu"),
-    include_str!("../kernels/attention.cu"),
-];
-
 /// Most workgroups of a whole-buffer reduction (partials read back).
 const REDUCE_GROUPS: usize = 256;
 
-/// The prelude and every kernel file: one program (OpenCL C or CUDA C++).
-pub fn program_source() -> String {
-    let mut src = String::from(PRELUDE);
-    for s in SOURCES {
-        src.push('\n');
-        src.push_str(s);
-    }
-    src
+/// The prelude and every kernel file, as `build.rs` joins them: one
+/// program (OpenCL C or CUDA C++).
+pub fn program_source() -> &'static str {
+    include_str!(concat!(env!("OUT_DIR"), "/program.cu"))
 }
 
 /// Workgroups for one thread per element of `n`.

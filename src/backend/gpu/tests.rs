@@ -12,13 +12,14 @@ use crate::backend::cpu::check::randn;
 use crate::backend::cpu::elementwise;
 use crate::backend::opencl::ClRuntime;
 use crate::backend::ops::layernorm;
-use crate::backend::ops::{
-    ActivationBackward, ActivationForward, AdamWUpdate, AsIs, CrossEntropyBackward,
-    CrossEntropyForward, EncoderBackward, EncoderForward, Host, Kernel, LayerNormBackward,
-    LayerNormForward, MatmulBackward, MatmulForward, MatmulShape,
-};
+use crate::backend::ops::{AsIs, Host, Kernel};
 use crate::backend::Elem;
 use crate::backend::{Activation, AdamWStep, WeightLayout};
+use crate::backend::{
+    ActivationBackward, ActivationForward, AdamWUpdate, CrossEntropyBackward, CrossEntropyForward,
+    EncoderBackward, EncoderForward, LayerNormBackward, LayerNormForward, MatmulBackward,
+    MatmulForward, MatmulShape,
+};
 use crate::rng::Rng;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
@@ -1091,7 +1092,7 @@ fn sums_match_f64_and_are_deterministic_on<R: Runtime>(dev: &Queue<R>) {
 #[test]
 fn every_kernel_of_the_program_is_named() {
     let src = program_source();
-    let names = kernel_names(&src);
+    let names = kernel_names(src);
     for k in [
         "encoder_forward",
         "attention_forward",

@@ -129,10 +129,10 @@ impl Runtime for ClRuntime {
             CommandQueue::create_default(&context, 0).map_err(failed("clCreateCommandQueue"))?;
         let copier =
             CommandQueue::create_default(&context, 0).map_err(failed("clCreateCommandQueue"))?;
-        let program = Program::create_and_build_from_source(&context, &program_source(), "")
+        let program = Program::create_and_build_from_source(&context, program_source(), "")
             .map_err(|log| GpuError(format!("building the kernels for {name} failed: {log}")))?;
         let mut kernels = HashMap::new();
-        for kname in kernel_names(&program_source()) {
+        for kname in kernel_names(program_source()) {
             let k = Kernel::create(&program, kname).map_err(failed("clCreateKernel"))?;
             kernels.insert(kname.to_string(), k);
         }

@@ -2,13 +2,12 @@
 //! with a product's bias fused in and its gradient summed in the same pass,
 //! as kernels (`kernels/elementwise.cu` and `kernels/bias.cu` on a GPU).
 
-use super::{need, Checked, Extent, Host, Kernel, Lower, Operands};
+use super::{need, Checked, Extent, Host, Kernel, Lower, Operands, Queued};
 use crate::backend::cpu::elementwise::CHUNK;
 use crate::backend::cpu::math::{
     column_sums, gelu, gelu_erf, gelu_erf_grad, gelu_grad, tanh_exp, widest,
 };
-use crate::backend::gpu::{act_code, groups, u32s, Arg, GpuError, Queue, Raw, Runtime, View};
-use crate::backend::profile::Op;
+use crate::backend::gpu::{act_code, groups, u32s, Arg, Queue, Raw, Runtime, View};
 use crate::backend::{Activation, COLUMN_CHUNK_ROWS};
 use rayon::prelude::*;
 
@@ -66,7 +65,7 @@ operation! {
 }
 
 impl<O: Operands> Kernel<O> for ActivationForward<O> {
-    const OP: Op = Op::ActivationForward;
+    const NAME: &'static str = "activation_forward";
 
     fn check(&self) -> Result<(), String> {
         let n = self.inp.extent();
@@ -78,24 +77,14 @@ impl<O: Operands> Kernel<O> for ActivationForward<O> {
         forward(self.lower(host))
     }
 
-    fn gpu<R: Runtime>(
-        self,
-        q: &Queue<R>,
-        raw: &impl Lower<O, Raw>,
-        _: Checked,
-    ) -> Result<(), GpuError> {
-        let ActivationForward {
-            out,
-            inp,
-            bias,
-            act,
-        } = self.lower(raw);
-        launch(q, "activation_forward", (out, inp, bias), act)
+    fn gpu<R: Runtime>(self, q: &Queue<R>, raw: &impl Lower<O, Raw>, _: Checked) -> Queued {
+        let op = self.lower(raw);
+        launch(q, "activation_forward", op.out, op.inp, op.bias, op.act)
     }
 }
 
 impl<O: Operands> Kernel<O> for ActivationBackward<O> {
-    const OP: Op = Op::ActivationBackward;
+    const NAME: &'static str = "activation_backward";
 
     fn check(&self) -> Result<(), String> {
         let n = self.inp.extent();
@@ -110,24 +99,17 @@ impl<O: Operands> Kernel<O> for ActivationBackward<O> {
 
     /// With `dbias`, the bias-gradient kernel, which scales d in the same
     /// pass.
-    fn gpu<R: Runtime>(
-        self,
-        q: &Queue<R>,
-        raw: &impl Lower<O, Raw>,
-        _: Checked,
-    ) -> Result<(), GpuError> {
-        let ActivationBackward {
-            d,
-            inp,
-            bias,
-            act,
-            dbias,
-        } = self.lower(raw);
-        if let Some(db) = dbias.filter(|db| db.len > 0) {
+    fn gpu<R: Runtime>(self, q: &Queue<R>, raw: &impl Lower<O, Raw>, _: Checked) -> Queued {
+        let op = self.lower(raw);
+        if let Some(db) = op.dbias.filter(|db| db.len > 0) {
             let cols = db.len;
-            return q.bias_backward(db, (d, inp, bias, Some(act)), (inp.len / cols, cols));
+            return q.bias_backward(
+                db,
+                (op.d, op.inp, op.bias, Some(op.act)),
+                (op.inp.len / cols, cols),
+            );
         }
-        launch(q, "activation_backward", (d, inp, bias), act)
+        launch(q, "activation_backward", op.d, op.inp, op.bias, op.act)
     }
 }
 
@@ -135,9 +117,11 @@ impl<O: Operands> Kernel<O> for ActivationBackward<O> {
 fn launch<R: Runtime>(
     q: &Queue<R>,
     name: &str,
-    (out, inp, bias): (View, View, Option<View>),
+    out: View,
+    inp: View,
+    bias: Option<View>,
     act: Activation,
-) -> Result<(), GpuError> {
+) -> Queued {
     let cols = bias.map_or(0, |b| b.len);
     let args = [
         Arg::View(out),

@@ -2,9 +2,8 @@
 //! update, decoupled weight decay), as a kernel (`kernels/adamw.cu` on a
 //! GPU).
 
-use super::{need, Checked, Extent, Host, Kernel, Lower, Operands};
-use crate::backend::gpu::{groups, u32s, Arg, GpuError, Queue, Raw, Runtime};
-use crate::backend::profile::Op;
+use super::{need, Checked, Extent, Host, Kernel, Lower, Operands, Queued};
+use crate::backend::gpu::{groups, u32s, Arg, Queue, Raw, Runtime};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -22,7 +21,7 @@ operation! {
 }
 
 impl<O: Operands> Kernel<O> for AdamWUpdate<O> {
-    const OP: Op = Op::AdamW;
+    const NAME: &'static str = "adamw";
 
     fn check(&self) -> Result<(), String> {
         let n = self.param.extent();
@@ -35,35 +34,23 @@ impl<O: Operands> Kernel<O> for AdamWUpdate<O> {
         update(self.lower(host))
     }
 
-    fn gpu<R: Runtime>(
-        self,
-        q: &Queue<R>,
-        raw: &impl Lower<O, Raw>,
-        _: Checked,
-    ) -> Result<(), GpuError> {
-        let AdamWUpdate {
-            param,
-            grad,
-            m,
-            v,
-            step,
-            weight_decay,
-        } = self.lower(raw);
-        let n = param.len;
+    fn gpu<R: Runtime>(self, q: &Queue<R>, raw: &impl Lower<O, Raw>, _: Checked) -> Queued {
+        let op = self.lower(raw);
+        let (n, step) = (op.param.len, op.step);
         // The same constants, in f32, as the CPU's.
         let bc1 = 1.0 - step.beta1.powi(step.step as i32);
         let bc2_sqrt = (1.0 - step.beta2.powi(step.step as i32)).sqrt();
         let args = [
-            Arg::View(param),
-            Arg::View(grad),
-            Arg::View(m),
-            Arg::View(v),
+            Arg::View(op.param),
+            Arg::View(op.grad),
+            Arg::View(op.m),
+            Arg::View(op.v),
             u32s("n", n)?,
             Arg::F32(step.beta1),
             Arg::F32(step.beta2),
             Arg::F32(step.eps),
             Arg::F32(step.lr / bc1),
-            Arg::F32(1.0 - step.lr * weight_decay),
+            Arg::F32(1.0 - step.lr * op.weight_decay),
             Arg::F32(bc2_sqrt),
             Arg::F32(step.grad_scale),
         ];

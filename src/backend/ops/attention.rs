@@ -4,12 +4,10 @@
 //! atomics), causal or with a padding mask (each sequence's key count in
 //! `lens`).
 
-use super::{need, Checked, Host, Kernel, Lower, Operands};
-use crate::backend::cpu::attention::{backward_masked, forward_masked, Mask};
-use crate::backend::gpu::{
-    head_dim, mask_args, u32s, Arg, GpuError, Queue, Raw, Runtime, ATT_ROWS,
-};
-use crate::backend::profile::{attention_flops, Op};
+use super::{need, Checked, Host, Kernel, Lower, Operands, Queued};
+use crate::backend::cpu::attention::{backward_masked, forward_masked, Mask, Saved};
+use crate::backend::gpu::{head_dim, mask_args, u32s, Arg, Queue, Raw, Runtime, View, ATT_ROWS};
+use crate::backend::profile::attention_flops;
 use crate::backend::AttnShape;
 
 operation! {
@@ -57,7 +55,7 @@ fn host_mask(lens: Option<&[u32]>) -> Mask<'_> {
 }
 
 impl<O: Operands> Kernel<O> for AttentionForward<O> {
-    const OP: Op = Op::AttentionForward;
+    const NAME: &'static str = "attention_forward";
 
     fn check(&self) -> Result<(), String> {
         let AttnShape { b, t, c, nh } = self.shape;
@@ -76,38 +74,15 @@ impl<O: Operands> Kernel<O> for AttentionForward<O> {
         forward_masked(op.out, op.lse, op.qkv, op.shape, host_mask(op.lens))
     }
 
-    fn gpu<R: Runtime>(
-        self,
-        q: &Queue<R>,
-        raw: &impl Lower<O, Raw>,
-        _: Checked,
-    ) -> Result<(), GpuError> {
-        let AttentionForward {
-            out,
-            lse,
-            qkv,
-            lens,
-            shape,
-        } = self.lower(raw);
-        let AttnShape { b, t, c, nh } = shape;
-        head_dim(c, nh)?;
-        let mask = mask_args(lens, qkv);
-        let args = [
-            Arg::View(out),
-            Arg::View(lse),
-            Arg::View(qkv),
-            u32s("t", t)?,
-            u32s("c", c)?,
-            u32s("nh", nh)?,
-            mask[0],
-            mask[1],
-        ];
-        q.launch("attention_forward", t.div_ceil(ATT_ROWS) * b * nh, &args)
+    fn gpu<R: Runtime>(self, q: &Queue<R>, raw: &impl Lower<O, Raw>, _: Checked) -> Queued {
+        let op = self.lower(raw);
+        let views = [op.out, op.lse, op.qkv];
+        launch(q, &["attention_forward"], &views, op.shape, op.lens, op.qkv)
     }
 }
 
 impl<O: Operands> Kernel<O> for AttentionBackward<O> {
-    const OP: Op = Op::AttentionBackward;
+    const NAME: &'static str = "attention_backward";
 
     fn check(&self) -> Result<(), String> {
         let AttnShape { b, t, c, nh } = self.shape;
@@ -124,54 +99,44 @@ impl<O: Operands> Kernel<O> for AttentionBackward<O> {
     }
 
     fn cpu<'a>(self, host: &impl Lower<O, Host<'a>>) {
-        let AttentionBackward {
-            dqkv,
-            dout,
-            qkv,
-            out,
-            lse,
-            lens,
-            shape,
-        } = self.lower(host);
-        backward_masked(dqkv, (dout, qkv, out, lse), shape, host_mask(lens))
+        let op = self.lower(host);
+        let saved = Saved {
+            dout: op.dout,
+            qkv: op.qkv,
+            out: op.out,
+            lse: op.lse,
+        };
+        backward_masked(op.dqkv, saved, op.shape, host_mask(op.lens))
     }
 
     /// Two passes writing disjoint parts of dqkv: workgroups owning keys
     /// (dk, dv), then workgroups owning queries (dq).
-    fn gpu<R: Runtime>(
-        self,
-        q: &Queue<R>,
-        raw: &impl Lower<O, Raw>,
-        _: Checked,
-    ) -> Result<(), GpuError> {
-        let AttentionBackward {
-            dqkv,
-            dout,
-            qkv,
-            out,
-            lse,
-            lens,
-            shape,
-        } = self.lower(raw);
-        let AttnShape { b, t, c, nh } = shape;
-        head_dim(c, nh)?;
-        let mask = mask_args(lens, qkv);
-        let args = [
-            Arg::View(dqkv),
-            Arg::View(dout),
-            Arg::View(qkv),
-            Arg::View(out),
-            Arg::View(lse),
-            u32s("t", t)?,
-            u32s("c", c)?,
-            u32s("nh", nh)?,
-            mask[0],
-            mask[1],
-        ];
-        // Two passes writing disjoint parts of dqkv: workgroups owning keys
-        // (dk, dv), then workgroups owning queries (dq).
-        let groups = t.div_ceil(ATT_ROWS) * b * nh;
-        q.launch("attention_backward_dkdv", groups, &args)?;
-        q.launch("attention_backward_dq", groups, &args)
+    fn gpu<R: Runtime>(self, q: &Queue<R>, raw: &impl Lower<O, Raw>, _: Checked) -> Queued {
+        let op = self.lower(raw);
+        let views = [op.dqkv, op.dout, op.qkv, op.out, op.lse];
+        let passes = ["attention_backward_dkdv", "attention_backward_dq"];
+        launch(q, &passes, &views, op.shape, op.lens, op.qkv)
     }
+}
+
+/// The attention kernels `passes`, in turn, each over `views`, the shape
+/// and the mask (`lens`, or causal; `qkv` stands in for no lens): a
+/// workgroup per `ATT_ROWS` queries of a head.
+fn launch<R: Runtime>(
+    q: &Queue<R>,
+    passes: &[&str],
+    views: &[View],
+    shape: AttnShape,
+    lens: Option<View>,
+    qkv: View,
+) -> Queued {
+    let AttnShape { b, t, c, nh } = shape;
+    head_dim(c, nh)?;
+    let mut args: Vec<Arg> = views.iter().map(|&v| Arg::View(v)).collect();
+    args.extend([u32s("t", t)?, u32s("c", c)?, u32s("nh", nh)?]);
+    args.extend(mask_args(lens, qkv));
+    for pass in passes {
+        q.launch(pass, t.div_ceil(ATT_ROWS) * b * nh, &args)?;
+    }
+    Ok(())
 }

@@ -4,10 +4,9 @@
 //!
 //! As kernels: `kernels/crossentropy.cu` on a GPU.
 
-use super::{need, Checked, Extent, Host, Kernel, Lower, Operands};
+use super::{need, Checked, Extent, Host, Kernel, Lower, Operands, Queued};
 use crate::backend::cpu::math::{exp, exp_shifted_sum, row_max, LANES};
-use crate::backend::gpu::{u32s, Arg, GpuError, Queue, Raw, Runtime};
-use crate::backend::profile::Op;
+use crate::backend::gpu::{u32s, Arg, Queue, Raw, Runtime};
 use crate::data::IGNORE;
 use rayon::prelude::*;
 
@@ -44,7 +43,7 @@ fn check_vocab(v: usize, vp: usize) -> Result<(), String> {
 }
 
 impl<O: Operands> Kernel<O> for CrossEntropyForward<O> {
-    const OP: Op = Op::CrossEntropyForward;
+    const NAME: &'static str = "crossentropy_forward";
 
     fn check(&self) -> Result<(), String> {
         let rows = self.targets.extent();
@@ -57,32 +56,21 @@ impl<O: Operands> Kernel<O> for CrossEntropyForward<O> {
         forward(self.lower(host))
     }
 
-    fn gpu<R: Runtime>(
-        self,
-        q: &Queue<R>,
-        raw: &impl Lower<O, Raw>,
-        _: Checked,
-    ) -> Result<(), GpuError> {
-        let CrossEntropyForward {
-            losses,
-            logits,
-            targets,
-            v,
-            vp,
-        } = self.lower(raw);
+    fn gpu<R: Runtime>(self, q: &Queue<R>, raw: &impl Lower<O, Raw>, _: Checked) -> Queued {
+        let op = self.lower(raw);
         let args = [
-            Arg::View(losses),
-            Arg::View(logits),
-            Arg::View(targets),
-            u32s("v", v)?,
-            u32s("vp", vp)?,
+            Arg::View(op.losses),
+            Arg::View(op.logits),
+            Arg::View(op.targets),
+            u32s("v", op.v)?,
+            u32s("vp", op.vp)?,
         ];
-        q.launch("crossentropy_forward", targets.len, &args)
+        q.launch("crossentropy_forward", op.targets.len, &args)
     }
 }
 
 impl<O: Operands> Kernel<O> for CrossEntropyBackward<O> {
-    const OP: Op = Op::CrossEntropyBackward;
+    const NAME: &'static str = "crossentropy_backward";
 
     fn check(&self) -> Result<(), String> {
         check_vocab(self.v, self.vp)?;
@@ -94,27 +82,16 @@ impl<O: Operands> Kernel<O> for CrossEntropyBackward<O> {
     }
 
     /// Padding columns' gradients 0.
-    fn gpu<R: Runtime>(
-        self,
-        q: &Queue<R>,
-        raw: &impl Lower<O, Raw>,
-        _: Checked,
-    ) -> Result<(), GpuError> {
-        let CrossEntropyBackward {
-            logits,
-            targets,
-            v,
-            vp,
-            dloss,
-        } = self.lower(raw);
+    fn gpu<R: Runtime>(self, q: &Queue<R>, raw: &impl Lower<O, Raw>, _: Checked) -> Queued {
+        let op = self.lower(raw);
         let args = [
-            Arg::View(logits),
-            Arg::View(targets),
-            u32s("v", v)?,
-            u32s("vp", vp)?,
-            Arg::F32(dloss),
+            Arg::View(op.logits),
+            Arg::View(op.targets),
+            u32s("v", op.v)?,
+            u32s("vp", op.vp)?,
+            Arg::F32(op.dloss),
         ];
-        q.launch("crossentropy_backward_inplace", targets.len, &args)
+        q.launch("crossentropy_backward_inplace", op.targets.len, &args)
     }
 }
 

@@ -1,10 +1,9 @@
 //! Token + position embedding, forward and backward, as kernels
 //! (`kernels/encoder.cu` on a GPU).
 
-use super::{need, Checked, Extent, Host, Kernel, Lower, Operands};
+use super::{need, Checked, Extent, Host, Kernel, Lower, Operands, Queued};
 use crate::backend::cpu::math::SendPtr;
-use crate::backend::gpu::{groups, u32_arg, u32s, Arg, DeviceMem, GpuError, Queue, Raw, Runtime};
-use crate::backend::profile::Op;
+use crate::backend::gpu::{groups, u32_arg, u32s, Arg, DeviceMem, Queue, Raw, Runtime};
 use rayon::prelude::*;
 
 operation! {
@@ -42,7 +41,7 @@ fn check_t(t: usize) -> Result<(), String> {
 }
 
 impl<O: Operands> Kernel<O> for EncoderForward<O> {
-    const OP: Op = Op::EncoderForward;
+    const NAME: &'static str = "encoder_forward";
 
     fn check(&self) -> Result<(), String> {
         let (rows, t, c) = (self.tokens.extent(), self.t, self.c);
@@ -55,36 +54,24 @@ impl<O: Operands> Kernel<O> for EncoderForward<O> {
         forward(self.lower(host))
     }
 
-    fn gpu<R: Runtime>(
-        self,
-        q: &Queue<R>,
-        raw: &impl Lower<O, Raw>,
-        _: Checked,
-    ) -> Result<(), GpuError> {
-        let EncoderForward {
-            out,
-            tokens,
-            wte,
-            wpe,
-            t,
-            c,
-        } = self.lower(raw);
-        let rows = tokens.len;
+    fn gpu<R: Runtime>(self, q: &Queue<R>, raw: &impl Lower<O, Raw>, _: Checked) -> Queued {
+        let op = self.lower(raw);
+        let rows = op.tokens.len;
         let args = [
-            Arg::View(out),
-            Arg::View(tokens),
-            Arg::View(wte),
-            Arg::View(wpe),
+            Arg::View(op.out),
+            Arg::View(op.tokens),
+            Arg::View(op.wte),
+            Arg::View(op.wpe),
             u32s("rows", rows)?,
-            u32s("t", t)?,
-            u32s("c", c)?,
+            u32s("t", op.t)?,
+            u32s("c", op.c)?,
         ];
-        q.launch("encoder_forward", groups(rows * c), &args)
+        q.launch("encoder_forward", groups(rows * op.c), &args)
     }
 }
 
 impl<O: Operands> Kernel<O> for EncoderBackward<'_, O> {
-    const OP: Op = Op::EncoderBackward;
+    const NAME: &'static str = "encoder_backward";
 
     fn check(&self) -> Result<(), String> {
         let (rows, t, c) = (self.host_tokens.len(), self.t, self.c);
@@ -103,12 +90,7 @@ impl<O: Operands> Kernel<O> for EncoderBackward<'_, O> {
     }
 
     /// In a fixed order: rows are grouped by token here on the host.
-    fn gpu<R: Runtime>(
-        self,
-        q: &Queue<R>,
-        raw: &impl Lower<O, Raw>,
-        _: Checked,
-    ) -> Result<(), GpuError> {
+    fn gpu<R: Runtime>(self, q: &Queue<R>, raw: &impl Lower<O, Raw>, _: Checked) -> Queued {
         let EncoderBackward {
             dwte,
             dwpe,

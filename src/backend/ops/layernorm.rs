@@ -2,10 +2,9 @@
 //! (`kernels/layernorm.cu` on a GPU); eps is the model's (GPT-2 1e-5, BERT
 //! 1e-12).
 
-use super::{need, Checked, Extent, Host, Kernel, Lower, Operands};
+use super::{need, Checked, Extent, Host, Kernel, Lower, Operands, Queued};
 use crate::backend::cpu::math::{column_sums, sum};
-use crate::backend::gpu::{groups, u32s, Arg, DeviceMem, GpuError, Queue, Raw, Runtime};
-use crate::backend::profile::Op;
+use crate::backend::gpu::{groups, u32s, Arg, DeviceMem, Queue, Raw, Runtime};
 use crate::backend::COLUMN_CHUNK_ROWS;
 use rayon::prelude::*;
 
@@ -44,7 +43,7 @@ operation! {
 }
 
 impl<O: Operands> Kernel<O> for LayerNormForward<O> {
-    const OP: Op = Op::LayerNormForward;
+    const NAME: &'static str = "layernorm_forward";
 
     fn check(&self) -> Result<(), String> {
         let (rows, c) = (self.mean.extent(), self.c);
@@ -59,38 +58,24 @@ impl<O: Operands> Kernel<O> for LayerNormForward<O> {
         forward(self.lower(host))
     }
 
-    fn gpu<R: Runtime>(
-        self,
-        q: &Queue<R>,
-        raw: &impl Lower<O, Raw>,
-        _: Checked,
-    ) -> Result<(), GpuError> {
-        let LayerNormForward {
-            out,
-            mean,
-            rstd,
-            inp,
-            w,
-            b,
-            c,
-            eps,
-        } = self.lower(raw);
+    fn gpu<R: Runtime>(self, q: &Queue<R>, raw: &impl Lower<O, Raw>, _: Checked) -> Queued {
+        let op = self.lower(raw);
         let args = [
-            Arg::View(out),
-            Arg::View(mean),
-            Arg::View(rstd),
-            Arg::View(inp),
-            Arg::View(w),
-            Arg::View(b),
-            u32s("c", c)?,
-            Arg::F32(eps),
+            Arg::View(op.out),
+            Arg::View(op.mean),
+            Arg::View(op.rstd),
+            Arg::View(op.inp),
+            Arg::View(op.w),
+            Arg::View(op.b),
+            u32s("c", op.c)?,
+            Arg::F32(op.eps),
         ];
-        q.launch("layernorm_forward", mean.len, &args)
+        q.launch("layernorm_forward", op.mean.len, &args)
     }
 }
 
 impl<O: Operands> Kernel<O> for LayerNormBackward<O> {
-    const OP: Op = Op::LayerNormBackward;
+    const NAME: &'static str = "layernorm_backward";
 
     fn check(&self) -> Result<(), String> {
         let (rows, c) = (self.mean.extent(), self.c);
@@ -113,51 +98,36 @@ impl<O: Operands> Kernel<O> for LayerNormBackward<O> {
     }
 
     /// dinp row by row; dw, db as per-chunk partials, then a fixed-order sum.
-    fn gpu<R: Runtime>(
-        self,
-        q: &Queue<R>,
-        raw: &impl Lower<O, Raw>,
-        _: Checked,
-    ) -> Result<(), GpuError> {
-        let LayerNormBackward {
-            dinp,
-            dwb,
-            dout,
-            inp,
-            w,
-            mean,
-            rstd,
-            c,
-            accumulate,
-        } = self.lower(raw);
-        let rows = mean.len;
+    fn gpu<R: Runtime>(self, q: &Queue<R>, raw: &impl Lower<O, Raw>, _: Checked) -> Queued {
+        let op = self.lower(raw);
+        let (rows, c) = (op.mean.len, op.c);
         if rows == 0 || c == 0 {
             return Ok(());
         }
-        if let Some(dinp) = dinp {
+        if let Some(dinp) = op.dinp {
             let args = [
                 Arg::View(dinp),
-                Arg::View(dout),
-                Arg::View(inp),
-                Arg::View(w),
-                Arg::View(mean),
-                Arg::View(rstd),
+                Arg::View(op.dout),
+                Arg::View(op.inp),
+                Arg::View(op.w),
+                Arg::View(op.mean),
+                Arg::View(op.rstd),
                 u32s("c", c)?,
-                Arg::U32(accumulate as u32),
+                Arg::U32(op.accumulate as u32),
             ];
             q.launch("layernorm_backward", rows, &args)?;
         }
-        let Some((dw, db)) = dwb else {
+        let Some((dw, db)) = op.dwb else {
             return Ok(());
         };
         let chunks = rows.div_ceil(COLUMN_CHUNK_ROWS);
         let partials = q.alloc::<f32>(chunks * 2 * c)?;
         let args = [
             Arg::View(partials.view()),
-            Arg::View(dout),
-            Arg::View(inp),
-            Arg::View(mean),
-            Arg::View(rstd),
+            Arg::View(op.dout),
+            Arg::View(op.inp),
+            Arg::View(op.mean),
+            Arg::View(op.rstd),
             u32s("rows", rows)?,
             u32s("c", c)?,
             u32s("chunks", chunks)?,
@@ -221,23 +191,12 @@ fn forward(op: LayerNormForward<Host<'_>>) {
 /// dinp += d/dinp (dinp = d/dinp without `accumulate`); dw += sum over
 /// rows of dout * norm; db += sum of dout; each half only when its outputs
 /// are given.
-fn backward(op: LayerNormBackward<Host<'_>>) {
-    let LayerNormBackward {
-        dinp,
-        dwb,
-        dout,
-        inp,
-        w,
-        mean,
-        rstd,
-        c,
-        accumulate,
-    } = op;
-    if let Some((dw, db)) = dwb {
-        backward_weight(dw, db, dout, inp, mean, rstd, c);
+fn backward(mut op: LayerNormBackward<Host<'_>>) {
+    if let Some((dw, db)) = op.dwb.take() {
+        backward_weight(dw, db, &op);
     }
-    if let Some(dinp) = dinp {
-        backward_input(dinp, (dout, inp, w), (mean, rstd), c, accumulate);
+    if let Some(dinp) = op.dinp.take() {
+        backward_input(dinp, &op);
     }
 }
 
@@ -248,15 +207,9 @@ fn backward(op: LayerNormBackward<Host<'_>>) {
 /// In zipped iterators it runs in half the time that indexed loops over a
 /// scratch row took (`bench --profile`, default run: 34 → 17.5 ms a step
 /// for both halves).
-fn backward_input(
-    dinp: &mut [f32],
-    (dout, inp, w): (&[f32], &[f32], &[f32]),
-    (mean, rstd): (&[f32], &[f32]),
-    c: usize,
-    accumulate: bool,
-) {
-    let rows = mean.len();
-    let w = &w[..c];
+fn backward_input(dinp: &mut [f32], op: &LayerNormBackward<Host<'_>>) {
+    let (dout, inp, mean, rstd, c) = (op.dout, op.inp, op.mean, op.rstd, op.c);
+    let (rows, w, accumulate) = (mean.len(), &op.w[..c], op.accumulate);
     let body = c - c % 8;
     dinp[..rows * c]
         .par_chunks_mut(c)
@@ -292,15 +245,8 @@ fn backward_input(
 /// The weight half of the backward: dw += sum over rows of dout *
 /// norm, db += sum of dout, in [`column_sums`]' chunks (a fixed order,
 /// whatever rayon's schedule).
-fn backward_weight(
-    dw: &mut [f32],
-    db: &mut [f32],
-    dout: &[f32],
-    inp: &[f32],
-    mean: &[f32],
-    rstd: &[f32],
-    c: usize,
-) {
+fn backward_weight(dw: &mut [f32], db: &mut [f32], op: &LayerNormBackward<Host<'_>>) {
+    let (dout, inp, mean, rstd, c) = (op.dout, op.inp, op.mean, op.rstd, op.c);
     let rows = mean.len();
     let chunks = (0..rows).into_par_iter().step_by(COLUMN_CHUNK_ROWS);
     column_sums(&mut [&mut dw[..c], &mut db[..c]], chunks, |r0, part| {

@@ -5,10 +5,10 @@
 //! Weights are either `InOut` (k x n, Hugging Face Conv1D: `out = inp @ w`)
 //! or `OutIn` (n x k, nn.Linear / the tied embedding: `out = inp @ w^T`).
 
-use super::{need, Checked, Host, Kernel, Lower, Operands};
+use super::{need, Checked, Host, Kernel, Lower, Operands, Queued};
 use crate::backend::cpu::math::{column_sums, gemm, Mat};
-use crate::backend::gpu::{operand, weight_operand, Gemm, GpuError, Queue, Raw, Runtime};
-use crate::backend::profile::{matmul_flops, Op};
+use crate::backend::gpu::{operand, weight_operand, Gemm, Queue, Raw, Runtime};
+use crate::backend::profile::matmul_flops;
 use crate::backend::COLUMN_CHUNK_ROWS;
 use rayon::prelude::*;
 
@@ -72,7 +72,7 @@ operation! {
 }
 
 impl<O: Operands> Kernel<O> for MatmulForward<O> {
-    const OP: Op = Op::MatmulForward;
+    const NAME: &'static str = "matmul_forward";
 
     fn check(&self) -> Result<(), String> {
         let MatmulShape { rows, k, n, .. } = self.shape;
@@ -95,43 +95,26 @@ impl<O: Operands> Kernel<O> for MatmulForward<O> {
 
     /// The bias first (copied, or added where the product accumulates),
     /// then the product onto it.
-    fn gpu<R: Runtime>(
-        self,
-        q: &Queue<R>,
-        raw: &impl Lower<O, Raw>,
-        _: Checked,
-    ) -> Result<(), GpuError> {
-        let MatmulForward {
-            out,
-            inp,
-            w,
-            bias,
-            shape,
-            accumulate,
-        } = self.lower(raw);
-        let MatmulShape {
-            rows,
-            k,
-            n,
-            layout,
-            bf16,
-        } = shape;
-        if let Some(b) = bias {
-            q.bias_forward(out, b, (rows, n), accumulate)?;
+    fn gpu<R: Runtime>(self, q: &Queue<R>, raw: &impl Lower<O, Raw>, _: Checked) -> Queued {
+        let op = self.lower(raw);
+        let MatmulShape { rows, k, n, .. } = op.shape;
+        let (layout, bf16) = (op.shape.layout, op.shape.bf16);
+        if let Some(b) = op.bias {
+            q.bias_forward(op.out, b, (rows, n), op.accumulate)?;
         }
         // Row-major out (rows, n) is column-major out^T (n x rows) = W^T @ inp^T.
         q.gemm(Gemm {
             m: n,
             n: rows,
             k,
-            a: weight_operand(w, layout, k, n, false),
-            b: operand(inp, false, k),
-            beta: if accumulate || bias.is_some() {
+            a: weight_operand(op.w, layout, k, n, false),
+            b: operand(op.inp, false, k),
+            beta: if op.accumulate || op.bias.is_some() {
                 1.0
             } else {
                 0.0
             },
-            c: out,
+            c: op.out,
             ldc: n,
             bf16,
         })
@@ -139,7 +122,7 @@ impl<O: Operands> Kernel<O> for MatmulForward<O> {
 }
 
 impl<O: Operands> Kernel<O> for MatmulBackward<O> {
-    const OP: Op = Op::MatmulBackward;
+    const NAME: &'static str = "matmul_backward";
 
     fn check(&self) -> Result<(), String> {
         let MatmulShape { rows, k, n, .. } = self.shape;
@@ -167,51 +150,33 @@ impl<O: Operands> Kernel<O> for MatmulBackward<O> {
         backward(self.lower(host))
     }
 
-    fn gpu<R: Runtime>(
-        self,
-        q: &Queue<R>,
-        raw: &impl Lower<O, Raw>,
-        _: Checked,
-    ) -> Result<(), GpuError> {
-        let MatmulBackward {
-            dinp,
-            dw,
-            dbias,
-            dout,
-            inp,
-            w,
-            shape,
-        } = self.lower(raw);
-        let MatmulShape {
-            rows,
-            k,
-            n,
-            layout,
-            bf16,
-        } = shape;
-        if let Some(dinp) = dinp {
+    fn gpu<R: Runtime>(self, q: &Queue<R>, raw: &impl Lower<O, Raw>, _: Checked) -> Queued {
+        let op = self.lower(raw);
+        let MatmulShape { rows, k, n, .. } = op.shape;
+        let (layout, bf16) = (op.shape.layout, op.shape.bf16);
+        if let Some(dinp) = op.dinp {
             // dinp^T (k x rows) = W @ dout^T.
             q.gemm(Gemm {
                 m: k,
                 n: rows,
                 k: n,
-                a: weight_operand(w, layout, k, n, true),
-                b: operand(dout, false, n),
+                a: weight_operand(op.w, layout, k, n, true),
+                b: operand(op.dout, false, n),
                 beta: 0.0,
                 c: dinp,
                 ldc: k,
                 bf16,
             })?;
         }
-        if let Some(dw) = dw {
+        if let Some(dw) = op.dw {
             q.gemm(match layout {
                 // dw (k, n) += inp^T @ dout: column-major dw^T (n x k) += dout^T @ inp.
                 WeightLayout::InOut => Gemm {
                     m: n,
                     n: k,
                     k: rows,
-                    a: operand(dout, false, n),
-                    b: operand(inp, true, k),
+                    a: operand(op.dout, false, n),
+                    b: operand(op.inp, true, k),
                     beta: 1.0,
                     c: dw,
                     ldc: n,
@@ -222,8 +187,8 @@ impl<O: Operands> Kernel<O> for MatmulBackward<O> {
                     m: k,
                     n,
                     k: rows,
-                    a: operand(inp, false, k),
-                    b: operand(dout, true, n),
+                    a: operand(op.inp, false, k),
+                    b: operand(op.dout, true, n),
                     beta: 1.0,
                     c: dw,
                     ldc: k,
@@ -231,8 +196,8 @@ impl<O: Operands> Kernel<O> for MatmulBackward<O> {
                 },
             })?;
         }
-        match dbias {
-            Some(db) => q.bias_backward(db, (dout, dout, None, None), (rows, n)),
+        match op.dbias {
+            Some(db) => q.bias_backward(db, (op.dout, op.dout, None, None), (rows, n)),
             None => Ok(()),
         }
     }

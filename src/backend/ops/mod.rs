@@ -15,17 +15,8 @@
 //! A backward's halves (zb-h1's input and weight halves) are which outputs
 //! are given; bf16 arithmetic is a field of the matmul.
 
-pub use activation::{activation_bias_width, ActivationBackward, ActivationForward};
-pub use adamw::{AdamWStep, AdamWUpdate};
-pub use attention::{AttentionBackward, AttentionForward};
-pub use crossentropy::{CrossEntropyBackward, CrossEntropyForward};
-pub use encoder::{EncoderBackward, EncoderForward};
-pub use layernorm::{LayerNormBackward, LayerNormForward};
-pub use matmul::{MatmulBackward, MatmulForward, MatmulShape, WeightLayout};
-
 use super::gpu::{GpuError, Queue, Raw, Runtime};
 use super::memory::{Dst, Src};
-use super::profile::Op;
 use super::{DecodeShape, Device, Elem};
 use std::marker::PhantomData;
 
@@ -67,11 +58,11 @@ pub trait Operands {
 /// An operation's argument struct over operands `O` as a kernel: the shape
 /// check every backend runs before it, the floating-point work MFU counts
 /// (only products), the CPU's body and the GPU's launch. A new kernel is a
-/// file in `ops/` with its impls, its source in `kernels/` and its line in
-/// the profile's `Op` list.
+/// file in `ops/` with its impls and its `mod` line below, and its source
+/// in `kernels/` (which `build.rs` gathers).
 pub trait Kernel<O: Operands>: Sized {
-    /// The profile's counter.
-    const OP: Op;
+    /// The name errors and the profile give it.
+    const NAME: &'static str;
     /// Why the operands cannot hold the shape, if they cannot.
     fn check(&self) -> Result<(), String>;
     fn flops(&self) -> f64 {
@@ -87,8 +78,11 @@ pub trait Kernel<O: Operands>: Sized {
         queue: &Queue<R>,
         raw: &impl Lower<O, Raw>,
         checked: Checked,
-    ) -> Result<(), GpuError>;
+    ) -> Queued;
 }
+
+/// What a GPU launch returns: whether it was queued.
+pub type Queued = Result<(), GpuError>;
 
 /// Operands as they are: a kernel run over the kind it was built over.
 pub struct AsIs;
@@ -108,7 +102,7 @@ pub struct Checked(());
 /// `op`'s check, as the error every backend reports.
 pub fn checked<O: Operands, K: Kernel<O>>(op: &K) -> crate::error::Result<Checked> {
     op.check()
-        .map_err(|e| crate::error::Error::Device(format!("{}: {e}", K::OP.name())))?;
+        .map_err(|e| crate::error::Error::Device(format!("{}: {e}", K::NAME)))?;
     Ok(Checked(()))
 }
 
@@ -237,7 +231,9 @@ impl<'p, A: Operands, P: ?Sized> MatmulDecode<'p, A, P> {
 mod tests {
     use super::*;
     use crate::backend::cpu::Cpu;
-    use crate::backend::{Category, Kernels};
+    use crate::backend::{
+        AdamWStep, AdamWUpdate, Category, Kernels, MatmulForward, MatmulShape, WeightLayout,
+    };
 
     /// Every backend runs a kernel's one check first: a view too short for
     /// the shape is an error naming the kernel and the operand, where the
