@@ -192,10 +192,9 @@ pub trait Kernels: Device {
     /// dst = src (the residual adds are fused into the projection matmuls,
     /// which accumulate onto a copy of the stream).
     fn copy(&self, dst: Dst<'_, Self>, src: Src<'_, Self>);
-    /// dst = src rounded to the nearest bfloat16 (ties to even), kept as
-    /// f32, in one pass; dst rounded in place without `src`: the operands
-    /// of a bf16 matmul (`--precision bf16`).
-    fn round_bf16(&self, dst: Dst<'_, Self>, src: Option<Src<'_, Self>>);
+    /// x rounded to the nearest bfloat16 (ties to even) in place, kept as
+    /// f32 (BERT's logits gradient under `--precision bf16`).
+    fn round_bf16(&self, x: Dst<'_, Self>);
     /// Sum in f64 (the loss over a batch's rows).
     fn sum(&self, x: Src<'_, Self>) -> Result<f64>;
     /// Sum of squares in f64.

@@ -33,18 +33,6 @@ pub fn round_bf16(x: &mut [f32]) {
         .for_each(|c| c.iter_mut().for_each(|v| *v = super::round_to_bf16(*v)));
 }
 
-/// dst = src rounded to the nearest bfloat16, kept as f32, in one pass.
-pub fn round_bf16_from(dst: &mut [f32], src: &[f32]) {
-    dst[..src.len()]
-        .par_chunks_mut(CHUNK)
-        .zip(src.par_chunks(CHUNK))
-        .for_each(|(d, s)| {
-            d.iter_mut()
-                .zip(s)
-                .for_each(|(d, &s)| *d = super::round_to_bf16(s))
-        });
-}
-
 /// dst += src.
 pub fn add_inplace(dst: &mut [f32], src: &[f32]) {
     dst[..src.len()]
@@ -72,29 +60,7 @@ pub fn sum_squares(x: &[f32]) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::check::*;
     use super::*;
-    use crate::rng::Rng;
-
-    #[test]
-    fn rounding_into_another_buffer_is_rounding_in_place() {
-        let mut rng = Rng::new(5);
-        // past one chunk, so the chunks of both buffers must line up
-        let mut x = randn(&mut rng, CHUNK + 77, 30.0);
-        x.extend([
-            f32::NAN,
-            f32::from_bits(0x3f80_8000),
-            f32::from_bits(0x3f81_8000),
-        ]);
-        let mut want = x.clone();
-        round_bf16(&mut want);
-        let mut got = vec![0.0; x.len() + 3];
-        round_bf16_from(&mut got, &x);
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&got[..x.len()]), bits(&want));
-        assert_eq!(got[x.len()..], [0.0; 3], "past src's length: untouched");
-        assert_ne!(bits(&want), bits(&x), "rounding changed nothing");
-    }
 
     #[test]
     fn sum_squares_is_exact_on_small_input() {

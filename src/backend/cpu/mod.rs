@@ -173,11 +173,8 @@ impl Kernels for Cpu {
     fn copy(&self, dst: Dst<'_, Self>, src: Src<'_, Self>) {
         cpu_timed("copy", 0.0, || elementwise::copy(w(dst), r(src)))
     }
-    fn round_bf16(&self, dst: Dst<'_, Self>, src: Option<Src<'_, Self>>) {
-        cpu_timed("round_bf16", 0.0, || match src {
-            Some(src) => elementwise::round_bf16_from(w(dst), r(src)),
-            None => elementwise::round_bf16(w(dst)),
-        })
+    fn round_bf16(&self, x: Dst<'_, Self>) {
+        cpu_timed("round_bf16", 0.0, || elementwise::round_bf16(w(x)))
     }
     fn sum(&self, x: Src<'_, Self>) -> Result<f64> {
         cpu_timed("sum", 0.0, || Ok(r(x).iter().map(|&v| v as f64).sum()))

@@ -218,10 +218,9 @@ impl<R: Runtime> Kernels for Gpu<R> {
     fn copy(&self, dst: Dst<'_, Self>, src: Src<'_, Self>) {
         self.kernel("copy", 0.0, |d| d.copy(view(dst.raw()), view(src.raw())))
     }
-    fn round_bf16(&self, dst: Dst<'_, Self>, src: Option<Src<'_, Self>>) {
-        let dst = view(dst.raw());
-        let src = src.map_or(dst, |s| view(s.raw()));
-        self.kernel("round_bf16", 0.0, |d| d.round_bf16(dst, src))
+    fn round_bf16(&self, x: Dst<'_, Self>) {
+        let x = view(x.raw());
+        self.kernel("round_bf16", 0.0, |d| d.round_bf16(x, x))
     }
     fn sum(&self, x: Src<'_, Self>) -> Result<f64> {
         self.check()?;

@@ -19,8 +19,10 @@ pub enum WeightLayout {
 }
 
 /// A matmul's shape and arithmetic: inp (rows, k) @ W (k x n, in `layout`);
-/// `bf16` when the operands hold bfloat16 values (rounded by
-/// `round_bf16`), which a device with bf16 matrix units runs there.
+/// `bf16` when the products take the operands (the input, the weight, the
+/// output gradient) rounded to bfloat16, as every backend does itself (a
+/// device with bf16 matrix units runs them there); a bias's gradient sums
+/// the fp32 output gradient.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MatmulShape {
     pub rows: usize,

@@ -964,7 +964,7 @@ impl<B: Backend> Engine<B> {
             if ops.bf16 {
                 // The logits' gradient rounded where it lies, so the decoder
                 // bias's gradient sums it rounded (as it always has).
-                be.round_bf16(lg.rb(), None);
+                be.round_bf16(lg.rb());
             }
             let mut dt3 = a.dalt.slice_mut(0..nc);
             let dbias = ops.g.as_mut().map(|g| g.rb().slice(pos(4)));
