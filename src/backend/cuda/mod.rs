@@ -265,8 +265,8 @@ impl CudaRuntime {
             Arg::U32(u32_arg("n", n)?),
         ];
         // SAFETY: `mem` holds at least n 16-bit values; `src` is the
-        // operand's view (checked by `need` against its matrix) cut to the n
-        // elements read.
+        // operand's view cut to the n elements read (`Gemm::spans` checked
+        // they lie in it).
         unsafe { self.launch("to_bf16", n.div_ceil(BLOCK), &args)? };
         Ok(mem)
     }
@@ -277,7 +277,7 @@ impl CudaRuntime {
     /// # Safety
     /// As `Runtime::sgemm`.
     unsafe fn gemm_bf16(&self, g: Gemm) -> Result<()> {
-        let [a_span, b_span] = g.spans();
+        let [a_span, b_span] = g.spans()?;
         // Held until the GEMM is queued: another thread's GEMM would
         // rewrite the operands before this one reads them.
         let mut scratch = self.bf16_scratch.lock().unwrap_or_else(|e| e.into_inner());

@@ -125,13 +125,26 @@ pub struct Gemm {
 
 impl Gemm {
     /// The elements `a` and `b` span in their views, from element 0 to the
-    /// last one the product reads.
-    pub fn spans(&self) -> [usize; 2] {
-        let span = |op: Operand, rows: usize, cols: usize| match op.transpose {
-            false => op.ld * (cols - 1) + rows,
-            true => op.ld * (rows - 1) + cols,
+    /// last one the product reads (what a bf16 GEMM rounds), each checked
+    /// against its view.
+    pub fn spans(&self) -> Result<[usize; 2], GpuError> {
+        let span = |what: &str, op: Operand, rows: usize, cols: usize| {
+            let n = match op.transpose {
+                false => op.ld * (cols - 1) + rows,
+                true => op.ld * (rows - 1) + cols,
+            };
+            match n <= op.view.len {
+                true => Ok(n),
+                false => Err(GpuError(format!(
+                    "GEMM operand {what}: view of {} elements, the product reads {n}",
+                    op.view.len
+                ))),
+            }
         };
-        [span(self.a, self.m, self.k), span(self.b, self.k, self.n)]
+        Ok([
+            span("a", self.a, self.m, self.k)?,
+            span("b", self.b, self.k, self.n)?,
+        ])
     }
 }
 

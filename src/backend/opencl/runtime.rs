@@ -278,7 +278,7 @@ impl Runtime for ClRuntime {
         // bf16 and kept as floats makes the products cuBLAS's bf16 GEMM
         // makes. Held until the GEMM is queued, as the copies are shared.
         let mut scratch = self.bf16_scratch.lock().unwrap_or_else(|p| p.into_inner());
-        let [a_span, b_span] = g.spans();
+        let [a_span, b_span] = g.spans()?;
         let a = self.rounded(g.a.view, a_span, scratch[0].take())?;
         let b = self.rounded(g.b.view, b_span, scratch[1].take())?;
         let done = self.blas.sgemm(
@@ -322,7 +322,7 @@ impl ClRuntime {
             Arg::View(View { len: n, ..src }),
             Arg::U32(u32_arg("n", n)?),
         ];
-        // SAFETY: `mem` holds at least n floats, `src` n (the caller's word).
+        // SAFETY: `mem` holds at least n floats, `src` n (`Gemm::spans`).
         unsafe { self.launch("round_bf16", n.div_ceil(BLOCK), &args)? };
         Ok(mem)
     }
