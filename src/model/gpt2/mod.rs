@@ -1031,6 +1031,32 @@ pub fn init_full(cfg: &GptConfig, seed: u64) -> Vec<f32> {
 mod tests {
     use super::*;
 
+    /// `--precision bf16` rounds the forward's matmul operands too: the
+    /// forward's loss moves off fp32's, by no more than bf16's rounding
+    /// moves it (a forward multiplying in fp32 would give fp32's loss to
+    /// the bit).
+    #[test]
+    fn a_bf16_forward_rounds_its_matmuls() {
+        let cfg = GptConfig::preset("tiny").unwrap();
+        let (b, t) = (2, 16);
+        let mut rng = crate::rng::Rng::new(3);
+        let mut ids = || -> Vec<u32> {
+            (0..b * t)
+                .map(|_| rng.below(cfg.vocab_size) as u32)
+                .collect()
+        };
+        let (tokens, targets) = (ids(), ids());
+        let loss = |precision| {
+            let mut m = Gpt2::new(crate::backend::cpu::Cpu::new(), cfg.clone()).unwrap();
+            m.init_weights(1).unwrap();
+            m.engine.set_precision(precision);
+            m.forward(&tokens, Some(&targets), b, t).unwrap().unwrap()
+        };
+        let (fp32, bf16) = (loss(Precision::Fp32), loss(Precision::Bf16));
+        let gap = ((bf16 - fp32) / fp32).abs();
+        assert!(gap > 0.0 && gap < 1e-2, "fp32 loss {fp32}, bf16 {bf16}");
+    }
+
     /// GPT-2's activations counted by hand, per row (B x T tokens): the
     /// residual stream at every block's edge; per block its two norms'
     /// outputs and statistics, q|k|v, attention's output and log-sum-exp,
