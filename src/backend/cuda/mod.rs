@@ -26,7 +26,7 @@ use cudarc::driver::{result as drv, CudaContext, CudaFunction, CudaStream, Drive
 use cudarc::driver::{sys::CUdeviceptr, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use std::collections::HashMap;
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_int, c_longlong, c_void};
 use std::sync::{Arc, Mutex};
 
 /// The cuda backend.
@@ -271,28 +271,46 @@ impl CudaRuntime {
         Ok(mem)
     }
 
-    /// `g` on the tensor cores: its operands rounded to bf16 on the way
-    /// (`to_bf16`), fp32 accumulation and output (cublasGemmEx).
+    /// `g` as one strided-batched GEMM (cublasGemmStridedBatchedEx), fp32
+    /// accumulation and output. Under `g.bf16` on the tensor cores, its
+    /// operands rounded to bf16 on the way (`to_bf16`); else in fp32 (no
+    /// TF32: cuBLAS's default math mode).
     ///
     /// # Safety
     /// As `Runtime::sgemm`.
-    unsafe fn gemm_bf16(&self, g: Gemm) -> Result<()> {
+    unsafe fn gemm_ex(&self, g: Gemm) -> Result<()> {
         let [a_span, b_span] = g.spans()?;
         // Held until the GEMM is queued: another thread's GEMM would
         // rewrite the operands before this one reads them.
         let mut scratch = self.bf16_scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let a = self.to_bf16(g.a, a_span, scratch[0].take())?;
-        let b = self.to_bf16(g.b, b_span, scratch[1].take())?;
+        let (f32_, bf16) = (cudaDataType::CUDA_R_32F, cudaDataType::CUDA_R_16BF);
+        let (a, b, kind) = if g.bf16 {
+            let a = self.to_bf16(g.a, a_span, scratch[0].take())?;
+            let b = self.to_bf16(g.b, b_span, scratch[1].take())?;
+            let ptrs = (a.ptr, b.ptr);
+            *scratch = [Some(a), Some(b)];
+            (ptrs.0, ptrs.1, bf16)
+        } else {
+            (
+                Self::addr::<f32>(g.a.view),
+                Self::addr::<f32>(g.b.view),
+                f32_,
+            )
+        };
         let (alpha, beta) = (1.0f32, g.beta);
-        let (bf16, f32_) = (cudaDataType::CUDA_R_16BF, cudaDataType::CUDA_R_32F);
+        let stride = |what: &str, n: usize| {
+            c_longlong::try_from(n)
+                .map_err(|_| GpuError(format!("GEMM {what} = {n} exceeds cuBLAS's range")))
+        };
         self.bind()?;
         let handle = self.blas.lock().unwrap_or_else(|e| e.into_inner());
-        // SAFETY: `a` and `b` hold the operands' bf16 values with their
-        // leading dimensions, `c` the fp32 output the caller checked; alpha
-        // and beta are host scalars read during the call; the buffers are
-        // rewritten or freed only in stream order after it.
-        let done = unsafe {
-            blas::gemm_ex(
+        // SAFETY: `a` and `b` hold the operands (rounded copies with the
+        // same leading dimensions and strides under bf16), `c` the fp32
+        // outputs the caller checked; alpha and beta are host scalars read
+        // during the call; the buffers are rewritten or freed only in
+        // stream order after it.
+        unsafe {
+            blas::gemm_strided_batched_ex(
                 handle.0,
                 blas_op(g.a.transpose),
                 blas_op(g.b.transpose),
@@ -300,28 +318,34 @@ impl CudaRuntime {
                 blas_int("n", g.n)?,
                 blas_int("k", g.k)?,
                 (&alpha as *const f32).cast(),
-                a.ptr as *const c_void,
-                bf16,
+                a as *const c_void,
+                kind,
                 blas_int("lda", g.a.ld)?,
-                b.ptr as *const c_void,
-                bf16,
+                stride("a's stride", g.batch.a)?,
+                b as *const c_void,
+                kind,
                 blas_int("ldb", g.b.ld)?,
+                stride("b's stride", g.batch.b)?,
                 (&beta as *const f32).cast(),
                 Self::addr::<f32>(g.c) as *mut c_void,
                 f32_,
                 blas_int("ldc", g.ldc)?,
+                stride("c's stride", g.batch.c)?,
+                blas_int("batch", g.batch.count)?,
                 cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }
         .map_err(|e| {
             GpuError(format!(
-                "cublasGemmEx bf16 (m={}, n={}, k={}) failed: {e}",
-                g.m, g.n, g.k
+                "cublasGemmStridedBatchedEx {} (m={}, n={}, k={}, batch {}) failed: {e}",
+                if g.bf16 { "bf16" } else { "fp32" },
+                g.m,
+                g.n,
+                g.k,
+                g.batch.count
             ))
-        });
-        *scratch = [Some(a), Some(b)];
-        done
+        })
     }
 
     fn bind(&self) -> Result<()> {
@@ -586,39 +610,8 @@ impl Runtime for CudaRuntime {
     }
 
     unsafe fn sgemm(&self, g: Gemm) -> Result<()> {
-        if g.bf16 {
-            return self.gemm_bf16(g);
-        }
-        let (alpha, beta) = (1.0f32, g.beta);
-        self.bind()?;
-        let blas_handle = self.blas.lock().unwrap_or_else(|e| e.into_inner());
-        // SAFETY: the operands are live device memory of this context holding
-        // the matrices their sizes say (checked by the caller); alpha and beta
-        // are host scalars read during the call.
-        unsafe {
-            blas::sgemm(
-                blas_handle.0,
-                blas_op(g.a.transpose),
-                blas_op(g.b.transpose),
-                blas_int("m", g.m)?,
-                blas_int("n", g.n)?,
-                blas_int("k", g.k)?,
-                &alpha,
-                Self::addr::<f32>(g.a.view) as *const f32,
-                blas_int("lda", g.a.ld)?,
-                Self::addr::<f32>(g.b.view) as *const f32,
-                blas_int("ldb", g.b.ld)?,
-                &beta,
-                Self::addr::<f32>(g.c) as *mut f32,
-                blas_int("ldc", g.ldc)?,
-            )
-        }
-        .map_err(|e| {
-            GpuError(format!(
-                "cublasSgemm (m={}, n={}, k={}) failed: {e}",
-                g.m, g.n, g.k
-            ))
-        })
+        // SAFETY: as this function's.
+        unsafe { self.gemm_ex(g) }
     }
 }
 

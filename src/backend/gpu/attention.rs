@@ -1,36 +1,23 @@
-//! Self-attention on a GPU-style device: the flash-style kernels of
-//! `kernels/attention.cu`, with the semantics of `cpu::attention` (the row
-//! log-sum-exp kept for the backward, no (T x T) buffer, no atomics), causal
-//! or with a padding mask (each sequence's key count in `lens`).
+//! Self-attention's decode step on a GPU-style device (`kernels/attention.cu`);
+//! training's forward and backward are kernels of `ops/attention.rs`.
 
 use super::kernels::{need, u32s};
-use super::{Arg, GpuError, Queue, Raw, Runtime, View};
+use super::{Arg, GpuError, Queue, Raw, Runtime};
 use crate::backend::ops::AttentionDecode;
 use crate::backend::DecodeShape;
 
-/// Largest head dim the kernels support: `ATT_HD_MAX` in attention.cu.
+/// Largest head dim decode supports: `ATT_HD_MAX` in attention.cu.
 pub(crate) const HD_MAX: usize = 64;
-/// Rows of one (batch, head) a workgroup owns: `ATT_ROWS` in attention.cu.
-pub(crate) const ROWS: usize = 32;
 
-/// The head dim of `nh` heads over `c` channels, if the kernels support it.
-pub(crate) fn head_dim(c: usize, nh: usize) -> Result<usize, GpuError> {
+/// The head dim of `nh` heads over `c` channels, if decode supports it.
+fn head_dim(c: usize, nh: usize) -> Result<usize, GpuError> {
     if nh == 0 || !c.is_multiple_of(nh) || c / nh == 0 || c / nh > HD_MAX {
         return Err(GpuError(format!(
-            "attention: c = {c} over nh = {nh} heads must give a whole head dim \
-             of 1 to {HD_MAX} for the device kernels"
+            "attention_decode: c = {c} over nh = {nh} heads must give a whole head dim \
+             of 1 to {HD_MAX} for the device kernel"
         )));
     }
     Ok(c / nh)
-}
-
-/// The kernels' mask arguments: the lens view (any view when causal: the
-/// kernels read it only under a padding mask) and the causal flag.
-pub(crate) fn mask_args(lens: Option<View>, any: View) -> [Arg; 2] {
-    match lens {
-        Some(l) => [Arg::View(l), Arg::U32(0)],
-        None => [Arg::View(any), Arg::U32(1)],
-    }
 }
 
 impl<R: Runtime> Queue<R> {
@@ -91,11 +78,11 @@ mod tests {
     fn host_constants_match_the_kernels() {
         let src = program_source();
         assert!(src.contains(&format!("#define ATT_HD_MAX {HD_MAX} ")));
-        assert!(src.contains(&format!("#define ATT_ROWS {ROWS} ")));
     }
 
-    /// (b, t, c, nh): head dims 1 to 64, some not powers of two; t below, at
-    /// and past multiples of the 32-row tiles.
+    /// (b, t, c, nh): head dims 1 to 128 (32, 64 and 128 among them), some
+    /// not powers of two; t of one row, and below and past BLOCK (the
+    /// row-wise kernels' stride).
     fn shapes() -> Vec<AttnShape> {
         let list: &[(usize, usize, usize, usize)] = if tiny() {
             &[(1, 5, 6, 2), (2, 33, 5, 1)]
@@ -108,6 +95,8 @@ mod tests {
                 (2, 64, 64, 1),
                 (1, 1, 64, 1),
                 (4, 3, 1, 1),
+                (2, 260, 256, 2),
+                (2, 40, 64, 2),
             ]
         };
         list.iter()
@@ -306,16 +295,42 @@ mod tests {
     }
 
     #[test]
-    fn unsupported_head_dims_are_errors() {
-        on_gpus!(unsupported_head_dims_are_errors_on);
+    fn decode_refuses_head_dims_past_its_kernel() {
+        on_gpus!(decode_refuses_head_dims_past_its_kernel_on);
     }
 
-    fn unsupported_head_dims_are_errors_on<R: Runtime>(dev: &Queue<R>) {
+    fn decode_refuses_head_dims_past_its_kernel_on<R: Runtime>(dev: &Queue<R>) {
         let m = dev.alloc::<f32>(3 * 130).unwrap();
-        let s = AttnShape {
+        let op = |c, nh| AttentionDecode {
+            out: m.view(),
+            qkv: m.view(),
+            kcache: m.view(),
+            vcache: m.view(),
+            shape: DecodeShape {
+                b: 1,
+                len: 1,
+                c,
+                nh,
+                max_t: 1,
+            },
+        };
+        let err = dev.attention_decode(op(130, 2)).unwrap_err();
+        assert!(err.to_string().contains("1 to 64"), "{err}");
+        assert!(dev.attention_decode(op(7, 2)).is_err());
+        assert!(dev.attention_decode(op(128, 2)).is_ok());
+    }
+
+    #[test]
+    fn training_attention_refuses_broken_heads() {
+        on_gpus!(training_attention_refuses_broken_heads_on);
+    }
+
+    fn training_attention_refuses_broken_heads_on<R: Runtime>(dev: &Queue<R>) {
+        let m = dev.alloc::<f32>(3 * 7).unwrap();
+        let shape = AttnShape {
             b: 1,
             t: 1,
-            c: 130,
+            c: 7,
             nh: 2,
         };
         let err = dev
@@ -324,19 +339,9 @@ mod tests {
                 lse: m.view(),
                 qkv: m.view(),
                 lens: None,
-                shape: s,
+                shape,
             })
             .unwrap_err();
-        assert!(err.to_string().contains("1 to 64"), "{err}");
-        let s = AttnShape { c: 7, nh: 2, ..s };
-        assert!(dev
-            .run(AttentionForward {
-                out: m.view(),
-                lse: m.view(),
-                qkv: m.view(),
-                lens: None,
-                shape: s
-            })
-            .is_err());
+        assert!(err.to_string().contains("whole heads"), "{err}");
     }
 }

@@ -112,19 +112,22 @@ impl<R: Runtime> Queue<R> {
     /// c (m x n, column-major, ldc = m) per `g`, with empty sizes handled
     /// here (CLBlast rejects them).
     pub(crate) fn gemm(&self, g: Gemm) -> Result<(), GpuError> {
-        if g.m == 0 || g.n == 0 {
+        if g.m == 0 || g.n == 0 || g.batch.count == 0 {
             return Ok(());
         }
         if g.k == 0 {
             // No products: c = beta * c, with beta 0 or 1.
             if g.beta == 0.0 {
-                return self.fill(
-                    View {
-                        len: g.m * g.n,
-                        ..g.c
-                    },
-                    0.0,
-                );
+                for i in 0..g.batch.count {
+                    let c = g.c.tail(i * g.batch.c);
+                    self.fill(
+                        View {
+                            len: g.m * g.n,
+                            ..c
+                        },
+                        0.0,
+                    )?;
+                }
             }
             return Ok(());
         }

@@ -14,13 +14,13 @@ mod kernels;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use attention::{head_dim, mask_args, ROWS as ATT_ROWS};
 pub use backend::{Gpu, PackedGpu};
 pub use kernels::program_source;
 pub(crate) use kernels::{act_code, groups, operand, u32s, weight_operand};
 
 use crate::backend::Elem;
 use std::ops::Range;
+use std::sync::Mutex;
 
 /// Threads per workgroup of every kernel: the prelude's `BLOCK`.
 pub const BLOCK: usize = 256;
@@ -40,6 +40,18 @@ pub struct View {
     pub mem: u64,
     pub off: usize,
     pub len: usize,
+}
+
+impl View {
+    /// The view from its element `start` on.
+    pub fn tail(self, start: usize) -> View {
+        assert!(start <= self.len, "view of {} from {start}", self.len);
+        View {
+            off: self.off + start,
+            len: self.len - start,
+            ..self
+        }
+    }
 }
 
 impl crate::backend::ops::Extent for View {
@@ -121,18 +133,41 @@ pub struct Gemm {
     /// `round_bf16`), accumulated in fp32: cuBLAS rounds them into bf16
     /// copies for its tensor cores, OpenCL into fp32 copies for SGEMM.
     pub bf16: bool,
+    pub batch: Batch,
+}
+
+/// `count` products of one shape, the i-th reading `a` and `b` and writing
+/// `c` from element i x their stride on (strided-batched GEMM).
+#[derive(Clone, Copy)]
+pub struct Batch {
+    pub count: usize,
+    pub a: usize,
+    pub b: usize,
+    pub c: usize,
+}
+
+impl Batch {
+    /// A single product.
+    pub const ONE: Batch = Batch {
+        count: 1,
+        a: 0,
+        b: 0,
+        c: 0,
+    };
 }
 
 impl Gemm {
     /// The elements `a` and `b` span in their views, from element 0 to the
-    /// last one the product reads (what a bf16 GEMM rounds), each checked
+    /// last one the products read (what a bf16 GEMM rounds), each checked
     /// against its view.
     pub fn spans(&self) -> Result<[usize; 2], GpuError> {
-        let span = |what: &str, op: Operand, rows: usize, cols: usize| {
-            let n = match op.transpose {
-                false => op.ld * (cols - 1) + rows,
-                true => op.ld * (rows - 1) + cols,
-            };
+        let batches = self.batch.count - 1;
+        let span = |what: &str, op: Operand, rows: usize, cols: usize, stride: usize| {
+            let n = batches * stride
+                + match op.transpose {
+                    false => op.ld * (cols - 1) + rows,
+                    true => op.ld * (rows - 1) + cols,
+                };
             match n <= op.view.len {
                 true => Ok(n),
                 false => Err(GpuError(format!(
@@ -142,8 +177,8 @@ impl Gemm {
             }
         };
         Ok([
-            span("a", self.a, self.m, self.k)?,
-            span("b", self.b, self.k, self.n)?,
+            span("a", self.a, self.m, self.k, self.batch.a)?,
+            span("b", self.b, self.k, self.n, self.batch.b)?,
         ])
     }
 }
@@ -246,6 +281,8 @@ pub trait Runtime: Send + Sync + Sized + 'static {
 /// `Kernel::gpu` names: no one outside the crate can open one.
 pub struct Queue<R: Runtime> {
     rt: R,
+    /// Kernels' scratch buffers ([`Queue::with_scratch`]), kept between calls.
+    scratch: Mutex<Vec<R::Mem<f32>>>,
 }
 
 impl<R: Runtime> Queue<R> {
@@ -255,7 +292,28 @@ impl<R: Runtime> Queue<R> {
     pub(crate) fn open(index: usize) -> Result<Self, GpuError> {
         Ok(Queue {
             rt: R::open(index)?,
+            scratch: Mutex::default(),
         })
+    }
+
+    /// Runs `f` over `N` scratch buffers of at least `lens` elements: the
+    /// queue's kept buffers, grown (never shrunk) when short, so a step
+    /// allocates none after its first. Held while `f` queues its work; a
+    /// buffer replaced later is freed after the work queued before.
+    pub(crate) fn with_scratch<const N: usize>(
+        &self,
+        lens: [usize; N],
+        f: impl FnOnce([View; N]) -> Result<(), GpuError>,
+    ) -> Result<(), GpuError> {
+        let mut kept = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        for (i, &len) in lens.iter().enumerate() {
+            match kept.get(i) {
+                Some(mem) if mem.len() >= len => {}
+                Some(_) => kept[i] = self.alloc(len)?,
+                None => kept.push(self.alloc(len.max(1))?),
+            }
+        }
+        f(std::array::from_fn(|i| kept[i].view()))
     }
 
     pub fn name(&self) -> String {

@@ -1095,7 +1095,7 @@ fn every_kernel_of_the_program_is_named() {
     let names = kernel_names(src);
     for k in [
         "encoder_forward",
-        "attention_forward",
+        "attention_softmax",
         "adamw",
         "crossentropy_forward",
     ] {

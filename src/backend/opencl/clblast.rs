@@ -1,5 +1,6 @@
-//! CLBlast's SGEMM, opened at run time (libclblast.so.1), called in the
-//! column-major convention so the same call maps onto cuBLAS.
+//! CLBlast's SGEMM and strided-batched SGEMM, opened at run time
+//! (libclblast.so.1), called in the column-major convention so the same
+//! call maps onto cuBLAS.
 
 use crate::backend::gpu::{Gemm, GpuError, Operand};
 use libloading::Library;
@@ -32,10 +33,39 @@ type SgemmFn = unsafe extern "C" fn(
     event: *mut cl_event,
 ) -> c_int;
 
-/// The loaded library and its SGEMM entry point.
+/// `SgemmFn` with a stride after each matrix's leading dimension and the
+/// batch count before the queue.
+type SgemmStridedBatchedFn = unsafe extern "C" fn(
+    layout: c_int,
+    a_transpose: c_int,
+    b_transpose: c_int,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: cl_mem,
+    a_offset: usize,
+    a_ld: usize,
+    a_stride: usize,
+    b: cl_mem,
+    b_offset: usize,
+    b_ld: usize,
+    b_stride: usize,
+    beta: f32,
+    c: cl_mem,
+    c_offset: usize,
+    c_ld: usize,
+    c_stride: usize,
+    batch_count: usize,
+    queue: *mut cl_command_queue,
+    event: *mut cl_event,
+) -> c_int;
+
+/// The loaded library and its SGEMM entry points.
 pub struct Clblast {
     sgemm: SgemmFn,
-    // Keeps `sgemm` valid; dropped last.
+    batched: SgemmStridedBatchedFn,
+    // Keeps the entry points valid; dropped last.
     _lib: Library,
 }
 
@@ -46,11 +76,21 @@ impl Clblast {
             // SAFETY: CLBlast's initialisers only set up its caches.
             match unsafe { Library::new(name) } {
                 Ok(lib) => {
-                    // SAFETY: the symbol has the C signature `SgemmFn` (clblast_c.h).
-                    let sgemm = unsafe { lib.get::<SgemmFn>(b"CLBlastSgemm\0") }
-                        .map(|s| *s)
-                        .map_err(|e| GpuError(format!("{name} has no CLBlastSgemm: {e}")))?;
-                    return Ok(Clblast { sgemm, _lib: lib });
+                    let missing = |e| GpuError(format!("{name} lacks an SGEMM entry point: {e}"));
+                    // SAFETY: the symbols have the C signatures `SgemmFn` and
+                    // `SgemmStridedBatchedFn` (clblast_c.h, CLBlast 1.5).
+                    let (sgemm, batched) = unsafe {
+                        let sgemm = lib.get::<SgemmFn>(b"CLBlastSgemm\0").map_err(missing)?;
+                        let batched = lib
+                            .get::<SgemmStridedBatchedFn>(b"CLBlastSgemmStridedBatched\0")
+                            .map_err(missing)?;
+                        (*sgemm, *batched)
+                    };
+                    return Ok(Clblast {
+                        sgemm,
+                        batched,
+                        _lib: lib,
+                    });
                 }
                 Err(e) => last = e.to_string(),
             }
@@ -70,35 +110,64 @@ impl Clblast {
             }
         };
         let mut queue = queue;
+        let (a, b, c) = (g.a.view.mem, g.b.view.mem, g.c.mem);
+        let (a, b, c) = (a as cl_mem, b as cl_mem, c as cl_mem);
         // SAFETY: the buffers are live cl_mem handles of the queue's context;
-        // the caller checked that every view holds the matrix it stands for.
+        // the caller checked that every view holds the matrices it stands for.
         let status = unsafe {
-            (self.sgemm)(
-                LAYOUT_COL_MAJOR,
-                t(g.a),
-                t(g.b),
-                g.m,
-                g.n,
-                g.k,
-                1.0,
-                g.a.view.mem as cl_mem,
-                g.a.view.off,
-                g.a.ld,
-                g.b.view.mem as cl_mem,
-                g.b.view.off,
-                g.b.ld,
-                g.beta,
-                g.c.mem as cl_mem,
-                g.c.off,
-                g.ldc,
-                &mut queue,
-                std::ptr::null_mut(),
-            )
+            match g.batch.count {
+                1 => (self.sgemm)(
+                    LAYOUT_COL_MAJOR,
+                    t(g.a),
+                    t(g.b),
+                    g.m,
+                    g.n,
+                    g.k,
+                    1.0,
+                    a,
+                    g.a.view.off,
+                    g.a.ld,
+                    b,
+                    g.b.view.off,
+                    g.b.ld,
+                    g.beta,
+                    c,
+                    g.c.off,
+                    g.ldc,
+                    &mut queue,
+                    std::ptr::null_mut(),
+                ),
+                count => (self.batched)(
+                    LAYOUT_COL_MAJOR,
+                    t(g.a),
+                    t(g.b),
+                    g.m,
+                    g.n,
+                    g.k,
+                    1.0,
+                    a,
+                    g.a.view.off,
+                    g.a.ld,
+                    g.batch.a,
+                    b,
+                    g.b.view.off,
+                    g.b.ld,
+                    g.batch.b,
+                    g.beta,
+                    c,
+                    g.c.off,
+                    g.ldc,
+                    g.batch.c,
+                    count,
+                    &mut queue,
+                    std::ptr::null_mut(),
+                ),
+            }
         };
         if status != 0 {
             return Err(GpuError(format!(
-                "CLBlastSgemm (m={}, n={}, k={}) failed with status {status}",
-                g.m, g.n, g.k
+                "CLBlastSgemm (m={}, n={}, k={}, batch {}) failed with status {status}",
+                g.m, g.n, g.k, g.batch.count
             )));
         }
         Ok(())

@@ -1,12 +1,18 @@
-//! Self-attention, forward and backward, as kernels: the flash-style
-//! tiles of `cpu::attention` on the CPU and of `kernels/attention.cu` on a
-//! GPU (the row log-sum-exp kept for the backward, no (T x T) buffer, no
-//! atomics), causal or with a padding mask (each sequence's key count in
-//! `lens`).
+//! Self-attention, forward and backward, as kernels, causal or with a
+//! padding mask (each sequence's key count in `lens`), the row log-sum-exp
+//! kept for the backward. On the CPU the flash-style tiles of
+//! `cpu::attention` (no (T x T) buffer). On a GPU every head's products are
+//! strided-batched GEMMs on the runtime's BLAS (the tensor cores' path) over
+//! q, k, v permuted heads-first, with the (T x T) scores of a pass of heads
+//! in the queue's scratch and a row-wise kernel between the GEMMs
+//! (`kernels/attention.cu`); the backward recomputes the scores from lse.
+//! No atomics: deterministic everywhere.
 
 use super::{need, Checked, Host, Kernel, Lower, Operands, Queued};
 use crate::backend::cpu::attention::{backward_masked, forward_masked, Mask, Saved};
-use crate::backend::gpu::{head_dim, mask_args, u32s, Arg, Queue, Raw, Runtime, View, ATT_ROWS};
+use crate::backend::gpu::{
+    groups, operand, u32s, Arg, Batch, Gemm, GpuError, Operand, Queue, Raw, Runtime, View,
+};
 use crate::backend::profile::attention_flops;
 use crate::backend::AttnShape;
 
@@ -74,10 +80,24 @@ impl<O: Operands> Kernel<O> for AttentionForward<O> {
         forward_masked(op.out, op.lse, op.qkv, op.shape, host_mask(op.lens))
     }
 
+    /// Per pass of heads: scores S = q k^T, their softmax in place (and
+    /// lse), out = P v.
     fn gpu<R: Runtime>(self, q: &Queue<R>, raw: &impl Lower<O, Raw>, _: Checked) -> Queued {
         let op = self.lower(raw);
-        let views = [op.out, op.lse, op.qkv];
-        launch(q, &["attention_forward"], &views, op.shape, op.lens, op.qkv)
+        let h = Heads::new(op.shape, op.lens, op.qkv);
+        q.with_scratch([3 * h.elems, h.elems, h.scores], |[qkvp, outp, s]| {
+            h.permute(q, qkvp, op.qkv, 3, true)?;
+            for z0 in (0..h.z).step_by(h.pass) {
+                let [qz, kz, vz] = [0, 1, 2].map(|p| h.block(qkvp, p, z0));
+                let (t, hd, n) = (h.t, h.hd, h.pass.min(h.z - z0));
+                q.gemm(h.per_head(t, hd, [h.op(kz, true), h.op(qz, false)], s, n))?;
+                let args = [Arg::View(s), Arg::View(op.lse.tail(z0 * t))];
+                q.launch("attention_softmax", n * t, &h.args(&args, z0)?)?;
+                let o = h.block(outp, 0, z0);
+                q.gemm(h.per_head(hd, t, [h.op(vz, false), h.scores_op(s, false)], o, n))?;
+            }
+            h.permute(q, op.out, outp, 1, false)
+        })
     }
 }
 
@@ -109,34 +129,153 @@ impl<O: Operands> Kernel<O> for AttentionBackward<O> {
         backward_masked(op.dqkv, saved, op.shape, host_mask(op.lens))
     }
 
-    /// Two passes writing disjoint parts of dqkv: workgroups owning keys
-    /// (dk, dv), then workgroups owning queries (dq).
+    /// Per pass of heads: the scores again (S = q k^T) and dP = dout v^T;
+    /// a row-wise kernel turns them into P and dS; then dv = P^T dout,
+    /// dq = dS k and dk = dS^T q, each a GEMM writing its own part.
     fn gpu<R: Runtime>(self, q: &Queue<R>, raw: &impl Lower<O, Raw>, _: Checked) -> Queued {
         let op = self.lower(raw);
-        let views = [op.dqkv, op.dout, op.qkv, op.out, op.lse];
-        let passes = ["attention_backward_dkdv", "attention_backward_dq"];
-        launch(q, &passes, &views, op.shape, op.lens, op.qkv)
+        let h = Heads::new(op.shape, op.lens, op.qkv);
+        let lens = [3 * h.elems, h.elems, h.scores, h.scores, 3 * h.elems];
+        q.with_scratch(lens, |[qkvp, doutp, p, ds, dqkvp]| {
+            h.permute(q, qkvp, op.qkv, 3, true)?;
+            h.permute(q, doutp, op.dout, 1, true)?;
+            for z0 in (0..h.z).step_by(h.pass) {
+                let [qz, kz, vz] = [0, 1, 2].map(|i| h.block(qkvp, i, z0));
+                let [dqz, dkz, dvz] = [0, 1, 2].map(|i| h.block(dqkvp, i, z0));
+                let doz = h.block(doutp, 0, z0);
+                let (t, hd, n) = (h.t, h.hd, h.pass.min(h.z - z0));
+                q.gemm(h.per_head(t, hd, [h.op(kz, true), h.op(qz, false)], p, n))?;
+                q.gemm(h.per_head(t, hd, [h.op(vz, true), h.op(doz, false)], ds, n))?;
+                let views = [p, ds, op.lse.tail(z0 * t), op.dout, op.out];
+                let args = views.map(Arg::View);
+                q.launch("attention_softmax_backward", n * t, &h.args(&args, z0)?)?;
+                q.gemm(h.per_head(hd, t, [h.op(doz, false), h.scores_op(p, true)], dvz, n))?;
+                q.gemm(h.per_head(hd, t, [h.op(kz, false), h.scores_op(ds, false)], dqz, n))?;
+                q.gemm(h.per_head(hd, t, [h.op(qz, false), h.scores_op(ds, true)], dkz, n))?;
+            }
+            h.permute(q, op.dqkv, dqkvp, 3, false)
+        })
     }
 }
 
-/// The attention kernels `passes`, in turn, each over `views`, the shape
-/// and the mask (`lens`, or causal; `qkv` stands in for no lens): a
-/// workgroup per `ATT_ROWS` queries of a head.
-fn launch<R: Runtime>(
-    q: &Queue<R>,
-    passes: &[&str],
-    views: &[View],
+/// Most scores one pass of heads holds (256 MiB of floats): the heads of
+/// a pass are as many as fit, at least one.
+#[cfg(not(test))]
+const PASS_SCORES: usize = 1 << 26;
+/// The unit tests' passes: a head or a few (tests/ run the one above).
+#[cfg(test)]
+const PASS_SCORES: usize = 1 << 12;
+
+/// The GPU's attention geometry: `z` heads (B x NH, head z = b NH + h),
+/// each a (T x hd) block of `elems / z` in the heads-first layout, taken
+/// `pass` at a time with their (T x T) scores in `scores` elements.
+struct Heads {
     shape: AttnShape,
-    lens: Option<View>,
-    qkv: View,
-) -> Queued {
-    let AttnShape { b, t, c, nh } = shape;
-    head_dim(c, nh)?;
-    let mut args: Vec<Arg> = views.iter().map(|&v| Arg::View(v)).collect();
-    args.extend([u32s("t", t)?, u32s("c", c)?, u32s("nh", nh)?]);
-    args.extend(mask_args(lens, qkv));
-    for pass in passes {
-        q.launch(pass, t.div_ceil(ATT_ROWS) * b * nh, &args)?;
+    t: usize,
+    hd: usize,
+    z: usize,
+    pass: usize,
+    elems: usize,
+    scores: usize,
+    /// The mask's kernel arguments: lens (any view when causal) and the
+    /// causal flag.
+    mask: [Arg; 2],
+}
+
+impl Heads {
+    /// `shape` passed `check_shape`: whole heads.
+    fn new(shape: AttnShape, lens: Option<View>, any: View) -> Heads {
+        let AttnShape { b, t, c, nh } = shape;
+        let pass = (PASS_SCORES / (t * t).max(1)).clamp(1, b * nh);
+        Heads {
+            shape,
+            t,
+            hd: c / nh,
+            z: b * nh,
+            pass,
+            elems: b * t * c,
+            scores: pass * t * t,
+            mask: match lens {
+                Some(l) => [Arg::View(l), Arg::U32(0)],
+                None => [Arg::View(any), Arg::U32(1)],
+            },
+        }
     }
-    Ok(())
+
+    /// Part `p` (q, k, v; or the one part) of heads-first `v` from head `z0` on.
+    fn block(&self, v: View, p: usize, z0: usize) -> View {
+        v.tail((p * self.z + z0) * self.t * self.hd)
+    }
+
+    /// A head's (T x hd) block as a GEMM operand (column-major, ld hd:
+    /// the block transposed), used `transpose`d or not.
+    fn op(&self, v: View, transpose: bool) -> Operand {
+        operand(v, transpose, self.hd)
+    }
+
+    /// A head's (T x T) scores as a GEMM operand, rows the queries.
+    fn scores_op(&self, v: View, transpose: bool) -> Operand {
+        operand(v, transpose, self.t)
+    }
+
+    /// c = op(a) (m x k) @ op(b) (k x T), column-major with ld m, for each
+    /// of `n` heads: every operand's block is T times its ld apart.
+    fn per_head(&self, m: usize, k: usize, [a, b]: [Operand; 2], c: View, n: usize) -> Gemm {
+        let t = self.t;
+        Gemm {
+            m,
+            n: t,
+            k,
+            a,
+            b,
+            beta: 0.0,
+            c,
+            ldc: m,
+            bf16: false,
+            batch: Batch {
+                count: n,
+                a: a.ld * t,
+                b: b.ld * t,
+                c: m * t,
+            },
+        }
+    }
+
+    /// A row-wise kernel's arguments: `views`, the shape, the pass's first
+    /// head `z0` and the mask.
+    fn args(&self, views: &[Arg], z0: usize) -> Result<Vec<Arg>, GpuError> {
+        let mut args = views.to_vec();
+        args.extend([
+            u32s("t", self.t)?,
+            u32s("nh", self.shape.nh)?,
+            u32s("hd", self.hd)?,
+            u32s("z0", z0)?,
+        ]);
+        args.extend(self.mask);
+        Ok(args)
+    }
+
+    /// dst = src's `parts` between token-major (qkv's layout) and
+    /// heads-first, `to_heads` or back.
+    fn permute<R: Runtime>(
+        &self,
+        q: &Queue<R>,
+        dst: View,
+        src: View,
+        parts: usize,
+        to_heads: bool,
+    ) -> Result<(), GpuError> {
+        let AttnShape { b, t, nh, .. } = self.shape;
+        let args = [
+            Arg::View(dst),
+            Arg::View(src),
+            u32s("b", b)?,
+            u32s("t", t)?,
+            u32s("nh", nh)?,
+            u32s("hd", self.hd)?,
+            u32s("parts", parts)?,
+            Arg::U32(to_heads as u32),
+        ];
+        q.launch("attention_permute", groups(parts * self.elems), &args)
+    }
 }

@@ -7,7 +7,7 @@
 
 use super::{need, Checked, Host, Kernel, Lower, Operands, Queued};
 use crate::backend::cpu::math::{column_sums, gemm, Mat};
-use crate::backend::gpu::{operand, weight_operand, Gemm, Queue, Raw, Runtime};
+use crate::backend::gpu::{operand, weight_operand, Batch, Gemm, Queue, Raw, Runtime};
 use crate::backend::profile::matmul_flops;
 use crate::backend::COLUMN_CHUNK_ROWS;
 use rayon::prelude::*;
@@ -119,6 +119,7 @@ impl<O: Operands> Kernel<O> for MatmulForward<O> {
             c: op.out,
             ldc: n,
             bf16,
+            batch: Batch::ONE,
         })
     }
 }
@@ -168,6 +169,7 @@ impl<O: Operands> Kernel<O> for MatmulBackward<O> {
                 c: dinp,
                 ldc: k,
                 bf16,
+                batch: Batch::ONE,
             })?;
         }
         if let Some(dw) = op.dw {
@@ -183,6 +185,7 @@ impl<O: Operands> Kernel<O> for MatmulBackward<O> {
                     c: dw,
                     ldc: n,
                     bf16,
+                    batch: Batch::ONE,
                 },
                 // dw (n, k) += dout^T @ inp: column-major dw^T (k x n) += inp^T @ dout.
                 WeightLayout::OutIn => Gemm {
@@ -195,6 +198,7 @@ impl<O: Operands> Kernel<O> for MatmulBackward<O> {
                     c: dw,
                     ldc: k,
                     bf16,
+                    batch: Batch::ONE,
                 },
             })?;
         }
