@@ -155,12 +155,16 @@ const FP32_TOL: Tolerances = Tolerances {
     params: 1e-4,
 };
 /// In bf16 a different reduction order can flip a rounding (2^-8) of an
-/// operand: the losses and norms stay close (the norms within 2.5e-5 of
-/// single's), a parameter may move by more.
+/// operand, tensor parallelism's split sums most of all, and AdamW turns a
+/// flipped term of a small gradient into a whole step: the losses and norms
+/// stay close, a parameter may move by more. Since attention's products
+/// round their operands too (probabilities near 1 among them), tp's runs
+/// end up to 5.6e-5 from single's losses, 7.1e-5 from its norms and 2.1e-3
+/// of the largest parameter (2e-7, 1.4e-5 and 1.1e-4 before).
 const BF16_TOL: Tolerances = Tolerances {
-    loss: 2e-5,
-    grad_norm: 1e-4,
-    params: 1e-3,
+    loss: 1e-4,
+    grad_norm: 2e-4,
+    params: 5e-3,
 };
 
 fn assert_follows(want: &Run, got: &Run, what: &str) {
@@ -337,12 +341,19 @@ fn bf16_moves_bert_training_within_bf16_rounding_and_every_strategy_follows_sing
             .zip(&fp32.losses)
             .map(|(a, b)| (a - b).abs())
             .collect();
-        // bf16 operands change the arithmetic (the switch acts), by more
-        // than the tolerance below, but stay within bf16's 2^-8 of fp32
-        let widest = gaps.iter().fold(0.0f32, |m, &g| m.max(g));
+        // bf16 operands change the arithmetic (the switch acts): the
+        // gradient norms by more than the tolerance below (1.4e-3 to
+        // 1.6e-3 of fp32's; a classifier's losses move only 5e-5 in these
+        // steps), the losses within bf16's 2^-8 of fp32
+        let widest = reference
+            .grad_norms
+            .iter()
+            .zip(&fp32.grad_norms)
+            .fold(0.0f32, |m, (a, b)| m.max((a - b).abs() / b));
         assert!(
-            widest > 2.0 * BF16_TOL.loss,
-            "{head:?}: bf16 is only {widest} from fp32: the tolerance cannot tell them apart"
+            widest > 2.0 * BF16_TOL.grad_norm,
+            "{head:?}: bf16's norms are only {widest} from fp32's: the tolerance cannot tell \
+             them apart"
         );
         for (g, f) in gaps.iter().zip(&fp32.losses) {
             assert!(g / f.abs() < 4e-3, "{head:?}: bf16 vs fp32 gaps {gaps:?}");

@@ -286,6 +286,7 @@ mod tests {
             t: 8,
             c: 16,
             nh: 2,
+            bf16: false,
         };
         assert_eq!(attention_flops(s, false), 8192.0);
         assert_eq!(attention_flops(s, true), 16384.0);

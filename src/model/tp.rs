@@ -24,13 +24,15 @@ pub struct BlockDims {
 }
 
 impl BlockDims {
-    /// The attention's shape over b sequences of t tokens on this rank.
-    pub fn attn(self, b: usize, t: usize) -> AttnShape {
+    /// The attention's shape over b sequences of t tokens on this rank,
+    /// its products in bf16 where `bf16`.
+    pub fn attn(self, b: usize, t: usize, bf16: bool) -> AttnShape {
         AttnShape {
             b,
             t,
             c: self.cl,
             nh: self.nhl,
+            bf16,
         }
     }
 }

@@ -10,6 +10,7 @@
 //! padding mask: every query of sequence b attends to its first `lens[b]`
 //! keys (an encoder's bidirectional attention, BERT's).
 
+use super::elementwise::round_bf16;
 use super::math::{dot, exp, exp_shifted_sum, gemm, row_max, widest, Mat, SendPtr};
 use crate::backend::ops::{AttentionDecode, Host};
 use rayon::prelude::*;
@@ -29,6 +30,17 @@ fn forward_keys(hd: usize) -> usize {
         2 * KEYS
     } else {
         KEYS
+    }
+}
+
+/// The forward's key tile for `s`: under bf16 one tile takes every key, so
+/// the probabilities are whole (normalized) before they are rounded for
+/// P V, as a GPU's GEMM takes them.
+fn tile_keys(s: AttnShape) -> usize {
+    if s.bf16 {
+        s.t
+    } else {
+        forward_keys(s.head_dim())
     }
 }
 /// Multiply-adds an `attention_decode` task gets at least: about a
@@ -73,12 +85,17 @@ unsafe fn scores(p: *mut f32, q: *const f32, k: *const f32, rows: usize, cols: u
     );
 }
 
+/// An attention's shape and arithmetic: `bf16` when its products take
+/// their operands rounded to bfloat16 (q, k, v, dout, and the normalized
+/// probabilities and the scores' gradient), accumulated in fp32, as a
+/// GPU's tensor cores take them; every softmax, sum and lse stays fp32.
 #[derive(Clone, Copy, Debug)]
 pub struct AttnShape {
     pub b: usize,
     pub t: usize,
     pub c: usize,
     pub nh: usize,
+    pub bf16: bool,
 }
 
 impl AttnShape {
@@ -139,18 +156,29 @@ pub(crate) fn forward_masked(
     s: AttnShape,
     mask: Mask<'_>,
 ) {
-    let AttnShape { b, t, c, nh } = s;
+    let AttnShape { b, t, c, nh, .. } = s;
     let hd = s.head_dim();
     assert!(qkv.len() >= b * t * 3 * c && out.len() >= b * t * c && lse.len() >= b * nh * t);
     mask.check(b, t);
     let out_ptr = SendPtr(out.as_mut_ptr());
+    let qkv = &*operands(&qkv[..b * t * 3 * c], s.bf16);
     lse[..b * nh * t]
         .par_chunks_mut(t)
         .enumerate()
         .for_each_init(
-            || Tiles::new(hd),
+            || Tiles::new(hd, tile_keys(s)),
             |tiles, (bh, lse_row)| forward_task(tiles, bh, lse_row, qkv, out_ptr, s, mask),
         );
+}
+
+/// `x` as the products take it: rounded to bf16 under `bf16`.
+fn operands(x: &[f32], bf16: bool) -> std::borrow::Cow<'_, [f32]> {
+    if !bf16 {
+        return x.into();
+    }
+    let mut r = x.to_vec();
+    round_bf16(&mut r);
+    r.into()
 }
 
 widest! {
@@ -167,7 +195,7 @@ widest! {
     ) {
         let AttnShape { t, c, nh, .. } = s;
         let head = HeadCols::of(s);
-        let (hd, keys) = (head.hd, forward_keys(head.hd));
+        let (hd, keys) = (head.hd, tile_keys(s));
         let (bi, h) = (bh / nh, bh % nh);
         let q = qkv[bi * t * 3 * c + h * hd..].as_ptr();
         // SAFETY: q, k, v address rows of this batch inside qkv; the output
@@ -204,6 +232,11 @@ widest! {
                         }
                         sum[i] += part;
                         max[i] = new_max;
+                        if s.bf16 {
+                            // the only tile: the row's max and sum are whole
+                            row[..seen].iter_mut().for_each(|x| *x /= sum[i]);
+                            round_bf16(&mut row[..seen]);
+                        }
                     }
                     gemm(
                         false,
@@ -218,7 +251,7 @@ widest! {
                 }
                 for i in 0..rows {
                     lse_row[r0 + i] = max[i] + sum[i].ln();
-                    let inv = 1.0 / sum[i];
+                    let inv = if s.bf16 { 1.0 } else { 1.0 / sum[i] };
                     let dst = std::slice::from_raw_parts_mut(o.add((r0 + i) * c), hd);
                     for (d, &a) in dst.iter_mut().zip(&acc[i * hd..(i + 1) * hd]) {
                         *d = a * inv;
@@ -240,9 +273,9 @@ struct Tiles {
 }
 
 impl Tiles {
-    fn new(hd: usize) -> Self {
+    fn new(hd: usize, keys: usize) -> Self {
         Tiles {
-            p: vec![0.0; BLOCK * forward_keys(hd)],
+            p: vec![0.0; BLOCK * keys],
             acc: vec![0.0; BLOCK * hd],
             max: vec![0.0; BLOCK],
             sum: vec![0.0; BLOCK],
@@ -276,29 +309,57 @@ pub(crate) fn backward_masked(dqkv: &mut [f32], saved: Saved<'_>, s: AttnShape, 
 /// share of dQ; the tile's dV and dK are products over all those rows, so
 /// each is written once, by a product as deep as the rows that see it.
 fn backward_in_runs(dqkv: &mut [f32], saved: Saved<'_>, s: AttnShape, mask: Mask<'_>, run: usize) {
-    let AttnShape { b, t, c, nh } = s;
+    let AttnShape { b, t, c, nh, .. } = s;
     let Saved { dout, out, .. } = saved;
     assert!(dqkv.len() >= b * t * 3 * c && dout.len() >= b * t * c && out.len() >= b * t * c);
+    assert!(saved.qkv.len() >= b * t * 3 * c && saved.lse.len() >= b * nh * t);
     assert!(run > 0);
     mask.check(b, t);
+    let hd = s.head_dim();
+    // dO . O of every row of every head (b, h, t), from the fp32 values
+    let dsum: Vec<f32> = (0..b * nh * t)
+        .into_par_iter()
+        .map(|i| {
+            let (bi, h, tt) = (i / (nh * t), i / t % nh, i % t);
+            let at = (bi * t + tt) * c + h * hd;
+            dot(&dout[at..at + hd], &out[at..at + hd])
+        })
+        .collect();
+    let qkv = operands(&saved.qkv[..b * t * 3 * c], s.bf16);
+    let dout = operands(&dout[..b * t * c], s.bf16);
+    let inputs = Inputs {
+        qkv: &qkv,
+        dout: &dout,
+        lse: saved.lse,
+        dsum: &dsum,
+    };
     let dqkv_ptr = SendPtr(dqkv.as_mut_ptr());
     let tile = run.min(t) * KEYS;
     (0..b * nh).into_par_iter().for_each_init(
         || Scratch {
             p: vec![0.0; tile],
             dp: vec![0.0; tile],
-            dsum: vec![0.0; t],
         },
-        |scratch, bh| backward_task(scratch, bh, run, dqkv_ptr, saved, s, mask),
+        |scratch, bh| backward_task(scratch, bh, run, dqkv_ptr, inputs, s, mask),
     );
 }
 
+/// What the backward tasks read: the products' operands qkv (B, T, 3C) and
+/// dO (B, T, C), rounded to bf16 under bf16, and every row's lse and dO . O
+/// (B, NH, T).
+#[derive(Clone, Copy)]
+struct Inputs<'a> {
+    qkv: &'a [f32],
+    dout: &'a [f32],
+    lse: &'a [f32],
+    dsum: &'a [f32],
+}
+
 /// A backward task's scratch: a run's probabilities and their gradient
-/// (`run` x KEYS), and its head's dO . O for every row (T).
+/// (`run` x KEYS).
 struct Scratch {
     p: Vec<f32>,
     dp: Vec<f32>,
-    dsum: Vec<f32>,
 }
 
 widest! {
@@ -309,29 +370,26 @@ widest! {
         bh: usize,
         run: usize,
         dqkv_ptr: SendPtr,
-        saved: Saved<'_>,
+        inputs: Inputs<'_>,
         s: AttnShape,
         mask: Mask<'_>,
     ) {
         let AttnShape { t, c, nh, .. } = s;
         let cols = HeadCols::of(s);
         let (bi, h, hd) = (bh / nh, bh % nh, cols.hd);
-        let Scratch { p, dp, dsum } = scratch;
-        for (tt, d) in dsum.iter_mut().enumerate() {
-            let at = (bi * t + tt) * c + h * hd;
-            *d = dot(&saved.dout[at..at + hd], &saved.out[at..at + hd]);
-        }
+        let Scratch { p, dp } = scratch;
         // SAFETY: all pointers address batch bi inside their buffers; the
         // gradient region (batch bi, head h) belongs to this task alone.
         unsafe {
             let head = Head {
-                q: saved.qkv.as_ptr().add(bi * t * 3 * c + h * hd),
-                d_o: saved.dout.as_ptr().add(bi * t * c + h * hd),
+                q: inputs.qkv.as_ptr().add(bi * t * 3 * c + h * hd),
+                d_o: inputs.dout.as_ptr().add(bi * t * c + h * hd),
                 dq: dqkv_ptr.get().add(bi * t * 3 * c + h * hd),
                 c,
                 cols,
-                lse: &saved.lse[bh * t..(bh + 1) * t],
-                dsum,
+                lse: &inputs.lse[bh * t..(bh + 1) * t],
+                dsum: &inputs.dsum[bh * t..(bh + 1) * t],
+                bf16: s.bf16,
             };
             // the keys the sequence's last query block scores: every
             // key some query sees
@@ -365,6 +423,8 @@ struct Head<'a> {
     cols: HeadCols,
     lse: &'a [f32],
     dsum: &'a [f32],
+    /// Whether the products take P and dS rounded to bf16.
+    bf16: bool,
 }
 
 impl Head<'_> {
@@ -396,9 +456,10 @@ impl Head<'_> {
         }
     }
 
-    /// From the probabilities `p` of query `rows` over key `tile`: the
-    /// tile's dV and dK (set, or added `onto` what earlier runs wrote), dP
-    /// and dS in `dp`, and the rows' share of dQ.
+    /// From the probabilities `p` of query `rows` over key `tile`: dP and
+    /// dS in `dp`, the tile's dV and dK (set, or added `onto` what earlier
+    /// runs wrote), and the rows' share of dQ. Under bf16 P and dS are
+    /// rounded (in place) once dS is made, before the products take them.
     ///
     /// # Safety
     /// As [`Head::probabilities`]; no other task writes this head's rows of
@@ -406,7 +467,7 @@ impl Head<'_> {
     #[inline(always)]
     unsafe fn gradients(
         &self,
-        p: &[f32],
+        p: &mut [f32],
         dp: &mut [f32],
         tile: Range<usize>,
         rows: Range<usize>,
@@ -416,23 +477,11 @@ impl Head<'_> {
         let (kw, n, c0, r0) = (tile.len(), rows.len(), tile.start, rows.start);
         let (k_tile, v_tile) = (self.q.add(c + c0 * stride), self.q.add(2 * c + c0 * stride));
         let (q_run, d_o_run) = (self.q.add(r0 * stride), self.d_o.add(r0 * c));
-        let (pp, dpp) = (p.as_ptr(), dp.as_mut_ptr());
-        // dV[tile] (+)= P^T dO[run]
-        gemm(
-            false,
-            (kw, hd, n),
-            Mat::new(self.dq.add(2 * c + c0 * stride), stride, 1),
-            Mat::new(pp, kw, 1).t(),
-            Mat::new(d_o_run, c, 1),
-            onto,
-            1.0,
-            1,
-        );
         // dP = dO[run] V[tile]^T
         gemm(
             false,
             (n, kw, hd),
-            Mat::new(dpp, kw, 1),
+            Mat::new(dp.as_mut_ptr(), kw, 1),
             Mat::new(d_o_run, c, 1),
             Mat::new(v_tile, stride, 1).t(),
             false,
@@ -447,7 +496,22 @@ impl Head<'_> {
                 *ds = pp * (*ds - d) * scale;
             }
         }
-        let ds = dpp as *const f32;
+        if self.bf16 {
+            round_bf16(&mut p[..n * kw]);
+            round_bf16(&mut dp[..n * kw]);
+        }
+        let (pp, ds) = (p.as_ptr(), dp.as_ptr());
+        // dV[tile] (+)= P^T dO[run]
+        gemm(
+            false,
+            (kw, hd, n),
+            Mat::new(self.dq.add(2 * c + c0 * stride), stride, 1),
+            Mat::new(pp, kw, 1).t(),
+            Mat::new(d_o_run, c, 1),
+            onto,
+            1.0,
+            1,
+        );
         // dQ[run] += dS K[tile]; the first tile sets it (every query sees
         // key 0)
         gemm(
@@ -763,7 +827,7 @@ mod tests {
 
     /// Attention in f64 with every score materialised.
     fn reference_masked(qkv: &[f64], s: AttnShape, mask: Mask<'_>) -> Vec<f64> {
-        let AttnShape { b, t, c, nh } = s;
+        let AttnShape { b, t, c, nh, .. } = s;
         let hd = c / nh;
         let mut out = vec![0.0; b * t * c];
         for bi in 0..b {
@@ -792,6 +856,123 @@ mod tests {
         out
     }
 
+    /// `x` as a bf16 product takes it, in f64.
+    fn bf(x: f64) -> f64 {
+        super::super::round_to_bf16(x as f32) as f64
+    }
+
+    /// The bf16 attention's forward out and backward dqkv in f64, the
+    /// products' operands rounded where `AttnShape::bf16` says (q, k, v,
+    /// dout, the normalized P, dS), everything else exact.
+    fn reference_bf16(qkv: &[f32], dout: &[f32], s: AttnShape, mask: Mask<'_>) -> [Vec<f64>; 2] {
+        let AttnShape { b, t, c, nh, .. } = s;
+        let (hd, scale) = (c / nh, 1.0 / ((c / nh) as f64).sqrt());
+        let (mut out, mut dqkv) = (vec![0.0; b * t * c], vec![0.0; b * t * 3 * c]);
+        for bi in 0..b {
+            for h in 0..nh {
+                let x = |tt: usize, part: usize, d: usize| {
+                    bf(qkv[(bi * t + tt) * 3 * c + part * c + h * hd + d] as f64)
+                };
+                let o_at = |tt: usize, d: usize| (bi * t + tt) * c + h * hd + d;
+                let g = |tt: usize, part: usize, d: usize| {
+                    (bi * t + tt) * 3 * c + part * c + h * hd + d
+                };
+                let mut p = vec![vec![0.0; t]; t];
+                for i in 0..t {
+                    let n = mask.valid(bi, i);
+                    let sc: Vec<f64> = (0..n)
+                        .map(|j| (0..hd).map(|d| x(i, 0, d) * x(j, 1, d)).sum::<f64>() * scale)
+                        .collect();
+                    let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let z: f64 = sc.iter().map(|v| (v - m).exp()).sum();
+                    for j in 0..n {
+                        p[i][j] = (sc[j] - m).exp() / z;
+                    }
+                    for d in 0..hd {
+                        out[o_at(i, d)] = (0..n).map(|j| bf(p[i][j]) * x(j, 2, d)).sum();
+                    }
+                }
+                for i in 0..t {
+                    let n = mask.valid(bi, i);
+                    let dd: f64 = (0..hd)
+                        .map(|d| dout[o_at(i, d)] as f64 * out[o_at(i, d)])
+                        .sum();
+                    for j in 0..n {
+                        let dp: f64 = (0..hd)
+                            .map(|d| bf(dout[o_at(i, d)] as f64) * x(j, 2, d))
+                            .sum();
+                        let ds = bf(p[i][j] * (dp - dd) * scale);
+                        let pr = bf(p[i][j]);
+                        for d in 0..hd {
+                            dqkv[g(j, 2, d)] += pr * bf(dout[o_at(i, d)] as f64);
+                            dqkv[g(i, 0, d)] += ds * x(j, 1, d);
+                            dqkv[g(j, 1, d)] += ds * x(i, 0, d);
+                        }
+                    }
+                }
+            }
+        }
+        [out, dqkv]
+    }
+
+    /// The share of elements off `want` by more than 1e-5 (relative, and
+    /// absolute under 1), and the largest error in the same measure.
+    fn spread_of(got: &[f32], want: &[f64]) -> (f64, f64) {
+        let errs: Vec<f64> = got
+            .iter()
+            .zip(want)
+            .map(|(&g, &w)| (g as f64 - w).abs() / w.abs().max(1.0))
+            .collect();
+        let off = errs.iter().filter(|&&e| e > 1e-5).count() as f64 / errs.len() as f64;
+        (off, errs.iter().cloned().fold(0.0, f64::max))
+    }
+
+    /// Under bf16 the CPU's attention is the reference's: every element
+    /// within fp32's rounding but the few where P or dS sat on a bf16
+    /// rounding boundary (a different summation order rounds them the
+    /// other way: one bf16 step, 2^-8 of the term); and far off fp32's
+    /// attention, so the rounding is really there.
+    #[test]
+    fn bf16_attention_rounds_its_products_operands() {
+        let lens = [70u32, 23];
+        for mask in [Mask::Causal, Mask::Lengths(&lens)] {
+            let s = AttnShape {
+                b: 2,
+                t: 70,
+                c: 64,
+                nh: 2,
+                bf16: true,
+            };
+            let n = s.b * s.t * s.c;
+            let mut rng = Rng::new(31);
+            let qkv = randn(&mut rng, 3 * n, 1.0);
+            let dout = randn(&mut rng, n, 1.0);
+            let [want_out, want_dqkv] = reference_bf16(&qkv, &dout, s, mask);
+            for bf16 in [true, false] {
+                let s = AttnShape { bf16, ..s };
+                let (mut out, mut lse) = (vec![0.0; n], vec![0.0; s.b * s.nh * s.t]);
+                forward_masked(&mut out, &mut lse, &qkv, s, mask);
+                let mut dqkv = vec![0.0; 3 * n];
+                let saved = Saved {
+                    dout: &dout,
+                    qkv: &qkv,
+                    out: &out,
+                    lse: &lse,
+                };
+                backward_masked(&mut dqkv, saved, s, mask);
+                for (what, got, want) in [("out", &out, &want_out), ("dqkv", &dqkv, &want_dqkv)] {
+                    let (off, worst) = spread_of(got, want);
+                    eprintln!("{mask:?} bf16 {bf16} {what}: {off:.4} off, worst {worst:.2e}");
+                    if bf16 {
+                        assert!(off < 0.01 && worst < 1.0 / 128.0, "{mask:?} {what}");
+                    } else {
+                        assert!(off > 0.5, "{mask:?} fp32 {what} is the bf16 reference's");
+                    }
+                }
+            }
+        }
+    }
+
     /// The attention's tasks give the same bits on every instruction set
     /// this CPU runs them on (`widest!`): forward and backward, causal and
     /// padded, over several row blocks and key tiles with ragged edges.
@@ -802,6 +983,7 @@ mod tests {
             t: 150,
             c: 64,
             nh: 2,
+            bf16: false,
         };
         let (n, lens) = (s.b * s.t * s.c, [150u32, 71]);
         let mut rng = Rng::new(12);
@@ -841,7 +1023,7 @@ mod tests {
     /// larger, the further apart the scores, and the more often a later
     /// key tile raises a row's running max.
     fn check_spread(s: AttnShape, seed: u64, mask: Mask<'_>, spread: f64) {
-        let AttnShape { b, t, c, nh } = s;
+        let AttnShape { b, t, c, nh, .. } = s;
         let mut rng = Rng::new(seed);
         let qkv = randn(&mut rng, b * t * 3 * c, spread);
         let probe = randn(&mut rng, b * t * c, 1.0);
@@ -872,6 +1054,7 @@ mod tests {
             t: 5,
             c: 8,
             nh: 2,
+            bf16: false,
         };
         check_masked(s, 6, Mask::Lengths(&[5, 2, 1]));
         // across several query blocks, the keys of a padded sequence end mid-block
@@ -880,6 +1063,7 @@ mod tests {
             t: BLOCK + 9,
             c: 4,
             nh: 2,
+            bf16: false,
         };
         check_masked(s, 7, Mask::Lengths(&[BLOCK as u32 + 9, 40]));
     }
@@ -902,7 +1086,16 @@ mod tests {
             }
             for b in [1, 2, 3, 5] {
                 let qkv = randn(&mut rng, b * t * 3 * c, 1.0);
-                let want = reference(&to64(&qkv), AttnShape { b, t, c, nh });
+                let want = reference(
+                    &to64(&qkv),
+                    AttnShape {
+                        b,
+                        t,
+                        c,
+                        nh,
+                        bf16: false,
+                    },
+                );
                 let (mut kc, mut vc) = (vec![0.0; b * max_t * c], vec![0.0; b * max_t * c]);
                 for pos in 0..t {
                     let mut rows = vec![0.0; b * 3 * c];
@@ -946,6 +1139,7 @@ mod tests {
                 t: 5,
                 c: 8,
                 nh: 2,
+                bf16: false,
             },
             4,
         );
@@ -972,6 +1166,7 @@ mod tests {
             t: 2 * keys + 7,
             c: 2,
             nh: 2,
+            bf16: false,
         };
         check_spread(s, 8, Mask::Causal, 3.0);
         // padded sequences whose keys end inside a second tile, others
@@ -989,6 +1184,7 @@ mod tests {
                 t: BLOCK + 9,
                 c: 4,
                 nh: 2,
+                bf16: false,
             },
             5,
         );
@@ -1004,6 +1200,7 @@ mod tests {
             t: 48,
             c: 32,
             nh: 1,
+            bf16: false,
         };
         check_spread(s, 21, Mask::Causal, 2.0);
         check_spread(s, 22, Mask::Lengths(&[33]), 2.0);
@@ -1023,7 +1220,18 @@ mod tests {
                 for mask in [Mask::Causal, Mask::Lengths(&lens)] {
                     let what = format!("t {t}, c {c}, nh {nh}, {mask:?}");
                     eprintln!("{what}");
-                    check_spread(AttnShape { b: 2, t, c, nh }, 10 + t as u64, mask, 3.0);
+                    check_spread(
+                        AttnShape {
+                            b: 2,
+                            t,
+                            c,
+                            nh,
+                            bf16: false,
+                        },
+                        10 + t as u64,
+                        mask,
+                        3.0,
+                    );
                 }
             }
         }

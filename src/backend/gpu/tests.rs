@@ -24,7 +24,7 @@ use crate::rng::Rng;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 
-const TOL: f64 = 1e-5;
+pub(super) const TOL: f64 = 1e-5;
 
 fn env_is(name: &str, value: &str) -> bool {
     std::env::var(name).is_ok_and(|v| v == value)

@@ -64,7 +64,7 @@ impl<O: Operands> Kernel<O> for AttentionForward<O> {
     const NAME: &'static str = "attention_forward";
 
     fn check(&self) -> Result<(), String> {
-        let AttnShape { b, t, c, nh } = self.shape;
+        let AttnShape { b, t, c, nh, .. } = self.shape;
         check_shape::<O>(self.shape, &self.lens)?;
         need("out", &self.out, b * t * c)?;
         need("lse", &self.lse, b * nh * t)?;
@@ -105,7 +105,7 @@ impl<O: Operands> Kernel<O> for AttentionBackward<O> {
     const NAME: &'static str = "attention_backward";
 
     fn check(&self) -> Result<(), String> {
-        let AttnShape { b, t, c, nh } = self.shape;
+        let AttnShape { b, t, c, nh, .. } = self.shape;
         check_shape::<O>(self.shape, &self.lens)?;
         need("dqkv", &self.dqkv, b * t * 3 * c)?;
         need("dout", &self.dout, b * t * c)?;
@@ -185,7 +185,7 @@ struct Heads {
 impl Heads {
     /// `shape` passed `check_shape`: whole heads.
     fn new(shape: AttnShape, lens: Option<View>, any: View) -> Heads {
-        let AttnShape { b, t, c, nh } = shape;
+        let AttnShape { b, t, c, nh, .. } = shape;
         let pass = (PASS_SCORES / (t * t).max(1)).clamp(1, b * nh);
         Heads {
             shape,
@@ -231,7 +231,7 @@ impl Heads {
             beta: 0.0,
             c,
             ldc: m,
-            bf16: false,
+            bf16: self.shape.bf16,
             batch: Batch {
                 count: n,
                 a: a.ld * t,

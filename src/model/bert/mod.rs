@@ -706,7 +706,7 @@ impl<B: Backend> Engine<B> {
             lse: a.lse.d().part(s, rows * nhl),
             qkv: qkv.src(),
             lens: Some(k.lens.slice(0..b)),
-            shape: d.attn(b, t),
+            shape: d.attn(b, t, ops.bf16),
         })?;
         // after the attention: every row, or a classifier's first-token rows
         let (n, x, atty) = match a.first.as_mut().filter(|_| first_only) {
@@ -835,7 +835,7 @@ impl<B: Backend> Engine<B> {
             out: atty,
             lse: a.lse.s().part(s, rows * nhl),
             lens: Some(k.lens.slice(0..b)),
-            shape: d.attn(b, t),
+            shape: d.attn(b, t, ops.bf16),
         })?;
         let x = k.resid.s().part(self.span.resid(l), btc);
         let shape = io(rows, c, 3 * cl);

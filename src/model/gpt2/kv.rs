@@ -453,7 +453,13 @@ impl<B: Backend> BlockMode<B> for Decoding<'_, '_, B> {
                 lse: lse.rb(),
                 qkv,
                 lens: None,
-                shape: AttnShape { b, t: *t, c, nh },
+                shape: AttnShape {
+                    b,
+                    t: *t,
+                    c,
+                    nh,
+                    bf16: false,
+                },
             }),
         }
     }

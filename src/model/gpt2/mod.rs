@@ -479,7 +479,7 @@ impl<B: Backend> Engine<B> {
             be,
             bf16: a.bf16,
             lse: a.lse.d().part(s, rows * wd.nhl).first(rows * nhl),
-            shape: d.attn(b, t),
+            shape: d.attn(b, t, a.bf16),
         };
         let (lay, tp) = (&self.core.layout, self.core.tp.in_group(tp));
         block::forward(be, &mut mode, io, BlockParams { lay, l, p }, rows, d, tp)
@@ -676,7 +676,7 @@ impl<B: Backend> Engine<B> {
             out: atty,
             lse: a.lse.s().part(s, rows * wd.nhl).first(rows * nhl),
             lens: None,
-            shape: d.attn(b, t),
+            shape: d.attn(b, t, ops.bf16),
         })?;
         let (dqkv, mut dln1) = dg.rb().split2(at.dqkv.clone(), at.dln1.clone());
         let (ln1, shape) = (a.ln1.s().part(s, btc), io(rows, c, 3 * cl));
