@@ -284,8 +284,7 @@ fn publish(root: &Path, tmp: &Path, done: &Path, info: &SaveInfo, world_size: us
     }
     io(done, std::fs::rename(tmp, done))?;
     io(root, std::fs::File::open(root).and_then(|d| d.sync_all()))?;
-    prune(root, info.keep)?;
-    Ok(())
+    prune(root, info.keep)
 }
 
 /// Complete checkpoints (`step_N/` with an index), oldest first.
