@@ -487,8 +487,7 @@ where
         y = legend_entry(&legend, fig, i, s, line, y)?;
     }
     legend_notes(&legend, fig, &notes, y + 10)?;
-    root.present().map_err(err)?;
-    Ok(())
+    root.present().map_err(err)
 }
 
 /// Series `i`'s legend entry at height `y`: its line's sample, ring and
@@ -671,18 +670,13 @@ where
         let (lo, hi) = ((n - 1 - i) as f64 + 0.15, (n - i) as f64 - 0.15);
         for s in row {
             let color = shade(s.pass, s.chunk);
+            let (x0, x1) = (ms(s.start), ms(s.end));
+            let cell = Rectangle::new([(x0, lo), (x1, hi)], color.filled());
+            chart.draw_series([cell]).map_err(err)?;
+            let font = (FONT, 14).into_font().color(&WHITE);
+            let at = ((x0 + x1) / 2.0, (lo + hi) / 2.0);
             chart
-                .draw_series(std::iter::once(Rectangle::new(
-                    [(ms(s.start), lo), (ms(s.end), hi)],
-                    color.filled(),
-                )))
-                .map_err(err)?;
-            chart
-                .draw_series(std::iter::once(Text::new(
-                    s.micro_batch.to_string(),
-                    ((ms(s.start) + ms(s.end)) / 2.0, (lo + hi) / 2.0),
-                    (FONT, 14).into_font().color(&WHITE),
-                )))
+                .draw_series([Text::new(s.micro_batch.to_string(), at, font)])
                 .map_err(err)?;
         }
     }
@@ -706,10 +700,7 @@ where
     });
     for (label, color) in legend {
         chart
-            .draw_series(std::iter::once(Rectangle::new(
-                [(0.0, 0.0), (0.0, 0.0)],
-                color.filled(),
-            )))
+            .draw_series([Rectangle::new([(0.0, 0.0), (0.0, 0.0)], color.filled())])
             .map_err(err)?
             .label(label)
             .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled()));
@@ -722,8 +713,7 @@ where
         .position(SeriesLabelPosition::LowerRight)
         .draw()
         .map_err(err)?;
-    root.present().map_err(err)?;
-    Ok(())
+    root.present().map_err(err)
 }
 
 /// Writes `dir/stem.png` and `dir/stem.svg` of a timeline; returns both paths.

@@ -488,11 +488,7 @@ pub fn write_report(dir: &Path, cfg: &SweepConfig, runs: &[MethodRun]) -> Result
     std::fs::write(&csv_path, csv(runs)).map_err(|e| Error::io(&csv_path, e))?;
     let json = serde_json::json!({ "config": cfg, "runs": runs });
     let json_path = dir.join("prune.json");
-    std::fs::write(
-        &json_path,
-        serde_json::to_string_pretty(&json).expect("plain data"),
-    )
-    .map_err(|e| Error::io(&json_path, e))?;
+    crate::store::write_json(&json_path, &json)?;
     let scope = match cfg.scope {
         Scope::Matrix => "per block",
         Scope::Global => "global",

@@ -29,6 +29,13 @@ pub fn write_atomic_with(
     write().map_err(|e| Error::io(path, e))
 }
 
+/// Writes `value` to `path` atomically as pretty-printed JSON; returns the text.
+pub fn write_json<T: Serialize + ?Sized>(path: &Path, value: &T) -> Result<String> {
+    let text = serde_json::to_string_pretty(value).expect("records serialise");
+    write_atomic(path, text.as_bytes())?;
+    Ok(text)
+}
+
 /// A tensor's values for [`write_safetensors`]: f32s, written as
 /// little-endian bytes a chunk at a time (never copied whole), or bytes
 /// made already (int8 codes).

@@ -6,13 +6,17 @@
 #[path = "support/bert.rs"]
 mod bert;
 
-use distgpt::metrics::tensorboard::{event_files, read_events, Event, Value};
+#[path = "support/tfevents.rs"]
+mod tfevents;
+
+use distgpt::metrics::tensorboard::EventWriter;
 use std::collections::BTreeMap;
 #[path = "support/cli.rs"]
 mod cli;
 
 use cli::{distgpt, scratch, succeeded};
 use std::path::{Path, PathBuf};
+use tfevents::{event_files, read_events, Event, Value};
 
 fn fresh(tag: &str) -> PathBuf {
     scratch(&format!("tb-{tag}"))
@@ -212,5 +216,81 @@ fn an_event_directory_that_cannot_be_made_leaves_the_run_as_it_was() {
     );
     assert_eq!(std::fs::read(run.join("metrics.jsonl")).unwrap(), metrics);
     succeeded(distgpt(&resume));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn events_read_back_as_written_and_a_flipped_byte_is_caught() {
+    let dir = fresh("round-trip").join("events");
+    let mut w = EventWriter::create(&dir).unwrap();
+    w.text(0, "config", "`lr = 3e-3`").unwrap();
+    w.scalars(5, &[("train/loss", 2.5), ("lr", 1e-3)]).unwrap();
+    w.session_start(7).unwrap();
+    w.flush().unwrap();
+    let path = w.path().to_path_buf();
+    let events = read_events(&path).unwrap();
+    assert_eq!(events.len(), 4);
+    assert_eq!(events[0].file_version.as_deref(), Some("brain.Event:2"));
+    assert_eq!(
+        events[1].values,
+        vec![("config".into(), Value::Text("`lr = 3e-3`".into()))]
+    );
+    assert_eq!(events[2].step, 5);
+    assert_eq!(
+        events[2].values,
+        vec![
+            ("train/loss".into(), Value::Scalar(2.5)),
+            ("lr".into(), Value::Scalar(1e-3))
+        ]
+    );
+    assert!(events[3].session_start && events[3].step == 7);
+    // stamped with the wall clock
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(events.iter().all(|e| (now - e.wall_time).abs() < 600.0));
+    assert_eq!(event_files(&dir).unwrap(), vec![path.clone()]);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let at = bytes.len() - 6;
+    bytes[at] ^= 1;
+    std::fs::write(&path, bytes).unwrap();
+    let err = read_events(&path).unwrap_err();
+    assert!(err.contains("data CRC mismatch"), "{err}");
+    std::fs::remove_dir_all(dir.parent().unwrap()).unwrap();
+}
+
+/// Events written by TensorBoard's own writer (its RecordWriter and protos;
+/// scripts/make_reference_runs.py --only tensorboard), which the library's
+/// writer matches byte for byte (its unit test), read back.
+#[test]
+fn tensorboards_own_events_read_back() {
+    let dir = fresh("golden");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("events.out.tfevents.1700000000.golden");
+    std::fs::write(
+        &path,
+        include_bytes!("fixtures/tensorboard/golden.tfevents"),
+    )
+    .unwrap();
+    let events = read_events(&path).unwrap();
+    assert_eq!(events.len(), 4);
+    assert_eq!(events[0].file_version.as_deref(), Some("brain.Event:2"));
+    assert_eq!(
+        events[1].values,
+        vec![
+            ("train/loss".into(), Value::Scalar(2.5)),
+            ("train/lr".into(), Value::Scalar(1e-3))
+        ]
+    );
+    // longer than 127 bytes, as the step is past 127: their varints take
+    // more than one byte
+    let soliloquy = "To be, or not to be, that is the question: Whether 'tis nobler in the mind to suffer The slings and arrows of outrageous fortune, Or to take arms against a sea of troubles";
+    assert_eq!(
+        events[2].values,
+        vec![("sample".into(), Value::Text(soliloquy.into()))]
+    );
+    assert_eq!(events[2].step, 70_000);
+    assert!(events[3].session_start && events[3].step == 4);
     std::fs::remove_dir_all(&dir).unwrap();
 }

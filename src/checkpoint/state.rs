@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::model::ModelConfig;
 use crate::parallel::OwnedState;
 use crate::store::{
-    checksum, json_checksum, stored_checksum, write_atomic, write_safetensors, Data,
+    checksum, json_checksum, stored_checksum, write_atomic, write_json, write_safetensors, Data,
 };
 use safetensors::tensor::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
@@ -278,19 +278,13 @@ fn publish(root: &Path, tmp: &Path, done: &Path, info: &SaveInfo, world_size: us
     if let Some((name, text)) = &info.extra {
         write_atomic(&tmp.join(name), text.as_bytes())?;
     }
-    write_atomic(
-        &tmp.join(INDEX),
-        serde_json::to_string_pretty(&index)
-            .expect("json")
-            .as_bytes(),
-    )?;
+    write_json(&tmp.join(INDEX), &index)?;
     if done.exists() {
         io(done, std::fs::remove_dir_all(done))?;
     }
     io(done, std::fs::rename(tmp, done))?;
     io(root, std::fs::File::open(root).and_then(|d| d.sync_all()))?;
-    prune(root, info.keep)?;
-    Ok(())
+    prune(root, info.keep)
 }
 
 /// Complete checkpoints (`step_N/` with an index), oldest first.

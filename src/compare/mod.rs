@@ -192,7 +192,7 @@ fn say_skipped(skipped: &[String], none_left: bool) -> Result<()> {
 }
 
 /// One epoch of a run.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct EpochPoint {
     pub epoch: usize,
     /// Seconds of optimizer steps in this epoch (evaluation excluded).
@@ -310,13 +310,7 @@ impl RunResult {
         for r in h {
             let e = (r.epoch.ceil() as usize).max(1) - 1;
             if per_epoch.len() <= e {
-                per_epoch.resize_with(e + 1, || EpochPoint {
-                    epoch: 0,
-                    seconds: 0.0,
-                    peak_bytes: 0,
-                    mean_grad_norm: 0.0,
-                    mean_loss: 0.0,
-                });
+                per_epoch.resize_with(e + 1, EpochPoint::default);
                 counts.resize(e + 1, 0);
             }
             let p = &mut per_epoch[e];

@@ -4,7 +4,7 @@ use super::figures::{self, Figure};
 use super::{CompareSpec, Comparison, RunResult, Spread};
 use crate::error::Result;
 use crate::parallel::StrategyKind;
-use crate::store::write_atomic;
+use crate::store::{write_atomic, write_json};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -297,8 +297,7 @@ pub fn write(spec: &CompareSpec, done: &Comparison, command: &str) -> Result<Vec
     let results = &done.results;
     let dir: &Path = &spec.out_dir;
     let mut written = Vec::new();
-    let json = serde_json::to_string_pretty(results).expect("results serialise");
-    write_atomic(&dir.join("results.json"), json.as_bytes())?;
+    write_json(&dir.join("results.json"), results)?;
     write_atomic(&dir.join("results.csv"), csv(results).as_bytes())?;
     written.push(dir.join("results.json"));
     written.push(dir.join("results.csv"));

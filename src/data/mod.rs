@@ -462,8 +462,7 @@ pub fn write_shards(ds: &Dataset, out: &Path) -> Result<(usize, usize)> {
     if let Tokenizer::WordPiece(wp) = &ds.tokenizer {
         crate::store::write_atomic(&out.join("vocab.txt"), wp.vocab_text().as_bytes())?;
     }
-    let spec = serde_json::to_string_pretty(&ds.tokenizer.spec()).expect("spec serialises");
-    crate::store::write_atomic(&out.join("tokenizer.json"), spec.as_bytes())?;
+    crate::store::write_json(&out.join("tokenizer.json"), &ds.tokenizer.spec())?;
     std::fs::remove_file(&unfinished).map_err(|e| Error::io(&unfinished, e))?;
     Ok((counts[0], counts[1]))
 }

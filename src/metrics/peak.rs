@@ -92,10 +92,8 @@ impl Peak {
 
     /// What the matmul peak is of: "best matmul, OpenBLAS" on the CPU.
     pub fn matmul_name(&self) -> String {
-        match &self.matmul {
-            Some(m) => format!("best matmul, {}", m.describe()),
-            None => "matmul".into(),
-        }
+        let best = |m: &MatmulChoice| format!("best matmul, {}", m.describe());
+        self.matmul.as_ref().map_or("matmul".into(), best)
     }
 
     /// The matmul peak a run's MFU is stated against, and what it is of:

@@ -1,4 +1,5 @@
-//! TensorBoard event files, written and read: the TFRecord framing
+//! TensorBoard event files, written (tests/support/tfevents.rs reads them
+//! back): the TFRecord framing
 //! (length, masked CRC-32C of the length, the record, masked CRC-32C of the
 //! record) around `Event` protocol buffers, encoded by hand for the few
 //! fields used: wall time, step, the file version, scalar summaries
@@ -70,24 +71,6 @@ mod pb {
         key(out, field, 0);
         varint(out, v);
     }
-}
-
-/// A summary value: a scalar, or text.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Value {
-    Scalar(f32),
-    Text(String),
-}
-
-/// One event as read back.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Event {
-    pub wall_time: f64,
-    pub step: i64,
-    pub file_version: Option<String>,
-    /// A session start (status START), as a resumed run writes first.
-    pub session_start: bool,
-    pub values: Vec<(String, Value)>,
 }
 
 /// Event fields (tensorflow/core/util/event.proto).
@@ -278,159 +261,6 @@ impl EventWriter {
     }
 }
 
-/// A protocol-buffer message's fields, as (field, wire type, payload).
-fn fields(mut data: &[u8]) -> std::result::Result<Vec<(u32, u32, Field<'_>)>, String> {
-    fn varint(data: &mut &[u8]) -> std::result::Result<u64, String> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let (&b, rest) = data.split_first().ok_or("a varint runs past the end")?;
-            *data = rest;
-            v |= ((b & 0x7f) as u64) << shift;
-            if b < 0x80 {
-                return Ok(v);
-            }
-        }
-        Err("a varint longer than 10 bytes".into())
-    }
-    let mut out = Vec::new();
-    while !data.is_empty() {
-        let key = varint(&mut data)?;
-        let (field, wire) = ((key >> 3) as u32, (key & 7) as u32);
-        fn take<'a>(
-            data: &mut &'a [u8],
-            n: usize,
-            field: u32,
-        ) -> std::result::Result<&'a [u8], String> {
-            if data.len() < n {
-                return Err(format!("field {field} runs past the end"));
-            }
-            let (a, b) = data.split_at(n);
-            *data = b;
-            Ok(a)
-        }
-        let value = match wire {
-            0 => Field::Int(varint(&mut data)?),
-            1 => Field::Fixed64(take(&mut data, 8, field)?.try_into().expect("8 bytes")),
-            2 => {
-                let n = varint(&mut data)? as usize;
-                Field::Bytes(take(&mut data, n, field)?)
-            }
-            5 => Field::Fixed32(take(&mut data, 4, field)?.try_into().expect("4 bytes")),
-            w => return Err(format!("wire type {w} of field {field}")),
-        };
-        out.push((field, wire, value));
-    }
-    Ok(out)
-}
-
-enum Field<'a> {
-    Int(u64),
-    Fixed64([u8; 8]),
-    Fixed32([u8; 4]),
-    Bytes(&'a [u8]),
-}
-
-fn decode_value(data: &[u8]) -> std::result::Result<(String, Option<Value>), String> {
-    let (mut tag, mut value) = (String::new(), None);
-    for (f, _, v) in fields(data)? {
-        match (f, v) {
-            (VALUE_TAG, Field::Bytes(b)) => tag = String::from_utf8_lossy(b).into_owned(),
-            (VALUE_SIMPLE, Field::Fixed32(b)) => value = Some(Value::Scalar(f32::from_le_bytes(b))),
-            (VALUE_TENSOR, Field::Bytes(b)) => {
-                for (tf, _, tv) in fields(b)? {
-                    if let (TENSOR_STRING_VAL, Field::Bytes(s)) = (tf, tv) {
-                        value = Some(Value::Text(String::from_utf8_lossy(s).into_owned()));
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    Ok((tag, value))
-}
-
-fn decode_event(data: &[u8]) -> std::result::Result<Event, String> {
-    let mut ev = Event {
-        wall_time: 0.0,
-        step: 0,
-        file_version: None,
-        session_start: false,
-        values: Vec::new(),
-    };
-    for (f, _, v) in fields(data)? {
-        match (f, v) {
-            (EV_WALL_TIME, Field::Fixed64(b)) => ev.wall_time = f64::from_le_bytes(b),
-            (EV_STEP, Field::Int(s)) => ev.step = s as i64,
-            (EV_FILE_VERSION, Field::Bytes(b)) => {
-                ev.file_version = Some(String::from_utf8_lossy(b).into_owned())
-            }
-            (EV_SUMMARY, Field::Bytes(b)) => {
-                for (sf, _, sv) in fields(b)? {
-                    if let (SUMMARY_VALUE, Field::Bytes(vb)) = (sf, sv) {
-                        if let (tag, Some(value)) = decode_value(vb)? {
-                            ev.values.push((tag, value));
-                        }
-                    }
-                }
-            }
-            (EV_SESSION_LOG, Field::Bytes(b)) => {
-                ev.session_start = fields(b)?
-                    .iter()
-                    .any(|(f, _, v)| *f == 1 && matches!(v, Field::Int(SESSION_START)));
-            }
-            _ => {}
-        }
-    }
-    Ok(ev)
-}
-
-/// Every event of an event file, its frames' CRCs checked.
-pub fn read_events(path: &Path) -> Result<Vec<Event>> {
-    let data = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    let bad = |reason: String| Error::Input(format!("{}: {reason}", path.display()));
-    let mut rest = &data[..];
-    let mut events = Vec::new();
-    while !rest.is_empty() {
-        if rest.len() < 12 {
-            return Err(bad(format!("{} bytes of a cut-off frame", rest.len())));
-        }
-        let (len, crc) = (
-            &rest[..8],
-            u32::from_le_bytes(rest[8..12].try_into().unwrap()),
-        );
-        if masked_crc(len) != crc {
-            return Err(bad(format!("record {}: length CRC mismatch", events.len())));
-        }
-        let n = u64::from_le_bytes(len.try_into().unwrap()) as usize;
-        if rest.len() < 12 + n + 4 {
-            return Err(bad(format!("record {} is cut off", events.len())));
-        }
-        let body = &rest[12..12 + n];
-        let crc = u32::from_le_bytes(rest[12 + n..16 + n].try_into().unwrap());
-        if masked_crc(body) != crc {
-            return Err(bad(format!("record {}: data CRC mismatch", events.len())));
-        }
-        events.push(decode_event(body).map_err(bad)?);
-        rest = &rest[16 + n..];
-    }
-    Ok(events)
-}
-
-/// The event files in `dir`, oldest first.
-pub fn event_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|e| Error::io(dir, e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("events.out.tfevents."))
-        })
-        .collect();
-    files.sort();
-    Ok(files)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -442,55 +272,14 @@ mod tests {
         assert_eq!(crc32c(b""), 0);
     }
 
-    #[test]
-    fn events_read_back_as_written_and_a_flipped_byte_is_caught() {
-        let root = crate::testdir::TestDir::new("tb");
-        let dir = root.path().join("events");
-        let mut w = EventWriter::create(&dir).unwrap();
-        w.text(0, "config", "`lr = 3e-3`").unwrap();
-        w.scalars(5, &[("train/loss", 2.5), ("lr", 1e-3)]).unwrap();
-        w.session_start(7).unwrap();
-        w.flush().unwrap();
-        let path = w.path().to_path_buf();
-        let events = read_events(&path).unwrap();
-        assert_eq!(events.len(), 4);
-        assert_eq!(events[0].file_version.as_deref(), Some("brain.Event:2"));
-        assert_eq!(
-            events[1].values,
-            vec![("config".into(), Value::Text("`lr = 3e-3`".into()))]
-        );
-        assert_eq!(events[2].step, 5);
-        assert_eq!(
-            events[2].values,
-            vec![
-                ("train/loss".into(), Value::Scalar(2.5)),
-                ("lr".into(), Value::Scalar(1e-3))
-            ]
-        );
-        assert!(events[3].session_start && events[3].step == 7);
-        // stamped with the wall clock
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs_f64();
-        assert!(events.iter().all(|e| (now - e.wall_time).abs() < 600.0));
-        assert_eq!(event_files(&dir).unwrap(), vec![path.clone()]);
-        let mut bytes = std::fs::read(&path).unwrap();
-        let at = bytes.len() - 6;
-        bytes[at] ^= 1;
-        std::fs::write(&path, bytes).unwrap();
-        let err = read_events(&path).unwrap_err().to_string();
-        assert!(err.contains("data CRC mismatch"), "{err}");
-    }
-
     /// Longer than 127 bytes, as the golden file's step is past 127: their
     /// varints take more than one byte.
     const SOLILOQUY: &str = "To be, or not to be, that is the question: Whether 'tis nobler in the mind to suffer The slings and arrows of outrageous fortune, Or to take arms against a sea of troubles";
 
     /// Events written by TensorBoard's own writer (its RecordWriter and
     /// protos; scripts/make_reference_runs.py --only tensorboard): ours, at
-    /// the same wall times, are the same bytes, frames and CRCs included,
-    /// and our reader reads theirs.
+    /// the same wall times, are the same bytes, frames and CRCs included
+    /// (tests/tensorboard.rs reads theirs).
     #[test]
     fn events_are_the_bytes_tensorboards_own_writer_writes() {
         let golden: &[u8] = include_bytes!("../../tests/fixtures/tensorboard/golden.tfevents");
@@ -508,24 +297,5 @@ mod tests {
         .flat_map(|e| frame(e))
         .collect::<Vec<u8>>();
         assert_eq!(ours, golden);
-        let root = crate::testdir::TestDir::new("tb-golden");
-        let path = root.path().join("events.out.tfevents.1700000000.golden");
-        std::fs::write(&path, golden).unwrap();
-        let events = read_events(&path).unwrap();
-        assert_eq!(events.len(), 4);
-        assert_eq!(events[0].file_version.as_deref(), Some("brain.Event:2"));
-        assert_eq!(
-            events[1].values,
-            vec![
-                ("train/loss".into(), Value::Scalar(2.5)),
-                ("train/lr".into(), Value::Scalar(1e-3))
-            ]
-        );
-        assert_eq!(
-            events[2].values,
-            vec![("sample".into(), Value::Text(SOLILOQUY.into()))]
-        );
-        assert_eq!(events[2].step, 70_000);
-        assert!(events[3].session_start && events[3].step == 4);
     }
 }

@@ -9,7 +9,7 @@ use crate::backend::Backend;
 use crate::data::TokenizerSpec;
 use crate::error::{Error, Result};
 use crate::model::{Gpt2, ModelConfig, ParamLayout};
-use crate::store::{self, write_atomic, write_safetensors, Data};
+use crate::store::{self, write_safetensors, Data};
 use safetensors::tensor::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -265,8 +265,7 @@ pub fn write_model(
         checksum: String::new(),
     };
     file.checksum = file.compute_checksum();
-    let json = serde_json::to_string_pretty(&file).expect("meta serialises");
-    write_atomic(&dir.join(META_FILE), json.as_bytes())
+    store::write_json(&dir.join(META_FILE), &file).map(drop)
 }
 
 /// [`write_model`] of a GPT-2.

@@ -156,10 +156,7 @@ pub struct RowParallel<'a, B: Backend> {
 /// output, a column-parallel layer's input gradient); nothing without
 /// tensor parallelism.
 pub fn all_reduce<B: Backend>(be: &B, tp: Option<&dyn Comm>, buf: Dst<'_, B>) -> Result<()> {
-    match tp {
-        Some(g) => device::all_reduce(g, be, buf),
-        None => Ok(()),
-    }
+    tp.map_or(Ok(()), |g| device::all_reduce(g, be, buf))
 }
 
 /// Runs `layer` in group `tp`: `matmul` runs this rank's partial product

@@ -333,6 +333,16 @@ pub struct UnitParams<'a, B: Backend> {
     pub tied: Option<Src<'a, B>>,
 }
 
+impl<'a, B: Backend> UnitParams<'a, B> {
+    /// `unit`'s slices of a whole parameter buffer.
+    pub fn of(params: &'a Buf<B>, unit: &super::layout::Unit) -> Self {
+        UnitParams {
+            own: params.slice(unit.range.clone()),
+            tied: unit.tied.as_ref().map(|x| params.slice(x.range.clone())),
+        }
+    }
+}
+
 /// Where a unit's backward accumulates: its own gradient slice and the
 /// tied tensor's gradient.
 pub struct UnitGrads<'a, B: Backend> {
@@ -577,10 +587,7 @@ impl<B: Backend, M: UnitModel<B>> Whole<B, M> {
         let mut loss = None;
         for u in 0..engine.layout().units.len() {
             let unit = &engine.layout().units[u];
-            let p = UnitParams {
-                own: params.slice(unit.range.clone()),
-                tied: unit.tied.as_ref().map(|x| params.slice(x.range.clone())),
-            };
+            let p = UnitParams::of(params, unit);
             loss = engine.forward(u, p, tp)?;
         }
         Ok(loss)
@@ -604,27 +611,15 @@ impl<B: Backend, M: UnitModel<B>> Whole<B, M> {
         } = self;
         let lay = engine.layout().clone();
         for (u, unit) in lay.units.iter().enumerate().rev() {
-            let p = UnitParams {
-                own: params.slice(unit.range.clone()),
-                tied: unit.tied.as_ref().map(|x| params.slice(x.range.clone())),
-            };
-            match &unit.tied {
+            let p = UnitParams::of(params, unit);
+            let (own, tied) = match &unit.tied {
                 Some(tied) => {
                     let (tg, g) = grads.d().split2(tied.range.clone(), unit.range.clone());
-                    let g = UnitGrads {
-                        own: g,
-                        tied: Some(tg),
-                    };
-                    engine.backward(u, p, g, tp, loss_scale)?;
+                    (g, Some(tg))
                 }
-                None => {
-                    let g = UnitGrads {
-                        own: grads.slice_mut(unit.range.clone()),
-                        tied: None,
-                    };
-                    engine.backward(u, p, g, tp, loss_scale)?;
-                }
-            }
+                None => (grads.slice_mut(unit.range.clone()), None),
+            };
+            engine.backward(u, p, UnitGrads { own, tied }, tp, loss_scale)?;
             unit_done(engine.backend(), u, grads.slice_mut(unit.range.clone()))?;
         }
         Ok(())

@@ -300,8 +300,7 @@ impl<B: Backend> Task<B> for ClassifyTask {
             epochs: epoch_records(history),
             test: test.into(),
         };
-        let json = serde_json::to_string_pretty(&report).expect("a report serialises");
-        crate::store::write_atomic(&dir.join(SUMMARY_FILE), json.as_bytes())
+        crate::store::write_json(&dir.join(SUMMARY_FILE), &report).map(drop)
     }
 
     fn report_file(&self) -> Option<&'static str> {

@@ -175,9 +175,7 @@ impl<B: Backend> Task<B> for LmTask<'_> {
             tp: None,
             on_token: &mut |_, _| {},
         };
-        Ok(match self.model.generate(backend, run)? {
-            Some(out) => tk.decode(&out[0]),
-            None => String::new(),
-        })
+        let out = self.model.generate(backend, run)?;
+        Ok(out.map_or(String::new(), |out| tk.decode(&out[0])))
     }
 }

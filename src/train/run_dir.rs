@@ -11,7 +11,7 @@ use crate::metrics::tensorboard::EventWriter;
 use crate::metrics::{timestamp, unix_now, LineWriter, StepRecord};
 use crate::model::{ModelConfig, Precision};
 use crate::parallel::ParallelConfig;
-use crate::store::{json_checksum, write_atomic};
+use crate::store::{json_checksum, write_atomic, write_json};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -478,9 +478,7 @@ fn write_record(
         settings: Some(settings_checksum(&fresh.train, &fresh.parallel)),
     });
     fresh.segments = segments;
-    let json = serde_json::to_string_pretty(&fresh).expect("run record serialises");
-    write_atomic(&dir.join(RUN_FILE), json.as_bytes())?;
-    Ok(json)
+    write_json(&dir.join(RUN_FILE), &fresh)
 }
 
 /// Keeps the records of steps up to `step` (a resume point) in

@@ -10,7 +10,7 @@ use super::layout::{classifier_names, layout, EMBEDDINGS, HEAD_MLM};
 use crate::data::wordpiece::WordPiece;
 use crate::error::{Error, Result};
 use crate::model::layout::TensorSpec;
-use crate::store::{checksum, write_atomic, write_safetensors, Data};
+use crate::store::{checksum, write_atomic, write_json, write_safetensors, Data};
 use safetensors::tensor::{Dtype, SafeTensors};
 use std::path::Path;
 
@@ -437,8 +437,7 @@ pub fn write_folder(
         write_tokenizer(wp, cfg.block_size, dir)?;
         config[VOCAB_CHECKSUM_KEY] = wp.checksum().into();
     }
-    let text = serde_json::to_string_pretty(&config).expect("a JSON value serialises");
-    write_atomic(&dir.join("config.json"), text.as_bytes())
+    write_json(&dir.join("config.json"), &config).map(drop)
 }
 
 /// The files `AutoTokenizer.from_pretrained` reads for `wp`: `vocab.txt`,
@@ -469,8 +468,7 @@ fn write_tokenizer(wp: &WordPiece, block_size: usize, dir: &Path) -> Result<()> 
         ("tokenizer_config.json", tokenizer),
         ("special_tokens_map.json", special),
     ] {
-        let text = serde_json::to_string_pretty(&j).expect("JSON");
-        write_atomic(&dir.join(name), text.as_bytes())?;
+        write_json(&dir.join(name), &j)?;
     }
     Ok(())
 }

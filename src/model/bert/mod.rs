@@ -585,8 +585,7 @@ impl<B: Backend> Engine<B> {
                 }
             }));
         }
-        check_ids("next-sentence label", &batch.seq_targets, 2, true)?;
-        Ok(())
+        check_ids("next-sentence label", &batch.seq_targets, 2, true)
     }
 
     /// Embeddings: `resid[0]` = LN(`word[tok]` + `pos[t]` + `type[types]`).
@@ -672,8 +671,7 @@ impl<B: Backend> Engine<B> {
             inp: k.types.slice(0..rows * tv),
             w: p.slice(r(2)),
             shape: MatmulShape::new((rows, tv, c), WeightLayout::InOut),
-        })?;
-        Ok(())
+        })
     }
 
     /// Block l: `resid[l]` -> `resid[l + 1]`.

@@ -136,19 +136,7 @@ pub fn generate<B: Backend>(
     stop: Option<u32>,
     on_token: impl FnMut(usize, u32) + Send,
 ) -> Result<Vec<Vec<u32>>> {
-    generate_as(model, WeightFormat::F32, prompts, cfg, stop, on_token)
-}
-
-/// [`generate`] with the weights packed as `format`.
-fn generate_as<B: Backend>(
-    model: &Gpt2<B>,
-    format: WeightFormat,
-    prompts: &[Vec<u32>],
-    cfg: &SampleConfig,
-    stop: Option<u32>,
-    on_token: impl FnMut(usize, u32) + Send,
-) -> Result<Vec<Vec<u32>>> {
-    let weights = model.decode_weights(format)?;
+    let weights = model.decode_weights(WeightFormat::F32)?;
     generate_packed(model, &weights, prompts, cfg, stop, on_token)
 }
 
@@ -176,7 +164,8 @@ pub fn generate_gpt2<B: Backend>(
     } = run;
     let Some(tp) = tp.filter(|g| g.size() > 1) else {
         let model = Gpt2::with_params(backend, config.clone(), params)?;
-        return generate_as(&model, format, prompts, cfg, stop, on_token);
+        let weights = model.decode_weights(format)?;
+        return generate_packed(&model, &weights, prompts, cfg, stop, on_token);
     };
     let place = TpPlace {
         rank: tp.rank(),

@@ -8,7 +8,7 @@ use crate::data::{Tokenizer, TokenizerSpec};
 use crate::error::{Error, Result};
 use crate::model::files::{read_weights, write_weights, ModelMeta, WEIGHTS_FILE};
 use crate::model::{Gpt2, GptConfig};
-use crate::store::write_atomic;
+use crate::store::{write_atomic, write_json};
 use serde_json::{json, Value};
 use std::path::Path;
 
@@ -72,12 +72,7 @@ pub fn export_params(
     for (name, text) in Tokenizer::from_spec(tokenizer)?.hf_files(c.block_size) {
         write_atomic(&dir.join(name), text.as_bytes())?;
     }
-    write_atomic(
-        &dir.join(CONFIG_FILE),
-        serde_json::to_string_pretty(&config)
-            .expect("json")
-            .as_bytes(),
-    )
+    write_json(&dir.join(CONFIG_FILE), &config).map(drop)
 }
 
 /// Model config and tokenizer from a Hugging Face GPT-2 `config.json`.

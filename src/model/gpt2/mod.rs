@@ -952,10 +952,7 @@ impl<B: Backend> StageModel<B> for Engine<B> {
         g: UnitGrads<'_, B>,
     ) -> Result<()> {
         match UnitKind::of(u, self.config.n_layer) {
-            UnitKind::Embeddings => {
-                self.embed_backward(g.own)?;
-                Ok(())
-            }
+            UnitKind::Embeddings => self.embed_backward(g.own),
             UnitKind::Block(l) => self.block_backward_weight(l, p.own, g.own),
             UnitKind::Head => self.head_backward_weight(
                 p.tied.expect("the head reads wte"),
