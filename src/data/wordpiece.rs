@@ -96,7 +96,9 @@ impl Normalizer {
                 None => format!("{normalizer}"),
             };
             return Err(Error::Input(format!(
-                "{}: its normalizer is {what}; a BERT's WordPiece here normalizes as                  BertNormalizer (clean_text true): write a tokenizer_config.json beside it                  (do_lower_case, strip_accents, tokenize_chinese_chars) to say which steps it takes",
+                "{}: its normalizer is {what}; a BERT's WordPiece here normalizes as \
+                 BertNormalizer (clean_text true): write a tokenizer_config.json beside it \
+                 (do_lower_case, strip_accents, tokenize_chinese_chars) to say which steps it takes",
                 path.display()
             )));
         }
@@ -1121,6 +1123,8 @@ mod tests {
         );
         let err = encode("null").unwrap_err();
         assert!(err.contains("its normalizer is null"), "{err}");
+        // one sentence, not the source's indentation
+        assert!(err.contains("normalizes as BertNormalizer") && !err.contains("  "), "{err}");
         let err = encode(&bert("\"yes\"", "null", "true")).unwrap_err();
         assert!(err.contains("lowercase is \"yes\""), "{err}");
     }
