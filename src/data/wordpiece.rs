@@ -1124,7 +1124,10 @@ mod tests {
         let err = encode("null").unwrap_err();
         assert!(err.contains("its normalizer is null"), "{err}");
         // one sentence, not the source's indentation
-        assert!(err.contains("normalizes as BertNormalizer") && !err.contains("  "), "{err}");
+        assert!(
+            err.contains("normalizes as BertNormalizer") && !err.contains("  "),
+            "{err}"
+        );
         let err = encode(&bert("\"yes\"", "null", "true")).unwrap_err();
         assert!(err.contains("lowercase is \"yes\""), "{err}");
     }

@@ -10,8 +10,8 @@
 //! padding mask: every query of sequence b attends to its first `lens[b]`
 //! keys (an encoder's bidirectional attention, BERT's).
 
-use super::elementwise::round_bf16;
 use super::math::{dot, exp, exp_shifted_sum, gemm, row_max, widest, Mat, SendPtr};
+use super::round_to_bf16;
 use crate::backend::ops::{AttentionDecode, Host};
 use rayon::prelude::*;
 use std::ops::Range;
@@ -161,7 +161,6 @@ pub(crate) fn forward_masked(
     assert!(qkv.len() >= b * t * 3 * c && out.len() >= b * t * c && lse.len() >= b * nh * t);
     mask.check(b, t);
     let out_ptr = SendPtr(out.as_mut_ptr());
-    let qkv = &*operands(&qkv[..b * t * 3 * c], s.bf16);
     lse[..b * nh * t]
         .par_chunks_mut(t)
         .enumerate()
@@ -171,14 +170,50 @@ pub(crate) fn forward_masked(
         );
 }
 
-/// `x` as the products take it: rounded to bf16 under `bf16`.
-fn operands(x: &[f32], bf16: bool) -> std::borrow::Cow<'_, [f32]> {
-    if !bf16 {
-        return x.into();
+/// Head columns as the products read them: `hd` columns of `parts` parts
+/// `part` floats apart (q, k, v in qkv; dout's one part), rows `stride`
+/// apart, from `src` on.
+#[derive(Clone, Copy)]
+struct Cols {
+    src: *const f32,
+    stride: usize,
+    part: usize,
+    parts: usize,
+}
+
+impl Cols {
+    /// These columns where the products read them: in place, or under
+    /// bf16 rounded into `buf` (rows of the parts side by side); returns
+    /// the columns to read.
+    ///
+    /// # Safety
+    /// `src` addresses `t` rows of the parts' columns.
+    unsafe fn for_products(self, buf: &mut Vec<f32>, t: usize, hd: usize, bf16: bool) -> Cols {
+        if !bf16 {
+            return self;
+        }
+        buf.resize(t * self.parts * hd, 0.0);
+        for (r, row) in buf.chunks_exact_mut(self.parts * hd).enumerate() {
+            for (p, dst) in row.chunks_exact_mut(hd).enumerate() {
+                let src =
+                    std::slice::from_raw_parts(self.src.add(r * self.stride + p * self.part), hd);
+                for (d, &x) in dst.iter_mut().zip(src) {
+                    *d = round_to_bf16(x);
+                }
+            }
+        }
+        Cols {
+            src: buf.as_ptr(),
+            stride: self.parts * hd,
+            part: hd,
+            parts: self.parts,
+        }
     }
-    let mut r = x.to_vec();
-    round_bf16(&mut r);
-    r.into()
+}
+
+/// Rounds `x` to bf16 in place (a task's tile: no threads of its own).
+fn round_tile(x: &mut [f32]) {
+    x.iter_mut().for_each(|v| *v = round_to_bf16(*v));
 }
 
 widest! {
@@ -194,26 +229,41 @@ widest! {
         mask: Mask<'_>,
     ) {
         let AttnShape { t, c, nh, .. } = s;
-        let head = HeadCols::of(s);
-        let (hd, keys) = (head.hd, tile_keys(s));
         let (bi, h) = (bh / nh, bh % nh);
-        let q = qkv[bi * t * 3 * c + h * hd..].as_ptr();
+        let keys = tile_keys(s);
+        let Tiles {
+            p,
+            acc,
+            max,
+            sum,
+            ops,
+        } = tiles;
         // SAFETY: q, k, v address rows of this batch inside qkv; the output
         // region (batch bi, head h) belongs to this task alone.
         unsafe {
-            let (k, v) = (q.add(c), q.add(2 * c));
+            let mut head = HeadCols::of(s);
+            let hd = head.hd;
+            let at = Cols {
+                src: qkv[bi * t * 3 * c + h * hd..].as_ptr(),
+                stride: 3 * c,
+                part: c,
+                parts: 3,
+            };
+            let at = at.for_products(ops, t, hd, s.bf16);
+            head.stride = at.stride;
+            let (q, k, v) = (at.src, at.src.add(at.part), at.src.add(2 * at.part));
             let o = out_ptr.get().add(bi * t * c + h * hd);
             for r0 in (0..t).step_by(BLOCK) {
                 let r1 = (r0 + BLOCK).min(t);
                 let (rows, cols) = (r1 - r0, mask.cols(bi, r1));
-                let Tiles { p, acc, max, sum } = tiles;
                 max[..rows].fill(f32::NEG_INFINITY);
                 sum[..rows].fill(0.0);
                 acc[..rows * hd].fill(0.0);
                 for c0 in (0..cols).step_by(keys) {
                     let kw = keys.min(cols - c0);
                     let pp = p.as_mut_ptr();
-                    scores(pp, q.add(r0 * 3 * c), k.add(c0 * 3 * c), rows, kw, head);
+                    let sr = head.stride;
+                    scores(pp, q.add(r0 * sr), k.add(c0 * sr), rows, kw, head);
                     for i in 0..rows {
                         let row = &mut p[i * kw..(i + 1) * kw];
                         let seen = mask.valid(bi, r0 + i).saturating_sub(c0).min(kw);
@@ -235,7 +285,7 @@ widest! {
                         if s.bf16 {
                             // the only tile: the row's max and sum are whole
                             row[..seen].iter_mut().for_each(|x| *x /= sum[i]);
-                            round_bf16(&mut row[..seen]);
+                            round_tile(&mut row[..seen]);
                         }
                     }
                     gemm(
@@ -243,7 +293,7 @@ widest! {
                         (rows, hd, kw),
                         Mat::new(acc.as_mut_ptr(), hd, 1),
                         Mat::new(pp as *const f32, kw, 1),
-                        Mat::new(v.add(c0 * 3 * c), 3 * c, 1),
+                        Mat::new(v.add(c0 * sr), sr, 1),
                         true,
                         1.0,
                         1,
@@ -262,14 +312,15 @@ widest! {
     }
 }
 
-/// A forward task's scratch: a (BLOCK x [`forward_keys`]) tile of
+/// A forward task's scratch: a (BLOCK x [`tile_keys`]) tile of
 /// probabilities, the (BLOCK x hd) output accumulator and its rows' running
-/// max and sum.
+/// max and sum; under bf16 the head's q, k, v rounded (`Cols`).
 struct Tiles {
     p: Vec<f32>,
     acc: Vec<f32>,
     max: Vec<f32>,
     sum: Vec<f32>,
+    ops: Vec<f32>,
 }
 
 impl Tiles {
@@ -279,6 +330,7 @@ impl Tiles {
             acc: vec![0.0; BLOCK * hd],
             max: vec![0.0; BLOCK],
             sum: vec![0.0; BLOCK],
+            ops: Vec::new(),
         }
     }
 }
@@ -325,11 +377,9 @@ fn backward_in_runs(dqkv: &mut [f32], saved: Saved<'_>, s: AttnShape, mask: Mask
             dot(&dout[at..at + hd], &out[at..at + hd])
         })
         .collect();
-    let qkv = operands(&saved.qkv[..b * t * 3 * c], s.bf16);
-    let dout = operands(&dout[..b * t * c], s.bf16);
     let inputs = Inputs {
-        qkv: &qkv,
-        dout: &dout,
+        qkv: saved.qkv,
+        dout,
         lse: saved.lse,
         dsum: &dsum,
     };
@@ -339,14 +389,15 @@ fn backward_in_runs(dqkv: &mut [f32], saved: Saved<'_>, s: AttnShape, mask: Mask
         || Scratch {
             p: vec![0.0; tile],
             dp: vec![0.0; tile],
+            ops: Vec::new(),
+            dops: Vec::new(),
         },
         |scratch, bh| backward_task(scratch, bh, run, dqkv_ptr, inputs, s, mask),
     );
 }
 
-/// What the backward tasks read: the products' operands qkv (B, T, 3C) and
-/// dO (B, T, C), rounded to bf16 under bf16, and every row's lse and dO . O
-/// (B, NH, T).
+/// What the backward tasks read: qkv (B, T, 3C), dO (B, T, C), and every
+/// row's lse and dO . O (B, NH, T).
 #[derive(Clone, Copy)]
 struct Inputs<'a> {
     qkv: &'a [f32],
@@ -356,10 +407,12 @@ struct Inputs<'a> {
 }
 
 /// A backward task's scratch: a run's probabilities and their gradient
-/// (`run` x KEYS).
+/// (`run` x KEYS); under bf16 the head's q, k, v and dO rounded (`Cols`).
 struct Scratch {
     p: Vec<f32>,
     dp: Vec<f32>,
+    ops: Vec<f32>,
+    dops: Vec<f32>,
 }
 
 widest! {
@@ -375,15 +428,29 @@ widest! {
         mask: Mask<'_>,
     ) {
         let AttnShape { t, c, nh, .. } = s;
-        let cols = HeadCols::of(s);
+        let mut cols = HeadCols::of(s);
         let (bi, h, hd) = (bh / nh, bh % nh, cols.hd);
-        let Scratch { p, dp } = scratch;
+        let Scratch { p, dp, ops, dops } = scratch;
         // SAFETY: all pointers address batch bi inside their buffers; the
         // gradient region (batch bi, head h) belongs to this task alone.
         unsafe {
+            let qkv = Cols {
+                src: inputs.qkv.as_ptr().add(bi * t * 3 * c + h * hd),
+                stride: 3 * c,
+                part: c,
+                parts: 3,
+            };
+            let d_o = Cols {
+                src: inputs.dout.as_ptr().add(bi * t * c + h * hd),
+                stride: c,
+                part: 0,
+                parts: 1,
+            };
+            let qkv = qkv.for_products(ops, t, hd, s.bf16);
+            cols.stride = qkv.stride;
             let head = Head {
-                q: inputs.qkv.as_ptr().add(bi * t * 3 * c + h * hd),
-                d_o: inputs.dout.as_ptr().add(bi * t * c + h * hd),
+                qkv,
+                d_o: d_o.for_products(dops, t, hd, s.bf16),
                 dq: dqkv_ptr.get().add(bi * t * 3 * c + h * hd),
                 c,
                 cols,
@@ -413,11 +480,12 @@ widest! {
     }
 }
 
-/// A backward task's (batch, head): where its rows start in qkv, dO and
-/// dqkv, and the rows' log-sum-exps and dO . O.
+/// A backward task's (batch, head): its q, k, v and dO where the products
+/// read them (`cols.stride` is qkv's), where its rows start in dqkv (parts
+/// `c` apart, rows 3c), and the rows' log-sum-exps and dO . O.
 struct Head<'a> {
-    q: *const f32,
-    d_o: *const f32,
+    qkv: Cols,
+    d_o: Cols,
     dq: *mut f32,
     c: usize,
     cols: HeadCols,
@@ -442,10 +510,10 @@ impl Head<'_> {
         rows: Range<usize>,
         seen: impl Fn(usize) -> usize,
     ) {
-        let (kw, stride) = (tile.len(), self.cols.stride);
+        let (kw, stride, q) = (tile.len(), self.cols.stride, self.qkv.src);
         let (q_run, k_tile) = (
-            self.q.add(rows.start * stride),
-            self.q.add(self.c + tile.start * stride),
+            q.add(rows.start * stride),
+            q.add(self.qkv.part + tile.start * stride),
         );
         scores(p.as_mut_ptr(), q_run, k_tile, rows.len(), kw, self.cols);
         for (i, r) in rows.enumerate() {
@@ -473,17 +541,18 @@ impl Head<'_> {
         rows: Range<usize>,
         onto: bool,
     ) {
-        let (c, hd, stride, scale) = (self.c, self.cols.hd, self.cols.stride, self.cols.scale);
+        let (c, hd, rs, scale) = (self.c, self.cols.hd, self.cols.stride, self.cols.scale);
         let (kw, n, c0, r0) = (tile.len(), rows.len(), tile.start, rows.start);
-        let (k_tile, v_tile) = (self.q.add(c + c0 * stride), self.q.add(2 * c + c0 * stride));
-        let (q_run, d_o_run) = (self.q.add(r0 * stride), self.d_o.add(r0 * c));
+        let (q, part, ws, dos) = (self.qkv.src, self.qkv.part, 3 * c, self.d_o.stride);
+        let (k_tile, v_tile) = (q.add(part + c0 * rs), q.add(2 * part + c0 * rs));
+        let (q_run, d_o_run) = (q.add(r0 * rs), self.d_o.src.add(r0 * dos));
         // dP = dO[run] V[tile]^T
         gemm(
             false,
             (n, kw, hd),
             Mat::new(dp.as_mut_ptr(), kw, 1),
-            Mat::new(d_o_run, c, 1),
-            Mat::new(v_tile, stride, 1).t(),
+            Mat::new(d_o_run, dos, 1),
+            Mat::new(v_tile, rs, 1).t(),
             false,
             1.0,
             1,
@@ -497,17 +566,17 @@ impl Head<'_> {
             }
         }
         if self.bf16 {
-            round_bf16(&mut p[..n * kw]);
-            round_bf16(&mut dp[..n * kw]);
+            round_tile(&mut p[..n * kw]);
+            round_tile(&mut dp[..n * kw]);
         }
         let (pp, ds) = (p.as_ptr(), dp.as_ptr());
         // dV[tile] (+)= P^T dO[run]
         gemm(
             false,
             (kw, hd, n),
-            Mat::new(self.dq.add(2 * c + c0 * stride), stride, 1),
+            Mat::new(self.dq.add(2 * c + c0 * ws), ws, 1),
             Mat::new(pp, kw, 1).t(),
-            Mat::new(d_o_run, c, 1),
+            Mat::new(d_o_run, dos, 1),
             onto,
             1.0,
             1,
@@ -517,9 +586,9 @@ impl Head<'_> {
         gemm(
             false,
             (n, hd, kw),
-            Mat::new(self.dq.add(r0 * stride), stride, 1),
+            Mat::new(self.dq.add(r0 * ws), ws, 1),
             Mat::new(ds, kw, 1),
-            Mat::new(k_tile, stride, 1),
+            Mat::new(k_tile, rs, 1),
             c0 > 0,
             1.0,
             1,
@@ -528,9 +597,9 @@ impl Head<'_> {
         gemm(
             false,
             (kw, hd, n),
-            Mat::new(self.dq.add(c + c0 * stride), stride, 1),
+            Mat::new(self.dq.add(c + c0 * ws), ws, 1),
             Mat::new(ds, kw, 1).t(),
-            Mat::new(q_run, stride, 1),
+            Mat::new(q_run, rs, 1),
             onto,
             1.0,
             1,
