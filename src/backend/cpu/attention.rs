@@ -188,6 +188,7 @@ impl Cols {
     ///
     /// # Safety
     /// `src` addresses `t` rows of the parts' columns.
+    #[inline(always)]
     unsafe fn for_products(self, buf: &mut Vec<f32>, t: usize, hd: usize, bf16: bool) -> Cols {
         if !bf16 {
             return self;
@@ -212,6 +213,7 @@ impl Cols {
 }
 
 /// Rounds `x` to bf16 in place (a task's tile: no threads of its own).
+#[inline(always)]
 fn round_tile(x: &mut [f32]) {
     x.iter_mut().for_each(|v| *v = round_to_bf16(*v));
 }
