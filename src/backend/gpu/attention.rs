@@ -124,6 +124,67 @@ mod tests {
         [None, Some(lens)]
     }
 
+    /// out, lse and dqkv of the CPU's attention forward, then its backward
+    /// from `dout`.
+    fn on_cpu(s: AttnShape, lens: Option<&[u32]>, qkv: &[f32], dout: &[f32]) -> [Vec<f32>; 3] {
+        let AttnShape { b, t, c, nh, .. } = s;
+        let (mut out, mut lse) = (vec![0.0; b * t * c], vec![0.0; b * nh * t]);
+        (AttentionForward::<Host> {
+            out: &mut out,
+            lse: &mut lse,
+            qkv,
+            lens,
+            shape: s,
+        })
+        .cpu(&AsIs);
+        let mut dqkv = vec![0.0; qkv.len()];
+        (AttentionBackward::<Host> {
+            dqkv: &mut dqkv,
+            dout,
+            qkv,
+            out: &out,
+            lse: &lse,
+            lens,
+            shape: s,
+        })
+        .cpu(&AsIs);
+        [out, lse, dqkv]
+    }
+
+    /// [`on_cpu`] on `dev`, every output filled with 7s first.
+    fn on_dev<R: Runtime>(
+        dev: &Queue<R>,
+        s: AttnShape,
+        lens: Option<&[u32]>,
+        qkv: &[f32],
+        dout: &[f32],
+    ) -> [Vec<f32>; 3] {
+        let AttnShape { b, t, c, nh, .. } = s;
+        let (q, d) = (putf(dev, qkv), putf(dev, dout));
+        let [o, l, g] = [b * t * c, b * nh * t, qkv.len()].map(|n| putf(dev, &vec![7.0; n]));
+        let ld = lens.map(|x| putu(dev, x));
+        let lv = ld.as_ref().map(|x| x.view());
+        dev.run(AttentionForward {
+            out: o.view(),
+            lse: l.view(),
+            qkv: q.view(),
+            lens: lv,
+            shape: s,
+        })
+        .unwrap();
+        dev.run(AttentionBackward {
+            dqkv: g.view(),
+            dout: d.view(),
+            qkv: q.view(),
+            out: o.view(),
+            lse: l.view(),
+            lens: lv,
+            shape: s,
+        })
+        .unwrap();
+        [o, l, g].map(|x| get(dev, &x))
+    }
+
     #[test]
     fn attention_forward_matches_cpu() {
         on_gpus!(attention_forward_matches_cpu_on);
@@ -133,43 +194,14 @@ mod tests {
         let mut rng = Rng::new(11);
         for s in shapes() {
             for lens in masks(s) {
-                let AttnShape { b, t, c, nh, .. } = s;
+                let AttnShape { b, t, c, .. } = s;
                 let qkv = randn(&mut rng, b * t * 3 * c, 1.0);
-                let (mut out, mut lse) = (vec![0.0; b * t * c], vec![0.0; b * nh * t]);
-                (AttentionForward::<Host> {
-                    out: &mut out,
-                    lse: &mut lse,
-                    qkv: &qkv,
-                    lens: lens.as_deref(),
-                    shape: s,
-                })
-                .cpu(&AsIs);
-                let (o, l) = (
-                    putf(dev, &vec![7.0; out.len()]),
-                    putf(dev, &vec![7.0; lse.len()]),
-                );
-                let q = putf(dev, &qkv);
-                let ld = lens.as_ref().map(|x| putu(dev, x));
-                let lv = ld.as_ref().map(|x| x.view());
-                dev.run(AttentionForward {
-                    out: o.view(),
-                    lse: l.view(),
-                    qkv: q.view(),
-                    lens: lv,
-                    shape: s,
-                })
-                .unwrap();
+                let dout = vec![0.0; b * t * c];
+                let [out, lse, _] = on_cpu(s, lens.as_deref(), &qkv, &dout);
+                let [o, l, _] = on_dev(dev, s, lens.as_deref(), &qkv, &dout);
                 let what = name(s, lens.as_deref());
-                assert_close(
-                    &format!("attention_forward {what} out"),
-                    &get(dev, &o),
-                    &out,
-                );
-                assert_close(
-                    &format!("attention_forward {what} lse"),
-                    &get(dev, &l),
-                    &lse,
-                );
+                assert_close(&format!("attention_forward {what} out"), &o, &out);
+                assert_close(&format!("attention_forward {what} lse"), &l, &lse);
             }
         }
     }
@@ -254,61 +286,13 @@ mod tests {
         for s in shapes() {
             for lens in masks(s) {
                 let s = AttnShape { bf16: true, ..s };
-                let AttnShape { b, t, c, nh, .. } = s;
+                let AttnShape { b, t, c, .. } = s;
                 let qkv = randn(&mut rng, b * t * 3 * c, 2.0);
                 let dout = randn(&mut rng, b * t * c, 1.0);
-                let (mut out, mut lse) = (vec![0.0; b * t * c], vec![0.0; b * nh * t]);
-                (AttentionForward::<Host> {
-                    out: &mut out,
-                    lse: &mut lse,
-                    qkv: &qkv,
-                    lens: lens.as_deref(),
-                    shape: s,
-                })
-                .cpu(&AsIs);
-                let mut dqkv = vec![0.0; qkv.len()];
-                (AttentionBackward::<Host> {
-                    dqkv: &mut dqkv,
-                    dout: &dout,
-                    qkv: &qkv,
-                    out: &out,
-                    lse: &lse,
-                    lens: lens.as_deref(),
-                    shape: s,
-                })
-                .cpu(&AsIs);
-                let (q, d) = (putf(dev, &qkv), putf(dev, &dout));
-                let (o, l, g) = (
-                    putf(dev, &vec![7.0; out.len()]),
-                    putf(dev, &vec![7.0; lse.len()]),
-                    putf(dev, &vec![7.0; qkv.len()]),
-                );
-                let ld = lens.as_ref().map(|x| putu(dev, x));
-                let lv = ld.as_ref().map(|x| x.view());
-                dev.run(AttentionForward {
-                    out: o.view(),
-                    lse: l.view(),
-                    qkv: q.view(),
-                    lens: lv,
-                    shape: s,
-                })
-                .unwrap();
-                dev.run(AttentionBackward {
-                    dqkv: g.view(),
-                    dout: d.view(),
-                    qkv: q.view(),
-                    out: o.view(),
-                    lse: l.view(),
-                    lens: lv,
-                    shape: s,
-                })
-                .unwrap();
+                let [out, lse, dqkv] = on_cpu(s, lens.as_deref(), &qkv, &dout);
+                let [o, l, g] = on_dev(dev, s, lens.as_deref(), &qkv, &dout);
                 let what = name(s, lens.as_deref());
-                for (part, got, want) in [
-                    ("out", get(dev, &o), &out),
-                    ("lse", get(dev, &l), &lse),
-                    ("dqkv", get(dev, &g), &dqkv),
-                ] {
+                for (part, got, want) in [("out", o, &out), ("lse", l, &lse), ("dqkv", g, &dqkv)] {
                     let off = got
                         .iter()
                         .zip(want)
