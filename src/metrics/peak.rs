@@ -388,9 +388,21 @@ mod tests {
         assert_eq!(flops, 700.0);
         assert!(name.contains("AVX512-BF16 kernel"), "{name}");
         assert_eq!(peak(Some(MatmulLib::Mkl)).matmul_peak(true).0, 500.0);
-        // fp32 runs, and bf16 runs whose products stay in fp32
-        assert_eq!(on_kernel.matmul_peak(false).0, 400.0);
+        // fp32 runs, and bf16 runs whose products stay in fp32: the
+        // library chosen, named
+        let (flops, name) = on_kernel.matmul_peak(false);
+        assert_eq!(flops, 400.0);
+        let chosen = MatmulChoice {
+            bf16: Some(MatmulLib::Gemm),
+            ..MatmulChoice::BUILT_IN
+        };
+        assert_eq!(name, format!("best matmul, {}", chosen.describe()));
         assert_eq!(peak(None).matmul_peak(true).0, 400.0);
+        let unmeasured = Peak {
+            matmul: None,
+            ..peak(None)
+        };
+        assert_eq!(unmeasured.matmul_peak(false).1, "matmul");
     }
 
     #[test]
