@@ -2,13 +2,15 @@
 //! forward works through blocks of query rows and, within each, tiles of
 //! keys with an online softmax, so its scratch is a (BLOCK x
 //! [`forward_keys`]) tile and a (BLOCK x head width) accumulator whatever
-//! T is; it keeps only the row log-sum-exp for the backward. The backward
-//! goes key tile by key tile over the query rows that see it (in runs of
-//! at most [`ROWS`]), recomputing the probabilities from the log-sum-exp:
-//! its scratch is two (ROWS x KEYS) tiles and T floats of row sums. No
-//! (B, NH, T, T) tensor ever exists. The mask is causal (GPT-2) or a
-//! padding mask: every query of sequence b attends to its first `lens[b]`
-//! keys (an encoder's bidirectional attention, BERT's).
+//! T is (under bf16 one tile of every key, [`tile_keys`]); it keeps only
+//! the row log-sum-exp for the backward. The backward goes key tile by key
+//! tile over the query rows that see it (in runs of at most [`ROWS`]),
+//! recomputing the probabilities from the log-sum-exp: its scratch is two
+//! (ROWS x KEYS) tiles, and under bf16 the head's rounded q, k, v and dO.
+//! Every row's dO . O is computed first (B x NH x T floats). No (B, NH, T,
+//! T) tensor ever exists. The mask is causal (GPT-2) or a padding mask:
+//! every query of sequence b attends to its first `lens[b]` keys (an
+//! encoder's bidirectional attention, BERT's).
 
 use super::math::{dot, exp, exp_shifted_sum, gemm, row_max, widest, Mat, SendPtr};
 use super::round_to_bf16;

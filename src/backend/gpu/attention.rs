@@ -97,6 +97,9 @@ mod tests {
                 (4, 3, 1, 1),
                 (2, 260, 256, 2),
                 (2, 40, 64, 2),
+                // three heads in passes of two (the unit tests' pass cap):
+                // a last pass of one
+                (3, 37, 12, 1),
             ]
         };
         list.iter()

@@ -1107,3 +1107,41 @@ fn every_kernel_of_the_program_is_named() {
         .iter()
         .all(|n| n.chars().all(|c| c.is_alphanumeric() || c == '_')));
 }
+
+#[test]
+fn a_batch_of_empty_products_sets_each_output_to_beta_times_itself() {
+    on_gpus!(a_batch_of_empty_products_sets_each_output_to_beta_times_itself_on);
+}
+
+fn a_batch_of_empty_products_sets_each_output_to_beta_times_itself_on<R: Runtime>(dev: &Queue<R>) {
+    // two (2 x 3) outputs 8 apart, k = 0: no products, c = beta c
+    for (beta, want) in [(0.0, 0.0), (1.0, 7.0)] {
+        let c = putf(dev, &[7.0; 16]);
+        let a = super::operand(c.view(), false, 2);
+        dev.gemm(super::Gemm {
+            m: 2,
+            n: 3,
+            k: 0,
+            a,
+            b: a,
+            beta,
+            c: c.view(),
+            ldc: 2,
+            bf16: false,
+            batch: super::Batch {
+                count: 2,
+                a: 0,
+                b: 0,
+                c: 8,
+            },
+        })
+        .unwrap();
+        let got = get(dev, &c);
+        let outputs = [&got[0..6], &got[8..14]];
+        assert!(
+            outputs.iter().all(|o| o.iter().all(|&x| x == want)),
+            "{got:?}"
+        );
+        assert!([got[6], got[7], got[14], got[15]] == [7.0; 4], "{got:?}");
+    }
+}
