@@ -189,7 +189,7 @@ dry_run() {
     ((rc == 0)) || { echo "gpu_check --dry-run: FAILED: the check exited $rc"; ok=0; }
     local files
     files=$(find "$out/green" -mindepth 1 | wc -l)
-    if ((files > 8)) || find "$out/green" -mindepth 1 -type d | grep -q .; then
+    if ((files > 8)) || find "$out/green" -mindepth 1 -type d | grep . >/dev/null; then
         echo "gpu_check --dry-run: FAILED: OUT holds $files entries or a folder:"
         ls -lR "$out/green"
         ok=0
