@@ -231,6 +231,8 @@ pub struct CudaRuntime {
     copier: Arc<CudaStream>,
     ctx: Arc<CudaContext>,
     name: String,
+    /// Compute capability 8.0 on: bf16 mma.sync (`Runtime::tensor_cores`).
+    mma: bool,
 }
 
 /// cuBLAS's operation for a stored matrix used as is or transposed.
@@ -448,11 +450,16 @@ impl Runtime for CudaRuntime {
             copier,
             ctx,
             name,
+            mma: major >= 8,
         })
     }
 
     fn name(&self) -> String {
         self.name.clone()
+    }
+
+    fn tensor_cores(&self) -> bool {
+        self.mma
     }
 
     fn alloc<T: Elem>(&self, len: usize) -> Result<Mem<T>> {

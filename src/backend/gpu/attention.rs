@@ -69,6 +69,7 @@ mod tests {
     use super::*;
     use crate::backend::cpu::attention;
     use crate::backend::cpu::check::randn;
+    use crate::backend::ops::attention::{flash_backward, flash_forward, FLASH_HD_MAX, FLASH_ROWS};
     use crate::backend::ops::{AsIs, Host, Kernel};
     use crate::backend::AttnShape;
     use crate::backend::{AttentionBackward, AttentionForward};
@@ -78,6 +79,8 @@ mod tests {
     fn host_constants_match_the_kernels() {
         let src = program_source();
         assert!(src.contains(&format!("#define ATT_HD_MAX {HD_MAX} ")));
+        assert!(src.contains(&format!("#define FA_HD_MAX {FLASH_HD_MAX} ")));
+        assert!(src.contains(&format!("#define FA_ROWS {FLASH_ROWS} ")));
     }
 
     /// (b, t, c, nh): head dims 1 to 128 (32, 64 and 128 among them), some
@@ -154,28 +157,28 @@ mod tests {
         [out, lse, dqkv]
     }
 
-    /// [`on_cpu`] on `dev`, every output filled with 7s first.
+    /// [`on_cpu`] on `dev`, every output filled with 7s first; on the
+    /// tensor cores' kernels (flash.cu) where `flash`, whatever the device.
     fn on_dev<R: Runtime>(
         dev: &Queue<R>,
         s: AttnShape,
         lens: Option<&[u32]>,
-        qkv: &[f32],
-        dout: &[f32],
+        [qkv, dout]: [&[f32]; 2],
+        flash: bool,
     ) -> [Vec<f32>; 3] {
         let AttnShape { b, t, c, nh, .. } = s;
         let (q, d) = (putf(dev, qkv), putf(dev, dout));
         let [o, l, g] = [b * t * c, b * nh * t, qkv.len()].map(|n| putf(dev, &vec![7.0; n]));
         let ld = lens.map(|x| putu(dev, x));
         let lv = ld.as_ref().map(|x| x.view());
-        dev.run(AttentionForward {
+        let forward = AttentionForward {
             out: o.view(),
             lse: l.view(),
             qkv: q.view(),
             lens: lv,
             shape: s,
-        })
-        .unwrap();
-        dev.run(AttentionBackward {
+        };
+        let backward = AttentionBackward {
             dqkv: g.view(),
             dout: d.view(),
             qkv: q.view(),
@@ -183,8 +186,16 @@ mod tests {
             lse: l.view(),
             lens: lv,
             shape: s,
-        })
-        .unwrap();
+        };
+        if flash {
+            forward.check().unwrap();
+            backward.check().unwrap();
+            flash_forward(dev, forward).unwrap();
+            flash_backward(dev, backward).unwrap();
+        } else {
+            dev.run(forward).unwrap();
+            dev.run(backward).unwrap();
+        }
         [o, l, g].map(|x| get(dev, &x))
     }
 
@@ -201,7 +212,7 @@ mod tests {
                 let qkv = randn(&mut rng, b * t * 3 * c, 1.0);
                 let dout = vec![0.0; b * t * c];
                 let [out, lse, _] = on_cpu(s, lens.as_deref(), &qkv, &dout);
-                let [o, l, _] = on_dev(dev, s, lens.as_deref(), &qkv, &dout);
+                let [o, l, _] = on_dev(dev, s, lens.as_deref(), [&qkv, &dout], false);
                 let what = name(s, lens.as_deref());
                 assert_close(&format!("attention_forward {what} out"), &o, &out);
                 assert_close(&format!("attention_forward {what} lse"), &l, &lse);
@@ -259,23 +270,79 @@ mod tests {
     /// round it apart (one bf16 step of one term: a head's row of out, of
     /// dq or of dk), at most a tenth of them, each under 2^-7 of the largest
     /// element. fp32's attention is off in 77-99% of the elements
-    /// (`cpu::attention`'s bf16 test), so this sees the rounding.
+    /// (`cpu::attention`'s bf16 test), so this sees the rounding. On a GPU
+    /// with tensor cores the shapes flash.cu takes run there.
     #[test]
     fn bf16_attention_matches_cpu() {
         on_gpus!(bf16_attention_matches_cpu_on);
     }
 
     fn bf16_attention_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
-        let mut rng = Rng::new(14);
-        for s in shapes() {
+        bf16_matches_cpu(dev, shapes(), false, 14);
+    }
+
+    /// flash.cu against the CPU's bf16 attention as above, on every
+    /// device: OpenCL runs the kernels' emulation twin of the tensor
+    /// cores' fragments, so the tiling, masks and fragment layouts are
+    /// checked here without a GPU. Head dims of 16 to 64; t of one row,
+    /// within a tile, and past a workgroup's 128 rows.
+    #[test]
+    fn flash_attention_matches_cpu() {
+        on_gpus!(flash_attention_matches_cpu_on);
+    }
+
+    fn flash_attention_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
+        if R::KIND == "cuda" && !dev.tensor_cores() {
+            eprintln!(
+                "flash.cu needs compute capability 8.0: {} has not",
+                dev.name()
+            );
+            return;
+        }
+        let list: &[(usize, usize, usize, usize)] = if tiny() {
+            &[(1, 5, 32, 2), (1, 9, 64, 1)]
+        } else {
+            &[
+                (2, 37, 32, 2),
+                (1, 130, 64, 2),
+                (2, 65, 48, 1),
+                (2, 64, 64, 1),
+                (1, 1, 64, 1),
+                (2, 200, 128, 2),
+            ]
+        };
+        let shapes = list.iter().map(|&(b, t, c, nh)| AttnShape {
+            b,
+            t,
+            c,
+            nh,
+            bf16: true,
+        });
+        bf16_matches_cpu(dev, shapes.collect(), true, 15);
+    }
+
+    /// Each of `shapes` in bf16 under both masks on `dev` (on flash.cu where
+    /// `flash`) against the CPU, as [`bf16_attention_matches_cpu`] states.
+    fn bf16_matches_cpu<R: Runtime>(
+        dev: &Queue<R>,
+        shapes: Vec<AttnShape>,
+        flash: bool,
+        seed: u64,
+    ) {
+        let mut rng = Rng::new(seed);
+        for s in shapes {
             for lens in masks(s) {
                 let s = AttnShape { bf16: true, ..s };
                 let AttnShape { b, t, c, .. } = s;
                 let qkv = randn(&mut rng, b * t * 3 * c, 2.0);
                 let dout = randn(&mut rng, b * t * c, 1.0);
                 let [out, lse, dqkv] = on_cpu(s, lens.as_deref(), &qkv, &dout);
-                let [o, l, g] = on_dev(dev, s, lens.as_deref(), &qkv, &dout);
-                let what = name(s, lens.as_deref());
+                let [o, l, g] = on_dev(dev, s, lens.as_deref(), [&qkv, &dout], flash);
+                let what = format!(
+                    "{}{}",
+                    name(s, lens.as_deref()),
+                    if flash { " flash" } else { "" }
+                );
                 for (part, got, want) in [("out", o, &out), ("lse", l, &lse), ("dqkv", g, &dqkv)] {
                     let off = got
                         .iter()

@@ -203,6 +203,13 @@ pub trait Runtime: Send + Sync + Sized + 'static {
     /// can go to a device-native collective as pointers.
     const ADDRESSED: bool = false;
 
+    /// Whether the device runs bf16 attention on its tensor cores, the
+    /// fused kernels of `kernels/flash.cu` (mma.sync: compute capability
+    /// 8.0 on); the others run it as GEMMs.
+    fn tensor_cores(&self) -> bool {
+        false
+    }
+
     /// Names of this runtime's devices, in the order `open` counts them.
     fn list() -> Result<Vec<String>, GpuError>;
     /// How many devices `open` counts.
@@ -318,6 +325,11 @@ impl<R: Runtime> Queue<R> {
 
     pub fn name(&self) -> String {
         self.rt.name()
+    }
+
+    /// [`Runtime::tensor_cores`].
+    pub(crate) fn tensor_cores(&self) -> bool {
+        self.rt.tensor_cores()
     }
 
     pub fn alloc<T: Elem>(&self, len: usize) -> Result<R::Mem<T>, GpuError> {

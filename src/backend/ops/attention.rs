@@ -6,7 +6,10 @@
 //! q, k, v permuted heads-first, with the (T x T) scores of a pass of heads
 //! in the queue's scratch and a row-wise kernel between the GEMMs
 //! (`kernels/attention.cu`); the backward recomputes the scores from lse.
-//! No atomics: deterministic everywhere.
+//! Under bf16 on a GPU with tensor cores (`Runtime::tensor_cores`), heads
+//! of 16 to 64 run instead on fused FlashAttention-2-style kernels
+//! (`kernels/flash.cu`: mma.sync tiles, no scores in memory, tiles past the
+//! mask skipped). No atomics: deterministic everywhere.
 
 use super::{need, Checked, Host, Kernel, Lower, Operands, Queued};
 use crate::backend::cpu::attention::{backward_masked, forward_masked, Mask, Saved};
@@ -84,6 +87,9 @@ impl<O: Operands> Kernel<O> for AttentionForward<O> {
     /// lse), out = P v.
     fn gpu<R: Runtime>(self, q: &Queue<R>, raw: &impl Lower<O, Raw>, _: Checked) -> Queued {
         let op = self.lower(raw);
+        if q.tensor_cores() && flash_fits(op.shape) {
+            return flash_forward(q, op);
+        }
         let h = Heads::new(op.shape, op.lens, op.qkv);
         q.with_scratch([3 * h.elems, h.elems, h.scores], |[qkvp, outp, s]| {
             h.permute(q, qkvp, op.qkv, 3, true)?;
@@ -92,7 +98,7 @@ impl<O: Operands> Kernel<O> for AttentionForward<O> {
                 let (t, hd, n) = (h.t, h.hd, h.pass.min(h.z - z0));
                 q.gemm(h.per_head(t, hd, [h.op(kz, true), h.op(qz, false)], s, n))?;
                 let args = [Arg::View(s), Arg::View(op.lse.tail(z0 * t))];
-                q.launch("attention_softmax", n * t, &h.args(&args, z0)?)?;
+                q.launch("attention_softmax", n * t, &h.args(&args, Some(z0))?)?;
                 let o = h.block(outp, 0, z0);
                 q.gemm(h.per_head(hd, t, [h.op(vz, false), h.scores_op(s, false)], o, n))?;
             }
@@ -134,6 +140,9 @@ impl<O: Operands> Kernel<O> for AttentionBackward<O> {
     /// dq = dS k and dk = dS^T q, each a GEMM writing its own part.
     fn gpu<R: Runtime>(self, q: &Queue<R>, raw: &impl Lower<O, Raw>, _: Checked) -> Queued {
         let op = self.lower(raw);
+        if q.tensor_cores() && flash_fits(op.shape) {
+            return flash_backward(q, op);
+        }
         let h = Heads::new(op.shape, op.lens, op.qkv);
         let lens = [3 * h.elems, h.elems, h.scores, h.scores, 3 * h.elems];
         q.with_scratch(lens, |[qkvp, doutp, p, ds, dqkvp]| {
@@ -148,7 +157,11 @@ impl<O: Operands> Kernel<O> for AttentionBackward<O> {
                 q.gemm(h.per_head(t, hd, [h.op(vz, true), h.op(doz, false)], ds, n))?;
                 let views = [p, ds, op.lse.tail(z0 * t), op.dout, op.out];
                 let args = views.map(Arg::View);
-                q.launch("attention_softmax_backward", n * t, &h.args(&args, z0)?)?;
+                q.launch(
+                    "attention_softmax_backward",
+                    n * t,
+                    &h.args(&args, Some(z0))?,
+                )?;
                 q.gemm(h.per_head(hd, t, [h.op(doz, false), h.scores_op(p, true)], dvz, n))?;
                 q.gemm(h.per_head(hd, t, [h.op(kz, false), h.scores_op(ds, false)], dqz, n))?;
                 q.gemm(h.per_head(hd, t, [h.op(qz, false), h.scores_op(ds, true)], dkz, n))?;
@@ -156,6 +169,57 @@ impl<O: Operands> Kernel<O> for AttentionBackward<O> {
             h.permute(q, op.dqkv, dqkvp, 3, false)
         })
     }
+}
+
+/// The largest head dim flash.cu takes (`FA_HD_MAX`), in whole 16-wide
+/// steps of its products.
+pub(crate) const FLASH_HD_MAX: usize = 64;
+/// The queries (dq, the forward) or keys (dk, dv) of a flash.cu
+/// workgroup (`FA_ROWS`).
+pub(crate) const FLASH_ROWS: usize = 128;
+
+/// Whether `shape` runs on flash.cu where the device has tensor cores:
+/// products in bf16 (fp32 attention stays on the fp32 GEMMs), head dims a
+/// multiple of 16 up to [`FLASH_HD_MAX`].
+fn flash_fits(shape: AttnShape) -> bool {
+    let hd = shape.c / shape.nh;
+    shape.bf16 && hd.is_multiple_of(16) && (16..=FLASH_HD_MAX).contains(&hd)
+}
+
+/// [`AttentionForward`] on flash.cu (checked, and `flash_fits`): a
+/// workgroup per [`FLASH_ROWS`] queries of a head.
+pub(crate) fn flash_forward<R: Runtime>(q: &Queue<R>, op: AttentionForward<Raw>) -> Queued {
+    let h = Heads::new(op.shape, op.lens, op.qkv);
+    let views = [op.out, op.lse, op.qkv].map(Arg::View);
+    q.launch(
+        "attention_flash_forward",
+        h.flash_groups(),
+        &h.args(&views, None)?,
+    )
+}
+
+/// [`AttentionBackward`] on flash.cu (checked, and `flash_fits`): each
+/// row's D = dout . out into scratch, then dq a workgroup per
+/// [`FLASH_ROWS`] queries and dk, dv one per as many keys.
+pub(crate) fn flash_backward<R: Runtime>(q: &Queue<R>, op: AttentionBackward<Raw>) -> Queued {
+    let h = Heads::new(op.shape, op.lens, op.qkv);
+    let rows = h.z * h.t;
+    q.with_scratch([rows], |[dd]| {
+        let rowdot = [
+            Arg::View(dd),
+            Arg::View(op.dout),
+            Arg::View(op.out),
+            u32s("b", h.shape.b)?,
+            u32s("t", h.t)?,
+            u32s("nh", h.shape.nh)?,
+            u32s("hd", h.hd)?,
+        ];
+        q.launch("attention_flash_rowdot", groups(rows), &rowdot)?;
+        let views = [op.dqkv, op.dout, op.qkv, op.lse, dd].map(Arg::View);
+        let args = h.args(&views, None)?;
+        q.launch("attention_flash_dq", h.flash_groups(), &args)?;
+        q.launch("attention_flash_dkdv", h.flash_groups(), &args)
+    })
 }
 
 /// Most scores one pass of heads holds (256 MiB of floats): the heads of
@@ -241,18 +305,25 @@ impl Heads {
         }
     }
 
-    /// A row-wise kernel's arguments: `views`, the shape, the pass's first
-    /// head `z0` and the mask.
-    fn args(&self, views: &[Arg], z0: usize) -> Result<Vec<Arg>, GpuError> {
+    /// A kernel's arguments: `views`, the shape, a row-wise kernel's first
+    /// head of the pass `z0` (none for flash.cu's), and the mask.
+    fn args(&self, views: &[Arg], z0: Option<usize>) -> Result<Vec<Arg>, GpuError> {
         let mut args = views.to_vec();
         args.extend([
             u32s("t", self.t)?,
             u32s("nh", self.shape.nh)?,
             u32s("hd", self.hd)?,
-            u32s("z0", z0)?,
         ]);
+        if let Some(z0) = z0 {
+            args.push(u32s("z0", z0)?);
+        }
         args.extend(self.mask);
         Ok(args)
+    }
+
+    /// flash.cu's grid: every head's rows in tiles of [`FLASH_ROWS`].
+    fn flash_groups(&self) -> usize {
+        self.z * self.t.div_ceil(FLASH_ROWS)
     }
 
     /// dst = src's `parts` between token-major (qkv's layout) and

@@ -1,0 +1,493 @@
+// Attention on the tensor cores, FlashAttention-2's way: under bf16,
+// training's attention with the semantics of cpu/attention.rs (the
+// products take q, k, v, dout, the normalized probabilities and dS rounded
+// to bf16; every softmax, sum and lse stays fp32) as fused kernels over
+// tiles in shared memory, no (T x T) scores in memory, tiles past the
+// causal diagonal or a sequence's length skipped:
+//   attention_flash_forward  a head's 128 queries a workgroup: the rows'
+//                            max and sum over the key tiles (lse), then
+//                            out = P v with P = exp(s - lse) normalized;
+//   attention_flash_rowdot   D = dot(dout, out) of every row (fp32);
+//   attention_flash_dq       a head's 128 queries: dq = dS k over the key tiles;
+//   attention_flash_dkdv     a head's 128 keys: dv = P^T dout, dk = dS^T q
+//                            over the query tiles.
+// dq and dk/dv are separate kernels, so nothing is accumulated across
+// workgroups: deterministic, as the rest.
+//
+// Every product is a warp's mma.sync m16n8k16 (bf16 in, fp32 accumulated),
+// in the fragment layouts of the PTX ISA. Lane l of a warp is in group
+// g = l / 4 at t = l % 4. A (16 x 16, row-major) in four registers of two
+// bf16 each, the lower element in the low half: rows g, g + 8, g, g + 8 at
+// columns 2t, 2t + 1 (+ 8 for the last two). B (16 x 8) in two: rows 2t,
+// 2t + 1 (+ 8 for the second) of column g. C (16 x 8 fp32) in four: rows
+// g, g, g + 8, g + 8 at columns 2t, 2t + 1. A C fragment of scores is so
+// already half of an A fragment of probabilities: P v needs no shuffle.
+// On CUDA (compute capability 8.0 on, which the host checks) the mma and
+// the quad reductions are inline PTX; on OpenCL a twin emulates each through
+// local memory from the same layouts (each lane's registers written out, the
+// warp's product read back), so PoCL checks the tiling, masking, softmax and
+// fragment bookkeeping the GPU runs; only the tensor cores' summation order
+// differs.
+
+#define FA_HD_MAX 64                  // largest head dim (a multiple of 16)
+#define FA_WARPS (BLOCK / 32)
+#define FA_ROWS 128                   // a workgroup's queries (or keys): 16 a warp
+#define FA_COLS 64                    // the other side's tile in shared memory
+#define FA_PAD 4                      // words padding a shared row: no bank conflicts
+#define FA_LD (FA_HD_MAX / 2 + FA_PAD)  // a tile's row: hd bf16 in pairs
+#define FA_LDT (FA_COLS / 2 + FA_PAD)   // a transposed tile's row: FA_COLS bf16 in pairs
+#define FA_KS (FA_HD_MAX / 16)        // k16 steps over the head dim
+#define FA_NT (FA_HD_MAX / 8)         // n8 tiles over the head dim
+#define FA_ST (FA_COLS / 8)           // n8 tiles over a tile of scores
+
+#if FA_ROWS != FA_WARPS * 16
+#error "flash.cu: a workgroup's rows are 16 a warp"
+#endif
+
+#ifdef __OPENCL_VERSION__
+#define FA_FN static inline
+// Loops over fragments stay loops: the emulated mma holds barriers, and
+// PoCL's compile time grows with every copy of one.
+#define FA_UNROLL _Pragma("nounroll")
+// The emulation's local memory: a warp's registers (4 of A, 2 of B a lane)
+// and one float a work-item for the quad reductions.
+#define FA_EMU_DECL                         \
+    SHARED unsigned fa_em[FA_WARPS * 192];  \
+    SHARED float fa_red[BLOCK];
+#define FA_EM fa_em
+#define FA_RED fa_red
+#else
+#define FA_FN __device__ __forceinline__
+// Unrolled, so every fragment index is constant: registers, not local memory.
+#define FA_UNROLL _Pragma("unroll")
+#define FA_EMU_DECL
+#define FA_EM 0
+#define FA_RED 0
+#endif
+
+// lo and hi rounded to bf16 (as round_bf16), packed lo in the low half.
+FA_FN unsigned fa_pack(float lo, float hi) {
+    return (bf16_round_bits(hi) & 0xffff0000u) | (bf16_round_bits(lo) >> 16);
+}
+
+// c (a C fragment) += a (an A fragment) b (b0, b1: a B fragment).
+FA_FN void fa_mma(float* c, const unsigned* a, unsigned b0, unsigned b1,
+                  SHARED_PTR unsigned* em) {
+#ifdef __OPENCL_VERSION__
+    int lane = LOCAL_ID(0) & 31;
+    SHARED_PTR unsigned* w = em + (LOCAL_ID(0) >> 5) * 192;
+    for (int i = 0; i < 4; i++) {
+        w[lane * 6 + i] = a[i];
+    }
+    w[lane * 6 + 4] = b0;
+    w[lane * 6 + 5] = b1;
+    BARRIER();
+    int g = lane >> 2, t = lane & 3;
+    for (int i = 0; i < 4; i++) {
+        int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+        float s = 0.0f;
+        for (int k = 0; k < 16; k++) {
+            // A[row][k]: lane (row % 8) 4 + (k % 8) / 2, register row / 8 + 2 (k / 8);
+            // B[k][col]: lane 4 col + (k % 8) / 2, register k / 8; half k % 2 of each.
+            unsigned ar = w[((row & 7) * 4 + ((k & 7) >> 1)) * 6 + (row >> 3) + 2 * (k >> 3)];
+            unsigned br = w[(col * 4 + ((k & 7) >> 1)) * 6 + 4 + (k >> 3)];
+            float x = UINT_AS_FLOAT((k & 1) ? ar & 0xffff0000u : ar << 16);
+            float y = UINT_AS_FLOAT((k & 1) ? br & 0xffff0000u : br << 16);
+            s += x * y;
+        }
+        c[i] += s;
+    }
+    BARRIER();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    __trap();  // no bf16 mma before sm_80: the host never launches these there
+#else
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// The max, and the sum (v0 + v1) + (v2 + v3), of v over a quad (the four
+// lanes of a group, which hold one row of a C fragment), to each of them.
+FA_FN float fa_quad_max(float v, SHARED_PTR float* red) {
+#ifdef __OPENCL_VERSION__
+    int tid = LOCAL_ID(0), q = tid & ~3;
+    red[tid] = v;
+    BARRIER();
+    float r = fmaxf(fmaxf(red[q], red[q + 1]), fmaxf(red[q + 2], red[q + 3]));
+    BARRIER();
+    return r;
+#else
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+#endif
+}
+
+FA_FN float fa_quad_sum(float v, SHARED_PTR float* red) {
+#ifdef __OPENCL_VERSION__
+    int tid = LOCAL_ID(0), q = tid & ~3;
+    red[tid] = v;
+    BARRIER();
+    float r = (red[q] + red[q + 1]) + (red[q + 2] + red[q + 3]);
+    BARRIER();
+    return r;
+#else
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+#endif
+}
+
+// a = the A fragments of the warp's 16 rows row0.. of x (row r at x + r ld,
+// hd floats; rows at or past n zeros), one per k16 step of the head dim.
+FA_FN void fa_rows(unsigned* a, const GLOBAL float* x, unsigned ld, unsigned row0,
+                   unsigned n, unsigned hd) {
+    unsigned lane = LOCAL_ID(0) & 31, g = lane >> 2, t = lane & 3;
+FA_UNROLL
+    for (int kk = 0; kk < FA_KS; kk++) {
+FA_UNROLL
+        for (int i = 0; i < 4; i++) {
+            unsigned r = row0 + g + 8 * (i & 1), d = 16 * kk + 2 * t + 8 * (i >> 1);
+            float lo = 0.0f, hi = 0.0f;
+            if (r < n && d < hd) {
+                lo = x[(idx_t)r * ld + d];
+                hi = x[(idx_t)r * ld + d + 1];
+            }
+            a[4 * kk + i] = fa_pack(lo, hi);
+        }
+    }
+}
+
+// tile[r FA_LD + d / 2] = rows r0.. r0 + FA_COLS - 1 of x as bf16 pairs
+// along the head dim (rows at or past n zeros): B fragments of column r.
+FA_FN void fa_tile(SHARED_PTR unsigned* tile, const GLOBAL float* x, unsigned ld,
+                   unsigned r0, unsigned n, unsigned hd) {
+    unsigned pairs = hd / 2;
+    for (unsigned e = LOCAL_ID(0); e < FA_COLS * pairs; e += BLOCK) {
+        unsigned r = e / pairs, j = e % pairs;
+        float lo = 0.0f, hi = 0.0f;
+        if (r0 + r < n) {
+            lo = x[(idx_t)(r0 + r) * ld + 2 * j];
+            hi = x[(idx_t)(r0 + r) * ld + 2 * j + 1];
+        }
+        tile[r * FA_LD + j] = fa_pack(lo, hi);
+    }
+}
+
+// tile[d FA_LDT + r / 2] = the same rows transposed, bf16 pairs along the
+// rows: B fragments whose k runs over the rows.
+FA_FN void fa_tile_t(SHARED_PTR unsigned* tile, const GLOBAL float* x, unsigned ld,
+                     unsigned r0, unsigned n, unsigned hd) {
+    for (unsigned e = LOCAL_ID(0); e < hd * (FA_COLS / 2); e += BLOCK) {
+        unsigned d = e % hd, r = r0 + 2 * (e / hd);
+        float lo = r < n ? x[(idx_t)r * ld + d] : 0.0f;
+        float hi = r + 1 < n ? x[(idx_t)(r + 1) * ld + d] : 0.0f;
+        tile[d * FA_LDT + e / hd] = fa_pack(lo, hi);
+    }
+}
+
+// s (FA_ST C fragments: the warp's 16 rows against the tile's FA_COLS) =
+// a (the rows' A fragments) against tile's rows (fa_tile), over hd.
+FA_FN void fa_scores(float* s, const unsigned* a, SHARED_PTR const unsigned* tile,
+                     unsigned hd, SHARED_PTR unsigned* em) {
+    unsigned lane = LOCAL_ID(0) & 31, g = lane >> 2, t = lane & 3;
+FA_UNROLL
+    for (int nt = 0; nt < FA_ST; nt++) {
+        s[4 * nt] = s[4 * nt + 1] = s[4 * nt + 2] = s[4 * nt + 3] = 0.0f;
+FA_UNROLL
+        for (int kk = 0; kk < FA_KS; kk++) {
+            if (16 * kk < (int)hd) {
+                SHARED_PTR const unsigned* bp = tile + (8 * nt + g) * FA_LD + 8 * kk + t;
+                fa_mma(s + 4 * nt, a + 4 * kk, bp[0], bp[4], em);
+            }
+        }
+    }
+}
+
+// acc (FA_NT C fragments: 16 rows by hd) += p (FA_ST C fragments of 16 rows
+// by FA_COLS, rounded to bf16 as A fragments) times tile (fa_tile_t: the
+// FA_COLS rows' hd values transposed).
+FA_FN void fa_accumulate(float* acc, const float* p, SHARED_PTR const unsigned* tile,
+                         unsigned hd, SHARED_PTR unsigned* em) {
+    unsigned lane = LOCAL_ID(0) & 31, g = lane >> 2, t = lane & 3;
+FA_UNROLL
+    for (int kk = 0; kk < FA_COLS / 16; kk++) {
+        unsigned pa[4];
+        pa[0] = fa_pack(p[8 * kk], p[8 * kk + 1]);
+        pa[1] = fa_pack(p[8 * kk + 2], p[8 * kk + 3]);
+        pa[2] = fa_pack(p[8 * kk + 4], p[8 * kk + 5]);
+        pa[3] = fa_pack(p[8 * kk + 6], p[8 * kk + 7]);
+FA_UNROLL
+        for (int nt = 0; nt < FA_NT; nt++) {
+            if (8 * nt < (int)hd) {
+                SHARED_PTR const unsigned* bp = tile + (8 * nt + g) * FA_LDT + 8 * kk + t;
+                fa_mma(acc + 4 * nt, pa, bp[0], bp[4], em);
+            }
+        }
+    }
+}
+
+// Writes acc (FA_NT C fragments) to the warp's rows row0.. below n of x (row
+// r at x + r ld).
+FA_FN void fa_store(GLOBAL float* x, unsigned ld, const float* acc, unsigned row0,
+                    unsigned n, unsigned hd) {
+    unsigned lane = LOCAL_ID(0) & 31, g = lane >> 2, t = lane & 3;
+FA_UNROLL
+    for (int nt = 0; nt < FA_NT; nt++) {
+FA_UNROLL
+        for (int i = 0; i < 4; i++) {
+            unsigned r = row0 + g + 8 * (i >> 1), d = 8 * nt + 2 * t + (i & 1);
+            if (r < n && d < hd) {
+                x[(idx_t)r * ld + d] = acc[4 * nt + i];
+            }
+        }
+    }
+}
+
+// The geometry of a workgroup: head z = b NH + h of the grid's (B NH) x
+// tiles, tile `tile` of FA_ROWS rows (queries, or keys for dk/dv), the
+// warp's first row, and the keys a query sees: `keys` for every query
+// (the padding mask's length; T when causal), and with `causal` only those
+// up to itself.
+typedef struct {
+    unsigned z, b, h, tile, row0, C, keys, causal;
+} FaAt;
+
+FA_FN FaAt fa_at(unsigned T, unsigned NH, unsigned hd, const GLOBAL unsigned* lens,
+                 unsigned lens_off, unsigned causal) {
+    FaAt at;
+    unsigned tiles = (T + FA_ROWS - 1) / FA_ROWS;
+    at.z = GROUP_ID(0) / tiles;
+    at.tile = GROUP_ID(0) % tiles;
+    at.b = at.z / NH;
+    at.h = at.z % NH;
+    at.row0 = at.tile * FA_ROWS + (LOCAL_ID(0) >> 5) * 16;
+    at.C = NH * hd;
+    at.keys = causal ? T : min(lens[lens_off + at.b], T);
+    at.causal = causal;
+    return at;
+}
+
+// Whether query `query` sees key `key` (both below T).
+FA_FN int fa_sees(FaAt at, unsigned query, unsigned key) {
+    return key < at.keys && (!at.causal || key <= query);
+}
+
+// Grid: B NH ceil(T / FA_ROWS) workgroups of BLOCK. qkv (B, T, 3C) ->
+// out (B, T, C), lse (B, NH, T); the mask as attention_softmax's.
+KERNEL void attention_flash_forward(GLOBAL float* RESTRICT out, unsigned out_off,
+                                    GLOBAL float* RESTRICT lse, unsigned lse_off,
+                                    const GLOBAL float* RESTRICT qkv, unsigned qkv_off,
+                                    unsigned T, unsigned NH, unsigned hd,
+                                    const GLOBAL unsigned* RESTRICT lens, unsigned lens_off,
+                                    unsigned causal) {
+    SHARED unsigned kt[FA_COLS * FA_LD];
+    SHARED unsigned vt[FA_HD_MAX * FA_LDT];
+    FA_EMU_DECL
+    FaAt at = fa_at(T, NH, hd, lens, lens_off, causal);
+    unsigned lane = LOCAL_ID(0) & 31, g = lane >> 2, t = lane & 3, C = at.C;
+    const GLOBAL float* q = qkv + qkv_off + (idx_t)at.b * T * 3 * C + at.h * hd;
+    // The keys any query of the workgroup sees.
+    unsigned keys = causal ? min(T, (at.tile + 1) * FA_ROWS) : at.keys;
+    float scale = 1.0f / sqrtf((float)hd);
+    unsigned qa[FA_KS * 4];
+    fa_rows(qa, q, 3 * C, at.row0, T, hd);
+    float s[FA_ST * 4], m[2] = {ATT_NEG, ATT_NEG}, l[2] = {0.0f, 0.0f};
+    for (unsigned k0 = 0; k0 < keys; k0 += FA_COLS) {
+        BARRIER();  // the last tile read by every warp
+        fa_tile(kt, q + C, 3 * C, k0, keys, hd);
+        BARRIER();
+        fa_scores(s, qa, kt, hd, FA_EM);
+FA_UNROLL
+        for (int side = 0; side < 2; side++) {
+            unsigned row = at.row0 + g + 8 * side;
+            float mx = ATT_NEG, sum = 0.0f;
+FA_UNROLL
+            for (int j = 0; j < 2 * FA_ST; j++) {
+                unsigned key = k0 + 8 * (j >> 1) + 2 * t + (j & 1);
+                if (fa_sees(at, row, key)) {
+                    mx = fmaxf(mx, s[4 * (j >> 1) + 2 * side + (j & 1)] * scale);
+                }
+            }
+            float mn = fmaxf(m[side], fa_quad_max(mx, FA_RED));
+FA_UNROLL
+            for (int j = 0; j < 2 * FA_ST; j++) {
+                unsigned key = k0 + 8 * (j >> 1) + 2 * t + (j & 1);
+                if (fa_sees(at, row, key)) {
+                    sum += expf(s[4 * (j >> 1) + 2 * side + (j & 1)] * scale - mn);
+                }
+            }
+            l[side] = l[side] * expf(m[side] - mn) + fa_quad_sum(sum, FA_RED);
+            m[side] = mn;
+        }
+    }
+    float o[FA_NT * 4];
+FA_UNROLL
+    for (int i = 0; i < FA_NT * 4; i++) {
+        o[i] = 0.0f;
+    }
+    m[0] += logf(l[0]);
+    m[1] += logf(l[1]);
+    for (unsigned k0 = 0; k0 < keys; k0 += FA_COLS) {
+        BARRIER();
+        fa_tile(kt, q + C, 3 * C, k0, keys, hd);
+        fa_tile_t(vt, q + 2 * C, 3 * C, k0, keys, hd);
+        BARRIER();
+        fa_scores(s, qa, kt, hd, FA_EM);
+FA_UNROLL
+        for (int i = 0; i < FA_ST * 4; i++) {
+            unsigned row = at.row0 + g + 8 * ((i >> 1) & 1);
+            unsigned key = k0 + 8 * (i >> 2) + 2 * t + (i & 1);
+            s[i] = fa_sees(at, row, key) ? expf(s[i] * scale - m[(i >> 1) & 1]) : 0.0f;
+        }
+        fa_accumulate(o, s, vt, hd, FA_EM);
+    }
+    fa_store(out + out_off + (idx_t)at.b * T * C + at.h * hd, C, o, at.row0, T, hd);
+FA_UNROLL
+    for (int side = 0; side < 2; side++) {
+        unsigned row = at.row0 + g + 8 * side;
+        if (t == 0 && row < T) {
+            lse[lse_off + (idx_t)at.z * T + row] = m[side];
+        }
+    }
+}
+
+// Grid: one thread per row of B NH T. dd (B, NH, T) = dot(dout, out) of
+// each query's head, in fp32 from the fp32 tensors.
+KERNEL void attention_flash_rowdot(GLOBAL float* RESTRICT dd, unsigned dd_off,
+                                   const GLOBAL float* RESTRICT dout, unsigned dout_off,
+                                   const GLOBAL float* RESTRICT out, unsigned out_off,
+                                   unsigned B, unsigned T, unsigned NH, unsigned hd) {
+    idx_t e = GLOBAL_ID(0);
+    if (e >= (idx_t)B * NH * T) {
+        return;
+    }
+    unsigned z = e / T, row = e % T, b = z / NH, h = z % NH;
+    idx_t at = ((idx_t)b * T + row) * NH * hd + h * hd;
+    float d = 0.0f;
+    for (unsigned i = 0; i < hd; i++) {
+        d += dout[dout_off + at + i] * out[out_off + at + i];
+    }
+    dd[dd_off + e] = d;
+}
+
+// P (fp32) and dS = P (dP - D) scale of a C-fragment pair s (scores, made
+// P) and dp (dP, made dS), whose row sees the key when `sees`.
+FA_FN void fa_grad(float* s, float* dp, int sees, float scale, float lse, float d) {
+    float p = sees ? expf(*s * scale - lse) : 0.0f;
+    *dp = p * (*dp - d) * scale;
+    *s = p;
+}
+
+// Grid: as attention_flash_forward. Part q of dqkv (B, T, 3C) = dS k over
+// the key tiles, dd from attention_flash_rowdot.
+KERNEL void attention_flash_dq(GLOBAL float* RESTRICT dqkv, unsigned dqkv_off,
+                               const GLOBAL float* RESTRICT dout, unsigned dout_off,
+                               const GLOBAL float* RESTRICT qkv, unsigned qkv_off,
+                               const GLOBAL float* RESTRICT lse, unsigned lse_off,
+                               const GLOBAL float* RESTRICT dd, unsigned dd_off,
+                               unsigned T, unsigned NH, unsigned hd,
+                               const GLOBAL unsigned* RESTRICT lens, unsigned lens_off,
+                               unsigned causal) {
+    SHARED unsigned kt[FA_COLS * FA_LD];
+    SHARED unsigned vt[FA_COLS * FA_LD];
+    SHARED unsigned ktt[FA_HD_MAX * FA_LDT];
+    FA_EMU_DECL
+    FaAt at = fa_at(T, NH, hd, lens, lens_off, causal);
+    unsigned lane = LOCAL_ID(0) & 31, g = lane >> 2, t = lane & 3, C = at.C;
+    const GLOBAL float* q = qkv + qkv_off + (idx_t)at.b * T * 3 * C + at.h * hd;
+    unsigned keys = causal ? min(T, (at.tile + 1) * FA_ROWS) : at.keys;
+    float scale = 1.0f / sqrtf((float)hd), ls[2], ds[2];
+FA_UNROLL
+    for (int side = 0; side < 2; side++) {
+        unsigned row = at.row0 + g + 8 * side;
+        ls[side] = row < T ? lse[lse_off + (idx_t)at.z * T + row] : 0.0f;
+        ds[side] = row < T ? dd[dd_off + (idx_t)at.z * T + row] : 0.0f;
+    }
+    unsigned qa[FA_KS * 4], da[FA_KS * 4];
+    fa_rows(qa, q, 3 * C, at.row0, T, hd);
+    fa_rows(da, dout + dout_off + (idx_t)at.b * T * C + at.h * hd, C, at.row0, T, hd);
+    float s[FA_ST * 4], dp[FA_ST * 4], acc[FA_NT * 4];
+FA_UNROLL
+    for (int i = 0; i < FA_NT * 4; i++) {
+        acc[i] = 0.0f;
+    }
+    for (unsigned k0 = 0; k0 < keys; k0 += FA_COLS) {
+        BARRIER();
+        fa_tile(kt, q + C, 3 * C, k0, keys, hd);
+        fa_tile(vt, q + 2 * C, 3 * C, k0, keys, hd);
+        fa_tile_t(ktt, q + C, 3 * C, k0, keys, hd);
+        BARRIER();
+        fa_scores(s, qa, kt, hd, FA_EM);
+        fa_scores(dp, da, vt, hd, FA_EM);
+FA_UNROLL
+        for (int i = 0; i < FA_ST * 4; i++) {
+            int side = (i >> 1) & 1;
+            unsigned row = at.row0 + g + 8 * side;
+            unsigned key = k0 + 8 * (i >> 2) + 2 * t + (i & 1);
+            fa_grad(&s[i], &dp[i], fa_sees(at, row, key), scale, ls[side], ds[side]);
+        }
+        fa_accumulate(acc, dp, ktt, hd, FA_EM);
+    }
+    fa_store(dqkv + dqkv_off + (idx_t)at.b * T * 3 * C + at.h * hd, 3 * C, acc, at.row0, T, hd);
+}
+
+// Grid: as attention_flash_forward, a workgroup's rows keys. Parts k and v
+// of dqkv (B, T, 3C): dk = dS^T q and dv = P^T dout over the query tiles
+// that see them.
+KERNEL void attention_flash_dkdv(GLOBAL float* RESTRICT dqkv, unsigned dqkv_off,
+                                 const GLOBAL float* RESTRICT dout, unsigned dout_off,
+                                 const GLOBAL float* RESTRICT qkv, unsigned qkv_off,
+                                 const GLOBAL float* RESTRICT lse, unsigned lse_off,
+                                 const GLOBAL float* RESTRICT dd, unsigned dd_off,
+                                 unsigned T, unsigned NH, unsigned hd,
+                                 const GLOBAL unsigned* RESTRICT lens, unsigned lens_off,
+                                 unsigned causal) {
+    SHARED unsigned qt[FA_COLS * FA_LD];
+    SHARED unsigned dos[FA_COLS * FA_LD];
+    SHARED unsigned qtt[FA_HD_MAX * FA_LDT];
+    SHARED unsigned dost[FA_HD_MAX * FA_LDT];
+    SHARED float ls[FA_COLS];
+    SHARED float ds[FA_COLS];
+    FA_EMU_DECL
+    FaAt at = fa_at(T, NH, hd, lens, lens_off, causal);
+    unsigned lane = LOCAL_ID(0) & 31, g = lane >> 2, t = lane & 3, C = at.C;
+    const GLOBAL float* q = qkv + qkv_off + (idx_t)at.b * T * 3 * C + at.h * hd;
+    const GLOBAL float* d_o = dout + dout_off + (idx_t)at.b * T * C + at.h * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    unsigned ka[FA_KS * 4], va[FA_KS * 4];
+    fa_rows(ka, q + C, 3 * C, at.row0, T, hd);
+    fa_rows(va, q + 2 * C, 3 * C, at.row0, T, hd);
+    float st[FA_ST * 4], dpt[FA_ST * 4], dk[FA_NT * 4], dv[FA_NT * 4];
+FA_UNROLL
+    for (int i = 0; i < FA_NT * 4; i++) {
+        dk[i] = dv[i] = 0.0f;
+    }
+    // Under the causal mask the first query that sees the tile's keys is its first key.
+    for (unsigned q0 = causal ? at.tile * FA_ROWS : 0; q0 < T; q0 += FA_COLS) {
+        BARRIER();
+        fa_tile(qt, q, 3 * C, q0, T, hd);
+        fa_tile(dos, d_o, C, q0, T, hd);
+        fa_tile_t(qtt, q, 3 * C, q0, T, hd);
+        fa_tile_t(dost, d_o, C, q0, T, hd);
+        for (unsigned j = LOCAL_ID(0); j < FA_COLS; j += BLOCK) {
+            ls[j] = q0 + j < T ? lse[lse_off + (idx_t)at.z * T + q0 + j] : 0.0f;
+            ds[j] = q0 + j < T ? dd[dd_off + (idx_t)at.z * T + q0 + j] : 0.0f;
+        }
+        BARRIER();
+        fa_scores(st, ka, qt, hd, FA_EM);
+        fa_scores(dpt, va, dos, hd, FA_EM);
+FA_UNROLL
+        for (int i = 0; i < FA_ST * 4; i++) {
+            unsigned key = at.row0 + g + 8 * ((i >> 1) & 1);
+            unsigned j = 8 * (i >> 2) + 2 * t + (i & 1), query = q0 + j;
+            int sees = query < T && fa_sees(at, query, key);
+            fa_grad(&st[i], &dpt[i], sees, scale, ls[j], ds[j]);
+        }
+        fa_accumulate(dv, st, dost, hd, FA_EM);
+        fa_accumulate(dk, dpt, qtt, hd, FA_EM);
+    }
+    GLOBAL float* dk_at = dqkv + dqkv_off + (idx_t)at.b * T * 3 * C + at.h * hd + C;
+    fa_store(dk_at, 3 * C, dk, at.row0, T, hd);
+    fa_store(dk_at + C, 3 * C, dv, at.row0, T, hd);
+}
