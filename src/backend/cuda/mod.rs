@@ -650,6 +650,8 @@ mod tests {
             eprintln!("skipping: no libnvrtc.so.12");
             return;
         }
+        let mma = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32";
+        let mut shuffles = Vec::new();
         for fast in [false, true] {
             let ptx = compile(9, 0, fast).unwrap().to_src();
             assert!(
@@ -663,9 +665,16 @@ mod tests {
                     "no entry {k} in the PTX"
                 );
             }
-            // The switch reaches the source: shuffles only on the fast path.
-            assert_eq!(ptx.contains("shfl.sync"), fast);
+            assert!(ptx.contains(mma), "flash.cu's tensor-core products");
+            shuffles.push(ptx.matches("shfl.sync").count());
         }
+        // The switch reaches the source: the fast path's reductions add
+        // shuffles to flash.cu's quad reductions.
+        assert!(shuffles[1] > shuffles[0], "shuffles {shuffles:?}");
+        // Before sm_80 (no bf16 mma) the program still builds, without it;
+        // the runtime runs attention there as GEMMs (`tensor_cores`).
+        let turing = compile(7, 5, false).unwrap().to_src();
+        assert!(turing.contains(".target sm_75") && !turing.contains(mma));
         let err = compile(1, 0, false).unwrap_err().to_string();
         assert!(
             err.contains("NVRTC could not compile the kernels for sm_10"),

@@ -39,6 +39,7 @@
 #define FA_KS (FA_HD_MAX / 16)        // k16 steps over the head dim
 #define FA_NT (FA_HD_MAX / 8)         // n8 tiles over the head dim
 #define FA_ST (FA_COLS / 8)           // n8 tiles over a tile of scores
+#define FA_NEG (-1e30f)               // a max before any key: exp(FA_NEG - x) == 0
 
 #if FA_ROWS != FA_WARPS * 16
 #error "flash.cu: a workgroup's rows are 16 a warp"
@@ -292,7 +293,7 @@ KERNEL void attention_flash_forward(GLOBAL float* RESTRICT out, unsigned out_off
     float scale = 1.0f / sqrtf((float)hd);
     unsigned qa[FA_KS * 4];
     fa_rows(qa, q, 3 * C, at.row0, T, hd);
-    float s[FA_ST * 4], m[2] = {ATT_NEG, ATT_NEG}, l[2] = {0.0f, 0.0f};
+    float s[FA_ST * 4], m[2] = {FA_NEG, FA_NEG}, l[2] = {0.0f, 0.0f};
     for (unsigned k0 = 0; k0 < keys; k0 += FA_COLS) {
         BARRIER();  // the last tile read by every warp
         fa_tile(kt, q + C, 3 * C, k0, keys, hd);
@@ -301,7 +302,7 @@ KERNEL void attention_flash_forward(GLOBAL float* RESTRICT out, unsigned out_off
 FA_UNROLL
         for (int side = 0; side < 2; side++) {
             unsigned row = at.row0 + g + 8 * side;
-            float mx = ATT_NEG, sum = 0.0f;
+            float mx = FA_NEG, sum = 0.0f;
 FA_UNROLL
             for (int j = 0; j < 2 * FA_ST; j++) {
                 unsigned key = k0 + 8 * (j >> 1) + 2 * t + (j & 1);
