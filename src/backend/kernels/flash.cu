@@ -35,7 +35,6 @@
 #define FA_COLS 64                    // the other side's tile in shared memory
 #define FA_PAD 4                      // words padding a shared row: no bank conflicts
 #define FA_LD (FA_HD_MAX / 2 + FA_PAD)  // a tile's row: hd bf16 in pairs
-#define FA_LDT (FA_COLS / 2 + FA_PAD)   // a transposed tile's row: FA_COLS bf16 in pairs
 #define FA_KS (FA_HD_MAX / 16)        // k16 steps over the head dim
 #define FA_NT (FA_HD_MAX / 8)         // n8 tiles over the head dim
 #define FA_ST (FA_COLS / 8)           // n8 tiles over a tile of scores
@@ -175,16 +174,14 @@ FA_FN void fa_tile(SHARED_PTR unsigned* tile, const GLOBAL float* x, unsigned ld
     }
 }
 
-// tile[d FA_LDT + r / 2] = the same rows transposed, bf16 pairs along the
-// rows: B fragments whose k runs over the rows.
-FA_FN void fa_tile_t(SHARED_PTR unsigned* tile, const GLOBAL float* x, unsigned ld,
-                     unsigned r0, unsigned n, unsigned hd) {
-    for (unsigned e = LOCAL_ID(0); e < hd * (FA_COLS / 2); e += BLOCK) {
-        unsigned d = e % hd, r = r0 + 2 * (e / hd);
-        float lo = r < n ? x[(idx_t)r * ld + d] : 0.0f;
-        float hi = r + 1 < n ? x[(idx_t)(r + 1) * ld + d] : 0.0f;
-        tile[d * FA_LDT + e / hd] = fa_pack(lo, hi);
-    }
+// The B register of column d, rows r and r + 1, of tile (fa_tile): a pair
+// along the rows, from the two rows' halves (no transposed copy in shared
+// memory; a warp's 32 reads fall in distinct banks).
+FA_FN unsigned fa_col_pair(SHARED_PTR const unsigned* tile, unsigned r, unsigned d) {
+    unsigned shift = 16 * (d & 1);
+    unsigned lo = (tile[r * FA_LD + d / 2] >> shift) & 0xffffu;
+    unsigned hi = (tile[(r + 1) * FA_LD + d / 2] >> shift) & 0xffffu;
+    return lo | (hi << 16);
 }
 
 // s (FA_ST C fragments: the warp's 16 rows against the tile's FA_COLS) =
@@ -206,8 +203,8 @@ FA_UNROLL
 }
 
 // acc (FA_NT C fragments: 16 rows by hd) += p (FA_ST C fragments of 16 rows
-// by FA_COLS, rounded to bf16 as A fragments) times tile (fa_tile_t: the
-// FA_COLS rows' hd values transposed).
+// by FA_COLS, rounded to bf16 as A fragments) times tile (fa_tile: FA_COLS
+// rows of hd).
 FA_FN void fa_accumulate(float* acc, const float* p, SHARED_PTR const unsigned* tile,
                          unsigned hd, SHARED_PTR unsigned* em) {
     unsigned lane = LOCAL_ID(0) & 31, g = lane >> 2, t = lane & 3;
@@ -221,8 +218,8 @@ FA_UNROLL
 FA_UNROLL
         for (int nt = 0; nt < FA_NT; nt++) {
             if (8 * nt < (int)hd) {
-                SHARED_PTR const unsigned* bp = tile + (8 * nt + g) * FA_LDT + 8 * kk + t;
-                fa_mma(acc + 4 * nt, pa, bp[0], bp[4], em);
+                unsigned r = 16 * kk + 2 * t, d = 8 * nt + g;
+                fa_mma(acc + 4 * nt, pa, fa_col_pair(tile, r, d), fa_col_pair(tile, r + 8, d), em);
             }
         }
     }
@@ -283,7 +280,7 @@ KERNEL void attention_flash_forward(GLOBAL float* RESTRICT out, unsigned out_off
                                     const GLOBAL unsigned* RESTRICT lens, unsigned lens_off,
                                     unsigned causal) {
     SHARED unsigned kt[FA_COLS * FA_LD];
-    SHARED unsigned vt[FA_HD_MAX * FA_LDT];
+    SHARED unsigned vt[FA_COLS * FA_LD];
     FA_EMU_DECL
     FaAt at = fa_at(T, NH, hd, lens, lens_off, causal);
     unsigned lane = LOCAL_ID(0) & 31, g = lane >> 2, t = lane & 3, C = at.C;
@@ -332,7 +329,7 @@ FA_UNROLL
     for (unsigned k0 = 0; k0 < keys; k0 += FA_COLS) {
         BARRIER();
         fa_tile(kt, q + C, 3 * C, k0, keys, hd);
-        fa_tile_t(vt, q + 2 * C, 3 * C, k0, keys, hd);
+        fa_tile(vt, q + 2 * C, 3 * C, k0, keys, hd);
         BARRIER();
         fa_scores(s, qa, kt, hd, FA_EM);
 FA_UNROLL
@@ -392,7 +389,6 @@ KERNEL void attention_flash_dq(GLOBAL float* RESTRICT dqkv, unsigned dqkv_off,
                                unsigned causal) {
     SHARED unsigned kt[FA_COLS * FA_LD];
     SHARED unsigned vt[FA_COLS * FA_LD];
-    SHARED unsigned ktt[FA_HD_MAX * FA_LDT];
     FA_EMU_DECL
     FaAt at = fa_at(T, NH, hd, lens, lens_off, causal);
     unsigned lane = LOCAL_ID(0) & 31, g = lane >> 2, t = lane & 3, C = at.C;
@@ -417,7 +413,6 @@ FA_UNROLL
         BARRIER();
         fa_tile(kt, q + C, 3 * C, k0, keys, hd);
         fa_tile(vt, q + 2 * C, 3 * C, k0, keys, hd);
-        fa_tile_t(ktt, q + C, 3 * C, k0, keys, hd);
         BARRIER();
         fa_scores(s, qa, kt, hd, FA_EM);
         fa_scores(dp, da, vt, hd, FA_EM);
@@ -428,7 +423,7 @@ FA_UNROLL
             unsigned key = k0 + 8 * (i >> 2) + 2 * t + (i & 1);
             fa_grad(&s[i], &dp[i], fa_sees(at, row, key), scale, ls[side], ds[side]);
         }
-        fa_accumulate(acc, dp, ktt, hd, FA_EM);
+        fa_accumulate(acc, dp, kt, hd, FA_EM);
     }
     fa_store(dqkv + dqkv_off + (idx_t)at.b * T * 3 * C + at.h * hd, 3 * C, acc, at.row0, T, hd);
 }
@@ -446,8 +441,6 @@ KERNEL void attention_flash_dkdv(GLOBAL float* RESTRICT dqkv, unsigned dqkv_off,
                                  unsigned causal) {
     SHARED unsigned qt[FA_COLS * FA_LD];
     SHARED unsigned dos[FA_COLS * FA_LD];
-    SHARED unsigned qtt[FA_HD_MAX * FA_LDT];
-    SHARED unsigned dost[FA_HD_MAX * FA_LDT];
     SHARED float ls[FA_COLS];
     SHARED float ds[FA_COLS];
     FA_EMU_DECL
@@ -469,8 +462,6 @@ FA_UNROLL
         BARRIER();
         fa_tile(qt, q, 3 * C, q0, T, hd);
         fa_tile(dos, d_o, C, q0, T, hd);
-        fa_tile_t(qtt, q, 3 * C, q0, T, hd);
-        fa_tile_t(dost, d_o, C, q0, T, hd);
         for (unsigned j = LOCAL_ID(0); j < FA_COLS; j += BLOCK) {
             ls[j] = q0 + j < T ? lse[lse_off + (idx_t)at.z * T + q0 + j] : 0.0f;
             ds[j] = q0 + j < T ? dd[dd_off + (idx_t)at.z * T + q0 + j] : 0.0f;
@@ -485,8 +476,8 @@ FA_UNROLL
             int sees = query < T && fa_sees(at, query, key);
             fa_grad(&st[i], &dpt[i], sees, scale, ls[j], ds[j]);
         }
-        fa_accumulate(dv, st, dost, hd, FA_EM);
-        fa_accumulate(dk, dpt, qtt, hd, FA_EM);
+        fa_accumulate(dv, st, dos, hd, FA_EM);
+        fa_accumulate(dk, dpt, qt, hd, FA_EM);
     }
     GLOBAL float* dk_at = dqkv + dqkv_off + (idx_t)at.b * T * 3 * C + at.h * hd + C;
     fa_store(dk_at, 3 * C, dk, at.row0, T, hd);
