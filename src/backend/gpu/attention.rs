@@ -69,7 +69,9 @@ mod tests {
     use super::*;
     use crate::backend::cpu::attention;
     use crate::backend::cpu::check::randn;
-    use crate::backend::ops::attention::{flash_backward, flash_forward, FLASH_HD_MAX, FLASH_ROWS};
+    use crate::backend::ops::attention::{
+        flash_backward, flash_fits, flash_forward, FLASH_HD_MAX, FLASH_ROWS,
+    };
     use crate::backend::ops::{AsIs, Host, Kernel};
     use crate::backend::AttnShape;
     use crate::backend::{AttentionBackward, AttentionForward};
@@ -319,6 +321,32 @@ mod tests {
             bf16: true,
         });
         bf16_matches_cpu(dev, shapes.collect(), true, 15);
+    }
+
+    /// flash.cu takes bf16 heads of 16, 32, 48 or 64 (GPT-2's 64,
+    /// MiniLM's 32); fp32, and every other head dim, run as GEMMs.
+    #[test]
+    fn flash_takes_bf16_heads_of_whole_k16_steps_to_64() {
+        for (c, nh, bf16, fits) in [
+            (768, 12, true, true),
+            (384, 12, true, true),
+            (48, 1, true, true),
+            (16, 1, true, true),
+            (768, 12, false, false),
+            (8, 1, true, false),
+            (24, 1, true, false),
+            (80, 1, true, false),
+            (1536, 12, true, false),
+        ] {
+            let s = AttnShape {
+                b: 1,
+                t: 1,
+                c,
+                nh,
+                bf16,
+            };
+            assert_eq!(flash_fits(s), fits, "c {c} nh {nh} bf16 {bf16}");
+        }
     }
 
     /// Each of `shapes` in bf16 under both masks on `dev` (on flash.cu where

@@ -181,7 +181,7 @@ pub(crate) const FLASH_ROWS: usize = 128;
 /// Whether `shape` runs on flash.cu where the device has tensor cores:
 /// products in bf16 (fp32 attention stays on the fp32 GEMMs), head dims a
 /// multiple of 16 up to [`FLASH_HD_MAX`].
-fn flash_fits(shape: AttnShape) -> bool {
+pub(crate) fn flash_fits(shape: AttnShape) -> bool {
     let hd = shape.c / shape.nh;
     shape.bf16 && hd.is_multiple_of(16) && (16..=FLASH_HD_MAX).contains(&hd)
 }
