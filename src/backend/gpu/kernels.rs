@@ -85,28 +85,30 @@ impl<R: Runtime> Queue<R> {
             return Ok(());
         }
         let chunks = rows.div_ceil(COLUMN_CHUNK_ROWS);
-        let partials = self.alloc::<f32>(chunks * n)?;
-        let args = [
-            Arg::View(partials.view()),
-            Arg::View(d),
-            Arg::View(inp),
-            // without a bias, any view: the kernel does not read it
-            Arg::View(bias.unwrap_or(inp)),
-            Arg::U32(bias.is_some().into()),
-            u32s("rows", rows)?,
-            u32s("n", n)?,
-            u32s("chunks", chunks)?,
-            u32s("chunk rows", COLUMN_CHUNK_ROWS)?,
-            Arg::U32(act_code(act)),
-        ];
-        self.launch("bias_backward_partials", groups(chunks * n), &args)?;
-        let args = [
-            Arg::View(db),
-            Arg::View(partials.view()),
-            u32s("chunks", chunks)?,
-            u32s("n", n)?,
-        ];
-        self.launch("bias_backward_sum", groups(n), &args)
+        // Every partial is written before it is read: the queue's scratch.
+        self.with_scratch([chunks * n], |[partials]| {
+            let args = [
+                Arg::View(partials),
+                Arg::View(d),
+                Arg::View(inp),
+                // without a bias, any view: the kernel does not read it
+                Arg::View(bias.unwrap_or(inp)),
+                Arg::U32(bias.is_some().into()),
+                u32s("rows", rows)?,
+                u32s("n", n)?,
+                u32s("chunks", chunks)?,
+                u32s("chunk rows", COLUMN_CHUNK_ROWS)?,
+                Arg::U32(act_code(act)),
+            ];
+            self.launch("bias_backward_partials", groups(chunks * n), &args)?;
+            let args = [
+                Arg::View(db),
+                Arg::View(partials),
+                u32s("chunks", chunks)?,
+                u32s("n", n)?,
+            ];
+            self.launch("bias_backward_sum", groups(n), &args)
+        })
     }
 
     /// c (m x n, column-major, ldc = m) per `g`, with empty sizes handled

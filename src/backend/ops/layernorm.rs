@@ -4,7 +4,7 @@
 
 use super::{need, Checked, Extent, Host, Kernel, Lower, Operands, Queued};
 use crate::backend::cpu::math::{column_sums, sum};
-use crate::backend::gpu::{groups, u32s, Arg, DeviceMem, Queue, Raw, Runtime};
+use crate::backend::gpu::{groups, u32s, Arg, Queue, Raw, Runtime};
 use crate::backend::COLUMN_CHUNK_ROWS;
 use rayon::prelude::*;
 
@@ -121,27 +121,29 @@ impl<O: Operands> Kernel<O> for LayerNormBackward<O> {
             return Ok(());
         };
         let chunks = rows.div_ceil(COLUMN_CHUNK_ROWS);
-        let partials = q.alloc::<f32>(chunks * 2 * c)?;
-        let args = [
-            Arg::View(partials.view()),
-            Arg::View(op.dout),
-            Arg::View(op.inp),
-            Arg::View(op.mean),
-            Arg::View(op.rstd),
-            u32s("rows", rows)?,
-            u32s("c", c)?,
-            u32s("chunks", chunks)?,
-            u32s("chunk rows", COLUMN_CHUNK_ROWS)?,
-        ];
-        q.launch("layernorm_backward_partials", groups(chunks * c), &args)?;
-        let args = [
-            Arg::View(dw),
-            Arg::View(db),
-            Arg::View(partials.view()),
-            u32s("chunks", chunks)?,
-            u32s("c", c)?,
-        ];
-        q.launch("layernorm_backward_params", groups(c), &args)
+        // Every partial is written before it is read: the queue's scratch.
+        q.with_scratch([chunks * 2 * c], |[partials]| {
+            let args = [
+                Arg::View(partials),
+                Arg::View(op.dout),
+                Arg::View(op.inp),
+                Arg::View(op.mean),
+                Arg::View(op.rstd),
+                u32s("rows", rows)?,
+                u32s("c", c)?,
+                u32s("chunks", chunks)?,
+                u32s("chunk rows", COLUMN_CHUNK_ROWS)?,
+            ];
+            q.launch("layernorm_backward_partials", groups(chunks * c), &args)?;
+            let args = [
+                Arg::View(dw),
+                Arg::View(db),
+                Arg::View(partials),
+                u32s("chunks", chunks)?,
+                u32s("c", c)?,
+            ];
+            q.launch("layernorm_backward_params", groups(c), &args)
+        })
     }
 }
 
