@@ -13,7 +13,8 @@
 #   4. GPT-2 124M at 8 x 1024 in fp32 and bf16 beside PyTorch on the same
 #      GPU (eager fp32, eager bf16 autocast, torch.compile bf16), each figure
 #      the median of 3 runs, MFU against 989 TFLOP/s; bf16's step kernel by
-#      kernel (`bench --profile`); BERT-MiniLM at 32 x 128 in fp32 and bf16
+#      kernel (`bench --profile`), attention on the fused tensor-core kernels
+#      and again as GEMMs (DISTGPT_ATTENTION=gemm); BERT-MiniLM at 32 x 128 in fp32 and bf16
 #      beside transformers eager fp32 and bf16 autocast;
 #   5. what CPU offload costs there;
 #   6. with the time left, what 2 cores cannot show: the pipeline bubble at
@@ -622,6 +623,10 @@ if on 4 bench "${gpt[1]} at ${gpt_shape[*]} and ${bert[1]} at ${bert_shape[*]} o
     fi
     run bench.txt "$bin" bench --device "$dev" "${gpt[@]}" "${gpt_shape[@]}" "${timing[@]}" \
         "${peak[@]}" --precision bf16 --profile || ok=0
+    # Again with bf16 attention as batched GEMMs in place of flash.cu's
+    # fused kernels: what the fused kernels buy (the device line says which).
+    run bench.txt env DISTGPT_ATTENTION=gemm "$bin" bench --device "$dev" "${gpt[@]}" \
+        "${gpt_shape[@]}" "${timing[@]}" "${peak[@]}" --precision bf16 --profile || ok=0
     if [[ -z $dry ]] && "$py" -c 'import torch' 2>/dev/null; then
         run bench.txt "$py" bench/pytorch_bert_reference.py --device cuda "${bert[@]}" "${bert_shape[@]}" \
             "${timing[@]}" --peak-tflops 989 --torch-variants eager,eager-bf16 "${both[@]}" \

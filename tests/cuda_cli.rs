@@ -75,3 +75,19 @@ fn devices_lists_cuda_or_says_it_is_not_built_in() {
         }
     }
 }
+
+/// A DISTGPT_ATTENTION that is neither "flash" nor "gemm" is named before
+/// the GPU is looked for, so it shows on any machine.
+#[cfg(feature = "cuda")]
+#[test]
+fn an_unknown_attention_path_is_named() {
+    let out = Command::new(scratch::distgpt_bin())
+        .env("DISTGPT_ATTENTION", "fast")
+        .args(["eval", "--device", "cuda", "no-such-model"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("DISTGPT_ATTENTION=\"fast\""), "{err}");
+}

@@ -231,7 +231,8 @@ pub struct CudaRuntime {
     copier: Arc<CudaStream>,
     ctx: Arc<CudaContext>,
     name: String,
-    /// Compute capability 8.0 on: bf16 mma.sync (`Runtime::tensor_cores`).
+    /// Compute capability 8.0 on (bf16 mma.sync), unless `flash_allowed`
+    /// says no: `Runtime::tensor_cores`.
     mma: bool,
 }
 
@@ -367,6 +368,19 @@ fn fast_paths() -> bool {
     std::env::var("DISTGPT_CUDA_FAST").as_deref() == Ok("1")
 }
 
+/// Whether bf16 attention may take the tensor cores' kernels (flash.cu):
+/// yes unless `DISTGPT_ATTENTION=gemm` asks for the batched GEMMs every
+/// GPU can run (to compare the two, or to step around flash.cu).
+fn flash_allowed() -> Result<bool> {
+    match std::env::var("DISTGPT_ATTENTION").as_deref() {
+        Err(_) | Ok("flash") => Ok(true),
+        Ok("gemm") => Ok(false),
+        Ok(other) => Err(GpuError(format!(
+            "DISTGPT_ATTENTION={other:?}: the GPU's attention is \"flash\" (the default) or \"gemm\""
+        ))),
+    }
+}
+
 /// Kernels only the cuda runtime calls (after the shared program).
 const CUDA_ONLY: &str = include_str!("../kernels/cuda_only.cu");
 
@@ -409,10 +423,14 @@ impl Runtime for CudaRuntime {
     }
 
     fn open(index: usize) -> Result<Self> {
+        let flash = flash_allowed()?;
         check_gpu(index)?;
         let mut name = describe(index)?;
         if fast_paths() {
             name.push_str(", CUDA fast paths");
+        }
+        if !flash {
+            name.push_str(", attention as GEMMs");
         }
         let ctx = CudaContext::new(index).map_err(failed("cuDevicePrimaryCtxRetain"))?;
         if !ctx.has_async_alloc() {
@@ -450,7 +468,7 @@ impl Runtime for CudaRuntime {
             copier,
             ctx,
             name,
-            mma: major >= 8,
+            mma: major >= 8 && flash,
         })
     }
 
