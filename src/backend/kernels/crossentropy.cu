@@ -4,6 +4,26 @@
 
 #define CE_IGNORE 0xffffffffu
 
+// The max m of x's first v values and the sum s of exp(x - m), to every
+// thread, in one read of the row: each thread keeps its own running max and
+// sum (rescaled when its max rises), then the workgroup's max and the
+// threads' sums rescaled to it, each in a fixed order.
+DEVICE void ce_max_sum(SHARED_PTR float* buf, const GLOBAL float* x, unsigned v, float* m,
+                       float* s) {
+    float tm = NEG_INF, ts = 0.0f;
+    for (unsigned j = LOCAL_ID(0); j < v; j += BLOCK) {
+        float xj = x[j];
+        if (xj > tm) {
+            ts = ts * expf(tm - xj) + 1.0f;
+            tm = xj;
+        } else {
+            ts += expf(xj - tm);
+        }
+    }
+    *m = block_max(buf, tm);
+    *s = block_sum(buf, ts == 0.0f ? 0.0f : ts * expf(tm - *m));
+}
+
 // losses (rows) = -log softmax(logits row)[target].
 KERNEL void crossentropy_forward(GLOBAL float* RESTRICT losses, unsigned losses_off,
                                  const GLOBAL float* RESTRICT logits, unsigned logits_off,
@@ -13,12 +33,8 @@ KERNEL void crossentropy_forward(GLOBAL float* RESTRICT losses, unsigned losses_
     unsigned row = GROUP_ID(0);
     int tid = LOCAL_ID(0);
     const GLOBAL float* x = logits + logits_off + (idx_t)row * vp;
-    float m = NEG_INF;
-    for (unsigned j = tid; j < v; j += BLOCK) m = fmaxf(m, x[j]);
-    m = block_max(buf, m);
-    float s = 0.0f;
-    for (unsigned j = tid; j < v; j += BLOCK) s += expf(x[j] - m);
-    s = block_sum(buf, s);
+    float m, s;
+    ce_max_sum(buf, x, v, &m, &s);
     unsigned target = targets[targets_off + row];
     if (tid == 0) losses[losses_off + row] = target == CE_IGNORE ? 0.0f : m + logf(s) - x[target];
 }
@@ -32,12 +48,9 @@ KERNEL void crossentropy_backward_inplace(GLOBAL float* RESTRICT logits, unsigne
     unsigned row = GROUP_ID(0);
     int tid = LOCAL_ID(0);
     GLOBAL float* x = logits + logits_off + (idx_t)row * vp;
-    float m = NEG_INF;
-    for (unsigned j = tid; j < v; j += BLOCK) m = fmaxf(m, x[j]);
-    m = block_max(buf, m);
-    float s = 0.0f;
-    for (unsigned j = tid; j < v; j += BLOCK) s += expf(x[j] - m);
-    float inv = dloss / block_sum(buf, s);
+    float m, s;
+    ce_max_sum(buf, x, v, &m, &s);
+    float inv = dloss / s;
     unsigned target = targets[targets_off + row];
     // Each thread rewrites only the columns it read, so in place is safe.
     for (unsigned j = tid; j < vp; j += BLOCK) {
