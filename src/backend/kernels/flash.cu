@@ -244,15 +244,18 @@ FA_UNROLL
 
 // The geometry of a workgroup: head z = b NH + h of the grid's (B NH) x
 // tiles, tile `tile` of FA_ROWS rows (queries, or keys for dk/dv), the
-// warp's first row, and the keys a query sees: `keys` for every query
-// (the padding mask's length; T when causal), and with `causal` only those
-// up to itself.
+// warp's first row, q the head's first query in qkv (its keys C further,
+// its values 2C, rows 3C apart), and the keys a query sees: `keys` for
+// every query (the padding mask's length; T when causal), and with `causal`
+// only those up to itself; `seen` those any query of the tile sees.
 typedef struct {
-    unsigned z, b, h, tile, row0, C, keys, causal;
+    unsigned z, b, h, tile, row0, C, keys, seen, causal;
+    float scale;
+    const GLOBAL float* q;
 } FaAt;
 
-FA_FN FaAt fa_at(unsigned T, unsigned NH, unsigned hd, const GLOBAL unsigned* lens,
-                 unsigned lens_off, unsigned causal) {
+FA_FN FaAt fa_at(unsigned T, unsigned NH, unsigned hd, const GLOBAL float* qkv,
+                 const GLOBAL unsigned* lens, unsigned lens_off, unsigned causal) {
     FaAt at;
     unsigned tiles = (T + FA_ROWS - 1) / FA_ROWS;
     at.z = GROUP_ID(0) / tiles;
@@ -262,7 +265,10 @@ FA_FN FaAt fa_at(unsigned T, unsigned NH, unsigned hd, const GLOBAL unsigned* le
     at.row0 = at.tile * FA_ROWS + (LOCAL_ID(0) >> 5) * 16;
     at.C = NH * hd;
     at.keys = causal ? T : min(lens[lens_off + at.b], T);
+    at.seen = causal ? min(T, (at.tile + 1) * FA_ROWS) : at.keys;
     at.causal = causal;
+    at.scale = 1.0f / sqrtf((float)hd);
+    at.q = qkv + (idx_t)at.b * T * 3 * at.C + at.h * hd;
     return at;
 }
 
@@ -282,12 +288,10 @@ KERNEL void attention_flash_forward(GLOBAL float* RESTRICT out, unsigned out_off
     SHARED unsigned kt[FA_COLS * FA_LD];
     SHARED unsigned vt[FA_COLS * FA_LD];
     FA_EMU_DECL
-    FaAt at = fa_at(T, NH, hd, lens, lens_off, causal);
-    unsigned lane = LOCAL_ID(0) & 31, g = lane >> 2, t = lane & 3, C = at.C;
-    const GLOBAL float* q = qkv + qkv_off + (idx_t)at.b * T * 3 * C + at.h * hd;
-    // The keys any query of the workgroup sees.
-    unsigned keys = causal ? min(T, (at.tile + 1) * FA_ROWS) : at.keys;
-    float scale = 1.0f / sqrtf((float)hd);
+    FaAt at = fa_at(T, NH, hd, qkv + qkv_off, lens, lens_off, causal);
+    unsigned lane = LOCAL_ID(0) & 31, g = lane >> 2, t = lane & 3, C = at.C, keys = at.seen;
+    const GLOBAL float* q = at.q;
+    float scale = at.scale;
     unsigned qa[FA_KS * 4];
     fa_rows(qa, q, 3 * C, at.row0, T, hd);
     float s[FA_ST * 4], m[2] = {FA_NEG, FA_NEG}, l[2] = {0.0f, 0.0f};
@@ -390,11 +394,10 @@ KERNEL void attention_flash_dq(GLOBAL float* RESTRICT dqkv, unsigned dqkv_off,
     SHARED unsigned kt[FA_COLS * FA_LD];
     SHARED unsigned vt[FA_COLS * FA_LD];
     FA_EMU_DECL
-    FaAt at = fa_at(T, NH, hd, lens, lens_off, causal);
-    unsigned lane = LOCAL_ID(0) & 31, g = lane >> 2, t = lane & 3, C = at.C;
-    const GLOBAL float* q = qkv + qkv_off + (idx_t)at.b * T * 3 * C + at.h * hd;
-    unsigned keys = causal ? min(T, (at.tile + 1) * FA_ROWS) : at.keys;
-    float scale = 1.0f / sqrtf((float)hd), ls[2], ds[2];
+    FaAt at = fa_at(T, NH, hd, qkv + qkv_off, lens, lens_off, causal);
+    unsigned lane = LOCAL_ID(0) & 31, g = lane >> 2, t = lane & 3, C = at.C, keys = at.seen;
+    const GLOBAL float* q = at.q;
+    float scale = at.scale, ls[2], ds[2];
 FA_UNROLL
     for (int side = 0; side < 2; side++) {
         unsigned row = at.row0 + g + 8 * side;
@@ -444,11 +447,11 @@ KERNEL void attention_flash_dkdv(GLOBAL float* RESTRICT dqkv, unsigned dqkv_off,
     SHARED float ls[FA_COLS];
     SHARED float ds[FA_COLS];
     FA_EMU_DECL
-    FaAt at = fa_at(T, NH, hd, lens, lens_off, causal);
+    FaAt at = fa_at(T, NH, hd, qkv + qkv_off, lens, lens_off, causal);
     unsigned lane = LOCAL_ID(0) & 31, g = lane >> 2, t = lane & 3, C = at.C;
-    const GLOBAL float* q = qkv + qkv_off + (idx_t)at.b * T * 3 * C + at.h * hd;
+    const GLOBAL float* q = at.q;
     const GLOBAL float* d_o = dout + dout_off + (idx_t)at.b * T * C + at.h * hd;
-    float scale = 1.0f / sqrtf((float)hd);
+    float scale = at.scale;
     unsigned ka[FA_KS * 4], va[FA_KS * 4];
     fa_rows(ka, q + C, 3 * C, at.row0, T, hd);
     fa_rows(va, q + 2 * C, 3 * C, at.row0, T, hd);
