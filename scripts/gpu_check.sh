@@ -8,8 +8,9 @@
 #   1. every device kernel against its CPU twin (the lib tests' `backend::`);
 #   2. a training step per strategy, generation, `train --device`, offload
 #      and its resume, against the CPU (tests/gpu.rs, tests/cuda_cli.rs);
-#   3. every data-parallel strategy over NCCL following single's losses
-#      (processes under mpirun where the binaries have MPI, else thread ranks);
+#   3. every data-parallel strategy over NCCL following single's losses, in
+#      fp32 and in bf16 (processes under mpirun where the binaries have MPI,
+#      else thread ranks);
 #   4. GPT-2 124M at 8 x 1024 in fp32 and bf16 beside PyTorch on the same
 #      GPU (eager fp32, eager bf16 autocast, torch.compile bf16), each figure
 #      the median of 3 runs, MFU against 989 TFLOP/s; bf16's step kernel by
@@ -207,7 +208,7 @@ dry_run() {
         "cuDNN: 2 libcudnn\* file\(s\); headers: cuda_runtime\.h cuda_bf16\.h \(not found: cublasLt\.h mma\.h cudnn\.h\); compilers: ptxas V13\.0\.88"
     expect "the kernels ran" "$out/green/kernels.txt" "test result: ok\. [1-9]"
     expect "the backend tests ran" "$out/green/backend.txt" "test result: ok\. [1-9]"
-    expect "every strategy followed single" "$out/green/nccl.txt" "fsdp .*: ok"
+    expect "every strategy followed single" "$out/green/nccl.txt" "fsdp bf16 .*: ok"
     expect "the benchmark ran" "$out/green/bench.txt" "tokens/s"
     expect "GPT-2's fp32 figure is a median of 3" "$out/green/summary.txt" \
         "^   distgpt  .* tiny 4x64 opencl: .* ms/step, .* tokens/s.*\(median of 3: "
@@ -556,7 +557,7 @@ if on 2 backend "a training step, every strategy, generation and train --device 
 fi
 
 # ---- 3. data parallel over NCCL ----------------------------------------
-if on 3 nccl "every data-parallel strategy over NCCL against single" &&
+if on 3 nccl "every data-parallel strategy over NCCL against single, fp32 and bf16" &&
     needs "${cuda_libs[@]}" libnccl.so.2; then
     launch=() comm=(--comm nccl) np=1
     for n in 2 4 8; do
@@ -586,21 +587,25 @@ print(f"{sys.argv[3]} on {sys.argv[4]}: {len(b)} steps, "
       f"largest relative loss difference to single {err:.2e}: {'ok' if ok else 'FAILED'}")
 sys.exit(0 if ok else 1)
 EOF
-    if ! run nccl.txt "$bin" "${common[@]}" --out "$work/runs/single"; then
-        fail "single on $dev did not run"
-    else
-        ok=1
+    # fp32, then bf16 (its products on the tensor cores, attention on flash.cu)
+    ok=1
+    for prec in fp32 bf16; do
+        if ! run nccl.txt "$bin" "${common[@]}" --precision "$prec" --out "$work/runs/single-$prec"; then
+            echo "   single $prec on $dev did not run"
+            ok=0
+            continue
+        fi
         for s in ddp zero1 zero2 fsdp; do
             if run nccl.txt "${launch[@]}" "$bin" "${common[@]}" "${comm[@]}" --strategy "$s" \
-                --world-size "$np" --out "$work/runs/$s"; then
-                run nccl.txt "$py" "$work/follows.py" "$work/runs/single" "$work/runs/$s" \
-                    "$s" "$how" || ok=0
+                --precision "$prec" --world-size "$np" --out "$work/runs/$s-$prec"; then
+                run nccl.txt "$py" "$work/follows.py" "$work/runs/single-$prec" \
+                    "$work/runs/$s-$prec" "$s $prec" "$how" || ok=0
             else
                 ok=0
             fi
         done
-        ((ok)) || fail
-    fi
+    done
+    ((ok)) || fail
     results nccl.txt ' on .*: [0-9]+ steps'
 fi
 
