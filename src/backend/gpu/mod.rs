@@ -303,10 +303,12 @@ impl<R: Runtime> Queue<R> {
         })
     }
 
-    /// Runs `f` over `N` scratch buffers of at least `lens` elements: the
+    /// Runs `f` over `N` scratch views of `lens` elements: the start of the
     /// queue's kept buffers, grown (never shrunk) when short, so a step
     /// allocates none after its first. Held while `f` queues its work; a
-    /// buffer replaced later is freed after the work queued before.
+    /// buffer replaced later is freed after the work queued before. In the
+    /// unit tests each buffer holds [`SCRATCH_GUARD`] sentinels past its
+    /// view, checked after `f`: a length asked too short fails there.
     pub(crate) fn with_scratch<const N: usize>(
         &self,
         lens: [usize; N],
@@ -314,13 +316,45 @@ impl<R: Runtime> Queue<R> {
     ) -> Result<(), GpuError> {
         let mut kept = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         for (i, &len) in lens.iter().enumerate() {
+            let need = (len + SCRATCH_GUARD).max(1);
             match kept.get(i) {
-                Some(mem) if mem.len() >= len => {}
-                Some(_) => kept[i] = self.alloc(len)?,
-                None => kept.push(self.alloc(len.max(1))?),
+                Some(mem) if mem.len() >= need => {}
+                Some(_) => kept[i] = self.alloc(need)?,
+                None => kept.push(self.alloc(need)?),
             }
         }
-        f(std::array::from_fn(|i| kept[i].view()))
+        #[cfg(test)]
+        self.scratch_guards(&kept, &lens, false)?;
+        f(std::array::from_fn(|i| kept[i].view_range(0..lens[i])))?;
+        #[cfg(test)]
+        self.scratch_guards(&kept, &lens, true)?;
+        Ok(())
+    }
+
+    /// Writes [`SCRATCH_GUARD`] sentinels past each of `lens` elements of
+    /// `kept`, or (`check`) errs where a kernel has changed one.
+    #[cfg(test)]
+    fn scratch_guards(
+        &self,
+        kept: &[R::Mem<f32>],
+        lens: &[usize],
+        check: bool,
+    ) -> Result<(), GpuError> {
+        for (mem, &len) in kept.iter().zip(lens) {
+            let guard = mem.view_range(len..len + SCRATCH_GUARD);
+            if !check {
+                self.write(guard, &[SENTINEL; SCRATCH_GUARD])?;
+                continue;
+            }
+            let mut seen = [0.0; SCRATCH_GUARD];
+            self.read(guard, &mut seen)?;
+            if seen.iter().any(|x| x.to_bits() != SENTINEL.to_bits()) {
+                return Err(GpuError(format!(
+                    "a kernel wrote past its scratch of {len} elements"
+                )));
+            }
+        }
+        Ok(())
     }
 
     pub fn name(&self) -> String {
@@ -374,6 +408,15 @@ impl<R: Runtime> Queue<R> {
         unsafe { self.rt.launch(name, groups, args) }
     }
 }
+
+/// Sentinels past each scratch view in the unit tests ([`Queue::with_scratch`]).
+#[cfg(test)]
+const SCRATCH_GUARD: usize = 64;
+#[cfg(not(test))]
+const SCRATCH_GUARD: usize = 0;
+/// What the scratch guards hold.
+#[cfg(test)]
+const SENTINEL: f32 = -7.25e30;
 
 /// A count or offset as the `unsigned` the kernels take.
 pub fn u32_arg(what: &str, n: usize) -> Result<u32, GpuError> {
