@@ -107,6 +107,11 @@ mod tests {
                 (3, 37, 12, 1),
             ]
         };
+        fp32_shapes(list)
+    }
+
+    /// `list`'s (b, t, c, nh) as fp32 attention shapes.
+    fn fp32_shapes(list: &[(usize, usize, usize, usize)]) -> Vec<AttnShape> {
         list.iter()
             .map(|&(b, t, c, nh)| AttnShape {
                 b,
@@ -316,14 +321,7 @@ mod tests {
                 (2, 200, 128, 2),
             ]
         };
-        let shapes = list.iter().map(|&(b, t, c, nh)| AttnShape {
-            b,
-            t,
-            c,
-            nh,
-            bf16: true,
-        });
-        bf16_matches_cpu(dev, shapes.collect(), true, 15);
+        bf16_matches_cpu(dev, fp32_shapes(list), true, 15);
     }
 
     /// flash.cu takes bf16 heads of 16, 32, 48 or 64 (GPT-2's 64,
@@ -352,7 +350,7 @@ mod tests {
         }
     }
 
-    /// Each of `shapes` in bf16 under both masks on `dev` (on flash.cu where
+    /// Each of `shapes`, made bf16, under both masks on `dev` (on flash.cu where
     /// `flash`) against the CPU, as [`bf16_attention_matches_cpu`] states.
     fn bf16_matches_cpu<R: Runtime>(
         dev: &Queue<R>,
