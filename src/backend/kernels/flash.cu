@@ -108,33 +108,24 @@ FA_FN void fa_mma(float* c, const unsigned* a, unsigned b0, unsigned b1,
 #endif
 }
 
-// The max, and the sum (v0 + v1) + (v2 + v3), of v over a quad (the four
-// lanes of a group, which hold one row of a C fragment), to each of them.
-FA_FN float fa_quad_max(float v, SHARED_PTR float* red) {
-#ifdef __OPENCL_VERSION__
-    int tid = LOCAL_ID(0), q = tid & ~3;
-    red[tid] = v;
-    BARRIER();
-    float r = fmaxf(fmaxf(red[q], red[q + 1]), fmaxf(red[q + 2], red[q + 3]));
-    BARRIER();
-    return r;
-#else
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-#endif
+// a + b, or (`max`) the larger.
+FA_FN float fa_op(float a, float b, int max) {
+    return max ? fmaxf(a, b) : a + b;
 }
 
-FA_FN float fa_quad_sum(float v, SHARED_PTR float* red) {
+// The max (`max`) or the sum (v0 + v1) + (v2 + v3) of v over a quad (the
+// four lanes of a group, which hold one row of a C fragment), to each.
+FA_FN float fa_quad(float v, SHARED_PTR float* red, int max) {
 #ifdef __OPENCL_VERSION__
     int tid = LOCAL_ID(0), q = tid & ~3;
     red[tid] = v;
     BARRIER();
-    float r = (red[q] + red[q + 1]) + (red[q + 2] + red[q + 3]);
+    float r = fa_op(fa_op(red[q], red[q + 1], max), fa_op(red[q + 2], red[q + 3], max), max);
     BARRIER();
     return r;
 #else
-    v += __shfl_xor_sync(0xffffffffu, v, 1);
-    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+    v = fa_op(v, __shfl_xor_sync(0xffffffffu, v, 1), max);
+    return fa_op(v, __shfl_xor_sync(0xffffffffu, v, 2), max);
 #endif
 }
 
@@ -311,7 +302,7 @@ FA_UNROLL
                     mx = fmaxf(mx, s[4 * (j >> 1) + 2 * side + (j & 1)] * scale);
                 }
             }
-            float mn = fmaxf(m[side], fa_quad_max(mx, FA_RED));
+            float mn = fmaxf(m[side], fa_quad(mx, FA_RED, 1));
 FA_UNROLL
             for (int j = 0; j < 2 * FA_ST; j++) {
                 unsigned key = k0 + 8 * (j >> 1) + 2 * t + (j & 1);
@@ -319,7 +310,7 @@ FA_UNROLL
                     sum += expf(s[4 * (j >> 1) + 2 * side + (j & 1)] * scale - mn);
                 }
             }
-            l[side] = l[side] * expf(m[side] - mn) + fa_quad_sum(sum, FA_RED);
+            l[side] = l[side] * expf(m[side] - mn) + fa_quad(sum, FA_RED, 0);
             m[side] = mn;
         }
     }
