@@ -19,9 +19,8 @@ fn main() {
 }
 
 /// `$OUT_DIR/program.cu`: `dir`'s `prelude.h`, then each `.cu` file of
-/// `dir` in name order, each from a new line; all but `cuda_only.cu`,
-/// which the cuda runtime adds to its own build. A kernel's source is in
-/// the program by being in `dir`.
+/// `dir` in name order, each from a new line. A kernel's source is in the
+/// program by being in `dir`.
 fn gpu_program(dir: &Path) {
     println!("cargo::rerun-if-changed={}", dir.display());
     let read = |p: &Path| {
@@ -31,7 +30,6 @@ fn gpu_program(dir: &Path) {
     let mut sources: Vec<_> = entries
         .map(|e| e.expect("a directory entry").path())
         .filter(|p| p.extension().is_some_and(|x| x == "cu"))
-        .filter(|p| p.file_name().is_some_and(|n| n != "cuda_only.cu"))
         .collect();
     sources.sort();
     let mut program = read(&dir.join("prelude.h"));

@@ -124,7 +124,7 @@ fn a_bf16_matmul_rounds_its_operands_and_sums_exact_products() {
                     ..MatmulShape::new((rows, k, n), layout)
                 };
                 be.run(MatmulForward {
-                    out: out.d(),
+                    out: out.d().into(),
                     inp: inp_b.s(),
                     w: w_b.s(),
                     bias: None,
@@ -136,7 +136,7 @@ fn a_bf16_matmul_rounds_its_operands_and_sums_exact_products() {
                     dinp: Some(dinp.d()),
                     dw: Some(dw.d()),
                     dbias: None,
-                    dout: dout_b.s(),
+                    dout: dout_b.s().into(),
                     inp: inp_b.s(),
                     w: w_b.s(),
                     shape,

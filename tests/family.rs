@@ -318,7 +318,7 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                 let mut g = a.g.slice_mut(l * rows * f..(l + 1) * rows * f);
                 let io = |dims| MatmulShape::new(dims, WeightLayout::InOut);
                 be.run(MatmulForward {
-                    out: h.rb(),
+                    out: h.rb().into(),
                     inp: x,
                     w: w1,
                     bias: None,
@@ -333,7 +333,7 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                     act: Activation::GeluTanh,
                 })?;
                 be.run(MatmulForward {
-                    out,
+                    out: out.into(),
                     inp: g.src(),
                     w: w2,
                     bias: Some(b2),
@@ -343,7 +343,7 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
             }
             UnitKind::Head => {
                 be.run(MatmulForward {
-                    out: a.logits.d(),
+                    out: a.logits.d().into(),
                     inp: a.resid.slice(nl * rows * c..(nl + 1) * rows * c),
                     w: p.own,
                     bias: None,
@@ -355,7 +355,7 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                 }
                 be.run(CrossEntropyForward {
                     losses: a.losses.d(),
-                    logits: a.logits.s(),
+                    logits: a.logits.s().into(),
                     targets: a.targets.s(),
                     v,
                     vp: v,
@@ -392,7 +392,7 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
         match UnitKind::of(u, nl) {
             UnitKind::Head => {
                 be.run(CrossEntropyBackward {
-                    logits: a.logits.d(),
+                    logits: a.logits.d().into(),
                     targets: a.targets.s(),
                     v,
                     vp: v,
@@ -402,7 +402,7 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                     dinp: Some(a.dres.d()),
                     dw: Some(g.own),
                     dbias: None,
-                    dout: a.logits.s(),
+                    dout: a.logits.s().into(),
                     inp: a.resid.slice(nl * rows * c..(nl + 1) * rows * c),
                     w: p.own,
                     shape: io((rows, c, v)),
@@ -417,7 +417,7 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                     dinp: Some(a.dg.d()),
                     dw: Some(dw2),
                     dbias: Some(db2),
-                    dout: a.dres.s(),
+                    dout: a.dres.s().into(),
                     inp: a.g.slice(l * rows * f..(l + 1) * rows * f),
                     w: w2,
                     shape: io((rows, f, c)),
@@ -435,7 +435,7 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                     dinp: Some(a.dtmp.d()),
                     dw: Some(dw1),
                     dbias: None,
-                    dout: a.dg.s(),
+                    dout: a.dg.s().into(),
                     inp: a.resid.slice(l * rows * c..(l + 1) * rows * c),
                     w: w1,
                     shape: io((rows, c, f)),

@@ -30,7 +30,7 @@ pub use ops::crossentropy::{CrossEntropyBackward, CrossEntropyForward};
 pub use ops::encoder::{EncoderBackward, EncoderForward};
 pub use ops::layernorm::{LayerNormBackward, LayerNormForward};
 pub use ops::matmul::{MatmulBackward, MatmulForward, MatmulShape, WeightLayout};
-pub use ops::{AttentionDecode, Kernel, MatmulDecode, On};
+pub use ops::{AttentionDecode, Kernel, MatmulDecode, On, Stored, StoredBuf};
 pub use threads::Threads;
 
 /// Rows a column sum (a bias's gradient, layernorm's weight gradients)
@@ -58,13 +58,44 @@ mod sealed {
     pub trait Sealed {}
     impl Sealed for f32 {}
     impl Sealed for u32 {}
+    impl Sealed for super::Bf16 {}
 }
 
-/// An element type buffers hold: f32 for tensors, u32 for token ids
-/// (sealed: device transfers copy raw bytes into it).
+/// An element type buffers hold: f32 for tensors, u32 for token ids, bf16
+/// for tensors stored in bfloat16 (sealed: device transfers copy raw bytes
+/// into it).
 pub trait Elem: sealed::Sealed + Copy + Default + Send + Sync + 'static {}
 impl Elem for f32 {}
 impl Elem for u32 {}
+impl Elem for Bf16 {}
+
+/// A bfloat16 value: the upper half of an f32's bits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(transparent)]
+pub struct Bf16(u16);
+
+impl Bf16 {
+    /// `x` rounded to nearest, ties to even; NaN stays NaN. Without a
+    /// branch, so a loop of it vectorizes.
+    #[inline(always)]
+    pub fn from_f32(x: f32) -> Self {
+        let bits = x.to_bits();
+        let round = 0x7fff + ((bits >> 16) & 1);
+        let rounded = (bits.wrapping_add(round) >> 16) as u16;
+        Bf16(if x.is_nan() { 0x7fc0 } else { rounded })
+    }
+
+    /// The value, exactly, as an f32.
+    #[inline(always)]
+    pub fn to_f32(self) -> f32 {
+        f32::from_bits((self.0 as u32) << 16)
+    }
+
+    /// The bfloat16's bits, as a library's bf16 product takes them.
+    pub fn bits(self) -> u16 {
+        self.0
+    }
+}
 
 /// Buffers of one device: allocation, transfers, synchronization and
 /// memory accounting. Its kernels are [`Kernels`], its decoding [`Decode`];

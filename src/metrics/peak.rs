@@ -171,7 +171,7 @@ fn matmul_flops<B: Backend>(be: &B) -> f64 {
     for _ in 0..3 {
         let t0 = Instant::now();
         let ran = be.run(MatmulForward {
-            out: out.d(),
+            out: out.d().into(),
             inp: inp.s(),
             w: w.s(),
             bias: None,

@@ -9,7 +9,8 @@ use std::cell::Cell;
 
 pub struct ActAlloc<'a, B: Backend> {
     be: &'a B,
-    /// Elements asked for; none when allocating.
+    /// 4-byte words asked for (an f32 or u32 element each, a bf16 one
+    /// half); none when allocating.
     tally: Option<Cell<usize>>,
 }
 
@@ -19,7 +20,7 @@ impl<'a, B: Backend> ActAlloc<'a, B> {
         ActAlloc { be, tally: None }
     }
 
-    /// Counts the elements asked for; the buffers handed out are empty.
+    /// Counts the 4-byte words asked for; the buffers handed out are empty.
     pub fn tally(be: &'a B) -> Self {
         ActAlloc {
             be,
@@ -32,7 +33,7 @@ impl<'a, B: Backend> ActAlloc<'a, B> {
         let len = match &self.tally {
             None => len,
             Some(t) => {
-                t.set(t.get() + len);
+                t.set(t.get() + (len * std::mem::size_of::<T>()).div_ceil(4));
                 0
             }
         };
@@ -44,7 +45,7 @@ impl<'a, B: Backend> ActAlloc<'a, B> {
         self.typed(len)
     }
 
-    /// Elements counted so far.
+    /// 4-byte words counted so far.
     pub fn counted(&self) -> usize {
         self.tally.as_ref().map_or(0, Cell::get)
     }

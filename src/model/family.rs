@@ -122,11 +122,11 @@ pub trait Family: fmt::Debug + fmt::Display + Send + Sync + 'static {
     /// tokens; a BERT classifier's labels; a masked LM's targets at 15% of
     /// the positions, the rest ignored.
     fn synthetic_batch(&self, rng: &mut Rng, b: usize, t: usize) -> Batch;
-    /// Elements of the activations one of `tp` ranks allocates
+    /// 4-byte words of the activations one of `tp` ranks allocates
     /// for micro-batches of b sequences of t tokens when its engine
     /// runs as `run` says (a pipeline stage's units, all of them for one
-    /// stage; its micro-batches in flight): the engine's own allocation,
-    /// counted (`model::alloc`).
+    /// stage; its micro-batches in flight; its precision): the engine's
+    /// own allocation, counted (`model::alloc`).
     fn activation_elems(&self, tp: usize, b: usize, t: usize, run: &SpanRun) -> usize;
     /// The shape tensor `t` of its layout is stored with in model files
     /// (its trailing rows may be padding the files leave out).

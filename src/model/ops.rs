@@ -152,7 +152,7 @@ impl<'s, B: Backend, P: Copy> Ops<'s, B, P> {
     ) -> Result<()> {
         let (w, bias) = (self.w(w), b.map(|b| self.w(b)));
         let op = MatmulForward {
-            out,
+            out: out.into(),
             inp,
             w,
             bias,
@@ -193,7 +193,7 @@ impl<'s, B: Backend, P: Copy> Ops<'s, B, P> {
             dinp,
             dw,
             dbias,
-            dout,
+            dout: dout.into(),
             inp,
             w: wv,
             shape,
@@ -216,7 +216,7 @@ impl<'s, B: Backend, P: Copy> Ops<'s, B, P> {
     ) -> Result<()> {
         let op = CrossEntropyForward {
             losses,
-            logits,
+            logits: logits.into(),
             targets,
             v,
             vp,
@@ -234,7 +234,7 @@ impl<'s, B: Backend, P: Copy> Ops<'s, B, P> {
         dloss: f32,
     ) -> Result<()> {
         let op = CrossEntropyBackward {
-            logits,
+            logits: logits.into(),
             targets,
             v,
             vp,

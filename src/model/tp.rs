@@ -175,7 +175,7 @@ pub fn row_parallel<B: Backend>(
         be.copy(out.rb(), layer.residual);
     }
     matmul(MatmulForward {
-        out: out.rb(),
+        out: out.rb().into(),
         inp: layer.inp,
         w: layer.w,
         bias: lead.then_some(layer.bias),

@@ -5,6 +5,7 @@
 //! through this trait alone, gathering, reducing and sharding unit by unit.
 
 use super::alloc::ActAlloc;
+use super::bf16::Precision;
 use super::layout::ParamLayout;
 use super::tp::TpPlace;
 use crate::backend::cpu::Cpu;
@@ -43,25 +44,28 @@ pub struct Span {
 
 /// What an engine sizes its buffers for: the units it runs, whether it
 /// recomputes its blocks in the backward, whether its backward is split
-/// in two (`StageModel::split_backward`, the zb-h1 schedule's), and how
-/// many micro-batches it holds at once (a pipeline schedule's in flight).
+/// in two (`StageModel::split_backward`, the zb-h1 schedule's), how
+/// many micro-batches it holds at once (a pipeline schedule's in flight),
+/// and its precision (what the tensors held in bf16 under bf16 take).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SpanRun {
     pub span: Span,
     pub recompute: bool,
     pub split: bool,
     pub in_flight: usize,
+    pub precision: Precision,
 }
 
 impl SpanRun {
     /// One micro-batch's run of `span`: what an engine sizes a slot's
     /// buffers for (`Held` keeps a set a slot).
-    pub fn one(span: &Span, recompute: bool, split: bool) -> Self {
+    pub fn one(span: &Span, recompute: bool, split: bool, precision: Precision) -> Self {
         SpanRun {
             span: span.clone(),
             recompute,
             split,
             in_flight: 1,
+            precision,
         }
     }
 

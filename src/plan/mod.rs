@@ -356,6 +356,7 @@ fn stage_memory(
             recompute: par.recompute,
             split: pipe.schedule == Schedule::ZbH1,
             in_flight: live,
+            precision: par.precision,
         };
         acts += m.activation_elems(par.tp, rows.0, rows.1, &run) as f64;
     }

@@ -658,7 +658,7 @@ pub(super) unsafe fn gemm(
     let ((lhs, (ta, _)), (rhs, (tb, _))) = (ops.lhs, ops.rhs);
     super::math::with_scratch(&BF16_OPERANDS, ops.m * k + k * ops.n, |scratch| {
         let (a, b) = scratch.split_at_mut(ops.m * k);
-        use super::decode::{Bf16, Element};
+        use crate::backend::Bf16;
         let bits = |v: f32| Bf16::from_f32(v).bits();
         // SAFETY: the caller's views are readable (as math::gemm).
         let ((a_row, a_col), (b_row, b_col)) = unsafe {

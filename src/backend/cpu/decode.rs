@@ -10,7 +10,7 @@ use super::math::SendPtr;
 use super::product_tasks;
 use crate::backend::memory::{Category, HostBuf, MemoryStats};
 use crate::backend::ops::{Host, MatmulDecode};
-use crate::backend::WeightLayout;
+use crate::backend::{Bf16, WeightLayout};
 use rayon::prelude::*;
 use std::sync::Arc;
 
@@ -36,18 +36,6 @@ impl WeightFormat {
             WeightFormat::Bf16 => "bf16",
             WeightFormat::Int8 => "int8",
         }
-    }
-}
-
-/// A bfloat16 value: the upper half of an f32's bits.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[repr(transparent)]
-pub struct Bf16(u16);
-
-impl Bf16 {
-    /// The bfloat16's bits, as a library's bf16 product takes them.
-    pub fn bits(self) -> u16 {
-        self.0
     }
 }
 
@@ -81,18 +69,13 @@ impl Element for f32 {
 }
 
 impl Element for Bf16 {
-    /// Rounds to nearest, ties to even; NaN stays NaN. Without a branch,
-    /// so a loop of it vectorizes.
     #[inline(always)]
     fn from_f32(x: f32) -> Self {
-        let bits = x.to_bits();
-        let round = 0x7fff + ((bits >> 16) & 1);
-        let rounded = (bits.wrapping_add(round) >> 16) as u16;
-        Bf16(if x.is_nan() { 0x7fc0 } else { rounded })
+        Bf16::from_f32(x)
     }
     #[cfg(any(test, not(avx2_fma)))]
     fn to_f32(self) -> f32 {
-        f32::from_bits((self.0 as u32) << 16)
+        Bf16::to_f32(self)
     }
     /// Widens eight u16 to u32 and shifts them into the high half.
     #[cfg(avx2_fma)]

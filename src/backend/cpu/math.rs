@@ -372,14 +372,14 @@ thread_local! {
 /// A thread's scratch for a product's operands, kept for its next product
 /// (as a BLAS keeps its packing buffers) up to [`KEPT_SCRATCH`] bytes and
 /// not counted: a larger one (a wide vocabulary's head) is freed after.
-pub(super) type Scratch<T> = std::cell::Cell<Vec<T>>;
+pub(crate) type Scratch<T> = std::cell::Cell<Vec<T>>;
 
 /// The most scratch a thread keeps between products (32 MiB).
 const KEPT_SCRATCH: usize = 32 << 20;
 
 /// `f` on `len` elements of this thread's `scratch` (their values left
 /// from an earlier product: `f` writes what it reads).
-pub(super) fn with_scratch<T: Copy + Default, R>(
+pub(crate) fn with_scratch<T: Copy + Default, R>(
     scratch: &'static std::thread::LocalKey<Scratch<T>>,
     len: usize,
     f: impl FnOnce(&mut [T]) -> R,

@@ -275,9 +275,10 @@ impl CudaRuntime {
     }
 
     /// `g` as one strided-batched GEMM (cublasGemmStridedBatchedEx), fp32
-    /// accumulation and output. Under `g.bf16` on the tensor cores, its
-    /// operands rounded to bf16 on the way (`to_bf16`); else in fp32 (no
-    /// TF32: cuBLAS's default math mode).
+    /// accumulation and output (bf16 output where `g.c_bf16`). Under
+    /// `g.bf16` on the tensor cores: an operand stored in bf16 as it is,
+    /// an fp32 one rounded to bf16 on the way (`to_bf16`); else in fp32
+    /// (no TF32: cuBLAS's default math mode).
     ///
     /// # Safety
     /// As `Runtime::sgemm`.
@@ -287,18 +288,23 @@ impl CudaRuntime {
         // rewrite the operands before this one reads them.
         let mut scratch = self.bf16_scratch.lock().unwrap_or_else(|e| e.into_inner());
         let (f32_, bf16) = (cudaDataType::CUDA_R_32F, cudaDataType::CUDA_R_16BF);
-        let (a, b, kind) = if g.bf16 {
-            let a = self.to_bf16(g.a, a_span, scratch[0].take())?;
-            let b = self.to_bf16(g.b, b_span, scratch[1].take())?;
-            let ptrs = (a.ptr, b.ptr);
-            *scratch = [Some(a), Some(b)];
-            (ptrs.0, ptrs.1, bf16)
-        } else {
-            (
-                Self::addr::<f32>(g.a.view),
-                Self::addr::<f32>(g.b.view),
-                f32_,
-            )
+        let mut operand = |op: Operand, span: usize, slot: usize| -> Result<CUdeviceptr> {
+            Ok(match (op.bf16, g.bf16) {
+                (true, _) => Self::addr::<u16>(op.view),
+                (false, true) => {
+                    let copy = self.to_bf16(op, span, scratch[slot].take())?;
+                    let ptr = copy.ptr;
+                    scratch[slot] = Some(copy);
+                    ptr
+                }
+                (false, false) => Self::addr::<f32>(op.view),
+            })
+        };
+        let (a, b) = (operand(g.a, a_span, 0)?, operand(g.b, b_span, 1)?);
+        let kind = if g.bf16 { bf16 } else { f32_ };
+        let (c, c_kind) = match g.c_bf16 {
+            true => (Self::addr::<u16>(g.c), bf16),
+            false => (Self::addr::<f32>(g.c), f32_),
         };
         let (alpha, beta) = (1.0f32, g.beta);
         let stride = |what: &str, n: usize| {
@@ -330,8 +336,8 @@ impl CudaRuntime {
                 blas_int("ldb", g.b.ld)?,
                 stride("b's stride", g.batch.b)?,
                 (&beta as *const f32).cast(),
-                Self::addr::<f32>(g.c) as *mut c_void,
-                f32_,
+                c as *mut c_void,
+                c_kind,
                 blas_int("ldc", g.ldc)?,
                 stride("c's stride", g.batch.c)?,
                 blas_int("batch", g.batch.count)?,
@@ -381,14 +387,6 @@ fn flash_allowed() -> Result<bool> {
     }
 }
 
-/// Kernels only the cuda runtime calls (after the shared program).
-const CUDA_ONLY: &str = include_str!("../kernels/cuda_only.cu");
-
-/// The shared kernel program and the CUDA-only kernels, one source.
-fn cuda_source() -> String {
-    format!("{}\n{CUDA_ONLY}", program_source())
-}
-
 /// The PTX of every kernel for compute capability `major.minor`, with the
 /// CUDA-only fast paths when `fast`.
 fn compile(major: i32, minor: i32, fast: bool) -> Result<cudarc::nvrtc::Ptx> {
@@ -400,7 +398,7 @@ fn compile(major: i32, minor: i32, fast: bool) -> Result<cudarc::nvrtc::Ptx> {
         options,
         ..Default::default()
     };
-    compile_ptx_with_opts(cuda_source(), opts).map_err(|e| {
+    compile_ptx_with_opts(program_source(), opts).map_err(|e| {
         GpuError(format!(
             "NVRTC could not compile the kernels for sm_{major}{minor}: {e}"
         ))
@@ -446,7 +444,7 @@ impl Runtime for CudaRuntime {
             .load_module(compile(major, minor, fast_paths())?)
             .map_err(failed("cuModuleLoadData"))?;
         let mut kernels = HashMap::new();
-        for k in kernel_names(&cuda_source()) {
+        for k in kernel_names(program_source()) {
             let f = module
                 .load_function(k)
                 .map_err(failed("cuModuleGetFunction"))?;
@@ -677,7 +675,7 @@ mod tests {
                 "{}",
                 &ptx[..ptx.len().min(400)]
             );
-            for k in kernel_names(&cuda_source()) {
+            for k in kernel_names(program_source()) {
                 assert!(
                     ptx.contains(&format!(".entry {k}(")),
                     "no entry {k} in the PTX"

@@ -278,7 +278,7 @@ impl<R: Runtime> Decode for Gpu<R> {
             accumulate,
         } = op;
         let queued = self.run(MatmulForward {
-            out,
+            out: out.into(),
             inp,
             w: w.w.s(),
             bias,

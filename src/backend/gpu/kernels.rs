@@ -4,7 +4,7 @@
 //! OpenCL C and CUDA; GEMMs go to the runtime's BLAS (CLBlast, cuBLAS).
 
 use super::{u32_arg, Arg, DeviceMem, Gemm, GpuError, Operand, Queue, Raw, Runtime, View, BLOCK};
-use crate::backend::ops::{self, checked, AsIs, Kernel};
+use crate::backend::ops::{self, checked, AsIs, Kernel, Stored};
 use crate::backend::{Activation, WeightLayout, COLUMN_CHUNK_ROWS};
 
 /// Most workgroups of a whole-buffer reduction (partials read back).
@@ -114,6 +114,14 @@ impl<R: Runtime> Queue<R> {
     /// c (m x n, column-major, ldc = m) per `g`, with empty sizes handled
     /// here (CLBlast rejects them).
     pub(crate) fn gemm(&self, g: Gemm) -> Result<(), GpuError> {
+        let stored = g.a.bf16 || g.b.bf16 || g.c_bf16;
+        if (stored && !g.bf16) || (g.c_bf16 && (g.beta != 0.0 || g.k == 0)) {
+            return Err(GpuError(
+                "a GEMM over bf16 storage needs bf16 products, and a bf16 output k > 0 and \
+                 beta 0"
+                    .into(),
+            ));
+        }
         if g.m == 0 || g.n == 0 || g.batch.count == 0 {
             return Ok(());
         }
@@ -212,11 +220,26 @@ pub(crate) fn weight_operand(
     operand(w, stored_is_transposed == for_dinp, ld)
 }
 
-/// `view` as a column-major GEMM operand with leading dimension `ld`.
+/// `view` (fp32) as a column-major GEMM operand with leading dimension `ld`.
 pub(crate) fn operand(view: View, transpose: bool, ld: usize) -> Operand {
+    stored_operand(Stored::F32(view), transpose, ld)
+}
+
+/// A stored tensor as a GEMM operand, as [`operand`].
+pub(crate) fn stored_operand(x: Stored<View, View>, transpose: bool, ld: usize) -> Operand {
+    let (view, bf16) = stored_view(x);
     Operand {
         view,
         transpose,
         ld,
+        bf16: bf16 == 1,
+    }
+}
+
+/// A stored operand's view, and 1 where it holds bf16 (the kernels' flag).
+pub(crate) fn stored_view(x: Stored<View, View>) -> (View, u32) {
+    match x {
+        Stored::F32(v) => (v, 0),
+        Stored::Bf16(v) => (v, 1),
     }
 }

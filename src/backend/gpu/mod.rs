@@ -16,7 +16,9 @@ mod tests;
 
 pub use backend::{Gpu, PackedGpu};
 pub use kernels::program_source;
-pub(crate) use kernels::{act_code, groups, operand, u32s, weight_operand};
+pub(crate) use kernels::{
+    act_code, groups, operand, stored_operand, stored_view, u32s, weight_operand,
+};
 
 use crate::backend::Elem;
 use std::ops::Range;
@@ -109,12 +111,14 @@ pub enum Arg {
 }
 
 /// One matrix operand, column-major: `transpose` says whether the op uses
-/// the stored matrix transposed; `ld` is its leading dimension.
+/// the stored matrix transposed; `ld` is its leading dimension; `bf16`
+/// whether its elements are stored as bfloat16 (read as they are).
 #[derive(Clone, Copy)]
 pub struct Operand {
     pub view: View,
     pub transpose: bool,
     pub ld: usize,
+    pub bf16: bool,
 }
 
 /// c (m x n) = op(a) (m x k) @ op(b) (k x n) + beta * c, column-major, as
@@ -129,9 +133,12 @@ pub struct Gemm {
     pub beta: f32,
     pub c: View,
     pub ldc: usize,
+    /// `c` is stored as bfloat16: each sum rounded as it is stored (beta 0).
+    pub c_bf16: bool,
     /// The products take `a` and `b` rounded to bfloat16 (ties to even, as
     /// `round_bf16`), accumulated in fp32: cuBLAS rounds them into bf16
-    /// copies for its tensor cores, OpenCL into fp32 copies for SGEMM.
+    /// copies for its tensor cores, OpenCL into fp32 copies for SGEMM. An
+    /// operand or output stored in bf16 needs it.
     pub bf16: bool,
     pub batch: Batch,
 }
@@ -157,6 +164,12 @@ impl Batch {
 }
 
 impl Gemm {
+    /// The elements `c` spans in its view, from element 0 to the last one
+    /// the products write.
+    pub fn c_span(&self) -> usize {
+        (self.batch.count - 1) * self.batch.c + self.ldc * (self.n - 1) + self.m
+    }
+
     /// The elements `a` and `b` span in their views, from element 0 to the
     /// last one the products read (what a bf16 GEMM rounds), each checked
     /// against its view.

@@ -12,7 +12,7 @@ use crate::backend::cpu::check::randn;
 use crate::backend::cpu::elementwise;
 use crate::backend::opencl::ClRuntime;
 use crate::backend::ops::layernorm;
-use crate::backend::ops::{AsIs, Host, Kernel};
+use crate::backend::ops::{AsIs, Host, Kernel, Stored};
 use crate::backend::Elem;
 use crate::backend::{Activation, AdamWStep, WeightLayout};
 use crate::backend::{
@@ -565,7 +565,7 @@ fn matmul_forward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
                 let mut want = out0.clone();
                 let b = with_bias.then_some(&bias[..]);
                 (MatmulForward::<Host> {
-                    out: &mut want,
+                    out: Stored::F32(&mut want),
                     inp: &inp,
                     w: &w,
                     bias: b,
@@ -584,7 +584,7 @@ fn matmul_forward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
                 );
                 let bv = with_bias.then(|| bd.view());
                 dev.run(MatmulForward {
-                    out: o.view(),
+                    out: Stored::F32(o.view()),
                     inp: i.view(),
                     w: wd.view(),
                     bias: bv,
@@ -631,7 +631,7 @@ fn matmul_backward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
                     dinp: Some(&mut dinp),
                     dw: Some(&mut dw),
                     dbias,
-                    dout: &dout,
+                    dout: Stored::F32(&dout),
                     inp: &inp,
                     w: &w,
                     shape: MatmulShape {
@@ -648,7 +648,7 @@ fn matmul_backward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
                     dinp: Some(&mut mag_di),
                     dw: Some(&mut mag_dw),
                     dbias: Some(&mut mag_db),
-                    dout: &abs(&dout),
+                    dout: Stored::F32(&abs(&dout)),
                     inp: &abs(&inp),
                     w: &abs(&w),
                     shape: MatmulShape::new((rows, k, n), layout),
@@ -663,7 +663,7 @@ fn matmul_backward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
                     dinp: Some(di.view()),
                     dw: Some(dwd.view()),
                     dbias: bv,
-                    dout: dd.view(),
+                    dout: Stored::F32(dd.view()),
                     inp: i.view(),
                     w: wd.view(),
                     shape: MatmulShape {
@@ -960,7 +960,7 @@ fn crossentropy_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
         let mut losses = vec![0.0; rows];
         (CrossEntropyForward::<Host> {
             losses: &mut losses,
-            logits: &logits,
+            logits: Stored::F32(&logits),
             targets: &targets,
             v,
             vp,
@@ -973,7 +973,7 @@ fn crossentropy_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
         );
         dev.run(CrossEntropyForward {
             losses: l.view(),
-            logits: lg.view(),
+            logits: Stored::F32(lg.view()),
             targets: tg.view(),
             v,
             vp,
@@ -985,7 +985,7 @@ fn crossentropy_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
         let dloss = 1.0 / rows as f32;
         let mut want = logits.clone();
         (CrossEntropyBackward::<Host> {
-            logits: &mut want,
+            logits: Stored::F32(&mut want),
             targets: &targets,
             v,
             vp,
@@ -993,7 +993,7 @@ fn crossentropy_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
         })
         .cpu(&AsIs);
         dev.run(CrossEntropyBackward {
-            logits: lg.view(),
+            logits: Stored::F32(lg.view()),
             targets: tg.view(),
             v,
             vp,
@@ -1127,6 +1127,7 @@ fn a_batch_of_empty_products_sets_each_output_to_beta_times_itself_on<R: Runtime
             beta,
             c: c.view(),
             ldc: 2,
+            c_bf16: false,
             bf16: false,
             batch: super::Batch {
                 count: 2,

@@ -58,3 +58,22 @@ KERNEL void round_bf16(GLOBAL float* dst, unsigned dst_off,
     if (i >= n) return;
     dst[dst_off + i] = UINT_AS_FLOAT(bf16_round_bits(src[src_off + i]));
 }
+
+// dst (n bfloat16 values) = src's floats rounded to bfloat16 (ties to even,
+// as round_bf16): the operands a bf16 GEMM reads on cuBLAS, and a product
+// stored in bf16.
+KERNEL void to_bf16(GLOBAL unsigned short* RESTRICT dst, unsigned dst_off,
+                    const GLOBAL float* RESTRICT src, unsigned src_off, unsigned n) {
+    idx_t i = GLOBAL_ID(0);
+    if (i >= n) return;
+    dst[dst_off + i] = (unsigned short)(bf16_round_bits(src[src_off + i]) >> 16);
+}
+
+// dst (n floats) = src's bfloat16 values, exactly: a bf16 operand for a
+// runtime whose GEMM takes floats only (CLBlast).
+KERNEL void from_bf16(GLOBAL float* RESTRICT dst, unsigned dst_off,
+                      const GLOBAL unsigned short* RESTRICT src, unsigned src_off, unsigned n) {
+    idx_t i = GLOBAL_ID(0);
+    if (i >= n) return;
+    dst[dst_off + i] = UINT_AS_FLOAT((unsigned)src[src_off + i] << 16);
+}

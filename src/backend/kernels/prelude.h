@@ -129,6 +129,22 @@ DEVICE unsigned bf16_round_bits(float v) {
     return v != v ? 0x7fc00000u : ((bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u);
 }
 
+// Element i of a tensor held in floats or, where bf16, in bfloat16 values
+// (the same buffer's 16-bit halves: a view's offset counts those).
+DEVICE float load_as(const GLOBAL float* x, idx_t i, unsigned bf16) {
+    return bf16 ? UINT_AS_FLOAT((unsigned)((const GLOBAL unsigned short*)x)[i] << 16) : x[i];
+}
+
+// Stores v as element i of a tensor held as load_as reads it (rounded
+// to the nearest bfloat16 where bf16).
+DEVICE void store_as(GLOBAL float* x, idx_t i, float v, unsigned bf16) {
+    if (bf16) {
+        ((GLOBAL unsigned short*)x)[i] = (unsigned short)(bf16_round_bits(v) >> 16);
+    } else {
+        x[i] = v;
+    }
+}
+
 // Activations, shared by their pointwise kernels (elementwise.cu) and the bias
 // gradient that runs an activation's backward in its pass (bias.cu).
 #define GELU_SCALE 0.7978845608f  // sqrt(2 / pi)

@@ -55,9 +55,9 @@ pub struct ClRuntime {
     kernels: Mutex<HashMap<String, Kernel>>,
     _program: Program,
     blas: Clblast,
-    /// The rounded copies of a bf16 GEMM's two operands (`sgemm`), kept for
-    /// the next one.
-    bf16_scratch: Mutex<[Option<Mem<f32>>; 2]>,
+    /// A bf16 GEMM's two operands as floats and its float output where it
+    /// is stored in bf16 (`sgemm`), kept for the next one.
+    bf16_scratch: Mutex<[Option<Mem<f32>>; 3]>,
     queue: CommandQueue,
     /// Where `read_start` copies, beside `queue`.
     copier: CommandQueue,
@@ -140,7 +140,7 @@ impl Runtime for ClRuntime {
             kernels: Mutex::new(kernels),
             _program: program,
             blas,
-            bf16_scratch: Mutex::new([None, None]),
+            bf16_scratch: Mutex::new([None, None, None]),
             queue,
             copier,
             _context: context,
@@ -275,56 +275,80 @@ impl Runtime for ClRuntime {
             return self.blas.sgemm(self.queue.get(), g);
         }
         // CLBlast has no bf16 GEMM: its SGEMM over the operands rounded to
-        // bf16 and kept as floats makes the products cuBLAS's bf16 GEMM
-        // makes. Held until the GEMM is queued, as the copies are shared.
+        // bf16 (or widened, where stored in bf16) and kept as floats makes
+        // the products cuBLAS's bf16 GEMM makes; a bf16 output is rounded
+        // from a float one. Held until the GEMM is queued, as the copies
+        // are shared.
         let mut scratch = self.bf16_scratch.lock().unwrap_or_else(|p| p.into_inner());
         let [a_span, b_span] = g.spans()?;
-        let a = self.rounded(g.a.view, a_span, scratch[0].take())?;
-        let b = self.rounded(g.b.view, b_span, scratch[1].take())?;
-        let done = self.blas.sgemm(
+        let a = self.as_floats(g.a, a_span, scratch[0].take())?;
+        let b = self.as_floats(g.b, b_span, scratch[1].take())?;
+        let c_span = g.c_span();
+        let c = match g.c_bf16 {
+            true => Some(self.scratch_floats(c_span, scratch[2].take())?),
+            false => None,
+        };
+        let float = |mem: &Mem<f32>, op: Operand| Operand {
+            view: mem.view(),
+            bf16: false,
+            ..op
+        };
+        self.blas.sgemm(
             self.queue.get(),
             Gemm {
-                a: Operand {
-                    view: a.view(),
-                    ..g.a
-                },
-                b: Operand {
-                    view: b.view(),
-                    ..g.b
-                },
+                a: float(&a, g.a),
+                b: float(&b, g.b),
+                c: c.as_ref().map_or(g.c, |c| c.view()),
+                c_bf16: false,
                 ..g
             },
-        );
-        *scratch = [Some(a), Some(b)];
-        done
+        )?;
+        if let Some(c) = &c {
+            let args = [
+                Arg::View(g.c),
+                Arg::View(c.view()),
+                Arg::U32(u32_arg("n", c_span)?),
+            ];
+            // SAFETY: `c` holds the product's c_span floats, `g.c` as many
+            // bf16 values (the caller's check).
+            unsafe { self.launch("to_bf16", c_span.div_ceil(BLOCK), &args)? };
+        }
+        *scratch = [Some(a), Some(b), c];
+        Ok(())
     }
 }
 
 impl ClRuntime {
-    /// `src`'s first `n` elements rounded to bf16 (`round_bf16`) in
-    /// `scratch` when it is large enough, else in a new buffer that takes
-    /// its place.
+    /// `op`'s first `n` elements as floats in `scratch` (when large enough,
+    /// else a new buffer that takes its place): rounded to bf16
+    /// (`round_bf16`) from floats, widened (`from_bf16`) from bf16.
     ///
     /// # Safety
-    /// `src` is a view of a live buffer of this runtime with `n` elements.
-    unsafe fn rounded(
+    /// `op.view` is a view of a live buffer of this runtime with `n` elements.
+    unsafe fn as_floats(
         &self,
-        src: View,
+        op: Operand,
         n: usize,
         scratch: Option<Mem<f32>>,
     ) -> Result<Mem<f32>, GpuError> {
-        let mem = match scratch {
-            Some(mem) if mem.len >= n => mem,
-            _ => self.alloc::<f32>(n)?,
-        };
+        let mem = self.scratch_floats(n, scratch)?;
         let args = [
             Arg::View(mem.view()),
-            Arg::View(View { len: n, ..src }),
+            Arg::View(View { len: n, ..op.view }),
             Arg::U32(u32_arg("n", n)?),
         ];
-        // SAFETY: `mem` holds at least n floats, `src` n (`Gemm::spans`).
-        unsafe { self.launch("round_bf16", n.div_ceil(BLOCK), &args)? };
+        let kernel = if op.bf16 { "from_bf16" } else { "round_bf16" };
+        // SAFETY: `mem` holds at least n floats, `op.view` n elements (`Gemm::spans`).
+        unsafe { self.launch(kernel, n.div_ceil(BLOCK), &args)? };
         Ok(mem)
+    }
+
+    /// `scratch` when it holds `n` floats, else a new buffer of `n`.
+    fn scratch_floats(&self, n: usize, scratch: Option<Mem<f32>>) -> Result<Mem<f32>, GpuError> {
+        match scratch {
+            Some(mem) if mem.len >= n => Ok(mem),
+            _ => self.alloc::<f32>(n),
+        }
     }
 }
 

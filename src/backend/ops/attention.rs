@@ -295,6 +295,7 @@ impl Heads {
             beta: 0.0,
             c,
             ldc: m,
+            c_bf16: false,
             bf16: self.shape.bf16,
             batch: Batch {
                 count: n,

@@ -2,11 +2,16 @@
 //! padding, excluded from the softmax, the loss and the gradient. A row
 //! whose target is `data::IGNORE` has loss 0 and gradient 0.
 //!
+//! The logits are held in fp32 or bf16 (`--precision bf16`, as PyTorch's
+//! autocast leaves a bf16 matmul's output); the arithmetic is fp32 either
+//! way, a bf16 gradient rounded as it is stored.
+//!
 //! As kernels: `kernels/crossentropy.cu` on a GPU.
 
-use super::{need, Checked, Extent, Host, Kernel, Lower, Operands, Queued};
+use super::{need, Checked, Extent, Host, Kernel, Lower, Operands, Queued, Stored};
 use crate::backend::cpu::math::{exp, exp_shifted_sum, row_max, LANES};
-use crate::backend::gpu::{u32s, Arg, Queue, Raw, Runtime};
+use crate::backend::gpu::{stored_view, u32s, Arg, Queue, Raw, Runtime};
+use crate::backend::Bf16;
 use crate::data::IGNORE;
 use rayon::prelude::*;
 
@@ -16,7 +21,7 @@ operation! {
     /// `targets.len()`.
     pub struct CrossEntropyForward<O> {
         output losses: f32,
-        input logits: f32,
+        stored_input logits: f32,
         input targets: u32,
         value v: usize,
         value vp: usize,
@@ -26,7 +31,7 @@ operation! {
 operation! {
     /// logits (rows, vp) -> dloss * d(sum of losses)/d logits, in place.
     pub struct CrossEntropyBackward<O> {
-        output logits: f32,
+        stored_output logits: f32,
         input targets: u32,
         value v: usize,
         value vp: usize,
@@ -58,12 +63,14 @@ impl<O: Operands> Kernel<O> for CrossEntropyForward<O> {
 
     fn gpu<R: Runtime>(self, q: &Queue<R>, raw: &impl Lower<O, Raw>, _: Checked) -> Queued {
         let op = self.lower(raw);
+        let (logits, bf16) = stored_view(op.logits);
         let args = [
             Arg::View(op.losses),
-            Arg::View(op.logits),
+            Arg::View(logits),
             Arg::View(op.targets),
             u32s("v", op.v)?,
             u32s("vp", op.vp)?,
+            Arg::U32(bf16),
         ];
         q.launch("crossentropy_forward", op.targets.len, &args)
     }
@@ -84,12 +91,14 @@ impl<O: Operands> Kernel<O> for CrossEntropyBackward<O> {
     /// Padding columns' gradients 0.
     fn gpu<R: Runtime>(self, q: &Queue<R>, raw: &impl Lower<O, Raw>, _: Checked) -> Queued {
         let op = self.lower(raw);
+        let (logits, bf16) = stored_view(op.logits);
         let args = [
-            Arg::View(op.logits),
+            Arg::View(logits),
             Arg::View(op.targets),
             u32s("v", op.v)?,
             u32s("vp", op.vp)?,
             Arg::F32(op.dloss),
+            Arg::U32(bf16),
         ];
         q.launch("crossentropy_backward_inplace", op.targets.len, &args)
     }
@@ -118,17 +127,28 @@ fn forward(op: CrossEntropyForward<Host<'_>>) {
         v,
         vp,
     } = op;
-    losses[..targets.len()]
+    let loss = |row: &[f32], tgt: u32| match tgt {
+        IGNORE => 0.0,
+        _ => {
+            let (max, sum) = row_max_sum(&row[..v]);
+            max + sum.ln() - row[tgt as usize]
+        }
+    };
+    let losses = losses[..targets.len()]
         .par_iter_mut()
-        .zip(logits.par_chunks(vp).zip(targets.par_iter()))
-        .for_each(|(loss, (row, &tgt))| {
-            *loss = if tgt == IGNORE {
-                0.0
-            } else {
-                let (max, sum) = row_max_sum(&row[..v]);
-                max + sum.ln() - row[tgt as usize]
-            };
-        });
+        .zip(targets.par_iter());
+    match logits {
+        Stored::F32(logits) => losses
+            .zip(logits.par_chunks(vp))
+            .for_each(|((l, &tgt), row)| *l = loss(row, tgt)),
+        Stored::Bf16(logits) => losses.zip(logits.par_chunks(vp)).for_each_init(
+            || vec![0.0; vp],
+            |wide, ((l, &tgt), row)| {
+                widen(row, wide);
+                *l = loss(wide, tgt);
+            },
+        ),
+    }
 }
 
 /// logits (rows, vp) become d loss / d logits in place, where the loss is
@@ -141,20 +161,42 @@ fn backward(op: CrossEntropyBackward<Host<'_>>) {
         vp,
         dloss,
     } = op;
-    logits[..targets.len() * vp]
-        .par_chunks_mut(vp)
-        .zip(targets.par_iter())
-        .for_each(|(row, &tgt)| {
-            if tgt == IGNORE {
-                return row.fill(0.0);
-            }
-            // exp(x - max) written and summed in one pass, then scaled
-            let max = row_max(&row[..v]);
-            let inv = dloss / exp_shifted_sum(&mut row[..v], max);
-            row[..v].iter_mut().for_each(|x| *x *= inv);
-            row[tgt as usize] -= dloss;
-            row[v..].fill(0.0);
-        });
+    let grad = |row: &mut [f32], tgt: u32| {
+        if tgt == IGNORE {
+            return row.fill(0.0);
+        }
+        // exp(x - max) written and summed in one pass, then scaled
+        let max = row_max(&row[..v]);
+        let inv = dloss / exp_shifted_sum(&mut row[..v], max);
+        row[..v].iter_mut().for_each(|x| *x *= inv);
+        row[tgt as usize] -= dloss;
+        row[v..].fill(0.0);
+    };
+    let rows = targets.len();
+    match logits {
+        Stored::F32(logits) => logits[..rows * vp]
+            .par_chunks_mut(vp)
+            .zip(targets.par_iter())
+            .for_each(|(row, &tgt)| grad(row, tgt)),
+        Stored::Bf16(logits) => logits[..rows * vp]
+            .par_chunks_mut(vp)
+            .zip(targets.par_iter())
+            .for_each_init(
+                || vec![0.0; vp],
+                |wide, (row, &tgt)| {
+                    widen(row, wide);
+                    grad(wide, tgt);
+                    row.iter_mut()
+                        .zip(wide.iter())
+                        .for_each(|(r, &x)| *r = Bf16::from_f32(x));
+                },
+            ),
+    }
+}
+
+/// `wide` = the bf16 row `row`, exactly.
+fn widen(row: &[Bf16], wide: &mut [f32]) {
+    wide.iter_mut().zip(row).for_each(|(w, &x)| *w = x.to_f32());
 }
 
 #[cfg(test)]
@@ -178,6 +220,52 @@ mod tests {
             .collect()
     }
 
+    /// Logits held in bf16 give the losses their fp32 values give, and a
+    /// gradient that is theirs rounded.
+    #[test]
+    fn bf16_logits_are_their_fp32_values() {
+        let (v, vp) = (11, 16);
+        let targets = [0u32, 10, IGNORE, 3];
+        let mut rng = Rng::new(9);
+        let held: Vec<Bf16> = randn(&mut rng, targets.len() * vp, 2.0)
+            .into_iter()
+            .map(Bf16::from_f32)
+            .collect();
+        let wide: Vec<f32> = held.iter().map(|x| x.to_f32()).collect();
+        let losses = |logits| {
+            let mut losses = vec![f32::NAN; targets.len()];
+            forward(CrossEntropyForward {
+                losses: &mut losses,
+                logits,
+                targets: &targets,
+                v,
+                vp,
+            });
+            losses
+        };
+        assert_eq!(losses(Stored::Bf16(&held)), losses(Stored::F32(&wide)));
+        let (mut got, mut want) = (held.clone(), wide.clone());
+        backward(CrossEntropyBackward {
+            logits: Stored::Bf16(&mut got),
+            targets: &targets,
+            v,
+            vp,
+            dloss: 0.5,
+        });
+        backward(CrossEntropyBackward {
+            logits: Stored::F32(&mut want),
+            targets: &targets,
+            v,
+            vp,
+            dloss: 0.5,
+        });
+        let rounded: Vec<Bf16> = want.iter().map(|&x| Bf16::from_f32(x)).collect();
+        assert!(
+            got == rounded,
+            "the bf16 gradient is not the fp32 one rounded"
+        );
+    }
+
     #[test]
     fn crossentropy_backward_matches_finite_differences_and_ignores_padding() {
         let (v, vp) = (11, 16);
@@ -188,7 +276,7 @@ mod tests {
         let mut losses = vec![0.0; targets.len()];
         forward(CrossEntropyForward {
             losses: &mut losses,
-            logits: &logits,
+            logits: Stored::F32(&logits),
             targets: &targets,
             v,
             vp,
@@ -203,7 +291,7 @@ mod tests {
         let dloss = 0.25f32;
         let mut d = logits.clone();
         backward(CrossEntropyBackward {
-            logits: &mut d,
+            logits: Stored::F32(&mut d),
             targets: &targets,
             v,
             vp,

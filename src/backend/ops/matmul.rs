@@ -5,10 +5,13 @@
 //! Weights are either `InOut` (k x n, Hugging Face Conv1D: `out = inp @ w`)
 //! or `OutIn` (n x k, nn.Linear / the tied embedding: `out = inp @ w^T`).
 
-use super::{need, Checked, Host, Kernel, Lower, Operands, Queued};
-use crate::backend::cpu::math::{column_sums, gemm, Mat};
-use crate::backend::gpu::{operand, weight_operand, Batch, Gemm, Queue, Raw, Runtime};
+use super::{need, Checked, Extent, Host, Kernel, Lower, Operands, Queued, Stored};
+use crate::backend::cpu::math::{column_sums, gemm, with_scratch, Mat, Scratch};
+use crate::backend::gpu::{
+    operand, stored_operand, stored_view, weight_operand, Batch, Gemm, Queue, Raw, Runtime,
+};
 use crate::backend::profile::matmul_flops;
+use crate::backend::Bf16;
 use crate::backend::COLUMN_CHUNK_ROWS;
 use rayon::prelude::*;
 
@@ -46,9 +49,11 @@ impl MatmulShape {
 }
 
 operation! {
-    /// out (rows, n) = [out +] inp (rows, k) @ W + bias.
+    /// out (rows, n) = [out +] inp (rows, k) @ W + bias. An `out` stored in
+    /// bf16 (the LM head's logits under `--precision bf16`) takes each sum
+    /// rounded, neither bias nor accumulation, and bf16 products.
     pub struct MatmulForward<O> {
-        output out: f32,
+        stored_output out: f32,
         input inp: f32,
         input w: f32,
         maybe_input bias: f32,
@@ -61,12 +66,13 @@ operation! {
 operation! {
     /// The gradients of [`MatmulForward`]: dinp (rows, k) overwritten; dw
     /// (k x n) +=; dbias (n) +=. `dinp` None is the weight half (which never
-    /// reads `w`), `dw` None the input half (which never reads `inp`).
+    /// reads `w`), `dw` None the input half (which never reads `inp`). A
+    /// `dout` stored in bf16 takes bf16 products and no bias.
     pub struct MatmulBackward<O> {
         maybe_output dinp: f32,
         maybe_output dw: f32,
         maybe_output dbias: f32,
-        input dout: f32,
+        stored_input dout: f32,
         input inp: f32,
         input w: f32,
         value shape: MatmulShape,
@@ -81,6 +87,9 @@ impl<O: Operands> Kernel<O> for MatmulForward<O> {
         need("out", &self.out, rows * n)?;
         need("inp", &self.inp, rows * k)?;
         need("w", &self.w, k * n)?;
+        if self.out.is_bf16() && (self.bias.is_some() || self.accumulate) {
+            return Err("an output stored in bf16 takes neither a bias nor accumulation".into());
+        }
         match &self.bias {
             Some(b) => need("bias", b, n),
             None => Ok(()),
@@ -100,9 +109,10 @@ impl<O: Operands> Kernel<O> for MatmulForward<O> {
     fn gpu<R: Runtime>(self, q: &Queue<R>, raw: &impl Lower<O, Raw>, _: Checked) -> Queued {
         let op = self.lower(raw);
         let MatmulShape { rows, k, n, .. } = op.shape;
-        let (layout, bf16) = (op.shape.layout, op.shape.bf16);
+        let (out, c_bf16) = stored_view(op.out);
+        let (layout, bf16) = (op.shape.layout, op.shape.bf16 || c_bf16 == 1);
         if let Some(b) = op.bias {
-            q.bias_forward(op.out, b, (rows, n), op.accumulate)?;
+            q.bias_forward(out, b, (rows, n), op.accumulate)?;
         }
         // Row-major out (rows, n) is column-major out^T (n x rows) = W^T @ inp^T.
         q.gemm(Gemm {
@@ -116,8 +126,9 @@ impl<O: Operands> Kernel<O> for MatmulForward<O> {
             } else {
                 0.0
             },
-            c: op.out,
+            c: out,
             ldc: n,
+            c_bf16: c_bf16 == 1,
             bf16,
             batch: Batch::ONE,
         })
@@ -139,6 +150,9 @@ impl<O: Operands> Kernel<O> for MatmulBackward<O> {
             need("dw", dw, k * n)?;
         }
         match &self.dbias {
+            Some(_) if self.dout.is_bf16() => {
+                Err("a bias's gradient needs an output gradient stored in fp32".into())
+            }
             Some(db) => need("dbias", db, n),
             None => Ok(()),
         }
@@ -156,7 +170,8 @@ impl<O: Operands> Kernel<O> for MatmulBackward<O> {
     fn gpu<R: Runtime>(self, q: &Queue<R>, raw: &impl Lower<O, Raw>, _: Checked) -> Queued {
         let op = self.lower(raw);
         let MatmulShape { rows, k, n, .. } = op.shape;
-        let (layout, bf16) = (op.shape.layout, op.shape.bf16);
+        let dout = |transpose| stored_operand(op.dout, transpose, n);
+        let (layout, bf16) = (op.shape.layout, op.shape.bf16 || op.dout.is_bf16());
         if let Some(dinp) = op.dinp {
             // dinp^T (k x rows) = W @ dout^T.
             q.gemm(Gemm {
@@ -164,10 +179,11 @@ impl<O: Operands> Kernel<O> for MatmulBackward<O> {
                 n: rows,
                 k: n,
                 a: weight_operand(op.w, layout, k, n, true),
-                b: operand(op.dout, false, n),
+                b: dout(false),
                 beta: 0.0,
                 c: dinp,
                 ldc: k,
+                c_bf16: false,
                 bf16,
                 batch: Batch::ONE,
             })?;
@@ -179,11 +195,12 @@ impl<O: Operands> Kernel<O> for MatmulBackward<O> {
                     m: n,
                     n: k,
                     k: rows,
-                    a: operand(op.dout, false, n),
+                    a: dout(false),
                     b: operand(op.inp, true, k),
                     beta: 1.0,
                     c: dw,
                     ldc: n,
+                    c_bf16: false,
                     bf16,
                     batch: Batch::ONE,
                 },
@@ -193,17 +210,21 @@ impl<O: Operands> Kernel<O> for MatmulBackward<O> {
                     n,
                     k: rows,
                     a: operand(op.inp, false, k),
-                    b: operand(op.dout, true, n),
+                    b: dout(true),
                     beta: 1.0,
                     c: dw,
                     ldc: k,
+                    c_bf16: false,
                     bf16,
                     batch: Batch::ONE,
                 },
             })?;
         }
         match op.dbias {
-            Some(db) => q.bias_backward(db, (op.dout, op.dout, None, None), (rows, n)),
+            Some(db) => {
+                let (dout, _) = stored_view(op.dout);
+                q.bias_backward(db, (dout, dout, None, None), (rows, n))
+            }
             None => Ok(()),
         }
     }
@@ -233,8 +254,39 @@ fn forward(op: MatmulForward<Host<'_>>) {
         layout,
         bf16,
     } = shape;
-    assert!(out.len() >= rows * n && inp.len() >= rows * k && w.len() >= k * n);
-    let out = &mut out[..rows * n];
+    assert!(out.extent() >= rows * n && inp.len() >= rows * k && w.len() >= k * n);
+    let threads = rayon::current_num_threads();
+    let out = match out {
+        Stored::F32(out) => &mut out[..rows * n],
+        Stored::Bf16(out) => {
+            // column blocks of the product in fp32, each stored rounded
+            let out = &mut out[..rows * n];
+            return staged(rows, n, |stage, cols| {
+                let nc = cols.len();
+                // SAFETY: sizes were checked above; the stage is its own buffer.
+                unsafe {
+                    gemm(
+                        true,
+                        (rows, nc, k),
+                        Mat::new(stage.as_mut_ptr(), nc, 1),
+                        Mat::new(inp.as_ptr(), k, 1),
+                        weight_cols(w, layout, k, n, cols.start),
+                        false,
+                        1.0,
+                        threads,
+                    );
+                }
+                out.par_chunks_mut(n)
+                    .zip(stage.par_chunks(nc))
+                    .for_each(|(o, s)| {
+                        o[cols.clone()]
+                            .iter_mut()
+                            .zip(s)
+                            .for_each(|(o, &x)| *o = Bf16::from_f32(x))
+                    });
+            });
+        }
+    };
     // The bias goes onto an output the product adds to before the product,
     // and onto one it starts after it, so that the product only writes that
     // output: read back tile by tile inside the product, a freshly written
@@ -260,12 +312,50 @@ fn forward(op: MatmulForward<Host<'_>>) {
             weight_mat(w.as_ptr(), layout, k, n),
             accumulate,
             1.0,
-            rayon::current_num_threads(),
+            threads,
         );
     }
     if !accumulate {
         add_bias(out);
     }
+}
+
+/// Floats of fp32 staging a product with a bf16 operand or output holds at
+/// once (32 MiB, what a thread's scratch keeps).
+const STAGE: usize = 1 << 23;
+
+thread_local! {
+    /// [`staged`]'s fp32 columns.
+    static STAGED: Scratch<f32> = const { Scratch::new(Vec::new()) };
+}
+
+/// `f` on blocks of the columns `0..n` of a (rows, n) product, each with
+/// fp32 staging for those columns of every row (row stride the block's
+/// width): wide enough to keep the products large, narrow enough that the
+/// staging stays [`STAGE`] floats (or one row of 16).
+fn staged(rows: usize, n: usize, mut f: impl FnMut(&mut [f32], std::ops::Range<usize>)) {
+    let width = (STAGE / rows.max(1)).max(16).min(n.max(1));
+    with_scratch(&STAGED, rows * width, |stage| {
+        for c0 in (0..n).step_by(width) {
+            let cols = c0..n.min(c0 + width);
+            f(&mut stage[..rows * cols.len()], cols);
+        }
+    })
+}
+
+/// The columns from `c0` on of W (k x n, in `layout`), as a matrix of k rows.
+fn weight_cols<T: Copy>(
+    w: &[T],
+    layout: WeightLayout,
+    k: usize,
+    n: usize,
+    c0: usize,
+) -> Mat<*const T> {
+    let at = match layout {
+        WeightLayout::InOut => c0,
+        WeightLayout::OutIn => c0 * k,
+    };
+    weight_mat(w[at..].as_ptr(), layout, k, n)
 }
 
 /// dinp = dout @ W^T (overwritten); dw += inp^T @ dout; dbias +=
@@ -282,6 +372,10 @@ fn backward(op: MatmulBackward<Host<'_>>) {
     } = op;
     let (rows, k, n, layout) = (shape.rows, shape.k, shape.n, shape.layout);
     let threads = rayon::current_num_threads();
+    let dout = match dout {
+        Stored::F32(dout) => dout,
+        Stored::Bf16(dout) => return backward_staged(dinp, dw, dout, inp, w, shape),
+    };
     if let Some(dinp) = dinp {
         assert!(dinp.len() >= rows * k && dout.len() >= rows * n && w.len() >= k * n);
         // SAFETY: sizes were checked above; destinations are distinct buffers.
@@ -317,6 +411,66 @@ fn backward(op: MatmulBackward<Host<'_>>) {
     if let Some(db) = dbias {
         bias_backward(db, &dout[..rows * n], n);
     }
+}
+
+/// [`backward`] for a `dout` stored in bf16, in bf16 products: its column
+/// blocks widened into fp32 staging, dinp summed over them, dw's columns
+/// a block at a time (no bias: the check refuses one).
+fn backward_staged(
+    mut dinp: Option<&mut [f32]>,
+    mut dw: Option<&mut [f32]>,
+    dout: &[Bf16],
+    inp: &[f32],
+    w: &[f32],
+    shape: MatmulShape,
+) {
+    let (rows, k, n, layout) = (shape.rows, shape.k, shape.n, shape.layout);
+    let threads = rayon::current_num_threads();
+    assert!(dout.len() >= rows * n && w.len() >= k * n);
+    staged(rows, n, |stage, cols| {
+        let nc = cols.len();
+        stage
+            .par_chunks_mut(nc)
+            .zip(dout.par_chunks(n))
+            .for_each(|(s, d)| {
+                s.iter_mut()
+                    .zip(&d[cols.clone()])
+                    .for_each(|(s, &x)| *s = x.to_f32())
+            });
+        if let Some(dinp) = dinp.as_deref_mut() {
+            assert!(dinp.len() >= rows * k);
+            // SAFETY: sizes were checked above; destinations are distinct buffers.
+            unsafe {
+                gemm(
+                    true,
+                    (rows, k, nc),
+                    Mat::new(dinp.as_mut_ptr(), k, 1),
+                    Mat::new(stage.as_ptr(), nc, 1),
+                    weight_cols(w, layout, k, n, cols.start).t(),
+                    cols.start > 0,
+                    1.0,
+                    threads,
+                );
+            }
+        }
+        if let Some(dw) = dw.as_deref_mut() {
+            assert!(inp.len() >= rows * k && dw.len() >= k * n);
+            let at = weight_cols(dw, layout, k, n, cols.start).ptr as *mut f32;
+            // SAFETY: sizes were checked above; destinations are distinct buffers.
+            unsafe {
+                gemm(
+                    true,
+                    (k, nc, rows),
+                    weight_mat(at, layout, k, n),
+                    Mat::new(inp.as_ptr(), k, 1).t(),
+                    Mat::new(stage.as_ptr(), nc, 1),
+                    true,
+                    1.0,
+                    threads,
+                );
+            }
+        }
+    })
 }
 
 /// db (n) += sum over rows of dout (rows, n), in [`column_sums`]' chunks.
@@ -368,6 +522,87 @@ mod tests {
         out
     }
 
+    /// A product stored in bf16 is the fp32 product (bf16 products) with
+    /// each sum rounded; a bf16 output gradient gives what the same values
+    /// held in fp32 give: bit for bit within one staging block (as cuBLAS
+    /// takes either), and over many blocks (a GPT-2 head's 2,048 x 50,304)
+    /// within the rounding of dinp's sums split at the blocks.
+    #[test]
+    fn bf16_storage_is_the_rounding_of_the_fp32_product() {
+        let mut rng = Rng::new(11);
+        for (rows, k, n, layout) in [
+            (5, 7, 9, WeightLayout::InOut),
+            (6, 16, 40, WeightLayout::OutIn),
+            (2048, 8, 4200, WeightLayout::OutIn),
+        ] {
+            let shape = MatmulShape {
+                bf16: true,
+                ..MatmulShape::new((rows, k, n), layout)
+            };
+            let (inp, w) = (randn(&mut rng, rows * k, 1.0), randn(&mut rng, k * n, 1.0));
+            let forward_as = |out| {
+                forward(MatmulForward {
+                    out,
+                    inp: &inp,
+                    w: &w,
+                    bias: None,
+                    shape,
+                    accumulate: false,
+                })
+            };
+            let mut fp32 = vec![f32::NAN; rows * n];
+            forward_as(Stored::F32(&mut fp32));
+            let mut held = vec![Bf16::default(); rows * n];
+            forward_as(Stored::Bf16(&mut held));
+            let rounded: Vec<Bf16> = fp32.iter().map(|&x| Bf16::from_f32(x)).collect();
+            assert!(
+                held == rounded,
+                "({rows}, {k}, {n}): not the rounded product"
+            );
+
+            let dout: Vec<Bf16> = randn(&mut rng, rows * n, 1.0)
+                .into_iter()
+                .map(Bf16::from_f32)
+                .collect();
+            let wide: Vec<f32> = dout.iter().map(|x| x.to_f32()).collect();
+            let dw0 = randn(&mut rng, k * n, 1.0);
+            let backward_as = |dout| {
+                let (mut dinp, mut dw) = (vec![f32::NAN; rows * k], dw0.clone());
+                backward(MatmulBackward {
+                    dinp: Some(&mut dinp),
+                    dw: Some(&mut dw),
+                    dbias: None,
+                    dout,
+                    inp: &inp,
+                    w: &w,
+                    shape,
+                });
+                (dinp, dw)
+            };
+            let (want, got) = (
+                backward_as(Stored::F32(&wide)),
+                backward_as(Stored::Bf16(&dout)),
+            );
+            if rows * n <= STAGE {
+                assert!(
+                    got == want,
+                    "({rows}, {k}, {n}): not the fp32-held gradient's"
+                );
+            } else {
+                // dw's columns are whole sums in either; dinp's sums of n
+                // products (each under 25 here) split at the blocks differ
+                // by their rounding, n u 25 < 7e-3
+                assert!(got.1 == want.1, "({rows}, {k}, {n}): dw");
+                let worst = got.0.iter().zip(&want.0).map(|(a, b)| (a - b).abs());
+                let worst = worst.fold(0.0, f32::max);
+                assert!(
+                    worst > 0.0 && worst < 7e-3,
+                    "({rows}, {k}, {n}): dinp {worst}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn matmul_backward_matches_finite_differences() {
         for layout in [WeightLayout::InOut, WeightLayout::OutIn] {
@@ -381,7 +616,7 @@ mod tests {
             // NaN: a product that read its output first would keep it
             let mut out = vec![f32::NAN; rows * n];
             forward(MatmulForward {
-                out: &mut out,
+                out: Stored::F32(&mut out),
                 inp: &inp,
                 w: &w,
                 bias: Some(&b),
@@ -398,7 +633,7 @@ mod tests {
                 dinp: Some(&mut dinp),
                 dw: Some(&mut dw),
                 dbias: Some(&mut db),
-                dout: &probe,
+                dout: Stored::F32(&probe),
                 inp: &inp,
                 w: &w,
                 shape: MatmulShape::new((rows, k, n), layout),
@@ -425,7 +660,7 @@ mod tests {
         let base = randn(&mut rng, rows * n, 1.0);
         let mut out = base.clone();
         forward(MatmulForward {
-            out: &mut out,
+            out: Stored::F32(&mut out),
             inp: &inp,
             w: &w,
             bias: Some(&b),

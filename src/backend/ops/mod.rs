@@ -16,9 +16,10 @@
 //! are given; bf16 arithmetic is a field of the matmul.
 
 use super::gpu::{GpuError, Queue, Raw, Runtime};
-use super::memory::{Dst, Src};
-use super::{DecodeShape, Device, Elem};
+use super::memory::{Buf, Dst, Src};
+use super::{Bf16, DecodeShape, Device, Elem};
 use std::marker::PhantomData;
+use std::ops::Range;
 
 /// How many elements an operand holds, whatever its kind.
 pub trait Extent {
@@ -46,6 +47,129 @@ impl<T> Extent for &[T] {
 impl<T> Extent for &mut [T] {
     fn extent(&self) -> usize {
         self.len()
+    }
+}
+
+/// A tensor operand stored in fp32 or, under `--precision bf16` where the
+/// model keeps it so, in bf16 (`F` and `H`: the operand as each).
+#[derive(Clone, Copy, Debug)]
+pub enum Stored<F, H> {
+    F32(F),
+    Bf16(H),
+}
+
+impl<F, H> Stored<F, H> {
+    /// Whether it is held in bf16.
+    pub fn is_bf16(&self) -> bool {
+        matches!(self, Stored::Bf16(_))
+    }
+
+    /// The operand where it is held in fp32.
+    pub fn fp32(self) -> Option<F> {
+        match self {
+            Stored::F32(x) => Some(x),
+            Stored::Bf16(_) => None,
+        }
+    }
+
+    /// The same operand converted by `f` (as fp32) or `h` (as bf16).
+    pub fn map<G, I>(self, f: impl FnOnce(F) -> G, h: impl FnOnce(H) -> I) -> Stored<G, I> {
+        match self {
+            Stored::F32(x) => Stored::F32(f(x)),
+            Stored::Bf16(x) => Stored::Bf16(h(x)),
+        }
+    }
+}
+
+impl<F: Extent, H: Extent> Extent for Stored<F, H> {
+    fn extent(&self) -> usize {
+        match self {
+            Stored::F32(x) => x.extent(),
+            Stored::Bf16(x) => x.extent(),
+        }
+    }
+}
+
+impl<'a, B> From<Src<'a, B>> for Stored<Src<'a, B>, Src<'a, B, Bf16>> {
+    fn from(x: Src<'a, B>) -> Self {
+        Stored::F32(x)
+    }
+}
+
+impl<'a, B> From<Dst<'a, B>> for Stored<Dst<'a, B>, Dst<'a, B, Bf16>> {
+    fn from(x: Dst<'a, B>) -> Self {
+        Stored::F32(x)
+    }
+}
+
+impl<'a> From<&'a [f32]> for Stored<&'a [f32], &'a [Bf16]> {
+    fn from(x: &'a [f32]) -> Self {
+        Stored::F32(x)
+    }
+}
+
+impl<'a> From<&'a mut [f32]> for Stored<&'a mut [f32], &'a mut [Bf16]> {
+    fn from(x: &'a mut [f32]) -> Self {
+        Stored::F32(x)
+    }
+}
+
+impl<'a, B: Device> Stored<Src<'a, B>, Src<'a, B, Bf16>> {
+    /// The first `n` elements.
+    pub fn first(self, n: usize) -> Self {
+        self.map(|x| x.first(n), |x| x.first(n))
+    }
+
+    /// A host copy, as fp32 (bf16 values widened exactly).
+    pub fn to_host(self, be: &B) -> crate::error::Result<Vec<f32>> {
+        match self {
+            Stored::F32(x) => be.to_host(x),
+            Stored::Bf16(x) => Ok(be.to_host(x)?.into_iter().map(Bf16::to_f32).collect()),
+        }
+    }
+}
+
+/// A buffer of a tensor held in fp32 or bf16.
+pub type StoredBuf<B> = Stored<Buf<B>, Buf<B, Bf16>>;
+
+impl<B: Device> StoredBuf<B> {
+    /// Elements `r`, read.
+    pub fn slice(&self, r: Range<usize>) -> Stored<Src<'_, B>, Src<'_, B, Bf16>> {
+        match self {
+            Stored::F32(x) => Stored::F32(x.slice(r)),
+            Stored::Bf16(x) => Stored::Bf16(x.slice(r)),
+        }
+    }
+
+    /// Elements `r`, written.
+    pub fn slice_mut(&mut self, r: Range<usize>) -> Stored<Dst<'_, B>, Dst<'_, B, Bf16>> {
+        match self {
+            Stored::F32(x) => Stored::F32(x.slice_mut(r)),
+            Stored::Bf16(x) => Stored::Bf16(x.slice_mut(r)),
+        }
+    }
+}
+
+impl<'a, B> Stored<Dst<'a, B>, Dst<'a, B, Bf16>> {
+    /// A shorter-lived handle on the same elements.
+    pub fn rb(&mut self) -> Stored<Dst<'_, B>, Dst<'_, B, Bf16>> {
+        match self {
+            Stored::F32(x) => Stored::F32(x.rb()),
+            Stored::Bf16(x) => Stored::Bf16(x.rb()),
+        }
+    }
+
+    /// The same elements, read.
+    pub fn into_src(self) -> Stored<Src<'a, B>, Src<'a, B, Bf16>> {
+        self.map(Dst::into_src, Dst::into_src)
+    }
+
+    /// The same elements, read while this handle lives.
+    pub fn src(&self) -> Stored<Src<'_, B>, Src<'_, B, Bf16>> {
+        match self {
+            Stored::F32(x) => Stored::F32(x.src()),
+            Stored::Bf16(x) => Stored::Bf16(x.src()),
+        }
     }
 }
 
@@ -141,8 +265,9 @@ pub trait Lower<A: Operands, B: Operands> {
 /// fields, each of a kind: `input`/`output` (an operand of element type
 /// T), `maybe_input`/`maybe_output` (an operand that may be left out),
 /// `maybe_outputs2` (a pair of outputs that may be left out together) or
-/// `value` (anything else, copied as it is). A new operation is one such
-/// block here.
+/// `stored_input`/`stored_output` (a tensor held in fp32 or bf16,
+/// [`Stored`]) or `value` (anything else, copied as it is). A new
+/// operation is one such block here.
 macro_rules! operation {
     (
         $(#[$doc:meta])*
@@ -169,12 +294,16 @@ macro_rules! operation {
     (@type $o:ident maybe_input $t:ty) => { Option<$o::In<$t>> };
     (@type $o:ident maybe_output $t:ty) => { Option<$o::Out<$t>> };
     (@type $o:ident maybe_outputs2 $t:ty) => { Option<($o::Out<$t>, $o::Out<$t>)> };
+    (@type $o:ident stored_input $t:ty) => { Stored<$o::In<f32>, $o::In<Bf16>> };
+    (@type $o:ident stored_output $t:ty) => { Stored<$o::Out<f32>, $o::Out<Bf16>> };
     (@type $o:ident value $t:ty) => { $t };
     (@lower $f:ident $x:expr, input) => { $f.input($x) };
     (@lower $f:ident $x:expr, output) => { $f.output($x) };
     (@lower $f:ident $x:expr, maybe_input) => { $x.map(|v| $f.input(v)) };
     (@lower $f:ident $x:expr, maybe_output) => { $x.map(|v| $f.output(v)) };
     (@lower $f:ident $x:expr, maybe_outputs2) => { $x.map(|(a, b)| ($f.output(a), $f.output(b))) };
+    (@lower $f:ident $x:expr, stored_input) => { $x.map(|v| $f.input(v), |v| $f.input(v)) };
+    (@lower $f:ident $x:expr, stored_output) => { $x.map(|v| $f.output(v), |v| $f.output(v)) };
     (@lower $f:ident $x:expr, value) => { $x };
 }
 
@@ -247,7 +376,7 @@ mod tests {
         let (mut out, inp, mut w) = (buf(6), buf(6), buf(5));
         let err = be
             .run(MatmulForward {
-                out: out.d(),
+                out: out.d().into(),
                 inp: inp.s(),
                 w: w.s(),
                 bias: None,

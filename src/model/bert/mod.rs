@@ -239,7 +239,7 @@ fn block_dims(cfg: &BertConfig, tp: usize) -> BlockDims {
 /// allocation's own (the same in either precision).
 pub fn activation_elems(cfg: &BertConfig, tp: usize, b: usize, t: usize, run: &SpanRun) -> usize {
     run.in_flight_elems(
-        |al| Acts::new(al, cfg, block_dims(cfg, tp), run, b * t, b, Precision::Fp32),
+        |al| Acts::new(al, cfg, block_dims(cfg, tp), run, b * t, b),
         |al| Kept::new(al, cfg, run, b * t, b),
     )
 }
@@ -317,7 +317,6 @@ impl<B: Backend> Acts<B> {
         run: &SpanRun,
         rows: usize,
         b: usize,
-        precision: Precision,
     ) -> Result<Self> {
         let (span, slots) = (&run.span, run.span.slots(run.recompute));
         let (l, c) = (span.blocks.len(), cfg.n_embd);
@@ -356,7 +355,7 @@ impl<B: Backend> Acts<B> {
                 }
                 _ => None,
             },
-            bf16: precision == Precision::Bf16,
+            bf16: run.precision == Precision::Bf16,
         })
     }
 }
@@ -611,7 +610,7 @@ impl<B: Backend> Engine<B> {
         })?;
         // the token types' one-hot rows times their embeddings, added on
         be.run(MatmulForward {
-            out: emb.rb(),
+            out: emb.rb().into(),
             inp: k.types.slice(0..rows * tv),
             w: w(2),
             bias: None,
@@ -667,7 +666,7 @@ impl<B: Backend> Engine<B> {
             dinp: None,
             dw: Some(dtype),
             dbias: None,
-            dout: demb.src(),
+            dout: demb.src().into(),
             inp: k.types.slice(0..rows * tv),
             w: p.slice(r(2)),
             shape: MatmulShape::new((rows, tv, c), WeightLayout::InOut),
@@ -898,7 +897,7 @@ impl<B: Backend> Engine<B> {
             ops.ln(t3, mean, rstd, m.t2.slice(0..nc), 2, 3)?;
             let mut lg = m.logits.slice_mut(0..n * vp);
             ops.matmul(MatmulForward {
-                out: lg.rb(),
+                out: lg.rb().into(),
                 inp: m.t3.slice(0..nc),
                 w: word,
                 bias: Some(ops.w(4)),
@@ -970,7 +969,7 @@ impl<B: Backend> Engine<B> {
                 dinp: Some(dt3.rb()),
                 dw: Some(dword),
                 dbias,
-                dout: lg.src(),
+                dout: lg.src().into(),
                 inp: m.t3.slice(0..nc),
                 w: word,
                 shape: MatmulShape::new((n, c, vp), WeightLayout::OutIn),
@@ -1028,8 +1027,11 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
         let tv = self.config.type_vocab;
         let be = &self.core.backend;
         let al = ActAlloc::on(be);
-        let (d, run) = (self.dims(), SpanRun::one(&self.span, self.recompute, false));
-        let make = || Acts::new(&al, &self.config, d, &run, rows, b, self.precision);
+        let (d, run) = (
+            self.dims(),
+            SpanRun::one(&self.span, self.recompute, false, self.precision),
+        );
+        let make = || Acts::new(&al, &self.config, d, &run, rows, b);
         self.held.ready_acts(|a| a.rows >= rows && a.b >= b, make)?;
         let make = || Kept::new(&al, &self.config, &run, rows, b);
         let a = self.held.ready_kept(|k| k.rows >= rows && k.b >= b, make)?;
@@ -1196,10 +1198,8 @@ mod tests {
         assert_eq!((first.blocks.len(), first.head), (1, false));
         let elems = |recompute, in_flight| {
             let run = SpanRun {
-                span: first.clone(),
-                recompute,
-                split: false,
                 in_flight,
+                ..SpanRun::one(&first, recompute, false, Precision::Fp32)
             };
             activation_elems(&cfg, 1, b, t, &run)
         };

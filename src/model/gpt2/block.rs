@@ -79,7 +79,7 @@ pub fn forward<B: Backend>(
     } = bufs;
     ops.ln(ln1.rb(), mean1, rstd1, x, Ln1W, Ln1B)?;
     let op = MatmulForward {
-        out: qkv.rb(),
+        out: qkv.rb().into(),
         inp: ln1.src(),
         w: w(QkvW),
         bias: Some(w(QkvB)),
@@ -101,7 +101,7 @@ pub fn forward<B: Backend>(
     })?;
     ops.ln(ln2.rb(), mean2, rstd2, res2.src(), Ln2W, Ln2B)?;
     let op = MatmulForward {
-        out: fch.rb(),
+        out: fch.rb().into(),
         inp: ln2.src(),
         w: w(FcW),
         bias: None,

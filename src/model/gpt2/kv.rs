@@ -407,8 +407,11 @@ impl<B: Backend> BlockMode<B> for Decoding<'_, '_, B> {
             }
         };
         let MatmulShape { rows, k, n, .. } = op.shape;
+        let out = op.out.fp32().ok_or_else(|| {
+            Error::Config("decoding writes its products in fp32, not bf16".into())
+        })?;
         self.be.matmul_decode(MatmulDecode {
-            out: op.out,
+            out,
             inp: op.inp,
             w,
             bias: op.bias,
@@ -651,7 +654,7 @@ fn lm_head<B: Backend>(
     let dims = (rows, at.config.n_embd, at.config.padded_vocab());
     if prefill && at.weights.dense_prefill() {
         return at.backend.run(MatmulForward {
-            out,
+            out: out.into(),
             inp,
             w: at.weights.params.slice(at.layout.wte()),
             bias: None,

@@ -26,7 +26,7 @@ use super::unit::{
 use crate::backend::{
     Activation, AttentionBackward, AttentionForward, AttnShape, Backend, Buf, CrossEntropyBackward,
     CrossEntropyForward, Dst, EncoderBackward, EncoderForward, LayerNormBackward, LayerNormForward,
-    MatmulBackward, MatmulForward, MatmulShape, On, Src, WeightLayout,
+    MatmulBackward, MatmulForward, MatmulShape, On, Src, Stored, StoredBuf, WeightLayout,
 };
 use crate::comm::Comm;
 use crate::data::{Batch as DataBatch, LossTerms};
@@ -70,7 +70,10 @@ struct Kept<B: Backend> {
     lnf: Buf<B>,
     lnf_mean: Buf<B>,
     lnf_rstd: Buf<B>,
-    logits: Buf<B>,
+    /// The head's logits, then their gradient in their place: in bf16
+    /// under `--precision bf16` (as PyTorch's autocast holds a bf16
+    /// matmul's output), else fp32.
+    logits: StoredBuf<B>,
     losses: Buf<B>,
 }
 
@@ -179,11 +182,11 @@ impl GradsAt {
 /// tokens each: what each keeps (`Kept`) and the blocks' activations
 /// and scratch, a set per micro-batch or, recomputed, one set they share.
 /// `Kept::new` and `Activations::new` run against a tally, so the count is
-/// the allocation's own (the same in either precision).
+/// the allocation's own (in 4-byte words: bf16 logits count half).
 pub fn activation_elems(cfg: &GptConfig, tp: usize, rows: usize, run: &SpanRun) -> usize {
     let head = logits_rows(rows, cfg.padded_vocab(), run.recompute, LOGITS_CHUNK);
     run.in_flight_elems(
-        |al| Activations::new(al, cfg, cfg.widest(tp), run, rows, Precision::Fp32),
+        |al| Activations::new(al, cfg, cfg.widest(tp), run, rows),
         |al| Kept::new(al, cfg, run, rows, head),
     )
 }
@@ -202,6 +205,7 @@ impl<B: Backend> Kept<B> {
         let (c, span) = (cfg.n_embd, &run.span);
         let a = |n: usize| al.acts(n);
         let h = usize::from(span.head);
+        let logits = h * logits_rows * cfg.padded_vocab();
         Ok(Kept {
             rows,
             tokens: al.typed(rows)?,
@@ -210,7 +214,10 @@ impl<B: Backend> Kept<B> {
             lnf: a(h * rows * c)?,
             lnf_mean: a(h * rows)?,
             lnf_rstd: a(h * rows)?,
-            logits: a(h * logits_rows * cfg.padded_vocab())?,
+            logits: match run.precision {
+                Precision::Fp32 => Stored::F32(a(logits)?),
+                Precision::Bf16 => Stored::Bf16(al.typed(logits)?),
+            },
             losses: a(h * rows)?,
         })
     }
@@ -227,7 +234,7 @@ impl<B: Backend> Kept<B> {
         vp: usize,
     ) -> Result<()> {
         let op = MatmulForward {
-            out: self.logits.slice_mut(0..r.len() * vp),
+            out: self.logits.slice_mut(0..r.len() * vp).into(),
             inp: self.lnf.slice(r.start * c..r.end * c),
             w: wte,
             bias: None,
@@ -245,7 +252,6 @@ impl<B: Backend> Activations<B> {
         d: BlockDims,
         run: &SpanRun,
         rows: usize,
-        precision: Precision,
     ) -> Result<Self> {
         let (span, slots) = (&run.span, run.span.slots(run.recompute));
         let (l, c) = (span.blocks.len(), cfg.n_embd);
@@ -271,7 +277,7 @@ impl<B: Backend> Activations<B> {
             dgrad: a(rows
                 * (GradsAt::scratch(d)
                     + usize::from(run.split) * (l * GradsAt::per_row(d) + h * c)))?,
-            bf16: precision == Precision::Bf16,
+            bf16: run.precision == Precision::Bf16,
         })
     }
 }
@@ -381,8 +387,8 @@ impl<B: Backend> Engine<B> {
         let be = &self.core.backend;
         let al = ActAlloc::on(be);
         let (wd, head) = (self.widest(), self.logits_rows(rows));
-        let run = SpanRun::one(&self.span, self.recompute, self.split);
-        let make = || Activations::new(&al, &self.config, wd, &run, rows, self.precision);
+        let run = SpanRun::one(&self.span, self.recompute, self.split, self.precision);
+        let make = || Activations::new(&al, &self.config, wd, &run, rows);
         self.held.ready_acts(|a| a.rows >= rows, make)?;
         let make = || Kept::new(&al, &self.config, &run, rows, head);
         let k = self.held.ready_kept(|k| k.rows >= rows, make)?;
@@ -520,7 +526,7 @@ impl<B: Backend> Engine<B> {
             k.head_logits(be, bf16, wte, r.clone(), c, vp)?;
             be.run(CrossEntropyForward {
                 losses: k.losses.slice_mut(r.clone()),
-                logits: k.logits.slice(0..r.len() * vp),
+                logits: k.logits.slice(0..r.len() * vp).into(),
                 targets: k.targets.slice(r),
                 v,
                 vp,
@@ -537,8 +543,9 @@ impl<B: Backend> Engine<B> {
         let (k, batch) = (self.held.kept(), self.held.batch());
         let vp = self.config.padded_vocab();
         let row = bi * batch.t + ti;
-        self.backend()
-            .to_host(k.logits.slice(row * vp..row * vp + self.config.vocab_size))
+        k.logits
+            .slice(row * vp..row * vp + self.config.vocab_size)
+            .to_host(self.backend())
     }
 
     /// Backward of the head for `loss_scale * mean loss`: the logits'
@@ -577,7 +584,7 @@ impl<B: Backend> Engine<B> {
             }
             let mut logits = k.logits.slice_mut(0..r.len() * vp);
             be.run(CrossEntropyBackward {
-                logits: logits.rb(),
+                logits: logits.rb().into(),
                 targets: k.targets.slice(r.clone()),
                 v,
                 vp,
@@ -587,7 +594,7 @@ impl<B: Backend> Engine<B> {
                 dinp: Some(a.dgrad.slice_mut(at.start + r0 * c..at.start + r.end * c)),
                 dw: dwte.as_mut().map(|d| d.rb()),
                 dbias: None,
-                dout: logits.src(),
+                dout: logits.src().into(),
                 inp: k.lnf.slice(r0 * c..r.end * c),
                 w: wte,
                 shape: MatmulShape::new((r.len(), c, vp), WeightLayout::OutIn),
@@ -742,7 +749,7 @@ impl<B: Backend> Engine<B> {
             dinp: None,
             dw: Some(dwte),
             dbias: None,
-            dout: k.logits.slice(0..rows * vp),
+            dout: k.logits.slice(0..rows * vp).into(),
             inp: k.lnf.slice(0..btc),
             w: wte,
             shape: MatmulShape::new((rows, c, vp), WeightLayout::OutIn),
@@ -839,9 +846,8 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
         self.logits_kept()?;
         let (k, batch) = (self.held.kept(), self.held.batch());
         let (v, vp) = (self.config.vocab_size, self.config.padded_vocab());
-        let all = self
-            .backend()
-            .to_host(k.logits.slice(0..batch.b * batch.t * vp))?;
+        let all = k.logits.slice(0..batch.b * batch.t * vp);
+        let all = all.to_host(self.backend())?;
         Ok(all.chunks(vp).flat_map(|r| r[..v].to_vec()).collect())
     }
 
@@ -1083,20 +1089,18 @@ mod tests {
             let (l, c, vp) = (cfg.n_layer, cfg.n_embd, cfg.padded_vocab());
             let rows = 3 * 5;
             let block = 2 * (c + 2) + 3 * cl + cl + nh + c + 2 * fl;
-            let head = c + 2 + vp + 1;
-            let whole = (l + 1) * c + l * block + head + c + (c + fl.max(3 * cl));
-            let saved = l * (4 * c + fl + 3 * cl) + c;
-            for (split, per_row) in [(false, whole), (true, whole + saved)] {
-                let run = SpanRun {
-                    span: Span::all(l),
-                    recompute: false,
-                    split,
-                    in_flight: 1,
-                };
-                // tokens and targets are a row each
-                let want = 2 * rows + rows * per_row;
-                let got = activation_elems(cfg, 1, rows, &run);
-                assert_eq!(got, want, "{cfg}, split {split}");
+            // bf16 logits: two to a word
+            for (precision, logits) in [(Precision::Fp32, vp), (Precision::Bf16, vp / 2)] {
+                let head = c + 2 + logits + 1;
+                let whole = (l + 1) * c + l * block + head + c + (c + fl.max(3 * cl));
+                let saved = l * (4 * c + fl + 3 * cl) + c;
+                for (split, per_row) in [(false, whole), (true, whole + saved)] {
+                    let run = SpanRun::one(&Span::all(l), false, split, precision);
+                    // tokens and targets are a row each
+                    let want = 2 * rows + rows * per_row;
+                    let got = activation_elems(cfg, 1, rows, &run);
+                    assert_eq!(got, want, "{cfg}, split {split}, {precision}");
+                }
             }
         }
     }
@@ -1112,10 +1116,8 @@ mod tests {
         let (c, rows) = (cfg.n_embd, 4 * 8);
         let elems = |span: &Span, recompute, in_flight| {
             let run = SpanRun {
-                span: span.clone(),
-                recompute,
-                split: false,
                 in_flight,
+                ..SpanRun::one(span, recompute, false, Precision::Fp32)
             };
             activation_elems(&cfg, 1, rows, &run)
         };
@@ -1147,12 +1149,7 @@ mod tests {
         };
         let (rows, vp) = (16 * 1024, cfg.padded_vocab());
         let elems = |recompute| {
-            let run = SpanRun {
-                span: Span::all(1),
-                recompute,
-                split: false,
-                in_flight: 1,
-            };
+            let run = SpanRun::one(&Span::all(1), recompute, false, Precision::Fp32);
             activation_elems(&cfg, 1, rows, &run)
         };
         let chunk = LOGITS_CHUNK / vp;
