@@ -118,10 +118,12 @@ fn check_memory(cfg: &ModelConfig) {
 }
 
 /// --precision bf16 on the CPU makes no rounded copies of the matmul
-/// operands (its matmuls round them as they multiply): it plans and
-/// measures fp32's bytes. (On a GPU too: tests/gpu.rs.)
+/// operands (its matmuls round them as they multiply), and holds GPT-2's
+/// logits in bf16: it plans and measures fp32's bytes, less half the
+/// logits on a rank that runs GPT-2's head (BERT's in fp32: the same). (On
+/// a GPU too: tests/gpu.rs.)
 fn check_bf16_scratch(cfg: &ModelConfig) {
-    let (w, device, net, spec) = setup(cfg);
+    let (w, _, _, spec) = setup(cfg);
     for world in [1, 2] {
         // zb-h1 runs in fp32 only
         let fp32_only = distgpt::parallel::Schedule::ZbH1;
@@ -131,16 +133,19 @@ fn check_bf16_scratch(cfg: &ModelConfig) {
             }
             let [fp32, bf16] = [EnginePrecision::Fp32, EnginePrecision::Bf16].map(|precision| {
                 let par = ParallelConfig { precision, ..par };
-                let predicted = plan::predict(&w, par, &device, &net, Precision::Fp32);
+                // rank 0's: the first stage's plan
+                let predicted = plan::stage_memory_plan(&w, par, Precision::Fp32, 0);
                 let ranks = launch::run_local(world, 2, Duration::from_secs(60), |c| {
                     bench_rank(Cpu::new(), cfg, par, spec, c.as_ref())
                 })
                 .unwrap();
-                (predicted.memory.total(), ranks[0][0].peak.total as f64)
+                (predicted.total(), ranks[0][0].peak.total as f64)
             });
             let (want, got) = (bf16.0 - fp32.0, bf16.1 - fp32.1);
+            // rank 0 runs the head unless it is a pipeline's first stage
+            let head = cfg.family() == "GPT-2" && par.pipeline.stages <= 1;
             assert!(
-                want == 0.0 && got == 0.0,
+                want == got && (want < 0.0) == head && want <= 0.0,
                 "{} in bf16: predicted {want:.0} more bytes than fp32, measured {got:.0} more",
                 par.layout_name()
             );

@@ -14,7 +14,7 @@ use crate::backend::opencl::ClRuntime;
 use crate::backend::ops::layernorm;
 use crate::backend::ops::{AsIs, Host, Kernel, Stored};
 use crate::backend::Elem;
-use crate::backend::{Activation, AdamWStep, WeightLayout};
+use crate::backend::{Activation, AdamWStep, Bf16, WeightLayout};
 use crate::backend::{
     ActivationBackward, ActivationForward, AdamWUpdate, CrossEntropyBackward, CrossEntropyForward,
     EncoderBackward, EncoderForward, LayerNormBackward, LayerNormForward, MatmulBackward,
@@ -143,8 +143,8 @@ pub(super) fn putu<R: Runtime>(dev: &Queue<R>, data: &[u32]) -> Tensor<R, u32> {
 }
 
 /// The tensor's contents; panics if anything outside its view changed.
-pub(super) fn get<R: Runtime>(dev: &Queue<R>, t: &Tensor<R, f32>) -> Vec<f32> {
-    let mut host = vec![0.0f32; t.mem.len()];
+pub(super) fn get<R: Runtime, T: Elem + PartialEq>(dev: &Queue<R>, t: &Tensor<R, T>) -> Vec<T> {
+    let mut host = vec![T::default(); t.mem.len()];
     dev.read(t.mem.view(), &mut host).unwrap();
     let (before, rest) = host.split_at(t.off);
     let (data, after) = rest.split_at(t.len);
@@ -1003,6 +1003,119 @@ fn crossentropy_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
         let got = get(dev, &lg);
         assert_close(&format!("{what} dlogits"), &got, &want);
         assert!(got.chunks(vp).all(|r| r[v..].iter().all(|&x| x == 0.0)));
+    }
+}
+
+/// Tensors held in bf16 (the LM head's logits and their gradient under
+/// `--precision bf16`) on the device: a GEMM's bf16 output is its fp32
+/// output rounded, a bf16 output gradient gives what its values held in
+/// fp32 give, and cross-entropy reads bf16 logits as their fp32 values and
+/// stores its gradient rounded, each bit for bit (the kernels' own fp32
+/// results match the CPU's in the tests above).
+#[test]
+fn bf16_storage_is_its_fp32_values_on_the_device() {
+    on_gpus!(bf16_storage_is_its_fp32_values_on);
+}
+
+fn bf16_storage_is_its_fp32_values_on<R: Runtime>(dev: &Queue<R>) {
+    let mut rng = Rng::new(12);
+    let putb = |x: &[Bf16]| put(dev, x, Bf16::from_f32(-999.0 - next_guard() as f32));
+    let shapes = if tiny() {
+        vec![(3, 8, 11, 16)]
+    } else {
+        vec![(3, 8, 11, 16), (9, 64, 1000, 1024)]
+    };
+    for (rows, k, v, vp) in shapes {
+        let what = format!("rows={rows} k={k} vp={vp}");
+        let shape = MatmulShape {
+            bf16: true,
+            ..MatmulShape::new((rows, k, vp), WeightLayout::OutIn)
+        };
+        let (i, w) = (
+            putf(dev, &randn(&mut rng, rows * k, 1.0)),
+            putf(dev, &randn(&mut rng, vp * k, 1.0)),
+        );
+        let (fp32, held) = (
+            putf(dev, &vec![0.0; rows * vp]),
+            putb(&vec![Bf16::default(); rows * vp]),
+        );
+        for out in [Stored::F32(fp32.view()), Stored::Bf16(held.view())] {
+            dev.run(MatmulForward {
+                out,
+                inp: i.view(),
+                w: w.view(),
+                bias: None,
+                shape,
+                accumulate: false,
+            })
+            .unwrap();
+        }
+        let logits = get(dev, &held);
+        let rounded: Vec<Bf16> = get(dev, &fp32).into_iter().map(Bf16::from_f32).collect();
+        assert!(
+            logits == rounded,
+            "{what}: the bf16 product is not the fp32 one rounded"
+        );
+
+        let wide: Vec<f32> = logits.iter().map(|x| x.to_f32()).collect();
+        let mut targets = tokens(&mut rng, rows, v);
+        targets[1] = crate::data::IGNORE;
+        let tg = putu(dev, &targets);
+        let (lf, lb) = (putf(dev, &vec![0.0; rows]), putf(dev, &vec![0.0; rows]));
+        let (wf, hb) = (putf(dev, &wide), putb(&logits));
+        for (losses, logits) in [
+            (&lf, Stored::F32(wf.view())),
+            (&lb, Stored::Bf16(hb.view())),
+        ] {
+            let op = CrossEntropyForward {
+                losses: losses.view(),
+                logits,
+                targets: tg.view(),
+                v,
+                vp,
+            };
+            dev.run(op).unwrap();
+        }
+        assert!(
+            get(dev, &lf) == get(dev, &lb),
+            "{what}: losses of bf16 logits"
+        );
+        for logits in [Stored::F32(wf.view()), Stored::Bf16(hb.view())] {
+            let op = CrossEntropyBackward {
+                logits,
+                targets: tg.view(),
+                v,
+                vp,
+                dloss: 0.25,
+            };
+            dev.run(op).unwrap();
+        }
+        let dlogits = get(dev, &hb);
+        let rounded: Vec<Bf16> = get(dev, &wf).into_iter().map(Bf16::from_f32).collect();
+        assert!(
+            dlogits == rounded,
+            "{what}: the bf16 gradient is not the fp32 one rounded"
+        );
+
+        let wide: Vec<f32> = dlogits.iter().map(|x| x.to_f32()).collect();
+        let (df, db) = (putf(dev, &wide), putb(&dlogits));
+        let dw0 = randn(&mut rng, vp * k, 1.0);
+        let mut grads = Vec::new();
+        for dout in [Stored::F32(df.view()), Stored::Bf16(db.view())] {
+            let (di, dw) = (putf(dev, &vec![9.0; rows * k]), putf(dev, &dw0));
+            let op = MatmulBackward {
+                dinp: Some(di.view()),
+                dw: Some(dw.view()),
+                dbias: None,
+                dout,
+                inp: i.view(),
+                w: w.view(),
+                shape,
+            };
+            dev.run(op).unwrap();
+            grads.push((get(dev, &di), get(dev, &dw)));
+        }
+        assert!(grads[0] == grads[1], "{what}: the bf16 gradient's products");
     }
 }
 

@@ -234,7 +234,7 @@ impl<B: Backend> Kept<B> {
         vp: usize,
     ) -> Result<()> {
         let op = MatmulForward {
-            out: self.logits.slice_mut(0..r.len() * vp).into(),
+            out: self.logits.slice_mut(0..r.len() * vp),
             inp: self.lnf.slice(r.start * c..r.end * c),
             w: wte,
             bias: None,
@@ -526,7 +526,7 @@ impl<B: Backend> Engine<B> {
             k.head_logits(be, bf16, wte, r.clone(), c, vp)?;
             be.run(CrossEntropyForward {
                 losses: k.losses.slice_mut(r.clone()),
-                logits: k.logits.slice(0..r.len() * vp).into(),
+                logits: k.logits.slice(0..r.len() * vp),
                 targets: k.targets.slice(r),
                 v,
                 vp,
@@ -584,7 +584,7 @@ impl<B: Backend> Engine<B> {
             }
             let mut logits = k.logits.slice_mut(0..r.len() * vp);
             be.run(CrossEntropyBackward {
-                logits: logits.rb().into(),
+                logits: logits.rb(),
                 targets: k.targets.slice(r.clone()),
                 v,
                 vp,
@@ -594,7 +594,7 @@ impl<B: Backend> Engine<B> {
                 dinp: Some(a.dgrad.slice_mut(at.start + r0 * c..at.start + r.end * c)),
                 dw: dwte.as_mut().map(|d| d.rb()),
                 dbias: None,
-                dout: logits.src().into(),
+                dout: logits.src(),
                 inp: k.lnf.slice(r0 * c..r.end * c),
                 w: wte,
                 shape: MatmulShape::new((r.len(), c, vp), WeightLayout::OutIn),
@@ -749,7 +749,7 @@ impl<B: Backend> Engine<B> {
             dinp: None,
             dw: Some(dwte),
             dbias: None,
-            dout: k.logits.slice(0..rows * vp).into(),
+            dout: k.logits.slice(0..rows * vp),
             inp: k.lnf.slice(0..btc),
             w: wte,
             shape: MatmulShape::new((rows, c, vp), WeightLayout::OutIn),
