@@ -9,7 +9,7 @@
 //! As kernels: `kernels/crossentropy.cu` on a GPU.
 
 use super::{need, Checked, Extent, Host, Kernel, Lower, Operands, Queued, Stored};
-use crate::backend::cpu::math::{exp, exp_shifted_sum, row_max, LANES};
+use crate::backend::cpu::math::{exp, exp_shifted_sum, row_max, with_scratch, Scratch, LANES};
 use crate::backend::gpu::{stored_view, u32s, Arg, Queue, Raw, Runtime};
 use crate::backend::Bf16;
 use crate::data::IGNORE;
@@ -141,13 +141,14 @@ fn forward(op: CrossEntropyForward<Host<'_>>) {
         Stored::F32(logits) => losses
             .zip(logits.par_chunks(vp))
             .for_each(|((l, &tgt), row)| *l = loss(row, tgt)),
-        Stored::Bf16(logits) => losses.zip(logits.par_chunks(vp)).for_each_init(
-            || vec![0.0; vp],
-            |wide, ((l, &tgt), row)| {
-                widen(row, wide);
-                *l = loss(wide, tgt);
-            },
-        ),
+        Stored::Bf16(logits) => losses
+            .zip(logits.par_chunks(vp))
+            .for_each(|((l, &tgt), row)| {
+                with_scratch(&WIDE, vp, |wide| {
+                    widen(row, wide);
+                    *l = loss(wide, tgt);
+                })
+            }),
     }
 }
 
@@ -181,17 +182,21 @@ fn backward(op: CrossEntropyBackward<Host<'_>>) {
         Stored::Bf16(logits) => logits[..rows * vp]
             .par_chunks_mut(vp)
             .zip(targets.par_iter())
-            .for_each_init(
-                || vec![0.0; vp],
-                |wide, (row, &tgt)| {
+            .for_each(|(row, &tgt)| {
+                with_scratch(&WIDE, vp, |wide| {
                     widen(row, wide);
                     grad(wide, tgt);
                     row.iter_mut()
                         .zip(wide.iter())
                         .for_each(|(r, &x)| *r = Bf16::from_f32(x));
-                },
-            ),
+                })
+            }),
     }
+}
+
+thread_local! {
+    /// A bf16 row widened ([`widen`]), a thread's.
+    static WIDE: Scratch<f32> = const { Scratch::new(Vec::new()) };
 }
 
 /// `wide` = the bf16 row `row`, exactly.
