@@ -125,6 +125,13 @@ impl<R: Runtime> Queue<R> {
         if g.m == 0 || g.n == 0 || g.batch.count == 0 {
             return Ok(());
         }
+        if g.c_span() > g.c.len {
+            return Err(GpuError(format!(
+                "GEMM output c: view of {} elements, the products write {}",
+                g.c.len,
+                g.c_span()
+            )));
+        }
         if g.k == 0 {
             // No products: c = beta * c, with beta 0 or 1.
             if g.beta == 0.0 {

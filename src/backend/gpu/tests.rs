@@ -1119,6 +1119,50 @@ fn bf16_storage_is_its_fp32_values_on<R: Runtime>(dev: &Queue<R>) {
     }
 }
 
+/// A batch of products stored in bf16 (two 2 x 3 outputs 8 apart): each
+/// the fp32 batch's sums rounded, the elements between them untouched.
+#[test]
+fn a_batch_of_bf16_products_is_its_fp32_batch_rounded() {
+    on_gpus!(a_batch_of_bf16_products_is_its_fp32_batch_rounded_on);
+}
+
+fn a_batch_of_bf16_products_is_its_fp32_batch_rounded_on<R: Runtime>(dev: &Queue<R>) {
+    let mut rng = Rng::new(13);
+    let (a, b) = (randn(&mut rng, 2 * 8, 1.0), randn(&mut rng, 2 * 12, 1.0));
+    let (a, b) = (putf(dev, &a), putf(dev, &b));
+    let guard = Bf16::from_f32(-7.0);
+    let (fp32, held) = (
+        putf(dev, &[0.0; 16]),
+        put(dev, &[guard; 16], Bf16::from_f32(-9.0)),
+    );
+    for (c, c_bf16) in [(fp32.view(), false), (held.view(), true)] {
+        dev.gemm(super::Gemm {
+            m: 2,
+            n: 3,
+            k: 4,
+            a: super::operand(a.view(), false, 2),
+            b: super::operand(b.view(), false, 4),
+            beta: 0.0,
+            c,
+            ldc: 2,
+            c_bf16,
+            bf16: true,
+            batch: super::Batch {
+                count: 2,
+                a: 8,
+                b: 12,
+                c: 8,
+            },
+        })
+        .unwrap();
+    }
+    let (want, got) = (get(dev, &fp32), get(dev, &held));
+    for (i, (&w, &g)) in want.iter().zip(&got).enumerate() {
+        let expect = if i % 8 < 6 { Bf16::from_f32(w) } else { guard };
+        assert_eq!(g, expect, "element {i}");
+    }
+}
+
 #[test]
 fn adamw_matches_cpu() {
     on_gpus!(adamw_matches_cpu_on);

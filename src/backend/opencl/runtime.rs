@@ -284,8 +284,18 @@ impl Runtime for ClRuntime {
         let a = self.as_floats(g.a, a_span, scratch[0].take())?;
         let b = self.as_floats(g.b, b_span, scratch[1].take())?;
         let c_span = g.c_span();
+        // a bf16 output widened first, so that what the products skip
+        // (between a batch's blocks, past m in each column) is written back as it was
         let c = match g.c_bf16 {
-            true => Some(self.scratch_floats(c_span, scratch[2].take())?),
+            true => {
+                let c = Operand {
+                    view: g.c,
+                    transpose: false,
+                    ld: g.ldc,
+                    bf16: true,
+                };
+                Some(self.as_floats(c, c_span, scratch[2].take())?)
+            }
             false => None,
         };
         let float = |mem: &Mem<f32>, op: Operand| Operand {
@@ -331,7 +341,10 @@ impl ClRuntime {
         n: usize,
         scratch: Option<Mem<f32>>,
     ) -> Result<Mem<f32>, GpuError> {
-        let mem = self.scratch_floats(n, scratch)?;
+        let mem = match scratch {
+            Some(mem) if mem.len >= n => mem,
+            _ => self.alloc::<f32>(n)?,
+        };
         let args = [
             Arg::View(mem.view()),
             Arg::View(View { len: n, ..op.view }),
@@ -341,14 +354,6 @@ impl ClRuntime {
         // SAFETY: `mem` holds at least n floats, `op.view` n elements (`Gemm::spans`).
         unsafe { self.launch(kernel, n.div_ceil(BLOCK), &args)? };
         Ok(mem)
-    }
-
-    /// `scratch` when it holds `n` floats, else a new buffer of `n`.
-    fn scratch_floats(&self, n: usize, scratch: Option<Mem<f32>>) -> Result<Mem<f32>, GpuError> {
-        match scratch {
-            Some(mem) if mem.len >= n => Ok(mem),
-            _ => self.alloc::<f32>(n),
-        }
     }
 }
 
