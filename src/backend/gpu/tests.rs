@@ -1163,6 +1163,47 @@ fn a_batch_of_bf16_products_is_its_fp32_batch_rounded_on<R: Runtime>(dev: &Queue
     }
 }
 
+/// bf16 storage that the products would read or write as fp32, and a
+/// bf16 output a product would add onto or fill with zeros (k = 0, where
+/// the fill writes floats), are refused before any launch.
+#[test]
+fn a_gemm_over_bf16_storage_needs_bf16_products_and_beta_0() {
+    on_gpus!(a_gemm_over_bf16_storage_needs_bf16_products_and_beta_0_on);
+}
+
+fn a_gemm_over_bf16_storage_needs_bf16_products_and_beta_0_on<R: Runtime>(dev: &Queue<R>) {
+    let x = putf(dev, &[1.0; 16]);
+    let f = super::operand(x.view(), false, 2);
+    let h = super::Operand { bf16: true, ..f };
+    let gemm = |a, b, c_bf16, bf16, beta| super::Gemm {
+        m: 2,
+        n: 2,
+        k: 2,
+        a,
+        b,
+        beta,
+        c: x.view(),
+        ldc: 2,
+        c_bf16,
+        bf16,
+        batch: super::Batch::ONE,
+    };
+    for g in [
+        gemm(h, f, false, false, 0.0),
+        gemm(f, h, false, false, 0.0),
+        gemm(f, f, true, false, 0.0),
+        gemm(f, f, true, true, 1.0),
+        super::Gemm {
+            k: 0,
+            ..gemm(h, h, true, true, 0.0)
+        },
+    ] {
+        let err = dev.gemm(g).unwrap_err().to_string();
+        assert!(err.contains("bf16 storage"), "{err}");
+    }
+    dev.gemm(gemm(h, h, true, true, 0.0)).unwrap();
+}
+
 #[test]
 fn adamw_matches_cpu() {
     on_gpus!(adamw_matches_cpu_on);
