@@ -54,8 +54,11 @@ pub fn five_steps(tag: &str, grad_accum: usize) -> TrainConfig {
 /// How far a run may be from the reference.
 #[derive(Clone, Copy, Debug)]
 pub struct Tolerances {
-    /// Per-step losses and the final validation loss, absolute.
+    /// Per-step losses, absolute.
     pub loss: f32,
+    /// The final validation loss, absolute: after the steps, on parameters
+    /// that may differ by `params`.
+    pub val_loss: f32,
     /// Per-step global gradient norms, relative to the reference's: checked
     /// on their own because with clipping off a wrong norm (a tied copy
     /// counted twice) moves no loss and no parameter.
@@ -68,6 +71,7 @@ pub struct Tolerances {
 /// the norms by at most 2e-7 of themselves (threads and OpenCL alike).
 pub const FP32_TOL: Tolerances = Tolerances {
     loss: 1e-5,
+    val_loss: 1e-5,
     grad_norm: 1e-5,
     params: 1e-4,
 };
@@ -80,15 +84,15 @@ pub const FP32_TOL: Tolerances = Tolerances {
 /// the largest (fp32 holds 1e-5, 1e-5 and 1e-4). fp32 itself is further
 /// away (checked in tests/strategies.rs), so a strategy that ignored
 /// --precision would fail. A bf16 product's own summation order
-/// (tests/bf16_products.rs) keeps the same tolerance. Since GPT-2's logits
-/// are held in bf16 (rounded as stored, as autocast holds them), a weight
-/// 1e-7 off moves a logit across a rounding boundary more often: zero2 on
-/// 3 ranks ended 2.5e-5 from single's validation loss, so losses agree to
-/// 5e-5 (still under half of fp32's distance, which the strategies test
-/// checks).
+/// (tests/bf16_products.rs) keeps the same tolerance. The validation loss
+/// after the steps is read through logits held in bf16 (rounded as stored,
+/// as autocast holds them) of parameters up to `params` apart, so some
+/// logits round the other way: zero2 on 3 ranks ended 2.5e-5 from single's;
+/// it agrees to 5e-5.
 #[allow(dead_code)] // the files that train in bf16 use it, not every includer
 pub const BF16_TOL: Tolerances = Tolerances {
-    loss: 5e-5,
+    loss: 2e-5,
+    val_loss: 5e-5,
     grad_norm: 1e-4,
     params: 1e-3,
 };
@@ -109,7 +113,7 @@ pub fn assert_follows_within(
 ) {
     assert_eq!(got.losses.len(), reference.losses.len());
     assert!(
-        (got.val_loss - reference.val_loss).abs() <= tol.loss,
+        (got.val_loss - reference.val_loss).abs() <= tol.val_loss,
         "{what}: validation loss {} vs single {}",
         got.val_loss,
         reference.val_loss

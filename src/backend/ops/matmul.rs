@@ -270,7 +270,7 @@ fn forward(op: MatmulForward<Host<'_>>) {
                         (rows, nc, k),
                         Mat::new(stage.as_mut_ptr(), nc, 1),
                         Mat::new(inp.as_ptr(), k, 1),
-                        weight_cols(w, layout, k, n, cols.start),
+                        weight_mat(w[first_col(layout, k, cols.start)..].as_ptr(), layout, k, n),
                         false,
                         1.0,
                         threads,
@@ -343,19 +343,12 @@ fn staged(rows: usize, n: usize, mut f: impl FnMut(&mut [f32], std::ops::Range<u
     })
 }
 
-/// The columns from `c0` on of W (k x n, in `layout`), as a matrix of k rows.
-fn weight_cols<T: Copy>(
-    w: &[T],
-    layout: WeightLayout,
-    k: usize,
-    n: usize,
-    c0: usize,
-) -> Mat<*const T> {
-    let at = match layout {
+/// Where column `c0` of W (k x n, in `layout`) starts in its storage.
+fn first_col(layout: WeightLayout, k: usize, c0: usize) -> usize {
+    match layout {
         WeightLayout::InOut => c0,
         WeightLayout::OutIn => c0 * k,
-    };
-    weight_mat(w[at..].as_ptr(), layout, k, n)
+    }
 }
 
 /// dinp = dout @ W^T (overwritten); dw += inp^T @ dout; dbias +=
@@ -446,7 +439,7 @@ fn backward_staged(
                     (rows, k, nc),
                     Mat::new(dinp.as_mut_ptr(), k, 1),
                     Mat::new(stage.as_ptr(), nc, 1),
-                    weight_cols(w, layout, k, n, cols.start).t(),
+                    weight_mat(w[first_col(layout, k, cols.start)..].as_ptr(), layout, k, n).t(),
                     cols.start > 0,
                     1.0,
                     threads,
@@ -455,7 +448,7 @@ fn backward_staged(
         }
         if let Some(dw) = dw.as_deref_mut() {
             assert!(inp.len() >= rows * k && dw.len() >= k * n);
-            let at = weight_cols(dw, layout, k, n, cols.start).ptr as *mut f32;
+            let at = dw[first_col(layout, k, cols.start)..].as_mut_ptr();
             // SAFETY: sizes were checked above; destinations are distinct buffers.
             unsafe {
                 gemm(

@@ -102,18 +102,6 @@ impl<'a, B> From<Dst<'a, B>> for Stored<Dst<'a, B>, Dst<'a, B, Bf16>> {
     }
 }
 
-impl<'a> From<&'a [f32]> for Stored<&'a [f32], &'a [Bf16]> {
-    fn from(x: &'a [f32]) -> Self {
-        Stored::F32(x)
-    }
-}
-
-impl<'a> From<&'a mut [f32]> for Stored<&'a mut [f32], &'a mut [Bf16]> {
-    fn from(x: &'a mut [f32]) -> Self {
-        Stored::F32(x)
-    }
-}
-
 impl<'a, B: Device> Stored<Src<'a, B>, Src<'a, B, Bf16>> {
     /// The first `n` elements.
     pub fn first(self, n: usize) -> Self {
