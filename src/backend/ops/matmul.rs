@@ -596,6 +596,43 @@ mod tests {
         }
     }
 
+    /// A bf16 output takes no bias and no accumulation, and a bf16 output
+    /// gradient no bias gradient: refused by the check every backend runs.
+    #[test]
+    fn bf16_storage_refuses_what_it_cannot_round() {
+        let (x, mut h, mut d) = (vec![1.0f32; 4], vec![Bf16::default(); 4], vec![0.0f32; 4]);
+        let shape = MatmulShape::new((2, 2, 2), WeightLayout::InOut);
+        for (bias, accumulate) in [(true, false), (false, true), (false, false)] {
+            let err = MatmulForward::<Host> {
+                out: Stored::Bf16(&mut h),
+                inp: &x,
+                w: &x,
+                bias: bias.then_some(&x[..2]),
+                shape,
+                accumulate,
+            }
+            .check();
+            assert_eq!(
+                err.is_err(),
+                bias || accumulate,
+                "bias {bias}, accumulate {accumulate}"
+            );
+        }
+        for dbias in [true, false] {
+            let err = MatmulBackward::<Host> {
+                dinp: None,
+                dw: None,
+                dbias: dbias.then_some(&mut d[..2]),
+                dout: Stored::Bf16(&h),
+                inp: &x,
+                w: &x,
+                shape,
+            }
+            .check();
+            assert_eq!(err.is_err(), dbias, "dbias {dbias}");
+        }
+    }
+
     #[test]
     fn matmul_backward_matches_finite_differences() {
         for layout in [WeightLayout::InOut, WeightLayout::OutIn] {
