@@ -618,18 +618,22 @@ mod tests {
                 "bias {bias}, accumulate {accumulate}"
             );
         }
-        for dbias in [true, false] {
+        for (dbias, bf16) in [(true, true), (false, true), (true, false)] {
+            let dout = match bf16 {
+                true => Stored::Bf16(&h[..]),
+                false => Stored::F32(&x[..]),
+            };
             let err = MatmulBackward::<Host> {
                 dinp: None,
                 dw: None,
                 dbias: dbias.then_some(&mut d[..2]),
-                dout: Stored::Bf16(&h),
+                dout,
                 inp: &x,
                 w: &x,
                 shape,
             }
             .check();
-            assert_eq!(err.is_err(), dbias, "dbias {dbias}");
+            assert_eq!(err.is_err(), dbias && bf16, "dbias {dbias}, bf16 {bf16}");
         }
     }
 
