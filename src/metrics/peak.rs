@@ -406,6 +406,23 @@ mod tests {
     }
 
     #[test]
+    fn a_devices_probe_is_its_products_flops_over_the_best_of_three() {
+        // measured through the CPU's kernel: the best of three runs is at
+        // most their mean, so its FLOP/s is at least the product's FLOPs
+        // over a third of the time all three took (and finite)
+        let be = crate::backend::cpu::Cpu::new();
+        let t0 = Instant::now();
+        let flops = matmul_flops(&be);
+        let all_three = t0.elapsed().as_secs_f64();
+        let product = 2.0 * (256 * 768 * 3072) as f64;
+        assert!(flops.is_finite(), "{flops}");
+        assert!(
+            flops >= product / (all_three / 3.0),
+            "{flops} FLOP/s over {all_three} s"
+        );
+    }
+
+    #[test]
     fn a_peak_is_measured_once_per_device_and_thread_count() {
         let root = crate::testdir::TestDir::new("peak");
         // a folder the cache must make
