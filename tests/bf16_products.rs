@@ -13,7 +13,8 @@ mod common;
 use distgpt::backend::cpu::blas::{self, MatmulChoice, MatmulLib};
 use distgpt::backend::cpu::{round_to_bf16, Cpu};
 use distgpt::backend::{
-    Category, Device, Kernels, MatmulBackward, MatmulForward, MatmulShape, WeightLayout,
+    Bf16, Category, Device, Kernels, MatmulBackward, MatmulForward, MatmulShape, Stored,
+    WeightLayout,
 };
 use distgpt::data::{Dataset, TokenizerKind};
 use distgpt::model::Precision;
@@ -185,6 +186,94 @@ fn a_bf16_matmul_rounds_its_operands_and_sums_exact_products() {
                     );
                     assert!(far >= 1e-4, "{what} {name}: only {far:e} from the unrounded product: not rounded to bf16");
                 }
+            }
+        }
+    }
+}
+
+/// A product stored in bf16 is the fp32 product rounded, and an output
+/// gradient stored in bf16 gives what its values held in fp32 give, bit
+/// for bit, on every route bf16 products take here: the built-in kernel
+/// reading and writing bf16 as it is, a library's (or fp32 arithmetic)
+/// staged through fp32.
+#[test]
+fn bf16_storage_is_its_fp32_values_on_every_route() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let routes = std::iter::once(None).chain(with_bf16().into_iter().map(Some));
+    for lib in routes {
+        on_bf16(lib);
+        let be = Cpu::default();
+        let mut rng = Rng::new(4);
+        for (rows, k, n) in [(7, 5, 9), (30, 800, 70), (300, 200, 150)] {
+            for layout in [WeightLayout::InOut, WeightLayout::OutIn] {
+                let on = lib.map_or("fp32 arithmetic", |l| l.bf16_name());
+                let what = format!("{on} {rows}x{k}x{n} {layout:?}");
+                let mut randn =
+                    |len: usize| -> Vec<f32> { (0..len).map(|_| rng.normal() as f32).collect() };
+                let (inp, w, dw0) = (randn(rows * k), randn(k * n), randn(k * n));
+                let held: Vec<Bf16> = randn(rows * n).into_iter().map(Bf16::from_f32).collect();
+                let wide: Vec<f32> = held.iter().map(|x| x.to_f32()).collect();
+                let buf = |x: &[f32]| {
+                    let mut b = be.alloc(x.len(), Category::Activations).unwrap();
+                    be.upload(b.d(), x).unwrap();
+                    b
+                };
+                let (inp_b, w_b, wide_b) = (buf(&inp), buf(&w), buf(&wide));
+                let mut held_b = be
+                    .alloc_typed::<Bf16>(rows * n, Category::Activations)
+                    .unwrap();
+                be.upload(held_b.d(), &held).unwrap();
+                let shape = MatmulShape {
+                    bf16: true,
+                    ..MatmulShape::new((rows, k, n), layout)
+                };
+                let mut fp32 = be.alloc(rows * n, Category::Activations).unwrap();
+                let mut out = be
+                    .alloc_typed::<Bf16>(rows * n, Category::Activations)
+                    .unwrap();
+                for out in [Stored::F32(fp32.d()), Stored::Bf16(out.d())] {
+                    let (inp, w) = (inp_b.s(), w_b.s());
+                    let (bias, accumulate) = (None, false);
+                    be.run(MatmulForward {
+                        out,
+                        inp,
+                        w,
+                        bias,
+                        shape,
+                        accumulate,
+                    })
+                    .unwrap();
+                }
+                let rounded: Vec<Bf16> = be
+                    .to_host(fp32.s())
+                    .unwrap()
+                    .into_iter()
+                    .map(Bf16::from_f32)
+                    .collect();
+                assert!(
+                    be.to_host(out.s()).unwrap() == rounded,
+                    "{what}: not the fp32 product rounded"
+                );
+                let backward = |dout| {
+                    let (mut dinp, mut dw) = (buf(&vec![f32::NAN; rows * k]), buf(&dw0));
+                    let (inp, w, dbias) = (inp_b.s(), w_b.s(), None);
+                    let (dinp_d, dw_d) = (Some(dinp.d()), Some(dw.d()));
+                    be.run(MatmulBackward {
+                        dinp: dinp_d,
+                        dw: dw_d,
+                        dbias,
+                        dout,
+                        inp,
+                        w,
+                        shape,
+                    })
+                    .unwrap();
+                    (be.to_host(dinp.s()).unwrap(), be.to_host(dw.s()).unwrap())
+                };
+                assert!(
+                    backward(Stored::Bf16(held_b.s())) == backward(Stored::F32(wide_b.s())),
+                    "{what}: a bf16 gradient is not its fp32 values"
+                );
             }
         }
     }

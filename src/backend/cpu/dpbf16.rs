@@ -17,8 +17,14 @@
 //! Every product of two bfloat16 is exact in fp32, so the result differs
 //! from fp32 arithmetic on the rounded operands in the order of its sums
 //! only.
+//!
+//! Operands and the output may each be held in fp32 or in bfloat16
+//! ([`Lane`]): a bfloat16 operand is packed as it is (its rounding is
+//! exact), and a bfloat16 output takes its sums over the whole of k at once
+//! and stores them rounded, so it is the fp32 output rounded, bit for bit.
 
-use super::math::{Dims, Mat, Views};
+use super::math::{Dims, Mat};
+use crate::backend::Bf16;
 
 /// Rows of the micro-kernel's block (one broadcast pair each).
 const MR: usize = 12;
@@ -32,13 +38,14 @@ const MC: usize = 8 * MR;
 /// The most column panels of a task's block where they pack the right one.
 const NC: usize = 8;
 
-/// Whether this CPU runs [`gemm()`] (AVX512-BF16, and AVX-512F and BW with
-/// it).
+/// Whether this CPU runs [`gemm()`] (AVX512-BF16, and AVX-512F, BW and VL
+/// with it).
 pub fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         is_x86_feature_detected!("avx512f")
             && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
             && is_x86_feature_detected!("avx512bf16")
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -54,38 +61,61 @@ thread_local! {
     static BLOCK: super::math::Scratch<u32> = const { super::math::Scratch::new(Vec::new()) };
 }
 
+/// An element an operand or the output is held in: fp32, or bfloat16
+/// (read as it is; stored rounded).
+pub(crate) trait Lane: Copy {
+    const BF16: bool;
+}
+
+impl Lane for f32 {
+    const BF16: bool = false;
+}
+
+impl Lane for Bf16 {
+    const BF16: bool = true;
+}
+
 /// `dst (m x n) = [dst +] scale * lhs (m x k) @ rhs (k x n)` on bfloat16
-/// operands (rounded here) with fp32 sums, split over the pool when
-/// `threads` is more than 1. Returns false, doing nothing, where the CPU has
-/// no AVX512-BF16 or a view has no unit stride (the caller runs the product
-/// in fp32 instead).
+/// operands (rounded here where held in fp32) with fp32 sums, split over
+/// the pool when `threads` is more than 1. Returns false, doing nothing,
+/// where the CPU has no AVX512-BF16, a view has no unit stride, or a
+/// bfloat16 `dst` is to be accumulated onto (the caller runs the product
+/// another way).
 ///
 /// # Safety
 /// As `math::gemm`: every element the views address for these sizes is
 /// inside a live allocation, and `dst` aliases neither operand; k is at
 /// least 1 (no pair would overwrite `dst`).
 #[allow(clippy::too_many_arguments)] // a BLAS call's own arguments
-pub(super) unsafe fn gemm(
+pub(super) unsafe fn gemm<D: Lane, L: Lane, R: Lane>(
     dims: Dims,
-    dst: Mat<*mut f32>,
-    lhs: Mat<*const f32>,
-    rhs: Mat<*const f32>,
+    dst: Mat<*mut D>,
+    lhs: Mat<*const L>,
+    rhs: Mat<*const R>,
     accumulate: bool,
     scale: f32,
     threads: usize,
 ) -> bool {
-    let Some(Views {
-        dst,
-        lhs,
-        rhs,
-        dims,
-    }) = Views::of(dims, dst, lhs, rhs).rows_contiguous()
-    else {
-        return false;
-    };
     let Dims { m, n, k } = dims;
-    let unit = |x: Mat<*const f32>| x.col_stride == 1 || x.row_stride == 1;
-    if !available() || !unit(lhs) || !unit(rhs) {
+    if dst.col_stride != 1 {
+        // dst's rows contiguous: dst^T = rhs^T lhs^T (n x m)
+        return dst.row_stride == 1
+            && gemm(
+                Dims { m: n, n: m, k },
+                dst.t(),
+                rhs.t(),
+                lhs.t(),
+                accumulate,
+                scale,
+                threads,
+            );
+    }
+    let unit = |row_stride: isize, col_stride: isize| col_stride == 1 || row_stride == 1;
+    if !available()
+        || !unit(lhs.row_stride, lhs.col_stride)
+        || !unit(rhs.row_stride, rhs.col_stride)
+        || (D::BF16 && accumulate)
+    {
         return false;
     }
     debug_assert!(k > 0, "an empty product: the caller's fp32 route fills dst");
@@ -107,19 +137,16 @@ pub(super) unsafe fn gemm(
         unsafe {
             // the right operand as its columns' rows: (n x k)
             let rhs = rhs.t();
-            let up_front = match own {
-                Side::Left => Operand {
-                    x: rhs,
-                    lanes: n,
-                    width: NR,
-                },
-                Side::Right => Operand {
-                    x: lhs,
-                    lanes: m,
-                    width: MR,
-                },
-            };
-            pack(packed, up_front, k, threads);
+            match own {
+                Side::Left => {
+                    let (x, lanes, width) = (rhs, n, NR);
+                    pack(packed, Operand { x, lanes, width }, k, threads)
+                }
+                Side::Right => {
+                    let (x, lanes, width) = (lhs, m, MR);
+                    pack(packed, Operand { x, lanes, width }, k, threads)
+                }
+            }
             multiply(lhs, rhs, own, packed, dims, dst, accumulate, scale, threads);
         }
     });
@@ -177,8 +204,8 @@ fn depth(pairs: usize) -> usize {
 /// An operand as packing reads it: its view (`lanes x k`, a unit stride
 /// on one side), its lanes, and the width of the panels they go in.
 #[derive(Clone, Copy)]
-struct Operand {
-    x: Mat<*const f32>,
+struct Operand<T> {
+    x: Mat<*const T>,
     lanes: usize,
     width: usize,
 }
@@ -190,14 +217,14 @@ struct Operand {
 /// # Safety
 /// AVX512-BF16; the operand's elements readable; `out` holds every panel.
 #[cfg(target_arch = "x86_64")]
-unsafe fn pack(out: &mut [u32], operand: Operand, k: usize, threads: usize) {
+unsafe fn pack<T: Lane>(out: &mut [u32], operand: Operand<T>, k: usize, threads: usize) {
     let Operand { x, lanes, width } = operand;
     let pairs = k.div_ceil(2);
     let panels = lanes.div_ceil(width);
     debug_assert!(out.len() >= panels * pairs * width);
     let (from, to) = (x.ptr as usize, out.as_mut_ptr() as usize);
     let at = |lane: usize, p0: usize| Mat {
-        ptr: (from as *const f32)
+        ptr: (from as *const T)
             .offset(lane as isize * x.row_stride + (2 * p0) as isize * x.col_stride),
         ..x
     };
@@ -234,10 +261,10 @@ const PACK_PAIRS: usize = 8;
 /// # Safety
 /// AVX512-BF16; `x`'s elements readable; `out` holds every panel.
 #[cfg(target_arch = "x86_64")]
-unsafe fn pack_panels(
+unsafe fn pack_panels<T: Lane>(
     out: *mut u32,
     stride: usize,
-    x: Mat<*const f32>,
+    x: Mat<*const T>,
     lanes: usize,
     depth: usize,
     pairs: usize,
@@ -277,6 +304,27 @@ unsafe fn pack_panels(
     }
 }
 
+/// A view as an address and strides, which tasks may share.
+fn address<T>(x: Mat<*const T>) -> Mat<usize> {
+    Mat {
+        ptr: x.ptr as usize,
+        row_stride: x.row_stride,
+        col_stride: x.col_stride,
+    }
+}
+
+/// [`address`]'s view again, from `offset` elements on.
+///
+/// # Safety
+/// `offset` stays inside the view's allocation.
+unsafe fn view<T>(x: Mat<usize>, offset: isize) -> Mat<*const T> {
+    Mat {
+        ptr: (x.ptr as *const T).offset(offset),
+        row_stride: x.row_stride,
+        col_stride: x.col_stride,
+    }
+}
+
 /// `f(0..count)`, over the pool when `threads` is more than 1.
 fn tasks(count: usize, threads: usize, f: impl Fn(usize) + Sync + Send) {
     use rayon::prelude::*;
@@ -288,10 +336,11 @@ fn tasks(count: usize, threads: usize, f: impl Fn(usize) + Sync + Send) {
 }
 
 /// Every block of `dst`: the side `own` names packed by the task that
-/// needs it, its block's next pairs at a time, into its thread's scratch
-/// (where they stay in cache while the block is multiplied by them); the
-/// other packed up front into `packed` by [`pack`]. `lhs` is `m x k`,
-/// `rhs` the right operand's columns' rows (`n x k`).
+/// needs it, its block's next pairs at a time (all of them for a bfloat16
+/// `dst`, whose sums are rounded once), into its thread's scratch (where
+/// they stay in cache while the block is multiplied by them); the other
+/// packed up front into `packed` by [`pack`]. `lhs` is `m x k`, `rhs` the
+/// right operand's columns' rows (`n x k`).
 ///
 /// # Safety
 /// AVX512-BF16; the operands' elements readable with a unit stride on one
@@ -299,59 +348,89 @@ fn tasks(count: usize, threads: usize, f: impl Fn(usize) + Sync + Send) {
 /// unit column stride.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)] // a BLAS call's own arguments
-unsafe fn multiply(
-    lhs: Mat<*const f32>,
-    rhs: Mat<*const f32>,
+unsafe fn multiply<D: Lane, L: Lane, R: Lane>(
+    lhs: Mat<*const L>,
+    rhs: Mat<*const R>,
     own: Side,
     packed: &[u32],
     dims: Dims,
-    dst: Mat<*mut f32>,
+    dst: Mat<*mut D>,
     accumulate: bool,
     scale: f32,
     threads: usize,
 ) {
     let Dims { m, n, k } = dims;
     let pairs = k.div_ceil(2);
+    // pairs a micro-kernel call sums, and pairs packed at a time: as many,
+    // or, for a bfloat16 dst, all of them, its block's calls summed in an
+    // fp32 tile in the same order (so it is the fp32 dst rounded)
     let kc = depth(pairs);
+    let span = match D::BF16 {
+        true => pairs,
+        false => kc,
+    };
     let (shared, c, ldc) = (packed.as_ptr() as usize, dst.ptr as usize, dst.row_stride);
     // the views as addresses, which the tasks may share
-    let address = |x: Mat<*const f32>| (x.ptr as usize, x.row_stride, x.col_stride);
     let (lhs, rhs) = (address(lhs), address(rhs));
     let block = |[i0, rows, q0, panels]: [usize; 4], mine: &mut [u32]| {
         let (micro, cols) = (rows.div_ceil(MR), (n - q0 * NR).min(panels * NR));
-        for p0 in (0..pairs).step_by(kc) {
-            let kc = kc.min(pairs - p0);
-            let (x, first, lanes, width) = match own {
-                Side::Left => (lhs, i0, rows, MR),
-                Side::Right => (rhs, q0 * NR, cols, NR),
+        for p0 in (0..pairs).step_by(span) {
+            let span = span.min(pairs - p0);
+            let offset = |x: Mat<usize>, first: usize| {
+                (
+                    first as isize * x.row_stride + (2 * p0) as isize * x.col_stride,
+                    x,
+                )
             };
-            let (from, row_stride, col_stride) = x;
-            let x = Mat {
-                ptr: (from as *const f32)
-                    .offset(first as isize * row_stride + (2 * p0) as isize * col_stride),
-                row_stride,
-                col_stride,
+            let ((at, x), lanes, width) = match own {
+                Side::Left => (offset(lhs, i0), rows, MR),
+                Side::Right => (offset(rhs, q0 * NR), cols, NR),
             };
+            let into = mine.as_mut_ptr();
             // SAFETY: this block's pairs p0.. into this task's scratch
-            unsafe { pack_panels(mine.as_mut_ptr(), kc, x, lanes, k - 2 * p0, kc, width) };
-            let shared =
-                |unit: usize, width: usize| (shared as *const u32).add((unit * pairs + p0) * width);
-            // micro-panel u of the block's rows, panel q of its columns
-            let a = |u: usize| match own {
-                Side::Left => mine[u * MR * kc..].as_ptr(),
-                Side::Right => shared(i0 / MR + u, MR),
+            unsafe {
+                match own {
+                    Side::Left => {
+                        let x = view::<L>(x, at);
+                        pack_panels(into, span, x, lanes, k - 2 * p0, span, width)
+                    }
+                    Side::Right => {
+                        let x = view::<R>(x, at);
+                        pack_panels(into, span, x, lanes, k - 2 * p0, span, width)
+                    }
+                }
             };
-            let b = |q: usize| match own {
-                Side::Left => shared(q0 + q, NR),
-                Side::Right => mine[q * NR * kc..].as_ptr(),
+            // pair p of this span of micro-panel u of the block's rows,
+            // and of panel q of its columns
+            let shared = |unit: usize, p: usize, width: usize| {
+                (shared as *const u32).add((unit * pairs + p0 + p) * width)
             };
-            let add = accumulate || p0 > 0;
+            let a = |u: usize, p: usize| match own {
+                Side::Left => mine[(u * span + p) * MR..].as_ptr(),
+                Side::Right => shared(i0 / MR + u, p, MR),
+            };
+            let b = |q: usize, p: usize| match own {
+                Side::Left => shared(q0 + q, p, NR),
+                Side::Right => mine[(q * span + p) * NR..].as_ptr(),
+            };
             let run = |u: usize, q: usize| {
                 let (i, j) = (i0 + u * MR, (q0 + q) * NR);
-                let cp = (c as *mut f32).offset(i as isize * ldc + j as isize);
+                let cp = (c as *mut D).offset(i as isize * ldc + j as isize);
                 let (rows, cols) = (MR.min(m - i), NR.min(n - j));
+                let (a, b) = (|p| a(u, p), |p| b(q, p));
                 // SAFETY: the block lies inside the packed panels and dst
-                unsafe { avx512::kernel(kc, a(u), b(q), cp, ldc, rows, cols, add, scale) };
+                unsafe {
+                    if !D::BF16 {
+                        let (add, cp) = (accumulate || p0 > 0, cp as *mut f32);
+                        return avx512::kernel(span, a(0), b(0), cp, ldc, rows, cols, add, scale);
+                    }
+                    let mut tile = [0.0f32; MR * NR];
+                    for p in (0..span).step_by(kc) {
+                        let (kc, at) = (kc.min(span - p), tile.as_mut_ptr());
+                        avx512::kernel(kc, a(p), b(p), at, NR as isize, MR, NR, p > 0, scale);
+                    }
+                    avx512::round(&tile, cp as *mut Bf16, ldc, rows, cols)
+                }
             };
             // a panel's pairs stay in L1 while the block's rows pass
             for q in 0..panels {
@@ -363,8 +442,8 @@ unsafe fn multiply(
     };
     let (count, at) = blocks(m, n, own, threads);
     let mine = match own {
-        Side::Left => MC * kc,
-        Side::Right => NC * NR * kc,
+        Side::Left => MC * span,
+        Side::Right => NC * NR * span,
     };
     tasks(count, threads, |t| {
         super::math::with_scratch(&BLOCK, mine, |mine| block(at(t), mine))
@@ -373,7 +452,7 @@ unsafe fn multiply(
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{Mat, MR, NR};
+    use super::{Bf16, Lane, Mat, MR, NR};
     use std::arch::x86_64::*;
     use std::mem::transmute;
 
@@ -427,9 +506,40 @@ mod avx512 {
         }
     }
 
-    /// 16 floats from `at` (the first `n` of them; zeros after).
-    #[target_feature(enable = "avx512f")]
-    unsafe fn load(at: *const f32, n: usize) -> __m512 {
+    /// An `MR x NR` tile of fp32 sums stored rounded into `dst` (its first
+    /// `rows x cols`) as [`Bf16::from_f32`] rounds: to nearest even, NaN to
+    /// the quiet NaN, and subnormals kept (which `vcvtneps2bf16` flushes).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub unsafe fn round(tile: &[f32; MR * NR], c: *mut Bf16, ldc: isize, rows: usize, cols: usize) {
+        let (one, half) = (_mm512_set1_epi32(1), _mm512_set1_epi32(0x7fff));
+        for (r, sums) in tile.chunks_exact(NR).take(rows).enumerate() {
+            let row = c.offset(r as isize * ldc) as *mut i16;
+            for h in 0..NR / 16 {
+                let wide = _mm512_loadu_ps(sums[16 * h..].as_ptr());
+                let bits = _mm512_castps_si512(wide);
+                let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(bits), one);
+                let up = _mm512_add_epi32(bits, _mm512_add_epi32(half, odd));
+                let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(wide, wide);
+                let held = _mm512_mask_mov_epi32(
+                    _mm512_srli_epi32::<16>(up),
+                    nan,
+                    _mm512_set1_epi32(0x7fc0),
+                );
+                let held = _mm512_cvtepi32_epi16(held);
+                _mm256_mask_storeu_epi16(row.add(16 * h), mask(cols.saturating_sub(16 * h)), held);
+            }
+        }
+    }
+
+    /// 16 values from `at` as floats (the first `n` of them; zeros after).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn load<T: Lane>(at: *const T, n: usize) -> __m512 {
+        if T::BF16 {
+            // a bfloat16 is its float's upper half
+            let held = _mm256_maskz_loadu_epi16(mask(n), at as *const i16);
+            return _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(held)));
+        }
+        let at = at as *const f32;
         match n >= 16 {
             true => _mm512_loadu_ps(at),
             false => _mm512_maskz_loadu_ps(mask(n), at),
@@ -466,10 +576,10 @@ mod avx512 {
     /// [`super::pack`]'s panel (`valid` of its `width` lanes) where each
     /// lane's k is contiguous: 32 floats of a lane make its next 16 pairs,
     /// and 16 lanes' are transposed to 16 pairs' before they are stored.
-    #[target_feature(enable = "avx512f,avx512bf16")]
-    pub unsafe fn pack_along(
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    pub unsafe fn pack_along<T: Lane>(
         out: *mut u32,
-        x: Mat<*const f32>,
+        x: Mat<*const T>,
         valid: usize,
         k: usize,
         width: usize,
@@ -505,10 +615,10 @@ mod avx512 {
     /// `width` lanes; `depth` elements of k left from the first) where the
     /// lanes are contiguous: each pair is two rows of 16 lanes, rounded
     /// into one register and interleaved.
-    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    pub unsafe fn pack_across(
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    pub unsafe fn pack_across<T: Lane>(
         out: *mut u32,
-        x: Mat<*const f32>,
+        x: Mat<*const T>,
         valid: usize,
         pairs: usize,
         depth: usize,
@@ -560,6 +670,147 @@ mod tests {
         for i in 0..16 {
             for j in 0..16 {
                 assert_eq!(got[j][i], x[i][j], "[{i}][{j}]");
+            }
+        }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod storage {
+    use super::*;
+    use crate::rng::Rng;
+
+    /// A tile of sums is stored rounded as [`Bf16::from_f32`] rounds (ties
+    /// to even, NaN, infinities, subnormals kept), its first rows and
+    /// columns only.
+    #[test]
+    fn a_tile_is_stored_rounded_as_a_bf16_is() {
+        if !available() {
+            eprintln!("no AVX512-BF16 here: the kernel cannot run");
+            return;
+        }
+        let mut rng = Rng::new(9);
+        let special = [
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            1e-39,
+            -3e-40,
+            f32::from_bits(0x3f80_8000), // a tie, rounded down to even
+            f32::from_bits(0x3f81_8000), // a tie, rounded up to even
+            f32::from_bits(0x7f7f_ffff), // rounds to infinity
+            0.0,
+            -0.0,
+        ];
+        let tile: [f32; MR * NR] = std::array::from_fn(|i| match special.get(i % 40) {
+            Some(&x) => x,
+            None => rng.normal() as f32,
+        });
+        let (rows, cols, ldc) = (MR - 1, NR - 3, NR + 5);
+        let mut dst = vec![Bf16::from_f32(7.0); MR * ldc];
+        // SAFETY: the CPU has AVX-512 (checked above); dst holds the rows.
+        unsafe { avx512::round(&tile, dst.as_mut_ptr(), ldc as isize, rows, cols) };
+        for r in 0..MR {
+            for c in 0..ldc {
+                let want = match r < rows && c < cols {
+                    true => Bf16::from_f32(tile[r * NR + c]),
+                    false => Bf16::from_f32(7.0),
+                };
+                assert_eq!(
+                    dst[r * ldc + c],
+                    want,
+                    "[{r}][{c}] of {}",
+                    tile[r * NR + c.min(NR - 1)]
+                );
+            }
+        }
+    }
+
+    /// `out (m x n, transposed where dst_t) = [out +] a (m x k) @ b (k x n)`
+    /// (both row-major) on `threads` of `pool`; whether it ran.
+    #[allow(clippy::too_many_arguments)]
+    fn product<D: Lane + Send, L: Lane + Sync, R: Lane + Sync>(
+        pool: &rayon::ThreadPool,
+        (m, n, k): (usize, usize, usize),
+        out: &mut [D],
+        dst_t: bool,
+        a: &[L],
+        b: &[R],
+        accumulate: bool,
+        threads: usize,
+    ) -> bool {
+        let dst = match dst_t {
+            true => Mat::new(out.as_mut_ptr(), 1, m),
+            false => Mat::new(out.as_mut_ptr(), n, 1),
+        };
+        let (a, b) = (Mat::new(a.as_ptr(), k, 1), Mat::new(b.as_ptr(), n, 1));
+        let strides = (dst.row_stride, dst.col_stride);
+        let (dst, a, b) = (dst.ptr as usize, address(a), address(b));
+        pool.install(|| {
+            // SAFETY: each buffer holds what its view addresses.
+            unsafe {
+                let dst = Mat {
+                    ptr: dst as *mut D,
+                    row_stride: strides.0,
+                    col_stride: strides.1,
+                };
+                let (a, b) = (view::<L>(a, 0), view::<R>(b, 0));
+                gemm(Dims { m, n, k }, dst, a, b, accumulate, 1.0, threads)
+            }
+        })
+    }
+
+    /// A product of operands held in bfloat16 is the product of their
+    /// values held in fp32, and a bfloat16 output the fp32 output rounded:
+    /// bit for bit, for
+    /// either layout of dst, over more than one kernel call's pairs, on
+    /// one thread and two; a bfloat16 output to accumulate onto is refused.
+    #[test]
+    fn bf16_operands_and_outputs_are_their_fp32_values() {
+        if !available() {
+            eprintln!("no AVX512-BF16 here: the kernel cannot run");
+            return;
+        }
+        let mut rng = Rng::new(5);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        for (m, n, k) in [(5, 9, 7), (13, 40, 16), (30, 70, 800), (97, 33, 385)] {
+            let mut randn =
+                |len: usize| -> Vec<f32> { (0..len).map(|_| rng.normal() as f32).collect() };
+            let (a, b) = (randn(m * k), randn(k * n));
+            let held = |x: &[f32]| -> Vec<Bf16> { x.iter().map(|&v| Bf16::from_f32(v)).collect() };
+            let (ah, bh) = (held(&a), held(&b));
+            let wide = |x: &[Bf16]| -> Vec<f32> { x.iter().map(|v| v.to_f32()).collect() };
+            let (aw, bw) = (wide(&ah), wide(&bh));
+            for (threads, dst_t) in [(1, false), (2, false), (2, true)] {
+                let at = format!("{m}x{n}x{k} on {threads}, dst transposed {dst_t}");
+                let dims = (m, n, k);
+                let (mut want, mut got) = (vec![1.0f32; m * n], vec![1.0f32; m * n]);
+                assert!(product(
+                    &pool, dims, &mut want, dst_t, &aw, &bw, true, threads
+                ));
+                assert!(product(
+                    &pool, dims, &mut got, dst_t, &ah, &bh, true, threads
+                ));
+                assert!(got == want, "{at}: bf16 operands, fp32 dst");
+                let mut fp32 = vec![0.0f32; m * n];
+                assert!(product(
+                    &pool, dims, &mut fp32, dst_t, &a, &b, false, threads
+                ));
+                let mut out = vec![Bf16::default(); m * n];
+                assert!(product(
+                    &pool, dims, &mut out, dst_t, &a, &bh, false, threads
+                ));
+                assert!(
+                    out == held(&fp32),
+                    "{at}: a bf16 dst is not the fp32 one rounded"
+                );
+                assert!(
+                    !product(&pool, dims, &mut out, dst_t, &a, &b, true, threads),
+                    "{at}: accumulated onto a bf16 dst"
+                );
             }
         }
     }

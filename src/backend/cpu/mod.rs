@@ -5,7 +5,7 @@ pub mod blas;
 #[cfg(test)]
 pub(crate) mod check;
 mod decode;
-mod dpbf16;
+pub(crate) mod dpbf16;
 pub(crate) mod elementwise;
 pub mod hardware;
 pub mod int8;

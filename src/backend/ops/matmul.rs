@@ -6,6 +6,7 @@
 //! or `OutIn` (n x k, nn.Linear / the tied embedding: `out = inp @ w^T`).
 
 use super::{need, Checked, Extent, Host, Kernel, Lower, Operands, Queued, Stored};
+use crate::backend::cpu::blas::gemm_stored;
 use crate::backend::cpu::math::{column_sums, gemm, with_scratch, Mat, Scratch};
 use crate::backend::gpu::{
     operand, stored_operand, stored_view, weight_operand, Batch, Gemm, Queue, Raw, Runtime,
@@ -258,34 +259,7 @@ fn forward(op: MatmulForward<Host<'_>>) {
     let threads = rayon::current_num_threads();
     let out = match out {
         Stored::F32(out) => &mut out[..rows * n],
-        Stored::Bf16(out) => {
-            // column blocks of the product in fp32, each stored rounded
-            let out = &mut out[..rows * n];
-            return staged(rows, n, |stage, cols| {
-                let nc = cols.len();
-                // SAFETY: sizes were checked above; the stage is its own buffer.
-                unsafe {
-                    gemm(
-                        true,
-                        (rows, nc, k),
-                        Mat::new(stage.as_mut_ptr(), nc, 1),
-                        Mat::new(inp.as_ptr(), k, 1),
-                        weight_mat(w[first_col(layout, k, cols.start)..].as_ptr(), layout, k, n),
-                        false,
-                        1.0,
-                        threads,
-                    );
-                }
-                out.par_chunks_mut(n)
-                    .zip(stage.par_chunks(nc))
-                    .for_each(|(o, s)| {
-                        o[cols.clone()]
-                            .iter_mut()
-                            .zip(s)
-                            .for_each(|(o, &x)| *o = Bf16::from_f32(x))
-                    });
-            });
-        }
+        Stored::Bf16(out) => return forward_rounded(&mut out[..rows * n], inp, w, shape, true),
     };
     // The bias goes onto an output the product adds to before the product,
     // and onto one it starts after it, so that the product only writes that
@@ -318,6 +292,55 @@ fn forward(op: MatmulForward<Host<'_>>) {
     if !accumulate {
         add_bias(out);
     }
+}
+
+/// [`forward`] into a bf16 `out` (rows x n; no bias, no accumulation), in
+/// bf16 products: where `native`, by the bf16 kernel that stores its sums
+/// rounded, if it runs here; else column blocks of the product in fp32
+/// staging, each stored rounded.
+fn forward_rounded(out: &mut [Bf16], inp: &[f32], w: &[f32], shape: MatmulShape, native: bool) {
+    let (rows, k, n, layout) = (shape.rows, shape.k, shape.n, shape.layout);
+    let threads = rayon::current_num_threads();
+    assert!(out.len() >= rows * n && inp.len() >= rows * k && w.len() >= k * n);
+    // SAFETY: sizes were checked above; out does not alias inp or w.
+    let done = native
+        && unsafe {
+            gemm_stored(
+                (rows, n, k),
+                Mat::new(out.as_mut_ptr(), n, 1),
+                Mat::new(inp.as_ptr(), k, 1),
+                weight_mat(w.as_ptr(), layout, k, n),
+                false,
+                threads,
+            )
+        };
+    if done {
+        return;
+    }
+    staged(rows, n, |stage, cols| {
+        let nc = cols.len();
+        // SAFETY: sizes were checked above; the stage is its own buffer.
+        unsafe {
+            gemm(
+                true,
+                (rows, nc, k),
+                Mat::new(stage.as_mut_ptr(), nc, 1),
+                Mat::new(inp.as_ptr(), k, 1),
+                weight_mat(w[first_col(layout, k, cols.start)..].as_ptr(), layout, k, n),
+                false,
+                1.0,
+                threads,
+            );
+        }
+        out.par_chunks_mut(n)
+            .zip(stage.par_chunks(nc))
+            .for_each(|(o, s)| {
+                o[cols.clone()]
+                    .iter_mut()
+                    .zip(s)
+                    .for_each(|(o, &x)| *o = Bf16::from_f32(x))
+            });
+    });
 }
 
 /// Floats of fp32 staging a product with a bf16 operand or output holds at
@@ -367,7 +390,7 @@ fn backward(op: MatmulBackward<Host<'_>>) {
     let threads = rayon::current_num_threads();
     let dout = match dout {
         Stored::F32(dout) => dout,
-        Stored::Bf16(dout) => return backward_staged(dinp, dw, dout, inp, w, shape),
+        Stored::Bf16(dout) => return backward_stored(dinp, dw, dout, inp, w, shape, true),
     };
     if let Some(dinp) = dinp {
         assert!(dinp.len() >= rows * k && dout.len() >= rows * n && w.len() >= k * n);
@@ -406,20 +429,54 @@ fn backward(op: MatmulBackward<Host<'_>>) {
     }
 }
 
-/// [`backward`] for a `dout` stored in bf16, in bf16 products: its column
-/// blocks widened into fp32 staging, dinp summed over them, dw's columns
-/// a block at a time (no bias: the check refuses one).
-fn backward_staged(
-    mut dinp: Option<&mut [f32]>,
-    mut dw: Option<&mut [f32]>,
+/// [`backward`] for a `dout` stored in bf16, in bf16 products (no bias:
+/// the check refuses one): where `native`, each half by the bf16 kernel
+/// that reads `dout` as it is, if it runs here; else `dout`'s column blocks
+/// widened into fp32 staging, dinp summed over them, dw's columns a block
+/// at a time.
+fn backward_stored(
+    dinp: Option<&mut [f32]>,
+    dw: Option<&mut [f32]>,
     dout: &[Bf16],
     inp: &[f32],
     w: &[f32],
     shape: MatmulShape,
+    native: bool,
 ) {
     let (rows, k, n, layout) = (shape.rows, shape.k, shape.n, shape.layout);
     let threads = rayon::current_num_threads();
     assert!(dout.len() >= rows * n && w.len() >= k * n);
+    assert!(dinp.as_ref().is_none_or(|d| d.len() >= rows * k));
+    assert!(dw
+        .as_ref()
+        .is_none_or(|d| d.len() >= k * n && inp.len() >= rows * k));
+    let dout_mat = Mat::new(dout.as_ptr(), n, 1);
+    // SAFETY (both): sizes were checked above; destinations are distinct buffers.
+    let mut dinp = match dinp {
+        Some(d) if native => {
+            let (to, w) = (
+                Mat::new(d.as_mut_ptr(), k, 1),
+                weight_mat(w.as_ptr(), layout, k, n),
+            );
+            let done = unsafe { gemm_stored((rows, k, n), to, dout_mat, w.t(), false, threads) };
+            (!done).then_some(d)
+        }
+        dinp => dinp,
+    };
+    let mut dw = match dw {
+        Some(d) if native => {
+            let (to, inp) = (
+                weight_mat(d.as_mut_ptr(), layout, k, n),
+                Mat::new(inp.as_ptr(), k, 1),
+            );
+            let done = unsafe { gemm_stored((k, n, rows), to, inp.t(), dout_mat, true, threads) };
+            (!done).then_some(d)
+        }
+        dw => dw,
+    };
+    if dinp.is_none() && dw.is_none() {
+        return;
+    }
     staged(rows, n, |stage, cols| {
         let nc = cols.len();
         stage
@@ -516,16 +573,20 @@ mod tests {
     }
 
     /// A product stored in bf16 is the fp32 product (bf16 products) with
-    /// each sum rounded; a bf16 output gradient gives what the same values
-    /// held in fp32 give: bit for bit within one staging block (as cuBLAS
-    /// takes either), and over many blocks (a GPT-2 head's 2,048 x 50,304)
-    /// within the rounding of dinp's sums split at the blocks.
+    /// each sum rounded, and a bf16 output gradient gives what the same
+    /// values held in fp32 give: by the bf16 kernel that reads and writes
+    /// bf16 storage (where it runs), bit for bit at every size; staged in
+    /// fp32, bit for bit within one staging block (as cuBLAS takes either),
+    /// and over many blocks (a GPT-2 head's 2,048 x 50,304) within the
+    /// rounding of dinp's sums split at the blocks.
     #[test]
     fn bf16_storage_is_the_rounding_of_the_fp32_product() {
         let mut rng = Rng::new(11);
         for (rows, k, n, layout) in [
             (5, 7, 9, WeightLayout::InOut),
             (6, 16, 40, WeightLayout::OutIn),
+            // more than one kernel call's pairs (KC) in each sum
+            (30, 800, 70, WeightLayout::InOut),
             (2048, 8, 4200, WeightLayout::OutIn),
         ] {
             let shape = MatmulShape {
@@ -533,65 +594,64 @@ mod tests {
                 ..MatmulShape::new((rows, k, n), layout)
             };
             let (inp, w) = (randn(&mut rng, rows * k, 1.0), randn(&mut rng, k * n, 1.0));
-            let forward_as = |out| {
-                forward(MatmulForward {
-                    out,
-                    inp: &inp,
-                    w: &w,
-                    bias: None,
-                    shape,
-                    accumulate: false,
-                })
-            };
             let mut fp32 = vec![f32::NAN; rows * n];
-            forward_as(Stored::F32(&mut fp32));
-            let mut held = vec![Bf16::default(); rows * n];
-            forward_as(Stored::Bf16(&mut held));
+            forward(MatmulForward {
+                out: Stored::F32(&mut fp32),
+                inp: &inp,
+                w: &w,
+                bias: None,
+                shape,
+                accumulate: false,
+            });
             let rounded: Vec<Bf16> = fp32.iter().map(|&x| Bf16::from_f32(x)).collect();
-            assert!(
-                held == rounded,
-                "({rows}, {k}, {n}): not the rounded product"
-            );
-
             let dout: Vec<Bf16> = randn(&mut rng, rows * n, 1.0)
                 .into_iter()
                 .map(Bf16::from_f32)
                 .collect();
             let wide: Vec<f32> = dout.iter().map(|x| x.to_f32()).collect();
             let dw0 = randn(&mut rng, k * n, 1.0);
-            let backward_as = |dout| {
+            let (mut dinp, mut dw) = (vec![f32::NAN; rows * k], dw0.clone());
+            backward(MatmulBackward {
+                dinp: Some(&mut dinp),
+                dw: Some(&mut dw),
+                dbias: None,
+                dout: Stored::F32(&wide),
+                inp: &inp,
+                w: &w,
+                shape,
+            });
+            let want = (dinp, dw);
+            for native in [false, true] {
+                let route = match native && crate::backend::cpu::blas::stores_bf16() {
+                    true => "the bf16 kernel",
+                    false => "staged",
+                };
+                let at = format!("({rows}, {k}, {n}) {route}");
+                let mut held = vec![Bf16::default(); rows * n];
+                forward_rounded(&mut held, &inp, &w, shape, native);
+                assert!(held == rounded, "{at}: not the rounded product");
                 let (mut dinp, mut dw) = (vec![f32::NAN; rows * k], dw0.clone());
-                backward(MatmulBackward {
-                    dinp: Some(&mut dinp),
-                    dw: Some(&mut dw),
-                    dbias: None,
-                    dout,
-                    inp: &inp,
-                    w: &w,
+                backward_stored(
+                    Some(&mut dinp),
+                    Some(&mut dw),
+                    &dout,
+                    &inp,
+                    &w,
                     shape,
-                });
-                (dinp, dw)
-            };
-            let (want, got) = (
-                backward_as(Stored::F32(&wide)),
-                backward_as(Stored::Bf16(&dout)),
-            );
-            if rows * n <= STAGE {
-                assert!(
-                    got == want,
-                    "({rows}, {k}, {n}): not the fp32-held gradient's"
+                    native,
                 );
-            } else {
-                // dw's columns are whole sums in either; dinp's sums of n
-                // products (each under 25 here) split at the blocks differ
-                // by their rounding, n u 25 < 7e-3
-                assert!(got.1 == want.1, "({rows}, {k}, {n}): dw");
-                let worst = got.0.iter().zip(&want.0).map(|(a, b)| (a - b).abs());
-                let worst = worst.fold(0.0, f32::max);
-                assert!(
-                    worst > 0.0 && worst < 7e-3,
-                    "({rows}, {k}, {n}): dinp {worst}"
-                );
+                let got = (dinp, dw);
+                if route == "the bf16 kernel" || rows * n <= STAGE {
+                    assert!(got == want, "{at}: not the fp32-held gradient's");
+                } else {
+                    // dw's columns are whole sums in either; dinp's sums of n
+                    // products (each under 25 here) split at the blocks differ
+                    // by their rounding, n u 25 < 7e-3
+                    assert!(got.1 == want.1, "{at}: dw");
+                    let worst = got.0.iter().zip(&want.0).map(|(a, b)| (a - b).abs());
+                    let worst = worst.fold(0.0, f32::max);
+                    assert!(worst > 0.0 && worst < 7e-3, "{at}: dinp {worst}");
+                }
             }
         }
     }
