@@ -126,7 +126,7 @@ fn a_bf16_matmul_rounds_its_operands_and_sums_exact_products() {
                 };
                 be.run(MatmulForward {
                     out: out.d().into(),
-                    inp: inp_b.s(),
+                    inp: Stored::F32(inp_b.s()),
                     w: w_b.s(),
                     bias: None,
                     shape,
@@ -138,7 +138,7 @@ fn a_bf16_matmul_rounds_its_operands_and_sums_exact_products() {
                     dw: Some(dw.d()),
                     dbias: None,
                     dout: dout_b.s().into(),
-                    inp: inp_b.s(),
+                    inp: Stored::F32(inp_b.s()),
                     w: w_b.s(),
                     shape,
                 })
@@ -236,7 +236,7 @@ fn bf16_storage_is_its_fp32_values_on_every_route() {
                     let (bias, accumulate) = (None, false);
                     be.run(MatmulForward {
                         out,
-                        inp,
+                        inp: Stored::F32(inp),
                         w,
                         bias,
                         shape,
@@ -263,7 +263,7 @@ fn bf16_storage_is_its_fp32_values_on_every_route() {
                         dw: dw_d,
                         dbias,
                         dout,
-                        inp,
+                        inp: Stored::F32(inp),
                         w,
                         shape,
                     })
@@ -274,6 +274,50 @@ fn bf16_storage_is_its_fp32_values_on_every_route() {
                     backward(Stored::Bf16(held_b.s())) == backward(Stored::F32(wide_b.s())),
                     "{what}: a bf16 gradient is not its fp32 values"
                 );
+                // an input stored in bf16 (GPT-2's GELU output): its fp32
+                // values' product (with a bias, added to) and dw
+                let inp_held: Vec<Bf16> = inp.iter().map(|&v| Bf16::from_f32(v)).collect();
+                let inp_wide = buf(&inp_held.iter().map(|x| x.to_f32()).collect::<Vec<_>>());
+                let mut ih = be
+                    .alloc_typed::<Bf16>(rows * k, Category::Activations)
+                    .unwrap();
+                be.upload(ih.d(), &inp_held).unwrap();
+                let (bias, out0) = (buf(&dw0[..n]), wide.clone());
+                let with_input = |inp: Stored<_, _>, dout| {
+                    let (mut out, mut dw) = (buf(&out0), buf(&dw0));
+                    let (w, bias) = (w_b.s(), Some(bias.s()));
+                    let (out_d, dw_d) = (Stored::F32(out.d()), Some(dw.d()));
+                    let op = MatmulForward {
+                        out: out_d,
+                        inp,
+                        w,
+                        bias,
+                        shape,
+                        accumulate: true,
+                    };
+                    be.run(op).unwrap();
+                    let op = MatmulBackward {
+                        dinp: None,
+                        dw: dw_d,
+                        dbias: None,
+                        dout,
+                        inp,
+                        w,
+                        shape,
+                    };
+                    be.run(op).unwrap();
+                    (be.to_host(out.s()).unwrap(), be.to_host(dw.s()).unwrap())
+                };
+                for (dout, name) in [
+                    (Stored::F32(wide_b.s()), "fp32"),
+                    (Stored::Bf16(held_b.s()), "bf16"),
+                ] {
+                    assert!(
+                        with_input(Stored::Bf16(ih.s()), dout)
+                            == with_input(Stored::F32(inp_wide.s()), dout),
+                        "{what}: a bf16 input is not its fp32 values (dout in {name})"
+                    );
+                }
             }
         }
     }

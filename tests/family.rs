@@ -319,7 +319,7 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                 let io = |dims| MatmulShape::new(dims, WeightLayout::InOut);
                 be.run(MatmulForward {
                     out: h.rb().into(),
-                    inp: x,
+                    inp: x.into(),
                     w: w1,
                     bias: None,
                     shape: io((rows, c, f)),
@@ -327,14 +327,14 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                 })?;
                 // the first bias, added in the activation's passes
                 be.run(ActivationForward {
-                    out: g.rb(),
+                    out: g.rb().into(),
                     inp: h.src(),
                     bias: Some(b1),
                     act: Activation::GeluTanh,
                 })?;
                 be.run(MatmulForward {
                     out: out.into(),
-                    inp: g.src(),
+                    inp: g.src().into(),
                     w: w2,
                     bias: Some(b2),
                     shape: io((rows, f, c)),
@@ -344,7 +344,7 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
             UnitKind::Head => {
                 be.run(MatmulForward {
                     out: a.logits.d().into(),
-                    inp: a.resid.slice(nl * rows * c..(nl + 1) * rows * c),
+                    inp: a.resid.slice(nl * rows * c..(nl + 1) * rows * c).into(),
                     w: p.own,
                     bias: None,
                     shape: MatmulShape::new((rows, c, v), WeightLayout::InOut),
@@ -403,7 +403,7 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                     dw: Some(g.own),
                     dbias: None,
                     dout: a.logits.s().into(),
-                    inp: a.resid.slice(nl * rows * c..(nl + 1) * rows * c),
+                    inp: a.resid.slice(nl * rows * c..(nl + 1) * rows * c).into(),
                     w: p.own,
                     shape: io((rows, c, v)),
                 })?;
@@ -418,7 +418,7 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                     dw: Some(dw2),
                     dbias: Some(db2),
                     dout: a.dres.s().into(),
-                    inp: a.g.slice(l * rows * f..(l + 1) * rows * f),
+                    inp: a.g.slice(l * rows * f..(l + 1) * rows * f).into(),
                     w: w2,
                     shape: io((rows, f, c)),
                 })?;
@@ -436,7 +436,7 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                     dw: Some(dw1),
                     dbias: None,
                     dout: a.dg.s().into(),
-                    inp: a.resid.slice(l * rows * c..(l + 1) * rows * c),
+                    inp: a.resid.slice(l * rows * c..(l + 1) * rows * c).into(),
                     w: w1,
                     shape: io((rows, c, f)),
                 })?;

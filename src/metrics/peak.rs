@@ -172,7 +172,7 @@ fn matmul_flops<B: Backend>(be: &B) -> f64 {
         let t0 = Instant::now();
         let ran = be.run(MatmulForward {
             out: out.d().into(),
-            inp: inp.s(),
+            inp: inp.s().into(),
             w: w.s(),
             bias: None,
             shape: MatmulShape::new((rows, k, n), WeightLayout::InOut),

@@ -5,9 +5,9 @@
 
 use super::bf16::{matmul_backward, matmul_forward};
 use crate::backend::{
-    Activation, ActivationBackward, ActivationForward, Backend, Buf, CrossEntropyBackward,
+    Activation, ActivationBackward, ActivationForward, Backend, Bf16, Buf, CrossEntropyBackward,
     CrossEntropyForward, Dst, LayerNormBackward, LayerNormForward, MatmulBackward, MatmulForward,
-    MatmulShape, On, Src, WeightLayout,
+    MatmulShape, On, Src, Stored, StoredSrc, WeightLayout,
 };
 use crate::error::Result;
 use std::ops::Range;
@@ -153,7 +153,7 @@ impl<'s, B: Backend, P: Copy> Ops<'s, B, P> {
         let (w, bias) = (self.w(w), b.map(|b| self.w(b)));
         let op = MatmulForward {
             out: out.into(),
-            inp,
+            inp: inp.into(),
             w,
             bias,
             shape,
@@ -171,11 +171,11 @@ impl<'s, B: Backend, P: Copy> Ops<'s, B, P> {
     /// are: `dinp` overwritten; `w`'s gradient (and `b`'s, where given)
     /// accumulated where the pass takes gradients; given no `dinp`, the
     /// split backward's weight half alone, in fp32 (as it always ran).
-    pub fn linear_back(
+    pub fn linear_back<'i>(
         &mut self,
-        dinp: Option<Dst<'_, B>>,
-        dout: Src<'_, B>,
-        inp: Src<'_, B>,
+        dinp: Option<Dst<'i, B>>,
+        dout: Src<'i, B>,
+        inp: impl Into<StoredSrc<'i, B>>,
         w: P,
         b: Option<P>,
         shape: MatmulShape,
@@ -194,7 +194,7 @@ impl<'s, B: Backend, P: Copy> Ops<'s, B, P> {
             dw,
             dbias,
             dout: dout.into(),
-            inp,
+            inp: inp.into(),
             w: wv,
             shape,
         };
@@ -243,11 +243,17 @@ impl<'s, B: Backend, P: Copy> Ops<'s, B, P> {
         self.be.run(op)
     }
 
-    /// `act` of `inp` plus bias `b` into `out`.
-    pub fn act(&self, out: Dst<'_, B>, inp: Src<'_, B>, b: P, act: Activation) -> Result<()> {
+    /// `act` of `inp` plus bias `b` into `out` (fp32, or stored in bf16).
+    pub fn act<'o>(
+        &self,
+        out: impl Into<Stored<Dst<'o, B>, Dst<'o, B, Bf16>>>,
+        inp: Src<'_, B>,
+        b: P,
+        act: Activation,
+    ) -> Result<()> {
         let bias = Some(self.w(b));
         self.be.run(ActivationForward {
-            out,
+            out: out.into(),
             inp,
             bias,
             act,

@@ -9,7 +9,7 @@
 //! backward (`all_reduce`).
 
 use super::layout::ParamLayout;
-use crate::backend::{AttnShape, Backend, Dst, MatmulForward, MatmulShape, On, Src};
+use crate::backend::{AttnShape, Backend, Dst, MatmulForward, MatmulShape, On, Src, StoredSrc};
 use crate::comm::{device, Comm};
 use crate::error::{Error, Result};
 
@@ -147,7 +147,8 @@ pub struct TpGroup<'a> {
 pub struct RowParallel<'a, B: Backend> {
     pub out: Dst<'a, B>,
     pub residual: Src<'a, B>,
-    pub inp: Src<'a, B>,
+    /// fp32, or stored in bf16 (GPT-2's GELU output under bf16).
+    pub inp: StoredSrc<'a, B>,
     pub w: Src<'a, B>,
     pub bias: Src<'a, B>,
 }

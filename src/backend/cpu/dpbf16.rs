@@ -20,8 +20,9 @@
 //!
 //! Operands and the output may each be held in fp32 or in bfloat16
 //! ([`Lane`]): a bfloat16 operand is packed as it is (its rounding is
-//! exact), and a bfloat16 output takes its sums over the whole of k at once
-//! and stores them rounded, so it is the fp32 output rounded, bit for bit.
+//! exact), and a bfloat16 output has each micro-kernel block summed in an
+//! fp32 tile in the order the fp32 output's passes over k sum it, then
+//! stored rounded, so it is the fp32 output rounded, bit for bit.
 
 use super::math::{Dims, Mat};
 use crate::backend::Bf16;

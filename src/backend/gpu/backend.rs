@@ -279,7 +279,7 @@ impl<R: Runtime> Decode for Gpu<R> {
         } = op;
         let queued = self.run(MatmulForward {
             out: out.into(),
-            inp,
+            inp: inp.into(),
             w: w.w.s(),
             bias,
             shape: MatmulShape::new(dims, w.layout),

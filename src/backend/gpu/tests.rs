@@ -566,7 +566,7 @@ fn matmul_forward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
                 let b = with_bias.then_some(&bias[..]);
                 (MatmulForward::<Host> {
                     out: Stored::F32(&mut want),
-                    inp: &inp,
+                    inp: Stored::F32(&inp),
                     w: &w,
                     bias: b,
                     shape: MatmulShape {
@@ -585,7 +585,7 @@ fn matmul_forward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
                 let bv = with_bias.then(|| bd.view());
                 dev.run(MatmulForward {
                     out: Stored::F32(o.view()),
-                    inp: i.view(),
+                    inp: Stored::F32(i.view()),
                     w: wd.view(),
                     bias: bv,
                     shape: MatmulShape {
@@ -632,7 +632,7 @@ fn matmul_backward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
                     dw: Some(&mut dw),
                     dbias,
                     dout: Stored::F32(&dout),
-                    inp: &inp,
+                    inp: Stored::F32(&inp),
                     w: &w,
                     shape: MatmulShape {
                         bf16,
@@ -649,7 +649,7 @@ fn matmul_backward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
                     dw: Some(&mut mag_dw),
                     dbias: Some(&mut mag_db),
                     dout: Stored::F32(&abs(&dout)),
-                    inp: &abs(&inp),
+                    inp: Stored::F32(&abs(&inp)),
                     w: &abs(&w),
                     shape: MatmulShape::new((rows, k, n), layout),
                 })
@@ -664,7 +664,7 @@ fn matmul_backward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
                     dw: Some(dwd.view()),
                     dbias: bv,
                     dout: Stored::F32(dd.view()),
-                    inp: i.view(),
+                    inp: Stored::F32(i.view()),
                     w: wd.view(),
                     shape: MatmulShape {
                         rows,
@@ -775,7 +775,7 @@ fn pointwise_kernels_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
                 let at = format!("{act:?} n={n} bias={:?}", b.map(<[f32]>::len));
                 let mut want = vec![0.0; n];
                 (ActivationForward::<Host> {
-                    out: &mut want,
+                    out: Stored::F32(&mut want),
                     inp: &x,
                     bias: b,
                     act,
@@ -783,7 +783,7 @@ fn pointwise_kernels_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
                 .cpu(&AsIs);
                 let o = putf(dev, &vec![0.0; n]);
                 dev.run(ActivationForward {
-                    out: o.view(),
+                    out: Stored::F32(o.view()),
                     inp: xd.view(),
                     bias: bv,
                     act,
@@ -824,7 +824,7 @@ fn pointwise_kernels_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
             // a bias whose rows cannot hold the n elements
             let wide = putf(dev, &vec![0.0; n + 1]);
             let op = |bias| ActivationForward {
-                out: xd.view(),
+                out: Stored::F32(xd.view()),
                 inp: xd.view(),
                 bias: Some(bias),
                 act: Activation::Tanh,
@@ -1042,7 +1042,7 @@ fn bf16_storage_is_its_fp32_values_on<R: Runtime>(dev: &Queue<R>) {
         for out in [Stored::F32(fp32.view()), Stored::Bf16(held.view())] {
             dev.run(MatmulForward {
                 out,
-                inp: i.view(),
+                inp: Stored::F32(i.view()),
                 w: w.view(),
                 bias: None,
                 shape,
@@ -1108,7 +1108,7 @@ fn bf16_storage_is_its_fp32_values_on<R: Runtime>(dev: &Queue<R>) {
                 dw: Some(dw.view()),
                 dbias: None,
                 dout,
-                inp: i.view(),
+                inp: Stored::F32(i.view()),
                 w: w.view(),
                 shape,
             };
@@ -1116,6 +1116,92 @@ fn bf16_storage_is_its_fp32_values_on<R: Runtime>(dev: &Queue<R>) {
             grads.push((get(dev, &di), get(dev, &dw)));
         }
         assert!(grads[0] == grads[1], "{what}: the bf16 gradient's products");
+    }
+}
+
+/// An activation stored in bf16 (GPT-2's GELU output under `--precision
+/// bf16`) on the device: the fp32 activation rounded, and a product reading
+/// it as its input gives, forward (with a bias, added to) and as dw's
+/// input, what its values held in fp32 give, each bit for bit.
+#[test]
+fn a_bf16_activation_and_the_product_reading_it_on_the_device() {
+    on_gpus!(a_bf16_activation_and_the_product_reading_it_on);
+}
+
+fn a_bf16_activation_and_the_product_reading_it_on<R: Runtime>(dev: &Queue<R>) {
+    let mut rng = Rng::new(14);
+    let putb = |x: &[Bf16]| put(dev, x, Bf16::from_f32(-999.0 - next_guard() as f32));
+    for (rows, k, n) in [(3, 8, 5), (9, 96, 40)] {
+        let what = format!("rows={rows} k={k} n={n}");
+        let (x, b) = (
+            putf(dev, &randn(&mut rng, rows * k, 2.0)),
+            putf(dev, &randn(&mut rng, k, 1.0)),
+        );
+        let (fp32, held) = (
+            putf(dev, &vec![0.0; rows * k]),
+            putb(&vec![Bf16::default(); rows * k]),
+        );
+        for out in [Stored::F32(fp32.view()), Stored::Bf16(held.view())] {
+            let op = ActivationForward {
+                out,
+                inp: x.view(),
+                bias: Some(b.view()),
+                act: Activation::GeluTanh,
+            };
+            dev.run(op).unwrap();
+        }
+        let gelu = get(dev, &held);
+        let rounded: Vec<Bf16> = get(dev, &fp32).into_iter().map(Bf16::from_f32).collect();
+        assert!(
+            gelu == rounded,
+            "{what}: the bf16 activation is not the fp32 one rounded"
+        );
+
+        let wide = putf(dev, &gelu.iter().map(|x| x.to_f32()).collect::<Vec<_>>());
+        let shape = MatmulShape {
+            bf16: true,
+            ..MatmulShape::new((rows, k, n), WeightLayout::InOut)
+        };
+        let (w, bias) = (
+            putf(dev, &randn(&mut rng, k * n, 1.0)),
+            putf(dev, &randn(&mut rng, n, 1.0)),
+        );
+        let (out0, dout) = (
+            randn(&mut rng, rows * n, 1.0),
+            putf(dev, &randn(&mut rng, rows * n, 1.0)),
+        );
+        let dw0 = randn(&mut rng, k * n, 1.0);
+        let mut runs = Vec::new();
+        for inp in [Stored::F32(wide.view()), Stored::Bf16(held.view())] {
+            let out = putf(dev, &out0);
+            let (bias, w) = (Some(bias.view()), w.view());
+            let op = MatmulForward {
+                out: Stored::F32(out.view()),
+                inp,
+                w,
+                bias,
+                shape,
+                accumulate: true,
+            };
+            dev.run(op).unwrap();
+            let dw = putf(dev, &dw0);
+            let op = MatmulBackward {
+                dinp: None,
+                dw: Some(dw.view()),
+                dbias: None,
+                dout: Stored::F32(dout.view()),
+                inp,
+                w,
+                shape,
+            };
+            dev.run(op).unwrap();
+            runs.push((get(dev, &out), get(dev, &dw)));
+        }
+        assert!(
+            runs[0].0 == runs[1].0,
+            "{what}: the product of a bf16 input"
+        );
+        assert!(runs[0].1 == runs[1].1, "{what}: dw of a bf16 input");
     }
 }
 

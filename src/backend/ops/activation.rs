@@ -2,13 +2,13 @@
 //! with a product's bias fused in and its gradient summed in the same pass,
 //! as kernels (`kernels/elementwise.cu` and `kernels/bias.cu` on a GPU).
 
-use super::{need, Checked, Extent, Host, Kernel, Lower, Operands, Queued};
+use super::{need, Checked, Extent, Host, Kernel, Lower, Operands, Queued, Stored};
 use crate::backend::cpu::elementwise::CHUNK;
 use crate::backend::cpu::math::{
-    column_sums, gelu, gelu_erf, gelu_erf_grad, gelu_grad, tanh_exp, widest,
+    column_sums, gelu, gelu_erf, gelu_erf_grad, gelu_grad, tanh_exp, widest, with_scratch, Scratch,
 };
-use crate::backend::gpu::{act_code, groups, u32s, Arg, Queue, Raw, Runtime, View};
-use crate::backend::{Activation, COLUMN_CHUNK_ROWS};
+use crate::backend::gpu::{act_code, groups, stored_view, u32s, Arg, Queue, Raw, Runtime, View};
+use crate::backend::{Activation, Bf16, COLUMN_CHUNK_ROWS};
 use rayon::prelude::*;
 
 /// The width of an activation's bias (0: none) over its `len` inputs, or
@@ -38,9 +38,11 @@ operation! {
     /// out = act(inp + bias), any shape; with `bias` (n), inp is (rows, n).
     /// The bias of the product that wrote inp, added in the activation's
     /// pass instead of one of its own, and never stored: the backward
-    /// adds it again ([`ActivationBackward`]).
+    /// adds it again ([`ActivationBackward`]). An `out` stored in bf16
+    /// (GPT-2's GELU output under `--precision bf16`) takes each value
+    /// rounded.
     pub struct ActivationForward<O> {
-        output out: f32,
+        stored_output out: f32,
         input inp: f32,
         maybe_input bias: f32,
         value act: Activation,
@@ -79,7 +81,16 @@ impl<O: Operands> Kernel<O> for ActivationForward<O> {
 
     fn gpu<R: Runtime>(self, q: &Queue<R>, raw: &impl Lower<O, Raw>, _: Checked) -> Queued {
         let op = self.lower(raw);
-        launch(q, "activation_forward", op.out, op.inp, op.bias, op.act)
+        let (out, bf16) = stored_view(op.out);
+        launch(
+            q,
+            "activation_forward",
+            out,
+            op.inp,
+            op.bias,
+            op.act,
+            Some(bf16),
+        )
     }
 }
 
@@ -109,11 +120,20 @@ impl<O: Operands> Kernel<O> for ActivationBackward<O> {
                 (op.inp.len / cols, cols),
             );
         }
-        launch(q, "activation_backward", op.d, op.inp, op.bias, op.act)
+        launch(
+            q,
+            "activation_backward",
+            op.d,
+            op.inp,
+            op.bias,
+            op.act,
+            None,
+        )
     }
 }
 
-/// An activation kernel over (out, inp, bias), n = inp.len.
+/// An activation kernel over (out, inp, bias), n = inp.len; the forward's
+/// flag for an `out` stored in bf16 last.
 fn launch<R: Runtime>(
     q: &Queue<R>,
     name: &str,
@@ -121,9 +141,10 @@ fn launch<R: Runtime>(
     inp: View,
     bias: Option<View>,
     act: Activation,
+    bf16: Option<u32>,
 ) -> Queued {
     let cols = bias.map_or(0, |b| b.len);
-    let args = [
+    let mut args = vec![
         Arg::View(out),
         Arg::View(inp),
         // without a bias, any view: the kernel does not read it
@@ -132,6 +153,7 @@ fn launch<R: Runtime>(
         u32s("bias", cols)?,
         Arg::U32(act_code(Some(act))),
     ];
+    args.extend(bf16.map(Arg::U32));
     q.launch(name, groups(inp.len), &args)
 }
 
@@ -215,10 +237,29 @@ fn forward(op: ActivationForward<Host<'_>>) {
     } = op;
     let span = span(bias_width(inp.len(), bias, None));
     let b = bias.unwrap_or_default();
-    out[..inp.len()]
-        .par_chunks_mut(span)
-        .zip(inp.par_chunks(span))
-        .for_each(|(o, x)| activate(o, x, b, act));
+    match out {
+        Stored::F32(out) => out[..inp.len()]
+            .par_chunks_mut(span)
+            .zip(inp.par_chunks(span))
+            .for_each(|(o, x)| activate(o, x, b, act)),
+        // each chunk in fp32 in its thread's scratch, stored rounded
+        Stored::Bf16(out) => out[..inp.len()]
+            .par_chunks_mut(span)
+            .zip(inp.par_chunks(span))
+            .for_each(|(o, x)| {
+                with_scratch(&ACTIVATED, x.len(), |wide| {
+                    activate(wide, x, b, act);
+                    o.iter_mut()
+                        .zip(wide.iter())
+                        .for_each(|(o, &v)| *o = Bf16::from_f32(v))
+                })
+            }),
+    }
+}
+
+thread_local! {
+    /// A chunk of a bf16-stored [`forward`]'s values in fp32.
+    static ACTIVATED: Scratch<f32> = const { Scratch::new(Vec::new()) };
 }
 
 /// d *= act'(inp + bias): turns d loss / d act(inp + bias) into d loss /
@@ -264,6 +305,36 @@ mod tests {
     use crate::backend::cpu::check::*;
     use crate::backend::cpu::math::on_each_width;
     use crate::rng::Rng;
+
+    /// An output stored in bf16 is the fp32 output rounded, bit for bit,
+    /// with and without a bias, over more than one task's chunk.
+    #[test]
+    fn a_bf16_output_is_the_fp32_output_rounded() {
+        let mut rng = Rng::new(21);
+        let (rows, n) = (2 * CHUNK / 96 + 3, 96);
+        let (x, b) = (randn(&mut rng, rows * n, 2.0), randn(&mut rng, n, 1.0));
+        for act in [Activation::GeluTanh, Activation::GeluErf, Activation::Tanh] {
+            for bias in [None, Some(&b[..])] {
+                let mut fp32 = vec![f32::NAN; rows * n];
+                let inp = &x[..];
+                forward(ActivationForward {
+                    out: Stored::F32(&mut fp32),
+                    inp,
+                    bias,
+                    act,
+                });
+                let mut held = vec![Bf16::default(); rows * n];
+                forward(ActivationForward {
+                    out: Stored::Bf16(&mut held),
+                    inp,
+                    bias,
+                    act,
+                });
+                let rounded: Vec<Bf16> = fp32.iter().map(|&v| Bf16::from_f32(v)).collect();
+                assert!(held == rounded, "{act:?}, bias {}", bias.is_some());
+            }
+        }
+    }
 
     #[test]
     fn an_activations_bias_must_tile_its_input_and_match_its_gradient() {
@@ -372,7 +443,7 @@ mod tests {
                     let mut out = vec![0.0; len];
                     let inp = &x[..len];
                     forward(ActivationForward {
-                        out: &mut out,
+                        out: Stored::F32(&mut out),
                         inp,
                         bias,
                         act,
@@ -435,7 +506,7 @@ mod tests {
             let probe = randn(&mut rng, 257, 1.0);
             let mut out = vec![0.0; 257];
             forward(ActivationForward {
-                out: &mut out,
+                out: Stored::F32(&mut out),
                 inp: &x,
                 bias: None,
                 act,
@@ -474,7 +545,7 @@ mod tests {
             let start = randn(&mut rng, n, 1.0);
             let mut out = vec![0.0; rows * n];
             forward(ActivationForward {
-                out: &mut out,
+                out: Stored::F32(&mut out),
                 inp: &x,
                 bias: Some(&b),
                 act,

@@ -9,7 +9,7 @@ use super::{need, Checked, Extent, Host, Kernel, Lower, Operands, Queued, Stored
 use crate::backend::cpu::blas::gemm_stored;
 use crate::backend::cpu::math::{column_sums, gemm, with_scratch, Mat, Scratch};
 use crate::backend::gpu::{
-    operand, stored_operand, stored_view, weight_operand, Batch, Gemm, Queue, Raw, Runtime,
+    stored_operand, stored_view, weight_operand, Batch, Gemm, Queue, Raw, Runtime,
 };
 use crate::backend::profile::matmul_flops;
 use crate::backend::Bf16;
@@ -52,10 +52,11 @@ impl MatmulShape {
 operation! {
     /// out (rows, n) = [out +] inp (rows, k) @ W + bias. An `out` stored in
     /// bf16 (the LM head's logits under `--precision bf16`) takes each sum
-    /// rounded, neither bias nor accumulation, and bf16 products.
+    /// rounded, neither bias nor accumulation, and bf16 products; an `inp`
+    /// stored in bf16 (GPT-2's GELU output) takes bf16 products.
     pub struct MatmulForward<O> {
         stored_output out: f32,
-        input inp: f32,
+        stored_input inp: f32,
         input w: f32,
         maybe_input bias: f32,
         value shape: MatmulShape,
@@ -68,13 +69,14 @@ operation! {
     /// The gradients of [`MatmulForward`]: dinp (rows, k) overwritten; dw
     /// (k x n) +=; dbias (n) +=. `dinp` None is the weight half (which never
     /// reads `w`), `dw` None the input half (which never reads `inp`). A
-    /// `dout` stored in bf16 takes bf16 products and no bias.
+    /// `dout` stored in bf16 takes bf16 products and no bias; an `inp`
+    /// stored in bf16, bf16 products.
     pub struct MatmulBackward<O> {
         maybe_output dinp: f32,
         maybe_output dw: f32,
         maybe_output dbias: f32,
         stored_input dout: f32,
-        input inp: f32,
+        stored_input inp: f32,
         input w: f32,
         value shape: MatmulShape,
     }
@@ -111,7 +113,8 @@ impl<O: Operands> Kernel<O> for MatmulForward<O> {
         let op = self.lower(raw);
         let MatmulShape { rows, k, n, .. } = op.shape;
         let (out, c_bf16) = stored_view(op.out);
-        let (layout, bf16) = (op.shape.layout, op.shape.bf16 || c_bf16 == 1);
+        let bf16 = op.shape.bf16 || c_bf16 == 1 || op.inp.is_bf16();
+        let layout = op.shape.layout;
         if let Some(b) = op.bias {
             q.bias_forward(out, b, (rows, n), op.accumulate)?;
         }
@@ -121,7 +124,7 @@ impl<O: Operands> Kernel<O> for MatmulForward<O> {
             n: rows,
             k,
             a: weight_operand(op.w, layout, k, n, false),
-            b: operand(op.inp, false, k),
+            b: stored_operand(op.inp, false, k),
             beta: if op.accumulate || op.bias.is_some() {
                 1.0
             } else {
@@ -172,7 +175,8 @@ impl<O: Operands> Kernel<O> for MatmulBackward<O> {
         let op = self.lower(raw);
         let MatmulShape { rows, k, n, .. } = op.shape;
         let dout = |transpose| stored_operand(op.dout, transpose, n);
-        let (layout, bf16) = (op.shape.layout, op.shape.bf16 || op.dout.is_bf16());
+        let bf16 = op.shape.bf16 || op.dout.is_bf16() || op.inp.is_bf16();
+        let layout = op.shape.layout;
         if let Some(dinp) = op.dinp {
             // dinp^T (k x rows) = W @ dout^T.
             q.gemm(Gemm {
@@ -197,7 +201,7 @@ impl<O: Operands> Kernel<O> for MatmulBackward<O> {
                     n: k,
                     k: rows,
                     a: dout(false),
-                    b: operand(op.inp, true, k),
+                    b: stored_operand(op.inp, true, k),
                     beta: 1.0,
                     c: dw,
                     ldc: n,
@@ -210,7 +214,7 @@ impl<O: Operands> Kernel<O> for MatmulBackward<O> {
                     m: k,
                     n,
                     k: rows,
-                    a: operand(op.inp, false, k),
+                    a: stored_operand(op.inp, false, k),
                     b: dout(true),
                     beta: 1.0,
                     c: dw,
@@ -238,8 +242,17 @@ fn weight_mat<T>(w: T, layout: WeightLayout, k: usize, n: usize) -> Mat<T> {
     }
 }
 
+/// A CPU operand: fp32, or stored in bf16.
+type Held<'a> = Stored<&'a [f32], &'a [Bf16]>;
+
 /// out (rows, n) = [out +] inp (rows, k) @ W + bias.
 fn forward(op: MatmulForward<Host<'_>>) {
+    forward_on(op, true)
+}
+
+/// [`forward`], bf16 storage read and written by the bf16 kernel that
+/// runs here where `native` (the tests' switch to the other route).
+fn forward_on(op: MatmulForward<Host<'_>>, native: bool) {
     let MatmulForward {
         out,
         inp,
@@ -249,17 +262,18 @@ fn forward(op: MatmulForward<Host<'_>>) {
         accumulate,
     } = op;
     let MatmulShape {
-        rows,
-        k,
-        n,
-        layout,
-        bf16,
+        rows, k, n, layout, ..
     } = shape;
-    assert!(out.extent() >= rows * n && inp.len() >= rows * k && w.len() >= k * n);
+    assert!(out.extent() >= rows * n && inp.extent() >= rows * k && w.len() >= k * n);
+    let inp: Held = inp.map(|x| &x[..rows * k], |x| &x[..rows * k]);
+    let shape = MatmulShape {
+        bf16: shape.bf16 || inp.is_bf16(),
+        ..shape
+    };
     let threads = rayon::current_num_threads();
     let out = match out {
         Stored::F32(out) => &mut out[..rows * n],
-        Stored::Bf16(out) => return forward_rounded(&mut out[..rows * n], inp, w, shape, true),
+        Stored::Bf16(out) => return forward_rounded(&mut out[..rows * n], inp, w, shape, native),
     };
     // The bias goes onto an output the product adds to before the product,
     // and onto one it starts after it, so that the product only writes that
@@ -276,21 +290,56 @@ fn forward(op: MatmulForward<Host<'_>>) {
     if accumulate {
         add_bias(out);
     }
-    // SAFETY: sizes were checked above; out does not alias inp or w.
-    unsafe {
-        gemm(
-            bf16,
-            (rows, n, k),
-            Mat::new(out.as_mut_ptr(), n, 1),
-            Mat::new(inp.as_ptr(), k, 1),
-            weight_mat(w.as_ptr(), layout, k, n),
-            accumulate,
-            1.0,
-            threads,
-        );
+    let (to, w_mat) = (
+        Mat::new(out.as_mut_ptr(), n, 1),
+        weight_mat(w.as_ptr(), layout, k, n),
+    );
+    // SAFETY (both): sizes were checked above; out does not alias inp or w.
+    let done = native
+        && match inp {
+            Stored::Bf16(held) => unsafe {
+                gemm_stored(
+                    (rows, n, k),
+                    to,
+                    Mat::new(held.as_ptr(), k, 1),
+                    w_mat,
+                    accumulate,
+                    threads,
+                )
+            },
+            Stored::F32(_) => false,
+        };
+    if !done {
+        with_fp32(inp, |inp| unsafe {
+            let inp = Mat::new(inp.as_ptr(), k, 1);
+            gemm(
+                shape.bf16,
+                (rows, n, k),
+                to,
+                inp,
+                w_mat,
+                accumulate,
+                1.0,
+                threads,
+            )
+        });
     }
     if !accumulate {
         add_bias(out);
+    }
+}
+
+/// `f` on `x` in fp32: as it is, or its bf16 values widened into this
+/// thread's scratch.
+fn with_fp32<R>(x: Held, f: impl FnOnce(&[f32]) -> R) -> R {
+    match x {
+        Stored::F32(x) => f(x),
+        Stored::Bf16(held) => with_scratch(&WIDENED, held.len(), |wide| {
+            wide.par_iter_mut()
+                .zip(held)
+                .for_each(|(w, x)| *w = x.to_f32());
+            f(wide)
+        }),
     }
 }
 
@@ -298,49 +347,64 @@ fn forward(op: MatmulForward<Host<'_>>) {
 /// bf16 products: where `native`, by the bf16 kernel that stores its sums
 /// rounded, if it runs here; else column blocks of the product in fp32
 /// staging, each stored rounded.
-fn forward_rounded(out: &mut [Bf16], inp: &[f32], w: &[f32], shape: MatmulShape, native: bool) {
+fn forward_rounded(out: &mut [Bf16], inp: Held, w: &[f32], shape: MatmulShape, native: bool) {
     let (rows, k, n, layout) = (shape.rows, shape.k, shape.n, shape.layout);
     let threads = rayon::current_num_threads();
-    assert!(out.len() >= rows * n && inp.len() >= rows * k && w.len() >= k * n);
-    // SAFETY: sizes were checked above; out does not alias inp or w.
+    let (to, w_mat) = (
+        Mat::new(out.as_mut_ptr(), n, 1),
+        weight_mat(w.as_ptr(), layout, k, n),
+    );
+    // SAFETY: the caller checked the sizes; out does not alias inp or w.
     let done = native
         && unsafe {
-            gemm_stored(
-                (rows, n, k),
-                Mat::new(out.as_mut_ptr(), n, 1),
-                Mat::new(inp.as_ptr(), k, 1),
-                weight_mat(w.as_ptr(), layout, k, n),
-                false,
-                threads,
-            )
+            match inp {
+                Stored::F32(x) => gemm_stored(
+                    (rows, n, k),
+                    to,
+                    Mat::new(x.as_ptr(), k, 1),
+                    w_mat,
+                    false,
+                    threads,
+                ),
+                Stored::Bf16(x) => gemm_stored(
+                    (rows, n, k),
+                    to,
+                    Mat::new(x.as_ptr(), k, 1),
+                    w_mat,
+                    false,
+                    threads,
+                ),
+            }
         };
     if done {
         return;
     }
-    staged(rows, n, |stage, cols| {
-        let nc = cols.len();
-        // SAFETY: sizes were checked above; the stage is its own buffer.
-        unsafe {
-            gemm(
-                true,
-                (rows, nc, k),
-                Mat::new(stage.as_mut_ptr(), nc, 1),
-                Mat::new(inp.as_ptr(), k, 1),
-                weight_mat(w[first_col(layout, k, cols.start)..].as_ptr(), layout, k, n),
-                false,
-                1.0,
-                threads,
-            );
-        }
-        out.par_chunks_mut(n)
-            .zip(stage.par_chunks(nc))
-            .for_each(|(o, s)| {
-                o[cols.clone()]
-                    .iter_mut()
-                    .zip(s)
-                    .for_each(|(o, &x)| *o = Bf16::from_f32(x))
-            });
-    });
+    with_fp32(inp, |inp| {
+        staged(rows, n, |stage, cols| {
+            let nc = cols.len();
+            // SAFETY: sizes were checked above; the stage is its own buffer.
+            unsafe {
+                gemm(
+                    true,
+                    (rows, nc, k),
+                    Mat::new(stage.as_mut_ptr(), nc, 1),
+                    Mat::new(inp.as_ptr(), k, 1),
+                    weight_mat(w[first_col(layout, k, cols.start)..].as_ptr(), layout, k, n),
+                    false,
+                    1.0,
+                    threads,
+                );
+            }
+            out.par_chunks_mut(n)
+                .zip(stage.par_chunks(nc))
+                .for_each(|(o, s)| {
+                    o[cols.clone()]
+                        .iter_mut()
+                        .zip(s)
+                        .for_each(|(o, &x)| *o = Bf16::from_f32(x))
+                });
+        })
+    })
 }
 
 /// Floats of fp32 staging a product with a bf16 operand or output holds at
@@ -350,6 +414,8 @@ const STAGE: usize = 1 << 23;
 thread_local! {
     /// [`staged`]'s fp32 columns.
     static STAGED: Scratch<f32> = const { Scratch::new(Vec::new()) };
+    /// [`with_fp32`]'s widened operand.
+    static WIDENED: Scratch<f32> = const { Scratch::new(Vec::new()) };
 }
 
 /// `f` on blocks of the columns `0..n` of a (rows, n) product, each with
@@ -377,6 +443,12 @@ fn first_col(layout: WeightLayout, k: usize, c0: usize) -> usize {
 /// dinp = dout @ W^T (overwritten); dw += inp^T @ dout; dbias +=
 /// colsum(dout); each half only when its outputs are given.
 fn backward(op: MatmulBackward<Host<'_>>) {
+    backward_on(op, true)
+}
+
+/// [`backward`], bf16 storage read by the bf16 kernel that runs here where
+/// `native` (the tests' switch to the other route).
+fn backward_on(op: MatmulBackward<Host<'_>>, native: bool) {
     let MatmulBackward {
         dinp,
         dw,
@@ -387,13 +459,29 @@ fn backward(op: MatmulBackward<Host<'_>>) {
         shape,
     } = op;
     let (rows, k, n, layout) = (shape.rows, shape.k, shape.n, shape.layout);
+    assert!(dout.extent() >= rows * n);
+    assert!(dinp
+        .as_ref()
+        .is_none_or(|d| d.len() >= rows * k && w.len() >= k * n));
+    assert!(dw
+        .as_ref()
+        .is_none_or(|d| d.len() >= k * n && inp.extent() >= rows * k));
+    let inp: Held = inp.map(
+        |x| &x[..x.len().min(rows * k)],
+        |x| &x[..x.len().min(rows * k)],
+    );
+    let shape = MatmulShape {
+        bf16: shape.bf16 || inp.is_bf16(),
+        ..shape
+    };
     let threads = rayon::current_num_threads();
     let dout = match dout {
-        Stored::F32(dout) => dout,
-        Stored::Bf16(dout) => return backward_stored(dinp, dw, dout, inp, w, shape, true),
+        Stored::F32(dout) => &dout[..rows * n],
+        Stored::Bf16(dout) => {
+            return backward_stored(dinp, dw, &dout[..rows * n], inp, w, shape, native)
+        }
     };
     if let Some(dinp) = dinp {
-        assert!(dinp.len() >= rows * k && dout.len() >= rows * n && w.len() >= k * n);
         // SAFETY: sizes were checked above; destinations are distinct buffers.
         unsafe {
             gemm(
@@ -409,23 +497,34 @@ fn backward(op: MatmulBackward<Host<'_>>) {
         }
     }
     if let Some(dw) = dw {
-        assert!(dout.len() >= rows * n && inp.len() >= rows * k && dw.len() >= k * n);
-        // SAFETY: sizes were checked above; destinations are distinct buffers.
-        unsafe {
-            gemm(
-                shape.bf16,
-                (k, n, rows),
-                weight_mat(dw.as_mut_ptr(), layout, k, n),
-                Mat::new(inp.as_ptr(), k, 1).t(),
-                Mat::new(dout.as_ptr(), n, 1),
-                true,
-                1.0,
-                threads,
-            );
+        let (to, d) = (
+            weight_mat(dw.as_mut_ptr(), layout, k, n),
+            Mat::new(dout.as_ptr(), n, 1),
+        );
+        // SAFETY (both): sizes were checked above; destinations are distinct buffers.
+        let done = native
+            && match inp {
+                Stored::Bf16(held) => unsafe {
+                    gemm_stored(
+                        (k, n, rows),
+                        to,
+                        Mat::new(held.as_ptr(), k, 1).t(),
+                        d,
+                        true,
+                        threads,
+                    )
+                },
+                Stored::F32(_) => false,
+            };
+        if !done {
+            with_fp32(inp, |inp| unsafe {
+                let inp = Mat::new(inp.as_ptr(), k, 1).t();
+                gemm(shape.bf16, (k, n, rows), to, inp, d, true, 1.0, threads)
+            });
         }
     }
     if let Some(db) = dbias {
-        bias_backward(db, &dout[..rows * n], n);
+        bias_backward(db, dout, n);
     }
 }
 
@@ -438,20 +537,15 @@ fn backward_stored(
     dinp: Option<&mut [f32]>,
     dw: Option<&mut [f32]>,
     dout: &[Bf16],
-    inp: &[f32],
+    inp: Held,
     w: &[f32],
     shape: MatmulShape,
     native: bool,
 ) {
     let (rows, k, n, layout) = (shape.rows, shape.k, shape.n, shape.layout);
     let threads = rayon::current_num_threads();
-    assert!(dout.len() >= rows * n && w.len() >= k * n);
-    assert!(dinp.as_ref().is_none_or(|d| d.len() >= rows * k));
-    assert!(dw
-        .as_ref()
-        .is_none_or(|d| d.len() >= k * n && inp.len() >= rows * k));
     let dout_mat = Mat::new(dout.as_ptr(), n, 1);
-    // SAFETY (both): sizes were checked above; destinations are distinct buffers.
+    // SAFETY (both): the caller checked the sizes; destinations are distinct buffers.
     let mut dinp = match dinp {
         Some(d) if native => {
             let (to, w) = (
@@ -465,11 +559,27 @@ fn backward_stored(
     };
     let mut dw = match dw {
         Some(d) if native => {
-            let (to, inp) = (
-                weight_mat(d.as_mut_ptr(), layout, k, n),
-                Mat::new(inp.as_ptr(), k, 1),
-            );
-            let done = unsafe { gemm_stored((k, n, rows), to, inp.t(), dout_mat, true, threads) };
+            let to = weight_mat(d.as_mut_ptr(), layout, k, n);
+            let done = unsafe {
+                match inp {
+                    Stored::F32(x) => gemm_stored(
+                        (k, n, rows),
+                        to,
+                        Mat::new(x.as_ptr(), k, 1).t(),
+                        dout_mat,
+                        true,
+                        threads,
+                    ),
+                    Stored::Bf16(x) => gemm_stored(
+                        (k, n, rows),
+                        to,
+                        Mat::new(x.as_ptr(), k, 1).t(),
+                        dout_mat,
+                        true,
+                        threads,
+                    ),
+                }
+            };
             (!done).then_some(d)
         }
         dw => dw,
@@ -477,49 +587,55 @@ fn backward_stored(
     if dinp.is_none() && dw.is_none() {
         return;
     }
-    staged(rows, n, |stage, cols| {
-        let nc = cols.len();
-        stage
-            .par_chunks_mut(nc)
-            .zip(dout.par_chunks(n))
-            .for_each(|(s, d)| {
-                s.iter_mut()
-                    .zip(&d[cols.clone()])
-                    .for_each(|(s, &x)| *s = x.to_f32())
-            });
-        if let Some(dinp) = dinp.as_deref_mut() {
-            assert!(dinp.len() >= rows * k);
-            // SAFETY: sizes were checked above; destinations are distinct buffers.
-            unsafe {
-                gemm(
-                    true,
-                    (rows, k, nc),
-                    Mat::new(dinp.as_mut_ptr(), k, 1),
-                    Mat::new(stage.as_ptr(), nc, 1),
-                    weight_mat(w[first_col(layout, k, cols.start)..].as_ptr(), layout, k, n).t(),
-                    cols.start > 0,
-                    1.0,
-                    threads,
-                );
+    // the input, in fp32, only where dw is left to stage
+    let inp = match dw {
+        Some(_) => inp,
+        None => Stored::F32(&[][..]),
+    };
+    with_fp32(inp, |inp| {
+        staged(rows, n, |stage, cols| {
+            let nc = cols.len();
+            stage
+                .par_chunks_mut(nc)
+                .zip(dout.par_chunks(n))
+                .for_each(|(s, d)| {
+                    s.iter_mut()
+                        .zip(&d[cols.clone()])
+                        .for_each(|(s, &x)| *s = x.to_f32())
+                });
+            if let Some(dinp) = dinp.as_deref_mut() {
+                // SAFETY: sizes were checked above; destinations are distinct buffers.
+                unsafe {
+                    gemm(
+                        true,
+                        (rows, k, nc),
+                        Mat::new(dinp.as_mut_ptr(), k, 1),
+                        Mat::new(stage.as_ptr(), nc, 1),
+                        weight_mat(w[first_col(layout, k, cols.start)..].as_ptr(), layout, k, n)
+                            .t(),
+                        cols.start > 0,
+                        1.0,
+                        threads,
+                    );
+                }
             }
-        }
-        if let Some(dw) = dw.as_deref_mut() {
-            assert!(inp.len() >= rows * k && dw.len() >= k * n);
-            let at = dw[first_col(layout, k, cols.start)..].as_mut_ptr();
-            // SAFETY: sizes were checked above; destinations are distinct buffers.
-            unsafe {
-                gemm(
-                    true,
-                    (k, nc, rows),
-                    weight_mat(at, layout, k, n),
-                    Mat::new(inp.as_ptr(), k, 1).t(),
-                    Mat::new(stage.as_ptr(), nc, 1),
-                    true,
-                    1.0,
-                    threads,
-                );
+            if let Some(dw) = dw.as_deref_mut() {
+                let at = dw[first_col(layout, k, cols.start)..].as_mut_ptr();
+                // SAFETY: sizes were checked above; destinations are distinct buffers.
+                unsafe {
+                    gemm(
+                        true,
+                        (k, nc, rows),
+                        weight_mat(at, layout, k, n),
+                        Mat::new(inp.as_ptr(), k, 1).t(),
+                        Mat::new(stage.as_ptr(), nc, 1),
+                        true,
+                        1.0,
+                        threads,
+                    );
+                }
             }
-        }
+        })
     })
 }
 
@@ -597,7 +713,7 @@ mod tests {
             let mut fp32 = vec![f32::NAN; rows * n];
             forward(MatmulForward {
                 out: Stored::F32(&mut fp32),
-                inp: &inp,
+                inp: Stored::F32(&inp),
                 w: &w,
                 bias: None,
                 shape,
@@ -616,7 +732,7 @@ mod tests {
                 dw: Some(&mut dw),
                 dbias: None,
                 dout: Stored::F32(&wide),
-                inp: &inp,
+                inp: Stored::F32(&inp),
                 w: &w,
                 shape,
             });
@@ -628,14 +744,14 @@ mod tests {
                 };
                 let at = format!("({rows}, {k}, {n}) {route}");
                 let mut held = vec![Bf16::default(); rows * n];
-                forward_rounded(&mut held, &inp, &w, shape, native);
+                forward_rounded(&mut held, Stored::F32(&inp), &w, shape, native);
                 assert!(held == rounded, "{at}: not the rounded product");
                 let (mut dinp, mut dw) = (vec![f32::NAN; rows * k], dw0.clone());
                 backward_stored(
                     Some(&mut dinp),
                     Some(&mut dw),
                     &dout,
-                    &inp,
+                    Stored::F32(&inp),
                     &w,
                     shape,
                     native,
@@ -643,6 +759,12 @@ mod tests {
                 let got = (dinp, dw);
                 if route == "the bf16 kernel" || rows * n <= STAGE {
                     assert!(got == want, "{at}: not the fp32-held gradient's");
+                    // each half alone
+                    let (mut dinp, mut dw) = (vec![f32::NAN; rows * k], dw0.clone());
+                    let inp = Stored::F32(&inp[..]);
+                    backward_stored(Some(&mut dinp), None, &dout, inp, &w, shape, native);
+                    backward_stored(None, Some(&mut dw), &dout, inp, &w, shape, native);
+                    assert!((dinp, dw) == want, "{at}: a half alone");
                 } else {
                     // dw's columns are whole sums in either; dinp's sums of n
                     // products (each under 25 here) split at the blocks differ
@@ -651,6 +773,79 @@ mod tests {
                     let worst = got.0.iter().zip(&want.0).map(|(a, b)| (a - b).abs());
                     let worst = worst.fold(0.0, f32::max);
                     assert!(worst > 0.0 && worst < 7e-3, "{at}: dinp {worst}");
+                }
+            }
+        }
+    }
+
+    /// An input stored in bf16 gives what its values held in fp32 give
+    /// in bf16 products, bit for bit: into an fp32 output with a bias,
+    /// added to or not, into a bf16 output, and as the input of dw beside
+    /// an output gradient in either storage, on either route.
+    #[test]
+    fn a_bf16_input_is_its_fp32_values() {
+        let mut rng = Rng::new(13);
+        for (rows, k, n, layout) in [
+            (5, 7, 9, WeightLayout::InOut),
+            (30, 800, 70, WeightLayout::OutIn),
+        ] {
+            let shape = MatmulShape {
+                bf16: true,
+                ..MatmulShape::new((rows, k, n), layout)
+            };
+            let bf16 = |x: Vec<f32>| -> Vec<Bf16> { x.into_iter().map(Bf16::from_f32).collect() };
+            let held = bf16(randn(&mut rng, rows * k, 1.0));
+            let wide: Vec<f32> = held.iter().map(|x| x.to_f32()).collect();
+            let (w, b, out0) = (
+                randn(&mut rng, k * n, 1.0),
+                randn(&mut rng, n, 1.0),
+                randn(&mut rng, rows * n, 1.0),
+            );
+            let dout = randn(&mut rng, rows * n, 1.0);
+            let dout_held = bf16(dout.clone());
+            for native in [false, true] {
+                let at = format!("({rows}, {k}, {n}), native {native}");
+                let inputs = || [Stored::F32(&wide[..]), Stored::Bf16(&held[..])];
+                for accumulate in [false, true] {
+                    let [want, got] = inputs().map(|inp| {
+                        let mut out = out0.clone();
+                        let (out_s, bias) = (Stored::F32(&mut out[..]), Some(&b[..]));
+                        let op = MatmulForward {
+                            out: out_s,
+                            inp,
+                            w: &w[..],
+                            bias,
+                            shape,
+                            accumulate,
+                        };
+                        forward_on(op, native);
+                        out
+                    });
+                    assert!(got == want, "{at}: forward, accumulate {accumulate}");
+                }
+                let [want, got] = inputs().map(|inp| {
+                    let mut out = vec![Bf16::default(); rows * n];
+                    forward_rounded(&mut out, inp, &w, shape, native);
+                    out
+                });
+                assert!(got == want, "{at}: into bf16");
+                for dout in [Stored::F32(&dout[..]), Stored::Bf16(&dout_held[..])] {
+                    let [want, got] = inputs().map(|inp| {
+                        let mut dw: Vec<f32> = w.iter().map(|x| 0.5 * x).collect();
+                        let (dinp, dbias) = (None, None);
+                        let op = MatmulBackward {
+                            dinp,
+                            dw: Some(&mut dw[..]),
+                            dbias,
+                            dout,
+                            inp,
+                            w: &w[..],
+                            shape,
+                        };
+                        backward_on(op, native);
+                        dw
+                    });
+                    assert!(got == want, "{at}: dw, dout bf16 {}", dout.is_bf16());
                 }
             }
         }
@@ -665,7 +860,7 @@ mod tests {
         for (bias, accumulate) in [(true, false), (false, true), (false, false)] {
             let err = MatmulForward::<Host> {
                 out: Stored::Bf16(&mut h),
-                inp: &x,
+                inp: Stored::F32(&x),
                 w: &x,
                 bias: bias.then_some(&x[..2]),
                 shape,
@@ -688,7 +883,7 @@ mod tests {
                 dw: None,
                 dbias: dbias.then_some(&mut d[..2]),
                 dout,
-                inp: &x,
+                inp: Stored::F32(&x),
                 w: &x,
                 shape,
             }
@@ -711,7 +906,7 @@ mod tests {
             let mut out = vec![f32::NAN; rows * n];
             forward(MatmulForward {
                 out: Stored::F32(&mut out),
-                inp: &inp,
+                inp: Stored::F32(&inp),
                 w: &w,
                 bias: Some(&b),
                 shape: MatmulShape::new((rows, k, n), layout),
@@ -728,7 +923,7 @@ mod tests {
                 dw: Some(&mut dw),
                 dbias: Some(&mut db),
                 dout: Stored::F32(&probe),
-                inp: &inp,
+                inp: Stored::F32(&inp),
                 w: &w,
                 shape: MatmulShape::new((rows, k, n), layout),
             });
@@ -755,7 +950,7 @@ mod tests {
         let mut out = base.clone();
         forward(MatmulForward {
             out: Stored::F32(&mut out),
-            inp: &inp,
+            inp: Stored::F32(&inp),
             w: &w,
             bias: Some(&b),
             shape: MatmulShape::new((rows, k, n), WeightLayout::InOut),

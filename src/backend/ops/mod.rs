@@ -120,6 +120,12 @@ impl<'a, B: Device> Stored<Src<'a, B>, Src<'a, B, Bf16>> {
 /// A buffer of a tensor held in fp32 or bf16.
 pub type StoredBuf<B> = Stored<Buf<B>, Buf<B, Bf16>>;
 
+/// A view of a tensor held in fp32 or bf16, read.
+pub type StoredSrc<'a, B> = Stored<Src<'a, B>, Src<'a, B, Bf16>>;
+
+/// A view of a tensor held in fp32 or bf16, written.
+pub type StoredDst<'a, B> = Stored<Dst<'a, B>, Dst<'a, B, Bf16>>;
+
 impl<B: Device> StoredBuf<B> {
     /// Elements `r`, read.
     pub fn slice(&self, r: Range<usize>) -> Stored<Src<'_, B>, Src<'_, B, Bf16>> {
@@ -365,7 +371,7 @@ mod tests {
         let err = be
             .run(MatmulForward {
                 out: out.d().into(),
-                inp: inp.s(),
+                inp: Stored::F32(inp.s()),
                 w: w.s(),
                 bias: None,
                 shape: MatmulShape::new((2, 3, 3), WeightLayout::InOut),

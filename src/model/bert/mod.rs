@@ -611,7 +611,7 @@ impl<B: Backend> Engine<B> {
         // the token types' one-hot rows times their embeddings, added on
         be.run(MatmulForward {
             out: emb.rb().into(),
-            inp: k.types.slice(0..rows * tv),
+            inp: k.types.slice(0..rows * tv).into(),
             w: w(2),
             bias: None,
             shape: MatmulShape::new((rows, tv, c), WeightLayout::InOut),
@@ -667,7 +667,7 @@ impl<B: Backend> Engine<B> {
             dw: Some(dtype),
             dbias: None,
             dout: demb.src().into(),
-            inp: k.types.slice(0..rows * tv),
+            inp: k.types.slice(0..rows * tv).into(),
             w: p.slice(r(2)),
             shape: MatmulShape::new((rows, tv, c), WeightLayout::InOut),
         })
@@ -718,7 +718,7 @@ impl<B: Backend> Engine<B> {
         let proj = RowParallel {
             out: h.rb(),
             residual: x,
-            inp: atty,
+            inp: atty.into(),
             w: ops.w(AttnOutW),
             bias: ops.w(AttnOutB),
         };
@@ -735,7 +735,7 @@ impl<B: Backend> Engine<B> {
         let proj = RowParallel {
             out: o.rb(),
             residual: h1.src(),
-            inp: g.src(),
+            inp: g.src().into(),
             w: ops.w(OutW),
             bias: ops.w(OutB),
         };
@@ -898,7 +898,7 @@ impl<B: Backend> Engine<B> {
             let mut lg = m.logits.slice_mut(0..n * vp);
             ops.matmul(MatmulForward {
                 out: lg.rb().into(),
-                inp: m.t3.slice(0..nc),
+                inp: m.t3.slice(0..nc).into(),
                 w: word,
                 bias: Some(ops.w(4)),
                 shape: MatmulShape::new((n, c, vp), WeightLayout::OutIn),
@@ -970,7 +970,7 @@ impl<B: Backend> Engine<B> {
                 dw: Some(dword),
                 dbias,
                 dout: lg.src().into(),
-                inp: m.t3.slice(0..nc),
+                inp: m.t3.slice(0..nc).into(),
                 w: word,
                 shape: MatmulShape::new((n, c, vp), WeightLayout::OutIn),
             };

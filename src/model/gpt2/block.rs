@@ -11,7 +11,7 @@
 //! few-row products, and attends against a KV cache.
 
 use super::{BlockParam, LN_EPS};
-use crate::backend::{Activation, Backend, Dst, MatmulForward, On, Src};
+use crate::backend::{Activation, Backend, Dst, MatmulForward, On, Src, StoredDst};
 use crate::error::Result;
 use crate::model::gpt2::config::BlockDims;
 use crate::model::ops::{io, Ops};
@@ -31,7 +31,9 @@ pub struct BlockIo<'a, B: Backend> {
     /// ln2's output, mean and rstd.
     pub ln2: [Dst<'a, B>; 3],
     pub fch: Dst<'a, B>,
-    pub fch_gelu: Dst<'a, B>,
+    /// GELU's output: in bf16 under `--precision bf16` (the MLP
+    /// projection's input, which only its products read).
+    pub fch_gelu: StoredDst<'a, B>,
 }
 
 /// How a block's matmuls and attention run.
@@ -80,7 +82,7 @@ pub fn forward<B: Backend>(
     ops.ln(ln1.rb(), mean1, rstd1, x, Ln1W, Ln1B)?;
     let op = MatmulForward {
         out: qkv.rb().into(),
-        inp: ln1.src(),
+        inp: ln1.src().into(),
         w: w(QkvW),
         bias: Some(w(QkvB)),
         shape: io(rows, c, 3 * cl),
@@ -92,7 +94,7 @@ pub fn forward<B: Backend>(
     let proj = RowParallel {
         out: res2.rb(),
         residual: x,
-        inp: atty.src(),
+        inp: atty.src().into(),
         w: w(AttnProjW),
         bias: w(AttnProjB),
     };
@@ -102,7 +104,7 @@ pub fn forward<B: Backend>(
     ops.ln(ln2.rb(), mean2, rstd2, res2.src(), Ln2W, Ln2B)?;
     let op = MatmulForward {
         out: fch.rb().into(),
-        inp: ln2.src(),
+        inp: ln2.src().into(),
         w: w(FcW),
         bias: None,
         shape: io(rows, c, fl),

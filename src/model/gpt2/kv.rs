@@ -407,12 +407,15 @@ impl<B: Backend> BlockMode<B> for Decoding<'_, '_, B> {
             }
         };
         let MatmulShape { rows, k, n, .. } = op.shape;
-        let out = op.out.fp32().ok_or_else(|| {
-            Error::Config("decoding writes its products in fp32, not bf16".into())
-        })?;
+        let fp32 =
+            || Error::Config("decoding keeps its products' tensors in fp32, not bf16".into());
+        let (out, inp) = (
+            op.out.fp32().ok_or_else(fp32)?,
+            op.inp.fp32().ok_or_else(fp32)?,
+        );
         self.be.matmul_decode(MatmulDecode {
             out,
-            inp: op.inp,
+            inp,
             w,
             bias: op.bias,
             dims: (rows, k, n),
@@ -593,7 +596,7 @@ fn blocks<B: Backend>(
             res2: acts.res2.d(),
             ln2: [acts.ln2.d(), acts.mean2.d(), acts.rstd2.d()],
             fch: acts.fch.slice_mut(0..rows * fl),
-            fch_gelu: acts.fch_gelu.slice_mut(0..rows * fl),
+            fch_gelu: acts.fch_gelu.slice_mut(0..rows * fl).into(),
         };
         let cache = l * b * max_t * wide..(l * b * max_t + b * max_t) * wide;
         let mut mode = Decoding {
@@ -655,7 +658,7 @@ fn lm_head<B: Backend>(
     if prefill && at.weights.dense_prefill() {
         return at.backend.run(MatmulForward {
             out: out.into(),
-            inp,
+            inp: inp.into(),
             w: at.weights.params.slice(at.layout.wte()),
             bias: None,
             shape: MatmulShape::new(dims, WeightLayout::OutIn),

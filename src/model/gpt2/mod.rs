@@ -98,7 +98,10 @@ struct Activations<B: Backend> {
     ln2_mean: Buf<B>,
     ln2_rstd: Buf<B>,
     fch: Buf<B>,
-    fch_gelu: Buf<B>,
+    /// GELU's output: in bf16 under `--precision bf16`, as autocast holds
+    /// a bf16 product's activation (only the MLP projection's products
+    /// read it).
+    fch_gelu: StoredBuf<B>,
     /// Gradient of the residual stream (backward).
     dres: Buf<B>,
     /// The blocks' and the head's output gradients (`GradsAt`): a
@@ -235,7 +238,7 @@ impl<B: Backend> Kept<B> {
     ) -> Result<()> {
         let op = MatmulForward {
             out: self.logits.slice_mut(0..r.len() * vp),
-            inp: self.lnf.slice(r.start * c..r.end * c),
+            inp: self.lnf.slice(r.start * c..r.end * c).into(),
             w: wte,
             bias: None,
             shape: MatmulShape::new((r.len(), c, vp), WeightLayout::OutIn),
@@ -272,7 +275,10 @@ impl<B: Backend> Activations<B> {
             ln2_mean: a(slots * rows)?,
             ln2_rstd: a(slots * rows)?,
             fch: a(slots * rows * d.fl)?,
-            fch_gelu: a(slots * rows * d.fl)?,
+            fch_gelu: match run.precision {
+                Precision::Fp32 => Stored::F32(a(slots * rows * d.fl)?),
+                Precision::Bf16 => Stored::Bf16(al.typed(slots * rows * d.fl)?),
+            },
             dres: a(rows * c)?,
             dgrad: a(rows
                 * (GradsAt::scratch(d)
@@ -280,6 +286,12 @@ impl<B: Backend> Activations<B> {
             bf16: run.precision == Precision::Bf16,
         })
     }
+}
+
+/// Piece `i` of a buffer cut in pieces of `n`, its first `m` elements (a
+/// slot's part of an activation sized for the widest block).
+fn part(i: usize, n: usize, m: usize) -> Range<usize> {
+    i * n..i * n + m
 }
 
 /// The (b, t) and host tokens of the current forward; tokens and targets
@@ -478,7 +490,7 @@ impl<B: Backend> Engine<B> {
                 a.ln2_rstd.d().part(s, rows),
             ],
             fch: a.fch.d().part(s, rows * wd.fl).first(rows * fl),
-            fch_gelu: a.fch_gelu.d().part(s, rows * wd.fl).first(rows * fl),
+            fch_gelu: a.fch_gelu.slice_mut(part(s, rows * wd.fl, rows * fl)),
         };
         let EngineCore { backend: be, .. } = &self.core;
         let mut mode = Training {
@@ -595,7 +607,7 @@ impl<B: Backend> Engine<B> {
                 dw: dwte.as_mut().map(|d| d.rb()),
                 dbias: None,
                 dout: logits.src(),
-                inp: k.lnf.slice(r0 * c..r.end * c),
+                inp: k.lnf.slice(r0 * c..r.end * c).into(),
                 w: wte,
                 shape: MatmulShape::new((r.len(), c, vp), WeightLayout::OutIn),
             };
@@ -656,7 +668,7 @@ impl<B: Backend> Engine<B> {
             be.copy(dg.rb().slice(at.top.clone()), dres.src());
         }
         let mut dfch = dg.rb().slice(at.dfch.clone());
-        let fch_gelu = a.fch_gelu.s().part(s, rows * wd.fl).first(rows * fl);
+        let fch_gelu = a.fch_gelu.slice(part(s, rows * wd.fl, rows * fl));
         let (dinp, shape) = (Some(dfch.rb()), io(rows, fl, c));
         ops.linear_back(dinp, dres.src(), fch_gelu, FcProjW, Some(FcProjB), shape)?;
         // GELU's backward adds the fc bias's gradient in the same pass (in
@@ -750,7 +762,7 @@ impl<B: Backend> Engine<B> {
             dw: Some(dwte),
             dbias: None,
             dout: k.logits.slice(0..rows * vp),
-            inp: k.lnf.slice(0..btc),
+            inp: k.lnf.slice(0..btc).into(),
             w: wte,
             shape: MatmulShape::new((rows, c, vp), WeightLayout::OutIn),
         })?;
@@ -784,7 +796,7 @@ impl<B: Backend> Engine<B> {
         let at = GradsAt::saved(wd, d, rows, s);
         let saved = |r: &Range<usize>| a.dgrad.slice(r.clone());
         let kept = |m, r| Stats::slot(m, r, s, rows);
-        let fch_gelu = a.fch_gelu.s().part(s, rows * wd.fl).first(rows * fl);
+        let fch_gelu = a.fch_gelu.slice(part(s, rows * wd.fl, rows * fl));
         let atty = a.atty.s().part(s, rows * wd.cl).first(rows * cl);
         let (ln2, ln1) = (a.ln2.s().part(s, btc), a.ln1.s().part(s, btc));
         let top = (saved(&at.top), io(rows, fl, c));
@@ -1088,10 +1100,10 @@ mod tests {
         for (cfg, cl, nh, fl) in [(&dense, 32, 2, 128), (&pruned, 32, 2, 40)] {
             let (l, c, vp) = (cfg.n_layer, cfg.n_embd, cfg.padded_vocab());
             let rows = 3 * 5;
-            let block = 2 * (c + 2) + 3 * cl + cl + nh + c + 2 * fl;
-            // bf16 logits: two to a word
-            for (precision, logits) in [(Precision::Fp32, vp), (Precision::Bf16, vp / 2)] {
-                let head = c + 2 + logits + 1;
+            // bf16 logits and GELU outputs: two to a word
+            for (precision, half) in [(Precision::Fp32, 1), (Precision::Bf16, 2)] {
+                let block = 2 * (c + 2) + 3 * cl + cl + nh + c + fl + fl / half;
+                let head = c + 2 + vp / half + 1;
                 let whole = (l + 1) * c + l * block + head + c + (c + fl.max(3 * cl));
                 let saved = l * (4 * c + fl + 3 * cl) + c;
                 for (split, per_row) in [(false, whole), (true, whole + saved)] {
