@@ -28,8 +28,8 @@ pub enum Precision {
     Fp32,
     /// Matmul operands (inputs, weights, output gradients) rounded to
     /// bfloat16, products accumulated in fp32; GPT-2's logits and their
-    /// gradient held in bf16; weights, moments, gradients, their reduction
-    /// and every other kernel stay fp32.
+    /// gradient, and its GELU outputs, held in bf16; weights, moments,
+    /// gradients, their reduction and every other kernel stay fp32.
     Bf16,
 }
 crate::display_as_flag!(Precision);
