@@ -7,6 +7,7 @@
 
 use super::{need, Checked, Extent, Host, Kernel, Lower, Operands, Queued, Stored};
 use crate::backend::cpu::blas::gemm_stored;
+use crate::backend::cpu::dpbf16::Lane;
 use crate::backend::cpu::math::{column_sums, gemm, with_scratch, Mat, Scratch};
 use crate::backend::gpu::{
     stored_operand, stored_view, weight_operand, Batch, Gemm, Queue, Raw, Runtime,
@@ -296,19 +297,8 @@ fn forward_on(op: MatmulForward<Host<'_>>, native: bool) {
     );
     // SAFETY (both): sizes were checked above; out does not alias inp or w.
     let done = native
-        && match inp {
-            Stored::Bf16(held) => unsafe {
-                gemm_stored(
-                    (rows, n, k),
-                    to,
-                    Mat::new(held.as_ptr(), k, 1),
-                    w_mat,
-                    accumulate,
-                    threads,
-                )
-            },
-            Stored::F32(_) => false,
-        };
+        && inp.is_bf16()
+        && unsafe { gemm_input((rows, n, k), to, inp, false, w_mat, accumulate) };
     if !done {
         with_fp32(inp, |inp| unsafe {
             let inp = Mat::new(inp.as_ptr(), k, 1);
@@ -326,6 +316,40 @@ fn forward_on(op: MatmulForward<Host<'_>>, native: bool) {
     }
     if !accumulate {
         add_bias(out);
+    }
+}
+
+/// [`gemm_stored`] on this pool with the left operand the input (rows, k)
+/// as it is held, transposed where `t`.
+///
+/// # Safety
+/// As `gemm_stored`.
+unsafe fn gemm_input<D: Lane, R: Lane>(
+    dims: (usize, usize, usize),
+    dst: Mat<*mut D>,
+    inp: Held,
+    t: bool,
+    rhs: Mat<*const R>,
+    accumulate: bool,
+) -> bool {
+    fn view<T>(x: &[T], k: usize, t: bool) -> Mat<*const T> {
+        let x = Mat::new(x.as_ptr(), k, 1);
+        if t {
+            x.t()
+        } else {
+            x
+        }
+    }
+    let (k, threads) = (
+        if t { dims.0 } else { dims.2 },
+        rayon::current_num_threads(),
+    );
+    // SAFETY: as this function's
+    unsafe {
+        match inp {
+            Stored::F32(x) => gemm_stored(dims, dst, view(x, k, t), rhs, accumulate, threads),
+            Stored::Bf16(x) => gemm_stored(dims, dst, view(x, k, t), rhs, accumulate, threads),
+        }
     }
 }
 
@@ -355,27 +379,7 @@ fn forward_rounded(out: &mut [Bf16], inp: Held, w: &[f32], shape: MatmulShape, n
         weight_mat(w.as_ptr(), layout, k, n),
     );
     // SAFETY: the caller checked the sizes; out does not alias inp or w.
-    let done = native
-        && unsafe {
-            match inp {
-                Stored::F32(x) => gemm_stored(
-                    (rows, n, k),
-                    to,
-                    Mat::new(x.as_ptr(), k, 1),
-                    w_mat,
-                    false,
-                    threads,
-                ),
-                Stored::Bf16(x) => gemm_stored(
-                    (rows, n, k),
-                    to,
-                    Mat::new(x.as_ptr(), k, 1),
-                    w_mat,
-                    false,
-                    threads,
-                ),
-            }
-        };
+    let done = native && unsafe { gemm_input((rows, n, k), to, inp, false, w_mat, false) };
     if done {
         return;
     }
@@ -502,20 +506,8 @@ fn backward_on(op: MatmulBackward<Host<'_>>, native: bool) {
             Mat::new(dout.as_ptr(), n, 1),
         );
         // SAFETY (both): sizes were checked above; destinations are distinct buffers.
-        let done = native
-            && match inp {
-                Stored::Bf16(held) => unsafe {
-                    gemm_stored(
-                        (k, n, rows),
-                        to,
-                        Mat::new(held.as_ptr(), k, 1).t(),
-                        d,
-                        true,
-                        threads,
-                    )
-                },
-                Stored::F32(_) => false,
-            };
+        let done =
+            native && inp.is_bf16() && unsafe { gemm_input((k, n, rows), to, inp, true, d, true) };
         if !done {
             with_fp32(inp, |inp| unsafe {
                 let inp = Mat::new(inp.as_ptr(), k, 1).t();
@@ -560,26 +552,7 @@ fn backward_stored(
     let mut dw = match dw {
         Some(d) if native => {
             let to = weight_mat(d.as_mut_ptr(), layout, k, n);
-            let done = unsafe {
-                match inp {
-                    Stored::F32(x) => gemm_stored(
-                        (k, n, rows),
-                        to,
-                        Mat::new(x.as_ptr(), k, 1).t(),
-                        dout_mat,
-                        true,
-                        threads,
-                    ),
-                    Stored::Bf16(x) => gemm_stored(
-                        (k, n, rows),
-                        to,
-                        Mat::new(x.as_ptr(), k, 1).t(),
-                        dout_mat,
-                        true,
-                        threads,
-                    ),
-                }
-            };
+            let done = unsafe { gemm_input((k, n, rows), to, inp, true, dout_mat, true) };
             (!done).then_some(d)
         }
         dw => dw,
