@@ -1172,7 +1172,19 @@ fn a_bf16_activation_and_the_product_reading_it_on<R: Runtime>(dev: &Queue<R>) {
         );
         let dw0 = randn(&mut rng, k * n, 1.0);
         let mut runs = Vec::new();
-        for inp in [Stored::F32(wide.view()), Stored::Bf16(held.view())] {
+        // a bf16 input takes bf16 products even where the shape asks fp32's
+        let inputs = [
+            (Stored::F32(wide.view()), shape),
+            (Stored::Bf16(held.view()), shape),
+            (
+                Stored::Bf16(held.view()),
+                MatmulShape {
+                    bf16: false,
+                    ..shape
+                },
+            ),
+        ];
+        for (inp, shape) in inputs {
             let out = putf(dev, &out0);
             let (bias, w) = (Some(bias.view()), w.view());
             let op = MatmulForward {
@@ -1197,11 +1209,13 @@ fn a_bf16_activation_and_the_product_reading_it_on<R: Runtime>(dev: &Queue<R>) {
             dev.run(op).unwrap();
             runs.push((get(dev, &out), get(dev, &dw)));
         }
-        assert!(
-            runs[0].0 == runs[1].0,
-            "{what}: the product of a bf16 input"
-        );
-        assert!(runs[0].1 == runs[1].1, "{what}: dw of a bf16 input");
+        for (i, run) in runs.iter().enumerate().skip(1) {
+            assert!(
+                runs[0].0 == run.0,
+                "{what}: the product of a bf16 input ({i})"
+            );
+            assert!(runs[0].1 == run.1, "{what}: dw of a bf16 input ({i})");
+        }
     }
 }
 

@@ -779,20 +779,27 @@ mod tests {
             for native in [false, true] {
                 let at = format!("({rows}, {k}, {n}), native {native}");
                 let inputs = || [Stored::F32(&wide[..]), Stored::Bf16(&held[..])];
+                // each forward on a thread of its own: no scratch another
+                // left can stand in for what this one must write itself
+                let fresh = |f: &(dyn Fn() -> Vec<f32> + Sync)| {
+                    std::thread::scope(|s| s.spawn(f).join().unwrap())
+                };
                 for accumulate in [false, true] {
                     let [want, got] = inputs().map(|inp| {
-                        let mut out = out0.clone();
-                        let (out_s, bias) = (Stored::F32(&mut out[..]), Some(&b[..]));
-                        let op = MatmulForward {
-                            out: out_s,
-                            inp,
-                            w: &w[..],
-                            bias,
-                            shape,
-                            accumulate,
-                        };
-                        forward_on(op, native);
-                        out
+                        fresh(&|| {
+                            let mut out = out0.clone();
+                            let (out_s, bias) = (Stored::F32(&mut out[..]), Some(&b[..]));
+                            let op = MatmulForward {
+                                out: out_s,
+                                inp,
+                                w: &w[..],
+                                bias,
+                                shape,
+                                accumulate,
+                            };
+                            forward_on(op, native);
+                            out
+                        })
                     });
                     assert!(got == want, "{at}: forward, accumulate {accumulate}");
                 }
