@@ -778,14 +778,27 @@ mod tests {
             let dout_held = bf16(dout.clone());
             for native in [false, true] {
                 let at = format!("({rows}, {k}, {n}), native {native}");
-                let inputs = || [Stored::F32(&wide[..]), Stored::Bf16(&held[..])];
+                // the fp32-held input, the bf16 one, and the bf16 one given
+                // a shape asking for fp32 products (it takes bf16's)
+                let fp32_shape = MatmulShape {
+                    bf16: false,
+                    ..shape
+                };
+                let inputs = || {
+                    [
+                        (Stored::F32(&wide[..]), shape),
+                        (Stored::Bf16(&held[..]), shape),
+                        (Stored::Bf16(&held[..]), fp32_shape),
+                    ]
+                };
+                let same = |runs: &[Vec<f32>; 3]| runs[1] == runs[0] && runs[2] == runs[0];
                 // each forward on a thread of its own: no scratch another
                 // left can stand in for what this one must write itself
                 let fresh = |f: &(dyn Fn() -> Vec<f32> + Sync)| {
                     std::thread::scope(|s| s.spawn(f).join().unwrap())
                 };
                 for accumulate in [false, true] {
-                    let [want, got] = inputs().map(|inp| {
+                    let runs = inputs().map(|(inp, shape)| {
                         fresh(&|| {
                             let mut out = out0.clone();
                             let (out_s, bias) = (Stored::F32(&mut out[..]), Some(&b[..]));
@@ -801,16 +814,16 @@ mod tests {
                             out
                         })
                     });
-                    assert!(got == want, "{at}: forward, accumulate {accumulate}");
+                    assert!(same(&runs), "{at}: forward, accumulate {accumulate}");
                 }
-                let [want, got] = inputs().map(|inp| {
+                let [want, got, _] = inputs().map(|(inp, shape)| {
                     let mut out = vec![Bf16::default(); rows * n];
                     forward_rounded(&mut out, inp, &w, shape, native);
                     out
                 });
                 assert!(got == want, "{at}: into bf16");
                 for dout in [Stored::F32(&dout[..]), Stored::Bf16(&dout_held[..])] {
-                    let [want, got] = inputs().map(|inp| {
+                    let runs = inputs().map(|(inp, shape)| {
                         let mut dw: Vec<f32> = w.iter().map(|x| 0.5 * x).collect();
                         let (dinp, dbias) = (None, None);
                         let op = MatmulBackward {
@@ -825,7 +838,7 @@ mod tests {
                         backward_on(op, native);
                         dw
                     });
-                    assert!(got == want, "{at}: dw, dout bf16 {}", dout.is_bf16());
+                    assert!(same(&runs), "{at}: dw, dout bf16 {}", dout.is_bf16());
                 }
             }
         }
