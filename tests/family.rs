@@ -328,7 +328,7 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                 // the first bias, added in the activation's passes
                 be.run(ActivationForward {
                     out: g.rb().into(),
-                    inp: h.src(),
+                    inp: h.src().into(),
                     bias: Some(b1),
                     act: Activation::GeluTanh,
                 })?;
@@ -426,7 +426,7 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                 let (dw1, db1) = gd.split2(r1, rb1);
                 be.run(ActivationBackward {
                     d: a.dg.d(),
-                    inp: h,
+                    inp: h.into(),
                     bias: Some(b1),
                     act: Activation::GeluTanh,
                     dbias: Some(db1),

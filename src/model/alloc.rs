@@ -3,7 +3,8 @@
 //! memory through the tally, so it runs the very code that allocates the
 //! buffers (no second copy of the size formulas) without allocating them.
 
-use crate::backend::{Backend, Buf, Category, Elem};
+use super::Precision;
+use crate::backend::{Backend, Buf, Category, Elem, Stored, StoredBuf};
 use crate::error::Result;
 use std::cell::Cell;
 
@@ -43,6 +44,16 @@ impl<'a, B: Backend> ActAlloc<'a, B> {
     /// An f32 activation buffer.
     pub fn acts(&self, len: usize) -> Result<Buf<B>> {
         self.typed(len)
+    }
+
+    /// An activation buffer only products read, held as `precision`
+    /// holds such tensors: fp32, or bf16 (as autocast holds a bf16
+    /// product's input).
+    pub fn stored(&self, precision: Precision, len: usize) -> Result<StoredBuf<B>> {
+        Ok(match precision {
+            Precision::Fp32 => Stored::F32(self.typed(len)?),
+            Precision::Bf16 => Stored::Bf16(self.typed(len)?),
+        })
     }
 
     /// 4-byte words counted so far.

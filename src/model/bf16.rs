@@ -28,8 +28,9 @@ pub enum Precision {
     Fp32,
     /// Matmul operands (inputs, weights, output gradients) rounded to
     /// bfloat16, products accumulated in fp32; GPT-2's logits and their
-    /// gradient, and its GELU outputs, held in bf16; weights, moments,
-    /// gradients, their reduction and every other kernel stay fp32.
+    /// gradient, its norms' outputs, fc products and GELU outputs held
+    /// in bf16; weights, moments, gradients, their reduction and every
+    /// other tensor stay fp32.
     Bf16,
 }
 crate::display_as_flag!(Precision);

@@ -5,9 +5,9 @@
 
 use super::bf16::{matmul_backward, matmul_forward};
 use crate::backend::{
-    Activation, ActivationBackward, ActivationForward, Backend, Bf16, Buf, CrossEntropyBackward,
+    Activation, ActivationBackward, ActivationForward, Backend, Buf, CrossEntropyBackward,
     CrossEntropyForward, Dst, LayerNormBackward, LayerNormForward, MatmulBackward, MatmulForward,
-    MatmulShape, On, Src, Stored, StoredSrc, WeightLayout,
+    MatmulShape, On, Src, StoredDst, StoredSrc, WeightLayout,
 };
 use crate::error::Result;
 use std::ops::Range;
@@ -34,6 +34,25 @@ impl<'a, B: Backend> Stats<'a, B> {
     pub fn first(self, n: usize) -> Self {
         let (mean, rstd) = (self.mean.first(n), self.rstd.first(n));
         Stats { mean, rstd }
+    }
+}
+
+/// A LayerNorm's outputs: its values (fp32, or bf16 where only products
+/// read them) and the per-row mean and rstd its backward reads.
+pub struct Normed<'a, B> {
+    pub out: StoredDst<'a, B>,
+    pub mean: Dst<'a, B>,
+    pub rstd: Dst<'a, B>,
+}
+
+impl<B> Normed<'_, B> {
+    /// The same outputs, reborrowed.
+    pub fn rb(&mut self) -> Normed<'_, B> {
+        Normed {
+            out: self.out.rb(),
+            mean: self.mean.rb(),
+            rstd: self.rstd.rb(),
+        }
     }
 }
 
@@ -86,17 +105,10 @@ impl<'s, B: Backend, P: Copy> Ops<'s, B, P> {
         self.p.slice((self.at)(x))
     }
 
-    /// LayerNorm (weight `w`, bias `b`) of `inp` into `out`, keeping `mean` and `rstd`.
-    pub fn ln(
-        &self,
-        out: Dst<'_, B>,
-        mean: Dst<'_, B>,
-        rstd: Dst<'_, B>,
-        inp: Src<'_, B>,
-        w: P,
-        b: P,
-    ) -> Result<()> {
+    /// LayerNorm (weight `w`, bias `b`) of `inp` into `to`.
+    pub fn ln(&self, to: Normed<'_, B>, inp: Src<'_, B>, w: P, b: P) -> Result<()> {
         let (w, b, c, eps) = (self.w(w), self.w(b), self.c, self.eps);
+        let Normed { out, mean, rstd } = to;
         self.be.run(LayerNormForward {
             out,
             mean,
@@ -243,28 +255,28 @@ impl<'s, B: Backend, P: Copy> Ops<'s, B, P> {
         self.be.run(op)
     }
 
-    /// `act` of `inp` plus bias `b` into `out` (fp32, or stored in bf16).
-    pub fn act<'o>(
+    /// `act` of `inp` plus bias `b` into `out` (each fp32, or stored in bf16).
+    pub fn act<'o, 'i>(
         &self,
-        out: impl Into<Stored<Dst<'o, B>, Dst<'o, B, Bf16>>>,
-        inp: Src<'_, B>,
+        out: impl Into<StoredDst<'o, B>>,
+        inp: impl Into<StoredSrc<'i, B>>,
         b: P,
         act: Activation,
     ) -> Result<()> {
         let bias = Some(self.w(b));
         self.be.run(ActivationForward {
             out: out.into(),
-            inp,
+            inp: inp.into(),
             bias,
             act,
         })
     }
 
     /// [`Ops::act`]'s backward in place in `d`; `b`'s gradient where the pass takes gradients.
-    pub fn act_back(
+    pub fn act_back<'i>(
         &mut self,
         d: Dst<'_, B>,
-        inp: Src<'_, B>,
+        inp: impl Into<StoredSrc<'i, B>>,
         b: P,
         act: Activation,
     ) -> Result<()> {
@@ -272,7 +284,7 @@ impl<'s, B: Backend, P: Copy> Ops<'s, B, P> {
         let dbias = self.g.as_mut().map(|g| g.rb().slice(at));
         self.be.run(ActivationBackward {
             d,
-            inp,
+            inp: inp.into(),
             bias,
             act,
             dbias,

@@ -14,7 +14,8 @@
 
 use super::math::{dot, exp, exp_shifted_sum, gemm, row_max, widest, Mat, SendPtr};
 use super::round_to_bf16;
-use crate::backend::ops::{AttentionDecode, Host};
+use crate::backend::ops::{AttentionDecode, Extent, Held, Host, Stored};
+use crate::backend::Bf16;
 use rayon::prelude::*;
 use std::ops::Range;
 
@@ -151,8 +152,9 @@ impl Mask<'_> {
 /// per token; out is (B, T, C); lse is (B, NH, T)): for each block of query rows, the
 /// keys in tiles of [`forward_keys`] with an online softmax (a running max
 /// and sum per row; the output so far rescaled when a tile raises the max).
+/// An `out` held in bf16 takes each value rounded.
 pub(crate) fn forward_masked(
-    out: &mut [f32],
+    out: Stored<&mut [f32], &mut [Bf16]>,
     lse: &mut [f32],
     qkv: &[f32],
     s: AttnShape,
@@ -160,9 +162,9 @@ pub(crate) fn forward_masked(
 ) {
     let AttnShape { b, t, c, nh, .. } = s;
     let hd = s.head_dim();
-    assert!(qkv.len() >= b * t * 3 * c && out.len() >= b * t * c && lse.len() >= b * nh * t);
+    assert!(qkv.len() >= b * t * 3 * c && out.extent() >= b * t * c && lse.len() >= b * nh * t);
     mask.check(b, t);
-    let out_ptr = SendPtr(out.as_mut_ptr());
+    let out_ptr = out.map(|o| SendPtr(o.as_mut_ptr()), |o| SendPtr(o.as_mut_ptr()));
     lse[..b * nh * t]
         .par_chunks_mut(t)
         .enumerate()
@@ -228,7 +230,7 @@ widest! {
         bh: usize,
         lse_row: &mut [f32],
         qkv: &[f32],
-        out_ptr: SendPtr,
+        out_ptr: Stored<SendPtr, SendPtr<Bf16>>,
         s: AttnShape,
         mask: Mask<'_>,
     ) {
@@ -256,7 +258,7 @@ widest! {
             let at = at.for_products(ops, t, hd, s.bf16);
             head.stride = at.stride;
             let (q, k, v) = (at.src, at.src.add(at.part), at.src.add(2 * at.part));
-            let o = out_ptr.get().add(bi * t * c + h * hd);
+            let o = bi * t * c + h * hd;
             for r0 in (0..t).step_by(BLOCK) {
                 let r1 = (r0 + BLOCK).min(t);
                 let (rows, cols) = (r1 - r0, mask.cols(bi, r1));
@@ -306,9 +308,11 @@ widest! {
                 for i in 0..rows {
                     lse_row[r0 + i] = max[i] + sum[i].ln();
                     let inv = if s.bf16 { 1.0 } else { 1.0 / sum[i] };
-                    let dst = std::slice::from_raw_parts_mut(o.add((r0 + i) * c), hd);
-                    for (d, &a) in dst.iter_mut().zip(&acc[i * hd..(i + 1) * hd]) {
-                        *d = a * inv;
+                    let row = acc[i * hd..(i + 1) * hd].iter().map(|&a| a * inv);
+                    let at = o + (r0 + i) * c;
+                    match out_ptr {
+                        Stored::F32(o) => o.slice(at, hd).iter_mut().zip(row).for_each(|(d, a)| *d = a),
+                        Stored::Bf16(o) => o.slice(at, hd).iter_mut().zip(row).for_each(|(d, a)| *d = Bf16::from_f32(a)),
                     }
                 }
             }
@@ -345,12 +349,12 @@ impl Tiles {
 pub(super) const ROWS: usize = 256;
 
 /// What the attention backward reads: dout (B, T, C), and the forward's
-/// qkv (B, T, 3C), out (B, T, C) and lse (B, NH, T).
+/// qkv (B, T, 3C), out (B, T, C; fp32 or bf16) and lse (B, NH, T).
 #[derive(Clone, Copy)]
 pub(crate) struct Saved<'a> {
     pub dout: &'a [f32],
     pub qkv: &'a [f32],
-    pub out: &'a [f32],
+    pub out: Held<'a>,
     pub lse: &'a [f32],
 }
 
@@ -367,19 +371,30 @@ pub(crate) fn backward_masked(dqkv: &mut [f32], saved: Saved<'_>, s: AttnShape, 
 fn backward_in_runs(dqkv: &mut [f32], saved: Saved<'_>, s: AttnShape, mask: Mask<'_>, run: usize) {
     let AttnShape { b, t, c, nh, .. } = s;
     let Saved { dout, out, .. } = saved;
-    assert!(dqkv.len() >= b * t * 3 * c && dout.len() >= b * t * c && out.len() >= b * t * c);
+    assert!(dqkv.len() >= b * t * 3 * c && dout.len() >= b * t * c && out.extent() >= b * t * c);
     assert!(saved.qkv.len() >= b * t * 3 * c && saved.lse.len() >= b * nh * t);
     assert!(run > 0);
     mask.check(b, t);
     let hd = s.head_dim();
     // dO . O of every row of every head (b, h, t), from the fp32 values
+    // (a bf16 row widened into the task's scratch)
     let dsum: Vec<f32> = (0..b * nh * t)
         .into_par_iter()
-        .map(|i| {
-            let (bi, h, tt) = (i / (nh * t), i / t % nh, i % t);
-            let at = (bi * t + tt) * c + h * hd;
-            dot(&dout[at..at + hd], &out[at..at + hd])
-        })
+        .map_init(
+            || vec![0.0; hd],
+            |wide, i| {
+                let (bi, h, tt) = (i / (nh * t), i / t % nh, i % t);
+                let at = (bi * t + tt) * c + h * hd;
+                let o = match out.part(at..at + hd) {
+                    Stored::F32(o) => o,
+                    Stored::Bf16(o) => {
+                        wide.iter_mut().zip(o).for_each(|(w, x)| *w = x.to_f32());
+                        wide
+                    }
+                };
+                dot(&dout[at..at + hd], o)
+            },
+        )
         .collect();
     let inputs = Inputs {
         qkv: saved.qkv,
@@ -1024,12 +1039,12 @@ mod tests {
             for bf16 in [true, false] {
                 let s = AttnShape { bf16, ..s };
                 let (mut out, mut lse) = (vec![0.0; n], vec![0.0; s.b * s.nh * s.t]);
-                forward_masked(&mut out, &mut lse, &qkv, s, mask);
+                forward_masked(Stored::F32(&mut out), &mut lse, &qkv, s, mask);
                 let mut dqkv = vec![0.0; 3 * n];
                 let saved = Saved {
                     dout: &dout,
                     qkv: &qkv,
-                    out: &out,
+                    out: Stored::F32(&out),
                     lse: &lse,
                 };
                 backward_masked(&mut dqkv, saved, s, mask);
@@ -1042,6 +1057,52 @@ mod tests {
                         assert!(off > 0.5, "{mask:?} fp32 {what} is the bf16 reference's");
                     }
                 }
+            }
+        }
+    }
+
+    /// An output stored in bf16 is the fp32 output rounded, bit for bit,
+    /// and the backward reading it gives what its values held in fp32
+    /// give: causal and padded, more than one row block, products in bf16
+    /// and in fp32.
+    #[test]
+    fn a_bf16_output_is_the_fp32_output_rounded() {
+        let lens = [130u32, 23];
+        for mask in [Mask::Causal, Mask::Lengths(&lens)] {
+            for bf16 in [true, false] {
+                let s = AttnShape {
+                    b: 2,
+                    t: 130,
+                    c: 64,
+                    nh: 2,
+                    bf16,
+                };
+                let n = s.b * s.t * s.c;
+                let mut rng = Rng::new(32);
+                let (qkv, dout) = (randn(&mut rng, 3 * n, 1.0), randn(&mut rng, n, 1.0));
+                let mut lse = vec![0.0; s.b * s.nh * s.t];
+                let mut out = vec![0.0; n];
+                forward_masked(Stored::F32(&mut out), &mut lse, &qkv, s, mask);
+                let mut held = vec![Bf16::default(); n];
+                let mut lse2 = vec![0.0; s.b * s.nh * s.t];
+                forward_masked(Stored::Bf16(&mut held), &mut lse2, &qkv, s, mask);
+                let rounded: Vec<Bf16> = out.iter().map(|&v| Bf16::from_f32(v)).collect();
+                assert!(held == rounded, "{mask:?} bf16 {bf16}: out");
+                assert!(lse == lse2, "{mask:?} bf16 {bf16}: lse");
+                let wide: Vec<f32> = held.iter().map(|x| x.to_f32()).collect();
+                let grads = [Stored::F32(&wide[..]), Stored::Bf16(&held[..])].map(|out| {
+                    let mut dqkv = vec![0.0; 3 * n];
+                    let (dout, qkv, lse) = (&dout[..], &qkv[..], &lse[..]);
+                    let saved = Saved {
+                        dout,
+                        qkv,
+                        out,
+                        lse,
+                    };
+                    backward_masked(&mut dqkv, saved, s, mask);
+                    dqkv
+                });
+                assert!(grads[0] == grads[1], "{mask:?} bf16 {bf16}: dqkv");
             }
         }
     }
@@ -1065,12 +1126,12 @@ mod tests {
         for mask in [Mask::Causal, Mask::Lengths(&lens)] {
             let bits = on_each_width(|| {
                 let (mut out, mut lse) = (vec![0.0; n], vec![0.0; s.b * s.nh * s.t]);
-                forward_masked(&mut out, &mut lse, &qkv, s, mask);
+                forward_masked(Stored::F32(&mut out), &mut lse, &qkv, s, mask);
                 let mut dqkv = vec![0.0; 3 * n];
                 let saved = Saved {
                     dout: &dout,
                     qkv: &qkv,
-                    out: &out,
+                    out: Stored::F32(&out),
                     lse: &lse,
                 };
                 backward_in_runs(&mut dqkv, saved, s, mask, 64);
@@ -1102,7 +1163,7 @@ mod tests {
         let probe = randn(&mut rng, b * t * c, 1.0);
         let mut out = vec![0.0; b * t * c];
         let mut lse = vec![0.0; b * nh * t];
-        forward_masked(&mut out, &mut lse, &qkv, s, mask);
+        forward_masked(Stored::F32(&mut out), &mut lse, &qkv, s, mask);
         assert_close("out", &out, &reference_masked(&to64(&qkv), s, mask), 1e-5);
         let fd = finite_diff(&qkv, |x| probe_dot(&reference_masked(x, s, mask), &probe));
         // whole tiles of rows, and runs of 3 rows: a tile's dK and dV set by
@@ -1112,7 +1173,7 @@ mod tests {
             let saved = Saved {
                 dout: &probe,
                 qkv: &qkv,
-                out: &out,
+                out: Stored::F32(&out),
                 lse: &lse,
             };
             backward_in_runs(&mut dqkv, saved, s, mask, run);

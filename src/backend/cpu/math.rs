@@ -561,14 +561,21 @@ impl Views {
 
 /// A raw pointer that may cross threads: kernels hand disjoint regions of
 /// one buffer to rayon tasks.
-#[derive(Clone, Copy)]
-pub struct SendPtr(pub *mut f32);
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
+pub struct SendPtr<T = f32>(pub *mut T);
+unsafe impl<T> Send for SendPtr<T> {}
+unsafe impl<T> Sync for SendPtr<T> {}
 
-impl SendPtr {
+impl<T> Clone for SendPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for SendPtr<T> {}
+
+impl<T> SendPtr<T> {
     /// The pointer; a method, so closures capture the whole `Send` wrapper.
-    pub fn get(self) -> *mut f32 {
+    pub fn get(self) -> *mut T {
         self.0
     }
 
@@ -577,7 +584,7 @@ impl SendPtr {
     /// # Safety
     /// They must lie inside the buffer and be written by the caller's task
     /// alone.
-    pub(super) unsafe fn slice<'a>(&self, offset: usize, len: usize) -> &'a mut [f32] {
+    pub(super) unsafe fn slice<'a>(&self, offset: usize, len: usize) -> &'a mut [T] {
         std::slice::from_raw_parts_mut(self.0.add(offset), len)
     }
 }

@@ -64,7 +64,9 @@ impl<R: Runtime> Queue<R> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{assert_close, get, max_rel_err, on_gpus, putf, putu, tiny, TOL};
+    use super::super::tests::{
+        assert_close, get, max_rel_err, on_gpus, put, putf, putu, tiny, TOL,
+    };
     use super::super::{program_source, DeviceMem};
     use super::*;
     use crate::backend::cpu::attention;
@@ -72,9 +74,10 @@ mod tests {
     use crate::backend::ops::attention::{
         flash_backward, flash_fits, flash_forward, FLASH_HD_MAX, FLASH_ROWS,
     };
+    use crate::backend::ops::Stored;
     use crate::backend::ops::{AsIs, Host, Kernel};
-    use crate::backend::AttnShape;
     use crate::backend::{AttentionBackward, AttentionForward};
+    use crate::backend::{AttnShape, Bf16};
     use crate::rng::Rng;
 
     #[test]
@@ -143,7 +146,7 @@ mod tests {
         let AttnShape { b, t, c, nh, .. } = s;
         let (mut out, mut lse) = (vec![0.0; b * t * c], vec![0.0; b * nh * t]);
         (AttentionForward::<Host> {
-            out: &mut out,
+            out: Stored::F32(&mut out),
             lse: &mut lse,
             qkv,
             lens,
@@ -155,7 +158,7 @@ mod tests {
             dqkv: &mut dqkv,
             dout,
             qkv,
-            out: &out,
+            out: Stored::F32(&out),
             lse: &lse,
             lens,
             shape: s,
@@ -179,7 +182,7 @@ mod tests {
         let ld = lens.map(|x| putu(dev, x));
         let lv = ld.as_ref().map(|x| x.view());
         let forward = AttentionForward {
-            out: o.view(),
+            out: Stored::F32(o.view()),
             lse: l.view(),
             qkv: q.view(),
             lens: lv,
@@ -189,7 +192,7 @@ mod tests {
             dqkv: g.view(),
             dout: d.view(),
             qkv: q.view(),
-            out: o.view(),
+            out: Stored::F32(o.view()),
             lse: l.view(),
             lens: lv,
             shape: s,
@@ -256,7 +259,7 @@ mod tests {
                         dqkv: g.view(),
                         dout: d.view(),
                         qkv: q.view(),
-                        out: o.view(),
+                        out: Stored::F32(o.view()),
                         lse: l.view(),
                         lens: lv,
                         shape: s,
@@ -322,6 +325,82 @@ mod tests {
             ]
         };
         bf16_matches_cpu(dev, fp32_shapes(list), true, 15);
+    }
+
+    /// An output stored in bf16 is the fp32 output rounded, bit for bit,
+    /// and the backward reading it gives what its values held in fp32 give,
+    /// on the GEMMs and on flash.cu (its twin on OpenCL), causal and padded
+    /// (guard cells around the bf16 buffer).
+    #[test]
+    fn a_bf16_output_is_the_fp32_output_rounded_on_the_device() {
+        on_gpus!(a_bf16_output_is_the_fp32_output_rounded_on);
+    }
+
+    fn a_bf16_output_is_the_fp32_output_rounded_on<R: Runtime>(dev: &Queue<R>) {
+        if R::KIND == "cuda" && !dev.tensor_cores() {
+            return eprintln!("flash.cu needs compute capability 8.0: {}", dev.name());
+        }
+        let s = AttnShape {
+            b: 2,
+            t: 37,
+            c: 64,
+            nh: 2,
+            bf16: true,
+        };
+        let mut rng = Rng::new(17);
+        let n = s.b * s.t * s.c;
+        let (qkv, dout) = (randn(&mut rng, 3 * n, 2.0), randn(&mut rng, n, 1.0));
+        let (q, d) = (putf(dev, &qkv), putf(dev, &dout));
+        for lens in masks(s) {
+            let ld = lens.as_ref().map(|x| putu(dev, x));
+            let lens = ld.as_ref().map(|x| x.view());
+            for flash in [false, true] {
+                let what = format!("{}, flash {flash}", name(s, None));
+                let fp32 = putf(dev, &vec![7.0; n]);
+                let held = put(dev, &vec![Bf16::default(); n], Bf16::from_f32(-9.0));
+                let mut lses = Vec::new();
+                for out in [Stored::F32(fp32.view()), Stored::Bf16(held.view())] {
+                    let l = putf(dev, &vec![7.0; s.b * s.nh * s.t]);
+                    let (lse, qkv, shape) = (l.view(), q.view(), s);
+                    let op = AttentionForward {
+                        out,
+                        lse,
+                        qkv,
+                        lens,
+                        shape,
+                    };
+                    match flash {
+                        true => flash_forward(dev, op.check().map(|_| op).unwrap()).unwrap(),
+                        false => dev.run(op).unwrap(),
+                    }
+                    lses.push(l);
+                }
+                let bits = get(dev, &held);
+                let rounded: Vec<Bf16> = get(dev, &fp32).into_iter().map(Bf16::from_f32).collect();
+                assert!(bits == rounded, "{what}: out");
+                assert!(get(dev, &lses[0]) == get(dev, &lses[1]), "{what}: lse");
+                let wide = putf(dev, &bits.iter().map(|x| x.to_f32()).collect::<Vec<_>>());
+                let grads = [Stored::F32(wide.view()), Stored::Bf16(held.view())].map(|out| {
+                    let g = putf(dev, &vec![7.0; 3 * n]);
+                    let (dqkv, dout, qkv, lse) = (g.view(), d.view(), q.view(), lses[1].view());
+                    let op = AttentionBackward {
+                        dqkv,
+                        dout,
+                        qkv,
+                        out,
+                        lse,
+                        lens,
+                        shape: s,
+                    };
+                    match flash {
+                        true => flash_backward(dev, op.check().map(|_| op).unwrap()).unwrap(),
+                        false => dev.run(op).unwrap(),
+                    }
+                    get(dev, &g)
+                });
+                assert!(grads[0] == grads[1], "{what}: dqkv");
+            }
+        }
     }
 
     /// flash.cu takes bf16 heads of 16, 32, 48 or 64 (GPT-2's 64,
@@ -504,7 +583,7 @@ mod tests {
         };
         let err = dev
             .run(AttentionForward {
-                out: m.view(),
+                out: Stored::F32(m.view()),
                 lse: m.view(),
                 qkv: m.view(),
                 lens: None,

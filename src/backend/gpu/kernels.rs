@@ -68,13 +68,15 @@ impl<R: Runtime> Queue<R> {
     }
 
     /// dbias (n) += colsum(d) for d (rows, n); with an activation, after
-    /// d *= act'(inp [+ bias]) in place, in the same pass.
+    /// d *= act'(inp [+ bias]) in place, in the same pass (`inp` stored
+    /// in fp32 or bf16).
     pub(crate) fn bias_backward(
         &self,
         db: View,
-        (d, inp, bias, act): (View, View, Option<View>, Option<Activation>),
+        (d, inp, bias, act): (View, Stored<View, View>, Option<View>, Option<Activation>),
         (rows, n): (usize, usize),
     ) -> Result<(), GpuError> {
+        let (inp, inp_bf16) = stored_view(inp);
         need("bias gradient: output gradient", d, rows * n)?;
         need("bias gradient: activation input", inp, rows * n)?;
         need("bias gradient", db, n)?;
@@ -99,6 +101,7 @@ impl<R: Runtime> Queue<R> {
                 u32s("chunks", chunks)?,
                 u32s("chunk rows", COLUMN_CHUNK_ROWS)?,
                 Arg::U32(act_code(act)),
+                Arg::U32(inp_bf16),
             ];
             self.launch("bias_backward_partials", groups(chunks * n), &args)?;
             let args = [

@@ -119,7 +119,7 @@ fn next_guard() -> u32 {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
-fn put<R: Runtime, T: Elem>(dev: &Queue<R>, data: &[T], guard: T) -> Tensor<R, T> {
+pub(super) fn put<R: Runtime, T: Elem>(dev: &Queue<R>, data: &[T], guard: T) -> Tensor<R, T> {
     let off = 3 + data.len() % 5;
     let tail = if data.len().is_multiple_of(2) { 4 } else { 0 };
     let mut host = vec![guard; off + data.len() + tail];
@@ -252,7 +252,7 @@ fn views_too_short_are_errors_on<R: Runtime>(dev: &Queue<R>) {
     // a kernel's own check, the one the CPU runs: rows 2 of c 3 need 6
     let err = dev
         .run(LayerNormForward::<Raw> {
-            out: a.view_range(0..5),
+            out: Stored::F32(a.view_range(0..5)),
             mean: a.view_range(0..2),
             rstd: a.view_range(2..4),
             inp: a.view(),
@@ -432,7 +432,7 @@ fn layernorm_forward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
         );
         let (xd, wd, bd) = (putf(dev, &x), putf(dev, &w), putf(dev, &b));
         dev.run(LayerNormForward {
-            out: o.view(),
+            out: Stored::F32(o.view()),
             mean: m.view(),
             rstd: r.view(),
             inp: xd.view(),
@@ -714,7 +714,7 @@ fn fused_bias_gradients_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
             let (mut want, mut want_db) = (d0.clone(), db0.clone());
             (ActivationBackward::<Host> {
                 d: &mut want,
-                inp: &x,
+                inp: Stored::F32(&x),
                 bias: b,
                 act,
                 dbias: Some(&mut want_db),
@@ -724,7 +724,7 @@ fn fused_bias_gradients_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
             let bd = putf(dev, &bias);
             dev.run(ActivationBackward {
                 d: d.view(),
-                inp: xd.view(),
+                inp: Stored::F32(xd.view()),
                 bias: biased.then(|| bd.view()),
                 act,
                 dbias: Some(db.view()),
@@ -776,7 +776,7 @@ fn pointwise_kernels_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
                 let mut want = vec![0.0; n];
                 (ActivationForward::<Host> {
                     out: Stored::F32(&mut want),
-                    inp: &x,
+                    inp: Stored::F32(&x),
                     bias: b,
                     act,
                 })
@@ -784,7 +784,7 @@ fn pointwise_kernels_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
                 let o = putf(dev, &vec![0.0; n]);
                 dev.run(ActivationForward {
                     out: Stored::F32(o.view()),
-                    inp: xd.view(),
+                    inp: Stored::F32(xd.view()),
                     bias: bv,
                     act,
                 })
@@ -794,7 +794,7 @@ fn pointwise_kernels_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
                 let mut want = d0.clone();
                 (ActivationBackward::<Host> {
                     d: &mut want,
-                    inp: &x,
+                    inp: Stored::F32(&x),
                     bias: b,
                     act,
                     dbias: None,
@@ -809,7 +809,7 @@ fn pointwise_kernels_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
                     let d = putf(dev, &d0);
                     dev.run(ActivationBackward {
                         d: d.view(),
-                        inp: xd.view(),
+                        inp: Stored::F32(xd.view()),
                         bias: bv,
                         act,
                         dbias,
@@ -825,7 +825,7 @@ fn pointwise_kernels_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
             let wide = putf(dev, &vec![0.0; n + 1]);
             let op = |bias| ActivationForward {
                 out: Stored::F32(xd.view()),
-                inp: xd.view(),
+                inp: Stored::F32(xd.view()),
                 bias: Some(bias),
                 act: Activation::Tanh,
             };
@@ -835,7 +835,7 @@ fn pointwise_kernels_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
             let err = dev
                 .run(ActivationBackward {
                     d: xd.view(),
-                    inp: xd.view(),
+                    inp: Stored::F32(xd.view()),
                     bias: Some(bd.view()),
                     act: Activation::Tanh,
                     dbias: Some(View {
@@ -1144,7 +1144,7 @@ fn a_bf16_activation_and_the_product_reading_it_on<R: Runtime>(dev: &Queue<R>) {
         for out in [Stored::F32(fp32.view()), Stored::Bf16(held.view())] {
             let op = ActivationForward {
                 out,
-                inp: x.view(),
+                inp: Stored::F32(x.view()),
                 bias: Some(b.view()),
                 act: Activation::GeluTanh,
             };
@@ -1216,6 +1216,109 @@ fn a_bf16_activation_and_the_product_reading_it_on<R: Runtime>(dev: &Queue<R>) {
             );
             assert!(runs[0].1 == run.1, "{what}: dw of a bf16 input ({i})");
         }
+    }
+}
+
+/// An activation's input stored in bf16 gives what its values held in
+/// fp32 give, bit for bit: forward into fp32 and bf16, the backward alone
+/// and with the bias gradient in its pass (guard cells around each buffer).
+#[test]
+fn a_bf16_activation_input_is_its_fp32_values_on_the_device() {
+    on_gpus!(a_bf16_activation_input_is_its_fp32_values_on);
+}
+
+fn a_bf16_activation_input_is_its_fp32_values_on<R: Runtime>(dev: &Queue<R>) {
+    let mut rng = Rng::new(16);
+    let (rows, n) = (7, 40);
+    let held: Vec<Bf16> = randn(&mut rng, rows * n, 2.0)
+        .into_iter()
+        .map(Bf16::from_f32)
+        .collect();
+    let wide: Vec<f32> = held.iter().map(|x| x.to_f32()).collect();
+    let (xb, xf) = (put(dev, &held, Bf16::from_f32(-999.0)), putf(dev, &wide));
+    let (b, d0) = (
+        putf(dev, &randn(&mut rng, n, 1.0)),
+        randn(&mut rng, rows * n, 1.0),
+    );
+    for with_db in [false, true] {
+        let runs = [Stored::F32(xf.view()), Stored::Bf16(xb.view())].map(|inp| {
+            let fp32 = putf(dev, &vec![0.0; rows * n]);
+            let bf16 = put(dev, &vec![Bf16::default(); rows * n], Bf16::from_f32(-7.0));
+            for out in [Stored::F32(fp32.view()), Stored::Bf16(bf16.view())] {
+                let act = Activation::GeluTanh;
+                let bias = Some(b.view());
+                dev.run(ActivationForward {
+                    out,
+                    inp,
+                    bias,
+                    act,
+                })
+                .unwrap();
+            }
+            let (d, db) = (putf(dev, &d0), putf(dev, &vec![0.5; n]));
+            dev.run(ActivationBackward {
+                d: d.view(),
+                inp,
+                bias: Some(b.view()),
+                act: Activation::GeluTanh,
+                dbias: with_db.then(|| db.view()),
+            })
+            .unwrap();
+            (
+                get(dev, &fp32),
+                get(dev, &bf16),
+                get(dev, &d),
+                get(dev, &db),
+            )
+        });
+        assert!(runs[0].0 == runs[1].0, "forward");
+        assert!(runs[0].1 == runs[1].1, "forward into bf16");
+        assert!(runs[0].2 == runs[1].2, "backward, dbias {with_db}");
+        assert!(runs[0].3 == runs[1].3, "bias gradient, dbias {with_db}");
+    }
+}
+
+/// A LayerNorm stored in bf16 is the fp32 one rounded, its statistics
+/// the same, on rows of even and odd widths at odd offsets (guard cells
+/// around each buffer).
+#[test]
+fn a_bf16_norm_is_its_fp32_norm_rounded_on_the_device() {
+    on_gpus!(a_bf16_norm_is_its_fp32_norm_rounded_on);
+}
+
+fn a_bf16_norm_is_its_fp32_norm_rounded_on<R: Runtime>(dev: &Queue<R>) {
+    let mut rng = Rng::new(15);
+    for (rows, c) in [(3, 96), (5, 37), (2, 768)] {
+        let x = putf(dev, &randn(&mut rng, rows * c, 2.0));
+        let (w, b) = (
+            putf(dev, &randn(&mut rng, c, 1.0)),
+            putf(dev, &randn(&mut rng, c, 1.0)),
+        );
+        let fp32 = putf(dev, &vec![0.0; rows * c]);
+        let held = put(
+            dev,
+            &vec![Bf16::default(); rows * c],
+            Bf16::from_f32(-999.0),
+        );
+        let mut stats = Vec::new();
+        for out in [Stored::F32(fp32.view()), Stored::Bf16(held.view())] {
+            let (mean, rstd) = (putf(dev, &vec![0.0; rows]), putf(dev, &vec![0.0; rows]));
+            let op = LayerNormForward {
+                out,
+                mean: mean.view(),
+                rstd: rstd.view(),
+                inp: x.view(),
+                w: w.view(),
+                b: b.view(),
+                c,
+                eps: 1e-5,
+            };
+            dev.run(op).unwrap();
+            stats.push((get(dev, &mean), get(dev, &rstd)));
+        }
+        let rounded: Vec<Bf16> = get(dev, &fp32).into_iter().map(Bf16::from_f32).collect();
+        assert!(get(dev, &held) == rounded, "rows={rows} c={c}: bf16 norm");
+        assert!(stats[0] == stats[1], "rows={rows} c={c}: statistics");
     }
 }
 

@@ -21,11 +21,12 @@
 // Grid: groups of one thread per element of B * T * parts * NH * hd.
 // Between the token-major layout (B, T, parts, NH, hd) of qkv, out and their
 // gradients and the heads-first one (parts, B, NH, T, hd) the GEMMs take:
-// to_heads = 1 reads the first into the second, 0 the second into the first.
+// to_heads = 1 reads the first into the second, 0 the second into the first;
+// dst held as store_as holds it.
 KERNEL void attention_permute(GLOBAL float* RESTRICT dst, unsigned dst_off,
                               const GLOBAL float* RESTRICT src, unsigned src_off,
                               unsigned B, unsigned T, unsigned NH, unsigned hd,
-                              unsigned parts, unsigned to_heads) {
+                              unsigned parts, unsigned to_heads, unsigned dst_bf16) {
     idx_t e = GLOBAL_ID(0); // the element's index, heads-first
     if (e >= (idx_t)parts * B * NH * T * hd) {
         return;
@@ -34,9 +35,9 @@ KERNEL void attention_permute(GLOBAL float* RESTRICT dst, unsigned dst_off,
     unsigned p = e / ((idx_t)hd * T * B * NH), b = z / NH, h = z % NH;
     idx_t f = (((idx_t)b * T + t) * parts + p) * NH * hd + h * hd + d;
     if (to_heads) {
-        dst[dst_off + e] = src[src_off + f];
+        store_as(dst, dst_off + e, src[src_off + f], dst_bf16);
     } else {
-        dst[dst_off + f] = src[src_off + e];
+        store_as(dst, dst_off + f, src[src_off + e], dst_bf16);
     }
 }
 
@@ -80,14 +81,15 @@ KERNEL void attention_softmax(GLOBAL float* RESTRICT s, unsigned s_off,
 // Grid: as attention_softmax. p (rows, T): the scores q k^T in, the
 // probabilities exp(s / sqrt(hd) - lse) out; ds (rows, T): dout v^T in, the
 // scores' gradient p (dp - D) / sqrt(hd) out, where D = dot(dout, out) of the
-// row's query and head (token-major, as the forward wrote out). Zeros past
-// the keys the row sees.
+// row's query and head (token-major, held as the forward wrote out). Zeros
+// past the keys the row sees.
 KERNEL void attention_softmax_backward(GLOBAL float* RESTRICT p, unsigned p_off,
                                        GLOBAL float* RESTRICT ds, unsigned ds_off,
                                        const GLOBAL float* RESTRICT lse, unsigned lse_off,
                                        const GLOBAL float* RESTRICT dout, unsigned dout_off,
                                        const GLOBAL float* RESTRICT out, unsigned out_off,
-                                       unsigned T, unsigned NH, unsigned hd, unsigned z0,
+                                       unsigned out_bf16, unsigned T, unsigned NH, unsigned hd,
+                                       unsigned z0,
                                        const GLOBAL unsigned* RESTRICT lens, unsigned lens_off,
                                        unsigned causal) {
     SHARED float buf[BLOCK];
@@ -97,7 +99,7 @@ KERNEL void attention_softmax_backward(GLOBAL float* RESTRICT p, unsigned p_off,
     idx_t at = ((idx_t)(z / NH) * T + r % T) * NH * hd + (z % NH) * hd;
     float d = 0.0f;
     for (unsigned e = tid; e < hd; e += BLOCK) {
-        d += dout[dout_off + at + e] * out[out_off + at + e];
+        d += dout[dout_off + at + e] * load_as(out, out_off + at + e, out_bf16);
     }
     d = block_sum(buf, d);
     GLOBAL float* prow = p + p_off + (idx_t)r * T;

@@ -2,26 +2,28 @@
 
 // out = act(inp) (prelude.h's numbers); with cols > 0, inp is (n / cols,
 // cols) and out = act(inp + bias): a product's bias added in the
-// activation's pass; out held as store_as holds it (bf16: rounded).
+// activation's pass; inp and out held as load_as and store_as hold them
+// (bf16: widened, rounded).
 KERNEL void activation_forward(GLOBAL float* RESTRICT out, unsigned out_off,
                                const GLOBAL float* RESTRICT inp, unsigned inp_off,
                                const GLOBAL float* RESTRICT bias, unsigned bias_off,
-                               unsigned n, unsigned cols, unsigned act, unsigned bf16) {
+                               unsigned n, unsigned cols, unsigned act, unsigned inp_bf16,
+                               unsigned bf16) {
     idx_t i = GLOBAL_ID(0);
     if (i >= n) return;
-    float x = inp[inp_off + i];
+    float x = load_as(inp, inp_off + i, inp_bf16);
     if (cols > 0) x += bias[bias_off + i % cols];
     store_as(out, out_off + i, activation(act, x), bf16);
 }
 
-// d *= act'(inp), in place; with cols > 0, d *= act'(inp + bias) (as above).
+// d *= act'(inp), in place; with cols > 0, d *= act'(inp + bias) (inp as above).
 KERNEL void activation_backward(GLOBAL float* RESTRICT d, unsigned d_off,
                                 const GLOBAL float* RESTRICT inp, unsigned inp_off,
                                 const GLOBAL float* RESTRICT bias, unsigned bias_off,
-                                unsigned n, unsigned cols, unsigned act) {
+                                unsigned n, unsigned cols, unsigned act, unsigned inp_bf16) {
     idx_t i = GLOBAL_ID(0);
     if (i >= n) return;
-    float x = inp[inp_off + i];
+    float x = load_as(inp, inp_off + i, inp_bf16);
     if (cols > 0) x += bias[bias_off + i % cols];
     d[d_off + i] *= activation_grad(act, x);
 }

@@ -217,9 +217,9 @@ FA_UNROLL
 }
 
 // Writes acc (FA_NT C fragments) to the warp's rows row0.. below n of x (row
-// r at x + r ld).
-FA_FN void fa_store(GLOBAL float* x, unsigned ld, const float* acc, unsigned row0,
-                    unsigned n, unsigned hd) {
+// r from element at + r ld), held as store_as holds it (bf16: rounded).
+FA_FN void fa_store(GLOBAL float* x, idx_t at, unsigned ld, const float* acc, unsigned row0,
+                    unsigned n, unsigned hd, unsigned bf16) {
     unsigned lane = LOCAL_ID(0) & 31, g = lane >> 2, t = lane & 3;
 FA_UNROLL
     for (int nt = 0; nt < FA_NT; nt++) {
@@ -227,7 +227,7 @@ FA_UNROLL
         for (int i = 0; i < 4; i++) {
             unsigned r = row0 + g + 8 * (i >> 1), d = 8 * nt + 2 * t + (i & 1);
             if (r < n && d < hd) {
-                x[(idx_t)r * ld + d] = acc[4 * nt + i];
+                store_as(x, at + (idx_t)r * ld + d, acc[4 * nt + i], bf16);
             }
         }
     }
@@ -269,13 +269,14 @@ FA_FN int fa_sees(FaAt at, unsigned query, unsigned key) {
 }
 
 // Grid: B NH ceil(T / FA_ROWS) workgroups of BLOCK. qkv (B, T, 3C) ->
-// out (B, T, C), lse (B, NH, T); the mask as attention_softmax's.
+// out (B, T, C; held as store_as holds it), lse (B, NH, T); the mask as
+// attention_softmax's.
 KERNEL void attention_flash_forward(GLOBAL float* RESTRICT out, unsigned out_off,
                                     GLOBAL float* RESTRICT lse, unsigned lse_off,
                                     const GLOBAL float* RESTRICT qkv, unsigned qkv_off,
                                     unsigned T, unsigned NH, unsigned hd,
                                     const GLOBAL unsigned* RESTRICT lens, unsigned lens_off,
-                                    unsigned causal) {
+                                    unsigned causal, unsigned out_bf16) {
     SHARED unsigned kt[FA_COLS * FA_LD];
     SHARED unsigned vt[FA_COLS * FA_LD];
     FA_EMU_DECL
@@ -335,7 +336,7 @@ FA_UNROLL
         }
         fa_accumulate(o, s, vt, hd, FA_EM);
     }
-    fa_store(out + out_off + (idx_t)at.b * T * C + at.h * hd, C, o, at.row0, T, hd);
+    fa_store(out, out_off + (idx_t)at.b * T * C + at.h * hd, C, o, at.row0, T, hd, out_bf16);
 FA_UNROLL
     for (int side = 0; side < 2; side++) {
         unsigned row = at.row0 + g + 8 * side;
@@ -346,11 +347,12 @@ FA_UNROLL
 }
 
 // Grid: one thread per row of B NH T. dd (B, NH, T) = dot(dout, out) of
-// each query's head, in fp32 from the fp32 tensors.
+// each query's head, in fp32 (out held as load_as reads it).
 KERNEL void attention_flash_rowdot(GLOBAL float* RESTRICT dd, unsigned dd_off,
                                    const GLOBAL float* RESTRICT dout, unsigned dout_off,
                                    const GLOBAL float* RESTRICT out, unsigned out_off,
-                                   unsigned B, unsigned T, unsigned NH, unsigned hd) {
+                                   unsigned out_bf16, unsigned B, unsigned T, unsigned NH,
+                                   unsigned hd) {
     idx_t e = GLOBAL_ID(0);
     if (e >= (idx_t)B * NH * T) {
         return;
@@ -359,7 +361,7 @@ KERNEL void attention_flash_rowdot(GLOBAL float* RESTRICT dd, unsigned dd_off,
     idx_t at = ((idx_t)b * T + row) * NH * hd + h * hd;
     float d = 0.0f;
     for (unsigned i = 0; i < hd; i++) {
-        d += dout[dout_off + at + i] * out[out_off + at + i];
+        d += dout[dout_off + at + i] * load_as(out, out_off + at + i, out_bf16);
     }
     dd[dd_off + e] = d;
 }
@@ -419,7 +421,7 @@ FA_UNROLL
         }
         fa_accumulate(acc, dp, kt, hd, FA_EM);
     }
-    fa_store(dqkv + dqkv_off + (idx_t)at.b * T * 3 * C + at.h * hd, 3 * C, acc, at.row0, T, hd);
+    fa_store(dqkv, dqkv_off + (idx_t)at.b * T * 3 * C + at.h * hd, 3 * C, acc, at.row0, T, hd, 0);
 }
 
 // Grid: as attention_flash_forward, a workgroup's rows keys. Parts k and v
@@ -473,7 +475,7 @@ FA_UNROLL
         fa_accumulate(dv, st, dos, hd, FA_EM);
         fa_accumulate(dk, dpt, qt, hd, FA_EM);
     }
-    GLOBAL float* dk_at = dqkv + dqkv_off + (idx_t)at.b * T * 3 * C + at.h * hd + C;
-    fa_store(dk_at, 3 * C, dk, at.row0, T, hd);
-    fa_store(dk_at + C, 3 * C, dv, at.row0, T, hd);
+    idx_t dk_at = dqkv_off + (idx_t)at.b * T * 3 * C + at.h * hd + C;
+    fa_store(dqkv, dk_at, 3 * C, dk, at.row0, T, hd, 0);
+    fa_store(dqkv, dk_at + C, 3 * C, dv, at.row0, T, hd, 0);
 }

@@ -1,18 +1,19 @@
 // LayerNorm over the last dimension; eps is the model's (GPT-2 1e-5, BERT 1e-12).
 
-// One workgroup per row. inp, out (rows, c); w, b (c); mean, rstd (rows).
+// One workgroup per row. inp, out (rows, c); w, b (c); mean, rstd (rows);
+// out held as store_as holds it (bf16: rounded).
 KERNEL void layernorm_forward(GLOBAL float* RESTRICT out, unsigned out_off,
                               GLOBAL float* RESTRICT mean, unsigned mean_off,
                               GLOBAL float* RESTRICT rstd, unsigned rstd_off,
                               const GLOBAL float* RESTRICT inp, unsigned inp_off,
                               const GLOBAL float* RESTRICT w, unsigned w_off,
                               const GLOBAL float* RESTRICT b, unsigned b_off,
-                              unsigned c, float eps) {
+                              unsigned c, float eps, unsigned bf16) {
     SHARED float buf[BLOCK];
     unsigned row = GROUP_ID(0);
     int tid = LOCAL_ID(0);
     const GLOBAL float* x = inp + inp_off + (idx_t)row * c;
-    GLOBAL float* o = out + out_off + (idx_t)row * c;
+    idx_t o = out_off + (idx_t)row * c;
     w += w_off;
     b += b_off;
     float s = 0.0f;
@@ -25,7 +26,7 @@ KERNEL void layernorm_forward(GLOBAL float* RESTRICT out, unsigned out_off,
     }
     float var = block_sum(buf, ss) / (float)c;
     float r = 1.0f / sqrtf(var + eps);
-    for (unsigned j = tid; j < c; j += BLOCK) o[j] = (x[j] - mu) * r * w[j] + b[j];
+    for (unsigned j = tid; j < c; j += BLOCK) store_as(out, o + j, (x[j] - mu) * r * w[j] + b[j], bf16);
     if (tid == 0) {
         mean[mean_off + row] = mu;
         rstd[rstd_off + row] = r;

@@ -2,7 +2,7 @@
 //! with a product's bias fused in and its gradient summed in the same pass,
 //! as kernels (`kernels/elementwise.cu` and `kernels/bias.cu` on a GPU).
 
-use super::{need, Checked, Extent, Host, Kernel, Lower, Operands, Queued, Stored};
+use super::{need, Checked, Extent, Held, Host, Kernel, Lower, Operands, Queued, Stored};
 use crate::backend::cpu::elementwise::CHUNK;
 use crate::backend::cpu::math::{
     column_sums, gelu, gelu_erf, gelu_erf_grad, gelu_grad, tanh_exp, widest, with_scratch, Scratch,
@@ -38,12 +38,12 @@ operation! {
     /// out = act(inp + bias), any shape; with `bias` (n), inp is (rows, n).
     /// The bias of the product that wrote inp, added in the activation's
     /// pass instead of one of its own, and never stored: the backward
-    /// adds it again ([`ActivationBackward`]). An `out` stored in bf16
-    /// (GPT-2's GELU output under `--precision bf16`) takes each value
-    /// rounded.
+    /// adds it again ([`ActivationBackward`]). Under `--precision bf16`
+    /// GPT-2's `inp` (the fc product) and `out` are stored in bf16: each
+    /// input value widened, each output value rounded.
     pub struct ActivationForward<O> {
         stored_output out: f32,
-        input inp: f32,
+        stored_input inp: f32,
         maybe_input bias: f32,
         value act: Activation,
     }
@@ -59,7 +59,7 @@ operation! {
     /// sums a bias), instead of reading d again in the matmul's backward.
     pub struct ActivationBackward<O> {
         output d: f32,
-        input inp: f32,
+        stored_input inp: f32,
         maybe_input bias: f32,
         value act: Activation,
         maybe_output dbias: f32,
@@ -114,11 +114,8 @@ impl<O: Operands> Kernel<O> for ActivationBackward<O> {
         let op = self.lower(raw);
         if let Some(db) = op.dbias.filter(|db| db.len > 0) {
             let cols = db.len;
-            return q.bias_backward(
-                db,
-                (op.d, op.inp, op.bias, Some(op.act)),
-                (op.inp.len / cols, cols),
-            );
+            let rows = op.inp.extent() / cols;
+            return q.bias_backward(db, (op.d, op.inp, op.bias, Some(op.act)), (rows, cols));
         }
         launch(
             q,
@@ -132,18 +129,19 @@ impl<O: Operands> Kernel<O> for ActivationBackward<O> {
     }
 }
 
-/// An activation kernel over (out, inp, bias), n = inp.len; the forward's
-/// flag for an `out` stored in bf16 last.
+/// An activation kernel over (out, inp, bias), n = inp.len, then the flag
+/// for an `inp` stored in bf16 and the forward's for its `out`.
 fn launch<R: Runtime>(
     q: &Queue<R>,
     name: &str,
     out: View,
-    inp: View,
+    inp: Stored<View, View>,
     bias: Option<View>,
     act: Activation,
-    bf16: Option<u32>,
+    out_bf16: Option<u32>,
 ) -> Queued {
     let cols = bias.map_or(0, |b| b.len);
+    let (inp, inp_bf16) = stored_view(inp);
     let mut args = vec![
         Arg::View(out),
         Arg::View(inp),
@@ -152,8 +150,9 @@ fn launch<R: Runtime>(
         u32s("n", inp.len)?,
         u32s("bias", cols)?,
         Arg::U32(act_code(Some(act))),
+        Arg::U32(inp_bf16),
     ];
-    args.extend(bf16.map(Arg::U32));
+    args.extend(out_bf16.map(Arg::U32));
     q.launch(name, groups(inp.len), &args)
 }
 
@@ -227,7 +226,8 @@ fn span(n: usize) -> usize {
 }
 
 /// out = act(inp + bias), any shape; with a bias (n), inp is (rows, n)
-/// ([`ActivationForward`]).
+/// ([`ActivationForward`]). A chunk stored in bf16 is widened, or stored
+/// rounded, through its thread's scratch.
 fn forward(op: ActivationForward<Host<'_>>) {
     let ActivationForward {
         out,
@@ -235,31 +235,48 @@ fn forward(op: ActivationForward<Host<'_>>) {
         bias,
         act,
     } = op;
-    let span = span(bias_width(inp.len(), bias, None));
+    let len = inp.extent();
+    let span = span(bias_width(len, bias, None));
     let b = bias.unwrap_or_default();
+    let x = |i: usize| inp.part(i * span..len.min((i + 1) * span));
     match out {
-        Stored::F32(out) => out[..inp.len()]
+        Stored::F32(out) => out[..len]
             .par_chunks_mut(span)
-            .zip(inp.par_chunks(span))
-            .for_each(|(o, x)| activate(o, x, b, act)),
-        // each chunk in fp32 in its thread's scratch, stored rounded
-        Stored::Bf16(out) => out[..inp.len()]
+            .enumerate()
+            .for_each(|(i, o)| widened(x(i), |x| activate(o, x, b, act))),
+        Stored::Bf16(out) => out[..len]
             .par_chunks_mut(span)
-            .zip(inp.par_chunks(span))
-            .for_each(|(o, x)| {
-                with_scratch(&ACTIVATED, x.len(), |wide| {
-                    activate(wide, x, b, act);
-                    o.iter_mut()
-                        .zip(wide.iter())
-                        .for_each(|(o, &v)| *o = Bf16::from_f32(v))
+            .enumerate()
+            .for_each(|(i, o)| {
+                widened(x(i), |x| {
+                    with_scratch(&ACTIVATED, x.len(), |wide| {
+                        activate(wide, x, b, act);
+                        o.iter_mut()
+                            .zip(wide.iter())
+                            .for_each(|(o, &v)| *o = Bf16::from_f32(v))
+                    })
                 })
             }),
+    }
+}
+
+/// `f` on a chunk `x` in fp32: as it is, or its bf16 values widened into
+/// this thread's scratch.
+fn widened<R>(x: Held, f: impl FnOnce(&[f32]) -> R) -> R {
+    match x {
+        Stored::F32(x) => f(x),
+        Stored::Bf16(held) => with_scratch(&WIDENED, held.len(), |wide| {
+            wide.iter_mut().zip(held).for_each(|(w, x)| *w = x.to_f32());
+            f(wide)
+        }),
     }
 }
 
 thread_local! {
     /// A chunk of a bf16-stored [`forward`]'s values in fp32.
     static ACTIVATED: Scratch<f32> = const { Scratch::new(Vec::new()) };
+    /// A chunk of a bf16-stored input in fp32.
+    static WIDENED: Scratch<f32> = const { Scratch::new(Vec::new()) };
 }
 
 /// d *= act'(inp + bias): turns d loss / d act(inp + bias) into d loss /
@@ -274,13 +291,15 @@ fn backward(op: ActivationBackward<Host<'_>>) {
         act,
         dbias,
     } = op;
-    let d = &mut d[..inp.len()];
+    let len = inp.extent();
+    let d = &mut d[..len];
     let Some(db) = dbias.filter(|db| !db.is_empty()) else {
-        let span = span(bias_width(inp.len(), bias, None));
+        let span = span(bias_width(len, bias, None));
         let b = bias.unwrap_or_default();
-        d.par_chunks_mut(span)
-            .zip(inp.par_chunks(span))
-            .for_each(|(d, x)| scale_chunk(d, x, b, &mut [], act));
+        d.par_chunks_mut(span).enumerate().for_each(|(i, d)| {
+            let x = inp.part(i * span..len.min((i + 1) * span));
+            widened(x, |x| scale_chunk(d, x, b, &mut [], act))
+        });
         return;
     };
     // a bias of zeros where none is given: x + 0 only turns -0 into +0,
@@ -293,10 +312,13 @@ fn backward(op: ActivationBackward<Host<'_>>) {
             &zeros
         }
     };
-    let n = bias_width(inp.len(), Some(b), Some(db.len()));
+    let n = bias_width(len, Some(b), Some(db.len()));
     let span = COLUMN_CHUNK_ROWS * n;
-    let chunks = d.par_chunks_mut(span).zip(inp.par_chunks(span));
-    column_sums(&mut [db], chunks, |(d, x), p| scale_chunk(d, x, b, p, act));
+    let chunks = d.par_chunks_mut(span).enumerate();
+    column_sums(&mut [db], chunks, |(i, d), p| {
+        let x = inp.part(i * span..len.min((i + 1) * span));
+        widened(x, |x| scale_chunk(d, x, b, p, act))
+    });
 }
 
 #[cfg(test)]
@@ -316,7 +338,7 @@ mod tests {
         for act in [Activation::GeluTanh, Activation::GeluErf, Activation::Tanh] {
             for bias in [None, Some(&b[..])] {
                 let mut fp32 = vec![f32::NAN; rows * n];
-                let inp = &x[..];
+                let inp = Stored::F32(&x[..]);
                 forward(ActivationForward {
                     out: Stored::F32(&mut fp32),
                     inp,
@@ -332,6 +354,53 @@ mod tests {
                 });
                 let rounded: Vec<Bf16> = fp32.iter().map(|&v| Bf16::from_f32(v)).collect();
                 assert!(held == rounded, "{act:?}, bias {}", bias.is_some());
+            }
+        }
+    }
+
+    /// An input stored in bf16 gives what its values held in fp32 give,
+    /// bit for bit: forward into fp32 and bf16 outputs, and the backward
+    /// with and without a bias and its gradient, over more than one
+    /// task's chunk.
+    #[test]
+    fn a_bf16_input_is_its_fp32_values() {
+        let mut rng = Rng::new(22);
+        let (rows, n) = (2 * CHUNK / 96 + 3, 96);
+        let held: Vec<Bf16> = randn(&mut rng, rows * n, 2.0)
+            .into_iter()
+            .map(Bf16::from_f32)
+            .collect();
+        let wide: Vec<f32> = held.iter().map(|x| x.to_f32()).collect();
+        let (b, probe) = (randn(&mut rng, n, 1.0), randn(&mut rng, rows * n, 1.0));
+        let inputs = [Stored::F32(&wide[..]), Stored::Bf16(&held[..])];
+        for act in [Activation::GeluTanh, Activation::GeluErf, Activation::Tanh] {
+            for (bias, with_db) in [(None, false), (Some(&b[..]), false), (Some(&b[..]), true)] {
+                let runs = inputs.map(|inp| {
+                    let (mut fp32, mut bf16) =
+                        (vec![0.0; rows * n], vec![Bf16::default(); rows * n]);
+                    for out in [Stored::F32(&mut fp32[..]), Stored::Bf16(&mut bf16[..])] {
+                        forward(ActivationForward {
+                            out,
+                            inp,
+                            bias,
+                            act,
+                        });
+                    }
+                    let (mut d, mut db) = (probe.clone(), vec![0.5f32; n]);
+                    backward(ActivationBackward {
+                        d: &mut d,
+                        inp,
+                        bias,
+                        act,
+                        dbias: with_db.then_some(&mut db[..]),
+                    });
+                    (fp32, bf16, d, db)
+                });
+                let what = format!("{act:?}, bias {}, dbias {with_db}", bias.is_some());
+                assert!(runs[0].0 == runs[1].0, "{what}: forward");
+                assert!(runs[0].1 == runs[1].1, "{what}: forward into bf16");
+                assert!(runs[0].2 == runs[1].2, "{what}: backward");
+                assert!(runs[0].3 == runs[1].3, "{what}: bias gradient");
             }
         }
     }
@@ -441,7 +510,7 @@ mod tests {
                 let (x, probe) = (&x[..], &probe[..]);
                 let forward = |len, bias| {
                     let mut out = vec![0.0; len];
-                    let inp = &x[..len];
+                    let inp = Stored::F32(&x[..len]);
                     forward(ActivationForward {
                         out: Stored::F32(&mut out),
                         inp,
@@ -454,7 +523,7 @@ mod tests {
                     let (mut d, mut db) = (probe[..len].to_vec(), vec![0.5f32; n]);
                     backward(ActivationBackward {
                         d: &mut d,
-                        inp: &x[..len],
+                        inp: Stored::F32(&x[..len]),
                         bias,
                         act,
                         dbias: with_db.then_some(&mut db[..]),
@@ -507,7 +576,7 @@ mod tests {
             let mut out = vec![0.0; 257];
             forward(ActivationForward {
                 out: Stored::F32(&mut out),
-                inp: &x,
+                inp: Stored::F32(&x),
                 bias: None,
                 act,
             });
@@ -516,7 +585,7 @@ mod tests {
             let mut d = probe.clone();
             backward(ActivationBackward {
                 d: &mut d,
-                inp: &x,
+                inp: Stored::F32(&x),
                 bias: None,
                 act,
                 dbias: None,
@@ -546,7 +615,7 @@ mod tests {
             let mut out = vec![0.0; rows * n];
             forward(ActivationForward {
                 out: Stored::F32(&mut out),
-                inp: &x,
+                inp: Stored::F32(&x),
                 bias: Some(&b),
                 act,
             });
@@ -557,7 +626,7 @@ mod tests {
             let (mut d, mut db) = (probe.clone(), start.clone());
             backward(ActivationBackward {
                 d: &mut d,
-                inp: &x,
+                inp: Stored::F32(&x),
                 bias: Some(&b),
                 act,
                 dbias: Some(&mut db),
@@ -578,7 +647,7 @@ mod tests {
             let mut plain = probe.clone();
             backward(ActivationBackward {
                 d: &mut plain,
-                inp: &x,
+                inp: Stored::F32(&x),
                 bias: Some(&b),
                 act,
                 dbias: None,

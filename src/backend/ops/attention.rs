@@ -11,10 +11,11 @@
 //! (`kernels/flash.cu`: mma.sync tiles, no scores in memory, tiles past the
 //! mask skipped). No atomics: deterministic everywhere.
 
-use super::{need, Checked, Host, Kernel, Lower, Operands, Queued};
+use super::{need, Checked, Host, Kernel, Lower, Operands, Queued, Stored};
 use crate::backend::cpu::attention::{backward_masked, forward_masked, Mask, Saved};
 use crate::backend::gpu::{
-    groups, operand, u32s, Arg, Batch, Gemm, GpuError, Operand, Queue, Raw, Runtime, View,
+    groups, operand, stored_view, u32s, Arg, Batch, Gemm, GpuError, Operand, Queue, Raw, Runtime,
+    View,
 };
 use crate::backend::profile::attention_flops;
 use crate::backend::AttnShape;
@@ -22,9 +23,10 @@ use crate::backend::AttnShape;
 operation! {
     /// qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T). Causal without `lens`;
     /// with them bidirectional with padding: every query of sequence b attends
-    /// to its first `lens[b]` keys (1..=T).
+    /// to its first `lens[b]` keys (1..=T). An `out` stored in bf16 (GPT-2's
+    /// under `--precision bf16`) takes each value rounded.
     pub struct AttentionForward<O> {
-        output out: f32,
+        stored_output out: f32,
         output lse: f32,
         input qkv: f32,
         maybe_input lens: u32,
@@ -33,12 +35,13 @@ operation! {
 }
 
 operation! {
-    /// The gradient of [`AttentionForward`]: dqkv (B, T, 3C) overwritten.
+    /// The gradient of [`AttentionForward`]: dqkv (B, T, 3C) overwritten;
+    /// `out` as the forward stored it.
     pub struct AttentionBackward<O> {
         output dqkv: f32,
         input dout: f32,
         input qkv: f32,
-        input out: f32,
+        stored_input out: f32,
         input lse: f32,
         maybe_input lens: u32,
         value shape: AttnShape,
@@ -92,7 +95,7 @@ impl<O: Operands> Kernel<O> for AttentionForward<O> {
         }
         let h = Heads::new(op.shape, op.lens, op.qkv);
         q.with_scratch([3 * h.elems, h.elems, h.scores], |[qkvp, outp, s]| {
-            h.permute(q, qkvp, op.qkv, 3, true)?;
+            h.permute(q, Stored::F32(qkvp), op.qkv, 3, true)?;
             for z0 in (0..h.z).step_by(h.pass) {
                 let [qz, kz, vz] = [0, 1, 2].map(|p| h.block(qkvp, p, z0));
                 let (t, hd, n) = (h.t, h.hd, h.pass.min(h.z - z0));
@@ -146,8 +149,8 @@ impl<O: Operands> Kernel<O> for AttentionBackward<O> {
         let h = Heads::new(op.shape, op.lens, op.qkv);
         let lens = [3 * h.elems, h.elems, h.scores, h.scores, 3 * h.elems];
         q.with_scratch(lens, |[qkvp, doutp, p, ds, dqkvp]| {
-            h.permute(q, qkvp, op.qkv, 3, true)?;
-            h.permute(q, doutp, op.dout, 1, true)?;
+            h.permute(q, Stored::F32(qkvp), op.qkv, 3, true)?;
+            h.permute(q, Stored::F32(doutp), op.dout, 1, true)?;
             for z0 in (0..h.z).step_by(h.pass) {
                 let [qz, kz, vz] = [0, 1, 2].map(|i| h.block(qkvp, i, z0));
                 let [dqz, dkz, dvz] = [0, 1, 2].map(|i| h.block(dqkvp, i, z0));
@@ -155,8 +158,10 @@ impl<O: Operands> Kernel<O> for AttentionBackward<O> {
                 let (t, hd, n) = (h.t, h.hd, h.pass.min(h.z - z0));
                 q.gemm(h.per_head(t, hd, [h.op(kz, true), h.op(qz, false)], p, n))?;
                 q.gemm(h.per_head(t, hd, [h.op(vz, true), h.op(doz, false)], ds, n))?;
-                let views = [p, ds, op.lse.tail(z0 * t), op.dout, op.out];
-                let args = views.map(Arg::View);
+                let (out, out_bf16) = stored_view(op.out);
+                let views = [p, ds, op.lse.tail(z0 * t), op.dout, out];
+                let mut args = views.map(Arg::View).to_vec();
+                args.push(Arg::U32(out_bf16));
                 q.launch(
                     "attention_softmax_backward",
                     n * t,
@@ -166,7 +171,7 @@ impl<O: Operands> Kernel<O> for AttentionBackward<O> {
                 q.gemm(h.per_head(hd, t, [h.op(kz, false), h.scores_op(ds, false)], dqz, n))?;
                 q.gemm(h.per_head(hd, t, [h.op(qz, false), h.scores_op(ds, true)], dkz, n))?;
             }
-            h.permute(q, op.dqkv, dqkvp, 3, false)
+            h.permute(q, Stored::F32(op.dqkv), dqkvp, 3, false)
         })
     }
 }
@@ -190,12 +195,11 @@ pub(crate) fn flash_fits(shape: AttnShape) -> bool {
 /// workgroup per [`FLASH_ROWS`] queries of a head.
 pub(crate) fn flash_forward<R: Runtime>(q: &Queue<R>, op: AttentionForward<Raw>) -> Queued {
     let h = Heads::new(op.shape, op.lens, op.qkv);
-    let views = [op.out, op.lse, op.qkv].map(Arg::View);
-    q.launch(
-        "attention_flash_forward",
-        h.flash_groups(),
-        &h.args(&views, None)?,
-    )
+    let (out, out_bf16) = stored_view(op.out);
+    let views = [out, op.lse, op.qkv].map(Arg::View);
+    let mut args = h.args(&views, None)?;
+    args.push(Arg::U32(out_bf16));
+    q.launch("attention_flash_forward", h.flash_groups(), &args)
 }
 
 /// [`AttentionBackward`] on flash.cu (checked, and `flash_fits`): each
@@ -205,10 +209,12 @@ pub(crate) fn flash_backward<R: Runtime>(q: &Queue<R>, op: AttentionBackward<Raw
     let h = Heads::new(op.shape, op.lens, op.qkv);
     let rows = h.z * h.t;
     q.with_scratch([rows], |[dd]| {
+        let (out, out_bf16) = stored_view(op.out);
         let rowdot = [
             Arg::View(dd),
             Arg::View(op.dout),
-            Arg::View(op.out),
+            Arg::View(out),
+            Arg::U32(out_bf16),
             u32s("b", h.shape.b)?,
             u32s("t", h.t)?,
             u32s("nh", h.shape.nh)?,
@@ -328,16 +334,17 @@ impl Heads {
     }
 
     /// dst = src's `parts` between token-major (qkv's layout) and
-    /// heads-first, `to_heads` or back.
+    /// heads-first, `to_heads` or back; `dst` stored in fp32 or bf16.
     fn permute<R: Runtime>(
         &self,
         q: &Queue<R>,
-        dst: View,
+        dst: Stored<View, View>,
         src: View,
         parts: usize,
         to_heads: bool,
     ) -> Result<(), GpuError> {
         let AttnShape { b, t, nh, .. } = self.shape;
+        let (dst, dst_bf16) = stored_view(dst);
         let args = [
             Arg::View(dst),
             Arg::View(src),
@@ -347,6 +354,7 @@ impl Heads {
             u32s("hd", self.hd)?,
             u32s("parts", parts)?,
             Arg::U32(to_heads as u32),
+            Arg::U32(dst_bf16),
         ];
         q.launch("attention_permute", groups(parts * self.elems), &args)
     }

@@ -2,17 +2,19 @@
 //! (`kernels/layernorm.cu` on a GPU); eps is the model's (GPT-2 1e-5, BERT
 //! 1e-12).
 
-use super::{need, Checked, Extent, Host, Kernel, Lower, Operands, Queued};
+use super::{need, Checked, Extent, Host, Kernel, Lower, Operands, Queued, Stored};
 use crate::backend::cpu::math::{column_sums, sum};
-use crate::backend::gpu::{groups, u32s, Arg, Queue, Raw, Runtime};
-use crate::backend::COLUMN_CHUNK_ROWS;
+use crate::backend::gpu::{groups, stored_view, u32s, Arg, Queue, Raw, Runtime};
+use crate::backend::{Bf16, COLUMN_CHUNK_ROWS};
 use rayon::prelude::*;
 
 operation! {
     /// out, inp (rows, C); mean, rstd (rows), kept for the backward; eps inside
-    /// the square root. rows is `mean.len()`.
+    /// the square root. rows is `mean.len()`. An `out` stored in bf16
+    /// (GPT-2's under `--precision bf16`, which only products read) takes
+    /// each value rounded; the statistics stay fp32.
     pub struct LayerNormForward<O> {
-        output out: f32,
+        stored_output out: f32,
         output mean: f32,
         output rstd: f32,
         input inp: f32,
@@ -60,8 +62,9 @@ impl<O: Operands> Kernel<O> for LayerNormForward<O> {
 
     fn gpu<R: Runtime>(self, q: &Queue<R>, raw: &impl Lower<O, Raw>, _: Checked) -> Queued {
         let op = self.lower(raw);
+        let (out, bf16) = stored_view(op.out);
         let args = [
-            Arg::View(op.out),
+            Arg::View(out),
             Arg::View(op.mean),
             Arg::View(op.rstd),
             Arg::View(op.inp),
@@ -69,6 +72,7 @@ impl<O: Operands> Kernel<O> for LayerNormForward<O> {
             Arg::View(op.b),
             u32s("c", op.c)?,
             Arg::F32(op.eps),
+            Arg::U32(bf16),
         ];
         q.launch("layernorm_forward", op.mean.len, &args)
     }
@@ -151,9 +155,20 @@ impl<O: Operands> Kernel<O> for LayerNormBackward<O> {
 const GRAIN: usize = 1 << 13;
 
 /// inp, out are (rows, c); mean, rstd are (rows) and kept for the backward.
-fn forward(op: LayerNormForward<Host<'_>>) {
+fn forward(mut op: LayerNormForward<Host<'_>>) {
+    match std::mem::replace(&mut op.out, Stored::F32(&mut [])) {
+        Stored::F32(out) => normalize(out, op, |v| v),
+        Stored::Bf16(out) => normalize(out, op, Bf16::from_f32),
+    }
+}
+
+/// [`forward`] into `out`, each value as `put` stores it (`op.out` unused).
+fn normalize<T: Send>(
+    out: &mut [T],
+    op: LayerNormForward<Host<'_>>,
+    put: impl Fn(f32) -> T + Sync,
+) {
     let LayerNormForward {
-        out,
         mean,
         rstd,
         inp,
@@ -161,6 +176,7 @@ fn forward(op: LayerNormForward<Host<'_>>) {
         b,
         c,
         eps,
+        ..
     } = op;
     let rows = mean.len();
     out[..rows * c]
@@ -183,7 +199,7 @@ fn forward(op: LayerNormForward<Host<'_>>) {
             let var = acc.iter().sum::<f32>() / c as f32;
             let r = 1.0 / (var + eps).sqrt();
             for (((o, &x), &w), &b) in o.iter_mut().zip(x).zip(&w[..c]).zip(&b[..c]) {
-                *o = (x - mu) * r * w + b;
+                *o = put((x - mu) * r * w + b);
             }
             *m = mu;
             *rs = r;
@@ -277,7 +293,7 @@ pub(crate) fn forward_into_new(
     let rows = x.len() / c;
     let (mut out, mut mean, mut rstd) = (vec![0.0; rows * c], vec![0.0; rows], vec![0.0; rows]);
     forward(LayerNormForward {
-        out: &mut out,
+        out: Stored::F32(&mut out),
         mean: &mut mean,
         rstd: &mut rstd,
         inp: x,
@@ -306,6 +322,32 @@ mod tests {
                     .collect::<Vec<_>>()
             })
             .collect()
+    }
+
+    /// An output stored in bf16 is the fp32 output rounded, bit for bit,
+    /// the statistics the same, over more than one task's rows.
+    #[test]
+    fn a_bf16_output_is_the_fp32_output_rounded() {
+        let mut rng = Rng::new(5);
+        let (rows, c) = (2 * GRAIN / 40 + 3, 40);
+        let x = randn(&mut rng, rows * c, 2.0);
+        let (w, b) = (randn(&mut rng, c, 1.0), randn(&mut rng, c, 1.0));
+        let (out, mean, rstd) = forward_into_new(&x, (&w, &b), c, 1e-5);
+        let mut held = vec![Bf16::default(); rows * c];
+        let (mut m, mut r) = (vec![0.0; rows], vec![0.0; rows]);
+        forward(LayerNormForward {
+            out: Stored::Bf16(&mut held),
+            mean: &mut m,
+            rstd: &mut r,
+            inp: &x,
+            w: &w,
+            b: &b,
+            c,
+            eps: 1e-5,
+        });
+        let rounded: Vec<Bf16> = out.iter().map(|&v| Bf16::from_f32(v)).collect();
+        assert!(held == rounded, "bf16 norm");
+        assert_eq!((m, r), (mean, rstd), "statistics");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! Weights are either `InOut` (k x n, Hugging Face Conv1D: `out = inp @ w`)
 //! or `OutIn` (n x k, nn.Linear / the tied embedding: `out = inp @ w^T`).
 
-use super::{need, Checked, Extent, Host, Kernel, Lower, Operands, Queued, Stored};
+use super::{need, Checked, Extent, Held, Host, Kernel, Lower, Operands, Queued, Stored};
 use crate::backend::cpu::blas::gemm_stored;
 use crate::backend::cpu::dpbf16::Lane;
 use crate::backend::cpu::math::{column_sums, gemm, with_scratch, Mat, Scratch};
@@ -229,7 +229,7 @@ impl<O: Operands> Kernel<O> for MatmulBackward<O> {
         match op.dbias {
             Some(db) => {
                 let (dout, _) = stored_view(op.dout);
-                q.bias_backward(db, (dout, dout, None, None), (rows, n))
+                q.bias_backward(db, (dout, Stored::F32(dout), None, None), (rows, n))
             }
             None => Ok(()),
         }
@@ -242,9 +242,6 @@ fn weight_mat<T>(w: T, layout: WeightLayout, k: usize, n: usize) -> Mat<T> {
         WeightLayout::OutIn => Mat::new(w, 1, k),
     }
 }
-
-/// A CPU operand: fp32, or stored in bf16.
-type Held<'a> = Stored<&'a [f32], &'a [Bf16]>;
 
 /// out (rows, n) = [out +] inp (rows, k) @ W + bias.
 fn forward(op: MatmulForward<Host<'_>>) {

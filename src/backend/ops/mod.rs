@@ -117,6 +117,19 @@ impl<'a, B: Device> Stored<Src<'a, B>, Src<'a, B, Bf16>> {
     }
 }
 
+/// A tensor on the host, held in fp32 or bf16 (a CPU kernel's stored input).
+pub(crate) type Held<'a> = Stored<&'a [f32], &'a [Bf16]>;
+
+impl<'a> Held<'a> {
+    /// Elements `r`.
+    pub(crate) fn part(self, r: Range<usize>) -> Self {
+        match self {
+            Stored::F32(x) => Stored::F32(&x[r]),
+            Stored::Bf16(x) => Stored::Bf16(&x[r]),
+        }
+    }
+}
+
 /// A buffer of a tensor held in fp32 or bf16.
 pub type StoredBuf<B> = Stored<Buf<B>, Buf<B, Bf16>>;
 
@@ -288,8 +301,8 @@ macro_rules! operation {
     (@type $o:ident maybe_input $t:ty) => { Option<$o::In<$t>> };
     (@type $o:ident maybe_output $t:ty) => { Option<$o::Out<$t>> };
     (@type $o:ident maybe_outputs2 $t:ty) => { Option<($o::Out<$t>, $o::Out<$t>)> };
-    (@type $o:ident stored_input $t:ty) => { Stored<$o::In<f32>, $o::In<Bf16>> };
-    (@type $o:ident stored_output $t:ty) => { Stored<$o::Out<f32>, $o::Out<Bf16>> };
+    (@type $o:ident stored_input $t:ty) => { Stored<$o::In<f32>, $o::In<$crate::backend::Bf16>> };
+    (@type $o:ident stored_output $t:ty) => { Stored<$o::Out<f32>, $o::Out<$crate::backend::Bf16>> };
     (@type $o:ident value $t:ty) => { $t };
     (@lower $f:ident $x:expr, input) => { $f.input($x) };
     (@lower $f:ident $x:expr, output) => { $f.output($x) };

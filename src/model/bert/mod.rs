@@ -16,7 +16,7 @@ pub use layout::BlockParam;
 
 use super::alloc::ActAlloc;
 use super::bf16::{matmul_backward, Precision};
-use super::ops::{io, Dinp, Ops, Stats};
+use super::ops::{io, Dinp, Normed, Ops, Stats};
 use super::tp;
 use super::tp::{BlockDims, RowParallel, TpPlace};
 use super::unit::{
@@ -618,7 +618,7 @@ impl<B: Backend> Engine<B> {
             accumulate: true,
         })?;
         be.run(LayerNormForward {
-            out: resid_mut(&mut k.resid, &mut a.out, 0, rows * c),
+            out: resid_mut(&mut k.resid, &mut a.out, 0, rows * c).into(),
             mean: k.emb_mean.slice_mut(0..rows),
             rstd: k.emb_rstd.slice_mut(0..rows),
             inp: emb.src(),
@@ -699,7 +699,7 @@ impl<B: Backend> Engine<B> {
         ops.linear(qkv.rb(), x, QkvW, Some(QkvB), io(rows, c, 3 * cl))?;
         let mut atty = a.atty.d().part(s, rows * cl);
         be.run(AttentionForward {
-            out: atty.rb(),
+            out: atty.rb().into(),
             lse: a.lse.d().part(s, rows * nhl),
             qkv: qkv.src(),
             lens: Some(k.lens.slice(0..b)),
@@ -726,7 +726,12 @@ impl<B: Backend> Engine<B> {
         let mut h1 = a.h1.d().part(s, btc).first(n * c);
         let mean = a.ln1_mean.d().part(s, rows).first(n);
         let rstd = a.ln1_rstd.d().part(s, rows).first(n);
-        ops.ln(h1.rb(), mean, rstd, h.src(), AttnLnW, AttnLnB)?;
+        let normed = Normed {
+            out: h1.rb().into(),
+            mean,
+            rstd,
+        };
+        ops.ln(normed, h.src(), AttnLnW, AttnLnB)?;
         let mut f = a.f.d().part(s, rows * fl).first(n * fl);
         ops.linear(f.rb(), h1.src(), InterW, None, io(n, c, fl))?;
         let mut g = a.g.d().part(s, rows * fl).first(n * fl);
@@ -748,7 +753,12 @@ impl<B: Backend> Engine<B> {
         };
         let mean = a.ln2_mean.d().part(s, rows).first(n);
         let rstd = a.ln2_rstd.d().part(s, rows).first(n);
-        ops.ln(out, mean, rstd, o.src(), OutLnW, OutLnB)?;
+        let out = Normed {
+            out: out.into(),
+            mean,
+            rstd,
+        };
+        ops.ln(out, o.src(), OutLnW, OutLnB)?;
         if let Some(fr) = fr {
             // the stream's other rows are never read: zeros, not an
             // earlier batch's
@@ -829,7 +839,7 @@ impl<B: Backend> Engine<B> {
             dqkv: dqkv.rb(),
             dout: datty.src(),
             qkv: a.qkv.s().part(s, 3 * rows * cl),
-            out: atty,
+            out: atty.into(),
             lse: a.lse.s().part(s, rows * nhl),
             lens: Some(k.lens.slice(0..b)),
             shape: d.attn(b, t, ops.bf16),
@@ -889,12 +899,12 @@ impl<B: Backend> Engine<B> {
             ops.linear(m.t1.slice_mut(0..nc), x, 0, None, io(n, c, c))?;
             let (t2, t1) = (m.t2.slice_mut(0..nc), m.t1.slice(0..nc));
             ops.act(t2, t1, 1, Activation::GeluErf)?;
-            let (t3, mean, rstd) = (
-                m.t3.slice_mut(0..nc),
-                m.mean.slice_mut(0..n),
-                m.rstd.slice_mut(0..n),
-            );
-            ops.ln(t3, mean, rstd, m.t2.slice(0..nc), 2, 3)?;
+            let t3 = Normed {
+                out: m.t3.slice_mut(0..nc).into(),
+                mean: m.mean.slice_mut(0..n),
+                rstd: m.rstd.slice_mut(0..n),
+            };
+            ops.ln(t3, m.t2.slice(0..nc), 2, 3)?;
             let mut lg = m.logits.slice_mut(0..n * vp);
             ops.matmul(MatmulForward {
                 out: lg.rb().into(),

@@ -14,7 +14,7 @@ use super::{BlockParam, LN_EPS};
 use crate::backend::{Activation, Backend, Dst, MatmulForward, On, Src, StoredDst};
 use crate::error::Result;
 use crate::model::gpt2::config::BlockDims;
-use crate::model::ops::{io, Ops};
+use crate::model::ops::{io, Normed, Ops};
 use crate::model::tp::{self, RowParallel, TpGroup};
 use crate::model::ParamLayout;
 
@@ -23,14 +23,16 @@ use crate::model::ParamLayout;
 pub struct BlockIo<'a, B: Backend> {
     pub x: Src<'a, B>,
     pub out: Dst<'a, B>,
-    /// ln1's output, mean and rstd.
-    pub ln1: [Dst<'a, B>; 3],
+    pub ln1: Normed<'a, B>,
     pub qkv: Dst<'a, B>,
-    pub atty: Dst<'a, B>,
+    /// The attention's output: in bf16 under `--precision bf16` (the
+    /// projection's input, and its backward's).
+    pub atty: StoredDst<'a, B>,
     pub res2: Dst<'a, B>,
-    /// ln2's output, mean and rstd.
-    pub ln2: [Dst<'a, B>; 3],
-    pub fch: Dst<'a, B>,
+    pub ln2: Normed<'a, B>,
+    /// The fc product, before its bias: in bf16 under `--precision bf16`
+    /// (GELU's input, which widens it).
+    pub fch: StoredDst<'a, B>,
     /// GELU's output: in bf16 under `--precision bf16` (the MLP
     /// projection's input, which only its products read).
     pub fch_gelu: StoredDst<'a, B>,
@@ -41,7 +43,7 @@ pub trait BlockMode<B: Backend> {
     /// `op`, whose weight is block parameter `which` (`op.w` its view).
     fn matmul(&mut self, which: BlockParam, op: MatmulForward<On<'_, B>>) -> Result<()>;
     /// atty (rows, cl) from qkv (rows, 3 cl).
-    fn attention(&mut self, atty: Dst<'_, B>, qkv: Src<'_, B>) -> Result<()>;
+    fn attention(&mut self, atty: StoredDst<'_, B>, qkv: Src<'_, B>) -> Result<()>;
 }
 
 /// Block `l` of `lay`, as this rank's slice `p` of its parameters.
@@ -71,18 +73,18 @@ pub fn forward<B: Backend>(
     let BlockIo {
         x,
         out,
-        ln1: [mut ln1, mean1, rstd1],
+        mut ln1,
         mut qkv,
         mut atty,
         mut res2,
-        ln2: [mut ln2, mean2, rstd2],
+        mut ln2,
         mut fch,
         mut fch_gelu,
     } = bufs;
-    ops.ln(ln1.rb(), mean1, rstd1, x, Ln1W, Ln1B)?;
+    ops.ln(ln1.rb(), x, Ln1W, Ln1B)?;
     let op = MatmulForward {
         out: qkv.rb().into(),
-        inp: ln1.src().into(),
+        inp: ln1.out.src(),
         w: w(QkvW),
         bias: Some(w(QkvB)),
         shape: io(rows, c, 3 * cl),
@@ -94,17 +96,17 @@ pub fn forward<B: Backend>(
     let proj = RowParallel {
         out: res2.rb(),
         residual: x,
-        inp: atty.src().into(),
+        inp: atty.src(),
         w: w(AttnProjW),
         bias: w(AttnProjB),
     };
     tp::row_parallel(be, tp, proj, io(rows, cl, c), |op| {
         mode.matmul(AttnProjW, op)
     })?;
-    ops.ln(ln2.rb(), mean2, rstd2, res2.src(), Ln2W, Ln2B)?;
+    ops.ln(ln2.rb(), res2.src(), Ln2W, Ln2B)?;
     let op = MatmulForward {
-        out: fch.rb().into(),
-        inp: ln2.src().into(),
+        out: fch.rb(),
+        inp: ln2.out.src(),
         w: w(FcW),
         bias: None,
         shape: io(rows, c, fl),

@@ -6,7 +6,7 @@
 
 use crate::backend::{
     AttentionDecode, AttentionForward, AttnShape, Backend, Buf, Category, DecodeShape, Dst,
-    EncoderForward, LayerNormForward, MatmulDecode, MatmulForward, MatmulShape, On, Src,
+    EncoderForward, LayerNormForward, MatmulDecode, MatmulForward, MatmulShape, On, Src, StoredDst,
     WeightFormat, WeightLayout,
 };
 use crate::comm::Comm;
@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::model::gpt2::block::{self, BlockIo, BlockMode, BlockParams};
 use crate::model::gpt2::config::BlockDims;
 use crate::model::gpt2::{BlockParam, LN_EPS};
+use crate::model::ops::Normed;
 use crate::model::{GptConfig, ParamLayout, TpPlace};
 
 /// A (tensor-parallel part of a) model ready to decode: its flat parameters
@@ -423,7 +424,10 @@ impl<B: Backend> BlockMode<B> for Decoding<'_, '_, B> {
         });
         Ok(())
     }
-    fn attention(&mut self, atty: Dst<'_, B>, qkv: Src<'_, B>) -> Result<()> {
+    fn attention(&mut self, atty: StoredDst<'_, B>, qkv: Src<'_, B>) -> Result<()> {
+        let atty = atty.fp32().ok_or_else(|| {
+            Error::Config("decoding keeps its attention output in fp32, not bf16".into())
+        })?;
         let DecodeShape {
             b,
             len,
@@ -455,7 +459,7 @@ impl<B: Backend> BlockMode<B> for Decoding<'_, '_, B> {
                 Ok(())
             }
             Some((t, lse)) => self.be.run(AttentionForward {
-                out: atty,
+                out: atty.into(),
                 lse: lse.rb(),
                 qkv,
                 lens: None,
@@ -590,12 +594,20 @@ fn blocks<B: Backend>(
         let io = BlockIo {
             x: acts.x.s(),
             out: acts.y.d(),
-            ln1: [acts.ln.d(), acts.mean.d(), acts.rstd.d()],
+            ln1: Normed {
+                out: acts.ln.d().into(),
+                mean: acts.mean.d(),
+                rstd: acts.rstd.d(),
+            },
             qkv: acts.qkv.slice_mut(0..rows * 3 * cl),
-            atty: acts.atty.slice_mut(0..rows * cl),
+            atty: acts.atty.slice_mut(0..rows * cl).into(),
             res2: acts.res2.d(),
-            ln2: [acts.ln2.d(), acts.mean2.d(), acts.rstd2.d()],
-            fch: acts.fch.slice_mut(0..rows * fl),
+            ln2: Normed {
+                out: acts.ln2.d().into(),
+                mean: acts.mean2.d(),
+                rstd: acts.rstd2.d(),
+            },
+            fch: acts.fch.slice_mut(0..rows * fl).into(),
             fch_gelu: acts.fch_gelu.slice_mut(0..rows * fl).into(),
         };
         let cache = l * b * max_t * wide..(l * b * max_t + b * max_t) * wide;
@@ -628,7 +640,7 @@ fn final_norm<B: Backend>(at: &StepIn<'_, '_, B>, acts: &mut Acts<B>) -> Result<
     let c = at.config.n_embd;
     let lnf = at.weights.params.slice(at.layout.final_norm());
     at.backend.run(LayerNormForward {
-        out: acts.ln.d(),
+        out: acts.ln.d().into(),
         mean: acts.mean.d(),
         rstd: acts.rstd.d(),
         inp: acts.x.s(),

@@ -16,7 +16,7 @@ use super::alloc::ActAlloc;
 use super::bf16::Precision;
 use super::bf16::{matmul_backward, matmul_forward};
 use super::layout::ParamLayout;
-use super::ops::{io, Dinp, Ops, Stats};
+use super::ops::{io, Dinp, Normed, Ops, Stats};
 use super::tp;
 use super::tp::TpPlace;
 use super::unit::{
@@ -26,7 +26,7 @@ use super::unit::{
 use crate::backend::{
     Activation, AttentionBackward, AttentionForward, AttnShape, Backend, Buf, CrossEntropyBackward,
     CrossEntropyForward, Dst, EncoderBackward, EncoderForward, LayerNormBackward, LayerNormForward,
-    MatmulBackward, MatmulForward, MatmulShape, On, Src, Stored, StoredBuf, WeightLayout,
+    MatmulBackward, MatmulForward, MatmulShape, On, Src, StoredBuf, StoredDst, WeightLayout,
 };
 use crate::comm::Comm;
 use crate::data::{Batch as DataBatch, LossTerms};
@@ -67,7 +67,9 @@ struct Kept<B: Backend> {
     /// `resid[0]` is the embedding. Under recomputation a stage without the
     /// head keeps only its blocks' inputs: its output is `Activations::out`.
     resid: Buf<B>,
-    lnf: Buf<B>,
+    /// The final norm's output: in bf16 under `--precision bf16` (only
+    /// the head's products read it).
+    lnf: StoredBuf<B>,
     lnf_mean: Buf<B>,
     lnf_rstd: Buf<B>,
     /// The head's logits, then their gradient in their place: in bf16
@@ -86,21 +88,21 @@ struct Activations<B: Backend> {
     /// The stage's output (the residual stream leaving its last block),
     /// where a recomputing stage without the head does not keep it.
     out: Buf<B>,
-    ln1: Buf<B>,
+    /// The norms' outputs, the attention's, the fc product and GELU's
+    /// output: in bf16 under `--precision bf16`, as autocast holds a bf16
+    /// product's output and what only bf16 products read.
+    ln1: StoredBuf<B>,
     ln1_mean: Buf<B>,
     ln1_rstd: Buf<B>,
     qkv: Buf<B>,
-    atty: Buf<B>,
+    atty: StoredBuf<B>,
     lse: Buf<B>,
     /// Residual after attention, inside the block.
     res2: Buf<B>,
-    ln2: Buf<B>,
+    ln2: StoredBuf<B>,
     ln2_mean: Buf<B>,
     ln2_rstd: Buf<B>,
-    fch: Buf<B>,
-    /// GELU's output: in bf16 under `--precision bf16`, as autocast holds
-    /// a bf16 product's activation (only the MLP projection's products
-    /// read it).
+    fch: StoredBuf<B>,
     fch_gelu: StoredBuf<B>,
     /// Gradient of the residual stream (backward).
     dres: Buf<B>,
@@ -214,13 +216,10 @@ impl<B: Backend> Kept<B> {
             tokens: al.typed(rows)?,
             targets: al.typed(rows)?,
             resid: a(span.kept_resid(run.recompute) * rows * c)?,
-            lnf: a(h * rows * c)?,
+            lnf: al.stored(run.precision, h * rows * c)?,
             lnf_mean: a(h * rows)?,
             lnf_rstd: a(h * rows)?,
-            logits: match run.precision {
-                Precision::Fp32 => Stored::F32(a(logits)?),
-                Precision::Bf16 => Stored::Bf16(al.typed(logits)?),
-            },
+            logits: al.stored(run.precision, logits)?,
             losses: a(h * rows)?,
         })
     }
@@ -238,7 +237,7 @@ impl<B: Backend> Kept<B> {
     ) -> Result<()> {
         let op = MatmulForward {
             out: self.logits.slice_mut(0..r.len() * vp),
-            inp: self.lnf.slice(r.start * c..r.end * c).into(),
+            inp: self.lnf.slice(r.start * c..r.end * c),
             w: wte,
             bias: None,
             shape: MatmulShape::new((r.len(), c, vp), WeightLayout::OutIn),
@@ -264,21 +263,18 @@ impl<B: Backend> Activations<B> {
         Ok(Activations {
             rows,
             out: a(out * rows * c)?,
-            ln1: a(slots * rows * c)?,
+            ln1: al.stored(run.precision, slots * rows * c)?,
             ln1_mean: a(slots * rows)?,
             ln1_rstd: a(slots * rows)?,
             qkv: a(slots * rows * 3 * d.cl)?,
-            atty: a(slots * rows * d.cl)?,
+            atty: al.stored(run.precision, slots * rows * d.cl)?,
             lse: a(slots * rows * d.nhl)?,
             res2: a(slots * rows * c)?,
-            ln2: a(slots * rows * c)?,
+            ln2: al.stored(run.precision, slots * rows * c)?,
             ln2_mean: a(slots * rows)?,
             ln2_rstd: a(slots * rows)?,
-            fch: a(slots * rows * d.fl)?,
-            fch_gelu: match run.precision {
-                Precision::Fp32 => Stored::F32(a(slots * rows * d.fl)?),
-                Precision::Bf16 => Stored::Bf16(al.typed(slots * rows * d.fl)?),
-            },
+            fch: al.stored(run.precision, slots * rows * d.fl)?,
+            fch_gelu: al.stored(run.precision, slots * rows * d.fl)?,
             dres: a(rows * c)?,
             dgrad: a(rows
                 * (GradsAt::scratch(d)
@@ -476,20 +472,20 @@ impl<B: Backend> Engine<B> {
         let io = BlockIo {
             x,
             out,
-            ln1: [
-                a.ln1.d().part(s, btc),
-                a.ln1_mean.d().part(s, rows),
-                a.ln1_rstd.d().part(s, rows),
-            ],
+            ln1: Normed {
+                out: a.ln1.slice_mut(part(s, btc, btc)),
+                mean: a.ln1_mean.d().part(s, rows),
+                rstd: a.ln1_rstd.d().part(s, rows),
+            },
             qkv: a.qkv.d().part(s, 3 * rows * wd.cl).first(3 * rows * cl),
-            atty: a.atty.d().part(s, rows * wd.cl).first(rows * cl),
+            atty: a.atty.slice_mut(part(s, rows * wd.cl, rows * cl)),
             res2: a.res2.d().part(s, btc),
-            ln2: [
-                a.ln2.d().part(s, btc),
-                a.ln2_mean.d().part(s, rows),
-                a.ln2_rstd.d().part(s, rows),
-            ],
-            fch: a.fch.d().part(s, rows * wd.fl).first(rows * fl),
+            ln2: Normed {
+                out: a.ln2.slice_mut(part(s, btc, btc)),
+                mean: a.ln2_mean.d().part(s, rows),
+                rstd: a.ln2_rstd.d().part(s, rows),
+            },
+            fch: a.fch.slice_mut(part(s, rows * wd.fl, rows * fl)),
             fch_gelu: a.fch_gelu.slice_mut(part(s, rows * wd.fl, rows * fl)),
         };
         let EngineCore { backend: be, .. } = &self.core;
@@ -607,7 +603,7 @@ impl<B: Backend> Engine<B> {
                 dw: dwte.as_mut().map(|d| d.rb()),
                 dbias: None,
                 dout: logits.src(),
-                inp: k.lnf.slice(r0 * c..r.end * c).into(),
+                inp: k.lnf.slice(r0 * c..r.end * c),
                 w: wte,
                 shape: MatmulShape::new((r.len(), c, vp), WeightLayout::OutIn),
             };
@@ -673,10 +669,10 @@ impl<B: Backend> Engine<B> {
         ops.linear_back(dinp, dres.src(), fch_gelu, FcProjW, Some(FcProjB), shape)?;
         // GELU's backward adds the fc bias's gradient in the same pass (in
         // a split backward, the weight half's product adds it)
-        let fch = a.fch.s().part(s, rows * wd.fl).first(rows * fl);
+        let fch = a.fch.slice(part(s, rows * wd.fl, rows * fl));
         ops.act_back(dfch, fch, FcB, Activation::GeluTanh)?;
         let (dfch, mut dln2) = dg.rb().split2(at.dfch.clone(), at.dln2.clone());
-        let (ln2, shape) = (a.ln2.s().part(s, btc), io(rows, c, fl));
+        let (ln2, shape) = (a.ln2.slice(part(s, btc, btc)), io(rows, c, fl));
         ops.linear_back(Some(dln2.rb()), dfch.into_src(), ln2, FcW, None, shape)?;
         tp::all_reduce(be, tp, dln2.rb())?;
         let (res2, kept2) = (a.res2.s().part(s, btc), kept(&a.ln2_mean, &a.ln2_rstd));
@@ -685,7 +681,7 @@ impl<B: Backend> Engine<B> {
             be.copy(dg.rb().slice(at.mid.clone()), dres.src());
         }
         let (mut datty, mut dqkv) = dg.rb().split2(at.datty.clone(), at.dqkv.clone());
-        let atty = a.atty.s().part(s, rows * wd.cl).first(rows * cl);
+        let atty = a.atty.slice(part(s, rows * wd.cl, rows * cl));
         let (dinp, shape) = (Some(datty.rb()), io(rows, cl, c));
         ops.linear_back(dinp, dres.src(), atty, AttnProjW, Some(AttnProjB), shape)?;
         be.run(AttentionBackward {
@@ -698,7 +694,7 @@ impl<B: Backend> Engine<B> {
             shape: d.attn(b, t, ops.bf16),
         })?;
         let (dqkv, mut dln1) = dg.rb().split2(at.dqkv.clone(), at.dln1.clone());
-        let (ln1, shape) = (a.ln1.s().part(s, btc), io(rows, c, 3 * cl));
+        let (ln1, shape) = (a.ln1.slice(part(s, btc, btc)), io(rows, c, 3 * cl));
         ops.linear_back(
             Some(dln1.rb()),
             dqkv.into_src(),
@@ -762,7 +758,7 @@ impl<B: Backend> Engine<B> {
             dw: Some(dwte),
             dbias: None,
             dout: k.logits.slice(0..rows * vp),
-            inp: k.lnf.slice(0..btc).into(),
+            inp: k.lnf.slice(0..btc),
             w: wte,
             shape: MatmulShape::new((rows, c, vp), WeightLayout::OutIn),
         })?;
@@ -797,8 +793,11 @@ impl<B: Backend> Engine<B> {
         let saved = |r: &Range<usize>| a.dgrad.slice(r.clone());
         let kept = |m, r| Stats::slot(m, r, s, rows);
         let fch_gelu = a.fch_gelu.slice(part(s, rows * wd.fl, rows * fl));
-        let atty = a.atty.s().part(s, rows * wd.cl).first(rows * cl);
-        let (ln2, ln1) = (a.ln2.s().part(s, btc), a.ln1.s().part(s, btc));
+        let atty = a.atty.slice(part(s, rows * wd.cl, rows * cl));
+        let (ln2, ln1) = (
+            a.ln2.slice(part(s, btc, btc)),
+            a.ln1.slice(part(s, btc, btc)),
+        );
         let top = (saved(&at.top), io(rows, fl, c));
         ops.linear_back(None, top.0, fch_gelu, FcProjW, Some(FcProjB), top.1)?;
         ops.linear_back(None, saved(&at.dfch), ln2, FcW, Some(FcB), io(rows, c, fl))?;
@@ -827,7 +826,7 @@ impl<B: Backend> BlockMode<B> for Training<'_, '_, B> {
     fn matmul(&mut self, _: BlockParam, op: MatmulForward<On<'_, B>>) -> Result<()> {
         matmul_forward(self.be, self.bf16, op)
     }
-    fn attention(&mut self, atty: Dst<'_, B>, qkv: Src<'_, B>) -> Result<()> {
+    fn attention(&mut self, atty: StoredDst<'_, B>, qkv: Src<'_, B>) -> Result<()> {
         self.be.run(AttentionForward {
             out: atty,
             lse: self.lse.rb(),
@@ -1100,10 +1099,11 @@ mod tests {
         for (cfg, cl, nh, fl) in [(&dense, 32, 2, 128), (&pruned, 32, 2, 40)] {
             let (l, c, vp) = (cfg.n_layer, cfg.n_embd, cfg.padded_vocab());
             let rows = 3 * 5;
-            // bf16 logits and GELU outputs: two to a word
+            // bf16 norms', attention's, fc's, GELU's outputs and logits:
+            // two to a word
             for (precision, half) in [(Precision::Fp32, 1), (Precision::Bf16, 2)] {
-                let block = 2 * (c + 2) + 3 * cl + cl + nh + c + fl + fl / half;
-                let head = c + 2 + vp / half + 1;
+                let block = 2 * (c / half + 2) + 3 * cl + cl / half + nh + c + 2 * (fl / half);
+                let head = c / half + 2 + vp / half + 1;
                 let whole = (l + 1) * c + l * block + head + c + (c + fl.max(3 * cl));
                 let saved = l * (4 * c + fl + 3 * cl) + c;
                 for (split, per_row) in [(false, whole), (true, whole + saved)] {
