@@ -61,3 +61,9 @@ impl<'a, B: Backend> ActAlloc<'a, B> {
         self.tally.as_ref().map_or(0, Cell::get)
     }
 }
+
+/// Piece `i` of a buffer cut in pieces of `n`, its first `m` elements (a
+/// slot's part of an activation sized for the widest block).
+pub fn part(i: usize, n: usize, m: usize) -> std::ops::Range<usize> {
+    i * n..i * n + m
+}

@@ -28,9 +28,10 @@ pub enum Precision {
     Fp32,
     /// Matmul operands (inputs, weights, output gradients) rounded to
     /// bfloat16, products accumulated in fp32; GPT-2's logits and their
-    /// gradient, its norms' outputs, fc products and GELU outputs held
-    /// in bf16; weights, moments, gradients, their reduction and every
-    /// other tensor stay fp32.
+    /// gradient, its norms', attention's, fc's and GELU's outputs (BERT's
+    /// intermediate product and GELU output) held in bf16; weights,
+    /// moments, gradients, their reduction and every other tensor stay
+    /// fp32.
     Bf16,
 }
 crate::display_as_flag!(Precision);

@@ -154,9 +154,9 @@ impl<'s, B: Backend, P: Copy> Ops<'s, B, P> {
     }
 
     /// [`matmul_forward`] of `inp` by weight `w` plus bias `b` where given, into `out`.
-    pub fn linear(
+    pub fn linear<'o>(
         &mut self,
-        out: Dst<'_, B>,
+        out: impl Into<StoredDst<'o, B>>,
         inp: Src<'_, B>,
         w: P,
         b: Option<P>,

@@ -77,24 +77,28 @@ pub const FP32_TOL: Tolerances = Tolerances {
 };
 
 /// Under bf16 a strategy's fp32 reduction order (1e-7 apart from single's)
-/// can move an operand across a rounding boundary, a 2^-8 step in that one
-/// value: the losses agree to 2e-5 (tp's partial sums come closest, 1.2e-5;
-/// the data-parallel ones within 6e-6), the gradient norms to 1e-4 of
-/// single's (tp 3.7e-5, fsdp 3.8e-6) and the final parameters to 1e-3 of
-/// the largest (fp32 holds 1e-5, 1e-5 and 1e-4). fp32 itself is further
-/// away (checked in tests/strategies.rs), so a strategy that ignored
-/// --precision would fail. A bf16 product's own summation order
-/// (tests/bf16_products.rs) keeps the same tolerance. The validation loss
-/// after the steps is read through logits held in bf16 (rounded as stored,
-/// as autocast holds them) of parameters up to `params` apart, so some
-/// logits round the other way: zero2 on 3 ranks ended 2.5e-5 from single's;
-/// it agrees to 5e-5.
+/// can move a value across a rounding boundary, a 2^-8 step in that one
+/// value, and with the activations held in bf16 (rounded as stored, as
+/// autocast holds them) such a step reaches what follows it. Measured over
+/// five steps of the tiny GPT-2 (tests/strategies.rs,
+/// tests/bf16_products.rs), the worst against single's: losses 2.3e-5 (tp;
+/// a bf16 product's own summation order 2.3e-5; the data-parallel ones
+/// 5e-7), gradient norms 4.3e-5 of single's, final parameters 1.9e-3 of
+/// the largest (Adam's first updates are about lr whatever the gradient's
+/// size, so a gradient moved near zero moves its parameter by up to 2 lr),
+/// the validation loss 2.6e-5. Before norm, fc and attention outputs were
+/// held in bf16 they were 1.2e-5, 2.1e-5, 6.0e-4 and 2.5e-5. The bounds
+/// keep about twice the worst. fp32 itself is 1.2e-3 of bf16's gradient
+/// norms away (checked in tests/strategies.rs), so a strategy that ignored
+/// --precision fails on them; its parameters and losses are no further
+/// than these bounds allow (2.1e-3, 5.8e-5), so those two guard a strategy's
+/// own errors, not the precision.
 #[allow(dead_code)] // the files that train in bf16 use it, not every includer
 pub const BF16_TOL: Tolerances = Tolerances {
-    loss: 2e-5,
+    loss: 4e-5,
     val_loss: 5e-5,
     grad_norm: 1e-4,
-    params: 1e-3,
+    params: 4e-3,
 };
 
 /// Per-step losses, gradient norms and the final validation loss (the

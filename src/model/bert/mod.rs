@@ -14,7 +14,7 @@ pub use config::{BertConfig, BertHead, MASKED_PERCENT};
 use layout::pooler_index;
 pub use layout::BlockParam;
 
-use super::alloc::ActAlloc;
+use super::alloc::{part, ActAlloc};
 use super::bf16::{matmul_backward, Precision};
 use super::ops::{io, Dinp, Normed, Ops, Stats};
 use super::tp;
@@ -26,7 +26,7 @@ use super::unit::{
 use crate::backend::{
     Activation, AttentionBackward, AttentionForward, Backend, Buf, Dst, EncoderBackward,
     EncoderForward, LayerNormBackward, LayerNormForward, MatmulBackward, MatmulForward,
-    MatmulShape, Src, WeightLayout,
+    MatmulShape, Src, StoredBuf, WeightLayout,
 };
 use crate::comm::Comm;
 use crate::data::{Batch, LossTerms, IGNORE};
@@ -190,9 +190,10 @@ struct Acts<B: Backend> {
     h1: Buf<B>,
     ln1_mean: Buf<B>,
     ln1_rstd: Buf<B>,
-    /// intermediate pre-activation and its GELU.
-    f: Buf<B>,
-    g: Buf<B>,
+    /// The intermediate product (before its bias) and its GELU: in bf16
+    /// under `--precision bf16`, as autocast holds them.
+    f: StoredBuf<B>,
+    g: StoredBuf<B>,
     /// h1 + MLP output, before the output LayerNorm.
     o: Buf<B>,
     ln2_mean: Buf<B>,
@@ -333,8 +334,8 @@ impl<B: Backend> Acts<B> {
             h1: a(slots * rows * c)?,
             ln1_mean: a(slots * rows)?,
             ln1_rstd: a(slots * rows)?,
-            f: a(slots * rows * d.fl)?,
-            g: a(slots * rows * d.fl)?,
+            f: al.stored(run.precision, slots * rows * d.fl)?,
+            g: al.stored(run.precision, slots * rows * d.fl)?,
             o: a(slots * rows * c)?,
             ln2_mean: a(slots * rows)?,
             ln2_rstd: a(slots * rows)?,
@@ -732,15 +733,15 @@ impl<B: Backend> Engine<B> {
             rstd,
         };
         ops.ln(normed, h.src(), AttnLnW, AttnLnB)?;
-        let mut f = a.f.d().part(s, rows * fl).first(n * fl);
+        let mut f = a.f.slice_mut(part(s, rows * fl, n * fl));
         ops.linear(f.rb(), h1.src(), InterW, None, io(n, c, fl))?;
-        let mut g = a.g.d().part(s, rows * fl).first(n * fl);
+        let mut g = a.g.slice_mut(part(s, rows * fl, n * fl));
         ops.act(g.rb(), f.src(), InterB, Activation::GeluErf)?;
         let mut o = a.o.d().part(s, btc).first(n * c);
         let proj = RowParallel {
             out: o.rb(),
             residual: h1.src(),
-            inp: g.src().into(),
+            inp: g.src(),
             w: ops.w(OutW),
             bias: ops.w(OutB),
         };
@@ -813,9 +814,10 @@ impl<B: Backend> Engine<B> {
         ops.ln_back(Dinp::Set(dx.rb()), dy.src(), o, kept2, OutLnW, OutLnB)?;
         // o = h1 + gelu(h1 Wi + bi) Wo2 + bo2
         let mut dg = dbig.rb().first(n * fl);
-        let (g_act, shape) = (cut(&a.g, fl), io(n, fl, c));
+        let (g_act, shape) = (a.g.slice(part(s, rows * fl, n * fl)), io(n, fl, c));
         ops.linear_back(Some(dg.rb()), dx.src(), g_act, OutW, Some(OutB), shape)?;
-        ops.act_back(dg.rb(), cut(&a.f, fl), InterB, Activation::GeluErf)?;
+        let f = a.f.slice(part(s, rows * fl, n * fl));
+        ops.act_back(dg.rb(), f, InterB, Activation::GeluErf)?;
         let h1 = cut(&a.h1, c);
         ops.linear_back(Some(dy.rb()), dg.src(), h1, InterW, None, io(n, c, fl))?;
         tp::all_reduce(be, tp, dy.rb())?;

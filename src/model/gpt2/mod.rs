@@ -12,7 +12,7 @@ pub mod kv;
 pub mod layout;
 pub mod rows;
 
-use super::alloc::ActAlloc;
+use super::alloc::{part, ActAlloc};
 use super::bf16::Precision;
 use super::bf16::{matmul_backward, matmul_forward};
 use super::layout::ParamLayout;
@@ -282,12 +282,6 @@ impl<B: Backend> Activations<B> {
             bf16: run.precision == Precision::Bf16,
         })
     }
-}
-
-/// Piece `i` of a buffer cut in pieces of `n`, its first `m` elements (a
-/// slot's part of an activation sized for the widest block).
-fn part(i: usize, n: usize, m: usize) -> Range<usize> {
-    i * n..i * n + m
 }
 
 /// The (b, t) and host tokens of the current forward; tokens and targets
