@@ -1271,6 +1271,12 @@ fn a_bf16_activation_input_is_its_fp32_values_on<R: Runtime>(dev: &Queue<R>) {
                 get(dev, &db),
             )
         });
+        // the backward acted (and the bias gradient was summed where asked)
+        assert!(runs[0].2 != d0, "backward left d as it was");
+        assert!(
+            runs[0].3.iter().all(|&g| g != 0.5) == with_db,
+            "bias gradient, dbias {with_db}"
+        );
         assert!(runs[0].0 == runs[1].0, "forward");
         assert!(runs[0].1 == runs[1].1, "forward into bf16");
         assert!(runs[0].2 == runs[1].2, "backward, dbias {with_db}");
