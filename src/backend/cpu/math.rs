@@ -561,17 +561,10 @@ impl Views {
 
 /// A raw pointer that may cross threads: kernels hand disjoint regions of
 /// one buffer to rayon tasks.
+#[derive(Clone, Copy)]
 pub struct SendPtr<T = f32>(pub *mut T);
 unsafe impl<T> Send for SendPtr<T> {}
 unsafe impl<T> Sync for SendPtr<T> {}
-
-impl<T> Clone for SendPtr<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-
-impl<T> Copy for SendPtr<T> {}
 
 impl<T> SendPtr<T> {
     /// The pointer; a method, so closures capture the whole `Send` wrapper.

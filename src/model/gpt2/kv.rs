@@ -408,11 +408,9 @@ impl<B: Backend> BlockMode<B> for Decoding<'_, '_, B> {
             }
         };
         let MatmulShape { rows, k, n, .. } = op.shape;
-        let fp32 =
-            || Error::Config("decoding keeps its products' tensors in fp32, not bf16".into());
         let (out, inp) = (
-            op.out.fp32().ok_or_else(fp32)?,
-            op.inp.fp32().ok_or_else(fp32)?,
+            op.out.fp32().ok_or_else(not_fp32)?,
+            op.inp.fp32().ok_or_else(not_fp32)?,
         );
         self.be.matmul_decode(MatmulDecode {
             out,
@@ -425,9 +423,7 @@ impl<B: Backend> BlockMode<B> for Decoding<'_, '_, B> {
         Ok(())
     }
     fn attention(&mut self, atty: StoredDst<'_, B>, qkv: Src<'_, B>) -> Result<()> {
-        let atty = atty.fp32().ok_or_else(|| {
-            Error::Config("decoding keeps its attention output in fp32, not bf16".into())
-        })?;
+        let atty = atty.fp32().ok_or_else(not_fp32)?;
         let DecodeShape {
             b,
             len,
@@ -633,6 +629,11 @@ fn blocks<B: Backend>(
         std::mem::swap(&mut acts.x, &mut acts.y);
     }
     Ok(())
+}
+
+/// Why decoding refuses a tensor stored in bf16.
+fn not_fp32() -> Error {
+    Error::Config("decoding keeps its tensors in fp32, not bf16".into())
 }
 
 /// The final LayerNorm of `acts.x` (every row) into `acts.ln`.
