@@ -127,7 +127,7 @@ fn a_bf16_matmul_rounds_its_operands_and_sums_exact_products() {
                 be.run(MatmulForward {
                     out: out.d().into(),
                     inp: Stored::F32(inp_b.s()),
-                    w: w_b.s(),
+                    w: w_b.s().into(),
                     bias: None,
                     shape,
                     accumulate: false,
@@ -139,7 +139,7 @@ fn a_bf16_matmul_rounds_its_operands_and_sums_exact_products() {
                     dbias: None,
                     dout: dout_b.s().into(),
                     inp: Stored::F32(inp_b.s()),
-                    w: w_b.s(),
+                    w: w_b.s().into(),
                     shape,
                 })
                 .unwrap();
@@ -237,7 +237,7 @@ fn bf16_storage_is_its_fp32_values_on_every_route() {
                     be.run(MatmulForward {
                         out,
                         inp: Stored::F32(inp),
-                        w,
+                        w: w.into(),
                         bias,
                         shape,
                         accumulate,
@@ -264,7 +264,7 @@ fn bf16_storage_is_its_fp32_values_on_every_route() {
                         dbias,
                         dout,
                         inp: Stored::F32(inp),
-                        w,
+                        w: w.into(),
                         shape,
                     })
                     .unwrap();
@@ -290,7 +290,7 @@ fn bf16_storage_is_its_fp32_values_on_every_route() {
                     let op = MatmulForward {
                         out: out_d,
                         inp,
-                        w,
+                        w: w.into(),
                         bias,
                         shape,
                         accumulate: true,
@@ -302,7 +302,7 @@ fn bf16_storage_is_its_fp32_values_on_every_route() {
                         dbias: None,
                         dout,
                         inp,
-                        w,
+                        w: w.into(),
                         shape,
                     };
                     be.run(op).unwrap();

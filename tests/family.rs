@@ -304,13 +304,13 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
             UnitKind::Embeddings => be.run(EncoderForward {
                 out: a.resid.slice_mut(0..rows * c),
                 tokens: a.tokens.s(),
-                wte: p.own.first(v * c),
-                wpe: p.own.from(v * c),
+                wte: p.own.fp32.first(v * c),
+                wpe: p.own.fp32.from(v * c),
                 t,
                 c,
             })?,
             UnitKind::Block(l) => {
-                let [w1, b1, w2, b2] = parts.unwrap().map(|r| p.own.slice(r));
+                let [w1, b1, w2, b2] = parts.unwrap().map(|r| p.own.fp32.slice(r));
                 let (lo, hi) = a.resid.d().split_at((l + 1) * rows * c);
                 let (x, mut out) = (lo.into_src().from(l * rows * c), hi.first(rows * c));
                 be.copy(out.rb(), x);
@@ -320,7 +320,7 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                 be.run(MatmulForward {
                     out: h.rb().into(),
                     inp: x.into(),
-                    w: w1,
+                    w: w1.into(),
                     bias: None,
                     shape: io((rows, c, f)),
                     accumulate: false,
@@ -335,7 +335,7 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                 be.run(MatmulForward {
                     out: out.into(),
                     inp: g.src().into(),
-                    w: w2,
+                    w: w2.into(),
                     bias: Some(b2),
                     shape: io((rows, f, c)),
                     accumulate: true,
@@ -345,7 +345,7 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                 be.run(MatmulForward {
                     out: a.logits.d().into(),
                     inp: a.resid.slice(nl * rows * c..(nl + 1) * rows * c).into(),
-                    w: p.own,
+                    w: p.own.fp32.into(),
                     bias: None,
                     shape: MatmulShape::new((rows, c, v), WeightLayout::InOut),
                     accumulate: false,
@@ -404,12 +404,12 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                     dbias: None,
                     dout: a.logits.s().into(),
                     inp: a.resid.slice(nl * rows * c..(nl + 1) * rows * c).into(),
-                    w: p.own,
+                    w: p.own.fp32.into(),
                     shape: io((rows, c, v)),
                 })?;
             }
             UnitKind::Block(l) => {
-                let [w1, b1, w2, _] = parts.clone().unwrap().map(|r| p.own.slice(r));
+                let [w1, b1, w2, _] = parts.clone().unwrap().map(|r| p.own.fp32.slice(r));
                 let [r1, rb1, r2, rb2] = parts.unwrap();
                 let mut gd = g.own;
                 let (dw2, db2) = gd.rb().split2(r2, rb2);
@@ -419,7 +419,7 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                     dbias: Some(db2),
                     dout: a.dres.s().into(),
                     inp: a.g.slice(l * rows * f..(l + 1) * rows * f).into(),
-                    w: w2,
+                    w: w2.into(),
                     shape: io((rows, f, c)),
                 })?;
                 let h = a.h.slice(l * rows * f..(l + 1) * rows * f);
@@ -437,7 +437,7 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                     dbias: None,
                     dout: a.dg.s().into(),
                     inp: a.resid.slice(l * rows * c..(l + 1) * rows * c).into(),
-                    w: w1,
+                    w: w1.into(),
                     shape: io((rows, c, f)),
                 })?;
                 be.add_inplace(a.dres.d(), a.dtmp.s());

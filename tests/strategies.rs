@@ -265,3 +265,91 @@ fn bf16_moves_training_within_bf16_rounding_and_every_strategy_follows_single_in
         common::BF16_TOL,
     );
 }
+
+/// Under bf16 the products read the weights' bf16 copy, which a strategy
+/// rounds when the weights change (an update, a load, an fsdp gather):
+/// before and after each of three steps and after a load, the loss a strategy evaluates is the loss
+/// the model computes from the same fp32 weights when its products round
+/// them themselves (no copy), bit for bit. On two ranks the batch's halves
+/// are the same rows, so each rank's loss is the reference's on one half.
+#[test]
+fn the_weights_bf16_copy_follows_every_update() {
+    use distgpt::data::Batch;
+    use distgpt::model::gpt2::{init_full, Engine};
+    use distgpt::model::{AdamWConfig, TpPlace, Whole};
+    use distgpt::parallel::{self, launch, Pipeline, StepConfig};
+    let cfg = common::tiny_model(dataset());
+    let (b, t, v) = (4, 16, cfg.vocab_size);
+    let init = init_full(&cfg, 1);
+    // `rows` rows, each half the same
+    let batch = |seed: usize, rows: usize| {
+        let ids = |s: usize| -> Vec<u32> {
+            let half: Vec<u32> = (0..rows / 2 * t)
+                .map(|i| ((i * 7 + s * 13) % v) as u32)
+                .collect();
+            [half.clone(), half].concat()
+        };
+        Batch::lm(ids(seed), ids(seed + 1))
+    };
+    let two_stages = Pipeline {
+        stages: 2,
+        ..Default::default()
+    };
+    for (strategy, world, pipeline) in [
+        (StrategyKind::Ddp, 1, Pipeline::default()),
+        (StrategyKind::Zero2, 2, Pipeline::default()),
+        (StrategyKind::Fsdp, 2, Pipeline::default()),
+        (StrategyKind::Ddp, 2, two_stages),
+    ] {
+        let par = ParallelConfig {
+            strategy,
+            world_size: world,
+            tp: 1,
+            recompute: false,
+            precision: Precision::Bf16,
+            pipeline,
+            offload: Default::default(),
+            offload_serial: false,
+        };
+        let runs = launch::run_local(world, 2, Wait::from_secs(60), |comm| {
+            let adamw = AdamWConfig::default();
+            let mut s = parallel::build(Cpu::new(), cfg.clone(), par, comm.as_ref(), adamw, b, t)?;
+            s.load_full(&init)?;
+            let mut seen = Vec::new();
+            for step in 0..3 {
+                seen.push((s.full_params()?, s.eval_loss(&batch(100, b))?));
+                let cfg = StepConfig {
+                    lr: 1e-2,
+                    grad_clip: 1.0,
+                };
+                s.step(&[batch(step, b)], cfg)?;
+            }
+            // after the last step, and after loading weights over rounded ones
+            seen.push((s.full_params()?, s.eval_loss(&batch(100, b))?));
+            s.load_full(&init)?;
+            seen.push((s.full_params()?, s.eval_loss(&batch(100, b))?));
+            Ok(seen)
+        })
+        .unwrap_or_else(|e| panic!("{par:?}: {e}"));
+        // each data-parallel rank's rows
+        let rows = b / (world / pipeline.stages);
+        let eval = batch(100, b).rows(b, 0..rows);
+        for (step, (params, loss)) in runs[0].iter().enumerate() {
+            let mut engine = Engine::new(Cpu::new(), cfg.clone(), TpPlace::NONE, false).unwrap();
+            engine.set_precision(Precision::Bf16);
+            let mut m = Whole::with_engine(engine).unwrap();
+            m.load_full(params).unwrap();
+            let terms = eval.loss_terms();
+            let want = m
+                .run_forward(&eval, (rows, t), terms, None)
+                .unwrap()
+                .unwrap();
+            assert!(
+                loss.to_bits() == want.to_bits(),
+                "{strategy:?} x{world}, {} stage(s), before step {step} (3: after the last, 4: after a load): \
+                 loss {loss} where the weights give {want}",
+                pipeline.stages
+            );
+        }
+    }
+}

@@ -226,6 +226,9 @@ pub trait Kernels: Device {
     /// x rounded to the nearest bfloat16 (ties to even) in place, kept as
     /// f32 (BERT's logits gradient under `--precision bf16`).
     fn round_bf16(&self, x: Dst<'_, Self>);
+    /// dst = src rounded to the nearest bfloat16 (ties to even): the
+    /// weights' bf16 copy under `--precision bf16`.
+    fn to_bf16(&self, dst: Dst<'_, Self, Bf16>, src: Src<'_, Self>);
     /// Sum in f64 (the loss over a batch's rows).
     fn sum(&self, x: Src<'_, Self>) -> Result<f64>;
     /// Sum of squares in f64.

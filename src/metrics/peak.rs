@@ -173,7 +173,7 @@ fn matmul_flops<B: Backend>(be: &B) -> f64 {
         let ran = be.run(MatmulForward {
             out: out.d().into(),
             inp: inp.s().into(),
-            w: w.s(),
+            w: w.s().into(),
             bias: None,
             shape: MatmulShape::new((rows, k, n), WeightLayout::InOut),
             accumulate: false,

@@ -23,5 +23,6 @@ pub use gpt2::{Engine, Gpt2};
 pub use layout::ParamLayout;
 pub use tp::{TpPlace, TpSplit};
 pub use unit::{
-    EngineCore, Span, SpanRun, StageModel, UnitGrads, UnitKind, UnitModel, UnitParams, Whole,
+    EngineCore, Span, SpanRun, StageModel, UnitGrads, UnitKind, UnitModel, UnitParams, Weights,
+    Whole,
 };

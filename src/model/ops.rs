@@ -4,6 +4,7 @@
 //! each parameter lies in them), so the passes read as the model's layers.
 
 use super::bf16::{matmul_backward, matmul_forward};
+use super::unit::Weights;
 use crate::backend::{
     Activation, ActivationBackward, ActivationForward, Backend, Buf, CrossEntropyBackward,
     CrossEntropyForward, Dst, LayerNormBackward, LayerNormForward, MatmulBackward, MatmulForward,
@@ -72,7 +73,7 @@ pub struct Ops<'s, B: Backend, P> {
     pub bf16: bool,
     pub c: usize,
     eps: f32,
-    p: Src<'s, B>,
+    p: Weights<'s, B>,
     pub g: Option<Dst<'s, B>>,
     at: &'s dyn Fn(P) -> Range<usize>,
 }
@@ -85,7 +86,7 @@ impl<'s, B: Backend, P: Copy> Ops<'s, B, P> {
         bf16: bool,
         c: usize,
         eps: f32,
-        p: Src<'s, B>,
+        p: impl Into<Weights<'s, B>>,
         g: Option<Dst<'s, B>>,
         at: &'s dyn Fn(P) -> Range<usize>,
     ) -> Self {
@@ -94,7 +95,7 @@ impl<'s, B: Backend, P: Copy> Ops<'s, B, P> {
             bf16,
             c,
             eps,
-            p,
+            p: p.into(),
             g,
             at,
         }
@@ -102,7 +103,12 @@ impl<'s, B: Backend, P: Copy> Ops<'s, B, P> {
 
     /// Parameter `x`.
     pub fn w(&self, x: P) -> Src<'s, B> {
-        self.p.slice((self.at)(x))
+        self.p.fp32.slice((self.at)(x))
+    }
+
+    /// Weight `x` as a product reads it: its bf16 copy where there is one.
+    pub fn mw(&self, x: P) -> StoredSrc<'s, B> {
+        self.p.slice((self.at)(x)).product()
     }
 
     /// LayerNorm (weight `w`, bias `b`) of `inp` into `to`.
@@ -162,7 +168,7 @@ impl<'s, B: Backend, P: Copy> Ops<'s, B, P> {
         b: Option<P>,
         shape: MatmulShape,
     ) -> Result<()> {
-        let (w, bias) = (self.w(w), b.map(|b| self.w(b)));
+        let (w, bias) = (self.mw(w), b.map(|b| self.w(b)));
         let op = MatmulForward {
             out: out.into(),
             inp: inp.into(),
@@ -192,7 +198,7 @@ impl<'s, B: Backend, P: Copy> Ops<'s, B, P> {
         b: Option<P>,
         shape: MatmulShape,
     ) -> Result<()> {
-        let (wv, at) = (self.w(w), self.at);
+        let (wv, at) = (self.mw(w), self.at);
         let (dw, dbias) = match (self.g.as_mut(), b) {
             (None, _) => (None, None),
             (Some(g), None) => (Some(g.rb().slice(at(w))), None),

@@ -149,7 +149,7 @@ pub struct RowParallel<'a, B: Backend> {
     pub residual: Src<'a, B>,
     /// fp32, or stored in bf16 (GPT-2's GELU output under bf16).
     pub inp: StoredSrc<'a, B>,
-    pub w: Src<'a, B>,
+    pub w: StoredSrc<'a, B>,
     pub bias: Src<'a, B>,
 }
 

@@ -9,7 +9,7 @@ use super::bf16::Precision;
 use super::layout::ParamLayout;
 use super::tp::TpPlace;
 use crate::backend::cpu::Cpu;
-use crate::backend::{Backend, Buf, Category, Dst, Src};
+use crate::backend::{Backend, Bf16, Buf, Category, Dst, Src, Stored, StoredSrc};
 use crate::comm::Comm;
 use crate::data::{Batch, LossTerms, IGNORE};
 use crate::error::{Error, Result};
@@ -330,19 +330,63 @@ impl<K, A, S> Held<K, A, S> {
     }
 }
 
+/// A run of parameters: their fp32 values and, where the strategy keeps
+/// one (`--precision bf16`), their bf16 copy, which the products read in
+/// place of rounding the fp32 values themselves (the same values).
+pub struct Weights<'a, B> {
+    pub fp32: Src<'a, B>,
+    pub bf16: Option<Src<'a, B, Bf16>>,
+}
+
+impl<B> Clone for Weights<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B> Copy for Weights<'_, B> {}
+
+impl<'a, B> From<Src<'a, B>> for Weights<'a, B> {
+    /// fp32 values without a copy.
+    fn from(fp32: Src<'a, B>) -> Self {
+        Weights { fp32, bf16: None }
+    }
+}
+
+impl<'a, B: Backend> Weights<'a, B> {
+    /// Elements `r` of both.
+    pub fn slice(self, r: Range<usize>) -> Self {
+        Weights {
+            fp32: self.fp32.slice(r.clone()),
+            bf16: self.bf16.map(|x| x.slice(r)),
+        }
+    }
+
+    /// What a product reads: the bf16 copy where there is one.
+    pub fn product(self) -> StoredSrc<'a, B> {
+        match self.bf16 {
+            Some(x) => Stored::Bf16(x),
+            None => Stored::F32(self.fp32),
+        }
+    }
+}
+
 /// A unit's parameters: its own slice and, where it reads one, the tied
 /// tensor of an earlier unit.
 pub struct UnitParams<'a, B: Backend> {
-    pub own: Src<'a, B>,
-    pub tied: Option<Src<'a, B>>,
+    pub own: Weights<'a, B>,
+    pub tied: Option<Weights<'a, B>>,
 }
 
 impl<'a, B: Backend> UnitParams<'a, B> {
-    /// `unit`'s slices of a whole parameter buffer.
+    /// `unit`'s slices of a whole parameter buffer (no bf16 copy).
     pub fn of(params: &'a Buf<B>, unit: &super::layout::Unit) -> Self {
         UnitParams {
-            own: params.slice(unit.range.clone()),
-            tied: unit.tied.as_ref().map(|x| params.slice(x.range.clone())),
+            own: params.slice(unit.range.clone()).into(),
+            tied: unit
+                .tied
+                .as_ref()
+                .map(|x| params.slice(x.range.clone()).into()),
         }
     }
 }

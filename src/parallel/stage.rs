@@ -22,11 +22,11 @@ use super::offload::HostState;
 use super::pipeline::{Pass, Pipeline, Task};
 use super::{OwnedState, Units};
 use crate::backend::cpu::Cpu;
-use crate::backend::{Backend, Buf, Category, Dst};
+use crate::backend::{Backend, Bf16, Buf, Category, Dst};
 use crate::comm::{device, Comm};
 use crate::error::Result;
 use crate::model::tp::TpSplit;
-use crate::model::{AdamW, AdamWConfig, ParamLayout, Segment, UnitGrads, UnitParams};
+use crate::model::{AdamW, AdamWConfig, ParamLayout, Segment, UnitGrads, UnitParams, Weights};
 use std::borrow::Cow;
 use std::ops::Range;
 
@@ -312,14 +312,37 @@ impl<B: Backend> Home<B> {
         }
     }
 
-    /// Range r of piece k's parameters: in the whole stage, or in the
-    /// buffer it is gathered in.
-    fn at(&self, pc: &Pieces, k: usize, r: Range<usize>) -> crate::backend::Src<'_, B> {
+    /// Where piece k's parameters lie: (the buffer, its range there, the
+    /// part of the buffers it takes): in the whole stage (a part a piece),
+    /// or in the buffer it is gathered in (a part a buffer).
+    fn place(&self, pc: &Pieces, k: usize) -> (usize, Range<usize>, usize) {
         match self {
-            Home::Device(_, Params::Whole(p)) => p.slice(pc.buf(k)).slice(r),
-            Home::Device(_, Params::Sharded(_, g)) | Home::Host(_, g) => {
-                g.bufs[pc.slot_of[k]].slice(r)
+            Home::Device(_, Params::Whole(_)) => (0, pc.buf(k), k),
+            Home::Device(_, Params::Sharded(_, _)) | Home::Host(_, _) => {
+                (pc.slot_of[k], 0..pc.len(k), pc.slot_of[k])
             }
+        }
+    }
+
+    /// Range r of piece k's parameters, with its bf16 copy where kept.
+    fn weights<'a>(
+        &'a self,
+        pc: &Pieces,
+        copies: Option<&'a Copies<B>>,
+        k: usize,
+        r: Range<usize>,
+    ) -> Weights<'a, B> {
+        let (buf, range, _) = self.place(pc, k);
+        let fp32 = self.buf(buf).slice(range.clone()).slice(r.clone());
+        let bf16 = copies.map(|c| c.bufs[buf].slice(range).slice(r));
+        Weights { fp32, bf16 }
+    }
+
+    /// Buffer i of the parameters the units read ([`Home::place`]'s).
+    fn buf(&self, i: usize) -> &Buf<B> {
+        match self {
+            Home::Device(_, Params::Whole(p)) => p,
+            Home::Device(_, Params::Sharded(_, g)) | Home::Host(_, g) => &g.bufs[i],
         }
     }
 }
@@ -388,6 +411,26 @@ pub struct StageState<B: Backend> {
     /// The piece a tied tensor's stages all-reduce at the step's end
     /// (final only then).
     tied_across: Option<usize>,
+    /// Under `--precision bf16`, the parameters' bf16 copy.
+    copies: Option<Copies<B>>,
+}
+
+/// The parameters' bf16 copy, which the products read under `--precision
+/// bf16`: a buffer beside each fp32 one the units read (the whole stage's,
+/// or each of fsdp's gather buffers), and for each of its parts (a piece's
+/// range, or a gather buffer) the piece it holds rounded. A piece is
+/// rounded when a unit first reads it after its values change (the update,
+/// a load, a gather), so no product rounds a weight itself.
+struct Copies<B: Backend> {
+    bufs: Vec<Buf<B, Bf16>>,
+    rounded: Vec<Option<usize>>,
+}
+
+impl<B: Backend> Copies<B> {
+    /// Forgets what the buffers hold (the parameters changed).
+    fn forget(&mut self) {
+        self.rounded.iter_mut().for_each(|h| *h = None);
+    }
 }
 
 impl<B: Backend> StageState<B> {
@@ -465,10 +508,47 @@ impl<B: Backend> StageState<B> {
             final_after,
             micro_batches: 0,
             tied_across: None,
+            copies: None,
             pieces,
             grad,
             scratch,
         })
+    }
+
+    /// Keeps the parameters' bf16 copy for the products to read
+    /// (`--precision bf16`).
+    pub fn keep_bf16_copy(&mut self, be: &B) -> Result<()> {
+        let lens: Vec<usize> = match &self.home {
+            Home::Device(_, Params::Whole(p)) => vec![p.len()],
+            Home::Device(_, Params::Sharded(_, g)) | Home::Host(_, g) => {
+                g.bufs.iter().map(|b| b.len()).collect()
+            }
+        };
+        let parts = match &self.home {
+            Home::Device(_, Params::Whole(_)) => self.pieces.layout.len(),
+            _ => lens.len(),
+        };
+        self.copies = Some(Copies {
+            bufs: lens
+                .iter()
+                .map(|&n| be.alloc_typed(n, Category::Params))
+                .collect::<Result<_>>()?,
+            rounded: vec![None; parts],
+        });
+        Ok(())
+    }
+
+    /// Rounds piece k into the bf16 copy, unless it holds it already.
+    fn round(&mut self, be: &B, k: usize) {
+        let Some(c) = self.copies.as_mut() else {
+            return;
+        };
+        let (buf, range, part) = self.home.place(&self.pieces, k);
+        if c.rounded[part] != Some(k) {
+            let fp32 = self.home.buf(buf).slice(range.clone());
+            be.to_bf16(c.bufs[buf].slice_mut(range), fp32);
+            c.rounded[part] = Some(k);
+        }
     }
 
     /// Marks piece k as a tied tensor the stages holding it all-reduce at
@@ -525,12 +605,14 @@ impl<B: Backend> StageState<B> {
         }
     }
 
-    /// fsdp: all-gathers the pieces unit u reads, unless their buffers hold them.
+    /// Readies the pieces unit u reads: all-gathered (fsdp), unless their
+    /// buffers hold them, and rounded into the bf16 copy where it is kept.
     pub fn ready(&mut self, dp: &dyn Comm, be: &B, lay: &ParamLayout, u: usize) -> Result<()> {
         let k = self.pieces.piece(u);
-        self.fetch(dp, be, k)?;
-        if let Some((t, _)) = self.pieces.tied(lay, u) {
-            self.fetch(dp, be, t)?;
+        let tied = self.pieces.tied(lay, u).map(|(t, _)| t);
+        for k in std::iter::once(k).chain(tied) {
+            self.fetch(dp, be, k)?;
+            self.round(be, k);
         }
         Ok(())
     }
@@ -557,13 +639,17 @@ impl<B: Backend> StageState<B> {
         Ok(())
     }
 
-    /// Unit u's parameters (gathered first under fsdp: `ready`).
+    /// Unit u's parameters (readied first: `ready`).
     pub fn params(&self, lay: &ParamLayout, u: usize) -> UnitParams<'_, B> {
-        let at = |k: usize, r: Range<usize>| self.home.at(&self.pieces, k, r);
         let k = self.pieces.piece(u);
         UnitParams {
-            own: at(k, 0..self.pieces.len(k)),
-            tied: self.pieces.tied(lay, u).map(|(t, r)| at(t, r)),
+            own: self
+                .home
+                .weights(&self.pieces, self.copies.as_ref(), k, 0..self.pieces.len(k)),
+            tied: self
+                .pieces
+                .tied(lay, u)
+                .map(|(t, r)| self.home.weights(&self.pieces, self.copies.as_ref(), t, r)),
         }
     }
 
@@ -611,10 +697,9 @@ impl<B: Backend> StageState<B> {
                 }
             }
         };
-        let at = |k: usize, r: Range<usize>| self.home.at(pc, k, r);
         let params = UnitParams {
-            own: at(k, 0..pc.len(k)),
-            tied: tied.map(|(t, r)| at(t, r)),
+            own: self.home.weights(pc, self.copies.as_ref(), k, 0..pc.len(k)),
+            tied: tied.map(|(t, r)| self.home.weights(pc, self.copies.as_ref(), t, r)),
         };
         (params, grads)
     }
@@ -842,6 +927,9 @@ impl<B: Backend> StageState<B> {
                 }
             }
         }
+        if let Some(c) = self.copies.as_mut() {
+            c.forget();
+        }
         Ok(())
     }
 
@@ -905,6 +993,9 @@ impl<B: Backend> StageState<B> {
         }
         if let Some(g) = self.home.gathered() {
             g.forget();
+        }
+        if let Some(c) = self.copies.as_mut() {
+            c.forget();
         }
         match &mut self.home {
             Home::Device(_, Params::Whole(p)) => be.upload(p.d(), whole),

@@ -1,5 +1,6 @@
 //! Pointwise primitives: fill, copy, add, bf16 rounding, squared norms.
 
+use crate::backend::Bf16;
 use rayon::prelude::*;
 
 /// Elements a task takes.
@@ -31,6 +32,18 @@ pub fn copy(dst: &mut [f32], src: &[f32]) {
 pub fn round_bf16(x: &mut [f32]) {
     x.par_chunks_mut(CHUNK)
         .for_each(|c| c.iter_mut().for_each(|v| *v = super::round_to_bf16(*v)));
+}
+
+/// dst = src rounded to the nearest bfloat16.
+pub fn to_bf16(dst: &mut [Bf16], src: &[f32]) {
+    dst[..src.len()]
+        .par_chunks_mut(CHUNK)
+        .zip(src.par_chunks(CHUNK))
+        .for_each(|(d, s)| {
+            d.iter_mut()
+                .zip(s)
+                .for_each(|(d, &x)| *d = Bf16::from_f32(x))
+        });
 }
 
 /// dst += src.

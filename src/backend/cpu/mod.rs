@@ -20,7 +20,7 @@ use super::WeightLayout;
 use super::memory::{Buf, Category, Dst, MemoryStats, Src};
 use super::ops::{checked, Host, Kernel, Lower, On};
 use super::profile;
-use super::{AttentionDecode, Decode, Device, Elem, Kernels, MatmulDecode, Threads};
+use super::{AttentionDecode, Bf16, Decode, Device, Elem, Kernels, MatmulDecode, Threads};
 use crate::error::{Error, Result};
 use std::sync::Arc;
 
@@ -175,6 +175,9 @@ impl Kernels for Cpu {
     }
     fn round_bf16(&self, x: Dst<'_, Self>) {
         cpu_timed("round_bf16", 0.0, || elementwise::round_bf16(w(x)))
+    }
+    fn to_bf16(&self, dst: Dst<'_, Self, Bf16>, src: Src<'_, Self>) {
+        cpu_timed("to_bf16", 0.0, || elementwise::to_bf16(w(dst), r(src)))
     }
     fn sum(&self, x: Src<'_, Self>) -> Result<f64> {
         cpu_timed("sum", 0.0, || Ok(r(x).iter().map(|&v| v as f64).sum()))

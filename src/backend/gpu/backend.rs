@@ -10,7 +10,7 @@ use crate::backend::memory::{Buf, Category, Dst, MemoryStats, Pending, Pinned, R
 use crate::backend::ops::{checked, Kernel, Lower, On};
 use crate::backend::profile;
 use crate::backend::{
-    AttentionDecode, Decode, Device, Elem, Kernels, MatmulDecode, MatmulForward, MatmulShape,
+    AttentionDecode, Bf16, Decode, Device, Elem, Kernels, MatmulDecode, MatmulForward, MatmulShape,
     WeightFormat, WeightLayout,
 };
 use crate::error::{Error, Result};
@@ -222,6 +222,10 @@ impl<R: Runtime> Kernels for Gpu<R> {
         let x = view(x.raw());
         self.kernel("round_bf16", 0.0, |d| d.round_bf16(x, x))
     }
+    fn to_bf16(&self, dst: Dst<'_, Self, Bf16>, src: Src<'_, Self>) {
+        let (dst, src) = (view(dst.raw()), view(src.raw()));
+        self.kernel("to_bf16", 0.0, |d| d.to_bf16(dst, src))
+    }
     fn sum(&self, x: Src<'_, Self>) -> Result<f64> {
         self.check()?;
         let finish = || self.queue(|d| d.finish());
@@ -280,7 +284,7 @@ impl<R: Runtime> Decode for Gpu<R> {
         let queued = self.run(MatmulForward {
             out: out.into(),
             inp: inp.into(),
-            w: w.w.s(),
+            w: w.w.s().into(),
             bias,
             shape: MatmulShape::new(dims, w.layout),
             accumulate,

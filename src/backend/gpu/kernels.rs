@@ -179,6 +179,11 @@ impl<R: Runtime> Queue<R> {
         self.pointwise("round_bf16", dst, src)
     }
 
+    /// dst (bf16) = src rounded to bfloat16; n = src.len.
+    pub fn to_bf16(&self, dst: View, src: View) -> Result<(), GpuError> {
+        self.pointwise("to_bf16", dst, src)
+    }
+
     /// dst = value.
     pub fn fill(&self, dst: View, value: f32) -> Result<(), GpuError> {
         let args = [Arg::View(dst), u32s("n", dst.len)?, Arg::F32(value)];
@@ -214,7 +219,7 @@ impl<R: Runtime> Queue<R> {
 /// W as a column-major GEMM operand standing for W_eff (k x n, what the
 /// math calls W: `out = inp @ W_eff`), or for W_eff^T when `for_dinp`.
 pub(crate) fn weight_operand(
-    w: View,
+    w: Stored<View, View>,
     layout: WeightLayout,
     k: usize,
     n: usize,
@@ -227,7 +232,7 @@ pub(crate) fn weight_operand(
         WeightLayout::OutIn => (false, k),
     };
     // The forward wants W_eff^T (n x k); the backward to dinp wants W_eff (k x n).
-    operand(w, stored_is_transposed == for_dinp, ld)
+    stored_operand(w, stored_is_transposed == for_dinp, ld)
 }
 
 /// `view` (fp32) as a column-major GEMM operand with leading dimension `ld`.

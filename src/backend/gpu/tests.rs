@@ -567,7 +567,7 @@ fn matmul_forward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
                 (MatmulForward::<Host> {
                     out: Stored::F32(&mut want),
                     inp: Stored::F32(&inp),
-                    w: &w,
+                    w: Stored::F32(&w),
                     bias: b,
                     shape: MatmulShape {
                         bf16,
@@ -586,7 +586,7 @@ fn matmul_forward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
                 dev.run(MatmulForward {
                     out: Stored::F32(o.view()),
                     inp: Stored::F32(i.view()),
-                    w: wd.view(),
+                    w: Stored::F32(wd.view()),
                     bias: bv,
                     shape: MatmulShape {
                         rows,
@@ -633,7 +633,7 @@ fn matmul_backward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
                     dbias,
                     dout: Stored::F32(&dout),
                     inp: Stored::F32(&inp),
-                    w: &w,
+                    w: Stored::F32(&w),
                     shape: MatmulShape {
                         bf16,
                         ..MatmulShape::new((rows, k, n), layout)
@@ -650,7 +650,7 @@ fn matmul_backward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
                     dbias: Some(&mut mag_db),
                     dout: Stored::F32(&abs(&dout)),
                     inp: Stored::F32(&abs(&inp)),
-                    w: &abs(&w),
+                    w: Stored::F32(&abs(&w)),
                     shape: MatmulShape::new((rows, k, n), layout),
                 })
                 .cpu(&AsIs);
@@ -665,7 +665,7 @@ fn matmul_backward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
                     dbias: bv,
                     dout: Stored::F32(dd.view()),
                     inp: Stored::F32(i.view()),
-                    w: wd.view(),
+                    w: Stored::F32(wd.view()),
                     shape: MatmulShape {
                         rows,
                         k,
@@ -1043,7 +1043,7 @@ fn bf16_storage_is_its_fp32_values_on<R: Runtime>(dev: &Queue<R>) {
             dev.run(MatmulForward {
                 out,
                 inp: Stored::F32(i.view()),
-                w: w.view(),
+                w: Stored::F32(w.view()),
                 bias: None,
                 shape,
                 accumulate: false,
@@ -1109,7 +1109,7 @@ fn bf16_storage_is_its_fp32_values_on<R: Runtime>(dev: &Queue<R>) {
                 dbias: None,
                 dout,
                 inp: Stored::F32(i.view()),
-                w: w.view(),
+                w: Stored::F32(w.view()),
                 shape,
             };
             dev.run(op).unwrap();
@@ -1190,7 +1190,7 @@ fn a_bf16_activation_and_the_product_reading_it_on<R: Runtime>(dev: &Queue<R>) {
             let op = MatmulForward {
                 out: Stored::F32(out.view()),
                 inp,
-                w,
+                w: Stored::F32(w),
                 bias,
                 shape,
                 accumulate: true,
@@ -1203,7 +1203,7 @@ fn a_bf16_activation_and_the_product_reading_it_on<R: Runtime>(dev: &Queue<R>) {
                 dbias: None,
                 dout: Stored::F32(dout.view()),
                 inp,
-                w,
+                w: Stored::F32(w),
                 shape,
             };
             dev.run(op).unwrap();

@@ -54,11 +54,12 @@ operation! {
     /// out (rows, n) = [out +] inp (rows, k) @ W + bias. An `out` stored in
     /// bf16 (the LM head's logits under `--precision bf16`) takes each sum
     /// rounded, neither bias nor accumulation, and bf16 products; an `inp`
-    /// stored in bf16 (GPT-2's GELU output) takes bf16 products.
+    /// stored in bf16 (GPT-2's GELU output) or a `w` (the weights' bf16
+    /// copy) takes bf16 products.
     pub struct MatmulForward<O> {
         stored_output out: f32,
         stored_input inp: f32,
-        input w: f32,
+        stored_input w: f32,
         maybe_input bias: f32,
         value shape: MatmulShape,
         /// Adds to `out` instead of overwriting it.
@@ -70,15 +71,15 @@ operation! {
     /// The gradients of [`MatmulForward`]: dinp (rows, k) overwritten; dw
     /// (k x n) +=; dbias (n) +=. `dinp` None is the weight half (which never
     /// reads `w`), `dw` None the input half (which never reads `inp`). A
-    /// `dout` stored in bf16 takes bf16 products and no bias; an `inp`
-    /// stored in bf16, bf16 products.
+    /// `dout` stored in bf16 takes bf16 products and no bias; an `inp` or
+    /// `w` stored in bf16, bf16 products.
     pub struct MatmulBackward<O> {
         maybe_output dinp: f32,
         maybe_output dw: f32,
         maybe_output dbias: f32,
         stored_input dout: f32,
         stored_input inp: f32,
-        input w: f32,
+        stored_input w: f32,
         value shape: MatmulShape,
     }
 }
@@ -114,7 +115,7 @@ impl<O: Operands> Kernel<O> for MatmulForward<O> {
         let op = self.lower(raw);
         let MatmulShape { rows, k, n, .. } = op.shape;
         let (out, c_bf16) = stored_view(op.out);
-        let bf16 = op.shape.bf16 || c_bf16 == 1 || op.inp.is_bf16();
+        let bf16 = op.shape.bf16 || c_bf16 == 1 || op.inp.is_bf16() || op.w.is_bf16();
         let layout = op.shape.layout;
         if let Some(b) = op.bias {
             q.bias_forward(out, b, (rows, n), op.accumulate)?;
@@ -176,7 +177,7 @@ impl<O: Operands> Kernel<O> for MatmulBackward<O> {
         let op = self.lower(raw);
         let MatmulShape { rows, k, n, .. } = op.shape;
         let dout = |transpose| stored_operand(op.dout, transpose, n);
-        let bf16 = op.shape.bf16 || op.dout.is_bf16() || op.inp.is_bf16();
+        let bf16 = op.shape.bf16 || op.dout.is_bf16() || op.inp.is_bf16() || op.w.is_bf16();
         let layout = op.shape.layout;
         if let Some(dinp) = op.dinp {
             // dinp^T (k x rows) = W @ dout^T.
@@ -262,10 +263,10 @@ fn forward_on(op: MatmulForward<Host<'_>>, native: bool) {
     let MatmulShape {
         rows, k, n, layout, ..
     } = shape;
-    assert!(out.extent() >= rows * n && inp.extent() >= rows * k && w.len() >= k * n);
-    let inp: Held = inp.map(|x| &x[..rows * k], |x| &x[..rows * k]);
+    assert!(out.extent() >= rows * n && inp.extent() >= rows * k && w.extent() >= k * n);
+    let (inp, w) = (inp.part(0..rows * k), w.part(0..k * n));
     let shape = MatmulShape {
-        bf16: shape.bf16 || inp.is_bf16(),
+        bf16: shape.bf16 || inp.is_bf16() || w.is_bf16(),
         ..shape
     };
     let threads = rayon::current_num_threads();
@@ -288,27 +289,26 @@ fn forward_on(op: MatmulForward<Host<'_>>, native: bool) {
     if accumulate {
         add_bias(out);
     }
-    let (to, w_mat) = (
-        Mat::new(out.as_mut_ptr(), n, 1),
-        weight_mat(w.as_ptr(), layout, k, n),
-    );
+    let to = Mat::new(out.as_mut_ptr(), n, 1);
+    let (lhs, rhs) = (HeldMat::of(inp, k, 1), weight_held(w, layout, k, n));
     // SAFETY (both): sizes were checked above; out does not alias inp or w.
     let done = native
-        && inp.is_bf16()
-        && unsafe { gemm_input((rows, n, k), to, inp, false, w_mat, accumulate) };
+        && (inp.is_bf16() || w.is_bf16())
+        && unsafe { gemm_held((rows, n, k), to, lhs, rhs, accumulate) };
     if !done {
-        with_fp32(inp, |inp| unsafe {
-            let inp = Mat::new(inp.as_ptr(), k, 1);
-            gemm(
-                shape.bf16,
-                (rows, n, k),
-                to,
-                inp,
-                w_mat,
-                accumulate,
-                1.0,
-                threads,
-            )
+        with_fp32(&WIDENED_W, w, |w| {
+            with_fp32(&WIDENED, inp, |inp| unsafe {
+                gemm(
+                    shape.bf16,
+                    (rows, n, k),
+                    to,
+                    Mat::new(inp.as_ptr(), k, 1),
+                    weight_mat(w.as_ptr(), layout, k, n),
+                    accumulate,
+                    1.0,
+                    threads,
+                )
+            })
         });
     }
     if !accumulate {
@@ -316,46 +316,72 @@ fn forward_on(op: MatmulForward<Host<'_>>, native: bool) {
     }
 }
 
-/// [`gemm_stored`] on this pool with the left operand the input (rows, k)
-/// as it is held, transposed where `t`.
+/// A product's operand as its storage holds it, a matrix view of it.
+#[derive(Clone, Copy)]
+enum HeldMat {
+    F32(Mat<*const f32>),
+    Bf16(Mat<*const Bf16>),
+}
+
+impl HeldMat {
+    /// `x` with these strides.
+    fn of(x: Held, row_stride: usize, col_stride: usize) -> Self {
+        match x {
+            Stored::F32(x) => HeldMat::F32(Mat::new(x.as_ptr(), row_stride, col_stride)),
+            Stored::Bf16(x) => HeldMat::Bf16(Mat::new(x.as_ptr(), row_stride, col_stride)),
+        }
+    }
+
+    /// The transpose view.
+    fn t(self) -> Self {
+        match self {
+            HeldMat::F32(x) => HeldMat::F32(x.t()),
+            HeldMat::Bf16(x) => HeldMat::Bf16(x.t()),
+        }
+    }
+}
+
+/// W (k x n, in `layout`) as it is held.
+fn weight_held(w: Held, layout: WeightLayout, k: usize, n: usize) -> HeldMat {
+    match layout {
+        WeightLayout::InOut => HeldMat::of(w, n, 1),
+        WeightLayout::OutIn => HeldMat::of(w, 1, k),
+    }
+}
+
+/// [`gemm_stored`] on this pool, each operand read as it is held.
 ///
 /// # Safety
 /// As `gemm_stored`.
-unsafe fn gemm_input<D: Lane, R: Lane>(
+unsafe fn gemm_held<D: Lane>(
     dims: (usize, usize, usize),
     dst: Mat<*mut D>,
-    inp: Held,
-    t: bool,
-    rhs: Mat<*const R>,
+    lhs: HeldMat,
+    rhs: HeldMat,
     accumulate: bool,
 ) -> bool {
-    fn view<T>(x: &[T], k: usize, t: bool) -> Mat<*const T> {
-        let x = Mat::new(x.as_ptr(), k, 1);
-        if t {
-            x.t()
-        } else {
-            x
-        }
-    }
-    let (k, threads) = (
-        if t { dims.0 } else { dims.2 },
-        rayon::current_num_threads(),
-    );
+    let t = rayon::current_num_threads();
     // SAFETY: as this function's
     unsafe {
-        match inp {
-            Stored::F32(x) => gemm_stored(dims, dst, view(x, k, t), rhs, accumulate, threads),
-            Stored::Bf16(x) => gemm_stored(dims, dst, view(x, k, t), rhs, accumulate, threads),
+        match (lhs, rhs) {
+            (HeldMat::F32(l), HeldMat::F32(r)) => gemm_stored(dims, dst, l, r, accumulate, t),
+            (HeldMat::F32(l), HeldMat::Bf16(r)) => gemm_stored(dims, dst, l, r, accumulate, t),
+            (HeldMat::Bf16(l), HeldMat::F32(r)) => gemm_stored(dims, dst, l, r, accumulate, t),
+            (HeldMat::Bf16(l), HeldMat::Bf16(r)) => gemm_stored(dims, dst, l, r, accumulate, t),
         }
     }
 }
 
 /// `f` on `x` in fp32: as it is, or its bf16 values widened into this
-/// thread's scratch.
-fn with_fp32<R>(x: Held, f: impl FnOnce(&[f32]) -> R) -> R {
+/// thread's `scratch`.
+fn with_fp32<R>(
+    scratch: &'static std::thread::LocalKey<Scratch<f32>>,
+    x: Held,
+    f: impl FnOnce(&[f32]) -> R,
+) -> R {
     match x {
         Stored::F32(x) => f(x),
-        Stored::Bf16(held) => with_scratch(&WIDENED, held.len(), |wide| {
+        Stored::Bf16(held) => with_scratch(scratch, held.len(), |wide| {
             wide.par_iter_mut()
                 .zip(held)
                 .for_each(|(w, x)| *w = x.to_f32());
@@ -368,42 +394,43 @@ fn with_fp32<R>(x: Held, f: impl FnOnce(&[f32]) -> R) -> R {
 /// bf16 products: where `native`, by the bf16 kernel that stores its sums
 /// rounded, if it runs here; else column blocks of the product in fp32
 /// staging, each stored rounded.
-fn forward_rounded(out: &mut [Bf16], inp: Held, w: &[f32], shape: MatmulShape, native: bool) {
+fn forward_rounded(out: &mut [Bf16], inp: Held, w: Held, shape: MatmulShape, native: bool) {
     let (rows, k, n, layout) = (shape.rows, shape.k, shape.n, shape.layout);
     let threads = rayon::current_num_threads();
-    let (to, w_mat) = (
-        Mat::new(out.as_mut_ptr(), n, 1),
-        weight_mat(w.as_ptr(), layout, k, n),
-    );
+    let to = Mat::new(out.as_mut_ptr(), n, 1);
+    let (lhs, rhs) = (HeldMat::of(inp, k, 1), weight_held(w, layout, k, n));
     // SAFETY: the caller checked the sizes; out does not alias inp or w.
-    let done = native && unsafe { gemm_input((rows, n, k), to, inp, false, w_mat, false) };
-    if done {
+    if native && unsafe { gemm_held((rows, n, k), to, lhs, rhs, false) } {
         return;
     }
-    with_fp32(inp, |inp| {
-        staged(rows, n, |stage, cols| {
-            let nc = cols.len();
-            // SAFETY: sizes were checked above; the stage is its own buffer.
-            unsafe {
-                gemm(
-                    true,
-                    (rows, nc, k),
-                    Mat::new(stage.as_mut_ptr(), nc, 1),
-                    Mat::new(inp.as_ptr(), k, 1),
-                    weight_mat(w[first_col(layout, k, cols.start)..].as_ptr(), layout, k, n),
-                    false,
-                    1.0,
-                    threads,
-                );
-            }
-            out.par_chunks_mut(n)
-                .zip(stage.par_chunks(nc))
-                .for_each(|(o, s)| {
-                    o[cols.clone()]
-                        .iter_mut()
-                        .zip(s)
-                        .for_each(|(o, &x)| *o = Bf16::from_f32(x))
-                });
+    with_fp32(&WIDENED_W, w, |w| {
+        with_fp32(&WIDENED, inp, |inp| {
+            staged(rows, n, |stage, cols| {
+                let nc = cols.len();
+                let w_cols =
+                    weight_mat(w[first_col(layout, k, cols.start)..].as_ptr(), layout, k, n);
+                // SAFETY: sizes were checked above; the stage is its own buffer.
+                unsafe {
+                    gemm(
+                        true,
+                        (rows, nc, k),
+                        Mat::new(stage.as_mut_ptr(), nc, 1),
+                        Mat::new(inp.as_ptr(), k, 1),
+                        w_cols,
+                        false,
+                        1.0,
+                        threads,
+                    );
+                }
+                out.par_chunks_mut(n)
+                    .zip(stage.par_chunks(nc))
+                    .for_each(|(o, s)| {
+                        o[cols.clone()]
+                            .iter_mut()
+                            .zip(s)
+                            .for_each(|(o, &x)| *o = Bf16::from_f32(x))
+                    });
+            })
         })
     })
 }
@@ -415,8 +442,9 @@ const STAGE: usize = 1 << 23;
 thread_local! {
     /// [`staged`]'s fp32 columns.
     static STAGED: Scratch<f32> = const { Scratch::new(Vec::new()) };
-    /// [`with_fp32`]'s widened operand.
+    /// [`with_fp32`]'s widened input and weight.
     static WIDENED: Scratch<f32> = const { Scratch::new(Vec::new()) };
+    static WIDENED_W: Scratch<f32> = const { Scratch::new(Vec::new()) };
 }
 
 /// `f` on blocks of the columns `0..n` of a (rows, n) product, each with
@@ -463,16 +491,14 @@ fn backward_on(op: MatmulBackward<Host<'_>>, native: bool) {
     assert!(dout.extent() >= rows * n);
     assert!(dinp
         .as_ref()
-        .is_none_or(|d| d.len() >= rows * k && w.len() >= k * n));
+        .is_none_or(|d| d.len() >= rows * k && w.extent() >= k * n));
     assert!(dw
         .as_ref()
         .is_none_or(|d| d.len() >= k * n && inp.extent() >= rows * k));
-    let inp: Held = inp.map(
-        |x| &x[..x.len().min(rows * k)],
-        |x| &x[..x.len().min(rows * k)],
-    );
+    let inp = inp.part(0..inp.extent().min(rows * k));
+    let w = w.part(0..w.extent().min(k * n));
     let shape = MatmulShape {
-        bf16: shape.bf16 || inp.is_bf16(),
+        bf16: shape.bf16 || inp.is_bf16() || w.is_bf16(),
         ..shape
     };
     let threads = rayon::current_num_threads();
@@ -483,18 +509,20 @@ fn backward_on(op: MatmulBackward<Host<'_>>, native: bool) {
         }
     };
     if let Some(dinp) = dinp {
-        // SAFETY: sizes were checked above; destinations are distinct buffers.
-        unsafe {
-            gemm(
-                shape.bf16,
-                (rows, k, n),
-                Mat::new(dinp.as_mut_ptr(), k, 1),
-                Mat::new(dout.as_ptr(), n, 1),
-                weight_mat(w.as_ptr(), layout, k, n).t(),
-                false,
-                1.0,
-                threads,
-            );
+        let (to, d) = (
+            Mat::new(dinp.as_mut_ptr(), k, 1),
+            Mat::new(dout.as_ptr(), n, 1),
+        );
+        let w_t = weight_held(w, layout, k, n).t();
+        // SAFETY (both): sizes were checked above; destinations are distinct buffers.
+        let done = native
+            && w.is_bf16()
+            && unsafe { gemm_held((rows, k, n), to, HeldMat::F32(d), w_t, false) };
+        if !done {
+            with_fp32(&WIDENED_W, w, |w| unsafe {
+                let w = weight_mat(w.as_ptr(), layout, k, n).t();
+                gemm(shape.bf16, (rows, k, n), to, d, w, false, 1.0, threads)
+            });
         }
     }
     if let Some(dw) = dw {
@@ -502,11 +530,13 @@ fn backward_on(op: MatmulBackward<Host<'_>>, native: bool) {
             weight_mat(dw.as_mut_ptr(), layout, k, n),
             Mat::new(dout.as_ptr(), n, 1),
         );
+        let inp_t = HeldMat::of(inp, k, 1).t();
         // SAFETY (both): sizes were checked above; destinations are distinct buffers.
-        let done =
-            native && inp.is_bf16() && unsafe { gemm_input((k, n, rows), to, inp, true, d, true) };
+        let done = native
+            && inp.is_bf16()
+            && unsafe { gemm_held((k, n, rows), to, inp_t, HeldMat::F32(d), true) };
         if !done {
-            with_fp32(inp, |inp| unsafe {
+            with_fp32(&WIDENED, inp, |inp| unsafe {
                 let inp = Mat::new(inp.as_ptr(), k, 1).t();
                 gemm(shape.bf16, (k, n, rows), to, inp, d, true, 1.0, threads)
             });
@@ -527,21 +557,21 @@ fn backward_stored(
     dw: Option<&mut [f32]>,
     dout: &[Bf16],
     inp: Held,
-    w: &[f32],
+    w: Held,
     shape: MatmulShape,
     native: bool,
 ) {
     let (rows, k, n, layout) = (shape.rows, shape.k, shape.n, shape.layout);
     let threads = rayon::current_num_threads();
-    let dout_mat = Mat::new(dout.as_ptr(), n, 1);
+    let dout_mat = HeldMat::Bf16(Mat::new(dout.as_ptr(), n, 1));
     // SAFETY (both): the caller checked the sizes; destinations are distinct buffers.
     let mut dinp = match dinp {
         Some(d) if native => {
-            let (to, w) = (
+            let (to, w_t) = (
                 Mat::new(d.as_mut_ptr(), k, 1),
-                weight_mat(w.as_ptr(), layout, k, n),
+                weight_held(w, layout, k, n).t(),
             );
-            let done = unsafe { gemm_stored((rows, k, n), to, dout_mat, w.t(), false, threads) };
+            let done = unsafe { gemm_held((rows, k, n), to, dout_mat, w_t, false) };
             (!done).then_some(d)
         }
         dinp => dinp,
@@ -549,7 +579,8 @@ fn backward_stored(
     let mut dw = match dw {
         Some(d) if native => {
             let to = weight_mat(d.as_mut_ptr(), layout, k, n);
-            let done = unsafe { gemm_input((k, n, rows), to, inp, true, dout_mat, true) };
+            let inp_t = HeldMat::of(inp, k, 1).t();
+            let done = unsafe { gemm_held((k, n, rows), to, inp_t, dout_mat, true) };
             (!done).then_some(d)
         }
         dw => dw,
@@ -557,54 +588,55 @@ fn backward_stored(
     if dinp.is_none() && dw.is_none() {
         return;
     }
-    // the input, in fp32, only where dw is left to stage
-    let inp = match dw {
-        Some(_) => inp,
-        None => Stored::F32(&[][..]),
-    };
-    with_fp32(inp, |inp| {
-        staged(rows, n, |stage, cols| {
-            let nc = cols.len();
-            stage
-                .par_chunks_mut(nc)
-                .zip(dout.par_chunks(n))
-                .for_each(|(s, d)| {
-                    s.iter_mut()
-                        .zip(&d[cols.clone()])
-                        .for_each(|(s, &x)| *s = x.to_f32())
-                });
-            if let Some(dinp) = dinp.as_deref_mut() {
-                // SAFETY: sizes were checked above; destinations are distinct buffers.
-                unsafe {
-                    gemm(
-                        true,
-                        (rows, k, nc),
-                        Mat::new(dinp.as_mut_ptr(), k, 1),
-                        Mat::new(stage.as_ptr(), nc, 1),
-                        weight_mat(w[first_col(layout, k, cols.start)..].as_ptr(), layout, k, n)
-                            .t(),
-                        cols.start > 0,
-                        1.0,
-                        threads,
-                    );
+    // the input in fp32 only where dw is left to stage, the weight where dinp is
+    let none = Stored::F32(&[][..]);
+    let inp = if dw.is_some() { inp } else { none };
+    let w = if dinp.is_some() { w } else { none };
+    with_fp32(&WIDENED_W, w, |w| {
+        with_fp32(&WIDENED, inp, |inp| {
+            staged(rows, n, |stage, cols| {
+                let nc = cols.len();
+                stage
+                    .par_chunks_mut(nc)
+                    .zip(dout.par_chunks(n))
+                    .for_each(|(s, d)| {
+                        s.iter_mut()
+                            .zip(&d[cols.clone()])
+                            .for_each(|(s, &x)| *s = x.to_f32())
+                    });
+                if let Some(dinp) = dinp.as_deref_mut() {
+                    let w_cols = &w[first_col(layout, k, cols.start)..];
+                    // SAFETY: sizes were checked above; destinations are distinct buffers.
+                    unsafe {
+                        gemm(
+                            true,
+                            (rows, k, nc),
+                            Mat::new(dinp.as_mut_ptr(), k, 1),
+                            Mat::new(stage.as_ptr(), nc, 1),
+                            weight_mat(w_cols.as_ptr(), layout, k, n).t(),
+                            cols.start > 0,
+                            1.0,
+                            threads,
+                        );
+                    }
                 }
-            }
-            if let Some(dw) = dw.as_deref_mut() {
-                let at = dw[first_col(layout, k, cols.start)..].as_mut_ptr();
-                // SAFETY: sizes were checked above; destinations are distinct buffers.
-                unsafe {
-                    gemm(
-                        true,
-                        (k, nc, rows),
-                        weight_mat(at, layout, k, n),
-                        Mat::new(inp.as_ptr(), k, 1).t(),
-                        Mat::new(stage.as_ptr(), nc, 1),
-                        true,
-                        1.0,
-                        threads,
-                    );
+                if let Some(dw) = dw.as_deref_mut() {
+                    let at = dw[first_col(layout, k, cols.start)..].as_mut_ptr();
+                    // SAFETY: sizes were checked above; destinations are distinct buffers.
+                    unsafe {
+                        gemm(
+                            true,
+                            (k, nc, rows),
+                            weight_mat(at, layout, k, n),
+                            Mat::new(inp.as_ptr(), k, 1).t(),
+                            Mat::new(stage.as_ptr(), nc, 1),
+                            true,
+                            1.0,
+                            threads,
+                        );
+                    }
                 }
-            }
+            })
         })
     })
 }
@@ -684,7 +716,7 @@ mod tests {
             forward(MatmulForward {
                 out: Stored::F32(&mut fp32),
                 inp: Stored::F32(&inp),
-                w: &w,
+                w: Stored::F32(&w),
                 bias: None,
                 shape,
                 accumulate: false,
@@ -703,7 +735,7 @@ mod tests {
                 dbias: None,
                 dout: Stored::F32(&wide),
                 inp: Stored::F32(&inp),
-                w: &w,
+                w: Stored::F32(&w),
                 shape,
             });
             let want = (dinp, dw);
@@ -714,7 +746,7 @@ mod tests {
                 };
                 let at = format!("({rows}, {k}, {n}) {route}");
                 let mut held = vec![Bf16::default(); rows * n];
-                forward_rounded(&mut held, Stored::F32(&inp), &w, shape, native);
+                forward_rounded(&mut held, Stored::F32(&inp), Stored::F32(&w), shape, native);
                 assert!(held == rounded, "{at}: not the rounded product");
                 let (mut dinp, mut dw) = (vec![f32::NAN; rows * k], dw0.clone());
                 backward_stored(
@@ -722,7 +754,7 @@ mod tests {
                     Some(&mut dw),
                     &dout,
                     Stored::F32(&inp),
-                    &w,
+                    Stored::F32(&w),
                     shape,
                     native,
                 );
@@ -732,8 +764,24 @@ mod tests {
                     // each half alone
                     let (mut dinp, mut dw) = (vec![f32::NAN; rows * k], dw0.clone());
                     let inp = Stored::F32(&inp[..]);
-                    backward_stored(Some(&mut dinp), None, &dout, inp, &w, shape, native);
-                    backward_stored(None, Some(&mut dw), &dout, inp, &w, shape, native);
+                    backward_stored(
+                        Some(&mut dinp),
+                        None,
+                        &dout,
+                        inp,
+                        Stored::F32(&w),
+                        shape,
+                        native,
+                    );
+                    backward_stored(
+                        None,
+                        Some(&mut dw),
+                        &dout,
+                        inp,
+                        Stored::F32(&w),
+                        shape,
+                        native,
+                    );
                     assert!((dinp, dw) == want, "{at}: a half alone");
                 } else {
                     // dw's columns are whole sums in either; dinp's sums of n
@@ -802,7 +850,7 @@ mod tests {
                             let op = MatmulForward {
                                 out: out_s,
                                 inp,
-                                w: &w[..],
+                                w: Stored::F32(&w[..]),
                                 bias,
                                 shape,
                                 accumulate,
@@ -815,7 +863,7 @@ mod tests {
                 }
                 let [want, got, _] = inputs().map(|(inp, shape)| {
                     let mut out = vec![Bf16::default(); rows * n];
-                    forward_rounded(&mut out, inp, &w, shape, native);
+                    forward_rounded(&mut out, inp, Stored::F32(&w), shape, native);
                     out
                 });
                 assert!(got == want, "{at}: into bf16");
@@ -829,7 +877,7 @@ mod tests {
                             dbias,
                             dout,
                             inp,
-                            w: &w[..],
+                            w: Stored::F32(&w[..]),
                             shape,
                         };
                         backward_on(op, native);
@@ -851,7 +899,7 @@ mod tests {
             let err = MatmulForward::<Host> {
                 out: Stored::Bf16(&mut h),
                 inp: Stored::F32(&x),
-                w: &x,
+                w: Stored::F32(&x),
                 bias: bias.then_some(&x[..2]),
                 shape,
                 accumulate,
@@ -874,7 +922,7 @@ mod tests {
                 dbias: dbias.then_some(&mut d[..2]),
                 dout,
                 inp: Stored::F32(&x),
-                w: &x,
+                w: Stored::F32(&x),
                 shape,
             }
             .check();
@@ -897,7 +945,7 @@ mod tests {
             forward(MatmulForward {
                 out: Stored::F32(&mut out),
                 inp: Stored::F32(&inp),
-                w: &w,
+                w: Stored::F32(&w),
                 bias: Some(&b),
                 shape: MatmulShape::new((rows, k, n), layout),
                 accumulate: false,
@@ -914,7 +962,7 @@ mod tests {
                 dbias: Some(&mut db),
                 dout: Stored::F32(&probe),
                 inp: Stored::F32(&inp),
-                w: &w,
+                w: Stored::F32(&w),
                 shape: MatmulShape::new((rows, k, n), layout),
             });
 
@@ -941,7 +989,7 @@ mod tests {
         forward(MatmulForward {
             out: Stored::F32(&mut out),
             inp: Stored::F32(&inp),
-            w: &w,
+            w: Stored::F32(&w),
             bias: Some(&b),
             shape: MatmulShape::new((rows, k, n), WeightLayout::InOut),
             accumulate: true,

@@ -385,7 +385,7 @@ mod tests {
             .run(MatmulForward {
                 out: out.d().into(),
                 inp: Stored::F32(inp.s()),
-                w: w.s(),
+                w: w.s().into(),
                 bias: None,
                 shape: MatmulShape::new((2, 3, 3), WeightLayout::InOut),
                 accumulate: false,

@@ -21,7 +21,7 @@ use super::tp;
 use super::tp::{BlockDims, RowParallel, TpPlace};
 use super::unit::{
     check_batch, check_ids, resid, resid_io, resid_mut, EngineCore, Held, Span, SpanRun,
-    StageModel, UnitGrads, UnitKind, UnitModel, UnitParams,
+    StageModel, UnitGrads, UnitKind, UnitModel, UnitParams, Weights,
 };
 use crate::backend::{
     Activation, AttentionBackward, AttentionForward, Backend, Buf, Dst, EncoderBackward,
@@ -613,7 +613,7 @@ impl<B: Backend> Engine<B> {
         be.run(MatmulForward {
             out: emb.rb().into(),
             inp: k.types.slice(0..rows * tv).into(),
-            w: w(2),
+            w: w(2).into(),
             bias: None,
             shape: MatmulShape::new((rows, tv, c), WeightLayout::InOut),
             accumulate: true,
@@ -669,7 +669,7 @@ impl<B: Backend> Engine<B> {
             dbias: None,
             dout: demb.src().into(),
             inp: k.types.slice(0..rows * tv).into(),
-            w: p.slice(r(2)),
+            w: p.slice(r(2)).into(),
             shape: MatmulShape::new((rows, tv, c), WeightLayout::InOut),
         })
     }
@@ -679,7 +679,7 @@ impl<B: Backend> Engine<B> {
     /// views of the same activation and gradient buffers (split into
     /// functions, those views would be passed from one to the next); read
     /// beside `transformers`' `Bert` modules, which it follows op by op.
-    fn block_forward(&mut self, l: usize, p: Src<'_, B>, tp: Option<&dyn Comm>) -> Result<()> {
+    fn block_forward(&mut self, l: usize, p: Weights<'_, B>, tp: Option<&dyn Comm>) -> Result<()> {
         use BlockParam::*;
         let first_only = self.first_rows_only(l);
         let (b, t) = self.shape();
@@ -720,7 +720,7 @@ impl<B: Backend> Engine<B> {
             out: h.rb(),
             residual: x,
             inp: atty.into(),
-            w: ops.w(AttnOutW),
+            w: ops.mw(AttnOutW),
             bias: ops.w(AttnOutB),
         };
         tp::row_parallel(be, tp, proj, io(n, cl, c), |op| ops.matmul(op))?;
@@ -742,7 +742,7 @@ impl<B: Backend> Engine<B> {
             out: o.rb(),
             residual: h1.src(),
             inp: g.src(),
-            w: ops.w(OutW),
+            w: ops.mw(OutW),
             bias: ops.w(OutB),
         };
         tp::row_parallel(be, tp, proj, io(n, fl, c), |op| ops.matmul(op))?;
@@ -778,7 +778,7 @@ impl<B: Backend> Engine<B> {
     fn block_backward(
         &mut self,
         l: usize,
-        p: Src<'_, B>,
+        p: Weights<'_, B>,
         g: Dst<'_, B>,
         tp: Option<&dyn Comm>,
     ) -> Result<()> {
@@ -862,7 +862,11 @@ impl<B: Backend> Engine<B> {
     /// views of the same activation and gradient buffers (split into
     /// functions, those views would be passed from one to the next); read
     /// beside `transformers`' `Bert` modules, which it follows op by op.
-    fn head_forward(&mut self, p: Src<'_, B>, word: Option<Src<'_, B>>) -> Result<Option<f32>> {
+    fn head_forward(
+        &mut self,
+        p: Weights<'_, B>,
+        word: Option<Weights<'_, B>>,
+    ) -> Result<Option<f32>> {
         let (b, t) = self.shape();
         let cfg = &self.config;
         let (c, n_layer, eps) = (cfg.n_embd, cfg.n_layer, cfg.layer_norm_eps);
@@ -911,7 +915,7 @@ impl<B: Backend> Engine<B> {
             ops.matmul(MatmulForward {
                 out: lg.rb().into(),
                 inp: m.t3.slice(0..nc).into(),
-                w: word,
+                w: word.product(),
                 bias: Some(ops.w(4)),
                 shape: MatmulShape::new((n, c, vp), WeightLayout::OutIn),
                 accumulate: false,
@@ -938,8 +942,8 @@ impl<B: Backend> Engine<B> {
     /// beside `transformers`' `Bert` modules, which it follows op by op.
     fn head_backward(
         &mut self,
-        p: Src<'_, B>,
-        word: Option<Src<'_, B>>,
+        p: Weights<'_, B>,
+        word: Option<Weights<'_, B>>,
         g: Dst<'_, B>,
         dword: Option<Dst<'_, B>>,
         loss_scale: f32,
@@ -983,7 +987,7 @@ impl<B: Backend> Engine<B> {
                 dbias,
                 dout: lg.src().into(),
                 inp: m.t3.slice(0..nc).into(),
-                w: word,
+                w: word.product(),
                 shape: MatmulShape::new((n, c, vp), WeightLayout::OutIn),
             };
             matmul_backward(be, ops.bf16, op)?;
@@ -1104,7 +1108,7 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
         tp: Option<&dyn Comm>,
     ) -> Result<Option<f32>> {
         match UnitKind::of(u, self.config.n_layer) {
-            UnitKind::Embeddings => self.embed_forward(p.own)?,
+            UnitKind::Embeddings => self.embed_forward(p.own.fp32)?,
             UnitKind::Block(l) => self.block_forward(l, p.own, tp)?,
             UnitKind::Head => return self.head_forward(p.own, p.tied),
         }
@@ -1120,7 +1124,7 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
         loss_scale: f32,
     ) -> Result<()> {
         match UnitKind::of(u, self.config.n_layer) {
-            UnitKind::Embeddings => self.embed_backward(p.own, g.own)?,
+            UnitKind::Embeddings => self.embed_backward(p.own.fp32, g.own)?,
             UnitKind::Block(l) => self.block_backward(l, p.own, g.own, tp)?,
             UnitKind::Head => self.head_backward(p.own, p.tied, g.own, g.tied, loss_scale)?,
         }

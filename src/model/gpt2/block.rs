@@ -16,7 +16,7 @@ use crate::error::Result;
 use crate::model::gpt2::config::BlockDims;
 use crate::model::ops::{io, Normed, Ops};
 use crate::model::tp::{self, RowParallel, TpGroup};
-use crate::model::ParamLayout;
+use crate::model::{ParamLayout, Weights};
 
 /// Block `l`'s buffers for `rows` rows: its input and output on the
 /// residual stream, and every intermediate it writes.
@@ -50,7 +50,7 @@ pub trait BlockMode<B: Backend> {
 pub struct BlockParams<'a, B: Backend> {
     pub lay: &'a ParamLayout,
     pub l: usize,
-    pub p: Src<'a, B>,
+    pub p: Weights<'a, B>,
 }
 
 /// A block's forward on `rows` rows of widths `d`: `io.out` from `io.x`,
@@ -69,7 +69,7 @@ pub fn forward<B: Backend>(
     use BlockParam::*;
     let at = |bp: BlockParam| lay.in_block(l, bp);
     let ops = Ops::new(be, false, c, LN_EPS, p, None, &at);
-    let w = |bp: BlockParam| ops.w(bp);
+    let (w, mw) = (|bp| ops.w(bp), |bp| ops.mw(bp));
     let BlockIo {
         x,
         out,
@@ -85,7 +85,7 @@ pub fn forward<B: Backend>(
     let op = MatmulForward {
         out: qkv.rb().into(),
         inp: ln1.out.src(),
-        w: w(QkvW),
+        w: mw(QkvW),
         bias: Some(w(QkvB)),
         shape: io(rows, c, 3 * cl),
         accumulate: false,
@@ -97,7 +97,7 @@ pub fn forward<B: Backend>(
         out: res2.rb(),
         residual: x,
         inp: atty.src(),
-        w: w(AttnProjW),
+        w: mw(AttnProjW),
         bias: w(AttnProjB),
     };
     tp::row_parallel(be, tp, proj, io(rows, cl, c), |op| {
@@ -107,7 +107,7 @@ pub fn forward<B: Backend>(
     let op = MatmulForward {
         out: fch.rb(),
         inp: ln2.out.src(),
-        w: w(FcW),
+        w: mw(FcW),
         bias: None,
         shape: io(rows, c, fl),
         accumulate: false,
@@ -119,7 +119,7 @@ pub fn forward<B: Backend>(
         out,
         residual: res2.src(),
         inp: fch_gelu.src(),
-        w: w(FcProjW),
+        w: mw(FcProjW),
         bias: w(FcProjB),
     };
     tp::row_parallel(be, tp, proj, io(rows, fl, c), |op| mode.matmul(FcProjW, op))

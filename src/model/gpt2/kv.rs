@@ -625,7 +625,19 @@ fn blocks<B: Backend>(
                 .map(|(t, lse)| (*t, lse.slice_mut(0..b * nhl * *t))),
         };
         let p = params.slice(lay.block(l));
-        block::forward(be, &mut mode, io, BlockParams { lay, l, p }, rows, d, tp)?;
+        block::forward(
+            be,
+            &mut mode,
+            io,
+            BlockParams {
+                lay,
+                l,
+                p: p.into(),
+            },
+            rows,
+            d,
+            tp,
+        )?;
         std::mem::swap(&mut acts.x, &mut acts.y);
     }
     Ok(())
@@ -672,7 +684,7 @@ fn lm_head<B: Backend>(
         return at.backend.run(MatmulForward {
             out: out.into(),
             inp: inp.into(),
-            w: at.weights.params.slice(at.layout.wte()),
+            w: at.weights.params.slice(at.layout.wte()).into(),
             bias: None,
             shape: MatmulShape::new(dims, WeightLayout::OutIn),
             accumulate: false,

@@ -21,7 +21,7 @@ use super::tp;
 use super::tp::TpPlace;
 use super::unit::{
     check_batch, check_ids, resid, resid_io, resid_mut, EngineCore, Held, Span, SpanRun,
-    StageModel, UnitGrads, UnitKind, UnitModel, UnitParams, Whole,
+    StageModel, UnitGrads, UnitKind, UnitModel, UnitParams, Weights, Whole,
 };
 use crate::backend::{
     Activation, AttentionBackward, AttentionForward, AttnShape, Backend, Buf, CrossEntropyBackward,
@@ -230,7 +230,7 @@ impl<B: Backend> Kept<B> {
         &mut self,
         be: &B,
         bf16: bool,
-        wte: Src<'_, B>,
+        wte: Weights<'_, B>,
         r: Range<usize>,
         c: usize,
         vp: usize,
@@ -238,7 +238,7 @@ impl<B: Backend> Kept<B> {
         let op = MatmulForward {
             out: self.logits.slice_mut(0..r.len() * vp),
             inp: self.lnf.slice(r.start * c..r.end * c),
-            w: wte,
+            w: wte.product(),
             bias: None,
             shape: MatmulShape::new((r.len(), c, vp), WeightLayout::OutIn),
             accumulate: false,
@@ -454,7 +454,7 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Block l: `resid[l]` -> `resid[l + 1]`; `p` is this rank's slice of the block.
-    fn block_forward(&mut self, l: usize, p: Src<'_, B>, tp: Option<&dyn Comm>) -> Result<()> {
+    fn block_forward(&mut self, l: usize, p: Weights<'_, B>, tp: Option<&dyn Comm>) -> Result<()> {
         let (b, t) = self.shape();
         let (d, wd) = (self.dims(l), self.widest());
         let BlockDims { c, cl, nhl, fl } = d;
@@ -496,7 +496,7 @@ impl<B: Backend> Engine<B> {
     /// ln_f and the tied LM head; the mean loss when the batch has targets.
     /// The head runs in chunks of [`Engine::logits_rows`] rows, keeping
     /// the last chunk's logits (every row's when it is one chunk).
-    fn head_forward(&mut self, wte: Src<'_, B>, lnf: Src<'_, B>) -> Result<Option<f32>> {
+    fn head_forward(&mut self, wte: Weights<'_, B>, lnf: Src<'_, B>) -> Result<Option<f32>> {
         let (b, t) = self.shape();
         let cfg = &self.config;
         let (c, n_layer, v, vp) = (cfg.n_embd, cfg.n_layer, cfg.vocab_size, cfg.padded_vocab());
@@ -557,7 +557,7 @@ impl<B: Backend> Engine<B> {
     /// input half, and `head_backward_weight` reads what it leaves.
     fn head_backward(
         &mut self,
-        wte: Src<'_, B>,
+        wte: Weights<'_, B>,
         lnf: Src<'_, B>,
         grads: Option<(Dst<'_, B>, Dst<'_, B>)>,
         loss_scale: f32,
@@ -598,7 +598,7 @@ impl<B: Backend> Engine<B> {
                 dbias: None,
                 dout: logits.src(),
                 inp: k.lnf.slice(r0 * c..r.end * c),
-                w: wte,
+                w: wte.product(),
                 shape: MatmulShape::new((r.len(), c, vp), WeightLayout::OutIn),
             };
             matmul_backward(be, a.bf16, op)?;
@@ -629,7 +629,7 @@ impl<B: Backend> Engine<B> {
     fn block_backward(
         &mut self,
         l: usize,
-        p: Src<'_, B>,
+        p: Weights<'_, B>,
         g: Option<Dst<'_, B>>,
         tp: Option<&dyn Comm>,
     ) -> Result<()> {
@@ -753,7 +753,7 @@ impl<B: Backend> Engine<B> {
             dbias: None,
             dout: k.logits.slice(0..rows * vp),
             inp: k.lnf.slice(0..btc),
-            w: wte,
+            w: wte.into(),
             shape: MatmulShape::new((rows, c, vp), WeightLayout::OutIn),
         })?;
         be.run(LayerNormBackward {
@@ -864,10 +864,10 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
         tp: Option<&dyn Comm>,
     ) -> Result<Option<f32>> {
         match UnitKind::of(u, self.config.n_layer) {
-            UnitKind::Embeddings => self.embed_forward(p.own)?,
+            UnitKind::Embeddings => self.embed_forward(p.own.fp32)?,
             UnitKind::Block(l) => self.block_forward(l, p.own, tp)?,
             UnitKind::Head => {
-                return self.head_forward(p.tied.expect("the head reads wte"), p.own);
+                return self.head_forward(p.tied.expect("the head reads wte"), p.own.fp32);
             }
         }
         Ok(None)
@@ -886,7 +886,7 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
             UnitKind::Block(l) => self.block_backward(l, p.own, Some(g.own), tp)?,
             UnitKind::Head => self.head_backward(
                 p.tied.expect("the head reads wte"),
-                p.own,
+                p.own.fp32,
                 Some((g.tied.expect("the head accumulates dwte"), g.own)),
                 loss_scale,
             )?,
@@ -950,9 +950,12 @@ impl<B: Backend> StageModel<B> for Engine<B> {
         match UnitKind::of(u, self.config.n_layer) {
             UnitKind::Embeddings => Ok(()),
             UnitKind::Block(l) => self.block_backward(l, p.own, None, tp),
-            UnitKind::Head => {
-                self.head_backward(p.tied.expect("the head reads wte"), p.own, None, loss_scale)
-            }
+            UnitKind::Head => self.head_backward(
+                p.tied.expect("the head reads wte"),
+                p.own.fp32,
+                None,
+                loss_scale,
+            ),
         }
     }
 
@@ -964,10 +967,10 @@ impl<B: Backend> StageModel<B> for Engine<B> {
     ) -> Result<()> {
         match UnitKind::of(u, self.config.n_layer) {
             UnitKind::Embeddings => self.embed_backward(g.own),
-            UnitKind::Block(l) => self.block_backward_weight(l, p.own, g.own),
+            UnitKind::Block(l) => self.block_backward_weight(l, p.own.fp32, g.own),
             UnitKind::Head => self.head_backward_weight(
-                p.tied.expect("the head reads wte"),
-                p.own,
+                p.tied.expect("the head reads wte").fp32,
+                p.own.fp32,
                 g.tied.expect("the head accumulates dwte"),
                 g.own,
             ),

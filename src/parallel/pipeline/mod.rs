@@ -35,7 +35,7 @@ use crate::comm::{Comm, CommStats};
 use crate::data::{Batch, LossTerms};
 use crate::error::{Error, Result};
 use crate::model::tp::{shard_tp, TpSplit};
-use crate::model::{AdamWConfig, ModelConfig, UnitModel};
+use crate::model::{AdamWConfig, ModelConfig, Precision, UnitModel};
 use std::time::Instant;
 
 /// One of a rank's virtual stages (a run of contiguous units; one a rank
@@ -150,6 +150,9 @@ impl<B: Backend> Pipelined<B> {
             }
             let be = engine.backend();
             let mut state = StageState::new(be, &lay, &map, sharing, dp.as_ref(), adamw, offload)?;
+            if par.precision == Precision::Bf16 {
+                state.keep_bf16_copy(be)?;
+            }
             if pipe.schedule == Schedule::ZbH1 {
                 engine.as_stage()?.split_backward()?;
             }
