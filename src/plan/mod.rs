@@ -392,6 +392,20 @@ fn stage_memory(
             mem.other = scratch + gb * z.head_padded as f64;
         }
     }
+    if par.precision == crate::model::Precision::Bf16 && precision == Precision::Fp32 {
+        // the weights' bf16 copy beside the fp32 ones the units read: the
+        // whole stage's, or fsdp's gather buffers
+        let copy = 2.0
+            * (if sharing == Sharing::Fsdp {
+                z.gathered
+            } else {
+                z.len
+            }) as f64;
+        mem.params += copy;
+        if sharing == Sharing::Fsdp {
+            mem.gathered += copy;
+        }
+    }
     // a batch in parts: each part past the first sums a unit's gradient
     // (its tied tensor's included) into scratch of the widest unit's size
     let parts = w.cpu_threads.map_or(1, |threads| {

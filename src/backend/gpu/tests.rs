@@ -1553,3 +1553,91 @@ fn a_batch_of_empty_products_sets_each_output_to_beta_times_itself_on<R: Runtime
         assert!([got[6], got[7], got[14], got[15]] == [7.0; 4], "{got:?}");
     }
 }
+
+/// The weights' bf16 copy: `to_bf16` rounds as the CPU does, bit for bit,
+/// and a weight stored in bf16 gives what its fp32 values give in bf16
+/// products (it takes them even where the shape asks fp32's): the product
+/// with a bias and into bf16, and the backward's three gradients, both
+/// layouts, guard cells around every buffer.
+#[test]
+fn a_bf16_weight_is_its_rounded_values_on_the_device() {
+    on_gpus!(a_bf16_weight_is_its_rounded_values_on);
+}
+
+fn a_bf16_weight_is_its_rounded_values_on<R: Runtime>(dev: &Queue<R>) {
+    let mut rng = Rng::new(17);
+    for (rows, k, n, layout) in [
+        (7, 40, 24, WeightLayout::InOut),
+        (9, 33, 70, WeightLayout::OutIn),
+    ] {
+        let what = format!("rows={rows} k={k} n={n} {layout:?}");
+        let values = randn(&mut rng, k * n, 1.0);
+        let w = putf(dev, &values);
+        let copy = put(dev, &vec![Bf16::default(); k * n], Bf16::from_f32(-999.0));
+        dev.to_bf16(copy.view(), w.view()).unwrap();
+        let rounded: Vec<Bf16> = values.iter().map(|&x| Bf16::from_f32(x)).collect();
+        assert!(
+            get(dev, &copy) == rounded,
+            "{what}: to_bf16 is not the CPU's rounding"
+        );
+        let (x, bias, dout) = (
+            putf(dev, &randn(&mut rng, rows * k, 1.0)),
+            putf(dev, &randn(&mut rng, n, 1.0)),
+            putf(dev, &randn(&mut rng, rows * n, 1.0)),
+        );
+        let shape = MatmulShape::new((rows, k, n), layout);
+        let bf16 = MatmulShape {
+            bf16: true,
+            ..shape
+        };
+        let mut runs = Vec::new();
+        for (w, shape) in [
+            (Stored::F32(w.view()), bf16),
+            (Stored::Bf16(copy.view()), shape),
+        ] {
+            let out = putf(dev, &vec![0.0; rows * n]);
+            let held = put(dev, &vec![Bf16::default(); rows * n], Bf16::from_f32(-7.0));
+            let inp = Stored::F32(x.view());
+            let op = MatmulForward {
+                out: Stored::F32(out.view()),
+                inp,
+                w,
+                bias: Some(bias.view()),
+                shape,
+                accumulate: false,
+            };
+            dev.run(op).unwrap();
+            let op = MatmulForward {
+                out: Stored::Bf16(held.view()),
+                inp,
+                w,
+                bias: None,
+                shape,
+                accumulate: false,
+            };
+            dev.run(op).unwrap();
+            let (dinp, dw, db) = (
+                putf(dev, &vec![f32::NAN; rows * k]),
+                putf(dev, &vec![0.5; k * n]),
+                putf(dev, &vec![0.25; n]),
+            );
+            let op = MatmulBackward {
+                dinp: Some(dinp.view()),
+                dw: Some(dw.view()),
+                dbias: Some(db.view()),
+                dout: Stored::F32(dout.view()),
+                inp,
+                w,
+                shape,
+            };
+            dev.run(op).unwrap();
+            let f = |t| get(dev, t);
+            runs.push(([f(&out), f(&dinp), f(&dw), f(&db)], get(dev, &held)));
+        }
+        assert!(runs[0].0[0] == runs[1].0[0], "{what}: the product");
+        assert!(runs[0].1 == runs[1].1, "{what}: the product into bf16");
+        for (i, grad) in ["dinp", "dw", "dbias"].iter().enumerate() {
+            assert!(runs[0].0[i + 1] == runs[1].0[i + 1], "{what}: {grad}");
+        }
+    }
+}

@@ -889,6 +889,85 @@ mod tests {
         }
     }
 
+    /// A weight stored in bf16 (the weights' bf16 copy) gives what its
+    /// values held in fp32 give in bf16 products, bit for bit, and takes
+    /// them where the shape asks fp32's: the product with a bias (added to
+    /// or not) and into bf16, the backward's three gradients from an fp32
+    /// output gradient and two from a bf16 one, on either route.
+    #[test]
+    fn a_bf16_weight_is_its_rounded_values() {
+        let mut rng = Rng::new(17);
+        for (rows, k, n, layout) in [
+            (5, 7, 9, WeightLayout::InOut),
+            (30, 800, 70, WeightLayout::OutIn),
+        ] {
+            let fp32_shape = MatmulShape::new((rows, k, n), layout);
+            let shape = MatmulShape {
+                bf16: true,
+                ..fp32_shape
+            };
+            let values = randn(&mut rng, k * n, 1.0);
+            let copy: Vec<Bf16> = values.iter().map(|&x| Bf16::from_f32(x)).collect();
+            let (inp, b) = (randn(&mut rng, rows * k, 1.0), randn(&mut rng, n, 1.0));
+            let (out0, dout) = (
+                randn(&mut rng, rows * n, 1.0),
+                randn(&mut rng, rows * n, 1.0),
+            );
+            let dout_held: Vec<Bf16> = dout.iter().map(|&x| Bf16::from_f32(x)).collect();
+            let inp = Stored::F32(&inp[..]);
+            for native in [false, true] {
+                let at = format!("({rows}, {k}, {n}), native {native}");
+                let weights = || {
+                    [
+                        (Stored::F32(&values[..]), shape),
+                        (Stored::Bf16(&copy[..]), fp32_shape),
+                    ]
+                };
+                for accumulate in [false, true] {
+                    let [want, got] = weights().map(|(w, shape)| {
+                        let mut out = out0.clone();
+                        let op = MatmulForward {
+                            out: Stored::F32(&mut out[..]),
+                            inp,
+                            w,
+                            bias: Some(&b[..]),
+                            shape,
+                            accumulate,
+                        };
+                        forward_on(op, native);
+                        out
+                    });
+                    assert!(got == want, "{at}: forward, accumulate {accumulate}");
+                }
+                let [want, got] = weights().map(|(w, shape)| {
+                    let mut out = vec![Bf16::default(); rows * n];
+                    forward_rounded(&mut out, inp, w, shape, native);
+                    out
+                });
+                assert!(got == want, "{at}: into bf16");
+                for dout in [Stored::F32(&dout[..]), Stored::Bf16(&dout_held[..])] {
+                    let [want, got] = weights().map(|(w, shape)| {
+                        let (mut dinp, mut dw, mut db) =
+                            (vec![f32::NAN; rows * k], vec![0.5; k * n], vec![0.25; n]);
+                        let dbias = (!dout.is_bf16()).then_some(&mut db[..]);
+                        let op = MatmulBackward {
+                            dinp: Some(&mut dinp[..]),
+                            dw: Some(&mut dw[..]),
+                            dbias,
+                            dout,
+                            inp,
+                            w,
+                            shape,
+                        };
+                        backward_on(op, native);
+                        (dinp, dw, db)
+                    });
+                    assert!(got == want, "{at}: backward, dout bf16 {}", dout.is_bf16());
+                }
+            }
+        }
+    }
+
     /// A bf16 output takes no bias and no accumulation, and a bf16 output
     /// gradient no bias gradient: refused by the check every backend runs.
     #[test]
