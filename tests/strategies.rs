@@ -324,7 +324,7 @@ fn the_weights_bf16_copy_follows_every_update() {
                 };
                 s.step(&[batch(step, b)], cfg)?;
             }
-            // after the last step, and after loading weights over rounded ones
+            // after the last step, and after a load over rounded weights
             seen.push((s.full_params()?, s.eval_loss(&batch(100, b))?));
             s.load_full(&init)?;
             seen.push((s.full_params()?, s.eval_loss(&batch(100, b))?));
@@ -334,7 +334,15 @@ fn the_weights_bf16_copy_follows_every_update() {
         // each data-parallel rank's rows
         let rows = b / (world / pipeline.stages);
         let eval = batch(100, b).rows(b, 0..rows);
-        for (step, (params, loss)) in runs[0].iter().enumerate() {
+        let when = [
+            "before step 1",
+            "before step 2",
+            "before step 3",
+            "after step 3",
+            "after a load",
+        ];
+        assert_eq!(runs[0].len(), when.len());
+        for ((params, loss), when) in runs[0].iter().zip(when) {
             let mut engine = Engine::new(Cpu::new(), cfg.clone(), TpPlace::NONE, false).unwrap();
             engine.set_precision(Precision::Bf16);
             let mut m = Whole::with_engine(engine).unwrap();
@@ -346,8 +354,7 @@ fn the_weights_bf16_copy_follows_every_update() {
                 .unwrap();
             assert!(
                 loss.to_bits() == want.to_bits(),
-                "{strategy:?} x{world}, {} stage(s), before step {step} (3: after the last, 4: after a load): \
-                 loss {loss} where the weights give {want}",
+                "{strategy:?} x{world}, {} stage(s), {when}: loss {loss} where the weights give {want}",
                 pipeline.stages
             );
         }

@@ -2,8 +2,9 @@
 //! With bf16, a matmul's products take its input, weight and output
 //! gradient rounded to bfloat16 and accumulate in fp32 (a bias's gradient,
 //! a sum, from the fp32 output gradient). Every backend's matmul rounds
-//! its own operands (`MatmulShape::bf16`: the CPU as it packs them, a GPU
-//! into its runtime's scratch), so the model copies nothing. The family
+//! its fp32 operands (`MatmulShape::bf16`: the CPU as it packs them, a GPU
+//! into its runtime's scratch); the weights come rounded already where the
+//! strategy keeps their bf16 copy (`UnitParams`' `Weights`). The family
 //! routes its matmuls through [`matmul_forward`] and [`matmul_backward`].
 
 use crate::backend::{Backend, MatmulBackward, MatmulForward, MatmulShape, On};
@@ -29,7 +30,8 @@ pub enum Precision {
     /// Matmul operands (inputs, weights, output gradients) rounded to
     /// bfloat16, products accumulated in fp32; GPT-2's logits and their
     /// gradient, its norms', attention's, fc's and GELU's outputs (BERT's
-    /// intermediate product and GELU output) held in bf16; weights,
+    /// intermediate product and GELU output) held in bf16; the weights'
+    /// bf16 copy beside their fp32 values, which the products read;
     /// moments, gradients, their reduction and every other tensor stay
     /// fp32.
     Bf16,
