@@ -212,7 +212,7 @@ fn peaks<B: Backend>(
         }
     };
     let hardware = here
-        .and_then(|h| h.hardware)
+        .and_then(|h| h.hardware_peak(bf16))
         .map(|hw| (hw.flops * processes, hw));
     (peak, source, hardware)
 }
@@ -541,21 +541,11 @@ impl Measured<'_> {
             self.mfu_source
         );
         if let (Some(_), None) = (&self.hardware, self.stated) {
-            let choice = distgpt::backend::cpu::blas::choice();
-            // bf16 units (AVX512-BF16's pairs, AMX's tiles) outrun the FMA peak
-            let bf16_units = par.precision == Precision::Bf16
-                && choice.bf16.is_some()
-                && distgpt::backend::cpu::blas::native_bf16();
             distgpt::outln!(
-                "the best matmul measured {:.0} GFLOP/s ({}); the step ran at {:.1}% of it (a probe of one product's shape, not a bound on a step){}",
+                "the best matmul measured {:.0} GFLOP/s ({}); the step ran at {:.1}% of it (a probe of one product's shape, not a bound on a step)",
                 self.peak / 1e9,
                 self.peak_source,
                 100.0 * self.mfu_of(self.peak),
-                if bf16_units {
-                    "; the layers' products ran on bf16 units, which the fp32 FMA peak does not count"
-                } else {
-                    ""
-                }
             );
         }
         if let Some(note) = metrics::mfu_above_peak(mfu) {

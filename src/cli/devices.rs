@@ -87,6 +87,13 @@ pub fn run(a: DevicesArgs) -> Result<()> {
                     "cpu hardware peak: not known for this CPU; MFU is stated against the best matmul"
                 ),
             }
+            if let Some(hw) = p.hardware_peak(true).filter(|h| Some(h) != p.hardware.as_ref()) {
+                distgpt::outln!(
+                    "cpu bf16 hardware peak (--precision bf16's): {:.0} GFLOP/s = {}",
+                    hw.flops / 1e9,
+                    hw.describe()
+                );
+            }
             distgpt::outln!(
                 "cpu {}: {:.1} GFLOP/s ({})",
                 p.matmul_name(),

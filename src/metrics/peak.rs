@@ -12,8 +12,9 @@
 //! `devices --measure` kept 72 GFLOP/s for a 200 GFLOP/s machine, and the
 //! release runs that adopted it reported MFU above 100%).
 
+use crate::backend::cpu::blas::MatmulLib;
 use crate::backend::cpu::blas::{self, MatmulChoice, Timing};
-use crate::backend::cpu::hardware::HardwarePeak;
+use crate::backend::cpu::hardware::{has_amx, HardwarePeak};
 use crate::backend::{memory_is_host, Backend, Category, MatmulForward, MatmulShape, WeightLayout};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -94,6 +95,19 @@ impl Peak {
     pub fn matmul_name(&self) -> String {
         let best = |m: &MatmulChoice| format!("best matmul, {}", m.describe());
         self.matmul.as_ref().map_or("matmul".into(), best)
+    }
+
+    /// The hardware peak MFU is stated against: with `bf16` (`--precision
+    /// bf16`) whose layer products run in bf16 arithmetic, the cores' bf16
+    /// peak (AMX's where the CPU has it and the product is a library's,
+    /// which may use it; distgpt's own kernel is AVX512-BF16's), else their
+    /// FMA units'.
+    pub fn hardware_peak(&self, bf16: bool) -> Option<HardwarePeak> {
+        let hw = self.hardware.as_ref()?;
+        Some(match self.matmul.and_then(|m| m.bf16).filter(|_| bf16) {
+            Some(lib) => hw.bf16(lib != MatmulLib::Gemm && has_amx()),
+            None => hw.clone(),
+        })
     }
 
     /// The matmul peak a run's MFU is stated against, and what it is of:
@@ -403,6 +417,39 @@ mod tests {
             ..peak(None)
         };
         assert_eq!(unmeasured.matmul_peak(false).1, "matmul");
+    }
+
+    /// A bf16 run whose products run in bf16 is stated against the cores'
+    /// bf16 peak (AMX's only for a library's product on a CPU with AMX);
+    /// fp32 runs, and bf16 runs whose products stay in fp32, against the
+    /// FMA units'.
+    #[test]
+    fn a_bf16_run_on_a_bf16_product_is_stated_against_the_bf16_hardware() {
+        let hw = HardwarePeak {
+            flops: 2.0 * 16.0 * 2.0 * 3.0e9,
+            cores: 2,
+            fma_units: 1,
+            lanes: 16,
+            isa: "AVX-512".into(),
+            clock_ghz: 3.0,
+            fma_clock_ghz: Some(3.0),
+        };
+        let peak = |bf16| Peak {
+            flops: 100e9,
+            source: String::new(),
+            hardware: Some(hw.clone()),
+            matmul: Some(MatmulChoice {
+                bf16,
+                ..MatmulChoice::BUILT_IN
+            }),
+            timings: Vec::new(),
+        };
+        let kernel = peak(Some(MatmulLib::Gemm));
+        assert_eq!(kernel.hardware_peak(false), Some(hw.clone()));
+        assert_eq!(kernel.hardware_peak(true), Some(hw.bf16(false)));
+        assert_eq!(peak(None).hardware_peak(true), Some(hw.clone()));
+        let mkl = peak(Some(MatmulLib::Mkl)).hardware_peak(true);
+        assert_eq!(mkl, Some(hw.bf16(has_amx())));
     }
 
     #[test]

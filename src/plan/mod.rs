@@ -370,40 +370,27 @@ fn stage_memory(
     // as `parallel::stage` allocates: a padded piece's gradient scratch, the
     // reduce-scatter's output, and zero1/zero2's update scratch (a shard)
     let scratch = gb * (z.max_padded + z.max_shard) as f64;
-    let sharing = par.strategy.sharing();
+    // the weights' bf16 copy beside the fp32 buffers the units read
+    let (sharing, copy) = (par.strategy.sharing(), bf16_copy(&par, precision, &z));
     match sharing {
         Sharing::Replicated => {
-            (mem.params, mem.grads, mem.optimizer) = (pb * len, gb * len, ob * len);
+            (mem.params, mem.grads, mem.optimizer) = (pb * len + copy, gb * len, ob * len);
         }
         Sharing::Zero1 => {
             // the gradient reduced into this rank's slice of the whole one,
             // copied out with the parameters' slice for the update
-            (mem.params, mem.grads, mem.optimizer) = (pb * len, gb * len, ob * shard);
+            (mem.params, mem.grads, mem.optimizer) = (pb * len + copy, gb * len, ob * shard);
             mem.other = scratch + (pb + gb) * transient as f64;
         }
         Sharing::Zero2 => {
-            (mem.params, mem.grads, mem.optimizer) = (pb * len, gb * shard, ob * shard);
+            (mem.params, mem.grads, mem.optimizer) = (pb * len + copy, gb * shard, ob * shard);
             mem.other = scratch + gb * z.head_padded as f64 + pb * transient as f64;
         }
         Sharing::Fsdp => {
-            mem.gathered = pb * z.gathered as f64;
+            mem.gathered = pb * z.gathered as f64 + copy;
             (mem.params, mem.grads, mem.optimizer) =
                 (pb * shard + mem.gathered, gb * shard, ob * shard);
             mem.other = scratch + gb * z.head_padded as f64;
-        }
-    }
-    if par.precision == crate::model::Precision::Bf16 && precision == Precision::Fp32 {
-        // the weights' bf16 copy beside the fp32 ones the units read: the
-        // whole stage's, or fsdp's gather buffers
-        let copy = 2.0
-            * (if sharing == Sharing::Fsdp {
-                z.gathered
-            } else {
-                z.len
-            }) as f64;
-        mem.params += copy;
-        if sharing == Sharing::Fsdp {
-            mem.gathered += copy;
         }
     }
     // a batch in parts: each part past the first sums a unit's gradient
@@ -432,6 +419,22 @@ fn stage_memory(
         }
     }
     mem
+}
+
+/// Bytes of the weights' bf16 copy a stage of sizes `z` keeps under
+/// `--precision bf16` (beside distgpt's fp32 states): one beside each fp32
+/// buffer the units read, the whole stage's or fsdp's gather buffers.
+fn bf16_copy(par: &ParallelConfig, precision: Precision, z: &parallel::StageSizes) -> f64 {
+    let read = match par.strategy.sharing() {
+        Sharing::Fsdp => z.gathered,
+        _ => z.len,
+    };
+    let kept = par.precision == crate::model::Precision::Bf16 && precision == Precision::Fp32;
+    if kept {
+        2.0 * read as f64
+    } else {
+        0.0
+    }
 }
 
 /// What a rank's update moves: the parameters it owns, in `precision`,

@@ -14,7 +14,7 @@ use crate::checkpoint::state;
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::metrics::{self, StepRecord};
-use crate::model::ModelConfig;
+use crate::model::{ModelConfig, Precision};
 use crate::parallel::{self, ParallelConfig, StepConfig, Strategy};
 use indicatif::ProgressBar;
 use std::sync::atomic::Ordering;
@@ -149,7 +149,8 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             total_steps: cfg.schedule_steps.unwrap_or(steps),
         };
         let spare = backend.clone_fresh();
-        let (peak_flops, total_peak, peak_source) = agree_on_peak(&spare, &cfg, world)?;
+        let bf16 = par.precision == Precision::Bf16;
+        let (peak_flops, total_peak, peak_source) = agree_on_peak(&spare, &cfg, bf16, world)?;
         let mut strategy =
             parallel::build(backend, model_cfg.clone(), par, world, cfg.adamw, b, t)?;
         let start = restore(strategy.as_mut(), train_loader.as_mut(), task, &cfg, &spare)?;
@@ -592,10 +593,13 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
 /// all of those threads; ranks of their own (processes) each have the
 /// peak of theirs; thread ranks on one device have that device's. Ranks
 /// that are processes, or thread ranks of an NCCL group, count a device
-/// each (one GPU per rank).
+/// each (one GPU per rank). With `bf16` (`--precision bf16`) the CPU's
+/// hardware peak is its bf16 one where the products run in bf16
+/// (`Peak::hardware_peak`).
 fn agree_on_peak<B: Backend>(
     be: &B,
     cfg: &TrainConfig,
+    bf16: bool,
     world: &dyn Comm,
 ) -> Result<(f64, f64, String)> {
     let ranks = world.size() as f64;
@@ -628,7 +632,7 @@ fn agree_on_peak<B: Backend>(
                 let p = in_pool(pool.as_ref(), || metrics::peak::of(be, false));
                 // the CPU's hardware peak where it is known: one figure per
                 // machine and thread count, whatever load the probe met
-                let flops = match &p.hardware {
+                let flops = match &p.hardware_peak(bf16) {
                     Some(h) => {
                         source = format!(
                             "hardware: {}; products on {}; {}",

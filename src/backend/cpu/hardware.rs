@@ -60,6 +60,44 @@ impl HardwarePeak {
     }
 }
 
+impl HardwarePeak {
+    /// The peak of the same cores multiplying bf16 (what a bf16 product
+    /// runs at): AVX512-BF16's dot products multiply two bf16 pairs in each
+    /// fp32 lane the FMA units have (twice the lanes); with `amx`, AMX-BF16's
+    /// tiles, 1,024 FLOP a core a cycle (a 16 x 16 x 32 tile product every
+    /// 16 cycles).
+    pub fn bf16(&self, amx: bool) -> HardwarePeak {
+        let (isa, fma_units, lanes) = match amx {
+            true => ("AMX-BF16 tiles".to_string(), 1, 512),
+            false => (
+                format!("{}, bf16 pairs", self.isa),
+                self.fma_units,
+                2 * self.lanes,
+            ),
+        };
+        let per_cycle = (self.cores * fma_units * lanes * 2) as f64;
+        HardwarePeak {
+            flops: per_cycle * self.clock_ghz * 1e9,
+            fma_units,
+            lanes,
+            isa,
+            ..self.clone()
+        }
+    }
+}
+
+/// Whether the CPU has AMX-BF16 tiles (CPUID leaf 7's EDX bit 22).
+pub fn has_amx() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // (leaf 7 answers zeroes where it is past the CPU's highest leaf)
+        let leaf = std::arch::x86_64::__cpuid_count(7, 0);
+        leaf.edx & (1 << 22) != 0
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// The peak of this pool's threads (one core each, as many as the machine
 /// has at most: more threads share the cores), or None where the CPU is
 /// not an x86-64 with FMA (no instruction set to count lanes of).
@@ -241,6 +279,42 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// bf16's peak: twice the FMA units' lanes (AVX512-BF16's pairs), or
+    /// AMX's 1,024 FLOP a core a cycle; each the product of its terms.
+    #[test]
+    fn a_bf16_peak_is_twice_the_lanes_or_the_tiles() {
+        let p = HardwarePeak {
+            flops: 2.0 * 2.0 * 8.0 * 2.0 * 3.5e9,
+            cores: 2,
+            fma_units: 2,
+            lanes: 8,
+            isa: "AVX2".into(),
+            clock_ghz: 3.5,
+            fma_clock_ghz: Some(3.4),
+        };
+        let (pairs, tiles) = (p.bf16(false), p.bf16(true));
+        assert_eq!(pairs.flops, 2.0 * p.flops);
+        assert_eq!(tiles.flops, 2.0 * 1024.0 * 3.5e9);
+        for q in [&pairs, &tiles] {
+            let product = (q.cores * q.fma_units * q.lanes * 2) as f64 * q.clock_ghz * 1e9;
+            assert_eq!(q.flops, product, "{q:?}");
+            assert_eq!(
+                (q.clock_ghz, q.fma_clock_ghz),
+                (p.clock_ghz, p.fma_clock_ghz)
+            );
+        }
+        assert!(
+            pairs.describe().contains("16 lanes (AVX2, bf16 pairs)"),
+            "{}",
+            pairs.describe()
+        );
+        assert!(
+            tiles.describe().contains("512 lanes (AMX-BF16 tiles)"),
+            "{}",
+            tiles.describe()
+        );
+    }
 
     #[test]
     fn the_hardware_peak_is_its_terms_multiplied() {
