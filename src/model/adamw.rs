@@ -2,7 +2,7 @@
 //! that walks the layout, decaying 2-D tensors only (nanoGPT, llm.c).
 
 use super::layout::ParamLayout;
-use crate::backend::{AdamWStep, AdamWUpdate, Backend, Buf, Category, Dst, Src};
+use crate::backend::{AdamWStep, AdamWUpdate, Backend, Bf16, Buf, Category, Dst, Src};
 use crate::error::Result;
 use serde::{Deserialize, Serialize};
 
@@ -44,14 +44,15 @@ impl<B: Backend> AdamW<B> {
     }
 
     /// One update at learning rate `lr`, gradients multiplied by
-    /// `grad_scale` (clipping) on the way in. `params`, `grads` and the
-    /// moments are local buffers; each segment maps a run of them to layout
-    /// offsets, so a shard knows which elements are decayed 2-D weights.
+    /// `grad_scale` (clipping) on the way in. `params` (and their bf16
+    /// copy, where given), `grads` and the moments are local buffers; each
+    /// segment maps a run of them to layout offsets, so a shard knows which
+    /// elements are decayed 2-D weights.
     #[allow(clippy::too_many_arguments)]
-    pub fn update(
+    pub fn update<'p>(
         &mut self,
         backend: &B,
-        mut params: Dst<'_, B>,
+        params: impl Into<Updated<'p, B>>,
         grads: Src<'_, B>,
         layout: &ParamLayout,
         segments: &[Segment],
@@ -59,6 +60,10 @@ impl<B: Backend> AdamW<B> {
         grad_scale: f32,
     ) -> Result<()> {
         self.step += 1;
+        let Updated {
+            mut params,
+            mut copy,
+        } = params.into();
         let c = self.config;
         let hyper = AdamWStep {
             lr,
@@ -80,13 +85,27 @@ impl<B: Backend> AdamW<B> {
                     param: params.rb().slice(local.clone()),
                     grad: grads.slice(local.clone()),
                     m: self.m.slice_mut(local.clone()),
-                    v: self.v.slice_mut(local),
+                    v: self.v.slice_mut(local.clone()),
+                    copy: copy.as_mut().map(|c| c.rb().slice(local)),
                     step: hyper,
                     weight_decay: if t.decay { c.weight_decay } else { 0.0 },
                 })?;
             }
         }
         Ok(())
+    }
+}
+
+/// What an update writes: the parameters and, where the strategy keeps
+/// one (`--precision bf16`), their bf16 copy, rounded in the same pass.
+pub struct Updated<'a, B> {
+    pub params: Dst<'a, B>,
+    pub copy: Option<Dst<'a, B, Bf16>>,
+}
+
+impl<'a, B> From<Dst<'a, B>> for Updated<'a, B> {
+    fn from(params: Dst<'a, B>) -> Self {
+        Updated { params, copy: None }
     }
 }
 

@@ -15,7 +15,7 @@ pub mod parts;
 pub mod tp;
 pub mod unit;
 
-pub use adamw::{AdamW, AdamWConfig, Segment};
+pub use adamw::{AdamW, AdamWConfig, Segment, Updated};
 pub use bf16::Precision;
 pub use family::ModelConfig;
 pub use gpt2::config::GptConfig;

@@ -26,7 +26,9 @@ use crate::backend::{Backend, Bf16, Buf, Category, Dst};
 use crate::comm::{device, Comm};
 use crate::error::Result;
 use crate::model::tp::TpSplit;
-use crate::model::{AdamW, AdamWConfig, ParamLayout, Segment, UnitGrads, UnitParams, Weights};
+use crate::model::{
+    AdamW, AdamWConfig, ParamLayout, Segment, UnitGrads, UnitParams, Updated, Weights,
+};
 use std::borrow::Cow;
 use std::ops::Range;
 
@@ -418,9 +420,11 @@ pub struct StageState<B: Backend> {
 /// The parameters' bf16 copy, which the products read under `--precision
 /// bf16`: a buffer beside each fp32 one the units read (the whole stage's,
 /// or each of fsdp's gather buffers), and for each of its parts (a piece's
-/// range, or a gather buffer) the piece it holds rounded. A piece is
-/// rounded when a unit first reads it after its values change (the update,
-/// a load, a gather), so no product rounds a weight itself.
+/// range, or a gather buffer) the piece it holds rounded. A replicated
+/// stage's update on the device rounds every piece in its own pass; else a
+/// piece is rounded when a unit first reads it after its values change (a
+/// sharded or host update, a load, a gather). No product rounds a weight
+/// itself.
 struct Copies<B: Backend> {
     bufs: Vec<Buf<B, Bf16>>,
     rounded: Vec<Option<usize>>,
@@ -905,6 +909,22 @@ impl<B: Backend> StageState<B> {
             (Home::Device(opt, Params::Sharded(shard, g)), _) => {
                 step(opt, shard.d())?;
                 g.forget();
+            }
+            (Home::Device(Optimizer::Device(o), Params::Whole(p)), Sharing::Replicated) => {
+                // the weights' bf16 copy rounded in the update's own pass
+                let copy = self.copies.as_mut().map(|c| c.bufs[0].d());
+                let params = Updated {
+                    params: p.d(),
+                    copy,
+                };
+                o.update(be, params, grads, lay, &segs, lr, clip)?;
+                if let Some(c) = self.copies.as_mut() {
+                    c.rounded
+                        .iter_mut()
+                        .enumerate()
+                        .for_each(|(k, h)| *h = Some(k));
+                }
+                return Ok(());
             }
             (Home::Device(opt, Params::Whole(p)), Sharing::Replicated) => step(opt, p.d())?,
             (Home::Device(opt, Params::Whole(p)), _) => {

@@ -108,6 +108,7 @@ fn adamw_bandwidth(be: &Cpu, n: usize) -> Result<f64> {
             grad: g.s(),
             m: m.d(),
             v: v.d(),
+            copy: None,
             step: s,
             weight_decay: 0.1,
         })?;

@@ -1433,34 +1433,61 @@ fn adamw_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
     let g = randn(&mut rng, n, 1.0);
     let m0 = randn(&mut rng, n, 0.1);
     let v0: Vec<f32> = randn(&mut rng, n, 0.1).iter().map(|x| x * x).collect();
-    let (mut p, mut m, mut v) = (p0.clone(), m0.clone(), v0.clone());
-    (AdamWUpdate::<Host> {
-        param: &mut p,
-        grad: &g,
-        m: &mut m,
-        v: &mut v,
-        step,
-        weight_decay: 0.1,
-    })
-    .cpu(&AsIs);
-    let (pd, gd, md, vd) = (
-        putf(dev, &p0),
-        putf(dev, &g),
-        putf(dev, &m0),
-        putf(dev, &v0),
-    );
-    dev.run(AdamWUpdate {
-        param: pd.view(),
-        grad: gd.view(),
-        m: md.view(),
-        v: vd.view(),
-        step,
-        weight_decay: 0.1,
-    })
-    .unwrap();
-    assert_close("adamw param", &get(dev, &pd), &p);
-    assert_close("adamw m", &get(dev, &md), &m);
-    assert_close("adamw v", &get(dev, &vd), &v);
+    // on the CPU without and with the bf16 copy: the same update, and the
+    // copy its new values rounded
+    let mut cpu = Vec::new();
+    for with_copy in [false, true] {
+        let (mut p, mut m, mut v) = (p0.clone(), m0.clone(), v0.clone());
+        let mut copy = vec![Bf16::default(); n];
+        (AdamWUpdate::<Host> {
+            param: &mut p,
+            grad: &g,
+            m: &mut m,
+            v: &mut v,
+            copy: with_copy.then_some(&mut copy[..]),
+            step,
+            weight_decay: 0.1,
+        })
+        .cpu(&AsIs);
+        if with_copy {
+            let rounded: Vec<Bf16> = p.iter().map(|&x| Bf16::from_f32(x)).collect();
+            assert!(copy == rounded, "adamw's copy on the CPU");
+        }
+        cpu.push((p, m, v));
+    }
+    assert!(cpu[0] == cpu[1], "the copy changed the CPU's update");
+    let (p, m, v) = &cpu[0];
+    for with_copy in [false, true] {
+        let (pd, gd, md, vd) = (
+            putf(dev, &p0),
+            putf(dev, &g),
+            putf(dev, &m0),
+            putf(dev, &v0),
+        );
+        let copy = put(dev, &vec![Bf16::default(); n], Bf16::from_f32(-3.0));
+        dev.run(AdamWUpdate {
+            param: pd.view(),
+            grad: gd.view(),
+            m: md.view(),
+            v: vd.view(),
+            copy: with_copy.then(|| copy.view()),
+            step,
+            weight_decay: 0.1,
+        })
+        .unwrap();
+        let got = get(dev, &pd);
+        assert_close("adamw param", &got, p);
+        assert_close("adamw m", &get(dev, &md), m);
+        assert_close("adamw v", &get(dev, &vd), v);
+        let want: Vec<Bf16> = match with_copy {
+            true => got.iter().map(|&x| Bf16::from_f32(x)).collect(),
+            false => vec![Bf16::default(); n],
+        };
+        assert!(
+            get(dev, &copy) == want,
+            "adamw's copy, with_copy {with_copy}"
+        );
+    }
 }
 
 #[test]

@@ -4,6 +4,7 @@
 
 use super::{need, Checked, Extent, Host, Kernel, Lower, Operands, Queued};
 use crate::backend::gpu::{groups, u32s, Arg, Queue, Raw, Runtime};
+use crate::backend::Bf16;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -14,6 +15,8 @@ operation! {
         input grad: f32,
         output m: f32,
         output v: f32,
+        /// The parameters' bf16 copy, rounded from their new values.
+        maybe_output copy: Bf16,
         value step: AdamWStep,
         /// 0 for tensors that are not decayed (biases, layernorms).
         value weight_decay: f32,
@@ -27,7 +30,11 @@ impl<O: Operands> Kernel<O> for AdamWUpdate<O> {
         let n = self.param.extent();
         need("grad", &self.grad, n)?;
         need("m", &self.m, n)?;
-        need("v", &self.v, n)
+        need("v", &self.v, n)?;
+        match &self.copy {
+            Some(c) => need("copy", c, n),
+            None => Ok(()),
+        }
     }
 
     fn cpu<'a>(self, host: &impl Lower<O, Host<'a>>) {
@@ -53,6 +60,9 @@ impl<O: Operands> Kernel<O> for AdamWUpdate<O> {
             Arg::F32(1.0 - step.lr * op.weight_decay),
             Arg::F32(bc2_sqrt),
             Arg::F32(step.grad_scale),
+            // without a copy, any view: the kernel does not write it
+            Arg::View(op.copy.unwrap_or(op.param)),
+            Arg::U32(u32::from(op.copy.is_some())),
         ];
         q.launch("adamw", groups(n), &args)
     }
@@ -79,6 +89,7 @@ fn update(op: AdamWUpdate<Host<'_>>) {
         grad,
         m,
         v,
+        copy,
         step: h,
         weight_decay,
     } = op;
@@ -87,19 +98,30 @@ fn update(op: AdamWUpdate<Host<'_>>) {
     let bc2_sqrt = (1.0 - h.beta2.powi(h.step as i32)).sqrt();
     let step_size = h.lr / bc1;
     let decay = 1.0 - h.lr * weight_decay;
-    param
+    let step = |p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]| {
+        for i in 0..p.len() {
+            let gi = g[i] * h.grad_scale;
+            m[i] = h.beta1 * m[i] + (1.0 - h.beta1) * gi;
+            v[i] = h.beta2 * v[i] + (1.0 - h.beta2) * gi * gi;
+            let denom = v[i].sqrt() / bc2_sqrt + h.eps;
+            p[i] = p[i] * decay - step_size * m[i] / denom;
+        }
+    };
+    let chunks = param
         .par_chunks_mut(CHUNK)
         .zip(grad.par_chunks(CHUNK))
-        .zip(m.par_chunks_mut(CHUNK).zip(v.par_chunks_mut(CHUNK)))
-        .for_each(|((p, g), (m, v))| {
-            for i in 0..p.len() {
-                let gi = g[i] * h.grad_scale;
-                m[i] = h.beta1 * m[i] + (1.0 - h.beta1) * gi;
-                v[i] = h.beta2 * v[i] + (1.0 - h.beta2) * gi * gi;
-                let denom = v[i].sqrt() / bc2_sqrt + h.eps;
-                p[i] = p[i] * decay - step_size * m[i] / denom;
-            }
-        });
+        .zip(m.par_chunks_mut(CHUNK).zip(v.par_chunks_mut(CHUNK)));
+    match copy {
+        Some(copy) => chunks
+            .zip(copy.par_chunks_mut(CHUNK))
+            .for_each(|(((p, g), (m, v)), c)| {
+                step(p, g, m, v);
+                c.iter_mut()
+                    .zip(p.iter())
+                    .for_each(|(c, &p)| *c = Bf16::from_f32(p));
+            }),
+        None => chunks.for_each(|((p, g), (m, v))| step(p, g, m, v)),
+    }
 }
 
 #[cfg(test)]
@@ -125,6 +147,7 @@ mod tests {
             grad: &g,
             m: &mut m,
             v: &mut v,
+            copy: None,
             step: h,
             weight_decay: 0.1,
         });

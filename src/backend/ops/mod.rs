@@ -397,26 +397,46 @@ mod tests {
             "{err}"
         );
         let (mut stats, mut m) = (buf(2), buf(6));
+        let mut copy = be.alloc_typed::<Bf16>(5, Category::Other).unwrap();
+        let step = AdamWStep {
+            lr: 0.1,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            step: 1,
+            grad_scale: 1.0,
+        };
         let err = be
             .run(AdamWUpdate {
                 param: m.d(),
                 grad: inp.s(),
                 m: w.d(),
                 v: stats.d(),
-                step: AdamWStep {
-                    lr: 0.1,
-                    beta1: 0.9,
-                    beta2: 0.999,
-                    eps: 1e-8,
-                    step: 1,
-                    grad_scale: 1.0,
-                },
+                copy: None,
+                step,
                 weight_decay: 0.0,
             })
             .unwrap_err()
             .to_string();
         assert!(
             err.contains("adamw: m: view of 5 elements, need 6"),
+            "{err}"
+        );
+        let (p, mut g) = (buf(5), buf(5));
+        let err = be
+            .run(AdamWUpdate {
+                param: g.d(),
+                grad: p.s(),
+                m: m.slice_mut(0..5),
+                v: w.d(),
+                copy: Some(copy.slice_mut(0..4)),
+                step,
+                weight_decay: 0.0,
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("adamw: copy: view of 4 elements, need 5"),
             "{err}"
         );
     }
