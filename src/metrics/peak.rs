@@ -103,9 +103,14 @@ impl Peak {
     /// which may use it; distgpt's own kernel is AVX512-BF16's), else their
     /// FMA units'.
     pub fn hardware_peak(&self, bf16: bool) -> Option<HardwarePeak> {
+        self.hardware_peak_on(bf16, has_amx())
+    }
+
+    /// [`Peak::hardware_peak`] on a CPU with AMX-BF16 tiles or not.
+    fn hardware_peak_on(&self, bf16: bool, amx: bool) -> Option<HardwarePeak> {
         let hw = self.hardware.as_ref()?;
         Some(match self.matmul.and_then(|m| m.bf16).filter(|_| bf16) {
-            Some(lib) => hw.bf16(lib != MatmulLib::Gemm && has_amx()),
+            Some(lib) => hw.bf16(lib != MatmulLib::Gemm && amx),
             None => hw.clone(),
         })
     }
@@ -444,12 +449,21 @@ mod tests {
             }),
             timings: Vec::new(),
         };
-        let kernel = peak(Some(MatmulLib::Gemm));
-        assert_eq!(kernel.hardware_peak(false), Some(hw.clone()));
-        assert_eq!(kernel.hardware_peak(true), Some(hw.bf16(false)));
-        assert_eq!(peak(None).hardware_peak(true), Some(hw.clone()));
-        let mkl = peak(Some(MatmulLib::Mkl)).hardware_peak(true);
-        assert_eq!(mkl, Some(hw.bf16(has_amx())));
+        for amx in [false, true] {
+            let kernel = peak(Some(MatmulLib::Gemm));
+            assert_eq!(kernel.hardware_peak_on(false, amx), Some(hw.clone()));
+            assert_eq!(kernel.hardware_peak_on(true, amx), Some(hw.bf16(false)));
+            assert_eq!(peak(None).hardware_peak_on(true, amx), Some(hw.clone()));
+            let mkl = peak(Some(MatmulLib::Mkl)).hardware_peak_on(true, amx);
+            assert_eq!(mkl, Some(hw.bf16(amx)), "amx {amx}");
+        }
+        let unmeasured = Peak {
+            hardware: None,
+            ..peak(None)
+        };
+        assert_eq!(unmeasured.hardware_peak(true), None);
+        let here = peak(Some(MatmulLib::Mkl)).hardware_peak(true);
+        assert_eq!(here, Some(hw.bf16(has_amx())));
     }
 
     #[test]

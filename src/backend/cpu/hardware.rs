@@ -316,6 +316,18 @@ mod tests {
         );
     }
 
+    /// AMX-BF16 as Linux lists the CPU's flags.
+    #[test]
+    fn amx_is_what_linux_says_the_cpu_has() {
+        let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
+            eprintln!("no /proc/cpuinfo here: nothing to compare");
+            return;
+        };
+        let flags = info.lines().find(|l| l.starts_with("flags")).unwrap_or("");
+        let listed = flags.split_whitespace().any(|f| f == "amx_bf16");
+        assert_eq!(has_amx(), listed, "{flags}");
+    }
+
     #[test]
     fn the_hardware_peak_is_its_terms_multiplied() {
         #[cfg(target_arch = "x86_64")]
