@@ -117,11 +117,12 @@ fn check_memory(cfg: &ModelConfig) {
     );
 }
 
-/// --precision bf16 on the CPU makes no rounded copies of the matmul
-/// operands (its matmuls round them as they multiply), and holds the
-/// activations autocast holds in bf16 so: it plans and measures fp32's
-/// bytes, less half of those, on every rank (each runs blocks). (On a GPU
-/// too: tests/gpu.rs.)
+/// --precision bf16 on the CPU keeps one rounded copy, the weights' (2
+/// bytes a parameter beside the fp32 ones the units read), rounds the
+/// other matmul operands as it multiplies, and holds the activations
+/// autocast holds in bf16 so: it plans and measures fp32's bytes plus the
+/// copy, less half of those activations, on every rank (each runs blocks,
+/// whose activations outweigh the copy here). (On a GPU too: tests/gpu.rs.)
 fn check_bf16_scratch(cfg: &ModelConfig) {
     let (w, _, _, spec) = setup(cfg);
     for world in [1, 2] {
