@@ -522,15 +522,13 @@ impl<B: Backend> StageState<B> {
     /// Keeps the parameters' bf16 copy for the products to read
     /// (`--precision bf16`).
     pub fn keep_bf16_copy(&mut self, be: &B) -> Result<()> {
-        let lens: Vec<usize> = match &self.home {
-            Home::Device(_, Params::Whole(p)) => vec![p.len()],
+        // a buffer beside each the units read, and its parts: a piece each
+        // of the whole stage's, one each gather buffer
+        let (lens, parts): (Vec<usize>, usize) = match &self.home {
+            Home::Device(_, Params::Whole(p)) => (vec![p.len()], self.pieces.layout.len()),
             Home::Device(_, Params::Sharded(_, g)) | Home::Host(_, g) => {
-                g.bufs.iter().map(|b| b.len()).collect()
+                (g.bufs.iter().map(|b| b.len()).collect(), g.bufs.len())
             }
-        };
-        let parts = match &self.home {
-            Home::Device(_, Params::Whole(_)) => self.pieces.layout.len(),
-            _ => lens.len(),
         };
         self.copies = Some(Copies {
             bufs: lens
