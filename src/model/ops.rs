@@ -46,7 +46,23 @@ pub struct Normed<'a, B> {
     pub rstd: Dst<'a, B>,
 }
 
-impl<B> Normed<'_, B> {
+impl<'a, B: Backend> Normed<'a, B> {
+    /// `out`, with the first `n` rows of slot `s`'s statistics in buffers
+    /// holding a slot of `rows` per layer (where [`Stats::slot`] reads them).
+    pub fn slot(
+        out: impl Into<StoredDst<'a, B>>,
+        mean: &'a mut Buf<B>,
+        rstd: &'a mut Buf<B>,
+        s: usize,
+        rows: usize,
+        n: usize,
+    ) -> Self {
+        let out = out.into();
+        let (mean, rstd) = (mean.d().part(s, rows), rstd.d().part(s, rows));
+        let (mean, rstd) = (mean.first(n), rstd.first(n));
+        Normed { out, mean, rstd }
+    }
+
     /// The same outputs, reborrowed.
     pub fn rb(&mut self) -> Normed<'_, B> {
         Normed {

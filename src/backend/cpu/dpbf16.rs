@@ -377,27 +377,20 @@ unsafe fn multiply<D: Lane, L: Lane, R: Lane>(
         let (micro, cols) = (rows.div_ceil(MR), (n - q0 * NR).min(panels * NR));
         for p0 in (0..pairs).step_by(span) {
             let span = span.min(pairs - p0);
-            let offset = |x: Mat<usize>, first: usize| {
-                (
-                    first as isize * x.row_stride + (2 * p0) as isize * x.col_stride,
-                    x,
-                )
+            let (x, first, lanes, width) = match own {
+                Side::Left => (lhs, i0, rows, MR),
+                Side::Right => (rhs, q0 * NR, cols, NR),
             };
-            let ((at, x), lanes, width) = match own {
-                Side::Left => (offset(lhs, i0), rows, MR),
-                Side::Right => (offset(rhs, q0 * NR), cols, NR),
-            };
-            let into = mine.as_mut_ptr();
+            let at = first as isize * x.row_stride + (2 * p0) as isize * x.col_stride;
+            let (into, depth) = (mine.as_mut_ptr(), k - 2 * p0);
             // SAFETY: this block's pairs p0.. into this task's scratch
             unsafe {
                 match own {
                     Side::Left => {
-                        let x = view::<L>(x, at);
-                        pack_panels(into, span, x, lanes, k - 2 * p0, span, width)
+                        pack_panels(into, span, view::<L>(x, at), lanes, depth, span, width)
                     }
                     Side::Right => {
-                        let x = view::<R>(x, at);
-                        pack_panels(into, span, x, lanes, k - 2 * p0, span, width)
+                        pack_panels(into, span, view::<R>(x, at), lanes, depth, span, width)
                     }
                 }
             };

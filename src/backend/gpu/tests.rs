@@ -1057,46 +1057,7 @@ fn bf16_storage_is_its_fp32_values_on<R: Runtime>(dev: &Queue<R>) {
             "{what}: the bf16 product is not the fp32 one rounded"
         );
 
-        let wide: Vec<f32> = logits.iter().map(|x| x.to_f32()).collect();
-        let mut targets = tokens(&mut rng, rows, v);
-        targets[1] = crate::data::IGNORE;
-        let tg = putu(dev, &targets);
-        let (lf, lb) = (putf(dev, &vec![0.0; rows]), putf(dev, &vec![0.0; rows]));
-        let (wf, hb) = (putf(dev, &wide), putb(&logits));
-        for (losses, logits) in [
-            (&lf, Stored::F32(wf.view())),
-            (&lb, Stored::Bf16(hb.view())),
-        ] {
-            let op = CrossEntropyForward {
-                losses: losses.view(),
-                logits,
-                targets: tg.view(),
-                v,
-                vp,
-            };
-            dev.run(op).unwrap();
-        }
-        assert!(
-            get(dev, &lf) == get(dev, &lb),
-            "{what}: losses of bf16 logits"
-        );
-        for logits in [Stored::F32(wf.view()), Stored::Bf16(hb.view())] {
-            let op = CrossEntropyBackward {
-                logits,
-                targets: tg.view(),
-                v,
-                vp,
-                dloss: 0.25,
-            };
-            dev.run(op).unwrap();
-        }
-        let dlogits = get(dev, &hb);
-        let rounded: Vec<Bf16> = get(dev, &wf).into_iter().map(Bf16::from_f32).collect();
-        assert!(
-            dlogits == rounded,
-            "{what}: the bf16 gradient is not the fp32 one rounded"
-        );
-
+        let dlogits = bf16_logits_on(dev, &what, &logits, &mut rng, v, vp);
         let wide: Vec<f32> = dlogits.iter().map(|x| x.to_f32()).collect();
         let (df, db) = (putf(dev, &wide), putb(&dlogits));
         let dw0 = randn(&mut rng, vp * k, 1.0);
@@ -1117,6 +1078,62 @@ fn bf16_storage_is_its_fp32_values_on<R: Runtime>(dev: &Queue<R>) {
         }
         assert!(grads[0] == grads[1], "{what}: the bf16 gradient's products");
     }
+}
+
+/// The cross-entropy over `logits` (rows, vp) held in bf16 against the same
+/// values in fp32: the same losses, and a gradient that is the fp32 one
+/// rounded, which it returns.
+fn bf16_logits_on<R: Runtime>(
+    dev: &Queue<R>,
+    what: &str,
+    logits: &[Bf16],
+    rng: &mut Rng,
+    v: usize,
+    vp: usize,
+) -> Vec<Bf16> {
+    let putb = |x: &[Bf16]| put(dev, x, Bf16::from_f32(-999.0 - next_guard() as f32));
+    let rows = logits.len() / vp;
+    let wide: Vec<f32> = logits.iter().map(|x| x.to_f32()).collect();
+    let mut targets = tokens(rng, rows, v);
+    targets[1] = crate::data::IGNORE;
+    let tg = putu(dev, &targets);
+    let (lf, lb) = (putf(dev, &vec![0.0; rows]), putf(dev, &vec![0.0; rows]));
+    let (wf, hb) = (putf(dev, &wide), putb(logits));
+    for (losses, logits) in [
+        (&lf, Stored::F32(wf.view())),
+        (&lb, Stored::Bf16(hb.view())),
+    ] {
+        let op = CrossEntropyForward {
+            losses: losses.view(),
+            logits,
+            targets: tg.view(),
+            v,
+            vp,
+        };
+        dev.run(op).unwrap();
+    }
+    assert!(
+        get(dev, &lf) == get(dev, &lb),
+        "{what}: losses of bf16 logits"
+    );
+    for logits in [Stored::F32(wf.view()), Stored::Bf16(hb.view())] {
+        let op = CrossEntropyBackward {
+            logits,
+            targets: tg.view(),
+            v,
+            vp,
+            dloss: 0.25,
+        };
+        dev.run(op).unwrap();
+    }
+    let dlogits = get(dev, &hb);
+    let rounded: Vec<Bf16> = get(dev, &wf).into_iter().map(Bf16::from_f32).collect();
+    assert!(
+        dlogits == rounded,
+        "{what}: the bf16 gradient is not the fp32 one rounded"
+    );
+
+    dlogits
 }
 
 /// An activation stored in bf16 (GPT-2's GELU output under `--precision

@@ -125,7 +125,7 @@ impl<B: Backend> PooledActs<B> {
     fn backward(
         &mut self,
         ops: &mut Ops<'_, B, usize>,
-        mut dres: Dst<'_, B>,
+        dres: Dst<'_, B>,
         b: usize,
         t: usize,
         head: BertHead,
@@ -142,11 +142,7 @@ impl<B: Backend> PooledActs<B> {
         ops.act_back(dp.rb(), self.pre.slice(0..bc), i + 1, Activation::Tanh)?;
         let (dcls, cls) = (self.dcls.slice_mut(0..bc), self.cls.slice(0..bc));
         ops.linear_back(Some(dcls), dp.src(), cls, i, None, io(b, c, c))?;
-        let beside_mlm = head.has_mlm();
-        if !beside_mlm {
-            be.fill(dres.rb(), 0.0);
-        }
-        scatter_first(be, dres, self.dcls.s(), b, t, c, beside_mlm);
+        scatter_first(be, dres, self.dcls.s(), b, t, c, head.has_mlm());
         Ok(())
     }
 }
@@ -378,8 +374,9 @@ fn gather_first<B: Backend>(
     }
 }
 
-/// The first row of each of dst's b sequences of t rows of w = (or +=,
-/// with `add`) src's row of that sequence.
+/// The first row of each of dst's b sequences of t rows of w = src's row
+/// of that sequence, every other row 0; with `add`, the first rows +=
+/// src's and the others left as they are.
 fn scatter_first<B: Backend>(
     be: &B,
     mut dst: Dst<'_, B>,
@@ -389,6 +386,9 @@ fn scatter_first<B: Backend>(
     w: usize,
     add: bool,
 ) {
+    if !add {
+        be.fill(dst.rb(), 0.0);
+    }
     for i in 0..b {
         let (to, from) = (
             dst.rb().slice(i * t * w..(i * t + 1) * w),
@@ -725,13 +725,7 @@ impl<B: Backend> Engine<B> {
         };
         tp::row_parallel(be, tp, proj, io(n, cl, c), |op| ops.matmul(op))?;
         let mut h1 = a.h1.d().part(s, btc).first(n * c);
-        let mean = a.ln1_mean.d().part(s, rows).first(n);
-        let rstd = a.ln1_rstd.d().part(s, rows).first(n);
-        let normed = Normed {
-            out: h1.rb().into(),
-            mean,
-            rstd,
-        };
+        let normed = Normed::slot(h1.rb(), &mut a.ln1_mean, &mut a.ln1_rstd, s, rows, n);
         ops.ln(normed, h.src(), AttnLnW, AttnLnB)?;
         let mut f = a.f.slice_mut(part(s, rows * fl, n * fl));
         ops.linear(f.rb(), h1.src(), InterW, None, io(n, c, fl))?;
@@ -752,18 +746,11 @@ impl<B: Backend> Engine<B> {
             Some(fr) => fr.out.d(),
             None => top.rb(),
         };
-        let mean = a.ln2_mean.d().part(s, rows).first(n);
-        let rstd = a.ln2_rstd.d().part(s, rows).first(n);
-        let out = Normed {
-            out: out.into(),
-            mean,
-            rstd,
-        };
+        let out = Normed::slot(out, &mut a.ln2_mean, &mut a.ln2_rstd, s, rows, n);
         ops.ln(out, o.src(), OutLnW, OutLnB)?;
         if let Some(fr) = fr {
             // the stream's other rows are never read: zeros, not an
             // earlier batch's
-            be.fill(top.rb(), 0.0);
             scatter_first(be, top, fr.out.s(), b, t, c, false);
         }
         Ok(())
@@ -833,7 +820,6 @@ impl<B: Backend> Engine<B> {
         let mut datty = dbig.rb().first(rows * cl);
         if let Some(d) = first_datty {
             // the other rows' outputs reached no loss
-            be.fill(datty.rb(), 0.0);
             scatter_first(be, datty.rb(), d.into_src(), b, t, cl, false);
         }
         let mut dqkv = a.dqkv.slice_mut(0..3 * rows * cl);

@@ -135,6 +135,30 @@ struct Acts<B: Backend> {
 }
 
 impl<B: Backend> Acts<B> {
+    /// A block's buffers for `rows` rows of widths `cl` (attention) and
+    /// `fl` (MLP) on this rank: from `x` into `y`.
+    fn block_io(&mut self, rows: usize, cl: usize, fl: usize) -> BlockIo<'_, B> {
+        BlockIo {
+            x: self.x.s(),
+            out: self.y.d(),
+            ln1: Normed {
+                out: self.ln.d().into(),
+                mean: self.mean.d(),
+                rstd: self.rstd.d(),
+            },
+            qkv: self.qkv.slice_mut(0..rows * 3 * cl),
+            atty: self.atty.slice_mut(0..rows * cl).into(),
+            res2: self.res2.d(),
+            ln2: Normed {
+                out: self.ln2.d().into(),
+                mean: self.mean2.d(),
+                rstd: self.rstd2.d(),
+            },
+            fch: self.fch.slice_mut(0..rows * fl).into(),
+            fch_gelu: self.fch_gelu.slice_mut(0..rows * fl).into(),
+        }
+    }
+
     /// For `rows` rows of the widest block on this tp rank.
     fn new(backend: &B, config: &GptConfig, tp: TpPlace, rows: usize) -> Result<Self> {
         let c = config.n_embd;
@@ -587,25 +611,7 @@ fn blocks<B: Backend>(
     for l in 0..cfg.n_layer {
         let d = cfg.dims(l, at.tp.size);
         let BlockDims { cl, nhl, fl, .. } = d;
-        let io = BlockIo {
-            x: acts.x.s(),
-            out: acts.y.d(),
-            ln1: Normed {
-                out: acts.ln.d().into(),
-                mean: acts.mean.d(),
-                rstd: acts.rstd.d(),
-            },
-            qkv: acts.qkv.slice_mut(0..rows * 3 * cl),
-            atty: acts.atty.slice_mut(0..rows * cl).into(),
-            res2: acts.res2.d(),
-            ln2: Normed {
-                out: acts.ln2.d().into(),
-                mean: acts.mean2.d(),
-                rstd: acts.rstd2.d(),
-            },
-            fch: acts.fch.slice_mut(0..rows * fl).into(),
-            fch_gelu: acts.fch_gelu.slice_mut(0..rows * fl).into(),
-        };
+        let io = acts.block_io(rows, cl, fl);
         let cache = l * b * max_t * wide..(l * b * max_t + b * max_t) * wide;
         let mut mode = Decoding {
             be,
