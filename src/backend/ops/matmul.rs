@@ -10,7 +10,7 @@ use crate::backend::cpu::blas::gemm_stored;
 use crate::backend::cpu::dpbf16::Lane;
 use crate::backend::cpu::math::{column_sums, gemm, with_scratch, Mat, Scratch};
 use crate::backend::gpu::{
-    stored_operand, stored_view, weight_operand, Batch, Gemm, Queue, Raw, Runtime,
+    stored_operand, stored_view, weight_operand, Batch, Gemm, Queue, Raw, Runtime, View,
 };
 use crate::backend::profile::matmul_flops;
 use crate::backend::Bf16;
@@ -173,68 +173,90 @@ impl<O: Operands> Kernel<O> for MatmulBackward<O> {
         backward(self.lower(host))
     }
 
+    /// Under bf16 products an fp32 `dout` that both products read is
+    /// rounded once, into the queue's scratch, not by each GEMM.
     fn gpu<R: Runtime>(self, q: &Queue<R>, raw: &impl Lower<O, Raw>, _: Checked) -> Queued {
         let op = self.lower(raw);
-        let MatmulShape { rows, k, n, .. } = op.shape;
-        let dout = |transpose| stored_operand(op.dout, transpose, n);
+        let MatmulShape { rows, n, .. } = op.shape;
         let bf16 = op.shape.bf16 || op.dout.is_bf16() || op.inp.is_bf16() || op.w.is_bf16();
-        let layout = op.shape.layout;
-        if let Some(dinp) = op.dinp {
-            // dinp^T (k x rows) = W @ dout^T.
-            q.gemm(Gemm {
-                m: k,
-                n: rows,
-                k: n,
-                a: weight_operand(op.w, layout, k, n, true),
-                b: dout(false),
-                beta: 0.0,
-                c: dinp,
-                ldc: k,
-                c_bf16: false,
-                bf16,
-                batch: Batch::ONE,
-            })?;
-        }
-        if let Some(dw) = op.dw {
-            q.gemm(match layout {
-                // dw (k, n) += inp^T @ dout: column-major dw^T (n x k) += dout^T @ inp.
-                WeightLayout::InOut => Gemm {
-                    m: n,
-                    n: k,
-                    k: rows,
-                    a: dout(false),
-                    b: stored_operand(op.inp, true, k),
-                    beta: 1.0,
-                    c: dw,
-                    ldc: n,
-                    c_bf16: false,
-                    bf16,
-                    batch: Batch::ONE,
-                },
-                // dw (n, k) += dout^T @ inp: column-major dw^T (k x n) += inp^T @ dout.
-                WeightLayout::OutIn => Gemm {
-                    m: k,
-                    n,
-                    k: rows,
-                    a: stored_operand(op.inp, false, k),
-                    b: dout(true),
-                    beta: 1.0,
-                    c: dw,
-                    ldc: k,
-                    c_bf16: false,
-                    bf16,
-                    batch: Batch::ONE,
-                },
-            })?;
+        let (dout, held) = stored_view(op.dout);
+        match bf16 && held == 0 && op.dinp.is_some() && op.dw.is_some() {
+            // two bf16 values a scratch word
+            true => q.with_scratch([(rows * n).div_ceil(2)], |[words]| {
+                let rounded = View {
+                    len: rows * n,
+                    ..words
+                };
+                q.to_bf16(rounded, dout)?;
+                products(q, &op, Stored::Bf16(rounded), bf16)
+            })?,
+            false => products(q, &op, op.dout, bf16)?,
         }
         match op.dbias {
-            Some(db) => {
-                let (dout, _) = stored_view(op.dout);
-                q.bias_backward(db, (dout, Stored::F32(dout), None, None), (rows, n))
-            }
+            Some(db) => q.bias_backward(db, (dout, Stored::F32(dout), None, None), (rows, n)),
             None => Ok(()),
         }
     }
+}
+
+/// `op`'s two products on a GPU, from `dout` (`op.dout`, or its rounded copy).
+fn products<R: Runtime>(
+    q: &Queue<R>,
+    op: &MatmulBackward<Raw>,
+    dout: Stored<View, View>,
+    bf16: bool,
+) -> Queued {
+    let MatmulShape {
+        rows, k, n, layout, ..
+    } = op.shape;
+    let dout = |transpose| stored_operand(dout, transpose, n);
+    if let Some(dinp) = op.dinp {
+        // dinp^T (k x rows) = W @ dout^T.
+        q.gemm(Gemm {
+            m: k,
+            n: rows,
+            k: n,
+            a: weight_operand(op.w, layout, k, n, true),
+            b: dout(false),
+            beta: 0.0,
+            c: dinp,
+            ldc: k,
+            c_bf16: false,
+            bf16,
+            batch: Batch::ONE,
+        })?;
+    }
+    let Some(dw) = op.dw else { return Ok(()) };
+    q.gemm(match layout {
+        // dw (k, n) += inp^T @ dout: column-major dw^T (n x k) += dout^T @ inp.
+        WeightLayout::InOut => Gemm {
+            m: n,
+            n: k,
+            k: rows,
+            a: dout(false),
+            b: stored_operand(op.inp, true, k),
+            beta: 1.0,
+            c: dw,
+            ldc: n,
+            c_bf16: false,
+            bf16,
+            batch: Batch::ONE,
+        },
+        // dw (n, k) += dout^T @ inp: column-major dw^T (k x n) += inp^T @ dout.
+        WeightLayout::OutIn => Gemm {
+            m: k,
+            n,
+            k: rows,
+            a: stored_operand(op.inp, false, k),
+            b: dout(true),
+            beta: 1.0,
+            c: dw,
+            ldc: k,
+            c_bf16: false,
+            bf16,
+            batch: Batch::ONE,
+        },
+    })
 }
 
 fn weight_mat<T>(w: T, layout: WeightLayout, k: usize, n: usize) -> Mat<T> {
