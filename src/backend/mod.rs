@@ -231,8 +231,10 @@ pub trait Kernels: Device {
     fn to_bf16(&self, dst: Dst<'_, Self, Bf16>, src: Src<'_, Self>);
     /// Sum in f64 (the loss over a batch's rows).
     fn sum(&self, x: Src<'_, Self>) -> Result<f64>;
-    /// Sum of squares in f64.
-    fn sum_squares(&self, x: Src<'_, Self>) -> Result<f64>;
+    /// Each of `xs`'s sum of squares in f64, in one call: a GPU queues
+    /// every reduction and reads their partials back at once (a gradient's
+    /// norm, one a tensor, without waiting once a tensor).
+    fn sum_squares(&self, xs: &[Src<'_, Self>]) -> Result<Vec<f64>>;
 }
 
 /// Decoding: a few rows a step against packed weights and a KV cache.

@@ -828,20 +828,23 @@ impl<B: Backend> StageState<B> {
     /// into tensor-parallel-split and replicated tensors (the copied unit
     /// not counted: its owner counts it). Sharded: this rank's shard only.
     pub fn grad_squares(&self, be: &B, lay: &ParamLayout, r: usize) -> Result<(f64, f64)> {
-        let (mut split, mut rep) = (0.0f64, 0.0f64);
+        let (mut pieces, mut replicated) = (Vec::new(), Vec::new());
         for k in usize::from(self.pieces.copied)..self.pieces.layout.len() {
             let (g, at, global, len) = self.my_grad(k, r);
             for t in &lay.tensors {
                 let tr = t.range();
                 let (a, b) = (tr.start.max(global), tr.end.min(global + len));
-                if a >= b {
-                    continue;
+                if a < b {
+                    pieces.push(g.slice(at + a - global..at + b - global));
+                    replicated.push(t.split == TpSplit::Replicated);
                 }
-                let sq = be.sum_squares(g.slice(at + a - global..at + b - global))?;
-                match t.split {
-                    TpSplit::Replicated => rep += sq,
-                    _ => split += sq,
-                }
+            }
+        }
+        let (mut split, mut rep) = (0.0f64, 0.0f64);
+        for (sq, replicated) in be.sum_squares(&pieces)?.into_iter().zip(replicated) {
+            match replicated {
+                true => rep += sq,
+                false => split += sq,
             }
         }
         Ok((split, rep))

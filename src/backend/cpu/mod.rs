@@ -182,8 +182,9 @@ impl Kernels for Cpu {
     fn sum(&self, x: Src<'_, Self>) -> Result<f64> {
         cpu_timed("sum", 0.0, || Ok(r(x).iter().map(|&v| v as f64).sum()))
     }
-    fn sum_squares(&self, x: Src<'_, Self>) -> Result<f64> {
-        cpu_timed("sum_squares", 0.0, || Ok(elementwise::sum_squares(r(x))))
+    fn sum_squares(&self, xs: &[Src<'_, Self>]) -> Result<Vec<f64>> {
+        let each = || xs.iter().map(|&x| elementwise::sum_squares(r(x))).collect();
+        cpu_timed("sum_squares", 0.0, || Ok(each()))
     }
 }
 

@@ -231,13 +231,12 @@ impl<R: Runtime> Kernels for Gpu<R> {
         let finish = || self.queue(|d| d.finish());
         profile::timed("sum", 0.0, finish, || self.dev.sum(view(x.raw()))).map_err(device_error)
     }
-    fn sum_squares(&self, x: Src<'_, Self>) -> Result<f64> {
+    fn sum_squares(&self, xs: &[Src<'_, Self>]) -> Result<Vec<f64>> {
         self.check()?;
         let finish = || self.queue(|d| d.finish());
-        profile::timed("sum_squares", 0.0, finish, || {
-            self.dev.sum_squares(view(x.raw()))
-        })
-        .map_err(device_error)
+        let xs: Vec<_> = xs.iter().map(|x| view(x.raw())).collect();
+        profile::timed("sum_squares", 0.0, finish, || self.dev.sum_squares(&xs))
+            .map_err(device_error)
     }
 }
 

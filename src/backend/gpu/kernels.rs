@@ -3,7 +3,7 @@
 //! accumulate). Sources live in `src/backend/kernels/`, one dialect for
 //! OpenCL C and CUDA; GEMMs go to the runtime's BLAS (CLBlast, cuBLAS).
 
-use super::{u32_arg, Arg, DeviceMem, Gemm, GpuError, Operand, Queue, Raw, Runtime, View, BLOCK};
+use super::{u32_arg, Arg, Gemm, GpuError, Operand, Queue, Raw, Runtime, View, BLOCK};
 use crate::backend::ops::{self, checked, AsIs, Kernel, Stored};
 use crate::backend::{Activation, WeightLayout, COLUMN_CHUNK_ROWS};
 
@@ -190,29 +190,53 @@ impl<R: Runtime> Queue<R> {
         self.launch("fill", groups(dst.len), &args)
     }
 
-    /// Sum of squares of x, in f64 (reproducible).
-    pub fn sum_squares(&self, x: View) -> Result<f64, GpuError> {
-        self.reduce(x, true)
+    /// Sum of squares of each of `xs`, in f64 (reproducible).
+    pub fn sum_squares(&self, xs: &[View]) -> Result<Vec<f64>, GpuError> {
+        self.reduce(xs, true)
     }
 
     /// Sum of x, in f64 (reproducible).
     pub fn sum(&self, x: View) -> Result<f64, GpuError> {
-        self.reduce(x, false)
+        Ok(self.reduce(&[x], false)?[0])
     }
 
-    fn reduce(&self, x: View, square: bool) -> Result<f64, GpuError> {
-        let g = groups(x.len).clamp(1, REDUCE_GROUPS);
-        let partials = self.alloc::<f32>(g)?;
-        let args = [
-            Arg::View(partials.view()),
-            Arg::View(x),
-            u32s("n", x.len)?,
-            Arg::U32(square as u32),
-        ];
-        self.launch("reduce_partial", g, &args)?;
-        let mut host = vec![0.0f32; g];
-        self.read(partials.view(), &mut host)?;
-        Ok(host.iter().map(|&p| p as f64).sum())
+    /// Each of `xs` summed (or its squares): every reduction's partials
+    /// queued into one scratch, read back at once, and each view's added
+    /// in f64. A view's partials depend only on its length, so its sum is
+    /// the same whatever else is reduced with it.
+    fn reduce(&self, xs: &[View], square: bool) -> Result<Vec<f64>, GpuError> {
+        let counts: Vec<usize> = xs
+            .iter()
+            .map(|x| groups(x.len).clamp(1, REDUCE_GROUPS))
+            .collect();
+        let mut host = vec![0.0f32; counts.iter().sum()];
+        self.with_scratch([host.len()], |[partials]| {
+            let mut at = 0;
+            for (&x, &g) in xs.iter().zip(&counts) {
+                let args = [
+                    Arg::View(View {
+                        off: partials.off + at,
+                        len: g,
+                        ..partials
+                    }),
+                    Arg::View(x),
+                    u32s("n", x.len)?,
+                    Arg::U32(square as u32),
+                ];
+                self.launch("reduce_partial", g, &args)?;
+                at += g;
+            }
+            self.read(partials, &mut host)
+        })?;
+        let mut partials = host.as_slice();
+        Ok(counts
+            .iter()
+            .map(|&g| {
+                let (mine, rest) = partials.split_at(g);
+                partials = rest;
+                mine.iter().map(|&p| p as f64).sum()
+            })
+            .collect())
     }
 }
 

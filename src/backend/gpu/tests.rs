@@ -1519,10 +1519,11 @@ fn sums_match_f64_and_are_deterministic_on<R: Runtime>(dev: &Queue<R>) {
     } else {
         vec![1, 3, 1000, 300_001]
     };
+    let (mut held, mut alone) = (Vec::new(), Vec::new());
     for n in sizes {
         let x = randn(&mut rng, n, 1.0);
         let xd = putf(dev, &x);
-        let sq = dev.sum_squares(xd.view()).unwrap();
+        let sq = dev.sum_squares(&[xd.view()]).unwrap()[0];
         let want_sq = elementwise::sum_squares(&x);
         // Relative to the sum of magnitudes, the scale of rounding in any order.
         let abs: f64 = x.iter().map(|&v| v.abs() as f64).sum();
@@ -1535,9 +1536,19 @@ fn sums_match_f64_and_are_deterministic_on<R: Runtime>(dev: &Queue<R>) {
             err_sq <= TOL && err_s <= TOL,
             "n={n}: {sq} vs {want_sq}, {s} vs {want_s}"
         );
-        assert_eq!(dev.sum_squares(xd.view()).unwrap(), sq);
         assert_eq!(dev.sum(xd.view()).unwrap(), s);
+        // and from its second element on, an offset view
+        let tail = xd.view().tail(1);
+        alone.extend([sq, dev.sum_squares(&[tail]).unwrap()[0]]);
+        held.push(xd);
     }
+    // every view reduced in one call: each its sum alone, bit for bit
+    let views: Vec<View> = held
+        .iter()
+        .flat_map(|x| [x.view(), x.view().tail(1)])
+        .collect();
+    assert_eq!(dev.sum_squares(&views).unwrap(), alone);
+    assert_eq!(dev.sum_squares(&[]).unwrap(), Vec::<f64>::new());
 }
 
 #[test]
