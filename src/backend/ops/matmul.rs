@@ -184,6 +184,7 @@ impl<O: Operands> Kernel<O> for MatmulBackward<O> {
             // two bf16 values a scratch word
             true => q.with_scratch([(rows * n).div_ceil(2)], |[words]| {
                 let rounded = View {
+                    off: 2 * words.off,
                     len: rows * n,
                     ..words
                 };
