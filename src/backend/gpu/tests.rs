@@ -1059,7 +1059,9 @@ fn bf16_storage_is_its_fp32_values_on<R: Runtime>(dev: &Queue<R>) {
 
         let dlogits = bf16_logits_on(dev, &what, &logits, &mut rng, v, vp);
         let wide: Vec<f32> = dlogits.iter().map(|x| x.to_f32()).collect();
-        let (df, db) = (putf(dev, &wide), putb(&dlogits));
+        // the fp32 one a row longer than the products read: its tail unread
+        let long: Vec<f32> = wide.iter().copied().chain(vec![7.0; vp]).collect();
+        let (df, db) = (putf(dev, &long), putb(&dlogits));
         let dw0 = randn(&mut rng, vp * k, 1.0);
         let mut grads = Vec::new();
         for dout in [Stored::F32(df.view()), Stored::Bf16(db.view())] {
@@ -1538,8 +1540,13 @@ fn sums_match_f64_and_are_deterministic_on<R: Runtime>(dev: &Queue<R>) {
         );
         assert_eq!(dev.sum(xd.view()).unwrap(), s);
         // and from its second element on, an offset view
-        let tail = xd.view().tail(1);
-        alone.extend([sq, dev.sum_squares(&[tail]).unwrap()[0]]);
+        let tail = dev.sum_squares(&[xd.view().tail(1)]).unwrap()[0];
+        let want_tail = elementwise::sum_squares(&x[1..]);
+        assert!(
+            (tail - want_tail).abs() <= TOL * want_tail.max(1.0),
+            "n={n}: the tail's"
+        );
+        alone.extend([sq, tail]);
         held.push(xd);
     }
     // every view reduced in one call: each its sum alone, bit for bit

@@ -188,7 +188,11 @@ impl<O: Operands> Kernel<O> for MatmulBackward<O> {
                     len: rows * n,
                     ..words
                 };
-                q.to_bf16(rounded, dout)?;
+                let read = View {
+                    len: rows * n,
+                    ..dout
+                };
+                q.to_bf16(rounded, read)?;
                 products(q, &op, Stored::Bf16(rounded), bf16)
             })?,
             false => products(q, &op, op.dout, bf16)?,
