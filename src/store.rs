@@ -179,6 +179,28 @@ pub fn stored_checksum(text: &str) -> std::result::Result<(String, String), Stri
     Ok((json_checksum(&value), recorded))
 }
 
+/// Floating-point tensor data of `dtype` (F32, or BF16 and F16: a model
+/// saved in half precision, widened exactly) into `out`; false for any
+/// other dtype.
+pub fn widen_into(dtype: Dtype, data: &[u8], out: &mut [f32]) -> bool {
+    let halves = |widen: fn(u16) -> f32, out: &mut [f32]| {
+        for (d, h) in out.iter_mut().zip(data.chunks_exact(2)) {
+            *d = widen(u16::from_le_bytes([h[0], h[1]]));
+        }
+    };
+    match dtype {
+        Dtype::F32 => {
+            for (d, chunk) in out.iter_mut().zip(data.chunks_exact(4)) {
+                *d = f32::from_le_bytes(chunk.try_into().expect("4 bytes"));
+            }
+        }
+        Dtype::BF16 => halves(|h| half::bf16::from_bits(h).to_f32(), out),
+        Dtype::F16 => halves(|h| half::f16::from_bits(h).to_f32(), out),
+        _ => return false,
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,7 @@ use crate::backend::Backend;
 use crate::data::TokenizerSpec;
 use crate::error::{Error, Result};
 use crate::model::{Gpt2, ModelConfig, ParamLayout};
-use crate::store::{self, write_safetensors, Data};
+use crate::store::{self, widen_into, write_safetensors, Data};
 use safetensors::tensor::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -186,19 +186,15 @@ pub fn read_weights(
         }
         let out = &mut params[r.clone()];
         match view.dtype() {
-            Dtype::F32 => {
-                for (d, chunk) in out.iter_mut().zip(view.data().chunks_exact(4)) {
-                    *d = f32::from_le_bytes(chunk.try_into().expect("4 bytes"));
-                }
-            }
             Dtype::I8 if config.block_matrix(t) => {
                 dequantize(&st, &name, view.data(), shape[1], out).map_err(bad)?
             }
-            other => {
+            other if !widen_into(other, view.data(), out) => {
                 return Err(bad(format!(
-                    "tensor '{name}' has dtype {other:?}, expected F32"
+                    "tensor '{name}' has dtype {other:?}, expected F32, BF16 or F16"
                 )))
             }
+            _ => {}
         }
         if let Some(i) = params[r].iter().position(|x| !x.is_finite()) {
             return Err(bad(format!(
@@ -382,7 +378,8 @@ mod tests {
     use crate::model::GptConfig;
 
     #[test]
-    fn tensors_the_model_has_no_kind_of_are_read_past_and_a_block_too_many_is_refused() {
+    fn tensors_the_model_has_no_kind_of_are_read_past_a_block_too_many_is_refused_and_bf16_widens()
+    {
         let cfg: ModelConfig = GptConfig {
             n_layer: 1,
             n_head: 2,
@@ -410,6 +407,18 @@ mod tests {
             read_weights(&cfg, &path, None)
         };
         let plain = read(&model).unwrap();
+        // the same weights saved in bf16 read as their values rounded
+        let rounded = |x: f32| half::bf16::from_f32(x);
+        let halves: Vec<_> = stored(&cfg, &layout)
+            .into_iter()
+            .map(|(name, shape, r)| {
+                let bytes = params[r].iter().flat_map(|&x| rounded(x).to_le_bytes());
+                (name, Dtype::BF16, shape, bytes.collect())
+            })
+            .collect();
+        let want: Vec<f32> = plain.iter().map(|&x| rounded(x).to_f32()).collect();
+        assert_eq!(read(&halves).unwrap(), want);
+        assert_ne!(want, plain);
         // an older Hugging Face file's causal-mask buffer: no kind of ours
         let mut with_mask = model.clone();
         let mask = (

@@ -10,7 +10,7 @@ use super::layout::{classifier_names, layout, EMBEDDINGS, HEAD_MLM};
 use crate::data::wordpiece::WordPiece;
 use crate::error::{Error, Result};
 use crate::model::layout::TensorSpec;
-use crate::store::{checksum, write_atomic, write_json, write_safetensors, Data};
+use crate::store::{checksum, widen_into, write_atomic, write_json, write_safetensors, Data};
 use safetensors::tensor::{Dtype, SafeTensors};
 use std::path::Path;
 
@@ -126,17 +126,13 @@ fn find(st: &SafeTensors, name: &str) -> Result<Option<(Vec<usize>, Vec<f32>)>> 
             None => return Ok(None),
         },
     };
-    if view.dtype() != Dtype::F32 {
+    let mut data = vec![0.0; view.shape().iter().product()];
+    if !widen_into(view.dtype(), view.data(), &mut data) {
         return Err(Error::Input(format!(
-            "tensor {name} is {:?}; float32 checkpoints only",
+            "tensor {name} is {:?}; F32, BF16 or F16 checkpoints only",
             view.dtype()
         )));
     }
-    let data = view
-        .data()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
-        .collect();
     Ok(Some((view.shape().to_vec(), data)))
 }
 
@@ -283,7 +279,8 @@ pub fn load_folder(
     // the embeddings and every block's matrices must be in the file: a
     // config asking for more is refused before the model is allocated
     let (c, f) = (cfg.n_embd as u64, cfg.n_inner as u64);
-    let least = 4
+    // (2 bytes a weight: a file saved in bf16 or fp16)
+    let least = 2
         * (cfg.vocab_size as u64 * c
             + cfg.block_size as u64 * c
             + cfg.n_layer as u64 * (4 * c * c + 2 * c * f));
@@ -535,6 +532,80 @@ mod tests {
                 err.contains("vocab.txt: checksum") && err.contains("config.json"),
                 "{err}"
             );
+        }
+    }
+
+    /// A folder saved in half precision (`model.to(torch.bfloat16)
+    /// .save_pretrained`, or fp16) loads as its values widened: every
+    /// weight the fp32 folder's, rounded by the `half` crate.
+    #[test]
+    fn a_folder_saved_in_bf16_or_fp16_loads_as_its_values_widened() {
+        let cfg = BertConfig {
+            n_layer: 1,
+            n_head: 2,
+            n_embd: 8,
+            n_inner: 12,
+            block_size: 5,
+            type_vocab: 2,
+            // a vocabulary whose rows are most of the file: half its fp32 size
+            // must be enough
+            vocab_size: 2000,
+            layer_norm_eps: 1e-12,
+            head: BertHead::Classify { labels: 2 },
+        };
+        let mut p = super::super::init_full(&cfg, 4);
+        p.iter_mut()
+            .enumerate()
+            .for_each(|(i, x)| *x += i as f32 * 1e-3 + 1e-7);
+        let lay = layout(&cfg, 1);
+        let word = lay.tensor(EMBEDDINGS[0]).unwrap().range();
+        p[word.start + cfg.vocab_size * cfg.n_embd..word.end].fill(0.0);
+        let root = crate::testdir::TestDir::new("bert-hf-half");
+        let dir = root.path().join("model");
+        write_folder(&cfg, &p, None, &[], &dir).unwrap();
+        let path = dir.join("model.safetensors");
+        let fp32 = std::fs::read(&path).unwrap();
+        let st = SafeTensors::deserialize(&fp32).unwrap();
+        // a file saved so carries no checksum of distgpt's
+        let mut config = read_json(&dir).unwrap();
+        config.as_object_mut().unwrap().remove(CHECKSUM_KEY);
+        std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+        type Round = fn(f32) -> (u16, f32);
+        let bf16: Round = |x| {
+            (
+                half::bf16::from_f32(x).to_bits(),
+                half::bf16::from_f32(x).to_f32(),
+            )
+        };
+        let f16: Round = |x| {
+            (
+                half::f16::from_f32(x).to_bits(),
+                half::f16::from_f32(x).to_f32(),
+            )
+        };
+        for (dtype, round) in [(Dtype::BF16, bf16), (Dtype::F16, f16)] {
+            let tensors: Vec<_> = st
+                .tensors()
+                .into_iter()
+                .map(|(name, v)| {
+                    let bytes = v.data().chunks_exact(4).flat_map(|b| {
+                        round(f32::from_le_bytes(b.try_into().unwrap()))
+                            .0
+                            .to_le_bytes()
+                    });
+                    (
+                        name,
+                        dtype,
+                        v.shape().to_vec(),
+                        Data::Bytes(bytes.collect()),
+                    )
+                })
+                .collect();
+            write_safetensors(&path, &tensors).unwrap();
+            let (_, back) = load_folder(&dir, None, 9).unwrap();
+            let want: Vec<f32> = p.iter().map(|&x| round(x).1).collect();
+            assert_eq!(back, want, "{dtype:?}");
+            assert_ne!(back, p, "{dtype:?}: the rounding is visible");
         }
     }
 
