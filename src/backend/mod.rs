@@ -30,6 +30,7 @@ pub use ops::crossentropy::{CrossEntropyBackward, CrossEntropyForward};
 pub use ops::encoder::{EncoderBackward, EncoderForward};
 pub use ops::layernorm::{LayerNormBackward, LayerNormForward};
 pub use ops::matmul::{MatmulBackward, MatmulForward, MatmulShape, WeightLayout};
+pub use ops::rows::CopyRows;
 pub use ops::{AttentionDecode, Kernel, MatmulDecode, On, Stored, StoredBuf, StoredDst, StoredSrc};
 pub use threads::Threads;
 

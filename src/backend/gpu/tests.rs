@@ -16,9 +16,9 @@ use crate::backend::ops::{AsIs, Host, Kernel, Stored};
 use crate::backend::Elem;
 use crate::backend::{Activation, AdamWStep, Bf16, WeightLayout};
 use crate::backend::{
-    ActivationBackward, ActivationForward, AdamWUpdate, CrossEntropyBackward, CrossEntropyForward,
-    EncoderBackward, EncoderForward, LayerNormBackward, LayerNormForward, MatmulBackward,
-    MatmulForward, MatmulShape,
+    ActivationBackward, ActivationForward, AdamWUpdate, CopyRows, CrossEntropyBackward,
+    CrossEntropyForward, EncoderBackward, EncoderForward, LayerNormBackward, LayerNormForward,
+    MatmulBackward, MatmulForward, MatmulShape,
 };
 use crate::rng::Rng;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -353,6 +353,48 @@ fn encoder_forward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
             &get(dev, &out),
             &want,
         );
+    }
+}
+
+#[test]
+fn copy_rows_matches_cpu() {
+    on_gpus!(copy_rows_matches_cpu_on);
+}
+
+/// BERT's gather of each sequence's first row and scatter back (strides t x
+/// w and w), plus a wide row, copied and added, bit for bit.
+fn copy_rows_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
+    let mut rng = Rng::new(4);
+    for (rows, w, dst_stride, src_stride) in [(3, 5, 5, 20), (3, 5, 20, 5), (2, 300, 301, 307)] {
+        let (dn, sn) = ((rows - 1) * dst_stride + w, (rows - 1) * src_stride + w);
+        let (init, src) = (randn(&mut rng, dn, 1.0), randn(&mut rng, sn, 1.0));
+        for add in [false, true] {
+            let mut want = init.clone();
+            (CopyRows::<Host> {
+                dst: &mut want,
+                src: &src,
+                rows,
+                w,
+                dst_stride,
+                src_stride,
+                add,
+            })
+            .cpu(&AsIs);
+            let (d, s) = (putf(dev, &init), putf(dev, &src));
+            let op = CopyRows {
+                dst: d.view(),
+                src: s.view(),
+                rows,
+                w,
+                dst_stride,
+                src_stride,
+                add,
+            };
+            dev.run(op).unwrap();
+            let what =
+                format!("copy_rows {rows} x {w} at {dst_stride} from {src_stride}, add {add}");
+            assert_eq!(get(dev, &d), want, "{what}");
+        }
     }
 }
 

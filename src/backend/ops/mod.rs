@@ -321,6 +321,7 @@ pub(crate) mod crossentropy;
 pub(crate) mod encoder;
 pub(crate) mod layernorm;
 pub(crate) mod matmul;
+pub(crate) mod rows;
 
 operation! {
     /// out (rows, n) = [out +] inp (rows, k) @ W + bias for few rows (one per

@@ -24,7 +24,7 @@ use super::unit::{
     StageModel, UnitGrads, UnitKind, UnitModel, UnitParams, Weights,
 };
 use crate::backend::{
-    Activation, AttentionBackward, AttentionForward, Backend, Buf, Dst, EncoderBackward,
+    Activation, AttentionBackward, AttentionForward, Backend, Buf, CopyRows, Dst, EncoderBackward,
     EncoderForward, LayerNormBackward, LayerNormForward, MatmulBackward, MatmulForward,
     MatmulShape, Src, StoredBuf, WeightLayout,
 };
@@ -102,7 +102,7 @@ impl<B: Backend> PooledActs<B> {
         let labels = head.pooled_labels().expect("a pooler has labels");
         let (i, be, c) = (pooler_index(head), ops.be, ops.c);
         let bc = b * c;
-        gather_first(be, self.cls.d(), x, b, t, c);
+        gather_first(be, self.cls.d(), x, b, t, c)?;
         let (pre, cls) = (self.pre.slice_mut(0..bc), self.cls.slice(0..bc));
         ops.linear(pre, cls, i, None, io(b, c, c))?;
         let (pooled, pre) = (self.pooled.slice_mut(0..bc), self.pre.slice(0..bc));
@@ -142,8 +142,7 @@ impl<B: Backend> PooledActs<B> {
         ops.act_back(dp.rb(), self.pre.slice(0..bc), i + 1, Activation::Tanh)?;
         let (dcls, cls) = (self.dcls.slice_mut(0..bc), self.cls.slice(0..bc));
         ops.linear_back(Some(dcls), dp.src(), cls, i, None, io(b, c, c))?;
-        scatter_first(be, dres, self.dcls.s(), b, t, c, head.has_mlm());
-        Ok(())
+        scatter_first(be, dres, self.dcls.s(), b, t, c, head.has_mlm())
     }
 }
 
@@ -357,21 +356,25 @@ impl<B: Backend> Acts<B> {
     }
 }
 
-/// dst (b, w) = the first row of each of src's b sequences of t rows of w.
+/// dst (b, w) = the first row of each of src's b sequences of t rows of w
+/// (one launch).
 fn gather_first<B: Backend>(
     be: &B,
-    mut dst: Dst<'_, B>,
+    dst: Dst<'_, B>,
     src: Src<'_, B>,
     b: usize,
     t: usize,
     w: usize,
-) {
-    for i in 0..b {
-        be.copy(
-            dst.rb().slice(i * w..(i + 1) * w),
-            src.slice(i * t * w..(i * t + 1) * w),
-        );
-    }
+) -> Result<()> {
+    be.run(CopyRows {
+        dst,
+        src,
+        rows: b,
+        w,
+        dst_stride: w,
+        src_stride: t * w,
+        add: false,
+    })
 }
 
 /// The first row of each of dst's b sequences of t rows of w = src's row
@@ -385,20 +388,19 @@ fn scatter_first<B: Backend>(
     t: usize,
     w: usize,
     add: bool,
-) {
+) -> Result<()> {
     if !add {
         be.fill(dst.rb(), 0.0);
     }
-    for i in 0..b {
-        let (to, from) = (
-            dst.rb().slice(i * t * w..(i * t + 1) * w),
-            src.slice(i * w..(i + 1) * w),
-        );
-        match add {
-            true => be.add_inplace(to, from),
-            false => be.copy(to, from),
-        }
-    }
+    be.run(CopyRows {
+        dst,
+        src,
+        rows: b,
+        w,
+        dst_stride: t * w,
+        src_stride: w,
+        add,
+    })
 }
 
 /// The current batch's shape and host tokens.
@@ -709,8 +711,8 @@ impl<B: Backend> Engine<B> {
         // after the attention: every row, or a classifier's first-token rows
         let (n, x, atty) = match a.first.as_mut().filter(|_| first_only) {
             Some(fr) => {
-                gather_first(be, fr.x.d(), x, b, t, c);
-                gather_first(be, fr.atty.d(), atty.src(), b, t, cl);
+                gather_first(be, fr.x.d(), x, b, t, c)?;
+                gather_first(be, fr.atty.d(), atty.src(), b, t, cl)?;
                 (b, fr.x.slice(0..b * c), fr.atty.slice(0..b * cl))
             }
             None => (rows, x, atty.src()),
@@ -751,7 +753,7 @@ impl<B: Backend> Engine<B> {
         if let Some(fr) = fr {
             // the stream's other rows are never read: zeros, not an
             // earlier batch's
-            scatter_first(be, top, fr.out.s(), b, t, c, false);
+            scatter_first(be, top, fr.out.s(), b, t, c, false)?;
         }
         Ok(())
     }
@@ -788,7 +790,7 @@ impl<B: Backend> Engine<B> {
         let (n, mut dy, mut dx, atty_in, mut first_datty) =
             match a.first.as_mut().filter(|_| first_only) {
                 Some(fr) => {
-                    gather_first(be, fr.d1.d(), dres.src(), b, t, c);
+                    gather_first(be, fr.d1.d(), dres.src(), b, t, c)?;
                     let first_atty = fr.atty.slice(0..b * cl);
                     (b, fr.d1.d(), fr.d2.d(), first_atty, Some(fr.datty.d()))
                 }
@@ -820,7 +822,7 @@ impl<B: Backend> Engine<B> {
         let mut datty = dbig.rb().first(rows * cl);
         if let Some(d) = first_datty {
             // the other rows' outputs reached no loss
-            scatter_first(be, datty.rb(), d.into_src(), b, t, cl, false);
+            scatter_first(be, datty.rb(), d.into_src(), b, t, cl, false)?;
         }
         let mut dqkv = a.dqkv.slice_mut(0..3 * rows * cl);
         be.run(AttentionBackward {
@@ -837,7 +839,7 @@ impl<B: Backend> Engine<B> {
         ops.linear_back(Some(dres.rb()), dqkv.src(), x, QkvW, Some(QkvB), shape)?;
         tp::all_reduce(be, tp, dres.rb())?;
         match first_only {
-            true => scatter_first(be, dres, dx.src(), b, t, c, true),
+            true => scatter_first(be, dres, dx.src(), b, t, c, true)?,
             false => be.add_inplace(dres, dx.src()),
         }
         Ok(())
