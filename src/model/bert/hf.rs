@@ -500,19 +500,24 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_vocabulary_replaced_beside_the_weights_is_refused_naming_it() {
-        let cfg = BertConfig {
+    /// A one-block BERT 8 wide of `vocab_size` words under `head`.
+    fn one_block(vocab_size: usize, head: BertHead) -> BertConfig {
+        BertConfig {
             n_layer: 1,
             n_head: 2,
             n_embd: 8,
             n_inner: 12,
             block_size: 5,
             type_vocab: 2,
-            vocab_size: 8,
+            vocab_size,
             layer_norm_eps: 1e-12,
-            head: BertHead::Mlm,
-        };
+            head,
+        }
+    }
+
+    #[test]
+    fn a_vocabulary_replaced_beside_the_weights_is_refused_naming_it() {
+        let cfg = one_block(8, BertHead::Mlm);
         let p = super::super::init_full(&cfg, 4);
         let tokens = [
             "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "yes", "no", "maybe",
@@ -540,19 +545,9 @@ mod tests {
     /// weight the fp32 folder's, rounded by the `half` crate.
     #[test]
     fn a_folder_saved_in_bf16_or_fp16_loads_as_its_values_widened() {
-        let cfg = BertConfig {
-            n_layer: 1,
-            n_head: 2,
-            n_embd: 8,
-            n_inner: 12,
-            block_size: 5,
-            type_vocab: 2,
-            // a vocabulary whose rows are most of the file: half its fp32 size
-            // must be enough
-            vocab_size: 2000,
-            layer_norm_eps: 1e-12,
-            head: BertHead::Classify { labels: 2 },
-        };
+        // a vocabulary whose rows are most of the file: half its fp32 size
+        // must be enough
+        let cfg = one_block(2000, BertHead::Classify { labels: 2 });
         let mut p = super::super::init_full(&cfg, 4);
         p.iter_mut()
             .enumerate()
