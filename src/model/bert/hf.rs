@@ -565,18 +565,15 @@ mod tests {
         let mut config = read_json(&dir).unwrap();
         config.as_object_mut().unwrap().remove(CHECKSUM_KEY);
         std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+        // each value's bits in the file, and the value they widen to
         type Round = fn(f32) -> (u16, f32);
         let bf16: Round = |x| {
-            (
-                half::bf16::from_f32(x).to_bits(),
-                half::bf16::from_f32(x).to_f32(),
-            )
+            let h = half::bf16::from_f32(x);
+            (h.to_bits(), h.to_f32())
         };
         let f16: Round = |x| {
-            (
-                half::f16::from_f32(x).to_bits(),
-                half::f16::from_f32(x).to_f32(),
-            )
+            let h = half::f16::from_f32(x);
+            (h.to_bits(), h.to_f32())
         };
         for (dtype, round) in [(Dtype::BF16, bf16), (Dtype::F16, f16)] {
             let tensors: Vec<_> = st
