@@ -25,16 +25,16 @@ impl<O: Operands> Kernel<O> for CopyRows<O> {
 
     fn check(&self) -> Result<(), String> {
         let (rows, w) = (self.rows, self.w);
+        if rows == 0 {
+            return Ok(());
+        }
         if rows > 1 && w > self.dst_stride {
             return Err(format!(
                 "rows of {w} written {} apart overlap",
                 self.dst_stride
             ));
         }
-        let extent = |stride: usize| rows.saturating_sub(1) * stride + w;
-        if rows == 0 {
-            return Ok(());
-        }
+        let extent = |stride: usize| (rows - 1) * stride + w;
         need("dst", &self.dst, extent(self.dst_stride))?;
         need("src", &self.src, extent(self.src_stride))
     }
