@@ -28,6 +28,7 @@ from pathlib import Path
 def bf16_safetensors(src, dst):
     """src's F32 tensors as BF16 (others dropped: MiniLM's int64
     position_ids, which distgpt does not read)."""
+    assert sys.byteorder == "little", "safetensors' data is little-endian, as array reads it here"
     raw = src.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
     header = json.loads(raw[8 : 8 + n])
@@ -39,7 +40,6 @@ def bf16_safetensors(src, dst):
         start, end = t["data_offsets"]
         bits = array.array("I")
         bits.frombytes(data[start:end])
-        assert sys.byteorder == "little"
         # round to nearest even on the dropped 16 bits (no NaN in MiniLM)
         half = array.array("H", ((b + 0x7FFF + ((b >> 16) & 1)) >> 16 for b in bits))
         chunk = half.tobytes()
