@@ -429,6 +429,18 @@ mod tests {
         );
         with_mask.push(mask);
         assert_eq!(read(&with_mask).unwrap(), plain);
+        // int8 only for a block's matrices: a norm's weight so is refused
+        let mut int8_norm = model.clone();
+        let ln = int8_norm
+            .iter_mut()
+            .find(|t| t.0 == "transformer.h.0.ln_1.weight")
+            .unwrap();
+        (ln.1, ln.3) = (Dtype::I8, vec![1; 8]);
+        let e = read(&int8_norm).unwrap_err().to_string();
+        assert!(
+            e.contains("tensor 'transformer.h.0.ln_1.weight' has dtype I8, expected F32"),
+            "{e}"
+        );
         // a second block's norm, where the config has one block
         let mut two = model;
         let norm = (
