@@ -600,6 +600,10 @@ fi
 # ---- 1. kernels --------------------------------------------------------
 if on 1 kernels "every kernel on $dev against the CPU" && needs "${cuda_libs[@]}"; then
     run kernels.txt env "$require" "$work/bin/lib" backend:: || fail
+    # the attention tests again on the GEMMs (where flash.cu runs, `run`
+    # takes it), as DISTGPT_ATTENTION=gemm trains
+    run kernels.txt env "$require" DISTGPT_ATTENTION=gemm "$work/bin/lib" backend::gpu::attention:: ||
+        fail "attention as GEMMs"
     results kernels.txt '^test result'
 fi
 
