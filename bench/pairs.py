@@ -48,6 +48,19 @@ WORKLOADS = {
     "gpt2-4x128": (
         "--model gpt2 --batch-size 4 --seq-len 128",
         "pytorch_reference.py", "--model gpt2 --batch-size 4 --seq-len 128"),
+    # bf16: distgpt's --precision bf16 against PyTorch's bf16 autocast
+    "shakespeare-char-single-compile-bf16": (
+        "--model shakespeare-char --batch-size 16 --precision bf16",
+        "pytorch_reference.py", "--model shakespeare-char --batch-size 16 --torch-variants compile-bf16"),
+    "bert-minilm-classify-bf16": (
+        "--model bert-minilm --batch-size 32 --seq-len 128 --precision bf16",
+        "pytorch_bert_reference.py", "--model bert-minilm --batch-size 32 --seq-len 128 --torch-variants eager-bf16"),
+    "bert-minilm-classify-compile-bf16": (
+        "--model bert-minilm --batch-size 32 --seq-len 128 --precision bf16",
+        "pytorch_bert_reference.py", "--model bert-minilm --batch-size 32 --seq-len 128 --torch-variants compile-bf16"),
+    "gpt2-4x128-bf16": (
+        "--model gpt2 --batch-size 4 --seq-len 128 --precision bf16",
+        "pytorch_reference.py", "--model gpt2 --batch-size 4 --seq-len 128 --torch-variants eager-bf16"),
 }
 
 
