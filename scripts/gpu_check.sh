@@ -226,7 +226,27 @@ dry_run() {
     touch "$site/cu13/lib/"{libnvrtc.so.13,libcublas.so.13,libcublasLt.so.13}
     touch "$site/cudnn/lib/"{libcudnn.so.9,libcudnn_graph.so.9} "$site/cu13/include/"{cuda_runtime.h,cuda_bf16.h}
     printf '#!/bin/sh\necho "Cuda compilation tools, release 13.0, V13.0.88"\n' >"$site/cu13/bin/ptxas"
-    chmod +x "$site/cu13/bin/ptxas"
+    # an nsys that runs what it traces and answers the kernel summary with
+    # nsys's own CSV (its header and preamble as 2025.3 writes them)
+    cat >"$site/cu13/bin/nsys" <<'NSYS'
+#!/bin/sh
+case $1 in
+--version) echo "NVIDIA Nsight Systems version 2025.3.1.90-253135822126v0" ;;
+profile)
+    while [ "$1" != "-o" ]; do shift; done
+    out=$2
+    shift 2
+    "$@" && : >"$out.nsys-rep" ;;
+stats)
+    echo "Generating SQLite file trace.sqlite from trace.nsys-rep"
+    echo "Processing [trace.sqlite] with [/opt/nvidia/nsight-systems/2025.3.1/host-linux-x64/reports/cuda_gpu_kern_sum.py]... "
+    echo
+    echo '"Time (%)","Total Time (ns)","Instances","Avg (ns)","Med (ns)","Min (ns)","Max (ns)","StdDev (ns)","Name"'
+    echo '75.4,"30600000",240,127500.0,127000.0,120000,140000,3000.0,"sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas"'
+    echo '24.6,10000000,48,208333.3,208000.0,200000,220000,1000.0,"attention_flash_backward_dkdv"' ;;
+esac
+NSYS
+    chmod +x "$site/cu13/bin/ptxas" "$site/cu13/bin/nsys"
     local dirs="$fake/driver:$site/cu13/lib:$site/nccl/lib:$site/cudnn/lib"
     # Bounded from outside too: a harness that failed to stop a hang fails.
     local check=("$machine/scripts/gpu_check.sh")
@@ -259,7 +279,10 @@ dry_run() {
     expect "a header missing is named" "$out/green/env.txt" "^header mma\.h: not found$"
     expect "ptxas's version is read" "$out/green/env.txt" "^tool ptxas: .*/cu13/bin/ptxas \(V13\.0\.88\)$"
     expect "step 0's summary line" "$out/green/summary.txt" \
-        "cuDNN: 2 libcudnn\* file\(s\); headers: cuda_runtime\.h cuda_bf16\.h \(not found: cublasLt\.h mma\.h cudnn\.h\); compilers: ptxas V13\.0\.88"
+        "cuDNN: 2 libcudnn\* file\(s\); headers: cuda_runtime\.h cuda_bf16\.h \(not found: cublasLt\.h mma\.h cudnn\.h\); compilers: ptxas V13\.0\.88; nsys: .*/cu13/bin/nsys"
+    expect "nsys's version is read" "$out/green/env.txt" "^tool nsys: .*/cu13/bin/nsys \(2025\.3\.1\.90\)$"
+    expect "the traced run's kernels are summed" "$out/green/summary.txt" \
+        "^   gpu kernels \(nsys\): 10\.15 ms a step in 72 launches of 2 kernels \(4 steps traced\)"
     expect "the kernels ran" "$out/green/kernels.txt" "test result: ok\. [1-9]"
     expect "the backend tests ran" "$out/green/backend.txt" "test result: ok\. [1-9]"
     expect "every strategy followed single" "$out/green/nccl.txt" "fsdp bf16 .*: ok"
@@ -479,11 +502,12 @@ if [[ -z "${DISTGPT_GPU_LIB_DIRS:-}" ]]; then
     inc_dirs+=(/usr/local/cuda/include /usr/local/cuda*/targets/*/include /usr/include
         "$VIRTUAL_ENV"/lib/python3*/site-packages/nvidia/*/include)
     tool_dirs+=(/usr/local/cuda/bin /usr/local/cuda*/bin "$VIRTUAL_ENV"/lib/python3*/site-packages/nvidia/*/bin
-        "$VIRTUAL_ENV"/lib/python3*/site-packages/triton/backends/nvidia/bin)
+        "$VIRTUAL_ENV"/lib/python3*/site-packages/triton/backends/nvidia/bin
+        /usr/local/cuda*/nsight-systems-*/bin /opt/nvidia/nsight-systems/*/bin)
     IFS=: read -r -a path_dirs <<<"$PATH"
     tool_dirs+=("${path_dirs[@]}")
 fi
-cudnn=() headers=() tools=()
+cudnn=() headers=() tools=() nsys_bin=""
 {
     echo "== cuDNN, CUDA's headers, ptxas and nvcc"
     declare -A seen=()
@@ -534,6 +558,15 @@ cudnn=() headers=() tools=()
         done
         ((n)) || echo "tool $t: not found"
     done
+    # Nsight Systems, for step 4's trace of the device's own kernels
+    for d in "${tool_dirs[@]}"; do
+        [[ -x $d/nsys && ! -d $d/nsys ]] || continue
+        nsys_bin=$(readlink -f "$d/nsys")
+        v=$(timeout 20 "$nsys_bin" --version 2>&1 | grep -oE '[0-9]+\.[0-9][0-9.]*' | head -n 1)
+        echo "tool nsys: $nsys_bin (${v:-version unread})"
+        break
+    done
+    [[ -n $nsys_bin ]] || echo "tool nsys: not found"
 } >>"$out/env.txt"
 missing_h=()
 for h in cuda_runtime.h cublasLt.h cuda_bf16.h mma.h cudnn.h; do
@@ -543,7 +576,7 @@ compilers=$(printf '%s, ' "${tools[@]}")
 compilers=${compilers%, }
 echo "   cuDNN: ${#cudnn[@]} libcudnn* file(s)${cudnn_version:+, version $cudnn_version};" \
     "headers: ${headers[*]:-none}${missing_h[*]:+ (not found: ${missing_h[*]})};" \
-    "compilers: ${compilers:-none} (env.txt)"
+    "compilers: ${compilers:-none}; nsys: ${nsys_bin:-not found} (env.txt)"
 if [[ -n "${shim_dirs:-}" ]]; then
     export LD_LIBRARY_PATH="$shim_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
@@ -695,6 +728,18 @@ if on 4 bench "${gpt[1]} at ${gpt_shape[*]} and ${bert[1]} at ${bert_shape[*]} o
     # fused kernels: what the fused kernels buy (the device line says which).
     run bench.txt env DISTGPT_ATTENTION=gemm "$bin" bench --device "$dev" "${gpt[@]}" \
         "${gpt_shape[@]}" "${timing[@]}" "${peak[@]}" --precision bf16 --profile || ok=0
+    # The device's own kernels (cuBLAS's, flash.cu's, each conversion) and
+    # their sum beside the step's wall time, from an Nsight Systems trace of
+    # 4 unprofiled steps, where nsys is here.
+    if [[ -z $nsys_bin ]]; then
+        echo "   (no nsys here: the device's own kernels are not traced)"
+    elif run bench.txt "$nsys_bin" profile --force-overwrite true --trace cuda -o "$work/trace" \
+        "$bin" bench --device "$dev" "${gpt[@]}" "${gpt_shape[@]}" --steps 3 --warmup 1 \
+        "${peak[@]}" --precision bf16; then
+        run bench.txt "$py" bench/kernel_times.py "$nsys_bin" "$work/trace.nsys-rep" 4 || ok=0
+    else
+        ok=0
+    fi
     if [[ -z $dry ]] && "$py" -c 'import torch' 2>/dev/null; then
         run bench.txt "$py" bench/pytorch_bert_reference.py --device cuda "${bert[@]}" "${bert_shape[@]}" \
             "${timing[@]}" --peak-tflops 989 --torch-variants eager,eager-bf16 "${both[@]}" \
@@ -704,7 +749,7 @@ if on 4 bench "${gpt[1]} at ${gpt_shape[*]} and ${bert[1]} at ${bert_shape[*]} o
             "$bin" bench --device "$dev" "${bert[@]}" "${bert_shape[@]}" "${timing[@]}" "${peak[@]}" || ok=0
     fi
     ((ok)) || fail
-    results bench.txt '(ms/step|^ratio |^kernels |^  |^distgpt bench failed)'
+    results bench.txt '(ms/step|^ratio |^kernels |^gpu kernels |^  |^distgpt bench failed)'
 fi
 
 # ---- 5. the dialogue experiment ----------------------------------------
