@@ -1137,10 +1137,10 @@ fn bf16_storage_is_its_fp32_values_on<R: Runtime>(dev: &Queue<R>) {
                 shape,
             };
             dev.run(op).unwrap();
-            grads.push((get(dev, &di), get(dev, &dw)));
+            grads.push([get(dev, &di), get(dev, &dw)]);
         }
         for (i, grad) in ["dinp", "dw"].iter().enumerate() {
-            let (a, b) = ([&grads[0].0, &grads[0].1][i], [&grads[1].0, &grads[1].1][i]);
+            let (a, b) = (&grads[0][i], &grads[1][i]);
             assert!(
                 a == b,
                 "{what}: {grad} of a bf16 output gradient: {}",
