@@ -738,7 +738,8 @@ if on 4 bench "${gpt[1]} at ${gpt_shape[*]} and ${bert[1]} at ${bert_shape[*]} o
     # 4 unprofiled steps, where nsys is here.
     if [[ -z $nsys_bin ]]; then
         echo "   (no nsys here: the device's own kernels are not traced)"
-    elif run bench.txt "$nsys_bin" profile --force-overwrite true --trace cuda -o "$work/trace" \
+    elif run bench.txt "$nsys_bin" profile --force-overwrite true --trace cuda --sample none \
+        --cpuctxsw none -o "$work/trace" \
         "$bin" bench --device "$dev" "${gpt[@]}" "${gpt_shape[@]}" --steps 3 --warmup 1 \
         "${peak[@]}" --precision bf16; then
         run bench.txt "$py" bench/kernel_times.py "$nsys_bin" "$work/trace.nsys-rep" 4 || ok=0
