@@ -222,6 +222,34 @@ mod tests {
         added: Option<u32>,
     }
 
+    /// Each dtype's bits widen to the values IEEE 754 gives them, worked
+    /// by hand (no conversion code of the crate's or the `half` crate's).
+    #[test]
+    fn tensor_data_widens_to_the_values_its_bits_hold() {
+        let widen = |dtype, bytes: &[u8], n| {
+            let mut out = vec![7.0; n];
+            widen_into(dtype, bytes, &mut out).then_some(out)
+        };
+        let f32s: Vec<u8> = [1.5f32, -0.0, 3e38]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        assert_eq!(widen(Dtype::F32, &f32s, 3).unwrap(), [1.5, -0.0, 3e38]);
+        // bf16: the top half of an f32 (sign, 8 exponent bits, 7 of mantissa)
+        let bf16 = [0x3F80u16, 0xC0A0, 0x0001, 0x7F7F];
+        let bytes: Vec<u8> = bf16.iter().flat_map(|h| h.to_le_bytes()).collect();
+        let want = [1.0, -5.0, f32::from_bits(0x0001_0000), 3.3895314e38];
+        assert_eq!(widen(Dtype::BF16, &bytes, 4).unwrap(), want);
+        // f16: sign, 5 exponent bits (bias 15), 10 of mantissa; subnormals
+        // are mantissa x 2^-24
+        let f16 = [0x3C00u16, 0xC000, 0x0001, 0x7BFF, 0x3555];
+        let bytes: Vec<u8> = f16.iter().flat_map(|h| h.to_le_bytes()).collect();
+        let want = [1.0, -2.0, 2f32.powi(-24), 65504.0, 0.33325195];
+        assert_eq!(widen(Dtype::F16, &bytes, 5).unwrap(), want);
+        assert!(widen(Dtype::I8, &[1, 2], 2).is_none());
+        assert!(widen(Dtype::F64, &[0; 8], 1).is_none());
+    }
+
     #[test]
     fn a_file_written_before_a_field_was_added_keeps_its_checksum() {
         let mut old = Before {
