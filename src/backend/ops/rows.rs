@@ -122,5 +122,17 @@ mod tests {
             e.to_string().contains("rows of 2 written 1 apart overlap"),
             "{e}"
         );
+        // one row overlaps nothing, whatever its stride
+        let one = CopyRows {
+            dst: dst.slice_mut(0..2),
+            src: s.slice(0..2),
+            rows: 1,
+            w: 2,
+            dst_stride: 1,
+            src_stride: 1,
+            add: false,
+        };
+        be.run(one).unwrap();
+        assert_eq!(be.to_host(dst.slice(0..2)).unwrap(), [1.0, 2.0]);
     }
 }
