@@ -72,7 +72,7 @@ mod tests {
     use crate::backend::cpu::attention;
     use crate::backend::cpu::check::randn;
     use crate::backend::ops::attention::{
-        flash_backward, flash_fits, flash_forward, FLASH_HD_MAX, FLASH_ROWS,
+        flash_backward, flash_fits, flash_forward, FLASH_HD_MAX, FLASH_NARROW_HD, FLASH_ROWS,
     };
     use crate::backend::ops::Stored;
     use crate::backend::ops::{AsIs, Host, Kernel};
@@ -85,6 +85,7 @@ mod tests {
         let src = program_source();
         assert!(src.contains(&format!("#define ATT_HD_MAX {HD_MAX} ")));
         assert!(src.contains(&format!("#define FA_HD_MAX {FLASH_HD_MAX} ")));
+        assert!(src.contains(&format!("#define FA_NARROW_HD {FLASH_NARROW_HD} ")));
         assert!(src.contains(&format!("#define FA_ROWS {FLASH_ROWS} ")));
     }
 
@@ -294,7 +295,9 @@ mod tests {
     /// flash.cu against the CPU's bf16 attention as above, on every
     /// device: OpenCL runs the kernels' emulation twin of the tensor
     /// cores' fragments, so the tiling, masks and fragment layouts are
-    /// checked here without a GPU. Head dims of 16 to 64; t of one row,
+    /// checked here without a GPU. Head dims of 16 to 64 (the narrow
+    /// kernels) and 80 to 128 (the wide ones, dk and dv in two halves of
+    /// the head: 96 leaves the second half part empty); t of one row,
     /// within a tile, and past a workgroup's 128 rows.
     #[test]
     fn flash_attention_matches_cpu() {
@@ -313,7 +316,7 @@ mod tests {
             return;
         }
         let list: &[(usize, usize, usize, usize)] = if tiny() {
-            &[(1, 5, 32, 2), (1, 9, 64, 1)]
+            &[(1, 5, 32, 2), (1, 9, 64, 1), (1, 9, 128, 1)]
         } else {
             &[
                 (2, 37, 32, 2),
@@ -322,6 +325,10 @@ mod tests {
                 (2, 64, 64, 1),
                 (1, 1, 64, 1),
                 (2, 200, 128, 2),
+                (1, 130, 256, 2),
+                (2, 37, 96, 1),
+                (1, 1, 128, 1),
+                (2, 70, 160, 2),
             ]
         };
         bf16_matches_cpu(dev, fp32_shapes(list), true, 15);
@@ -407,10 +414,11 @@ mod tests {
         }
     }
 
-    /// flash.cu takes bf16 heads of 16, 32, 48 or 64 (GPT-2's 64,
-    /// MiniLM's 32); fp32, and every other head dim, run as GEMMs.
+    /// flash.cu takes bf16 heads of whole k16 steps to 128 (GPT-2's 64,
+    /// MiniLM's 32, larger models' 128); fp32, and every other head dim,
+    /// run as GEMMs.
     #[test]
-    fn flash_takes_bf16_heads_of_whole_k16_steps_to_64() {
+    fn flash_takes_bf16_heads_of_whole_k16_steps_to_128() {
         for (c, nh, bf16, fits) in [
             (768, 12, true, true),
             (384, 12, true, true),
@@ -419,8 +427,11 @@ mod tests {
             (768, 12, false, false),
             (8, 1, true, false),
             (24, 1, true, false),
-            (80, 1, true, false),
-            (1536, 12, true, false),
+            (80, 1, true, true),
+            (1536, 12, true, true),
+            (136, 1, true, false),
+            (144, 1, true, false),
+            (1536, 12, false, false),
         ] {
             let s = AttnShape {
                 b: 1,

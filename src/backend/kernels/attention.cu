@@ -52,11 +52,11 @@ DEVICE unsigned att_seen(const GLOBAL unsigned* lens, unsigned lens_off, unsigne
 // z0 + r / T (see att_seen). s (rows, T): the scores q k^T in, softmax(s /
 // sqrt(hd)) over the keys the row sees out, zeros past them; lse (rows)
 // the row's log-sum-exp of the scaled scores.
-KERNEL void attention_softmax(GLOBAL float* RESTRICT s, unsigned s_off,
-                              GLOBAL float* RESTRICT lse, unsigned lse_off,
-                              unsigned T, unsigned NH, unsigned hd, unsigned z0,
-                              const GLOBAL unsigned* RESTRICT lens, unsigned lens_off,
-                              unsigned causal) {
+KERNEL void attention_softmax_forward(GLOBAL float* RESTRICT s, unsigned s_off,
+                                      GLOBAL float* RESTRICT lse, unsigned lse_off,
+                                      unsigned T, unsigned NH, unsigned hd, unsigned z0,
+                                      const GLOBAL unsigned* RESTRICT lens, unsigned lens_off,
+                                      unsigned causal) {
     SHARED float buf[BLOCK];
     unsigned r = GROUP_ID(0), tid = LOCAL_ID(0);
     unsigned n = att_seen(lens, lens_off, causal, T, NH, z0, r);
@@ -78,7 +78,7 @@ KERNEL void attention_softmax(GLOBAL float* RESTRICT s, unsigned s_off,
     }
 }
 
-// Grid: as attention_softmax. p (rows, T): the scores q k^T in, the
+// Grid: as attention_softmax_forward. p (rows, T): the scores q k^T in, the
 // probabilities exp(s / sqrt(hd) - lse) out; ds (rows, T): dout v^T in, the
 // scores' gradient p (dp - D) / sqrt(hd) out, where D = dot(dout, out) of the
 // row's query and head (token-major, held as the forward wrote out). Zeros

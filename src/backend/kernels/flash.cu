@@ -12,7 +12,14 @@
 //   attention_flash_dkdv     a head's 128 keys: dv = P^T dout, dk = dS^T q
 //                            over the query tiles.
 // dq and dk/dv are separate kernels, so nothing is accumulated across
-// workgroups: deterministic, as the rest.
+// workgroups: deterministic, as the rest. Each comes in two sizes, one
+// body each (fa_forward, fa_dq, fa_dkdv) called with constant sizes
+// (FaSize): the narrow kernels above take heads of 16 to 64 (GPT-2's 64,
+// MiniLM's 32) in tiles of 64; attention_flash_wide_* take 80 to 128 in
+// tiles of 32 keys, and the wide dk/dv kernel runs two workgroups to a tile
+// of keys, each holding half the head's dk and dv: 222 registers by
+// ptxas 12.8's -v, where a whole head's takes all 255 (and spills 272 bytes
+// with tiles of 64), a compiler version away from spilling.
 //
 // Every product is a warp's mma.sync m16n8k16 (bf16 in, fp32 accumulated),
 // in the fragment layouts of the PTX ISA. Lane l of a warp is in group
@@ -29,19 +36,25 @@
 // fragment bookkeeping the GPU runs; only the tensor cores' summation order
 // differs.
 
-#define FA_HD_MAX 64                  // largest head dim (a multiple of 16)
+#define FA_HD_MAX 128                 // largest head dim (a multiple of 16)
+#define FA_NARROW_HD 64               // the narrow kernels' largest (the unsuffixed names)
 #define FA_WARPS (BLOCK / 32)
 #define FA_ROWS 128                   // a workgroup's queries (or keys): 16 a warp
-#define FA_COLS 64                    // the other side's tile in shared memory
 #define FA_PAD 4                      // words padding a shared row: no bank conflicts
-#define FA_LD (FA_HD_MAX / 2 + FA_PAD)  // a tile's row: hd bf16 in pairs
-#define FA_KS (FA_HD_MAX / 16)        // k16 steps over the head dim
-#define FA_NT (FA_HD_MAX / 8)         // n8 tiles over the head dim
-#define FA_ST (FA_COLS / 8)           // n8 tiles over a tile of scores
+#define FA_KS_MAX (FA_HD_MAX / 16)    // k16 steps over the widest head
+#define FA_NT_MAX (FA_HD_MAX / 8)     // n8 tiles of the widest output a warp holds
+#define FA_COLS_MAX 64                // the widest tile of the other side
+#define FA_ST_MAX (FA_COLS_MAX / 8)   // n8 tiles over the widest tile of scores
+// A tile's words in shared memory, enough for each size (fa_size): 64 rows
+// of 64 / 2 + FA_PAD (narrow), 32 rows of 128 / 2 + FA_PAD (wide).
+#define FA_TILE (FA_COLS_MAX * (FA_NARROW_HD / 2 + FA_PAD))
 #define FA_NEG (-1e30f)               // a max before any key: exp(FA_NEG - x) == 0
 
 #if FA_ROWS != FA_WARPS * 16
 #error "flash.cu: a workgroup's rows are 16 a warp"
+#endif
+#if 32 * (FA_HD_MAX / 2 + FA_PAD) > FA_TILE
+#error "flash.cu: a wide tile outgrows FA_TILE"
 #endif
 
 #ifdef __OPENCL_VERSION__
@@ -129,13 +142,37 @@ FA_FN float fa_quad(float v, SHARED_PTR float* red, int max) {
 #endif
 }
 
+// A size of the kernels, constant where a kernel calls a body with it (so
+// CUDA unrolls every fragment loop and holds the fragments in registers):
+// ks k16 steps over the head dim (scores), ld a shared tile's row in words,
+// cols rows a tile of the other side, nt n8 tiles of the output a warp
+// holds, from output dim d0 = nt 8 chunk of the workgroup (`chunks` a head's tile).
+typedef struct {
+    int ks, ld, cols, nt, chunks;
+} FaSize;
+
+FA_FN FaSize fa_size(int hd_max, int cols, int nt, int chunks) {
+    FaSize z;
+    z.ks = hd_max / 16;
+    z.ld = hd_max / 2 + FA_PAD;
+    z.cols = cols;
+    z.nt = nt;
+    z.chunks = chunks;
+    return z;
+}
+
+// The narrow kernels' size (heads to FA_NARROW_HD, the whole output a warp),
+// and the wide kernels' (to FA_HD_MAX, in tiles of 32 keys; `nt` of it).
+#define FA_NARROW fa_size(FA_NARROW_HD, FA_COLS_MAX, FA_NARROW_HD / 8, 1)
+#define FA_WIDE(nt) fa_size(FA_HD_MAX, 32, nt, FA_HD_MAX / 8 / (nt))
+
 // a = the A fragments of the warp's 16 rows row0.. of x (row r at x + r ld,
 // hd floats; rows at or past n zeros), one per k16 step of the head dim.
 FA_FN void fa_rows(unsigned* a, const GLOBAL float* x, unsigned ld, unsigned row0,
-                   unsigned n, unsigned hd) {
+                   unsigned n, unsigned hd, FaSize z) {
     unsigned lane = LOCAL_ID(0) & 31, g = lane >> 2, t = lane & 3;
 FA_UNROLL
-    for (int kk = 0; kk < FA_KS; kk++) {
+    for (int kk = 0; kk < z.ks; kk++) {
 FA_UNROLL
         for (int i = 0; i < 4; i++) {
             unsigned r = row0 + g + 8 * (i & 1), d = 16 * kk + 2 * t + 8 * (i >> 1);
@@ -149,83 +186,85 @@ FA_UNROLL
     }
 }
 
-// tile[r FA_LD + d / 2] = rows r0.. r0 + FA_COLS - 1 of x as bf16 pairs
+// tile[r z.ld + d / 2] = rows r0.. r0 + z.cols - 1 of x as bf16 pairs
 // along the head dim (rows at or past n zeros): B fragments of column r.
 FA_FN void fa_tile(SHARED_PTR unsigned* tile, const GLOBAL float* x, unsigned ld,
-                   unsigned r0, unsigned n, unsigned hd) {
+                   unsigned r0, unsigned n, unsigned hd, FaSize z) {
     unsigned pairs = hd / 2;
-    for (unsigned e = LOCAL_ID(0); e < FA_COLS * pairs; e += BLOCK) {
+    for (unsigned e = LOCAL_ID(0); e < z.cols * pairs; e += BLOCK) {
         unsigned r = e / pairs, j = e % pairs;
         float lo = 0.0f, hi = 0.0f;
         if (r0 + r < n) {
             lo = x[(idx_t)(r0 + r) * ld + 2 * j];
             hi = x[(idx_t)(r0 + r) * ld + 2 * j + 1];
         }
-        tile[r * FA_LD + j] = fa_pack(lo, hi);
+        tile[r * z.ld + j] = fa_pack(lo, hi);
     }
 }
 
-// The B register of column d, rows r and r + 1, of tile (fa_tile): a pair
-// along the rows, from the two rows' halves (no transposed copy in shared
-// memory; a warp's 32 reads fall in distinct banks).
-FA_FN unsigned fa_col_pair(SHARED_PTR const unsigned* tile, unsigned r, unsigned d) {
+// The B register of column d, rows r and r + 1, of tile (fa_tile, rows of
+// ld words): a pair along the rows, from the two rows' halves (no
+// transposed copy in shared memory; a warp's 32 reads fall in distinct banks).
+FA_FN unsigned fa_col_pair(SHARED_PTR const unsigned* tile, unsigned r, unsigned d, int ld) {
     unsigned shift = 16 * (d & 1);
-    unsigned lo = (tile[r * FA_LD + d / 2] >> shift) & 0xffffu;
-    unsigned hi = (tile[(r + 1) * FA_LD + d / 2] >> shift) & 0xffffu;
+    unsigned lo = (tile[r * ld + d / 2] >> shift) & 0xffffu;
+    unsigned hi = (tile[(r + 1) * ld + d / 2] >> shift) & 0xffffu;
     return lo | (hi << 16);
 }
 
-// s (FA_ST C fragments: the warp's 16 rows against the tile's FA_COLS) =
-// a (the rows' A fragments) against tile's rows (fa_tile), over hd.
+// s (z.cols / 8 C fragments: the warp's 16 rows against the tile's z.cols)
+// = a (the rows' A fragments) against tile's rows (fa_tile), over hd.
 FA_FN void fa_scores(float* s, const unsigned* a, SHARED_PTR const unsigned* tile,
-                     unsigned hd, SHARED_PTR unsigned* em) {
+                     unsigned hd, SHARED_PTR unsigned* em, FaSize z) {
     unsigned lane = LOCAL_ID(0) & 31, g = lane >> 2, t = lane & 3;
 FA_UNROLL
-    for (int nt = 0; nt < FA_ST; nt++) {
+    for (int nt = 0; nt < z.cols / 8; nt++) {
         s[4 * nt] = s[4 * nt + 1] = s[4 * nt + 2] = s[4 * nt + 3] = 0.0f;
 FA_UNROLL
-        for (int kk = 0; kk < FA_KS; kk++) {
+        for (int kk = 0; kk < z.ks; kk++) {
             if (16 * kk < (int)hd) {
-                SHARED_PTR const unsigned* bp = tile + (8 * nt + g) * FA_LD + 8 * kk + t;
+                SHARED_PTR const unsigned* bp = tile + (8 * nt + g) * z.ld + 8 * kk + t;
                 fa_mma(s + 4 * nt, a + 4 * kk, bp[0], bp[4], em);
             }
         }
     }
 }
 
-// acc (FA_NT C fragments: 16 rows by hd) += p (FA_ST C fragments of 16 rows
-// by FA_COLS, rounded to bf16 as A fragments) times tile (fa_tile: FA_COLS
-// rows of hd).
+// acc (z.nt C fragments: 16 rows by output dims d0..) += p (z.cols / 8 C
+// fragments of 16 rows by z.cols, rounded to bf16 as A fragments) times
+// tile (fa_tile: z.cols rows of hd).
 FA_FN void fa_accumulate(float* acc, const float* p, SHARED_PTR const unsigned* tile,
-                         unsigned hd, SHARED_PTR unsigned* em) {
+                         unsigned hd, unsigned d0, SHARED_PTR unsigned* em, FaSize z) {
     unsigned lane = LOCAL_ID(0) & 31, g = lane >> 2, t = lane & 3;
 FA_UNROLL
-    for (int kk = 0; kk < FA_COLS / 16; kk++) {
+    for (int kk = 0; kk < z.cols / 16; kk++) {
         unsigned pa[4];
         pa[0] = fa_pack(p[8 * kk], p[8 * kk + 1]);
         pa[1] = fa_pack(p[8 * kk + 2], p[8 * kk + 3]);
         pa[2] = fa_pack(p[8 * kk + 4], p[8 * kk + 5]);
         pa[3] = fa_pack(p[8 * kk + 6], p[8 * kk + 7]);
 FA_UNROLL
-        for (int nt = 0; nt < FA_NT; nt++) {
-            if (8 * nt < (int)hd) {
-                unsigned r = 16 * kk + 2 * t, d = 8 * nt + g;
-                fa_mma(acc + 4 * nt, pa, fa_col_pair(tile, r, d), fa_col_pair(tile, r + 8, d), em);
+        for (int nt = 0; nt < z.nt; nt++) {
+            if (d0 + 8 * nt < hd) {
+                unsigned r = 16 * kk + 2 * t, d = d0 + 8 * nt + g;
+                fa_mma(acc + 4 * nt, pa, fa_col_pair(tile, r, d, z.ld),
+                       fa_col_pair(tile, r + 8, d, z.ld), em);
             }
         }
     }
 }
 
-// Writes acc (FA_NT C fragments) to the warp's rows row0.. below n of x (row
-// r from element at + r ld), held as store_as holds it (bf16: rounded).
+// Writes acc (z.nt C fragments of output dims d0..) to the warp's rows
+// row0.. below n of x (row r from element at + r ld), held as store_as
+// holds it (bf16: rounded).
 FA_FN void fa_store(GLOBAL float* x, idx_t at, unsigned ld, const float* acc, unsigned row0,
-                    unsigned n, unsigned hd, unsigned bf16) {
+                    unsigned n, unsigned hd, unsigned d0, unsigned bf16, FaSize z) {
     unsigned lane = LOCAL_ID(0) & 31, g = lane >> 2, t = lane & 3;
 FA_UNROLL
-    for (int nt = 0; nt < FA_NT; nt++) {
+    for (int nt = 0; nt < z.nt; nt++) {
 FA_UNROLL
         for (int i = 0; i < 4; i++) {
-            unsigned r = row0 + g + 8 * (i >> 1), d = 8 * nt + 2 * t + (i & 1);
+            unsigned r = row0 + g + 8 * (i >> 1), d = d0 + 8 * nt + 2 * t + (i & 1);
             if (r < n && d < hd) {
                 store_as(x, at + (idx_t)r * ld + d, acc[4 * nt + i], bf16);
             }
@@ -234,26 +273,28 @@ FA_UNROLL
 }
 
 // The geometry of a workgroup: head z = b NH + h of the grid's (B NH) x
-// tiles, tile `tile` of FA_ROWS rows (queries, or keys for dk/dv), the
-// warp's first row, q the head's first query in qkv (its keys C further,
-// its values 2C, rows 3C apart), and the keys a query sees: `keys` for
-// every query (the padding mask's length; T when causal), and with `causal`
-// only those up to itself; `seen` those any query of the tile sees.
+// tiles x z.chunks, tile `tile` of FA_ROWS rows (queries, or keys for
+// dk/dv), the warp's first row, the chunk's first output dim d0, q the
+// head's first query in qkv (its keys C further, its values 2C, rows 3C
+// apart), and the keys a query sees: `keys` for every query (the padding
+// mask's length; T when causal), and with `causal` only those up to itself;
+// `seen` those any query of the tile sees.
 typedef struct {
-    unsigned z, b, h, tile, row0, C, keys, seen, causal;
+    unsigned z, b, h, tile, row0, d0, C, keys, seen, causal;
     float scale;
     const GLOBAL float* q;
 } FaAt;
 
 FA_FN FaAt fa_at(unsigned T, unsigned NH, unsigned hd, const GLOBAL float* qkv,
-                 const GLOBAL unsigned* lens, unsigned lens_off, unsigned causal) {
+                 const GLOBAL unsigned* lens, unsigned lens_off, unsigned causal, FaSize z) {
     FaAt at;
-    unsigned tiles = (T + FA_ROWS - 1) / FA_ROWS;
-    at.z = GROUP_ID(0) / tiles;
-    at.tile = GROUP_ID(0) % tiles;
+    unsigned tiles = (T + FA_ROWS - 1) / FA_ROWS, group = GROUP_ID(0) / z.chunks;
+    at.z = group / tiles;
+    at.tile = group % tiles;
     at.b = at.z / NH;
     at.h = at.z % NH;
     at.row0 = at.tile * FA_ROWS + (LOCAL_ID(0) >> 5) * 16;
+    at.d0 = (GROUP_ID(0) % z.chunks) * 8 * z.nt;
     at.C = NH * hd;
     at.keys = causal ? T : min(lens[lens_off + at.b], T);
     at.seen = causal ? min(T, (at.tile + 1) * FA_ROWS) : at.keys;
@@ -268,75 +309,73 @@ FA_FN int fa_sees(FaAt at, unsigned query, unsigned key) {
     return key < at.keys && (!at.causal || key <= query);
 }
 
-// Grid: B NH ceil(T / FA_ROWS) workgroups of BLOCK. qkv (B, T, 3C) ->
-// out (B, T, C; held as store_as holds it), lse (B, NH, T); the mask as
-// attention_softmax's.
-KERNEL void attention_flash_forward(GLOBAL float* RESTRICT out, unsigned out_off,
-                                    GLOBAL float* RESTRICT lse, unsigned lse_off,
-                                    const GLOBAL float* RESTRICT qkv, unsigned qkv_off,
-                                    unsigned T, unsigned NH, unsigned hd,
-                                    const GLOBAL unsigned* RESTRICT lens, unsigned lens_off,
-                                    unsigned causal, unsigned out_bf16) {
-    SHARED unsigned kt[FA_COLS * FA_LD];
-    SHARED unsigned vt[FA_COLS * FA_LD];
-    FA_EMU_DECL
-    FaAt at = fa_at(T, NH, hd, qkv + qkv_off, lens, lens_off, causal);
+// qkv (B, T, 3C) -> out (B, T, C; held as store_as holds it), lse (B, NH,
+// T); the mask as attention_softmax_forward's. kt, vt: FA_TILE words each.
+FA_FN void fa_forward(FaSize z, SHARED_PTR unsigned* kt, SHARED_PTR unsigned* vt,
+                      SHARED_PTR unsigned* em, SHARED_PTR float* red,
+                      GLOBAL float* RESTRICT out, unsigned out_off,
+                      GLOBAL float* RESTRICT lse, unsigned lse_off,
+                      const GLOBAL float* RESTRICT qkv, unsigned qkv_off,
+                      unsigned T, unsigned NH, unsigned hd,
+                      const GLOBAL unsigned* RESTRICT lens, unsigned lens_off,
+                      unsigned causal, unsigned out_bf16) {
+    FaAt at = fa_at(T, NH, hd, qkv + qkv_off, lens, lens_off, causal, z);
     unsigned lane = LOCAL_ID(0) & 31, g = lane >> 2, t = lane & 3, C = at.C, keys = at.seen;
     const GLOBAL float* q = at.q;
     float scale = at.scale;
-    unsigned qa[FA_KS * 4];
-    fa_rows(qa, q, 3 * C, at.row0, T, hd);
-    float s[FA_ST * 4], m[2] = {FA_NEG, FA_NEG}, l[2] = {0.0f, 0.0f};
-    for (unsigned k0 = 0; k0 < keys; k0 += FA_COLS) {
+    unsigned qa[FA_KS_MAX * 4];
+    fa_rows(qa, q, 3 * C, at.row0, T, hd, z);
+    float s[FA_ST_MAX * 4], m[2] = {FA_NEG, FA_NEG}, l[2] = {0.0f, 0.0f};
+    for (unsigned k0 = 0; k0 < keys; k0 += z.cols) {
         BARRIER();  // the last tile read by every warp
-        fa_tile(kt, q + C, 3 * C, k0, keys, hd);
+        fa_tile(kt, q + C, 3 * C, k0, keys, hd, z);
         BARRIER();
-        fa_scores(s, qa, kt, hd, FA_EM);
+        fa_scores(s, qa, kt, hd, em, z);
 FA_UNROLL
         for (int side = 0; side < 2; side++) {
             unsigned row = at.row0 + g + 8 * side;
             float mx = FA_NEG, sum = 0.0f;
 FA_UNROLL
-            for (int j = 0; j < 2 * FA_ST; j++) {
+            for (int j = 0; j < z.cols / 4; j++) {
                 unsigned key = k0 + 8 * (j >> 1) + 2 * t + (j & 1);
                 if (fa_sees(at, row, key)) {
                     mx = fmaxf(mx, s[4 * (j >> 1) + 2 * side + (j & 1)] * scale);
                 }
             }
-            float mn = fmaxf(m[side], fa_quad(mx, FA_RED, 1));
+            float mn = fmaxf(m[side], fa_quad(mx, red, 1));
 FA_UNROLL
-            for (int j = 0; j < 2 * FA_ST; j++) {
+            for (int j = 0; j < z.cols / 4; j++) {
                 unsigned key = k0 + 8 * (j >> 1) + 2 * t + (j & 1);
                 if (fa_sees(at, row, key)) {
                     sum += expf(s[4 * (j >> 1) + 2 * side + (j & 1)] * scale - mn);
                 }
             }
-            l[side] = l[side] * expf(m[side] - mn) + fa_quad(sum, FA_RED, 0);
+            l[side] = l[side] * expf(m[side] - mn) + fa_quad(sum, red, 0);
             m[side] = mn;
         }
     }
-    float o[FA_NT * 4];
+    float o[FA_NT_MAX * 4];
 FA_UNROLL
-    for (int i = 0; i < FA_NT * 4; i++) {
+    for (int i = 0; i < z.nt * 4; i++) {
         o[i] = 0.0f;
     }
     m[0] += logf(l[0]);
     m[1] += logf(l[1]);
-    for (unsigned k0 = 0; k0 < keys; k0 += FA_COLS) {
+    for (unsigned k0 = 0; k0 < keys; k0 += z.cols) {
         BARRIER();
-        fa_tile(kt, q + C, 3 * C, k0, keys, hd);
-        fa_tile(vt, q + 2 * C, 3 * C, k0, keys, hd);
+        fa_tile(kt, q + C, 3 * C, k0, keys, hd, z);
+        fa_tile(vt, q + 2 * C, 3 * C, k0, keys, hd, z);
         BARRIER();
-        fa_scores(s, qa, kt, hd, FA_EM);
+        fa_scores(s, qa, kt, hd, em, z);
 FA_UNROLL
-        for (int i = 0; i < FA_ST * 4; i++) {
+        for (int i = 0; i < z.cols / 2; i++) {
             unsigned row = at.row0 + g + 8 * ((i >> 1) & 1);
             unsigned key = k0 + 8 * (i >> 2) + 2 * t + (i & 1);
             s[i] = fa_sees(at, row, key) ? expf(s[i] * scale - m[(i >> 1) & 1]) : 0.0f;
         }
-        fa_accumulate(o, s, vt, hd, FA_EM);
+        fa_accumulate(o, s, vt, hd, 0, em, z);
     }
-    fa_store(out, out_off + (idx_t)at.b * T * C + at.h * hd, C, o, at.row0, T, hd, out_bf16);
+    fa_store(out, out_off + (idx_t)at.b * T * C + at.h * hd, C, o, at.row0, T, hd, 0, out_bf16, z);
 FA_UNROLL
     for (int side = 0; side < 2; side++) {
         unsigned row = at.row0 + g + 8 * side;
@@ -344,6 +383,33 @@ FA_UNROLL
             lse[lse_off + (idx_t)at.z * T + row] = m[side];
         }
     }
+}
+
+// Grid: B NH ceil(T / FA_ROWS) workgroups of BLOCK: fa_forward for heads
+// of 16 to FA_NARROW_HD.
+KERNEL void attention_flash_forward(GLOBAL float* RESTRICT out, unsigned out_off,
+                                    GLOBAL float* RESTRICT lse, unsigned lse_off,
+                                    const GLOBAL float* RESTRICT qkv, unsigned qkv_off,
+                                    unsigned T, unsigned NH, unsigned hd,
+                                    const GLOBAL unsigned* RESTRICT lens, unsigned lens_off,
+                                    unsigned causal, unsigned out_bf16) {
+    SHARED unsigned kt[FA_TILE], vt[FA_TILE];
+    FA_EMU_DECL
+    fa_forward(FA_NARROW, kt, vt, FA_EM, FA_RED, out, out_off, lse, lse_off, qkv, qkv_off,
+               T, NH, hd, lens, lens_off, causal, out_bf16);
+}
+
+// As attention_flash_forward, for heads of 80 to FA_HD_MAX.
+KERNEL void attention_flash_wide_forward(GLOBAL float* RESTRICT out, unsigned out_off,
+                                         GLOBAL float* RESTRICT lse, unsigned lse_off,
+                                         const GLOBAL float* RESTRICT qkv, unsigned qkv_off,
+                                         unsigned T, unsigned NH, unsigned hd,
+                                         const GLOBAL unsigned* RESTRICT lens, unsigned lens_off,
+                                         unsigned causal, unsigned out_bf16) {
+    SHARED unsigned kt[FA_TILE], vt[FA_TILE];
+    FA_EMU_DECL
+    fa_forward(FA_WIDE(FA_NT_MAX), kt, vt, FA_EM, FA_RED, out, out_off, lse, lse_off, qkv,
+               qkv_off, T, NH, hd, lens, lens_off, causal, out_bf16);
 }
 
 // Grid: one thread per row of B NH T. dd (B, NH, T) = dot(dout, out) of
@@ -374,20 +440,23 @@ FA_FN void fa_grad(float* s, float* dp, int sees, float scale, float lse, float 
     *s = p;
 }
 
-// Grid: as attention_flash_forward. Part q of dqkv (B, T, 3C) = dS k over
-// the key tiles, dd from attention_flash_rowdot.
-KERNEL void attention_flash_dq(GLOBAL float* RESTRICT dqkv, unsigned dqkv_off,
-                               const GLOBAL float* RESTRICT dout, unsigned dout_off,
-                               const GLOBAL float* RESTRICT qkv, unsigned qkv_off,
-                               const GLOBAL float* RESTRICT lse, unsigned lse_off,
-                               const GLOBAL float* RESTRICT dd, unsigned dd_off,
-                               unsigned T, unsigned NH, unsigned hd,
-                               const GLOBAL unsigned* RESTRICT lens, unsigned lens_off,
-                               unsigned causal) {
-    SHARED unsigned kt[FA_COLS * FA_LD];
-    SHARED unsigned vt[FA_COLS * FA_LD];
-    FA_EMU_DECL
-    FaAt at = fa_at(T, NH, hd, qkv + qkv_off, lens, lens_off, causal);
+// The arguments of the backward's two kernels.
+#define FA_BACKWARD_PARAMS                                                              \
+    GLOBAL float *RESTRICT dqkv, unsigned dqkv_off, const GLOBAL float *RESTRICT dout,  \
+        unsigned dout_off, const GLOBAL float *RESTRICT qkv, unsigned qkv_off,          \
+        const GLOBAL float *RESTRICT lse, unsigned lse_off,                             \
+        const GLOBAL float *RESTRICT dd, unsigned dd_off, unsigned T, unsigned NH,      \
+        unsigned hd, const GLOBAL unsigned *RESTRICT lens, unsigned lens_off,           \
+        unsigned causal
+#define FA_BACKWARD_ARGS                                                                \
+    dqkv, dqkv_off, dout, dout_off, qkv, qkv_off, lse, lse_off, dd, dd_off, T, NH, hd,  \
+        lens, lens_off, causal
+
+// Part q of dqkv (B, T, 3C) = dS k over the key tiles, dd from
+// attention_flash_rowdot. kt, vt: FA_TILE words each.
+FA_FN void fa_dq(FaSize z, SHARED_PTR unsigned* kt, SHARED_PTR unsigned* vt,
+                 SHARED_PTR unsigned* em, FA_BACKWARD_PARAMS) {
+    FaAt at = fa_at(T, NH, hd, qkv + qkv_off, lens, lens_off, causal, z);
     unsigned lane = LOCAL_ID(0) & 31, g = lane >> 2, t = lane & 3, C = at.C, keys = at.seen;
     const GLOBAL float* q = at.q;
     float scale = at.scale, ls[2], ds[2];
@@ -397,85 +466,108 @@ FA_UNROLL
         ls[side] = row < T ? lse[lse_off + (idx_t)at.z * T + row] : 0.0f;
         ds[side] = row < T ? dd[dd_off + (idx_t)at.z * T + row] : 0.0f;
     }
-    unsigned qa[FA_KS * 4], da[FA_KS * 4];
-    fa_rows(qa, q, 3 * C, at.row0, T, hd);
-    fa_rows(da, dout + dout_off + (idx_t)at.b * T * C + at.h * hd, C, at.row0, T, hd);
-    float s[FA_ST * 4], dp[FA_ST * 4], acc[FA_NT * 4];
+    unsigned qa[FA_KS_MAX * 4], da[FA_KS_MAX * 4];
+    fa_rows(qa, q, 3 * C, at.row0, T, hd, z);
+    fa_rows(da, dout + dout_off + (idx_t)at.b * T * C + at.h * hd, C, at.row0, T, hd, z);
+    float s[FA_ST_MAX * 4], dp[FA_ST_MAX * 4], acc[FA_NT_MAX * 4];
 FA_UNROLL
-    for (int i = 0; i < FA_NT * 4; i++) {
+    for (int i = 0; i < z.nt * 4; i++) {
         acc[i] = 0.0f;
     }
-    for (unsigned k0 = 0; k0 < keys; k0 += FA_COLS) {
+    for (unsigned k0 = 0; k0 < keys; k0 += z.cols) {
         BARRIER();
-        fa_tile(kt, q + C, 3 * C, k0, keys, hd);
-        fa_tile(vt, q + 2 * C, 3 * C, k0, keys, hd);
+        fa_tile(kt, q + C, 3 * C, k0, keys, hd, z);
+        fa_tile(vt, q + 2 * C, 3 * C, k0, keys, hd, z);
         BARRIER();
-        fa_scores(s, qa, kt, hd, FA_EM);
-        fa_scores(dp, da, vt, hd, FA_EM);
+        fa_scores(s, qa, kt, hd, em, z);
+        fa_scores(dp, da, vt, hd, em, z);
 FA_UNROLL
-        for (int i = 0; i < FA_ST * 4; i++) {
+        for (int i = 0; i < z.cols / 2; i++) {
             int side = (i >> 1) & 1;
             unsigned row = at.row0 + g + 8 * side;
             unsigned key = k0 + 8 * (i >> 2) + 2 * t + (i & 1);
             fa_grad(&s[i], &dp[i], fa_sees(at, row, key), scale, ls[side], ds[side]);
         }
-        fa_accumulate(acc, dp, kt, hd, FA_EM);
+        fa_accumulate(acc, dp, kt, hd, at.d0, em, z);
     }
-    fa_store(dqkv, dqkv_off + (idx_t)at.b * T * 3 * C + at.h * hd, 3 * C, acc, at.row0, T, hd, 0);
+    idx_t dq_at = dqkv_off + (idx_t)at.b * T * 3 * C + at.h * hd;
+    fa_store(dqkv, dq_at, 3 * C, acc, at.row0, T, hd, at.d0, 0, z);
 }
 
-// Grid: as attention_flash_forward, a workgroup's rows keys. Parts k and v
-// of dqkv (B, T, 3C): dk = dS^T q and dv = P^T dout over the query tiles
-// that see them.
-KERNEL void attention_flash_dkdv(GLOBAL float* RESTRICT dqkv, unsigned dqkv_off,
-                                 const GLOBAL float* RESTRICT dout, unsigned dout_off,
-                                 const GLOBAL float* RESTRICT qkv, unsigned qkv_off,
-                                 const GLOBAL float* RESTRICT lse, unsigned lse_off,
-                                 const GLOBAL float* RESTRICT dd, unsigned dd_off,
-                                 unsigned T, unsigned NH, unsigned hd,
-                                 const GLOBAL unsigned* RESTRICT lens, unsigned lens_off,
-                                 unsigned causal) {
-    SHARED unsigned qt[FA_COLS * FA_LD];
-    SHARED unsigned dos[FA_COLS * FA_LD];
-    SHARED float ls[FA_COLS];
-    SHARED float ds[FA_COLS];
-    FA_EMU_DECL
-    FaAt at = fa_at(T, NH, hd, qkv + qkv_off, lens, lens_off, causal);
+// Parts k and v of dqkv (B, T, 3C), a workgroup's rows keys: dk = dS^T q
+// and dv = P^T dout over the query tiles that see them. qt, dos: FA_TILE
+// words each; ls, ds: FA_COLS_MAX floats each.
+FA_FN void fa_dkdv(FaSize z, SHARED_PTR unsigned* qt, SHARED_PTR unsigned* dos,
+                   SHARED_PTR float* ls, SHARED_PTR float* ds, SHARED_PTR unsigned* em,
+                   FA_BACKWARD_PARAMS) {
+    FaAt at = fa_at(T, NH, hd, qkv + qkv_off, lens, lens_off, causal, z);
     unsigned lane = LOCAL_ID(0) & 31, g = lane >> 2, t = lane & 3, C = at.C;
     const GLOBAL float* q = at.q;
     const GLOBAL float* d_o = dout + dout_off + (idx_t)at.b * T * C + at.h * hd;
     float scale = at.scale;
-    unsigned ka[FA_KS * 4], va[FA_KS * 4];
-    fa_rows(ka, q + C, 3 * C, at.row0, T, hd);
-    fa_rows(va, q + 2 * C, 3 * C, at.row0, T, hd);
-    float st[FA_ST * 4], dpt[FA_ST * 4], dk[FA_NT * 4], dv[FA_NT * 4];
+    unsigned ka[FA_KS_MAX * 4], va[FA_KS_MAX * 4];
+    fa_rows(ka, q + C, 3 * C, at.row0, T, hd, z);
+    fa_rows(va, q + 2 * C, 3 * C, at.row0, T, hd, z);
+    float st[FA_ST_MAX * 4], dpt[FA_ST_MAX * 4], dk[FA_NT_MAX * 4], dv[FA_NT_MAX * 4];
 FA_UNROLL
-    for (int i = 0; i < FA_NT * 4; i++) {
+    for (int i = 0; i < z.nt * 4; i++) {
         dk[i] = dv[i] = 0.0f;
     }
     // Under the causal mask the first query that sees the tile's keys is its first key.
-    for (unsigned q0 = causal ? at.tile * FA_ROWS : 0; q0 < T; q0 += FA_COLS) {
+    for (unsigned q0 = causal ? at.tile * FA_ROWS : 0; q0 < T; q0 += z.cols) {
         BARRIER();
-        fa_tile(qt, q, 3 * C, q0, T, hd);
-        fa_tile(dos, d_o, C, q0, T, hd);
-        for (unsigned j = LOCAL_ID(0); j < FA_COLS; j += BLOCK) {
+        fa_tile(qt, q, 3 * C, q0, T, hd, z);
+        fa_tile(dos, d_o, C, q0, T, hd, z);
+        for (unsigned j = LOCAL_ID(0); j < (unsigned)z.cols; j += BLOCK) {
             ls[j] = q0 + j < T ? lse[lse_off + (idx_t)at.z * T + q0 + j] : 0.0f;
             ds[j] = q0 + j < T ? dd[dd_off + (idx_t)at.z * T + q0 + j] : 0.0f;
         }
         BARRIER();
-        fa_scores(st, ka, qt, hd, FA_EM);
-        fa_scores(dpt, va, dos, hd, FA_EM);
+        fa_scores(st, ka, qt, hd, em, z);
+        fa_scores(dpt, va, dos, hd, em, z);
 FA_UNROLL
-        for (int i = 0; i < FA_ST * 4; i++) {
+        for (int i = 0; i < z.cols / 2; i++) {
             unsigned key = at.row0 + g + 8 * ((i >> 1) & 1);
             unsigned j = 8 * (i >> 2) + 2 * t + (i & 1), query = q0 + j;
             int sees = query < T && fa_sees(at, query, key);
             fa_grad(&st[i], &dpt[i], sees, scale, ls[j], ds[j]);
         }
-        fa_accumulate(dv, st, dos, hd, FA_EM);
-        fa_accumulate(dk, dpt, qt, hd, FA_EM);
+        fa_accumulate(dv, st, dos, hd, at.d0, em, z);
+        fa_accumulate(dk, dpt, qt, hd, at.d0, em, z);
     }
     idx_t dk_at = dqkv_off + (idx_t)at.b * T * 3 * C + at.h * hd + C;
-    fa_store(dqkv, dk_at, 3 * C, dk, at.row0, T, hd, 0);
-    fa_store(dqkv, dk_at + C, 3 * C, dv, at.row0, T, hd, 0);
+    fa_store(dqkv, dk_at, 3 * C, dk, at.row0, T, hd, at.d0, 0, z);
+    fa_store(dqkv, dk_at + C, 3 * C, dv, at.row0, T, hd, at.d0, 0, z);
+}
+
+// Grid: as attention_flash_forward: fa_dq for heads of 16 to FA_NARROW_HD.
+KERNEL void attention_flash_dq(FA_BACKWARD_PARAMS) {
+    SHARED unsigned kt[FA_TILE], vt[FA_TILE];
+    FA_EMU_DECL
+    fa_dq(FA_NARROW, kt, vt, FA_EM, FA_BACKWARD_ARGS);
+}
+
+// As attention_flash_dq, for heads of 80 to FA_HD_MAX.
+KERNEL void attention_flash_wide_dq(FA_BACKWARD_PARAMS) {
+    SHARED unsigned kt[FA_TILE], vt[FA_TILE];
+    FA_EMU_DECL
+    fa_dq(FA_WIDE(FA_NT_MAX), kt, vt, FA_EM, FA_BACKWARD_ARGS);
+}
+
+// Grid: as attention_flash_forward, a workgroup's rows keys: fa_dkdv for
+// heads of 16 to FA_NARROW_HD.
+KERNEL void attention_flash_dkdv(FA_BACKWARD_PARAMS) {
+    SHARED unsigned qt[FA_TILE], dos[FA_TILE];
+    SHARED float ls[FA_COLS_MAX], ds[FA_COLS_MAX];
+    FA_EMU_DECL
+    fa_dkdv(FA_NARROW, qt, dos, ls, ds, FA_EM, FA_BACKWARD_ARGS);
+}
+
+// As attention_flash_dkdv, for heads of 80 to FA_HD_MAX: two workgroups
+// to a tile of keys, each with half the head's dk and dv (see the top).
+KERNEL void attention_flash_wide_dkdv(FA_BACKWARD_PARAMS) {
+    SHARED unsigned qt[FA_TILE], dos[FA_TILE];
+    SHARED float ls[FA_COLS_MAX], ds[FA_COLS_MAX];
+    FA_EMU_DECL
+    fa_dkdv(FA_WIDE(FA_NT_MAX / 2), qt, dos, ls, ds, FA_EM, FA_BACKWARD_ARGS);
 }

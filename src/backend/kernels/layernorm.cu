@@ -34,13 +34,13 @@ KERNEL void layernorm_forward(GLOBAL float* RESTRICT out, unsigned out_off,
 }
 
 // dinp (rows, c) += d loss / d inp (= without accumulate); one workgroup per row.
-KERNEL void layernorm_backward(GLOBAL float* RESTRICT dinp, unsigned dinp_off,
-                               const GLOBAL float* RESTRICT dout, unsigned dout_off,
-                               const GLOBAL float* RESTRICT inp, unsigned inp_off,
-                               const GLOBAL float* RESTRICT w, unsigned w_off,
-                               const GLOBAL float* RESTRICT mean, unsigned mean_off,
-                               const GLOBAL float* RESTRICT rstd, unsigned rstd_off,
-                               unsigned c, unsigned accumulate) {
+KERNEL void layernorm_backward_dinp(GLOBAL float* RESTRICT dinp, unsigned dinp_off,
+                                    const GLOBAL float* RESTRICT dout, unsigned dout_off,
+                                    const GLOBAL float* RESTRICT inp, unsigned inp_off,
+                                    const GLOBAL float* RESTRICT w, unsigned w_off,
+                                    const GLOBAL float* RESTRICT mean, unsigned mean_off,
+                                    const GLOBAL float* RESTRICT rstd, unsigned rstd_off,
+                                    unsigned c, unsigned accumulate) {
     SHARED float buf[BLOCK];
     unsigned row = GROUP_ID(0);
     int tid = LOCAL_ID(0);

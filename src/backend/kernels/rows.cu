@@ -2,7 +2,7 @@
 
 // dst[r * dst_stride + j] = src[r * src_stride + j], or += with add != 0,
 // for r < rows and j < w; one thread per element (rows never overlap).
-KERNEL void copy_rows(GLOBAL float* RESTRICT dst, unsigned dst_off,
+KERNEL void rows_copy(GLOBAL float* RESTRICT dst, unsigned dst_off,
                       const GLOBAL float* RESTRICT src, unsigned src_off,
                       unsigned rows, unsigned w, unsigned dst_stride, unsigned src_stride,
                       unsigned add) {

@@ -7,7 +7,7 @@
 //! in the queue's scratch and a row-wise kernel between the GEMMs
 //! (`kernels/attention.cu`); the backward recomputes the scores from lse.
 //! Under bf16 on a GPU with tensor cores (`Runtime::tensor_cores`), heads
-//! of 16 to 64 run instead on fused FlashAttention-2-style kernels
+//! of 16 to 128 run instead on fused FlashAttention-2-style kernels
 //! (`kernels/flash.cu`: mma.sync tiles, no scores in memory, tiles past the
 //! mask skipped). No atomics: deterministic everywhere.
 
@@ -101,7 +101,11 @@ impl<O: Operands> Kernel<O> for AttentionForward<O> {
                 let (t, hd, n) = (h.t, h.hd, h.pass.min(h.z - z0));
                 q.gemm(h.per_head(t, hd, [h.op(kz, true), h.op(qz, false)], s, n))?;
                 let args = [Arg::View(s), Arg::View(op.lse.tail(z0 * t))];
-                q.launch("attention_softmax", n * t, &h.args(&args, Some(z0))?)?;
+                q.launch(
+                    "attention_softmax_forward",
+                    n * t,
+                    &h.args(&args, Some(z0))?,
+                )?;
                 let o = h.block(outp, 0, z0);
                 q.gemm(h.per_head(hd, t, [h.op(vz, false), h.scores_op(s, false)], o, n))?;
             }
@@ -178,7 +182,10 @@ impl<O: Operands> Kernel<O> for AttentionBackward<O> {
 
 /// The largest head dim flash.cu takes (`FA_HD_MAX`), in whole 16-wide
 /// steps of its products.
-pub(crate) const FLASH_HD_MAX: usize = 64;
+pub(crate) const FLASH_HD_MAX: usize = 128;
+/// The largest head dim of flash.cu's narrow kernels (`FA_NARROW_HD`);
+/// wider heads run on its wide ones (`attention_flash_wide_*`).
+pub(crate) const FLASH_NARROW_HD: usize = 64;
 /// The queries (dq, the forward) or keys (dk, dv) of a flash.cu
 /// workgroup (`FA_ROWS`).
 pub(crate) const FLASH_ROWS: usize = 128;
@@ -199,7 +206,7 @@ pub(crate) fn flash_forward<R: Runtime>(q: &Queue<R>, op: AttentionForward<Raw>)
     let views = [out, op.lse, op.qkv].map(Arg::View);
     let mut args = h.args(&views, None)?;
     args.push(Arg::U32(out_bf16));
-    q.launch("attention_flash_forward", h.flash_groups(), &args)
+    h.flash(q, "forward", &args, 1)
 }
 
 /// [`AttentionBackward`] on flash.cu (checked, and `flash_fits`): each
@@ -223,8 +230,9 @@ pub(crate) fn flash_backward<R: Runtime>(q: &Queue<R>, op: AttentionBackward<Raw
         q.launch("attention_flash_rowdot", groups(rows), &rowdot)?;
         let views = [op.dqkv, op.dout, op.qkv, op.lse, dd].map(Arg::View);
         let args = h.args(&views, None)?;
-        q.launch("attention_flash_dq", h.flash_groups(), &args)?;
-        q.launch("attention_flash_dkdv", h.flash_groups(), &args)
+        h.flash(q, "dq", &args, 1)?;
+        // the wide kernel takes a head's dk and dv in two halves of hd
+        h.flash(q, "dkdv", &args, 2)
     })
 }
 
@@ -328,9 +336,27 @@ impl Heads {
         Ok(args)
     }
 
-    /// flash.cu's grid: every head's rows in tiles of [`FLASH_ROWS`].
-    fn flash_groups(&self) -> usize {
-        self.z * self.t.div_ceil(FLASH_ROWS)
+    /// flash.cu's kernel `part` (forward, dq, dkdv) over every head's rows
+    /// in tiles of [`FLASH_ROWS`]: its narrow one to [`FLASH_NARROW_HD`],
+    /// else its wide one, with `wide_parts` workgroups a tile. (No kernel's
+    /// name begins another's: Oclgrind counts the shared memory of every
+    /// kernel whose name begins with the launched one's.)
+    fn flash<R: Runtime>(
+        &self,
+        q: &Queue<R>,
+        part: &str,
+        args: &[Arg],
+        wide_parts: usize,
+    ) -> Queued {
+        let tiles = self.z * self.t.div_ceil(FLASH_ROWS);
+        match self.hd <= FLASH_NARROW_HD {
+            true => q.launch(&format!("attention_flash_{part}"), tiles, args),
+            false => q.launch(
+                &format!("attention_flash_wide_{part}"),
+                tiles * wide_parts,
+                args,
+            ),
+        }
     }
 
     /// dst = src's `parts` between token-major (qkv's layout) and

@@ -119,7 +119,7 @@ impl<O: Operands> Kernel<O> for LayerNormBackward<O> {
                 u32s("c", c)?,
                 Arg::U32(op.accumulate as u32),
             ];
-            q.launch("layernorm_backward", rows, &args)?;
+            q.launch("layernorm_backward_dinp", rows, &args)?;
         }
         let Some((dw, db)) = op.dwb else {
             return Ok(());

@@ -70,7 +70,7 @@ impl<O: Operands> Kernel<O> for CopyRows<O> {
             u32s("src_stride", op.src_stride)?,
             Arg::U32(u32::from(op.add)),
         ];
-        q.launch("copy_rows", groups(op.rows * op.w), &args)
+        q.launch("rows_copy", groups(op.rows * op.w), &args)
     }
 }
 
