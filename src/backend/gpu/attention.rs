@@ -72,7 +72,8 @@ mod tests {
     use crate::backend::cpu::attention;
     use crate::backend::cpu::check::randn;
     use crate::backend::ops::attention::{
-        flash_backward, flash_fits, flash_forward, FLASH_HD_MAX, FLASH_NARROW_HD, FLASH_ROWS,
+        flash_backward, flash_fits, flash_forward, flash_kernel, FLASH_HD_MAX, FLASH_NARROW_HD,
+        FLASH_ROWS,
     };
     use crate::backend::ops::Stored;
     use crate::backend::ops::{AsIs, Host, Kernel};
@@ -441,6 +442,28 @@ mod tests {
                 bf16,
             };
             assert_eq!(flash_fits(s), fits, "c {c} nh {nh} bf16 {bf16}");
+        }
+    }
+
+    /// Heads to 64 take the narrow kernels, one workgroup to a tile; wider
+    /// ones the wide kernels, the dk/dv one two; every name is a kernel of
+    /// the program.
+    #[test]
+    fn flash_launches_the_narrow_kernels_to_64_and_the_wide_ones_past() {
+        let kernels = super::super::kernel_names(program_source());
+        for (part, hd, wide_parts, name, parts) in [
+            ("forward", 16, 1, "attention_flash_forward", 1),
+            ("dkdv", 64, 2, "attention_flash_dkdv", 1),
+            ("dq", 64, 1, "attention_flash_dq", 1),
+            ("forward", 80, 1, "attention_flash_wide_forward", 1),
+            ("dq", 96, 1, "attention_flash_wide_dq", 1),
+            ("dkdv", 128, 2, "attention_flash_wide_dkdv", 2),
+        ] {
+            assert_eq!(
+                flash_kernel(part, hd, wide_parts),
+                (name.to_string(), parts)
+            );
+            assert!(kernels.contains(&name), "{name} not in the program");
         }
     }
 

@@ -198,6 +198,18 @@ pub(crate) fn flash_fits(shape: AttnShape) -> bool {
     shape.bf16 && hd.is_multiple_of(16) && (16..=FLASH_HD_MAX).contains(&hd)
 }
 
+/// flash.cu's kernel `part` (forward, dq, dkdv) for heads of `hd`, and
+/// its workgroups to a tile of rows: the narrow kernel and one to
+/// [`FLASH_NARROW_HD`], else the wide one and `wide_parts`. (No kernel's
+/// name begins another's: Oclgrind counts the shared memory of every
+/// kernel whose name begins with the launched one's.)
+pub(crate) fn flash_kernel(part: &str, hd: usize, wide_parts: usize) -> (String, usize) {
+    match hd <= FLASH_NARROW_HD {
+        true => (format!("attention_flash_{part}"), 1),
+        false => (format!("attention_flash_wide_{part}"), wide_parts),
+    }
+}
+
 /// [`AttentionForward`] on flash.cu (checked, and `flash_fits`): a
 /// workgroup per [`FLASH_ROWS`] queries of a head.
 pub(crate) fn flash_forward<R: Runtime>(q: &Queue<R>, op: AttentionForward<Raw>) -> Queued {
@@ -337,10 +349,7 @@ impl Heads {
     }
 
     /// flash.cu's kernel `part` (forward, dq, dkdv) over every head's rows
-    /// in tiles of [`FLASH_ROWS`]: its narrow one to [`FLASH_NARROW_HD`],
-    /// else its wide one, with `wide_parts` workgroups a tile. (No kernel's
-    /// name begins another's: Oclgrind counts the shared memory of every
-    /// kernel whose name begins with the launched one's.)
+    /// in tiles of [`FLASH_ROWS`] ([`flash_kernel`]).
     fn flash<R: Runtime>(
         &self,
         q: &Queue<R>,
@@ -348,15 +357,8 @@ impl Heads {
         args: &[Arg],
         wide_parts: usize,
     ) -> Queued {
-        let tiles = self.z * self.t.div_ceil(FLASH_ROWS);
-        match self.hd <= FLASH_NARROW_HD {
-            true => q.launch(&format!("attention_flash_{part}"), tiles, args),
-            false => q.launch(
-                &format!("attention_flash_wide_{part}"),
-                tiles * wide_parts,
-                args,
-            ),
-        }
+        let (name, parts) = flash_kernel(part, self.hd, wide_parts);
+        q.launch(&name, self.z * self.t.div_ceil(FLASH_ROWS) * parts, args)
     }
 
     /// dst = src's `parts` between token-major (qkv's layout) and
