@@ -7,7 +7,7 @@ use crate::backend::ops::AttentionDecode;
 use crate::backend::DecodeShape;
 
 /// Largest head dim decode supports: `ATT_HD_MAX` in attention.cu.
-pub(crate) const HD_MAX: usize = 64;
+pub(crate) const HD_MAX: usize = 256;
 
 /// The head dim of `nh` heads over `c` channels, if decode supports it.
 fn head_dim(c: usize, nh: usize) -> Result<usize, GpuError> {
@@ -528,6 +528,9 @@ mod tests {
                 (1, 0, 6, 2, 4),
                 (2, 1, 24, 8, 5),
                 (5, 9, 128, 2, 9),
+                // heads of 128 and 256 (decode's widest: one part a tile)
+                (2, 300, 256, 2, 301),
+                (1, 40, 256, 1, 40),
             ]
         };
         list.iter()
@@ -599,8 +602,8 @@ mod tests {
                 max_t: 1,
             },
         };
-        let err = dev.attention_decode(op(130, 2)).unwrap_err();
-        assert!(err.to_string().contains("1 to 64"), "{err}");
+        let err = dev.attention_decode(op(514, 2)).unwrap_err();
+        assert!(err.to_string().contains("1 to 256"), "{err}");
         assert!(dev.attention_decode(op(7, 2)).is_err());
         assert!(dev.attention_decode(op(128, 2)).is_ok());
     }

@@ -10,12 +10,11 @@
 // Decode keeps its own kernel below. Nothing is accumulated across
 // workgroups: results are deterministic.
 
-#define ATT_HD_MAX 64                       // largest head dim decode supports
-#define ATT_DECODE_PARTS (BLOCK / ATT_HD_MAX) // key partitions in decode
+#define ATT_HD_MAX 256                      // largest head dim decode supports
 #define ATT_NEG (-1e30f)                    // masked score; exp(ATT_NEG - x) == 0
 
-#if BLOCK % ATT_HD_MAX != 0
-#error "attention.cu: BLOCK must split evenly into head dims"
+#if ATT_HD_MAX > BLOCK
+#error "attention.cu: decode holds a head dim a thread"
 #endif
 
 // Grid: groups of one thread per element of B * T * parts * NH * hd.
@@ -114,9 +113,9 @@ KERNEL void attention_softmax_backward(GLOBAL float* RESTRICT p, unsigned p_off,
 
 // Grid: b * NH workgroups of BLOCK, one per (row, head). Thread j scores key
 // j of each tile of BLOCK keys and turns it into a probability; then part
-// p = tid / ATT_HD_MAX sums the tile's keys congruent to p mod
-// ATT_DECODE_PARTS into head dim tid % ATT_HD_MAX; the parts are added in a
-// fixed order at the end.
+// p = tid / hd of the BLOCK / hd parts sums the tile's keys congruent to p
+// mod their count into head dim tid % hd; the parts are added in a fixed
+// order at the end.
 // out (b, C) <- qkv (b, 3C) queries against kcache, vcache (b, max_t, C) at
 // positions [0, len).
 KERNEL void attention_decode(GLOBAL float* RESTRICT out, unsigned out_off,
@@ -127,7 +126,7 @@ KERNEL void attention_decode(GLOBAL float* RESTRICT out, unsigned out_off,
     SHARED float qs[ATT_HD_MAX];
     SHARED float ss[BLOCK];
     unsigned hd = C / NH, r = GROUP_ID(0) / NH, h = GROUP_ID(0) % NH, tid = LOCAL_ID(0);
-    unsigned d = tid % ATT_HD_MAX, part = tid / ATT_HD_MAX;
+    unsigned parts = BLOCK / hd, d = tid % hd, part = tid / hd;
     float scale = 1.0f / sqrtf((float)hd);
     const GLOBAL float* kc = kcache + kcache_off + (idx_t)r * max_t * C + h * hd;
     const GLOBAL float* vc = vcache + vcache_off + (idx_t)r * max_t * C + h * hd;
@@ -161,8 +160,8 @@ KERNEL void attention_decode(GLOBAL float* RESTRICT out, unsigned out_off,
         for (unsigned j = 0; j < n; j++) {
             l += ss[j];
         }
-        if (d < hd) {
-            for (unsigned j = part; j < n; j += ATT_DECODE_PARTS) {
+        if (part < parts) {
+            for (unsigned j = part; j < n; j += parts) {
                 acc += ss[j] * vc[(idx_t)(k0 + j) * C + d];
             }
         }
@@ -173,8 +172,8 @@ KERNEL void attention_decode(GLOBAL float* RESTRICT out, unsigned out_off,
     BARRIER();
     if (tid < hd) {
         float o = 0.0f;
-        for (unsigned p = 0; p < ATT_DECODE_PARTS; p++) {
-            o += ss[p * ATT_HD_MAX + tid];
+        for (unsigned p = 0; p < parts; p++) {
+            o += ss[p * hd + tid];
         }
         // An empty cache attends to nothing: zeros, as on the CPU.
         out[out_off + (idx_t)r * C + h * hd + tid] = len > 0 ? o / l : 0.0f;
