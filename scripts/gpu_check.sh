@@ -15,7 +15,8 @@
 #      GPU (eager fp32, eager bf16 autocast, torch.compile bf16), each figure
 #      the median of 3 runs, MFU against 989 TFLOP/s; bf16's step kernel by
 #      kernel (`bench --profile`), attention on the fused tensor-core kernels
-#      and again as GEMMs (DISTGPT_ATTENTION=gemm); BERT-MiniLM at 32 x 128 in fp32 and bf16
+#      and again as GEMMs (DISTGPT_ATTENTION=gemm), and in 6 heads of 128
+#      (flash.cu's wide kernels); BERT-MiniLM at 32 x 128 in fp32 and bf16
 #      beside transformers eager fp32 and bf16 autocast;
 #   5. the founding study's dialogue experiment at full size: MiniLM
 #      fine-tuned in bf16 on all 210,902 Chit-Chat reply pairs, its test
@@ -297,6 +298,7 @@ NSYS
     expect "GPT-2's bf16 figure is a median of 3" "$out/green/summary.txt" \
         "^   distgpt bf16 .* tiny 4x64 opencl: .*\(median of 3: "
     expect "bf16's kernel table" "$out/green/summary.txt" "^   kernels \(--profile\)"
+    expect "the wide heads' profile ran" "$out/green/bench.txt" "^bench: tiny 2 layers x 1 heads x 32 wide"
     expect "BERT's fp32 figure" "$out/green/summary.txt" "^   distgpt  .* bert-tiny 4x16 opencl: .*\(median of 3: "
     expect "BERT's bf16 figure" "$out/green/summary.txt" "^   distgpt bf16 .* bert-tiny 4x16 opencl: .*\(median of 3: "
     expect "the dialogue experiment ran" "$out/green/summary.txt" \
@@ -619,11 +621,13 @@ results env.txt '^(cuda|opencl)'
 if [[ -n $dry ]]; then
     dev=opencl require=DISTGPT_REQUIRE_OPENCL=1
     gpt=(--model tiny) gpt_shape=(--batch-size 4 --seq-len 64) timing=(--steps 2 --warmup 1)
+    wide_heads=(--n-head 1)
     bert=(--model bert-tiny) bert_shape=(--batch-size 4 --seq-len 16)
     cpu_model=(--model tiny) worlds=(2) pipes=(2) peak=()
 else
     dev=cuda require=DISTGPT_REQUIRE_CUDA=1
     gpt=(--model gpt2) gpt_shape=(--batch-size 8 --seq-len 1024) timing=(--steps 10 --warmup 3)
+    wide_heads=(--n-head 6)
     bert=(--model bert-minilm) bert_shape=(--batch-size 32 --seq-len 128)
     cpu_model=(--model shakespeare-char --n-embd 512 --n-head 16 --n-layer 8)
     worlds=() pipes=() peak=(--peak-tflops 989)
@@ -733,6 +737,10 @@ if on 4 bench "${gpt[1]} at ${gpt_shape[*]} and ${bert[1]} at ${bert_shape[*]} o
     # fused kernels: what the fused kernels buy (the device line says which).
     run bench.txt env DISTGPT_ATTENTION=gemm "$bin" bench --device "$dev" "${gpt[@]}" \
         "${gpt_shape[@]}" "${timing[@]}" "${peak[@]}" --precision bf16 --profile || ok=0
+    # The same model in 6 heads of 128 (the dry run's tiny model: 1 of 32):
+    # flash.cu's wide kernels, timed beside the narrow ones' heads of 64.
+    run bench.txt "$bin" bench --device "$dev" "${gpt[@]}" "${wide_heads[@]}" "${gpt_shape[@]}" \
+        "${timing[@]}" "${peak[@]}" --precision bf16 --profile || ok=0
     # The device's own kernels (cuBLAS's, flash.cu's, each conversion) and
     # their sum beside the step's wall time, from an Nsight Systems trace of
     # 4 unprofiled steps, where nsys is here.
