@@ -309,16 +309,19 @@ FA_FN int fa_sees(FaAt at, unsigned query, unsigned key) {
     return key < at.keys && (!at.causal || key <= query);
 }
 
+// The arguments of the forward's kernels.
+#define FA_FORWARD_PARAMS                                                               \
+    GLOBAL float *RESTRICT out, unsigned out_off, GLOBAL float *RESTRICT lse,           \
+        unsigned lse_off, const GLOBAL float *RESTRICT qkv, unsigned qkv_off,           \
+        unsigned T, unsigned NH, unsigned hd, const GLOBAL unsigned *RESTRICT lens,     \
+        unsigned lens_off, unsigned causal, unsigned out_bf16
+#define FA_FORWARD_ARGS                                                                 \
+    out, out_off, lse, lse_off, qkv, qkv_off, T, NH, hd, lens, lens_off, causal, out_bf16
+
 // qkv (B, T, 3C) -> out (B, T, C; held as store_as holds it), lse (B, NH,
 // T); the mask as attention_softmax_forward's. kt, vt: FA_TILE words each.
 FA_FN void fa_forward(FaSize z, SHARED_PTR unsigned* kt, SHARED_PTR unsigned* vt,
-                      SHARED_PTR unsigned* em, SHARED_PTR float* red,
-                      GLOBAL float* RESTRICT out, unsigned out_off,
-                      GLOBAL float* RESTRICT lse, unsigned lse_off,
-                      const GLOBAL float* RESTRICT qkv, unsigned qkv_off,
-                      unsigned T, unsigned NH, unsigned hd,
-                      const GLOBAL unsigned* RESTRICT lens, unsigned lens_off,
-                      unsigned causal, unsigned out_bf16) {
+                      SHARED_PTR unsigned* em, SHARED_PTR float* red, FA_FORWARD_PARAMS) {
     FaAt at = fa_at(T, NH, hd, qkv + qkv_off, lens, lens_off, causal, z);
     unsigned lane = LOCAL_ID(0) & 31, g = lane >> 2, t = lane & 3, C = at.C, keys = at.seen;
     const GLOBAL float* q = at.q;
@@ -387,29 +390,17 @@ FA_UNROLL
 
 // Grid: B NH ceil(T / FA_ROWS) workgroups of BLOCK: fa_forward for heads
 // of 16 to FA_NARROW_HD.
-KERNEL void attention_flash_forward(GLOBAL float* RESTRICT out, unsigned out_off,
-                                    GLOBAL float* RESTRICT lse, unsigned lse_off,
-                                    const GLOBAL float* RESTRICT qkv, unsigned qkv_off,
-                                    unsigned T, unsigned NH, unsigned hd,
-                                    const GLOBAL unsigned* RESTRICT lens, unsigned lens_off,
-                                    unsigned causal, unsigned out_bf16) {
+KERNEL void attention_flash_forward(FA_FORWARD_PARAMS) {
     SHARED unsigned kt[FA_TILE], vt[FA_TILE];
     FA_EMU_DECL
-    fa_forward(FA_NARROW, kt, vt, FA_EM, FA_RED, out, out_off, lse, lse_off, qkv, qkv_off,
-               T, NH, hd, lens, lens_off, causal, out_bf16);
+    fa_forward(FA_NARROW, kt, vt, FA_EM, FA_RED, FA_FORWARD_ARGS);
 }
 
 // As attention_flash_forward, for heads of 80 to FA_HD_MAX.
-KERNEL void attention_flash_wide_forward(GLOBAL float* RESTRICT out, unsigned out_off,
-                                         GLOBAL float* RESTRICT lse, unsigned lse_off,
-                                         const GLOBAL float* RESTRICT qkv, unsigned qkv_off,
-                                         unsigned T, unsigned NH, unsigned hd,
-                                         const GLOBAL unsigned* RESTRICT lens, unsigned lens_off,
-                                         unsigned causal, unsigned out_bf16) {
+KERNEL void attention_flash_wide_forward(FA_FORWARD_PARAMS) {
     SHARED unsigned kt[FA_TILE], vt[FA_TILE];
     FA_EMU_DECL
-    fa_forward(FA_WIDE(FA_NT_MAX), kt, vt, FA_EM, FA_RED, out, out_off, lse, lse_off, qkv,
-               qkv_off, T, NH, hd, lens, lens_off, causal, out_bf16);
+    fa_forward(FA_WIDE(FA_NT_MAX), kt, vt, FA_EM, FA_RED, FA_FORWARD_ARGS);
 }
 
 // Grid: one thread per row of B NH T. dd (B, NH, T) = dot(dout, out) of
