@@ -430,6 +430,7 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                     bias: Some(b1),
                     act: Activation::GeluTanh,
                     dbias: Some(db1),
+                    rounded: None,
                 })?;
                 be.run(MatmulBackward {
                     dinp: Some(a.dtmp.d()),

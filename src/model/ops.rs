@@ -6,7 +6,7 @@
 use super::bf16::{matmul_backward, matmul_forward};
 use super::unit::Weights;
 use crate::backend::{
-    Activation, ActivationBackward, ActivationForward, Backend, Buf, CrossEntropyBackward,
+    Activation, ActivationBackward, ActivationForward, Backend, Bf16, Buf, CrossEntropyBackward,
     CrossEntropyForward, Dst, LayerNormBackward, LayerNormForward, MatmulBackward, MatmulForward,
     MatmulShape, On, Src, StoredDst, StoredSrc, WeightLayout,
 };
@@ -208,7 +208,7 @@ impl<'s, B: Backend, P: Copy> Ops<'s, B, P> {
     pub fn linear_back<'i>(
         &mut self,
         dinp: Option<Dst<'i, B>>,
-        dout: Src<'i, B>,
+        dout: impl Into<StoredSrc<'i, B>>,
         inp: impl Into<StoredSrc<'i, B>>,
         w: P,
         b: Option<P>,
@@ -294,13 +294,16 @@ impl<'s, B: Backend, P: Copy> Ops<'s, B, P> {
         })
     }
 
-    /// [`Ops::act`]'s backward in place in `d`; `b`'s gradient where the pass takes gradients.
+    /// [`Ops::act`]'s backward in place in `d` (or, given `rounded`, there
+    /// rounded to bf16, d only read); `b`'s gradient where the pass takes
+    /// gradients.
     pub fn act_back<'i>(
         &mut self,
         d: Dst<'_, B>,
         inp: impl Into<StoredSrc<'i, B>>,
         b: P,
         act: Activation,
+        rounded: Option<Dst<'_, B, Bf16>>,
     ) -> Result<()> {
         let (bias, at) = (Some(self.w(b)), (self.at)(b));
         let dbias = self.g.as_mut().map(|g| g.rb().slice(at));
@@ -310,6 +313,7 @@ impl<'s, B: Backend, P: Copy> Ops<'s, B, P> {
             bias,
             act,
             dbias,
+            rounded,
         })
     }
 }

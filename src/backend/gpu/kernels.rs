@@ -41,6 +41,16 @@ pub(crate) fn u32s(what: &str, n: usize) -> Result<Arg, GpuError> {
     Ok(Arg::U32(u32_arg(what, n)?))
 }
 
+/// An activation's backward folded into [`Queue::bias_backward`]'s pass:
+/// its input (fp32 or bf16), the bias added to it, the activation, and
+/// where the result goes rounded to bf16 instead of in place.
+pub(crate) struct ActivationPass {
+    pub inp: Stored<View, View>,
+    pub bias: Option<View>,
+    pub act: Activation,
+    pub rounded: Option<View>,
+}
+
 impl<R: Runtime> Queue<R> {
     /// Any [`Kernel`] over raw views: checked, then queued.
     pub fn run<K: Kernel<Raw>>(&self, op: K) -> Result<(), GpuError> {
@@ -67,21 +77,29 @@ impl<R: Runtime> Queue<R> {
         self.launch("bias_forward", groups(rows * n), &args)
     }
 
-    /// dbias (n) += colsum(d) for d (rows, n); with an activation, after
-    /// d *= act'(inp [+ bias]) in place, in the same pass (`inp` stored
-    /// in fp32 or bf16).
+    /// dbias (n) += colsum(d) for d (rows, n); with an activation's pass,
+    /// after d *= act'(inp [+ bias]) in place (or into its `rounded`), in
+    /// the same pass.
     pub(crate) fn bias_backward(
         &self,
         db: View,
-        (d, inp, bias, act): (View, Stored<View, View>, Option<View>, Option<Activation>),
+        d: View,
+        act: Option<ActivationPass>,
         (rows, n): (usize, usize),
     ) -> Result<(), GpuError> {
-        let (inp, inp_bf16) = stored_view(inp);
         need("bias gradient: output gradient", d, rows * n)?;
-        need("bias gradient: activation input", inp, rows * n)?;
         need("bias gradient", db, n)?;
+        let (inp, bias, act, rounded) = match act {
+            Some(p) => (p.inp, p.bias, Some(p.act), p.rounded),
+            None => (Stored::F32(d), None, None, None),
+        };
+        let (inp, inp_bf16) = stored_view(inp);
+        need("bias gradient: activation input", inp, rows * n)?;
         if let Some(b) = bias {
             need("activation bias", b, n)?;
+        }
+        if let Some(r) = rounded {
+            need("bias gradient: rounded output gradient", r, rows * n)?;
         }
         if rows == 0 || n == 0 {
             return Ok(());
@@ -102,6 +120,9 @@ impl<R: Runtime> Queue<R> {
                 u32s("chunk rows", COLUMN_CHUNK_ROWS)?,
                 Arg::U32(act_code(act)),
                 Arg::U32(inp_bf16),
+                // without `rounded`, any view: the kernel does not write it
+                Arg::View(rounded.unwrap_or(d)),
+                Arg::U32(rounded.is_some().into()),
             ];
             self.launch("bias_backward_partials", groups(chunks * n), &args)?;
             let args = [

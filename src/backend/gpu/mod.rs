@@ -17,7 +17,7 @@ mod tests;
 pub use backend::{Gpu, PackedGpu};
 pub use kernels::program_source;
 pub(crate) use kernels::{
-    act_code, groups, operand, stored_operand, stored_view, u32s, weight_operand,
+    act_code, groups, operand, stored_operand, stored_view, u32s, weight_operand, ActivationPass,
 };
 
 use crate::backend::Elem;

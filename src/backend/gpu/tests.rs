@@ -779,6 +779,7 @@ fn fused_bias_gradients_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
                 bias: b,
                 act,
                 dbias: Some(&mut want_db),
+                rounded: None,
             })
             .cpu(&AsIs);
             let (d, xd, db) = (putf(dev, &d0), putf(dev, &x), putf(dev, &db0));
@@ -789,6 +790,7 @@ fn fused_bias_gradients_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
                 bias: biased.then(|| bd.view()),
                 act,
                 dbias: Some(db.view()),
+                rounded: None,
             })
             .unwrap();
             let what = format!("{act:?} rows={rows} n={n} bias={biased}");
@@ -813,6 +815,48 @@ fn pointwise_sizes() -> Vec<usize> {
         vec![1, 300]
     } else {
         vec![1, 2, 3, 1000, 4099]
+    }
+}
+
+/// A backward given `rounded` writes there, bit for bit, the device's own
+/// in-place result rounded, leaves d as it was and sums the same bias
+/// gradient: the elementwise kernel (no gradient) and the bias pass's.
+#[test]
+fn a_rounded_activation_backward_is_the_in_place_one_rounded_on_the_device() {
+    on_gpus!(a_rounded_activation_backward_is_the_in_place_one_rounded_on);
+}
+
+fn a_rounded_activation_backward_is_the_in_place_one_rounded_on<R: Runtime>(dev: &Queue<R>) {
+    let mut rng = Rng::new(29);
+    let (rows, n) = if tiny() {
+        (3, 5)
+    } else {
+        (2 * crate::backend::COLUMN_CHUNK_ROWS + 3, 96)
+    };
+    let (x, b) = (randn(&mut rng, rows * n, 2.0), randn(&mut rng, n, 1.0));
+    let d0 = randn(&mut rng, rows * n, 1.0);
+    let (xd, bd) = (putf(dev, &x), putf(dev, &b));
+    for grad in [false, true] {
+        let run = |rounded: bool| {
+            let (d, db) = (putf(dev, &d0), putf(dev, &vec![0.5; n]));
+            let held = put(dev, &vec![Bf16::default(); rows * n], Bf16::from_f32(-9.0));
+            dev.run(ActivationBackward {
+                d: d.view(),
+                inp: Stored::F32(xd.view()),
+                bias: Some(bd.view()),
+                act: Activation::GeluTanh,
+                dbias: grad.then(|| db.view()),
+                rounded: rounded.then(|| held.view()),
+            })
+            .unwrap();
+            (get(dev, &d), get(dev, &db), get(dev, &held))
+        };
+        let (want, want_db, _) = run(false);
+        let (d, db, held) = run(true);
+        let rounded: Vec<Bf16> = want.iter().map(|&v| Bf16::from_f32(v)).collect();
+        assert!(d == d0, "grad {grad}: d was written");
+        assert!(held == rounded, "grad {grad}: rounded");
+        assert!(db == want_db, "grad {grad}: the bias gradient");
     }
 }
 
@@ -859,6 +903,7 @@ fn pointwise_kernels_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
                     bias: b,
                     act,
                     dbias: None,
+                    rounded: None,
                 })
                 .cpu(&AsIs);
                 // an empty bias gradient is none
@@ -874,6 +919,7 @@ fn pointwise_kernels_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
                         bias: bv,
                         act,
                         dbias,
+                        rounded: None,
                     })
                     .unwrap();
                     let at = format!("{at} backward, dbias {:?}", dbias.map(|v| v.len));
@@ -903,6 +949,7 @@ fn pointwise_kernels_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
                         len: cols + 1,
                         ..wide.view()
                     }),
+                    rounded: None,
                 })
                 .unwrap_err();
             assert!(err.0.contains("and its gradient"), "n={n}: {err:?}");
@@ -1350,6 +1397,7 @@ fn a_bf16_activation_input_is_its_fp32_values_on<R: Runtime>(dev: &Queue<R>) {
                 bias: Some(b.view()),
                 act: Activation::GeluTanh,
                 dbias: with_db.then(|| db.view()),
+                rounded: None,
             })
             .unwrap();
             (

@@ -14,9 +14,10 @@ KERNEL void bias_forward(GLOBAL float* RESTRICT out, unsigned out_off,
 // chunk * chunk_rows .. of each chunk, rows in order; one thread per
 // (chunk, column). With an activation (act, prelude.h) each element is
 // first turned into its pre-activation's gradient, d *= act'(inp [+ bias]
-// where has_bias; inp held as load_as reads it), and written back: the
-// activation's backward and the bias gradient in one pass; with ACT_NONE d
-// is only read (and inp and bias not at all). Reduced by
+// where has_bias; inp held as load_as reads it), and written back (with
+// has_rounded, rounded to bf16 into rounded, d only read): the activation's
+// backward and the bias gradient in one pass; with ACT_NONE d is only read
+// (and inp, bias and rounded not at all). Reduced by
 // bias_backward_sum in chunk order: no atomics, a fixed order (the CPU's),
 // and chunks * n threads where one per column left the GPU idle (a
 // 768-wide bias over 8192 rows: 3 workgroups).
@@ -26,7 +27,8 @@ KERNEL void bias_backward_partials(GLOBAL float* RESTRICT partials, unsigned par
                                    const GLOBAL float* bias, unsigned bias_off,
                                    unsigned has_bias, unsigned rows, unsigned n,
                                    unsigned chunks, unsigned chunk_rows, unsigned act,
-                                   unsigned inp_bf16) {
+                                   unsigned inp_bf16, GLOBAL float* rounded,
+                                   unsigned rounded_off, unsigned has_rounded) {
     idx_t i = GLOBAL_ID(0);
     if (i >= (idx_t)chunks * n) return;
     unsigned chunk = (unsigned)(i / n), j = (unsigned)(i % n);
@@ -39,7 +41,11 @@ KERNEL void bias_backward_partials(GLOBAL float* RESTRICT partials, unsigned par
             float x = load_as(inp, inp_off + at, inp_bf16);
             if (has_bias) x += bias[bias_off + j];
             v *= activation_grad(act, x);
-            d[d_off + at] = v;
+            if (has_rounded) {
+                store_as(rounded, rounded_off + at, v, 1);
+            } else {
+                d[d_off + at] = v;
+            }
         }
         acc += v;
     }

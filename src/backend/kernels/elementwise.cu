@@ -16,16 +16,23 @@ KERNEL void activation_forward(GLOBAL float* RESTRICT out, unsigned out_off,
     store_as(out, out_off + i, activation(act, x), bf16);
 }
 
-// d *= act'(inp), in place; with cols > 0, d *= act'(inp + bias) (inp as above).
-KERNEL void activation_backward(GLOBAL float* RESTRICT d, unsigned d_off,
+// d *= act'(inp), in place; with cols > 0, d *= act'(inp + bias) (inp as
+// above). With has_rounded the result goes to rounded (bf16) and d is only read.
+KERNEL void activation_backward(GLOBAL float* d, unsigned d_off,
                                 const GLOBAL float* RESTRICT inp, unsigned inp_off,
                                 const GLOBAL float* RESTRICT bias, unsigned bias_off,
-                                unsigned n, unsigned cols, unsigned act, unsigned inp_bf16) {
+                                unsigned n, unsigned cols, unsigned act, unsigned inp_bf16,
+                                GLOBAL float* rounded, unsigned rounded_off, unsigned has_rounded) {
     idx_t i = GLOBAL_ID(0);
     if (i >= n) return;
     float x = load_as(inp, inp_off + i, inp_bf16);
     if (cols > 0) x += bias[bias_off + i % cols];
-    d[d_off + i] *= activation_grad(act, x);
+    float v = d[d_off + i] * activation_grad(act, x);
+    if (has_rounded) {
+        store_as(rounded, rounded_off + i, v, 1);
+    } else {
+        d[d_off + i] = v;
+    }
 }
 
 // dst = src.

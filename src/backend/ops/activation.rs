@@ -7,7 +7,9 @@ use crate::backend::cpu::elementwise::CHUNK;
 use crate::backend::cpu::math::{
     column_sums, gelu, gelu_erf, gelu_erf_grad, gelu_grad, tanh_exp, widest, with_scratch, Scratch,
 };
-use crate::backend::gpu::{act_code, groups, stored_view, u32s, Arg, Queue, Raw, Runtime, View};
+use crate::backend::gpu::{
+    act_code, groups, stored_view, u32s, ActivationPass, Arg, Queue, Raw, Runtime,
+};
 use crate::backend::{Activation, Bf16, COLUMN_CHUNK_ROWS};
 use rayon::prelude::*;
 
@@ -57,12 +59,16 @@ operation! {
     /// pass: dbias += colsum(d) after the multiply (in chunks of
     /// [`COLUMN_CHUNK_ROWS`] rows, as `matmul_backward`
     /// sums a bias), instead of reading d again in the matmul's backward.
+    /// With `rounded` (len d), the result goes there rounded to bf16 and d
+    /// is only read: GPT-2's fc product's gradient under `--precision
+    /// bf16`, which the product's backward would round anyway.
     pub struct ActivationBackward<O> {
         output d: f32,
         stored_input inp: f32,
         maybe_input bias: f32,
         value act: Activation,
         maybe_output dbias: f32,
+        maybe_output rounded: Bf16,
     }
 }
 
@@ -81,16 +87,20 @@ impl<O: Operands> Kernel<O> for ActivationForward<O> {
 
     fn gpu<R: Runtime>(self, q: &Queue<R>, raw: &impl Lower<O, Raw>, _: Checked) -> Queued {
         let op = self.lower(raw);
-        let (out, bf16) = stored_view(op.out);
-        launch(
-            q,
-            "activation_forward",
-            out,
-            op.inp,
-            op.bias,
-            op.act,
-            Some(bf16),
-        )
+        let (out, out_bf16) = stored_view(op.out);
+        let (inp, inp_bf16) = stored_view(op.inp);
+        let args = [
+            Arg::View(out),
+            Arg::View(inp),
+            // without a bias, any view: the kernel does not read it
+            Arg::View(op.bias.unwrap_or(inp)),
+            u32s("n", inp.len)?,
+            u32s("bias", op.bias.map_or(0, |b| b.len))?,
+            Arg::U32(act_code(Some(op.act))),
+            Arg::U32(inp_bf16),
+            Arg::U32(out_bf16),
+        ];
+        q.launch("activation_forward", groups(inp.len), &args)
     }
 }
 
@@ -100,6 +110,9 @@ impl<O: Operands> Kernel<O> for ActivationBackward<O> {
     fn check(&self) -> Result<(), String> {
         let n = self.inp.extent();
         need("d", &self.d, n)?;
+        if let Some(r) = &self.rounded {
+            need("rounded", r, n)?;
+        }
         let grad = self.dbias.as_ref().map(Extent::extent).filter(|&g| g > 0);
         activation_bias_width(n, self.bias.as_ref().map(Extent::extent), grad).map(|_| ())
     }
@@ -113,47 +126,31 @@ impl<O: Operands> Kernel<O> for ActivationBackward<O> {
     fn gpu<R: Runtime>(self, q: &Queue<R>, raw: &impl Lower<O, Raw>, _: Checked) -> Queued {
         let op = self.lower(raw);
         if let Some(db) = op.dbias.filter(|db| db.len > 0) {
-            let cols = db.len;
-            let rows = op.inp.extent() / cols;
-            return q.bias_backward(db, (op.d, op.inp, op.bias, Some(op.act)), (rows, cols));
+            let (cols, rows) = (db.len, op.inp.extent() / db.len);
+            let pass = ActivationPass {
+                inp: op.inp,
+                bias: op.bias,
+                act: op.act,
+                rounded: op.rounded,
+            };
+            return q.bias_backward(db, op.d, Some(pass), (rows, cols));
         }
-        launch(
-            q,
-            "activation_backward",
-            op.d,
-            op.inp,
-            op.bias,
-            op.act,
-            None,
-        )
+        let (inp, inp_bf16) = stored_view(op.inp);
+        let args = [
+            Arg::View(op.d),
+            Arg::View(inp),
+            // without a bias, any view: the kernel does not read it
+            Arg::View(op.bias.unwrap_or(inp)),
+            u32s("n", inp.len)?,
+            u32s("bias", op.bias.map_or(0, |b| b.len))?,
+            Arg::U32(act_code(Some(op.act))),
+            Arg::U32(inp_bf16),
+            // without `rounded`, any view: the kernel does not write it
+            Arg::View(op.rounded.unwrap_or(op.d)),
+            Arg::U32(op.rounded.is_some().into()),
+        ];
+        q.launch("activation_backward", groups(inp.len), &args)
     }
-}
-
-/// An activation kernel over (out, inp, bias), n = inp.len, then the flag
-/// for an `inp` stored in bf16 and the forward's for its `out`.
-fn launch<R: Runtime>(
-    q: &Queue<R>,
-    name: &str,
-    out: View,
-    inp: Stored<View, View>,
-    bias: Option<View>,
-    act: Activation,
-    out_bf16: Option<u32>,
-) -> Queued {
-    let cols = bias.map_or(0, |b| b.len);
-    let (inp, inp_bf16) = stored_view(inp);
-    let mut args = vec![
-        Arg::View(out),
-        Arg::View(inp),
-        // without a bias, any view: the kernel does not read it
-        Arg::View(bias.unwrap_or(inp)),
-        u32s("n", inp.len)?,
-        u32s("bias", cols)?,
-        Arg::U32(act_code(Some(act))),
-        Arg::U32(inp_bf16),
-    ];
-    args.extend(out_bf16.map(Arg::U32));
-    q.launch(name, groups(inp.len), &args)
 }
 
 widest! {
@@ -277,6 +274,8 @@ thread_local! {
     static ACTIVATED: Scratch<f32> = const { Scratch::new(Vec::new()) };
     /// A chunk of a bf16-stored input in fp32.
     static WIDENED: Scratch<f32> = const { Scratch::new(Vec::new()) };
+    /// A chunk of a [`backward`]'s results before they are rounded.
+    static SCALED: Scratch<f32> = const { Scratch::new(Vec::new()) };
 }
 
 /// d *= act'(inp + bias): turns d loss / d act(inp + bias) into d loss /
@@ -290,15 +289,31 @@ fn backward(op: ActivationBackward<Host<'_>>) {
         bias,
         act,
         dbias,
+        rounded,
     } = op;
     let len = inp.extent();
     let d = &mut d[..len];
+    // one chunk: d *= act' in place, or with `rounded` into a copy that
+    // goes there rounded (d only read)
+    let chunk = |d: &mut [f32], r: Option<&mut [Bf16]>, x: &[f32], b: &[f32], p: &mut [f32]| match r
+    {
+        None => scale_chunk(d, x, b, p, act),
+        Some(r) => with_scratch(&SCALED, d.len(), |v| {
+            v.copy_from_slice(d);
+            scale_chunk(v, x, b, p, act);
+            r.iter_mut()
+                .zip(v.iter())
+                .for_each(|(r, &v)| *r = Bf16::from_f32(v));
+        }),
+    };
     let Some(db) = dbias.filter(|db| !db.is_empty()) else {
         let span = span(bias_width(len, bias, None));
         let b = bias.unwrap_or_default();
-        d.par_chunks_mut(span).enumerate().for_each(|(i, d)| {
+        let mut parts = rounded_parts(rounded, len, span);
+        let chunks = d.par_chunks_mut(span).zip(parts.par_iter_mut()).enumerate();
+        chunks.for_each(|(i, (d, r))| {
             let x = inp.part(i * span..len.min((i + 1) * span));
-            widened(x, |x| scale_chunk(d, x, b, &mut [], act))
+            widened(x, |x| chunk(d, r.take(), x, b, &mut []))
         });
         return;
     };
@@ -314,11 +329,25 @@ fn backward(op: ActivationBackward<Host<'_>>) {
     };
     let n = bias_width(len, Some(b), Some(db.len()));
     let span = COLUMN_CHUNK_ROWS * n;
-    let chunks = d.par_chunks_mut(span).enumerate();
-    column_sums(&mut [db], chunks, |(i, d), p| {
+    let mut parts = rounded_parts(rounded, len, span);
+    let chunks = d.par_chunks_mut(span).zip(parts.par_iter_mut()).enumerate();
+    column_sums(&mut [db], chunks, |(i, (d, r)), p| {
         let x = inp.part(i * span..len.min((i + 1) * span));
-        widened(x, |x| scale_chunk(d, x, b, p, act))
+        widened(x, |x| chunk(d, r.take(), x, b, p))
     });
+}
+
+/// `rounded`'s first `len` elements in chunks of `span` (none where it is
+/// not given), one for each of d's.
+fn rounded_parts(
+    rounded: Option<&mut [Bf16]>,
+    len: usize,
+    span: usize,
+) -> Vec<Option<&mut [Bf16]>> {
+    match rounded {
+        Some(r) => r[..len].chunks_mut(span).map(Some).collect(),
+        None => (0..len.div_ceil(span)).map(|_| None).collect(),
+    }
 }
 
 #[cfg(test)]
@@ -327,6 +356,47 @@ mod tests {
     use crate::backend::cpu::check::*;
     use crate::backend::cpu::math::on_each_width;
     use crate::rng::Rng;
+
+    /// A backward given `rounded` writes there the in-place result rounded,
+    /// bit for bit, leaves d as it was, and sums the same bias gradient:
+    /// with and without a bias and its gradient, over more than one task's
+    /// chunk (of either pass).
+    #[test]
+    fn a_rounded_backward_is_the_in_place_one_rounded_and_leaves_d() {
+        let mut rng = Rng::new(23);
+        let (rows, n) = (2 * CHUNK.max(COLUMN_CHUNK_ROWS * 96) / 96 + 3, 96);
+        let (x, b) = (randn(&mut rng, rows * n, 2.0), randn(&mut rng, n, 1.0));
+        let d0 = randn(&mut rng, rows * n, 1.0);
+        for bias in [None, Some(&b[..])] {
+            for grad in [false, true] {
+                let (mut want, mut want_db) = (d0.clone(), vec![0.5; n]);
+                backward(ActivationBackward {
+                    d: &mut want,
+                    inp: Stored::F32(&x),
+                    bias,
+                    act: Activation::GeluTanh,
+                    dbias: grad.then_some(&mut want_db[..]),
+                    rounded: None,
+                });
+                let (mut d, mut db) = (d0.clone(), vec![0.5; n]);
+                let mut held = vec![Bf16::from_f32(-9.0); rows * n + 1];
+                backward(ActivationBackward {
+                    d: &mut d,
+                    inp: Stored::F32(&x),
+                    bias,
+                    act: Activation::GeluTanh,
+                    dbias: grad.then_some(&mut db[..]),
+                    rounded: Some(&mut held),
+                });
+                let what = format!("bias {} grad {grad}", bias.is_some());
+                assert!(d == d0, "{what}: d was written");
+                let rounded: Vec<Bf16> = want.iter().map(|&v| Bf16::from_f32(v)).collect();
+                assert!(held[..rows * n] == rounded[..], "{what}: rounded");
+                assert_eq!(held[rows * n], Bf16::from_f32(-9.0), "{what}: past its end");
+                assert!(db == want_db, "{what}: the bias gradient");
+            }
+        }
+    }
 
     /// An output stored in bf16 is the fp32 output rounded, bit for bit,
     /// with and without a bias, over more than one task's chunk.
@@ -393,6 +463,7 @@ mod tests {
                         bias,
                         act,
                         dbias: with_db.then_some(&mut db[..]),
+                        rounded: None,
                     });
                     (fp32, bf16, d, db)
                 });
@@ -527,6 +598,7 @@ mod tests {
                         bias,
                         act,
                         dbias: with_db.then_some(&mut db[..]),
+                        rounded: None,
                     });
                     [d, db]
                 };
@@ -589,6 +661,7 @@ mod tests {
                 bias: None,
                 act,
                 dbias: None,
+                rounded: None,
             });
             let fd = finite_diff(&x, |v| {
                 let o: Vec<f64> = v.iter().map(|&x| f(x)).collect();
@@ -630,6 +703,7 @@ mod tests {
                 bias: Some(&b),
                 act,
                 dbias: Some(&mut db),
+                rounded: None,
             });
             let loss = |x: &[f64], b: &[f64]| {
                 let o: Vec<f64> = (0..rows * n).map(|i| f(x[i] + b[i % n])).collect();
@@ -651,6 +725,7 @@ mod tests {
                 bias: Some(&b),
                 act,
                 dbias: None,
+                rounded: None,
             });
             assert_eq!(d, plain, "{act:?}: d differs without dbias");
         }

@@ -198,7 +198,7 @@ impl<O: Operands> Kernel<O> for MatmulBackward<O> {
             false => products(q, &op, op.dout, bf16)?,
         }
         match op.dbias {
-            Some(db) => q.bias_backward(db, (dout, Stored::F32(dout), None, None), (rows, n)),
+            Some(db) => q.bias_backward(db, dout, None, (rows, n)),
             None => Ok(()),
         }
     }

@@ -72,6 +72,14 @@ impl<F, H> Stored<F, H> {
         }
     }
 
+    /// The operand where it is held in bf16.
+    pub fn bf16(self) -> Option<H> {
+        match self {
+            Stored::F32(_) => None,
+            Stored::Bf16(x) => Some(x),
+        }
+    }
+
     /// The same operand converted by `f` (as fp32) or `h` (as bf16).
     pub fn map<G, I>(self, f: impl FnOnce(F) -> G, h: impl FnOnce(H) -> I) -> Stored<G, I> {
         match self {

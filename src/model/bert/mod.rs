@@ -26,7 +26,7 @@ use super::unit::{
 use crate::backend::{
     Activation, AttentionBackward, AttentionForward, Backend, Buf, CopyRows, Dst, EncoderBackward,
     EncoderForward, LayerNormBackward, LayerNormForward, MatmulBackward, MatmulForward,
-    MatmulShape, Src, StoredBuf, WeightLayout,
+    MatmulShape, Src, Stored, StoredBuf, WeightLayout,
 };
 use crate::comm::Comm;
 use crate::data::{Batch, LossTerms, IGNORE};
@@ -139,7 +139,13 @@ impl<B: Backend> PooledActs<B> {
         let mut dp = self.dpooled.slice_mut(0..bc);
         let (pooled, shape) = (self.pooled.slice(0..bc), io(b, c, labels));
         ops.linear_back(Some(dp.rb()), lg.src(), pooled, i + 2, Some(i + 3), shape)?;
-        ops.act_back(dp.rb(), self.pre.slice(0..bc), i + 1, Activation::Tanh)?;
+        ops.act_back(
+            dp.rb(),
+            self.pre.slice(0..bc),
+            i + 1,
+            Activation::Tanh,
+            None,
+        )?;
         let (dcls, cls) = (self.dcls.slice_mut(0..bc), self.cls.slice(0..bc));
         ops.linear_back(Some(dcls), dp.src(), cls, i, None, io(b, c, c))?;
         scatter_first(be, dres, self.dcls.s(), b, t, c, head.has_mlm())
@@ -806,9 +812,17 @@ impl<B: Backend> Engine<B> {
         let (g_act, shape) = (a.g.slice(part(s, rows * fl, n * fl)), io(n, fl, c));
         ops.linear_back(Some(dg.rb()), dx.src(), g_act, OutW, Some(OutB), shape)?;
         let f = a.f.slice(part(s, rows * fl, n * fl));
-        ops.act_back(dg.rb(), f, InterB, Activation::GeluErf)?;
+        // under bf16 the result goes rounded into the GELU output's slot,
+        // which nothing reads again (as GPT-2's)
+        let rounded = a.g.slice_mut(part(s, rows * fl, n * fl)).bf16();
+        let held = rounded.is_some();
+        ops.act_back(dg.rb(), f, InterB, Activation::GeluErf, rounded)?;
+        let dg = match held {
+            true => a.g.slice(part(s, rows * fl, n * fl)),
+            false => Stored::F32(dg.src()),
+        };
         let h1 = cut(&a.h1, c);
-        ops.linear_back(Some(dy.rb()), dg.src(), h1, InterW, None, io(n, c, fl))?;
+        ops.linear_back(Some(dy.rb()), dg, h1, InterW, None, io(n, c, fl))?;
         tp::all_reduce(be, tp, dy.rb())?;
         be.add_inplace(dy.rb(), dx.src());
         // d h = LN1'(d h1)
@@ -982,7 +996,7 @@ impl<B: Backend> Engine<B> {
             let mut dt2 = a.dbig.slice_mut(0..nc);
             let (t2, kept) = (m.t2.slice(0..nc), Stats::slot(&m.mean, &m.rstd, 0, n));
             ops.ln_back(Dinp::Set(dt2.rb()), dt3.src(), t2, kept, 2, 3)?;
-            ops.act_back(dt2.rb(), m.t1.slice(0..nc), 1, Activation::GeluErf)?;
+            ops.act_back(dt2.rb(), m.t1.slice(0..nc), 1, Activation::GeluErf, None)?;
             // d x: into the stream's gradient, or for the picked rows
             // alone, then added into theirs (zeros elsewhere)
             let mut dres = a.dres.slice_mut(0..btc);

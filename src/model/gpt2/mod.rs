@@ -26,7 +26,8 @@ use super::unit::{
 use crate::backend::{
     Activation, AttentionBackward, AttentionForward, AttnShape, Backend, Buf, CrossEntropyBackward,
     CrossEntropyForward, Dst, EncoderBackward, EncoderForward, LayerNormBackward, LayerNormForward,
-    MatmulBackward, MatmulForward, MatmulShape, On, Src, StoredBuf, StoredDst, WeightLayout,
+    MatmulBackward, MatmulForward, MatmulShape, On, Src, Stored, StoredBuf, StoredDst,
+    WeightLayout,
 };
 use crate::comm::Comm;
 use crate::data::{Batch as DataBatch, LossTerms};
@@ -664,10 +665,24 @@ impl<B: Backend> Engine<B> {
         // GELU's backward adds the fc bias's gradient in the same pass (in
         // a split backward, the weight half's product adds it)
         let fch = a.fch.slice(part(s, rows * wd.fl, rows * fl));
-        ops.act_back(dfch, fch, FcB, Activation::GeluTanh)?;
+        // under bf16 (never split) the result goes rounded into GELU's
+        // output, which nothing reads again: fc's product takes it as is,
+        // where it would round it (its bias's gradient is summed above)
+        let gelu_at = part(s, rows * wd.fl, rows * fl);
+        let rounded = a
+            .fch_gelu
+            .slice_mut(gelu_at.clone())
+            .bf16()
+            .filter(|_| !split);
+        let held = rounded.is_some();
+        ops.act_back(dfch, fch, FcB, Activation::GeluTanh, rounded)?;
         let (dfch, mut dln2) = dg.rb().split2(at.dfch.clone(), at.dln2.clone());
+        let dfch = match held {
+            true => a.fch_gelu.slice(gelu_at),
+            false => Stored::F32(dfch.into_src()),
+        };
         let (ln2, shape) = (a.ln2.slice(part(s, btc, btc)), io(rows, c, fl));
-        ops.linear_back(Some(dln2.rb()), dfch.into_src(), ln2, FcW, None, shape)?;
+        ops.linear_back(Some(dln2.rb()), dfch, ln2, FcW, None, shape)?;
         tp::all_reduce(be, tp, dln2.rb())?;
         let (res2, kept2) = (a.res2.s().part(s, btc), kept(&a.ln2_mean, &a.ln2_rstd));
         ops.ln_back(Dinp::Add(dres.rb()), dln2.src(), res2, kept2, Ln2W, Ln2B)?;
