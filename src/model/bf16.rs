@@ -30,10 +30,11 @@ pub enum Precision {
     /// Matmul operands (inputs, weights, output gradients) rounded to
     /// bfloat16, products accumulated in fp32; GPT-2's logits and their
     /// gradient, its norms', attention's, fc's and GELU's outputs (BERT's
-    /// intermediate product and GELU output) held in bf16; the weights'
-    /// bf16 copy beside their fp32 values, which the products read;
-    /// moments, gradients, their reduction and every other tensor stay
-    /// fp32.
+    /// intermediate product and GELU output) held in bf16, and GELU's
+    /// input gradient (the fc product's output gradient, which its
+    /// backward would round); the weights' bf16 copy beside their fp32
+    /// values, which the products read; moments, the other gradients,
+    /// their reduction and every other tensor stay fp32.
     Bf16,
 }
 crate::display_as_flag!(Precision);
