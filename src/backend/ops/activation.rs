@@ -8,7 +8,7 @@ use crate::backend::cpu::math::{
     column_sums, gelu, gelu_erf, gelu_erf_grad, gelu_grad, tanh_exp, widest, with_scratch, Scratch,
 };
 use crate::backend::gpu::{
-    act_code, groups, stored_view, u32s, ActivationPass, Arg, Queue, Raw, Runtime,
+    act_code, groups, stored_view, u32s, ActivationPass, Arg, GpuError, Queue, Raw, Runtime, View,
 };
 use crate::backend::{Activation, Bf16, COLUMN_CHUNK_ROWS};
 use rayon::prelude::*;
@@ -88,19 +88,9 @@ impl<O: Operands> Kernel<O> for ActivationForward<O> {
     fn gpu<R: Runtime>(self, q: &Queue<R>, raw: &impl Lower<O, Raw>, _: Checked) -> Queued {
         let op = self.lower(raw);
         let (out, out_bf16) = stored_view(op.out);
-        let (inp, inp_bf16) = stored_view(op.inp);
-        let args = [
-            Arg::View(out),
-            Arg::View(inp),
-            // without a bias, any view: the kernel does not read it
-            Arg::View(op.bias.unwrap_or(inp)),
-            u32s("n", inp.len)?,
-            u32s("bias", op.bias.map_or(0, |b| b.len))?,
-            Arg::U32(act_code(Some(op.act))),
-            Arg::U32(inp_bf16),
-            Arg::U32(out_bf16),
-        ];
-        q.launch("activation_forward", groups(inp.len), &args)
+        let mut args = kernel_args(out, op.inp, op.bias, op.act)?;
+        args.push(Arg::U32(out_bf16));
+        q.launch("activation_forward", groups(op.inp.extent()), &args)
     }
 }
 
@@ -135,22 +125,34 @@ impl<O: Operands> Kernel<O> for ActivationBackward<O> {
             };
             return q.bias_backward(db, op.d, Some(pass), (rows, cols));
         }
-        let (inp, inp_bf16) = stored_view(op.inp);
-        let args = [
-            Arg::View(op.d),
-            Arg::View(inp),
-            // without a bias, any view: the kernel does not read it
-            Arg::View(op.bias.unwrap_or(inp)),
-            u32s("n", inp.len)?,
-            u32s("bias", op.bias.map_or(0, |b| b.len))?,
-            Arg::U32(act_code(Some(op.act))),
-            Arg::U32(inp_bf16),
-            // without `rounded`, any view: the kernel does not write it
-            Arg::View(op.rounded.unwrap_or(op.d)),
-            Arg::U32(op.rounded.is_some().into()),
-        ];
-        q.launch("activation_backward", groups(inp.len), &args)
+        let mut args = kernel_args(op.d, op.inp, op.bias, op.act)?;
+        // without `rounded`, any view: the kernel does not write it
+        args.push(Arg::View(op.rounded.unwrap_or(op.d)));
+        args.push(Arg::U32(op.rounded.is_some().into()));
+        q.launch("activation_backward", groups(op.inp.extent()), &args)
     }
+}
+
+/// An activation kernel's first arguments: (out or d, inp, bias), n =
+/// inp's length, the bias's width, the activation, and whether inp is
+/// stored in bf16.
+fn kernel_args(
+    first: View,
+    inp: Stored<View, View>,
+    bias: Option<View>,
+    act: Activation,
+) -> Result<Vec<Arg>, GpuError> {
+    let (inp, inp_bf16) = stored_view(inp);
+    Ok(vec![
+        Arg::View(first),
+        Arg::View(inp),
+        // without a bias, any view: the kernel does not read it
+        Arg::View(bias.unwrap_or(inp)),
+        u32s("n", inp.len)?,
+        u32s("bias", bias.map_or(0, |b| b.len))?,
+        Arg::U32(act_code(Some(act))),
+        Arg::U32(inp_bf16),
+    ])
 }
 
 widest! {
