@@ -371,25 +371,21 @@ mod tests {
         let d0 = randn(&mut rng, rows * n, 1.0);
         for bias in [None, Some(&b[..])] {
             for grad in [false, true] {
+                let run = |d: &mut [f32], db: &mut [f32], rounded| {
+                    backward(ActivationBackward {
+                        d,
+                        inp: Stored::F32(&x),
+                        bias,
+                        act: Activation::GeluTanh,
+                        dbias: grad.then_some(db),
+                        rounded,
+                    })
+                };
                 let (mut want, mut want_db) = (d0.clone(), vec![0.5; n]);
-                backward(ActivationBackward {
-                    d: &mut want,
-                    inp: Stored::F32(&x),
-                    bias,
-                    act: Activation::GeluTanh,
-                    dbias: grad.then_some(&mut want_db[..]),
-                    rounded: None,
-                });
+                run(&mut want, &mut want_db, None);
                 let (mut d, mut db) = (d0.clone(), vec![0.5; n]);
                 let mut held = vec![Bf16::from_f32(-9.0); rows * n + 1];
-                backward(ActivationBackward {
-                    d: &mut d,
-                    inp: Stored::F32(&x),
-                    bias,
-                    act: Activation::GeluTanh,
-                    dbias: grad.then_some(&mut db[..]),
-                    rounded: Some(&mut held),
-                });
+                run(&mut d, &mut db, Some(&mut held));
                 let what = format!("bias {} grad {grad}", bias.is_some());
                 assert!(d == d0, "{what}: d was written");
                 let rounded: Vec<Bf16> = want.iter().map(|&v| Bf16::from_f32(v)).collect();
