@@ -12,6 +12,7 @@
 //! errors naming what to install.
 
 mod libs;
+mod lt;
 
 use crate::backend::gpu::{
     kernel_names, program_source, u32_arg, Arg, DeviceMem, Gemm, GpuError, Operand, Runtime, View,
@@ -71,6 +72,14 @@ fn check_libraries() -> Result<()> {
              `pip install nvidia-cublas-cu12` (in the active environment, or put its \
              nvidia/cublas/lib on LD_LIBRARY_PATH){}",
             libs::cuda13_hint(&libs::search_dirs(), "cublas")
+        )));
+    }
+    // SAFETY: as in `check_driver`.
+    if !unsafe { cudarc::cublaslt::sys::is_culib_present() } {
+        return Err(GpuError(format!(
+            "libcublasLt.so.12 not found beside cuBLAS: install the CUDA toolkit, or \
+             `pip install nvidia-cublas-cu12`{}",
+            libs::cuda13_hint(&libs::search_dirs(), "cublasLt")
         )));
     }
     Ok(())
@@ -223,6 +232,8 @@ pub struct CudaRuntime {
     // Fields drop in order: functions and the handle before the stream and context.
     kernels: HashMap<String, CudaFunction>,
     blas: Mutex<Blas>,
+    /// GEMMs with a bias, unless `DISTGPT_CUBLASLT=0`: `Runtime::adds_bias`.
+    lt: Option<Mutex<lt::Lt>>,
     /// The bf16 copies of a GEMM's two operands under `--precision bf16`,
     /// kept for the next GEMM (`to_bf16`).
     bf16_scratch: Mutex<[Option<Mem<u32>>; 2]>,
@@ -306,6 +317,10 @@ impl CudaRuntime {
             true => (Self::addr::<u16>(g.c), bf16),
             false => (Self::addr::<f32>(g.c), f32_),
         };
+        if let Some(bias) = g.bias {
+            // SAFETY: as above; `Queue::gemm` checked the bias's m floats.
+            return unsafe { self.gemm_lt(&g, [a, b, c], Self::addr::<f32>(bias)) };
+        }
         let (alpha, beta) = (1.0f32, g.beta);
         let stride = |what: &str, n: usize| {
             c_longlong::try_from(n)
@@ -355,6 +370,40 @@ impl CudaRuntime {
                 g.batch.count
             ))
         })
+    }
+
+    /// `g` with its bias in cuBLASLt's epilogue, from the operands' and
+    /// the output's addresses `at` (a, b rounded to bf16 under `g.bf16`).
+    ///
+    /// # Safety
+    /// As `gemm_ex`; `g` passed `adds_bias`.
+    unsafe fn gemm_lt(&self, g: &Gemm, at: [CUdeviceptr; 3], bias: CUdeviceptr) -> Result<()> {
+        let Some(lt) = &self.lt else {
+            return Err(GpuError(
+                "a GEMM's bias reached cuBLAS with cuBLASLt off".into(),
+            ));
+        };
+        let mut lt = lt.lock().unwrap_or_else(|e| e.into_inner());
+        if lt.workspace.is_none() {
+            lt.workspace = Some(self.alloc::<u32>(lt::WORKSPACE_BYTES / 4)?);
+        }
+        let ld = |what, n: usize| {
+            i64::try_from(n).map_err(|_| GpuError(format!("GEMM {what} = {n} exceeds cuBLASLt's")))
+        };
+        let key = lt::PlanKey {
+            m: g.m as u64,
+            n: g.n as u64,
+            k: g.k as u64,
+            transpose: [g.a.transpose, g.b.transpose],
+            ld: [ld("lda", g.a.ld)?, ld("ldb", g.b.ld)?, ld("ldc", g.ldc)?],
+            bf16: g.bf16,
+            align: at.map(lt::alignment),
+        };
+        let [a, b, c] = at;
+        self.bind()?;
+        let stream = self.stream.cu_stream() as _;
+        // SAFETY: the caller's promises; the key's alignments are the addresses'.
+        unsafe { lt.matmul(key, lt::Addresses { a, b, c, bias }, g.beta, stream) }
     }
 
     fn bind(&self) -> Result<()> {
@@ -430,6 +479,10 @@ impl Runtime for CudaRuntime {
         if !flash {
             name.push_str(", attention as GEMMs");
         }
+        let with_lt = lt::wanted()?;
+        if !with_lt {
+            name.push_str(", biases in a pass");
+        }
         let ctx = CudaContext::new(index).map_err(failed("cuDevicePrimaryCtxRetain"))?;
         if !ctx.has_async_alloc() {
             return Err(GpuError(format!(
@@ -458,9 +511,14 @@ impl Runtime for CudaRuntime {
         // SAFETY: both handles are live; cuBLAS queues on our stream from now on.
         unsafe { blas::set_stream(blas.0, stream.cu_stream() as _) }
             .map_err(|e| GpuError(format!("cublasSetStream failed: {e}")))?;
+        let lt = match with_lt {
+            true => Some(Mutex::new(lt::Lt::new()?)),
+            false => None,
+        };
         Ok(CudaRuntime {
             kernels,
             blas: Mutex::new(blas),
+            lt,
             bf16_scratch: Mutex::new([None, None]),
             stream,
             copier,
@@ -630,6 +688,13 @@ impl Runtime for CudaRuntime {
         self.bind().ok()?;
         let (free, total) = self.ctx.mem_get_info().ok()?;
         Some((free as u64, total as u64))
+    }
+
+    /// A single fp32-output product whose bias is 16-byte aligned, where
+    /// cuBLASLt is on.
+    fn adds_bias(&self, g: &Gemm) -> bool {
+        let aligned = g.bias.is_some_and(|b| Self::addr::<f32>(b) % 16 == 0);
+        self.lt.is_some() && aligned && g.batch.count == 1 && !g.c_bf16
     }
 
     unsafe fn sgemm(&self, g: Gemm) -> Result<()> {

@@ -134,12 +134,12 @@ impl<R: Runtime> Queue<R> {
 
     /// c (m x n, column-major, ldc = m) per `g`, with empty sizes handled
     /// here (CLBlast rejects them).
-    pub(crate) fn gemm(&self, g: Gemm) -> Result<(), GpuError> {
+    pub(crate) fn gemm(&self, mut g: Gemm) -> Result<(), GpuError> {
         let stored = g.a.bf16 || g.b.bf16 || g.c_bf16;
-        if (stored && !g.bf16) || (g.c_bf16 && (g.beta != 0.0 || g.k == 0)) {
+        if (stored && !g.bf16) || (g.c_bf16 && (g.beta != 0.0 || g.k == 0 || g.bias.is_some())) {
             return Err(GpuError(
-                "a GEMM over bf16 storage needs bf16 products, and a bf16 output k > 0 and \
-                 beta 0"
+                "a GEMM over bf16 storage needs bf16 products, and a bf16 output k > 0, \
+                 beta 0 and no bias"
                     .into(),
             ));
         }
@@ -152,6 +152,19 @@ impl<R: Runtime> Queue<R> {
                 g.c.len,
                 g.c_span()
             )));
+        }
+        if let Some(bias) = g.bias {
+            if g.batch.count != 1 || g.ldc != g.m {
+                return Err(GpuError(
+                    "a GEMM's bias needs one product into a whole c".into(),
+                ));
+            }
+            need("GEMM bias", bias, g.m)?;
+            if g.k == 0 || !self.rt.adds_bias(&g) {
+                // c = [c +] bias first, then the products onto it
+                self.bias_forward(g.c, bias, (g.n, g.m), g.beta != 0.0)?;
+                (g.beta, g.bias) = (1.0, None);
+            }
         }
         if g.k == 0 {
             // No products: c = beta * c, with beta 0 or 1.

@@ -121,7 +121,7 @@ pub struct Operand {
     pub bf16: bool,
 }
 
-/// c (m x n) = op(a) (m x k) @ op(b) (k x n) + beta * c, column-major, as
+/// c (m x n) = op(a) (m x k) @ op(b) (k x n) + beta * c [+ bias], column-major, as
 /// CLBlast and cuBLAS take it. Sizes are non-zero when a runtime sees it.
 #[derive(Clone, Copy)]
 pub struct Gemm {
@@ -133,6 +133,11 @@ pub struct Gemm {
     pub beta: f32,
     pub c: View,
     pub ldc: usize,
+    /// m fp32 values added to every column of an fp32 `c` (a row-major
+    /// output's bias, one a feature) in a single product: by the GEMM's
+    /// epilogue where [`Runtime::adds_bias`] says so, else by a pass over
+    /// `c` before it (`Queue::gemm`). A runtime sees it only in the first case.
+    pub bias: Option<View>,
     /// `c` is stored as bfloat16: each sum rounded as it is stored (beta 0).
     pub c_bf16: bool,
     /// The products take `a` and `b` rounded to bfloat16 (ties to even, as
@@ -282,6 +287,11 @@ pub trait Runtime: Send + Sync + Sized + 'static {
     /// (of a live buffer of this runtime) holds all the elements the kernel
     /// touches at those sizes.
     unsafe fn launch(&self, name: &str, groups: usize, args: &[Arg]) -> Result<(), GpuError>;
+    /// Whether `sgemm` adds `g`'s bias itself, in the GEMM's epilogue
+    /// (cuBLASLt's); else the queue adds it to `c` first.
+    fn adds_bias(&self, _g: &Gemm) -> bool {
+        false
+    }
     /// Queues `g`.
     ///
     /// # Safety

@@ -614,11 +614,16 @@ fn matmul_forward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
             // bf16: the products round the operands, on the CPU and the device
             // alike (inputs far from bf16 values, so a device that does not
             // round them is off by bf16's rounding, far over TOL).
-            for (with_bias, accumulate, bf16) in [
-                (true, false, false),
-                (false, false, true),
-                (true, true, true),
-                (false, true, false),
+            // A bias 4 floats into its buffer is 16-byte aligned, as cuBLASLt's
+            // epilogue takes it on CUDA; 5 floats in, the pass before the
+            // GEMM adds it (on OpenCL, both).
+            for (with_bias, accumulate, bf16, bias_at) in [
+                (true, false, false, 4),
+                (true, false, false, 5),
+                (false, false, true, 4),
+                (true, true, true, 4),
+                (true, true, true, 5),
+                (false, true, false, 4),
             ] {
                 let (inp, w) = (randn(&mut rng, rows * k, 1.0), randn(&mut rng, k * n, 1.0));
                 let bias = randn(&mut rng, n, 1.0);
@@ -641,7 +646,7 @@ fn matmul_forward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
                     putf(dev, &out0),
                     putf(dev, &inp),
                     putf(dev, &w),
-                    putf(dev, &bias),
+                    put_at(dev, &bias, -1000.0, bias_at),
                 );
                 let bv = with_bias.then(|| bd.view());
                 dev.run(MatmulForward {
@@ -660,7 +665,8 @@ fn matmul_forward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
                 })
                 .unwrap();
                 let what = format!(
-                    "matmul_forward {layout:?} rows={rows} k={k} n={n} bias={with_bias} acc={accumulate} bf16={bf16}"
+                    "matmul_forward {layout:?} rows={rows} k={k} n={n} bias={with_bias} at \
+                     {bias_at} acc={accumulate} bf16={bf16}"
                 );
                 assert_close(&what, &get(dev, &o), &want);
             }
@@ -1490,6 +1496,7 @@ fn a_batch_of_bf16_products_is_its_fp32_batch_rounded_on<R: Runtime>(dev: &Queue
             beta: 0.0,
             c,
             ldc: 2,
+            bias: None,
             c_bf16,
             bf16: true,
             batch: super::Batch {
@@ -1529,6 +1536,7 @@ fn a_gemm_over_bf16_storage_needs_bf16_products_and_beta_0_on<R: Runtime>(dev: &
         beta,
         c: x.view(),
         ldc: 2,
+        bias: None,
         c_bf16,
         bf16,
         batch: super::Batch::ONE,
@@ -1724,6 +1732,7 @@ fn a_batch_of_empty_products_sets_each_output_to_beta_times_itself_on<R: Runtime
             beta,
             c: c.view(),
             ldc: 2,
+            bias: None,
             c_bf16: false,
             bf16: false,
             batch: super::Batch {

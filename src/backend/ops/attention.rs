@@ -321,6 +321,7 @@ impl Heads {
             beta: 0.0,
             c,
             ldc: m,
+            bias: None,
             c_bf16: false,
             bf16: self.shape.bf16,
             batch: Batch {

@@ -109,17 +109,14 @@ impl<O: Operands> Kernel<O> for MatmulForward<O> {
         forward(self.lower(host))
     }
 
-    /// The bias first (copied, or added where the product accumulates),
-    /// then the product onto it.
+    /// One GEMM, the bias in its epilogue where the device's GEMM takes
+    /// one (`Queue::gemm` adds it first where not).
     fn gpu<R: Runtime>(self, q: &Queue<R>, raw: &impl Lower<O, Raw>, _: Checked) -> Queued {
         let op = self.lower(raw);
         let MatmulShape { rows, k, n, .. } = op.shape;
         let (out, c_bf16) = stored_view(op.out);
         let bf16 = op.shape.bf16 || c_bf16 == 1 || op.inp.is_bf16() || op.w.is_bf16();
         let layout = op.shape.layout;
-        if let Some(b) = op.bias {
-            q.bias_forward(out, b, (rows, n), op.accumulate)?;
-        }
         // Row-major out (rows, n) is column-major out^T (n x rows) = W^T @ inp^T.
         q.gemm(Gemm {
             m: n,
@@ -127,13 +124,10 @@ impl<O: Operands> Kernel<O> for MatmulForward<O> {
             k,
             a: weight_operand(op.w, layout, k, n, false),
             b: stored_operand(op.inp, false, k),
-            beta: if op.accumulate || op.bias.is_some() {
-                1.0
-            } else {
-                0.0
-            },
+            beta: f32::from(u8::from(op.accumulate)),
             c: out,
             ldc: n,
+            bias: op.bias,
             c_bf16: c_bf16 == 1,
             bf16,
             batch: Batch::ONE,
@@ -226,6 +220,7 @@ fn products<R: Runtime>(
             beta: 0.0,
             c: dinp,
             ldc: k,
+            bias: None,
             c_bf16: false,
             bf16,
             batch: Batch::ONE,
@@ -243,6 +238,7 @@ fn products<R: Runtime>(
             beta: 1.0,
             c: dw,
             ldc: n,
+            bias: None,
             c_bf16: false,
             bf16,
             batch: Batch::ONE,
@@ -257,6 +253,7 @@ fn products<R: Runtime>(
             beta: 1.0,
             c: dw,
             ldc: k,
+            bias: None,
             c_bf16: false,
             bf16,
             batch: Batch::ONE,
