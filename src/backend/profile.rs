@@ -15,8 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::Instant;
 
-/// A profile's counters; the process's are one static ([`start`],
-/// [`timed`], [`snapshot`]).
+/// A profile's counters; the process's are one static, [`PROCESS`].
 pub struct Counters {
     on: AtomicBool,
     state: Mutex<State>,
@@ -151,36 +150,12 @@ impl Default for Counters {
     }
 }
 
-static PROCESS: Counters = Counters::new();
+/// The process's counters: every kernel call of every rank in it. Start
+/// them where no kernel runs (between two barriers of every rank that
+/// shares the process).
+pub static PROCESS: Counters = Counters::new();
 
-/// Zeroes the process's counters and starts counting. Call it where no
-/// kernel runs (between two barriers of every rank that shares the process).
-pub fn start() {
-    PROCESS.start()
-}
-
-/// Stops the process's counting.
-pub fn stop() {
-    PROCESS.stop()
-}
-
-/// A kernel of this process, counted while the profile is on
-/// ([`Counters::timed`]).
-pub fn timed<R>(name: &'static str, flops: f64, finish: impl Fn(), run: impl FnOnce() -> R) -> R {
-    PROCESS.timed(name, flops, finish, run)
-}
-
-/// The process's kernels since [`start`], most time first.
-pub fn snapshot() -> Vec<OpTotal> {
-    PROCESS.snapshot()
-}
-
-/// Seconds the process's profile counted for ([`Counters::window`]).
-pub fn window() -> f64 {
-    PROCESS.window()
-}
-
-/// One kernel's totals since [`start`].
+/// One kernel's totals since [`Counters::start`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct OpTotal {
     /// A [`Kernel`](super::Kernel)'s own name, or a

@@ -280,9 +280,9 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig) -> Result<()> {
     // as the process ran them, with the barriers and batches between them
     // (thread ranks' steps do not start together on a loaded machine)
     let kernels = a.profile.then(|| {
-        let totals = profile::snapshot();
+        let totals = profile::PROCESS.snapshot();
         let peak = mfu_peak / processes;
-        let window_step = profile::window() / spec.steps as f64;
+        let window_step = profile::PROCESS.window() / spec.steps as f64;
         KernelShares::of(&totals, spec.steps, ranks_here, window_step, peak)
     });
     let m = Measured {

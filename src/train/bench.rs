@@ -25,7 +25,7 @@ pub struct BenchSpec {
     /// Progress bar on rank 0.
     pub show: bool,
     /// Counts every kernel of the timed steps in the process's profile
-    /// (`backend::profile`), for [`crate::backend::profile::snapshot`] after.
+    /// (`backend::profile`), for [`crate::backend::profile::Counters::snapshot`] after.
     pub profile: bool,
 }
 
@@ -119,7 +119,7 @@ pub fn bench_rank<B: Backend + 'static>(
         world.barrier()?;
         if spec.profile && i == spec.warmup {
             // every rank of the process is between these barriers: no kernel runs
-            profile::start();
+            profile::PROCESS.start();
             world.barrier()?;
         }
         if i == spec.warmup {
@@ -150,7 +150,7 @@ pub fn bench_rank<B: Backend + 'static>(
     pb.finish_and_clear();
     if spec.profile {
         world.barrier()?;
-        profile::stop();
+        profile::PROCESS.stop();
     }
     every_rank(strategy.as_ref(), world, spec.steps, timed)
 }

@@ -87,7 +87,7 @@ impl<R: Runtime> Gpu<R> {
         launch: impl FnOnce(&Queue<R>) -> Result<(), GpuError>,
     ) {
         let finish = || self.queue(|d| d.finish());
-        profile::timed(name, flops, finish, || self.queue(launch))
+        profile::PROCESS.timed(name, flops, finish, || self.queue(launch))
     }
 
     /// The kept failure, if any, as an error (and cleared).
@@ -229,13 +229,16 @@ impl<R: Runtime> Kernels for Gpu<R> {
     fn sum(&self, x: Src<'_, Self>) -> Result<f64> {
         self.check()?;
         let finish = || self.queue(|d| d.finish());
-        profile::timed("sum", 0.0, finish, || self.dev.sum(view(x.raw()))).map_err(device_error)
+        profile::PROCESS
+            .timed("sum", 0.0, finish, || self.dev.sum(view(x.raw())))
+            .map_err(device_error)
     }
     fn sum_squares(&self, xs: &[Src<'_, Self>]) -> Result<Vec<f64>> {
         self.check()?;
         let finish = || self.queue(|d| d.finish());
         let xs: Vec<_> = xs.iter().map(|x| view(x.raw())).collect();
-        profile::timed("sum_squares", 0.0, finish, || self.dev.sum_squares(&xs))
+        profile::PROCESS
+            .timed("sum_squares", 0.0, finish, || self.dev.sum_squares(&xs))
             .map_err(device_error)
     }
 }

@@ -66,7 +66,6 @@ pub struct Preset {
     pub n_embd: usize,
     pub block_size: usize,
     pub vocab_size: usize,
-    pub about: &'static str,
 }
 
 const fn preset(
@@ -76,7 +75,6 @@ const fn preset(
     n_embd: usize,
     block_size: usize,
     vocab_size: usize,
-    about: &'static str,
 ) -> Preset {
     Preset {
         name,
@@ -85,58 +83,18 @@ const fn preset(
         n_embd,
         block_size,
         vocab_size,
-        about,
     }
 }
 
+/// name, layers, heads, width, block size, vocabulary.
 pub const PRESETS: [Preset; 7] = [
-    preset(
-        "gpt2",
-        12,
-        12,
-        768,
-        1024,
-        GPT2_VOCAB,
-        "GPT-2 small, 124M parameters",
-    ),
-    preset(
-        "gpt2-medium",
-        24,
-        16,
-        1024,
-        1024,
-        GPT2_VOCAB,
-        "GPT-2 medium, 350M",
-    ),
-    preset(
-        "gpt2-large",
-        36,
-        20,
-        1280,
-        1024,
-        GPT2_VOCAB,
-        "GPT-2 large, 774M",
-    ),
-    preset("gpt2-xl", 48, 25, 1600, 1024, GPT2_VOCAB, "GPT-2 XL, 1.5B"),
-    preset(
-        "shakespeare-char",
-        6,
-        6,
-        384,
-        256,
-        CHAR_VOCAB,
-        "nanoGPT's shakespeare_char, 10.7M",
-    ),
-    preset(
-        "shakespeare-char-small",
-        4,
-        4,
-        128,
-        128,
-        CHAR_VOCAB,
-        "learns Shakespeare in minutes on 2 cores",
-    ),
-    preset("tiny", 2, 2, 32, 64, CHAR_VOCAB, "for tests"),
+    preset("gpt2", 12, 12, 768, 1024, GPT2_VOCAB), // GPT-2 small, 124M parameters
+    preset("gpt2-medium", 24, 16, 1024, 1024, GPT2_VOCAB), // 350M
+    preset("gpt2-large", 36, 20, 1280, 1024, GPT2_VOCAB), // 774M
+    preset("gpt2-xl", 48, 25, 1600, 1024, GPT2_VOCAB), // 1.5B
+    preset("shakespeare-char", 6, 6, 384, 256, CHAR_VOCAB), // nanoGPT's shakespeare_char, 10.7M
+    preset("shakespeare-char-small", 4, 4, 128, 128, CHAR_VOCAB), // minutes on 2 cores
+    preset("tiny", 2, 2, 32, 64, CHAR_VOCAB),      // for tests
 ];
 
 impl GptConfig {

@@ -8,10 +8,9 @@ use crate::backend::Backend;
 use crate::data::Batch;
 use crate::error::Result;
 use crate::model::family::{
-    DecodedEval, DecodedRun, Family, FamilyDecoder, FamilyDims, FamilyEngine, Generation,
-    GenerationTiming, HfFolder, Registration, Reshape, Scope, TimedGeneration, DISTGPT_FILES,
+    Family, FamilyDecoder, FamilyDims, FamilyEngine, HfFolder, Registration, Reshape, Scope,
+    DISTGPT_FILES,
 };
-use crate::model::gpt2::generate::{evaluate_gpt2, generate_gpt2, time_gpt2};
 use crate::model::gpt2::rows::{select_rows, shrink};
 use crate::model::layout::TensorSpec;
 use crate::model::ModelConfig;
@@ -130,18 +129,6 @@ impl Family for GptConfig {
     }
     fn gpt2(&self) -> Option<&GptConfig> {
         Some(self)
-    }
-}
-
-impl<B: Backend> FamilyDecoder<B> for GptConfig {
-    fn generate(&self, backend: B, run: Generation<'_>) -> Result<Vec<Vec<u32>>> {
-        generate_gpt2(backend, self, run)
-    }
-    fn evaluate(&self, backend: B, run: DecodedRun<'_>) -> Result<DecodedEval> {
-        evaluate_gpt2(backend, self, run)
-    }
-    fn time(&self, backend: B, run: TimedGeneration<'_>) -> Result<GenerationTiming> {
-        time_gpt2(backend, self, run)
     }
 }
 

@@ -8,7 +8,7 @@ use crate::backend::{Backend, WeightFormat};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::model::family::{
-    DecodedEval, DecodedRun, Generation, GenerationTiming, TimedGeneration,
+    DecodedEval, DecodedRun, FamilyDecoder, Generation, GenerationTiming, TimedGeneration,
 };
 use crate::model::{Engine, Gpt2, GptConfig, TpPlace};
 use crate::rng::Rng;
@@ -140,100 +140,87 @@ pub fn generate<B: Backend>(
     generate_packed(model, &weights, prompts, cfg, stop, on_token)
 }
 
-/// GPT-2's decoder (its family's [`FamilyDecoder`]): `run`'s prompts
-/// continued from its whole parameters on `backend`, stored as its format;
-/// **collective** over `run.tp` when it has more than one rank, split by
-/// heads and MLP columns (the whole model is on the host; only this rank's
-/// share goes to `backend`; rank 0 samples, and its `on_token` sees every
-/// token; a batch stops at the block size).
-///
-/// [`FamilyDecoder`]: crate::model::family::FamilyDecoder
-pub fn generate_gpt2<B: Backend>(
-    backend: B,
-    config: &GptConfig,
-    run: Generation<'_>,
-) -> Result<Vec<Vec<u32>>> {
-    let Generation {
-        params,
-        prompts,
-        sample: cfg,
-        stop,
-        format,
-        tp,
-        on_token,
-    } = run;
-    let Some(tp) = tp.filter(|g| g.size() > 1) else {
-        let model = Gpt2::with_params(backend, config.clone(), params)?;
-        let weights = model.decode_weights(format)?;
-        return generate_packed(&model, &weights, prompts, cfg, stop, on_token);
-    };
-    let place = TpPlace {
-        rank: tp.rank(),
-        size: tp.size(),
-    };
-    let engine = Engine::new(backend.clone_fresh(), config.clone(), place, false)?;
-    let mut part = Gpt2::with_engine(engine)?;
-    part.load_full(params)?;
-    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-    let max_t = (longest + cfg.max_new_tokens).min(config.block_size);
-    let weights = DecodeWeights::new(part.backend(), config, place, part.params.s(), format)?;
-    let mut dec = Decoder::new(backend, config.clone(), place, prompts.len(), max_t)?;
-    decode(
-        &mut dec,
-        &weights,
-        prompts,
-        max_t,
-        cfg,
-        stop,
-        Some(tp),
-        on_token,
-    )
-}
+/// GPT-2's decoder, from its whole parameters.
+impl<B: Backend> FamilyDecoder<B> for GptConfig {
+    /// `run`'s prompts continued on `backend`, stored as its format;
+    /// **collective** over `run.tp` when it has more than one rank, split
+    /// by heads and MLP columns (the whole model is on the host; only this
+    /// rank's share goes to `backend`; rank 0 samples, and its `on_token`
+    /// sees every token; a batch stops at the block size).
+    fn generate(&self, backend: B, run: Generation<'_>) -> Result<Vec<Vec<u32>>> {
+        let config = self;
+        let Generation {
+            params,
+            prompts,
+            sample: cfg,
+            stop,
+            format,
+            tp,
+            on_token,
+        } = run;
+        let Some(tp) = tp.filter(|g| g.size() > 1) else {
+            let model = Gpt2::with_params(backend, config.clone(), params)?;
+            let weights = model.decode_weights(format)?;
+            return generate_packed(&model, &weights, prompts, cfg, stop, on_token);
+        };
+        let place = TpPlace {
+            rank: tp.rank(),
+            size: tp.size(),
+        };
+        let engine = Engine::new(backend.clone_fresh(), config.clone(), place, false)?;
+        let mut part = Gpt2::with_engine(engine)?;
+        part.load_full(params)?;
+        let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+        let max_t = (longest + cfg.max_new_tokens).min(config.block_size);
+        let weights = DecodeWeights::new(part.backend(), config, place, part.params.s(), format)?;
+        let mut dec = Decoder::new(backend, config.clone(), place, prompts.len(), max_t)?;
+        decode(
+            &mut dec,
+            &weights,
+            prompts,
+            max_t,
+            cfg,
+            stop,
+            Some(tp),
+            on_token,
+        )
+    }
 
-/// GPT-2's teacher-forced decoder losses ([`evaluate_decoded`]) from its
-/// whole parameters, as its family's `FamilyDecoder::evaluate`.
-pub fn evaluate_gpt2<B: Backend>(
-    backend: B,
-    config: &GptConfig,
-    run: DecodedRun<'_>,
-) -> Result<DecodedEval> {
-    let model = Gpt2::with_params(backend, config.clone(), run.params)?;
-    evaluate_decoded(&model, run.format, run.batches, run.rows, run.t)
-}
+    /// The teacher-forced decoder losses ([`evaluate_decoded`]).
+    fn evaluate(&self, backend: B, run: DecodedRun<'_>) -> Result<DecodedEval> {
+        let model = Gpt2::with_params(backend, self.clone(), run.params)?;
+        evaluate_decoded(&model, run.format, run.batches, run.rows, run.t)
+    }
 
-/// GPT-2's greedy generation timed from its whole parameters, as its
-/// family's `FamilyDecoder::time`: the weights packed once (timed apart),
-/// then each run's seconds, seconds to its first new token and the new
-/// tokens of its shortest row.
-pub fn time_gpt2<B: Backend>(
-    backend: B,
-    config: &GptConfig,
-    run: TimedGeneration<'_>,
-) -> Result<GenerationTiming> {
-    let model = Gpt2::with_params(backend, config.clone(), run.params)?;
-    let t0 = Instant::now();
-    let weights = model.decode_weights(run.format)?;
-    let pack_seconds = t0.elapsed().as_secs_f64();
-    let greedy = SampleConfig {
-        max_new_tokens: run.new_tokens,
-        temperature: 0.0,
-        top_k: 0,
-        top_p: 1.0,
-        seed: 0,
-    };
-    let runs = (0..run.runs)
-        .map(|_| {
-            let t0 = Instant::now();
-            let mut first = None;
-            let out = generate_packed(&model, &weights, run.prompts, &greedy, None, |_, _| {
-                first.get_or_insert_with(|| t0.elapsed().as_secs_f64());
-            })?;
-            let secs = t0.elapsed().as_secs_f64();
-            let fewest = out.iter().map(Vec::len).min().unwrap_or(0);
-            Ok((secs, first.unwrap_or(secs), fewest))
-        })
-        .collect::<Result<_>>()?;
-    Ok(GenerationTiming { pack_seconds, runs })
+    /// Greedy generation timed: the weights packed once (timed apart),
+    /// then each run's seconds, seconds to its first new token and the new
+    /// tokens of its shortest row.
+    fn time(&self, backend: B, run: TimedGeneration<'_>) -> Result<GenerationTiming> {
+        let model = Gpt2::with_params(backend, self.clone(), run.params)?;
+        let t0 = Instant::now();
+        let weights = model.decode_weights(run.format)?;
+        let pack_seconds = t0.elapsed().as_secs_f64();
+        let greedy = SampleConfig {
+            max_new_tokens: run.new_tokens,
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 0,
+        };
+        let runs = (0..run.runs)
+            .map(|_| {
+                let t0 = Instant::now();
+                let mut first = None;
+                let out = generate_packed(&model, &weights, run.prompts, &greedy, None, |_, _| {
+                    first.get_or_insert_with(|| t0.elapsed().as_secs_f64());
+                })?;
+                let secs = t0.elapsed().as_secs_f64();
+                let fewest = out.iter().map(Vec::len).min().unwrap_or(0);
+                Ok((secs, first.unwrap_or(secs), fewest))
+            })
+            .collect::<Result<_>>()?;
+        Ok(GenerationTiming { pack_seconds, runs })
+    }
 }
 
 /// [`generate`] with the model's weights already packed (to pack once for
