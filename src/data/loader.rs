@@ -265,25 +265,24 @@ impl<'a> DataLoader<'a> {
     }
 }
 
-/// Test aid: each epoch's order (of `n` windows or examples) is a
-/// permutation, and no two epochs share one.
 #[cfg(test)]
-pub(crate) fn assert_epochs_permute(orders: &[Vec<usize>], n: usize) {
-    for (e, order) in orders.iter().enumerate() {
-        let mut sorted = order.clone();
-        sorted.sort();
-        assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "epoch {e}");
-    }
-    for a in 0..orders.len() {
-        for b in a + 1..orders.len() {
-            assert_ne!(orders[a], orders[b], "epochs {a} and {b} in one order");
+pub(crate) mod tests {
+    use super::*;
+
+    /// Test aid: each epoch's order (of `n` windows or examples) is a
+    /// permutation, and no two epochs share one.
+    pub(crate) fn assert_epochs_permute(orders: &[Vec<usize>], n: usize) {
+        for (e, order) in orders.iter().enumerate() {
+            let mut sorted = order.clone();
+            sorted.sort();
+            assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "epoch {e}");
+        }
+        for a in 0..orders.len() {
+            for b in a + 1..orders.len() {
+                assert_ne!(orders[a], orders[b], "epochs {a} and {b} in one order");
+            }
         }
     }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
 
     fn split(n: usize) -> Split {
         Split {

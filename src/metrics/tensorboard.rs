@@ -216,19 +216,6 @@ impl EventWriter {
         Ok(w)
     }
 
-    /// A writer onto an existing file (a test's `/dev/full`).
-    #[cfg(test)]
-    pub(crate) fn onto(path: &Path) -> Result<EventWriter> {
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(path)
-            .map_err(|e| Error::io(path, e))?;
-        Ok(EventWriter {
-            out: BufWriter::new(f),
-            path: path.into(),
-        })
-    }
-
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -264,6 +251,20 @@ impl EventWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl EventWriter {
+        /// A writer onto an existing file (a test's `/dev/full`).
+        pub(crate) fn onto(path: &Path) -> Result<EventWriter> {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map_err(|e| Error::io(path, e))?;
+            Ok(EventWriter {
+                out: BufWriter::new(f),
+                path: path.into(),
+            })
+        }
+    }
 
     #[test]
     fn crc32c_matches_the_standard_check_value() {

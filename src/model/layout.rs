@@ -227,13 +227,6 @@ impl LayoutBuilder {
     }
 }
 
-/// Two disjoint mutable slices of one buffer; `a` must end before `b` starts.
-pub fn split2(buf: &mut [f32], a: Range<usize>, b: Range<usize>) -> (&mut [f32], &mut [f32]) {
-    assert!(a.end <= b.start, "split2 needs ordered, disjoint ranges");
-    let (lo, hi) = buf.split_at_mut(b.start);
-    (&mut lo[a], &mut hi[..b.end - b.start])
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -725,7 +725,7 @@ mod tests {
                 order
             })
             .collect();
-        crate::data::loader::assert_epochs_permute(&orders, examples.len());
+        crate::data::loader::tests::assert_epochs_permute(&orders, examples.len());
     }
 
     #[test]

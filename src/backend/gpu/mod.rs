@@ -354,32 +354,6 @@ impl<R: Runtime> Queue<R> {
         Ok(())
     }
 
-    /// Writes [`SCRATCH_GUARD`] sentinels past each of `lens` elements of
-    /// `kept`, or (`check`) errs where a kernel has changed one.
-    #[cfg(test)]
-    fn scratch_guards(
-        &self,
-        kept: &[R::Mem<f32>],
-        lens: &[usize],
-        check: bool,
-    ) -> Result<(), GpuError> {
-        for (mem, &len) in kept.iter().zip(lens) {
-            let guard = mem.view_range(len..len + SCRATCH_GUARD);
-            if !check {
-                self.write(guard, &[SENTINEL; SCRATCH_GUARD])?;
-                continue;
-            }
-            let mut seen = [0.0; SCRATCH_GUARD];
-            self.read(guard, &mut seen)?;
-            if seen.iter().any(|x| x.to_bits() != SENTINEL.to_bits()) {
-                return Err(GpuError(format!(
-                    "a kernel wrote past its scratch of {len} elements"
-                )));
-            }
-        }
-        Ok(())
-    }
-
     pub fn name(&self) -> String {
         self.rt.name()
     }
@@ -437,9 +411,6 @@ impl<R: Runtime> Queue<R> {
 const SCRATCH_GUARD: usize = 64;
 #[cfg(not(test))]
 const SCRATCH_GUARD: usize = 0;
-/// What the scratch guards hold.
-#[cfg(test)]
-const SENTINEL: f32 = -7.25e30;
 
 /// A count or offset as the `unsigned` the kernels take.
 pub fn u32_arg(what: &str, n: usize) -> Result<u32, GpuError> {

@@ -7,7 +7,10 @@
 //! DISTGPT_OCL_TINY=1 shrinks the shapes for Oclgrind
 //! (scripts/oclgrind-check.sh).
 
-use super::{kernel_names, program_source, DeviceMem, Queue, Raw, Runtime, View, BLOCK};
+use super::{
+    kernel_names, program_source, DeviceMem, GpuError, Queue, Raw, Runtime, View, BLOCK,
+    SCRATCH_GUARD,
+};
 use crate::backend::cpu::check::randn;
 use crate::backend::cpu::elementwise;
 use crate::backend::opencl::ClRuntime;
@@ -485,7 +488,7 @@ fn layernorm_forward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
         let b = randn(&mut rng, c, 1.0);
         // GPT-2's eps, or BERT's on odd widths
         let eps = if c % 2 == 0 { 1e-5 } else { 1e-12 };
-        let (out, mean, rstd) = layernorm::forward_into_new(&x, (&w, &b), c, eps);
+        let (out, mean, rstd) = layernorm::tests::forward_into_new(&x, (&w, &b), c, eps);
         let (o, m, r) = (
             putf(dev, &vec![0.0; rows * c]),
             putf(dev, &vec![0.0; rows]),
@@ -532,7 +535,7 @@ fn layernorm_backward_matches_cpu_and_is_deterministic_on<R: Runtime>(dev: &Queu
             randn(&mut rng, c, 1.0),
             randn(&mut rng, c, 1.0),
         );
-        let (_, mean, rstd) = layernorm::forward_into_new(&x, (&w, &b), c, 1e-5);
+        let (_, mean, rstd) = layernorm::tests::forward_into_new(&x, (&w, &b), c, 1e-5);
         let (mut dinp, mut dw, mut db) = (dinp0.clone(), dw0.clone(), db0.clone());
         (LayerNormBackward::<Host> {
             dinp: Some(&mut dinp),
@@ -1838,5 +1841,35 @@ fn a_bf16_weight_is_its_rounded_values_on<R: Runtime>(dev: &Queue<R>) {
             let (a, b) = (&runs[0].0[i], &runs[1].0[i]);
             assert!(a == b, "{what}: {out}: {}", differ(a, b));
         }
+    }
+}
+
+/// What the scratch guards hold.
+const SENTINEL: f32 = -7.25e30;
+
+impl<R: Runtime> Queue<R> {
+    /// Writes [`SCRATCH_GUARD`] sentinels past each of `lens` elements of
+    /// `kept`, or (`check`) errs where a kernel has changed one.
+    pub(super) fn scratch_guards(
+        &self,
+        kept: &[R::Mem<f32>],
+        lens: &[usize],
+        check: bool,
+    ) -> Result<(), GpuError> {
+        for (mem, &len) in kept.iter().zip(lens) {
+            let guard = mem.view_range(len..len + SCRATCH_GUARD);
+            if !check {
+                self.write(guard, &[SENTINEL; SCRATCH_GUARD])?;
+                continue;
+            }
+            let mut seen = [0.0; SCRATCH_GUARD];
+            self.read(guard, &mut seen)?;
+            if seen.iter().any(|x| x.to_bits() != SENTINEL.to_bits()) {
+                return Err(GpuError(format!(
+                    "a kernel wrote past its scratch of {len} elements"
+                )));
+            }
+        }
+        Ok(())
     }
 }

@@ -281,33 +281,32 @@ fn backward_weight(dw: &mut [f32], db: &mut [f32], op: &LayerNormBackward<Host<'
     });
 }
 
-/// [`forward`] of `x` (rows of `c`) into new vectors: its
-/// (out, mean, rstd), for tests.
 #[cfg(test)]
-pub(crate) fn forward_into_new(
-    x: &[f32],
-    (w, b): (&[f32], &[f32]),
-    c: usize,
-    eps: f32,
-) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    let rows = x.len() / c;
-    let (mut out, mut mean, mut rstd) = (vec![0.0; rows * c], vec![0.0; rows], vec![0.0; rows]);
-    forward(LayerNormForward {
-        out: Stored::F32(&mut out),
-        mean: &mut mean,
-        rstd: &mut rstd,
-        inp: x,
-        w,
-        b,
-        c,
-        eps,
-    });
-    (out, mean, rstd)
-}
-
-#[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// [`forward`] of `x` (rows of `c`) into new vectors: its
+    /// (out, mean, rstd), for tests.
+    pub(crate) fn forward_into_new(
+        x: &[f32],
+        (w, b): (&[f32], &[f32]),
+        c: usize,
+        eps: f32,
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let rows = x.len() / c;
+        let (mut out, mut mean, mut rstd) = (vec![0.0; rows * c], vec![0.0; rows], vec![0.0; rows]);
+        forward(LayerNormForward {
+            out: Stored::F32(&mut out),
+            mean: &mut mean,
+            rstd: &mut rstd,
+            inp: x,
+            w,
+            b,
+            c,
+            eps,
+        });
+        (out, mean, rstd)
+    }
     use crate::backend::cpu::check::*;
     use crate::rng::Rng;
 
