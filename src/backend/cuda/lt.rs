@@ -96,7 +96,12 @@ impl Drop for Plan {
 
 /// A failed cuBLASLt call, in words, for `map_err`.
 fn failed(what: &'static str, key: PlanKey) -> impl Fn(lt::CublasError) -> GpuError {
-    move |e| GpuError(format!("{what} failed for the GEMM {key:?}: {e}"))
+    move |e| {
+        GpuError(format!(
+            "{what} failed for the GEMM {key:?}: {e} (DISTGPT_CUBLASLT=0 adds its bias in a pass \
+             before the GEMM instead)"
+        ))
+    }
 }
 
 /// # Safety

@@ -31,10 +31,7 @@ impl<O: Operands> Kernel<O> for AdamWUpdate<O> {
         need("grad", &self.grad, n)?;
         need("m", &self.m, n)?;
         need("v", &self.v, n)?;
-        match &self.copy {
-            Some(c) => need("copy", c, n),
-            None => Ok(()),
-        }
+        self.copy.as_ref().map_or(Ok(()), |c| need("copy", c, n))
     }
 
     fn cpu<'a>(self, host: &impl Lower<O, Host<'a>>) {

@@ -55,10 +55,7 @@ fn check_shape<O: Operands>(shape: AttnShape, lens: &Option<O::In<u32>>) -> Resu
     if nh == 0 || !c.is_multiple_of(nh) {
         return Err(format!("c = {c} is not whole heads of nh = {nh}"));
     }
-    match lens {
-        Some(l) => need("lens", l, b),
-        None => Ok(()),
-    }
+    lens.as_ref().map_or(Ok(()), |l| need("lens", l, b))
 }
 
 /// The CPU's mask: causal without `lens`.

@@ -79,10 +79,10 @@ impl<O: Operands> Kernel<O> for EncoderBackward<'_, O> {
         need("tokens", &self.tokens, rows)?;
         need("dout", &self.dout, rows * c)?;
         need("dwpe", &self.dwpe, t.min(rows) * c)?;
-        match self.host_tokens.iter().max() {
-            Some(&tok) => need("dwte", &self.dwte, (tok as usize + 1) * c),
-            None => Ok(()),
-        }
+        let most = self.host_tokens.iter().max();
+        most.map_or(Ok(()), |&tok| {
+            need("dwte", &self.dwte, (tok as usize + 1) * c)
+        })
     }
 
     fn cpu<'a>(self, host: &impl Lower<O, Host<'a>>) {

@@ -95,10 +95,7 @@ impl<O: Operands> Kernel<O> for MatmulForward<O> {
         if self.out.is_bf16() && (self.bias.is_some() || self.accumulate) {
             return Err("an output stored in bf16 takes neither a bias nor accumulation".into());
         }
-        match &self.bias {
-            Some(b) => need("bias", b, n),
-            None => Ok(()),
-        }
+        self.bias.as_ref().map_or(Ok(()), |b| need("bias", b, n))
     }
 
     fn flops(&self) -> f64 {

@@ -4,6 +4,12 @@
 //! head (`BertForMaskedLM`) or the pooler and a classifier
 //! (`BertForSequenceClassification`). Units as GPT-2's: 0 the embeddings,
 //! 1..=L the blocks, L + 1 the head, run through [`UnitModel`].
+//!
+//! The blocks' and the head's forward and backward are long by design: a
+//! layer's kernels in the order they run, each on views of the same
+//! activation and gradient buffers (split into functions, those views
+//! would be passed from one to the next); read beside `transformers`'
+//! `Bert` modules, which they follow op by op.
 
 pub mod config;
 pub mod family;
@@ -683,10 +689,6 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Block l: `resid[l]` -> `resid[l + 1]`.
-    /// Long by design: one layer's kernels in the order they run, each on
-    /// views of the same activation and gradient buffers (split into
-    /// functions, those views would be passed from one to the next); read
-    /// beside `transformers`' `Bert` modules, which it follows op by op.
     fn block_forward(&mut self, l: usize, p: Weights<'_, B>, tp: Option<&dyn Comm>) -> Result<()> {
         use BlockParam::*;
         let first_only = self.first_rows_only(l);
@@ -766,10 +768,6 @@ impl<B: Backend> Engine<B> {
 
     /// Block l's backward: the residual gradient in `dres` moves from
     /// `resid[l + 1]` to `resid[l]`; grads of its slice accumulate into `g`.
-    /// Long by design: one layer's kernels in the order they run, each on
-    /// views of the same activation and gradient buffers (split into
-    /// functions, those views would be passed from one to the next); read
-    /// beside `transformers`' `Bert` modules, which it follows op by op.
     fn block_backward(
         &mut self,
         l: usize,
@@ -860,10 +858,6 @@ impl<B: Backend> Engine<B> {
     }
 
     /// The head; the mean loss when the batch has targets.
-    /// Long by design: one layer's kernels in the order they run, each on
-    /// views of the same activation and gradient buffers (split into
-    /// functions, those views would be passed from one to the next); read
-    /// beside `transformers`' `Bert` modules, which it follows op by op.
     fn head_forward(
         &mut self,
         p: Weights<'_, B>,
@@ -938,10 +932,6 @@ impl<B: Backend> Engine<B> {
 
     /// The head's backward for `loss_scale` times the mean loss: its grads
     /// (and the tied word embeddings') accumulate; `dres` gets d `resid[L]`.
-    /// Long by design: one layer's kernels in the order they run, each on
-    /// views of the same activation and gradient buffers (split into
-    /// functions, those views would be passed from one to the next); read
-    /// beside `transformers`' `Bert` modules, which it follows op by op.
     fn head_backward(
         &mut self,
         p: Weights<'_, B>,
