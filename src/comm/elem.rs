@@ -4,27 +4,24 @@
 
 use std::fmt;
 
-/// Which element type a buffer holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DType {
-    F32,
-    F64,
-    U32,
-    U64,
-    I64,
-    U8,
+crate::named_enum! {
+    /// Which element type a buffer holds.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum DType {
+        F32 = "f32",
+        F64 = "f64",
+        U32 = "u32",
+        U64 = "u64",
+        I64 = "i64",
+        U8 = "u8",
+    }
+    /// Its Rust name.
+    fn name
 }
 
 impl fmt::Display for DType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            DType::F32 => "f32",
-            DType::F64 => "f64",
-            DType::U32 => "u32",
-            DType::U64 => "u64",
-            DType::I64 => "i64",
-            DType::U8 => "u8",
-        })
+        f.write_str(self.name())
     }
 }
 
