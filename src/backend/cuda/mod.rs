@@ -15,8 +15,8 @@ mod libs;
 mod lt;
 
 use crate::backend::gpu::{
-    kernel_names, program_source, u32_arg, Arg, DeviceMem, Gemm, GpuError, Operand, Runtime, View,
-    Waiter, BLOCK,
+    kernel_names, out_of_range, program_source, u32_arg, Arg, DeviceMem, Gemm, GpuError, Operand,
+    Runtime, View, Waiter, BLOCK,
 };
 use crate::backend::Elem;
 use cudarc::cublas::result as blas;
@@ -152,17 +152,7 @@ fn check_gpu(index: usize) -> Result<()> {
     // Only the GPU asked for gets a context: in exclusive-process mode
     // another rank may hold the others.
     if index >= device_count()? {
-        let names = CudaRuntime::list()?;
-        let found: Vec<String> = names
-            .iter()
-            .enumerate()
-            .map(|(i, n)| format!("{i}: {n}"))
-            .collect();
-        return Err(GpuError(format!(
-            "CUDA device {index} out of range; found {}: {}",
-            names.len(),
-            found.join("; ")
-        )));
+        return Err(out_of_range("CUDA", index, &CudaRuntime::list()?));
     }
     Ok(())
 }

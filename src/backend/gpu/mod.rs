@@ -412,6 +412,20 @@ const SCRATCH_GUARD: usize = 64;
 #[cfg(not(test))]
 const SCRATCH_GUARD: usize = 0;
 
+/// `kind`'s device `index` is not among `names` (the devices there are).
+pub fn out_of_range(kind: &str, index: usize, names: &[String]) -> GpuError {
+    let found: Vec<String> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| format!("{i}: {n}"))
+        .collect();
+    GpuError(format!(
+        "{kind} device {index} out of range; found {}: {}",
+        names.len(),
+        found.join("; ")
+    ))
+}
+
 /// A count or offset as the `unsigned` the kernels take.
 pub fn u32_arg(what: &str, n: usize) -> Result<u32, GpuError> {
     u32::try_from(n)

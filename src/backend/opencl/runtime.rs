@@ -5,8 +5,8 @@
 
 use super::clblast::Clblast;
 use crate::backend::gpu::{
-    kernel_names, program_source, u32_arg, Arg, DeviceMem, Gemm, GpuError, Operand, Runtime, View,
-    Waiter, BLOCK,
+    kernel_names, out_of_range, program_source, u32_arg, Arg, DeviceMem, Gemm, GpuError, Operand,
+    Runtime, View, Waiter, BLOCK,
 };
 use crate::backend::Elem;
 use opencl3::command_queue::{enqueue_read_buffer, enqueue_write_buffer, CommandQueue};
@@ -111,16 +111,8 @@ impl Runtime for ClRuntime {
             ));
         }
         let Some((id, name)) = devices.get(index).cloned() else {
-            let names: Vec<String> = devices
-                .iter()
-                .enumerate()
-                .map(|(i, (_, n))| format!("{i}: {n}"))
-                .collect();
-            return Err(GpuError(format!(
-                "OpenCL device {index} out of range; found {}: {}",
-                devices.len(),
-                names.join("; ")
-            )));
+            let names: Vec<String> = devices.iter().map(|(_, n)| n.clone()).collect();
+            return Err(out_of_range("OpenCL", index, &names));
         };
         let blas = Clblast::load()?;
         let context =
