@@ -1518,6 +1518,52 @@ fn a_batch_of_bf16_products_is_its_fp32_batch_rounded_on<R: Runtime>(dev: &Queue
     }
 }
 
+/// A GEMM's bias: with no products (k = 0) c is beta c + bias, by the
+/// pass on every device (cuBLASLt is never asked for an empty product);
+/// across a batch, or into a c with rows between its columns, refused.
+#[test]
+fn a_gemm_bias_without_products_is_added_and_across_a_batch_refused() {
+    on_gpus!(a_gemm_bias_without_products_is_added_and_across_a_batch_refused_on);
+}
+
+fn a_gemm_bias_without_products_is_added_and_across_a_batch_refused_on<R: Runtime>(dev: &Queue<R>) {
+    let (x, bias) = (putf(dev, &[1.0; 16]), put_at(dev, &[0.5, -2.0], -1000.0, 4));
+    let c0 = [3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
+    let gemm = |c: View, k, beta, ldc, count| super::Gemm {
+        m: 2,
+        n: 3,
+        k,
+        a: super::operand(x.view(), false, 2),
+        b: super::operand(x.view(), false, k.max(1)),
+        beta,
+        c,
+        ldc,
+        bias: Some(bias.view()),
+        c_bf16: false,
+        bf16: false,
+        batch: super::Batch {
+            count,
+            a: 0,
+            b: 0,
+            c: 6,
+        },
+    };
+    for (beta, want) in [
+        (0.0, [0.5, -2.0, 0.5, -2.0, 0.5, -2.0]),
+        (1.0, [3.5, 2.0, 5.5, 4.0, 7.5, 6.0]),
+    ] {
+        let c = putf(dev, &c0);
+        dev.gemm(gemm(c.view(), 0, beta, 2, 1)).unwrap();
+        assert_eq!(get(dev, &c), want, "beta {beta}");
+    }
+    let c = putf(dev, &[0.0; 16]);
+    for (ldc, count) in [(2, 2), (3, 1)] {
+        let err = dev.gemm(gemm(c.view(), 4, 0.0, ldc, count)).unwrap_err().0;
+        assert!(err.contains("bias needs one product"), "{err}");
+    }
+    assert_eq!(get(dev, &c), [0.0; 16], "a refused GEMM wrote");
+}
+
 /// bf16 storage that the products would read or write as fp32, and a
 /// bf16 output a product would add onto or fill with zeros (k = 0, where
 /// the fill writes floats), are refused before any launch.
