@@ -625,9 +625,9 @@ impl ModelConfig {
         &self,
         backend: B,
         params: &[f32],
-    ) -> Result<Whole<B, Box<dyn UnitModel<B>>>> {
+    ) -> Result<Whole<B, dyn UnitModel<B>>> {
         let engine = self.engine(backend, TpPlace::NONE, false, Precision::Fp32)?;
-        let mut whole = Whole::with_engine(engine)?;
+        let mut whole = Whole::boxed(engine)?;
         whole.set_params(params)?;
         Ok(whole)
     }

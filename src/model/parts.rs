@@ -174,7 +174,7 @@ mod tests {
     use crate::rng::Rng;
 
     /// A forward and a backward of `batch`: (loss, gradient, outputs).
-    fn run<M: UnitModel<Cpu>>(
+    fn run<M: UnitModel<Cpu> + ?Sized>(
         w: &mut Whole<Cpu, M>,
         full: &[f32],
         batch: &Batch,
@@ -205,7 +205,7 @@ mod tests {
         };
         let full = model.init_full(11);
         let batch = model.synthetic_batch(&mut Rng::new(5), b, t);
-        let mut one = Whole::with_engine(engine()).unwrap();
+        let mut one = Whole::boxed(engine()).unwrap();
         let parts = Parts::new((0..n).map(|_| engine()).collect()).unwrap();
         let mut parts = Whole::with_engine(parts).unwrap();
         let (loss, grads, outputs) = run(&mut one, &full, &batch, b, t);

@@ -508,72 +508,38 @@ pub trait StageModel<B: Backend>: UnitModel<B> {
     }
 }
 
-impl<B: Backend, M: UnitModel<B> + ?Sized> UnitModel<B> for Box<M> {
-    fn core(&self) -> &EngineCore<B> {
-        (**self).core()
-    }
-    fn begin(&mut self, batch: &Batch, b: usize, t: usize, loss_terms: LossTerms) -> Result<()> {
-        (**self).begin(batch, b, t, loss_terms)
-    }
-    fn outputs(&self) -> Result<Vec<f32>> {
-        (**self).outputs()
-    }
-    fn forward(
-        &mut self,
-        u: usize,
-        p: UnitParams<'_, B>,
-        tp: Option<&dyn Comm>,
-    ) -> Result<Option<f32>> {
-        (**self).forward(u, p, tp)
-    }
-    fn backward(
-        &mut self,
-        u: usize,
-        p: UnitParams<'_, B>,
-        g: UnitGrads<'_, B>,
-        tp: Option<&dyn Comm>,
-        loss_scale: f32,
-    ) -> Result<()> {
-        (**self).backward(u, p, g, tp, loss_scale)
-    }
-    fn hold(&mut self, slot: usize) {
-        (**self).hold(slot)
-    }
-    fn free_activations(&mut self) {
-        (**self).free_activations()
-    }
-    fn batch_parts(&self) -> usize {
-        (**self).batch_parts()
-    }
-    fn as_stage(&mut self) -> Result<&mut dyn StageModel<B>> {
-        (**self).as_stage()
-    }
-}
-
 /// A model with whole parameter and gradient buffers (this rank's
 /// tensor-parallel part): what the replicated strategies keep.
-pub struct Whole<B: Backend, M> {
-    pub engine: M,
+pub struct Whole<B: Backend, M: ?Sized> {
+    pub engine: Box<M>,
     pub params: Buf<B>,
     pub grads: Buf<B>,
 }
 
-impl<B: Backend, M> Deref for Whole<B, M> {
+impl<B: Backend, M: ?Sized> Deref for Whole<B, M> {
     type Target = M;
     fn deref(&self) -> &M {
         &self.engine
     }
 }
 
-impl<B: Backend, M> DerefMut for Whole<B, M> {
+impl<B: Backend, M: ?Sized> DerefMut for Whole<B, M> {
     fn deref_mut(&mut self) -> &mut M {
         &mut self.engine
     }
 }
 
-impl<B: Backend, M: UnitModel<B>> Whole<B, M> {
+impl<B: Backend, M: UnitModel<B> + ?Sized> Whole<B, M> {
     /// The engine with zeroed parameter and gradient buffers.
-    pub fn with_engine(engine: M) -> Result<Self> {
+    pub fn with_engine(engine: M) -> Result<Self>
+    where
+        M: Sized,
+    {
+        Self::boxed(Box::new(engine))
+    }
+
+    /// [`Whole::with_engine`] of a boxed engine (a `dyn UnitModel`).
+    pub fn boxed(engine: Box<M>) -> Result<Self> {
         let n = engine.layout().total();
         Ok(Whole {
             params: engine.backend().alloc(n, Category::Params)?,
