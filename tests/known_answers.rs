@@ -1306,10 +1306,9 @@ fn eval_weights_gives_pytorchs_fp32_loss_and_agreement_over_every_position() {
 /// `blas::tests::the_large_probe_counts_an_mlp_layers_three_products`
 /// counts by hand, and the hardware's); a rank's tokens/s is the step's
 /// tokens over its time, shared by the two; each rank's model states are
-/// ZeRO's. Then `--profile` against a
-/// stated 1 TFLOP/s: a kernel's
-/// share of the peak is its GFLOP/s over 1,000, and the kernels' shares
-/// and the time outside them make up the step.
+/// ZeRO's. Then `--profile` over three steps against a stated 1 TFLOP/s:
+/// a kernel's share of the peak is its GFLOP/s over 1,000, and the
+/// kernels' shares and the time outside them make up the step.
 #[test]
 fn bench_prints_its_peaks_rates_and_shares_as_their_definitions_say() {
     let field = |row: &serde_json::Value, k: &str| {
@@ -1353,7 +1352,18 @@ fn bench_prints_its_peaks_rates_and_shares_as_their_definitions_say() {
         );
     }
 
-    let row = bench(&["--model", "tiny"], 32, &["--profile"]);
+    // three timed steps: the profile's step is its window over them
+    let mut args = vec![
+        "bench",
+        "--json",
+        "--steps",
+        "3",
+        "--warmup",
+        "0",
+        "--profile",
+    ];
+    args.extend(["--batch-size", "2", "--seq-len", "32", "--peak-tflops", "1"]);
+    let row = json_of(&[&args[..], &["--model", "tiny"]].concat());
     let profile = &row["profile"];
     let kernels = profile["kernels"].as_array().expect("a profile");
     let mut shares = field(profile, "outside_share");
@@ -1370,6 +1380,14 @@ fn bench_prints_its_peaks_rates_and_shares_as_their_definitions_say() {
         }
     }
     assert!((shares - 1.0).abs() < 1e-9, "the shares add up to {shares}");
+    // the kernels and the time outside them make up a step of the window:
+    // about the step the bench timed (the window adds its barriers and
+    // batches), not the whole window
+    let step = ms / field(&row, "ms_per_step");
+    assert!(
+        (0.5..2.0).contains(&step),
+        "a profiled step is {step} timed steps"
+    );
     for k in kernels {
         close(
             field(k, "share"),
