@@ -281,6 +281,10 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig) -> Result<()> {
     // (thread ranks' steps do not start together on a loaded machine)
     let kernels = a.profile.then(|| {
         let totals = profile::PROCESS.snapshot();
+        // mutant-equivalent: src/cli/bench.rs: replace / with * in bench_on
+        // (here `processes` is 1 in every test the mutation step runs: ranks
+        // as processes need mpirun, and tests/mpi.rs runs no `bench`; the
+        // same name's mutant of the window's division is caught)
         let peak = mfu_peak / processes;
         let window_step = profile::PROCESS.window() / spec.steps as f64;
         KernelShares::of(&totals, spec.steps, ranks_here, window_step, peak)
