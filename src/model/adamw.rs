@@ -74,9 +74,8 @@ impl<B: Backend> AdamW<B> {
             step: self.step,
             grad_scale,
         };
-        let runs = decay_runs(layout);
         for seg in segments {
-            for (r, decay) in &runs {
+            for (r, decay) in decay_runs(layout) {
                 let (start, end) = (r.start.max(seg.global), r.end.min(seg.global + seg.len));
                 if start >= end {
                     continue;
@@ -89,7 +88,7 @@ impl<B: Backend> AdamW<B> {
                     v: self.v.slice_mut(local.clone()),
                     copy: copy.as_mut().map(|c| c.rb().slice(local)),
                     step: hyper,
-                    weight_decay: if *decay { c.weight_decay } else { 0.0 },
+                    weight_decay: if decay { c.weight_decay } else { 0.0 },
                 })?;
             }
         }
@@ -101,16 +100,16 @@ impl<B: Backend> AdamW<B> {
 /// an update's launch each within a segment: GPT-2's 12 a block in 8 (a
 /// projection's bias and the next two norm vectors in one), its 148 in 98
 /// (110 launches where a rank updates unit by unit: `bench --profile`).
-fn decay_runs(layout: &ParamLayout) -> Vec<(Range<usize>, bool)> {
-    let mut runs: Vec<(Range<usize>, bool)> = Vec::new();
-    for t in &layout.tensors {
-        let r = t.range();
-        match runs.last_mut() {
-            Some((last, decay)) if *decay == t.decay && last.end == r.start => last.end = r.end,
-            _ => runs.push((r, t.decay)),
+fn decay_runs(layout: &ParamLayout) -> impl Iterator<Item = (Range<usize>, bool)> + '_ {
+    let mut tensors = layout.tensors.iter().peekable();
+    std::iter::from_fn(move || {
+        let t = tensors.next()?;
+        let mut r = t.range();
+        while let Some(u) = tensors.next_if(|u| u.decay == t.decay && u.offset == r.end) {
+            r.end = u.range().end;
         }
-    }
-    runs
+        Some((r, t.decay))
+    })
 }
 
 /// What an update writes: the parameters and, where the strategy keeps
@@ -153,7 +152,7 @@ mod tests {
     #[test]
     fn adjacent_tensors_decayed_alike_share_a_run() {
         let layout = ParamLayout::new(&GptConfig::preset("gpt2").unwrap());
-        let runs = decay_runs(&layout);
+        let runs: Vec<_> = decay_runs(&layout).collect();
         assert_eq!((layout.tensors.len(), runs.len()), (148, 98));
         // the runs tile the layout, alternate, and each tensor lies in one
         // run of its own decay

@@ -21,14 +21,11 @@ pub(super) const WORKSPACE_BYTES: usize = 32 << 20;
 
 /// Whether GEMMs with a bias go to cuBLASLt: yes unless `DISTGPT_CUBLASLT=0`.
 pub(super) fn wanted() -> Result<bool> {
-    match std::env::var("DISTGPT_CUBLASLT").as_deref() {
-        Err(_) | Ok("1") => Ok(true),
-        Ok("0") => Ok(false),
-        Ok(other) => Err(GpuError(format!(
-            "DISTGPT_CUBLASLT={other:?}: 1 (the default) adds a GEMM's bias in cuBLASLt's \
-             epilogue, 0 in a pass before the GEMM"
-        ))),
-    }
+    super::switch(
+        "DISTGPT_CUBLASLT",
+        ["1", "0"],
+        "1 (the default) adds a GEMM's bias in cuBLASLt's epilogue, 0 in a pass before the GEMM",
+    )
 }
 
 /// Everything a plan depends on: a GEMM without its addresses, but with

@@ -417,12 +417,21 @@ fn fast_paths() -> bool {
 /// yes unless `DISTGPT_ATTENTION=gemm` asks for the batched GEMMs every
 /// GPU can run (to compare the two, or to step around flash.cu).
 fn flash_allowed() -> Result<bool> {
-    match std::env::var("DISTGPT_ATTENTION").as_deref() {
-        Err(_) | Ok("flash") => Ok(true),
-        Ok("gemm") => Ok(false),
-        Ok(other) => Err(GpuError(format!(
-            "DISTGPT_ATTENTION={other:?}: the GPU's attention is \"flash\" (the default) or \"gemm\""
-        ))),
+    switch(
+        "DISTGPT_ATTENTION",
+        ["flash", "gemm"],
+        "the GPU's attention is \"flash\" (the default) or \"gemm\"",
+    )
+}
+
+/// Whether the environment's switch `var` is on: unset or `on` yes, `off`
+/// no, any other value an error followed by `choices` (what each means).
+fn switch(var: &str, [on, off]: [&str; 2], choices: &str) -> Result<bool> {
+    match std::env::var(var).as_deref() {
+        Err(_) => Ok(true),
+        Ok(v) if v == on => Ok(true),
+        Ok(v) if v == off => Ok(false),
+        Ok(other) => Err(GpuError(format!("{var}={other:?}: {choices}"))),
     }
 }
 
