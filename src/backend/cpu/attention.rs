@@ -152,17 +152,19 @@ impl Mask<'_> {
 /// per token; out is (B, T, C); lse is (B, NH, T)): for each block of query rows, the
 /// keys in tiles of [`forward_keys`] with an online softmax (a running max
 /// and sum per row; the output so far rescaled when a tile raises the max).
-/// An `out` held in bf16 takes each value rounded.
+/// An `out` held in bf16 takes each value rounded; a `qkv` held in bf16
+/// (bf16 products only) is read as it is.
 pub(crate) fn forward_masked(
     out: Stored<&mut [f32], &mut [Bf16]>,
     lse: &mut [f32],
-    qkv: &[f32],
+    qkv: Held<'_>,
     s: AttnShape,
     mask: Mask<'_>,
 ) {
     let AttnShape { b, t, c, nh, .. } = s;
     let hd = s.head_dim();
-    assert!(qkv.len() >= b * t * 3 * c && out.extent() >= b * t * c && lse.len() >= b * nh * t);
+    assert!(qkv.extent() >= b * t * 3 * c && out.extent() >= b * t * c && lse.len() >= b * nh * t);
+    assert!(s.bf16 || !qkv.is_bf16());
     mask.check(b, t);
     let out_ptr = out.map(|o| SendPtr(o.as_mut_ptr()), |o| SendPtr(o.as_mut_ptr()));
     lse[..b * nh * t]
@@ -175,35 +177,90 @@ pub(crate) fn forward_masked(
 }
 
 /// Head columns as the products read them: `hd` columns of `parts` parts
-/// `part` floats apart (q, k, v in qkv; dout's one part), rows `stride`
-/// apart, from `src` on.
+/// `part` values apart (q, k, v in qkv; dout's one part), rows `stride`
+/// apart, from `src` on; fp32 values, or qkv's bf16 ones.
 #[derive(Clone, Copy)]
-struct Cols {
-    src: *const f32,
+struct Cols<T = f32> {
+    src: *const T,
     stride: usize,
     part: usize,
     parts: usize,
 }
 
+/// A value as a bf16 product takes it: an fp32 one rounded, a bf16 one widened.
+trait ProductValue: Copy {
+    fn product_value(self) -> f32;
+}
+
+impl ProductValue for f32 {
+    fn product_value(self) -> f32 {
+        round_to_bf16(self)
+    }
+}
+
+impl ProductValue for Bf16 {
+    fn product_value(self) -> f32 {
+        self.to_f32()
+    }
+}
+
 impl Cols {
     /// These columns where the products read them: in place, or under
-    /// bf16 rounded into `buf` (rows of the parts side by side); returns
-    /// the columns to read.
+    /// bf16 rounded into `buf` ([`Cols::rounded`]).
     ///
     /// # Safety
     /// `src` addresses `t` rows of the parts' columns.
     #[inline(always)]
     unsafe fn for_products(self, buf: &mut Vec<f32>, t: usize, hd: usize, bf16: bool) -> Cols {
-        if !bf16 {
-            return self;
+        match bf16 {
+            true => self.rounded(buf, t, hd),
+            false => self,
         }
+    }
+
+    /// A head's q, k, v from element `at` of `qkv` (B, T, 3C) where the
+    /// products read them (`buf` as for [`Cols::for_products`]; a qkv
+    /// held in bf16 is read only by bf16 products).
+    ///
+    /// # Safety
+    /// `qkv` holds the batch's T rows from `at` on.
+    #[inline(always)]
+    unsafe fn qkv(qkv: Held, at: usize, buf: &mut Vec<f32>, s: AttnShape) -> Cols {
+        let (c, hd) = (s.c, s.head_dim());
+        match qkv {
+            Stored::F32(x) => Cols {
+                src: x[at..].as_ptr(),
+                stride: 3 * c,
+                part: c,
+                parts: 3,
+            }
+            .for_products(buf, s.t, hd, s.bf16),
+            Stored::Bf16(x) => Cols {
+                src: x[at..].as_ptr(),
+                stride: 3 * c,
+                part: c,
+                parts: 3,
+            }
+            .rounded(buf, s.t, hd),
+        }
+    }
+}
+
+impl<T: ProductValue> Cols<T> {
+    /// These columns' values as bf16 products take them, into `buf` (rows
+    /// of the parts side by side).
+    ///
+    /// # Safety
+    /// As [`Cols::for_products`].
+    #[inline(always)]
+    unsafe fn rounded(self, buf: &mut Vec<f32>, t: usize, hd: usize) -> Cols {
         buf.resize(t * self.parts * hd, 0.0);
         for (r, row) in buf.chunks_exact_mut(self.parts * hd).enumerate() {
             for (p, dst) in row.chunks_exact_mut(hd).enumerate() {
                 let src =
                     std::slice::from_raw_parts(self.src.add(r * self.stride + p * self.part), hd);
                 for (d, &x) in dst.iter_mut().zip(src) {
-                    *d = round_to_bf16(x);
+                    *d = x.product_value();
                 }
             }
         }
@@ -229,7 +286,7 @@ widest! {
         tiles: &mut Tiles,
         bh: usize,
         lse_row: &mut [f32],
-        qkv: &[f32],
+        qkv: Held<'_>,
         out_ptr: Stored<SendPtr, SendPtr<Bf16>>,
         s: AttnShape,
         mask: Mask<'_>,
@@ -249,13 +306,7 @@ widest! {
         unsafe {
             let mut head = HeadCols::of(s);
             let hd = head.hd;
-            let at = Cols {
-                src: qkv[bi * t * 3 * c + h * hd..].as_ptr(),
-                stride: 3 * c,
-                part: c,
-                parts: 3,
-            };
-            let at = at.for_products(ops, t, hd, s.bf16);
+            let at = Cols::qkv(qkv, bi * t * 3 * c + h * hd, ops, s);
             head.stride = at.stride;
             let (q, k, v) = (at.src, at.src.add(at.part), at.src.add(2 * at.part));
             let o = bi * t * c + h * hd;
@@ -349,11 +400,12 @@ impl Tiles {
 pub(super) const ROWS: usize = 256;
 
 /// What the attention backward reads: dout (B, T, C), and the forward's
-/// qkv (B, T, 3C), out (B, T, C; fp32 or bf16) and lse (B, NH, T).
+/// qkv (B, T, 3C; fp32, or bf16 under bf16 products), out (B, T, C; fp32
+/// or bf16) and lse (B, NH, T).
 #[derive(Clone, Copy)]
 pub(crate) struct Saved<'a> {
     pub dout: &'a [f32],
-    pub qkv: &'a [f32],
+    pub qkv: Held<'a>,
     pub out: Held<'a>,
     pub lse: &'a [f32],
 }
@@ -372,7 +424,8 @@ fn backward_in_runs(dqkv: &mut [f32], saved: Saved<'_>, s: AttnShape, mask: Mask
     let AttnShape { b, t, c, nh, .. } = s;
     let Saved { dout, out, .. } = saved;
     assert!(dqkv.len() >= b * t * 3 * c && dout.len() >= b * t * c && out.extent() >= b * t * c);
-    assert!(saved.qkv.len() >= b * t * 3 * c && saved.lse.len() >= b * nh * t);
+    assert!(saved.qkv.extent() >= b * t * 3 * c && saved.lse.len() >= b * nh * t);
+    assert!(s.bf16 || !saved.qkv.is_bf16());
     assert!(run > 0);
     mask.check(b, t);
     let hd = s.head_dim();
@@ -419,7 +472,7 @@ fn backward_in_runs(dqkv: &mut [f32], saved: Saved<'_>, s: AttnShape, mask: Mask
 /// row's lse and dO . O (B, NH, T).
 #[derive(Clone, Copy)]
 struct Inputs<'a> {
-    qkv: &'a [f32],
+    qkv: Held<'a>,
     dout: &'a [f32],
     lse: &'a [f32],
     dsum: &'a [f32],
@@ -453,19 +506,13 @@ widest! {
         // SAFETY: all pointers address batch bi inside their buffers; the
         // gradient region (batch bi, head h) belongs to this task alone.
         unsafe {
-            let qkv = Cols {
-                src: inputs.qkv.as_ptr().add(bi * t * 3 * c + h * hd),
-                stride: 3 * c,
-                part: c,
-                parts: 3,
-            };
+            let qkv = Cols::qkv(inputs.qkv, bi * t * 3 * c + h * hd, ops, s);
             let d_o = Cols {
                 src: inputs.dout.as_ptr().add(bi * t * c + h * hd),
                 stride: c,
                 part: 0,
                 parts: 1,
             };
-            let qkv = qkv.for_products(ops, t, hd, s.bf16);
             cols.stride = qkv.stride;
             let head = Head {
                 qkv,
@@ -1039,11 +1086,11 @@ mod tests {
             for bf16 in [true, false] {
                 let s = AttnShape { bf16, ..s };
                 let (mut out, mut lse) = (vec![0.0; n], vec![0.0; s.b * s.nh * s.t]);
-                forward_masked(Stored::F32(&mut out), &mut lse, &qkv, s, mask);
+                forward_masked(Stored::F32(&mut out), &mut lse, Stored::F32(&qkv), s, mask);
                 let mut dqkv = vec![0.0; 3 * n];
                 let saved = Saved {
                     dout: &dout,
-                    qkv: &qkv,
+                    qkv: Stored::F32(&qkv),
                     out: Stored::F32(&out),
                     lse: &lse,
                 };
@@ -1082,20 +1129,26 @@ mod tests {
                 let (qkv, dout) = (randn(&mut rng, 3 * n, 1.0), randn(&mut rng, n, 1.0));
                 let mut lse = vec![0.0; s.b * s.nh * s.t];
                 let mut out = vec![0.0; n];
-                forward_masked(Stored::F32(&mut out), &mut lse, &qkv, s, mask);
+                forward_masked(Stored::F32(&mut out), &mut lse, Stored::F32(&qkv), s, mask);
                 let mut held = vec![Bf16::default(); n];
                 let mut lse2 = vec![0.0; s.b * s.nh * s.t];
-                forward_masked(Stored::Bf16(&mut held), &mut lse2, &qkv, s, mask);
+                forward_masked(
+                    Stored::Bf16(&mut held),
+                    &mut lse2,
+                    Stored::F32(&qkv),
+                    s,
+                    mask,
+                );
                 let rounded: Vec<Bf16> = out.iter().map(|&v| Bf16::from_f32(v)).collect();
                 assert!(held == rounded, "{mask:?} bf16 {bf16}: out");
                 assert!(lse == lse2, "{mask:?} bf16 {bf16}: lse");
                 let wide: Vec<f32> = held.iter().map(|x| x.to_f32()).collect();
                 let grads = [Stored::F32(&wide[..]), Stored::Bf16(&held[..])].map(|out| {
                     let mut dqkv = vec![0.0; 3 * n];
-                    let (dout, qkv, lse) = (&dout[..], &qkv[..], &lse[..]);
+                    let (dout, lse) = (&dout[..], &lse[..]);
                     let saved = Saved {
                         dout,
-                        qkv,
+                        qkv: Stored::F32(&qkv),
                         out,
                         lse,
                     };
@@ -1103,6 +1156,47 @@ mod tests {
                     dqkv
                 });
                 assert!(grads[0] == grads[1], "{mask:?} bf16 {bf16}: dqkv");
+            }
+        }
+    }
+
+    /// A qkv held in bf16 (the qkv product's output under `--precision
+    /// bf16`) gives the bits its values held in fp32 give, forward and
+    /// backward: bf16 products read the same values either way.
+    #[test]
+    fn a_bf16_qkv_gives_what_its_values_in_fp32_give() {
+        let lens = [130u32, 23];
+        for mask in [Mask::Causal, Mask::Lengths(&lens)] {
+            let s = AttnShape {
+                b: 2,
+                t: 130,
+                c: 64,
+                nh: 2,
+                bf16: true,
+            };
+            let n = s.b * s.t * s.c;
+            let mut rng = Rng::new(33);
+            let dout = randn(&mut rng, n, 1.0);
+            let held: Vec<Bf16> = randn(&mut rng, 3 * n, 1.0)
+                .into_iter()
+                .map(Bf16::from_f32)
+                .collect();
+            let wide: Vec<f32> = held.iter().map(|x| x.to_f32()).collect();
+            let [a, b] = [Stored::F32(&wide[..]), Stored::Bf16(&held[..])].map(|qkv| {
+                let (mut out, mut lse) = (vec![0.0; n], vec![0.0; s.b * s.nh * s.t]);
+                forward_masked(Stored::F32(&mut out), &mut lse, qkv, s, mask);
+                let mut dqkv = vec![0.0; 3 * n];
+                let saved = Saved {
+                    dout: &dout,
+                    qkv,
+                    out: Stored::F32(&out),
+                    lse: &lse,
+                };
+                backward_masked(&mut dqkv, saved, s, mask);
+                [out, lse, dqkv]
+            });
+            for (what, i) in [("out", 0), ("lse", 1), ("dqkv", 2)] {
+                assert!(a[i] == b[i], "{mask:?}: {what}");
             }
         }
     }
@@ -1126,11 +1220,11 @@ mod tests {
         for mask in [Mask::Causal, Mask::Lengths(&lens)] {
             let bits = on_each_width(|| {
                 let (mut out, mut lse) = (vec![0.0; n], vec![0.0; s.b * s.nh * s.t]);
-                forward_masked(Stored::F32(&mut out), &mut lse, &qkv, s, mask);
+                forward_masked(Stored::F32(&mut out), &mut lse, Stored::F32(&qkv), s, mask);
                 let mut dqkv = vec![0.0; 3 * n];
                 let saved = Saved {
                     dout: &dout,
-                    qkv: &qkv,
+                    qkv: Stored::F32(&qkv),
                     out: Stored::F32(&out),
                     lse: &lse,
                 };
@@ -1163,7 +1257,7 @@ mod tests {
         let probe = randn(&mut rng, b * t * c, 1.0);
         let mut out = vec![0.0; b * t * c];
         let mut lse = vec![0.0; b * nh * t];
-        forward_masked(Stored::F32(&mut out), &mut lse, &qkv, s, mask);
+        forward_masked(Stored::F32(&mut out), &mut lse, Stored::F32(&qkv), s, mask);
         assert_close("out", &out, &reference_masked(&to64(&qkv), s, mask), 1e-5);
         let fd = finite_diff(&qkv, |x| probe_dot(&reference_masked(x, s, mask), &probe));
         // whole tiles of rows, and runs of 3 rows: a tile's dK and dV set by
@@ -1172,7 +1266,7 @@ mod tests {
             let mut dqkv = vec![f32::NAN; b * t * 3 * c];
             let saved = Saved {
                 dout: &probe,
-                qkv: &qkv,
+                qkv: Stored::F32(&qkv),
                 out: Stored::F32(&out),
                 lse: &lse,
             };

@@ -23,7 +23,7 @@
 //! built-in kernel).
 
 use super::attention::{BLOCK, KEYS, ROWS};
-use super::dpbf16::Lane;
+use super::dpbf16::{Lane, Onto};
 use super::math::{Dims, Mat, Views};
 use crate::error::{Error, Result};
 use libloading::Library;
@@ -636,7 +636,7 @@ pub(super) unsafe fn gemm(
     }
     if bf16 && lib == MatmulLib::Gemm {
         // SAFETY: as this function's
-        return unsafe { on_dpbf16(dims, dst, lhs, rhs, accumulate, scale, threads) };
+        return unsafe { on_dpbf16(dims, dst, lhs, rhs, accumulate.into(), scale, threads) };
     }
     let (Ok(l), Some(ops)) = (loaded(lib), Operands::of(Views::of(dims, dst, lhs, rhs))) else {
         return false;
@@ -681,13 +681,14 @@ pub(super) unsafe fn gemm(
     true
 }
 
-/// `dst = [dst +] lhs @ rhs` in bf16 arithmetic with operands and output
-/// held as they are, fp32 or bfloat16, on the built-in bf16 product where
-/// it is the one bf16 products run on: a bfloat16 operand read with no
-/// copy, a bfloat16 output the fp32 one rounded. Returns false, doing
+/// `dst = [dst +] lhs @ rhs` (`onto` says onto what) in bf16 arithmetic
+/// with operands and output held as they are, fp32 or bfloat16, on the
+/// built-in bf16 product where it is the one bf16 products run on: a
+/// bfloat16 operand read with no copy, a bfloat16 output the fp32 one
+/// rounded (its bias, rounded to bf16, added first). Returns false, doing
 /// nothing, elsewhere (another library chosen, no AVX512-BF16, a view with
-/// no unit stride, an empty product, a bfloat16 output to accumulate onto):
-/// the caller stages the product in fp32 then.
+/// no unit stride, an empty product, a bfloat16 output to accumulate onto,
+/// a bias onto an fp32 one): the caller stages the product in fp32 then.
 ///
 /// # Safety
 /// As `math::gemm`.
@@ -696,14 +697,12 @@ pub(crate) unsafe fn gemm_stored<D: Lane, L: Lane, R: Lane>(
     dst: Mat<*mut D>,
     lhs: Mat<*const L>,
     rhs: Mat<*const R>,
-    accumulate: bool,
+    onto: Onto,
     threads: usize,
 ) -> bool {
     let dims = Dims { m, n, k };
     // SAFETY: as this function's
-    stores_bf16()
-        && m * n * k > 0
-        && unsafe { on_dpbf16(dims, dst, lhs, rhs, accumulate, 1.0, threads) }
+    stores_bf16() && m * n * k > 0 && unsafe { on_dpbf16(dims, dst, lhs, rhs, onto, 1.0, threads) }
 }
 
 /// Whether [`gemm_stored`] runs products on this CPU: it has AVX512-BF16
@@ -721,12 +720,12 @@ unsafe fn on_dpbf16<D: Lane, L: Lane, R: Lane>(
     dst: Mat<*mut D>,
     lhs: Mat<*const L>,
     rhs: Mat<*const R>,
-    accumulate: bool,
+    onto: Onto,
     scale: f32,
     threads: usize,
 ) -> bool {
     // SAFETY: as this function's
-    let ran = unsafe { super::dpbf16::gemm(dims, dst, lhs, rhs, accumulate, scale, threads) };
+    let ran = unsafe { super::dpbf16::gemm(dims, dst, lhs, rhs, onto, scale, threads) };
     if ran {
         BF16_PRODUCTS.fetch_add(1, Ordering::Relaxed);
     }

@@ -25,6 +25,7 @@
 //! stored rounded, so it is the fp32 output rounded, bit for bit.
 
 use super::math::{Dims, Mat};
+use super::round_to_bf16;
 use crate::backend::Bf16;
 
 /// Rows of the micro-kernel's block (one broadcast pair each).
@@ -76,11 +77,33 @@ impl Lane for Bf16 {
     const BF16: bool = true;
 }
 
+/// What a product's sums go onto in `dst`: nothing (overwritten), its
+/// values, or, for a bfloat16 `dst`, a bias of `n` columns rounded to
+/// bfloat16, added in fp32 before each sum is rounded (as a bf16 GEMM's
+/// epilogue adds a bf16 bias).
+#[derive(Clone, Copy)]
+pub(crate) enum Onto<'a> {
+    Over,
+    Add,
+    Bias(&'a [f32]),
+}
+
+impl From<bool> for Onto<'_> {
+    /// Added to where `accumulate`, else overwritten.
+    fn from(accumulate: bool) -> Self {
+        match accumulate {
+            true => Onto::Add,
+            false => Onto::Over,
+        }
+    }
+}
+
 /// `dst (m x n) = [dst +] scale * lhs (m x k) @ rhs (k x n)` on bfloat16
 /// operands (rounded here where held in fp32) with fp32 sums, split over
 /// the pool when `threads` is more than 1. Returns false, doing nothing,
-/// where the CPU has no AVX512-BF16, a view has no unit stride, or a
-/// bfloat16 `dst` is to be accumulated onto (the caller runs the product
+/// where the CPU has no AVX512-BF16, a view has no unit stride, a
+/// bfloat16 `dst` is to be accumulated onto, or a bias is to go onto an
+/// fp32 `dst` or one stored by columns (the caller runs the product
 /// another way).
 ///
 /// # Safety
@@ -93,12 +116,13 @@ pub(super) unsafe fn gemm<D: Lane, L: Lane, R: Lane>(
     dst: Mat<*mut D>,
     lhs: Mat<*const L>,
     rhs: Mat<*const R>,
-    accumulate: bool,
+    onto: Onto,
     scale: f32,
     threads: usize,
 ) -> bool {
     let Dims { m, n, k } = dims;
-    if dst.col_stride != 1 {
+    let biased = matches!(onto, Onto::Bias(_));
+    if dst.col_stride != 1 && !biased {
         // dst's rows contiguous: dst^T = rhs^T lhs^T (n x m)
         return dst.row_stride == 1
             && gemm(
@@ -106,7 +130,7 @@ pub(super) unsafe fn gemm<D: Lane, L: Lane, R: Lane>(
                 dst.t(),
                 rhs.t(),
                 lhs.t(),
-                accumulate,
+                onto,
                 scale,
                 threads,
             );
@@ -115,7 +139,9 @@ pub(super) unsafe fn gemm<D: Lane, L: Lane, R: Lane>(
     if !available()
         || !unit(lhs.row_stride, lhs.col_stride)
         || !unit(rhs.row_stride, rhs.col_stride)
-        || (D::BF16 && accumulate)
+        || dst.col_stride != 1
+        || (D::BF16 && matches!(onto, Onto::Add))
+        || (!D::BF16 && biased)
     {
         return false;
     }
@@ -148,7 +174,7 @@ pub(super) unsafe fn gemm<D: Lane, L: Lane, R: Lane>(
                     pack(packed, Operand { x, lanes, width }, k, threads)
                 }
             }
-            multiply(lhs, rhs, own, packed, dims, dst, accumulate, scale, threads);
+            multiply(lhs, rhs, own, packed, dims, dst, onto, scale, threads);
         }
     });
     true
@@ -356,11 +382,12 @@ unsafe fn multiply<D: Lane, L: Lane, R: Lane>(
     packed: &[u32],
     dims: Dims,
     dst: Mat<*mut D>,
-    accumulate: bool,
+    onto: Onto,
     scale: f32,
     threads: usize,
 ) {
     let Dims { m, n, k } = dims;
+    let accumulate = matches!(onto, Onto::Add);
     let pairs = k.div_ceil(2);
     // pairs a micro-kernel call sums, and pairs packed at a time: as many,
     // or, for a bfloat16 dst, all of them, its block's calls summed in an
@@ -422,6 +449,13 @@ unsafe fn multiply<D: Lane, L: Lane, R: Lane>(
                     for p in (0..span).step_by(kc) {
                         let (kc, at) = (kc.min(span - p), tile.as_mut_ptr());
                         avx512::kernel(kc, a(p), b(p), at, NR as isize, MR, NR, p > 0, scale);
+                    }
+                    if let Onto::Bias(bias) = onto {
+                        for sums in tile.chunks_exact_mut(NR).take(rows) {
+                            for (x, &b) in sums.iter_mut().zip(&bias[j..j + cols]) {
+                                *x += round_to_bf16(b);
+                            }
+                        }
                     }
                     avx512::round(&tile, cp as *mut Bf16, ldc, rows, cols)
                 }
@@ -730,7 +764,7 @@ mod storage {
         dst_t: bool,
         a: &[L],
         b: &[R],
-        accumulate: bool,
+        onto: Onto,
         threads: usize,
     ) -> bool {
         let dst = match dst_t {
@@ -749,7 +783,7 @@ mod storage {
                     col_stride: strides.1,
                 };
                 let (a, b) = (view::<L>(a, 0), view::<R>(b, 0));
-                gemm(Dims { m, n, k }, dst, a, b, accumulate, 1.0, threads)
+                gemm(Dims { m, n, k }, dst, a, b, onto, 1.0, threads)
             }
         })
     }
@@ -758,7 +792,9 @@ mod storage {
     /// values held in fp32, and a bfloat16 output the fp32 output rounded:
     /// bit for bit, for
     /// either layout of dst, over more than one kernel call's pairs, on
-    /// one thread and two; a bfloat16 output to accumulate onto is refused.
+    /// one thread and two; a bfloat16 output with a bias the fp32 output
+    /// plus the bias rounded to bf16, rounded; a bfloat16 output to
+    /// accumulate onto, and a bias onto an fp32 or a transposed output, refused.
     #[test]
     fn bf16_operands_and_outputs_are_their_fp32_values() {
         if !available() {
@@ -773,7 +809,7 @@ mod storage {
         for (m, n, k) in [(5, 9, 7), (13, 40, 16), (30, 70, 800), (97, 33, 385)] {
             let mut randn =
                 |len: usize| -> Vec<f32> { (0..len).map(|_| rng.normal() as f32).collect() };
-            let (a, b) = (randn(m * k), randn(k * n));
+            let (a, b, bias) = (randn(m * k), randn(k * n), randn(n));
             let held = |x: &[f32]| -> Vec<Bf16> { x.iter().map(|&v| Bf16::from_f32(v)).collect() };
             let (ah, bh) = (held(&a), held(&b));
             let wide = |x: &[Bf16]| -> Vec<f32> { x.iter().map(|v| v.to_f32()).collect() };
@@ -782,28 +818,49 @@ mod storage {
                 let at = format!("{m}x{n}x{k} on {threads}, dst transposed {dst_t}");
                 let dims = (m, n, k);
                 let (mut want, mut got) = (vec![1.0f32; m * n], vec![1.0f32; m * n]);
+                let add = Onto::Add;
                 assert!(product(
-                    &pool, dims, &mut want, dst_t, &aw, &bw, true, threads
+                    &pool, dims, &mut want, dst_t, &aw, &bw, add, threads
                 ));
                 assert!(product(
-                    &pool, dims, &mut got, dst_t, &ah, &bh, true, threads
+                    &pool, dims, &mut got, dst_t, &ah, &bh, add, threads
                 ));
                 assert!(got == want, "{at}: bf16 operands, fp32 dst");
                 let mut fp32 = vec![0.0f32; m * n];
+                let over = Onto::Over;
                 assert!(product(
-                    &pool, dims, &mut fp32, dst_t, &a, &b, false, threads
+                    &pool, dims, &mut fp32, dst_t, &a, &b, over, threads
                 ));
                 let mut out = vec![Bf16::default(); m * n];
                 assert!(product(
-                    &pool, dims, &mut out, dst_t, &a, &bh, false, threads
+                    &pool, dims, &mut out, dst_t, &a, &bh, over, threads
                 ));
                 assert!(
                     out == held(&fp32),
                     "{at}: a bf16 dst is not the fp32 one rounded"
                 );
                 assert!(
-                    !product(&pool, dims, &mut out, dst_t, &a, &b, true, threads),
+                    !product(&pool, dims, &mut out, dst_t, &a, &b, add, threads),
                     "{at}: accumulated onto a bf16 dst"
+                );
+                let onto = Onto::Bias(&bias);
+                let biased = product(&pool, dims, &mut out, dst_t, &a, &bh, onto, threads);
+                assert_eq!(biased, !dst_t, "{at}: a bias onto a bf16 dst");
+                if biased {
+                    let plus = fp32
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &x)| x + round_to_bf16(bias[i % n]));
+                    let want: Vec<Bf16> = plus.map(Bf16::from_f32).collect();
+                    assert!(
+                        out == want,
+                        "{at}: not the fp32 dst plus its bf16 bias, rounded"
+                    );
+                }
+                let mut f = vec![0.0f32; m * n];
+                assert!(
+                    !product(&pool, dims, &mut f, dst_t, &a, &b, onto, threads),
+                    "{at}: a bias onto an fp32 dst"
                 );
             }
         }

@@ -4,6 +4,8 @@
 //! `matmul_cublaslt`). Each shape's plan (descriptor, layouts, the
 //! heuristic's algorithm) is made once and kept; one workspace serves all.
 //! `DISTGPT_CUBLASLT=0` leaves the bias to the pass (`Runtime::adds_bias`).
+//! c and the bias are fp32, or both bf16 (a bf16 output's epilogue takes
+//! its bias in bf16: the runtime rounds it first).
 
 use super::{GpuError, Mem, Result};
 use cudarc::cublaslt::result as lt;
@@ -39,8 +41,10 @@ pub(super) struct PlanKey {
     pub transpose: [bool; 2],
     /// Leading dimensions of a, b and c.
     pub ld: [i64; 3],
-    /// a and b stored in bf16 (else fp32); c and the bias are fp32.
+    /// a and b stored in bf16 (else fp32).
     pub bf16: bool,
+    /// c and the bias stored in bf16 (else fp32; the bias takes c's type).
+    pub c_bf16: bool,
     /// Bytes a, b and c are aligned to, at most 256.
     pub align: [u32; 3],
 }
@@ -132,7 +136,7 @@ impl Plan {
 
     /// `key`'s descriptor and layouts, without an algorithm.
     fn described(key: PlanKey) -> Result<Plan> {
-        let ty = match key.bf16 {
+        let ty = |bf16| match bf16 {
             true => cudaDataType::CUDA_R_16BF,
             false => cudaDataType::CUDA_R_32F,
         };
@@ -155,7 +159,7 @@ impl Plan {
                 .and_then(|()| set(plan.desc, Desc::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue))
         }
         .map_err(failed("cublasLtMatmulDescSetAttribute", key))?;
-        let types = [ty, ty, cudaDataType::CUDA_R_32F];
+        let types = [ty(key.bf16), ty(key.bf16), ty(key.c_bf16)];
         for (i, (rows, cols, ld)) in key.layouts().into_iter().enumerate() {
             plan.layouts[i] = lt::create_matrix_layout(types[i], rows, cols, ld)
                 .map_err(failed("cublasLtMatrixLayoutCreate", key))?;
@@ -301,6 +305,7 @@ mod tests {
             transpose,
             ld,
             bf16: true,
+            c_bf16: false,
             align: [256; 3],
         };
         // op(a) is m x k and op(b) k x n: transposed, a is stored k x m

@@ -226,7 +226,7 @@ pub struct CudaRuntime {
     lt: Option<Mutex<lt::Lt>>,
     /// The bf16 copies of a GEMM's two operands under `--precision bf16`,
     /// kept for the next GEMM (`to_bf16`).
-    bf16_scratch: Mutex<[Option<Mem<u32>>; 2]>,
+    bf16_scratch: Mutex<[Option<Mem<u32>>; 3]>,
     stream: Arc<CudaStream>,
     /// Where `read_start` copies, beside `stream`.
     copier: Arc<CudaStream>,
@@ -308,8 +308,24 @@ impl CudaRuntime {
             false => (Self::addr::<f32>(g.c), f32_),
         };
         if let Some(bias) = g.bias {
+            // a bf16 output's epilogue takes a bf16 bias: rounded here
+            let bias = match g.c_bf16 {
+                true => {
+                    let bias = Operand {
+                        view: bias,
+                        transpose: false,
+                        ld: g.m,
+                        bf16: false,
+                    };
+                    let copy = self.to_bf16(bias, g.m, scratch[2].take())?;
+                    let ptr = copy.ptr;
+                    scratch[2] = Some(copy);
+                    ptr
+                }
+                false => Self::addr::<f32>(bias),
+            };
             // SAFETY: as above; `Queue::gemm` checked the bias's m floats.
-            return unsafe { self.gemm_lt(&g, [a, b, c], Self::addr::<f32>(bias)) };
+            return unsafe { self.gemm_lt(&g, [a, b, c], bias) };
         }
         let (alpha, beta) = (1.0f32, g.beta);
         let stride = |what: &str, n: usize| {
@@ -387,6 +403,7 @@ impl CudaRuntime {
             transpose: [g.a.transpose, g.b.transpose],
             ld: [ld("lda", g.a.ld)?, ld("ldb", g.b.ld)?, ld("ldc", g.ldc)?],
             bf16: g.bf16,
+            c_bf16: g.c_bf16,
             align: at.map(lt::alignment),
         };
         let [a, b, c] = at;
@@ -518,7 +535,7 @@ impl Runtime for CudaRuntime {
             kernels,
             blas: Mutex::new(blas),
             lt,
-            bf16_scratch: Mutex::new([None, None]),
+            bf16_scratch: Mutex::new([None, None, None]),
             stream,
             copier,
             ctx,
@@ -689,11 +706,13 @@ impl Runtime for CudaRuntime {
         Some((free as u64, total as u64))
     }
 
-    /// A single fp32-output product whose bias is 16-byte aligned, where
-    /// cuBLASLt is on.
+    /// A single product whose fp32 bias is 16-byte aligned (a bf16
+    /// output's is rounded into an aligned scratch), where cuBLASLt is on.
     fn adds_bias(&self, g: &Gemm) -> bool {
-        let aligned = g.bias.is_some_and(|b| Self::addr::<f32>(b) % 16 == 0);
-        self.lt.is_some() && aligned && g.batch.count == 1 && !g.c_bf16
+        let aligned = g
+            .bias
+            .is_some_and(|b| g.c_bf16 || Self::addr::<f32>(b) % 16 == 0);
+        self.lt.is_some() && aligned && g.batch.count == 1
     }
 
     unsafe fn sgemm(&self, g: Gemm) -> Result<()> {

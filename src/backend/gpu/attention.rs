@@ -150,16 +150,16 @@ mod tests {
         (AttentionForward::<Host> {
             out: Stored::F32(&mut out),
             lse: &mut lse,
-            qkv,
+            qkv: Stored::F32(qkv),
             lens,
             shape: s,
         })
         .cpu(&AsIs);
         let mut dqkv = vec![0.0; qkv.len()];
         (AttentionBackward::<Host> {
-            dqkv: &mut dqkv,
+            dqkv: Stored::F32(&mut dqkv),
             dout,
-            qkv,
+            qkv: Stored::F32(qkv),
             out: Stored::F32(&out),
             lse: &lse,
             lens,
@@ -186,14 +186,14 @@ mod tests {
         let forward = AttentionForward {
             out: Stored::F32(o.view()),
             lse: l.view(),
-            qkv: q.view(),
+            qkv: Stored::F32(q.view()),
             lens: lv,
             shape: s,
         };
         let backward = AttentionBackward {
-            dqkv: g.view(),
+            dqkv: Stored::F32(g.view()),
             dout: d.view(),
-            qkv: q.view(),
+            qkv: Stored::F32(q.view()),
             out: Stored::F32(o.view()),
             lse: l.view(),
             lens: lv,
@@ -258,9 +258,9 @@ mod tests {
                 for _ in 0..2 {
                     let g = putf(dev, &randn(&mut rng, qkv.len(), 1.0));
                     dev.run(AttentionBackward {
-                        dqkv: g.view(),
+                        dqkv: Stored::F32(g.view()),
                         dout: d.view(),
-                        qkv: q.view(),
+                        qkv: Stored::F32(q.view()),
                         out: Stored::F32(o.view()),
                         lse: l.view(),
                         lens: lv,
@@ -373,7 +373,7 @@ mod tests {
                 let mut lses = Vec::new();
                 for out in [Stored::F32(fp32.view()), Stored::Bf16(held.view())] {
                     let l = putf(dev, &vec![7.0; s.b * s.nh * s.t]);
-                    let (lse, qkv, shape) = (l.view(), q.view(), s);
+                    let (lse, qkv, shape) = (l.view(), Stored::F32(q.view()), s);
                     let op = AttentionForward {
                         out,
                         lse,
@@ -394,9 +394,10 @@ mod tests {
                 let wide = putf(dev, &bits.iter().map(|x| x.to_f32()).collect::<Vec<_>>());
                 let grads = [Stored::F32(wide.view()), Stored::Bf16(held.view())].map(|out| {
                     let g = putf(dev, &vec![7.0; 3 * n]);
-                    let (dqkv, dout, qkv, lse) = (g.view(), d.view(), q.view(), lses[1].view());
+                    let (dqkv, dout, qkv, lse) =
+                        (g.view(), d.view(), Stored::F32(q.view()), lses[1].view());
                     let op = AttentionBackward {
-                        dqkv,
+                        dqkv: Stored::F32(dqkv),
                         dout,
                         qkv,
                         out,
@@ -411,6 +412,101 @@ mod tests {
                     get(dev, &g)
                 });
                 assert!(grads[0] == grads[1], "{what}: dqkv");
+            }
+        }
+    }
+
+    /// A qkv stored in bf16 (GPT-2's under `--precision bf16`) gives what
+    /// its values held in fp32 give, bit for bit, forward and backward, and
+    /// a dqkv stored in bf16 is the fp32 one rounded: on
+    /// the GEMMs (whose permute widens it) and on flash.cu's narrow and
+    /// wide kernels (which load it as it is), causal and padded.
+    #[test]
+    fn a_bf16_qkv_is_its_fp32_values_on_the_device() {
+        on_gpus!(a_bf16_qkv_is_its_fp32_values_on);
+    }
+
+    fn a_bf16_qkv_is_its_fp32_values_on<R: Runtime>(dev: &Queue<R>) {
+        let routes: &[bool] = match R::KIND != "cuda" || dev.tensor_cores() {
+            true => &[false, true],
+            false => &[false],
+        };
+        let mut rng = Rng::new(19);
+        for (b, t, c, nh) in [(2, 37, 64, 2), (1, 33, 128, 1)] {
+            let s = AttnShape {
+                b,
+                t,
+                c,
+                nh,
+                bf16: true,
+            };
+            let n = b * t * c;
+            let held: Vec<Bf16> = randn(&mut rng, 3 * n, 2.0)
+                .into_iter()
+                .map(Bf16::from_f32)
+                .collect();
+            let wide: Vec<f32> = held.iter().map(|x| x.to_f32()).collect();
+            let dout = randn(&mut rng, n, 1.0);
+            let (qh, qw) = (put(dev, &held, Bf16::from_f32(-9.0)), putf(dev, &wide));
+            let d = putf(dev, &dout);
+            for lens in masks(s) {
+                let ld = lens.as_ref().map(|x| putu(dev, x));
+                let lens = ld.as_ref().map(|x| x.view());
+                for &flash in routes {
+                    let what = format!("{}, flash {flash}", name(s, None));
+                    let [x, y] = [Stored::F32(qw.view()), Stored::Bf16(qh.view())].map(|qkv| {
+                        let [o, l, g] = [n, b * nh * t, 3 * n].map(|k| putf(dev, &vec![7.0; k]));
+                        let forward = AttentionForward {
+                            out: Stored::F32(o.view()),
+                            lse: l.view(),
+                            qkv,
+                            lens,
+                            shape: s,
+                        };
+                        let backward = AttentionBackward {
+                            dqkv: Stored::F32(g.view()),
+                            dout: d.view(),
+                            qkv,
+                            out: Stored::F32(o.view()),
+                            lse: l.view(),
+                            lens,
+                            shape: s,
+                        };
+                        forward.check().unwrap();
+                        backward.check().unwrap();
+                        match flash {
+                            true => flash_forward(dev, forward).unwrap(),
+                            false => dev.run(forward).unwrap(),
+                        }
+                        match flash {
+                            true => flash_backward(dev, backward).unwrap(),
+                            false => dev.run(backward).unwrap(),
+                        }
+                        [o, l, g].map(|x| get(dev, &x))
+                    });
+                    for (i, part) in ["out", "lse", "dqkv"].iter().enumerate() {
+                        assert!(x[i] == y[i], "{what}: {part}");
+                    }
+                    // dqkv stored in bf16: the fp32 one rounded, bit for bit
+                    let (l, o) = (putf(dev, &x[1]), putf(dev, &x[0]));
+                    let g = put(dev, &vec![Bf16::default(); 3 * n], Bf16::from_f32(-9.0));
+                    let backward = AttentionBackward {
+                        dqkv: Stored::Bf16(g.view()),
+                        dout: d.view(),
+                        qkv: Stored::Bf16(qh.view()),
+                        out: Stored::F32(o.view()),
+                        lse: l.view(),
+                        lens,
+                        shape: s,
+                    };
+                    backward.check().unwrap();
+                    match flash {
+                        true => flash_backward(dev, backward).unwrap(),
+                        false => dev.run(backward).unwrap(),
+                    }
+                    let rounded: Vec<Bf16> = x[2].iter().map(|&v| Bf16::from_f32(v)).collect();
+                    assert!(get(dev, &g) == rounded, "{what}: a bf16 dqkv");
+                }
             }
         }
     }
@@ -626,7 +722,7 @@ mod tests {
             .run(AttentionForward {
                 out: Stored::F32(m.view()),
                 lse: m.view(),
-                qkv: m.view(),
+                qkv: Stored::F32(m.view()),
                 lens: None,
                 shape,
             })

@@ -62,31 +62,40 @@ impl<R: Runtime> Queue<R> {
     /// product's bias goes before the product adds onto it.
     pub(crate) fn bias_forward(
         &self,
-        out: View,
+        out: Stored<View, View>,
         bias: View,
         (rows, n): (usize, usize),
         accumulate: bool,
     ) -> Result<(), GpuError> {
+        let (out, out_bf16) = stored_view(out);
         let args = [
             Arg::View(out),
             Arg::View(bias),
             u32s("rows", rows)?,
             u32s("n", n)?,
             Arg::U32(accumulate as u32),
+            Arg::U32(out_bf16),
         ];
         self.launch("bias_forward", groups(rows * n), &args)
     }
 
-    /// dbias (n) += colsum(d) for d (rows, n); with an activation's pass,
-    /// after d *= act'(inp [+ bias]) in place (or into its `rounded`, whose
-    /// length `ActivationBackward`'s check has seen), in the same pass.
+    /// dbias (n) += colsum(d) for d (rows, n; held in fp32, or in bf16
+    /// without an activation); with an activation's pass, after d *=
+    /// act'(inp [+ bias]) in place (or into its `rounded`, whose length
+    /// `ActivationBackward`'s check has seen), in the same pass.
     pub(crate) fn bias_backward(
         &self,
         db: View,
-        d: View,
+        d: Stored<View, View>,
         act: Option<ActivationPass>,
         (rows, n): (usize, usize),
     ) -> Result<(), GpuError> {
+        let (d, d_bf16) = stored_view(d);
+        if d_bf16 == 1 && act.is_some() {
+            return Err(GpuError(
+                "an activation's pass needs its gradient held in fp32".into(),
+            ));
+        }
         need("bias gradient: output gradient", d, rows * n)?;
         need("bias gradient", db, n)?;
         let (inp, bias, act, rounded) = match act {
@@ -120,6 +129,7 @@ impl<R: Runtime> Queue<R> {
                 // without `rounded`, any view: the kernel does not write it
                 Arg::View(rounded.unwrap_or(d)),
                 Arg::U32(rounded.is_some().into()),
+                Arg::U32(d_bf16),
             ];
             self.launch("bias_backward_partials", groups(chunks * n), &args)?;
             let args = [
@@ -136,10 +146,9 @@ impl<R: Runtime> Queue<R> {
     /// here (CLBlast rejects them).
     pub(crate) fn gemm(&self, mut g: Gemm) -> Result<(), GpuError> {
         let stored = g.a.bf16 || g.b.bf16 || g.c_bf16;
-        if (stored && !g.bf16) || (g.c_bf16 && (g.beta != 0.0 || g.k == 0 || g.bias.is_some())) {
+        if (stored && !g.bf16) || (g.c_bf16 && (g.beta != 0.0 || g.k == 0)) {
             return Err(GpuError(
-                "a GEMM over bf16 storage needs bf16 products, and a bf16 output k > 0, \
-                 beta 0 and no bias"
+                "a GEMM over bf16 storage needs bf16 products, and a bf16 output k > 0 and beta 0"
                     .into(),
             ));
         }
@@ -161,8 +170,13 @@ impl<R: Runtime> Queue<R> {
             }
             need("GEMM bias", bias, g.m)?;
             if g.k == 0 || !self.rt.adds_bias(&g) {
-                // c = [c +] bias first, then the products onto it
-                self.bias_forward(g.c, bias, (g.n, g.m), g.beta != 0.0)?;
+                // c = [c +] bias first (a bf16 c: the bias rounded, as a
+                // bf16 epilogue takes it), then the products onto it
+                let c = match g.c_bf16 {
+                    true => Stored::Bf16(g.c),
+                    false => Stored::F32(g.c),
+                };
+                self.bias_forward(c, bias, (g.n, g.m), g.beta != 0.0)?;
                 (g.beta, g.bias) = (1.0, None);
             }
         }

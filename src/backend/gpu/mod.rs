@@ -133,12 +133,14 @@ pub struct Gemm {
     pub beta: f32,
     pub c: View,
     pub ldc: usize,
-    /// m fp32 values added to every column of an fp32 `c` (a row-major
-    /// output's bias, one a feature) in a single product: by the GEMM's
-    /// epilogue where [`Runtime::adds_bias`] says so, else by a pass over
-    /// `c` before it (`Queue::gemm`). A runtime sees it only in the first case.
+    /// m fp32 values added to every column of `c` (a row-major output's
+    /// bias, one a feature; rounded to bf16 first where `c_bf16`, as a bf16
+    /// epilogue takes it) in a single product: by the GEMM's epilogue
+    /// where [`Runtime::adds_bias`] says so, else by a pass over `c`
+    /// before it (`Queue::gemm`). A runtime sees it only in the first case.
     pub bias: Option<View>,
-    /// `c` is stored as bfloat16: each sum rounded as it is stored (beta 0).
+    /// `c` is stored as bfloat16: each sum rounded as it is stored (beta 0,
+    /// or 1 onto the bias's pass).
     pub c_bf16: bool,
     /// The products take `a` and `b` rounded to bfloat16 (ties to even, as
     /// `round_bf16`), accumulated in fp32: cuBLAS rounds them into bf16

@@ -677,6 +677,64 @@ fn matmul_forward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
     }
 }
 
+/// A product into bf16 with a bias (q|k|v's under `--precision bf16`):
+/// each sum plus the bias rounded to bf16, rounded once, as the CPU's
+/// (the order of the sums apart: within a bf16 ulp, or 1e-4 near 0); a bias 4 and 5
+/// floats into its buffer (on CUDA cuBLASLt's epilogue takes either,
+/// rounded into its scratch first; elsewhere the pass). Its name begins as
+/// `matmul_forward_matches_cpu`'s: gpu_check.sh's step 1 turns the later
+/// steps to the pass where either fails.
+#[test]
+fn matmul_forward_into_bf16_with_a_bias_matches_cpu() {
+    on_gpus!(matmul_forward_into_bf16_with_a_bias_matches_cpu_on);
+}
+
+fn matmul_forward_into_bf16_with_a_bias_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
+    let mut rng = Rng::new(13);
+    for (rows, k, n) in matmul_shapes() {
+        for layout in LAYOUTS {
+            let shape = MatmulShape {
+                bf16: true,
+                ..MatmulShape::new((rows, k, n), layout)
+            };
+            let (inp, w) = (randn(&mut rng, rows * k, 1.0), randn(&mut rng, k * n, 1.0));
+            let bias = randn(&mut rng, n, 1.0);
+            let mut want = vec![Bf16::default(); rows * n];
+            (MatmulForward::<Host> {
+                out: Stored::Bf16(&mut want),
+                inp: Stored::F32(&inp),
+                w: Stored::F32(&w),
+                bias: Some(&bias),
+                shape,
+                accumulate: false,
+            })
+            .cpu(&AsIs);
+            let (i, wd) = (putf(dev, &inp), putf(dev, &w));
+            let held = put_aligned(dev, &vec![Bf16::default(); rows * n]);
+            for at in [4, 5] {
+                let bd = put_at(dev, &bias, -1000.0, at);
+                dev.run(MatmulForward {
+                    out: Stored::Bf16(held.view()),
+                    inp: Stored::F32(i.view()),
+                    w: Stored::F32(wd.view()),
+                    bias: Some(bd.view()),
+                    shape,
+                    accumulate: false,
+                })
+                .unwrap();
+                let got = get(dev, &held);
+                // a bf16 ulp, and the sums' fp32 rounding near 0
+                let apart = got.iter().zip(&want).filter(|(g, w)| {
+                    let (g, w) = (g.to_f32(), w.to_f32());
+                    (g - w).abs() > g.abs().max(w.abs()) / 128.0 + 1e-4
+                });
+                let what = format!("{layout:?} rows={rows} k={k} n={n}, a bias {at} in");
+                assert_eq!(apart.count(), 0, "{what}: beyond a bf16 ulp of the CPU's");
+            }
+        }
+    }
+}
+
 #[test]
 fn matmul_backward_matches_cpu() {
     on_gpus!(matmul_backward_matches_cpu_on);
@@ -1179,23 +1237,25 @@ fn bf16_storage_is_its_fp32_values_on<R: Runtime>(dev: &Queue<R>) {
         // the fp32 one a row longer than the products read: its tail unread
         let long: Vec<f32> = wide.iter().copied().chain(vec![7.0; vp]).collect();
         let (df, db) = (putf(dev, &long), putb(&dlogits));
-        let dw0 = randn(&mut rng, vp * k, 1.0);
+        let (dw0, dbias0) = (randn(&mut rng, vp * k, 1.0), randn(&mut rng, vp, 1.0));
         let mut grads = Vec::new();
         for dout in [Stored::F32(df.view()), Stored::Bf16(db.view())] {
             let (di, dw) = (putf(dev, &vec![9.0; rows * k]), putf(dev, &dw0));
+            let dbias = putf(dev, &dbias0);
             let op = MatmulBackward {
                 dinp: Some(di.view()),
                 dw: Some(dw.view()),
-                dbias: None,
+                dbias: Some(dbias.view()),
                 dout,
                 inp: Stored::F32(i.view()),
                 w: Stored::F32(w.view()),
                 shape,
             };
             dev.run(op).unwrap();
-            grads.push([get(dev, &di), get(dev, &dw)]);
+            grads.push([get(dev, &di), get(dev, &dw), get(dev, &dbias)]);
         }
-        for (i, grad) in ["dinp", "dw"].iter().enumerate() {
+        assert!(grads[0][2] != dbias0, "{what}: no bias gradient");
+        for (i, grad) in ["dinp", "dw", "dbias"].iter().enumerate() {
             let (a, b) = (&grads[0][i], &grads[1][i]);
             assert!(
                 a == b,

@@ -21,11 +21,12 @@
 // Between the token-major layout (B, T, parts, NH, hd) of qkv, out and their
 // gradients and the heads-first one (parts, B, NH, T, hd) the GEMMs take:
 // to_heads = 1 reads the first into the second, 0 the second into the first;
-// dst held as store_as holds it.
+// dst held as store_as holds it, src as load_as reads it.
 KERNEL void attention_permute(GLOBAL float* RESTRICT dst, unsigned dst_off,
                               const GLOBAL float* RESTRICT src, unsigned src_off,
                               unsigned B, unsigned T, unsigned NH, unsigned hd,
-                              unsigned parts, unsigned to_heads, unsigned dst_bf16) {
+                              unsigned parts, unsigned to_heads, unsigned dst_bf16,
+                              unsigned src_bf16) {
     idx_t e = GLOBAL_ID(0); // the element's index, heads-first
     if (e >= (idx_t)parts * B * NH * T * hd) {
         return;
@@ -33,11 +34,8 @@ KERNEL void attention_permute(GLOBAL float* RESTRICT dst, unsigned dst_off,
     unsigned d = e % hd, t = (e / hd) % T, z = (e / ((idx_t)hd * T)) % (B * NH);
     unsigned p = e / ((idx_t)hd * T * B * NH), b = z / NH, h = z % NH;
     idx_t f = (((idx_t)b * T + t) * parts + p) * NH * hd + h * hd + d;
-    if (to_heads) {
-        store_as(dst, dst_off + e, src[src_off + f], dst_bf16);
-    } else {
-        store_as(dst, dst_off + f, src[src_off + e], dst_bf16);
-    }
+    idx_t from = to_heads ? f : e, to = to_heads ? e : f;
+    store_as(dst, dst_off + to, load_as(src, src_off + from, src_bf16), dst_bf16);
 }
 
 // Keys row r of a pass sees: query i = r % T of head z = z0 + r / T, in

@@ -1,13 +1,15 @@
 // The bias parts of the matmul (the GEMMs themselves are CLBlast's / cuBLAS's).
 
-// out (rows, n) = bias, or out += bias when accumulate != 0; one thread per element.
+// out (rows, n) = bias, or out += bias when accumulate != 0; one thread
+// per element. out held as store_as holds it (bf16: the bias rounded, and
+// never accumulated onto).
 KERNEL void bias_forward(GLOBAL float* RESTRICT out, unsigned out_off,
                          const GLOBAL float* RESTRICT bias, unsigned bias_off,
-                         unsigned rows, unsigned n, unsigned accumulate) {
+                         unsigned rows, unsigned n, unsigned accumulate, unsigned out_bf16) {
     idx_t i = GLOBAL_ID(0);
     if (i >= (idx_t)rows * n) return;
     float b = bias[bias_off + i % n];
-    out[out_off + i] = accumulate ? out[out_off + i] + b : b;
+    store_as(out, out_off + i, accumulate ? out[out_off + i] + b : b, out_bf16);
 }
 
 // partials (chunks, n) = column sums of d (rows, n) over the rows
@@ -17,7 +19,8 @@ KERNEL void bias_forward(GLOBAL float* RESTRICT out, unsigned out_off,
 // where has_bias; inp held as load_as reads it), and written back (with
 // has_rounded, rounded to bf16 into rounded, d only read): the activation's
 // backward and the bias gradient in one pass; with ACT_NONE d is only read
-// (and inp, bias and rounded not at all). Reduced by
+// (and inp, bias and rounded not at all; then d may be held in bf16,
+// d_bf16, as load_as reads it). Reduced by
 // bias_backward_sum in chunk order: no atomics, a fixed order (the CPU's),
 // and chunks * n threads where one per column left the GPU idle (a
 // 768-wide bias over 8192 rows: 3 workgroups).
@@ -28,7 +31,7 @@ KERNEL void bias_backward_partials(GLOBAL float* RESTRICT partials, unsigned par
                                    unsigned has_bias, unsigned rows, unsigned n,
                                    unsigned chunks, unsigned chunk_rows, unsigned act,
                                    unsigned inp_bf16, GLOBAL float* rounded,
-                                   unsigned rounded_off, unsigned has_rounded) {
+                                   unsigned rounded_off, unsigned has_rounded, unsigned d_bf16) {
     idx_t i = GLOBAL_ID(0);
     if (i >= (idx_t)chunks * n) return;
     unsigned chunk = (unsigned)(i / n), j = (unsigned)(i % n);
@@ -36,7 +39,7 @@ KERNEL void bias_backward_partials(GLOBAL float* RESTRICT partials, unsigned par
     float acc = 0.0f;
     for (unsigned r = chunk * chunk_rows; r < end; r++) {
         idx_t at = (idx_t)r * n + j;
-        float v = d[d_off + at];
+        float v = load_as(d, d_off + at, d_bf16);
         if (act != ACT_NONE) {
             float x = load_as(inp, inp_off + at, inp_bf16);
             if (has_bias) x += bias[bias_off + j];

@@ -166,10 +166,32 @@ FA_FN FaSize fa_size(int hd_max, int cols, int nt, int chunks) {
 #define FA_NARROW fa_size(FA_NARROW_HD, FA_COLS_MAX, FA_NARROW_HD / 8, 1)
 #define FA_WIDE(nt) fa_size(FA_HD_MAX, 32, nt, FA_HD_MAX / 8 / (nt))
 
-// a = the A fragments of the warp's 16 rows row0.. of x (row r at x + r ld,
-// hd floats; rows at or past n zeros), one per k16 step of the head dim.
-FA_FN void fa_rows(unsigned* a, const GLOBAL float* x, unsigned ld, unsigned row0,
-                   unsigned n, unsigned hd, FaSize z) {
+// Rows of a tensor the kernels read: row r's hd values from element at +
+// r ld of x on, held as load_as reads them (q, k or v of a head in qkv,
+// or its rows of dout).
+typedef struct {
+    const GLOBAL float* x;
+    idx_t at;
+    unsigned ld, bf16;
+} FaRows;
+
+FA_FN FaRows fa_in(const GLOBAL float* x, idx_t at, unsigned ld, unsigned bf16) {
+    FaRows r;
+    r.x = x;
+    r.at = at;
+    r.ld = ld;
+    r.bf16 = bf16;
+    return r;
+}
+
+// Element d of row r of x.
+FA_FN float fa_load(FaRows x, unsigned r, unsigned d) {
+    return load_as(x.x, x.at + (idx_t)r * x.ld + d, x.bf16);
+}
+
+// a = the A fragments of the warp's 16 rows row0.. of x (rows at or past
+// n zeros), one per k16 step of the head dim.
+FA_FN void fa_rows(unsigned* a, FaRows x, unsigned row0, unsigned n, unsigned hd, FaSize z) {
     unsigned lane = LOCAL_ID(0) & 31, g = lane >> 2, t = lane & 3;
 FA_UNROLL
     for (int kk = 0; kk < z.ks; kk++) {
@@ -178,8 +200,8 @@ FA_UNROLL
             unsigned r = row0 + g + 8 * (i & 1), d = 16 * kk + 2 * t + 8 * (i >> 1);
             float lo = 0.0f, hi = 0.0f;
             if (r < n && d < hd) {
-                lo = x[(idx_t)r * ld + d];
-                hi = x[(idx_t)r * ld + d + 1];
+                lo = fa_load(x, r, d);
+                hi = fa_load(x, r, d + 1);
             }
             a[4 * kk + i] = fa_pack(lo, hi);
         }
@@ -188,15 +210,15 @@ FA_UNROLL
 
 // tile[r z.ld + d / 2] = rows r0.. r0 + z.cols - 1 of x as bf16 pairs
 // along the head dim (rows at or past n zeros): B fragments of column r.
-FA_FN void fa_tile(SHARED_PTR unsigned* tile, const GLOBAL float* x, unsigned ld,
-                   unsigned r0, unsigned n, unsigned hd, FaSize z) {
+FA_FN void fa_tile(SHARED_PTR unsigned* tile, FaRows x, unsigned r0, unsigned n,
+                   unsigned hd, FaSize z) {
     unsigned pairs = hd / 2;
     for (unsigned e = LOCAL_ID(0); e < z.cols * pairs; e += BLOCK) {
         unsigned r = e / pairs, j = e % pairs;
         float lo = 0.0f, hi = 0.0f;
         if (r0 + r < n) {
-            lo = x[(idx_t)(r0 + r) * ld + 2 * j];
-            hi = x[(idx_t)(r0 + r) * ld + 2 * j + 1];
+            lo = fa_load(x, r0 + r, 2 * j);
+            hi = fa_load(x, r0 + r, 2 * j + 1);
         }
         tile[r * z.ld + j] = fa_pack(lo, hi);
     }
@@ -274,19 +296,19 @@ FA_UNROLL
 
 // The geometry of a workgroup: head z = b NH + h of the grid's (B NH) x
 // tiles x z.chunks, tile `tile` of FA_ROWS rows (queries, or keys for
-// dk/dv), the warp's first row, the chunk's first output dim d0, q the
-// head's first query in qkv (its keys C further, its values 2C, rows 3C
-// apart), and the keys a query sees: `keys` for every query (the padding
+// dk/dv), the warp's first row, the chunk's first output dim d0, the
+// head's q, k and v in qkv (rows 3C apart), and the keys a query sees: `keys` for every query (the padding
 // mask's length; T when causal), and with `causal` only those up to itself;
 // `seen` those any query of the tile sees.
 typedef struct {
     unsigned z, b, h, tile, row0, d0, C, keys, seen, causal;
     float scale;
-    const GLOBAL float* q;
+    FaRows q, k, v;
 } FaAt;
 
 FA_FN FaAt fa_at(unsigned T, unsigned NH, unsigned hd, const GLOBAL float* qkv,
-                 const GLOBAL unsigned* lens, unsigned lens_off, unsigned causal, FaSize z) {
+                 unsigned qkv_off, unsigned qkv_bf16, const GLOBAL unsigned* lens,
+                 unsigned lens_off, unsigned causal, FaSize z) {
     FaAt at;
     unsigned tiles = (T + FA_ROWS - 1) / FA_ROWS, group = GROUP_ID(0) / z.chunks;
     at.z = group / tiles;
@@ -300,7 +322,10 @@ FA_FN FaAt fa_at(unsigned T, unsigned NH, unsigned hd, const GLOBAL float* qkv,
     at.seen = causal ? min(T, (at.tile + 1) * FA_ROWS) : at.keys;
     at.causal = causal;
     at.scale = 1.0f / sqrtf((float)hd);
-    at.q = qkv + (idx_t)at.b * T * 3 * at.C + at.h * hd;
+    idx_t q = qkv_off + (idx_t)at.b * T * 3 * at.C + at.h * hd;
+    at.q = fa_in(qkv, q, 3 * at.C, qkv_bf16);
+    at.k = fa_in(qkv, q + at.C, 3 * at.C, qkv_bf16);
+    at.v = fa_in(qkv, q + 2 * at.C, 3 * at.C, qkv_bf16);
     return at;
 }
 
@@ -314,24 +339,24 @@ FA_FN int fa_sees(FaAt at, unsigned query, unsigned key) {
     GLOBAL float *RESTRICT out, unsigned out_off, GLOBAL float *RESTRICT lse,           \
         unsigned lse_off, const GLOBAL float *RESTRICT qkv, unsigned qkv_off,           \
         unsigned T, unsigned NH, unsigned hd, const GLOBAL unsigned *RESTRICT lens,     \
-        unsigned lens_off, unsigned causal, unsigned out_bf16
+        unsigned lens_off, unsigned causal, unsigned out_bf16, unsigned qkv_bf16
 #define FA_FORWARD_ARGS                                                                 \
-    out, out_off, lse, lse_off, qkv, qkv_off, T, NH, hd, lens, lens_off, causal, out_bf16
+    out, out_off, lse, lse_off, qkv, qkv_off, T, NH, hd, lens, lens_off, causal, out_bf16, \
+        qkv_bf16
 
-// qkv (B, T, 3C) -> out (B, T, C; held as store_as holds it), lse (B, NH,
-// T); the mask as attention_softmax_forward's. kt, vt: FA_TILE words each.
+// qkv (B, T, 3C; held as load_as reads it) -> out (B, T, C; held as
+// store_as holds it), lse (B, NH, T); the mask as attention_softmax_forward's. kt, vt: FA_TILE words each.
 FA_FN void fa_forward(FaSize z, SHARED_PTR unsigned* kt, SHARED_PTR unsigned* vt,
                       SHARED_PTR unsigned* em, SHARED_PTR float* red, FA_FORWARD_PARAMS) {
-    FaAt at = fa_at(T, NH, hd, qkv + qkv_off, lens, lens_off, causal, z);
+    FaAt at = fa_at(T, NH, hd, qkv, qkv_off, qkv_bf16, lens, lens_off, causal, z);
     unsigned lane = LOCAL_ID(0) & 31, g = lane >> 2, t = lane & 3, C = at.C, keys = at.seen;
-    const GLOBAL float* q = at.q;
     float scale = at.scale;
     unsigned qa[FA_KS_MAX * 4];
-    fa_rows(qa, q, 3 * C, at.row0, T, hd, z);
+    fa_rows(qa, at.q, at.row0, T, hd, z);
     float s[FA_ST_MAX * 4], m[2] = {FA_NEG, FA_NEG}, l[2] = {0.0f, 0.0f};
     for (unsigned k0 = 0; k0 < keys; k0 += z.cols) {
         BARRIER();  // the last tile read by every warp
-        fa_tile(kt, q + C, 3 * C, k0, keys, hd, z);
+        fa_tile(kt, at.k, k0, keys, hd, z);
         BARRIER();
         fa_scores(s, qa, kt, hd, em, z);
 FA_UNROLL
@@ -366,8 +391,8 @@ FA_UNROLL
     m[1] += logf(l[1]);
     for (unsigned k0 = 0; k0 < keys; k0 += z.cols) {
         BARRIER();
-        fa_tile(kt, q + C, 3 * C, k0, keys, hd, z);
-        fa_tile(vt, q + 2 * C, 3 * C, k0, keys, hd, z);
+        fa_tile(kt, at.k, k0, keys, hd, z);
+        fa_tile(vt, at.v, k0, keys, hd, z);
         BARRIER();
         fa_scores(s, qa, kt, hd, em, z);
 FA_UNROLL
@@ -438,18 +463,17 @@ FA_FN void fa_grad(float* s, float* dp, int sees, float scale, float lse, float 
         const GLOBAL float *RESTRICT lse, unsigned lse_off,                             \
         const GLOBAL float *RESTRICT dd, unsigned dd_off, unsigned T, unsigned NH,      \
         unsigned hd, const GLOBAL unsigned *RESTRICT lens, unsigned lens_off,           \
-        unsigned causal
+        unsigned causal, unsigned qkv_bf16, unsigned dqkv_bf16
 #define FA_BACKWARD_ARGS                                                                \
     dqkv, dqkv_off, dout, dout_off, qkv, qkv_off, lse, lse_off, dd, dd_off, T, NH, hd,  \
-        lens, lens_off, causal
+        lens, lens_off, causal, qkv_bf16, dqkv_bf16
 
-// Part q of dqkv (B, T, 3C) = dS k over the key tiles, dd from
+// Part q of dqkv (B, T, 3C; held as store_as holds it) = dS k over the key tiles, dd from
 // attention_flash_rowdot. kt, vt: FA_TILE words each.
 FA_FN void fa_dq(FaSize z, SHARED_PTR unsigned* kt, SHARED_PTR unsigned* vt,
                  SHARED_PTR unsigned* em, FA_BACKWARD_PARAMS) {
-    FaAt at = fa_at(T, NH, hd, qkv + qkv_off, lens, lens_off, causal, z);
+    FaAt at = fa_at(T, NH, hd, qkv, qkv_off, qkv_bf16, lens, lens_off, causal, z);
     unsigned lane = LOCAL_ID(0) & 31, g = lane >> 2, t = lane & 3, C = at.C, keys = at.seen;
-    const GLOBAL float* q = at.q;
     float scale = at.scale, ls[2], ds[2];
 FA_UNROLL
     for (int side = 0; side < 2; side++) {
@@ -458,8 +482,8 @@ FA_UNROLL
         ds[side] = row < T ? dd[dd_off + (idx_t)at.z * T + row] : 0.0f;
     }
     unsigned qa[FA_KS_MAX * 4], da[FA_KS_MAX * 4];
-    fa_rows(qa, q, 3 * C, at.row0, T, hd, z);
-    fa_rows(da, dout + dout_off + (idx_t)at.b * T * C + at.h * hd, C, at.row0, T, hd, z);
+    fa_rows(qa, at.q, at.row0, T, hd, z);
+    fa_rows(da, fa_in(dout, dout_off + (idx_t)at.b * T * C + at.h * hd, C, 0), at.row0, T, hd, z);
     float s[FA_ST_MAX * 4], dp[FA_ST_MAX * 4], acc[FA_NT_MAX * 4];
 FA_UNROLL
     for (int i = 0; i < z.nt * 4; i++) {
@@ -467,8 +491,8 @@ FA_UNROLL
     }
     for (unsigned k0 = 0; k0 < keys; k0 += z.cols) {
         BARRIER();
-        fa_tile(kt, q + C, 3 * C, k0, keys, hd, z);
-        fa_tile(vt, q + 2 * C, 3 * C, k0, keys, hd, z);
+        fa_tile(kt, at.k, k0, keys, hd, z);
+        fa_tile(vt, at.v, k0, keys, hd, z);
         BARRIER();
         fa_scores(s, qa, kt, hd, em, z);
         fa_scores(dp, da, vt, hd, em, z);
@@ -482,7 +506,7 @@ FA_UNROLL
         fa_accumulate(acc, dp, kt, hd, at.d0, em, z);
     }
     idx_t dq_at = dqkv_off + (idx_t)at.b * T * 3 * C + at.h * hd;
-    fa_store(dqkv, dq_at, 3 * C, acc, at.row0, T, hd, at.d0, 0, z);
+    fa_store(dqkv, dq_at, 3 * C, acc, at.row0, T, hd, at.d0, dqkv_bf16, z);
 }
 
 // Parts k and v of dqkv (B, T, 3C), a workgroup's rows keys: dk = dS^T q
@@ -491,14 +515,13 @@ FA_UNROLL
 FA_FN void fa_dkdv(FaSize z, SHARED_PTR unsigned* qt, SHARED_PTR unsigned* dos,
                    SHARED_PTR float* ls, SHARED_PTR float* ds, SHARED_PTR unsigned* em,
                    FA_BACKWARD_PARAMS) {
-    FaAt at = fa_at(T, NH, hd, qkv + qkv_off, lens, lens_off, causal, z);
+    FaAt at = fa_at(T, NH, hd, qkv, qkv_off, qkv_bf16, lens, lens_off, causal, z);
     unsigned lane = LOCAL_ID(0) & 31, g = lane >> 2, t = lane & 3, C = at.C;
-    const GLOBAL float* q = at.q;
-    const GLOBAL float* d_o = dout + dout_off + (idx_t)at.b * T * C + at.h * hd;
+    FaRows d_o = fa_in(dout, dout_off + (idx_t)at.b * T * C + at.h * hd, C, 0);
     float scale = at.scale;
     unsigned ka[FA_KS_MAX * 4], va[FA_KS_MAX * 4];
-    fa_rows(ka, q + C, 3 * C, at.row0, T, hd, z);
-    fa_rows(va, q + 2 * C, 3 * C, at.row0, T, hd, z);
+    fa_rows(ka, at.k, at.row0, T, hd, z);
+    fa_rows(va, at.v, at.row0, T, hd, z);
     float st[FA_ST_MAX * 4], dpt[FA_ST_MAX * 4], dk[FA_NT_MAX * 4], dv[FA_NT_MAX * 4];
 FA_UNROLL
     for (int i = 0; i < z.nt * 4; i++) {
@@ -507,8 +530,8 @@ FA_UNROLL
     // Under the causal mask the first query that sees the tile's keys is its first key.
     for (unsigned q0 = causal ? at.tile * FA_ROWS : 0; q0 < T; q0 += z.cols) {
         BARRIER();
-        fa_tile(qt, q, 3 * C, q0, T, hd, z);
-        fa_tile(dos, d_o, C, q0, T, hd, z);
+        fa_tile(qt, at.q, q0, T, hd, z);
+        fa_tile(dos, d_o, q0, T, hd, z);
         for (unsigned j = LOCAL_ID(0); j < (unsigned)z.cols; j += BLOCK) {
             ls[j] = q0 + j < T ? lse[lse_off + (idx_t)at.z * T + q0 + j] : 0.0f;
             ds[j] = q0 + j < T ? dd[dd_off + (idx_t)at.z * T + q0 + j] : 0.0f;
@@ -527,8 +550,8 @@ FA_UNROLL
         fa_accumulate(dk, dpt, qt, hd, at.d0, em, z);
     }
     idx_t dk_at = dqkv_off + (idx_t)at.b * T * 3 * C + at.h * hd + C;
-    fa_store(dqkv, dk_at, 3 * C, dk, at.row0, T, hd, at.d0, 0, z);
-    fa_store(dqkv, dk_at + C, 3 * C, dv, at.row0, T, hd, at.d0, 0, z);
+    fa_store(dqkv, dk_at, 3 * C, dk, at.row0, T, hd, at.d0, dqkv_bf16, z);
+    fa_store(dqkv, dk_at + C, 3 * C, dv, at.row0, T, hd, at.d0, dqkv_bf16, z);
 }
 
 // Grid: as attention_flash_forward: fa_dq for heads of 16 to FA_NARROW_HD.

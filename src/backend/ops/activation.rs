@@ -123,7 +123,7 @@ impl<O: Operands> Kernel<O> for ActivationBackward<O> {
                 act: op.act,
                 rounded: op.rounded,
             };
-            return q.bias_backward(db, op.d, Some(pass), (rows, cols));
+            return q.bias_backward(db, Stored::F32(op.d), Some(pass), (rows, cols));
         }
         let mut args = kernel_args(op.d, op.inp, op.bias, op.act)?;
         // without `rounded`, any view: the kernel does not write it

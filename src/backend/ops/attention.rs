@@ -13,34 +13,43 @@
 
 use super::{need, Checked, Host, Kernel, Lower, Operands, Queued, Stored};
 use crate::backend::cpu::attention::{backward_masked, forward_masked, Mask, Saved};
+use crate::backend::cpu::math::{with_scratch, Scratch};
 use crate::backend::gpu::{
     groups, operand, stored_view, u32s, Arg, Batch, Gemm, GpuError, Operand, Queue, Raw, Runtime,
     View,
 };
 use crate::backend::profile::attention_flops;
-use crate::backend::AttnShape;
+use crate::backend::{AttnShape, Bf16};
+use rayon::prelude::*;
+
+thread_local! {
+    /// A dqkv held in bf16, computed in fp32 first on the CPU.
+    static WIDE_DQKV: Scratch<f32> = const { Scratch::new(Vec::new()) };
+}
 
 operation! {
     /// qkv (B, T, 3C) -> out (B, T, C), lse (B, NH, T). Causal without `lens`;
     /// with them bidirectional with padding: every query of sequence b attends
     /// to its first `lens[b]` keys (1..=T). An `out` stored in bf16 (GPT-2's
-    /// under `--precision bf16`) takes each value rounded.
+    /// under `--precision bf16`) takes each value rounded; a `qkv` stored in
+    /// bf16 (GPT-2's too) is read as it is, by bf16 products only.
     pub struct AttentionForward<O> {
         stored_output out: f32,
         output lse: f32,
-        input qkv: f32,
+        stored_input qkv: f32,
         maybe_input lens: u32,
         value shape: AttnShape,
     }
 }
 
 operation! {
-    /// The gradient of [`AttentionForward`]: dqkv (B, T, 3C) overwritten;
-    /// `out` as the forward stored it.
+    /// The gradient of [`AttentionForward`]: dqkv (B, T, 3C) overwritten
+    /// (stored in bf16, GPT-2's under `--precision bf16`: each value
+    /// rounded); `qkv` and `out` as the forward stored them.
     pub struct AttentionBackward<O> {
-        output dqkv: f32,
+        stored_output dqkv: f32,
         input dout: f32,
-        input qkv: f32,
+        stored_input qkv: f32,
         stored_input out: f32,
         input lse: f32,
         maybe_input lens: u32,
@@ -48,13 +57,22 @@ operation! {
     }
 }
 
-/// Why `shape` and `lens` cannot be attended over, if they cannot: whole
-/// heads, and each sequence's key count in 1..=T.
-fn check_shape<O: Operands>(shape: AttnShape, lens: &Option<O::In<u32>>) -> Result<(), String> {
-    let AttnShape { b, c, nh, .. } = shape;
+/// Why `shape`, `qkv` and `lens` cannot be attended over, if they cannot:
+/// whole heads, a qkv in bf16 only under bf16 products, and each
+/// sequence's key count in 1..=T.
+fn check_shape<O: Operands>(
+    shape: AttnShape,
+    qkv: &Stored<O::In<f32>, O::In<Bf16>>,
+    lens: &Option<O::In<u32>>,
+) -> Result<(), String> {
+    let AttnShape { b, t, c, nh, .. } = shape;
     if nh == 0 || !c.is_multiple_of(nh) {
         return Err(format!("c = {c} is not whole heads of nh = {nh}"));
     }
+    if qkv.is_bf16() && !shape.bf16 {
+        return Err("a qkv stored in bf16 needs bf16 products".into());
+    }
+    need("qkv", qkv, b * t * 3 * c)?;
     lens.as_ref().map_or(Ok(()), |l| need("lens", l, b))
 }
 
@@ -68,10 +86,9 @@ impl<O: Operands> Kernel<O> for AttentionForward<O> {
 
     fn check(&self) -> Result<(), String> {
         let AttnShape { b, t, c, nh, .. } = self.shape;
-        check_shape::<O>(self.shape, &self.lens)?;
+        check_shape::<O>(self.shape, &self.qkv, &self.lens)?;
         need("out", &self.out, b * t * c)?;
-        need("lse", &self.lse, b * nh * t)?;
-        need("qkv", &self.qkv, b * t * 3 * c)
+        need("lse", &self.lse, b * nh * t)
     }
 
     fn flops(&self) -> f64 {
@@ -106,7 +123,7 @@ impl<O: Operands> Kernel<O> for AttentionForward<O> {
                 let o = h.block(outp, 0, z0);
                 q.gemm(h.per_head(hd, t, [h.op(vz, false), h.scores_op(s, false)], o, n))?;
             }
-            h.permute(q, op.out, outp, 1, false)
+            h.permute(q, op.out, Stored::F32(outp), 1, false)
         })
     }
 }
@@ -116,10 +133,12 @@ impl<O: Operands> Kernel<O> for AttentionBackward<O> {
 
     fn check(&self) -> Result<(), String> {
         let AttnShape { b, t, c, nh, .. } = self.shape;
-        check_shape::<O>(self.shape, &self.lens)?;
+        check_shape::<O>(self.shape, &self.qkv, &self.lens)?;
+        if self.dqkv.is_bf16() && !self.shape.bf16 {
+            return Err("a dqkv stored in bf16 needs bf16 products".into());
+        }
         need("dqkv", &self.dqkv, b * t * 3 * c)?;
         need("dout", &self.dout, b * t * c)?;
-        need("qkv", &self.qkv, b * t * 3 * c)?;
         need("out", &self.out, b * t * c)?;
         need("lse", &self.lse, b * nh * t)
     }
@@ -136,7 +155,18 @@ impl<O: Operands> Kernel<O> for AttentionBackward<O> {
             out: op.out,
             lse: op.lse,
         };
-        backward_masked(op.dqkv, saved, op.shape, host_mask(op.lens))
+        let (mask, n) = (host_mask(op.lens), 3 * op.shape.b * op.shape.t * op.shape.c);
+        match op.dqkv {
+            Stored::F32(dqkv) => backward_masked(dqkv, saved, op.shape, mask),
+            // computed in fp32, then rounded
+            Stored::Bf16(dqkv) => with_scratch(&WIDE_DQKV, n, |wide| {
+                backward_masked(wide, saved, op.shape, mask);
+                dqkv[..n]
+                    .par_iter_mut()
+                    .zip(&*wide)
+                    .for_each(|(d, &x)| *d = Bf16::from_f32(x));
+            }),
+        }
     }
 
     /// Per pass of heads: the scores again (S = q k^T) and dP = dout v^T;
@@ -151,7 +181,7 @@ impl<O: Operands> Kernel<O> for AttentionBackward<O> {
         let lens = [3 * h.elems, h.elems, h.scores, h.scores, 3 * h.elems];
         q.with_scratch(lens, |[qkvp, doutp, p, ds, dqkvp]| {
             h.permute(q, Stored::F32(qkvp), op.qkv, 3, true)?;
-            h.permute(q, Stored::F32(doutp), op.dout, 1, true)?;
+            h.permute(q, Stored::F32(doutp), Stored::F32(op.dout), 1, true)?;
             for z0 in (0..h.z).step_by(h.pass) {
                 let [qz, kz, vz] = [0, 1, 2].map(|i| h.block(qkvp, i, z0));
                 let [dqz, dkz, dvz] = [0, 1, 2].map(|i| h.block(dqkvp, i, z0));
@@ -172,7 +202,7 @@ impl<O: Operands> Kernel<O> for AttentionBackward<O> {
                 q.gemm(h.per_head(hd, t, [h.op(kz, false), h.scores_op(ds, false)], dqz, n))?;
                 q.gemm(h.per_head(hd, t, [h.op(qz, false), h.scores_op(ds, true)], dkz, n))?;
             }
-            h.permute(q, Stored::F32(op.dqkv), dqkvp, 3, false)
+            h.permute(q, op.dqkv, Stored::F32(dqkvp), 3, false)
         })
     }
 }
@@ -211,10 +241,10 @@ pub(crate) fn flash_kernel(part: &str, hd: usize, wide_parts: usize) -> (String,
 /// workgroup per [`FLASH_ROWS`] queries of a head.
 pub(crate) fn flash_forward<R: Runtime>(q: &Queue<R>, op: AttentionForward<Raw>) -> Queued {
     let h = Heads::new(op.shape, op.lens, op.qkv);
-    let (out, out_bf16) = stored_view(op.out);
-    let views = [out, op.lse, op.qkv].map(Arg::View);
+    let [(out, out_bf16), (qkv, qkv_bf16)] = [op.out, op.qkv].map(stored_view);
+    let views = [out, op.lse, qkv].map(Arg::View);
     let mut args = h.args(&views, None)?;
-    args.push(Arg::U32(out_bf16));
+    args.extend([out_bf16, qkv_bf16].map(Arg::U32));
     h.flash(q, "forward", &args, 1)
 }
 
@@ -237,8 +267,10 @@ pub(crate) fn flash_backward<R: Runtime>(q: &Queue<R>, op: AttentionBackward<Raw
             u32s("hd", h.hd)?,
         ];
         q.launch("attention_flash_rowdot", groups(rows), &rowdot)?;
-        let views = [op.dqkv, op.dout, op.qkv, op.lse, dd].map(Arg::View);
-        let args = h.args(&views, None)?;
+        let [(dqkv, dqkv_bf16), (qkv, qkv_bf16)] = [op.dqkv, op.qkv].map(stored_view);
+        let views = [dqkv, op.dout, qkv, op.lse, dd].map(Arg::View);
+        let mut args = h.args(&views, None)?;
+        args.extend([qkv_bf16, dqkv_bf16].map(Arg::U32));
         h.flash(q, "dq", &args, 1)?;
         // the wide kernel takes a head's dk and dv in two halves of hd
         h.flash(q, "dkdv", &args, 2)
@@ -271,7 +303,8 @@ struct Heads {
 
 impl Heads {
     /// `shape` passed `check_shape`: whole heads.
-    fn new(shape: AttnShape, lens: Option<View>, any: View) -> Heads {
+    fn new(shape: AttnShape, lens: Option<View>, any: Stored<View, View>) -> Heads {
+        let (any, _) = stored_view(any);
         let AttnShape { b, t, c, nh, .. } = shape;
         let pass = (PASS_SCORES / (t * t).max(1)).clamp(1, b * nh);
         Heads {
@@ -360,17 +393,17 @@ impl Heads {
     }
 
     /// dst = src's `parts` between token-major (qkv's layout) and
-    /// heads-first, `to_heads` or back; `dst` stored in fp32 or bf16.
+    /// heads-first, `to_heads` or back; each stored in fp32 or bf16.
     fn permute<R: Runtime>(
         &self,
         q: &Queue<R>,
         dst: Stored<View, View>,
-        src: View,
+        src: Stored<View, View>,
         parts: usize,
         to_heads: bool,
     ) -> Result<(), GpuError> {
         let AttnShape { b, t, nh, .. } = self.shape;
-        let (dst, dst_bf16) = stored_view(dst);
+        let [(dst, dst_bf16), (src, src_bf16)] = [dst, src].map(stored_view);
         let args = [
             Arg::View(dst),
             Arg::View(src),
@@ -381,7 +414,75 @@ impl Heads {
             u32s("parts", parts)?,
             Arg::U32(to_heads as u32),
             Arg::U32(dst_bf16),
+            Arg::U32(src_bf16),
         ];
         q.launch("attention_permute", groups(parts * self.elems), &args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::check::randn;
+    use crate::backend::ops::AsIs;
+    use crate::rng::Rng;
+
+    /// A dqkv stored in bf16 is the fp32 one rounded, bit for bit, causal
+    /// and padded; and it needs bf16 products, as a bf16 qkv does.
+    #[test]
+    fn a_bf16_dqkv_is_the_fp32_one_rounded() {
+        let s = AttnShape {
+            b: 2,
+            t: 40,
+            c: 32,
+            nh: 2,
+            bf16: true,
+        };
+        let n = s.b * s.t * s.c;
+        let mut rng = Rng::new(21);
+        let (qkv, dout) = (randn(&mut rng, 3 * n, 1.0), randn(&mut rng, n, 1.0));
+        let lens = [40u32, 17];
+        for lens in [None, Some(&lens[..])] {
+            let (mut out, mut lse) = (vec![0.0; n], vec![0.0; s.b * s.nh * s.t]);
+            (AttentionForward::<Host> {
+                out: Stored::F32(&mut out),
+                lse: &mut lse,
+                qkv: Stored::F32(&qkv),
+                lens,
+                shape: s,
+            })
+            .cpu(&AsIs);
+            let (mut wide, mut held) = (vec![0.0; 3 * n], vec![Bf16::default(); 3 * n]);
+            for dqkv in [Stored::F32(&mut wide[..]), Stored::Bf16(&mut held[..])] {
+                let op = AttentionBackward::<Host> {
+                    dqkv,
+                    dout: &dout,
+                    qkv: Stored::F32(&qkv),
+                    out: Stored::F32(&out),
+                    lse: &lse,
+                    lens,
+                    shape: s,
+                };
+                op.check().unwrap();
+                op.cpu(&AsIs);
+            }
+            let rounded: Vec<Bf16> = wide.iter().map(|&x| Bf16::from_f32(x)).collect();
+            assert!(held == rounded, "{lens:?}: not the fp32 dqkv rounded");
+        }
+        let fp32 = AttnShape { bf16: false, ..s };
+        let mut held = vec![Bf16::default(); 3 * n];
+        let (out, lse) = (vec![0.0; n], vec![0.0; s.b * s.nh * s.t]);
+        let err = AttentionBackward::<Host> {
+            dqkv: Stored::Bf16(&mut held),
+            dout: &dout,
+            qkv: Stored::F32(&qkv),
+            out: Stored::F32(&out),
+            lse: &lse,
+            lens: None,
+            shape: fp32,
+        }
+        .check()
+        .unwrap_err();
+        assert!(err.contains("needs bf16 products"), "{err}");
     }
 }

@@ -712,7 +712,7 @@ impl<B: Backend> Engine<B> {
         be.run(AttentionForward {
             out: atty.rb().into(),
             lse: a.lse.d().part(s, rows * nhl),
-            qkv: qkv.src(),
+            qkv: qkv.src().into(),
             lens: Some(k.lens.slice(0..b)),
             shape: d.attn(b, t, ops.bf16),
         })?;
@@ -838,9 +838,9 @@ impl<B: Backend> Engine<B> {
         }
         let mut dqkv = a.dqkv.slice_mut(0..3 * rows * cl);
         be.run(AttentionBackward {
-            dqkv: dqkv.rb(),
+            dqkv: dqkv.rb().into(),
             dout: datty.src(),
-            qkv: a.qkv.s().part(s, 3 * rows * cl),
+            qkv: a.qkv.s().part(s, 3 * rows * cl).into(),
             out: atty.into(),
             lse: a.lse.s().part(s, rows * nhl),
             lens: Some(k.lens.slice(0..b)),

@@ -11,7 +11,7 @@
 //! few-row products, and attends against a KV cache.
 
 use super::{BlockParam, LN_EPS};
-use crate::backend::{Activation, Backend, Dst, MatmulForward, On, Src, StoredDst};
+use crate::backend::{Activation, Backend, Dst, MatmulForward, On, Src, StoredDst, StoredSrc};
 use crate::error::Result;
 use crate::model::gpt2::config::BlockDims;
 use crate::model::ops::{io, Normed, Ops};
@@ -24,7 +24,9 @@ pub struct BlockIo<'a, B: Backend> {
     pub x: Src<'a, B>,
     pub out: Dst<'a, B>,
     pub ln1: Normed<'a, B>,
-    pub qkv: Dst<'a, B>,
+    /// q|k|v: in bf16 under `--precision bf16` (attention's input, which
+    /// only its bf16 products read).
+    pub qkv: StoredDst<'a, B>,
     /// The attention's output: in bf16 under `--precision bf16` (the
     /// projection's input, and its backward's).
     pub atty: StoredDst<'a, B>,
@@ -43,7 +45,7 @@ pub trait BlockMode<B: Backend> {
     /// `op`, whose weight is block parameter `which` (`op.w` its view).
     fn matmul(&mut self, which: BlockParam, op: MatmulForward<On<'_, B>>) -> Result<()>;
     /// atty (rows, cl) from qkv (rows, 3 cl).
-    fn attention(&mut self, atty: StoredDst<'_, B>, qkv: Src<'_, B>) -> Result<()>;
+    fn attention(&mut self, atty: StoredDst<'_, B>, qkv: StoredSrc<'_, B>) -> Result<()>;
 }
 
 /// Block `l` of `lay`, as this rank's slice `p` of its parameters.
@@ -83,7 +85,7 @@ pub fn forward<B: Backend>(
     } = bufs;
     ops.ln(ln1.rb(), x, Ln1W, Ln1B)?;
     let op = MatmulForward {
-        out: qkv.rb().into(),
+        out: qkv.rb(),
         inp: ln1.out.src(),
         w: mw(QkvW),
         bias: Some(w(QkvB)),

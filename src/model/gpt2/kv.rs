@@ -7,7 +7,7 @@
 use crate::backend::{
     AttentionDecode, AttentionForward, AttnShape, Backend, Buf, Category, DecodeShape, Dst,
     EncoderForward, LayerNormForward, MatmulDecode, MatmulForward, MatmulShape, On, Src, StoredDst,
-    WeightFormat, WeightLayout,
+    StoredSrc, WeightFormat, WeightLayout,
 };
 use crate::comm::Comm;
 use crate::error::{Error, Result};
@@ -146,7 +146,7 @@ impl<B: Backend> Acts<B> {
                 mean: self.mean.d(),
                 rstd: self.rstd.d(),
             },
-            qkv: self.qkv.slice_mut(0..rows * 3 * cl),
+            qkv: self.qkv.slice_mut(0..rows * 3 * cl).into(),
             atty: self.atty.slice_mut(0..rows * cl).into(),
             res2: self.res2.d(),
             ln2: Normed {
@@ -446,8 +446,9 @@ impl<B: Backend> BlockMode<B> for Decoding<'_, '_, B> {
         });
         Ok(())
     }
-    fn attention(&mut self, atty: StoredDst<'_, B>, qkv: Src<'_, B>) -> Result<()> {
+    fn attention(&mut self, atty: StoredDst<'_, B>, qkv: StoredSrc<'_, B>) -> Result<()> {
         let atty = atty.fp32().ok_or_else(not_fp32)?;
+        let qkv = qkv.fp32().ok_or_else(not_fp32)?;
         let DecodeShape {
             b,
             len,
@@ -481,7 +482,7 @@ impl<B: Backend> BlockMode<B> for Decoding<'_, '_, B> {
             Some((t, lse)) => self.be.run(AttentionForward {
                 out: atty.into(),
                 lse: lse.rb(),
-                qkv,
+                qkv: qkv.into(),
                 lens: None,
                 shape: AttnShape {
                     b,

@@ -26,7 +26,7 @@ use super::unit::{
 use crate::backend::{
     Activation, AttentionBackward, AttentionForward, AttnShape, Backend, Buf, CrossEntropyBackward,
     CrossEntropyForward, Dst, EncoderBackward, EncoderForward, LayerNormBackward, LayerNormForward,
-    MatmulBackward, MatmulForward, MatmulShape, On, Src, Stored, StoredBuf, StoredDst,
+    MatmulBackward, MatmulForward, MatmulShape, On, Src, Stored, StoredBuf, StoredDst, StoredSrc,
     WeightLayout,
 };
 use crate::comm::Comm;
@@ -89,13 +89,13 @@ struct Activations<B: Backend> {
     /// The stage's output (the residual stream leaving its last block),
     /// where a recomputing stage without the head does not keep it.
     out: Buf<B>,
-    /// The norms' outputs, the attention's, the fc product and GELU's
-    /// output: in bf16 under `--precision bf16`, as autocast holds a bf16
-    /// product's output and what only bf16 products read.
+    /// The norms' outputs, q|k|v, the attention's, the fc product and
+    /// GELU's output: in bf16 under `--precision bf16`, as autocast holds a
+    /// bf16 product's output and what only bf16 products read.
     ln1: StoredBuf<B>,
     ln1_mean: Buf<B>,
     ln1_rstd: Buf<B>,
-    qkv: Buf<B>,
+    qkv: StoredBuf<B>,
     atty: StoredBuf<B>,
     lse: Buf<B>,
     /// Residual after attention, inside the block.
@@ -267,7 +267,7 @@ impl<B: Backend> Activations<B> {
             ln1: al.stored(run.precision, slots * rows * c)?,
             ln1_mean: a(slots * rows)?,
             ln1_rstd: a(slots * rows)?,
-            qkv: a(slots * rows * 3 * d.cl)?,
+            qkv: al.stored(run.precision, slots * rows * 3 * d.cl)?,
             atty: al.stored(run.precision, slots * rows * d.cl)?,
             lse: a(slots * rows * d.nhl)?,
             res2: a(slots * rows * c)?,
@@ -472,7 +472,7 @@ impl<B: Backend> Engine<B> {
                 mean: a.ln1_mean.d().part(s, rows),
                 rstd: a.ln1_rstd.d().part(s, rows),
             },
-            qkv: a.qkv.d().part(s, 3 * rows * wd.cl).first(3 * rows * cl),
+            qkv: a.qkv.slice_mut(part(s, 3 * rows * wd.cl, 3 * rows * cl)),
             atty: a.atty.slice_mut(part(s, rows * wd.cl, rows * cl)),
             res2: a.res2.d().part(s, btc),
             ln2: Normed {
@@ -678,7 +678,7 @@ impl<B: Backend> Engine<B> {
         ops.act_back(dfch, fch, FcB, Activation::GeluTanh, rounded)?;
         let (dfch, mut dln2) = dg.rb().split2(at.dfch.clone(), at.dln2.clone());
         let dfch = match held {
-            true => a.fch_gelu.slice(gelu_at),
+            true => a.fch_gelu.slice(gelu_at.clone()),
             false => Stored::F32(dfch.into_src()),
         };
         let (ln2, shape) = (a.ln2.slice(part(s, btc, btc)), io(rows, c, fl));
@@ -693,25 +693,31 @@ impl<B: Backend> Engine<B> {
         let atty = a.atty.slice(part(s, rows * wd.cl, rows * cl));
         let (dinp, shape) = (Some(datty.rb()), io(rows, cl, c));
         ops.linear_back(dinp, dres.src(), atty, AttnProjW, Some(AttnProjB), shape)?;
+        // under bf16 (never split) dqkv goes rounded into GELU's output's
+        // slot too, which fc's backward has read (wide enough where 3 cl <=
+        // fl): qkv's product reads it as it is, as autocast's bf16 grad
+        let dqkv_at = gelu_at.start..gelu_at.start + 3 * rows * cl;
+        let dqkv16 = held && 3 * cl <= fl;
+        let dqkv_out = match dqkv16 {
+            true => a.fch_gelu.slice_mut(dqkv_at.clone()),
+            false => Stored::F32(dqkv.rb()),
+        };
         be.run(AttentionBackward {
-            dqkv: dqkv.rb(),
+            dqkv: dqkv_out,
             dout: datty.src(),
-            qkv: a.qkv.s().part(s, 3 * rows * wd.cl).first(3 * rows * cl),
+            qkv: a.qkv.slice(part(s, 3 * rows * wd.cl, 3 * rows * cl)),
             out: atty,
             lse: a.lse.s().part(s, rows * wd.nhl).first(rows * nhl),
             lens: None,
             shape: d.attn(b, t, ops.bf16),
         })?;
         let (dqkv, mut dln1) = dg.rb().split2(at.dqkv.clone(), at.dln1.clone());
+        let dqkv = match dqkv16 {
+            true => a.fch_gelu.slice(dqkv_at),
+            false => Stored::F32(dqkv.into_src()),
+        };
         let (ln1, shape) = (a.ln1.slice(part(s, btc, btc)), io(rows, c, 3 * cl));
-        ops.linear_back(
-            Some(dln1.rb()),
-            dqkv.into_src(),
-            ln1,
-            QkvW,
-            Some(QkvB),
-            shape,
-        )?;
+        ops.linear_back(Some(dln1.rb()), dqkv, ln1, QkvW, Some(QkvB), shape)?;
         tp::all_reduce(be, tp, dln1.rb())?;
         let (x, kept1) = (k.resid.s().part(r, btc), kept(&a.ln1_mean, &a.ln1_rstd));
         ops.ln_back(Dinp::Add(dres), dln1.src(), x, kept1, Ln1W, Ln1B)
@@ -835,7 +841,7 @@ impl<B: Backend> BlockMode<B> for Training<'_, '_, B> {
     fn matmul(&mut self, _: BlockParam, op: MatmulForward<On<'_, B>>) -> Result<()> {
         matmul_forward(self.be, self.bf16, op)
     }
-    fn attention(&mut self, atty: StoredDst<'_, B>, qkv: Src<'_, B>) -> Result<()> {
+    fn attention(&mut self, atty: StoredDst<'_, B>, qkv: StoredSrc<'_, B>) -> Result<()> {
         self.be.run(AttentionForward {
             out: atty,
             lse: self.lse.rb(),
@@ -1111,10 +1117,11 @@ mod tests {
         for (cfg, cl, nh, fl) in [(&dense, 32, 2, 128), (&pruned, 32, 2, 40)] {
             let (l, c, vp) = (cfg.n_layer, cfg.n_embd, cfg.padded_vocab());
             let rows = 3 * 5;
-            // bf16 norms', attention's, fc's, GELU's outputs and logits:
-            // two to a word
+            // bf16 norms', q|k|v's, attention's, fc's, GELU's outputs and
+            // logits: two to a word
             for (precision, half) in [(Precision::Fp32, 1), (Precision::Bf16, 2)] {
-                let block = 2 * (c / half + 2) + 3 * cl + cl / half + nh + c + 2 * (fl / half);
+                let block =
+                    2 * (c / half + 2) + 3 * cl / half + cl / half + nh + c + 2 * (fl / half);
                 let head = c / half + 2 + vp / half + 1;
                 let whole = (l + 1) * c + l * block + head + c + (c + fl.max(3 * cl));
                 let saved = l * (4 * c + fl + 3 * cl) + c;
