@@ -1,11 +1,12 @@
 //! `--precision`: the matmuls' arithmetic, shared by every model family.
 //! With bf16, a matmul's products take its input, weight and output
 //! gradient rounded to bfloat16 and accumulate in fp32 (a bias's gradient,
-//! a sum, from the output gradient's values as they are held). Every backend's matmul rounds
-//! its fp32 operands (`MatmulShape::bf16`: the CPU as it packs them, a GPU
-//! into its runtime's scratch); the weights come rounded already where the
-//! strategy keeps their bf16 copy (`UnitParams`' `Weights`). The family
-//! routes its matmuls through [`matmul_forward`] and [`matmul_backward`].
+//! a sum, from the output gradient's values as they are held). Every
+//! backend's matmul rounds its fp32 operands (`MatmulShape::bf16`: the CPU
+//! as it packs them, a GPU into its runtime's scratch); the weights come
+//! rounded already where the strategy keeps their bf16 copy (`UnitParams`'
+//! `Weights`). The family routes its matmuls through [`matmul_forward`]
+//! and [`matmul_backward`].
 
 use crate::backend::{Backend, MatmulBackward, MatmulForward, MatmulShape, On};
 use crate::error::Result;
@@ -30,8 +31,8 @@ pub enum Precision {
     /// Matmul operands (inputs, weights, output gradients) rounded to
     /// bfloat16, products accumulated in fp32; GPT-2's logits and their
     /// gradient, its norms', q|k|v's (each sum rounded after the bias,
-    /// rounded to bf16, is added), attention's, fc's and GELU's outputs (BERT's
-    /// intermediate product and GELU output) held in bf16, and GELU's
+    /// rounded to bf16, is added), attention's, fc's and GELU's outputs
+    /// (BERT's intermediate product and GELU output) held in bf16, and GELU's
     /// input gradient (the fc product's output gradient, which its
     /// backward would round) and q|k|v's gradient (its bias's gradient
     /// summed from those values); the weights' bf16 copy beside their fp32

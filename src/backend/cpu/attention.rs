@@ -228,25 +228,23 @@ impl Cols {
     unsafe fn qkv(qkv: Held, at: usize, buf: &mut Vec<f32>, s: AttnShape) -> Cols {
         let (c, hd) = (s.c, s.head_dim());
         match qkv {
-            Stored::F32(x) => Cols {
-                src: x[at..].as_ptr(),
-                stride: 3 * c,
-                part: c,
-                parts: 3,
-            }
-            .for_products(buf, s.t, hd, s.bf16),
-            Stored::Bf16(x) => Cols {
-                src: x[at..].as_ptr(),
-                stride: 3 * c,
-                part: c,
-                parts: 3,
-            }
-            .rounded(buf, s.t, hd),
+            Stored::F32(x) => Cols::in_qkv(&x[at..], c).for_products(buf, s.t, hd, s.bf16),
+            Stored::Bf16(x) => Cols::in_qkv(&x[at..], c).rounded(buf, s.t, hd),
         }
     }
 }
 
 impl<T: ProductValue> Cols<T> {
+    /// A head's q, k, v columns in qkv (B, T, 3C), from `x` on.
+    fn in_qkv(x: &[T], c: usize) -> Self {
+        Cols {
+            src: x.as_ptr(),
+            stride: 3 * c,
+            part: c,
+            parts: 3,
+        }
+    }
+
     /// These columns' values as bf16 products take them, into `buf` (rows
     /// of the parts side by side).
     ///
