@@ -1089,6 +1089,30 @@ mod tests {
         assert!(gap > 0.0 && gap < 1e-2, "fp32 loss {fp32}, bf16 {bf16}");
     }
 
+    /// Under `--precision bf16` q|k|v's gradient is held in bf16 and its
+    /// bias's gradient summed from those values: over one token each
+    /// block's qkv bias gradient is that token's q|k|v gradient, every
+    /// element a bf16 value (under fp32, not every one).
+    #[test]
+    fn a_bf16_qkv_gradient_is_held_in_bf16() {
+        let cfg = GptConfig::preset("tiny").unwrap();
+        let lay = ParamLayout::new(&cfg);
+        for precision in [Precision::Fp32, Precision::Bf16] {
+            let mut m = Gpt2::new(crate::backend::cpu::Cpu::new(), cfg.clone()).unwrap();
+            m.init_weights(1).unwrap();
+            m.engine.set_precision(precision);
+            m.forward(&[3], Some(&[5]), 1, 1).unwrap();
+            m.backward(1.0).unwrap();
+            let grads = crate::backend::Device::to_host(m.backend(), m.grads.s()).unwrap();
+            for l in 0..cfg.n_layer {
+                let db = &grads[lay.block_param(l, BlockParam::QkvB)];
+                assert!(db.iter().any(|&g| g != 0.0), "{precision}: block {l}");
+                let held = db.iter().all(|g| g.to_bits() & 0xffff == 0);
+                assert_eq!(held, precision == Precision::Bf16, "{precision}: block {l}");
+            }
+        }
+    }
+
     /// GPT-2's activations counted by hand, per row (B x T tokens): the
     /// residual stream at every block's edge; per block its two norms'
     /// outputs and statistics, q|k|v, attention's output and log-sum-exp,
