@@ -451,11 +451,7 @@ unsafe fn multiply<D: Lane, L: Lane, R: Lane>(
                         avx512::kernel(kc, a(p), b(p), at, NR as isize, MR, NR, p > 0, scale);
                     }
                     if let Onto::Bias(bias) = onto {
-                        for sums in tile.chunks_exact_mut(NR).take(rows) {
-                            for (x, &b) in sums.iter_mut().zip(&bias[j..j + cols]) {
-                                *x += round_to_bf16(b);
-                            }
-                        }
+                        add_bias(&mut tile, &bias[j..j + cols], rows);
                     }
                     avx512::round(&tile, cp as *mut Bf16, ldc, rows, cols)
                 }
@@ -476,6 +472,17 @@ unsafe fn multiply<D: Lane, L: Lane, R: Lane>(
     tasks(count, threads, |t| {
         super::math::with_scratch(&BLOCK, mine, |mine| block(at(t), mine))
     });
+}
+
+/// A tile's first `rows` rows of sums plus `bias` (its columns' values)
+/// rounded to bfloat16.
+#[cfg(target_arch = "x86_64")]
+fn add_bias(tile: &mut [f32; MR * NR], bias: &[f32], rows: usize) {
+    for sums in tile.chunks_exact_mut(NR).take(rows) {
+        for (x, &b) in sums.iter_mut().zip(bias) {
+            *x += round_to_bf16(b);
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
