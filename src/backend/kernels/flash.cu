@@ -17,7 +17,7 @@
 // (FaSize): the narrow kernels above take heads of 16 to 64 (GPT-2's 64,
 // MiniLM's 32) in tiles of 64; attention_flash_wide_* take 80 to 128 in
 // tiles of 32 keys, and the wide dk/dv kernel runs two workgroups to a tile
-// of keys, each holding half the head's dk and dv: 222 registers by
+// of keys, each holding half the head's dk and dv: 216 registers by
 // ptxas 12.8's -v, where a whole head's takes all 255 (and spills 272 bytes
 // with tiles of 64), a compiler version away from spilling.
 //
@@ -297,9 +297,10 @@ FA_UNROLL
 // The geometry of a workgroup: head z = b NH + h of the grid's (B NH) x
 // tiles x z.chunks, tile `tile` of FA_ROWS rows (queries, or keys for
 // dk/dv), the warp's first row, the chunk's first output dim d0, the
-// head's q, k and v in qkv (rows 3C apart), and the keys a query sees: `keys` for every query (the padding
-// mask's length; T when causal), and with `causal` only those up to itself;
-// `seen` those any query of the tile sees.
+// head's q, k and v in qkv (rows 3C apart), and the keys a query sees:
+// `keys` for every query (the padding mask's length; T when causal), and
+// with `causal` only those up to itself; `seen` those any query of the
+// tile sees.
 typedef struct {
     unsigned z, b, h, tile, row0, d0, C, keys, seen, causal;
     float scale;
@@ -345,7 +346,8 @@ FA_FN int fa_sees(FaAt at, unsigned query, unsigned key) {
         qkv_bf16
 
 // qkv (B, T, 3C; held as load_as reads it) -> out (B, T, C; held as
-// store_as holds it), lse (B, NH, T); the mask as attention_softmax_forward's. kt, vt: FA_TILE words each.
+// store_as holds it), lse (B, NH, T); the mask as
+// attention_softmax_forward's. kt, vt: FA_TILE words each.
 FA_FN void fa_forward(FaSize z, SHARED_PTR unsigned* kt, SHARED_PTR unsigned* vt,
                       SHARED_PTR unsigned* em, SHARED_PTR float* red, FA_FORWARD_PARAMS) {
     FaAt at = fa_at(T, NH, hd, qkv, qkv_off, qkv_bf16, lens, lens_off, causal, z);
@@ -468,8 +470,8 @@ FA_FN void fa_grad(float* s, float* dp, int sees, float scale, float lse, float 
     dqkv, dqkv_off, dout, dout_off, qkv, qkv_off, lse, lse_off, dd, dd_off, T, NH, hd,  \
         lens, lens_off, causal, qkv_bf16, dqkv_bf16
 
-// Part q of dqkv (B, T, 3C; held as store_as holds it) = dS k over the key tiles, dd from
-// attention_flash_rowdot. kt, vt: FA_TILE words each.
+// Part q of dqkv (B, T, 3C; held as store_as holds it) = dS k over the
+// key tiles, dd from attention_flash_rowdot. kt, vt: FA_TILE words each.
 FA_FN void fa_dq(FaSize z, SHARED_PTR unsigned* kt, SHARED_PTR unsigned* vt,
                  SHARED_PTR unsigned* em, FA_BACKWARD_PARAMS) {
     FaAt at = fa_at(T, NH, hd, qkv, qkv_off, qkv_bf16, lens, lens_off, causal, z);
@@ -509,9 +511,10 @@ FA_UNROLL
     fa_store(dqkv, dq_at, 3 * C, acc, at.row0, T, hd, at.d0, dqkv_bf16, z);
 }
 
-// Parts k and v of dqkv (B, T, 3C), a workgroup's rows keys: dk = dS^T q
-// and dv = P^T dout over the query tiles that see them. qt, dos: FA_TILE
-// words each; ls, ds: FA_COLS_MAX floats each.
+// Parts k and v of dqkv (B, T, 3C; held as store_as holds it), a
+// workgroup's rows keys: dk = dS^T q and dv = P^T dout over the query
+// tiles that see them. qt, dos: FA_TILE words each; ls, ds: FA_COLS_MAX
+// floats each.
 FA_FN void fa_dkdv(FaSize z, SHARED_PTR unsigned* qt, SHARED_PTR unsigned* dos,
                    SHARED_PTR float* ls, SHARED_PTR float* ds, SHARED_PTR unsigned* em,
                    FA_BACKWARD_PARAMS) {
