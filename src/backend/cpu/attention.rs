@@ -57,6 +57,7 @@ struct HeadCols {
     hd: usize,
     stride: usize,
     scale: f32,
+    bf16: bool,
 }
 
 impl HeadCols {
@@ -66,6 +67,7 @@ impl HeadCols {
             hd,
             stride: 3 * s.c,
             scale: 1.0 / (hd as f32).sqrt(),
+            bf16: s.bf16,
         }
     }
 }
@@ -76,16 +78,38 @@ impl HeadCols {
 /// q and k must address `rows` and `cols` rows of `h.hd` floats at
 /// `h.stride`; p must hold rows * cols floats.
 unsafe fn scores(p: *mut f32, q: *const f32, k: *const f32, rows: usize, cols: usize, h: HeadCols) {
-    gemm(
-        false,
+    product(
+        h.bf16,
         (rows, cols, h.hd),
         Mat::new(p, cols, 1),
         Mat::new(q, h.stride, 1),
         Mat::new(k, h.stride, 1).t(),
         false,
         h.scale,
-        1,
     );
+}
+
+/// `dst = [dst +] scale * lhs @ rhs`, one task's product (no threads of
+/// its own): on the bf16 units (`vdpbf16ps`) where `bf16` and the CPU has
+/// them, its operands' values already bf16 ones; fp32 FMAs otherwise.
+///
+/// # Safety
+/// As `math::gemm`.
+#[inline(always)]
+unsafe fn product(
+    bf16: bool,
+    (m, n, k): (usize, usize, usize),
+    dst: Mat<*mut f32>,
+    lhs: Mat<*const f32>,
+    rhs: Mat<*const f32>,
+    accumulate: bool,
+    scale: f32,
+) {
+    let dims = super::math::Dims { m, n, k };
+    if bf16 && k > 0 && super::dpbf16::gemm(dims, dst, lhs, rhs, accumulate.into(), scale, 1) {
+        return;
+    }
+    gemm(false, (m, n, k), dst, lhs, rhs, accumulate, scale, 1)
 }
 
 /// An attention's shape and arithmetic: `bf16` when its products take
@@ -343,15 +367,14 @@ widest! {
                             round_tile(&mut row[..seen]);
                         }
                     }
-                    gemm(
-                        false,
+                    product(
+                        s.bf16,
                         (rows, hd, kw),
                         Mat::new(acc.as_mut_ptr(), hd, 1),
                         Mat::new(pp as *const f32, kw, 1),
                         Mat::new(v.add(c0 * sr), sr, 1),
                         true,
                         1.0,
-                        1,
                     );
                 }
                 for i in 0..rows {
@@ -611,15 +634,14 @@ impl Head<'_> {
         let (k_tile, v_tile) = (q.add(part + c0 * rs), q.add(2 * part + c0 * rs));
         let (q_run, d_o_run) = (q.add(r0 * rs), self.d_o.src.add(r0 * dos));
         // dP = dO[run] V[tile]^T
-        gemm(
-            false,
+        product(
+            self.bf16,
             (n, kw, hd),
             Mat::new(dp.as_mut_ptr(), kw, 1),
             Mat::new(d_o_run, dos, 1),
             Mat::new(v_tile, rs, 1).t(),
             false,
             1.0,
-            1,
         );
         for i in 0..n {
             let d = self.dsum[r0 + i];
@@ -635,38 +657,35 @@ impl Head<'_> {
         }
         let (pp, ds) = (p.as_ptr(), dp.as_ptr());
         // dV[tile] (+)= P^T dO[run]
-        gemm(
-            false,
+        product(
+            self.bf16,
             (kw, hd, n),
             Mat::new(self.dq.add(2 * c + c0 * ws), ws, 1),
             Mat::new(pp, kw, 1).t(),
             Mat::new(d_o_run, dos, 1),
             onto,
             1.0,
-            1,
         );
         // dQ[run] += dS K[tile]; the first tile sets it (every query sees
         // key 0)
-        gemm(
-            false,
+        product(
+            self.bf16,
             (n, hd, kw),
             Mat::new(self.dq.add(r0 * ws), ws, 1),
             Mat::new(ds, kw, 1),
             Mat::new(k_tile, rs, 1),
             c0 > 0,
             1.0,
-            1,
         );
         // dK[tile] (+)= dS^T Q[run]
-        gemm(
-            false,
+        product(
+            self.bf16,
             (kw, hd, n),
             Mat::new(self.dq.add(c + c0 * ws), ws, 1),
             Mat::new(ds, kw, 1).t(),
             Mat::new(q_run, rs, 1),
             onto,
             1.0,
-            1,
         );
     }
 }
@@ -717,7 +736,9 @@ impl HeadKernel {
     /// values `stride` floats after position t - 1's (`cols`, `cache`);
     /// `scores` is heads x len floats of scratch.
     fn heads(self, o: &mut [f32], q: &[f32], cache: Cache<'_>, cols: HeadCols, scores: &mut [f32]) {
-        let HeadCols { hd, stride, scale } = cols;
+        let HeadCols {
+            hd, stride, scale, ..
+        } = cols;
         let Cache { k, v, len } = cache;
         let width = o.len();
         assert!(len > 0 && q.len() == width && width.is_multiple_of(hd));
@@ -799,6 +820,7 @@ fn attention_decode_by(
         hd,
         stride: c,
         scale: 1.0 / (hd as f32).sqrt(),
+        bf16: false,
     };
     assert!(len <= max_t && kcache.len() >= b * max_t * c && out.len() >= b * c);
     assert!(vcache.len() >= b * max_t * c && qkv.len() >= b * 3 * c);
