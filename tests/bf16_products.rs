@@ -129,6 +129,7 @@ fn a_bf16_matmul_rounds_its_operands_and_sums_exact_products() {
                     inp: Stored::F32(inp_b.s()),
                     w: w_b.s().into(),
                     bias: None,
+                    residual: None,
                     shape,
                     accumulate: false,
                 })
@@ -239,6 +240,7 @@ fn bf16_storage_is_its_fp32_values_on_every_route() {
                         inp: Stored::F32(inp),
                         w: w.into(),
                         bias,
+                        residual: None,
                         shape,
                         accumulate,
                     })
@@ -292,6 +294,7 @@ fn bf16_storage_is_its_fp32_values_on_every_route() {
                         inp,
                         w: w.into(),
                         bias,
+                        residual: None,
                         shape,
                         accumulate: true,
                     };

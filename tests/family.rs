@@ -322,6 +322,7 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                     inp: x.into(),
                     w: w1.into(),
                     bias: None,
+                    residual: None,
                     shape: io((rows, c, f)),
                     accumulate: false,
                 })?;
@@ -337,6 +338,7 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                     inp: g.src().into(),
                     w: w2.into(),
                     bias: Some(b2),
+                    residual: None,
                     shape: io((rows, f, c)),
                     accumulate: true,
                 })?;
@@ -347,6 +349,7 @@ impl<B: Backend> UnitModel<B> for ToyEngine<B> {
                     inp: a.resid.slice(nl * rows * c..(nl + 1) * rows * c).into(),
                     w: p.own.fp32.into(),
                     bias: None,
+                    residual: None,
                     shape: MatmulShape::new((rows, c, v), WeightLayout::InOut),
                     accumulate: false,
                 })?;

@@ -194,6 +194,7 @@ fn matmul_flops<B: Backend>(be: &B) -> f64 {
             inp: inp.s().into(),
             w: w.s().into(),
             bias: None,
+            residual: None,
             shape: MatmulShape::new((rows, k, n), WeightLayout::InOut),
             accumulate: false,
         });

@@ -190,6 +190,7 @@ impl<'s, B: Backend, P: Copy> Ops<'s, B, P> {
             inp: inp.into(),
             w,
             bias,
+            residual: None,
             shape,
             accumulate: false,
         };

@@ -160,10 +160,9 @@ pub fn all_reduce<B: Backend>(be: &B, tp: Option<&dyn Comm>, buf: Dst<'_, B>) ->
     tp.map_or(Ok(()), |g| device::all_reduce(g, be, buf))
 }
 
-/// Runs `layer` in group `tp`: `matmul` runs this rank's partial product
-/// (adding to `out` when it accumulates), plus the bias if given: tp rank
-/// 0 alone starts from the residual and adds the replicated bias, then
-/// the all-reduce sums every rank's part in.
+/// Runs `layer` in group `tp`: `matmul` runs this rank's partial product,
+/// plus the bias if given: tp rank 0 alone goes onto the residual and adds
+/// the replicated bias, then the all-reduce sums every rank's part in.
 pub fn row_parallel<B: Backend>(
     be: &B,
     tp: TpGroup<'_>,
@@ -172,16 +171,14 @@ pub fn row_parallel<B: Backend>(
     matmul: impl FnOnce(MatmulForward<On<'_, B>>) -> Result<()>,
 ) -> Result<()> {
     let (lead, mut out) = (tp.place.rank == 0, layer.out);
-    if lead {
-        be.copy(out.rb(), layer.residual);
-    }
     matmul(MatmulForward {
         out: out.rb().into(),
         inp: layer.inp,
         w: layer.w,
         bias: lead.then_some(layer.bias),
+        residual: lead.then_some(layer.residual),
         shape,
-        accumulate: lead,
+        accumulate: false,
     })?;
     all_reduce(be, tp.comm, out)
 }

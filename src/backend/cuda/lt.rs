@@ -1,7 +1,8 @@
 //! A GEMM with a bias, the bias added in cuBLASLt's epilogue
-//! (`CUBLASLT_EPILOGUE_BIAS`): c = op(a) op(b) + beta c + bias in one pass
-//! over c, where the bias pass before it read and wrote c once more (llm.c's
-//! `matmul_cublaslt`). Each shape's plan (descriptor, layouts, the
+//! (`CUBLASLT_EPILOGUE_BIAS`): d = op(a) op(b) + beta c + bias in one pass
+//! over d, where the bias pass before it read and wrote d once more (llm.c's
+//! `matmul_cublaslt`). c is d, or another matrix of its layout (a residual
+//! the products go onto, where a copy into d took a pass). Each shape's plan (descriptor, layouts, the
 //! heuristic's algorithm) is made once and kept; one workspace serves all.
 //! `DISTGPT_CUBLASLT=0` leaves the bias to the pass (`Runtime::adds_bias`).
 //! c and the bias are fp32, or both bf16 (a bf16 output's epilogue takes
@@ -45,8 +46,8 @@ pub(super) struct PlanKey {
     pub bf16: bool,
     /// c and the bias stored in bf16 (else fp32; the bias takes c's type).
     pub c_bf16: bool,
-    /// Bytes a, b and c are aligned to, at most 256.
-    pub align: [u32; 3],
+    /// Bytes a, b, c and d are aligned to, at most 256.
+    pub align: [u32; 4],
 }
 
 /// The alignment cuBLASLt's preferences take for `addr`: its largest power
@@ -189,8 +190,7 @@ fn preference(key: PlanKey) -> Result<cublasLtMatmulPreference_t> {
         Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
         Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
     ];
-    let bytes = [key.align[0], key.align[1], key.align[2], key.align[2]];
-    for (attr, b) in aligned.into_iter().zip(&bytes) {
+    for (attr, b) in aligned.into_iter().zip(&key.align) {
         r = r.and_then(|()| set_pref(attr, (b as *const u32).cast(), size_of::<u32>()));
     }
     match r {
@@ -221,11 +221,13 @@ impl Drop for Lt {
     }
 }
 
-/// A GEMM's device addresses: a, b, c (also d) and the bias.
+/// A GEMM's device addresses: a, b, c (what the products go onto), d
+/// (where they are stored; c's layout) and the bias.
 pub(super) struct Addresses {
     pub a: u64,
     pub b: u64,
     pub c: u64,
+    pub d: u64,
     pub bias: u64,
 }
 
@@ -240,7 +242,7 @@ impl Lt {
         })
     }
 
-    /// Queues c = a b + beta c + bias on `stream` per `key`.
+    /// Queues d = a b + beta c + bias on `stream` per `key`.
     ///
     /// # Safety
     /// The addresses hold the matrices `key` describes (and the bias m
@@ -280,7 +282,7 @@ impl Lt {
                 lb,
                 at.c as *const c_void,
                 lc,
-                at.c as *mut c_void,
+                at.d as *mut c_void,
                 lc,
                 algo,
                 workspace as *mut c_void,
@@ -306,7 +308,7 @@ mod tests {
             ld,
             bf16: true,
             c_bf16: false,
-            align: [256; 3],
+            align: [256; 4],
         };
         // op(a) is m x k and op(b) k x n: transposed, a is stored k x m
         // and b n x k

@@ -324,8 +324,11 @@ impl CudaRuntime {
                 }
                 false => Self::addr::<f32>(bias),
             };
-            // SAFETY: as above; `Queue::gemm` checked the bias's m floats.
-            return unsafe { self.gemm_lt(&g, [a, b, c], bias) };
+            // the products go onto the residual where there is one (C), into c (D)
+            let onto = g.residual.map_or(c, Self::addr::<f32>);
+            // SAFETY: as above; `Queue::gemm` checked the bias's m floats
+            // and the residual's m x n.
+            return unsafe { self.gemm_lt(&g, [a, b, onto, c], bias) };
         }
         let (alpha, beta) = (1.0f32, g.beta);
         let stride = |what: &str, n: usize| {
@@ -379,11 +382,12 @@ impl CudaRuntime {
     }
 
     /// `g` with its bias in cuBLASLt's epilogue, from the operands' and
-    /// the output's addresses `at` (a, b rounded to bf16 under `g.bf16`).
+    /// the output's addresses `at` (a, b rounded to bf16 under `g.bf16`;
+    /// C, what the products go onto with beta 1, and D, the output).
     ///
     /// # Safety
     /// As `gemm_ex`; `g` passed `adds_bias`.
-    unsafe fn gemm_lt(&self, g: &Gemm, at: [CUdeviceptr; 3], bias: CUdeviceptr) -> Result<()> {
+    unsafe fn gemm_lt(&self, g: &Gemm, at: [CUdeviceptr; 4], bias: CUdeviceptr) -> Result<()> {
         let Some(lt) = &self.lt else {
             return Err(GpuError(
                 "a GEMM's bias reached cuBLAS with cuBLASLt off".into(),
@@ -406,11 +410,15 @@ impl CudaRuntime {
             c_bf16: g.c_bf16,
             align: at.map(lt::alignment),
         };
-        let [a, b, c] = at;
+        let [a, b, c, d] = at;
+        let beta = match g.residual {
+            Some(_) => 1.0,
+            None => g.beta,
+        };
         self.bind()?;
         let stream = self.stream.cu_stream() as _;
         // SAFETY: the caller's promises; the key's alignments are the addresses'.
-        unsafe { lt.matmul(key, lt::Addresses { a, b, c, bias }, g.beta, stream) }
+        unsafe { lt.matmul(key, lt::Addresses { a, b, c, d, bias }, beta, stream) }
     }
 
     fn bind(&self) -> Result<()> {

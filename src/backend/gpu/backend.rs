@@ -288,6 +288,7 @@ impl<R: Runtime> Decode for Gpu<R> {
             inp: inp.into(),
             w: w.w.s().into(),
             bias,
+            residual: None,
             shape: MatmulShape::new(dims, w.layout),
             accumulate,
         });

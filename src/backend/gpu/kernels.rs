@@ -162,6 +162,28 @@ impl<R: Runtime> Queue<R> {
                 g.c_span()
             )));
         }
+        if let Some(r) = g.residual {
+            if g.batch.count != 1 || g.ldc != g.m || g.c_bf16 || g.beta != 0.0 {
+                return Err(GpuError(
+                    "a GEMM's residual needs one product into a whole fp32 c, beta 0".into(),
+                ));
+            }
+            need("GEMM residual", r, g.m * g.n)?;
+            if g.k == 0 || !self.rt.adds_bias(&g) {
+                // c = the residual, and the products onto it
+                self.copy(
+                    View {
+                        len: g.m * g.n,
+                        ..g.c
+                    },
+                    View {
+                        len: g.m * g.n,
+                        ..r
+                    },
+                )?;
+                (g.beta, g.residual) = (1.0, None);
+            }
+        }
         if let Some(bias) = g.bias {
             if g.batch.count != 1 || g.ldc != g.m {
                 return Err(GpuError(

@@ -139,6 +139,11 @@ pub struct Gemm {
     /// where [`Runtime::adds_bias`] says so, else by a pass over `c`
     /// before it (`Queue::gemm`). A runtime sees it only in the first case.
     pub bias: Option<View>,
+    /// m x n fp32 values (ld m, one product) the products go onto in place
+    /// of `c`'s own (beta 1, c only written): cuBLASLt's C apart from its D,
+    /// where [`Runtime::adds_bias`] says so, else a copy into `c` first
+    /// (`Queue::gemm`). A runtime sees it only in the first case.
+    pub residual: Option<View>,
     /// `c` is stored as bfloat16: each sum rounded as it is stored (beta 0,
     /// or 1 onto the bias's pass).
     pub c_bf16: bool,
@@ -290,7 +295,8 @@ pub trait Runtime: Send + Sync + Sized + 'static {
     /// touches at those sizes.
     unsafe fn launch(&self, name: &str, groups: usize, args: &[Arg]) -> Result<(), GpuError>;
     /// Whether `sgemm` adds `g`'s bias itself, in the GEMM's epilogue
-    /// (cuBLASLt's); else the queue adds it to `c` first.
+    /// (cuBLASLt's), and takes its residual as the GEMM's C; else the
+    /// queue copies the residual into `c` and adds the bias to it first.
     fn adds_bias(&self, _g: &Gemm) -> bool {
         false
     }

@@ -619,29 +619,38 @@ fn matmul_forward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
             // round them is off by bf16's rounding, far over TOL).
             // A bias 4 floats into its buffer is 16-byte aligned, as cuBLASLt's
             // epilogue takes it on CUDA; 5 floats in, the pass before the
-            // GEMM adds it (on OpenCL, both).
-            for (with_bias, accumulate, bf16, bias_at) in [
-                (true, false, false, 4),
-                (true, false, false, 5),
-                (false, false, true, 4),
-                (true, true, true, 4),
-                (true, true, true, 5),
-                (false, true, false, 4),
+            // GEMM adds it (on OpenCL, both). A residual (3 floats into its
+            // buffer) is cuBLASLt's C where it takes the bias, else copied
+            // into out first: against the device's own copy and
+            // accumulation (which the cases before it hold to the CPU's).
+            for (with_bias, accumulate, bf16, bias_at, residual) in [
+                (true, false, false, 4, false),
+                (true, false, false, 5, false),
+                (false, false, true, 4, false),
+                (true, true, true, 4, false),
+                (true, true, true, 5, false),
+                (false, true, false, 4, false),
+                (true, false, false, 4, true),
+                (true, false, true, 4, true),
+                (true, false, true, 5, true),
+                (false, false, false, 4, true),
             ] {
                 let (inp, w) = (randn(&mut rng, rows * k, 1.0), randn(&mut rng, k * n, 1.0));
                 let bias = randn(&mut rng, n, 1.0);
                 let out0 = randn(&mut rng, rows * n, 1.0);
                 let mut want = out0.clone();
                 let b = with_bias.then_some(&bias[..]);
+                let shape = MatmulShape {
+                    bf16,
+                    ..MatmulShape::new((rows, k, n), layout)
+                };
                 (MatmulForward::<Host> {
                     out: Stored::F32(&mut want),
                     inp: Stored::F32(&inp),
                     w: Stored::F32(&w),
                     bias: b,
-                    shape: MatmulShape {
-                        bf16,
-                        ..MatmulShape::new((rows, k, n), layout)
-                    },
+                    residual: None,
+                    shape,
                     accumulate,
                 })
                 .cpu(&AsIs);
@@ -651,25 +660,31 @@ fn matmul_forward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
                     putf(dev, &w),
                     put_at(dev, &bias, -1000.0, bias_at),
                 );
+                let res = put_at(dev, &out0[..], -1000.0, 3);
                 let bv = with_bias.then(|| bd.view());
-                dev.run(MatmulForward {
-                    out: Stored::F32(o.view()),
+                let op = |out, residual, accumulate| MatmulForward {
+                    out: Stored::F32(out),
                     inp: Stored::F32(i.view()),
                     w: Stored::F32(wd.view()),
                     bias: bv,
-                    shape: MatmulShape {
-                        rows,
-                        k,
-                        n,
-                        layout,
-                        bf16,
-                    },
+                    residual,
+                    shape,
                     accumulate,
-                })
-                .unwrap();
+                };
+                if residual {
+                    // o's values never read: the product onto the residual
+                    // (out0 too) into garbage
+                    let onto = putf(dev, &vec![f32::NAN; rows * n]);
+                    dev.run(op(onto.view(), Some(res.view()), false)).unwrap();
+                    dev.run(op(o.view(), None, true)).unwrap();
+                    want = get(dev, &o);
+                    dev.copy(o.view(), onto.view()).unwrap();
+                } else {
+                    dev.run(op(o.view(), None, accumulate)).unwrap();
+                }
                 let what = format!(
                     "matmul_forward {layout:?} rows={rows} k={k} n={n} bias={with_bias} at \
-                     {bias_at} acc={accumulate} bf16={bf16}"
+                     {bias_at} acc={accumulate} bf16={bf16} residual={residual}"
                 );
                 assert_close(&what, &get(dev, &o), &want);
             }
@@ -705,6 +720,7 @@ fn matmul_forward_into_bf16_with_a_bias_matches_cpu_on<R: Runtime>(dev: &Queue<R
                 inp: Stored::F32(&inp),
                 w: Stored::F32(&w),
                 bias: Some(&bias),
+                residual: None,
                 shape,
                 accumulate: false,
             })
@@ -718,6 +734,7 @@ fn matmul_forward_into_bf16_with_a_bias_matches_cpu_on<R: Runtime>(dev: &Queue<R
                     inp: Stored::F32(i.view()),
                     w: Stored::F32(wd.view()),
                     bias: Some(bd.view()),
+                    residual: None,
                     shape,
                     accumulate: false,
                 })
@@ -1220,6 +1237,7 @@ fn bf16_storage_is_its_fp32_values_on<R: Runtime>(dev: &Queue<R>) {
                 inp: Stored::F32(i.view()),
                 w: Stored::F32(w.view()),
                 bias: None,
+                residual: None,
                 shape,
                 accumulate: false,
             })
@@ -1395,6 +1413,7 @@ fn a_bf16_activation_and_the_product_reading_it_on<R: Runtime>(dev: &Queue<R>) {
                 inp,
                 w: Stored::F32(w),
                 bias,
+                residual: None,
                 shape,
                 accumulate: true,
             };
@@ -1560,6 +1579,7 @@ fn a_batch_of_bf16_products_is_its_fp32_batch_rounded_on<R: Runtime>(dev: &Queue
             c,
             ldc: 2,
             bias: None,
+            residual: None,
             c_bf16,
             bf16: true,
             batch: super::Batch {
@@ -1600,6 +1620,7 @@ fn a_gemm_bias_without_products_is_added_and_across_a_batch_refused_on<R: Runtim
         ldc,
         bias: Some(bias.view()),
         c_bf16: false,
+        residual: None,
         bf16: false,
         batch: super::Batch {
             count,
@@ -1646,6 +1667,7 @@ fn a_gemm_over_bf16_storage_needs_bf16_products_and_beta_0_on<R: Runtime>(dev: &
         c: x.view(),
         ldc: 2,
         bias: None,
+        residual: None,
         c_bf16,
         bf16,
         batch: super::Batch::ONE,
@@ -1843,6 +1865,7 @@ fn a_batch_of_empty_products_sets_each_output_to_beta_times_itself_on<R: Runtime
             ldc: 2,
             bias: None,
             c_bf16: false,
+            residual: None,
             bf16: false,
             batch: super::Batch {
                 count: 2,
@@ -1911,6 +1934,7 @@ fn a_bf16_weight_is_its_rounded_values_on<R: Runtime>(dev: &Queue<R>) {
                 inp,
                 w,
                 bias: Some(bias.view()),
+                residual: None,
                 shape,
                 accumulate: false,
             };
@@ -1920,6 +1944,7 @@ fn a_bf16_weight_is_its_rounded_values_on<R: Runtime>(dev: &Queue<R>) {
                 inp,
                 w,
                 bias: None,
+                residual: None,
                 shape,
                 accumulate: false,
             };

@@ -353,6 +353,7 @@ impl Heads {
             ldc: m,
             bias: None,
             c_bf16: false,
+            residual: None,
             bf16: self.shape.bf16,
             batch: Batch {
                 count: n,

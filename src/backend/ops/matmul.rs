@@ -52,7 +52,11 @@ impl MatmulShape {
 }
 
 operation! {
-    /// out (rows, n) = [out +] inp (rows, k) @ W + bias. An `out` stored in
+    /// out (rows, n) = [out or residual +] inp (rows, k) @ W + bias. An
+    /// fp32 `residual` (rows, n) is where the products go onto in place of
+    /// `out`'s own values (a projection onto the residual stream: one pass
+    /// where a copy into `out` and an accumulation took two; cuBLASLt's
+    /// C other than its D). An `out` stored in
     /// bf16 (the LM head's logits, GPT-2's q|k|v, under `--precision bf16`)
     /// takes bf16 products, no accumulation, and each sum rounded after the
     /// bias rounded to bf16 is added (autocast's bf16 linear); an `inp`
@@ -63,6 +67,7 @@ operation! {
         stored_input inp: f32,
         stored_input w: f32,
         maybe_input bias: f32,
+        maybe_input residual: f32,
         value shape: MatmulShape,
         /// Adds to `out` instead of overwriting it.
         value accumulate: bool,
@@ -95,8 +100,15 @@ impl<O: Operands> Kernel<O> for MatmulForward<O> {
         need("out", &self.out, rows * n)?;
         need("inp", &self.inp, rows * k)?;
         need("w", &self.w, k * n)?;
-        if self.out.is_bf16() && self.accumulate {
-            return Err("an output stored in bf16 takes no accumulation".into());
+        let onto = self.accumulate || self.residual.is_some();
+        if self.out.is_bf16() && onto {
+            return Err("an output stored in bf16 takes no accumulation or residual".into());
+        }
+        if self.accumulate && self.residual.is_some() {
+            return Err("a product goes onto its output or onto a residual, not both".into());
+        }
+        if let Some(r) = &self.residual {
+            need("residual", r, rows * n)?;
         }
         self.bias.as_ref().map_or(Ok(()), |b| need("bias", b, n))
     }
@@ -128,6 +140,7 @@ impl<O: Operands> Kernel<O> for MatmulForward<O> {
             c: out,
             ldc: n,
             bias: op.bias,
+            residual: op.residual,
             c_bf16: c_bf16 == 1,
             bf16,
             batch: Batch::ONE,
@@ -218,6 +231,7 @@ fn products<R: Runtime>(
             ldc: k,
             bias: None,
             c_bf16: false,
+            residual: None,
             bf16,
             batch: Batch::ONE,
         })?;
@@ -236,6 +250,7 @@ fn products<R: Runtime>(
             ldc: n,
             bias: None,
             c_bf16: false,
+            residual: None,
             bf16,
             batch: Batch::ONE,
         },
@@ -251,6 +266,7 @@ fn products<R: Runtime>(
             ldc: k,
             bias: None,
             c_bf16: false,
+            residual: None,
             bf16,
             batch: Batch::ONE,
         },
@@ -277,6 +293,7 @@ fn forward_on(op: MatmulForward<Host<'_>>, native: bool) {
         inp,
         w,
         bias,
+        residual,
         shape,
         accumulate,
     } = op;
@@ -309,9 +326,24 @@ fn forward_on(op: MatmulForward<Host<'_>>, native: bool) {
                 .for_each(|row| row.iter_mut().zip(b).for_each(|(o, &bb)| *o += bb));
         }
     };
-    if accumulate {
-        add_bias(out);
+    // a residual and the bias go onto the output in one pass: what a copy
+    // and the bias's pass onto it leave
+    match residual {
+        Some(r) => out
+            .par_chunks_mut(n.max(1))
+            .zip(r[..rows * n].par_chunks(n.max(1)))
+            .for_each(|(o, r)| match bias {
+                Some(b) => o
+                    .iter_mut()
+                    .zip(r)
+                    .zip(b)
+                    .for_each(|((o, &r), &b)| *o = r + b),
+                None => o.copy_from_slice(r),
+            }),
+        None if accumulate => add_bias(out),
+        None => {}
     }
+    let accumulate = accumulate || residual.is_some();
     let to = Mat::new(out.as_mut_ptr(), n, 1);
     let (lhs, rhs) = (HeldMat::of(inp, k, 1), weight_held(w, layout, k, n));
     // SAFETY (both): sizes were checked above; out does not alias inp or w.
@@ -765,6 +797,7 @@ mod tests {
                 inp: Stored::F32(&inp),
                 w: Stored::F32(&w),
                 bias: None,
+                residual: None,
                 shape,
                 accumulate: false,
             });
@@ -776,6 +809,7 @@ mod tests {
                 inp: Stored::F32(&inp),
                 w: Stored::F32(&w),
                 bias: Some(&bias_bf16),
+                residual: None,
                 shape,
                 accumulate: false,
             });
@@ -936,6 +970,7 @@ mod tests {
                                 inp,
                                 w: Stored::F32(&w[..]),
                                 bias,
+                                residual: None,
                                 shape,
                                 accumulate,
                             };
@@ -1015,6 +1050,7 @@ mod tests {
                             inp,
                             w,
                             bias: Some(&b[..]),
+                            residual: None,
                             shape,
                             accumulate,
                         };
@@ -1052,28 +1088,102 @@ mod tests {
         }
     }
 
-    /// A bf16 output takes no accumulation: refused by the check every
-    /// backend runs.
+    /// A bf16 output takes no accumulation and no residual, and a product
+    /// goes onto its output or a residual, not both: refused by the check
+    /// every backend runs.
     #[test]
     fn bf16_storage_refuses_what_it_cannot_round() {
-        let (x, mut h) = (vec![1.0f32; 4], vec![Bf16::default(); 4]);
+        let (x, mut h, mut f) = (vec![1.0f32; 4], vec![Bf16::default(); 4], vec![0.0; 4]);
         let shape = MatmulShape::new((2, 2, 2), WeightLayout::InOut);
-        for (bias, accumulate) in [(true, false), (false, true), (true, true)] {
+        for (bias, accumulate, residual) in [
+            (true, false, false),
+            (false, true, false),
+            (true, true, false),
+            (true, false, true),
+        ] {
             let err = MatmulForward::<Host> {
                 out: Stored::Bf16(&mut h),
                 inp: Stored::F32(&x),
                 w: Stored::F32(&x),
                 bias: bias.then_some(&x[..2]),
+                residual: residual.then_some(&x[..]),
                 shape,
                 accumulate,
             }
             .check();
             assert_eq!(
                 err.is_err(),
-                accumulate,
-                "bias {bias}, accumulate {accumulate}"
+                accumulate || residual,
+                "bias {bias}, accumulate {accumulate}, residual {residual}"
             );
         }
+        let both = MatmulForward::<Host> {
+            out: Stored::F32(&mut f),
+            inp: Stored::F32(&x),
+            w: Stored::F32(&x),
+            bias: None,
+            residual: Some(&x[..]),
+            shape,
+            accumulate: true,
+        };
+        assert!(both.check().is_err(), "accumulate and a residual");
+    }
+
+    /// A product onto a residual is the residual copied into the output
+    /// and the product accumulated onto it, bit for bit (the output's own
+    /// values never read): fp32 and bf16 products, an input held in bf16,
+    /// with a bias and without, on either CPU route; a residual too short
+    /// is refused.
+    #[test]
+    fn a_residual_is_a_copy_and_an_accumulation() {
+        let mut rng = Rng::new(19);
+        let (rows, k, n) = (30, 200, 70);
+        let (inp, w, b) = (
+            randn(&mut rng, rows * k, 1.0),
+            randn(&mut rng, k * n, 1.0),
+            randn(&mut rng, n, 1.0),
+        );
+        let held: Vec<Bf16> = inp.iter().map(|&x| Bf16::from_f32(x)).collect();
+        let residual = randn(&mut rng, rows * n, 1.0);
+        for (bf16, inp) in [
+            (false, Stored::F32(&inp[..])),
+            (true, Stored::F32(&inp[..])),
+            (true, Stored::Bf16(&held[..])),
+        ] {
+            let shape = MatmulShape {
+                bf16,
+                ..MatmulShape::new((rows, k, n), WeightLayout::OutIn)
+            };
+            for (native, bias) in [(false, true), (true, true), (true, false)] {
+                let bias = bias.then_some(&b[..]);
+                let mut want = residual.clone();
+                let op = |out, residual, accumulate| MatmulForward {
+                    out: Stored::F32(out),
+                    inp,
+                    w: Stored::F32(&w[..]),
+                    bias,
+                    residual,
+                    shape,
+                    accumulate,
+                };
+                forward_on(op(&mut want[..], None, true), native);
+                let mut got = vec![f32::NAN; rows * n];
+                forward_on(op(&mut got[..], Some(&residual[..]), false), native);
+                let at = format!("bf16 {bf16}, inp bf16 {}, native {native}", inp.is_bf16());
+                assert!(got == want, "{at}, bias {}", bias.is_some());
+            }
+        }
+        let mut out = vec![0.0; rows * n];
+        let short = MatmulForward::<Host> {
+            out: Stored::F32(&mut out),
+            inp: Stored::F32(&inp),
+            w: Stored::F32(&w),
+            bias: None,
+            residual: Some(&residual[1..]),
+            shape: MatmulShape::new((rows, k, n), WeightLayout::OutIn),
+            accumulate: false,
+        };
+        assert!(short.check().is_err(), "a short residual");
     }
 
     #[test]
@@ -1093,6 +1203,7 @@ mod tests {
                 inp: Stored::F32(&inp),
                 w: Stored::F32(&w),
                 bias: Some(&b),
+                residual: None,
                 shape: MatmulShape::new((rows, k, n), layout),
                 accumulate: false,
             });
@@ -1137,6 +1248,7 @@ mod tests {
             inp: Stored::F32(&inp),
             w: Stored::F32(&w),
             bias: Some(&b),
+            residual: None,
             shape: MatmulShape::new((rows, k, n), WeightLayout::InOut),
             accumulate: true,
         });

@@ -396,6 +396,7 @@ mod tests {
                 inp: Stored::F32(inp.s()),
                 w: w.s().into(),
                 bias: None,
+                residual: None,
                 shape: MatmulShape::new((2, 3, 3), WeightLayout::InOut),
                 accumulate: false,
             })

@@ -629,6 +629,7 @@ impl<B: Backend> Engine<B> {
             inp: k.types.slice(0..rows * tv).into(),
             w: w(2).into(),
             bias: None,
+            residual: None,
             shape: MatmulShape::new((rows, tv, c), WeightLayout::InOut),
             accumulate: true,
         })?;
@@ -913,6 +914,7 @@ impl<B: Backend> Engine<B> {
                 inp: m.t3.slice(0..nc).into(),
                 w: word.product(),
                 bias: Some(ops.w(4)),
+                residual: None,
                 shape: MatmulShape::new((n, c, vp), WeightLayout::OutIn),
                 accumulate: false,
             })?;

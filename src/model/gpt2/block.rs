@@ -89,6 +89,7 @@ pub fn forward<B: Backend>(
         inp: ln1.out.src(),
         w: mw(QkvW),
         bias: Some(w(QkvB)),
+        residual: None,
         shape: io(rows, c, 3 * cl),
         accumulate: false,
     };
@@ -111,6 +112,7 @@ pub fn forward<B: Backend>(
         inp: ln2.out.src(),
         w: mw(FcW),
         bias: None,
+        residual: None,
         shape: io(rows, c, fl),
         accumulate: false,
     };

@@ -432,17 +432,21 @@ impl<B: Backend> BlockMode<B> for Decoding<'_, '_, B> {
             }
         };
         let MatmulShape { rows, k, n, .. } = op.shape;
-        let (out, inp) = (
+        let (mut out, inp) = (
             op.out.fp32().ok_or_else(not_fp32)?,
             op.inp.fp32().ok_or_else(not_fp32)?,
         );
+        // the packed product adds onto the residual copied into out
+        if let Some(r) = op.residual {
+            self.be.copy(out.rb(), r);
+        }
         self.be.matmul_decode(MatmulDecode {
             out,
             inp,
             w,
             bias: op.bias,
             dims: (rows, k, n),
-            accumulate: op.accumulate,
+            accumulate: op.accumulate || op.residual.is_some(),
         });
         Ok(())
     }
@@ -693,6 +697,7 @@ fn lm_head<B: Backend>(
             inp: inp.into(),
             w: at.weights.params.slice(at.layout.wte()).into(),
             bias: None,
+            residual: None,
             shape: MatmulShape::new(dims, WeightLayout::OutIn),
             accumulate: false,
         });

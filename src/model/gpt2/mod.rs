@@ -241,6 +241,7 @@ impl<B: Backend> Kept<B> {
             inp: self.lnf.slice(r.start * c..r.end * c),
             w: wte.product(),
             bias: None,
+            residual: None,
             shape: MatmulShape::new((r.len(), c, vp), WeightLayout::OutIn),
             accumulate: false,
         };
