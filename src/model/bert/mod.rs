@@ -189,7 +189,9 @@ struct Acts<B: Backend> {
     b: usize,
     /// The stage's output, where a recomputing stage without the head does not keep it.
     out: Buf<B>,
-    qkv: Buf<B>,
+    /// q|k|v: in bf16 under `--precision bf16` (attention's input, which
+    /// only its bf16 products read), as GPT-2's.
+    qkv: StoredBuf<B>,
     atty: Buf<B>,
     lse: Buf<B>,
     /// x + attention output, before the attention LayerNorm; its output.
@@ -334,7 +336,7 @@ impl<B: Backend> Acts<B> {
             rows,
             b,
             out: a(out * rows * c)?,
-            qkv: a(slots * rows * 3 * d.cl)?,
+            qkv: al.stored(run.precision, slots * rows * 3 * d.cl)?,
             atty: a(slots * rows * d.cl)?,
             lse: a(slots * rows * d.nhl)?,
             h: a(slots * rows * c)?,
@@ -707,13 +709,13 @@ impl<B: Backend> Engine<B> {
         let tp = self.core.tp.in_group(tp);
         let r = self.span.resid(l);
         let (x, hi) = resid_io(&mut k.resid, &mut a.out, r, btc);
-        let mut qkv = a.qkv.d().part(s, 3 * rows * cl);
+        let mut qkv = a.qkv.slice_mut(part(s, 3 * rows * cl, 3 * rows * cl));
         ops.linear(qkv.rb(), x, QkvW, Some(QkvB), io(rows, c, 3 * cl))?;
         let mut atty = a.atty.d().part(s, rows * cl);
         be.run(AttentionForward {
             out: atty.rb().into(),
             lse: a.lse.d().part(s, rows * nhl),
-            qkv: qkv.src().into(),
+            qkv: qkv.src(),
             lens: Some(k.lens.slice(0..b)),
             shape: d.attn(b, t, ops.bf16),
         })?;
@@ -837,19 +839,32 @@ impl<B: Backend> Engine<B> {
             // the other rows' outputs reached no loss
             scatter_first(be, datty.rb(), d.into_src(), b, t, cl, false)?;
         }
-        let mut dqkv = a.dqkv.slice_mut(0..3 * rows * cl);
+        // under bf16 dqkv goes rounded into the GELU output's slot, which
+        // the intermediate product's backward has read (wide enough where
+        // 3 cl <= fl), as GPT-2's: qkv's product reads it as it is
+        let g_at = part(s, rows * fl, rows * fl);
+        let dqkv_at = g_at.start..g_at.start + 3 * rows * cl;
+        let dqkv16 = held && 3 * cl <= fl;
+        let dqkv = match dqkv16 {
+            true => a.g.slice_mut(dqkv_at.clone()),
+            false => Stored::F32(a.dqkv.slice_mut(0..3 * rows * cl)),
+        };
         be.run(AttentionBackward {
-            dqkv: dqkv.rb().into(),
+            dqkv,
             dout: datty.src(),
-            qkv: a.qkv.s().part(s, 3 * rows * cl).into(),
+            qkv: a.qkv.slice(part(s, 3 * rows * cl, 3 * rows * cl)),
             out: atty.into(),
             lse: a.lse.s().part(s, rows * nhl),
             lens: Some(k.lens.slice(0..b)),
             shape: d.attn(b, t, ops.bf16),
         })?;
+        let dqkv = match dqkv16 {
+            true => a.g.slice(dqkv_at),
+            false => Stored::F32(a.dqkv.slice(0..3 * rows * cl)),
+        };
         let x = k.resid.s().part(self.span.resid(l), btc);
         let shape = io(rows, c, 3 * cl);
-        ops.linear_back(Some(dres.rb()), dqkv.src(), x, QkvW, Some(QkvB), shape)?;
+        ops.linear_back(Some(dres.rb()), dqkv, x, QkvW, Some(QkvB), shape)?;
         tp::all_reduce(be, tp, dres.rb())?;
         match first_only {
             true => scatter_first(be, dres, dx.src(), b, t, c, true)?,
@@ -1217,6 +1232,65 @@ mod tests {
         let inputs = rows + b + rows * tv;
         assert_eq!(each(true), inputs + rows * (c + 2) + rows * c);
         assert!(each(false) > each(true) + rows * 3 * c);
+    }
+
+    /// Under `--precision bf16` q|k|v's gradient is held in bf16 and its
+    /// bias's gradient summed from those values, as GPT-2's: over one token
+    /// each block's qkv bias gradient is that token's q|k|v gradient, every
+    /// element a bf16 value (under fp32, not every one); the masked-LM
+    /// head's and a classifier's (whose last block runs its first rows
+    /// alone after attention). q|k|v itself is counted at two to a word.
+    #[test]
+    fn a_bf16_qkv_gradient_is_held_in_bf16() {
+        use crate::backend::cpu::Cpu;
+        use crate::backend::Device as _;
+        use crate::model::unit::Whole;
+        for (head, targets) in [(BertHead::Mlm, 5), (BertHead::Classify { labels: 3 }, 1)] {
+            let cfg = BertConfig {
+                n_layer: 2,
+                n_head: 2,
+                n_embd: 16,
+                n_inner: 64,
+                block_size: 4,
+                type_vocab: 2,
+                vocab_size: 11,
+                layer_norm_eps: 1e-12,
+                head,
+            };
+            let lay = layout::layout(&cfg, 1);
+            let batch = Batch {
+                inputs: vec![3],
+                targets: vec![targets],
+                types: vec![0],
+                lens: vec![1],
+                seq_targets: Vec::new(),
+            };
+            for precision in [Precision::Fp32, Precision::Bf16] {
+                let e = Engine::new(Cpu::new(), cfg.clone(), TpPlace::NONE, false, precision);
+                let mut m = Whole::with_engine(e.unwrap()).unwrap();
+                m.load_full(&init_full(&cfg, 1)).unwrap();
+                m.run_forward(&batch, (1, 1), batch.loss_terms(), None)
+                    .unwrap();
+                m.run_backward(1.0, None, |_, _, _| Ok(())).unwrap();
+                let grads = m.backend().to_host(m.grads.s()).unwrap();
+                for l in 0..cfg.n_layer {
+                    let name = format!("bert.encoder.layer.{l}.{}", BlockParam::QkvB.name());
+                    let db = &grads[lay.tensor(&name).unwrap().range()];
+                    let at = format!("{head:?} {precision}: block {l}");
+                    assert!(db.iter().any(|&g| g != 0.0), "{at}");
+                    let held = db.iter().all(|g| g.to_bits() & 0xffff == 0);
+                    assert_eq!(held, precision == Precision::Bf16, "{at}");
+                }
+            }
+            let one = Span::all(cfg.n_layer);
+            let run = |p| SpanRun::one(&one, false, false, p);
+            let [fp32, bf16] = [Precision::Fp32, Precision::Bf16]
+                .map(|p| activation_elems(&cfg, 1, 2, 4, &run(p)));
+            // per row and block: q|k|v and the intermediate product and GELU
+            // output, two to a word
+            let halved = cfg.n_layer * 8 * (3 * cfg.n_embd + 2 * cfg.n_inner) / 2;
+            assert_eq!(fp32 - bf16, halved, "{head:?}");
+        }
     }
 
     #[test]
