@@ -94,7 +94,7 @@ fn bench_profile_counts_the_models_kernels_and_flops() {
         if extra.is_empty() {
             assert_eq!(row["parts"].as_u64(), Some(2), "{row}");
         }
-        profile::assert_profile_counts_tiny(&row, pp, &format!("{extra:?}"));
+        profile::assert_profile_counts_tiny(&row, pp, 1.0, &format!("{extra:?}"));
     }
     let gen = distgpt(&["bench", "--model", "tiny", "--generate", "2", "--profile"]);
     let err = String::from_utf8_lossy(&gen.stderr);
@@ -2434,6 +2434,48 @@ fn a_run_stopped_under_mpirun_prints_the_mpirun_command_that_continues_it() {
     );
     let (steps, _) = logged_steps(&dir);
     assert_eq!(steps, (1..=6).collect::<Vec<u64>>());
+}
+
+/// Under mpirun a rank is a process of its own: `bench --profile` counts
+/// that rank's kernels (the model's calls once, not the world's) and states
+/// their rate against the process's share of the peak (`--peak-tflops 1`
+/// over 2 processes: 500 GFLOP/s each), where thread ranks share one
+/// process's profile and the whole peak (`known_answers`).
+#[cfg(feature = "mpi")]
+#[test]
+fn bench_profile_under_mpirun_counts_a_ranks_kernels_against_its_share_of_the_peak() {
+    let bin = env!("CARGO_BIN_EXE_distgpt");
+    let bench = "bench --comm mpi --strategy ddp --world-size 2 --model tiny --batch-size 8 \
+                 --seq-len 32 --steps 2 --warmup 1 --profile --json --peak-tflops 1";
+    let out = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "2", bin])
+        .args(bench.split_whitespace())
+        .output()
+        .unwrap();
+    let (said, err) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{err}");
+    let rows: Vec<serde_json::Value> = said
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 1, "one row, rank 0's: {said}");
+    // rank 0's kernels alone: half the batch's FLOPs
+    profile::assert_profile_counts_tiny(&rows[0], 1.0, 0.5, "ddp x2 under mpirun");
+    let kernels = rows[0]["profile"]["kernels"].as_array().unwrap();
+    let mut rated = 0;
+    for k in kernels {
+        if let Some(gflops) = k["gflops"].as_f64() {
+            let of_peak = k["of_peak"].as_f64().unwrap();
+            let want = gflops / 500.0;
+            assert!((of_peak - want).abs() <= 1e-9 * want, "{k}");
+            rated += 1;
+        }
+    }
+    assert!(rated >= 4, "{kernels:?}");
 }
 
 #[test]

@@ -292,7 +292,7 @@ fn bench_profile_on_a_gpu_counts_the_models_kernels() {
 fn bench_profile_on_a_gpu_counts_the_models_kernels_on<B: Backend>(_: B, kind: &str) {
     let row = profile::profiled_tiny_bench(&common::distgpt_bin(), &["--device", kind]);
     assert_eq!(row["parts"].as_u64(), Some(1), "{row}");
-    profile::assert_profile_counts_tiny(&row, 1.0, kind);
+    profile::assert_profile_counts_tiny(&row, 1.0, 1.0, kind);
 }
 
 #[test]

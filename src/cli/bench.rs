@@ -282,9 +282,11 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig) -> Result<()> {
     let kernels = a.profile.then(|| {
         let totals = profile::PROCESS.snapshot();
         // mutant-equivalent: src/cli/bench.rs: replace / with * in bench_on
-        // (here `processes` is 1 in every test the mutation step runs: ranks
-        // as processes need mpirun, and tests/mpi.rs runs no `bench`; the
-        // same name's mutant of the window's division is caught)
+        // (here `processes` is 1 in every test the mutation step runs, built
+        // without the mpi feature: tests/cli.rs's
+        // bench_profile_under_mpirun_counts_a_ranks_kernels_against_its_share_of_the_peak,
+        // in CI's mpi pass, catches it; the same name's mutant of the
+        // window's division is caught)
         let peak = mfu_peak / processes;
         let window_step = profile::PROCESS.window() / spec.steps as f64;
         KernelShares::of(&totals, spec.steps, ranks_here, window_step, peak)
