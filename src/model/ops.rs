@@ -8,7 +8,7 @@ use super::unit::Weights;
 use crate::backend::{
     Activation, ActivationBackward, ActivationForward, Backend, Bf16, Buf, CrossEntropyBackward,
     CrossEntropyForward, Dst, LayerNormBackward, LayerNormForward, MatmulBackward, MatmulForward,
-    MatmulShape, On, Src, StoredDst, StoredSrc, WeightLayout,
+    MatmulShape, On, Src, Stored, StoredBuf, StoredDst, StoredSrc, WeightLayout,
 };
 use crate::error::Result;
 use std::ops::Range;
@@ -69,6 +69,51 @@ impl<'a, B: Backend> Normed<'a, B> {
             out: self.out.rb(),
             mean: self.mean.rb(),
             rstd: self.rstd.rb(),
+        }
+    }
+}
+
+/// Where a gradient that only bf16 products read is held: rounded into a
+/// bf16 activation's slot that nothing reads any more (GELU's output, once
+/// the MLP's backward has read it), where the activation is held in bf16,
+/// the slot is `free` (not kept for a split backward's weight half) and
+/// wide enough; else in fp32 scratch. GELU's gradient and q|k|v's go
+/// there, as autocast holds them.
+pub struct Rounded(Option<Range<usize>>);
+
+impl Rounded {
+    /// `len` values at the start of `slot` in `buf`, where they fit.
+    pub fn new<B: Backend>(buf: &StoredBuf<B>, slot: Range<usize>, len: usize, free: bool) -> Self {
+        let fits = free && buf.is_bf16() && len <= slot.len();
+        Rounded(fits.then(|| slot.start..slot.start + len))
+    }
+
+    /// The slot, where the gradient goes there (else None: `scratch`).
+    pub fn bf16<'a, B: Backend>(&self, buf: &'a mut StoredBuf<B>) -> Option<Dst<'a, B, Bf16>> {
+        self.0.clone().and_then(|r| buf.slice_mut(r).bf16())
+    }
+
+    /// Where the gradient is written: the slot, or `scratch`.
+    pub fn dst<'a, B: Backend>(
+        &self,
+        buf: &'a mut StoredBuf<B>,
+        scratch: Dst<'a, B>,
+    ) -> StoredDst<'a, B> {
+        match self.0.clone() {
+            Some(r) => buf.slice_mut(r),
+            None => Stored::F32(scratch),
+        }
+    }
+
+    /// Where the gradient is read: the slot, or `scratch`.
+    pub fn src<'a, B: Backend>(
+        &self,
+        buf: &'a StoredBuf<B>,
+        scratch: Src<'a, B>,
+    ) -> StoredSrc<'a, B> {
+        match self.0.clone() {
+            Some(r) => buf.slice(r),
+            None => Stored::F32(scratch),
         }
     }
 }

@@ -22,7 +22,7 @@ pub use layout::BlockParam;
 
 use super::alloc::{part, ActAlloc};
 use super::bf16::{matmul_backward, Precision};
-use super::ops::{io, Dinp, Normed, Ops, Stats};
+use super::ops::{io, Dinp, Normed, Ops, Rounded, Stats};
 use super::tp;
 use super::tp::{BlockDims, RowParallel, TpPlace};
 use super::unit::{
@@ -32,7 +32,7 @@ use super::unit::{
 use crate::backend::{
     Activation, AttentionBackward, AttentionForward, Backend, Buf, CopyRows, Dst, EncoderBackward,
     EncoderForward, LayerNormBackward, LayerNormForward, MatmulBackward, MatmulForward,
-    MatmulShape, Src, Stored, StoredBuf, WeightLayout,
+    MatmulShape, Src, StoredBuf, WeightLayout,
 };
 use crate::comm::Comm;
 use crate::data::{Batch, LossTerms, IGNORE};
@@ -813,16 +813,13 @@ impl<B: Backend> Engine<B> {
         let (g_act, shape) = (a.g.slice(part(s, rows * fl, n * fl)), io(n, fl, c));
         ops.linear_back(Some(dg.rb()), dx.src(), g_act, OutW, Some(OutB), shape)?;
         let f = a.f.slice(part(s, rows * fl, n * fl));
-        // under bf16 the result goes rounded into the GELU output's slot,
-        // which nothing reads again (as GPT-2's)
-        let rounded = a.g.slice_mut(part(s, rows * fl, n * fl)).bf16();
-        let held = rounded.is_some();
-        ops.act_back(dg.rb(), f, InterB, Activation::GeluErf, rounded)?;
-        let dg = match held {
-            true => a.g.slice(part(s, rows * fl, n * fl)),
-            false => Stored::F32(dg.src()),
-        };
-        let h1 = cut(&a.h1, c);
+        // under bf16 GELU's gradient and q|k|v's go into its output's slot
+        let g_at = part(s, rows * fl, rows * fl);
+        let dgelu = Rounded::new(&a.g, g_at.clone(), n * fl, true);
+        let dqkv_at = Rounded::new(&a.g, g_at, 3 * rows * cl, true);
+        let (gelu, rounded) = (Activation::GeluErf, dgelu.bf16(&mut a.g));
+        ops.act_back(dg.rb(), f, InterB, gelu, rounded)?;
+        let (dg, h1) = (dgelu.src(&a.g, dg.src()), cut(&a.h1, c));
         ops.linear_back(Some(dy.rb()), dg, h1, InterW, None, io(n, c, fl))?;
         tp::all_reduce(be, tp, dy.rb())?;
         be.add_inplace(dy.rb(), dx.src());
@@ -839,18 +836,8 @@ impl<B: Backend> Engine<B> {
             // the other rows' outputs reached no loss
             scatter_first(be, datty.rb(), d.into_src(), b, t, cl, false)?;
         }
-        // under bf16 dqkv goes rounded into the GELU output's slot, which
-        // the intermediate product's backward has read (wide enough where
-        // 3 cl <= fl), as GPT-2's: qkv's product reads it as it is
-        let g_at = part(s, rows * fl, rows * fl);
-        let dqkv_at = g_at.start..g_at.start + 3 * rows * cl;
-        let dqkv16 = held && 3 * cl <= fl;
-        let dqkv = match dqkv16 {
-            true => a.g.slice_mut(dqkv_at.clone()),
-            false => Stored::F32(a.dqkv.slice_mut(0..3 * rows * cl)),
-        };
         be.run(AttentionBackward {
-            dqkv,
+            dqkv: dqkv_at.dst(&mut a.g, a.dqkv.slice_mut(0..3 * rows * cl)),
             dout: datty.src(),
             qkv: a.qkv.slice(part(s, 3 * rows * cl, 3 * rows * cl)),
             out: atty.into(),
@@ -858,12 +845,11 @@ impl<B: Backend> Engine<B> {
             lens: Some(k.lens.slice(0..b)),
             shape: d.attn(b, t, ops.bf16),
         })?;
-        let dqkv = match dqkv16 {
-            true => a.g.slice(dqkv_at),
-            false => Stored::F32(a.dqkv.slice(0..3 * rows * cl)),
-        };
-        let x = k.resid.s().part(self.span.resid(l), btc);
-        let shape = io(rows, c, 3 * cl);
+        let dqkv = dqkv_at.src(&a.g, a.dqkv.slice(0..3 * rows * cl));
+        let (x, shape) = (
+            k.resid.s().part(self.span.resid(l), btc),
+            io(rows, c, 3 * cl),
+        );
         ops.linear_back(Some(dres.rb()), dqkv, x, QkvW, Some(QkvB), shape)?;
         tp::all_reduce(be, tp, dres.rb())?;
         match first_only {

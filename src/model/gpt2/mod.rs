@@ -16,7 +16,7 @@ use super::alloc::{part, ActAlloc};
 use super::bf16::Precision;
 use super::bf16::{matmul_backward, matmul_forward};
 use super::layout::ParamLayout;
-use super::ops::{io, Dinp, Normed, Ops, Stats};
+use super::ops::{io, Dinp, Normed, Ops, Rounded, Stats};
 use super::tp;
 use super::tp::TpPlace;
 use super::unit::{
@@ -26,7 +26,7 @@ use super::unit::{
 use crate::backend::{
     Activation, AttentionBackward, AttentionForward, AttnShape, Backend, Buf, CrossEntropyBackward,
     CrossEntropyForward, Dst, EncoderBackward, EncoderForward, LayerNormBackward, LayerNormForward,
-    MatmulBackward, MatmulForward, MatmulShape, On, Src, Stored, StoredBuf, StoredDst, StoredSrc,
+    MatmulBackward, MatmulForward, MatmulShape, On, Src, StoredBuf, StoredDst, StoredSrc,
     WeightLayout,
 };
 use crate::comm::Comm;
@@ -664,24 +664,21 @@ impl<B: Backend> Engine<B> {
         let (dinp, shape) = (Some(dfch.rb()), io(rows, fl, c));
         ops.linear_back(dinp, dres.src(), fch_gelu, FcProjW, Some(FcProjB), shape)?;
         // GELU's backward adds the fc bias's gradient in the same pass (in
-        // a split backward, the weight half's product adds it)
+        // a split backward, the weight half's product adds it); under bf16
+        // its result, and later q|k|v's gradient, go into GELU's output
         let fch = a.fch.slice(part(s, rows * wd.fl, rows * fl));
-        // under bf16 (never split) the result goes rounded into GELU's
-        // output, which nothing reads again: fc's product takes it as is,
-        // where it would round it (its bias's gradient is summed above)
         let gelu_at = part(s, rows * wd.fl, rows * fl);
-        let rounded = a
-            .fch_gelu
-            .slice_mut(gelu_at.clone())
-            .bf16()
-            .filter(|_| !split);
-        let held = rounded.is_some();
-        ops.act_back(dfch, fch, FcB, Activation::GeluTanh, rounded)?;
+        let dgelu = Rounded::new(&a.fch_gelu, gelu_at.clone(), rows * fl, !split);
+        let dqkv_at = Rounded::new(&a.fch_gelu, gelu_at, 3 * rows * cl, !split);
+        ops.act_back(
+            dfch,
+            fch,
+            FcB,
+            Activation::GeluTanh,
+            dgelu.bf16(&mut a.fch_gelu),
+        )?;
         let (dfch, mut dln2) = dg.rb().split2(at.dfch.clone(), at.dln2.clone());
-        let dfch = match held {
-            true => a.fch_gelu.slice(gelu_at.clone()),
-            false => Stored::F32(dfch.into_src()),
-        };
+        let dfch = dgelu.src(&a.fch_gelu, dfch.into_src());
         let (ln2, shape) = (a.ln2.slice(part(s, btc, btc)), io(rows, c, fl));
         ops.linear_back(Some(dln2.rb()), dfch, ln2, FcW, None, shape)?;
         tp::all_reduce(be, tp, dln2.rb())?;
@@ -694,17 +691,8 @@ impl<B: Backend> Engine<B> {
         let atty = a.atty.slice(part(s, rows * wd.cl, rows * cl));
         let (dinp, shape) = (Some(datty.rb()), io(rows, cl, c));
         ops.linear_back(dinp, dres.src(), atty, AttnProjW, Some(AttnProjB), shape)?;
-        // under bf16 (never split) dqkv goes rounded into GELU's output's
-        // slot too, which fc's backward has read (wide enough where 3 cl <=
-        // fl): qkv's product reads it as it is, as autocast's bf16 grad
-        let dqkv_at = gelu_at.start..gelu_at.start + 3 * rows * cl;
-        let dqkv16 = held && 3 * cl <= fl;
-        let dqkv_out = match dqkv16 {
-            true => a.fch_gelu.slice_mut(dqkv_at.clone()),
-            false => Stored::F32(dqkv.rb()),
-        };
         be.run(AttentionBackward {
-            dqkv: dqkv_out,
+            dqkv: dqkv_at.dst(&mut a.fch_gelu, dqkv.rb()),
             dout: datty.src(),
             qkv: a.qkv.slice(part(s, 3 * rows * wd.cl, 3 * rows * cl)),
             out: atty,
@@ -713,10 +701,7 @@ impl<B: Backend> Engine<B> {
             shape: d.attn(b, t, ops.bf16),
         })?;
         let (dqkv, mut dln1) = dg.rb().split2(at.dqkv.clone(), at.dln1.clone());
-        let dqkv = match dqkv16 {
-            true => a.fch_gelu.slice(dqkv_at),
-            false => Stored::F32(dqkv.into_src()),
-        };
+        let dqkv = dqkv_at.src(&a.fch_gelu, dqkv.into_src());
         let (ln1, shape) = (a.ln1.slice(part(s, btc, btc)), io(rows, c, 3 * cl));
         ops.linear_back(Some(dln1.rb()), dqkv, ln1, QkvW, Some(QkvB), shape)?;
         tp::all_reduce(be, tp, dln1.rb())?;
