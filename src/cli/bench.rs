@@ -191,30 +191,62 @@ fn announce(a: &BenchArgs, cfg: &ModelConfig, par: &ParallelConfig, b: usize, t:
     }
 }
 
-/// The peak MFU is stated against and where it comes from, and the
-/// hardware's where it is known, each times `processes`: `--peak-tflops`
-/// where given, else this machine's best matmul (measured, or kept from a
-/// measurement). Stated or not, the kept peak names the hardware's and the
-/// CPU's matmul library (and its products run on that library from now on).
-fn peaks<B: Backend>(
-    be: &B,
+/// The peaks a bench's MFU is measured against, each times the processes
+/// (a rank's share of the machine under mpirun).
+struct Peaks {
+    /// `--peak-tflops`, where given.
     stated: Option<f64>,
-    bf16: bool,
-    processes: f64,
-) -> (f64, String, Option<(f64, HardwarePeak)>) {
-    let (here, peak, source) = match stated {
-        Some(p) => (peak::cached(be), p * 1e12, "--peak-tflops".to_string()),
-        None => {
-            let h = peak::of(be, false);
-            let (flops, name) = h.matmul_peak(bf16);
-            let source = format!("{name}; {}", h.source);
-            (Some(h), flops * processes, source)
+    /// The matmul probe's peak (or the stated one) and where it came from.
+    matmul: f64,
+    matmul_source: String,
+    /// The hardware's peak where it is known, with its description.
+    hardware: Option<(f64, HardwarePeak)>,
+    /// The peak the MFU stated is against, and where it came from.
+    mfu: f64,
+    mfu_source: String,
+}
+
+impl Peaks {
+    /// `--peak-tflops` where given, else this machine's best matmul
+    /// (measured, or kept from a measurement), and the hardware's where it
+    /// is known. Stated or not, the kept peak names the hardware's and the
+    /// CPU's matmul library (and its products run on that library from now
+    /// on). One MFU is stated, as train states it: against the hardware's
+    /// peak where it is known (or the stated one); the matmul probe is
+    /// shown as what it is.
+    fn of<B: Backend>(be: &B, stated: Option<f64>, bf16: bool, processes: f64) -> Self {
+        let (here, matmul, matmul_source) = match stated {
+            Some(p) => (peak::cached(be), p * 1e12, "--peak-tflops".to_string()),
+            None => {
+                let h = peak::of(be, false);
+                let (flops, name) = h.matmul_peak(bf16);
+                let source = format!("{name}; {}", h.source);
+                (Some(h), flops * processes, source)
+            }
+        };
+        let hardware = here
+            .and_then(|h| h.hardware_peak(bf16))
+            .map(|hw| (hw.flops * processes, hw));
+        let (mfu, mfu_source) = match (&hardware, stated) {
+            (Some((flops, hw)), None) => (
+                *flops,
+                format!(
+                    "the hardware's: {}{}",
+                    hw.describe(),
+                    if processes > 1.0 { ", per process" } else { "" }
+                ),
+            ),
+            _ => (matmul, matmul_source.clone()),
+        };
+        Peaks {
+            stated,
+            matmul,
+            matmul_source,
+            hardware,
+            mfu,
+            mfu_source,
         }
-    };
-    let hardware = here
-        .and_then(|h| h.hardware_peak(bf16))
-        .map(|hw| (hw.flops * processes, hw));
-    (peak, source, hardware)
+    }
 }
 
 fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig) -> Result<()> {
@@ -232,8 +264,7 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig) -> Result<()> {
         CommKind::Local => 1.0,
     };
     let stated = a.old_peak.or_stated(a.peak_tflops);
-    let bf16 = par.precision == Precision::Bf16;
-    let (peak, peak_source, hardware) = peaks(&be, stated, bf16, processes);
+    let peaks = Peaks::of(&be, stated, par.precision == Precision::Bf16, processes);
     let spec = BenchSpec {
         batch: b,
         grad_accum: a.grad_accum,
@@ -257,19 +288,6 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig) -> Result<()> {
     };
     let step_s = ranks.iter().map(|r| r.step_s).fold(0.0, f64::max);
     let tokens_per_s = (b * t * spec.grad_accum) as f64 / step_s;
-    // One MFU, as train states it: against the hardware's peak where it is
-    // known (or the stated one); the matmul probe is shown as what it is.
-    let (mfu_peak, mfu_source) = match (&hardware, stated) {
-        (Some((flops, hw)), None) => (
-            *flops,
-            format!(
-                "the hardware's: {}{}",
-                hw.describe(),
-                if processes > 1.0 { ", per process" } else { "" }
-            ),
-        ),
-        _ => (peak, peak_source.clone()),
-    };
     let bubble = ranks[0].bubble;
     let timelines: Vec<Vec<distgpt::parallel::Span>> =
         ranks.iter().map(|r| r.timeline.clone()).collect();
@@ -287,7 +305,7 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig) -> Result<()> {
         // bench_profile_under_mpirun_counts_a_ranks_kernels_against_its_share_of_the_peak,
         // in CI's mpi pass, catches it; the same name's mutant of the
         // window's division is caught)
-        let peak = mfu_peak / processes;
+        let peak = peaks.mfu / processes;
         let window_step = profile::PROCESS.window() / spec.steps as f64;
         KernelShares::of(&totals, spec.steps, ranks_here, window_step, peak)
     });
@@ -302,12 +320,7 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig) -> Result<()> {
         rss_start,
         step_s,
         tokens_per_s,
-        stated,
-        peak,
-        peak_source,
-        hardware,
-        mfu_peak,
-        mfu_source,
+        peaks,
         bubble,
         formula,
         ranks,
@@ -336,16 +349,7 @@ struct Measured<'a> {
     rss_start: Option<u64>,
     step_s: f64,
     tokens_per_s: f64,
-    /// `--peak-tflops`, where given.
-    stated: Option<f64>,
-    /// The matmul probe's peak (or the stated one) and where it came from.
-    peak: f64,
-    peak_source: String,
-    /// The hardware's peak where it is known, with its description.
-    hardware: Option<(f64, HardwarePeak)>,
-    /// The peak the MFU stated is against, and where it came from.
-    mfu_peak: f64,
-    mfu_source: String,
+    peaks: Peaks,
     bubble: Option<f64>,
     /// The schedule's bubble by its formula.
     formula: f64,
@@ -445,9 +449,9 @@ impl Measured<'_> {
         metrics::mfu(self.cfg.flops_per_token(self.t), self.tokens_per_s, flops)
     }
 
-    /// The MFU stated: against `mfu_peak`.
+    /// The MFU stated: against `peaks.mfu`.
     fn mfu(&self) -> f64 {
-        self.mfu_of(self.mfu_peak)
+        self.mfu_of(self.peaks.mfu)
     }
 
     /// `--timeline DIR`: the pipeline's schedule as every rank ran it.
@@ -479,16 +483,16 @@ impl Measured<'_> {
 
     /// `--json`: one line of every figure.
     fn print_json(&self) {
-        let (cfg, par, peak) = (self.cfg, self.par, self.peak);
+        let (cfg, par, peak) = (self.cfg, self.par, self.peaks.matmul);
         let mut j = serde_json::json!({
             "impl": "distgpt", "model": self.a.model.model_name(), "params": cfg.num_params(), "batch": self.b, "seq": self.t,
             "strategy": par.strategy, "world_size": par.world_size, "tp": par.resolved().tp, "pipeline": par.pipeline, "grad_accum": self.spec.grad_accum, "recompute": par.recompute, "precision": par.precision,
             "offload": par.offload, "offload_serial": par.offload_serial,
             "threads": self.threads, "parts": self.ranks[0].parts, "ms_per_step": self.step_s * 1e3, "tokens_per_s": self.tokens_per_s,
-            "tokens_per_s_per_rank": self.tokens_per_s / par.world_size as f64, "mfu": self.mfu(), "peak_gflops": self.mfu_peak / 1e9, "peak_source": self.mfu_source,
+            "tokens_per_s_per_rank": self.tokens_per_s / par.world_size as f64, "mfu": self.mfu(), "peak_gflops": self.peaks.mfu / 1e9, "peak_source": self.peaks.mfu_source,
             "mfu_matmul": self.mfu_of(peak), "matmul_peak_gflops": peak / 1e9,
-            "mfu_hardware": self.hardware.as_ref().map(|(f, _)| self.mfu_of(*f)),
-            "hardware_peak_gflops": self.hardware.as_ref().map(|(f, _)| f / 1e9),
+            "mfu_hardware": self.peaks.hardware.as_ref().map(|(f, _)| self.mfu_of(*f)),
+            "hardware_peak_gflops": self.peaks.hardware.as_ref().map(|(f, _)| f / 1e9),
             "matmul": distgpt::backend::cpu::blas::choice().describe(),
             "flops_per_token": cfg.flops_per_token(self.t),
             "rss_start_bytes": self.rss_start, "peak_rss_bytes": metrics::peak_rss_bytes(),
@@ -543,15 +547,15 @@ impl Measured<'_> {
             self.tokens_per_s,
             self.tokens_per_s / par.world_size as f64,
             100.0 * mfu,
-            self.mfu_peak / 1e9,
-            self.mfu_source
+            self.peaks.mfu / 1e9,
+            self.peaks.mfu_source
         );
-        if let (Some(_), None) = (&self.hardware, self.stated) {
+        if let (Some(_), None) = (&self.peaks.hardware, self.peaks.stated) {
             distgpt::outln!(
                 "the best matmul measured {:.0} GFLOP/s ({}); the step ran at {:.1}% of it (a probe of one product's shape, not a bound on a step)",
-                self.peak / 1e9,
-                self.peak_source,
-                100.0 * self.mfu_of(self.peak),
+                self.peaks.matmul / 1e9,
+                self.peaks.matmul_source,
+                100.0 * self.mfu_of(self.peaks.matmul),
             );
         }
         if let Some(note) = metrics::mfu_above_peak(mfu) {

@@ -1012,31 +1012,7 @@ fn pointwise_kernels_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
             }
         }
         if n > 1 {
-            // a bias whose rows cannot hold the n elements
-            let wide = putf(dev, &vec![0.0; n + 1]);
-            let op = |bias| ActivationForward {
-                out: Stored::F32(xd.view()),
-                inp: Stored::F32(xd.view()),
-                bias: Some(bias),
-                act: Activation::Tanh,
-            };
-            let err = dev.run(op(wide.view())).unwrap_err();
-            assert!(err.0.contains("in rows of"), "n={n}: {err:?}");
-            // a bias gradient of another width than the bias
-            let err = dev
-                .run(ActivationBackward {
-                    d: xd.view(),
-                    inp: Stored::F32(xd.view()),
-                    bias: Some(bd.view()),
-                    act: Activation::Tanh,
-                    dbias: Some(View {
-                        len: cols + 1,
-                        ..wide.view()
-                    }),
-                    rounded: None,
-                })
-                .unwrap_err();
-            assert!(err.0.contains("and its gradient"), "n={n}: {err:?}");
+            activation_refusals_on(dev, n, &xd, &bd);
         }
 
         let c = putf(dev, &vec![0.0; n]);
@@ -1051,6 +1027,41 @@ fn pointwise_kernels_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
         let want: Vec<f32> = d0.iter().zip(&x).map(|(a, b)| a + b).collect();
         assert_eq!(get(dev, &a), want, "add_inplace n={n}");
     }
+}
+
+/// The activation kernels refuse a bias whose rows cannot hold the `n`
+/// elements of `x` and a bias gradient of another width than `bias`.
+fn activation_refusals_on<R: Runtime>(
+    dev: &Queue<R>,
+    n: usize,
+    x: &Tensor<R, f32>,
+    bias: &Tensor<R, f32>,
+) {
+    // a bias whose rows cannot hold the n elements
+    let wide = putf(dev, &vec![0.0; n + 1]);
+    let op = |bias| ActivationForward {
+        out: Stored::F32(x.view()),
+        inp: Stored::F32(x.view()),
+        bias: Some(bias),
+        act: Activation::Tanh,
+    };
+    let err = dev.run(op(wide.view())).unwrap_err();
+    assert!(err.0.contains("in rows of"), "n={n}: {err:?}");
+    // a bias gradient of another width than the bias
+    let err = dev
+        .run(ActivationBackward {
+            d: x.view(),
+            inp: Stored::F32(x.view()),
+            bias: Some(bias.view()),
+            act: Activation::Tanh,
+            dbias: Some(View {
+                len: bias.view().len + 1,
+                ..wide.view()
+            }),
+            rounded: None,
+        })
+        .unwrap_err();
+    assert!(err.0.contains("and its gradient"), "n={n}: {err:?}");
 }
 
 /// `round_bf16` gives the CPU's bits: ties (to even, both ways), a carry

@@ -846,10 +846,8 @@ impl<B: Backend> Engine<B> {
             shape: d.attn(b, t, ops.bf16),
         })?;
         let dqkv = dqkv_at.src(&a.g, a.dqkv.slice(0..3 * rows * cl));
-        let (x, shape) = (
-            k.resid.s().part(self.span.resid(l), btc),
-            io(rows, c, 3 * cl),
-        );
+        let x = k.resid.s().part(self.span.resid(l), btc);
+        let shape = io(rows, c, 3 * cl);
         ops.linear_back(Some(dres.rb()), dqkv, x, QkvW, Some(QkvB), shape)?;
         tp::all_reduce(be, tp, dres.rb())?;
         match first_only {
