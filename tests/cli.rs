@@ -2436,6 +2436,77 @@ fn a_run_stopped_under_mpirun_prints_the_mpirun_command_that_continues_it() {
     assert_eq!(steps, (1..=6).collect::<Vec<u64>>());
 }
 
+/// A `--precision bf16` bench states its MFU against the bf16 peak where
+/// its products run on bf16 units (the matmul named "in bf16"; on a CPU
+/// with AVX512-BF16 distgpt's kernel, pinned, whatever the kept choice),
+/// and an fp32 bench never does; with no bf16 product both are the fp32
+/// peak.
+#[test]
+fn a_bf16_bench_states_its_mfu_against_the_bf16_peak() {
+    let row = |precision: &str| -> serde_json::Value {
+        let args = "bench --model tiny --batch-size 2 --seq-len 8 --steps 1 --warmup 0 --json";
+        let mut args: Vec<&str> = args.split(' ').collect();
+        args.extend(["--precision", precision]);
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_distgpt"));
+        if distgpt::backend::cpu::blas::native_bf16() {
+            cmd.env("DISTGPT_MATMUL_BF16", "gemm");
+        }
+        let out = succeeded(cmd.args(args).output().unwrap());
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let (fp32, bf16) = (row("fp32"), row("bf16"));
+    let source = |r: &serde_json::Value| r["peak_source"].as_str().unwrap().to_string();
+    let peak = |r: &serde_json::Value| r["peak_gflops"].as_f64().unwrap();
+    assert!(!source(&fp32).contains("bf16"), "{fp32}");
+    match bf16["matmul"].as_str().unwrap().contains("in bf16") {
+        true => assert!(
+            source(&bf16).contains("bf16") && peak(&bf16) > peak(&fp32),
+            "{bf16}\n{fp32}"
+        ),
+        false => assert_eq!(peak(&bf16), peak(&fp32), "{bf16}\n{fp32}"),
+    }
+}
+
+/// Under mpirun each process measures the peaks of its share of the
+/// machine (its own threads), and a bench states them times the processes:
+/// two processes of a thread each state twice what one process of one
+/// thread states, from the same kept measurement.
+#[cfg(feature = "mpi")]
+#[test]
+fn bench_under_mpirun_states_the_peaks_of_every_process() {
+    let bin = env!("CARGO_BIN_EXE_distgpt");
+    let cache = run_dir("mpi-peaks-cache");
+    let bench =
+        "--threads 1 bench --model tiny --batch-size 2 --seq-len 8 --steps 1 --warmup 0 --json";
+    let row = |out: Output| -> serde_json::Value {
+        let out = succeeded(out);
+        let said = String::from_utf8_lossy(&out.stdout).to_string();
+        let rows: Vec<&str> = said.lines().filter(|l| l.starts_with('{')).collect();
+        assert_eq!(rows.len(), 1, "one row, rank 0's: {said}");
+        serde_json::from_str(rows[0]).unwrap()
+    };
+    // the single process first: it measures and keeps the peaks of a thread
+    let one = row(Command::new(bin)
+        .env("DISTGPT_CACHE_DIR", &cache)
+        .args(bench.split_whitespace())
+        .output()
+        .unwrap());
+    let two = row(Command::new("mpirun")
+        .env("DISTGPT_CACHE_DIR", &cache)
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "2", bin])
+        .args(bench.split_whitespace())
+        .args(["--comm", "mpi", "--strategy", "ddp", "--world-size", "2"])
+        .output()
+        .unwrap());
+    for key in ["matmul_peak_gflops", "hardware_peak_gflops", "peak_gflops"] {
+        let (a, b) = (one[key].as_f64().unwrap(), two[key].as_f64().unwrap());
+        assert!(
+            (b - 2.0 * a).abs() <= 1e-9 * a,
+            "{key}: {b} under mpirun, {a} alone"
+        );
+    }
+}
+
 /// Under mpirun a rank is a process of its own: `bench --profile` counts
 /// that rank's kernels (the model's calls once, not the world's) and states
 /// their rate against the process's share of the peak (`--peak-tflops 1`

@@ -221,12 +221,12 @@ impl Peaks {
                 let h = peak::of(be, false);
                 let (flops, name) = h.matmul_peak(bf16);
                 let source = format!("{name}; {}", h.source);
-                (Some(h), flops * processes, source)
+                (Some(h), every_process(flops, processes), source)
             }
         };
         let hardware = here
             .and_then(|h| h.hardware_peak(bf16))
-            .map(|hw| (hw.flops * processes, hw));
+            .map(|hw| (every_process(hw.flops, processes), hw));
         let (mfu, mfu_source) = match (&hardware, stated) {
             (Some((flops, hw)), None) => (
                 *flops,
@@ -247,6 +247,18 @@ impl Peaks {
             mfu_source,
         }
     }
+}
+
+/// A process's peak, measured with its own threads, times the `processes`
+/// that share the machine under mpirun (1 for thread ranks): the world's.
+fn every_process(flops: f64, processes: f64) -> f64 {
+    // mutant-equivalent: src/cli/bench.rs: replace * with + in every_process
+    // mutant-equivalent: src/cli/bench.rs: replace * with / in every_process
+    // (`processes` is 1 in every test the mutation step runs, built without
+    // the mpi feature; tests/cli.rs's
+    // bench_under_mpirun_states_the_peaks_of_every_process, in CI's mpi
+    // pass, catches both, planted by hand)
+    flops * processes
 }
 
 fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig) -> Result<()> {

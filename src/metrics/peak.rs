@@ -344,10 +344,14 @@ pub fn lookup_or_measure(
     Peak::new(probe, source)
 }
 
-/// Runs the CPU's products on the library `peak` chose, if it chose one.
-fn adopt(peak: Option<Peak>) -> Option<Peak> {
-    if let Some(m) = peak.as_ref().and_then(|p| p.matmul) {
-        blas::set_choice(m);
+/// Runs the CPU's products on the library `peak` chose, if it chose one,
+/// and names in it what runs: the pins (`DISTGPT_MATMUL_BF16`), or a
+/// choice made before (a resume's), over the kept one, so that the peaks a
+/// run is stated against are of the products it runs.
+fn adopt(mut peak: Option<Peak>) -> Option<Peak> {
+    if let Some(m) = peak.as_mut().and_then(|p| p.matmul.as_mut()) {
+        blas::set_choice(*m);
+        *m = blas::choice();
     }
     peak
 }
