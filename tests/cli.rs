@@ -2443,6 +2443,10 @@ fn a_run_stopped_under_mpirun_prints_the_mpirun_command_that_continues_it() {
 /// peak.
 #[test]
 fn a_bf16_bench_states_its_mfu_against_the_bf16_peak() {
+    // mutant-equivalent: src/cli/bench.rs: replace == with != in bench_on
+    // (on a CPU with no bf16 product, where a bf16 run's peaks are the fp32
+    // run's: nothing tells them apart there; this test catches it where the
+    // CPU has AVX512-BF16)
     let row = |precision: &str| -> serde_json::Value {
         let args = "bench --model tiny --batch-size 2 --seq-len 8 --steps 1 --warmup 0 --json";
         let mut args: Vec<&str> = args.split(' ').collect();
