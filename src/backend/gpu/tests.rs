@@ -1656,6 +1656,65 @@ fn a_gemm_bias_without_products_is_added_and_across_a_batch_refused_on<R: Runtim
     assert_eq!(get(dev, &c), [0.0; 16], "a refused GEMM wrote");
 }
 
+/// A GEMM's residual: with no products (k = 0) c is the residual; across a
+/// batch, into a c with rows between its columns, onto a bf16 c, with beta
+/// 1, or shorter than m x n, refused before any launch.
+#[test]
+fn a_gemm_residual_needs_one_product_into_a_whole_fp32_c() {
+    on_gpus!(a_gemm_residual_needs_one_product_into_a_whole_fp32_c_on);
+}
+
+fn a_gemm_residual_needs_one_product_into_a_whole_fp32_c_on<R: Runtime>(dev: &Queue<R>) {
+    let (x, r) = (
+        putf(dev, &[1.0; 16]),
+        putf(dev, &[3.0, 4.0, 5.0, 6.0, 7.0, 8.0]),
+    );
+    let gemm = |c: View, k, residual: View| super::Gemm {
+        m: 2,
+        n: 3,
+        k,
+        a: super::operand(x.view(), false, 2),
+        b: super::operand(x.view(), false, k.max(1)),
+        beta: 0.0,
+        c,
+        ldc: 2,
+        bias: None,
+        c_bf16: false,
+        residual: Some(residual),
+        bf16: false,
+        batch: super::Batch::ONE,
+    };
+    let c = putf(dev, &[0.0; 6]);
+    dev.gemm(gemm(c.view(), 0, r.view())).unwrap();
+    assert_eq!(get(dev, &c), get(dev, &r), "no products: the residual");
+    let c = putf(dev, &[0.0; 16]);
+    let g = gemm(c.view(), 4, r.view());
+    let batch = super::Batch {
+        count: 2,
+        c: 6,
+        ..super::Batch::ONE
+    };
+    let short = View { len: 5, ..r.view() };
+    for (what, g) in [
+        ("a batch", super::Gemm { batch, ..g }),
+        ("rows between columns", super::Gemm { ldc: 3, ..g }),
+        (
+            "a bf16 c",
+            super::Gemm {
+                c_bf16: true,
+                bf16: true,
+                ..g
+            },
+        ),
+        ("beta 1", super::Gemm { beta: 1.0, ..g }),
+        ("a short residual", gemm(c.view(), 4, short)),
+    ] {
+        let err = dev.gemm(g).unwrap_err().0;
+        assert!(err.contains("residual"), "{what}: {err}");
+    }
+    assert_eq!(get(dev, &c), [0.0; 16], "a refused GEMM wrote");
+}
+
 /// bf16 storage that the products would read or write as fp32, and a
 /// bf16 output a product would add onto or fill with zeros (k = 0, where
 /// the fill writes floats), are refused before any launch.
