@@ -1656,7 +1656,8 @@ fn a_gemm_bias_without_products_is_added_and_across_a_batch_refused_on<R: Runtim
     assert_eq!(get(dev, &c), [0.0; 16], "a refused GEMM wrote");
 }
 
-/// A GEMM's residual: with no products (k = 0) c is the residual; across a
+/// A GEMM's residual: with no products (k = 0) c is the residual (its
+/// first m x n values, into c's first m x n); across a
 /// batch, into a c with rows between its columns, onto a bf16 c, with beta
 /// 1, or shorter than m x n, refused before any launch.
 #[test]
@@ -1665,10 +1666,8 @@ fn a_gemm_residual_needs_one_product_into_a_whole_fp32_c() {
 }
 
 fn a_gemm_residual_needs_one_product_into_a_whole_fp32_c_on<R: Runtime>(dev: &Queue<R>) {
-    let (x, r) = (
-        putf(dev, &[1.0; 16]),
-        putf(dev, &[3.0, 4.0, 5.0, 6.0, 7.0, 8.0]),
-    );
+    let r = [3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0];
+    let (x, r) = (putf(dev, &[1.0; 16]), putf(dev, &r));
     let gemm = |c: View, k, residual: View| super::Gemm {
         m: 2,
         n: 3,
@@ -1684,9 +1683,11 @@ fn a_gemm_residual_needs_one_product_into_a_whole_fp32_c_on<R: Runtime>(dev: &Qu
         bf16: false,
         batch: super::Batch::ONE,
     };
-    let c = putf(dev, &[0.0; 6]);
+    // c and the residual longer than m x n: their first m x n copied
+    let c = putf(dev, &[0.0; 8]);
     dev.gemm(gemm(c.view(), 0, r.view())).unwrap();
-    assert_eq!(get(dev, &c), get(dev, &r), "no products: the residual");
+    let want = [3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 0.0, 0.0];
+    assert_eq!(get(dev, &c), want, "no products: the residual");
     let c = putf(dev, &[0.0; 16]);
     let g = gemm(c.view(), 4, r.view());
     let batch = super::Batch {
