@@ -155,12 +155,7 @@ pub fn measure<B: Backend>(be: &B) -> PeakProbe {
         };
     }
     let (matmul, timings) = blas::measure(3);
-    // the speed of the library the layers run on (the crate may keep
-    // them against one up to 5% faster)
-    let flops = timings
-        .iter()
-        .find(|t| t.lib == matmul.large)
-        .map_or(0.0, |t| t.large_flops);
+    let flops = layers_flops(&timings, matmul).unwrap_or(0.0);
     let fastest = timings
         .iter()
         .map(|t| t.large_flops.max(t.small_flops))
@@ -171,6 +166,13 @@ pub fn measure<B: Backend>(be: &B) -> PeakProbe {
         matmul: Some(matmul),
         timings,
     }
+}
+
+/// The speed of the library `choice` runs the layers on, where it was
+/// timed (the crate may keep them against one up to 5% faster).
+fn layers_flops(timings: &[Timing], choice: MatmulChoice) -> Option<f64> {
+    let t = timings.iter().find(|t| t.lib == choice.large)?;
+    Some(t.large_flops)
 }
 
 /// Best of three GPT-2-small MLP products' FLOP/s on `be`'s own matmul
@@ -345,13 +347,17 @@ pub fn lookup_or_measure(
 }
 
 /// Runs the CPU's products on the library `peak` chose, if it chose one,
-/// and names in it what runs: the pins (`DISTGPT_MATMUL_BF16`), or a
-/// choice made before (a resume's), over the kept one, so that the peaks a
+/// and names in it what runs: the pins (`DISTGPT_MATMUL`,
+/// `DISTGPT_MATMUL_BF16`), or a choice made before (a resume's), over the
+/// kept one, with the layers' library's timed speed, so that the peaks a
 /// run is stated against are of the products it runs.
 fn adopt(mut peak: Option<Peak>) -> Option<Peak> {
-    if let Some(m) = peak.as_mut().and_then(|p| p.matmul.as_mut()) {
-        blas::set_choice(*m);
-        *m = blas::choice();
+    let p = peak.as_mut()?;
+    if let Some(kept) = p.matmul {
+        blas::set_choice(kept);
+        let runs = blas::choice();
+        p.flops = layers_flops(&p.timings, runs).unwrap_or(p.flops);
+        p.matmul = Some(runs);
     }
     peak
 }
