@@ -391,6 +391,30 @@ mod tests {
     use super::*;
     use std::cell::Cell;
 
+    /// A run's matmul peak is the timed speed of the library its layers
+    /// run on (the large products'), none where that library was not timed.
+    #[test]
+    fn the_layers_speed_is_their_librarys_large_products() {
+        use crate::backend::cpu::blas::MatmulLib;
+        let timing = |lib, large_flops| Timing {
+            lib,
+            large_flops,
+            small_flops: 7.0,
+            bf16_flops: None,
+        };
+        let timings = [
+            timing(MatmulLib::Gemm, 300.0),
+            timing(MatmulLib::Blis, 400.0),
+        ];
+        let on = |large| MatmulChoice {
+            large,
+            ..MatmulChoice::BUILT_IN
+        };
+        assert_eq!(layers_flops(&timings, on(MatmulLib::Blis)), Some(400.0));
+        assert_eq!(layers_flops(&timings, on(MatmulLib::Gemm)), Some(300.0));
+        assert_eq!(layers_flops(&timings, on(MatmulLib::Mkl)), None);
+    }
+
     #[test]
     fn a_bf16_run_on_a_bf16_product_is_stated_against_that_products_speed() {
         use crate::backend::cpu::blas::{MatmulLib, Timing};
