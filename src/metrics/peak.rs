@@ -391,6 +391,17 @@ mod tests {
     use super::*;
     use std::cell::Cell;
 
+    /// The CPU's probe times every library it can open and keeps, as the
+    /// matmul peak, the timed speed of the one it chose for the layers.
+    #[test]
+    fn the_cpus_probe_keeps_the_speed_of_the_library_it_chose() {
+        let p = measure(&crate::backend::cpu::Cpu::new());
+        let chosen = p.matmul.expect("the CPU's probe chooses a library");
+        assert!(p.timings.iter().any(|t| t.lib == MatmulLib::Gemm), "{p:?}");
+        assert_eq!(Some(p.flops), layers_flops(&p.timings, chosen), "{p:?}");
+        assert!(p.flops > 0.0, "{p:?}");
+    }
+
     /// A run's matmul peak is the timed speed of the library its layers
     /// run on (the large products'), none where that library was not timed.
     #[test]
