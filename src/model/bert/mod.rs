@@ -771,6 +771,7 @@ impl<B: Backend> Engine<B> {
 
     /// Block l's backward: the residual gradient in `dres` moves from
     /// `resid[l + 1]` to `resid[l]`; grads of its slice accumulate into `g`.
+    /// Under `--recompute` the caller runs the block's forward again first.
     fn block_backward(
         &mut self,
         l: usize,
@@ -779,21 +780,16 @@ impl<B: Backend> Engine<B> {
         tp: Option<&dyn Comm>,
     ) -> Result<()> {
         use BlockParam::*;
-        if self.recompute {
-            self.block_forward(l, p, tp)?;
-        }
         let ((b, t), eps) = (self.shape(), self.config.layer_norm_eps);
-        let (d, first_only) = (self.dims(), self.first_rows_only(l));
-        let BlockDims { c, cl, nhl, fl } = d;
+        let (d @ BlockDims { c, cl, nhl, fl }, first_only) = (self.dims(), self.first_rows_only(l));
         let (rows, s, btc) = (b * t, self.slot(l), b * t * c);
-        let (be, lay) = (&self.core.backend, &self.core.layout);
-        let (k, a, _) = self.held.get_mut();
+        let (be, lay, (k, a, _)) = (&self.core.backend, &self.core.layout, self.held.get_mut());
         let pos = |bp: BlockParam| lay.in_unit(1, bp as usize);
         let mut ops = Ops::new(be, a.bf16, c, eps, p, Some(g), &pos);
         let (mut dres, mut dalt) = (a.dres.slice_mut(0..btc), a.dalt.slice_mut(0..btc));
         let (mut dbig, atty) = (a.dbig.d(), a.atty.s().part(s, rows * cl));
-        // Above the attention, every row's gradients (dres, dalt) or the first-token rows'
-        // ([`FirstRows`]): dy arriving at each LayerNorm's output, dx at its input.
+        // above the attention, dy at each norm's output and dx at its input: dres and dalt
+        // for every row, or [`FirstRows`]' for the first tokens' (a classifier's last block)
         let (n, mut dy, mut dx, atty_in, mut first_datty) =
             match a.first.as_mut().filter(|_| first_only) {
                 Some(fr) => {
@@ -1118,7 +1114,12 @@ impl<B: Backend> UnitModel<B> for Engine<B> {
     ) -> Result<()> {
         match UnitKind::of(u, self.config.n_layer) {
             UnitKind::Embeddings => self.embed_backward(p.own.fp32, g.own)?,
-            UnitKind::Block(l) => self.block_backward(l, p.own, g.own, tp)?,
+            UnitKind::Block(l) => {
+                if self.recompute {
+                    self.block_forward(l, p.own, tp)?;
+                }
+                self.block_backward(l, p.own, g.own, tp)?
+            }
             UnitKind::Head => self.head_backward(p.own, p.tied, g.own, g.tied, loss_scale)?,
         }
         Ok(())
