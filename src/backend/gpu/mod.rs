@@ -167,15 +167,42 @@ pub struct Batch {
 
 impl Batch {
     /// A single product.
-    pub const ONE: Batch = Batch {
-        count: 1,
-        a: 0,
-        b: 0,
-        c: 0,
-    };
+    pub const ONE: Batch = Batch::of(1, [0, 0, 0]);
+
+    /// `count` products, the i-th's a, b and c `strides` on from the first's.
+    pub const fn of(count: usize, [a, b, c]: [usize; 3]) -> Batch {
+        Batch { count, a, b, c }
+    }
 }
 
 impl Gemm {
+    /// One product into an fp32 `c` (ld `ldc`) = op(a) (m x k) @ op(b) (k x
+    /// n), `[m, n, k]`, with beta 0, no bias and no residual: what the
+    /// other fields change is written as `Gemm { beta: 1.0, ..Gemm::new(..) }`.
+    pub fn new(
+        [m, n, k]: [usize; 3],
+        [a, b]: [Operand; 2],
+        c: View,
+        ldc: usize,
+        bf16: bool,
+    ) -> Self {
+        Gemm {
+            m,
+            n,
+            k,
+            a,
+            b,
+            beta: 0.0,
+            c,
+            ldc,
+            bias: None,
+            residual: None,
+            c_bf16: false,
+            bf16,
+            batch: Batch::ONE,
+        }
+    }
+
     /// The elements `c` spans in its view, from element 0 to the last one
     /// the products write.
     pub fn c_span(&self) -> usize {

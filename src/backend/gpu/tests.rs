@@ -1580,25 +1580,14 @@ fn a_batch_of_bf16_products_is_its_fp32_batch_rounded_on<R: Runtime>(dev: &Queue
         put(dev, &[guard; 16], Bf16::from_f32(-9.0)),
     );
     for (c, c_bf16) in [(fp32.view(), false), (held.view(), true)] {
+        let ab = [
+            super::operand(a.view(), false, 2),
+            super::operand(b.view(), false, 4),
+        ];
         dev.gemm(super::Gemm {
-            m: 2,
-            n: 3,
-            k: 4,
-            a: super::operand(a.view(), false, 2),
-            b: super::operand(b.view(), false, 4),
-            beta: 0.0,
-            c,
-            ldc: 2,
-            bias: None,
-            residual: None,
             c_bf16,
-            bf16: true,
-            batch: super::Batch {
-                count: 2,
-                a: 8,
-                b: 12,
-                c: 8,
-            },
+            batch: super::Batch::of(2, [8, 12, 8]),
+            ..super::Gemm::new([2, 3, 4], ab, c, 2, true)
         })
         .unwrap();
     }
@@ -1619,26 +1608,13 @@ fn a_gemm_bias_without_products_is_added_and_across_a_batch_refused() {
 
 fn a_gemm_bias_without_products_is_added_and_across_a_batch_refused_on<R: Runtime>(dev: &Queue<R>) {
     let (x, bias) = (putf(dev, &[1.0; 16]), put_at(dev, &[0.5, -2.0], -1000.0, 4));
+    let ab = |k: usize| [2, k.max(1)].map(|ld| super::operand(x.view(), false, ld));
     let c0 = [3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
     let gemm = |c: View, k, beta, ldc, count| super::Gemm {
-        m: 2,
-        n: 3,
-        k,
-        a: super::operand(x.view(), false, 2),
-        b: super::operand(x.view(), false, k.max(1)),
         beta,
-        c,
-        ldc,
         bias: Some(bias.view()),
-        c_bf16: false,
-        residual: None,
-        bf16: false,
-        batch: super::Batch {
-            count,
-            a: 0,
-            b: 0,
-            c: 6,
-        },
+        batch: super::Batch::of(count, [0, 0, 6]),
+        ..super::Gemm::new([2, 3, k], ab(k), c, ldc, false)
     };
     for (beta, want) in [
         (0.0, [0.5, -2.0, 0.5, -2.0, 0.5, -2.0]),
@@ -1668,20 +1644,10 @@ fn a_gemm_residual_needs_one_product_into_a_whole_fp32_c() {
 fn a_gemm_residual_needs_one_product_into_a_whole_fp32_c_on<R: Runtime>(dev: &Queue<R>) {
     let r = [3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0];
     let (x, r) = (putf(dev, &[1.0; 16]), putf(dev, &r));
+    let ab = |k: usize| [2, k.max(1)].map(|ld| super::operand(x.view(), false, ld));
     let gemm = |c: View, k, residual: View| super::Gemm {
-        m: 2,
-        n: 3,
-        k,
-        a: super::operand(x.view(), false, 2),
-        b: super::operand(x.view(), false, k.max(1)),
-        beta: 0.0,
-        c,
-        ldc: 2,
-        bias: None,
-        c_bf16: false,
         residual: Some(residual),
-        bf16: false,
-        batch: super::Batch::ONE,
+        ..super::Gemm::new([2, 3, k], ab(k), c, 2, false)
     };
     // c and the residual longer than m x n: their first m x n copied
     let c = putf(dev, &[0.0; 8]);
@@ -1690,11 +1656,7 @@ fn a_gemm_residual_needs_one_product_into_a_whole_fp32_c_on<R: Runtime>(dev: &Qu
     assert_eq!(get(dev, &c), want, "no products: the residual");
     let c = putf(dev, &[0.0; 16]);
     let g = gemm(c.view(), 4, r.view());
-    let batch = super::Batch {
-        count: 2,
-        c: 6,
-        ..super::Batch::ONE
-    };
+    let batch = super::Batch::of(2, [0, 0, 6]);
     let short = View { len: 5, ..r.view() };
     for (what, g) in [
         ("a batch", super::Gemm { batch, ..g }),
@@ -1729,19 +1691,9 @@ fn a_gemm_over_bf16_storage_needs_bf16_products_and_beta_0_on<R: Runtime>(dev: &
     let f = super::operand(x.view(), false, 2);
     let h = super::Operand { bf16: true, ..f };
     let gemm = |a, b, c_bf16, bf16, beta| super::Gemm {
-        m: 2,
-        n: 2,
-        k: 2,
-        a,
-        b,
         beta,
-        c: x.view(),
-        ldc: 2,
-        bias: None,
-        residual: None,
         c_bf16,
-        bf16,
-        batch: super::Batch::ONE,
+        ..super::Gemm::new([2, 2, 2], [a, b], x.view(), 2, bf16)
     };
     for g in [
         gemm(h, f, false, false, 0.0),
@@ -1926,24 +1878,9 @@ fn a_batch_of_empty_products_sets_each_output_to_beta_times_itself_on<R: Runtime
         let c = putf(dev, &[7.0; 16]);
         let a = super::operand(c.view(), false, 2);
         dev.gemm(super::Gemm {
-            m: 2,
-            n: 3,
-            k: 0,
-            a,
-            b: a,
             beta,
-            c: c.view(),
-            ldc: 2,
-            bias: None,
-            c_bf16: false,
-            residual: None,
-            bf16: false,
-            batch: super::Batch {
-                count: 2,
-                a: 0,
-                b: 0,
-                c: 8,
-            },
+            batch: super::Batch::of(2, [0, 0, 8]),
+            ..super::Gemm::new([2, 3, 0], [a, a], c.view(), 2, false)
         })
         .unwrap();
         let got = get(dev, &c);

@@ -343,24 +343,8 @@ impl Heads {
     fn per_head(&self, m: usize, k: usize, [a, b]: [Operand; 2], c: View, n: usize) -> Gemm {
         let t = self.t;
         Gemm {
-            m,
-            n: t,
-            k,
-            a,
-            b,
-            beta: 0.0,
-            c,
-            ldc: m,
-            bias: None,
-            c_bf16: false,
-            residual: None,
-            bf16: self.shape.bf16,
-            batch: Batch {
-                count: n,
-                a: a.ld * t,
-                b: b.ld * t,
-                c: m * t,
-            },
+            batch: Batch::of(n, [a.ld * t, b.ld * t, m * t]),
+            ..Gemm::new([m, t, k], [a, b], c, m, self.shape.bf16)
         }
     }
 

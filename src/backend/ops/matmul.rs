@@ -11,7 +11,7 @@ use crate::backend::cpu::dpbf16::{Lane, Onto};
 use crate::backend::cpu::math::{column_sums, gemm, with_scratch, Mat, Scratch};
 use crate::backend::cpu::round_to_bf16;
 use crate::backend::gpu::{
-    stored_operand, stored_view, weight_operand, Batch, Gemm, Queue, Raw, Runtime, View,
+    stored_operand, stored_view, weight_operand, Gemm, Queue, Raw, Runtime, View,
 };
 use crate::backend::profile::matmul_flops;
 use crate::backend::Bf16;
@@ -130,20 +130,16 @@ impl<O: Operands> Kernel<O> for MatmulForward<O> {
         let bf16 = op.shape.bf16 || c_bf16 == 1 || op.inp.is_bf16() || op.w.is_bf16();
         let layout = op.shape.layout;
         // Row-major out (rows, n) is column-major out^T (n x rows) = W^T @ inp^T.
+        let ab = [
+            weight_operand(op.w, layout, k, n, false),
+            stored_operand(op.inp, false, k),
+        ];
         q.gemm(Gemm {
-            m: n,
-            n: rows,
-            k,
-            a: weight_operand(op.w, layout, k, n, false),
-            b: stored_operand(op.inp, false, k),
             beta: f32::from(u8::from(op.accumulate)),
-            c: out,
-            ldc: n,
             bias: op.bias,
             residual: op.residual,
             c_bf16: c_bf16 == 1,
-            bf16,
-            batch: Batch::ONE,
+            ..Gemm::new([n, rows, k], ab, out, n, bf16)
         })
     }
 }
@@ -220,56 +216,19 @@ fn products<R: Runtime>(
     let dout = |transpose| stored_operand(dout, transpose, n);
     if let Some(dinp) = op.dinp {
         // dinp^T (k x rows) = W @ dout^T.
-        q.gemm(Gemm {
-            m: k,
-            n: rows,
-            k: n,
-            a: weight_operand(op.w, layout, k, n, true),
-            b: dout(false),
-            beta: 0.0,
-            c: dinp,
-            ldc: k,
-            bias: None,
-            c_bf16: false,
-            residual: None,
-            bf16,
-            batch: Batch::ONE,
-        })?;
+        let ab = [weight_operand(op.w, layout, k, n, true), dout(false)];
+        q.gemm(Gemm::new([k, rows, n], ab, dinp, k, bf16))?;
     }
     let Some(dw) = op.dw else { return Ok(()) };
-    q.gemm(match layout {
+    let ([m, cols], ab) = match layout {
         // dw (k, n) += inp^T @ dout: column-major dw^T (n x k) += dout^T @ inp.
-        WeightLayout::InOut => Gemm {
-            m: n,
-            n: k,
-            k: rows,
-            a: dout(false),
-            b: stored_operand(op.inp, true, k),
-            beta: 1.0,
-            c: dw,
-            ldc: n,
-            bias: None,
-            c_bf16: false,
-            residual: None,
-            bf16,
-            batch: Batch::ONE,
-        },
+        WeightLayout::InOut => ([n, k], [dout(false), stored_operand(op.inp, true, k)]),
         // dw (n, k) += dout^T @ inp: column-major dw^T (k x n) += inp^T @ dout.
-        WeightLayout::OutIn => Gemm {
-            m: k,
-            n,
-            k: rows,
-            a: stored_operand(op.inp, false, k),
-            b: dout(true),
-            beta: 1.0,
-            c: dw,
-            ldc: k,
-            bias: None,
-            c_bf16: false,
-            residual: None,
-            bf16,
-            batch: Batch::ONE,
-        },
+        WeightLayout::OutIn => ([k, n], [stored_operand(op.inp, false, k), dout(true)]),
+    };
+    q.gemm(Gemm {
+        beta: 1.0,
+        ..Gemm::new([m, cols, rows], ab, dw, m, bf16)
     })
 }
 
