@@ -10,6 +10,7 @@ use super::lm::LmTask;
 use super::mlm::MlmTask;
 use super::task::{Task, TaskKind};
 use super::{Duration, RunRecord, TrainConfig};
+use crate::backend::cpu::Cpu;
 use crate::backend::Backend;
 use crate::data::{Dataset, Tokenizer, TokenizerKind, TokenizerSpec};
 use crate::error::{Error, Result};
@@ -374,19 +375,11 @@ impl TaskData {
     }
 
     pub fn kind(&self) -> TaskKind {
-        match self {
-            TaskData::Lm { .. } => TaskKind::Lm,
-            TaskData::Mlm { model, .. } => super::mlm::task_of(model.head),
-            TaskData::Classify(_) => TaskKind::Classify,
-        }
+        self.with_task::<Cpu, _>(|t| t.kind())
     }
 
     pub fn model(&self) -> ModelConfig {
-        match self {
-            TaskData::Lm { model, .. } => model.clone(),
-            TaskData::Mlm { model, .. } => model.clone().into(),
-            TaskData::Classify(t) => t.model.clone().into(),
-        }
+        self.with_task::<Cpu, _>(|t| t.model())
     }
 
     /// Calls `f` with the task.
