@@ -47,7 +47,7 @@ pub struct ClassifyRow {
     pub tp: usize,
     pub batch: usize,
     pub seq_len: usize,
-    /// Mean optimizer step time after the first.
+    /// Mean optimizer step time after the first (the first's in a one-step run).
     pub step_ms: f64,
     /// Real (unpadded) tokens per second over the epochs.
     pub tokens_per_s: f64,
@@ -119,9 +119,7 @@ pub fn run(m: &ClassifyMatrix, multi: &MultiProgress) -> Result<ClassifyComparis
         let n = epochs.len().max(1) as f64;
         let tokens: f64 = epochs.iter().map(|e| e.tokens_per_s * e.seconds).sum();
         let seconds: f64 = epochs.iter().map(|e| e.seconds).sum();
-        // the first step allocates: the mean of the others
-        let later: Vec<f64> = s.history.iter().skip(1).map(|r| r.ms).collect();
-        let step_ms = later.iter().sum::<f64>() / later.len().max(1) as f64;
+        let step_ms = super::mean_step_ms(&s.history);
         let workload = Workload {
             model: model.clone().into(),
             batch: *batch,

@@ -15,6 +15,7 @@ use crate::backend::cpu::Cpu;
 use crate::backend::PeakRow;
 use crate::data::Dataset;
 use crate::error::{Error, Result};
+use crate::metrics::StepRecord;
 use crate::model::ModelConfig;
 use crate::parallel::{pipeline, ParallelConfig, Pipeline, Schedule, Span, StrategyKind};
 use crate::plan::calibrate::{calibrate_cpu, Calibration, Machine};
@@ -291,9 +292,7 @@ impl RunResult {
         let repeats: Vec<RepeatTiming> = summaries
             .iter()
             .map(|s| {
-                let h = &s.history;
-                let timed = if h.len() > 1 { &h[1..] } else { &h[..] };
-                let step_ms = timed.iter().map(|r| r.ms).sum::<f64>() / timed.len().max(1) as f64;
+                let step_ms = mean_step_ms(&s.history);
                 RepeatTiming {
                     step_ms,
                     tokens_per_s: tokens / (step_ms / 1e3),
@@ -377,6 +376,17 @@ fn deviations(results: &mut [RunResult]) {
             .find(|(m, b, _)| *m == r.model && *b == r.batch)
             .map(|(_, _, base)| loss_deviation(base, &r.losses));
     }
+}
+
+/// A run's mean step time in ms: of the steps after the first (which
+/// allocates), or the first's where it is the only one.
+fn mean_step_ms(history: &[StepRecord]) -> f64 {
+    let timed = if history.len() > 1 {
+        &history[1..]
+    } else {
+        history
+    };
+    timed.iter().map(|r| r.ms).sum::<f64>() / timed.len().max(1) as f64
 }
 
 /// Largest |`a[i]` - `b[i]`| over the steps both have.
@@ -610,6 +620,23 @@ mod tests {
     use super::*;
     use crate::model::GptConfig;
     use crate::parallel::pipeline::{Pipeline, Schedule};
+
+    /// A step time is the mean of the steps after the first, or the first's
+    /// where the run has one step (a one-step classifier run said 0 ms).
+    #[test]
+    fn a_runs_step_time_leaves_out_its_first_step_unless_it_is_the_only_one() {
+        let steps = |ms: &[f64]| -> Vec<StepRecord> {
+            ms.iter()
+                .map(|&ms| StepRecord {
+                    ms,
+                    ..Default::default()
+                })
+                .collect()
+        };
+        assert_eq!(mean_step_ms(&steps(&[900.0, 10.0, 20.0])), 15.0);
+        assert_eq!(mean_step_ms(&steps(&[900.0])), 900.0);
+        assert_eq!(mean_step_ms(&[]), 0.0);
+    }
 
     /// A run's folder names its model, strategy, world, tp and batch, and
     /// its pipeline and repeat where it has them: no two runs of a matrix
