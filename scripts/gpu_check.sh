@@ -669,6 +669,11 @@ if on 1 kernels "every kernel on $dev against the CPU" && needs "${cuda_libs[@]}
         export DISTGPT_CUBLASLT=0
         echo "   a biased GEMM failed its test here: steps 2 on add biases in a pass (DISTGPT_CUBLASLT=0)"
     fi
+    # a GEMM cuBLASLt has no algorithm for takes the bias pass, said once a shape
+    declined=$(grep -c 'its bias goes in a pass before the GEMM' "$out/kernels.txt" || true)
+    if [[ $declined -gt 0 ]]; then
+        echo "   cuBLASLt had no algorithm for $declined GEMM shapes of the tests (kernels.txt): their biases went in a pass"
+    fi
 fi
 
 # ---- 2. a step per strategy --------------------------------------------

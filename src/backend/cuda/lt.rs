@@ -6,7 +6,8 @@
 //! heuristic's algorithm) is made once and kept; one workspace serves all.
 //! `DISTGPT_CUBLASLT=0` leaves the bias to the pass (`Runtime::adds_bias`).
 //! c and the bias are fp32, or both bf16 (a bf16 output's epilogue takes
-//! its bias in bf16: the runtime rounds it first).
+//! its bias in bf16: the runtime rounds it first). A GEMM whose plan has
+//! no algorithm takes the bias pass too ([`Lt::takes`]).
 
 use super::{GpuError, Mem, Result};
 use cudarc::cublaslt::result as lt;
@@ -203,10 +204,11 @@ fn preference(key: PlanKey) -> Result<cublasLtMatmulPreference_t> {
     }
 }
 
-/// The cuBLASLt handle, the plans made so far and the workspace.
+/// The cuBLASLt handle, the plans made so far (or why one could not be
+/// made: no algorithm for its types and alignments) and the workspace.
 pub(super) struct Lt {
     handle: cublasLtHandle_t,
-    plans: HashMap<PlanKey, Plan>,
+    plans: HashMap<PlanKey, Result<Plan>>,
     pub workspace: Option<Mem<u32>>,
 }
 
@@ -242,6 +244,32 @@ impl Lt {
         })
     }
 
+    /// `key`'s plan, made the first time it is asked for and kept, as is
+    /// why it could not be made.
+    fn plan(&mut self, key: PlanKey) -> std::result::Result<&Plan, &GpuError> {
+        let handle = self.handle;
+        self.plans
+            .entry(key)
+            .or_insert_with(|| Plan::new(handle, key))
+            .as_ref()
+    }
+
+    /// Whether `key`'s GEMMs take cuBLASLt's epilogue: where its plan
+    /// cannot be made they take the bias pass, said on stderr the first
+    /// time.
+    pub(super) fn takes(&mut self, key: PlanKey) -> bool {
+        let first = !self.plans.contains_key(&key);
+        match self.plan(key) {
+            Ok(_) => true,
+            Err(e) => {
+                if first {
+                    eprintln!("distgpt: its bias goes in a pass before the GEMM: {e}");
+                }
+                false
+            }
+        }
+    }
+
     /// Queues d = a b + beta c + bias on `stream` per `key`.
     ///
     /// # Safety
@@ -255,11 +283,8 @@ impl Lt {
         beta: f32,
         stream: cudaStream_t,
     ) -> Result<()> {
-        let plan = match self.plans.entry(key) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => e.insert(Plan::new(self.handle, key)?),
-        };
-        let workspace = self.workspace.as_ref().map_or(0, |w| w.ptr);
+        let (handle, workspace) = (self.handle, self.workspace.as_ref().map_or(0, |w| w.ptr));
+        let plan = self.plan(key).map_err(Clone::clone)?;
         let (alpha, [la, lb, lc]) = (1.0f32, plan.layouts);
         let algo = plan
             .algo
@@ -272,7 +297,7 @@ impl Lt {
             set(plan.desc, Desc::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &at.bias)
                 .map_err(failed("cublasLtMatmulDescSetAttribute", key))?;
             lt::matmul(
-                self.handle,
+                handle,
                 plan.desc,
                 (&alpha as *const f32).cast(),
                 (&beta as *const f32).cast(),

@@ -290,23 +290,19 @@ impl CudaRuntime {
         let mut scratch = self.bf16_scratch.lock().unwrap_or_else(|e| e.into_inner());
         let (f32_, bf16) = (cudaDataType::CUDA_R_32F, cudaDataType::CUDA_R_16BF);
         let mut operand = |op: Operand, span: usize, slot: usize| -> Result<CUdeviceptr> {
-            Ok(match (op.bf16, g.bf16) {
-                (true, _) => Self::addr::<u16>(op.view),
-                (false, true) => {
+            match Self::operand_addr(op, g.bf16) {
+                Some(ptr) => Ok(ptr),
+                None => {
                     let copy = self.to_bf16(op, span, scratch[slot].take())?;
                     let ptr = copy.ptr;
                     scratch[slot] = Some(copy);
-                    ptr
+                    Ok(ptr)
                 }
-                (false, false) => Self::addr::<f32>(op.view),
-            })
+            }
         };
         let (a, b) = (operand(g.a, a_span, 0)?, operand(g.b, b_span, 1)?);
         let kind = if g.bf16 { bf16 } else { f32_ };
-        let (c, c_kind) = match g.c_bf16 {
-            true => (Self::addr::<u16>(g.c), bf16),
-            false => (Self::addr::<f32>(g.c), f32_),
-        };
+        let (c, c_kind) = (Self::c_addr(&g), if g.c_bf16 { bf16 } else { f32_ });
         if let Some(bias) = g.bias {
             // a bf16 output's epilogue takes a bf16 bias: rounded here
             let bias = match g.c_bf16 {
@@ -324,11 +320,9 @@ impl CudaRuntime {
                 }
                 false => Self::addr::<f32>(bias),
             };
-            // the products go onto the residual where there is one (C), into c (D)
-            let onto = g.residual.map_or(c, Self::addr::<f32>);
             // SAFETY: as above; `Queue::gemm` checked the bias's m floats
             // and the residual's m x n.
-            return unsafe { self.gemm_lt(&g, [a, b, onto, c], bias) };
+            return unsafe { self.gemm_lt(&g, Self::lt_addrs(&g, [a, b]), bias) };
         }
         let (alpha, beta) = (1.0f32, g.beta);
         let stride = |what: &str, n: usize| {
@@ -397,19 +391,7 @@ impl CudaRuntime {
         if lt.workspace.is_none() {
             lt.workspace = Some(self.alloc::<u32>(lt::WORKSPACE_BYTES / 4)?);
         }
-        let ld = |what, n: usize| {
-            i64::try_from(n).map_err(|_| GpuError(format!("GEMM {what} = {n} exceeds cuBLASLt's")))
-        };
-        let key = lt::PlanKey {
-            m: g.m as u64,
-            n: g.n as u64,
-            k: g.k as u64,
-            transpose: [g.a.transpose, g.b.transpose],
-            ld: [ld("lda", g.a.ld)?, ld("ldb", g.b.ld)?, ld("ldc", g.ldc)?],
-            bf16: g.bf16,
-            c_bf16: g.c_bf16,
-            align: at.map(lt::alignment),
-        };
+        let key = Self::plan_key(g, at)?;
         let [a, b, c, d] = at;
         let beta = match g.residual {
             Some(_) => 1.0,
@@ -419,6 +401,49 @@ impl CudaRuntime {
         let stream = self.stream.cu_stream() as _;
         // SAFETY: the caller's promises; the key's alignments are the addresses'.
         unsafe { lt.matmul(key, lt::Addresses { a, b, c, d, bias }, beta, stream) }
+    }
+
+    /// `g`'s plan for cuBLASLt, from the addresses of a, b, c and d.
+    fn plan_key(g: &Gemm, at: [CUdeviceptr; 4]) -> Result<lt::PlanKey> {
+        let ld = |what, n: usize| {
+            i64::try_from(n).map_err(|_| GpuError(format!("GEMM {what} = {n} exceeds cuBLASLt's")))
+        };
+        Ok(lt::PlanKey {
+            m: g.m as u64,
+            n: g.n as u64,
+            k: g.k as u64,
+            transpose: [g.a.transpose, g.b.transpose],
+            ld: [ld("lda", g.a.ld)?, ld("ldb", g.b.ld)?, ld("ldc", g.ldc)?],
+            bf16: g.bf16,
+            c_bf16: g.c_bf16,
+            align: at.map(lt::alignment),
+        })
+    }
+
+    /// An operand's address as the GEMM reads it, or None where it is
+    /// rounded to bf16 first (into scratch: a whole allocation, 256-byte
+    /// aligned).
+    fn operand_addr(op: Operand, bf16: bool) -> Option<CUdeviceptr> {
+        match (op.bf16, bf16) {
+            (true, _) => Some(Self::addr::<u16>(op.view)),
+            (false, true) => None,
+            (false, false) => Some(Self::addr::<f32>(op.view)),
+        }
+    }
+
+    /// The output's address, in its type.
+    fn c_addr(g: &Gemm) -> CUdeviceptr {
+        match g.c_bf16 {
+            true => Self::addr::<u16>(g.c),
+            false => Self::addr::<f32>(g.c),
+        }
+    }
+
+    /// cuBLASLt's a, b, C (what the products go onto: the residual where
+    /// there is one, else the output) and D (the output), from a and b.
+    fn lt_addrs(g: &Gemm, [a, b]: [CUdeviceptr; 2]) -> [CUdeviceptr; 4] {
+        let d = Self::c_addr(g);
+        [a, b, g.residual.map_or(d, Self::addr::<f32>), d]
     }
 
     fn bind(&self) -> Result<()> {
@@ -715,12 +740,24 @@ impl Runtime for CudaRuntime {
     }
 
     /// A single product whose fp32 bias is 16-byte aligned (a bf16
-    /// output's is rounded into an aligned scratch), where cuBLASLt is on.
+    /// output's is rounded into an aligned scratch), where cuBLASLt is on
+    /// and has an algorithm for the GEMM as `gemm_ex` will pass it (its
+    /// plan made here the first time, or where it has none, said once and
+    /// left to the bias pass).
     fn adds_bias(&self, g: &Gemm) -> bool {
         let aligned = g
             .bias
             .is_some_and(|b| g.c_bf16 || Self::addr::<f32>(b) % 16 == 0);
-        self.lt.is_some() && aligned && g.batch.count == 1
+        let Some(lt) = self.lt.as_ref().filter(|_| aligned && g.batch.count == 1) else {
+            return false;
+        };
+        // a rounded operand's scratch is a whole allocation: address 0 stands for its alignment
+        let ab = [g.a, g.b].map(|op| Self::operand_addr(op, g.bf16).unwrap_or(0));
+        let Ok(key) = Self::plan_key(g, Self::lt_addrs(g, ab)) else {
+            return false;
+        };
+        let mut lt = lt.lock().unwrap_or_else(|e| e.into_inner());
+        self.bind().is_ok() && lt.takes(key)
     }
 
     unsafe fn sgemm(&self, g: Gemm) -> Result<()> {
