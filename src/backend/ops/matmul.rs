@@ -1047,6 +1047,38 @@ mod tests {
         }
     }
 
+    /// Each operand one element shorter than its shape (rows 2, k 3, n 4)
+    /// asks is refused by the check every backend runs, by its name; at
+    /// their lengths none is.
+    #[test]
+    fn an_operand_shorter_than_its_shape_is_refused_by_name() {
+        let (rows, k, n) = (2, 3, 4);
+        let lens = [rows * n, rows * k, k * n, rows * n, n];
+        let names = ["out", "inp", "w", "residual", "bias"];
+        for short in [None, Some(0), Some(1), Some(2), Some(3), Some(4)] {
+            let len = |i: usize| lens[i] - usize::from(short == Some(i));
+            let [inp, w, residual, bias] = [1, 2, 3, 4].map(|i| vec![1.0f32; len(i)]);
+            let mut out = vec![0.0f32; len(0)];
+            let op = MatmulForward::<Host> {
+                out: Stored::F32(&mut out),
+                inp: Stored::F32(&inp),
+                w: Stored::F32(&w),
+                bias: Some(&bias),
+                residual: Some(&residual),
+                shape: MatmulShape::new((rows, k, n), WeightLayout::InOut),
+                accumulate: false,
+            };
+            match (short, op.check()) {
+                (None, got) => assert_eq!(got, Ok(()), "every operand at its length"),
+                (Some(i), Err(e)) => {
+                    let want = format!("{}: view of {}", names[i], lens[i] - 1);
+                    assert!(e.starts_with(&want), "{}: {e}", names[i]);
+                }
+                (Some(i), Ok(())) => panic!("{} one short was taken", names[i]),
+            }
+        }
+    }
+
     /// A bf16 output takes no accumulation and no residual, and a product
     /// goes onto its output or a residual, not both: refused by the check
     /// every backend runs.
