@@ -801,7 +801,10 @@ fn matmul_backward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
                 .cpu(&AsIs);
                 let terms = rows.max(k).max(n) + 1;
                 let di = putf(dev, &vec![9.0; rows * k]);
-                let (dwd, dbd, dd) = (putf(dev, &dw0), putf(dev, &db0), putf(dev, &dout));
+                // dout's view longer than rows x n, as a slice of a larger
+                // buffer: only its first rows x n are read (NaN past them)
+                let dout_longer = [&dout[..], &[f32::NAN; 3]].concat();
+                let (dwd, dbd, dd) = (putf(dev, &dw0), putf(dev, &db0), putf(dev, &dout_longer));
                 let (i, wd) = (putf(dev, &inp), putf(dev, &w));
                 let bv = with_bias.then(|| dbd.view());
                 dev.run(MatmulBackward {
