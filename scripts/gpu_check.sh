@@ -636,6 +636,9 @@ if [[ -n $dry ]]; then
     cpu_model=(--model tiny) worlds=(2) pipes=(2) peak=()
 else
     dev=cuda require=DISTGPT_REQUIRE_CUDA=1
+    # the kernels' OpenCL runs are CI's (PoCL); a GPU machine's OpenCL (its
+    # PoCL, NVIDIA's ICD) would spend the loan on them: no such device
+    export DISTGPT_OPENCL_DEVICE=999
     gpt=(--model gpt2) gpt_shape=(--batch-size 8 --seq-len 1024) timing=(--steps 10 --warmup 3)
     wide_heads=(--n-head 6)
     bert=(--model bert-minilm) bert_shape=(--batch-size 32 --seq-len 128)

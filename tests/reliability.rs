@@ -1249,3 +1249,121 @@ fn an_unfinished_data_prepare_is_refused_not_read_as_gpt2() {
     assert!(shards.join("tokenizer.json").exists());
     assert!(!shards.join("prepare.unfinished").exists());
 }
+
+/// A resume takes a fixed setting repeated as recorded (a run's own command
+/// line with `--resume` added) and refuses what would continue a run other
+/// than the one recorded: run.json edited, a step record it cannot read
+/// and would drop, a checkpoint under another step's name.
+#[test]
+fn a_resume_takes_its_own_command_line_and_refuses_an_edited_record() {
+    let dir = tmp("as-recorded");
+    let resume = |steps: &str| train(&dir, &["--resume", dir.to_str().unwrap(), "--steps", steps]);
+    assert!(train(&dir, &["--steps", "2"]).status.success());
+    let same = resume("3");
+    assert!(same.status.success(), "{}", stderr(&same));
+    assert_eq!(metrics_steps(&dir), [1, 2, 3]);
+
+    let record = dir.join("run.json");
+    let text = std::fs::read_to_string(&record).unwrap();
+    std::fs::write(&record, text.replace("\"seed\": 1337", "\"seed\": 1")).unwrap();
+    let edited = resume("4");
+    assert!(!edited.status.success());
+    let err = stderr(&edited);
+    assert!(err.contains("run.json") && err.contains("edited"), "{err}");
+    std::fs::write(&record, &text).unwrap();
+
+    let metrics = dir.join("metrics.jsonl");
+    let lines = std::fs::read_to_string(&metrics).unwrap();
+    let torn = lines.replacen("{", "garbage {", 1);
+    std::fs::write(&metrics, &torn).unwrap();
+    let unread = resume("4");
+    assert!(!unread.status.success());
+    let err = stderr(&unread);
+    assert!(
+        err.contains("metrics.jsonl") && err.contains("line 1"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&metrics).unwrap(), torn);
+    std::fs::write(&metrics, &lines).unwrap();
+
+    let ckpts = dir.join("checkpoints");
+    std::fs::rename(ckpts.join("step_00000003"), ckpts.join("step_00000009")).unwrap();
+    let renamed = resume("10");
+    assert!(!renamed.status.success());
+    let err = stderr(&renamed);
+    assert!(err.contains("holds step 3, not the step 9"), "{err}");
+    assert_eq!(metrics_steps(&dir), [1, 2, 3]);
+}
+
+/// `--overwrite` never empties a run folder that holds the new run's data;
+/// TensorBoard files never land in another run; a path run.json cannot
+/// record and an evaluation of no batches are refused before anything is
+/// written.
+#[test]
+fn a_new_run_refuses_outputs_that_would_lose_its_inputs_or_another_run() {
+    let dir = tmp("overwrite-inputs");
+    assert!(train(&dir, &["--steps", "1"]).status.success());
+    let data = dir.join("mydata.txt");
+    std::fs::write(
+        &data,
+        "To be, or not to be, that is the question. ".repeat(40),
+    )
+    .unwrap();
+    let over = train(
+        &dir,
+        &[
+            "--steps",
+            "1",
+            "--overwrite",
+            "--data",
+            data.to_str().unwrap(),
+        ],
+    );
+    assert!(!over.status.success());
+    assert!(stderr(&over).contains("--data"), "{}", stderr(&over));
+    assert!(data.exists() && dir.join("run.json").exists());
+
+    let other = tmp("tensorboard-into-a-run");
+    let tb = ["--steps", "1", "--tensorboard", dir.to_str().unwrap()];
+    let into = train(&other, &tb);
+    assert!(!into.status.success());
+    assert!(stderr(&into).contains("--tensorboard"), "{}", stderr(&into));
+
+    use std::os::unix::ffi::OsStrExt;
+    let odd = tmp("utf8").join(std::ffi::OsStr::from_bytes(b"bad\xff\xfename"));
+    let out = bin()
+        .args([
+            "train", "--model", "tiny", "--steps", "1", "--quiet", "--out",
+        ])
+        .arg(&odd)
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert!(
+        !out.status.success() && err.contains("not valid UTF-8"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked") && !odd.exists(), "{err}");
+
+    // not through `train`, which sets --eval-batches already
+    let none = bin()
+        .args([
+            "train",
+            "--model",
+            "tiny",
+            "--steps",
+            "1",
+            "--eval-batches",
+            "0",
+        ])
+        .arg("--out")
+        .arg(tmp("no-eval-batches"))
+        .output()
+        .unwrap();
+    assert!(!none.status.success());
+    assert!(
+        stderr(&none).contains("--eval-batches"),
+        "{}",
+        stderr(&none)
+    );
+}

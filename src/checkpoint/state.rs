@@ -411,7 +411,13 @@ pub fn read_index(dir: &Path) -> Result<Index> {
     let index: Index =
         serde_json::from_str(&text).map_err(|e| bad(format!("invalid index: {e}")))?;
     index.validate().map_err(bad)?;
-    Ok(index)
+    match step_of(dir) {
+        Some(named) if named != index.step => Err(bad(format!(
+            "it holds step {}, not the step {named} its folder is named for: a checkpoint renamed, or copied from elsewhere",
+            index.step
+        ))),
+        _ => Ok(index),
+    }
 }
 
 /// Reads and verifies every file of a checkpoint directory.

@@ -87,7 +87,7 @@ pub struct CompareArgs {
     #[arg(long, value_parser = super::seed, allow_negative_numbers = true, default_value_t = 1337)]
     seed: u64,
     /// Validation batches at the end of each run (lm; default 8).
-    #[arg(long)]
+    #[arg(long, value_parser = super::positive())]
     eval_batches: Option<usize>,
     /// Runs of each cell: tables show the median step time, figures its
     /// min-max range (default: 3 with --quick, else 1).

@@ -85,7 +85,7 @@ pub(super) struct TrainArgs {
     #[arg(long, default_value_t = 100, help_heading = "Output")]
     eval_every: usize,
     /// Validation batches per evaluation.
-    #[arg(long, default_value_t = 20, help_heading = "Output")]
+    #[arg(long, default_value_t = 20, value_parser = positive(), help_heading = "Output")]
     eval_batches: usize,
     /// Print a sample every N steps (0: only at the end).
     #[arg(long, default_value_t = 0, help_heading = "Output")]
@@ -311,7 +311,6 @@ pub(super) fn new_run(a: &TrainArgs, given: &[String], task: TaskKind) -> Result
 /// given. Returns it with the checkpoint's step.
 pub(super) fn resumed_run(a: &mut TrainArgs, given: &[String]) -> Result<(Prepared, usize)> {
     let path = a.resume.clone().expect("resuming");
-    refuse_fixed_on_resume(given)?;
     if a.from_step.is_some() && path.join("index.json").exists() {
         bail!(
             "--from-step picks a checkpoint of a run directory; {} is already one checkpoint",
@@ -319,6 +318,12 @@ pub(super) fn resumed_run(a: &mut TrainArgs, given: &[String]) -> Result<(Prepar
         );
     }
     let found = train::resume::find(&path, a.from_step)?;
+    let given: Vec<String> = given
+        .iter()
+        .filter(|id| !as_recorded(a, id, &found.record))
+        .cloned()
+        .collect();
+    refuse_fixed_on_resume(&given)?;
     if let Some(t) = a.task.filter(|&t| t != found.record.task) {
         bail!(
             "--task {t}: {} is a --task {} run",
@@ -331,9 +336,40 @@ pub(super) fn resumed_run(a: &mut TrainArgs, given: &[String]) -> Result<(Prepar
     }
     let step = found.index.step;
     Ok((
-        found.prepare(&a.settings(), a.parallel.config(), given)?,
+        found.prepare(&a.settings(), a.parallel.config(), &given)?,
         step,
     ))
+}
+
+/// Whether the flag `id`, given with `--resume`, says what the run `r`
+/// records: a fixed setting repeated as it is changes nothing, so a run's
+/// own command line (or its run.json as --config) resumes it.
+fn as_recorded(a: &TrainArgs, id: &str, r: &train::run_dir::RunRecord) -> bool {
+    let t = &r.train;
+    let same = |x: Option<&Path>, y: Option<&Path>| {
+        let canon = |p: Option<&Path>| p.map(|p| std::fs::canonicalize(p).unwrap_or(p.into()));
+        canon(x) == canon(y)
+    };
+    match id {
+        "batch_size" => a.batch_size == t.batch_size,
+        "seq_len" => a.seq_len == Some(t.seq_len),
+        "grad_accum" => a.grad_accum == t.grad_accum,
+        "seed" => a.seed == t.seed,
+        "train_examples" => a.train_examples == t.train_examples,
+        "warmup" => a.warmup == t.warmup_steps,
+        "beta1" => a.beta1 == t.adamw.beta1,
+        "beta2" => a.beta2 == t.adamw.beta2,
+        "weight_decay" => a.weight_decay == t.adamw.weight_decay,
+        "tokenizer" => a.tokenizer == t.tokenizer,
+        "data" => same(a.data.as_deref(), t.data.as_deref()),
+        "init_from" => same(a.init_from.as_deref(), t.init_from.as_deref()),
+        "out" => same(a.out.as_deref(), Some(&t.out_dir)),
+        "model" | "n_layer" | "n_head" | "n_embd" | "block_size" => a
+            .model
+            .family_shape(Some(r.model.vocab_size()))
+            .is_ok_and(|m| m == r.model),
+        _ => false,
+    }
 }
 
 /// The kind of device a run record names (as the backend does: `cpu (2

@@ -244,6 +244,22 @@ impl TrainConfig {
         if self.keep_checkpoints == 0 {
             return bad("--keep-checkpoints must be at least 1".into());
         }
+        let paths = [
+            ("--out", Some(&self.out_dir)),
+            ("--data", self.data.as_ref()),
+            ("--init-from", self.init_from.as_ref()),
+            ("--resume", self.resume.as_ref()),
+            ("--tensorboard", self.tensorboard.as_ref()),
+        ];
+        if let Some((flag, p)) = paths
+            .iter()
+            .find(|(_, p)| p.is_some_and(|p| p.to_str().is_none()))
+        {
+            return bad(format!(
+                "{flag} {}: the path is not valid UTF-8, and run.json records paths as text; rename it",
+                p.expect("found").display()
+            ));
+        }
         Ok(())
     }
 }

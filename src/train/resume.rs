@@ -68,7 +68,7 @@ pub fn find(path: &Path, from_step: Option<usize>) -> Result<Resumption> {
         let reason = format!("has checkpoints but no {RUN_FILE}: it was written by a distgpt whose BERT runs kept no run record, and cannot be resumed; `distgpt checkpoint consolidate {}` recovers its weights", dir.display());
         return Err(Error::Checkpoint { path: dir, reason });
     }
-    let record = run_dir::read_record(&dir)?;
+    let record = run_dir::read_record_to_resume(&dir)?;
     Ok(Resumption {
         dir,
         ckpt,

@@ -57,7 +57,9 @@ pub struct Segment {
 /// offload), the device and the CPU's matmul library are left out: each
 /// computes the same run to float tolerance, as resuming into another
 /// layout does (`tests/strategies.rs`, `tests/checkpoints.rs`); bf16
-/// rounds every matmul's operands, another run.
+/// rounds every matmul's operands, another run. A field added to
+/// [`TrainConfig`] must serialise to nothing at its default (or be left out
+/// here), or every recorded run's checksum changes and none resumes.
 pub fn settings_checksum(t: &TrainConfig, par: &ParallelConfig) -> String {
     let mut v = serde_json::to_value(TrainConfig {
         verbose: false,
@@ -212,6 +214,11 @@ fn link_latest(dir: &Path) -> Result<()> {
     std::fs::rename(&tmp, &link).map_err(|e| Error::io(&link, e))
 }
 
+/// Whether `a` and `b` name one folder.
+fn same_dir(a: &Path, b: &Path) -> bool {
+    matches!((a.canonicalize(), b.canonicalize()), (Ok(a), Ok(b)) if a == b)
+}
+
 /// Whether `dir` holds a distgpt run (what `--overwrite` may empty).
 pub fn holds_a_run(dir: &Path) -> bool {
     [RUN_FILE, METRICS_FILE, state::DIR]
@@ -228,8 +235,10 @@ pub fn holds_nothing_to_keep(dir: &Path) -> Result<bool> {
 }
 
 /// Makes `dir` ready for a new run: it must be absent or empty, unless
-/// `overwrite` and it holds a run, which is then emptied.
-pub fn prepare_new(dir: &Path, overwrite: bool) -> Result<()> {
+/// `cfg.overwrite` and it holds a run (and none of the run's inputs), which
+/// is then emptied.
+fn prepare_new(dir: &Path, cfg: &TrainConfig) -> Result<()> {
+    let overwrite = cfg.overwrite;
     let entries: Vec<PathBuf> = match std::fs::read_dir(dir) {
         Ok(e) => e
             .filter_map(|e| e.ok().map(|e| e.path()))
@@ -259,6 +268,21 @@ pub fn prepare_new(dir: &Path, overwrite: bool) -> Result<()> {
         if !holds_a_run(dir) {
             return Err(Error::Input(format!(
                 "{} is not empty and holds no run: --overwrite only empties run directories; choose a new --out",
+                dir.display()
+            )));
+        }
+        let inside = |p: &&PathBuf| match (p.canonicalize(), dir.canonicalize()) {
+            (Ok(p), Ok(d)) => p.starts_with(d),
+            _ => false,
+        };
+        let inputs = [("--data", &cfg.data), ("--init-from", &cfg.init_from)];
+        if let Some((flag, p)) = inputs
+            .iter()
+            .find_map(|(f, p)| Some((f, p.as_ref().filter(inside)?)))
+        {
+            return Err(Error::Input(format!(
+                "{flag} {} is inside {}, which --overwrite would empty: move it out first, or choose a new --out",
+                p.display(),
                 dir.display()
             )));
         }
@@ -360,9 +384,21 @@ pub fn open(
 ) -> Result<StepLogs> {
     // first, so a second process neither empties nor cuts back a live run
     let lock = lock(dir)?;
-    if start == 0 {
-        prepare_new(dir, cfg.overwrite)?;
+    if let Some(tb) = cfg
+        .tensorboard
+        .as_ref()
+        .filter(|tb| holds_a_run(tb) && !same_dir(tb, dir))
+    {
+        return Err(Error::Input(format!(
+            "--tensorboard {} holds another training run: choose a folder of its own",
+            tb.display()
+        )));
     }
+    // a resume's logs read before anything moves: one it cannot cut back stops here
+    let logs = match start {
+        0 => prepare_new(dir, cfg).map(|()| Default::default()),
+        _ => cut_metrics(dir, start),
+    }?;
     let mut tensorboard = match &cfg.tensorboard {
         Some(tb) => Some(EventWriter::create(tb)?),
         None => None,
@@ -378,7 +414,9 @@ pub fn open(
                 dir.join(state::DIR).join("superseded").display()
             );
         }
-        truncate_metrics(dir, start)?;
+        for (path, kept) in logs.into_iter().flatten() {
+            write_atomic(&path, kept.as_bytes())?;
+        }
     }
     let jsonl = LineWriter::open(&dir.join(METRICS_FILE), start > 0, None)?;
     let header = Some(LineWriter::CSV_HEADER);
@@ -421,12 +459,33 @@ pub fn read_metrics(dir: &Path) -> Result<Vec<StepRecord>> {
 /// Reads `run.json`, its data and init-from paths resolved
 /// ([`RunRecord::resolve_paths`]).
 pub fn read_record(dir: &Path) -> Result<RunRecord> {
+    read_record_checked(dir, false)
+}
+
+/// [`read_record`] for a resume, which continues with the settings it
+/// holds: refused where they are not those its newest invocation trained
+/// with (its segment's [`settings_checksum`]), as when run.json was edited.
+pub fn read_record_to_resume(dir: &Path) -> Result<RunRecord> {
+    read_record_checked(dir, true)
+}
+
+fn read_record_checked(dir: &Path, settings: bool) -> Result<RunRecord> {
     let path = dir.join(RUN_FILE);
     let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-    let mut record: RunRecord = serde_json::from_str(&text).map_err(|e| Error::Checkpoint {
-        path,
-        reason: format!("invalid run record: {e}"),
-    })?;
+    let bad = |reason: String| Error::Checkpoint {
+        path: path.clone(),
+        reason,
+    };
+    let mut record: RunRecord =
+        serde_json::from_str(&text).map_err(|e| bad(format!("invalid run record: {e}")))?;
+    let now = || settings_checksum(&record.train, &record.parallel);
+    let edited = |s: &&Segment| s.settings.as_ref().is_some_and(|sum| *sum != now());
+    if let Some(s) = record.segments.last().filter(edited).filter(|_| settings) {
+        return Err(bad(format!(
+            "its settings are not those the run trained with from step {} (their checksum differs: the file was edited); a resume changes only what its flags may (--steps, --lr, --strategy, ...): undo the edit",
+            s.from_step
+        )));
+    }
     record.resolve_paths(dir);
     Ok(record)
 }
@@ -481,16 +540,17 @@ fn write_record(
     write_json(&dir.join(RUN_FILE), &fresh)
 }
 
-/// Keeps the records of steps up to `step` (a resume point) in
-/// `metrics.jsonl` and `metrics.csv`, dropping later ones and any line a
-/// crash cut short.
-fn truncate_metrics(dir: &Path, step: usize) -> Result<()> {
+/// `metrics.jsonl` and `metrics.csv` cut back to the records of steps up
+/// to `step` (a resume point), each with its new text where it changes:
+/// later records go, and a last line a crash cut short; a file with any
+/// other line it cannot read is refused.
+fn cut_metrics(dir: &Path, step: usize) -> Result<[Option<(PathBuf, String)>; 2]> {
     let jsonl_step = |line: &str| {
         serde_json::from_str::<serde_json::Value>(line)
             .ok()
             .and_then(|v| v["step"].as_u64())
     };
-    keep_lines(&dir.join(METRICS_FILE), step, false, jsonl_step)?;
+    let jsonl = kept_lines(&dir.join(METRICS_FILE), step, false, jsonl_step)?;
     // A CSV row is complete when it has every column of the file's header
     // (files written before a column was added have fewer).
     let csv = dir.join(METRICS_CSV);
@@ -503,34 +563,41 @@ fn truncate_metrics(dir: &Path, step: usize) -> Result<()> {
             .then(|| fields[0].parse().ok())
             .flatten()
     };
-    keep_lines(&csv, step, true, csv_step)
+    Ok([jsonl, kept_lines(&csv, step, true, csv_step)?])
 }
 
-/// Rewrites `path` with the lines whose step is at most `step` (and the
-/// header line when `header`).
-fn keep_lines(
+/// `path` with the lines whose step is at most `step` (and the header line
+/// when `header`), where that changes it; refused where a line before its
+/// last has no step.
+fn kept_lines(
     path: &Path,
     step: usize,
     header: bool,
     step_of: impl Fn(&str) -> Option<u64>,
-) -> Result<()> {
+) -> Result<Option<(PathBuf, String)>> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(Error::io(path, e)),
     };
-    let kept: String = text
-        .lines()
-        .enumerate()
-        .filter(|&(i, line)| {
-            (header && i == 0) || step_of(line).is_some_and(|s| s as usize <= step)
-        })
-        .flat_map(|(_, line)| [line, "\n"])
-        .collect();
-    if kept != text {
-        write_atomic(path, kept.as_bytes())?;
+    let (lines, mut kept) = (text.lines().count(), String::new());
+    for (i, line) in text.lines().enumerate() {
+        match step_of(line) {
+            _ if header && i == 0 => {}
+            Some(s) if s as usize > step => continue,
+            Some(_) => {}
+            // the last line, which a crash may have cut short
+            None if i + 1 == lines => continue,
+            None => {
+                return Err(Error::Checkpoint {
+                    path: path.to_path_buf(),
+                    reason: format!("line {} is not a step record, and resuming would drop it: mend or remove it first", i + 1),
+                })
+            }
+        }
+        kept.extend([line, "\n"]);
     }
-    Ok(())
+    Ok((kept != text).then(|| (path.to_path_buf(), kept)))
 }
 
 #[cfg(test)]

@@ -544,7 +544,12 @@ impl Runtime for CudaRuntime {
             .map_err(failed("cuDeviceGetAttribute"))?;
         let module = ctx
             .load_module(compile(major, minor, fast_paths())?)
-            .map_err(failed("cuModuleLoadData"))?;
+            .map_err(|e| match failed("cuModuleLoadData")(e) {
+                GpuError(m) if m.contains("UNSUPPORTED_PTX_VERSION") => GpuError(format!(
+                    "{m}: the driver is older than the NVRTC that compiled the kernels; update the driver, or put its CUDA version's NVRTC first"
+                )),
+                other => other,
+            })?;
         let mut kernels = HashMap::new();
         for k in kernel_names(program_source()) {
             let f = module
