@@ -5,9 +5,12 @@ mod scratch;
 use scratch::scratch;
 
 use distgpt::backend::cpu::Cpu;
-use distgpt::data::{shard, Dataset, TokenizerKind};
+use distgpt::checkpoint::read_model;
+use distgpt::data::{shard, Dataset, TokenizerKind, TokenizerSpec};
 use distgpt::model::files::{read_weights, write_weights};
+use distgpt::model::gpt2::hf;
 use distgpt::model::{Gpt2, GptConfig};
+use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 fn tmp(name: &str) -> PathBuf {
@@ -120,4 +123,32 @@ fn impossible_shapes_and_inputs_are_refused() {
     assert!(err.contains("token id 99 at position 2"), "{err}");
     let err = m.forward(&[0, 1, 2], None, 2, 3).unwrap_err().to_string();
     assert!(err.contains("3 tokens for a batch of 2 x 3"), "{err}");
+}
+
+/// The tiny model exported as a Hugging Face GPT-2 folder, its
+/// `config.json` then changed by `edit`.
+fn hf_folder(name: &str, edit: impl FnOnce(&mut Value)) -> PathBuf {
+    let d = tmp(name);
+    let chars: String = (0..65u8).map(|i| (b'0' + i) as char).collect();
+    hf::export(&tiny(), &TokenizerSpec::Char { chars }, &d).unwrap();
+    let path = d.join("config.json");
+    let mut config: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    edit(&mut config);
+    std::fs::write(&path, config.to_string()).unwrap();
+    d
+}
+
+/// Positions or layers that pass the parameter-count check but are far
+/// more than model.safetensors holds are refused before the model is
+/// allocated (a 128 GB allocation aborted the process).
+#[test]
+fn a_hugging_face_config_larger_than_its_weights_is_refused_before_allocating() {
+    for (field, value) in [("n_positions", 1_000_000_000u64), ("n_layer", 5_000_000)] {
+        let d = hf_folder(&format!("hf-huge-{field}"), |c| c[field] = value.into());
+        let err = read_model(&d).err().unwrap().to_string();
+        assert!(
+            err.contains("model.safetensors") && err.contains("cannot hold"),
+            "{field}: {err}"
+        );
+    }
 }

@@ -9,6 +9,7 @@ use super::config::{BertConfig, BertHead};
 use super::layout::{classifier_names, layout, EMBEDDINGS, HEAD_MLM};
 use crate::data::wordpiece::WordPiece;
 use crate::error::{Error, Result};
+use crate::model::files::check_holds;
 use crate::model::layout::TensorSpec;
 use crate::store::{checksum, widen_into, write_atomic, write_json, write_safetensors, Data};
 use safetensors::tensor::{Dtype, SafeTensors};
@@ -284,12 +285,11 @@ pub fn load_folder(
         * (cfg.vocab_size as u64 * c
             + cfg.block_size as u64 * c
             + cfg.n_layer as u64 * (4 * c * c + 2 * c * f));
-    if (bytes.len() as u64) < least {
-        return Err(bad(format!(
-            "{} bytes cannot hold the {least} bytes of weights config.json describes ({cfg}): the file is cut short or the config is wrong",
-            bytes.len()
-        )));
-    }
+    check_holds(
+        &path,
+        least,
+        &format!("the model config.json describes ({cfg})"),
+    )?;
     let st = SafeTensors::deserialize(&bytes)
         .map_err(|e| Error::Input(format!("{} is not a safetensors file: {e}", path.display())))?;
     let params = read_weights(&cfg, &st, super::init_full(&cfg, seed))?;

@@ -6,7 +6,7 @@
 use crate::backend::Backend;
 use crate::data::{Tokenizer, TokenizerSpec};
 use crate::error::{Error, Result};
-use crate::model::files::{read_weights, write_weights, ModelMeta, WEIGHTS_FILE};
+use crate::model::files::{check_holds, read_weights, write_weights, ModelMeta, WEIGHTS_FILE};
 use crate::model::{Gpt2, GptConfig};
 use crate::store::{write_atomic, write_json};
 use serde_json::{json, Value};
@@ -143,6 +143,17 @@ pub fn read_config(dir: &Path) -> Result<ModelMeta> {
 /// A Hugging Face GPT-2 folder: its config, tokenizer and whole parameters.
 pub fn import(dir: &Path) -> Result<(ModelMeta, Vec<f32>)> {
     let meta = read_config(dir)?;
-    let params = read_weights(&meta.config, &dir.join(WEIGHTS_FILE), None)?;
+    let weights = dir.join(WEIGHTS_FILE);
+    // every weight in 2 bytes at least (bf16 or f16), checked before the
+    // model, or a layout of n_layer blocks, is made
+    let c = &meta.config;
+    let (e, l) = (c.n_embd() as u64, c.n_layer() as u64);
+    let least = 2 * ((c.vocab_size() + c.block_size() + 2) as u64 * e + l * (12 * e + 13) * e);
+    check_holds(
+        &weights,
+        least,
+        &format!("the model config.json describes ({c})"),
+    )?;
+    let params = read_weights(c, &weights, None)?;
     Ok((meta, params))
 }
