@@ -152,3 +152,57 @@ fn a_hugging_face_config_larger_than_its_weights_is_refused_before_allocating() 
         );
     }
 }
+
+/// A header the safetensors crate refuses is told in words naming the file
+/// and, where the crate knows it, the tensor: never the crate's variant
+/// names (`TensorInvalidInfo`, `InvalidOffset("..")`, `HeaderTooLarge`).
+#[test]
+fn a_damaged_safetensors_header_is_told_in_words() {
+    let d = tmp("st-header");
+    let path = d.join("w.safetensors");
+    save_weights(&tiny(), &path).unwrap();
+    let good = std::fs::read(&path).unwrap();
+    let n = u64::from_le_bytes(good[..8].try_into().unwrap()) as usize;
+    let head = std::str::from_utf8(&good[8..8 + n]).unwrap().to_string();
+    // the header with `from` changed to `to` (of the same length)
+    let edited = |from: &str, to: &str| {
+        assert!(head.contains(from) && from.len() == to.len(), "{from}");
+        let mut b = good.clone();
+        b[8..8 + n].copy_from_slice(head.replacen(from, to, 1).as_bytes());
+        b
+    };
+    let wpe = "\"transformer.wpe.weight\":{\"dtype\":\"F32\",\"shape\":[64,32]";
+    let mut too_long = good.clone();
+    too_long[..8].copy_from_slice(&u64::MAX.to_le_bytes());
+    let cases = [
+        (
+            edited(wpe, &wpe.replace("F32", "F16")),
+            "transformer.wpe.weight",
+        ),
+        (
+            edited(wpe, &wpe.replace("[64,32]", "[64,31]")),
+            "transformer.wpe.weight",
+        ),
+        (
+            edited("\"data_offsets\":[0,", "\"data_offsets\":[1,"),
+            "data_offsets",
+        ),
+        (edited("\"dtype\":", "\"dtype\";"), "header"),
+        (too_long, "header"),
+        (good[..good.len() - 4].to_vec(), "truncated"),
+        (good[..4].to_vec(), "8 bytes"),
+    ];
+    for (i, (bytes, says)) in cases.into_iter().enumerate() {
+        std::fs::write(&path, bytes).unwrap();
+        let err = load_weights(&mut tiny(), &path, None)
+            .unwrap_err()
+            .to_string();
+        let raw = ["Invalid", "Header", "Overflow", "Buffer", "Info"];
+        assert!(
+            err.contains("w.safetensors")
+                && err.contains(says)
+                && !raw.iter().any(|r| err.contains(r)),
+            "case {i}: {err}"
+        );
+    }
+}

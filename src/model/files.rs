@@ -153,7 +153,7 @@ pub fn read_weights(
             )));
         }
     }
-    let st = SafeTensors::deserialize(&bytes)
+    let st = store::read_safetensors(&bytes)
         .map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
     let layout = config.layout(1);
     let names: std::collections::HashSet<&str> =

@@ -11,7 +11,9 @@ use crate::data::wordpiece::WordPiece;
 use crate::error::{Error, Result};
 use crate::model::files::check_holds;
 use crate::model::layout::TensorSpec;
-use crate::store::{checksum, widen_into, write_atomic, write_json, write_safetensors, Data};
+use crate::store::{
+    checksum, read_safetensors, widen_into, write_atomic, write_json, write_safetensors, Data,
+};
 use safetensors::tensor::{Dtype, SafeTensors};
 use std::path::Path;
 
@@ -290,8 +292,8 @@ pub fn load_folder(
         least,
         &format!("the model config.json describes ({cfg})"),
     )?;
-    let st = SafeTensors::deserialize(&bytes)
-        .map_err(|e| Error::Input(format!("{} is not a safetensors file: {e}", path.display())))?;
+    let st =
+        read_safetensors(&bytes).map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
     let params = read_weights(&cfg, &st, super::init_full(&cfg, seed))?;
     if let Some(i) = params.iter().position(|x| !x.is_finite()) {
         let lay = layout(&cfg, 1);
