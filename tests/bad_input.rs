@@ -5,9 +5,9 @@ mod scratch;
 use scratch::scratch;
 
 use distgpt::backend::cpu::Cpu;
-use distgpt::checkpoint::read_model;
+use distgpt::checkpoint::{read_any_meta, read_model};
 use distgpt::data::{shard, Dataset, TokenizerKind, TokenizerSpec};
-use distgpt::model::files::{read_weights, write_weights};
+use distgpt::model::files::{read_weights, save_model, write_weights};
 use distgpt::model::gpt2::hf;
 use distgpt::model::{Gpt2, GptConfig};
 use serde_json::Value;
@@ -203,6 +203,50 @@ fn a_damaged_safetensors_header_is_told_in_words() {
                 && err.contains(says)
                 && !raw.iter().any(|r| err.contains(r)),
             "case {i}: {err}"
+        );
+    }
+}
+
+/// A folder with neither model files, a Hugging Face config nor a
+/// checkpoint is said to hold no model, by name (not as the OS's error
+/// about model.json).
+#[test]
+fn a_folder_that_holds_no_model_is_told_so() {
+    let d = tmp("no-model");
+    for err in [read_model(&d).err(), read_any_meta(&d).err()] {
+        let err = err.unwrap().to_string();
+        assert!(
+            err.contains(&d.display().to_string())
+                && err.contains("holds no model")
+                && !err.contains("os error"),
+            "{err}"
+        );
+    }
+}
+
+/// Model files with one of the pair missing are a damaged model, refused
+/// by the missing file's name (not read past to a checkpoint).
+#[test]
+fn model_files_missing_one_of_the_pair_are_refused_by_its_name() {
+    let chars: String = (0..65u8).map(|i| (b'0' + i) as char).collect();
+    for (gone, kept) in [
+        ("model.json", "model.safetensors"),
+        ("model.safetensors", "model.json"),
+    ] {
+        let d = tmp(&format!("half-{gone}"));
+        save_model(
+            &tiny(),
+            TokenizerSpec::Char {
+                chars: chars.clone(),
+            },
+            &d,
+        )
+        .unwrap();
+        std::fs::remove_file(d.join(gone)).unwrap();
+        let err = read_model(&d).err().unwrap().to_string();
+        assert!(
+            err.contains(&format!("{kept} but no {gone}")) && !err.contains("os error"),
+            "{err}"
         );
     }
 }
