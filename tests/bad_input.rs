@@ -10,7 +10,7 @@ use distgpt::data::{shard, Dataset, TokenizerKind, TokenizerSpec};
 use distgpt::model::files::{read_weights, save_model, write_weights};
 use distgpt::model::gpt2::hf;
 use distgpt::model::{Gpt2, GptConfig};
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 
 fn tmp(name: &str) -> PathBuf {
@@ -249,4 +249,43 @@ fn model_files_missing_one_of_the_pair_are_refused_by_its_name() {
             "{err}"
         );
     }
+}
+
+/// GPT2Config fields whose other values make `transformers` compute
+/// another model than distgpt would are refused, by the field and the
+/// value distgpt needs; what `transformers` writes by default is read.
+#[test]
+fn hugging_face_config_fields_distgpt_cannot_honour_are_refused_by_name() {
+    let refused = [
+        ("layer_norm_epsilon", json!(-1), "1e-5"),
+        ("n_inner", json!(64), "128"),
+        ("tie_word_embeddings", json!(false), "true"),
+        ("scale_attn_by_inverse_layer_idx", json!(true), "false"),
+    ];
+    for (field, value, needs) in refused {
+        let d = hf_folder(&format!("hf-{field}"), |c| c[field] = value.clone());
+        let err = read_model(&d).err().unwrap().to_string();
+        assert!(
+            err.contains("config.json")
+                && err.contains(field)
+                && err.contains(&value.to_string())
+                && err.contains(needs),
+            "{err}"
+        );
+    }
+    let accepted = [
+        ("n_inner", json!(128)),
+        ("layer_norm_epsilon", json!(1e-5)),
+        ("tie_word_embeddings", json!(true)),
+    ];
+    for (field, value) in accepted {
+        let d = hf_folder(&format!("hf-ok-{field}"), |c| c[field] = value);
+        read_model(&d).unwrap();
+    }
+    let d = hf_folder("hf-absent", |c| {
+        for field in ["n_inner", "layer_norm_epsilon", "tie_word_embeddings"] {
+            c.as_object_mut().unwrap().remove(field);
+        }
+    });
+    read_model(&d).unwrap();
 }

@@ -113,6 +113,31 @@ pub fn read_config(dir: &Path) -> Result<ModelMeta> {
         blocks: Vec::new(),
     };
     config.validate()?;
+    // fields whose other values `transformers` computes another model with
+    // (absent or null: its defaults, which are distgpt's)
+    let need = |k: &str, want: String, ok: bool| match ok || j[k].is_null() {
+        true => Ok(()),
+        false => Err(bad(format!(
+            "{k} is {}: distgpt computes GPT-2 with {k} {want} only",
+            j[k]
+        ))),
+    };
+    let eps = j["layer_norm_epsilon"].as_f64().map(|e| e as f32);
+    need(
+        "layer_norm_epsilon",
+        "1e-5".into(),
+        eps == Some(super::LN_EPS),
+    )?;
+    let inner = 4 * config.n_embd;
+    let ok = j["n_inner"].as_u64() == Some(inner as u64);
+    need("n_inner", format!("null or {inner} (4 x n_embd)"), ok)?;
+    for (k, want) in [
+        ("tie_word_embeddings", true),
+        ("scale_attn_weights", true),
+        ("scale_attn_by_inverse_layer_idx", false),
+    ] {
+        need(k, want.to_string(), j[k] == want)?;
+    }
     let tokenizer = match j.get("distgpt_tokenizer") {
         Some(t) => match serde_json::from_value(t.clone()) {
             Ok(TokenizerSpec::Char { chars }) if chars.chars().count() != config.vocab_size => {
