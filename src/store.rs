@@ -3,7 +3,8 @@
 //! model, no run and no training state.
 
 use crate::error::{Error, Result};
-use safetensors::tensor::{Dtype, TensorInfo};
+use safetensors::tensor::{Dtype, Metadata, SafeTensors, TensorInfo};
+use safetensors::SafeTensorError as Bad;
 use serde::Serialize;
 use std::io::Write;
 use std::path::Path;
@@ -116,6 +117,47 @@ pub fn write_safetensors(
         Ok(())
     })?;
     Ok(sum.hex())
+}
+
+/// A safetensors file's tensors, or why not in words (the crate's own
+/// `Display` is its variant's name, `TensorInvalidInfo`), naming the tensor
+/// where the crate or the header tells which.
+pub fn read_safetensors(bytes: &[u8]) -> std::result::Result<SafeTensors<'_>, String> {
+    SafeTensors::deserialize(bytes).map_err(|e| match e {
+        Bad::HeaderTooSmall => "it is shorter than the 8 bytes of its header's length".into(),
+        Bad::HeaderTooLarge => "its header's length is over the 100 MB a header may have".into(),
+        Bad::InvalidHeaderLength => "its header's length runs past the end of the file".into(),
+        Bad::InvalidHeader | Bad::InvalidHeaderStart | Bad::InvalidHeaderDeserialization => {
+            "its header is not the JSON object of a safetensors file".into()
+        }
+        Bad::InvalidOffset(name) => {
+            format!("tensor '{name}' has data_offsets that do not start where the tensor before it ends")
+        }
+        Bad::TensorInvalidInfo | Bad::ValidationOverflow => {
+            let name = misfit(bytes).unwrap_or_else(|| "?".into());
+            format!("tensor '{name}' has a shape and dtype whose bytes its data_offsets do not span")
+        }
+        Bad::MetadataIncompleteBuffer => {
+            "its tensors do not end where the file does: it is truncated or has bytes past them".into()
+        }
+        other => other.to_string(), // none that deserialize makes
+    })
+}
+
+/// The tensor of a safetensors header whose shape and dtype need another
+/// number of bytes than its data_offsets give it.
+fn misfit(bytes: &[u8]) -> Option<String> {
+    let n = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?) as usize;
+    let meta: Metadata = serde_json::from_slice(bytes.get(8..8usize.checked_add(n)?)?).ok()?;
+    let fits = |t: &TensorInfo| {
+        let need = t
+            .shape
+            .iter()
+            .try_fold(t.dtype.size(), |a, &d| a.checked_mul(d));
+        need.is_some() && need == t.data_offsets.1.checked_sub(t.data_offsets.0)
+    };
+    let misfits = meta.tensors().into_iter().filter(|(_, t)| !fits(t));
+    misfits.map(|(name, _)| name).min()
 }
 
 /// FNV-1a, 64 bit: enough to catch truncation and flipped bytes.

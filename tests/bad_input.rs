@@ -5,9 +5,12 @@ mod scratch;
 use scratch::scratch;
 
 use distgpt::backend::cpu::Cpu;
-use distgpt::data::{shard, Dataset, TokenizerKind};
-use distgpt::model::files::{read_weights, write_weights};
+use distgpt::checkpoint::{read_any_meta, read_model};
+use distgpt::data::{shard, Dataset, TokenizerKind, TokenizerSpec};
+use distgpt::model::files::{read_weights, save_model, write_weights};
+use distgpt::model::gpt2::hf;
 use distgpt::model::{Gpt2, GptConfig};
+use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 
 fn tmp(name: &str) -> PathBuf {
@@ -120,4 +123,169 @@ fn impossible_shapes_and_inputs_are_refused() {
     assert!(err.contains("token id 99 at position 2"), "{err}");
     let err = m.forward(&[0, 1, 2], None, 2, 3).unwrap_err().to_string();
     assert!(err.contains("3 tokens for a batch of 2 x 3"), "{err}");
+}
+
+/// The tiny model exported as a Hugging Face GPT-2 folder, its
+/// `config.json` then changed by `edit`.
+fn hf_folder(name: &str, edit: impl FnOnce(&mut Value)) -> PathBuf {
+    let d = tmp(name);
+    let chars: String = (0..65u8).map(|i| (b'0' + i) as char).collect();
+    hf::export(&tiny(), &TokenizerSpec::Char { chars }, &d).unwrap();
+    let path = d.join("config.json");
+    let mut config: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    edit(&mut config);
+    std::fs::write(&path, config.to_string()).unwrap();
+    d
+}
+
+/// Positions or layers that pass the parameter-count check but are far
+/// more than model.safetensors holds are refused before the model is
+/// allocated (a 128 GB allocation aborted the process).
+#[test]
+fn a_hugging_face_config_larger_than_its_weights_is_refused_before_allocating() {
+    for (field, value) in [("n_positions", 1_000_000_000u64), ("n_layer", 5_000_000)] {
+        let d = hf_folder(&format!("hf-huge-{field}"), |c| c[field] = value.into());
+        let err = read_model(&d).err().unwrap().to_string();
+        assert!(
+            err.contains("model.safetensors") && err.contains("cannot hold"),
+            "{field}: {err}"
+        );
+    }
+}
+
+/// A header the safetensors crate refuses is told in words naming the file
+/// and, where the crate knows it, the tensor: never the crate's variant
+/// names (`TensorInvalidInfo`, `InvalidOffset("..")`, `HeaderTooLarge`).
+#[test]
+fn a_damaged_safetensors_header_is_told_in_words() {
+    let d = tmp("st-header");
+    let path = d.join("w.safetensors");
+    save_weights(&tiny(), &path).unwrap();
+    let good = std::fs::read(&path).unwrap();
+    let n = u64::from_le_bytes(good[..8].try_into().unwrap()) as usize;
+    let head = std::str::from_utf8(&good[8..8 + n]).unwrap().to_string();
+    // the header with `from` changed to `to` (of the same length)
+    let edited = |from: &str, to: &str| {
+        assert!(head.contains(from) && from.len() == to.len(), "{from}");
+        let mut b = good.clone();
+        b[8..8 + n].copy_from_slice(head.replacen(from, to, 1).as_bytes());
+        b
+    };
+    let wpe = "\"transformer.wpe.weight\":{\"dtype\":\"F32\",\"shape\":[64,32]";
+    let mut too_long = good.clone();
+    too_long[..8].copy_from_slice(&u64::MAX.to_le_bytes());
+    let cases = [
+        (
+            edited(wpe, &wpe.replace("F32", "F16")),
+            "transformer.wpe.weight",
+        ),
+        (
+            edited(wpe, &wpe.replace("[64,32]", "[64,31]")),
+            "transformer.wpe.weight",
+        ),
+        (
+            edited("\"data_offsets\":[0,", "\"data_offsets\":[1,"),
+            "data_offsets",
+        ),
+        (edited("\"dtype\":", "\"dtype\";"), "header"),
+        (too_long, "header"),
+        (good[..good.len() - 4].to_vec(), "truncated"),
+        (good[..4].to_vec(), "8 bytes"),
+    ];
+    for (i, (bytes, says)) in cases.into_iter().enumerate() {
+        std::fs::write(&path, bytes).unwrap();
+        let err = load_weights(&mut tiny(), &path, None)
+            .unwrap_err()
+            .to_string();
+        let raw = ["Invalid", "Header", "Overflow", "Buffer", "Info"];
+        assert!(
+            err.contains("w.safetensors")
+                && err.contains(says)
+                && !raw.iter().any(|r| err.contains(r)),
+            "case {i}: {err}"
+        );
+    }
+}
+
+/// A folder with neither model files, a Hugging Face config nor a
+/// checkpoint is said to hold no model, by name (not as the OS's error
+/// about model.json).
+#[test]
+fn a_folder_that_holds_no_model_is_told_so() {
+    let d = tmp("no-model");
+    for err in [read_model(&d).err(), read_any_meta(&d).err()] {
+        let err = err.unwrap().to_string();
+        assert!(
+            err.contains(&d.display().to_string())
+                && err.contains("holds no model")
+                && !err.contains("os error"),
+            "{err}"
+        );
+    }
+}
+
+/// Model files with one of the pair missing are a damaged model, refused
+/// by the missing file's name (not read past to a checkpoint).
+#[test]
+fn model_files_missing_one_of_the_pair_are_refused_by_its_name() {
+    let chars: String = (0..65u8).map(|i| (b'0' + i) as char).collect();
+    for (gone, kept) in [
+        ("model.json", "model.safetensors"),
+        ("model.safetensors", "model.json"),
+    ] {
+        let d = tmp(&format!("half-{gone}"));
+        save_model(
+            &tiny(),
+            TokenizerSpec::Char {
+                chars: chars.clone(),
+            },
+            &d,
+        )
+        .unwrap();
+        std::fs::remove_file(d.join(gone)).unwrap();
+        let err = read_model(&d).err().unwrap().to_string();
+        assert!(
+            err.contains(&format!("{kept} but no {gone}")) && !err.contains("os error"),
+            "{err}"
+        );
+    }
+}
+
+/// GPT2Config fields whose other values make `transformers` compute
+/// another model than distgpt would are refused, by the field and the
+/// value distgpt needs; what `transformers` writes by default is read.
+#[test]
+fn hugging_face_config_fields_distgpt_cannot_honour_are_refused_by_name() {
+    let refused = [
+        ("layer_norm_epsilon", json!(-1), "1e-5"),
+        ("n_inner", json!(64), "128"),
+        ("tie_word_embeddings", json!(false), "true"),
+        ("scale_attn_by_inverse_layer_idx", json!(true), "false"),
+    ];
+    for (field, value, needs) in refused {
+        let d = hf_folder(&format!("hf-{field}"), |c| c[field] = value.clone());
+        let err = read_model(&d).err().unwrap().to_string();
+        assert!(
+            err.contains("config.json")
+                && err.contains(field)
+                && err.contains(&value.to_string())
+                && err.contains(needs),
+            "{err}"
+        );
+    }
+    let accepted = [
+        ("n_inner", json!(128)),
+        ("layer_norm_epsilon", json!(1e-5)),
+        ("tie_word_embeddings", json!(true)),
+    ];
+    for (field, value) in accepted {
+        let d = hf_folder(&format!("hf-ok-{field}"), |c| c[field] = value);
+        read_model(&d).unwrap();
+    }
+    let d = hf_folder("hf-absent", |c| {
+        for field in ["n_inner", "layer_norm_epsilon", "tie_word_embeddings"] {
+            c.as_object_mut().unwrap().remove(field);
+        }
+    });
+    read_model(&d).unwrap();
 }

@@ -216,8 +216,18 @@ fn generate_and_eval_read_a_checkpoint_directory() {
         said.starts_with("eval: 2 batches of 8 x 16 tokens from "),
         "{said}"
     );
-    // A run without model files (still training, or stopped by SIGKILL): its newest checkpoint.
+    // Weights without their model.json are a damaged model, not a run
+    // without model files: refused by the missing file's name, never read
+    // past to a checkpoint.
     std::fs::remove_file(dir.join("model.json")).unwrap();
+    let half = distgpt(&["eval", out, "--batches", "2", "--seq-len", "16"]);
+    let said = String::from_utf8_lossy(&half.stderr);
+    assert!(
+        !half.status.success() && said.contains("model.safetensors but no model.json"),
+        "{said}"
+    );
+    // A run without model files (still training, or stopped by SIGKILL): its newest checkpoint.
+    std::fs::remove_file(dir.join("model.safetensors")).unwrap();
     succeeded(distgpt(&["eval", out, "--batches", "2", "--seq-len", "16"]));
 }
 

@@ -6,18 +6,32 @@ pub mod state;
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
-use crate::model::files::{read_files_meta, read_model_files, ModelMeta, HF_CONFIG, META_FILE};
+use crate::model::files::{
+    read_files_meta, read_model_files, ModelMeta, HF_CONFIG, META_FILE, WEIGHTS_FILE,
+};
 use crate::model::Gpt2;
 use std::path::Path;
 
 /// The training-state checkpoint to read a model from when `dir` has no
 /// model files: `dir` itself (`RUN/checkpoints/step_N`), or the newest of a
-/// run that is still training or was stopped before writing them.
-fn checkpoint_instead(dir: &Path) -> Option<std::path::PathBuf> {
-    if dir.join(META_FILE).exists() || dir.join(HF_CONFIG).exists() {
-        return None;
-    }
-    state::latest(dir).ok()
+/// run that is still training or was stopped before writing them. Model
+/// files with one of the pair missing are a damaged model, refused.
+fn checkpoint_instead(dir: &Path) -> Result<Option<std::path::PathBuf>> {
+    let has = |file: &str| dir.join(file).exists();
+    let (kept, gone) = match (has(META_FILE), has(WEIGHTS_FILE)) {
+        (true, true) => return Ok(None),
+        (false, _) if has(HF_CONFIG) => return Ok(None),
+        (true, false) => (META_FILE, WEIGHTS_FILE),
+        (false, true) => (WEIGHTS_FILE, META_FILE),
+        (false, false) => return state::latest(dir).map(Some).map_err(|_| Error::Input(format!(
+            "{}: holds no model: neither distgpt's {META_FILE} and {WEIGHTS_FILE}, a Hugging Face {HF_CONFIG}, nor a checkpoint",
+            dir.display()
+        ))),
+    };
+    Err(Error::Checkpoint {
+        path: dir.to_path_buf(),
+        reason: format!("has {kept} but no {gone}: its model files are incomplete or damaged (`distgpt train --resume` writes a run's again; one of its checkpoints, checkpoints/step_N, can be read instead)"),
+    })
 }
 
 /// The folder [`read_model`] reads `dir`'s model from: `dir` itself, or
@@ -25,7 +39,10 @@ fn checkpoint_instead(dir: &Path) -> Option<std::path::PathBuf> {
 /// run's newest when the run has no model files yet). Files a task keeps
 /// beside the model (a BERT's `vocab.txt`) are there.
 pub fn model_dir(dir: &Path) -> std::path::PathBuf {
-    checkpoint_instead(dir).unwrap_or_else(|| dir.to_path_buf())
+    checkpoint_instead(dir)
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| dir.to_path_buf())
 }
 
 /// Refuses a path that is no directory, in words (not as the OS error
@@ -77,7 +94,7 @@ pub(crate) fn existing_dir(dir: &Path) -> Result<()> {
 /// or a checkpoint (directory, or a run's newest).
 pub fn read_any_meta(dir: &Path) -> Result<ModelMeta> {
     existing_dir(dir)?;
-    if let Some(ckpt) = checkpoint_instead(dir) {
+    if let Some(ckpt) = checkpoint_instead(dir)? {
         let index = state::read_index(&ckpt)?;
         return Ok(ModelMeta {
             config: index.model,
@@ -94,7 +111,7 @@ pub fn read_any_meta(dir: &Path) -> Result<ModelMeta> {
 /// directory, or a run's newest when it has no model files yet).
 pub fn read_model(dir: &Path) -> Result<(ModelMeta, Vec<f32>)> {
     existing_dir(dir)?;
-    if let Some(ckpt) = checkpoint_instead(dir) {
+    if let Some(ckpt) = checkpoint_instead(dir)? {
         let loaded = state::load(&ckpt)?;
         let meta = ModelMeta {
             config: loaded.index.model,

@@ -19,7 +19,7 @@ use crate::parallel::OwnedState;
 use crate::store::{
     checksum, json_checksum, stored_checksum, write_atomic, write_json, write_safetensors, Data,
 };
-use safetensors::tensor::{Dtype, SafeTensors};
+use safetensors::tensor::Dtype;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -458,7 +458,7 @@ pub fn load(dir: &Path) -> Result<Loaded> {
                 f.checksum
             )));
         }
-        let st = SafeTensors::deserialize(&bytes)
+        let st = crate::store::read_safetensors(&bytes)
             .map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
         for (name, buf) in TENSORS.iter().zip(bufs.iter_mut()) {
             let view = st

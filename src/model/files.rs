@@ -153,7 +153,7 @@ pub fn read_weights(
             )));
         }
     }
-    let st = SafeTensors::deserialize(&bytes)
+    let st = store::read_safetensors(&bytes)
         .map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
     let layout = config.layout(1);
     let names: std::collections::HashSet<&str> =
@@ -337,6 +337,22 @@ fn hf_import(dir: &Path) -> Result<(ModelMeta, Vec<f32>)> {
     (hf.import)(dir)
 }
 
+/// Refuses weights file `path` when shorter than the `need` bytes of
+/// `model`'s weights: checked before the model is allocated, so a config
+/// asking for more than the file holds is an error, not an abort.
+pub fn check_holds(path: &Path, need: u64, model: &str) -> Result<()> {
+    let have = std::fs::metadata(path)
+        .map_err(|e| Error::io(path, e))?
+        .len();
+    if have < need {
+        return Err(Error::Checkpoint {
+            path: path.into(),
+            reason: format!("{have} bytes cannot hold the {need} bytes of weights of {model}: the file is truncated or the config is wrong"),
+        });
+    }
+    Ok(())
+}
+
 /// `checkpoint::read_model` from model files only (`model.json` + `model.safetensors`,
 /// or a Hugging Face folder), never from a checkpoint.
 pub fn read_model_files(dir: &Path) -> Result<(ModelMeta, Vec<f32>)> {
@@ -355,19 +371,8 @@ pub fn read_model_files(dir: &Path) -> Result<(ModelMeta, Vec<f32>)> {
         .sum();
     // int8 files hold at least a byte per weight.
     let need = if int8 { stored } else { 4 * stored } as u64;
-    let have = std::fs::metadata(&weights)
-        .map_err(|e| Error::io(&weights, e))?
-        .len();
-    if have < need {
-        return Err(Error::Checkpoint {
-            path: weights,
-            reason: format!(
-                "{have} bytes cannot hold the {need} bytes of weights of a {} x {} model: the file is truncated or the config is wrong",
-                c.n_layer(),
-                c.n_embd()
-            ),
-        });
-    }
+    let model = format!("a {} x {} model", c.n_layer(), c.n_embd());
+    check_holds(&weights, need, &model)?;
     let params = read_weights(c, &weights, Some(&checksum))?;
     Ok((meta, params))
 }

@@ -9,8 +9,11 @@ use super::config::{BertConfig, BertHead};
 use super::layout::{classifier_names, layout, EMBEDDINGS, HEAD_MLM};
 use crate::data::wordpiece::WordPiece;
 use crate::error::{Error, Result};
+use crate::model::files::check_holds;
 use crate::model::layout::TensorSpec;
-use crate::store::{checksum, widen_into, write_atomic, write_json, write_safetensors, Data};
+use crate::store::{
+    checksum, read_safetensors, widen_into, write_atomic, write_json, write_safetensors, Data,
+};
 use safetensors::tensor::{Dtype, SafeTensors};
 use std::path::Path;
 
@@ -284,14 +287,13 @@ pub fn load_folder(
         * (cfg.vocab_size as u64 * c
             + cfg.block_size as u64 * c
             + cfg.n_layer as u64 * (4 * c * c + 2 * c * f));
-    if (bytes.len() as u64) < least {
-        return Err(bad(format!(
-            "{} bytes cannot hold the {least} bytes of weights config.json describes ({cfg}): the file is cut short or the config is wrong",
-            bytes.len()
-        )));
-    }
-    let st = SafeTensors::deserialize(&bytes)
-        .map_err(|e| Error::Input(format!("{} is not a safetensors file: {e}", path.display())))?;
+    check_holds(
+        &path,
+        least,
+        &format!("the model config.json describes ({cfg})"),
+    )?;
+    let st =
+        read_safetensors(&bytes).map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
     let params = read_weights(&cfg, &st, super::init_full(&cfg, seed))?;
     if let Some(i) = params.iter().position(|x| !x.is_finite()) {
         let lay = layout(&cfg, 1);

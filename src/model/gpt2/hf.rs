@@ -6,7 +6,7 @@
 use crate::backend::Backend;
 use crate::data::{Tokenizer, TokenizerSpec};
 use crate::error::{Error, Result};
-use crate::model::files::{read_weights, write_weights, ModelMeta, WEIGHTS_FILE};
+use crate::model::files::{check_holds, read_weights, write_weights, ModelMeta, WEIGHTS_FILE};
 use crate::model::{Gpt2, GptConfig};
 use crate::store::{write_atomic, write_json};
 use serde_json::{json, Value};
@@ -113,6 +113,31 @@ pub fn read_config(dir: &Path) -> Result<ModelMeta> {
         blocks: Vec::new(),
     };
     config.validate()?;
+    // fields whose other values `transformers` computes another model with
+    // (absent or null: its defaults, which are distgpt's)
+    let need = |k: &str, want: String, ok: bool| match ok || j[k].is_null() {
+        true => Ok(()),
+        false => Err(bad(format!(
+            "{k} is {}: distgpt computes GPT-2 with {k} {want} only",
+            j[k]
+        ))),
+    };
+    let eps = j["layer_norm_epsilon"].as_f64().map(|e| e as f32);
+    need(
+        "layer_norm_epsilon",
+        "1e-5".into(),
+        eps == Some(super::LN_EPS),
+    )?;
+    let inner = 4 * config.n_embd;
+    let ok = j["n_inner"].as_u64() == Some(inner as u64);
+    need("n_inner", format!("null or {inner} (4 x n_embd)"), ok)?;
+    for (k, want) in [
+        ("tie_word_embeddings", true),
+        ("scale_attn_weights", true),
+        ("scale_attn_by_inverse_layer_idx", false),
+    ] {
+        need(k, want.to_string(), j[k] == want)?;
+    }
     let tokenizer = match j.get("distgpt_tokenizer") {
         Some(t) => match serde_json::from_value(t.clone()) {
             Ok(TokenizerSpec::Char { chars }) if chars.chars().count() != config.vocab_size => {
@@ -143,6 +168,17 @@ pub fn read_config(dir: &Path) -> Result<ModelMeta> {
 /// A Hugging Face GPT-2 folder: its config, tokenizer and whole parameters.
 pub fn import(dir: &Path) -> Result<(ModelMeta, Vec<f32>)> {
     let meta = read_config(dir)?;
-    let params = read_weights(&meta.config, &dir.join(WEIGHTS_FILE), None)?;
+    let weights = dir.join(WEIGHTS_FILE);
+    // every weight in 2 bytes at least (bf16 or f16), checked before the
+    // model, or a layout of n_layer blocks, is made
+    let c = &meta.config;
+    let (e, l) = (c.n_embd() as u64, c.n_layer() as u64);
+    let least = 2 * ((c.vocab_size() + c.block_size() + 2) as u64 * e + l * (12 * e + 13) * e);
+    check_holds(
+        &weights,
+        least,
+        &format!("the model config.json describes ({c})"),
+    )?;
+    let params = read_weights(c, &weights, None)?;
     Ok((meta, params))
 }
