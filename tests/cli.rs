@@ -3168,6 +3168,24 @@ fn consolidating_a_folder_without_a_checkpoint_says_there_is_nothing_to_consolid
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A folder holding files but no run is not offered `--resume` or
+/// `--overwrite`, which would both fail there.
+#[test]
+fn a_folder_without_a_run_is_not_offered_resume_or_overwrite() {
+    let dir = run_dir("not-a-run");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("notes.txt"), "mine").unwrap();
+    let o = train_tiny_output(dir.to_str().unwrap(), &["--steps", "1"]);
+    let said = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(
+        !o.status.success()
+            && said.contains("is not empty and holds no run")
+            && !said.contains("--resume"),
+        "{said}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A matrix left empty says why its cells were skipped in the error itself.
 #[test]
 fn an_empty_compare_matrix_says_why_its_cells_were_skipped() {

@@ -249,16 +249,16 @@ pub fn prepare_new(dir: &Path, overwrite: bool) -> Result<()> {
         );
     }
     if !entries.is_empty() {
+        if !overwrite && !restart && holds_a_run(dir) {
+            return Err(Error::Input(format!(
+                "{} is not empty (it holds a run): continue that run with `--resume {0}`, choose a new --out, or pass --overwrite to empty it first",
+                dir.display(),
+            )));
+        }
         if !holds_a_run(dir) {
             return Err(Error::Input(format!(
                 "{} is not empty and holds no run: --overwrite only empties run directories; choose a new --out",
                 dir.display()
-            )));
-        }
-        if !overwrite && !restart {
-            return Err(Error::Input(format!(
-                "{} is not empty (it holds a run): continue that run with `--resume {0}`, choose a new --out, or pass --overwrite to empty it first",
-                dir.display(),
             )));
         }
         for p in entries {
