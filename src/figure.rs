@@ -8,6 +8,8 @@
 use crate::error::{Error, Result};
 use crate::parallel::pipeline::Pass;
 use crate::parallel::Span;
+use image::codecs::png::PngEncoder;
+use image::{ColorType, ImageEncoder};
 use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint, Ranged};
 use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
@@ -568,18 +570,44 @@ where
 
 /// Writes `dir/stem.png` and `dir/stem.svg`; returns both paths.
 pub fn write(dir: &Path, fig: &Figure) -> Result<Vec<PathBuf>> {
+    let size = (WIDTH, HEIGHT);
+    let png = png(size, |root| draw(root, fig))?;
+    save(dir, &fig.stem, png, svg(size, |root| draw(root, fig))?)
+}
+
+/// A figure drawn by `draw` in memory, as PNG bytes.
+fn png(
+    (w, h): (u32, u32),
+    draw: impl FnOnce(DrawingArea<BitMapBackend<'_>, Shift>) -> Result<()>,
+) -> Result<Vec<u8>> {
     register_font();
-    let png = dir.join(format!("{}.png", fig.stem));
-    let svg = dir.join(format!("{}.svg", fig.stem));
-    draw(
-        BitMapBackend::new(&png, (WIDTH, HEIGHT)).into_drawing_area(),
-        fig,
-    )?;
-    draw(
-        SVGBackend::new(&svg, (WIDTH, HEIGHT)).into_drawing_area(),
-        fig,
-    )?;
-    Ok(vec![png, svg])
+    let mut rgb = vec![0; 3 * w as usize * h as usize];
+    draw(BitMapBackend::with_buffer(&mut rgb, (w, h)).into_drawing_area())?;
+    let mut bytes = Vec::new();
+    PngEncoder::new(&mut bytes)
+        .write_image(&rgb, w, h, ColorType::Rgb8)
+        .map_err(|e| Error::Input(format!("encoding a figure as PNG: {e}")))?;
+    Ok(bytes)
+}
+
+/// A figure drawn by `draw` in memory, as SVG text.
+fn svg(
+    size: (u32, u32),
+    draw: impl FnOnce(DrawingArea<SVGBackend<'_>, Shift>) -> Result<()>,
+) -> Result<String> {
+    register_font();
+    let mut text = String::new();
+    draw(SVGBackend::with_string(&mut text, size).into_drawing_area())?;
+    Ok(text)
+}
+
+/// Writes `dir/stem.png` and `dir/stem.svg` through `store` (which names a
+/// file it cannot write and the OS's reason); returns both paths.
+fn save(dir: &Path, stem: &str, png: Vec<u8>, svg: String) -> Result<Vec<PathBuf>> {
+    let paths = ["png", "svg"].map(|ext| dir.join(format!("{stem}.{ext}")));
+    crate::store::write_atomic(&paths[0], &png)?;
+    crate::store::write_atomic(&paths[1], svg.as_bytes())?;
+    Ok(paths.into())
 }
 
 /// A pipeline timeline: one row per rank, its forwards and backwards as
@@ -718,13 +746,14 @@ where
 
 /// Writes `dir/stem.png` and `dir/stem.svg` of a timeline; returns both paths.
 pub fn write_timeline(dir: &Path, tl: &Timeline) -> Result<Vec<PathBuf>> {
-    register_font();
-    let png = dir.join(format!("{}.png", tl.stem));
-    let svg = dir.join(format!("{}.svg", tl.stem));
     let size = (WIDTH, 140 + 60 * tl.rows.len() as u32);
-    draw_timeline(BitMapBackend::new(&png, size).into_drawing_area(), tl)?;
-    draw_timeline(SVGBackend::new(&svg, size).into_drawing_area(), tl)?;
-    Ok(vec![png, svg])
+    let png = png(size, |root| draw_timeline(root, tl))?;
+    save(
+        dir,
+        &tl.stem,
+        png,
+        svg(size, |root| draw_timeline(root, tl))?,
+    )
 }
 
 #[cfg(test)]

@@ -47,6 +47,46 @@ fn missing_data_file_is_named() {
 }
 
 #[test]
+fn a_data_path_that_is_no_regular_file_is_refused_not_read() {
+    // /dev/zero would be read until memory ran out; /dev/null is as much a device
+    let err = Dataset::load(Some(Path::new("/dev/null")), TokenizerKind::Char)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("/dev/null is not a regular file"), "{err}");
+}
+
+#[test]
+fn a_text_too_short_is_named_by_its_path() {
+    let path = tmp("short").join("one.txt");
+    std::fs::write(&path, "a").unwrap();
+    let err = Dataset::load(Some(&path), TokenizerKind::Char)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.starts_with(&format!("bad input: {} is 1 tokens long", path.display())),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_empty_prompt_is_told_the_block_size_as_its_limit() {
+    let sc = distgpt::sample::SampleConfig {
+        max_new_tokens: 30,
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        seed: 0,
+    };
+    let generate = distgpt::model::gpt2::generate::generate;
+    let err = generate(&tiny(), &[vec![]], &sc, None, |_, _| {})
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("has 0 tokens; it needs 1 to 64"), "{err}");
+}
+
+#[test]
 fn shard_directory_with_bad_magic_is_refused() {
     let d = tmp("magic");
     shard::write_shard(&d.join("x_train_000000.bin"), &[1, 2, 3]).unwrap();

@@ -3097,3 +3097,140 @@ fn prompts_cut_short_by_the_block_are_named() {
     assert!(!said.contains("stopped at"), "one prompt slides on: {said}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The stderr of a command that must fail.
+fn refused(args: &[&str]) -> String {
+    let o = distgpt(args);
+    let said = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(!o.status.success(), "{args:?} ran: {said}");
+    said
+}
+
+/// A flag that only means something with another is refused, naming both,
+/// when the other is absent or says otherwise.
+#[test]
+fn flags_that_contradict_each_other_are_refused_naming_both() {
+    let dir = run_dir("contradictions");
+    let out = dir.to_str().unwrap();
+    let train = ["train", "--model", "tiny", "--steps", "1", "--out", out];
+    for (extra, says) in [
+        (&["--schedule", "gpipe"][..], ["--schedule gpipe", "--pp 2"]),
+        (
+            &["--offload-serial"],
+            ["--offload-serial", "--offload is none"],
+        ),
+        (
+            &["--device", "opencl", "--cuda-device", "3"],
+            ["--cuda-device 3", "--device is opencl"],
+        ),
+        (
+            &["--device", "cpu", "--opencl-device", "5"],
+            ["--opencl-device 5", "--device is cpu"],
+        ),
+    ] {
+        let said = refused(&[&train[..], extra].concat());
+        assert!(says.iter().all(|s| said.contains(s)), "{extra:?}: {said}");
+    }
+    let said = refused(&["bench", "--model", "tiny", "--weights", "int8"]);
+    assert!(
+        said.contains("--weights int8") && said.contains("--generate"),
+        "{said}"
+    );
+}
+
+/// A figure `plot` cannot write is named with the OS's reason, as an I/O
+/// error (a full disk reads the same), not as bad input in debug words.
+#[test]
+fn a_figure_that_cannot_be_written_is_named_with_the_reason() {
+    let dir = run_dir("plot-unwritable");
+    train_tiny(dir.to_str().unwrap(), &["--steps", "2", "--quiet"]);
+    let blocked = dir.join("plots").join("loss.png");
+    std::fs::create_dir_all(&blocked).unwrap();
+    let said = refused(&["plot", dir.to_str().unwrap()]);
+    assert!(
+        said.contains(&format!(
+            "{}: Is a directory (os error 21)",
+            blocked.display()
+        )) && !said.contains("bad input"),
+        "{said}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn consolidating_a_folder_without_a_checkpoint_says_there_is_nothing_to_consolidate() {
+    let dir = run_dir("consolidate-empty");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("out");
+    let said = refused(&[
+        "checkpoint",
+        "consolidate",
+        dir.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        said.contains("nothing to consolidate")
+            && said.contains(&format!("{} holds no complete checkpoint", dir.display()))
+            && !said.contains("resume"),
+        "{said}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A folder holding files but no run is not offered `--resume` or
+/// `--overwrite`, which would both fail there.
+#[test]
+fn a_folder_without_a_run_is_not_offered_resume_or_overwrite() {
+    let dir = run_dir("not-a-run");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("notes.txt"), "mine").unwrap();
+    let o = train_tiny_output(dir.to_str().unwrap(), &["--steps", "1"]);
+    let said = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(
+        !o.status.success()
+            && said.contains("is not empty and holds no run")
+            && !said.contains("--resume"),
+        "{said}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A matrix left empty says why its cells were skipped in the error itself.
+#[test]
+fn an_empty_compare_matrix_says_why_its_cells_were_skipped() {
+    let dir = run_dir("compare-none-left");
+    let said = refused(&[
+        "compare",
+        "--models",
+        "tiny",
+        "--strategies",
+        "tp",
+        "--world-sizes",
+        "3",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    let error = said.lines().find(|l| l.starts_with("error:")).unwrap_or("");
+    assert!(
+        error.contains("no valid run in the matrix")
+            && error.contains("skipped tiny tp x3 batch 8")
+            && error.contains("n_head (2) is not divisible by the tensor-parallel size 3"),
+        "{said}"
+    );
+}
+
+/// A syntax error in a --config file names the file and its line.
+#[test]
+fn a_config_file_syntax_error_names_the_file_and_line() {
+    let file = run_dir("config-syntax").with_extension("toml");
+    std::fs::write(&file, "model = \"tiny\"\nmodel = \"gpt2\"\n").unwrap();
+    let said = refused(&["train", "--config", file.to_str().unwrap()]);
+    assert!(
+        said.contains(&format!("{} is not valid TOML", file.display()))
+            && said.contains("line 2")
+            && said.contains("duplicate key"),
+        "{said}"
+    );
+    let _ = std::fs::remove_file(&file);
+}

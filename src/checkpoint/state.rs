@@ -380,7 +380,7 @@ pub fn latest(path: &Path) -> Result<PathBuf> {
     }
     list(path)?.pop().ok_or_else(|| {
         Error::Input(format!(
-            "{}: no complete checkpoint to resume from",
+            "{} holds no complete checkpoint ({DIR}/step_N with its {INDEX})",
             path.display()
         ))
     })

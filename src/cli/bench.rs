@@ -144,6 +144,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.generate.is_none() && a.prompt_tokens != 1 {
         anyhow::bail!("--prompt-tokens sets --generate's prompts: give --generate N with it");
     }
+    if a.generate.is_none() && a.weights != WeightFormat::F32 {
+        anyhow::bail!(
+            "--weights {} stores the weights --generate decodes with (training keeps fp32): give --generate N with it",
+            a.weights.name()
+        );
+    }
     if a.generate.is_some() {
         if a.profile {
             anyhow::bail!("--profile times the kernels of training steps: leave out --generate");

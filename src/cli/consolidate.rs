@@ -49,7 +49,7 @@ pub(super) fn consolidate(
 /// `checkpoint consolidate`: a checkpoint's model as model files.
 pub(super) fn run_consolidate(a: ConsolidateArgs) -> Result<()> {
     refuse_output_over_input(&a.checkpoint, &a.out, a.overwrite)?;
-    let dir = checkpoint::state::latest(&a.checkpoint)?;
+    let dir = checkpoint::state::latest(&a.checkpoint).context("nothing to consolidate")?;
     let index = consolidate(&dir, &a.out, None)?;
     distgpt::outln!(
         "wrote {} ({}) from {} (step {}, saved by {} on {})",

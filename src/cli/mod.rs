@@ -277,6 +277,20 @@ impl DeviceArgs {
     /// `op` run on the backend `--device` chooses (a cuda device under
     /// mpirun offset by the process's local rank).
     pub(super) fn run<R, O: OnBackend<Out = Result<R>>>(&self, op: O) -> Result<R> {
+        let ordinals = [
+            ("--opencl-device", self.opencl_device, DeviceKind::Opencl),
+            ("--cuda-device", self.cuda_device, DeviceKind::Cuda),
+        ];
+        let name = |k: DeviceKind| clap::ValueEnum::to_possible_value(&k).expect("listed");
+        for (flag, n, kind) in ordinals {
+            if n != 0 && kind != self.device {
+                bail!(
+                    "{flag} {n} picks a device of --device {}, but --device is {}: pass --device {0}, or leave {flag} out",
+                    name(kind).get_name(),
+                    name(self.device).get_name()
+                );
+            }
+        }
         let index = match self.device {
             DeviceKind::Cpu => 0,
             DeviceKind::Opencl => self.opencl_device,

@@ -178,16 +178,23 @@ pub fn layout_cells(
 }
 
 /// Prints the skipped combinations (before any bar is drawn, so plain
-/// stderr is fine and seen when piped); an empty matrix is an error.
+/// stderr is fine and seen when piped); an empty matrix is an error that
+/// says why its first cells were skipped.
 fn say_skipped(skipped: &[String], none_left: bool) -> Result<()> {
+    if none_left {
+        let (first, more) = skipped.split_at(skipped.len().min(3));
+        let why: Vec<String> = first.iter().map(|s| format!("; skipped {s}")).collect();
+        let more = match more.len() {
+            0 => String::new(),
+            n => format!("; and {n} more"),
+        };
+        return Err(Error::Config(format!(
+            "no valid run in the matrix: check --strategies, --world-sizes and --batch-sizes{}{more}",
+            why.concat()
+        )));
+    }
     for s in skipped {
         crate::errln!("skipped {s}");
-    }
-    if none_left {
-        return Err(Error::Config(
-            "no valid run in the matrix: check --strategies, --world-sizes and --batch-sizes"
-                .into(),
-        ));
     }
     Ok(())
 }

@@ -189,12 +189,12 @@ impl Dataset {
         if let Some(dir) = source.filter(|p| p.is_dir()) {
             return Self::from_shards(dir);
         }
-        let (name, text) = read_text(source)?;
+        let text = read_text(source)?;
         let tokenizer = match kind {
             TokenizerKind::Char => Tokenizer::char_from_corpus(&text),
             TokenizerKind::Gpt2 => Tokenizer::from_spec(&TokenizerSpec::Gpt2)?,
         };
-        Self::encode(&name, &text, tokenizer)
+        Self::encode(source, &text, tokenizer)
     }
 
     /// Like [`Dataset::load`], but text is encoded with a model's own
@@ -203,8 +203,8 @@ impl Dataset {
         if let Some(dir) = source.filter(|p| p.is_dir()) {
             return Self::shards_made_with(dir, tokenizer);
         }
-        let (name, text) = read_text(source)?;
-        Self::encode(&name, &text, Tokenizer::from_spec(tokenizer)?)
+        let text = read_text(source)?;
+        Self::encode(source, &text, Tokenizer::from_spec(tokenizer)?)
     }
 
     /// A text encoded with `tokenizer` (None: the embedded corpus), or
@@ -213,8 +213,8 @@ impl Dataset {
         if let Some(dir) = source.filter(|p| p.is_dir()) {
             return Self::shards_made_with(dir, &tokenizer.spec());
         }
-        let (name, text) = read_text(source)?;
-        Self::encode(&name, &text, tokenizer)
+        let text = read_text(source)?;
+        Self::encode(source, &text, tokenizer)
     }
 
     /// The shards in `dir`, which must have been made with `tokenizer`.
@@ -231,12 +231,19 @@ impl Dataset {
         Ok(ds)
     }
 
-    fn encode(name: &str, text: &str, tokenizer: Tokenizer) -> Result<Self> {
+    /// `text`, read from `source` (None: the embedded corpus), as tokens.
+    fn encode(source: Option<&Path>, text: &str, tokenizer: Tokenizer) -> Result<Self> {
+        // shards are named by the file's stem; a refusal names its path
+        let name = source.map_or("shakespeare".into(), |p| {
+            p.file_stem()
+                .map_or("text".into(), |s| s.to_string_lossy().into_owned())
+        });
+        let shown = source.map_or(name.clone(), |p| p.display().to_string());
         // tokens are held (and written to shards) as u16, as llm.c's format has them
         let vocab = tokenizer.vocab_size();
         if vocab > MAX_VOCAB {
             return Err(Error::Input(format!(
-                "{name} has a vocabulary of {vocab} tokens; token ids are stored as 16-bit numbers (llm.c's shard format), which hold at most {MAX_VOCAB}: use --tokenizer gpt2 or a text with fewer distinct characters"
+                "{shown} has a vocabulary of {vocab} tokens; token ids are stored as 16-bit numbers (llm.c's shard format), which hold at most {MAX_VOCAB}: use --tokenizer gpt2 or a text with fewer distinct characters"
             )));
         }
         let ids = tokenizer.encode(text)?;
@@ -244,7 +251,7 @@ impl Dataset {
         let n_val = (tokens.len() as f64 * VAL_FRACTION) as usize;
         if n_val < MIN_SPLIT_TOKENS {
             return Err(Error::Input(format!(
-                "{name} is {} tokens long: too short to hold out a validation part ({}% of the text, and each part needs at least {MIN_SPLIT_TOKENS} tokens); give a text of at least {} tokens",
+                "{shown} is {} tokens long: too short to hold out a validation part ({}% of the text, and each part needs at least {MIN_SPLIT_TOKENS} tokens); give a text of at least {} tokens",
                 tokens.len(),
                 VAL_FRACTION * 100.0,
                 (MIN_SPLIT_TOKENS as f64 / VAL_FRACTION).ceil() as usize
@@ -252,7 +259,7 @@ impl Dataset {
         }
         let (train, val) = tokens.split_at(tokens.len() - n_val);
         Ok(Dataset {
-            name: name.into(),
+            name,
             tokenizer,
             train: Split {
                 parts: vec![Part::Memory(train.to_vec())],
@@ -371,11 +378,18 @@ impl Dataset {
     }
 }
 
-/// (name, text) of the embedded corpus or a text file.
-fn read_text(source: Option<&Path>) -> Result<(String, std::borrow::Cow<'static, str>)> {
+/// The text of the embedded corpus or a text file.
+fn read_text(source: Option<&Path>) -> Result<std::borrow::Cow<'static, str>> {
     match source {
-        None => Ok(("shakespeare".into(), SHAKESPEARE.into())),
+        None => Ok(SHAKESPEARE.into()),
         Some(p) => {
+            // a device or a pipe (/dev/zero) would be read without end
+            if !std::fs::metadata(p).map_err(|e| Error::io(p, e))?.is_file() {
+                return Err(Error::Input(format!(
+                    "{} is not a regular file: give a text file",
+                    p.display()
+                )));
+            }
             let text = std::fs::read_to_string(p).map_err(|e| Error::io(p, e))?;
             if text.trim().is_empty() {
                 return Err(Error::Input(format!(
@@ -383,10 +397,7 @@ fn read_text(source: Option<&Path>) -> Result<(String, std::borrow::Cow<'static,
                     p.display()
                 )));
             }
-            let name = p
-                .file_stem()
-                .map_or("text".into(), |s| s.to_string_lossy().into_owned());
-            Ok((name, text.into()))
+            Ok(text.into())
         }
     }
 }
@@ -425,7 +436,7 @@ pub fn prepare(source: Option<&Path>, kind: TokenizerKind, out: &Path) -> Result
 /// A WordPiece vocabulary of `size` tokens learned from a text (None: the
 /// embedded corpus; [`wordpiece::learn`]).
 pub fn learn_wordpiece(source: Option<&Path>, size: usize) -> Result<wordpiece::WordPiece> {
-    let (_, text) = read_text(source)?;
+    let text = read_text(source)?;
     wordpiece::learn(&text, size)
 }
 

@@ -245,6 +245,12 @@ impl ParallelConfig {
             Schedule::ZbH1 if pp < 2 => {
                 return bad("the zb-h1 schedule needs --pp 2 or more".into());
             }
+            Schedule::GPipe if pp < 2 => {
+                return bad(
+                    "--schedule gpipe orders a pipeline's micro-batches: it needs --pp 2 or more"
+                        .into(),
+                );
+            }
             Schedule::ZbH1 if self.recompute || self.precision != Precision::Fp32 => {
                 return bad(
                     "the zb-h1 schedule runs in fp32 without --recompute: its weight halves \
@@ -266,6 +272,9 @@ impl ParallelConfig {
                 ));
             }
             _ => {}
+        }
+        if self.offload_serial && self.offload.is_none() {
+            return bad("--offload-serial orders --offload's copies, but --offload is none: pass --offload optimizer or params, or leave --offload-serial out".into());
         }
         if self.offload == Offload::Params && self.strategy != StrategyKind::Fsdp {
             return bad(format!(

@@ -258,11 +258,10 @@ fn prepare_new(dir: &Path, cfg: &TrainConfig) -> Result<()> {
         );
     }
     if !entries.is_empty() {
-        if !overwrite && !restart {
+        if !overwrite && !restart && holds_a_run(dir) {
             return Err(Error::Input(format!(
-                "{} is not empty{}: continue that run with `--resume {0}`, choose a new --out, or pass --overwrite to empty it first",
+                "{} is not empty (it holds a run): continue that run with `--resume {0}`, choose a new --out, or pass --overwrite to empty it first",
                 dir.display(),
-                if holds_a_run(dir) { " (it holds a run)" } else { "" }
             )));
         }
         if !holds_a_run(dir) {

@@ -62,8 +62,9 @@ pub fn decode<B: Backend>(
     cfg.validate()?;
     if let Some(r) = prompts.iter().position(|p| p.is_empty() || p.len() > max_t) {
         return Err(Error::Input(format!(
-            "prompt {r} has {} tokens; it needs 1 to {max_t}",
-            prompts[r].len()
+            "prompt {r} has {} tokens; it needs 1 to {} (the model's block size)",
+            prompts[r].len(),
+            decoder.config.block_size
         )));
     }
     let n = prompts.len();

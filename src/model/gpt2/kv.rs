@@ -93,7 +93,7 @@ impl<'a, B: Backend> DecodeWeights<'a, B> {
 /// it faster ([`Threads::decode_parts`](crate::backend::Threads::decode_parts)), as several parts of consecutive
 /// rows that step side by side, each through the whole model.
 pub struct Decoder<B: Backend> {
-    config: GptConfig,
+    pub(super) config: GptConfig,
     layout: ParamLayout,
     backend: B,
     tp: TpPlace,
