@@ -1354,6 +1354,18 @@ fn a_new_run_refuses_outputs_that_would_lose_its_inputs_or_another_run() {
     let into = train(&other, &tb);
     assert!(!into.status.success());
     assert!(stderr(&into).contains("--tensorboard"), "{}", stderr(&into));
+    // a run's own folder is not another run's, new or resumed
+    let own = ["--tensorboard", other.to_str().unwrap()];
+    assert!(train(&other, &[&["--steps", "1"], &own[..]].concat())
+        .status
+        .success());
+    let more = [
+        &["--resume", other.to_str().unwrap(), "--steps", "2"],
+        &own[..],
+    ]
+    .concat();
+    let resumed = train(&other, &more);
+    assert!(resumed.status.success(), "{}", stderr(&resumed));
 
     use std::os::unix::ffi::OsStrExt;
     let odd = tmp("utf8").join(std::ffi::OsStr::from_bytes(b"bad\xff\xfename"));
