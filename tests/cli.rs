@@ -3215,7 +3215,31 @@ fn an_empty_compare_matrix_says_why_its_cells_were_skipped() {
     assert!(
         error.contains("no valid run in the matrix")
             && error.contains("skipped tiny tp x3 batch 8")
-            && error.contains("n_head (2) is not divisible by the tensor-parallel size 3"),
+            && error.contains("n_head (2) is not divisible by the tensor-parallel size 3")
+            && !error.contains("more"),
+        "{said}"
+    );
+    // the first three cells' reasons, then how many more
+    let worlds = [
+        "--world-sizes",
+        "3,5,7,9",
+        "--batch-sizes",
+        "8",
+        "--out",
+        dir.to_str().unwrap(),
+    ];
+    let said = refused(
+        &[
+            &["compare", "--models", "tiny", "--strategies", "tp"],
+            &worlds[..],
+        ]
+        .concat(),
+    );
+    let error = said.lines().find(|l| l.starts_with("error:")).unwrap_or("");
+    assert!(
+        error.contains("skipped tiny tp x7 batch 8")
+            && !error.contains("tp x9")
+            && error.ends_with("; and 1 more"),
         "{said}"
     );
 }
