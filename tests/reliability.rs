@@ -1310,15 +1310,31 @@ fn a_resume_takes_its_own_command_line_and_refuses_an_edited_record() {
         "{err}"
     );
     assert_eq!(std::fs::read_to_string(&metrics).unwrap(), torn);
-    std::fs::write(&metrics, &lines).unwrap();
+    // a last line a crash cut short goes, and metrics.csv may be gone
+    std::fs::write(&metrics, format!("{lines}{{\"step\": 4, \"lo")).unwrap();
+    let csv = dir.join("metrics.csv");
+    std::fs::remove_file(&csv).unwrap();
+    let cut = resume("4");
+    assert!(cut.status.success(), "{}", stderr(&cut));
+    assert_eq!(metrics_steps(&dir), [1, 2, 3, 4]);
+    // but one that is no text is refused, by name
+    std::fs::write(&csv, b"step\n\xff\xfe\n").unwrap();
+    let unreadable = resume("5");
+    assert!(!unreadable.status.success());
+    assert!(
+        stderr(&unreadable).contains("metrics.csv"),
+        "{}",
+        stderr(&unreadable)
+    );
+    std::fs::remove_file(&csv).unwrap();
 
     let ckpts = dir.join("checkpoints");
-    std::fs::rename(ckpts.join("step_00000003"), ckpts.join("step_00000009")).unwrap();
+    std::fs::rename(ckpts.join("step_00000004"), ckpts.join("step_00000009")).unwrap();
     let renamed = resume("10");
     assert!(!renamed.status.success());
     let err = stderr(&renamed);
-    assert!(err.contains("holds step 3, not the step 9"), "{err}");
-    assert_eq!(metrics_steps(&dir), [1, 2, 3]);
+    assert!(err.contains("holds step 4, not the step 9"), "{err}");
+    assert_eq!(metrics_steps(&dir), [1, 2, 3, 4]);
 }
 
 /// `--overwrite` never empties a run folder that holds the new run's data;
