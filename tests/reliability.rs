@@ -1258,7 +1258,14 @@ fn an_unfinished_data_prepare_is_refused_not_read_as_gpt2() {
 fn a_resume_takes_its_own_command_line_and_refuses_an_edited_record() {
     let dir = tmp("as-recorded");
     let resume = |steps: &str| train(&dir, &["--resume", dir.to_str().unwrap(), "--steps", steps]);
-    assert!(train(&dir, &["--steps", "2"]).status.success());
+    let text = tmp("as-recorded-data").with_extension("txt");
+    std::fs::write(
+        &text,
+        "To be, or not to be, that is the question. ".repeat(40),
+    )
+    .unwrap();
+    let first = train(&dir, &["--steps", "2", "--data", text.to_str().unwrap()]);
+    assert!(first.status.success(), "{}", stderr(&first));
     // every fixed flag, as the record holds it (train's own: model, batch
     // size, sequence length, out)
     let r = distgpt::train::run_dir::read_record(&dir).unwrap().train;
