@@ -75,6 +75,46 @@ pub fn export_params(
     write_json(&dir.join(CONFIG_FILE), &config).map(drop)
 }
 
+/// Why `config.json`'s fields describe another model than the GPT-2
+/// distgpt computes, if they do: the fields whose other values
+/// `transformers` computes another model with (absent or null: its
+/// defaults, which are distgpt's).
+fn another_model(j: &Value, n_embd: usize) -> Option<String> {
+    let eps = j["layer_norm_epsilon"].as_f64().map(|e| e as f32);
+    let inner = 4 * n_embd;
+    let n_inner = j["n_inner"].as_u64() == Some(inner as u64);
+    let wants = [
+        (
+            "layer_norm_epsilon",
+            "1e-5".into(),
+            eps == Some(super::LN_EPS),
+        ),
+        ("n_inner", format!("null or {inner} (4 x n_embd)"), n_inner),
+        (
+            "tie_word_embeddings",
+            "true".into(),
+            j["tie_word_embeddings"] == true,
+        ),
+        (
+            "scale_attn_weights",
+            "true".into(),
+            j["scale_attn_weights"] == true,
+        ),
+        (
+            "scale_attn_by_inverse_layer_idx",
+            "false".into(),
+            j["scale_attn_by_inverse_layer_idx"] == false,
+        ),
+    ];
+    let (k, want, _) = wants
+        .into_iter()
+        .find(|(k, _, ok)| !ok && !j[*k].is_null())?;
+    Some(format!(
+        "{k} is {}: distgpt computes GPT-2 with {k} {want} only",
+        j[k]
+    ))
+}
+
 /// Model config and tokenizer from a Hugging Face GPT-2 `config.json`.
 pub fn read_config(dir: &Path) -> Result<ModelMeta> {
     let path = dir.join(CONFIG_FILE);
@@ -113,30 +153,8 @@ pub fn read_config(dir: &Path) -> Result<ModelMeta> {
         blocks: Vec::new(),
     };
     config.validate()?;
-    // fields whose other values `transformers` computes another model with
-    // (absent or null: its defaults, which are distgpt's)
-    let need = |k: &str, want: String, ok: bool| match ok || j[k].is_null() {
-        true => Ok(()),
-        false => Err(bad(format!(
-            "{k} is {}: distgpt computes GPT-2 with {k} {want} only",
-            j[k]
-        ))),
-    };
-    let eps = j["layer_norm_epsilon"].as_f64().map(|e| e as f32);
-    need(
-        "layer_norm_epsilon",
-        "1e-5".into(),
-        eps == Some(super::LN_EPS),
-    )?;
-    let inner = 4 * config.n_embd;
-    let ok = j["n_inner"].as_u64() == Some(inner as u64);
-    need("n_inner", format!("null or {inner} (4 x n_embd)"), ok)?;
-    for (k, want) in [
-        ("tie_word_embeddings", true),
-        ("scale_attn_weights", true),
-        ("scale_attn_by_inverse_layer_idx", false),
-    ] {
-        need(k, want.to_string(), j[k] == want)?;
+    if let Some(why) = another_model(&j, config.n_embd) {
+        return Err(bad(why));
     }
     let tokenizer = match j.get("distgpt_tokenizer") {
         Some(t) => match serde_json::from_value(t.clone()) {
