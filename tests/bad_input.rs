@@ -301,6 +301,7 @@ fn hugging_face_config_fields_distgpt_cannot_honour_are_refused_by_name() {
         ("n_inner", json!(64), "128"),
         ("tie_word_embeddings", json!(false), "true"),
         ("scale_attn_by_inverse_layer_idx", json!(true), "false"),
+        ("scale_attn_weights", json!(false), "true"),
     ];
     for (field, value, needs) in refused {
         let d = hf_folder(&format!("hf-{field}"), |c| c[field] = value.clone());
@@ -317,6 +318,8 @@ fn hugging_face_config_fields_distgpt_cannot_honour_are_refused_by_name() {
         ("n_inner", json!(128)),
         ("layer_norm_epsilon", json!(1e-5)),
         ("tie_word_embeddings", json!(true)),
+        ("scale_attn_weights", json!(true)),
+        ("scale_attn_by_inverse_layer_idx", json!(false)),
     ];
     for (field, value) in accepted {
         let d = hf_folder(&format!("hf-ok-{field}"), |c| c[field] = value);
