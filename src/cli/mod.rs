@@ -281,13 +281,12 @@ impl DeviceArgs {
             ("--opencl-device", self.opencl_device, DeviceKind::Opencl),
             ("--cuda-device", self.cuda_device, DeviceKind::Cuda),
         ];
-        let name = |k: DeviceKind| clap::ValueEnum::to_possible_value(&k).expect("listed");
         for (flag, n, kind) in ordinals {
             if n != 0 && kind != self.device {
                 bail!(
                     "{flag} {n} picks a device of --device {}, but --device is {}: pass --device {0}, or leave {flag} out",
-                    name(kind).get_name(),
-                    name(self.device).get_name()
+                    config::name(kind),
+                    config::name(self.device)
                 );
             }
         }

@@ -251,13 +251,13 @@ impl TrainConfig {
             ("--resume", self.resume.as_ref()),
             ("--tensorboard", self.tensorboard.as_ref()),
         ];
-        if let Some((flag, p)) = paths
-            .iter()
-            .find(|(_, p)| p.is_some_and(|p| p.to_str().is_none()))
-        {
+        let odd = paths
+            .into_iter()
+            .find_map(|(flag, p)| Some((flag, p.filter(|p| p.to_str().is_none())?)));
+        if let Some((flag, p)) = odd {
             return bad(format!(
                 "{flag} {}: the path is not valid UTF-8, and run.json records paths as text; rename it",
-                p.expect("found").display()
+                p.display()
             ));
         }
         Ok(())
