@@ -15,19 +15,26 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// Writes what `fill` writes to `path` atomically (temporary file,
-/// buffered, fsync, rename), so a file can be written piece by piece.
+/// buffered, fsync, rename), so a file can be written piece by piece. The
+/// temporary file is `path` with `.tmp` added (each file its own), and is
+/// removed when the write fails (a full disk leaves no debris).
 pub fn write_atomic_with(
     path: &Path,
     fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
 ) -> Result<()> {
-    let tmp = path.with_extension("tmp");
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
     let write = || -> std::io::Result<()> {
         let mut f = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
         fill(&mut f)?;
         f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
         std::fs::rename(&tmp, path)
     };
-    write().map_err(|e| Error::io(path, e))
+    write().map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        Error::io(path, e)
+    })
 }
 
 /// Writes `value` to `path` atomically as pretty-printed JSON; returns the text.
@@ -262,6 +269,37 @@ mod tests {
         checksum: String,
         #[serde(default)]
         added: Option<u32>,
+    }
+
+    /// A write that fails part-way leaves neither the file nor its
+    /// temporary beside it; one that succeeds leaves only the file, and
+    /// two files of one stem (model.json, model.safetensors) have
+    /// temporaries of their own.
+    #[test]
+    fn a_failed_write_leaves_no_temporary_file() {
+        let dir = crate::testdir::TestDir::new("store-tmp");
+        let path = dir.path().join("model.json");
+        let err = write_atomic_with(&path, |w| {
+            w.write_all(&[0; 3 << 20])?;
+            Err(std::io::Error::other("no space left"))
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("no space left"), "{err}");
+        let left = |d: &Path| -> Vec<String> {
+            let mut n: Vec<String> = std::fs::read_dir(d)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            n.sort();
+            n
+        };
+        assert!(left(dir.path()).is_empty(), "{:?}", left(dir.path()));
+        write_atomic_with(&path, |w| {
+            write_atomic(&dir.path().join("model.safetensors"), b"{}").unwrap();
+            w.write_all(b"{}")
+        })
+        .unwrap();
+        assert_eq!(left(dir.path()), ["model.json", "model.safetensors"]);
     }
 
     /// Each dtype's bits widen to the values IEEE 754 gives them, worked

@@ -2314,6 +2314,19 @@ fn a_shard_folder_keeps_its_tokenizer_and_init_from_keeps_its_models_shape() {
     // a model folder's shape and tokenizer are its own
     let run = dir.join("tiny");
     train_tiny(run.to_str().unwrap(), &["--steps", "1", "--quiet"]);
+    // shards go in a folder of their own, never among a run's files
+    let files = |d: &Path| std::fs::read_dir(d).unwrap().count();
+    let before = files(&run);
+    for extra in [&[][..], &["--overwrite"]] {
+        let mut args = vec!["data", "prepare", "--input", text_s];
+        args.extend_from_slice(&["--out", run.to_str().unwrap()]);
+        args.extend_from_slice(extra);
+        refused(
+            distgpt(&args),
+            "holds a training run: shards go in a folder of their own",
+        );
+    }
+    assert_eq!(files(&run), before, "the run's folder is as it was");
     for flag in [
         &["--n-layer", "3"][..],
         &["--model", "gpt2"],
@@ -3240,6 +3253,45 @@ fn an_empty_compare_matrix_says_why_its_cells_were_skipped() {
         error.contains("skipped tiny tp x7 batch 8")
             && !error.contains("tp x9")
             && error.ends_with("; and 1 more"),
+        "{said}"
+    );
+}
+
+/// A matrix's list that names a value twice is refused (its cells would
+/// run twice under one name), and the cells skipped for one reason are one
+/// line, their batches listed, the reason said once.
+#[test]
+fn compare_lists_name_each_value_once_and_skipped_cells_say_their_reason_once() {
+    let dir = run_dir("compare-twice");
+    let out = dir.to_str().unwrap();
+    for (flag, list, value) in [
+        ("--strategies", "single,ddp,single", "single"),
+        ("--world-sizes", "2,4,2", "2"),
+        ("--batch-sizes", "8,8", "8"),
+        ("--models", "tiny,tiny", "tiny"),
+    ] {
+        let said = refused(&["compare", flag, list, "--steps", "1", "--out", out]);
+        assert!(
+            said.contains(&format!("{flag} names {value} twice")),
+            "{flag}: {said}"
+        );
+    }
+    assert!(!dir.exists(), "nothing was written");
+    let said = refused(&[
+        "compare",
+        "--models",
+        "tiny",
+        "--strategies",
+        "tp",
+        "--world-sizes",
+        "3",
+        "--out",
+        out,
+    ]);
+    let error = said.lines().find(|l| l.starts_with("error:")).unwrap_or("");
+    assert!(
+        error.contains("skipped tiny tp x3 batch 8, 16, 32: n_head (2) is not divisible")
+            && error.matches("invalid configuration").count() == 1,
         "{said}"
     );
 }

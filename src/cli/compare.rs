@@ -108,6 +108,10 @@ pub fn run(mut a: CompareArgs, threads: usize) -> Result<()> {
     if a.batch_sizes.contains(&0) || a.world_sizes.contains(&0) {
         bail!("--batch-sizes and --world-sizes must be at least 1");
     }
+    once_each("--strategies", &a.strategies)?;
+    once_each("--world-sizes", &a.world_sizes)?;
+    once_each("--batch-sizes", &a.batch_sizes)?;
+    once_each("--models", a.models.as_deref().unwrap_or_default())?;
     if let Some(out) = &a.out {
         super::claim_out(out, "--out", "a report folder", a.overwrite)?;
     }
@@ -241,6 +245,17 @@ fn finish(
     }
     distgpt::outln!("report: {} ({files} files)", report.display());
     Ok(())
+}
+
+/// Refuses a list that names a value twice: its cells would run twice
+/// under one name, as if they were others.
+fn once_each<T: PartialEq + std::fmt::Display>(flag: &str, values: &[T]) -> Result<()> {
+    match values.iter().enumerate().find(|(i, v)| values[..*i].contains(v)) {
+        Some((_, v)) => bail!(
+            "{flag} names {v} twice: name each value once (with --task lm, --repeats runs each cell more than once)"
+        ),
+        None => Ok(()),
+    }
 }
 
 /// The language-model matrix's models: each preset (default

@@ -136,13 +136,19 @@ pub fn run(command: DataCommand) -> Result<()> {
     Ok(())
 }
 
-/// Refuses an `--out` that is a file, or that holds token shards or a
-/// tokenizer.json (new shards would be read beside the old ones, and the
+/// Refuses an `--out` that is a file or holds a training run, or that holds
+/// token shards or a tokenizer.json (new shards would be read beside the old ones, and the
 /// old decoded with the new vocabulary); with `overwrite`, deletes those.
 fn clear_earlier(out: &Path, overwrite: bool) -> Result<()> {
     super::refuse_file_out(out, "--out", "a folder of shards")?;
     if !out.exists() {
         return Ok(());
+    }
+    if distgpt::train::run_dir::holds_a_run(out) {
+        bail!(
+            "--out {} holds a training run: shards go in a folder of their own (`train --overwrite` would delete them with the run); choose another --out",
+            out.display()
+        );
     }
     let mut earlier = data::shard_files(out).with_context(|| format!("--out {}", out.display()))?;
     for name in ["tokenizer.json", "vocab.txt", data::UNFINISHED] {

@@ -165,13 +165,29 @@ pub fn layout_cells(
                 ));
                 continue;
             }
+            // the batches skipped for each reason, a line a reason
+            let mut why: Vec<(String, Vec<String>)> = Vec::new();
             for &batch in batch_sizes {
                 let par = layout.parallel(world);
-                match valid(par, batch) {
-                    Err(e) => skipped.push(format!("{name} {layout} x{world} batch {batch}: {e}")),
-                    Ok(()) => out.push((par, batch)),
+                let reason = match valid(par, batch) {
+                    Ok(()) => {
+                        out.push((par, batch));
+                        continue;
+                    }
+                    Err(Error::Config(m)) => m,
+                    Err(e) => e.to_string(),
+                };
+                match why.iter_mut().find(|(r, _)| *r == reason) {
+                    Some((_, batches)) => batches.push(batch.to_string()),
+                    None => why.push((reason, vec![batch.to_string()])),
                 }
             }
+            skipped.extend(why.into_iter().map(|(reason, batches)| {
+                format!(
+                    "{name} {layout} x{world} batch {}: {reason}",
+                    batches.join(", ")
+                )
+            }));
         }
     }
     (out, skipped)
