@@ -181,6 +181,13 @@ pub trait Device: Send + Sync + Sized + Clone + 'static {
     fn device_memory(&self) -> Option<(u64, u64)> {
         None
     }
+    /// How many buffers the device has allocated so far (the kernels'
+    /// scratch and temporaries among them), where it allocates through a
+    /// queue of its own (a GPU): a training step after the first should
+    /// add none. None on the CPU.
+    fn allocations(&self) -> Option<u64> {
+        None
+    }
     /// This backend's memory counters as a report, with the driver's view
     /// of the device beside them where there is one.
     fn memory_report(&self) -> MemoryReport {

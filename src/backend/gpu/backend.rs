@@ -186,6 +186,9 @@ impl<R: Runtime> Device for Gpu<R> {
     fn device_memory(&self) -> Option<(u64, u64)> {
         self.dev.rt.memory_info()
     }
+    fn allocations(&self) -> Option<u64> {
+        Some(self.dev.allocations())
+    }
     fn device_address(&self, view: RawView, elem_size: usize) -> Option<u64> {
         R::ADDRESSED.then(|| view.handle as u64 + (view.off * elem_size) as u64)
     }

@@ -22,6 +22,7 @@ pub(crate) use kernels::{
 
 use crate::backend::Elem;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// Threads per workgroup of every kernel: the prelude's `BLOCK`.
@@ -47,10 +48,19 @@ pub struct View {
 impl View {
     /// The view from its element `start` on.
     pub fn tail(self, start: usize) -> View {
-        assert!(start <= self.len, "view of {} from {start}", self.len);
+        self.part(start..self.len)
+    }
+
+    /// Elements `range` of the view.
+    pub fn part(self, range: std::ops::Range<usize>) -> View {
+        assert!(
+            range.start <= range.end && range.end <= self.len,
+            "elements {range:?} of a view of {}",
+            self.len
+        );
         View {
-            off: self.off + start,
-            len: self.len - start,
+            off: self.off + range.start,
+            len: range.end - range.start,
             ..self
         }
     }
@@ -348,6 +358,8 @@ pub struct Queue<R: Runtime> {
     rt: R,
     /// Kernels' scratch buffers ([`Queue::with_scratch`]), kept between calls.
     scratch: Mutex<Vec<R::Mem<f32>>>,
+    /// Buffers allocated through [`Queue::alloc`] so far.
+    allocations: AtomicU64,
 }
 
 impl<R: Runtime> Queue<R> {
@@ -358,6 +370,7 @@ impl<R: Runtime> Queue<R> {
         Ok(Queue {
             rt: R::open(index)?,
             scratch: Mutex::default(),
+            allocations: AtomicU64::new(0),
         })
     }
 
@@ -399,7 +412,15 @@ impl<R: Runtime> Queue<R> {
     }
 
     pub fn alloc<T: Elem>(&self, len: usize) -> Result<R::Mem<T>, GpuError> {
+        self.allocations.fetch_add(1, Ordering::Relaxed);
         self.rt.alloc(len)
+    }
+
+    /// Buffers allocated through [`Queue::alloc`] so far: the model's,
+    /// the kernels' scratch and temporaries (not those a runtime keeps for
+    /// itself, such as a GEMM's rounded operands).
+    pub fn allocations(&self) -> u64 {
+        self.allocations.load(Ordering::Relaxed)
     }
 
     pub fn write<T: Elem>(&self, dst: View, src: &[T]) -> Result<(), GpuError> {

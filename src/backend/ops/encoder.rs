@@ -3,7 +3,7 @@
 
 use super::{need, Checked, Extent, Host, Kernel, Lower, Operands, Queued};
 use crate::backend::cpu::math::SendPtr;
-use crate::backend::gpu::{groups, u32_arg, u32s, Arg, DeviceMem, Queue, Raw, Runtime};
+use crate::backend::gpu::{groups, u32_arg, u32s, Arg, Queue, Raw, Runtime};
 use rayon::prelude::*;
 
 operation! {
@@ -120,18 +120,21 @@ impl<O: Operands> Kernel<O> for EncoderBackward<'_, O> {
         let mut csr = order;
         csr.extend_from_slice(&starts);
         csr.extend_from_slice(&toks);
-        let mem = q.alloc::<u32>(csr.len())?;
-        q.write(mem.view(), &csr)?;
-        let args = [
-            Arg::View(dwte),
-            Arg::View(dout),
-            Arg::View(mem.view_range(0..rows)),
-            Arg::View(mem.view_range(rows..rows + n_tok + 1)),
-            Arg::View(mem.view_range(rows + n_tok + 1..csr.len())),
-            u32s("distinct tokens", n_tok)?,
-            u32s("c", c)?,
-        ];
-        q.launch("encoder_backward_wte", groups(n_tok * c), &args)?;
+        // In the queue's scratch (4-byte words, as u32s), asked at its
+        // longest (every row a token of its own), so no step allocates.
+        q.with_scratch([3 * rows + 1], |[mem]| {
+            q.write(mem.part(0..csr.len()), &csr)?;
+            let args = [
+                Arg::View(dwte),
+                Arg::View(dout),
+                Arg::View(mem.part(0..rows)),
+                Arg::View(mem.part(rows..rows + n_tok + 1)),
+                Arg::View(mem.part(rows + n_tok + 1..csr.len())),
+                u32s("distinct tokens", n_tok)?,
+                u32s("c", c)?,
+            ];
+            q.launch("encoder_backward_wte", groups(n_tok * c), &args)
+        })?;
         // With rows < t, positions past the last row get nothing: only
         // min(t, rows) positions are touched, each by its one row.
         let positions = t.min(rows);
@@ -142,8 +145,6 @@ impl<O: Operands> Kernel<O> for EncoderBackward<'_, O> {
             u32s("t", positions)?,
             u32s("c", c)?,
         ];
-        // `mem` may be dropped with the kernels still queued: runtimes free
-        // memory in queue order (`Runtime::Mem`).
         q.launch("encoder_backward_wpe", groups(positions * c), &args)
     }
 }
