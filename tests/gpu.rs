@@ -226,7 +226,7 @@ fn run_par<B: Backend>(
 /// kept. Two runs, of 2 and of 5 steps, each on a device of its own (no
 /// other test's buffers counted), allocate as many buffers: GPT-2 in fp32
 /// and bf16, single and on a pipeline of 2 (zb-h1, its backwards split in
-/// halves, in fp32; 1f1b in bf16).
+/// halves, in fp32; 1f1b in bf16); then BERT, step by step.
 /// (The embedding backward's token index, a buffer a step, made the run of
 /// 5 steps allocate 3 more.)
 #[test]
@@ -277,6 +277,62 @@ fn allocations_stay_after_the_first_step<B: Backend>(
             });
             eprintln!("{what}: {two} buffers allocated in 2 steps, {five} in 5");
             assert_eq!(two, five, "{what}: buffers allocated in 2 steps and in 5");
+        }
+    }
+    bert_allocations_stay_after_the_first_step(&open, kind);
+}
+
+/// BERT's steps, a classifier's and a masked LM's in fp32 and bf16, each
+/// over sequences of other lengths: the device's count after the first
+/// step is its count after each later one.
+fn bert_allocations_stay_after_the_first_step<B: Backend>(
+    open: impl Fn() -> distgpt::error::Result<B>,
+    kind: &str,
+) {
+    use distgpt::model::bert::BertHead;
+    use distgpt::parallel::{launch, StepConfig};
+    let (b, t) = (4, 16);
+    for head in [BertHead::Classify { labels: 3 }, BertHead::Mlm] {
+        let cfg = common::small_bert(head);
+        for precision in [Precision::Fp32, Precision::Bf16] {
+            let be = open().unwrap();
+            let par = ParallelConfig {
+                precision,
+                ..ParallelConfig::single()
+            };
+            let counts = launch::run_local(1, 1, Duration::from_secs(120), |world| {
+                let adamw = AdamWConfig::default();
+                let mut s = distgpt::parallel::build(
+                    be.clone_fresh(),
+                    cfg.clone(),
+                    par,
+                    world.as_ref(),
+                    adamw,
+                    b,
+                    t,
+                )?;
+                s.load_full(&cfg.init_full(1))?;
+                let mut rng = distgpt::rng::Rng::new(5);
+                let mut counts = Vec::new();
+                for step in 0..4 {
+                    let mut batch = cfg.synthetic_batch(&mut rng, b, t);
+                    batch.lens = (0..b).map(|i| (1 + (i + step) * 5 % t) as u32).collect();
+                    s.step(
+                        &[batch],
+                        StepConfig {
+                            lr: 1e-3,
+                            grad_clip: 1.0,
+                        },
+                    )?;
+                    counts.push(be.allocations().expect("a GPU counts its allocations"));
+                }
+                Ok(counts)
+            })
+            .unwrap()
+            .remove(0);
+            let what = format!("{kind} bert {head:?} {precision:?}");
+            eprintln!("{what}: buffers allocated by the end of each step {counts:?}");
+            assert!(counts.iter().all(|&n| n == counts[0]), "{what}: {counts:?}");
         }
     }
 }
