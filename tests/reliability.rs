@@ -273,6 +273,63 @@ fn a_run_directory_in_use_is_refused_naming_the_holder() {
     assert!(resumed.status.success(), "{}", stderr(&resumed));
 }
 
+/// A resume takes the run's lock before it reads any of the run's files
+/// and holds it until the run's outputs take it over: while another
+/// process holds the run (this test, standing in for a training process
+/// midway through setting its checkpoints aside), a resume is refused as
+/// in use, never for what it read of checkpoints changing under it (it
+/// listed them first: "no complete checkpoint", or a checkpoint's
+/// index.json not found when it lost the race). Released, it resumes.
+#[test]
+fn a_resume_reads_a_run_only_once_it_holds_the_runs_lock() {
+    let dir = tmp("lock-first");
+    let out = train(&dir, &["--steps", "2", "--checkpoint-every", "1"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let aside = dir.join("aside");
+    std::fs::rename(dir.join("checkpoints"), &aside).unwrap();
+    let held = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(dir.join(".lock"))
+        .unwrap();
+    held.try_lock().unwrap();
+    let ckpt = dir.join("checkpoints").join("step_00000002");
+    for resume in [
+        vec![dir.to_str().unwrap(), "--steps", "3"],
+        vec![dir.to_str().unwrap(), "--from-step", "1", "--steps", "3"],
+    ] {
+        let out = bin()
+            .arg("train")
+            .arg("--resume")
+            .args(&resume)
+            .output()
+            .unwrap();
+        let err = stderr(&out);
+        assert!(
+            !out.status.success() && err.contains("is in use"),
+            "{resume:?}: {err}"
+        );
+    }
+    drop(held);
+    std::fs::rename(&aside, dir.join("checkpoints")).unwrap();
+    assert!(ckpt.join("index.json").exists());
+    let out = bin()
+        .args([
+            "train",
+            "--resume",
+            dir.to_str().unwrap(),
+            "--steps",
+            "3",
+            "--quiet",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(metrics_steps(&dir), [1, 2, 3]);
+}
+
 #[test]
 fn a_diverging_step_is_not_applied_and_never_checkpointed() {
     // The strategy refuses the update itself: the weights stay finite.

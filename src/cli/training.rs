@@ -302,6 +302,7 @@ pub(super) fn new_run(a: &TrainArgs, given: &[String], task: TaskKind) -> Result
         data,
         cfg,
         par: a.parallel.config(),
+        lock: None,
     })
 }
 

@@ -16,6 +16,9 @@ pub struct Prepared {
     pub data: TaskData,
     pub cfg: TrainConfig,
     pub par: ParallelConfig,
+    /// A resumed run's lock, held from the resume's first read of the run
+    /// until the run's outputs take it over (none for a new run).
+    pub lock: Option<run_dir::RunLock>,
 }
 
 impl Prepared {
@@ -46,23 +49,32 @@ pub struct Resumption {
     pub ckpt: PathBuf,
     pub index: state::Index,
     pub record: RunRecord,
+    /// The run's lock, held since before its checkpoints were read.
+    lock: Option<run_dir::RunLock>,
 }
 
 /// The run `path` names: a checkpoint directory (RUN/checkpoints/step_N),
 /// or a run directory's newest checkpoint (that of `from_step` when given).
 /// Refuses a run another process is training before any of its files is
-/// read (its checkpoints change under a reader).
+/// read (its checkpoints change under a reader), and holds it locked from
+/// then on.
 pub fn find(path: &Path, from_step: Option<usize>) -> Result<Resumption> {
-    let (dir, ckpt) = match (path.join("index.json").exists(), from_step) {
-        (true, _) => {
+    let in_checkpoint = path.join("index.json").exists();
+    let dir = match in_checkpoint {
+        true => {
             let lives = || Error::Input("a checkpoint directory lives in RUN/checkpoints/".into());
-            let run = path.parent().and_then(Path::parent).ok_or_else(lives)?;
-            (run.to_path_buf(), path.to_path_buf())
+            path.parent().and_then(Path::parent).ok_or_else(lives)?
         }
-        (false, Some(n)) => (path.to_path_buf(), state::at_step(path, n)?),
-        (false, None) => (path.to_path_buf(), latest_of_run(path)?),
+        false => path,
     };
-    drop(run_dir::lock(&dir)?);
+    // a folder that is not there is said to be missing below, not made
+    let lock = dir.is_dir().then(|| run_dir::lock(dir)).transpose()?;
+    let ckpt = match (in_checkpoint, from_step) {
+        (true, _) => path.to_path_buf(),
+        (false, Some(n)) => state::at_step(path, n)?,
+        (false, None) => latest_of_run(path)?,
+    };
+    let dir = dir.to_path_buf();
     let index = state::read_index(&ckpt)?;
     if !dir.join(RUN_FILE).exists() {
         let reason = format!("has checkpoints but no {RUN_FILE}: it was written by a distgpt whose BERT runs kept no run record, and cannot be resumed; `distgpt checkpoint consolidate {}` recovers its weights", dir.display());
@@ -74,6 +86,7 @@ pub fn find(path: &Path, from_step: Option<usize>) -> Result<Resumption> {
         ckpt,
         index,
         record,
+        lock,
     })
 }
 
@@ -156,6 +169,11 @@ impl Resumption {
         take_layout(&mut par, &layout, set, self.index.step);
         cfg.resume = Some(self.ckpt);
         cfg.out_dir = self.dir;
-        Ok(Prepared { data, cfg, par })
+        Ok(Prepared {
+            data,
+            cfg,
+            par,
+            lock: self.lock,
+        })
     }
 }

@@ -14,6 +14,7 @@ use crate::parallel::ParallelConfig;
 use crate::store::{json_checksum, write_atomic, write_json};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
 
 /// `run.json`: the run's model and the configuration a resume continues
 /// with, and every invocation that trained it.
@@ -139,11 +140,17 @@ fn reserve(root: &Path, base: &str, create: bool) -> PathBuf {
 /// for the run's life; it names the holder's pid.
 pub const LOCK_FILE: &str = ".lock";
 
-/// A held lock on a run directory (released when dropped or the process
-/// ends); an MPI job's other processes hold none, rank 0's covers the job.
+/// A held lock on a run directory (released when the last of its handles
+/// is dropped or the process ends); an MPI job's other processes hold
+/// none, rank 0's covers the job.
 pub struct RunLock {
-    _file: Option<std::fs::File>,
+    _file: Option<Arc<std::fs::File>>,
 }
+
+/// The run directories this process holds locked (canonical paths): a
+/// second [`lock`] of one shares the first's, so a resume holds its run
+/// from its first read of it until the run's outputs take it over.
+static HELD: Mutex<Vec<(PathBuf, Weak<std::fs::File>)>> = Mutex::new(Vec::new());
 
 /// Takes `dir`'s lock (creating the directory), or refuses naming the
 /// process that holds it: two jobs never write one run. Under mpirun only
@@ -160,6 +167,16 @@ pub fn lock(dir: &Path) -> Result<RunLock> {
         )));
     }
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let canonical = dir.canonicalize().map_err(|e| Error::io(dir, e))?;
+    let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+    held.retain(|(_, f)| f.strong_count() > 0);
+    if let Some(file) = held
+        .iter()
+        .find(|(d, _)| *d == canonical)
+        .and_then(|(_, f)| f.upgrade())
+    {
+        return Ok(RunLock { _file: Some(file) });
+    }
     let path = dir.join(LOCK_FILE);
     let mut file = std::fs::OpenOptions::new()
         .read(true)
@@ -175,6 +192,8 @@ pub fn lock(dir: &Path) -> Result<RunLock> {
                 .and_then(|()| file.rewind())
                 .and_then(|()| file.write_all(me.as_bytes()))
                 .map_err(|e| Error::io(&path, e))?;
+            let file = Arc::new(file);
+            held.push((canonical, Arc::downgrade(&file)));
             Ok(RunLock { _file: Some(file) })
         }
         Err(std::fs::TryLockError::WouldBlock) => {
@@ -603,6 +622,27 @@ fn kept_lines(
 mod tests {
     use super::*;
     use crate::train::Duration;
+
+    /// A second lock of a run this process holds shares the first (a
+    /// resume's, then the run's outputs'), and the run stays locked to
+    /// everyone else until the last handle goes.
+    #[test]
+    fn a_process_locks_a_run_once_and_holds_it_until_its_last_handle_goes() {
+        let dir = crate::testdir::TestDir::new("lock-shared");
+        let first = lock(dir.path()).unwrap();
+        let second = lock(dir.path()).unwrap();
+        // another open of the lock file: what another process would meet
+        let free = || {
+            let path = dir.path().join(LOCK_FILE);
+            let f = std::fs::File::options().read(true).write(true).open(path);
+            f.unwrap().try_lock().is_ok()
+        };
+        assert!(!free());
+        drop(first);
+        assert!(!free());
+        drop(second);
+        assert!(free());
+    }
 
     #[test]
     fn an_auxiliary_log_that_fails_is_dropped_and_the_record_is_not() {
