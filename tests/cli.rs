@@ -223,7 +223,24 @@ fn generate_and_eval_read_a_checkpoint_directory() {
     let half = distgpt(&["eval", out, "--batches", "2", "--seq-len", "16"]);
     let said = String::from_utf8_lossy(&half.stderr);
     assert!(
-        !half.status.success() && said.contains("model.safetensors but no model.json"),
+        !half.status.success()
+            && said.contains("model.safetensors but no model.json")
+            && said.contains("train --resume"),
+        "{said}"
+    );
+    // a Hugging Face export cut short holds no checkpoint to resume from
+    let export = dir.join("export");
+    let export_s = export.to_str().unwrap();
+    succeeded(distgpt(&["export", step2, "--out", export_s]));
+    std::fs::remove_file(export.join("config.json")).unwrap();
+    let half = distgpt(&["eval", export_s, "--batches", "2", "--seq-len", "16"]);
+    let said = String::from_utf8_lossy(&half.stderr);
+    assert!(
+        !half.status.success()
+            && said
+                .contains("model.safetensors but no model.json (nor a Hugging Face config.json)")
+            && said.contains("writes them again, with --overwrite")
+            && !said.contains("resume"),
         "{said}"
     );
     // A run without model files (still training, or stopped by SIGKILL): its newest checkpoint.

@@ -21,16 +21,23 @@ fn checkpoint_instead(dir: &Path) -> Result<Option<std::path::PathBuf>> {
     let (kept, gone) = match (has(META_FILE), has(WEIGHTS_FILE)) {
         (true, true) => return Ok(None),
         (false, _) if has(HF_CONFIG) => return Ok(None),
-        (true, false) => (META_FILE, WEIGHTS_FILE),
-        (false, true) => (WEIGHTS_FILE, META_FILE),
+        (true, false) => (META_FILE, WEIGHTS_FILE.to_string()),
+        (false, true) => (WEIGHTS_FILE, format!("{META_FILE} (nor a Hugging Face {HF_CONFIG})")),
         (false, false) => return state::latest(dir).map(Some).map_err(|_| Error::Input(format!(
             "{}: holds no model: neither distgpt's {META_FILE} and {WEIGHTS_FILE}, a Hugging Face {HF_CONFIG}, nor a checkpoint",
             dir.display()
         ))),
     };
+    let again = match state::latest(dir) {
+        Ok(_) => "`distgpt train --resume` writes a run's again; one of its checkpoints, checkpoints/step_N, can be read instead",
+        // an export, a quantized or pruned copy cut short
+        Err(_) => "the command that wrote them writes them again, with --overwrite",
+    };
     Err(Error::Checkpoint {
         path: dir.to_path_buf(),
-        reason: format!("has {kept} but no {gone}: its model files are incomplete or damaged (`distgpt train --resume` writes a run's again; one of its checkpoints, checkpoints/step_N, can be read instead)"),
+        reason: format!(
+            "has {kept} but no {gone}: its model files are incomplete or damaged ({again})"
+        ),
     })
 }
 
