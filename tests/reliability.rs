@@ -279,7 +279,8 @@ fn a_run_directory_in_use_is_refused_naming_the_holder() {
 /// midway through setting its checkpoints aside), a resume is refused as
 /// in use, never for what it read of checkpoints changing under it (it
 /// listed them first: "no complete checkpoint", or a checkpoint's
-/// index.json not found when it lost the race). Released, it resumes.
+/// index.json not found when it lost the race). Released, it resumes,
+/// from a checkpoint named from inside the run too.
 #[test]
 fn a_resume_reads_a_run_only_once_it_holds_the_runs_lock() {
     let dir = tmp("lock-first");
@@ -315,15 +316,11 @@ fn a_resume_reads_a_run_only_once_it_holds_the_runs_lock() {
     drop(held);
     std::fs::rename(&aside, dir.join("checkpoints")).unwrap();
     assert!(ckpt.join("index.json").exists());
+    // a checkpoint named from inside its run (whose run is "")
     let out = bin()
-        .args([
-            "train",
-            "--resume",
-            dir.to_str().unwrap(),
-            "--steps",
-            "3",
-            "--quiet",
-        ])
+        .current_dir(&dir)
+        .args(["train", "--resume", "checkpoints/step_00000002"])
+        .args(["--steps", "3", "--quiet"])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));

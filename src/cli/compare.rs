@@ -24,9 +24,10 @@ pub enum CompareTask {
 
 #[derive(Args)]
 pub struct CompareArgs {
-    /// A small matrix that finishes in a few minutes on 2 cores: every
-    /// strategy on 2 and 4 ranks, batches 8 and 16; 4 epochs over 8k tokens
-    /// (lm) or 2 epochs over 256 examples (classify).
+    /// A small matrix that finishes in a few minutes on 2 cores: the
+    /// --strategies (by default the seven without pipelines) on 2 and 4
+    /// ranks, batches 8 and 16; 4 epochs over 8k tokens (lm) or 2 epochs
+    /// over 256 examples (classify).
     #[arg(long)]
     quick: bool,
     /// What every run trains.
@@ -111,7 +112,6 @@ pub fn run(mut a: CompareArgs, threads: usize) -> Result<()> {
     once_each("--strategies", &a.strategies)?;
     once_each("--world-sizes", &a.world_sizes)?;
     once_each("--batch-sizes", &a.batch_sizes)?;
-    once_each("--models", a.models.as_deref().unwrap_or_default())?;
     if let Some(out) = &a.out {
         super::claim_out(out, "--out", "a report folder", a.overwrite)?;
     }
@@ -124,6 +124,7 @@ pub fn run(mut a: CompareArgs, threads: usize) -> Result<()> {
     if a.task == CompareTask::Classify {
         return run_classify(a, out_dir, threads);
     }
+    once_each("--models", a.models.as_deref().unwrap_or_default())?;
     for (given, flag) in [
         (a.init_from.is_some(), "--init-from"),
         (a.train_examples.is_some(), "--train-examples"),

@@ -63,12 +63,19 @@ pub fn find(path: &Path, from_step: Option<usize>) -> Result<Resumption> {
     let dir = match in_checkpoint {
         true => {
             let lives = || Error::Input("a checkpoint directory lives in RUN/checkpoints/".into());
-            path.parent().and_then(Path::parent).ok_or_else(lives)?
+            let run = path.parent().and_then(Path::parent).ok_or_else(lives)?;
+            // `checkpoints/step_N` given from inside the run
+            match run.as_os_str().is_empty() {
+                true => Path::new("."),
+                false => run,
+            }
         }
         false => path,
     };
     // a folder that is not there is said to be missing below, not made
-    let lock = dir.is_dir().then(|| run_dir::lock(dir)).transpose()?;
+    let lock = (dir.is_dir())
+        .then(|| run_dir::lock_to_hand_over(dir))
+        .transpose()?;
     let ckpt = match (in_checkpoint, from_step) {
         (true, _) => path.to_path_buf(),
         (false, Some(n)) => state::at_step(path, n)?,

@@ -147,15 +147,27 @@ pub struct RunLock {
     _file: Option<Arc<std::fs::File>>,
 }
 
-/// The run directories this process holds locked (canonical paths): a
-/// second [`lock`] of one shares the first's, so a resume holds its run
-/// from its first read of it until the run's outputs take it over.
-static HELD: Mutex<Vec<(PathBuf, Weak<std::fs::File>)>> = Mutex::new(Vec::new());
+/// Locks this process took to hand over (canonical paths): a resume's,
+/// held from its first read of the run, which the run's outputs take over
+/// with the next [`lock`] of the folder.
+static HANDED: Mutex<Vec<(PathBuf, Weak<std::fs::File>)>> = Mutex::new(Vec::new());
 
 /// Takes `dir`'s lock (creating the directory), or refuses naming the
 /// process that holds it: two jobs never write one run. Under mpirun only
 /// rank 0's process locks (the job's other processes would find it held).
+/// A lock this process took to hand over ([`lock_to_hand_over`]) is
+/// shared, once; any other it holds refuses as another process's would.
 pub fn lock(dir: &Path) -> Result<RunLock> {
+    take_lock(dir, false)
+}
+
+/// [`lock`], to be handed over: the next `lock` of `dir` in this process
+/// shares it, so the folder is never unlocked in between.
+pub fn lock_to_hand_over(dir: &Path) -> Result<RunLock> {
+    take_lock(dir, true)
+}
+
+fn take_lock(dir: &Path, hand_over: bool) -> Result<RunLock> {
     use std::io::{Read, Seek, Write};
     if !lead_process() {
         return Ok(RunLock { _file: None });
@@ -166,18 +178,21 @@ pub fn lock(dir: &Path) -> Result<RunLock> {
             dir.display()
         )));
     }
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    let canonical = dir.canonicalize().map_err(|e| Error::io(dir, e))?;
-    let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
-    held.retain(|(_, f)| f.strong_count() > 0);
-    if let Some(file) = held
-        .iter()
-        .find(|(d, _)| *d == canonical)
-        .and_then(|(_, f)| f.upgrade())
-    {
-        return Ok(RunLock { _file: Some(file) });
+    // `RUN/checkpoints/step_N`'s run, given from inside the run, is ""
+    let here = match dir.as_os_str().is_empty() {
+        true => Path::new("."),
+        false => dir,
+    };
+    std::fs::create_dir_all(here).map_err(|e| Error::io(here, e))?;
+    let canonical = here.canonicalize().map_err(|e| Error::io(here, e))?;
+    let mut handed = HANDED.lock().unwrap_or_else(|e| e.into_inner());
+    handed.retain(|(_, f)| f.strong_count() > 0);
+    if let Some(i) = handed.iter().position(|(d, _)| *d == canonical) {
+        if let Some(file) = handed.swap_remove(i).1.upgrade() {
+            return Ok(RunLock { _file: Some(file) });
+        }
     }
-    let path = dir.join(LOCK_FILE);
+    let path = here.join(LOCK_FILE);
     let mut file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -193,7 +208,9 @@ pub fn lock(dir: &Path) -> Result<RunLock> {
                 .and_then(|()| file.write_all(me.as_bytes()))
                 .map_err(|e| Error::io(&path, e))?;
             let file = Arc::new(file);
-            held.push((canonical, Arc::downgrade(&file)));
+            if hand_over {
+                handed.push((canonical, Arc::downgrade(&file)));
+            }
             Ok(RunLock { _file: Some(file) })
         }
         Err(std::fs::TryLockError::WouldBlock) => {
@@ -623,14 +640,17 @@ mod tests {
     use super::*;
     use crate::train::Duration;
 
-    /// A second lock of a run this process holds shares the first (a
-    /// resume's, then the run's outputs'), and the run stays locked to
-    /// everyone else until the last handle goes.
+    /// A lock taken to hand over (a resume's) is shared by the next lock
+    /// of the run in this process (the run's outputs'), once: a third is
+    /// refused as in use. The run stays locked to everyone else until the
+    /// last handle goes.
     #[test]
-    fn a_process_locks_a_run_once_and_holds_it_until_its_last_handle_goes() {
+    fn a_resumes_lock_is_handed_over_once_and_held_until_its_last_handle_goes() {
         let dir = crate::testdir::TestDir::new("lock-shared");
-        let first = lock(dir.path()).unwrap();
+        let first = lock_to_hand_over(dir.path()).unwrap();
         let second = lock(dir.path()).unwrap();
+        let third = lock(dir.path()).map(|_| ()).unwrap_err().to_string();
+        assert!(third.contains("is in use"), "{third}");
         // another open of the lock file: what another process would meet
         let free = || {
             let path = dir.path().join(LOCK_FILE);
