@@ -214,8 +214,18 @@ fn take_lock(dir: &Path, hand_over: bool) -> Result<RunLock> {
             Ok(RunLock { _file: Some(file) })
         }
         Err(std::fs::TryLockError::WouldBlock) => {
+            // A holder writes its pid just after it locks: read again
+            // for a moment while the file is still empty.
             let mut holder = String::new();
-            let _ = file.read_to_string(&mut holder);
+            for _ in 0..20 {
+                let _ = file
+                    .rewind()
+                    .and_then(|()| file.read_to_string(&mut holder));
+                if !holder.trim().is_empty() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
             let (pid, stop) = match holder.trim() {
                 "" => (
                     String::new(),
@@ -662,6 +672,25 @@ mod tests {
         assert!(!free());
         drop(second);
         assert!(free());
+    }
+
+    /// A process that meets the lock between its holder's lock and pid
+    /// write (the file still empty) names the holder all the same.
+    #[test]
+    fn a_lock_met_before_its_holder_wrote_its_pid_names_the_holder() {
+        use std::io::Write;
+        let dir = crate::testdir::TestDir::new("lock-late-pid");
+        let path = dir.path().join(LOCK_FILE);
+        let mut holder = std::fs::File::create(&path).unwrap();
+        holder.try_lock().unwrap();
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            holder.write_all(b"4242").unwrap();
+            holder
+        });
+        let refused = lock(dir.path()).map(|_| ()).unwrap_err().to_string();
+        drop(writer.join());
+        assert!(refused.contains("(pid 4242)"), "{refused}");
     }
 
     #[test]
