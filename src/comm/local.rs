@@ -391,6 +391,11 @@ impl Comm for LocalComm {
         self.shared_threads
     }
 
+    fn failure(&self) -> Option<String> {
+        let (r, why) = self.group.world.failure()?;
+        Some(format!("rank {r} failed: {why}"))
+    }
+
     crate::comm::elem::typed!(comm_methods);
 
     fn barrier(&self) -> Result<()> {
@@ -463,6 +468,57 @@ mod tests {
             let hs: Vec<_> = comms.iter().map(|c| s.spawn(|| f(c))).collect();
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         })
+    }
+
+    /// A wait on another library's work (NCCL's, by polling) ends when it
+    /// is done, with an error naming the rank when another thread rank
+    /// fails, and with one naming the timeout when nothing comes: never
+    /// a hang.
+    #[test]
+    fn a_polled_wait_ends_when_done_when_a_rank_fails_or_at_its_limit() {
+        let (w, comms) = world(2, Duration::from_secs(10));
+        let c: &dyn Comm = &comms[0];
+        let never = || -> Result<bool> { Ok(false) };
+        let mut asked = 0;
+        let third = || -> Result<bool> {
+            asked += 1;
+            Ok(asked == 3)
+        };
+        let limit = Duration::from_secs(5);
+        crate::comm::wait_until("ncclAllReduce", limit, third, || c.failure()).unwrap();
+        assert_eq!(asked, 3);
+        let start = Instant::now();
+        let late =
+            crate::comm::wait_until("ncclAllReduce", Duration::from_millis(30), never, || {
+                c.failure()
+            });
+        let late = late.unwrap_err().to_string();
+        assert!(late.contains("ncclAllReduce timed out after"), "{late}");
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
+        let broken = || -> Result<bool> { Err(Error::Device("an illegal address".into())) };
+        let err = crate::comm::wait_until("ncclAllGather", limit, broken, || c.failure());
+        assert!(err.unwrap_err().to_string().contains("an illegal address"));
+        let start = Instant::now();
+        let failing = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            w.fail(1, "out of memory".into());
+        });
+        let err = crate::comm::wait_until("ncclReduceScatter", limit, never, || c.failure());
+        failing.join().unwrap();
+        let err = err.unwrap_err().to_string();
+        assert!(
+            err.contains("ncclReduceScatter aborted: rank 1 failed: out of memory"),
+            "{err}"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
     }
 
     /// A step's small f64 all-reduce between large f32 collectives must not

@@ -17,10 +17,10 @@ pub mod nccl;
 pub use elem::{Buf, BufMut, CommElem, DType};
 
 use crate::backend::Backend;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use serde::Serialize;
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Bytes each rank sends per collective kind (ring-algorithm volumes:
 /// all-reduce 2(N-1)/N, reduce-scatter and all-gather (N-1)/N of the full
@@ -145,6 +145,41 @@ pub trait Comm: Send + Sync {
     fn device_native(&self) -> Option<&dyn device::DeviceCollectives> {
         None
     }
+    /// Why a rank of this launch failed, where the group can tell without
+    /// waiting (thread ranks share a mark): a call that waits on another
+    /// library (NCCL) asks it to stop rather than wait for a dead rank.
+    fn failure(&self) -> Option<String> {
+        None
+    }
+}
+
+/// Waits until `done` says so, asking it over and over (a device's work,
+/// without blocking on it): an error when `failure` names a failed rank or
+/// `limit` passes first, for the caller to abort what it waits on.
+pub fn wait_until(
+    what: &str,
+    limit: Duration,
+    mut done: impl FnMut() -> Result<bool>,
+    failure: impl Fn() -> Option<String>,
+) -> Result<()> {
+    let start = Instant::now();
+    while !done()? {
+        if let Some(why) = failure() {
+            return Err(Error::Comm(format!("{what} aborted: {why}")));
+        }
+        if start.elapsed() > limit {
+            return Err(Error::Comm(format!(
+                "{what} timed out after {:.0} s (--comm-timeout) waiting for the other ranks",
+                limit.as_secs_f64()
+            )));
+        }
+        // spin the first millisecond (a collective's usual length), then sleep
+        match start.elapsed() < Duration::from_millis(1) {
+            true => std::thread::yield_now(),
+            false => std::thread::sleep(Duration::from_micros(20)),
+        }
+    }
+    Ok(())
 }
 
 /// The typed collectives every caller uses; each tags its slice and calls

@@ -7,9 +7,13 @@
 //! Each collective runs on a stream of its own after the backend's queue
 //! has finished, and is complete when it returns.
 //!
-//! A peer that fails stops the others through the host group; one that
-//! hangs inside an NCCL call is not caught by `--comm-timeout` (the host
-//! group's), as NCCL's asynchronous errors are not polled.
+//! No rank waits on NCCL for ever: a collective's stream is polled, not
+//! synchronised, and when a thread rank of the launch fails (the host
+//! group's mark) or `--comm-timeout` passes first, the rank aborts its
+//! communicator and returns an error naming the collective. Under mpirun
+//! the rank's error then ends the job (MPI_Abort). Not polled: the
+//! communicator's creation (`ncclCommInitRank`, blocking), where a rank
+//! that fails inside it leaves the others waiting.
 //!
 //! Unverified here: no machine this is developed on has a GPU. It builds
 //! and lints in CI; `scripts/gpu_check.sh` runs it where GPUs exist.
@@ -17,13 +21,13 @@
 use super::device::DeviceCollectives;
 use super::{record, Buf, BufMut, Comm, CommStats, Kind};
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaContext, CudaStream, DriverError};
+use cudarc::driver::{sys as sys_driver, CudaContext, CudaEvent, CudaStream, DriverError};
 use cudarc::nccl::result::{self as nccl, NcclError, NcclStatus};
 use cudarc::nccl::sys;
 use std::ffi::{c_int, c_void, CStr};
 use std::mem::MaybeUninit;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 fn nccl_error(what: &str) -> impl Fn(NcclError) -> Error + '_ {
     move |e| {
@@ -37,16 +41,23 @@ fn driver_error(what: &str) -> impl Fn(DriverError) -> Error + '_ {
     move |e| Error::Device(format!("CUDA {what} failed (for NCCL): {e}"))
 }
 
-/// The NCCL communicator, destroyed on drop; calls on it are serialised.
-struct RawComm(sys::ncclComm_t);
+/// The NCCL communicator, destroyed on drop unless aborted; calls on it
+/// are serialised.
+struct RawComm {
+    comm: sys::ncclComm_t,
+    aborted: bool,
+}
 
 // SAFETY: the communicator is only used under `NcclComm::raw`'s mutex.
 unsafe impl Send for RawComm {}
 
 impl Drop for RawComm {
     fn drop(&mut self) {
-        // SAFETY: created by `comm_init_rank`, destroyed once.
-        let _ = unsafe { nccl::comm_destroy(self.0) };
+        // SAFETY: created by `comm_init_rank`, destroyed once (an aborted
+        // one is freed by its abort).
+        if !self.aborted {
+            let _ = unsafe { nccl::comm_destroy(self.comm) };
+        }
     }
 }
 
@@ -55,15 +66,20 @@ pub struct NcclComm {
     host: Box<dyn Comm>,
     raw: Mutex<RawComm>,
     stream: Arc<CudaStream>,
+    /// Recorded after each collective, polled until it completes.
+    done: CudaEvent,
     gpu: usize,
+    /// How long a collective may wait for the other ranks (`--comm-timeout`).
+    timeout: Duration,
     stats: Mutex<CommStats>,
 }
 
 impl NcclComm {
     /// Joins every rank of `host` into one NCCL communicator on GPU `gpu`
     /// (each rank its own GPU): rank 0's unique id goes to the others over
-    /// `host`. Collective: every rank of `host` must call it.
-    pub fn new(host: Box<dyn Comm>, gpu: usize) -> Result<NcclComm> {
+    /// `host`; a collective waits at most `timeout`. Collective: every rank
+    /// of `host` must call it.
+    pub fn new(host: Box<dyn Comm>, gpu: usize, timeout: Duration) -> Result<NcclComm> {
         crate::backend::cuda::check_nccl().map_err(|e| Error::Device(e.0))?;
         let ctx = CudaContext::new(gpu).map_err(driver_error("cuDevicePrimaryCtxRetain"))?;
         let mut id = [0u8; 128];
@@ -92,18 +108,27 @@ impl NcclComm {
                 .map_err(nccl_error("ncclCommInitRank"))?;
             comm.assume_init()
         };
-        let raw = RawComm(comm);
+        let raw = RawComm {
+            comm,
+            aborted: false,
+        };
         let stream = ctx.new_stream().map_err(driver_error("cuStreamCreate"))?;
+        let done = ctx
+            .new_event(Some(sys_driver::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .map_err(driver_error("cuEventCreate"))?;
         Ok(NcclComm {
             host,
             raw: Mutex::new(raw),
             stream,
+            done,
             gpu,
+            timeout,
             stats: Mutex::default(),
         })
     }
 
-    /// Runs one NCCL call on the group's stream and waits for it.
+    /// Runs one NCCL call on the group's stream and waits for it, polling:
+    /// a failed rank or the timeout aborts the communicator.
     fn run(
         &self,
         what: &str,
@@ -115,15 +140,34 @@ impl NcclComm {
         ) -> std::result::Result<NcclStatus, NcclError>,
     ) -> Result<()> {
         let started = Instant::now();
-        let raw = self.raw.lock().unwrap_or_else(|e| e.into_inner());
+        let mut raw = self.raw.lock().unwrap_or_else(|e| e.into_inner());
+        if raw.aborted {
+            return Err(Error::Comm(format!(
+                "{what}: this rank's NCCL group was aborted by an earlier failure"
+            )));
+        }
         self.stream
             .context()
             .bind_to_thread()
             .map_err(driver_error("cuCtxSetCurrent"))?;
-        call(raw.0, self.stream.cu_stream() as sys::cudaStream_t).map_err(nccl_error(what))?;
-        self.stream
-            .synchronize()
-            .map_err(driver_error("cuStreamSynchronize"))?;
+        call(raw.comm, self.stream.cu_stream() as sys::cudaStream_t).map_err(nccl_error(what))?;
+        let finished = || {
+            self.done
+                .try_is_complete()
+                .map_err(driver_error("cuEventQuery"))
+        };
+        let waited = self
+            .done
+            .record(&self.stream)
+            .map_err(driver_error("cuEventRecord"))
+            .and_then(|()| super::wait_until(what, self.timeout, finished, || self.failure()));
+        if let Err(e) = waited {
+            // SAFETY: the communicator is ours and is not used again
+            // (`aborted`); the abort stops its kernels still waiting.
+            let _ = unsafe { nccl::comm_abort(raw.comm) };
+            raw.aborted = true;
+            return Err(e);
+        }
         record(&self.stats, kind, self.size(), full_bytes, started);
         Ok(())
     }
@@ -228,6 +272,7 @@ impl Comm for NcclComm {
         Ok(Box::new(NcclComm::new(
             self.host.split(color, key)?,
             self.gpu,
+            self.timeout,
         )?))
     }
     fn stats(&self) -> CommStats {
@@ -237,6 +282,9 @@ impl Comm for NcclComm {
     }
     fn shared_threads(&self) -> Option<usize> {
         self.host.shared_threads()
+    }
+    fn failure(&self) -> Option<String> {
+        self.host.failure()
     }
     fn device_native(&self) -> Option<&dyn DeviceCollectives> {
         Some(self)

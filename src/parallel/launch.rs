@@ -72,7 +72,7 @@ impl Launch {
         }
         self.threads_of(|c| {
             let gpu = cuda_device_of(base, c.rank())?;
-            f(&crate::comm::nccl::NcclComm::new(c, gpu)?)
+            f(&crate::comm::nccl::NcclComm::new(c, gpu, self.timeout)?)
         })
     }
 
@@ -108,7 +108,7 @@ fn nccl_mpi_launch<R>(
 ) -> Result<Option<R>> {
     let comm = crate::comm::mpi::MpiComm::init(timeout)?;
     let group = rank_gpu(base)
-        .and_then(|gpu| crate::comm::nccl::NcclComm::new(comm.split(0, comm.rank())?, gpu))
+        .and_then(|gpu| crate::comm::nccl::NcclComm::new(comm.split(0, comm.rank())?, gpu, timeout))
         .unwrap_or_else(|e| comm.abort(&e.to_string()));
     match f(&group) {
         Ok(r) => Ok((comm.rank() == 0).then_some(r)),
