@@ -12,7 +12,7 @@ mod profile;
 
 use distgpt::backend::cpu::Cpu;
 use distgpt::backend::opencl::OpenCl;
-use distgpt::backend::Backend;
+use distgpt::backend::{Backend, Device};
 use distgpt::data::{Dataset, TokenizerKind};
 use distgpt::model::{AdamW, AdamWConfig, Gpt2, GptConfig, Precision, Segment};
 use distgpt::parallel::Offload;
@@ -231,6 +231,8 @@ fn run_par<B: Backend>(
 /// 5 steps allocate 3 more.)
 #[test]
 fn a_training_step_allocates_nothing_on_the_device_after_the_first() {
+    // the CPU's buffers are the allocator's: it counts none, not zero
+    assert_eq!(Cpu::new().allocations(), None);
     if opencl().is_some() {
         allocations_stay_after_the_first_step(|| OpenCl::open(gpu_index("opencl")), "opencl");
     }
@@ -276,6 +278,11 @@ fn allocations_stay_after_the_first_step<B: Backend>(
                 be.allocations().expect("a GPU counts its allocations")
             });
             eprintln!("{what}: {two} buffers allocated in 2 steps, {five} in 5");
+            // counted at all: the model's tensors, activations and moments are dozens
+            assert!(
+                two > 20,
+                "{what}: {two} buffers for a model and its training"
+            );
             assert_eq!(two, five, "{what}: buffers allocated in 2 steps and in 5");
         }
     }
@@ -332,6 +339,10 @@ fn bert_allocations_stay_after_the_first_step<B: Backend>(
             .remove(0);
             let what = format!("{kind} bert {head:?} {precision:?}");
             eprintln!("{what}: buffers allocated by the end of each step {counts:?}");
+            assert!(
+                counts[0] > 20,
+                "{what}: {counts:?} buffers for a model and its training"
+            );
             assert!(counts.iter().all(|&n| n == counts[0]), "{what}: {counts:?}");
         }
     }

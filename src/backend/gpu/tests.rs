@@ -258,6 +258,24 @@ fn open_out_of_range_lists_devices_on<R: Runtime>(dev: &Queue<R>) {
     assert!(err.contains("out of range") && err.contains(model), "{err}");
 }
 
+/// A part of a view is counted from the view's start, as long as its
+/// range; one past the view's end is refused.
+#[test]
+fn a_part_of_a_view_is_its_range_within_it() {
+    let v = View {
+        mem: 7,
+        off: 3,
+        len: 10,
+    };
+    let p = v.part(2..5);
+    assert_eq!((p.mem, p.off, p.len), (7, 5, 3));
+    let t = p.tail(1);
+    assert_eq!((t.off, t.len), (6, 2));
+    assert!(std::panic::catch_unwind(|| v.part(4..11)).is_err());
+    let reversed = std::ops::Range { start: 5, end: 4 };
+    assert!(std::panic::catch_unwind(|| v.part(reversed)).is_err());
+}
+
 #[test]
 fn views_too_short_are_errors() {
     on_gpus!(views_too_short_are_errors_on);
