@@ -173,10 +173,12 @@ pub fn wait_until(
                 limit.as_secs_f64()
             )));
         }
-        // spin the first millisecond (a collective's usual length), then sleep
-        match start.elapsed() < Duration::from_millis(1) {
+        // spin as a stream's synchronise would for the first 50 ms (a
+        // gradient bucket's all-reduce is a few: a sleep's wake-up would
+        // add to each), then sleep: a wait that long is a slow rank
+        match start.elapsed() < Duration::from_millis(50) {
             true => std::thread::yield_now(),
-            false => std::thread::sleep(Duration::from_micros(20)),
+            false => std::thread::sleep(Duration::from_micros(200)),
         }
     }
     Ok(())
