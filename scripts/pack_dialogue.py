@@ -69,8 +69,11 @@ def main():
         "val": "\n".join(val[:2000]) + "\n",
         "test": (chat / "test.jsonl").read_text(),
     }
+    # text gains from the largest window and the extreme search: the
+    # training split 5.2 MB at 6, 4.1 at 9e (a margin under the 63 MiB)
     for split, text in splits.items():
-        with lzma.open(out / "reply" / f"{split}.jsonl.xz", "wt", preset=6) as f:
+        xz = out / "reply" / f"{split}.jsonl.xz"
+        with lzma.open(xz, "wt", preset=9 | lzma.PRESET_EXTREME) as f:
             f.write(text)
 
 
