@@ -36,6 +36,14 @@ impl Error {
             cause,
         }
     }
+
+    /// A checkpoint, model file or run record at `path` that cannot be used.
+    pub fn checkpoint(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
+        Error::Checkpoint {
+            path: path.into(),
+            reason: reason.into(),
+        }
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -33,12 +33,9 @@ fn checkpoint_instead(dir: &Path) -> Result<Option<std::path::PathBuf>> {
         // an export, a quantized or pruned copy cut short
         Err(_) => "the command that wrote them writes them again, with --overwrite",
     };
-    Err(Error::Checkpoint {
-        path: dir.to_path_buf(),
-        reason: format!(
-            "has {kept} but no {gone}: its model files are incomplete or damaged ({again})"
-        ),
-    })
+    let reason =
+        format!("has {kept} but no {gone}: its model files are incomplete or damaged ({again})");
+    Err(Error::checkpoint(dir, reason))
 }
 
 /// The folder [`read_model`] reads `dir`'s model from: `dir` itself, or
@@ -136,8 +133,7 @@ pub fn load_model<B: Backend>(backend: B, dir: &Path) -> Result<(Gpt2<B>, ModelM
     let (config, family) = (&meta.config, meta.config.family());
     let Some(gpt2) = config.gpt2() else {
         let reason = format!("holds a {family} model ({config}): this reads GPT-2 models");
-        let path = dir.to_path_buf();
-        return Err(Error::Checkpoint { path, reason });
+        return Err(Error::checkpoint(dir, reason));
     };
     let model = Gpt2::with_params(backend, gpt2.clone(), &params)?;
     Ok((model, meta))

@@ -251,10 +251,9 @@ fn publish(root: &Path, tmp: &Path, done: &Path, info: &SaveInfo, world_size: us
         let p = tmp.join(format!("rank_{r}.json"));
         if p.exists() {
             let text = io(&p, std::fs::read_to_string(&p))?;
-            files.push(serde_json::from_str(&text).map_err(|e| Error::Checkpoint {
-                path: p.clone(),
-                reason: e.to_string(),
-            })?);
+            files.push(
+                serde_json::from_str(&text).map_err(|e| Error::checkpoint(&p, e.to_string()))?,
+            );
         }
     }
     let mut index = Index {
@@ -398,10 +397,7 @@ pub struct Loaded {
 pub fn read_index(dir: &Path) -> Result<Index> {
     let index_path = dir.join(INDEX);
     let text = io(&index_path, std::fs::read_to_string(&index_path))?;
-    let bad = |reason: String| Error::Checkpoint {
-        path: index_path.clone(),
-        reason,
-    };
+    let bad = |reason: String| Error::checkpoint(&index_path, reason);
     let (sum, recorded) = stored_checksum(&text).map_err(|e| bad(format!("invalid index: {e}")))?;
     if sum != recorded {
         return Err(bad(format!(
@@ -430,13 +426,8 @@ pub fn load(dir: &Path) -> Result<Loaded> {
         let path = dir.join(&f.file);
         let bytes = io(&path, std::fs::metadata(&path))?.len();
         if bytes < 4 * f.floats as u64 {
-            return Err(Error::Checkpoint {
-                path,
-                reason: format!(
-                    "{bytes} bytes cannot hold the {} floats the index lists: the file is truncated",
-                    f.floats
-                ),
-            });
+            let floats = f.floats;
+            return Err(Error::checkpoint(path, format!("{bytes} bytes cannot hold the {floats} floats the index lists: the file is truncated")));
         }
     }
     let mut bufs = [
@@ -446,10 +437,7 @@ pub fn load(dir: &Path) -> Result<Loaded> {
     ];
     for f in &index.files {
         let path = dir.join(&f.file);
-        let bad = |reason: String| Error::Checkpoint {
-            path: path.clone(),
-            reason,
-        };
+        let bad = |reason: String| Error::checkpoint(&path, reason);
         let bytes = io(&path, std::fs::read(&path))?;
         let sum = checksum(&bytes);
         if sum != f.checksum {
@@ -492,10 +480,10 @@ pub fn load(dir: &Path) -> Result<Loaded> {
     let [params, m, v] = bufs;
     for (name, buf) in TENSORS.iter().zip([&params, &m, &v]) {
         if let Some(i) = buf.iter().position(|x| !x.is_finite()) {
-            return Err(Error::Checkpoint {
-                path: dir.to_path_buf(),
-                reason: format!("'{name}' holds {} at parameter {i}", buf[i]),
-            });
+            return Err(Error::checkpoint(
+                dir,
+                format!("'{name}' holds {} at parameter {i}", buf[i]),
+            ));
         }
     }
     Ok(Loaded {

@@ -329,10 +329,8 @@ pub struct HfFolder {
 pub fn hf_family(dir: &Path) -> Result<&'static Registration> {
     let path = dir.join("config.json");
     let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::Checkpoint {
-        path: path.clone(),
-        reason: format!("invalid JSON: {e}"),
-    })?;
+    let json: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| Error::checkpoint(&path, format!("invalid JSON: {e}")))?;
     // a GPT-2 folder written before `model_type` was, or by hand; a
     // `model_type` that is not a string names no family
     let kind = match &json["model_type"] {
@@ -351,13 +349,11 @@ pub fn hf_family(dir: &Path) -> Result<&'static Registration> {
                 .iter()
                 .filter_map(|r| r.hf.map(|h| h.model_type))
                 .collect();
-            Error::Checkpoint {
-                path,
-                reason: format!(
-                    "model_type is {kind}: distgpt reads {} folders",
-                    known.join(", ")
-                ),
-            }
+            let reason = format!(
+                "model_type is {kind}: distgpt reads {} folders",
+                known.join(", ")
+            );
+            Error::checkpoint(path, reason)
         })
 }
 

@@ -141,10 +141,7 @@ pub fn read_weights(
     // SAFETY: the map is read-only; a weights file changed underneath a
     // load is the user's to avoid, as with any memory-mapped input.
     let bytes = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
-    let bad = |reason: String| Error::Checkpoint {
-        path: path.into(),
-        reason,
-    };
+    let bad = |reason: String| Error::checkpoint(path, reason);
     if let Some(want) = expected_checksum {
         let sum = store::checksum(&bytes);
         if sum != want {
@@ -275,10 +272,7 @@ pub fn save_model<B: Backend>(model: &Gpt2<B>, tokenizer: TokenizerSpec, dir: &P
 fn read_meta_file(dir: &Path) -> Result<(ModelMeta, String, bool)> {
     let path = dir.join(META_FILE);
     let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-    let bad = |reason: String| Error::Checkpoint {
-        path: path.clone(),
-        reason,
-    };
+    let bad = |reason: String| Error::checkpoint(&path, reason);
     let (sum, recorded) =
         store::stored_checksum(&text).map_err(|e| bad(format!("invalid model metadata: {e}")))?;
     if sum != recorded {
@@ -312,17 +306,18 @@ fn is_hf_folder(dir: &Path) -> bool {
 /// Checks the model files in `dir` are `model`'s and readable: checksums
 /// that match, every weight finite (what a resume repairs when not).
 pub fn verify_model_files(dir: &Path, model: &crate::model::ModelConfig) -> Result<()> {
-    let bad = |found: String| Error::Checkpoint {
-        path: dir.to_path_buf(),
-        reason: format!("holds a model of {found}, not the run's {model}"),
+    let bad = |found: String| {
+        Error::checkpoint(
+            dir,
+            format!("holds a model of {found}, not the run's {model}"),
+        )
     };
-    let files = model
-        .registration()
-        .model_files
-        .ok_or_else(|| Error::Checkpoint {
-            path: dir.to_path_buf(),
-            reason: format!("the {} family writes no model files", model.family()),
-        })?;
+    let files = model.registration().model_files.ok_or_else(|| {
+        Error::checkpoint(
+            dir,
+            format!("the {} family writes no model files", model.family()),
+        )
+    })?;
     let found = (files.read)(dir)?;
     if &found != model {
         return Err(bad(found.to_string()));
@@ -345,10 +340,7 @@ pub fn check_holds(path: &Path, need: u64, model: &str) -> Result<()> {
         .map_err(|e| Error::io(path, e))?
         .len();
     if have < need {
-        return Err(Error::Checkpoint {
-            path: path.into(),
-            reason: format!("{have} bytes cannot hold the {need} bytes of weights of {model}: the file is truncated or the config is wrong"),
-        });
+        return Err(Error::checkpoint(path, format!("{have} bytes cannot hold the {need} bytes of weights of {model}: the file is truncated or the config is wrong")));
     }
     Ok(())
 }

@@ -466,10 +466,7 @@ fn restore<B: Backend>(
         return Ok(0);
     };
     let ckpt = state::load(dir)?;
-    let bad = |reason: String| Error::Checkpoint {
-        path: dir.clone(),
-        reason,
-    };
+    let bad = |reason: String| Error::checkpoint(dir, reason);
     let model = task.model();
     if ckpt.index.model != model {
         return Err(bad(format!(

@@ -35,10 +35,7 @@ impl Prepared {
 /// The newest checkpoint of the run in `dir`, or why there is none.
 fn latest_of_run(dir: &Path) -> Result<PathBuf> {
     state::latest(dir).map_err(|e| match run_dir::holds_nothing_to_keep(dir) {
-        Ok(true) if dir.join(RUN_FILE).exists() => Error::Checkpoint {
-            path: dir.to_path_buf(),
-            reason: format!("no complete checkpoint to resume from: the run was stopped before its first was written; start it again in its place with `distgpt train --config {} --out {}`", dir.join(RUN_FILE).display(), dir.display()),
-        },
+        Ok(true) if dir.join(RUN_FILE).exists() => Error::checkpoint(dir, format!("no complete checkpoint to resume from: the run was stopped before its first was written; start it again in its place with `distgpt train --config {} --out {}`", dir.join(RUN_FILE).display(), dir.display())),
         _ => e,
     })
 }
@@ -85,7 +82,7 @@ pub fn find(path: &Path, from_step: Option<usize>) -> Result<Resumption> {
     let index = state::read_index(&ckpt)?;
     if !dir.join(RUN_FILE).exists() {
         let reason = format!("has checkpoints but no {RUN_FILE}: it was written by a distgpt whose BERT runs kept no run record, and cannot be resumed; `distgpt checkpoint consolidate {}` recovers its weights", dir.display());
-        return Err(Error::Checkpoint { path: dir, reason });
+        return Err(Error::checkpoint(dir, reason));
     }
     let record = run_dir::read_record_to_resume(&dir)?;
     Ok(Resumption {

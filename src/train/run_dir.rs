@@ -517,10 +517,7 @@ pub fn read_record_to_resume(dir: &Path) -> Result<RunRecord> {
 fn read_record_checked(dir: &Path, settings: bool) -> Result<RunRecord> {
     let path = dir.join(RUN_FILE);
     let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-    let bad = |reason: String| Error::Checkpoint {
-        path: path.clone(),
-        reason,
-    };
+    let bad = |reason: String| Error::checkpoint(&path, reason);
     let mut record: RunRecord =
         serde_json::from_str(&text).map_err(|e| bad(format!("invalid run record: {e}")))?;
     let now = || settings_checksum(&record.train, &record.parallel);
@@ -634,10 +631,7 @@ fn kept_lines(
             // the last line, which a crash may have cut short
             None if i + 1 == lines => continue,
             None => {
-                return Err(Error::Checkpoint {
-                    path: path.to_path_buf(),
-                    reason: format!("line {} is not a step record, and resuming would drop it: mend or remove it first", i + 1),
-                })
+                return Err(Error::checkpoint(path, format!("line {} is not a step record, and resuming would drop it: mend or remove it first", i + 1)))
             }
         }
         kept.extend([line, "\n"]);

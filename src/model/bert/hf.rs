@@ -267,10 +267,7 @@ pub fn load_folder(
     let path = dir.join("model.safetensors");
     let bytes = std::fs::read(&path)
         .map_err(|e| Error::Input(format!("cannot read {}: {e}", path.display())))?;
-    let bad = |reason: String| Error::Checkpoint {
-        path: path.clone(),
-        reason,
-    };
+    let bad = |reason: String| Error::checkpoint(&path, reason);
     if let Some(want) = recorded_checksum(dir)? {
         let sum = checksum(&bytes);
         if sum != want {

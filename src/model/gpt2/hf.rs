@@ -119,10 +119,7 @@ fn another_model(j: &Value, n_embd: usize) -> Option<String> {
 pub fn read_config(dir: &Path) -> Result<ModelMeta> {
     let path = dir.join(CONFIG_FILE);
     let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-    let bad = |reason: String| Error::Checkpoint {
-        path: path.clone(),
-        reason,
-    };
+    let bad = |reason: String| Error::checkpoint(&path, reason);
     let j: Value = serde_json::from_str(&text).map_err(|e| bad(format!("invalid JSON: {e}")))?;
     if j["model_type"].as_str().is_some_and(|t| t != "gpt2") {
         return Err(bad(format!(
