@@ -51,6 +51,14 @@ impl Sharing {
     pub fn sharded(self) -> bool {
         self != Sharing::Replicated
     }
+
+    /// Whether each replica accumulates only its shard of the gradient
+    /// (zero2, fsdp: each unit's gradient is reduce-scattered into it as
+    /// the unit's backward ends), not the whole stage's (replicated, and
+    /// zero1, which reduce-scatters it into its slice at the step's end).
+    pub fn shards_grads(self) -> bool {
+        matches!(self, Sharing::Zero2 | Sharing::Fsdp)
+    }
 }
 
 /// Where a stage's tensors sit in its buffers: `[copied unit | own units]`.
@@ -365,29 +373,6 @@ enum Optimizer<B: Backend> {
     Host(HostState),
 }
 
-/// Where a stage's gradient accumulates: the whole stage's (replicated;
-/// zero1, which reduce-scatters it into its slice at the step's end), or
-/// this rank's shard of it (zero2, fsdp: each unit's gradient is
-/// reduce-scattered into it as the unit's backward ends).
-enum Gradient<B: Backend> {
-    Whole(Buf<B>),
-    Shard(Buf<B>),
-}
-
-impl<B: Backend> Gradient<B> {
-    fn buf(&self) -> &Buf<B> {
-        match self {
-            Gradient::Whole(g) | Gradient::Shard(g) => g,
-        }
-    }
-
-    fn buf_mut(&mut self) -> &mut Buf<B> {
-        match self {
-            Gradient::Whole(g) | Gradient::Shard(g) => g,
-        }
-    }
-}
-
 /// Gradient scratch slots (zero2, fsdp): a piece's gradient before its
 /// reduce-scatter, and the head's while the tied piece's is in [BODY].
 /// zero1 and zero2 also pad a piece's gradient and gather parameters in [BODY].
@@ -400,7 +385,9 @@ pub struct StageState<B: Backend> {
     home: Home<B>,
     sharing: Sharing,
     pieces: Pieces,
-    grad: Gradient<B>,
+    /// Where the gradient accumulates: the whole stage's, or this rank's
+    /// shard of it ([`Sharing::shards_grads`]).
+    grad: Buf<B>,
     scratch: Vec<Buf<B>>,
     rs_out: Option<Buf<B>>,
     /// Under offload, when each piece's reduced gradient is final (and can
@@ -489,17 +476,17 @@ impl<B: Backend> StageState<B> {
             ),
             (opt, _) => Home::Device(opt, Params::Whole(be.alloc(z.len, Category::Params)?)),
         };
-        let grad = match sharing {
-            Sharing::Replicated | Sharing::Zero1 => {
-                Gradient::Whole(be.alloc(z.len, Category::Grads)?)
-            }
-            Sharing::Zero2 | Sharing::Fsdp => Gradient::Shard(be.alloc(z.shard, Category::Grads)?),
+        let grad_len = if sharing.shards_grads() {
+            z.shard
+        } else {
+            z.len
         };
+        let grad = be.alloc(grad_len, Category::Grads)?;
         let mut scratch = Vec::new();
         if sharded {
             scratch.push(be.alloc(z.max_padded, Category::Other)?);
         }
-        if matches!(sharing, Sharing::Zero2 | Sharing::Fsdp) && z.head_padded > 0 {
+        if sharing.shards_grads() && z.head_padded > 0 {
             scratch.push(be.alloc(z.head_padded, Category::Other)?);
         }
         Ok(StageState {
@@ -569,7 +556,7 @@ impl<B: Backend> StageState<B> {
         if let Some(h) = self.home.host() {
             h.forget_early();
         }
-        be.fill(self.grad.buf_mut().d(), 0.0);
+        be.fill(self.grad.d(), 0.0);
         self.received.iter_mut().for_each(|n| *n = 0);
         self.micro_batches = micro_batches;
     }
@@ -579,8 +566,8 @@ impl<B: Backend> StageState<B> {
     /// replicated stage with no other replica needs none), starts it down.
     fn count_gradient(&mut self, be: &B, k: usize, dp: &dyn Comm) -> Result<()> {
         self.received[k] += 1;
-        let reduced = matches!(self.grad, Gradient::Shard(_))
-            || (self.sharing == Sharing::Replicated && dp.size() == 1);
+        let reduced =
+            self.sharing.shards_grads() || (self.sharing == Sharing::Replicated && dp.size() == 1);
         if reduced && self.received[k] == self.final_after[k] * self.micro_batches {
             self.start_download(be, k, dp.rank())?;
         }
@@ -600,7 +587,7 @@ impl<B: Backend> StageState<B> {
             true => self.pieces.shards.shard_at[k],
             false => at,
         };
-        let g = self.grad.buf();
+        let g = &self.grad;
         match self.home.host() {
             Some(h) => h.download_early(be, owned..owned + len, g.slice(at..at + len)),
             None => Ok(()),
@@ -666,22 +653,20 @@ impl<B: Backend> StageState<B> {
     ) -> (UnitParams<'_, B>, UnitGrads<'_, B>) {
         let pc = &self.pieces;
         let (k, tied) = (pc.piece(u), pc.tied(lay, u));
-        let grads = match &mut self.grad {
-            Gradient::Whole(g) => match &tied {
-                Some((t, r)) => {
-                    let tr = pc.buf(*t).start + r.start..pc.buf(*t).start + r.end;
-                    let (tg, own) = g.d().split2(tr, pc.buf(k));
-                    UnitGrads {
-                        own,
-                        tied: Some(tg),
-                    }
+        let grads = match (&tied, self.sharing.shards_grads()) {
+            (Some((t, r)), false) => {
+                let tr = pc.buf(*t).start + r.start..pc.buf(*t).start + r.end;
+                let (tg, own) = self.grad.d().split2(tr, pc.buf(k));
+                UnitGrads {
+                    own,
+                    tied: Some(tg),
                 }
-                None => UnitGrads {
-                    own: g.slice_mut(pc.buf(k)),
-                    tied: None,
-                },
+            }
+            (None, false) => UnitGrads {
+                own: self.grad.slice_mut(pc.buf(k)),
+                tied: None,
             },
-            Gradient::Shard(_) => {
+            (_, true) => {
                 let slot = if tied.is_some() { HEAD } else { BODY };
                 be.fill(self.scratch[slot].slice_mut(0..pc.shards.padded(k)), 0.0);
                 if let Some((t, _)) = &tied {
@@ -719,7 +704,7 @@ impl<B: Backend> StageState<B> {
     ) -> Result<()> {
         let tied = self.pieces.tied(lay, u);
         let k = self.pieces.piece(u);
-        if let Gradient::Shard(_) = self.grad {
+        if self.sharing.shards_grads() {
             let slot = if tied.is_some() { HEAD } else { BODY };
             self.reduce(dp, be, k, slot)?;
             if let Some((t, _)) = tied {
@@ -746,15 +731,12 @@ impl<B: Backend> StageState<B> {
             self.scratch[slot].slice(0..u.padded(k)),
             out.slice_mut(0..s),
         )?;
-        match &mut self.grad {
-            Gradient::Shard(shard) => {
-                be.add_inplace(shard.slice_mut(u.shard_of(k)), out.slice(0..s))
-            }
-            Gradient::Whole(whole) => {
-                let (at, len) = self.pieces.mine(k, dp.rank());
-                let at = self.pieces.buf(k).start + at;
-                be.copy(whole.slice_mut(at..at + len), out.slice(0..len));
-            }
+        if self.sharing.shards_grads() {
+            be.add_inplace(self.grad.slice_mut(u.shard_of(k)), out.slice(0..s))
+        } else {
+            let (at, len) = self.pieces.mine(k, dp.rank());
+            let at = self.pieces.buf(k).start + at;
+            be.copy(self.grad.slice_mut(at..at + len), out.slice(0..len));
         }
         Ok(())
     }
@@ -768,10 +750,11 @@ impl<B: Backend> StageState<B> {
             _ => pc.mine(k, r),
         };
         let global = pc.layout[k].start + start;
-        match &self.grad {
-            Gradient::Shard(g) => (g, pc.shards.shard_at[k], global, len),
-            Gradient::Whole(g) => (g, pc.buf(k).start + start, global, len),
-        }
+        let at = match self.sharing.shards_grads() {
+            true => pc.shards.shard_at[k],
+            false => pc.buf(k).start + start,
+        };
+        (&self.grad, at, global, len)
     }
 
     /// After the step's last backward: the gradient summed over the
@@ -785,7 +768,7 @@ impl<B: Backend> StageState<B> {
     ) -> Result<()> {
         match self.sharing {
             Sharing::Replicated => {
-                let g = self.grad.buf_mut();
+                let g = &mut self.grad;
                 if dp.size() > 1 {
                     device::all_reduce(dp, be, g.d())?;
                 }
@@ -803,7 +786,7 @@ impl<B: Backend> StageState<B> {
             Sharing::Zero1 => {
                 for k in 0..self.pieces.layout.len() {
                     let (len, pad) = (self.pieces.len(k), self.pieces.shards.padded(k));
-                    let g = self.grad.buf();
+                    let g = &self.grad;
                     be.copy(
                         self.scratch[BODY].slice_mut(0..len),
                         g.slice(self.pieces.buf(k)),
@@ -818,7 +801,7 @@ impl<B: Backend> StageState<B> {
         if let Some((group, k)) = tie {
             // the stages holding the tie shard it alike: slice for slice
             let (_, at, _, len) = self.my_grad(k, dp.rank());
-            let g = self.grad.buf_mut();
+            let g = &mut self.grad;
             device::all_reduce(group, be, g.slice_mut(at..at + len))?;
         }
         Ok(())
@@ -861,10 +844,7 @@ impl<B: Backend> StageState<B> {
     /// for every step (the largest of its chunks'), not allocated a step.
     pub fn update_scratch(&self) -> usize {
         let shard = self.pieces.shards.shard_total();
-        let grads = matches!(
-            (self.sharing, &self.grad),
-            (Sharing::Zero1, Gradient::Whole(_))
-        );
+        let grads = self.sharing == Sharing::Zero1;
         let params =
             self.sharing.sharded() && matches!(self.home, Home::Device(_, Params::Whole(_)));
         (usize::from(grads) + usize::from(params)) * shard
@@ -888,13 +868,13 @@ impl<B: Backend> StageState<B> {
         let segs = segments(pc, self.sharing, r);
         let shard = pc.shards.shard_total();
         // zero1's reduced slices, gathered into shard order for the update
-        let (grads, mut mine) = match (self.sharing, &self.grad) {
-            (Sharing::Zero1, Gradient::Whole(whole)) => {
+        let (grads, mut mine) = match self.sharing {
+            Sharing::Zero1 => {
                 let (mut g, rest) = scratch.expect("update_scratch's floats").split_at(shard);
-                pc.shards.shard_from(be, whole.s(), r, g.rb());
+                pc.shards.shard_from(be, self.grad.s(), r, g.rb());
                 (g.into_src(), Some(rest))
             }
-            _ => (self.grad.buf().s(), scratch),
+            _ => (self.grad.s(), scratch),
         };
         let step = |opt: &mut Optimizer<B>, params: Dst<'_, B>| -> Result<()> {
             match opt {
