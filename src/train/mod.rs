@@ -350,23 +350,24 @@ pub struct TrainSummary {
     pub timelines: Vec<Vec<crate::parallel::Span>>,
 }
 
-/// Rank 0's `path`, on every rank.
-fn agree_on_path(world: &dyn Comm, path: &std::path::Path) -> Result<PathBuf> {
+/// Rank 0's `value`, on every rank (it crosses as JSON; rank 0 keeps its own).
+fn agree<T: serde::Serialize + serde::de::DeserializeOwned>(
+    world: &dyn Comm,
+    value: T,
+) -> Result<T> {
     if world.size() == 1 {
-        return Ok(path.to_path_buf());
+        return Ok(value);
     }
-    let text = path.to_string_lossy();
-    let mut len = [text.len() as u64];
+    let mut bytes = serde_json::to_vec(&value).map_err(|e| Error::Comm(e.to_string()))?;
+    let mut len = [bytes.len() as u64];
     world.broadcast(&mut len, 0)?;
-    let mut bytes = if world.rank() == 0 {
-        text.as_bytes().to_vec()
-    } else {
-        vec![0u8; len[0] as usize]
-    };
+    bytes.resize(len[0] as usize, 0);
     world.broadcast(&mut bytes, 0)?;
-    let text = String::from_utf8(bytes)
-        .map_err(|e| Error::Comm(format!("rank 0's path arrived as invalid UTF-8: {e}")))?;
-    Ok(PathBuf::from(text))
+    match world.rank() {
+        0 => Ok(value),
+        _ => serde_json::from_slice(&bytes)
+            .map_err(|e| Error::Comm(format!("rank 0's value arrived garbled: {e}"))),
+    }
 }
 
 /// Trains `task` on `par.world_size` thread ranks; returns rank 0's summary.
@@ -519,17 +520,34 @@ mod tests {
     use std::time::Duration;
 
     #[test]
-    fn agree_on_path_carries_a_non_ascii_path_intact() {
+    fn rank_0s_path_and_matmul_libraries_cross_to_every_rank_whole() {
+        use crate::backend::cpu::blas::{MatmulChoice, MatmulLib::*};
         let path = PathBuf::from("/tmp/läufe/модель 模型 🚀/ckpt");
-        let out = launch::run_local(3, 3, Duration::from_secs(10), |c| {
-            let mine = if c.rank() == 0 {
-                path.clone()
-            } else {
-                PathBuf::from("elsewhere")
+        for bf16 in [None, Some(Mkl)] {
+            let choice = |r| match r {
+                0 => MatmulChoice {
+                    large: Blis,
+                    small: OpenBlas,
+                    bf16,
+                },
+                _ => MatmulChoice {
+                    large: Gemm,
+                    small: Gemm,
+                    bf16: Some(Gemm),
+                },
             };
-            agree_on_path(c.as_ref(), &mine)
-        })
-        .unwrap();
-        assert_eq!(out, vec![path.clone(); 3]);
+            let out = launch::run_local(3, 3, Duration::from_secs(10), |c| {
+                let mine = match c.rank() {
+                    0 => path.clone(),
+                    _ => PathBuf::from("elsewhere"),
+                };
+                Ok((
+                    agree(c.as_ref(), mine)?,
+                    agree(c.as_ref(), choice(c.rank()))?,
+                ))
+            })
+            .unwrap();
+            assert_eq!(out, vec![(path.clone(), choice(0)); 3]);
+        }
     }
 }

@@ -7,8 +7,8 @@
 use super::run_dir::{self, RunRecord, StepLogs};
 use super::schedule::LrSchedule;
 use super::task::{epochs_done, Eval, Task, TrainStream};
-use super::{agree_on_path, diverged, restore, TrainConfig, TrainSummary, INTERRUPTED, MAX_STEPS};
-use crate::backend::cpu::blas::{self, MatmulChoice, MatmulLib};
+use super::{agree, diverged, restore, TrainConfig, TrainSummary, INTERRUPTED, MAX_STEPS};
+use crate::backend::cpu::blas;
 use crate::backend::{Backend, PeakRow};
 use crate::checkpoint::state;
 use crate::comm::Comm;
@@ -134,7 +134,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
         // Ranks may have chosen different run directories (a default named by
         // the clock, a temporary directory per process): rank 0's wins.
         let cfg = TrainConfig {
-            out_dir: agree_on_path(world, &cfg.out_dir)?,
+            out_dir: agree(world, cfg.out_dir.to_string_lossy().into_owned())?.into(),
             ..cfg.clone()
         };
         let mut train_loader = task.train_stream(&cfg)?;
@@ -609,7 +609,7 @@ fn agree_on_peak<B: Backend>(
         && world.device_native().is_none();
     let stated = cfg.peak_flops;
     let mut source = String::from("--peak-tflops");
-    let mut wire = [0.0f64; AgreedPeak::WIRE];
+    let mut peaks = [0.0f64; 2];
     if world.rank() == 0 {
         // thread ranks share this process's threads: the peak (and the
         // library kept with it) is that of all of them
@@ -654,56 +654,12 @@ fn agree_on_peak<B: Backend>(
                 }
             }
         };
-        wire = AgreedPeak {
-            per_rank,
-            total,
-            matmul: blas::choice(),
-        }
-        .to_wire();
+        peaks = [per_rank, total];
     }
-    world.broadcast(&mut wire, 0)?;
-    let agreed = AgreedPeak::from_wire(wire);
+    world.broadcast(&mut peaks, 0)?;
     // every rank on rank 0's library: no product of one run on another
-    blas::set_choice(agreed.matmul);
-    Ok((agreed.per_rank, agreed.total, source))
-}
-
-/// What rank 0 settles for every rank before a run: the peak FLOP/s per
-/// rank and of all ranks, and the CPU's matmul libraries.
-struct AgreedPeak {
-    per_rank: f64,
-    total: f64,
-    matmul: MatmulChoice,
-}
-
-impl AgreedPeak {
-    /// Elements of its broadcast.
-    const WIRE: usize = 5;
-
-    /// As broadcast: per rank, all ranks, the libraries of Large, Small
-    /// and bf16 products (-1: none).
-    fn to_wire(&self) -> [f64; Self::WIRE] {
-        let m = &self.matmul;
-        [
-            self.per_rank,
-            self.total,
-            m.large.index() as f64,
-            m.small.index() as f64,
-            m.bf16.map_or(-1.0, |l| l.index() as f64),
-        ]
-    }
-
-    fn from_wire([per_rank, total, large, small, bf16]: [f64; Self::WIRE]) -> Self {
-        AgreedPeak {
-            per_rank,
-            total,
-            matmul: MatmulChoice {
-                large: MatmulLib::from_index(large as usize),
-                small: MatmulLib::from_index(small as usize),
-                bf16: (bf16 >= 0.0).then(|| MatmulLib::from_index(bf16 as usize)),
-            },
-        }
-    }
+    blas::set_choice(agree(world, blas::choice())?);
+    Ok((peaks[0], peaks[1], source))
 }
 
 /// `f` on `pool`'s threads, or on this one's.
@@ -711,28 +667,5 @@ fn in_pool<R: Send>(pool: Option<&rayon::ThreadPool>, f: impl FnOnce() -> R + Se
     match pool {
         Some(p) => p.install(f),
         None => f(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_agreed_peak_crosses_the_broadcast_whole() {
-        for bf16 in [None, Some(MatmulLib::Mkl)] {
-            let sent = AgreedPeak {
-                per_rank: 1.5e11,
-                total: 3e11,
-                matmul: MatmulChoice {
-                    large: MatmulLib::Blis,
-                    small: MatmulLib::OpenBlas,
-                    bf16,
-                },
-            };
-            let got = AgreedPeak::from_wire(sent.to_wire());
-            assert_eq!((got.per_rank, got.total), (sent.per_rank, sent.total));
-            assert_eq!(got.matmul, sent.matmul);
-        }
     }
 }
