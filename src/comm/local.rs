@@ -470,6 +470,40 @@ mod tests {
         })
     }
 
+    /// Rank 0's value reaches every rank whole (a path in several
+    /// scripts, the matmul libraries with and without a bf16 one), and
+    /// every rank's value reaches every rank, f64s to the last bit.
+    #[test]
+    fn values_are_agreed_and_gathered_whole() {
+        use crate::backend::cpu::blas::{MatmulChoice, MatmulLib::*};
+        let path = std::path::PathBuf::from("/tmp/läufe/модель 模型 🚀/ckpt");
+        for bf16 in [None, Some(Mkl)] {
+            let choice = |r| match r {
+                0 => MatmulChoice {
+                    large: Blis,
+                    small: OpenBlas,
+                    bf16,
+                },
+                _ => MatmulChoice {
+                    large: Gemm,
+                    small: Gemm,
+                    bf16: Some(Gemm),
+                },
+            };
+            let out = run(3, |c| {
+                let mine = match c.rank() {
+                    0 => path.clone(),
+                    _ => "elsewhere".into(),
+                };
+                (c.agree(mine).unwrap(), c.agree(choice(c.rank())).unwrap())
+            });
+            assert_eq!(out, vec![(path.clone(), choice(0)); 3]);
+        }
+        let mine = |r: usize| (vec![0.1 + 0.2, 5e-324, 1.0 / 3.0 + r as f64], "ü".repeat(r));
+        let out = run(3, |c| c.gather(&mine(c.rank())).unwrap());
+        assert_eq!(out, vec![(0..3).map(mine).collect::<Vec<_>>(); 3]);
+    }
+
     /// A wait on another library's work (NCCL's, by polling) ends when it
     /// is done, with an error naming the rank when another thread rank
     /// fails, and with one naming the timeout when nothing comes: never

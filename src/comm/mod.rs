@@ -18,6 +18,7 @@ pub use elem::{Buf, BufMut, CommElem, DType};
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
+use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -184,6 +185,12 @@ pub fn wait_until(
     Ok(())
 }
 
+/// A value another rank sent as JSON.
+fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| Error::Comm(format!("another rank's value arrived garbled: {e}")))
+}
+
 /// The typed collectives every caller uses; each tags its slice and calls
 /// the matching `*_buf` method.
 impl dyn Comm + '_ {
@@ -214,6 +221,36 @@ impl dyn Comm + '_ {
     /// buf = the next message from `from`, which must have buf's type and length.
     pub fn recv<T: CommElem>(&self, buf: &mut [T], from: usize) -> Result<()> {
         self.recv_buf(T::buf_mut(buf), from)
+    }
+
+    /// Rank 0's `value` on every rank (rank 0 keeps its own; it crosses
+    /// as JSON, which gives back every f64 it was given).
+    pub fn agree<T: Serialize + DeserializeOwned>(&self, value: T) -> Result<T> {
+        if self.size() == 1 {
+            return Ok(value);
+        }
+        let mut bytes = serde_json::to_vec(&value).map_err(|e| Error::Comm(e.to_string()))?;
+        let mut len = [bytes.len() as u64];
+        self.broadcast(&mut len, 0)?;
+        bytes.resize(len[0] as usize, 0);
+        self.broadcast(&mut bytes, 0)?;
+        match self.rank() {
+            0 => Ok(value),
+            _ => decode(&bytes),
+        }
+    }
+
+    /// Every rank's `value`, in rank order (each crosses as JSON, padded
+    /// with spaces to the longest).
+    pub fn gather<T: Serialize + DeserializeOwned>(&self, value: &T) -> Result<Vec<T>> {
+        let mut bytes = serde_json::to_vec(value).map_err(|e| Error::Comm(e.to_string()))?;
+        let mut lens = vec![0u64; self.size()];
+        self.all_gather(&[bytes.len() as u64], &mut lens)?;
+        let longest = lens.into_iter().max().unwrap_or(0) as usize;
+        bytes.resize(longest, b' ');
+        let mut all = vec![0u8; longest * self.size()];
+        self.all_gather(&bytes, &mut all)?;
+        all.chunks(longest.max(1)).map(decode).collect()
     }
 
     /// `send` to `to` and `recv` from `from`, as one exchange.

@@ -6,7 +6,6 @@ use crate::comm::{Comm, CommStats};
 use crate::error::Result;
 use crate::metrics;
 use crate::model::{AdamWConfig, ModelConfig};
-use crate::parallel::pipeline::Pass;
 use crate::parallel::{self, pipeline, ParallelConfig, Span, StepConfig, Strategy};
 use crate::rng::Rng;
 use std::time::Instant;
@@ -30,7 +29,7 @@ pub struct BenchSpec {
 }
 
 /// What one rank measured.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct RankBench {
     /// Mean seconds of a timed step.
     pub step_s: f64,
@@ -52,39 +51,6 @@ pub struct RankBench {
     pub timeline: Vec<Span>,
     /// The parts this rank ran its batch in (`model::parts`).
     pub parts: usize,
-}
-
-/// Every rank's timeline of the step just taken (collective; each rank of a
-/// pipeline runs 2m spans, other strategies none).
-pub(crate) fn gather_timelines(world: &dyn Comm, mine: &[Span]) -> Result<Vec<Vec<Span>>> {
-    let flat: Vec<f64> = mine
-        .iter()
-        .flat_map(|s| {
-            [
-                s.pass as u8 as f64,
-                s.chunk as f64,
-                s.micro_batch as f64,
-                s.start,
-                s.end,
-            ]
-        })
-        .collect();
-    let mut all = vec![0.0; flat.len() * world.size()];
-    world.all_gather(&flat, &mut all)?;
-    Ok(all
-        .chunks(flat.len().max(1))
-        .map(|rank| {
-            rank.chunks(5)
-                .map(|x| Span {
-                    pass: [Pass::Forward, Pass::Backward, Pass::Weight][x[0] as usize],
-                    chunk: x[1] as usize,
-                    micro_batch: x[2] as usize,
-                    start: x[3],
-                    end: x[4],
-                })
-                .collect()
-        })
-        .collect())
 }
 
 /// Runs the steps on this rank; returns every rank's measurements (collective).
@@ -139,7 +105,7 @@ pub fn bench_rank<B: Backend + 'static>(
             timed.update += stats.update_s;
             let mine = strategy.timeline();
             if !mine.is_empty() {
-                timed.timelines = gather_timelines(world, &mine)?;
+                timed.timelines = world.gather(&mine)?;
                 timed
                     .bubbles
                     .extend(pipeline::measured_bubble(&timed.timelines));
@@ -178,47 +144,26 @@ fn every_rank(
     let c = strategy.comm_stats();
     let steps = steps.max(1) as f64;
     let memory = strategy.memory();
-    let host = memory
-        .host
-        .as_ref()
-        .map(|h| h.peak_row())
-        .unwrap_or_default();
-    let peak: Vec<u64> = <[u64; PeakRow::LEN]>::from(memory.peak_row())
-        .into_iter()
-        .chain(<[u64; PeakRow::LEN]>::from(host))
-        .collect();
-    let times = [
-        (c.total_bytes() - timed.before.total_bytes()) as f64 / steps,
-        (c.seconds - timed.before.seconds) / steps,
-        timed.total / steps,
-        timed.update / steps,
-        strategy.batch_parts() as f64,
-    ];
-    let mut all_peaks = vec![0u64; peak.len() * world.size()];
-    world.all_gather(&peak, &mut all_peaks)?;
-    let mut all_times = vec![0f64; times.len() * world.size()];
-    world.all_gather(&times, &mut all_times)?;
     let bubbles = &timed.bubbles;
-    let bubble = (!bubbles.is_empty()).then(|| bubbles.iter().sum::<f64>() / bubbles.len() as f64);
-    let mut timelines = timed.timelines;
-    timelines.resize(world.size(), Vec::new());
-    Ok(all_peaks
-        .chunks(peak.len())
-        .zip(all_times.chunks(times.len()))
-        .zip(timelines)
-        .map(|((p, t), timeline)| {
-            let peaks = PeakRow::rows(p);
-            RankBench {
-                peak: peaks[0],
-                host_peak: peaks[1],
-                comm_bytes_per_step: t[0],
-                comm_s_per_step: t[1],
-                step_s: t[2],
-                update_s: t[3],
-                parts: t[4] as usize,
-                bubble,
-                timeline,
-            }
-        })
-        .collect())
+    let mine = RankBench {
+        peak: memory.peak_row(),
+        host_peak: memory
+            .host
+            .as_ref()
+            .map(|h| h.peak_row())
+            .unwrap_or_default(),
+        comm_bytes_per_step: (c.total_bytes() - timed.before.total_bytes()) as f64 / steps,
+        comm_s_per_step: (c.seconds - timed.before.seconds) / steps,
+        step_s: timed.total / steps,
+        update_s: timed.update / steps,
+        parts: strategy.batch_parts(),
+        bubble: (!bubbles.is_empty()).then(|| bubbles.iter().sum::<f64>() / bubbles.len() as f64),
+        // every rank's, gathered at the last step
+        timeline: Vec::new(),
+    };
+    let mut all = world.gather(&mine)?;
+    for (rank, timeline) in all.iter_mut().zip(timed.timelines) {
+        rank.timeline = timeline;
+    }
+    Ok(all)
 }

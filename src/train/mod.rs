@@ -21,7 +21,7 @@ pub mod task;
 
 use crate::backend::{Backend, MemoryReport, PeakRow};
 use crate::checkpoint::state;
-use crate::comm::{Comm, CommStats};
+use crate::comm::CommStats;
 use crate::data::TokenizerKind;
 use crate::error::{Error, Result};
 use crate::metrics::StepRecord;
@@ -350,26 +350,6 @@ pub struct TrainSummary {
     pub timelines: Vec<Vec<crate::parallel::Span>>,
 }
 
-/// Rank 0's `value`, on every rank (it crosses as JSON; rank 0 keeps its own).
-fn agree<T: serde::Serialize + serde::de::DeserializeOwned>(
-    world: &dyn Comm,
-    value: T,
-) -> Result<T> {
-    if world.size() == 1 {
-        return Ok(value);
-    }
-    let mut bytes = serde_json::to_vec(&value).map_err(|e| Error::Comm(e.to_string()))?;
-    let mut len = [bytes.len() as u64];
-    world.broadcast(&mut len, 0)?;
-    bytes.resize(len[0] as usize, 0);
-    world.broadcast(&mut bytes, 0)?;
-    match world.rank() {
-        0 => Ok(value),
-        _ => serde_json::from_slice(&bytes)
-            .map_err(|e| Error::Comm(format!("rank 0's value arrived garbled: {e}"))),
-    }
-}
-
 /// Trains `task` on `par.world_size` thread ranks; returns rank 0's summary.
 pub fn train<B: Backend + 'static>(
     make_backend: impl Fn() -> B + Sync,
@@ -515,39 +495,6 @@ mod tests {
             (1.0, "0.1"),
         ] {
             assert_eq!(default_min_lr(lr).to_string(), min);
-        }
-    }
-    use std::time::Duration;
-
-    #[test]
-    fn rank_0s_path_and_matmul_libraries_cross_to_every_rank_whole() {
-        use crate::backend::cpu::blas::{MatmulChoice, MatmulLib::*};
-        let path = PathBuf::from("/tmp/läufe/модель 模型 🚀/ckpt");
-        for bf16 in [None, Some(Mkl)] {
-            let choice = |r| match r {
-                0 => MatmulChoice {
-                    large: Blis,
-                    small: OpenBlas,
-                    bf16,
-                },
-                _ => MatmulChoice {
-                    large: Gemm,
-                    small: Gemm,
-                    bf16: Some(Gemm),
-                },
-            };
-            let out = launch::run_local(3, 3, Duration::from_secs(10), |c| {
-                let mine = match c.rank() {
-                    0 => path.clone(),
-                    _ => PathBuf::from("elsewhere"),
-                };
-                Ok((
-                    agree(c.as_ref(), mine)?,
-                    agree(c.as_ref(), choice(c.rank()))?,
-                ))
-            })
-            .unwrap();
-            assert_eq!(out, vec![(path.clone(), choice(0)); 3]);
         }
     }
 }

@@ -7,7 +7,7 @@
 use super::run_dir::{self, RunRecord, StepLogs};
 use super::schedule::LrSchedule;
 use super::task::{epochs_done, Eval, Task, TrainStream};
-use super::{agree, diverged, restore, TrainConfig, TrainSummary, INTERRUPTED, MAX_STEPS};
+use super::{diverged, restore, TrainConfig, TrainSummary, INTERRUPTED, MAX_STEPS};
 use crate::backend::cpu::blas;
 use crate::backend::{Backend, PeakRow};
 use crate::checkpoint::state;
@@ -134,7 +134,9 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
         // Ranks may have chosen different run directories (a default named by
         // the clock, a temporary directory per process): rank 0's wins.
         let cfg = TrainConfig {
-            out_dir: agree(world, cfg.out_dir.to_string_lossy().into_owned())?.into(),
+            out_dir: world
+                .agree(cfg.out_dir.to_string_lossy().into_owned())?
+                .into(),
             ..cfg.clone()
         };
         let mut train_loader = task.train_stream(&cfg)?;
@@ -530,7 +532,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
         let mine = self.strategy.timeline();
         let timelines = match mine.is_empty() {
             true => Vec::new(),
-            false => super::bench::gather_timelines(self.world, &mine)?,
+            false => self.world.gather(&mine)?,
         };
         let params = self.strategy.full_params()?;
         // a finished run's test split (a stopped run's waits for its end)
@@ -658,7 +660,7 @@ fn agree_on_peak<B: Backend>(
     }
     world.broadcast(&mut peaks, 0)?;
     // every rank on rank 0's library: no product of one run on another
-    blas::set_choice(agree(world, blas::choice())?);
+    blas::set_choice(world.agree(blas::choice())?);
     Ok((peaks[0], peaks[1], source))
 }
 

@@ -161,7 +161,7 @@ pub fn zb_h1_bubble(p: usize, m: usize, [f, b, w]: [f64; 3]) -> f64 {
 }
 
 /// What a task runs of a micro-batch through a chunk.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Pass {
     Forward,
@@ -681,7 +681,7 @@ fn simulated_in_flight(pipe: Pipeline, m: usize) -> Vec<Vec<usize>> {
 }
 
 /// A pass a stage ran, in seconds from its step's start.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Span {
     pub pass: Pass,
     pub chunk: usize,
