@@ -761,24 +761,11 @@ mod tests {
     use super::*;
 
     fn series(label: &str, points: &[(f64, f64)]) -> Series {
-        Series {
-            label: label.into(),
-            points: points.to_vec(),
-            ranges: Vec::new(),
-        }
+        Series::new(label, points.to_vec())
     }
 
     fn figure(series: Vec<Series>) -> Figure {
-        Figure {
-            stem: "t".into(),
-            title: "t".into(),
-            x_label: "x".into(),
-            y_label: "y".into(),
-            series,
-            markers: true,
-            y_from_zero: false,
-            scatter: false,
-        }
+        Figure::lines("t", "t", "x", "y", series, true, false)
     }
 
     /// A long, jagged curve stays inside the plot (no mitred join spikes

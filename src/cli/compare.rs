@@ -116,10 +116,7 @@ pub fn run(mut a: CompareArgs, threads: usize) -> Result<()> {
         super::claim_out(out, "--out", "a report folder", a.overwrite)?;
     }
     let out_dir = a.out.clone().unwrap_or_else(|| {
-        let secs = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        PathBuf::from(format!("reports/compare-{secs}"))
+        PathBuf::from(format!("reports/compare-{}", distgpt::metrics::unix_now()))
     });
     if a.task == CompareTask::Classify {
         return run_classify(a, out_dir, threads);
@@ -204,7 +201,7 @@ fn lm_table(results: &[compare::RunResult]) -> ([&'static str; 7], Vec<Vec<Strin
                 format!("{} {}", r.model, r.label),
                 r.batch.to_string(),
                 format!("{:.0}", r.tokens_per_s),
-                format!("{:.2}", r.max_peak().total as f64 / 1048576.0),
+                format!("{:.2}", r.max_peak().total as f64 / distgpt::metrics::MIB),
                 format!("{:.1}", r.time_per_epoch_s),
                 format!("{:.4}", r.val_loss),
                 r.max_loss_deviation_from_single
@@ -392,7 +389,8 @@ fn classify_table(rows: &[ClassifyRow]) -> ([&'static str; 8], Vec<Vec<String>>)
                 format!("{:.0}", r.tokens_per_s),
                 format!(
                     "{:.1}",
-                    distgpt::backend::PeakRow::largest(&r.rank_peak_bytes).total as f64 / 1048576.0
+                    distgpt::backend::PeakRow::largest(&r.rank_peak_bytes).total as f64
+                        / distgpt::metrics::MIB
                 ),
                 format!("{:.1}", r.time_per_epoch_s),
                 accs.join(" "),

@@ -12,6 +12,7 @@ use super::{layout_cells, loss_deviation, say_skipped, Layout, Spread};
 use crate::backend::cpu::Cpu;
 use crate::backend::PeakRow;
 use crate::error::Result;
+use crate::metrics::MIB;
 use crate::parallel::StrategyKind;
 use crate::plan::{self, Precision, Workload};
 use crate::store::{write_atomic, write_json};
@@ -21,8 +22,6 @@ use indicatif::MultiProgress;
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-
-const MIB: f64 = 1024.0 * 1024.0;
 
 /// What to run: `base` is the fine-tuning of every cell (its batch size,
 /// warmup (a tenth of its steps), run directory and progress bar are the

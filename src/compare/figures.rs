@@ -4,6 +4,7 @@
 
 use super::{RunResult, Spread};
 pub use crate::figure::{write, Figure, Series};
+use crate::metrics::MIB;
 
 /// Series of `value`'s median against batch size, one per layout label,
 /// with its min-max range when `value` varies over repeats.
@@ -50,8 +51,6 @@ fn by_epoch(runs: &[&RunResult], value: impl Fn(&super::EpochPoint) -> f64) -> V
         })
         .collect()
 }
-
-const MIB: f64 = 1024.0 * 1024.0;
 
 /// The seven figures of one model's runs; `suffix` tells models apart.
 /// `reference_batch` picks the runs of the per-epoch figures and the loss curves.

@@ -3,12 +3,11 @@
 use super::figures::{self, Figure};
 use super::{CompareSpec, Comparison, RunResult, Spread};
 use crate::error::Result;
+use crate::metrics::MIB;
 use crate::parallel::StrategyKind;
 use crate::store::{write_atomic, write_json};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-
-const MIB: f64 = 1024.0 * 1024.0;
 
 const CSV_HEADER: &str = "model,params,strategy,world_size,tp,batch,seq_len,steps,epochs,step_ms,tokens_per_s,tokens_per_s_per_rank,time_per_epoch_s,\
 repeats,tokens_per_s_min,tokens_per_s_max,peak_params_bytes,peak_grads_bytes,peak_optimizer_bytes,peak_activations_bytes,peak_other_bytes,peak_total_bytes,\

@@ -560,14 +560,6 @@ mod tests {
     }
 
     #[test]
-    fn the_split_key_is_fnv_1a() {
-        // the reference vectors of FNV-1a, 64 bits
-        assert_eq!(fnv1a(""), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(fnv1a("a"), 0xaf63_dc4c_8601_ec8c);
-        assert_eq!(fnv1a("foobar"), 0x8594_4171_f739_67e8);
-    }
-
-    #[test]
     fn a_set_is_two_labels_or_more_and_its_fingerprint_sees_every_example() {
         let dir = crate::testdir::TestDir::new("labelled");
         let write = |labels: &str, train: &str| {

@@ -136,6 +136,9 @@ pub fn mfu_above_peak(mfu: f64) -> Option<String> {
     })
 }
 
+/// Bytes in a MiB, as reports give memory.
+pub const MIB: f64 = 1024.0 * 1024.0;
+
 /// Seconds since the Unix epoch (0 on a clock before it).
 pub fn unix_now() -> u64 {
     std::time::SystemTime::now()

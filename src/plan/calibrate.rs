@@ -307,7 +307,7 @@ pub fn run_efficiency(dir: &std::path::Path) -> Result<RunEfficiency> {
     use crate::error::Error;
     let record = crate::train::run_dir::read_record(dir)?;
     let steps = crate::train::run_dir::read_metrics(dir)?;
-    let mut mfu: Vec<f64> = steps.iter().skip(1).map(|r| r.mfu).collect();
+    let mfu: Vec<f64> = steps.iter().skip(1).map(|r| r.mfu).collect();
     if mfu.is_empty() {
         return Err(Error::Input(format!(
             "{} logs {}: an efficiency needs two or more (the first is warm-up)",
@@ -324,15 +324,9 @@ pub fn run_efficiency(dir: &std::path::Path) -> Result<RunEfficiency> {
             dir.display()
         )));
     }
-    mfu.sort_by(f64::total_cmp);
-    let n = mfu.len();
-    let median = match n % 2 {
-        1 => mfu[n / 2],
-        _ => (mfu[n / 2 - 1] + mfu[n / 2]) / 2.0,
-    };
     Ok(RunEfficiency {
-        efficiency: median,
-        steps: n,
+        efficiency: crate::metrics::Spread::of(mfu.iter().copied()).median,
+        steps: mfu.len(),
         device: record.device,
         peak_flops: record.peak_flops,
     })

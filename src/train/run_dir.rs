@@ -8,7 +8,7 @@ use super::TrainConfig;
 use crate::checkpoint::state;
 use crate::error::{Error, Result};
 use crate::metrics::tensorboard::EventWriter;
-use crate::metrics::{timestamp, unix_now, LineWriter, StepRecord};
+use crate::metrics::{timestamp, unix_now, LineWriter, StepRecord, MIB};
 use crate::model::{ModelConfig, Precision};
 use crate::parallel::ParallelConfig;
 use crate::store::{json_checksum, write_atomic, write_json};
@@ -409,8 +409,6 @@ fn tensorboard_scalars(r: &StepRecord) -> Vec<(&'static str, f64)> {
     out.extend(val.into_iter().filter_map(|(k, v)| Some((k, v?))));
     out
 }
-
-const MIB: f64 = 1024.0 * 1024.0;
 
 /// Rank 0 only: readies `dir` for an invocation training steps
 /// `start..to_step` (a new run's empty directory, or a resumed run's with
