@@ -54,7 +54,7 @@ pub struct Tied {
 }
 
 /// A model's parameters: its tensors in buffer order, grouped into units.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct ParamLayout {
     pub tensors: Vec<TensorSpec>,
     pub units: Vec<Unit>,
@@ -65,10 +65,7 @@ impl ParamLayout {
     pub fn builder(tp: usize) -> LayoutBuilder {
         LayoutBuilder {
             tp,
-            layout: ParamLayout {
-                tensors: Vec::new(),
-                units: Vec::new(),
-            },
+            layout: ParamLayout::default(),
             offset: 0,
         }
     }
@@ -217,13 +214,7 @@ impl LayoutBuilder {
     }
 
     pub fn build(&mut self) -> ParamLayout {
-        std::mem::replace(
-            &mut self.layout,
-            ParamLayout {
-                tensors: Vec::new(),
-                units: Vec::new(),
-            },
-        )
+        std::mem::take(&mut self.layout)
     }
 }
 

@@ -37,7 +37,7 @@ impl<'a, B: Backend> DecodeWeights<'a, B> {
         params: Src<'a, B>,
         format: WeightFormat,
     ) -> Result<Self> {
-        let lay = ParamLayout::new_tp(config, tp.size);
+        let lay = super::layout::layout(config, tp.size);
         if params.len() != lay.total() {
             return Err(Error::Input(format!(
                 "decoding needs {} parameters for tp rank {} of {}, got {}",
@@ -241,7 +241,7 @@ impl<B: Backend> Decoder<B> {
             })
             .collect::<Result<_>>()?;
         Ok(Decoder {
-            layout: ParamLayout::new_tp(&config, tp.size),
+            layout: super::layout::layout(&config, tp.size),
             config,
             backend,
             tp,
@@ -662,7 +662,7 @@ fn not_fp32() -> Error {
 /// The final LayerNorm of `acts.x` (every row) into `acts.ln`.
 fn final_norm<B: Backend>(at: &StepIn<'_, '_, B>, acts: &mut Acts<B>) -> Result<()> {
     let c = at.config.n_embd;
-    let lnf = at.weights.params.slice(at.layout.final_norm());
+    let lnf = at.weights.params.slice(at.layout.head());
     at.backend.run(LayerNormForward {
         out: acts.ln.d().into(),
         mean: acts.mean.d(),

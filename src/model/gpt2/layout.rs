@@ -94,11 +94,6 @@ impl ParamLayout {
         layout(cfg, 1)
     }
 
-    /// The layout of one of `tp` tensor-parallel ranks.
-    pub fn new_tp(cfg: &GptConfig, tp: usize) -> Self {
-        layout(cfg, tp)
-    }
-
     pub fn wte(&self) -> Range<usize> {
         self.unit_tensor(0, 0)
     }
@@ -114,11 +109,6 @@ impl ParamLayout {
     /// Offsets of p inside block l's slice.
     pub fn in_block(&self, l: usize, p: BlockParam) -> Range<usize> {
         self.in_unit(1 + l, p as usize)
-    }
-
-    /// The final layernorm unit [ln_f.w | ln_f.b].
-    pub fn final_norm(&self) -> Range<usize> {
-        self.head()
     }
 }
 
@@ -140,11 +130,11 @@ mod tests {
             lay.block(0).start,
             lay.block_param(0, BlockParam::Ln1W).start
         );
-        assert_eq!(lay.block(1).end, lay.final_norm().start);
+        assert_eq!(lay.block(1).end, lay.head().start);
         assert_eq!(
             lay.block_param(1, BlockParam::FcProjB).end,
             lay.block(1).end
         );
-        assert_eq!(lay.final_norm().end, lay.total());
+        assert_eq!(lay.head().end, lay.total());
     }
 }

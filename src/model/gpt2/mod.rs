@@ -322,7 +322,7 @@ impl<B: Backend> Engine<B> {
         let span = Span::all(config.n_layer);
         Ok(Engine {
             core: EngineCore {
-                layout: ParamLayout::new_tp(&config, tp.size),
+                layout: layout::layout(&config, tp.size),
                 whole: ParamLayout::new(&config),
                 backend,
                 tp,
