@@ -100,6 +100,11 @@ mod under_mpi {
         let mut got = [0u32];
         c.recv(&mut got, (r + n - 1) % n).unwrap();
         assert_eq!(got[0], u32::MAX - ((r + n - 1) % n) as u32, "u32 send/recv");
+        // any serde value, as JSON of another length on each rank
+        let value = |r: usize| (format!("{text}{}", "ü".repeat(r)), 0.1 + 0.2 * r as f64);
+        assert_eq!(c.agree(value(r)).unwrap(), value(0), "agree");
+        let want: Vec<_> = (0..n).map(value).collect();
+        assert_eq!(c.gather(&value(r)).unwrap(), want, "gather");
     }
 
     #[test]

@@ -224,7 +224,9 @@ impl dyn Comm + '_ {
     }
 
     /// Rank 0's `value` on every rank (rank 0 keeps its own; it crosses
-    /// as JSON, which gives back every f64 it was given).
+    /// as JSON, which gives back every finite f64 it was given). Every
+    /// rank's `value` is made, and only rank 0's used: one whose making
+    /// has an effect belongs in an `Option`, `Some` on rank 0 alone.
     pub fn agree<T: Serialize + DeserializeOwned>(&self, value: T) -> Result<T> {
         if self.size() == 1 {
             return Ok(value);

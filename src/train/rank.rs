@@ -133,10 +133,15 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
         let lead = world.rank() == 0;
         // Ranks may have chosen different run directories (a default named by
         // the clock, a temporary directory per process): rank 0's wins.
-        let cfg = TrainConfig {
-            out_dir: world
+        // (A path crosses as UTF-8, so only rank 0's own path is taken whole.)
+        let out_dir = match world.size() {
+            1 => cfg.out_dir.clone(),
+            _ => world
                 .agree(cfg.out_dir.to_string_lossy().into_owned())?
                 .into(),
+        };
+        let cfg = TrainConfig {
+            out_dir,
             ..cfg.clone()
         };
         let mut train_loader = task.train_stream(&cfg)?;
@@ -611,7 +616,7 @@ fn agree_on_peak<B: Backend>(
         && world.device_native().is_none();
     let stated = cfg.peak_flops;
     let mut source = String::from("--peak-tflops");
-    let mut peaks = [0.0f64; 2];
+    let (mut peaks, mut matmul) = ([0.0f64; 2], None);
     if world.rank() == 0 {
         // thread ranks share this process's threads: the peak (and the
         // library kept with it) is that of all of them
@@ -657,10 +662,15 @@ fn agree_on_peak<B: Backend>(
             }
         };
         peaks = [per_rank, total];
+        // read on rank 0 alone: a process that has not chosen chooses the
+        // built-in when asked, and keeps its first choice
+        matmul = Some(blas::choice());
     }
     world.broadcast(&mut peaks, 0)?;
     // every rank on rank 0's library: no product of one run on another
-    blas::set_choice(world.agree(blas::choice())?);
+    if let Some(choice) = world.agree(matmul)? {
+        blas::set_choice(choice);
+    }
     Ok((peaks[0], peaks[1], source))
 }
 
