@@ -87,7 +87,23 @@ fn a_language_model_run_and_its_resume_write_event_files_of_its_step_records() {
     let val = logged(&run, "val_loss");
     assert_eq!(val.iter().map(|v| v.0).collect::<Vec<_>>(), [3, 6]);
     assert_eq!(s["val/loss"], val);
-    assert!(s["memory/peak_total_mib"].iter().all(|&(_, m)| m > 0.0));
+    let peak_mib: Vec<(i64, f32)> = std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .map(|r| {
+            let bytes = r["memory"]["peak_total_bytes"].as_f64().unwrap();
+            (
+                r["step"].as_i64().unwrap(),
+                (bytes / (1 << 20) as f64) as f32,
+            )
+        })
+        .collect();
+    assert!(peak_mib.iter().all(|&(_, m)| m > 0.0), "{peak_mib:?}");
+    assert_eq!(
+        s["memory/peak_total_mib"], peak_mib,
+        "the peak in MiB of 2^20 bytes"
+    );
 
     // a resume from step 3 to 8: a second file that starts a session at 4,
     // so TensorBoard drops the first file's steps 4 to 6
