@@ -527,12 +527,10 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
         let seconds = self.started.elapsed().as_secs_f64();
         let memory = self.strategy.memory();
         let comm = self.strategy.comm_stats();
-        let mut rank_comm_bytes = vec![0u64; self.world.size()];
-        self.world
-            .all_gather(&[comm.total_bytes()], &mut rank_comm_bytes)?;
-        let mut rank_comm_seconds = vec![0f64; self.world.size()];
-        self.world
-            .all_gather(&[comm.seconds], &mut rank_comm_seconds)?;
+        let (rank_comm_bytes, rank_comm_seconds) = (self.world)
+            .gather(&(comm.total_bytes(), comm.seconds))?
+            .into_iter()
+            .unzip();
         // every rank of a pipeline has a timeline, no rank of anything else
         let mine = self.strategy.timeline();
         let timelines = match mine.is_empty() {
