@@ -90,6 +90,11 @@ impl<R: Runtime> Gpu<R> {
         profile::PROCESS.timed(name, flops, finish, || self.queue(launch))
     }
 
+    /// [`Gpu::kernel`] for one of [`Queue::pointwise`]'s kernels.
+    fn pointwise(&self, name: &'static str, dst: RawView, src: RawView) {
+        self.kernel(name, 0.0, |d| d.pointwise(name, view(dst), view(src)))
+    }
+
     /// The kept failure, if any, as an error (and cleared).
     fn check(&self) -> Result<()> {
         match self
@@ -130,10 +135,8 @@ impl<R: Runtime> Device for Gpu<R> {
     }
     fn clone_fresh(&self) -> Self {
         Gpu {
-            dev: self.dev.clone(),
-            index: self.index,
-            failure: self.failure.clone(),
             memory: Arc::default(),
+            ..self.clone()
         }
     }
     fn for_rank(&self, own_device: Option<usize>) -> Result<Self> {
@@ -214,20 +217,16 @@ impl<R: Runtime> Kernels for Gpu<R> {
         self.kernel("fill", 0.0, |d| d.fill(view(dst.raw()), value))
     }
     fn add_inplace(&self, dst: Dst<'_, Self>, src: Src<'_, Self>) {
-        self.kernel("add_inplace", 0.0, |d| {
-            d.add_inplace(view(dst.raw()), view(src.raw()))
-        })
+        self.pointwise("add_inplace", dst.raw(), src.raw())
     }
     fn copy(&self, dst: Dst<'_, Self>, src: Src<'_, Self>) {
-        self.kernel("copy", 0.0, |d| d.copy(view(dst.raw()), view(src.raw())))
+        self.pointwise("copy", dst.raw(), src.raw())
     }
     fn round_bf16(&self, x: Dst<'_, Self>) {
-        let x = view(x.raw());
-        self.kernel("round_bf16", 0.0, |d| d.round_bf16(x, x))
+        self.pointwise("round_bf16", x.raw(), x.raw())
     }
     fn to_bf16(&self, dst: Dst<'_, Self, Bf16>, src: Src<'_, Self>) {
-        let (dst, src) = (view(dst.raw()), view(src.raw()));
-        self.kernel("to_bf16", 0.0, |d| d.to_bf16(dst, src))
+        self.pointwise("to_bf16", dst.raw(), src.raw())
     }
     fn sum(&self, x: Src<'_, Self>) -> Result<f64> {
         self.check()?;

@@ -171,16 +171,8 @@ impl<R: Runtime> Queue<R> {
             need("GEMM residual", r, g.m * g.n)?;
             if g.k == 0 || !self.rt.adds_bias(&g) {
                 // c = the residual, and the products onto it
-                self.copy(
-                    View {
-                        len: g.m * g.n,
-                        ..g.c
-                    },
-                    View {
-                        len: g.m * g.n,
-                        ..r
-                    },
-                )?;
+                let mn = 0..g.m * g.n;
+                self.pointwise("copy", g.c.part(mn.clone()), r.part(mn))?;
                 (g.beta, g.residual) = (1.0, None);
             }
         }
@@ -206,14 +198,7 @@ impl<R: Runtime> Queue<R> {
             // No products: c = beta * c, with beta 0 or 1.
             if g.beta == 0.0 {
                 for i in 0..g.batch.count {
-                    let c = g.c.tail(i * g.batch.c);
-                    self.fill(
-                        View {
-                            len: g.m * g.n,
-                            ..c
-                        },
-                        0.0,
-                    )?;
+                    self.fill(g.c.tail(i * g.batch.c).part(0..g.m * g.n), 0.0)?;
                 }
             }
             return Ok(());
@@ -223,32 +208,14 @@ impl<R: Runtime> Queue<R> {
         unsafe { self.rt.sgemm(g) }
     }
 
-    /// dst = src; n = src.len.
-    pub fn copy(&self, dst: View, src: View) -> Result<(), GpuError> {
-        self.pointwise("copy", dst, src)
-    }
-
-    /// dst += src; n = src.len.
-    pub fn add_inplace(&self, dst: View, src: View) -> Result<(), GpuError> {
-        self.pointwise("add_inplace", dst, src)
-    }
-
-    /// The kernels of the form `name(dst, src, n)` over n = src.len.
-    fn pointwise(&self, name: &str, dst: View, src: View) -> Result<(), GpuError> {
+    /// The kernels of the form `name(dst, src, n)` over n = src.len:
+    /// "copy" (dst = src), "add_inplace" (dst += src), "round_bf16" (dst =
+    /// src rounded to bfloat16, kept as f32; `dst` may be `src` itself) and
+    /// "to_bf16" (dst, bf16, = src rounded to bfloat16).
+    pub(crate) fn pointwise(&self, name: &str, dst: View, src: View) -> Result<(), GpuError> {
         need(name, dst, src.len)?;
         let args = [Arg::View(dst), Arg::View(src), u32s("n", src.len)?];
         self.launch(name, groups(src.len), &args)
-    }
-
-    /// dst = src rounded to bfloat16 (kept as f32); n = src.len. `dst` may
-    /// be `src` itself, to round in place.
-    pub fn round_bf16(&self, dst: View, src: View) -> Result<(), GpuError> {
-        self.pointwise("round_bf16", dst, src)
-    }
-
-    /// dst (bf16) = src rounded to bfloat16; n = src.len.
-    pub fn to_bf16(&self, dst: View, src: View) -> Result<(), GpuError> {
-        self.pointwise("to_bf16", dst, src)
     }
 
     /// dst = value.
@@ -281,11 +248,7 @@ impl<R: Runtime> Queue<R> {
             let mut at = 0;
             for (&x, &g) in xs.iter().zip(&counts) {
                 let args = [
-                    Arg::View(View {
-                        off: partials.off + at,
-                        len: g,
-                        ..partials
-                    }),
+                    Arg::View(partials.part(at..at + g)),
                     Arg::View(x),
                     u32s("n", x.len)?,
                     Arg::U32(square as u32),

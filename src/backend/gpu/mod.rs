@@ -93,21 +93,13 @@ pub trait DeviceMem {
 
     /// The whole buffer.
     fn view(&self) -> View {
-        self.view_range(0..self.len())
+        let (mem, len) = (self.handle(), self.len());
+        View { mem, off: 0, len }
     }
 
     /// Elements `range` of the buffer; panics when it does not fit, as slicing does.
     fn view_range(&self, range: Range<usize>) -> View {
-        assert!(
-            range.start <= range.end && range.end <= self.len(),
-            "view {range:?} of a buffer of {} elements",
-            self.len()
-        );
-        View {
-            mem: self.handle(),
-            off: range.start,
-            len: range.end - range.start,
-        }
+        self.view().part(range)
     }
 }
 

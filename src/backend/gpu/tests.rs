@@ -284,7 +284,7 @@ fn views_too_short_are_errors() {
 fn views_too_short_are_errors_on<R: Runtime>(dev: &Queue<R>) {
     let a = dev.alloc::<f32>(10).unwrap();
     let err = dev
-        .copy(a.view_range(0..4), a.view_range(4..10))
+        .pointwise("copy", a.view_range(0..4), a.view_range(4..10))
         .unwrap_err();
     assert!(err.to_string().contains("need 6"), "{err}");
     let mut host = [0.0f32; 3];
@@ -326,7 +326,8 @@ fn a_copy_on_the_copy_queue_waits_for_the_kernels_before_it_on<R: Runtime>(dev: 
     let _pinned = unsafe { dev.rt.pin(&mut got) }.unwrap();
     for round in 1..=rounds {
         for _ in 0..round {
-            dev.add_inplace(acc.view(), one.view()).unwrap();
+            dev.pointwise("add_inplace", acc.view(), one.view())
+                .unwrap();
         }
         // SAFETY: `got` is neither read nor written until the copy is waited.
         let wait = unsafe { dev.read_start(acc.view(), &mut got) }.unwrap();
@@ -696,7 +697,7 @@ fn matmul_forward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
                     dev.run(op(onto.view(), Some(res.view()), false)).unwrap();
                     dev.run(op(o.view(), None, true)).unwrap();
                     want = get(dev, &o);
-                    dev.copy(o.view(), onto.view()).unwrap();
+                    dev.pointwise("copy", o.view(), onto.view()).unwrap();
                 } else {
                     dev.run(op(o.view(), None, accumulate)).unwrap();
                 }
@@ -1012,10 +1013,7 @@ fn pointwise_kernels_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
                 })
                 .cpu(&AsIs);
                 // an empty bias gradient is none
-                let empty = View {
-                    len: 0,
-                    ..bd.view()
-                };
+                let empty = bd.view().part(0..0);
                 for dbias in [None, Some(empty)] {
                     let d = putf(dev, &d0);
                     dev.run(ActivationBackward {
@@ -1037,14 +1035,14 @@ fn pointwise_kernels_match_cpu_on<R: Runtime>(dev: &Queue<R>) {
         }
 
         let c = putf(dev, &vec![0.0; n]);
-        dev.copy(c.view(), xd.view()).unwrap();
+        dev.pointwise("copy", c.view(), xd.view()).unwrap();
         assert_eq!(get(dev, &c), x, "copy n={n}");
 
         dev.fill(c.view(), -2.5).unwrap();
         assert_eq!(get(dev, &c), vec![-2.5; n], "fill n={n}");
 
         let a = putf(dev, &d0);
-        dev.add_inplace(a.view(), xd.view()).unwrap();
+        dev.pointwise("add_inplace", a.view(), xd.view()).unwrap();
         let want: Vec<f32> = d0.iter().zip(&x).map(|(a, b)| a + b).collect();
         assert_eq!(get(dev, &a), want, "add_inplace n={n}");
     }
@@ -1117,7 +1115,7 @@ fn round_bf16_matches_cpu_bit_for_bit_on<R: Runtime>(dev: &Queue<R>) {
         "ties to even, carry"
     );
     let t = putf(dev, &x);
-    dev.round_bf16(t.view(), t.view()).unwrap();
+    dev.pointwise("round_bf16", t.view(), t.view()).unwrap();
     let got = get(dev, &t);
     assert!(
         got.iter().zip(&x).any(|(g, x)| g != x),
@@ -1130,13 +1128,9 @@ fn round_bf16_matches_cpu_bit_for_bit_on<R: Runtime>(dev: &Queue<R>) {
         putf(dev, &[&[7.0], &x[..]].concat()),
         putf(dev, &vec![0.0; x.len() + 2]),
     );
-    let at = |v: View, off: usize| View {
-        off: v.off + off,
-        len: x.len(),
-        ..v
-    };
+    let at = |v: View, off: usize| v.part(off..off + x.len());
     let (from, to) = (at(src.view(), 1), at(dst.view(), 2));
-    dev.round_bf16(to, from).unwrap();
+    dev.pointwise("round_bf16", to, from).unwrap();
     assert_eq!(
         bits(&get(dev, &dst)[2..]),
         bits(&want),
@@ -1148,7 +1142,7 @@ fn round_bf16_matches_cpu_bit_for_bit_on<R: Runtime>(dev: &Queue<R>) {
         "round_bf16 left its source"
     );
     let n = putf(dev, &[f32::NAN]);
-    dev.round_bf16(n.view(), n.view()).unwrap();
+    dev.pointwise("round_bf16", n.view(), n.view()).unwrap();
     assert!(get(dev, &n)[0].is_nan(), "NaN stays NaN");
 }
 
@@ -1934,7 +1928,7 @@ fn a_bf16_weight_is_its_rounded_values_on<R: Runtime>(dev: &Queue<R>) {
         let values = randn(&mut rng, k * n, 1.0);
         let w = putf(dev, &values);
         let copy = put_aligned(dev, &vec![Bf16::default(); k * n]);
-        dev.to_bf16(copy.view(), w.view()).unwrap();
+        dev.pointwise("to_bf16", copy.view(), w.view()).unwrap();
         let rounded: Vec<Bf16> = values.iter().map(|&x| Bf16::from_f32(x)).collect();
         assert!(
             get(dev, &copy) == rounded,

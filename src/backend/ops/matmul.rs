@@ -187,11 +187,7 @@ impl<O: Operands> Kernel<O> for MatmulBackward<O> {
                     len: rows * n,
                     ..words
                 };
-                let read = View {
-                    len: rows * n,
-                    ..dout
-                };
-                q.to_bf16(rounded, read)?;
+                q.pointwise("to_bf16", rounded, dout.part(0..rows * n))?;
                 products(q, &op, Stored::Bf16(rounded), bf16)
             })?,
             false => products(q, &op, op.dout, bf16)?,
