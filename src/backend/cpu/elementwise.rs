@@ -1,5 +1,6 @@
 //! Pointwise primitives: fill, copy, add, bf16 rounding, squared norms.
 
+use crate::backend::ops::convert;
 use crate::backend::Bf16;
 use rayon::prelude::*;
 
@@ -39,11 +40,7 @@ pub fn to_bf16(dst: &mut [Bf16], src: &[f32]) {
     dst[..src.len()]
         .par_chunks_mut(CHUNK)
         .zip(src.par_chunks(CHUNK))
-        .for_each(|(d, s)| {
-            d.iter_mut()
-                .zip(s)
-                .for_each(|(d, &x)| *d = Bf16::from_f32(x))
-        });
+        .for_each(|(d, s)| convert(d, s, false, Bf16::from_f32));
 }
 
 /// dst += src.

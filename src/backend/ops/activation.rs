@@ -2,10 +2,12 @@
 //! with a product's bias fused in and its gradient summed in the same pass,
 //! as kernels (`kernels/elementwise.cu` and `kernels/bias.cu` on a GPU).
 
-use super::{need, Checked, Extent, Held, Host, Kernel, Lower, Operands, Queued, Stored};
+use super::{
+    need, via_fp32, widened, Checked, Extent, Host, Kernel, Lower, Operands, Queued, Stored,
+};
 use crate::backend::cpu::elementwise::CHUNK;
 use crate::backend::cpu::math::{
-    column_sums, gelu, gelu_erf, gelu_erf_grad, gelu_grad, tanh_exp, widest, with_scratch, Scratch,
+    column_sums, gelu, gelu_erf, gelu_erf_grad, gelu_grad, tanh_exp, widest, Scratch,
 };
 use crate::backend::gpu::{
     act_code, groups, stored_view, u32s, ActivationPass, Arg, GpuError, Queue, Raw, Runtime, View,
@@ -242,32 +244,17 @@ fn forward(op: ActivationForward<Host<'_>>) {
         Stored::F32(out) => out[..len]
             .par_chunks_mut(span)
             .enumerate()
-            .for_each(|(i, o)| widened(x(i), |x| activate(o, x, b, act))),
+            .for_each(|(i, o)| widened(&WIDENED, x(i), false, |x| activate(o, x, b, act))),
         Stored::Bf16(out) => out[..len]
             .par_chunks_mut(span)
             .enumerate()
             .for_each(|(i, o)| {
-                widened(x(i), |x| {
-                    with_scratch(&ACTIVATED, x.len(), |wide| {
-                        activate(wide, x, b, act);
-                        o.iter_mut()
-                            .zip(wide.iter())
-                            .for_each(|(o, &v)| *o = Bf16::from_f32(v))
+                widened(&WIDENED, x(i), false, |x| {
+                    via_fp32(&ACTIVATED, o, false, false, |wide| {
+                        activate(wide, x, b, act)
                     })
                 })
             }),
-    }
-}
-
-/// `f` on a chunk `x` in fp32: as it is, or its bf16 values widened into
-/// this thread's scratch.
-fn widened<R>(x: Held, f: impl FnOnce(&[f32]) -> R) -> R {
-    match x {
-        Stored::F32(x) => f(x),
-        Stored::Bf16(held) => with_scratch(&WIDENED, held.len(), |wide| {
-            wide.iter_mut().zip(held).for_each(|(w, x)| *w = x.to_f32());
-            f(wide)
-        }),
     }
 }
 
@@ -300,12 +287,9 @@ fn backward(op: ActivationBackward<Host<'_>>) {
     let chunk = |d: &mut [f32], r: Option<&mut [Bf16]>, x: &[f32], b: &[f32], p: &mut [f32]| match r
     {
         None => scale_chunk(d, x, b, p, act),
-        Some(r) => with_scratch(&SCALED, d.len(), |v| {
+        Some(r) => via_fp32(&SCALED, r, false, false, |v| {
             v.copy_from_slice(d);
             scale_chunk(v, x, b, p, act);
-            r.iter_mut()
-                .zip(v.iter())
-                .for_each(|(r, &v)| *r = Bf16::from_f32(v));
         }),
     };
     let Some(db) = dbias.filter(|db| !db.is_empty()) else {
@@ -315,7 +299,7 @@ fn backward(op: ActivationBackward<Host<'_>>) {
         let chunks = d.par_chunks_mut(span).zip(parts.par_iter_mut()).enumerate();
         chunks.for_each(|(i, (d, r))| {
             let x = inp.part(i * span..len.min((i + 1) * span));
-            widened(x, |x| chunk(d, r.take(), x, b, &mut []))
+            widened(&WIDENED, x, false, |x| chunk(d, r.take(), x, b, &mut []))
         });
         return;
     };
@@ -335,7 +319,7 @@ fn backward(op: ActivationBackward<Host<'_>>) {
     let chunks = d.par_chunks_mut(span).zip(parts.par_iter_mut()).enumerate();
     column_sums(&mut [db], chunks, |(i, (d, r)), p| {
         let x = inp.part(i * span..len.min((i + 1) * span));
-        widened(x, |x| chunk(d, r.take(), x, b, p))
+        widened(&WIDENED, x, false, |x| chunk(d, r.take(), x, b, p))
     });
 }
 

@@ -2,7 +2,7 @@
 //! update, decoupled weight decay), as a kernel (`kernels/adamw.cu` on a
 //! GPU).
 
-use super::{need, Checked, Extent, Host, Kernel, Lower, Operands, Queued};
+use super::{convert, need, Checked, Extent, Host, Kernel, Lower, Operands, Queued};
 use crate::backend::gpu::{groups, u32s, Arg, Queue, Raw, Runtime};
 use crate::backend::Bf16;
 use rayon::prelude::*;
@@ -113,9 +113,7 @@ fn update(op: AdamWUpdate<Host<'_>>) {
             .zip(copy.par_chunks_mut(CHUNK))
             .for_each(|(((p, g), (m, v)), c)| {
                 step(p, g, m, v);
-                c.iter_mut()
-                    .zip(p.iter())
-                    .for_each(|(c, &p)| *c = Bf16::from_f32(p));
+                convert(c, p, false, Bf16::from_f32);
             }),
         None => chunks.for_each(|((p, g), (m, v))| step(p, g, m, v)),
     }

@@ -11,16 +11,15 @@
 //! (`kernels/flash.cu`: mma.sync tiles, no scores in memory, tiles past the
 //! mask skipped). No atomics: deterministic everywhere.
 
-use super::{need, Checked, Host, Kernel, Lower, Operands, Queued, Stored};
+use super::{need, via_fp32, Checked, Host, Kernel, Lower, Operands, Queued, Stored};
 use crate::backend::cpu::attention::{backward_masked, forward_masked, Mask, Saved};
-use crate::backend::cpu::math::{with_scratch, Scratch};
+use crate::backend::cpu::math::Scratch;
 use crate::backend::gpu::{
     groups, operand, stored_view, u32s, Arg, Batch, Gemm, GpuError, Operand, Queue, Raw, Runtime,
     View,
 };
 use crate::backend::profile::attention_flops;
 use crate::backend::{AttnShape, Bf16};
-use rayon::prelude::*;
 
 thread_local! {
     /// A dqkv held in bf16, computed in fp32 first on the CPU.
@@ -159,12 +158,8 @@ impl<O: Operands> Kernel<O> for AttentionBackward<O> {
         match op.dqkv {
             Stored::F32(dqkv) => backward_masked(dqkv, saved, op.shape, mask),
             // computed in fp32, then rounded
-            Stored::Bf16(dqkv) => with_scratch(&WIDE_DQKV, n, |wide| {
-                backward_masked(wide, saved, op.shape, mask);
-                dqkv[..n]
-                    .par_iter_mut()
-                    .zip(&*wide)
-                    .for_each(|(d, &x)| *d = Bf16::from_f32(x));
+            Stored::Bf16(dqkv) => via_fp32(&WIDE_DQKV, &mut dqkv[..n], false, true, |wide| {
+                backward_masked(wide, saved, op.shape, mask)
             }),
         }
     }

@@ -8,10 +8,11 @@
 //!
 //! As kernels: `kernels/crossentropy.cu` on a GPU.
 
-use super::{need, Checked, Extent, Host, Kernel, Lower, Operands, Queued, Stored};
-use crate::backend::cpu::math::{exp, exp_shifted_sum, row_max, with_scratch, Scratch, LANES};
+use super::{
+    need, via_fp32, widened, Checked, Extent, Host, Kernel, Lower, Operands, Queued, Stored,
+};
+use crate::backend::cpu::math::{exp, exp_shifted_sum, row_max, Scratch, LANES};
 use crate::backend::gpu::{stored_view, u32s, Arg, Queue, Raw, Runtime};
-use crate::backend::Bf16;
 use crate::data::IGNORE;
 use rayon::prelude::*;
 
@@ -134,22 +135,14 @@ fn forward(op: CrossEntropyForward<Host<'_>>) {
             max + sum.ln() - row[tgt as usize]
         }
     };
-    let losses = losses[..targets.len()]
+    losses[..targets.len()]
         .par_iter_mut()
-        .zip(targets.par_iter());
-    match logits {
-        Stored::F32(logits) => losses
-            .zip(logits.par_chunks(vp))
-            .for_each(|((l, &tgt), row)| *l = loss(row, tgt)),
-        Stored::Bf16(logits) => losses
-            .zip(logits.par_chunks(vp))
-            .for_each(|((l, &tgt), row)| {
-                with_scratch(&WIDE, vp, |wide| {
-                    widen(row, wide);
-                    *l = loss(wide, tgt);
-                })
-            }),
-    }
+        .zip(targets.par_iter())
+        .enumerate()
+        .for_each(|(i, (l, &tgt))| {
+            let row = logits.part(i * vp..(i + 1) * vp);
+            *l = widened(&WIDE, row, false, |row| loss(row, tgt))
+        });
 }
 
 /// logits (rows, vp) become d loss / d logits in place, where the loss is
@@ -182,32 +175,20 @@ fn backward(op: CrossEntropyBackward<Host<'_>>) {
         Stored::Bf16(logits) => logits[..rows * vp]
             .par_chunks_mut(vp)
             .zip(targets.par_iter())
-            .for_each(|(row, &tgt)| {
-                with_scratch(&WIDE, vp, |wide| {
-                    widen(row, wide);
-                    grad(wide, tgt);
-                    row.iter_mut()
-                        .zip(wide.iter())
-                        .for_each(|(r, &x)| *r = Bf16::from_f32(x));
-                })
-            }),
+            .for_each(|(row, &tgt)| via_fp32(&WIDE, row, true, false, |row| grad(row, tgt))),
     }
 }
 
 thread_local! {
-    /// A bf16 row widened ([`widen`]), a thread's.
+    /// A bf16 row widened, a thread's.
     static WIDE: Scratch<f32> = const { Scratch::new(Vec::new()) };
-}
-
-/// `wide` = the bf16 row `row`, exactly.
-fn widen(row: &[Bf16], wide: &mut [f32]) {
-    wide.iter_mut().zip(row).for_each(|(w, &x)| *w = x.to_f32());
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::backend::cpu::check::*;
+    use crate::backend::Bf16;
     use crate::rng::Rng;
 
     fn reference(logits: &[f64], targets: &[u32], v: usize, vp: usize) -> Vec<f64> {

@@ -5,7 +5,9 @@
 //! Weights are either `InOut` (k x n, Hugging Face Conv1D: `out = inp @ w`)
 //! or `OutIn` (n x k, nn.Linear / the tied embedding: `out = inp @ w^T`).
 
-use super::{need, Checked, Extent, Held, Host, Kernel, Lower, Operands, Queued, Stored};
+use super::{
+    convert, need, widened, Checked, Extent, Held, Host, Kernel, Lower, Operands, Queued, Stored,
+};
 use crate::backend::cpu::blas::gemm_stored;
 use crate::backend::cpu::dpbf16::{Lane, Onto};
 use crate::backend::cpu::math::{column_sums, gemm, with_scratch, Mat, Scratch};
@@ -306,8 +308,8 @@ fn forward_on(op: MatmulForward<Host<'_>>, native: bool) {
         && (inp.is_bf16() || w.is_bf16())
         && unsafe { gemm_held((rows, n, k), to, lhs, rhs, accumulate.into()) };
     if !done {
-        with_fp32(&WIDENED_W, w, |w| {
-            with_fp32(&WIDENED, inp, |inp| unsafe {
+        widened(&WIDENED_W, w, true, |w| {
+            widened(&WIDENED, inp, true, |inp| unsafe {
                 gemm(
                     shape.bf16,
                     (rows, n, k),
@@ -382,24 +384,6 @@ unsafe fn gemm_held<D: Lane>(
     }
 }
 
-/// `f` on `x` in fp32: as it is, or its bf16 values widened into this
-/// thread's `scratch`.
-fn with_fp32<R>(
-    scratch: &'static std::thread::LocalKey<Scratch<f32>>,
-    x: Held,
-    f: impl FnOnce(&[f32]) -> R,
-) -> R {
-    match x {
-        Stored::F32(x) => f(x),
-        Stored::Bf16(held) => with_scratch(scratch, held.len(), |wide| {
-            wide.par_iter_mut()
-                .zip(held)
-                .for_each(|(w, x)| *w = x.to_f32());
-            f(wide)
-        }),
-    }
-}
-
 /// [`forward`] into a bf16 `out` (rows x n; no accumulation), in bf16
 /// products, each sum rounded after its `bias` (n) rounded to bf16 is
 /// added, as a bf16 GEMM's epilogue adds a bf16 bias: where `native`, by
@@ -422,8 +406,8 @@ fn forward_rounded(
     if native && unsafe { gemm_held((rows, n, k), to, lhs, rhs, onto) } {
         return;
     }
-    with_fp32(&WIDENED_W, w, |w| {
-        with_fp32(&WIDENED, inp, |inp| {
+    widened(&WIDENED_W, w, true, |w| {
+        widened(&WIDENED, inp, true, |inp| {
             staged(rows, n, |stage, cols| {
                 let nc = cols.len();
                 let w_cols =
@@ -465,7 +449,7 @@ const STAGE: usize = 1 << 23;
 thread_local! {
     /// [`staged`]'s fp32 columns.
     static STAGED: Scratch<f32> = const { Scratch::new(Vec::new()) };
-    /// [`with_fp32`]'s widened input and weight.
+    /// [`widened`]'s input and weight.
     static WIDENED: Scratch<f32> = const { Scratch::new(Vec::new()) };
     static WIDENED_W: Scratch<f32> = const { Scratch::new(Vec::new()) };
 }
@@ -547,7 +531,7 @@ fn backward_on(op: MatmulBackward<Host<'_>>, native: bool) {
             && w.is_bf16()
             && unsafe { gemm_held((rows, k, n), to, HeldMat::F32(d), w_t, Onto::Over) };
         if !done {
-            with_fp32(&WIDENED_W, w, |w| unsafe {
+            widened(&WIDENED_W, w, true, |w| unsafe {
                 let w = weight_mat(w.as_ptr(), layout, k, n).t();
                 gemm(shape.bf16, (rows, k, n), to, d, w, false, 1.0, threads)
             });
@@ -564,7 +548,7 @@ fn backward_on(op: MatmulBackward<Host<'_>>, native: bool) {
             && inp.is_bf16()
             && unsafe { gemm_held((k, n, rows), to, inp_t, HeldMat::F32(d), Onto::Add) };
         if !done {
-            with_fp32(&WIDENED, inp, |inp| unsafe {
+            widened(&WIDENED, inp, true, |inp| unsafe {
                 let inp = Mat::new(inp.as_ptr(), k, 1).t();
                 gemm(shape.bf16, (k, n, rows), to, inp, d, true, 1.0, threads)
             });
@@ -620,18 +604,14 @@ fn backward_stored(
     let none = Stored::F32(&[][..]);
     let inp = if dw.is_some() { inp } else { none };
     let w = if dinp.is_some() { w } else { none };
-    with_fp32(&WIDENED_W, w, |w| {
-        with_fp32(&WIDENED, inp, |inp| {
+    widened(&WIDENED_W, w, true, |w| {
+        widened(&WIDENED, inp, true, |inp| {
             staged(rows, n, |stage, cols| {
                 let nc = cols.len();
                 stage
                     .par_chunks_mut(nc)
                     .zip(dout.par_chunks(n))
-                    .for_each(|(s, d)| {
-                        s.iter_mut()
-                            .zip(&d[cols.clone()])
-                            .for_each(|(s, &x)| *s = x.to_f32())
-                    });
+                    .for_each(|(s, d)| convert(s, &d[cols.clone()], false, Bf16::to_f32));
                 if let Some(dinp) = dinp.as_deref_mut() {
                     let w_cols = &w[first_col(layout, k, cols.start)..];
                     // SAFETY: sizes were checked above; destinations are distinct buffers.

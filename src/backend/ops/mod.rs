@@ -18,6 +18,8 @@
 use super::gpu::{GpuError, Queue, Raw, Runtime};
 use super::memory::{Buf, Dst, Src};
 use super::{Bf16, DecodeShape, Device, Elem};
+use crate::backend::cpu::math::{with_scratch, Scratch};
+use rayon::prelude::*;
 use std::marker::PhantomData;
 use std::ops::Range;
 
@@ -135,6 +137,60 @@ impl<'a> Held<'a> {
             Stored::F32(x) => Stored::F32(&x[r]),
             Stored::Bf16(x) => Stored::Bf16(&x[r]),
         }
+    }
+}
+
+/// `f` on `x` in fp32: as it is, or its bf16 values widened into this
+/// thread's `scratch` (in parallel where `par`).
+#[inline]
+pub(crate) fn widened<R>(
+    scratch: &'static std::thread::LocalKey<Scratch<f32>>,
+    x: Held,
+    par: bool,
+    f: impl FnOnce(&[f32]) -> R,
+) -> R {
+    match x {
+        Stored::F32(x) => f(x),
+        Stored::Bf16(x) => with_scratch(scratch, x.len(), |wide| {
+            convert(wide, x, par, Bf16::to_f32);
+            f(wide)
+        }),
+    }
+}
+
+/// `f` on this thread's `scratch` as the bf16 `dst` in fp32 (`dst`'s values
+/// widened into it where `widen`, else `f` writes every one), then `dst` =
+/// them rounded (in parallel where `par`).
+#[inline]
+pub(crate) fn via_fp32<R>(
+    scratch: &'static std::thread::LocalKey<Scratch<f32>>,
+    dst: &mut [Bf16],
+    widen: bool,
+    par: bool,
+    f: impl FnOnce(&mut [f32]) -> R,
+) -> R {
+    with_scratch(scratch, dst.len(), |wide| {
+        if widen {
+            convert(wide, dst, par, Bf16::to_f32);
+        }
+        let out = f(wide);
+        convert(dst, wide, par, Bf16::from_f32);
+        out
+    })
+}
+
+/// dst = `op` of each of src (in parallel where `par`): a bf16 widening or
+/// rounding.
+#[inline]
+pub(crate) fn convert<S: Copy + Sync, D: Send>(
+    dst: &mut [D],
+    src: &[S],
+    par: bool,
+    op: impl Fn(S) -> D + Sync + Send,
+) {
+    match par {
+        true => dst.par_iter_mut().zip(src).for_each(|(d, &s)| *d = op(s)),
+        false => dst.iter_mut().zip(src).for_each(|(d, &s)| *d = op(s)),
     }
 }
 
