@@ -15,8 +15,8 @@ mod libs;
 mod lt;
 
 use crate::backend::gpu::{
-    kernel_names, out_of_range, program_source, u32_arg, Arg, DeviceMem, Gemm, GpuError, Operand,
-    Runtime, View, Waiter, BLOCK,
+    converted, kernel_names, out_of_range, program_source, u32_arg, Arg, DeviceMem, Gemm, GpuError,
+    Operand, Runtime, View, Waiter, BLOCK,
 };
 use crate::backend::Elem;
 use cudarc::cublas::result as blas;
@@ -252,27 +252,12 @@ fn blas_int(what: &str, n: usize) -> Result<c_int> {
 }
 
 impl CudaRuntime {
-    /// `op`'s first `n` stored elements (its span in a GEMM) rounded to
-    /// bf16 (two per 32-bit word, so the same leading dimension) in `scratch` when it is large enough, else in a new buffer
-    /// that takes its place: GEMMs of one shape neither allocate nor clear.
-    fn to_bf16(&self, op: Operand, n: usize, scratch: Option<Mem<u32>>) -> Result<Mem<u32>> {
-        let mem = match scratch {
-            Some(mem) if mem.len >= n.div_ceil(2) => mem,
-            // A smaller buffer is freed in stream order, after the kernels
-            // queued before it.
-            _ => self.alloc::<u32>(n.div_ceil(2))?,
-        };
-        let src = View { len: n, ..op.view };
-        let args = [
-            Arg::View(mem.view()),
-            Arg::View(src),
-            Arg::U32(u32_arg("n", n)?),
-        ];
-        // SAFETY: `mem` holds at least n 16-bit values; `src` is the
-        // operand's view cut to the n elements read (`Gemm::spans` checked
-        // they lie in it).
-        unsafe { self.launch("to_bf16", n.div_ceil(BLOCK), &args)? };
-        Ok(mem)
+    /// `view`'s first `n` elements (an operand's span in a GEMM, `Gemm::spans`
+    /// checked they lie in it) rounded to bf16, two per 32-bit word (so the
+    /// same leading dimension), in `scratch` ([`converted`]).
+    fn to_bf16(&self, view: View, n: usize, scratch: Option<Mem<u32>>) -> Result<Mem<u32>> {
+        // SAFETY: the callers' views hold n elements; n.div_ceil(2) words n bf16 values.
+        unsafe { converted(self, "to_bf16", (view, n), n.div_ceil(2), scratch) }
     }
 
     /// `g` as one strided-batched GEMM (cublasGemmStridedBatchedEx), fp32
@@ -293,7 +278,7 @@ impl CudaRuntime {
             match Self::operand_addr(op, g.bf16) {
                 Some(ptr) => Ok(ptr),
                 None => {
-                    let copy = self.to_bf16(op, span, scratch[slot].take())?;
+                    let copy = self.to_bf16(op.view, span, scratch[slot].take())?;
                     let ptr = copy.ptr;
                     scratch[slot] = Some(copy);
                     Ok(ptr)
@@ -307,12 +292,6 @@ impl CudaRuntime {
             // a bf16 output's epilogue takes a bf16 bias: rounded here
             let bias = match g.c_bf16 {
                 true => {
-                    let bias = Operand {
-                        view: bias,
-                        transpose: false,
-                        ld: g.m,
-                        bf16: false,
-                    };
                     let copy = self.to_bf16(bias, g.m, scratch[2].take())?;
                     let ptr = copy.ptr;
                     scratch[2] = Some(copy);

@@ -480,6 +480,36 @@ pub fn u32_arg(what: &str, n: usize) -> Result<u32, GpuError> {
         .map_err(|_| GpuError(format!("{what} = {n} exceeds the kernels' 32-bit limit")))
 }
 
+/// `kernel(dst, src, n)` over `src`'s first `n` elements into `scratch`
+/// where it holds `len` elements, else into a new buffer that takes its
+/// place (a smaller one is freed in stream order, after the kernels queued
+/// before it): a GEMM operand's copy (cuBLAS's bf16, OpenCL's fp32), so
+/// GEMMs of one shape neither allocate nor clear.
+///
+/// # Safety
+/// `src` is a view of a live buffer of `rt` with `n` elements (`Gemm::spans`),
+/// and `len` `T`s hold the kernel's `n` results.
+pub(crate) unsafe fn converted<R: Runtime, T: Elem>(
+    rt: &R,
+    kernel: &str,
+    (src, n): (View, usize),
+    len: usize,
+    scratch: Option<R::Mem<T>>,
+) -> Result<R::Mem<T>, GpuError> {
+    let mem = match scratch {
+        Some(mem) if mem.len() >= len => mem,
+        _ => rt.alloc::<T>(len)?,
+    };
+    let args = [
+        Arg::View(mem.view()),
+        Arg::View(src.part(0..n)),
+        u32s("n", n)?,
+    ];
+    // SAFETY: per this function's contract.
+    unsafe { rt.launch(kernel, n.div_ceil(BLOCK), &args)? };
+    Ok(mem)
+}
+
 /// Errors unless a transfer of `n` elements fits `view` exactly.
 fn check_len(what: &str, view: View, n: usize) -> Result<(), GpuError> {
     if view.len != n {

@@ -5,8 +5,8 @@
 
 use super::clblast::Clblast;
 use crate::backend::gpu::{
-    kernel_names, out_of_range, program_source, u32_arg, Arg, DeviceMem, Gemm, GpuError, Operand,
-    Runtime, View, Waiter, BLOCK,
+    converted, kernel_names, out_of_range, program_source, u32_arg, Arg, DeviceMem, Gemm, GpuError,
+    Operand, Runtime, View, Waiter, BLOCK,
 };
 use crate::backend::Elem;
 use opencl3::command_queue::{enqueue_read_buffer, enqueue_write_buffer, CommandQueue};
@@ -273,21 +273,21 @@ impl Runtime for ClRuntime {
         // are shared.
         let mut scratch = self.bf16_scratch.lock().unwrap_or_else(|p| p.into_inner());
         let [a_span, b_span] = g.spans()?;
-        let a = self.as_floats(g.a, a_span, scratch[0].take())?;
-        let b = self.as_floats(g.b, b_span, scratch[1].take())?;
+        // as floats: rounded to bf16 (`round_bf16`) from floats, widened
+        // (`from_bf16`) from bf16
+        let floats = |view: View, bf16: bool, n: usize, scratch: Option<Mem<f32>>| {
+            let kernel = if bf16 { "from_bf16" } else { "round_bf16" };
+            // SAFETY: `view` holds the n elements a product reads or writes
+            // (`Gemm::spans`, `g.c_span`, the callers' checks).
+            unsafe { converted(self, kernel, (view, n), n, scratch) }
+        };
+        let a = floats(g.a.view, g.a.bf16, a_span, scratch[0].take())?;
+        let b = floats(g.b.view, g.b.bf16, b_span, scratch[1].take())?;
         let c_span = g.c_span();
         // a bf16 output widened first, so that what the products skip
         // (between a batch's blocks, past m in each column) is written back as it was
         let c = match g.c_bf16 {
-            true => {
-                let c = Operand {
-                    view: g.c,
-                    transpose: false,
-                    ld: g.ldc,
-                    bf16: true,
-                };
-                Some(self.as_floats(c, c_span, scratch[2].take())?)
-            }
+            true => Some(floats(g.c, true, c_span, scratch[2].take())?),
             false => None,
         };
         let float = |mem: &Mem<f32>, op: Operand| Operand {
@@ -317,35 +317,6 @@ impl Runtime for ClRuntime {
         }
         *scratch = [Some(a), Some(b), c];
         Ok(())
-    }
-}
-
-impl ClRuntime {
-    /// `op`'s first `n` elements as floats in `scratch` (when large enough,
-    /// else a new buffer that takes its place): rounded to bf16
-    /// (`round_bf16`) from floats, widened (`from_bf16`) from bf16.
-    ///
-    /// # Safety
-    /// `op.view` is a view of a live buffer of this runtime with `n` elements.
-    unsafe fn as_floats(
-        &self,
-        op: Operand,
-        n: usize,
-        scratch: Option<Mem<f32>>,
-    ) -> Result<Mem<f32>, GpuError> {
-        let mem = match scratch {
-            Some(mem) if mem.len >= n => mem,
-            _ => self.alloc::<f32>(n)?,
-        };
-        let args = [
-            Arg::View(mem.view()),
-            Arg::View(View { len: n, ..op.view }),
-            Arg::U32(u32_arg("n", n)?),
-        ];
-        let kernel = if op.bf16 { "from_bf16" } else { "round_bf16" };
-        // SAFETY: `mem` holds at least n floats, `op.view` n elements (`Gemm::spans`).
-        unsafe { self.launch(kernel, n.div_ceil(BLOCK), &args)? };
-        Ok(mem)
     }
 }
 
