@@ -53,36 +53,37 @@ fn check_driver() -> Result<()> {
     }
 }
 
+/// Errors unless library `name` opens (`present`: cudarc's
+/// `is_culib_present`, which only tries to dlopen it): else says how to
+/// install it (or its `pip` wheel), and where CUDA 13's copy would serve.
+fn check_present(present: unsafe fn() -> bool, name: &str, wheel: &str) -> Result<()> {
+    // SAFETY: as in `check_driver`.
+    if unsafe { present() } {
+        return Ok(());
+    }
+    let (version, install, hint) = match name {
+        "nccl" => (2, "NCCL", String::new()),
+        _ => (
+            12,
+            "the CUDA toolkit",
+            libs::cuda13_hint(&libs::search_dirs(), name),
+        ),
+    };
+    Err(GpuError(format!(
+        "lib{name}.so.{version} not found: install {install}, or `pip install \
+         nvidia-{wheel}-cu12` (in the active environment, or put its nvidia/{}/lib on \
+         LD_LIBRARY_PATH){hint}",
+        wheel.replace('-', "_")
+    )))
+}
+
 /// Errors unless the driver, NVRTC and cuBLAS libraries all open.
 fn check_libraries() -> Result<()> {
+    use cudarc::{cublas, cublaslt, nvrtc};
     check_driver()?;
-    // SAFETY: as in `check_driver`.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err(GpuError(format!(
-            "libnvrtc.so.12 not found: install the CUDA toolkit, or \
-             `pip install nvidia-cuda-nvrtc-cu12` (in the active environment, or put its \
-             nvidia/cuda_nvrtc/lib on LD_LIBRARY_PATH){}",
-            libs::cuda13_hint(&libs::search_dirs(), "nvrtc")
-        )));
-    }
-    // SAFETY: as in `check_driver`.
-    if !unsafe { cudarc::cublas::sys::is_culib_present() } {
-        return Err(GpuError(format!(
-            "libcublas.so.12 not found: install the CUDA toolkit, or \
-             `pip install nvidia-cublas-cu12` (in the active environment, or put its \
-             nvidia/cublas/lib on LD_LIBRARY_PATH){}",
-            libs::cuda13_hint(&libs::search_dirs(), "cublas")
-        )));
-    }
-    // SAFETY: as in `check_driver`.
-    if !unsafe { cudarc::cublaslt::sys::is_culib_present() } {
-        return Err(GpuError(format!(
-            "libcublasLt.so.12 not found beside cuBLAS: install the CUDA toolkit, or \
-             `pip install nvidia-cublas-cu12`{}",
-            libs::cuda13_hint(&libs::search_dirs(), "cublasLt")
-        )));
-    }
-    Ok(())
+    check_present(nvrtc::sys::is_culib_present, "nvrtc", "cuda-nvrtc")?;
+    check_present(cublas::sys::is_culib_present, "cublas", "cublas")?;
+    check_present(cublaslt::sys::is_culib_present, "cublasLt", "cublas")
 }
 
 /// The CUDA libraries' files this process loaded, having opened every one
@@ -118,15 +119,7 @@ fn device_count() -> Result<usize> {
 /// Errors unless the driver and NCCL libraries open (for `comm::nccl`).
 pub(crate) fn check_nccl() -> Result<()> {
     check_driver()?;
-    // SAFETY: as in `check_driver`.
-    if !unsafe { cudarc::nccl::sys::is_culib_present() } {
-        return Err(GpuError(
-            "libnccl.so.2 not found: install NCCL, or `pip install nvidia-nccl-cu12` (in the \
-             active environment, or put its nvidia/nccl/lib on LD_LIBRARY_PATH)"
-                .into(),
-        ));
-    }
-    Ok(())
+    check_present(cudarc::nccl::sys::is_culib_present, "nccl", "nccl")
 }
 
 /// Opens GPU `index` and says its name, compute capability and the driver's
@@ -252,18 +245,10 @@ fn blas_int(what: &str, n: usize) -> Result<c_int> {
 }
 
 impl CudaRuntime {
-    /// `view`'s first `n` elements (an operand's span in a GEMM, `Gemm::spans`
-    /// checked they lie in it) rounded to bf16, two per 32-bit word (so the
-    /// same leading dimension), in `scratch` ([`converted`]).
-    fn to_bf16(&self, view: View, n: usize, scratch: Option<Mem<u32>>) -> Result<Mem<u32>> {
-        // SAFETY: the callers' views hold n elements; n.div_ceil(2) words n bf16 values.
-        unsafe { converted(self, "to_bf16", (view, n), n.div_ceil(2), scratch) }
-    }
-
     /// `g` as one strided-batched GEMM (cublasGemmStridedBatchedEx), fp32
     /// accumulation and output (bf16 output where `g.c_bf16`). Under
     /// `g.bf16` on the tensor cores: an operand stored in bf16 as it is,
-    /// an fp32 one rounded to bf16 on the way (`to_bf16`); else in fp32
+    /// an fp32 one rounded to bf16 on the way (the `to_bf16` kernel); else in fp32
     /// (no TF32: cuBLAS's default math mode).
     ///
     /// # Safety
@@ -274,16 +259,18 @@ impl CudaRuntime {
         // rewrite the operands before this one reads them.
         let mut scratch = self.bf16_scratch.lock().unwrap_or_else(|e| e.into_inner());
         let (f32_, bf16) = (cudaDataType::CUDA_R_32F, cudaDataType::CUDA_R_16BF);
-        let mut operand = |op: Operand, span: usize, slot: usize| -> Result<CUdeviceptr> {
-            match Self::operand_addr(op, g.bf16) {
-                Some(ptr) => Ok(ptr),
-                None => {
-                    let copy = self.to_bf16(op.view, span, scratch[slot].take())?;
-                    let ptr = copy.ptr;
-                    scratch[slot] = Some(copy);
-                    Ok(ptr)
-                }
-            }
+        // `view`'s first n elements rounded to bf16, two per 32-bit word (so
+        // the same leading dimension), into scratch `slot`: the copy's address
+        let mut round = |view: View, n: usize, slot: usize| -> Result<CUdeviceptr> {
+            // SAFETY: `Gemm::spans` checked an operand's n elements lie in its
+            // view, `Queue::gemm` the bias's m.
+            let held = scratch[slot].take();
+            let copy = unsafe { converted(self, "to_bf16", (view, n), n.div_ceil(2), held)? };
+            Ok(scratch[slot].insert(copy).ptr)
+        };
+        let mut operand = |op: Operand, span, slot| match Self::operand_addr(op, g.bf16) {
+            Some(ptr) => Ok(ptr),
+            None => round(op.view, span, slot),
         };
         let (a, b) = (operand(g.a, a_span, 0)?, operand(g.b, b_span, 1)?);
         let kind = if g.bf16 { bf16 } else { f32_ };
@@ -291,12 +278,7 @@ impl CudaRuntime {
         if let Some(bias) = g.bias {
             // a bf16 output's epilogue takes a bf16 bias: rounded here
             let bias = match g.c_bf16 {
-                true => {
-                    let copy = self.to_bf16(bias, g.m, scratch[2].take())?;
-                    let ptr = copy.ptr;
-                    scratch[2] = Some(copy);
-                    ptr
-                }
+                true => round(bias, g.m, 2)?,
                 false => Self::addr::<f32>(bias),
             };
             // SAFETY: as above; `Queue::gemm` checked the bias's m floats
@@ -572,17 +554,18 @@ impl Runtime for CudaRuntime {
     fn alloc<T: Elem>(&self, len: usize) -> Result<Mem<T>> {
         self.bind()?;
         let bytes = len * size_of::<T>();
+        let mut mem = Mem {
+            ptr: 0,
+            len,
+            stream: self.stream.clone(),
+            _elem: std::marker::PhantomData,
+        };
         if bytes == 0 {
-            return Ok(Mem {
-                ptr: 0,
-                len,
-                stream: self.stream.clone(),
-                _elem: std::marker::PhantomData,
-            });
+            return Ok(mem);
         }
         let s = self.stream.cu_stream();
         // SAFETY: a fresh allocation on our stream, zeroed before any use.
-        let ptr = unsafe { drv::malloc_async(s, bytes) }.map_err(|e| {
+        mem.ptr = unsafe { drv::malloc_async(s, bytes) }.map_err(|e| {
             let (free, total) = self.ctx.mem_get_info().unwrap_or((0, 0));
             GpuError(format!(
                 "allocating {bytes} bytes failed ({e}); the driver reports {} of {} MiB free",
@@ -590,14 +573,8 @@ impl Runtime for CudaRuntime {
                 total >> 20
             ))
         })?;
-        let mem = Mem {
-            ptr,
-            len,
-            stream: self.stream.clone(),
-            _elem: std::marker::PhantomData,
-        };
         // SAFETY: the whole allocation just made.
-        unsafe { drv::memset_d8_async(ptr, 0, bytes, s) }.map_err(failed("cuMemsetD8Async"))?;
+        unsafe { drv::memset_d8_async(mem.ptr, 0, bytes, s) }.map_err(failed("cuMemsetD8Async"))?;
         Ok(mem)
     }
 
