@@ -13,7 +13,7 @@
 //! encoder's bidirectional attention, BERT's).
 
 use super::math::{dot, exp, exp_shifted_sum, gemm, row_max, widest, Mat, SendPtr};
-use super::round_to_bf16;
+use super::{round_to_bf16, Element};
 use crate::backend::ops::{AttentionDecode, Extent, Held, Host, Stored};
 use crate::backend::Bf16;
 use rayon::prelude::*;
@@ -211,23 +211,6 @@ struct Cols<T = f32> {
     parts: usize,
 }
 
-/// A value as a bf16 product takes it: an fp32 one rounded, a bf16 one widened.
-trait ProductValue: Copy {
-    fn product_value(self) -> f32;
-}
-
-impl ProductValue for f32 {
-    fn product_value(self) -> f32 {
-        round_to_bf16(self)
-    }
-}
-
-impl ProductValue for Bf16 {
-    fn product_value(self) -> f32 {
-        self.to_f32()
-    }
-}
-
 impl Cols {
     /// These columns where the products read them: in place, or under
     /// bf16 rounded into `buf` ([`Cols::rounded`]).
@@ -258,7 +241,7 @@ impl Cols {
     }
 }
 
-impl<T: ProductValue> Cols<T> {
+impl<T: Element> Cols<T> {
     /// A head's q, k, v columns in qkv (B, T, 3C), from `x` on.
     fn in_qkv(x: &[T], c: usize) -> Self {
         Cols {

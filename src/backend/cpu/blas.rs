@@ -23,8 +23,8 @@
 //! built-in kernel).
 
 use super::attention::{BLOCK, KEYS, ROWS};
-use super::dpbf16::{Lane, Onto};
 use super::math::{Dims, Mat, Views};
+use super::{dpbf16::Onto, Element};
 use crate::error::{Error, Result};
 use libloading::Library;
 use serde::{Deserialize, Serialize};
@@ -692,7 +692,7 @@ pub(super) unsafe fn gemm(
 ///
 /// # Safety
 /// As `math::gemm`.
-pub(crate) unsafe fn gemm_stored<D: Lane, L: Lane, R: Lane>(
+pub(crate) unsafe fn gemm_stored<D: Element, L: Element, R: Element>(
     (m, n, k): (usize, usize, usize),
     dst: Mat<*mut D>,
     lhs: Mat<*const L>,
@@ -715,7 +715,7 @@ pub(crate) fn stores_bf16() -> bool {
 ///
 /// # Safety
 /// As `math::gemm`.
-unsafe fn on_dpbf16<D: Lane, L: Lane, R: Lane>(
+unsafe fn on_dpbf16<D: Element, L: Element, R: Element>(
     dims: Dims,
     dst: Mat<*mut D>,
     lhs: Mat<*const L>,

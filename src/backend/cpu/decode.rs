@@ -39,9 +39,14 @@ impl WeightFormat {
     }
 }
 
-/// What a packed panel may store.
+/// An element a CPU kernel's operand or output is held in, a packed panel
+/// included: fp32, or bfloat16 (read as it is; stored rounded).
 pub trait Element: Copy + Default + Send + Sync {
+    const BF16: bool;
     fn from_f32(x: f32) -> Self;
+    /// The value as a bf16 product takes it: an fp32 one rounded, a bf16
+    /// one widened.
+    fn product_value(self) -> f32;
     /// (Used by the portable product.)
     #[cfg(any(test, not(avx2_fma)))]
     fn to_f32(self) -> f32;
@@ -54,8 +59,12 @@ pub trait Element: Copy + Default + Send + Sync {
 }
 
 impl Element for f32 {
+    const BF16: bool = false;
     fn from_f32(x: f32) -> Self {
         x
+    }
+    fn product_value(self) -> f32 {
+        round_to_bf16(self)
     }
     #[cfg(any(test, not(avx2_fma)))]
     fn to_f32(self) -> f32 {
@@ -69,9 +78,13 @@ impl Element for f32 {
 }
 
 impl Element for Bf16 {
+    const BF16: bool = true;
     #[inline(always)]
     fn from_f32(x: f32) -> Self {
         Bf16::from_f32(x)
+    }
+    fn product_value(self) -> f32 {
+        self.to_f32()
     }
     #[cfg(any(test, not(avx2_fma)))]
     fn to_f32(self) -> f32 {

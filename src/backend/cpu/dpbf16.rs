@@ -19,13 +19,13 @@
 //! only.
 //!
 //! Operands and the output may each be held in fp32 or in bfloat16
-//! ([`Lane`]): a bfloat16 operand is packed as it is (its rounding is
+//! ([`Element`]): a bfloat16 operand is packed as it is (its rounding is
 //! exact), and a bfloat16 output has each micro-kernel block summed in an
 //! fp32 tile in the order the fp32 output's passes over k sum it, then
 //! stored rounded, so it is the fp32 output rounded, bit for bit.
 
 use super::math::{Dims, Mat};
-use super::round_to_bf16;
+use super::{round_to_bf16, Element};
 use crate::backend::Bf16;
 
 /// Rows of the micro-kernel's block (one broadcast pair each).
@@ -63,20 +63,6 @@ thread_local! {
     static BLOCK: super::math::Scratch<u32> = const { super::math::Scratch::new(Vec::new()) };
 }
 
-/// An element an operand or the output is held in: fp32, or bfloat16
-/// (read as it is; stored rounded).
-pub(crate) trait Lane: Copy {
-    const BF16: bool;
-}
-
-impl Lane for f32 {
-    const BF16: bool = false;
-}
-
-impl Lane for Bf16 {
-    const BF16: bool = true;
-}
-
 /// What a product's sums go onto in `dst`: nothing (overwritten), its
 /// values, or, for a bfloat16 `dst`, a bias of `n` columns rounded to
 /// bfloat16, added in fp32 before each sum is rounded (as a bf16 GEMM's
@@ -111,7 +97,7 @@ impl From<bool> for Onto<'_> {
 /// inside a live allocation, and `dst` aliases neither operand; k is at
 /// least 1 (no pair would overwrite `dst`).
 #[allow(clippy::too_many_arguments)] // a BLAS call's own arguments
-pub(super) unsafe fn gemm<D: Lane, L: Lane, R: Lane>(
+pub(super) unsafe fn gemm<D: Element, L: Element, R: Element>(
     dims: Dims,
     dst: Mat<*mut D>,
     lhs: Mat<*const L>,
@@ -244,7 +230,7 @@ struct Operand<T> {
 /// # Safety
 /// AVX512-BF16; the operand's elements readable; `out` holds every panel.
 #[cfg(target_arch = "x86_64")]
-unsafe fn pack<T: Lane>(out: &mut [u32], operand: Operand<T>, k: usize, threads: usize) {
+unsafe fn pack<T: Element>(out: &mut [u32], operand: Operand<T>, k: usize, threads: usize) {
     let Operand { x, lanes, width } = operand;
     let pairs = k.div_ceil(2);
     let panels = lanes.div_ceil(width);
@@ -288,7 +274,7 @@ const PACK_PAIRS: usize = 8;
 /// # Safety
 /// AVX512-BF16; `x`'s elements readable; `out` holds every panel.
 #[cfg(target_arch = "x86_64")]
-unsafe fn pack_panels<T: Lane>(
+unsafe fn pack_panels<T: Element>(
     out: *mut u32,
     stride: usize,
     x: Mat<*const T>,
@@ -375,7 +361,7 @@ fn tasks(count: usize, threads: usize, f: impl Fn(usize) + Sync + Send) {
 /// unit column stride.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)] // a BLAS call's own arguments
-unsafe fn multiply<D: Lane, L: Lane, R: Lane>(
+unsafe fn multiply<D: Element, L: Element, R: Element>(
     lhs: Mat<*const L>,
     rhs: Mat<*const R>,
     own: Side,
@@ -487,7 +473,7 @@ fn add_bias(tile: &mut [f32; MR * NR], bias: &[f32], rows: usize) {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{Bf16, Lane, Mat, MR, NR};
+    use super::{Bf16, Element, Mat, MR, NR};
     use std::arch::x86_64::*;
     use std::mem::transmute;
 
@@ -568,7 +554,7 @@ mod avx512 {
 
     /// 16 values from `at` as floats (the first `n` of them; zeros after).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    unsafe fn load<T: Lane>(at: *const T, n: usize) -> __m512 {
+    unsafe fn load<T: Element>(at: *const T, n: usize) -> __m512 {
         if T::BF16 {
             // a bfloat16 is its float's upper half
             let held = _mm256_maskz_loadu_epi16(mask(n), at as *const i16);
@@ -612,7 +598,7 @@ mod avx512 {
     /// lane's k is contiguous: 32 floats of a lane make its next 16 pairs,
     /// and 16 lanes' are transposed to 16 pairs' before they are stored.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-    pub unsafe fn pack_along<T: Lane>(
+    pub unsafe fn pack_along<T: Element>(
         out: *mut u32,
         x: Mat<*const T>,
         valid: usize,
@@ -651,7 +637,7 @@ mod avx512 {
     /// lanes are contiguous: each pair is two rows of 16 lanes, rounded
     /// into one register and interleaved.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-    pub unsafe fn pack_across<T: Lane>(
+    pub unsafe fn pack_across<T: Element>(
         out: *mut u32,
         x: Mat<*const T>,
         valid: usize,
@@ -764,7 +750,7 @@ mod storage {
     /// `out (m x n, transposed where dst_t) = [out +] a (m x k) @ b (k x n)`
     /// (both row-major) on `threads` of `pool`; whether it ran.
     #[allow(clippy::too_many_arguments)]
-    fn product<D: Lane + Send, L: Lane + Sync, R: Lane + Sync>(
+    fn product<D: Element + Send, L: Element + Sync, R: Element + Sync>(
         pool: &rayon::ThreadPool,
         (m, n, k): (usize, usize, usize),
         out: &mut [D],

@@ -13,6 +13,7 @@ pub mod math;
 mod tile;
 
 pub use attention::{AttnShape, DecodeShape, Mask};
+pub(crate) use decode::Element;
 pub use decode::{round_to_bf16, PackedWeight, WeightFormat};
 
 use super::WeightLayout;

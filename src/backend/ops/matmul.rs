@@ -9,9 +9,9 @@ use super::{
     convert, need, widened, Checked, Extent, Held, Host, Kernel, Lower, Operands, Queued, Stored,
 };
 use crate::backend::cpu::blas::gemm_stored;
-use crate::backend::cpu::dpbf16::{Lane, Onto};
 use crate::backend::cpu::math::{column_sums, gemm, with_scratch, Mat, Scratch};
 use crate::backend::cpu::round_to_bf16;
+use crate::backend::cpu::{dpbf16::Onto, Element};
 use crate::backend::gpu::{
     stored_operand, stored_view, weight_operand, Gemm, Queue, Raw, Runtime, View,
 };
@@ -365,7 +365,7 @@ fn weight_held(w: Held, layout: WeightLayout, k: usize, n: usize) -> HeldMat {
 ///
 /// # Safety
 /// As `gemm_stored`.
-unsafe fn gemm_held<D: Lane>(
+unsafe fn gemm_held<D: Element>(
     dims: (usize, usize, usize),
     dst: Mat<*mut D>,
     lhs: HeldMat,
