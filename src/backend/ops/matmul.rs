@@ -329,27 +329,20 @@ fn forward_on(op: MatmulForward<Host<'_>>, native: bool) {
 }
 
 /// A product's operand as its storage holds it, a matrix view of it.
-#[derive(Clone, Copy)]
-enum HeldMat {
-    F32(Mat<*const f32>),
-    Bf16(Mat<*const Bf16>),
-}
+type HeldMat = Stored<Mat<*const f32>, Mat<*const Bf16>>;
 
 impl HeldMat {
     /// `x` with these strides.
     fn of(x: Held, row_stride: usize, col_stride: usize) -> Self {
-        match x {
-            Stored::F32(x) => HeldMat::F32(Mat::new(x.as_ptr(), row_stride, col_stride)),
-            Stored::Bf16(x) => HeldMat::Bf16(Mat::new(x.as_ptr(), row_stride, col_stride)),
-        }
+        x.map(
+            |x| Mat::new(x.as_ptr(), row_stride, col_stride),
+            |x| Mat::new(x.as_ptr(), row_stride, col_stride),
+        )
     }
 
     /// The transpose view.
     fn t(self) -> Self {
-        match self {
-            HeldMat::F32(x) => HeldMat::F32(x.t()),
-            HeldMat::Bf16(x) => HeldMat::Bf16(x.t()),
-        }
+        self.map(Mat::t, Mat::t)
     }
 }
 
