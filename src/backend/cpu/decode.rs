@@ -14,29 +14,22 @@ use crate::backend::{Bf16, WeightLayout};
 use rayon::prelude::*;
 use std::sync::Arc;
 
-/// How packed decoding weights are stored (`generate --weights`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum WeightFormat {
-    /// The model's fp32 weights: the same logits as the training forward.
-    #[default]
-    F32,
-    /// Rounded to bfloat16 once: half the bytes per token, logits within
-    /// bf16 rounding of fp32 (arithmetic stays fp32).
-    Bf16,
-    /// int8 per output column with fp32 scales, the activations quantized
-    /// per token: a quarter of the bytes, int8 x int8 products (VNNI, AVX2
-    /// or portable, as the CPU has them; CPU only).
-    Int8,
-}
-
-impl WeightFormat {
-    pub fn name(self) -> &'static str {
-        match self {
-            WeightFormat::F32 => "f32",
-            WeightFormat::Bf16 => "bf16",
-            WeightFormat::Int8 => "int8",
-        }
+crate::named_enum! {
+    /// How packed decoding weights are stored (`generate --weights`).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+    pub enum WeightFormat {
+        /// The model's fp32 weights: the same logits as the training forward.
+        #[default]
+        F32 = "f32",
+        /// Rounded to bfloat16 once: half the bytes per token, logits within
+        /// bf16 rounding of fp32 (arithmetic stays fp32).
+        Bf16 = "bf16",
+        /// int8 per output column with fp32 scales, the activations quantized
+        /// per token: a quarter of the bytes, int8 x int8 products (VNNI, AVX2
+        /// or portable, as the CPU has them; CPU only).
+        Int8 = "int8",
     }
+    fn name
 }
 
 /// An element a CPU kernel's operand or output is held in, a packed panel

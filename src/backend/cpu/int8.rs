@@ -44,13 +44,16 @@ const STREAMED: usize = 256 << 10;
 /// was measured on).
 const GRAIN: usize = 1 << 18;
 
-/// A kernel: which instructions sum the int8 products.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kernel {
-    Avx512Vnni,
-    AvxVnni,
-    Avx2,
-    Portable,
+crate::named_enum! {
+    /// A kernel: which instructions sum the int8 products.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Kernel {
+        Avx512Vnni = "AVX-512 VNNI",
+        AvxVnni = "AVX-VNNI",
+        Avx2 = "AVX2",
+        Portable = "portable",
+    }
+    fn name
 }
 
 /// The instruction-set extensions a kernel choice depends on.
@@ -111,15 +114,6 @@ impl Kernel {
     /// codes, so its sums come out 128 x the column sums too high.
     fn biased(self) -> bool {
         matches!(self, Kernel::Avx512Vnni | Kernel::AvxVnni)
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Kernel::Avx512Vnni => "AVX-512 VNNI",
-            Kernel::AvxVnni => "AVX-VNNI",
-            Kernel::Avx2 => "AVX2",
-            Kernel::Portable => "portable",
-        }
     }
 }
 
