@@ -256,13 +256,7 @@ mod tests {
         let m = MatmulShape::new((4, 8, 16), WeightLayout::InOut);
         assert_eq!(matmul_flops(m, 1), 1024.0);
         assert_eq!(matmul_flops(m, 2), 2048.0);
-        let s = AttnShape {
-            b: 2,
-            t: 8,
-            c: 16,
-            nh: 2,
-            bf16: false,
-        };
+        let s = AttnShape::new((2, 8, 16, 2), false);
         assert_eq!(attention_flops(s, false), 8192.0);
         assert_eq!(attention_flops(s, true), 16384.0);
     }

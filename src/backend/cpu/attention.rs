@@ -126,6 +126,11 @@ pub struct AttnShape {
 }
 
 impl AttnShape {
+    /// An attention of `(b, t, c, nh)`, its products in bf16 where `bf16`.
+    pub fn new((b, t, c, nh): (usize, usize, usize, usize), bf16: bool) -> Self {
+        AttnShape { b, t, c, nh, bf16 }
+    }
+
     fn head_dim(&self) -> usize {
         self.c / self.nh
     }
@@ -1074,13 +1079,7 @@ mod tests {
     fn bf16_attention_rounds_its_products_operands() {
         let lens = [70u32, 23];
         for mask in [Mask::Causal, Mask::Lengths(&lens)] {
-            let s = AttnShape {
-                b: 2,
-                t: 70,
-                c: 64,
-                nh: 2,
-                bf16: true,
-            };
+            let s = AttnShape::new((2, 70, 64, 2), true);
             let n = s.b * s.t * s.c;
             let mut rng = Rng::new(31);
             let qkv = randn(&mut rng, 3 * n, 1.0);
@@ -1120,13 +1119,7 @@ mod tests {
         let lens = [130u32, 23];
         for mask in [Mask::Causal, Mask::Lengths(&lens)] {
             for bf16 in [true, false] {
-                let s = AttnShape {
-                    b: 2,
-                    t: 130,
-                    c: 64,
-                    nh: 2,
-                    bf16,
-                };
+                let s = AttnShape::new((2, 130, 64, 2), bf16);
                 let n = s.b * s.t * s.c;
                 let mut rng = Rng::new(32);
                 let (qkv, dout) = (randn(&mut rng, 3 * n, 1.0), randn(&mut rng, n, 1.0));
@@ -1170,13 +1163,7 @@ mod tests {
     fn a_bf16_qkv_gives_what_its_values_in_fp32_give() {
         let lens = [130u32, 23];
         for mask in [Mask::Causal, Mask::Lengths(&lens)] {
-            let s = AttnShape {
-                b: 2,
-                t: 130,
-                c: 64,
-                nh: 2,
-                bf16: true,
-            };
+            let s = AttnShape::new((2, 130, 64, 2), true);
             let n = s.b * s.t * s.c;
             let mut rng = Rng::new(33);
             let dout = randn(&mut rng, n, 1.0);
@@ -1209,13 +1196,7 @@ mod tests {
     /// padded, over several row blocks and key tiles with ragged edges.
     #[test]
     fn attention_gives_the_same_bits_on_every_instruction_set() {
-        let s = AttnShape {
-            b: 2,
-            t: 150,
-            c: 64,
-            nh: 2,
-            bf16: false,
-        };
+        let s = AttnShape::new((2, 150, 64, 2), false);
         let (n, lens) = (s.b * s.t * s.c, [150u32, 71]);
         let mut rng = Rng::new(12);
         let qkv = randn(&mut rng, 3 * n, 2.0);
@@ -1280,22 +1261,10 @@ mod tests {
 
     #[test]
     fn padded_bidirectional_attention_matches_finite_differences() {
-        let s = AttnShape {
-            b: 3,
-            t: 5,
-            c: 8,
-            nh: 2,
-            bf16: false,
-        };
+        let s = AttnShape::new((3, 5, 8, 2), false);
         check_masked(s, 6, Mask::Lengths(&[5, 2, 1]));
         // across several query blocks, the keys of a padded sequence end mid-block
-        let s = AttnShape {
-            b: 2,
-            t: BLOCK + 9,
-            c: 4,
-            nh: 2,
-            bf16: false,
-        };
+        let s = AttnShape::new((2, BLOCK + 9, 4, 2), false);
         check_masked(s, 7, Mask::Lengths(&[BLOCK as u32 + 9, 40]));
     }
 
@@ -1317,16 +1286,7 @@ mod tests {
             }
             for b in [1, 2, 3, 5] {
                 let qkv = randn(&mut rng, b * t * 3 * c, 1.0);
-                let want = reference(
-                    &to64(&qkv),
-                    AttnShape {
-                        b,
-                        t,
-                        c,
-                        nh,
-                        bf16: false,
-                    },
-                );
+                let want = reference(&to64(&qkv), AttnShape::new((b, t, c, nh), false));
                 let (mut kc, mut vc) = (vec![0.0; b * max_t * c], vec![0.0; b * max_t * c]);
                 for pos in 0..t {
                     let mut rows = vec![0.0; b * 3 * c];
@@ -1364,16 +1324,7 @@ mod tests {
 
     #[test]
     fn attention_backward_matches_finite_differences() {
-        check(
-            AttnShape {
-                b: 2,
-                t: 5,
-                c: 8,
-                nh: 2,
-                bf16: false,
-            },
-            4,
-        );
+        check(AttnShape::new((2, 5, 8, 2), false), 4);
     }
 
     /// The forward's tiles as measured fastest: 128 keys for heads
@@ -1392,13 +1343,7 @@ mod tests {
         // short; scores far apart, so later tiles raise the running max and
         // the sum and output so far are rescaled
         let keys = forward_keys(1);
-        let s = AttnShape {
-            b: 2,
-            t: 2 * keys + 7,
-            c: 2,
-            nh: 2,
-            bf16: false,
-        };
+        let s = AttnShape::new((2, 2 * keys + 7, 2, 2), false);
         check_spread(s, 8, Mask::Causal, 3.0);
         // padded sequences whose keys end inside a second tile, others
         // whose keys end on a tile's edge: the forward's, the backward's
@@ -1409,16 +1354,7 @@ mod tests {
 
     #[test]
     fn attention_spanning_several_row_blocks_matches_reference() {
-        check(
-            AttnShape {
-                b: 1,
-                t: BLOCK + 9,
-                c: 4,
-                nh: 2,
-                bf16: false,
-            },
-            5,
-        );
+        check(AttnShape::new((1, BLOCK + 9, 4, 2), false), 5);
     }
 
     #[test]
@@ -1426,13 +1362,7 @@ mod tests {
         // heads 32 wide and tiles of 48 keys: products on distgpt's tile
         // kernels (math::gemm_on), the AVX-512 one where it runs for the
         // heads' width and the AVX2 one for the tiles'
-        let s = AttnShape {
-            b: 1,
-            t: 48,
-            c: 32,
-            nh: 1,
-            bf16: false,
-        };
+        let s = AttnShape::new((1, 48, 32, 1), false);
         check_spread(s, 21, Mask::Causal, 2.0);
         check_spread(s, 22, Mask::Lengths(&[33]), 2.0);
     }
@@ -1452,13 +1382,7 @@ mod tests {
                     let what = format!("t {t}, c {c}, nh {nh}, {mask:?}");
                     eprintln!("{what}");
                     check_spread(
-                        AttnShape {
-                            b: 2,
-                            t,
-                            c,
-                            nh,
-                            bf16: false,
-                        },
+                        AttnShape::new((2, t, c, nh), false),
                         10 + t as u64,
                         mask,
                         3.0,

@@ -118,13 +118,7 @@ mod tests {
     /// `list`'s (b, t, c, nh) as fp32 attention shapes.
     fn fp32_shapes(list: &[(usize, usize, usize, usize)]) -> Vec<AttnShape> {
         list.iter()
-            .map(|&(b, t, c, nh)| AttnShape {
-                b,
-                t,
-                c,
-                nh,
-                bf16: false,
-            })
+            .map(|&(b, t, c, nh)| AttnShape::new((b, t, c, nh), false))
             .collect()
     }
 
@@ -352,13 +346,7 @@ mod tests {
             true => &[false, true],
             false => &[false],
         };
-        let s = AttnShape {
-            b: 2,
-            t: 37,
-            c: 64,
-            nh: 2,
-            bf16: true,
-        };
+        let s = AttnShape::new((2, 37, 64, 2), true);
         let mut rng = Rng::new(17);
         let n = s.b * s.t * s.c;
         let (qkv, dout) = (randn(&mut rng, 3 * n, 2.0), randn(&mut rng, n, 1.0));
@@ -433,13 +421,7 @@ mod tests {
         };
         let mut rng = Rng::new(19);
         for (b, t, c, nh) in [(2, 37, 64, 2), (1, 33, 128, 1)] {
-            let s = AttnShape {
-                b,
-                t,
-                c,
-                nh,
-                bf16: true,
-            };
+            let s = AttnShape::new((b, t, c, nh), true);
             let n = b * t * c;
             let held: Vec<Bf16> = randn(&mut rng, 3 * n, 2.0)
                 .into_iter()
@@ -530,13 +512,7 @@ mod tests {
             (144, 1, true, false),
             (1536, 12, false, false),
         ] {
-            let s = AttnShape {
-                b: 1,
-                t: 1,
-                c,
-                nh,
-                bf16,
-            };
+            let s = AttnShape::new((1, 1, c, nh), bf16);
             assert_eq!(flash_fits(s), fits, "c {c} nh {nh} bf16 {bf16}");
         }
     }
@@ -711,13 +687,7 @@ mod tests {
 
     fn training_attention_refuses_broken_heads_on<R: Runtime>(dev: &Queue<R>) {
         let m = dev.alloc::<f32>(3 * 7).unwrap();
-        let shape = AttnShape {
-            b: 1,
-            t: 1,
-            c: 7,
-            nh: 2,
-            bf16: false,
-        };
+        let shape = AttnShape::new((1, 1, 7, 2), false);
         let err = dev
             .run(AttentionForward {
                 out: Stored::F32(m.view()),

@@ -659,10 +659,7 @@ fn matmul_forward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
                 let out0 = randn(&mut rng, rows * n, 1.0);
                 let mut want = out0.clone();
                 let b = with_bias.then_some(&bias[..]);
-                let shape = MatmulShape {
-                    bf16,
-                    ..MatmulShape::new((rows, k, n), layout)
-                };
+                let shape = MatmulShape::new((rows, k, n), layout).with_bf16(bf16);
                 (MatmulForward::<Host> {
                     out: Stored::F32(&mut want),
                     inp: Stored::F32(&inp),
@@ -727,10 +724,7 @@ fn matmul_forward_into_bf16_with_a_bias_matches_cpu_on<R: Runtime>(dev: &Queue<R
     let mut rng = Rng::new(13);
     for (rows, k, n) in matmul_shapes() {
         for layout in LAYOUTS {
-            let shape = MatmulShape {
-                bf16: true,
-                ..MatmulShape::new((rows, k, n), layout)
-            };
+            let shape = MatmulShape::new((rows, k, n), layout).with_bf16(true);
             let (inp, w) = (randn(&mut rng, rows * k, 1.0), randn(&mut rng, k * n, 1.0));
             let bias = randn(&mut rng, n, 1.0);
             let mut want = vec![Bf16::default(); rows * n];
@@ -798,10 +792,7 @@ fn matmul_backward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
                     dout: Stored::F32(&dout),
                     inp: Stored::F32(&inp),
                     w: Stored::F32(&w),
-                    shape: MatmulShape {
-                        bf16,
-                        ..MatmulShape::new((rows, k, n), layout)
-                    },
+                    shape: MatmulShape::new((rows, k, n), layout).with_bf16(bf16),
                 })
                 .cpu(&AsIs);
                 // The sums' magnitudes: the same products of absolute values.
@@ -833,13 +824,7 @@ fn matmul_backward_matches_cpu_on<R: Runtime>(dev: &Queue<R>) {
                     dout: Stored::F32(dd.view()),
                     inp: Stored::F32(i.view()),
                     w: Stored::F32(wd.view()),
-                    shape: MatmulShape {
-                        rows,
-                        k,
-                        n,
-                        layout,
-                        bf16,
-                    },
+                    shape: MatmulShape::new((rows, k, n), layout).with_bf16(bf16),
                 })
                 .unwrap();
                 let what = format!(
@@ -1245,10 +1230,7 @@ fn bf16_storage_is_its_fp32_values_on<R: Runtime>(dev: &Queue<R>) {
     };
     for (rows, k, v, vp) in shapes {
         let what = format!("rows={rows} k={k} vp={vp}");
-        let shape = MatmulShape {
-            bf16: true,
-            ..MatmulShape::new((rows, k, vp), WeightLayout::OutIn)
-        };
+        let shape = MatmulShape::new((rows, k, vp), WeightLayout::OutIn).with_bf16(true);
         let (i, w) = (
             putf(dev, &randn(&mut rng, rows * k, 1.0)),
             putf(dev, &randn(&mut rng, vp * k, 1.0)),
@@ -1405,10 +1387,7 @@ fn a_bf16_activation_and_the_product_reading_it_on<R: Runtime>(dev: &Queue<R>) {
         );
 
         let wide = putf(dev, &gelu.iter().map(|x| x.to_f32()).collect::<Vec<_>>());
-        let shape = MatmulShape {
-            bf16: true,
-            ..MatmulShape::new((rows, k, n), WeightLayout::InOut)
-        };
+        let shape = MatmulShape::new((rows, k, n), WeightLayout::InOut).with_bf16(true);
         let (w, bias) = (
             putf(dev, &randn(&mut rng, k * n, 1.0)),
             putf(dev, &randn(&mut rng, n, 1.0)),
@@ -1423,13 +1402,7 @@ fn a_bf16_activation_and_the_product_reading_it_on<R: Runtime>(dev: &Queue<R>) {
         let inputs = [
             (Stored::F32(wide.view()), shape),
             (Stored::Bf16(held.view()), shape),
-            (
-                Stored::Bf16(held.view()),
-                MatmulShape {
-                    bf16: false,
-                    ..shape
-                },
-            ),
+            (Stored::Bf16(held.view()), shape.with_bf16(false)),
         ];
         for (inp, shape) in inputs {
             let out = putf(dev, &out0);
@@ -1940,10 +1913,7 @@ fn a_bf16_weight_is_its_rounded_values_on<R: Runtime>(dev: &Queue<R>) {
             putf(dev, &randn(&mut rng, rows * n, 1.0)),
         );
         let shape = MatmulShape::new((rows, k, n), layout);
-        let bf16 = MatmulShape {
-            bf16: true,
-            ..shape
-        };
+        let bf16 = shape.with_bf16(true);
         let mut runs = Vec::new();
         for (w, shape) in [
             (Stored::F32(w.view()), bf16),

@@ -411,13 +411,7 @@ mod tests {
     /// and padded; and it needs bf16 products, as a bf16 qkv does.
     #[test]
     fn a_bf16_dqkv_is_the_fp32_one_rounded() {
-        let s = AttnShape {
-            b: 2,
-            t: 40,
-            c: 32,
-            nh: 2,
-            bf16: true,
-        };
+        let s = AttnShape::new((2, 40, 32, 2), true);
         let n = s.b * s.t * s.c;
         let mut rng = Rng::new(21);
         let (qkv, dout) = (randn(&mut rng, 3 * n, 1.0), randn(&mut rng, n, 1.0));

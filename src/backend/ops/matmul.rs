@@ -51,6 +51,11 @@ impl MatmulShape {
             bf16: false,
         }
     }
+
+    /// The same product, its operands rounded to bf16 where `bf16`.
+    pub fn with_bf16(self, bf16: bool) -> Self {
+        MatmulShape { bf16, ..self }
+    }
 }
 
 operation! {
@@ -259,10 +264,7 @@ fn forward_on(op: MatmulForward<Host<'_>>, native: bool) {
     } = shape;
     assert!(out.extent() >= rows * n && inp.extent() >= rows * k && w.extent() >= k * n);
     let (inp, w) = (inp.part(0..rows * k), w.part(0..k * n));
-    let shape = MatmulShape {
-        bf16: shape.bf16 || inp.is_bf16() || w.is_bf16(),
-        ..shape
-    };
+    let shape = shape.with_bf16(shape.bf16 || inp.is_bf16() || w.is_bf16());
     let threads = rayon::current_num_threads();
     let out = match out {
         Stored::F32(out) => &mut out[..rows * n],
@@ -497,10 +499,7 @@ fn backward_on(op: MatmulBackward<Host<'_>>, native: bool) {
         .is_none_or(|d| d.len() >= k * n && inp.extent() >= rows * k));
     let inp = inp.part(0..inp.extent().min(rows * k));
     let w = w.part(0..w.extent().min(k * n));
-    let shape = MatmulShape {
-        bf16: shape.bf16 || inp.is_bf16() || w.is_bf16(),
-        ..shape
-    };
+    let shape = shape.with_bf16(shape.bf16 || inp.is_bf16() || w.is_bf16());
     let threads = rayon::current_num_threads();
     let dout = match dout {
         Stored::F32(dout) => &dout[..rows * n],
@@ -714,10 +713,7 @@ mod tests {
             (30, 800, 70, WeightLayout::InOut),
             (2048, 8, 4200, WeightLayout::OutIn),
         ] {
-            let shape = MatmulShape {
-                bf16: true,
-                ..MatmulShape::new((rows, k, n), layout)
-            };
+            let shape = MatmulShape::new((rows, k, n), layout).with_bf16(true);
             let (inp, w) = (randn(&mut rng, rows * k, 1.0), randn(&mut rng, k * n, 1.0));
             let mut fp32 = vec![f32::NAN; rows * n];
             forward(MatmulForward {
@@ -853,10 +849,7 @@ mod tests {
             (5, 7, 9, WeightLayout::InOut),
             (30, 800, 70, WeightLayout::OutIn),
         ] {
-            let shape = MatmulShape {
-                bf16: true,
-                ..MatmulShape::new((rows, k, n), layout)
-            };
+            let shape = MatmulShape::new((rows, k, n), layout).with_bf16(true);
             let bf16 = |x: Vec<f32>| -> Vec<Bf16> { x.into_iter().map(Bf16::from_f32).collect() };
             let held = bf16(randn(&mut rng, rows * k, 1.0));
             let wide: Vec<f32> = held.iter().map(|x| x.to_f32()).collect();
@@ -871,10 +864,7 @@ mod tests {
                 let at = format!("({rows}, {k}, {n}), native {native}");
                 // the fp32-held input, the bf16 one, and the bf16 one given
                 // a shape asking for fp32 products (it takes bf16's)
-                let fp32_shape = MatmulShape {
-                    bf16: false,
-                    ..shape
-                };
+                let fp32_shape = shape.with_bf16(false);
                 let inputs = || {
                     [
                         (Stored::F32(&wide[..]), shape),
@@ -949,10 +939,7 @@ mod tests {
             (30, 800, 70, WeightLayout::OutIn),
         ] {
             let fp32_shape = MatmulShape::new((rows, k, n), layout);
-            let shape = MatmulShape {
-                bf16: true,
-                ..fp32_shape
-            };
+            let shape = fp32_shape.with_bf16(true);
             let values = randn(&mut rng, k * n, 1.0);
             let copy: Vec<Bf16> = values.iter().map(|&x| Bf16::from_f32(x)).collect();
             let (inp, b) = (randn(&mut rng, rows * k, 1.0), randn(&mut rng, n, 1.0));
@@ -1110,10 +1097,7 @@ mod tests {
             (true, Stored::F32(&inp[..])),
             (true, Stored::Bf16(&held[..])),
         ] {
-            let shape = MatmulShape {
-                bf16,
-                ..MatmulShape::new((rows, k, n), WeightLayout::OutIn)
-            };
+            let shape = MatmulShape::new((rows, k, n), WeightLayout::OutIn).with_bf16(bf16);
             for (native, bias) in [(false, true), (true, true), (true, false)] {
                 let bias = bias.then_some(&b[..]);
                 let mut want = residual.clone();
