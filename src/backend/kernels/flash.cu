@@ -121,11 +121,6 @@ FA_FN void fa_mma(float* c, const unsigned* a, unsigned b0, unsigned b1,
 #endif
 }
 
-// a + b, or (`max`) the larger.
-FA_FN float fa_op(float a, float b, int max) {
-    return max ? fmaxf(a, b) : a + b;
-}
-
 // The max (`max`) or the sum (v0 + v1) + (v2 + v3) of v over a quad (the
 // four lanes of a group, which hold one row of a C fragment), to each.
 FA_FN float fa_quad(float v, SHARED_PTR float* red, int max) {
@@ -133,12 +128,12 @@ FA_FN float fa_quad(float v, SHARED_PTR float* red, int max) {
     int tid = LOCAL_ID(0), q = tid & ~3;
     red[tid] = v;
     BARRIER();
-    float r = fa_op(fa_op(red[q], red[q + 1], max), fa_op(red[q + 2], red[q + 3], max), max);
+    float r = combine(combine(red[q], red[q + 1], max), combine(red[q + 2], red[q + 3], max), max);
     BARRIER();
     return r;
 #else
-    v = fa_op(v, __shfl_xor_sync(0xffffffffu, v, 1), max);
-    return fa_op(v, __shfl_xor_sync(0xffffffffu, v, 2), max);
+    v = combine(v, __shfl_xor_sync(0xffffffffu, v, 1), max);
+    return combine(v, __shfl_xor_sync(0xffffffffu, v, 2), max);
 #endif
 }
 

@@ -51,6 +51,11 @@ typedef unsigned long long idx_t;
 #define NEG_INF (-__int_as_float(0x7f800000))
 #endif
 
+// a + b, or (`max`) the larger: what a reduction combines.
+DEVICE float combine(float a, float b, int max) {
+    return max ? fmaxf(a, b) : a + b;
+}
+
 #if !defined(__OPENCL_VERSION__) && defined(DISTGPT_CUDA_FAST)
 // CUDA-only fast path (DISTGPT_CUDA_FAST=1 at run time): reductions through
 // warp shuffles, one shared slot per warp. Still a fixed order, so still
@@ -59,67 +64,42 @@ typedef unsigned long long idx_t;
 // checked by NVRTC and ptxas (scripts/cuda-check), run by scripts/gpu_check.sh.
 #define WARPS (BLOCK / 32)
 
-DEVICE float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+DEVICE float warp_reduce(float v, int max) {
+    for (int o = 16; o > 0; o >>= 1) v = combine(v, __shfl_xor_sync(0xffffffffu, v, o), max);
     return v;
 }
 
-DEVICE float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-// As the portable block_sum: every thread gets the sum; buf holds BLOCK floats.
-DEVICE float block_sum(SHARED_PTR float* buf, float v) {
+// As the portable block_reduce below: every thread gets the result; buf
+// holds BLOCK floats.
+DEVICE float block_reduce(SHARED_PTR float* buf, float v, int max) {
     int tid = LOCAL_ID(0);
-    v = warp_sum(v);
+    v = warp_reduce(v, max);
     if ((tid & 31) == 0) buf[tid >> 5] = v;
     BARRIER();
-    float r = warp_sum((tid & 31) < WARPS ? buf[tid & 31] : 0.0f);
+    float r = warp_reduce((tid & 31) < WARPS ? buf[tid & 31] : max ? NEG_INF : 0.0f, max);
     BARRIER();  // buf may be reused right after
-    return r;
-}
-
-DEVICE float block_max(SHARED_PTR float* buf, float v) {
-    int tid = LOCAL_ID(0);
-    v = warp_max(v);
-    if ((tid & 31) == 0) buf[tid >> 5] = v;
-    BARRIER();
-    float r = warp_max((tid & 31) < WARPS ? buf[tid & 31] : NEG_INF);
-    BARRIER();
     return r;
 }
 #else
-// Sum of v over the workgroup, returned to every thread; buf holds BLOCK
-// floats. A fixed tree, so the result does not depend on scheduling. Every
-// thread of the group must call it (it has barriers).
-DEVICE float block_sum(SHARED_PTR float* buf, float v) {
+// The sum (or, `max`, the max) of v over the workgroup, returned to every
+// thread; buf holds BLOCK floats. A fixed tree, so the result does not
+// depend on scheduling. Every thread of the group must call it (it has
+// barriers).
+DEVICE float block_reduce(SHARED_PTR float* buf, float v, int max) {
     int tid = LOCAL_ID(0);
     buf[tid] = v;
     BARRIER();
     for (int s = BLOCK / 2; s > 0; s >>= 1) {
-        if (tid < s) buf[tid] += buf[tid + s];
+        if (tid < s) buf[tid] = combine(buf[tid], buf[tid + s], max);
         BARRIER();
     }
     float r = buf[0];
     BARRIER();  // buf may be reused right after
     return r;
 }
-
-// Max of v over the workgroup; as block_sum.
-DEVICE float block_max(SHARED_PTR float* buf, float v) {
-    int tid = LOCAL_ID(0);
-    buf[tid] = v;
-    BARRIER();
-    for (int s = BLOCK / 2; s > 0; s >>= 1) {
-        if (tid < s) buf[tid] = fmaxf(buf[tid], buf[tid + s]);
-        BARRIER();
-    }
-    float r = buf[0];
-    BARRIER();
-    return r;
-}
 #endif
+#define block_sum(buf, v) block_reduce(buf, v, 0)
+#define block_max(buf, v) block_reduce(buf, v, 1)
 
 // v's bits rounded to the nearest bfloat16 (ties to even), still as a
 // float's 32 bits (the low 16 zero); NaN stays a (quiet) NaN. The CPU's
