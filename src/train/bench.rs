@@ -29,7 +29,7 @@ pub struct BenchSpec {
 }
 
 /// What one rank measured.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug)]
 pub struct RankBench {
     /// Mean seconds of a timed step.
     pub step_s: f64,
@@ -144,26 +144,47 @@ fn every_rank(
     let c = strategy.comm_stats();
     let steps = steps.max(1) as f64;
     let memory = strategy.memory();
+    let host = memory
+        .host
+        .as_ref()
+        .map(|h| h.peak_row())
+        .unwrap_or_default();
+    let peak: Vec<u64> = <[u64; PeakRow::LEN]>::from(memory.peak_row())
+        .into_iter()
+        .chain(<[u64; PeakRow::LEN]>::from(host))
+        .collect();
+    let times = [
+        (c.total_bytes() - timed.before.total_bytes()) as f64 / steps,
+        (c.seconds - timed.before.seconds) / steps,
+        timed.total / steps,
+        timed.update / steps,
+        strategy.batch_parts() as f64,
+    ];
+    let mut all_peaks = vec![0u64; peak.len() * world.size()];
+    world.all_gather(&peak, &mut all_peaks)?;
+    let mut all_times = vec![0f64; times.len() * world.size()];
+    world.all_gather(&times, &mut all_times)?;
     let bubbles = &timed.bubbles;
-    let mine = RankBench {
-        peak: memory.peak_row(),
-        host_peak: memory
-            .host
-            .as_ref()
-            .map(|h| h.peak_row())
-            .unwrap_or_default(),
-        comm_bytes_per_step: (c.total_bytes() - timed.before.total_bytes()) as f64 / steps,
-        comm_s_per_step: (c.seconds - timed.before.seconds) / steps,
-        step_s: timed.total / steps,
-        update_s: timed.update / steps,
-        parts: strategy.batch_parts(),
-        bubble: (!bubbles.is_empty()).then(|| bubbles.iter().sum::<f64>() / bubbles.len() as f64),
-        // every rank's, gathered at the last step
-        timeline: Vec::new(),
-    };
-    let mut all = world.gather(&mine)?;
-    for (rank, timeline) in all.iter_mut().zip(timed.timelines) {
-        rank.timeline = timeline;
-    }
-    Ok(all)
+    let bubble = (!bubbles.is_empty()).then(|| bubbles.iter().sum::<f64>() / bubbles.len() as f64);
+    let mut timelines = timed.timelines;
+    timelines.resize(world.size(), Vec::new());
+    Ok(all_peaks
+        .chunks(peak.len())
+        .zip(all_times.chunks(times.len()))
+        .zip(timelines)
+        .map(|((p, t), timeline)| {
+            let peaks = PeakRow::rows(p);
+            RankBench {
+                peak: peaks[0],
+                host_peak: peaks[1],
+                comm_bytes_per_step: t[0],
+                comm_s_per_step: t[1],
+                step_s: t[2],
+                update_s: t[3],
+                parts: t[4] as usize,
+                bubble,
+                timeline,
+            }
+        })
+        .collect())
 }
