@@ -59,6 +59,14 @@ impl Sharing {
     pub fn shards_grads(self) -> bool {
         matches!(self, Sharing::Zero2 | Sharing::Fsdp)
     }
+
+    /// Whether a replica's reduced gradient is final once its backward
+    /// ends, before the step's collectives, among `dp` replicas (zero2 and
+    /// fsdp reduce-scatter it unit by unit; a replicated stage with no
+    /// other replica needs no reduction): where offload starts it down.
+    pub fn grads_final_in_backward(self, dp: usize) -> bool {
+        self.shards_grads() || (self == Sharing::Replicated && dp == 1)
+    }
 }
 
 /// Where a stage's tensors sit in its buffers: `[copied unit | own units]`.
@@ -566,9 +574,9 @@ impl<B: Backend> StageState<B> {
     /// replicated stage with no other replica needs none), starts it down.
     fn count_gradient(&mut self, be: &B, k: usize, dp: &dyn Comm) -> Result<()> {
         self.received[k] += 1;
-        let reduced =
-            self.sharing.shards_grads() || (self.sharing == Sharing::Replicated && dp.size() == 1);
-        if reduced && self.received[k] == self.final_after[k] * self.micro_batches {
+        if self.sharing.grads_final_in_backward(dp.size())
+            && self.received[k] == self.final_after[k] * self.micro_batches
+        {
             self.start_download(be, k, dp.rank())?;
         }
         Ok(())

@@ -478,12 +478,8 @@ fn update_cost(
             // last micro-batch; only what outlasts the backward is left
             // for the update. zero1 and an all-reduced replica's cross
             // after the step's collectives, beside the update.
-            let early = !par.offload_serial
-                && match par.strategy.sharing() {
-                    Sharing::Zero2 | Sharing::Fsdp => true,
-                    Sharing::Zero1 => false,
-                    Sharing::Replicated => par.dp() == 1,
-                };
+            let early =
+                !par.offload_serial && par.strategy.sharing().grads_final_in_backward(par.dp());
             let down_s = down / net.pcie_bandwidth;
             let down_left = match early {
                 true => (down_s - compute_s * 2.0 / 3.0).max(0.0),
