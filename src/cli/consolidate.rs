@@ -8,7 +8,7 @@ pub(super) struct ConsolidateArgs {
     /// A run directory (its newest checkpoint) or one checkpoint directory.
     #[arg(value_name = "RUN")]
     checkpoint: PathBuf,
-    /// Output directory (created; its model files are replaced).
+    /// Output directory (created; one that already holds files is refused unless --overwrite).
     #[arg(long)]
     out: PathBuf,
     /// Write into --out even when it is the input or already holds files.

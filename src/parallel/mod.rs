@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 pub enum StrategyKind {
     /// One rank.
     Single,
-    /// Full replicas, gradients all-reduced per block.
+    /// Full replicas, the gradient all-reduced once after the step's backward.
     Ddp,
     /// + optimizer state sharded.
     Zero1,
