@@ -487,6 +487,52 @@ fn train_with_device_gpu_follows_the_cpus_losses_on<B: Backend>(_: B, kind: &str
     }
 }
 
+/// A resume that turns the offload off takes the copies' order along: a
+/// run trained with `--offload optimizer --offload-serial` resumes with
+/// `--offload none` (no flag clears `--offload-serial`).
+#[test]
+fn a_resume_without_offload_leaves_its_serial_order_behind() {
+    on_gpus!(a_resume_without_offload_leaves_its_serial_order_behind_on);
+}
+
+fn a_resume_without_offload_leaves_its_serial_order_behind_on<B: Backend>(_: B, kind: &str) {
+    let out = common::scratch(&format!("gpu-offload-serial-{kind}"));
+    let dir = out.to_str().unwrap();
+    let train = |args: &[&str]| {
+        let o = std::process::Command::new(common::distgpt_bin())
+            .arg("train")
+            .args(args)
+            .args(["--steps", "2", "--quiet"])
+            .output()
+            .unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (code, said) = train(&[
+        "--model",
+        "tiny",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "16",
+        "--device",
+        kind,
+        "--offload",
+        "optimizer",
+        "--offload-serial",
+        "--stop-after",
+        "1",
+        "--out",
+        dir,
+    ]);
+    assert_eq!(code, Some(75), "{said}");
+    let (code, said) = train(&["--resume", dir, "--offload", "none"]);
+    assert_eq!(code, Some(0), "{said}");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 /// bf16 on a GPU is right and repeatable: 200 steps of the tiny GPT-2
 /// (heads of 16, so bf16 attention runs on flash.cu's fused kernels where
 /// the GPU has tensor cores) end within 1% of fp32's validation loss, and

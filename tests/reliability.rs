@@ -327,6 +327,30 @@ fn a_resume_reads_a_run_only_once_it_holds_the_runs_lock() {
     assert_eq!(metrics_steps(&dir), [1, 2, 3]);
 }
 
+/// A folder that holds no run, given to `--resume`, is said to hold no
+/// checkpoint and is left as it was: no lock file is made in it (a later
+/// `--out` there would find it "already holding" the lock).
+#[test]
+fn a_resume_of_a_folder_without_a_run_writes_nothing_into_it() {
+    let dir = tmp("resume-no-run");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("notes.txt"), "not a run").unwrap();
+    let out = bin()
+        .args(["train", "--resume", dir.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert!(
+        !out.status.success() && err.contains("no complete checkpoint"),
+        "{err}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["notes.txt"], "in {}", dir.display());
+}
+
 #[test]
 fn a_diverging_step_is_not_applied_and_never_checkpointed() {
     // The strategy refuses the update itself: the weights stay finite.

@@ -69,8 +69,10 @@ pub fn find(path: &Path, from_step: Option<usize>) -> Result<Resumption> {
         }
         false => path,
     };
-    // a folder that is not there is said to be missing below, not made
-    let lock = (dir.is_dir())
+    // a folder that is not there is said to be missing below, not made;
+    // one that holds no run is said to below, and left without a lock file
+    let is_run = dir.join(RUN_FILE).is_file() || dir.join(state::DIR).is_dir();
+    let lock = is_run
         .then(|| run_dir::lock_to_hand_over(dir))
         .transpose()?;
     let ckpt = match (in_checkpoint, from_step) {
@@ -135,11 +137,10 @@ fn take_layout(
     take(set("world_size"), &mut p.world_size, &m.world_size);
     take(set("recompute"), &mut p.recompute, &m.recompute);
     take(set("offload"), &mut p.offload, &m.offload);
-    take(
-        set("offload_serial"),
-        &mut p.offload_serial,
-        &m.offload_serial,
-    );
+    // the copies' order follows the offload, as tp follows the strategy
+    // (no flag clears --offload-serial: `--offload none` must)
+    let serial = set("offload") || set("offload_serial");
+    take(serial, &mut p.offload_serial, &m.offload_serial);
     if set("precision") && m.precision != p.precision {
         crate::errln!(
             "note: steps 1-{step} trained with --precision {}, the steps from here with {}: run.json records both, and --config cannot repeat the run",
