@@ -26,7 +26,7 @@ fn save_weights(m: &Gpt2<Cpu>, path: &Path) -> distgpt::error::Result<String> {
 
 /// A safetensors file's weights into `m`.
 fn load_weights(m: &mut Gpt2<Cpu>, path: &Path, sum: Option<&str>) -> distgpt::error::Result<()> {
-    m.set_params(&read_weights(&m.config.clone().into(), path, sum)?)
+    m.set_params(&read_weights(&m.config.clone().into(), path, sum, None)?)
 }
 
 fn tiny() -> Gpt2<Cpu> {

@@ -56,7 +56,7 @@ impl Reference {
 fn loaded_model() -> Gpt2<Cpu> {
     let mut model = Gpt2::new(Cpu::new(), hf_config()).unwrap();
     let file = fixture_dir().join("model.safetensors");
-    let params = read_weights(&model.config.clone().into(), &file, None).unwrap();
+    let params = read_weights(&model.config.clone().into(), &file, None, None).unwrap();
     model.set_params(&params).unwrap();
     model
 }
@@ -200,4 +200,64 @@ fn adamw_steps_match_torch_adamw() {
             spec.name
         );
     }
+}
+
+/// The hub's `gpt2` and `GPT2Model.save_pretrained` name the tensors as
+/// the base model does, without `transformer.` (`wte.weight`,
+/// `h.0.attn.c_attn.weight`, `ln_f.bias`), beside each block's causal mask
+/// buffer (`h.0.attn.bias`, [1, 1, T, T]): such a folder reads as the same
+/// weights through the loader every command uses.
+#[test]
+fn a_base_models_file_without_the_prefix_reads_as_the_same_weights() {
+    use distgpt::store::{write_safetensors, Data};
+    use safetensors::tensor::{Dtype, SafeTensors};
+    let prefixed = fixture_dir().join("model.safetensors");
+    let want = read_weights(&hf_config().into(), &prefixed, None, None).unwrap();
+    let bytes = std::fs::read(&prefixed).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let t = hf_config().block_size;
+    let mut tensors = Vec::new();
+    for (name, view) in st.tensors() {
+        let short = name.strip_prefix("transformer.").unwrap_or(&name);
+        if let Some(block) = short.strip_suffix(".attn.c_attn.bias") {
+            let mask: Vec<u8> = (0..t * t)
+                .flat_map(|i| f32::from(u8::from(i % t <= i / t)).to_le_bytes())
+                .collect();
+            let at = format!("{block}.attn.bias");
+            tensors.push((at, Dtype::F32, vec![1, 1, t, t], Data::Bytes(mask)));
+        }
+        let data = Data::Bytes(view.data().to_vec());
+        tensors.push((short.to_string(), view.dtype(), view.shape().to_vec(), data));
+    }
+    assert!(tensors.iter().any(|(n, ..)| n == "wte.weight"));
+    let dir = std::env::temp_dir().join(format!("distgpt-hf-base-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    write_safetensors(&dir.join("model.safetensors"), &tensors).unwrap();
+    // the fixture's config, with a character vocabulary of its 100 tokens
+    let text = std::fs::read_to_string(fixture_dir().join("config.json")).unwrap();
+    let mut config: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let chars: String = (0..100u32)
+        .map(|i| char::from_u32(0x100 + i).unwrap())
+        .collect();
+    config["distgpt_tokenizer"] = serde_json::json!({"kind": "char", "chars": chars});
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let (_, got) = distgpt::checkpoint::read_model(&dir).unwrap();
+    assert_eq!(got.len(), want.len());
+    assert!(got == want, "the prefix-less file read other weights");
+    // a block past the config's two, named as the base model names it, is
+    // the config and the weights disagreeing, as with the prefix
+    let extra = (
+        "h.2.ln_1.weight".to_string(),
+        Dtype::F32,
+        vec![32],
+        Data::Bytes(vec![0; 128]),
+    );
+    tensors.push(extra);
+    write_safetensors(&dir.join("model.safetensors"), &tensors).unwrap();
+    let refused = distgpt::checkpoint::read_model(&dir).map(drop).unwrap_err();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        refused.to_string().contains("'h.2.ln_1.weight'"),
+        "{refused}"
+    );
 }

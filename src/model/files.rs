@@ -128,12 +128,17 @@ fn kind_of(name: &str) -> String {
 /// are ignored, but one of a kind the layout has under another number (a
 /// block past the config's `n_layer`) is an error: the config and the
 /// weights disagree. With `expected_checksum` the file must match it;
-/// every weight must be finite. The whole model's parameters, padding rows
+/// every weight must be finite. With `base`, a layout name's prefix, the
+/// file may name its tensors without it, as a base model's file does
+/// (`transformers`' `base_model_prefix`: the hub's `gpt2` and
+/// `GPT2Model.save_pretrained` write `wte.weight` for
+/// `transformer.wte.weight`). The whole model's parameters, padding rows
 /// zero.
 pub fn read_weights(
     config: &ModelConfig,
     path: &Path,
     expected_checksum: Option<&str>,
+    base: Option<&str>,
 ) -> Result<Vec<f32>> {
     // mapped, not read: the weights are copied once, into their places, and
     // a model's worth of fresh pages is not zeroed first for the file
@@ -156,10 +161,18 @@ pub fn read_weights(
     let names: std::collections::HashSet<&str> =
         layout.tensors.iter().map(|t| t.name.as_str()).collect();
     let kinds: std::collections::HashSet<String> = names.iter().map(|n| kind_of(n)).collect();
+    // a file's name as the layout's
+    let full = |n: &str| match base {
+        Some(b) if !n.starts_with(b) => format!("{b}{n}"),
+        _ => n.to_string(),
+    };
     let mut extra: Vec<String> = st
         .names()
         .into_iter()
-        .filter(|n| !names.contains(n.as_str()) && kinds.contains(&kind_of(n)))
+        .filter(|n| {
+            let f = full(n);
+            !names.contains(f.as_str()) && kinds.contains(&kind_of(&f))
+        })
         .cloned()
         .collect();
     extra.sort();
@@ -172,8 +185,10 @@ pub fn read_weights(
     }
     let mut params = vec![0.0f32; layout.total()];
     for (t, (name, shape, r)) in layout.tensors.iter().zip(stored(config, &layout)) {
+        let short = base.and_then(|b| name.strip_prefix(b));
         let view = st
             .tensor(&name)
+            .or_else(|e| short.map_or(Err(e), |s| st.tensor(s)))
             .map_err(|_| bad(format!("missing tensor '{name}'")))?;
         if view.shape() != shape.as_slice() {
             return Err(bad(format!(
@@ -365,7 +380,7 @@ pub fn read_model_files(dir: &Path) -> Result<(ModelMeta, Vec<f32>)> {
     let need = if int8 { stored } else { 4 * stored } as u64;
     let model = format!("a {} x {} model", c.n_layer(), c.n_embd());
     check_holds(&weights, need, &model)?;
-    let params = read_weights(c, &weights, Some(&checksum))?;
+    let params = read_weights(c, &weights, Some(&checksum), None)?;
     Ok((meta, params))
 }
 
@@ -401,7 +416,7 @@ mod tests {
                 .map(|(n, d, s, b)| (n.clone(), *d, s.clone(), Data::Bytes(b.clone())))
                 .collect();
             write_safetensors(&path, &data).unwrap();
-            read_weights(&cfg, &path, None)
+            read_weights(&cfg, &path, None, None)
         };
         let plain = read(&model).unwrap();
         // the same weights saved in bf16 read as their values rounded

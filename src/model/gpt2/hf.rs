@@ -194,6 +194,7 @@ pub fn import(dir: &Path) -> Result<(ModelMeta, Vec<f32>)> {
         least,
         &format!("the model config.json describes ({c})"),
     )?;
-    let params = read_weights(c, &weights, None)?;
+    // the hub's gpt2 names its tensors as GPT2Model does: `h.0...`, `wte.weight`
+    let params = read_weights(c, &weights, None, Some("transformer."))?;
     Ok((meta, params))
 }
