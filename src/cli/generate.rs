@@ -160,6 +160,7 @@ pub(super) fn run_generate(mut a: GenerateArgs) -> Result<()> {
     let mut shown_prompt = false;
     // when the first token came: after loading, packing and the prompts
     let mut first_at = None;
+    let mut text = tk.stream();
     let mut show = |_: usize, tok: u32| {
         first_at.get_or_insert_with(std::time::Instant::now);
         if stream {
@@ -167,7 +168,7 @@ pub(super) fn run_generate(mut a: GenerateArgs) -> Result<()> {
                 let _ = write!(stdout, "{}", a.prompt.first().map_or("", String::as_str));
                 shown_prompt = true;
             }
-            let _ = write!(stdout, "{}", tk.decode(&[tok]));
+            let _ = write!(stdout, "{}", text.push(tok));
             let _ = stdout.flush();
         }
     };
@@ -181,7 +182,8 @@ pub(super) fn run_generate(mut a: GenerateArgs) -> Result<()> {
         // The streamed text ends with a newline, like any command's output;
         // with nothing generated, the prompt is all there was to stream.
         let prompt = a.prompt.first().map_or("", String::as_str);
-        distgpt::outln!("{}", if out[0].is_empty() { prompt } else { "" });
+        let rest = text.finish();
+        distgpt::outln!("{}", if out[0].is_empty() { prompt } else { &rest });
     }
     if !stream {
         for (p, o) in a.prompt.iter().zip(&out) {

@@ -139,6 +139,67 @@ impl Tokenizer {
             Tokenizer::WordPiece(wp) => wp.decode(tokens),
         }
     }
+
+    /// A text decoded token by token as the tokens come (`generate`'s
+    /// stream), each piece as soon as its characters are whole.
+    pub fn stream(&self) -> Stream<'_> {
+        Stream {
+            tk: self,
+            pending: Vec::new(),
+        }
+    }
+}
+
+/// Tokens decoded one at a time into the text [`Tokenizer::decode`] gives
+/// them all at once: a character GPT-2's BPE splits over tokens (its UTF-8
+/// bytes in two tokens: "¿", most emoji) waits for its last byte, where
+/// decoding each token alone would print U+FFFD for each part.
+pub struct Stream<'a> {
+    tk: &'a Tokenizer,
+    /// Bytes of a character not yet whole.
+    pending: Vec<u8>,
+}
+
+impl Stream<'_> {
+    /// The text `token` completes.
+    pub fn push(&mut self, token: u32) -> String {
+        let Tokenizer::Gpt2(bpe) = self.tk else {
+            return self.tk.decode(&[token]);
+        };
+        let Ok(bytes) = bpe.decode_bytes(&[token]) else {
+            return self.finish() + "\u{FFFD}";
+        };
+        self.pending.extend(bytes);
+        let mut text = String::new();
+        loop {
+            match std::str::from_utf8(&self.pending) {
+                Ok(whole) => {
+                    text.push_str(whole);
+                    self.pending.clear();
+                    return text;
+                }
+                Err(e) => {
+                    let valid = e.valid_up_to();
+                    text.push_str(&String::from_utf8_lossy(&self.pending[..valid]));
+                    // a character cut short waits; a byte no character
+                    // has is one U+FFFD, as from_utf8_lossy makes it
+                    let Some(bad) = e.error_len() else {
+                        self.pending.drain(..valid);
+                        return text;
+                    };
+                    text.push('\u{FFFD}');
+                    self.pending.drain(..valid + bad);
+                }
+            }
+        }
+    }
+
+    /// What is left at the end: a character cut short, as U+FFFD.
+    pub fn finish(&mut self) -> String {
+        let rest = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        rest
+    }
 }
 
 /// Where a text leaves a character vocabulary: the first character it
@@ -346,6 +407,45 @@ mod tests {
         let t = Tokenizer::from_spec(&TokenizerSpec::Gpt2).unwrap();
         assert_eq!(t.encode("Hello world").unwrap(), vec![15496, 995]);
         assert_eq!(t.decode(&[15496, 995]), "Hello world");
+    }
+
+    /// Streamed a token at a time, a text prints as itself: the texts'
+    /// characters GPT-2's BPE splits over tokens ("¿" as " Â" then a
+    /// byte, an emoji in three) wait for their last byte; bytes no
+    /// character has print as whole-text decoding prints them.
+    #[test]
+    fn a_stream_of_gpt2_tokens_prints_the_text_itself() {
+        let t = Tokenizer::from_spec(&TokenizerSpec::Gpt2).unwrap();
+        let streamed = |ids: &[u32]| {
+            let mut s = t.stream();
+            let mut text: String = ids.iter().map(|&id| s.push(id)).collect();
+            text.push_str(&s.finish());
+            text
+        };
+        for text in [
+            "Élan naïve — «quoted» ¿Qué? Straße",
+            "日本語 Привет",
+            "🦀👍🏽 👨\u{200d}👩 a\u{200b}b",
+        ] {
+            let ids = t.encode(text).unwrap();
+            assert!(ids.len() < text.len(), "{text:?}: a token a byte");
+            assert_eq!(streamed(&ids), text);
+        }
+        // "é" (C3 A9) as its two bytes' tokens, then out of order, then cut
+        // short at the end: as UTF-8 reads those bytes
+        let Tokenizer::Gpt2(bpe) = &t else {
+            panic!("not GPT-2's")
+        };
+        let of =
+            |b: u8| (0..GPT2_VOCAB as u32).find(|&i| bpe.decode_bytes(&[i]).ok() == Some(vec![b]));
+        let (c3, a9) = (of(0xC3).unwrap(), of(0xA9).unwrap());
+        for (ids, want) in [
+            (vec![c3, a9], "é"),
+            (vec![a9, c3], "\u{FFFD}\u{FFFD}"),
+            (vec![c3, a9, c3], "é\u{FFFD}"),
+        ] {
+            assert_eq!(streamed(&ids), want, "{ids:?}");
+        }
     }
 
     #[test]
