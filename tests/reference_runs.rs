@@ -388,6 +388,64 @@ fn gpt2_language_model_trains_as_pytorch_does() {
     check_evaluations(&s, &[10], false);
 }
 
+/// A step whose gradient is clipped to a global norm of 1e-12 has no
+/// element above 1e-12, far below AdamW's eps (1e-8): torch.optim.AdamW's
+/// update, `p (1 - lr wd) - lr m_hat / (sqrt(v_hat) + eps)`, then moves a
+/// weight by at most lr 1e-4 past its decay, and the decay alone is left:
+/// p (1 - lr wd) for the 2-D tensors (nanoGPT's rule), p for the rest. A
+/// clip the step does not take at the asked norm (the reference's 1 is
+/// the default), or a decay on the wrong tensors or at the wrong rate,
+/// moves weights by about lr.
+#[test]
+fn a_gradient_clipped_to_almost_nothing_moves_the_weights_by_their_decay_alone() {
+    let r = Reference::load("lm");
+    let ds = Dataset::load(Some(&r.dir.join("text.txt")), TokenizerKind::Char).unwrap();
+    let (meta, _) = checkpoint::read_model(&r.dir.join("init")).unwrap();
+    let task = LmTask {
+        model: meta.config,
+        data: &ds,
+    };
+    let cfg = TrainConfig {
+        duration: Duration::Steps(1),
+        warmup_steps: 0,
+        grad_clip: 1e-12,
+        out_dir: scratch::scratch("reference-lm-clipped"),
+        ..r.config()
+    };
+    let s = train::train(
+        Cpu::new,
+        &task,
+        &cfg,
+        ParallelConfig::single(),
+        2,
+        std::time::Duration::from_secs(300),
+    )
+    .unwrap();
+    // without warmup the one step is at the peak rate
+    let lr = cfg.lr;
+    assert_eq!(s.history[0].lr, lr, "the step's learning rate");
+    let decayed = 1.0 - lr * cfg.adamw.weight_decay;
+    let init = r.initial_params();
+    for t in &Task::<Cpu>::model(&task).layout(1).tensors {
+        let factor = if t.full_shape.len() == 2 {
+            decayed
+        } else {
+            1.0
+        };
+        for i in t.range() {
+            let want = init[i] * factor;
+            assert!(
+                (s.params[i] - want).abs() <= lr * 1e-4 + 1e-7,
+                "{} element {}: {} after the step, {want} by its decay alone ({} before)",
+                t.name,
+                i - t.offset,
+                s.params[i],
+                init[i]
+            );
+        }
+    }
+}
+
 #[test]
 fn bert_masked_lm_trains_as_transformers_does() {
     let r = Reference::load("mlm");
