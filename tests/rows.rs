@@ -83,6 +83,93 @@ fn masked(cfg: &GptConfig, params: &[f32], kept: &KeptRows) -> Vec<f32> {
     p
 }
 
+/// Parameters that are zero but for the weights each head and MLP unit
+/// owns (as `masked` drops them): head h of block l's all `head(l, h)`,
+/// unit j's all `unit(l, j)`. Heads own equally many weights, and units
+/// too, so their L2 norms rank as these values do.
+fn owned_weights(
+    cfg: &GptConfig,
+    head: impl Fn(usize, usize) -> f32,
+    unit: impl Fn(usize, usize) -> f32,
+) -> Vec<f32> {
+    let (lay, c, d) = (ParamLayout::new(cfg), cfg.n_embd, cfg.head_dim());
+    let (a, f) = (cfg.n_head * d, 4 * c);
+    let mut p = vec![0.0; lay.total()];
+    for l in 0..cfg.n_layer {
+        let t = |bp| lay.block_param(l, bp);
+        for h in 0..cfg.n_head {
+            let v = head(l, h);
+            for col in (0..3).flat_map(|g| (g * a + h * d)..(g * a + (h + 1) * d)) {
+                for r in 0..c {
+                    p[t(BlockParam::QkvW).start + r * 3 * a + col] = v;
+                }
+                p[t(BlockParam::QkvB).start + col] = v;
+            }
+            let proj = t(BlockParam::AttnProjW).start;
+            p[proj + h * d * c..proj + (h + 1) * d * c].fill(v);
+        }
+        for j in 0..f {
+            let v = unit(l, j);
+            for r in 0..c {
+                p[t(BlockParam::FcW).start + r * f + j] = v;
+            }
+            p[t(BlockParam::FcB).start + j] = v;
+            let proj = t(BlockParam::FcProjW).start;
+            p[proj + j * c..proj + (j + 1) * c].fill(v);
+        }
+    }
+    p
+}
+
+/// Per block, the indices below `n` that `keep` takes, in order.
+fn kept_by(n_layer: usize, n: usize, keep: impl Fn(usize, usize) -> bool) -> Vec<Vec<usize>> {
+    (0..n_layer)
+        .map(|l| (0..n).filter(|&i| keep(l, i)).collect())
+        .collect()
+}
+
+#[test]
+fn rows_pruning_keeps_the_heads_and_units_of_the_largest_norms() {
+    let cfg = dense_config();
+    let (n_head, f) = (cfg.n_head, 4 * cfg.n_embd);
+    // head h of block l ranks (h + l) % 4 in its block, unit j (37 j + 11 l)
+    // % 128 (a permutation: 37 is odd); rank 0 the smallest
+    let head_rank = |l: usize, h: usize| (h + l) % n_head;
+    let unit_rank = |l: usize, j: usize| (37 * j + 11 * l) % f;
+    // per block: half of each, the larger half
+    let params = owned_weights(
+        &cfg,
+        |l, h| head_rank(l, h) as f32 + 1.0,
+        |l, j| unit_rank(l, j) as f32 + 1.0,
+    );
+    let kept = select_rows(&cfg, &params, 0.5, Scope::Matrix);
+    let want_heads = kept_by(cfg.n_layer, n_head, |l, h| head_rank(l, h) >= n_head / 2);
+    let want_hidden = kept_by(cfg.n_layer, f, |l, j| unit_rank(l, j) >= f / 2);
+    assert_eq!(kept.heads, want_heads, "per block: the heads kept");
+    assert_eq!(kept.hidden, want_hidden, "per block: the units kept");
+    // over all blocks, each block's largest and then the largest of the
+    // rest: block 2's weights 2000 more than block 1's, 1000 more than
+    // block 0's, so half of the 12 heads are block 2's 4 and blocks 0 and
+    // 1's largest; half of the 384 units block 2's 128, block 1's 63
+    // largest and block 0's largest
+    let params = owned_weights(
+        &cfg,
+        |l, h| 1000.0 * l as f32 + head_rank(l, h) as f32 + 1.0,
+        |l, j| 1000.0 * l as f32 + unit_rank(l, j) as f32 + 1.0,
+    );
+    let kept = select_rows(&cfg, &params, 0.5, Scope::Global);
+    let want_heads = kept_by(cfg.n_layer, n_head, |l, h| {
+        l == 2 || head_rank(l, h) == n_head - 1
+    });
+    let want_hidden = kept_by(cfg.n_layer, f, |l, j| match l {
+        2 => true,
+        1 => unit_rank(l, j) >= f - 63,
+        _ => unit_rank(l, j) == f - 1,
+    });
+    assert_eq!(kept.heads, want_heads, "over all blocks: the heads kept");
+    assert_eq!(kept.hidden, want_hidden, "over all blocks: the units kept");
+}
+
 fn batch(cfg: &GptConfig) -> (Vec<u32>, Vec<u32>) {
     let n = 2 * cfg.block_size;
     let v = cfg.vocab_size;
