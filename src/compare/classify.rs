@@ -74,14 +74,15 @@ pub struct ClassifyComparison {
 /// Runs every cell (bars on `multi`). A signal stops after the current step;
 /// the cell it cut short is left out.
 pub fn run(m: &ClassifyMatrix, multi: &MultiProgress) -> Result<ClassifyComparison> {
-    let model = m.task.model.clone();
+    let model = m.task.model.clone().into();
     let name = m.task.data_name();
     let (cells, skipped) = layout_cells(
         &name,
         &m.layouts,
         &m.world_sizes,
         &m.batch_sizes,
-        |par, batch| par.validate(&model.clone().into(), batch),
+        &model,
+        m.base.grad_accum,
     );
     say_skipped(&skipped, cells.is_empty())?;
     let outer = multi.add(crate::metrics::progress_bar(cells.len() as u64, "matrix"));

@@ -128,10 +128,8 @@ pub fn cells(spec: &CompareSpec) -> (Vec<Cell>, Vec<String>) {
             &spec.layouts,
             &spec.world_sizes,
             &spec.batch_sizes,
-            |par, batch| {
-                par.validate(model, batch)?;
-                par.pipeline.check_micro_batches(spec.grad_accum)
-            },
+            model,
+            spec.grad_accum,
         );
         skipped.extend(why);
         out.extend(pairs.into_iter().map(|(parallel, batch)| Cell {
@@ -145,14 +143,21 @@ pub fn cells(spec: &CompareSpec) -> (Vec<Cell>, Vec<String>) {
 }
 
 /// The (layout, global batch) pairs of a matrix over (layouts, world sizes,
-/// batches) that `valid` accepts, and a line for each one skipped.
+/// batches) that can train `model` at `grad_accum` micro-batches a step
+/// (what a run checks before its first step), and a line for each one
+/// skipped.
 pub fn layout_cells(
     name: &str,
     layouts: &[Layout],
     world_sizes: &[usize],
     batch_sizes: &[usize],
-    valid: impl Fn(ParallelConfig, usize) -> Result<()>,
+    model: &ModelConfig,
+    grad_accum: usize,
 ) -> (Vec<(ParallelConfig, usize)>, Vec<String>) {
+    let valid = |par: ParallelConfig, batch| {
+        par.validate(model, batch)?;
+        par.pipeline.check_micro_batches(grad_accum)
+    };
     let (mut out, mut skipped) = (Vec::new(), Vec::new());
     for &layout in layouts {
         // one rank of a parallel strategy is `single` again
@@ -643,6 +648,28 @@ mod tests {
     use super::*;
     use crate::model::GptConfig;
     use crate::parallel::pipeline::{Pipeline, Schedule};
+
+    /// A cell is skipped for what a run refuses before its first step: the
+    /// interleaved schedule sends micro-batches through its 2 stages in
+    /// pairs, so one micro-batch a step is a skipped cell, not a matrix
+    /// that ends at it (`compare --task classify` left the check out).
+    #[test]
+    fn cells_are_skipped_for_every_rule_a_run_checks_first() {
+        let bert = crate::model::bert::BertConfig::preset("bert-minilm").unwrap();
+        let model = ModelConfig::from(bert);
+        let layouts = [Layout::Single, Layout::Interleaved];
+        let at = |grad_accum| layout_cells("m", &layouts, &[2], &[4], &model, grad_accum);
+        let (cells, skipped) = at(1);
+        assert_eq!(cells.len(), 1, "{skipped:?}");
+        assert_eq!(skipped.len(), 1, "{skipped:?}");
+        let said = &skipped[0];
+        assert!(
+            said.contains("interleaved x2 batch 4") && said.contains("multiple of 2"),
+            "{said}"
+        );
+        let (cells, skipped) = at(2);
+        assert_eq!((cells.len(), skipped.len()), (2, 0), "{skipped:?}");
+    }
 
     /// A step time is the mean of the steps after the first, or the first's
     /// where the run has one step (a one-step classifier run said 0 ms).
