@@ -95,6 +95,18 @@ fn compare_writes_the_report_and_strategies_match_single() {
     compare::report::write(&spec, &done, "distgpt compare (test)").unwrap();
     let csv = std::fs::read_to_string(dir.join("results.csv")).unwrap();
     assert_eq!(csv.lines().count(), 1 + results.len());
+    // each row says which cell it is: ddp, pp and gpipe are all ddp x2
+    let mut lines = csv.lines().map(|l| l.split(',').collect::<Vec<_>>());
+    let header = lines.next().unwrap();
+    let column = |name| header.iter().position(|h| *h == name).unwrap();
+    let (layout, batch) = (column("layout"), column("batch"));
+    let mut keys: Vec<(String, String)> = lines
+        .map(|row| (row[layout].to_string(), row[batch].to_string()))
+        .collect();
+    assert!(keys.iter().any(|(l, _)| l.contains("gpipe")), "{keys:?}");
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), results.len(), "{csv}");
     let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
     assert!(
         md.starts_with("# distgpt compare\n\n## Summary\n\n- **Fastest:** tiny "),

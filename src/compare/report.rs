@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 const CSV_HEADER: &str = "model,params,strategy,world_size,tp,batch,seq_len,steps,epochs,step_ms,tokens_per_s,tokens_per_s_per_rank,time_per_epoch_s,\
 repeats,tokens_per_s_min,tokens_per_s_max,peak_params_bytes,peak_grads_bytes,peak_optimizer_bytes,peak_activations_bytes,peak_other_bytes,peak_total_bytes,\
-final_loss,val_loss,final_grad_norm,comm_bytes_per_step,comm_ms_per_step,max_loss_deviation_from_single,predicted_peak_bytes,predicted_step_ms";
+final_loss,val_loss,final_grad_norm,comm_bytes_per_step,comm_ms_per_step,max_loss_deviation_from_single,predicted_peak_bytes,predicted_step_ms,layout";
 
 fn csv(results: &[RunResult]) -> String {
     let mut s = String::from(CSV_HEADER);
@@ -21,7 +21,7 @@ fn csv(results: &[RunResult]) -> String {
         let p = r.max_peak();
         let _ = writeln!(
             s,
-            "{},{},{},{},{},{},{},{},{:.4},{:.3},{:.1},{:.1},{:.3},{},{:.1},{:.1},{},{},{},{},{},{},{:.6},{:.6},{:.6},{:.0},{:.3},{},{},{}",
+            "{},{},{},{},{},{},{},{},{:.4},{:.3},{:.1},{:.1},{:.3},{},{:.1},{:.1},{},{},{},{},{},{},{:.6},{:.6},{:.6},{:.0},{:.3},{},{},{},{}",
             r.model,
             r.params,
             r.strategy,
@@ -52,6 +52,8 @@ fn csv(results: &[RunResult]) -> String {
             opt(r.max_loss_deviation_from_single),
             opt(r.predicted.as_ref().map(|p| p.peak_bytes)),
             opt(r.predicted.as_ref().map(|p| p.step_ms)),
+            // what tells a pipeline's rows from ddp's ("ddp x2 (pp 2 gpipe)")
+            r.label.replace(',', ";"),
         );
     }
     s
