@@ -96,10 +96,17 @@ mod under_mpi {
         let mut ones = [1u8];
         c.all_reduce(&mut ones).unwrap();
         assert_eq!(ones[0], n as u8, "u8 all_reduce");
+        let sent = c.stats().p2p_bytes;
         c.send(&[u32::MAX - r as u32], (r + 1) % n).unwrap();
         let mut got = [0u32];
         c.recv(&mut got, (r + n - 1) % n).unwrap();
         assert_eq!(got[0], u32::MAX - ((r + n - 1) % n) as u32, "u32 send/recv");
+        let mut pair = [0u64; 2];
+        let (to, from) = ((r + 1) % n, (r + n - 1) % n);
+        c.send_recv(&[r as u64; 2], to, &mut pair, from).unwrap();
+        assert_eq!(pair, [from as u64; 2], "u64 send_recv");
+        // a rank counts what it sends (4 + 16 bytes), as thread ranks do
+        assert_eq!(c.stats().p2p_bytes - sent, 20, "p2p bytes sent");
         // any serde value, as JSON of another length on each rank
         let value = |r: usize| (format!("{text}{}", "ü".repeat(r)), 0.1 + 0.2 * r as f64);
         assert_eq!(c.agree(value(r)).unwrap(), value(0), "agree");

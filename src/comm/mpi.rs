@@ -384,7 +384,8 @@ impl MpiComm {
         from: usize,
     ) -> Result<()> {
         let n = recv.len();
-        let bytes = size_of_val(send) + size_of_val(recv);
+        // the bytes a rank sends, as thread ranks and `plan` count them
+        let bytes = size_of_val(send);
         let on = self.world_ranks(&[to, from]);
         let status = self.timed_on(Kind::P2p, Call::SendRecv, &on, bytes, || {
             mpi::point_to_point::send_receive_into(
@@ -400,7 +401,8 @@ impl MpiComm {
     fn recv_typed<T: CommElem + Equivalence>(&self, buf: &mut [T], from: usize) -> Result<()> {
         let n = buf.len();
         let on = self.world_ranks(&[from]);
-        let status = self.timed_on(Kind::P2p, Call::Recv, &on, size_of_val(buf), || {
+        // received bytes are the sender's: counted there
+        let status = self.timed_on(Kind::P2p, Call::Recv, &on, 0, || {
             self.comm.process_at_rank(from as i32).receive_into(buf)
         });
         arrived::<T>(&status, n, "recv", from)
