@@ -164,6 +164,22 @@ fn a_failing_mpi_rank_stops_the_job_and_is_named() {
     assert!(took < Wait::from_secs(20), "took {took:?}");
 }
 
+/// A rank that panics ends the job as one that fails does, at once and
+/// named with its panic's message, not after the others' --comm-timeout
+/// as "did not answer".
+#[cfg(feature = "mpi")]
+#[test]
+fn a_panicking_mpi_rank_stops_the_job_and_is_named() {
+    let (ok, text, took) = mpirun_with_a_fault(2, &[], 1, "panic");
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("rank 1 panicked: injected panic on rank 1 at step 2"),
+        "{text}"
+    );
+    assert!(!text.contains("did not answer"), "{text}");
+    assert!(took < Wait::from_secs(4), "took {took:?}");
+}
+
 /// A rank that stops (SIGSTOP) or hangs outside MPI misses the others'
 /// collective: each waiting rank's watchdog names it, and says which it is.
 #[cfg(feature = "mpi")]

@@ -558,7 +558,8 @@ pub(super) fn run_train(mut a: TrainArgs, given: &[String]) -> Result<Outcome> {
         step,
         how: a.fail_how,
     });
-    if a.fail_how != FaultKind::Error && a.parallel.comm != CommKind::Mpi {
+    let whole_process = matches!(a.fail_how, FaultKind::Stop | FaultKind::Hang);
+    if whole_process && a.parallel.comm != CommKind::Mpi {
         bail!("--fail-how stop and hang stop a whole process: they need --comm mpi");
     }
     cfg.validate()?;

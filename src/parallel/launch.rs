@@ -87,10 +87,27 @@ impl Launch {
 #[cfg(feature = "mpi")]
 fn mpi_launch<R>(timeout: Duration, f: impl Fn(&dyn Comm) -> Result<R>) -> Result<Option<R>> {
     let comm = crate::comm::mpi::MpiComm::init(timeout)?;
-    match f(&comm) {
+    match caught(comm.rank(), || f(&comm)) {
         Ok(r) => Ok((comm.rank() == 0).then_some(r)),
         Err(e) => comm.abort(&e.to_string()),
     }
+}
+
+/// `f`, where a panic is an error naming `rank` and the panic's message:
+/// the other ranks are told (a thread group's mark, MPI_Abort), where
+/// unwinding out would leave them waiting in a collective until their
+/// timeout (an MPI rank's finalize waits for them).
+fn caught<R>(rank: usize, f: impl FnOnce() -> Result<R>) -> Result<R> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        let why = p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
+        Err(Error::Comm(format!(
+            "rank {rank} panicked: {}",
+            why.unwrap_or_default()
+        )))
+    })
 }
 
 #[cfg(not(feature = "mpi"))]
@@ -110,7 +127,7 @@ fn nccl_mpi_launch<R>(
     let group = rank_gpu(base)
         .and_then(|gpu| crate::comm::nccl::NcclComm::new(comm.split(0, comm.rank())?, gpu, timeout))
         .unwrap_or_else(|e| comm.abort(&e.to_string()));
-    match f(&group) {
+    match caught(comm.rank(), || f(&group)) {
         Ok(r) => Ok((comm.rank() == 0).then_some(r)),
         Err(e) => comm.abort(&e.to_string()),
     }
@@ -183,18 +200,8 @@ pub fn run_local<R: Send>(
                         .num_threads(per_rank)
                         .build()
                         .map_err(|e| Error::Config(format!("rank {rank}: thread pool: {e}")))?;
-                    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    let out = caught(rank, || {
                         pool.install(|| f(Box::new(comm.sharing_threads(per_rank * n))))
-                    }));
-                    let out = out.unwrap_or_else(|p| {
-                        let why = p
-                            .downcast_ref::<String>()
-                            .cloned()
-                            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
-                        Err(Error::Comm(format!(
-                            "rank {rank} panicked: {}",
-                            why.unwrap_or_default()
-                        )))
                     });
                     if let Err(e) = &out {
                         world.fail(rank, e.to_string());

@@ -287,6 +287,8 @@ pub enum FaultKind {
     Stop,
     /// The rank's main thread sleeps for ever outside any collective.
     Hang,
+    /// The rank panics, as a broken invariant would.
+    Panic,
 }
 
 impl Fault {
@@ -305,6 +307,9 @@ impl Fault {
             FaultKind::Hang => loop {
                 std::thread::sleep(std::time::Duration::from_secs(3600));
             },
+            FaultKind::Panic => {
+                panic!("injected panic on rank {} at step {}", self.rank, self.step)
+            }
         }
     }
 }
