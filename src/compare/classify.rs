@@ -121,7 +121,7 @@ pub fn run(m: &ClassifyMatrix, multi: &MultiProgress) -> Result<ClassifyComparis
         let seconds: f64 = epochs.iter().map(|e| e.seconds).sum();
         let step_ms = super::mean_step_ms(&s.history);
         let workload = Workload {
-            model: model.clone().into(),
+            model: model.clone(),
             batch: *batch,
             seq_len,
             grad_accum: 1,
