@@ -3128,6 +3128,88 @@ fn prompts_cut_short_by_the_block_are_named() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// One prompt that meets the end of text is not said to have stopped at
+/// the block, though prompt and output fill it: it would have slid on. The
+/// model is made to say `<|endoftext|>` whatever it reads (every block's
+/// weights 0, so the stream stays 0 and ln_f's bias of ones reaches the
+/// head, where only the end of text's row is not 0).
+#[test]
+fn one_prompt_ended_by_the_end_of_text_is_not_said_to_stop_at_the_block() {
+    use distgpt::store::{write_safetensors, Data};
+    use safetensors::tensor::Dtype;
+    let dir = run_dir("eot-at-the-block");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (vocab, c, block) = (50257usize, 8usize, 8usize);
+    let config = serde_json::json!({
+        "model_type": "gpt2", "activation_function": "gelu_new",
+        "n_layer": 1, "n_head": 1, "n_embd": c, "n_positions": block, "vocab_size": vocab,
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let tensor = |name: &str, shape: &[usize], fill: f32| {
+        let n: usize = shape.iter().product();
+        let bytes = (0..n).flat_map(|_| fill.to_le_bytes()).collect();
+        (
+            name.to_string(),
+            Dtype::F32,
+            shape.to_vec(),
+            Data::Bytes(bytes),
+        )
+    };
+    let mut wte = vec![0f32; vocab * c];
+    wte[(vocab - 1) * c..].fill(10.0);
+    let wte_bytes = wte.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let mut tensors = vec![
+        (
+            "transformer.wte.weight".to_string(),
+            Dtype::F32,
+            vec![vocab, c],
+            Data::Bytes(wte_bytes),
+        ),
+        tensor("transformer.wpe.weight", &[block, c], 0.0),
+        tensor("transformer.ln_f.weight", &[c], 0.0),
+        tensor("transformer.ln_f.bias", &[c], 1.0),
+    ];
+    for (name, shape) in [
+        ("ln_1.weight", vec![c]),
+        ("ln_1.bias", vec![c]),
+        ("attn.c_attn.weight", vec![c, 3 * c]),
+        ("attn.c_attn.bias", vec![3 * c]),
+        ("attn.c_proj.weight", vec![c, c]),
+        ("attn.c_proj.bias", vec![c]),
+        ("ln_2.weight", vec![c]),
+        ("ln_2.bias", vec![c]),
+        ("mlp.c_fc.weight", vec![c, 4 * c]),
+        ("mlp.c_fc.bias", vec![4 * c]),
+        ("mlp.c_proj.weight", vec![4 * c, c]),
+        ("mlp.c_proj.bias", vec![c]),
+    ] {
+        tensors.push(tensor(&format!("transformer.h.0.{name}"), &shape, 0.0));
+    }
+    write_safetensors(&dir.join("model.safetensors"), &tensors).unwrap();
+    // eight tokens, the whole block: "a" then " a" seven times
+    let prompt = format!("a{}", " a".repeat(block - 1));
+    let o = succeeded(distgpt(&[
+        "generate",
+        dir.to_str().unwrap(),
+        "--prompt",
+        &prompt,
+        "--tokens",
+        "5",
+    ]));
+    let (out, said) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert_eq!(
+        out.lines().next(),
+        Some(prompt.as_str()),
+        "nothing generated: {out}"
+    );
+    assert!(said.contains("[0 tokens in"), "{said}");
+    assert!(!said.contains("stopped at"), "{said}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The stderr of a command that must fail.
 fn refused(args: &[&str]) -> String {
     let o = distgpt(args);

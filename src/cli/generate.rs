@@ -191,8 +191,10 @@ pub(super) fn run_generate(mut a: GenerateArgs) -> Result<()> {
         }
     }
     let block = meta.config.block_size();
+    // one prompt without --tp slides its window: short, it met the end of text
+    let slides = prompts.len() == 1 && tp == 1;
     for (r, (p, o)) in prompts.iter().zip(&out).enumerate() {
-        if o.len() < a.tokens && p.len() + o.len() >= block {
+        if !slides && o.len() < a.tokens && p.len() + o.len() >= block {
             distgpt::errln!(
                 "note: prompt {r} stopped at the model's block of {block} positions ({} prompt + {} new tokens), short of --tokens {}: only one prompt at a time, without --tp, slides its window on",
                 p.len(),
