@@ -1512,3 +1512,97 @@ fn plan_times_a_pipelines_collectives_by_the_alpha_beta_ring() {
     }
     assert_eq!(checked, 4, "ddp, zero1, zero2 and fsdp");
 }
+
+/// The predictions of `plan --json --all` for `args`, with the parallel
+/// configuration each is of.
+fn predictions(args: &[&str]) -> Vec<serde_json::Value> {
+    let mut all = vec!["plan", "--json", "--all"];
+    all.extend(args);
+    let j = json_of(&all);
+    let plans = j["plans"].as_array().unwrap();
+    plans
+        .iter()
+        .flat_map(|p| p["predictions"].as_array().unwrap().clone())
+        .collect()
+}
+
+/// Under tp x pp each stage's rank makes its own blocks' all-reduces. GPT-2
+/// small over 4 stages is cut 3 | 4 | 4 | 1 + the head (a block is
+/// 7,087,872 parameters and the head with its tied embedding 38,635,008,
+/// about 5.45 blocks, so the last stage takes one block): a middle stage's
+/// rank sends 4 micro-batches' streams both ways and makes 4 blocks x 4
+/// all-reduces of each, at tp 2 a ring sends one stream an all-reduce.
+#[test]
+fn plan_prices_each_stages_tensor_parallel_all_reduces_by_its_blocks() {
+    let preds = predictions(&[
+        "--model",
+        "gpt2",
+        "--device",
+        "h100",
+        "--world-size",
+        "8",
+        "--batch-size",
+        "8",
+        "--grad-accum",
+        "4",
+        "--precision",
+        "fp32",
+    ]);
+    let stream = 8.0 * 1024.0 * 768.0 * 4.0;
+    let (acc, blocks) = (4.0, 4.0);
+    let want = acc * 2.0 * stream + acc * blocks * 4.0 * stream;
+    let mut checked = 0;
+    for pred in &preds {
+        let par = &pred["parallel"];
+        let pipe = &par["pipeline"];
+        if par["tp"] != 2 || pipe["stages"] != 4 || par["recompute"] == true {
+            continue;
+        }
+        if pipe["schedule"] != "1f1b" {
+            continue;
+        }
+        close(
+            pred["time"]["comm_bytes"].as_f64().unwrap(),
+            want,
+            &format!("{par}"),
+        );
+        checked += 1;
+    }
+    assert!(checked >= 1, "no tp 2 pp 4 1f1b layout in {preds:?}");
+}
+
+/// zb-h1 with one micro-batch over 4 stages runs the forward through the
+/// stages, the input halves back and the first stage's weight half: 9 slots
+/// of work 3 a stage, where 1f1b's takes 12 (4 forwards, 4 backwards of
+/// 2): its compute is 9/12 of 1f1b's (the m >= p formula said 6/12).
+#[test]
+fn plan_prices_zb_h1_with_fewer_micro_batches_than_stages_by_its_slots() {
+    let preds = predictions(&[
+        "--model",
+        "gpt2",
+        "--device",
+        "h100",
+        "--world-size",
+        "4",
+        "--batch-size",
+        "8",
+    ]);
+    let compute = |schedule: &str| {
+        let pred = preds
+            .iter()
+            .find(|p| {
+                let par = &p["parallel"];
+                par["pipeline"]["stages"] == 4
+                    && par["pipeline"]["schedule"] == schedule
+                    && par["recompute"] == false
+                    && par["offload"].is_null()
+            })
+            .unwrap_or_else(|| panic!("no pp x4 {schedule} in {preds:?}"));
+        pred["time"]["compute_s"].as_f64().unwrap()
+    };
+    close(
+        compute("zb-h1") / compute("1f1b"),
+        9.0 / 12.0,
+        "zb-h1 / 1f1b compute at m = 1",
+    );
+}

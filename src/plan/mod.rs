@@ -679,22 +679,21 @@ impl<'a> CommCost<'a> {
     /// the stages beside it, and the blocks' tensor-parallel all-reduces.
     fn busiest_rank(&self, sizes: &[parallel::StageSizes]) -> Traffic {
         let pp = self.par.pipeline.stages;
-        let mut busiest = (0..pp)
+        (0..pp)
             .map(|s| {
                 let mut t = self.data_parallel(s, &sizes[s]);
                 if pp > 1 {
                     t += self.pipeline(s);
+                }
+                if self.par.tp > 1 {
+                    t += self.tensor_parallel(s);
                 }
                 t
             })
             .fold(Traffic::default(), |a, b| Traffic {
                 s: f64::max(a.s, b.s),
                 bytes: f64::max(a.bytes, b.bytes),
-            });
-        if self.par.tp > 1 {
-            busiest += self.tensor_parallel();
-        }
-        busiest
+            })
     }
 
     /// Stage `s`'s collectives over its `dp` replicas, for its state `z`.
@@ -783,14 +782,26 @@ impl<'a> CommCost<'a> {
     }
 
     /// Megatron's f/g: two all-reduces of the (rows, C) stream per layer
-    /// forward, two backward, two more when the forward is recomputed (a
-    /// classifier's last block makes some on one row a sequence).
-    fn tensor_parallel(&self) -> Traffic {
+    /// forward, two backward, two more when the forward is recomputed, for
+    /// the blocks of pipeline rank `s`'s chunks (the partition's: a stage
+    /// beside the head's holds fewer); a classifier's last block makes some
+    /// on one row a sequence.
+    fn tensor_parallel(&self, s: usize) -> Traffic {
         let (w, par, m) = (self.w, self.par, &self.w.model);
         let (tp, acc, stream) = (par.tp, w.grad_accum as f64, self.stream);
         let per_layer = if par.recompute { 6 } else { 4 };
-        let n = per_layer * m.n_layer().div_ceil(par.pipeline.stages);
-        let one_row = m.last_block_one_row_reduces(par.recompute) as f64;
+        // units: the embeddings, the blocks, the head
+        let (pp, head) = (par.pipeline.stages, self.layout.units.len() - 1);
+        let chunks = || (0..par.pipeline.virtual_stages).map(|c| &self.stages[c * pp + s]);
+        let blocks = chunks()
+            .flat_map(Clone::clone)
+            .filter(|&u| u != 0 && u != head);
+        let n = per_layer * blocks.count();
+        let last_block = chunks().any(|r| r.contains(&(head - 1)));
+        let one_row = match last_block {
+            true => m.last_block_one_row_reduces(par.recompute) as f64,
+            false => 0.0,
+        };
         let bytes = n as f64 * stream - one_row * stream * (1.0 - 1.0 / w.seq_len as f64);
         let link = self.net.link(tp, self.strides.tp);
         Traffic {

@@ -124,10 +124,13 @@ impl Pipeline {
     /// warm-up and drain when interleaved: (p - 1) / (v m + p - 1); zb-h1
     /// idles (p - 1)(F + B - W) where 1F1B idles (p - 1)(F + B + W), with
     /// the forward F, input half B and weight half W taken equal:
-    /// (p - 1) / (3 m + p - 1) (for m >= p; fewer idle more).
+    /// (p - 1) / (3 m + p - 1) for m >= p. Fewer micro-batches than
+    /// stages leave zb-h1 slots no weight half fills: there the ideal
+    /// machine's run says (p 4, m 1: 6 idle slots of 9, not 3 of 6).
     pub fn bubble(&self, m: usize) -> f64 {
         let (p, v) = (self.stages, self.virtual_stages);
         match self.schedule {
+            Schedule::ZbH1 if m < p => ideal_bubble(*self, m),
             Schedule::ZbH1 => zb_h1_bubble(p, m, [1.0; 3]),
             _ => (p - 1) as f64 / (v * m + p - 1) as f64,
         }
@@ -379,6 +382,14 @@ pub fn ideal_run(pipe: Pipeline, m: usize) -> Vec<Vec<(Task, u64, u64)>> {
         );
     }
     out
+}
+
+/// The idle share of the ideal machine's run of m micro-batches.
+fn ideal_bubble(pipe: Pipeline, m: usize) -> f64 {
+    let runs = ideal_run(pipe, m);
+    let end = runs.iter().flatten().map(|&(_, _, e)| e).max().unwrap_or(0);
+    let busy: u64 = runs.iter().flatten().map(|&(_, s, e)| e - s).sum();
+    1.0 - busy as f64 / (pipe.stages as u64 * end.max(1)) as f64
 }
 
 /// A pass's length on the ideal machine.
@@ -725,7 +736,8 @@ mod tests {
         let p = pipe.stages;
         match pipe.schedule {
             Schedule::Interleaved => vec![p, 2 * p, 3 * p],
-            // the formula holds from m = p on (fewer leave slots no weight half fills)
+            // the formula holds from m = p on (fewer leave slots no weight
+            // half fills, and `bubble` runs the ideal machine: see below)
             Schedule::ZbH1 => vec![p, p + 1, 2 * p + 1, 8],
             _ => vec![1, 2, p, 2 * p + 1, 8],
         }
@@ -807,6 +819,19 @@ mod tests {
                     pipe.stages
                 );
             }
+        }
+    }
+
+    /// zb-h1 with one micro-batch: its forward through the p stages, the
+    /// input halves back, then the first stage's weight half, 2p + 1 slots
+    /// of which each stage works 3 (counted by hand; the formula, which
+    /// holds from m = p, says (p - 1) / (p + 2)).
+    #[test]
+    fn zb_h1_with_fewer_micro_batches_than_stages_idles_as_its_slots_say() {
+        for (p, idle) in [(4, 6.0 / 9.0), (8, 14.0 / 17.0)] {
+            let pipe = Pipeline::new(p, Schedule::ZbH1, 1);
+            let got = pipe.bubble(1);
+            assert!((got - idle).abs() < 1e-12, "p {p}: {got}, by hand {idle}");
         }
     }
 
