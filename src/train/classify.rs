@@ -547,17 +547,22 @@ pub struct EpochRecord {
 }
 
 /// The epochs a run's step records close (those evaluated at an epoch's
-/// end): the steps since the previous one, the evaluation at its end.
+/// end): the steps since the previous one, the evaluation at its end. A
+/// step closes an epoch when the epochs done rise in it, at its end or
+/// within it (a step of several micro-batches can end in the next epoch).
 pub fn epoch_records(history: &[StepRecord]) -> Vec<EpochRecord> {
     let mut out = Vec::new();
     let (mut loss, mut seconds, mut tokens, mut steps) = (0.0f64, 0.0f64, 0.0f64, 0usize);
+    let done = |epoch: f64| (epoch + 1e-9).floor();
+    let mut before = 0.0;
     for r in history {
         loss += r.loss as f64;
         seconds += r.ms / 1e3;
         tokens += r.tokens_per_s * r.ms / 1e3;
         steps += 1;
-        let whole = r.epoch.round();
-        let at_end = (r.epoch - whole).abs() < 1e-9 && whole >= 1.0;
+        let whole = done(r.epoch);
+        let at_end = whole > done(before);
+        before = r.epoch;
         if let (true, Some(v), Some(accuracy), Some(f1)) =
             (at_end, r.val_loss, r.val_accuracy, r.val_f1)
         {
@@ -603,6 +608,36 @@ impl From<Eval> for Scores {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// 3 batches an epoch, 2 a step (--grad-accum 2, --epochs 3): the
+    /// loader ends its steps at 2/3, 4/3, 2, 8/3 and 10/3 epochs, and the
+    /// run evaluates where an epoch ended, within the step or at its end:
+    /// epochs 1, 2 and 3, each over the steps since the one before.
+    #[test]
+    fn a_step_that_ends_in_the_next_epoch_closes_the_one_before() {
+        let val = |epoch: f64, loss: f32, at_end: bool| StepRecord {
+            epoch,
+            loss,
+            ms: 1000.0,
+            val_loss: at_end.then_some(0.5),
+            val_accuracy: at_end.then_some(0.75),
+            val_f1: at_end.then_some(0.5),
+            ..Default::default()
+        };
+        let history = [
+            val(2.0 / 3.0, 1.0, false),
+            val(4.0 / 3.0, 3.0, true),
+            val(2.0, 5.0, true),
+            val(8.0 / 3.0, 1.0, false),
+            val(10.0 / 3.0, 2.0, true),
+        ];
+        let epochs = epoch_records(&history);
+        let got: Vec<(usize, f32, f64)> = epochs
+            .iter()
+            .map(|e| (e.epoch, e.train_loss, e.seconds))
+            .collect();
+        assert_eq!(got, [(1, 2.0, 2.0), (2, 5.0, 1.0), (3, 1.5, 2.0)]);
+    }
 
     #[test]
     fn a_sequence_length_is_from_cls_and_sep_to_the_models_positions() {
