@@ -59,7 +59,15 @@ impl Duration {
         match self {
             Duration::Steps(n) => n,
             Duration::Epochs(e) => {
-                ((e * batches_per_epoch as f64) / grad_accum as f64).ceil() as usize
+                // the micro-batches asked for, rounded up, where 1.1 x 100
+                // is 110.00000000000001 in binary: a run one step long
+                let batches = e * batches_per_epoch as f64;
+                let near = batches.round();
+                let batches = match (batches - near).abs() <= 1e-9 * near.max(1.0) {
+                    true => near,
+                    false => batches.ceil(),
+                };
+                (batches as usize).div_ceil(grad_accum)
             }
         }
     }
@@ -500,6 +508,26 @@ mod tests {
             (1.0, "0.1"),
         ] {
             assert_eq!(default_min_lr(lr).to_string(), min);
+        }
+    }
+
+    /// `--epochs e` is e x the batches an epoch, rounded up, in steps of
+    /// --grad-accum (by hand: 1.1 x 100 = 110; 0.07 x 100 = 7; 2.2 x 100 =
+    /// 220 in steps of 2; a third of 100 = 33.3, 34 batches, 17 steps).
+    #[test]
+    fn epochs_are_the_batches_they_name_rounded_up_in_steps() {
+        for (e, bpe, accum, steps) in [
+            (1.1, 100, 1, 110),
+            (0.07, 100, 1, 7),
+            (2.2, 100, 2, 110),
+            (1.0 / 3.0, 100, 2, 17),
+            (3.0, 3, 2, 5),
+        ] {
+            assert_eq!(
+                Duration::Epochs(e).steps(bpe, accum),
+                steps,
+                "{e} x {bpe} / {accum}"
+            );
         }
     }
 }
