@@ -301,7 +301,8 @@ pub fn list(run_dir: &Path) -> Result<Vec<PathBuf>> {
         })
         .filter(|p| p.extension().is_none())
         .collect();
-    dirs.sort();
+    // by step: past 10^8 the eight digits grow a ninth, which sorts first as text
+    dirs.sort_by_key(|p| (step_of(p), p.clone()));
     Ok(dirs)
 }
 
@@ -519,11 +520,19 @@ mod tests {
         make("step_00000030", false);
         make("notes", true);
         make("step_00000040.tmp", true);
-        let names: Vec<String> = list(run.path())
-            .unwrap()
-            .iter()
-            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
-            .collect();
-        assert_eq!(names, ["step_00000010", "step_00000020"]);
+        let names = || -> Vec<String> {
+            list(run.path())
+                .unwrap()
+                .iter()
+                .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+                .collect()
+        };
+        assert_eq!(names(), ["step_00000010", "step_00000020"]);
+        // by step, past the eight digits a name has up to step 10^8 - 1
+        // (as text "step_1..." sorts before "step_9...")
+        make("step_100000000", true);
+        make("step_99999999", true);
+        let all = names();
+        assert_eq!(all[2..], ["step_99999999", "step_100000000"]);
     }
 }
