@@ -3210,6 +3210,62 @@ fn one_prompt_ended_by_the_end_of_text_is_not_said_to_stop_at_the_block() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `--tensorboard` names one folder wherever the run is resumed from:
+/// run.json keeps it absolute, as it keeps --data, so a resume from another
+/// directory writes its events beside the first invocation's.
+#[test]
+fn a_resume_from_elsewhere_writes_tensorboard_events_into_the_same_folder() {
+    let dir = run_dir("tensorboard-elsewhere");
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    for d in [&a, &b] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let run = a.join("run");
+    let train = |at: &Path, args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_distgpt"))
+            .current_dir(at)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let tiny = [
+        "train",
+        "--model",
+        "tiny",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "16",
+    ];
+    let first = [
+        "--steps",
+        "2",
+        "--stop-after",
+        "1",
+        "--quiet",
+        "--tensorboard",
+        "tb",
+    ];
+    let stopped = train(&a, &[&tiny[..], &first, &["--out", "run"]].concat());
+    assert_eq!(
+        stopped.status.code(),
+        Some(75),
+        "{}",
+        String::from_utf8_lossy(&stopped.stderr)
+    );
+    succeeded(train(
+        &b,
+        &["train", "--resume", run.to_str().unwrap(), "--quiet"],
+    ));
+    assert!(
+        !b.join("tb").exists(),
+        "the resume wrote its events under b/tb"
+    );
+    let events = std::fs::read_dir(a.join("tb")).unwrap().count();
+    assert_eq!(events, 2, "an event file an invocation in a/tb");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The stderr of a command that must fail.
 fn refused(args: &[&str]) -> String {
     let o = distgpt(args);

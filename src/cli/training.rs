@@ -195,12 +195,13 @@ impl TrainArgs {
             sample_tokens: self.sample_tokens,
             seed: self.seed,
             link_latest: self.out.is_none(),
-            tensorboard: self.tensorboard.clone(),
+            tensorboard: self.tensorboard.as_deref().map(absolute),
             peak_flops: self.old_peak.or_stated(self.peak_tflops).map(|t| t * 1e12),
             verbose: !self.quiet,
             checkpoint_every: self.checkpoint_every,
             keep_checkpoints: self.keep_checkpoints,
-            // absolute, so run.json names the same files from any directory
+            // absolute, as --tensorboard, so run.json names the same files
+            // from any directory
             init_from: self.init_from.as_deref().map(absolute),
             data: self.data.as_deref().map(absolute),
             train_examples: self.train_examples,
