@@ -485,7 +485,7 @@ fn csv(runs: &[MethodRun]) -> String {
 pub fn write_report(dir: &Path, cfg: &SweepConfig, runs: &[MethodRun]) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let csv_path = dir.join("prune.csv");
-    std::fs::write(&csv_path, csv(runs)).map_err(|e| Error::io(&csv_path, e))?;
+    crate::store::write_atomic(&csv_path, csv(runs).as_bytes())?;
     let json = serde_json::json!({ "config": cfg, "runs": runs });
     let json_path = dir.join("prune.json");
     crate::store::write_json(&json_path, &json)?;
