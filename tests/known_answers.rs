@@ -1606,3 +1606,53 @@ fn plan_prices_zb_h1_with_fewer_micro_batches_than_stages_by_its_slots() {
         "zb-h1 / 1f1b compute at m = 1",
     );
 }
+
+/// A pipeline's step lasts as long as its busiest rank makes it: GPT-2
+/// small over 4 stages is cut 3 | 4 | 4 | 1 + the head (the head, with the
+/// tied embedding it reads, outweighs five blocks), so under 1f1b the
+/// first micro-batch crosses every stage and each of the 7 more adds the
+/// last rank's block and head, not a mean stage's quarter of the model:
+/// (12 b + h + 7 (b + h)) / (8 (12 b + h)) of a single rank's compute,
+/// with b and h a block's and the head's FLOPs a token by PaLM's count.
+#[test]
+fn plan_prices_a_pipeline_by_its_busiest_rank() {
+    let preds = predictions(&[
+        "--model",
+        "gpt2",
+        "--device",
+        "h100",
+        "--world-size",
+        "1,4",
+        "--batch-size",
+        "8",
+        "--grad-accum",
+        "8",
+        "--precision",
+        "fp32",
+    ]);
+    let compute = |stages: u64| {
+        let pred = preds
+            .iter()
+            .find(|p| {
+                let par = &p["parallel"];
+                par["pipeline"]["stages"] == stages
+                    && par["pipeline"]["schedule"] == "1f1b"
+                    && par["tp"] == 1
+                    && par["recompute"] == false
+                    && par["offload"].is_null()
+            })
+            .unwrap_or_else(|| panic!("no 1f1b over {stages} stages in {preds:?}"));
+        pred["time"]["compute_s"].as_f64().unwrap()
+    };
+    let (c, t, rows) = (768.0, 1024.0, 50_304.0);
+    let b = 6.0 * (12.0 * c * c + 13.0 * c) + 12.0 * t * c;
+    let h = 6.0 * (2.0 * c + rows * c);
+    let want = (12.0 * b + h + 7.0 * (b + h)) / (8.0 * (12.0 * b + h));
+    // (plan counts the final norm's 12 C FLOPs a token, 2e-5 of the
+    // head's, with the blocks)
+    let got = compute(4) / compute(1);
+    assert!(
+        (got / want - 1.0).abs() < 1e-4,
+        "pp x4 1f1b over single: {got} printed, {want} by hand"
+    );
+}

@@ -520,7 +520,7 @@ pub fn predict(
     } else {
         1.0
     };
-    let compute_s = compute_s(w, &par, device, share);
+    let compute_s = compute_s(w, &par, device, share, &stages);
     let sizes = rank_sizes(&par, &layout, &stages);
     let comm = CommCost::new(w, &par, net, precision, &layout, &stages).busiest_rank(&sizes);
     // the update of the rank that owns the most
@@ -565,8 +565,15 @@ pub fn predict(
 
 /// Seconds of a rank's compute a step on a device whose peak `share`
 /// ranks share: the blocks split over tp, the head not, stretched by the
-/// pipeline's bubble.
-fn compute_s(w: &Workload, par: &ParallelConfig, device: &Device, share: f64) -> f64 {
+/// pipeline's bubble; a pipeline's ranks as the partition loads them
+/// (`stages`: the units of each virtual stage), the busiest setting the pace.
+fn compute_s(
+    w: &Workload,
+    par: &ParallelConfig,
+    device: &Device,
+    share: f64,
+    stages: &[Range<usize>],
+) -> f64 {
     let m = &w.model;
     let pipe = par.pipeline;
     let rows = (w.batch / par.dp() * w.seq_len) as f64;
@@ -581,13 +588,34 @@ fn compute_s(w: &Workload, par: &ParallelConfig, device: &Device, share: f64) ->
         ),
         false => (0.0, 0.0),
     };
-    let tokens_rank = rows * w.grad_accum as f64;
-    let flops_rank = tokens_rank * ((blocks + blocks_again) / par.tp as f64 + head + head_again);
-    // a pipeline splits the work over its stages and idles in the bubble:
-    // (m + p - 1) micro-batch slots per step for m micro-batches of work,
-    // a v-th of the p - 1 when interleaved
-    let bubble = 1.0 / ((1.0 - pipe.bubble(w.grad_accum)) * pipe.stages as f64);
-    flops_rank * bubble / (device.peak_flops / share * device.efficiency)
+    let a_block = (blocks + blocks_again) / par.tp as f64 / m.n_layer() as f64;
+    let head = head + head_again;
+    // a pipeline rank's work a token: its chunks' blocks, and the head on
+    // the rank of the last (units: the embeddings, the blocks, the head)
+    let last = stages.last().map_or(0, |r| r.end - 1);
+    let ranks: Vec<f64> = (0..pipe.stages)
+        .map(|s| {
+            let units = (0..pipe.virtual_stages).flat_map(|c| stages[c * pipe.stages + s].clone());
+            units
+                .map(|u| match u {
+                    0 => 0.0,
+                    u if u == last => head,
+                    _ => a_block,
+                })
+                .sum()
+        })
+        .collect();
+    let most = ranks.iter().copied().fold(0.0, f64::max);
+    let mean = ranks.iter().sum::<f64>() / pipe.stages as f64;
+    // the mean rank's m micro-batches idle in the bubble, (m + p - 1)
+    // slots where the ranks are alike (a v-th of the p - 1 interleaved,
+    // zb-h1's weight halves filling some); the busiest rank's excess over
+    // the mean lengthens each slot after the first micro-batch's: gpipe's
+    // and 1f1b's step is then all the ranks' work and m - 1 of the busiest
+    let micro = w.grad_accum as f64;
+    let slots = micro / (1.0 - pipe.bubble(w.grad_accum));
+    let flops = rows * (slots * mean + (micro - 1.0) * (most - mean));
+    flops / (device.peak_flops / share * device.efficiency)
 }
 
 /// Each pipeline rank's state sizes: a rank reduces and updates its own

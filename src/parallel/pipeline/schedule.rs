@@ -21,7 +21,19 @@ use serde::{Deserialize, Serialize};
 use std::ops::Range;
 
 /// How micro-batches flow through the stages.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    clap::ValueEnum,
+)]
 pub enum Schedule {
     /// All forwards, then all backwards (GPipe): every micro-batch in flight.
     #[value(name = "gpipe")]
@@ -281,7 +293,7 @@ fn zb_h1(p: usize, m: usize) -> Vec<Vec<Task>> {
 
 /// An activation into virtual stage `into`, or a gradient into it from the
 /// next, for one micro-batch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Message {
     /// The virtual stage that receives it.
     pub into: usize,
@@ -353,7 +365,7 @@ pub fn ideal_run(pipe: Pipeline, m: usize) -> Vec<Vec<(Task, u64, u64)>> {
     let progs: Vec<Vec<Task>> = (0..p).map(|s| tasks(pipe, s, m)).collect();
     let (mut at, mut clock) = (vec![0; p], vec![0u64; p]);
     // when each message was made
-    let mut made: Vec<(Message, u64)> = Vec::new();
+    let mut made: std::collections::HashMap<Message, u64> = Default::default();
     let mut out = vec![Vec::new(); p];
     while (0..p).any(|s| at[s] < progs[s].len()) {
         let mut moved = false;
@@ -361,15 +373,15 @@ pub fn ideal_run(pipe: Pipeline, m: usize) -> Vec<Vec<(Task, u64, u64)>> {
             while let Some(t) = progs[s].get(at[s]) {
                 let ready = match link(t, s, pipe, false) {
                     None => 0,
-                    Some((_, msg)) => match made.iter().find(|(x, _)| *x == msg) {
-                        Some(&(_, at)) => at,
+                    Some((_, msg)) => match made.get(&msg) {
+                        Some(&at) => at,
                         None => break,
                     },
                 };
                 let start = clock[s].max(ready);
                 clock[s] = start + cost(pipe, t.pass);
                 if let Some((_, msg)) = link(t, s, pipe, true) {
-                    made.push((msg, clock[s]));
+                    made.insert(msg, clock[s]);
                 }
                 out[s].push((*t, start, clock[s]));
                 at[s] += 1;
@@ -384,12 +396,23 @@ pub fn ideal_run(pipe: Pipeline, m: usize) -> Vec<Vec<(Task, u64, u64)>> {
     out
 }
 
-/// The idle share of the ideal machine's run of m micro-batches.
+/// The idle share of the ideal machine's run of m micro-batches (zb-h1's,
+/// kept once run: `plan` asks for each of its layouts).
 fn ideal_bubble(pipe: Pipeline, m: usize) -> f64 {
-    let runs = ideal_run(pipe, m);
-    let end = runs.iter().flatten().map(|&(_, _, e)| e).max().unwrap_or(0);
-    let busy: u64 = runs.iter().flatten().map(|&(_, s, e)| e - s).sum();
-    1.0 - busy as f64 / (pipe.stages as u64 * end.max(1)) as f64
+    type Known = std::collections::BTreeMap<(Schedule, usize, usize, usize), f64>;
+    static KNOWN: std::sync::Mutex<Known> = std::sync::Mutex::new(Known::new());
+    let key = (pipe.schedule, pipe.stages, pipe.virtual_stages, m);
+    let known = KNOWN.lock().ok().and_then(|k| k.get(&key).copied());
+    known.unwrap_or_else(|| {
+        let runs = ideal_run(pipe, m);
+        let end = runs.iter().flatten().map(|&(_, _, e)| e).max().unwrap_or(0);
+        let busy: u64 = runs.iter().flatten().map(|&(_, s, e)| e - s).sum();
+        let idle = 1.0 - busy as f64 / (pipe.stages as u64 * end.max(1)) as f64;
+        if let Ok(mut k) = KNOWN.lock() {
+            k.insert(key, idle);
+        }
+        idle
+    })
 }
 
 /// A pass's length on the ideal machine.
