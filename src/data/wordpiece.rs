@@ -1,7 +1,7 @@
 //! BERT's WordPiece tokenizer, as Hugging Face's `BertTokenizer` (the
 //! `tokenizers` library's `BertNormalizer`, `BertPreTokenizer` and
 //! `WordPiece`) does it: clean the text (drop NUL, U+FFFD and every
-//! character of a category C*, whitespace to spaces), space out CJK
+//! control, format and private-use character, whitespace to spaces), space out CJK
 //! ideographs, strip accents (NFD, then drop the nonspacing marks, Mn: not
 //! the spacing ones, Mc, that Indic scripts write vowels with), lowercase,
 //! split on whitespace and split off punctuation (ASCII's and every Unicode
@@ -420,25 +420,27 @@ impl WordPiece {
     }
 }
 
-/// A character the cleaning drops: NUL, U+FFFD, and every category C*
-/// (controls, formats such as zero-width joiners, private use, unassigned)
-/// but the tab and line breaks, which are whitespace.
+/// A character the cleaning drops: NUL, U+FFFD, and the controls,
+/// formats (zero-width joiners) and private use (`tokenizers`'
+/// `BertNormalizer`: `is_other()`, which leaves unassigned code points in
+/// the word, where the older Python tokenizer dropped them) but the tab
+/// and line breaks, which are whitespace.
 fn is_dropped(c: char) -> bool {
     use GeneralCategory::*;
     match c {
         '\t' | '\n' | '\r' => false,
         '\u{fffd}' => true,
-        _ => matches!(
-            get_general_category(c),
-            Control | Format | Surrogate | PrivateUse | Unassigned
-        ),
+        _ => matches!(get_general_category(c), Control | Format | PrivateUse),
     }
 }
 
+/// The ideographs spaced out as words of their own: `tokenizers`'
+/// `is_chinese_char` (whose Extension E starts at U+2B920; the Python
+/// tokenizer's at U+2B820).
 fn is_cjk(c: char) -> bool {
     matches!(c as u32,
         0x4E00..=0x9FFF | 0x3400..=0x4DBF | 0x20000..=0x2A6DF | 0x2A700..=0x2B73F
-        | 0x2B740..=0x2B81F | 0x2B820..=0x2CEAF | 0xF900..=0xFAFF | 0x2F800..=0x2FA1F)
+        | 0x2B740..=0x2B81F | 0x2B920..=0x2CEAF | 0xF900..=0xFAFF | 0x2F800..=0x2FA1F)
 }
 
 /// ASCII's punctuation and symbols, and every Unicode punctuation category.
@@ -766,6 +768,23 @@ mod tests {
             ",", "cafe", "世", "界", "run", "##ning", "##s",
         ];
         WordPiece::new(toks.iter().map(|s| s.to_string()).collect()).unwrap()
+    }
+
+    /// Where `tokenizers` (BertTokenizerFast) parts from the Python
+    /// tokenizer the fixture was checked against: an unassigned code point
+    /// (U+0378) stays in its word, which this vocabulary cannot spell
+    /// ([UNK]); U+2B820, before `tokenizers`' Extension E range (U+2B920),
+    /// is a letter of its word, not a word of its own.
+    #[test]
+    fn unassigned_code_points_and_ideographs_are_read_as_tokenizers_reads_them() {
+        let toks = [
+            "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "ma", "##bz", "mabz",
+        ]
+        .into_iter()
+        .chain(["kx", "##\u{2B820}", "##yq", "\u{2B820}", "yq"]);
+        let wp = WordPiece::new(toks.map(String::from).collect()).unwrap();
+        assert_eq!(wp.encode("ma\u{378}bz"), [1]);
+        assert_eq!(wp.encode("kx\u{2B820}yq"), [8, 9, 10]);
     }
 
     #[test]
