@@ -3266,6 +3266,40 @@ fn a_resume_from_elsewhere_writes_tensorboard_events_into_the_same_folder() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `data prepare --input` is a text file: a folder (of shards) is refused,
+/// not read with its own tokenizer whatever --tokenizer asks.
+#[test]
+fn data_prepare_refuses_a_folder_as_its_input() {
+    let dir = run_dir("prepare-folder");
+    let shards = dir.join("shards");
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = dir.join("text.txt");
+    std::fs::write(
+        &text,
+        "to be or not to be, that is the question. ".repeat(40),
+    )
+    .unwrap();
+    let (text, shards_s) = (text.to_str().unwrap(), shards.to_str().unwrap());
+    succeeded(distgpt(&[
+        "data", "prepare", "--input", text, "--out", shards_s,
+    ]));
+    let again = dir.join("again");
+    let said = refused(&[
+        "data",
+        "prepare",
+        "--input",
+        shards_s,
+        "--out",
+        again.to_str().unwrap(),
+    ]);
+    assert!(
+        said.contains(&format!("--input {shards_s} is a folder")),
+        "{said}"
+    );
+    assert!(!again.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The stderr of a command that must fail.
 fn refused(args: &[&str]) -> String {
     let o = distgpt(args);

@@ -94,6 +94,15 @@ pub fn run(command: DataCommand) -> Result<()> {
     match command {
         DataCommand::Prepare(a) => {
             let input = a.input.as_deref();
+            if let Some(dir) = input.filter(|p| p.is_dir()) {
+                // (a folder of shards would be read as its own tokenizer
+                // says, whatever --tokenizer asked, and --overwrite into
+                // it deletes its shards before the new ones are written)
+                bail!(
+                    "--input {} is a folder: data prepare tokenizes a text file",
+                    dir.display()
+                );
+            }
             let ds = match (a.tokenizer, a.vocab_size) {
                 (PrepareTokenizer::Wordpiece, size) => {
                     let wp = data::learn_wordpiece(input, size.unwrap_or(WORDPIECE_VOCAB))?;
