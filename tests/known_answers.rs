@@ -1616,7 +1616,7 @@ fn plan_prices_zb_h1_with_fewer_micro_batches_than_stages_by_its_slots() {
 /// with b and h a block's and the head's FLOPs a token by PaLM's count.
 #[test]
 fn plan_prices_a_pipeline_by_its_busiest_rank() {
-    let preds = predictions(&[
+    let args = [
         "--model",
         "gpt2",
         "--device",
@@ -1629,8 +1629,13 @@ fn plan_prices_a_pipeline_by_its_busiest_rank() {
         "8",
         "--precision",
         "fp32",
-    ]);
-    let compute = |stages: u64| {
+    ];
+    let (preds, again) = (
+        predictions(&args),
+        predictions(&[&args[..], &["--recompute"]].concat()),
+    );
+    let compute = |stages: u64, recompute: bool| {
+        let preds = if recompute { &again } else { &preds };
         let pred = preds
             .iter()
             .find(|p| {
@@ -1638,7 +1643,7 @@ fn plan_prices_a_pipeline_by_its_busiest_rank() {
                 par["pipeline"]["stages"] == stages
                     && par["pipeline"]["schedule"] == "1f1b"
                     && par["tp"] == 1
-                    && par["recompute"] == false
+                    && par["recompute"] == recompute
                     && par["offload"].is_null()
             })
             .unwrap_or_else(|| panic!("no 1f1b over {stages} stages in {preds:?}"));
@@ -1647,12 +1652,26 @@ fn plan_prices_a_pipeline_by_its_busiest_rank() {
     let (c, t, rows) = (768.0, 1024.0, 50_304.0);
     let b = 6.0 * (12.0 * c * c + 13.0 * c) + 12.0 * t * c;
     let h = 6.0 * (2.0 * c + rows * c);
+    let within = |got: f64, want: f64, what: &str| {
+        // (plan counts the final norm's 12 C FLOPs a token, 2e-5 of the
+        // head's, with the blocks)
+        let off = (got / want - 1.0).abs();
+        assert!(off < 1e-4, "{what}: {got} printed, {want} by hand");
+    };
     let want = (12.0 * b + h + 7.0 * (b + h)) / (8.0 * (12.0 * b + h));
-    // (plan counts the final norm's 12 C FLOPs a token, 2e-5 of the
-    // head's, with the blocks)
-    let got = compute(4) / compute(1);
-    assert!(
-        (got / want - 1.0).abs() < 1e-4,
-        "pp x4 1f1b over single: {got} printed, {want} by hand"
+    within(
+        compute(4, false) / compute(1, false),
+        want,
+        "pp x4 1f1b over single",
+    );
+    // --recompute runs each block's forward again (a third of its
+    // training), and the head's for every chunk of logits but the kept
+    // last: 2^26 floats are 1,334 rows of 50,304, so 8,192 rows are 7
+    // chunks and 6 are recomputed
+    let want = (4.0 / 3.0 * 12.0 * b + h * (1.0 + 6.0 / 7.0 / 3.0)) / (12.0 * b + h);
+    within(
+        compute(1, true) / compute(1, false),
+        want,
+        "single +recompute over single",
     );
 }

@@ -595,7 +595,12 @@ fn compute_s(
     let last = stages.last().map_or(0, |r| r.end - 1);
     let ranks: Vec<f64> = (0..pipe.stages)
         .map(|s| {
-            let units = (0..pipe.virtual_stages).flat_map(|c| stages[c * pipe.stages + s].clone());
+            // its chunks: virtual stages s, s + p, ...
+            let units = stages
+                .iter()
+                .skip(s)
+                .step_by(pipe.stages)
+                .flat_map(Clone::clone);
             units
                 .map(|u| match u {
                     0 => 0.0,
@@ -713,9 +718,8 @@ impl<'a> CommCost<'a> {
                 if pp > 1 {
                     t += self.pipeline(s);
                 }
-                if self.par.tp > 1 {
-                    t += self.tensor_parallel(s);
-                }
+                // (nothing at tp 1: a group of one)
+                t += self.tensor_parallel(s);
                 t
             })
             .fold(Traffic::default(), |a, b| Traffic {
@@ -820,7 +824,7 @@ impl<'a> CommCost<'a> {
         let per_layer = if par.recompute { 6 } else { 4 };
         // units: the embeddings, the blocks, the head
         let (pp, head) = (par.pipeline.stages, self.layout.units.len() - 1);
-        let chunks = || (0..par.pipeline.virtual_stages).map(|c| &self.stages[c * pp + s]);
+        let chunks = || self.stages.iter().skip(s).step_by(pp);
         let blocks = chunks()
             .flat_map(Clone::clone)
             .filter(|&u| u != 0 && u != head);
