@@ -829,7 +829,8 @@ impl<'a> CommCost<'a> {
             .flat_map(Clone::clone)
             .filter(|&u| u != 0 && u != head);
         let n = per_layer * blocks.count();
-        let last_block = chunks().any(|r| r.contains(&(head - 1)));
+        // the last block lies with the head (every chunk holds a block)
+        let last_block = chunks().any(|r| r.contains(&head));
         let one_row = match last_block {
             true => m.last_block_one_row_reduces(par.recompute) as f64,
             false => 0.0,
