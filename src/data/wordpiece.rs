@@ -784,6 +784,8 @@ mod tests {
         .chain(["kx", "##\u{2B820}", "##yq", "\u{2B820}", "yq"]);
         let wp = WordPiece::new(toks.map(String::from).collect()).unwrap();
         assert_eq!(wp.encode("ma\u{378}bz"), [1]);
+        // U+FFFD (a symbol, So) and a zero-width joiner (Cf) are dropped
+        assert_eq!(wp.encode("ma\u{FFFD}b\u{200D}z"), [7]);
         assert_eq!(wp.encode("kx\u{2B820}yq"), [8, 9, 10]);
     }
 

@@ -628,7 +628,8 @@ mod tests {
             val(2.0 / 3.0, 1.0, false),
             val(4.0 / 3.0, 3.0, true),
             val(2.0, 5.0, true),
-            val(8.0 / 3.0, 1.0, false),
+            // an evaluation within the epoch (--eval-every) closes none
+            val(8.0 / 3.0, 1.0, true),
             val(10.0 / 3.0, 2.0, true),
         ];
         let epochs = epoch_records(&history);

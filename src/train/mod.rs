@@ -513,14 +513,17 @@ mod tests {
 
     /// `--epochs e` is e x the batches an epoch, rounded up, in steps of
     /// --grad-accum (by hand: 1.1 x 100 = 110; 0.07 x 100 = 7; 2.2 x 100 =
-    /// 220 in steps of 2; a third of 100 = 33.3, 34 batches, 17 steps).
+    /// 220 in steps of 2; a third of 100 = 33.3, 34 batches: 17 steps of
+    /// 2, 34 of 1).
     #[test]
     fn epochs_are_the_batches_they_name_rounded_up_in_steps() {
         for (e, bpe, accum, steps) in [
             (1.1, 100, 1, 110),
             (0.07, 100, 1, 7),
+            (0.07, 100_000, 1, 7_000),
             (2.2, 100, 2, 110),
             (1.0 / 3.0, 100, 2, 17),
+            (1.0 / 3.0, 100, 1, 34),
             (3.0, 3, 2, 5),
         ] {
             assert_eq!(
