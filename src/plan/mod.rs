@@ -595,13 +595,7 @@ fn compute_s(
     let last = stages.last().map_or(0, |r| r.end - 1);
     let ranks: Vec<f64> = (0..pipe.stages)
         .map(|s| {
-            // its chunks: virtual stages s, s + p, ...
-            let units = stages
-                .iter()
-                .skip(s)
-                .step_by(pipe.stages)
-                .flat_map(Clone::clone);
-            units
+            rank_units(stages, pipe.stages, s)
                 .map(|u| match u {
                     0 => 0.0,
                     u if u == last => head,
@@ -621,6 +615,12 @@ fn compute_s(
     let slots = micro / (1.0 - pipe.bubble(w.grad_accum));
     let flops = rows * (slots * mean + (micro - 1.0) * (most - mean));
     flops / (device.peak_flops / share * device.efficiency)
+}
+
+/// Pipeline rank `s`'s units (of `pp` ranks): its chunks', virtual stages
+/// s, s + pp, ...
+fn rank_units(stages: &[Range<usize>], pp: usize, s: usize) -> impl Iterator<Item = usize> + '_ {
+    stages.iter().skip(s).step_by(pp).flat_map(Clone::clone)
 }
 
 /// Each pipeline rank's state sizes: a rank reduces and updates its own
@@ -824,13 +824,10 @@ impl<'a> CommCost<'a> {
         let per_layer = if par.recompute { 6 } else { 4 };
         // units: the embeddings, the blocks, the head
         let (pp, head) = (par.pipeline.stages, self.layout.units.len() - 1);
-        let chunks = || self.stages.iter().skip(s).step_by(pp);
-        let blocks = chunks()
-            .flat_map(Clone::clone)
-            .filter(|&u| u != 0 && u != head);
-        let n = per_layer * blocks.count();
+        let units = || rank_units(self.stages, pp, s);
+        let n = per_layer * units().filter(|&u| u != 0 && u != head).count();
         // the last block lies with the head (every chunk holds a block)
-        let last_block = chunks().any(|r| r.contains(&head));
+        let last_block = units().any(|u| u == head);
         let one_row = match last_block {
             true => m.last_block_one_row_reduces(par.recompute) as f64,
             false => 0.0,
