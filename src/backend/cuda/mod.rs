@@ -352,7 +352,15 @@ impl CudaRuntime {
         if lt.workspace.is_none() {
             lt.workspace = Some(self.alloc::<u32>(lt::WORKSPACE_BYTES / 4)?);
         }
-        let key = Self::plan_key(g, at)?;
+        let key = Self::plan_key(g)?;
+        let held = at.map(lt::alignment);
+        if held.iter().zip(key.align).any(|(&h, a)| h < a) {
+            return Err(GpuError(format!(
+                "a GEMM's a, b, c and d lie {held:?}-byte aligned, less than its cuBLASLt plan \
+                 ({:?}) was made for (DISTGPT_CUBLASLT=0 adds its bias in a pass instead)",
+                key.align
+            )));
+        }
         let [a, b, c, d] = at;
         let beta = match g.residual {
             Some(_) => 1.0,
@@ -364,8 +372,13 @@ impl CudaRuntime {
         unsafe { lt.matmul(key, lt::Addresses { a, b, c, d, bias }, beta, stream) }
     }
 
-    /// `g`'s plan for cuBLASLt, from the addresses of a, b, c and d.
-    fn plan_key(g: &Gemm, at: [CUdeviceptr; 4]) -> Result<lt::PlanKey> {
+    /// `g`'s plan for cuBLASLt, the same for `adds_bias`, which asks for it,
+    /// and `gemm_lt`, which runs it: the alignments of a, b, c and d, where
+    /// an operand rounded to bf16 lies at the start of a scratch allocation
+    /// (address 0 stands for it: 256-byte aligned, as CUDA's allocations are).
+    fn plan_key(g: &Gemm) -> Result<lt::PlanKey> {
+        let ab = [g.a, g.b].map(|op| Self::operand_addr(op, g.bf16).unwrap_or(0));
+        let at = Self::lt_addrs(g, ab);
         let ld = |what, n: usize| {
             i64::try_from(n).map_err(|_| GpuError(format!("GEMM {what} = {n} exceeds cuBLASLt's")))
         };
@@ -712,9 +725,7 @@ impl Runtime for CudaRuntime {
         let Some(lt) = self.lt.as_ref().filter(|_| aligned && g.batch.count == 1) else {
             return false;
         };
-        // a rounded operand's scratch is a whole allocation: address 0 stands for its alignment
-        let ab = [g.a, g.b].map(|op| Self::operand_addr(op, g.bf16).unwrap_or(0));
-        let Ok(key) = Self::plan_key(g, Self::lt_addrs(g, ab)) else {
+        let Ok(key) = Self::plan_key(g) else {
             return false;
         };
         let mut lt = lt.lock().unwrap_or_else(|e| e.into_inner());
@@ -785,5 +796,51 @@ mod tests {
             err.contains("NVRTC could not compile the kernels for sm_10"),
             "{err}"
         );
+    }
+
+    /// `adds_bias` asks for the plan `gemm_lt` runs: an operand rounded to
+    /// bf16 keys as its scratch's 256 bytes, whatever its fp32 view's
+    /// address; one stored in bf16, and C and D, as their own addresses.
+    #[test]
+    fn a_gemms_plan_keys_a_rounded_operand_by_its_scratch() {
+        use crate::backend::gpu::Batch;
+        let view = |mem, off| View {
+            mem,
+            off,
+            len: 1 << 20,
+        };
+        let operand = |view, bf16| Operand {
+            view,
+            transpose: false,
+            ld: 64,
+            bf16,
+        };
+        let gemm = |a_bf16, bf16| Gemm {
+            m: 64,
+            n: 64,
+            k: 64,
+            a: operand(view(0x1000, 1), a_bf16),
+            b: operand(view(0x2000, 3), false),
+            beta: 0.0,
+            c: view(0x4000, 2),
+            ldc: 64,
+            bias: None,
+            residual: Some(view(0x8000, 4)),
+            c_bf16: false,
+            bf16,
+            batch: Batch {
+                count: 1,
+                a: 0,
+                b: 0,
+                c: 0,
+            },
+        };
+        // a stored in bf16 at 0x1002, b rounded, C the residual at 0x8010,
+        // D the output at 0x4008
+        let key = CudaRuntime::plan_key(&gemm(true, true)).unwrap();
+        assert_eq!(key.align, [2, 256, 16, 8]);
+        // in fp32 nothing is rounded: b reads its own view at 0x200c
+        let key = CudaRuntime::plan_key(&gemm(false, false)).unwrap();
+        assert_eq!(key.align, [4, 4, 16, 8]);
     }
 }
