@@ -10,6 +10,7 @@ use distgpt::checkpoint::state;
 use distgpt::data::{Dataset, TokenizerKind};
 use distgpt::model::GptConfig;
 use distgpt::parallel::{ParallelConfig, Pipeline, Schedule, StrategyKind};
+use distgpt::train::run_dir::read_metrics;
 use distgpt::train::{train_lm, Duration, TrainConfig, TrainSummary};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -113,6 +114,15 @@ fn stop_and_resume_is_bit_exact_for_single_ddp_and_fsdp() {
             second.params == whole.params,
             "{strategy:?}: final weights differ"
         );
+        // metrics.jsonl counts the bytes sent from the run's first step on,
+        // across the resume, as the uninterrupted run's does
+        let sent = |dir: &Path| -> Vec<u64> {
+            let records = read_metrics(dir).unwrap();
+            records.iter().map(|r| r.comm.total_bytes()).collect()
+        };
+        let whole_sent = sent(&whole.out_dir);
+        assert_eq!(sent(&dir), whole_sent, "{strategy:?}: bytes sent by step");
+        assert_eq!(whole_sent[5] > whole_sent[2], n > 1, "{strategy:?}");
     }
 }
 

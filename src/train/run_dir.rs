@@ -6,6 +6,7 @@
 use super::task::TaskKind;
 use super::TrainConfig;
 use crate::checkpoint::state;
+use crate::comm::CommStats;
 use crate::error::{Error, Result};
 use crate::metrics::tensorboard::EventWriter;
 use crate::metrics::{timestamp, unix_now, LineWriter, StepRecord, MIB};
@@ -351,14 +352,21 @@ pub struct StepLogs {
     jsonl: LineWriter,
     csv: Option<LineWriter>,
     tensorboard: Option<EventWriter>,
+    /// Rank 0's communication in the invocations before this one (a
+    /// resumed run's last kept record's), which each record's adds on to.
+    comm_before: CommStats,
     /// Held while the logs are open: the run's life.
     _lock: RunLock,
 }
 
 impl StepLogs {
-    /// Writes `record` to every log; an error only when `metrics.jsonl`
-    /// could not take it (the run should then stop with a checkpoint).
+    /// Writes `record` to every log, its communication counted from the
+    /// run's first step; an error only when `metrics.jsonl` could not take
+    /// it (the run should then stop with a checkpoint).
     pub fn write(&mut self, record: &StepRecord) -> Result<()> {
+        let mut record = record.clone();
+        record.comm.add(&self.comm_before);
+        let record = &record;
         if let Some(csv) = &mut self.csv {
             if let Err(e) = csv.csv(record) {
                 crate::errln!("warning: {e}; metrics.csv is no longer written (metrics.jsonl is)");
@@ -461,6 +469,12 @@ pub fn open(
             write_atomic(&path, kept.as_bytes())?;
         }
     }
+    let comm_before = (start > 0)
+        .then(|| read_metrics(dir).ok())
+        .flatten()
+        .and_then(|kept| kept.into_iter().rev().find(|r| r.step <= start))
+        .map(|r| r.comm)
+        .unwrap_or_default();
     let jsonl = LineWriter::open(&dir.join(METRICS_FILE), start > 0, None)?;
     let header = Some(LineWriter::CSV_HEADER);
     let csv = LineWriter::open(&dir.join(METRICS_CSV), start > 0, header)?;
@@ -484,6 +498,7 @@ pub fn open(
         jsonl,
         csv: Some(csv),
         tensorboard,
+        comm_before,
         _lock: lock,
     })
 }
