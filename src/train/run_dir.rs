@@ -708,6 +708,7 @@ mod tests {
             jsonl: LineWriter::open(jsonl, true, None).unwrap(),
             csv: Some(LineWriter::open(full, true, Some(LineWriter::CSV_HEADER)).unwrap()),
             tensorboard: Some(EventWriter::onto(full).unwrap()),
+            comm_before: CommStats::default(),
             _lock: lock(dir.path()).unwrap(),
         };
         let record = |step| StepRecord {
