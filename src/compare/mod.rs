@@ -230,6 +230,50 @@ pub struct EpochPoint {
     pub peak_bytes: u64,
     pub mean_grad_norm: f64,
     pub mean_loss: f64,
+    /// Epochs of data its steps read: 1 for a whole epoch (a little more
+    /// where its last step reads into the next), less for a run's partial
+    /// last one.
+    pub covered: f64,
+}
+
+impl EpochPoint {
+    /// The epochs of a run's step records, each step in the epoch it began
+    /// in (a step that reads on into the next epoch is its last).
+    fn of(h: &[StepRecord]) -> Vec<EpochPoint> {
+        let mut out: Vec<EpochPoint> = Vec::new();
+        let mut counts: Vec<usize> = Vec::new();
+        let mut began = 0.0f64;
+        for r in h {
+            let e = began.floor() as usize;
+            if out.len() <= e {
+                out.resize_with(e + 1, EpochPoint::default);
+                counts.resize(e + 1, 0);
+            }
+            let p = &mut out[e];
+            p.epoch = e + 1;
+            p.seconds += r.ms / 1e3;
+            p.covered += r.epoch - began;
+            p.peak_bytes = p
+                .peak_bytes
+                .max(r.rank_peak_bytes.iter().map(|x| x.total).max().unwrap_or(0));
+            p.mean_grad_norm += r.grad_norm as f64;
+            p.mean_loss += r.loss as f64;
+            counts[e] += 1;
+            began = r.epoch;
+        }
+        for (p, &n) in out.iter_mut().zip(&counts) {
+            p.mean_grad_norm /= n.max(1) as f64;
+            p.mean_loss /= n.max(1) as f64;
+        }
+        out.retain(|p| p.epoch > 0);
+        out
+    }
+
+    /// Seconds an epoch takes at this epoch's pace (a partial epoch's time
+    /// scaled to a whole one).
+    pub fn time_per_epoch(&self) -> f64 {
+        self.seconds / self.covered
+    }
 }
 
 /// `plan`'s prediction for a run.
@@ -332,29 +376,7 @@ impl RunResult {
         let s = &summaries[0];
         let h = &s.history;
         let steps_per_epoch = h.first().map_or(0.0, |r| 1.0 / r.epoch);
-        let mut per_epoch: Vec<EpochPoint> = Vec::new();
-        let mut counts: Vec<usize> = Vec::new();
-        for r in h {
-            let e = (r.epoch.ceil() as usize).max(1) - 1;
-            if per_epoch.len() <= e {
-                per_epoch.resize_with(e + 1, EpochPoint::default);
-                counts.resize(e + 1, 0);
-            }
-            let p = &mut per_epoch[e];
-            p.epoch = e + 1;
-            p.seconds += r.ms / 1e3;
-            p.peak_bytes = p
-                .peak_bytes
-                .max(r.rank_peak_bytes.iter().map(|x| x.total).max().unwrap_or(0));
-            p.mean_grad_norm += r.grad_norm as f64;
-            p.mean_loss += r.loss as f64;
-            counts[e] += 1;
-        }
-        for (p, &n) in per_epoch.iter_mut().zip(&counts) {
-            p.mean_grad_norm /= n.max(1) as f64;
-            p.mean_loss /= n.max(1) as f64;
-        }
-        per_epoch.retain(|p| p.epoch > 0);
+        let per_epoch = EpochPoint::of(h);
         let world = cell.parallel.world_size;
         RunResult {
             model: cell.model_name.clone(),
@@ -653,6 +675,46 @@ mod tests {
     /// interleaved schedule sends micro-batches through its 2 stages in
     /// pairs, so one micro-batch a step is a skipped cell, not a matrix
     /// that ends at it (`compare --task classify` left the check out).
+    /// A step counts in the epoch it began in: 7 batches an epoch read 2 a
+    /// step make 4 steps an epoch, the last reading on into the next, and
+    /// one epoch is one point (it was two: the crossing step was a second
+    /// epoch of 0.06 s). A partial last epoch's time is scaled to a whole.
+    #[test]
+    fn a_step_belongs_to_the_epoch_it_began_in() {
+        let record = |batches: usize, ms| StepRecord {
+            epoch: batches as f64 / 7.0,
+            ms,
+            loss: 2.0,
+            ..StepRecord::default()
+        };
+        let one = [
+            record(2, 100.0),
+            record(4, 100.0),
+            record(6, 100.0),
+            record(8, 100.0),
+        ];
+        let epochs = EpochPoint::of(&one);
+        assert_eq!(epochs.len(), 1);
+        assert_eq!((epochs[0].epoch, epochs[0].seconds), (1, 0.4));
+        assert!((epochs[0].covered - 8.0 / 7.0).abs() < 1e-12);
+        // two and a half epochs of 10 batches, one a step, 50 ms each
+        let h: Vec<StepRecord> = (1..=25)
+            .map(|i| StepRecord {
+                epoch: i as f64 / 10.0,
+                ms: 50.0,
+                ..StepRecord::default()
+            })
+            .collect();
+        let epochs = EpochPoint::of(&h);
+        let times: Vec<f64> = epochs.iter().map(|p| p.time_per_epoch()).collect();
+        assert_eq!(
+            epochs.iter().map(|p| p.epoch).collect::<Vec<_>>(),
+            [1, 2, 3]
+        );
+        assert!(times.iter().all(|t| (t - 0.5).abs() < 1e-9), "{times:?}");
+        assert!((epochs[2].seconds - 0.25).abs() < 1e-9);
+    }
+
     #[test]
     fn cells_are_skipped_for_every_rule_a_run_checks_first() {
         let bert = crate::model::bert::BertConfig::preset("bert-minilm").unwrap();
