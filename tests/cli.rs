@@ -3482,3 +3482,40 @@ fn a_config_file_syntax_error_names_the_file_and_line() {
     );
     let _ = std::fs::remove_file(&file);
 }
+
+/// `train`'s memory lines show every category the peak counts: zero1's
+/// update scratch is "other" (a fifth of rank 0's peak here), and the
+/// lines left it out, so their parts fell short of the total.
+#[test]
+fn trains_memory_lines_show_the_other_category_the_peak_counts() {
+    let dir = run_dir("memory-other");
+    let out = dir.to_str().unwrap();
+    let train = train_tiny(
+        out,
+        &[
+            "--steps",
+            "1",
+            "--strategy",
+            "zero1",
+            "--world-size",
+            "2",
+            "--sample-tokens",
+            "0",
+        ],
+    );
+    let text = String::from_utf8_lossy(&train.stdout);
+    let jsonl = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    let record: serde_json::Value = serde_json::from_str(jsonl.lines().last().unwrap()).unwrap();
+    let other = record["memory"]["peak_bytes"]["other"].as_u64().unwrap();
+    assert!(other > 0, "{record}");
+    let kib = format!("other {:.1} KiB", other as f64 / 1024.0);
+    let line = text.lines().find(|l| l.starts_with("peak memory (rank 0)"));
+    assert!(line.is_some_and(|l| l.contains(&kib)), "{kib}: {text}");
+    for rank in ["rank 0: peak", "rank 1: peak"] {
+        let line = text.lines().find(|l| l.starts_with(rank));
+        assert!(
+            line.is_some_and(|l| l.contains(", other ")),
+            "{rank}: {text}"
+        );
+    }
+}

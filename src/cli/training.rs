@@ -673,12 +673,13 @@ pub(super) fn report_run(
         let h = metrics::human_bytes;
         for (r, p) in s.rank_peak_bytes.iter().enumerate() {
             distgpt::outln!(
-                "rank {r}: peak {} (params {}, grads {}, optimizer {}, activations {}) | sent {} in {:.2} s of collectives",
+                "rank {r}: peak {} (params {}, grads {}, optimizer {}, activations {}, other {}) | sent {} in {:.2} s of collectives",
                 h(p.total),
                 h(p.params),
                 h(p.grads),
                 h(p.optimizer),
                 h(p.activations),
+                h(p.other),
                 h(s.rank_comm_bytes[r]),
                 s.rank_comm_seconds[r]
             );

@@ -257,11 +257,12 @@ fn kib_line(file: &str, key: &str) -> Option<u64> {
 pub fn memory_line(m: &MemoryReport) -> String {
     let p = &m.peak_bytes;
     let mut line = format!(
-        "params {} | grads {} | optimizer {} | activations {} | peak total {}",
+        "params {} | grads {} | optimizer {} | activations {} | other {} | peak total {}",
         human_bytes(p.params),
         human_bytes(p.grads),
         human_bytes(p.optimizer),
         human_bytes(p.activations),
+        human_bytes(p.other),
         human_bytes(m.peak_total_bytes)
     );
     if let Some((free, total)) = m.device_free_total {
