@@ -103,22 +103,27 @@ impl Group {
         }
     }
 
-    /// Waits on the condition variable until `done`, the world fails, or the timeout passes.
-    fn wait<'a>(
+    /// Waits on the condition variable until member `peer`'s message is
+    /// `done`, the world fails, or the timeout passes.
+    fn wait_for<'a>(
         &self,
         st: MutexGuard<'a, State>,
         what: &str,
+        peer: usize,
         done: impl Fn(&State) -> bool,
     ) -> Result<MutexGuard<'a, State>> {
-        self.wait_within(st, what, Some(self.world.timeout), done)
+        self.wait_within(st, what, Some(self.world.timeout), Some(peer), done)
     }
 
-    /// [`Group::wait`] with its own limit; `None` waits until `done` or a failure.
+    /// Waits until `done` or a failure, or `limit` passes (`None`: no
+    /// limit); a timeout names `peer`, or else the members that have not
+    /// arrived at the rendezvous.
     fn wait_within<'a>(
         &self,
         mut st: MutexGuard<'a, State>,
         what: &str,
         limit: Option<Duration>,
+        peer: Option<usize>,
         done: impl Fn(&State) -> bool,
     ) -> Result<MutexGuard<'a, State>> {
         let start = Instant::now();
@@ -129,7 +134,7 @@ impl Group {
                     .arrived
                     .iter()
                     .enumerate()
-                    .filter(|(_, &a)| !a)
+                    .filter(|&(i, &a)| peer.map_or(!a, |p| p == i))
                     .map(|(i, _)| self.members[i].to_string())
                     .collect();
                 return Err(Error::Comm(format!(
@@ -164,7 +169,7 @@ impl Group {
             self.cv.notify_all();
             return Ok(());
         }
-        self.wait_within(st, what, limit, |s| s.generation != generation)
+        self.wait_within(st, what, limit, None, |s| s.generation != generation)
             .map(|_| ())
     }
 
@@ -352,7 +357,7 @@ impl LocalComm {
         let key = (from, self.rank);
         let st = self.group.lock();
         let what = format!("recv from rank {}", self.group.members[from]);
-        let mut st = self.group.wait(st, &what, |s| {
+        let mut st = self.group.wait_for(st, &what, from, |s| {
             s.mail.get(&key).is_some_and(|q| !q.is_empty())
         })?;
         let (dtype, msg) = st
@@ -362,13 +367,13 @@ impl LocalComm {
             .expect("waited for it");
         let msg = msg.downcast::<Vec<T>>().map_err(|_| {
             Error::Comm(format!(
-                "recv from rank {from}: got {dtype} elements, expected {}",
+                "{what}: got {dtype} elements, expected {}",
                 T::DTYPE
             ))
         })?;
         if msg.len() != buf.len() {
             return Err(Error::Comm(format!(
-                "recv from rank {from}: got {} {dtype} elements, expected {}",
+                "{what}: got {} {dtype} elements, expected {}",
                 msg.len(),
                 buf.len()
             )));
@@ -745,6 +750,15 @@ mod tests {
         let err = c.all_reduce(&mut x).unwrap_err().to_string();
         assert!(
             err.contains("timed out") && err.contains("rank(s) 1"),
+            "{err}"
+        );
+        // a receive waits for its sender alone (it named every rank that
+        // had not arrived at a rendezvous: "rank(s) 0, 1", itself too)
+        let (_, comms) = world(3, Duration::from_millis(200));
+        let c: &dyn Comm = &comms[2];
+        let err = c.recv(&mut x, 1).unwrap_err().to_string();
+        assert!(
+            err.ends_with("recv from rank 1 timed out after 0 s waiting for rank(s) 1"),
             "{err}"
         );
     }
