@@ -1174,6 +1174,58 @@ fn a_run_stopped_before_its_first_checkpoint_starts_again_in_its_place() {
     );
 }
 
+/// A folder of another tool's files is no run, even with a `checkpoints/`
+/// or a `metrics.jsonl` in it: `--out` it is refused and nothing in it
+/// goes, with `--overwrite` too (both emptied it: the names alone counted
+/// as a run, and one stopped before its first checkpoint was replaced
+/// without a word). A stopped run beside files of the user's is refused
+/// without `--overwrite`, naming them.
+#[test]
+fn a_folder_of_other_files_is_never_emptied_for_a_run() {
+    let files = |dir: &Path| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    for (tag, own) in [
+        ("ckpts", "checkpoints/epoch_10.pt"),
+        ("metrics", "metrics.jsonl"),
+    ] {
+        let dir = tmp(&format!("foreign-{tag}"));
+        std::fs::create_dir_all(dir.join("checkpoints")).unwrap();
+        std::fs::write(dir.join(own), "theirs").unwrap();
+        std::fs::write(dir.join("README.md"), "mine").unwrap();
+        let before = files(&dir);
+        for extra in [&[][..], &["--overwrite"][..]] {
+            let o = train(&dir, &[&["--steps", "1"][..], extra].concat());
+            assert!(!o.status.success(), "{tag} {extra:?} trained");
+            assert!(stderr(&o).contains("holds no run"), "{}", stderr(&o));
+            assert_eq!(files(&dir), before, "{tag} {extra:?}");
+            assert_eq!(std::fs::read_to_string(dir.join(own)).unwrap(), "theirs");
+        }
+    }
+    // a run stopped before its first checkpoint, and the user's notes beside it
+    let dir = tmp("foreign-beside-a-run");
+    assert!(train(&dir, &["--steps", "1"]).status.success());
+    std::fs::remove_dir_all(dir.join("checkpoints")).unwrap();
+    std::fs::remove_file(dir.join("model.safetensors")).unwrap();
+    std::fs::write(dir.join("notes.txt"), "mine").unwrap();
+    let o = train(&dir, &["--steps", "1"]);
+    assert!(
+        !o.status.success()
+            && stderr(&o).contains("holds a run stopped before its first checkpoint, and 1 item no run writes (notes.txt)"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(dir.join("notes.txt").exists());
+    let o = train(&dir, &["--steps", "1", "--overwrite"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!dir.join("notes.txt").exists());
+}
+
 /// Waits (a minute at most) until `ready` says so, naming `what` if not.
 fn wait_until(what: &str, ready: impl Fn() -> bool) {
     let t0 = Instant::now();

@@ -10,6 +10,7 @@ use crate::comm::CommStats;
 use crate::error::{Error, Result};
 use crate::metrics::tensorboard::EventWriter;
 use crate::metrics::{timestamp, unix_now, LineWriter, StepRecord, MIB};
+use crate::model::files::{HF_CONFIG, META_FILE, WEIGHTS_FILE};
 use crate::model::{ModelConfig, Precision};
 use crate::parallel::ParallelConfig;
 use crate::store::{json_checksum, write_atomic, write_json};
@@ -266,11 +267,51 @@ fn same_dir(a: &Path, b: &Path) -> bool {
     matches!((a.canonicalize(), b.canonicalize()), (Ok(a), Ok(b)) if a == b)
 }
 
-/// Whether `dir` holds a distgpt run (what `--overwrite` may empty).
+/// Whether `dir` holds a distgpt run (what `--overwrite` may empty): a
+/// `run.json` that is a run's record (its model, training and layout), not
+/// only a name other tools use too (`checkpoints/`, `metrics.jsonl`).
 pub fn holds_a_run(dir: &Path) -> bool {
-    [RUN_FILE, METRICS_FILE, state::DIR]
-        .iter()
-        .any(|f| dir.join(f).exists())
+    let Ok(text) = std::fs::read_to_string(dir.join(RUN_FILE)) else {
+        return false;
+    };
+    serde_json::from_str::<serde_json::Value>(&text).is_ok_and(|v| {
+        ["model", "train", "parallel"]
+            .iter()
+            .all(|k| v.get(k).is_some_and(serde_json::Value::is_object))
+    })
+}
+
+/// The entries of `dir` no run writes before its first checkpoint is
+/// complete (its record, logs, lock, classifier summary and checkpoints
+/// folder, the model files but their weights, each also as a `.tmp` that a
+/// kill left, and its TensorBoard folder `tensorboard` where that lies
+/// inside), sorted: none where a new run may take the run's place without
+/// `--overwrite`.
+fn foreign_entries(dir: &Path, tensorboard: Option<&Path>) -> Result<Vec<String>> {
+    let ours = [
+        RUN_FILE,
+        METRICS_FILE,
+        METRICS_CSV,
+        LOCK_FILE,
+        state::DIR,
+        super::classify::SUMMARY_FILE,
+        META_FILE,
+        HF_CONFIG,
+        "vocab.txt",
+        "tokenizer_config.json",
+        WEIGHTS_FILE,
+    ];
+    let mut foreign = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let path = entry.map_err(|e| Error::io(dir, e))?.path();
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        let written = name.strip_suffix(".tmp").unwrap_or(&name);
+        if !ours.contains(&written) && !tensorboard.is_some_and(|t| same_dir(t, &path)) {
+            foreign.push(name.into_owned());
+        }
+    }
+    foreign.sort();
+    Ok(foreign)
 }
 
 /// Whether the run in `dir` has no complete checkpoint, none set aside and
@@ -281,23 +322,53 @@ pub fn holds_nothing_to_keep(dir: &Path) -> Result<bool> {
         && !dir.join("model.safetensors").exists())
 }
 
+/// Refuses `dir` as a new run's `--out` where it holds `entries` but no
+/// run: nothing there is a run's to empty.
+fn refuse_files_of_no_run(dir: &Path, entries: &[PathBuf]) -> Result<()> {
+    match entries.is_empty() || holds_a_run(dir) {
+        true => Ok(()),
+        false => Err(Error::Input(format!(
+            "{} is not empty and holds no run: --overwrite only empties run directories; choose a new --out",
+            dir.display()
+        ))),
+    }
+}
+
+/// The entries of `dir` but the lock file (none where it is absent).
+fn entries_but_the_lock(dir: &Path) -> Result<Vec<PathBuf>> {
+    match std::fs::read_dir(dir) {
+        Ok(e) => Ok(e
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.file_name().is_none_or(|n| n != LOCK_FILE))
+            .collect()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(Error::io(dir, e)),
+    }
+}
+
 /// Makes `dir` ready for a new run: it must be absent or empty, unless
 /// `cfg.overwrite` and it holds a run (and none of the run's inputs), which
 /// is then emptied.
 fn prepare_new(dir: &Path, cfg: &TrainConfig) -> Result<()> {
     let overwrite = cfg.overwrite;
-    let entries: Vec<PathBuf> = match std::fs::read_dir(dir) {
-        Ok(e) => e
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            // the lock this process holds on it
-            .filter(|p| p.file_name().is_none_or(|n| n != LOCK_FILE))
-            .collect(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(Error::io(dir, e)),
-    };
+    let entries = entries_but_the_lock(dir)?;
     // a run stopped before its first checkpoint was complete has nothing
     // to resume or keep: a new run takes its place
-    let restart = !overwrite && holds_a_run(dir) && holds_nothing_to_keep(dir)?;
+    let stopped = !overwrite && holds_a_run(dir) && holds_nothing_to_keep(dir)?;
+    let foreign = match stopped {
+        true => foreign_entries(dir, cfg.tensorboard.as_deref())?,
+        false => Vec::new(),
+    };
+    if let Some(first) = foreign.first() {
+        return Err(Error::Input(format!(
+            "{} holds a run stopped before its first checkpoint, and {} no run writes ({first}{}): \
+             choose a new --out, or pass --overwrite to empty it",
+            dir.display(),
+            crate::metrics::count(foreign.len(), "item"),
+            if foreign.len() > 1 { ", ..." } else { "" }
+        )));
+    }
+    let restart = stopped;
     if restart {
         crate::errln!(
             "{} holds a run stopped before its first checkpoint was complete (nothing to resume, no model files): starting a new run in its place",
@@ -311,12 +382,7 @@ fn prepare_new(dir: &Path, cfg: &TrainConfig) -> Result<()> {
                 dir.display(),
             )));
         }
-        if !holds_a_run(dir) {
-            return Err(Error::Input(format!(
-                "{} is not empty and holds no run: --overwrite only empties run directories; choose a new --out",
-                dir.display()
-            )));
-        }
+        refuse_files_of_no_run(dir, &entries)?;
         let inside = |p: &&PathBuf| match (p.canonicalize(), dir.canonicalize()) {
             (Ok(p), Ok(d)) => p.starts_with(d),
             _ => false,
@@ -433,6 +499,10 @@ pub fn open(
     cfg: &TrainConfig,
     verbose: bool,
 ) -> Result<StepLogs> {
+    // a folder of other files is refused before the lock is written into it
+    if start == 0 && dir.is_dir() {
+        refuse_files_of_no_run(dir, &entries_but_the_lock(dir)?)?;
+    }
     // first, so a second process neither empties nor cuts back a live run
     let lock = lock(dir)?;
     if let Some(tb) = cfg
