@@ -3519,3 +3519,33 @@ fn trains_memory_lines_show_the_other_category_the_peak_counts() {
         );
     }
 }
+
+/// `bench`'s counts at the edge of their type, and a batch no machine
+/// holds, are refused in words: they panicked on an overflowing sum or
+/// aborted in the allocator (76.8 GB for the KV cache).
+#[test]
+fn bench_refuses_counts_past_their_range_and_a_cache_past_memory() {
+    let max = u64::MAX.to_string();
+    for (args, says) in [
+        (
+            &["--generate", &*max][..],
+            "--generate 18446744073709551615: a 1-token prompt leaves room for 1 to 63",
+        ),
+        (&["--warmup", &*max][..], "add up past any count of steps"),
+        (
+            &["--generate", "5", "--warmup", &*max][..],
+            "add up past any count of steps",
+        ),
+        (
+            &["--generate", "5", "--batch-size", "100000000"][..],
+            "its KV cache needs at least",
+        ),
+    ] {
+        let line = [&["bench", "--model", "tiny", "--seq-len", "16"][..], args].concat();
+        let said = refused(&line);
+        assert!(
+            said.contains(says) && !said.contains("panicked"),
+            "{args:?}: {said}"
+        );
+    }
+}

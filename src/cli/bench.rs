@@ -87,11 +87,25 @@ fn run_generate<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, tokens: usi
             block - 1
         );
     }
-    if tokens == 0 || prompt + tokens > block {
+    if tokens == 0 || tokens > block - prompt {
         anyhow::bail!(
             "--generate {tokens}: a {prompt}-token prompt leaves room for 1 to {} new tokens in a block of {block}",
             block - prompt
         );
+    }
+    // the KV cache alone, a bound from below: a batch it cannot hold is
+    // refused here, not by the allocator's abort
+    let cache = (a.batch_size as f64)
+        * (cfg.n_layer() * 2 * (prompt + tokens) * cfg.n_embd() * size_of::<f32>()) as f64;
+    if let Some(free) = metrics::available_memory_bytes() {
+        if cache > free as f64 {
+            anyhow::bail!(
+                "--batch-size {}: its KV cache needs at least {}, but {} is available",
+                a.batch_size,
+                metrics::human_bytes(cache as u64),
+                metrics::human_bytes(free)
+            );
+        }
     }
     let params = cfg.init_full(1);
     let vocab = cfg.vocab_size();
@@ -141,6 +155,13 @@ fn run_generate<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, tokens: usi
 
 pub fn run(a: BenchArgs) -> Result<()> {
     let cfg = a.model.resolve_family(a.vocab_size)?;
+    if a.warmup.checked_add(a.steps).is_none() {
+        anyhow::bail!(
+            "--warmup {} and --steps {} add up past any count of steps",
+            a.warmup,
+            a.steps
+        );
+    }
     if a.generate.is_none() && a.prompt_tokens != 1 {
         anyhow::bail!("--prompt-tokens sets --generate's prompts: give --generate N with it");
     }
