@@ -3549,3 +3549,23 @@ fn bench_refuses_counts_past_their_range_and_a_cache_past_memory() {
         );
     }
 }
+
+/// A named device's peak and memory bandwidth given on the command line
+/// take the datasheet's place, as its memory does (both were accepted and
+/// ignored).
+#[test]
+fn plan_takes_a_named_devices_peak_and_bandwidth_from_the_command_line() {
+    let plan = |extra: &[&str]| {
+        let line = [&["plan", "--model", "gpt2", "--device", "h100"][..], extra].concat();
+        String::from_utf8_lossy(&succeeded(distgpt(&line)).stdout).into_owned()
+    };
+    let datasheet = plan(&[]);
+    assert!(
+        datasheet.contains("H100 (495 TFLOP/s peak, 80 GB)"),
+        "{datasheet}"
+    );
+    let peak = plan(&["--peak-tflops", "1"]);
+    assert!(peak.contains("H100 (1 TFLOP/s peak, 80 GB)"), "{peak}");
+    let slow = plan(&["--memory-bandwidth-gbs", "1"]);
+    assert_ne!(slow, datasheet, "--memory-bandwidth-gbs 1 changed nothing");
+}

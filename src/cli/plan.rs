@@ -78,13 +78,16 @@ pub struct PlanArgs {
     /// steps RUN logged (a `train --device cuda` run of scripts/gpu_check.sh).
     #[arg(long, value_name = "RUN", help_heading = "Plan")]
     efficiency_from: Option<PathBuf>,
-    /// Custom device: peak TFLOP/s per device at the chosen precision.
+    /// Peak TFLOP/s per device at the chosen precision: a custom device's,
+    /// or in place of a named device's datasheet figure.
     #[arg(long, value_parser = positive_rate, help_heading = "Plan")]
     peak_tflops: Option<f64>,
-    /// Custom device: memory per device in GB (default cpu: 24).
+    /// Memory per device in GB: a custom device's, or in place of a named
+    /// device's (default cpu: 24).
     #[arg(long, value_parser = positive_rate, help_heading = "Plan")]
     memory_gb: Option<f64>,
-    /// Custom device: memory bandwidth in GB/s.
+    /// Memory bandwidth in GB/s: a custom device's, or in place of a named
+    /// device's.
     #[arg(long, value_parser = positive_rate, help_heading = "Plan")]
     memory_bandwidth_gbs: Option<f64>,
     /// Ranks per node (custom network).
@@ -238,7 +241,9 @@ fn target(a: &PlanArgs, threads: usize) -> Result<(Device, Network, Option<Machi
             net.ranks_per_node = x;
         }
         for (given, figure, unit) in [
+            (a.peak_tflops, &mut device.peak_flops, 1e12),
             (a.memory_gb, &mut device.memory_bytes, 1e9),
+            (a.memory_bandwidth_gbs, &mut device.memory_bandwidth, 1e9),
             (a.intra_gbs, &mut net.intra_bandwidth, 1e9),
             (a.inter_gbs, &mut net.inter_bandwidth, 1e9),
             (a.intra_latency_us, &mut net.intra_latency_s, 1e-6),
