@@ -31,7 +31,18 @@ pub fn read_config(dir: &Path, head: Option<BertHead>) -> Result<BertConfig> {
             .map(|v| v as usize)
             .ok_or_else(|| bad(&format!("{k} is missing or not a whole number")))
     };
-    match j["hidden_act"].as_str() {
+    // an optional setting: absent or null, or of its type
+    let optional = |k: &str, kind: &str| match &j[k] {
+        serde_json::Value::Null => Ok(None),
+        v if kind == "a string" && v.is_string() || kind == "a number" && v.is_number() => {
+            Ok(Some(v.clone()))
+        }
+        v => Err(bad(&format!("{k} is {v}, not {kind}"))),
+    };
+    match optional("hidden_act", "a string")?
+        .as_ref()
+        .and_then(|v| v.as_str())
+    {
         Some("gelu") | None => {}
         Some(other) => {
             return Err(bad(&format!(
@@ -39,12 +50,10 @@ pub fn read_config(dir: &Path, head: Option<BertHead>) -> Result<BertConfig> {
             )))
         }
     }
-    if j["position_embedding_type"]
-        .as_str()
-        .is_some_and(|p| p != "absolute")
-    {
+    if optional("position_embedding_type", "a string")?.is_some_and(|p| p != "absolute") {
         return Err(bad("only absolute position embeddings are supported"));
     }
+    let layer_norm_eps = optional("layer_norm_eps", "a number")?.and_then(|v| v.as_f64());
     let arch = j["architectures"][0].as_str().unwrap_or("BertModel");
     let implied = match arch {
         "BertForMaskedLM" => Some(BertHead::Mlm),
@@ -72,7 +81,7 @@ pub fn read_config(dir: &Path, head: Option<BertHead>) -> Result<BertConfig> {
         block_size: get("max_position_embeddings")?,
         type_vocab: get("type_vocab_size")?,
         vocab_size: get("vocab_size")?,
-        layer_norm_eps: j["layer_norm_eps"].as_f64().unwrap_or(1e-12) as f32,
+        layer_norm_eps: layer_norm_eps.unwrap_or(1e-12) as f32,
         head,
     };
     cfg.validate()?;
@@ -497,6 +506,41 @@ mod tests {
             e.contains("train --task classify --init-from DIR --data SET"),
             "{e}"
         );
+    }
+
+    /// An optional setting of the wrong type is refused, naming it: a
+    /// string `layer_norm_eps` read as the default 1e-12, a number
+    /// `hidden_act` as gelu.
+    #[test]
+    fn an_optional_setting_of_the_wrong_type_is_refused_naming_it() {
+        let dir = crate::testdir::TestDir::new("bert-config-types");
+        let config = |extra: &str| {
+            let text = format!(
+                r#"{{"model_type": "bert", "architectures": ["BertForMaskedLM"],
+                "num_hidden_layers": 1, "num_attention_heads": 2, "hidden_size": 8,
+                "intermediate_size": 12, "max_position_embeddings": 5,
+                "type_vocab_size": 2, "vocab_size": 8{extra}}}"#
+            );
+            std::fs::write(dir.path().join("config.json"), text).unwrap();
+            read_config(dir.path(), None)
+        };
+        let eps = config(r#", "layer_norm_eps": 0.001, "hidden_act": "gelu""#).unwrap();
+        assert_eq!(eps.layer_norm_eps, 0.001);
+        assert_eq!(config("").unwrap().layer_norm_eps, 1e-12);
+        for (extra, says) in [
+            (
+                r#", "layer_norm_eps": "0.1""#,
+                r#"layer_norm_eps is "0.1", not a number"#,
+            ),
+            (r#", "hidden_act": 5"#, "hidden_act is 5, not a string"),
+            (
+                r#", "position_embedding_type": true"#,
+                "position_embedding_type is true, not a string",
+            ),
+        ] {
+            let e = config(extra).unwrap_err().to_string();
+            assert!(e.contains(says), "{extra}: {e}");
+        }
     }
 
     /// A one-block BERT 8 wide of `vocab_size` words under `head`.
