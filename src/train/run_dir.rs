@@ -539,12 +539,17 @@ pub fn open(
             write_atomic(&path, kept.as_bytes())?;
         }
     }
-    let comm_before = (start > 0)
-        .then(|| read_metrics(dir).ok())
-        .flatten()
-        .and_then(|kept| kept.into_iter().rev().find(|r| r.step <= start))
-        .map(|r| r.comm)
-        .unwrap_or_default();
+    let kept = match start {
+        0 => Vec::new(),
+        _ => read_metrics(dir).unwrap_or_default(),
+    };
+    if let Some(gap) = missing_steps(&kept, start) {
+        crate::errln!(
+            "warning: {} holds no record of step(s) {gap} before the checkpoint at step {start}: the run's log has a gap there",
+            dir.join(METRICS_FILE).display()
+        );
+    }
+    let comm_before = kept.last().map(|r| r.comm.clone()).unwrap_or_default();
     let jsonl = LineWriter::open(&dir.join(METRICS_FILE), start > 0, None)?;
     let header = Some(LineWriter::CSV_HEADER);
     let csv = LineWriter::open(&dir.join(METRICS_CSV), start > 0, header)?;
@@ -665,6 +670,22 @@ fn write_record(
     write_json(&dir.join(RUN_FILE), &fresh)
 }
 
+/// The steps 1..=`to` that `records` (in order) lack, as spans ("3-4, 7"),
+/// or None where none is missing.
+fn missing_steps(records: &[StepRecord], to: usize) -> Option<String> {
+    let mut spans: Vec<String> = Vec::new();
+    let mut next = 1;
+    for step in records.iter().map(|r| r.step).chain([to + 1]) {
+        match step.saturating_sub(1) {
+            last if last > next => spans.push(format!("{next}-{last}")),
+            last if last == next => spans.push(next.to_string()),
+            _ => {}
+        }
+        next = next.max(step + 1);
+    }
+    (!spans.is_empty()).then(|| spans.join(", "))
+}
+
 /// `metrics.jsonl` and `metrics.csv` cut back to the records of steps up
 /// to `step` (a resume point), each with its new text where it changes:
 /// later records go, and a last line a crash cut short; a file with any
@@ -768,6 +789,27 @@ mod tests {
         let refused = lock(dir.path()).map(|_| ()).unwrap_err().to_string();
         drop(writer.join());
         assert!(refused.contains("(pid 4242)"), "{refused}");
+    }
+
+    /// A resume warns of the records its log lacks before the checkpoint
+    /// (a metrics.jsonl cut or emptied by hand resumed without a word).
+    #[test]
+    fn the_steps_a_resumed_log_lacks_are_named_as_spans() {
+        let records = |steps: &[usize]| -> Vec<StepRecord> {
+            let at = |step| StepRecord {
+                step,
+                ..StepRecord::default()
+            };
+            steps.iter().map(|&s| at(s)).collect()
+        };
+        assert_eq!(missing_steps(&records(&[1, 2, 3, 4]), 4), None);
+        assert_eq!(missing_steps(&records(&[1, 2]), 4).as_deref(), Some("3-4"));
+        assert_eq!(missing_steps(&records(&[]), 4).as_deref(), Some("1-4"));
+        assert_eq!(missing_steps(&records(&[1, 2, 4]), 4).as_deref(), Some("3"));
+        assert_eq!(
+            missing_steps(&records(&[2, 5, 6, 9]), 10).as_deref(),
+            Some("1, 3-4, 7-8, 10")
+        );
     }
 
     #[test]
