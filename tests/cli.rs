@@ -3569,3 +3569,58 @@ fn plan_takes_a_named_devices_peak_and_bandwidth_from_the_command_line() {
     let slow = plan(&["--memory-bandwidth-gbs", "1"]);
     assert_ne!(slow, datasheet, "--memory-bandwidth-gbs 1 changed nothing");
 }
+
+/// A config file's keys are checked as they are written: a value of the
+/// wrong type is refused even where the command line sets the flag too
+/// (it was skipped unread), a conflict names the keys the file holds (not
+/// clap's `old_peak_gflops`), and a run's `run.json` repeats it whatever
+/// its counts (one past 2^63 was written as -1 and refused).
+#[test]
+fn config_files_are_checked_as_written_and_run_json_repeats_any_count() {
+    let dir = run_dir("config-checked");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("c.toml");
+    let config = |text: &str, extra: &[&str]| {
+        std::fs::write(&file, text).unwrap();
+        let line = [&["train", "--config", file.to_str().unwrap()][..], extra].concat();
+        refused(&line)
+    };
+    let said = config(
+        "model = \"tiny\"\nbatch-size = true\n",
+        &["--batch-size", "2"],
+    );
+    assert!(
+        said.contains("`batch-size` takes one value, a string or a number (got boolean)"),
+        "{said}"
+    );
+    let said = config("peak-gflops = 100\npeak-tflops = 0.1\n", &[]);
+    assert!(
+        said.contains("`peak-tflops` and `peak-gflops` cannot both be set"),
+        "{said}"
+    );
+    let run = dir.join("run");
+    let every = usize::MAX.to_string();
+    train_tiny(
+        run.to_str().unwrap(),
+        &[
+            "--steps",
+            "1",
+            "--checkpoint-every",
+            &every,
+            "--sample-tokens",
+            "0",
+            "--quiet",
+        ],
+    );
+    let again = dir.join("again");
+    let record = run.join("run.json");
+    let (record, again_out) = (record.to_str().unwrap(), again.to_str().unwrap());
+    succeeded(distgpt(&[
+        "train", "--config", record, "--out", again_out, "--quiet",
+    ]));
+    let recorded = std::fs::read_to_string(again.join("run.json")).unwrap();
+    assert!(
+        recorded.contains(&format!("\"checkpoint_every\": {every}")),
+        "{recorded}"
+    );
+}

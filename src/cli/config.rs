@@ -147,7 +147,9 @@ pub fn check_recorded_data(
 /// Everything a run was trained with, as train's flags.
 fn record_entries(r: &RunRecord) -> Vec<(String, Value)> {
     let t = &r.train;
-    let int = |v: usize| Value::Integer(v as i64);
+    // a string past TOML's integers (2^63 - 1), as the seed
+    let int =
+        |v: usize| i64::try_from(v).map_or_else(|_| Value::String(v.to_string()), Value::Integer);
     let float = |v: f64| Value::Float(v);
     let mut out = vec![("task", Value::String(r.task.to_string()))];
     let m = &r.model;
@@ -265,7 +267,8 @@ pub fn file_args(file: &Path, train: &clap::Command, given: &[String]) -> Result
     };
     let is_given = |id: &str| given.iter().any(|g| g == id);
     let mut args = Vec::new();
-    let mut taken: Vec<String> = Vec::new();
+    // the flags set so far: (id, the key that set it)
+    let mut taken: Vec<(String, String)> = Vec::new();
     for (key, value) in entries {
         let wanted = arg_id(&key);
         // a flag by its name, or an old spelling kept as a hidden alias
@@ -284,29 +287,23 @@ pub fn file_args(file: &Path, train: &clap::Command, given: &[String]) -> Result
             );
         };
         let id = arg.get_id().to_string();
-        if taken.contains(&id) {
+        if taken.iter().any(|(t, _)| *t == id) {
             bail!("{}: `{key}` is set twice", file.display());
         }
         let conflicts = conflicts_of(train, arg);
-        if let Some(other) = taken.iter().find(|t| conflicts.contains(t)) {
+        if let Some((_, other)) = taken.iter().find(|(t, _)| conflicts.contains(t)) {
             bail!(
                 "{}: `{key}` and `{other}` cannot both be set",
                 file.display()
             );
         }
-        taken.push(id.clone());
-        let from_folder = is_given("init_from") && FIXED_BY_INIT.contains(&id.as_str());
-        if is_given(&id) || conflicts.iter().any(|c| is_given(c)) || from_folder {
-            continue;
-        }
+        taken.push((id.clone(), key.clone()));
         let flag = format!("--{}", arg.get_long().expect("a long flag"));
         let is_switch = matches!(arg.get_action(), clap::ArgAction::SetTrue);
-        match (value, is_switch) {
-            (Value::Boolean(on), true) => {
-                if on {
-                    args.push(flag.into());
-                }
-            }
+        // the file's value in words, checked whether or not the command
+        // line overrides it
+        let value = match (value, is_switch) {
+            (Value::Boolean(on), true) => on.then_some(flag),
             (v, true) => bail!(
                 "{}: `{key}` is a switch: true or false (got {})",
                 file.display(),
@@ -314,15 +311,20 @@ pub fn file_args(file: &Path, train: &clap::Command, given: &[String]) -> Result
             ),
             // `--flag=value`: a value such as -5 stays the flag's (and an
             // error names the flag), never a flag of its own
-            (Value::String(s), false) => args.push(format!("{flag}={s}").into()),
-            (Value::Integer(i), false) => args.push(format!("{flag}={i}").into()),
-            (Value::Float(f), false) => args.push(format!("{flag}={f}").into()),
+            (Value::String(s), false) => Some(format!("{flag}={s}")),
+            (Value::Integer(i), false) => Some(format!("{flag}={i}")),
+            (Value::Float(f), false) => Some(format!("{flag}={f}")),
             (v, false) => bail!(
                 "{}: `{key}` takes one value, a string or a number (got {})",
                 file.display(),
                 v.type_str()
             ),
+        };
+        let from_folder = is_given("init_from") && FIXED_BY_INIT.contains(&id.as_str());
+        if is_given(&id) || conflicts.iter().any(|c| is_given(c)) || from_folder {
+            continue;
         }
+        args.extend(value.map(Into::into));
     }
     Ok(args)
 }
