@@ -608,10 +608,12 @@ fn agree_on_peak<B: Backend>(
     world: &dyn Comm,
 ) -> Result<(f64, f64, String)> {
     let ranks = world.size() as f64;
-    // Thread ranks of an NCCL group each have a GPU of their own.
-    let one_device = be.ranks_share_device()
-        && world.shared_threads().is_some()
-        && world.device_native().is_none();
+    let share = PeakShare::of(
+        be.ranks_share_device(),
+        world.shared_threads().is_some(),
+        world.device_native().is_some(),
+    );
+    let one_device = share == PeakShare::Device;
     let stated = cfg.peak_flops;
     let mut source = String::from("--peak-tflops");
     let (mut peaks, mut matmul) = ([0.0f64; 2], None);
@@ -619,7 +621,7 @@ fn agree_on_peak<B: Backend>(
         // thread ranks share this process's threads: the peak (and the
         // library kept with it) is that of all of them
         let pool = match world.shared_threads() {
-            Some(threads) if !one_device => Some(
+            Some(threads) if share == PeakShare::Threads => Some(
                 rayon::ThreadPoolBuilder::new()
                     .num_threads(threads)
                     .build()
@@ -652,11 +654,7 @@ fn agree_on_peak<B: Backend>(
                         p.flops
                     }
                 };
-                match (&pool, one_device) {
-                    (Some(_), _) => (flops / ranks, flops),
-                    (None, true) => (flops, flops),
-                    (None, false) => (flops, flops * ranks),
-                }
+                share.split(flops, ranks)
             }
         };
         peaks = [per_rank, total];
@@ -672,10 +670,66 @@ fn agree_on_peak<B: Backend>(
     Ok((peaks[0], peaks[1], source))
 }
 
+/// How the ranks of a run meet the peak the probe measures.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum PeakShare {
+    /// Thread ranks of one process on its CPU: the probe's peak is that of
+    /// all its threads, a rank's a share.
+    Threads,
+    /// Thread ranks on one device: its peak is the run's.
+    Device,
+    /// Ranks that are processes, or thread ranks of an NCCL group (a GPU
+    /// each): the probe's peak is one rank's.
+    Own,
+}
+
+impl PeakShare {
+    fn of(ranks_share_device: bool, thread_ranks: bool, nccl: bool) -> PeakShare {
+        match (thread_ranks && !nccl, ranks_share_device) {
+            (true, true) => PeakShare::Device,
+            (true, false) => PeakShare::Threads,
+            (false, _) => PeakShare::Own,
+        }
+    }
+
+    /// (a rank's peak, the run's) from the probe's `flops` over `ranks`.
+    fn split(self, flops: f64, ranks: f64) -> (f64, f64) {
+        match self {
+            PeakShare::Threads => (flops / ranks, flops),
+            PeakShare::Device => (flops, flops),
+            PeakShare::Own => (flops, flops * ranks),
+        }
+    }
+}
+
 /// `f` on `pool`'s threads, or on this one's.
 fn in_pool<R: Send>(pool: Option<&rayon::ThreadPool>, f: impl FnOnce() -> R + Send) -> R {
     match pool {
         Some(p) => p.install(f),
         None => f(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PeakShare;
+
+    /// Thread ranks of an NCCL group have a GPU each: the probe measured
+    /// one GPU, and the run's peak is the group's (it was taken as the
+    /// whole run's, so MFU read world-size times too high).
+    #[test]
+    fn each_kind_of_rank_counts_the_peak_it_has() {
+        let cases = [
+            // (ranks share a device, thread ranks, NCCL) -> (a rank's, the run's) of 8 over 4
+            ((false, true, false), (2.0, 8.0)),
+            ((true, true, false), (8.0, 8.0)),
+            ((true, true, true), (8.0, 32.0)),
+            ((true, false, true), (8.0, 32.0)),
+            ((false, false, false), (8.0, 32.0)),
+        ];
+        for ((device, threads, nccl), want) in cases {
+            let got = PeakShare::of(device, threads, nccl).split(8.0, 4.0);
+            assert_eq!(got, want, "{:?}", (device, threads, nccl));
+        }
     }
 }
