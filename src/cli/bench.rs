@@ -331,20 +331,26 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig) -> Result<()> {
     let timelines: Vec<Vec<distgpt::parallel::Span>> =
         ranks.iter().map(|r| r.timeline.clone()).collect();
     let formula = par.pipeline.expected_bubble(spec.grad_accum, &timelines);
-    // thread ranks share the process's profile; a rank under mpirun has its own
-    let ranks_here = if processes > 1.0 { 1 } else { par.world_size };
+    // thread ranks (an NCCL group's among them) share the process's profile
+    // and the peak of all of them; a rank under mpirun has its own of each
+    let rank_processes =
+        a.parallel.comm != CommKind::Local && distgpt::parallel::launch::under_mpirun();
+    let (ranks_here, profiled) = match rank_processes {
+        true => (1, processes),
+        false => (par.world_size, 1.0),
+    };
     // a step of the profile is its window over the timed steps: the steps
     // as the process ran them, with the barriers and batches between them
     // (thread ranks' steps do not start together on a loaded machine)
     let kernels = a.profile.then(|| {
         let totals = profile::PROCESS.snapshot();
         // mutant-equivalent: src/cli/bench.rs: replace / with * in bench_on
-        // (here `processes` is 1 in every test the mutation step runs, built
+        // (here `profiled` is 1 in every test the mutation step runs, built
         // without the mpi feature: tests/cli.rs's
         // bench_profile_under_mpirun_counts_a_ranks_kernels_against_its_share_of_the_peak,
         // in CI's mpi pass, catches it; the same name's mutant of the
         // window's division is caught)
-        let peak = peaks.mfu / processes;
+        let peak = peaks.mfu / profiled;
         let window_step = profile::PROCESS.window() / spec.steps as f64;
         KernelShares::of(&totals, spec.steps, ranks_here, window_step, peak)
     });
