@@ -32,8 +32,9 @@ pub const PEAK_FILE: &str = "peak.json";
 /// library's bf16 product is timed and may be chosen for `--precision
 /// bf16`'s products. 4: the built-in's attention blocks run on distgpt's
 /// tile kernel where the CPU has one. 5: the hardware peak keeps the clock
-/// its FMA loop ran at ([`HardwarePeak::fma_clock_ghz`]).
-const PROBE: u32 = 5;
+/// its FMA loop ran at ([`HardwarePeak::fma_clock_ghz`]). 6: the hardware
+/// peak counts physical cores (an SMT host's was twice its cores').
+const PROBE: u32 = 6;
 
 /// Whether this build is a debug build (its own code unoptimized), whose
 /// measurements are kept apart from a release build's.

@@ -101,11 +101,14 @@ fn amx_in(edx: u32) -> bool {
 }
 
 /// The peak of this pool's threads (one core each, as many as the machine
-/// has at most: more threads share the cores), or None where the CPU is
-/// not an x86-64 with FMA (no instruction set to count lanes of).
+/// has at most: more threads share the cores, as SMT siblings share one
+/// core's FMA units), or None where the CPU is not an x86-64 with FMA (no
+/// instruction set to count lanes of).
 pub fn measure() -> Option<HardwarePeak> {
     let machine = std::thread::available_parallelism().map_or(usize::MAX, |n| n.get());
-    let cores = rayon::current_num_threads().min(machine);
+    let cores = rayon::current_num_threads()
+        .min(machine)
+        .min(physical_cores().unwrap_or(usize::MAX));
     let (isa, lanes, fma_rate, clock) = rates()?;
     let fma_units = (fma_rate / (lanes as f64 * 2.0 * clock)).round().max(1.0) as usize;
     Some(HardwarePeak {
@@ -117,6 +120,48 @@ pub fn measure() -> Option<HardwarePeak> {
         clock_ghz: clock / 1e9,
         fma_clock_ghz: Some(fma_rate / (fma_units * lanes * 2) as f64 / 1e9),
     })
+}
+
+/// The physical cores among the CPUs this process may run on, where Linux
+/// says (`sched_getaffinity` and each CPU's sysfs topology).
+fn physical_cores() -> Option<usize> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: a zeroed cpu_set_t is an empty set; the call fills it
+        // from this process's affinity mask, and CPU_ISSET reads within it.
+        let set = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            if libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+                return None;
+            }
+            set
+        };
+        let cpus = (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) });
+        distinct_cores(cpus, |cpu| {
+            let read = |f: &str| {
+                let path = format!("/sys/devices/system/cpu/cpu{cpu}/topology/{f}");
+                std::fs::read_to_string(path)
+                    .ok()
+                    .map(|s| s.trim().to_string())
+            };
+            Some((read("physical_package_id")?, read("core_id")?))
+        })
+    }
+    #[cfg(not(target_os = "linux"))]
+    None
+}
+
+/// How many distinct (package, core) pairs `topology` names for `cpus`;
+/// None where it names none for some CPU.
+fn distinct_cores(
+    cpus: impl Iterator<Item = usize>,
+    topology: impl Fn(usize) -> Option<(String, String)>,
+) -> Option<usize> {
+    let mut cores = std::collections::HashSet::new();
+    for cpu in cpus {
+        cores.insert(topology(cpu)?);
+    }
+    (!cores.is_empty()).then_some(cores.len())
 }
 
 /// More measurements `measure_above` makes, at most, while the peak reads
@@ -281,6 +326,20 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// SMT siblings are one core: 4 CPUs of 2 threads a core on one
+    /// package are 2 cores (each CPU counted as a core, the peak read 2x).
+    #[test]
+    fn smt_siblings_count_as_one_core() {
+        let topo = |cpu: usize| Some(("0".to_string(), (cpu % 2).to_string()));
+        assert_eq!(distinct_cores(0..4, topo), Some(2));
+        let two_packages = |cpu: usize| Some(((cpu / 2).to_string(), "0".to_string()));
+        assert_eq!(distinct_cores(0..4, two_packages), Some(2));
+        assert_eq!(distinct_cores(0..4, |_| None), None);
+        // this machine's: at most its logical CPUs
+        let logical = std::thread::available_parallelism().unwrap().get();
+        assert!(physical_cores().is_some_and(|n| (1..=logical).contains(&n)));
+    }
 
     /// bf16's peak: twice the FMA units' lanes (AVX512-BF16's pairs), or
     /// AMX's 1,024 FLOP a core a cycle; each the product of its terms.
