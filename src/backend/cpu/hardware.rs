@@ -128,7 +128,7 @@ fn physical_cores() -> Option<usize> {
     #[cfg(target_os = "linux")]
     {
         // SAFETY: a zeroed cpu_set_t is an empty set; the call fills it
-        // from this process's affinity mask, and CPU_ISSET reads within it.
+        // from this process's affinity mask.
         let set = unsafe {
             let mut set: libc::cpu_set_t = std::mem::zeroed();
             if libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) != 0 {
@@ -136,6 +136,7 @@ fn physical_cores() -> Option<usize> {
             }
             set
         };
+        // SAFETY: every c is below CPU_SETSIZE, the set's size.
         let cpus = (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) });
         distinct_cores(cpus, |cpu| {
             let read = |f: &str| {
