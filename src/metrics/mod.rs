@@ -8,16 +8,20 @@ use crate::backend::{MemoryReport, PeakRow};
 use crate::comm::CommStats;
 use crate::error::{Error, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-/// One line of `metrics.jsonl`.
+/// One line of `metrics.jsonl`. Its figures that are no number (a NaN
+/// loss, an MFU against a peak that could not be measured) are written
+/// `null`, as JSON has no NaN, and read back as NaN.
 #[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
 pub struct StepRecord {
     pub step: usize,
+    #[serde(deserialize_with = "nan_if_null")]
     pub epoch: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub loss: f32,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub val_loss: Option<f32>,
@@ -29,10 +33,15 @@ pub struct StepRecord {
     /// Examples the validation figures are over.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub val_examples: Option<usize>,
+    #[serde(deserialize_with = "nan_if_null")]
     pub grad_norm: f32,
+    #[serde(deserialize_with = "nan_if_null")]
     pub lr: f32,
+    #[serde(deserialize_with = "nan_if_null")]
     pub ms: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub tokens_per_s: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub mfu: f64,
     /// Rank 0's memory counters.
     pub memory: MemoryReport,
@@ -40,6 +49,15 @@ pub struct StepRecord {
     pub rank_peak_bytes: Vec<PeakRow>,
     /// Rank 0's communication so far.
     pub comm: CommStats,
+}
+
+/// A float, or NaN where JSON holds `null` (how serde_json writes NaN).
+fn nan_if_null<'de, D, T>(d: D) -> std::result::Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de> + From<f32>,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or(T::from(f32::NAN)))
 }
 
 /// A log of a line a record, each flushed as it is written: JSON Lines
@@ -377,6 +395,28 @@ impl Spread {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A record whose figures are no number is written `null` and read back
+    /// as NaN: `read_metrics` dropped it (reports and plots lost the step).
+    #[test]
+    fn a_record_of_figures_that_are_no_number_reads_back() {
+        let record = StepRecord {
+            step: 3,
+            loss: f32::NAN,
+            mfu: f64::NAN,
+            tokens_per_s: f64::INFINITY,
+            lr: 1e-3,
+            ..StepRecord::default()
+        };
+        let line = serde_json::to_string(&record).unwrap();
+        assert!(
+            line.contains(r#""loss":null"#) && line.contains(r#""mfu":null"#),
+            "{line}"
+        );
+        let read: StepRecord = serde_json::from_str(&line).unwrap();
+        assert_eq!((read.step, read.lr), (3, 1e-3));
+        assert!(read.loss.is_nan() && read.mfu.is_nan() && read.tokens_per_s.is_nan());
+    }
 
     #[test]
     fn timestamps_are_civil_utc() {
