@@ -101,7 +101,24 @@ impl Clblast {
     }
 
     /// Enqueues `g` on `queue`; operands must be valid for the sizes given.
+    /// Refused where an operand reaches past element 2^31 - 1 of its
+    /// buffer: CLBlast takes offsets and leading dimensions, and indexes,
+    /// in 32-bit ints, and wraps past them.
     pub fn sgemm(&self, queue: cl_command_queue, g: Gemm) -> Result<(), GpuError> {
+        let [a_span, b_span] = g.spans()?;
+        let reach = [
+            ("a", g.a.view.off + a_span),
+            ("b", g.b.view.off + b_span),
+            ("c", g.c.off + g.c_span()),
+        ];
+        if let Some((what, end)) = reach.iter().find(|(_, end)| *end > i32::MAX as usize) {
+            return Err(GpuError(format!(
+                "CLBlastSgemm (m={}, n={}, k={}, batch {}): its {what} reaches element {end} of \
+                 its buffer, past CLBlast's 32-bit indices (2^31 - 1): a smaller batch or \
+                 model, --recompute, or --device cuda",
+                g.m, g.n, g.k, g.batch.count
+            )));
+        }
         let t = |op: Operand| {
             if op.transpose {
                 TRANSPOSE_YES
@@ -171,5 +188,71 @@ impl Clblast {
             )));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::gpu::{Batch, View};
+
+    /// A GEMM that reaches past element 2^31 - 1 of a buffer is refused
+    /// before CLBlast sees it (its int offsets and indices would wrap
+    /// negative: a read of other memory, a write before the buffer).
+    #[test]
+    fn a_gemm_past_clblasts_int_indices_is_refused_naming_the_operand() {
+        let Ok(blas) = Clblast::load() else {
+            assert_ne!(
+                std::env::var("DISTGPT_REQUIRE_OPENCL").as_deref(),
+                Ok("1"),
+                "DISTGPT_REQUIRE_OPENCL=1 but CLBlast does not load"
+            );
+            eprintln!("skipping: no CLBlast");
+            return;
+        };
+        let view = |off| View {
+            mem: 0,
+            off,
+            len: 1 << 40,
+        };
+        let operand = |off| Operand {
+            view: view(off),
+            transpose: false,
+            ld: 64,
+            bf16: false,
+        };
+        let gemm = |a, c| Gemm {
+            m: 64,
+            n: 64,
+            k: 64,
+            a: operand(a),
+            b: operand(0),
+            beta: 0.0,
+            c: view(c),
+            ldc: 64,
+            bias: None,
+            residual: None,
+            c_bf16: false,
+            bf16: false,
+            batch: Batch {
+                count: 1,
+                a: 0,
+                b: 0,
+                c: 0,
+            },
+        };
+        let top = i32::MAX as usize;
+        // a's last element at 2^31 - 1 + 1, then c's
+        let e = blas
+            .sgemm(std::ptr::null_mut(), gemm(top - 64 * 64 + 1, 0))
+            .unwrap_err();
+        assert!(
+            e.0.contains("its a reaches element 2147483648 of its buffer"),
+            "{e}"
+        );
+        let e = blas
+            .sgemm(std::ptr::null_mut(), gemm(0, 1 << 31))
+            .unwrap_err();
+        assert!(e.0.contains("its c reaches element"), "{e}");
     }
 }

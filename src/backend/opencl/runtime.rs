@@ -315,6 +315,8 @@ impl Runtime for ClRuntime {
             // bf16 values (the caller's check).
             unsafe { self.launch("to_bf16", c_span.div_ceil(BLOCK), &args)? };
         }
+        // a GEMM without a bf16 output keeps the one before's output scratch
+        let c = c.or(scratch[2].take());
         *scratch = [Some(a), Some(b), c];
         Ok(())
     }
