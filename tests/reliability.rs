@@ -1226,6 +1226,37 @@ fn a_folder_of_other_files_is_never_emptied_for_a_run() {
     assert!(!dir.join("notes.txt").exists());
 }
 
+/// A newer checkpoint that lost its index is passed over with a warning
+/// naming it (the resume went back two steps without a word).
+#[test]
+fn a_resume_past_a_damaged_checkpoint_names_it() {
+    let dir = tmp("damaged-newest");
+    let first = train(&dir, &["--steps", "4", "--checkpoint-every", "2"]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let newest = dir.join("checkpoints/step_00000004");
+    std::fs::remove_file(newest.join("index.json")).unwrap();
+    let resumed = bin()
+        .args([
+            "train",
+            "--resume",
+            dir.to_str().unwrap(),
+            "--steps",
+            "5",
+            "--quiet",
+        ])
+        .output()
+        .unwrap();
+    assert!(resumed.status.success(), "{}", stderr(&resumed));
+    let said = stderr(&resumed);
+    assert!(
+        said.contains(&format!(
+            "warning: {} has no index.json (damaged): resuming from",
+            newest.display()
+        )) && said.contains("step_00000002, whose later steps are trained again"),
+        "{said}"
+    );
+}
+
 /// Waits (a minute at most) until `ready` says so, naming `what` if not.
 fn wait_until(what: &str, ready: impl Fn() -> bool) {
     let t0 = Instant::now();

@@ -306,6 +306,22 @@ pub fn list(run_dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(dirs)
 }
 
+/// The checkpoint folders of the run in `run_dir` past `step` that lack
+/// their index (a damaged checkpoint: one being written is `step_N.tmp`),
+/// by step.
+pub fn damaged_after(run_dir: &Path, step: usize) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(run_dir.join(DIR)) else {
+        return Vec::new();
+    };
+    let mut dirs: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_none() && !p.join(INDEX).exists())
+        .filter(|p| step_of(p).is_some_and(|s| s > step))
+        .collect();
+    dirs.sort_by_key(|p| step_of(p));
+    dirs
+}
+
 fn prune(root: &Path, keep: usize) -> Result<()> {
     let all = list(root.parent().expect("checkpoints live in a run directory"))?;
     for old in all.iter().take(all.len().saturating_sub(keep.max(1))) {

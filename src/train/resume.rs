@@ -78,7 +78,18 @@ pub fn find(path: &Path, from_step: Option<usize>) -> Result<Resumption> {
     let ckpt = match (in_checkpoint, from_step) {
         (true, _) => path.to_path_buf(),
         (false, Some(n)) => state::at_step(path, n)?,
-        (false, None) => latest_of_run(path)?,
+        (false, None) => {
+            let ckpt = latest_of_run(path)?;
+            let step = state::step_of(&ckpt).unwrap_or(0);
+            if let Some(newest) = state::damaged_after(path, step).last() {
+                crate::errln!(
+                    "warning: {} has no index.json (damaged): resuming from {}, whose later steps are trained again",
+                    newest.display(),
+                    ckpt.display()
+                );
+            }
+            ckpt
+        }
     };
     let dir = dir.to_path_buf();
     let index = state::read_index(&ckpt)?;
