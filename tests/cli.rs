@@ -3465,6 +3465,8 @@ fn compare_lists_name_each_value_once() {
             "{flag}: {said}"
         );
     }
+    let said = refused(&["compare", "--models", ",", "--steps", "1", "--out", out]);
+    assert!(said.contains("--models holds an empty name"), "{said}");
     assert!(!dir.exists(), "nothing was written");
 }
 

@@ -248,6 +248,9 @@ fn finish(
 /// Refuses a list that names a value twice: its cells would run twice
 /// under one name, as if they were others.
 fn once_each<T: PartialEq + std::fmt::Display>(flag: &str, values: &[T]) -> Result<()> {
+    if values.iter().any(|v| v.to_string().is_empty()) {
+        bail!("{flag} holds an empty name: a comma too many?");
+    }
     match values.iter().enumerate().find(|(i, v)| values[..*i].contains(v)) {
         Some((_, v)) => bail!(
             "{flag} names {v} twice: name each value once (with --task lm, --repeats runs each cell more than once)"
