@@ -3626,3 +3626,23 @@ fn config_files_are_checked_as_written_and_run_json_repeats_any_count() {
         "{recorded}"
     );
 }
+
+/// A folder of no shards is said to be one without a note about the
+/// tokenizer its shards would be read with first, and a weights file that
+/// is a folder is called one (it was "4096 bytes cannot hold ...: the file
+/// is truncated").
+#[test]
+fn a_folder_where_shards_or_weights_should_be_is_named_as_such() {
+    let dir = run_dir("folders-for-files");
+    let run = dir.join("run");
+    train_tiny(run.to_str().unwrap(), &["--steps", "1", "--sample-tokens", "0", "--quiet"]);
+    let empty = dir.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let said = refused(&["eval", run.to_str().unwrap(), "--data", empty.to_str().unwrap()]);
+    assert!(said.contains("no <name>_train") && !said.contains("note:"), "{said}");
+    let weights = run.join("model.safetensors");
+    std::fs::remove_file(&weights).unwrap();
+    std::fs::create_dir(&weights).unwrap();
+    let said = refused(&["generate", run.to_str().unwrap(), "--tokens", "2"]);
+    assert!(said.contains("model.safetensors: is a folder, not a weights file"), "{said}");
+}

@@ -315,6 +315,8 @@ impl Dataset {
             }
             Ok(Split { parts })
         };
+        // the shards first: a folder of none is said to be so before any note
+        let (train, val) = (named("train", &train_files)?, named("val", &val_files)?);
         let spec_path = dir.join("tokenizer.json");
         let spec = if spec_path.exists() {
             let text = std::fs::read_to_string(&spec_path).map_err(|e| Error::io(&spec_path, e))?;
@@ -330,7 +332,6 @@ impl Dataset {
             TokenizerSpec::Gpt2
         };
         let tokenizer = Tokenizer::from_spec_in(&spec, dir)?;
-        let (train, val) = (named("train", &train_files)?, named("val", &val_files)?);
         let vocab = tokenizer.vocab_size() as u32;
         for split in [&train, &val] {
             for part in &split.parts {

@@ -351,9 +351,11 @@ fn hf_import(dir: &Path) -> Result<(ModelMeta, Vec<f32>)> {
 /// `model`'s weights: checked before the model is allocated, so a config
 /// asking for more than the file holds is an error, not an abort.
 pub fn check_holds(path: &Path, need: u64, model: &str) -> Result<()> {
-    let have = std::fs::metadata(path)
-        .map_err(|e| Error::io(path, e))?
-        .len();
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if meta.is_dir() {
+        return Err(Error::checkpoint(path, "is a folder, not a weights file"));
+    }
+    let have = meta.len();
     if have < need {
         return Err(Error::checkpoint(path, format!("{have} bytes cannot hold the {need} bytes of weights of {model}: the file is truncated or the config is wrong")));
     }
