@@ -66,7 +66,19 @@ impl ClassifyTask {
         let head = BertHead::Classify {
             labels: set.labels.len(),
         };
-        let (model, init, wp, vocab_file) = pretrained_bert(init_from, head, seed, "classify")?;
+        let (model, mut init, wp, vocab_file) = pretrained_bert(init_from, head, seed, "classify")?;
+        // a classifier of other labels (their names or their order) starts
+        // afresh: its head would predict the old ids under the new names
+        let named = crate::checkpoint::read_any_meta(init_from).map_or(Vec::new(), |m| m.labels);
+        if !named.is_empty() && named != set.labels {
+            crate::model::bert::fresh_classifier(&model, &mut init, seed);
+            crate::errln!(
+                "note: {} classifies {named:?} and {} names {:?}: it starts with a fresh classifier",
+                init_from.display(),
+                data.display(),
+                set.labels
+            );
+        }
         check_seq_len(seq_len, &model, set.has_pairs())?;
         let fingerprint = set.fingerprint();
         Ok(ClassifyTask {

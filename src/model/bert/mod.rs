@@ -1184,6 +1184,17 @@ pub fn with_head(
     (to, out)
 }
 
+/// `params` of `cfg` with its classifier (weight and bias) drawn afresh
+/// from `seed`, as [`init_full`] draws them.
+pub fn fresh_classifier(cfg: &BertConfig, params: &mut [f32], seed: u64) {
+    let (lay, fresh) = (layout::layout(cfg, 1), init_full(cfg, seed));
+    for name in layout::classifier_names(cfg.head) {
+        if let Some(t) = lay.tensor(name) {
+            params[t.range()].copy_from_slice(&fresh[t.range()]);
+        }
+    }
+}
+
 /// BERT's initialisation of the whole model (Hugging Face's
 /// `_init_weights`): N(0, 0.02) matrices and embeddings, zero biases, unit
 /// LayerNorms, zero padded vocabulary rows.
