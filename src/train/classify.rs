@@ -325,7 +325,8 @@ impl<B: Backend> Task<B> for ClassifyTask {
 }
 
 /// Accuracy and F1 of predictions against labels (F1 of label 1 for two
-/// labels, the mean over labels otherwise).
+/// labels, else the mean over the labels the true or the predicted ones
+/// hold: sklearn's `f1_score`, binary or macro).
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
 pub struct Scores {
     pub loss: f32,
@@ -349,9 +350,12 @@ impl Scores {
                 2.0 * tp / (2.0 * tp + fp + fneg)
             }
         };
+        let seen: Vec<u32> = (0..labels as u32)
+            .filter(|&k| pairs.iter().any(|&(p, t)| p == k || t == k))
+            .collect();
         let f1 = match labels {
             2 => f1_of(1),
-            _ => (0..labels as u32).map(f1_of).sum::<f64>() / labels as f64,
+            _ => seen.iter().map(|&k| f1_of(k)).sum::<f64>() / seen.len().max(1) as f64,
         };
         Scores {
             loss,
@@ -395,9 +399,11 @@ pub fn predicted(logits: &[f32], targets: &[u32], labels: usize) -> Vec<(u32, u3
         .zip(targets)
         .filter(|&(_, &target)| target != IGNORE)
         .map(|(row, &target)| {
-            let best = (0..labels)
-                .max_by(|&i, &j| row[i].total_cmp(&row[j]))
-                .expect("at least two labels");
+            // the first of equal highest logits, as numpy's and torch's argmax
+            let best = (1..labels).fold(0, |b, i| match row[i].total_cmp(&row[b]).is_gt() {
+                true => i,
+                false => b,
+            });
             (best as u32, target)
         })
         .collect()
@@ -785,5 +791,17 @@ mod tests {
         let s = Scores::of(&[(0, 0), (1, 1), (2, 1)], 3, 0.0);
         // label 0: 1; label 1: 2/3; label 2: 0
         assert!((s.f1 - (1.0 + 2.0 / 3.0) / 3.0).abs() < 1e-12);
+        // sklearn's macro F1 leaves out a label neither true nor predicted
+        // (f1_score([0, 1], [0, 1], average="macro") is 1 for 3 labels)
+        let s = Scores::of(&[(0, 0), (1, 1)], 3, 0.0);
+        assert_eq!(s.f1, 1.0);
+    }
+
+    /// Equal highest logits predict the first of them, as numpy's and
+    /// torch's argmax do (the last was taken).
+    #[test]
+    fn a_tie_predicts_the_first_of_the_highest_logits() {
+        let logits = [0.5, 2.0, 2.0, 1.0, 1.0, 1.0];
+        assert_eq!(predicted(&logits, &[1, 2], 3), [(1, 1), (0, 2)]);
     }
 }
