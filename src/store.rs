@@ -70,13 +70,16 @@ pub fn write_safetensors(
     path: &Path,
     tensors: &[(String, Dtype, Vec<usize>, Data<'_>)],
 ) -> Result<String> {
-    // the safetensors crate's layout, byte for byte: by descending dtype,
-    // then name; a compact JSON header padded with spaces to 8 bytes
+    // the safetensors crate's layout, byte for byte: the metadata
+    // `save_pretrained` writes (transformers before 4.48 refuses a file
+    // without it: `metadata.get("format")` of None), the tensors by
+    // descending dtype, then name; a compact JSON header padded with
+    // spaces to 8 bytes
     let mut order: Vec<&(String, Dtype, Vec<usize>, Data<'_>)> = tensors.iter().collect();
     order.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    let mut head = String::from("{");
+    let mut head = String::from(r#"{"__metadata__":{"format":"pt"}"#);
     let mut offset = 0usize;
-    for (i, (name, dtype, shape, data)) in order.iter().enumerate() {
+    for (name, dtype, shape, data) in &order {
         let elements: usize = shape.iter().product();
         assert_eq!(
             elements * dtype.size(),
@@ -88,9 +91,7 @@ pub fn write_safetensors(
             shape: shape.clone(),
             data_offsets: (offset, offset + data.len()),
         };
-        if i > 0 {
-            head.push(',');
-        }
+        head.push(',');
         head.push_str(&serde_json::to_string(name).expect("a name serialises"));
         head.push(':');
         head.push_str(&serde_json::to_string(&info).expect("a header serialises"));
@@ -300,6 +301,45 @@ mod tests {
         })
         .unwrap();
         assert_eq!(left(dir.path()), ["model.json", "model.safetensors"]);
+    }
+
+    /// A written file is the safetensors crate's own serialisation of the
+    /// same tensors with `save_pretrained`'s metadata, byte for byte: older
+    /// transformers refuse a file without `{"format": "pt"}`.
+    #[test]
+    fn a_written_file_is_the_safetensors_crates_with_transformers_metadata() {
+        use safetensors::tensor::TensorView;
+        let dir = crate::testdir::TestDir::new("store-metadata");
+        let path = dir.path().join("model.safetensors");
+        let (a, b) = ([1.5f32, -2.0, 0.25], [7u16, 9]);
+        let a_bytes: Vec<u8> = a.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let b_bytes: Vec<u8> = b.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let tensors = [
+            ("wte.weight".to_string(), Dtype::F32, vec![3], Data::F32(&a)),
+            (
+                "h.0.attn.bias".to_string(),
+                Dtype::BF16,
+                vec![2, 1],
+                Data::Bytes(b_bytes.clone()),
+            ),
+        ];
+        write_safetensors(&path, &tensors).unwrap();
+        let views = [
+            (
+                "wte.weight",
+                TensorView::new(Dtype::F32, vec![3], &a_bytes).unwrap(),
+            ),
+            (
+                "h.0.attn.bias",
+                TensorView::new(Dtype::BF16, vec![2, 1], &b_bytes).unwrap(),
+            ),
+        ];
+        let metadata = Some(std::collections::HashMap::from([(
+            "format".to_string(),
+            "pt".to_string(),
+        )]));
+        let theirs = safetensors::serialize(views, &metadata).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), theirs);
     }
 
     /// Each dtype's bits widen to the values IEEE 754 gives them, worked
