@@ -1257,6 +1257,50 @@ fn a_resume_past_a_damaged_checkpoint_names_it() {
     );
 }
 
+/// A resumed run that dies before it writes its model files is read from
+/// its newest checkpoint, not from the files of the model it was resumed
+/// past: `eval`, `export` and `--init-from` read the finished run's old
+/// step-4 model without a word while checkpoints up to step 6 stood beside it.
+#[test]
+fn a_resume_that_dies_is_read_from_its_newest_checkpoint() {
+    let dir = tmp("resume-dies");
+    let first = train(&dir, &["--steps", "4", "--checkpoint-every", "2"]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    assert!(dir.join("model.safetensors").exists());
+    let died = bin()
+        .args([
+            "train",
+            "--resume",
+            dir.to_str().unwrap(),
+            "--steps",
+            "8",
+            "--quiet",
+        ])
+        .args(["--fail-rank", "0", "--fail-step", "6"])
+        .output()
+        .unwrap();
+    assert!(!died.status.success(), "{}", stderr(&died));
+    assert!(dir.join("checkpoints/step_00000006").exists());
+    let loss = |path: &Path| {
+        let o = bin()
+            .args([
+                "eval",
+                path.to_str().unwrap(),
+                "--batch-size",
+                "4",
+                "--batches",
+                "2",
+            ])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        let said = String::from_utf8_lossy(&o.stdout).into_owned();
+        said.split_once(": val loss").unwrap().1.to_string()
+    };
+    assert_eq!(loss(&dir), loss(&dir.join("checkpoints/step_00000006")));
+    assert_ne!(loss(&dir), loss(&dir.join("checkpoints/step_00000004")));
+}
+
 /// Waits (a minute at most) until `ready` says so, naming `what` if not.
 fn wait_until(what: &str, ready: impl Fn() -> bool) {
     let t0 = Instant::now();

@@ -538,6 +538,18 @@ pub fn open(
         for (path, kept) in logs.into_iter().flatten() {
             write_atomic(&path, kept.as_bytes())?;
         }
+        // an earlier model's files would be read for this run's (by eval,
+        // export, --init-from) were it killed before writing its own: the
+        // newest checkpoint stands for the model until then
+        for file in [META_FILE, HF_CONFIG, WEIGHTS_FILE] {
+            let path = dir.join(file);
+            match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(Error::io(&path, e))
+                }
+                _ => {}
+            }
+        }
     }
     let kept = match start {
         0 => Vec::new(),
