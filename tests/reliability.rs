@@ -1224,6 +1224,25 @@ fn a_folder_of_other_files_is_never_emptied_for_a_run() {
     let o = train(&dir, &["--steps", "1", "--overwrite"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(!dir.join("notes.txt").exists());
+    // TensorBoard's event files are the run's own, in its folder or in one
+    // of theirs, named by --tensorboard or not when it starts again
+    for (tag, tb) in [("own", ""), ("sub", "tb")] {
+        let dir = tmp(&format!("stopped-with-tensorboard-{tag}"));
+        let events = dir.join(tb);
+        let first = train(
+            &dir,
+            &["--steps", "1", "--tensorboard", events.to_str().unwrap()],
+        );
+        assert!(first.status.success(), "{}", stderr(&first));
+        std::fs::remove_dir_all(dir.join("checkpoints")).unwrap();
+        std::fs::remove_file(dir.join("model.safetensors")).unwrap();
+        let again = train(&dir, &["--steps", "1"]);
+        assert!(
+            stderr(&again).contains("in its place"),
+            "{tag}: {}",
+            stderr(&again)
+        );
+    }
 }
 
 /// A newer checkpoint that lost its index is passed over with a warning

@@ -281,12 +281,27 @@ pub fn holds_a_run(dir: &Path) -> bool {
     })
 }
 
+/// Whether `path` is TensorBoard's: an event file, or a folder of only
+/// those (a run's `--tensorboard`, inside its folder or the folder itself).
+fn is_tensorboards(path: &Path) -> bool {
+    let event = |p: &Path| {
+        p.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("events.out.tfevents."))
+    };
+    match std::fs::read_dir(path) {
+        Ok(entries) => entries
+            .filter_map(|e| e.ok())
+            .all(|e| event(&e.path()) && !e.path().is_dir()),
+        Err(_) => event(path),
+    }
+}
+
 /// The entries of `dir` no run writes before its first checkpoint is
 /// complete (its record, logs, lock, classifier summary and checkpoints
 /// folder, the model files but their weights, each also as a `.tmp` that a
-/// kill left, and its TensorBoard folder `tensorboard` where that lies
-/// inside), sorted: none where a new run may take the run's place without
-/// `--overwrite`.
+/// kill left, its TensorBoard event files, in the folder or one of their
+/// own, and its `--tensorboard` folder `tensorboard`), sorted: none where a
+/// new run may take the run's place without `--overwrite`.
 fn foreign_entries(dir: &Path, tensorboard: Option<&Path>) -> Result<Vec<String>> {
     let ours = [
         RUN_FILE,
@@ -306,7 +321,8 @@ fn foreign_entries(dir: &Path, tensorboard: Option<&Path>) -> Result<Vec<String>
         let path = entry.map_err(|e| Error::io(dir, e))?.path();
         let name = path.file_name().unwrap_or_default().to_string_lossy();
         let written = name.strip_suffix(".tmp").unwrap_or(&name);
-        if !ours.contains(&written) && !tensorboard.is_some_and(|t| same_dir(t, &path)) {
+        let events = tensorboard.is_some_and(|t| same_dir(t, &path)) || is_tensorboards(&path);
+        if !ours.contains(&written) && !events {
             foreign.push(name.into_owned());
         }
     }
