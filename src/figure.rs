@@ -128,8 +128,9 @@ const COLORS: [RGBColor; 12] = [
 ];
 
 /// A number for an axis label, short enough not to collide (12k, 1.5M,
-/// 0.25) and with as many decimals as tell ticks `step` apart (1.05k beside
-/// 1.1k); empty for the fractional ticks of a whole-number axis.
+/// 0.25): with the fewest decimals that write it exactly (1.05k beside
+/// 1.1k; a measured step, 1.563k), at most three more than tell ticks
+/// `step` apart; empty for the fractional ticks of a whole-number axis.
 fn tick(v: f64, whole: bool, step: f64) -> String {
     if whole && (v - v.round()).abs() > 1e-9 {
         return String::new();
@@ -139,8 +140,15 @@ fn tick(v: f64, whole: bool, step: f64) -> String {
         a if a >= 1e3 => (1e3, "k"),
         _ => (1.0, ""),
     };
-    let digits = (-(step / scale).log10() - 1e-9).ceil().clamp(0.0, 9.0) as usize;
-    let s = format!("{:.*}", digits, v / scale);
+    let x = v / scale;
+    let apart = (-(step / scale).log10() - 1e-9).ceil().clamp(0.0, 9.0) as usize;
+    let exact = (0..9usize)
+        .find(|&d| {
+            let unit = 10f64.powi(d as i32);
+            ((x * unit).round() / unit - x).abs() <= 1e-9 * x.abs().max(1.0)
+        })
+        .unwrap_or(9);
+    let s = format!("{:.*}", exact.min(apart + 3).max(apart), x);
     let s = match s.contains('.') {
         true => s.trim_end_matches('0').trim_end_matches('.'),
         false => &s,
@@ -873,6 +881,18 @@ mod tests {
         assert_eq!(tick(16.0, true, 8.0), "16");
         assert_eq!(tick(2500.0, true, 500.0), "2.5k");
         assert_eq!(tick(2.5, true, 0.5), "");
+        // measured steps, their gap no round number: each as it is (the
+        // gap's decimals alone wrote 1500 as 2k, 4500 as 4k)
+        let steps = [1500.0, 3000.0, 4500.0, 6000.0];
+        let labels = steps.map(|v| tick(v, true, tick_step(&steps)));
+        assert_eq!(labels, ["1.5k", "3k", "4.5k", "6k"]);
+        let epochs = [1563.0, 3126.0, 4689.0];
+        assert_eq!(
+            epochs.map(|v| tick(v, true, 1563.0)),
+            ["1.563k", "3.126k", "4.689k"]
+        );
+        // a value with no short form: three decimals past the ticks' gap
+        assert_eq!(tick(123.456789, false, 50.0), "123.457");
     }
 
     #[test]
