@@ -3570,6 +3570,12 @@ fn plan_takes_a_named_devices_peak_and_bandwidth_from_the_command_line() {
     assert!(peak.contains("H100 (1 TFLOP/s peak, 80 GB)"), "{peak}");
     let slow = plan(&["--memory-bandwidth-gbs", "1"]);
     assert_ne!(slow, datasheet, "--memory-bandwidth-gbs 1 changed nothing");
+    // the CPU is priced from what it measures: a stated figure would
+    // disagree with the calibration, so it is refused, not half-applied
+    for flag in ["--peak-tflops", "--memory-bandwidth-gbs"] {
+        let said = refused(&["plan", "--model", "tiny", "--device", "cpu", flag, "100"]);
+        assert!(said.contains("--device cpu measures this CPU's"), "{said}");
+    }
 }
 
 /// A config file's keys are checked as they are written: a value of the

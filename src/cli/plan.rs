@@ -79,15 +79,16 @@ pub struct PlanArgs {
     #[arg(long, value_name = "RUN", help_heading = "Plan")]
     efficiency_from: Option<PathBuf>,
     /// Peak TFLOP/s per device at the chosen precision: a custom device's,
-    /// or in place of a named device's datasheet figure.
+    /// or in place of a GPU's datasheet figure (not with --device cpu,
+    /// which measures its own).
     #[arg(long, value_parser = positive_rate, help_heading = "Plan")]
     peak_tflops: Option<f64>,
     /// Memory per device in GB: a custom device's, or in place of a named
     /// device's (default cpu: 24).
     #[arg(long, value_parser = positive_rate, help_heading = "Plan")]
     memory_gb: Option<f64>,
-    /// Memory bandwidth in GB/s: a custom device's, or in place of a named
-    /// device's.
+    /// Memory bandwidth in GB/s: a custom device's, or in place of a GPU's
+    /// datasheet figure (not with --device cpu, which measures its own).
     #[arg(long, value_parser = positive_rate, help_heading = "Plan")]
     memory_bandwidth_gbs: Option<f64>,
     /// Ranks per node (custom network).
@@ -177,6 +178,10 @@ fn efficiency(a: &PlanArgs) -> Result<(Option<f64>, String)> {
 /// machine: its step efficiency is calibrated per world size.
 fn target(a: &PlanArgs, threads: usize) -> Result<(Device, Network, Option<Machine>, String)> {
     let (eff, source) = efficiency(a)?;
+    if a.device == DeviceKind::Cpu && (a.peak_tflops.is_some() || a.memory_bandwidth_gbs.is_some())
+    {
+        bail!("--peak-tflops and --memory-bandwidth-gbs state a custom device's or a GPU's figures; --device cpu measures this CPU's, and prices its steps from them");
+    }
     let mut machine = None;
     let (mut device, mut net) = match a.device {
         DeviceKind::Cpu => {
