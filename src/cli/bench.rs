@@ -94,10 +94,17 @@ fn run_generate<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, tokens: usi
         );
     }
     // the KV cache alone, a bound from below: a batch it cannot hold is
-    // refused here, not by the allocator's abort
+    // refused here, not by the allocator's abort; it lives on the device
+    // (a GPU's free memory where its driver says, the host's for the CPU,
+    // unknown for an OpenCL device)
     let cache = (a.batch_size as f64)
         * (cfg.n_layer() * 2 * (prompt + tokens) * cfg.n_embd() * size_of::<f32>()) as f64;
-    if let Some(free) = metrics::available_memory_bytes() {
+    let free = match (be.device_memory(), be.allocations()) {
+        (Some((free, _)), _) => Some(free),
+        (None, None) => metrics::available_memory_bytes(),
+        (None, Some(_)) => None,
+    };
+    if let Some(free) = free {
         if cache > free as f64 {
             anyhow::bail!(
                 "--batch-size {}: its KV cache needs at least {}, but {} is available",
