@@ -3719,6 +3719,17 @@ fn a_classifier_of_other_labels_is_fine_tuned_from_a_fresh_head() {
         said.contains(r#"classifies ["ham", "spam"]"#) && said.contains("fresh classifier"),
         "{said}"
     );
+    // its resume continues its own head from the checkpoint, with no note
+    let other_dir = dir.join("other");
+    let resumed = distgpt(&[
+        "train",
+        "--resume",
+        other_dir.to_str().unwrap(),
+        "--steps",
+        "2",
+    ]);
+    let said = String::from_utf8_lossy(&succeeded(resumed).stderr).into_owned();
+    assert!(!said.contains("fresh classifier"), "{said}");
     // the kept head all but certain of each answer (loss e^-9): under the
     // swapped names it would be as certain of the wrong one (loss about 9);
     // a fresh head's small weights put the loss near ln 2

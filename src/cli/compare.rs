@@ -335,7 +335,8 @@ fn run_classify(a: CompareArgs, out_dir: PathBuf, threads: usize) -> Result<()> 
     let seq_len = a
         .seq_len
         .unwrap_or_else(|| distgpt::train::classify::default_seq_len(&init_from));
-    let task = ClassifyTask::new(&init_from, &data, train_examples, seq_len, a.seed)?;
+    let task = ClassifyTask::new(&init_from, &data, train_examples, seq_len, a.seed)?
+        .for_a_new_run(&init_from, a.seed);
     let mut base = TrainConfig {
         seq_len,
         duration: Duration::Epochs(epochs),

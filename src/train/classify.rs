@@ -66,19 +66,7 @@ impl ClassifyTask {
         let head = BertHead::Classify {
             labels: set.labels.len(),
         };
-        let (model, mut init, wp, vocab_file) = pretrained_bert(init_from, head, seed, "classify")?;
-        // a classifier of other labels (their names or their order) starts
-        // afresh: its head would predict the old ids under the new names
-        let named = crate::checkpoint::read_any_meta(init_from).map_or(Vec::new(), |m| m.labels);
-        if !named.is_empty() && named != set.labels {
-            crate::model::bert::fresh_classifier(&model, &mut init, seed);
-            crate::errln!(
-                "note: {} classifies {named:?} and {} names {:?}: it starts with a fresh classifier",
-                init_from.display(),
-                data.display(),
-                set.labels
-            );
-        }
+        let (model, init, wp, vocab_file) = pretrained_bert(init_from, head, seed, "classify")?;
         check_seq_len(seq_len, &model, set.has_pairs())?;
         let fingerprint = set.fingerprint();
         Ok(ClassifyTask {
@@ -90,6 +78,24 @@ impl ClassifyTask {
             data: data.to_path_buf(),
             fingerprint,
         })
+    }
+
+    /// A new run's start from `init_from`, its classifier drawn afresh from
+    /// `seed` where `init_from` classifies other labels (their names or
+    /// their order), said on stderr: its head would predict the old ids
+    /// under the new names. A resumed run's checkpoint holds its own head.
+    pub fn for_a_new_run(mut self, init_from: &Path, seed: u64) -> Self {
+        let named = crate::checkpoint::read_any_meta(init_from).map_or(Vec::new(), |m| m.labels);
+        if !named.is_empty() && named != self.set.labels {
+            crate::model::bert::fresh_classifier(&self.model, &mut self.init, seed);
+            crate::errln!(
+                "note: {} classifies {named:?} and {} names {:?}: it starts with a fresh classifier",
+                init_from.display(),
+                self.data.display(),
+                self.set.labels
+            );
+        }
+        self
     }
 
     /// Batches of `b` in one pass over the training examples (the last

@@ -293,7 +293,8 @@ fn build_classify(i: &TaskInputs<'_>) -> Result<(TaskData, usize)> {
     let seq = i
         .seq_len
         .unwrap_or_else(|| super::classify::default_seq_len(init_from));
-    let t = ClassifyTask::new(init_from, data, i.train_examples, seq, i.seed)?;
+    let t = ClassifyTask::new(init_from, data, i.train_examples, seq, i.seed)?
+        .for_a_new_run(init_from, i.seed);
     Ok((TaskData::Classify(t), seq))
 }
 
