@@ -106,14 +106,15 @@ impl Clblast {
     /// in 32-bit ints, and wraps past them.
     pub fn sgemm(&self, queue: cl_command_queue, g: Gemm) -> Result<(), GpuError> {
         let [a_span, b_span] = g.spans()?;
-        let reach = [
-            ("a", g.a.view.off + a_span),
-            ("b", g.b.view.off + b_span),
-            ("c", g.c.off + g.c_span()),
+        // the last element each reads or writes (a span counts from 0)
+        let last = [
+            ("a", g.a.view.off + a_span - 1),
+            ("b", g.b.view.off + b_span - 1),
+            ("c", g.c.off + g.c_span() - 1),
         ];
-        if let Some((what, end)) = reach.iter().find(|(_, end)| *end > i32::MAX as usize) {
+        if let Some((what, at)) = last.iter().find(|(_, at)| *at > i32::MAX as usize) {
             return Err(GpuError(format!(
-                "CLBlastSgemm (m={}, n={}, k={}, batch {}): its {what} reaches element {end} of \
+                "CLBlastSgemm (m={}, n={}, k={}, batch {}): its {what} reaches element {at} of \
                  its buffer, past CLBlast's 32-bit indices (2^31 - 1): a smaller batch or \
                  model, --recompute, or --device cuda",
                 g.m, g.n, g.k, g.batch.count
@@ -242,9 +243,11 @@ mod tests {
             },
         };
         let top = i32::MAX as usize;
-        // a's last element at 2^31 - 1 + 1, then c's
+        // a's 4,096 elements from 2^31 - 4,094 on, the last at 2^31; then
+        // c's; a's last at 2^31 - 1 is CLBlast's to take (its status here:
+        // no queue)
         let e = blas
-            .sgemm(std::ptr::null_mut(), gemm(top - 64 * 64 + 1, 0))
+            .sgemm(std::ptr::null_mut(), gemm(top - 64 * 64 + 2, 0))
             .unwrap_err();
         assert!(
             e.0.contains("its a reaches element 2147483648 of its buffer"),
@@ -254,5 +257,9 @@ mod tests {
             .sgemm(std::ptr::null_mut(), gemm(0, 1 << 31))
             .unwrap_err();
         assert!(e.0.contains("its c reaches element"), "{e}");
+        let e = blas
+            .sgemm(std::ptr::null_mut(), gemm(top - 64 * 64 + 1, 0))
+            .unwrap_err();
+        assert!(e.0.contains("failed with status"), "{e}");
     }
 }
