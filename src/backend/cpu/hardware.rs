@@ -138,6 +138,8 @@ fn physical_cores() -> Option<usize> {
         };
         // SAFETY: every c is below CPU_SETSIZE, the set's size.
         let cpus = (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) });
+        // a core's CPUs, the same list from each of its SMT siblings
+        // (core_id alone repeats across the dies of one package)
         distinct_cores(cpus, |cpu| {
             let read = |f: &str| {
                 let path = format!("/sys/devices/system/cpu/cpu{cpu}/topology/{f}");
@@ -145,22 +147,22 @@ fn physical_cores() -> Option<usize> {
                     .ok()
                     .map(|s| s.trim().to_string())
             };
-            Some((read("physical_package_id")?, read("core_id")?))
+            read("core_cpus_list").or_else(|| read("thread_siblings_list"))
         })
     }
     #[cfg(not(target_os = "linux"))]
     None
 }
 
-/// How many distinct (package, core) pairs `topology` names for `cpus`;
-/// None where it names none for some CPU.
+/// How many distinct cores `core_of` names for `cpus` (each CPU's core
+/// as the list of its CPUs); None where it names none for some CPU.
 fn distinct_cores(
     cpus: impl Iterator<Item = usize>,
-    topology: impl Fn(usize) -> Option<(String, String)>,
+    core_of: impl Fn(usize) -> Option<String>,
 ) -> Option<usize> {
     let mut cores = std::collections::HashSet::new();
     for cpu in cpus {
-        cores.insert(topology(cpu)?);
+        cores.insert(core_of(cpu)?);
     }
     (!cores.is_empty()).then_some(cores.len())
 }
@@ -328,14 +330,17 @@ mod x86 {
 mod tests {
     use super::*;
 
-    /// SMT siblings are one core: 4 CPUs of 2 threads a core on one
-    /// package are 2 cores (each CPU counted as a core, the peak read 2x).
+    /// SMT siblings are one core: 4 CPUs of 2 threads a core are 2 cores
+    /// (each CPU counted as a core, the peak read 2x), as Linux lists each
+    /// CPU's core (`core_cpus_list`: 0-1 for CPUs 0 and 1, or 0,2).
     #[test]
     fn smt_siblings_count_as_one_core() {
-        let topo = |cpu: usize| Some(("0".to_string(), (cpu % 2).to_string()));
-        assert_eq!(distinct_cores(0..4, topo), Some(2));
-        let two_packages = |cpu: usize| Some(((cpu / 2).to_string(), "0".to_string()));
-        assert_eq!(distinct_cores(0..4, two_packages), Some(2));
+        let pairs = |cpu: usize| Some(format!("{}-{}", cpu / 2 * 2, cpu / 2 * 2 + 1));
+        assert_eq!(distinct_cores(0..4, pairs), Some(2));
+        let spread = |cpu: usize| Some(format!("{},{}", cpu % 2, cpu % 2 + 2));
+        assert_eq!(distinct_cores(0..4, spread), Some(2));
+        let alone = |cpu: usize| Some(cpu.to_string());
+        assert_eq!(distinct_cores(0..4, alone), Some(4));
         assert_eq!(distinct_cores(0..4, |_| None), None);
         // this machine's: at most its logical CPUs
         let logical = std::thread::available_parallelism().unwrap().get();
