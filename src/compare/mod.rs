@@ -671,10 +671,6 @@ mod tests {
     use crate::model::GptConfig;
     use crate::parallel::pipeline::{Pipeline, Schedule};
 
-    /// A cell is skipped for what a run refuses before its first step: the
-    /// interleaved schedule sends micro-batches through its 2 stages in
-    /// pairs, so one micro-batch a step is a skipped cell, not a matrix
-    /// that ends at it (`compare --task classify` left the check out).
     /// A step counts in the epoch it began in: 7 batches an epoch read 2 a
     /// step make 4 steps an epoch, the last reading on into the next, and
     /// one epoch is one point (it was two: the crossing step was a second
@@ -715,6 +711,10 @@ mod tests {
         assert!((epochs[2].seconds - 0.25).abs() < 1e-9);
     }
 
+    /// A cell is skipped for what a run refuses before its first step: the
+    /// interleaved schedule sends micro-batches through its 2 stages in
+    /// pairs, so one micro-batch a step is a skipped cell, not a matrix
+    /// that ends at it (`compare --task classify` left the check out).
     #[test]
     fn cells_are_skipped_for_every_rule_a_run_checks_first() {
         let bert = crate::model::bert::BertConfig::preset("bert-minilm").unwrap();

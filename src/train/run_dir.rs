@@ -554,18 +554,6 @@ pub fn open(
         for (path, kept) in logs.into_iter().flatten() {
             write_atomic(&path, kept.as_bytes())?;
         }
-        // an earlier model's files would be read for this run's (by eval,
-        // export, --init-from) were it killed before writing its own: the
-        // newest checkpoint stands for the model until then
-        for file in [META_FILE, HF_CONFIG, WEIGHTS_FILE] {
-            let path = dir.join(file);
-            match std::fs::remove_file(&path) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    return Err(Error::io(&path, e))
-                }
-                _ => {}
-            }
-        }
     }
     let kept = match start {
         0 => Vec::new(),
@@ -581,6 +569,20 @@ pub fn open(
     let jsonl = LineWriter::open(&dir.join(METRICS_FILE), start > 0, None)?;
     let header = Some(LineWriter::CSV_HEADER);
     let csv = LineWriter::open(&dir.join(METRICS_CSV), start > 0, header)?;
+    if start > 0 {
+        // an earlier model's files would be read for this run's (by eval,
+        // export, --init-from) were it killed before writing its own: the
+        // newest checkpoint stands for the model until then
+        for file in [META_FILE, HF_CONFIG, WEIGHTS_FILE] {
+            let path = dir.join(file);
+            match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(Error::io(&path, e))
+                }
+                _ => {}
+            }
+        }
+    }
     if cfg.link_latest {
         // A convenience: failing to point it (say `latest` is a real
         // directory) must not stop the run.
