@@ -236,6 +236,12 @@ pub struct EpochPoint {
     pub covered: f64,
 }
 
+/// Optimizer steps an epoch, from a run's first step record: the inverse
+/// of the epochs one step reads (0 for a run of none).
+fn steps_per_epoch(h: &[StepRecord]) -> f64 {
+    h.first().map_or(0.0, |r| 1.0 / r.epoch)
+}
+
 impl EpochPoint {
     /// The epochs of a run's step records, each step in the epoch it began
     /// in (a step that reads on into the next epoch is its last).
@@ -375,7 +381,6 @@ impl RunResult {
         let step_s = step_ms / 1e3;
         let s = &summaries[0];
         let h = &s.history;
-        let steps_per_epoch = h.first().map_or(0.0, |r| 1.0 / r.epoch);
         let per_epoch = EpochPoint::of(h);
         let world = cell.parallel.world_size;
         RunResult {
@@ -392,7 +397,7 @@ impl RunResult {
             step_ms,
             tokens_per_s: tokens / step_s,
             tokens_per_s_per_rank: tokens / step_s / world as f64,
-            time_per_epoch_s: step_s * steps_per_epoch,
+            time_per_epoch_s: step_s * steps_per_epoch(h),
             repeats,
             rank_peak_bytes: s.rank_peak_bytes.clone(),
             final_loss: s.final_loss,
@@ -677,6 +682,13 @@ mod tests {
     /// epoch of 0.06 s). A partial last epoch's time is scaled to a whole.
     #[test]
     fn a_step_belongs_to_the_epoch_it_began_in() {
+        // a step of 2 of 7 batches: 3.5 steps an epoch
+        let first = StepRecord {
+            epoch: 2.0 / 7.0,
+            ..StepRecord::default()
+        };
+        assert!((steps_per_epoch(&[first]) - 3.5).abs() < 1e-12);
+        assert_eq!(steps_per_epoch(&[]), 0.0);
         let record = |batches: usize, ms| StepRecord {
             epoch: batches as f64 / 7.0,
             ms,
