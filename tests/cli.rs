@@ -3535,6 +3535,10 @@ fn bench_refuses_counts_past_their_range_and_a_cache_past_memory() {
         ),
         (&["--warmup", &*max][..], "add up past any count of steps"),
         (
+            &["--generate", "64"][..],
+            "a 1-token prompt leaves room for 1 to 63",
+        ),
+        (
             &["--generate", "5", "--warmup", &*max][..],
             "add up past any count of steps",
         ),
@@ -3552,6 +3556,19 @@ fn bench_refuses_counts_past_their_range_and_a_cache_past_memory() {
             "{args:?}: {said}"
         );
     }
+    // the block's last position is a prompt's to fill: 63 new tokens after 1
+    let line = [
+        "bench",
+        "--model",
+        "tiny",
+        "--generate",
+        "63",
+        "--batch-size",
+        "1",
+    ];
+    succeeded(distgpt(
+        &[&line[..], &["--steps", "1", "--warmup", "0"]].concat(),
+    ));
 }
 
 /// A named device's peak and memory bandwidth given on the command line

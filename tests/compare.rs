@@ -68,6 +68,17 @@ fn compare_writes_the_report_and_strategies_match_single() {
         );
         assert_eq!(r.per_epoch.len(), 2, "{}: two epochs", r.label);
         assert!(r.tokens_per_s > 0.0 && r.max_peak().total > 0);
+        // a rank's share of the throughput, and an epoch at the step's
+        // pace: the steps over the epochs they read
+        let per_rank = r.tokens_per_s / r.world_size as f64;
+        assert!((r.tokens_per_s_per_rank - per_rank).abs() <= 1e-9 * per_rank);
+        let epoch_s = r.step_ms / 1e3 * r.steps as f64 / r.epochs;
+        assert!(
+            (r.time_per_epoch_s - epoch_s).abs() <= 1e-9 * epoch_s,
+            "{}: {} s an epoch, {epoch_s} by its steps",
+            r.label,
+            r.time_per_epoch_s
+        );
         // a pipeline's last step is timed on both ranks: 2 micro-batches
         // forward and backward each, and its bubble measured
         let piped = r.pipeline.stages > 1;

@@ -104,6 +104,10 @@ fn run_generate<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, tokens: usi
         (None, None) => metrics::available_memory_bytes(),
         (None, Some(_)) => None,
     };
+    // mutant-equivalent: src/cli/bench.rs: replace > with >= in run_generate
+    // (here: a cache of exactly the free bytes; the same name's mutant of
+    // the room check above is caught, by --generate 63 after a 1-token
+    // prompt in a 64-token block)
     if let Some(free) = free {
         if cache > free as f64 {
             anyhow::bail!(
@@ -340,6 +344,13 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig) -> Result<()> {
     let formula = par.pipeline.expected_bubble(spec.grad_accum, &timelines);
     // thread ranks (an NCCL group's among them) share the process's profile
     // and the peak of all of them; a rank under mpirun has its own of each
+    // mutant-equivalent: src/cli/bench.rs: replace && with || in bench_on
+    // mutant-equivalent: src/cli/bench.rs: replace != with == in bench_on
+    // (both tell apart only --comm nccl without mpirun, which needs a GPU,
+    // or a rank under mpirun, which the mutation step's build without the
+    // mpi feature never starts: tests/cli.rs's
+    // bench_profile_under_mpirun_counts_a_ranks_kernels_against_its_share_of_the_peak,
+    // in CI's mpi pass, catches the second)
     let rank_processes =
         a.parallel.comm != CommKind::Local && distgpt::parallel::launch::under_mpirun();
     let (ranks_here, profiled) = match rank_processes {

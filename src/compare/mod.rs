@@ -721,6 +721,29 @@ mod tests {
         );
         assert!(times.iter().all(|t| (t - 0.5).abs() < 1e-9), "{times:?}");
         assert!((epochs[2].seconds - 0.25).abs() < 1e-9);
+        // an epoch's mean loss and gradient norm and its largest peak
+        let step = |epoch: f64, loss: f32, grad_norm: f32, peak: u64| StepRecord {
+            epoch,
+            loss,
+            grad_norm,
+            rank_peak_bytes: vec![PeakRow::from([0, 0, 0, 0, 0, peak])],
+            ..StepRecord::default()
+        };
+        let h = [
+            step(0.5, 2.0, 1.0, 7),
+            step(1.0, 4.0, 3.0, 9),
+            step(1.5, 1.0, 0.5, 8),
+        ];
+        let epochs = EpochPoint::of(&h);
+        let means = |p: &EpochPoint| (p.mean_loss, p.mean_grad_norm, p.peak_bytes);
+        assert_eq!(
+            epochs.iter().map(means).collect::<Vec<_>>(),
+            [(3.0, 2.0, 9), (1.0, 0.5, 8)]
+        );
+        // a step that reads more than an epoch leaves the one it skips out
+        let h = [step(2.5, 1.0, 1.0, 1), step(5.0, 1.0, 1.0, 1)];
+        let epochs: Vec<usize> = EpochPoint::of(&h).iter().map(|p| p.epoch).collect();
+        assert_eq!(epochs, [1, 3]);
     }
 
     /// A cell is skipped for what a run refuses before its first step: the

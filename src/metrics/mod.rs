@@ -399,6 +399,19 @@ mod tests {
     /// A record whose figures are no number is written `null` and read back
     /// as NaN: `read_metrics` dropped it (reports and plots lost the step).
     #[test]
+    fn the_memory_line_names_every_category_the_peak_counts() {
+        let mut m = MemoryReport::default();
+        (m.peak_bytes.params, m.peak_bytes.grads) = (1024, 2048);
+        (m.peak_bytes.optimizer, m.peak_bytes.activations) = (3072, 5 << 20);
+        (m.peak_bytes.other, m.peak_total_bytes) = (512, 6 << 20);
+        assert_eq!(
+            memory_line(&m),
+            "params 1.0 KiB | grads 2.0 KiB | optimizer 3.0 KiB | activations 5.0 MiB | \
+             other 512 B | peak total 6.0 MiB"
+        );
+    }
+
+    #[test]
     fn a_record_of_figures_that_are_no_number_reads_back() {
         let record = StepRecord {
             step: 3,

@@ -342,7 +342,25 @@ mod tests {
         let alone = |cpu: usize| Some(cpu.to_string());
         assert_eq!(distinct_cores(0..4, alone), Some(4));
         assert_eq!(distinct_cores(0..4, |_| None), None);
-        // this machine's: at most its logical CPUs
+        // this machine's, as /proc/cpuinfo counts them where every CPU is
+        // this process's: its processors over the threads a core
+        // ("siblings" a package over its "cpu cores")
+        if let (Ok(info), Ok(mine)) = (
+            std::fs::read_to_string("/proc/cpuinfo"),
+            std::thread::available_parallelism(),
+        ) {
+            let field = |key: &str| -> Option<usize> {
+                let line = info.lines().find(|l| l.starts_with(key))?;
+                line.split(':').nth(1)?.trim().parse().ok()
+            };
+            let processors = info.lines().filter(|l| l.starts_with("processor")).count();
+            if let (Some(siblings), Some(cores)) = (field("siblings"), field("cpu cores")) {
+                if processors == mine.get() {
+                    assert_eq!(physical_cores(), Some(processors * cores / siblings));
+                }
+            }
+        }
+        // at most its logical CPUs
         let logical = std::thread::available_parallelism().unwrap().get();
         assert!(physical_cores().is_some_and(|n| (1..=logical).contains(&n)));
     }
