@@ -1174,6 +1174,13 @@ fn a_run_stopped_before_its_first_checkpoint_starts_again_in_its_place() {
     );
 }
 
+/// The run in `dir` as a kill before its first checkpoint leaves it: no
+/// checkpoint and no model weights.
+fn as_if_stopped_before_its_first_checkpoint(dir: &Path) {
+    std::fs::remove_dir_all(dir.join("checkpoints")).unwrap();
+    std::fs::remove_file(dir.join("model.safetensors")).unwrap();
+}
+
 /// A folder of another tool's files is no run, even with a `checkpoints/`
 /// or a `metrics.jsonl` in it: `--out` it is refused and nothing in it
 /// goes, with `--overwrite` too (both emptied it: the names alone counted
@@ -1210,8 +1217,7 @@ fn a_folder_of_other_files_is_never_emptied_for_a_run() {
     // a run stopped before its first checkpoint, and the user's notes beside it
     let dir = tmp("foreign-beside-a-run");
     assert!(train(&dir, &["--steps", "1"]).status.success());
-    std::fs::remove_dir_all(dir.join("checkpoints")).unwrap();
-    std::fs::remove_file(dir.join("model.safetensors")).unwrap();
+    as_if_stopped_before_its_first_checkpoint(&dir);
     std::fs::write(dir.join("notes.txt"), "mine").unwrap();
     let o = train(&dir, &["--steps", "1"]);
     assert!(
@@ -1234,8 +1240,7 @@ fn a_folder_of_other_files_is_never_emptied_for_a_run() {
             &["--steps", "1", "--tensorboard", events.to_str().unwrap()],
         );
         assert!(first.status.success(), "{}", stderr(&first));
-        std::fs::remove_dir_all(dir.join("checkpoints")).unwrap();
-        std::fs::remove_file(dir.join("model.safetensors")).unwrap();
+        as_if_stopped_before_its_first_checkpoint(&dir);
         let again = train(&dir, &["--steps", "1"]);
         assert!(
             stderr(&again).contains("in its place"),
