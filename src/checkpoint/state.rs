@@ -288,6 +288,26 @@ fn publish(root: &Path, tmp: &Path, done: &Path, info: &SaveInfo, world_size: us
 
 /// Complete checkpoints (`step_N/` with an index), oldest first.
 pub fn list(run_dir: &Path) -> Result<Vec<PathBuf>> {
+    let dirs = step_dirs(run_dir)?;
+    Ok(dirs
+        .into_iter()
+        .filter(|p| p.join(INDEX).exists())
+        .collect())
+}
+
+/// The checkpoint folders of the run in `run_dir` past `step` that lack
+/// their index (a damaged checkpoint: one being written is `step_N.tmp`),
+/// by step.
+pub fn damaged_after(run_dir: &Path, step: usize) -> Vec<PathBuf> {
+    let dirs = step_dirs(run_dir).unwrap_or_default();
+    let past = |p: &PathBuf| step_of(p).is_some_and(|s| s > step) && !p.join(INDEX).exists();
+    dirs.into_iter().filter(past).collect()
+}
+
+/// Every `step_N` folder of the run in `run_dir`, complete or not (none
+/// being written: those are `step_N.tmp`), by step: past 10^8 the eight
+/// digits grow a ninth, which sorts first as text.
+fn step_dirs(run_dir: &Path) -> Result<Vec<PathBuf>> {
     let root = run_dir.join(DIR);
     if !root.exists() {
         return Ok(Vec::new());
@@ -297,29 +317,11 @@ pub fn list(run_dir: &Path) -> Result<Vec<PathBuf>> {
         .filter(|p| {
             p.file_name()
                 .is_some_and(|n| n.to_string_lossy().starts_with("step_"))
-                && p.join(INDEX).exists()
+                && p.extension().is_none()
         })
-        .filter(|p| p.extension().is_none())
         .collect();
-    // by step: past 10^8 the eight digits grow a ninth, which sorts first as text
     dirs.sort_by_key(|p| (step_of(p), p.clone()));
     Ok(dirs)
-}
-
-/// The checkpoint folders of the run in `run_dir` past `step` that lack
-/// their index (a damaged checkpoint: one being written is `step_N.tmp`),
-/// by step.
-pub fn damaged_after(run_dir: &Path, step: usize) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(run_dir.join(DIR)) else {
-        return Vec::new();
-    };
-    let mut dirs: Vec<PathBuf> = entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_none() && !p.join(INDEX).exists())
-        .filter(|p| step_of(p).is_some_and(|s| s > step))
-        .collect();
-    dirs.sort_by_key(|p| step_of(p));
-    dirs
 }
 
 fn prune(root: &Path, keep: usize) -> Result<()> {

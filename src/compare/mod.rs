@@ -250,7 +250,7 @@ impl EpochPoint {
         let mut counts: Vec<usize> = Vec::new();
         let mut began = 0.0f64;
         for r in h {
-            let e = began.floor() as usize;
+            let e = crate::metrics::whole_epochs(began);
             if out.len() <= e {
                 out.resize_with(e + 1, EpochPoint::default);
                 counts.resize(e + 1, 0);

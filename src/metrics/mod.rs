@@ -51,6 +51,13 @@ pub struct StepRecord {
     pub comm: CommStats,
 }
 
+/// The epochs read whole at `epoch`, a step record's position in epochs
+/// (past float noise: 0.99999999999 is 1). A step belongs to the epoch it
+/// began in: the one its previous record's position is in.
+pub fn whole_epochs(epoch: f64) -> usize {
+    (epoch + 1e-9).floor() as usize
+}
+
 /// A float, or NaN where JSON holds `null` (how serde_json writes NaN).
 fn nan_if_null<'de, D, T>(d: D) -> std::result::Result<T, D::Error>
 where

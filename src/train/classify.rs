@@ -577,21 +577,20 @@ pub struct EpochRecord {
 pub fn epoch_records(history: &[StepRecord]) -> Vec<EpochRecord> {
     let mut out = Vec::new();
     let (mut loss, mut seconds, mut tokens, mut steps) = (0.0f64, 0.0f64, 0.0f64, 0usize);
-    let done = |epoch: f64| (epoch + 1e-9).floor();
     let mut before = 0.0;
     for r in history {
         loss += r.loss as f64;
         seconds += r.ms / 1e3;
         tokens += r.tokens_per_s * r.ms / 1e3;
         steps += 1;
-        let whole = done(r.epoch);
-        let at_end = whole > done(before);
+        let whole = crate::metrics::whole_epochs(r.epoch);
+        let at_end = whole > crate::metrics::whole_epochs(before);
         before = r.epoch;
         if let (true, Some(v), Some(accuracy), Some(f1)) =
             (at_end, r.val_loss, r.val_accuracy, r.val_f1)
         {
             out.push(EpochRecord {
-                epoch: whole as usize,
+                epoch: whole,
                 train_loss: (loss / steps as f64) as f32,
                 val: Scores {
                     loss: v,

@@ -267,6 +267,10 @@ fn same_dir(a: &Path, b: &Path) -> bool {
     matches!((a.canonicalize(), b.canonicalize()), (Ok(a), Ok(b)) if a == b)
 }
 
+/// The model files a run writes at its end (a GPT-2's, or a BERT's Hugging
+/// Face `config.json`), weights last.
+const MODEL_FILES: [&str; 3] = [META_FILE, HF_CONFIG, WEIGHTS_FILE];
+
 /// Whether `dir` holds a distgpt run (what `--overwrite` may empty): a
 /// `run.json` that is a run's record (its model, training and layout), not
 /// only a name other tools use too (`checkpoints/`, `metrics.jsonl`).
@@ -310,11 +314,8 @@ fn foreign_entries(dir: &Path, tensorboard: Option<&Path>) -> Result<Vec<String>
         LOCK_FILE,
         state::DIR,
         super::classify::SUMMARY_FILE,
-        META_FILE,
-        HF_CONFIG,
         "vocab.txt",
         "tokenizer_config.json",
-        WEIGHTS_FILE,
     ];
     let mut foreign = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
@@ -322,7 +323,7 @@ fn foreign_entries(dir: &Path, tensorboard: Option<&Path>) -> Result<Vec<String>
         let name = path.file_name().unwrap_or_default().to_string_lossy();
         let written = name.strip_suffix(".tmp").unwrap_or(&name);
         let events = tensorboard.is_some_and(|t| same_dir(t, &path)) || is_tensorboards(&path);
-        if !ours.contains(&written) && !events {
+        if !ours.contains(&written) && !MODEL_FILES.contains(&written) && !events {
             foreign.push(name.into_owned());
         }
     }
@@ -335,7 +336,7 @@ fn foreign_entries(dir: &Path, tensorboard: Option<&Path>) -> Result<Vec<String>
 pub fn holds_nothing_to_keep(dir: &Path) -> Result<bool> {
     Ok(state::list(dir)?.is_empty()
         && !dir.join(state::DIR).join("superseded").exists()
-        && !dir.join("model.safetensors").exists())
+        && !dir.join(WEIGHTS_FILE).exists())
 }
 
 /// Refuses `dir` as a new run's `--out` where it holds `entries` but no
@@ -384,15 +385,14 @@ fn prepare_new(dir: &Path, cfg: &TrainConfig) -> Result<()> {
             if foreign.len() > 1 { ", ..." } else { "" }
         )));
     }
-    let restart = stopped;
-    if restart {
+    if stopped {
         crate::errln!(
             "{} holds a run stopped before its first checkpoint was complete (nothing to resume, no model files): starting a new run in its place",
             dir.display()
         );
     }
     if !entries.is_empty() {
-        if !overwrite && !restart && holds_a_run(dir) {
+        if !overwrite && !stopped && holds_a_run(dir) {
             return Err(Error::Input(format!(
                 "{} is not empty (it holds a run): continue that run with `--resume {0}`, choose a new --out, or pass --overwrite to empty it first",
                 dir.display(),
@@ -573,7 +573,7 @@ pub fn open(
         // an earlier model's files would be read for this run's (by eval,
         // export, --init-from) were it killed before writing its own: the
         // newest checkpoint stands for the model until then
-        for file in [META_FILE, HF_CONFIG, WEIGHTS_FILE] {
+        for file in MODEL_FILES {
             let path = dir.join(file);
             match std::fs::remove_file(&path) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
