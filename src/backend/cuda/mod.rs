@@ -803,7 +803,6 @@ mod tests {
     /// address; one stored in bf16, and C and D, as their own addresses.
     #[test]
     fn a_gemms_plan_keys_a_rounded_operand_by_its_scratch() {
-        use crate::backend::gpu::Batch;
         let view = |mem, off| View {
             mem,
             off,
@@ -816,24 +815,17 @@ mod tests {
             bf16,
         };
         let gemm = |a_bf16, bf16| Gemm {
-            m: 64,
-            n: 64,
-            k: 64,
-            a: operand(view(0x1000, 1), a_bf16),
-            b: operand(view(0x2000, 3), false),
-            beta: 0.0,
-            c: view(0x4000, 2),
-            ldc: 64,
-            bias: None,
             residual: Some(view(0x8000, 4)),
-            c_bf16: false,
-            bf16,
-            batch: Batch {
-                count: 1,
-                a: 0,
-                b: 0,
-                c: 0,
-            },
+            ..Gemm::new(
+                [64; 3],
+                [
+                    operand(view(0x1000, 1), a_bf16),
+                    operand(view(0x2000, 3), false),
+                ],
+                view(0x4000, 2),
+                64,
+                bf16,
+            )
         };
         // a stored in bf16 at 0x1002, b rounded, C the residual at 0x8010,
         // D the output at 0x4008
