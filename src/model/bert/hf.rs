@@ -32,17 +32,8 @@ pub fn read_config(dir: &Path, head: Option<BertHead>) -> Result<BertConfig> {
             .ok_or_else(|| bad(&format!("{k} is missing or not a whole number")))
     };
     // an optional setting: absent or null, or of its type
-    let optional = |k: &str, kind: &str| match &j[k] {
-        serde_json::Value::Null => Ok(None),
-        v if kind == "a string" && v.is_string() || kind == "a number" && v.is_number() => {
-            Ok(Some(v.clone()))
-        }
-        v => Err(bad(&format!("{k} is {v}, not {kind}"))),
-    };
-    match optional("hidden_act", "a string")?
-        .as_ref()
-        .and_then(|v| v.as_str())
-    {
+    let optional = |k: &str, kind: &str| optional(&j, k, kind).map_err(|e| bad(&e));
+    match optional("hidden_act", "a string")?.and_then(|v| v.as_str()) {
         Some("gelu") | None => {}
         Some(other) => {
             return Err(bad(&format!(
@@ -86,6 +77,24 @@ pub fn read_config(dir: &Path, head: Option<BertHead>) -> Result<BertConfig> {
     };
     cfg.validate()?;
     Ok(cfg)
+}
+
+/// `j`'s optional setting `k`: absent or null, or `kind` ("a string" or
+/// "a number"), or why not.
+fn optional<'a>(
+    j: &'a serde_json::Value,
+    k: &str,
+    kind: &str,
+) -> std::result::Result<Option<&'a serde_json::Value>, String> {
+    let is_kind = |v: &serde_json::Value| match kind {
+        "a string" => v.is_string(),
+        _ => v.is_number(),
+    };
+    match &j[k] {
+        serde_json::Value::Null => Ok(None),
+        v if is_kind(v) => Ok(Some(v)),
+        v => Err(format!("{k} is {v}, not {kind}")),
+    }
 }
 
 /// A classifier folder's label names in id order (its `id2label`), none
