@@ -2344,6 +2344,20 @@ fn a_shard_folder_keeps_its_tokenizer_and_init_from_keeps_its_models_shape() {
         );
     }
     assert_eq!(files(&run), before, "the run's folder is as it was");
+    // nor among a model's: its vocab.txt and tokenizer.json are the model's
+    let model = dir.join("model");
+    std::fs::create_dir_all(&model).unwrap();
+    for f in ["model.json", "model.safetensors"] {
+        std::fs::copy(run.join(f), model.join(f)).unwrap();
+    }
+    std::fs::write(model.join("vocab.txt"), "[PAD]\n").unwrap();
+    for extra in [&[][..], &["--overwrite"]] {
+        let mut args = vec!["data", "prepare", "--input", text_s];
+        args.extend_from_slice(&["--out", model.to_str().unwrap()]);
+        args.extend_from_slice(extra);
+        refused(distgpt(&args), "holds a model (model.json)");
+    }
+    assert_eq!(files(&model), 3, "the model's folder is as it was");
     for flag in [
         &["--n-layer", "3"][..],
         &["--model", "gpt2"],

@@ -145,7 +145,8 @@ pub fn run(command: DataCommand) -> Result<()> {
     Ok(())
 }
 
-/// Refuses an `--out` that is a file or holds a training run, or that holds
+/// Refuses an `--out` that is a file or holds a training run or a model
+/// (its `vocab.txt` and `tokenizer.json` are the model's), or that holds
 /// token shards or a tokenizer.json (new shards would be read beside the old ones, and the
 /// old decoded with the new vocabulary); with `overwrite`, deletes those.
 fn clear_earlier(out: &Path, overwrite: bool) -> Result<()> {
@@ -156,6 +157,15 @@ fn clear_earlier(out: &Path, overwrite: bool) -> Result<()> {
     if distgpt::train::run_dir::holds_a_run(out) {
         bail!(
             "--out {} holds a training run: shards go in a folder of their own (`train --overwrite` would delete them with the run); choose another --out",
+            out.display()
+        );
+    }
+    let model = distgpt::model::files::MODEL_FILES
+        .into_iter()
+        .find(|f| out.join(f).is_file());
+    if let Some(file) = model {
+        bail!(
+            "--out {} holds a model ({file}), whose tokenizer files a preparation would replace: shards go in a folder of their own; choose another --out",
             out.display()
         );
     }

@@ -63,14 +63,16 @@ impl Split {
         })
     }
 
+    /// Every token, part after part.
+    pub fn tokens(&self) -> impl Iterator<Item = u32> + '_ {
+        self.parts
+            .iter()
+            .flat_map(|p| (0..p.len()).map(move |i| p.get(i)))
+    }
+
     /// The first `n` tokens (all of them when there are fewer), in memory.
     pub fn head(&self, n: usize) -> Split {
-        let tokens = self
-            .parts
-            .iter()
-            .flat_map(|p| (0..p.len()).map(move |i| p.get(i) as u16))
-            .take(n)
-            .collect();
+        let tokens = self.tokens().map(|t| t as u16).take(n).collect();
         Split {
             parts: vec![Part::Memory(tokens)],
         }

@@ -320,8 +320,18 @@ impl Dataset {
         let spec_path = dir.join("tokenizer.json");
         let spec = if spec_path.exists() {
             let text = std::fs::read_to_string(&spec_path).map_err(|e| Error::io(&spec_path, e))?;
-            serde_json::from_str(&text)
-                .map_err(|e| Error::Input(format!("{}: {e}", spec_path.display())))?
+            serde_json::from_str(&text).map_err(|e| {
+                // a Hugging Face tokenizer.json has a "model"; ours a "kind"
+                let hf = serde_json::from_str::<serde_json::Value>(&text)
+                    .is_ok_and(|v| v.get("model").is_some());
+                Error::Input(match hf {
+                    true => format!(
+                        "{}: a Hugging Face tokenizer, not the tokenizer.json `distgpt data prepare` writes beside its shards; llm.c's GPT-2 shards need none (move it away)",
+                        spec_path.display()
+                    ),
+                    false => format!("{}: {e}", spec_path.display()),
+                })
+            })?
         } else {
             // llm.c's shards carry none; `data prepare` always writes one
             crate::errln!(
@@ -444,11 +454,19 @@ pub fn learn_wordpiece(source: Option<&Path>, size: usize) -> Result<wordpiece::
 /// The file a folder of shards holds while `data prepare` writes it.
 pub const UNFINISHED: &str = "prepare.unfinished";
 
-/// Writes `<name>_train_000000.bin`, `<name>_val_000000.bin`,
-/// `tokenizer.json` and, for a WordPiece vocabulary, its `vocab.txt` into
-/// `out`, each atomically and [`UNFINISHED`] until all are; returns (train
-/// tokens, val tokens).
+/// The most tokens a shard of `data prepare` holds: llm.c's `fineweb.py`
+/// writes shards of 10^8 (the format's count is an i32).
+pub const SHARD_TOKENS: usize = 100_000_000;
+
+/// Writes `<name>_train_000000.bin` (and `_000001.bin` on, a shard each
+/// [`SHARD_TOKENS`]), `<name>_val_000000.bin`, `tokenizer.json` and, for a
+/// WordPiece vocabulary, its `vocab.txt` into `out`, each atomically and
+/// [`UNFINISHED`] until all are; returns (train tokens, val tokens).
 pub fn write_shards(ds: &Dataset, out: &Path) -> Result<(usize, usize)> {
+    write_shards_of(ds, out, SHARD_TOKENS)
+}
+
+fn write_shards_of(ds: &Dataset, out: &Path, per_shard: usize) -> Result<(usize, usize)> {
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     // Shards without a tokenizer.json are llm.c's GPT-2 BPE: until the
     // folder is whole, this file says it is not.
@@ -456,20 +474,20 @@ pub fn write_shards(ds: &Dataset, out: &Path) -> Result<(usize, usize)> {
     let why = "distgpt data prepare is writing this folder\n";
     std::fs::write(&unfinished, why).map_err(|e| Error::io(&unfinished, e))?;
     let mut counts = [0usize; 2];
-    for (i, (split, tag)) in [(&ds.train, "train"), (&ds.val, "val")]
-        .into_iter()
-        .enumerate()
+    for (count, (split, tag)) in counts
+        .iter_mut()
+        .zip([(&ds.train, "train"), (&ds.val, "val")])
     {
-        let tokens: Vec<u32> = split
-            .parts
-            .iter()
-            .flat_map(|p| match p {
-                Part::Memory(v) => v.iter().map(|&t| t as u32).collect::<Vec<_>>(),
-                Part::Mapped(s) => (0..s.len()).map(|i| s.get(i)).collect(),
-            })
-            .collect();
-        counts[i] = tokens.len();
-        shard::write_shard(&out.join(format!("{}_{tag}_000000.bin", ds.name)), &tokens)?;
+        let mut tokens = split.tokens();
+        for k in 0.. {
+            let shard: Vec<u32> = tokens.by_ref().take(per_shard).collect();
+            if shard.is_empty() && k > 0 {
+                break;
+            }
+            let path = out.join(format!("{}_{tag}_{k:06}.bin", ds.name));
+            shard::write_shard(&path, &shard)?;
+            *count += shard.len();
+        }
     }
     if let Tokenizer::WordPiece(wp) = &ds.tokenizer {
         crate::store::write_atomic(&out.join("vocab.txt"), wp.vocab_text().as_bytes())?;
@@ -571,6 +589,67 @@ mod tests {
         assert!(a.contains("'c'") && b.contains("'d'"), "{a} / {b}");
         let [a, b] = describe_apart(&spec("ab"), &TokenizerSpec::Gpt2);
         assert_eq!((a, b), (describe(&spec("ab")), "GPT-2 BPE".to_string()));
+    }
+
+    /// A split longer than a shard holds goes into numbered shards, read
+    /// back as the same tokens in the same order (the format's count is an
+    /// i32: one shard of a large text was refused after tokenizing it all).
+    #[test]
+    fn a_split_past_a_shards_size_is_written_in_numbered_shards() {
+        let dir = crate::testdir::TestDir::new("many-shards");
+        let text = dir.path().join("text.txt");
+        std::fs::write(&text, &SHAKESPEARE[..3_000]).unwrap();
+        let ds = Dataset::load(Some(&text), TokenizerKind::Char).unwrap();
+        let (train, val): (Vec<u32>, Vec<u32>) =
+            (ds.train.tokens().collect(), ds.val.tokens().collect());
+        let out = dir.path().join("shards");
+        // 2,700 train tokens: shards of 1,000, 1,000 and 700; 300 val in one
+        assert_eq!(write_shards_of(&ds, &out, 1_000).unwrap(), (2_700, 300));
+        let names: Vec<String> = shard_files(&out)
+            .unwrap()
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "text_train_000000.bin",
+                "text_train_000001.bin",
+                "text_train_000002.bin",
+                "text_val_000000.bin"
+            ]
+        );
+        let back = Dataset::load(Some(&out), TokenizerKind::Char).unwrap();
+        assert_eq!(back.train.tokens().collect::<Vec<_>>(), train);
+        assert_eq!(back.val.tokens().collect::<Vec<_>>(), val);
+        // a split of exactly a shard's tokens writes no empty shard after it
+        let exact = dir.path().join("exact");
+        write_shards_of(&ds, &exact, 300).unwrap();
+        assert_eq!(shard_files(&exact).unwrap().len(), 9 + 1);
+    }
+
+    /// A Hugging Face tokenizer.json beside shards is named as what it is.
+    #[test]
+    fn a_hugging_face_tokenizer_beside_shards_is_named() {
+        let dir = crate::testdir::TestDir::new("hf-tok");
+        shard::write_shard(&dir.path().join("x_train_000000.bin"), &[1, 2, 3]).unwrap();
+        shard::write_shard(&dir.path().join("x_val_000000.bin"), &[1, 2, 3]).unwrap();
+        let tok = dir.path().join("tokenizer.json");
+        std::fs::write(&tok, r#"{"version": "1.0", "model": {"type": "BPE"}}"#).unwrap();
+        let err = Dataset::load(Some(dir.path()), TokenizerKind::Char)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("a Hugging Face tokenizer"), "{err}");
+        std::fs::write(&tok, r#"{"kind": "bpe"}"#).unwrap();
+        let err = Dataset::load(Some(dir.path()), TokenizerKind::Char)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("unknown variant") && !err.contains("Hugging Face"),
+            "{err}"
+        );
     }
 
     #[test]

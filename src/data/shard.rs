@@ -7,6 +7,8 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 pub const MAGIC: i32 = 20240520;
+/// llm.c's shards of LLaMA 3's u32 tokens (version 7).
+const LLAMA3_MAGIC: i32 = 20240801;
 pub const VERSION: i32 = 1;
 const HEADER_BYTES: usize = 256 * 4;
 
@@ -62,7 +64,16 @@ impl Shard {
         let word =
             |i: usize| i32::from_le_bytes(map[4 * i..4 * i + 4].try_into().expect("4 bytes"));
         if word(0) != MAGIC {
-            return Err(bad(format!("magic number {} (expected {MAGIC})", word(0))));
+            let llama = match word(0) {
+                LLAMA3_MAGIC => {
+                    ": llm.c's LLaMA 3 shards of u32 tokens, which distgpt does not read"
+                }
+                _ => "",
+            };
+            return Err(bad(format!(
+                "magic number {} (expected {MAGIC}, llm.c's GPT-2 shards){llama}",
+                word(0)
+            )));
         }
         if word(1) != VERSION {
             return Err(bad(format!("version {} (expected {VERSION})", word(1))));
@@ -158,6 +169,12 @@ mod tests {
         std::fs::write(&p, &bytes).unwrap();
         let err = Shard::open(&p).err().unwrap().to_string();
         assert!(err.contains("magic") && err.contains("a.bin"), "{err}");
+        // llm.c's other format is named as what it is
+        let mut llama = bytes.clone();
+        llama[..8].copy_from_slice(&[20240801i32.to_le_bytes(), 7i32.to_le_bytes()].concat());
+        std::fs::write(&p, &llama).unwrap();
+        let err = Shard::open(&p).err().unwrap().to_string();
+        assert!(err.contains("20240801") && err.contains("LLaMA 3"), "{err}");
 
         bytes[0] ^= 1;
         bytes.pop();

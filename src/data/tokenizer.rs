@@ -120,7 +120,9 @@ impl Tokenizer {
                 .map(|ch| index.get(&ch).copied())
                 .collect::<Option<Vec<u32>>>()
                 .ok_or_else(|| unknown_characters(text, index)),
-            Tokenizer::Gpt2(bpe) => Ok(bpe.encode_ordinary(text)),
+            // `<|endoftext|>` in the text is its token, as `transformers`
+            // reads our tokenizer.json (and llm.c's prompts allow it)
+            Tokenizer::Gpt2(bpe) => Ok(bpe.encode_with_special_tokens(text)),
             Tokenizer::WordPiece(wp) => Ok(wp.encode(text)),
         }
     }
@@ -407,6 +409,11 @@ mod tests {
         let t = Tokenizer::from_spec(&TokenizerSpec::Gpt2).unwrap();
         assert_eq!(t.encode("Hello world").unwrap(), vec![15496, 995]);
         assert_eq!(t.decode(&[15496, 995]), "Hello world");
+        // the end-of-text token, written in a text, is that token (as
+        // `transformers` reads the tokenizer.json we export), not the seven
+        // pieces of its spelling
+        assert_eq!(t.encode("a<|endoftext|>b").unwrap(), [64, GPT2_EOT, 65]);
+        assert_eq!(t.decode(&[64, GPT2_EOT, 65]), "a<|endoftext|>b");
     }
 
     /// Streamed a token at a time, a text prints as itself: the texts'

@@ -18,6 +18,9 @@ pub const WEIGHTS_FILE: &str = "model.safetensors";
 pub const META_FILE: &str = "model.json";
 /// A Hugging Face folder's config.
 pub const HF_CONFIG: &str = "config.json";
+/// The files of a model folder (a GPT-2's `model.json`, or a BERT's or a
+/// Hugging Face folder's `config.json`), weights last.
+pub const MODEL_FILES: [&str; 3] = [META_FILE, HF_CONFIG, WEIGHTS_FILE];
 
 /// A model's shape (of any family), tokenizer, and the names of its output
 /// labels where it is a classifier that knows them.

@@ -10,7 +10,7 @@ use crate::comm::CommStats;
 use crate::error::{Error, Result};
 use crate::metrics::tensorboard::EventWriter;
 use crate::metrics::{timestamp, unix_now, LineWriter, StepRecord, MIB};
-use crate::model::files::{HF_CONFIG, META_FILE, WEIGHTS_FILE};
+use crate::model::files::{MODEL_FILES, WEIGHTS_FILE};
 use crate::model::{ModelConfig, Precision};
 use crate::parallel::ParallelConfig;
 use crate::store::{json_checksum, write_atomic, write_json};
@@ -266,10 +266,6 @@ fn link_latest(dir: &Path) -> Result<()> {
 fn same_dir(a: &Path, b: &Path) -> bool {
     matches!((a.canonicalize(), b.canonicalize()), (Ok(a), Ok(b)) if a == b)
 }
-
-/// The model files a run writes at its end (a GPT-2's, or a BERT's Hugging
-/// Face `config.json`), weights last.
-const MODEL_FILES: [&str; 3] = [META_FILE, HF_CONFIG, WEIGHTS_FILE];
 
 /// Whether `dir` holds a distgpt run (what `--overwrite` may empty): a
 /// `run.json` that is a run's record (its model, training and layout), not
