@@ -16,7 +16,9 @@ use super::MAX_VOCAB;
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::path::Path;
-use unicode_general_category::{get_general_category, GeneralCategory};
+// `tokenizers`' own category tables (older than Unicode's current ones):
+// a character assigned since is a letter of its word there, and here
+use unicode_categories::UnicodeCategories;
 use unicode_normalization::UnicodeNormalization;
 
 /// Which of BERT's normalizing steps a vocabulary's model was trained
@@ -426,11 +428,10 @@ impl WordPiece {
 /// the word, where the older Python tokenizer dropped them) but the tab
 /// and line breaks, which are whitespace.
 fn is_dropped(c: char) -> bool {
-    use GeneralCategory::*;
     match c {
         '\t' | '\n' | '\r' => false,
         '\u{fffd}' => true,
-        _ => matches!(get_general_category(c), Control | Format | PrivateUse),
+        _ => c.is_other(),
     }
 }
 
@@ -445,18 +446,7 @@ fn is_cjk(c: char) -> bool {
 
 /// ASCII's punctuation and symbols, and every Unicode punctuation category.
 fn is_punctuation(c: char) -> bool {
-    use GeneralCategory::*;
-    c.is_ascii_punctuation()
-        || matches!(
-            get_general_category(c),
-            ConnectorPunctuation
-                | DashPunctuation
-                | OpenPunctuation
-                | ClosePunctuation
-                | InitialPunctuation
-                | FinalPunctuation
-                | OtherPunctuation
-        )
+    c.is_ascii_punctuation() || c.is_punctuation()
 }
 
 /// BERT's basic tokenization: words and punctuation marks, normalized by
@@ -482,10 +472,7 @@ fn basic_tokens(text: &str, normalizer: Normalizer) -> Vec<String> {
     for word in spaced.split_whitespace() {
         let mut plain = word.to_string();
         if strip {
-            plain = plain
-                .nfd()
-                .filter(|&c| get_general_category(c) != GeneralCategory::NonspacingMark)
-                .collect();
+            plain = plain.nfd().filter(|&c| !c.is_mark_nonspacing()).collect();
         }
         if normalizer.lowercase {
             // character by character, as `tokenizers` lowercases: no final sigma
@@ -787,6 +774,13 @@ mod tests {
         // U+FFFD (a symbol, So) and a zero-width joiner (Cf) are dropped
         assert_eq!(wp.encode("ma\u{FFFD}b\u{200D}z"), [7]);
         assert_eq!(wp.encode("kx\u{2B820}yq"), [8, 9, 10]);
+        // assigned since `tokenizers`' tables were made, so letters of their
+        // word there: an Arabic end-of-text mark (Po since Unicode 14), a
+        // nonspacing mark (Mn) and a format character (Cf), neither split
+        // off, stripped nor dropped
+        for c in ['\u{61D}', '\u{898}', '\u{890}', '\u{2E4F}'] {
+            assert_eq!(wp.encode(&format!("ma{c}bz")), [1], "U+{:04X}", c as u32);
+        }
     }
 
     #[test]
