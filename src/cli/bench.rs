@@ -39,9 +39,10 @@ pub struct BenchArgs {
     /// Untimed steps first.
     #[arg(long, default_value_t = 2, help_heading = "Benchmark")]
     warmup: usize,
-    /// Peak TFLOP/s of the whole machine that MFU is stated against
-    /// (default: measured once per device and thread count, kept in
-    /// ~/.cache/distgpt/peak.json).
+    /// Peak TFLOP/s of the device MFU is stated against, as `distgpt
+    /// devices` prints it: this CPU's (its thread ranks share it; under
+    /// mpirun a process's) or one GPU's (a rank each) (default: measured
+    /// once per device and thread count, kept in ~/.cache/distgpt/peak.json).
     #[arg(long, value_parser = positive_rate, help_heading = "Benchmark")]
     peak_tflops: Option<f64>,
     #[command(flatten)]
@@ -254,7 +255,11 @@ impl Peaks {
     /// shown as what it is.
     fn of<B: Backend>(be: &B, stated: Option<f64>, bf16: bool, processes: f64) -> Self {
         let (here, matmul, matmul_source) = match stated {
-            Some(p) => (peak::cached(be), p * 1e12, "--peak-tflops".to_string()),
+            Some(p) => (
+                peak::cached(be),
+                every_process(p * 1e12, processes),
+                "--peak-tflops".to_string(),
+            ),
             None => {
                 let h = peak::of(be, false);
                 let (flops, name) = h.matmul_peak(bf16);

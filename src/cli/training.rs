@@ -109,7 +109,9 @@ pub(super) struct TrainArgs {
     /// TensorBoard event files in DIR (`tensorboard --logdir DIR`).
     #[arg(long, value_name = "DIR", help_heading = "Output")]
     tensorboard: Option<PathBuf>,
-    /// Peak TFLOP/s per rank that MFU is stated against (default: measured
+    /// Peak TFLOP/s of the device MFU is stated against, as `distgpt
+    /// devices` prints it: this CPU's (its thread ranks share it; under
+    /// mpirun a process's) or one GPU's (a rank each) (default: measured
     /// once per device and thread count, kept in ~/.cache/distgpt/peak.json).
     #[arg(long, value_parser = positive_rate, help_heading = "Output")]
     peak_tflops: Option<f64>,

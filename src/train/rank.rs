@@ -591,8 +591,9 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
 
 /// **Collective.** The peak FLOP/s per rank and of all ranks together, with
 /// where it came from, and the CPU's matmul library every rank runs on
-/// (rank 0's: the one kept with the peak). A stated `--peak-tflops` is per rank. Otherwise rank
-/// 0 takes it from the cache (or measures and caches it) before the other
+/// (rank 0's: the one kept with the peak). A stated `--peak-tflops` stands
+/// for what the probe would measure, a CPU's or one GPU's, and is shared as
+/// the measured peak is. Otherwise rank 0 takes it from the cache (or measures and caches it) before the other
 /// ranks start work, so no rank shares the cores with the probe: thread
 /// ranks of one process share its threads, so their peak is the peak of
 /// all of those threads; ranks of their own (processes) each have the
@@ -613,7 +614,6 @@ fn agree_on_peak<B: Backend>(
         world.shared_threads().is_some(),
         world.device_native().is_some(),
     );
-    let one_device = share == PeakShare::Device;
     let stated = cfg.peak_flops;
     let mut source = String::from("--peak-tflops");
     let (mut peaks, mut matmul) = ([0.0f64; 2], None);
@@ -633,7 +633,7 @@ fn agree_on_peak<B: Backend>(
             Some(p) => {
                 // the kept library still runs the products
                 in_pool(pool.as_ref(), || metrics::peak::cached(be));
-                (p, if one_device { p } else { p * ranks })
+                share.split(p, ranks)
             }
             None => {
                 let p = in_pool(pool.as_ref(), || metrics::peak::of(be, false));
