@@ -3876,3 +3876,26 @@ fn a_classifier_comparison_writes_its_csv() {
         );
     }
 }
+
+/// Every command that reads a run shows RUN as required in its usage line
+/// (generate and export showed `[RUN]`: the hidden old `--run` may give it).
+#[test]
+fn a_required_run_is_shown_required() {
+    for cmd in [
+        &["generate"][..],
+        &["export"],
+        &["eval"],
+        &["quantize"],
+        &["prune"],
+        &["checkpoint", "consolidate"],
+    ] {
+        let mut args = cmd.to_vec();
+        args.push("--help");
+        let help = String::from_utf8_lossy(&succeeded(distgpt(&args)).stdout).to_string();
+        let usage = help.lines().find(|l| l.starts_with("Usage:")).unwrap();
+        assert!(
+            usage.ends_with("<RUN>") && !usage.contains("[RUN]"),
+            "{cmd:?}: {usage}"
+        );
+    }
+}

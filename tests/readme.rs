@@ -255,7 +255,7 @@ fn the_documented_sequences_run_in_order_on_tiny_settings() {
     let anchors = [
         "--out runs/tour",
         "--resume runs/a --stop-after 500",
-        "--config runs/char/run.json",
+        "--config runs/char-config/run.json",
         "generate runs/char-usage",
         "prune runs/char --out pruned ",
     ];

@@ -81,7 +81,11 @@ enum Command {
     Train(Box<TrainArgs>),
     /// Sample text from a trained run directory.
     // negative numbers are values, refused by their ranges
-    #[command(allow_negative_numbers = true)]
+    // RUN is required (clap shows it optional: the hidden `--run` may give it)
+    #[command(
+        allow_negative_numbers = true,
+        override_usage = "distgpt generate [OPTIONS] <RUN>"
+    )]
     Generate(GenerateArgs),
     /// Prepare data.
     #[command(subcommand)]
@@ -100,7 +104,10 @@ enum Command {
     Plan(Box<plan::PlanArgs>),
     /// Write a run's model as a Hugging Face folder (config.json, model.safetensors and the tokenizer's files).
     // negative numbers are values, refused by their ranges
-    #[command(allow_negative_numbers = true)]
+    #[command(
+        allow_negative_numbers = true,
+        override_usage = "distgpt export [OPTIONS] --out <OUT> <RUN>"
+    )]
     Export(ExportArgs),
     /// Write a run's model with the blocks' weight matrices in int8 (per
     /// output column, fp32 scales): a model folder that generate, eval and

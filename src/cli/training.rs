@@ -16,7 +16,9 @@ pub(super) struct TrainArgs {
     pub(super) model: ModelArgs,
     /// What to train: a language model (GPT-2); a BERT masked language model
     /// from scratch (--model bert-tiny, bert-minilm, bert-base: on --data's
-    /// characters, the embedded Shakespeare by default); or a classifier
+    /// WordPiece shards from `data prepare --tokenizer wordpiece`, or its
+    /// characters, the embedded Shakespeare by default) or from a BERT
+    /// folder (--init-from: its vocabulary); or a classifier
     /// fine-tuned from a Hugging Face BERT folder (--init-from) on a labelled
     /// set (--data, from `distgpt data prepare-spam` or any such directory).
     /// Default: mlm for a BERT preset, lm otherwise.
@@ -44,7 +46,8 @@ pub(super) struct TrainArgs {
     /// Micro-batches per optimizer step.
     #[arg(long, value_parser = micro_batches(), default_value_t = 1, help_heading = "Optimisation")]
     grad_accum: usize,
-    /// Optimizer steps.
+    /// Optimizer steps (--task classify: 3 epochs unless --steps or --epochs
+    /// is given).
     #[arg(
         long,
         default_value_t = 800,
