@@ -3481,6 +3481,21 @@ fn compare_lists_name_each_value_once() {
     }
     let said = refused(&["compare", "--models", ",", "--steps", "1", "--out", out]);
     assert!(said.contains("--models holds an empty name"), "{said}");
+    // --quick sets the sizes and the length: a size or length beside it was
+    // silently replaced (60 steps on 2 and 4 ranks for `--steps 2
+    // --world-sizes 2`)
+    for given in [
+        &["--steps", "2"][..],
+        &["--epochs", "1"],
+        &["--world-sizes", "2"],
+        &["--batch-sizes", "8"],
+    ] {
+        let said = refused(&[&["compare", "--quick", "--out", out][..], given].concat());
+        assert!(
+            said.contains(&format!("'--quick' cannot be used with '{}", given[0])),
+            "{given:?}: {said}"
+        );
+    }
     assert!(!dir.exists(), "nothing was written");
 }
 

@@ -27,8 +27,9 @@ pub struct CompareArgs {
     /// A small matrix that finishes in a few minutes on 2 cores: the
     /// --strategies (by default the seven without pipelines) on 2 and 4
     /// ranks, batches 8 and 16; 4 epochs over 8k tokens (lm) or 2 epochs
-    /// over 256 examples (classify).
-    #[arg(long)]
+    /// over 256 examples (classify). It sets the sizes and the length, so
+    /// it is refused beside --world-sizes, --batch-sizes, --steps or --epochs.
+    #[arg(long, conflicts_with_all = ["world_sizes", "batch_sizes", "steps", "epochs"])]
     quick: bool,
     /// What every run trains.
     #[arg(long, value_enum, default_value = "lm")]
