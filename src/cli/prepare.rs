@@ -54,7 +54,7 @@ pub struct PrepareArgs {
     #[arg(long, value_enum, default_value = "char")]
     tokenizer: PrepareTokenizer,
     /// With --tokenizer wordpiece: the vocabulary's size, BERT's special
-    /// tokens and every character of the text included.
+    /// tokens and every character of the text included (default: 8000).
     #[arg(long, value_parser = super::positive())]
     vocab_size: Option<usize>,
     /// Output directory for the shards and tokenizer.json.
