@@ -382,7 +382,7 @@ fn a_two_trillion_parameter_model_on_131072_ranks_keeps_zeros_formula() {
         assert!(m.total() > 0.0 && t.step_s() > 0.0);
     }
     // every family has a best, and the recommendation is one of them
-    let families = wp.families(&w, &device);
+    let families = wp.families(&w, &device, &net);
     assert_eq!(families.len(), 5, "{families:?}");
     let rec = wp.recommended().expect("a layout fits on 131,072 H100s");
     assert!(rec.fits);

@@ -114,6 +114,10 @@ pub struct PlanArgs {
     /// (default 50).
     #[arg(long, help_heading = "Plan")]
     host_gbs: Option<f64>,
+    /// A node's host memory in GB, which its ranks' offloaded copies share
+    /// (default a100, h100, h200, b200: 2000, a DGX's; custom: unchecked).
+    #[arg(long, value_parser = positive_rate, help_heading = "Plan")]
+    host_memory_gb: Option<f64>,
     /// Also plan every layout with activation recomputation.
     #[arg(long, help_heading = "Plan")]
     recompute: bool,
@@ -234,6 +238,7 @@ fn target(a: &PlanArgs, threads: usize) -> Result<(Device, Network, Option<Machi
                 inter_latency_s: a.inter_latency_us.unwrap_or(10.0) * 1e-6,
                 pcie_bandwidth: 25e9,
                 host_bandwidth: 50e9,
+                host_memory_bytes: f64::INFINITY,
             },
         ),
     };
@@ -259,8 +264,10 @@ fn target(a: &PlanArgs, threads: usize) -> Result<(Device, Network, Option<Machi
             }
         }
     }
-    if a.device == DeviceKind::Cpu && (a.pcie_gbs.is_some() || a.host_gbs.is_some()) {
-        bail!("--pcie-gbs and --host-gbs price offload from a device's memory; --device cpu trains in host memory already");
+    if a.device == DeviceKind::Cpu
+        && (a.pcie_gbs.is_some() || a.host_gbs.is_some() || a.host_memory_gb.is_some())
+    {
+        bail!("--pcie-gbs, --host-gbs and --host-memory-gb price offload from a device's memory; --device cpu trains in host memory already");
     }
     if a.device != DeviceKind::Cpu {
         if let Some(x) = a.pcie_gbs {
@@ -268,6 +275,9 @@ fn target(a: &PlanArgs, threads: usize) -> Result<(Device, Network, Option<Machi
         }
         if let Some(x) = a.host_gbs {
             net.host_bandwidth = need(Some(x), "--host-gbs")? * 1e9;
+        }
+        if let Some(x) = a.host_memory_gb {
+            net.host_memory_bytes = x * 1e9;
         }
     }
     Ok((device, net, machine, source))
@@ -329,7 +339,7 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
         let wp = plan::plan_world(&w, world, &device, &net, a.precision, a.recompute);
         if !a.json {
             // each world as it is priced
-            print_world(&a, &w, &device, &wp);
+            print_world(&a, &w, &device, &net, &wp);
         }
         if let Some(dir) = &a.plot {
             for path in plan::plot(dir, &w, &wp)? {
@@ -346,7 +356,7 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
                 "predictions": p.predictions, "offloaded": p.offloaded,
                 "omitted": p.omitted.iter().map(ToString::to_string).collect::<Vec<_>>(),
                 "recommended": p.recommended().map(|r| r.parallel.layout_name()),
-                "families": p.families(&w, &device).iter().map(|f| serde_json::json!({
+                "families": p.families(&w, &device, &net).iter().map(|f| serde_json::json!({
                     "family": f.family, "layout": f.best.parallel.layout_name(),
                     "prediction": f.best, "why": f.why,
                 })).collect::<Vec<_>>(),
@@ -415,7 +425,7 @@ fn seconds(s: f64) -> String {
 
 /// One world's answer: the recommendation, each family's best and why it
 /// loses (or with --all every layout), and what was left out.
-fn print_world(a: &PlanArgs, w: &Workload, device: &Device, wp: &WorldPlan) {
+fn print_world(a: &PlanArgs, w: &Workload, device: &Device, net: &Network, wp: &WorldPlan) {
     let world = wp.world_size;
     distgpt::outln!();
     let priced = wp.predictions.len() + wp.offloaded.len();
@@ -435,10 +445,19 @@ fn print_world(a: &PlanArgs, w: &Workload, device: &Device, wp: &WorldPlan) {
         None if priced > 0 => distgpt::outln!(
             "{head}; nothing fits in {:.0} GB{}: try more ranks{} or a smaller batch",
             device.memory_bytes / 1e9,
-            if device.shared_by_ranks {
-                ""
-            } else {
-                ", even with offload"
+            // an offloaded layout the device holds lacks the node's host memory
+            match (
+                device.shared_by_ranks,
+                wp.offloaded
+                    .iter()
+                    .any(|p| p.memory.total() <= device.memory_bytes)
+            ) {
+                (true, _) => String::new(),
+                (false, true) => format!(
+                    ", even with offload (its host copies exceed a node's {:.0} GB)",
+                    net.host_memory_bytes / 1e9
+                ),
+                (false, false) => ", even with offload".into(),
             },
             // what the user has not tried yet
             if a.recompute { "" } else { ", --recompute" }
@@ -452,7 +471,7 @@ fn print_world(a: &PlanArgs, w: &Workload, device: &Device, wp: &WorldPlan) {
         print_every_layout(wp);
     } else if priced > 0 {
         let rows: Vec<Vec<String>> = wp
-            .families(w, device)
+            .families(w, device, net)
             .iter()
             .map(|f| {
                 let p = &f.best;
@@ -580,8 +599,15 @@ fn network_line(net: &Network) -> String {
             link(net.intra_bandwidth, net.intra_latency_s)
         );
     }
+    let host = match net.host_memory_bytes.is_finite() {
+        true => format!(
+            "; {:.0} GB of host memory a node",
+            net.host_memory_bytes / 1e9
+        ),
+        false => String::new(),
+    };
     format!(
-        "network: {} ranks per node; within a node {}; across nodes {}",
+        "network: {} ranks per node; within a node {}; across nodes {}{host}",
         net.ranks_per_node,
         link(net.intra_bandwidth, net.intra_latency_s),
         link(net.inter_bandwidth, net.inter_latency_s)

@@ -50,6 +50,7 @@ impl Machine {
             // no device to offload from: host memory is the ranks' own
             pcie_bandwidth: self.memory_bandwidth,
             host_bandwidth: self.memory_bandwidth,
+            host_memory_bytes: f64::INFINITY,
         }
     }
 }

@@ -126,6 +126,9 @@ pub struct Network {
     pub pcie_bandwidth: f64,
     /// Under offload: the host memory bandwidth a rank's AdamW update gets.
     pub host_bandwidth: f64,
+    /// Under offload: a node's host memory, which its ranks' host copies
+    /// share (infinite where unknown).
+    pub host_memory_bytes: f64,
 }
 
 impl Network {
@@ -134,7 +137,7 @@ impl Network {
     /// per GPU across nodes (200 Gb/s for A100's DGX, 400 Gb/s ConnectX-7
     /// for H100's, H200's and B200's); PCIe 4.0 (A100) or 5.0 x16 to the
     /// host at about 80% of its peak, and a two-socket host's memory
-    /// bandwidth shared by 8 ranks.
+    /// bandwidth and 2 TB (a DGX's) shared by 8 ranks.
     pub fn datasheet(device: &str) -> Option<Network> {
         let (nvlink, ib, pcie) = match device {
             "a100" => (300e9, 25e9, 25e9),
@@ -150,12 +153,24 @@ impl Network {
             inter_latency_s: 10e-6,
             pcie_bandwidth: pcie,
             host_bandwidth: 50e9,
+            host_memory_bytes: 2e12,
         })
     }
 
-    /// The link a ring over `n` ranks placed `stride` apart runs on.
-    fn link(&self, n: usize, stride: usize) -> Link {
-        let (bandwidth, latency_s) = if n * stride <= self.ranks_per_node {
+    /// The host bytes a node holds where each rank holds `per_rank`.
+    fn host_bytes_per_node(&self, per_rank: f64, world: usize) -> f64 {
+        per_rank * world.min(self.ranks_per_node) as f64
+    }
+
+    /// The link a ring over `n` ranks placed `stride` apart runs on, in a
+    /// world of `world` ranks filling nodes in order. The groups of a kind
+    /// tile the ranks in blocks of `n * stride` (`Grid::rank`'s order), so
+    /// every one stays inside a node where the world does or a node holds
+    /// whole blocks; otherwise some block straddles two nodes, and its ring
+    /// (which the others wait for) crosses the network.
+    fn link(&self, n: usize, stride: usize, world: usize) -> Link {
+        let (block, node) = (n * stride, self.ranks_per_node);
+        let (bandwidth, latency_s) = if world <= node || node % block == 0 {
             (self.intra_bandwidth, self.intra_latency_s)
         } else {
             (self.inter_bandwidth, self.inter_latency_s)
@@ -281,7 +296,8 @@ pub struct Prediction {
     pub memory: MemoryPlan,
     pub time: TimePlan,
     pub tokens_per_s: f64,
-    /// Fits in the device memory (the machine's, shared, for thread ranks).
+    /// Fits in the device memory (the machine's, shared, for thread ranks)
+    /// and, under offload, its host copies in the node's host memory.
     pub fits: bool,
 }
 
@@ -554,9 +570,10 @@ pub fn predict(
         pcie_bytes,
     };
     let tokens_per_s = (w.batch * w.seq_len * w.grad_accum) as f64 / time.step_s();
+    let host = net.host_bytes_per_node(mem.host.total(), par.world_size);
     Prediction {
         parallel: par,
-        fits: mem.total() * share <= device.memory_bytes,
+        fits: mem.total() * share <= device.memory_bytes && host <= net.host_memory_bytes,
         memory: mem,
         time,
         tokens_per_s,
@@ -742,7 +759,7 @@ impl<'a> CommCost<'a> {
         } else {
             pipe.virtual_stages
         };
-        let link = self.net.link(dp, self.strides.dp);
+        let link = self.net.link(dp, self.strides.dp, self.par.world_size);
         let ar =
             |bytes: f64, calls: usize| collective_s(Collective::AllReduce, dp, bytes, calls, link);
         let ga =
@@ -793,7 +810,7 @@ impl<'a> CommCost<'a> {
         let (pp, v, dp) = (par.pipeline.stages, par.pipeline.virtual_stages, par.dp());
         let acc = self.w.grad_accum as f64;
         let gb = self.precision.grads_bytes();
-        let link = self.net.link(pp, self.strides.stage);
+        let link = self.net.link(pp, self.strides.stage, par.world_size);
         let p2p =
             |chunks: usize| acc * chunks as f64 * (self.stream / link.bandwidth + link.latency_s);
         let shards = if par.strategy.sharing().sharded() {
@@ -802,7 +819,8 @@ impl<'a> CommCost<'a> {
             1.0
         };
         let tie = gb * self.tied_len / shards;
-        let tie_link = self.net.link(2, self.strides.stage * (pp - 1));
+        // the first and the last stage: two ends of one pipeline's block
+        let tie_link = link;
         let (s, bytes) = match s == 0 || s == pp - 1 {
             true => (
                 p2p(2 * v - 1) + collective_s(Collective::AllReduce, 2, tie, 1, tie_link),
@@ -833,7 +851,7 @@ impl<'a> CommCost<'a> {
             false => 0.0,
         };
         let bytes = n as f64 * stream - one_row * stream * (1.0 - 1.0 / w.seq_len as f64);
-        let link = self.net.link(tp, self.strides.tp);
+        let link = self.net.link(tp, self.strides.tp, par.world_size);
         Traffic {
             s: acc * collective_s(Collective::AllReduce, tp, bytes, n, link),
             bytes: acc * 2.0 * (tp as f64 - 1.0) / tp as f64 * bytes,
@@ -1113,7 +1131,7 @@ impl WorldPlan {
 
     /// Each family's best layout, in [`LayoutFamily::ALL`]'s order (those
     /// with no valid layout left out).
-    pub fn families(&self, w: &Workload, device: &Device) -> Vec<FamilyBest> {
+    pub fn families(&self, w: &Workload, device: &Device, net: &Network) -> Vec<FamilyBest> {
         let rec = self.recommended();
         let all = || self.predictions.iter().chain(&self.offloaded);
         LayoutFamily::ALL
@@ -1128,7 +1146,7 @@ impl WorldPlan {
                     })?;
                 let why = match rec {
                     Some(r) if std::ptr::eq(r, best) => "recommended".to_string(),
-                    _ => why_not(w, device, best, rec),
+                    _ => why_not(w, device, net, best, rec),
                 };
                 Some(FamilyBest {
                     family,
@@ -1150,8 +1168,22 @@ pub fn bytes(b: f64) -> String {
 
 /// Why `p` is not the recommendation `rec`: the memory it lacks, or the
 /// part of its step that grows most against `rec`'s.
-fn why_not(w: &Workload, device: &Device, p: &Prediction, rec: Option<&Prediction>) -> String {
+fn why_not(
+    w: &Workload,
+    device: &Device,
+    net: &Network,
+    p: &Prediction,
+    rec: Option<&Prediction>,
+) -> String {
     let gb = |b: f64| b / 1e9;
+    let host = net.host_bytes_per_node(p.memory.host.total(), p.parallel.world_size);
+    if host > net.host_memory_bytes {
+        return format!(
+            "its host copies do not fit: {:.0} GB a node of {:.0} GB",
+            gb(host),
+            gb(net.host_memory_bytes)
+        );
+    }
     if !p.fits {
         return match device.shared_by_ranks {
             true => format!(
@@ -1392,6 +1424,106 @@ mod tests {
                 assert!(serial.optimizer_s >= 2.0 * half, "{strategy:?}: serial");
             }
         }
+    }
+
+    /// A group's ring stays inside a node only where every group of its
+    /// kind does: tp 3 over 24 ranks on nodes of 8 puts ranks 6, 7 and 8 in
+    /// one group across two nodes (priced on NVLink, it was recommended at
+    /// 32.9 ms where its ring over InfiniBand makes it 62.5).
+    #[test]
+    fn a_group_that_straddles_two_nodes_is_priced_on_the_network() {
+        let (d, net) = h100();
+        let ib = |n, stride, world| net.link(n, stride, world).bandwidth == net.inter_bandwidth;
+        assert!(ib(3, 1, 24), "tp 3: ranks 6..9 straddle");
+        assert!(!ib(4, 1, 24), "tp 4: a node holds two whole groups");
+        assert!(!ib(3, 1, 6), "one node holds the world");
+        assert!(ib(3, 2, 24), "3 stages over tp 2: blocks of 6");
+        assert!(!ib(2, 4, 16), "blocks of 8");
+        assert!(ib(4, 4, 16), "blocks of 16 span two nodes");
+        assert!(!ib(8, 1, 16), "a pipeline of 8 in each node of 8");
+    }
+
+    /// The tied embedding's pair, stages 0 and 7 of one pipeline on one
+    /// node, sums over NVLink whatever the node's size (nodes of 8 priced
+    /// it on InfiniBand, as a ring of 2 ranks 14 apart: 3.3 ms of
+    /// communication where nodes of 16 gave 0.5).
+    #[test]
+    fn the_tied_embeddings_pair_is_priced_on_its_pipelines_link() {
+        let (d, net) = h100();
+        let w = Workload {
+            model: ModelConfig::preset("gpt2").unwrap(),
+            batch: 16,
+            seq_len: 1024,
+            grad_accum: 1,
+            cpu_threads: None,
+        };
+        let par = ParallelConfig {
+            world_size: 8,
+            pipeline: Pipeline::new(8, Schedule::OneFOneB, 1),
+            ..ParallelConfig::single()
+        };
+        let comm = |ranks_per_node| {
+            let net = Network {
+                ranks_per_node,
+                ..net
+            };
+            predict(&w, par.clone(), &d, &net, Precision::Mixed)
+                .time
+                .comm_s
+        };
+        assert_eq!(comm(8), comm(16));
+    }
+
+    /// Offloaded copies live in the node's host memory, which its ranks
+    /// share: 206B parameters' fp32 master, gradient and moments over fsdp
+    /// x8 are 16 bytes x 206B / 8 a rank (412 GB), 3.3 TB on a node of 2 TB
+    /// (recommended before, as if the host had no end).
+    #[test]
+    fn offloaded_copies_must_fit_the_nodes_host_memory() {
+        let w = Workload {
+            model: GptConfig {
+                n_layer: 256,
+                n_head: 64,
+                n_embd: 8192,
+                block_size: 2048,
+                ..zero_paper_model()
+            }
+            .into(),
+            batch: 8,
+            seq_len: 2048,
+            grad_accum: 1,
+            cpu_threads: None,
+        };
+        let (d, net) = h100();
+        let par = ParallelConfig {
+            strategy: StrategyKind::Fsdp,
+            world_size: 8,
+            recompute: true,
+            offload: Offload::Params,
+            ..ParallelConfig::single()
+        };
+        let p = predict(&w, par.clone(), &d, &net, Precision::Mixed);
+        let per_rank = p.memory.host.total();
+        let by_hand = 16.0 * w.model.num_params() as f64 / 8.0;
+        assert!(
+            (per_rank / by_hand - 1.0).abs() < 1e-3,
+            "{per_rank} against {by_hand}"
+        );
+        assert!(
+            p.memory.total() <= d.memory_bytes,
+            "the device holds its share"
+        );
+        assert!(!p.fits, "3.3 TB of host copies on a node of 2 TB");
+        let why = why_not(&w, &d, &net, &p, None);
+        assert!(
+            why.contains("its host copies do not fit: 3306 GB a node of 2000 GB"),
+            "{why}"
+        );
+        let roomy = Network {
+            host_memory_bytes: 4e12,
+            ..net
+        };
+        assert!(predict(&w, par, &d, &roomy, Precision::Mixed).fits);
     }
 
     #[test]
@@ -1765,7 +1897,7 @@ mod tests {
                     .fold(f64::INFINITY, f64::min)
             };
             assert_eq!(rec.time.step_s(), fastest(&mut all.iter()));
-            let families = wp.families(&w, &d);
+            let families = wp.families(&w, &d, &n);
             assert_eq!(families.len(), 5);
             for f in &families {
                 let members = || {
