@@ -1432,7 +1432,7 @@ mod tests {
     /// 32.9 ms where its ring over InfiniBand makes it 62.5).
     #[test]
     fn a_group_that_straddles_two_nodes_is_priced_on_the_network() {
-        let (d, net) = h100();
+        let (_, net) = h100();
         let ib = |n, stride, world| net.link(n, stride, world).bandwidth == net.inter_bandwidth;
         assert!(ib(3, 1, 24), "tp 3: ranks 6..9 straddle");
         assert!(!ib(4, 1, 24), "tp 4: a node holds two whole groups");
@@ -1467,7 +1467,7 @@ mod tests {
                 ranks_per_node,
                 ..net
             };
-            predict(&w, par.clone(), &d, &net, Precision::Mixed)
+            predict(&w, par, &d, &net, Precision::Mixed)
                 .time
                 .comm_s
         };
@@ -1502,7 +1502,7 @@ mod tests {
             offload: Offload::Params,
             ..ParallelConfig::single()
         };
-        let p = predict(&w, par.clone(), &d, &net, Precision::Mixed);
+        let p = predict(&w, par, &d, &net, Precision::Mixed);
         let per_rank = p.memory.host.total();
         let by_hand = 16.0 * w.model.num_params() as f64 / 8.0;
         assert!(
