@@ -3914,3 +3914,52 @@ fn a_required_run_is_shown_required() {
         );
     }
 }
+
+/// Sizes and figures past what plan can count are refused in words: a
+/// step's activations past a 64-bit byte count panicked (or, in a release
+/// build, wrapped), and a rate past f64 once scaled read as infinite FLOP/s
+/// and "0.0 us a step".
+#[test]
+fn plan_refuses_sizes_and_figures_past_what_it_can_count() {
+    let plan = |extra: &[&str]| {
+        let line = [&["plan", "--model", "gpt2", "--device", "h100"][..], extra].concat();
+        refused(&line)
+    };
+    for sizes in [
+        &["--batch-size", "88262514902"][..],
+        &[
+            "--world-size",
+            "131072",
+            "--batch-size",
+            "1099511627776",
+            "--grad-accum",
+            "65536",
+        ],
+    ] {
+        let said = plan(sizes);
+        assert!(
+            said.contains("plan prices steps of at most 2^40 tokens"),
+            "{sizes:?}: {said}"
+        );
+    }
+    for (flag, value, says) in [
+        (
+            "--peak-tflops",
+            "1e308",
+            "--peak-tflops 1e308 is inf FLOP/s",
+        ),
+        (
+            "--intra-gbs",
+            "1e-300",
+            "--intra-gbs 1e-300 is 1e-291 bytes/s",
+        ),
+        (
+            "--host-memory-gb",
+            "1e300",
+            "--host-memory-gb 1e300 is inf bytes",
+        ),
+    ] {
+        let said = plan(&[flag, value]);
+        assert!(said.contains(says), "{flag} {value}: {said}");
+    }
+}

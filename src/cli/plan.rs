@@ -186,6 +186,35 @@ fn target(a: &PlanArgs, threads: usize) -> Result<(Device, Network, Option<Machi
     {
         bail!("--peak-tflops and --memory-bandwidth-gbs state a custom device's or a GPU's figures; --device cpu measures this CPU's, and prices its steps from them");
     }
+    // each stated figure in plan's units, a number from one a second (or
+    // byte) up: 1e308 TFLOP/s was infinite FLOP/s and 0 us a step (the
+    // signs and NaNs are refused with each flag's own words)
+    for (given, unit, flag, what) in [
+        (a.peak_tflops, 1e12, "--peak-tflops", "FLOP/s"),
+        (a.memory_gb, 1e9, "--memory-gb", "bytes"),
+        (
+            a.memory_bandwidth_gbs,
+            1e9,
+            "--memory-bandwidth-gbs",
+            "bytes/s",
+        ),
+        (a.intra_gbs, 1e9, "--intra-gbs", "bytes/s"),
+        (a.inter_gbs, 1e9, "--inter-gbs", "bytes/s"),
+        (a.pcie_gbs, 1e9, "--pcie-gbs", "bytes/s"),
+        (a.host_gbs, 1e9, "--host-gbs", "bytes/s"),
+        (a.host_memory_gb, 1e9, "--host-memory-gb", "bytes"),
+    ] {
+        let x = given
+            .filter(|x| *x > 0.0 && x.is_finite())
+            .unwrap_or(1.0 / unit);
+        if !(x * unit >= 1.0 && (x * unit).is_finite()) {
+            bail!(
+                "{flag} {x:e} is {:e} {what}: plan takes 1 to {:e}",
+                x * unit,
+                f64::MAX
+            );
+        }
+    }
     let mut machine = None;
     let (mut device, mut net) = match a.device {
         DeviceKind::Cpu => {
@@ -295,6 +324,20 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
     let seq_len = a.seq_len.unwrap_or(block_size);
     if seq_len == 0 || seq_len > block_size {
         bail!("--seq-len {seq_len} must be between 1 and the model's block size {block_size}");
+    }
+    // a micro-batch's activations are counted in bytes as training counts
+    // them (64-bit): a bound on them, every layer's widest rows, keeps far
+    // below 2^63 (--batch-size 88,262,514,902 overflowed the count)
+    let rows = a.batch_size as f64 * seq_len as f64;
+    let widths = (model.n_layer() as f64 * 34.0 + 8.0) * model.n_embd() as f64
+        + 2.0 * model.vocab_size() as f64;
+    if rows * a.grad_accum as f64 > 2f64.powi(40) || rows * widths * 8.0 > 2f64.powi(62) {
+        bail!(
+            "--batch-size {} x --seq-len {seq_len} x --grad-accum {}: plan prices steps of at most 2^40 tokens whose micro-batch activations a 64-bit byte count holds (these would be about {:.1e} bytes)",
+            a.batch_size,
+            a.grad_accum,
+            rows * widths * 4.0
+        );
     }
     if let Some(dir) = &a.plot {
         super::claim_out(dir, "--plot", "a folder of figures", a.overwrite)?;

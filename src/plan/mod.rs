@@ -569,7 +569,7 @@ pub fn predict(
         comm_bytes: comm.bytes,
         pcie_bytes,
     };
-    let tokens_per_s = (w.batch * w.seq_len * w.grad_accum) as f64 / time.step_s();
+    let tokens_per_s = w.batch as f64 * w.seq_len as f64 * w.grad_accum as f64 / time.step_s();
     let host = net.host_bytes_per_node(mem.host.total(), par.world_size);
     Prediction {
         parallel: par,
@@ -1467,9 +1467,7 @@ mod tests {
                 ranks_per_node,
                 ..net
             };
-            predict(&w, par, &d, &net, Precision::Mixed)
-                .time
-                .comm_s
+            predict(&w, par, &d, &net, Precision::Mixed).time.comm_s
         };
         assert_eq!(comm(8), comm(16));
     }
