@@ -3963,3 +3963,46 @@ fn plan_refuses_sizes_and_figures_past_what_it_can_count() {
         assert!(said.contains(says), "{flag} {value}: {said}");
     }
 }
+
+/// plan's figures below its units' first digit read as numbers, not 0: a
+/// model of 31,616 parameters ("0.0M"), an efficiency of 0.2% ("0%"), and
+/// communication of 192 us ("0 ms").
+#[test]
+fn plan_writes_small_figures_as_numbers() {
+    let plan = |line: &[&str]| {
+        String::from_utf8_lossy(&succeeded(distgpt(&[&["plan"][..], line].concat())).stdout)
+            .into_owned()
+    };
+    let tiny = plan(&[
+        "--model",
+        "tiny",
+        "--device",
+        "h100",
+        "--world-size",
+        "2",
+        "--efficiency",
+        "0.002",
+    ]);
+    assert!(tiny.contains("tiny (31.6k params,"), "{tiny}");
+    assert!(tiny.contains("priced at 0.2% of the peak"), "{tiny}");
+    let custom = plan(&[
+        "--device",
+        "custom",
+        "--peak-tflops",
+        "100",
+        "--memory-gb",
+        "24",
+        "--memory-bandwidth-gbs",
+        "900",
+        "--intra-gbs",
+        "64",
+        "--inter-gbs",
+        "12.5",
+        "--world-size",
+        "16",
+    ]);
+    assert!(
+        custom.contains("communication: 1.8 MB a rank a step, 192 us"),
+        "{custom}"
+    );
+}

@@ -152,11 +152,11 @@ fn efficiency(a: &PlanArgs) -> Result<(Option<f64>, String)> {
         (Some(run), _) => {
             let m = run_efficiency(run)?;
             let source = format!(
-                "the median MFU of {} of {} (trained on {}, against {:.0} TFLOP/s)",
+                "the median MFU of {} of {} (trained on {}, against {})",
                 distgpt::metrics::count(m.steps, "step"),
                 run.display(),
                 m.device,
-                m.peak_flops / 1e12
+                flops(m.peak_flops)
             );
             (Some(m.efficiency), source)
         }
@@ -429,30 +429,34 @@ fn workload_line(a: &PlanArgs, w: &Workload, device: &Device, peak_is: &str) -> 
         w.grad_accum,
         a.precision,
         device.name,
-        if device.peak_flops >= 1e12 {
-            format!("{:.0} TFLOP/s", device.peak_flops / 1e12)
-        } else {
-            format!("{:.0} GFLOP/s", device.peak_flops / 1e9)
-        },
+        flops(device.peak_flops),
         device.memory_bytes / 1e9
     )
 }
 
-/// 124.4M, 7.463B, 1.007T.
+/// 31,616 as 31.6k, 124.4M, 7.463B, 1.007T.
 fn params(n: f64) -> String {
     match n {
         n if n >= 1e12 => format!("{:.3}T", n / 1e12),
         n if n >= 1e9 => format!("{:.3}B", n / 1e9),
-        n => format!("{:.1}M", n / 1e6),
+        n if n >= 1e6 => format!("{:.1}M", n / 1e6),
+        n => format!("{:.1}k", n / 1e3),
     }
 }
 
-/// 1.2M, 34.5k, 950.
-fn rate(x: f64) -> String {
-    match x {
-        x if x >= 1e6 => format!("{:.2}M", x / 1e6),
-        x if x >= 1e4 => format!("{:.1}k", x / 1e3),
-        x => format!("{x:.0}"),
+/// 40%, or 0.2% below one percent.
+fn percent(x: f64) -> String {
+    match 100.0 * x {
+        p if p >= 1.0 => format!("{p:.0}%"),
+        p => format!("{p:.1}%"),
+    }
+}
+
+/// 989 TFLOP/s, or 82 GFLOP/s below one TFLOP/s.
+fn flops(f: f64) -> String {
+    match f {
+        f if f >= 1e12 => format!("{:.0} TFLOP/s", f / 1e12),
+        f => format!("{:.0} GFLOP/s", f / 1e9),
     }
 }
 
@@ -466,6 +470,15 @@ fn seconds(s: f64) -> String {
     }
 }
 
+/// 1.2M, 34.5k, 950.
+fn rate(x: f64) -> String {
+    match x {
+        x if x >= 1e6 => format!("{:.2}M", x / 1e6),
+        x if x >= 1e4 => format!("{:.1}k", x / 1e3),
+        x => format!("{x:.0}"),
+    }
+}
+
 /// One world's answer: the recommendation, each family's best and why it
 /// loses (or with --all every layout), and what was left out.
 fn print_world(a: &PlanArgs, w: &Workload, device: &Device, net: &Network, wp: &WorldPlan) {
@@ -473,9 +486,9 @@ fn print_world(a: &PlanArgs, w: &Workload, device: &Device, net: &Network, wp: &
     distgpt::outln!();
     let priced = wp.predictions.len() + wp.offloaded.len();
     let head = format!(
-        "world {world}: {} priced at {:.0}% of the peak",
+        "world {world}: {} priced at {} of the peak",
         distgpt::metrics::count(priced, "layout"),
-        100.0 * wp.efficiency
+        percent(wp.efficiency)
     );
     match wp.recommended() {
         Some(r) => distgpt::outln!(

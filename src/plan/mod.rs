@@ -1252,7 +1252,8 @@ fn why_not(
             bytes(a.comm_bytes),
             match a.comm_s {
                 t if t >= 1.0 => format!("{t:.1} s"),
-                t => format!("{:.0} ms", t * 1e3),
+                t if t >= 1e-3 => format!("{:.0} ms", t * 1e3),
+                t => format!("{:.0} us", t * 1e6),
             }
         ),
         _ if !p.parallel.offload.is_none() => format!(
