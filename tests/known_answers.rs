@@ -14,7 +14,8 @@ mod common;
 
 use distgpt::backend::cpu::Cpu;
 use distgpt::model::{GptConfig, ModelConfig};
-use distgpt::parallel::{launch, ParallelConfig, Schedule, StrategyKind};
+use distgpt::parallel::pipeline::Pass;
+use distgpt::parallel::{launch, ParallelConfig, Schedule, Span, StrategyKind};
 use distgpt::plan::{self, Device, Network, Precision, Workload};
 use distgpt::train::bench::{bench_rank, BenchSpec};
 use std::process::Command;
@@ -1420,7 +1421,12 @@ fn a_pipelines_bubble_is_the_idle_share_of_the_ranks_spans() {
         .find(|p| p.pipeline.stages == 2 && p.pipeline.schedule == Schedule::OneFOneB)
         .expect("pp 2 1f1b");
     let ranks = launch::run_local(2, 1, Duration::from_secs(120), |comm| {
-        bench_rank(Cpu::new(), &cfg, par, one_step(b, t, m), comm.as_ref())
+        // a step before the timed one: the stages end it apart
+        let spec = BenchSpec {
+            warmup: 1,
+            ..one_step(b, t, m)
+        };
+        bench_rank(Cpu::new(), &cfg, par, spec, comm.as_ref())
     })
     .unwrap();
     // every rank's figures, as rank 0 gathered them
@@ -1431,6 +1437,25 @@ fn a_pipelines_bubble_is_the_idle_share_of_the_ranks_spans() {
             r.timeline.len(),
             2 * m,
             "a forward and a backward a micro-batch"
+        );
+    }
+    // one clock for both stages: the second's forward of a micro-batch
+    // starts after the first's has ended (each rank's clock began with its
+    // own step, and a late one drew it before its input; 50 us of slack for
+    // the barrier's exit)
+    let forward = |r: usize, i: usize| {
+        let of = |s: &&Span| s.pass == Pass::Forward && s.micro_batch == i;
+        *ranks[r]
+            .timeline
+            .iter()
+            .find(of)
+            .expect("a forward a micro-batch")
+    };
+    for i in 0..m {
+        let (a, b) = (forward(0, i), forward(1, i));
+        assert!(
+            b.start >= a.end - 50e-6,
+            "micro-batch {i}: {a:?} then {b:?}"
         );
     }
     let start = spans.iter().map(|s| s.start).fold(f64::INFINITY, f64::min);

@@ -634,14 +634,7 @@ impl Measured<'_> {
                 "pipeline bubble: {:.1}% of the program idle, measured (mean over every rank and timed step); \
                  formula {} = {:.1}%",
                 100.0 * b,
-                match (par.pipeline.schedule, par.pipeline.virtual_stages) {
-                    (distgpt::parallel::Schedule::ZbH1, _) => {
-                        "(p - 1)(F + B - W) / (m (F + B + W) + (p - 1)(F + B - W)) with the measured mean F, B, W"
-                            .to_string()
-                    }
-                    (_, 1) => "(p - 1) / (m + p - 1)".to_string(),
-                    (_, v) => format!("(p - 1) / ({v} m + p - 1)"),
-                },
+                par.pipeline.bubble_formula(self.spec.grad_accum),
                 100.0 * self.formula
             );
         }

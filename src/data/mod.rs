@@ -242,8 +242,12 @@ impl Dataset {
         // tokens are held (and written to shards) as u16, as llm.c's format has them
         let vocab = tokenizer.vocab_size();
         if vocab > MAX_VOCAB {
+            let instead = match &tokenizer {
+                Tokenizer::WordPiece(_) => "a WordPiece vocabulary of at most that many (`data prepare --tokenizer wordpiece --vocab-size`)",
+                _ => "--tokenizer gpt2 or a text with fewer distinct characters",
+            };
             return Err(Error::Input(format!(
-                "{shown} has a vocabulary of {vocab} tokens; token ids are stored as 16-bit numbers (llm.c's shard format), which hold at most {MAX_VOCAB}: use --tokenizer gpt2 or a text with fewer distinct characters"
+                "{shown} read with a vocabulary of {vocab} tokens; token ids are stored as 16-bit numbers (llm.c's shard format), which hold at most {MAX_VOCAB}: use {instead}"
             )));
         }
         let ids = tokenizer.encode(text)?;
@@ -538,6 +542,26 @@ mod tests {
             .err()
             .expect("a vocabulary past u16 is refused");
         assert!(err.to_string().contains("at most 65536"), "{err}");
+        assert!(
+            err.to_string().contains("fewer distinct characters"),
+            "{err}"
+        );
+        // a WordPiece vocabulary that large (multilingual BERT's 119,547)
+        // is told of WordPiece, not of characters
+        let words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"].map(String::from);
+        let tokens = words
+            .into_iter()
+            .chain((0..65_532).map(|i| format!("w{i}")))
+            .collect();
+        let wp = wordpiece::WordPiece::new(tokens).unwrap();
+        let err = Dataset::load_with(Some(&path), Tokenizer::WordPiece(Box::new(wp)))
+            .err()
+            .expect("a vocabulary past u16 is refused")
+            .to_string();
+        assert!(
+            err.contains("65537 tokens") && err.contains("a WordPiece vocabulary of at most"),
+            "{err}"
+        );
     }
 
     #[test]

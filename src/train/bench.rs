@@ -105,7 +105,7 @@ pub fn bench_rank<B: Backend + 'static>(
             timed.update += stats.update_s;
             let mine = strategy.timeline();
             if !mine.is_empty() {
-                timed.timelines = world.gather(&mine)?;
+                timed.timelines = pipeline::on_one_clock(world.gather(&mine)?);
                 timed
                     .bubbles
                     .extend(pipeline::measured_bubble(&timed.timelines));

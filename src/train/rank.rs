@@ -535,7 +535,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
         let mine = self.strategy.timeline();
         let timelines = match mine.is_empty() {
             true => Vec::new(),
-            false => self.world.gather(&mine)?,
+            false => crate::parallel::pipeline::on_one_clock(self.world.gather(&mine)?),
         };
         let params = self.strategy.full_params()?;
         // a finished run's test split (a stopped run's waits for its end)

@@ -161,7 +161,11 @@ fn take_layout(
         p.precision = m.precision;
     }
     take(set("pp"), &mut p.pipeline.stages, &m.pipeline.stages);
-    let (schedule, pm) = (set("schedule") || set("virtual_stages"), &m.pipeline);
+    // one stage has no schedule: a pipeline's recorded one (gpipe,
+    // interleaved, zb-h1) would refuse it, as tp follows the strategy
+    let one_stage = set("pp") && m.pipeline.stages == 1;
+    let schedule = set("schedule") || set("virtual_stages") || one_stage;
+    let pm = &m.pipeline;
     take(schedule, &mut p.pipeline.schedule, &pm.schedule);
     take(schedule, &mut p.pipeline.virtual_stages, &pm.virtual_stages);
 }
@@ -191,5 +195,34 @@ impl Resumption {
             par,
             lock: self.lock,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parallel::{Pipeline, Schedule};
+
+    /// A resume onto one stage leaves the pipeline's schedule with its
+    /// stages (a gpipe run resumed with `--pp 1` was refused: "--schedule
+    /// gpipe ... needs --pp 2 or more"); onto other stages it keeps it.
+    #[test]
+    fn a_resume_onto_one_stage_leaves_the_schedule_behind() {
+        let recorded = ParallelConfig {
+            world_size: 2,
+            pipeline: Pipeline::new(2, Schedule::GPipe, 1),
+            ..ParallelConfig::single()
+        };
+        let resume = |stages: usize| {
+            let line = ParallelConfig {
+                pipeline: Pipeline::new(stages, Schedule::OneFOneB, 1),
+                ..ParallelConfig::single()
+            };
+            let mut p = recorded;
+            take_layout(&mut p, &line, |f| f == "pp", 3);
+            p.pipeline
+        };
+        assert_eq!(resume(1), Pipeline::new(1, Schedule::OneFOneB, 1));
+        assert_eq!(resume(4), Pipeline::new(4, Schedule::GPipe, 1));
     }
 }

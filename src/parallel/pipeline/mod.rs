@@ -20,8 +20,9 @@ mod schedule;
 
 use schedule::link;
 pub use schedule::{
-    ideal_run, in_flight, measured_bubble, partition, programs, ranks_tasks, tasks, zb_h1_bubble,
-    Exchange, Message, Pass, Pipeline, Program, Schedule, Span, Step, Task,
+    ideal_run, in_flight, measured_bubble, on_one_clock, partition, programs, ranks_tasks, tasks,
+    wall_clock_s, zb_h1_bubble, Exchange, Message, Pass, Pipeline, Program, Schedule, Span, Step,
+    Task,
 };
 
 use super::grid::{Grid, Groups};
@@ -93,8 +94,11 @@ pub struct Pipelined<B: Backend> {
     t: usize,
     /// The residual stream's width (what flows between stages per token).
     width: usize,
-    /// What this stage computed when in the last step's program.
+    /// What this stage computed when in the last step's program, from
+    /// its start ...
     timeline: Vec<Span>,
+    /// ... which fell this many seconds after the UNIX epoch.
+    origin: f64,
     /// Under offload, the host memory's counters.
     host: Option<Cpu>,
 }
@@ -197,6 +201,7 @@ impl<B: Backend> Pipelined<B> {
             t,
             width: model.n_embd(),
             timeline: Vec::new(),
+            origin: 0.0,
             host,
         })
     }
@@ -320,6 +325,7 @@ impl<B: Backend> Pipelined<B> {
         let mut loss = 0.0f32;
         let len = mbs.first().map_or(0, |mb| self.boundary_len(&mb.0));
         let t0 = Instant::now();
+        self.origin = wall_clock_s();
         self.timeline.clear();
         let (s, pipe) = (self.pp.rank(), self.pipe);
         // received and not yet used, made and not yet sent
@@ -676,7 +682,13 @@ impl<B: Backend> Strategy for Pipelined<B> {
         // one stage (sharded data parallelism over tp) is no pipeline
         match self.pp.size() {
             1 => Vec::new(),
-            _ => self.timeline.clone(),
+            _ => (self.timeline.iter())
+                .map(|s| Span {
+                    start: self.origin + s.start,
+                    end: self.origin + s.end,
+                    ..*s
+                })
+                .collect(),
         }
     }
 
