@@ -2047,6 +2047,15 @@ fn bad_numbers_and_outputs_over_inputs_are_refused_by_name() {
             vec!["train", "--model", "tiny", "--peak-tflops=-1"],
             "--peak-tflops",
         ),
+        // a peak past f64 once in FLOP/s (MFU 0% of an infinite peak)
+        (
+            vec!["bench", "--model", "tiny", "--peak-tflops", "1e300"],
+            "1e300 TFLOP/s is inf FLOP/s",
+        ),
+        (
+            vec!["train", "--model", "tiny", "--peak-tflops", "1e-13"],
+            "1e-13 TFLOP/s is 1e-1 FLOP/s",
+        ),
         // a negative number after a space is the flag's value, not a flag
         (
             vec!["train", "--model", "tiny", "--lr", "-1"],
@@ -3576,6 +3585,12 @@ fn bench_refuses_counts_past_their_range_and_a_cache_past_memory() {
             // keys and values, 6 positions of 32 floats (3,072 bytes a row)
             &["--generate", "5", "--batch-size", "1000000000000"][..],
             "its KV cache needs at least 2794.0 TiB",
+        ),
+        (
+            // a training step past memory, as train refuses it (the kernel's
+            // OOM killer ended the process, rc 137)
+            &["--batch-size", "100000000"][..],
+            "1 thread rank needs about",
         ),
     ] {
         let line = [&["bench", "--model", "tiny", "--seq-len", "16"][..], args].concat();

@@ -2,7 +2,7 @@
 //! category and communication volume and time, on synthetic tokens, for any
 //! strategy and world size, in the shape `bench/pytorch_reference.py` mirrors.
 
-use super::{micro_batches, positive, positive_rate};
+use super::{micro_batches, positive};
 use super::{CommKind, DeviceArgs, ModelArgs, ParallelArgs, WeightFormat};
 use anyhow::Result;
 use clap::Args;
@@ -43,7 +43,7 @@ pub struct BenchArgs {
     /// devices` prints it: this CPU's (its thread ranks share it; under
     /// mpirun a process's) or one GPU's (a rank each) (default: measured
     /// once per device and thread count, kept in ~/.cache/distgpt/peak.json).
-    #[arg(long, value_parser = positive_rate, help_heading = "Benchmark")]
+    #[arg(long, value_parser = super::peak_tflops, help_heading = "Benchmark")]
     peak_tflops: Option<f64>,
     #[command(flatten)]
     old_peak: super::OldPeakGflops,
@@ -311,6 +311,18 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig) -> Result<()> {
     let par = a.parallel.config();
     par.resolved().validate(cfg, b)?;
     let threads = rayon::current_num_threads();
+    if a.parallel.comm == CommKind::Local {
+        // a batch past memory is refused in words, as train refuses it
+        // (it was killed by the kernel's OOM killer)
+        let w = distgpt::plan::Workload {
+            model: cfg.clone(),
+            batch: b,
+            seq_len: t,
+            grad_accum: a.grad_accum,
+            cpu_threads: a.device.is_cpu().then_some(threads),
+        };
+        super::training::check_memory(&w, par.resolved())?;
+    }
     announce(a, cfg, &par, b, t);
     // Measured here with every thread of this process: the whole machine for
     // thread ranks, one rank's share under mpirun (hence the scaling).
@@ -584,7 +596,7 @@ impl Measured<'_> {
         let (a, cfg, par, b, t) = (self.a, self.cfg, self.par, self.b, self.t);
         let (ranks, mfu) = (&self.ranks, self.mfu());
         distgpt::outln!(
-            "distgpt {} ({} params) {} x {} (tp {}{}) batch {b} x {t}, {}: {:.1} ms/step, {:.0} tokens/s ({:.0} per rank), MFU {:.1}% of {:.0} GFLOP/s ({})",
+            "distgpt {} ({} params) {} x {} (tp {}{}) batch {b} x {t}, {}: {:.1} ms/step, {:.0} tokens/s ({:.0} per rank), MFU {:.1}% of {} GFLOP/s ({})",
             a.model.model_name(),
             cfg.num_params(),
             par.strategy,
@@ -615,7 +627,11 @@ impl Measured<'_> {
             self.tokens_per_s,
             self.tokens_per_s / par.world_size as f64,
             100.0 * mfu,
-            self.peaks.mfu / 1e9,
+            // a stated peak below one GFLOP/s reads as its digits, not 0
+            match self.peaks.mfu / 1e9 {
+                g if g >= 1.0 => format!("{g:.0}"),
+                g => format!("{g:.2e}"),
+            },
             self.peaks.mfu_source
         );
         if let (Some(_), None) = (&self.peaks.hardware, self.peaks.stated) {
@@ -626,7 +642,7 @@ impl Measured<'_> {
                 100.0 * self.mfu_of(self.peaks.matmul),
             );
         }
-        if let Some(note) = metrics::mfu_above_peak(mfu) {
+        if let Some(note) = metrics::mfu_above_peak(mfu, self.peaks.stated.is_some()) {
             distgpt::errln!("note: {note}");
         }
         if let Some(b) = self.bubble {

@@ -557,6 +557,17 @@ pub(crate) fn positive_rate(s: &str) -> std::result::Result<f64, String> {
     finite_number(s, false)
 }
 
+/// The parser of `--peak-tflops` on train and bench: a positive number
+/// that is one FLOP/s or more and finite once in FLOP/s (1e300 was an
+/// infinite peak, and every MFU 0).
+pub(crate) fn peak_tflops(s: &str) -> std::result::Result<f64, String> {
+    let v = finite_number(s, false)?;
+    match (v * 1e12).is_finite() && v * 1e12 >= 1.0 {
+        true => Ok(v),
+        false => Err(format!("{s} TFLOP/s is {:e} FLOP/s: a peak is 1 to {:e}", v * 1e12, f64::MAX)),
+    }
+}
+
 /// The parser of a latency: a finite number, 0 or more.
 pub(crate) fn non_negative_rate(s: &str) -> std::result::Result<f64, String> {
     finite_number(s, true)

@@ -116,7 +116,7 @@ pub(super) struct TrainArgs {
     /// devices` prints it: this CPU's (its thread ranks share it; under
     /// mpirun a process's) or one GPU's (a rank each) (default: measured
     /// once per device and thread count, kept in ~/.cache/distgpt/peak.json).
-    #[arg(long, value_parser = positive_rate, help_heading = "Output")]
+    #[arg(long, value_parser = super::peak_tflops, help_heading = "Output")]
     peak_tflops: Option<f64>,
     #[command(flatten)]
     old_peak: super::OldPeakGflops,
@@ -452,32 +452,22 @@ pub(super) fn finish_completed(p: &Prepared, step: usize, device: &DeviceArgs) -
     Ok(Outcome::Done)
 }
 
-/// Refuses thread ranks whose planned memory exceeds what this machine has free.
-pub(super) fn check_memory(
-    model: &ModelConfig,
-    cfg: &TrainConfig,
-    par: ParallelConfig,
-    cpu_threads: Option<usize>,
-) -> Result<()> {
+/// Refuses thread ranks whose planned memory for `w` exceeds what this
+/// machine has free (train's and bench's).
+pub(super) fn check_memory(w: &distgpt::plan::Workload, par: ParallelConfig) -> Result<()> {
     let Some(free) = metrics::available_memory_bytes() else {
         return Ok(());
     };
-    let w = distgpt::plan::Workload {
-        model: model.clone(),
-        batch: cfg.batch_size,
-        seq_len: cfg.seq_len,
-        grad_accum: cfg.grad_accum,
-        cpu_threads,
-    };
-    let per_rank = distgpt::plan::memory_plan(&w, par, distgpt::plan::Precision::Fp32).total();
+    let per_rank = distgpt::plan::memory_plan(w, par, distgpt::plan::Precision::Fp32).total();
     // Each thread rank also holds a worker pool, communication slots and
     // scratch the plan does not itemise.
     let need = par.world_size as f64 * (1.25 * per_rank + 16.0 * 1024.0 * 1024.0);
     if need > free as f64 {
         let h = |b: f64| metrics::human_bytes(b as u64);
         bail!(
-            "{} thread ranks need about {} ({} each by `distgpt plan`), but {} is available: use fewer ranks, a smaller batch or model, or --recompute",
-            par.world_size,
+            "{} {} about {} ({} each by `distgpt plan`), but {} is available: use fewer ranks, a smaller batch or model, or --recompute",
+            metrics::count(par.world_size, "thread rank"),
+            if par.world_size == 1 { "needs" } else { "need" },
             h(need),
             h(per_rank),
             h(free as f64)
@@ -574,8 +564,14 @@ pub(super) fn run_train(mut a: TrainArgs, given: &[String]) -> Result<Outcome> {
     par.resolved().validate(&model, cfg.batch_size)?;
     par.pipeline.check_micro_batches(cfg.grad_accum)?;
     if a.parallel.comm == CommKind::Local {
-        let cpu = a.device.is_cpu().then(rayon::current_num_threads);
-        check_memory(&model, cfg, par.resolved(), cpu)?;
+        let w = distgpt::plan::Workload {
+            model: model.clone(),
+            batch: cfg.batch_size,
+            seq_len: cfg.seq_len,
+            grad_accum: cfg.grad_accum,
+            cpu_threads: a.device.is_cpu().then(rayon::current_num_threads),
+        };
+        check_memory(&w, par.resolved())?;
     }
     handle_stop_signals()?;
     let launcher = ParallelArgs {
@@ -651,7 +647,7 @@ pub(super) fn report_run(
         s.tokens_per_s,
         100.0 * s.mfu
     );
-    if let Some(note) = metrics::mfu_above_peak(s.mfu) {
+    if let Some(note) = metrics::mfu_above_peak(s.mfu, prep.cfg.peak_flops.is_some()) {
         distgpt::errln!("note: {note}");
     }
     if let Some(t) = s.test {

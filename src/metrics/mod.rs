@@ -149,15 +149,20 @@ pub fn mfu(flops_per_token: f64, tokens_per_s: f64, peak_flops: f64) -> f64 {
 }
 
 /// What to say when a run's MFU is above 100%: the peak it divides by
-/// (measured once and kept, `peak`) is below what the machine just did.
-pub fn mfu_above_peak(mfu: f64) -> Option<String> {
-    (mfu > 1.0).then(|| {
-        format!(
+/// (measured once and kept, `peak`, or `stated` with --peak-tflops) is
+/// below what the machine just did.
+pub fn mfu_above_peak(mfu: f64, stated: bool) -> Option<String> {
+    (mfu > 1.0).then(|| match stated {
+        true => format!(
+            "MFU {:.1}% is above 100%: the --peak-tflops given is below what this run achieved",
+            100.0 * mfu
+        ),
+        false => format!(
             "MFU {:.1}% is above 100%: the kept peak is below what this run achieved (it was \
              measured under load, or on another CPU of the same name); measure it again on a \
              quiet machine with `distgpt devices --measure`, or state one with --peak-tflops",
             100.0 * mfu
-        )
+        ),
     })
 }
 
@@ -481,10 +486,16 @@ mod tests {
 
     #[test]
     fn an_mfu_above_the_kept_peak_is_said() {
-        assert_eq!(mfu_above_peak(0.999), None);
-        let note = mfu_above_peak(1.2).expect("above 100%");
+        assert_eq!(mfu_above_peak(0.999, false), None);
+        let note = mfu_above_peak(1.2, false).expect("above 100%");
         assert!(
             note.contains("MFU 120.0% is above 100%") && note.contains("--measure"),
+            "{note}"
+        );
+        // a stated peak is the user's: no kept one to measure again
+        let note = mfu_above_peak(1.2, true).expect("above 100%");
+        assert!(
+            note.contains("the --peak-tflops given is below") && !note.contains("--measure"),
             "{note}"
         );
     }

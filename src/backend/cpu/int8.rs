@@ -291,8 +291,10 @@ pub struct Int8Rows {
 
 impl Int8Rows {
     /// Quantizes `rows` rows of `k` values each, one scale per row, for
-    /// `kernel`.
-    pub fn new(x: &[f32], rows: usize, k: usize, kernel: Kernel) -> Int8Rows {
+    /// `kernel`, which must run on this CPU (`Kernel::here`, or one of
+    /// `Kernel::available`'s in the tests): private, as a safe public
+    /// function taking any kernel ran AVX-512 on a CPU without it.
+    fn new(x: &[f32], rows: usize, k: usize, kernel: Kernel) -> Int8Rows {
         assert!(x.len() >= rows * k);
         let stride = k.div_ceil(GROUP) * GROUP;
         let flip = if kernel.biased() { 0x80 } else { 0 };
