@@ -564,7 +564,11 @@ pub(crate) fn peak_tflops(s: &str) -> std::result::Result<f64, String> {
     let v = finite_number(s, false)?;
     match (v * 1e12).is_finite() && v * 1e12 >= 1.0 {
         true => Ok(v),
-        false => Err(format!("{s} TFLOP/s is {:e} FLOP/s: a peak is 1 to {:e}", v * 1e12, f64::MAX)),
+        false => Err(format!(
+            "{s} TFLOP/s is {:e} FLOP/s: a peak is 1 to {:e}",
+            v * 1e12,
+            f64::MAX
+        )),
     }
 }
 

@@ -68,6 +68,10 @@ pub struct Entry {
     /// Measured by a debug build: read only by debug builds.
     #[serde(default)]
     pub debug_build: bool,
+    /// The CPUs the measuring process could run on (its affinity and
+    /// quota): a peak of 2 cores is not read under `taskset -c 0`.
+    #[serde(default)]
+    pub cpus: usize,
 }
 
 /// A peak and where it came from, for the run's header line.
@@ -221,36 +225,65 @@ pub fn cache_dir() -> Option<PathBuf> {
     })
 }
 
-fn read(file: &Path) -> Vec<Entry> {
+/// The file's entries as JSON values, each read on its own (an array of
+/// them; anything else is no entry).
+fn read_values(file: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(file)
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
         .unwrap_or_default()
 }
 
-/// Adds or replaces `entry`, writing the file whole and then renaming it,
-/// so concurrent runs never read half a file.
+/// The entries this version reads (another version's, or another
+/// machine's, that it cannot are left in the file, unread).
+fn read(file: &Path) -> Vec<Entry> {
+    (read_values(file).into_iter())
+        .filter_map(|v| serde_json::from_value(v).ok())
+        .collect()
+}
+
+/// Adds or replaces `entry`, keeping every other entry as it was (one it
+/// cannot read too), under a lock on `peak.json.lock` (two runs storing at
+/// once each kept the other's out) and writing the file whole, then
+/// renaming it, so a run never reads half a file.
 fn store(file: &Path, entry: Entry) -> std::io::Result<()> {
-    let mut all = read(file);
-    all.retain(|e| !e.same_as(&entry.device, &entry.host, entry.threads, entry.debug_build));
-    all.push(entry);
     if let Some(dir) = file.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    static WRITES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = file.with_extension(format!("json.{}.{n}", std::process::id()));
+    let lock = std::fs::File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(file.with_extension("json.lock"))?;
+    lock.lock()?;
+    let mut all = read_values(file);
+    all.retain(|v| serde_json::from_value::<Entry>(v.clone()).map_or(true, |e| !e.same_as(&entry)));
+    all.push(serde_json::to_value(&entry).map_err(std::io::Error::other)?);
+    let tmp = file.with_extension(format!("json.{}", std::process::id()));
     let text = serde_json::to_string_pretty(&all).map_err(std::io::Error::other)?;
     std::fs::write(&tmp, text)?;
     std::fs::rename(&tmp, file)
 }
 
+/// The CPUs this process may run on.
+fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 impl Entry {
-    fn same_as(&self, device: &str, host: &str, threads: usize, debug_build: bool) -> bool {
-        self.device == device
-            && self.host == host
-            && self.threads == threads
-            && self.debug_build == debug_build
+    /// Whether `other` is a measurement of the same thing.
+    fn same_as(&self, other: &Entry) -> bool {
+        self.key() == other.key()
+    }
+
+    fn key(&self) -> (&str, &str, usize, bool, usize) {
+        (
+            &self.device,
+            &self.host,
+            self.threads,
+            self.debug_build,
+            self.cpus,
+        )
     }
 }
 
@@ -270,9 +303,10 @@ fn host() -> String {
 /// The peak of `device` at `threads` threads kept in `file` by this kind of
 /// build, and whether this version of the probe (or a later one) measured it.
 fn lookup(file: &Path, device: &str, host: &str, threads: usize) -> Option<(Peak, bool)> {
+    let key = (device, host, threads, DEBUG_BUILD, cpus());
     let e = read(file)
         .into_iter()
-        .find(|e| e.same_as(device, host, threads, DEBUG_BUILD) && e.flops > 0.0)?;
+        .find(|e| e.key() == key && e.flops > 0.0)?;
     let current = e.probe >= PROBE;
     let source = format!(
         "measured {}{}{} and kept in {}",
@@ -335,6 +369,7 @@ pub fn lookup_or_measure(
                 timings: probe.timings.clone(),
                 probe: PROBE,
                 debug_build: DEBUG_BUILD,
+                cpus: cpus(),
             };
             let kind = if DEBUG_BUILD { " for debug builds" } else { "" };
             match store(f, entry) {
@@ -585,9 +620,10 @@ mod tests {
         std::fs::write(
             &file,
             format!(
-                r#"[{{"device":"cpu A","host":"{}","threads":2,"flops":5.0,"measured_unix":0,"debug_build":{}}}]"#,
+                r#"[{{"device":"cpu A","host":"{}","threads":2,"flops":5.0,"measured_unix":0,"debug_build":{},"cpus":{}}}]"#,
                 host(),
-                DEBUG_BUILD
+                DEBUG_BUILD,
+                cpus()
             ),
         )
         .unwrap();
@@ -607,9 +643,10 @@ mod tests {
         // the other kind of build's entry (a debug build's for a release
         // build, and the reverse) is neither read nor replaced
         let other_build = format!(
-            r#"[{{"device":"cpu A","host":"{}","threads":2,"flops":5.0,"measured_unix":0,"probe":{PROBE},"debug_build":{}}}]"#,
+            r#"[{{"device":"cpu A","host":"{}","threads":2,"flops":5.0,"measured_unix":0,"probe":{PROBE},"debug_build":{},"cpus":{}}}]"#,
             host(),
-            !DEBUG_BUILD
+            !DEBUG_BUILD,
+            cpus()
         );
         std::fs::write(&file, other_build).unwrap();
         let before = calls.get();
@@ -630,5 +667,31 @@ mod tests {
         );
         let nowhere = lookup_or_measure(None, "cpu A", 2, false, probe(1.0));
         assert_eq!(nowhere.source, "measured now");
+        // an entry this version cannot read (another machine's, a later
+        // version's library) stays in the file, unread; one measured with
+        // other CPUs to run on (another affinity or quota) is not read
+        let foreign = format!(
+            r#"[{{"device":"cpu A","host":"{}","threads":2,"flops":5.0,"measured_unix":0,"probe":{PROBE},"debug_build":{},"cpus":{},"matmul":{{"large":"cublas"}}}},
+               {{"device":"cpu A","host":"{}","threads":2,"flops":6.0,"measured_unix":0,"probe":{PROBE},"debug_build":{},"cpus":{}}}]"#,
+            host(),
+            DEBUG_BUILD,
+            cpus(),
+            host(),
+            DEBUG_BUILD,
+            cpus() + 64
+        );
+        std::fs::write(&file, foreign).unwrap();
+        let before = calls.get();
+        let ours = lookup_or_measure(Some(&file), "cpu A", 2, false, probe(50.0));
+        assert_eq!(
+            (calls.get(), ours.flops),
+            (before + 1, 50.0 + calls.get() as f64)
+        );
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert!(
+            text.contains("cublas"),
+            "the unreadable entry was dropped: {text}"
+        );
+        assert_eq!(read_values(&file).len(), 3, "{text}");
     }
 }
