@@ -86,13 +86,39 @@ impl HardwarePeak {
     }
 }
 
-/// Whether the CPU has AMX-BF16 tiles.
+/// Whether the CPU has AMX-BF16 tiles and the OS keeps their state (a
+/// kernel before 5.16, or a hypervisor that passes the CPUID bit alone,
+/// leaves them off: the libraries then run AVX512-BF16, an eighth of the
+/// tiles' peak).
 pub fn has_amx() -> bool {
     // (leaf 7 answers zeroes where it is past the CPU's highest leaf)
     #[cfg(target_arch = "x86_64")]
-    return amx_in(std::arch::x86_64::__cpuid_count(7, 0).edx);
+    return amx_in(std::arch::x86_64::__cpuid_count(7, 0).edx) && tiles_in(xcr0());
     #[cfg(not(target_arch = "x86_64"))]
     false
+}
+
+/// The OS's XSAVE feature mask (XCR0), 0 where the OS does not enable
+/// XSAVE (XGETBV would fault).
+#[cfg(target_arch = "x86_64")]
+fn xcr0() -> u64 {
+    #[target_feature(enable = "xsave")]
+    fn read() -> u64 {
+        // SAFETY: XGETBV(0) needs CR4.OSXSAVE, which std's "xsave" detection
+        // checks first
+        unsafe { std::arch::x86_64::_xgetbv(0) }
+    }
+    match is_x86_feature_detected!("xsave") {
+        // SAFETY: the feature `read` is compiled for was detected
+        true => unsafe { read() },
+        false => 0,
+    }
+}
+
+/// Whether XCR0 enables the AMX tile state: XTILECFG (bit 17) and
+/// XTILEDATA (bit 18).
+fn tiles_in(xcr0: u64) -> bool {
+    xcr0 & (0b11 << 17) == 0b11 << 17
 }
 
 /// Whether CPUID leaf 7's EDX says AMX-BF16 (bit 22).
@@ -409,6 +435,9 @@ mod tests {
     fn amx_is_what_linux_says_the_cpu_has() {
         assert!(amx_in(1 << 22) && amx_in(u32::MAX));
         assert!(!amx_in(0) && !amx_in((1 << 24) | (1 << 25) | (1 << 21)));
+        // the tiles' state as the OS enables it: both bits, not one
+        assert!(tiles_in(0b11 << 17) && tiles_in(u64::MAX));
+        assert!(!tiles_in(1 << 17) && !tiles_in(1 << 18) && !tiles_in(0b111));
         let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
             eprintln!("no /proc/cpuinfo here: nothing to compare");
             return;
