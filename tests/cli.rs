@@ -3957,6 +3957,8 @@ fn plan_refuses_sizes_and_figures_past_what_it_can_count() {
             "{sizes:?}: {said}"
         );
     }
+    let said = plan(&["--world-size", "8,8"]);
+    assert!(said.contains("--world-size names 8 twice"), "{said}");
     for (flag, value, says) in [
         (
             "--peak-tflops",

@@ -313,6 +313,14 @@ fn target(a: &PlanArgs, threads: usize) -> Result<(Device, Network, Option<Machi
 }
 
 pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
+    let worlds = &a.world_size;
+    if let Some((_, w)) = worlds
+        .iter()
+        .enumerate()
+        .find(|(i, w)| worlds[..*i].contains(w))
+    {
+        bail!("--world-size names {w} twice: each world is planned once");
+    }
     let model = a.model.family_shape(a.vocab_size)?;
     if model.n_layer() > MAX_LAYERS {
         bail!(

@@ -150,7 +150,8 @@ pub(super) struct TrainArgs {
     #[arg(long, conflicts_with = "resume", help_heading = "Output")]
     overwrite: bool,
     /// Start from these weights (a run directory or a Hugging Face GPT-2 folder):
-    /// its model shape and tokenizer replace --model and --tokenizer.
+    /// its model shape and tokenizer are the run's (--model, --n-layer and
+    /// the like, and --tokenizer, are refused beside it).
     #[arg(
         long,
         value_name = "DIR",
