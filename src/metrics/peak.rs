@@ -68,8 +68,9 @@ pub struct Entry {
     /// Measured by a debug build: read only by debug builds.
     #[serde(default)]
     pub debug_build: bool,
-    /// The CPUs the measuring process could run on (its affinity and
-    /// quota): a peak of 2 cores is not read under `taskset -c 0`.
+    /// The CPUs the measuring threads could run on (as many as the
+    /// threads, or fewer where the affinity or quota allows fewer): a peak
+    /// of 2 cores is not read under `taskset -c 0`.
     #[serde(default)]
     pub cpus: usize,
 }
@@ -265,9 +266,10 @@ fn store(file: &Path, entry: Entry) -> std::io::Result<()> {
     std::fs::rename(&tmp, file)
 }
 
-/// The CPUs this process may run on.
-fn cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+/// The CPUs `threads` threads of this process may run on (its affinity
+/// and quota may allow fewer): what a CPU peak counts.
+fn cpus(threads: usize) -> usize {
+    threads.min(std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 impl Entry {
@@ -303,7 +305,7 @@ fn host() -> String {
 /// The peak of `device` at `threads` threads kept in `file` by this kind of
 /// build, and whether this version of the probe (or a later one) measured it.
 fn lookup(file: &Path, device: &str, host: &str, threads: usize) -> Option<(Peak, bool)> {
-    let key = (device, host, threads, DEBUG_BUILD, cpus());
+    let key = (device, host, threads, DEBUG_BUILD, cpus(threads));
     let e = read(file)
         .into_iter()
         .find(|e| e.key() == key && e.flops > 0.0)?;
@@ -369,7 +371,7 @@ pub fn lookup_or_measure(
                 timings: probe.timings.clone(),
                 probe: PROBE,
                 debug_build: DEBUG_BUILD,
-                cpus: cpus(),
+                cpus: cpus(threads),
             };
             let kind = if DEBUG_BUILD { " for debug builds" } else { "" };
             match store(f, entry) {
@@ -623,7 +625,7 @@ mod tests {
                 r#"[{{"device":"cpu A","host":"{}","threads":2,"flops":5.0,"measured_unix":0,"debug_build":{},"cpus":{}}}]"#,
                 host(),
                 DEBUG_BUILD,
-                cpus()
+                cpus(2)
             ),
         )
         .unwrap();
@@ -646,7 +648,7 @@ mod tests {
             r#"[{{"device":"cpu A","host":"{}","threads":2,"flops":5.0,"measured_unix":0,"probe":{PROBE},"debug_build":{},"cpus":{}}}]"#,
             host(),
             !DEBUG_BUILD,
-            cpus()
+            cpus(2)
         );
         std::fs::write(&file, other_build).unwrap();
         let before = calls.get();
@@ -675,10 +677,10 @@ mod tests {
                {{"device":"cpu A","host":"{}","threads":2,"flops":6.0,"measured_unix":0,"probe":{PROBE},"debug_build":{},"cpus":{}}}]"#,
             host(),
             DEBUG_BUILD,
-            cpus(),
+            cpus(2),
             host(),
             DEBUG_BUILD,
-            cpus() + 64
+            cpus(2) + 64
         );
         std::fs::write(&file, foreign).unwrap();
         let before = calls.get();
