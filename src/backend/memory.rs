@@ -87,6 +87,15 @@ impl From<[u64; 6]> for PeakRow {
     }
 }
 
+impl PeakRow {
+    /// Its columns in a CSV report, and their [`PeakRow::csv`] values.
+    pub const CSV_HEADER: &str = "peak_params_bytes,peak_grads_bytes,peak_optimizer_bytes,peak_activations_bytes,peak_other_bytes,peak_total_bytes";
+
+    pub fn csv(&self) -> String {
+        <[u64; 6]>::from(*self).map(|b| b.to_string()).join(",")
+    }
+}
+
 impl From<PeakRow> for [u64; 6] {
     fn from(p: PeakRow) -> Self {
         [

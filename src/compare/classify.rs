@@ -337,10 +337,10 @@ fn markdown(
 /// last epoch's validation and the test scores (results.json has every
 /// epoch and every rank).
 fn csv(rows: &[ClassifyRow]) -> String {
-    let mut s = String::from(
-        "layout,strategy,world_size,tp,batch,seq_len,epochs,step_ms,tokens_per_s,time_per_epoch_s,\
-peak_params_bytes,peak_grads_bytes,peak_optimizer_bytes,peak_activations_bytes,peak_other_bytes,peak_total_bytes,\
+    let mut s = format!(
+        "layout,strategy,world_size,tp,batch,seq_len,epochs,step_ms,tokens_per_s,time_per_epoch_s,{},\
 predicted_peak_bytes,val_loss,val_accuracy,val_f1,test_loss,test_accuracy,test_f1,max_loss_deviation_from_single\n",
+        PeakRow::CSV_HEADER
     );
     for r in rows {
         let p = PeakRow::largest(&r.rank_peak_bytes);
@@ -349,7 +349,7 @@ predicted_peak_bytes,val_loss,val_accuracy,val_f1,test_loss,test_accuracy,test_f
         let t = &r.test;
         let _ = writeln!(
             s,
-            "{},{},{},{},{},{},{},{:.3},{:.1},{:.3},{},{},{},{},{},{},{:.0},{},{},{},{:.6},{:.6},{:.6},{}",
+            "{},{},{},{},{},{},{},{:.3},{:.1},{:.3},{},{:.0},{},{},{},{:.6},{:.6},{:.6},{}",
             r.label.replace(',', ";"),
             r.strategy,
             r.world_size,
@@ -360,12 +360,7 @@ predicted_peak_bytes,val_loss,val_accuracy,val_f1,test_loss,test_accuracy,test_f
             r.step_ms,
             r.tokens_per_s,
             r.time_per_epoch_s,
-            p.params,
-            p.grads,
-            p.optimizer,
-            p.activations,
-            p.other,
-            p.total,
+            p.csv(),
             r.predicted_peak_bytes,
             of(|v| v.loss as f64),
             of(|v| v.accuracy),

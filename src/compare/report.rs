@@ -2,6 +2,7 @@
 
 use super::figures::{self, Figure};
 use super::{CompareSpec, Comparison, RunResult, Spread};
+use crate::backend::PeakRow;
 use crate::error::Result;
 use crate::metrics::MIB;
 use crate::parallel::StrategyKind;
@@ -9,19 +10,22 @@ use crate::store::{write_atomic, write_json};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-const CSV_HEADER: &str = "model,params,strategy,world_size,tp,batch,seq_len,steps,epochs,step_ms,tokens_per_s,tokens_per_s_per_rank,time_per_epoch_s,\
-repeats,tokens_per_s_min,tokens_per_s_max,peak_params_bytes,peak_grads_bytes,peak_optimizer_bytes,peak_activations_bytes,peak_other_bytes,peak_total_bytes,\
-final_loss,val_loss,final_grad_norm,comm_bytes_per_step,comm_ms_per_step,max_loss_deviation_from_single,predicted_peak_bytes,predicted_step_ms,layout";
+/// The columns before the peak's ([`PeakRow::CSV_HEADER`]) and after.
+const CSV_HEADER: [&str; 2] = [
+    "model,params,strategy,world_size,tp,batch,seq_len,steps,epochs,step_ms,tokens_per_s,tokens_per_s_per_rank,time_per_epoch_s,\
+repeats,tokens_per_s_min,tokens_per_s_max",
+    "final_loss,val_loss,final_grad_norm,comm_bytes_per_step,comm_ms_per_step,max_loss_deviation_from_single,predicted_peak_bytes,predicted_step_ms,layout",
+];
 
 fn csv(results: &[RunResult]) -> String {
-    let mut s = String::from(CSV_HEADER);
-    s.push('\n');
+    let [head, tail] = CSV_HEADER;
+    let mut s = format!("{head},{},{tail}\n", PeakRow::CSV_HEADER);
     let opt = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x:.6e}"));
     for r in results {
         let p = r.max_peak();
         let _ = writeln!(
             s,
-            "{},{},{},{},{},{},{},{},{:.4},{:.3},{:.1},{:.1},{:.3},{},{:.1},{:.1},{},{},{},{},{},{},{:.6},{:.6},{:.6},{:.0},{:.3},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{:.4},{:.3},{:.1},{:.1},{:.3},{},{:.1},{:.1},{},{:.6},{:.6},{:.6},{:.0},{:.3},{},{},{},{}",
             r.model,
             r.params,
             r.strategy,
@@ -38,12 +42,7 @@ fn csv(results: &[RunResult]) -> String {
             r.repeats.len(),
             r.tokens_per_s_spread().min,
             r.tokens_per_s_spread().max,
-            p.params,
-            p.grads,
-            p.optimizer,
-            p.activations,
-            p.other,
-            p.total,
+            p.csv(),
             r.final_loss,
             r.val_loss,
             r.final_grad_norm,
