@@ -324,7 +324,8 @@ impl<B: Backend> Pipelined<B> {
         let prog = self.program(mbs.len())?;
         let mut loss = 0.0f32;
         let len = mbs.first().map_or(0, |mb| self.boundary_len(&mb.0));
-        let t0 = Instant::now();
+        // spans on the wall clock from here (read each time: a clock of the
+        // rank's own, set against it once, was off by any pause between)
         self.origin = wall_clock_s();
         self.timeline.clear();
         let (s, pipe) = (self.pp.rank(), self.pipe);
@@ -358,7 +359,7 @@ impl<B: Backend> Pipelined<B> {
             };
             let input = link(&task, s, pipe, false).map(|(_, msg)| take(&mut inbox, msg));
             let (c, i) = (task.chunk, task.micro_batch);
-            let start = t0.elapsed().as_secs_f64();
+            let start = wall_clock_s() - self.origin;
             let output = match task.pass {
                 Pass::Backward => self.run_backward(c, i, input, loss_scale)?,
                 Pass::Weight => {
@@ -384,7 +385,7 @@ impl<B: Backend> Pipelined<B> {
                 chunk: c,
                 micro_batch: i,
                 start,
-                end: t0.elapsed().as_secs_f64(),
+                end: wall_clock_s() - self.origin,
             });
         }
         Ok(loss)
