@@ -1223,24 +1223,18 @@ fn why_not(
         .max_by(|x, y| x.1.total_cmp(&y.1))
         .expect("three parts");
     let pipe = p.parallel.resolved().pipeline;
+    // the compute beyond the recommendation's that is neither bubble nor
+    // uneven stages (recomputation, an unsplit head)
+    let rest = a.compute_s - a.bubble_s - a.uneven_s - b.compute_s;
     let reason = match part {
         // of the compute a pipeline adds, the larger: the bubble, or the
         // busiest stage's excess (GPT-2's LM head on the last stage at 256
         // micro-batches, whose bubble is 0%), unless the rest is larger still
-        "compute"
-            if pipe.stages > 1
-                && a.bubble_s >= a.uneven_s
-                && a.bubble_s >= a.compute_s - a.bubble_s - a.uneven_s - b.compute_s =>
-        {
-            format!(
-                "the pipeline's bubble: {:.0}% of the step idle",
-                100.0 * pipe.bubble(w.grad_accum)
-            )
-        }
-        "compute"
-            if pipe.stages > 1
-                && a.uneven_s >= a.compute_s - a.bubble_s - a.uneven_s - b.compute_s =>
-        {
+        "compute" if pipe.stages > 1 && a.bubble_s >= a.uneven_s.max(rest) => format!(
+            "the pipeline's bubble: {:.0}% of the step idle",
+            100.0 * pipe.bubble(w.grad_accum)
+        ),
+        "compute" if pipe.stages > 1 && a.uneven_s >= rest => {
             "its busiest stage: the stages' compute is uneven".to_string()
         }
         "compute" if p.parallel.recompute && !r.parallel.recompute => {

@@ -94,11 +94,10 @@ pub struct Pipelined<B: Backend> {
     t: usize,
     /// The residual stream's width (what flows between stages per token).
     width: usize,
-    /// What this stage computed when in the last step's program, from
-    /// its start ...
+    /// What this stage computed when in the last step's program, on the
+    /// wall clock every rank of a machine shares (read at each pass: a
+    /// clock of the rank's own drew a late rank's passes before their input).
     timeline: Vec<Span>,
-    /// ... which fell this many seconds after the UNIX epoch.
-    origin: f64,
     /// Under offload, the host memory's counters.
     host: Option<Cpu>,
 }
@@ -201,7 +200,6 @@ impl<B: Backend> Pipelined<B> {
             t,
             width: model.n_embd(),
             timeline: Vec::new(),
-            origin: 0.0,
             host,
         })
     }
@@ -324,9 +322,6 @@ impl<B: Backend> Pipelined<B> {
         let prog = self.program(mbs.len())?;
         let mut loss = 0.0f32;
         let len = mbs.first().map_or(0, |mb| self.boundary_len(&mb.0));
-        // spans on the wall clock from here (read each time: a clock of the
-        // rank's own, set against it once, was off by any pause between)
-        self.origin = wall_clock_s();
         self.timeline.clear();
         let (s, pipe) = (self.pp.rank(), self.pipe);
         // received and not yet used, made and not yet sent
@@ -359,7 +354,7 @@ impl<B: Backend> Pipelined<B> {
             };
             let input = link(&task, s, pipe, false).map(|(_, msg)| take(&mut inbox, msg));
             let (c, i) = (task.chunk, task.micro_batch);
-            let start = wall_clock_s() - self.origin;
+            let start = wall_clock_s();
             let output = match task.pass {
                 Pass::Backward => self.run_backward(c, i, input, loss_scale)?,
                 Pass::Weight => {
@@ -385,7 +380,7 @@ impl<B: Backend> Pipelined<B> {
                 chunk: c,
                 micro_batch: i,
                 start,
-                end: wall_clock_s() - self.origin,
+                end: wall_clock_s(),
             });
         }
         Ok(loss)
@@ -683,13 +678,7 @@ impl<B: Backend> Strategy for Pipelined<B> {
         // one stage (sharded data parallelism over tp) is no pipeline
         match self.pp.size() {
             1 => Vec::new(),
-            _ => (self.timeline.iter())
-                .map(|s| Span {
-                    start: self.origin + s.start,
-                    end: self.origin + s.end,
-                    ..*s
-                })
-                .collect(),
+            _ => self.timeline.clone(),
         }
     }
 
