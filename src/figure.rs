@@ -489,27 +489,23 @@ where
             }
             .map_err(err)?;
         }
-        let bar = color.stroke_width(2);
+        let (area, bar) = (chart.plotting_area(), color.stroke_width(2));
         // min-max over the repeats: a vertical bar with caps
         for (&(x, _), &(lo, hi)) in s.points.iter().zip(&s.ranges) {
-            chart
-                .draw_series([PathElement::new(vec![(x, lo), (x, hi)], bar)])
+            area.draw(&PathElement::new(vec![(x, lo), (x, hi)], bar))
                 .map_err(err)?;
-            chart
-                .draw_series([lo, hi].map(|y| {
-                    EmptyElement::at((x, y)) + PathElement::new(vec![(-6, 0), (6, 0)], bar)
-                }))
-                .map_err(err)?;
+            for y in [lo, hi] {
+                let cap = EmptyElement::at((x, y)) + PathElement::new(vec![(-6, 0), (6, 0)], bar);
+                area.draw(&cap).map_err(err)?;
+            }
         }
-        let ringed = fig.scatter && i + 1 == fig.series.len();
-        let ring = |at| EmptyElement::at(at) + Circle::new((0, 0), 11, BLACK.stroke_width(3));
-        if ringed {
-            chart
-                .draw_series(s.points.iter().map(|&p| ring(p)))
-                .map_err(err)?;
+        if fig.scatter && i + 1 == fig.series.len() {
+            for &p in &s.points {
+                let ring = EmptyElement::at(p) + Circle::new((0, 0), 11, BLACK.stroke_width(3));
+                area.draw(&ring).map_err(err)?;
+            }
         }
         if fig.markers || fig.scatter {
-            let area = chart.plotting_area();
             for &p in &s.points {
                 area.draw(&marker(shape, color, p)).map_err(err)?;
             }

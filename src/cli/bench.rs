@@ -304,6 +304,36 @@ fn every_process(flops: f64, processes: f64) -> f64 {
     flops * processes
 }
 
+/// The processes whose peaks a bench's are: the peaks are measured with
+/// every thread of this process, the whole machine for thread ranks, one
+/// rank's share under mpirun (hence the scaling).
+fn processes(a: &BenchArgs, par: &ParallelConfig) -> f64 {
+    match a.parallel.comm {
+        CommKind::Mpi | CommKind::Nccl => par.world_size as f64,
+        CommKind::Local => 1.0,
+    }
+}
+
+/// A batch past memory is refused in words, as train refuses it (it was
+/// killed by the kernel's OOM killer).
+fn check_memory(
+    a: &BenchArgs,
+    cfg: &ModelConfig,
+    par: &ParallelConfig,
+    batch: usize,
+    seq_len: usize,
+    threads: usize,
+) -> Result<()> {
+    let w = distgpt::plan::Workload {
+        model: cfg.clone(),
+        batch,
+        seq_len,
+        grad_accum: a.grad_accum,
+        cpu_threads: a.device.is_cpu().then_some(threads),
+    };
+    super::training::check_memory(&w, par.resolved())
+}
+
 fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig) -> Result<()> {
     let (b, t) = (a.batch_size, a.seq_len.unwrap_or(cfg.block_size()));
     // the process before any model: what the counted categories add to
@@ -312,24 +342,10 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig) -> Result<()> {
     par.resolved().validate(cfg, b)?;
     let threads = rayon::current_num_threads();
     if a.parallel.comm == CommKind::Local {
-        // a batch past memory is refused in words, as train refuses it
-        // (it was killed by the kernel's OOM killer)
-        let w = distgpt::plan::Workload {
-            model: cfg.clone(),
-            batch: b,
-            seq_len: t,
-            grad_accum: a.grad_accum,
-            cpu_threads: a.device.is_cpu().then_some(threads),
-        };
-        super::training::check_memory(&w, par.resolved())?;
+        check_memory(a, cfg, &par, b, t, threads)?;
     }
     announce(a, cfg, &par, b, t);
-    // Measured here with every thread of this process: the whole machine for
-    // thread ranks, one rank's share under mpirun (hence the scaling).
-    let processes = match a.parallel.comm {
-        CommKind::Mpi | CommKind::Nccl => par.world_size as f64,
-        CommKind::Local => 1.0,
-    };
+    let processes = processes(a, &par);
     let stated = a.old_peak.or_stated(a.peak_tflops);
     let peaks = Peaks::of(&be, stated, par.precision == Precision::Bf16, processes);
     let spec = BenchSpec {

@@ -186,35 +186,7 @@ fn target(a: &PlanArgs, threads: usize) -> Result<(Device, Network, Option<Machi
     {
         bail!("--peak-tflops and --memory-bandwidth-gbs state a custom device's or a GPU's figures; --device cpu measures this CPU's, and prices its steps from them");
     }
-    // each stated figure in plan's units, a number from one a second (or
-    // byte) up: 1e308 TFLOP/s was infinite FLOP/s and 0 us a step (the
-    // signs and NaNs are refused with each flag's own words)
-    for (given, unit, flag, what) in [
-        (a.peak_tflops, 1e12, "--peak-tflops", "FLOP/s"),
-        (a.memory_gb, 1e9, "--memory-gb", "bytes"),
-        (
-            a.memory_bandwidth_gbs,
-            1e9,
-            "--memory-bandwidth-gbs",
-            "bytes/s",
-        ),
-        (a.intra_gbs, 1e9, "--intra-gbs", "bytes/s"),
-        (a.inter_gbs, 1e9, "--inter-gbs", "bytes/s"),
-        (a.pcie_gbs, 1e9, "--pcie-gbs", "bytes/s"),
-        (a.host_gbs, 1e9, "--host-gbs", "bytes/s"),
-        (a.host_memory_gb, 1e9, "--host-memory-gb", "bytes"),
-    ] {
-        let x = given
-            .filter(|x| *x > 0.0 && x.is_finite())
-            .unwrap_or(1.0 / unit);
-        if !(x * unit >= 1.0 && (x * unit).is_finite()) {
-            bail!(
-                "{flag} {x:e} is {:e} {what}: plan takes 1 to {:e}",
-                x * unit,
-                f64::MAX
-            );
-        }
-    }
+    check_figures(a)?;
     let mut machine = None;
     let (mut device, mut net) = match a.device {
         DeviceKind::Cpu => {
@@ -271,7 +243,45 @@ fn target(a: &PlanArgs, threads: usize) -> Result<(Device, Network, Option<Machi
             },
         ),
     };
-    // Explicit flags override a preset's figures.
+    overrides(a, eff, &mut device, &mut net)?;
+    Ok((device, net, machine, source))
+}
+
+/// Each stated figure in plan's units, a number from one a second (or
+/// byte) up: 1e308 TFLOP/s was infinite FLOP/s and 0 us a step (the signs
+/// and NaNs are refused with each flag's own words).
+fn check_figures(a: &PlanArgs) -> Result<()> {
+    for (given, unit, flag, what) in [
+        (a.peak_tflops, 1e12, "--peak-tflops", "FLOP/s"),
+        (a.memory_gb, 1e9, "--memory-gb", "bytes"),
+        (
+            a.memory_bandwidth_gbs,
+            1e9,
+            "--memory-bandwidth-gbs",
+            "bytes/s",
+        ),
+        (a.intra_gbs, 1e9, "--intra-gbs", "bytes/s"),
+        (a.inter_gbs, 1e9, "--inter-gbs", "bytes/s"),
+        (a.pcie_gbs, 1e9, "--pcie-gbs", "bytes/s"),
+        (a.host_gbs, 1e9, "--host-gbs", "bytes/s"),
+        (a.host_memory_gb, 1e9, "--host-memory-gb", "bytes"),
+    ] {
+        let x = given
+            .filter(|x| *x > 0.0 && x.is_finite())
+            .unwrap_or(1.0 / unit);
+        if !(x * unit >= 1.0 && (x * unit).is_finite()) {
+            bail!(
+                "{flag} {x:e} is {:e} {what}: plan takes 1 to {:e}",
+                x * unit,
+                f64::MAX
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Explicit flags override a preset's figures.
+fn overrides(a: &PlanArgs, eff: Option<f64>, device: &mut Device, net: &mut Network) -> Result<()> {
     if let Some(e) = eff {
         device.efficiency = e;
     }
@@ -309,7 +319,7 @@ fn target(a: &PlanArgs, threads: usize) -> Result<(Device, Network, Option<Machi
             net.host_memory_bytes = x * 1e9;
         }
     }
-    Ok((device, net, machine, source))
+    Ok(())
 }
 
 pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
@@ -400,22 +410,32 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
         plans.push(wp);
     }
     if a.json {
-        let j = serde_json::json!({
-            "workload": w, "device": device, "network": net, "precision": a.precision,
-            "plans": plans.iter().map(|p| serde_json::json!({
-                "world_size": p.world_size, "efficiency": p.efficiency,
-                "predictions": p.predictions, "offloaded": p.offloaded,
-                "omitted": p.omitted.iter().map(ToString::to_string).collect::<Vec<_>>(),
-                "recommended": p.recommended().map(|r| r.parallel.layout_name()),
-                "families": p.families(&w, &device, &net).iter().map(|f| serde_json::json!({
-                    "family": f.family, "layout": f.best.parallel.layout_name(),
-                    "prediction": f.best, "why": f.why,
-                })).collect::<Vec<_>>(),
-            })).collect::<Vec<_>>(),
-        });
-        distgpt::outln!("{j}");
+        distgpt::outln!("{}", plans_json(&w, &device, &net, a.precision, &plans));
     }
     Ok(())
+}
+
+/// The plans as `--json` prints them.
+fn plans_json(
+    w: &Workload,
+    device: &Device,
+    net: &Network,
+    precision: Precision,
+    plans: &[WorldPlan],
+) -> serde_json::Value {
+    serde_json::json!({
+        "workload": w, "device": device, "network": net, "precision": precision,
+        "plans": plans.iter().map(|p| serde_json::json!({
+            "world_size": p.world_size, "efficiency": p.efficiency,
+            "predictions": p.predictions, "offloaded": p.offloaded,
+            "omitted": p.omitted.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "recommended": p.recommended().map(|r| r.parallel.layout_name()),
+            "families": p.families(w, device, net).iter().map(|f| serde_json::json!({
+                "family": f.family, "layout": f.best.parallel.layout_name(),
+                "prediction": f.best, "why": f.why,
+            })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    })
 }
 
 /// Whether the flags set the efficiency (else this CPU's is measured).
