@@ -82,25 +82,13 @@ impl std::fmt::Display for BertConfig {
 }
 
 /// BERT shapes by name (classifier heads have 2 labels).
-pub const PRESETS: [(&str, &str); 6] = [
-    (
-        "bert-minilm",
-        "all-MiniLM-L6-v2's encoder (6 x 384), a 2-way classifier, 22.7M",
-    ),
-    (
-        "bert-minilm-mlm",
-        "the same encoder with the masked-LM head",
-    ),
-    (
-        "bert-base",
-        "BERT-base (12 x 768), a 2-way classifier, 109M",
-    ),
-    ("bert-base-mlm", "BERT-base with the masked-LM head"),
-    (
-        "bert-base-pretrain",
-        "BERT-base with the masked-LM and next-sentence heads",
-    ),
-    ("bert-tiny", "2 x 128, a 2-way classifier, for tests"),
+pub const PRESETS: [&str; 6] = [
+    "bert-minilm",        // all-MiniLM-L6-v2's encoder (6 x 384), a 2-way classifier, 22.7M
+    "bert-minilm-mlm",    // the same encoder with the masked-LM head
+    "bert-base",          // BERT-base (12 x 768), a 2-way classifier, 109M
+    "bert-base-mlm",      // BERT-base with the masked-LM head
+    "bert-base-pretrain", // BERT-base with the masked-LM and next-sentence heads
+    "bert-tiny",          // 2 x 128, a 2-way classifier, for tests
 ];
 
 impl BertConfig {
@@ -261,7 +249,7 @@ mod tests {
     /// `-pretrain` BERT's pretraining heads, the rest a 2-way classifier.
     #[test]
     fn every_preset_has_the_head_its_name_says() {
-        for (name, _) in PRESETS {
+        for name in PRESETS {
             let want = match name {
                 n if n.ends_with("-mlm") => BertHead::Mlm,
                 n if n.ends_with("-pretrain") => BertHead::Pretrain,

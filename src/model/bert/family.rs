@@ -19,7 +19,7 @@ pub static FAMILY: Registration = Registration {
     name: "BERT",
     key: Some("bert"),
     causal: false,
-    presets: || PRESETS.iter().map(|p| p.0).collect(),
+    presets: || PRESETS.to_vec(),
     preset: |name| BertConfig::preset(name).map(Into::into),
     from_json: |json| {
         serde_json::from_value::<BertConfig>(json)

@@ -58,16 +58,7 @@ pub use crate::data::tokenizer::GPT2_VOCAB;
 /// Vocabulary of nanoGPT's character-level Tiny Shakespeare (bench default).
 pub const CHAR_VOCAB: usize = 65;
 
-/// A named model shape.
-pub struct Preset {
-    pub name: &'static str,
-    pub n_layer: usize,
-    pub n_head: usize,
-    pub n_embd: usize,
-    pub block_size: usize,
-    pub vocab_size: usize,
-}
-
+/// A named model shape: the dense GPT-2 of these sizes.
 const fn preset(
     name: &'static str,
     n_layer: usize,
@@ -75,19 +66,21 @@ const fn preset(
     n_embd: usize,
     block_size: usize,
     vocab_size: usize,
-) -> Preset {
-    Preset {
-        name,
+) -> (&'static str, GptConfig) {
+    let blocks = Vec::new();
+    let config = GptConfig {
         n_layer,
         n_head,
         n_embd,
         block_size,
         vocab_size,
-    }
+        blocks,
+    };
+    (name, config)
 }
 
 /// name, layers, heads, width, block size, vocabulary.
-pub const PRESETS: [Preset; 7] = [
+pub const PRESETS: [(&str, GptConfig); 7] = [
     preset("gpt2", 12, 12, 768, 1024, GPT2_VOCAB), // GPT-2 small, 124M parameters
     preset("gpt2-medium", 24, 16, 1024, 1024, GPT2_VOCAB), // 350M
     preset("gpt2-large", 36, 20, 1280, 1024, GPT2_VOCAB), // 774M
@@ -107,21 +100,14 @@ impl GptConfig {
     /// assert_eq!(c.padded_vocab(), 128);
     /// ```
     pub fn preset(name: &str) -> Result<Self, Error> {
-        let Some(p) = PRESETS.iter().find(|p| p.name == name) else {
-            let names: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();
+        let Some((_, config)) = PRESETS.into_iter().find(|p| p.0 == name) else {
+            let names: Vec<&str> = PRESETS.iter().map(|p| p.0).collect();
             return Err(Error::Config(format!(
                 "unknown model preset '{name}' (known: {})",
                 names.join(", ")
             )));
         };
-        Ok(GptConfig {
-            n_layer: p.n_layer,
-            n_head: p.n_head,
-            n_embd: p.n_embd,
-            block_size: p.block_size,
-            vocab_size: p.vocab_size,
-            blocks: Vec::new(),
-        })
+        Ok(config)
     }
 
     /// Vocabulary rounded up to a multiple of 64 (the embedding's row count).

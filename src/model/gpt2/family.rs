@@ -22,7 +22,7 @@ pub static FAMILY: Registration = Registration {
     name: "GPT-2",
     key: None,
     causal: true,
-    presets: || PRESETS.iter().map(|p| p.name).collect(),
+    presets: || PRESETS.iter().map(|p| p.0).collect(),
     preset: |name| GptConfig::preset(name).ok().map(Into::into),
     from_json: |json| {
         serde_json::from_value::<GptConfig>(json)
