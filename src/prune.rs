@@ -342,42 +342,16 @@ fn matrix_entries(config: &ModelConfig) -> usize {
     config.block_matrices().iter().map(Range::len).sum()
 }
 
-/// Level 0: the model as it is, evaluated (and timed) as every level is.
+/// Level 0: the model as it is, evaluated (and timed) as every level is;
+/// a pruned level is this of its fine-tuned model, with what pruning
+/// left before the fine-tuning.
 pub fn dense_level<B: Backend>(model: &Model<B>, ds: &Dataset, cfg: &SweepConfig) -> Result<Level> {
-    evaluated(model, ds, cfg, None)
-}
-
-/// A pruned level as its fine-tuning leaves it: the fraction it was
-/// pruned to, the fraction gone, and its loss before the fine-tuning.
-struct Pruned {
-    target: f64,
-    sparsity: f64,
-    val_loss: f64,
-}
-
-/// The level `model` is at: its losses (the same twice where it was not
-/// `pruned`) and, when asked, its int8 loss and speed.
-fn evaluated<B: Backend>(
-    model: &Model<B>,
-    ds: &Dataset,
-    cfg: &SweepConfig,
-    pruned: Option<Pruned>,
-) -> Result<Level> {
     let val_loss = val_loss(model, ds, cfg)?;
-    let Pruned {
-        target,
-        sparsity,
-        val_loss: val_loss_pruned,
-    } = pruned.unwrap_or(Pruned {
+    Ok(Level {
         target: 0.0,
         sparsity: 0.0,
-        val_loss,
-    });
-    Ok(Level {
-        target,
-        sparsity,
         params: model.config.num_params(),
-        val_loss_pruned,
+        val_loss_pruned: val_loss,
         val_loss,
         val_loss_int8: cfg
             .int8
@@ -433,12 +407,12 @@ pub fn sweep<B: Backend>(
             Method::Magnitude => sparsity(&model.params, &model.config.block_matrices()),
             Method::Rows => 1.0 - matrix_entries(&model.config) as f64 / dense as f64,
         };
-        let pruned = Pruned {
+        let level = Level {
             target,
             sparsity,
-            val_loss: val_loss_pruned,
+            val_loss_pruned,
+            ..dense_level(model, ds, cfg)?
         };
-        let level = evaluated(model, ds, cfg, Some(pruned))?;
         report(&level);
         levels.push(level);
     }

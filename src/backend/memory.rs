@@ -225,11 +225,6 @@ impl<B: Device, T: Elem> Buf<B, T> {
         self.len == 0
     }
 
-    /// The storage, for the backend's own use.
-    pub fn mem(&self) -> &B::Mem<T> {
-        &self.mem
-    }
-
     /// All of the buffer, read-only.
     pub fn s(&self) -> Src<'_, B, T> {
         self.slice(0..self.len)

@@ -179,12 +179,8 @@ pub fn matmul_flops(shape: super::MatmulShape, products: usize) -> f64 {
 /// Model FLOPs of attention over `shape`: Q K^T and A V, each 2 B T^2 C,
 /// forward once, backward twice.
 pub fn attention_flops(shape: super::AttnShape, backward: bool) -> f64 {
-    let once = 4.0 * (shape.b * shape.t * shape.t * shape.c) as f64;
-    if backward {
-        2.0 * once
-    } else {
-        once
-    }
+    let passes = if backward { 2.0 } else { 1.0 };
+    passes * 4.0 * (shape.b * shape.t * shape.t * shape.c) as f64
 }
 
 #[cfg(test)]

@@ -76,7 +76,8 @@ mod tests {
         FLASH_ROWS,
     };
     use crate::backend::ops::Stored;
-    use crate::backend::ops::{AsIs, Host, Kernel};
+    use crate::backend::ops::tests::AsIs;
+    use crate::backend::ops::{Host, Kernel};
     use crate::backend::{AttentionBackward, AttentionForward};
     use crate::backend::{AttnShape, Bf16};
     use crate::rng::Rng;

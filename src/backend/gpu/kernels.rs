@@ -3,8 +3,8 @@
 //! accumulate). Sources live in `src/backend/kernels/`, one dialect for
 //! OpenCL C and CUDA; GEMMs go to the runtime's BLAS (CLBlast, cuBLAS).
 
-use super::{u32_arg, Arg, Gemm, GpuError, Operand, Queue, Raw, Runtime, View, BLOCK};
-use crate::backend::ops::{self, checked, AsIs, Kernel, Stored};
+use super::{u32_arg, Arg, Gemm, GpuError, Operand, Queue, Runtime, View, BLOCK};
+use crate::backend::ops::{self, Stored};
 use crate::backend::{Activation, WeightLayout, COLUMN_CHUNK_ROWS};
 
 /// Most workgroups of a whole-buffer reduction (partials read back).
@@ -52,12 +52,6 @@ pub(crate) struct ActivationPass {
 }
 
 impl<R: Runtime> Queue<R> {
-    /// Any [`Kernel`] over raw views: checked, then queued.
-    pub fn run<K: Kernel<Raw>>(&self, op: K) -> Result<(), GpuError> {
-        let checked = checked(&op).map_err(|e| GpuError(e.to_string()))?;
-        op.gpu(self, &AsIs, checked)
-    }
-
     /// out (rows, n) = bias per row, or += bias with `accumulate`: where a
     /// product's bias goes before the product adds onto it.
     pub(crate) fn bias_forward(

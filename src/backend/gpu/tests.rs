@@ -15,7 +15,8 @@ use crate::backend::cpu::check::randn;
 use crate::backend::cpu::elementwise;
 use crate::backend::opencl::ClRuntime;
 use crate::backend::ops::layernorm;
-use crate::backend::ops::{AsIs, Host, Kernel, Stored};
+use crate::backend::ops::tests::AsIs;
+use crate::backend::ops::{checked, Host, Kernel, Stored};
 use crate::backend::Elem;
 use crate::backend::{Activation, AdamWStep, Bf16, WeightLayout};
 use crate::backend::{
@@ -26,6 +27,14 @@ use crate::backend::{
 use crate::rng::Rng;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
+
+impl<R: Runtime> Queue<R> {
+    /// Any [`Kernel`] over raw views: checked, then queued.
+    pub(crate) fn run<K: Kernel<Raw>>(&self, op: K) -> Result<(), GpuError> {
+        let checked = checked(&op).map_err(|e| GpuError(e.to_string()))?;
+        op.gpu(self, &AsIs, checked)
+    }
+}
 
 pub(super) const TOL: f64 = 1e-5;
 

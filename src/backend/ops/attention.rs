@@ -404,7 +404,7 @@ impl Heads {
 mod tests {
     use super::*;
     use crate::backend::cpu::check::randn;
-    use crate::backend::ops::AsIs;
+    use crate::backend::ops::tests::AsIs;
     use crate::rng::Rng;
 
     /// A dqkv stored in bf16 is the fp32 one rounded, bit for bit, causal

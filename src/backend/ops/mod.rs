@@ -279,18 +279,6 @@ pub trait Kernel<O: Operands>: Sized {
 /// What a GPU launch returns: whether it was queued.
 pub type Queued = Result<(), GpuError>;
 
-/// Operands as they are: a kernel run over the kind it was built over.
-pub struct AsIs;
-
-impl<O: Operands> Lower<O, O> for AsIs {
-    fn input<T: Elem>(&self, x: O::In<T>) -> O::In<T> {
-        x
-    }
-    fn output<T: Elem>(&self, x: O::Out<T>) -> O::Out<T> {
-        x
-    }
-}
-
 /// Proof that a [`Kernel::check`] passed; only [`checked`] makes one.
 pub struct Checked(());
 
@@ -429,8 +417,19 @@ impl<'p, A: Operands, P: ?Sized> MatmulDecode<'p, A, P> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    /// Operands as they are: a kernel run over the kind it was built over.
+    pub struct AsIs;
+
+    impl<O: Operands> Lower<O, O> for AsIs {
+        fn input<T: Elem>(&self, x: O::In<T>) -> O::In<T> {
+            x
+        }
+        fn output<T: Elem>(&self, x: O::Out<T>) -> O::Out<T> {
+            x
+        }
+    }
     use crate::backend::cpu::Cpu;
     use crate::backend::{
         AdamWStep, AdamWUpdate, Category, Kernels, MatmulForward, MatmulShape, WeightLayout,
