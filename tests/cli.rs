@@ -67,6 +67,27 @@ fn generate_ends_its_output_with_a_newline_and_no_sample_means_no_frame() {
     );
 }
 
+/// `--seed` takes any u64: a sample drawn mid-run at the largest seed (the
+/// run's seed plus the step, which overflowed: a panic in a debug build).
+#[test]
+fn the_largest_seed_samples_mid_run() {
+    let dir = run_dir("largest-seed");
+    let out = dir.to_str().unwrap();
+    let seed = u64::MAX.to_string();
+    let sampled = [
+        "--steps",
+        "3",
+        "--sample-every",
+        "1",
+        "--sample-tokens",
+        "2",
+    ];
+    let said = train_tiny(out, &[&sampled[..], &["--seed", &seed]].concat());
+    let text = String::from_utf8_lossy(&said.stderr);
+    assert!(text.contains("--- sample at step 1 ---"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `bench --profile` counts each kernel of the step as the model runs it,
 /// with the model's FLOPs, its times adding up to the step: a rank in two
 /// parts side by side, two thread ranks of ddp, and a pipeline.

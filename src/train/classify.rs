@@ -180,7 +180,7 @@ struct Epochs<'a> {
 
 impl Epochs<'_> {
     fn load_epoch(&mut self) {
-        let seed = self.seed + self.position.epoch;
+        let seed = self.seed.wrapping_add(self.position.epoch);
         self.batches = self
             .task
             .set
@@ -785,6 +785,26 @@ mod tests {
             })
             .collect();
         crate::data::loader::tests::assert_epochs_permute(&orders, examples.len());
+    }
+
+    /// `--seed` takes any u64: the second epoch's order is drawn from the
+    /// seed plus the epoch, which overflowed (a panic in a debug build).
+    #[test]
+    fn the_largest_seed_orders_a_second_epoch() {
+        let fixture =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/reference_runs/classify");
+        let (init, data) = (fixture.join("init"), fixture.join("data"));
+        let task = ClassifyTask::new(&init, &data, None, 12, 3).unwrap();
+        let cfg = TrainConfig {
+            batch_size: 4,
+            seq_len: 12,
+            seed: u64::MAX,
+            ..TrainConfig::default()
+        };
+        let mut stream = Task::<crate::backend::cpu::Cpu>::train_stream(&task, &cfg).unwrap();
+        for _ in 0..=stream.batches_per_epoch() {
+            stream.next_batch(0);
+        }
     }
 
     #[test]

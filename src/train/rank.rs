@@ -376,7 +376,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
                 self.spare.clone_fresh(),
                 &full,
                 self.cfg.sample_tokens.min(200),
-                self.cfg.seed + step as u64,
+                self.cfg.seed.wrapping_add(step as u64),
             )?;
             self.note(&format!("--- sample at step {} ---\n{s}\n---", step + 1));
         }

@@ -75,8 +75,8 @@ mod tests {
         flash_backward, flash_fits, flash_forward, flash_kernel, FLASH_HD_MAX, FLASH_NARROW_HD,
         FLASH_ROWS,
     };
-    use crate::backend::ops::Stored;
     use crate::backend::ops::tests::AsIs;
+    use crate::backend::ops::Stored;
     use crate::backend::ops::{Host, Kernel};
     use crate::backend::{AttentionBackward, AttentionForward};
     use crate::backend::{AttnShape, Bf16};
