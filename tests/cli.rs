@@ -876,6 +876,51 @@ fn quantize_writes_an_int8_model_that_decodes_as_the_original_does_in_int8() {
     eval(&q, "f32");
 }
 
+/// distgpt trains without dropout: a folder asking for it (all-MiniLM-L6-v2
+/// asks 0.1) is told so, and the classifier written says 0 (it said 0.1,
+/// which transformers would then train with).
+#[test]
+fn a_folder_asking_for_dropout_is_told_and_the_export_says_none() {
+    let dir = run_dir("dropout");
+    let (model, data) = tiny_bert_and_labelled_set(&dir);
+    let config = model.join("config.json");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let text = text.replace(
+        "\"hidden_dropout_prob\": 0.0",
+        "\"hidden_dropout_prob\": 0.1",
+    );
+    std::fs::write(&config, text).unwrap();
+    let out = dir.join("out");
+    let done = succeeded(distgpt(&[
+        "train",
+        "--task",
+        "classify",
+        "--init-from",
+        model.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--epochs",
+        "1",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "12",
+        "--out",
+        out.to_str().unwrap(),
+    ]));
+    let said = String::from_utf8_lossy(&done.stderr);
+    assert!(
+        said.contains("asks for dropout in training (hidden_dropout_prob 0.1)"),
+        "{said}"
+    );
+    let written: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    for key in ["hidden_dropout_prob", "attention_probs_dropout_prob"] {
+        assert_eq!(written[key], 0.0, "{key}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn bert_fine_tuning_writes_a_classifier_that_eval_scores() {
     let dir = run_dir("bert-classify");

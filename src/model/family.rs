@@ -324,6 +324,34 @@ pub struct HfFolder {
     pub import: ReadFolder,
 }
 
+/// The dropout rates a Hugging Face folder's `config.json` trains with,
+/// where above 0, as `key rate` (GPT-2's and BERT's keys): distgpt trains
+/// without dropout. Empty for a folder without a readable config.
+pub fn hf_dropout(dir: &Path) -> Vec<String> {
+    let keys = [
+        "embd_pdrop",
+        "resid_pdrop",
+        "attn_pdrop",
+        "hidden_dropout_prob",
+        "attention_probs_dropout_prob",
+        "classifier_dropout",
+    ];
+    let json = std::fs::read_to_string(dir.join("config.json"))
+        .ok()
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok());
+    let Some(json) = json else {
+        return Vec::new();
+    };
+    keys.iter()
+        .filter_map(|k| {
+            json[*k]
+                .as_f64()
+                .filter(|p| *p > 0.0)
+                .map(|p| format!("{k} {p}"))
+        })
+        .collect()
+}
+
 /// The registered family whose Hugging Face folder `dir` is, by its
 /// `config.json`'s `model_type`.
 pub fn hf_family(dir: &Path) -> Result<&'static Registration> {

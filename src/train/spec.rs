@@ -372,7 +372,18 @@ pub enum TaskData {
 impl TaskData {
     /// A new run's task of kind `kind` from `inputs`, with its sequence length.
     pub fn new(kind: TaskKind, inputs: &TaskInputs<'_>) -> Result<(TaskData, usize)> {
-        (kind.spec().build)(inputs)
+        let built = (kind.spec().build)(inputs)?;
+        if let Some(dir) = inputs.init_from.map(crate::checkpoint::model_dir) {
+            let asked = crate::model::family::hf_dropout(&dir);
+            if !asked.is_empty() {
+                crate::errln!(
+                    "note: {} asks for dropout in training ({}); distgpt trains without dropout (as llm.c does), and its exports say 0",
+                    dir.join("config.json").display(),
+                    asked.join(", ")
+                );
+            }
+        }
+        Ok(built)
     }
 
     pub fn kind(&self) -> TaskKind {

@@ -424,8 +424,9 @@ pub fn write_folder(
         "max_position_embeddings": cfg.block_size,
         "type_vocab_size": cfg.type_vocab,
         "layer_norm_eps": cfg.layer_norm_eps,
-        "hidden_dropout_prob": 0.1,
-        "attention_probs_dropout_prob": 0.1,
+        // distgpt trains without dropout; so does this file, as read again
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
         "pad_token_id": pad,
         "num_labels": n_labels,
         "position_embedding_type": "absolute",
