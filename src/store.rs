@@ -7,7 +7,7 @@ use safetensors::tensor::{Dtype, Metadata, SafeTensors, TensorInfo};
 use safetensors::SafeTensorError as Bad;
 use serde::Serialize;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Writes `bytes` to `path` atomically: temporary file, fsync, rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -22,19 +22,54 @@ pub fn write_atomic_with(
     path: &Path,
     fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
 ) -> Result<()> {
+    stage(path, fill)?.commit()
+}
+
+/// A file written in full beside its `path` (its `.tmp`, fsynced), which
+/// becomes `path` on [`Staged::commit`] and is removed if dropped before:
+/// files that change together are each staged, where a full disk stops
+/// them, before any is renamed.
+pub struct Staged {
+    tmp: PathBuf,
+    path: PathBuf,
+}
+
+/// What `fill` writes, staged to become `path`.
+pub fn stage(
+    path: &Path,
+    fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<Staged> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
-    let tmp = std::path::PathBuf::from(tmp);
-    let write = || -> std::io::Result<()> {
-        let mut f = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
-        fill(&mut f)?;
-        f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-        std::fs::rename(&tmp, path)
+    let staged = Staged {
+        tmp: tmp.into(),
+        path: path.into(),
     };
-    write().map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        Error::io(path, e)
-    })
+    let write = || -> std::io::Result<()> {
+        let f = std::fs::File::create(&staged.tmp)?;
+        let mut f = std::io::BufWriter::with_capacity(1 << 20, f);
+        fill(&mut f)?;
+        f.into_inner().map_err(|e| e.into_error())?.sync_all()
+    };
+    write().map_err(|e| Error::io(path, e))?;
+    Ok(staged)
+}
+
+impl Staged {
+    /// Renames the staged file onto its path.
+    pub fn commit(mut self) -> Result<()> {
+        std::fs::rename(&self.tmp, &self.path).map_err(|e| Error::io(&self.path, e))?;
+        self.tmp.clear();
+        Ok(())
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if !self.tmp.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
 }
 
 /// Writes `value` to `path` atomically as pretty-printed JSON; returns the text.

@@ -48,6 +48,40 @@ fn train(out: &Path, extra: &[&str]) -> Output {
         .unwrap()
 }
 
+/// `distgpt ARGS` on a disk that fills with the first file past 512
+/// bytes: a file-size limit (`ulimit -f 1`, SIGXFSZ ignored, so a write
+/// past it fails with EFBIG as one past a full disk fails with ENOSPC).
+fn on_a_full_disk(args: &[&str]) -> Output {
+    Command::new("sh")
+        .args(["-c", "trap '' XFSZ; ulimit -f 1; exec \"$0\" \"$@\""])
+        .arg(env!("CARGO_BIN_EXE_distgpt"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// Every file under `dir` but the lock (which names its last holder), with
+/// its bytes, in order: what a failed command must leave as it found it.
+fn contents(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            match p.is_dir() {
+                true => todo.push(p),
+                false if p.ends_with(".lock") => {}
+                false => out.push((
+                    p.strip_prefix(dir).unwrap().into(),
+                    std::fs::read(&p).unwrap(),
+                )),
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
@@ -1656,4 +1690,70 @@ fn a_new_run_refuses_outputs_that_would_lose_its_inputs_or_another_run() {
         "{}",
         stderr(&none)
     );
+}
+
+/// A resume that fails on a full disk changes nothing of the run: it had
+/// set newer checkpoints aside, cut the logs back, removed the model's
+/// files and appended to run.json before the write that failed, so a
+/// finished run was taken back to step 2 for good.
+#[test]
+fn a_resume_that_fails_on_a_full_disk_leaves_the_run_as_it_was() {
+    let dir = tmp("full-disk-resume");
+    let first = train(&dir, &["--steps", "6", "--checkpoint-every", "2"]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let before = contents(&dir);
+    let run = dir.to_str().unwrap();
+    let resume = ["train", "--resume", run, "--quiet", "--peak-tflops", "0.1"];
+    for extra in [&["--from-step", "2"][..], &["--steps", "8"]] {
+        let o = on_a_full_disk(&[&resume[..], extra].concat());
+        assert!(!o.status.success(), "{extra:?} trained");
+        assert!(stderr(&o).contains("File too large"), "{}", stderr(&o));
+        assert!(contents(&dir) == before, "{extra:?} changed the run");
+    }
+}
+
+/// A new run that fails on a full disk leaves its folder empty, for the
+/// same command to use again: it left the logs it had opened and no
+/// run.json, a folder "not empty and holds no run" even to --overwrite.
+#[test]
+fn a_new_run_that_fails_on_a_full_disk_leaves_its_folder_to_the_same_command() {
+    let dir = tmp("full-disk-new");
+    let out = dir.to_str().unwrap();
+    let args = ["train", "--model", "tiny", "--steps", "1", "--quiet"];
+    let args = [&args[..], &["--peak-tflops", "0.1", "--out", out]].concat();
+    let o = on_a_full_disk(&args);
+    assert!(
+        !o.status.success() && stderr(&o).contains("File too large"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(contents(&dir), []);
+    let again = bin().args(&args).output().unwrap();
+    assert!(again.status.success(), "{}", stderr(&again));
+}
+
+/// `--overwrite` with a `--tensorboard` that cannot be used is refused
+/// before the old run is emptied (it emptied it, then refused).
+#[test]
+fn an_overwrite_refused_for_its_tensorboard_folder_keeps_the_old_run() {
+    let dir = tmp("overwrite-tensorboard-file");
+    let first = train(&dir, &["--steps", "2"]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let before = contents(&dir);
+    let file = tmp("overwrite-tensorboard-file-events");
+    std::fs::write(&file, "not a folder").unwrap();
+    let tb = [
+        "--steps",
+        "2",
+        "--overwrite",
+        "--tensorboard",
+        file.to_str().unwrap(),
+    ];
+    let o = train(&dir, &tb);
+    assert!(
+        !o.status.success() && stderr(&o).contains("is a file"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(contents(&dir) == before, "the old run was changed");
 }

@@ -80,16 +80,18 @@ impl LineWriter {
         "step,epoch,loss,val_loss,grad_norm,lr,ms,tokens_per_s,mfu,peak_bytes,comm_bytes,val_accuracy,val_f1";
 
     /// A new file starting with `header` (where given), or (`append`) the
-    /// end of an existing one.
+    /// end of an existing one. Written at its end either way, so a file cut
+    /// short by another process (logrotate's copytruncate) goes on from its
+    /// new end, not from past it over a hole of zeros.
     pub fn open(path: &Path, append: bool, header: Option<&str>) -> Result<Self> {
         let fresh = !append || !path.exists();
-        let f = std::fs::OpenOptions::new()
-            .append(!fresh)
-            .write(true)
-            .truncate(fresh)
-            .create(true)
-            .open(path)
-            .map_err(|e| Error::io(path, e))?;
+        let opened = || {
+            if fresh {
+                std::fs::File::create(path)?;
+            }
+            std::fs::OpenOptions::new().append(true).open(path)
+        };
+        let f = opened().map_err(|e| Error::io(path, e))?;
         let mut w = LineWriter {
             out: BufWriter::new(f),
             path: path.into(),
@@ -407,6 +409,21 @@ impl Spread {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A log cut to nothing by another process (logrotate's copytruncate)
+    /// goes on from its new end: a fresh file was written at its own
+    /// offset, past a hole of zeros that no reader takes for a record.
+    #[test]
+    fn a_log_cut_short_by_another_process_goes_on_from_its_new_end() {
+        let dir = crate::testdir::TestDir::new("cut-log");
+        let path = dir.path().join("metrics.csv");
+        let mut w = LineWriter::open(&path, false, Some("step")).unwrap();
+        w.line("1").unwrap();
+        let other = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        other.set_len(0).unwrap();
+        w.line("2").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "2\n");
+    }
 
     /// A record whose figures are no number is written `null` and read back
     /// as NaN: `read_metrics` dropped it (reports and plots lost the step).

@@ -179,12 +179,7 @@ impl EventWriter {
     /// A new event file in `dir` (made if missing), opened with the file
     /// version record TensorBoard reads first.
     pub fn create(dir: &Path) -> Result<EventWriter> {
-        if dir.exists() && !dir.is_dir() {
-            return Err(Error::Input(format!(
-                "--tensorboard {} is a file: TensorBoard's event files go into a directory",
-                dir.display()
-            )));
-        }
+        Self::check_dir(dir)?;
         std::fs::create_dir_all(dir).map_err(|e| {
             Error::Input(format!(
                 "--tensorboard {}: cannot make the directory ({e})",
@@ -214,6 +209,39 @@ impl EventWriter {
         };
         w.record(&event::file_version(now()))?;
         Ok(w)
+    }
+
+    /// Refuses `dir` as the folder of event files where it is a file, or
+    /// it (or the nearest folder above it that exists, where it is to be
+    /// made) takes no file: asked before a run changes anything, so a
+    /// mistyped `--tensorboard` costs nothing. Makes nothing.
+    pub fn check_dir(dir: &Path) -> Result<()> {
+        if dir.exists() && !dir.is_dir() {
+            return Err(Error::Input(format!(
+                "--tensorboard {} is a file: TensorBoard's event files go into a directory",
+                dir.display()
+            )));
+        }
+        let here = Path::new(".");
+        let above = (dir.ancestors())
+            .map(|a| if a.as_os_str().is_empty() { here } else { a })
+            .find(|a| a.exists())
+            .unwrap_or(here);
+        let probe = above.join(format!(".distgpt-probe-{}", std::process::id()));
+        let written = match above.is_dir() {
+            true => File::create(&probe).map(drop),
+            false => Err(std::io::Error::other(format!(
+                "{} is a file",
+                above.display()
+            ))),
+        };
+        let _ = std::fs::remove_file(&probe);
+        written.map_err(|e| {
+            Error::Input(format!(
+                "--tensorboard {}: cannot make the directory or write in it ({e})",
+                dir.display()
+            ))
+        })
     }
 
     pub fn path(&self) -> &Path {

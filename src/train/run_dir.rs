@@ -13,7 +13,7 @@ use crate::metrics::{timestamp, unix_now, LineWriter, StepRecord, MIB};
 use crate::model::files::{MODEL_FILES, WEIGHTS_FILE};
 use crate::model::{ModelConfig, Precision};
 use crate::parallel::ParallelConfig;
-use crate::store::{json_checksum, write_atomic, write_json};
+use crate::store::{json_checksum, stage, Staged};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
@@ -500,9 +500,10 @@ fn tensorboard_scalars(r: &StepRecord) -> Vec<(&'static str, f64)> {
 /// `start..to_step` (a new run's empty directory, or a resumed run's with
 /// newer checkpoints set aside and the logs cut back to `start`), points
 /// `latest` at it when asked, writes `run.json` and opens the step logs.
-/// Every output is opened before anything of the run is written, so an
-/// output that cannot be made leaves a resumed run's record as it was and
-/// a new run's directory empty.
+/// Every output is checked, and every file written in full (TensorBoard's
+/// first events, the logs cut back, `run.json`), before anything of the run
+/// changes, so a refused or failed invocation (a full disk) leaves a
+/// resumed run's record as it was and a new run's directory empty.
 pub fn open(
     dir: &Path,
     record: RunRecord,
@@ -517,40 +518,84 @@ pub fn open(
     }
     // first, so a second process neither empties nor cuts back a live run
     let lock = lock(dir)?;
-    if let Some(tb) = cfg
-        .tensorboard
-        .as_ref()
-        .filter(|tb| holds_a_run(tb) && !same_dir(tb, dir))
-    {
-        return Err(Error::Input(format!(
-            "--tensorboard {} holds another training run: choose a folder of its own",
-            tb.display()
-        )));
+    if let Some(tb) = &cfg.tensorboard {
+        if holds_a_run(tb) && !same_dir(tb, dir) {
+            return Err(Error::Input(format!(
+                "--tensorboard {} holds another training run: choose a folder of its own",
+                tb.display()
+            )));
+        }
+        EventWriter::check_dir(tb)?;
     }
     // a resume's logs read before anything moves: one it cannot cut back stops here
     let logs = match start {
         0 => prepare_new(dir, cfg).map(|()| Default::default()),
         _ => cut_metrics(dir, start),
     }?;
+    let config = next_record(dir, record, start, to_step)?;
     let mut tensorboard = match &cfg.tensorboard {
         Some(tb) => Some(EventWriter::create(tb)?),
         None => None,
     };
-    if start > 0 {
-        // Checkpoints of a branch abandoned by resuming from an older one
-        // must not count as newer than this branch's own.
-        let moved = state::supersede_after(dir, start)?;
-        if verbose && !moved.is_empty() {
-            crate::errln!(
-                "moved {} newer checkpoint(s) to {}",
-                moved.len(),
-                dir.join(state::DIR).join("superseded").display()
-            );
+    let opened = (|| {
+        if let Some(w) = &mut tensorboard {
+            if start > 0 {
+                // TensorBoard drops the earlier files' steps after `start`
+                w.session_start(start + 1)?;
+            }
+            w.text(start, "config", &format!("```json\n{config}\n```"))?;
+            w.flush()?;
         }
-        for (path, kept) in logs.into_iter().flatten() {
-            write_atomic(&path, kept.as_bytes())?;
+        let mut staged = Vec::new();
+        for (path, text) in logs.into_iter().flatten() {
+            staged.push(stage(&path, |f| f.write_all(text.as_bytes()))?);
+        }
+        staged.push(stage(&dir.join(RUN_FILE), |f| {
+            f.write_all(config.as_bytes())
+        })?);
+        if start > 0 {
+            // Checkpoints of a branch abandoned by resuming from an older
+            // one must not count as newer than this branch's own.
+            let moved = state::supersede_after(dir, start)?;
+            if verbose && !moved.is_empty() {
+                crate::errln!(
+                    "moved {} newer checkpoint(s) to {}",
+                    moved.len(),
+                    dir.join(state::DIR).join("superseded").display()
+                );
+            }
+        }
+        staged.into_iter().try_for_each(Staged::commit)?;
+        resumed_logs(dir, start, cfg)
+    })();
+    match opened {
+        Ok((jsonl, csv, comm_before)) => Ok(StepLogs {
+            jsonl,
+            csv: Some(csv),
+            tensorboard,
+            comm_before,
+            _lock: lock,
+        }),
+        Err(e) => {
+            // what this invocation began: its event file, a new run's files
+            let began = tensorboard.iter().map(|w| w.path().to_path_buf());
+            let new = [METRICS_FILE, METRICS_CSV, RUN_FILE].map(|f| dir.join(f));
+            for path in began.chain(new.into_iter().filter(|_| start == 0)) {
+                let _ = std::fs::remove_file(path);
+            }
+            Err(e)
         }
     }
+}
+
+/// The step logs opened for an invocation from `start`, once its record is
+/// written, with the communication before it: a resumed run's logs kept
+/// to `start` (a gap in them named), its earlier model's files removed.
+fn resumed_logs(
+    dir: &Path,
+    start: usize,
+    cfg: &TrainConfig,
+) -> Result<(LineWriter, LineWriter, CommStats)> {
     let kept = match start {
         0 => Vec::new(),
         _ => read_metrics(dir).unwrap_or_default(),
@@ -586,22 +631,7 @@ pub fn open(
             crate::errln!("warning: could not point the latest link at the run: {e}");
         }
     }
-    let config = write_record(dir, record, start, to_step)?;
-    if let Some(w) = &mut tensorboard {
-        if start > 0 {
-            // TensorBoard drops the earlier files' steps after `start`
-            w.session_start(start + 1)?;
-        }
-        w.text(start, "config", &format!("```json\n{config}\n```"))?;
-        w.flush()?;
-    }
-    Ok(StepLogs {
-        jsonl,
-        csv: Some(csv),
-        tensorboard,
-        comm_before,
-        _lock: lock,
-    })
+    Ok((jsonl, csv, comm_before))
 }
 
 /// Every step record of the run in `dir` (`metrics.jsonl`), in order; a
@@ -669,10 +699,9 @@ impl RunRecord {
     }
 }
 
-/// Writes `run.json` for an invocation starting at `from_step`: a new
-/// record, or the existing one with this invocation appended. Returns what
-/// it wrote.
-fn write_record(
+/// The text of `run.json` for an invocation starting at `from_step`: a
+/// new record, or the existing one with this invocation appended.
+fn next_record(
     dir: &Path,
     mut fresh: RunRecord,
     from_step: usize,
@@ -693,7 +722,7 @@ fn write_record(
         settings: Some(settings_checksum(&fresh.train, &fresh.parallel)),
     });
     fresh.segments = segments;
-    write_json(&dir.join(RUN_FILE), &fresh)
+    Ok(serde_json::to_string_pretty(&fresh).expect("records serialise"))
 }
 
 /// The steps 1..=`to` that `records` (in order) lack, as spans ("3-4, 7"),
