@@ -408,11 +408,15 @@ fn a_crash_mid_write_leaves_the_previous_checkpoint_loadable() {
     );
     let good = state::latest(&dir).unwrap();
     assert!(good.ends_with("step_00000004"), "{}", good.display());
-    // A crash while writing step 6: a temporary directory with a truncated shard.
-    let tmp = dir.join("checkpoints/step_00000006.tmp");
-    std::fs::create_dir_all(&tmp).unwrap();
+    // A crash while writing step 6: a temporary directory with a truncated
+    // shard; and one of step 5, as a kill while a stop's checkpoint was
+    // written leaves it (no later save of step 5 replaces it).
     let shard = std::fs::read(good.join("rank_0.safetensors")).unwrap();
-    std::fs::write(tmp.join("rank_0.safetensors"), &shard[..shard.len() / 2]).unwrap();
+    for step in [5, 6] {
+        let tmp = dir.join(format!("checkpoints/step_{step:08}.tmp"));
+        std::fs::create_dir_all(&tmp).unwrap();
+        std::fs::write(tmp.join("rank_0.safetensors"), &shard[..shard.len() / 2]).unwrap();
+    }
     assert_eq!(state::latest(&dir).unwrap(), good);
     let rest = resume(&dir, StrategyKind::Fsdp, 2);
     assert_eq!(rest.losses.len(), 2);
@@ -420,6 +424,14 @@ fn a_crash_mid_write_leaves_the_previous_checkpoint_loadable() {
         state::list(&dir).unwrap().len(),
         3,
         "steps 2, 4 and 6 are kept"
+    );
+    let names: Vec<_> = std::fs::read_dir(dir.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !names.iter().any(|n| n.ends_with(".tmp")),
+        "a write cut short is removed once a checkpoint is published: {names:?}"
     );
 }
 

@@ -48,12 +48,13 @@ fn train(out: &Path, extra: &[&str]) -> Output {
         .unwrap()
 }
 
-/// `distgpt ARGS` on a disk that fills with the first file past 512
-/// bytes: a file-size limit (`ulimit -f 1`, SIGXFSZ ignored, so a write
-/// past it fails with EFBIG as one past a full disk fails with ENOSPC).
-fn on_a_full_disk(args: &[&str]) -> Output {
+/// `distgpt ARGS` on a disk that fills with the first file past `blocks`
+/// of 512 bytes: a file-size limit (`ulimit -f`, SIGXFSZ ignored, so a
+/// write past it fails with EFBIG as one past a full disk with ENOSPC).
+fn on_a_full_disk(blocks: usize, args: &[&str]) -> Output {
+    let limit = format!("trap '' XFSZ; ulimit -f {blocks}; exec \"$0\" \"$@\"");
     Command::new("sh")
-        .args(["-c", "trap '' XFSZ; ulimit -f 1; exec \"$0\" \"$@\""])
+        .args(["-c", &limit])
         .arg(env!("CARGO_BIN_EXE_distgpt"))
         .args(args)
         .output()
@@ -1705,7 +1706,7 @@ fn a_resume_that_fails_on_a_full_disk_leaves_the_run_as_it_was() {
     let run = dir.to_str().unwrap();
     let resume = ["train", "--resume", run, "--quiet", "--peak-tflops", "0.1"];
     for extra in [&["--from-step", "2"][..], &["--steps", "8"]] {
-        let o = on_a_full_disk(&[&resume[..], extra].concat());
+        let o = on_a_full_disk(1, &[&resume[..], extra].concat());
         assert!(!o.status.success(), "{extra:?} trained");
         assert!(stderr(&o).contains("File too large"), "{}", stderr(&o));
         assert!(contents(&dir) == before, "{extra:?} changed the run");
@@ -1721,7 +1722,7 @@ fn a_new_run_that_fails_on_a_full_disk_leaves_its_folder_to_the_same_command() {
     let out = dir.to_str().unwrap();
     let args = ["train", "--model", "tiny", "--steps", "1", "--quiet"];
     let args = [&args[..], &["--peak-tflops", "0.1", "--out", out]].concat();
-    let o = on_a_full_disk(&args);
+    let o = on_a_full_disk(1, &args);
     assert!(
         !o.status.success() && stderr(&o).contains("File too large"),
         "{}",
@@ -1756,4 +1757,31 @@ fn an_overwrite_refused_for_its_tensorboard_folder_keeps_the_old_run() {
         stderr(&o)
     );
     assert!(contents(&dir) == before, "the old run was changed");
+}
+
+/// A checkpoint whose write fails on a full disk leaves no part of itself
+/// (its `step_N.tmp` kept the ranks' files written so far, holding the
+/// disk full), and the run stops saying which file.
+#[test]
+fn a_checkpoint_that_fails_on_a_full_disk_leaves_no_part_of_it() {
+    let dir = tmp("full-disk-checkpoint");
+    let out = dir.to_str().unwrap();
+    let args = ["train", "--model", "tiny", "--steps", "2", "--quiet"];
+    let args = [
+        &args[..],
+        &["--checkpoint-every", "1", "--peak-tflops", "0.1"],
+    ]
+    .concat();
+    let o = on_a_full_disk(64, &[&args[..], &["--out", out]].concat());
+    assert!(!o.status.success(), "trained");
+    assert!(
+        stderr(&o).contains("rank_0.safetensors: File too large"),
+        "{}",
+        stderr(&o)
+    );
+    let names: Vec<_> = std::fs::read_dir(dir.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(names.is_empty(), "{names:?}");
 }

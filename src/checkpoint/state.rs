@@ -190,13 +190,32 @@ pub fn save(
         }
         io(&tmp, std::fs::create_dir_all(&tmp))?;
     }
+    let saved = write_and_publish(&root, &tmp, &done, info, owned, world);
+    if saved.is_err() && rank == 0 {
+        // a failed write (a full disk) leaves no part of it filling the disk
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    saved.map(|()| done)
+}
+
+/// [`save`] once rank 0 has made `tmp`: every rank's part written into it,
+/// then published as `done` by rank 0 where every value is finite.
+fn write_and_publish(
+    root: &Path,
+    tmp: &Path,
+    done: &Path,
+    info: &SaveInfo,
+    owned: &OwnedState,
+    world: &dyn Comm,
+) -> Result<()> {
+    let rank = world.rank();
     // Checks and writes can take longer than --comm-timeout (a large model,
     // a slow disk): waiting for them is not a sign of a dead rank.
     world.barrier_after_io()?;
     let finite = |x: &[f32]| x.iter().all(|v| v.is_finite());
     let ok = finite(&owned.params) && finite(&owned.m) && finite(&owned.v);
     if ok && !owned.segments.is_empty() {
-        write_part(&tmp, rank, owned)?;
+        write_part(tmp, rank, owned)?;
     }
     world.barrier_after_io()?;
     // Every rank is here now, so this is quick: a non-finite value anywhere
@@ -204,19 +223,15 @@ pub fn save(
     let mut bad = [u32::from(!ok)];
     world.all_reduce(&mut bad)?;
     if bad[0] != 0 {
-        if rank == 0 {
-            io(&tmp, std::fs::remove_dir_all(&tmp))?;
-        }
         return Err(Error::Diverged(format!(
             "the state after step {} holds non-finite values; no checkpoint was written",
             info.step
         )));
     }
     if rank == 0 {
-        publish(&root, &tmp, &done, info, world.size())?;
+        publish(root, tmp, done, info, world.size())?;
     }
-    world.barrier_after_io()?;
-    Ok(done)
+    world.barrier_after_io()
 }
 
 /// This rank's part of the state: its params and moments as one
@@ -328,6 +343,17 @@ fn prune(root: &Path, keep: usize) -> Result<()> {
     let all = list(root.parent().expect("checkpoints live in a run directory"))?;
     for old in all.iter().take(all.len().saturating_sub(keep.max(1))) {
         io(old, std::fs::remove_dir_all(old))?;
+    }
+    // the writes a kill cut short (`step_N.tmp`): none is in progress once
+    // a checkpoint is published, and one of a step never saved again (a
+    // stop's) would hold its space for good
+    for entry in io(root, std::fs::read_dir(root))?.filter_map(|e| e.ok()) {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("step_") && name.ends_with(".tmp") {
+            let path = entry.path();
+            io(&path, std::fs::remove_dir_all(&path))?;
+        }
     }
     Ok(())
 }
