@@ -9,7 +9,7 @@ use distgpt::comm::CommStats;
 use distgpt::data::Batch;
 use distgpt::model::gpt2::init_full;
 use distgpt::model::{AdamWConfig, GptConfig, ParamLayout};
-use distgpt::parallel::{self, launch, ParallelConfig, StepConfig, StrategyKind, Units};
+use distgpt::parallel::{self, launch, ParallelConfig, StepConfig, StrategyKind};
 use std::time::Duration;
 
 fn model() -> GptConfig {
@@ -85,9 +85,9 @@ fn model_state_memory_matches_zero_formulas() {
     let psi = ParamLayout::new(&cfg).total() as f64;
     for n in [2usize, 4] {
         let nf = n as f64;
-        let units = Units::new(&ParamLayout::new(&cfg), n);
+        let padded = padded_units(&cfg, n);
         // fsdp's gather buffers: the tied embeddings, and the largest other unit (a block)
-        let gathered = 4.0 * (units.padded(0) + units.padded(1)) as f64;
+        let gathered = 4.0 * (padded[0] + padded[1]) as f64;
         let cases = [
             (StrategyKind::Ddp, 16.0 * psi),
             (StrategyKind::Zero1, 8.0 * psi + 8.0 * psi / nf),
@@ -107,6 +107,15 @@ fn model_state_memory_matches_zero_formulas() {
     }
 }
 
+/// Each unit's length padded to a multiple of `n`, as a sharded strategy holds it.
+fn padded_units(cfg: &GptConfig, n: usize) -> Vec<usize> {
+    let units = ParamLayout::new(cfg).units;
+    units
+        .iter()
+        .map(|u| u.range.len().div_ceil(n) * n)
+        .collect()
+}
+
 fn bytes_sent(strategy: StrategyKind, n: usize) -> u64 {
     one_step_comm(strategy, n).total_bytes()
 }
@@ -115,11 +124,11 @@ fn bytes_sent(strategy: StrategyKind, n: usize) -> u64 {
 fn fsdp_gathers_the_tied_embedding_once_per_forward() {
     let cfg = model();
     for n in [2usize, 4] {
-        let u = Units::new(&ParamLayout::new(&cfg), n);
+        let padded = padded_units(&cfg, n);
         let (emb, head) = (0, cfg.n_layer + 1);
-        let blocks: usize = (0..cfg.n_layer).map(|l| u.padded(1 + l)).sum();
+        let blocks: usize = padded[1..=cfg.n_layer].iter().sum();
         // forward: embeddings, every block, the final norm; backward: every block again
-        let elems = u.padded(emb) + 2 * blocks + u.padded(head);
+        let elems = padded[emb] + 2 * blocks + padded[head];
         let ring = |bytes: usize| (bytes as u64) * (n as u64 - 1) / n as u64;
         let got = one_step_comm(StrategyKind::Fsdp, n).all_gather_bytes;
         assert_eq!(

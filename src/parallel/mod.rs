@@ -15,12 +15,10 @@ pub mod launch;
 mod offload;
 pub mod pipeline;
 mod stage;
-mod units;
 
 pub use grid::Grid;
 pub use pipeline::{Pipeline, Pipelined, Schedule, Span};
 pub use stage::{fsdp_gathered, stage_sizes, Sharing, StageSizes};
-pub use units::Units;
 
 use crate::backend::{Backend, MemoryReport};
 use crate::comm::{Comm, CommStats};

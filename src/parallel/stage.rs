@@ -14,15 +14,15 @@
 //! piece is all-gathered before it runs and stays gathered while its gather
 //! buffer is not needed for another; a piece a tied tensor lives in has a
 //! gather buffer of its own). Rank r of n owns slice r of every piece,
-//! padded to a multiple of n (`Units`); a copied unit is padded and sliced
+//! padded to a multiple of n (`Pieces`); a copied unit is padded and sliced
 //! as its owner is, so the stages holding a tie sum its gradient shard for
 //! shard.
 
 use super::offload::HostState;
 use super::pipeline::{Pass, Pipeline, Task};
-use super::{OwnedState, Units};
+use super::OwnedState;
 use crate::backend::cpu::Cpu;
-use crate::backend::{Backend, Bf16, Buf, Category, Dst};
+use crate::backend::{Backend, Bf16, Buf, Category, Dst, Src};
 use crate::comm::{device, Comm};
 use crate::error::Result;
 use crate::model::tp::TpSplit;
@@ -130,12 +130,19 @@ impl std::ops::AddAssign for StageSizes {
     }
 }
 
-/// The pieces of a stage and their shards.
+/// The pieces of a stage and their shards: each padded to a multiple of
+/// the replicas n and sliced over them, rank r owning slice r (padding is
+/// zeros, never dropped).
 struct Pieces {
     /// Each piece's layout range.
     layout: Vec<Range<usize>>,
-    /// Buffer ranges, padded and sliced over the replicas.
-    shards: Units,
+    /// Each piece's range in the stage's whole buffers.
+    buf: Vec<Range<usize>>,
+    /// Each piece's shard length (its length / n, rounded up) and offset
+    /// in a rank's shard buffer.
+    shard_len: Vec<usize>,
+    shard_at: Vec<usize>,
+    n: usize,
     /// The first unit of the stage and whether piece 0 is a copy.
     first_unit: usize,
     copied: bool,
@@ -150,37 +157,41 @@ struct Pieces {
 impl Pieces {
     fn new(lay: &ParamLayout, map: &StageMap, n: usize) -> Self {
         let layout = map.pieces(lay);
-        let mut at = 0;
-        let local: Vec<Range<usize>> = layout
-            .iter()
-            .map(|r| {
-                at += r.len();
-                at - r.len()..at
-            })
-            .collect();
-        let shards = Units::from_ranges(local, n);
+        let starts = |lens: &[usize]| -> Vec<usize> {
+            lens.iter()
+                .scan(0, |at, &l| {
+                    *at += l;
+                    Some(*at - l)
+                })
+                .collect()
+        };
+        let lens: Vec<usize> = layout.iter().map(|r| r.len()).collect();
+        let shard_len: Vec<usize> = lens.iter().map(|l| l.div_ceil(n)).collect();
+        let buf = starts(&lens).into_iter().zip(&lens).map(|(a, l)| a..a + l);
         let mut p = Pieces {
+            buf: buf.collect(),
+            shard_at: starts(&shard_len),
+            shard_len,
+            n,
+            slot_of: vec![0; layout.len()],
             layout,
-            shards,
             first_unit: map.units.start,
             copied: map.copy.is_some(),
-            slot_of: Vec::new(),
             slots: vec![0],
             head: None,
         };
-        p.slot_of = vec![0; p.layout.len()];
         for u in map.units.clone() {
             if let Some((k, _)) = p.tied(lay, u) {
                 p.head = Some(p.piece(u));
                 if p.slot_of[k] == 0 {
                     p.slot_of[k] = p.slots.len();
-                    p.slots.push(p.shards.padded(k));
+                    p.slots.push(p.padded(k));
                 }
             }
         }
         for k in 0..p.layout.len() {
             if p.slot_of[k] == 0 {
-                p.slots[0] = p.slots[0].max(p.shards.padded(k));
+                p.slots[0] = p.slots[0].max(p.padded(k));
             }
         }
         p
@@ -206,26 +217,79 @@ impl Pieces {
         self.layout[k].len()
     }
 
-    /// Piece k's range in the stage's whole buffers.
-    fn buf(&self, k: usize) -> Range<usize> {
-        self.shards.ranges[k].clone()
+    /// Piece k padded to a multiple of n.
+    fn padded(&self, k: usize) -> usize {
+        self.shard_len[k] * self.n
+    }
+
+    /// Piece k's slice of a rank's shard buffer.
+    fn shard_of(&self, k: usize) -> Range<usize> {
+        self.shard_at[k]..self.shard_at[k] + self.shard_len[k]
+    }
+
+    /// Rank r's part of piece k, as a range of the piece: its slice when
+    /// `sharded` (short or empty where it falls in the padding), else all
+    /// of it.
+    fn part(&self, k: usize, r: usize, sharded: bool) -> Range<usize> {
+        let (s, len) = (self.shard_len[k], self.len(k));
+        match sharded {
+            true => (r * s).min(len)..(r * s + s).min(len),
+            false => 0..len,
+        }
+    }
+
+    /// Rank r's nonempty parts of the pieces: (piece, part).
+    fn parts(&self, r: usize, sharded: bool) -> impl Iterator<Item = (usize, Range<usize>)> + '_ {
+        (0..self.layout.len())
+            .map(move |k| (k, self.part(k, r, sharded)))
+            .filter(|(_, part)| !part.is_empty())
+    }
+
+    /// Where a part of piece k lies in a rank's shard buffer (`shard`), or
+    /// in the stage's whole buffer.
+    fn at(&self, k: usize, part: &Range<usize>, shard: bool) -> Range<usize> {
+        let at = match shard {
+            true => self.shard_at[k],
+            false => self.buf[k].start + part.start,
+        };
+        at..at + part.len()
     }
 
     fn sizes(&self) -> StageSizes {
-        let u = &self.shards;
         StageSizes {
-            len: u.ranges.last().map_or(0, |r| r.end),
-            shard: u.shard_total(),
-            max_padded: u.max_padded(),
-            max_shard: u.shard_len.iter().copied().max().unwrap_or(0),
-            head_padded: self.head.map_or(0, |k| u.padded(k)),
+            len: self.buf.last().map_or(0, |r| r.end),
+            shard: self.shard_total(),
+            max_padded: (0..self.layout.len())
+                .map(|k| self.padded(k))
+                .max()
+                .unwrap_or(0),
+            max_shard: self.shard_len.iter().copied().max().unwrap_or(0),
+            head_padded: self.head.map_or(0, |k| self.padded(k)),
             gathered: self.slots.iter().sum(),
         }
     }
 
-    /// Rank r's slice of piece k: (offset in the piece, length).
-    fn mine(&self, k: usize, r: usize) -> (usize, usize) {
-        self.shards.mine(k, r)
+    /// Floats in one rank's shard buffer.
+    fn shard_total(&self) -> usize {
+        self.shard_len.iter().sum()
+    }
+
+    /// Copies rank r's shard of every piece out of the stage's whole buffer (on the device).
+    fn shard_from<B: Backend>(&self, be: &B, full: Src<'_, B>, r: usize, mut out: Dst<'_, B>) {
+        be.fill(out.rb(), 0.0);
+        for (k, part) in self.parts(r, true) {
+            let (to, from) = (self.at(k, &part, true), self.at(k, &part, false));
+            be.copy(out.rb().slice(to), full.slice(from));
+        }
+    }
+
+    /// Rank r's shard of every piece of the stage's whole host buffer.
+    fn shard_of_host(&self, full: &[f32], r: usize) -> Vec<f32> {
+        let mut out = vec![0.0; self.shard_total()];
+        for (k, part) in self.parts(r, true) {
+            out[self.at(k, &part, true)].copy_from_slice(&full[self.at(k, &part, false)]);
+        }
+        out
     }
 }
 
@@ -272,7 +336,7 @@ pub fn fsdp_gathered(
                 let slot = &mut held[task.chunk][p.slot_of[k]];
                 if *slot != Some(k) {
                     *slot = Some(k);
-                    gathered += p.shards.padded(k);
+                    gathered += p.padded(k);
                 }
             }
         }
@@ -335,25 +399,33 @@ impl<B: Backend> Home<B> {
     /// or in the buffer it is gathered in (a part a buffer).
     fn place(&self, pc: &Pieces, k: usize) -> (usize, Range<usize>, usize) {
         match self {
-            Home::Device(_, Params::Whole(_)) => (0, pc.buf(k), k),
+            Home::Device(_, Params::Whole(_)) => (0, pc.buf[k].clone(), k),
             Home::Device(_, Params::Sharded(_, _)) | Home::Host(_, _) => {
                 (pc.slot_of[k], 0..pc.len(k), pc.slot_of[k])
             }
         }
     }
 
-    /// Range r of piece k's parameters, with its bf16 copy where kept.
-    fn weights<'a>(
+    /// Unit u's parameters, with their bf16 copy where kept.
+    fn params<'a>(
         &'a self,
         pc: &Pieces,
         copies: Option<&'a Copies<B>>,
-        k: usize,
-        r: Range<usize>,
-    ) -> Weights<'a, B> {
-        let (buf, range, _) = self.place(pc, k);
-        let fp32 = self.buf(buf).slice(range.clone()).slice(r.clone());
-        let bf16 = copies.map(|c| c.bufs[buf].slice(range).slice(r));
-        Weights { fp32, bf16 }
+        lay: &ParamLayout,
+        u: usize,
+    ) -> UnitParams<'a, B> {
+        // range r of piece k
+        let weights = |k: usize, r: Range<usize>| {
+            let (buf, range, _) = self.place(pc, k);
+            let fp32 = self.buf(buf).slice(range.clone()).slice(r.clone());
+            let bf16 = copies.map(|c| c.bufs[buf].slice(range).slice(r));
+            Weights { fp32, bf16 }
+        };
+        let k = pc.piece(u);
+        UnitParams {
+            own: weights(k, 0..pc.len(k)),
+            tied: pc.tied(lay, u).map(|(t, r)| weights(t, r)),
+        }
     }
 
     /// Buffer i of the parameters the units read ([`Home::place`]'s).
@@ -590,14 +662,11 @@ impl<B: Backend> StageState<B> {
         if self.tied_across == Some(k) {
             return Ok(());
         }
-        let (_, at, _, len) = self.my_grad(k, r);
-        let owned = match self.sharded() {
-            true => self.pieces.shards.shard_at[k],
-            false => at,
-        };
+        let (part, at) = self.my_grad(k, r);
+        let owned = self.pieces.at(k, &part, self.sharded());
         let g = &self.grad;
         match self.home.host() {
-            Some(h) => h.download_early(be, owned..owned + len, g.slice(at..at + len)),
+            Some(h) => h.download_early(be, owned, g.slice(at)),
             None => Ok(()),
         }
     }
@@ -615,7 +684,7 @@ impl<B: Backend> StageState<B> {
     }
 
     fn fetch(&mut self, dp: &dyn Comm, be: &B, k: usize) -> Result<()> {
-        let (u, slot) = (&self.pieces.shards, self.pieces.slot_of[k]);
+        let (pc, slot) = (&self.pieces, self.pieces.slot_of[k]);
         let (mine, gathered) = match &mut self.home {
             Home::Device(_, Params::Whole(_)) => return Ok(()),
             Home::Device(_, Params::Sharded(_, g)) | Home::Host(_, g)
@@ -623,31 +692,22 @@ impl<B: Backend> StageState<B> {
             {
                 return Ok(())
             }
-            Home::Device(_, Params::Sharded(shard, g)) => (shard.slice(u.shard_of(k)), g),
+            Home::Device(_, Params::Sharded(shard, g)) => (shard.slice(pc.shard_of(k)), g),
             Home::Host(h, g) => {
                 // the shard is on the host: up into the staging buffer first
                 let stage = self.rs_out.as_mut().expect("sharded");
-                h.upload(be, u.shard_of(k), stage.slice_mut(0..u.shard_len[k]))?;
-                (stage.slice(0..u.shard_len[k]), g)
+                h.upload(be, pc.shard_of(k), stage.slice_mut(0..pc.shard_len[k]))?;
+                (stage.slice(0..pc.shard_len[k]), g)
             }
         };
-        device::all_gather(dp, be, mine, gathered.bufs[slot].slice_mut(0..u.padded(k)))?;
+        device::all_gather(dp, be, mine, gathered.bufs[slot].slice_mut(0..pc.padded(k)))?;
         gathered.held[slot] = Some(k);
         Ok(())
     }
 
     /// Unit u's parameters (readied first: `ready`).
     pub fn params(&self, lay: &ParamLayout, u: usize) -> UnitParams<'_, B> {
-        let k = self.pieces.piece(u);
-        UnitParams {
-            own: self
-                .home
-                .weights(&self.pieces, self.copies.as_ref(), k, 0..self.pieces.len(k)),
-            tied: self
-                .pieces
-                .tied(lay, u)
-                .map(|(t, r)| self.home.weights(&self.pieces, self.copies.as_ref(), t, r)),
-        }
+        self.home.params(&self.pieces, self.copies.as_ref(), lay, u)
     }
 
     /// Unit u's parameters and where its backward accumulates: the whole
@@ -663,22 +723,22 @@ impl<B: Backend> StageState<B> {
         let (k, tied) = (pc.piece(u), pc.tied(lay, u));
         let grads = match (&tied, self.sharing.shards_grads()) {
             (Some((t, r)), false) => {
-                let tr = pc.buf(*t).start + r.start..pc.buf(*t).start + r.end;
-                let (tg, own) = self.grad.d().split2(tr, pc.buf(k));
+                let tr = pc.buf[*t].start + r.start..pc.buf[*t].start + r.end;
+                let (tg, own) = self.grad.d().split2(tr, pc.buf[k].clone());
                 UnitGrads {
                     own,
                     tied: Some(tg),
                 }
             }
             (None, false) => UnitGrads {
-                own: self.grad.slice_mut(pc.buf(k)),
+                own: self.grad.slice_mut(pc.buf[k].clone()),
                 tied: None,
             },
             (_, true) => {
                 let slot = if tied.is_some() { HEAD } else { BODY };
-                be.fill(self.scratch[slot].slice_mut(0..pc.shards.padded(k)), 0.0);
+                be.fill(self.scratch[slot].slice_mut(0..pc.padded(k)), 0.0);
                 if let Some((t, _)) = &tied {
-                    be.fill(self.scratch[BODY].slice_mut(0..pc.shards.padded(*t)), 0.0);
+                    be.fill(self.scratch[BODY].slice_mut(0..pc.padded(*t)), 0.0);
                 }
                 match (&tied, self.scratch.as_mut_slice()) {
                     (Some((_, r)), [body, head]) => UnitGrads {
@@ -692,11 +752,7 @@ impl<B: Backend> StageState<B> {
                 }
             }
         };
-        let params = UnitParams {
-            own: self.home.weights(pc, self.copies.as_ref(), k, 0..pc.len(k)),
-            tied: tied.map(|(t, r)| self.home.weights(pc, self.copies.as_ref(), t, r)),
-        };
-        (params, grads)
+        (self.home.params(pc, self.copies.as_ref(), lay, u), grads)
     }
 
     /// zero2, fsdp: reduce-scatters the gradient unit u's backward left in
@@ -730,39 +786,34 @@ impl<B: Backend> StageState<B> {
     /// this rank's part to its shard (zero2, fsdp), or puts it in this
     /// rank's slice of the whole gradient (zero1).
     fn reduce(&mut self, dp: &dyn Comm, be: &B, k: usize, slot: usize) -> Result<()> {
-        let u = &self.pieces.shards;
-        let s = u.shard_len[k];
+        let pc = &self.pieces;
+        let s = pc.shard_len[k];
         let out = self.rs_out.as_mut().expect("sharded");
         device::reduce_scatter(
             dp,
             be,
-            self.scratch[slot].slice(0..u.padded(k)),
+            self.scratch[slot].slice(0..pc.padded(k)),
             out.slice_mut(0..s),
         )?;
         if self.sharing.shards_grads() {
-            be.add_inplace(self.grad.slice_mut(u.shard_of(k)), out.slice(0..s))
+            be.add_inplace(self.grad.slice_mut(pc.shard_of(k)), out.slice(0..s))
         } else {
-            let (at, len) = self.pieces.mine(k, dp.rank());
-            let at = self.pieces.buf(k).start + at;
-            be.copy(self.grad.slice_mut(at..at + len), out.slice(0..len));
+            let part = pc.part(k, dp.rank(), true);
+            let len = part.len();
+            be.copy(
+                self.grad.slice_mut(pc.at(k, &part, false)),
+                out.slice(0..len),
+            );
         }
         Ok(())
     }
 
-    /// Where this rank's reduced gradient of piece k lies once reduced:
-    /// (its buffer, offset there, layout offset, length).
-    fn my_grad(&self, k: usize, r: usize) -> (&Buf<B>, usize, usize, usize) {
-        let pc = &self.pieces;
-        let (start, len) = match self.sharing {
-            Sharing::Replicated => (0, pc.len(k)),
-            _ => pc.mine(k, r),
-        };
-        let global = pc.layout[k].start + start;
-        let at = match self.sharing.shards_grads() {
-            true => pc.shards.shard_at[k],
-            false => pc.buf(k).start + start,
-        };
-        (&self.grad, at, global, len)
+    /// Rank r's part of piece k once its gradient is reduced (the whole
+    /// piece where replicated), and where the gradient buffer holds it.
+    fn my_grad(&self, k: usize, r: usize) -> (Range<usize>, Range<usize>) {
+        let part = self.pieces.part(k, r, self.sharded());
+        let at = self.pieces.at(k, &part, self.sharing.shards_grads());
+        (part, at)
     }
 
     /// After the step's last backward: the gradient summed over the
@@ -781,7 +832,7 @@ impl<B: Backend> StageState<B> {
                     device::all_reduce(dp, be, g.d())?;
                 }
                 if let Some((group, k)) = tie {
-                    device::all_reduce(group, be, g.slice_mut(self.pieces.buf(k)))?;
+                    device::all_reduce(group, be, g.slice_mut(self.pieces.buf[k].clone()))?;
                 }
                 if dp.size() > 1 {
                     // (one replica's started in the backward)
@@ -793,11 +844,11 @@ impl<B: Backend> StageState<B> {
             }
             Sharing::Zero1 => {
                 for k in 0..self.pieces.layout.len() {
-                    let (len, pad) = (self.pieces.len(k), self.pieces.shards.padded(k));
+                    let (len, pad) = (self.pieces.len(k), self.pieces.padded(k));
                     let g = &self.grad;
                     be.copy(
                         self.scratch[BODY].slice_mut(0..len),
-                        g.slice(self.pieces.buf(k)),
+                        g.slice(self.pieces.buf[k].clone()),
                     );
                     be.fill(self.scratch[BODY].slice_mut(len..pad), 0.0);
                     self.reduce(dp, be, k, BODY)?;
@@ -808,9 +859,8 @@ impl<B: Backend> StageState<B> {
         }
         if let Some((group, k)) = tie {
             // the stages holding the tie shard it alike: slice for slice
-            let (_, at, _, len) = self.my_grad(k, dp.rank());
-            let g = &mut self.grad;
-            device::all_reduce(group, be, g.slice_mut(at..at + len))?;
+            let (_, at) = self.my_grad(k, dp.rank());
+            device::all_reduce(group, be, self.grad.slice_mut(at))?;
         }
         Ok(())
     }
@@ -821,12 +871,16 @@ impl<B: Backend> StageState<B> {
     pub fn grad_squares(&self, be: &B, lay: &ParamLayout, r: usize) -> Result<(f64, f64)> {
         let (mut pieces, mut replicated) = (Vec::new(), Vec::new());
         for k in usize::from(self.pieces.copied)..self.pieces.layout.len() {
-            let (g, at, global, len) = self.my_grad(k, r);
+            let (part, at) = self.my_grad(k, r);
+            let global = self.pieces.layout[k].start + part.start;
             for t in &lay.tensors {
                 let tr = t.range();
-                let (a, b) = (tr.start.max(global), tr.end.min(global + len));
+                let (a, b) = (tr.start.max(global), tr.end.min(global + part.len()));
                 if a < b {
-                    pieces.push(g.slice(at + a - global..at + b - global));
+                    pieces.push(
+                        self.grad
+                            .slice(at.start + a - global..at.start + b - global),
+                    );
                     replicated.push(t.split == TpSplit::Replicated);
                 }
             }
@@ -851,7 +905,7 @@ impl<B: Backend> StageState<B> {
     /// parameters it updates before gathering them back. Held by the rank
     /// for every step (the largest of its chunks'), not allocated a step.
     pub fn update_scratch(&self) -> usize {
-        let shard = self.pieces.shards.shard_total();
+        let shard = self.pieces.shard_total();
         let grads = self.sharing == Sharing::Zero1;
         let params =
             self.sharing.sharded() && matches!(self.home, Home::Device(_, Params::Whole(_)));
@@ -874,12 +928,12 @@ impl<B: Backend> StageState<B> {
         let r = dp.rank();
         let pc = &self.pieces;
         let segs = segments(pc, self.sharing, r);
-        let shard = pc.shards.shard_total();
+        let shard = pc.shard_total();
         // zero1's reduced slices, gathered into shard order for the update
         let (grads, mut mine) = match self.sharing {
             Sharing::Zero1 => {
                 let (mut g, rest) = scratch.expect("update_scratch's floats").split_at(shard);
-                pc.shards.shard_from(be, self.grad.s(), r, g.rb());
+                pc.shard_from(be, self.grad.s(), r, g.rb());
                 (g.into_src(), Some(rest))
             }
             _ => (self.grad.s(), scratch),
@@ -917,11 +971,10 @@ impl<B: Backend> StageState<B> {
             }
             (Home::Device(opt, Params::Whole(p)), Sharing::Replicated) => step(opt, p.d())?,
             (Home::Device(opt, Params::Whole(p)), _) => {
-                let u = &pc.shards;
                 let mut mine = mine.take().expect("update_scratch's floats").first(shard);
                 if let Optimizer::Device(_) = opt {
                     // the host's master copy is the update's input under offload
-                    u.shard_from(be, p.s(), r, mine.rb());
+                    pc.shard_from(be, p.s(), r, mine.rb());
                 }
                 step(opt, mine.rb())?;
                 let gather = &mut self.scratch[BODY];
@@ -929,10 +982,10 @@ impl<B: Backend> StageState<B> {
                     device::all_gather(
                         dp,
                         be,
-                        mine.src().slice(u.shard_of(k)),
-                        gather.slice_mut(0..u.padded(k)),
+                        mine.src().slice(pc.shard_of(k)),
+                        gather.slice_mut(0..pc.padded(k)),
                     )?;
-                    be.copy(p.slice_mut(pc.buf(k)), gather.slice(0..pc.len(k)));
+                    be.copy(p.slice_mut(pc.buf[k].clone()), gather.slice(0..pc.len(k)));
                 }
             }
         }
@@ -968,24 +1021,20 @@ impl<B: Backend> StageState<B> {
             }
         };
         let whole = matches!(self.home, Home::Device(_, Params::Whole(_)));
-        for k in usize::from(pc.copied)..pc.layout.len() {
-            // (offset in the piece, length, where the moments hold it, where the parameters do)
-            let (start, len, at_m, at_p) = match (self.sharded(), whole) {
-                (false, _) => (0, pc.len(k), pc.buf(k).start, pc.buf(k).start),
-                (true, whole) => {
-                    let (start, len) = pc.mine(k, r);
-                    let at_p = match whole {
-                        true => pc.buf(k).start + start,
-                        false => pc.shards.shard_at[k],
-                    };
-                    (start, len, pc.shards.shard_at[k], at_p)
-                }
-            };
-            if len == 0 {
-                continue;
-            }
+        for (k, part) in pc
+            .parts(r, self.sharded())
+            .filter(|(k, _)| *k >= usize::from(pc.copied))
+        {
+            // the moments are the update's: its shard where sharded
+            let at_m = pc.at(k, &part, self.sharded()).start;
+            let at_p = pc.at(k, &part, !whole).start;
             let mv = mv.as_ref().map(|[m, v]| [&m[at_m..], &v[at_m..]]);
-            out.push(pc.layout[k].start + start, len, &params[at_p..], mv);
+            out.push(
+                pc.layout[k].start + part.start,
+                part.len(),
+                &params[at_p..],
+                mv,
+            );
         }
         Ok(out)
     }
@@ -994,7 +1043,7 @@ impl<B: Backend> StageState<B> {
     pub fn load_params(&mut self, be: &B, r: usize, whole: &[f32]) -> Result<()> {
         let sharded = self.sharded();
         let part = || match sharded {
-            true => Cow::Owned(self.pieces.shards.shard_of_host(whole, r)),
+            true => Cow::Owned(self.pieces.shard_of_host(whole, r)),
             false => Cow::Borrowed(whole),
         };
         if let Some(h) = self.home.host() {
@@ -1016,7 +1065,7 @@ impl<B: Backend> StageState<B> {
     /// Loads the stage's whole moments (host); replica r keeps its part.
     pub fn load_moments(&mut self, be: &B, r: usize, m: &[f32], v: &[f32]) -> Result<()> {
         let part = |x: &[f32]| match self.sharded() {
-            true => self.pieces.shards.shard_of_host(x, r),
+            true => self.pieces.shard_of_host(x, r),
             false => x.to_vec(),
         };
         let (m, v) = (part(m), part(v));
@@ -1044,23 +1093,40 @@ impl<B: Backend> StageState<B> {
 /// The update's segments over the buffer rank r updates: a replicated
 /// stage's whole buffer, or this rank's shard of every piece.
 fn segments(pc: &Pieces, sharing: Sharing, r: usize) -> Vec<Segment> {
-    match sharing {
-        Sharing::Replicated => (0..pc.layout.len())
-            .map(|k| Segment {
-                global: pc.layout[k].start,
-                local: pc.buf(k).start,
-                len: pc.len(k),
-            })
-            .collect(),
-        _ => (0..pc.layout.len())
-            .filter_map(|k| {
-                let (start, len) = pc.mine(k, r);
-                (len > 0).then(|| Segment {
-                    global: pc.layout[k].start + start,
-                    local: pc.shards.shard_at[k],
-                    len,
-                })
-            })
-            .collect(),
+    let sharded = sharing.sharded();
+    pc.parts(r, sharded)
+        .map(|(k, part)| Segment {
+            global: pc.layout[k].start + part.start,
+            local: pc.at(k, &part, sharded).start,
+            len: part.len(),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::GptConfig;
+
+    #[test]
+    fn shards_of_all_ranks_tile_every_piece_with_padding() {
+        let lay = ParamLayout::new(&GptConfig::preset("tiny").unwrap());
+        // the whole model as one stage
+        let map = StageMap {
+            units: 0..lay.units.len(),
+            own: 0..lay.total(),
+            copy: None,
+        };
+        let pc = Pieces::new(&lay, &map, 3);
+        let mut covered = vec![0u8; lay.total()];
+        for r in 0..3 {
+            for s in segments(&pc, Sharing::Zero1, r) {
+                covered[s.global..s.global + s.len]
+                    .iter_mut()
+                    .for_each(|c| *c += 1);
+            }
+        }
+        assert!(covered.iter().all(|&c| c == 1));
+        assert!(pc.shard_total() * 3 >= lay.total());
     }
 }
