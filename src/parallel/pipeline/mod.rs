@@ -250,29 +250,34 @@ impl<B: Backend> Pipelined<B> {
         Ok((loss, out))
     }
 
-    /// Chunk c's units backward on micro-batch `mb` from the gradient
-    /// `grad` (none on the last virtual stage); returns the gradient for
-    /// the previous virtual stage. Under zb-h1 only the input halves run
-    /// and the micro-batch stays in flight for `run_weight`.
+    /// Chunk c's units backward (`pass`) on micro-batch `mb` from the
+    /// gradient `grad` (none on the last virtual stage); returns the
+    /// gradient for the previous virtual stage. Under zb-h1 a
+    /// `Pass::Backward` runs only the input halves and the micro-batch stays
+    /// in flight for its `Pass::Weight`, the weight halves.
     fn run_backward(
         &mut self,
         c: usize,
         mb: usize,
+        pass: Pass,
         grad: Option<Vec<f32>>,
         loss_scale: f32,
     ) -> Result<Option<Vec<f32>>> {
         let Pipelined { chunks, dp, tp, .. } = self;
         let ch = &mut chunks[c];
         let be = ch.engine.backend().clone_fresh();
-        let split = self.pipe.schedule == Schedule::ZbH1;
-        ch.resume(mb, "a forward before its backward", !split);
+        let input_half = pass == Pass::Backward && self.pipe.schedule == Schedule::ZbH1;
+        match pass {
+            Pass::Weight => ch.resume(mb, "an input half before its weight half", true),
+            _ => ch.resume(mb, "a forward before its backward", !input_half),
+        }
         if let Some(g) = grad {
             be.upload(ch.engine.as_stage()?.boundary_grad(), &g)?;
         }
         let lay = ch.engine.layout().clone();
         for u in ch.map.units.clone().rev() {
             ch.state.ready(dp.as_ref(), &be, &lay, u)?;
-            if split {
+            if input_half {
                 let p = ch.state.params(&lay, u);
                 ch.engine
                     .as_stage()?
@@ -280,30 +285,17 @@ impl<B: Backend> Pipelined<B> {
                 continue;
             }
             let (p, g) = ch.state.unit(&be, &lay, u);
-            ch.engine.backward(u, p, g, tp.as_deref(), loss_scale)?;
+            match pass {
+                Pass::Weight => ch.engine.as_stage()?.backward_weight(u, p, g)?,
+                _ => ch.engine.backward(u, p, g, tp.as_deref(), loss_scale)?,
+            }
             ch.state.backward_done(dp.as_ref(), &be, &lay, u)?;
         }
-        let out = match ch.stage {
-            0 => None,
+        let out = match (ch.stage, pass) {
+            (0, _) | (_, Pass::Weight) => None,
             _ => Some(be.to_host(ch.engine.as_stage()?.boundary_grad().into_src())?),
         };
         Ok(out)
-    }
-
-    /// zb-h1: chunk c's weight halves on micro-batch `mb`, after its input halves.
-    fn run_weight(&mut self, c: usize, mb: usize) -> Result<()> {
-        let Pipelined { chunks, dp, .. } = self;
-        let ch = &mut chunks[c];
-        let be = ch.engine.backend().clone_fresh();
-        ch.resume(mb, "an input half before its weight half", true);
-        let lay = ch.engine.layout().clone();
-        for u in ch.map.units.clone().rev() {
-            ch.state.ready(dp.as_ref(), &be, &lay, u)?;
-            let (p, g) = ch.state.unit(&be, &lay, u);
-            ch.engine.as_stage()?.backward_weight(u, p, g)?;
-            ch.state.backward_done(dp.as_ref(), &be, &lay, u)?;
-        }
-        Ok(())
     }
 
     /// This rank's program for m micro-batches (made and checked once).
@@ -356,11 +348,6 @@ impl<B: Backend> Pipelined<B> {
             let (c, i) = (task.chunk, task.micro_batch);
             let start = wall_clock_s();
             let output = match task.pass {
-                Pass::Backward => self.run_backward(c, i, input, loss_scale)?,
-                Pass::Weight => {
-                    self.run_weight(c, i)?;
-                    None
-                }
                 Pass::Forward => {
                     self.chunks[c].take_slot(i);
                     self.begin(c, &mbs[i].0, mbs[i].1)?;
@@ -368,6 +355,7 @@ impl<B: Backend> Pipelined<B> {
                     loss += l.unwrap_or(0.0);
                     y
                 }
+                pass => self.run_backward(c, i, pass, input, loss_scale)?,
             };
             if let Some((_, msg)) = link(&task, s, pipe, true) {
                 outbox.push((

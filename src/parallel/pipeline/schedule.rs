@@ -357,7 +357,7 @@ pub(super) fn link(t: &Task, s: usize, pipe: Pipeline, makes: bool) -> Option<(u
 /// free, a rank waits only for its inputs): each task with its start and end.
 pub fn ideal_run(pipe: Pipeline, m: usize) -> Vec<Vec<(Task, u64, u64)>> {
     let p = pipe.stages;
-    let progs: Vec<Vec<Task>> = (0..p).map(|s| tasks(pipe, s, m)).collect();
+    let progs = ranks_tasks(pipe, m);
     let (mut at, mut clock) = (vec![0; p], vec![0u64; p]);
     // when each message was made
     let mut made: std::collections::HashMap<Message, u64> = Default::default();
@@ -687,10 +687,6 @@ pub fn in_flight(pipe: Pipeline, m: usize) -> Vec<Vec<usize>> {
 fn simulated_in_flight(pipe: Pipeline, m: usize) -> Vec<Vec<usize>> {
     // activations are held until the backward, under zb-h1 its weight half
     let zb = pipe.schedule == Schedule::ZbH1;
-    let programs = match zb {
-        true => zb_h1(pipe.stages, m),
-        false => (0..pipe.stages).map(|s| tasks(pipe, s, m)).collect(),
-    };
     let peak = |program: Vec<Task>| {
         let mut live = vec![0usize; pipe.virtual_stages];
         let mut peak = live.clone();
@@ -706,7 +702,7 @@ fn simulated_in_flight(pipe: Pipeline, m: usize) -> Vec<Vec<usize>> {
         }
         peak
     };
-    programs.into_iter().map(peak).collect()
+    ranks_tasks(pipe, m).into_iter().map(peak).collect()
 }
 
 /// A pass a stage ran, in seconds from its step's start (a strategy's
