@@ -52,38 +52,22 @@ pub enum TpSplit {
 impl TpSplit {
     /// Rank r's part of a full tensor of `full_shape` (row-major).
     pub fn shard(self, full: &[f32], full_shape: &[usize], tp: usize, r: usize) -> Vec<f32> {
-        let mut out = Vec::new();
-        self.for_each_run(full_shape, tp, r, |full_at, len| {
-            out.extend_from_slice(&full[full_at..full_at + len])
-        });
-        out
+        let runs = self.runs(full_shape, tp, r);
+        let parts: Vec<&[f32]> = runs.iter().map(|&(at, len)| &full[at..at + len]).collect();
+        parts.concat()
     }
 
     /// (offset in the full tensor, length) of each contiguous run of rank r's part, in local order.
-    pub fn runs(self, full_shape: &[usize], tp: usize, r: usize) -> Vec<(usize, usize)> {
-        let mut out = Vec::new();
-        self.for_each_run(full_shape, tp, r, |at, len| out.push((at, len)));
-        out
-    }
-
-    /// Calls f(offset in full, length) for each contiguous run of rank r's part, in local order.
-    fn for_each_run(self, shape: &[usize], tp: usize, r: usize, mut f: impl FnMut(usize, usize)) {
+    pub fn runs(self, shape: &[usize], tp: usize, r: usize) -> Vec<(usize, usize)> {
         let total: usize = shape.iter().product();
         match self {
-            TpSplit::Replicated => f(0, total),
-            TpSplit::Rows => {
-                let part = total / tp;
-                f(r * part, part)
-            }
+            TpSplit::Replicated => vec![(0, total)],
+            TpSplit::Rows => vec![(r * (total / tp), total / tp)],
             TpSplit::Cols { groups } => {
                 let n = *shape.last().expect("non-scalar");
-                let rows = total / n;
                 let (w, wl) = (n / groups, n / groups / tp);
-                for row in 0..rows {
-                    for g in 0..groups {
-                        f(row * n + g * w + r * wl, wl);
-                    }
-                }
+                let row = move |row| (0..groups).map(move |g| (row * n + g * w + r * wl, wl));
+                (0..total / n).flat_map(row).collect()
             }
         }
     }
