@@ -83,36 +83,47 @@ pub fn select_rows(cfg: &GptConfig, params: &[f32], sparsity: f64, scope: Scope)
 /// MLP unit owns (its fc column and bias, its fc-projection row), per block.
 pub fn row_norms(cfg: &GptConfig, params: &[f32]) -> (Vec<Vec<f64>>, Vec<Vec<f64>>) {
     let lay = ParamLayout::new(cfg);
-    let (c, d) = (cfg.n_embd, cfg.head_dim());
     let sq = |x: &[f32]| x.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>();
-    let t = |l, p| &params[lay.block_param(l, p)];
     (0..cfg.n_layer)
         .map(|l| {
-            let BlockDims { cl: a, fl: f, .. } = cfg.dims(l, 1);
-            let (qkv_w, qkv_b) = (t(l, BlockParam::QkvW), t(l, BlockParam::QkvB));
-            let (proj, fc_w, fc_b) = (
-                t(l, BlockParam::AttnProjW),
-                t(l, BlockParam::FcW),
-                t(l, BlockParam::FcB),
-            );
-            let fc_proj = t(l, BlockParam::FcProjW);
-            let heads = (0..a / d)
-                .map(|h| {
-                    let cols =
-                        |row: &[f32]| (0..3).map(|g| sq(&row[g * a + h * d..][..d])).sum::<f64>();
-                    let w: f64 = qkv_w.chunks_exact(3 * a).map(cols).sum();
-                    (w + cols(qkv_b) + sq(&proj[h * d * c..(h + 1) * d * c])).sqrt()
-                })
-                .collect();
-            let units = (0..f)
-                .map(|j| {
-                    let col: f64 = (0..c).map(|r| (fc_w[r * f + j] as f64).powi(2)).sum();
-                    (col + (fc_b[j] as f64).powi(2) + sq(&fc_proj[j * c..(j + 1) * c])).sqrt()
-                })
-                .collect();
+            let d = cfg.dims(l, 1);
+            // row i of n's squares in p, summed row by row of p as stored
+            let squares = |p: BlockParam, n: usize, i: usize| -> f64 {
+                let (t, shape) = (&params[lay.block_param(l, p)], p.shape(d));
+                let width = shape[shape.len() - 1];
+                let runs = p.tp_split().runs(&shape, n, i);
+                let rows = runs.chunk_by(|a, b| a.0 / width == b.0 / width);
+                rows.map(|r| r.iter().map(|&(at, len)| sq(&t[at..][..len])).sum::<f64>())
+                    .sum()
+            };
+            let [heads, units]: [Vec<f64>; 2] = [0, 1].map(|k| {
+                let n = counts(d)[k];
+                let ps = BlockParam::ALL
+                    .into_iter()
+                    .filter(move |&p| row_kind(p) == Some(k));
+                let norm = |i| ps.clone().map(|p| squares(p, n, i)).sum::<f64>().sqrt();
+                (0..n).map(norm).collect()
+            });
             (heads, units)
         })
         .unzip()
+}
+
+/// Which rows own a part of block tensor p (0: the heads, 1: the MLP
+/// units; none where every row reads all of it): row i of a kind owns what
+/// tensor-parallel rank i holds with a rank for each row of the kind.
+fn row_kind(p: BlockParam) -> Option<usize> {
+    use BlockParam::*;
+    match p {
+        QkvW | QkvB | AttnProjW => Some(0),
+        FcW | FcB | FcProjW => Some(1),
+        _ => None,
+    }
+}
+
+/// A block's rows of each kind (`row_kind`): its heads, its MLP units.
+fn counts(d: BlockDims) -> [usize; 2] {
+    [d.nhl, d.fl]
 }
 
 /// `to`'s parameters from `src` (laid out for `from`): the embeddings and
@@ -130,57 +141,21 @@ fn place(
     for u in [0, fl.units.len() - 1] {
         dst[tl.unit(u)].copy_from_slice(&src[fl.unit(u)]);
     }
-    let (c, d) = (from.n_embd, from.head_dim());
     for l in 0..from.n_layer {
-        let [heads, hidden] = rows(l);
-        let (sa, sf) = (from.dims(l, 1).cl, from.dims(l, 1).fl);
-        let (ta, tf) = (to.dims(l, 1).cl, to.dims(l, 1).fl);
-        let s = |p| &src[fl.block_param(l, p)];
-        for p in [BlockParam::Ln1W, BlockParam::Ln1B, BlockParam::AttnProjB]
-            .into_iter()
-            .chain([BlockParam::Ln2W, BlockParam::Ln2B, BlockParam::FcProjB])
-        {
-            dst[tl.block_param(l, p)].copy_from_slice(s(p));
-        }
-        let (qkv_w, qkv_b) = (
-            tl.block_param(l, BlockParam::QkvW),
-            tl.block_param(l, BlockParam::QkvB),
-        );
-        let (proj, fc_w) = (
-            tl.block_param(l, BlockParam::AttnProjW),
-            tl.block_param(l, BlockParam::FcW),
-        );
-        let (fc_b, fc_proj) = (
-            tl.block_param(l, BlockParam::FcB),
-            tl.block_param(l, BlockParam::FcProjW),
-        );
-        for (h, th) in heads.iter().enumerate() {
-            let Some(th) = *th else { continue };
-            for r in 0..=c {
-                // rows 0..c of the weight, then the bias as row c
-                let (from_row, to_row) = match r < c {
-                    true => (
-                        &s(BlockParam::QkvW)[r * 3 * sa..][..3 * sa],
-                        qkv_w.start + r * 3 * ta,
-                    ),
-                    false => (s(BlockParam::QkvB), qkv_b.start),
-                };
-                for g in 0..3 {
-                    let at = to_row + g * ta + th * d;
-                    dst[at..at + d].copy_from_slice(&from_row[g * sa + h * d..][..d]);
+        let (rows, fd, td) = (rows(l), from.dims(l, 1), to.dims(l, 1));
+        for p in BlockParam::ALL {
+            let (s, t) = (&src[fl.block_param(l, p)], tl.block_param(l, p));
+            let Some(k) = row_kind(p) else {
+                dst[t].copy_from_slice(s);
+                continue;
+            };
+            let runs = |d: BlockDims, i| p.tp_split().runs(&p.shape(d), counts(d)[k], i);
+            for (i, ti) in rows[k].iter().enumerate() {
+                let Some(ti) = *ti else { continue };
+                for ((at, len), (to_at, _)) in runs(fd, i).into_iter().zip(runs(td, ti)) {
+                    dst[t.start + to_at..][..len].copy_from_slice(&s[at..][..len]);
                 }
             }
-            let at = proj.start + th * d * c;
-            dst[at..at + d * c].copy_from_slice(&s(BlockParam::AttnProjW)[h * d * c..][..d * c]);
-        }
-        for (j, tj) in hidden.iter().enumerate() {
-            let Some(tj) = *tj else { continue };
-            for r in 0..c {
-                dst[fc_w.start + r * tf + tj] = s(BlockParam::FcW)[r * sf + j];
-            }
-            dst[fc_b.start + tj] = s(BlockParam::FcB)[j];
-            let at = fc_proj.start + tj * c;
-            dst[at..at + c].copy_from_slice(&s(BlockParam::FcProjW)[j * c..][..c]);
         }
     }
     (to, dst)
