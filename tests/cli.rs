@@ -67,6 +67,29 @@ fn generate_ends_its_output_with_a_newline_and_no_sample_means_no_frame() {
     );
 }
 
+/// `generate`'s rate after the first token counts the tokens decoded after
+/// the first step: four prompts of one token each make theirs in one step,
+/// which left three tokens "then" at a rate (of no decoding at all).
+#[test]
+fn generate_rates_the_tokens_after_its_first_step() {
+    let dir = run_dir("rate-after-first");
+    let out = dir.to_str().unwrap();
+    train_tiny(out, &["--steps", "1", "--quiet", "--sample-tokens", "0"]);
+    let four = [
+        "--prompt", "a", "--prompt", "b", "--prompt", "c", "--prompt", "d",
+    ];
+    for (tokens, rated) in [("1", false), ("2", true)] {
+        let args = [&["generate", out, "--tokens", tokens][..], &four].concat();
+        let said = String::from_utf8_lossy(&succeeded(distgpt(&args)).stderr).to_string();
+        assert_eq!(
+            said.contains("tokens/s"),
+            rated,
+            "--tokens {tokens}: {said}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `--seed` takes any u64: a sample drawn mid-run at the largest seed (the
 /// run's seed plus the step, which overflowed: a panic in a debug build).
 #[test]
@@ -188,7 +211,7 @@ fn bench_generate_times_the_first_token_after_its_prompts() {
     for (args, said) in [
         (
             vec!["--generate", "30", "--prompt-tokens", "40"],
-            "--generate 30: a 40-token prompt leaves room for 1 to 24",
+            "--generate 30: a 40-token prompt leaves room for 1 to 25",
         ),
         (
             vec!["--generate", "3", "--prompt-tokens", "0"],
@@ -3202,7 +3225,7 @@ fn prompts_cut_short_by_the_block_are_named() {
     for (r, p) in [(0, 2), (1, 1)] {
         let note = format!(
             "prompt {r} stopped at the model's block of {block} positions ({p} prompt + {} new tokens)",
-            block - p
+            block - p + 1
         );
         assert!(said.contains(&note), "{said}");
     }
@@ -3635,22 +3658,23 @@ fn bench_refuses_counts_past_their_range_and_a_cache_past_memory() {
     for (args, says) in [
         (
             &["--generate", &*max][..],
-            "--generate 18446744073709551615: a 1-token prompt leaves room for 1 to 63",
+            "--generate 18446744073709551615: a 1-token prompt leaves room for 1 to 64",
         ),
         (&["--warmup", &*max][..], "add up past any count of steps"),
         (
-            &["--generate", "64"][..],
-            "a 1-token prompt leaves room for 1 to 63",
+            &["--generate", "65"][..],
+            "a 1-token prompt leaves room for 1 to 64",
         ),
         (
             &["--generate", "5", "--warmup", &*max][..],
             "add up past any count of steps",
         ),
         (
-            // 3 PB of cache, no machine's memory: 10^12 rows of 2 layers'
-            // keys and values, 6 positions of 32 floats (3,072 bytes a row)
+            // 2.6 PB of cache, no machine's memory: 10^12 rows of 2 layers'
+            // keys and values, 5 positions (the last new token is never
+            // fed) of 32 floats (2,560 bytes a row)
             &["--generate", "5", "--batch-size", "1000000000000"][..],
-            "its KV cache needs at least 2794.0 TiB",
+            "its KV cache needs at least 2328.3 TiB",
         ),
         (
             // a training step past memory, as train refuses it (the kernel's
@@ -3666,13 +3690,14 @@ fn bench_refuses_counts_past_their_range_and_a_cache_past_memory() {
             "{args:?}: {said}"
         );
     }
-    // the block's last position is a prompt's to fill: 63 new tokens after 1
+    // the block is the prompt's and the new tokens' but the last: 64 new
+    // tokens after 1, the last drawn from the whole block
     let line = [
         "bench",
         "--model",
         "tiny",
         "--generate",
-        "63",
+        "64",
         "--batch-size",
         "1",
     ];

@@ -158,11 +158,17 @@ pub(super) fn run_generate(mut a: GenerateArgs) -> Result<()> {
     let stream = prompts.len() == 1;
     let mut stdout = std::io::stdout();
     let mut shown_prompt = false;
-    // when the first token came: after loading, packing and the prompts
-    let mut first_at = None;
+    // when the first token came: after loading, packing and the prompts;
+    // and the rows of the first step, which made one token each before any
+    // row made its second
+    let (mut first_at, mut first_rows, mut second) = (None, Vec::new(), false);
     let mut text = tk.stream();
-    let mut show = |_: usize, tok: u32| {
+    let mut show = |r: usize, tok: u32| {
         first_at.get_or_insert_with(std::time::Instant::now);
+        second |= first_rows.contains(&r);
+        if !second {
+            first_rows.push(r);
+        }
         if stream {
             if !shown_prompt {
                 let _ = write!(stdout, "{}", a.prompt.first().map_or("", String::as_str));
@@ -194,7 +200,7 @@ pub(super) fn run_generate(mut a: GenerateArgs) -> Result<()> {
     // one prompt without --tp slides its window: short, it met the end of text
     let slides = prompts.len() == 1 && tp == 1;
     for (r, (p, o)) in prompts.iter().zip(&out).enumerate() {
-        if !slides && o.len() < a.tokens && p.len() + o.len() >= block {
+        if !slides && o.len() < a.tokens && p.len() + o.len() > block {
             distgpt::errln!(
                 "note: prompt {r} stopped at the model's block of {block} positions ({} prompt + {} new tokens), short of --tokens {}: only one prompt at a time, without --tp, slides its window on",
                 p.len(),
@@ -204,12 +210,14 @@ pub(super) fn run_generate(mut a: GenerateArgs) -> Result<()> {
         }
     }
     let n: usize = out.iter().map(Vec::len).sum();
-    // the rate after the first token: decoding alone, without the load
+    // the rate after the first step's tokens: decoding alone, without the
+    // load and the prompts
+    let later = n - first_rows.len();
     let rate = match after {
-        Some(after) if n > 1 && after > 0.0 => format!(
+        Some(after) if later > 0 && after > 0.0 => format!(
             ", the first after {:.2} s, then {:.1} tokens/s",
             secs - after,
-            (n - 1) as f64 / after
+            later as f64 / after
         ),
         _ => String::new(),
     };

@@ -121,10 +121,19 @@ pub fn decode<B: Backend>(
             seqs[r].push(t);
             new[r].push(t);
             on_token(r, t);
-            done[r] = new[r].len() >= cfg.max_new_tokens || seqs[r].len() >= max_t;
+            // a row holding max_t tokens feeds its last and samples once more
+            done[r] = new[r].len() >= cfg.max_new_tokens || seqs[r].len() > max_t;
         }
     }
     Ok(new)
+}
+
+/// The positions a cache holds for prompts of up to `longest` tokens and
+/// `want` new ones: every token fed but the last one sampled, at most the
+/// model's `block` (where a row feeds its last position and samples once
+/// more: the longest context is the whole block, as nanoGPT's).
+fn cache_positions(longest: usize, want: usize, block: usize) -> usize {
+    (longest + want.max(1) - 1).min(block).max(1)
 }
 
 /// Generation from a whole model on one rank, fp32 weights. A single prompt may run past
@@ -172,7 +181,7 @@ impl<B: Backend> FamilyDecoder<B> for GptConfig {
         let mut part = Gpt2::with_engine(engine)?;
         part.load_full(params)?;
         let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-        let max_t = (longest + cfg.max_new_tokens).min(config.block_size);
+        let max_t = cache_positions(longest, cfg.max_new_tokens, config.block_size);
         let weights = DecodeWeights::new(part.backend(), config, place, part.params.s(), format)?;
         let mut dec = Decoder::new(backend, config.clone(), place, prompts.len(), max_t)?;
         decode(
@@ -241,7 +250,7 @@ pub fn generate_packed<B: Backend>(
     loop {
         let longest = context.iter().map(Vec::len).max().unwrap_or(0);
         let want = cfg.max_new_tokens - out[0].len();
-        let max_t = longest.saturating_add(want).min(block).max(1);
+        let max_t = cache_positions(longest, want, block);
         let mut dec = model.decoder(context.len(), max_t)?;
         let window = SampleConfig {
             max_new_tokens: want,
@@ -260,7 +269,7 @@ pub fn generate_packed<B: Backend>(
                 &mut on_token,
             )
         })?;
-        let full = context[0].len() + new[0].len() >= max_t;
+        let full = context[0].len() + new[0].len() > max_t;
         for (o, n) in out.iter_mut().zip(&new) {
             o.extend_from_slice(n);
         }
@@ -461,6 +470,33 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(err.contains(said), "{err}");
+        }
+    }
+
+    /// A row feeds its last position and samples once more: a prompt one
+    /// short of the block gets two new tokens, the second drawn from the
+    /// whole block as the full forward (and nanoGPT) draws it, in a batch
+    /// and alone. A batch stopped a token short; one prompt slid its window
+    /// there and drew it from the last half block.
+    #[test]
+    fn the_last_new_token_is_drawn_from_the_whole_block() {
+        let mut cfg = GptConfig::preset("tiny").unwrap();
+        cfg.vocab_size = 50;
+        let block = cfg.block_size;
+        let mut model = Gpt2::new(Cpu::new(), cfg).unwrap();
+        model.init_weights(3).unwrap();
+        let prompt: Vec<u32> = (0..block - 1).map(|i| (i * 7 % 50) as u32).collect();
+        let mut seq = prompt.clone();
+        for _ in 0..2 {
+            model.forward(&seq, None, 1, seq.len()).unwrap();
+            seq.push(argmax(&model.logits(0, seq.len() - 1).unwrap()) as u32);
+        }
+        let want = &seq[block - 1..];
+        for (prompts, asked) in [(vec![prompt.clone(); 2], 3), (vec![prompt.clone()], 2)] {
+            let got = generate(&model, &prompts, &greedy(asked), None, |_, _| {}).unwrap();
+            for g in got {
+                assert_eq!(g, want, "{} prompt(s)", prompts.len());
+            }
         }
     }
 
