@@ -460,7 +460,12 @@ pub fn write_report(dir: &Path, cfg: &SweepConfig, runs: &[MethodRun]) -> Result
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let csv_path = dir.join("prune.csv");
     crate::store::write_atomic(&csv_path, csv(runs).as_bytes())?;
-    let json = serde_json::json!({ "config": cfg, "runs": runs });
+    // a sweep's config names no one method: each run names its own
+    let mut config = serde_json::to_value(cfg).expect("a sweep's config is JSON");
+    if let (true, Some(fields)) = (runs.len() > 1, config.as_object_mut()) {
+        fields.remove("method");
+    }
+    let json = serde_json::json!({ "config": config, "runs": runs });
     let json_path = dir.join("prune.json");
     crate::store::write_json(&json_path, &json)?;
     let scope = match cfg.scope {

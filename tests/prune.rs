@@ -245,6 +245,15 @@ fn rows_pruning_saves_a_smaller_model_and_the_sweep_times_both_methods() {
     for f in ["prune_val_loss", "prune_step_time", "prune_token_time"] {
         assert!(out.join(format!("{f}.svg")).is_file(), "{f}");
     }
+    // the report names each run's method, and no one method for the sweep
+    // (its config said "rows", the last method the loop set)
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("prune.json")).unwrap()).unwrap();
+    assert!(report["config"]["method"].is_null(), "{report}");
+    let methods: Vec<&str> = (report["runs"].as_array().unwrap().iter())
+        .map(|r| r["method"].as_str().unwrap())
+        .collect();
+    assert_eq!(methods, ["magnitude", "rows"]);
     // bench takes the pruned folder's shape, and refuses to reshape it
     let bench = |extra: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_distgpt"))

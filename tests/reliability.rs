@@ -538,6 +538,25 @@ fn resume_from_an_older_checkpoint_supersedes_the_newer_ones() {
     let record = distgpt::train::run_dir::read_record(&dir).unwrap();
     let starts: Vec<usize> = record.segments.iter().map(|s| s.from_step).collect();
     assert_eq!(starts, [0, 2]);
+    // a checkpoint set aside is named so, with the command that recovers
+    // it (it was told of "no run.json" and a consolidate that fails)
+    let aside = dir.join("checkpoints/superseded/step_00000004");
+    let o = bin()
+        .args(["train", "--resume", aside.to_str().unwrap(), "--quiet"])
+        .output()
+        .unwrap();
+    assert!(
+        !o.status.success() && stderr(&o).contains("was set aside when its run resumed"),
+        "{}",
+        stderr(&o)
+    );
+    let out = dir.join("recovered");
+    let recovered = bin()
+        .args(["checkpoint", "consolidate", aside.to_str().unwrap()])
+        .args(["--out", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(recovered.status.success(), "{}", stderr(&recovered));
 }
 
 #[test]

@@ -262,8 +262,12 @@ fn store(file: &Path, entry: Entry) -> std::io::Result<()> {
     all.push(serde_json::to_value(&entry).map_err(std::io::Error::other)?);
     let tmp = file.with_extension(format!("json.{}", std::process::id()));
     let text = serde_json::to_string_pretty(&all).map_err(std::io::Error::other)?;
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, file)
+    let written = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, file));
+    if written.is_err() {
+        // a full disk keeps no half-written copy
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// The CPUs `threads` threads of this process may run on (its affinity

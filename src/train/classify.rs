@@ -276,8 +276,13 @@ impl<B: Backend> Task<B> for ClassifyTask {
         }))
     }
 
+    /// The real tokens: an example's, without its padding; a filler row of
+    /// a short last batch (its label ignored) has none.
     fn tokens(&self, batch: &Batch) -> usize {
-        batch.lens.iter().map(|&l| l as usize).sum()
+        let rows = batch.lens.iter().zip(&batch.targets);
+        rows.filter(|(_, &label)| label != IGNORE)
+            .map(|(&l, _)| l as usize)
+            .sum()
     }
 
     fn evaluate(&self, strategy: &mut dyn Strategy, cfg: &TrainConfig) -> Result<Eval> {
@@ -785,6 +790,32 @@ mod tests {
             })
             .collect();
         crate::data::loader::tests::assert_epochs_permute(&orders, examples.len());
+    }
+
+    /// An epoch's tokens are its examples' real tokens: a short last
+    /// batch's filler rows ([CLS] [SEP], label ignored) count none (they
+    /// counted 2 each in tokens/s and MFU).
+    #[test]
+    fn an_epochs_tokens_are_its_examples_without_filler_rows() {
+        let fixture =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/reference_runs/classify");
+        let (init, data) = (fixture.join("init"), fixture.join("data"));
+        let task = ClassifyTask::new(&init, &data, None, 12, 3).unwrap();
+        let examples = &task.set.train.examples;
+        assert_ne!(examples.len() % 4, 0, "the last batch has filler rows");
+        let real: usize = (examples.iter())
+            .map(|e| (task.wp.encode_pair(&e.text, e.text_pair.as_deref(), 12).0).len())
+            .sum();
+        let cfg = TrainConfig {
+            batch_size: 4,
+            seq_len: 12,
+            ..TrainConfig::default()
+        };
+        let mut stream = Task::<crate::backend::cpu::Cpu>::train_stream(&task, &cfg).unwrap();
+        let counted: usize = (0..stream.batches_per_epoch())
+            .map(|_| Task::<crate::backend::cpu::Cpu>::tokens(&task, &stream.next_batch(0)))
+            .sum();
+        assert_eq!(counted, real);
     }
 
     /// `--seed` takes any u64: the second epoch's order is drawn from the

@@ -57,6 +57,13 @@ pub struct Resumption {
 /// then on.
 pub fn find(path: &Path, from_step: Option<usize>) -> Result<Resumption> {
     let in_checkpoint = path.join("index.json").exists();
+    let set_aside = path.parent().and_then(Path::file_name) == Some("superseded".as_ref());
+    if in_checkpoint && set_aside {
+        return Err(Error::Input(format!(
+            "{} was set aside when its run resumed from an earlier step, and cannot be resumed in place: `distgpt checkpoint consolidate {0} --out DIR` recovers its weights",
+            path.display()
+        )));
+    }
     let dir = match in_checkpoint {
         true => {
             let lives = || Error::Input("a checkpoint directory lives in RUN/checkpoints/".into());
