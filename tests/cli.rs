@@ -3662,6 +3662,11 @@ fn bench_refuses_counts_past_their_range_and_a_cache_past_memory() {
         ),
         (&["--warmup", &*max][..], "add up past any count of steps"),
         (
+            // flags of training steps, which it runs none of (taken and ignored)
+            &["--generate", "5", "--seq-len", "16", "--precision", "bf16"][..],
+            "--seq-len, --precision set training steps, which --generate runs none of",
+        ),
+        (
             &["--generate", "65"][..],
             "a 1-token prompt leaves room for 1 to 64",
         ),
@@ -3679,11 +3684,11 @@ fn bench_refuses_counts_past_their_range_and_a_cache_past_memory() {
         (
             // a training step past memory, as train refuses it (the kernel's
             // OOM killer ended the process, rc 137)
-            &["--batch-size", "100000000"][..],
+            &["--batch-size", "100000000", "--seq-len", "16"][..],
             "1 thread rank needs about",
         ),
     ] {
-        let line = [&["bench", "--model", "tiny", "--seq-len", "16"][..], args].concat();
+        let line = [&["bench", "--model", "tiny"][..], args].concat();
         let said = refused(&line);
         assert!(
             said.contains(says) && !said.contains("panicked"),

@@ -1041,7 +1041,7 @@ fn bad_numbers_are_refused_with_the_flag_named() {
             "--model",
             "tiny",
             "--generate",
-            "64",
+            "65",
             "--batch-size",
             "1",
         ])
@@ -1050,7 +1050,7 @@ fn bad_numbers_are_refused_with_the_flag_named() {
     assert!(!bench.status.success());
     let err = stderr(&bench);
     assert!(
-        err.contains("--generate 64") && !err.contains("panicked"),
+        err.contains("--generate 65") && !err.contains("panicked"),
         "{err}"
     );
 }

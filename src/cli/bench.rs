@@ -199,6 +199,27 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 "--generate times one rank's decoding: it takes no --strategy, --world-size, --tp or --pp (`distgpt generate --tp N` decodes tensor-parallel)"
             );
         }
+        // the flags of training steps, which it runs none of (they were
+        // taken and ignored)
+        let training = [
+            ("--seq-len", a.seq_len.is_some()),
+            ("--grad-accum", a.grad_accum != 1),
+            ("--precision", p.precision != Precision::Fp32),
+            ("--recompute", p.recompute),
+            ("--offload", p.offload != distgpt::parallel::Offload::None),
+            ("--offload-serial", p.offload_serial),
+            ("--virtual-stages", p.virtual_stages.is_some()),
+            ("--timeline", a.timeline.is_some()),
+        ];
+        let given: Vec<&str> = (training.iter().filter(|(_, given)| *given))
+            .map(|(flag, _)| *flag)
+            .collect();
+        if !given.is_empty() {
+            anyhow::bail!(
+                "{} set training steps, which --generate runs none of: its rows are --batch-size, its prompts --prompt-tokens, its weights' storage --weights",
+                given.join(", ")
+            );
+        }
     }
     a.device.run(Bench(&a, &cfg))
 }
