@@ -191,14 +191,20 @@ impl Reference {
             );
         }
         // the tokens each step counts for throughput: a classifier's real
-        // tokens (its padding left out), every token otherwise
+        // tokens (its padding and a short batch's filler rows left out),
+        // every token otherwise
         let accum = self.int("grad_accum");
         for (i, r) in s.history.iter().enumerate() {
             let want: f64 = (0..accum)
                 .map(|k| {
-                    let lens = format!("batch.{}.lens", i * accum + k);
+                    let at = i * accum + k;
+                    let lens = format!("batch.{at}.lens");
+                    let real = |(&len, &target): (&f32, &u32)| (target != IGNORE).then_some(len);
                     match self.has(&lens) {
-                        true => self.tensor(&lens).iter().sum::<f32>() as f64,
+                        true => (self.tensor(&lens).iter())
+                            .zip(&self.ids(&format!("batch.{at}.targets")))
+                            .filter_map(real)
+                            .sum::<f32>() as f64,
                         false => self
                             .tensor(&format!("batch.{}.inputs", i * accum + k))
                             .len() as f64,

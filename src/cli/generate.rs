@@ -123,6 +123,28 @@ impl GenerateArgs {
     }
 }
 
+/// Notes each prompt that stopped at the model's block short of its
+/// `tokens` (one prompt without `--tp` slides its window: short, it met the
+/// end of text).
+fn note_block_stops(
+    prompts: &[Vec<u32>],
+    out: &[Vec<u32>],
+    block: usize,
+    tokens: usize,
+    tp: usize,
+) {
+    let slides = prompts.len() == 1 && tp == 1;
+    for (r, (p, o)) in prompts.iter().zip(out).enumerate() {
+        if !slides && o.len() < tokens && p.len() + o.len() > block {
+            distgpt::errln!(
+                "note: prompt {r} stopped at the model's block of {block} positions ({} prompt + {} new tokens), short of --tokens {tokens}: only one prompt at a time, without --tp, slides its window on",
+                p.len(),
+                o.len(),
+            );
+        }
+    }
+}
+
 pub(super) fn run_generate(mut a: GenerateArgs) -> Result<()> {
     a.run = Some(run_or_old_flag("generate", a.run.take(), a.old_run.take()));
     let meta = checkpoint::read_any_meta(a.run())?;
@@ -196,19 +218,7 @@ pub(super) fn run_generate(mut a: GenerateArgs) -> Result<()> {
             distgpt::outln!("--- {p:?} ---\n{p}{}", tk.decode(o));
         }
     }
-    let block = meta.config.block_size();
-    // one prompt without --tp slides its window: short, it met the end of text
-    let slides = prompts.len() == 1 && tp == 1;
-    for (r, (p, o)) in prompts.iter().zip(&out).enumerate() {
-        if !slides && o.len() < a.tokens && p.len() + o.len() > block {
-            distgpt::errln!(
-                "note: prompt {r} stopped at the model's block of {block} positions ({} prompt + {} new tokens), short of --tokens {}: only one prompt at a time, without --tp, slides its window on",
-                p.len(),
-                o.len(),
-                a.tokens
-            );
-        }
-    }
+    note_block_stops(&prompts, &out, meta.config.block_size(), a.tokens, tp);
     let n: usize = out.iter().map(Vec::len).sum();
     // the rate after the first step's tokens: decoding alone, without the
     // load and the prompts
