@@ -753,5 +753,8 @@ mod tests {
         let runs = [(1.0, 0.1, 4), (3.0, 0.3, 4), (2.0, 0.2, 4)];
         assert_eq!(fastest_timed(&runs, 1, 4), (2.0, 0.2, 4));
         assert_eq!(fastest_timed(&runs, 0, 4), (1.0, 0.1, 4));
+        // of runs as fast, the first, with its own time to the first token
+        let tied = [(2.0, 0.1, 4), (2.0, 0.3, 4)];
+        assert_eq!(fastest_timed(&tied, 0, 4), (2.0, 0.1, 4));
     }
 }
