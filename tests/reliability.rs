@@ -1738,9 +1738,11 @@ fn a_resume_that_fails_on_a_full_disk_leaves_the_run_as_it_was() {
 #[test]
 fn a_new_run_that_fails_on_a_full_disk_leaves_its_folder_to_the_same_command() {
     let dir = tmp("full-disk-new");
-    let out = dir.to_str().unwrap();
+    let (out, events) = (dir.to_str().unwrap(), dir.join("tb"));
     let args = ["train", "--model", "tiny", "--steps", "1", "--quiet"];
     let args = [&args[..], &["--peak-tflops", "0.1", "--out", out]].concat();
+    // its TensorBoard folder inside it, made by the start, goes too
+    let args = [&args[..], &["--tensorboard", events.to_str().unwrap()]].concat();
     let o = on_a_full_disk(1, &args);
     assert!(
         !o.status.success() && stderr(&o).contains("File too large"),

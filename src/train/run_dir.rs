@@ -583,6 +583,14 @@ pub fn open(
             for path in began.chain(new.into_iter().filter(|_| start == 0)) {
                 let _ = std::fs::remove_file(path);
             }
+            // and a new run's event folder inside it, where nothing else is
+            if let Some(tb) = cfg
+                .tensorboard
+                .as_ref()
+                .filter(|tb| start == 0 && tb.starts_with(dir))
+            {
+                let _ = std::fs::remove_dir(tb);
+            }
             Err(e)
         }
     }
