@@ -266,9 +266,9 @@ fn check_figures(a: &PlanArgs) -> Result<()> {
         (a.host_gbs, 1e9, "--host-gbs", "bytes/s"),
         (a.host_memory_gb, 1e9, "--host-memory-gb", "bytes"),
     ] {
-        let x = given
-            .filter(|x| *x > 0.0 && x.is_finite())
-            .unwrap_or(1.0 / unit);
+        let Some(x) = given.filter(|x| *x > 0.0 && x.is_finite()) else {
+            continue;
+        };
         if !(x * unit >= 1.0 && (x * unit).is_finite()) {
             bail!(
                 "{flag} {x:e} is {:e} {what}: plan takes 1 to {:e}",
