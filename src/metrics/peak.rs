@@ -260,14 +260,9 @@ fn store(file: &Path, entry: Entry) -> std::io::Result<()> {
     let mut all = read_values(file);
     all.retain(|v| serde_json::from_value::<Entry>(v.clone()).map_or(true, |e| !e.same_as(&entry)));
     all.push(serde_json::to_value(&entry).map_err(std::io::Error::other)?);
-    let tmp = file.with_extension(format!("json.{}", std::process::id()));
     let text = serde_json::to_string_pretty(&all).map_err(std::io::Error::other)?;
-    let written = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, file));
-    if written.is_err() {
-        // a full disk keeps no half-written copy
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
+    // a full disk keeps no half-written copy
+    crate::store::write_atomic(file, text.as_bytes()).map_err(std::io::Error::other)
 }
 
 /// The CPUs `threads` threads of this process may run on (its affinity

@@ -322,27 +322,23 @@ pub struct HfFolder {
     pub export: WriteFiles,
     /// Reads such a folder.
     pub import: ReadFolder,
+    /// `config.json`'s dropout rates, which distgpt does not train with.
+    pub dropout: &'static [&'static str],
 }
 
 /// The dropout rates a Hugging Face folder's `config.json` trains with,
-/// where above 0, as `key rate` (GPT-2's and BERT's keys): distgpt trains
-/// without dropout. Empty for a folder without a readable config.
+/// where above 0, as `key rate` (its family's [`HfFolder::dropout`]):
+/// distgpt trains without dropout. Empty for a folder of no family's.
 pub fn hf_dropout(dir: &Path) -> Vec<String> {
-    let keys = [
-        "embd_pdrop",
-        "resid_pdrop",
-        "attn_pdrop",
-        "hidden_dropout_prob",
-        "attention_probs_dropout_prob",
-        "classifier_dropout",
-    ];
+    let keys = hf_family(dir)
+        .ok()
+        .and_then(|r| r.hf)
+        .map_or(&[][..], |h| h.dropout);
     let json = std::fs::read_to_string(dir.join("config.json"))
         .ok()
-        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok());
-    let Some(json) = json else {
-        return Vec::new();
-    };
-    keys.iter()
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+        .unwrap_or_default();
+    (keys.iter())
         .filter_map(|k| {
             json[*k]
                 .as_f64()

@@ -35,6 +35,11 @@ pub static FAMILY: Registration = Registration {
     hf: Some(HfFolder {
         model_type: "bert",
         export: write_folder,
+        dropout: &[
+            "hidden_dropout_prob",
+            "attention_probs_dropout_prob",
+            "classifier_dropout",
+        ],
         import: |dir| {
             let (config, params) = super::hf::load_folder(dir, None, 0)?;
             let tokenizer = match dir.join("vocab.txt").exists() {

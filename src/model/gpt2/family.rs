@@ -36,6 +36,7 @@ pub static FAMILY: Registration = Registration {
             let config = meta.config.gpt2().expect("a GPT-2 config");
             super::hf::export_params(config, params, &meta.tokenizer, dir)
         },
+        dropout: &["embd_pdrop", "resid_pdrop", "attn_pdrop"],
         import: super::hf::import,
     }),
 };
