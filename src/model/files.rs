@@ -161,30 +161,8 @@ pub fn read_weights(
     let st = store::read_safetensors(&bytes)
         .map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
     let layout = config.layout(1);
-    let names: std::collections::HashSet<&str> =
-        layout.tensors.iter().map(|t| t.name.as_str()).collect();
-    let kinds: std::collections::HashSet<String> = names.iter().map(|n| kind_of(n)).collect();
-    // a file's name as the layout's
-    let full = |n: &str| match base {
-        Some(b) if !n.starts_with(b) => format!("{b}{n}"),
-        _ => n.to_string(),
-    };
-    let mut extra: Vec<String> = st
-        .names()
-        .into_iter()
-        .filter(|n| {
-            let f = full(n);
-            !names.contains(f.as_str()) && kinds.contains(&kind_of(&f))
-        })
-        .cloned()
-        .collect();
-    extra.sort();
-    if let Some(first) = extra.first() {
-        return Err(bad(format!(
-            "tensor '{first}' ({} such) has no place in the model its config describes ({}): the config and the weights disagree",
-            extra.len(),
-            crate::metrics::count(config.n_layer(), "layer")
-        )));
+    if let Some(reason) = no_place(config, &layout, &st, base) {
+        return Err(bad(reason));
     }
     let mut params = vec![0.0f32; layout.total()];
     for (t, (name, shape, r)) in layout.tensors.iter().zip(stored(config, &layout)) {
@@ -218,6 +196,40 @@ pub fn read_weights(
         }
     }
     Ok(params)
+}
+
+/// Why the file holds a tensor of a kind the model has (a block's weight,
+/// say) that has no place in the layout its config gives, if it does: the
+/// config and the weights disagree (`base`: the prefix a file may leave off).
+fn no_place(
+    config: &ModelConfig,
+    layout: &ParamLayout,
+    st: &SafeTensors,
+    base: Option<&str>,
+) -> Option<String> {
+    let names: std::collections::HashSet<&str> =
+        layout.tensors.iter().map(|t| t.name.as_str()).collect();
+    let kinds: std::collections::HashSet<String> = names.iter().map(|n| kind_of(n)).collect();
+    // a file's name as the layout's
+    let full = |n: &str| match base {
+        Some(b) if !n.starts_with(b) => format!("{b}{n}"),
+        _ => n.to_string(),
+    };
+    let mut extra: Vec<&String> = st
+        .names()
+        .into_iter()
+        .filter(|n| {
+            let f = full(n);
+            !names.contains(f.as_str()) && kinds.contains(&kind_of(&f))
+        })
+        .collect();
+    extra.sort();
+    let first = extra.first()?;
+    Some(format!(
+        "tensor '{first}' ({} such) has no place in the model its config describes ({}): the config and the weights disagree",
+        extra.len(),
+        crate::metrics::count(config.n_layer(), "layer")
+    ))
 }
 
 /// Int8 `codes` of block matrix `name` (`cols` columns), times their
