@@ -12,7 +12,7 @@
 //! says where).
 
 use super::bert::{self, BertConfig};
-use super::files::ModelMeta;
+use super::files::{read_hf_config, ModelMeta};
 use super::gpt2::{self, config::GptConfig};
 use super::layout::{ParamLayout, TensorSpec};
 use super::tp::TpPlace;
@@ -334,10 +334,7 @@ pub fn hf_dropout(dir: &Path) -> Vec<String> {
         .ok()
         .and_then(|r| r.hf)
         .map_or(&[][..], |h| h.dropout);
-    let json = std::fs::read_to_string(dir.join("config.json"))
-        .ok()
-        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
-        .unwrap_or_default();
+    let json = read_hf_config(dir).map_or(serde_json::Value::Null, |(_, j)| j);
     (keys.iter())
         .filter_map(|k| {
             json[*k]
@@ -351,10 +348,7 @@ pub fn hf_dropout(dir: &Path) -> Vec<String> {
 /// The registered family whose Hugging Face folder `dir` is, by its
 /// `config.json`'s `model_type`.
 pub fn hf_family(dir: &Path) -> Result<&'static Registration> {
-    let path = dir.join("config.json");
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-    let json: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| Error::checkpoint(&path, format!("invalid JSON: {e}")))?;
+    let (path, json) = read_hf_config(dir)?;
     // a GPT-2 folder written before `model_type` was, or by hand; a
     // `model_type` that is not a string names no family
     let kind = match &json["model_type"] {

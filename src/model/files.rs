@@ -22,6 +22,16 @@ pub const HF_CONFIG: &str = "config.json";
 /// Hugging Face folder's `config.json`), weights last.
 pub const MODEL_FILES: [&str; 3] = [META_FILE, HF_CONFIG, WEIGHTS_FILE];
 
+/// A Hugging Face folder's `config.json`, parsed, and its path (for errors).
+pub fn read_hf_config(dir: &Path) -> Result<(std::path::PathBuf, serde_json::Value)> {
+    let path = dir.join(HF_CONFIG);
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    match serde_json::from_str(&text) {
+        Ok(json) => Ok((path, json)),
+        Err(e) => Err(Error::checkpoint(&path, format!("invalid JSON: {e}"))),
+    }
+}
+
 /// A model's shape (of any family), tokenizer, and the names of its output
 /// labels where it is a classifier that knows them.
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -9,7 +9,7 @@ use super::config::{BertConfig, BertHead};
 use super::layout::{classifier_names, layout, EMBEDDINGS, HEAD_MLM};
 use crate::data::wordpiece::WordPiece;
 use crate::error::{Error, Result};
-use crate::model::files::check_holds;
+use crate::model::files::{check_holds, read_hf_config};
 use crate::model::layout::TensorSpec;
 use crate::store::{
     checksum, read_safetensors, widen_into, write_atomic, write_json, write_safetensors, Data,
@@ -20,8 +20,7 @@ use std::path::Path;
 /// The config of a Hugging Face BERT folder; `head` replaces the one its
 /// architecture implies (a `BertModel` implies none, so it must be given).
 pub fn read_config(dir: &Path, head: Option<BertHead>) -> Result<BertConfig> {
-    let path = dir.join("config.json");
-    let j = read_json(dir)?;
+    let (path, j) = read_hf_config(dir)?;
     let bad = |what: &str| Error::Input(format!("{}: {what}", path.display()));
     if j["model_type"].as_str() != Some("bert") {
         return Err(bad("model_type is not \"bert\""));
@@ -101,14 +100,14 @@ fn optional<'a>(
 /// where it has no such map or only `transformers`' defaults (`LABEL_0`,
 /// `LABEL_1`, ...), which name nothing.
 pub fn label_names(dir: &Path) -> Result<Vec<String>> {
-    let j = read_json(dir)?;
+    let (path, j) = read_hf_config(dir)?;
     let Some(map) = j["id2label"].as_object() else {
         return Ok(Vec::new());
     };
     let bad = || {
         Error::Input(format!(
             "{}: id2label is not a map of the ids 0..{} to names",
-            dir.join("config.json").display(),
+            path.display(),
             map.len()
         ))
     };
@@ -125,15 +124,6 @@ pub fn label_names(dir: &Path) -> Result<Vec<String>> {
         .enumerate()
         .all(|(i, n)| *n == format!("LABEL_{i}"));
     Ok(if default { Vec::new() } else { names })
-}
-
-/// A folder's `config.json`, parsed.
-fn read_json(dir: &Path) -> Result<serde_json::Value> {
-    let path = dir.join("config.json");
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| Error::Input(format!("cannot read {}: {e}", path.display())))?;
-    serde_json::from_str(&text)
-        .map_err(|e| Error::Input(format!("{} is not JSON: {e}", path.display())))
 }
 
 /// A tensor of the file as f32 with its shape, under `name` or, for a
@@ -331,7 +321,9 @@ const CHECKSUM_KEY: &str = "distgpt_weights_checksum";
 /// The weights' checksum a folder distgpt wrote records (None for one
 /// written elsewhere).
 fn recorded_checksum(dir: &Path) -> Result<Option<String>> {
-    Ok(read_json(dir)?[CHECKSUM_KEY].as_str().map(str::to_string))
+    Ok(read_hf_config(dir)?.1[CHECKSUM_KEY]
+        .as_str()
+        .map(str::to_string))
 }
 
 /// The key of `config.json` under which distgpt records, beside the
@@ -345,7 +337,7 @@ const VOCAB_CHECKSUM_KEY: &str = "distgpt_vocab_checksum";
 /// would run and be wrong.
 pub fn read_vocab(dir: &Path) -> Result<WordPiece> {
     let wp = WordPiece::from_folder(dir)?;
-    if let Some(want) = read_json(dir)?[VOCAB_CHECKSUM_KEY].as_str() {
+    if let Some(want) = read_hf_config(dir)?.1[VOCAB_CHECKSUM_KEY].as_str() {
         if wp.checksum() != want {
             return Err(Error::Input(format!(
                 "{}: checksum {} does not match {want} recorded beside the weights in {}: \
@@ -615,7 +607,7 @@ mod tests {
         let fp32 = std::fs::read(&path).unwrap();
         let st = SafeTensors::deserialize(&fp32).unwrap();
         // a file saved so carries no checksum of distgpt's
-        let mut config = read_json(&dir).unwrap();
+        let mut config = read_hf_config(&dir).unwrap().1;
         config.as_object_mut().unwrap().remove(CHECKSUM_KEY);
         std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
         // each value's bits in the file, and the value they widen to

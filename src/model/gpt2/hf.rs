@@ -6,13 +6,13 @@
 use crate::backend::Backend;
 use crate::data::{Tokenizer, TokenizerSpec};
 use crate::error::{Error, Result};
-use crate::model::files::{check_holds, read_weights, write_weights, ModelMeta, WEIGHTS_FILE};
+use crate::model::files::{
+    check_holds, read_hf_config, read_weights, write_weights, ModelMeta, HF_CONFIG, WEIGHTS_FILE,
+};
 use crate::model::{Gpt2, GptConfig};
 use crate::store::{write_atomic, write_json};
 use serde_json::{json, Value};
 use std::path::Path;
-
-pub const CONFIG_FILE: &str = "config.json";
 
 /// Writes `config.json`, `model.safetensors` and the tokenizer's files
 /// ([`Tokenizer::hf_files`]) into `dir`. The tokenizer is also recorded
@@ -72,7 +72,7 @@ pub fn export_params(
     for (name, text) in Tokenizer::from_spec(tokenizer)?.hf_files(c.block_size) {
         write_atomic(&dir.join(name), text.as_bytes())?;
     }
-    write_json(&dir.join(CONFIG_FILE), &config).map(drop)
+    write_json(&dir.join(HF_CONFIG), &config).map(drop)
 }
 
 /// Why `config.json`'s fields describe another model than the GPT-2
@@ -117,10 +117,8 @@ fn another_model(j: &Value, n_embd: usize) -> Option<String> {
 
 /// Model config and tokenizer from a Hugging Face GPT-2 `config.json`.
 pub fn read_config(dir: &Path) -> Result<ModelMeta> {
-    let path = dir.join(CONFIG_FILE);
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let (path, j) = read_hf_config(dir)?;
     let bad = |reason: String| Error::checkpoint(&path, reason);
-    let j: Value = serde_json::from_str(&text).map_err(|e| bad(format!("invalid JSON: {e}")))?;
     if j["model_type"].as_str().is_some_and(|t| t != "gpt2") {
         return Err(bad(format!(
             "model_type is {}, only gpt2 is supported",
