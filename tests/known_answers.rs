@@ -1700,3 +1700,51 @@ fn plan_prices_a_pipeline_by_its_busiest_rank() {
         "single +recompute over single",
     );
 }
+
+/// `compare`'s communication a step is a training step's (the ZeRO-3
+/// volumes of `metrics_record_the_zero_papers_model_states_and_the_rings_volumes`
+/// for fsdp x2 on `tiny`: the gradient's reduce-scatter with the tied
+/// embeddings' second, the embeddings, each block twice and ln_f
+/// gathered), not the end-of-run evaluation's and the model file's
+/// gathers spread over the steps.
+#[test]
+fn compare_counts_the_collectives_of_training_steps_alone() {
+    let out = common::scratch("compare-comm");
+    let args = [
+        "compare",
+        "--models",
+        "tiny",
+        "--strategies",
+        "fsdp",
+        "--world-sizes",
+        "2",
+        "--batch-sizes",
+        "4",
+        "--seq-len",
+        "16",
+        "--steps",
+        "2",
+        "--eval-batches",
+        "2",
+        "--no-predict",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    stdout_of(&args);
+    let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let row: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let column = header.iter().position(|h| *h == "comm_bytes_per_step");
+    let got: f64 = row[column.unwrap()].parse().unwrap();
+    let c = 32.0;
+    let embeddings = 4.0 * (128.0 + 64.0) * c;
+    let block = 4.0 * (12.0 * c * c + 13.0 * c);
+    let ln_f = 4.0 * 2.0 * c;
+    let ring = 0.5;
+    let want = ring * (4.0 * TINY_PARAMS + embeddings) + ring * (embeddings + 4.0 * block + ln_f);
+    assert!(
+        (want..=want + 256.0).contains(&got),
+        "{got} bytes a step, {want} by hand:\n{csv}"
+    );
+}

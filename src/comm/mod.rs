@@ -46,6 +46,19 @@ impl CommStats {
             + self.p2p_bytes
     }
 
+    /// What was sent since `before`, an earlier reading of the same counters.
+    pub fn since(&self, before: &CommStats) -> CommStats {
+        CommStats {
+            all_reduce_bytes: self.all_reduce_bytes - before.all_reduce_bytes,
+            reduce_scatter_bytes: self.reduce_scatter_bytes - before.reduce_scatter_bytes,
+            all_gather_bytes: self.all_gather_bytes - before.all_gather_bytes,
+            broadcast_bytes: self.broadcast_bytes - before.broadcast_bytes,
+            p2p_bytes: self.p2p_bytes - before.p2p_bytes,
+            calls: self.calls - before.calls,
+            seconds: self.seconds - before.seconds,
+        }
+    }
+
     pub fn add(&mut self, o: &CommStats) {
         self.all_reduce_bytes += o.all_reduce_bytes;
         self.reduce_scatter_bytes += o.reduce_scatter_bytes;

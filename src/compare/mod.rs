@@ -378,11 +378,15 @@ impl RunResult {
             })
             .collect();
         let step_ms = Spread::of(repeats.iter().map(|r| r.step_ms)).median;
+        // the repeats' median rate (with an even count, not the rate of
+        // their median step time)
+        let tokens_per_s = Spread::of(repeats.iter().map(|r| r.tokens_per_s)).median;
         let step_s = step_ms / 1e3;
         let s = &summaries[0];
         let h = &s.history;
         let per_epoch = EpochPoint::of(h);
         let world = cell.parallel.world_size;
+        let trained = s.losses.len().max(1) as f64;
         RunResult {
             model: cell.model_name.clone(),
             params: cell.model.num_params(),
@@ -395,16 +399,16 @@ impl RunResult {
             steps: s.steps,
             epochs: h.last().map_or(0.0, |r| r.epoch),
             step_ms,
-            tokens_per_s: tokens / step_s,
-            tokens_per_s_per_rank: tokens / step_s / world as f64,
+            tokens_per_s,
+            tokens_per_s_per_rank: tokens_per_s / world as f64,
             time_per_epoch_s: step_s * steps_per_epoch(h),
             repeats,
             rank_peak_bytes: s.rank_peak_bytes.clone(),
             final_loss: s.final_loss,
             val_loss: s.val_loss,
             final_grad_norm: h.last().map_or(f32::NAN, |r| r.grad_norm),
-            comm_bytes_per_step: s.comm.total_bytes() as f64 / s.steps.max(1) as f64,
-            comm_ms_per_step: s.comm.seconds * 1e3 / s.steps.max(1) as f64,
+            comm_bytes_per_step: s.step_comm.total_bytes() as f64 / trained,
+            comm_ms_per_step: s.step_comm.seconds * 1e3 / trained,
             max_loss_deviation_from_single: None,
             predicted: None,
             pipeline: cell.parallel.pipeline,
@@ -498,14 +502,16 @@ fn predict_cell(
     })
 }
 
-/// Seconds the matrix should take: predicted step time x steps x repeats.
-fn estimate_s(spec: &CompareSpec, ds: &Dataset, cells: &[Cell], predicted: &[Predicted]) -> f64 {
+/// Seconds the matrix should take over `windows` training sequences:
+/// predicted step time (all its micro-batches) x steps x repeats.
+fn estimate_s(spec: &CompareSpec, windows: usize, cells: &[Cell], predicted: &[Predicted]) -> f64 {
     cells
         .iter()
         .zip(predicted)
         .map(|(c, p)| {
-            let windows = ds.train.len().saturating_sub(1) / spec.seq_len.max(1);
-            let steps = spec.duration.steps(windows / c.batch.max(1), 1).max(1);
+            let steps = (spec.duration)
+                .steps(windows / c.batch.max(1), spec.grad_accum)
+                .max(1);
             p.step_ms / 1e3 * steps as f64 * spec.repeats as f64
         })
         .sum()
@@ -522,7 +528,8 @@ fn announce(spec: &CompareSpec, ds: &Dataset, cells: &[Cell], predicted: &[Predi
             spec.repeats
         );
     } else {
-        let secs = estimate_s(spec, ds, cells, predicted);
+        let windows = ds.train.len().saturating_sub(1) / spec.seq_len.max(1);
+        let secs = estimate_s(spec, windows, cells, predicted);
         crate::errln!(
             "{} runs ({} cells x {} repeats), estimated {:.0} min {:02.0} s of training (plan's step times; Ctrl-C stops and writes a partial report)",
             cells.len() * spec.repeats,
@@ -806,6 +813,76 @@ mod tests {
             ..ParallelConfig::single()
         });
         assert_eq!(run_name(&piped, 0, 1), "tiny-single-x4-tp2-b8-pp2-gpipe");
+    }
+
+    /// A row's tokens/s is the median of its repeats' (the figures'),
+    /// also with an even count of repeats: steps of 1 and 3 ms at 1,000
+    /// tokens are 1,000,000 and 333,333 tokens/s, median 666,667 (the
+    /// rate of the median step, 2 ms, is 500,000).
+    #[test]
+    fn a_rows_rate_is_the_median_of_its_repeats_rates() {
+        let cell = Cell {
+            model_name: "tiny".into(),
+            model: GptConfig::preset("tiny").unwrap().into(),
+            parallel: ParallelConfig::single(),
+            batch: 10,
+        };
+        let repeat = |ms: f64| TrainSummary {
+            losses: vec![1.0; 2],
+            history: vec![
+                StepRecord {
+                    ms,
+                    ..Default::default()
+                };
+                2
+            ],
+            ..Default::default()
+        };
+        let row = RunResult::from_summaries(&cell, 100, 1, &[repeat(1.0), repeat(3.0)]);
+        let want = (1e6 + 1e6 / 3.0) / 2.0;
+        assert!(
+            (row.tokens_per_s - want).abs() < 1e-6,
+            "{}",
+            row.tokens_per_s
+        );
+        assert_eq!(row.tokens_per_s, row.tokens_per_s_spread().median);
+        assert!((row.tokens_per_s_per_rank - want).abs() < 1e-6);
+    }
+
+    /// The estimate counts a run's steps as the run does, `--grad-accum`
+    /// micro-batches a step (plan's step time prices them all): 2 epochs
+    /// of 15 batches at 2 micro-batches a step are 15 steps of 100 ms.
+    #[test]
+    fn the_time_estimate_counts_steps_of_every_micro_batch() {
+        let spec = CompareSpec {
+            models: Vec::new(),
+            layouts: Vec::new(),
+            world_sizes: vec![1],
+            batch_sizes: vec![4],
+            seq_len: 8,
+            grad_accum: 2,
+            duration: Duration::Epochs(2.0),
+            lr: 1e-3,
+            seed: 0,
+            eval_batches: 1,
+            out_dir: PathBuf::new(),
+            threads: 1,
+            predict: true,
+            repeats: 1,
+            announce_estimate: true,
+        };
+        let cell = Cell {
+            model_name: "tiny".into(),
+            model: GptConfig::preset("tiny").unwrap().into(),
+            parallel: ParallelConfig::single(),
+            batch: 4,
+        };
+        let predicted = Predicted {
+            peak_bytes: 0.0,
+            step_ms: 100.0,
+        };
+        let secs = estimate_s(&spec, 60, &[cell], &[predicted]);
+        assert!((secs - 1.5).abs() < 1e-9, "{secs} s");
     }
 
     #[test]

@@ -153,9 +153,10 @@ fn every_rank(
         .into_iter()
         .chain(<[u64; PeakRow::LEN]>::from(host))
         .collect();
+    let c = c.since(&timed.before);
     let times = [
-        (c.total_bytes() - timed.before.total_bytes()) as f64 / steps,
-        (c.seconds - timed.before.seconds) / steps,
+        c.total_bytes() as f64 / steps,
+        c.seconds / steps,
         timed.total / steps,
         timed.update / steps,
         strategy.batch_parts() as f64,

@@ -323,6 +323,7 @@ impl Fault {
 }
 
 #[derive(Clone, Debug, Serialize)]
+#[cfg_attr(test, derive(Default))]
 pub struct TrainSummary {
     pub steps: usize,
     /// The process's peak RSS when the last step was done, before the
@@ -345,6 +346,9 @@ pub struct TrainSummary {
     pub rank_peak_bytes: Vec<PeakRow>,
     /// Rank 0's communication, by kind.
     pub comm: CommStats,
+    /// Rank 0's communication inside this invocation's training steps
+    /// (`comm` less evaluations, samples and the model's gather).
+    pub step_comm: CommStats,
     /// Bytes sent and seconds spent in collectives, per rank.
     pub rank_comm_bytes: Vec<u64>,
     pub rank_comm_seconds: Vec<f64>,

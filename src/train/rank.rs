@@ -11,7 +11,7 @@ use super::{diverged, restore, TrainConfig, TrainSummary, INTERRUPTED, MAX_STEPS
 use crate::backend::cpu::blas;
 use crate::backend::{Backend, PeakRow};
 use crate::checkpoint::state;
-use crate::comm::Comm;
+use crate::comm::{Comm, CommStats};
 use crate::error::{Error, Result};
 use crate::metrics::{self, StepRecord};
 use crate::model::{ModelConfig, Precision};
@@ -96,6 +96,8 @@ struct Run<'a, B: Backend> {
     /// Tokens trained on by this invocation.
     tokens: usize,
     losses: Vec<f32>,
+    /// The collectives inside this invocation's training steps.
+    step_comm: CommStats,
     history: Vec<StepRecord>,
     val_last: Option<Eval>,
     /// Every rank's peak memory row, as of the newest step.
@@ -187,6 +189,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             started: Instant::now(),
             tokens: 0,
             losses: Vec::new(),
+            step_comm: CommStats::default(),
             history: Vec::new(),
             val_last: None,
             rank_peaks: vec![0; PeakRow::LEN * world.size()],
@@ -299,6 +302,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
         let tokens = micro.iter().map(|b| self.task.tokens(b)).sum();
         let lr = self.sched.at(step);
         let t0 = Instant::now();
+        let comm_before = self.strategy.comm_stats();
         let stats = match self.strategy.step(
             &micro,
             StepConfig {
@@ -310,6 +314,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             other => other?,
         };
         let seconds = t0.elapsed().as_secs_f64();
+        (self.step_comm).add(&self.strategy.comm_stats().since(&comm_before));
         self.losses.push(stats.loss);
         self.tokens += tokens;
         let mut stop = [u32::from(
@@ -576,6 +581,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             memory,
             rank_peak_bytes: PeakRow::rows(&self.rank_peaks),
             comm,
+            step_comm: self.step_comm,
             rank_comm_bytes,
             rank_comm_seconds,
             losses: self.losses,
