@@ -5,7 +5,8 @@
 
 use crate::error::{Error, Result};
 use crate::figure::{self, Figure, Series};
-use crate::train::run_dir::METRICS_FILE;
+use crate::train::run_dir::{METRICS_FILE, RUN_FILE};
+use crate::train::TaskKind;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
@@ -22,11 +23,21 @@ struct Point {
     tokens_per_s: f64,
 }
 
+/// The field of `run.json` the figures need: what the run trains (its
+/// loss's unit; absent in records before BERT runs had one: lm).
+#[derive(Deserialize)]
+struct Trains {
+    #[serde(default)]
+    task: TaskKind,
+}
+
 /// One run's steps, in step order.
 pub struct Curves {
     /// The legend label: the run directory's name.
     pub label: String,
     points: Vec<Point>,
+    /// Its loss's unit ([`TaskSpec::loss_unit`](crate::train::spec::TaskSpec)).
+    loss_unit: &'static str,
 }
 
 impl Curves {
@@ -67,7 +78,17 @@ impl Curves {
             .ok()
             .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
             .unwrap_or_else(|| run.display().to_string());
-        Ok(Curves { label, points })
+        // a folder whose run.json is missing or unreadable plots as a
+        // language model's
+        let task = std::fs::read_to_string(run.join(RUN_FILE))
+            .ok()
+            .and_then(|text| serde_json::from_str::<Trains>(&text).ok())
+            .map_or(TaskKind::Lm, |t| t.task);
+        Ok(Curves {
+            label,
+            points,
+            loss_unit: task.spec().loss_unit,
+        })
     }
 
     fn series(&self, value: impl Fn(&Point) -> Option<f64>) -> Series {
@@ -103,18 +124,26 @@ pub fn figures(runs: &[Curves]) -> Vec<Figure> {
             .filter(|s| !s.points.is_empty())
             .collect()
     };
+    // runs of tasks whose losses differ in unit share the figure
+    let mut units: Vec<&str> = runs.iter().map(|r| r.loss_unit).collect();
+    units.sort();
+    units.dedup();
+    let loss = match units[..] {
+        [unit] => format!("loss ({unit})"),
+        _ => "loss (nats; each run's task's unit)".to_string(),
+    };
     let mut figs = vec![
         fig(
             "loss",
             "training loss",
-            "loss (nats/token)",
+            &loss,
             each(|p| Some(p.loss)),
             false,
         ),
         fig(
             "val_loss",
             "validation loss",
-            "loss (nats/token)",
+            &loss,
             each(|p| p.val_loss),
             true,
         ),
@@ -220,11 +249,35 @@ mod tests {
         assert!(e.contains("records no step yet"), "{e}");
     }
 
+    /// A loss is labelled in its task's unit, read from run.json: a
+    /// classifier's is per sequence (it was labelled nats/token), a folder
+    /// without run.json a language model's; runs of two units say so.
+    #[test]
+    fn a_loss_is_labelled_in_its_tasks_unit() {
+        let (_lm, lm) = run_with("lm", &line(1, 4.0));
+        let (_cls, cls) = run_with("classify", &line(1, 0.7));
+        std::fs::write(cls.join(RUN_FILE), r#"{"task":"classify","more":1}"#).unwrap();
+        let y = |runs: &[&Path]| -> Vec<String> {
+            let curves: Vec<Curves> = runs.iter().map(|r| Curves::read(r).unwrap()).collect();
+            figures(&curves)[..2]
+                .iter()
+                .map(|f| f.y_label.clone())
+                .collect()
+        };
+        assert_eq!(y(&[&lm]), ["loss (nats/token)"; 2]);
+        assert_eq!(y(&[&cls]), ["loss (nats/sequence)"; 2]);
+        assert_eq!(
+            y(&[&lm, &cls, &lm]),
+            ["loss (nats; each run's task's unit)"; 2]
+        );
+    }
+
     #[test]
     fn runs_of_the_same_name_get_distinct_labels() {
         let mk = |l: &str| Curves {
             label: l.into(),
             points: Vec::new(),
+            loss_unit: "",
         };
         let mut runs = [mk("a"), mk("a"), mk("b"), mk("a")];
         distinct_labels(&mut runs);

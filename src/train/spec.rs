@@ -63,6 +63,8 @@ pub struct TaskSpec {
     pub run_name: Option<&'static str>,
     /// What its training loss is, in a run's summary.
     pub loss: &'static str,
+    /// Its loss's unit, on a figure's axis.
+    pub loss_unit: &'static str,
     /// What its evaluation's accuracy and F1 score ("" for the task's
     /// own labels).
     pub scores_of: &'static str,
@@ -93,6 +95,7 @@ pub const TASKS: [TaskSpec; 4] = [
         },
         run_name: None,
         loss: "loss",
+        loss_unit: "nats/token",
         scores_of: "",
         build: build_lm,
     },
@@ -111,6 +114,7 @@ pub const TASKS: [TaskSpec; 4] = [
         defaults: MASKED_DEFAULTS,
         run_name: None,
         loss: "masked-token loss",
+        loss_unit: "nats/masked token",
         scores_of: "",
         build: build_mlm,
     },
@@ -140,6 +144,7 @@ pub const TASKS: [TaskSpec; 4] = [
         },
         run_name: Some("classify"),
         loss: "loss",
+        loss_unit: "nats/sequence",
         scores_of: "",
         build: build_classify,
     },
@@ -158,6 +163,7 @@ pub const TASKS: [TaskSpec; 4] = [
         defaults: MASKED_DEFAULTS,
         run_name: None,
         loss: "masked-LM + next-sentence loss",
+        loss_unit: "nats/masked token + nats/sequence",
         scores_of: "next-sentence ",
         build: build_pretrain,
     },
