@@ -2158,6 +2158,16 @@ fn bad_numbers_and_outputs_over_inputs_are_refused_by_name() {
             vec!["bench", "--model", "tiny", "--peak-gflops", "nan"],
             "--peak-gflops",
         ),
+        // the old spelling takes what the new one takes (1e300 was an
+        // infinite peak, its run.json then unreadable to --resume)
+        (
+            vec!["bench", "--model", "tiny", "--peak-gflops", "1e300"],
+            "1e300 GFLOP/s is inf FLOP/s",
+        ),
+        (
+            vec!["train", "--model", "tiny", "--peak-gflops", "1e-10"],
+            "1e-10 GFLOP/s is 1e-1 FLOP/s",
+        ),
         (
             vec![
                 "plan",
@@ -4118,4 +4128,45 @@ fn plan_writes_small_figures_as_numbers() {
         custom.contains("communication: 1.8 MB a rank a step, 192 us"),
         "{custom}"
     );
+}
+
+/// A masked LM's run resumes by its own command line with `--resume`
+/// added, and by its run.json as `--config` (docs/checkpoints.md): its
+/// model records the task's positions (its sequence length) and head, not
+/// the preset's, which `--model bert-tiny` repeated must not read as a
+/// change ("--model cannot change when resuming" before).
+#[test]
+fn a_masked_lm_resumes_by_its_own_command_line_and_by_its_run_json() {
+    let dir = run_dir("mlm-own-command");
+    let run = |out: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "--task",
+            "mlm",
+            "--model",
+            "bert-tiny",
+            "--steps",
+            "2",
+        ];
+        args.extend(["--batch-size", "2", "--seq-len", "32", "--quiet"]);
+        args.extend(["--out", out.to_str().unwrap()]);
+        args.extend_from_slice(extra);
+        distgpt(&args)
+    };
+    for (tag, by_config) in [("line", false), ("config", true)] {
+        let out = dir.join(tag);
+        let stopped = run(&out, &["--stop-after", "1"]);
+        assert_eq!(stopped.status.code(), Some(75), "{stopped:?}");
+        let resumed = match by_config {
+            false => run(&out, &["--resume", out.to_str().unwrap()]),
+            true => {
+                let record = out.join("run.json");
+                let args = ["--config", record.to_str().unwrap(), "--resume"];
+                distgpt(&["train", args[0], args[1], args[2], out.to_str().unwrap()])
+            }
+        };
+        let said = String::from_utf8_lossy(&resumed.stderr);
+        assert!(resumed.status.success(), "{tag}: {said}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -436,7 +436,7 @@ struct OldPeakGflops {
         value_name = "GFLOPS",
         hide = true,
         conflicts_with = "peak_tflops",
-        value_parser = positive_rate
+        value_parser = peak_gflops
     )]
     old_peak_gflops: Option<f64>,
 }
@@ -551,8 +551,8 @@ pub(crate) fn seed(s: &str) -> std::result::Result<u64, String> {
     }
 }
 
-/// The parser of a stated peak (`--peak-tflops`, `--peak-gflops`) or a
-/// bandwidth: a positive finite number, which can be divided by.
+/// The parser of `plan`'s peak, memory and bandwidths: a positive finite
+/// number, which can be divided by.
 pub(crate) fn positive_rate(s: &str) -> std::result::Result<f64, String> {
     finite_number(s, false)
 }
@@ -561,12 +561,22 @@ pub(crate) fn positive_rate(s: &str) -> std::result::Result<f64, String> {
 /// that is one FLOP/s or more and finite once in FLOP/s (1e300 was an
 /// infinite peak, and every MFU 0).
 pub(crate) fn peak_tflops(s: &str) -> std::result::Result<f64, String> {
+    peak(s, 1e12, "TFLOP/s")
+}
+
+/// The parser of the old `--peak-gflops`: [`peak_tflops`]'s rule, in GFLOP/s.
+fn peak_gflops(s: &str) -> std::result::Result<f64, String> {
+    peak(s, 1e9, "GFLOP/s")
+}
+
+/// A peak given in `unit`s of `scale` FLOP/s.
+fn peak(s: &str, scale: f64, unit: &str) -> std::result::Result<f64, String> {
     let v = finite_number(s, false)?;
-    match (v * 1e12).is_finite() && v * 1e12 >= 1.0 {
+    match (v * scale).is_finite() && v * scale >= 1.0 {
         true => Ok(v),
         false => Err(format!(
-            "{s} TFLOP/s is {:e} FLOP/s: a peak is 1 to {:e}",
-            v * 1e12,
+            "{s} {unit} is {:e} FLOP/s: a peak is 1 to {:e}",
+            v * scale,
             f64::MAX
         )),
     }

@@ -375,7 +375,7 @@ fn as_recorded(a: &TrainArgs, id: &str, r: &train::run_dir::RunRecord) -> bool {
         "model" | "n_layer" | "n_head" | "n_embd" | "block_size" => a
             .model
             .family_shape(Some(r.model.vocab_size()))
-            .is_ok_and(|m| m == r.model),
+            .is_ok_and(|m| r.task.as_trained(m, &r.model) == r.model),
         _ => false,
     }
 }

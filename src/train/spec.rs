@@ -312,6 +312,23 @@ impl TaskKind {
             .find(|s| s.kind == self)
             .expect("every task has a spec")
     }
+
+    /// The model a run of this task trains from `shape` (a preset and its
+    /// flags) where `run` is the model one such run trained: a masked
+    /// LM's positions are its sequence length and its head the task's,
+    /// whatever the preset's, so a resume given the run's own `--model`
+    /// compares like with like.
+    pub fn as_trained(self, shape: ModelConfig, run: &ModelConfig) -> ModelConfig {
+        match (self, shape.bert(), run.bert()) {
+            (TaskKind::Mlm | TaskKind::Pretrain, Some(s), Some(r)) => BertConfig {
+                block_size: r.block_size,
+                head: r.head,
+                ..s.clone()
+            }
+            .into(),
+            _ => shape,
+        }
+    }
 }
 
 impl TaskSpec {
