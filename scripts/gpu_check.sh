@@ -75,15 +75,13 @@ readonly binaries=(distgpt lib gpu cuda_cli)
 # pack DIR [COMPRESS]: the release binary and the test binaries the check
 # runs, stripped (and xz-compressed unless COMPRESS is "raw") into DIR.
 # DISTGPT_GPU_PROFILE=dev packs the debug build (the dry run: CI has built
-# most of it); DISTGPT_GPU_FEATURES overrides the features (`cuda`: binaries
-# that need no libmpi where they run).
+# most of it). The features are cuda alone, binaries that need no libmpi
+# where they run (the lent machines have no Open MPI);
+# DISTGPT_GPU_FEATURES=cuda,mpi adds MPI for a machine that has it.
 pack() {
     local dir=$1 compress=${2:-xz}
-    local features=cuda profile=${DISTGPT_GPU_PROFILE:-release}
-    if command -v mpirun >/dev/null && dpkg -s libopenmpi-dev >/dev/null 2>&1; then
-        features=cuda,mpi
-    fi
-    features="${DISTGPT_GPU_FEATURES:-$features}"
+    local profile=${DISTGPT_GPU_PROFILE:-release}
+    local features="${DISTGPT_GPU_FEATURES:-cuda}"
     local cargo_profile=(--release) folder=release
     if [[ $profile == dev ]]; then
         cargo_profile=() folder=debug
@@ -340,6 +338,24 @@ NSYS
         "$out/planted/summary.txt" "^   a biased GEMM failed its test here: steps 2 on add biases in a pass"
     expect "the summary names the three" "$out/planted/summary.txt" \
         "failures in step 1 \(kernels\), 2 \(backend\), 3 \(nccl\)"
+
+    # A later call on the same machine that leaves step 1 out
+    # (DISTGPT_GPU_STEPS=5 for the dialogue alone) keeps its fallbacks.
+    DISTGPT_GPU_DRY=1 DISTGPT_GPU_LIB_DIRS=$dirs DISTGPT_GPU_PREBUILT="$machine/pack" \
+        DISTGPT_GPU_STEPS=none timeout 120 "${check[@]}" "$out/later" >"$out/later.log" 2>&1
+    expect "a later call without step 1 takes its fallbacks" "$out/later/summary.txt" \
+        "^   \(its fallback: DISTGPT_ATTENTION=gemm\)"
+    # Binaries that cannot load there (a pack with mpi, a machine without
+    # libmpi: an ldd that says so) stop the check at once, naming it.
+    mkdir -p "$scratch/nompi"
+    printf '#!/bin/sh\nprintf "\\tlibmpi.so.40 => not found\\n"\n' >"$scratch/nompi/ldd"
+    chmod +x "$scratch/nompi/ldd"
+    PATH="$scratch/nompi:$PATH" DISTGPT_GPU_DRY=1 DISTGPT_GPU_LIB_DIRS=$dirs \
+        DISTGPT_GPU_PREBUILT="$machine/pack" timeout 120 "${check[@]}" "$out/nompi" >"$out/nompi.log" 2>&1
+    rc=$?
+    ((rc == 1)) || { echo "gpu_check --dry-run: FAILED: a pack that cannot load exited $rc, not 1"; ok=0; }
+    expect "a library the binaries lack is named" "$out/nompi/summary.txt" \
+        "need what this machine lacks: libmpi\.so\.40 => not found"
     rm -rf "$scratch"
     if ((ok)); then
         echo "gpu_check --dry-run: the harness did everything asked of it (results in $out)"
@@ -363,6 +379,8 @@ esac
 # ---- the check ---------------------------------------------------------
 out="${1:-$root/target/gpu-check}"
 dry=${DISTGPT_GPU_DRY:-}
+# step 1's fallbacks, for a later call that leaves it out
+fallbacks=$root/target/gpu-check-fallbacks.env
 budget=${DISTGPT_GPU_BUDGET:-540}
 limit=${DISTGPT_GPU_STEP_TIMEOUT:-240}
 repeat=${DISTGPT_GPU_REPEAT:-3}
@@ -624,6 +642,15 @@ fi
 unpack "$prebuilt" "$work/bin" || return 1
 features=$(cat "$prebuilt/features")
 bin=$work/bin/distgpt
+# a binary that cannot load here (a pack with mpi on a machine without
+# libmpi) would fail every step in a moment: stop, naming the library
+if command -v ldd >/dev/null; then
+    unloadable=$(ldd "$work/bin/"* 2>/dev/null | grep 'not found' | sort -u | sed 's/^[[:space:]]*//')
+    if [[ -n $unloadable ]]; then
+        echo "gpu_check: the pack's binaries (--features $features) need what this machine lacks: $unloadable; pack them again without it (DISTGPT_GPU_FEATURES=cuda)"
+        return 1
+    fi
+fi
 # The test binaries read the repository, and run the CLI, from here.
 export DISTGPT_TEST_ROOT=$root DISTGPT_TEST_BIN=$bin
 echo "   binaries from $prebuilt (--features $features)"
@@ -679,6 +706,22 @@ if on 1 kernels "every kernel on $dev against the CPU" && needs "${cuda_libs[@]}
     if [[ $declined -gt 0 ]]; then
         echo "   cuBLASLt had no algorithm for $declined GEMM shapes of the tests (kernels.txt): their biases went in a pass"
     fi
+    # kept for a later call on this machine that leaves step 1 out
+    # (DISTGPT_GPU_STEPS=5): target/ stays while the machine is held
+    mkdir -p "$(dirname "$fallbacks")" &&
+        { echo "# step 1 ran"; env | grep -E '^DISTGPT_(ATTENTION|CUBLASLT)='; } >"$fallbacks"
+elif [[ -s $fallbacks ]]; then
+    # step 1 left out: what an earlier call's step 1 chose on this machine
+    echo "   step 1 ran in an earlier call here: steps 2 on run as it chose"
+    while IFS= read -r line; do
+        name=${line%%=*}
+        if [[ $line != "#"* && -z ${!name:-} ]]; then
+            export "${line?}"
+            echo "   (its fallback: $line)"
+        fi
+    done <"$fallbacks"
+else
+    echo "   step 1 did not run here: steps 2 on take flash.cu and cuBLASLt's epilogue untested, unless DISTGPT_ATTENTION=gemm or DISTGPT_CUBLASLT=0 is given (where an earlier summary said they failed)"
 fi
 
 # ---- 2. a step per strategy --------------------------------------------
