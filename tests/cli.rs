@@ -408,6 +408,23 @@ fn plan_says_why_tp_rows_are_missing_and_what_network_it_assumes() {
         text.contains("note: tp x2 omitted: 5 heads are not divisible by 2"),
         "{text}"
     );
+    // each row's memory adds up to its total (zero1's shard copies were
+    // in the total and in no column)
+    let mut rows = 0;
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("zero") || l.starts_with("ddp"))
+    {
+        let v: Vec<f64> = line
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        // params grads optim states activ other total
+        let (parts, total) = (v[0] + v[1] + v[2] + v[4] + v[5], v[6]);
+        assert!((parts - total).abs() <= 0.003, "{line}\n{text}");
+        rows += 1;
+    }
+    assert!(rows >= 3, "{text}");
     // without --all, the kind of reason and where to find the rest
     let line = "plan --device h100 --model tiny --n-head 5 --n-embd 80 --world-size 2";
     let out = succeeded(distgpt(&line.split(' ').collect::<Vec<_>>()));
@@ -3099,10 +3116,12 @@ fn the_first_run_says_it_measures_the_peak_and_later_runs_reuse_it() {
 }
 
 /// bench's counted bytes (every rank of the process) account for the
-/// process's resident memory above its start within 15%.
+/// process's resident memory above its start within 10%: ddp's too, whose
+/// thread ranks' all-reduce held an uncounted copy of each rank's
+/// gradient (15.7% off).
 #[test]
 fn counted_memory_accounts_for_the_processs_resident_memory() {
-    for (strategy, world) in [("single", "1"), ("zero2", "2")] {
+    for (strategy, world) in [("single", "1"), ("zero2", "2"), ("ddp", "2")] {
         let out = bench_one_step("shakespeare-char", strategy, world, "256", &["--json"]);
         let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         let (Some(start), Some(peak)) =
@@ -3120,7 +3139,7 @@ fn counted_memory_accounts_for_the_processs_resident_memory() {
         let grew = peak - start;
         let off = (grew - counted).abs() / grew;
         assert!(
-            off <= 0.15,
+            off <= 0.10,
             "{strategy} x{world}: counted {counted:.0} bytes, the process grew {grew:.0} ({:.1}% off)",
             100.0 * off
         );

@@ -611,15 +611,16 @@ fn print_every_layout(wp: &WorldPlan) {
     } else {
         ("MB", 1e6)
     };
-    distgpt::outln!("memory in {unit} (decimal) per rank; states = params + grads + optimizer kept between steps (fsdp's gathered units are in params and total); host = offloaded to host memory");
+    distgpt::outln!("memory in {unit} (decimal) per rank; states = params + grads + optimizer kept between steps (fsdp's gathered units are in params and total); other = scratch (sharded strategies' gradient pieces and shard copies, a batch in parts' gradient sums); total = params + grads + optim + activ + other; host = offloaded to host memory");
     distgpt::outln!(
-        "{:<44} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10} {:>12}  fits",
+        "{:<44} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10} {:>12}  fits",
         "layout",
         "params",
         "grads",
         "optim",
         "states",
         "activ",
+        "other",
         "total",
         "host",
         "compute ms",
@@ -631,13 +632,14 @@ fn print_every_layout(wp: &WorldPlan) {
     for p in all {
         let (m, t) = (&p.memory, &p.time);
         distgpt::outln!(
-            "{:<44} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>12.0}  {}",
+            "{:<44} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>12.0}  {}",
             p.parallel.layout_name(),
             m.params / scale,
             m.grads / scale,
             m.optimizer / scale,
             m.persistent_states() / scale,
             m.activations / scale,
+            m.other / scale,
             m.total() / scale,
             m.host.total() / scale,
             t.compute_s * 1e3,

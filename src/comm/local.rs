@@ -274,6 +274,10 @@ pub fn world(n: usize, timeout: Duration) -> (Arc<World>, Vec<LocalComm>) {
     (w, comms)
 }
 
+/// The elements an all-reduce passes through a rank's slot at a time (4
+/// MiB of f32).
+const ALL_REDUCE_PART: usize = 1 << 20;
+
 /// out = the sum of `range` of every slot, added in rank order.
 fn sum_slots<T: CommElem>(slots: &[&[T]], range: std::ops::Range<usize>, out: &mut [T]) {
     out.copy_from_slice(&slots[0][range.clone()]);
@@ -291,12 +295,19 @@ impl LocalComm {
         record(&self.stats, kind, self.size(), full_bytes, t0);
     }
 
+    /// In parts of [`ALL_REDUCE_PART`] elements: a rank's slot holds one
+    /// part, not a copy of the whole buffer (ddp's gradient) that no
+    /// memory count sees (an in-place all-reduce, as NCCL's and MPI's,
+    /// holds none). Each element is summed in rank order as before.
     fn all_reduce_typed<T: CommElem>(&self, buf: &mut [T]) -> Result<()> {
         let t0 = Instant::now();
-        let n = buf.len();
-        self.group.deposit(self.rank, buf);
-        self.group
-            .read_all(self.rank, "all_reduce", |slots| sum_slots(slots, 0..n, buf))?;
+        for part in buf.chunks_mut(ALL_REDUCE_PART) {
+            let n = part.len();
+            self.group.deposit(self.rank, part);
+            self.group.read_all(self.rank, "all_reduce", |slots| {
+                sum_slots(slots, 0..n, part)
+            })?;
+        }
         self.count(Kind::AllReduce, size_of_val(buf), t0);
         Ok(())
     }

@@ -60,20 +60,21 @@ impl StrategyKind {
     }
 
     /// What the memory reports' "other" bytes are under this strategy, where
-    /// it has any: buffers sized by the largest unit, not by the model, so
-    /// on a small model they can outweigh what sharding saves.
+    /// it has any: buffers sized by the largest unit and by a shard, held
+    /// for the run, which can outweigh what sharding saves.
     pub fn other_memory(self) -> Option<&'static str> {
         match self {
             StrategyKind::Zero1 => Some(
                 "zero1's \"other\" is a padded unit's gradient scratch and the reduce-scatter's \
-                 output (each sized by the largest unit) and, during the update, copies of this \
-                 rank's gradient and parameter shards; on a small model they outweigh the half \
-                 of the moments two ranks save, so zero1 x2 can peak above ddp x2",
+                 output (each sized by the largest unit) and copies of this rank's gradient and \
+                 parameter shards for the update, held for the run; on two ranks the copies \
+                 alone weigh what sharding the moments saves (in fp32), so zero1 x2 peaks above \
+                 ddp x2, and zero1 saves from three ranks on",
             ),
             StrategyKind::Zero2 => Some(
                 "zero2's \"other\" is a padded unit's gradient scratch (the head's too) and the \
-                 reduce-scatter's output, each sized by the largest unit, and during the update \
-                 a copy of this rank's parameter shard",
+                 reduce-scatter's output, each sized by the largest unit, and a copy of this \
+                 rank's parameter shard for the update, held for the run",
             ),
             StrategyKind::Fsdp => Some(
                 "fsdp's \"other\" is a padded unit's gradient scratch (the head's too) and the \
