@@ -588,4 +588,19 @@ fn consolidating_a_sharded_checkpoint_gives_the_saved_model() {
     // With its model.json, the folder is a model that eval and generate read.
     let (model, _) = distgpt::checkpoint::load_model(Cpu::new(), &file).unwrap();
     assert_eq!(model.config.n_layer, 2);
+    // the first release's --out FILE.safetensors (one weights file) still
+    // works, with a note; it was refused as "names a file"
+    let one = dir.join("consolidated.safetensors");
+    let cons = std::process::Command::new(bin)
+        .args(["checkpoint", "consolidate", dir.to_str().unwrap()])
+        .args(["--out", one.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&cons.stderr);
+    assert!(
+        cons.status.success() && said.contains("is the old spelling of"),
+        "{said}"
+    );
+    assert!(std::fs::read(&one).unwrap() == std::fs::read(file.join("model.safetensors")).unwrap());
+    assert!(!dir.join("consolidated.safetensors.parts").exists());
 }

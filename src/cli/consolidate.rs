@@ -48,6 +48,9 @@ pub(super) fn consolidate(
 
 /// `checkpoint consolidate`: a checkpoint's model as model files.
 pub(super) fn run_consolidate(a: ConsolidateArgs) -> Result<()> {
+    if a.out.extension().is_some_and(|e| e == "safetensors") {
+        return weights_file(a);
+    }
     refuse_output_over_input(&a.checkpoint, &a.out, a.overwrite)?;
     let dir = checkpoint::state::latest(&a.checkpoint).context("nothing to consolidate")?;
     let index = consolidate(&dir, &a.out, None)?;
@@ -63,6 +66,39 @@ pub(super) fn run_consolidate(a: ConsolidateArgs) -> Result<()> {
         index.step,
         index.strategy,
         distgpt::metrics::count(index.world_size, "rank")
+    );
+    Ok(())
+}
+
+/// `--out FILE.safetensors`, the first release's form (one weights file
+/// where a folder is written now): the folder's `model.safetensors` alone,
+/// at FILE.
+fn weights_file(a: ConsolidateArgs) -> Result<()> {
+    old_spelling(
+        "checkpoint consolidate RUN --out FILE.safetensors",
+        "checkpoint consolidate RUN --out DIR (DIR/model.safetensors)",
+    );
+    if a.out.exists() && !a.overwrite {
+        bail!(
+            "--out {} exists; pass --overwrite to replace it",
+            a.out.display()
+        );
+    }
+    let dir = checkpoint::state::latest(&a.checkpoint).context("nothing to consolidate")?;
+    let folder = a.out.with_extension("safetensors.parts");
+    let _ = std::fs::remove_dir_all(&folder);
+    let weights = folder.join(distgpt::model::files::WEIGHTS_FILE);
+    let written = consolidate(&dir, &folder, None).and_then(|index| {
+        std::fs::rename(&weights, &a.out).map_err(|e| distgpt::error::Error::io(&weights, e))?;
+        Ok(index)
+    });
+    let _ = std::fs::remove_dir_all(&folder);
+    let index = written?;
+    distgpt::outln!(
+        "wrote {} from {} (step {})",
+        a.out.display(),
+        dir.display(),
+        index.step
     );
     Ok(())
 }
