@@ -4189,3 +4189,110 @@ fn a_masked_lm_resumes_by_its_own_command_line_and_by_its_run_json() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A run's `run.json` as `--config` repeats it, and with `--resume`
+/// continues it, after resumes that named its folder otherwise (`RUN/`, as
+/// tab completion spells it) or changed what a resume may (`--steps`): the
+/// folder as spelled was counted among the settings ("resumed at step 2
+/// with other settings"), and a resume from run.json was refused for
+/// earlier segments' settings it does not use.
+#[test]
+fn a_resumed_runs_record_repeats_and_resumes_it() {
+    let dir = run_dir("record-after-resumes");
+    let run = dir.join("r");
+    let (run_s, slashed) = (run.to_str().unwrap(), format!("{}/", run.display()));
+    let stopped = train_tiny_output(run_s, &["--steps", "4", "--stop-after", "2", "--quiet"]);
+    assert_eq!(stopped.status.code(), Some(75), "{stopped:?}");
+    succeeded(distgpt(&["train", "--resume", &slashed, "--quiet"]));
+    let record = run.join("run.json");
+    let record = record.to_str().unwrap();
+    let repeat = dir.join("repeat");
+    succeeded(distgpt(&[
+        "train",
+        "--config",
+        record,
+        "--out",
+        repeat.to_str().unwrap(),
+    ]));
+    let weights = |d: &Path| std::fs::read(d.join("model.safetensors")).unwrap();
+    assert!(
+        weights(&run) == weights(&repeat),
+        "the repeat trained otherwise"
+    );
+    // extended by a resume, stopped, and continued from its record
+    let extended = distgpt(&[
+        "train",
+        "--resume",
+        run_s,
+        "--steps",
+        "6",
+        "--stop-after",
+        "1",
+    ]);
+    assert_eq!(extended.status.code(), Some(75), "{extended:?}");
+    succeeded(distgpt(&[
+        "train", "--config", record, "--resume", run_s, "--quiet",
+    ]));
+    let (jsonl, _) = logged_steps(&run);
+    assert_eq!(jsonl, (1..=6).collect::<Vec<u64>>());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A CPU's thread count orders its sums: a stop's hint repeats the
+/// `--threads` it was given, and a resume on other threads says it follows
+/// the uninterrupted run to float tolerance only (it said nothing, and the
+/// hint dropped `--threads`).
+#[test]
+fn a_resume_on_other_threads_says_it_is_not_bit_for_bit() {
+    let dir = run_dir("resume-threads");
+    let out = dir.to_str().unwrap();
+    let mut args = vec![
+        "--threads",
+        "1",
+        "train",
+        "--model",
+        "tiny",
+        "--batch-size",
+        "4",
+    ];
+    args.extend([
+        "--seq-len",
+        "16",
+        "--steps",
+        "3",
+        "--stop-after",
+        "1",
+        "--out",
+        out,
+    ]);
+    let stopped = distgpt(&args);
+    let said = String::from_utf8_lossy(&stopped.stderr).to_string();
+    assert_eq!(stopped.status.code(), Some(75), "{said}");
+    assert_eq!(
+        continue_hint(&said)[..4],
+        ["distgpt", "--threads", "1", "train"],
+        "{said}"
+    );
+    let resumed = distgpt(&[
+        "--threads",
+        "2",
+        "train",
+        "--resume",
+        out,
+        "--stop-after",
+        "1",
+    ]);
+    let said = String::from_utf8_lossy(&resumed.stderr).to_string();
+    assert!(
+        said.contains("ran on cpu (1 thread), the steps from here on cpu (2 threads)")
+            && said.contains("not bit for bit"),
+        "{said}"
+    );
+    let resumed = distgpt(&["--threads", "2", "train", "--resume", out]);
+    let said = String::from_utf8_lossy(&resumed.stderr).to_string();
+    assert!(
+        resumed.status.success() && !said.contains("not bit for bit"),
+        "{said}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

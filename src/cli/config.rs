@@ -8,7 +8,7 @@
 use anyhow::{bail, Context, Result};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory};
-use distgpt::train::run_dir::RunRecord;
+use distgpt::train::run_dir::{trained_with, RunRecord, Segment};
 use distgpt::train::{Duration, TaskKind};
 use std::ffi::OsString;
 use std::path::Path;
@@ -244,12 +244,15 @@ pub fn file_args(file: &Path, train: &clap::Command, given: &[String]) -> Result
     let entries = if file.extension().is_some_and(|e| e == "json") {
         let record = read_run_json(file, &text)?;
         // run.json holds the newest invocation's settings: a run resumed
-        // with others cannot be repeated from them
-        if let Some(w) = record
-            .segments
-            .windows(2)
-            .find(|w| w[0].settings.is_none() || w[0].settings != w[1].settings)
-        {
+        // with others cannot be repeated from them (a resume takes the
+        // newest, as --resume alone does)
+        let newest = |s: &Segment| {
+            (s.settings.as_ref())
+                .is_some_and(|sum| trained_with(sum, &record.train, &record.parallel))
+        };
+        let repeats = !given.iter().any(|g| g == "resume");
+        let segments = &record.segments;
+        if let Some(w) = segments.windows(2).rfind(|w| repeats && !newest(&w[0])) {
             let (was, now) = (w[0].parallel.precision, w[1].parallel.precision);
             let what = match was == now {
                 true => String::new(),

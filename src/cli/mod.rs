@@ -392,7 +392,7 @@ pub fn run() -> Result<Outcome> {
         .map(|(_, m)| config::given_flags(m))
         .unwrap_or_default();
     match cli.command {
-        Command::Train(a) => run_train(*a, &given),
+        Command::Train(a) => run_train(*a, &given, cli.threads),
         Command::Generate(a) => done(run_generate(a)),
         Command::Data(c) => done(prepare::run(c)),
         Command::Bench(a) => done(bench::run(a)),

@@ -505,7 +505,11 @@ pub(super) fn handle_stop_signals() -> Result<()> {
 }
 
 /// `train`: a new run of any task, or a recorded run resumed, through the one run driver.
-pub(super) fn run_train(mut a: TrainArgs, given: &[String]) -> Result<Outcome> {
+pub(super) fn run_train(
+    mut a: TrainArgs,
+    given: &[String],
+    threads: Option<usize>,
+) -> Result<Outcome> {
     if let Some(p) = a.data.as_ref().filter(|p| !p.exists()) {
         bail!("data path {} does not exist", p.display());
     }
@@ -588,7 +592,7 @@ pub(super) fn run_train(mut a: TrainArgs, given: &[String]) -> Result<Outcome> {
             Outcome::Done
         });
     };
-    let resume = resume_command(&s.out_dir, &launcher, &a.device);
+    let resume = resume_command(&s.out_dir, &launcher, &a.device, threads);
     report_run(prep, &s, &resume)
 }
 
@@ -703,15 +707,22 @@ pub(super) fn report_run(
     Ok(Outcome::Done)
 }
 
-/// The command that continues a stopped run, launched as this one was: the
-/// run directory says everything else.
-pub(super) fn resume_command(dir: &Path, par: &ParallelArgs, device: &DeviceArgs) -> String {
-    let mut words = vec![
-        "distgpt".to_string(),
-        "train".into(),
-        "--resume".into(),
-        shell_word(&dir.display().to_string()),
-    ];
+/// The command that continues a stopped run, launched as this one was
+/// (`threads` where `--threads` was given: a CPU's sums follow it, and a
+/// resume is bit for bit only on as many): the run directory says
+/// everything else.
+pub(super) fn resume_command(
+    dir: &Path,
+    par: &ParallelArgs,
+    device: &DeviceArgs,
+    threads: Option<usize>,
+) -> String {
+    let mut words = vec!["distgpt".to_string()];
+    if let Some(n) = threads {
+        words.extend(["--threads".into(), n.to_string()]);
+    }
+    words.extend(["train".into(), "--resume".into()]);
+    words.push(shell_word(&dir.display().to_string()));
     if par.comm != CommKind::Local {
         words.extend(["--comm".into(), par.comm.to_string()]);
     }

@@ -55,8 +55,8 @@ pub struct Segment {
 
 /// A checksum of the settings that decide what a run computes: its
 /// configuration less what only changes what is shown (messages, log
-/// cadence, the peak MFU divides by, TensorBoard files), and its matmuls'
-/// precision. The layout (strategy, ranks, tp, pp, recomputation,
+/// cadence, the peak MFU divides by, TensorBoard files) and where it is
+/// (its folder, however spelled or moved), and its matmuls' precision. The layout (strategy, ranks, tp, pp, recomputation,
 /// offload), the device and the CPU's matmul library are left out: each
 /// computes the same run to float tolerance, as resuming into another
 /// layout does (`tests/strategies.rs`, `tests/checkpoints.rs`); bf16
@@ -64,6 +64,22 @@ pub struct Segment {
 /// [`TrainConfig`] must serialise to nothing at its default (or be left out
 /// here), or every recorded run's checksum changes and none resumes.
 pub fn settings_checksum(t: &TrainConfig, par: &ParallelConfig) -> String {
+    let here = TrainConfig {
+        out_dir: PathBuf::new(),
+        ..t.clone()
+    };
+    counted_checksum(&here, par)
+}
+
+/// Whether `sum`, a segment's checksum, is that of the settings `t`,
+/// `par`: as [`settings_checksum`] counts them, or as records before
+/// 2026-12-07 did, the run's folder among them as it was then spelled.
+pub fn trained_with(sum: &str, t: &TrainConfig, par: &ParallelConfig) -> bool {
+    sum == settings_checksum(t, par) || sum == counted_checksum(t, par)
+}
+
+/// [`settings_checksum`] of `t` with its folder as it is.
+fn counted_checksum(t: &TrainConfig, par: &ParallelConfig) -> String {
     let mut v = serde_json::to_value(TrainConfig {
         verbose: false,
         log_every: 0,
@@ -672,8 +688,9 @@ fn read_record_checked(dir: &Path, settings: bool) -> Result<RunRecord> {
     let bad = |reason: String| Error::checkpoint(&path, reason);
     let mut record: RunRecord =
         serde_json::from_str(&text).map_err(|e| bad(format!("invalid run record: {e}")))?;
-    let now = || settings_checksum(&record.train, &record.parallel);
-    let edited = |s: &&Segment| s.settings.as_ref().is_some_and(|sum| *sum != now());
+    let edited = |s: &&Segment| {
+        (s.settings.as_ref()).is_some_and(|sum| !trained_with(sum, &record.train, &record.parallel))
+    };
     if let Some(s) = record.segments.last().filter(edited).filter(|_| settings) {
         return Err(bad(format!(
             "its settings are not those the run trained with from step {} (their checksum differs: the file was edited); a resume changes only what its flags may (--steps, --lr, --strategy, ...): undo the edit",
@@ -721,6 +738,14 @@ fn next_record(
         Vec::new()
     };
     segments.retain(|s| s.from_step < from_step);
+    if let Some(last) = segments.last().filter(|s| s.device != fresh.device) {
+        crate::errln!(
+            "note: the steps to {from_step} ran on {}, the steps from here on {}: another device or thread count adds in another order, so the run now follows an uninterrupted one to float tolerance, not bit for bit (resume on {} for that)",
+            last.device,
+            fresh.device,
+            last.device
+        );
+    }
     segments.push(Segment {
         from_step,
         to_step,
@@ -947,10 +972,11 @@ mod tests {
         }
         // what the first spelling serialised to
         v["duration"] = serde_json::json!({"Steps": 5});
-        assert_eq!(
-            settings_checksum(&cfg, &ParallelConfig::single()),
-            json_checksum(&v)
-        );
+        assert!(trained_with(
+            &json_checksum(&v),
+            &cfg,
+            &ParallelConfig::single()
+        ));
         let e: Duration = serde_json::from_str(r#"{"Epochs": 1.5}"#).unwrap();
         assert!(matches!(e, Duration::Epochs(x) if x == 1.5));
     }
@@ -989,5 +1015,22 @@ mod tests {
             ..cfg.clone()
         };
         assert_ne!(settings_checksum(&lr, &single), base);
+        // the folder as spelled (`runs/latest`, a trailing /, moved) moves
+        // nothing; a record before it did still reads as the same settings
+        let moved = TrainConfig {
+            out_dir: "elsewhere/run/".into(),
+            ..cfg.clone()
+        };
+        assert_eq!(settings_checksum(&moved, &single), base);
+        assert!(trained_with(
+            &counted_checksum(&cfg, &single),
+            &cfg,
+            &single
+        ));
+        assert!(!trained_with(
+            &counted_checksum(&cfg, &single),
+            &moved,
+            &single
+        ));
     }
 }
