@@ -9,6 +9,30 @@ use serde::Serialize;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+/// Errors unless `path` is a regular file (or a link to one): a pipe
+/// where a file belongs blocks its open, a device is read without end.
+pub fn regular_file(path: &Path) -> Result<()> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    match meta.is_file() {
+        true => Ok(()),
+        false => Err(Error::Input(format!(
+            "{} is {}: a file belongs there",
+            path.display(),
+            if meta.is_dir() {
+                "a folder"
+            } else {
+                "not a regular file (a pipe or a device)"
+            }
+        ))),
+    }
+}
+
+/// The text of the regular file `path` ([`regular_file`]).
+pub fn read_text(path: &Path) -> Result<String> {
+    regular_file(path)?;
+    std::fs::read_to_string(path).map_err(|e| Error::io(path, e))
+}
+
 /// Writes `bytes` to `path` atomically: temporary file, fsync, rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     write_atomic_with(path, |f| f.write_all(bytes))

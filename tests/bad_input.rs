@@ -6,6 +6,7 @@ use scratch::scratch;
 
 use distgpt::backend::cpu::Cpu;
 use distgpt::checkpoint::{read_any_meta, read_model};
+use distgpt::data::labelled::LabelledSet;
 use distgpt::data::{shard, Dataset, TokenizerKind, TokenizerSpec};
 use distgpt::model::files::{read_weights, save_model, write_weights};
 use distgpt::model::gpt2::hf;
@@ -191,6 +192,84 @@ fn a_hugging_face_config_larger_than_its_weights_is_refused_before_allocating() 
             "{field}: {err}"
         );
     }
+}
+
+/// An activation function that is not a string is refused as one that is
+/// not gelu_new is (5 ran as gelu_new; `transformers` refuses it too).
+#[test]
+fn a_hugging_face_activation_that_is_not_a_name_is_refused() {
+    let d = hf_folder("hf-activation-type", |c| {
+        c["activation_function"] = 5.into()
+    });
+    let err = read_model(&d).err().unwrap().to_string();
+    assert!(
+        err.contains("activation_function 5 is not supported"),
+        "{err}"
+    );
+}
+
+/// `path` made a named pipe (a FIFO): opening it to read blocks until a
+/// writer comes, which none does.
+fn make_fifo(path: &Path) {
+    let _ = std::fs::remove_file(path);
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path and a mode
+    assert_eq!(
+        unsafe { libc::mkfifo(c.as_ptr(), 0o600) },
+        0,
+        "mkfifo {}",
+        path.display()
+    );
+}
+
+/// `read` run with a limit: a reader that blocks on a pipe fails the test
+/// instead of hanging it.
+fn within_20_s<T: Send + 'static>(read: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(read()));
+    (rx.recv_timeout(std::time::Duration::from_secs(20))).expect("the read hung on a pipe")
+}
+
+/// A pipe (or a device) where a model's, a shard folder's or a labelled
+/// set's file belongs is refused by name, not read: opening one blocks for
+/// ever (model.json, a Hugging Face config.json, a BERT's weights, a shard,
+/// a shard folder's tokenizer.json, a labelled split all hung).
+#[test]
+fn a_pipe_where_a_file_belongs_is_refused_not_read() {
+    let model = tmp("fifo-model");
+    save_model(
+        &tiny(),
+        TokenizerSpec::Char {
+            chars: (0..65u8).map(|i| (b'0' + i) as char).collect(),
+        },
+        &model,
+    )
+    .unwrap();
+    make_fifo(&model.join("model.json"));
+    let hf = hf_folder("fifo-hf", |_| {});
+    make_fifo(&hf.join("config.json"));
+    let shard = tmp("fifo-shard").join("x_train_000001.bin");
+    make_fifo(&shard);
+    for (file, dir) in [
+        (model.join("model.json"), model.clone()),
+        (hf.join("config.json"), hf.clone()),
+    ] {
+        let err = within_20_s(move || read_any_meta(&dir).err().unwrap().to_string());
+        let named = format!("{} is not a regular file", file.display());
+        assert!(err.contains(&named), "{err}");
+    }
+    let path = shard.clone();
+    let err = within_20_s(move || shard::Shard::open(&path).err().unwrap().to_string());
+    assert!(err.contains("is not a regular file"), "{err}");
+    let set = tmp("fifo-labelled");
+    std::fs::write(set.join("labels.json"), r#"["a","b"]"#).unwrap();
+    for split in ["train", "test"] {
+        let line = "{\"label\":0,\"text\":\"x\"}\n";
+        std::fs::write(set.join(format!("{split}.jsonl")), line).unwrap();
+    }
+    make_fifo(&set.join("val.jsonl"));
+    let err = within_20_s(move || LabelledSet::load(&set).err().unwrap().to_string());
+    assert!(err.contains("val.jsonl is not a regular file"), "{err}");
 }
 
 /// A header the safetensors crate refuses is told in words naming the file

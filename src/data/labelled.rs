@@ -41,6 +41,7 @@ pub struct LabelledSet {
 
 fn read_split(dir: &Path, name: &str, n_labels: usize) -> Result<Labelled> {
     let path = dir.join(format!("{name}.jsonl"));
+    crate::store::regular_file(&path)?;
     let text = std::fs::read_to_string(&path)
         .map_err(|e| Error::Input(format!("cannot read {}: {e}", path.display())))?;
     // a byte order mark (Windows editors write one) is not text

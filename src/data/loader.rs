@@ -144,6 +144,16 @@ impl LossTerms {
     }
 }
 
+/// Several batches' terms: what the batch of all their rows divides by.
+impl std::iter::Sum for LossTerms {
+    fn sum<I: Iterator<Item = LossTerms>>(terms: I) -> Self {
+        terms.fold(LossTerms::default(), |a, t| LossTerms {
+            targets: a.targets + t.targets,
+            seq_targets: a.seq_targets + t.seq_targets,
+        })
+    }
+}
+
 /// The target id that adds no loss (PyTorch's `ignore_index`).
 pub const IGNORE: u32 = u32::MAX;
 

@@ -323,7 +323,7 @@ impl Dataset {
         let (train, val) = (named("train", &train_files)?, named("val", &val_files)?);
         let spec_path = dir.join("tokenizer.json");
         let spec = if spec_path.exists() {
-            let text = std::fs::read_to_string(&spec_path).map_err(|e| Error::io(&spec_path, e))?;
+            let text = crate::store::read_text(&spec_path)?;
             serde_json::from_str(&text).map_err(|e| {
                 // a Hugging Face tokenizer.json has a "model"; ours a "kind"
                 let hf = serde_json::from_str::<serde_json::Value>(&text)

@@ -51,6 +51,7 @@ impl Shard {
             path: path.to_path_buf(),
             reason,
         };
+        crate::store::regular_file(path)?;
         let file = File::open(path).map_err(|e| Error::io(path, e))?;
         // SAFETY: the map is read-only; a shard changed underneath a run is the
         // user's to avoid, as with any memory-mapped input.

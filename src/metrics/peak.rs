@@ -229,7 +229,8 @@ pub fn cache_dir() -> Option<PathBuf> {
 /// The file's entries as JSON values, each read on its own (an array of
 /// them; anything else is no entry).
 fn read_values(file: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(file)
+    // a pipe there would block the read (Ctrl-C cannot end it): no entry
+    crate::store::read_text(file)
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
         .unwrap_or_default()

@@ -25,7 +25,7 @@ pub const MODEL_FILES: [&str; 3] = [META_FILE, HF_CONFIG, WEIGHTS_FILE];
 /// A Hugging Face folder's `config.json`, parsed, and its path (for errors).
 pub fn read_hf_config(dir: &Path) -> Result<(std::path::PathBuf, serde_json::Value)> {
     let path = dir.join(HF_CONFIG);
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let text = store::read_text(&path)?;
     match serde_json::from_str(&text) {
         Ok(json) => Ok((path, json)),
         Err(e) => Err(Error::checkpoint(&path, format!("invalid JSON: {e}"))),
@@ -311,7 +311,7 @@ pub fn save_model<B: Backend>(model: &Gpt2<B>, tokenizer: TokenizerSpec, dir: &P
 /// and whether they are stored in int8.
 fn read_meta_file(dir: &Path) -> Result<(ModelMeta, String, bool)> {
     let path = dir.join(META_FILE);
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let text = store::read_text(&path)?;
     let bad = |reason: String| Error::checkpoint(&path, reason);
     let (sum, recorded) =
         store::stored_checksum(&text).map_err(|e| bad(format!("invalid model metadata: {e}")))?;

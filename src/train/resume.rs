@@ -190,6 +190,17 @@ impl Resumption {
         given: &[String],
     ) -> Result<Prepared> {
         let set = |flag: &str| given.iter().any(|g| g == flag);
+        // run.json's model is the checkpoint's unless the file was edited
+        // (outside its settings' checksum): said before anything is sized by it
+        if self.record.model != self.index.model {
+            return Err(Error::checkpoint(
+                self.dir.join(RUN_FILE),
+                format!(
+                    "names a model of {}, where its checkpoint holds one of {}: the file was edited",
+                    self.record.model, self.index.model
+                ),
+            ));
+        }
         let data = TaskData::from_record(&self.record, &self.index.tokenizer, &self.dir)?;
         let (mut cfg, mut par) = (self.record.train, self.record.parallel);
         take_settings(&mut cfg, flags, set);

@@ -273,10 +273,11 @@ pub fn load_folder(
 ) -> Result<(BertConfig, Vec<f32>)> {
     let cfg = read_config(dir, head)?;
     let path = dir.join("model.safetensors");
+    crate::store::regular_file(&path)?;
     let bytes = std::fs::read(&path)
         .map_err(|e| Error::Input(format!("cannot read {}: {e}", path.display())))?;
     let bad = |reason: String| Error::checkpoint(&path, reason);
-    if let Some(want) = recorded_checksum(dir)? {
+    if let Some(want) = recorded(dir, CHECKSUM_KEY)? {
         let sum = checksum(&bytes);
         if sum != want {
             return Err(bad(format!(
@@ -318,12 +319,19 @@ pub fn load_folder(
 /// The key of `config.json` under which distgpt records the weights' checksum.
 const CHECKSUM_KEY: &str = "distgpt_weights_checksum";
 
-/// The weights' checksum a folder distgpt wrote records (None for one
-/// written elsewhere).
-fn recorded_checksum(dir: &Path) -> Result<Option<String>> {
-    Ok(read_hf_config(dir)?.1[CHECKSUM_KEY]
-        .as_str()
-        .map(str::to_string))
+/// The checksum under `key` of `config.json` a folder distgpt wrote
+/// records (None for one written elsewhere; one that is not a string is
+/// refused, not taken for none and the check skipped).
+fn recorded(dir: &Path, key: &str) -> Result<Option<String>> {
+    let (path, j) = read_hf_config(dir)?;
+    match &j[key] {
+        serde_json::Value::Null => Ok(None),
+        serde_json::Value::String(sum) => Ok(Some(sum.clone())),
+        other => Err(Error::checkpoint(
+            &path,
+            format!("{key} is {other}, not a checksum: the file was edited or corrupted"),
+        )),
+    }
 }
 
 /// The key of `config.json` under which distgpt records, beside the
@@ -337,7 +345,7 @@ const VOCAB_CHECKSUM_KEY: &str = "distgpt_vocab_checksum";
 /// would run and be wrong.
 pub fn read_vocab(dir: &Path) -> Result<WordPiece> {
     let wp = WordPiece::from_folder(dir)?;
-    if let Some(want) = read_hf_config(dir)?.1[VOCAB_CHECKSUM_KEY].as_str() {
+    if let Some(want) = recorded(dir, VOCAB_CHECKSUM_KEY)? {
         if wp.checksum() != want {
             return Err(Error::Input(format!(
                 "{}: checksum {} does not match {want} recorded beside the weights in {}: \
@@ -580,6 +588,32 @@ mod tests {
             let err = err.expect("a replaced vocabulary is refused").to_string();
             assert!(
                 err.contains("vocab.txt: checksum") && err.contains("config.json"),
+                "{err}"
+            );
+        }
+    }
+
+    /// A checksum distgpt records that is not a string (an edit, a
+    /// corruption) is refused naming it: it read as no checksum, and the
+    /// weights or the vocabulary loaded unchecked.
+    #[test]
+    fn a_recorded_checksum_that_is_not_a_string_is_refused() {
+        let cfg = one_block(8, BertHead::Mlm);
+        let p = super::super::init_full(&cfg, 4);
+        let tokens = [
+            "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "yes", "no", "maybe",
+        ];
+        let wp = WordPiece::new(tokens.map(String::from).to_vec()).unwrap();
+        let dir = crate::testdir::TestDir::new("bert-checksum-type");
+        let import = super::super::family::FAMILY.hf.unwrap().import;
+        for key in [CHECKSUM_KEY, VOCAB_CHECKSUM_KEY] {
+            write_folder(&cfg, &p, Some(&wp), &[], dir.path()).unwrap();
+            let mut config = read_hf_config(dir.path()).unwrap().1;
+            config[key] = 5.into();
+            std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+            let err = import(dir.path()).expect_err("refused").to_string();
+            assert!(
+                err.contains("config.json") && err.contains(&format!("{key} is 5, not a checksum")),
                 "{err}"
             );
         }

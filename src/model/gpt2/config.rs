@@ -163,7 +163,12 @@ impl GptConfig {
     /// heads and MLP units.
     pub fn check_tp(&self, tp: usize) -> Result<(), Error> {
         crate::model::tp::check_heads(self.n_head, tp)?;
-        match (0..self.n_layer).find(|&l| {
+        // a dense model's blocks are alike: its first speaks for all
+        let layers = match self.blocks.is_empty() {
+            true => self.n_layer.min(1),
+            false => self.n_layer,
+        };
+        match (0..layers).find(|&l| {
             let w = self.width(l);
             !(w.heads.is_multiple_of(tp) && w.hidden.is_multiple_of(tp))
         }) {

@@ -125,9 +125,10 @@ pub fn read_config(dir: &Path) -> Result<ModelMeta> {
             j["model_type"]
         )));
     }
-    if j["activation_function"]
-        .as_str()
-        .is_some_and(|a| a != "gelu_new")
+    if !matches!(&j["activation_function"], Value::Null | Value::String(_))
+        || j["activation_function"]
+            .as_str()
+            .is_some_and(|a| a != "gelu_new")
     {
         return Err(bad(format!(
             "activation_function {} is not supported (gelu_new only)",

@@ -501,8 +501,17 @@ impl<B: Backend> Strategy for Pipelined<B> {
         for ch in &mut self.chunks {
             ch.state.begin_step(&be, m);
         }
-        let mbs: Vec<(Batch, LossTerms)> = micro_batches.iter().map(|mb| self.local(mb)).collect();
-        let mut loss = [self.run_program(&mbs, 1.0 / (m * n) as f32)?];
+        // a step is the batch of all its micro-batches' rows: each divides
+        // by the step's count, so a short micro-batch (a classifier's last
+        // of an epoch, a masked LM's fewer masks) weighs its rows, as the
+        // same rows in one batch or over data-parallel ranks do
+        let terms = (micro_batches.iter().map(Batch::loss_terms))
+            .sum::<LossTerms>()
+            .per_rank(n);
+        let mbs: Vec<(Batch, LossTerms)> = (micro_batches.iter())
+            .map(|mb| (self.local(mb).0, terms))
+            .collect();
+        let mut loss = [self.run_program(&mbs, 1.0 / n as f32)?];
         for (c, ch) in self.chunks.iter_mut().enumerate() {
             let tie = match &self.tie {
                 Some((g, tc, k)) if *tc == c => Some((g.as_ref(), *k)),
@@ -511,7 +520,7 @@ impl<B: Backend> Strategy for Pipelined<B> {
             ch.state.reduce_all(self.dp.as_ref(), &be, tie)?;
         }
         self.dp.all_reduce(&mut loss)?;
-        let loss = self.share_loss(loss[0])? / (n * m) as f32;
+        let loss = self.share_loss(loss[0])? / n as f32;
         let grad_norm = self.grad_norm()?;
         check_finite(loss, grad_norm)?;
         let clip = cfg.clip_scale(grad_norm);
