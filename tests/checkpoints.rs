@@ -483,6 +483,13 @@ fn a_flipped_byte_or_a_missing_tensor_is_named() {
         err.contains("rank_1.safetensors") && err.contains("missing tensor 'm'"),
         "{err}"
     );
+
+    // A folder in a rank file's place is said to be one (it was "4096
+    // bytes cannot hold ...: the file is truncated").
+    std::fs::remove_file(&file).unwrap();
+    std::fs::create_dir(&file).unwrap();
+    let err = state::load(&ckpt).err().unwrap().to_string();
+    assert!(err.contains("rank_1.safetensors is a folder"), "{err}");
 }
 
 #[cfg(unix)]

@@ -469,6 +469,7 @@ pub fn load(dir: &Path) -> Result<Loaded> {
     // is allocated (the segments tile the layout, so this bounds it by the disk).
     for f in &index.files {
         let path = dir.join(&f.file);
+        crate::store::regular_file(&path)?;
         let bytes = io(&path, std::fs::metadata(&path))?.len();
         if bytes < 4 * f.floats as u64 {
             let floats = f.floats;
