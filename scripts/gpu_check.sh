@@ -642,6 +642,9 @@ fi
 unpack "$prebuilt" "$work/bin" || return 1
 features=$(cat "$prebuilt/features")
 bin=$work/bin/distgpt
+# which pack this is, for step 1's fallbacks; what step 1 chose
+pack_id=$(cksum <"$bin" | cut -d ' ' -f 1)
+chose=()
 # a binary that cannot load here (a pack with mpi on a machine without
 # libmpi) would fail every step in a moment: stop, naming the library
 if command -v ldd >/dev/null; then
@@ -693,12 +696,14 @@ if on 1 kernels "every kernel on $dev against the CPU" && needs "${cuda_libs[@]}
     # as GEMMs, so that what they measure is still worth reading
     if [[ -z ${DISTGPT_ATTENTION:-} ]] && grep -qE '^test .*flash.* \.\.\. FAILED' "$out/kernels.txt"; then
         export DISTGPT_ATTENTION=gemm
+        chose+=(DISTGPT_ATTENTION=gemm)
         echo "   flash.cu failed its tests here: steps 2 on run bf16 attention as GEMMs (DISTGPT_ATTENTION=gemm)"
     fi
     # a biased product failing here (cuBLASLt's epilogue on cuda): the later
     # steps add biases in a pass before the GEMM, as before cuBLASLt
     if [[ -z ${DISTGPT_CUBLASLT:-} ]] && grep -qE '^test .*matmul_forward.* \.\.\. FAILED' "$out/kernels.txt"; then
         export DISTGPT_CUBLASLT=0
+        chose+=(DISTGPT_CUBLASLT=0)
         echo "   a biased GEMM failed its test here: steps 2 on add biases in a pass (DISTGPT_CUBLASLT=0)"
     fi
     # a GEMM cuBLASLt has no algorithm for takes the bias pass, said once a shape
@@ -706,16 +711,16 @@ if on 1 kernels "every kernel on $dev against the CPU" && needs "${cuda_libs[@]}
     if [[ $declined -gt 0 ]]; then
         echo "   cuBLASLt had no algorithm for $declined GEMM shapes of the tests (kernels.txt): their biases went in a pass"
     fi
-    # kept for a later call on this machine that leaves step 1 out
-    # (DISTGPT_GPU_STEPS=5): target/ stays while the machine is held
+    # kept for a later call on this machine with this pack that leaves
+    # step 1 out (DISTGPT_GPU_STEPS=5): target/ stays while it is held
     mkdir -p "$(dirname "$fallbacks")" &&
-        { echo "# step 1 ran"; env | grep -E '^DISTGPT_(ATTENTION|CUBLASLT)='; } >"$fallbacks"
-elif [[ -s $fallbacks ]]; then
+        { echo "# step 1 ran on the pack $pack_id"; printf '%s\n' "${chose[@]}"; } >"$fallbacks"
+elif [[ "$(head -n 1 "$fallbacks" 2>/dev/null)" == "# step 1 ran on the pack $pack_id" ]]; then
     # step 1 left out: what an earlier call's step 1 chose on this machine
     echo "   step 1 ran in an earlier call here: steps 2 on run as it chose"
     while IFS= read -r line; do
         name=${line%%=*}
-        if [[ $line != "#"* && -z ${!name:-} ]]; then
+        if [[ -n $line && $line != "#"* && -z ${!name:-} ]]; then
             export "${line?}"
             echo "   (its fallback: $line)"
         fi

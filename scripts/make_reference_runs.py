@@ -179,7 +179,10 @@ def train(model, h, next_micro, loss_of, epoch):
     """The run: per step, the mean of the micro-batch losses, gradients of
     their mean, the global norm before clipping, then AdamW; `epoch()` is
     where the data stands after a step (whole epochs plus the share of
-    this one's batches taken)."""
+    this one's batches taken). Micro-batches weigh alike here; distgpt
+    divides each by the step's targets (the batch of all their rows),
+    the same where they hold as many targets, as every run here does
+    (language models' full micro-batches; the BERT runs' grad_accum 1)."""
     opt = optimizer(model, h)
     record = {"lr": [], "loss": [], "grad_norm": [], "epoch": []}
     batches = []

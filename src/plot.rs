@@ -80,7 +80,7 @@ impl Curves {
             .unwrap_or_else(|| run.display().to_string());
         // a folder whose run.json is missing or unreadable plots as a
         // language model's
-        let task = std::fs::read_to_string(run.join(RUN_FILE))
+        let task = crate::store::read_text(&run.join(RUN_FILE))
             .ok()
             .and_then(|text| serde_json::from_str::<Trains>(&text).ok())
             .map_or(TaskKind::Lm, |t| t.task);

@@ -441,7 +441,7 @@ pub struct Loaded {
 /// Reads and verifies a checkpoint's index (not its tensor files).
 pub fn read_index(dir: &Path) -> Result<Index> {
     let index_path = dir.join(INDEX);
-    let text = io(&index_path, std::fs::read_to_string(&index_path))?;
+    let text = crate::store::read_text(&index_path)?;
     let bad = |reason: String| Error::checkpoint(&index_path, reason);
     let (sum, recorded) = stored_checksum(&text).map_err(|e| bad(format!("invalid index: {e}")))?;
     if sum != recorded {

@@ -86,16 +86,44 @@ pub(super) fn name(v: impl clap::ValueEnum) -> String {
         .into()
 }
 
-/// A run.json's record (`text`), its paths resolved against its folder.
-fn read_run_json(file: &Path, text: &str) -> Result<RunRecord> {
+/// A run.json's record (`text`), its paths resolved against its folder
+/// after `check` has read it as written (its settings' checksums count
+/// the paths as the run recorded them).
+fn read_run_json(
+    file: &Path,
+    text: &str,
+    check: impl FnOnce(&RunRecord) -> Result<()>,
+) -> Result<RunRecord> {
     let mut record: RunRecord = serde_json::from_str(text).with_context(|| {
         format!(
             "{} is not a run.json written by `distgpt train`",
             file.display()
         )
     })?;
+    check(&record)?;
     record.resolve_paths(run_folder(file));
     Ok(record)
+}
+
+/// Refuses a record (`file`) whose earlier invocations trained with other
+/// settings than its newest, which it holds: `--config` cannot repeat it.
+fn repeatable(file: &Path, record: &RunRecord) -> Result<()> {
+    let newest = |s: &Segment| {
+        (s.settings.as_ref()).is_some_and(|sum| trained_with(sum, &record.train, &record.parallel))
+    };
+    let Some(w) = record.segments.windows(2).rfind(|w| !newest(&w[0])) else {
+        return Ok(());
+    };
+    let (was, now) = (w[0].parallel.precision, w[1].parallel.precision);
+    let what = match was == now {
+        true => String::new(),
+        false => format!(" (--precision {} after {})", name(now), name(was)),
+    };
+    bail!(
+        "{}: the run was resumed at step {} with other settings than its earlier steps trained with{what} (or by a distgpt that did not record them, or run.json was edited), and run.json keeps only the newest: --config cannot repeat that run; continue it with `distgpt train --resume DIR`, or put the settings to repeat in a TOML file",
+        file.display(),
+        w[1].from_step
+    )
 }
 
 /// The folder of a run's `run.json`.
@@ -119,7 +147,7 @@ pub fn check_recorded_data(
     if file.extension().is_none_or(|e| e != "json") {
         return Ok(());
     }
-    let record = read_run_json(file, &read_bounded(file)?)?;
+    let record = read_run_json(file, &read_bounded(file)?, |_| Ok(()))?;
     let recorded = record
         .train
         .data
@@ -242,28 +270,14 @@ fn record_entries(r: &RunRecord) -> Vec<(String, Value)> {
 pub fn file_args(file: &Path, train: &clap::Command, given: &[String]) -> Result<Vec<OsString>> {
     let text = read_bounded(file)?;
     let entries = if file.extension().is_some_and(|e| e == "json") {
-        let record = read_run_json(file, &text)?;
         // run.json holds the newest invocation's settings: a run resumed
         // with others cannot be repeated from them (a resume takes the
         // newest, as --resume alone does)
-        let newest = |s: &Segment| {
-            (s.settings.as_ref())
-                .is_some_and(|sum| trained_with(sum, &record.train, &record.parallel))
-        };
         let repeats = !given.iter().any(|g| g == "resume");
-        let segments = &record.segments;
-        if let Some(w) = segments.windows(2).rfind(|w| repeats && !newest(&w[0])) {
-            let (was, now) = (w[0].parallel.precision, w[1].parallel.precision);
-            let what = match was == now {
-                true => String::new(),
-                false => format!(" (--precision {} after {})", name(now), name(was)),
-            };
-            bail!(
-                "{}: the run was resumed at step {} with other settings than its earlier steps trained with{what} (or by a distgpt that did not record them), and run.json keeps only the newest: --config cannot repeat that run; continue it with `distgpt train --resume DIR`, or put the settings to repeat in a TOML file",
-                file.display(),
-                w[1].from_step
-            );
-        }
+        let record = read_run_json(file, &text, |record| match repeats {
+            true => repeatable(file, record),
+            false => Ok(()),
+        })?;
         record_entries(&record)
     } else {
         toml_entries(file, &text)?

@@ -78,15 +78,17 @@ fn weights_file(a: ConsolidateArgs) -> Result<()> {
         "checkpoint consolidate RUN --out FILE.safetensors",
         "checkpoint consolidate RUN --out DIR (DIR/model.safetensors)",
     );
-    if a.out.exists() && !a.overwrite {
+    if a.out.is_dir() || (a.out.exists() && !a.overwrite) {
         bail!(
-            "--out {} exists; pass --overwrite to replace it",
+            "--out {} exists; pass --overwrite to replace a file",
             a.out.display()
         );
     }
     let dir = checkpoint::state::latest(&a.checkpoint).context("nothing to consolidate")?;
-    let folder = a.out.with_extension("safetensors.parts");
-    let _ = std::fs::remove_dir_all(&folder);
+    // a folder of this process's own beside the file, gone after
+    let folder = a
+        .out
+        .with_extension(format!("safetensors.{}", std::process::id()));
     let weights = folder.join(distgpt::model::files::WEIGHTS_FILE);
     let written = consolidate(&dir, &folder, None).and_then(|index| {
         std::fs::rename(&weights, &a.out).map_err(|e| distgpt::error::Error::io(&weights, e))?;

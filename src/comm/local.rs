@@ -51,6 +51,8 @@ struct State {
     arrived: Vec<bool>,
     /// Each rank's deposit: a `Vec<T>` of the collective's element type.
     slots: Vec<Box<dyn Any + Send>>,
+    /// The length of the buffer each rank's deposit is (a part of).
+    totals: Vec<usize>,
     /// Each rank's buffers of the other element types it deposited before,
     /// kept for their next deposit: a step's small f64 all-reduce between
     /// two large f32 collectives must not free and refault the large one.
@@ -80,6 +82,7 @@ impl Group {
                 slots: (0..n)
                     .map(|_| Box::new(()) as Box<dyn Any + Send>)
                     .collect(),
+                totals: vec![0; n],
                 kept: (0..n).map(|_| HashMap::new()).collect(),
                 mail: HashMap::new(),
                 subgroups: HashMap::new(),
@@ -173,11 +176,13 @@ impl Group {
             .map(|_| ())
     }
 
-    /// Copies `input` into this rank's slot, reusing the allocation of its
-    /// last deposit of this element type.
-    fn deposit<T: CommElem>(&self, me: usize, input: &[T]) {
+    /// Copies `input`, a part of a buffer of `total` elements, into this
+    /// rank's slot, reusing the allocation of its last deposit of this
+    /// element type.
+    fn deposit<T: CommElem>(&self, me: usize, input: &[T], total: usize) {
         let mut st = self.lock();
         let st = &mut *st;
+        st.totals[me] = total;
         if !st.slots[me].is::<Vec<T>>() {
             let mine = st.kept[me]
                 .remove(&TypeId::of::<Vec<T>>())
@@ -203,22 +208,32 @@ impl Group {
         read: impl FnOnce(&[&[T]]) -> R,
     ) -> Result<R> {
         self.sync(me, what)?;
-        let views: Option<Vec<&[T]>> = {
+        let (views, totals): (Option<Vec<&[T]>>, Vec<usize>) = {
             let st = self.lock();
             // SAFETY: the slots belong to the group, which outlives this call,
             // and nobody writes a slot between the two rendezvous: deposits
             // happen only before a collective's first one, and no rank can
             // start the next collective before every rank has passed the second.
-            st.slots
+            let views = st
+                .slots
                 .iter()
                 .map(|slot| {
                     let v = slot.downcast_ref::<Vec<T>>()?;
                     Some(unsafe { std::slice::from_raw_parts(v.as_ptr(), v.len()) })
                 })
-                .collect()
+                .collect();
+            (views, st.totals.clone())
         };
-        let out = views.map(|v| read(&v));
+        // every rank sees the same totals: on other lengths all refuse alike
+        // (a part of one rank's buffer would pair with another's next call)
+        let alike = totals.iter().all(|&t| t == totals[0]);
+        let out = views.filter(|_| alike).map(|v| read(&v));
         self.sync(me, what)?;
+        if !alike {
+            return Err(Error::Comm(format!(
+                "{what}: the ranks passed buffers of other lengths ({totals:?})"
+            )));
+        }
         out.ok_or_else(|| {
             Error::Comm(format!(
                 "{what}: ranks passed different element types (rank {} passed {})",
@@ -236,7 +251,7 @@ impl Group {
         input: &[T],
         read: impl FnOnce(&[&[T]]) -> R,
     ) -> Result<R> {
-        self.deposit(me, input);
+        self.deposit(me, input, input.len());
         self.read_all(me, what, read)
     }
 }
@@ -301,9 +316,10 @@ impl LocalComm {
     /// holds none). Each element is summed in rank order as before.
     fn all_reduce_typed<T: CommElem>(&self, buf: &mut [T]) -> Result<()> {
         let t0 = Instant::now();
+        let total = buf.len();
         for part in buf.chunks_mut(ALL_REDUCE_PART) {
             let n = part.len();
-            self.group.deposit(self.rank, part);
+            self.group.deposit(self.rank, part, total);
             self.group.read_all(self.rank, "all_reduce", |slots| {
                 sum_slots(slots, 0..n, part)
             })?;
@@ -341,7 +357,8 @@ impl LocalComm {
     fn broadcast_typed<T: CommElem>(&self, buf: &mut [T], root: usize) -> Result<()> {
         let t0 = Instant::now();
         let me = self.rank;
-        self.group.deposit(me, if me == root { &*buf } else { &[] });
+        let mine: &[T] = if me == root { buf } else { &[] };
+        self.group.deposit(me, mine, buf.len());
         self.group.read_all(me, "broadcast", |slots| {
             if me != root {
                 buf.copy_from_slice(slots[root])
@@ -573,6 +590,27 @@ mod tests {
 
     /// A step's small f64 all-reduce between large f32 collectives must not
     /// free the f32 buffer (it was refaulted every step).
+    /// An all-reduce passes a buffer in parts: one rank's longer buffer
+    /// is refused on every rank, not summed part by part with the other's
+    /// next call (its last part met rank 1's one-float all-reduce alike).
+    #[test]
+    fn ranks_passing_buffers_of_other_lengths_are_refused() {
+        let part = ALL_REDUCE_PART;
+        let out = run(2, |c| {
+            let mut buf = vec![1.0f32; 2 * part + 1 - c.rank()];
+            let first = c.all_reduce(&mut buf).err().map(|e| e.to_string());
+            let mut loss = [2.0f32];
+            let next = c.all_reduce(&mut loss).err().map(|e| e.to_string());
+            (first, next, buf.last().copied())
+        });
+        let said = format!("{out:?}");
+        assert!(said.contains("other lengths"), "{said}");
+        // the parts both ranks passed summed; then every rank refused
+        for (first, next, _) in &out {
+            assert!(first.is_some() || next.is_some(), "{said}");
+        }
+    }
+
     #[test]
     fn a_deposit_of_another_type_keeps_the_first_types_buffer() {
         let (w, _) = world(1, Duration::from_secs(10));
@@ -582,16 +620,16 @@ mod tests {
                 .downcast_ref::<Vec<f32>>()
                 .map(|v| v.as_ptr())
         };
-        g.deposit(0, &vec![1.0f32; 1 << 20]);
+        g.deposit(0, &vec![1.0f32; 1 << 20], 1 << 20);
         let first = ptr(&g).expect("an f32 slot");
-        g.deposit(0, &[2.0f64]);
+        g.deposit(0, &[2.0f64], 1);
         assert!(ptr(&g).is_none());
         let kept = g.lock().kept[0]
             .get(&TypeId::of::<Vec<f32>>())
             .and_then(|v| v.downcast_ref::<Vec<f32>>())
             .map(|v| v.as_ptr());
         assert_eq!(kept, Some(first), "the f32 buffer was not kept");
-        g.deposit(0, &vec![3.0f32; 1 << 20]);
+        g.deposit(0, &vec![3.0f32; 1 << 20], 1 << 20);
         assert_eq!(ptr(&g), Some(first), "the f32 buffer was allocated anew");
     }
 

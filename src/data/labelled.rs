@@ -91,6 +91,7 @@ impl LabelledSet {
             )));
         }
         let path = dir.join("labels.json");
+        crate::store::regular_file(&path)?;
         let text = std::fs::read_to_string(&path)
             .map_err(|e| Error::Input(format!("cannot read {}: {e}", path.display())))?;
         let labels: Vec<String> =

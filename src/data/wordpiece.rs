@@ -135,7 +135,7 @@ impl Normalizer {
 
 /// A JSON file of a tokenizer's settings.
 fn read_json(path: &Path) -> Result<serde_json::Value> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let text = crate::store::read_text(path)?;
     serde_json::from_str(&text).map_err(|e| Error::Input(format!("{}: {e}", path.display())))
 }
 
@@ -211,6 +211,7 @@ impl WordPiece {
     /// From a `vocab.txt` (one token per line, line i is id i), BERT
     /// uncased's normalizer.
     fn from_vocab_file(path: &Path) -> Result<Self> {
+        crate::store::regular_file(path)?;
         let text = std::fs::read_to_string(path)
             .map_err(|e| Error::Input(format!("cannot read {}: {e}", path.display())))?;
         Self::new(text.lines().map(str::to_string).collect()).map_err(|e| match e {

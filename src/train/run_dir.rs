@@ -684,7 +684,7 @@ pub fn read_record_to_resume(dir: &Path) -> Result<RunRecord> {
 
 fn read_record_checked(dir: &Path, settings: bool) -> Result<RunRecord> {
     let path = dir.join(RUN_FILE);
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let text = crate::store::read_text(&path)?;
     let bad = |reason: String| Error::checkpoint(&path, reason);
     let mut record: RunRecord =
         serde_json::from_str(&text).map_err(|e| bad(format!("invalid run record: {e}")))?;
@@ -738,7 +738,7 @@ fn next_record(
         Vec::new()
     };
     segments.retain(|s| s.from_step < from_step);
-    if let Some(last) = segments.last().filter(|s| s.device != fresh.device) {
+    if let Some(last) = (segments.last()).filter(|s| summing(&s.device) != summing(&fresh.device)) {
         crate::errln!(
             "note: the steps to {from_step} ran on {}, the steps from here on {}: another device or thread count adds in another order, so the run now follows an uninterrupted one to float tolerance, not bit for bit (resume on {} for that)",
             last.device,
@@ -756,6 +756,20 @@ fn next_record(
     });
     fresh.segments = segments;
     Ok(serde_json::to_string_pretty(&fresh).expect("records serialise"))
+}
+
+/// A device as a run's sums follow it: its description less what changes
+/// from one opening to the next (a GPU's free memory, "..., 80647 of 81559
+/// MiB free").
+fn summing(device: &str) -> String {
+    let free = " MiB free";
+    match device
+        .find(free)
+        .and_then(|end| Some((device[..end].rfind(", ")?, end)))
+    {
+        Some((start, end)) => format!("{}{}", &device[..start], &device[end + free.len()..]),
+        None => device.to_string(),
+    }
 }
 
 /// The steps 1..=`to` that `records` (in order) lack, as spans ("3-4, 7"),
@@ -979,6 +993,17 @@ mod tests {
         ));
         let e: Duration = serde_json::from_str(r#"{"Epochs": 1.5}"#).unwrap();
         assert!(matches!(e, Duration::Epochs(x) if x == 1.5));
+    }
+
+    /// A GPU's free memory, which changes between two openings of the
+    /// same device, does not make it another device's sums.
+    #[test]
+    fn a_device_sums_alike_whatever_its_free_memory() {
+        let at =
+            |free: u32| format!("cuda (NVIDIA H100 80GB HBM3 (sm_90, {free} of 81559 MiB free))");
+        assert_eq!(summing(&at(80647)), summing(&at(80611)));
+        assert_eq!(summing(&at(80647)), "cuda (NVIDIA H100 80GB HBM3 (sm_90))");
+        assert_ne!(summing("cpu (1 thread)"), summing("cpu (2 threads)"));
     }
 
     /// What decides the numbers moves the checksum (precision among them);
