@@ -588,8 +588,6 @@ mod tests {
         );
     }
 
-    /// A step's small f64 all-reduce between large f32 collectives must not
-    /// free the f32 buffer (it was refaulted every step).
     /// An all-reduce passes a buffer in parts: one rank's longer buffer
     /// is refused on every rank, not summed part by part with the other's
     /// next call (its last part met rank 1's one-float all-reduce alike).
@@ -611,6 +609,8 @@ mod tests {
         }
     }
 
+    /// A step's small f64 all-reduce between large f32 collectives must not
+    /// free the f32 buffer (it was refaulted every step).
     #[test]
     fn a_deposit_of_another_type_keeps_the_first_types_buffer() {
         let (w, _) = world(1, Duration::from_secs(10));

@@ -56,9 +56,10 @@ pub struct Segment {
 /// A checksum of the settings that decide what a run computes: its
 /// configuration less what only changes what is shown (messages, log
 /// cadence, the peak MFU divides by, TensorBoard files) and where it is
-/// (its folder, however spelled or moved), and its matmuls' precision. The layout (strategy, ranks, tp, pp, recomputation,
-/// offload), the device and the CPU's matmul library are left out: each
-/// computes the same run to float tolerance, as resuming into another
+/// (its folder, however spelled or moved), and its matmuls' precision.
+/// The layout (strategy, ranks, tp, pp, recomputation, offload), the
+/// device and the CPU's matmul library are left out: each computes the
+/// same run to float tolerance, as resuming into another
 /// layout does (`tests/strategies.rs`, `tests/checkpoints.rs`); bf16
 /// rounds every matmul's operands, another run. A field added to
 /// [`TrainConfig`] must serialise to nothing at its default (or be left out
@@ -73,7 +74,8 @@ pub fn settings_checksum(t: &TrainConfig, par: &ParallelConfig) -> String {
 
 /// Whether `sum`, a segment's checksum, is that of the settings `t`,
 /// `par`: as [`settings_checksum`] counts them, or as records before
-/// 2026-12-07 did, the run's folder among them as it was then spelled.
+/// 2026-12-07 did, the run's folder among them (as `t` spells it: a
+/// segment of an older record that spelled it otherwise does not match).
 pub fn trained_with(sum: &str, t: &TrainConfig, par: &ParallelConfig) -> bool {
     sum == settings_checksum(t, par) || sum == counted_checksum(t, par)
 }
