@@ -208,7 +208,9 @@ impl Group {
         read: impl FnOnce(&[&[T]]) -> R,
     ) -> Result<R> {
         self.sync(me, what)?;
-        let (views, totals): (Option<Vec<&[T]>>, Vec<usize>) = {
+        // every rank sees the same totals: on other lengths all refuse alike
+        // (a part of one rank's buffer would pair with another's next call)
+        let (views, other_lengths): (Option<Vec<&[T]>>, Option<Vec<usize>>) = {
             let st = self.lock();
             // SAFETY: the slots belong to the group, which outlives this call,
             // and nobody writes a slot between the two rendezvous: deposits
@@ -222,14 +224,12 @@ impl Group {
                     Some(unsafe { std::slice::from_raw_parts(v.as_ptr(), v.len()) })
                 })
                 .collect();
-            (views, st.totals.clone())
+            let alike = st.totals.iter().all(|&t| t == st.totals[0]);
+            (views, (!alike).then(|| st.totals.clone()))
         };
-        // every rank sees the same totals: on other lengths all refuse alike
-        // (a part of one rank's buffer would pair with another's next call)
-        let alike = totals.iter().all(|&t| t == totals[0]);
-        let out = views.filter(|_| alike).map(|v| read(&v));
+        let out = views.filter(|_| other_lengths.is_none()).map(|v| read(&v));
         self.sync(me, what)?;
-        if !alike {
+        if let Some(totals) = other_lengths {
             return Err(Error::Comm(format!(
                 "{what}: the ranks passed buffers of other lengths ({totals:?})"
             )));

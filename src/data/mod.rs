@@ -399,13 +399,7 @@ fn read_text(source: Option<&Path>) -> Result<std::borrow::Cow<'static, str>> {
         None => Ok(SHAKESPEARE.into()),
         Some(p) => {
             // a device or a pipe (/dev/zero) would be read without end
-            if !std::fs::metadata(p).map_err(|e| Error::io(p, e))?.is_file() {
-                return Err(Error::Input(format!(
-                    "{} is not a regular file: give a text file",
-                    p.display()
-                )));
-            }
-            let text = std::fs::read_to_string(p).map_err(|e| Error::io(p, e))?;
+            let text = crate::store::read_text(p)?;
             if text.trim().is_empty() {
                 return Err(Error::Input(format!(
                     "{}: the file is empty (or only whitespace): there is nothing to tokenize",
