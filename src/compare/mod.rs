@@ -528,7 +528,7 @@ fn announce(spec: &CompareSpec, ds: &Dataset, cells: &[Cell], predicted: &[Predi
             spec.repeats
         );
     } else {
-        let windows = ds.train.len().saturating_sub(1) / spec.seq_len.max(1);
+        let windows = ds.train.windows(spec.seq_len.max(1));
         let secs = estimate_s(spec, windows, cells, predicted);
         crate::errln!(
             "{} runs ({} cells x {} repeats), estimated {:.0} min {:02.0} s of training (plan's step times; Ctrl-C stops and writes a partial report)",

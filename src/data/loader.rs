@@ -31,6 +31,12 @@ impl Part {
     }
 }
 
+/// Whole windows of `t` tokens and their targets in `p`: a window's last
+/// target is the token after it, so the part's last token starts none.
+fn part_windows(p: &Part, t: usize) -> usize {
+    p.len().saturating_sub(1) / t
+}
+
 /// The train or validation tokens.
 pub struct Split {
     pub parts: Vec<Part>,
@@ -43,6 +49,12 @@ impl Split {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// How many training windows of `t` tokens (and the next one each
+    /// predicts) the loader cuts from the split: whole windows of each part.
+    pub fn windows(&self, t: usize) -> usize {
+        self.parts.iter().map(|p| part_windows(p, t)).sum()
     }
 
     /// `n` consecutive tokens from a place drawn by `rng`, every start
@@ -208,10 +220,7 @@ impl<'a> DataLoader<'a> {
             .parts
             .iter()
             .enumerate()
-            .flat_map(|(pi, p)| {
-                let n = p.len().saturating_sub(1) / t;
-                (0..n).map(move |w| (pi as u32, w * t))
-            })
+            .flat_map(|(pi, p)| (0..part_windows(p, t)).map(move |w| (pi as u32, w * t)))
             .collect();
         if windows.len() < b {
             return Err(Error::Input(format!(
@@ -343,6 +352,20 @@ pub(crate) mod tests {
         };
         assert_eq!(whole.random_run(2, &mut rng), Some(vec![4, 5]));
         assert_eq!(whole.random_run(3, &mut rng), None);
+    }
+
+    /// A split's windows are its parts' whole windows, as the loader cuts
+    /// them: parts of 3, 5 and 9 tokens hold 1 + 2 + 4 windows of 2 (and
+    /// their targets), not the 8 of their 17 tokens end to end.
+    #[test]
+    fn a_splits_windows_are_its_parts_whole_windows_as_the_loader_cuts_them() {
+        let split = Split {
+            parts: [3u16, 5, 9].map(|n| Part::Memory((0..n).collect())).into(),
+        };
+        assert_eq!(split.windows(2), 7);
+        let loader = DataLoader::new(&split, "train", 1, 2, 0, false).unwrap();
+        assert_eq!(loader.batches_per_epoch(), 7);
+        assert_eq!(split.windows(9), 0);
     }
 
     /// Each epoch's windows (by their first token / T), batch by batch.

@@ -133,6 +133,23 @@ struct Timed {
     timelines: Vec<Vec<Span>>,
 }
 
+impl Timed {
+    /// A rank's figures a step over `steps` timed steps: bytes and seconds
+    /// in collectives (the counters `now` less those before the timed
+    /// steps), the step's and the update's seconds, and the step's parts.
+    fn per_step(&self, now: &CommStats, steps: usize, parts: usize) -> [f64; 5] {
+        let c = now.since(&self.before);
+        let steps = steps.max(1) as f64;
+        [
+            c.total_bytes() as f64 / steps,
+            c.seconds / steps,
+            self.total / steps,
+            self.update / steps,
+            parts as f64,
+        ]
+    }
+}
+
 /// Every rank's measurements from `steps` timed steps (collective): each
 /// rank's peak memory, collectives and times, gathered.
 fn every_rank(
@@ -141,8 +158,7 @@ fn every_rank(
     steps: usize,
     timed: Timed,
 ) -> Result<Vec<RankBench>> {
-    let c = strategy.comm_stats();
-    let steps = steps.max(1) as f64;
+    let times = timed.per_step(&strategy.comm_stats(), steps, strategy.batch_parts());
     let memory = strategy.memory();
     let host = memory
         .host
@@ -153,14 +169,6 @@ fn every_rank(
         .into_iter()
         .chain(<[u64; PeakRow::LEN]>::from(host))
         .collect();
-    let c = c.since(&timed.before);
-    let times = [
-        c.total_bytes() as f64 / steps,
-        c.seconds / steps,
-        timed.total / steps,
-        timed.update / steps,
-        strategy.batch_parts() as f64,
-    ];
     let mut all_peaks = vec![0u64; peak.len() * world.size()];
     world.all_gather(&peak, &mut all_peaks)?;
     let mut all_times = vec![0f64; times.len() * world.size()];
@@ -188,4 +196,29 @@ fn every_rank(
             }
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each figure is the timed steps' total over their count, the
+    /// collectives' less what was counted before the first timed step.
+    #[test]
+    fn a_ranks_figures_a_step_are_the_timed_steps_totals_over_their_count() {
+        let counters = |bytes, seconds| CommStats {
+            all_reduce_bytes: bytes,
+            p2p_bytes: 8,
+            seconds,
+            ..CommStats::default()
+        };
+        let timed = Timed {
+            total: 5.0,
+            update: 1.5,
+            before: counters(100, 1.0),
+            ..Timed::default()
+        };
+        let got = timed.per_step(&counters(500, 3.5), 4, 3);
+        assert_eq!(got, [100.0, 0.625, 1.25, 0.375, 3.0]);
+    }
 }
