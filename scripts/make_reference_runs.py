@@ -13,8 +13,8 @@ tests/fixtures/reference_runs/<task>/:
   data         the text (lm, mlm) or the labelled set (classify: data/)
   run.json     the hyper-parameters both sides train with
   reference.safetensors
-               per step: the learning rate, the loss (the mean of the
-               step's micro-batch losses), the gradient norm before
+               per step: the learning rate, the loss (of the batch of
+               all the step's micro-batches' rows), the gradient norm before
                clipping, the epochs the data has advanced; every micro-batch's inputs, targets (-100: no
                loss) and, for a classifier, its rows' lengths before
                [PAD]; the validation loss after the last step (and a
@@ -176,13 +176,14 @@ def optimizer(model, h):
 
 
 def train(model, h, next_micro, loss_of, epoch):
-    """The run: per step, the mean of the micro-batch losses, gradients of
-    their mean, the global norm before clipping, then AdamW; `epoch()` is
-    where the data stands after a step (whole epochs plus the share of
-    this one's batches taken). Micro-batches weigh alike here; distgpt
-    divides each by the step's targets (the batch of all their rows),
-    the same where they hold as many targets, as every run here does
-    (language models' full micro-batches; the BERT runs' grad_accum 1)."""
+    """The run: per step, the loss of the batch of all its micro-batches'
+    rows (each micro-batch's mean loss weighed by its share of the step's
+    targets, as transformers weighs them by `num_items_in_batch`: a
+    micro-batch with fewer targets, a masked LM's fewer masks or a
+    classifier's short last batch, weighs less), gradients of it, the
+    global norm before clipping, then AdamW; `epoch()` is where the data
+    stands after a step (whole epochs plus the share of this one's batches
+    taken)."""
     opt = optimizer(model, h)
     record = {"lr": [], "loss": [], "grad_norm": [], "epoch": []}
     batches = []
@@ -191,17 +192,19 @@ def train(model, h, next_micro, loss_of, epoch):
         for g in opt.param_groups:
             g["lr"] = lr
         opt.zero_grad()
-        losses = []
-        for _ in range(h["grad_accum"]):
-            batch = next_micro(step)
+        micro = [next_micro(step) for _ in range(h["grad_accum"])]
+        counts = [int((b["targets"] != IGNORE).sum()) for b in micro]
+        loss = 0.0
+        for batch, n in zip(micro, counts):
             batches.append(batch)
-            loss = loss_of(batch)
-            (loss / h["grad_accum"]).backward()
-            losses.append(loss.item())
+            share = n / sum(counts)
+            mean = loss_of(batch)
+            (mean * share).backward()
+            loss += mean.item() * share
+        record["loss"].append(loss)
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), h["grad_clip"])
         opt.step()
         record["lr"].append(lr)
-        record["loss"].append(sum(losses) / len(losses))
         record["grad_norm"].append(norm.item())
         record["epoch"].append(epoch())
         print(f"  step {step + 1}: lr {lr:.6g} loss {record['loss'][-1]:.6f} grad norm {norm.item():.6f}")
@@ -288,10 +291,12 @@ def lm():
 
 
 def mlm():
-    """A BERT masked LM on characters: 10 steps of 4 x 16, masks per step, into a second epoch."""
+    """A BERT masked LM on characters: 10 steps of 2 micro-batches of 4 x
+    16, masks per micro-batch (so the two hold different numbers of
+    targets, and weigh by them), into a second epoch."""
     out, chars, train_tokens, val_tokens = char_data("mlm", 650)
     mask_id = len(chars)
-    h = dict(HYPER, task="mlm", data="text", batch_size=4, seq_len=16, grad_accum=1, steps=10)
+    h = dict(HYPER, task="mlm", data="text", batch_size=4, seq_len=16, grad_accum=2, steps=10)
     torch.manual_seed(21)
     cfg = BertConfig(vocab_size=len(chars) + 1, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                      intermediate_size=64, max_position_embeddings=h["seq_len"], type_vocab_size=2,
@@ -304,7 +309,7 @@ def mlm():
     perturb(model, 22)
     model.save_pretrained(os.path.join(out, "init"), safe_serialization=True)
     loader = Windows(train_tokens, h["batch_size"], h["seq_len"], h["seed"], True)
-    assert loader.n // h["batch_size"] < h["steps"], "the masks cross an epoch"
+    assert loader.n // h["batch_size"] < h["steps"] * h["grad_accum"], "the masks cross an epoch"
 
     def micro(step):
         # the key is the step and the loader's place before it takes the batch
@@ -318,6 +323,10 @@ def mlm():
         return model(input_ids=b["inputs"], labels=b["targets"].long()).loss
 
     record, batches = train(model, h, micro, loss_of, loader.epochs)
+    counts = [int((b["targets"] != IGNORE).sum()) for b in batches]
+    pairs = list(zip(counts[::2], counts[1::2]))
+    assert any(a != b for a, b in pairs), "every step's micro-batches hold as many targets"
+    print(f"  targets of each step's micro-batches: {pairs}")
     kept = sum(int(((b["inputs"] == b["targets"]) & (b["targets"] != IGNORE)).sum()) for b in batches)
     shown = sum(int((b["inputs"] == mask_id).sum()) for b in batches)
     print(f"  masked positions: {shown} [MASK], {kept} kept as they were")
