@@ -2145,6 +2145,11 @@ fn bad_numbers_and_outputs_over_inputs_are_refused_by_name() {
             "--sample-tokens",
         ),
         (vec!["--threads", "100000", "devices"], "--threads 100000"),
+        // epochs past the steps a run takes (cut to 10^9 without a word)
+        (
+            vec!["train", "--model", "tiny", "--epochs", "1000000"],
+            "steps of this data, more than 1000000000",
+        ),
         (
             vec!["bench", "--model", "tiny", "--peak-tflops", "0"],
             "--peak-tflops",
@@ -3267,6 +3272,28 @@ fn prompts_cut_short_by_the_block_are_named() {
     let said = String::from_utf8_lossy(&o.stderr).to_string();
     assert!(!said.contains("stopped at"), "one prompt slides on: {said}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `generate` with no prompt starts a character model whose text had no
+/// newline at its first character, as the run's own sample does: it
+/// refused the newline it had chosen itself ("character '\\n' ... is not
+/// in this model's character vocabulary").
+#[test]
+fn generate_without_a_prompt_starts_a_vocabulary_without_a_newline() {
+    let dir = run_dir("no-newline");
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = dir.join("ab.txt");
+    std::fs::write(&text, "ab".repeat(400)).unwrap();
+    let out = dir.join("run");
+    let out = out.to_str().unwrap();
+    train_tiny(out, &["--steps", "1", "--data", text.to_str().unwrap()]);
+    let generated = succeeded(distgpt(&["generate", out, "--tokens", "5"]));
+    let text = String::from_utf8_lossy(&generated.stdout);
+    let text = text.trim_end();
+    assert!(
+        text.len() >= 5 && text.chars().all(|c| "ab".contains(c)),
+        "{text:?}"
+    );
 }
 
 /// One prompt that meets the end of text is not said to have stopped at

@@ -487,9 +487,73 @@ fn a_diverging_step_is_not_applied_and_never_checkpointed() {
             "1",
         ],
     );
+    // the one checkpoint kept holds the weights that gave the NaN: it is
+    // not offered (resumed, it replays the same batch on them)
     let err = stderr(&out);
-    assert!(err.contains("--from-step 1"), "{err}");
+    assert!(
+        err.contains("The checkpoint of step 1 holds the weights that gave these numbers")
+            && err.contains("No checkpoint of an earlier step is kept: start again")
+            && !err.contains("--from-step"),
+        "{err}"
+    );
     state::load(&state::latest(&dir2).unwrap()).unwrap();
+}
+
+/// A divergence's hint resumes: checkpoints after steps 1 to 3 at a sane
+/// rate, then steps at 1e10, whose step 5 is not finite from step 4's
+/// weights: the hint names step 3, and running it trains on. It named the
+/// newest, step 4, whose resume failed again word for word. And a last
+/// update that leaves weights scoring no finite loss stops the run before
+/// its model files and checkpoint are written: the run exited 0 with a
+/// NaN validation loss, a checkpoint and model files of those weights.
+#[test]
+fn a_divergences_hint_resumes_and_a_diverged_last_update_writes_no_model() {
+    let dir = tmp("diverge-hint");
+    let every = ["--checkpoint-every", "1", "--keep-checkpoints", "9"];
+    assert!(train(
+        &dir,
+        &[&["--steps", "3", "--warmup", "0"], &every[..]].concat()
+    )
+    .status
+    .success());
+    let resume = |extra: &[&str]| {
+        bin()
+            .args(["train", "--quiet", "--resume", dir.to_str().unwrap()])
+            .args(["--steps", "6"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = resume(&["--lr", "1e10", "--min-lr", "1e10"]);
+    let err = stderr(&out);
+    let hint = err
+        .split("--from-step ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no --from-step in the hint: {err}"));
+    assert!(
+        !out.status.success() && err.contains("step 5: loss NaN") && hint == "3",
+        "{err}"
+    );
+    let out = resume(&["--from-step", hint, "--lr", "1e-3"]);
+    assert!(out.status.success(), "the hint's resume: {}", stderr(&out));
+
+    let last = tmp("diverge-last");
+    let out = train(
+        &last,
+        &[
+            &["--steps", "1", "--warmup", "0", "--lr", "1e10"],
+            &every[..],
+        ]
+        .concat(),
+    );
+    let err = stderr(&out);
+    assert!(
+        !out.status.success()
+            && err.contains("step 1: the validation loss after its update is NaN"),
+        "{err}"
+    );
+    assert!(!last.join("model.safetensors").exists() && state::list(&last).unwrap().is_empty());
 }
 
 #[test]

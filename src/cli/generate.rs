@@ -11,7 +11,7 @@ pub(super) struct GenerateArgs {
     /// `--run RUN`: RUN's spelling before it was positional.
     #[arg(long = "run", value_name = "RUN", hide = true, conflicts_with = "run")]
     old_run: Option<PathBuf>,
-    /// Text to continue; repeat for a batch of prompts (default: a newline, or <|endoftext|> for GPT-2 tokens).
+    /// Text to continue; repeat for a batch of prompts (default: <|endoftext|> for GPT-2 tokens, else a newline, or the first character where the model has none).
     #[arg(long)]
     prompt: Vec<String>,
     /// Tokens to generate.
@@ -158,10 +158,7 @@ pub(super) fn run_generate(mut a: GenerateArgs) -> Result<()> {
     }
     let tk = data::Tokenizer::from_spec(&meta.tokenizer)?;
     let prompts: Vec<Vec<u32>> = if a.prompt.is_empty() {
-        vec![match tk.eot() {
-            Some(eot) => vec![eot],
-            None => tk.encode("\n")?,
-        }]
+        vec![tk.no_prompt()]
     } else {
         a.prompt
             .iter()

@@ -113,6 +113,15 @@ impl Tokenizer {
         }
     }
 
+    /// Where a sample with no prompt starts: the end-of-text token, else a
+    /// newline, else (a vocabulary without one) its first token.
+    pub fn no_prompt(&self) -> Vec<u32> {
+        match self.eot() {
+            Some(eot) => vec![eot],
+            None => self.encode("\n").unwrap_or_else(|_| vec![0]),
+        }
+    }
+
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         match self {
             Tokenizer::Char { index, .. } => text
@@ -403,6 +412,21 @@ impl Tokenizer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A sample with no prompt starts at the end of text, else a newline,
+    /// else the vocabulary's first token.
+    #[test]
+    fn a_sample_with_no_prompt_starts_where_the_vocabulary_can() {
+        let of = |chars: &str| {
+            Tokenizer::from_spec(&TokenizerSpec::Char {
+                chars: chars.into(),
+            })
+        };
+        assert_eq!(of("ab\n").unwrap().no_prompt(), [2]);
+        assert_eq!(of("ab").unwrap().no_prompt(), [0]);
+        let gpt2 = Tokenizer::from_spec(&TokenizerSpec::Gpt2).unwrap();
+        assert_eq!(gpt2.no_prompt(), [GPT2_EOT]);
+    }
 
     #[test]
     fn gpt2_tokenizer_matches_known_ids_and_round_trips() {

@@ -155,10 +155,7 @@ impl<B: Backend> Task<B> for LmTask<'_> {
     /// Empty for a family that does not decode.
     fn sample(&self, backend: B, params: &[f32], tokens: usize, seed: u64) -> Result<String> {
         let tk = &self.data.tokenizer;
-        let prompt = match tk.eot() {
-            Some(eot) => vec![eot],
-            None => tk.encode("\n").unwrap_or_else(|_| vec![0]),
-        };
+        let prompt = tk.no_prompt();
         let sc = SampleConfig {
             max_new_tokens: tokens,
             temperature: 0.8,

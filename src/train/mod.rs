@@ -430,23 +430,29 @@ pub fn train_lm<B: Backend + 'static>(
     train(make_backend, &task, cfg, par, threads, timeout)
 }
 
-/// The error for a step whose loss or gradient was not finite: the update
-/// was skipped, so the newest checkpoint is the last good state.
-fn diverged(step: usize, why: &str, cfg: &TrainConfig) -> Error {
-    let newest = state::list(&cfg.out_dir)
-        .ok()
-        .and_then(|l| l.last().and_then(|d| state::step_of(d)));
-    Error::Diverged(format!(
-        "step {}: {why}. {}",
-        step + 1,
-        match newest {
-            Some(n) => format!(
-                "The newest checkpoint (step {n}) holds finite weights: resume with `--resume {} --from-step {n} --lr <lower>`",
-                cfg.out_dir.display()
-            ),
-            None => "No checkpoint was written yet: start again with a lower --lr (and --checkpoint-every N)".into(),
-        }
-    ))
+/// The error for a run whose numbers stopped being finite at step `step`
+/// (0-based): its loss or gradient (`updated` false: the update was
+/// skipped, and the weights it started from gave those numbers) or, after
+/// its update, its evaluation or weights (`updated`). Names the newest
+/// checkpoint of an earlier state to resume from: the one this step
+/// started from would fail the same way.
+fn diverged(step: usize, why: &str, cfg: &TrainConfig, updated: bool) -> Error {
+    let bad = step + usize::from(updated);
+    let kept: Vec<usize> = (state::list(&cfg.out_dir).unwrap_or_default().iter())
+        .filter_map(|d| state::step_of(d))
+        .collect();
+    let replays = match kept.contains(&bad) {
+        true => format!("The checkpoint of step {bad} holds the weights that gave these numbers (resumed, it fails again). "),
+        false => String::new(),
+    };
+    let next = match kept.into_iter().filter(|&n| n < bad).max() {
+        Some(n) => format!(
+            "The checkpoint of step {n} holds finite weights: resume with `--resume {} --from-step {n} --lr <lower>`",
+            cfg.out_dir.display()
+        ),
+        None => "No checkpoint of an earlier step is kept: start again with a lower --lr (and --checkpoint-every N)".into(),
+    };
+    Error::Diverged(format!("step {}: {why}. {replays}{next}", step + 1))
 }
 
 /// Puts the state to start from into `strategy` and `stream` (local, no

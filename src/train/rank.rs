@@ -7,7 +7,7 @@
 use super::run_dir::{self, RunRecord, StepLogs};
 use super::schedule::LrSchedule;
 use super::task::{epochs_done, Eval, Task, TrainStream};
-use super::{diverged, restore, TrainConfig, TrainSummary, INTERRUPTED, MAX_STEPS};
+use super::{diverged, restore, Duration, TrainConfig, TrainSummary, INTERRUPTED, MAX_STEPS};
 use crate::backend::cpu::blas;
 use crate::backend::{Backend, PeakRow};
 use crate::checkpoint::state;
@@ -38,7 +38,7 @@ pub fn train_rank<B: Backend + 'static>(
         if done.is_last {
             run.peak_rss_at_last_step = metrics::peak_rss_bytes();
             run.strategy.free_activations();
-            run.save_model()?;
+            run.save_model(step)?;
         }
         run.checkpoint_if_due(step, &done)?;
         if done.stopping {
@@ -150,7 +150,12 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
         let steps = cfg
             .duration
             .steps(train_loader.batches_per_epoch(), cfg.grad_accum)
-            .clamp(1, MAX_STEPS);
+            .max(1);
+        if let (Duration::Epochs(e), true) = (cfg.duration, steps > MAX_STEPS) {
+            return Err(Error::Config(format!(
+                "--epochs {e} is {steps} steps of this data, more than {MAX_STEPS}"
+            )));
+        }
         let sched = LrSchedule {
             max_lr: cfg.lr,
             min_lr: cfg.min_lr,
@@ -310,7 +315,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
                 grad_clip: cfg.grad_clip,
             },
         ) {
-            Err(Error::Diverged(why)) => return Err(diverged(step, &why, cfg)),
+            Err(Error::Diverged(why)) => return Err(diverged(step, &why, cfg, false)),
             other => other?,
         };
         let seconds = t0.elapsed().as_secs_f64();
@@ -351,6 +356,12 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             return Ok(None);
         }
         let v = self.task.evaluate(self.strategy.as_mut(), &self.cfg)?;
+        // the update left weights that score no finite loss (the same on
+        // every rank: the loss is the global batch's)
+        if !v.loss.is_finite() {
+            let why = format!("the validation loss after its update is {}", v.loss);
+            return Err(diverged(step, &why, &self.cfg, true));
+        }
         let scores = match (v.accuracy, v.f1) {
             (Some(a), Some(f1)) => {
                 let of = self.task.kind().spec().scores_of;
@@ -458,14 +469,20 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
     }
 
     /// **Collective** (the whole model is gathered), then rank 0 writes the
-    /// model files. They come before the final checkpoint: a run whose
-    /// final checkpoint exists is always readable. The gathered model is
-    /// not kept through the checkpoint ([`Run::finish`] gathers it again).
+    /// model files of the weights after step `step` (0-based), refused
+    /// where one is not finite (every rank holds them all). They come
+    /// before the final checkpoint: a run whose final checkpoint exists is
+    /// always readable. The gathered model is not kept through the
+    /// checkpoint ([`Run::finish`] gathers it again).
     /// The task's report of an earlier model (a finished run extended) is
     /// removed first: a run stopped before it reports again has none, and
     /// `--resume` scores it, rather than keeping figures of another model.
-    fn save_model(&mut self) -> Result<()> {
+    fn save_model(&mut self, step: usize) -> Result<()> {
         let full = self.strategy.full_params()?;
+        if !full.iter().all(|x| x.is_finite()) {
+            let why = "its update left non-finite weights; the model files were not written";
+            return Err(diverged(step, why, &self.cfg, true));
+        }
         if self.lead {
             if let Some(report) = self.task.report_file() {
                 let path = self.cfg.out_dir.join(report);
@@ -503,12 +520,16 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             keep: self.cfg.keep_checkpoints,
             extra: self.task.vocab().map(|v| ("vocab.txt", v)),
         };
-        state::save(
+        let saved = state::save(
             &self.cfg.out_dir,
             &info,
             &self.strategy.owned_state()?,
             self.world,
-        )?;
+        );
+        if let Err(Error::Diverged(why)) = saved {
+            return Err(diverged(step, &why, &self.cfg, true));
+        }
+        saved?;
         if done.stopping {
             self.note(&format!("stopped after step {}", step + 1));
         }

@@ -9,8 +9,12 @@ pub struct LrSchedule {
 }
 
 impl LrSchedule {
-    /// Learning rate of step `step` (0-based).
+    /// Learning rate of step `step` (0-based); `min_lr` past the schedule's
+    /// steps (a run extended), warmed up or not.
     pub fn at(&self, step: usize) -> f32 {
+        if step >= self.total_steps {
+            return self.min_lr;
+        }
         if step < self.warmup_steps {
             return self.max_lr * (step + 1) as f32 / self.warmup_steps as f32;
         }
@@ -38,5 +42,21 @@ mod tests {
         assert!((s.at(60) - 0.55).abs() < 1e-5);
         assert!((s.at(110) - 0.1).abs() < 1e-6);
         assert!(s.at(30) > s.at(31));
+    }
+
+    /// A run extended past a schedule it never finished warming up in runs
+    /// at `min_lr`, as past any schedule (it went on warming up: 6e-5 for
+    /// 1e-4 at step 6 of a 5-step schedule warming up over 100).
+    #[test]
+    fn past_its_steps_a_schedule_is_at_min_lr_even_while_warming_up() {
+        let s = LrSchedule {
+            max_lr: 1e-3,
+            min_lr: 1e-4,
+            warmup_steps: 100,
+            total_steps: 5,
+        };
+        assert!((s.at(4) - 5e-5).abs() < 1e-10);
+        assert_eq!(s.at(5), 1e-4);
+        assert_eq!(s.at(7), 1e-4);
     }
 }
