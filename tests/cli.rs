@@ -3613,6 +3613,25 @@ fn an_empty_compare_matrix_says_why_its_cells_were_skipped() {
             && error.ends_with("; and 1 more"),
         "{said}"
     );
+    // one rank of a parallel strategy is named as skipped (it said only
+    // "no valid run in the matrix")
+    let one = ["--world-sizes", "1", "--out", dir.to_str().unwrap()];
+    let said = refused(&[&["compare", "--strategies", "fsdp"], &one[..]].concat());
+    assert!(
+        said.contains("fsdp x1: one rank of a parallel strategy"),
+        "{said}"
+    );
+    // a training setting every run refuses is refused before the matrix is
+    // measured or its folder made (it calibrated, announced 36 runs and
+    // left an empty folder)
+    let fresh = run_dir("compare-lr-0");
+    let said = refused(&["compare", "--lr", "0", "--out", fresh.to_str().unwrap()]);
+    assert!(
+        said.contains("--lr 0 must be a positive number")
+            && !said.contains("estimated")
+            && !fresh.exists(),
+        "{said}"
+    );
 }
 
 /// A matrix's list that names a value twice is refused: its cells would

@@ -161,7 +161,6 @@ pub fn run(mut a: CompareArgs, threads: usize) -> Result<()> {
     }
     let names = a.models.as_deref().unwrap_or(&[]);
     let models = lm_models(names, ds.tokenizer.vocab_size(), seq_len)?;
-    create_report_dir(&out_dir)?;
     let repeats = a
         .repeats
         .map_or(if a.quick { 3 } else { 1 }, |n| n as usize);
@@ -183,6 +182,8 @@ pub fn run(mut a: CompareArgs, threads: usize) -> Result<()> {
         // a sign of life before minutes of training, --quick too
         announce_estimate: true,
     };
+    compare::check(&spec)?;
+    create_report_dir(&spec.out_dir)?;
     super::training::handle_stop_signals()?;
     let multi = MultiProgress::new();
     let done = compare::run(&spec, &ds, &multi)?;

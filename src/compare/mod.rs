@@ -162,6 +162,11 @@ pub fn layout_cells(
     for &layout in layouts {
         // one rank of a parallel strategy is `single` again
         let single = layout == Layout::Single;
+        if !single && world_sizes.contains(&1) {
+            skipped.push(format!(
+                "{name} {layout} x1: one rank of a parallel strategy is single's run (its row is single's)"
+            ));
+        }
         let worlds = world_sizes.iter().copied().filter(|&w| w > 1 && !single);
         for world in worlds.chain(single.then_some(1)) {
             if layout == Layout::Mesh && world < 4 {
@@ -562,6 +567,37 @@ fn run_name(cell: &Cell, repeat: usize, repeats: usize) -> String {
     name
 }
 
+/// The training settings of `cell`'s run `repeat`.
+fn run_config(spec: &CompareSpec, cell: &Cell, repeat: usize) -> TrainConfig {
+    let name = run_name(cell, repeat, spec.repeats);
+    TrainConfig {
+        batch_size: cell.batch,
+        seq_len: spec.seq_len,
+        grad_accum: spec.grad_accum,
+        duration: spec.duration,
+        lr: spec.lr,
+        min_lr: spec.lr / 10.0,
+        warmup_steps: 10,
+        eval_batches: spec.eval_batches,
+        sample_tokens: 0,
+        seed: spec.seed,
+        out_dir: spec.out_dir.join("runs").join(name),
+        // The report directory's runs are compare's own: a rerun into
+        // the same --out replaces them.
+        overwrite: true,
+        ..TrainConfig::default()
+    }
+}
+
+/// Checks the training settings every cell's runs take (a rate, a
+/// duration), before a calibration, a run or the report's folder.
+pub fn check(spec: &CompareSpec) -> Result<()> {
+    let (cells, _) = cells(spec);
+    cells
+        .iter()
+        .try_for_each(|cell| run_config(spec, cell, 0).validate())
+}
+
 /// Runs every cell `spec.repeats` times (bars on `multi`), returning one row
 /// per cell and the calibrations used for the predictions. A signal stops
 /// after the current step; the cell it cut short is left out.
@@ -604,24 +640,9 @@ pub fn run(spec: &CompareSpec, ds: &Dataset, multi: &MultiProgress) -> Result<Co
                 spec.repeats
             ));
             let bar = multi.add(crate::metrics::progress_bar(1, "  run   "));
-            let name = run_name(cell, repeat, spec.repeats);
             let cfg = TrainConfig {
-                batch_size: cell.batch,
-                seq_len: spec.seq_len,
-                grad_accum: spec.grad_accum,
-                duration: spec.duration,
-                lr: spec.lr,
-                min_lr: spec.lr / 10.0,
-                warmup_steps: 10,
-                eval_batches: spec.eval_batches,
-                sample_tokens: 0,
-                seed: spec.seed,
-                out_dir: spec.out_dir.join("runs").join(name),
                 progress: Some(bar.clone()),
-                // The report directory's runs are compare's own: a rerun into
-                // the same --out replaces them.
-                overwrite: true,
-                ..TrainConfig::default()
+                ..run_config(spec, cell, repeat)
             };
             let task = train::lm::LmTask {
                 model: cell.model.clone(),
@@ -773,6 +794,13 @@ mod tests {
         );
         let (cells, skipped) = at(2);
         assert_eq!((cells.len(), skipped.len()), (2, 0), "{skipped:?}");
+        // one rank of a parallel strategy is single's run: said, not dropped
+        let (cells, skipped) = layout_cells("m", &layouts, &[1], &[4], &model, 2);
+        assert_eq!(cells.len(), 1, "{skipped:?}");
+        assert!(
+            skipped.len() == 1 && skipped[0].contains("m interleaved x1: one rank"),
+            "{skipped:?}"
+        );
     }
 
     /// A step time is the mean of the steps after the first, or the first's

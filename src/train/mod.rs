@@ -212,7 +212,7 @@ impl TrainConfig {
         }
         if !(self.lr.is_finite() && self.lr > 0.0) {
             return bad(format!(
-                "--lr {} must be a positive number (a negative rate climbs the loss)",
+                "--lr {} must be a positive number (0 trains nothing; a negative rate climbs the loss)",
                 self.lr
             ));
         }

@@ -8,7 +8,7 @@ use super::{TaskData, TrainConfig};
 use crate::backend::cpu::Cpu;
 use crate::checkpoint::state;
 use crate::error::{Error, Result};
-use crate::parallel::ParallelConfig;
+use crate::parallel::{Offload, ParallelConfig, StrategyKind};
 use std::path::{Path, PathBuf};
 
 /// A run ready to launch: its task's data, configuration and layout.
@@ -155,6 +155,16 @@ fn take_layout(
     take(set("world_size"), &mut p.world_size, &m.world_size);
     take(set("recompute"), &mut p.recompute, &m.recompute);
     take(set("offload"), &mut p.offload, &m.offload);
+    // --offload params is fsdp's parameter shards: a run leaving fsdp keeps
+    // its optimizer on the host, as tp follows the strategy
+    if p.offload == Offload::Params && p.strategy != StrategyKind::Fsdp && !set("offload") {
+        crate::errln!(
+            "note: steps 1-{step} kept fsdp's parameter shards on the host (--offload params); \
+             under {} the optimizer stays there (--offload optimizer)",
+            p.strategy
+        );
+        p.offload = Offload::Optimizer;
+    }
     // the copies' order follows the offload, as tp follows the strategy
     // (no flag clears --offload-serial: `--offload none` must)
     let serial = set("offload") || set("offload_serial");
@@ -242,5 +252,36 @@ mod tests {
         };
         assert_eq!(resume(1), Pipeline::new(1, Schedule::OneFOneB, 1));
         assert_eq!(resume(4), Pipeline::new(4, Schedule::GPipe, 1));
+    }
+
+    /// A run that offloaded fsdp's parameters, resumed under a strategy
+    /// that holds whole parameters, offloads its optimizer (it kept
+    /// `params`, and the resume was refused for a flag not given); an
+    /// `--offload` given, or fsdp kept, is taken as it is.
+    #[test]
+    fn leaving_fsdp_a_resume_offloads_the_optimizer_not_the_parameters() {
+        let recorded = ParallelConfig {
+            strategy: StrategyKind::Fsdp,
+            world_size: 2,
+            offload: Offload::Params,
+            ..ParallelConfig::single()
+        };
+        let resume = |strategy: StrategyKind, flags: &[&str]| {
+            let line = ParallelConfig {
+                strategy,
+                world_size: 2,
+                ..ParallelConfig::single()
+            };
+            let mut p = recorded;
+            take_layout(&mut p, &line, |f| flags.contains(&f), 3);
+            p.offload
+        };
+        assert_eq!(
+            resume(StrategyKind::Zero2, &["strategy"]),
+            Offload::Optimizer
+        );
+        assert_eq!(resume(StrategyKind::Fsdp, &["world_size"]), Offload::Params);
+        let given = resume(StrategyKind::Zero2, &["strategy", "offload"]);
+        assert_eq!(given, Offload::None);
     }
 }
