@@ -172,7 +172,11 @@ impl Mask<'_> {
 
     fn check(self, b: usize, t: usize) {
         if let Mask::Lengths(lens) = self {
-            assert!(lens.len() >= b && lens[..b].iter().all(|&l| l >= 1 && l as usize <= t));
+            assert!(
+                lens.len() >= b && lens[..b].iter().all(|&l| l >= 1 && l as usize <= t),
+                "each of {b} sequences attends over 1 to {t} keys: {:?}",
+                &lens[..b.min(lens.len())]
+            );
         }
     }
 }

@@ -57,8 +57,9 @@ operation! {
 }
 
 /// Why `shape`, `qkv` and `lens` cannot be attended over, if they cannot:
-/// whole heads, a qkv in bf16 only under bf16 products, and each
-/// sequence's key count in 1..=T.
+/// whole heads, a qkv in bf16 only under bf16 products, and a key count
+/// a sequence (whose values, 1..=T, may live on the device: the batch's
+/// builder checks them, the CPU asserts them and the device clamps them).
 fn check_shape<O: Operands>(
     shape: AttnShape,
     qkv: &Stored<O::In<f32>, O::In<Bf16>>,
