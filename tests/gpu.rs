@@ -533,6 +533,76 @@ fn a_resume_without_offload_leaves_its_serial_order_behind_on<B: Backend>(_: B, 
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// Under offload, `train` states every rank's host memory, as `bench`
+/// counts it for the same layout (a pipeline's stages hold different
+/// parts): it printed rank 0's alone, and metrics.jsonl kept none per rank.
+#[test]
+fn train_states_every_ranks_offloaded_host_memory_as_bench_does() {
+    on_gpus!(train_states_every_ranks_offloaded_host_memory_as_bench_does_on);
+}
+
+fn train_states_every_ranks_offloaded_host_memory_as_bench_does_on<B: Backend>(_: B, kind: &str) {
+    let out = common::scratch(&format!("gpu-offload-ranks-{kind}"));
+    let layout = [
+        &["--model", "tiny", "--batch-size", "4", "--seq-len", "16"][..],
+        &["--strategy", "zero2", "--world-size", "4", "--pp", "2"],
+        &[
+            "--offload",
+            "optimizer",
+            "--device",
+            kind,
+            "--peak-tflops",
+            "0.1",
+        ],
+    ]
+    .concat();
+    let run = |args: &[&str]| {
+        let o = std::process::Command::new(common::distgpt_bin())
+            .args(args)
+            .args(&layout)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "{args:?}: {said}");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let printed = run(&[
+        "train",
+        "--steps",
+        "1",
+        "--quiet",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    let last: serde_json::Value = serde_json::from_str(metrics.lines().last().unwrap()).unwrap();
+    let host = |row: &serde_json::Value| row[5].as_u64().unwrap();
+    let trained: Vec<u64> = last["rank_host_peak_bytes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no host peaks per rank: {last}"))
+        .iter()
+        .map(host)
+        .collect();
+    let bench: serde_json::Value =
+        serde_json::from_str(&run(&["bench", "--steps", "1", "--warmup", "0", "--json"])).unwrap();
+    let benched: Vec<u64> = bench["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["host_peak_bytes"]["total"].as_u64().unwrap())
+        .collect();
+    assert_eq!(trained, benched, "train's host peaks a rank, bench's");
+    assert!(trained.iter().any(|&t| t != trained[0]), "{trained:?}");
+    for r in 0..4 {
+        let line = printed
+            .lines()
+            .find(|l| l.starts_with(&format!("rank {r}: ")))
+            .unwrap_or_else(|| panic!("no line for rank {r}: {printed}"));
+        assert!(line.contains(" | host (offload) "), "{line}");
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 /// bf16 on a GPU is right and repeatable: 200 steps of the tiny GPT-2
 /// (heads of 16, so bf16 attention runs on flash.cu's fused kernels where
 /// the GPU has tensor cores) end within 1% of fp32's validation loss, and

@@ -678,8 +678,18 @@ pub(super) fn report_run(
     if s.rank_peak_bytes.len() > 1 {
         let h = metrics::human_bytes;
         for (r, p) in s.rank_peak_bytes.iter().enumerate() {
+            // under offload, what the rank holds on the host (stages differ)
+            let host = s.rank_host_peak_bytes.get(r).map_or(String::new(), |p| {
+                format!(
+                    " | host (offload) {} (params {}, grads {}, optimizer {})",
+                    h(p.total),
+                    h(p.params),
+                    h(p.grads),
+                    h(p.optimizer)
+                )
+            });
             distgpt::outln!(
-                "rank {r}: peak {} (params {}, grads {}, optimizer {}, activations {}, other {}) | sent {} in {:.2} s of collectives",
+                "rank {r}: peak {} (params {}, grads {}, optimizer {}, activations {}, other {}){host} | sent {} in {:.2} s of collectives",
                 h(p.total),
                 h(p.params),
                 h(p.grads),

@@ -47,6 +47,9 @@ pub struct StepRecord {
     pub memory: MemoryReport,
     /// Peak bytes per rank: [params, grads, optimizer, activations, other, total].
     pub rank_peak_bytes: Vec<PeakRow>,
+    /// Under offload, each rank's peak host bytes (the same categories).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rank_host_peak_bytes: Vec<PeakRow>,
     /// Rank 0's communication so far.
     pub comm: CommStats,
 }

@@ -344,6 +344,8 @@ pub struct TrainSummary {
     pub memory: MemoryReport,
     /// Peak bytes of every rank.
     pub rank_peak_bytes: Vec<PeakRow>,
+    /// Under offload, every rank's peak host bytes.
+    pub rank_host_peak_bytes: Vec<PeakRow>,
     /// Rank 0's communication, by kind.
     pub comm: CommStats,
     /// Rank 0's communication inside this invocation's training steps

@@ -9,7 +9,7 @@ use super::schedule::LrSchedule;
 use super::task::{epochs_done, Eval, Task, TrainStream};
 use super::{diverged, restore, Duration, TrainConfig, TrainSummary, INTERRUPTED, MAX_STEPS};
 use crate::backend::cpu::blas;
-use crate::backend::{Backend, PeakRow};
+use crate::backend::{Backend, MemoryReport, PeakRow};
 use crate::checkpoint::state;
 use crate::comm::{Comm, CommStats};
 use crate::error::{Error, Result};
@@ -102,6 +102,8 @@ struct Run<'a, B: Backend> {
     val_last: Option<Eval>,
     /// Every rank's peak memory row, as of the newest step.
     rank_peaks: Vec<u64>,
+    /// Under offload, every rank's peak host memory row (empty without).
+    rank_host_peaks: Vec<u64>,
     stopped: bool,
     /// Rank 0 could not write a step to `metrics.jsonl`: stop as a signal would.
     record_failed: bool,
@@ -198,6 +200,10 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             history: Vec::new(),
             val_last: None,
             rank_peaks: vec![0; PeakRow::LEN * world.size()],
+            rank_host_peaks: match par.offload.is_none() {
+                true => Vec::new(),
+                false => vec![0; PeakRow::LEN * world.size()],
+            },
             stopped: false,
             record_failed: false,
             peak_rss_at_last_step: None,
@@ -403,10 +409,17 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
     /// writes the step's record and moves the progress bar (or, with no
     /// terminal, prints a line every `log_every` steps).
     fn record(&mut self, step: usize, done: &StepDone, val: Option<Eval>) -> Result<()> {
-        self.world.all_gather(
-            &<[u64; PeakRow::LEN]>::from(self.strategy.memory().peak_row()),
-            &mut self.rank_peaks,
-        )?;
+        let memory = self.strategy.memory();
+        let row = |m: &MemoryReport| <[u64; PeakRow::LEN]>::from(m.peak_row());
+        self.world.all_gather(&row(&memory), &mut self.rank_peaks)?;
+        if let Some(host) = memory
+            .host
+            .as_deref()
+            .filter(|_| !self.rank_host_peaks.is_empty())
+        {
+            self.world
+                .all_gather(&row(host), &mut self.rank_host_peaks)?;
+        }
         if !self.lead {
             return Ok(());
         }
@@ -428,8 +441,9 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             ms: done.seconds * 1e3,
             tokens_per_s,
             mfu: self.mfu(tokens_per_s),
-            memory: self.strategy.memory(),
+            memory,
             rank_peak_bytes: PeakRow::rows(&self.rank_peaks),
+            rank_host_peak_bytes: PeakRow::rows(&self.rank_host_peaks),
             comm: self.strategy.comm_stats(),
         };
         if let Some(logs) = self.logs.as_mut() {
@@ -601,6 +615,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             seconds,
             memory,
             rank_peak_bytes: PeakRow::rows(&self.rank_peaks),
+            rank_host_peak_bytes: PeakRow::rows(&self.rank_host_peaks),
             comm,
             step_comm: self.step_comm,
             rank_comm_bytes,
