@@ -412,13 +412,9 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
         let memory = self.strategy.memory();
         let row = |m: &MemoryReport| <[u64; PeakRow::LEN]>::from(m.peak_row());
         self.world.all_gather(&row(&memory), &mut self.rank_peaks)?;
-        if let Some(host) = memory
-            .host
-            .as_deref()
-            .filter(|_| !self.rank_host_peaks.is_empty())
-        {
-            self.world
-                .all_gather(&row(host), &mut self.rank_host_peaks)?;
+        if !self.rank_host_peaks.is_empty() {
+            let host = memory.host.as_deref().map(row).unwrap_or_default();
+            self.world.all_gather(&host, &mut self.rank_host_peaks)?;
         }
         if !self.lead {
             return Ok(());
