@@ -877,19 +877,16 @@ mod tests {
         assert!((row.tokens_per_s_per_rank - want).abs() < 1e-6);
     }
 
-    /// The estimate counts a run's steps as the run does, `--grad-accum`
-    /// micro-batches a step (plan's step time prices them all): 2 epochs
-    /// of 15 batches at 2 micro-batches a step are 15 steps of 100 ms.
-    #[test]
-    fn the_time_estimate_counts_steps_of_every_micro_batch() {
-        let spec = CompareSpec {
+    /// A matrix of one world and batch, of `duration`, at `grad_accum`.
+    fn one_cell_spec(duration: Duration, grad_accum: usize) -> CompareSpec {
+        CompareSpec {
             models: Vec::new(),
             layouts: Vec::new(),
             world_sizes: vec![1],
             batch_sizes: vec![4],
             seq_len: 8,
-            grad_accum: 2,
-            duration: Duration::Epochs(2.0),
+            grad_accum,
+            duration,
             lr: 1e-3,
             seed: 0,
             eval_batches: 1,
@@ -898,19 +895,61 @@ mod tests {
             predict: true,
             repeats: 1,
             announce_estimate: true,
-        };
-        let cell = Cell {
+        }
+    }
+
+    fn tiny_cell(batch: usize) -> Cell {
+        Cell {
             model_name: "tiny".into(),
             model: GptConfig::preset("tiny").unwrap().into(),
             parallel: ParallelConfig::single(),
-            batch: 4,
-        };
+            batch,
+        }
+    }
+
+    /// The estimate counts a run's steps as the run does, `--grad-accum`
+    /// micro-batches a step (plan's step time prices them all): 2 epochs
+    /// of 15 batches at 2 micro-batches a step are 15 steps of 100 ms.
+    #[test]
+    fn the_time_estimate_counts_steps_of_every_micro_batch() {
+        let spec = one_cell_spec(Duration::Epochs(2.0), 2);
         let predicted = Predicted {
             peak_bytes: 0.0,
             step_ms: 100.0,
         };
-        let secs = estimate_s(&spec, 60, &[cell], &[predicted]);
+        let secs = estimate_s(&spec, 60, &[tiny_cell(4)], &[predicted]);
         assert!((secs - 1.5).abs() < 1e-9, "{secs} s");
+    }
+
+    /// A cell's run trains with the matrix's settings at the cell's batch
+    /// (a run at the default batch would match single as well, unseen),
+    /// into its own folder, which a rerun replaces.
+    #[test]
+    fn a_cells_run_trains_at_its_batch_with_the_matrixs_settings() {
+        let spec = CompareSpec {
+            seq_len: 24,
+            lr: 7e-4,
+            seed: 5,
+            eval_batches: 3,
+            repeats: 2,
+            out_dir: PathBuf::from("report"),
+            ..one_cell_spec(Duration::Steps(17), 3)
+        };
+        let cell = tiny_cell(12);
+        let cfg = run_config(&spec, &cell, 1);
+        assert_eq!(
+            (cfg.batch_size, cfg.seq_len, cfg.grad_accum, cfg.seed),
+            (12, 24, 3, 5)
+        );
+        assert!(matches!(cfg.duration, Duration::Steps(17)));
+        assert_eq!(
+            (cfg.lr, cfg.min_lr, cfg.warmup_steps),
+            (7e-4, 7e-4 / 10.0, 10)
+        );
+        assert_eq!((cfg.eval_batches, cfg.sample_tokens), (3, 0));
+        assert!(cfg.overwrite);
+        let folder = PathBuf::from("report/runs").join(run_name(&cell, 1, 2));
+        assert_eq!(cfg.out_dir, folder);
     }
 
     #[test]
