@@ -483,13 +483,9 @@ impl<B: Backend> Pipelined<B> {
         copied.chain(&local[ch.map.own.clone()]).copied().collect()
     }
 
-    /// The local rows of a global batch with their loss terms per rank.
-    fn local(&self, batch: &Batch) -> (Batch, LossTerms) {
-        let (r, n) = (self.dp.rank(), self.dp.size());
-        (
-            local_rows(batch, self.b, r, n),
-            batch.loss_terms().per_rank(n),
-        )
+    /// This data-parallel rank's rows of a global batch.
+    fn local(&self, batch: &Batch) -> Batch {
+        local_rows(batch, self.b, self.dp.rank(), self.dp.size())
     }
 }
 
@@ -509,7 +505,7 @@ impl<B: Backend> Strategy for Pipelined<B> {
             .sum::<LossTerms>()
             .per_rank(n);
         let mbs: Vec<(Batch, LossTerms)> = (micro_batches.iter())
-            .map(|mb| (self.local(mb).0, terms))
+            .map(|mb| (self.local(mb), terms))
             .collect();
         let mut loss = [self.run_program(&mbs, 1.0 / n as f32)?];
         for (c, ch) in self.chunks.iter_mut().enumerate() {
@@ -553,7 +549,7 @@ impl<B: Backend> Strategy for Pipelined<B> {
 
     fn eval_loss(&mut self, batch: &Batch) -> Result<f32> {
         let n = self.dp.size();
-        let mb = self.local(batch);
+        let (mb, terms) = (self.local(batch), batch.loss_terms().per_rank(n));
         let p = self.pp.size();
         let mut loss = 0.0;
         for c in 0..self.chunks.len() {
@@ -561,14 +557,14 @@ impl<B: Backend> Strategy for Pipelined<B> {
             let input = match vs {
                 0 => None,
                 _ => {
-                    let mut x = vec![0.0f32; self.boundary_len(&mb.0)];
+                    let mut x = vec![0.0f32; self.boundary_len(&mb)];
                     self.pp.recv(&mut x, (vs - 1) % p)?;
                     Some(x)
                 }
             };
             // between steps every slot is free: the evaluation takes the first
             self.chunks[c].engine.hold(0);
-            self.begin(c, &mb.0, mb.1)?;
+            self.begin(c, &mb, terms)?;
             let (l, y) = self.run_forward(c, input)?;
             loss += l.unwrap_or(0.0);
             if let Some(y) = y {
