@@ -923,7 +923,9 @@ mod tests {
 
     /// A cell's run trains with the matrix's settings at the cell's batch
     /// (a run at the default batch would match single as well, unseen),
-    /// into its own folder, which a rerun replaces.
+    /// into its own folder, which a rerun replaces. (Its progress bar, set
+    /// in `run`, draws only on a terminal: no output a test reads shows it.)
+    // mutant-equivalent: src/compare/mod.rs: delete field progress from struct TrainConfig expression in run
     #[test]
     fn a_cells_run_trains_at_its_batch_with_the_matrixs_settings() {
         let spec = CompareSpec {
