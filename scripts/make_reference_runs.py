@@ -3,23 +3,25 @@
 `pip install torch transformers safetensors tensorboard`).
 
 For each training task distgpt has (GPT-2 `lm`, BERT `mlm`, BERT
-`classify`), a few optimizer steps trained in PyTorch / `transformers` the
+`pretrain`, BERT `classify`), a few optimizer steps trained in PyTorch / `transformers` the
 way distgpt's run driver is specified to train them, written under
 tests/fixtures/reference_runs/<task>/:
 
   init/        the starting weights, a Hugging Face folder distgpt's run
-               takes as `init_from` (a classifier's also holds vocab.txt)
+               takes as `init_from` (a classifier's and pretraining's also
+               hold vocab.txt)
   final/       the weights after the last step, a Hugging Face folder
-  data         the text (lm, mlm) or the labelled set (classify: data/)
+  data         the text (lm, mlm, pretrain) or the labelled set (classify: data/)
   run.json     the hyper-parameters both sides train with
   reference.safetensors
                per step: the learning rate, the loss (of the batch of
                all the step's micro-batches' rows), the gradient norm before
                clipping, the epochs the data has advanced; every micro-batch's inputs, targets (-100: no
                loss) and, for a classifier, its rows' lengths before
-               [PAD]; the validation loss after the last step (and a
+               [PAD] (for pretraining, its token types and next-sentence
+               labels); the validation loss after the last step (and a
                classifier's validation and test loss, examples right of
-               all, and F1)
+               all, and F1; pretraining's next-sentence ones)
 
 Nothing here calls distgpt. What distgpt must do is restated from its
 specification, independently of its code: the SplitMix64 generator every
@@ -27,7 +29,9 @@ order and mask is drawn from (src/rng.rs), the loader's windows and
 per-epoch shuffles (data/loader.rs: seed ^ epoch * 0xA24BAED4963EE407),
 BERT's masking (15% of positions predicted; of those 80% [MASK], 10% a
 random character, 10% unchanged; each step's masks from the seed, the step
-and the batch's place in the epoch), the classifier's epochs (examples
+and the batch's place in the epoch; [CLS] and [SEP] never masked),
+pretraining's sentence pairs (each window cut at a drawn token, its second
+segment half the time drawn from elsewhere in the split), the classifier's epochs (examples
 shuffled by seed + epoch, [CLS] pieces [SEP] padded with [PAD], the last
 short batch filled with ignored [CLS] [SEP] rows), warmup then cosine decay,
 AdamW decaying 2-D tensors only, clipping the global norm. A bug distgpt
@@ -54,7 +58,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 import numpy as np
 import torch
 from safetensors.torch import save_file
-from transformers import (BertConfig, BertForMaskedLM, BertForSequenceClassification,
+from transformers import (BertConfig, BertForMaskedLM, BertForPreTraining, BertForSequenceClassification,
                           BertTokenizer, GPT2Config, GPT2LMHeadModel)
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -136,19 +140,30 @@ class Windows:
         return torch.tensor(x), torch.tensor(y)
 
 
-def mask_tokens(x, mask_id, chars, rng):
-    """BERT's masking: 15% predicted; 80% [MASK], 10% random, 10% kept."""
+def mask_tokens(x, mask_id, chars, rng, fixed=()):
+    """BERT's masking: 15% predicted; 80% [MASK], 10% random, 10% kept.
+    Tokens in `fixed` ([CLS], [SEP]) are never picked; where no position
+    was picked, one drawn among the open ones is (a batch has a loss)."""
     inputs, targets = x.clone(), torch.full_like(x, IGNORE)
     flat_in, flat_t = inputs.view(-1), targets.view(-1)
-    for i, tok in enumerate(x.view(-1).tolist()):
-        if rng.below(100) >= MASKED_PERCENT:
-            continue
-        flat_t[i] = tok
+    tokens = x.view(-1).tolist()
+
+    def pick(i):
+        flat_t[i] = tokens[i]
         r = rng.below(10)
         if r < 8:
             flat_in[i] = mask_id
         elif r == 8:
             flat_in[i] = rng.below(chars)
+
+    open_ = [i for i, tok in enumerate(tokens) if tok not in fixed]
+    picked = 0
+    for i in open_:
+        if rng.below(100) < MASKED_PERCENT:
+            pick(i)
+            picked += 1
+    if picked == 0 and open_:
+        pick(open_[rng.below(len(open_))])
     return inputs, targets
 
 
@@ -175,7 +190,7 @@ def optimizer(model, h):
     return torch.optim.AdamW(groups, lr=h["lr"], betas=(h["beta1"], h["beta2"]), eps=h["eps"])
 
 
-def train(model, h, next_micro, loss_of, epoch):
+def train(model, h, next_micro, loss_of, epoch, weighed=None):
     """The run: per step, the loss of the batch of all its micro-batches'
     rows (each micro-batch's mean loss weighed by its share of the step's
     targets, as transformers weighs them by `num_items_in_batch`: a
@@ -183,7 +198,9 @@ def train(model, h, next_micro, loss_of, epoch):
     classifier's short last batch, weighs less), gradients of it, the
     global norm before clipping, then AdamW; `epoch()` is where the data
     stands after a step (whole epochs plus the share of this one's batches
-    taken)."""
+    taken). `weighed(batch, micro)`, where given, is a micro-batch's part
+    of the step's loss itself (pretraining's two heads, each weighed by its
+    own targets)."""
     opt = optimizer(model, h)
     record = {"lr": [], "loss": [], "grad_norm": [], "epoch": []}
     batches = []
@@ -197,6 +214,11 @@ def train(model, h, next_micro, loss_of, epoch):
         loss = 0.0
         for batch, n in zip(micro, counts):
             batches.append(batch)
+            if weighed is not None:
+                part = weighed(batch, micro)
+                part.backward()
+                loss += part.item()
+                continue
             share = n / sum(counts)
             mean = loss_of(batch)
             (mean * share).backward()
@@ -343,6 +365,155 @@ def mlm():
     ref["val_examples"] = torch.tensor([n * h["batch_size"]], dtype=torch.int32)
     save("mlm", model, h, ref)
     print(f"mlm: val loss {ref['val_loss'].item():.6f} -> {out}")
+
+
+PRE_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", "!", "?", "the", "a", "my", "thy", "and",
+             "of", "to", "in", "is", "was", "not", "o", "king", "queen", "lord", "ship", "sea", "storm", "wind",
+             "night", "day", "crown", "sword", "heart", "dream", "sail", "walk", "sing", "play", "cry", "sleep",
+             "love", "fair", "dark", "cold", "##s", "##ed", "##ing"]
+PRE_NOUNS = ["king", "queen", "lord", "ship", "sea", "storm", "wind", "night", "day", "crown", "sword", "heart",
+             "dream"]
+PRE_VERBS = ["sail", "walk", "sing", "play", "cry", "sleep", "love"]
+PRE_SMALL = ["the", "a", "my", "thy", "and", "of", "to", "in", "is", "was", "not", "o", "fair", "dark", "cold"]
+
+
+def pretrain_text(tok, rng, at_least):
+    """Lines of words in PRE_VOCAB (some of two pieces: "sails", "walked",
+    "singing"; some [UNK]: "zephyr"), until they are `at_least` tokens."""
+    lines, count = [], 0
+    while count < at_least:
+        words = []
+        for _ in range(4 + rng.below(6)):
+            r = rng.below(10)
+            if r < 4:
+                words.append(PRE_SMALL[rng.below(len(PRE_SMALL))])
+            elif r < 7:
+                words.append(PRE_NOUNS[rng.below(len(PRE_NOUNS))] + ["", "s"][rng.below(2)])
+            elif r < 9:
+                words.append(PRE_VERBS[rng.below(len(PRE_VERBS))] + ["", "s", "ed", "ing"][rng.below(4)])
+            else:
+                words.append("zephyr")
+            if rng.below(8) == 0:
+                words[-1] += ","
+        line = " ".join(words).capitalize() + ".!?"[rng.below(3)]
+        lines.append(line)
+        count += len(tok.tokenize(line))
+    return "\n".join(lines) + "\n"
+
+
+def pretrain():
+    """BERT's pretraining (BertForPreTraining: masked LM and next-sentence
+    prediction) on WordPiece tokens of a text, from a folder with its
+    vocab.txt: 10 steps of 2 micro-batches of 4 x 16, into a second epoch.
+    Each window of 16 tokens is cut at a drawn token into [CLS] A [SEP] B
+    [SEP] (types 0 to A's [SEP], 1 after), B the tokens that follow A
+    (label 0) or, half the time, as many from a place drawn in the split
+    (label 1); then every token but [CLS] and [SEP] is open to masking.
+    A step's loss: each micro-batch's masked-token mean weighed by its share
+    of the step's masks, plus its next-sentence mean weighed by its share
+    of the step's pairs."""
+    out = fresh("pretrain")
+    init = os.path.join(out, "init")
+    h = dict(HYPER, task="pretrain", data="text", batch_size=4, seq_len=16, grad_accum=2, steps=10)
+    torch.manual_seed(41)
+    cfg = BertConfig(vocab_size=len(PRE_VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=64, max_position_embeddings=h["seq_len"], type_vocab_size=2,
+                     hidden_act="gelu", layer_norm_eps=1e-12, hidden_dropout_prob=0.0,
+                     attention_probs_dropout_prob=0.0, initializer_range=0.1, attn_implementation="eager")
+    model = BertForPreTraining(cfg).float()
+    perturb(model, 42)
+    model.save_pretrained(init, safe_serialization=True)
+    vocab = os.path.join(init, "vocab.txt")
+    with open(vocab, "w") as f:
+        f.write("\n".join(PRE_VOCAB) + "\n")
+    tok = BertTokenizer(vocab, do_lower_case=True)
+    text = pretrain_text(tok, Rng(43), 1300)
+    with open(os.path.join(out, "text.txt"), "w", encoding="utf-8") as f:
+        f.write(text)
+    tokens = tok.convert_tokens_to_ids(tok.tokenize(text))
+    assert tok.unk_token_id in tokens and any(t >= PRE_VOCAB.index("##s") for t in tokens)
+    n_val = int(len(tokens) * VAL_FRACTION)
+    train_tokens, val_tokens = tokens[:len(tokens) - n_val], tokens[len(tokens) - n_val:]
+    cls, sep, mask_id, v = tok.cls_token_id, tok.sep_token_id, tok.mask_token_id, len(PRE_VOCAB)
+    b, t = h["batch_size"], h["seq_len"]
+    body = t - 3
+
+    def random_run(split, n, rng):
+        """n tokens from a place drawn in the split (data/loader.rs's Split::random_run)."""
+        k = rng.below(len(split) + 1 - n)
+        return split[k:k + n]
+
+    def examples(x, split, rng):
+        """The windows x (b, t) cut into pairs, then masked."""
+        inputs, types, labels = [], [], []
+        for w in x.tolist():
+            k = 1 + rng.below(body - 1)
+            if rng.below(2) == 0:
+                second, label = w[k:body], 0
+            else:
+                second, label = random_run(split, body - k, rng), 1
+            inputs.append([cls] + w[:k] + [sep] + second + [sep])
+            types.append([0] * (k + 2) + [1] * (body - k + 1))
+            labels.append(label)
+        masked, targets = mask_tokens(torch.tensor(inputs), mask_id, v, rng, fixed=(cls, sep))
+        return {"inputs": masked, "targets": targets, "types": torch.tensor(types),
+                "seq_targets": torch.tensor(labels)}
+
+    loader = Windows(train_tokens, b, t, h["seed"], True)
+    assert loader.n // b < h["steps"] * h["grad_accum"], "the pairs cross an epoch"
+
+    def micro(step):
+        key = (((step + 1) * 0x9E3779B97F4A7C15) & M64) ^ ((loader.batch << 40) & M64)
+        rng = Rng(h["seed"] ^ key)
+        return examples(loader.next()[0], train_tokens, rng)
+
+    def heads(bt):
+        """The batch's masked-token and next-sentence mean losses, and the
+        next-sentence logits."""
+        res = model(input_ids=bt["inputs"], token_type_ids=bt["types"])
+        f = torch.nn.functional
+        mlm_loss = f.cross_entropy(res.prediction_logits.reshape(-1, v), bt["targets"].reshape(-1).long(),
+                                   ignore_index=IGNORE)
+        return mlm_loss, f.cross_entropy(res.seq_relationship_logits, bt["seq_targets"].long()), \
+            res.seq_relationship_logits
+
+    def masks(bt):
+        return int((bt["targets"] != IGNORE).sum())
+
+    def weighed(bt, micro_batches):
+        mlm_loss, nsp_loss, _ = heads(bt)
+        return mlm_loss * (masks(bt) / sum(masks(x) for x in micro_batches)) + \
+            nsp_loss * (len(bt["seq_targets"]) / sum(len(x["seq_targets"]) for x in micro_batches))
+
+    record, batches = train(model, h, micro, None, loader.epochs, weighed)
+    counts = [masks(x) for x in batches]
+    assert any(a != c for a, c in zip(counts[::2], counts[1::2])), "every step's micro-batches hold as many masks"
+    labels = torch.cat([x["seq_targets"] for x in batches])
+    print(f"  masks of each step's micro-batches: {list(zip(counts[::2], counts[1::2]))}; "
+          f"{int(labels.sum())} of {len(labels)} pairs unrelated")
+    val = Windows(val_tokens, b, t, h["seed"], False)
+    rng = Rng(h["seed"] ^ 0x5EED)
+    with torch.no_grad():
+        n = min(h["eval_batches"], val.n // b)
+        assert n == 2, "the validation loss is a mean over two batches"
+        losses, pairs = [], []
+        for _ in range(n):
+            bt = examples(val.next()[0], val_tokens, rng)
+            mlm_loss, nsp_loss, logits = heads(bt)
+            losses.append(mlm_loss.item() + nsp_loss.item())
+            pairs += list(zip(logits.argmax(-1).tolist(), bt["seq_targets"].tolist()))
+    ref = tensors(record, batches)
+    ref["val_loss"] = torch.tensor([sum(losses) / n])
+    ref["val_examples"] = torch.tensor([n * b], dtype=torch.int32)
+    right = sum(p == y for p, y in pairs)
+    tp = sum(p == 1 and y == 1 for p, y in pairs)
+    fp = sum(p == 1 and y == 0 for p, y in pairs)
+    fn = sum(p == 0 and y == 1 for p, y in pairs)
+    ref["val_right"] = torch.tensor([right, len(pairs)], dtype=torch.int32)
+    ref["val_f1"] = torch.tensor([0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn)])
+    save("pretrain", model, h, ref, ["vocab.txt"])
+    print(f"pretrain: val loss {ref['val_loss'].item():.6f}, next sentence {right} of {len(pairs)} right, "
+          f"F1 {ref['val_f1'].item():.4f} -> {out}")
 
 
 CLS_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "!", ",", ".", ":", "?", "a", "at", "cafe",
@@ -498,9 +669,9 @@ def llmc_golden():
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--only", choices=["lm", "mlm", "classify", "llmc", "tensorboard"])
+    p.add_argument("--only", choices=["lm", "mlm", "pretrain", "classify", "llmc", "tensorboard"])
     a = p.parse_args()
-    for name, make in (("lm", lm), ("mlm", mlm), ("classify", classify), ("llmc", llmc_golden),
+    for name, make in (("lm", lm), ("mlm", mlm), ("pretrain", pretrain), ("classify", classify), ("llmc", llmc_golden),
                        ("tensorboard", tensorboard_golden)):
         if a.only in (None, name):
             make()

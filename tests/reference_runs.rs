@@ -16,7 +16,8 @@
 //! 4.8e-7 (lm), 1.8e-7 (classify); gradient norms 5.5e-7 relative; final
 //! weights 1.8e-6 and 5.8e-6; the masked LM's (two micro-batches a step
 //! since 2026-12-07), on an Intel Xeon (family 6 model 207, AVX-512 BF16):
-//! loss 2.4e-7, gradient norm 1.2e-7, weights 5.3e-7. The tolerance, 2e-5,
+//! loss 2.4e-7, gradient norm 1.2e-7, weights 5.3e-7; pretraining's there:
+//! 9.5e-7, 1.9e-7, 2.4e-7. The tolerance, 2e-5,
 //! is about 3.4 times the largest; the one-line bugs these tests were
 //! checked against move the numbers by 1e-4 to 1e-1 (weighing a masked
 //! LM's micro-batches alike, not by their masks: 2.8e-3 at its first step).
@@ -34,7 +35,10 @@ use distgpt::parallel::ParallelConfig;
 use distgpt::train::classify::{self, ClassifyTask};
 use distgpt::train::lm::LmTask;
 use distgpt::train::mlm::{self, MlmTask};
-use distgpt::train::{self, Duration, Eval, Task, TrainConfig, TrainStream, TrainSummary};
+use distgpt::train::spec::TaskInputs;
+use distgpt::train::{
+    self, Duration, Eval, Task, TaskData, TaskKind, TrainConfig, TrainStream, TrainSummary,
+};
 use std::path::{Path, PathBuf};
 
 /// How far distgpt may be from the reference.
@@ -73,7 +77,7 @@ impl Reference {
         }
     }
 
-    /// lm, mlm or classify.
+    /// lm, mlm, pretrain or classify.
     fn task(&self) -> &str {
         self.hyper["task"].as_str().unwrap()
     }
@@ -151,9 +155,17 @@ impl Reference {
                     self.ids(&format!("batch.{i}.targets")),
                     "{at}: targets"
                 );
-                let lens = format!("batch.{i}.lens");
-                if self.has(&lens) {
-                    assert_eq!(got.lens, self.ids(&lens), "{at}: lengths before [PAD]");
+                // a classifier's lengths before [PAD]; pretraining's token
+                // types and next-sentence labels
+                for (name, got) in [
+                    ("lens", &got.lens),
+                    ("types", &got.types),
+                    ("seq_targets", &got.seq_targets),
+                ] {
+                    let key = format!("batch.{i}.{name}");
+                    if self.has(&key) {
+                        assert_eq!(got, &self.ids(&key), "{at}: {name}");
+                    }
                 }
             }
         }
@@ -315,6 +327,7 @@ impl Reference {
         match self.task() {
             "lm" => checkpoint::read_model(dir).unwrap().1,
             "mlm" => hf::load_folder(dir, Some(BertHead::Mlm), 0).unwrap().1,
+            "pretrain" => hf::load_folder(dir, Some(BertHead::Pretrain), 0).unwrap().1,
             _ => hf::load_folder(dir, classifier, 0).unwrap().1,
         }
     }
@@ -326,6 +339,15 @@ impl Reference {
         self.check_eval_loss("val_loss", val.loss);
         let examples = self.tensor("val_examples")[0] as usize;
         assert_eq!(val.examples, examples, "validation examples");
+        // pretraining's next-sentence predictions, scored as a classifier's
+        if self.has("val_right") {
+            let right = self.tensor("val_right");
+            let accuracy = right[0] as f64 / right[1] as f64;
+            assert_eq!(val.accuracy, Some(accuracy), "next-sentence accuracy");
+            let f1 = self.tensor("val_f1")[0] as f64;
+            let got = val.f1.expect("a next-sentence F1");
+            assert!((got - f1).abs() < 1e-6, "next-sentence F1 {got} vs {f1}");
+        }
     }
 
     fn check_eval_loss(&self, what: &str, got: f32) {
@@ -480,6 +502,48 @@ fn bert_masked_lm_trains_as_transformers_does() {
     let classifier = r.dir.join("../classify/final");
     let err = mlm::evaluate_folder(Cpu::new(), &classifier, &ds, &cfg, 2).unwrap_err();
     assert!(err.to_string().contains("not a masked LM"), "{err}");
+}
+
+/// BERT's pretraining (masked LM and next-sentence prediction) from a
+/// folder with its vocab.txt, on its WordPiece tokens of a text, built as
+/// `train --task pretrain --init-from` builds it: the sentence pairs each
+/// window is cut into, their token types and labels, masks that spare
+/// [CLS] and [SEP], each head's loss weighed by its own targets over a
+/// step's micro-batches, and the evaluation's next-sentence accuracy.
+#[test]
+fn bert_pretraining_trains_as_transformers_does() {
+    let r = Reference::load("pretrain");
+    let cfg = r.config();
+    let text = r.dir.join("text.txt");
+    // the model is the folder's: no preset is asked for
+    let no_preset = |_| Err(distgpt::error::Error::Config("a preset".into()));
+    let inputs = TaskInputs {
+        model: &no_preset,
+        init_from: cfg.init_from.as_deref(),
+        data: Some(&text),
+        tokenizer: TokenizerKind::Char,
+        tokenizer_given: false,
+        seq_len: Some(cfg.seq_len),
+        train_examples: None,
+        seed: cfg.seed,
+    };
+    let (data, seq_len) = TaskData::new(TaskKind::Pretrain, &inputs).unwrap();
+    assert_eq!(seq_len, cfg.seq_len);
+    let s = data.with_task(|task: &dyn Task<Cpu>| {
+        let s = run(task, &r);
+        let head = Some(BertHead::Pretrain);
+        let (_, want) = hf::load_folder(&r.dir.join("final"), head, 0).unwrap();
+        r.check_run(&task.model(), &s, &want);
+        s
+    });
+    r.check_val(s.val);
+    check_evaluations(&s, &[10], false);
+    // the run's folder is a BertForPreTraining with the vocabulary it read
+    let vocab = std::fs::read_to_string(s.out_dir.join("vocab.txt")).unwrap();
+    assert_eq!(
+        vocab,
+        std::fs::read_to_string(r.dir.join("init/vocab.txt")).unwrap()
+    );
 }
 
 #[test]
