@@ -13,8 +13,8 @@ mod common;
 use distgpt::backend::cpu::blas::{self, MatmulChoice, MatmulLib};
 use distgpt::backend::cpu::{round_to_bf16, Cpu};
 use distgpt::backend::{
-    Bf16, Category, Device, Kernels, MatmulBackward, MatmulForward, MatmulShape, Stored,
-    WeightLayout,
+    AttentionBackward, AttentionForward, AttnShape, Bf16, Category, Device, Kernels,
+    MatmulBackward, MatmulForward, MatmulShape, Stored, WeightLayout,
 };
 use distgpt::data::{Dataset, TokenizerKind};
 use distgpt::model::Precision;
@@ -377,4 +377,82 @@ fn training_on_a_bf16_product_follows_fp32_arithmetic_on_the_rounded_operands() 
             common::BF16_TOL,
         );
     }
+}
+
+/// Attention's bf16 products take the bf16 units (`vdpbf16ps`) only where
+/// the matmuls' bf16 products run in bf16 arithmetic (the measured choice,
+/// or a pin): an Emerald Rapids Xeon without AMX does half as many bf16
+/// products a cycle as fp32 FMAs, and its bf16 attention ran at half its
+/// fp32 speed on them. The units sum a pair of products before adding it,
+/// FMAs one at a time, so the bits tell the two apart: every route whose
+/// matmuls run in fp32 gives one set, every route on a bf16 product
+/// (where this CPU has AVX512-BF16) the other, each within bf16's rounding
+/// of the other. A CPU without the units has one set for every route.
+#[test]
+fn attention_takes_the_bf16_units_where_the_matmuls_run_in_bf16() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let be = Cpu::default();
+    let s = AttnShape::new((2, 70, 64, 2), true);
+    let n = s.b * s.t * s.c;
+    let mut rng = Rng::new(9);
+    let mut randn = |len: usize| -> Vec<f32> { (0..len).map(|_| rng.normal() as f32).collect() };
+    let (qkv, dout) = (randn(3 * n), randn(n));
+    let buf = |x: &[f32]| {
+        let mut b = be.alloc(x.len(), Category::Activations).unwrap();
+        be.upload(b.d(), x).unwrap();
+        b
+    };
+    let (qkv_b, dout_b) = (buf(&qkv), buf(&dout));
+    // out, then dqkv, for the process's choice now
+    let attend = || -> Vec<f32> {
+        let mut out = be.alloc(n, Category::Activations).unwrap();
+        let mut lse = be.alloc(s.b * s.nh * s.t, Category::Activations).unwrap();
+        let mut dqkv = be.alloc(3 * n, Category::Activations).unwrap();
+        be.run(AttentionForward {
+            out: Stored::F32(out.d()),
+            lse: lse.d(),
+            qkv: Stored::F32(qkv_b.s()),
+            lens: None,
+            shape: s,
+        })
+        .unwrap();
+        be.run(AttentionBackward {
+            dqkv: Stored::F32(dqkv.d()),
+            dout: dout_b.s(),
+            qkv: Stored::F32(qkv_b.s()),
+            out: Stored::F32(out.s()),
+            lse: lse.s(),
+            lens: None,
+            shape: s,
+        })
+        .unwrap();
+        [be.to_host(out.s()).unwrap(), be.to_host(dqkv.s()).unwrap()].concat()
+    };
+    let mut seen: Vec<(bool, Vec<f32>)> = Vec::new();
+    let routes = std::iter::once(None).chain(with_bf16().into_iter().map(Some));
+    for lib in routes {
+        on_bf16(lib);
+        let units = lib.is_some() && blas::native_bf16();
+        let got = attend();
+        let on = lib.map_or("fp32 arithmetic", |l| l.bf16_name());
+        for (was_units, was) in &seen {
+            let same = got.iter().zip(was).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert_eq!(
+                same,
+                units == *was_units,
+                "{on}: attention's products on the bf16 units {units}, a route's before {was_units}"
+            );
+            let worst = got
+                .iter()
+                .zip(was)
+                .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+            let largest = was.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+            assert!(
+                worst <= largest / 64.0,
+                "{on}: {worst} apart (largest {largest})"
+            );
+        }
+        seen.push((units, got));
+    }
+    on_bf16(None);
 }

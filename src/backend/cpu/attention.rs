@@ -90,8 +90,9 @@ unsafe fn scores(p: *mut f32, q: *const f32, k: *const f32, rows: usize, cols: u
 }
 
 /// `dst = [dst +] scale * lhs @ rhs`, one task's product (no threads of
-/// its own): on the bf16 units (`vdpbf16ps`) where `bf16` and the CPU has
-/// them, its operands' values already bf16 ones; fp32 FMAs otherwise.
+/// its own): on the bf16 units (`vdpbf16ps`) where `bf16` and bf16
+/// products run on them here ([`super::blas::bf16_units`]), its operands'
+/// values already bf16 ones; fp32 FMAs otherwise.
 ///
 /// # Safety
 /// As `math::gemm`.
@@ -106,7 +107,8 @@ unsafe fn product(
     scale: f32,
 ) {
     let dims = super::math::Dims { m, n, k };
-    if bf16 && k > 0 && super::dpbf16::gemm(dims, dst, lhs, rhs, accumulate.into(), scale, 1) {
+    let units = bf16 && k > 0 && super::blas::bf16_units();
+    if units && super::dpbf16::gemm(dims, dst, lhs, rhs, accumulate.into(), scale, 1) {
         return;
     }
     gemm(false, (m, n, k), dst, lhs, rhs, accumulate, scale, 1)

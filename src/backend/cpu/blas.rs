@@ -711,6 +711,23 @@ pub(crate) fn stores_bf16() -> bool {
     current_bf16() == Some(MatmulLib::Gemm) && super::dpbf16::available()
 }
 
+/// Whether attention's tiles take `--precision bf16`'s products on the
+/// bf16 units (`vdpbf16ps`): the CPU has them and a bf16 product runs the
+/// matmuls (the measurement found one faster than fp32 here, or a pin
+/// asked for it); elsewhere fp32 FMAs on the rounded values, as the
+/// matmuls then take them (a Xeon without AMX does half as many bf16
+/// products a cycle as fp32 FMAs).
+pub(crate) fn bf16_units() -> bool {
+    bf16_arithmetic() && super::dpbf16::available()
+}
+
+/// Whether `--precision bf16`'s matmuls run in bf16 arithmetic (on a bf16
+/// product: the measured choice, or a pin); else in fp32, on the rounded
+/// values.
+pub(crate) fn bf16_arithmetic() -> bool {
+    current_bf16().is_some()
+}
+
 /// [`super::dpbf16::gemm`], counted in [`bf16_products`] when it runs.
 ///
 /// # Safety

@@ -8,7 +8,7 @@
 use super::{
     convert, need, widened, Checked, Extent, Held, Host, Kernel, Lower, Operands, Queued, Stored,
 };
-use crate::backend::cpu::blas::gemm_stored;
+use crate::backend::cpu::blas::{self, gemm_stored};
 use crate::backend::cpu::math::{column_sums, gemm, with_scratch, Mat, Scratch};
 use crate::backend::cpu::round_to_bf16;
 use crate::backend::cpu::{dpbf16::Onto, Element};
@@ -310,10 +310,11 @@ fn forward_on(op: MatmulForward<Host<'_>>, native: bool) {
         && (inp.is_bf16() || w.is_bf16())
         && unsafe { gemm_held((rows, n, k), to, lhs, rhs, accumulate.into()) };
     if !done {
-        widened(&WIDENED_W, w, true, |w| {
-            widened(&WIDENED, inp, true, |inp| unsafe {
+        let bf16 = shape.bf16;
+        operand(&WIDENED_W, w, bf16, |w| {
+            operand(&WIDENED, inp, bf16, |inp| unsafe {
                 gemm(
-                    shape.bf16,
+                    in_bf16(bf16),
                     (rows, n, k),
                     to,
                     Mat::new(inp.as_ptr(), k, 1),
@@ -401,8 +402,8 @@ fn forward_rounded(
     if native && unsafe { gemm_held((rows, n, k), to, lhs, rhs, onto) } {
         return;
     }
-    widened(&WIDENED_W, w, true, |w| {
-        widened(&WIDENED, inp, true, |inp| {
+    operand(&WIDENED_W, w, true, |w| {
+        operand(&WIDENED, inp, true, |inp| {
             staged(rows, n, |stage, cols| {
                 let nc = cols.len();
                 let w_cols =
@@ -410,7 +411,7 @@ fn forward_rounded(
                 // SAFETY: sizes were checked above; the stage is its own buffer.
                 unsafe {
                     gemm(
-                        true,
+                        in_bf16(true),
                         (rows, nc, k),
                         Mat::new(stage.as_mut_ptr(), nc, 1),
                         Mat::new(inp.as_ptr(), k, 1),
@@ -444,9 +445,37 @@ const STAGE: usize = 1 << 23;
 thread_local! {
     /// [`staged`]'s fp32 columns.
     static STAGED: Scratch<f32> = const { Scratch::new(Vec::new()) };
-    /// [`widened`]'s input and weight.
+    /// [`operand`]'s input, weight and output gradient.
     static WIDENED: Scratch<f32> = const { Scratch::new(Vec::new()) };
     static WIDENED_W: Scratch<f32> = const { Scratch::new(Vec::new()) };
+    static ROUNDED_DOUT: Scratch<f32> = const { Scratch::new(Vec::new()) };
+}
+
+/// Whether a product with `bf16` operands runs in bf16 arithmetic here
+/// (on a bf16 product, which rounds its operands itself); else its
+/// operands come rounded from [`operand`], and it runs in fp32.
+fn in_bf16(bf16: bool) -> bool {
+    bf16 && blas::bf16_arithmetic()
+}
+
+/// `f` on `x` in fp32 as a product with `bf16` operands takes it: a bf16
+/// tensor's values widened into this thread's `scratch` (bf16 values
+/// already); an fp32 one as it is, or, where the product runs in fp32
+/// arithmetic ([`in_bf16`] false), its values rounded into `scratch`, in
+/// one pass (the product would round a widened copy again).
+fn operand<R>(
+    scratch: &'static std::thread::LocalKey<Scratch<f32>>,
+    x: Held,
+    bf16: bool,
+    f: impl FnOnce(&[f32]) -> R,
+) -> R {
+    match x {
+        Stored::F32(x) if bf16 && !in_bf16(bf16) => with_scratch(scratch, x.len(), |r| {
+            convert(r, x, true, round_to_bf16);
+            f(r)
+        }),
+        x => widened(scratch, x, true, f),
+    }
 }
 
 /// `f` on blocks of the columns `0..n` of a (rows, n) product, each with
@@ -512,40 +541,47 @@ fn backward_on(op: MatmulBackward<Host<'_>>, native: bool) {
             return;
         }
     };
-    if let Some(dinp) = dinp {
-        let (to, d) = (
-            Mat::new(dinp.as_mut_ptr(), k, 1),
+    // SAFETY (all): sizes were checked above; destinations are distinct buffers.
+    let dinp = dinp.and_then(|dinp| {
+        let to = Mat::new(dinp.as_mut_ptr(), k, 1);
+        let (d, w_t) = (
             Mat::new(dout.as_ptr(), n, 1),
+            weight_held(w, layout, k, n).t(),
         );
-        let w_t = weight_held(w, layout, k, n).t();
-        // SAFETY (both): sizes were checked above; destinations are distinct buffers.
         let done = native
             && w.is_bf16()
             && unsafe { gemm_held((rows, k, n), to, HeldMat::F32(d), w_t, Onto::Over) };
-        if !done {
-            widened(&WIDENED_W, w, true, |w| unsafe {
-                let w = weight_mat(w.as_ptr(), layout, k, n).t();
-                gemm(shape.bf16, (rows, k, n), to, d, w, false, 1.0, threads)
-            });
-        }
-    }
-    if let Some(dw) = dw {
-        let (to, d) = (
-            weight_mat(dw.as_mut_ptr(), layout, k, n),
-            Mat::new(dout.as_ptr(), n, 1),
-        );
-        let inp_t = HeldMat::of(inp, k, 1).t();
-        // SAFETY (both): sizes were checked above; destinations are distinct buffers.
+        (!done).then_some(dinp)
+    });
+    let dw = dw.and_then(|dw| {
+        let to = weight_mat(dw.as_mut_ptr(), layout, k, n);
+        let (d, inp_t) = (Mat::new(dout.as_ptr(), n, 1), HeldMat::of(inp, k, 1).t());
         let done = native
             && inp.is_bf16()
             && unsafe { gemm_held((k, n, rows), to, inp_t, HeldMat::F32(d), Onto::Add) };
-        if !done {
-            widened(&WIDENED, inp, true, |inp| unsafe {
-                let inp = Mat::new(inp.as_ptr(), k, 1).t();
-                gemm(shape.bf16, (k, n, rows), to, inp, d, true, 1.0, threads)
+        (!done).then_some(dw)
+    });
+    // what is left, on fp32 products: dout rounded once for both
+    let bf16 = shape.bf16;
+    let left = dinp.is_some() || dw.is_some();
+    let dout_held = Stored::F32(if left { dout } else { &[][..] });
+    operand(&ROUNDED_DOUT, dout_held, bf16, |d| {
+        let d = Mat::new(d.as_ptr(), n, 1);
+        if let Some(dinp) = dinp {
+            let to = Mat::new(dinp.as_mut_ptr(), k, 1);
+            operand(&WIDENED_W, w, bf16, |w| unsafe {
+                let w = weight_mat(w.as_ptr(), layout, k, n).t();
+                gemm(in_bf16(bf16), (rows, k, n), to, d, w, false, 1.0, threads)
             });
         }
-    }
+        if let Some(dw) = dw {
+            let to = weight_mat(dw.as_mut_ptr(), layout, k, n);
+            operand(&WIDENED, inp, bf16, |inp| unsafe {
+                let inp = Mat::new(inp.as_ptr(), k, 1).t();
+                gemm(in_bf16(bf16), (k, n, rows), to, inp, d, true, 1.0, threads)
+            });
+        }
+    });
     if let Some(db) = dbias {
         bias_backward(db, dout, n, |d| d);
     }
@@ -596,10 +632,11 @@ fn backward_stored(
     let none = Stored::F32(&[][..]);
     let inp = if dw.is_some() { inp } else { none };
     let w = if dinp.is_some() { w } else { none };
-    widened(&WIDENED_W, w, true, |w| {
-        widened(&WIDENED, inp, true, |inp| {
+    operand(&WIDENED_W, w, true, |w| {
+        operand(&WIDENED, inp, true, |inp| {
             staged(rows, n, |stage, cols| {
                 let nc = cols.len();
+                // dout's bf16 values, widened: already as a bf16 product takes them
                 stage
                     .par_chunks_mut(nc)
                     .zip(dout.par_chunks(n))
@@ -609,7 +646,7 @@ fn backward_stored(
                     // SAFETY: sizes were checked above; destinations are distinct buffers.
                     unsafe {
                         gemm(
-                            true,
+                            in_bf16(true),
                             (rows, k, nc),
                             Mat::new(dinp.as_mut_ptr(), k, 1),
                             Mat::new(stage.as_ptr(), nc, 1),
@@ -625,7 +662,7 @@ fn backward_stored(
                     // SAFETY: sizes were checked above; destinations are distinct buffers.
                     unsafe {
                         gemm(
-                            true,
+                            in_bf16(true),
                             (k, nc, rows),
                             weight_mat(at, layout, k, n),
                             Mat::new(inp.as_ptr(), k, 1).t(),
