@@ -89,7 +89,8 @@ fn gap(got: &[f32], want: &[f64]) -> f64 {
 /// The product, both gradients, and where they must be: within 1e-5 of
 /// f64 on the rounded operands, and at least 1e-4 from f64 on the operands
 /// as given (which fp32 arithmetic would be within 1e-6 of), so a product
-/// that skipped the bf16 route fails.
+/// that skipped the bf16 route fails. An fp32 shape's, whatever runs bf16
+/// products, the other way round, and none on a bf16 product.
 #[test]
 fn a_bf16_matmul_rounds_its_operands_and_sums_exact_products() {
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
@@ -100,10 +101,12 @@ fn a_bf16_matmul_rounds_its_operands_and_sums_exact_products() {
         on_bf16(lib);
         let be = Cpu::default();
         let mut rng = Rng::new(3);
-        for (rows, k, n) in [(7, 5, 9), (300, 200, 150), (1000, 130, 384)] {
+        let shapes = [(7, 5, 9), (300, 200, 150), (1000, 130, 384)];
+        for ((rows, k, n), bf16) in shapes.into_iter().flat_map(|s| [(s, true), (s, false)]) {
             for layout in [WeightLayout::InOut, WeightLayout::OutIn] {
                 let on = lib.map_or("fp32 arithmetic", |l| l.bf16_name());
-                let what = format!("{on} {rows}x{k}x{n} {layout:?}");
+                let what = format!("{on} {rows}x{k}x{n} {layout:?} bf16 {bf16}");
+                let before = blas::bf16_products();
                 let mut randn =
                     |len: usize| -> Vec<f32> { (0..len).map(|_| rng.normal() as f32).collect() };
                 let (inp, w, dout) = (randn(rows * k), randn(k * n), randn(rows * n));
@@ -121,7 +124,7 @@ fn a_bf16_matmul_rounds_its_operands_and_sums_exact_products() {
                 let mut dinp = be.alloc(rows * k, Category::Activations).unwrap();
                 let mut dw = buf(&vec![0.0; k * n]);
                 let shape = MatmulShape {
-                    bf16: true,
+                    bf16,
                     ..MatmulShape::new((rows, k, n), layout)
                 };
                 be.run(MatmulForward {
@@ -180,12 +183,19 @@ fn a_bf16_matmul_rounds_its_operands_and_sums_exact_products() {
                     ),
                 ];
                 for (name, got, [rounded, given]) in &results {
-                    let (near, far) = (gap(got, rounded), gap(got, given));
+                    let (want, other) = match bf16 {
+                        true => (rounded, given),
+                        false => (given, rounded),
+                    };
+                    let (near, far) = (gap(got, want), gap(got, other));
+                    assert!(near <= 1e-5, "{what} {name}: {near:e} from its product");
                     assert!(
-                        near <= 1e-5,
-                        "{what} {name}: {near:e} from the rounded operands' product"
+                        far >= 1e-4,
+                        "{what} {name}: only {far:e} from the other arithmetic's product"
                     );
-                    assert!(far >= 1e-4, "{what} {name}: only {far:e} from the unrounded product: not rounded to bf16");
+                }
+                if !bf16 {
+                    assert_eq!(blas::bf16_products(), before, "{what}: on a bf16 product");
                 }
             }
         }
