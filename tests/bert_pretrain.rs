@@ -738,3 +738,127 @@ fn pairs_fine_tune_alike_on_every_layout_resume_and_evaluate() {
     ]));
     assert!(stdout(&out).contains("accuracy"), "{}", stdout(&out));
 }
+
+/// A BERT folder's shape is its config.json's: `--model`, `--n-layer` and
+/// `--block-size` beside `--init-from` are refused on every BERT task, as
+/// beside a GPT-2's (they were dropped without a word: the folder's model
+/// trained). From scratch, `--block-size` gives the encoder its positions
+/// (the sequence length's were taken), a longer `--seq-len` is refused,
+/// and pretraining on characters is refused before any note about them.
+#[test]
+fn a_berts_positions_are_its_folders_or_as_block_size_gives_them() {
+    let dir = scratch("bert-shape-flags");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (model, set) = tiny_bert_and_labelled_set(&dir);
+    let data = text(&dir);
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    for flag in [
+        &["--model", "bert-tiny"][..],
+        &["--n-layer", "1"],
+        &["--block-size", "64"],
+    ] {
+        for (task, input) in [("mlm", &data), ("pretrain", &data), ("classify", &set)] {
+            let out = dir.join(format!("{task}{}", flag[0]));
+            let (model, input, out_s) = (s(&model), s(input), s(&out));
+            let mut args = vec![
+                "train",
+                "--task",
+                task,
+                "--init-from",
+                &model,
+                "--data",
+                &input,
+            ];
+            args.extend_from_slice(&[
+                "--steps",
+                "1",
+                "--seq-len",
+                "16",
+                "--batch-size",
+                "2",
+                "--quiet",
+                "--out",
+                &out_s,
+            ]);
+            args.extend_from_slice(flag);
+            let o = distgpt(&args);
+            let want = format!("{} cannot be given with --init-from", flag[0]);
+            assert!(
+                !o.status.success() && stderr(&o).contains(&want),
+                "{task} {flag:?}: {}",
+                stderr(&o)
+            );
+            assert!(!out.exists(), "{task} {flag:?}: a run folder");
+        }
+    }
+    let scratch_run = |name: &str, extra: &[&str]| {
+        let out = s(&dir.join(name));
+        let data = s(&data);
+        let mut args = vec![
+            "train",
+            "--task",
+            "mlm",
+            "--model",
+            "bert-tiny",
+            "--data",
+            &data,
+        ];
+        args.extend_from_slice(&[
+            "--steps",
+            "1",
+            "--batch-size",
+            "2",
+            "--quiet",
+            "--out",
+            &out,
+        ]);
+        args.extend_from_slice(extra);
+        distgpt(&args)
+    };
+    let positions = |name: &str| -> u64 {
+        let text = std::fs::read_to_string(dir.join(name).join("config.json")).unwrap();
+        let config: serde_json::Value = serde_json::from_str(&text).unwrap();
+        config["max_position_embeddings"].as_u64().unwrap()
+    };
+    succeeded(scratch_run(
+        "b64",
+        &["--block-size", "64", "--seq-len", "16"],
+    ));
+    assert_eq!(positions("b64"), 64, "--block-size 64");
+    succeeded(scratch_run("s16", &["--seq-len", "16"]));
+    assert_eq!(
+        positions("s16"),
+        16,
+        "the sequence length's, without --block-size"
+    );
+    let o = scratch_run("b16", &["--block-size", "16", "--seq-len", "32"]);
+    let want = "--seq-len 32 must be between 1 and the model's block size 16";
+    assert!(
+        !o.status.success() && stderr(&o).contains(want),
+        "{}",
+        stderr(&o)
+    );
+    let data_s = s(&data);
+    let args = [
+        "train",
+        "--task",
+        "pretrain",
+        "--model",
+        "bert-tiny",
+        "--data",
+        &data_s,
+        "--steps",
+        "1",
+    ];
+    let o = distgpt(&args);
+    assert!(
+        !o.status.success() && stderr(&o).contains("[CLS] A [SEP] B [SEP]"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(
+        !stderr(&o).contains("note:"),
+        "a note before the refusal: {}",
+        stderr(&o)
+    );
+}

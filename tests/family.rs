@@ -680,6 +680,7 @@ fn the_lm_task_spec_builds_and_resumes_a_registered_family_as_train_does() {
         tokenizer: TokenizerKind::Char,
         tokenizer_given: false,
         seq_len: None,
+        block_size: None,
         train_examples: None,
         seed: 0,
     };

@@ -524,6 +524,7 @@ fn bert_pretraining_trains_as_transformers_does() {
         tokenizer: TokenizerKind::Char,
         tokenizer_given: false,
         seq_len: Some(cfg.seq_len),
+        block_size: None,
         train_examples: None,
         seed: cfg.seed,
     };

@@ -70,7 +70,14 @@ fn eval_masked_lm<B: Backend + 'static>(
     bert: &distgpt::model::bert::BertConfig,
 ) -> Result<()> {
     if given.iter().any(|g| g == "weights") {
-        bail!("--weights is for GPT-2 models: a BERT masked LM is evaluated in fp32");
+        bail!(
+            "--weights is for GPT-2 models: a BERT {} is evaluated in fp32",
+            match bert.head {
+                distgpt::model::bert::BertHead::Pretrain =>
+                    "pretrained with next-sentence prediction",
+                _ => "masked LM",
+            }
+        );
     }
     let record = run_record(&a.model);
     let data = data_of(a, record.as_ref())?;

@@ -262,9 +262,11 @@ pub(super) fn refuse_fixed_on_resume(given: &[String]) -> Result<()> {
 pub(super) fn new_run(a: &TrainArgs, given: &[String], task: TaskKind) -> Result<Prepared> {
     let set = |flag: &str| given.iter().any(|g| g == flag);
     let fixed = config::FIXED_BY_INIT.iter().find(|f| set(f));
-    if let (TaskKind::Lm, Some(dir), Some(f)) = (task, &a.init_from, fixed) {
+    // every task: a BERT folder's shape is its config.json's as a GPT-2's
+    // is its model.json's
+    if let (Some(dir), Some(f)) = (&a.init_from, fixed) {
         bail!(
-            "--{} cannot be given with --init-from: the model's shape and tokenizer are those of {} (its model.json)",
+            "--{} cannot be given with --init-from: the model's shape and tokenizer are those of {}",
             f.replace('_', "-"),
             dir.display()
         );
@@ -283,6 +285,7 @@ pub(super) fn new_run(a: &TrainArgs, given: &[String], task: TaskKind) -> Result
         tokenizer: a.tokenizer,
         tokenizer_given: set("tokenizer"),
         seq_len: a.seq_len,
+        block_size: a.model.block_size,
         train_examples: a.train_examples,
         seed: a.seed,
     };

@@ -43,13 +43,13 @@ pub struct MlmTask<'a> {
 
 impl<'a> MlmTask<'a> {
     /// The encoder of `shape` (its layers and widths) over `data`'s
-    /// vocabulary (characters get `[MASK]` one past them), with `seq_len`
-    /// positions.
-    pub fn new(shape: &BertConfig, data: &'a Dataset, seq_len: usize) -> Self {
+    /// vocabulary (characters get `[MASK]` one past them), with `positions`
+    /// positions (a run's sequence length, or more).
+    pub fn new(shape: &BertConfig, data: &'a Dataset, positions: usize) -> Self {
         MlmTask {
             model: BertConfig {
                 vocab_size: mlm_vocab(&data.tokenizer),
-                block_size: seq_len,
+                block_size: positions,
                 head: BertHead::Mlm,
                 ..shape.clone()
             },

@@ -46,6 +46,9 @@ pub struct TaskInputs<'a> {
     /// Whether the tokenizer was asked for (a shard folder keeps its own).
     pub tokenizer_given: bool,
     pub seq_len: Option<usize>,
+    /// The positions asked for (`--block-size`): an encoder trained from
+    /// scratch takes them, where it would take the sequence length's.
+    pub block_size: Option<usize>,
     pub train_examples: Option<usize>,
     pub seed: u64,
 }
@@ -246,7 +249,7 @@ fn build_pretrain(i: &TaskInputs<'_>) -> Result<(TaskData, usize)> {
 
 /// A masked LM (`head` Mlm) or BERT's pretraining (Pretrain).
 fn build_masked(i: &TaskInputs<'_>, head: BertHead) -> Result<(TaskData, usize)> {
-    let seq = i.seq_len.unwrap_or(MLM_SEQ_LEN);
+    let seq = (i.seq_len).unwrap_or(i.block_size.map_or(MLM_SEQ_LEN, |b| b.min(MLM_SEQ_LEN)));
     let task = super::mlm::task_of(head);
     if let Some(dir) = i.init_from {
         let (model, _, wp, _) =
@@ -268,6 +271,21 @@ fn build_masked(i: &TaskInputs<'_>, head: BertHead) -> Result<(TaskData, usize)>
         )));
     };
     let ds = Dataset::load(i.data, TokenizerKind::Char)?;
+    // the model first: pretraining refuses characters before any note on them
+    let positions = match i.block_size {
+        Some(b) if seq > b => {
+            return Err(Error::Config(format!(
+                "--seq-len {seq} must be between 1 and the model's block size {b} (--block-size)"
+            )))
+        }
+        Some(b) => b,
+        None => seq,
+    };
+    let mlm = MlmTask::new(&shape, &ds, positions);
+    let model = match head {
+        BertHead::Pretrain => mlm.pretraining()?.model,
+        _ => mlm.model,
+    };
     if let TokenizerSpec::Char { chars } = ds.tokenizer.spec() {
         crate::errln!(
             "note: --task {task} on {}: no WordPiece vocabulary (no --init-from, and not a folder of `data prepare --tokenizer wordpiece`), so its {} characters are the tokens, and the model can start only another character-level run",
@@ -281,11 +299,6 @@ fn build_masked(i: &TaskInputs<'_>, head: BertHead) -> Result<(TaskData, usize)>
             ds.name
         );
     }
-    let mlm = MlmTask::new(&shape, &ds, seq);
-    let model = match head {
-        BertHead::Pretrain => mlm.pretraining()?.model,
-        _ => mlm.model,
-    };
     Ok((TaskData::Mlm { model, ds }, seq))
 }
 

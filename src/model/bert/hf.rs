@@ -127,15 +127,25 @@ pub fn label_names(dir: &Path) -> Result<Vec<String>> {
 }
 
 /// A tensor of the file as f32 with its shape, under `name` or, for a
-/// `BertModel`'s file, `name` without its `bert.` prefix.
+/// `BertModel`'s file, `name` without its `bert.` prefix; a LayerNorm's
+/// weight and bias also under the names of Google's TensorFlow checkpoints
+/// (`LayerNorm.gamma`, `LayerNorm.beta`), which the hub's
+/// `bert-base-uncased` keeps and `transformers` renames as it loads.
 fn find(st: &SafeTensors, name: &str) -> Result<Option<(Vec<usize>, Vec<f32>)>> {
-    let short = name.strip_prefix("bert.");
-    let view = match st.tensor(name) {
-        Ok(v) => v,
-        Err(_) => match short.and_then(|s| st.tensor(s).ok()) {
-            Some(v) => v,
-            None => return Ok(None),
-        },
+    let legacy = [
+        ("LayerNorm.weight", "LayerNorm.gamma"),
+        ("LayerNorm.bias", "LayerNorm.beta"),
+    ]
+    .into_iter()
+    .find_map(|(now, then)| name.strip_suffix(now).map(|at| format!("{at}{then}")));
+    let names = [Some(name.to_string()), legacy];
+    let short = |n: &String| n.strip_prefix("bert.").map(str::to_string);
+    let mut candidates = names
+        .iter()
+        .flatten()
+        .flat_map(|n| [Some(n.clone()), short(n)]);
+    let Some(view) = candidates.find_map(|n| n.and_then(|n| st.tensor(&n).ok())) else {
+        return Ok(None);
     };
     let mut data = vec![0.0; view.shape().iter().product()];
     if !widen_into(view.dtype(), view.data(), &mut data) {
@@ -677,6 +687,48 @@ mod tests {
             let want: Vec<f32> = p.iter().map(|&x| round(x).1).collect();
             assert_eq!(back, want, "{dtype:?}");
             assert_ne!(back, p, "{dtype:?}: the rounding is visible");
+        }
+    }
+
+    /// A file that names its LayerNorms' weights and biases as Google's
+    /// TensorFlow checkpoints did (`LayerNorm.gamma`, `LayerNorm.beta`: the
+    /// hub's `bert-base-uncased`), with or without the `bert.` prefix, reads
+    /// as the same parameters.
+    #[test]
+    fn layernorms_named_gamma_and_beta_read_as_their_weights_and_biases() {
+        let cfg = one_block(40, BertHead::Mlm);
+        let p = super::super::init_full(&cfg, 5);
+        let root = crate::testdir::TestDir::new("bert-hf-gamma");
+        let dir = root.path().join("model");
+        write_folder(&cfg, &p, None, &[], &dir).unwrap();
+        let mut config = read_hf_config(&dir).unwrap().1;
+        config.as_object_mut().unwrap().remove(CHECKSUM_KEY);
+        std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+        let path = dir.join("model.safetensors");
+        let bytes = std::fs::read(&path).unwrap();
+        for prefix in ["", "bert."] {
+            let st = SafeTensors::deserialize(&bytes).unwrap();
+            let mut renamed = 0;
+            let tensors: Vec<_> = st
+                .tensors()
+                .into_iter()
+                .map(|(name, v)| {
+                    let old = name
+                        .replace("LayerNorm.weight", "LayerNorm.gamma")
+                        .replace("LayerNorm.bias", "LayerNorm.beta");
+                    renamed += usize::from(old != name);
+                    let old = match old.strip_prefix("bert.") {
+                        Some(short) => format!("{prefix}{short}"),
+                        None => old,
+                    };
+                    let data = Data::Bytes(v.data().to_vec());
+                    (old, Dtype::F32, v.shape().to_vec(), data)
+                })
+                .collect();
+            assert!(renamed >= 6, "{renamed} LayerNorm tensors renamed");
+            write_safetensors(&path, &tensors).unwrap();
+            let (_, back) = load_folder(&dir, None, 9).unwrap();
+            assert!(back == p, "prefix {prefix:?}");
         }
     }
 
