@@ -269,6 +269,25 @@ def perturb(model, seed):
                 p.add_(0.1 * torch.randn_like(p))
 
 
+def bert_folder(init, model_class, vocab, seed, perturb_seed, **config):
+    """A small BERT of `model_class` (2 blocks of 32, 4 heads, no dropout)
+    with `vocab` written beside it as vocab.txt, saved into `init`; its
+    weights drawn from `seed`, biases and LayerNorms perturbed by
+    `perturb_seed`. The model and the vocabulary's path."""
+    torch.manual_seed(seed)
+    cfg = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=64, type_vocab_size=2, hidden_act="gelu", layer_norm_eps=1e-12,
+                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, attn_implementation="eager",
+                     **config)
+    model = model_class(cfg).float()
+    perturb(model, perturb_seed)
+    model.save_pretrained(init, safe_serialization=True)
+    path = os.path.join(init, "vocab.txt")
+    with open(path, "w") as f:
+        f.write("\n".join(vocab) + "\n")
+    return model, path
+
+
 HYPER = {"lr": 3e-3, "min_lr": 3e-4, "warmup": 2, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8,
          "weight_decay": 0.1, "grad_clip": 1.0, "seed": 7, "eval_batches": 2}
 
@@ -415,17 +434,8 @@ def pretrain():
     out = fresh("pretrain")
     init = os.path.join(out, "init")
     h = dict(HYPER, task="pretrain", data="text", batch_size=4, seq_len=16, grad_accum=2, steps=10)
-    torch.manual_seed(41)
-    cfg = BertConfig(vocab_size=len(PRE_VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                     intermediate_size=64, max_position_embeddings=h["seq_len"], type_vocab_size=2,
-                     hidden_act="gelu", layer_norm_eps=1e-12, hidden_dropout_prob=0.0,
-                     attention_probs_dropout_prob=0.0, initializer_range=0.1, attn_implementation="eager")
-    model = BertForPreTraining(cfg).float()
-    perturb(model, 42)
-    model.save_pretrained(init, safe_serialization=True)
-    vocab = os.path.join(init, "vocab.txt")
-    with open(vocab, "w") as f:
-        f.write("\n".join(PRE_VOCAB) + "\n")
+    model, vocab = bert_folder(init, BertForPreTraining, PRE_VOCAB, 41, 42,
+                               max_position_embeddings=h["seq_len"], initializer_range=0.1)
     tok = BertTokenizer(vocab, do_lower_case=True)
     text = pretrain_text(tok, Rng(43), 1300)
     with open(os.path.join(out, "text.txt"), "w", encoding="utf-8") as f:
@@ -539,17 +549,8 @@ def classify():
     os.makedirs(data)
     h = dict(HYPER, task="classify", data="data", batch_size=4, seq_len=12, grad_accum=1, steps=6, lr=1e-3,
              min_lr=1e-4)
-    torch.manual_seed(31)
-    cfg = BertConfig(vocab_size=len(CLS_VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                     intermediate_size=64, max_position_embeddings=16, type_vocab_size=2, hidden_act="gelu",
-                     layer_norm_eps=1e-12, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                     num_labels=2, initializer_range=0.2, attn_implementation="eager")
-    model = BertForSequenceClassification(cfg).float()
-    perturb(model, 32)
-    model.save_pretrained(init, safe_serialization=True)
-    vocab = os.path.join(init, "vocab.txt")
-    with open(vocab, "w") as f:
-        f.write("\n".join(CLS_VOCAB) + "\n")
+    model, vocab = bert_folder(init, BertForSequenceClassification, CLS_VOCAB, 31, 32,
+                               max_position_embeddings=16, num_labels=2, initializer_range=0.2)
     with open(os.path.join(data, "labels.json"), "w") as f:
         json.dump(["ham", "spam"], f)
     for name, examples in {"train": CLS_TRAIN, "val": CLS_VAL, "test": CLS_TEST}.items():
