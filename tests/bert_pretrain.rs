@@ -825,13 +825,16 @@ fn a_berts_positions_are_its_folders_or_as_block_size_gives_them() {
         &["--block-size", "64", "--seq-len", "16"],
     ));
     assert_eq!(positions("b64"), 64, "--block-size 64");
+    // a sequence as long as the positions, the length --block-size gives
+    succeeded(scratch_run("b16", &["--block-size", "16"]));
+    assert_eq!(positions("b16"), 16, "--block-size 16");
     succeeded(scratch_run("s16", &["--seq-len", "16"]));
     assert_eq!(
         positions("s16"),
         16,
         "the sequence length's, without --block-size"
     );
-    let o = scratch_run("b16", &["--block-size", "16", "--seq-len", "32"]);
+    let o = scratch_run("b16s32", &["--block-size", "16", "--seq-len", "32"]);
     let want = "--seq-len 32 must be between 1 and the model's block size 16";
     assert!(
         !o.status.success() && stderr(&o).contains(want),
