@@ -865,3 +865,65 @@ fn a_berts_positions_are_its_folders_or_as_block_size_gives_them() {
         stderr(&o)
     );
 }
+
+/// `eval` scores the model a folder holds, or refuses: a file without its
+/// config's head (a masked LM's weights under a classifier's config.json,
+/// a classifier's under a masked LM's) was scored with a head drawn from
+/// the seed, as if trained. And `eval RUN` of a masked LM started from a
+/// folder scores at the run's own sequence length, not the folder's
+/// positions (it asked for windows of 24 + 1 here, more than the text's
+/// validation split holds).
+#[test]
+fn eval_refuses_a_head_never_trained_and_scores_a_run_at_its_length() {
+    let dir = scratch("eval-untrained-head");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (model, set) = tiny_bert_and_labelled_set(&dir);
+    let data = text(&dir);
+    let run = dir.join("mlm");
+    succeeded(pretrain(&model, &data, &run, "2", &[]));
+    let o = succeeded(distgpt(&["eval", run.to_str().unwrap()]));
+    assert!(stdout(&o).contains("of 16 tokens"), "{}", stdout(&o));
+    // a folder of `from`'s weights whose config.json says `architecture`
+    let relabel = |from: &Path, name: &str, architecture: &str| -> PathBuf {
+        let to = dir.join(name);
+        std::fs::create_dir_all(&to).unwrap();
+        for f in ["config.json", "model.safetensors", "vocab.txt"] {
+            std::fs::copy(from.join(f), to.join(f)).unwrap();
+        }
+        let text = std::fs::read_to_string(to.join("config.json")).unwrap();
+        let mut config: serde_json::Value = serde_json::from_str(&text).unwrap();
+        config["architectures"] = serde_json::json!([architecture]);
+        config["id2label"] = serde_json::json!({"0": "ham", "1": "spam"});
+        config["label2id"] = serde_json::json!({"ham": 0, "spam": 1});
+        std::fs::write(to.join("config.json"), config.to_string()).unwrap();
+        to
+    };
+    let never = "its head was never trained";
+    let as_classifier = relabel(&run, "as-classifier", "BertForSequenceClassification");
+    let args = [
+        "eval",
+        as_classifier.to_str().unwrap(),
+        "--data",
+        set.to_str().unwrap(),
+    ];
+    let o = distgpt(&args);
+    assert!(
+        !o.status.success() && stderr(&o).contains(never),
+        "{}",
+        stderr(&o)
+    );
+    let as_mlm = relabel(&model, "as-mlm", "BertForMaskedLM");
+    let args = [
+        "eval",
+        as_mlm.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+    ];
+    let o = distgpt(&[&args[..], &["--seq-len", "16"]].concat());
+    assert!(
+        !o.status.success() && stderr(&o).contains(never),
+        "{}",
+        stderr(&o)
+    );
+    assert!(stderr(&o).contains("cls.predictions"), "{}", stderr(&o));
+}

@@ -81,9 +81,11 @@ fn eval_masked_lm<B: Backend + 'static>(
     }
     let record = run_record(&a.model);
     let data = data_of(a, record.as_ref())?;
+    // the length its run trained and scored at (a folder's positions may be more)
+    let recorded = record.as_ref().map(|r| r.train.seq_len);
     let cfg = TrainConfig {
         batch_size: a.batch_size,
-        seq_len: a.seq_len.unwrap_or(bert.block_size),
+        seq_len: a.seq_len.or(recorded).unwrap_or(bert.block_size),
         eval_batches: if a.batches == 0 {
             usize::MAX
         } else {

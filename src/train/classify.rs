@@ -553,6 +553,7 @@ pub fn evaluate_folder<B: Backend + 'static>(
             data.display()
         )));
     }
+    untrained(dir, Some(found.head))?;
     let task = ClassifyTask::new(dir, data, None, t, 0)?;
     let cfg = TrainConfig {
         batch_size: b,
@@ -560,6 +561,24 @@ pub fn evaluate_folder<B: Backend + 'static>(
         ..TrainConfig::default()
     };
     super::evaluate_params(backend, &task, &task.init, &cfg, threads, true).map(Scores::from)
+}
+
+/// Refuses to evaluate a Hugging Face folder whose file lacks a part of its
+/// head (or holds a classifier of another shape): reading it for training
+/// starts that part from the seed, which `eval` would score as trained.
+pub fn untrained(dir: &std::path::Path, head: Option<BertHead>) -> Result<()> {
+    if !is_bert_folder(dir) {
+        return Ok(());
+    }
+    match hf::untrained_head(dir, head)? {
+        Some(name) => Err(Error::Input(format!(
+            "{}: model.safetensors has no {name} (or one of another shape) for the model \
+             config.json describes: its head was never trained, and a head drawn at random \
+             would be scored as if it were; evaluate a folder trained with this head",
+            dir.display()
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// One epoch of a classifier's run, from its step records.

@@ -410,6 +410,7 @@ pub fn evaluate_folder<B: Backend + 'static>(
     cfg: &TrainConfig,
     threads: usize,
 ) -> Result<Eval> {
+    super::classify::untrained(dir, None)?;
     let (meta, params) = crate::checkpoint::read_model(dir)?;
     let vocab = mlm_vocab(&data.tokenizer);
     let model = match meta.config.bert() {

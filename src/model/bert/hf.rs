@@ -242,17 +242,12 @@ fn stored(cfg: &BertConfig, t: &TensorSpec) -> Vec<Stored> {
 pub fn read_weights(cfg: &BertConfig, st: &SafeTensors, init: Vec<f32>) -> Result<Vec<f32>> {
     let lay = layout(cfg, 1);
     let mut p = init;
-    let classifier = classifier_names(cfg.head)[0];
     // whether the file has the head part the tensor belongs to, decided at
     // the part's first tensor; the embeddings and blocks must be there
     let mut present = true;
     for t in &lay.tensors {
         let parts = stored(cfg, t);
-        present = match t.name.as_str() {
-            n if n == HEAD_MLM[0] || n == "bert.pooler.dense.weight" => find(st, n)?.is_some(),
-            n if n == classifier => find(st, n)?.is_some_and(|(s, _)| s == parts[0].shape),
-            _ => present,
-        };
+        present = head_part(cfg, st, t)?.unwrap_or(present);
         if !present {
             continue;
         }
@@ -272,6 +267,42 @@ pub fn read_weights(cfg: &BertConfig, st: &SafeTensors, init: Vec<f32>) -> Resul
         }
     }
     Ok(p)
+}
+
+/// At the first tensor of a head part (the masked-LM head, the pooler, a
+/// classifier), whether `st` holds that part (a classifier in its shape);
+/// None at any other tensor.
+fn head_part(cfg: &BertConfig, st: &SafeTensors, t: &TensorSpec) -> Result<Option<bool>> {
+    Ok(match t.name.as_str() {
+        n if n == HEAD_MLM[0] || n == "bert.pooler.dense.weight" => Some(find(st, n)?.is_some()),
+        n if n == classifier_names(cfg.head)[0] => {
+            let shape = &stored(cfg, t)[0].shape;
+            Some(find(st, n)?.is_some_and(|(s, _)| &s == shape))
+        }
+        _ => None,
+    })
+}
+
+/// The first part of the head a folder's model (with `head` where the
+/// folder has none) scores with that its file lacks, or holds in another
+/// shape: a part [`load_folder`] starts from its seed, for training on.
+/// `eval` refuses such a folder (a head drawn at random scores as if it
+/// were trained). A masked LM's pooler is not its head's.
+pub fn untrained_head(dir: &Path, head: Option<BertHead>) -> Result<Option<String>> {
+    let cfg = read_config(dir, head)?;
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path)
+        .map_err(|e| Error::Input(format!("cannot read {}: {e}", path.display())))?;
+    let st = read_safetensors(&bytes)
+        .map_err(|e| Error::checkpoint(&path, format!("not a valid safetensors file: {e}")))?;
+    let pooled = cfg.head.pooled_labels().is_some();
+    for t in &layout(&cfg, 1).tensors {
+        let scored = pooled || t.name != "bert.pooler.dense.weight";
+        if scored && head_part(&cfg, &st, t)? == Some(false) {
+            return Ok(Some(t.name.clone()));
+        }
+    }
+    Ok(None)
 }
 
 /// A Hugging Face BERT folder: its config (with `head` where the folder
