@@ -893,6 +893,11 @@ fn eval_refuses_a_head_never_trained_and_scores_a_run_at_its_length() {
         let text = std::fs::read_to_string(to.join("config.json")).unwrap();
         let mut config: serde_json::Value = serde_json::from_str(&text).unwrap();
         config["architectures"] = serde_json::json!([architecture]);
+        // as a folder saved by hand carries no checksum of distgpt's
+        config
+            .as_object_mut()
+            .unwrap()
+            .remove("distgpt_weights_checksum");
         config["id2label"] = serde_json::json!({"0": "ham", "1": "spam"});
         config["label2id"] = serde_json::json!({"ham": 0, "spam": 1});
         std::fs::write(to.join("config.json"), config.to_string()).unwrap();
@@ -926,4 +931,31 @@ fn eval_refuses_a_head_never_trained_and_scores_a_run_at_its_length() {
         stderr(&o)
     );
     assert!(stderr(&o).contains("cls.predictions"), "{}", stderr(&o));
+    // a fine-tuned classifier's file without its pooler: the classifier
+    // reads the pooler's output, so it is the head's too
+    let tuned = dir.join("tuned");
+    succeeded(fine_tune(&model, &set, &tuned, "1", &[]));
+    let bytes = std::fs::read(tuned.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let kept: Vec<_> = st
+        .tensors()
+        .into_iter()
+        .filter(|(name, _)| !name.contains("pooler"))
+        .collect();
+    assert!(kept.len() < st.len(), "the classifier has a pooler");
+    let no_pooler = relabel(&tuned, "no-pooler", "BertForSequenceClassification");
+    let file = no_pooler.join("model.safetensors");
+    safetensors::serialize_to_file(kept, &None, &file).unwrap();
+    let args = [
+        "eval",
+        no_pooler.to_str().unwrap(),
+        "--data",
+        set.to_str().unwrap(),
+    ];
+    let o = distgpt(&args);
+    assert!(
+        !o.status.success() && stderr(&o).contains("bert.pooler"),
+        "{}",
+        stderr(&o)
+    );
 }
