@@ -249,7 +249,9 @@ fn build_pretrain(i: &TaskInputs<'_>) -> Result<(TaskData, usize)> {
 
 /// A masked LM (`head` Mlm) or BERT's pretraining (Pretrain).
 fn build_masked(i: &TaskInputs<'_>, head: BertHead) -> Result<(TaskData, usize)> {
-    let seq = (i.seq_len).unwrap_or(i.block_size.map_or(MLM_SEQ_LEN, |b| b.min(MLM_SEQ_LEN)));
+    let seq = i
+        .seq_len
+        .unwrap_or(i.block_size.map_or(MLM_SEQ_LEN, |b| b.min(MLM_SEQ_LEN)));
     let task = super::mlm::task_of(head);
     if let Some(dir) = i.init_from {
         let (model, _, wp, _) =
