@@ -6,7 +6,8 @@ use distgpt::model::bert::BertHead;
 #[derive(Args)]
 pub(super) struct EvalArgs {
     /// A run directory, one of its checkpoint directories, a Hugging Face
-    /// GPT-2 folder, or a BERT classifier folder (`train --task classify`'s output).
+    /// GPT-2 folder, or a BERT folder with its head: a classifier (`train
+    /// --task classify`'s output), a masked LM or a pretraining model.
     #[arg(value_name = "RUN")]
     model: PathBuf,
     /// Data: a text file or a shard directory (default: the data its run trained on, else the embedded corpus); its validation split is used.
