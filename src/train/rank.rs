@@ -100,10 +100,9 @@ struct Run<'a, B: Backend> {
     step_comm: CommStats,
     history: Vec<StepRecord>,
     val_last: Option<Eval>,
-    /// Every rank's peak memory row, as of the newest step.
+    /// Every rank's peak memory row, as of the newest step, and under
+    /// offload its peak host memory row after it ([`Run::peak_rows`]).
     rank_peaks: Vec<u64>,
-    /// Under offload, every rank's peak host memory row (empty without).
-    rank_host_peaks: Vec<u64>,
     stopped: bool,
     /// Rank 0 could not write a step to `metrics.jsonl`: stop as a signal would.
     record_failed: bool,
@@ -199,11 +198,10 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             step_comm: CommStats::default(),
             history: Vec::new(),
             val_last: None,
-            rank_peaks: vec![0; PeakRow::LEN * world.size()],
-            rank_host_peaks: match par.offload.is_none() {
-                true => Vec::new(),
-                false => vec![0; PeakRow::LEN * world.size()],
-            },
+            rank_peaks: vec![
+                0;
+                PeakRow::LEN * world.size() * (1 + usize::from(!par.offload.is_none()))
+            ],
             stopped: false,
             record_failed: false,
             peak_rss_at_last_step: None,
@@ -405,21 +403,39 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
         Ok(())
     }
 
+    /// Every rank's peak rows as gathered: the device's, and under offload
+    /// the host's (empty without).
+    fn peak_rows(&self) -> (Vec<PeakRow>, Vec<PeakRow>) {
+        let rows = PeakRow::rows(&self.rank_peaks);
+        let per_rank = rows.len() / self.world.size();
+        let host = rows.chunks(per_rank).filter_map(|c| c.get(1).copied());
+        (
+            rows.iter().step_by(per_rank).copied().collect(),
+            host.collect(),
+        )
+    }
+
     /// **Collective** (every rank's peak memory is gathered), then rank 0
     /// writes the step's record and moves the progress bar (or, with no
     /// terminal, prints a line every `log_every` steps).
     fn record(&mut self, step: usize, done: &StepDone, val: Option<Eval>) -> Result<()> {
         let memory = self.strategy.memory();
         let row = |m: &MemoryReport| <[u64; PeakRow::LEN]>::from(m.peak_row());
-        self.world.all_gather(&row(&memory), &mut self.rank_peaks)?;
-        if !self.rank_host_peaks.is_empty() {
-            let host = memory.host.as_deref().map(row).unwrap_or_default();
-            self.world.all_gather(&host, &mut self.rank_host_peaks)?;
+        // one collective: under offload the host's row beside the device's
+        // (zeros on a rank without host state)
+        let mut mine = [0u64; 2 * PeakRow::LEN];
+        mine[..PeakRow::LEN].copy_from_slice(&row(&memory));
+        if let Some(host) = memory.host.as_deref() {
+            mine[PeakRow::LEN..].copy_from_slice(&row(host));
         }
+        let width = self.rank_peaks.len() / self.world.size();
+        self.world
+            .all_gather(&mine[..width], &mut self.rank_peaks)?;
         if !self.lead {
             return Ok(());
         }
         let tokens_per_s = done.tokens as f64 / done.seconds;
+        let (rank_peak_bytes, rank_host_peak_bytes) = self.peak_rows();
         let (position, bpe) = (
             self.train_loader.position(),
             self.train_loader.batches_per_epoch(),
@@ -438,8 +454,8 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             tokens_per_s,
             mfu: self.mfu(tokens_per_s),
             memory,
-            rank_peak_bytes: PeakRow::rows(&self.rank_peaks),
-            rank_host_peak_bytes: PeakRow::rows(&self.rank_host_peaks),
+            rank_peak_bytes,
+            rank_host_peak_bytes,
             comm: self.strategy.comm_stats(),
         };
         if let Some(logs) = self.logs.as_mut() {
@@ -584,6 +600,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
         }
         let tokens_per_s = self.tokens as f64 / seconds;
         let mfu = self.mfu(tokens_per_s);
+        let (rank_peak_bytes, rank_host_peak_bytes) = self.peak_rows();
         drop(self.strategy);
         // a stopped run samples at its end, not on the way out
         let sample = match self.stopped {
@@ -610,8 +627,8 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             mfu,
             seconds,
             memory,
-            rank_peak_bytes: PeakRow::rows(&self.rank_peaks),
-            rank_host_peak_bytes: PeakRow::rows(&self.rank_host_peaks),
+            rank_peak_bytes,
+            rank_host_peak_bytes,
             comm,
             step_comm: self.step_comm,
             rank_comm_bytes,
