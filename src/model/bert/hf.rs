@@ -15,7 +15,7 @@ use crate::store::{
     checksum, read_safetensors, widen_into, write_atomic, write_json, write_safetensors, Data,
 };
 use safetensors::tensor::{Dtype, SafeTensors};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The config of a Hugging Face BERT folder; `head` replaces the one its
 /// architecture implies (a `BertModel` implies none, so it must be given).
@@ -289,12 +289,8 @@ fn head_part(cfg: &BertConfig, st: &SafeTensors, t: &TensorSpec) -> Result<Optio
 /// `eval` refuses such a folder (a head drawn at random scores as if it
 /// were trained). A masked LM's pooler is not its head's.
 pub fn untrained_head(dir: &Path, head: Option<BertHead>) -> Result<Option<String>> {
-    let cfg = read_config(dir, head)?;
-    let path = dir.join("model.safetensors");
-    let bytes = std::fs::read(&path)
-        .map_err(|e| Error::Input(format!("cannot read {}: {e}", path.display())))?;
-    let st = read_safetensors(&bytes)
-        .map_err(|e| Error::checkpoint(&path, format!("not a valid safetensors file: {e}")))?;
+    let (cfg, path, bytes) = read_folder(dir, head)?;
+    let st = parse(&path, &bytes)?;
     let pooled = cfg.head.pooled_labels().is_some();
     for t in &layout(&cfg, 1).tensors {
         let scored = pooled || t.name != "bert.pooler.dense.weight";
@@ -305,6 +301,23 @@ pub fn untrained_head(dir: &Path, head: Option<BertHead>) -> Result<Option<Strin
     Ok(None)
 }
 
+/// A folder's config (with `head` where the folder has none), and its
+/// weights file's path and bytes.
+fn read_folder(dir: &Path, head: Option<BertHead>) -> Result<(BertConfig, PathBuf, Vec<u8>)> {
+    let cfg = read_config(dir, head)?;
+    let path = dir.join("model.safetensors");
+    crate::store::regular_file(&path)?;
+    let bytes = std::fs::read(&path)
+        .map_err(|e| Error::Input(format!("cannot read {}: {e}", path.display())))?;
+    Ok((cfg, path, bytes))
+}
+
+/// The weights file's tensors, or an error naming the file.
+fn parse<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>> {
+    read_safetensors(bytes)
+        .map_err(|e| Error::checkpoint(path, format!("not a valid safetensors file: {e}")))
+}
+
 /// A Hugging Face BERT folder: its config (with `head` where the folder
 /// has none) and the whole model's parameters.
 pub fn load_folder(
@@ -312,11 +325,7 @@ pub fn load_folder(
     head: Option<BertHead>,
     seed: u64,
 ) -> Result<(BertConfig, Vec<f32>)> {
-    let cfg = read_config(dir, head)?;
-    let path = dir.join("model.safetensors");
-    crate::store::regular_file(&path)?;
-    let bytes = std::fs::read(&path)
-        .map_err(|e| Error::Input(format!("cannot read {}: {e}", path.display())))?;
+    let (cfg, path, bytes) = read_folder(dir, head)?;
     let bad = |reason: String| Error::checkpoint(&path, reason);
     if let Some(want) = recorded(dir, CHECKSUM_KEY)? {
         let sum = checksum(&bytes);
@@ -339,8 +348,7 @@ pub fn load_folder(
         least,
         &format!("the model config.json describes ({cfg})"),
     )?;
-    let st =
-        read_safetensors(&bytes).map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
+    let st = parse(&path, &bytes)?;
     let params = read_weights(&cfg, &st, super::init_full(&cfg, seed))?;
     if let Some(i) = params.iter().position(|x| !x.is_finite()) {
         let lay = layout(&cfg, 1);
