@@ -396,8 +396,8 @@ fn training_on_a_bf16_product_follows_fp32_arithmetic_on_the_rounded_operands() 
 /// fp32 speed on them. The units sum a pair of products before adding it,
 /// FMAs one at a time, so the bits tell the two apart: every route whose
 /// matmuls run in fp32 gives one set, every route on a bf16 product
-/// (where this CPU has AVX512-BF16) the other, each within bf16's rounding
-/// of the other. A CPU without the units has one set for every route.
+/// (where this CPU has AVX512-BF16) the other, each within twice the bound
+/// the FMAs' attention keeps to an f64 reference in `cpu::attention`'s tests. A CPU without the units has one set for every route.
 #[test]
 fn attention_takes_the_bf16_units_where_the_matmuls_run_in_bf16() {
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
@@ -452,14 +452,17 @@ fn attention_takes_the_bf16_units_where_the_matmuls_run_in_bf16() {
                 units == *was_units,
                 "{on}: attention's products on the bf16 units {units}, a route's before {was_units}"
             );
-            let worst = got
-                .iter()
-                .zip(was)
-                .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
-            let largest = was.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+            // each route is within the bound cpu::attention's unit test
+            // holds the FMAs' to against an f64 reference (no more than 1%
+            // of elements past 1e-5, relative, none past 2^-7): apart, twice it
+            let errs: Vec<f64> = (got.iter().zip(was))
+                .map(|(&a, &b)| (a as f64 - b as f64).abs() / (b.abs() as f64).max(1.0))
+                .collect();
+            let off = errs.iter().filter(|&&e| e > 1e-5).count() as f64 / errs.len() as f64;
+            let worst = errs.iter().fold(0.0f64, |m, &e| m.max(e));
             assert!(
-                worst <= largest / 64.0,
-                "{on}: {worst} apart (largest {largest})"
+                off <= 0.02 && worst <= 2.0 / 128.0,
+                "{on}: {off:.4} of elements apart, worst {worst:.2e}"
             );
         }
         seen.push((units, got));
