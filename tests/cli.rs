@@ -3101,6 +3101,22 @@ fn the_first_run_says_it_measures_the_peak_and_later_runs_reuse_it() {
             serde_json::from_str(&std::fs::read_to_string(second.join("run.json")).unwrap())
                 .unwrap();
         let trained = record["peak_flops"].as_f64().unwrap() / 1e9;
+        // two thread ranks of a process of one thread run on a thread each:
+        // two threads, whose peak is the two-thread run's (it was one
+        // thread's, the MFU twice too high)
+        let out = Command::new(env!("CARGO_BIN_EXE_distgpt"))
+            .env("DISTGPT_CACHE_DIR", &cache)
+            .args(["--threads", "1", "bench", "--model", "tiny", "--steps", "1"])
+            .args(["--strategy", "ddp", "--world-size", "2", "--json"])
+            .output()
+            .unwrap();
+        let ranks: serde_json::Value = serde_json::from_slice(&succeeded(out).stdout).unwrap();
+        assert_eq!(ranks["threads"], 2, "{ranks}");
+        let ranks_peak = ranks["peak_gflops"].as_f64().unwrap();
+        assert!(
+            (ranks_peak / trained - 1.0).abs() < 1e-9,
+            "{ranks_peak} vs {trained}"
+        );
         let bench = distgpt_cached(&["bench", "--model", "tiny", "--steps", "1", "--json"]);
         let j: serde_json::Value = serde_json::from_slice(&bench).unwrap();
         let benched = j["peak_gflops"].as_f64().unwrap();

@@ -10,7 +10,7 @@ use distgpt::backend::cpu::hardware::HardwarePeak;
 use distgpt::backend::{profile, Backend, OnBackend};
 use distgpt::metrics::{self, peak};
 use distgpt::model::{ModelConfig, Precision};
-use distgpt::parallel::ParallelConfig;
+use distgpt::parallel::{launch, ParallelConfig};
 use distgpt::train::bench::{bench_rank, BenchSpec};
 
 #[derive(Args)]
@@ -363,14 +363,28 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig) -> Result<()> {
     let rss_start = metrics::rss_bytes();
     let par = a.parallel.config();
     par.resolved().validate(cfg, b)?;
-    let threads = rayon::current_num_threads();
+    // thread ranks run on rank_threads each (--threads 1 --world-size 2:
+    // two threads in all), and the peak is that of all of theirs, as train
+    // states it (agree_on_peak)
+    let threads = match a.parallel.comm {
+        CommKind::Local => {
+            launch::rank_threads(rayon::current_num_threads(), par.world_size) * par.world_size
+        }
+        CommKind::Mpi | CommKind::Nccl => rayon::current_num_threads(),
+    };
     if a.parallel.comm == CommKind::Local {
         check_memory(a, cfg, &par, b, t, threads)?;
     }
     announce(a, cfg, &par, b, t);
     let processes = processes(a, &par);
     let stated = a.old_peak.or_stated(a.peak_tflops);
-    let peaks = Peaks::of(&be, stated, par.precision == Precision::Bf16, processes);
+    // on a device its peak is the run's, whatever the host's threads
+    let probe_threads = match a.device.is_cpu() {
+        true => threads,
+        false => rayon::current_num_threads(),
+    };
+    let bf16 = par.precision == Precision::Bf16;
+    let peaks = launch::with_threads(probe_threads, || Peaks::of(&be, stated, bf16, processes))?;
     let spec = BenchSpec {
         batch: b,
         grad_accum: a.grad_accum,
@@ -407,8 +421,7 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig) -> Result<()> {
     // mpi feature never starts: tests/cli.rs's
     // bench_profile_under_mpirun_counts_a_ranks_kernels_against_its_share_of_the_peak,
     // in CI's mpi pass, catches the second)
-    let rank_processes =
-        a.parallel.comm != CommKind::Local && distgpt::parallel::launch::under_mpirun();
+    let rank_processes = a.parallel.comm != CommKind::Local && launch::under_mpirun();
     let (ranks_here, profiled) = match rank_processes {
         true => (1, processes),
         false => (par.world_size, 1.0),

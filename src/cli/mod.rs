@@ -64,7 +64,7 @@ pub const STOPPED_EXIT_CODE: u8 = 75;
 const MAX_THREADS: usize = 1024;
 
 #[derive(Parser)]
-#[command(name = "distgpt", version, about = "Train GPT-2-family models and compare parallel strategies", long_about = None)]
+#[command(name = "distgpt", version, about = "Train GPT-2-family language models and BERT encoders, and compare parallel strategies", long_about = None)]
 pub struct Cli {
     /// Worker threads (default: every core).
     #[arg(long, global = true)]

@@ -179,6 +179,20 @@ pub fn rank_threads(threads: usize, n: usize) -> usize {
     (threads / n.max(1)).max(1)
 }
 
+/// Runs `f` on a pool of `threads` worker threads, the caller's own where
+/// it has as many: a probe of all thread ranks' threads runs on as many as
+/// they do (`sharing_threads`).
+pub fn with_threads<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> Result<R> {
+    if threads == rayon::current_num_threads() {
+        return Ok(f());
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| Error::Config(format!("a pool of {threads} threads: {e}")))?;
+    Ok(pool.install(f))
+}
+
 /// Runs `f` on `n` thread ranks (threads / n worker threads each) and returns
 /// their results in rank order, or the first failure.
 pub fn run_local<R: Send>(

@@ -675,23 +675,18 @@ fn agree_on_peak<B: Backend>(
     if world.rank() == 0 {
         // thread ranks share this process's threads: the peak (and the
         // library kept with it) is that of all of them
-        let pool = match world.shared_threads() {
-            Some(threads) if share == PeakShare::Threads => Some(
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()
-                    .map_err(|e| Error::Config(format!("a thread pool for the peak probe: {e}")))?,
-            ),
-            _ => None,
+        let threads = match world.shared_threads() {
+            Some(threads) if share == PeakShare::Threads => threads,
+            _ => rayon::current_num_threads(),
         };
-        let (per_rank, total) = match stated {
+        let (per_rank, total) = parallel::launch::with_threads(threads, || match stated {
             Some(p) => {
                 // the kept library still runs the products
-                in_pool(pool.as_ref(), || metrics::peak::cached(be));
+                metrics::peak::cached(be);
                 share.split(p, ranks)
             }
             None => {
-                let p = in_pool(pool.as_ref(), || metrics::peak::of(be, false));
+                let p = metrics::peak::of(be, false);
                 // the CPU's hardware peak where it is known: one figure per
                 // machine and thread count, whatever load the probe met
                 let flops = match &p.hardware_peak(bf16) {
@@ -711,7 +706,7 @@ fn agree_on_peak<B: Backend>(
                 };
                 share.split(flops, ranks)
             }
-        };
+        })?;
         peaks = [per_rank, total];
         // read on rank 0 alone: a process that has not chosen chooses the
         // built-in when asked, and keeps its first choice
@@ -754,14 +749,6 @@ impl PeakShare {
             PeakShare::Device => (flops, flops),
             PeakShare::Own => (flops, flops * ranks),
         }
-    }
-}
-
-/// `f` on `pool`'s threads, or on this one's.
-fn in_pool<R: Send>(pool: Option<&rayon::ThreadPool>, f: impl FnOnce() -> R + Send) -> R {
-    match pool {
-        Some(p) => p.install(f),
-        None => f(),
     }
 }
 

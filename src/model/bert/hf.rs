@@ -60,7 +60,7 @@ pub fn read_config(dir: &Path, head: Option<BertHead>) -> Result<BertConfig> {
     };
     let head = head.or(implied).ok_or_else(|| {
         bad(&format!(
-            "a {arch} has no head (a masked LM's or a classifier's): fine-tune a classifier from it with `train --task classify --init-from DIR --data SET`, or pretrain it further with `train --task mlm --init-from DIR --data TEXT`; `eval` reads a BertForMaskedLM, BertForPreTraining or BertForSequenceClassification folder"
+            "a {arch} has no head (a masked LM's or a classifier's): fine-tune a classifier from it with `train --task classify --init-from DIR --data SET`, or pretrain it further with `train --task mlm --init-from DIR --data TEXT`; `eval` and `export` read a folder with its head (BertForMaskedLM, BertForPreTraining or BertForSequenceClassification)"
         ))
     })?;
     let cfg = BertConfig {
