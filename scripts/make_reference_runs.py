@@ -23,6 +23,10 @@ tests/fixtures/reference_runs/<task>/:
                classifier's validation and test loss, examples right of
                all, and F1; pretraining's next-sentence ones)
 
+lm_bf16/ is the lm run under `--precision bf16`: no init/ (it starts
+from lm's) and no final/ (its test says why); its reference.safetensors
+adds `grad.<name>`, the first step's gradient before clipping.
+
 Nothing here calls distgpt. What distgpt must do is restated from its
 specification, independently of its code: the SplitMix64 generator every
 order and mask is drawn from (src/rng.rs), the loader's windows and
@@ -329,6 +333,165 @@ def lm():
     ref["val_examples"] = torch.tensor([n * h["batch_size"]], dtype=torch.int32)
     save("lm", model, h, ref)
     print(f"lm: val loss {ref['val_loss'].item():.6f} -> {out}")
+
+
+def bf16(x):
+    """x rounded to bfloat16 (to nearest, ties to even), held in fp32."""
+    return x.to(torch.bfloat16).float()
+
+
+class Stored(torch.autograd.Function):
+    """An activation held in bf16: its value rounded; its gradient, where
+    `grad` is set, held in bf16 too (rounded as the kernel that makes it
+    stores it)."""
+
+    @staticmethod
+    def forward(ctx, x, grad):
+        ctx.grad = grad
+        return bf16(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return (bf16(g) if ctx.grad else g), None
+
+
+class Product(torch.autograd.Function):
+    """A bf16 matmul x @ w: both operands rounded to bf16 and the products
+    summed in fp32; its backward's two products take the output gradient
+    rounded too (dx = r(dy) r(w)^T, dw = r(x)^T r(dy))."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return bf16(x) @ bf16(w)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        dy = bf16(dy)
+        dw = bf16(x).reshape(-1, x.shape[-1]).T @ dy.reshape(-1, dy.shape[-1])
+        return dy @ bf16(w).T, dw
+
+
+class Attention(torch.autograd.Function):
+    """Causal attention of (B, NH, T, HD) q, k, v under bf16: the scores of
+    q and k rounded, summed in fp32 and scaled; the softmax in fp32, its
+    normalized probabilities rounded for the product with v. Backward: dP
+    of dO and v rounded, dS = P (dP - rowsum(dO O)) scale in fp32 from the
+    output as it is held (bf16) and dO as it comes (fp32), then rounded,
+    as P is, for dV = r(P)^T r(dO), dQ = r(dS) r(K), dK = r(dS)^T r(Q)."""
+
+    @staticmethod
+    def scores(q, k):
+        t, scale = q.shape[-2], 1.0 / math.sqrt(q.shape[-1])
+        s = (bf16(q) @ bf16(k).transpose(-1, -2)) * scale
+        return s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        s = Attention.scores(q, k)
+        m = s.amax(-1, keepdim=True)
+        lse = m + torch.exp(s - m).sum(-1, keepdim=True).log()
+        out = bf16(torch.softmax(s, dim=-1)) @ bf16(v)
+        ctx.save_for_backward(q, k, v, lse, bf16(out))
+        return out
+
+    @staticmethod
+    def backward(ctx, d_o):
+        q, k, v, lse, out = ctx.saved_tensors
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        # the backward's probabilities from the forward's log-sum-exp, as
+        # FlashAttention's backward makes them
+        p = torch.exp(Attention.scores(q, k) - lse)
+        dp = bf16(d_o) @ bf16(v).transpose(-1, -2)
+        d = (d_o * out).sum(-1, keepdim=True)
+        ds = bf16(p * (dp - d) * scale)
+        dv = bf16(p).transpose(-1, -2) @ bf16(d_o)
+        return ds @ bf16(k), ds.transpose(-1, -2) @ bf16(q), dv
+
+
+def gpt2_bf16_logits(model, idx):
+    """GPT-2's forward under distgpt's `--precision bf16`, as
+    docs/backends.md specifies it: every matmul's operands rounded to bf16
+    (the weights through their bf16 copy) and summed in fp32; held in
+    bf16, each rounded as it is stored: the LayerNorms' outputs, q|k|v
+    (its product's sums plus its bias rounded to bf16, as a bf16 linear
+    adds it, the whole rounded once; its gradient held in bf16 too, from which the bias's gradient is summed), the attention's
+    output, the fc product before its bias (GELU adds it in fp32 and
+    widens the product for its backward), GELU's output and the logits
+    (their gradient written in their place rounded). The residual stream,
+    LayerNorm statistics, softmax and loss stay fp32."""
+    tr, (b, t) = model.transformer, idx.shape
+    c = tr.wte.weight.shape[1]
+    nh = model.config.n_head
+    x = tr.wte.weight[idx] + tr.wpe.weight[:t]
+    for blk in tr.h:
+        a = Stored.apply(blk.ln_1(x), False)
+        bias = Stored.apply(blk.attn.c_attn.bias, False)
+        qkv = Stored.apply(Product.apply(a, blk.attn.c_attn.weight) + bias, True)
+        q, k, v = (z.view(b, t, nh, c // nh).transpose(1, 2) for z in qkv.split(c, dim=2))
+        y = Attention.apply(q, k, v).transpose(1, 2).reshape(b, t, c)
+        y = Stored.apply(y, False)
+        x = x + Product.apply(y, blk.attn.c_proj.weight) + blk.attn.c_proj.bias
+        m = Stored.apply(blk.ln_2(x), False)
+        fc = Stored.apply(Product.apply(m, blk.mlp.c_fc.weight), False)
+        g = Stored.apply(torch.nn.functional.gelu(fc + blk.mlp.c_fc.bias, approximate="tanh"), False)
+        x = x + Product.apply(g, blk.mlp.c_proj.weight) + blk.mlp.c_proj.bias
+    f = Stored.apply(tr.ln_f(x), False)
+    return Stored.apply(Product.apply(f, tr.wte.weight.T), True)
+
+
+def lm_bf16():
+    """The lm run (its starting weights, text and hyper-parameters) under
+    `--precision bf16`: fp32 master weights and AdamW, the forward and
+    backward as `gpt2_bf16_logits` rounds them; beside the run, its first
+    step's gradient, tensor by tensor (`grad.<name>`, before clipping).
+    No final weights: from the second step on, master weights a few ulps
+    apart round to bf16 copies a bf16 step apart, which moves the losses
+    by about 1e-4 (chaos, not a defect), so the test holds the first step
+    tight and the rest to that envelope. Run after lm()."""
+    src = os.path.join(OUT, "lm")
+    with open(os.path.join(src, "text.txt"), encoding="utf-8") as f:
+        text = f.read()
+    chars = sorted(set(text))
+    index = {c: i for i, c in enumerate(chars)}
+    tokens = [index[c] for c in text]
+    n_val = int(len(tokens) * VAL_FRACTION)
+    train_tokens, val_tokens = tokens[:len(tokens) - n_val], tokens[len(tokens) - n_val:]
+    with open(os.path.join(src, "run.json")) as f:
+        h = dict(json.load(f), precision="bf16", init="lm")
+    out = fresh("lm_bf16")
+    model = GPT2LMHeadModel.from_pretrained(os.path.join(src, "init")).float()
+
+    def loss_of(b):
+        logits = gpt2_bf16_logits(model, b["inputs"])
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), b["targets"].reshape(-1))
+
+    def stream():
+        loader = Windows(train_tokens, h["batch_size"], h["seq_len"], h["seed"], True)
+        return loader, lambda _step: dict(zip(("inputs", "targets"), loader.next()))
+
+    # the first step's gradient: its micro-batches' mean losses, each
+    # weighed by its share of the step's targets (half)
+    _, micro = stream()
+    for _ in range(h["grad_accum"]):
+        (loss_of(micro(0)) / h["grad_accum"]).backward()
+    grads = {f"grad.{n}": p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    loader, micro = stream()
+    record, batches = train(model, h, micro, loss_of, loader.epochs)
+    val = Windows(val_tokens, h["batch_size"], h["seq_len"], h["seed"], False)
+    with torch.no_grad():
+        n = min(h["eval_batches"], val.n // h["batch_size"])
+        losses = [loss_of(dict(zip(("inputs", "targets"), val.next()))).item() for _ in range(n)]
+    ref = dict(tensors(record, batches), **grads)
+    ref["val_loss"] = torch.tensor([sum(losses) / n])
+    ref["val_examples"] = torch.tensor([n * h["batch_size"]], dtype=torch.int32)
+    with open(os.path.join(out, "run.json"), "w") as f:
+        json.dump(h, f, indent=2)
+        f.write("\n")
+    save_file({k: v.contiguous() for k, v in ref.items()}, os.path.join(out, "reference.safetensors"))
+    print(f"lm_bf16: val loss {ref['val_loss'].item():.6f} -> {out}")
 
 
 def mlm():
@@ -670,9 +833,9 @@ def llmc_golden():
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--only", choices=["lm", "mlm", "pretrain", "classify", "llmc", "tensorboard"])
+    p.add_argument("--only", choices=["lm", "lm_bf16", "mlm", "pretrain", "classify", "llmc", "tensorboard"])
     a = p.parse_args()
-    for name, make in (("lm", lm), ("mlm", mlm), ("pretrain", pretrain), ("classify", classify), ("llmc", llmc_golden),
+    for name, make in (("lm", lm), ("lm_bf16", lm_bf16), ("mlm", mlm), ("pretrain", pretrain), ("classify", classify), ("llmc", llmc_golden),
                        ("tensorboard", tensorboard_golden)):
         if a.only in (None, name):
             make()
