@@ -374,26 +374,31 @@ class Product(torch.autograd.Function):
 
 
 class Attention(torch.autograd.Function):
-    """Causal attention of (B, NH, T, HD) q, k, v under bf16: the scores of
-    q and k rounded, summed in fp32 and scaled; the softmax in fp32, its
-    normalized probabilities rounded for the product with v. Backward: dP
-    of dO and v rounded, dS = P (dP - rowsum(dO O)) scale in fp32 from the
-    output as it is held (bf16) and dO as it comes (fp32), then rounded,
-    as P is, for dV = r(P)^T r(dO), dQ = r(dS) r(K), dK = r(dS)^T r(Q)."""
+    """Attention of (B, NH, T, HD) q, k, v under bf16 (GPT-2's causal,
+    BERT's over every position): the scores of q and k rounded, summed in
+    fp32 and scaled; the softmax in fp32, its normalized probabilities
+    rounded for the product with v. Backward: dP of dO and v rounded, dS =
+    P (dP - rowsum(dO O)) scale in fp32 from the output as it is held
+    (GPT-2's in bf16, BERT's in fp32) and dO as it comes (fp32), then
+    rounded, as P is, for dV = r(P)^T r(dO), dQ = r(dS) r(K), dK = r(dS)^T
+    r(Q)."""
 
     @staticmethod
-    def scores(q, k):
+    def scores(q, k, causal):
         t, scale = q.shape[-2], 1.0 / math.sqrt(q.shape[-1])
         s = (bf16(q) @ bf16(k).transpose(-1, -2)) * scale
-        return s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+        if causal:
+            s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+        return s
 
     @staticmethod
-    def forward(ctx, q, k, v):
-        s = Attention.scores(q, k)
+    def forward(ctx, q, k, v, causal, out_held):
+        s = Attention.scores(q, k, causal)
         m = s.amax(-1, keepdim=True)
         lse = m + torch.exp(s - m).sum(-1, keepdim=True).log()
         out = bf16(torch.softmax(s, dim=-1)) @ bf16(v)
-        ctx.save_for_backward(q, k, v, lse, bf16(out))
+        ctx.causal = causal
+        ctx.save_for_backward(q, k, v, lse, bf16(out) if out_held else out)
         return out
 
     @staticmethod
@@ -402,12 +407,25 @@ class Attention(torch.autograd.Function):
         scale = 1.0 / math.sqrt(q.shape[-1])
         # the backward's probabilities from the forward's log-sum-exp, as
         # FlashAttention's backward makes them
-        p = torch.exp(Attention.scores(q, k) - lse)
+        p = torch.exp(Attention.scores(q, k, ctx.causal) - lse)
         dp = bf16(d_o) @ bf16(v).transpose(-1, -2)
         d = (d_o * out).sum(-1, keepdim=True)
         ds = bf16(p * (dp - d) * scale)
         dv = bf16(p).transpose(-1, -2) @ bf16(d_o)
-        return ds @ bf16(k), ds.transpose(-1, -2) @ bf16(q), dv
+        return ds @ bf16(k), ds.transpose(-1, -2) @ bf16(q), dv, None, None
+
+
+class GradHeld(torch.autograd.Function):
+    """A value held as it is whose gradient is held in bf16 (BERT's
+    logits: their gradient rounded where it lies)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return bf16(g)
 
 
 def gpt2_bf16_logits(model, idx):
@@ -430,7 +448,7 @@ def gpt2_bf16_logits(model, idx):
         bias = Stored.apply(blk.attn.c_attn.bias, False)
         qkv = Stored.apply(Product.apply(a, blk.attn.c_attn.weight) + bias, True)
         q, k, v = (z.view(b, t, nh, c // nh).transpose(1, 2) for z in qkv.split(c, dim=2))
-        y = Attention.apply(q, k, v).transpose(1, 2).reshape(b, t, c)
+        y = Attention.apply(q, k, v, True, True).transpose(1, 2).reshape(b, t, c)
         y = Stored.apply(y, False)
         x = x + Product.apply(y, blk.attn.c_proj.weight) + blk.attn.c_proj.bias
         m = Stored.apply(blk.ln_2(x), False)
@@ -441,57 +459,154 @@ def gpt2_bf16_logits(model, idx):
     return Stored.apply(Product.apply(f, tr.wte.weight.T), True)
 
 
-def lm_bf16():
-    """The lm run (its starting weights, text and hyper-parameters) under
-    `--precision bf16`: fp32 master weights and AdamW, the forward and
-    backward as `gpt2_bf16_logits` rounds them; beside the run, its first
-    step's gradient, tensor by tensor (`grad.<name>`, before clipping).
-    No final weights: from the second step on, master weights a few ulps
-    apart round to bf16 copies a bf16 step apart, which moves the losses
-    by about 1e-4 (chaos, not a defect), so the test holds the first step
-    tight and the rest to that envelope. Run after lm()."""
-    src = os.path.join(OUT, "lm")
-    with open(os.path.join(src, "text.txt"), encoding="utf-8") as f:
+def bert_bf16_logits(model, ids):
+    """A BERT masked LM's forward under `--precision bf16` (docs/backends.md):
+    every matmul's operands rounded to bf16 and summed in fp32; held in
+    bf16 as GPT-2's are, q|k|v (its bias rounded, the whole rounded once;
+    its gradient held in bf16), the intermediate product before its bias
+    and GELU's output; the rest fp32 (the embeddings, the attention's
+    output, the LayerNorms, the head's transform and its logits, whose
+    gradient is held in bf16, the decoder bias's summed from it)."""
+    bert, (b, t) = model.bert, ids.shape
+    c = bert.embeddings.word_embeddings.weight.shape[1]
+    nh = model.config.num_attention_heads
+    e = bert.embeddings
+    x = e.LayerNorm(e.word_embeddings.weight[ids] + e.position_embeddings.weight[:t]
+                    + e.token_type_embeddings.weight[0])
+    for layer in bert.encoder.layer:
+        att = layer.attention.self
+        w = torch.cat([att.query.weight, att.key.weight, att.value.weight]).T
+        bias = Stored.apply(torch.cat([att.query.bias, att.key.bias, att.value.bias]), False)
+        qkv = Stored.apply(Product.apply(x, w) + bias, True)
+        q, k, v = (z.view(b, t, nh, c // nh).transpose(1, 2) for z in qkv.split(c, dim=2))
+        y = Attention.apply(q, k, v, False, False).transpose(1, 2).reshape(b, t, c)
+        out = layer.attention.output
+        h1 = out.LayerNorm(x + Product.apply(y, out.dense.weight.T) + out.dense.bias)
+        inter = layer.intermediate.dense
+        f = Stored.apply(Product.apply(h1, inter.weight.T), False)
+        g = Stored.apply(torch.nn.functional.gelu(f + inter.bias), False)
+        o = layer.output
+        x = o.LayerNorm(h1 + Product.apply(g, o.dense.weight.T) + o.dense.bias)
+    head = model.cls.predictions
+    tr = head.transform
+    t3 = tr.LayerNorm(torch.nn.functional.gelu(Product.apply(x, tr.dense.weight.T) + tr.dense.bias))
+    return GradHeld.apply(Product.apply(t3, e.word_embeddings.weight.T) + head.bias)
+
+
+def run_text(kind):
+    """An earlier run's text (`kind`/text.txt): its sorted characters and
+    its train and validation tokens, as `char_data` cut them."""
+    with open(os.path.join(OUT, kind, "text.txt"), encoding="utf-8") as f:
         text = f.read()
     chars = sorted(set(text))
     index = {c: i for i, c in enumerate(chars)}
     tokens = [index[c] for c in text]
     n_val = int(len(tokens) * VAL_FRACTION)
-    train_tokens, val_tokens = tokens[:len(tokens) - n_val], tokens[len(tokens) - n_val:]
-    with open(os.path.join(src, "run.json")) as f:
-        h = dict(json.load(f), precision="bf16", init="lm")
-    out = fresh("lm_bf16")
-    model = GPT2LMHeadModel.from_pretrained(os.path.join(src, "init")).float()
+    return chars, tokens[:len(tokens) - n_val], tokens[len(tokens) - n_val:]
+
+
+def bf16_run(kind, src, model, loss_of, stream, val_batches):
+    """The `src` run (its starting weights, text and hyper-parameters)
+    under `--precision bf16`, into `kind`: fp32 master weights and AdamW,
+    the forward and backward as `loss_of` rounds them; beside the run,
+    its first step's gradient, tensor by tensor (`grad.<name>`, before
+    clipping). No final weights: from the second step on, master weights
+    a few ulps apart round to bf16 copies a bf16 step apart, which moves
+    the losses by about 1e-4 (chaos, not a defect), so the test holds the
+    first step tight and the rest to that envelope. `stream()` gives a
+    fresh loader and its micro-batches; `val_batches()` the evaluation's."""
+    with open(os.path.join(OUT, src, "run.json")) as f:
+        h = dict(json.load(f), precision="bf16", init=src)
+    out = fresh(kind)
+    # the first step's gradient: its micro-batches' mean losses, each
+    # weighed by its share of the step's targets
+    _, micro = stream(h)
+    micros = [micro(0) for _ in range(h["grad_accum"])]
+    counts = [int((b["targets"] != IGNORE).sum()) for b in micros]
+    for b, n in zip(micros, counts):
+        (loss_of(b) * (n / sum(counts))).backward()
+    grads = {f"grad.{n}": p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    loader, micro = stream(h)
+    record, batches = train(model, h, micro, loss_of, loader.epochs)
+    with torch.no_grad():
+        losses = [loss_of(b).item() for b in val_batches(h)]
+    ref = dict(tensors(record, batches), **grads)
+    ref["val_loss"] = torch.tensor([sum(losses) / len(losses)])
+    ref["val_examples"] = torch.tensor([len(losses) * h["batch_size"]], dtype=torch.int32)
+    with open(os.path.join(out, "run.json"), "w") as f:
+        json.dump(h, f, indent=2)
+        f.write("\n")
+    save_file({k: v.contiguous() for k, v in ref.items()}, os.path.join(out, "reference.safetensors"))
+    print(f"{kind}: val loss {ref['val_loss'].item():.6f} -> {out}")
+
+
+def eval_batches(h, val):
+    """The evaluation's windows of `val`: at most `eval_batches` batches."""
+    return min(h["eval_batches"], val.n // h["batch_size"])
+
+
+def lm_bf16():
+    """The lm run under `--precision bf16` (`gpt2_bf16_logits`). Run after lm()."""
+    _, train_tokens, val_tokens = run_text("lm")
+    model = GPT2LMHeadModel.from_pretrained(os.path.join(OUT, "lm", "init")).float()
 
     def loss_of(b):
         logits = gpt2_bf16_logits(model, b["inputs"])
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), b["targets"].reshape(-1))
 
-    def stream():
+    def stream(h):
         loader = Windows(train_tokens, h["batch_size"], h["seq_len"], h["seed"], True)
         return loader, lambda _step: dict(zip(("inputs", "targets"), loader.next()))
 
-    # the first step's gradient: its micro-batches' mean losses, each
-    # weighed by its share of the step's targets (half)
-    _, micro = stream()
-    for _ in range(h["grad_accum"]):
-        (loss_of(micro(0)) / h["grad_accum"]).backward()
-    grads = {f"grad.{n}": p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad()
-    loader, micro = stream()
-    record, batches = train(model, h, micro, loss_of, loader.epochs)
+    def val_batches(h):
+        val = Windows(val_tokens, h["batch_size"], h["seq_len"], h["seed"], False)
+        return [dict(zip(("inputs", "targets"), val.next())) for _ in range(eval_batches(h, val))]
+
+    bf16_run("lm_bf16", "lm", model, loss_of, stream, val_batches)
+
+
+def mlm_micro(h, loader, mask_id, chars):
+    """The masked LM's micro-batches from `loader`: each masked from the
+    seed, the step and the loader's place before it takes the batch."""
+
+    def micro(step):
+        key = (((step + 1) * 0x9E3779B97F4A7C15) & M64) ^ ((loader.batch << 40) & M64)
+        rng = Rng(h["seed"] ^ key)
+        x, _ = loader.next()
+        inputs, targets = mask_tokens(x, mask_id, chars, rng)
+        return {"inputs": inputs, "targets": targets}
+
+    return micro
+
+
+def mlm_val(h, val_tokens, mask_id, chars):
+    """The masked LM's evaluation batches: the validation windows in order,
+    masked from seed ^ 0x5EED."""
     val = Windows(val_tokens, h["batch_size"], h["seq_len"], h["seed"], False)
-    with torch.no_grad():
-        n = min(h["eval_batches"], val.n // h["batch_size"])
-        losses = [loss_of(dict(zip(("inputs", "targets"), val.next()))).item() for _ in range(n)]
-    ref = dict(tensors(record, batches), **grads)
-    ref["val_loss"] = torch.tensor([sum(losses) / n])
-    ref["val_examples"] = torch.tensor([n * h["batch_size"]], dtype=torch.int32)
-    with open(os.path.join(out, "run.json"), "w") as f:
-        json.dump(h, f, indent=2)
-        f.write("\n")
-    save_file({k: v.contiguous() for k, v in ref.items()}, os.path.join(out, "reference.safetensors"))
-    print(f"lm_bf16: val loss {ref['val_loss'].item():.6f} -> {out}")
+    rng = Rng(h["seed"] ^ 0x5EED)
+    out = []
+    for _ in range(eval_batches(h, val)):
+        inputs, targets = mask_tokens(val.next()[0], mask_id, chars, rng)
+        out.append({"inputs": inputs, "targets": targets})
+    return out
+
+
+def mlm_bf16():
+    """The mlm run under `--precision bf16` (`bert_bf16_logits`). Run after mlm()."""
+    chars, train_tokens, val_tokens = run_text("mlm")
+    mask_id = len(chars)
+    model = BertForMaskedLM.from_pretrained(os.path.join(OUT, "mlm", "init")).float()
+
+    def loss_of(b):
+        logits = bert_bf16_logits(model, b["inputs"])
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), b["targets"].reshape(-1).long())
+
+    def stream(h):
+        loader = Windows(train_tokens, h["batch_size"], h["seq_len"], h["seed"], True)
+        return loader, mlm_micro(h, loader, mask_id, len(chars))
+
+    bf16_run("mlm_bf16", "mlm", model, loss_of, stream, lambda h: mlm_val(h, val_tokens, mask_id, len(chars)))
 
 
 def mlm():
@@ -515,13 +630,7 @@ def mlm():
     loader = Windows(train_tokens, h["batch_size"], h["seq_len"], h["seed"], True)
     assert loader.n // h["batch_size"] < h["steps"] * h["grad_accum"], "the masks cross an epoch"
 
-    def micro(step):
-        # the key is the step and the loader's place before it takes the batch
-        key = (((step + 1) * 0x9E3779B97F4A7C15) & M64) ^ ((loader.batch << 40) & M64)
-        rng = Rng(h["seed"] ^ key)
-        x, _ = loader.next()
-        inputs, targets = mask_tokens(x, mask_id, len(chars), rng)
-        return {"inputs": inputs, "targets": targets}
+    micro = mlm_micro(h, loader, mask_id, len(chars))
 
     def loss_of(b):
         return model(input_ids=b["inputs"], labels=b["targets"].long()).loss
@@ -534,14 +643,9 @@ def mlm():
     kept = sum(int(((b["inputs"] == b["targets"]) & (b["targets"] != IGNORE)).sum()) for b in batches)
     shown = sum(int((b["inputs"] == mask_id).sum()) for b in batches)
     print(f"  masked positions: {shown} [MASK], {kept} kept as they were")
-    val = Windows(val_tokens, h["batch_size"], h["seq_len"], h["seed"], False)
-    rng = Rng(h["seed"] ^ 0x5EED)
     with torch.no_grad():
-        n = min(h["eval_batches"], val.n // h["batch_size"])
-        losses = []
-        for _ in range(n):
-            inputs, targets = mask_tokens(val.next()[0], mask_id, len(chars), rng)
-            losses.append(loss_of({"inputs": inputs, "targets": targets}).item())
+        losses = [loss_of(b).item() for b in mlm_val(h, val_tokens, mask_id, len(chars))]
+    n = len(losses)
     ref = tensors(record, batches)
     ref["val_loss"] = torch.tensor([sum(losses) / n])
     ref["val_examples"] = torch.tensor([n * h["batch_size"]], dtype=torch.int32)
@@ -833,9 +937,9 @@ def llmc_golden():
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--only", choices=["lm", "lm_bf16", "mlm", "pretrain", "classify", "llmc", "tensorboard"])
+    p.add_argument("--only", choices=["lm", "lm_bf16", "mlm", "mlm_bf16", "pretrain", "classify", "llmc", "tensorboard"])
     a = p.parse_args()
-    for name, make in (("lm", lm), ("lm_bf16", lm_bf16), ("mlm", mlm), ("pretrain", pretrain), ("classify", classify), ("llmc", llmc_golden),
+    for name, make in (("lm", lm), ("lm_bf16", lm_bf16), ("mlm", mlm), ("mlm_bf16", mlm_bf16), ("pretrain", pretrain), ("classify", classify), ("llmc", llmc_golden),
                        ("tensorboard", tensorboard_golden)):
         if a.only in (None, name):
             make()

@@ -79,18 +79,36 @@ impl<'a, B: Backend> Normed<'a, B> {
 /// the slot is `free` (not kept for a split backward's weight half) and
 /// wide enough; else in fp32 scratch. GELU's gradient and q|k|v's go
 /// there, as autocast holds them.
-pub struct Rounded(Option<Range<usize>>);
+pub struct Rounded {
+    slot: Option<Range<usize>>,
+    /// Whether the gradient is held in bf16 (`--precision bf16`).
+    bf16: bool,
+}
 
 impl Rounded {
     /// `len` values at the start of `slot` in `buf`, where they fit.
     pub fn new<B: Backend>(buf: &StoredBuf<B>, slot: Range<usize>, len: usize, free: bool) -> Self {
         let fits = free && buf.is_bf16() && len <= slot.len();
-        Rounded(fits.then(|| slot.start..slot.start + len))
+        Rounded {
+            slot: fits.then(|| slot.start..slot.start + len),
+            bf16: buf.is_bf16(),
+        }
+    }
+
+    /// Under bf16, the gradient written into fp32 `scratch` (its slot not
+    /// free, or too narrow: a BERT whose intermediate is under 3C, a split
+    /// backward) rounded where it lies, so it holds the slot's values and
+    /// what sums it (a bias's gradient) sums the same, whatever the shapes
+    /// or the schedule.
+    pub fn round_scratch<B: Backend>(&self, be: &B, scratch: Dst<'_, B>) {
+        if self.bf16 && self.slot.is_none() {
+            be.round_bf16(scratch);
+        }
     }
 
     /// The slot, where the gradient goes there (else None: `scratch`).
     pub fn bf16<'a, B: Backend>(&self, buf: &'a mut StoredBuf<B>) -> Option<Dst<'a, B, Bf16>> {
-        self.0.clone().and_then(|r| buf.slice_mut(r).bf16())
+        self.slot.clone().and_then(|r| buf.slice_mut(r).bf16())
     }
 
     /// Where the gradient is written: the slot, or `scratch`.
@@ -99,7 +117,7 @@ impl Rounded {
         buf: &'a mut StoredBuf<B>,
         scratch: Dst<'a, B>,
     ) -> StoredDst<'a, B> {
-        match self.0.clone() {
+        match self.slot.clone() {
             Some(r) => buf.slice_mut(r),
             None => Stored::F32(scratch),
         }
@@ -111,7 +129,7 @@ impl Rounded {
         buf: &'a StoredBuf<B>,
         scratch: Src<'a, B>,
     ) -> StoredSrc<'a, B> {
-        match self.0.clone() {
+        match self.slot.clone() {
             Some(r) => buf.slice(r),
             None => Stored::F32(scratch),
         }

@@ -841,6 +841,7 @@ impl<B: Backend> Engine<B> {
             lens: Some(k.lens.slice(0..b)),
             shape: d.attn(b, t, ops.bf16),
         })?;
+        dqkv_at.round_scratch(be, a.dqkv.slice_mut(0..3 * rows * cl));
         let dqkv = dqkv_at.src(&a.g, a.dqkv.slice(0..3 * rows * cl));
         let x = k.resid.s().part(self.span.resid(l), btc);
         let shape = io(rows, c, 3 * cl);
@@ -1231,22 +1232,27 @@ mod tests {
     }
 
     /// Under `--precision bf16` q|k|v's gradient is held in bf16 and its
-    /// bias's gradient summed from those values, as GPT-2's: over one token
+    /// bias's gradient summed from those values, as GPT-2's, and so is the
+    /// masked LM's logits' gradient and its decoder bias's: over one token
     /// each block's qkv bias gradient is that token's q|k|v gradient, every
     /// element a bf16 value (under fp32, not every one); the masked-LM
     /// head's and a classifier's (whose last block runs its first rows
-    /// alone after attention). q|k|v itself is counted at two to a word.
+    /// alone after attention), with an intermediate wide enough to hold it
+    /// in GELU's output's slot (4C) and one too narrow (under 3C: its
+    /// fp32 scratch rounded where it lies). q|k|v itself is counted at two
+    /// to a word.
     #[test]
     fn a_bf16_qkv_gradient_is_held_in_bf16() {
         use crate::backend::cpu::Cpu;
         use crate::backend::Device as _;
         use crate::model::unit::Whole;
-        for (head, targets) in [(BertHead::Mlm, 5), (BertHead::Classify { labels: 3 }, 1)] {
+        let heads = [(BertHead::Mlm, 5), (BertHead::Classify { labels: 3 }, 1)];
+        for ((head, targets), n_inner) in heads.into_iter().flat_map(|h| [(h, 64), (h, 24)]) {
             let cfg = BertConfig {
                 n_layer: 2,
                 n_head: 2,
                 n_embd: 16,
-                n_inner: 64,
+                n_inner,
                 block_size: 4,
                 type_vocab: 2,
                 vocab_size: 11,
@@ -1272,9 +1278,17 @@ mod tests {
                 for l in 0..cfg.n_layer {
                     let name = format!("bert.encoder.layer.{l}.{}", BlockParam::QkvB.name());
                     let db = &grads[lay.tensor(&name).unwrap().range()];
-                    let at = format!("{head:?} {precision}: block {l}");
+                    let at = format!("{head:?} {precision}, intermediate {n_inner}: block {l}");
                     assert!(db.iter().any(|&g| g != 0.0), "{at}");
                     let held = db.iter().all(|g| g.to_bits() & 0xffff == 0);
+                    assert_eq!(held, precision == Precision::Bf16, "{at}");
+                }
+                // the masked LM's decoder bias: its one row's logits'
+                // gradient, held in bf16 as it is rounded where it lies
+                if let Some(t) = lay.tensor("cls.predictions.bias") {
+                    let db = &grads[t.range()];
+                    let held = db.iter().all(|g| g.to_bits() & 0xffff == 0);
+                    let at = format!("{precision}, intermediate {n_inner}: the logits' gradient");
                     assert_eq!(held, precision == Precision::Bf16, "{at}");
                 }
             }

@@ -700,6 +700,7 @@ impl<B: Backend> Engine<B> {
             lens: None,
             shape: d.attn(b, t, ops.bf16),
         })?;
+        dqkv_at.round_scratch(be, dqkv);
         let (dqkv, mut dln1) = dg.rb().split2(at.dqkv.clone(), at.dln1.clone());
         let dqkv = dqkv_at.src(&a.fch_gelu, dqkv.into_src());
         let (ln1, shape) = (a.ln1.slice(part(s, btc, btc)), io(rows, c, 3 * cl));
