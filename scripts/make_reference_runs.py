@@ -23,9 +23,10 @@ tests/fixtures/reference_runs/<task>/:
                classifier's validation and test loss, examples right of
                all, and F1; pretraining's next-sentence ones)
 
-lm_bf16/ is the lm run under `--precision bf16`: no init/ (it starts
-from lm's) and no final/ (its test says why); its reference.safetensors
-adds `grad.<name>`, the first step's gradient before clipping.
+lm_bf16/ and mlm_bf16/ are the lm and mlm runs under `--precision bf16`:
+no init/ (each starts from its fp32 run's) and no final/ (their test says
+why); their reference.safetensors adds `grad.<name>`, the first step's
+gradient before clipping.
 
 Nothing here calls distgpt. What distgpt must do is restated from its
 specification, independently of its code: the SplitMix64 generator every
@@ -434,10 +435,11 @@ def gpt2_bf16_logits(model, idx):
     (the weights through their bf16 copy) and summed in fp32; held in
     bf16, each rounded as it is stored: the LayerNorms' outputs, q|k|v
     (its product's sums plus its bias rounded to bf16, as a bf16 linear
-    adds it, the whole rounded once; its gradient held in bf16 too, from which the bias's gradient is summed), the attention's
-    output, the fc product before its bias (GELU adds it in fp32 and
-    widens the product for its backward), GELU's output and the logits
-    (their gradient written in their place rounded). The residual stream,
+    adds it, the whole rounded once; its gradient held in bf16 too, from
+    which the bias's gradient is summed), the attention's output, the fc
+    product before its bias (GELU adds it in fp32 and widens the product
+    for its backward), GELU's output and the logits (their gradient
+    written in their place rounded). The residual stream,
     LayerNorm statistics, softmax and loss stay fp32."""
     tr, (b, t) = model.transformer, idx.shape
     c = tr.wte.weight.shape[1]
@@ -937,9 +939,11 @@ def llmc_golden():
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--only", choices=["lm", "lm_bf16", "mlm", "mlm_bf16", "pretrain", "classify", "llmc", "tensorboard"])
+    p.add_argument("--only", choices=["lm", "lm_bf16", "mlm", "mlm_bf16", "pretrain", "classify", "llmc",
+                                      "tensorboard"])
     a = p.parse_args()
-    for name, make in (("lm", lm), ("lm_bf16", lm_bf16), ("mlm", mlm), ("mlm_bf16", mlm_bf16), ("pretrain", pretrain), ("classify", classify), ("llmc", llmc_golden),
+    for name, make in (("lm", lm), ("lm_bf16", lm_bf16), ("mlm", mlm), ("mlm_bf16", mlm_bf16),
+                       ("pretrain", pretrain), ("classify", classify), ("llmc", llmc_golden),
                        ("tensorboard", tensorboard_golden)):
         if a.only in (None, name):
             make()
