@@ -3112,6 +3112,32 @@ fn the_first_run_says_it_measures_the_peak_and_later_runs_reuse_it() {
             .unwrap();
         let ranks: serde_json::Value = serde_json::from_slice(&succeeded(out).stdout).unwrap();
         assert_eq!(ranks["threads"], 2, "{ranks}");
+        // a run of thread ranks records the peak its MFU is stated against,
+        // all of its ranks' (it recorded a rank's share: half)
+        let ddp = run_dir("peak-ddp");
+        let out = Command::new(env!("CARGO_BIN_EXE_distgpt"))
+            .env("DISTGPT_CACHE_DIR", &cache)
+            .args(["--threads", "2", "train", "--model", "tiny", "--steps", "1"])
+            .args([
+                "--strategy",
+                "ddp",
+                "--world-size",
+                "2",
+                "--batch-size",
+                "2",
+            ])
+            .args(["--seq-len", "16", "--out"])
+            .arg(&ddp)
+            .output()
+            .unwrap();
+        succeeded(out);
+        let record: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(ddp.join("run.json")).unwrap()).unwrap();
+        let recorded = record["peak_flops"].as_f64().unwrap() / 1e9;
+        assert!(
+            (recorded / trained - 1.0).abs() < 1e-9,
+            "{recorded} vs {trained}"
+        );
         let ranks_peak = ranks["peak_gflops"].as_f64().unwrap();
         assert!(
             (ranks_peak / trained - 1.0).abs() < 1e-9,

@@ -82,7 +82,7 @@ struct Run<'a, B: Backend> {
     steps: usize,
     /// The peak FLOP/s per rank (what run.json records) and of all ranks
     /// together (what MFU divides by).
-    peak_flops: f64,
+    /// The peak FLOP/s of all ranks together, MFU's denominator.
     total_peak: f64,
     peak_source: String,
     lead: bool,
@@ -165,7 +165,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
         };
         let spare = backend.clone_fresh();
         let bf16 = par.precision == Precision::Bf16;
-        let (peak_flops, total_peak, peak_source) = agree_on_peak(&spare, &cfg, bf16, world)?;
+        let (total_peak, peak_source) = agree_on_peak(&spare, &cfg, bf16, world)?;
         let mut strategy =
             parallel::build(backend, model_cfg.clone(), par, world, cfg.adamw, b, t)?;
         let start = restore(strategy.as_mut(), train_loader.as_mut(), task, &cfg, &spare)?;
@@ -186,7 +186,6 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             sched,
             start,
             steps,
-            peak_flops,
             total_peak,
             peak_source,
             lead,
@@ -231,7 +230,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             parallel: self.par,
             dataset: self.task.data_name(),
             device: self.spare.name(),
-            peak_flops: self.peak_flops,
+            peak_flops: self.total_peak,
             segments: Vec::new(),
         };
         self.logs = Some(run_dir::open(
@@ -644,7 +643,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
     }
 }
 
-/// **Collective.** The peak FLOP/s per rank and of all ranks together, with
+/// **Collective.** The peak FLOP/s of all ranks together, with
 /// where it came from, and the CPU's matmul library every rank runs on
 /// (rank 0's: the one kept with the peak). A stated `--peak-tflops` stands
 /// for what the probe would measure, a CPU's or one GPU's, and is shared as
@@ -662,7 +661,7 @@ fn agree_on_peak<B: Backend>(
     cfg: &TrainConfig,
     bf16: bool,
     world: &dyn Comm,
-) -> Result<(f64, f64, String)> {
+) -> Result<(f64, String)> {
     let ranks = world.size() as f64;
     let share = PeakShare::of(
         be.ranks_share_device(),
@@ -671,7 +670,7 @@ fn agree_on_peak<B: Backend>(
     );
     let stated = cfg.peak_flops;
     let mut source = String::from("--peak-tflops");
-    let (mut peaks, mut matmul) = ([0.0f64; 2], None);
+    let (mut peak, mut matmul) = ([0.0f64; 1], None);
     if world.rank() == 0 {
         // thread ranks share this process's threads: the peak (and the
         // library kept with it) is that of all of them
@@ -679,11 +678,11 @@ fn agree_on_peak<B: Backend>(
             Some(threads) if share == PeakShare::Threads => threads,
             _ => rayon::current_num_threads(),
         };
-        let (per_rank, total) = parallel::launch::with_threads(threads, || match stated {
+        let total = parallel::launch::with_threads(threads, || match stated {
             Some(p) => {
                 // the kept library still runs the products
                 metrics::peak::cached(be);
-                share.split(p, ranks)
+                share.of_run(p, ranks)
             }
             None => {
                 let p = metrics::peak::of(be, false);
@@ -704,20 +703,20 @@ fn agree_on_peak<B: Backend>(
                         p.flops
                     }
                 };
-                share.split(flops, ranks)
+                share.of_run(flops, ranks)
             }
         })?;
-        peaks = [per_rank, total];
+        peak = [total];
         // read on rank 0 alone: a process that has not chosen chooses the
         // built-in when asked, and keeps its first choice
         matmul = Some(blas::choice());
     }
-    world.broadcast(&mut peaks, 0)?;
+    world.broadcast(&mut peak, 0)?;
     // every rank on rank 0's library: no product of one run on another
     if let Some(choice) = world.agree(matmul)? {
         blas::set_choice(choice);
     }
-    Ok((peaks[0], peaks[1], source))
+    Ok((peak[0], source))
 }
 
 /// How the ranks of a run meet the peak the probe measures.
@@ -742,12 +741,11 @@ impl PeakShare {
         }
     }
 
-    /// (a rank's peak, the run's) from the probe's `flops` over `ranks`.
-    fn split(self, flops: f64, ranks: f64) -> (f64, f64) {
+    /// The run's peak from the probe's `flops` over `ranks`.
+    fn of_run(self, flops: f64, ranks: f64) -> f64 {
         match self {
-            PeakShare::Threads => (flops / ranks, flops),
-            PeakShare::Device => (flops, flops),
-            PeakShare::Own => (flops, flops * ranks),
+            PeakShare::Threads | PeakShare::Device => flops,
+            PeakShare::Own => flops * ranks,
         }
     }
 }
@@ -762,15 +760,15 @@ mod tests {
     #[test]
     fn each_kind_of_rank_counts_the_peak_it_has() {
         let cases = [
-            // (ranks share a device, thread ranks, NCCL) -> (a rank's, the run's) of 8 over 4
-            ((false, true, false), (2.0, 8.0)),
-            ((true, true, false), (8.0, 8.0)),
-            ((true, true, true), (8.0, 32.0)),
-            ((true, false, true), (8.0, 32.0)),
-            ((false, false, false), (8.0, 32.0)),
+            // (ranks share a device, thread ranks, NCCL) -> the run's of 8 over 4
+            ((false, true, false), 8.0),
+            ((true, true, false), 8.0),
+            ((true, true, true), 32.0),
+            ((true, false, true), 32.0),
+            ((false, false, false), 32.0),
         ];
         for ((device, threads, nccl), want) in cases {
-            let got = PeakShare::of(device, threads, nccl).split(8.0, 4.0);
+            let got = PeakShare::of(device, threads, nccl).of_run(8.0, 4.0);
             assert_eq!(got, want, "{:?}", (device, threads, nccl));
         }
     }

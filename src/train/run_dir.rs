@@ -31,6 +31,8 @@ pub struct RunRecord {
     pub parallel: ParallelConfig,
     pub dataset: String,
     pub device: String,
+    /// The peak FLOP/s the run's MFU is stated against: all its ranks'
+    /// together (before 2026-12-07, thread ranks recorded one rank's share).
     pub peak_flops: f64,
     #[serde(default)]
     pub segments: Vec<Segment>,
