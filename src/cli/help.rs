@@ -44,7 +44,34 @@ pub(super) fn command() -> clap::Command {
             }
         };
     }
-    cli
+    cli.mut_subcommand("train", task_defaults)
+}
+
+/// `train`'s flags whose default a task sets otherwise, each help line
+/// followed by those tasks' own (from the task table, so it cannot drift).
+fn task_defaults(train: clap::Command) -> clap::Command {
+    use distgpt::train::spec::{TaskDefaults, TASKS};
+    type Of = fn(&TaskDefaults) -> Option<String>;
+    let flags: [(&str, Of); 4] = [
+        ("lr", |d| d.lr.map(|x| x.to_string())),
+        ("beta2", |d| d.beta2.map(|x| x.to_string())),
+        ("weight_decay", |d| d.weight_decay.map(|x| x.to_string())),
+        ("eval_every", |d| d.eval_every.map(|x| x.to_string())),
+    ];
+    flags.into_iter().fold(train, |train, (id, of)| {
+        let tasks: Vec<String> = TASKS
+            .iter()
+            .filter_map(|t| of(&t.defaults).map(|v| format!("--task {}: {v}", t.kind)))
+            .collect();
+        train.mut_arg(id, |a| {
+            let help = a.get_help().map(|h| h.to_string()).unwrap_or_default();
+            a.help(format!(
+                "{} ({})",
+                help.trim_end_matches('.'),
+                tasks.join("; ")
+            ))
+        })
+    })
 }
 
 #[cfg(test)]
@@ -52,6 +79,34 @@ mod tests {
     use super::*;
     use crate::cli::{Command, StrategyKind};
     use clap::Parser;
+
+    /// `train --help` says each task's own defaults, as the task table
+    /// sets them (it said only the language model's: `--lr` 0.003 where a
+    /// classifier trains at 5e-5).
+    #[test]
+    fn train_help_says_each_tasks_defaults() {
+        let mut cli = command();
+        let help = cli
+            .find_subcommand_mut("train")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        let line = |flag: &str| {
+            let at = help.find(&format!("--{flag} <")).unwrap();
+            help[at..].lines().nth(1).unwrap().to_string()
+        };
+        for t in &distgpt::train::spec::TASKS {
+            if let Some(lr) = t.defaults.lr {
+                let said = format!("--task {}: {lr}", t.kind);
+                assert!(line("lr").contains(&said), "{said} not in {}", line("lr"));
+            }
+        }
+        assert!(
+            line("beta2").contains("--task classify: 0.999"),
+            "{}",
+            line("beta2")
+        );
+    }
 
     /// Every visible flag and command without a help line, as "command --flag".
     fn undocumented(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {

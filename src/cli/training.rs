@@ -69,7 +69,7 @@ pub(super) struct TrainArgs {
     /// Final learning rate of the cosine decay (default: lr / 10).
     #[arg(long, help_heading = "Optimisation", allow_negative_numbers = true)]
     min_lr: Option<f32>,
-    /// Linear warmup steps.
+    /// Linear warmup steps (--task classify: a tenth of the steps).
     #[arg(long, default_value_t = 50, help_heading = "Optimisation")]
     warmup: usize,
     /// AdamW's decoupled weight decay (matrices only, not biases or norms).
@@ -84,7 +84,8 @@ pub(super) struct TrainArgs {
     /// Clip the global gradient norm to this (0: off).
     #[arg(long, default_value_t = 1.0, help_heading = "Optimisation")]
     grad_clip: f32,
-    /// Validation every N steps (0: only at the end).
+    /// Validation every N steps (0: only at the end; a classifier's, at
+    /// each epoch's end).
     #[arg(long, default_value_t = 100, help_heading = "Output")]
     eval_every: usize,
     /// Validation batches per evaluation.
