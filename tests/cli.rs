@@ -677,6 +677,31 @@ fn plot_draws_the_curves_of_one_or_several_runs() {
         !none.status.success() && err.contains("has no metrics.jsonl"),
         "{err}"
     );
+    // one run's own RUN/plots is redrawn; several runs' default ./plots is
+    // claimed as --out is (a second comparison replaced the first's
+    // figures without a word)
+    succeeded(distgpt(&["plot", a.to_str().unwrap()]));
+    let cwd = run_dir("plot-cwd");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let in_cwd = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_distgpt"))
+            .current_dir(&cwd)
+            .args(["plot", a.to_str().unwrap(), b.to_str().unwrap()])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    succeeded(in_cwd(&[]));
+    assert!(cwd.join("plots/loss.png").is_file());
+    let again = in_cwd(&[]);
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        !again.status.success()
+            && err.contains("plots already holds")
+            && err.contains("--overwrite"),
+        "{err}"
+    );
+    succeeded(in_cwd(&["--overwrite"]));
 }
 
 #[test]

@@ -66,7 +66,8 @@ const MAX_THREADS: usize = 1024;
 #[derive(Parser)]
 #[command(name = "distgpt", version, about = "Train GPT-2-family language models and BERT encoders, and compare parallel strategies", long_about = None)]
 pub struct Cli {
-    /// Worker threads (default: every core).
+    /// Worker threads (default: every core), shared among thread ranks,
+    /// at least one each.
     #[arg(long, global = true)]
     threads: Option<usize>,
     #[command(subcommand)]

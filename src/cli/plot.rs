@@ -12,20 +12,22 @@ pub struct PlotArgs {
     /// Output directory (default: RUN/plots for one run, ./plots for several).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Write into --out even when it already holds files (the default
-    /// RUN/plots is always redrawn).
+    /// Write into --out (or the default ./plots) even when it already holds
+    /// files (one run's own RUN/plots is always redrawn).
     #[arg(long)]
     overwrite: bool,
 }
 
 pub fn run(a: PlotArgs) -> Result<()> {
-    if let Some(out) = &a.out {
-        super::claim_out(out, "--out", "a folder of figures", a.overwrite)?;
+    let (out, own) = match (a.out, a.runs.as_slice()) {
+        (Some(out), _) => (out, false),
+        (None, [one]) => (one.join("plots"), true),
+        (None, _) => (PathBuf::from("plots"), false),
+    };
+    // another comparison's figures in ./plots are not replaced silently
+    if !own {
+        super::claim_out(&out, "--out", "a folder of figures", a.overwrite)?;
     }
-    let out = a.out.unwrap_or_else(|| match a.runs.as_slice() {
-        [one] => one.join("plots"),
-        _ => PathBuf::from("plots"),
-    });
     let written = distgpt::plot::plot(&a.runs, &out)?;
     distgpt::outln!("wrote {} figures into {}", written.len(), out.display());
     Ok(())

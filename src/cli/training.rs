@@ -669,7 +669,10 @@ pub(super) fn report_run(
         );
     }
     distgpt::outln!("peak memory (rank 0): {}", metrics::memory_line(&s.memory));
-    if let Some(rss) = metrics::peak_rss_bytes() {
+    // the kernel's RSS counters are approximate: a later VmHWM can read
+    // below the one taken at the last step, which is then the peak
+    let rss = metrics::peak_rss_bytes().map(|r| r.max(s.peak_rss_at_last_step.unwrap_or(0)));
+    if let Some(rss) = rss {
         distgpt::outln!(
             "peak RSS of rank 0's process: {}{} (its ranks with what the categories leave out: data, workspaces, thread stacks, the allocator)",
             metrics::human_bytes(rss),
