@@ -1017,20 +1017,19 @@ pub fn omitted(w: &Workload, world: usize) -> Vec<Omitted> {
                     p.dp()
                 ),
             )
-        } else if p.pipeline.check_micro_batches(w.grad_accum).is_err() {
-            (
-                "interleaving needs a multiple of pp micro-batches",
-                valid(w, &p)
-                    .err()
-                    .map(|e| e.to_string())
-                    .unwrap_or_default(),
-            )
         } else {
             let why = match valid(w, &p) {
                 Err(crate::error::Error::Config(why)) => why,
                 other => other.err().map(|e| e.to_string()).unwrap_or_default(),
             };
-            ("other", why)
+            let kind = if p.pipeline.check_micro_batches(w.grad_accum).is_err() {
+                "interleaving needs a multiple of pp micro-batches"
+            } else if p.pipeline.schedule == Schedule::ZbH1 && !m.splits_backward() {
+                "the engine cannot split its backward for zb-h1"
+            } else {
+                "other"
+            };
+            (kind, why)
         };
         let name = p.layout_name();
         match by_reason.iter_mut().find(|o| o.reason == reason) {
@@ -1891,6 +1890,16 @@ mod tests {
             )),
             "{said:?}"
         );
+        // and its kind, which plan's summary lists, says so (it said "other")
+        let kinds: Vec<&str> = super::omitted(&work(&bert, 16), 2)
+            .iter()
+            .map(|o| o.kind)
+            .collect();
+        assert!(
+            kinds.contains(&"the engine cannot split its backward for zb-h1"),
+            "{kinds:?}"
+        );
+        assert!(!kinds.contains(&"other"), "{kinds:?}");
         // twelve blocks cannot go round eight ranks twice
         assert!(omitted(&work(&m, 16), 8)
             .iter()
