@@ -63,6 +63,9 @@ fn task_defaults(train: clap::Command) -> clap::Command {
             .iter()
             .filter_map(|t| of(&t.defaults).map(|v| format!("--task {}: {v}", t.kind)))
             .collect();
+        if tasks.is_empty() {
+            return train;
+        }
         train.mut_arg(id, |a| {
             let help = a.get_help().map(|h| h.to_string()).unwrap_or_default();
             a.help(format!(

@@ -95,11 +95,10 @@ impl Rounded {
         }
     }
 
-    /// Under bf16, the gradient written into fp32 `scratch` (its slot not
-    /// free, or too narrow: a BERT whose intermediate is under 3C, a split
-    /// backward) rounded where it lies, so it holds the slot's values and
-    /// what sums it (a bias's gradient) sums the same, whatever the shapes
-    /// or the schedule.
+    /// Under bf16, the gradient written into fp32 `scratch` (its slot too
+    /// narrow: a BERT whose intermediate is under 3C, a pruned MLP)
+    /// rounded where it lies, so it holds the slot's values and what sums
+    /// it (a bias's gradient) sums the same, whatever the shapes.
     pub fn round_scratch<B: Backend>(&self, be: &B, scratch: Dst<'_, B>) {
         if self.bf16 && self.slot.is_none() {
             be.round_bf16(scratch);

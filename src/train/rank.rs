@@ -80,9 +80,8 @@ struct Run<'a, B: Backend> {
     sched: LrSchedule,
     start: usize,
     steps: usize,
-    /// The peak FLOP/s per rank (what run.json records) and of all ranks
-    /// together (what MFU divides by).
-    /// The peak FLOP/s of all ranks together, MFU's denominator.
+    /// The peak FLOP/s of all ranks together: MFU's denominator, and
+    /// what run.json records.
     total_peak: f64,
     peak_source: String,
     lead: bool,

@@ -32,7 +32,8 @@ pub struct RunRecord {
     pub dataset: String,
     pub device: String,
     /// The peak FLOP/s the run's MFU is stated against: all its ranks'
-    /// together (before 2026-12-07, thread ranks recorded one rank's share).
+    /// together (before 2026-12-07, one rank's: a share of the process's
+    /// for thread ranks, one process's or GPU's under mpirun or NCCL).
     pub peak_flops: f64,
     #[serde(default)]
     pub segments: Vec<Segment>,
