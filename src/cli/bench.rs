@@ -363,13 +363,11 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig) -> Result<()> {
     let rss_start = metrics::rss_bytes();
     let par = a.parallel.config();
     par.resolved().validate(cfg, b)?;
-    // thread ranks run on rank_threads each (--threads 1 --world-size 2:
+    // thread ranks run on at least one thread each (--threads 1 --world-size 2:
     // two threads in all), and the peak is that of all of theirs, as train
     // states it (agree_on_peak)
     let threads = match a.parallel.comm {
-        CommKind::Local => {
-            launch::rank_threads(rayon::current_num_threads(), par.world_size) * par.world_size
-        }
+        CommKind::Local => launch::ranks_threads(rayon::current_num_threads(), par.world_size),
         CommKind::Mpi | CommKind::Nccl => rayon::current_num_threads(),
     };
     if a.parallel.comm == CommKind::Local {

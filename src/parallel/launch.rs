@@ -179,6 +179,12 @@ pub fn rank_threads(threads: usize, n: usize) -> usize {
     (threads / n.max(1)).max(1)
 }
 
+/// The worker threads `n` thread ranks of `threads` run on in all (at
+/// least one each): what they share, and what their peak is measured on.
+pub fn ranks_threads(threads: usize, n: usize) -> usize {
+    rank_threads(threads, n) * n
+}
+
 /// Runs `f` on a pool of `threads` worker threads, the caller's own where
 /// it has as many: a probe of all thread ranks' threads runs on as many as
 /// they do (`sharing_threads`).
@@ -202,7 +208,7 @@ pub fn run_local<R: Send>(
     f: impl Fn(Box<dyn Comm>) -> Result<R> + Sync,
 ) -> Result<Vec<R>> {
     let (world, comms) = local::world(n, timeout);
-    let per_rank = rank_threads(threads, n);
+    let (per_rank, all) = (rank_threads(threads, n), ranks_threads(threads, n));
     let results: Vec<Result<R>> = std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .into_iter()
@@ -215,7 +221,7 @@ pub fn run_local<R: Send>(
                         .build()
                         .map_err(|e| Error::Config(format!("rank {rank}: thread pool: {e}")))?;
                     let out = caught(rank, || {
-                        pool.install(|| f(Box::new(comm.sharing_threads(per_rank * n))))
+                        pool.install(|| f(Box::new(comm.sharing_threads(all))))
                     });
                     if let Err(e) = &out {
                         world.fail(rank, e.to_string());
