@@ -28,7 +28,8 @@
 #      8 and 16 thread ranks of the machine's CPU.
 #
 #   scripts/gpu_check.sh --pack DIR   build here; the binaries stripped and
-#                                     xz-compressed into DIR, at most 48 MiB,
+#                                     in one archive, DIR/binaries.tar.xz
+#                                     (with the features), at most 48 MiB,
 #                                     and step 5's inputs in DIR/dialogue
 #                                     (MiniLM in bf16, the reply pairs; 37
 #                                     MiB), all that travels with the
@@ -73,7 +74,8 @@ readonly pack_limit_mib=48
 readonly binaries=(distgpt lib gpu cuda_cli)
 
 # pack DIR [COMPRESS]: the release binary and the test binaries the check
-# runs, stripped (and xz-compressed unless COMPRESS is "raw") into DIR.
+# runs, stripped into DIR (and there put in one archive, binaries.tar.xz,
+# unless COMPRESS is "raw").
 # DISTGPT_GPU_PROFILE=dev packs the debug build (the dry run: CI has built
 # most of it). The features are cuda alone, binaries that need no libmpi
 # where they run (the lent machines have no Open MPI);
@@ -104,18 +106,21 @@ for line in sys.stdin:
     local name exe
     while read -r name exe; do
         strip -o "$dir/$name" "$exe" || return 1
-        if [[ $compress != raw ]]; then
-            # -9: its 64 MiB window spans a whole binary (-6's 8 MiB took
-            # a 27 MB test binary to 7.0 MB, -9 to 5.4, in the same time)
-            xz -T0 -9 "$dir/$name" || return 1
-        fi
     done <<<"$built"
     for name in "${binaries[@]}"; do
-        if [[ ! -e "$dir/$name" && ! -e "$dir/$name.xz" ]]; then
+        if [[ ! -e "$dir/$name" ]]; then
             echo "gpu_check: cargo built no $name binary" >&2
             return 1
         fi
     done
+    if [[ $compress != raw ]]; then
+        # one solid archive at -9: its 64 MiB window spans the release
+        # binaries together, so the library's code, the corpus and the font
+        # each binary holds are stored once (measured on the debug build:
+        # 16.1 MB as four .xz files, 8.3 MB as one archive)
+        (cd "$dir" && tar -cf - "${binaries[@]}" | xz -T0 -9 >binaries.tar.xz &&
+            rm "${binaries[@]}") || return 1
+    fi
     echo "$features" >"$dir/features"
     local bytes
     bytes=$(du -cb "$dir" | tail -n 1 | cut -f 1)
@@ -180,22 +185,26 @@ shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$f" "${f%.
     done
 }
 
-# unpack DIR INTO: DIR's binaries, decompressed where they are .xz, in INTO.
+# unpack DIR INTO: DIR's binaries in INTO, from its binaries.tar.xz (with
+# Python's lzma where there is no xz), and any binary lying beside that
+# archive in place of the archive's (the dry run plants its faults so).
 unpack() {
     local dir=$1 into=$2 name
     mkdir -p "$into"
+    if [[ -f "$dir/binaries.tar.xz" ]]; then
+        if command -v xz >/dev/null; then
+            xz -dc "$dir/binaries.tar.xz" | tar -xf - -C "$into"
+        else
+            python3 -c 'import sys, tarfile
+t = tarfile.open(sys.argv[1], "r:xz")
+t.extractall(sys.argv[2], **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))' "$dir/binaries.tar.xz" "$into"
+        fi || return 1
+    fi
     for name in "${binaries[@]}"; do
         if [[ -f "$dir/$name" ]]; then
-            cp "$dir/$name" "$into/$name"
-        elif [[ -f "$dir/$name.xz" ]]; then
-            if command -v xz >/dev/null; then
-                xz -dc "$dir/$name.xz" >"$into/$name"
-            else
-                python3 -c 'import lzma, shutil, sys
-shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$dir/$name.xz" "$into/$name"
-            fi || return 1
-        else
-            echo "gpu_check: $dir has no $name (nor $name.xz)" >&2
+            cp "$dir/$name" "$into/$name" || return 1
+        elif [[ ! -f "$into/$name" ]]; then
+            echo "gpu_check: $dir has no $name (nor binaries.tar.xz holding it)" >&2
             return 1
         fi
         chmod +x "$into/$name"
@@ -313,7 +322,7 @@ NSYS
 
     # Faults planted: NCCL's folder gone, the tests/gpu.rs binary hanging,
     # flash.cu's test failing.
-    rm -rf "$site/nccl" "$machine/pack/gpu.xz" "$machine/pack/lib.xz"
+    rm -rf "$site/nccl"
     printf '#!/bin/sh\nexec sleep 3600\n' >"$machine/pack/gpu"
     printf '#!/bin/sh\necho "test backend::gpu::attention::tests::flash_attention_matches_cpu ... FAILED"\necho "test backend::gpu::tests::matmul_forward_matches_cpu ... FAILED"\nexit 101\n' \
         >"$machine/pack/lib"
