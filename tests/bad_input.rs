@@ -8,11 +8,15 @@ use distgpt::backend::cpu::Cpu;
 use distgpt::checkpoint::{read_any_meta, read_model};
 use distgpt::data::labelled::LabelledSet;
 use distgpt::data::{shard, Dataset, TokenizerKind, TokenizerSpec};
-use distgpt::model::files::{read_weights, save_model, write_weights};
+use distgpt::model::files::{read_weights, write_weights};
 use distgpt::model::gpt2::hf;
 use distgpt::model::{Gpt2, GptConfig};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
+
+#[path = "support/gpt2_files.rs"]
+mod gpt2_files;
+use gpt2_files::save_model;
 
 fn tmp(name: &str) -> PathBuf {
     let d = scratch(&format!("bad-{name}"));

@@ -16,6 +16,10 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration as Wait;
 
+#[path = "support/gpt2_files.rs"]
+mod gpt2_files;
+use gpt2_files::load_model;
+
 fn dataset() -> &'static Dataset {
     static DS: OnceLock<Dataset> = OnceLock::new();
     DS.get_or_init(|| Dataset::load(None, TokenizerKind::Char).unwrap())
@@ -593,7 +597,7 @@ fn consolidating_a_sharded_checkpoint_gives_the_saved_model() {
             == std::fs::read(dir.join("model.safetensors")).unwrap()
     );
     // With its model.json, the folder is a model that eval and generate read.
-    let (model, _) = distgpt::checkpoint::load_model(Cpu::new(), &file).unwrap();
+    let (model, _) = load_model(Cpu::new(), &file).unwrap();
     assert_eq!(model.config.n_layer, 2);
     // the first release's --out FILE.safetensors (one weights file) still
     // works, with a note; it was refused as "names a file"

@@ -8,7 +8,6 @@ mod scratch;
 use scratch::scratch;
 
 use distgpt::backend::cpu::Cpu;
-use distgpt::checkpoint::load_model;
 use distgpt::data::wordpiece::{Normalizer, WordPiece};
 use distgpt::data::{Tokenizer, TokenizerSpec};
 use distgpt::model::bert::{self, BertConfig, BertHead};
@@ -17,6 +16,10 @@ use distgpt::model::{Gpt2, GptConfig};
 use distgpt::store::checksum;
 use safetensors::SafeTensors;
 use std::path::PathBuf;
+
+#[path = "support/gpt2_files.rs"]
+mod gpt2_files;
+use gpt2_files::load_model;
 
 fn fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf_export")

@@ -10,13 +10,16 @@ mod scratch;
 use scratch::scratch;
 
 use distgpt::backend::cpu::Cpu;
-use distgpt::checkpoint;
 use distgpt::data::{Dataset, TokenizerKind};
 use distgpt::model::gpt2::BlockParam;
 use distgpt::model::{Gpt2, GptConfig, ParamLayout};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+#[path = "support/gpt2_files.rs"]
+mod gpt2_files;
+use gpt2_files::{load_model, save_model};
 
 /// A model folder of the tiny preset with random weights.
 fn model_dir(tag: &str) -> (PathBuf, GptConfig) {
@@ -26,7 +29,7 @@ fn model_dir(tag: &str) -> (PathBuf, GptConfig) {
     let mut m = Gpt2::new(Cpu::new(), cfg.clone()).unwrap();
     m.init_weights(3).unwrap();
     let dir = scratch(&format!("prune-{tag}"));
-    distgpt::model::files::save_model(&m, ds.tokenizer.spec(), &dir).unwrap();
+    save_model(&m, ds.tokenizer.spec(), &dir).unwrap();
     (dir, cfg)
 }
 
@@ -50,7 +53,7 @@ fn prune(model: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
 }
 
 fn params(dir: &Path) -> (Vec<f32>, Gpt2<Cpu>) {
-    let (m, _) = checkpoint::load_model(Cpu::new(), dir).unwrap();
+    let (m, _) = load_model(Cpu::new(), dir).unwrap();
     (m.params_host().unwrap(), m)
 }
 

@@ -12,7 +12,7 @@ use scratch::scratch;
 mod bert;
 
 use distgpt::backend::cpu::Cpu;
-use distgpt::checkpoint::{self, state};
+use distgpt::checkpoint::state;
 use distgpt::comm::Comm;
 use distgpt::data::{Dataset, TokenizerKind};
 use distgpt::model::GptConfig;
@@ -20,6 +20,10 @@ use distgpt::parallel::{self, launch, OwnedState, ParallelConfig, StepConfig, St
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+#[path = "support/gpt2_files.rs"]
+mod gpt2_files;
+use gpt2_files::{load_model, save_model};
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_distgpt"))
@@ -785,7 +789,7 @@ fn an_edited_or_crafted_checkpoint_index_is_refused_without_panicking() {
 #[test]
 fn edited_model_files_and_non_finite_weights_are_refused() {
     let dir = finished_run("model-files");
-    checkpoint::load_model(Cpu::new(), &dir).unwrap();
+    load_model(Cpu::new(), &dir).unwrap();
     let weights = dir.join("model.safetensors");
     let meta = dir.join("model.json");
     let (w0, m0) = (
@@ -801,10 +805,7 @@ fn edited_model_files_and_non_finite_weights_are_refused() {
     let at = flipped.len() - 5;
     flipped[at] ^= 0x01;
     std::fs::write(&weights, &flipped).unwrap();
-    let err = checkpoint::load_model(Cpu::new(), &dir)
-        .err()
-        .unwrap()
-        .to_string();
+    let err = load_model(Cpu::new(), &dir).err().unwrap().to_string();
     assert!(
         err.contains("model.safetensors") && err.contains("checksum"),
         "{err}"
@@ -813,10 +814,7 @@ fn edited_model_files_and_non_finite_weights_are_refused() {
 
     let json = String::from_utf8(m0.clone()).unwrap();
     std::fs::write(&meta, json.replace("\"n_head\": 2", "\"n_head\": 1")).unwrap();
-    let err = checkpoint::load_model(Cpu::new(), &dir)
-        .err()
-        .unwrap()
-        .to_string();
+    let err = load_model(Cpu::new(), &dir).err().unwrap().to_string();
     assert!(
         err.contains("model.json") && err.contains("edited"),
         "{err}"
@@ -831,10 +829,7 @@ fn edited_model_files_and_non_finite_weights_are_refused() {
     let sum = distgpt::store::checksum(serde_json::to_string_pretty(&v).unwrap().as_bytes());
     v["checksum"] = sum.into();
     std::fs::write(&meta, serde_json::to_string_pretty(&v).unwrap()).unwrap();
-    let err = checkpoint::load_model(Cpu::new(), &dir)
-        .err()
-        .unwrap()
-        .to_string();
+    let err = load_model(Cpu::new(), &dir).err().unwrap().to_string();
     assert!(
         err.contains("parameters") || err.contains("cannot hold"),
         "{err}"
@@ -842,16 +837,13 @@ fn edited_model_files_and_non_finite_weights_are_refused() {
     restore();
 
     // Weights saved with a NaN (model.json vouching for them) are still refused.
-    let (mut model, meta_v) = checkpoint::load_model(Cpu::new(), &dir).unwrap();
+    let (mut model, meta_v) = load_model(Cpu::new(), &dir).unwrap();
     let mut p = model.params_host().unwrap();
     p[7] = f32::NAN;
     model.set_params(&p).unwrap();
     let nan_dir = tmp("nan-model");
-    distgpt::model::files::save_model(&model, meta_v.tokenizer, &nan_dir).unwrap();
-    let err = checkpoint::load_model(Cpu::new(), &nan_dir)
-        .err()
-        .unwrap()
-        .to_string();
+    save_model(&model, meta_v.tokenizer, &nan_dir).unwrap();
+    let err = load_model(Cpu::new(), &nan_dir).err().unwrap().to_string();
     assert!(err.contains("non-finite"), "{err}");
 }
 

@@ -7,7 +7,6 @@ mod common;
 
 use distgpt::backend::cpu::Cpu;
 use distgpt::backend::Device;
-use distgpt::checkpoint;
 use distgpt::checkpoint::state;
 use distgpt::data::{Dataset, TokenizerKind, TokenizerSpec};
 use distgpt::model::gpt2::config::BlockWidth;
@@ -19,6 +18,10 @@ use distgpt::parallel::{ParallelConfig, Pipeline, Schedule, StrategyKind};
 use distgpt::prune::Scope;
 use distgpt::train::{train_lm, TrainConfig, TrainSummary};
 use std::time::Duration as Wait;
+
+#[path = "support/gpt2_files.rs"]
+mod gpt2_files;
+use gpt2_files::{load_model, save_model};
 
 /// Three blocks of four heads (head size 8) and 128 MLP units.
 fn dense_config() -> GptConfig {
@@ -326,15 +329,15 @@ fn a_pruned_model_saves_loads_and_exports_in_the_dense_shape() {
         },
         other => panic!("a character vocabulary, not {other:?}"),
     };
-    distgpt::model::files::save_model(&small, tok.clone(), &dir.join("own")).unwrap();
-    let (mut back, meta) = checkpoint::load_model(Cpu::new(), &dir.join("own")).unwrap();
+    save_model(&small, tok.clone(), &dir.join("own")).unwrap();
+    let (mut back, meta) = load_model(Cpu::new(), &dir.join("own")).unwrap();
     assert_eq!(meta.config, small_cfg.into());
     assert_eq!(back.params_host().unwrap(), small_params);
     let (l2, g2) = outputs(&mut back);
     assert_eq!((l2, &g2), (loss, &logits));
     // transformers' GPT-2 has one width: the export is dense, pruned rows zero
     distgpt::model::gpt2::hf::export(&small, &tok, &dir.join("hf")).unwrap();
-    let (mut hf, meta) = checkpoint::load_model(Cpu::new(), &dir.join("hf")).unwrap();
+    let (mut hf, meta) = load_model(Cpu::new(), &dir.join("hf")).unwrap();
     assert_eq!(meta.config, cfg.into());
     let (l3, g3) = outputs(&mut hf);
     assert!((l3 - loss).abs() <= 1e-5, "{l3} vs {loss}");

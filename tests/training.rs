@@ -6,12 +6,15 @@ mod scratch;
 use scratch::scratch;
 
 use distgpt::backend::cpu::Cpu;
-use distgpt::checkpoint;
 use distgpt::data::{Dataset, TokenizerKind};
 use distgpt::model::{AdamWConfig, GptConfig};
 use distgpt::parallel::{ParallelConfig, StrategyKind};
 use distgpt::train::{train_lm, Duration, TrainConfig};
 use std::time::Duration as Wait;
+
+#[path = "support/gpt2_files.rs"]
+mod gpt2_files;
+use gpt2_files::load_model;
 
 fn tiny_config(out: &std::path::Path, steps: usize) -> TrainConfig {
     TrainConfig {
@@ -109,8 +112,8 @@ fn saved_weights_reload_to_identical_logits() {
         Wait::from_secs(60),
     )
     .unwrap();
-    let (mut a, meta) = checkpoint::load_model(Cpu::new(), &out).unwrap();
-    let (mut b, _) = checkpoint::load_model(Cpu::new(), &out).unwrap();
+    let (mut a, meta) = load_model(Cpu::new(), &out).unwrap();
+    let (mut b, _) = load_model(Cpu::new(), &out).unwrap();
     assert_eq!(meta.tokenizer, ds.tokenizer.spec());
     let tokens: Vec<u32> = ds.tokenizer.encode("ROMEO. But soft").unwrap();
     a.forward(&tokens, None, 1, tokens.len()).unwrap();

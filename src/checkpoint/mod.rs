@@ -4,12 +4,10 @@
 
 pub mod state;
 
-use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::model::files::{
     read_files_meta, read_model_files, ModelMeta, HF_CONFIG, META_FILE, WEIGHTS_FILE,
 };
-use crate::model::Gpt2;
 use std::path::Path;
 
 /// The training-state checkpoint to read a model from when `dir` has no
@@ -125,16 +123,4 @@ pub fn read_model(dir: &Path) -> Result<(ModelMeta, Vec<f32>)> {
         return Ok((meta, loaded.params));
     }
     read_model_files(dir)
-}
-
-/// A GPT-2 from what [`read_model`] reads; another family is named.
-pub fn load_model<B: Backend>(backend: B, dir: &Path) -> Result<(Gpt2<B>, ModelMeta)> {
-    let (meta, params) = read_model(dir)?;
-    let (config, family) = (&meta.config, meta.config.family());
-    let Some(gpt2) = config.gpt2() else {
-        let reason = format!("holds a {family} model ({config}): this reads GPT-2 models");
-        return Err(Error::checkpoint(dir, reason));
-    };
-    let model = Gpt2::with_params(backend, gpt2.clone(), &params)?;
-    Ok((model, meta))
 }

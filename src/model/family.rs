@@ -7,8 +7,7 @@
 //! registered at run time ([`register`]). `parallel`, `plan`, `compare` and
 //! the run driver hold a [`ModelConfig`] and ask it, naming no family;
 //! BERT's tasks (`train::mlm`, `train::classify`) take its config from
-//! [`Family::bert`], the `lm` task any causal family, and
-//! `checkpoint::load_model` GPT-2's from [`Family::gpt2`] (ARCHITECTURE.md
+//! [`Family::bert`] and the `lm` task any causal family (ARCHITECTURE.md
 //! says where).
 
 use super::bert::{self, BertConfig};

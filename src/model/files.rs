@@ -5,10 +5,9 @@
 //! weights file and of itself, so a flipped bit or an edited shape is
 //! refused on load, as are non-finite weights.
 
-use crate::backend::Backend;
 use crate::data::TokenizerSpec;
 use crate::error::{Error, Result};
-use crate::model::{Gpt2, ModelConfig, ParamLayout};
+use crate::model::{ModelConfig, ParamLayout};
 use crate::store::{self, widen_into, write_safetensors, Data};
 use safetensors::tensor::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
@@ -299,12 +298,6 @@ pub fn write_model(
     };
     file.checksum = file.compute_checksum();
     store::write_json(&dir.join(META_FILE), &file).map(drop)
-}
-
-/// [`write_model`] of a GPT-2.
-pub fn save_model<B: Backend>(model: &Gpt2<B>, tokenizer: TokenizerSpec, dir: &Path) -> Result<()> {
-    let params = model.params_host()?;
-    write_model(&model.config.clone().into(), &params, tokenizer, dir, false)
 }
 
 /// Reads and verifies `model.json`; returns it with the weights' checksum
