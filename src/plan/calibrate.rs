@@ -214,11 +214,14 @@ pub fn calibrate_cpu(
     asked_seq: usize,
     ranks: usize,
 ) -> Result<Calibration> {
-    let concurrent = ranks.min(machine.threads);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let SideBySide {
+        concurrent,
+        rank_threads,
+        stretch,
+    } = SideBySide::of(ranks, machine.threads, cpus);
     let (model, rank_batch, seq_len) =
         calibration_shape(asked, (asked_batch / ranks).max(1), asked_seq, concurrent)?;
-    let rank_threads = crate::parallel::launch::rank_threads(machine.threads, ranks);
-    let oversubscribed = (ranks as f64 / machine.threads as f64).max(1.0);
     let par = ParallelConfig::single();
     // Small models are timed over more steps: their steps are short and noisy.
     let small = model.num_params() <= 20_000_000;
@@ -231,9 +234,8 @@ pub fn calibrate_cpu(
         show: false,
         profile: false,
     };
-    // Every rank runs at once, each on its own, so they contend for memory
-    // and caches as the real ranks do; no collective is involved. When ranks
-    // outnumber threads, as many run at once as there are threads.
+    // Ranks run at once, each on its own, so they contend for memory and
+    // caches as the real ranks do; no collective is involved.
     let step_flops = model.flops_per_token(seq_len) * (rank_batch * seq_len) as f64;
     let rank_peak = machine.peak_flops / concurrent as f64;
     crate::errln!(
@@ -270,7 +272,7 @@ pub fn calibrate_cpu(
     for t in times {
         mean_s += t? / concurrent as f64;
     }
-    let step_s = mean_s * oversubscribed;
+    let step_s = mean_s * stretch;
     // the update streams at this rank's share of the bandwidth
     let optimizer_s = model.num_params() as f64 * Precision::Fp32.update_traffic_bytes()
         / (machine.memory_bandwidth / ranks as f64);
@@ -286,6 +288,31 @@ pub fn calibrate_cpu(
         batch: asked_batch,
         seq_len: asked_seq,
     })
+}
+
+/// How a calibration runs `ranks` thread ranks of a run with `threads`
+/// threads on `cpus` CPUs: each rank on the threads the run gives it (at
+/// least one: `launch::rank_threads`), as many side by side as the CPUs
+/// hold, and the time stretched by as much more as the run's threads
+/// outnumber the CPUs (they time-share them).
+#[derive(Debug, PartialEq)]
+struct SideBySide {
+    concurrent: usize,
+    rank_threads: usize,
+    stretch: f64,
+}
+
+impl SideBySide {
+    fn of(ranks: usize, threads: usize, cpus: usize) -> Self {
+        let rank_threads = launch::rank_threads(threads, ranks);
+        let concurrent = ranks.min((cpus / rank_threads).max(1));
+        let shared = |ranks: usize| (ranks as f64 * rank_threads as f64 / cpus as f64).max(1.0);
+        SideBySide {
+            concurrent,
+            rank_threads,
+            stretch: shared(ranks) / shared(concurrent),
+        }
+    }
 }
 
 /// The efficiency a training run reached: the median of its logged steps'
@@ -352,5 +379,25 @@ mod tests {
         let tiny = ModelConfig::preset("tiny").unwrap();
         let (m, b, t) = calibration_shape(&tiny, 4, 32, 2).unwrap();
         assert!(m == tiny && (b, t) == (4, 32));
+    }
+
+    /// Ranks run side by side on the threads the run gives them, however
+    /// few `--threads` are: two ranks of `--threads 1` on 2 CPUs run on
+    /// one CPU each, as `train` and `bench` run them (priced as one CPU
+    /// time-shared until 2026-12-07: 5.9 ms a step where bench took 3.1).
+    #[test]
+    fn thread_ranks_are_timed_on_the_threads_a_run_gives_them() {
+        let of = |ranks, threads, cpus| {
+            let s = SideBySide::of(ranks, threads, cpus);
+            (s.concurrent, s.rank_threads, s.stretch)
+        };
+        // (ranks, --threads, CPUs) -> (side by side, threads each, stretch)
+        assert_eq!(of(2, 1, 2), (2, 1, 1.0));
+        assert_eq!(of(4, 1, 2), (2, 1, 2.0));
+        assert_eq!(of(8, 2, 2), (2, 1, 4.0));
+        assert_eq!(of(1, 2, 2), (1, 2, 1.0));
+        assert_eq!(of(8, 2, 16), (8, 1, 1.0));
+        assert_eq!(of(2, 16, 2), (1, 8, 2.0));
+        assert_eq!(of(3, 8, 4), (2, 2, 1.5));
     }
 }
