@@ -395,7 +395,7 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
                 100.0 * cal.efficiency,
                 m.num_params()
             );
-            device.efficiency = cal.efficiency;
+            (device.efficiency, device.peak_flops) = (cal.efficiency, cal.peak_flops);
         }
         let wp = plan::plan_world(&w, world, &device, &net, a.precision, a.recompute);
         if !a.json {

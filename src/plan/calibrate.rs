@@ -61,6 +61,9 @@ pub struct Calibration {
     pub machine: Machine,
     /// Model FLOPs of a rank's step over its share of the peak, optimizer time taken out.
     pub efficiency: f64,
+    /// The matmul peak of the CPUs the ranks' threads run on (the
+    /// machine's, measured on its threads, scaled to as many CPUs).
+    pub peak_flops: f64,
     pub ranks: usize,
     /// The model and global batch asked about.
     pub model: ModelConfig,
@@ -76,7 +79,7 @@ impl Calibration {
     pub fn device(&self, memory_bytes: f64) -> Device {
         Device {
             name: "this CPU".into(),
-            peak_flops: self.machine.peak_flops,
+            peak_flops: self.peak_flops,
             efficiency: self.efficiency,
             memory_bytes,
             memory_bandwidth: self.machine.memory_bandwidth,
@@ -219,6 +222,7 @@ pub fn calibrate_cpu(
         concurrent,
         rank_threads,
         stretch,
+        peak_scale,
     } = SideBySide::of(ranks, machine.threads, cpus);
     let (model, rank_batch, seq_len) =
         calibration_shape(asked, (asked_batch / ranks).max(1), asked_seq, concurrent)?;
@@ -277,11 +281,13 @@ pub fn calibrate_cpu(
     let optimizer_s = model.num_params() as f64 * Precision::Fp32.update_traffic_bytes()
         / (machine.memory_bandwidth / ranks as f64);
     let flops = model.flops_per_token(seq_len) * (rank_batch * seq_len) as f64;
-    let share = machine.peak_flops / ranks as f64;
+    let peak_flops = machine.peak_flops * peak_scale;
+    let share = peak_flops / ranks as f64;
     let efficiency = flops / (share * (step_s - optimizer_s).max(step_s * 0.1));
     Ok(Calibration {
         machine: machine.clone(),
         efficiency,
+        peak_flops,
         ranks,
         measured: (model, rank_batch, seq_len),
         model: asked.clone(),
@@ -294,12 +300,14 @@ pub fn calibrate_cpu(
 /// threads on `cpus` CPUs: each rank on the threads the run gives it (at
 /// least one: `launch::rank_threads`), as many side by side as the CPUs
 /// hold, and the time stretched by as much more as the run's threads
-/// outnumber the CPUs (they time-share them).
+/// outnumber the CPUs (they time-share them); the peak they share is the
+/// machine's (measured on `threads`) scaled to the CPUs they use.
 #[derive(Debug, PartialEq)]
 struct SideBySide {
     concurrent: usize,
     rank_threads: usize,
     stretch: f64,
+    peak_scale: f64,
 }
 
 impl SideBySide {
@@ -307,10 +315,12 @@ impl SideBySide {
         let rank_threads = launch::rank_threads(threads, ranks);
         let concurrent = ranks.min((cpus / rank_threads).max(1));
         let shared = |ranks: usize| (ranks as f64 * rank_threads as f64 / cpus as f64).max(1.0);
+        let used = |threads: usize| threads.min(cpus) as f64;
         SideBySide {
             concurrent,
             rank_threads,
             stretch: shared(ranks) / shared(concurrent),
+            peak_scale: used(ranks * rank_threads) / used(threads),
         }
     }
 }
@@ -383,21 +393,23 @@ mod tests {
 
     /// Ranks run side by side on the threads the run gives them, however
     /// few `--threads` are: two ranks of `--threads 1` on 2 CPUs run on
-    /// one CPU each, as `train` and `bench` run them (priced as one CPU
-    /// time-shared until 2026-12-07: 5.9 ms a step where bench took 3.1).
+    /// one CPU each, as `train` and `bench` run them, and share both CPUs'
+    /// peak (priced as one CPU time-shared until 2026-12-07: the tiny model
+    /// 5.9 ms a step where bench took 2.1-3.3).
     #[test]
     fn thread_ranks_are_timed_on_the_threads_a_run_gives_them() {
         let of = |ranks, threads, cpus| {
             let s = SideBySide::of(ranks, threads, cpus);
-            (s.concurrent, s.rank_threads, s.stretch)
+            (s.concurrent, s.rank_threads, s.stretch, s.peak_scale)
         };
-        // (ranks, --threads, CPUs) -> (side by side, threads each, stretch)
-        assert_eq!(of(2, 1, 2), (2, 1, 1.0));
-        assert_eq!(of(4, 1, 2), (2, 1, 2.0));
-        assert_eq!(of(8, 2, 2), (2, 1, 4.0));
-        assert_eq!(of(1, 2, 2), (1, 2, 1.0));
-        assert_eq!(of(8, 2, 16), (8, 1, 1.0));
-        assert_eq!(of(2, 16, 2), (1, 8, 2.0));
-        assert_eq!(of(3, 8, 4), (2, 2, 1.5));
+        // (ranks, --threads, CPUs) -> (side by side, threads each, stretch,
+        // the peak they share against the one measured on --threads)
+        assert_eq!(of(2, 1, 2), (2, 1, 1.0, 2.0));
+        assert_eq!(of(4, 1, 2), (2, 1, 2.0, 2.0));
+        assert_eq!(of(8, 2, 2), (2, 1, 4.0, 1.0));
+        assert_eq!(of(1, 2, 2), (1, 2, 1.0, 1.0));
+        assert_eq!(of(8, 2, 16), (8, 1, 1.0, 4.0));
+        assert_eq!(of(2, 16, 2), (1, 8, 2.0, 1.0));
+        assert_eq!(of(3, 8, 4), (2, 2, 1.5, 1.0));
     }
 }
