@@ -4486,3 +4486,49 @@ fn a_run_record_naming_another_model_than_its_checkpoint_is_refused() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// mpirun starts a command once a process: `train`, `bench` and
+/// `generate` without `--comm mpi`, and the commands without ranks, would
+/// run whole in every process, into the same files (two trainings of one
+/// run raced for its folder and checkpoints). They are refused before
+/// anything is written; one process of mpirun runs as ever.
+#[test]
+fn a_command_mpirun_would_run_whole_in_every_process_is_refused() {
+    let dir = run_dir("mpirun-copies");
+    let out = dir.join("run");
+    let o = out.to_str().unwrap();
+    let as_process = |processes: &str, rank: &str, args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_distgpt"))
+            .args(args)
+            .env("OMPI_COMM_WORLD_SIZE", processes)
+            .env("OMPI_COMM_WORLD_RANK", rank)
+            .output()
+            .unwrap()
+    };
+    let train = "train --model tiny --steps 1 --batch-size 2 --seq-len 8 --quiet --out";
+    let train: Vec<&str> = train.split_whitespace().chain([o]).collect();
+    let ranked = "add --comm mpi to make each process one rank, or run it without mpirun";
+    let whole = "it runs as one process; run it without mpirun";
+    for (args, says) in [
+        (train.clone(), ranked),
+        (vec!["bench", "--model", "tiny", "--steps", "1"], ranked),
+        (vec!["generate", o, "--tokens", "2"], ranked),
+        (vec!["eval", o], whole),
+        (vec!["plan", "--model", "tiny"], whole),
+        (vec!["compare", "--out", o], whole),
+    ] {
+        for rank in ["0", "1"] {
+            let ran = as_process("2", rank, &args);
+            let said = String::from_utf8_lossy(&ran.stderr).to_string();
+            let command = format!("mpirun started 2 processes of `distgpt {}`", args[0]);
+            assert!(
+                !ran.status.success() && said.contains(&command) && said.contains(says),
+                "{args:?} as process {rank} of 2: {said}"
+            );
+        }
+        assert!(!out.exists(), "{args:?} wrote {o}");
+    }
+    succeeded(as_process("1", "0", &train));
+    assert!(out.join("model.safetensors").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

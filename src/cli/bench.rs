@@ -168,6 +168,7 @@ fn run_generate<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, tokens: usi
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
+    launch::refuse_copies("bench", Some(a.parallel.comm))?;
     let cfg = a.model.resolve_family(a.vocab_size)?;
     if a.warmup.checked_add(a.steps).is_none() {
         anyhow::bail!(

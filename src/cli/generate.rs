@@ -146,6 +146,7 @@ fn note_block_stops(
 }
 
 pub(super) fn run_generate(mut a: GenerateArgs) -> Result<()> {
+    launch::refuse_copies("generate", Some(a.comm))?;
     a.run = Some(run_or_old_flag("generate", a.run.take(), a.old_run.take()));
     let meta = checkpoint::read_any_meta(a.run())?;
     if !meta.config.decodes() {

@@ -8,6 +8,7 @@
 
 mod bench;
 mod compare;
+mod compat;
 mod config;
 mod consolidate;
 mod devices;
@@ -24,6 +25,7 @@ mod training;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, FromArgMatches, Parser, Subcommand};
+use compat::{old_spelling, run_or_old_flag, OldPeakGflops};
 use consolidate::{consolidate, run_consolidate, ConsolidateArgs};
 use devices::DevicesArgs;
 use distgpt::backend::cpu::Cpu;
@@ -387,6 +389,14 @@ pub fn run() -> Result<Outcome> {
     // a library pinned by name must open here, or nothing runs
     distgpt::backend::cpu::blas::pinned()?;
     let done = |r: Result<()>| r.map(|()| Outcome::Done);
+    // train, bench and generate take mpirun's processes as ranks; devices
+    // says what each machine has
+    if !matches!(
+        &cli.command,
+        Command::Train(_) | Command::Bench(_) | Command::Generate(_) | Command::Devices(_)
+    ) {
+        launch::refuse_copies(matches.subcommand_name().unwrap_or_default(), None)?;
+    }
     // the flags given to train or eval on the command line (or --config)
     let given = matches
         .subcommand()
@@ -406,50 +416,6 @@ pub fn run() -> Result<Outcome> {
         Command::Devices(a) => done(devices::run(a)),
         Command::Plot(a) => done(plot::run(a)),
         Command::Checkpoint(CheckpointCommand::Consolidate(a)) => done(run_consolidate(a)),
-    }
-}
-
-/// Says, on one line, that `old` is an earlier spelling of `new`: every
-/// flag a release had keeps working, hidden from `--help`.
-fn old_spelling(old: &str, new: &str) {
-    distgpt::errln!("note: `{old}` is the old spelling of `{new}`; it still works");
-}
-
-/// RUN, given as the positional or as the old `--run RUN`.
-fn run_or_old_flag(command: &str, run: Option<PathBuf>, old: Option<PathBuf>) -> PathBuf {
-    match (run, old) {
-        (Some(run), _) => run,
-        (None, Some(old)) => {
-            old_spelling(&format!("{command} --run RUN"), &format!("{command} RUN"));
-            old
-        }
-        (None, None) => unreachable!("clap requires RUN or --run"),
-    }
-}
-
-/// `--peak-gflops G`, the spelling before `--peak-tflops` (hidden; the
-/// commands that take --peak-tflops flatten it in).
-#[derive(Args, Clone)]
-struct OldPeakGflops {
-    /// `--peak-gflops G`: the spelling before --peak-tflops (G / 1000 of it).
-    #[arg(
-        long = "peak-gflops",
-        value_name = "GFLOPS",
-        hide = true,
-        conflicts_with = "peak_tflops",
-        value_parser = peak_gflops
-    )]
-    old_peak_gflops: Option<f64>,
-}
-
-impl OldPeakGflops {
-    /// --peak-tflops, or the old --peak-gflops converted.
-    fn or_stated(&self, tflops: Option<f64>) -> Option<f64> {
-        tflops.or_else(|| {
-            let g = self.old_peak_gflops?;
-            old_spelling("--peak-gflops G", "--peak-tflops G/1000");
-            Some(g / 1000.0)
-        })
     }
 }
 
@@ -563,11 +529,6 @@ pub(crate) fn positive_rate(s: &str) -> std::result::Result<f64, String> {
 /// infinite peak, and every MFU 0).
 pub(crate) fn peak_tflops(s: &str) -> std::result::Result<f64, String> {
     peak(s, 1e12, "TFLOP/s")
-}
-
-/// The parser of the old `--peak-gflops`: [`peak_tflops`]'s rule, in GFLOP/s.
-fn peak_gflops(s: &str) -> std::result::Result<f64, String> {
-    peak(s, 1e9, "GFLOP/s")
 }
 
 /// A peak given in `unit`s of `scale` FLOP/s.

@@ -142,6 +142,36 @@ fn nccl_mpi_launch<R>(
     Err(Error::Config("--comm nccl under mpirun needs a build with MPI: `cargo build --release --features mpi,cuda`".into()))
 }
 
+/// How many processes mpirun started, where it says (Open MPI's or
+/// MPICH's count; None outside mpirun).
+pub fn mpi_processes() -> Option<usize> {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok()?.trim().parse().ok())
+}
+
+/// Refuses `distgpt command` in one of several processes mpirun started,
+/// unless those processes are its ranks (`comm` MPI or NCCL; None: a
+/// command without ranks): each would run all of it, into the same files.
+pub fn refuse_copies(command: &str, comm: Option<CommKind>) -> Result<()> {
+    let Some(n) = mpi_processes().filter(|&n| n > 1) else {
+        return Ok(());
+    };
+    let why = format!(
+        "mpirun started {n} processes of `distgpt {command}`, and each would run all of it, \
+         into the same files"
+    );
+    match comm {
+        Some(CommKind::Local) => Err(Error::Config(format!(
+            "{why}: add --comm mpi to make each process one rank, or run it without mpirun"
+        ))),
+        None => Err(Error::Config(format!(
+            "{why}: it runs as one process; run it without mpirun"
+        ))),
+        Some(_) => Ok(()),
+    }
+}
+
 /// Whether this process is one of mpirun's (Open MPI, MPICH or PMIx).
 pub fn under_mpirun() -> bool {
     ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"]

@@ -218,12 +218,8 @@ pub fn calibrate_cpu(
     ranks: usize,
 ) -> Result<Calibration> {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let SideBySide {
-        concurrent,
-        rank_threads,
-        stretch,
-        peak_scale,
-    } = SideBySide::of(ranks, machine.threads, cpus);
+    let side = SideBySide::of(ranks, machine.threads, cpus);
+    let (concurrent, rank_threads) = (side.concurrent, side.rank_threads);
     let (model, rank_batch, seq_len) =
         calibration_shape(asked, (asked_batch / ranks).max(1), asked_seq, concurrent)?;
     let par = ParallelConfig::single();
@@ -276,14 +272,8 @@ pub fn calibrate_cpu(
     for t in times {
         mean_s += t? / concurrent as f64;
     }
-    let step_s = mean_s * stretch;
-    // the update streams at this rank's share of the bandwidth
-    let optimizer_s = model.num_params() as f64 * Precision::Fp32.update_traffic_bytes()
-        / (machine.memory_bandwidth / ranks as f64);
-    let flops = model.flops_per_token(seq_len) * (rank_batch * seq_len) as f64;
-    let peak_flops = machine.peak_flops * peak_scale;
-    let share = peak_flops / ranks as f64;
-    let efficiency = flops / (share * (step_s - optimizer_s).max(step_s * 0.1));
+    let (efficiency, peak_flops) =
+        side.efficiency(machine, ranks, &model, rank_batch, seq_len, mean_s);
     Ok(Calibration {
         machine: machine.clone(),
         efficiency,
@@ -322,6 +312,31 @@ impl SideBySide {
             stretch: shared(ranks) / shared(concurrent),
             peak_scale: used(ranks * rank_threads) / used(threads),
         }
+    }
+
+    /// The step efficiency of one of `ranks` ranks whose steps of `batch`
+    /// x `seq_len` tokens took `mean_s` side by side, and the peak the ranks share: the
+    /// model's FLOPs over its share of that peak and the step stretched,
+    /// less the AdamW update (at its share of the bandwidth).
+    fn efficiency(
+        &self,
+        machine: &Machine,
+        ranks: usize,
+        model: &ModelConfig,
+        batch: usize,
+        seq_len: usize,
+        mean_s: f64,
+    ) -> (f64, f64) {
+        let step_s = mean_s * self.stretch;
+        let optimizer_s = model.num_params() as f64 * Precision::Fp32.update_traffic_bytes()
+            / (machine.memory_bandwidth / ranks as f64);
+        let flops = model.flops_per_token(seq_len) * (batch * seq_len) as f64;
+        let peak_flops = machine.peak_flops * self.peak_scale;
+        let share = peak_flops / ranks as f64;
+        (
+            flops / (share * (step_s - optimizer_s).max(step_s * 0.1)),
+            peak_flops,
+        )
     }
 }
 
@@ -391,6 +406,62 @@ mod tests {
         assert!(m == tiny && (b, t) == (4, 32));
     }
 
+    /// A rank's efficiency: its FLOPs over its share of the peak the ranks
+    /// share, in its step stretched, less the update.
+    #[test]
+    fn a_ranks_efficiency_is_its_flops_over_its_share_of_the_peak_in_its_step() {
+        let tiny = ModelConfig::preset("tiny").unwrap();
+        let (params, flops) = (tiny.num_params() as f64, tiny.flops_per_token(32) * 64.0);
+        // 4 ranks of --threads 1 on 2 CPUs: 2 side by side, each step twice
+        // as long, on twice the peak measured on one thread
+        let side = SideBySide::of(4, 1, 2);
+        let update = Precision::Fp32.update_traffic_bytes();
+        let machine = Machine {
+            threads: 1,
+            peak_flops: 1e11,
+            // the update takes 2 ms at a quarter of it
+            memory_bandwidth: params * update * 4.0 / 2e-3,
+            comm_bandwidth: 1e9,
+            comm_latency_s: 1e-5,
+        };
+        let (eff, peak) = side.efficiency(&machine, 4, &tiny, 2, 32, 5e-3);
+        assert_eq!(peak, 2e11);
+        // 10 ms stretched, less 2 ms of update: 8 ms at a quarter of 2e11
+        let want = flops / (5e10 * 8e-3);
+        assert!((eff - want).abs() < 1e-9 * want, "{eff} vs {want}");
+        // a step the update would swallow keeps a tenth of itself
+        let (eff, _) = side.efficiency(&machine, 4, &tiny, 2, 32, 1e-3);
+        let want = flops / (5e10 * 2e-4);
+        assert!((eff - want).abs() < 1e-9 * want, "{eff} vs {want}");
+    }
+
+    /// A calibration times one rank's share of the batch and prices the
+    /// machine as a device of the peak its ranks' CPUs share.
+    #[test]
+    fn a_calibration_times_a_ranks_share_of_the_batch() {
+        let tiny = ModelConfig::preset("tiny").unwrap();
+        let machine = Machine {
+            threads: 1,
+            peak_flops: 1e11,
+            memory_bandwidth: 1e10,
+            comm_bandwidth: 1e9,
+            comm_latency_s: 1e-5,
+        };
+        let cal = calibrate_cpu(&machine, &tiny, 8, 32, 2).unwrap();
+        assert!(cal.measured == (tiny.clone(), 4, 32), "{:?}", cal.measured);
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(cal.peak_flops, 1e11 * SideBySide::of(2, 1, cpus).peak_scale);
+        assert!(cal.efficiency > 0.0 && cal.efficiency.is_finite());
+        let d = cal.device(1e9);
+        let got = (
+            d.peak_flops,
+            d.efficiency,
+            d.memory_bandwidth,
+            d.memory_bytes,
+        );
+        assert_eq!(got, (cal.peak_flops, cal.efficiency, 1e10, 1e9));
+    }
+
     /// Ranks run side by side on the threads the run gives them, however
     /// few `--threads` are: two ranks of `--threads 1` on 2 CPUs run on
     /// one CPU each, as `train` and `bench` run them, and share both CPUs'
@@ -411,5 +482,7 @@ mod tests {
         assert_eq!(of(8, 2, 16), (8, 1, 1.0, 4.0));
         assert_eq!(of(2, 16, 2), (1, 8, 2.0, 1.0));
         assert_eq!(of(3, 8, 4), (2, 2, 1.5, 1.0));
+        // 2 ranks of 2 threads on 3 CPUs: one at a time, 4 threads on 3
+        assert_eq!(of(2, 4, 3), (1, 2, 4.0 / 3.0, 1.0));
     }
 }
