@@ -226,3 +226,60 @@ fn a_stopped_or_hung_mpi_rank_is_named_by_the_ranks_it_holds_up() {
         assert!(took < Wait::from_secs(40), "{how}: took {took:?}");
     }
 }
+
+/// Under mpirun each process has its own command line: ranks given other
+/// settings than rank 0 are refused at set-up, naming the rank and the
+/// setting. Unchecked, a rank of another model shape wrote past Open MPI's
+/// buffers (`free(): invalid next size` in its all-reduce) and one of
+/// another learning rate or seed trained what no record says.
+#[cfg(feature = "mpi")]
+#[test]
+fn mpi_ranks_given_other_settings_are_refused_naming_the_setting() {
+    let out_dir = scratch("mpi-settings");
+    for (extra, says) in [
+        ("--lr 0.1", "settings.lr is 0.1 (rank 0's: 0.003)"),
+        ("--seed 7", "settings.seed is 7 (rank 0's: 1337)"),
+        ("--n-layer 3", "model.n_layer is 3 (rank 0's: 2)"),
+        ("--recompute", "layout.recompute is true (rank 0's: false)"),
+    ] {
+        // rank 1 alone gets `extra`
+        let script = format!(
+            r#"if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then exec "$0" "$@" {extra}; fi; exec "$0" "$@""#
+        );
+        let out = Command::new("mpirun")
+            .args(["--allow-run-as-root", "--oversubscribe", "-np", "2"])
+            .args(["sh", "-c", &script, env!("CARGO_BIN_EXE_distgpt")])
+            .args([
+                "train",
+                "--comm",
+                "mpi",
+                "--strategy",
+                "ddp",
+                "--world-size",
+                "2",
+            ])
+            .args(["--model", "tiny", "--batch-size", "4", "--seq-len", "16"])
+            .args([
+                "--steps",
+                "3",
+                "--quiet",
+                "--comm-timeout",
+                "10",
+                "--overwrite",
+            ])
+            .args(["--out", &out_dir.to_string_lossy()])
+            .output()
+            .expect("mpirun runs");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.status.success(), "{extra}: {text}");
+        assert!(
+            text.contains("rank 1 was given other settings than rank 0") && text.contains(says),
+            "{extra}: {text}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&out_dir);
+}

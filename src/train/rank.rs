@@ -109,6 +109,65 @@ struct Run<'a, B: Backend> {
     peak_rss_at_last_step: Option<u64>,
 }
 
+/// **Collective.** Refuses a run whose ranks were given other settings
+/// than rank 0 (under mpirun each process has its own command line and
+/// reads its own data): those [`run_dir::settings`] counts, the layout, the
+/// model and the data's fingerprint. A rank of another shape wrote past
+/// MPI's buffers; one of another seed or learning rate trained what no
+/// record says.
+fn agree_on_settings<B: Backend>(
+    task: &dyn Task<B>,
+    cfg: &TrainConfig,
+    par: ParallelConfig,
+    world: &dyn Comm,
+) -> Result<()> {
+    if world.size() == 1 {
+        return Ok(());
+    }
+    let mine = serde_json::json!({
+        "settings": run_dir::settings(cfg, &par),
+        "layout": par,
+        "model": task.model(),
+        "data": task.fingerprint(),
+    });
+    let all = world.gather(&mine)?;
+    match all
+        .iter()
+        .enumerate()
+        .find_map(|(r, v)| Some((r, difference("", &all[0], v)?)))
+    {
+        Some((r, what)) => Err(Error::Config(format!(
+            "rank {r} was given other settings than rank 0: {what}; every rank of a run takes \
+             the same command line and data"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The first place where `b` differs from `a` (rank 0's), as "PATH is B
+/// (rank 0's: A)", an f32 setting as it was written (0.1, not its f64).
+fn difference(path: &str, a: &serde_json::Value, b: &serde_json::Value) -> Option<String> {
+    use serde_json::Value;
+    let shown = |v: &Value| match v.as_f64() {
+        Some(x) if v.is_f64() && f64::from(x as f32) == x => (x as f32).to_string(),
+        _ => v.to_string(),
+    };
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => x.keys().chain(y.keys()).find_map(|k| {
+            let at = match path {
+                "" => k.clone(),
+                _ => format!("{path}.{k}"),
+            };
+            difference(
+                &at,
+                x.get(k).unwrap_or(&Value::Null),
+                y.get(k).unwrap_or(&Value::Null),
+            )
+        }),
+        _ => (a != b).then(|| format!("{path} is {} (rank 0's: {})", shown(b), shown(a))),
+    }
+}
+
 impl<'a, B: Backend + 'static> Run<'a, B> {
     /// **Collective.** Agrees on the run directory, builds the strategy (tp
     /// and mesh groups split the world), agrees on the peak FLOP/s, and
@@ -132,6 +191,7 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
             )));
         }
         task.check_eval(cfg)?;
+        agree_on_settings(task, cfg, par, world)?;
         let lead = world.rank() == 0;
         // Ranks may have chosen different run directories (a default named by
         // the clock, a temporary directory per process): rank 0's wins.
@@ -751,7 +811,24 @@ impl PeakShare {
 
 #[cfg(test)]
 mod tests {
-    use super::PeakShare;
+    use super::{difference, PeakShare};
+
+    /// Two ranks' settings differ where a leaf does, named by its path,
+    /// an f32 as it was written.
+    #[test]
+    fn the_first_difference_names_its_path_and_both_values() {
+        let a = serde_json::json!({"settings": {"lr": 0.003f32, "seed": 1}, "data": "x"});
+        let b = serde_json::json!({"settings": {"lr": 0.1f32, "seed": 1}, "data": "x"});
+        let said = difference("", &a, &b);
+        assert_eq!(
+            said.as_deref(),
+            Some("settings.lr is 0.1 (rank 0's: 0.003)")
+        );
+        assert_eq!(difference("", &a, &a), None);
+        let c = serde_json::json!({"settings": {"lr": 0.003f32, "seed": 1}});
+        let said = difference("", &a, &c);
+        assert_eq!(said.as_deref(), Some("data is null (rank 0's: \"x\")"));
+    }
 
     /// Thread ranks of an NCCL group have a GPU each: the probe measured
     /// one GPU, and the run's peak is the group's (it was taken as the

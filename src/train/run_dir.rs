@@ -68,11 +68,16 @@ pub struct Segment {
 /// [`TrainConfig`] must serialise to nothing at its default (or be left out
 /// here), or every recorded run's checksum changes and none resumes.
 pub fn settings_checksum(t: &TrainConfig, par: &ParallelConfig) -> String {
+    json_checksum(&settings(t, par))
+}
+
+/// The settings [`settings_checksum`] counts, as JSON.
+pub fn settings(t: &TrainConfig, par: &ParallelConfig) -> serde_json::Value {
     let here = TrainConfig {
         out_dir: PathBuf::new(),
         ..t.clone()
     };
-    counted_checksum(&here, par)
+    counted(&here, par)
 }
 
 /// Whether `sum`, a segment's checksum, is that of the settings `t`,
@@ -85,6 +90,11 @@ pub fn trained_with(sum: &str, t: &TrainConfig, par: &ParallelConfig) -> bool {
 
 /// [`settings_checksum`] of `t` with its folder as it is.
 fn counted_checksum(t: &TrainConfig, par: &ParallelConfig) -> String {
+    json_checksum(&counted(t, par))
+}
+
+/// [`settings`] of `t` with its folder as it is.
+fn counted(t: &TrainConfig, par: &ParallelConfig) -> serde_json::Value {
     let mut v = serde_json::to_value(TrainConfig {
         verbose: false,
         log_every: 0,
@@ -106,7 +116,7 @@ fn counted_checksum(t: &TrainConfig, par: &ParallelConfig) -> String {
     if par.precision != Precision::Fp32 {
         v["precision"] = serde_json::to_value(par.precision).expect("a precision serialises");
     }
-    json_checksum(&v)
+    v
 }
 
 pub const RUN_FILE: &str = "run.json";
