@@ -2636,11 +2636,10 @@ fn a_run_stopped_under_mpirun_prints_the_mpirun_command_that_continues_it() {
     again[2] = bin;
     again.push("--quiet");
     let done = mpirun(&again);
-    assert!(
-        done.status.success(),
-        "{}",
-        String::from_utf8_lossy(&done.stderr)
-    );
+    let said = String::from_utf8_lossy(&done.stderr);
+    assert!(done.status.success(), "{said}");
+    // the lead process alone says what it resumes
+    assert_eq!(said.matches("resuming ").count(), 1, "{said}");
     let (steps, _) = logged_steps(&dir);
     assert_eq!(steps, (1..=6).collect::<Vec<u64>>());
 }

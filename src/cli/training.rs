@@ -525,13 +525,16 @@ pub(super) fn run_train(
             if step >= prep.total_steps()? {
                 return finish_completed(&prep, step, &a.device);
             }
-            distgpt::errln!(
-                "resuming {} from {} as {} on {}",
-                prep.cfg.out_dir.display(),
-                prep.cfg.resume.as_deref().expect("resuming").display(),
-                prep.par.strategy,
-                metrics::count(prep.par.world_size, "rank")
-            );
+            // once, not once a process under mpirun
+            if distgpt::train::run_dir::lead_process() {
+                distgpt::errln!(
+                    "resuming {} from {} as {} on {}",
+                    prep.cfg.out_dir.display(),
+                    prep.cfg.resume.as_deref().expect("resuming").display(),
+                    prep.par.strategy,
+                    metrics::count(prep.par.world_size, "rank")
+                );
+            }
             prep
         }
         None => {

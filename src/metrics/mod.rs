@@ -351,12 +351,14 @@ macro_rules! outln {
     }};
 }
 
-/// `eprintln!` that shrugs off a closed stderr.
+/// `eprintln!` that shrugs off a closed stderr, the line written at once:
+/// the lines of processes sharing it (mpirun's ranks) do not interleave,
+/// where a line written in its pieces did ("error: rank error: rank 1...").
 #[macro_export]
 macro_rules! errln {
     ($($t:tt)*) => {{
         use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($t)*);
+        let _ = std::io::stderr().write_all(format!("{}\n", format_args!($($t)*)).as_bytes());
     }};
 }
 
