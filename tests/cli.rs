@@ -2749,6 +2749,55 @@ fn bench_under_mpirun_states_the_peaks_of_every_process() {
     }
 }
 
+/// Processes that share CPUs share their peak: two processes bound to
+/// nothing, each with a thread a CPU, state the peak one process of the
+/// same threads states for two thread ranks (they stated twice it, and 4
+/// processes of 2 threads on 2 CPUs 4 times: MFU 4.7% where thread ranks
+/// read 18%).
+#[cfg(feature = "mpi")]
+#[test]
+fn bench_under_mpirun_counts_shared_cpus_once() {
+    let bin = env!("CARGO_BIN_EXE_distgpt");
+    let cache = run_dir("mpi-shared-cpus-cache");
+    let bench = "bench --model tiny --batch-size 2 --seq-len 8 --steps 1 --warmup 0 --json \
+                 --strategy ddp --world-size 2";
+    let row = |out: Output| -> serde_json::Value {
+        let out = succeeded(out);
+        let said = String::from_utf8_lossy(&out.stdout).to_string();
+        let rows: Vec<&str> = said.lines().filter(|l| l.starts_with('{')).collect();
+        assert_eq!(rows.len(), 1, "one row, rank 0's: {said}");
+        serde_json::from_str(rows[0]).unwrap()
+    };
+    let threads = row(Command::new(bin)
+        .env("DISTGPT_CACHE_DIR", &cache)
+        .args(bench.split_whitespace())
+        .output()
+        .unwrap());
+    let processes = row(Command::new("mpirun")
+        .env("DISTGPT_CACHE_DIR", &cache)
+        .args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+        ])
+        .args(["-np", "2", bin])
+        .args(bench.split_whitespace())
+        .args(["--comm", "mpi"])
+        .output()
+        .unwrap());
+    for key in ["matmul_peak_gflops", "hardware_peak_gflops", "peak_gflops"] {
+        let (a, b) = (
+            threads[key].as_f64().unwrap(),
+            processes[key].as_f64().unwrap(),
+        );
+        assert!(
+            (b - a).abs() <= 1e-9 * a,
+            "{key}: {b} as processes, {a} as thread ranks"
+        );
+    }
+}
+
 /// Under mpirun a rank is a process of its own: `bench --profile` counts
 /// that rank's kernels (the model's calls once, not the world's) and states
 /// their rate against the process's peak (`--peak-tflops 1`, a process's

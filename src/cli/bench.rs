@@ -330,9 +330,12 @@ fn every_process(flops: f64, processes: f64) -> f64 {
 
 /// The processes whose peaks a bench's are: the peaks are measured with
 /// every thread of this process, the whole machine for thread ranks, one
-/// rank's share under mpirun (hence the scaling).
+/// rank's share under mpirun (hence the scaling; on CPUs, processes that
+/// share them count them once).
 fn processes(a: &BenchArgs, par: &ParallelConfig) -> f64 {
     match a.parallel.comm {
+        // processes on CPUs count the CPUs they can use, once each
+        CommKind::Mpi if a.device.is_cpu() => launch::cpu_process_shares(par.world_size),
         CommKind::Mpi | CommKind::Nccl => par.world_size as f64,
         CommKind::Local => 1.0,
     }

@@ -150,6 +150,38 @@ pub fn mpi_processes() -> Option<usize> {
         .find_map(|k| std::env::var(k).ok()?.trim().parse().ok())
 }
 
+/// What `world` processes of mpirun on CPUs add up to, in peaks of this
+/// process's threads: each machine's processes (Open MPI's
+/// `OMPI_COMM_WORLD_LOCAL_SIZE`, MPICH's `MPI_LOCALNRANKS`; without them,
+/// one a machine) run on as many of its CPUs as they have threads, at
+/// most all of them. mpirun binds two processes to a core each and more
+/// to a socket, or to nothing: processes then share CPUs, and their peak.
+/// Machines are taken to be alike.
+pub fn cpu_process_shares(world: usize) -> f64 {
+    let local = ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok()?.trim().parse().ok())
+        .unwrap_or(1);
+    let mine = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // SAFETY: sysconf reads a value; -1 (unknown) is handled below.
+    let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    let machine = usize::try_from(online).unwrap_or(mine).max(mine);
+    process_shares(
+        world,
+        local,
+        rayon::current_num_threads().min(mine),
+        machine,
+    )
+}
+
+/// [`cpu_process_shares`] of `world` processes, `local` a machine, each on
+/// `threads` of a machine's `cpus`.
+fn process_shares(world: usize, local: usize, threads: usize, cpus: usize) -> f64 {
+    let (local, threads) = (local.clamp(1, world.max(1)), threads.max(1));
+    let machine = (local * threads).min(cpus.max(threads)) as f64 / threads as f64;
+    world as f64 / local as f64 * machine
+}
+
 /// Refuses `distgpt command` in one of several processes mpirun started,
 /// unless those processes are its ranks (`comm` MPI or NCCL; None: a
 /// command without ranks): each would run all of it, into the same files.
@@ -277,5 +309,33 @@ pub fn run_local<R: Send>(
     match errs.is_empty() {
         true => Ok(ok.into_iter().flatten().collect()),
         false => Err(errs.swap_remove(origin.unwrap_or(0))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::process_shares;
+
+    /// Processes of one machine share its CPUs: their peak is that of the
+    /// CPUs their threads can use, in units of one process's threads (4
+    /// processes of 2 threads on 2 CPUs were stated at 4 times one's peak).
+    #[test]
+    fn processes_sharing_cpus_share_their_peak() {
+        // (world, a machine's, threads each, a machine's CPUs) -> shares
+        for (case, want) in [
+            ((2, 2, 1, 2), 2.0),  // bound to a core each
+            ((2, 2, 2, 2), 1.0),  // bound to nothing: both on both CPUs
+            ((4, 4, 2, 2), 1.0),  // bound to the socket
+            ((4, 4, 1, 2), 2.0),  // --threads 1: two CPUs' worth
+            ((8, 4, 4, 16), 8.0), // two machines, no CPU shared
+            ((4, 1, 2, 2), 4.0),  // a process a machine
+        ] {
+            let (world, local, threads, cpus) = case;
+            assert_eq!(
+                process_shares(world, local, threads, cpus),
+                want,
+                "{case:?}"
+            );
+        }
     }
 }

@@ -710,7 +710,9 @@ impl<'a, B: Backend + 'static> Run<'a, B> {
 /// ranks start work, so no rank shares the cores with the probe: thread
 /// ranks of one process share its threads, so their peak is the peak of
 /// all of those threads; ranks of their own (processes) each have the
-/// peak of theirs; thread ranks on one device have that device's. Ranks
+/// peak of theirs, but processes sharing CPUs (mpirun's binding to a
+/// socket or to nothing) count those CPUs once
+/// ([`parallel::launch::cpu_process_shares`]); thread ranks on one device have that device's. Ranks
 /// that are processes, or thread ranks of an NCCL group, count a device
 /// each (one GPU per rank). With `bf16` (`--precision bf16`) the CPU's
 /// hardware peak is its bf16 one where the products run in bf16
@@ -721,12 +723,16 @@ fn agree_on_peak<B: Backend>(
     bf16: bool,
     world: &dyn Comm,
 ) -> Result<(f64, String)> {
-    let ranks = world.size() as f64;
     let share = PeakShare::of(
         be.ranks_share_device(),
         world.shared_threads().is_some(),
         world.device_native().is_some(),
     );
+    // processes on CPUs count the CPUs they can use, once each
+    let ranks = match (share, be.ranks_share_device()) {
+        (PeakShare::Own, false) => parallel::launch::cpu_process_shares(world.size()),
+        _ => world.size() as f64,
+    };
     let stated = cfg.peak_flops;
     let mut source = String::from("--peak-tflops");
     let (mut peak, mut matmul) = ([0.0f64; 1], None);
