@@ -2709,6 +2709,16 @@ fn a_pinned_library_is_the_matmul_peak_a_bench_states() {
     );
 }
 
+/// The one `bench --json` row a run printed (rank 0's under mpirun).
+#[cfg(feature = "mpi")]
+fn bench_row(out: Output) -> serde_json::Value {
+    let out = succeeded(out);
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    let rows: Vec<&str> = said.lines().filter(|l| l.starts_with('{')).collect();
+    assert_eq!(rows.len(), 1, "one row, rank 0's: {said}");
+    serde_json::from_str(rows[0]).unwrap()
+}
+
 /// Under mpirun each process measures the peaks of its share of the
 /// machine (its own threads), and a bench states them times the processes:
 /// two processes of a thread each state twice what one process of one
@@ -2720,20 +2730,13 @@ fn bench_under_mpirun_states_the_peaks_of_every_process() {
     let cache = run_dir("mpi-peaks-cache");
     let bench =
         "--threads 1 bench --model tiny --batch-size 2 --seq-len 8 --steps 1 --warmup 0 --json";
-    let row = |out: Output| -> serde_json::Value {
-        let out = succeeded(out);
-        let said = String::from_utf8_lossy(&out.stdout).to_string();
-        let rows: Vec<&str> = said.lines().filter(|l| l.starts_with('{')).collect();
-        assert_eq!(rows.len(), 1, "one row, rank 0's: {said}");
-        serde_json::from_str(rows[0]).unwrap()
-    };
     // the single process first: it measures and keeps the peaks of a thread
-    let one = row(Command::new(bin)
+    let one = bench_row(Command::new(bin)
         .env("DISTGPT_CACHE_DIR", &cache)
         .args(bench.split_whitespace())
         .output()
         .unwrap());
-    let two = row(Command::new("mpirun")
+    let two = bench_row(Command::new("mpirun")
         .env("DISTGPT_CACHE_DIR", &cache)
         .args(["--allow-run-as-root", "--oversubscribe", "-np", "2", bin])
         .args(bench.split_whitespace())
@@ -2761,19 +2764,12 @@ fn bench_under_mpirun_counts_shared_cpus_once() {
     let cache = run_dir("mpi-shared-cpus-cache");
     let bench = "bench --model tiny --batch-size 2 --seq-len 8 --steps 1 --warmup 0 --json \
                  --strategy ddp --world-size 2";
-    let row = |out: Output| -> serde_json::Value {
-        let out = succeeded(out);
-        let said = String::from_utf8_lossy(&out.stdout).to_string();
-        let rows: Vec<&str> = said.lines().filter(|l| l.starts_with('{')).collect();
-        assert_eq!(rows.len(), 1, "one row, rank 0's: {said}");
-        serde_json::from_str(rows[0]).unwrap()
-    };
-    let threads = row(Command::new(bin)
+    let threads = bench_row(Command::new(bin)
         .env("DISTGPT_CACHE_DIR", &cache)
         .args(bench.split_whitespace())
         .output()
         .unwrap());
-    let processes = row(Command::new("mpirun")
+    let processes = bench_row(Command::new("mpirun")
         .env("DISTGPT_CACHE_DIR", &cache)
         .args([
             "--allow-run-as-root",

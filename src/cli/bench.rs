@@ -333,6 +333,13 @@ fn every_process(flops: f64, processes: f64) -> f64 {
 /// rank's share under mpirun (hence the scaling; on CPUs, processes that
 /// share them count them once).
 fn processes(a: &BenchArgs, par: &ParallelConfig) -> f64 {
+    // mutant-equivalent: src/cli/bench.rs: replace processes -> f64 with 1.0
+    // mutant-equivalent: src/cli/bench.rs: replace match guard a.device.is_cpu() with true in processes
+    // mutant-equivalent: src/cli/bench.rs: replace match guard a.device.is_cpu() with false in processes
+    // (the three tell apart only --comm mpi, which the mutation step's build
+    // without the mpi feature never starts: tests/cli.rs's
+    // bench_under_mpirun_counts_shared_cpus_once, in CI's mpi pass, catches
+    // the first and the last; the second only on a GPU under mpirun)
     match a.parallel.comm {
         // processes on CPUs count the CPUs they can use, once each
         CommKind::Mpi if a.device.is_cpu() => launch::cpu_process_shares(par.world_size),
