@@ -2731,18 +2731,22 @@ fn bench_under_mpirun_states_the_peaks_of_every_process() {
     let bench =
         "--threads 1 bench --model tiny --batch-size 2 --seq-len 8 --steps 1 --warmup 0 --json";
     // the single process first: it measures and keeps the peaks of a thread
-    let one = bench_row(Command::new(bin)
-        .env("DISTGPT_CACHE_DIR", &cache)
-        .args(bench.split_whitespace())
-        .output()
-        .unwrap());
-    let two = bench_row(Command::new("mpirun")
-        .env("DISTGPT_CACHE_DIR", &cache)
-        .args(["--allow-run-as-root", "--oversubscribe", "-np", "2", bin])
-        .args(bench.split_whitespace())
-        .args(["--comm", "mpi", "--strategy", "ddp", "--world-size", "2"])
-        .output()
-        .unwrap());
+    let one = bench_row(
+        Command::new(bin)
+            .env("DISTGPT_CACHE_DIR", &cache)
+            .args(bench.split_whitespace())
+            .output()
+            .unwrap(),
+    );
+    let two = bench_row(
+        Command::new("mpirun")
+            .env("DISTGPT_CACHE_DIR", &cache)
+            .args(["--allow-run-as-root", "--oversubscribe", "-np", "2", bin])
+            .args(bench.split_whitespace())
+            .args(["--comm", "mpi", "--strategy", "ddp", "--world-size", "2"])
+            .output()
+            .unwrap(),
+    );
     for key in ["matmul_peak_gflops", "hardware_peak_gflops", "peak_gflops"] {
         let (a, b) = (one[key].as_f64().unwrap(), two[key].as_f64().unwrap());
         assert!(
@@ -2764,24 +2768,28 @@ fn bench_under_mpirun_counts_shared_cpus_once() {
     let cache = run_dir("mpi-shared-cpus-cache");
     let bench = "bench --model tiny --batch-size 2 --seq-len 8 --steps 1 --warmup 0 --json \
                  --strategy ddp --world-size 2";
-    let threads = bench_row(Command::new(bin)
-        .env("DISTGPT_CACHE_DIR", &cache)
-        .args(bench.split_whitespace())
-        .output()
-        .unwrap());
-    let processes = bench_row(Command::new("mpirun")
-        .env("DISTGPT_CACHE_DIR", &cache)
-        .args([
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "--bind-to",
-            "none",
-        ])
-        .args(["-np", "2", bin])
-        .args(bench.split_whitespace())
-        .args(["--comm", "mpi"])
-        .output()
-        .unwrap());
+    let threads = bench_row(
+        Command::new(bin)
+            .env("DISTGPT_CACHE_DIR", &cache)
+            .args(bench.split_whitespace())
+            .output()
+            .unwrap(),
+    );
+    let processes = bench_row(
+        Command::new("mpirun")
+            .env("DISTGPT_CACHE_DIR", &cache)
+            .args([
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "--bind-to",
+                "none",
+            ])
+            .args(["-np", "2", bin])
+            .args(bench.split_whitespace())
+            .args(["--comm", "mpi"])
+            .output()
+            .unwrap(),
+    );
     for key in ["matmul_peak_gflops", "hardware_peak_gflops", "peak_gflops"] {
         let (a, b) = (
             threads[key].as_f64().unwrap(),
