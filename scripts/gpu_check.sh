@@ -117,7 +117,7 @@ for line in sys.stdin:
         # one solid archive at -9: its 64 MiB window spans the release
         # binaries together, so the library's code, the corpus and the font
         # each binary holds are stored once (measured on the debug build:
-        # 16.1 MB as four .xz files, 8.3 MB as one archive)
+        # 16.1 MB as four .xz files, 8.5 MB as one archive)
         (cd "$dir" && tar -cf - "${binaries[@]}" | xz -T0 -9 >binaries.tar.xz &&
             rm "${binaries[@]}") || return 1
     fi

@@ -4584,3 +4584,23 @@ fn a_command_mpirun_would_run_whole_in_every_process_is_refused() {
     assert!(out.join("model.safetensors").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `plan --device cpu --json` states the device each world was priced on:
+/// the peak of the CPUs its thread ranks use (world 2 of `--threads 1`
+/// runs a thread a rank) and the efficiency its calibration measured (the
+/// last world's stood for every plan).
+#[test]
+fn plan_on_this_cpu_states_each_worlds_device() {
+    let args = "--threads 1 plan --device cpu --model tiny --world-size 1,2 --batch-size 4 --json";
+    let out = succeeded(distgpt(&args.split_whitespace().collect::<Vec<_>>()));
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let plans = j["plans"].as_array().unwrap();
+    let peak = |p: &serde_json::Value| p["device"]["peak_flops"].as_f64().unwrap();
+    let cpus = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(2);
+    assert_eq!(peak(&plans[1]), peak(&plans[0]) * cpus as f64, "{j}");
+    for p in plans {
+        assert_eq!(p["device"]["efficiency"], p["efficiency"], "{p}");
+    }
+}

@@ -384,7 +384,7 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
             ),
         }
     }
-    let mut plans = Vec::new();
+    let (mut plans, mut devices) = (Vec::new(), Vec::new());
     for &world in &a.world_size {
         if let (Some(m), false) = (&machine, efficiency_given(&a)) {
             let cal = calibrate_cpu(m, &w.model, w.batch, w.seq_len, world)?;
@@ -408,25 +408,27 @@ pub fn run(a: PlanArgs, threads: usize) -> Result<()> {
             }
         }
         plans.push(wp);
+        devices.push(device.clone());
     }
     if a.json {
-        distgpt::outln!("{}", plans_json(&w, &device, &net, a.precision, &plans));
+        distgpt::outln!("{}", plans_json(&w, &devices, &net, a.precision, &plans));
     }
     Ok(())
 }
 
-/// The plans as `--json` prints them.
+/// The plans as `--json` prints them, each with the device it was priced
+/// on (`--device cpu` calibrates each world's; "device" is the last's).
 fn plans_json(
     w: &Workload,
-    device: &Device,
+    devices: &[Device],
     net: &Network,
     precision: Precision,
     plans: &[WorldPlan],
 ) -> serde_json::Value {
     serde_json::json!({
-        "workload": w, "device": device, "network": net, "precision": precision,
-        "plans": plans.iter().map(|p| serde_json::json!({
-            "world_size": p.world_size, "efficiency": p.efficiency,
+        "workload": w, "device": devices.last(), "network": net, "precision": precision,
+        "plans": plans.iter().zip(devices).map(|(p, device)| serde_json::json!({
+            "world_size": p.world_size, "efficiency": p.efficiency, "device": device,
             "predictions": p.predictions, "offloaded": p.offloaded,
             "omitted": p.omitted.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "recommended": p.recommended().map(|r| r.parallel.layout_name()),

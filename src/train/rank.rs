@@ -124,8 +124,12 @@ fn agree_on_settings<B: Backend>(
     if world.size() == 1 {
         return Ok(());
     }
+    let mut settings = run_dir::settings(cfg, &par);
+    // the data's fingerprint compares what it holds: a copy on another
+    // machine may lie at another path
+    settings["data"] = serde_json::Value::Null;
     let mine = serde_json::json!({
-        "settings": run_dir::settings(cfg, &par),
+        "settings": settings,
         "layout": par,
         "model": task.model(),
         "data": task.fingerprint(),
