@@ -114,6 +114,16 @@ fn impossible_layouts_are_refused_with_what_to_change() {
     }
 }
 
+/// What a job printed, its standard output then its errors.
+#[cfg(feature = "mpi")]
+fn printed(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
 /// `distgpt train` of the tiny model under `mpirun -np N` (ddp, or the
 /// layout in `extra`) where rank `rank` fails at step 2 as `how` says; the
 /// job's output and how long it took.
@@ -142,12 +152,7 @@ fn mpirun_with_a_fault(np: usize, extra: &[&str], rank: usize, how: &str) -> (bo
         .output()
         .expect("mpirun runs");
     let _ = std::fs::remove_dir_all(&out_dir);
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text, t0.elapsed())
+    (out.status.success(), printed(&out), t0.elapsed())
 }
 
 #[cfg(feature = "mpi")]
@@ -270,11 +275,7 @@ fn mpi_ranks_given_other_settings_are_refused_naming_the_setting() {
             .args(["--out", &out_dir.to_string_lossy()])
             .output()
             .expect("mpirun runs");
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let text = printed(&out);
         assert!(!out.status.success(), "{extra}: {text}");
         assert!(
             text.contains("rank 1 was given other settings than rank 0") && text.contains(says),

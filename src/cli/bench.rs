@@ -18,7 +18,7 @@ pub struct BenchArgs {
     #[command(flatten)]
     model: ModelArgs,
     #[command(flatten)]
-    parallel: ParallelArgs,
+    pub(super) parallel: ParallelArgs,
     #[command(flatten)]
     device: DeviceArgs,
     /// Vocabulary size (default: the preset's; 65 for the char presets).
@@ -168,7 +168,6 @@ fn run_generate<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig, tokens: usi
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
-    launch::refuse_copies("bench", Some(a.parallel.comm))?;
     let cfg = a.model.resolve_family(a.vocab_size)?;
     if a.warmup.checked_add(a.steps).is_none() {
         anyhow::bail!(

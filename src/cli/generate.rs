@@ -35,7 +35,7 @@ pub(super) struct GenerateArgs {
     tp: usize,
     /// How the tp ranks run (as train's --comm).
     #[arg(long, value_enum, default_value = "local")]
-    comm: CommKind,
+    pub(super) comm: CommKind,
     /// Weight storage while decoding.
     #[arg(long, value_enum, default_value = "f32")]
     weights: WeightFormat,
@@ -146,7 +146,6 @@ fn note_block_stops(
 }
 
 pub(super) fn run_generate(mut a: GenerateArgs) -> Result<()> {
-    launch::refuse_copies("generate", Some(a.comm))?;
     a.run = Some(run_or_old_flag("generate", a.run.take(), a.old_run.take()));
     let meta = checkpoint::read_any_meta(a.run())?;
     if !meta.config.decodes() {

@@ -391,11 +391,14 @@ pub fn run() -> Result<Outcome> {
     let done = |r: Result<()>| r.map(|()| Outcome::Done);
     // train, bench and generate take mpirun's processes as ranks; devices
     // says what each machine has
-    if !matches!(
-        &cli.command,
-        Command::Train(_) | Command::Bench(_) | Command::Generate(_) | Command::Devices(_)
-    ) {
-        launch::refuse_copies(matches.subcommand_name().unwrap_or_default(), None)?;
+    let comm = match &cli.command {
+        Command::Train(a) => Some(a.parallel.comm),
+        Command::Bench(a) => Some(a.parallel.comm),
+        Command::Generate(a) => Some(a.comm),
+        _ => None,
+    };
+    if !matches!(cli.command, Command::Devices(_)) {
+        launch::refuse_copies(matches.subcommand_name().unwrap_or_default(), comm)?;
     }
     // the flags given to train or eval on the command line (or --config)
     let given = matches

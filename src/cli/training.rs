@@ -514,7 +514,6 @@ pub(super) fn run_train(
     given: &[String],
     threads: Option<usize>,
 ) -> Result<Outcome> {
-    launch::refuse_copies("train", Some(a.parallel.comm))?;
     if let Some(p) = a.data.as_ref().filter(|p| !p.exists()) {
         bail!("data path {} does not exist", p.display());
     }

@@ -145,9 +145,18 @@ fn nccl_mpi_launch<R>(
 /// How many processes mpirun started, where it says (Open MPI's or
 /// MPICH's count; None outside mpirun).
 pub fn mpi_processes() -> Option<usize> {
-    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"]
-        .iter()
+    env_count(&["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"])
+}
+
+/// The first of `keys` the environment holds as a number.
+fn env_count(keys: &[&str]) -> Option<usize> {
+    keys.iter()
         .find_map(|k| std::env::var(k).ok()?.trim().parse().ok())
+}
+
+/// The CPUs this process may run on (its affinity and quota).
+pub fn available_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// What `world` processes of mpirun on CPUs add up to, in peaks of this
@@ -158,11 +167,8 @@ pub fn mpi_processes() -> Option<usize> {
 /// to a socket, or to nothing: processes then share CPUs, and their peak.
 /// Machines are taken to be alike.
 pub fn cpu_process_shares(world: usize) -> f64 {
-    let local = ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"]
-        .iter()
-        .find_map(|k| std::env::var(k).ok()?.trim().parse().ok())
-        .unwrap_or(1);
-    let mine = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let local = env_count(&["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"]).unwrap_or(1);
+    let mine = available_cpus();
     // SAFETY: sysconf reads a value; -1 (unknown) is handled below.
     let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
     let machine = usize::try_from(online).unwrap_or(mine).max(mine);

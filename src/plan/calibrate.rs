@@ -217,8 +217,7 @@ pub fn calibrate_cpu(
     asked_seq: usize,
     ranks: usize,
 ) -> Result<Calibration> {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let side = SideBySide::of(ranks, machine.threads, cpus);
+    let side = SideBySide::of(ranks, machine.threads, launch::available_cpus());
     let (concurrent, rank_threads) = (side.concurrent, side.rank_threads);
     let (model, rank_batch, seq_len) =
         calibration_shape(asked, (asked_batch / ranks).max(1), asked_seq, concurrent)?;
@@ -304,13 +303,14 @@ impl SideBySide {
     fn of(ranks: usize, threads: usize, cpus: usize) -> Self {
         let rank_threads = launch::rank_threads(threads, ranks);
         let concurrent = ranks.min((cpus / rank_threads).max(1));
-        let shared = |ranks: usize| (ranks as f64 * rank_threads as f64 / cpus as f64).max(1.0);
+        // `n` ranks' threads (the run's each) against the CPUs
+        let shared = |n: usize| ((n * rank_threads) as f64 / cpus as f64).max(1.0);
         let used = |threads: usize| threads.min(cpus) as f64;
         SideBySide {
             concurrent,
             rank_threads,
             stretch: shared(ranks) / shared(concurrent),
-            peak_scale: used(ranks * rank_threads) / used(threads),
+            peak_scale: used(launch::ranks_threads(threads, ranks)) / used(threads),
         }
     }
 
@@ -449,8 +449,9 @@ mod tests {
         };
         let cal = calibrate_cpu(&machine, &tiny, 8, 32, 2).unwrap();
         assert!(cal.measured == (tiny.clone(), 4, 32), "{:?}", cal.measured);
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        assert_eq!(cal.peak_flops, 1e11 * SideBySide::of(2, 1, cpus).peak_scale);
+        // two ranks of a thread each: two CPUs' peak where there are two
+        let cpus = launch::available_cpus().min(2) as f64;
+        assert_eq!(cal.peak_flops, 1e11 * cpus);
         assert!(cal.efficiency > 0.0 && cal.efficiency.is_finite());
         let d = cal.device(1e9);
         let got = (
