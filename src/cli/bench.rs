@@ -420,35 +420,9 @@ fn bench_on<B: Backend>(be: B, a: &BenchArgs, cfg: &ModelConfig) -> Result<()> {
     let timelines: Vec<Vec<distgpt::parallel::Span>> =
         ranks.iter().map(|r| r.timeline.clone()).collect();
     let formula = par.pipeline.expected_bubble(spec.grad_accum, &timelines);
-    // thread ranks (an NCCL group's among them) share the process's profile
-    // and the peak of all of them; a rank under mpirun has its own of each
-    // mutant-equivalent: src/cli/bench.rs: replace && with || in bench_on
-    // mutant-equivalent: src/cli/bench.rs: replace != with == in bench_on
-    // (both tell apart only --comm nccl without mpirun, which needs a GPU,
-    // or a rank under mpirun, which the mutation step's build without the
-    // mpi feature never starts: tests/cli.rs's
-    // bench_profile_under_mpirun_counts_a_ranks_kernels_against_its_share_of_the_peak,
-    // in CI's mpi pass, catches the second)
-    let rank_processes = a.parallel.comm != CommKind::Local && launch::under_mpirun();
-    let (ranks_here, profiled) = match rank_processes {
-        true => (1, processes),
-        false => (par.world_size, 1.0),
-    };
-    // a step of the profile is its window over the timed steps: the steps
-    // as the process ran them, with the barriers and batches between them
-    // (thread ranks' steps do not start together on a loaded machine)
-    let kernels = a.profile.then(|| {
-        let totals = profile::PROCESS.snapshot();
-        // mutant-equivalent: src/cli/bench.rs: replace / with * in bench_on
-        // (here `profiled` is 1 in every test the mutation step runs, built
-        // without the mpi feature: tests/cli.rs's
-        // bench_profile_under_mpirun_counts_a_ranks_kernels_against_its_share_of_the_peak,
-        // in CI's mpi pass, catches it; the same name's mutant of the
-        // window's division is caught)
-        let peak = peaks.mfu / profiled;
-        let window_step = profile::PROCESS.window() / spec.steps as f64;
-        KernelShares::of(&totals, spec.steps, ranks_here, window_step, peak)
-    });
+    let kernels = a
+        .profile
+        .then(|| KernelShares::measured(a, par.world_size, spec.steps, processes, peaks.mfu));
     let m = Measured {
         a,
         cfg,
@@ -516,6 +490,36 @@ struct KernelRow {
 }
 
 impl KernelShares {
+    /// This process's profile over the timed steps. Thread ranks (an NCCL
+    /// group's among them) share the process's profile and the peak of all
+    /// of them; a rank under mpirun has its own of each. A step of the
+    /// profile is its window over the timed steps: the steps as the process
+    /// ran them, with the barriers and batches between them (thread ranks'
+    /// steps do not start together on a loaded machine).
+    fn measured(a: &BenchArgs, world: usize, steps: usize, processes: f64, peak: f64) -> Self {
+        // mutant-equivalent: src/cli/bench.rs: replace && with || in KernelShares::measured
+        // mutant-equivalent: src/cli/bench.rs: replace != with == in KernelShares::measured
+        // (both tell apart only --comm nccl without mpirun, which needs a GPU,
+        // or a rank under mpirun, which the mutation step's build without the
+        // mpi feature never starts: tests/cli.rs's
+        // bench_profile_under_mpirun_counts_a_ranks_kernels_against_its_share_of_the_peak,
+        // in CI's mpi pass, catches the second)
+        let rank_processes = a.parallel.comm != CommKind::Local && launch::under_mpirun();
+        let (ranks_here, profiled) = match rank_processes {
+            true => (1, processes),
+            false => (world, 1.0),
+        };
+        let totals = profile::PROCESS.snapshot();
+        // mutant-equivalent: src/cli/bench.rs: replace / with * in KernelShares::measured
+        // (here `profiled` is 1 in every test the mutation step runs, built
+        // without the mpi feature: tests/cli.rs's
+        // bench_profile_under_mpirun_counts_a_ranks_kernels_against_its_share_of_the_peak,
+        // in CI's mpi pass, catches it; the same name's mutant of the
+        // window's division is caught)
+        let window_step = profile::PROCESS.window() / steps as f64;
+        Self::of(&totals, steps, ranks_here, window_step, peak / profiled)
+    }
+
     /// From the profile's totals over `steps` timed steps of the `ranks`
     /// this process holds, against a step of `step_s` (the profile's window
     /// a step) on the process's `peak` FLOP/s: each kernel's time and FLOPs
