@@ -170,7 +170,13 @@ pub fn read_weights(
     let st = store::read_safetensors(&bytes)
         .map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
     let layout = config.layout(1);
-    if let Some(reason) = no_place(config, &layout, &st, base) {
+    // a file's name as the layout's
+    let full = |n: &str| match base {
+        Some(b) if !n.starts_with(b) => format!("{b}{n}"),
+        _ => n.to_string(),
+    };
+    let names = layout.tensors.iter().map(|t| t.name.clone());
+    if let Some(reason) = no_place(names, &st, full, config.n_layer()) {
         return Err(bad(reason));
     }
     let mut params = vec![0.0f32; layout.total()];
@@ -207,29 +213,26 @@ pub fn read_weights(
     Ok(params)
 }
 
-/// Why the file holds a tensor of a kind the model has (a block's weight,
-/// say) that has no place in the layout its config gives, if it does: the
-/// config and the weights disagree (`base`: the prefix a file may leave off).
-fn no_place(
-    config: &ModelConfig,
-    layout: &ParamLayout,
+/// Why weights file `st` holds a tensor of a kind the model has (a block's
+/// weight, say) that has no place in the model its config describes, if it
+/// does: the config and the weights disagree. `names` are the model's
+/// tensors as a file names them; `canonical` maps those and the file's
+/// names alike (a prefix a file may leave off, an old spelling).
+pub(crate) fn no_place(
+    names: impl IntoIterator<Item = String>,
     st: &SafeTensors,
-    base: Option<&str>,
+    canonical: impl Fn(&str) -> String,
+    n_layer: usize,
 ) -> Option<String> {
-    let names: std::collections::HashSet<&str> =
-        layout.tensors.iter().map(|t| t.name.as_str()).collect();
+    let names: std::collections::HashSet<String> =
+        names.into_iter().map(|n| canonical(&n)).collect();
     let kinds: std::collections::HashSet<String> = names.iter().map(|n| kind_of(n)).collect();
-    // a file's name as the layout's
-    let full = |n: &str| match base {
-        Some(b) if !n.starts_with(b) => format!("{b}{n}"),
-        _ => n.to_string(),
-    };
     let mut extra: Vec<&String> = st
         .names()
         .into_iter()
         .filter(|n| {
-            let f = full(n);
-            !names.contains(f.as_str()) && kinds.contains(&kind_of(&f))
+            let c = canonical(n);
+            !names.contains(&c) && kinds.contains(&kind_of(&c))
         })
         .collect();
     extra.sort();
@@ -237,7 +240,7 @@ fn no_place(
     Some(format!(
         "tensor '{first}' ({} such) has no place in the model its config describes ({}): the config and the weights disagree",
         extra.len(),
-        crate::metrics::count(config.n_layer(), "layer")
+        crate::metrics::count(n_layer, "layer")
     ))
 }
 
@@ -378,6 +381,23 @@ pub fn check_holds(path: &Path, need: u64, model: &str) -> Result<()> {
         return Err(Error::checkpoint(path, format!("{have} bytes cannot hold the {need} bytes of weights of {model}: the file is truncated or the config is wrong")));
     }
     Ok(())
+}
+
+/// Refuses `model`, of `params` weights, where its fp32 weights alone pass
+/// the memory available now: they are allocated before a weight is read
+/// (a head a file lacks is drawn fresh), so a config asking for more is an
+/// error, not an abort.
+pub fn check_fits(params: usize, model: &str) -> std::result::Result<(), String> {
+    let need = params as u64 * 4;
+    match crate::metrics::available_memory_bytes() {
+        Some(free) if need > free => Err(format!(
+            "{model} has {} parameters, {} in fp32, more than the {} of memory available: the config is wrong or the model is too large for this machine",
+            params,
+            crate::metrics::human_bytes(need),
+            crate::metrics::human_bytes(free)
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// `checkpoint::read_model` from model files only (`model.json` + `model.safetensors`,

@@ -9,7 +9,7 @@ use super::config::{BertConfig, BertHead};
 use super::layout::{classifier_names, layout, EMBEDDINGS, HEAD_MLM};
 use crate::data::wordpiece::WordPiece;
 use crate::error::{Error, Result};
-use crate::model::files::{check_holds, read_hf_config};
+use crate::model::files::{check_fits, check_holds, no_place, read_hf_config};
 use crate::model::layout::TensorSpec;
 use crate::store::{
     checksum, read_safetensors, widen_into, write_atomic, write_json, write_safetensors, Data,
@@ -340,15 +340,22 @@ pub fn load_folder(
     let (c, f) = (cfg.n_embd as u64, cfg.n_inner as u64);
     // (2 bytes a weight: a file saved in bf16 or fp16)
     let least = 2
-        * (cfg.vocab_size as u64 * c
-            + cfg.block_size as u64 * c
+        * ((cfg.vocab_size + cfg.block_size + cfg.type_vocab) as u64 * c
             + cfg.n_layer as u64 * (4 * c * c + 2 * c * f));
-    check_holds(
-        &path,
-        least,
-        &format!("the model config.json describes ({cfg})"),
-    )?;
+    let model = format!("the model config.json describes ({cfg})");
+    check_holds(&path, least, &model)?;
     let st = parse(&path, &bytes)?;
+    let lay = layout(&cfg, 1);
+    let names = lay
+        .tensors
+        .iter()
+        .flat_map(|t| stored(&cfg, t))
+        .map(|s| s.hf);
+    if let Some(reason) = no_place(names, &st, canonical, cfg.n_layer) {
+        return Err(bad(reason));
+    }
+    // a head the file lacks is drawn fresh: its size is the config's alone
+    check_fits(lay.total(), &model).map_err(bad)?;
     let params = read_weights(&cfg, &st, super::init_full(&cfg, seed))?;
     if let Some(i) = params.iter().position(|x| !x.is_finite()) {
         let lay = layout(&cfg, 1);
@@ -363,6 +370,19 @@ pub fn load_folder(
         )));
     }
     Ok((cfg, params))
+}
+
+/// A tensor's name as [`find`] reads it: without `bert.`, and an old
+/// LayerNorm's `gamma` and `beta` as `weight` and `bias`.
+fn canonical(name: &str) -> String {
+    let name = name.strip_prefix("bert.").unwrap_or(name);
+    let new = [
+        ("LayerNorm.gamma", "LayerNorm.weight"),
+        ("LayerNorm.beta", "LayerNorm.bias"),
+    ];
+    new.iter()
+        .find_map(|(then, now)| name.strip_suffix(then).map(|at| format!("{at}{now}")))
+        .unwrap_or_else(|| name.to_string())
 }
 
 /// The key of `config.json` under which distgpt records the weights' checksum.
@@ -614,6 +634,44 @@ mod tests {
             vocab_size,
             layer_norm_eps: 1e-12,
             head,
+        }
+    }
+
+    /// A config.json the weights beside it do not fit is refused before
+    /// the model is allocated: fewer layers than the file holds (the rest
+    /// were dropped without a word), token types past what the file holds
+    /// and labels past the machine's memory (each an allocation's abort).
+    #[test]
+    fn a_config_the_weights_beside_it_do_not_fit_is_refused_saying_why() {
+        let mut cfg = one_block(8, BertHead::Classify { labels: 2 });
+        cfg.n_layer = 2;
+        let p = super::super::init_full(&cfg, 4);
+        let dir = crate::testdir::TestDir::new("bert-config-disagrees");
+        write_folder(&cfg, &p, None, &[], dir.path()).unwrap();
+        let (_, back) = load_folder(dir.path(), None, 0).unwrap();
+        assert_eq!(back, p);
+        let path = dir.path().join("config.json");
+        let original: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let edited = |key: &str, value: u64| {
+            let mut j = original.clone();
+            j[key] = value.into();
+            if let Some(m) = j.as_object_mut() {
+                m.remove("id2label");
+                m.remove("label2id");
+            }
+            std::fs::write(&path, j.to_string()).unwrap();
+            let e = load_folder(dir.path(), None, 0).map(|_| ()).unwrap_err();
+            e.to_string()
+        };
+        for (key, value, says) in [
+            ("num_hidden_layers", 1, "'bert.encoder.layer.1."),
+            ("type_vocab_size", 100_000_000, "cannot hold"),
+            // 5.4e10 parameters: 216 GB in fp32
+            ("num_labels", 6_000_000_000, "of memory available"),
+        ] {
+            let e = edited(key, value);
+            assert!(e.contains(says), "{key} {value}: {e}");
         }
     }
 
