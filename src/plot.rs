@@ -50,8 +50,10 @@ impl Curves {
                 run.display()
             )));
         }
-        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-        let mut points: Vec<Point> = Vec::new();
+        let text = crate::store::read_text(&path)?;
+        // by step: a step logged again replaces its line, in one lookup (a
+        // long run's file is hundreds of thousands of lines)
+        let mut points = std::collections::BTreeMap::new();
         for (i, line) in text
             .lines()
             .enumerate()
@@ -64,8 +66,7 @@ impl Curves {
                     i + 1
                 ))
             })?;
-            points.retain(|q| q.step != p.step);
-            points.push(p);
+            points.insert(p.step, p);
         }
         if points.is_empty() {
             return Err(Error::Input(format!(
@@ -73,7 +74,7 @@ impl Curves {
                 path.display()
             )));
         }
-        points.sort_by_key(|p| p.step);
+        let points: Vec<Point> = points.into_values().collect();
         let label = std::fs::canonicalize(run)
             .ok()
             .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
@@ -247,6 +248,16 @@ mod tests {
         let (_empty, run) = run_with("empty", "");
         let e = Curves::read(&run).err().unwrap().to_string();
         assert!(e.contains("records no step yet"), "{e}");
+    }
+
+    /// A pipe where the log belongs is refused by name, not read (opening
+    /// one no one writes blocked `plot` for ever).
+    #[test]
+    fn a_pipe_where_the_log_belongs_is_refused_not_read() {
+        let (_root, run) = scratch("fifo");
+        crate::testdir::make_fifo(&run.join(METRICS_FILE));
+        let e = crate::testdir::within_20_s(move || Curves::read(&run).err().unwrap().to_string());
+        assert!(e.contains("metrics.jsonl is not a regular file"), "{e}");
     }
 
     /// A loss is labelled in its task's unit, read from run.json: a

@@ -302,7 +302,7 @@ fn same_dir(a: &Path, b: &Path) -> bool {
 /// `run.json` that is a run's record (its model, training and layout), not
 /// only a name other tools use too (`checkpoints/`, `metrics.jsonl`).
 pub fn holds_a_run(dir: &Path) -> bool {
-    let Ok(text) = std::fs::read_to_string(dir.join(RUN_FILE)) else {
+    let Ok(text) = crate::store::read_text(&dir.join(RUN_FILE)) else {
         return false;
     };
     serde_json::from_str::<serde_json::Value>(&text).is_ok_and(|v| {
@@ -817,7 +817,7 @@ fn cut_metrics(dir: &Path, step: usize) -> Result<[Option<(PathBuf, String)>; 2]
     // A CSV row is complete when it has every column of the file's header
     // (files written before a column was added have fewer).
     let csv = dir.join(METRICS_CSV);
-    let header = std::fs::read_to_string(&csv).unwrap_or_default();
+    let header = crate::store::read_text(&csv).unwrap_or_default();
     let columns = header.lines().next().unwrap_or_default().split(',').count();
     let now = LineWriter::CSV_HEADER.split(',').count();
     let csv_step = |line: &str| {
@@ -838,10 +838,9 @@ fn kept_lines(
     header: bool,
     step_of: impl Fn(&str) -> Option<u64>,
 ) -> Result<Option<(PathBuf, String)>> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
+    let text = match std::fs::metadata(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io(path, e)),
+        _ => crate::store::read_text(path)?,
     };
     let (lines, mut kept) = (text.lines().count(), String::new());
     for (i, line) in text.lines().enumerate() {
@@ -864,6 +863,25 @@ fn kept_lines(
 mod tests {
     use super::*;
     use crate::train::Duration;
+
+    /// A pipe where a run's record belongs is refused by name, not read:
+    /// a resume's logs (cut back to its step) and the `run.json` that
+    /// `--overwrite` looks for (opening one no one writes blocked for ever).
+    #[test]
+    fn a_pipe_where_a_runs_record_belongs_is_refused_not_read() {
+        for file in [METRICS_FILE, METRICS_CSV] {
+            let dir = crate::testdir::TestDir::new("fifo-logs");
+            crate::testdir::make_fifo(&dir.path().join(file));
+            let path = dir.path().to_path_buf();
+            let e = crate::testdir::within_20_s(move || cut_metrics(&path, 3).map(|_| ()));
+            let e = e.unwrap_err().to_string();
+            assert!(e.contains(&format!("{file} is not a regular file")), "{e}");
+        }
+        let dir = crate::testdir::TestDir::new("fifo-record");
+        crate::testdir::make_fifo(&dir.path().join(RUN_FILE));
+        let path = dir.path().to_path_buf();
+        assert!(!crate::testdir::within_20_s(move || holds_a_run(&path)));
+    }
 
     /// A lock taken to hand over (a resume's) is shared by the next lock
     /// of the run in this process (the run's outputs'), once: a third is
