@@ -273,6 +273,18 @@ fn cpus(threads: usize) -> usize {
 }
 
 impl Entry {
+    /// Whether its figures can be used: a positive matmul rate and, where
+    /// it has one, a hardware peak that holds together (an entry edited or
+    /// damaged by hand is measured again, not stated as a peak).
+    fn trusted(&self) -> bool {
+        self.flops.is_finite()
+            && self.flops > 0.0
+            && self
+                .hardware
+                .as_ref()
+                .is_none_or(HardwarePeak::holds_together)
+    }
+
     /// Whether `other` is a measurement of the same thing.
     fn same_as(&self, other: &Entry) -> bool {
         self.key() == other.key()
@@ -308,7 +320,7 @@ fn lookup(file: &Path, device: &str, host: &str, threads: usize) -> Option<(Peak
     let key = (device, host, threads, DEBUG_BUILD, cpus(threads));
     let e = read(file)
         .into_iter()
-        .find(|e| e.key() == key && e.flops > 0.0)?;
+        .find(|e| e.key() == key && e.trusted())?;
     let current = e.probe >= PROBE;
     let source = format!(
         "measured {}{}{} and kept in {}",
@@ -565,6 +577,45 @@ mod tests {
             flops >= product / (all_three / 3.0),
             "{flops} FLOP/s over {all_three} s"
         );
+    }
+
+    /// A kept entry whose figures do not hold together (a hardware peak of
+    /// -1 FLOP/s, or 1e308 beside terms that make 64 GFLOP/s; a matmul rate
+    /// of 0) is not read: it is measured again, where it was stated as the
+    /// peak (MFU -9.3e11%). What the probe measures here holds together.
+    #[test]
+    fn a_kept_peak_whose_figures_do_not_hold_together_is_not_read() {
+        let root = crate::testdir::TestDir::new("peak-trust");
+        let file = root.path().join(PEAK_FILE);
+        let entry = |flops: f64, hardware_flops: f64| {
+            let hardware = HardwarePeak {
+                flops: hardware_flops,
+                cores: 2,
+                fma_units: 2,
+                lanes: 8,
+                isa: "AVX2".into(),
+                clock_ghz: 1.0,
+                fma_clock_ghz: Some(1.0),
+            };
+            let entry = format!(
+                r#"[{{"device":"cpu A","host":"{}","threads":2,"flops":{flops:e},"measured_unix":0,"probe":{PROBE},"debug_build":{},"cpus":{},"hardware":{}}}]"#,
+                host(),
+                DEBUG_BUILD,
+                cpus(2),
+                serde_json::to_string(&hardware).unwrap()
+            );
+            std::fs::write(&file, entry).unwrap();
+            lookup(&file, "cpu A", &host(), 2).map(|(p, _)| p.flops)
+        };
+        assert_eq!(entry(5.0, 64e9), Some(5.0));
+        for (flops, hardware) in [(5.0, -1.0), (5.0, 1e308), (5.0, 0.0), (0.0, 64e9)] {
+            assert_eq!(entry(flops, hardware), None, "{flops} {hardware}");
+        }
+        if let Some(hw) = crate::backend::cpu::hardware::measure() {
+            for peak in [hw.clone(), hw.bf16(false), hw.bf16(true)] {
+                assert!(peak.holds_together(), "{peak:?}");
+            }
+        }
     }
 
     #[test]

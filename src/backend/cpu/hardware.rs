@@ -61,6 +61,20 @@ impl HardwarePeak {
 }
 
 impl HardwarePeak {
+    /// Whether its FLOP/s are its terms' product (cores x units x lanes x
+    /// 2 x clock, as [`measure`] and [`bf16`](Self::bf16) write them) and
+    /// every figure is a positive number: a peak from a cache edited or
+    /// damaged by hand is not.
+    pub fn holds_together(&self) -> bool {
+        let terms = [self.cores, self.fma_units, self.lanes, 2].map(|t| t as f64);
+        let product = terms.iter().product::<f64>() * self.clock_ghz * 1e9;
+        let positive = |x: f64| x.is_finite() && x > 0.0;
+        positive(self.flops)
+            && positive(product)
+            && (self.flops - product).abs() <= 1e-9 * product
+            && self.fma_clock_ghz.is_none_or(positive)
+    }
+
     /// The peak of the same cores multiplying bf16 (what a bf16 product
     /// runs at): AVX512-BF16's dot products multiply two bf16 pairs in each
     /// fp32 lane the FMA units have (twice the lanes); with `amx`, AMX-BF16's
