@@ -345,7 +345,12 @@ impl Dataset {
             );
             TokenizerSpec::Gpt2
         };
-        let tokenizer = Tokenizer::from_spec_in(&spec, dir)?;
+        let tokenizer = Tokenizer::from_spec_in(&spec, dir).map_err(|e| match (e, &spec) {
+            (Error::Input(m), TokenizerSpec::Char { .. }) => {
+                Error::Input(format!("{}: {m}", spec_path.display()))
+            }
+            (e, _) => e,
+        })?;
         let vocab = tokenizer.vocab_size() as u32;
         for split in [&train, &val] {
             for part in &split.parts {

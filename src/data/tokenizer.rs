@@ -71,11 +71,16 @@ impl Tokenizer {
         match spec {
             TokenizerSpec::Char { chars } => {
                 let chars: Vec<char> = chars.chars().collect();
-                let index = chars
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &ch)| (ch, i as u32))
-                    .collect();
+                let mut index = HashMap::new();
+                for (i, &ch) in chars.iter().enumerate() {
+                    // a second id for a character: text would encode to the
+                    // later, which the data's ids never were
+                    if let Some(first) = index.insert(ch, i as u32) {
+                        return Err(Error::Input(format!(
+                            "the character vocabulary holds {ch:?} twice (ids {first} and {i}): a character has one id"
+                        )));
+                    }
+                }
                 Ok(Tokenizer::Char { chars, index })
             }
             TokenizerSpec::Gpt2 => tiktoken_rs::r50k_base()
