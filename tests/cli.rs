@@ -3806,6 +3806,21 @@ fn a_config_file_syntax_error_names_the_file_and_line() {
     let _ = std::fs::remove_file(&file);
 }
 
+/// A --config setting that needs another names the one it needs, as the
+/// command line does (`from-step` without `resume`: "the following
+/// required arguments were not provided" named nothing).
+#[test]
+fn a_config_setting_that_needs_another_names_it() {
+    let file = run_dir("config-needs").with_extension("toml");
+    std::fs::write(&file, "model = \"tiny\"\nfrom-step = 3\n").unwrap();
+    let said = refused(&["train", "--config", file.to_str().unwrap()]);
+    assert!(
+        said.contains("were not provided: --resume <RUN_OR_CHECKPOINT> (a setting from"),
+        "{said}"
+    );
+    let _ = std::fs::remove_file(&file);
+}
+
 /// `train`'s memory lines show every category the peak counts: zero1's
 /// update scratch is "other" (a fifth of rank 0's peak here), and the
 /// lines left it out, so their parts fell short of the total.

@@ -382,11 +382,17 @@ pub(super) fn with_config_file(file: &Path, given: &[String]) -> Result<ArgMatch
     super::Cli::command()
         .try_get_matches_from(argv)
         .map_err(|e| {
+            // clap's message up to its usage: the arguments it names
+            // (those a setting needs) stand on the lines after the first
             let text = e.to_string();
-            let first = text.lines().next().unwrap_or_default();
+            let said: Vec<&str> = text
+                .lines()
+                .take_while(|l| !l.trim().is_empty())
+                .map(str::trim)
+                .collect();
             anyhow::anyhow!(
                 "{} (a setting from {})",
-                first.trim_start_matches("error: "),
+                said.join(" ").trim_start_matches("error: "),
                 file.display()
             )
         })
