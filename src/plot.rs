@@ -255,8 +255,9 @@ mod tests {
     #[test]
     fn a_pipe_where_the_log_belongs_is_refused_not_read() {
         let (_root, run) = scratch("fifo");
-        crate::testdir::make_fifo(&run.join(METRICS_FILE));
-        let e = crate::testdir::within_20_s(move || Curves::read(&run).err().unwrap().to_string());
+        crate::store::pipes::make_fifo(&run.join(METRICS_FILE));
+        let e =
+            crate::store::pipes::within_20_s(move || Curves::read(&run).err().unwrap().to_string());
         assert!(e.contains("metrics.jsonl is not a regular file"), "{e}");
     }
 

@@ -871,16 +871,18 @@ mod tests {
     fn a_pipe_where_a_runs_record_belongs_is_refused_not_read() {
         for file in [METRICS_FILE, METRICS_CSV] {
             let dir = crate::testdir::TestDir::new("fifo-logs");
-            crate::testdir::make_fifo(&dir.path().join(file));
+            crate::store::pipes::make_fifo(&dir.path().join(file));
             let path = dir.path().to_path_buf();
-            let e = crate::testdir::within_20_s(move || cut_metrics(&path, 3).map(|_| ()));
+            let e = crate::store::pipes::within_20_s(move || cut_metrics(&path, 3).map(|_| ()));
             let e = e.unwrap_err().to_string();
             assert!(e.contains(&format!("{file} is not a regular file")), "{e}");
         }
         let dir = crate::testdir::TestDir::new("fifo-record");
-        crate::testdir::make_fifo(&dir.path().join(RUN_FILE));
+        crate::store::pipes::make_fifo(&dir.path().join(RUN_FILE));
         let path = dir.path().to_path_buf();
-        assert!(!crate::testdir::within_20_s(move || holds_a_run(&path)));
+        assert!(!crate::store::pipes::within_20_s(move || holds_a_run(
+            &path
+        )));
     }
 
     /// A lock taken to hand over (a resume's) is shared by the next lock
