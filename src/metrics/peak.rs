@@ -580,17 +580,18 @@ mod tests {
     }
 
     /// A kept entry whose figures do not hold together (a hardware peak of
-    /// -1 FLOP/s, or 1e308 beside terms that make 64 GFLOP/s; a matmul rate
-    /// of 0) is not read: it is measured again, where it was stated as the
-    /// peak (MFU -9.3e11%). What the probe measures here holds together.
+    /// -1 FLOP/s, or 1e308 or half of what its terms make, 64 GFLOP/s; terms
+    /// of no cores making 0; a matmul rate of 0) is not read: it is measured
+    /// again, where it was stated as the peak (MFU -9.3e11%). What the probe
+    /// measures here holds together.
     #[test]
     fn a_kept_peak_whose_figures_do_not_hold_together_is_not_read() {
         let root = crate::testdir::TestDir::new("peak-trust");
         let file = root.path().join(PEAK_FILE);
-        let entry = |flops: f64, hardware_flops: f64| {
+        let entry = |flops: f64, hardware_flops: f64, cores: usize| {
             let hardware = HardwarePeak {
                 flops: hardware_flops,
-                cores: 2,
+                cores,
                 fma_units: 2,
                 lanes: 8,
                 isa: "AVX2".into(),
@@ -607,9 +608,17 @@ mod tests {
             std::fs::write(&file, entry).unwrap();
             lookup(&file, "cpu A", &host(), 2).map(|(p, _)| p.flops)
         };
-        assert_eq!(entry(5.0, 64e9), Some(5.0));
-        for (flops, hardware) in [(5.0, -1.0), (5.0, 1e308), (5.0, 0.0), (0.0, 64e9)] {
-            assert_eq!(entry(flops, hardware), None, "{flops} {hardware}");
+        assert_eq!(entry(5.0, 64e9, 2), Some(5.0));
+        for (flops, hardware, cores) in [
+            (5.0, -1.0, 2),
+            (5.0, 1e308, 2),
+            (5.0, 32e9, 2),
+            (5.0, 0.0, 2),
+            (5.0, 0.0, 0),
+            (0.0, 64e9, 2),
+        ] {
+            let read = entry(flops, hardware, cores);
+            assert_eq!(read, None, "{flops} {hardware} {cores}");
         }
         if let Some(hw) = crate::backend::cpu::hardware::measure() {
             for peak in [hw.clone(), hw.bf16(false), hw.bf16(true)] {
