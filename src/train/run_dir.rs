@@ -676,8 +676,7 @@ fn resumed_logs(
 /// Every step record of the run in `dir` (`metrics.jsonl`), in order; a
 /// line a crash cut short is skipped.
 pub fn read_metrics(dir: &Path) -> Result<Vec<StepRecord>> {
-    let path = dir.join(METRICS_FILE);
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let text = crate::store::read_text(&dir.join(METRICS_FILE))?;
     Ok(text
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
@@ -865,8 +864,9 @@ mod tests {
     use crate::train::Duration;
 
     /// A pipe where a run's record belongs is refused by name, not read:
-    /// a resume's logs (cut back to its step) and the `run.json` that
-    /// `--overwrite` looks for (opening one no one writes blocked for ever).
+    /// a resume's logs (cut back to its step), the log `plan
+    /// --efficiency-from` reads and the `run.json` that `--overwrite` looks
+    /// for (opening one no one writes blocked for ever).
     #[test]
     fn a_pipe_where_a_runs_record_belongs_is_refused_not_read() {
         for file in [METRICS_FILE, METRICS_CSV] {
@@ -877,6 +877,12 @@ mod tests {
             let e = e.unwrap_err().to_string();
             assert!(e.contains(&format!("{file} is not a regular file")), "{e}");
         }
+        let dir = crate::testdir::TestDir::new("fifo-metrics");
+        crate::store::pipes::make_fifo(&dir.path().join(METRICS_FILE));
+        let path = dir.path().to_path_buf();
+        let e = crate::store::pipes::within_20_s(move || read_metrics(&path).map(|_| ()));
+        let e = e.unwrap_err().to_string();
+        assert!(e.contains("metrics.jsonl is not a regular file"), "{e}");
         let dir = crate::testdir::TestDir::new("fifo-record");
         crate::store::pipes::make_fifo(&dir.path().join(RUN_FILE));
         let path = dir.path().to_path_buf();
