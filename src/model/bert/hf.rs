@@ -126,18 +126,22 @@ pub fn label_names(dir: &Path) -> Result<Vec<String>> {
     Ok(if default { Vec::new() } else { names })
 }
 
+/// A LayerNorm's names now and in Google's TensorFlow checkpoints, which
+/// [`find`] reads and [`canonical`] reads back.
+const LEGACY_NAMES: [(&str, &str); 2] = [
+    ("LayerNorm.weight", "LayerNorm.gamma"),
+    ("LayerNorm.bias", "LayerNorm.beta"),
+];
+
 /// A tensor of the file as f32 with its shape, under `name` or, for a
 /// `BertModel`'s file, `name` without its `bert.` prefix; a LayerNorm's
 /// weight and bias also under the names of Google's TensorFlow checkpoints
 /// (`LayerNorm.gamma`, `LayerNorm.beta`), which the hub's
 /// `bert-base-uncased` keeps and `transformers` renames as it loads.
 fn find(st: &SafeTensors, name: &str) -> Result<Option<(Vec<usize>, Vec<f32>)>> {
-    let legacy = [
-        ("LayerNorm.weight", "LayerNorm.gamma"),
-        ("LayerNorm.bias", "LayerNorm.beta"),
-    ]
-    .into_iter()
-    .find_map(|(now, then)| name.strip_suffix(now).map(|at| format!("{at}{then}")));
+    let legacy = LEGACY_NAMES
+        .iter()
+        .find_map(|(now, then)| name.strip_suffix(now).map(|at| format!("{at}{then}")));
     let names = [Some(name.to_string()), legacy];
     let short = |n: &String| n.strip_prefix("bert.").map(str::to_string);
     let mut candidates = names
@@ -376,12 +380,9 @@ pub fn load_folder(
 /// LayerNorm's `gamma` and `beta` as `weight` and `bias`.
 fn canonical(name: &str) -> String {
     let name = name.strip_prefix("bert.").unwrap_or(name);
-    let new = [
-        ("LayerNorm.gamma", "LayerNorm.weight"),
-        ("LayerNorm.beta", "LayerNorm.bias"),
-    ];
-    new.iter()
-        .find_map(|(then, now)| name.strip_suffix(then).map(|at| format!("{at}{now}")))
+    LEGACY_NAMES
+        .iter()
+        .find_map(|(now, then)| name.strip_suffix(then).map(|at| format!("{at}{now}")))
         .unwrap_or_else(|| name.to_string())
 }
 
